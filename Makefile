@@ -1,0 +1,80 @@
+# Sampan build. `make` builds build/sampan; `make test` runs the whole suite.
+#
+#   make                     release build (-O2, one binary for every x86-64:
+#                            SIMD files get their own -m flags and are picked
+#                            at run time from cpuid)
+#   make SANITIZER=1         ASan + UBSan build in build-san/
+#   make unit                the C unit-test runner (build/test_unit)
+#   make test                everything tests/run.sh runs (C units, sanitizer
+#                            units, NumPy reference, CLI checks)
+#   make check-includes      module boundaries of STYLE.md
+#   make clean
+
+CC      ?= cc
+PYTHON  ?= /usr/bin/python3
+
+ifeq ($(SANITIZER),1)
+BUILD   ?= build-san
+SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+OPT      = -O1 -g
+else
+BUILD   ?= build
+SANFLAGS =
+OPT      = -O2 -g
+endif
+
+WARN     = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wno-unused-parameter -Werror
+CPPFLAGS = -Iinclude -Isrc -D_GNU_SOURCE
+CFLAGS   = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fvisibility=hidden
+LDFLAGS  = $(SANFLAGS) -pthread
+LDLIBS   = -lm
+
+# Per-ISA flags: only these files may use the instructions, the dispatcher
+# decides at run time whether they are called.
+AVX2_FLAGS   = -mavx2 -mfma -mf16c
+AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq \
+               -mavx512vnni -mavx512bf16
+
+LIB_SRC  := $(sort $(shell find src -name '*.c' ! -path 'src/main.c'))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC := $(sort $(wildcard tests/unit/*.c))
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+AVX2_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx2*.c))
+AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
+$(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
+$(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
+
+.PHONY: all unit test clean check-includes demo
+all: $(BUILD)/sampan
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(ISA_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libsampan.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/sampan: $(BUILD)/src/main.o $(BUILD)/libsampan.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Test objects see everything: tests/unit/*.c link against the whole library.
+$(BUILD)/test_unit: $(TEST_OBJ) $(BUILD)/libsampan.a
+	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libsampan.a $(LDLIBS)
+
+unit: $(BUILD)/test_unit $(BUILD)/sampan
+
+test:
+	./tests/run.sh
+
+demo: $(BUILD)/sampan
+	./$(BUILD)/sampan run -m models/stories260K.gguf -p "Once upon a time" -n 200
+
+check-includes:
+	./scripts/check-includes.sh
+
+clean:
+	rm -rf build build-san
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/main.d

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install the Debian packages Sampan needs to build and test, only those missing
+# (idempotent: a machine that has them all runs no apt-get at all).
+set -euo pipefail
+need=(gcc make python3 python3-numpy libpcre2-dev)
+[ "${1:-}" = "--test" ] && need+=(clang)
+missing=()
+for p in "${need[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

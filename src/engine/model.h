@@ -1,0 +1,91 @@
+/*
+ * model.h - a llama-family transformer loaded from GGUF, and the contexts that
+ * run it.
+ *
+ * sp_model_t holds the hyper-parameters, the tokenizer and pointers to the
+ * weights inside the read-only mapping; it is immutable after load and may be
+ * shared by any number of contexts (and threads). sp_ctx_t holds one
+ * sequence's KV cache, all activation buffers (sized at create for the largest
+ * batch: nothing is allocated per token) and a thread pool.
+ *
+ * Supported: general.architecture llama (Llama 2/3, TinyLlama, Mistral, SmolLM),
+ * mistral, qwen2 (QKV bias, NeoX RoPE). Tied or separate output matrix,
+ * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
+ * rope_freqs factors from the file.
+ */
+#ifndef SP_ENGINE_MODEL_H
+#define SP_ENGINE_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+#include "sampan/status.h"
+
+#define SP_MAX_LAYERS 512
+
+typedef enum sp_rope_type {
+    SP_ROPE_NORMAL = 0, /* rotate adjacent pairs (x[2i], x[2i+1]) */
+    SP_ROPE_NEOX = 1,   /* rotate halves (x[i], x[i + n_rot/2]) */
+} sp_rope_type_t;
+
+typedef struct sp_hparams {
+    char arch[32];
+    int64_t n_vocab;
+    int64_t n_ctx_train;   /* context length the model was trained for */
+    int64_t n_embd;        /* model width */
+    int64_t n_ff;          /* feed-forward width */
+    int64_t n_layer;
+    int64_t n_head;
+    int64_t n_head_kv;
+    int64_t head_dim;      /* per-head width of q and k (and v) */
+    int64_t n_rot;         /* rotated dims per head (<= head_dim) */
+    float rope_base;
+    float rope_scale;      /* positions are divided by this (linear scaling) */
+    float norm_eps;
+    sp_rope_type_t rope_type;
+    bool tied_output;
+} sp_hparams_t;
+
+typedef struct sp_model sp_model_t;
+typedef struct sp_ctx sp_ctx_t;
+
+/* Load and validate. On failure *out is NULL and err names the file and field. */
+sp_status_t sp_model_load(const char *path, sp_model_t **out, char *err, size_t err_len);
+/* Same over an already open GGUF handle, which the model then owns. */
+sp_status_t sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len);
+void sp_model_free(sp_model_t *m); /* NULL is a no-op; contexts must be destroyed first */
+
+const sp_hparams_t *sp_model_hparams(const sp_model_t *m);
+const sp_tokenizer_t *sp_model_tokenizer(const sp_model_t *m);
+const sp_gguf_t *sp_model_gguf(const sp_model_t *m);
+size_t sp_model_weight_bytes(const sp_model_t *m);
+
+typedef struct sp_ctx_params {
+    int64_t n_ctx;     /* KV positions; 0 = the model's, capped at 4096 */
+    int64_t n_batch;   /* most tokens per forward call; default 512 */
+    int n_threads;     /* 0 = one per core */
+    bool logits_all;   /* keep logits of every position (eval, tests) */
+} sp_ctx_params_t;
+
+sp_ctx_params_t sp_ctx_default_params(void);
+sp_status_t sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out,
+                          char *err, size_t err_len);
+void sp_ctx_destroy(sp_ctx_t *c);
+
+/*
+ * Run tokens[0..n) at positions pos..pos+n-1 of the context's sequence (the KV
+ * cache must already hold positions 0..pos-1; later positions are overwritten).
+ * Long inputs are split into n_batch chunks, each processed as a matrix
+ * (prefill). Afterwards sp_ctx_logits gives the last position's logits.
+ * SP_ERR_INVALID for ids outside the vocabulary or pos + n > n_ctx.
+ */
+sp_status_t sp_ctx_eval(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos);
+const float *sp_ctx_logits(const sp_ctx_t *c); /* n_vocab floats */
+/* With logits_all: n_ctx rows of n_vocab, row p = logits after position p. */
+const float *sp_ctx_logits_all(const sp_ctx_t *c);
+int64_t sp_ctx_n_ctx(const sp_ctx_t *c);
+const char *sp_ctx_kernels_name(const sp_ctx_t *c);
+
+#endif /* SP_ENGINE_MODEL_H */

@@ -1,0 +1,44 @@
+/*
+ * sampler.h - picks the next token from logits.
+ *
+ * Order (as llama.cpp and vLLM apply them): penalties (repetition, frequency,
+ * presence over the last penalty_last_n tokens), then temperature 0 = greedy
+ * (argmax, lowest id on ties); otherwise top-k, temperature, softmax, top-p,
+ * min-p, and a draw from a seeded PRNG that belongs to the sampler, so the same
+ * seed gives the same tokens. All buffers are sized at create: sampling a
+ * token allocates nothing.
+ */
+#ifndef SP_ENGINE_SAMPLER_H
+#define SP_ENGINE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sampan/status.h"
+
+typedef struct sp_sampler_params {
+    float temperature;       /* 0 = greedy; default 0.8 */
+    int32_t top_k;           /* <= 0 disables; default 40 */
+    float top_p;             /* 1 disables; default 0.95 */
+    float min_p;             /* 0 disables; default 0.05 */
+    float repeat_penalty;    /* 1 disables; default 1 */
+    float frequency_penalty; /* 0 disables */
+    float presence_penalty;  /* 0 disables */
+    int32_t penalty_last_n;  /* window for the penalties; default 64 */
+    uint64_t seed;           /* default 0xC0FFEE */
+} sp_sampler_params_t;
+
+typedef struct sp_sampler sp_sampler_t;
+
+sp_sampler_params_t sp_sampler_default_params(void);
+/* SP_ERR_INVALID (with err) for NaN/inf or out-of-range parameters. */
+sp_status_t sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **out,
+                              char *err, size_t err_len);
+void sp_sampler_destroy(sp_sampler_t *s);
+void sp_sampler_reset(sp_sampler_t *s, uint64_t seed); /* forget history, reseed */
+/* Record a token of the context (prompt or generated) for the penalties. */
+void sp_sampler_accept(sp_sampler_t *s, int32_t token);
+/* Sample from n_vocab logits; `logits` is used as scratch and modified. */
+int32_t sp_sampler_sample(sp_sampler_t *s, float *logits);
+
+#endif /* SP_ENGINE_SAMPLER_H */

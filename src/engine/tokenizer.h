@@ -1,0 +1,69 @@
+/*
+ * tokenizer.h - text <-> token ids from a GGUF file's tokenizer.ggml.* metadata.
+ *
+ * This first version implements the llama SentencePiece model
+ * (tokenizer.ggml.model = "llama"): score-driven BPE merges over UTF-8
+ * characters, "▁" (U+2581) for spaces with the dummy prefix, byte fallback to
+ * <0xNN> tokens, and control tokens. Byte-level BPE (gpt2, llama3, qwen2, ...)
+ * and WordPiece come with the tokenizer issue behind the same interface.
+ *
+ * The vocabulary is untrusted (RELIABILITY.md G14-G16): element types, counts,
+ * special ids, token lengths and <0xNN> spellings are checked at load.
+ */
+#ifndef SP_ENGINE_TOKENIZER_H
+#define SP_ENGINE_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/gguf.h"
+#include "sampan/status.h"
+
+#define SP_TOKEN_MAX_BYTES 1024 /* longest token text accepted from a vocabulary */
+
+typedef struct sp_tokenizer sp_tokenizer_t;
+
+typedef enum sp_token_attr {
+    SP_TOKEN_TYPE_UNDEFINED = 0,
+    SP_TOKEN_TYPE_NORMAL = 1,
+    SP_TOKEN_TYPE_UNKNOWN = 2,
+    SP_TOKEN_TYPE_CONTROL = 3,
+    SP_TOKEN_TYPE_USER_DEFINED = 4,
+    SP_TOKEN_TYPE_UNUSED = 5,
+    SP_TOKEN_TYPE_BYTE = 6,
+} sp_token_attr_t;
+
+/* Build from tokenizer.ggml.* keys. On failure *out is NULL and err names file and key. */
+sp_status_t sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size_t err_len);
+void sp_tokenizer_destroy(sp_tokenizer_t *t);
+
+int32_t sp_tokenizer_n_vocab(const sp_tokenizer_t *t);
+int32_t sp_tokenizer_bos(const sp_tokenizer_t *t); /* -1 when none */
+int32_t sp_tokenizer_eos(const sp_tokenizer_t *t); /* -1 when none */
+bool sp_tokenizer_add_bos(const sp_tokenizer_t *t);
+bool sp_tokenizer_is_eog(const sp_tokenizer_t *t, int32_t id); /* end of generation (eos, eot, ...) */
+
+/*
+ * Tokenize len bytes of text. add_bos: prepend BOS when the vocabulary asks for
+ * it. parse_special: recognise control-token texts ("<s>") in the text; when
+ * false they are ordinary text. Writes at most cap ids to out and returns the
+ * total number of tokens (which may exceed cap: call again with a bigger
+ * buffer), or a negative sp_status_t on error.
+ */
+int64_t sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
+                    bool parse_special, int32_t *out, int64_t cap);
+
+/*
+ * The bytes token id stands for (spaces restored, <0xNN> as the raw byte,
+ * control tokens as "" unless `special`). Returns the byte count (which may be
+ * more than cap: nothing past cap is written), or a negative status for a bad id.
+ * A piece may be part of a UTF-8 character; streaming callers hold partial
+ * sequences back.
+ */
+int32_t sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap);
+
+/* Raw vocabulary text of id (as stored), for inspect and debugging. */
+sp_str_t sp_tokenizer_token_text(const sp_tokenizer_t *t, int32_t id);
+
+#endif /* SP_ENGINE_TOKENIZER_H */

@@ -1,0 +1,183 @@
+/*
+ * kernels.h - tensor types and the CPU kernel table.
+ *
+ * Types use GGML's numbering, because that is what GGUF files store. The block
+ * structs below are the exact on-disk layouts of the GGUF format; they are
+ * read straight out of the memory-mapped file.
+ *
+ * Kernels are pure math on (pointer, length): no I/O, no model, no logging.
+ * The scalar reference (cpu/ref*.c) exists for every op and is the oracle for
+ * the SIMD versions (cpu/avx2*.c, cpu/avx512*.c), which cpu/dispatch.c picks at
+ * run time from cpuid. SAMPAN_CPU=scalar|avx2|avx512 forces a lower level.
+ *
+ * Batch invariance: every kernel that produces a dot product must give the
+ * bit-identical result for a given (weight row, activation row) whatever the
+ * number of rows or tokens in the call, so a request's tokens never depend on
+ * what else is in the batch.
+ */
+#ifndef SP_KERNELS_H
+#define SP_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- types ------------------------------------------------------------- */
+
+typedef enum sp_type {
+    SP_TYPE_F32 = 0,
+    SP_TYPE_F16 = 1,
+    SP_TYPE_Q4_0 = 2,
+    SP_TYPE_Q4_1 = 3,
+    SP_TYPE_Q5_0 = 6,
+    SP_TYPE_Q5_1 = 7,
+    SP_TYPE_Q8_0 = 8,
+    SP_TYPE_Q8_1 = 9,
+    SP_TYPE_Q2_K = 10,
+    SP_TYPE_Q3_K = 11,
+    SP_TYPE_Q4_K = 12,
+    SP_TYPE_Q5_K = 13,
+    SP_TYPE_Q6_K = 14,
+    SP_TYPE_Q8_K = 15,
+    SP_TYPE_IQ4_NL = 20,
+    SP_TYPE_IQ4_XS = 23,
+    SP_TYPE_I8 = 24,
+    SP_TYPE_I16 = 25,
+    SP_TYPE_I32 = 26,
+    SP_TYPE_I64 = 27,
+    SP_TYPE_F64 = 28,
+    SP_TYPE_BF16 = 30,
+    SP_TYPE_COUNT = 40, /* upper bound of the table, not a type */
+} sp_type_t;
+
+typedef uint16_t sp_fp16_t; /* IEEE half, bit pattern */
+typedef uint16_t sp_bf16_t; /* bfloat16, bit pattern */
+
+#define SP_QK4_0 32
+#define SP_QK8_0 32
+#define SP_QK_K 256
+#define SP_K_SCALE_SIZE 12
+
+/* x[j] = (q[j] - 8) * d; qs[j] low nibble holds element j, high nibble element j + 16. */
+typedef struct {
+    sp_fp16_t d;
+    uint8_t qs[SP_QK4_0 / 2];
+} sp_block_q4_0;
+
+/* x[j] = qs[j] * d */
+typedef struct {
+    sp_fp16_t d;
+    int8_t qs[SP_QK8_0];
+} sp_block_q8_0;
+
+/* 8 sub-blocks of 32, 6-bit scales and mins packed in `scales`:
+ * x = d * sc * q - dmin * m, q in 0..15. */
+typedef struct {
+    sp_fp16_t d;
+    sp_fp16_t dmin;
+    uint8_t scales[SP_K_SCALE_SIZE];
+    uint8_t qs[SP_QK_K / 2];
+} sp_block_q4_k;
+
+/* 16 sub-blocks of 16, int8 scales: x = d * sc * (q - 32), q in 0..63
+ * (low 4 bits in ql, high 2 bits in qh). */
+typedef struct {
+    uint8_t ql[SP_QK_K / 2];
+    uint8_t qh[SP_QK_K / 4];
+    int8_t scales[SP_QK_K / 16];
+    sp_fp16_t d;
+} sp_block_q6_k;
+
+/* Activation format for K-quant dot products: x = qs * d; bsums[i] = sum of qs[16i..16i+15]. */
+typedef struct {
+    float d;
+    int8_t qs[SP_QK_K];
+    int16_t bsums[SP_QK_K / 16];
+} sp_block_q8_k;
+
+_Static_assert(sizeof(sp_block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(sp_block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(sp_block_q4_k) == 144, "q4_k layout");
+_Static_assert(sizeof(sp_block_q6_k) == 210, "q6_k layout");
+_Static_assert(sizeof(sp_block_q8_k) == 292, "q8_k layout");
+
+/* Convert n values; n is a multiple of the type's block size. */
+typedef void (*sp_to_float_fn)(const void *src, float *dst, int64_t n);
+typedef void (*sp_from_float_fn)(const float *src, void *dst, int64_t n);
+/* *s = dot(w[0..n), x[0..n)), w in the weight type, x in its vec_dot_type. */
+typedef void (*sp_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
+
+/* Static facts about a type; every type the GGUF reader can name has one. */
+typedef struct sp_type_traits {
+    const char *name;      /* "q4_0" */
+    int64_t blck_size;     /* elements per block */
+    size_t type_size;      /* bytes per block */
+    bool is_quantized;
+    bool supported;        /* the engine can compute with it */
+} sp_type_traits_t;
+
+/* NULL for a type number the table does not know (the reader rejects those). */
+const sp_type_traits_t *sp_type_traits(int type);
+/* Bytes of one row of n elements; n must be a multiple of blck_size. */
+size_t sp_row_size(sp_type_t type, int64_t n);
+const char *sp_type_name(int type); /* "unknown" when not in the table */
+/* Parse "q8_0", "F16", ... to a type; -1 when unknown. */
+int sp_type_from_name(const char *name);
+
+/* Scalar half/bfloat conversions (exact, round-to-nearest-even). */
+float sp_fp16_to_fp32(sp_fp16_t h);
+sp_fp16_t sp_fp32_to_fp16(float f);
+float sp_bf16_to_fp32(sp_bf16_t h);
+sp_bf16_t sp_fp32_to_bf16(float f);
+
+/* ---- the CPU kernel table ---------------------------------------------- */
+
+typedef enum sp_cpu_level {
+    SP_CPU_SCALAR = 0,
+    SP_CPU_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    SP_CPU_AVX512 = 2, /* AVX-512 F/BW/VL (+ VNNI, BF16 where the CPU has them) */
+} sp_cpu_level_t;
+
+/*
+ * Matrix product over a range of weight rows:
+ *   y[t * ldy + r] = dot(w row r, x row t)   for r in [r0, r1), t in [0, n_tok)
+ * w rows are w_stride bytes apart, x rows (already in vec_dot_type) x_stride
+ * bytes apart. Each result must equal vec_dot's bit for bit (batch invariance).
+ */
+typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                           const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
+
+typedef struct sp_cpu_kernels {
+    const char *name;         /* "scalar", "avx2", "avx512", "avx512-vnni" ... */
+    sp_cpu_level_t level;
+    /* Per weight type: the format activations are converted to, the converter
+     * for that format, and the dot product. NULL vec_dot = not supported. */
+    sp_type_t vec_dot_type[SP_TYPE_COUNT];
+    sp_from_float_fn from_float[SP_TYPE_COUNT]; /* indexed by the activation type */
+    sp_vec_dot_fn vec_dot[SP_TYPE_COUNT];       /* indexed by the weight type */
+    sp_to_float_fn to_float[SP_TYPE_COUNT];     /* dequantize, indexed by type */
+    /* (optional) tiled product, indexed by weight type; NULL = loop vec_dot. */
+    sp_gemm_fn gemm[SP_TYPE_COUNT];
+} sp_cpu_kernels_t;
+
+/* The best table for this CPU, honouring SAMPAN_CPU; computed once, never NULL. */
+const sp_cpu_kernels_t *sp_cpu_kernels(void);
+/* The table for one level, or NULL when this CPU lacks it (tests walk all). */
+const sp_cpu_kernels_t *sp_cpu_kernels_for(sp_cpu_level_t level);
+/* The reference (scalar) table. */
+const sp_cpu_kernels_t *sp_cpu_kernels_ref(void);
+
+/* Run the table's gemm, or vec_dot row by row when it has none. */
+void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const void *w,
+                 size_t w_stride, int64_t r0, int64_t r1, const void *x, size_t x_stride,
+                 int64_t n_tok, float *y, int64_t ldy);
+
+/* ---- reference quantizers (also used by `sampan quantize`) --------------- */
+
+/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q4_K, Q6_K);
+ * returns false when the type has no quantizer. */
+bool sp_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
+/* Dequantize with the reference code; false when unsupported. */
+bool sp_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
+
+#endif /* SP_KERNELS_H */

@@ -1,0 +1,53 @@
+/*
+ * main.c - the `sampan` binary: one subcommand per job.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+#include "tools/tools.h"
+
+#define SAMPAN_VERSION "0.1.0"
+
+static const char usage[] =
+    "sampan " SAMPAN_VERSION " - an inference server for generative AI\n"
+    "usage: sampan COMMAND [options]\n"
+    "  run       generate text from a prompt, streamed to the terminal\n"
+    "  eval      evaluate token ids: logits and timings (tests, benchmarks)\n"
+    "  inspect   describe a GGUF file: metadata, tensors, memory estimate\n"
+    "  quantize  convert a GGUF model's weights to f16, bf16, q8_0, q4_0, q4_k or q6_k\n"
+    "  version   print the version\n"
+    "Run 'sampan COMMAND --help' for a command's options.\n";
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+} command_t;
+
+static const command_t commands[] = {
+    {"run", sp_cmd_run},
+    {"eval", sp_cmd_eval},
+    {"inspect", sp_cmd_inspect},
+    {"quantize", sp_cmd_quantize},
+};
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        puts("sampan " SAMPAN_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            return commands[i].fn(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "sampan: unknown command '%s'\n%s", argv[1], usage);
+    return 2;
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs every suite and ends with one summary line:
+#   total: N passed, N failed, N skipped
+#
+#   1. C unit tests, release build            (build/test_unit)
+#   2. C unit tests, ASan + UBSan build       (build-san/test_unit)
+#   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
+# Each suite prints "<suite>: N passed, N failed, N skipped" as its last line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+PY=${PYTHON:-/usr/bin/python3}
+passed=0; failed=0; skipped=0; broken=0
+
+tally() { # parse the last "N passed, N failed, N skipped" line of a log
+    local line
+    line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1)
+    if [ -z "$line" ]; then broken=$((broken + 1)); echo "run: $2 printed no summary"; return; fi
+    passed=$((passed + $(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")))
+    failed=$((failed + $(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")))
+    if grep -q skipped <<<"$line"; then
+        skipped=$((skipped + $(sed -E 's/.* ([0-9]+) skipped.*/\1/' <<<"$line")))
+    fi
+}
+
+log=$(mktemp -d)
+echo "== build (release)"
+make -j"$JOBS" unit >"$log/build.txt" 2>&1 || { cat "$log/build.txt"; echo "total: 0 passed, 1 failed"; exit 1; }
+echo "== unit tests (release)"
+./build/test_unit 2>&1 | tee "$log/unit.txt"; tally "$log/unit.txt" unit
+
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+    echo "== build (ASan+UBSan)"
+    make -j"$JOBS" SANITIZER=1 unit >"$log/build-san.txt" 2>&1 || { cat "$log/build-san.txt"; echo "total: 0 passed, 1 failed"; exit 1; }
+    echo "== unit tests (ASan+UBSan)"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        SAMPAN_TEST_SANITIZER=1 ./build-san/test_unit 2>&1 | sed 's/^/[san] /' | tee "$log/unit-san.txt"
+    tally "$log/unit-san.txt" unit-san
+fi
+
+for t in tests/py/test_*.py; do
+    [ -e "$t" ] || continue
+    echo "== $t"
+    "$PY" "$t" 2>&1 | tee "$log/py.txt"; tally "$log/py.txt" "$t"
+done
+
+rm -rf "$log"
+echo "total: $passed passed, $((failed + broken)) failed, $skipped skipped"
+[ $((failed + broken)) -eq 0 ]

@@ -1,0 +1,498 @@
+#!/usr/bin/python3
+"""gguf_gen.py - write a random-weight llama-family model as a GGUF v3 file.
+
+Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
+TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
+
+    tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny] [--arch llama|qwen2]
+        [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
+        [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
+        [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--embd-type T]
+        [--output-type T] [--seed N] [--vocab-from FILE.gguf]
+
+Weights: matrices are normal(0, 1/sqrt(fan_in)) so that every projection keeps
+activations O(1); the embedding / output matrix is normal(0, 2/sqrt(dim)) so
+logits (after the final RMSNorm) have a standard deviation of about 2; norm
+weights are uniform in [0.8, 1.2]; biases are normal(0, 0.2). Each tensor has
+its own generator seeded by (seed, crc32(name)), so a tensor's values do not
+depend on the order or the set of the other tensors.
+
+The file is written tensor by tensor in chunks of rows, so memory stays at a few
+hundred MB whatever the model size.
+
+The quantizers below are written from the block layouts (src/kernels/kernels.h,
+the GGUF/ggml definitions). They do not try to be optimal (no iterative scale
+search as in llama.cpp); any valid encoding is fine, because the reference
+forward pass reads back the stored blocks.
+"""
+import argparse
+import struct
+import sys
+import time
+import zlib
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGNMENT = 32
+
+# GGUF metadata value types
+T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, \
+    T_UINT64, T_INT64, T_FLOAT64 = range(13)
+_SCALAR_FMT = {T_UINT8: "<B", T_INT8: "<b", T_UINT16: "<H", T_INT16: "<h", T_UINT32: "<I",
+               T_INT32: "<i", T_FLOAT32: "<f", T_BOOL: "<?", T_UINT64: "<Q", T_INT64: "<q",
+               T_FLOAT64: "<d"}
+
+# tensor types: ggml number, block size, bytes per block
+TYPES = {
+    "f32": (0, 1, 4),
+    "f16": (1, 1, 2),
+    "q4_0": (2, 32, 18),
+    "q8_0": (8, 32, 34),
+    "q4_k": (12, 256, 144),
+    "q6_k": (14, 256, 210),
+    "bf16": (30, 1, 2),
+}
+# general.file_type (llama_ftype) for a model whose matrices are all of one type
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 15, "q6_k": 18, "bf16": 32}
+
+PRESETS = {
+    # small llama with grouped-query attention; fast enough for unit tests
+    "tiny": dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160, vocab=300,
+                 ctx=256),
+    "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                       vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
+                       eps=1e-6),
+    # TinyLlama-1.1B shape (the benchmark model)
+    "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
+                      vocab=32000, ctx=2048, tied=False),
+}
+DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
+                ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
+                tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
+                vocab_from=None, name=None)
+
+
+# ---- half / bfloat ----------------------------------------------------------
+
+def to_f16(x):
+    """float32 -> IEEE half bit patterns (NumPy rounds to nearest even)."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def to_bf16(x):
+    """float32 -> bfloat16 bit patterns, round to nearest even (no NaN inputs here)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def _f16_value(d):
+    """The value a scale has once stored as half (what the decoder will use)."""
+    return d.astype(np.float16).astype(np.float32)
+
+
+# ---- quantizers: (rows, n) float32 -> (rows, n / blck * size) uint8 --------------
+
+def quant_q8_0(x):
+    """Q8_0: 32 int8 per block and a half scale, x = q * d, d = amax / 127."""
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = amax / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+    q = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
+    out = np.empty((b.shape[0], 34), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q4_0(x):
+    """Q4_0: x = (q - 8) * d, q in 0..15. The element of largest magnitude maps to
+    q = 0 (value -8 * d), so d carries its sign: d = -max / 8."""
+    b = x.reshape(-1, 32)
+    idx = np.abs(b).argmax(axis=1)
+    mx = b[np.arange(b.shape[0]), idx]
+    d = mx / -8.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.rint(b * inv[:, None]) + 8, 0, 15).astype(np.uint8)
+    out = np.empty((b.shape[0], 18), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    # byte j: low nibble = element j, high nibble = element j + 16
+    out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q4_k(x):
+    """Q4_K: super-block of 256 = 8 sub-blocks of 32, x = d*sc*q - dmin*m, q in 0..15,
+    sc and m 6-bit. Per sub-block: range [min(lo,0), hi] split in 15 steps."""
+    b = x.reshape(-1, 8, 32)
+    nb = b.shape[0]
+    lo = np.minimum(b.min(axis=2), 0.0)        # (nb, 8) <= 0
+    hi = b.max(axis=2)
+    scale = (hi - lo) / 15.0                    # >= 0
+    mins = -lo                                  # >= 0
+    d = scale.max(axis=1) / 63.0
+    dmin = mins.max(axis=1) / 63.0
+    d16, dmin16 = _f16_value(d), _f16_value(dmin)
+    inv_d = np.divide(1.0, d16, out=np.zeros_like(d16), where=d16 > 0)
+    inv_m = np.divide(1.0, dmin16, out=np.zeros_like(dmin16), where=dmin16 > 0)
+    sc = np.clip(np.rint(scale * inv_d[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(mins * inv_m[:, None]), 0, 63).astype(np.uint8)
+    step = d16[:, None] * sc                    # (nb, 8)
+    off = dmin16[:, None] * m
+    inv_step = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)
+    q = np.clip(np.rint((b + off[:, :, None]) * inv_step[:, :, None]), 0, 15).astype(np.uint8)
+    out = np.empty((nb, 144), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = to_f16(dmin).view(np.uint8).reshape(-1, 2)
+    s = np.zeros((nb, 12), dtype=np.uint8)
+    # sub-blocks 0..3: 6 bits in bytes 0..3 (scale) and 4..7 (min); sub-blocks 4..7: low
+    # 4 bits in bytes 8..11 (scale low nibble, min high nibble), top 2 bits in the top
+    # bits of bytes 0..3 (scale) and 4..7 (min).
+    s[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    s[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    s[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    out[:, 4:16] = s
+    # 64 elements per 32 bytes: sub-block 2c in the low nibbles, 2c+1 in the high nibbles
+    qq = q.reshape(nb, 4, 2, 32)
+    out[:, 16:] = (qq[:, :, 0, :] | (qq[:, :, 1, :] << 4)).reshape(nb, 128)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q6_k(x):
+    """Q6_K: super-block of 256 = 16 sub-blocks of 16, x = d * sc * (q - 32), q in 0..63,
+    sc int8."""
+    b = x.reshape(-1, 16, 16)
+    nb = b.shape[0]
+    amax = np.abs(b).max(axis=2)                # (nb, 16)
+    scale = amax / 31.0
+    d = scale.max(axis=1) / 127.0
+    d16 = _f16_value(d)
+    inv_d = np.divide(1.0, d16, out=np.zeros_like(d16), where=d16 > 0)
+    sc = np.clip(np.rint(scale * inv_d[:, None]), -128, 127).astype(np.int8)
+    step = d16[:, None] * sc.astype(np.float32)
+    inv_step = np.divide(1.0, step, out=np.zeros_like(step), where=step > 0)
+    q = (np.clip(np.rint(b * inv_step[:, :, None]), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(nb, 2, 4, 32)                 # half, quarter k, l
+    out = np.empty((nb, 210), dtype=np.uint8)
+    # ql: per half 64 bytes; byte l holds k=0 (low) and k=2 (high), byte l+32 holds k=1, k=3.
+    ql = np.empty((nb, 2, 64), dtype=np.uint8)
+    ql[:, :, 0:32] = (q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4)
+    ql[:, :, 32:64] = (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)
+    # qh: per half 32 bytes; bits 2k..2k+1 of byte l are the top 2 bits of quarter k.
+    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4)
+          | ((q[:, :, 3] >> 4) << 6))
+    out[:, 0:128] = ql.reshape(nb, 128)
+    out[:, 128:192] = qh.reshape(nb, 64)
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    return out.reshape(x.shape[0], -1)
+
+
+def encode(x, tname):
+    """(rows, n) float32 -> raw bytes of the tensor in type tname."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if tname == "f32":
+        return x.astype("<f4").tobytes()
+    if tname == "f16":
+        return to_f16(x).astype("<f2").tobytes()
+    if tname == "bf16":
+        return to_bf16(x).astype("<u2").tobytes()
+    fn = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_k": quant_q4_k, "q6_k": quant_q6_k}[tname]
+    return fn(x).tobytes()
+
+
+def row_bytes(tname, n):
+    _, blck, size = TYPES[tname]
+    if n % blck:
+        raise ValueError(f"row of {n} elements is not a multiple of {tname}'s block of {blck}")
+    return n // blck * size
+
+
+# ---- metadata encoding --------------------------------------------------------
+
+def _s(s):
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_bytes(key, vtype, value, elem_type=None):
+    out = _s(key) + struct.pack("<I", vtype)
+    if vtype == T_STRING:
+        return out + _s(value)
+    if vtype == T_ARRAY:
+        out += struct.pack("<IQ", elem_type, len(value))
+        if elem_type == T_STRING:
+            return out + b"".join(_s(v) for v in value)
+        fmt = _SCALAR_FMT[elem_type]
+        return out + np.asarray(value, dtype=np.dtype(fmt)).tobytes()
+    return out + struct.pack(_SCALAR_FMT[vtype], value)
+
+
+def _skip_value(buf, pos, vtype):
+    """Position after one value of vtype starting at pos (for copying raw KVs)."""
+    if vtype == T_STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        return pos + 8 + n
+    if vtype == T_ARRAY:
+        et, n = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if et == T_STRING:
+            for _ in range(n):
+                (ln,) = struct.unpack_from("<Q", buf, pos)
+                pos += 8 + ln
+            return pos
+        return pos + n * struct.calcsize(_SCALAR_FMT[et])
+    return pos + struct.calcsize(_SCALAR_FMT[vtype])
+
+
+def read_tokenizer_kvs(path):
+    """Raw key/value records whose key starts with 'tokenizer.' from a GGUF file, and
+    the number of tokens in tokenizer.ggml.tokens."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    if buf[:4] != GGUF_MAGIC:
+        raise ValueError(f"{path}: not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version}")
+    pos = 24
+    recs, n_tokens = [], None
+    for _ in range(n_kv):
+        start = pos
+        (klen,) = struct.unpack_from("<Q", buf, pos)
+        key = buf[pos + 8:pos + 8 + klen].decode("utf-8")
+        pos += 8 + klen
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        pos = _skip_value(buf, pos + 4, vtype)
+        if key.startswith("tokenizer."):
+            recs.append((key, buf[start:pos]))
+            if key == "tokenizer.ggml.tokens":
+                (n_tokens,) = struct.unpack_from("<Q", buf, start + 8 + klen + 4 + 4)
+    if n_tokens is None:
+        raise ValueError(f"{path}: no tokenizer.ggml.tokens")
+    return recs, n_tokens
+
+
+def synthetic_vocab(n):
+    """An SPM-style vocabulary: <unk>, <s>, </s>, 256 byte tokens, then unique pieces."""
+    if n < 260:
+        raise ValueError("a synthetic vocabulary needs at least 260 tokens")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = list(letters)
+    k = 0
+    while len(tokens) < n:
+        if k == len(words):  # next length: every word extended by every letter
+            words = [w + c for w in words for c in letters]
+            k = 0
+        w = words[k]
+        k += 1
+        for piece in ("\u2581" + w, w):
+            if len(tokens) < n:
+                tokens.append(piece)
+                types.append(1)
+    scores = [0.0] * 259 + [-float(i) for i in range(n - 259)]
+    return tokens, scores, types
+
+
+# ---- model description -------------------------------------------------------
+
+def resolve(cfg):
+    """Fill the derived fields of a config dict (preset, then explicit keys)."""
+    c = dict(DEFAULTS)
+    if cfg.get("preset"):
+        c.update(PRESETS[cfg["preset"]])
+    c.update({k: v for k, v in cfg.items() if v is not None and k != "preset"})
+    if c["n_kv_heads"] is None:
+        c["n_kv_heads"] = c["n_heads"]
+    if c["head_dim"] is None:
+        if c["dim"] % c["n_heads"]:
+            raise ValueError("dim is not a multiple of n_heads; give --head-dim")
+        c["head_dim"] = c["dim"] // c["n_heads"]
+    if c["ff"] is None:
+        c["ff"] = 4 * c["dim"]
+    if c["qkv_bias"] is None:
+        c["qkv_bias"] = c["arch"] == "qwen2"
+    if c["n_heads"] % c["n_kv_heads"]:
+        raise ValueError("n_heads must be a multiple of n_kv_heads")
+    if c["head_dim"] % 2:
+        raise ValueError("head_dim must be even (RoPE rotates pairs)")
+    if c["arch"] not in ("llama", "qwen2"):
+        raise ValueError("arch must be llama or qwen2")
+    for k in ("type", "embd_type", "output_type"):
+        if c[k] is not None and c[k] not in TYPES:
+            raise ValueError(f"unknown type {c[k]}")
+    c["embd_type"] = c["embd_type"] or c["type"]
+    c["output_type"] = c["output_type"] or c["type"]
+    c["name"] = c["name"] or f"random-{c['arch']}-{c['dim']}x{c['n_layers']}-{c['type']}"
+    return c
+
+
+def tensor_list(c):
+    """[(name, ne (ne[0] first), type, kind)] in file order. kind picks the init."""
+    d, hd, nh, nkv, ff, nv = c["dim"], c["head_dim"], c["n_heads"], c["n_kv_heads"], c["ff"], \
+        c["vocab"]
+    w = c["type"]
+    ts = [("token_embd.weight", (d, nv), c["embd_type"], "embd")]
+    for i in range(c["n_layers"]):
+        p = f"blk.{i}."
+        ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "attn_q.weight", (d, nh * hd), w, "mat"))
+        ts.append((p + "attn_k.weight", (d, nkv * hd), w, "mat"))
+        ts.append((p + "attn_v.weight", (d, nkv * hd), w, "mat"))
+        if c["qkv_bias"]:
+            ts.append((p + "attn_q.bias", (nh * hd,), "f32", "bias"))
+            ts.append((p + "attn_k.bias", (nkv * hd,), "f32", "bias"))
+            ts.append((p + "attn_v.bias", (nkv * hd,), "f32", "bias"))
+        ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
+        ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
+        ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
+        ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
+    ts.append(("output_norm.weight", (d,), "f32", "norm"))
+    if not c["tied"]:
+        ts.append(("output.weight", (d, nv), c["output_type"], "embd"))
+    return ts
+
+
+def metadata(c, tok_recs):
+    a = c["arch"]
+    kv = [
+        kv_bytes("general.architecture", T_STRING, a),
+        kv_bytes("general.name", T_STRING, c["name"]),
+        kv_bytes("general.alignment", T_UINT32, ALIGNMENT),
+        kv_bytes("general.file_type", T_UINT32, FILE_TYPE[c["type"]]),
+        kv_bytes(f"{a}.context_length", T_UINT32, c["ctx"]),
+        kv_bytes(f"{a}.embedding_length", T_UINT32, c["dim"]),
+        kv_bytes(f"{a}.feed_forward_length", T_UINT32, c["ff"]),
+        kv_bytes(f"{a}.block_count", T_UINT32, c["n_layers"]),
+        kv_bytes(f"{a}.attention.head_count", T_UINT32, c["n_heads"]),
+        kv_bytes(f"{a}.attention.head_count_kv", T_UINT32, c["n_kv_heads"]),
+        kv_bytes(f"{a}.attention.layer_norm_rms_epsilon", T_FLOAT32, c["eps"]),
+        kv_bytes(f"{a}.rope.freq_base", T_FLOAT32, c["rope_base"]),
+        kv_bytes(f"{a}.rope.dimension_count", T_UINT32, c["head_dim"]),
+        kv_bytes(f"{a}.vocab_size", T_UINT32, c["vocab"]),
+    ]
+    if c["head_dim"] * c["n_heads"] != c["dim"]:
+        kv.append(kv_bytes(f"{a}.attention.key_length", T_UINT32, c["head_dim"]))
+        kv.append(kv_bytes(f"{a}.attention.value_length", T_UINT32, c["head_dim"]))
+    if c["rope_scale"] != 1.0:
+        kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
+        kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
+    if tok_recs is not None:
+        kv.extend(raw for _, raw in tok_recs)
+    else:
+        tokens, scores, types = synthetic_vocab(c["vocab"])
+        kv += [
+            kv_bytes("tokenizer.ggml.model", T_STRING, "llama"),
+            kv_bytes("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
+            kv_bytes("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
+            kv_bytes("tokenizer.ggml.token_type", T_ARRAY, types, T_INT32),
+            kv_bytes("tokenizer.ggml.unknown_token_id", T_UINT32, 0),
+            kv_bytes("tokenizer.ggml.bos_token_id", T_UINT32, 1),
+            kv_bytes("tokenizer.ggml.eos_token_id", T_UINT32, 2),
+            kv_bytes("tokenizer.ggml.add_bos_token", T_BOOL, True),
+            kv_bytes("tokenizer.ggml.add_eos_token", T_BOOL, False),
+        ]
+    return kv
+
+
+def _values(c, name, ne, kind, rng, rows):
+    """Next `rows` rows (of ne[0] values) of a tensor's init, float32."""
+    n = ne[0]
+    if kind == "norm":
+        return rng.uniform(0.8, 1.2, size=(rows, n)).astype(np.float32)
+    if kind == "bias":
+        return (rng.standard_normal((rows, n), dtype=np.float32) * np.float32(0.2))
+    std = (2.0 if kind == "embd" else 1.0) / np.sqrt(n)
+    return rng.standard_normal((rows, n), dtype=np.float32) * np.float32(std)
+
+
+def generate(path, cfg, log=None):
+    """Write the model described by cfg (keys as DEFAULTS, plus optional 'preset')."""
+    c = resolve(cfg)
+    tok_recs = None
+    if c["vocab_from"]:
+        tok_recs, c["vocab"] = read_tokenizer_kvs(c["vocab_from"])
+    ts = tensor_list(c)
+    kvs = metadata(c, tok_recs)
+    sizes, offsets, off = [], [], 0
+    for name, ne, t, _ in ts:
+        rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+        nb = row_bytes(t, ne[0]) * rows
+        off = (off + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        offsets.append(off)
+        sizes.append(nb)
+        off += nb
+    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(ts), len(kvs)))
+    for kv in kvs:
+        head += kv
+    for (name, ne, t, _), o in zip(ts, offsets):
+        head += _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+        head += struct.pack("<IQ", TYPES[t][0], o)
+    head += b"\0" * (-len(head) % ALIGNMENT)
+    total = len(head) + off
+    t0 = time.time()
+    done = 0
+    with open(path, "wb") as f:
+        f.write(head)
+        for i, ((name, ne, t, kind), o, nb) in enumerate(zip(ts, offsets, sizes)):
+            f.write(b"\0" * (len(head) + o - f.tell()))
+            rng = np.random.default_rng([c["seed"], zlib.crc32(name.encode())])
+            rows = int(np.prod(ne[1:])) if len(ne) > 1 else 1
+            chunk = max(1, (1 << 22) // ne[0])  # about 4M values (16 MB of float32) at a time
+            for r0 in range(0, rows, chunk):
+                r = min(chunk, rows - r0)
+                f.write(encode(_values(c, name, ne, kind, rng, r), t))
+            done += nb
+            if log and (nb > (64 << 20) or i == len(ts) - 1):
+                el = time.time() - t0
+                log(f"  [{i + 1}/{len(ts)}] {name} {t} {nb / 1e6:.1f} MB "
+                    f"({done / 1e9:.2f}/{off / 1e9:.2f} GB, {el:.0f} s)")
+        assert f.tell() == total
+    return c
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Write a random-weight llama-family GGUF model.")
+    ap.add_argument("out")
+    ap.add_argument("--preset", choices=sorted(PRESETS))
+    ap.add_argument("--arch", choices=["llama", "qwen2"])
+    ap.add_argument("--name")
+    for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed"):
+        ap.add_argument("--" + k, type=int)
+    for k in ("rope-base", "rope-scale", "eps"):
+        ap.add_argument("--" + k, type=float)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--tied", dest="tied", action="store_true", default=None)
+    g.add_argument("--untied", dest="tied", action="store_false")
+    ap.add_argument("--qkv-bias", action="store_true", default=None)
+    ap.add_argument("--type", choices=sorted(TYPES))
+    ap.add_argument("--embd-type", choices=sorted(TYPES), help="token_embd type (default --type)")
+    ap.add_argument("--output-type", choices=sorted(TYPES), help="output.weight type")
+    ap.add_argument("--vocab-from", help="copy tokenizer.* metadata from this GGUF file")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    cfg = {k: v for k, v in vars(a).items() if k not in ("out", "quiet")}
+
+    def log(msg):
+        if not a.quiet:
+            print(msg, flush=True)
+    try:
+        t0 = time.time()
+        c = generate(a.out, cfg, log)
+    except (ValueError, OSError) as e:
+        print(f"gguf_gen: {e}", file=sys.stderr)
+        return 1
+    log(f"wrote {a.out}: {c['arch']} dim {c['dim']} layers {c['n_layers']} heads "
+        f"{c['n_heads']}/{c['n_kv_heads']} hd {c['head_dim']} ff {c['ff']} vocab {c['vocab']} "
+        f"{c['type']} {'tied' if c['tied'] else 'untied'} in {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
