@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -128,20 +129,19 @@ static const char *
 show(sp_str_t s, char *buf, size_t n)
 {
     size_t o = 0;
-    for (size_t i = 0; i < s.len && o + 5 < n; i++) {
+    for (size_t i = 0; i < s.len; i++) {
         unsigned char c = (unsigned char)s.ptr[i];
-        if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+        bool plain = c >= 0x20 && c < 0x7f && c != '\'' && c != '\\';
+        if (o + (plain ? 1 : 4) + 4 > n) { /* keep room for "..." and the NUL */
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (plain) {
             buf[o++] = (char)c;
         } else {
             o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
         }
-    }
-    if (o + 5 >= n && s.len > 0) {
-        if (o + 4 > n) {
-            o = n - 4;
-        }
-        memcpy(buf + o, "...", 3);
-        o += 3;
     }
     buf[o] = '\0';
     return buf;
@@ -611,7 +611,7 @@ parse(sp_gguf_t *g, char *err, size_t err_len)
         return st;
     }
     /* Bound both counts by what the rest of the file could hold, before allocating. */
-    if (n_kv > left(&c) / GGUF_MIN_KV_BYTES) {
+    if (n_kv > left(&c) / GGUF_MIN_KV_BYTES || n_kv > UINT32_MAX - 1) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
                        "%s: kv count %" PRIu64 " is impossible in a file of %zu bytes", g->name, n_kv,
                        g->size);

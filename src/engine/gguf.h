@@ -86,6 +86,8 @@ int64_t sp_gguf_n_kv(const sp_gguf_t *g);
 int64_t sp_gguf_find_key(const sp_gguf_t *g, const char *key); /* index or -1 */
 sp_str_t sp_gguf_kv_key(const sp_gguf_t *g, int64_t i);
 sp_gguf_type_t sp_gguf_kv_type(const sp_gguf_t *g, int64_t i);
+/* The value bytes of kv i exactly as stored after its type word (for copying and dumping). */
+sp_status_t sp_gguf_kv_raw(const sp_gguf_t *g, int64_t i, const void **raw, size_t *raw_len);
 
 /*
  * Typed getters by key. SP_ERR_NOT_FOUND (err untouched) when the key is absent,
@@ -134,5 +136,26 @@ sp_status_t sp_gguf_writer_set_str(sp_gguf_writer_t *w, const char *key, const c
 sp_status_t sp_gguf_writer_add_tensor(sp_gguf_writer_t *w, const char *name, sp_type_t type,
                                       int n_dims, const int64_t *ne, const void *data);
 sp_status_t sp_gguf_writer_write(sp_gguf_writer_t *w, const char *path, char *err, size_t err_len);
+
+/* Additions (gguf.c owner): more setters, streamed tensors, in-memory output. */
+sp_status_t sp_gguf_writer_set_u64(sp_gguf_writer_t *w, const char *key, uint64_t v);
+/* An array of n fixed-size elements (elem_type must not be STRING or ARRAY), copied now. */
+sp_status_t sp_gguf_writer_set_arr(sp_gguf_writer_t *w, const char *key, sp_gguf_type_t elem_type,
+                                   uint64_t n, const void *data);
+sp_status_t sp_gguf_writer_set_arr_str(sp_gguf_writer_t *w, const char *key,
+                                       const char *const *strs, uint64_t n);
+/* Power of two <= SP_GGUF_MAX_ALIGNMENT; also stored as general.alignment (u32). */
+sp_status_t sp_gguf_writer_set_alignment(sp_gguf_writer_t *w, uint32_t alignment);
+/* Produce rows [row0, row0 + n_rows) of a tensor (a row = ne[0] elements in its type) into dst.
+ * Called at write time, in row order, with chunks of about 16 MiB, so a whole model never has
+ * to sit in memory. A non-OK status aborts the write (err is passed through). */
+typedef sp_status_t (*sp_gguf_fill_fn)(void *user, int64_t row0, int64_t n_rows, void *dst,
+                                       char *err, size_t err_len);
+sp_status_t sp_gguf_writer_add_tensor_fill(sp_gguf_writer_t *w, const char *name, sp_type_t type,
+                                           int n_dims, const int64_t *ne, sp_gguf_fill_fn fill,
+                                           void *user);
+/* The whole file into a new buffer (free with sp_free): tests and fuzz seeds. */
+sp_status_t sp_gguf_writer_write_mem(sp_gguf_writer_t *w, void **out, size_t *out_len, char *err,
+                                     size_t err_len);
 
 #endif /* SP_ENGINE_GGUF_H */

@@ -27,4 +27,22 @@ void sp__kquants_register_avx2(sp_cpu_kernels_t *k);
 void sp__avx512_register(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 void sp__kquants_register_avx512(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 
+/* dispatch.c: what cpuid and XGETBV report (OS support for YMM/ZMM state included). */
+typedef struct sp_cpu_features {
+    bool avx2;       /* AVX2 + FMA + F16C, YMM state enabled */
+    bool avx512;     /* AVX-512 F/BW/VL/DQ, ZMM state enabled */
+    bool avx512_vnni;
+    bool avx512_bf16;
+} sp_cpu_features_t;
+
+const sp_cpu_features_t *sp__cpu_features(void);
+/* The level SAMPAN_CPU=value asks for, capped at `best` (never above what the
+ * CPU has); NULL, "" or an unknown value give `best`. */
+sp_cpu_level_t sp__cpu_level_from_env(const char *value, sp_cpu_level_t best);
+/* Fill *k for one level with the optional AVX-512 extensions switched on or
+ * off (tests build the VNNI-less AVX-512 table this way). The caller makes
+ * sure the CPU has what it asks for. */
+void sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni,
+                         bool has_bf16);
+
 #endif /* SP_KERNELS_CPU_IMPL_H */

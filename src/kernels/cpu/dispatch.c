@@ -1,0 +1,190 @@
+/*
+ * dispatch.c - picks the CPU kernel table at run time.
+ *
+ * cpuid says what the CPU can do and XGETBV says whether the OS saves the
+ * YMM/ZMM registers on a context switch; a level is usable only when both do.
+ * One table per level is built on first use (pthread_once) and never changes
+ * afterwards, so callers may keep the pointer and share it between threads.
+ * SAMPAN_CPU=scalar|avx2|avx512 is read once and can only lower the level.
+ */
+#include "kernels/cpu/cpu_impl.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampan/log.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define SP_X86 1
+#else
+#define SP_X86 0
+#endif
+
+static sp_cpu_features_t features;
+static sp_cpu_kernels_t tables[3];
+static bool table_ok[3];
+static sp_cpu_level_t chosen;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+#if SP_X86
+static uint64_t
+xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+static void
+detect(sp_cpu_features_t *f)
+{
+    memset(f, 0, sizeof(*f));
+#if SP_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return;
+    }
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28);
+    bool f16c = c & (1u << 29);
+    if (!osxsave || !avx) {
+        return;
+    }
+    uint64_t xcr0 = xgetbv0();
+    bool ymm_os = (xcr0 & 0x6) == 0x6;    /* SSE + AVX state */
+    bool zmm_os = (xcr0 & 0xe6) == 0xe6;  /* + opmask, ZMM_Hi256, Hi16_ZMM */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        return;
+    }
+    bool avx2 = b & (1u << 5);
+    bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
+    bool vnni = c & (1u << 11);
+    unsigned max_sub = a;
+    bool bf16 = false;
+    if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        bf16 = a & (1u << 5);
+    }
+    f->avx2 = avx2 && fma && f16c && ymm_os;
+    f->avx512 = f->avx2 && f512 && dq && bw && vl && zmm_os;
+    f->avx512_vnni = f->avx512 && vnni;
+    f->avx512_bf16 = f->avx512 && bf16;
+#endif
+}
+
+sp_cpu_level_t
+sp__cpu_level_from_env(const char *value, sp_cpu_level_t best)
+{
+    sp_cpu_level_t want = best;
+    if (value == NULL || value[0] == '\0') {
+        return best;
+    }
+    if (strcmp(value, "scalar") == 0) {
+        want = SP_CPU_SCALAR;
+    } else if (strcmp(value, "avx2") == 0) {
+        want = SP_CPU_AVX2;
+    } else if (strcmp(value, "avx512") == 0) {
+        want = SP_CPU_AVX512;
+    }
+    return want < best ? want : best;
+}
+
+void
+sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bool has_bf16)
+{
+    memset(k, 0, sizeof(*k));
+    k->level = level;
+    /* every level starts from the reference and overrides what it speeds up */
+    sp__ref_register(k);
+    sp__kquants_register_ref(k);
+    k->name = "scalar";
+    if (level >= SP_CPU_AVX2) {
+        sp__avx2_register(k);
+        sp__kquants_register_avx2(k);
+        k->name = "avx2";
+    }
+    if (level >= SP_CPU_AVX512) {
+        sp__avx512_register(k, has_vnni, has_bf16);
+        sp__kquants_register_avx512(k, has_vnni, has_bf16);
+        k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
+                           : (has_bf16 ? "avx512-bf16" : "avx512");
+    }
+}
+
+static void
+init_once(void)
+{
+    detect(&features);
+    sp_cpu_level_t best = SP_CPU_SCALAR;
+    if (features.avx2) {
+        best = SP_CPU_AVX2;
+    }
+    if (features.avx512) {
+        best = SP_CPU_AVX512;
+    }
+    for (int l = SP_CPU_SCALAR; l <= (int)best; l++) {
+        sp__cpu_build_table(&tables[l], (sp_cpu_level_t)l, features.avx512_vnni,
+                            features.avx512_bf16);
+        table_ok[l] = true;
+    }
+    const char *env = getenv("SAMPAN_CPU");
+    chosen = sp__cpu_level_from_env(env, best);
+    if (env != NULL && env[0] != '\0' && strcmp(env, "scalar") != 0 && strcmp(env, "avx2") != 0 &&
+        strcmp(env, "avx512") != 0) {
+        SP_LOG_WARN("SAMPAN_CPU=%s is not scalar, avx2 or avx512; using %s", env,
+                    tables[chosen].name);
+    }
+}
+
+const sp_cpu_features_t *
+sp__cpu_features(void)
+{
+    pthread_once(&once, init_once);
+    return &features;
+}
+
+const sp_cpu_kernels_t *
+sp_cpu_kernels(void)
+{
+    pthread_once(&once, init_once);
+    return &tables[chosen];
+}
+
+const sp_cpu_kernels_t *
+sp_cpu_kernels_for(sp_cpu_level_t level)
+{
+    pthread_once(&once, init_once);
+    if ((int)level < 0 || level > SP_CPU_AVX512 || !table_ok[level]) {
+        return NULL;
+    }
+    return &tables[level];
+}
+
+const sp_cpu_kernels_t *
+sp_cpu_kernels_ref(void)
+{
+    pthread_once(&once, init_once);
+    return &tables[SP_CPU_SCALAR];
+}
+
+void
+sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const void *w,
+            size_t w_stride, int64_t r0, int64_t r1, const void *x, size_t x_stride,
+            int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    if (k->gemm[wtype] != NULL) {
+        k->gemm[wtype](n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        return;
+    }
+    sp_vec_dot_fn dot = k->vec_dot[wtype];
+    const char *wb = w, *xb = x;
+    for (int64_t t = 0; t < n_tok; t++) {
+        for (int64_t r = r0; r < r1; r++) {
+            dot(n, &y[t * ldy + r], wb + (size_t)r * w_stride, xb + (size_t)t * x_stride);
+        }
+    }
+}

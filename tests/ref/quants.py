@@ -1,0 +1,134 @@
+"""quants.py - dequantizers for the seven tensor types, and emulation of the activation
+quantization the engine applies before quantized dot products.
+
+Written from the block layouts (src/kernels/kernels.h, the GGUF/ggml format
+definitions), independently of the C kernels and of tools/gguf_gen.py's quantizers.
+Every function is vectorised over blocks.
+"""
+import numpy as np
+
+# ggml type number -> (name, elements per block, bytes per block)
+TYPE_INFO = {
+    0: ("f32", 1, 4),
+    1: ("f16", 1, 2),
+    2: ("q4_0", 32, 18),
+    8: ("q8_0", 32, 34),
+    12: ("q4_k", 256, 144),
+    14: ("q6_k", 256, 210),
+    30: ("bf16", 1, 2),
+}
+TYPE_NUM = {v[0]: k for k, v in TYPE_INFO.items()}
+
+_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
+_Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)])
+_Q6_K = np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")])
+assert (_Q8_0.itemsize, _Q4_0.itemsize, _Q4_K.itemsize, _Q6_K.itemsize) == (34, 18, 144, 210)
+
+
+def _f64(a):
+    return a.astype(np.float64)
+
+
+def deq_q8_0(buf, n):
+    b = np.frombuffer(buf, dtype=_Q8_0, count=n // 32)
+    return (_f64(b["d"])[:, None] * b["qs"]).reshape(-1)
+
+
+def deq_q4_0(buf, n):
+    b = np.frombuffer(buf, dtype=_Q4_0, count=n // 32)
+    qs = b["qs"]
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32) - 8  # j, then j + 16
+    return (_f64(b["d"])[:, None] * q).reshape(-1)
+
+
+def q4_k_scales(s):
+    """(nb, 12) packed bytes -> (sc, m), each (nb, 8) in 0..63."""
+    s = s.astype(np.int32)
+    sc = np.empty((s.shape[0], 8), dtype=np.int32)
+    m = np.empty_like(sc)
+    sc[:, :4] = s[:, 0:4] & 63
+    m[:, :4] = s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)
+    m[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc, m
+
+
+def deq_q4_k(buf, n):
+    b = np.frombuffer(buf, dtype=_Q4_K, count=n // 256)
+    nb = b.shape[0]
+    sc, m = q4_k_scales(b["scales"])
+    qs = b["qs"].reshape(nb, 4, 32)
+    # each 32-byte group holds 64 values: low nibbles first (sub-block 2j), then high (2j+1)
+    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float64)
+    d = _f64(b["d"])[:, None] * sc
+    dm = _f64(b["dmin"])[:, None] * m
+    return (d[:, :, None] * q - dm[:, :, None]).reshape(-1)
+
+
+def deq_q6_k(buf, n):
+    b = np.frombuffer(buf, dtype=_Q6_K, count=n // 256)
+    nb = b.shape[0]
+    ql = b["ql"].reshape(nb, 2, 64).astype(np.int32)
+    qh = b["qh"].reshape(nb, 2, 32).astype(np.int32)
+    lo, hi = ql[:, :, :32], ql[:, :, 32:]
+    # per 128-value half: four runs of 32 (k = 0..3); low 4 bits from ql, top 2 from qh bits 2k
+    q = np.stack([
+        (lo & 0xF) | ((qh & 3) << 4),
+        (hi & 0xF) | (((qh >> 2) & 3) << 4),
+        (lo >> 4) | (((qh >> 4) & 3) << 4),
+        (hi >> 4) | (((qh >> 6) & 3) << 4),
+    ], axis=2).reshape(nb, 256) - 32
+    sc = np.repeat(b["scales"].astype(np.float64), 16, axis=1)  # scale of element e is e // 16
+    return (_f64(b["d"])[:, None] * sc * q).reshape(-1)
+
+
+def dequantize(buf, ttype, n):
+    """Raw bytes of n elements of ggml type ttype -> float64 array of n."""
+    if ttype == 0:
+        return np.frombuffer(buf, dtype="<f4", count=n).astype(np.float64)
+    if ttype == 1:
+        return np.frombuffer(buf, dtype="<f2", count=n).astype(np.float64)
+    if ttype == 30:
+        u = np.frombuffer(buf, dtype="<u2", count=n).astype(np.uint32) << 16
+        return u.view(np.float32).astype(np.float64)
+    fn = {2: deq_q4_0, 8: deq_q8_0, 12: deq_q4_k, 14: deq_q6_k}.get(ttype)
+    if fn is None:
+        raise ValueError(f"type {ttype} not supported by the reference")
+    return fn(buf, n)
+
+
+# ---- activation quantization (emulated) -----------------------------------------
+#
+# Quantized weights are multiplied with activations that the engine first converts:
+# Q8_0 / Q4_0 weights with Q8_0 activations (blocks of 32, d = amax / 127 stored as
+# half, q = round-half-away(x / d)), Q4_K / Q6_K with Q8_K activations (blocks of 256,
+# float d, q = round-half-even(x / d), d = max / -127 where max is the signed value of
+# largest magnitude). The functions return the values the dot product effectively sees
+# (q * d), in float64; the input is first rounded to float32, as in the engine.
+
+def fake_q8_0(x):
+    shp = x.shape
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = amax / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    v = b * inv[:, None]
+    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
+    dh = d.astype(np.float16).astype(np.float64)
+    return (q.astype(np.float64) * dh[:, None]).reshape(shp)
+
+
+def fake_q8_k(x):
+    shp = x.shape
+    b = x.astype(np.float32).reshape(-1, 256)
+    idx = np.abs(b).argmax(axis=1)
+    mx = b[np.arange(b.shape[0]), idx]
+    iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.rint(b * iscale[:, None]), 127)
+    d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(shp)
+
+
+# weight type -> activation emulation (None: activations stay float32 for F32/F16/BF16)
+ACT_QUANT = {0: None, 1: None, 30: None, 8: fake_q8_0, 2: fake_q8_0, 12: fake_q8_k, 14: fake_q8_k}

@@ -1,0 +1,122 @@
+/* test_core.c - status table, allocator accounting and fault injection, thread pool. */
+#include "test.h"
+
+#include <stdatomic.h>
+
+#include "core/alloc.h"
+#include "core/pool.h"
+#include "sampan/log.h"
+#include "sampan/status.h"
+
+TEST(status_table_is_consistent)
+{
+    ASSERT_STR_EQ(sp_status_str(SP_OK), "ok");
+    ASSERT_STR_EQ(sp_status_name(SP_ERR_FORMAT), "ERR_FORMAT");
+    ASSERT_EQ(sp_status_http(SP_ERR_INVALID), 400);
+    ASSERT_EQ(sp_status_http(SP_ERR_BUSY), 429);
+    ASSERT_STR_EQ(sp_status_str((sp_status_t)-999), "unknown status");
+    char err[16];
+    ASSERT_EQ(sp_errf(err, sizeof err, SP_ERR_IO, "%s", "a long message that is cut"), SP_ERR_IO);
+    ASSERT_EQ(strlen(err), 15);
+    ASSERT_EQ(sp_errf(NULL, 0, SP_ERR_IO, "x"), SP_ERR_IO);
+}
+
+TEST(alloc_counts_bytes_and_aligns)
+{
+    size_t base = sp_alloc_bytes_in_use();
+    void *a = sp_malloc(100);
+    void *b = sp_malloc_aligned(1000, 4096);
+    ASSERT(a != NULL && b != NULL);
+    ASSERT_EQ((uintptr_t)b % 4096, 0);
+    ASSERT_EQ((uintptr_t)a % 64, 0);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base + 1100);
+    a = sp_realloc(a, 10);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base + 1010);
+    sp_free(a);
+    sp_free(b);
+    sp_free(NULL);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base);
+    ASSERT(sp_calloc(SIZE_MAX / 2, 4) == NULL); /* count * size overflows */
+    ASSERT(sp_malloc(SIZE_MAX - 8) == NULL);
+}
+
+TEST(alloc_fault_injection)
+{
+    sp_alloc_fail_after(2);
+    void *a = sp_malloc(8), *b = sp_malloc(8), *c = sp_malloc(8);
+    ASSERT(a != NULL && b != NULL && c == NULL);
+    sp_alloc_fail_after(-1);
+    c = sp_malloc(8);
+    ASSERT(c != NULL);
+    sp_free(a);
+    sp_free(b);
+    sp_free(c);
+}
+
+typedef struct {
+    atomic_int calls;
+    atomic_long sum;
+    int nth_seen;
+} pool_probe;
+
+static void
+probe_fn(void *arg, int ith, int nth)
+{
+    pool_probe *p = arg;
+    atomic_fetch_add(&p->calls, 1);
+    atomic_fetch_add(&p->sum, ith);
+    p->nth_seen = nth;
+}
+
+TEST(pool_runs_every_thread_once_per_job)
+{
+    for (int n = 1; n <= 4; n++) {
+        sp_pool_t *pool;
+        ASSERT_OK(sp_pool_create(n, &pool));
+        ASSERT_EQ(sp_pool_n_threads(pool), n);
+        for (int job = 0; job < 2000; job++) {
+            pool_probe p = {0};
+            sp_pool_run(pool, probe_fn, &p);
+            ASSERT_EQ(atomic_load(&p.calls), n);
+            ASSERT_EQ(atomic_load(&p.sum), n * (n - 1) / 2);
+            ASSERT_EQ(p.nth_seen, n);
+        }
+        sp_pool_destroy(pool);
+    }
+    sp_pool_destroy(NULL);
+}
+
+TEST(pool_wakes_sleeping_workers)
+{
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(3, &pool));
+    for (int job = 0; job < 3; job++) {
+        struct timespec ts = {0, 20 * 1000 * 1000}; /* long enough for workers to sleep */
+        nanosleep(&ts, NULL);
+        pool_probe p = {0};
+        sp_pool_run(pool, probe_fn, &p);
+        ASSERT_EQ(atomic_load(&p.calls), 3);
+    }
+    sp_pool_destroy(pool);
+}
+
+static char captured[512];
+static void
+capture(sp_log_level_t level, const char *line, void *ud)
+{
+    (void)level;
+    (void)ud;
+    snprintf(captured, sizeof captured, "%s", line);
+}
+
+TEST(log_escapes_control_characters)
+{
+    sp_log_set(capture, NULL);
+    SP_LOG_INFO("event=load model=%s", "evil\r\nlevel=error forged");
+    ASSERT(strchr(captured, '\n') == NULL && strchr(captured, '\r') == NULL);
+    ASSERT(strstr(captured, "\\x0d\\x0a") != NULL);
+    captured[0] = '\0';
+    SP_LOG_DEBUG("not shown %d", 1); /* below the default level */
+    ASSERT_EQ(captured[0], '\0');
+    sp_log_set(NULL, NULL);
+}

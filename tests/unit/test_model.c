@@ -1,0 +1,160 @@
+/*
+ * test_model.c - the engine end to end on the real demo model (stories260K,
+ * llama2.c's pretrained 260K-parameter llama) and on broken hyper-parameters.
+ */
+#include "test.h"
+
+#include "core/alloc.h"
+#include "engine/model.h"
+
+#define DEMO "models/stories260K.gguf"
+
+static char *
+read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static int32_t
+argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) best = (int32_t)i;
+    }
+    return best;
+}
+
+/* Greedy-generate n_gen tokens after the prompt; returns the decoded text of
+ * prompt and continuation with the leading space of the first piece removed,
+ * as llama2.c prints it. */
+static void
+greedy(const char *prompt, int n_gen, int n_threads, char *out, size_t cap)
+{
+    char err[512];
+    sp_model_t *m;
+    sp_ctx_t *c;
+    ASSERT_OK(sp_model_load(DEMO, &m, err, sizeof err));
+    sp_ctx_params_t cp = sp_ctx_default_params();
+    cp.n_threads = n_threads;
+    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+    const sp_tokenizer_t *tok = sp_model_tokenizer(m);
+    int32_t toks[512];
+    int64_t n = sp_tokenize(tok, prompt, strlen(prompt), true, false, toks, 512);
+    ASSERT(n >= 1 && n < 512 - n_gen);
+    ASSERT_EQ(toks[0], 1); /* BOS */
+    ASSERT_OK(sp_ctx_eval(c, toks, n, 0));
+    for (int i = 0; i < n_gen; i++) {
+        toks[n] = argmax(sp_ctx_logits(c), sp_model_hparams(m)->n_vocab);
+        ASSERT_OK(sp_ctx_eval(c, &toks[n], 1, n));
+        n++;
+    }
+    size_t len = 0;
+    for (int64_t i = 1; i < n; i++) {
+        int32_t k = sp_token_to_piece(tok, toks[i], false, out + len, (int32_t)(cap - len - 1));
+        ASSERT(k >= 0 && (size_t)k < cap - len - 1);
+        len += (size_t)k;
+    }
+    out[len] = '\0';
+    if (out[0] == ' ') memmove(out, out + 1, len);
+    sp_ctx_destroy(c);
+    sp_model_free(m);
+}
+
+TEST(demo_model_greedy_matches_llama2c_without_prompt)
+{
+    char text[8192];
+    const char *ref = read_text("tests/data/stories260K.greedy-256.txt");
+    greedy("", 100, 1, text, sizeof text);
+    ASSERT(strlen(text) > 300);
+    if (strncmp(ref, text, strlen(text)) != 0) {
+        SP_TEST_FAIL("greedy text differs from llama2.c:\n  ours: %s\n  ref:  %.*s", text,
+                     (int)strlen(text), ref);
+    }
+}
+
+TEST(demo_model_greedy_matches_llama2c_with_prompt)
+{
+    char text[8192];
+    const char *ref = read_text("tests/data/stories260K.greedy-256.txt");
+    greedy("Once upon a time", 100, 2, text, sizeof text);
+    ASSERT(strncmp(text, "Once upon a time, there was a little girl named Lily.", 53) == 0);
+    if (strncmp(ref, text, strlen(text)) != 0) {
+        SP_TEST_FAIL("greedy text differs from llama2.c:\n  ours: %s\n  ref:  %.*s", text,
+                     (int)strlen(text), ref);
+    }
+}
+
+/* Prefill of a whole sequence and one-token decode steps, with 1 and 2
+ * threads, must give the same bits: the batch-invariance promise. */
+TEST(prefill_decode_and_threads_are_bit_identical)
+{
+    char err[512];
+    sp_model_t *m;
+    ASSERT_OK(sp_model_load(DEMO, &m, err, sizeof err));
+    const int64_t V = sp_model_hparams(m)->n_vocab, N = 24;
+    int32_t toks[24];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 37 + 1) % V);
+    float *ref = NULL;
+    for (int mode = 0; mode < 4; mode++) {
+        sp_ctx_t *c;
+        sp_ctx_params_t cp = sp_ctx_default_params();
+        cp.n_threads = 1 + (mode & 1);
+        cp.logits_all = true;
+        cp.n_ctx = 64;
+        cp.n_batch = mode < 2 ? 64 : 7; /* one batch, or uneven chunks */
+        ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+        if (mode == 3) {
+            for (int i = 0; i < N; i++) ASSERT_OK(sp_ctx_eval(c, &toks[i], 1, i));
+        } else {
+            ASSERT_OK(sp_ctx_eval(c, toks, N, 0));
+        }
+        const float *lg = sp_ctx_logits_all(c);
+        if (ref == NULL) {
+            ref = sp_malloc((size_t)(N * V) * sizeof(float));
+            memcpy(ref, lg, (size_t)(N * V) * sizeof(float));
+        } else if (memcmp(ref, lg, (size_t)(N * V) * sizeof(float)) != 0) {
+            SP_TEST_FAIL("logits differ in mode %d", mode);
+        }
+        sp_ctx_destroy(c);
+    }
+    sp_free(ref);
+    sp_model_free(m);
+}
+
+TEST(eval_rejects_bad_tokens_and_positions)
+{
+    char err[512];
+    sp_model_t *m;
+    sp_ctx_t *c;
+    ASSERT_OK(sp_model_load(DEMO, &m, err, sizeof err));
+    sp_ctx_params_t cp = sp_ctx_default_params();
+    cp.n_ctx = 16;
+    cp.n_threads = 1;
+    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+    int32_t bad[2] = {1, 512};
+    ASSERT_EQ(sp_ctx_eval(c, bad, 2, 0), SP_ERR_INVALID);
+    bad[1] = -1;
+    ASSERT_EQ(sp_ctx_eval(c, bad, 2, 0), SP_ERR_INVALID);
+    int32_t ok[1] = {1};
+    ASSERT_EQ(sp_ctx_eval(c, ok, 1, 16), SP_ERR_INVALID);
+    ASSERT_EQ(sp_ctx_eval(c, ok, 0, 0), SP_ERR_INVALID);
+    ASSERT_OK(sp_ctx_eval(c, ok, 1, 15));
+    sp_ctx_destroy(c);
+    sp_model_free(m);
+}
+
+TEST(model_load_missing_file_names_it)
+{
+    char err[512] = "";
+    sp_model_t *m = (sp_model_t *)1;
+    ASSERT(sp_model_load("tests/data/no-such-model.gguf", &m, err, sizeof err) != SP_OK);
+    ASSERT(m == NULL);
+    ASSERT(strstr(err, "no-such-model.gguf") != NULL);
+}
