@@ -436,7 +436,7 @@ def generate(path, cfg, log=None):
         head += struct.pack("<IQ", TYPES[t][0], o)
     head += b"\0" * (-len(head) % ALIGNMENT)
     total = len(head) + off
-    t0 = time.time()
+    t0 = last = time.time()
     done = 0
     with open(path, "wb") as f:
         f.write(head)
@@ -449,10 +449,11 @@ def generate(path, cfg, log=None):
                 r = min(chunk, rows - r0)
                 f.write(encode(_values(c, name, ne, kind, rng, r), t))
             done += nb
-            if log and (nb > (64 << 20) or i == len(ts) - 1):
-                el = time.time() - t0
-                log(f"  [{i + 1}/{len(ts)}] {name} {t} {nb / 1e6:.1f} MB "
-                    f"({done / 1e9:.2f}/{off / 1e9:.2f} GB, {el:.0f} s)")
+            now = time.time()
+            if log and (now - last >= 2.0 or i == len(ts) - 1):
+                last = now
+                log(f"  [{i + 1}/{len(ts)}] {name} {t}: {done / 1e9:.2f}/{off / 1e9:.2f} GB "
+                    f"({100.0 * done / max(off, 1):.0f}%, {now - t0:.0f} s)")
         assert f.tell() == total
     return c
 

@@ -3,8 +3,8 @@
  *
  * Each block carries a 64-byte header holding its size (and, for aligned
  * blocks, the offset back to the malloc'd base), so the counter stays exact and
- * sp_free needs no size. 64 bytes keeps every returned pointer cache-line
- * aligned for the common alignments.
+ * sp_free needs no size. Plain blocks keep malloc's alignment (16 bytes);
+ * sp_malloc_aligned serves anything stricter.
  */
 #include "core/alloc.h"
 

@@ -16,8 +16,14 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
 
-#define SPIN_ITERS 200000 /* ~100 us of polling before a worker sleeps */
+/* A waiting thread polls with `pause` for SPIN_PAUSE rounds, then yields the
+ * core between polls (when the machine is oversubscribed a pure spinner would
+ * burn the time slice the thread it waits for needs), and a worker goes to
+ * sleep once SPIN_NS has passed without a job. */
+#define SPIN_PAUSE 2000
+#define SPIN_NS 2000000 /* 2 ms */
 
 struct sp_pool {
     int n_threads;
@@ -57,9 +63,17 @@ worker(void *arg)
     for (;;) {
         unsigned g;
         int spins = 0;
+        int64_t t_sleep = 0;
         while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) {
-            if (++spins < SPIN_ITERS) {
+            if (++spins < SPIN_PAUSE) {
                 cpu_relax();
+                continue;
+            }
+            if (t_sleep == 0) {
+                t_sleep = sp_time_ns() + SPIN_NS;
+            }
+            if (sp_time_ns() < t_sleep) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -70,6 +84,7 @@ worker(void *arg)
             atomic_fetch_sub(&p->n_sleeping, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
+            t_sleep = 0;
         }
         if (atomic_load(&p->stop)) {
             return NULL;
@@ -166,7 +181,11 @@ sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx)
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n_threads);
-    while (atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n_threads - 1) {
-        cpu_relax();
+    for (int spins = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n_threads - 1;) {
+        if (++spins < SPIN_PAUSE) {
+            cpu_relax();
+        } else {
+            sched_yield();
+        }
     }
 }

@@ -260,12 +260,13 @@ get_str(cursor *c, sp_str_t *s, uint64_t cap, const char *what)
     }
     if (n > cap) {
         return sp_errf(c->err, c->err_len, SP_ERR_FORMAT,
-                       "%s: %s length %" PRIu64 " at byte %zu exceeds the limit of %" PRIu64, c->name,
-                       what, n, c->pos - 8, cap);
+                       "%s: %s length %" PRIu64 " at byte %zu exceeds the limit of %" PRIu64,
+                       c->name, what, n, c->pos - 8, cap);
     }
     if (n > left(c)) {
         return sp_errf(c->err, c->err_len, SP_ERR_FORMAT,
-                       "%s: %s length %" PRIu64 " at byte %zu runs past end of file (%zu bytes left)",
+                       "%s: %s length %" PRIu64 " at byte %zu runs past end of file "
+                       "(%zu bytes left)",
                        c->name, what, n, c->pos - 8, left(c));
     }
     s->ptr = (const char *)c->p + c->pos;
@@ -440,8 +441,8 @@ parse_tensor_info(sp_gguf_t *g, cursor *c, int64_t i)
     }
     show(t->name, shown, sizeof shown);
     if (t->name.len == 0) {
-        return sp_errf(c->err, c->err_len, SP_ERR_FORMAT, "%s: tensor %" PRId64 " has an empty name",
-                       c->name, i);
+        return sp_errf(c->err, c->err_len, SP_ERR_FORMAT,
+                       "%s: tensor %" PRId64 " has an empty name", c->name, i);
     }
     if (t->name.len >= SP_GGUF_MAX_NAME) {
         return sp_errf(c->err, c->err_len, SP_ERR_FORMAT,
@@ -507,7 +508,8 @@ parse_tensor_info(sp_gguf_t *g, cursor *c, int64_t i)
     }
     size_t nb = (size_t)(t->ne[0] / tr->blck_size);
     if (sp_mul_size(nb, tr->type_size, &nb) != 0 || sp_mul_size(nb, (size_t)t->ne[1], &nb) != 0 ||
-        sp_mul_size(nb, (size_t)t->ne[2], &nb) != 0 || sp_mul_size(nb, (size_t)t->ne[3], &nb) != 0) {
+        sp_mul_size(nb, (size_t)t->ne[2], &nb) != 0 ||
+        sp_mul_size(nb, (size_t)t->ne[3], &nb) != 0) {
         return sp_errf(c->err, c->err_len, SP_ERR_FORMAT, "%s: tensor '%s': byte size overflows",
                        c->name, shown);
     }
@@ -613,8 +615,8 @@ parse(sp_gguf_t *g, char *err, size_t err_len)
     /* Bound both counts by what the rest of the file could hold, before allocating. */
     if (n_kv > left(&c) / GGUF_MIN_KV_BYTES || n_kv > UINT32_MAX - 1) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
-                       "%s: kv count %" PRIu64 " is impossible in a file of %zu bytes", g->name, n_kv,
-                       g->size);
+                       "%s: kv count %" PRIu64 " is impossible in a file of %zu bytes", g->name,
+                       n_kv, g->size);
     }
     if (n_tensors > left(&c) / GGUF_MIN_TENSOR_BYTES || n_tensors > UINT32_MAX - 1) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
@@ -628,8 +630,9 @@ parse(sp_gguf_t *g, char *err, size_t err_len)
     g->tensors = sp_calloc(n_tensors > 0 ? (size_t)n_tensors : 1, sizeof *g->tensors);
     if (g->kv == NULL || g->str_arrays == NULL || g->tensors == NULL ||
         index_init(&g->kv_index, g->n_kv) != 0 || index_init(&g->tensor_index, g->n_tensors) != 0) {
-        return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory for %" PRIu64 " kvs and %" PRIu64
-                       " tensors", g->name, n_kv, n_tensors);
+        return sp_errf(err, err_len, SP_ERR_NOMEM,
+                       "%s: out of memory for %" PRIu64 " kvs and %" PRIu64 " tensors", g->name,
+                       n_kv, n_tensors);
     }
     g->alignment = SP_GGUF_DEFAULT_ALIGNMENT;
     if ((st = parse_kvs(g, &c)) != SP_OK) {
@@ -645,7 +648,7 @@ parse(sp_gguf_t *g, char *err, size_t err_len)
     if (of || (g->n_tensors > 0 && g->data_offset > g->size)) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
                        "%s: tensor data would start at byte %zu, past end of file (size %zu)",
-                       g->name, c.pos, g->size);
+                       g->name, of ? c.pos : g->data_offset, g->size);
     }
     if (g->data_offset > g->size) {
         g->data_offset = g->size; /* no tensors: the padding may be absent */
@@ -974,10 +977,18 @@ sp_gguf_arr_int(const sp_gguf_arr_t *a, uint64_t i)
     }
     const uint8_t *p = (const uint8_t *)a->data + i * sp_gguf_type_size(a->elem_type);
     switch (a->elem_type) {
-    case SP_GGUF_TYPE_FLOAT32: { float f; memcpy(&f, p, 4); return f == f && f > -9.2e18f && f < 9.2e18f ? (int64_t)f : 0; }
-    case SP_GGUF_TYPE_FLOAT64: { double d; memcpy(&d, p, 8); return d == d && d > -9.2e18 && d < 9.2e18 ? (int64_t)d : 0; }
+    case SP_GGUF_TYPE_FLOAT32:
+    case SP_GGUF_TYPE_FLOAT64: {
+        /* NaN and values outside int64 read as 0 rather than invoking UB in the cast */
+        double d = sp_gguf_arr_float(a, i);
+        return d == d && d > -9.2e18 && d < 9.2e18 ? (int64_t)d : 0;
+    }
     case SP_GGUF_TYPE_BOOL: return p[0] != 0;
-    case SP_GGUF_TYPE_UINT64: { uint64_t v; memcpy(&v, p, 8); return v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v; }
+    case SP_GGUF_TYPE_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v; /* saturate */
+    }
     default: {
         int64_t v;
         bool range;

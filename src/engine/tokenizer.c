@@ -43,6 +43,9 @@ struct sp_tokenizer {
     char *blob;         /* all token texts back to back */
     size_t *text_off;   /* (n_vocab + 1) offsets into blob */
     float *scores;      /* (n_vocab) merge priority, higher first */
+    uint32_t *rank;     /* (n_vocab) dense rank of the score: 0 = highest */
+    size_t max_token_len; /* bytes of the longest token text */
+    bool cut_at_space;  /* no token has U+2581 after another character: words merge alone */
     uint8_t *attr;      /* (n_vocab) sp_token_attr_t */
     uint8_t *byte_val;  /* (n_vocab) the byte a BYTE token stands for */
     int32_t *map;       /* (map_mask + 1) slots: token id or -1; open addressing */
@@ -185,6 +188,63 @@ cmp_special(const void *a, const void *b)
         return x->len > y->len ? -1 : 1;
     }
     return (x->id > y->id) - (x->id < y->id);
+}
+
+typedef struct score_key {
+    float score;
+    int32_t id;
+} score_key_t;
+
+static int
+cmp_score_desc(const void *a, const void *b)
+{
+    const score_key_t *x = a, *y = b;
+    if (x->score != y->score) {
+        return x->score > y->score ? -1 : 1;
+    }
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Ranks replace scores in the merge queue (equal scores share a rank, so ties
+ * still go to the leftmost pair); also the facts the encoder's shortcuts need. */
+static sp_status_t
+build_ranks(sp_tokenizer_t *t)
+{
+    score_key_t *k = sp_calloc((size_t)t->n_vocab, sizeof(score_key_t));
+    t->rank = sp_calloc((size_t)t->n_vocab, sizeof(uint32_t));
+    if (k == NULL || t->rank == NULL) {
+        sp_free(k);
+        return SP_ERR_NOMEM;
+    }
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        k[i] = (score_key_t){t->scores[i], i};
+    }
+    qsort(k, (size_t)t->n_vocab, sizeof(score_key_t), cmp_score_desc);
+    uint32_t r = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        if (i > 0 && k[i].score != k[i - 1].score) {
+            r++;
+        }
+        t->rank[k[i].id] = r;
+    }
+    sp_free(k);
+
+    t->max_token_len = 0;
+    t->cut_at_space = true;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        sp_str_t s = tok_text(t, i);
+        if (s.len > t->max_token_len) {
+            t->max_token_len = s.len;
+        }
+        /* every U+2581 past the start must follow another U+2581 */
+        for (size_t j = 1; j + 3 <= s.len; j++) {
+            if (memcmp(s.ptr + j, "\xE2\x96\x81", 3) == 0 &&
+                (j < 3 || memcmp(s.ptr + j - 3, "\xE2\x96\x81", 3) != 0)) {
+                t->cut_at_space = false;
+            }
+        }
+    }
+    return SP_OK;
 }
 
 static sp_status_t
@@ -425,7 +485,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     static const char *const eog_texts[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>",
                                             "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                                             "<EOT>"};
-    if ((st = build_map(t)) != SP_OK) {
+    if ((st = build_map(t)) != SP_OK || (st = build_ranks(t)) != SP_OK) {
         goto nomem;
     }
     for (size_t k = 0; k < sizeof(eog_texts) / sizeof(eog_texts[0]); k++) {
@@ -500,6 +560,7 @@ sp_tokenizer_destroy(sp_tokenizer_t *t)
     sp_free(t->blob);
     sp_free(t->text_off);
     sp_free(t->scores);
+    sp_free(t->rank);
     sp_free(t->attr);
     sp_free(t->byte_val);
     sp_free(t->map);
@@ -667,110 +728,197 @@ nomem:
 /* ---- SPM (llama) encoder ----------------------------------------------- */
 
 typedef struct spm_symbol {
-    int32_t prev, next; /* neighbours in the linked list, -1 at the ends */
+    int32_t prev, next; /* neighbours in the chunk's linked list, -1 at the ends */
     uint32_t off, n;    /* bytes [off, off+n) of the escaped text; n = 0 once merged away */
 } spm_symbol_t;
 
-typedef struct spm_bigram {
-    float score;
-    int32_t left, right;
-    uint32_t size; /* bytes of the merged text when queued; a mismatch marks it stale */
-} spm_bigram_t;
+/*
+ * A queued pair is one uint64 key, smallest first:
+ *   bits 40..63  rank of the merged token's score (0 = highest score)
+ *   bits 10..39  index of the left symbol (ties go to the leftmost)
+ *   bits  0..9   merged length - 1 (a token is 1..1024 bytes)
+ * so the order is llama.cpp's (score, then leftmost) with one integer compare.
+ * The right symbol is the left one's current neighbour; an entry is stale when
+ * the left symbol was merged away or the two lengths no longer add up (either
+ * side grew since it was queued).
+ */
+#define KEY_LEFT_BITS 30
+#define KEY_SIZE_BITS 10
 
 typedef struct spm_work {
     char *esc;          /* escaped text of the current fragment */
-    spm_symbol_t *sym;
-    spm_bigram_t *heap; /* binary max-heap */
+    spm_symbol_t *sym;  /* symbols of the current chunk */
+    uint64_t *heap;     /* 4-ary min-heap of pair keys */
     size_t n_heap, cap_heap;
 } spm_work_t;
 
-/* a comes out of the queue before b: higher score, then leftmost. */
-static bool
-bigram_before(const spm_bigram_t *a, const spm_bigram_t *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
 static int
-heap_push(spm_work_t *w, spm_bigram_t e)
+heap_push(spm_work_t *w, uint64_t key)
 {
     if (w->n_heap == w->cap_heap) {
-        size_t cap = w->cap_heap ? w->cap_heap * 2 : 64, bytes;
-        if (sp_mul_size(cap, sizeof(spm_bigram_t), &bytes)) {
+        size_t cap = w->cap_heap ? w->cap_heap * 2 : 256, bytes;
+        if (sp_mul_size(cap, sizeof(uint64_t), &bytes)) {
             return -1;
         }
-        spm_bigram_t *h = sp_realloc(w->heap, bytes);
+        uint64_t *h = sp_realloc(w->heap, bytes);
         if (h == NULL) {
             return -1;
         }
         w->heap = h;
         w->cap_heap = cap;
     }
+    uint64_t *h = w->heap;
     size_t i = w->n_heap++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_before(&e, &w->heap[p])) {
+        size_t p = (i - 1) / 4;
+        if (h[p] <= key) {
             break;
         }
-        w->heap[i] = w->heap[p];
+        h[i] = h[p];
         i = p;
     }
-    w->heap[i] = e;
+    h[i] = key;
     return 0;
 }
 
-static spm_bigram_t
+static uint64_t
 heap_pop(spm_work_t *w)
 {
-    spm_bigram_t top = w->heap[0];
-    spm_bigram_t last = w->heap[--w->n_heap];
-    size_t i = 0, n = w->n_heap;
+    uint64_t *h = w->heap;
+    uint64_t top = h[0], last = h[--w->n_heap];
+    size_t n = w->n_heap, i = 0;
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1, best = c;
         if (c >= n) {
             break;
         }
-        if (c + 1 < n && bigram_before(&w->heap[c + 1], &w->heap[c])) {
-            c++;
+        size_t end = c + 4 < n ? c + 4 : n;
+        for (size_t j = c + 1; j < end; j++) {
+            if (h[j] < h[best]) {
+                best = j;
+            }
         }
-        if (!bigram_before(&w->heap[c], &last)) {
+        if (h[best] >= last) {
             break;
         }
-        w->heap[i] = w->heap[c];
-        i = c;
+        h[i] = h[best];
+        i = best;
     }
     if (n > 0) {
-        w->heap[i] = last;
+        h[i] = last;
     }
     return top;
 }
 
-/* Queue the pair (left, right) when their concatenation is a token. */
+/* Queue the pair (left, left's next) when their concatenation is a token. */
 static int
-spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left, int32_t right)
+spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left)
 {
-    if (left < 0 || right < 0) {
+    if (left < 0 || w->sym[left].next < 0) {
         return 0;
     }
-    const spm_symbol_t *l = &w->sym[left], *r = &w->sym[right];
-    uint32_t size = l->n + r->n; /* r starts where l ends: symbols stay contiguous */
+    const spm_symbol_t *l = &w->sym[left], *r = &w->sym[l->next];
+    size_t size = (size_t)l->n + r->n; /* r starts where l ends: symbols stay contiguous */
+    if (size > t->max_token_len) {
+        return 0; /* no token is that long: skip the hash */
+    }
     int32_t id = lookup(t, w->esc + l->off, size);
     if (id < 0) {
         return 0;
     }
-    spm_bigram_t e = {t->scores[id], left, right, size};
-    return heap_push(w, e);
+    uint64_t key = ((uint64_t)t->rank[id] << (KEY_LEFT_BITS + KEY_SIZE_BITS)) |
+                   ((uint64_t)left << KEY_SIZE_BITS) | (uint64_t)(size - 1);
+    return heap_push(w, key);
 }
 
-/* Byte length of the UTF-8 sequence a lead byte announces (llama.cpp's table:
- * stray continuation bytes count as one, the caller clips at the end). */
+/* Byte length of the UTF-8 character at p[0..n): the length its lead byte
+ * announces (llama.cpp's table) when that many bytes remain and all the
+ * announced continuation bytes are 10xxxxxx; otherwise 1. Checking the
+ * continuation bytes only changes invalid UTF-8, and keeps a stray lead byte
+ * from swallowing the U+2581 of an escaped space, so every byte string
+ * round-trips through byte fallback. */
 static size_t
-utf8_len(unsigned char c)
+utf8_len(const unsigned char *p, size_t n)
 {
     static const uint8_t len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    return len[c >> 4];
+    size_t k = len[p[0] >> 4];
+    if (k > n) {
+        return 1;
+    }
+    for (size_t i = 1; i < k; i++) {
+        if ((p[i] & 0xC0) != 0x80) {
+            return 1;
+        }
+    }
+    return k;
 }
 
+static bool
+is_space_mark(const char *p, size_t n)
+{
+    return n == 3 && memcmp(p, "\xE2\x96\x81", 3) == 0;
+}
+
+/* Merge the n_sym symbols of one chunk and emit its tokens. */
+static sp_status_t
+spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, tok_out_t *o)
+{
+    spm_symbol_t *sym = w->sym;
+    sym[n_sym - 1].next = -1;
+    w->n_heap = 0;
+    for (int32_t i = 0; i + 1 < n_sym; i++) {
+        if (spm_try_bigram(t, w, i)) {
+            return SP_ERR_NOMEM;
+        }
+    }
+    while (w->n_heap > 0) {
+        uint64_t key = heap_pop(w);
+        int32_t left = (int32_t)((key >> KEY_SIZE_BITS) & ((1u << KEY_LEFT_BITS) - 1));
+        uint32_t size = (uint32_t)(key & ((1u << KEY_SIZE_BITS) - 1)) + 1;
+        spm_symbol_t *l = &sym[left];
+        if (l->n == 0 || l->next < 0 || l->n + sym[l->next].n != size) {
+            continue; /* stale: one side merged since this pair was queued */
+        }
+        spm_symbol_t *r = &sym[l->next];
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) {
+            sym[r->next].prev = left;
+        }
+        if (spm_try_bigram(t, w, l->prev) || spm_try_bigram(t, w, left)) {
+            return SP_ERR_NOMEM;
+        }
+    }
+
+    /* Every merged symbol is a token by construction; a single character that
+     * is not one falls back to its bytes. */
+    for (int32_t i = 0; i >= 0; i = sym[i].next) {
+        const spm_symbol_t *s = &sym[i];
+        int32_t id = lookup(t, w->esc + s->off, s->n);
+        if (id >= 0) {
+            emit(o, id);
+            continue;
+        }
+        for (uint32_t k = 0; k < s->n; k++) {
+            int32_t b = t->byte_id[(unsigned char)w->esc[s->off + k]];
+            if (b < 0) {
+                b = t->unk; /* no byte token; with no unk either the byte is dropped */
+            }
+            if (b >= 0) {
+                emit(o, b);
+            }
+        }
+    }
+    return SP_OK;
+}
+
+/*
+ * Tokenize one run of plain text. When no token of the vocabulary has a U+2581
+ * after another character (t->cut_at_space), no merge can cross the start of a
+ * word, so the text is merged word by word: the result is the same and the
+ * heap stays small and in cache.
+ */
 static sp_status_t
 spm_encode_text(const sp_tokenizer_t *t, spm_work_t *w, const char *text, size_t len, bool prefix,
                 tok_out_t *o)
@@ -789,65 +937,25 @@ spm_encode_text(const sp_tokenizer_t *t, spm_work_t *w, const char *text, size_t
             w->esc[m++] = text[i];
         }
     }
-    if (m == 0) {
-        return SP_OK;
-    }
 
     int32_t n_sym = 0;
+    bool prev_mark = false;
     for (size_t off = 0; off < m;) {
-        size_t n = utf8_len((unsigned char)w->esc[off]);
-        if (n > m - off) {
-            n = m - off; /* truncated sequence at the end: never read past it */
+        size_t n = utf8_len((const unsigned char *)w->esc + off, m - off);
+        bool mark = is_space_mark(w->esc + off, n);
+        if (t->cut_at_space && mark && !prev_mark && n_sym > 0) {
+            sp_status_t st = spm_merge_chunk(t, w, n_sym, o);
+            if (st != SP_OK) {
+                return st;
+            }
+            n_sym = 0;
         }
-        w->sym[n_sym] = (spm_symbol_t){n_sym - 1, off + n == m ? -1 : n_sym + 1, (uint32_t)off,
-                                       (uint32_t)n};
+        w->sym[n_sym] = (spm_symbol_t){n_sym - 1, n_sym + 1, (uint32_t)off, (uint32_t)n};
         n_sym++;
         off += n;
+        prev_mark = mark;
     }
-
-    w->n_heap = 0;
-    for (int32_t i = 1; i < n_sym; i++) {
-        if (spm_try_bigram(t, w, i - 1, i)) {
-            return SP_ERR_NOMEM;
-        }
-    }
-    while (w->n_heap > 0) {
-        spm_bigram_t bg = heap_pop(w);
-        spm_symbol_t *l = &w->sym[bg.left], *r = &w->sym[bg.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size) {
-            continue; /* one side merged since this pair was queued */
-        }
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) {
-            w->sym[r->next].prev = bg.left;
-        }
-        if (spm_try_bigram(t, w, l->prev, bg.left) || spm_try_bigram(t, w, bg.left, l->next)) {
-            return SP_ERR_NOMEM;
-        }
-    }
-
-    /* Every merged symbol is a token by construction; a single character that
-     * is not one falls back to its bytes. */
-    for (int32_t i = 0; i >= 0; i = w->sym[i].next) {
-        const spm_symbol_t *s = &w->sym[i];
-        int32_t id = lookup(t, w->esc + s->off, s->n);
-        if (id >= 0) {
-            emit(o, id);
-            continue;
-        }
-        for (uint32_t k = 0; k < s->n; k++) {
-            int32_t b = t->byte_id[(unsigned char)w->esc[s->off + k]];
-            if (b < 0) {
-                b = t->unk; /* no byte token; with no unk either the byte is dropped */
-            }
-            if (b >= 0) {
-                emit(o, b);
-            }
-        }
-    }
-    return SP_OK;
+    return n_sym > 0 ? spm_merge_chunk(t, w, n_sym, o) : SP_OK;
 }
 
 static sp_status_t

@@ -250,7 +250,12 @@ sp_cmd_run(int argc, char **argv)
         sp_sampler_accept(smp, id);
         int32_t n = sp_token_to_piece(tok, id, false, pend + n_pend, (int32_t)(sizeof pend - n_pend));
         if (n > 0 && (size_t)n <= sizeof pend - n_pend) {
-            n_pend += (size_t)n;
+            /* SentencePiece's dummy prefix: the first word after BOS prints
+             * without its leading space (as llama2.c and llama.cpp do). */
+            bool after_bos = toks[pos - 1] == sp_tokenizer_bos(tok);
+            size_t skip = after_bos && pend[n_pend] == ' ' ? 1 : 0;
+            memmove(pend + n_pend, pend + n_pend + skip, (size_t)n - skip);
+            n_pend += (size_t)n - skip;
         }
         size_t ready = sp_utf8_complete_prefix(pend, n_pend);
         if (n_pend - ready >= 4) {

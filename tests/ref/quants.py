@@ -101,32 +101,31 @@ def dequantize(buf, ttype, n):
 # ---- activation quantization (emulated) -----------------------------------------
 #
 # Quantized weights are multiplied with activations that the engine first converts:
-# Q8_0 / Q4_0 weights with Q8_0 activations (blocks of 32, d = amax / 127 stored as
-# half, q = round-half-away(x / d)), Q4_K / Q6_K with Q8_K activations (blocks of 256,
-# float d, q = round-half-even(x / d), d = max / -127 where max is the signed value of
-# largest magnitude). The functions return the values the dot product effectively sees
+# Q8_0 / Q4_0 weights with Q8_0 activations (blocks of 32, d = amax / 127 rounded to
+# half, q = round-half-away(x / d) with that rounded d), Q4_K / Q6_K with Q8_K
+# activations (blocks of 256, float d = amax / 127, q = round-half-even(x * (127 / amax)),
+# clamped to +-127). The functions return the values the dot product effectively sees
 # (q * d), in float64; the input is first rounded to float32, as in the engine.
 
 def fake_q8_0(x):
     shp = x.shape
     b = x.astype(np.float32).reshape(-1, 32)
     amax = np.abs(b).max(axis=1)
-    d = amax / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
-    v = b * inv[:, None]
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)), -127, 127)
-    dh = d.astype(np.float16).astype(np.float64)
-    return (q.astype(np.float64) * dh[:, None]).reshape(shp)
+    # the scale is rounded to half first; q = x / d_half, rounded half away from zero
+    dh = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    v = np.divide(b, dh[:, None], out=np.zeros_like(b), where=dh[:, None] > 0)
+    t = np.trunc(v)  # round half away from zero without the float error of floor(v + 0.5)
+    q = np.clip(t + np.sign(v) * (np.abs(v - t) >= np.float32(0.5)), -127, 127)
+    return (q.astype(np.float64) * dh.astype(np.float64)[:, None]).reshape(shp)
 
 
 def fake_q8_k(x):
     shp = x.shape
     b = x.astype(np.float32).reshape(-1, 256)
-    idx = np.abs(b).argmax(axis=1)
-    mx = b[np.arange(b.shape[0]), idx]
-    iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
-    q = np.minimum(np.rint(b * iscale[:, None]), 127)
-    d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    amax = np.abs(b).max(axis=1)
+    iscale = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    q = np.clip(np.rint(b * iscale[:, None]), -127, 127)
+    d = amax / np.float32(127)
     return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(shp)
 
 

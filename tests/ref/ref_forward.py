@@ -8,13 +8,14 @@ the math written from the model definition:
         h = rmsnorm(x) * attn_norm
         q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv)
         RoPE(q, k) at position p: theta_i = (p / scale) * base^(-2i / n_rot), i < n_rot / 2
-            llama ("normal"): rotate (x[2i], x[2i+1]);  qwen2 ("NeoX"): rotate (x[i], x[i + n_rot/2])
+            llama ("normal"): rotate (x[2i], x[2i+1])
+            qwen2 ("NeoX"):   rotate (x[i], x[i + n_rot/2])
         attention, causal, query head h uses kv head h // (n_head / n_head_kv),
             softmax(q . k / sqrt(head_dim)) v
         x = x + Wo attn
         h = rmsnorm(x) * ffn_norm
         x = x + Wdown (silu(Wgate h) * Wup h)
-    logits = Wout (rmsnorm(x) * output_norm)       (Wout = token_embd when there is no output.weight)
+    logits = Wout (rmsnorm(x) * output_norm)   (Wout = token_embd without output.weight)
 
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). Weights are dequantized to float64 and all arithmetic
 is float64. With act_quant=True, the input of every matrix product with a quantized weight
@@ -32,8 +33,9 @@ from quants import ACT_QUANT
 
 
 class RefModel:
-    def __init__(self, path, act_quant=False):
+    def __init__(self, path, act_quant=False, dtype=np.float64):
         g = GGUF(path)
+        self.dtype = dtype  # float64 is the oracle; float32 only to study rounding effects
         self.gguf = g
         kv = g.kv
         a = kv["general.architecture"]
@@ -56,10 +58,11 @@ class RefModel:
         self.n_ctx = int(kv.get(f"{a}.context_length", 2048))
 
         self.act_quant = act_quant
+        self.act_err2 = []  # squared relative rms error of each emulated activation quantization
         self.w = {}     # name -> float64 array (rows, ne[0])
         self.aq = {}    # name -> activation quantizer for products with that weight, or None
         for name, t in g.tensors.items():
-            self.w[name] = g.array(name)
+            self.w[name] = g.array(name, dtype)
             self.aq[name] = ACT_QUANT[t.type] if act_quant else None
         self.out_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
         self.n_vocab = self.w["token_embd.weight"].shape[0]
@@ -76,7 +79,10 @@ class RefModel:
         """x (n, ne0) times the weight's rows: (n, rows)."""
         f = self.aq[wname]
         if f is not None:
-            x = f(x)
+            xq = f(x).astype(self.dtype)
+            # relative rms error this quantization injects (test tolerances are derived from it)
+            self.act_err2.append(float(np.sum((xq - x) ** 2) / max(np.sum(x * x), 1e-300)))
+            x = xq
         return x @ self.w[wname].T
 
     def rope(self, x, pos):
@@ -85,8 +91,8 @@ class RefModel:
         i = np.arange(half, dtype=np.float64)
         inv_freq = self.rope_base ** (-2.0 * i / self.n_rot)
         theta = (pos.astype(np.float64) / self.rope_scale)[:, None] * inv_freq[None, :]
-        cos = np.cos(theta)[:, None, :]
-        sin = np.sin(theta)[:, None, :]
+        cos = np.cos(theta)[:, None, :].astype(self.dtype)
+        sin = np.sin(theta)[:, None, :].astype(self.dtype)
         y = x.copy()
         if self.neox:
             x0, x1 = x[..., :half], x[..., half:2 * half]
@@ -105,8 +111,8 @@ class Session:
     def __init__(self, m):
         self.m = m
         self.pos = 0
-        self.k = [np.zeros((0, m.n_head_kv, m.head_dim)) for _ in range(m.n_layer)]
-        self.v = [np.zeros((0, m.n_head_kv, m.head_dim)) for _ in range(m.n_layer)]
+        self.k = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
+        self.v = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
 
     def forward(self, tokens):
         """Logits (len(tokens), n_vocab), float64, for tokens at positions pos, pos+1, ..."""
@@ -137,9 +143,10 @@ class Session:
             v = v.reshape(n, nkv, hd)
             self.k[L] = np.concatenate([self.k[L], k])
             self.v[L] = np.concatenate([self.v[L], v])
-            kk = np.repeat(self.k[L], group, axis=1)        # (keys, nh, hd): head h -> kv h // group
+            # (keys, nh, hd): query head h reads kv head h // group
+            kk = np.repeat(self.k[L], group, axis=1)
             vv = np.repeat(self.v[L], group, axis=1)
-            s = np.einsum("thd,shd->hts", q, kk) / np.sqrt(hd)
+            s = np.einsum("thd,shd->hts", q, kk) / m.dtype(np.sqrt(hd))
             s = np.where(mask[None], -np.inf, s)
             s = np.exp(s - s.max(axis=2, keepdims=True))
             s /= s.sum(axis=2, keepdims=True)

@@ -72,7 +72,7 @@ TEST(demo_model_greedy_matches_llama2c_without_prompt)
     char text[8192];
     const char *ref = read_text("tests/data/stories260K.greedy-256.txt");
     greedy("", 100, 1, text, sizeof text);
-    ASSERT(strlen(text) > 300);
+    ASSERT(strlen(text) > 250); /* 100 tokens of story */
     if (strncmp(ref, text, strlen(text)) != 0) {
         SP_TEST_FAIL("greedy text differs from llama2.c:\n  ours: %s\n  ref:  %.*s", text,
                      (int)strlen(text), ref);

@@ -26,14 +26,6 @@ hsum_i32x8(__m256i v)
     return _mm_cvtsi128_si32(s);
 }
 
-SP_INLINE int32_t
-hsum_i32x4(__m128i s)
-{
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* ---- F32 -> Q8_K ---------------------------------------------------------------------------- */
 
 void
@@ -69,7 +61,50 @@ sp__q8k_from_float_avx2(const float *src, void *dst, int64_t n)
     }
 }
 
-/* ---- Q4_K x Q8_K ------------------------------------------------------------------------------ */
+/* ---- Q4_K x Q8_K ---------------------------------------------------------------------------- */
+
+/* vpshufb masks repeating int16 word j (bytes 2j, 2j+1) of each 128-bit lane over the lane */
+#define W(j) 2 * (j), 2 * (j) + 1
+#define W8(j) W(j), W(j), W(j), W(j), W(j), W(j), W(j), W(j)
+static const uint8_t word_bcast[8][32] __attribute__((aligned(32))) = {
+    {W8(0), W8(0)}, {W8(1), W8(1)}, {W8(2), W8(2)}, {W8(3), W8(3)},
+    {W8(4), W8(4)}, {W8(5), W8(5)}, {W8(6), W8(6)}, {W8(7), W8(7)},
+};
+/* Q6_K: word 2g of the lane over the low 128 bits, word 2g+1 over the high 128 bits */
+static const uint8_t word_pair[4][32] __attribute__((aligned(32))) = {
+    {W8(0), W8(1)}, {W8(2), W8(3)}, {W8(4), W8(5)}, {W8(6), W8(7)},
+};
+#undef W8
+#undef W
+
+SP_INLINE __m256i
+bcast_word(__m256i v, const uint8_t mask[32])
+{
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)mask));
+}
+
+/*
+ * The float finish of one Q4_K super-block, in SSE lanes (no GPR round trip): a4 holds four
+ * int32 partial sums of sumi, mm four of summs. Lane-wise IEEE operations, so this is exactly
+ * the scalar sequence of kquants_impl.h: d = y.d * x.d, dm = y.d * x.dmin, a = d * sumi,
+ * c = dm * summs, blk = a - c. xdd holds (x.d, x.dmin) as floats in lanes 0 and 1.
+ */
+SP_INLINE float
+q4k_finish(__m128i a4, __m128i mm, __m128 xdd, float yd)
+{
+    /* (sumi, summs, 0, 0), exact, then to float */
+    const __m128i ii = _mm_hadd_epi32(_mm_hadd_epi32(a4, mm), _mm_setzero_si128());
+    const __m128 ac = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yd), xdd), _mm_cvtepi32_ps(ii));
+    return _mm_cvtss_f32(_mm_sub_ss(ac, _mm_movehdup_ps(ac)));
+}
+
+SP_INLINE __m128
+q4k_load_d_dmin(const sp_block_q4_k *x)
+{
+    uint32_t dd;
+    memcpy(&dd, &x->d, sizeof(dd)); /* d and dmin are adjacent fp16 */
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+}
 
 SP_INLINE void
 q4k_tile(int64_t nb, const sp_block_q4_k *x, const sp_block_q8_k *const *y, int nt, float *out)
@@ -77,41 +112,44 @@ q4k_tile(int64_t nb, const sp_block_q4_k *x, const sp_block_q8_k *const *y, int 
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], m[8];
-        sp__q4k_unpack_scales(x[b].scales, sc, m);
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        uint64_t sc64, m64;
+        sp__q4k_unpack_scales_u64(x[b].scales, &sc64, &m64);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(
+            _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc64)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
         __m256i acc[TILE_TOK];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++)
             acc[t] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            /* 32 bytes: low nibbles are sub-block 2h, high nibbles sub-block 2h+1. */
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            /* 64-element chunk h, 32 bytes: low nibbles are sub-block 2h, high 2h+1. */
             const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
             const __m256i lo = _mm256_and_si256(q4, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            const __m256i sc_lo = _mm256_set1_epi16(sc[2 * h]);
-            const __m256i sc_hi = _mm256_set1_epi16(sc[2 * h + 1]);
+            const __m256i sc_lo = bcast_word(sc16, word_bcast[2 * h]);
+            const __m256i sc_hi = bcast_word(sc16, word_bcast[2 * h + 1]);
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 const int8_t *q8 = y[t][b].qs + 64 * h;
                 __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
-                __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                __m256i p1 =
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
                 p0 = _mm256_madd_epi16(p0, sc_lo);
                 p1 = _mm256_madd_epi16(p1, sc_hi);
                 acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(p0, p1));
             }
         }
-        const float xd = _cvtsh_ss(x[b].d), xdmin = _cvtsh_ss(x[b].dmin);
+        const __m128 xdd = q4k_load_d_dmin(&x[b]);
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const sp_block_q8_k *yb = &y[t][b];
             /* min term: sum_j m[j] * (bsums[2j] + bsums[2j+1]) */
             const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums),
                                                  _mm_loadu_si128((const __m128i *)(yb->bsums + 8)));
-            const int32_t summs = hsum_i32x4(_mm_madd_epi16(mins, pairs));
-            const int32_t sumi = hsum_i32x8(acc[t]);
-            const float d = yb->d * xd;
-            const float dm = yb->d * xdmin;
-            const float a = d * (float)sumi;
-            const float c = dm * (float)summs;
-            const float blk = a - c;
+            const __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(acc[t]),
+                                             _mm256_extracti128_si256(acc[t], 1));
+            const float blk = q4k_finish(a4, _mm_madd_epi16(mins, pairs), xdd, yb->d);
             sumf[t] = sumf[t] + blk;
         }
     }
@@ -126,62 +164,61 @@ sp__q4k_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     q4k_tile(n / SP_QK_K, w, &y, 1, s);
 }
 
-/* ---- Q6_K x Q8_K ------------------------------------------------------------------------------ */
+/* ---- Q6_K x Q8_K ---------------------------------------------------------------------------- */
 
 SP_INLINE void
 q6k_tile(int64_t nb, const sp_block_q6_k *x, const sp_block_q8_k *const *y, int nt, float *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m30 = _mm256_set1_epi8(0x30);
-    /* Byte shuffles that spread int16 scale pair (2g, 2g+1) of a 128-bit lane over the low
-     * (8 x scale 2g) and high (8 x scale 2g+1) halves of a 256-bit vector. */
-    __m256i spread[4];
-    for (int g = 0; g < 4; g++) {
-        const char a = (char)(4 * g), c = (char)(4 * g + 2);
-        spread[g] = _mm256_setr_epi8(a, (char)(a + 1), a, (char)(a + 1), a, (char)(a + 1), a,
-                                     (char)(a + 1), a, (char)(a + 1), a, (char)(a + 1), a,
-                                     (char)(a + 1), a, (char)(a + 1), c, (char)(c + 1), c,
-                                     (char)(c + 1), c, (char)(c + 1), c, (char)(c + 1), c,
-                                     (char)(c + 1), c, (char)(c + 1), c, (char)(c + 1), c,
-                                     (char)(c + 1));
-    }
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const __m256i sc16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
         __m256i acc[TILE_TOK];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++)
             acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             /* scales 8h..8h+7 in both 128-bit lanes */
-            const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            const __m256i sch = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                                       : _mm256_permute2x128_si256(sc16, sc16, 0x11);
             const uint8_t *ql = x[b].ql + 64 * h;
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[b].qh + 32 * h));
             /* 6-bit quants of elements 0-31, 32-63, 64-95, 96-127 of this half */
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_and_si256(qh, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-            __m256i scv[4];
-            for (int g = 0; g < 4; g++)
-                scv[g] = _mm256_shuffle_epi8(sch, spread[g]);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(qh, m30));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            /* scale 8h+2g over the low 16 elements of group g, 8h+2g+1 over the high 16 */
+            const __m256i s0 = bcast_word(sch, word_pair[0]);
+            const __m256i s1 = bcast_word(sch, word_pair[1]);
+            const __m256i s2 = bcast_word(sch, word_pair[2]);
+            const __m256i s3 = bcast_word(sch, word_pair[3]);
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
-                const int8_t *q8 = y[t][b].qs + 128 * h;
-                for (int g = 0; g < 4; g++) {
-                    __m256i p = _mm256_maddubs_epi16(
-                        q[g], _mm256_loadu_si256((const __m256i *)(q8 + 32 * g)));
-                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, scv[g]));
-                }
+                const __m256i *q8 = (const __m256i *)(y[t][b].qs + 128 * h);
+                const __m256i p0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q0, _mm256_loadu_si256(q8)), s0);
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q1, _mm256_loadu_si256(q8 + 1)), s1);
+                const __m256i p2 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q2, _mm256_loadu_si256(q8 + 2)), s2);
+                const __m256i p3 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q3, _mm256_loadu_si256(q8 + 3)), s3);
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_add_epi32(p0, p1),
+                                                                   _mm256_add_epi32(p2, p3)));
             }
         }
         const float xd = _cvtsh_ss(x[b].d);
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             const sp_block_q8_k *yb = &y[t][b];
             /* the -32 offset: sum_k sc[k] * 32 * bsums[k] */
@@ -204,7 +241,7 @@ sp__q6k_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     q6k_tile(n / SP_QK_K, w, &y, 1, s);
 }
 
-/* ---- gemm tiles ------------------------------------------------------------------------------- */
+/* ---- gemm tiles ----------------------------------------------------------------------------- */
 
 /* Rows outer (one weight row stays in L1 while all tokens sweep it), tokens in tiles of
  * TILE_TOK; the tail tile uses a smaller NT of the same microkernel. */

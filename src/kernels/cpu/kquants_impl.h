@@ -40,6 +40,21 @@ sp__q4k_unpack_scales(const uint8_t packed[SP_K_SCALE_SIZE], uint8_t sc[8], uint
     memcpy(m, &out[2], 8);
 }
 
+/* The same, returned as two little-endian 64-bit words (byte j = sub-block j): lets SIMD code
+ * move them to a vector register directly, without a store / reload of mismatched widths. */
+static inline void
+sp__q4k_unpack_scales_u64(const uint8_t packed[SP_K_SCALE_SIZE], uint64_t *sc, uint64_t *m)
+{
+    uint32_t a[3];
+    memcpy(a, packed, sizeof(a));
+    const uint32_t s_lo = a[0] & 0x3f3f3f3fu;
+    const uint32_t s_hi = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t m_lo = a[1] & 0x3f3f3f3fu;
+    const uint32_t m_hi = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
+    *sc = (uint64_t)s_lo | ((uint64_t)s_hi << 32);
+    *m = (uint64_t)m_lo | ((uint64_t)m_hi << 32);
+}
+
 /* Q8_K quantization of one 256-value block: d = amax / 127, q = round-half-even(x * (127 / amax))
  * in [-127, 127] (symmetric; -128 is never produced, so |q| <= 127 keeps every SIMD product
  * safe). amax = 0 gives d = 0 and all-zero quants. Every level computes amax (exact), iscale and

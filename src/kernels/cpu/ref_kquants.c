@@ -20,11 +20,13 @@ clampi(int v, int lo, int hi)
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-/* Round half to even, like the SIMD conversions in the default rounding mode. */
+/* Round half to even, like the SIMD conversions in the default rounding mode. The clamp keeps
+ * the float -> int conversion defined for garbage input (inf, NaN -> -1e9); every caller clamps
+ * the result to a small range anyway. */
 static inline int
 round_int(float v)
 {
-    return (int)nearbyintf(v);
+    return (int)nearbyintf(fminf(fmaxf(v, -1e9f), 1e9f));
 }
 
 static inline float
@@ -33,7 +35,7 @@ fp16_round(float v)
     return sp_fp16_to_fp32(sp_fp32_to_fp16(v));
 }
 
-/* ---- Q8_K (activations) ----------------------------------------------------------------- */
+/* ---- Q8_K (activations) --------------------------------------------------------------------- */
 
 void
 sp__q8k_from_float_ref(const float *src, void *dst, int64_t n)
@@ -68,7 +70,7 @@ sp__q8k_to_float_ref(const void *src, float *dst, int64_t n)
             *dst++ = x[b].d * (float)x[b].qs[i];
 }
 
-/* ---- Q4_K --------------------------------------------------------------------------------- */
+/* ---- Q4_K ----------------------------------------------------------------------------------- */
 
 void
 sp__q4k_to_float_ref(const void *src, float *dst, int64_t n)
@@ -195,7 +197,7 @@ sp__q4k_from_float_ref(const float *src, void *dst, int64_t n)
                 q[32 * j + i] = (uint8_t)(ds > 0.0f ? clampi(round_int((v + dm) / ds), 0, 15) : 0);
             }
         }
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 4; h++) /* 32 bytes per 64 elements: two sub-blocks */
             for (int l = 0; l < 32; l++)
                 y[b].qs[32 * h + l] = (uint8_t)(q[64 * h + l] | (q[64 * h + 32 + l] << 4));
     }
@@ -232,7 +234,7 @@ sp__q4k_vec_dot_ref(int64_t n, float *s, const void *w, const void *xv)
     *s = sumf;
 }
 
-/* ---- Q6_K --------------------------------------------------------------------------------- */
+/* ---- Q6_K ----------------------------------------------------------------------------------- */
 
 /* Unpack the 256 six-bit quants of a Q6_K block to q - 32, in element order. */
 static void
@@ -325,7 +327,8 @@ sp__q6k_from_float_ref(const float *src, void *dst, int64_t n)
             const float ds = d * y[b].scales[j];
             for (int i = 0; i < 16; i++) {
                 const float v = src[16 * j + i];
-                q[16 * j + i] = (uint8_t)(ds != 0.0f ? clampi(round_int(v / ds), -32, 31) + 32 : 32);
+                const int l = ds != 0.0f ? clampi(round_int(v / ds), -32, 31) : 0;
+                q[16 * j + i] = (uint8_t)(l + 32);
             }
         }
         for (int h = 0; h < 2; h++) {
@@ -364,7 +367,7 @@ sp__q6k_vec_dot_ref(int64_t n, float *s, const void *w, const void *xv)
     *s = sumf;
 }
 
-/* ---- registration and the quantize/dequantize entry points -------------------------------- */
+/* ---- registration and the quantize/dequantize entry points ---------------------------------- */
 
 void
 sp__kquants_register_ref(sp_cpu_kernels_t *k)

@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""report.py - turn one bench/run.sh run into a markdown table and a JSON file.
+
+    bench/report.py RAWDIR            (RAWDIR as written by bench/run.sh)
+    bench/report.py --bytes FILE.gguf (weight bytes read per decoded token)
+
+RAWDIR holds meta.json (machine, versions, settings), membw.json (bench/membw
+--json, before and after: membw.json, membw-after.json), and for each type T:
+T.model (path of the GGUF), T.llamacpp.json (bench/llamacpp.mjs output),
+T.sampan.N.log (stderr of `sampan eval`, one file per run).
+
+Decode limit (tokens/s) = read bandwidth with 2 threads / bytes of weights read
+per token. Per token every weight matrix is read once, except the token
+embedding, of which only one row is read (unless it doubles as the output
+matrix, when all of it is). The KV cache is not counted (at 512-576 positions it
+is about 12 MB per token for this shape, 0.5-2% of the weights).
+Standard library only.
+"""
+import json
+import os
+import re
+import struct
+import sys
+
+# ggml type -> (elements per block, bytes per block)
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    30: ("BF16", 1, 2),
+}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+           11: "<q", 12: "<d"}
+
+
+class _Reader:
+    def __init__(self, f):
+        self.f = f
+
+    def unpack(self, fmt):
+        size = struct.calcsize(fmt)
+        data = self.f.read(size)
+        if len(data) != size:
+            raise ValueError("truncated GGUF header")
+        return struct.unpack(fmt, data)[0]
+
+    def string(self):
+        n = self.unpack("<Q")
+        if n > 1 << 24:
+            raise ValueError("implausible GGUF string length")
+        return self.f.read(n).decode("utf-8", "replace")
+
+    def value(self, vtype):
+        if vtype in _SCALAR:
+            return self.unpack(_SCALAR[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            etype = self.unpack("<I")
+            n = self.unpack("<Q")
+            if etype in _SCALAR:  # skip numeric arrays without decoding them
+                self.f.seek(n * struct.calcsize(_SCALAR[etype]), os.SEEK_CUR)
+                return None
+            for _ in range(n):
+                self.value(etype)
+            return None
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def gguf_tensors(path):
+    """(metadata scalars, [(name, dims, ggml type, bytes)]) of a GGUF file."""
+    with open(path, "rb") as f:
+        r = _Reader(f)
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version = r.unpack("<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version}")
+        n_tensors = r.unpack("<Q")
+        n_kv = r.unpack("<Q")
+        meta = {}
+        for _ in range(n_kv):
+            key = r.string()
+            meta[key] = r.value(r.unpack("<I"))
+        tensors = []
+        for _ in range(n_tensors):
+            name = r.string()
+            nd = r.unpack("<I")
+            dims = [r.unpack("<Q") for _ in range(nd)]
+            ttype = r.unpack("<I")
+            r.unpack("<Q")  # offset
+            if ttype not in GGML_TYPES:
+                raise ValueError(f"{path}: tensor {name} has unknown type {ttype}")
+            _, blk, bsz = GGML_TYPES[ttype]
+            n = 1
+            for d in dims:
+                n *= d
+            tensors.append((name, dims, ttype, n // blk * bsz))
+    return meta, tensors
+
+
+def bytes_per_token(path):
+    meta, tensors = gguf_tensors(path)
+    names = {t[0] for t in tensors}
+    tied = "output.weight" not in names
+    total = sum(t[3] for t in tensors)
+    per_token = 0
+    types = {}
+    for name, dims, ttype, nbytes in tensors:
+        if name == "token_embd.weight" and not tied:
+            per_token += nbytes // dims[1]  # one row of [dim, vocab]
+        else:
+            per_token += nbytes
+        if len(dims) == 2:
+            tname = GGML_TYPES[ttype][0]
+            types[tname] = types.get(tname, 0) + 1
+    return {"file_bytes": os.path.getsize(path), "tensor_bytes": total,
+            "read_bytes_per_token": per_token, "tied_output": tied, "matrix_types": types,
+            "n_tensors": len(tensors)}
+
+
+_LINE = re.compile(r"^(prefill|decode): (\d+) tokens in ([\d.]+) ms \(([\d.]+) tok/s\)")
+
+
+def parse_sampan_log(path):
+    out = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = _LINE.match(line.strip())
+            if m:
+                out[m.group(1)] = {"tokens": int(m.group(2)), "ms": float(m.group(3)),
+                                   "tok_s": float(m.group(4))}
+    return out
+
+
+def _load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def summarize(raw):
+    meta = _load(os.path.join(raw, "meta.json"))
+    bw = _load(os.path.join(raw, "membw.json"))
+    bw_after = None
+    if os.path.exists(os.path.join(raw, "membw-after.json")):
+        bw_after = _load(os.path.join(raw, "membw-after.json"))
+
+    def read2(b):
+        # best 2-thread read over both page kinds: the achievable bandwidth
+        return max(b["read_4k"][1], b["read_thp"][1])
+
+    read_bw = read2(bw) if bw_after is None else max(read2(bw), read2(bw_after))
+    rows = []
+    for t in meta["types"]:
+        with open(os.path.join(raw, f"{t}.model"), encoding="utf-8") as f:
+            model = f.read().strip()
+        b = bytes_per_token(model)
+        limit = read_bw * 1e9 / b["read_bytes_per_token"]
+        row = {"type": t, "model": model, **b, "decode_limit_tok_s": limit}
+        lj = os.path.join(raw, f"{t}.llamacpp.json")
+        if os.path.exists(lj):
+            lc = _load(lj)
+            row["llamacpp"] = {"prefill_tok_s": lc["best"]["prefill_tok_s"],
+                               "decode_tok_s": lc["best"]["decode_tok_s"],
+                               "runs": lc["runs"], "threads": lc["threads"],
+                               "flash_attention": lc["flash_attention"],
+                               "first_generated": lc["first_generated"]}
+        logs = sorted(p for p in os.listdir(raw) if p.startswith(f"{t}.sampan.") and
+                      p.endswith(".log"))
+        runs = [parse_sampan_log(os.path.join(raw, p)) for p in logs]
+        runs = [r for r in runs if "prefill" in r]
+        if runs:
+            row["sampan"] = {
+                "prefill_tok_s": max(r["prefill"]["tok_s"] for r in runs),
+                "decode_tok_s": max((r["decode"]["tok_s"] for r in runs if "decode" in r),
+                                    default=None),
+                "runs": runs,
+            }
+        rows.append(row)
+    result = {"meta": meta, "membw": bw, "membw_after": bw_after,
+              "read_bw_2t_gb_s": read_bw, "results": rows}
+    return result
+
+
+def _f(v, fmt="{:.1f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def table(result):
+    lines = []
+    lines.append(f"Read bandwidth (2 threads, best): {result['read_bw_2t_gb_s']:.1f} GB/s")
+    lines.append("")
+    lines.append("| type | weights read/token | decode limit | sampan decode | llama.cpp decode "
+                 "| sampan prefill | llama.cpp prefill | decode vs llama.cpp "
+                 "| prefill vs llama.cpp |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in result["results"]:
+        lim = r["decode_limit_tok_s"]
+        s = r.get("sampan", {})
+        lc = r.get("llamacpp", {})
+        sd, ld = s.get("decode_tok_s"), lc.get("decode_tok_s")
+        sp, lp = s.get("prefill_tok_s"), lc.get("prefill_tok_s")
+
+        def pct(v):
+            return "-" if v is None else f"{v:.1f} ({100 * v / lim:.0f}%)"
+
+        lines.append(
+            f"| {r['type'].upper()} | {r['read_bytes_per_token'] / 1e6:.0f} MB | {lim:.1f} tok/s "
+            f"| {pct(sd)} | {pct(ld)} | {_f(sp)} | {_f(lp)} "
+            f"| {_f(sd / ld if sd and ld else None, '{:.2f}x')} "
+            f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} |")
+    lines.append("")
+    lines.append("decode and prefill in tokens/s, best of the runs; (n%) = share of the decode limit "
+                 "(read bandwidth / weight bytes read per token).")
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--bytes":
+        print(json.dumps(bytes_per_token(argv[2]), indent=1))
+        return 0
+    if len(argv) != 2:
+        sys.stderr.write(__doc__)
+        return 2
+    raw = argv[1]
+    result = summarize(raw)
+    out = os.path.join(raw, "results.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    text = table(result)
+    with open(os.path.join(raw, "table.md"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# bench/run.sh - the engine benchmark, side by side with llama.cpp, same machine, same run.
+#
+#   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
+#                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan]
+#
+# For each type it runs, one after the other (never in parallel: the machine has
+# 2 cores and both engines use both):
+#   - our engine:  $SAMPAN eval -m FILE --tokens IDS --gen G -t 2   (RUNS processes)
+#   - llama.cpp:   node bench/llamacpp.mjs -m FILE --tokens IDS --gen G -t 2 (RUNS runs)
+# on the same TinyLlama-1.1B-shaped random-weight model and the same prompt ids,
+# plus bench/membw (read/copy bandwidth) before and after, and prints a markdown
+# table with the decode limit = read bandwidth (2 threads) / weight bytes read per
+# token. Results: bench/out/<stamp>/ (raw logs, results.json, table.md) and
+# bench/out/latest -> that folder.
+#
+# Models are made once with tools/gguf_gen.py into bench/models/ (about 4 GB for
+# the three) and reused. Environment:
+#   BUILD=build          build folder of the engine (`make BUILD=...`), membw goes there too
+#   SAMPAN=$BUILD/sampan the engine binary (built with make when missing)
+#   PYTHON=/usr/bin/python3 (Debian's, with python3-numpy for the generator)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+TYPES="f16 q8_0 q4_0"
+PROMPT=512
+GEN=64
+RUNS=3
+THREADS=2
+DO_LLAMACPP=1
+DO_SAMPAN=1
+BUILD=${BUILD:-build}
+SAMPAN=${SAMPAN:-$BUILD/sampan}
+PYTHON=${PYTHON:-/usr/bin/python3}
+VOCAB_FROM=${VOCAB_FROM:-}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --types) TYPES=$2; shift 2 ;;
+    --prompt) PROMPT=$2; shift 2 ;;
+    --gen) GEN=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --quick) PROMPT=128; GEN=16; RUNS=1; shift ;;
+    --no-llamacpp) DO_LLAMACPP=0; shift ;;
+    --no-sampan) DO_SAMPAN=0; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# Share of the two CPUs busy over one second: other work on the machine makes
+# both engines (whose threads wait on each other) much slower, so it is recorded.
+cpu_busy_pct() {
+    local a b
+    read -r -a a < <(head -1 /proc/stat)
+    sleep 1
+    read -r -a b < <(head -1 /proc/stat)
+    local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
+    for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
+    echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+
+# ---- tools ------------------------------------------------------------------
+mkdir -p "$BUILD" bench/models bench/out
+if [ "$DO_SAMPAN" = 1 ] && [ ! -x "$SAMPAN" ]; then
+    say "building $SAMPAN"
+    make BUILD="$BUILD" "$SAMPAN" >&2
+fi
+MEMBW=$BUILD/membw
+if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ]; then
+    say "building $MEMBW"
+    ${CC:-cc} -std=c11 -O3 -march=native -Wall -Wextra -pthread -o "$MEMBW" bench/membw.c
+fi
+if [ "$DO_LLAMACPP" = 1 ] && [ ! -d bench/node_modules/@node-llama-cpp/linux-x64 ]; then
+    say "installing node-llama-cpp (prebuilt CPU binaries, no download or build at run time)"
+    # --omit=optional: skip the CUDA/Vulkan/other-platform binaries; the
+    # linux-x64 CPU one is a direct dependency. npm does not run the package's
+    # postinstall (which could try to fetch or build llama.cpp) unless allowed,
+    # and NODE_LLAMA_CPP_SKIP_DOWNLOAD makes sure of it.
+    (cd bench && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund >&2)
+fi
+export NODE_LLAMA_CPP_SKIP_DOWNLOAD=true
+
+# ---- models -----------------------------------------------------------------
+if [ -z "$VOCAB_FROM" ]; then
+    for v in tests/data/tokenizer/ggml-vocab-llama-spm.gguf \
+             ../shared/testdata/tokenizer/ggml-vocab-llama-spm.gguf; do
+        if [ -f "$v" ]; then VOCAB_FROM=$v; break; fi
+    done
+fi
+model_path() { echo "bench/models/tinyllama-random-$1.gguf"; }
+for t in $TYPES; do
+    f=$(model_path "$t")
+    if [ ! -s "$f" ]; then
+        say "generating $f (TinyLlama-1.1B shape, random weights, $t)"
+        args=(--preset tinyllama --type "$t" --seed 1 -q)
+        if [ -n "$VOCAB_FROM" ]; then args+=(--vocab-from "$VOCAB_FROM"); fi
+        "$PYTHON" tools/gguf_gen.py "$f.tmp" "${args[@]}"
+        mv "$f.tmp" "$f"
+    fi
+done
+
+# ---- run --------------------------------------------------------------------
+STAMP=$(date +%Y%m%d-%H%M%S)
+RAW=bench/out/$STAMP
+mkdir -p "$RAW"
+say "results in $RAW"
+
+# The same prompt ids for both engines: xorshift, ids in [3, 32000).
+IDS=$("$PYTHON" -c "
+x = 2463534242
+ids = []
+for _ in range($PROMPT):
+    x ^= (x << 13) & 0xffffffff; x ^= x >> 17; x ^= (x << 5) & 0xffffffff
+    ids.append(3 + x % (32000 - 3))
+print(','.join(map(str, ids)))")
+echo "$IDS" > "$RAW/prompt.txt"
+
+BUSY_BEFORE=$(cpu_busy_pct)
+if [ "$BUSY_BEFORE" -gt 10 ]; then
+    say "warning: the CPUs were ${BUSY_BEFORE}% busy before the run; numbers will be low"
+fi
+
+say "membw (read/copy bandwidth, 1 and 2 threads)"
+"$MEMBW" --json --runs 5 > "$RAW/membw.json"
+cat "$RAW/membw.json" >&2
+
+for t in $TYPES; do
+    f=$(model_path "$t")
+    echo "$ROOT/$f" > "$RAW/$t.model"
+    cat "$f" > /dev/null   # into the page cache, so no run pays for the disk
+    if [ "$DO_SAMPAN" = 1 ]; then
+        for r in $(seq 1 "$RUNS"); do
+            say "sampan $t run $r/$RUNS"
+            "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
+                > /dev/null 2> "$RAW/$t.sampan.$r.log" || {
+                say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
+            grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
+        done
+    fi
+    if [ "$DO_LLAMACPP" = 1 ]; then
+        say "llama.cpp $t ($RUNS runs in one process)"
+        node bench/llamacpp.mjs -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
+            --runs "$RUNS" > "$RAW/$t.llamacpp.json" 2> "$RAW/$t.llamacpp.log" || {
+            say "llama.cpp failed on $t (see $RAW/$t.llamacpp.log)"; rm -f "$RAW/$t.llamacpp.json"; }
+        grep -E '^llama.cpp run' "$RAW/$t.llamacpp.log" >&2 || true
+    fi
+done
+
+say "membw again (after)"
+"$MEMBW" --json --runs 5 > "$RAW/membw-after.json"
+BUSY_AFTER=$(cpu_busy_pct)
+
+# ---- report -----------------------------------------------------------------
+NODE_LLAMA=$(node -e "
+const p = require('$ROOT/bench/node_modules/node-llama-cpp/package.json');
+const i = require('$ROOT/bench/node_modules/node-llama-cpp/llama/llama.cpp.info.json');
+console.log(JSON.stringify({node_llama_cpp: p.version, llama_cpp: i}))" 2>/dev/null || echo null)
+"$PYTHON" - "$RAW/meta.json" <<EOF
+import json, platform, subprocess, sys
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+lscpu = dict(l.split(":", 1) for l in sh("LC_ALL=C lscpu").splitlines() if ":" in l)
+flags = lscpu.get("Flags", "").split()
+meta = {
+    "stamp": "$STAMP", "types": "$TYPES".split(), "prompt_tokens": $PROMPT, "gen_tokens": $GEN,
+    "runs": $RUNS, "threads": $THREADS,
+    "cpu": lscpu.get("Model name", "").strip(), "cpus": lscpu.get("CPU(s)", "").strip(),
+    "simd_flags": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))],
+    "kernel": platform.release(), "mem_total_kb": sh("grep MemTotal /proc/meminfo"),
+    "cpu_busy_pct_before": $BUSY_BEFORE, "cpu_busy_pct_after": $BUSY_AFTER,
+    "sampan": sh("$SAMPAN --version 2>&1 | head -1") if $DO_SAMPAN else None,
+    "sampan_commit": sh("git rev-parse --short HEAD") + ("+dirty" if sh("git status --porcelain --untracked-files=no") else ""),
+    "peer": json.loads('''$NODE_LLAMA'''),
+}
+json.dump(meta, open(sys.argv[1], "w"), indent=1)
+EOF
+"$PYTHON" bench/report.py "$RAW"
+ln -sfn "$STAMP" bench/out/latest
+say "done: $RAW/results.json, $RAW/table.md"

@@ -1,0 +1,439 @@
+/*
+ * sampler.c - the next token from a row of logits.
+ *
+ * Pipeline per token (sampler.h gives the order): penalties over the recent
+ * window, then either greedy argmax (temperature 0) or top-k, temperature,
+ * softmax, top-p, min-p and one draw. Candidates are kept sorted by logit
+ * (descending, lower id first on ties), so every cut is a prefix and ties never
+ * depend on qsort's whims: the same seed and logits give the same token.
+ *
+ * PRNG: xoshiro256** (Blackman and Vigna), its 256-bit state seeded by
+ * expanding the 64-bit seed with splitmix64, as the authors recommend. Each
+ * draw uses the top 53 bits of one output as a double in [0, 1).
+ *
+ * Memory: everything is sized at create from n_vocab and penalty_last_n;
+ * sp_sampler_sample allocates nothing.
+ */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+#define MAX_VOCAB (1 << 24)
+#define MAX_PENALTY_WINDOW (1 << 20) /* tokens; the ring buffer is sized by it */
+
+struct sp_sampler {
+    sp_sampler_params_t p;
+    int32_t n_vocab;
+    uint64_t rng[4];     /* xoshiro256** state */
+    int32_t *cand;       /* (n_vocab) candidate ids */
+    float *weight;       /* (n_vocab) exp((logit - max) / T) of cand[i]; 1 for the best */
+    uint64_t *key;       /* (n_vocab) sort keys of the candidates (see sort_key) */
+    uint64_t *key_tmp;   /* (n_vocab) radix sort scratch */
+    int32_t *count;      /* (n_vocab) occurrences of each id in the window */
+    int32_t *ring;       /* (penalty_last_n) last accepted tokens, oldest at ring_head */
+    int32_t ring_head;
+    int32_t ring_len;
+};
+
+/* ---- PRNG -------------------------------------------------------------- */
+
+static uint64_t
+splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t
+rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t
+xoshiro_next(uint64_t s[4])
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+static void
+seed_rng(sp_sampler_t *s, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) {
+        s->rng[i] = splitmix64(&x); /* never all zero: splitmix64 is a bijection of a counter */
+    }
+}
+
+static double
+uniform01(sp_sampler_t *s)
+{
+    return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
+}
+
+/* ---- create / destroy -------------------------------------------------- */
+
+sp_sampler_params_t
+sp_sampler_default_params(void)
+{
+    sp_sampler_params_t p = {
+        .temperature = 0.8f,
+        .top_k = 40,
+        .top_p = 0.95f,
+        .min_p = 0.05f,
+        .repeat_penalty = 1.0f,
+        .frequency_penalty = 0.0f,
+        .presence_penalty = 0.0f,
+        .penalty_last_n = 64,
+        .seed = 0xC0FFEE,
+    };
+    return p;
+}
+
+sp_status_t
+sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **out, char *err,
+                  size_t err_len)
+{
+    *out = NULL;
+    if (n_vocab < 1 || n_vocab > MAX_VOCAB) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: n_vocab %d out of range [1, %d]",
+                       (int)n_vocab, MAX_VOCAB);
+    }
+    if (!isfinite(p->temperature) || p->temperature < 0.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: temperature %g must be finite and >= 0",
+                       (double)p->temperature);
+    }
+    if (!isfinite(p->top_p) || p->top_p < 0.0f || p->top_p > 1.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: top_p %g must be in [0, 1]",
+                       (double)p->top_p);
+    }
+    if (!isfinite(p->min_p) || p->min_p < 0.0f || p->min_p > 1.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: min_p %g must be in [0, 1]",
+                       (double)p->min_p);
+    }
+    if (!isfinite(p->repeat_penalty) || p->repeat_penalty <= 0.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: repeat_penalty %g must be finite and > 0",
+                       (double)p->repeat_penalty);
+    }
+    /* OpenAI accepts [-2, 2] for both; larger magnitudes only make garbage. */
+    if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 2.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: frequency_penalty %g must be in [-2, 2]",
+                       (double)p->frequency_penalty);
+    }
+    if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 2.0f) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: presence_penalty %g must be in [-2, 2]",
+                       (double)p->presence_penalty);
+    }
+    if (p->penalty_last_n < 0 || p->penalty_last_n > MAX_PENALTY_WINDOW) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: penalty_last_n %d must be in [0, %d]",
+                       (int)p->penalty_last_n, MAX_PENALTY_WINDOW);
+    }
+
+    sp_sampler_t *s = sp_calloc(1, sizeof(*s));
+    if (s == NULL) {
+        goto nomem;
+    }
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->cand = sp_calloc((size_t)n_vocab, sizeof(int32_t));
+    s->weight = sp_calloc((size_t)n_vocab, sizeof(float));
+    s->key = sp_calloc((size_t)n_vocab, sizeof(uint64_t));
+    s->key_tmp = sp_calloc((size_t)n_vocab, sizeof(uint64_t));
+    s->count = sp_calloc((size_t)n_vocab, sizeof(int32_t));
+    s->ring = sp_calloc(p->penalty_last_n > 0 ? (size_t)p->penalty_last_n : 1, sizeof(int32_t));
+    if (s->cand == NULL || s->weight == NULL || s->key == NULL || s->key_tmp == NULL ||
+        s->count == NULL || s->ring == NULL) {
+        goto nomem;
+    }
+    seed_rng(s, p->seed);
+    *out = s;
+    return SP_OK;
+nomem:
+    sp_sampler_destroy(s);
+    return sp_errf(err, err_len, SP_ERR_NOMEM, "sampler: out of memory for %d tokens",
+                   (int)n_vocab);
+}
+
+void
+sp_sampler_destroy(sp_sampler_t *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    sp_free(s->cand);
+    sp_free(s->weight);
+    sp_free(s->key);
+    sp_free(s->key_tmp);
+    sp_free(s->count);
+    sp_free(s->ring);
+    sp_free(s);
+}
+
+void
+sp_sampler_reset(sp_sampler_t *s, uint64_t seed)
+{
+    memset(s->count, 0, (size_t)s->n_vocab * sizeof(int32_t));
+    s->ring_head = 0;
+    s->ring_len = 0;
+    s->p.seed = seed;
+    seed_rng(s, seed);
+}
+
+void
+sp_sampler_accept(sp_sampler_t *s, int32_t token)
+{
+    int32_t cap = s->p.penalty_last_n;
+    if (cap == 0 || token < 0 || token >= s->n_vocab) {
+        return; /* out-of-range ids cannot be penalised; ignore rather than corrupt counts */
+    }
+    if (s->ring_len == cap) { /* full: the oldest token leaves the window */
+        s->count[s->ring[s->ring_head]]--;
+        s->ring[s->ring_head] = token;
+        s->ring_head = (s->ring_head + 1) % cap;
+    } else {
+        s->ring[(s->ring_head + s->ring_len) % cap] = token;
+        s->ring_len++;
+    }
+    s->count[token]++;
+}
+
+/* ---- sampling ---------------------------------------------------------- */
+
+/*
+ * Repetition penalty as in CTRL / llama.cpp (a positive logit is divided by it,
+ * a negative one multiplied, so either way the token gets less likely), then
+ * OpenAI's frequency and presence terms: logit -= count*freq + (count>0)*presence.
+ * Each distinct token of the window is changed once: its count is negated while
+ * it is done and restored afterwards.
+ */
+static void
+apply_penalties(sp_sampler_t *s, float *logits)
+{
+    const sp_sampler_params_t *p = &s->p;
+    if (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                             p->presence_penalty == 0.0f)) {
+        return;
+    }
+    int32_t cap = p->penalty_last_n;
+    for (int32_t i = 0; i < s->ring_len; i++) {
+        int32_t tok = s->ring[(s->ring_head + i) % cap];
+        int32_t c = s->count[tok];
+        if (c <= 0) {
+            continue; /* already done */
+        }
+        float l = logits[tok];
+        if (p->repeat_penalty != 1.0f) {
+            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        }
+        l -= (float)c * p->frequency_penalty + p->presence_penalty;
+        logits[tok] = l;
+        s->count[tok] = -c;
+    }
+    for (int32_t i = 0; i < s->ring_len; i++) {
+        int32_t tok = s->ring[(s->ring_head + i) % cap];
+        if (s->count[tok] < 0) {
+            s->count[tok] = -s->count[tok];
+        }
+    }
+}
+
+/* Candidate order: higher logit first, then lower id. NaN was mapped to -inf. */
+static bool
+better(const float *logits, int32_t a, int32_t b)
+{
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+/* Replace NaN by -inf (a NaN would break every comparison after this) and
+ * return the lowest id with the largest logit: one pass for the max, a second
+ * that usually stops early. */
+static int32_t
+clean_argmax(float *logits, int32_t n)
+{
+    float m = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        float v = logits[i];
+        if (v != v) {
+            logits[i] = v = -INFINITY;
+        }
+        m = v > m ? v : m;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (logits[i] == m) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* Min-heap on `better` (the worst candidate at the root), for top-k selection. */
+static void
+sift_down(const float *logits, int32_t *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) {
+            return;
+        }
+        if (c + 1 < n && better(logits, h[c], h[c + 1])) {
+            c++; /* the worse child */
+        }
+        if (!better(logits, h[i], h[c])) {
+            return;
+        }
+        int32_t tmp = h[i];
+        h[i] = h[c];
+        h[c] = tmp;
+        i = c;
+    }
+}
+
+/*
+ * Sort key of a candidate: the logit's bits mapped so that a larger float gives
+ * a smaller unsigned value, in the high half, and the candidate's slot in the
+ * low half. Sorting keys ascending gives logits descending; keys are built in
+ * ascending id order and the radix sort is stable, so equal logits stay in id
+ * order.
+ */
+static uint64_t
+sort_key(float logit, uint32_t slot)
+{
+    uint32_t u;
+    memcpy(&u, &logit, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending float order */
+    return ((uint64_t)~u << 32) | slot;              /* flipped: descending */
+}
+
+/* LSD radix sort of key[0..n) on the high 32 bits, 8 bits a pass; O(n). */
+static void
+radix_sort_keys(uint64_t *key, uint64_t *tmp, int32_t n)
+{
+    for (int shift = 32; shift < 64; shift += 8) {
+        uint32_t count[257] = {0};
+        for (int32_t i = 0; i < n; i++) {
+            count[((key[i] >> shift) & 0xff) + 1]++;
+        }
+        for (int b = 0; b < 256; b++) {
+            count[b + 1] += count[b];
+        }
+        for (int32_t i = 0; i < n; i++) {
+            tmp[count[(key[i] >> shift) & 0xff]++] = key[i];
+        }
+        uint64_t *sw = key;
+        key = tmp;
+        tmp = sw;
+    }
+    /* four passes: the sorted keys are back in the caller's `key` array */
+}
+
+int32_t
+sp_sampler_sample(sp_sampler_t *s, float *logits)
+{
+    const sp_sampler_params_t *p = &s->p;
+    int32_t n = s->n_vocab;
+
+    apply_penalties(s, logits); /* a NaN logit stays NaN through them */
+    int32_t best = clean_argmax(logits, n);
+    if (p->temperature == 0.0f || p->top_k == 1 || isinf(logits[best])) {
+        /* greedy; +inf dominates; all -inf leaves nothing to weigh */
+        return best;
+    }
+
+    /* top-k: the k best ids by a min-heap (O(n log k)); otherwise every id */
+    int32_t *c = s->cand;
+    int32_t k = n;
+    if (p->top_k > 0 && p->top_k < n) {
+        k = p->top_k;
+        for (int32_t i = 0; i < k; i++) {
+            c[i] = i;
+        }
+        for (int32_t i = k / 2 - 1; i >= 0; i--) {
+            sift_down(logits, c, k, i);
+        }
+        /* ids grow, so a later id only beats the root with a strictly larger logit */
+        float worst = logits[c[0]];
+        for (int32_t i = k; i < n; i++) {
+            if (logits[i] > worst) {
+                c[0] = i;
+                sift_down(logits, c, k, 0);
+                worst = logits[c[0]];
+            }
+        }
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            c[i] = i;
+        }
+    }
+
+    /*
+     * Temperature and softmax, without dividing yet: w = exp((l - max) / T), so
+     * the best token weighs 1 and p = w / z. min-p (p >= min_p * p_max) is then
+     * w >= min_p. top-p and min-p both keep a prefix of the same best-first
+     * order, so applying min-p first gives the same set and shrinks the sort;
+     * z still sums the whole top-k set, as top-p needs.
+     */
+    double inv_t = 1.0 / (double)p->temperature, z = 0.0, top = (double)logits[best];
+    int32_t m = 0;
+    for (int32_t i = 0; i < k; i++) {
+        int32_t id = c[i];
+        /* expf: float precision is plenty for a draw, and it is ~3x cheaper */
+        double w = (double)expf((float)(((double)logits[id] - top) * inv_t));
+        z += w;
+        if (w > 0.0 && w >= (double)p->min_p) { /* weight 0 could only be drawn by rounding */
+            c[m] = id; /* m <= i: compacting in place is safe */
+            s->weight[m] = (float)w;
+            m++;
+        }
+    }
+
+    /* top-p: the shortest best-first prefix whose mass reaches top_p; only
+     * this needs the order, so only this sorts */
+    int32_t keep = m;
+    bool sorted = false;
+    if (p->top_p < 1.0f) {
+        for (int32_t i = 0; i < m; i++) {
+            s->key[i] = sort_key(logits[c[i]], (uint32_t)i);
+        }
+        radix_sort_keys(s->key, s->key_tmp, m);
+        sorted = true;
+        double cum = 0.0, target = (double)p->top_p * z;
+        for (keep = 0; keep < m;) {
+            cum += s->weight[(uint32_t)s->key[keep++]];
+            if (cum >= target) {
+                break;
+            }
+        }
+    }
+
+    /* one draw from what is left, renormalised (walked best first when sorted) */
+    double mass = 0.0;
+    for (int32_t j = 0; j < keep; j++) {
+        mass += s->weight[sorted ? (uint32_t)s->key[j] : (uint32_t)j];
+    }
+    double u = uniform01(s) * mass, acc = 0.0;
+    uint32_t slot = 0;
+    for (int32_t j = 0; j < keep; j++) {
+        slot = sorted ? (uint32_t)s->key[j] : (uint32_t)j;
+        acc += s->weight[slot];
+        if (u < acc) {
+            break;
+        }
+    }
+    return c[slot]; /* if rounding left u at the very top, the last kept token */
+}

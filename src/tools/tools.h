@@ -1,0 +1,14 @@
+/*
+ * tools.h - the model-file subcommands of the `sampan` binary.
+ * Each takes argv with argv[0] = the subcommand name and returns an exit code
+ * (0 ok, 1 a bad or unreadable file / failed conversion, 2 bad usage).
+ */
+#ifndef SP_TOOLS_TOOLS_H
+#define SP_TOOLS_TOOLS_H
+
+/* sampan inspect FILE [--tensors] [--json] [--ctx N]: metadata, tensors, memory estimate. */
+int sp_cmd_inspect(int argc, char **argv);
+/* sampan quantize IN OUT TYPE [--threads N] [--progress]: convert the weights of a model. */
+int sp_cmd_quantize(int argc, char **argv);
+
+#endif /* SP_TOOLS_TOOLS_H */

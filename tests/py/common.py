@@ -1,0 +1,71 @@
+"""common.py - small helpers shared by the Python test files (tests/py/test_*.py).
+
+    from common import ROOT, binary, run, Suite
+    s = Suite("reference")
+    s.case("name", ok, "detail")      # one line per case
+    s.skip("name", "why")
+    s.finish()                        # last line: "reference: N passed, N failed, N skipped"
+
+Tests run with Debian's /usr/bin/python3 (+ python3-numpy); tests/run.sh tallies the
+summary line. The binary is $SAMPAN_BIN or build/sampan under the repository root.
+"""
+import os
+import subprocess
+import sys
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+
+def binary():
+    """Path of the sampan binary, or None when it has not been built."""
+    p = os.environ.get("SAMPAN_BIN") or os.path.join(ROOT, "build", "sampan")
+    return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
+
+
+def run(args, timeout=120, env=None):
+    """Run a command from the repository root; returns (returncode, stdout, stderr) as
+    text. `env` adds to the current environment. Never raises for a non-zero exit; a
+    timeout is returned as returncode -9 with a note in stderr."""
+    full_env = dict(os.environ, **env) if env else None
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                           env=full_env)
+        return r.returncode, r.stdout, r.stderr
+    except subprocess.TimeoutExpired as e:
+        return -9, e.stdout or "", f"timed out after {timeout} s"
+
+
+class Suite:
+    def __init__(self, name):
+        self.name = name
+        self.passed = self.failed = self.skipped = 0
+
+    def case(self, name, ok, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        tag = "ok  " if ok else "FAIL"
+        print(f"{tag} {name}" + (f"  ({detail})" if detail else ""), flush=True)
+        return ok
+
+    def skip(self, name, why):
+        self.skipped += 1
+        print(f"skip {name}  ({why})", flush=True)
+
+    def guard(self, name, fn, *args, **kw):
+        """Run fn; an exception is a failed case named `name` (with the traceback)."""
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # a crash in a case must not hide the other cases
+            traceback.print_exc()
+            self.case(name, False, f"{type(e).__name__}: {e}")
+            return None
+
+    def finish(self):
+        print(f"{self.name}: {self.passed} passed, {self.failed} failed, {self.skipped} skipped",
+              flush=True)
+        sys.exit(1 if self.failed else 0)

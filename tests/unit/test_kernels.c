@@ -1,0 +1,557 @@
+/*
+ * test_kernels.c - CPU kernels (F32, F16, BF16, Q8_0, Q4_0) at every level
+ * this CPU has, against the scalar reference, and the gemm tiles against
+ * vec_dot bit for bit (batch invariance).
+ *
+ * Tolerances, with u = 2^-24 (float unit roundoff):
+ *   Float weights: products are exact (inside the FMA, or in the reference's
+ *   double), so a SIMD level with L >= 8 lanes makes at most n/L rounded adds
+ *   per lane plus log2(L) <= 4 in the final horizontal sum; the reference
+ *   sums in double and rounds once. |simd - ref| <= (n/8 + 6) u sum|w x|.
+ *   Quantized weights: each block's integer dot is exact at every level and
+ *   d_w * d_x is exact (two halves); the reference rounds twice per block
+ *   (product, add), a SIMD lane once per block (the FMA) plus the horizontal
+ *   sum, so |simd - ref| <= (2 nb + 8) u sum|w' x'| over the dequantized
+ *   values w', x' (nb = blocks).
+ * Gemm tiles and vec_dot of the same level are compared with ==.
+ */
+#include "test.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/alloc.h"
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/kernels.h"
+
+#define U 0x1p-24
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static void
+rng_seed(uint64_t s)
+{
+    rng_state = s ? s : 1;
+}
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in [-1, 1), scaled per 32-element stretch so blocks see different magnitudes. */
+static void
+fill_random(float *x, int64_t n)
+{
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) {
+            scale = ldexpf(1.0f, (int)(rng_u32() % 9) - 4);
+        }
+        x[i] = scale * ((float)(rng_u32() & 0xffffff) * 0x1p-23f - 1.0f);
+    }
+}
+
+static const sp_type_t wtypes[] = {SP_TYPE_F32, SP_TYPE_F16, SP_TYPE_BF16, SP_TYPE_Q8_0,
+                                   SP_TYPE_Q4_0};
+#define N_WTYPES (int)(sizeof(wtypes) / sizeof(wtypes[0]))
+
+static bool
+is_quant(sp_type_t t)
+{
+    return t == SP_TYPE_Q8_0 || t == SP_TYPE_Q4_0;
+}
+
+/* Every table to test: the levels this CPU has, plus AVX-512 without VNNI. */
+typedef struct {
+    const sp_cpu_kernels_t *k;
+    char label[40];
+} level_entry;
+
+static sp_cpu_kernels_t novnni_table;
+
+static int
+levels(level_entry out[4])
+{
+    int n = 0;
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL) {
+            fprintf(stderr, "  skipped level %d: this CPU lacks it\n", l);
+            continue;
+        }
+        out[n].k = k;
+        snprintf(out[n].label, sizeof out[n].label, "%s", k->name);
+        n++;
+    }
+    const sp_cpu_features_t *f = sp__cpu_features();
+    if (f->avx512 && f->avx512_vnni) {
+        sp__cpu_build_table(&novnni_table, SP_CPU_AVX512, false, false);
+        out[n].k = &novnni_table;
+        snprintf(out[n].label, sizeof out[n].label, "%s (forced)", novnni_table.name);
+        n++;
+    }
+    return n;
+}
+
+/* One weight matrix and activation set, in the types a table wants. */
+typedef struct {
+    int64_t n, rows, toks;
+    size_t w_stride, x_stride;
+    uint8_t *w, *x;      /* quantized weights, converted activations */
+    float *wf, *xf;      /* the float inputs */
+    float *wd, *xd;      /* dequantized w and x as the kernels see them */
+} problem;
+
+static void
+problem_free(problem *p)
+{
+    sp_free(p->w);
+    sp_free(p->x);
+    sp_free(p->wf);
+    sp_free(p->xf);
+    sp_free(p->wd);
+    sp_free(p->xd);
+}
+
+static void
+problem_make(problem *p, const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t rows,
+             int64_t toks, uint64_t seed)
+{
+    memset(p, 0, sizeof(*p));
+    sp_type_t xt = k->vec_dot_type[wt];
+    p->n = n;
+    p->rows = rows;
+    p->toks = toks;
+    p->w_stride = sp_row_size(wt, n);
+    p->x_stride = sp_row_size(xt, n);
+    p->w = sp_malloc(p->w_stride * (size_t)rows);
+    p->x = sp_malloc(p->x_stride * (size_t)toks);
+    p->wf = sp_malloc(sizeof(float) * (size_t)(n * rows));
+    p->xf = sp_malloc(sizeof(float) * (size_t)(n * toks));
+    p->wd = sp_malloc(sizeof(float) * (size_t)(n * rows));
+    p->xd = sp_malloc(sizeof(float) * (size_t)(n * toks));
+    ASSERT(p->w && p->x && p->wf && p->xf && p->wd && p->xd);
+    rng_seed(seed);
+    fill_random(p->wf, n * rows);
+    fill_random(p->xf, n * toks);
+    for (int64_t r = 0; r < rows; r++) {
+        ASSERT(sp_quantize_row(wt, p->wf + r * n, p->w + (size_t)r * p->w_stride, n));
+        ASSERT(sp_dequantize_row(wt, p->w + (size_t)r * p->w_stride, p->wd + r * n, n));
+    }
+    for (int64_t t = 0; t < toks; t++) {
+        k->from_float[xt](p->xf + t * n, p->x + (size_t)t * p->x_stride, n);
+        ASSERT(sp_dequantize_row(xt, p->x + (size_t)t * p->x_stride, p->xd + t * n, n));
+    }
+}
+
+/* sum |w' x'| over the values the kernel multiplies; the error bounds scale with it */
+static double
+abs_dot(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        s += fabs((double)a[i] * (double)b[i]);
+    }
+    return s;
+}
+
+static double
+exact_dot(const float *a, const float *b, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)a[i] * (double)b[i];
+    }
+    return s;
+}
+
+static double
+tolerance(sp_type_t wt, int64_t n, double absdot)
+{
+    if (is_quant(wt)) {
+        return (2.0 * (double)(n / 32) + 8.0) * U * absdot;
+    }
+    return ((double)n / 8.0 + 6.0) * U * absdot;
+}
+
+/* ---- half and bfloat ------------------------------------------------------ */
+
+TEST(kernels_fp16_conversions)
+{
+    ASSERT_EQ(sp_fp32_to_fp16(1.0f), 0x3c00);
+    ASSERT_EQ(sp_fp32_to_fp16(-2.0f), 0xc000);
+    ASSERT_EQ(sp_fp32_to_fp16(65504.0f), 0x7bff);
+    ASSERT_EQ(sp_fp32_to_fp16(65520.0f), 0x7c00);      /* rounds up to inf */
+    ASSERT_EQ(sp_fp32_to_fp16(0x1p-24f), 0x0001);      /* smallest subnormal */
+    ASSERT_EQ(sp_fp32_to_fp16(0x1p-25f), 0x0000);      /* tie -> even (zero) */
+    ASSERT_EQ(sp_fp32_to_fp16(1.0f + 0x1p-11f), 0x3c00); /* tie -> even */
+    ASSERT_EQ(sp_fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);
+    ASSERT(isnan(sp_fp16_to_fp32(sp_fp32_to_fp16(NAN))));
+    /* every half survives half -> float -> half, and the SIMD converters agree */
+    static uint16_t all[65536];
+    static float ref[65536], got[65536];
+    for (int i = 0; i < 65536; i++) {
+        all[i] = (uint16_t)i;
+        ref[i] = sp_fp16_to_fp32((sp_fp16_t)i);
+        if (!isnan(ref[i])) {
+            ASSERT_EQ(sp_fp32_to_fp16(ref[i]), i);
+        }
+    }
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        for (int64_t n = 65536; n >= 65536 - 15; n -= 5) { /* odd tails too */
+            memset(got, 0, sizeof got);
+            lv[l].k->to_float[SP_TYPE_F16](all, got, n);
+            for (int64_t i = 0; i < n; i++) {
+                /* NaNs stay NaN; hardware quiets signalling ones, so no bit compare */
+                bool same = isnan(ref[i]) ? isnan(got[i]) : memcmp(&ref[i], &got[i], 4) == 0;
+                if (!same) {
+                    SP_TEST_FAIL("%s f16 to_float %04x: %g vs %g", lv[l].label, (unsigned)i,
+                                 ref[i], got[i]);
+                }
+            }
+        }
+    }
+}
+
+TEST(kernels_bf16_conversions)
+{
+    ASSERT_EQ(sp_fp32_to_bf16(1.0f), 0x3f80);
+    ASSERT_EQ(sp_fp32_to_bf16(1.0f + 0x1p-8f), 0x3f80);  /* tie -> even */
+    ASSERT_EQ(sp_fp32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    ASSERT(isnan(sp_bf16_to_fp32(sp_fp32_to_bf16(NAN))));
+    static uint16_t all[65536];
+    static float ref[65536], got[65536];
+    for (int i = 0; i < 65536; i++) {
+        all[i] = (uint16_t)i;
+        ref[i] = sp_bf16_to_fp32((sp_bf16_t)i);
+    }
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        lv[l].k->to_float[SP_TYPE_BF16](all, got, 65536 - 3);
+        ASSERT(memcmp(ref, got, sizeof(float) * (65536 - 3)) == 0);
+    }
+}
+
+/* ---- quantizers ----------------------------------------------------------- */
+
+TEST(kernels_q4_0_layout)
+{
+    /* low nibble = element j, high nibble = element j + 16, value (q - 8) * d */
+    sp_block_q4_0 b;
+    b.d = sp_fp32_to_fp16(0.5f);
+    for (int j = 0; j < 16; j++) {
+        b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    }
+    float y[32];
+    ASSERT(sp_dequantize_row(SP_TYPE_Q4_0, &b, y, 32));
+    for (int j = 0; j < 16; j++) {
+        ASSERT_NEAR(y[j], (j - 8) * 0.5, 0);
+        ASSERT_NEAR(y[j + 16], (7 - j) * 0.5, 0);
+    }
+    /* the largest-magnitude element maps to q = 0 (GGUF's d = max / -8) */
+    float x[32] = {0};
+    x[5] = -3.0f;
+    x[20] = 1.0f;
+    ASSERT(sp_quantize_row(SP_TYPE_Q4_0, x, &b, 32));
+    ASSERT_NEAR(sp_fp16_to_fp32(b.d), 3.0 / 8.0, 0);
+    ASSERT_EQ(b.qs[5] & 0x0f, 0);
+    ASSERT_EQ(b.qs[4] >> 4, 8 + 3); /* element 20: 1 / 0.375 + 8.5 = 11.17 -> 11 */
+}
+
+TEST(kernels_quantize_round_trip)
+{
+    const int64_t n = 4096;
+    float *x = sp_malloc(sizeof(float) * n), *y = sp_malloc(sizeof(float) * n);
+    uint8_t *q = sp_malloc(sp_row_size(SP_TYPE_F32, n));
+    ASSERT(x && y && q);
+    rng_seed(7);
+    fill_random(x, n);
+    x[0] = 0.0f; /* an all-zero block, and a tiny one */
+    for (int i = 0; i < 32; i++) {
+        x[i] = 0.0f;
+        x[32 + i] = 1e-30f * (float)i;
+    }
+    /* Q8_0: |x - q d| <= d / 2 per element (d the stored half) */
+    ASSERT(sp_quantize_row(SP_TYPE_Q8_0, x, q, n));
+    ASSERT(sp_dequantize_row(SP_TYPE_Q8_0, q, y, n));
+    const sp_block_q8_0 *b8 = (const sp_block_q8_0 *)q;
+    for (int64_t i = 0; i < n; i++) {
+        double d = sp_fp16_to_fp32(b8[i / 32].d);
+        double amax = 0;
+        for (int j = 0; j < 32; j++) {
+            amax = fmax(amax, fabs(x[i / 32 * 32 + j]));
+        }
+        /* d == 0 when amax / 127 underflows a half: then every x is that small */
+        double bound = d > 0 ? d / 2 * (1 + 1e-6) : amax;
+        if (fabs((double)x[i] - y[i]) > bound) {
+            SP_TEST_FAIL("q8_0 elem %" PRId64 ": %g -> %g (d %g)", i, x[i], y[i], d);
+        }
+    }
+    /* Q4_0: |err| <= d / 2, except x / d in [7.5, 8] (the side opposite the
+     * max), clamped to q = 15: there |err| <= d (plus the half rounding of d) */
+    ASSERT(sp_quantize_row(SP_TYPE_Q4_0, x, q, n));
+    ASSERT(sp_dequantize_row(SP_TYPE_Q4_0, q, y, n));
+    const sp_block_q4_0 *b4 = (const sp_block_q4_0 *)q;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(sp_fp16_to_fp32(b4[i / 32].d));
+        double e = fabs((double)x[i] - y[i]);
+        double bound = d / 2 * (1 + 1e-6);
+        if (d > 0 && fabs(x[i] / sp_fp16_to_fp32(b4[i / 32].d)) >= 7.5) {
+            bound = d * (1 + 1e-3);
+        }
+        if (d == 0) {
+            bound = 1e-7; /* only the tiny blocks */
+        }
+        if (e > bound) {
+            SP_TEST_FAIL("q4_0 elem %" PRId64 ": %g -> %g (d %g)", i, x[i], y[i], d);
+        }
+    }
+    /* F16 / BF16 round to nearest: half an ulp */
+    ASSERT(sp_quantize_row(SP_TYPE_F16, x, q, n));
+    ASSERT(sp_dequantize_row(SP_TYPE_F16, q, y, n));
+    for (int64_t i = 64; i < n; i++) {
+        ASSERT(fabs((double)x[i] - y[i]) <= fabs((double)x[i]) * 0x1p-11 + 0x1p-25);
+    }
+    ASSERT(sp_quantize_row(SP_TYPE_BF16, x, q, n));
+    ASSERT(sp_dequantize_row(SP_TYPE_BF16, q, y, n));
+    for (int64_t i = 0; i < n; i++) {
+        ASSERT(fabs((double)x[i] - y[i]) <= fabs((double)x[i]) * 0x1p-8);
+    }
+    ASSERT(!sp_quantize_row(SP_TYPE_Q5_0, x, q, 32));
+    ASSERT(!sp_dequantize_row(SP_TYPE_Q5_0, q, y, 32));
+    sp_free(x);
+    sp_free(y);
+    sp_free(q);
+}
+
+TEST(kernels_q8_0_from_float_matches_reference)
+{
+    const int64_t n = 32 * 67;
+    float *x = sp_malloc(sizeof(float) * n);
+    sp_block_q8_0 *want = sp_malloc(sizeof(sp_block_q8_0) * 67);
+    sp_block_q8_0 *got = sp_malloc(sizeof(sp_block_q8_0) * 67);
+    ASSERT(x && want && got);
+    rng_seed(11);
+    fill_random(x, n);
+    /* block 1: quotients that land exactly on .5 (round half away from zero) */
+    for (int j = 0; j < 32; j++) {
+        x[32 + j] = (float)(j - 16) + 0.5f;
+    }
+    x[32] = 127.0f; /* d = 1 */
+    for (int j = 0; j < 32; j++) {
+        x[64 + j] = 0.0f; /* block 2: zero */
+    }
+    sp_quantize_row(SP_TYPE_Q8_0, x, want, n);
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        memset(got, 0x55, sizeof(sp_block_q8_0) * 67);
+        lv[l].k->from_float[SP_TYPE_Q8_0](x, got, n);
+        if (memcmp(want, got, sizeof(sp_block_q8_0) * 67) != 0) {
+            SP_TEST_FAIL("%s: q8_0 from_float differs from the reference", lv[l].label);
+        }
+    }
+    sp_free(x);
+    sp_free(want);
+    sp_free(got);
+}
+
+/* ---- dot products ----------------------------------------------------------- */
+
+TEST(kernels_vec_dot_vs_reference)
+{
+    static const int64_t qlens[] = {32, 64, 96, 160, 4096, 4128};
+    static const int64_t flens[] = {1, 7, 16, 17, 33, 100, 1000, 4096, 4103};
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int ti = 0; ti < N_WTYPES; ti++) {
+        sp_type_t wt = wtypes[ti];
+        const int64_t *lens = is_quant(wt) ? qlens : flens;
+        int nlen = is_quant(wt) ? 6 : 9;
+        for (int li = 0; li < nlen; li++) {
+            int64_t n = lens[li];
+            /* reference: against the exact dot of what it multiplies */
+            problem p;
+            problem_make(&p, ref, wt, n, 3, 2, 1000 + (uint64_t)(ti * 31 + li));
+            for (int r = 0; r < 3; r++) {
+                for (int t = 0; t < 2; t++) {
+                    float s;
+                    ref->vec_dot[wt](n, &s, p.w + r * p.w_stride, p.x + t * p.x_stride);
+                    double ad = abs_dot(p.wd + r * n, p.xd + t * n, n);
+                    ASSERT_NEAR(s, exact_dot(p.wd + r * n, p.xd + t * n, n),
+                                tolerance(wt, n, ad) / 2 + 1e-30);
+                }
+            }
+            problem_free(&p);
+            for (int l = 0; l < nl; l++) {
+                const sp_cpu_kernels_t *k = lv[l].k;
+                ASSERT(k->vec_dot[wt] != NULL);
+                problem_make(&p, k, wt, n, 3, 2, 2000 + (uint64_t)(ti * 31 + li));
+                for (int r = 0; r < 3; r++) {
+                    for (int t = 0; t < 2; t++) {
+                        float got, want;
+                        k->vec_dot[wt](n, &got, p.w + r * p.w_stride, p.x + t * p.x_stride);
+                        ref->vec_dot[wt](n, &want, p.w + r * p.w_stride, p.x + t * p.x_stride);
+                        double tol = tolerance(wt, n, abs_dot(p.wd + r * n, p.xd + t * n, n));
+                        if (!(fabs((double)got - want) <= tol + 1e-30)) {
+                            SP_TEST_FAIL("%s %s n=%" PRId64 ": %.9g vs ref %.9g (tol %g)",
+                                         lv[l].label, sp_type_name(wt), n, got, want, tol);
+                        }
+                    }
+                }
+                problem_free(&p);
+            }
+        }
+    }
+}
+
+/* Extreme bytes: weights of -128 (legal in a file, never produced by our
+ * quantizer) and activations of +-127, with unit scales, so every level must
+ * give the exact integer answer. */
+TEST(kernels_q8_0_extreme_bytes)
+{
+    sp_block_q8_0 w[4], x[4];
+    int64_t want = 0;
+    for (int b = 0; b < 4; b++) {
+        w[b].d = x[b].d = sp_fp32_to_fp16(1.0f);
+        for (int j = 0; j < 32; j++) {
+            w[b].qs[j] = (int8_t)(j % 3 == 0 ? -128 : 127);
+            x[b].qs[j] = (int8_t)(j % 2 == 0 ? -127 : 127);
+            want += (int64_t)w[b].qs[j] * x[b].qs[j];
+        }
+    }
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        for (int nb = 1; nb <= 4; nb++) {
+            int64_t wnb = 0;
+            for (int b = 0; b < nb; b++) {
+                for (int j = 0; j < 32; j++) {
+                    wnb += (int64_t)w[b].qs[j] * x[b].qs[j];
+                }
+            }
+            float s;
+            lv[l].k->vec_dot[SP_TYPE_Q8_0](32 * nb, &s, w, x);
+            if ((double)s != (double)wnb) {
+                SP_TEST_FAIL("%s nb=%d: %.9g vs %" PRId64, lv[l].label, nb, s, wnb);
+            }
+        }
+    }
+    (void)want;
+}
+
+static void
+check_gemm(const level_entry *le, sp_type_t wt, int64_t n, uint64_t seed)
+{
+    static const int64_t toks[] = {1, 2, 3, 5, 8, 17};
+    static const int64_t ranges[][2] = {{0, 13}, {3, 10}, {5, 6}, {1, 12}, {0, 4}};
+    const sp_cpu_kernels_t *k = le->k;
+    const int64_t rows = 13, ldy = 16;
+    problem p;
+    problem_make(&p, k, wt, n, rows, 17, seed);
+    float *dots = sp_malloc(sizeof(float) * (size_t)(rows * 17));
+    float *y = sp_malloc(sizeof(float) * (size_t)(ldy * 17));
+    ASSERT(dots && y);
+    for (int64_t t = 0; t < 17; t++) {
+        for (int64_t r = 0; r < rows; r++) {
+            k->vec_dot[wt](n, &dots[t * rows + r], p.w + r * p.w_stride, p.x + t * p.x_stride);
+        }
+    }
+    for (int ti = 0; ti < 6; ti++) {
+        for (int ri = 0; ri < 5; ri++) {
+            int64_t r0 = ranges[ri][0], r1 = ranges[ri][1], nt = toks[ti];
+            for (int64_t i = 0; i < ldy * 17; i++) {
+                y[i] = -12345.0f; /* sentinel: nothing outside the range is written */
+            }
+            sp_cpu_gemm(k, wt, n, p.w, p.w_stride, r0, r1, p.x, p.x_stride, nt, y, ldy);
+            for (int64_t t = 0; t < 17; t++) {
+                for (int64_t r = 0; r < ldy; r++) {
+                    float got = y[t * ldy + r];
+                    bool inside = t < nt && r >= r0 && r < r1;
+                    float want = inside ? dots[t * rows + r] : -12345.0f;
+                    if (memcmp(&got, &want, sizeof(float)) != 0) {
+                        SP_TEST_FAIL("%s %s n=%" PRId64 " rows [%" PRId64 ",%" PRId64
+                                     ") n_tok=%" PRId64 ": y[t=%" PRId64 ", r=%" PRId64
+                                     "] = %.9g, vec_dot %.9g",
+                                     le->label, sp_type_name(wt), n, r0, r1, nt, t, r, got,
+                                     want);
+                    }
+                }
+            }
+        }
+    }
+    sp_free(dots);
+    sp_free(y);
+    problem_free(&p);
+}
+
+TEST(kernels_gemm_is_batch_invariant)
+{
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        for (int ti = 0; ti < N_WTYPES; ti++) {
+            sp_type_t wt = wtypes[ti];
+            if (is_quant(wt)) {
+                check_gemm(&lv[l], wt, 96, 3);   /* odd block count */
+                check_gemm(&lv[l], wt, 1056, 4); /* 33 blocks */
+            } else {
+                check_gemm(&lv[l], wt, 1000, 5);
+                check_gemm(&lv[l], wt, 37, 6);
+            }
+        }
+    }
+}
+
+/* ---- dispatcher ----------------------------------------------------------- */
+
+TEST(kernels_dispatch)
+{
+    const sp_cpu_kernels_t *best = sp_cpu_kernels();
+    ASSERT(best != NULL);
+    ASSERT(sp_cpu_kernels_ref() == sp_cpu_kernels_for(SP_CPU_SCALAR));
+    ASSERT_STR_EQ(sp_cpu_kernels_ref()->name, "scalar");
+    ASSERT(sp_cpu_kernels_for(best->level) == best || getenv("SAMPAN_CPU") != NULL);
+    const sp_cpu_features_t *f = sp__cpu_features();
+    ASSERT((sp_cpu_kernels_for(SP_CPU_AVX2) != NULL) == f->avx2);
+    ASSERT((sp_cpu_kernels_for(SP_CPU_AVX512) != NULL) == f->avx512);
+    ASSERT(sp_cpu_kernels_for((sp_cpu_level_t)7) == NULL);
+    fprintf(stderr, "  best table: %s\n", best->name);
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL) {
+            continue;
+        }
+        ASSERT_EQ(k->level, l);
+        for (int ti = 0; ti < N_WTYPES; ti++) {
+            sp_type_t wt = wtypes[ti];
+            ASSERT(k->vec_dot[wt] != NULL && k->to_float[wt] != NULL);
+            ASSERT(k->from_float[k->vec_dot_type[wt]] != NULL);
+        }
+    }
+}
+
+TEST(kernels_env_level)
+{
+    ASSERT_EQ(sp__cpu_level_from_env(NULL, SP_CPU_AVX512), SP_CPU_AVX512);
+    ASSERT_EQ(sp__cpu_level_from_env("", SP_CPU_AVX2), SP_CPU_AVX2);
+    ASSERT_EQ(sp__cpu_level_from_env("scalar", SP_CPU_AVX512), SP_CPU_SCALAR);
+    ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_AVX512), SP_CPU_AVX2);
+    ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX512), SP_CPU_AVX512);
+    /* never above what the CPU has */
+    ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX2), SP_CPU_AVX2);
+    ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_SCALAR), SP_CPU_SCALAR);
+    ASSERT_EQ(sp__cpu_level_from_env("neon", SP_CPU_AVX2), SP_CPU_AVX2);
+}
