@@ -87,7 +87,7 @@ load_w16_mask(int wt, const uint8_t *row, int64_t i, __mmask16 m)
 
 SP_INLINE void
 float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, size_t ws,
-           const uint8_t *x, size_t xs, float *y, int64_t ldy)
+           const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)
 {
     __m512 acc[FL_RM][FL_TM];
 #pragma GCC unroll 8
@@ -135,7 +135,7 @@ float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
     for (int r = 0; r < R; r++) {
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            y[t * ldy + r] = hsum512(acc[r][t]);
+            y[t * ldy + r * ys] = hsum512(acc[r][t]);
         }
     }
 }
@@ -258,7 +258,7 @@ quant_step(const int wt, const int R, const int T, const bool two, int64_t b, co
 
 SP_INLINE void
 quant_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, size_t ws,
-           const uint8_t *x, size_t xs, float *y, int64_t ldy)
+           const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)
 {
     const int64_t nb = n / 32;
     __m512 acc[Q_RM][Q_TM];
@@ -280,7 +280,7 @@ quant_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
     for (int r = 0; r < R; r++) {
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            y[t * ldy + r] = hsum512(acc[r][t]);
+            y[t * ldy + r * ys] = hsum512(acc[r][t]);
         }
     }
 }
@@ -288,13 +288,13 @@ quant_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
 /* ---- tile instances, vec_dot and the gemm drivers ------------------------ */
 
 typedef void (*tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                        float *y, int64_t ldy);
+                        float *y, int64_t ldy, int64_t ys);
 
 #define TILE(name, body, wt, R, T)                                                             \
     static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x,      \
-                                 size_t xs, float *y, int64_t ldy)                              \
+                                 size_t xs, float *y, int64_t ldy, int64_t ys)                  \
     {                                                                                           \
-        body(wt, R, T, n, w, ws, x, xs, y, ldy);                                                \
+        body(wt, R, T, n, w, ws, x, xs, y, ldy, ys);                                            \
     }
 
 #define FLOAT_TILES(name, wt)                                                                  \
@@ -325,8 +325,14 @@ FLOAT_TILES(bf16, W_BF16)
 QUANT_TILES(q8_0, W_Q8_0)
 QUANT_TILES(q4_0, W_Q4_0)
 
-/* Rows in tiles of RM (the last few one by one), tokens in tiles of TM, over
- * token chunks small enough to stay in cache while the row tiles sweep them. */
+/*
+ * Rows in tiles of RM, tokens in tiles of TM, over token chunks small enough
+ * to stay in cache while the row tiles sweep them. A row tile takes rows that
+ * are Q = (r1 - r0) / RM apart, not adjacent ones: its RM weight streams are
+ * then long runs that the hardware prefetcher follows (adjacent short rows,
+ * e.g. 36 lines of Q4_0, end before it has ramped up). The RM * Q rows cover
+ * [r0, r0 + RM * Q); the few left over go one by one.
+ */
 SP_INLINE void
 gemm_driver(const tile_fn *full, const tile_fn *single, int RM, int TM, int64_t n,
             const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
@@ -336,17 +342,19 @@ gemm_driver(const tile_fn *full, const tile_fn *single, int RM, int TM, int64_t 
     if (tc < TM) {
         tc = TM;
     }
+    const int64_t q = (r1 - r0) / RM, rest = r0 + q * RM;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
         for (int64_t r = r0; r < r1;) {
-            const tile_fn *tiles = r1 - r >= RM ? full : single;
-            int64_t rn = r1 - r >= RM ? RM : 1;
+            bool tiled = r < r0 + q;
+            const tile_fn *tiles = tiled ? full : single;
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * ws;
             for (int64_t t = t0; t < t1; t += TM) {
                 int64_t tn = t1 - t < TM ? t1 - t : TM;
-                tiles[tn](n, wr, ws, (const uint8_t *)x + (size_t)t * xs, xs, y + t * ldy + r, ldy);
+                tiles[tn](n, wr, ws * (size_t)q, (const uint8_t *)x + (size_t)t * xs, xs,
+                          y + t * ldy + r, ldy, q);
             }
-            r += rn;
+            r = r + 1 == r0 + q ? rest : r + 1;
         }
     }
 }
@@ -360,7 +368,7 @@ gemm_driver(const tile_fn *full, const tile_fn *single, int RM, int TM, int64_t 
     }                                                                                           \
     static void vec_dot_##name(int64_t n, float *s, const void *w, const void *x)               \
     {                                                                                           \
-        name##_1x1(n, w, 0, x, 0, s, 1);                                                        \
+        name##_1x1(n, w, 0, x, 0, s, 1, 1);                                                     \
     }
 
 GEMM_AND_DOT(f32, FL_RM, FL_TM)
