@@ -158,3 +158,118 @@ TEST(model_load_missing_file_names_it)
     ASSERT(m == NULL);
     ASSERT(strstr(err, "no-such-model.gguf") != NULL);
 }
+
+/* Rebuild the demo model with one metadata key changed, in memory, and load it. */
+typedef void (*mutate_fn)(sp_gguf_writer_t *w);
+
+static sp_status_t
+load_mutated(mutate_fn mutate, const char *drop_tensor, char *err, size_t err_len)
+{
+    char e[512];
+    sp_gguf_t *g, *g2;
+    sp_gguf_writer_t *w;
+    void *buf;
+    size_t len;
+    ASSERT_OK(sp_gguf_open(DEMO, &g, e, sizeof e));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, g));
+    mutate(w);
+    for (int64_t i = 0; i < sp_gguf_n_tensors(g); i++) {
+        const sp_gguf_tensor_t *t = sp_gguf_tensor(g, i);
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (drop_tensor != NULL && strcmp(name, drop_tensor) == 0) continue;
+        ASSERT_OK(sp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data));
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &buf, &len, e, sizeof e));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(g);
+    ASSERT_OK(sp_gguf_open_mem(buf, len, "mutated.gguf", &g2, e, sizeof e));
+    sp_model_t *m = (sp_model_t *)1;
+    sp_status_t st = sp_model_load_gguf(g2, &m, err, err_len); /* takes g2 */
+    if (st == SP_OK) {
+        sp_model_free(m);
+    } else {
+        ASSERT(m == NULL);
+    }
+    sp_free(buf);
+    return st;
+}
+
+static void mut_none(sp_gguf_writer_t *w) { (void)w; }
+static void mut_layers(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.block_count", 600); }
+static void mut_layers6(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.block_count", 6); }
+static void mut_heads0(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.attention.head_count", 0); }
+static void mut_heads7(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.attention.head_count", 7); }
+static void mut_kv3(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.attention.head_count_kv", 3); }
+static void mut_kv16(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.attention.head_count_kv", 16); }
+static void mut_arch(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "general.architecture", "gpt-j"); }
+static void mut_eps(sp_gguf_writer_t *w) { sp_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", NAN); }
+static void mut_eps_str(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "llama.attention.layer_norm_rms_epsilon", "x"); }
+static void mut_ctx(sp_gguf_writer_t *w) { sp_gguf_writer_set_u64(w, "llama.context_length", 1ull << 40); }
+static void mut_rot(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.rope.dimension_count", 7); }
+static void mut_scaling(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn"); }
+static void mut_embd(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.embedding_length", 65); }
+
+/* RELIABILITY.md G17: hyper-parameters are checked before anything is sized. */
+TEST(model_rejects_bad_hparams_with_named_key)
+{
+    char err[512];
+    static const struct {
+        mutate_fn fn;
+        const char *drop;
+        sp_status_t st;
+        const char *needle;
+    } cases[] = {
+        {mut_layers, NULL, SP_ERR_FORMAT, "llama.block_count"},
+        {mut_layers6, NULL, SP_ERR_FORMAT, "blk.5.attn_norm.weight"},
+        {mut_heads0, NULL, SP_ERR_FORMAT, "llama.attention.head_count"},
+        {mut_heads7, NULL, SP_ERR_FORMAT, "head_count"},
+        {mut_kv3, NULL, SP_ERR_FORMAT, "head_count_kv"},
+        {mut_kv16, NULL, SP_ERR_FORMAT, "head_count_kv"},
+        {mut_arch, NULL, SP_ERR_UNSUPPORTED, "gpt-j"},
+        {mut_eps, NULL, SP_ERR_FORMAT, "layer_norm_rms_epsilon"},
+        {mut_eps_str, NULL, SP_ERR_FORMAT, "layer_norm_rms_epsilon"},
+        {mut_ctx, NULL, SP_ERR_FORMAT, "context_length"},
+        {mut_rot, NULL, SP_ERR_FORMAT, "rope.dimension_count"},
+        {mut_scaling, NULL, SP_ERR_UNSUPPORTED, "rope.scaling.type"},
+        {mut_embd, NULL, SP_ERR_FORMAT, "embedding_length"},
+        {mut_none, "blk.2.ffn_up.weight", SP_ERR_FORMAT, "blk.2.ffn_up.weight"},
+        {mut_none, "output_norm.weight", SP_ERR_FORMAT, "output_norm.weight"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = '\0';
+        sp_status_t st = load_mutated(cases[i].fn, cases[i].drop, err, sizeof err);
+        if (st != cases[i].st || strstr(err, cases[i].needle) == NULL || strstr(err, "mutated.gguf") == NULL) {
+            SP_TEST_FAIL("case %zu: status %d, error '%s' (want %d mentioning '%s')", i, st, err,
+                         cases[i].st, cases[i].needle);
+        }
+    }
+    /* The unmodified copy loads, and dropping output.weight makes it tied. */
+    ASSERT_OK(load_mutated(mut_none, NULL, err, sizeof err));
+    ASSERT_OK(load_mutated(mut_none, "output.weight", err, sizeof err));
+}
+
+TEST(model_load_oom_cleans_up)
+{
+    char err[512];
+    size_t base = sp_alloc_bytes_in_use();
+    int ok = 0;
+    for (int64_t n = 0; n < 10000 && !ok; n++) {
+        sp_model_t *m;
+        sp_ctx_t *c = NULL;
+        sp_alloc_fail_after(n);
+        if (sp_model_load(DEMO, &m, err, sizeof err) == SP_OK) {
+            sp_ctx_params_t cp = sp_ctx_default_params();
+            cp.n_threads = 2;
+            if (sp_ctx_create(m, &cp, &c, err, sizeof err) == SP_OK) {
+                ok = 1;
+                sp_ctx_destroy(c);
+            }
+            sp_model_free(m);
+        }
+        sp_alloc_fail_after(-1);
+        ASSERT_EQ(sp_alloc_bytes_in_use(), base);
+    }
+    ASSERT(ok);
+}
