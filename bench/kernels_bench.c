@@ -2,7 +2,8 @@
  * kernels_bench.c - single-thread speed of the CPU kernels, per level and type.
  *
  *   make BUILD=build build/libsampan.a
- *   cc -O2 -Iinclude -Isrc -pthread bench/kernels_bench.c build/libsampan.a -lm -o build/kernels_bench
+ *   cc -O2 -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/kernels_bench.c build/libsampan.a -lm \
+ *      -o build/kernels_bench
  *   ./build/kernels_bench [level...]     levels: scalar avx2 avx512 (default: all this CPU has)
  *
  * decode: one token against a weight matrix much bigger than the caches,
@@ -60,7 +61,8 @@ read_gbs(const uint8_t *p, size_t bytes)
         }
         for (size_t i = 0; i + 256 <= bytes; i += 256) {
             for (int j = 0; j < 8; j++) {
-                a[j] = _mm256_xor_si256(a[j], _mm256_loadu_si256((const __m256i *)(p + i + 32 * j)));
+                const __m256i *q = (const __m256i *)(p + i + 32 * j);
+                a[j] = _mm256_xor_si256(a[j], _mm256_loadu_si256(q));
             }
         }
         for (int j = 1; j < 8; j++) {

@@ -139,6 +139,20 @@ def _load(path):
         return json.load(f)
 
 
+def _load_opt(path):
+    return _load(path) if os.path.exists(path) else None
+
+
+def _other_pct(row):
+    """Largest share of the machine that other processes used during any timed run."""
+    cpus = []
+    for r in row.get("sampan", {}).get("runs", []):
+        cpus.append(r.get("cpu"))
+    cpus.append(row.get("llamacpp", {}).get("cpu"))
+    vals = [c["other_pct_of_machine"] for c in cpus if c]
+    return max(vals) if vals else None
+
+
 def summarize(raw):
     meta = _load(os.path.join(raw, "meta.json"))
     bw = _load(os.path.join(raw, "membw.json"))
@@ -162,14 +176,19 @@ def summarize(raw):
         if os.path.exists(lj):
             lc = _load(lj)
             row["llamacpp"] = {"prefill_tok_s": lc["best"]["prefill_tok_s"],
+                               "cpu": _load_opt(os.path.join(raw, f"{t}.llamacpp.cpu")),
                                "decode_tok_s": lc["best"]["decode_tok_s"],
                                "runs": lc["runs"], "threads": lc["threads"],
                                "flash_attention": lc["flash_attention"],
                                "first_generated": lc["first_generated"]}
         logs = sorted(p for p in os.listdir(raw) if p.startswith(f"{t}.sampan.") and
                       p.endswith(".log"))
-        runs = [parse_sampan_log(os.path.join(raw, p)) for p in logs]
-        runs = [r for r in runs if "prefill" in r]
+        runs = []
+        for p in logs:
+            r = parse_sampan_log(os.path.join(raw, p))
+            if "prefill" in r:
+                r["cpu"] = _load_opt(os.path.join(raw, p[:-4] + ".cpu"))
+                runs.append(r)
         if runs:
             row["sampan"] = {
                 "prefill_tok_s": max(r["prefill"]["tok_s"] for r in runs),
@@ -193,8 +212,8 @@ def table(result):
     lines.append("")
     lines.append("| type | weights read/token | decode limit | sampan decode | llama.cpp decode "
                  "| sampan prefill | llama.cpp prefill | decode vs llama.cpp "
-                 "| prefill vs llama.cpp |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "| prefill vs llama.cpp | other load |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["results"]:
         lim = r["decode_limit_tok_s"]
         s = r.get("sampan", {})
@@ -209,10 +228,14 @@ def table(result):
             f"| {r['type'].upper()} | {r['read_bytes_per_token'] / 1e6:.0f} MB | {lim:.1f} tok/s "
             f"| {pct(sd)} | {pct(ld)} | {_f(sp)} | {_f(lp)} "
             f"| {_f(sd / ld if sd and ld else None, '{:.2f}x')} "
-            f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} |")
+            f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} "
+            f"| {_f(_other_pct(r), '{:.0f}%')} |")
     lines.append("")
     lines.append("decode and prefill in tokens/s, best of the runs; (n%) = share of the decode limit "
-                 "(read bandwidth / weight bytes read per token).")
+                 "(read bandwidth / weight bytes read per token);\n"
+                 "other load = the most CPU that other processes took during any timed run, as a "
+                 "share of the machine (above a few % the numbers are low, both engines' threads "
+                 "wait on each other).")
     return "\n".join(lines)
 
 

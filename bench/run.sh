@@ -2,7 +2,7 @@
 # bench/run.sh - the engine benchmark, side by side with llama.cpp, same machine, same run.
 #
 #   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
-#                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan]
+#                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan] [--wait-quiet SECS]
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
@@ -31,6 +31,7 @@ RUNS=3
 THREADS=2
 DO_LLAMACPP=1
 DO_SAMPAN=1
+WAIT_QUIET=0
 BUILD=${BUILD:-build}
 SAMPAN=${SAMPAN:-$BUILD/sampan}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -46,6 +47,7 @@ while [ $# -gt 0 ]; do
     --quick) PROMPT=128; GEN=16; RUNS=1; shift ;;
     --no-llamacpp) DO_LLAMACPP=0; shift ;;
     --no-sampan) DO_SAMPAN=0; shift ;;
+    --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -63,6 +65,52 @@ cpu_busy_pct() {
     local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
     for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
     echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+
+# Non-idle jiffies of the whole machine so far (all CPUs).
+busy_jiffies() {
+    local a i total=0
+    read -r -a a < <(head -1 /proc/stat)
+    for i in 1 2 3 6 7 8; do total=$(( total + a[i] )); done   # user nice system irq softirq steal
+    echo "$total"
+}
+
+# Before each timed command: wait (up to WAIT_QUIET s) until the machine is idle.
+wait_quiet() {
+    [ "$WAIT_QUIET" -gt 0 ] || return 0
+    local start=$SECONDS b
+    while :; do
+        b=$(cpu_busy_pct)
+        if [ "$b" -le 5 ]; then return 0; fi
+        if [ $(( SECONDS - start )) -ge "$WAIT_QUIET" ]; then
+            say "still ${b}% busy after ${WAIT_QUIET}s of waiting; running anyway"
+            return 0
+        fi
+    done
+}
+
+# measured NAME CMD...: run CMD with stderr to NAME.log, and write NAME.cpu with
+# the wall time, the command's own CPU time, and the CPU time that everything
+# else on the machine used meanwhile (other work steals cycles from threads that
+# wait on each other, so this says how far a number can be trusted).
+measured() {
+    local name=$1; shift
+    wait_quiet
+    local j0 j1 t0 t1 rc=0 tf
+    tf=$(mktemp)
+    j0=$(busy_jiffies); t0=$(date +%s.%N)
+    { TIMEFORMAT='%U %S'; time "$@" 2> "$name.log"; } 2> "$tf" || rc=$?
+    t1=$(date +%s.%N); j1=$(busy_jiffies)
+    read -r u s < "$tf" || true
+    rm -f "$tf"
+    "$PYTHON" -c "
+import json, os
+hz = os.sysconf('SC_CLK_TCK'); wall = $t1 - $t0; own = ${u:-0} + ${s:-0}
+busy = ($j1 - $j0) / hz; other = max(0.0, busy - own)
+json.dump({'wall_s': round(wall, 3), 'own_cpu_s': round(own, 3), 'other_cpu_s': round(other, 3),
+           'other_pct_of_machine': round(100 * other / (wall * os.cpu_count()), 1)},
+          open('$name.cpu', 'w'))"
+    return $rc
 }
 
 # ---- tools ------------------------------------------------------------------
@@ -127,7 +175,8 @@ if [ "$BUSY_BEFORE" -gt 10 ]; then
 fi
 
 say "membw (read/copy bandwidth, 1 and 2 threads)"
-"$MEMBW" --json --runs 5 > "$RAW/membw.json"
+wait_quiet
+"$MEMBW" --json --runs 10 > "$RAW/membw.json"
 cat "$RAW/membw.json" >&2
 
 for t in $TYPES; do
@@ -137,23 +186,25 @@ for t in $TYPES; do
     if [ "$DO_SAMPAN" = 1 ]; then
         for r in $(seq 1 "$RUNS"); do
             say "sampan $t run $r/$RUNS"
-            "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
-                > /dev/null 2> "$RAW/$t.sampan.$r.log" || {
+            measured "$RAW/$t.sampan.$r" \
+                "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" > /dev/null || {
                 say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
             grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
         done
     fi
     if [ "$DO_LLAMACPP" = 1 ]; then
         say "llama.cpp $t ($RUNS runs in one process)"
-        node bench/llamacpp.mjs -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
-            --runs "$RUNS" > "$RAW/$t.llamacpp.json" 2> "$RAW/$t.llamacpp.log" || {
+        measured "$RAW/$t.llamacpp" \
+            node bench/llamacpp.mjs -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
+            --runs "$RUNS" > "$RAW/$t.llamacpp.json" || {
             say "llama.cpp failed on $t (see $RAW/$t.llamacpp.log)"; rm -f "$RAW/$t.llamacpp.json"; }
         grep -E '^llama.cpp run' "$RAW/$t.llamacpp.log" >&2 || true
     fi
 done
 
 say "membw again (after)"
-"$MEMBW" --json --runs 5 > "$RAW/membw-after.json"
+wait_quiet
+"$MEMBW" --json --runs 10 > "$RAW/membw-after.json"
 BUSY_AFTER=$(cpu_busy_pct)
 
 # ---- report -----------------------------------------------------------------

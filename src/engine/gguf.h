@@ -74,6 +74,8 @@ sp_status_t sp_gguf_open(const char *path, sp_gguf_t **out, char *err, size_t er
 sp_status_t sp_gguf_open_mem(const void *buf, size_t len, const char *name, sp_gguf_t **out,
                              char *err, size_t err_len);
 void sp_gguf_close(sp_gguf_t *g); /* NULL is a no-op */
+/* Fault the whole mapping in now (model load), instead of page by page on first use. */
+void sp_gguf_prefault(const sp_gguf_t *g);
 
 const char *sp_gguf_path(const sp_gguf_t *g);
 uint32_t sp_gguf_version(const sp_gguf_t *g);

@@ -388,6 +388,7 @@ sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len)
         (st = sp_tokenizer_from_gguf(g, &m->tok, err, err_len)) != SP_OK) {
         goto fail;
     }
+    sp_gguf_prefault(g);
     if (sp_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
         st = sp_errf(err, err_len, SP_ERR_FORMAT,
                      "%s: tokenizer has %d tokens but token_embd.weight only %lld rows",

@@ -3,9 +3,12 @@
  *
  * Pipeline per token (sampler.h gives the order): penalties over the recent
  * window, then either greedy argmax (temperature 0) or top-k, temperature,
- * softmax, top-p, min-p and one draw. Candidates are kept sorted by logit
- * (descending, lower id first on ties), so every cut is a prefix and ties never
- * depend on qsort's whims: the same seed and logits give the same token.
+ * softmax, top-p, min-p and one draw. Top-k is a heap selection (O(n log k));
+ * top-p and min-p both keep a prefix of the best-first order, so min-p is
+ * applied first as a plain threshold and only the survivors are sorted, and
+ * only when top-p needs the order (a stable radix sort on the logit bits, ties
+ * to the lower id). The result depends only on the logits, the parameters and
+ * the seed: the same inputs give the same token.
  *
  * PRNG: xoshiro256** (Blackman and Vigna), its 256-bit state seeded by
  * expanding the 64-bit seed with splitmix64, as the authors recommend. Each
@@ -111,19 +114,23 @@ sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **
 {
     *out = NULL;
     if (n_vocab < 1 || n_vocab > MAX_VOCAB) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: n_vocab %d out of range [1, %d]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: n_vocab %d out of range [1, %d]",
                        (int)n_vocab, MAX_VOCAB);
     }
     if (!isfinite(p->temperature) || p->temperature < 0.0f) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: temperature %g must be finite and >= 0",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: temperature %g must be finite and >= 0",
                        (double)p->temperature);
     }
     if (!isfinite(p->top_p) || p->top_p < 0.0f || p->top_p > 1.0f) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: top_p %g must be in [0, 1]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: top_p %g must be in [0, 1]",
                        (double)p->top_p);
     }
     if (!isfinite(p->min_p) || p->min_p < 0.0f || p->min_p > 1.0f) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: min_p %g must be in [0, 1]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: min_p %g must be in [0, 1]",
                        (double)p->min_p);
     }
     if (!isfinite(p->repeat_penalty) || p->repeat_penalty <= 0.0f) {
@@ -133,15 +140,18 @@ sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **
     }
     /* OpenAI accepts [-2, 2] for both; larger magnitudes only make garbage. */
     if (!isfinite(p->frequency_penalty) || fabsf(p->frequency_penalty) > 2.0f) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: frequency_penalty %g must be in [-2, 2]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: frequency_penalty %g must be in [-2, 2]",
                        (double)p->frequency_penalty);
     }
     if (!isfinite(p->presence_penalty) || fabsf(p->presence_penalty) > 2.0f) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: presence_penalty %g must be in [-2, 2]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: presence_penalty %g must be in [-2, 2]",
                        (double)p->presence_penalty);
     }
     if (p->penalty_last_n < 0 || p->penalty_last_n > MAX_PENALTY_WINDOW) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: penalty_last_n %d must be in [0, %d]",
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "sampler: penalty_last_n %d must be in [0, %d]",
                        (int)p->penalty_last_n, MAX_PENALTY_WINDOW);
     }
 
@@ -307,7 +317,7 @@ sift_down(const float *logits, int32_t *h, int32_t n, int32_t i)
 /*
  * Sort key of a candidate: the logit's bits mapped so that a larger float gives
  * a smaller unsigned value, in the high half, and the candidate's slot in the
- * low half. Sorting keys ascending gives logits descending; keys are built in
+ * low half. Sorting keys ascending gives logits descending; the slots are in
  * ascending id order and the radix sort is stable, so equal logits stay in id
  * order.
  */
@@ -320,11 +330,12 @@ sort_key(float logit, uint32_t slot)
     return ((uint64_t)~u << 32) | slot;              /* flipped: descending */
 }
 
-/* LSD radix sort of key[0..n) on the high 32 bits, 8 bits a pass; O(n). */
-static void
-radix_sort_keys(uint64_t *key, uint64_t *tmp, int32_t n)
+/* Stable LSD radix sort of key[0..n) on bits [lo, hi), 8 bits a pass.
+ * Returns the buffer that holds the result: key or tmp. */
+static uint64_t *
+radix_sort(uint64_t *key, uint64_t *tmp, int32_t n, int lo, int hi)
 {
-    for (int shift = 32; shift < 64; shift += 8) {
+    for (int shift = lo; shift < hi; shift += 8) {
         uint32_t count[257] = {0};
         for (int32_t i = 0; i < n; i++) {
             count[((key[i] >> shift) & 0xff) + 1]++;
@@ -339,7 +350,7 @@ radix_sort_keys(uint64_t *key, uint64_t *tmp, int32_t n)
         key = tmp;
         tmp = sw;
     }
-    /* four passes: the sorted keys are back in the caller's `key` array */
+    return key;
 }
 
 int32_t
@@ -375,6 +386,15 @@ sp_sampler_sample(sp_sampler_t *s, float *logits)
                 worst = logits[c[0]];
             }
         }
+        /* back to id order (ids < 2^24: three passes), so that equal logits
+         * keep the lower id first in the sort below, as on the k = n path */
+        for (int32_t i = 0; i < k; i++) {
+            s->key[i] = (uint64_t)c[i];
+        }
+        const uint64_t *ids = radix_sort(s->key, s->key_tmp, k, 0, 24);
+        for (int32_t i = 0; i < k; i++) {
+            c[i] = (int32_t)ids[i];
+        }
     } else {
         for (int32_t i = 0; i < n; i++) {
             c[i] = i;
@@ -405,16 +425,15 @@ sp_sampler_sample(sp_sampler_t *s, float *logits)
     /* top-p: the shortest best-first prefix whose mass reaches top_p; only
      * this needs the order, so only this sorts */
     int32_t keep = m;
-    bool sorted = false;
+    const uint64_t *order = NULL; /* sorted keys; low half = slot */
     if (p->top_p < 1.0f) {
         for (int32_t i = 0; i < m; i++) {
             s->key[i] = sort_key(logits[c[i]], (uint32_t)i);
         }
-        radix_sort_keys(s->key, s->key_tmp, m);
-        sorted = true;
+        order = radix_sort(s->key, s->key_tmp, m, 32, 64);
         double cum = 0.0, target = (double)p->top_p * z;
         for (keep = 0; keep < m;) {
-            cum += s->weight[(uint32_t)s->key[keep++]];
+            cum += s->weight[(uint32_t)order[keep++]];
             if (cum >= target) {
                 break;
             }
@@ -424,12 +443,12 @@ sp_sampler_sample(sp_sampler_t *s, float *logits)
     /* one draw from what is left, renormalised (walked best first when sorted) */
     double mass = 0.0;
     for (int32_t j = 0; j < keep; j++) {
-        mass += s->weight[sorted ? (uint32_t)s->key[j] : (uint32_t)j];
+        mass += s->weight[order ? (uint32_t)order[j] : (uint32_t)j];
     }
     double u = uniform01(s) * mass, acc = 0.0;
     uint32_t slot = 0;
     for (int32_t j = 0; j < keep; j++) {
-        slot = sorted ? (uint32_t)s->key[j] : (uint32_t)j;
+        slot = order ? (uint32_t)order[j] : (uint32_t)j;
         acc += s->weight[slot];
         if (u < acc) {
             break;

@@ -125,7 +125,8 @@ parse_byte_token(sp_str_t s)
 
 /* ---- loading ----------------------------------------------------------- */
 
-/* Optional special id: absent keeps *id; -1 stored means "none"; anything else must be < n_vocab. */
+/* Optional special id: absent keeps *id; -1 stored means "none"; anything else must be
+ * < n_vocab. */
 static sp_status_t
 get_special_id(const sp_gguf_t *g, const char *key, int32_t n_vocab, int32_t *id, char *err,
                size_t err_len)

@@ -167,7 +167,9 @@ const sp_cpu_kernels_t *sp_cpu_kernels_for(sp_cpu_level_t level);
 /* The reference (scalar) table. */
 const sp_cpu_kernels_t *sp_cpu_kernels_ref(void);
 
-/* Run the table's gemm, or vec_dot row by row when it has none. */
+/* Run the table's gemm, or vec_dot row by row when it has none. Use it for
+ * decode too (n_tok = 1): the SIMD gemms stream several weight rows at once
+ * and beat a vec_dot loop, with the same bits. */
 void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const void *w,
                  size_t w_stride, int64_t r0, int64_t r1, const void *x, size_t x_stride,
                  int64_t n_tok, float *y, int64_t ldy);

@@ -237,6 +237,34 @@ TEST(sampler_filters_exclude_what_they_should)
     ASSERT_EQ(c[0], 20000);
 }
 
+/* Equal logits: the lower id counts as the better one in every cut. */
+TEST(sampler_ties_go_to_the_lower_id)
+{
+    enum { V = 6 };
+    sp_sampler_params_t p = plain(1.0f, 9);
+    p.top_p = 0.5f; /* six equal: 1/6 each, three reach 0.5 */
+    sp_sampler_t *s = make(&p, V);
+    long c[V] = {0};
+    for (int i = 0; i < 6000; i++) {
+        float l[V] = {2, 2, 2, 2, 2, 2};
+        c[sp_sampler_sample(s, l)]++;
+    }
+    ASSERT(c[0] > 0 && c[1] > 0 && c[2] > 0);
+    ASSERT_EQ(c[3] + c[4] + c[5], 0);
+    sp_sampler_destroy(s);
+
+    p.top_k = 4; /* the heap path: keeps ids 0..3 of the ties, then top-p 0.5 keeps two */
+    s = make(&p, V);
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < 6000; i++) {
+        float l[V] = {1, 2, 2, 2, 2, 2}; /* ids 1..4 survive top-k; top-p keeps 1, 2 */
+        c[sp_sampler_sample(s, l)]++;
+    }
+    ASSERT(c[1] > 0 && c[2] > 0);
+    ASSERT_EQ(c[0] + c[3] + c[4] + c[5], 0);
+    sp_sampler_destroy(s);
+}
+
 TEST(sampler_penalties_change_exactly_the_right_logits)
 {
     enum { V = 6 };

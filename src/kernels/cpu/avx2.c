@@ -81,6 +81,8 @@ load_x8_tail(const uint8_t *row, int64_t i, int64_t left)
     return _mm256_loadu_ps(buf);
 }
 
+/* y[t * ldy + r * ys] = dot(row r of w, token t of x), r < R, t < T; rows are
+ * ws bytes apart, tokens xs bytes apart. */
 SP_INLINE void
 float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, size_t ws,
            const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)

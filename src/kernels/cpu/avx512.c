@@ -30,14 +30,9 @@
  * while a row tile sweeps them. */
 #define X_CHUNK_BYTES (192 * 1024)
 
-/* Software prefetch distance along each weight row. A row tile reads R rows
- * side by side, short streams the hardware prefetcher is slow to pick up. */
-#ifndef QPF
-#define QPF 1
-#endif
-#ifndef PF_BYTES
+/* Software prefetch distance along each weight row (a row tile reads R
+ * streams at once; this helps the hardware prefetcher keep up). */
 #define PF_BYTES 1024
-#endif
 
 SP_INLINE float
 hsum512(__m512 v)
@@ -85,6 +80,8 @@ load_w16_mask(int wt, const uint8_t *row, int64_t i, __mmask16 m)
     }
 }
 
+/* y[t * ldy + r * ys] = dot(row r of w, token t of x), r < R, t < T; rows are
+ * ws bytes apart, tokens xs bytes apart. */
 SP_INLINE void
 float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, size_t ws,
            const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)
@@ -230,11 +227,9 @@ quant_step(const int wt, const int R, const int T, const bool two, int64_t b, co
         const uint8_t *row = w + (size_t)r * ws;
         const size_t bsz = wt == W_Q8_0 ? sizeof(sp_block_q8_0) : sizeof(sp_block_q4_0);
         const char *pf = (const char *)row + (size_t)b * bsz + PF_BYTES;
-        if (QPF) {
-            _mm_prefetch(pf, _MM_HINT_T0);
-            if (wt == W_Q8_0) { /* two blocks span 68 bytes */
-                _mm_prefetch(pf + 64, _MM_HINT_T0);
-            }
+        _mm_prefetch(pf, _MM_HINT_T0);
+        if (wt == W_Q8_0) { /* two blocks span 68 bytes */
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
         }
         wq[r] = load_wq(wt, row, b, two);
         wd[r] = load_wd(wt, row, b, two);
