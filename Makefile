@@ -4,6 +4,7 @@
 #                            SIMD files get their own -m flags and are picked
 #                            at run time from cpuid)
 #   make SANITIZER=1         ASan + UBSan build in build-san/
+#   make fuzz                libFuzzer targets (clang) in build-fuzz/
 #   make unit                the C unit-test runner (build/test_unit)
 #   make test                everything tests/run.sh runs (C units, sanitizer
 #                            units, NumPy reference, CLI checks)
@@ -13,7 +14,13 @@
 CC      ?= cc
 PYTHON  ?= /usr/bin/python3
 
-ifeq ($(SANITIZER),1)
+ifeq ($(FUZZ),1)
+# libFuzzer builds (clang): every object instrumented, the targets linked with the fuzzer main.
+CC       = clang
+BUILD   ?= build-fuzz
+SANFLAGS = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+OPT      = -O1 -g
+else ifeq ($(SANITIZER),1)
 BUILD   ?= build-san
 SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 OPT      = -O1 -g
@@ -45,7 +52,7 @@ AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
 $(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
 $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
 
-.PHONY: all unit test clean check-includes demo
+.PHONY: all unit test clean check-includes demo fuzz
 all: $(BUILD)/sampan
 
 $(BUILD)/%.o: %.c
@@ -65,6 +72,14 @@ $(BUILD)/test_unit: $(TEST_OBJ) $(BUILD)/libsampan.a
 
 unit: $(BUILD)/test_unit $(BUILD)/sampan
 
+# `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+fuzz:
+	$(MAKE) FUZZ=1 $(FUZZ_TARGETS)
+
+build-fuzz/fuzz_%: build-fuzz/tests/fuzz/fuzz_%.o build-fuzz/libsampan.a
+	$(CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS) -pthread
+
 test:
 	./tests/run.sh
 
@@ -75,6 +90,6 @@ check-includes:
 	./scripts/check-includes.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/main.d

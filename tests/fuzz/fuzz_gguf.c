@@ -1,7 +1,7 @@
 /*
  * fuzz_gguf.c - libFuzzer target for the GGUF reader (sp_gguf_open_mem).
  *
- * Build and run (not wired into the Makefile yet):
+ * Build with `make fuzz` (or by hand):
  *   mkdir -p build-fuzz
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
  *       -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread \

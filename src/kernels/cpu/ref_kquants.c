@@ -29,12 +29,6 @@ round_int(float v)
     return (int)nearbyintf(fminf(fmaxf(v, -1e9f), 1e9f));
 }
 
-static inline float
-fp16_round(float v)
-{
-    return sp_fp16_to_fp32(sp_fp32_to_fp16(v));
-}
-
 /* ---- Q8_K (activations) --------------------------------------------------------------------- */
 
 void
