@@ -1,40 +1,56 @@
 /*
- * pool.c - spin-then-sleep worker pool; see pool.h for the contract.
+ * pool.c - chunk-claiming worker pool; see pool.h for the contract.
  *
- * Wake-up protocol (no lost wake-ups): the caller publishes a job by bumping
- * `gen` (seq_cst), then, only if some worker announced it is going to sleep,
- * takes the mutex and broadcasts. A worker announces itself (n_sleeping++)
- * under the mutex before it re-reads `gen` and waits, so either it sees the new
- * generation or the caller sees it sleeping.
+ * The job state is one 64-bit ticket: job generation (28 bits), chunk count
+ * (18 bits) and next unclaimed chunk (18 bits). A thread claims chunk i of
+ * job g by a compare-and-swap from (g, n, i) to (g, n, i + 1) with i < n. The
+ * count travels inside the ticket, so a late worker can never claim a chunk of
+ * a job it has not seen published, and a successful claim proves the job is
+ * still current: the caller publishes the next job only after every chunk of
+ * this one has completed, and this chunk has not. So fn and ctx, read after
+ * the claim, are the right ones.
+ *
+ * Sleeping (no lost wake-ups): the caller bumps the ticket (seq_cst) and then,
+ * only if some worker announced it is going to sleep, takes the mutex and
+ * broadcasts. A worker announces itself (n_sleeping++) under the mutex before
+ * it re-reads the ticket and waits, so either it sees the new job or the
+ * caller sees it sleeping.
  */
 #include "core/pool.h"
 
 #include <pthread.h>
 #include <sched.h>
-#include <stdbool.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/timer.h"
 
 /* A waiting thread polls with `pause` for SPIN_PAUSE rounds, then yields the
- * core between polls (when the machine is oversubscribed a pure spinner would
- * burn the time slice the thread it waits for needs), and a worker goes to
- * sleep once SPIN_NS has passed without a job. */
+ * core between polls (a pure spinner on an oversubscribed machine burns the
+ * time slice another thread needs), and a worker sleeps once SPIN_NS has
+ * passed without a job. */
 #define SPIN_PAUSE 2000
 #define SPIN_NS 2000000 /* 2 ms */
+
+#define GEN_BITS 28
+#define CNT_BITS 18
+#define CNT_MASK ((UINT64_C(1) << CNT_BITS) - 1)
+#define T_GEN(t) ((t) >> (2 * CNT_BITS))
+#define T_N(t) (((t) >> CNT_BITS) & CNT_MASK)
+#define T_NEXT(t) ((t) & CNT_MASK)
 
 struct sp_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;        /* job generation; bumped once per sp_pool_run */
-    atomic_int n_done;      /* workers finished with the current job */
+    _Atomic uint64_t ticket;   /* (gen, n_chunks, next) of the current job */
+    atomic_int_fast64_t n_done; /* chunks of the current job completed */
     atomic_int n_sleeping;
     atomic_bool stop;
-    sp_pool_fn fn;
+    sp_pool_fn fn;             /* written before the ticket is published */
     void *ctx;
 };
 
@@ -51,20 +67,35 @@ cpu_relax(void)
 #endif
 }
 
+/* Claim and run chunks of job `gen` until none is left. */
+static void
+drain(sp_pool_t *p, uint64_t gen, int ith)
+{
+    uint64_t t = atomic_load(&p->ticket);
+    while (T_GEN(t) == gen && T_NEXT(t) < T_N(t)) {
+        if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1)) {
+            continue; /* t was reloaded */
+        }
+        p->fn(p->ctx, (int64_t)T_NEXT(t), ith);
+        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+        t = atomic_load(&p->ticket);
+    }
+}
+
 static void *
 worker(void *arg)
 {
     worker_arg *wa = arg;
     sp_pool_t *p = wa->p;
     int ith = wa->ith;
-    unsigned seen = 0;
+    uint64_t seen = T_GEN(atomic_load(&p->ticket));
     sp_free(wa);
 
     for (;;) {
-        unsigned g;
+        uint64_t g;
         int spins = 0;
         int64_t t_sleep = 0;
-        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) {
+        while ((g = T_GEN(atomic_load(&p->ticket))) == seen && !atomic_load(&p->stop)) {
             if (++spins < SPIN_PAUSE) {
                 cpu_relax();
                 continue;
@@ -78,7 +109,7 @@ worker(void *arg)
             }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->n_sleeping, 1);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
+            while (T_GEN(atomic_load(&p->ticket)) == seen && !atomic_load(&p->stop)) {
                 pthread_cond_wait(&p->cv, &p->mu);
             }
             atomic_fetch_sub(&p->n_sleeping, 1);
@@ -90,8 +121,7 @@ worker(void *arg)
             return NULL;
         }
         seen = g;
-        p->fn(p->ctx, ith, p->n_threads);
-        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+        drain(p, g, ith);
     }
 }
 
@@ -130,8 +160,6 @@ sp_pool_create(int n_threads, sp_pool_t **out)
         }
         p->n_threads = i + 1;
     }
-    /* Workers read n_threads only inside a job, after the first gen bump. */
-    p->n_threads = n_threads;
     *out = p;
     return SP_OK;
 fail:
@@ -165,23 +193,33 @@ sp_pool_n_threads(const sp_pool_t *p)
 }
 
 void
-sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx)
+sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks)
 {
-    if (p->n_threads == 1) {
-        fn(ctx, 0, 1);
+    if (n_chunks <= 0) {
         return;
     }
+    if (p->n_threads == 1 || n_chunks == 1 || n_chunks > SP_POOL_MAX_CHUNKS) {
+        /* (the last case is a caller bug: still correct, only serial) */
+        for (int64_t i = 0; i < n_chunks; i++) {
+            fn(ctx, i, 0);
+        }
+        return;
+    }
+    /* All chunks of the previous job are complete, so no thread can still
+     * claim from it: fn, ctx and n_done are free to change. */
     p->fn = fn;
     p->ctx = ctx;
     atomic_store(&p->n_done, 0);
-    atomic_fetch_add(&p->gen, 1);
+    uint64_t gen = (T_GEN(atomic_load(&p->ticket)) + 1) & ((UINT64_C(1) << GEN_BITS) - 1);
+    atomic_store(&p->ticket, gen << (2 * CNT_BITS) | (uint64_t)n_chunks << CNT_BITS);
     if (atomic_load(&p->n_sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(ctx, 0, p->n_threads);
-    for (int spins = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n_threads - 1;) {
+    drain(p, gen, 0);
+    /* Only chunks that other threads claimed and are still running remain. */
+    for (int spins = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < n_chunks;) {
         if (++spins < SPIN_PAUSE) {
             cpu_relax();
         } else {

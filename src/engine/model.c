@@ -22,7 +22,6 @@
 #include "engine/model.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -632,14 +631,6 @@ sp_ctx_logits_all(const sp_ctx_t *c)
 /* Parallel jobs                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* Split [0, n) into near-equal contiguous parts; part ith of nth. */
-static inline void
-split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi)
-{
-    *lo = n * ith / nth;
-    *hi = n * (ith + 1) / nth;
-}
-
 /* Convert n_tok activation rows to the dot-product format. */
 typedef struct act_job {
     sp_from_float_fn conv;
@@ -652,14 +643,11 @@ typedef struct act_job {
 } act_job_t;
 
 static void
-act_job_run(void *arg, int ith, int nth)
+act_job_run(void *arg, int64_t t, int ith)
 {
     act_job_t *j = arg;
-    int64_t lo, hi;
-    split_range(j->n_tok, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        j->conv(j->x + t * j->x_stride, (char *)j->dst + t * j->dst_stride, j->n_in);
-    }
+    (void)ith;
+    j->conv(j->x + t * j->x_stride, (char *)j->dst + t * j->dst_stride, j->n_in);
 }
 
 /* Up to three products sharing one converted input (q/k/v or gate/up). */
@@ -675,35 +663,27 @@ typedef struct mm_job {
     int64_t chunk;            /* rows per work item */
     int64_t n_chunks[3];
     int64_t total_chunks;
-    atomic_int_fast64_t next; /* next work item to take */
 } mm_job_t;
 
 static void
-mm_job_run(void *arg, int ith, int nth)
+mm_job_run(void *arg, int64_t item, int ith)
 {
     mm_job_t *j = arg;
+    int wi = 0;
     (void)ith;
-    (void)nth;
-    for (;;) {
-        int64_t item = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (item >= j->total_chunks) {
-            return;
-        }
-        int wi = 0;
-        while (item >= j->n_chunks[wi]) {
-            item -= j->n_chunks[wi++];
-        }
-        const weight_t *w = j->w[wi];
-        int64_t r0 = item * j->chunk;
-        int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
-        sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride,
-                    j->n_tok, j->y[wi], w->n_out);
-        if (j->bias[wi] != NULL) {
-            for (int64_t t = 0; t < j->n_tok; t++) {
-                float *yt = j->y[wi] + t * w->n_out;
-                for (int64_t r = r0; r < r1; r++) {
-                    yt[r] += j->bias[wi][r];
-                }
+    while (item >= j->n_chunks[wi]) {
+        item -= j->n_chunks[wi++];
+    }
+    const weight_t *w = j->w[wi];
+    const int64_t r0 = item * j->chunk;
+    const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
+    sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride, j->n_tok,
+                j->y[wi], w->n_out);
+    if (j->bias[wi] != NULL) {
+        for (int64_t t = 0; t < j->n_tok; t++) {
+            float *yt = j->y[wi] + t * w->n_out;
+            for (int64_t r = r0; r < r1; r++) {
+                yt[r] += j->bias[wi][r];
             }
         }
     }
@@ -732,11 +712,7 @@ matmul(sp_ctx_t *c, int n_w, const weight_t *const *w, float *const *y, const fl
     size_t xa_stride = (size_t)x_stride * sizeof(float);
     if (act_type != SP_TYPE_F32) {
         act_job_t aj = {k->from_float[act_type], x, w[0]->n_in, x_stride, c->act, c->act_stride, n_tok};
-        if (n_tok == 1) {
-            act_job_run(&aj, 0, 1);
-        } else {
-            sp_pool_run(c->pool, act_job_run, &aj);
-        }
+        sp_pool_run(c->pool, act_job_run, &aj, n_tok);
         xa = c->act;
         xa_stride = c->act_stride;
     }
@@ -765,8 +741,7 @@ matmul(sp_ctx_t *c, int n_w, const weight_t *const *w, float *const *y, const fl
         j.n_chunks[i] = (w[i]->n_out + chunk - 1) / chunk;
         j.total_chunks += j.n_chunks[i];
     }
-    atomic_init(&j.next, 0);
-    sp_pool_run(c->pool, mm_job_run, &j);
+    sp_pool_run(c->pool, mm_job_run, &j, j.total_chunks);
 }
 
 static void
@@ -823,12 +798,13 @@ typedef struct attn_job {
     int64_t il;
     int64_t pos0;
     int64_t n_tok;
+    int64_t per_chunk; /* (token, head) units per pool chunk */
 } attn_job_t;
 
 /* One (token, head) per work unit: softmax(q K^T / sqrt(d)) V over positions
  * 0..pos of this layer's cache, causal by construction. */
 static void
-attn_job_run(void *arg, int ith, int nth)
+attn_job_run(void *arg, int64_t chunk, int ith)
 {
     attn_job_t *j = arg;
     sp_ctx_t *c = j->c;
@@ -840,9 +816,10 @@ attn_job_run(void *arg, int ith, int nth)
     const float *vc = c->v_cache + j->il * c->n_ctx * kv_dim;
     const sp_vec_dot_fn dot = c->k->vec_dot[SP_TYPE_F32];
     float *sc = c->scores + (int64_t)ith * c->n_ctx;
-    int64_t lo, hi;
+    const int64_t lo = chunk * j->per_chunk;
+    const int64_t n_units = j->n_tok * hp->n_head;
+    const int64_t hi = lo + j->per_chunk < n_units ? lo + j->per_chunk : n_units;
 
-    split_range(j->n_tok * hp->n_head, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
         const int64_t t = u / hp->n_head, h = u % hp->n_head;
         const int64_t pos = j->pos0 + t, g = h / group;
@@ -882,26 +859,25 @@ typedef struct rope_job {
 } rope_job_t;
 
 static void
-rope_job_run(void *arg, int ith, int nth)
+rope_job_run(void *arg, int64_t t, int ith)
 {
     rope_job_t *j = arg;
     sp_ctx_t *c = j->c;
     const sp_hparams_t *hp = &c->m->hp;
     const int64_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
-    int64_t lo, hi;
-    split_range(j->n_tok, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        const float *cs = c->rope_cs + t * hp->n_rot;
-        float *kt = c->kv_k + t * kv_dim;
-        rope(c->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
-        rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
-        size_t off = (size_t)((j->il * c->n_ctx + j->pos0 + t) * kv_dim);
-        memcpy(c->k_cache + off, kt, (size_t)kv_dim * sizeof(float));
-        memcpy(c->v_cache + off, c->kv_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
-    }
+    const float *cs = c->rope_cs + t * hp->n_rot;
+    float *kt = c->kv_k + t * kv_dim;
+    (void)ith;
+    rope(c->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
+    rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
+    size_t off = (size_t)((j->il * c->n_ctx + j->pos0 + t) * kv_dim);
+    memcpy(c->k_cache + off, kt, (size_t)kv_dim * sizeof(float));
+    memcpy(c->v_cache + off, c->kv_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
 }
 
 /* silu(gate) * up, in place into gate. */
+#define SWIGLU_CHUNK 4096
+
 typedef struct swiglu_job {
     float *gate;
     const float *up;
@@ -909,11 +885,12 @@ typedef struct swiglu_job {
 } swiglu_job_t;
 
 static void
-swiglu_job_run(void *arg, int ith, int nth)
+swiglu_job_run(void *arg, int64_t chunk, int ith)
 {
     swiglu_job_t *j = arg;
-    int64_t lo, hi;
-    split_range(j->n, ith, nth, &lo, &hi);
+    const int64_t lo = chunk * SWIGLU_CHUNK;
+    const int64_t hi = lo + SWIGLU_CHUNK < j->n ? lo + SWIGLU_CHUNK : j->n;
+    (void)ith;
     for (int64_t i = lo; i < hi; i++) {
         float g = j->gate[i];
         j->gate[i] = g / (1.0f + expf(-g)) * j->up[i];
@@ -959,9 +936,11 @@ forward_batch(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0, bool 
         matmul(c, 3, wqkv, yqkv, bqkv, c->xn, E, B);
 
         rope_job_t rj = {c, il, pos0, B};
-        sp_pool_run(c->pool, rope_job_run, &rj);
-        attn_job_t aj = {c, il, pos0, B};
-        sp_pool_run(c->pool, attn_job_run, &aj);
+        sp_pool_run(c->pool, rope_job_run, &rj, B);
+        /* Attention units are (token, head) pairs, a few per chunk so a long
+         * prefill stays within the pool's chunk limit. */
+        attn_job_t aj = {c, il, pos0, B, 1 + B * hp->n_head / 4096};
+        sp_pool_run(c->pool, attn_job_run, &aj, (B * hp->n_head + aj.per_chunk - 1) / aj.per_chunk);
 
         matmul1(c, &L->wo, c->proj, c->att, q_dim, B);
         for (int64_t i = 0; i < B * E; i++) {
@@ -976,11 +955,7 @@ forward_batch(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0, bool 
         const float *bgu[2] = {NULL, NULL};
         matmul(c, 2, wgu, ygu, bgu, c->xn, E, B);
         swiglu_job_t sj = {c->ff_gate, c->ff_up, B * hp->n_ff};
-        if (B * hp->n_ff >= 4096) {
-            sp_pool_run(c->pool, swiglu_job_run, &sj);
-        } else {
-            swiglu_job_run(&sj, 0, 1);
-        }
+        sp_pool_run(c->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
         matmul1(c, &L->w_down, c->proj, c->ff_gate, hp->n_ff, B);
         for (int64_t i = 0; i < B * E; i++) {
             c->x[i] += c->proj[i];

@@ -82,15 +82,16 @@ now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+#define ROWS_PER_CHUNK 16
+
 static void
-convert_rows(void *ctx, int ith, int nth)
+convert_rows(void *ctx, int64_t chunk, int ith)
 {
     rows_task *t = ctx;
     const job *j = t->j;
     int64_t ne0 = j->src->ne[0];
-    int64_t per = (t->n_rows + nth - 1) / nth;
-    int64_t r0 = (int64_t)ith * per;
-    int64_t r1 = r0 + per < t->n_rows ? r0 + per : t->n_rows;
+    int64_t r0 = chunk * ROWS_PER_CHUNK;
+    int64_t r1 = r0 + ROWS_PER_CHUNK < t->n_rows ? r0 + ROWS_PER_CHUNK : t->n_rows;
     float *row = j->q->scratch + (size_t)ith * (size_t)j->q->max_ne0;
     const uint8_t *src = (const uint8_t *)j->src->data;
     for (int64_t r = r0; r < r1; r++) {
@@ -136,10 +137,13 @@ fill(void *user, int64_t row0, int64_t n_rows, void *dst, char *err, size_t err_
     } else {
         rows_task t = {j, row0, n_rows, dst, 0};
         /* small chunks are not worth waking the pool for */
+        int64_t n_chunks = (n_rows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
         if (j->q->pool != NULL && (double)n_rows * (double)j->src->ne[0] >= 65536.0) {
-            sp_pool_run(j->q->pool, convert_rows, &t);
+            sp_pool_run(j->q->pool, convert_rows, &t, n_chunks);
         } else {
-            convert_rows(&t, 0, 1);
+            for (int64_t i = 0; i < n_chunks; i++) {
+                convert_rows(&t, i, 0);
+            }
         }
         if (t.failed) {
             return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,

@@ -54,37 +54,58 @@ TEST(alloc_fault_injection)
     sp_free(c);
 }
 
+#define PROBE_CHUNKS 97
+
 typedef struct {
-    atomic_int calls;
-    atomic_long sum;
-    int nth_seen;
+    atomic_int calls[PROBE_CHUNKS];
+    atomic_int bad_ith;
+    int n_threads;
 } pool_probe;
 
 static void
-probe_fn(void *arg, int ith, int nth)
+probe_fn(void *arg, int64_t chunk, int ith)
 {
     pool_probe *p = arg;
-    atomic_fetch_add(&p->calls, 1);
-    atomic_fetch_add(&p->sum, ith);
-    p->nth_seen = nth;
+    atomic_fetch_add(&p->calls[chunk], 1);
+    if (ith < 0 || ith >= p->n_threads) {
+        atomic_fetch_add(&p->bad_ith, 1);
+    }
 }
 
-TEST(pool_runs_every_thread_once_per_job)
+TEST(pool_runs_every_chunk_exactly_once)
 {
     for (int n = 1; n <= 4; n++) {
         sp_pool_t *pool;
         ASSERT_OK(sp_pool_create(n, &pool));
         ASSERT_EQ(sp_pool_n_threads(pool), n);
         for (int job = 0; job < 2000; job++) {
-            pool_probe p = {0};
-            sp_pool_run(pool, probe_fn, &p);
-            ASSERT_EQ(atomic_load(&p.calls), n);
-            ASSERT_EQ(atomic_load(&p.sum), n * (n - 1) / 2);
-            ASSERT_EQ(p.nth_seen, n);
+            pool_probe p = {.n_threads = n};
+            int64_t n_chunks = 1 + job % PROBE_CHUNKS;
+            sp_pool_run(pool, probe_fn, &p, n_chunks);
+            for (int64_t i = 0; i < PROBE_CHUNKS; i++) {
+                ASSERT_EQ(atomic_load(&p.calls[i]), i < n_chunks ? 1 : 0);
+            }
+            ASSERT_EQ(atomic_load(&p.bad_ith), 0);
         }
+        sp_pool_run(pool, probe_fn, NULL, 0); /* no chunks: returns at once */
         sp_pool_destroy(pool);
     }
     sp_pool_destroy(NULL);
+}
+
+/* More threads than cores: descheduled workers must not stall or break a job. */
+TEST(pool_oversubscribed)
+{
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(8, &pool));
+    for (int job = 0; job < 3000; job++) {
+        pool_probe p = {.n_threads = 8};
+        sp_pool_run(pool, probe_fn, &p, PROBE_CHUNKS);
+        for (int64_t i = 0; i < PROBE_CHUNKS; i++) {
+            ASSERT_EQ(atomic_load(&p.calls[i]), 1);
+        }
+    }
+    sp_pool_destroy(pool);
 }
 
 TEST(pool_wakes_sleeping_workers)
@@ -94,9 +115,11 @@ TEST(pool_wakes_sleeping_workers)
     for (int job = 0; job < 3; job++) {
         struct timespec ts = {0, 20 * 1000 * 1000}; /* long enough for workers to sleep */
         nanosleep(&ts, NULL);
-        pool_probe p = {0};
-        sp_pool_run(pool, probe_fn, &p);
-        ASSERT_EQ(atomic_load(&p.calls), 3);
+        pool_probe p = {.n_threads = 3};
+        sp_pool_run(pool, probe_fn, &p, PROBE_CHUNKS);
+        for (int64_t i = 0; i < PROBE_CHUNKS; i++) {
+            ASSERT_EQ(atomic_load(&p.calls[i]), 1);
+        }
     }
     sp_pool_destroy(pool);
 }
