@@ -20,6 +20,7 @@ import { performance } from "node:perf_hooks";
 import { readFileSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
+import os from "node:os";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 
 function usage(msg)
@@ -72,6 +73,15 @@ function parseArgs(argv)
 
 // Deterministic prompt ids in [3, vocab): skips the usual unk/bos/eos ids so no
 // special-token path is taken. xorshift32, so the same seed gives the same ids.
+// CPU seconds the whole machine has spent busy (all CPUs), from /proc/stat.
+// USER_HZ is 100 on every Linux this runs on.
+function machineBusySeconds()
+{
+    const f = readFileSync("/proc/stat", "utf8").split("\n")[0].trim().split(/\s+/).map(Number);
+    // user nice system idle iowait irq softirq steal
+    return (f[1] + f[2] + f[3] + f[6] + f[7] + f[8]) / 100;
+}
+
 function randomTokens(n, vocab, seed)
 {
     let x = (seed >>> 0) || 1;
@@ -140,6 +150,7 @@ async function main()
     for (let r = 0; r < o.runs; r++) {
         await sequence.clearHistory();
         const out = [];
+        const busy0 = machineBusySeconds(), cpu0 = process.cpuUsage();
         const t0 = performance.now();
         // temperature 0 = greedy; yieldEogToken so an end-of-generation id does
         // not cut the decode short (random weights produce any id).
@@ -157,6 +168,9 @@ async function main()
         const t2 = performance.now();
         threadsSeen.add(context.currentThreads);
         await it.return();
+        const cpu1 = process.cpuUsage(cpu0);
+        const own = (cpu1.user + cpu1.system) / 1e6;
+        const other = Math.max(0, machineBusySeconds() - busy0 - own);
         const decoded = out.length - 1; // evaluations after the first sampled token
         runs.push({
             prefill_ms: t1 - t0,
@@ -164,6 +178,8 @@ async function main()
             decode_tokens: decoded,
             decode_ms: t2 - t1,
             decode_tok_s: decoded / ((t2 - t1) / 1e3),
+            // CPU that other processes took meanwhile, as a share of the machine
+            other_pct_of_machine: Math.round(1000 * other / ((t2 - t0) / 1e3 * os.cpus().length)) / 10,
         });
         generated ??= out;
         process.stderr.write(`llama.cpp run ${r + 1}/${o.runs}: prefill ${prompt.length} tokens ` +
@@ -174,6 +190,9 @@ async function main()
         prefill_tok_s: Math.max(...runs.map(r => r.prefill_tok_s)),
         decode_tok_s: Math.max(...runs.map(r => r.decode_tok_s)),
     };
+    // Which of the shipped CPU backend variants ggml picked for this CPU.
+    const cpuBackends = [...new Set(readFileSync("/proc/self/maps", "utf8").split("\n")
+        .map(l => l.match(/(libggml-cpu-[\w-]+\.so)/)?.[1]).filter(Boolean))];
     const result = {
         engine: "llama.cpp",
         node_llama_cpp: pkgVersion,
@@ -182,6 +201,7 @@ async function main()
         gpu: llama.gpu,
         gpu_layers: model.gpuLayers,
         system_info: llama.systemInfo,
+        cpu_backend: cpuBackends,
         threads: [...threadsSeen],
         flash_attention: context.flashAttention,
         model: o.model,

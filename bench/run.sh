@@ -17,7 +17,7 @@
 # Models are made once with tools/gguf_gen.py into bench/models/ (about 4 GB for
 # the three) and reused. Environment:
 #   BUILD=build          build folder of the engine (`make BUILD=...`), membw goes there too
-#   SAMPAN=$BUILD/sampan the engine binary (built with make when missing)
+#   SAMPAN=...          an engine binary to use as is (default: make $BUILD/sampan first)
 #   PYTHON=/usr/bin/python3 (Debian's, with python3-numpy for the generator)
 set -euo pipefail
 
@@ -33,6 +33,7 @@ DO_LLAMACPP=1
 DO_SAMPAN=1
 WAIT_QUIET=0
 BUILD=${BUILD:-build}
+SAMPAN_GIVEN=${SAMPAN:+1}
 SAMPAN=${SAMPAN:-$BUILD/sampan}
 PYTHON=${PYTHON:-/usr/bin/python3}
 VOCAB_FROM=${VOCAB_FROM:-}
@@ -115,9 +116,10 @@ json.dump({'wall_s': round(wall, 3), 'own_cpu_s': round(own, 3), 'other_cpu_s': 
 
 # ---- tools ------------------------------------------------------------------
 mkdir -p "$BUILD" bench/models bench/out
-if [ "$DO_SAMPAN" = 1 ] && [ ! -x "$SAMPAN" ]; then
-    say "building $SAMPAN"
-    make BUILD="$BUILD" "$SAMPAN" >&2
+if [ "$DO_SAMPAN" = 1 ] && [ -z "$SAMPAN_GIVEN" ]; then
+    say "make $SAMPAN (incremental: the numbers are for the tree as it is)"
+    make BUILD="$BUILD" "$SAMPAN" > "$BUILD/bench-make.log" 2>&1 || {
+        tail -20 "$BUILD/bench-make.log" >&2; say "build failed"; exit 1; }
 fi
 MEMBW=$BUILD/membw
 if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ]; then
@@ -183,6 +185,8 @@ for t in $TYPES; do
     f=$(model_path "$t")
     echo "$ROOT/$f" > "$RAW/$t.model"
     cat "$f" > /dev/null   # into the page cache, so no run pays for the disk
+    wait_quiet
+    "$MEMBW" --json --runs 5 --size 512 > "$RAW/membw-$t.json"   # the bandwidth right now
     if [ "$DO_SAMPAN" = 1 ]; then
         for r in $(seq 1 "$RUNS"); do
             say "sampan $t run $r/$RUNS"

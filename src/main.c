@@ -29,6 +29,7 @@ static const command_t commands[] = {
     {"eval", sp_cmd_eval},
     {"inspect", sp_cmd_inspect},
     {"quantize", sp_cmd_quantize},
+    {"tokenize", sp_cmd_tokenize},
 };
 
 int

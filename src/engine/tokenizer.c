@@ -5,9 +5,10 @@
  * of the GGUF mapping into one owned blob, checks it as untrusted input
  * (RELIABILITY.md G14-G16) and builds a text -> id hash map. Tokenizing first
  * splits special-token texts out of the input (shared), then hands each run of
- * plain text to the encoder of the vocabulary's model. Only the llama
- * SentencePiece model exists so far; a byte-level BPE model slots in as another
- * sp_tok_model_t value with its own encode and piece functions.
+ * plain text to the encoder of the vocabulary's model: SentencePiece (here),
+ * byte-level BPE (tok_bpe.c) or WordPiece (tok_wpm.c). A built tokenizer is
+ * read-only: sp_tokenize may run on any number of threads at once, each call
+ * keeping its scratch state in its own heap buffers.
  *
  * The SPM encoder is the score-driven BPE llama.cpp's "llama" vocab runs:
  * spaces become U+2581, a dummy-prefix space goes in front of text that starts
@@ -26,38 +27,13 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "engine/tokenizer_impl.h"
 
 #define MAX_VOCAB (1 << 24) /* G15: larger vocabularies are refused */
-#define MAX_EOG 16
+#define MAX_EOG SP__TOK_MAX_EOG
 /* Longest input sp_tokenize accepts: symbol indices are int32 and the escaped
  * text (3 bytes per space) must stay below 2^31. */
 #define MAX_INPUT_BYTES ((size_t)1 << 29)
-
-typedef enum sp_tok_model {
-    SP_TOK_MODEL_SPM = 0, /* tokenizer.ggml.model = "llama" */
-} sp_tok_model_t;
-
-struct sp_tokenizer {
-    sp_tok_model_t model;
-    int32_t n_vocab;
-    char *blob;         /* all token texts back to back */
-    size_t *text_off;   /* (n_vocab + 1) offsets into blob */
-    float *scores;      /* (n_vocab) merge priority, higher first */
-    uint32_t *rank;     /* (n_vocab) dense rank of the score: 0 = highest */
-    size_t max_token_len; /* bytes of the longest token text */
-    bool cut_at_space;  /* no token has U+2581 after another character: words merge alone */
-    uint8_t *attr;      /* (n_vocab) sp_token_attr_t */
-    uint8_t *byte_val;  /* (n_vocab) the byte a BYTE token stands for */
-    int32_t *map;       /* (map_mask + 1) slots: token id or -1; open addressing */
-    size_t map_mask;
-    int32_t byte_id[256]; /* token for each raw byte (byte fallback), -1 if none */
-    int32_t *special;   /* (n_special) ids split out of the text, longest text first */
-    int32_t n_special;
-    int32_t bos, eos, unk, pad; /* -1 when none */
-    int32_t eog[MAX_EOG];
-    int n_eog;
-    bool add_bos, add_eos, add_space_prefix;
-};
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -82,9 +58,8 @@ hash_bytes(const char *p, size_t n)
     return h;
 }
 
-/* Id of the token whose text is exactly p[0..n), or -1. */
-static int32_t
-lookup(const sp_tokenizer_t *t, const char *p, size_t n)
+int32_t
+sp__tok_lookup(const sp_tokenizer_t *t, const char *p, size_t n)
 {
     size_t i = (size_t)hash_bytes(p, n) & t->map_mask;
     for (;;) {
@@ -300,10 +275,18 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     if (st != SP_OK) {
         return st;
     }
-    if (!sp_str_eq_c(model, "llama")) {
+    sp_tok_model_t kind;
+    if (sp_str_eq_c(model, "llama")) {
+        kind = SP_TOK_MODEL_SPM;
+    } else if (sp_str_eq_c(model, "gpt2")) {
+        kind = SP_TOK_MODEL_BPE;
+    } else if (sp_str_eq_c(model, "bert")) {
+        kind = SP_TOK_MODEL_WPM;
+    } else {
         int n = model.len > 64 ? 64 : (int)model.len;
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: tokenizer.ggml.model: model \"%.*s\" is not supported (only \"llama\")",
+                       "%s: tokenizer.ggml.model: model \"%.*s\" is not supported "
+                       "(\"llama\", \"gpt2\" and \"bert\" are)",
                        path, n, model.ptr);
     }
 
@@ -363,7 +346,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     if (t == NULL) {
         goto nomem;
     }
-    t->model = SP_TOK_MODEL_SPM;
+    t->model = kind;
     t->n_vocab = n;
     t->text_off = sp_calloc((size_t)n + 1, sizeof(size_t));
     t->scores = sp_calloc((size_t)n, sizeof(float));
@@ -438,22 +421,52 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         }
     }
 
-    /* Specials. llama.cpp's defaults for the llama model are unk 0, bos 1, eos 2;
-     * defaults that do not fit a tiny vocabulary become "none". */
-    t->unk = n > 0 ? 0 : -1;
-    t->bos = n > 1 ? 1 : -1;
-    t->eos = n > 2 ? 2 : -1;
-    t->pad = -1;
+    /* Specials. llama.cpp's defaults are unk 0, bos 1, eos 2 for the llama
+     * model, bos = eos = 11 for gpt2, and [UNK] 100, [CLS] 101, [SEP] 102,
+     * [PAD] 0 for bert; defaults that do not fit a small vocabulary become "none". */
     int32_t eot = -1, eom = -1;
-    t->add_bos = true;
+    t->pad = -1;
+    t->sep = -1;
     t->add_eos = false;
-    t->add_space_prefix = true;
+    t->add_sep = false;
+    switch (kind) {
+    case SP_TOK_MODEL_SPM:
+        t->unk = n > 0 ? 0 : -1;
+        t->bos = n > 1 ? 1 : -1;
+        t->eos = n > 2 ? 2 : -1;
+        t->add_bos = true;
+        t->add_space_prefix = true;
+        break;
+    case SP_TOK_MODEL_BPE:
+        t->unk = -1;
+        t->bos = t->eos = n > 11 ? 11 : -1;
+        t->add_bos = false;
+        t->add_space_prefix = false;
+        break;
+    case SP_TOK_MODEL_WPM:
+        t->unk = n > 100 ? 100 : -1;
+        t->bos = n > 101 ? 101 : -1; /* [CLS] */
+        t->eos = -1;
+        t->sep = n > 102 ? 102 : -1;
+        t->pad = n > 0 ? 0 : -1;
+        t->add_bos = true;
+        t->add_sep = true;
+        t->add_space_prefix = false;
+        break;
+    }
     if ((st = get_special_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eot_token_id", n, &eot, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err, err_len)) ||
+        (kind == SP_TOK_MODEL_WPM &&
+         ((st = get_special_id(g, "tokenizer.ggml.cls_token_id", n, &t->bos, err, err_len)) ||
+          /* the GGUF key is spelled "seperator"; accept the right spelling too */
+          (st = get_special_id(g, "tokenizer.ggml.seperator_token_id", n, &t->sep, err,
+                               err_len)) ||
+          (st = get_special_id(g, "tokenizer.ggml.separator_token_id", n, &t->sep, err,
+                               err_len)))) ||
         (st = get_opt_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err, err_len)) ||
         (st = get_opt_bool(g, "tokenizer.ggml.add_eos_token", &t->add_eos, err, err_len)) ||
         (st = get_opt_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err,
@@ -465,6 +478,9 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     }
     if (t->add_eos && t->eos < 0) {
         t->add_eos = false;
+    }
+    if (t->add_sep && t->sep < 0) {
+        t->add_sep = false;
     }
     if (!have_types) { /* give the special ids their roles */
         int32_t ctl[] = {t->bos, t->eos, t->pad, eot, eom};
@@ -489,8 +505,11 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     if ((st = build_map(t)) != SP_OK || (st = build_ranks(t)) != SP_OK) {
         goto nomem;
     }
+    if (kind == SP_TOK_MODEL_BPE && (st = sp__tok_bpe_init(t, g, err, err_len)) != SP_OK) {
+        goto fail;
+    }
     for (size_t k = 0; k < sizeof(eog_texts) / sizeof(eog_texts[0]); k++) {
-        int32_t id = lookup(t, eog_texts[k], strlen(eog_texts[k]));
+        int32_t id = sp__tok_lookup(t, eog_texts[k], strlen(eog_texts[k]));
         if (id >= 0 && t->attr[id] == SP_TOKEN_TYPE_CONTROL) {
             add_eog(t, id);
         }
@@ -509,7 +528,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     for (int b = 0; b < 256; b++) {
         if (t->byte_id[b] < 0) {
             char c = (char)b;
-            t->byte_id[b] = lookup(t, &c, 1);
+            t->byte_id[b] = sp__tok_lookup(t, &c, 1);
         }
     }
 
@@ -566,6 +585,7 @@ sp_tokenizer_destroy(sp_tokenizer_t *t)
     sp_free(t->byte_val);
     sp_free(t->map);
     sp_free(t->special);
+    sp__tok_bpe_free(t->bpe);
     sp_free(t);
 }
 
@@ -615,22 +635,6 @@ sp_tokenizer_token_text(const sp_tokenizer_t *t, int32_t id)
 }
 
 /* ---- output sink ------------------------------------------------------- */
-
-/* Counts every token but stores only the first cap (the sp_tokenize contract). */
-typedef struct tok_out {
-    int32_t *ids;
-    int64_t cap;
-    int64_t n;
-} tok_out_t;
-
-static void
-emit(tok_out_t *o, int32_t id)
-{
-    if (o->n < o->cap) {
-        o->ids[o->n] = id;
-    }
-    o->n++;
-}
 
 /* ---- special-token split ----------------------------------------------- */
 
@@ -823,7 +827,7 @@ spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left)
     if (size > t->max_token_len) {
         return 0; /* no token is that long: skip the hash */
     }
-    int32_t id = lookup(t, w->esc + l->off, size);
+    int32_t id = sp__tok_lookup(t, w->esc + l->off, size);
     if (id < 0) {
         return 0;
     }
@@ -862,7 +866,7 @@ is_space_mark(const char *p, size_t n)
 
 /* Merge the n_sym symbols of one chunk and emit its tokens. */
 static sp_status_t
-spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, tok_out_t *o)
+spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, sp__tok_out_t *o)
 {
     spm_symbol_t *sym = w->sym;
     sym[n_sym - 1].next = -1;
@@ -896,9 +900,9 @@ spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, tok_out_t
      * is not one falls back to its bytes. */
     for (int32_t i = 0; i >= 0; i = sym[i].next) {
         const spm_symbol_t *s = &sym[i];
-        int32_t id = lookup(t, w->esc + s->off, s->n);
+        int32_t id = sp__tok_lookup(t, w->esc + s->off, s->n);
         if (id >= 0) {
-            emit(o, id);
+            sp__tok_emit(o, id);
             continue;
         }
         for (uint32_t k = 0; k < s->n; k++) {
@@ -907,7 +911,7 @@ spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, tok_out_t
                 b = t->unk; /* no byte token; with no unk either the byte is dropped */
             }
             if (b >= 0) {
-                emit(o, b);
+                sp__tok_emit(o, b);
             }
         }
     }
@@ -922,7 +926,7 @@ spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, tok_out_t
  */
 static sp_status_t
 spm_encode_text(const sp_tokenizer_t *t, spm_work_t *w, const char *text, size_t len, bool prefix,
-                tok_out_t *o)
+                sp__tok_out_t *o)
 {
     /* Escape: optional dummy-prefix space, every ' ' as U+2581 (E2 96 81). */
     size_t m = 0;
@@ -960,7 +964,7 @@ spm_encode_text(const sp_tokenizer_t *t, spm_work_t *w, const char *text, size_t
 }
 
 static sp_status_t
-spm_tokenize(const sp_tokenizer_t *t, const char *text, const frag_list_t *fr, tok_out_t *o)
+spm_tokenize(const sp_tokenizer_t *t, const char *text, const frag_list_t *fr, sp__tok_out_t *o)
 {
     sp_status_t st = SP_OK;
     spm_work_t w = {0};
@@ -983,7 +987,7 @@ spm_tokenize(const sp_tokenizer_t *t, const char *text, const frag_list_t *fr, t
     bool prev_special = true;
     for (size_t f = 0; f < fr->n; f++) {
         if (fr->v[f].token >= 0) {
-            emit(o, fr->v[f].token);
+            sp__tok_emit(o, fr->v[f].token);
             prev_special = true;
             continue;
         }
@@ -1013,7 +1017,7 @@ sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
     if (len > MAX_INPUT_BYTES) {
         return SP_ERR_TOO_LARGE;
     }
-    tok_out_t o = {out, cap, 0};
+    sp__tok_out_t o = {out, cap, 0};
     frag_list_t fr = {0};
     sp_status_t st = split_special(t, text, len, parse_special, &fr);
     if (st != SP_OK) {
@@ -1021,26 +1025,37 @@ sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
     }
     /* add_bos is llama.cpp's add_special: BOS, and EOS, as the vocabulary asks. */
     if (add_bos && t->add_bos) {
-        emit(&o, t->bos);
+        sp__tok_emit(&o, t->bos);
     }
-    switch (t->model) {
-    case SP_TOK_MODEL_SPM:
+    if (t->model == SP_TOK_MODEL_SPM) {
         st = spm_tokenize(t, text, &fr, &o);
-        break;
+    } else {
+        for (size_t f = 0; f < fr.n && st == SP_OK; f++) {
+            const fragment_t *fg = &fr.v[f];
+            if (fg->token >= 0) {
+                sp__tok_emit(&o, fg->token);
+            } else if (t->model == SP_TOK_MODEL_BPE) {
+                st = sp__tok_bpe_encode(t, text + fg->off, fg->len, &o);
+            } else {
+                st = sp__tok_wpm_encode(t, text + fg->off, fg->len, &o);
+            }
+        }
     }
     sp_free(fr.v);
     if (st != SP_OK) {
         return st;
     }
     if (add_bos && t->add_eos) {
-        emit(&o, t->eos);
+        sp__tok_emit(&o, t->eos);
+    }
+    if (add_bos && t->add_sep) {
+        sp__tok_emit(&o, t->sep);
     }
     return o.n;
 }
 
-/* Copy n bytes to buf within cap; return n (the sp_token_to_piece contract). */
-static int32_t
-put_piece(const char *p, size_t n, char *buf, int32_t cap)
+int32_t
+sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap)
 {
     size_t c = cap > 0 ? (size_t)cap : 0;
     if (buf != NULL && c > 0) {
@@ -1074,13 +1089,13 @@ spm_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t 
     }
     case SP_TOKEN_TYPE_BYTE: {
         char c = (char)t->byte_val[id];
-        return put_piece(&c, 1, buf, cap);
+        return sp__tok_put_piece(&c, 1, buf, cap);
     }
     case SP_TOKEN_TYPE_USER_DEFINED:
-        return put_piece(s.ptr, s.len, buf, cap);
+        return sp__tok_put_piece(s.ptr, s.len, buf, cap);
     case SP_TOKEN_TYPE_CONTROL:
     case SP_TOKEN_TYPE_UNKNOWN:
-        return special ? put_piece(s.ptr, s.len, buf, cap) : 0;
+        return special ? sp__tok_put_piece(s.ptr, s.len, buf, cap) : 0;
     case SP_TOKEN_TYPE_UNDEFINED:
     case SP_TOKEN_TYPE_UNUSED:
         break;
@@ -1097,6 +1112,61 @@ sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, 
     switch (t->model) {
     case SP_TOK_MODEL_SPM:
         return spm_piece(t, id, special, buf, cap);
+    case SP_TOK_MODEL_BPE:
+        return sp__tok_bpe_piece(t, id, special, buf, cap);
+    case SP_TOK_MODEL_WPM:
+        return sp__tok_wpm_piece(t, id, special, buf, cap);
     }
     return SP_ERR_UNSUPPORTED;
+}
+
+/* ---- streaming detokenizer ------------------------------------------------ */
+
+/* Bytes at the end of p[0..n) that start a valid but unfinished UTF-8
+ * character (0 when the text ends on a character boundary or on bytes that
+ * can never become a character). */
+static int
+utf8_unfinished_tail(const unsigned char *p, size_t n)
+{
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = p[n - back];
+        if ((c & 0xC0) == 0x80) {
+            continue; /* a continuation byte: look further back for its lead */
+        }
+        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        return need > back ? (int)back : 0;
+    }
+    return 0;
+}
+
+int32_t
+sp_detok_push(const sp_tokenizer_t *t, sp_detok_t *d, int32_t id, bool special, char *buf,
+              int32_t cap)
+{
+    int32_t n = sp_token_to_piece(t, id, special, NULL, 0);
+    if (n < 0) {
+        return n;
+    }
+    int64_t total = (int64_t)d->n_held + n;
+    if (buf == NULL || cap < total) {
+        return (int32_t)total;
+    }
+    memcpy(buf, d->held, (size_t)d->n_held);
+    sp_token_to_piece(t, id, special, buf + d->n_held, n);
+    int tail = utf8_unfinished_tail((const unsigned char *)buf, (size_t)total);
+    memcpy(d->held, buf + total - tail, (size_t)tail);
+    d->n_held = tail;
+    return (int32_t)(total - tail);
+}
+
+int32_t
+sp_detok_flush(sp_detok_t *d, char *buf, int32_t cap)
+{
+    int32_t n = d->n_held;
+    if (buf == NULL || cap < n) {
+        return n;
+    }
+    memcpy(buf, d->held, (size_t)n);
+    d->n_held = 0;
+    return n;
 }

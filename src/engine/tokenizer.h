@@ -1,11 +1,17 @@
 /*
  * tokenizer.h - text <-> token ids from a GGUF file's tokenizer.ggml.* metadata.
  *
- * This first version implements the llama SentencePiece model
- * (tokenizer.ggml.model = "llama"): score-driven BPE merges over UTF-8
- * characters, "▁" (U+2581) for spaces with the dummy prefix, byte fallback to
- * <0xNN> tokens, and control tokens. Byte-level BPE (gpt2, llama3, qwen2, ...)
- * and WordPiece come with the tokenizer issue behind the same interface.
+ * Models (tokenizer.ggml.model): "llama", SentencePiece-style: score-driven
+ * merges over UTF-8 characters, "▁" (U+2581) for spaces with the dummy prefix,
+ * byte fallback to <0xNN> tokens; "gpt2", byte-level BPE with the
+ * pre-tokenizer regexes that tokenizer.ggml.pre names (gpt-2, llama-bpe,
+ * qwen2, deepseek-llm, deepseek-coder, falcon, starcoder, command-r, ...),
+ * merges ranked by tokenizer.ggml.merges; "bert", WordPiece with BERT's
+ * normalizer. Control and user-defined tokens are split out of the text
+ * before any of them runs (see sp_tokenize).
+ *
+ * Threads: a built tokenizer is read-only; any number of threads may call
+ * sp_tokenize and sp_token_to_piece on it at once.
  *
  * The vocabulary is untrusted (RELIABILITY.md G14-G16): element types, counts,
  * special ids, token lengths and <0xNN> spellings are checked at load.
@@ -62,6 +68,29 @@ int64_t sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool 
  * sequences back.
  */
 int32_t sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap);
+
+/*
+ * Streaming detokenizer: turns ids into text that never ends inside a UTF-8
+ * character. A piece that stops partway through a character (byte tokens, BPE
+ * pieces of a multi-byte character) is held back and completed by the next
+ * pieces; bytes that cannot start or continue a valid character pass through
+ * at once, so invalid output is never held forever. Zero-initialise.
+ */
+typedef struct sp_detok {
+    char held[4]; /* the start of an unfinished character */
+    int n_held;
+} sp_detok_t;
+
+/*
+ * Append id's piece: writes to buf the text that is complete so far and
+ * returns its byte count. Needs cap >= d->n_held + the piece's length
+ * (SP_TOKEN_MAX_BYTES + 4 always does); when cap is smaller nothing changes
+ * and the size needed is returned. Negative status for a bad id.
+ */
+int32_t sp_detok_push(const sp_tokenizer_t *t, sp_detok_t *d, int32_t id, bool special,
+                      char *buf, int32_t cap);
+/* End of stream: the held bytes (at most 4, cap must allow them) as they are. */
+int32_t sp_detok_flush(sp_detok_t *d, char *buf, int32_t cap);
 
 /* Raw vocabulary text of id (as stored), for inspect and debugging. */
 sp_str_t sp_tokenizer_token_text(const sp_tokenizer_t *t, int32_t id);

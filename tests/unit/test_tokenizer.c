@@ -3,6 +3,7 @@
  * vectors (tests/data/tokenizer), round trips, special tokens, hostile
  * vocabularies built in memory, and big or pathological inputs.
  */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "core/timer.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "sampan/log.h"
 #include "test.h"
 
 #define TOKDIR "tests/data/tokenizer/"
@@ -138,16 +140,32 @@ check_round_trip(const sp_tokenizer_t *t, const char *s, size_t len)
     free(ids);
 }
 
-/* Every string of NAME.inp must tokenize to the ids on the matching line of NAME.out. */
-static void
-check_vectors(const char *gguf, const char *inp, const char *outp)
+/* The tokenizer.ggml.model string of an open file ("llama", "gpt2", "bert"). */
+static bool
+model_is(const loaded_t *l, const char *want)
+{
+    sp_str_t m = {"", 0};
+    char err[128];
+    return sp_gguf_get_str(l->g, "tokenizer.ggml.model", &m, err, sizeof err) == SP_OK &&
+           sp_str_eq_c(m, want);
+}
+
+/*
+ * Every string of INP must tokenize (no BOS, specials not parsed: how the
+ * vectors were made) to the ids on the matching line of OUT. Each mismatch is
+ * printed with the text, expected and actual ids; returns the number of
+ * mismatches and adds the cases run to *n_cases. SPM and BPE also round-trip.
+ */
+static int
+check_vectors(const char *gguf, const char *inp, const char *outp, int *n_cases)
 {
     loaded_t l = load_file(gguf);
     size_t in_len, out_len;
     char *in = slurp(inp, &in_len), *out = slurp(outp, &out_len);
     ASSERT(in != NULL && out != NULL);
+    bool lossless = !model_is(&l, "bert"); /* WordPiece lowercases and drops accents */
 
-    int n_cases = 0;
+    int n = 0, bad = 0;
     char *cur = in, *line = out;
     for (;;) {
         char *end = strstr(cur, SEP);
@@ -157,7 +175,7 @@ check_vectors(const char *gguf, const char *inp, const char *outp)
         char *eol = strchr(line, '\n');
         ASSERT(eol != NULL);
         *eol = '\0';
-        int32_t want[1024];
+        static int32_t want[4096];
         int n_want = 0;
         for (char *q = line; *q;) {
             char *next;
@@ -165,49 +183,84 @@ check_vectors(const char *gguf, const char *inp, const char *outp)
             if (next == q) {
                 break;
             }
-            ASSERT(n_want < 1024);
+            ASSERT(n_want < 4096);
             want[n_want++] = (int32_t)v;
             q = next;
         }
         size_t len = (size_t)(end - cur);
-        int64_t n;
-        int32_t *got = tokenize(l.t, cur, len, false, false, &n);
-        bool same = n == n_want;
+        int64_t got_n;
+        int32_t *got = tokenize(l.t, cur, len, false, false, &got_n);
+        bool same = got_n == n_want;
         for (int i = 0; same && i < n_want; i++) {
             same = got[i] == want[i];
         }
         if (!same) {
-            fprintf(stderr, "  case %d \"%.*s\"\n  want:", n_cases, (int)len, cur);
+            fprintf(stderr, "  MISMATCH %s case %d \"%.*s\"\n    want:", inp, n, (int)len, cur);
             for (int i = 0; i < n_want; i++) fprintf(stderr, " %d", want[i]);
-            fprintf(stderr, "\n  got: ");
-            for (int64_t i = 0; i < n; i++) fprintf(stderr, " %d", got[i]);
+            fprintf(stderr, "\n    got: ");
+            for (int64_t i = 0; i < got_n; i++) fprintf(stderr, " %d", got[i]);
             fprintf(stderr, "\n");
-            SP_TEST_FAIL("%s: case %d differs", inp, n_cases);
+            bad++;
         }
         free(got);
-        check_round_trip(l.t, cur, len);
-        n_cases++;
+        if (lossless) {
+            check_round_trip(l.t, cur, len);
+        }
+        n++;
         cur = end + strlen(SEP);
         line = eol + 1;
     }
-    ASSERT_EQ(n_cases, 46);
+    ASSERT_EQ(n, 46);
+    *n_cases += n;
     free(in);
     free(out);
     unload(&l);
+    return bad;
 }
 
 /* ---- test vectors and real vocabularies -------------------------------- */
 
-TEST(tokenizer_vectors_llama_spm)
+/* Every NAME.gguf.inp/.out pair in tests/data/tokenizer whose NAME.gguf is
+ * there too; the ones without a vocabulary are counted and named. */
+TEST(tokenizer_vectors_all)
 {
-    check_vectors(TOKDIR "ggml-vocab-llama-spm.gguf", TOKDIR "ggml-vocab-llama-spm.gguf.inp",
-                  TOKDIR "ggml-vocab-llama-spm.gguf.out");
-}
-
-TEST(tokenizer_vectors_phi3)
-{
-    check_vectors(TOKDIR "ggml-vocab-phi-3.gguf", TOKDIR "ggml-vocab-phi-3.gguf.inp",
-                  TOKDIR "ggml-vocab-phi-3.gguf.out");
+    DIR *d = opendir(TOKDIR);
+    ASSERT(d != NULL);
+    char names[64][128];
+    int n_names = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t k = strlen(e->d_name);
+        if (k > 4 && k < 120 && strcmp(e->d_name + k - 4, ".inp") == 0 && n_names < 64) {
+            memcpy(names[n_names], e->d_name, k - 4);
+            names[n_names++][k - 4] = '\0';
+        }
+    }
+    closedir(d);
+    qsort(names, (size_t)n_names, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    int n_vocab = 0, n_cases = 0, n_bad = 0;
+    for (int i = 0; i < n_names; i++) {
+        char gguf[256], inp[256], outp[256];
+        snprintf(gguf, sizeof gguf, TOKDIR "%.120s", names[i]);
+        snprintf(inp, sizeof inp, TOKDIR "%.120s.inp", names[i]);
+        snprintf(outp, sizeof outp, TOKDIR "%.120s.out", names[i]);
+        FILE *f = fopen(gguf, "rb");
+        if (f == NULL) {
+            fprintf(stderr, "  %-34s no vocabulary here (vectors only)\n", names[i]);
+            continue;
+        }
+        fclose(f);
+        int cases = 0;
+        int bad = check_vectors(gguf, inp, outp, &cases);
+        fprintf(stderr, "  %-34s %2d vectors, %d mismatches\n", names[i], cases, bad);
+        n_vocab++;
+        n_cases += cases;
+        n_bad += bad;
+    }
+    fprintf(stderr, "  tokenizer vectors: %d vectors over %d vocabularies, %d mismatches\n",
+            n_cases, n_vocab, n_bad);
+    ASSERT_EQ(n_bad, 0);
+    ASSERT(n_vocab >= 10);
 }
 
 TEST(tokenizer_baichuan_round_trip)
@@ -352,6 +405,240 @@ TEST(tokenizer_phi3_user_defined_and_eog)
     unload(&l);
 }
 
+/* ---- byte-level BPE and WordPiece --------------------------------------- */
+
+TEST(tokenizer_bpe_specials_and_pieces)
+{
+    loaded_t l = load_file(TOKDIR "ggml-vocab-gpt-2.gguf");
+    const sp_tokenizer_t *t = l.t;
+    ASSERT_EQ(sp_tokenizer_n_vocab(t), 50257);
+    ASSERT_EQ(sp_tokenizer_eos(t), 50256);
+    ASSERT(sp_tokenizer_is_eog(t, 50256));
+    ASSERT(!sp_tokenizer_add_bos(t));
+    int64_t n;
+    const char *s = "Hello<|endoftext|> world";
+    int32_t *ids = tokenize(t, s, strlen(s), true, true, &n);
+    ASSERT_EQ(n, 3);
+    ASSERT_EQ(ids[0], 15496);
+    ASSERT_EQ(ids[1], 50256);
+    ASSERT_EQ(ids[2], 995);
+    free(ids);
+    ids = tokenize(t, s, strlen(s), true, false, &n); /* not parsed: ordinary text */
+    ASSERT(n > 3);
+    for (int64_t i = 0; i < n; i++) {
+        ASSERT(ids[i] != 50256);
+    }
+    free(ids);
+    check_round_trip(t, s, strlen(s));
+    char buf[32];
+    ASSERT_EQ(sp_token_to_piece(t, 995, false, buf, sizeof buf), 6); /* "Ġworld" */
+    ASSERT(memcmp(buf, " world", 6) == 0);
+    ASSERT_EQ(sp_token_to_piece(t, 50256, false, buf, sizeof buf), 0);
+    ASSERT_EQ(sp_token_to_piece(t, 50256, true, buf, sizeof buf), 13);
+    unload(&l);
+
+    /* deepseek: add_bos from the file; BOS is its control token */
+    l = load_file(TOKDIR "ggml-vocab-deepseek-coder.gguf");
+    ASSERT(sp_tokenizer_add_bos(l.t));
+    ids = tokenize(l.t, "x", 1, true, false, &n);
+    ASSERT_EQ(ids[0], 32013);
+    free(ids);
+    unload(&l);
+
+    /* MPT: runs of spaces are user-defined tokens, split out even without parse_special */
+    l = load_file(TOKDIR "ggml-vocab-mpt.gguf");
+    ids = tokenize(l.t, "a    b", 6, false, false, &n);
+    ASSERT(n >= 3);
+    sp_str_t sp4 = sp_tokenizer_token_text(l.t, ids[1]);
+    ASSERT(sp4.len == 4 && memcmp(sp4.ptr, "    ", 4) == 0);
+    free(ids);
+    unload(&l);
+}
+
+TEST(tokenizer_wpm_basics)
+{
+    loaded_t l = load_file(TOKDIR "ggml-vocab-bert-bge.gguf");
+    const sp_tokenizer_t *t = l.t;
+    int64_t n;
+    /* [CLS] hello , world ! [SEP]; accents stripped and lowercased */
+    const char *s = "H\xC3\xA9llo, WORLD!";
+    int32_t *ids = tokenize(t, s, strlen(s), true, false, &n);
+    int32_t want[] = {101, 7592, 1010, 2088, 999, 102};
+    ASSERT_EQ(n, 6);
+    for (int i = 0; i < 6; i++) {
+        ASSERT_EQ(ids[i], want[i]);
+    }
+    free(ids);
+    /* a word of 101 characters is [UNK] as a whole; control characters vanish */
+    char word[101];
+    memset(word, 'a', sizeof word);
+    ids = tokenize(t, word, sizeof word, false, false, &n);
+    ASSERT_EQ(n, 1);
+    ASSERT_EQ(ids[0], 100);
+    free(ids);
+    ids = tokenize(t, "\x01\x7f\xC2\x85", 4, false, false, &n);
+    ASSERT_EQ(n, 0);
+    free(ids);
+    char buf[32];
+    ASSERT_EQ(sp_token_to_piece(t, 7592, false, buf, sizeof buf), 6); /* "▁hello" */
+    ASSERT(memcmp(buf, " hello", 6) == 0);
+    ASSERT_EQ(sp_token_to_piece(t, 101, false, buf, sizeof buf), 0);
+    unload(&l);
+}
+
+/* Streaming: never half a UTF-8 character out, whatever the pieces are. */
+TEST(tokenizer_detok_streaming)
+{
+    loaded_t l = load_file(TOKDIR "ggml-vocab-llama-spm.gguf");
+    const sp_tokenizer_t *t = l.t;
+    int64_t n;
+    const char *s = "\xF0\x9F\xA6\x99 ok \xE4\xB8\xAD";
+    int32_t *ids = tokenize(t, s, strlen(s), false, false, &n);
+    char out[256], buf[SP_TOKEN_MAX_BYTES + 8];
+    size_t used = 0;
+    sp_detok_t d = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int32_t k = sp_detok_push(t, &d, ids[i], false, buf, (int32_t)sizeof buf);
+        ASSERT(k >= 0);
+        /* what came out so far ends on a character boundary */
+        memcpy(out + used, buf, (size_t)k);
+        used += (size_t)k;
+        ASSERT(used == 0 || ((unsigned char)out[used - 1] & 0xC0) != 0xC0);
+        if (used > 0 && ((unsigned char)out[used - 1] & 0x80)) {
+            size_t j = used - 1;
+            while (j > 0 && ((unsigned char)out[j] & 0xC0) == 0x80) {
+                j--;
+            }
+            unsigned char lead = (unsigned char)out[j];
+            size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+            ASSERT_EQ(used - j, need);
+        }
+    }
+    used += (size_t)sp_detok_flush(&d, out + used, 4);
+    ASSERT_EQ(used, strlen(s) + 1); /* the dummy-prefix space */
+    ASSERT(memcmp(out + 1, s, strlen(s)) == 0);
+    /* a stray continuation byte is not held; an unfinished lead is, until flushed */
+    sp_detok_t d2 = {0};
+    ASSERT_EQ(sp_detok_push(t, &d2, 3 + 0x80, false, buf, (int32_t)sizeof buf), 1);
+    ASSERT_EQ(sp_detok_push(t, &d2, 3 + 0xE4, false, buf, (int32_t)sizeof buf), 0);
+    ASSERT_EQ(d2.n_held, 1);
+    ASSERT_EQ(sp_detok_push(t, &d2, 3 + 0x41, false, buf, 1), 2); /* too small: nothing moves */
+    ASSERT_EQ(d2.n_held, 1);
+    ASSERT_EQ(sp_detok_push(t, &d2, 3 + 0x41, false, buf, (int32_t)sizeof buf), 2);
+    ASSERT_EQ(sp_detok_flush(&d2, buf, 4), 0);
+    free(ids);
+    unload(&l);
+}
+
+/* GPT-2's vocabulary with its merges or pre-tokenizer replaced. */
+static sp_status_t
+gpt2_variant(const char *pre, const char *const *merges, uint64_t n_merges, sp_tokenizer_t **t,
+             char *err, size_t err_len)
+{
+    sp_gguf_t *src = NULL, *g = NULL;
+    sp_gguf_writer_t *w = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    ASSERT_OK(sp_gguf_open(TOKDIR "ggml-vocab-gpt-2.gguf", &src, err, err_len));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, src));
+    if (pre != NULL) {
+        ASSERT_OK(sp_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre));
+    }
+    if (merges != NULL) {
+        ASSERT_OK(sp_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, n_merges));
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &bytes, &len, err, err_len));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(src);
+    ASSERT_OK(sp_gguf_open_mem(bytes, len, "variant.gguf", &g, err, err_len));
+    sp_status_t st = sp_tokenizer_from_gguf(g, t, err, err_len);
+    sp_gguf_close(g);
+    sp_free(bytes);
+    return st;
+}
+
+TEST(tokenizer_bpe_untrusted_merges)
+{
+    char err[256];
+    sp_tokenizer_t *t = NULL;
+    /* "h e" and "he llo"... only merges over existing tokens count; the rest are skipped */
+    static const char *const merges[] = {"h e", "nospace", " x", "e", "he qqxj", "l l", "ll o",
+                                         "zzzz qqqq", "he llo"};
+    sp_log_set_level(SP_LOG_LEVEL_ERROR); /* the skip warning is expected */
+    ASSERT_OK(gpt2_variant(NULL, merges, sizeof merges / sizeof merges[0], &t, err, sizeof err));
+    sp_log_set_level(SP_LOG_LEVEL_INFO);
+    int32_t ids[8];
+    /* h e -> he; l l -> ll; ll o -> llo; he llo -> hello */
+    ASSERT_EQ(sp_tokenize(t, "hello", 5, false, false, ids, 8), 1);
+    ASSERT_EQ(ids[0], 31373);
+    sp_tokenizer_destroy(t);
+
+    ASSERT_EQ(gpt2_variant("no-such-pre", NULL, 0, &t, err, sizeof err), SP_ERR_UNSUPPORTED);
+    ASSERT(t == NULL);
+    ASSERT(strstr(err, "variant.gguf") != NULL && strstr(err, "tokenizer.ggml.pre") != NULL);
+}
+
+#include <pthread.h>
+
+typedef struct tok_job {
+    const sp_tokenizer_t *t;
+    const char *text;
+    size_t len;
+    int64_t n;
+    uint64_t hash;
+} tok_job_t;
+
+static void *
+tok_thread(void *arg)
+{
+    tok_job_t *j = arg;
+    for (int r = 0; r < 20; r++) {
+        int32_t ids[4096];
+        int64_t n = sp_tokenize(j->t, j->text, j->len, true, true, ids, 4096);
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (int64_t i = 0; i < n && i < 4096; i++) {
+            h = (h ^ (uint32_t)ids[i]) * 0x100000001b3ull;
+        }
+        if (r > 0 && (n != j->n || h != j->hash)) {
+            j->n = -1; /* a different answer on a later round */
+            return NULL;
+        }
+        j->n = n;
+        j->hash = h;
+    }
+    return NULL;
+}
+
+/* One tokenizer, several threads at once: each gets the single-threaded answer. */
+TEST(tokenizer_concurrent_calls)
+{
+    static const char *const files[] = {"gpt-2", "llama-spm", "bert-bge"};
+    size_t in_len;
+    char *in = slurp(TOKDIR "ggml-vocab-gpt-2.gguf.inp", &in_len);
+    ASSERT(in != NULL);
+    for (size_t f = 0; f < 3; f++) {
+        char path[128];
+        snprintf(path, sizeof path, TOKDIR "ggml-vocab-%s.gguf", files[f]);
+        loaded_t l = load_file(path);
+        tok_job_t ref = {l.t, in, in_len, 0, 0}, jobs[4];
+        tok_thread(&ref);
+        ASSERT(ref.n > 0);
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            jobs[i] = (tok_job_t){l.t, in, in_len, 0, 0};
+            ASSERT_EQ(pthread_create(&th[i], NULL, tok_thread, &jobs[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            ASSERT_EQ(jobs[i].n, ref.n);
+            ASSERT_EQ(jobs[i].hash, ref.hash);
+        }
+        unload(&l);
+    }
+    free(in);
+}
+
 /* ---- big and hostile inputs -------------------------------------------- */
 
 static uint64_t
@@ -424,6 +711,165 @@ TEST(tokenizer_megabyte_pathological)
     ASSERT(time_tokenize(l.t, buf, mb, "1 MiB of ' '", &n) < limit_ms);
     free(buf);
     unload(&l);
+}
+
+/* 1 MiB per input, a quarter of that in sanitizer builds (several times slower). */
+#if defined(__SANITIZE_ADDRESS__)
+#define BIG_INPUT ((size_t)1 << 18)
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BIG_INPUT ((size_t)1 << 18)
+#endif
+#endif
+#ifndef BIG_INPUT
+#define BIG_INPUT ((size_t)1 << 20)
+#endif
+
+/* Fill buf[0..n) with the 1 MiB input of kind k; returns its name or NULL past the last. */
+static const char *
+fill_kind(int k, char *buf, size_t n)
+{
+    static const char *units[] = {"a", " ", "\n", "1", "!", " a", "a ", "\xC3\xA9", "\xE4\xB8\xAD",
+                                  " \n", "'s", "\t", "\xF0\x9F\xA6\x99"};
+    static const char *names[] = {"'a'", "' '", "'\\n'", "'1'", "'!'", "' a'", "'a '", "'é'",
+                                  "'中'", "' \\n'", "\"'s\"", "'\\t'", "'🦙'"};
+    const int n_units = (int)(sizeof units / sizeof units[0]);
+    if (k < n_units) {
+        size_t u = strlen(units[k]);
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = units[k][i % u];
+        }
+        return names[k];
+    }
+    k -= n_units;
+    if (k == 0) { /* spaces up to one letter at the end: the \s+(?!\S) backtracking case */
+        memset(buf, ' ', n);
+        buf[n - 1] = 'x';
+        return "spaces then 'x'";
+    }
+    if (k == 1) {
+        uint64_t seed = 7;
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            uint64_t r = rng_next(&seed);
+            memcpy(buf + i, &r, 8);
+        }
+        return "random bytes";
+    }
+    if (k == 2) {
+        size_t in_len;
+        char *in = slurp(TOKDIR "ggml-vocab-llama-spm.gguf.inp", &in_len);
+        ASSERT(in != NULL);
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = in[i % in_len];
+        }
+        free(in);
+        return "test text";
+    }
+    return NULL;
+}
+
+/* Tokenize every kind of 1 MiB input; print times; fail on anything that looks quadratic. */
+static void
+megabyte_kinds(const sp_tokenizer_t *t, const char *label, size_t mb)
+{
+    char *buf = malloc(mb);
+    ASSERT(buf != NULL);
+    double total = 0, worst = 0;
+    const char *worst_name = "";
+    fprintf(stderr, "  %s, %zu KiB each:", label, mb >> 10);
+    for (int k = 0;; k++) {
+        const char *name = fill_kind(k, buf, mb);
+        if (name == NULL) {
+            break;
+        }
+        int64_t t0 = sp_time_ns();
+        int64_t n = sp_tokenize(t, buf, mb, false, false, NULL, 0);
+        double ms = (double)(sp_time_ns() - t0) / 1e6;
+        if (n < 0) {
+            SP_TEST_FAIL("%s: %zu KiB of %s: status %lld", label, mb >> 10, name, (long long)n);
+        }
+        fprintf(stderr, " %s %.0f", name, ms);
+        total += ms;
+        if (ms > worst) {
+            worst = ms;
+            worst_name = name;
+        }
+        /* loose on purpose (sanitizers, a busy machine): quadratic would be minutes */
+        if (ms > 8000.0 * (double)mb / (1 << 20)) {
+            SP_TEST_FAIL("%s: %zu KiB of %s took %.0f ms", label, mb >> 10, name, ms);
+        }
+    }
+    fprintf(stderr, " ms (total %.0f, worst %s)\n", total, worst_name);
+    free(buf);
+}
+
+static void
+megabyte_file(const char *name, size_t size)
+{
+    char path[128];
+    snprintf(path, sizeof path, TOKDIR "ggml-vocab-%s.gguf", name);
+    loaded_t l = load_file(path);
+    megabyte_kinds(l.t, name, size);
+    unload(&l);
+}
+
+/* 1 MiB of each kind for each model type; an eighth of that for the other BPE
+ * families (what they add is their regexes: a quadratic one would still take minutes). */
+TEST(tokenizer_megabyte_spm) { megabyte_file("llama-spm", BIG_INPUT); }
+TEST(tokenizer_megabyte_bpe) { megabyte_file("gpt-2", BIG_INPUT); }
+TEST(tokenizer_megabyte_wpm) { megabyte_file("bert-bge", BIG_INPUT); }
+
+TEST(tokenizer_megabyte_bpe_families)
+{
+    static const char *const names[] = {"falcon", "deepseek-llm", "deepseek-coder", "starcoder"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        megabyte_file(names[i], BIG_INPUT / 8);
+    }
+}
+
+/* Every pre-tokenizer we know, on GPT-2's vocabulary with tokenizer.ggml.pre
+ * replaced: each compiles, and none blows up on long repeats. */
+static void
+megabyte_pres(const char *const *pres, size_t n_pres)
+{
+    char err[256];
+    sp_gguf_t *src = NULL;
+    ASSERT_OK(sp_gguf_open(TOKDIR "ggml-vocab-gpt-2.gguf", &src, err, sizeof err));
+    for (size_t i = 0; i < n_pres; i++) {
+        sp_gguf_writer_t *w = NULL;
+        void *bytes = NULL;
+        size_t len = 0;
+        ASSERT_OK(sp_gguf_writer_create(&w));
+        ASSERT_OK(sp_gguf_writer_copy_kv(w, src));
+        ASSERT_OK(sp_gguf_writer_set_str(w, "tokenizer.ggml.pre", pres[i]));
+        ASSERT_OK(sp_gguf_writer_write_mem(w, &bytes, &len, err, sizeof err));
+        sp_gguf_writer_destroy(w);
+        sp_gguf_t *g = NULL;
+        sp_tokenizer_t *t = NULL;
+        ASSERT_OK(sp_gguf_open_mem(bytes, len, "pre.gguf", &g, err, sizeof err));
+        if (sp_tokenizer_from_gguf(g, &t, err, sizeof err) != SP_OK) {
+            SP_TEST_FAIL("pre %s: %s", pres[i], err);
+        }
+        megabyte_kinds(t, pres[i], BIG_INPUT / 8);
+        sp_tokenizer_destroy(t);
+        sp_gguf_close(g);
+        sp_free(bytes);
+    }
+    sp_gguf_close(src);
+}
+
+TEST(tokenizer_megabyte_pre_a)
+{
+    static const char *const pres[] = {"default", "llama-bpe", "qwen2", "dbrx", "tekken",
+                                       "gpt-4o"};
+    megabyte_pres(pres, sizeof pres / sizeof pres[0]);
+}
+
+TEST(tokenizer_megabyte_pre_b)
+{
+    static const char *const pres[] = {"chameleon", "deepseek-v3", "poro-chat", "viking",
+                                       "command-r", "mpt"};
+    megabyte_pres(pres, sizeof pres / sizeof pres[0]);
 }
 
 TEST(tokenizer_invalid_utf8)
@@ -716,8 +1162,10 @@ TEST(tokenizer_small_vocab_merges)
 TEST(tokenizer_rejects_bad_vocab)
 {
     vocab_t v = vocab_defaults();
-    v.model = "gpt2";
+    v.model = "rwkv";
     expect_reject(&v, SP_ERR_UNSUPPORTED, "tokenizer.ggml.model");
+    v.model = "gpt2"; /* byte-level BPE needs its merges */
+    expect_reject(&v, SP_ERR_FORMAT, "tokenizer.ggml.merges");
     v = vocab_defaults();
     v.model = NULL;
     expect_reject(&v, SP_ERR_NOT_FOUND, "tokenizer.ggml.model");
@@ -816,5 +1264,46 @@ TEST(tokenizer_load_oom_no_leak)
         ASSERT_EQ(sp_alloc_bytes_in_use(), base2);
     }
     sp_tokenizer_destroy(t);
+    sp_gguf_close(g);
+}
+
+/* Byte-level BPE: every allocation of the load (PCRE2's included, which go
+ * through sp_malloc) and of a call may fail without a crash or a leak. */
+TEST(tokenizer_bpe_oom_no_leak)
+{
+    char err[256];
+    sp_gguf_t *g = NULL;
+    ASSERT_OK(sp_gguf_open(TOKDIR "ggml-vocab-deepseek-coder.gguf", &g, err, sizeof err));
+    size_t base = sp_alloc_bytes_in_use();
+    int failures = 0;
+    sp_tokenizer_t *t = NULL;
+    for (int64_t k = 0; k < 400; k++) {
+        sp_alloc_fail_after(k);
+        sp_status_t st = sp_tokenizer_from_gguf(g, &t, err, sizeof err);
+        sp_alloc_fail_after(-1);
+        if (st == SP_OK) {
+            break;
+        }
+        ASSERT_EQ(st, SP_ERR_NOMEM);
+        ASSERT(t == NULL);
+        ASSERT_EQ(sp_alloc_bytes_in_use(), base);
+        failures++;
+    }
+    ASSERT(t != NULL);
+    ASSERT(failures > 5);
+    size_t base2 = sp_alloc_bytes_in_use();
+    const char *s = "Hello world, 你好 123!\n<｜begin▁of▁sentence｜>x";
+    int64_t want = sp_tokenize(t, s, strlen(s), true, true, NULL, 0);
+    ASSERT(want > 5);
+    for (int64_t k = 0; k < 12; k++) {
+        int32_t ids[64];
+        sp_alloc_fail_after(k);
+        int64_t n = sp_tokenize(t, s, strlen(s), true, true, ids, 64);
+        sp_alloc_fail_after(-1);
+        ASSERT(n == SP_ERR_NOMEM || n == want);
+        ASSERT_EQ(sp_alloc_bytes_in_use(), base2);
+    }
+    sp_tokenizer_destroy(t);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base);
     sp_gguf_close(g);
 }
