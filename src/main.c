@@ -16,6 +16,7 @@ static const char usage[] =
     "  eval      evaluate token ids: logits and timings (tests, benchmarks)\n"
     "  inspect   describe a GGUF file: metadata, tensors, memory estimate\n"
     "  quantize  convert a GGUF model's weights to f16, bf16, q8_0, q4_0, q4_k or q6_k\n"
+    "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
