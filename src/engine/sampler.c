@@ -353,13 +353,27 @@ radix_sort(uint64_t *key, uint64_t *tmp, int32_t n, int lo, int hi)
     return key;
 }
 
+void
+sp_sampler_apply_penalties(sp_sampler_t *s, float *logits)
+{
+    apply_penalties(s, logits); /* a NaN logit stays NaN through them */
+}
+
 int32_t
 sp_sampler_sample(sp_sampler_t *s, float *logits)
+{
+    apply_penalties(s, logits);
+    return sp_sampler_sample_penalized(s, logits);
+}
+
+/* Past this point the logits are only read (after NaN -> -inf): the
+ * per-candidate weights live in s->weight (sampler.h promises this). */
+int32_t
+sp_sampler_sample_penalized(sp_sampler_t *s, float *logits)
 {
     const sp_sampler_params_t *p = &s->p;
     int32_t n = s->n_vocab;
 
-    apply_penalties(s, logits); /* a NaN logit stays NaN through them */
     int32_t best = clean_argmax(logits, n);
     if (p->temperature == 0.0f || p->top_k == 1 || isinf(logits[best])) {
         /* greedy; +inf dominates; all -inf leaves nothing to weigh */

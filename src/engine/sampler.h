@@ -40,5 +40,13 @@ void sp_sampler_reset(sp_sampler_t *s, uint64_t seed); /* forget history, reseed
 void sp_sampler_accept(sp_sampler_t *s, int32_t token);
 /* Sample from n_vocab logits; `logits` is used as scratch and modified. */
 int32_t sp_sampler_sample(sp_sampler_t *s, float *logits);
+/*
+ * The two halves of sp_sampler_sample, for callers that need the penalised
+ * logits in between (log-probabilities, constrained decoding): apply the
+ * penalties in place, then sample without applying them again. The second
+ * half changes the logits only by turning NaN into -inf.
+ */
+void sp_sampler_apply_penalties(sp_sampler_t *s, float *logits);
+int32_t sp_sampler_sample_penalized(sp_sampler_t *s, float *logits);
 
 #endif /* SP_ENGINE_SAMPLER_H */

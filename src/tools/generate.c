@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "engine/gen.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "tools/cli.h"
@@ -76,12 +77,14 @@ static const char run_usage[] =
     "      --seed S           sampling seed (default 0xC0FFEE)\n"
     "      --no-bos           do not prepend BOS\n"
     "      --ignore-eos       keep generating past end-of-sequence\n"
-    "Text goes to stdout as it is generated; timings go to stderr.\n";
+    "      --stop STR         end the text before STR (repeatable, up to 16)\n"
+    "      --json             constrain the output to one JSON object\n"
+    "Text goes to stdout as it is generated; timings and the finish reason go to stderr.\n";
 
 enum {
     OPT_TEMP = 256, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_FREQ, OPT_PRES, OPT_SEED,
     OPT_NO_BOS, OPT_IGNORE_EOS, OPT_TOKENS, OPT_LOGITS_OUT, OPT_DECODE, OPT_RANDOM, OPT_GEN,
-    OPT_BATCH,
+    OPT_BATCH, OPT_STOP, OPT_JSON,
 };
 
 static const struct option run_opts[] = {
@@ -100,6 +103,8 @@ static const struct option run_opts[] = {
     {"seed", required_argument, 0, OPT_SEED},
     {"no-bos", no_argument, 0, OPT_NO_BOS},
     {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+    {"stop", required_argument, 0, OPT_STOP},
+    {"json", no_argument, 0, OPT_JSON},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -144,7 +149,8 @@ sp_cmd_run(int argc, char **argv)
 {
     const char *model = NULL, *prompt = "";
     int64_t n_predict = 128, n_threads = 0, n_ctx = 0, v;
-    bool add_bos = true, ignore_eos = false;
+    bool add_bos = true;
+    sp_gen_params_t gp = sp_gen_default_params();
     sp_sampler_params_t sp = sp_sampler_default_params();
     int opt, rc = 1;
 
@@ -166,7 +172,16 @@ sp_cmd_run(int argc, char **argv)
         case OPT_PRES: bad = parse_f32(optarg, "--presence-penalty", &sp.presence_penalty); break;
         case OPT_SEED: bad = parse_i64(optarg, "--seed", 0, INT64_MAX, &v); sp.seed = (uint64_t)v; break;
         case OPT_NO_BOS: add_bos = false; break;
-        case OPT_IGNORE_EOS: ignore_eos = true; break;
+        case OPT_IGNORE_EOS: gp.ignore_eos = true; break;
+        case OPT_STOP:
+            if (gp.n_stop == SP_GEN_MAX_STOP) {
+                fprintf(stderr, "sampan: at most %d --stop strings\n", SP_GEN_MAX_STOP);
+                bad = 1;
+                break;
+            }
+            gp.stop[gp.n_stop++] = optarg;
+            break;
+        case OPT_JSON: gp.json_object = true; break;
         case 'h': fputs(run_usage, stdout); return 0;
         default: fputs(run_usage, stderr); return 2;
         }
@@ -178,21 +193,19 @@ sp_cmd_run(int argc, char **argv)
         fputs(run_usage, stderr);
         return 2;
     }
+    gp.sampling = sp;
 
     sp_model_t *m = NULL;
     sp_ctx_t *c = NULL;
-    sp_sampler_t *smp = NULL;
+    sp_gen_t *gen = NULL;
     int32_t *toks = NULL;
+    float *logits = NULL;
     char err[512];
     if (open_model(model, n_ctx, 0, (int)n_threads, false, &m, &c) != 0) {
         return 1;
     }
     const sp_tokenizer_t *tok = sp_model_tokenizer(m);
     const sp_hparams_t *hp = sp_model_hparams(m);
-    if (sp_sampler_create(&sp, (int32_t)hp->n_vocab, &smp, err, sizeof err) != SP_OK) {
-        fprintf(stderr, "sampan: %s\n", err);
-        goto done;
-    }
 
     /* Tokenize the prompt; an empty prompt still starts from BOS. */
     int64_t n_ctx_eff = sp_ctx_n_ctx(c);
@@ -219,9 +232,14 @@ sp_cmd_run(int argc, char **argv)
                 (long long)n_prompt, (long long)n_ctx_eff);
         goto done;
     }
-    for (int64_t i = 0; i < n_prompt; i++) {
-        sp_sampler_accept(smp, toks[i]);
+    /* The last token the context can hold is generated but not evaluated. */
+    int64_t budget = n_ctx_eff - n_prompt < n_predict ? n_ctx_eff - n_prompt : n_predict;
+    gp.max_tokens = budget > 0 ? (int32_t)budget : 1;
+    if (sp_gen_create(tok, &gp, &gen, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan: %s\n", err);
+        goto done;
     }
+    sp_gen_accept_prompt(gen, toks, n_prompt);
     fputs(prompt, stdout);
     fflush(stdout);
 
@@ -232,61 +250,53 @@ sp_cmd_run(int argc, char **argv)
     }
     t_prefill = sp_time_ns() - t_prefill;
 
-    /* Decode loop: sample, print the piece (holding back split UTF-8), feed it back. */
-    float *logits = sp_malloc((size_t)hp->n_vocab * sizeof(float));
+    /* Decode loop: sp_gen picks the token and releases the text that is final
+     * (whole UTF-8 characters, nothing that may still become a stop string);
+     * the token goes back into the model until the generation finishes. */
+    logits = sp_malloc((size_t)hp->n_vocab * sizeof(float));
     if (logits == NULL) {
+        fprintf(stderr, "sampan: out of memory\n");
         goto done;
     }
-    char pend[256];
-    size_t n_pend = 0;
-    int64_t n_gen = 0, pos = n_prompt, t_decode = sp_time_ns();
-    while (n_gen < n_predict && pos < n_ctx_eff) {
+    int64_t pos = n_prompt, t_decode = sp_time_ns();
+    const char *finish = "length";
+    rc = 0;
+    while (budget > 0) {
         memcpy(logits, sp_ctx_logits(c), (size_t)hp->n_vocab * sizeof(float));
-        int32_t id = sp_sampler_sample(smp, logits);
-        n_gen++;
-        if (!ignore_eos && sp_tokenizer_is_eog(tok, id)) {
+        sp_gen_token_t t;
+        sp_status_t st = sp_gen_step(gen, logits, &t);
+        if (st != SP_OK) {
+            fprintf(stderr, "sampan: %s\n", sp_gen_error(gen));
+            finish = "error";
+            rc = 1;
             break;
         }
-        sp_sampler_accept(smp, id);
-        int32_t n = sp_token_to_piece(tok, id, false, pend + n_pend, (int32_t)(sizeof pend - n_pend));
-        if (n > 0 && (size_t)n <= sizeof pend - n_pend) {
-            /* SentencePiece's dummy prefix: the first word after BOS prints
-             * without its leading space (as llama2.c and llama.cpp do). */
-            bool after_bos = toks[pos - 1] == sp_tokenizer_bos(tok);
-            size_t skip = after_bos && pend[n_pend] == ' ' ? 1 : 0;
-            memmove(pend + n_pend, pend + n_pend + skip, (size_t)n - skip);
-            n_pend += (size_t)n - skip;
-        }
-        size_t ready = sp_utf8_complete_prefix(pend, n_pend);
-        if (n_pend - ready >= 4) {
-            ready = n_pend; /* invalid UTF-8 from the model: never hold it forever */
-        }
-        fwrite(pend, 1, ready, stdout);
+        fwrite(t.text, 1, t.text_len, stdout);
         fflush(stdout);
-        memmove(pend, pend + ready, n_pend - ready);
-        n_pend -= ready;
-        if (n_gen == n_predict) {
+        if (t.finish != SP_FINISH_NONE) {
+            finish = t.finish == SP_FINISH_STOP ? "stop" : "length";
             break;
         }
-        toks[pos] = id;
+        toks[pos] = t.token;
         if (sp_ctx_eval(c, &toks[pos], 1, pos) != SP_OK) {
             fprintf(stderr, "sampan: evaluation failed\n");
+            finish = "error";
             break;
         }
         pos++;
     }
-    fwrite(pend, 1, n_pend, stdout);
     fputc('\n', stdout);
     t_decode = sp_time_ns() - t_decode;
-    sp_free(logits);
+    int64_t n_gen = sp_gen_n_generated(gen);
     fprintf(stderr, "prefill: %lld tokens in %.2f ms (%.2f tok/s)\n", (long long)n_prompt,
             t_prefill / 1e6, n_prompt / (t_prefill / 1e9));
     fprintf(stderr, "decode: %lld tokens in %.2f ms (%.2f tok/s)\n", (long long)n_gen,
             t_decode / 1e6, n_gen > 0 ? n_gen / (t_decode / 1e9) : 0.0);
-    rc = 0;
+    fprintf(stderr, "finish: %s\n", finish);
 done:
+    sp_free(logits);
     sp_free(toks);
-    sp_sampler_destroy(smp);
+    sp_gen_destroy(gen);
     sp_ctx_destroy(c);
     sp_model_free(m);
     return rc;
