@@ -2,7 +2,7 @@
 # Install the Debian packages Sampan needs to build and test, only those missing
 # (idempotent: a machine that has them all runs no apt-get at all).
 set -euo pipefail
-need=(gcc make python3 python3-numpy libpcre2-dev)
+need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev)
 [ "${1:-}" = "--test" ] && need+=(clang)
 missing=()
 for p in "${need[@]}"; do

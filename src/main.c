@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "server/server.h"
 #include "tools/cli.h"
 #include "tools/tools.h"
 
@@ -12,6 +13,7 @@
 static const char usage[] =
     "sampan " SAMPAN_VERSION " - an inference server for generative AI\n"
     "usage: sampan COMMAND [options]\n"
+    "  serve     serve models over HTTP: the OpenAI API and health routes\n"
     "  run       generate text from a prompt, streamed to the terminal\n"
     "  eval      evaluate token ids: logits and timings (tests, benchmarks)\n"
     "  inspect   describe a GGUF file: metadata, tensors, memory estimate\n"
@@ -26,6 +28,7 @@ typedef struct {
 } command_t;
 
 static const command_t commands[] = {
+    {"serve", sp_cmd_serve},
     {"run", sp_cmd_run},
     {"eval", sp_cmd_eval},
     {"inspect", sp_cmd_inspect},

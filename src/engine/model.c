@@ -461,8 +461,15 @@ struct sp_ctx {
     int64_t n_batch;
     bool logits_all;
 
-    float *k_cache;    /* (n_layer, n_ctx, n_head_kv * head_dim) */
-    float *v_cache;    /* (n_layer, n_ctx, n_head_kv * head_dim) */
+    /* KV cache of kv_type (F32 or F16), one region of n_ctx_pad positions per
+     * (layer, KV head), so attention streams contiguous memory instead of
+     * striding over the other heads' rows. Values are rows of head_dim; keys
+     * are blocks of SP_ATTN_BLOCK positions stored transposed (kernels.h). */
+    void *k_cache;
+    void *v_cache;
+    int64_t n_ctx_pad; /* n_ctx rounded up to whole key blocks */
+    sp_type_t kv_type;
+    size_t kv_elt;     /* bytes per cache element */
 
     /* activations, n_batch rows each */
     float *x;          /* (n_batch, n_embd) residual stream */
@@ -476,16 +483,19 @@ struct sp_ctx {
     float *proj;       /* (n_batch, n_embd) output of wo / w_down */
     void *act;         /* (n_batch, act_stride) activations in the dot-product format */
     size_t act_stride; /* bytes per row of act */
-    float *scores;     /* (n_threads, n_ctx) attention scratch */
+    float *scores;     /* (n_threads, scores_stride) attention scratch */
+    int64_t scores_stride;
+    float attn_scale;  /* 1 / sqrt(head_dim) */
     float *rope_cs;    /* (n_batch, n_rot) cos/sin pairs per position */
     float *inv_freq;   /* (n_rot / 2) */
     float *logits;     /* (n_vocab), or (n_ctx, n_vocab) with logits_all */
+    double *embd_sum;  /* (n_embd) sp_ctx_embed's pooled sum */
 };
 
 sp_ctx_params_t
 sp_ctx_default_params(void)
 {
-    sp_ctx_params_t p = {0, 512, 0, false};
+    sp_ctx_params_t p = {0, 512, 0, false, false};
     return p;
 }
 
@@ -512,18 +522,26 @@ sp_ctx_destroy(sp_ctx_t *c)
     sp_free(c->rope_cs);
     sp_free(c->inv_freq);
     sp_free(c->logits);
+    sp_free(c->embd_sum);
     sp_free(c);
 }
 
-/* Allocate rows x cols floats, 64-byte aligned; NULL on overflow or OOM. */
-static float *
-alloc_f32(int64_t rows, int64_t cols)
+/* Allocate rows x cols elements of elt bytes, 64-byte aligned; NULL on
+ * overflow or OOM. */
+static void *
+alloc_rows(int64_t rows, int64_t cols, size_t elt)
 {
     size_t n, bytes;
-    if (sp_mul_size((size_t)rows, (size_t)cols, &n) != 0 || sp_mul_size(n, sizeof(float), &bytes) != 0) {
+    if (sp_mul_size((size_t)rows, (size_t)cols, &n) != 0 || sp_mul_size(n, elt, &bytes) != 0) {
         return NULL;
     }
     return sp_malloc_aligned(bytes, 64);
+}
+
+static float *
+alloc_f32(int64_t rows, int64_t cols)
+{
+    return alloc_rows(rows, cols, sizeof(float));
 }
 
 sp_status_t
@@ -564,8 +582,11 @@ sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, cha
     /* Every dot-product format takes at most 4 bytes per element (F32). */
     c->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
 
-    c->k_cache = alloc_f32(hp->n_layer * c->n_ctx, kv_dim);
-    c->v_cache = alloc_f32(hp->n_layer * c->n_ctx, kv_dim);
+    c->kv_type = p->kv_f16 ? SP_TYPE_F16 : SP_TYPE_F32;
+    c->kv_elt = p->kv_f16 ? sizeof(sp_fp16_t) : sizeof(float);
+    c->n_ctx_pad = sp_attn_scratch_stride(c->n_ctx);
+    c->k_cache = alloc_rows(hp->n_layer * c->n_ctx_pad, kv_dim, c->kv_elt);
+    c->v_cache = alloc_rows(hp->n_layer * c->n_ctx_pad, kv_dim, c->kv_elt);
     c->x = alloc_f32(B, hp->n_embd);
     c->xn = alloc_f32(B, hp->n_embd);
     c->q = alloc_f32(B, q_dim);
@@ -576,13 +597,17 @@ sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, cha
     c->ff_up = alloc_f32(B, hp->n_ff);
     c->proj = alloc_f32(B, hp->n_embd);
     c->act = alloc_f32(B, (int64_t)c->act_stride / 4);
-    c->scores = alloc_f32(sp_pool_n_threads(c->pool), c->n_ctx);
+    /* Scores of one (token, KV head) item: every query head of the group. */
+    c->scores_stride = hp->n_head / hp->n_head_kv * sp_attn_scratch_stride(c->n_ctx);
+    c->scores = alloc_f32(sp_pool_n_threads(c->pool), c->scores_stride);
+    c->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     c->rope_cs = alloc_f32(B, hp->n_rot);
     c->inv_freq = alloc_f32(1, hp->n_rot / 2);
     c->logits = alloc_f32(c->logits_all ? c->n_ctx : 1, hp->n_vocab);
+    c->embd_sum = sp_calloc((size_t)hp->n_embd, sizeof(double));
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->kv_k || !c->kv_v || !c->att ||
         !c->ff_gate || !c->ff_up || !c->proj || !c->act || !c->scores || !c->rope_cs ||
-        !c->inv_freq || !c->logits) {
+        !c->inv_freq || !c->logits || !c->embd_sum) {
         goto oom;
     }
     /* theta_i = pos / scale * base^(-2i / n_rot) / freq_factor_i, in double
@@ -754,23 +779,11 @@ matmul1(sp_ctx_t *c, const weight_t *w, float *y, const float *x, int64_t x_stri
 }
 
 /* ------------------------------------------------------------------------ */
-/* Element-wise ops (scalar; cheap next to the products)                     */
+/* Element-wise ops                                                          */
 /* ------------------------------------------------------------------------ */
 
-static void
-rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
-{
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        ss += (double)x[i] * x[i];
-    }
-    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (int64_t i = 0; i < n; i++) {
-        out[i] = x[i] * scale * w[i];
-    }
-}
-
-/* Rotate n_heads heads of head_dim at one position; cs holds (cos, sin) pairs. */
+/* Rotate n_heads heads of head_dim at one position; cs holds (cos, sin) pairs.
+ * (Scalar: a few thousand elements per token, under 0.2% of a step.) */
 static void
 rope(float *v, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
      sp_rope_type_t type)
@@ -789,66 +802,92 @@ rope(float *v, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs
     }
 }
 
+/* Embedding rows of the batch, converted to F32, and the RoPE cos/sin of each
+ * position (shared by all layers), one token per chunk. */
+typedef struct embed_job {
+    sp_ctx_t *c;
+    const int32_t *tokens;
+    int64_t pos0;
+} embed_job_t;
+
+static void
+embed_job_run(void *arg, int64_t t, int ith)
+{
+    embed_job_t *j = arg;
+    sp_ctx_t *c = j->c;
+    const sp_model_t *m = c->m;
+    const sp_hparams_t *hp = &m->hp;
+    (void)ith;
+    c->k->to_float[m->tok_embd.type]((const char *)m->tok_embd.data +
+                                         (size_t)j->tokens[t] * m->tok_embd.row_bytes,
+                                     c->x + t * hp->n_embd, hp->n_embd);
+    float *cs = c->rope_cs + t * hp->n_rot;
+    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        double theta = (double)(j->pos0 + t) * (double)c->inv_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w). The
+ * residual add and the next sub-layer's norm share one pass over the row. */
+typedef struct add_norm_job {
+    sp_ctx_t *c;
+    bool add;
+    const float *w;
+} add_norm_job_t;
+
+static void
+add_norm_job_run(void *arg, int64_t t, int ith)
+{
+    add_norm_job_t *j = arg;
+    sp_ctx_t *c = j->c;
+    const sp_hparams_t *hp = &c->m->hp;
+    const int64_t E = hp->n_embd;
+    float *x = c->x + t * E;
+    (void)ith;
+    if (j->add) {
+        const float *p = c->proj + t * E;
+        for (int64_t i = 0; i < E; i++) {
+            x[i] += p[i];
+        }
+    }
+    if (j->w != NULL) {
+        c->k->rmsnorm(c->xn + t * E, x, j->w, E, hp->norm_eps);
+    }
+}
+
+static void
+add_norm_rows(sp_ctx_t *c, bool add, const float *w, int64_t n_tok)
+{
+    add_norm_job_t j = {c, add, w};
+    sp_pool_run(c->pool, add_norm_job_run, &j, n_tok);
+}
+
+/* silu(gate) * up, in place into gate. Element-wise, so any split gives the
+ * same bits. */
+#define SWIGLU_CHUNK 16384 /* a decode step (n_ff elements) runs inline: no pool wake-up */
+
+typedef struct swiglu_job {
+    const sp_cpu_kernels_t *k;
+    float *gate;
+    const float *up;
+    int64_t n;
+} swiglu_job_t;
+
+static void
+swiglu_job_run(void *arg, int64_t chunk, int ith)
+{
+    swiglu_job_t *j = arg;
+    const int64_t lo = chunk * SWIGLU_CHUNK;
+    const int64_t n = lo + SWIGLU_CHUNK < j->n ? SWIGLU_CHUNK : j->n - lo;
+    (void)ith;
+    j->k->swiglu(j->gate + lo, j->up + lo, n);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Attention                                                                 */
 /* ------------------------------------------------------------------------ */
-
-typedef struct attn_job {
-    sp_ctx_t *c;
-    int64_t il;
-    int64_t pos0;
-    int64_t n_tok;
-    int64_t per_chunk; /* (token, head) units per pool chunk */
-} attn_job_t;
-
-/* One (token, head) per work unit: softmax(q K^T / sqrt(d)) V over positions
- * 0..pos of this layer's cache, causal by construction. */
-static void
-attn_job_run(void *arg, int64_t chunk, int ith)
-{
-    attn_job_t *j = arg;
-    sp_ctx_t *c = j->c;
-    const sp_hparams_t *hp = &c->m->hp;
-    const int64_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
-    const int64_t group = hp->n_head / hp->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const float *kc = c->k_cache + j->il * c->n_ctx * kv_dim;
-    const float *vc = c->v_cache + j->il * c->n_ctx * kv_dim;
-    const sp_vec_dot_fn dot = c->k->vec_dot[SP_TYPE_F32];
-    float *sc = c->scores + (int64_t)ith * c->n_ctx;
-    const int64_t lo = chunk * j->per_chunk;
-    const int64_t n_units = j->n_tok * hp->n_head;
-    const int64_t hi = lo + j->per_chunk < n_units ? lo + j->per_chunk : n_units;
-
-    for (int64_t u = lo; u < hi; u++) {
-        const int64_t t = u / hp->n_head, h = u % hp->n_head;
-        const int64_t pos = j->pos0 + t, g = h / group;
-        const float *q = c->q + t * q_dim + h * hd;
-        float *o = c->att + t * q_dim + h * hd;
-
-        float mx = -INFINITY;
-        for (int64_t p = 0; p <= pos; p++) {
-            float s;
-            dot(hd, &s, kc + p * kv_dim + g * hd, q);
-            sc[p] = s * scale;
-            mx = sc[p] > mx ? sc[p] : mx;
-        }
-        double sum = 0.0;
-        for (int64_t p = 0; p <= pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        const float inv = (float)(1.0 / sum);
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t p = 0; p <= pos; p++) {
-            const float a = sc[p] * inv;
-            const float *v = vc + p * kv_dim + g * hd;
-            for (int64_t d = 0; d < hd; d++) {
-                o[d] += a * v[d];
-            }
-        }
-    }
-}
 
 /* RoPE q and k of every token, then copy k and v into the cache. */
 typedef struct rope_job {
@@ -870,30 +909,77 @@ rope_job_run(void *arg, int64_t t, int ith)
     (void)ith;
     rope(c->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
     rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
-    size_t off = (size_t)((j->il * c->n_ctx + j->pos0 + t) * kv_dim);
-    memcpy(c->k_cache + off, kt, (size_t)kv_dim * sizeof(float));
-    memcpy(c->v_cache + off, c->kv_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+    const float *vt = c->kv_v + t * kv_dim;
+    const int64_t pos = j->pos0 + t;
+    for (int64_t g = 0; g < hp->n_head_kv; g++) {
+        const int64_t region = (j->il * hp->n_head_kv + g) * c->n_ctx_pad * hd; /* elements */
+        const float *kg = kt + g * hd;
+        char *vdst = (char *)c->v_cache + (size_t)(region + pos * hd) * c->kv_elt;
+        if (c->kv_type == SP_TYPE_F32) {
+            float *kc = (float *)c->k_cache + region;
+            for (int64_t d = 0; d < hd; d++) {
+                kc[sp_attn_k_index(pos, d, hd)] = kg[d];
+            }
+            memcpy(vdst, vt + g * hd, (size_t)hd * sizeof(float));
+        } else {
+            sp_fp16_t *kc = (sp_fp16_t *)c->k_cache + region;
+            for (int64_t d = 0; d < hd; d++) {
+                kc[sp_attn_k_index(pos, d, hd)] = sp_fp32_to_fp16(kg[d]);
+            }
+            c->k->from_float[SP_TYPE_F16](vt + g * hd, vdst, hd);
+        }
+    }
 }
 
-/* silu(gate) * up, in place into gate. */
-#define SWIGLU_CHUNK 4096
-
-typedef struct swiglu_job {
-    float *gate;
-    const float *up;
-    int64_t n;
-} swiglu_job_t;
+/*
+ * One work item = one (token, KV head): the kernel computes all query heads of
+ * the group together, so each cache row is loaded once for the group. Items
+ * are ordered KV-head-major (consecutive items of a thread reuse one head's
+ * rows, which stay in L2) and, within a head, latest token first: causal cost
+ * grows with the position, so the pool hands out the big items first and the
+ * small ones last and the threads finish together (longest-first scheduling).
+ * Every item's result depends only on its token and the cache, so neither
+ * the order nor the split changes a bit.
+ */
+typedef struct attn_job {
+    sp_ctx_t *c;
+    int64_t il;
+    int64_t pos0;
+    int64_t n_tok;
+    int64_t per_chunk; /* items per pool chunk */
+} attn_job_t;
 
 static void
-swiglu_job_run(void *arg, int64_t chunk, int ith)
+attn_job_run(void *arg, int64_t chunk, int ith)
 {
-    swiglu_job_t *j = arg;
-    const int64_t lo = chunk * SWIGLU_CHUNK;
-    const int64_t hi = lo + SWIGLU_CHUNK < j->n ? lo + SWIGLU_CHUNK : j->n;
-    (void)ith;
-    for (int64_t i = lo; i < hi; i++) {
-        float g = j->gate[i];
-        j->gate[i] = g / (1.0f + expf(-g)) * j->up[i];
+    attn_job_t *j = arg;
+    sp_ctx_t *c = j->c;
+    const sp_hparams_t *hp = &c->m->hp;
+    const int64_t hd = hp->head_dim, q_dim = hp->n_head * hd;
+    const int64_t group = hp->n_head / hp->n_head_kv;
+    const int64_t n_items = j->n_tok * hp->n_head_kv;
+    const int64_t lo = chunk * j->per_chunk;
+    const int64_t hi = lo + j->per_chunk < n_items ? lo + j->per_chunk : n_items;
+
+    for (int64_t item = lo; item < hi; item++) {
+        const int64_t g = item / j->n_tok, t = j->n_tok - 1 - item % j->n_tok;
+        const int64_t pos = j->pos0 + t;
+        const size_t off = (size_t)((j->il * hp->n_head_kv + g) * c->n_ctx_pad * hd) * c->kv_elt;
+        sp_attn_args_t a = {
+            .head_dim = hd,
+            .n_q = group,
+            .n_kv = pos + 1,
+            .q = c->q + t * q_dim + g * group * hd,
+            .q_stride = hd,
+            .k = (const char *)c->k_cache + off,
+            .v = (const char *)c->v_cache + off,
+            .v_stride = hd,
+            .scale = c->attn_scale,
+            .o = c->att + t * q_dim + g * group * hd,
+            .o_stride = hd,
+            .scratch = c->scores + (int64_t)ith * c->scores_stride,
+        };
+        c->k->attn[c->kv_type](&a);
     }
 }
 
@@ -901,35 +987,22 @@ swiglu_job_run(void *arg, int64_t chunk, int ith)
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* The transformer layers over tokens at pos0..pos0+B-1: afterwards c->x holds
+ * the B hidden states (before the final norm) and the cache those positions. */
 static void
-forward_batch(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0, bool last_chunk)
+forward_layers(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0)
 {
     const sp_model_t *m = c->m;
     const sp_hparams_t *hp = &m->hp;
     const int64_t E = hp->n_embd, q_dim = hp->n_head * hp->head_dim;
 
-    /* Embedding rows, converted to F32. */
-    sp_to_float_fn emb = c->k->to_float[m->tok_embd.type];
-    for (int64_t t = 0; t < B; t++) {
-        emb((const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes, c->x + t * E,
-            E);
-    }
-    /* cos/sin for each position of the batch, shared by all layers. */
-    for (int64_t t = 0; t < B; t++) {
-        float *cs = c->rope_cs + t * hp->n_rot;
-        for (int64_t i = 0; i < hp->n_rot / 2; i++) {
-            double theta = (double)(pos0 + t) * (double)c->inv_freq[i];
-            cs[2 * i] = (float)cos(theta);
-            cs[2 * i + 1] = (float)sin(theta);
-        }
-    }
+    embed_job_t ej = {c, tokens, pos0};
+    sp_pool_run(c->pool, embed_job_run, &ej, B);
+    add_norm_rows(c, false, m->layers[0].attn_norm, B);
 
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const layer_t *L = &m->layers[il];
 
-        for (int64_t t = 0; t < B; t++) {
-            rmsnorm(c->xn + t * E, c->x + t * E, L->attn_norm, E, hp->norm_eps);
-        }
         const weight_t *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {c->q, c->kv_k, c->kv_v};
         const float *bqkv[3] = {L->bq, L->bk, L->bv};
@@ -937,39 +1010,41 @@ forward_batch(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0, bool 
 
         rope_job_t rj = {c, il, pos0, B};
         sp_pool_run(c->pool, rope_job_run, &rj, B);
-        /* Attention units are (token, head) pairs, a few per chunk so a long
-         * prefill stays within the pool's chunk limit. */
-        attn_job_t aj = {c, il, pos0, B, 1 + B * hp->n_head / 4096};
-        sp_pool_run(c->pool, attn_job_run, &aj, (B * hp->n_head + aj.per_chunk - 1) / aj.per_chunk);
+        /* A few items per chunk keep a long prefill within the pool's chunk
+         * limit. */
+        const int64_t n_items = B * hp->n_head_kv;
+        attn_job_t aj = {c, il, pos0, B, 1 + n_items / 16384};
+        sp_pool_run(c->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
         matmul1(c, &L->wo, c->proj, c->att, q_dim, B);
-        for (int64_t i = 0; i < B * E; i++) {
-            c->x[i] += c->proj[i];
-        }
+        add_norm_rows(c, true, L->ffn_norm, B);
 
-        for (int64_t t = 0; t < B; t++) {
-            rmsnorm(c->xn + t * E, c->x + t * E, L->ffn_norm, E, hp->norm_eps);
-        }
         const weight_t *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {c->ff_gate, c->ff_up};
         const float *bgu[2] = {NULL, NULL};
         matmul(c, 2, wgu, ygu, bgu, c->xn, E, B);
-        swiglu_job_t sj = {c->ff_gate, c->ff_up, B * hp->n_ff};
+        swiglu_job_t sj = {c->k, c->ff_gate, c->ff_up, B * hp->n_ff};
         sp_pool_run(c->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
         matmul1(c, &L->w_down, c->proj, c->ff_gate, hp->n_ff, B);
-        for (int64_t i = 0; i < B * E; i++) {
-            c->x[i] += c->proj[i];
-        }
+        /* The residual add, and the next layer's input norm when there is one. */
+        add_norm_rows(c, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, B);
     }
+}
 
+static void
+forward_batch(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0, bool last_chunk)
+{
+    const sp_model_t *m = c->m;
+    const sp_hparams_t *hp = &m->hp;
+    const int64_t E = hp->n_embd;
+
+    forward_layers(c, tokens, B, pos0);
     /* Logits: every row with logits_all, else only the last row of the call. */
     if (c->logits_all) {
-        for (int64_t t = 0; t < B; t++) {
-            rmsnorm(c->xn + t * E, c->x + t * E, m->output_norm, E, hp->norm_eps);
-        }
+        add_norm_rows(c, false, m->output_norm, B);
         matmul1(c, &m->output, c->logits + pos0 * hp->n_vocab, c->xn, E, B);
     } else if (last_chunk) {
-        rmsnorm(c->xn, c->x + (B - 1) * E, m->output_norm, E, hp->norm_eps);
+        c->k->rmsnorm(c->xn, c->x + (B - 1) * E, m->output_norm, E, hp->norm_eps);
         matmul1(c, &m->output, c->logits, c->xn, E, 1);
     }
 }
@@ -988,6 +1063,47 @@ sp_ctx_eval(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos)
     for (int64_t done = 0; done < n; done += c->n_batch) {
         int64_t b = n - done < c->n_batch ? n - done : c->n_batch;
         forward_batch(c, tokens + done, b, pos + done, done + b == n);
+    }
+    return SP_OK;
+}
+
+sp_status_t
+sp_ctx_embed(sp_ctx_t *c, const int32_t *tokens, int64_t n, float *out)
+{
+    const sp_hparams_t *hp = &c->m->hp;
+    const int64_t E = hp->n_embd;
+    if (tokens == NULL || out == NULL || n <= 0 || n > c->n_ctx) {
+        return SP_ERR_INVALID;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {
+            return SP_ERR_INVALID;
+        }
+    }
+    double *sum = c->embd_sum;
+    memset(sum, 0, (size_t)E * sizeof(double));
+    for (int64_t done = 0; done < n; done += c->n_batch) {
+        const int64_t b = n - done < c->n_batch ? n - done : c->n_batch;
+        forward_layers(c, tokens + done, b, done);
+        add_norm_rows(c, false, c->m->output_norm, b);
+        /* Positions are added in order whatever the chunking, so the sum (and
+         * the embedding) does not depend on n_batch or the thread count. */
+        for (int64_t t = 0; t < b; t++) {
+            const float *xn = c->xn + t * E;
+            for (int64_t i = 0; i < E; i++) {
+                sum[i] += xn[i];
+            }
+        }
+    }
+    double ss = 0.0;
+    for (int64_t i = 0; i < E; i++) {
+        sum[i] /= (double)n;
+        ss += sum[i] * sum[i];
+    }
+    /* An all-zero mean has no direction: return it as is rather than NaNs. */
+    const double inv = ss > 0.0 ? 1.0 / sqrt(ss) : 0.0;
+    for (int64_t i = 0; i < E; i++) {
+        out[i] = (float)(sum[i] * inv);
     }
     return SP_OK;
 }

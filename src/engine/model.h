@@ -67,6 +67,9 @@ typedef struct sp_ctx_params {
     int64_t n_batch;   /* most tokens per forward call; default 512 */
     int n_threads;     /* 0 = one per core */
     bool logits_all;   /* keep logits of every position (eval, tests) */
+    bool kv_f16;       /* F16 KV cache: half the memory and the attention reads, at
+                        * about 5e-4 relative rounding of keys and values; the
+                        * default F32 keeps the engine exact against the reference */
 } sp_ctx_params_t;
 
 sp_ctx_params_t sp_ctx_default_params(void);
@@ -86,6 +89,24 @@ const float *sp_ctx_logits(const sp_ctx_t *c); /* n_vocab floats */
 /* With logits_all: n_ctx rows of n_vocab, row p = logits after position p. */
 const float *sp_ctx_logits_all(const sp_ctx_t *c);
 int64_t sp_ctx_n_ctx(const sp_ctx_t *c);
+
+/*
+ * Embedding of a whole text: evaluate tokens[0..n) at positions 0..n-1
+ * (replacing whatever sequence the context held; split into n_batch chunks
+ * like sp_ctx_eval), then write to out (n_embd floats) the mean over the n
+ * positions of the final hidden states after output_norm (the output matrix is
+ * not applied), scaled to unit L2 length.
+ *
+ * Why mean pooling: a decoder-only model has no [CLS] token, and its last
+ * position alone mostly encodes what comes next; the mean over all positions
+ * describes the whole text, and unit length makes the dot product of two
+ * embeddings their cosine similarity. The positions are summed in order, so the
+ * result is bit-identical for any n_batch and thread count. Nothing is
+ * allocated per call. Afterwards the logits are stale (none are computed).
+ * SP_ERR_INVALID for n < 1, n > n_ctx, ids outside the vocabulary or NULL
+ * pointers.
+ */
+sp_status_t sp_ctx_embed(sp_ctx_t *c, const int32_t *tokens, int64_t n, float *out);
 const char *sp_ctx_kernels_name(const sp_ctx_t *c);
 
 #endif /* SP_ENGINE_MODEL_H */

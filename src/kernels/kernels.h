@@ -147,6 +147,60 @@ typedef enum sp_cpu_level {
 typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                            const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
+/*
+ * Attention of one token for the n_q query heads that share one KV head
+ * (grouped-query attention), over cache positions 0..n_kv-1 (causal: n_kv is
+ * the token's position + 1):
+ *   o_h = sum_p softmax_p(scale * q_h . k_p) v_p
+ * Keys are stored in blocks of SP_ATTN_BLOCK positions, each block transposed
+ * (head_dim rows of SP_ATTN_BLOCK lanes; element (p, d) at
+ * sp_attn_k_index(p, d, head_dim)), so the scores of a block are lane-wise
+ * FMAs with no horizontal sums; k covers whole blocks, and the lanes of the
+ * last block past n_kv may hold anything (they are computed and ignored).
+ * Values are rows of head_dim, v_stride elements apart. Both in the table
+ * index's type (F32 or F16).
+ * Each o_h depends only on q_h, the cache, n_kv and scale, with a fixed order
+ * of operations: not on n_q, the other rows of the call, or the thread (batch
+ * invariance). scratch: n_q * sp_attn_scratch_stride(n_kv) floats, 64-byte
+ * aligned, for the scores.
+ */
+#define SP_ATTN_BLOCK 16
+
+typedef struct sp_attn_args {
+    int64_t head_dim;
+    int64_t n_q;
+    int64_t n_kv;
+    const float *q;     /* n_q rows of head_dim, q_stride floats apart */
+    int64_t q_stride;
+    const void *k;      /* ceil(n_kv / SP_ATTN_BLOCK) blocks of SP_ATTN_BLOCK x head_dim */
+    const void *v;      /* n_kv rows of head_dim */
+    int64_t v_stride;   /* elements between value rows */
+    float scale;
+    float *o;           /* n_q rows of head_dim, o_stride floats apart */
+    int64_t o_stride;
+    float *scratch;
+} sp_attn_args_t;
+
+static inline int64_t
+sp_attn_k_index(int64_t p, int64_t d, int64_t head_dim)
+{
+    return (p / SP_ATTN_BLOCK) * SP_ATTN_BLOCK * head_dim + d * SP_ATTN_BLOCK + p % SP_ATTN_BLOCK;
+}
+
+static inline int64_t
+sp_attn_scratch_stride(int64_t n_kv)
+{
+    return (n_kv + SP_ATTN_BLOCK - 1) & ~(int64_t)(SP_ATTN_BLOCK - 1);
+}
+
+typedef void (*sp_attn_fn)(const sp_attn_args_t *a);
+/* y[i] = e^x[i]; exp(-inf) = 0, NaN stays NaN; y may equal x. */
+typedef void (*sp_exp_fn)(float *y, const float *x, int64_t n);
+/* out = x / rms(x) * w, rms = sqrt(mean(x^2) + eps); out may equal x. */
+typedef void (*sp_rmsnorm_fn)(float *out, const float *x, const float *w, int64_t n, float eps);
+/* g[i] = silu(g[i]) * u[i], silu(g) = g / (1 + e^-g). */
+typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
+
 typedef struct sp_cpu_kernels {
     const char *name;         /* "scalar", "avx2", "avx512", "avx512-vnni" ... */
     sp_cpu_level_t level;
@@ -158,6 +212,11 @@ typedef struct sp_cpu_kernels {
     sp_to_float_fn to_float[SP_TYPE_COUNT];     /* dequantize, indexed by type */
     /* (optional) tiled product, indexed by weight type; NULL = loop vec_dot. */
     sp_gemm_fn gemm[SP_TYPE_COUNT];
+    /* Attention, indexed by the KV cache type (F32, F16); element-wise ops. */
+    sp_attn_fn attn[SP_TYPE_COUNT];
+    sp_exp_fn exp_f32;
+    sp_rmsnorm_fn rmsnorm;
+    sp_swiglu_fn swiglu;
 } sp_cpu_kernels_t;
 
 /* The best table for this CPU, honouring SAMPAN_CPU; computed once, never NULL. */

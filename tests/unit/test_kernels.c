@@ -12,7 +12,8 @@
  *   d_w * d_x is exact (two halves); the reference rounds twice per block
  *   (product, add), a SIMD lane once per block (the FMA) plus the horizontal
  *   sum, so |simd - ref| <= (2 nb + 8) u sum|w' x'| over the dequantized
- *   values w', x' (nb = blocks).
+ *   values w', x' (nb = blocks). The AVX-512 VNNI Q8_0 / Q4_0 kernels keep the
+ *   reference's order (product, then add, per block) and must match it with ==.
  * Gemm tiles and vec_dot of the same level are compared with ==.
  */
 #include "test.h"
@@ -512,6 +513,101 @@ TEST(kernels_gemm_is_batch_invariant)
                 check_gemm(&lv[l], wt, 37, 6);
             }
         }
+    }
+}
+
+/*
+ * Shapes that reach every path of the tiled products: more rows than one
+ * 16-row panel plus a ragged one, more tokens than a token chunk (128) with a
+ * ragged tile, few-token calls (the decode path), and more blocks than one K
+ * chunk (64). Each call's results are compared with == against `want`
+ * (vec_dot of the same table, or of the reference where a level promises its
+ * bits), and nothing outside the rows and tokens asked for may be written.
+ */
+static void
+check_gemm_shapes(const char *label, const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *want_k,
+                  sp_type_t wt, int64_t n, int64_t rows, int64_t toks, uint64_t seed)
+{
+    static const int64_t calls[][3] = {{0, 1, 133}, {5, 30, 133}, {0, 1, 1},  {3, 20, 4},
+                                       {16, 1, 7},  {1, 36, 129}, {0, 1, 2},  {7, 8, 3}};
+    const int64_t ldy = rows + 3;
+    problem p;
+    problem_make(&p, k, wt, n, rows, toks, seed);
+    float *dots = sp_malloc(sizeof(float) * (size_t)(rows * toks));
+    float *y = sp_malloc(sizeof(float) * (size_t)(ldy * toks));
+    ASSERT(dots && y);
+    for (int64_t t = 0; t < toks; t++) {
+        for (int64_t r = 0; r < rows; r++) {
+            want_k->vec_dot[wt](n, &dots[t * rows + r], p.w + r * p.w_stride,
+                                p.x + t * p.x_stride);
+        }
+    }
+    for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+        /* r1 == 1 stands for all rows; clip the rest to the problem */
+        int64_t r0 = calls[c][0] < rows ? calls[c][0] : 0;
+        int64_t r1 = calls[c][1] == 1 ? rows : (calls[c][1] < rows ? calls[c][1] : rows);
+        int64_t nt = calls[c][2] < toks ? calls[c][2] : toks;
+        for (int64_t i = 0; i < ldy * toks; i++) {
+            y[i] = -12345.0f;
+        }
+        sp_cpu_gemm(k, wt, n, p.w, p.w_stride, r0, r1, p.x, p.x_stride, nt, y, ldy);
+        for (int64_t t = 0; t < toks; t++) {
+            for (int64_t r = 0; r < ldy; r++) {
+                float got = y[t * ldy + r];
+                bool inside = t < nt && r >= r0 && r < r1;
+                float want = inside ? dots[t * rows + r] : -12345.0f;
+                if (memcmp(&got, &want, sizeof(float)) != 0) {
+                    SP_TEST_FAIL("%s %s n=%" PRId64 " rows [%" PRId64 ",%" PRId64
+                                 ") n_tok=%" PRId64 ": y[t=%" PRId64 ", r=%" PRId64
+                                 "] = %.9g, want %.9g",
+                                 label, sp_type_name(wt), n, r0, r1, nt, t, r, got, want);
+                }
+            }
+        }
+    }
+    sp_free(dots);
+    sp_free(y);
+    problem_free(&p);
+}
+
+TEST(kernels_gemm_large_shapes)
+{
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        for (int ti = 0; ti < N_WTYPES; ti++) {
+            /* 65 blocks: two K chunks, the second of one block */
+            check_gemm_shapes(lv[l].label, lv[l].k, lv[l].k, wtypes[ti], 2080, 21, 133,
+                              40 + (uint64_t)ti);
+        }
+    }
+}
+
+/* The AVX-512 VNNI Q8_0 / Q4_0 products keep the reference's operation order
+ * (exact block sums, then sum + isum * (d_w * d_x) block by block), so they
+ * must give its bits, not just come within the tolerance. */
+TEST(kernels_q_gemm_avx512_vnni_is_the_reference)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX512);
+    if (k == NULL || !sp__cpu_features()->avx512_vnni) {
+        SKIP("no AVX-512 VNNI on this CPU");
+    }
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    static const sp_type_t qt[] = {SP_TYPE_Q8_0, SP_TYPE_Q4_0};
+    for (int i = 0; i < 2; i++) {
+        check_gemm_shapes(k->name, k, ref, qt[i], 2080, 37, 133, 60 + (uint64_t)i);
+        check_gemm_shapes(k->name, k, ref, qt[i], 96, 17, 9, 62 + (uint64_t)i);
+        /* few tokens over more than one K chunk of the decode path */
+        check_gemm_shapes(k->name, k, ref, qt[i], 32 * 2049, 17, 4, 64 + (uint64_t)i);
+        problem p;
+        problem_make(&p, k, qt[i], 4160, 2, 2, 66 + (uint64_t)i);
+        for (int r = 0; r < 2; r++) {
+            float got, want;
+            k->vec_dot[qt[i]](4160, &got, p.w + r * p.w_stride, p.x + r * p.x_stride);
+            ref->vec_dot[qt[i]](4160, &want, p.w + r * p.w_stride, p.x + r * p.x_stride);
+            ASSERT(memcmp(&got, &want, sizeof got) == 0);
+        }
+        problem_free(&p);
     }
 }
 

@@ -1,5 +1,5 @@
 /*
- * avx512.c - AVX-512 kernels: F32/F16/BF16 x F32 and, with VNNI, Q8_0/Q4_0 x Q8_0.
+ * avx512.c - AVX-512 kernels: F32/F16/BF16 weights x F32 activations.
  *
  * Batch invariance by construction: each dot product is written once, as a
  * tile of R weight rows x T tokens whose every (row, token) pair owns one
@@ -9,15 +9,8 @@
  * edges, so every result has vec_dot's bits. Decode through sp_cpu_gemm with
  * one token still gets R independent FMA chains from the R-row tile.
  *
- * Quantized dots (VNNI): two 32-element blocks fill a 512-bit register and
- * vpdpbusd multiplies unsigned by signed bytes, so one side is made unsigned
- * and the excess is subtracted exactly in int32:
- *   Q8_0: (w + 128) . x = w . x + 128 * sum(x)
- *   Q4_0: q . x         = (q - 8) . x + 8 * sum(x)     (q = the raw nibble)
- * The per-token correction -c * sum(x) seeds the accumulator, so each pair
- * costs one vpdpbusd, one convert and a multiply-add by d_w * d_x (exact: a
- * product of two halves) into float lanes. Without VNNI the AVX2 versions
- * registered before stay in place.
+ * Q8_0 and Q4_0 weights (with VNNI) live in avx512_qgemm.c; without VNNI the
+ * AVX2 versions registered before stay in place.
  */
 #include "kernels/cpu/cpu_impl.h"
 
@@ -137,149 +130,6 @@ float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
     }
 }
 
-/* ---- Q8_0 / Q4_0 weights, Q8_0 activations (VNNI) -------------------------- */
-
-#define Q_RM 4 /* 16 accumulators + 4 x (weights, scales) + token state */
-#define Q_TM 4
-
-enum { W_Q8_0, W_Q4_0 };
-
-/* Two halves broadcast to lanes 0-7 and 8-15, as floats. */
-SP_INLINE __m512
-scales2(sp_fp16_t d0, sp_fp16_t d1)
-{
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)d0)),
-                                        _mm_set1_epi16((short)d1), 1);
-    return _mm512_cvtph_ps(h);
-}
-
-SP_INLINE __m512
-scales1(sp_fp16_t d0)
-{
-    return _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_set1_epi16((short)d0)));
-}
-
-/* Weight bytes of blocks b, b+1 (two = false: block b only, upper half zero),
- * made unsigned as the header comment says. */
-SP_INLINE __m512i
-load_wq(int wt, const uint8_t *row, int64_t b, bool two)
-{
-    if (wt == W_Q8_0) {
-        const sp_block_q8_0 *p = (const sp_block_q8_0 *)row + b;
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-        __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)p[0].qs));
-        if (two) {
-            v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)p[1].qs), 1);
-            return _mm512_xor_si512(v, flip);
-        }
-        /* the upper half stays 0: x is 0 there too, so it adds nothing */
-        return _mm512_mask_xor_epi64(v, 0x0f, v, flip);
-    }
-    const sp_block_q4_0 *p = (const sp_block_q4_0 *)row + b;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i raw = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p[0].qs));
-    raw = _mm256_inserti128_si256(raw, two ? _mm_loadu_si128((const __m128i *)p[1].qs)
-                                           : _mm_setzero_si128(), 1);
-    __m256i lo = _mm256_and_si256(raw, m4);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    /* [lo0 lo1 hi0 hi1] -> [lo0 hi0 lo1 hi1]: block order, element order */
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-SP_INLINE __m512
-load_wd(int wt, const uint8_t *row, int64_t b, bool two)
-{
-    sp_fp16_t d0, d1;
-    if (wt == W_Q8_0) {
-        const sp_block_q8_0 *p = (const sp_block_q8_0 *)row + b;
-        d0 = p[0].d;
-        d1 = two ? p[1].d : 0;
-    } else {
-        const sp_block_q4_0 *p = (const sp_block_q4_0 *)row + b;
-        d0 = p[0].d;
-        d1 = two ? p[1].d : 0;
-    }
-    return two ? scales2(d0, d1) : scales1(d0);
-}
-
-SP_INLINE __m512i
-load_xq(const uint8_t *row, int64_t b, bool two)
-{
-    const sp_block_q8_0 *p = (const sp_block_q8_0 *)row + b;
-    __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)p[0].qs));
-    if (two) {
-        v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)p[1].qs), 1);
-    }
-    return v;
-}
-
-/* One step of a tile: blocks b, b+1 (or block b alone when !two) of every pair. */
-SP_INLINE void
-quant_step(const int wt, const int R, const int T, const bool two, int64_t b, const uint8_t *w,
-           size_t ws, const uint8_t *x, size_t xs, __m512 acc[Q_RM][Q_TM])
-{
-    const __m512i cbias = _mm512_set1_epi8(wt == W_Q8_0 ? (char)0x80 : 8);
-    __m512i wq[Q_RM];
-    __m512 wd[Q_RM];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        const uint8_t *row = w + (size_t)r * ws;
-        const size_t bsz = wt == W_Q8_0 ? sizeof(sp_block_q8_0) : sizeof(sp_block_q4_0);
-        const char *pf = (const char *)row + (size_t)b * bsz + PF_BYTES;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        if (wt == W_Q8_0) { /* two blocks span 68 bytes */
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-        }
-        wq[r] = load_wq(wt, row, b, two);
-        wd[r] = load_wd(wt, row, b, two);
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const uint8_t *xr = x + (size_t)t * xs;
-        __m512i xq = load_xq(xr, b, two);
-        __m512 xd = load_wd(W_Q8_0, xr, b, two);
-        /* -bias * sum(x) per int32 lane, matching vpdpbusd's lanes */
-        __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), cbias, xq));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512i isum = _mm512_dpbusd_epi32(corr, wq[r], xq);
-            __m512 s = _mm512_mul_ps(wd[r], xd);
-            acc[r][t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[r][t]);
-        }
-    }
-}
-
-SP_INLINE void
-quant_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, size_t ws,
-           const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)
-{
-    const int64_t nb = n / 32;
-    __m512 acc[Q_RM][Q_TM];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            acc[r][t] = _mm512_setzero_ps();
-        }
-    }
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        quant_step(wt, R, T, true, b, w, ws, x, xs, acc);
-    }
-    if (b < nb) {
-        quant_step(wt, R, T, false, b, w, ws, x, xs, acc);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            y[t * ldy + r * ys] = hsum512(acc[r][t]);
-        }
-    }
-}
-
 /* ---- tile instances, vec_dot and the gemm drivers ------------------------ */
 
 typedef void (*tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
@@ -304,21 +154,9 @@ typedef void (*tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x
         {NULL, name##_4x1, name##_4x2, name##_4x3, name##_4x4, name##_4x5, name##_4x6},         \
     };
 
-#define QUANT_TILES(name, wt)                                                                  \
-    TILE(name, quant_tile, wt, 1, 1) TILE(name, quant_tile, wt, 1, 2)                           \
-    TILE(name, quant_tile, wt, 1, 3) TILE(name, quant_tile, wt, 1, 4)                           \
-    TILE(name, quant_tile, wt, 4, 1) TILE(name, quant_tile, wt, 4, 2)                           \
-    TILE(name, quant_tile, wt, 4, 3) TILE(name, quant_tile, wt, 4, 4)                           \
-    static const tile_fn name##_tiles[2][Q_TM + 1] = {                                          \
-        {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4},                                 \
-        {NULL, name##_4x1, name##_4x2, name##_4x3, name##_4x4},                                 \
-    };
-
 FLOAT_TILES(f32, W_F32)
 FLOAT_TILES(f16, W_F16)
 FLOAT_TILES(bf16, W_BF16)
-QUANT_TILES(q8_0, W_Q8_0)
-QUANT_TILES(q4_0, W_Q4_0)
 
 /*
  * Rows in tiles of RM, tokens in tiles of TM, over token chunks small enough
@@ -369,8 +207,6 @@ gemm_driver(const tile_fn *full, const tile_fn *single, int RM, int TM, int64_t 
 GEMM_AND_DOT(f32, FL_RM, FL_TM)
 GEMM_AND_DOT(f16, FL_RM, FL_TM)
 GEMM_AND_DOT(bf16, FL_RM, FL_TM)
-GEMM_AND_DOT(q8_0, Q_RM, Q_TM)
-GEMM_AND_DOT(q4_0, Q_RM, Q_TM)
 
 /* ---- conversions ---------------------------------------------------------- */
 
@@ -417,9 +253,6 @@ sp__avx512_register(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16)
     k->to_float[SP_TYPE_F16] = f16_to_float;
     k->to_float[SP_TYPE_BF16] = bf16_to_float;
     if (has_vnni) {
-        k->vec_dot[SP_TYPE_Q8_0] = vec_dot_q8_0;
-        k->gemm[SP_TYPE_Q8_0] = gemm_q8_0;
-        k->vec_dot[SP_TYPE_Q4_0] = vec_dot_q4_0;
-        k->gemm[SP_TYPE_Q4_0] = gemm_q4_0;
+        sp__avx512_qgemm_register(k); /* Q8_0, Q4_0: avx512_qgemm.c */
     }
 }

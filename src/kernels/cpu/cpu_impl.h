@@ -26,6 +26,35 @@ void sp__kquants_register_avx2(sp_cpu_kernels_t *k);
  * has_vnni / has_bf16 say which optional extensions this CPU has. */
 void sp__avx512_register(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 void sp__kquants_register_avx512(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
+/* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
+void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
+
+/* ref_attn.c, avx2_attn.c, avx512_attn.c: attention and element-wise ops. */
+void sp__attn_register_ref(sp_cpu_kernels_t *k);
+void sp__attn_register_avx2(sp_cpu_kernels_t *k);
+void sp__attn_register_avx512(sp_cpu_kernels_t *k);
+
+/*
+ * The vector exp of avx2_attn.c and avx512_attn.c: e^x = 2^n e^r with
+ * n = round(x log2 e), r = x - n ln2 (two-step, |r| <= ln2/2), and
+ * e^r = 1 + r + r^2 P(r), P of degree 5 fitted (weighted least squares,
+ * reweighted toward minimax: tools/exp_poly_fit.py) to
+ * (e^r - 1 - r) / r^2. Model error 5e-11; with float rounding the whole exp
+ * is within 1e-7 relative of expf for normal results. x is clamped to
+ * [EXP_LO, EXP_HI]: below, e^x rounds to 0 (a denormal scale keeps the
+ * results in between right); above, to +inf.
+ */
+#define SP_EXP_LO (-104.0f)
+#define SP_EXP_HI 88.8f
+#define SP_EXP_LOG2E 0x1.715476p+0f
+#define SP_EXP_LN2_HI 0x1.62e4p-1f        /* few bits: n * LN2_HI is exact */
+#define SP_EXP_LN2_LO 0x1.7f7d1cp-20f     /* ln 2 - LN2_HI */
+#define SP_EXP_P0 0.5f
+#define SP_EXP_P1 0x1.555554p-3f
+#define SP_EXP_P2 0x1.55548ep-5f
+#define SP_EXP_P3 0x1.11127p-7f
+#define SP_EXP_P4 0x1.6d8cf8p-10f
+#define SP_EXP_P5 0x1.9f08cp-13f
 
 /* dispatch.c: what cpuid and XGETBV report (OS support for YMM/ZMM state included). */
 typedef struct sp_cpu_features {

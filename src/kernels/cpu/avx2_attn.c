@@ -1,0 +1,325 @@
+/*
+ * avx2_attn.c - AVX2 attention over an F32 or F16 KV cache, vector exp,
+ * RMSNorm and SwiGLU.
+ *
+ * The same three passes as avx512_attn.c (see there for why each result is
+ * batch-invariant): scores a key block of 16 positions as two 8-lane halves
+ * for up to 4 heads at a time, exp/max/sum per head, then up to 4 heads x 16
+ * dims of accumulators per sweep over the value rows. head_dim tails are masked
+ * loads (F16 tails go through a zeroed copy: AVX2 has no 16-bit masked load).
+ */
+#include "kernels/cpu/cpu_impl.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define SP_INLINE static inline __attribute__((always_inline))
+
+SP_INLINE __m256
+exp256(__m256 x)
+{
+    /* max/min return their second operand when one is NaN: NaN passes. */
+    x = _mm256_max_ps(_mm256_set1_ps(SP_EXP_LO), x);
+    x = _mm256_min_ps(_mm256_set1_ps(SP_EXP_HI), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SP_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SP_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SP_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(SP_EXP_P5);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SP_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SP_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SP_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SP_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SP_EXP_P0));
+    const __m256 y =
+        _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* 2^n as 2^n1 * 2^n2 (n in [-150, 128], both halves normal): the first
+     * product is exact, the second rounds once, into the denormals if need be. */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+}
+
+/* Lanes i < n set. */
+SP_INLINE __m256i
+tail_mask(int64_t n)
+{
+    const int k = n >= 8 ? 8 : (n <= 0 ? 0 : (int)n);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 8 floats of the cache from element i; n_valid < 8 reads only that many. */
+SP_INLINE __m256
+load_kv(const void *base, int f16, int64_t i, int64_t n_valid, __m256i m)
+{
+    if (f16) {
+        const sp_fp16_t *src = (const sp_fp16_t *)base + i;
+        if (n_valid >= 8) {
+            return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+        }
+        sp_fp16_t tmp[8] = {0};
+        memcpy(tmp, src, (size_t)(n_valid > 0 ? n_valid : 0) * sizeof(sp_fp16_t));
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tmp));
+    }
+    if (n_valid >= 8) {
+        return _mm256_loadu_ps((const float *)base + i);
+    }
+    return _mm256_maskload_ps((const float *)base + i, m);
+}
+
+SP_INLINE __m256
+load_f32(const float *x, int64_t n_valid, __m256i m)
+{
+    return n_valid >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, m);
+}
+
+SP_INLINE void
+store_f32(float *x, int64_t n_valid, __m256i m, __m256 v)
+{
+    if (n_valid >= 8) {
+        _mm256_storeu_ps(x, v);
+    } else {
+        _mm256_maskstore_ps(x, m, v);
+    }
+}
+
+SP_INLINE const char *
+kv_ptr(const void *base, int f16, int64_t i)
+{
+    return (const char *)base + i * (f16 ? 2 : 4);
+}
+
+/*
+ * Pass 1 for the block of 16 positions at p0 and NH (<= 4) heads from h0:
+ * per head two 8-lane accumulators (positions p0..p0+7 and p0+8..p0+15) sum
+ * q_h[d] * k[.][d] over d in order, then times scale.
+ */
+SP_INLINE void
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
+{
+    const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
+    const int64_t kb = p0 * hd; /* block start, in elements */
+    const float *q[4];
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        q[h] = a->q + (h0 + h) * a->q_stride;
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    }
+    for (int64_t d = 0; d < hd; d++) {
+        const __m256 k0 = load_kv(a->k, f16, kb + d * 16, 8, _mm256_setzero_si256());
+        const __m256 k1 = load_kv(a->k, f16, kb + d * 16 + 8, 8, _mm256_setzero_si256());
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const __m256 qd = _mm256_broadcast_ss(&q[h][d]);
+            acc[h][0] = _mm256_fmadd_ps(qd, k0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
+        }
+    }
+    const __m256 scale = _mm256_set1_ps(a->scale);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *s = a->scratch + (h0 + h) * ss + p0;
+        _mm256_store_ps(s, _mm256_mul_ps(acc[h][0], scale));
+        _mm256_store_ps(s + 8, _mm256_mul_ps(acc[h][1], scale));
+    }
+}
+
+SP_INLINE float
+hmax8(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+SP_INLINE float
+hsum8(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* Pass 2 for one head: e = exp(s - max) in place; returns 1 / sum(e). */
+SP_INLINE float
+softmax_row(float *sc, int64_t n)
+{
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < n; p += 8) {
+        const __m256 m = _mm256_castsi256_ps(tail_mask(n - p));
+        mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
+    }
+    const __m256 mv = _mm256_set1_ps(hmax8(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t p = 0; p < n; p += 8) {
+        const __m256 m = _mm256_castsi256_ps(tail_mask(n - p));
+        const __m256 e = _mm256_and_ps(m, exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv)));
+        _mm256_store_ps(sc + p, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return 1.0f / hsum8(sum);
+}
+
+/* Pass 3 for NH heads from h0 and dims d0..d0+15: o = inv * sum_p e_p v_p. */
+SP_INLINE void
+av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
+    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
+    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    }
+    const float *e = a->scratch + h0 * ss;
+    for (int64_t p = 0; p < a->n_kv; p++) {
+        const int64_t row = p * a->v_stride + d0;
+        const __m256 v0 = load_kv(a->v, f16, row, nv0, m0);
+        const __m256 v1 = nv1 > 0 ? load_kv(a->v, f16, row + 8, nv1, m1) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
+            acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *o = a->o + (h0 + h) * a->o_stride + d0;
+        const __m256 s = _mm256_set1_ps(inv[h]);
+        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
+        if (nv1 > 0) {
+            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
+        }
+    }
+}
+
+/* Key blocks PF_BLOCKS ahead into L1, value rows into L2 (see avx512_attn.c). */
+#define PF_BLOCKS 4
+
+SP_INLINE void
+prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
+{
+    if (p0 >= a->n_kv) {
+        return;
+    }
+    const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
+    const char *k = kv_ptr(a->k, f16, p0 * a->head_dim);
+    for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
+        _mm_prefetch(k + off, _MM_HINT_T0);
+    }
+    const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
+    for (int64_t p = p0; p < p0 + n; p++) {
+        const char *v = kv_ptr(a->v, f16, p * a->v_stride);
+        for (int64_t off = 0; off < row_bytes; off += 64) {
+            _mm_prefetch(v + off, _MM_HINT_T1);
+        }
+    }
+}
+
+SP_INLINE void
+attn_256(const sp_attn_args_t *a, int f16)
+{
+    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    for (int b = 0; b < PF_BLOCKS; b++) {
+        prefetch_block(a, f16, 16 * b);
+    }
+    for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
+        prefetch_block(a, f16, p0 + 16 * PF_BLOCKS);
+        for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
+            switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
+            case 4: scores_block(a, f16, p0, h0, 4); break;
+            case 3: scores_block(a, f16, p0, h0, 3); break;
+            case 2: scores_block(a, f16, p0, h0, 2); break;
+            default: scores_block(a, f16, p0, h0, 1); break;
+            }
+        }
+    }
+    for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
+        float inv[4];
+        const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
+        for (int h = 0; h < nh; h++) {
+            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, n_kv);
+        }
+        for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
+            switch (nh) {
+            case 4: av_tile(a, f16, inv, h0, 4, d0); break;
+            case 3: av_tile(a, f16, inv, h0, 3, d0); break;
+            case 2: av_tile(a, f16, inv, h0, 2, d0); break;
+            default: av_tile(a, f16, inv, h0, 1, d0); break;
+            }
+        }
+    }
+}
+
+static void
+attn_f32(const sp_attn_args_t *a)
+{
+    attn_256(a, 0);
+}
+
+static void
+attn_f16(const sp_attn_args_t *a)
+{
+    attn_256(a, 1);
+}
+
+static void
+exp_f32(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        store_f32(y + i, n - i, m, exp256(load_f32(x + i, n - i, m)));
+    }
+}
+
+static void
+rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = load_f32(x + i, n - i, tail_mask(n - i));
+        acc[(i >> 3) & 3] = _mm256_fmadd_ps(v, v, acc[(i >> 3) & 3]);
+    }
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    const double ss = (double)hsum8(s);
+    const __m256 scale = _mm256_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 v = _mm256_mul_ps(load_f32(x + i, n - i, m), scale);
+        store_f32(out + i, n - i, m, _mm256_mul_ps(v, load_f32(w + i, n - i, m)));
+    }
+}
+
+static void
+swiglu(float *g, const float *u, int64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 gv = load_f32(g + i, n - i, m);
+        const __m256 den = _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+        const __m256 r = _mm256_mul_ps(_mm256_div_ps(gv, den), load_f32(u + i, n - i, m));
+        store_f32(g + i, n - i, m, r);
+    }
+}
+
+void
+sp__attn_register_avx2(sp_cpu_kernels_t *k)
+{
+    k->attn[SP_TYPE_F32] = attn_f32;
+    k->attn[SP_TYPE_F16] = attn_f16;
+    k->exp_f32 = exp_f32;
+    k->rmsnorm = rmsnorm;
+    k->swiglu = swiglu;
+}

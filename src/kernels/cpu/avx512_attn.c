@@ -1,0 +1,315 @@
+/*
+ * avx512_attn.c - AVX-512 attention over an F32 or F16 KV cache, vector exp,
+ * RMSNorm and SwiGLU.
+ *
+ * Attention, per call (one token, the n_q query heads of one KV head), in
+ * three passes so every cache row is read once per pass for all n_q heads:
+ *   1. scores: one block of 16 positions at a time (keys stored transposed,
+ *      see kernels.h): per head, 16 lanes of q[d] * k[.][d] FMAs, one load
+ *      of the key block shared by up to 8 heads, no horizontal sums. Lanes
+ *      past n_kv are computed and ignored.
+ *   2. per head: max, e = exp(s - max) with the polynomial exp, sum.
+ *   3. o_h = (sum_p e_p v_p) / sum: up to 4 heads x 64 dims of accumulators
+ *      stay in registers while the rows stream by, one broadcast FMA each.
+ * Every score, exp, sum and output element of a head goes through the same
+ * operations in the same order whatever n_q is and whichever tile it lands
+ * in, so results are batch-invariant. Chunks of head_dim past the end are
+ * masked in the value pass (zero in, nothing out), so any head_dim works.
+ */
+#include "kernels/cpu/cpu_impl.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#define SP_INLINE static inline __attribute__((always_inline))
+
+SP_INLINE __m512
+exp512(__m512 x)
+{
+    /* max/min return their second operand when one is NaN: NaN passes. */
+    x = _mm512_max_ps(_mm512_set1_ps(SP_EXP_LO), x);
+    x = _mm512_min_ps(_mm512_set1_ps(SP_EXP_HI), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SP_EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SP_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SP_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(SP_EXP_P5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SP_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SP_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SP_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SP_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SP_EXP_P0));
+    const __m512 y =
+        _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    /* scalef rounds once into the denormal range and overflows to inf. */
+    return _mm512_scalef_ps(y, n);
+}
+
+SP_INLINE __mmask16
+tail_mask(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* 16 floats of the cache from element i, masked; F16 is widened. */
+SP_INLINE __m512
+load_kv(const void *base, int f16, int64_t i, __mmask16 m)
+{
+    if (f16) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const sp_fp16_t *)base + i));
+    }
+    return _mm512_maskz_loadu_ps(m, (const float *)base + i);
+}
+
+SP_INLINE __m512
+load_k16(const void *base, int f16, int64_t i)
+{
+    if (f16) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const sp_fp16_t *)base + i)));
+    }
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+SP_INLINE const char *
+kv_ptr(const void *base, int f16, int64_t i)
+{
+    return (const char *)base + i * (f16 ? 2 : 4);
+}
+
+/*
+ * Pass 1 for the block of 16 positions at p0 and NH (<= 8) heads from h0:
+ * lane j of head h's accumulators sums q_h[d] * k[p0 + j][d], even d in one
+ * and odd d in the other (two chains keep the FMA units busy even for one
+ * head), then scores = (even + odd) * scale.
+ */
+SP_INLINE void
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
+{
+    const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
+    const int64_t kb = p0 * hd; /* block start, in elements */
+    const float *q[8];
+    __m512 acc0[8], acc1[8];
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++) {
+        q[h] = a->q + (h0 + h) * a->q_stride;
+        acc0[h] = _mm512_setzero_ps();
+        acc1[h] = _mm512_setzero_ps();
+    }
+    int64_t d = 0;
+    for (; d + 2 <= hd; d += 2) {
+        const __m512 k0 = load_k16(a->k, f16, kb + d * 16);
+        const __m512 k1 = load_k16(a->k, f16, kb + d * 16 + 16);
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; h++) {
+            acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
+            acc1[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d + 1]), k1, acc1[h]);
+        }
+    }
+    if (d < hd) {
+        const __m512 k0 = load_k16(a->k, f16, kb + d * 16);
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; h++) {
+            acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
+        }
+    }
+    const __m512 scale = _mm512_set1_ps(a->scale);
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++) {
+        _mm512_store_ps(a->scratch + (h0 + h) * ss + p0,
+                        _mm512_mul_ps(_mm512_add_ps(acc0[h], acc1[h]), scale));
+    }
+}
+
+/* Pass 2 for one head: e = exp(s - max) in place; returns 1 / sum(e). */
+SP_INLINE float
+softmax_row(float *sc, int64_t n)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < n; p += 16) {
+        mx = _mm512_mask_max_ps(mx, tail_mask(n - p), mx, _mm512_load_ps(sc + p));
+    }
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t p = 0; p < n; p += 16) {
+        const __mmask16 m = tail_mask(n - p);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_load_ps(sc + p), mv)));
+        _mm512_store_ps(sc + p, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+/* Pass 3 for NH heads from h0 and dims d0..d0+63: o = inv * sum_p e_p v_p. */
+SP_INLINE void
+av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    const int64_t ss = sp_attn_scratch_stride(a->n_kv);
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        m[c] = d0 + 16 * c < a->head_dim ? tail_mask(a->head_dim - d0 - 16 * c) : 0;
+    }
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            acc[h][c] = _mm512_setzero_ps();
+        }
+    }
+    const float *e = a->scratch + h0 * ss;
+    for (int64_t p = 0; p < a->n_kv; p++) {
+        const int64_t row = p * a->v_stride + d0;
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            v[c] = load_kv(a->v, f16, row + 16 * c, m[c]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const __m512 w = _mm512_set1_ps(e[h * ss + p]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *o = a->o + (h0 + h) * a->o_stride + d0;
+        const __m512 s = _mm512_set1_ps(inv[h]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            _mm512_mask_storeu_ps(o + 16 * c, m[c], _mm512_mul_ps(acc[h][c], s));
+        }
+    }
+}
+
+/* Decode reads the cache from memory, and the hardware prefetcher alone does
+ * not run far enough ahead of the score pass: ask for the key blocks PF_BLOCKS
+ * ahead into L1 and the same positions' value rows into L2, so the value pass
+ * finds them there. */
+#define PF_BLOCKS 4
+
+SP_INLINE void
+prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
+{
+    if (p0 >= a->n_kv) {
+        return;
+    }
+    const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
+    const char *k = kv_ptr(a->k, f16, p0 * a->head_dim);
+    for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
+        _mm_prefetch(k + off, _MM_HINT_T0);
+    }
+    const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
+    for (int64_t p = p0; p < p0 + n; p++) {
+        const char *v = kv_ptr(a->v, f16, p * a->v_stride);
+        for (int64_t off = 0; off < row_bytes; off += 64) {
+            _mm_prefetch(v + off, _MM_HINT_T1);
+        }
+    }
+}
+
+SP_INLINE void
+attn_512(const sp_attn_args_t *a, int f16)
+{
+    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    for (int b = 0; b < PF_BLOCKS; b++) {
+        prefetch_block(a, f16, 16 * b);
+    }
+    for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
+        prefetch_block(a, f16, p0 + 16 * PF_BLOCKS);
+        for (int64_t h0 = 0; h0 < a->n_q; h0 += 8) {
+            /* Constant head counts let the accumulators live in registers. */
+            switch (a->n_q - h0 < 8 ? a->n_q - h0 : 8) {
+            case 8: scores_block(a, f16, p0, h0, 8); break;
+            case 7: scores_block(a, f16, p0, h0, 7); break;
+            case 6: scores_block(a, f16, p0, h0, 6); break;
+            case 5: scores_block(a, f16, p0, h0, 5); break;
+            case 4: scores_block(a, f16, p0, h0, 4); break;
+            case 3: scores_block(a, f16, p0, h0, 3); break;
+            case 2: scores_block(a, f16, p0, h0, 2); break;
+            default: scores_block(a, f16, p0, h0, 1); break;
+            }
+        }
+    }
+    for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
+        float inv[4];
+        const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
+        for (int h = 0; h < nh; h++) {
+            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, n_kv);
+        }
+        for (int64_t d0 = 0; d0 < a->head_dim; d0 += 64) {
+            switch (nh) {
+            case 4: av_tile(a, f16, inv, h0, 4, d0); break;
+            case 3: av_tile(a, f16, inv, h0, 3, d0); break;
+            case 2: av_tile(a, f16, inv, h0, 2, d0); break;
+            default: av_tile(a, f16, inv, h0, 1, d0); break;
+            }
+        }
+    }
+}
+
+static void
+attn_f32(const sp_attn_args_t *a)
+{
+    attn_512(a, 0);
+}
+
+static void
+attn_f16(const sp_attn_args_t *a)
+{
+    attn_512(a, 1);
+}
+
+static void
+exp_f32(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, exp512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static void
+rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        acc[(i >> 4) & 3] = _mm512_fmadd_ps(v, v, acc[(i >> 4) & 3]);
+    }
+    const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    const double ss = (double)_mm512_reduce_add_ps(s);
+    const __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
+static void
+swiglu(float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 den = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+        const __m512 r = _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_maskz_loadu_ps(m, u + i));
+        _mm512_mask_storeu_ps(g + i, m, r);
+    }
+}
+
+void
+sp__attn_register_avx512(sp_cpu_kernels_t *k)
+{
+    k->attn[SP_TYPE_F32] = attn_f32;
+    k->attn[SP_TYPE_F16] = attn_f16;
+    k->exp_f32 = exp_f32;
+    k->rmsnorm = rmsnorm;
+    k->swiglu = swiglu;
+}

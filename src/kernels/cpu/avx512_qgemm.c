@@ -1,0 +1,531 @@
+/*
+ * avx512_qgemm.c - Q8_0 / Q4_0 weights x Q8_0 activations with AVX-512 VNNI, as
+ * row panels: 16 weight rows side by side in the 16 lanes of a register.
+ *
+ * Numerics are the scalar reference's, bit for bit: per 32-element block an
+ * exact int32 dot product, then in float  sum = sum + (float)isum * (d_w * d_x),
+ * blocks in order. Each (row, token) pair owns one float lane and sees exactly
+ * that sequence whatever the tile, the panel, the chunking or the token count,
+ * so gemm == vec_dot == the reference (batch invariance and level invariance).
+ *
+ * Layout: a panel holds, per block, 8 registers G0..G7; lane i of Gg is the 4
+ * weight bytes of row i that meet bytes 4g..4g+3 of the activation block. One
+ * vpdpbusd per Gg with those 4 activation bytes broadcast (an embedded
+ * broadcast load) adds 4 products to each of the 16 rows. vpdpbusd multiplies
+ * unsigned by signed bytes, so the weights are made unsigned and the excess is
+ * removed exactly with the activation's block sum, which seeds the int32 sum:
+ *   Q4_0: raw nibble q = (q - 8) + 8         -> seed -8 * sum(x)
+ *   Q8_0: w ^ 0x80 = w + 128                 -> seed -128 * sum(x)
+ * Per (token, block, 16 rows): 8 vpdpbusd, one convert, two multiplies, one add.
+ *
+ * Prefill (more than QG_FUSE_T tokens) packs each panel once per token chunk
+ * into a stack scratch (unpacked nibbles, +128 bytes, scales as floats) and
+ * reuses it for every token of the chunk. The chunk's activations are copied
+ * once into records that a token tile reads as one sequential stream (per
+ * block: the 8 tokens' quants, seeds and scales), and stay in L2 while all
+ * panels sweep them. Decode (few tokens) unpacks each panel block in registers
+ * and uses it at once. K is cut into chunks whose partial sums go through y (a
+ * float store and reload is exact), which bounds the scratch whatever n is.
+ *
+ * Stack: about 200 KiB per call (see QG_* below); pool threads have 8 MiB.
+ */
+#include "kernels/cpu/cpu_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define SP_INLINE static inline __attribute__((always_inline))
+
+#define QG_ROWS 16   /* rows per panel: the lanes of a register */
+#ifndef QG_KC
+#define QG_KC 32     /* blocks per K chunk when packing (panel: 16 KiB + 2 KiB of scales) */
+#endif
+#ifndef QG_TC
+#define QG_TC 128    /* tokens per token chunk (160 KiB of activation records at QG_KC) */
+#endif
+#define QG_T 8       /* tokens per register tile (packed path) */
+#define QG_FUSE_T 4  /* up to this many tokens: no packing, unpack in registers */
+#define QG_XREC 40   /* bytes per (token, block) record: 32 quants, int32 seed, float scale */
+#define QG_XBUF (QG_TC * QG_KC * QG_XREC)
+
+enum { WT_Q8_0, WT_Q4_0 };
+
+SP_INLINE int32_t
+ld_i32(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+SP_INLINE float
+ld_f32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+SP_INLINE size_t
+wblock_size(int wt)
+{
+    return wt == WT_Q8_0 ? sizeof(sp_block_q8_0) : sizeof(sp_block_q4_0);
+}
+
+/* acc += w (unsigned bytes) . the 4 signed bytes at p broadcast to every lane.
+ * Written as asm so the broadcast is the instruction's embedded {1to16} memory
+ * operand: compilers emit a separate vpbroadcastd, one more op per vpdpbusd,
+ * and the prefill loop is limited by how many ops the core can issue. */
+SP_INLINE __m512i
+dpbusd_bcast(__m512i acc, __m512i w, const uint8_t *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+            : "+v"(acc)
+            : "v"(w), "m"(*(const uint8_t(*)[4])p));
+    return acc;
+}
+
+/* ---- activation records ------------------------------------------------------ */
+
+/*
+ * Tokens [0, nt) and blocks [b0, b0 + nbk) of x as records, in groups of tw
+ * tokens: group g, block j starts at xr + (g * nbk + j) * tw * QG_XREC and holds
+ * the tw tokens' 32 quants, then their int32 seeds -c * sum(x), then their
+ * scales as floats. A tile of up to tw tokens then reads one sequential stream.
+ */
+static void
+prep_x(int wt, const uint8_t *x, size_t xs, int64_t nt, int64_t b0, int64_t nbk, int tw,
+       uint8_t *xr)
+{
+    const int32_t c = wt == WT_Q8_0 ? 128 : 8;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const size_t rec = (size_t)tw * QG_XREC;
+    for (int64_t t = 0; t < nt; t++) {
+        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs) + b0;
+        uint8_t *o = xr + (size_t)(t / tw) * (size_t)nbk * rec;
+        const int lane = (int)(t % tw);
+        for (int64_t j = 0; j < nbk; j++, o += rec) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)xb[j].qs);
+            _mm256_storeu_si256((__m256i *)(o + lane * 32), q);
+            /* sum of the signed bytes = sum of (x + 128) - 32 * 128, via vpsadbw */
+            __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
+            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            h = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
+            const int32_t corr = -c * ((int32_t)_mm_cvtsi128_si32(h) - 32 * 128);
+            const float d = _cvtsh_ss(xb[j].d);
+            memcpy(o + tw * 32 + lane * 4, &corr, sizeof corr);
+            memcpy(o + tw * 36 + lane * 4, &d, sizeof d);
+        }
+    }
+}
+
+/* ---- panel unpacking ---------------------------------------------------------- */
+
+/*
+ * Four 16-byte pieces of each of 16 rows -> V0..V3, Vg lane i = dword g of row i.
+ * Register m collects rows m, 4 + m, 8 + m, 12 + m in its 128-bit lanes, so the
+ * two unpack levels leave the rows in order.
+ */
+SP_INLINE void
+transpose16x4(const uint8_t *const rp[QG_ROWS], size_t off, __m512i v[4])
+{
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) {
+        __m512i a = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[m] + off)));
+        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[4 + m] + off)), 1);
+        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[8 + m] + off)), 2);
+        z[m] = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[12 + m] + off)), 3);
+    }
+    const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(u0, u2);
+    v[1] = _mm512_unpackhi_epi64(u0, u2);
+    v[2] = _mm512_unpacklo_epi64(u1, u3);
+    v[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+/* Block b of the 16 rows rp[] as G0..G7 (unsigned bytes) and the 16 scales. */
+SP_INLINE void
+unpack_block(int wt, const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b, __m512i g[8],
+             __m512 *dw)
+{
+    const size_t off = (size_t)b * wblock_size(wt);
+    if (wt == WT_Q8_0) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        transpose16x4(rp, off + 2, g);
+        transpose16x4(rp, off + 18, g + 4);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            g[i] = _mm512_xor_si512(g[i], flip);
+        }
+    } else {
+        /* low nibbles are elements 0..15 (x bytes 0..15), high ones 16..31 */
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        __m512i v[4];
+        transpose16x4(rp, off + 2, v);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            g[i] = _mm512_and_si512(v[i], m4);
+            g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v[i], 4), m4);
+        }
+    }
+    /* the dword at each block start holds d in its low half */
+    const __m512i raw = _mm512_i32gather_epi32(d_idx, rp[0] + off, 1);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+}
+
+/* ---- the tiles ------------------------------------------------------------------ */
+
+/* Where a tile's results go and whether they continue earlier partial sums. */
+typedef struct {
+    float *y;      /* y of the tile's first token, first row of the panel */
+    int64_t ldy;
+    __mmask16 m;   /* the panel's real rows */
+    bool cont;     /* add to the partial sums in y (not the first K chunk) */
+} tile_out_t;
+
+SP_INLINE void
+acc_init(const int T, __m512 *acc, const tile_out_t *o)
+{
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = o->cont ? _mm512_maskz_loadu_ps(o->m, o->y + t * o->ldy) : _mm512_setzero_ps();
+    }
+}
+
+SP_INLINE void
+acc_store(const int T, const __m512 *acc, const tile_out_t *o)
+{
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        _mm512_mask_storeu_ps(o->y + t * o->ldy, o->m, acc[t]);
+    }
+}
+
+/*
+ * One block of T tokens (record r of a group of tw) against 16 rows g[8], dw:
+ * acc[t] += (float)(dot + seed) * (dw * dx). The T integer sums advance
+ * together (weight group outer, token inner) so the core always has T
+ * independent vpdpbusd chains; with one or two tokens each sum is split in
+ * two chains instead (integer adds: the same exact sum).
+ */
+SP_INLINE void
+block_step(const int T, const int tw, const __m512i g[8], __m512 dw, const uint8_t *r,
+           __m512 *acc)
+{
+    __m512i ia[QG_T];
+    if (T <= 2) {
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            __m512i a = _mm512_set1_epi32(ld_i32(r + tw * 32 + t * 4));
+            __m512i b = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                a = dpbusd_bcast(a, g[i], r + t * 32 + 4 * i);
+                b = dpbusd_bcast(b, g[4 + i], r + t * 32 + 16 + 4 * i);
+            }
+            ia[t] = _mm512_add_epi32(a, b);
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ia[t] = _mm512_set1_epi32(ld_i32(r + tw * 32 + t * 4));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                ia[t] = dpbusd_bcast(ia[t], g[i], r + t * 32 + 4 * i);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(r + tw * 36 + t * 4)));
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia[t]), d));
+    }
+}
+
+/* Weight rows whose next K chunk a tile fetches while it computes, so the next
+ * panel is read from memory while this one is busy with its tokens (one
+ * prefetch per row and block: every line of the row's chunk, blocks being
+ * shorter than a line). */
+typedef struct {
+    const uint8_t *row[QG_ROWS]; /* at the chunk's first block */
+    int n;
+    size_t bsz;
+} tile_pf_t;
+
+/* T tokens (records of groups of QG_T) x one packed panel of nbk blocks. */
+SP_INLINE void
+tile_packed(const int T, int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr,
+            const tile_out_t *o, const tile_pf_t *pf)
+{
+    __m512 acc[QG_T];
+    acc_init(T, acc, o);
+    for (int64_t j = 0; j < nbk; j++) {
+        for (int i = 0; i < pf->n; i++) {
+            _mm_prefetch((const char *)pf->row[i] + (size_t)j * pf->bsz, _MM_HINT_T0);
+        }
+        __m512i g[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            g[i] = _mm512_load_si512((const void *)(pw + j * 512 + i * 64));
+        }
+        block_step(T, QG_T, g, _mm512_load_ps(pd + j * 16), xr + j * (QG_T * QG_XREC), acc);
+    }
+    acc_store(T, acc, o);
+}
+
+/* T tokens (records of a group of T) x one panel unpacked block by block in
+ * registers (decode). */
+SP_INLINE void
+tile_fused(const int wt, const int T, int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS],
+           size_t ws, __m512i d_idx, const uint8_t *xr, const tile_out_t *o)
+{
+    __m512 acc[QG_FUSE_T];
+    acc_init(T, acc, o);
+    /* The panel's rows are adjacent, so the next panel is the QG_ROWS * ws
+     * bytes after rp[0]: fetch them spread evenly over this panel's steps, and
+     * the 16 short weight streams never wait on memory (with a single K chunk
+     * exactly the next panel; prefetches never fault). */
+    const size_t bsz = wblock_size(wt);
+    const uint8_t *pf = rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
+    for (int64_t j = 0; j < nbk; j++) {
+        for (size_t l = 0; l < QG_ROWS * bsz; l += 64) {
+            _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+        }
+        pf += QG_ROWS * bsz;
+        __m512i g[8];
+        __m512 dw;
+        unpack_block(wt, rp, d_idx, b0 + j, g, &dw);
+        block_step(T, T, g, dw, xr + j * (T * QG_XREC), acc);
+    }
+    acc_store(T, acc, o);
+}
+
+typedef void (*packed_fn)(int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr,
+                          const tile_out_t *o, const tile_pf_t *pf);
+typedef void (*fused_fn)(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS], size_t ws,
+                         __m512i d_idx, const uint8_t *xr, const tile_out_t *o);
+
+#define PACKED(T)                                                                              \
+    static void packed_##T(int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr, \
+                           const tile_out_t *o, const tile_pf_t *pf)                           \
+    {                                                                                          \
+        tile_packed(T, nbk, pw, pd, xr, o, pf);                                                \
+    }
+PACKED(1)
+PACKED(2)
+PACKED(3)
+PACKED(4)
+PACKED(5)
+PACKED(6)
+PACKED(7)
+PACKED(8)
+static const packed_fn packed_tiles[QG_T + 1] = {NULL,     packed_1, packed_2, packed_3, packed_4,
+                                                 packed_5, packed_6, packed_7, packed_8};
+
+#define FUSED(name, wt, T)                                                                     \
+    static void fused_##name##_##T(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS],  \
+                                   size_t ws, __m512i d_idx, const uint8_t *xr,                \
+                                   const tile_out_t *o)                                        \
+    {                                                                                          \
+        tile_fused(wt, T, b0, nbk, rp, ws, d_idx, xr, o);                                      \
+    }
+FUSED(q8_0, WT_Q8_0, 1)
+FUSED(q8_0, WT_Q8_0, 2)
+FUSED(q8_0, WT_Q8_0, 3)
+FUSED(q8_0, WT_Q8_0, 4)
+FUSED(q4_0, WT_Q4_0, 1)
+FUSED(q4_0, WT_Q4_0, 2)
+FUSED(q4_0, WT_Q4_0, 3)
+FUSED(q4_0, WT_Q4_0, 4)
+static const fused_fn fused_q8_0[QG_FUSE_T + 1] = {NULL, fused_q8_0_1, fused_q8_0_2, fused_q8_0_3,
+                                                   fused_q8_0_4};
+static const fused_fn fused_q4_0[QG_FUSE_T + 1] = {NULL, fused_q4_0_1, fused_q4_0_2, fused_q4_0_3,
+                                                   fused_q4_0_4};
+
+/* nbk blocks from b0 of the panel rp[] into pw (8 x 64 bytes per block) and pd. */
+SP_INLINE void
+pack_panel(int wt, const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b0, int64_t nbk,
+           uint8_t *pw, float *pd)
+{
+    for (int64_t j = 0; j < nbk; j++) {
+        __m512i g[8];
+        __m512 dw;
+        unpack_block(wt, rp, d_idx, b0 + j, g, &dw);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            _mm512_store_si512((void *)(pw + j * 512 + i * 64), g[i]);
+        }
+        _mm512_store_ps(pd + j * 16, dw);
+    }
+}
+
+static void
+pack_q8_0(const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b0, int64_t nbk, uint8_t *pw,
+          float *pd)
+{
+    pack_panel(WT_Q8_0, rp, d_idx, b0, nbk, pw, pd);
+}
+
+static void
+pack_q4_0(const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b0, int64_t nbk, uint8_t *pw,
+          float *pd)
+{
+    pack_panel(WT_Q4_0, rp, d_idx, b0, nbk, pw, pd);
+}
+
+/* ---- the driver ------------------------------------------------------------- */
+
+static void
+qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+      size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    _Alignas(64) uint8_t pw[QG_KC * 512];
+    _Alignas(64) float pd[QG_KC * QG_ROWS];
+    _Alignas(64) uint8_t xr[QG_XBUF];
+    const int64_t nb = n / SP_QK8_0;
+    const bool fused = n_tok <= QG_FUSE_T;
+    /* fused: all tokens in one group, K chunks as long as the records allow */
+    const int64_t tc = fused ? n_tok : QG_TC;
+    const int64_t kc = fused ? QG_XBUF / (n_tok * QG_XREC) : QG_KC;
+    const int tw = fused ? (int)n_tok : QG_T;
+    const fused_fn *ftiles = wt == WT_Q8_0 ? fused_q8_0 : fused_q4_0;
+    const size_t bsz = wblock_size(wt);
+    const uint8_t *wb = w, *xb = x;
+
+    if (nb == 0) { /* an empty dot product is 0, as in the reference */
+        for (int64_t t = 0; t < n_tok; t++) {
+            memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        }
+        return;
+    }
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
+        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+            const int64_t nbk = nb - b0 < kc ? nb - b0 : kc;
+            prep_x(wt, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
+            for (int64_t r = r0; r < r1; r += QG_ROWS) {
+                const int nr = r1 - r < QG_ROWS ? (int)(r1 - r) : QG_ROWS;
+                /* rows past the end repeat the last one; their lanes are never stored */
+                const uint8_t *rp[QG_ROWS];
+                int32_t idx[QG_ROWS];
+                for (int i = 0; i < QG_ROWS; i++) {
+                    const int ri = i < nr ? i : nr - 1;
+                    rp[i] = wb + (size_t)(r + ri) * ws;
+                    idx[i] = (int32_t)((size_t)ri * ws);
+                }
+                const __m512i d_idx = _mm512_loadu_si512(idx);
+                tile_out_t o = {y + t0 * ldy + r, ldy, (__mmask16)((1u << nr) - 1), b0 > 0};
+                if (fused) {
+                    ftiles[nt](b0, nbk, rp, ws, d_idx, xr, &o);
+                    continue;
+                }
+                if (wt == WT_Q8_0) {
+                    pack_q8_0(rp, d_idx, b0, nbk, pw, pd);
+                } else {
+                    pack_q4_0(rp, d_idx, b0, nbk, pw, pd);
+                }
+                /* the panel packed next: the following rows, else the first
+                 * ones of the next K chunk or token chunk */
+                int64_t pr = r + QG_ROWS, pb = b0;
+                if (pr >= r1) {
+                    pr = r0;
+                    pb = b0 + nbk < nb ? b0 + nbk : 0;
+                }
+                const int pn = r1 - pr < QG_ROWS ? (int)(r1 - pr) : QG_ROWS;
+                const int ntiles = (int)((nt + QG_T - 1) / QG_T);
+                for (int64_t t = 0, u = 0; t < nt; t += QG_T, u++) {
+                    const int64_t tn = nt - t < QG_T ? nt - t : QG_T;
+                    tile_out_t ot = o;
+                    ot.y = o.y + t * ldy;
+                    /* tile u fetches the rows i of that panel with i % ntiles == u */
+                    tile_pf_t pf = {.n = 0, .bsz = bsz};
+                    for (int64_t i = u; i < pn; i += ntiles) {
+                        pf.row[pf.n++] = wb + (size_t)(pr + i) * ws + (size_t)pb * bsz;
+                    }
+                    packed_tiles[tn](nbk, pw, pd, xr + (size_t)u * (size_t)nbk * QG_T * QG_XREC,
+                                     &ot, &pf);
+                }
+            }
+        }
+    }
+}
+
+static void
+gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+          int64_t n_tok, float *y, int64_t ldy)
+{
+    qgemm(WT_Q8_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+static void
+gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+          int64_t n_tok, float *y, int64_t ldy)
+{
+    qgemm(WT_Q4_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+/* ---- single dot products ------------------------------------------------------ */
+
+/* One row, one token: per block a 256-bit vpdpbusd, the exact int32 sum, and the
+ * reference's float steps. */
+SP_INLINE void
+vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
+{
+    const sp_block_q8_0 *xb = x;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i c = _mm256_set1_epi8(wt == WT_Q8_0 ? (char)0x80 : 8);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK8_0; b++) {
+        __m256i wu;
+        sp_fp16_t wd;
+        if (wt == WT_Q8_0) {
+            const sp_block_q8_0 *p = (const sp_block_q8_0 *)w + b;
+            wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p->qs), c);
+            wd = p->d;
+        } else {
+            const sp_block_q4_0 *p = (const sp_block_q4_0 *)w + b;
+            const __m128i raw = _mm_loadu_si128((const __m128i *)p->qs);
+            const __m256i r2 = _mm256_inserti128_si256(_mm256_castsi128_si256(raw),
+                                                       _mm_srli_epi16(raw, 4), 1);
+            wu = _mm256_and_si256(r2, m4);
+            wd = p->d;
+        }
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[b].qs);
+        const __m256i v =
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xq),
+                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, xq));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        const int32_t isum = _mm_cvtsi128_si32(h);
+        const float d = _cvtsh_ss(wd) * _cvtsh_ss(xb[b].d);
+        sum += (float)isum * d;
+    }
+    *s = sum;
+}
+
+static void
+vec_dot_q8_0(int64_t n, float *s, const void *w, const void *x)
+{
+    vec_dot_q(WT_Q8_0, n, s, w, x);
+}
+
+static void
+vec_dot_q4_0(int64_t n, float *s, const void *w, const void *x)
+{
+    vec_dot_q(WT_Q4_0, n, s, w, x);
+}
+
+void
+sp__avx512_qgemm_register(sp_cpu_kernels_t *k)
+{
+    k->vec_dot[SP_TYPE_Q8_0] = vec_dot_q8_0;
+    k->gemm[SP_TYPE_Q8_0] = gemm_q8_0;
+    k->vec_dot[SP_TYPE_Q4_0] = vec_dot_q4_0;
+    k->gemm[SP_TYPE_Q4_0] = gemm_q4_0;
+}

@@ -1,0 +1,59 @@
+/*
+ * config.h - `sampan serve` settings: defaults, a JSON config file, flags.
+ *
+ * Precedence: built-in defaults < the file given with --config < flags. The
+ * file uses the long flag names as keys (either "max-tokens" or "max_tokens"),
+ * plus "models": {"name": "FILE", ...}. Every value is range-checked; an
+ * error names the flag or key.
+ */
+#ifndef SP_SERVER_CONFIG_H
+#define SP_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sampan/status.h"
+#include "server/http.h"
+
+#define SP_SERVE_MAX_MODELS 16
+#define SP_SERVE_DEMO_MODEL "models/stories260K.gguf"
+#define SP_SERVE_DEMO_NAME "stories260K"
+
+typedef struct sp_serve_model_cfg {
+    char name[128];
+    char path[1024];
+} sp_serve_model_cfg_t;
+
+typedef struct sp_serve_config {
+    char host[256];
+    int port;
+    sp_serve_model_cfg_t models[SP_SERVE_MAX_MODELS];
+    int n_models;
+    char chat_template[64];   /* built-in template name for every model, "" = the file's */
+    int threads;              /* per slot context; 0 = one per core */
+    int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */
+    int parallel;             /* slots per model */
+    int http_threads;         /* event-loop threads */
+    int queue;                /* waiting sequences per model */
+    int max_tokens;           /* cap on max_tokens of one request */
+    int max_n;                /* cap on n */
+    int max_logprobs;         /* cap on logprobs / top_logprobs */
+    int max_embed_inputs;     /* inputs per /v1/embeddings request */
+    int json_depth;           /* nesting limit of request bodies */
+    double drain_timeout_s;   /* SIGTERM: time to finish requests in flight */
+    double request_timeout_s; /* per request wall-clock limit (0 = none) */
+    char api_key[256];        /* "" = no authentication */
+    bool verbose;
+    sp_http_limits_t limits;
+} sp_serve_config_t;
+
+void sp_serve_config_defaults(sp_serve_config_t *c);
+/* Parse argv (argv[0] = "serve"). Returns SP_OK, or an error with err set;
+ * *help is set when --help was given. */
+sp_status_t sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help,
+                                  char *err, size_t err_len);
+/* The usage text. */
+extern const char sp_serve_usage[];
+
+#endif /* SP_SERVER_CONFIG_H */

@@ -1,0 +1,1179 @@
+/*
+ * http.c - HTTP/1.1 connections on libevent loops, parsed by http-parser.
+ *
+ * One connection = one bufferevent, one http_parser, one timer and one
+ * request slot (requests on a connection are answered in order, so pipelined
+ * requests simply wait in the input buffer). States:
+ *
+ *   IDLE    waiting for a request's first byte (timer: header deadline for a
+ *           fresh connection, idle timeout between keep-alive requests)
+ *   HEAD    reading the request line and headers (timer: header deadline)
+ *   BODY    reading the body (timer: body deadline)
+ *   HANDLER a handler owns the request (no timer; reading goes on so that an
+ *           EOF is seen at once, pipelined bytes pile up to a watermark)
+ *   STREAM  the handler streams the answer
+ *   FLUSH   the answer is queued; when the output drains the request is done
+ *
+ * Freeing a connection from inside one of its own callbacks (a handler that
+ * aborts, an error while parsing) is deferred with a nesting counter: the
+ * outermost entry point frees it on the way out.
+ */
+#include "server/http.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <http_parser.h>
+
+#include "core/alloc.h"
+#include "sampan/log.h"
+
+/* Extra response headers a handler may add (Retry-After, Content-Type of errors...). */
+#define EXTRA_HDR_CAP 1024
+/* Pipelined input kept while a request is being answered: reading pauses above it. */
+#define PIPELINE_HIWAT (64u * 1024u)
+
+typedef enum cstate { C_IDLE, C_HEAD, C_BODY, C_HANDLER, C_STREAM, C_FLUSH } cstate_t;
+
+typedef struct hdr {
+    uint32_t name_off, name_len, val_off, val_len;
+} hdr_t;
+
+typedef struct conn conn_t;
+
+struct sp_http_req {
+    conn_t *conn;
+    sp_http_method_t method;
+    sp_str_t path, query, body;
+    uint64_t id;
+    void (*abort_fn)(sp_http_req_t *r, void *ud);
+    void *abort_ud;
+    char extra[EXTRA_HDR_CAP];
+    size_t extra_len;
+};
+
+struct conn {
+    sp_http_loop_t *loop;
+    struct bufferevent *bev;
+    struct event *timer;
+    http_parser parser;
+    cstate_t state;
+    bool fresh;          /* no request seen yet on this connection */
+    bool keep_alive;     /* the current request allows another after it */
+    bool close_after;    /* close once the answer is written */
+    bool http10;
+    bool chunked_out;    /* streaming with chunked encoding */
+    bool msg_complete;
+    bool inflight;       /* counted in the server's in-flight requests */
+    bool dead;           /* close requested while nested */
+    int nest;
+    int hdr_state;       /* 0 none, 1 in a field name, 2 in a value */
+    int err_status;      /* set by a parser callback that rejected the request */
+    const char *err_msg;
+    char *head;          /* request line pieces and headers, cap = max_header_bytes */
+    size_t head_len;
+    size_t url_off, url_len;
+    hdr_t *hdrs;
+    int n_hdrs;
+    char *body;
+    size_t body_len, body_cap;
+    int n_chunks;
+    sp_http_req_t req;
+    conn_t *prev, *next;
+    char peer[64];
+};
+
+struct sp_http_loop {
+    sp_http_server_t *srv;
+    int index;
+    struct event_base *base;
+    struct evconnlistener *listener;
+    int wake_fd;
+    struct event *wake_ev;
+    void (*wake_fn)(void *arg);
+    void *wake_arg;
+    void *user;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    atomic_bool stop_accepting;
+    bool accepting_closed;
+    conn_t *conns; /* all open connections of this loop */
+};
+
+struct sp_http_server {
+    sp_http_server_params_t p;
+    int port;
+    int n_loops;
+    sp_http_loop_t *loops;
+    atomic_int_fast64_t inflight;
+    atomic_int_fast64_t n_conns;
+    atomic_uint_fast64_t next_id;
+    atomic_bool draining;
+    http_parser_settings settings;
+};
+
+sp_http_limits_t
+sp_http_default_limits(void)
+{
+    sp_http_limits_t l = {
+        .max_url_bytes = 8 * 1024,
+        .max_header_bytes = 16 * 1024,
+        .max_headers = 100,
+        .max_body_bytes = 8u << 20,
+        .max_chunks = 65536,
+        .max_connections = 1024,
+        .header_timeout_ms = 10000,
+        .body_timeout_ms = 30000,
+        .idle_timeout_ms = 60000,
+        .write_timeout_ms = 30000,
+        .max_output_bytes = 4u << 20,
+    };
+    return l;
+}
+
+sp_http_server_params_t
+sp_http_default_server_params(void)
+{
+    sp_http_server_params_t p;
+    memset(&p, 0, sizeof p);
+    p.limits = sp_http_default_limits();
+    p.n_loops = 1;
+    return p;
+}
+
+const char *
+sp_http_status_text(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return status < 300 ? "OK" : status < 500 ? "Bad Request" : "Internal Server Error";
+    }
+}
+
+static size_t
+default_error_fmt(int status, const char *message, char *buf, size_t cap)
+{
+    /* message comes from this file or http-parser: no quotes or control bytes. */
+    int n = snprintf(buf, cap, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                     "\"code\":null}}", message,
+                     status >= 500 ? "server_error" : "invalid_request_error");
+    return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
+/* ------------------------------------------------------------------ timers */
+
+static void
+timer_arm(conn_t *c, int ms)
+{
+    if (ms <= 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+/* --------------------------------------------------------- connection life */
+
+static void conn_free(conn_t *c);
+
+static void
+conn_close(conn_t *c)
+{
+    if (c->nest > 0) {
+        c->dead = true;
+        if (c->bev) {
+            bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        }
+        return;
+    }
+    conn_free(c);
+}
+
+/* The handler's request dies with the connection: tell its owner first. */
+static void
+conn_abort_owner(conn_t *c)
+{
+    if ((c->state == C_HANDLER || c->state == C_STREAM) && c->req.abort_fn) {
+        void (*fn)(sp_http_req_t *, void *) = c->req.abort_fn;
+        c->req.abort_fn = NULL;
+        fn(&c->req, c->req.abort_ud);
+    }
+}
+
+static void
+conn_free(conn_t *c)
+{
+    sp_http_loop_t *L = c->loop;
+    sp_http_server_t *s = L->srv;
+    c->nest++; /* the abort callback may call back into this connection */
+    conn_abort_owner(c);
+    if (c->inflight) {
+        atomic_fetch_sub(&s->inflight, 1);
+        c->inflight = false;
+    }
+    if (c->prev) {
+        c->prev->next = c->next;
+    } else {
+        L->conns = c->next;
+    }
+    if (c->next) {
+        c->next->prev = c->prev;
+    }
+    if (c->bev) {
+        bufferevent_free(c->bev);
+    }
+    if (c->timer) {
+        event_free(c->timer);
+    }
+    atomic_fetch_sub(&s->n_conns, 1);
+    sp_free(c->head);
+    sp_free(c->hdrs);
+    sp_free(c->body);
+    sp_free(c);
+}
+
+#define ENTER(c) ((c)->nest++)
+#define LEAVE(c)                                                                \
+    do {                                                                        \
+        if (--(c)->nest == 0 && (c)->dead) {                                    \
+            conn_free(c);                                                       \
+        }                                                                       \
+    } while (0)
+
+/* ------------------------------------------------------------- responses */
+
+static void
+write_head(conn_t *c, int status, const char *ctype, bool has_len, size_t len)
+{
+    sp_http_server_t *s = c->loop->srv;
+    if (atomic_load(&s->draining)) {
+        c->close_after = true;
+    }
+    bool close = c->close_after || !c->keep_alive;
+    if (close) {
+        c->close_after = true;
+    }
+    /* One formatted block and one evbuffer_add: this is on every response's path. */
+    char head[512];
+    int n = snprintf(head, sizeof head, "HTTP/1.%d %d %s\r\nServer: sampan\r\n%s%s%s",
+                     c->http10 ? 0 : 1, status, sp_http_status_text(status),
+                     ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "");
+    if (n < 0 || (size_t)n >= sizeof head) {
+        n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nServer: sampan\r\n", status,
+                     sp_http_status_text(status));
+    }
+    if (has_len) {
+        n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", len);
+    }
+    if (close) {
+        n += snprintf(head + n, sizeof head - (size_t)n, "Connection: close\r\n");
+    } else if (c->http10) {
+        n += snprintf(head + n, sizeof head - (size_t)n, "Connection: keep-alive\r\n");
+    }
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->req.extra_len == 0) {
+        n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+        evbuffer_add(out, head, (size_t)n);
+        return;
+    }
+    evbuffer_add(out, head, (size_t)n);
+    evbuffer_add(out, c->req.extra, c->req.extra_len);
+    evbuffer_add(out, "\r\n", 2);
+}
+
+/* The answer is queued: wait for the output to drain (write_cb finishes it). */
+static void
+conn_flush(conn_t *c)
+{
+    c->state = C_FLUSH;
+    c->req.abort_fn = NULL;
+    timer_arm(c, 0);
+    bufferevent_enable(c->bev, EV_WRITE);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        /* Nothing left to write (cannot normally happen): finish via the callback path. */
+        bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+    }
+}
+
+/* An error the HTTP layer answers itself; the connection closes afterwards. */
+static void
+conn_error(conn_t *c, int status, const char *message)
+{
+    char body[512];
+    sp_http_server_t *s = c->loop->srv;
+    size_t n = s->p.error_fmt ? s->p.error_fmt(status, message, body, sizeof body)
+                              : default_error_fmt(status, message, body, sizeof body);
+    c->close_after = true;
+    c->req.extra_len = 0;
+    write_head(c, status, "application/json", true, n);
+    evbuffer_add(bufferevent_get_output(c->bev), body, n);
+    bufferevent_disable(c->bev, EV_READ);
+    conn_flush(c);
+}
+
+void
+sp_http_add_header(sp_http_req_t *r, const char *name, const char *value)
+{
+    size_t nl = strlen(name), vl = strlen(value);
+    if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n")) {
+        return;
+    }
+    if (r->extra_len + nl + vl + 4 > sizeof r->extra) {
+        return;
+    }
+    char *p = r->extra + r->extra_len;
+    memcpy(p, name, nl);
+    p[nl] = ':';
+    p[nl + 1] = ' ';
+    memcpy(p + nl + 2, value, vl);
+    p[nl + 2 + vl] = '\r';
+    p[nl + 3 + vl] = '\n';
+    r->extra_len += nl + vl + 4;
+}
+
+void
+sp_http_respond(sp_http_req_t *r, int status, const char *content_type, const char *body,
+                size_t len)
+{
+    conn_t *c = r->conn;
+    if (c->state != C_HANDLER) {
+        return;
+    }
+    write_head(c, status, content_type, true, len);
+    if (r->method != SP_HTTP_HEAD && len > 0) {
+        evbuffer_add(bufferevent_get_output(c->bev), body, len);
+    }
+    conn_flush(c);
+}
+
+void
+sp_http_stream_start(sp_http_req_t *r, int status, const char *content_type)
+{
+    conn_t *c = r->conn;
+    if (c->state != C_HANDLER) {
+        return;
+    }
+    c->chunked_out = !c->http10;
+    if (c->http10) {
+        c->close_after = true; /* the end of the body is the end of the connection */
+    } else {
+        sp_http_add_header(r, "Transfer-Encoding", "chunked");
+    }
+    write_head(c, status, content_type, false, 0);
+    c->state = C_STREAM;
+    bufferevent_enable(c->bev, EV_WRITE);
+}
+
+int
+sp_http_stream_write(sp_http_req_t *r, const char *data, size_t len)
+{
+    conn_t *c = r->conn;
+    if (c->state != C_STREAM) {
+        return -1;
+    }
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_get_length(out) > c->loop->srv->p.limits.max_output_bytes) {
+        return -1;
+    }
+    if (len == 0 || r->method == SP_HTTP_HEAD) {
+        return 0;
+    }
+    if (c->chunked_out) {
+        evbuffer_add_printf(out, "%zx\r\n", len);
+        evbuffer_add(out, data, len);
+        evbuffer_add(out, "\r\n", 2);
+    } else {
+        evbuffer_add(out, data, len);
+    }
+    return 0;
+}
+
+void
+sp_http_stream_end(sp_http_req_t *r)
+{
+    conn_t *c = r->conn;
+    if (c->state != C_STREAM) {
+        return;
+    }
+    if (c->chunked_out && r->method != SP_HTTP_HEAD) {
+        evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+    }
+    conn_flush(c);
+}
+
+void
+sp_http_abort(sp_http_req_t *r)
+{
+    conn_t *c = r->conn;
+    c->req.abort_fn = NULL; /* the owner is the one aborting */
+    conn_close(c);
+}
+
+size_t
+sp_http_req_output_pending(const sp_http_req_t *r)
+{
+    return r->conn->bev ? evbuffer_get_length(bufferevent_get_output(r->conn->bev)) : 0;
+}
+
+void
+sp_http_req_on_abort(sp_http_req_t *r, void (*fn)(sp_http_req_t *r, void *ud), void *ud)
+{
+    r->abort_fn = fn;
+    r->abort_ud = ud;
+}
+
+/* -------------------------------------------------------------- accessors */
+
+sp_http_method_t sp_http_req_method(const sp_http_req_t *r) { return r->method; }
+sp_str_t sp_http_req_path(const sp_http_req_t *r) { return r->path; }
+sp_str_t sp_http_req_query(const sp_http_req_t *r) { return r->query; }
+sp_str_t sp_http_req_body(const sp_http_req_t *r) { return r->body; }
+sp_http_loop_t *sp_http_req_loop(const sp_http_req_t *r) { return r->conn->loop; }
+uint64_t sp_http_req_id(const sp_http_req_t *r) { return r->id; }
+const char *sp_http_req_peer(const sp_http_req_t *r) { return r->conn->peer; }
+
+const char *
+sp_http_req_method_str(const sp_http_req_t *r)
+{
+    return http_method_str((enum http_method)r->conn->parser.method);
+}
+
+sp_str_t
+sp_http_req_header(const sp_http_req_t *r, const char *name)
+{
+    const conn_t *c = r->conn;
+    size_t n = strlen(name);
+    for (int i = 0; i < c->n_hdrs; i++) {
+        const hdr_t *h = &c->hdrs[i];
+        if (h->name_len == n && strncasecmp(c->head + h->name_off, name, n) == 0) {
+            sp_str_t v = {c->head + h->val_off, h->val_len};
+            /* trim the optional whitespace around a field value */
+            while (v.len && (v.ptr[v.len - 1] == ' ' || v.ptr[v.len - 1] == '\t')) {
+                v.len--;
+            }
+            return v;
+        }
+    }
+    sp_str_t none = {NULL, 0};
+    return none;
+}
+
+/* --------------------------------------------------------- parser callbacks */
+
+static int
+reject(conn_t *c, int status, const char *msg)
+{
+    c->err_status = status;
+    c->err_msg = msg;
+    return -1;
+}
+
+static int
+head_append(conn_t *c, const char *at, size_t len)
+{
+    if (len > c->loop->srv->p.limits.max_header_bytes - c->head_len) {
+        return -1;
+    }
+    memcpy(c->head + c->head_len, at, len);
+    c->head_len += len;
+    return 0;
+}
+
+static int
+on_message_begin(http_parser *p)
+{
+    conn_t *c = p->data;
+    c->head_len = 0;
+    c->url_off = c->url_len = 0;
+    c->n_hdrs = 0;
+    c->hdr_state = 0;
+    c->body_len = 0;
+    c->n_chunks = 0;
+    return 0;
+}
+
+static int
+on_url(http_parser *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    if (c->url_len == 0) {
+        c->url_off = c->head_len;
+    }
+    if (c->url_len + len > c->loop->srv->p.limits.max_url_bytes) {
+        return reject(c, 414, "request target too long");
+    }
+    if (head_append(c, at, len) != 0) {
+        return reject(c, 431, "request header section too large");
+    }
+    c->url_len += len;
+    return 0;
+}
+
+static int
+on_header_field(http_parser *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    if (c->hdr_state != 1) {
+        if (c->n_hdrs >= c->loop->srv->p.limits.max_headers) {
+            return reject(c, 431, "too many header fields");
+        }
+        hdr_t *h = &c->hdrs[c->n_hdrs++];
+        h->name_off = (uint32_t)c->head_len;
+        h->name_len = 0;
+        h->val_off = (uint32_t)c->head_len;
+        h->val_len = 0;
+        c->hdr_state = 1;
+    }
+    if (head_append(c, at, len) != 0) {
+        return reject(c, 431, "request header section too large");
+    }
+    c->hdrs[c->n_hdrs - 1].name_len += (uint32_t)len;
+    return 0;
+}
+
+static int
+on_header_value(http_parser *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    if (c->n_hdrs == 0) {
+        return reject(c, 400, "header value without a name");
+    }
+    hdr_t *h = &c->hdrs[c->n_hdrs - 1];
+    if (c->hdr_state != 2) {
+        h->val_off = (uint32_t)c->head_len;
+        c->hdr_state = 2;
+    }
+    if (head_append(c, at, len) != 0) {
+        return reject(c, 431, "request header section too large");
+    }
+    h->val_len += (uint32_t)len;
+    return 0;
+}
+
+static int
+on_headers_complete(http_parser *p)
+{
+    conn_t *c = p->data;
+    const sp_http_limits_t *lim = &c->loop->srv->p.limits;
+    c->keep_alive = http_should_keep_alive(p) != 0;
+    c->http10 = p->http_major == 1 && p->http_minor == 0;
+    if (p->http_major != 1) {
+        return reject(c, 505, "only HTTP/1.0 and HTTP/1.1 are supported");
+    }
+    if ((p->flags & F_CONTENTLENGTH) && p->content_length > lim->max_body_bytes) {
+        return reject(c, 413, "request body too large");
+    }
+    /* A client that waits for 100 Continue gets it only when the body fits. */
+    sp_str_t expect = sp_http_req_header(&c->req, "expect");
+    if (expect.ptr && expect.len == 12 && strncasecmp(expect.ptr, "100-continue", 12) == 0 &&
+        !c->http10) {
+        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    }
+    c->state = C_BODY;
+    timer_arm(c, lim->body_timeout_ms);
+    return 0;
+}
+
+static int
+on_body(http_parser *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    size_t max = c->loop->srv->p.limits.max_body_bytes;
+    if (len > max - c->body_len) {
+        return reject(c, 413, "request body too large");
+    }
+    if (c->body_len + len > c->body_cap) {
+        size_t cap = c->body_cap ? c->body_cap : 4096;
+        while (cap < c->body_len + len) {
+            cap *= 2;
+        }
+        if (cap > max) {
+            cap = max;
+        }
+        char *nb = sp_realloc(c->body, cap + 1);
+        if (nb == NULL) {
+            return reject(c, 503, "out of memory");
+        }
+        c->body = nb;
+        c->body_cap = cap;
+    }
+    memcpy(c->body + c->body_len, at, len);
+    c->body_len += len;
+    return 0;
+}
+
+static int
+on_chunk_header(http_parser *p)
+{
+    conn_t *c = p->data;
+    if (++c->n_chunks > c->loop->srv->p.limits.max_chunks) {
+        return reject(c, 400, "too many chunks in the request body");
+    }
+    return 0;
+}
+
+static int
+on_message_complete(http_parser *p)
+{
+    conn_t *c = p->data;
+    c->msg_complete = true;
+    http_parser_pause(p, 1); /* one request at a time: the next waits in the buffer */
+    return 0;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static sp_http_method_t
+map_method(unsigned m)
+{
+    switch (m) {
+    case HTTP_GET: return SP_HTTP_GET;
+    case HTTP_HEAD: return SP_HTTP_HEAD;
+    case HTTP_POST: return SP_HTTP_POST;
+    case HTTP_PUT: return SP_HTTP_PUT;
+    case HTTP_DELETE: return SP_HTTP_DELETE;
+    case HTTP_OPTIONS: return SP_HTTP_OPTIONS;
+    case HTTP_PATCH: return SP_HTTP_PATCH;
+    default: return SP_HTTP_OTHER;
+    }
+}
+
+static void
+dispatch(conn_t *c)
+{
+    sp_http_server_t *s = c->loop->srv;
+    sp_http_req_t *r = &c->req;
+    timer_arm(c, 0);
+    c->fresh = false;
+    r->method = map_method(c->parser.method);
+    r->id = atomic_fetch_add(&s->next_id, 1) + 1;
+    r->abort_fn = NULL;
+    r->abort_ud = NULL;
+    r->extra_len = 0;
+    const char *url = c->head + c->url_off;
+    const char *q = memchr(url, '?', c->url_len);
+    size_t plen = q ? (size_t)(q - url) : c->url_len;
+    r->path.ptr = url;
+    r->path.len = plen;
+    r->query.ptr = q ? q + 1 : url + plen;
+    r->query.len = q ? c->url_len - plen - 1 : 0;
+    if (c->body) {
+        c->body[c->body_len] = '\0'; /* handy for parsers that want a C string */
+    }
+    r->body.ptr = c->body ? c->body : "";
+    r->body.len = c->body_len;
+    if (url[0] != '/' && !(c->url_len == 1 && url[0] == '*')) {
+        conn_error(c, 400, "request target must be an absolute path");
+        return;
+    }
+    c->state = C_HANDLER;
+    c->inflight = true;
+    atomic_fetch_add(&s->inflight, 1);
+    /* Pipelined bytes may arrive while the handler works; cap what is kept. */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, PIPELINE_HIWAT);
+    s->p.handler(r, s->p.handler_ud);
+}
+
+/* Parse whatever is buffered while the connection is between requests. */
+static void
+process_input(conn_t *c)
+{
+    sp_http_server_t *s = c->loop->srv;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (!c->dead && (c->state == C_IDLE || c->state == C_HEAD || c->state == C_BODY)) {
+        if (evbuffer_get_length(in) == 0) {
+            return;
+        }
+        if (c->state == C_IDLE) {
+            c->state = C_HEAD;
+            c->err_status = 0;
+            timer_arm(c, s->p.limits.header_timeout_ms);
+        }
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1) {
+            return;
+        }
+        size_t used = http_parser_execute(&c->parser, &s->settings, v.iov_base, v.iov_len);
+        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        evbuffer_drain(in, used);
+        if (c->msg_complete) {
+            c->msg_complete = false;
+            http_parser_pause(&c->parser, 0);
+            dispatch(c);
+            continue;
+        }
+        if (e != HPE_OK || used < v.iov_len) {
+            int st = c->err_status ? c->err_status : e == HPE_HEADER_OVERFLOW ? 431 : 400;
+            const char *msg = c->err_msg ? c->err_msg : http_errno_description(e);
+            conn_error(c, st, msg);
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------ libevent callbacks */
+
+static void
+read_cb(struct bufferevent *bev, void *arg)
+{
+    conn_t *c = arg;
+    ENTER(c);
+    process_input(c);
+    LEAVE(c);
+}
+
+static void
+write_cb(struct bufferevent *bev, void *arg)
+{
+    conn_t *c = arg;
+    if (c->state != C_FLUSH || evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        return;
+    }
+    ENTER(c);
+    sp_http_server_t *s = c->loop->srv;
+    if (c->inflight) {
+        atomic_fetch_sub(&s->inflight, 1);
+        c->inflight = false;
+    }
+    if (c->close_after || atomic_load(&s->draining)) {
+        conn_close(c);
+    } else {
+        c->state = C_IDLE;
+        c->chunked_out = false;
+        bufferevent_setwatermark(c->bev, EV_READ, 0, s->p.limits.max_header_bytes + 65536);
+        bufferevent_enable(c->bev, EV_READ);
+        timer_arm(c, s->p.limits.idle_timeout_ms);
+        process_input(c); /* a pipelined request may already be here */
+    }
+    LEAVE(c);
+}
+
+static void
+event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    conn_t *c = arg;
+    ENTER(c);
+    if ((what & BEV_EVENT_EOF) && c->state == C_FLUSH &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        /* The client half-closed after its request: still deliver the answer. */
+        c->close_after = true;
+    } else {
+        conn_close(c);
+    }
+    LEAVE(c);
+}
+
+static void
+timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    conn_t *c = arg;
+    ENTER(c);
+    switch (c->state) {
+    case C_HEAD:
+        conn_error(c, 408, "request head not received in time");
+        break;
+    case C_BODY:
+        conn_error(c, 408, "request body not received in time");
+        break;
+    case C_IDLE:
+        conn_close(c);
+        break;
+    default:
+        break;
+    }
+    LEAVE(c);
+}
+
+static void
+accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, int salen,
+          void *arg)
+{
+    sp_http_loop_t *L = arg;
+    sp_http_server_t *s = L->srv;
+    if (atomic_load(&s->n_conns) >= s->p.limits.max_connections || atomic_load(&s->draining)) {
+        static const char busy[] =
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            "Content-Length: 91\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+            "{\"error\":{\"message\":\"too many connections\",\"type\":\"server_error\",\"param\":null,"
+            "\"code\":null}}";
+        ssize_t wr = send(fd, busy, sizeof busy - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)wr;
+        close(fd);
+        return;
+    }
+    conn_t *c = sp_calloc(1, sizeof *c);
+    char *head = sp_malloc(s->p.limits.max_header_bytes);
+    hdr_t *hdrs = sp_calloc((size_t)s->p.limits.max_headers, sizeof(hdr_t));
+    struct bufferevent *bev = bufferevent_socket_new(L->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    struct event *tm = c ? evtimer_new(L->base, timer_cb, c) : NULL;
+    if (!c || !head || !hdrs || !bev || !tm) {
+        if (bev) {
+            bufferevent_free(bev);
+        } else {
+            close(fd);
+        }
+        if (tm) {
+            event_free(tm);
+        }
+        sp_free(c);
+        sp_free(head);
+        sp_free(hdrs);
+        return;
+    }
+    atomic_fetch_add(&s->n_conns, 1);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->loop = L;
+    c->bev = bev;
+    c->timer = tm;
+    c->head = head;
+    c->hdrs = hdrs;
+    c->fresh = true;
+    c->req.conn = c;
+    c->state = C_IDLE;
+    http_parser_init(&c->parser, HTTP_REQUEST);
+    c->parser.data = c;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(in->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        char ip[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+        snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(in6->sin6_port));
+    }
+    c->next = L->conns;
+    if (L->conns) {
+        L->conns->prev = c;
+    }
+    L->conns = c;
+    bufferevent_setcb(bev, read_cb, write_cb, event_cb, c);
+    bufferevent_setwatermark(bev, EV_READ, 0, s->p.limits.max_header_bytes + 65536);
+    if (s->p.limits.write_timeout_ms > 0) {
+        struct timeval wt = {s->p.limits.write_timeout_ms / 1000,
+                             (s->p.limits.write_timeout_ms % 1000) * 1000};
+        bufferevent_set_timeouts(bev, NULL, &wt);
+    }
+    bufferevent_enable(bev, EV_READ);
+    /* A fresh connection must start its request within the header deadline. */
+    timer_arm(c, s->p.limits.header_timeout_ms);
+}
+
+static void
+reenable_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sp_http_loop_t *L = arg;
+    if (L->listener) { /* closed meanwhile by a drain */
+        evconnlistener_enable(L->listener);
+    }
+}
+
+static void
+accept_error_cb(struct evconnlistener *lst, void *arg)
+{
+    int e = EVUTIL_SOCKET_ERROR();
+    SP_LOG_WARN("event=accept_error error=\"%s\"", evutil_socket_error_to_string(e));
+    /* EMFILE and friends: back off instead of spinning on the ready socket. */
+    if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        evconnlistener_disable(lst);
+        sp_http_loop_t *L = arg;
+        struct timeval tv = {0, 100000};
+        event_base_once(L->base, -1, EV_TIMEOUT, reenable_cb, L, &tv);
+    }
+}
+
+/* --------------------------------------------------------------- the loops */
+
+static void
+close_listener(sp_http_loop_t *L)
+{
+    if (L->listener) {
+        evconnlistener_free(L->listener);
+        L->listener = NULL;
+    }
+}
+
+static void
+wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sp_http_loop_t *L = arg;
+    uint64_t v;
+    ssize_t rd = read(L->wake_fd, &v, sizeof v);
+    (void)rd;
+    if (atomic_load(&L->stop)) {
+        event_base_loopbreak(L->base);
+        return;
+    }
+    if (atomic_load(&L->stop_accepting) && !L->accepting_closed) {
+        L->accepting_closed = true;
+        close_listener(L);
+        /* Idle keep-alive connections would only receive 503s from now on. */
+        conn_t *c = L->conns;
+        while (c) {
+            conn_t *next = c->next;
+            if (c->state == C_IDLE) {
+                conn_close(c);
+            }
+            c = next;
+        }
+    }
+    if (L->wake_fn) {
+        L->wake_fn(L->wake_arg);
+    }
+}
+
+void
+sp_http_loop_wake(sp_http_loop_t *L)
+{
+    uint64_t one = 1;
+    ssize_t wr = write(L->wake_fd, &one, sizeof one);
+    (void)wr; /* a full counter still wakes the loop */
+}
+
+struct event_base *sp_http_loop_base(sp_http_loop_t *L) { return L->base; }
+void *sp_http_loop_user(sp_http_loop_t *L) { return L->user; }
+
+void
+sp_http_loop_set_wake_cb(sp_http_loop_t *L, void (*fn)(void *arg), void *arg)
+{
+    L->wake_arg = arg;
+    L->wake_fn = fn;
+}
+
+static void *
+loop_main(void *arg)
+{
+    sp_http_loop_t *L = arg;
+    sp_http_server_t *s = L->srv;
+    event_base_dispatch(L->base);
+    /* Shutdown: abort what is still open on this loop, on its own thread. */
+    close_listener(L);
+    while (L->conns) {
+        conn_t *c = L->conns;
+        c->nest = 0;
+        conn_free(c);
+    }
+    if (s->p.loop_fini) {
+        s->p.loop_fini(L, L->user, s->p.handler_ud);
+    }
+    return NULL;
+}
+
+static int
+bind_listener(sp_http_server_t *s, sp_http_loop_t *L, const char *host, int port, char *err,
+              size_t err_len)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int gai = getaddrinfo(host, ps, &hints, &res);
+    if (gai != 0) {
+        sp_errf(err, err_len, SP_ERR_INVALID, "--host %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    unsigned flags = LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE;
+    if (s->n_loops > 1) {
+        flags |= LEV_OPT_REUSEABLE_PORT;
+    }
+    L->listener = evconnlistener_new_bind(L->base, accept_cb, L, flags, 1024, res->ai_addr,
+                                          (int)res->ai_addrlen);
+    int e = errno;
+    freeaddrinfo(res);
+    if (L->listener == NULL) {
+        sp_errf(err, err_len, SP_ERR_IO, "cannot listen on %s:%d: %s", host, port, strerror(e));
+        return -1;
+    }
+    evconnlistener_set_error_cb(L->listener, accept_error_cb);
+    return 0;
+}
+
+sp_status_t
+sp_http_server_create(const sp_http_server_params_t *p, const char *host, int port,
+                      sp_http_server_t **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (p->handler == NULL || p->n_loops < 1 || p->n_loops > 64) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "http: a handler and 1..64 loops are required");
+    }
+    const sp_http_limits_t *l = &p->limits;
+    if (l->max_header_bytes < 256 || l->max_header_bytes > (64u << 20) || l->max_headers < 1 ||
+        l->max_url_bytes < 16 || l->max_connections < 1 || l->max_chunks < 1) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "http: limits out of range");
+    }
+    sp_http_server_t *s = sp_calloc(1, sizeof *s);
+    if (s == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
+    }
+    s->p = *p;
+    s->n_loops = p->n_loops;
+    http_parser_settings_init(&s->settings);
+    s->settings.on_message_begin = on_message_begin;
+    s->settings.on_url = on_url;
+    s->settings.on_header_field = on_header_field;
+    s->settings.on_header_value = on_header_value;
+    s->settings.on_headers_complete = on_headers_complete;
+    s->settings.on_body = on_body;
+    s->settings.on_chunk_header = on_chunk_header;
+    s->settings.on_message_complete = on_message_complete;
+    /* http-parser's own cap (process-wide) sits just above ours, so ours speaks first. */
+    http_parser_set_max_header_size((uint32_t)(l->max_header_bytes + 1024));
+    s->loops = sp_calloc((size_t)s->n_loops, sizeof *s->loops);
+    if (s->loops == NULL) {
+        sp_free(s);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
+    }
+    for (int i = 0; i < s->n_loops; i++) {
+        s->loops[i].wake_fd = -1;
+    }
+    for (int i = 0; i < s->n_loops; i++) {
+        sp_http_loop_t *L = &s->loops[i];
+        L->srv = s;
+        L->index = i;
+        L->base = event_base_new();
+        L->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (L->base == NULL || L->wake_fd < 0) {
+            sp_errf(err, err_len, SP_ERR_IO, "http: cannot create event loop: %s", strerror(errno));
+            goto fail;
+        }
+        L->wake_ev = event_new(L->base, L->wake_fd, EV_READ | EV_PERSIST, wake_cb, L);
+        if (L->wake_ev == NULL || event_add(L->wake_ev, NULL) != 0) {
+            sp_errf(err, err_len, SP_ERR_IO, "http: cannot create event loop");
+            goto fail;
+        }
+        if (bind_listener(s, L, host, i == 0 ? port : s->port, err, err_len) != 0) {
+            goto fail;
+        }
+        if (i == 0) {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            getsockname(evconnlistener_get_fd(L->listener), (struct sockaddr *)&ss, &sl);
+            s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+        if (p->loop_init) {
+            L->user = p->loop_init(L, p->handler_ud);
+        }
+    }
+    *out = s;
+    return SP_OK;
+fail:
+    sp_http_server_destroy(s);
+    return SP_ERR_IO;
+}
+
+int
+sp_http_server_port(const sp_http_server_t *s)
+{
+    return s->port;
+}
+
+sp_status_t
+sp_http_server_start(sp_http_server_t *s, char *err, size_t err_len)
+{
+    for (int i = 0; i < s->n_loops; i++) {
+        sp_http_loop_t *L = &s->loops[i];
+        if (pthread_create(&L->thread, NULL, loop_main, L) != 0) {
+            return sp_errf(err, err_len, SP_ERR_IO, "http: cannot start loop thread");
+        }
+        L->started = true;
+    }
+    return SP_OK;
+}
+
+void
+sp_http_server_stop_accepting(sp_http_server_t *s)
+{
+    atomic_store(&s->draining, true);
+    for (int i = 0; i < s->n_loops; i++) {
+        atomic_store(&s->loops[i].stop_accepting, true);
+        sp_http_loop_wake(&s->loops[i]);
+    }
+}
+
+int64_t
+sp_http_server_inflight(const sp_http_server_t *s)
+{
+    return atomic_load(&((sp_http_server_t *)s)->inflight);
+}
+
+int64_t
+sp_http_server_connections(const sp_http_server_t *s)
+{
+    return atomic_load(&((sp_http_server_t *)s)->n_conns);
+}
+
+void
+sp_http_server_destroy(sp_http_server_t *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    for (int i = 0; i < s->n_loops; i++) {
+        sp_http_loop_t *L = &s->loops[i];
+        if (L->started) {
+            atomic_store(&L->stop, true);
+            sp_http_loop_wake(L);
+            pthread_join(L->thread, NULL);
+        } else {
+            close_listener(L);
+            if (L->base && s->p.loop_fini && L->user) {
+                s->p.loop_fini(L, L->user, s->p.handler_ud);
+            }
+        }
+        if (L->wake_ev) {
+            event_free(L->wake_ev);
+        }
+        if (L->base) {
+            event_base_free(L->base);
+        }
+        if (L->wake_fd >= 0) {
+            close(L->wake_fd);
+        }
+    }
+    sp_free(s->loops);
+    sp_free(s);
+}

@@ -1,0 +1,1294 @@
+/*
+ * openai.c - the OpenAI API: /v1/models, /v1/completions,
+ * /v1/chat/completions, /v1/embeddings.
+ *
+ * A request is parsed and validated on the loop thread (every field's type
+ * and range, 400 naming the field), tokenized, and submitted through the
+ * seam (sched.h). Its events come back on the same loop: streamed as SSE
+ * `data:` chunks the moment they arrive, or gathered into one response.
+ * A client that disconnects cancels the job (sp_http_req_on_abort); a client
+ * that reads too slowly (its unsent output over the limit) is dropped and its
+ * job cancelled, so neither holds the engine.
+ *
+ * Defaults follow OpenAI, not `sampan run`: temperature 1, top_p 1, top_k
+ * and min_p off, a random seed; max_tokens 16 for completions and "the rest
+ * of the context" (capped by --max-tokens) for chat.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "engine/tokenizer.h"
+#include "sampan/log.h"
+#include "server/server.h"
+
+typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
+
+typedef struct choice {
+    sp_jbuf_t text;      /* non-streaming: the whole text */
+    sp_jbuf_t lp;        /* non-streaming logprobs: chat content entries, or
+                            completions' four arrays kept apart: */
+    sp_jbuf_t lp_tokens, lp_values, lp_top, lp_offsets;
+    int n_lp;
+    size_t text_offset;  /* completions: bytes of token text so far */
+    sp_finish_t finish;
+    bool finished;
+} choice_t;
+
+typedef struct oai_req {
+    sp_http_req_t *http;
+    sp_server_t *srv;
+    sp_served_model_t *m;
+    sp_sched_job_t *job;
+    oai_kind_t kind;
+    bool stream, include_usage, lp_on;
+    int n;
+    int top_logprobs;
+    char id[64];
+    int64_t created;
+    int64_t n_prompt;
+    choice_t *choices;
+    sp_jbuf_t out;
+    /* embeddings */
+    float *emb;
+    int n_embd;
+    bool base64;
+} oai_req_t;
+
+/* ------------------------------------------------------------- helpers */
+
+static void
+make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
+{
+    static _Atomic uint64_t ctr;
+    uint64_t x = (uint64_t)sp_time_ns() ^ (req_id * 0x9E3779B97F4A7C15ull) ^ (ctr++ << 40);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    snprintf(buf, cap, "%s-%016llx", prefix, (unsigned long long)x);
+}
+
+static uint64_t
+random_seed(uint64_t req_id)
+{
+    uint64_t x = (uint64_t)sp_time_ns() + req_id * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+}
+
+static const char *
+finish_str(sp_finish_t f)
+{
+    return f == SP_FINISH_LENGTH ? "length" : "stop";
+}
+
+static void
+oai_free(oai_req_t *q)
+{
+    if (q == NULL) {
+        return;
+    }
+    for (int i = 0; q->choices && i < q->n; i++) {
+        choice_t *c = &q->choices[i];
+        sp_jbuf_free(&c->text);
+        sp_jbuf_free(&c->lp);
+        sp_jbuf_free(&c->lp_tokens);
+        sp_jbuf_free(&c->lp_values);
+        sp_jbuf_free(&c->lp_top);
+        sp_jbuf_free(&c->lp_offsets);
+    }
+    sp_free(q->choices);
+    sp_free(q->emb);
+    sp_jbuf_free(&q->out);
+    sp_free(q);
+}
+
+static void
+on_abort(sp_http_req_t *r, void *ud)
+{
+    oai_req_t *q = ud;
+    SP_LOG_INFO("event=client_disconnect req=%llu", (unsigned long long)sp_http_req_id(r));
+    sp_sched_cancel(q->job);
+    oai_free(q);
+}
+
+/* Model lookup plus readiness; answers the error itself and returns NULL. */
+static sp_served_model_t *
+get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body)
+{
+    const json_t *mv = json_object_get(body, "model");
+    if (mv == NULL || json_is_null(mv)) {
+        sp_server_error(r, 400, NULL, "model", NULL, "'model' is required");
+        return NULL;
+    }
+    if (!json_is_string(mv)) {
+        sp_server_error(r, 400, NULL, "model", NULL, "'model' must be a string");
+        return NULL;
+    }
+    sp_served_model_t *m = sp_server_find_model(s, json_string_value(mv), json_string_length(mv));
+    if (m == NULL) {
+        sp_jbuf_t nm;
+        sp_jbuf_init(&nm);
+        sp_jbuf_str(&nm, json_string_value(mv), json_string_length(mv) > 128 ? 128 : json_string_length(mv));
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model %s does not exist", nm.p ? nm.p : "\"\"");
+        sp_jbuf_free(&nm);
+        return NULL;
+    }
+    if (!atomic_load(&m->ready)) {
+        sp_http_add_header(r, "Retry-After", "1");
+        sp_server_error(r, 503, "service_unavailable", NULL, "model_loading", "the model %s is loading",
+                        m->name);
+        return NULL;
+    }
+    return m;
+}
+
+static void
+field_error(sp_http_req_t *r, const sp_json_err_t *e)
+{
+    sp_server_error(r, 400, NULL, e->param, NULL, "%s", e->msg);
+}
+
+/* ------------------------------------------------------ parameter parsing */
+
+/* Sampling, limits, stop, logprobs, response_format. Returns -1 after answering. */
+static int
+parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens_out,
+          bool *max_given)
+{
+    sp_http_req_t *r = q->http;
+    const sp_serve_config_t *cfg = &q->srv->cfg;
+    sp_json_err_t e = {{0}, NULL};
+    *g = sp_gen_default_params();
+    g->sampling.temperature = 1.0f;
+    g->sampling.top_k = 0;
+    g->sampling.top_p = 1.0f;
+    g->sampling.min_p = 0.0f;
+    g->sampling.repeat_penalty = 1.0f;
+    g->sampling.seed = random_seed(sp_http_req_id(r));
+    double d;
+    int64_t v;
+    int rc;
+#define NUM(key, lo, hi, dst)                                                   \
+    if ((rc = sp_json_get_num(b, key, lo, hi, &d, &e)) < 0) {                   \
+        field_error(r, &e);                                                     \
+        return -1;                                                              \
+    } else if (rc > 0) {                                                        \
+        dst = (float)d;                                                         \
+    }
+    NUM("temperature", 0, 2, g->sampling.temperature);
+    NUM("top_p", 0, 1, g->sampling.top_p);
+    NUM("min_p", 0, 1, g->sampling.min_p);
+    NUM("presence_penalty", -2, 2, g->sampling.presence_penalty);
+    NUM("frequency_penalty", -2, 2, g->sampling.frequency_penalty);
+    NUM("repetition_penalty", 0.01, 10, g->sampling.repeat_penalty);
+#undef NUM
+    if (g->sampling.top_p <= 0.0f) {
+        sp_server_error(r, 400, NULL, "top_p", NULL, "'top_p' must be greater than 0");
+        return -1;
+    }
+    if ((rc = sp_json_get_int(b, "top_k", -1, 1 << 20, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        g->sampling.top_k = v < 0 ? 0 : (int32_t)v;
+    }
+    if ((rc = sp_json_get_int(b, "seed", INT64_MIN, INT64_MAX, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        g->sampling.seed = (uint64_t)v;
+    }
+    bool ignore_eos = false;
+    if (sp_json_get_bool(b, "ignore_eos", &ignore_eos, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    g->ignore_eos = ignore_eos;
+    /* max_completion_tokens (chat, newer) wins over max_tokens. */
+    *max_given = false;
+    const char *mk = q->kind == OAI_CHAT && json_object_get(b, "max_completion_tokens") &&
+                             !json_is_null(json_object_get(b, "max_completion_tokens"))
+                         ? "max_completion_tokens"
+                         : "max_tokens";
+    if ((rc = sp_json_get_int(b, mk, 1, cfg->max_tokens, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        *max_tokens_out = v;
+        *max_given = true;
+    }
+    /* stop: a string or a list of non-empty strings */
+    const json_t *st = json_object_get(b, "stop");
+    if (st && !json_is_null(st)) {
+        if (json_is_string(st)) {
+            if (json_string_length(st) == 0 || json_string_length(st) > SP_GEN_MAX_STOP_LEN) {
+                sp_server_error(r, 400, NULL, "stop", NULL,
+                                "'stop' strings must have 1 to %d bytes", SP_GEN_MAX_STOP_LEN);
+                return -1;
+            }
+            g->stop[0] = json_string_value(st);
+            g->n_stop = 1;
+        } else if (json_is_array(st)) {
+            if (json_array_size(st) > SP_GEN_MAX_STOP) {
+                sp_server_error(r, 400, NULL, "stop", NULL, "'stop' has more than %d strings",
+                                SP_GEN_MAX_STOP);
+                return -1;
+            }
+            for (size_t i = 0; i < json_array_size(st); i++) {
+                const json_t *s = json_array_get(st, i);
+                if (!json_is_string(s) || json_string_length(s) == 0 ||
+                    json_string_length(s) > SP_GEN_MAX_STOP_LEN ||
+                    strlen(json_string_value(s)) != json_string_length(s)) {
+                    sp_server_error(r, 400, NULL, "stop", NULL,
+                                    "'stop' must be a list of strings of 1 to %d bytes",
+                                    SP_GEN_MAX_STOP_LEN);
+                    return -1;
+                }
+                g->stop[g->n_stop++] = json_string_value(s);
+            }
+        } else {
+            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' must be a string or a list of strings");
+            return -1;
+        }
+        if (json_is_string(st) && strlen(g->stop[0]) != json_string_length(st)) {
+            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' may not contain NUL");
+            return -1;
+        }
+    }
+    if ((rc = sp_json_get_int(b, "n", 1, cfg->max_n, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    q->n = rc > 0 ? (int)v : 1;
+    if (sp_json_get_bool(b, "stream", &q->stream, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    const json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            sp_server_error(r, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
+            return -1;
+        }
+        if (sp_json_get_bool(so, "include_usage", &q->include_usage, &e) < 0) {
+            e.param = "stream_options.include_usage";
+            field_error(r, &e);
+            return -1;
+        }
+    }
+    /* Log-probabilities: chat has logprobs (bool) + top_logprobs (int);
+     * completions has logprobs (int). */
+    q->top_logprobs = -1;
+    if (q->kind == OAI_CHAT) {
+        bool lp = false;
+        if (sp_json_get_bool(b, "logprobs", &lp, &e) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if ((rc = sp_json_get_int(b, "top_logprobs", 0, cfg->max_logprobs, &v, &e)) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if (rc > 0 && !lp) {
+            sp_server_error(r, 400, NULL, "top_logprobs", NULL,
+                            "'top_logprobs' requires 'logprobs': true");
+            return -1;
+        }
+        if (lp) {
+            q->top_logprobs = rc > 0 ? (int)v : 0;
+        }
+    } else {
+        if ((rc = sp_json_get_int(b, "logprobs", 0, cfg->max_logprobs, &v, &e)) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if (rc > 0) {
+            q->top_logprobs = (int)v;
+        }
+    }
+    q->lp_on = q->top_logprobs >= 0;
+    g->top_logprobs = q->top_logprobs;
+    const json_t *rf = json_object_get(b, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *t = NULL;
+        if (!json_is_object(rf) || sp_json_get_str(rf, "type", &t, NULL, &e) <= 0) {
+            sp_server_error(r, 400, NULL, "response_format", NULL,
+                            "'response_format' must be an object with a 'type'");
+            return -1;
+        }
+        if (strcmp(t, "json_object") == 0) {
+            g->json_object = true;
+        } else if (strcmp(t, "text") != 0) {
+            sp_server_error(r, 400, NULL, "response_format.type", NULL,
+                            "response_format type '%s' is not supported (text, json_object)", t);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Token ids of a prompt given as ids. */
+static int
+parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, int64_t cap,
+               int64_t *n_out)
+{
+    size_t n = json_array_size(a);
+    if ((int64_t)n > cap) {
+        sp_server_error(q->http, 400, NULL, param, NULL,
+                        "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
+        return -1;
+    }
+    int32_t n_vocab = sp_tokenizer_n_vocab(q->m->tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(a, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
+            sp_server_error(q->http, 400, NULL, param, NULL,
+                            "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
+            return -1;
+        }
+        toks[i] = (int32_t)json_integer_value(t);
+    }
+    *n_out = (int64_t)n;
+    return 0;
+}
+
+/* Tokenize text into toks (cap entries); 400 when it does not fit. */
+static int
+tokenize_text(oai_req_t *q, const char *param, const char *text, size_t len, bool add_bos,
+              bool special, int32_t *toks, int64_t cap, int64_t *n_out)
+{
+    /* No vocabulary spends 64 bytes per token on average: longer text cannot
+     * fit, and is refused before the tokenizer spends time on it. */
+    if (len / 64 > (size_t)cap) {
+        sp_server_error(q->http, 400, NULL, param, "context_length_exceeded",
+                        "the prompt is too long for the context of %lld tokens", (long long)cap);
+        return -1;
+    }
+    int64_t n = sp_tokenize(q->m->tok, text, len, add_bos, special, toks, cap);
+    if (n < 0) {
+        sp_server_error(q->http, 400, NULL, param, NULL, "cannot tokenize the prompt: %s",
+                        sp_status_str((sp_status_t)n));
+        return -1;
+    }
+    if (n > cap) {
+        sp_server_error(q->http, 400, NULL, param, "context_length_exceeded",
+                        "the prompt has %lld tokens, the context holds %lld", (long long)n,
+                        (long long)cap);
+        return -1;
+    }
+    *n_out = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------- responses */
+
+static void
+begin_object(oai_req_t *q, sp_jbuf_t *b, const char *object)
+{
+    sp_jbuf_lit(b, "{\"id\":");
+    sp_jbuf_cstr(b, q->id);
+    sp_jbuf_lit(b, ",\"object\":");
+    sp_jbuf_cstr(b, object);
+    sp_jbuf_printf(b, ",\"created\":%lld,\"model\":", (long long)q->created);
+    sp_jbuf_cstr(b, q->m->name);
+    sp_jbuf_lit(b, ",\"system_fingerprint\":\"sampan\"");
+}
+
+static void
+write_usage(sp_jbuf_t *b, int64_t prompt, int64_t completion)
+{
+    sp_jbuf_printf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+                   "\"total_tokens\":%lld}",
+                   (long long)prompt, (long long)completion, (long long)(prompt + completion));
+}
+
+static void
+write_bytes(sp_jbuf_t *b, const char *s, int32_t n)
+{
+    sp_jbuf_lit(b, "[");
+    for (int32_t i = 0; i < n; i++) {
+        sp_jbuf_printf(b, i ? ",%u" : "%u", (unsigned)(unsigned char)s[i]);
+    }
+    sp_jbuf_lit(b, "]");
+}
+
+/* One chat logprobs "content" entry. */
+static void
+write_chat_lp(sp_jbuf_t *b, const sp_sched_event_t *ev)
+{
+    sp_jbuf_lit(b, "{\"token\":");
+    sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
+    sp_jbuf_lit(b, ",\"logprob\":");
+    sp_jbuf_num(b, ev->chosen.logprob);
+    sp_jbuf_lit(b, ",\"bytes\":");
+    write_bytes(b, ev->chosen.text, ev->chosen.text_len);
+    sp_jbuf_lit(b, ",\"top_logprobs\":[");
+    for (int i = 0; i < ev->n_top; i++) {
+        const sp_sched_logprob_t *t = &ev->top[i];
+        sp_jbuf_lit(b, i ? ",{\"token\":" : "{\"token\":");
+        sp_jbuf_str(b, t->text, (size_t)t->text_len);
+        sp_jbuf_lit(b, ",\"logprob\":");
+        sp_jbuf_num(b, t->logprob);
+        sp_jbuf_lit(b, ",\"bytes\":");
+        write_bytes(b, t->text, t->text_len);
+        sp_jbuf_lit(b, "}");
+    }
+    sp_jbuf_lit(b, "]}");
+}
+
+/* Completions' top_logprobs entry: {"tok": lp, ...} (later duplicates dropped). */
+static void
+write_top_map(sp_jbuf_t *b, const sp_sched_event_t *ev)
+{
+    sp_jbuf_lit(b, "{");
+    int written = 0;
+    for (int i = 0; i < ev->n_top; i++) {
+        const sp_sched_logprob_t *t = &ev->top[i];
+        bool dup = false;
+        for (int k = 0; k < i && !dup; k++) {
+            dup = ev->top[k].text_len == t->text_len &&
+                  memcmp(ev->top[k].text, t->text, (size_t)t->text_len) == 0;
+        }
+        if (dup) {
+            continue;
+        }
+        if (written++) {
+            sp_jbuf_lit(b, ",");
+        }
+        sp_jbuf_str(b, t->text, (size_t)t->text_len);
+        sp_jbuf_lit(b, ":");
+        sp_jbuf_num(b, t->logprob);
+    }
+    sp_jbuf_lit(b, "}");
+}
+
+static int
+stream_send(oai_req_t *q)
+{
+    sp_jbuf_t *b = &q->out;
+    if (b->oom || sp_http_stream_write(q->http, b->p, b->len) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* SSE: "data: " + JSON + blank line, one HTTP chunk per event. */
+static void
+sse_begin(oai_req_t *q)
+{
+    sp_jbuf_reset(&q->out);
+    sp_jbuf_lit(&q->out, "data: ");
+}
+
+static void
+chunk_head(oai_req_t *q)
+{
+    sse_begin(q);
+    begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+    sp_jbuf_lit(&q->out, ",\"choices\":[");
+}
+
+static int
+chunk_end(oai_req_t *q)
+{
+    sp_jbuf_lit(&q->out, "]}\n\n");
+    return stream_send(q);
+}
+
+static int
+stream_token(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    if (ev->text_len == 0 && !ev->has_logprobs) {
+        return 0;
+    }
+    chunk_head(q);
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
+    if (q->kind == OAI_CHAT) {
+        sp_jbuf_lit(b, "\"delta\":{\"content\":");
+        sp_jbuf_str(b, ev->text, ev->text_len);
+        sp_jbuf_lit(b, "},\"logprobs\":");
+        if (ev->has_logprobs) {
+            sp_jbuf_lit(b, "{\"content\":[");
+            write_chat_lp(b, ev);
+            sp_jbuf_lit(b, "],\"refusal\":null}");
+        } else {
+            sp_jbuf_lit(b, "null");
+        }
+    } else {
+        sp_jbuf_lit(b, "\"text\":");
+        sp_jbuf_str(b, ev->text, ev->text_len);
+        sp_jbuf_lit(b, ",\"logprobs\":");
+        if (ev->has_logprobs) {
+            sp_jbuf_lit(b, "{\"tokens\":[");
+            sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
+            sp_jbuf_lit(b, "],\"token_logprobs\":[");
+            sp_jbuf_num(b, ev->chosen.logprob);
+            sp_jbuf_lit(b, "],\"top_logprobs\":[");
+            write_top_map(b, ev);
+            sp_jbuf_printf(b, "],\"text_offset\":[%zu]}", c->text_offset);
+            c->text_offset += (size_t)ev->chosen.text_len;
+        } else {
+            sp_jbuf_lit(b, "null");
+        }
+    }
+    sp_jbuf_lit(b, ",\"finish_reason\":null}");
+    return chunk_end(q);
+}
+
+static int
+stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    chunk_head(q);
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
+    sp_jbuf_lit(b, q->kind == OAI_CHAT ? "\"delta\":{}," : "\"text\":\"\",");
+    sp_jbuf_printf(b, "\"logprobs\":null,\"finish_reason\":\"%s\"}", finish_str(ev->finish));
+    return chunk_end(q);
+}
+
+static void
+gather_token(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    sp_jbuf_raw(&c->text, ev->text, ev->text_len);
+    if (!ev->has_logprobs) {
+        return;
+    }
+    if (q->kind == OAI_CHAT) {
+        if (c->n_lp) {
+            sp_jbuf_lit(&c->lp, ",");
+        }
+        write_chat_lp(&c->lp, ev);
+    } else {
+        const char *sep = c->n_lp ? "," : "";
+        sp_jbuf_lit(&c->lp_tokens, sep);
+        sp_jbuf_str(&c->lp_tokens, ev->chosen.text, (size_t)ev->chosen.text_len);
+        sp_jbuf_lit(&c->lp_values, sep);
+        sp_jbuf_num(&c->lp_values, ev->chosen.logprob);
+        sp_jbuf_lit(&c->lp_top, sep);
+        write_top_map(&c->lp_top, ev);
+        sp_jbuf_printf(&c->lp_offsets, "%s%zu", sep, c->text_offset);
+        c->text_offset += (size_t)ev->chosen.text_len;
+    }
+    c->n_lp++;
+}
+
+static void
+reply_complete(oai_req_t *q, int64_t completion_tokens)
+{
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    begin_object(q, b, q->kind == OAI_CHAT ? "chat.completion" : "text_completion");
+    sp_jbuf_lit(b, ",\"choices\":[");
+    for (int i = 0; i < q->n; i++) {
+        choice_t *c = &q->choices[i];
+        const char *text = c->text.p ? c->text.p : "";
+        sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
+        if (q->kind == OAI_CHAT) {
+            sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            sp_jbuf_str(b, text, c->text.len);
+            sp_jbuf_lit(b, ",\"refusal\":null},\"logprobs\":");
+            if (q->lp_on) {
+                sp_jbuf_lit(b, "{\"content\":[");
+                if (c->lp.p) {
+                    sp_jbuf_raw(b, c->lp.p, c->lp.len);
+                }
+                sp_jbuf_lit(b, "],\"refusal\":null}");
+            } else {
+                sp_jbuf_lit(b, "null");
+            }
+        } else {
+            sp_jbuf_lit(b, "\"text\":");
+            sp_jbuf_str(b, text, c->text.len);
+            sp_jbuf_lit(b, ",\"logprobs\":");
+            if (q->lp_on) {
+                sp_jbuf_lit(b, "{\"tokens\":[");
+                sp_jbuf_raw(b, c->lp_tokens.p ? c->lp_tokens.p : "", c->lp_tokens.len);
+                sp_jbuf_lit(b, "],\"token_logprobs\":[");
+                sp_jbuf_raw(b, c->lp_values.p ? c->lp_values.p : "", c->lp_values.len);
+                sp_jbuf_lit(b, "],\"top_logprobs\":[");
+                sp_jbuf_raw(b, c->lp_top.p ? c->lp_top.p : "", c->lp_top.len);
+                sp_jbuf_lit(b, "],\"text_offset\":[");
+                sp_jbuf_raw(b, c->lp_offsets.p ? c->lp_offsets.p : "", c->lp_offsets.len);
+                sp_jbuf_lit(b, "]}");
+            } else {
+                sp_jbuf_lit(b, "null");
+            }
+        }
+        sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}", finish_str(c->finished ? c->finish : SP_FINISH_STOP));
+    }
+    sp_jbuf_lit(b, "],");
+    write_usage(b, q->n_prompt, completion_tokens);
+    sp_jbuf_lit(b, "}");
+    sp_server_reply_json(q->http, 200, b);
+}
+
+static void
+reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
+{
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    sp_jbuf_lit(b, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < q->n; i++) {
+        const float *e = q->emb + (size_t)i * (size_t)q->n_embd;
+        sp_jbuf_printf(b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
+        if (q->base64) {
+            /* float32 little-endian bytes, as OpenAI's base64 encoding_format */
+            const unsigned char *p = (const unsigned char *)e;
+            size_t n = (size_t)q->n_embd * sizeof(float);
+            sp_jbuf_lit(b, "\"");
+            char quad[4];
+            for (size_t k = 0; k < n; k += 3) {
+                unsigned v = (unsigned)p[k] << 16 | (k + 1 < n ? (unsigned)p[k + 1] << 8 : 0) |
+                             (k + 2 < n ? p[k + 2] : 0);
+                quad[0] = b64[(v >> 18) & 63];
+                quad[1] = b64[(v >> 12) & 63];
+                quad[2] = k + 1 < n ? b64[(v >> 6) & 63] : '=';
+                quad[3] = k + 2 < n ? b64[v & 63] : '=';
+                sp_jbuf_raw(b, quad, 4);
+            }
+            sp_jbuf_lit(b, "\"}");
+        } else {
+            sp_jbuf_lit(b, "[");
+            for (int k = 0; k < q->n_embd; k++) {
+                if (k) {
+                    sp_jbuf_lit(b, ",");
+                }
+                sp_jbuf_num(b, e[k]);
+            }
+            sp_jbuf_lit(b, "]}");
+        }
+    }
+    sp_jbuf_lit(b, "],\"model\":");
+    sp_jbuf_cstr(b, q->m->name);
+    sp_jbuf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
+                   (long long)prompt_tokens, (long long)prompt_tokens);
+    sp_server_reply_json(q->http, 200, b);
+}
+
+/* Events of a job, on the loop thread. */
+static void
+on_event(const sp_sched_event_t *ev, void *ud)
+{
+    oai_req_t *q = ud;
+    int rc = 0;
+    switch (ev->kind) {
+    case SP_SCHED_EV_TOKEN:
+        if (q->stream) {
+            rc = stream_token(q, ev);
+        } else {
+            gather_token(q, ev);
+        }
+        break;
+    case SP_SCHED_EV_FINISH:
+        q->choices[ev->index].finish = ev->finish;
+        q->choices[ev->index].finished = true;
+        if (q->stream) {
+            rc = stream_finish(q, ev);
+        }
+        break;
+    case SP_SCHED_EV_EMBEDDING:
+        if (ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
+            memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
+                   (size_t)q->n_embd * sizeof(float));
+        }
+        break;
+    case SP_SCHED_EV_DONE: {
+        sp_http_req_t *r = q->http;
+        if (ev->status != SP_OK) {
+            int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
+            const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
+            if (q->stream) {
+                sse_begin(q);
+                sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
+                sp_jbuf_cstr(&q->out, msg);
+                sp_jbuf_printf(&q->out, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}\n\n", http);
+                stream_send(q);
+                sp_http_stream_end(r);
+            } else {
+                sp_server_error(r, http, NULL, NULL, NULL, "%s", msg);
+            }
+        } else if (q->kind == OAI_EMBED) {
+            reply_embeddings(q, ev->prompt_tokens);
+        } else if (q->stream) {
+            if (q->include_usage) {
+                sse_begin(q);
+                begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+                sp_jbuf_lit(&q->out, ",\"choices\":[],");
+                write_usage(&q->out, q->n_prompt, ev->completion_tokens);
+                sp_jbuf_lit(&q->out, "}\n\n");
+                stream_send(q);
+            }
+            sp_jbuf_reset(&q->out);
+            sp_jbuf_lit(&q->out, "data: [DONE]\n\n");
+            stream_send(q);
+            sp_http_stream_end(r);
+        } else {
+            reply_complete(q, ev->completion_tokens);
+        }
+        oai_free(q);
+        return;
+    }
+    }
+    if (rc != 0) {
+        /* The client cannot keep up (or is gone): stop the work, drop the connection. */
+        SP_LOG_INFO("event=stream_dropped req=%llu reason=slow_reader",
+                    (unsigned long long)sp_http_req_id(q->http));
+        sp_sched_cancel(q->job);
+        sp_http_abort(q->http);
+        oai_free(q);
+    }
+}
+
+/* Submit and start answering (stream head now, or wait for DONE). */
+static void
+submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *g,
+       const int32_t *const *prompts, const int64_t *n_prompts, int n_seq)
+{
+    sp_http_req_t *r = q->http;
+    const int32_t *one[SP_SCHED_MAX_N];
+    int64_t lens[SP_SCHED_MAX_N];
+    if (prompts == NULL) {
+        for (int i = 0; i < n_seq; i++) {
+            one[i] = toks;
+            lens[i] = n_tok;
+        }
+        prompts = one;
+        n_prompts = lens;
+    }
+    sp_sched_request_t sr;
+    memset(&sr, 0, sizeof sr);
+    sr.prompts = prompts;
+    sr.n_prompts = n_prompts;
+    sr.n = n_seq;
+    if (g) {
+        sr.gen = *g;
+    }
+    sr.embed = q->kind == OAI_EMBED;
+    double to = q->srv->cfg.request_timeout_s;
+    sr.deadline_ns = to > 0 ? sp_time_ns() + (int64_t)(to * 1e9) : 0;
+    sr.mailbox = sp_server_mailbox(r);
+    sr.on_event = on_event;
+    sr.ud = q;
+    char err[512];
+    sp_status_t st = sp_sched_submit(q->m->sched, &sr, &q->job, err, sizeof err);
+    if (st != SP_OK) {
+        if (st == SP_ERR_BUSY) {
+            sp_http_add_header(r, "Retry-After", "1");
+            sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
+        } else {
+            sp_server_error(r, sp_status_http(st), NULL, NULL, NULL, "%s", err);
+        }
+        oai_free(q);
+        return;
+    }
+    sp_http_req_on_abort(r, on_abort, q);
+    if (q->stream) {
+        sp_http_add_header(r, "Cache-Control", "no-cache");
+        sp_http_add_header(r, "X-Accel-Buffering", "no");
+        sp_http_stream_start(r, 200, "text/event-stream");
+        if (q->kind == OAI_CHAT) {
+            /* OpenAI opens every choice with the assistant role. */
+            for (int i = 0; i < q->n; i++) {
+                chunk_head(q);
+                sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                               "\"logprobs\":null,\"finish_reason\":null}", i);
+                chunk_end(q);
+            }
+        }
+    }
+}
+
+static oai_req_t *
+oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind)
+{
+    oai_req_t *q = sp_calloc(1, sizeof *q);
+    if (q == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    q->http = r;
+    q->srv = s;
+    q->kind = kind;
+    q->n = 1;
+    q->created = (int64_t)time(NULL);
+    make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl" : kind == OAI_EMBED ? "embd" : "cmpl",
+            sp_http_req_id(r));
+    return q;
+}
+
+/* Parse the body as a JSON object; answers and returns NULL on failure. */
+static json_t *
+body_object(sp_server_t *s, sp_http_req_t *r)
+{
+    sp_str_t body = sp_http_req_body(r);
+    if (body.len == 0) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
+        return NULL;
+    }
+    json_t *root;
+    char err[512];
+    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "%s", err);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Shared by completions and chat after the prompt tokens are known. */
+static void
+run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
+               int32_t *toks, int64_t n_tok)
+{
+    int64_t n_ctx = q->m->n_ctx;
+    if (n_tok >= n_ctx) {
+        sp_server_error(q->http, 400, NULL, "messages", "context_length_exceeded",
+                        "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
+                        (long long)n_ctx);
+        oai_free(q);
+        return;
+    }
+    if (!max_given) {
+        max_tokens = q->kind == OAI_CHAT ? n_ctx - n_tok : 16;
+        if (max_tokens > q->srv->cfg.max_tokens) {
+            max_tokens = q->srv->cfg.max_tokens;
+        }
+        if (max_tokens > n_ctx - n_tok) {
+            max_tokens = n_ctx - n_tok;
+        }
+    } else if (n_tok + max_tokens > n_ctx) {
+        sp_server_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
+                        "this model's context is %lld tokens; the prompt has %lld and max_tokens "
+                        "asks for %lld more",
+                        (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
+        oai_free(q);
+        return;
+    }
+    g->max_tokens = (int32_t)max_tokens;
+    q->n_prompt = n_tok;
+    q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
+    if (q->choices == NULL) {
+        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        return;
+    }
+    submit(q, toks, n_tok, g, NULL, NULL, q->n);
+}
+
+/* -------------------------------------------------------------- handlers */
+
+static void
+h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    sp_str_t want = sp_route_param(p, "model");
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    int found = 0;
+    if (!want.ptr) {
+        sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    }
+    for (int i = 0; i < s->n_models; i++) {
+        const sp_served_model_t *m = &s->models[i];
+        if (want.ptr && !sp_str_eq_c(want, m->name)) {
+            continue;
+        }
+        sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
+        sp_jbuf_cstr(&b, m->name);
+        sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
+                       "\"max_model_len\":%lld,\"ready\":%s}",
+                       (long long)m->created, (long long)m->n_ctx,
+                       atomic_load(&m->ready) ? "true" : "false");
+    }
+    if (want.ptr && !found) {
+        sp_jbuf_free(&b);
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model does not exist");
+        return;
+    }
+    if (!want.ptr) {
+        sp_jbuf_lit(&b, "]}");
+    }
+    sp_server_reply_json(r, 200, &b);
+    sp_jbuf_free(&b);
+}
+
+static void
+h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    int32_t *toks = NULL;
+    sp_served_model_t *m = get_model(s, r, b);
+    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION)) == NULL) {
+        goto done;
+    }
+    q->m = m;
+    sp_gen_params_t g;
+    int64_t max_tokens = 16;
+    bool max_given;
+    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0) {
+        oai_free(q);
+        goto done;
+    }
+    bool echo = false;
+    sp_json_err_t e = {{0}, NULL};
+    if (sp_json_get_bool(b, "echo", &echo, &e) < 0 || echo) {
+        if (echo) {
+            sp_json_fail(&e, "echo", "'echo' is not supported");
+        }
+        field_error(r, &e);
+        oai_free(q);
+        goto done;
+    }
+    const json_t *pr = json_object_get(b, "prompt");
+    int64_t cap = m->n_ctx, n_tok = 0;
+    toks = sp_malloc((size_t)cap * sizeof(int32_t));
+    if (toks == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        goto done;
+    }
+    /* prompt: "text", ["text"], [ids], [[ids]] - one prompt per request. */
+    if (json_is_array(pr) && json_array_size(pr) == 1 &&
+        (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0)))) {
+        pr = json_array_get(pr, 0);
+    }
+    int rc;
+    if (json_is_string(pr)) {
+        if (json_string_length(pr) == 0) {
+            sp_server_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+            oai_free(q);
+            goto done;
+        }
+        rc = tokenize_text(q, "prompt", json_string_value(pr), json_string_length(pr),
+                           sp_tokenizer_add_bos(m->tok), false, toks, cap, &n_tok);
+    } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
+               json_is_integer(json_array_get(pr, 0))) {
+        rc = parse_id_array(q, pr, "prompt", toks, cap, &n_tok);
+    } else if (json_is_array(pr) && json_array_size(pr) > 1) {
+        sp_server_error(r, 400, NULL, "prompt", NULL,
+                        "one prompt per request is supported (use n for several completions)");
+        oai_free(q);
+        goto done;
+    } else {
+        sp_server_error(r, 400, NULL, "prompt", NULL,
+                        "'prompt' must be a non-empty string or a list of token ids");
+        oai_free(q);
+        goto done;
+    }
+    if (rc != 0) {
+        oai_free(q);
+        goto done;
+    }
+    run_generation(q, &g, max_tokens, max_given, toks, n_tok);
+done:
+    sp_free(toks);
+    json_decref(b); /* the scheduler copied what it keeps (prompt, stop strings) */
+}
+
+/* OpenAI content: a string, or a list of {"type":"text","text":...} parts. */
+static int
+message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size_t *off)
+{
+    *off = SIZE_MAX;
+    if (c == NULL || json_is_null(c)) {
+        return 0;
+    }
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    size_t start = store->len;
+    if (json_is_string(c)) {
+        sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
+    } else if (json_is_array(c)) {
+        for (size_t k = 0; k < json_array_size(c); k++) {
+            const json_t *part = json_array_get(c, k);
+            const char *type = NULL, *text = NULL;
+            size_t tl = 0;
+            sp_json_err_t e;
+            if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
+                strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
+                sp_server_error(r, 400, NULL, "messages", NULL,
+                                "%s: only parts {\"type\": \"text\", \"text\": ...} are supported", param);
+                return -1;
+            }
+            sp_jbuf_raw(store, text, tl);
+        }
+    } else {
+        sp_server_error(r, 400, NULL, "messages", NULL, "%s must be a string or a list of parts", param);
+        return -1;
+    }
+    if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
+        sp_server_error(r, 400, NULL, "messages", NULL, "%s may not contain NUL", param);
+        return -1;
+    }
+    sp_jbuf_raw(store, "", 0);
+    store->len++; /* keep the NUL: contents are C strings inside store */
+    *off = start;
+    return 0;
+}
+
+static void
+h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    int32_t *toks = NULL;
+    char *prompt = NULL;
+    sp_chat_msg_t *msgs = NULL;
+    size_t *offs = NULL;
+    sp_jbuf_t store, tc;
+    sp_jbuf_init(&store);
+    sp_jbuf_init(&tc);
+    sp_served_model_t *m = get_model(s, r, b);
+    if (m == NULL || (q = oai_new(s, r, OAI_CHAT)) == NULL) {
+        goto done;
+    }
+    q->m = m;
+    sp_gen_params_t g;
+    int64_t max_tokens = 0;
+    bool max_given;
+    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0) {
+        oai_free(q);
+        goto done;
+    }
+    const json_t *ms = json_object_get(b, "messages");
+    if (!json_is_array(ms) || json_array_size(ms) == 0) {
+        sp_server_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
+        oai_free(q);
+        goto done;
+    }
+    if (m->tmpl == NULL) {
+        sp_server_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
+                        m->name, m->tmpl_error);
+        oai_free(q);
+        goto done;
+    }
+    size_t n = json_array_size(ms);
+    msgs = sp_calloc(n, sizeof *msgs);
+    offs = sp_calloc(n * 2, sizeof *offs);
+    if (msgs == NULL || offs == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *mo = json_array_get(ms, i);
+        char param[48];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        sp_json_err_t e;
+        const char *role = NULL;
+        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
+            sp_server_error(r, 400, NULL, "messages", NULL, "%s must be an object with a string 'role'", param);
+            oai_free(q);
+            goto done;
+        }
+        msgs[i].role = role;
+        if (message_content(r, json_object_get(mo, "content"), (int)i, &store, &offs[2 * i]) != 0) {
+            oai_free(q);
+            goto done;
+        }
+        const char *name = NULL;
+        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
+            sp_server_error(r, 400, NULL, "messages", NULL, "%s.name must be a string", param);
+            oai_free(q);
+            goto done;
+        }
+        msgs[i].name = name;
+        const char *tcid = NULL;
+        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
+            sp_server_error(r, 400, NULL, "messages", NULL, "%s.tool_call_id must be a string", param);
+            oai_free(q);
+            goto done;
+        }
+        msgs[i].tool_call_id = tcid;
+        const json_t *calls = json_object_get(mo, "tool_calls");
+        offs[2 * i + 1] = SIZE_MAX;
+        if (calls && !json_is_null(calls)) {
+            offs[2 * i + 1] = tc.len;
+            sp_jbuf_json(&tc, calls);
+            sp_jbuf_raw(&tc, "", 0);
+            tc.len++;
+        }
+    }
+    if (store.oom || tc.oom) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
+        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store.p + offs[2 * i];
+        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc.p + offs[2 * i + 1];
+    }
+    char bos[SP_TOKEN_MAX_BYTES + 1] = "", eos[SP_TOKEN_MAX_BYTES + 1] = "";
+    int32_t bid = sp_tokenizer_bos(m->tok), eid = sp_tokenizer_eos(m->tok);
+    if (bid >= 0) {
+        sp_str_t t = sp_tokenizer_token_text(m->tok, bid);
+        snprintf(bos, sizeof bos, "%.*s", (int)t.len, t.ptr);
+    }
+    if (eid >= 0) {
+        sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
+        snprintf(eos, sizeof eos, "%.*s", (int)t.len, t.ptr);
+    }
+    size_t plen = 0;
+    char err[512];
+    sp_status_t st = sp_chat_apply(m->tmpl, msgs, n, true, bos, eos, &prompt, &plen, err, sizeof err);
+    if (st != SP_OK) {
+        sp_server_error(r, sp_status_http(st), NULL, "messages", NULL, "%s", err);
+        oai_free(q);
+        goto done;
+    }
+    /* The template usually writes the BOS text itself; add one only if not. */
+    bool add_bos = sp_tokenizer_add_bos(m->tok) && !(bos[0] && strncmp(prompt, bos, strlen(bos)) == 0);
+    int64_t cap = m->n_ctx, n_tok = 0;
+    toks = sp_malloc((size_t)cap * sizeof(int32_t));
+    if (toks == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        goto done;
+    }
+    if (tokenize_text(q, "messages", prompt, plen, add_bos, true, toks, cap, &n_tok) != 0) {
+        oai_free(q);
+        goto done;
+    }
+    run_generation(q, &g, max_tokens, max_given, toks, n_tok);
+done:
+    sp_free(prompt);
+    sp_free(msgs);
+    sp_free(offs);
+    sp_free(toks);
+    sp_jbuf_free(&store);
+    sp_jbuf_free(&tc);
+    json_decref(b);
+}
+
+static void
+h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    int32_t *toks = NULL;
+    const int32_t **prompts = NULL;
+    int64_t *lens = NULL;
+    sp_served_model_t *m = get_model(s, r, b);
+    if (m == NULL || (q = oai_new(s, r, OAI_EMBED)) == NULL) {
+        goto done;
+    }
+    q->m = m;
+    const char *fmt = "float";
+    sp_json_err_t e = {{0}, NULL};
+    if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||
+        (strcmp(fmt, "float") != 0 && strcmp(fmt, "base64") != 0)) {
+        sp_server_error(r, 400, NULL, "encoding_format", NULL, "'encoding_format' must be \"float\" or \"base64\"");
+        oai_free(q);
+        goto done;
+    }
+    q->base64 = strcmp(fmt, "base64") == 0;
+    int64_t dims;
+    q->n_embd = (int)sp_model_hparams(m->model)->n_embd;
+    int rc = sp_json_get_int(b, "dimensions", 1, 1 << 20, &dims, &e);
+    if (rc < 0 || (rc > 0 && dims != q->n_embd)) {
+        sp_server_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
+        oai_free(q);
+        goto done;
+    }
+    /* input: "text", ["a", "b"], [ids], [[ids], [ids]] */
+    const json_t *in = json_object_get(b, "input");
+    json_t *wrap = NULL;
+    if (json_is_string(in) || (json_is_array(in) && json_array_size(in) > 0 &&
+                               json_is_integer(json_array_get(in, 0)))) {
+        wrap = json_array();
+        json_array_append(wrap, (json_t *)in);
+        in = wrap;
+    }
+    size_t n = json_is_array(in) ? json_array_size(in) : 0;
+    if (n == 0 || n > (size_t)s->cfg.max_embed_inputs) {
+        sp_server_error(r, 400, NULL, "input", NULL,
+                        "'input' must be a non-empty string or list (at most %d inputs)",
+                        s->cfg.max_embed_inputs);
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
+    int64_t cap = m->n_ctx;
+    toks = sp_malloc(n * (size_t)cap * sizeof(int32_t));
+    prompts = sp_calloc(n, sizeof *prompts);
+    lens = sp_calloc(n, sizeof *lens);
+    q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
+    if (!toks || !prompts || !lens || !q->emb) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
+    q->n = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(in, i);
+        int32_t *t = toks + i * (size_t)cap;
+        prompts[i] = t;
+        if (json_is_string(x) && json_string_length(x) > 0) {
+            rc = tokenize_text(q, "input", json_string_value(x), json_string_length(x),
+                               sp_tokenizer_add_bos(m->tok), false, t, cap, &lens[i]);
+        } else if (json_is_array(x) && json_array_size(x) > 0) {
+            rc = parse_id_array(q, x, "input", t, cap, &lens[i]);
+        } else {
+            sp_server_error(r, 400, NULL, "input", NULL, "input %zu must be a non-empty string or list of token ids", i);
+            rc = -1;
+        }
+        if (rc != 0) {
+            json_decref(wrap);
+            oai_free(q);
+            goto done;
+        }
+    }
+    json_decref(wrap);
+    if (q->n > SP_SCHED_MAX_N) {
+        sp_server_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
+        oai_free(q);
+        goto done;
+    }
+    submit(q, NULL, 0, NULL, prompts, lens, q->n);
+done:
+    sp_free(toks);
+    sp_free(prompts);
+    sp_free(lens);
+    json_decref(b);
+}
+
+void
+sp_openai_register(sp_router_t *rt, sp_server_t *s)
+{
+    sp_router_add(rt, SP_HTTP_GET, "/v1/models", h_models, s);
+    sp_router_add(rt, SP_HTTP_GET, "/v1/models/{model}", h_models, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/completions", h_completions, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/chat/completions", h_chat, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/embeddings", h_embeddings, s);
+}

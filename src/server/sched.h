@@ -1,0 +1,143 @@
+/*
+ * sched.h - THE SEAM between the protocol front ends (OpenAI, KServe v2) and
+ * the engine. Issue 5's scheduler (continuous batching, paged KV cache,
+ * priorities) replaces the implementation behind it; the front ends only
+ * use this header.
+ *
+ * A front end submits a job (prompt tokens, generation parameters, n
+ * sequences, priority, deadline, or an embedding request) on its event-loop
+ * thread and gets a handle. The engine runs on its own threads and never
+ * waits for the network: it appends events (text and log-probability deltas,
+ * one finish per sequence, embeddings, and one final DONE) to the job's
+ * outbox and wakes the submitting loop through its mailbox (an eventfd on the
+ * loop). The loop drains the outboxes and calls the job's event callback,
+ * always on that loop's thread, so front-end code needs no locks.
+ *
+ * Cancel (client disconnect) marks the job; the engine stops it at its next
+ * step and frees its slot. After sp_sched_cancel returns no callback runs for
+ * the job again. A job whose outbox grows past a bound (its loop is not
+ * draining) is cancelled by the engine with an error: a stalled reader cannot
+ * stall the engine or grow memory without bound.
+ *
+ * The implementation now (sched.c): one engine thread per model owning K
+ * slots (a sp_ctx_t each, --parallel); each round it gives every active slot
+ * one step (a prefill chunk or one decoded token), so concurrent streams all
+ * progress. The queue of waiting sequences is bounded: a full queue is
+ * SP_ERR_BUSY (HTTP 429 with Retry-After).
+ */
+#ifndef SP_SERVER_SCHED_H
+#define SP_SERVER_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/gen.h"
+#include "engine/model.h"
+#include "sampan/status.h"
+
+struct sp_http_loop;
+
+typedef struct sp_sched sp_sched_t;         /* one per served model */
+typedef struct sp_sched_job sp_sched_job_t; /* one submitted request (n sequences) */
+typedef struct sp_mailbox sp_mailbox_t;     /* one per event loop */
+
+#define SP_SCHED_MAX_N 128 /* sequences per job (hard cap; front ends apply a lower one) */
+
+typedef enum sp_sched_ev_kind {
+    SP_SCHED_EV_TOKEN = 1, /* a sequence produced a token (text may be empty while held back) */
+    SP_SCHED_EV_FINISH,    /* a sequence ended (finish, n_generated) */
+    SP_SCHED_EV_EMBEDDING, /* an embedding sequence's vector */
+    SP_SCHED_EV_DONE,      /* the job ended (status, message; usage) - always the last event */
+} sp_sched_ev_kind_t;
+
+typedef struct sp_sched_logprob {
+    int32_t token;
+    float logprob;
+    const char *text; /* the token's bytes (may be part of a UTF-8 character) */
+    int32_t text_len;
+} sp_sched_logprob_t;
+
+/* Pointers stay valid for the duration of the callback only. */
+typedef struct sp_sched_event {
+    sp_sched_ev_kind_t kind;
+    int32_t index;              /* sequence index (0..n-1); -1 for DONE */
+    /* TOKEN */
+    const char *text;
+    size_t text_len;
+    int32_t token;
+    bool has_logprobs;
+    sp_sched_logprob_t chosen;
+    const sp_sched_logprob_t *top;
+    int32_t n_top;
+    /* FINISH */
+    sp_finish_t finish;
+    int32_t n_generated;
+    /* EMBEDDING */
+    const float *embedding;
+    int32_t n_embd;
+    /* DONE */
+    sp_status_t status;         /* SP_OK, or why the job failed */
+    const char *message;        /* with an error */
+    int64_t prompt_tokens;      /* all sequences' prompts evaluated */
+    int64_t completion_tokens;  /* all sequences' generated tokens */
+} sp_sched_event_t;
+
+typedef void (*sp_sched_event_fn)(const sp_sched_event_t *ev, void *ud);
+
+typedef struct sp_sched_request {
+    /* Prompts: n entries; generation jobs usually pass the same pointer n
+     * times. Copied at submit. */
+    const int32_t *const *prompts;
+    const int64_t *n_prompts;
+    int32_t n;
+    sp_gen_params_t gen;        /* per sequence; seed + index for sequence index */
+    bool embed;                 /* embeddings instead of generation */
+    int32_t priority;           /* higher runs first; FIFO within a priority */
+    int64_t deadline_ns;        /* sp_time_ns() clock; 0 = none */
+    sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's) */
+    sp_sched_event_fn on_event;
+    void *ud;
+} sp_sched_request_t;
+
+typedef struct sp_sched_params {
+    int n_slots;           /* concurrent sequences (default 4) */
+    int64_t n_ctx;         /* per slot; 0 = the model's, capped at 4096 */
+    int n_threads;         /* per slot's context; 0 = one per core */
+    int max_queue;         /* waiting sequences; more: SP_ERR_BUSY (default 64) */
+    int prefill_chunk;     /* prompt tokens per step, so long prompts do not stall others (256) */
+    size_t max_outbox_bytes; /* undelivered event bytes per job before it is cancelled (8 MiB) */
+} sp_sched_params_t;
+
+typedef struct sp_sched_stats {
+    int64_t active;        /* sequences in slots */
+    int64_t queued;        /* sequences waiting */
+    int64_t jobs_done, jobs_cancelled, tokens_generated, prompt_tokens;
+} sp_sched_stats_t;
+
+sp_sched_params_t sp_sched_default_params(void);
+/* The model must outlive the scheduler. Starts the engine thread. */
+sp_status_t sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **out,
+                            char *err, size_t err_len);
+/* Stop the engine thread: jobs still queued or running end with
+ * DONE(SP_ERR_CANCELLED) and later submits get SP_ERR_BUSY. The object stays
+ * valid (loops may still call submit or cancel) until sp_sched_destroy, which
+ * must come after the loops stopped. */
+void sp_sched_stop(sp_sched_t *s);
+void sp_sched_destroy(sp_sched_t *s); /* stops first if needed; NULL is a no-op */
+int64_t sp_sched_n_ctx(const sp_sched_t *s);
+void sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *out);
+
+/* Loop thread. SP_ERR_BUSY when the queue is full, SP_ERR_INVALID (err) for
+ * a bad request (a prompt longer than the context, n out of range). */
+sp_status_t sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out,
+                            char *err, size_t err_len);
+/* Loop thread (the job's). No callbacks for the job after this. */
+void sp_sched_cancel(sp_sched_job_t *job);
+
+/* Mailboxes: create one per loop (in the loop's init callback) and destroy it
+ * on the loop thread after the schedulers stopped. */
+sp_mailbox_t *sp_mailbox_create(struct sp_http_loop *loop);
+void sp_mailbox_destroy(sp_mailbox_t *mb);
+
+#endif /* SP_SERVER_SCHED_H */

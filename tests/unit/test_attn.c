@@ -1,0 +1,363 @@
+/*
+ * test_attn.c - attention and element-wise kernels (exp, RMSNorm, SwiGLU) at
+ * every level this CPU has, against the scalar reference (cpu/ref_attn.c),
+ * and attention's batch invariance bit for bit.
+ *
+ * Tolerances, u = 2^-24:
+ *   exp: the polynomial's model error is 5e-11 and the kernel rounds about
+ *   five times in [1/sqrt2, sqrt2] before an exact (or, for denormal results,
+ *   once-rounded) scaling: relative error <= 4u = 2.4e-7 against expf for
+ *   normal results (measured ~1.2e-7 incl. expf's own), one denormal step
+ *   (2^-149) below FLT_MIN.
+ *   Attention: a score is a float dot of head_dim terms summed in chains of
+ *   up to hd terms (AVX2 one chain per lane, AVX-512 two), so its error is at
+ *   most ~hd u * scale sum|q k| <= hd u * S (S = the largest score bound);
+ *   an error e in a score changes its weight by ~e relative, and the output
+ *   is a convex combination of value rows (|v| <= 1), so
+ *   |o - ref| <~ 2 (hd u S + eps_sum) with eps_sum from the float sum of
+ *   n_kv exps (n_kv/16 + 8 roundings) and the final scaling. The test takes
+ *   tol = (hd + n_kv/8 + 64) u (1 + S); random rounding keeps the measured
+ *   errors far below (worst-case chains are what the bound covers).
+ *   RMSNorm: float sum of squares: <= (n/64 + 8) u relative, times |x w|.
+ *   SwiGLU: exp's error plus a division and two products: 8u relative.
+ */
+#include "test.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "core/alloc.h"
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/kernels.h"
+
+#define U 0x1p-24
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in [-a, a). */
+static float
+rnd(float a)
+{
+    return a * ((float)(rng_u32() & 0xffffff) * 0x1p-23f - 1.0f);
+}
+
+/* The SIMD levels this CPU has (index 0 = scalar is the reference). */
+static int
+simd_levels(const sp_cpu_kernels_t **out)
+{
+    int n = 0;
+    for (int l = SP_CPU_AVX2; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k != NULL) out[n++] = k;
+    }
+    return n;
+}
+
+/* ---- exp ----------------------------------------------------------------- */
+
+static void
+check_exp_values(const sp_cpu_kernels_t *k, const float *x, int64_t n, double *worst)
+{
+    float *y = sp_malloc((size_t)n * sizeof(float));
+    k->exp_f32(y, x, n);
+    for (int64_t i = 0; i < n; i++) {
+        const float r = expf(x[i]);
+        if (isnan(r)) {
+            if (!isnan(y[i])) SP_TEST_FAIL("%s: exp(%a) = %a, want NaN", k->name, x[i], y[i]);
+            continue;
+        }
+        if (isinf(r) || r == 0.0f) {
+            if (y[i] != r) SP_TEST_FAIL("%s: exp(%a) = %a, want %a", k->name, x[i], y[i], r);
+            continue;
+        }
+        if (r < FLT_MIN) {
+            if (fabsf(y[i] - r) > 0x1p-149f) {
+                SP_TEST_FAIL("%s: exp(%a) = %a, want %a (denormal)", k->name, x[i], y[i], r);
+            }
+            continue;
+        }
+        const double e = fabs((double)y[i] - (double)r) / (double)r;
+        if (e > *worst) *worst = e;
+        if (e > 4 * U) {
+            SP_TEST_FAIL("%s: exp(%a) = %a, expf %a, rel err %.3g", k->name, x[i], y[i], r, e);
+        }
+    }
+    sp_free(y);
+}
+
+TEST(attn_exp_matches_expf)
+{
+    const sp_cpu_kernels_t *lv[2];
+    const int nl = simd_levels(lv);
+    if (nl == 0) SKIP("no SIMD level on this CPU");
+    /* A dense sweep of [-110, 95], the edges, specials and every length tail. */
+    const int64_t n = 2000003;
+    float *x = sp_malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = -110.0f + 205.0f * (float)i / (float)(n - 1);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-30f, -1e-30f,
+                             88.72283f, 88.72284f, 88.7229f, 88.8f, 89.0f, 1e30f, -1e30f,
+                             -87.33654f, -87.3366f, -100.0f, -103.27893f, -103.972f, -103.9721f,
+                             -104.0f, -104.5f, -200.0f, FLT_MAX, -FLT_MAX, 0.5f * 0.6931472f,
+                             -0.5f * 0.6931472f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    for (int l = 0; l < nl; l++) {
+        double worst = 0.0;
+        check_exp_values(lv[l], x, n, &worst);
+        for (int64_t len = 1; len <= ns; len++) {
+            check_exp_values(lv[l], special, len, &worst); /* tails of every length */
+        }
+        /* In place (y == x), as the contract allows. */
+        float inpl[37];
+        for (int i = 0; i < 37; i++) inpl[i] = rnd(20.0f);
+        float want[37];
+        for (int i = 0; i < 37; i++) want[i] = inpl[i];
+        lv[l]->exp_f32(want, want, 37);
+        lv[l]->exp_f32(inpl, inpl, 37);
+        ASSERT(memcmp(inpl, want, sizeof want) == 0);
+    }
+    sp_free(x);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+typedef struct attn_case {
+    int64_t hd, n_q, n_kv, v_stride, q_stride;
+    sp_type_t kv_type;
+    float *q, *o;
+    void *k, *v;
+    float *scratch;
+    float scale;
+} attn_case_t;
+
+static void
+case_init(attn_case_t *c, int64_t hd, int64_t n_q, int64_t n_kv, sp_type_t kv_type, float qa)
+{
+    memset(c, 0, sizeof *c);
+    c->hd = hd;
+    c->n_q = n_q;
+    c->n_kv = n_kv;
+    c->kv_type = kv_type;
+    c->v_stride = hd * 3 + 5; /* value rows of a wider cache, not just this head */
+    c->q_stride = hd + 3;
+    c->scale = 1.0f / sqrtf((float)hd);
+    c->q = sp_malloc((size_t)(n_q * c->q_stride) * sizeof(float));
+    c->o = sp_malloc((size_t)(n_q * c->q_stride) * sizeof(float));
+    const size_t esz = kv_type == SP_TYPE_F16 ? 2 : 4;
+    const int64_t n_k = sp_attn_scratch_stride(n_kv) * hd; /* whole key blocks */
+    c->k = sp_malloc((size_t)n_k * esz);
+    c->v = sp_malloc((size_t)(n_kv * c->v_stride) * esz);
+    c->scratch =
+        sp_malloc_aligned((size_t)(n_q * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
+    ASSERT(c->q && c->o && c->k && c->v && c->scratch);
+    for (int64_t i = 0; i < n_q * c->q_stride; i++) c->q[i] = rnd(qa);
+    /* Lanes of the last key block past n_kv hold NaN: the kernels must
+     * ignore them, as the contract says. */
+    for (int64_t p = 0; p < sp_attn_scratch_stride(n_kv); p++) {
+        for (int64_t d = 0; d < hd; d++) {
+            const float kf = p < n_kv ? rnd(1.0f) : NAN;
+            const int64_t i = sp_attn_k_index(p, d, hd);
+            if (kv_type == SP_TYPE_F16) {
+                ((sp_fp16_t *)c->k)[i] = sp_fp32_to_fp16(kf);
+            } else {
+                ((float *)c->k)[i] = kf;
+            }
+        }
+    }
+    for (int64_t i = 0; i < n_kv * c->v_stride; i++) {
+        const float vf = rnd(1.0f);
+        if (kv_type == SP_TYPE_F16) {
+            ((sp_fp16_t *)c->v)[i] = sp_fp32_to_fp16(vf);
+        } else {
+            ((float *)c->v)[i] = vf;
+        }
+    }
+}
+
+static void
+case_free(attn_case_t *c)
+{
+    sp_free(c->q);
+    sp_free(c->o);
+    sp_free(c->k);
+    sp_free(c->v);
+    sp_free(c->scratch);
+}
+
+/* Run heads h0..h0+n of the case into o (rows q_stride apart). */
+static void
+case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float *o)
+{
+    /* Garbage in the scratch: the kernel must not read what it did not write. */
+    for (int64_t i = 0; i < n * sp_attn_scratch_stride(c->n_kv); i++) c->scratch[i] = NAN;
+    sp_attn_args_t a = {
+        .head_dim = c->hd, .n_q = n, .n_kv = c->n_kv, .q = c->q + h0 * c->q_stride,
+        .q_stride = c->q_stride, .k = c->k, .v = c->v, .v_stride = c->v_stride,
+        .scale = c->scale, .o = o + h0 * c->q_stride, .o_stride = c->q_stride,
+        .scratch = c->scratch,
+    };
+    k->attn[c->kv_type](&a);
+}
+
+static void
+check_attn_case(const sp_cpu_kernels_t *const *lv, int nl, int64_t hd, int64_t n_q, int64_t n_kv,
+                sp_type_t kv_type, float qa)
+{
+    attn_case_t c;
+    case_init(&c, hd, n_q, n_kv, kv_type, qa);
+    const size_t obytes = (size_t)(n_q * c.q_stride) * sizeof(float);
+    float *ref = sp_malloc(obytes), *o = sp_malloc(obytes), *o2 = sp_malloc(obytes);
+    memset(ref, 0, obytes);
+    case_run(sp_cpu_kernels_ref(), &c, 0, n_q, ref);
+    /* max score for the tolerance: |scale q.k| <= scale sum|q| (|k| <= 1) */
+    double smax = 0.0;
+    for (int64_t h = 0; h < n_q; h++) {
+        double s = 0.0;
+        for (int64_t d = 0; d < hd; d++) s += fabs(c.q[h * c.q_stride + d]);
+        smax = s * c.scale > smax ? s * c.scale : smax;
+    }
+    const double tol = ((double)hd + (double)n_kv / 8 + 64) * U * (1.0 + smax);
+    for (int l = 0; l < nl; l++) {
+        memset(o, 0, obytes);
+        case_run(lv[l], &c, 0, n_q, o);
+        for (int64_t h = 0; h < n_q; h++) {
+            for (int64_t d = 0; d < hd; d++) {
+                const double e = fabs((double)o[h * c.q_stride + d] - ref[h * c.q_stride + d]);
+                if (!(e <= tol)) {
+                    SP_TEST_FAIL("%s %s hd %lld n_q %lld n_kv %lld: o[%lld][%lld] = %.9g, ref "
+                                 "%.9g (tol %.3g)", lv[l]->name, sp_type_name(kv_type),
+                                 (long long)hd, (long long)n_q, (long long)n_kv, (long long)h,
+                                 (long long)d, o[h * c.q_stride + d], ref[h * c.q_stride + d], tol);
+                }
+            }
+            /* Padding between output rows is never written. */
+            for (int64_t d = hd; d < c.q_stride; d++) ASSERT(o[h * c.q_stride + d] == 0.0f);
+        }
+        /* Batch invariance: each head alone, and in uneven groups, same bits. */
+        memset(o2, 0, obytes);
+        for (int64_t h = 0; h < n_q; h++) case_run(lv[l], &c, h, 1, o2);
+        if (memcmp(o, o2, obytes) != 0) {
+            SP_TEST_FAIL("%s: heads one at a time differ from n_q %lld", lv[l]->name,
+                         (long long)n_q);
+        }
+        memset(o2, 0, obytes);
+        for (int64_t h = 0; h < n_q; h += 3) case_run(lv[l], &c, h, n_q - h < 3 ? n_q - h : 3, o2);
+        if (memcmp(o, o2, obytes) != 0) {
+            SP_TEST_FAIL("%s: heads in threes differ from n_q %lld", lv[l]->name, (long long)n_q);
+        }
+    }
+    sp_free(ref);
+    sp_free(o);
+    sp_free(o2);
+    case_free(&c);
+}
+
+TEST(attn_matches_reference_all_shapes)
+{
+    const sp_cpu_kernels_t *lv[3];
+    int nl = simd_levels(lv);
+    lv[nl++] = sp_cpu_kernels_ref(); /* the reference's own invariance */
+    const int64_t hds[] = {8, 13, 64, 72, 128};
+    const int64_t nqs[] = {1, 2, 3, 5, 8};
+    const int64_t nkvs[] = {1, 2, 15, 16, 17, 33, 300};
+    for (int t = 0; t < 2; t++) {
+        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : SP_TYPE_F16;
+        for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
+            for (size_t j = 0; j < sizeof nqs / sizeof nqs[0]; j++) {
+                for (size_t m = 0; m < sizeof nkvs / sizeof nkvs[0]; m++) {
+                    check_attn_case(lv, nl, hds[i], nqs[j], nkvs[m], kt, 1.0f);
+                }
+            }
+        }
+    }
+}
+
+/* Peaked softmax (large scores: one position dominates, most exps underflow)
+ * and a long context. */
+TEST(attn_matches_reference_peaked_and_long)
+{
+    const sp_cpu_kernels_t *lv[2];
+    const int nl = simd_levels(lv);
+    if (nl == 0) SKIP("no SIMD level on this CPU");
+    check_attn_case(lv, nl, 64, 8, 200, SP_TYPE_F32, 40.0f);
+    check_attn_case(lv, nl, 128, 4, 100, SP_TYPE_F16, 60.0f);
+    check_attn_case(lv, nl, 64, 8, 4097, SP_TYPE_F32, 1.0f);
+    check_attn_case(lv, nl, 64, 4, 2500, SP_TYPE_F16, 2.0f);
+}
+
+/* ---- RMSNorm, SwiGLU ------------------------------------------------------- */
+
+TEST(attn_rmsnorm_and_swiglu_match_reference)
+{
+    const sp_cpu_kernels_t *lv[2];
+    const int nl = simd_levels(lv);
+    if (nl == 0) SKIP("no SIMD level on this CPU");
+    const sp_cpu_kernels_t *r = sp_cpu_kernels_ref();
+    const int64_t ns[] = {1, 7, 8, 15, 16, 17, 64, 100, 2048, 5632};
+    float *x = sp_malloc(5632 * sizeof(float)), *w = sp_malloc(5632 * sizeof(float));
+    float *a = sp_malloc(5632 * sizeof(float)), *b = sp_malloc(5632 * sizeof(float));
+    float *g = sp_malloc(5632 * sizeof(float));
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        const int64_t n = ns[i];
+        for (int64_t j = 0; j < n; j++) {
+            x[j] = rnd(3.0f);
+            w[j] = rnd(2.0f);
+            g[j] = rnd(30.0f);
+        }
+        r->rmsnorm(a, x, w, n, 1e-5f);
+        for (int l = 0; l < nl; l++) {
+            lv[l]->rmsnorm(b, x, w, n, 1e-5f);
+            double rms = 0.0;
+            for (int64_t j = 0; j < n; j++) rms += (double)x[j] * x[j];
+            rms = sqrt(rms / (double)n + 1e-5);
+            for (int64_t j = 0; j < n; j++) {
+                const double tol = ((double)n / 64 + 8) * U * fabs(x[j] * w[j]) / rms + 1e-30;
+                if (!(fabs((double)a[j] - b[j]) <= tol)) {
+                    SP_TEST_FAIL("%s rmsnorm n %lld [%lld]: %.9g vs ref %.9g", lv[l]->name,
+                                 (long long)n, (long long)j, b[j], a[j]);
+                }
+            }
+            /* In place. */
+            memcpy(b, x, (size_t)n * sizeof(float));
+            lv[l]->rmsnorm(b, b, w, n, 1e-5f);
+            for (int64_t j = 0; j < n; j++) {
+                ASSERT_NEAR(b[j], a[j], ((double)n / 64 + 8) * U * fabs(x[j] * w[j]) / rms + 1e-30);
+            }
+        }
+        memcpy(a, g, (size_t)n * sizeof(float));
+        r->swiglu(a, x, n);
+        for (int l = 0; l < nl; l++) {
+            memcpy(b, g, (size_t)n * sizeof(float));
+            lv[l]->swiglu(b, x, n);
+            for (int64_t j = 0; j < n; j++) {
+                if (!(fabs((double)a[j] - b[j]) <= 8 * U * fabs(a[j]) + 1e-37)) {
+                    SP_TEST_FAIL("%s swiglu n %lld [%lld] g %.9g: %.9g vs ref %.9g", lv[l]->name,
+                                 (long long)n, (long long)j, g[j], b[j], a[j]);
+                }
+            }
+        }
+    }
+    /* SwiGLU at the extremes: large negative gates give -0 or tiny values, not NaN. */
+    float ge[6] = {-200.0f, -90.0f, 0.0f, 90.0f, 200.0f, -1e30f}, ue[6] = {1, 1, 1, 1, 1, 1};
+    for (int l = 0; l < nl; l++) {
+        float t[6];
+        memcpy(t, ge, sizeof t);
+        lv[l]->swiglu(t, ue, 6);
+        for (int j = 0; j < 6; j++) ASSERT(!isnan(t[j]));
+        ASSERT(fabsf(t[0]) < 1e-30f && t[2] == 0.0f && t[3] == 90.0f && t[4] == 200.0f);
+    }
+    sp_free(x);
+    sp_free(w);
+    sp_free(a);
+    sp_free(b);
+    sp_free(g);
+}
