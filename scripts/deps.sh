@@ -3,7 +3,12 @@
 # (idempotent: a machine that has them all runs no apt-get at all).
 set -euo pipefail
 need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev)
-[ "${1:-}" = "--test" ] && need+=(clang)
+if [ "${1:-}" = "--test" ]; then
+    need+=(clang)
+    # The server tests drive it with the official openai npm client: Node from
+    # Debian only when the machine has no node of its own.
+    command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+fi
 missing=()
 for p in "${need[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
