@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/heap.h"
 #include "engine/tokenizer_impl.h"
 #include "sampan/log.h"
 
@@ -418,68 +419,9 @@ typedef struct bpe_work {
     pcre2_match_data *md;
     int32_t *id, *prev, *next; /* (cap) symbols of the current piece */
     size_t cap;
-    uint64_t *heap;            /* 4-ary min-heap of rank << 32 | left index */
-    size_t n_heap, cap_heap;
+    sp_heap_u64_t heap;        /* rank << 32 | left index */
     char *enc;                 /* (2 * cap) the piece in byte characters (ignore_merges) */
 } bpe_work_t;
-
-static int
-heap_push(bpe_work_t *w, uint64_t key)
-{
-    if (w->n_heap == w->cap_heap) {
-        size_t cap = w->cap_heap ? w->cap_heap * 2 : 64, bytes;
-        if (sp_mul_size(cap, sizeof(uint64_t), &bytes)) {
-            return -1;
-        }
-        uint64_t *h = sp_realloc(w->heap, bytes);
-        if (h == NULL) {
-            return -1;
-        }
-        w->heap = h;
-        w->cap_heap = cap;
-    }
-    uint64_t *h = w->heap;
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 4;
-        if (h[p] <= key) {
-            break;
-        }
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = key;
-    return 0;
-}
-
-static uint64_t
-heap_pop(bpe_work_t *w)
-{
-    uint64_t *h = w->heap;
-    uint64_t top = h[0], last = h[--w->n_heap];
-    size_t n = w->n_heap, i = 0;
-    for (;;) {
-        size_t c = 4 * i + 1, best = c;
-        if (c >= n) {
-            break;
-        }
-        size_t end = c + 4 < n ? c + 4 : n;
-        for (size_t j = c + 1; j < end; j++) {
-            if (h[j] < h[best]) {
-                best = j;
-            }
-        }
-        if (h[best] >= last) {
-            break;
-        }
-        h[i] = h[best];
-        i = best;
-    }
-    if (n > 0) {
-        h[i] = last;
-    }
-    return top;
-}
 
 static int
 grow(bpe_work_t *w, size_t n)
@@ -530,7 +472,7 @@ try_pair(bpe_work_t *w, int32_t i)
         return 0;
     }
     const merge_slot_t *m = find_merge(w->b, w->id[i], w->id[j]);
-    return m == NULL ? 0 : heap_push(w, (uint64_t)m->rank << 32 | (uint32_t)i);
+    return m == NULL ? 0 : sp_heap_u64_push(&w->heap, (uint64_t)m->rank << 32 | (uint32_t)i);
 }
 
 static void
@@ -574,14 +516,14 @@ encode_piece(bpe_work_t *w, const unsigned char *p, size_t n)
         w->next[i] = i + 1;
     }
     w->next[ns - 1] = -1;
-    w->n_heap = 0;
+    w->heap.n = 0;
     for (int32_t i = 0; i + 1 < ns; i++) {
         if (try_pair(w, i)) {
             return SP_ERR_NOMEM;
         }
     }
-    while (w->n_heap > 0) {
-        uint64_t key = heap_pop(w);
+    while (w->heap.n > 0) {
+        uint64_t key = sp_heap_u64_pop(&w->heap);
         int32_t i = (int32_t)(uint32_t)key;
         int32_t j = w->next[i];
         if (w->id[i] == DEAD || j < 0) {
@@ -664,7 +606,7 @@ sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
     sp_free(w.id);
     sp_free(w.prev);
     sp_free(w.next);
-    sp_free(w.heap);
+    sp_heap_u64_free(&w.heap);
     sp_free(w.enc);
     return st;
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/heap.h"
 #include "engine/tokenizer_impl.h"
 
 #define MAX_VOCAB (1 << 24) /* G15: larger vocabularies are refused */
@@ -753,67 +754,8 @@ typedef struct spm_symbol {
 typedef struct spm_work {
     char *esc;          /* escaped text of the current fragment */
     spm_symbol_t *sym;  /* symbols of the current chunk */
-    uint64_t *heap;     /* 4-ary min-heap of pair keys */
-    size_t n_heap, cap_heap;
+    sp_heap_u64_t heap; /* pair keys */
 } spm_work_t;
-
-static int
-heap_push(spm_work_t *w, uint64_t key)
-{
-    if (w->n_heap == w->cap_heap) {
-        size_t cap = w->cap_heap ? w->cap_heap * 2 : 256, bytes;
-        if (sp_mul_size(cap, sizeof(uint64_t), &bytes)) {
-            return -1;
-        }
-        uint64_t *h = sp_realloc(w->heap, bytes);
-        if (h == NULL) {
-            return -1;
-        }
-        w->heap = h;
-        w->cap_heap = cap;
-    }
-    uint64_t *h = w->heap;
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 4;
-        if (h[p] <= key) {
-            break;
-        }
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = key;
-    return 0;
-}
-
-static uint64_t
-heap_pop(spm_work_t *w)
-{
-    uint64_t *h = w->heap;
-    uint64_t top = h[0], last = h[--w->n_heap];
-    size_t n = w->n_heap, i = 0;
-    for (;;) {
-        size_t c = 4 * i + 1, best = c;
-        if (c >= n) {
-            break;
-        }
-        size_t end = c + 4 < n ? c + 4 : n;
-        for (size_t j = c + 1; j < end; j++) {
-            if (h[j] < h[best]) {
-                best = j;
-            }
-        }
-        if (h[best] >= last) {
-            break;
-        }
-        h[i] = h[best];
-        i = best;
-    }
-    if (n > 0) {
-        h[i] = last;
-    }
-    return top;
-}
 
 /* Queue the pair (left, left's next) when their concatenation is a token. */
 static int
@@ -833,7 +775,7 @@ spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left)
     }
     uint64_t key = ((uint64_t)t->rank[id] << (KEY_LEFT_BITS + KEY_SIZE_BITS)) |
                    ((uint64_t)left << KEY_SIZE_BITS) | (uint64_t)(size - 1);
-    return heap_push(w, key);
+    return sp_heap_u64_push(&w->heap, key);
 }
 
 /* Byte length of the UTF-8 character at p[0..n): the length its lead byte
@@ -870,14 +812,14 @@ spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, sp__tok_o
 {
     spm_symbol_t *sym = w->sym;
     sym[n_sym - 1].next = -1;
-    w->n_heap = 0;
+    w->heap.n = 0;
     for (int32_t i = 0; i + 1 < n_sym; i++) {
         if (spm_try_bigram(t, w, i)) {
             return SP_ERR_NOMEM;
         }
     }
-    while (w->n_heap > 0) {
-        uint64_t key = heap_pop(w);
+    while (w->heap.n > 0) {
+        uint64_t key = sp_heap_u64_pop(&w->heap);
         int32_t left = (int32_t)((key >> KEY_SIZE_BITS) & ((1u << KEY_LEFT_BITS) - 1));
         uint32_t size = (uint32_t)(key & ((1u << KEY_SIZE_BITS) - 1)) + 1;
         spm_symbol_t *l = &sym[left];
@@ -1001,7 +943,7 @@ spm_tokenize(const sp_tokenizer_t *t, const char *text, const frag_list_t *fr, s
 done:
     sp_free(w.esc);
     sp_free(w.sym);
-    sp_free(w.heap);
+    sp_heap_u64_free(&w.heap);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/heap.h"
 #include "core/pool.h"
 #include "sampan/log.h"
 #include "sampan/status.h"
@@ -52,6 +53,37 @@ TEST(alloc_fault_injection)
     sp_free(a);
     sp_free(b);
     sp_free(c);
+}
+
+/* Keys come out in ascending order through growth, duplicates and refills,
+ * and a failed growth leaves the heap as it was. */
+TEST(heap_pops_in_order)
+{
+    sp_heap_u64_t h = {0};
+    uint64_t x = 88172645463325252ull, prev;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 5000; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            ASSERT(sp_heap_u64_push(&h, i % 7 == 0 ? 42 : x % 100000) == 0);
+        }
+        ASSERT(h.n == 5000);
+        prev = 0;
+        while (h.n > 0) {
+            uint64_t k = sp_heap_u64_pop(&h);
+            ASSERT(k >= prev);
+            prev = k;
+        }
+    }
+    size_t cap = h.cap;
+    while (h.n < cap) {
+        ASSERT(sp_heap_u64_push(&h, h.n) == 0);
+    }
+    sp_alloc_fail_after(0);
+    ASSERT(sp_heap_u64_push(&h, 1) == -1);
+    sp_alloc_fail_after(-1);
+    ASSERT(h.n == cap && sp_heap_u64_pop(&h) == 0);
+    sp_heap_u64_free(&h);
+    ASSERT(h.keys == NULL && h.n == 0);
 }
 
 #define PROBE_CHUNKS 97
