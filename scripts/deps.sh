@@ -9,6 +9,10 @@ if [ "${1:-}" = "--test" ]; then
     # Debian only when the machine has no node of its own.
     command -v node >/dev/null 2>&1 || need+=(nodejs npm)
 fi
+# bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
+if [ "${1:-}" = "--bench" ]; then
+    need+=(wrk nginx-light curl)
+fi
 missing=()
 for p in "${need[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

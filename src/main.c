@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "server/server.h"
+#include "sampan/version.h"
 #include "tools/cli.h"
 #include "tools/tools.h"
 
-#define SAMPAN_VERSION "0.1.0"
 
 static const char usage[] =
     "sampan " SAMPAN_VERSION " - an inference server for generative AI\n"
@@ -19,6 +19,7 @@ static const char usage[] =
     "  inspect   describe a GGUF file: metadata, tensors, memory estimate\n"
     "  quantize  convert a GGUF model's weights to f16, bf16, q8_0, q4_0, q4_k or q6_k\n"
     "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
+    "  bench     serving benchmark: concurrent streamed requests to an OpenAI-compatible server\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
@@ -34,6 +35,7 @@ static const command_t commands[] = {
     {"inspect", sp_cmd_inspect},
     {"quantize", sp_cmd_quantize},
     {"tokenize", sp_cmd_tokenize},
+    {"bench", sp_cmd_bench},
 };
 
 int

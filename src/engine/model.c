@@ -938,14 +938,18 @@ rope_job_run(void *arg, int64_t t, int ith)
  * rows, which stay in L2) and, within a head, latest token first: causal cost
  * grows with the position, so the pool hands out the big items first and the
  * small ones last and the threads finish together (longest-first scheduling).
- * Every item's result depends only on its token and the cache, so neither
- * the order nor the split changes a bit.
+ * With few items (decode with fewer KV heads than threads, e.g. multi-query
+ * attention) each group's query heads are split over n_split items so every
+ * thread gets work. Every query head's result depends only on its token and
+ * the cache (the kernel contract), so neither the order nor the split
+ * changes a bit.
  */
 typedef struct attn_job {
     sp_ctx_t *c;
     int64_t il;
     int64_t pos0;
     int64_t n_tok;
+    int64_t n_split;   /* parts of each KV head's query group */
     int64_t per_chunk; /* items per pool chunk */
 } attn_job_t;
 
@@ -957,25 +961,33 @@ attn_job_run(void *arg, int64_t chunk, int ith)
     const sp_hparams_t *hp = &c->m->hp;
     const int64_t hd = hp->head_dim, q_dim = hp->n_head * hd;
     const int64_t group = hp->n_head / hp->n_head_kv;
-    const int64_t n_items = j->n_tok * hp->n_head_kv;
+    const int64_t part = (group + j->n_split - 1) / j->n_split; /* query heads per item */
+    const int64_t n_items = j->n_tok * hp->n_head_kv * j->n_split;
     const int64_t lo = chunk * j->per_chunk;
     const int64_t hi = lo + j->per_chunk < n_items ? lo + j->per_chunk : n_items;
 
     for (int64_t item = lo; item < hi; item++) {
-        const int64_t g = item / j->n_tok, t = j->n_tok - 1 - item % j->n_tok;
+        const int64_t g = item / (j->n_tok * j->n_split);
+        const int64_t r = item % (j->n_tok * j->n_split);
+        const int64_t t = j->n_tok - 1 - r / j->n_split;
+        const int64_t h0 = g * group + (r % j->n_split) * part; /* first query head */
+        const int64_t n_q = (g + 1) * group - h0 < part ? (g + 1) * group - h0 : part;
         const int64_t pos = j->pos0 + t;
+        if (n_q <= 0) {
+            continue;
+        }
         const size_t off = (size_t)((j->il * hp->n_head_kv + g) * c->n_ctx_pad * hd) * c->kv_elt;
         sp_attn_args_t a = {
             .head_dim = hd,
-            .n_q = group,
+            .n_q = n_q,
             .n_kv = pos + 1,
-            .q = c->q + t * q_dim + g * group * hd,
+            .q = c->q + t * q_dim + h0 * hd,
             .q_stride = hd,
             .k = (const char *)c->k_cache + off,
             .v = (const char *)c->v_cache + off,
             .v_stride = hd,
             .scale = c->attn_scale,
-            .o = c->att + t * q_dim + g * group * hd,
+            .o = c->att + t * q_dim + h0 * hd,
             .o_stride = hd,
             .scratch = c->scores + (int64_t)ith * c->scores_stride,
         };
@@ -1012,8 +1024,13 @@ forward_layers(sp_ctx_t *c, const int32_t *tokens, int64_t B, int64_t pos0)
         sp_pool_run(c->pool, rope_job_run, &rj, B);
         /* A few items per chunk keep a long prefill within the pool's chunk
          * limit. */
-        const int64_t n_items = B * hp->n_head_kv;
-        attn_job_t aj = {c, il, pos0, B, 1 + n_items / 16384};
+        const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(c->pool);
+        int64_t n_split = 1;
+        while (B * hp->n_head_kv * n_split < 2 * nth && n_split < group) {
+            n_split++;
+        }
+        const int64_t n_items = B * hp->n_head_kv * n_split;
+        attn_job_t aj = {c, il, pos0, B, n_split, 1 + n_items / 16384};
         sp_pool_run(c->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
         matmul1(c, &L->wo, c->proj, c->att, q_dim, B);

@@ -143,6 +143,10 @@ typedef enum sp_cpu_level {
  *   y[t * ldy + r] = dot(w row r, x row t)   for r in [r0, r1), t in [0, n_tok)
  * w rows are w_stride bytes apart, x rows (already in vec_dot_type) x_stride
  * bytes apart. Each result must equal vec_dot's bit for bit (batch invariance).
+ * Implementations may use up to about 200 KiB of stack for packed weight panels
+ * and activation scratch (no heap, no per-thread state); call them on threads
+ * with ordinary (>= 1 MiB) stacks. The AVX-512 VNNI Q8_0 / Q4_0 gemms also
+ * equal the scalar reference bit for bit (they keep its order of operations).
  */
 typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                            const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy);

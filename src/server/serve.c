@@ -26,6 +26,7 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "sampan/log.h"
+#include "server/kserve.h"
 #include "server/server.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -69,6 +70,10 @@ sp_server_error(sp_http_req_t *r, int status, const char *type, const char *para
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (sp_kserve_path(sp_http_req_path(r))) { /* KServe v2's shape: {"error": "..."} */
+        sp_kserve_error(r, status, "%s", msg);
+        return;
+    }
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"error\":{\"message\":");
@@ -358,6 +363,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/live", h_v2_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, s);
+    sp_kserve_register(s->router, s);
 
     sp_http_server_params_t hp = sp_http_default_server_params();
     hp.limits = s->cfg.limits;

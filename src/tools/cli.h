@@ -9,6 +9,8 @@ int sp_cmd_run(int argc, char **argv);
 int sp_cmd_eval(int argc, char **argv);
 /* sampan tokenize -m FILE [--no-bos] [--special] [--decode]: text on stdin <-> token ids. */
 int sp_cmd_tokenize(int argc, char **argv);
+/* sampan bench [--url URL --concurrency N ...]: a serving benchmark client (src/tools/bench.c). */
+int sp_cmd_bench(int argc, char **argv);
 
 /* Length of the longest prefix of buf[0..len) that does not end inside a
  * UTF-8 sequence: what a stream may print now, holding the rest back. */

@@ -84,8 +84,11 @@ static const char run_usage[] =
 enum {
     OPT_TEMP = 256, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_FREQ, OPT_PRES, OPT_SEED,
     OPT_NO_BOS, OPT_IGNORE_EOS, OPT_TOKENS, OPT_LOGITS_OUT, OPT_DECODE, OPT_RANDOM, OPT_GEN,
-    OPT_BATCH, OPT_STOP, OPT_JSON,
+    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16,
 };
+
+/* --kv-f16 (eval): an F16 KV cache instead of F32 (see sp_ctx_params_t). */
+static bool opt_kv_f16;
 
 static const struct option run_opts[] = {
     {"model", required_argument, 0, 'm'},
@@ -127,6 +130,7 @@ open_model(const char *path, int64_t n_ctx, int64_t n_batch, int n_threads, bool
     cp.n_batch = n_batch;
     cp.n_threads = n_threads;
     cp.logits_all = logits_all;
+    cp.kv_f16 = opt_kv_f16;
     if (sp_ctx_create(*m, &cp, c, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan: %s\n", err);
         sp_model_free(*m);
@@ -312,6 +316,7 @@ static const char eval_usage[] =
     "  -b, --batch N      prefill batch size (default 512)\n"
     "  -t, --threads N    threads (default: one per core)\n"
     "  -c, --ctx-size N   context size\n"
+    "  --kv-f16           F16 KV cache (half the cache reads; default F32)\n"
     "Prints 'prefill: ...' and 'decode: ...' timing lines to stderr.\n";
 
 static const struct option eval_opts[] = {
@@ -325,6 +330,7 @@ static const struct option eval_opts[] = {
     {"batch", required_argument, 0, 'b'},
     {"threads", required_argument, 0, 't'},
     {"ctx-size", required_argument, 0, 'c'},
+    {"kv-f16", no_argument, 0, OPT_KV_F16},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -348,6 +354,7 @@ sp_cmd_eval(int argc, char **argv)
         case OPT_DECODE: decode = true; break;
         case OPT_GEN: bad = parse_i64(optarg, "--gen", 0, 1 << 24, &n_gen); break;
         case OPT_LOGITS_OUT: logits_out = optarg; break;
+        case OPT_KV_F16: opt_kv_f16 = true; break;
         case 'b': bad = parse_i64(optarg, "-b", 1, 65536, &n_batch); break;
         case 't': bad = parse_i64(optarg, "-t", 0, 512, &n_threads); break;
         case 'c': bad = parse_i64(optarg, "-c", 0, 1 << 24, &n_ctx); break;

@@ -47,10 +47,13 @@ TEST(forward_kv_f16_invariant_and_close_to_f32)
     for (int i = 0; i < N; i++) toks[i] = (int32_t)(1 + (i * 131 + 7) % (V - 1));
     for (int f16 = 0; f16 < 2; f16++) {
         float *ref = run(m, toks, N, f16, 1, 0);
-        for (int mode = 0; mode < 3; mode++) {
-            float *lg = run(m, toks, N, f16, 2, mode);
+        /* 4 threads: decode splits each KV head's query group over two items. */
+        for (int mode = 0; mode < 6; mode++) {
+            const int nth = mode < 3 ? 2 : 4;
+            float *lg = run(m, toks, N, f16, nth, mode % 3);
             if (memcmp(ref, lg, (size_t)(N * V) * sizeof(float)) != 0) {
-                SP_TEST_FAIL("kv_f16 %d: logits differ in mode %d with 2 threads", f16, mode);
+                SP_TEST_FAIL("kv_f16 %d: logits differ in mode %d with %d threads", f16, mode % 3,
+                             nth);
             }
             sp_free(lg);
         }

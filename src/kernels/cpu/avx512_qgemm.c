@@ -27,7 +27,7 @@
  * and uses it at once. K is cut into chunks whose partial sums go through y (a
  * float store and reload is exact), which bounds the scratch whatever n is.
  *
- * Stack: about 200 KiB per call (see QG_* below); pool threads have 8 MiB.
+ * Stack: about 180 KiB per call (see QG_* below); pool threads have 8 MiB.
  */
 #include "kernels/cpu/cpu_impl.h"
 
@@ -37,12 +37,8 @@
 #define SP_INLINE static inline __attribute__((always_inline))
 
 #define QG_ROWS 16   /* rows per panel: the lanes of a register */
-#ifndef QG_KC
 #define QG_KC 32     /* blocks per K chunk when packing (panel: 16 KiB + 2 KiB of scales) */
-#endif
-#ifndef QG_TC
 #define QG_TC 128    /* tokens per token chunk (160 KiB of activation records at QG_KC) */
-#endif
 #define QG_T 8       /* tokens per register tile (packed path) */
 #define QG_FUSE_T 4  /* up to this many tokens: no packing, unpack in registers */
 #define QG_XREC 40   /* bytes per (token, block) record: 32 quants, int32 seed, float scale */
@@ -503,8 +499,11 @@ vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
         const int32_t isum = _mm_cvtsi128_si32(h);
+        /* separate statements: a compiler that contracts a * b + c inside one
+         * expression (clang's default) must not fuse these into an FMA */
         const float d = _cvtsh_ss(wd) * _cvtsh_ss(xb[b].d);
-        sum += (float)isum * d;
+        const float p = (float)isum * d;
+        sum += p;
     }
     *s = sum;
 }

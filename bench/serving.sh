@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bench/serving.sh - `sampan bench` at several concurrencies, results as JSON and one SVG.
+#
+#   bench/serving.sh                                   # the demo model, sampan serve started here
+#   bench/serving.sh --model bench/models/tinyllama-random-q8_0.gguf --threads 2
+#   bench/serving.sh --url http://127.0.0.1:8080 --label llama.cpp   # a server already running
+#
+# Options (defaults are the scheduler issue's serving benchmark):
+#   --concurrency "1 8 32"   the sweep            --prompts-per-stream 4   num_prompts = c x this
+#   --prompt-tokens 64       --shared-prefix 32    --output-tokens 128      --max-seconds 600
+#   --model FILE --threads N --parallel N          (sampan serve; --parallel defaults to the
+#                                                    largest concurrency)
+#   --url URL --label NAME                          bench a running server instead
+#   --endpoint completions|chat                     --out DIR (default bench/out/serving-<stamp>)
+# Each concurrency runs once (one after the other, same prompts: --seed 1) and writes
+# DIR/<label>-c<N>.json; bench/plot_serving.py draws DIR/serving.svg from all of them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 MODEL=models/stories260K.gguf THREADS=2 PARALLEL=""
+URL="" LABEL="" EP=completions OUT="" BUILD=${BUILD:-build}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --concurrency) CONC=$2; shift 2 ;;
+        --prompts-per-stream) PPS=$2; shift 2 ;;
+        --prompt-tokens) PT=$2; shift 2 ;;
+        --shared-prefix) SP=$2; shift 2 ;;
+        --output-tokens) OT=$2; shift 2 ;;
+        --max-seconds) MAXS=$2; shift 2 ;;
+        --model) MODEL=$2; shift 2 ;;
+        --threads) THREADS=$2; shift 2 ;;
+        --parallel) PARALLEL=$2; shift 2 ;;
+        --url) URL=$2; shift 2 ;;
+        --label) LABEL=$2; shift 2 ;;
+        --endpoint) EP=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        *) echo "serving.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+SAMPAN=${SAMPAN:-$BUILD/sampan}
+if [ -z "${SAMPAN_NO_BUILD:-}" ]; then make -s "BUILD=$BUILD" "$BUILD/sampan" >&2; fi
+OUT=${OUT:-bench/out/serving-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+
+spid=""
+cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null && wait "$spid" 2>/dev/null; true; }
+trap cleanup EXIT
+
+if [ -z "$URL" ]; then
+    [ -f "$MODEL" ] || { echo "serving.sh: no model file $MODEL" >&2; exit 1; }
+    LABEL=${LABEL:-sampan}
+    max=1
+    for c in $CONC; do [ "$c" -gt "$max" ] && max=$c; done
+    PARALLEL=${PARALLEL:-$max}
+    name=$(basename "$MODEL" .gguf)
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$SAMPAN" serve --model "$name=$MODEL" --port "$port" --threads "$THREADS" --parallel "$PARALLEL" \
+        --queue 4096 >"$OUT/serve.log" 2>&1 &
+    spid=$!
+    URL="http://127.0.0.1:$port"
+    for _ in $(seq 600); do # model load: up to 60 s
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health" || true)" = 200 ] && break
+        kill -0 "$spid" 2>/dev/null || { cat "$OUT/serve.log" >&2; exit 1; }
+        sleep 0.1
+    done
+fi
+LABEL=${LABEL:-server}
+
+rc=0
+for c in $CONC; do
+    echo "serving.sh: $LABEL, concurrency $c" >&2
+    "$SAMPAN" bench --url "$URL" --endpoint "$EP" --concurrency "$c" --num-prompts $((c * PPS)) \
+        --prompt-tokens "$PT" --shared-prefix "$SP" --output-tokens "$OT" --max-seconds "$MAXS" \
+        --seed 1 --label "$LABEL" --no-progress --save-result "$OUT/$LABEL-c$c.json" \
+        2> >(tee "$OUT/$LABEL-c$c.txt" >&2) || rc=1
+done
+/usr/bin/python3 bench/plot_serving.py "$OUT"/*.json -o "$OUT/serving.svg" >&2 || rc=1
+/usr/bin/python3 - "$OUT" <<'EOF'
+import glob, json, sys
+rows = []
+for p in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    d = json.load(open(p))
+    rows.append((d.get("label") or d["model_id"], d["max_concurrency"], d))
+print("| server | streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT mean ms | ITL p99 ms | E2EL p99 ms | failed |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for label, c, d in sorted(rows, key=lambda r: (r[0], r[1])):
+    print(f"| {label} | {c} | {d['completed']} | {d['output_throughput']:.1f} | {d['median_ttft_ms']:.1f} | "
+          f"{d['p99_ttft_ms']:.1f} | {d['mean_tpot_ms']:.2f} | {d['p99_itl_ms']:.2f} | "
+          f"{d['p99_e2el_ms']:.1f} | {d['failed'] + d.get('cut_off', 0)} |")
+EOF
+echo "serving.sh: results in $OUT" >&2
+exit $rc

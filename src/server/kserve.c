@@ -1,0 +1,964 @@
+/*
+ * kserve.c - KServe v2 / Open Inference Protocol routes and Triton's generate
+ * extension for the served LLMs.
+ *
+ *   GET  /v2                                   server metadata
+ *   GET  /v2/models/{m}[/versions/{v}]         model metadata
+ *   GET  /v2/models/{m}[/versions/{v}]/ready   model readiness (200 / 400)
+ *   POST /v2/models/{m}[/versions/{v}]/infer   tensors in, tensors out (tensor.h)
+ *   POST .../generate, .../generate_stream     {"text_input": ...} -> text, or SSE
+ *
+ * (/v2/health/live and /v2/health/ready live in serve.c with the other health
+ * routes, because they answer without a key and while draining.)
+ *
+ * An LLM is described as Triton's LLM backends describe theirs: the input
+ * text_input (BYTES, one prompt per element, so a [B] tensor is a batch of B
+ * sequences), optional one-element inputs for the sampling settings
+ * (max_tokens INT32, temperature FP32, ...) and the outputs text_output and
+ * finish_reason (BYTES, one per prompt). The same settings may come as
+ * request parameters; an input wins over a parameter of the same name.
+ * Requests are validated here and in tensor.c, tokenized on the loop thread
+ * and submitted through the seam (sched.h) exactly as openai.c does; events
+ * come back on this loop, a disconnect cancels the job.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "engine/tokenizer.h"
+#include "sampan/log.h"
+#include "sampan/version.h"
+#include "server/kserve.h"
+#include "server/tensor.h"
+
+
+/* ------------------------------------------------------------ errors */
+
+bool
+sp_kserve_path(sp_str_t path)
+{
+    return path.len >= 3 && memcmp(path.ptr, "/v2", 3) == 0 && (path.len == 3 || path.ptr[3] == '/');
+}
+
+void
+sp_kserve_error(sp_http_req_t *r, int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"error\":");
+    sp_jbuf_cstr(&b, msg);
+    sp_jbuf_lit(&b, "}");
+    if (b.oom) {
+        sp_http_respond(r, status, "application/json", "{\"error\":\"out of memory\"}", 25);
+    } else {
+        sp_http_respond(r, status, "application/json", b.p, b.len);
+    }
+    sp_jbuf_free(&b);
+}
+
+/* A client-supplied string, quoted and escaped for a message (at most 64 bytes). */
+typedef struct quoted {
+    char s[160];
+} quoted_t;
+
+static quoted_t
+quote(sp_str_t v)
+{
+    quoted_t q;
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_str(&b, v.ptr ? v.ptr : "", v.len > 64 ? 64 : v.len);
+    snprintf(q.s, sizeof q.s, "%s%s", b.p && !b.oom ? b.p : "\"\"", v.len > 64 ? "..." : "");
+    sp_jbuf_free(&b);
+    return q;
+}
+
+/* ------------------------------------------------------------ the LLM's tensors */
+
+typedef enum pkind { PK_INT, PK_NUM, PK_BOOL, PK_STRS } pkind_t;
+
+/* Settings an LLM takes as one-element inputs or as parameters. */
+static const struct gparam {
+    const char *name;
+    sp_dtype_t dtype;
+    pkind_t kind;
+    double lo, hi; /* PK_INT and PK_NUM; max_tokens' hi is --max-tokens */
+} gparams[] = {
+    {"max_tokens", SP_DT_INT32, PK_INT, 1, 0},
+    {"temperature", SP_DT_FP32, PK_NUM, 0, 2},
+    {"top_p", SP_DT_FP32, PK_NUM, 0, 1},
+    {"top_k", SP_DT_INT32, PK_INT, -1, 1 << 20},
+    {"min_p", SP_DT_FP32, PK_NUM, 0, 1},
+    {"repetition_penalty", SP_DT_FP32, PK_NUM, 0.01, 10},
+    {"presence_penalty", SP_DT_FP32, PK_NUM, -2, 2},
+    {"frequency_penalty", SP_DT_FP32, PK_NUM, -2, 2},
+    {"seed", SP_DT_UINT64, PK_INT, 0, 0}, /* any 64-bit value */
+    {"stop", SP_DT_BYTES, PK_STRS, 0, 0},
+    {"ignore_eos", SP_DT_BOOL, PK_BOOL, 0, 0},
+};
+enum { N_GPARAMS = sizeof gparams / sizeof gparams[0], P_MAX_TOKENS = 0, P_SEED = 8, P_STOP = 9 };
+
+static const char *const out_names[] = {"text_output", "finish_reason"};
+enum { OUT_TEXT, OUT_FINISH, N_OUTS };
+
+typedef struct gvals {
+    bool set[N_GPARAMS];
+    int64_t i[N_GPARAMS];
+    double d[N_GPARAMS];
+    bool b[N_GPARAMS];
+    const char *stop[SP_GEN_MAX_STOP]; /* NUL-terminated, borrowed from the request */
+    int n_stop;
+} gvals_t;
+
+static int
+gparam_find(const char *name, size_t len)
+{
+    for (int k = 0; k < N_GPARAMS; k++) {
+        if (strlen(gparams[k].name) == len && memcmp(gparams[k].name, name, len) == 0) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+static void
+input_list(char *buf, size_t cap)
+{
+    size_t o = (size_t)snprintf(buf, cap, "text_input");
+    for (int k = 0; k < N_GPARAMS && o < cap; k++) {
+        o += (size_t)snprintf(buf + o, cap - o, ", %s", gparams[k].name);
+    }
+}
+
+/* One setting from JSON (`where` names it in errors). 0 ok, -1 err filled. */
+static int
+gval_json(const struct gparam *p, int k, const json_t *v, const char *where, int64_t max_tokens,
+          gvals_t *g, char *err, size_t err_len)
+{
+    switch (p->kind) {
+    case PK_INT: {
+        int64_t lo = (int64_t)p->lo, hi = k == P_MAX_TOKENS ? max_tokens : (int64_t)p->hi;
+        bool any = k == P_SEED;
+        if (!json_is_integer(v) || (!any && (json_integer_value(v) < lo || json_integer_value(v) > hi))) {
+            if (any) {
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be an integer", where);
+            } else {
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be an integer in %lld..%lld", where,
+                        (long long)lo, (long long)hi);
+            }
+            return -1;
+        }
+        g->i[k] = json_integer_value(v);
+        break;
+    }
+    case PK_NUM:
+        if (!json_is_number(v) || json_number_value(v) < p->lo || json_number_value(v) > p->hi) {
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be a number in %g..%g", where, p->lo, p->hi);
+            return -1;
+        }
+        g->d[k] = json_number_value(v);
+        break;
+    case PK_BOOL:
+        if (!json_is_boolean(v)) {
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be true or false", where);
+            return -1;
+        }
+        g->b[k] = json_is_true(v);
+        break;
+    case PK_STRS: {
+        g->n_stop = 0;
+        size_t n = json_is_array(v) ? json_array_size(v) : 1;
+        if ((!json_is_string(v) && !json_is_array(v)) || n > SP_GEN_MAX_STOP) {
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be a string or a list of at most %d strings",
+                    where, SP_GEN_MAX_STOP);
+            return -1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
+            if (!json_is_string(s) || json_string_length(s) == 0 ||
+                json_string_length(s) > SP_GEN_MAX_STOP_LEN) {
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: stop strings must have 1 to %d bytes",
+                        where, SP_GEN_MAX_STOP_LEN);
+                return -1;
+            }
+            g->stop[g->n_stop++] = json_string_value(s);
+        }
+        break;
+    }
+    }
+    g->set[k] = true;
+    return 0;
+}
+
+/* Settings from an object's keys: the request's "parameters" (unknown keys
+ * are ignored there: parameters are an open set) or generate's top level
+ * (unknown keys are refused: they are inputs the model does not have). */
+static int
+gvals_from_object(const json_t *obj, const char *prefix, bool strict, int64_t max_tokens, gvals_t *g,
+                  char *err, size_t err_len)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int k = gparam_find(key, strlen(key));
+        if (k < 0) {
+            if (strict && strcmp(key, "text_input") != 0 && strcmp(key, "parameters") != 0 &&
+                strcmp(key, "id") != 0) {
+                char list[512];
+                input_list(list, sizeof list);
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: the model has no such input (inputs: %s)",
+                        quote(sp_str_c(key)).s, list);
+                return -1;
+            }
+            continue;
+        }
+        if (json_is_null(v)) {
+            continue;
+        }
+        char where[96];
+        snprintf(where, sizeof where, "%s%s", prefix, key);
+        if (gval_json(&gparams[k], k, v, where, max_tokens, g, err, err_len) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Settings from one-element input tensors (infer). */
+static int
+gvals_from_inputs(const sp_infer_req_t *ir, int64_t max_tokens, gvals_t *g, char *err, size_t err_len)
+{
+    for (int i = 0; i < ir->n_inputs; i++) {
+        const sp_tensor_t *t = &ir->inputs[i];
+        char where[320];
+        snprintf(where, sizeof where, "inputs[%d] ('%.64s')", i, t->name);
+        if (strcmp(t->name, "text_input") == 0) {
+            continue;
+        }
+        int k = gparam_find(t->name, strlen(t->name));
+        if (k < 0) {
+            char list[512];
+            input_list(list, sizeof list);
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s.name: the model has no input %s (inputs: %s)",
+                    where, quote(sp_str_c(t->name)).s, list);
+            return -1;
+        }
+        const struct gparam *p = &gparams[k];
+        if (t->dtype != p->dtype) {
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s.datatype: must be %s, got %s", where,
+                    sp_dtype_name(p->dtype), sp_dtype_name(t->dtype));
+            return -1;
+        }
+        if (p->kind == PK_STRS) {
+            if (t->n > SP_GEN_MAX_STOP) {
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s.shape: at most %d stop strings", where,
+                        SP_GEN_MAX_STOP);
+                return -1;
+            }
+            g->n_stop = 0;
+            for (int64_t e = 0; e < t->n; e++) {
+                sp_str_t s = sp_tensor_str(t, e);
+                if (s.len == 0 || s.len > SP_GEN_MAX_STOP_LEN || memchr(s.ptr, '\0', s.len)) {
+                    sp_errf(err, err_len, SP_ERR_INVALID,
+                            "%s.data[%lld]: stop strings must have 1 to %d bytes and no NUL", where,
+                            (long long)e, SP_GEN_MAX_STOP_LEN);
+                    return -1;
+                }
+                g->stop[g->n_stop++] = s.ptr; /* NUL-terminated in the tensor's store */
+            }
+            g->set[k] = true;
+            continue;
+        }
+        if (t->n != 1) {
+            sp_errf(err, err_len, SP_ERR_INVALID, "%s.shape: must hold exactly one element, has %lld",
+                    where, (long long)t->n);
+            return -1;
+        }
+        if (p->kind == PK_BOOL) {
+            g->b[k] = sp_tensor_i64(t, 0) != 0;
+        } else if (p->kind == PK_NUM) {
+            double d = sp_tensor_f64(t, 0);
+            if (!(d >= p->lo && d <= p->hi)) { /* NaN from binary data fails too */
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be a number in %g..%g", where, p->lo, p->hi);
+                return -1;
+            }
+            g->d[k] = d;
+        } else if (k == P_SEED) {
+            g->i[k] = (int64_t)*(const uint64_t *)t->data;
+        } else {
+            int64_t v = sp_tensor_i64(t, 0);
+            int64_t hi = k == P_MAX_TOKENS ? max_tokens : (int64_t)p->hi;
+            if (v < (int64_t)p->lo || v > hi) {
+                sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be an integer in %lld..%lld", where,
+                        (long long)p->lo, (long long)hi);
+                return -1;
+            }
+            g->i[k] = v;
+        }
+        g->set[k] = true;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+typedef enum ks_kind { KS_INFER, KS_GENERATE, KS_STREAM } ks_kind_t;
+
+typedef struct ks_req {
+    sp_http_req_t *http;
+    sp_server_t *srv;
+    sp_served_model_t *m;
+    sp_sched_job_t *job;
+    ks_kind_t kind;
+    int n;                  /* sequences */
+    sp_jbuf_t *texts;       /* non-streaming: each sequence's text */
+    sp_finish_t *finish;
+    int64_t n_prompt;       /* all prompts' tokens */
+    sp_infer_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
+    char *id;               /* generate: the request's id, or NULL */
+    sp_jbuf_t out, bin;
+} ks_req_t;
+
+static void
+ks_free(ks_req_t *q)
+{
+    if (q == NULL) {
+        return;
+    }
+    for (int i = 0; q->texts && i < q->n; i++) {
+        sp_jbuf_free(&q->texts[i]);
+    }
+    sp_free(q->texts);
+    sp_free(q->finish);
+    sp_free(q->id);
+    sp_infer_req_free(&q->ir);
+    sp_jbuf_free(&q->out);
+    sp_jbuf_free(&q->bin);
+    sp_free(q);
+}
+
+static const char *
+finish_str(sp_finish_t f)
+{
+    return f == SP_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* The model of the route ({model} and the optional {version}); answers 404
+ * itself and returns NULL. */
+static sp_served_model_t *
+route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p)
+{
+    sp_str_t name = sp_route_param(p, "model");
+    sp_served_model_t *m = sp_server_find_model(s, name.ptr, name.len);
+    if (m == NULL) {
+        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
+        return NULL;
+    }
+    sp_str_t v = sp_route_param(p, "version");
+    if (v.ptr && !sp_str_eq_c(v, SP_KSERVE_MODEL_VERSION)) {
+        sp_kserve_error(r, 404, "model '%s' has no version %s (versions: " SP_KSERVE_MODEL_VERSION ")",
+                        m->name, quote(v).s);
+        return NULL;
+    }
+    return m;
+}
+
+/* route_model, plus readiness (503 while loading). */
+static sp_served_model_t *
+ready_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p)
+{
+    sp_served_model_t *m = route_model(s, r, p);
+    if (m && !atomic_load(&m->ready)) {
+        sp_http_add_header(r, "Retry-After", "1");
+        sp_kserve_error(r, 503, "model '%s' is loading", m->name);
+        return NULL;
+    }
+    return m;
+}
+
+static ks_req_t *
+ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
+{
+    ks_req_t *q = sp_calloc(1, sizeof *q);
+    if (q == NULL) {
+        sp_kserve_error(r, 503, "out of memory");
+        return NULL;
+    }
+    q->http = r;
+    q->srv = s;
+    q->m = m;
+    q->kind = kind;
+    return q;
+}
+
+static void
+begin_event(ks_req_t *q, sp_jbuf_t *b)
+{
+    sp_jbuf_lit(b, "{\"model_name\":");
+    sp_jbuf_cstr(b, q->m->name);
+    sp_jbuf_lit(b, ",\"model_version\":\"" SP_KSERVE_MODEL_VERSION "\"");
+    if (q->id) {
+        sp_jbuf_lit(b, ",\"id\":");
+        sp_jbuf_cstr(b, q->id);
+    }
+}
+
+static int
+stream_send(ks_req_t *q)
+{
+    if (q->out.oom || sp_http_stream_write(q->http, q->out.p, q->out.len) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static void
+reply_infer(ks_req_t *q, int64_t completion_tokens)
+{
+    bool want[N_OUTS];
+    char err[256];
+    sp_infer_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err); /* checked at submit */
+    const sp_tensor_t *in = sp_infer_req_input(&q->ir, "text_input");
+    sp_tensor_t outs[N_OUTS];
+    int n_outs = 0;
+    sp_str_t *el = sp_calloc((size_t)q->n, sizeof *el);
+    sp_status_t st = el ? SP_OK : SP_ERR_NOMEM;
+    for (int k = 0; k < N_OUTS && st == SP_OK; k++) {
+        if (!want[k]) {
+            continue;
+        }
+        for (int i = 0; i < q->n; i++) {
+            if (k == OUT_TEXT) {
+                el[i].ptr = q->texts[i].p ? q->texts[i].p : "";
+                el[i].len = q->texts[i].len;
+            } else {
+                el[i] = sp_str_c(finish_str(q->finish[i]));
+            }
+        }
+        st = sp_tensor_from_strs(&outs[n_outs], out_names[k], in->ndim, in->shape, el, err, sizeof err);
+        if (st == SP_OK) {
+            n_outs++;
+        }
+    }
+    sp_free(el);
+    if (st != SP_OK || q->texts == NULL) {
+        for (int k = 0; k < n_outs; k++) {
+            sp_tensor_free(&outs[k]);
+        }
+        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        return;
+    }
+    char params[96];
+    snprintf(params, sizeof params, "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld}",
+             (long long)q->n_prompt, (long long)completion_tokens);
+    sp_jbuf_reset(&q->out);
+    sp_jbuf_reset(&q->bin);
+    sp_infer_resp_write(&q->out, &q->bin, q->m->name, SP_KSERVE_MODEL_VERSION, &q->ir, params, outs,
+                        n_outs);
+    for (int k = 0; k < n_outs; k++) {
+        sp_tensor_free(&outs[k]);
+    }
+    if (q->out.oom || q->bin.oom) {
+        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        return;
+    }
+    if (q->bin.len == 0) {
+        sp_http_respond(q->http, 200, "application/json", q->out.p, q->out.len);
+        return;
+    }
+    char hl[32];
+    snprintf(hl, sizeof hl, "%zu", q->out.len);
+    sp_http_add_header(q->http, "Inference-Header-Content-Length", hl);
+    sp_jbuf_raw(&q->out, q->bin.p, q->bin.len);
+    if (q->out.oom) {
+        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        return;
+    }
+    sp_http_respond(q->http, 200, "application/octet-stream", q->out.p, q->out.len);
+}
+
+static void
+reply_generate(ks_req_t *q, int64_t completion_tokens)
+{
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    begin_event(q, b);
+    sp_jbuf_lit(b, ",\"text_output\":");
+    sp_jbuf_str(b, q->texts[0].p ? q->texts[0].p : "", q->texts[0].len);
+    sp_jbuf_printf(b, ",\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%lld,"
+                   "\"completion_tokens\":%lld}}",
+                   finish_str(q->finish[0]), (long long)q->n_prompt, (long long)completion_tokens);
+    if (b->oom) {
+        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        return;
+    }
+    sp_http_respond(q->http, 200, "application/json", b->p, b->len);
+}
+
+static void
+on_abort(sp_http_req_t *r, void *ud)
+{
+    ks_req_t *q = ud;
+    SP_LOG_INFO("event=client_disconnect req=%llu", (unsigned long long)sp_http_req_id(r));
+    sp_sched_cancel(q->job);
+    ks_free(q);
+}
+
+/* Events of a job, on the loop thread. */
+static void
+on_event(const sp_sched_event_t *ev, void *ud)
+{
+    ks_req_t *q = ud;
+    int rc = 0;
+    switch (ev->kind) {
+    case SP_SCHED_EV_TOKEN:
+        if (ev->index < 0 || ev->index >= q->n || ev->text_len == 0) {
+            break;
+        }
+        if (q->kind == KS_STREAM) {
+            sp_jbuf_reset(&q->out);
+            sp_jbuf_lit(&q->out, "data: ");
+            begin_event(q, &q->out);
+            sp_jbuf_lit(&q->out, ",\"text_output\":");
+            sp_jbuf_str(&q->out, ev->text, ev->text_len);
+            sp_jbuf_lit(&q->out, "}\n\n");
+            rc = stream_send(q);
+        } else {
+            sp_jbuf_raw(&q->texts[ev->index], ev->text, ev->text_len);
+        }
+        break;
+    case SP_SCHED_EV_FINISH:
+        if (ev->index >= 0 && ev->index < q->n) {
+            q->finish[ev->index] = ev->finish;
+        }
+        break;
+    case SP_SCHED_EV_EMBEDDING:
+        break;
+    case SP_SCHED_EV_DONE: {
+        sp_http_req_t *r = q->http;
+        if (ev->status != SP_OK) {
+            int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
+            const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
+            if (q->kind == KS_STREAM) {
+                /* The status line is gone: the error is the stream's last event. */
+                sp_jbuf_reset(&q->out);
+                sp_jbuf_lit(&q->out, "data: {\"error\":");
+                sp_jbuf_cstr(&q->out, msg);
+                sp_jbuf_lit(&q->out, "}\n\n");
+                stream_send(q);
+                sp_http_stream_end(r);
+            } else {
+                sp_kserve_error(r, http, "%s", msg);
+            }
+        } else if (q->kind == KS_STREAM) {
+            sp_jbuf_reset(&q->out);
+            sp_jbuf_lit(&q->out, "data: ");
+            begin_event(q, &q->out);
+            sp_jbuf_printf(&q->out, ",\"text_output\":\"\",\"finish_reason\":\"%s\",\"usage\":"
+                           "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld}}\n\n",
+                           finish_str(q->finish[0]), (long long)q->n_prompt,
+                           (long long)ev->completion_tokens);
+            stream_send(q);
+            sp_http_stream_end(r);
+        } else if (q->kind == KS_GENERATE) {
+            reply_generate(q, ev->completion_tokens);
+        } else {
+            reply_infer(q, ev->completion_tokens);
+        }
+        ks_free(q);
+        return;
+    }
+    }
+    if (rc != 0) {
+        /* The client cannot keep up (or is gone): stop the work, drop the connection. */
+        SP_LOG_INFO("event=stream_dropped req=%llu reason=slow_reader",
+                    (unsigned long long)sp_http_req_id(q->http));
+        sp_sched_cancel(q->job);
+        sp_http_abort(q->http);
+        ks_free(q);
+    }
+}
+
+/* Tokenize the prompts, apply the settings and submit; answers every error
+ * itself and frees q on failure. */
+static void
+submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char *text_where)
+{
+    sp_http_req_t *r = q->http;
+    const sp_serve_config_t *cfg = &q->srv->cfg;
+    int64_t cap = q->m->n_ctx;
+    int32_t *toks = NULL;
+    char err[512];
+    if (n < 1 || n > cfg->max_n || n > SP_SCHED_MAX_N) {
+        sp_kserve_error(r, 400, "%s: 1 to %d prompts per request, got %d", text_where,
+                        cfg->max_n < SP_SCHED_MAX_N ? cfg->max_n : SP_SCHED_MAX_N, n);
+        goto fail;
+    }
+    q->n = n;
+    q->texts = sp_calloc((size_t)n, sizeof *q->texts);
+    q->finish = sp_calloc((size_t)n, sizeof *q->finish);
+    toks = sp_malloc((size_t)n * (size_t)cap * sizeof(int32_t));
+    if (q->texts == NULL || q->finish == NULL || toks == NULL) {
+        sp_kserve_error(r, 503, "out of memory");
+        goto fail;
+    }
+    const int32_t *prompts[SP_SCHED_MAX_N];
+    int64_t lens[SP_SCHED_MAX_N], longest = 0;
+    for (int i = 0; i < n; i++) {
+        q->finish[i] = SP_FINISH_STOP;
+        sp_str_t t = texts[i];
+        char where[300];
+        if (q->kind == KS_INFER) {
+            snprintf(where, sizeof where, "%s.data[%d]", text_where, i);
+        } else {
+            snprintf(where, sizeof where, "%s", text_where);
+        }
+        if (t.len == 0) {
+            sp_kserve_error(r, 400, "%s: the prompt is empty", where);
+            goto fail;
+        }
+        /* No vocabulary spends 64 bytes per token on average: longer text
+         * cannot fit and is refused before the tokenizer spends time on it. */
+        if (t.len / 64 > (size_t)cap) {
+            sp_kserve_error(r, 400, "%s: the prompt is too long for the context of %lld tokens", where,
+                            (long long)cap);
+            goto fail;
+        }
+        int32_t *tk = toks + (size_t)i * (size_t)cap;
+        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_tokenizer_add_bos(q->m->tok), false, tk, cap);
+        if (nt < 0) {
+            sp_kserve_error(r, 400, "%s: cannot tokenize the prompt: %s", where,
+                            sp_status_str((sp_status_t)nt));
+            goto fail;
+        }
+        if (nt == 0 || nt >= cap) {
+            sp_kserve_error(r, 400, "%s: the prompt has %lld tokens, the context holds %lld", where,
+                            (long long)nt, (long long)cap);
+            goto fail;
+        }
+        prompts[i] = tk;
+        lens[i] = nt;
+        longest = nt > longest ? nt : longest;
+        q->n_prompt += nt;
+    }
+    sp_gen_params_t g = sp_gen_default_params();
+    g.sampling.temperature = 1.0f;
+    g.sampling.top_k = 0;
+    g.sampling.top_p = 1.0f;
+    g.sampling.min_p = 0.0f;
+    g.sampling.repeat_penalty = 1.0f;
+    uint64_t seed = (uint64_t)sp_time_ns() + sp_http_req_id(r) * 0x9E3779B97F4A7C15ull;
+    seed ^= seed >> 33;
+    seed *= 0xFF51AFD7ED558CCDull;
+    g.sampling.seed = seed ^ (seed >> 33);
+    int64_t max_tokens = 16;
+    for (int k = 0; k < N_GPARAMS; k++) {
+        if (!gv->set[k]) {
+            continue;
+        }
+        const char *nm = gparams[k].name;
+        float f = (float)gv->d[k];
+        if (k == P_MAX_TOKENS) {
+            max_tokens = gv->i[k];
+            if (longest + max_tokens > cap) {
+                sp_kserve_error(r, 400, "max_tokens: this model's context is %lld tokens; the prompt "
+                                "has %lld and max_tokens asks for %lld more", (long long)cap,
+                                (long long)longest, (long long)max_tokens);
+                goto fail;
+            }
+        } else if (strcmp(nm, "temperature") == 0) {
+            g.sampling.temperature = f;
+        } else if (strcmp(nm, "top_p") == 0) {
+            if (f <= 0.0f) {
+                sp_kserve_error(r, 400, "top_p: must be greater than 0");
+                goto fail;
+            }
+            g.sampling.top_p = f;
+        } else if (strcmp(nm, "top_k") == 0) {
+            g.sampling.top_k = gv->i[k] < 0 ? 0 : (int32_t)gv->i[k];
+        } else if (strcmp(nm, "min_p") == 0) {
+            g.sampling.min_p = f;
+        } else if (strcmp(nm, "repetition_penalty") == 0) {
+            g.sampling.repeat_penalty = f;
+        } else if (strcmp(nm, "presence_penalty") == 0) {
+            g.sampling.presence_penalty = f;
+        } else if (strcmp(nm, "frequency_penalty") == 0) {
+            g.sampling.frequency_penalty = f;
+        } else if (k == P_SEED) {
+            g.sampling.seed = (uint64_t)gv->i[k];
+        } else if (k == P_STOP) {
+            for (int i = 0; i < gv->n_stop; i++) {
+                g.stop[i] = gv->stop[i];
+            }
+            g.n_stop = gv->n_stop;
+        } else if (strcmp(nm, "ignore_eos") == 0) {
+            g.ignore_eos = gv->b[k];
+        }
+    }
+    if (!gv->set[P_MAX_TOKENS] && max_tokens > cap - longest) {
+        max_tokens = cap - longest;
+    }
+    g.max_tokens = (int32_t)max_tokens;
+    sp_sched_request_t sr;
+    memset(&sr, 0, sizeof sr);
+    sr.prompts = prompts;
+    sr.n_prompts = lens;
+    sr.n = n;
+    sr.gen = g;
+    double to = cfg->request_timeout_s;
+    sr.deadline_ns = to > 0 ? sp_time_ns() + (int64_t)(to * 1e9) : 0;
+    sr.mailbox = sp_server_mailbox(r);
+    sr.on_event = on_event;
+    sr.ud = q;
+    sp_status_t st = sp_sched_submit(q->m->sched, &sr, &q->job, err, sizeof err);
+    sp_free(toks);
+    toks = NULL;
+    if (st != SP_OK) {
+        if (st == SP_ERR_BUSY) {
+            sp_http_add_header(r, "Retry-After", "1");
+        }
+        sp_kserve_error(r, st == SP_ERR_BUSY ? 429 : sp_status_http(st), "%s", err);
+        goto fail;
+    }
+    sp_http_req_on_abort(r, on_abort, q);
+    if (q->kind == KS_STREAM) {
+        sp_http_add_header(r, "Cache-Control", "no-cache");
+        sp_http_add_header(r, "X-Accel-Buffering", "no");
+        sp_http_stream_start(r, 200, "text/event-stream; charset=utf-8");
+    }
+    return;
+fail:
+    sp_free(toks);
+    ks_free(q);
+}
+
+/* ------------------------------------------------------------ handlers */
+
+static void
+h_server_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    static const char body[] = "{\"name\":\"sampan\",\"version\":\"" SAMPAN_VERSION "\","
+                               "\"extensions\":[\"binary_tensor_data\",\"parameters\",\"generate\"]}";
+    sp_http_respond(r, 200, "application/json", body, sizeof body - 1);
+}
+
+static void
+tensor_meta(sp_jbuf_t *b, const char *name, sp_dtype_t dt, int dim, bool first)
+{
+    sp_jbuf_lit(b, first ? "{\"name\":" : ",{\"name\":");
+    sp_jbuf_cstr(b, name);
+    sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[%d]}", sp_dtype_name(dt), dim);
+}
+
+static void
+h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_served_model_t *m = route_model(ud, r, p);
+    if (m == NULL) {
+        return;
+    }
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"name\":");
+    sp_jbuf_cstr(&b, m->name);
+    sp_jbuf_lit(&b, ",\"versions\":[\"" SP_KSERVE_MODEL_VERSION "\"],\"platform\":\"sampan_gguf\","
+                    "\"inputs\":[");
+    tensor_meta(&b, "text_input", SP_DT_BYTES, -1, true);
+    for (int k = 0; k < N_GPARAMS; k++) {
+        tensor_meta(&b, gparams[k].name, gparams[k].dtype, gparams[k].kind == PK_STRS ? -1 : 1, false);
+    }
+    sp_jbuf_lit(&b, "],\"outputs\":[");
+    for (int k = 0; k < N_OUTS; k++) {
+        tensor_meta(&b, out_names[k], SP_DT_BYTES, -1, k == 0);
+    }
+    sp_jbuf_lit(&b, "]}");
+    if (b.oom) {
+        sp_kserve_error(r, 500, "out of memory while writing the response");
+    } else {
+        sp_http_respond(r, 200, "application/json", b.p, b.len);
+    }
+    sp_jbuf_free(&b);
+}
+
+static void
+h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_served_model_t *m = route_model(ud, r, p);
+    if (m == NULL) {
+        return;
+    }
+    /* The protocol: 200 is ready, a 4xx is not ready. */
+    bool ready = atomic_load(&m->ready);
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"name\":");
+    sp_jbuf_cstr(&b, m->name);
+    sp_jbuf_lit(&b, ready ? ",\"ready\":true}" : ",\"ready\":false}");
+    if (b.oom) {
+        sp_kserve_error(r, 500, "out of memory while writing the response");
+    } else {
+        sp_http_respond(r, ready ? 200 : 400, "application/json", b.p, b.len);
+    }
+    sp_jbuf_free(&b);
+}
+
+static void
+h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    sp_served_model_t *m = ready_model(s, r, p);
+    if (m == NULL) {
+        return;
+    }
+    ks_req_t *q = ks_new(s, r, m, KS_INFER);
+    if (q == NULL) {
+        return;
+    }
+    char err[768];
+    sp_str_t body = sp_http_req_body(r);
+    sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
+    if (sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err) != SP_OK) {
+        sp_kserve_error(r, 400, "%s", err);
+        ks_free(q);
+        return;
+    }
+    bool want[N_OUTS];
+    gvals_t gv;
+    memset(&gv, 0, sizeof gv);
+    if (sp_infer_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err) != SP_OK ||
+        (q->ir.params && gvals_from_object(q->ir.params, "parameters.", false, s->cfg.max_tokens, &gv,
+                                           err, sizeof err) != 0) ||
+        gvals_from_inputs(&q->ir, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
+        sp_kserve_error(r, 400, "%s", err);
+        ks_free(q);
+        return;
+    }
+    const sp_tensor_t *in = NULL;
+    int idx = 0;
+    for (; idx < q->ir.n_inputs; idx++) {
+        if (strcmp(q->ir.inputs[idx].name, "text_input") == 0) {
+            in = &q->ir.inputs[idx];
+            break;
+        }
+    }
+    if (in == NULL) {
+        sp_kserve_error(r, 400, "inputs: the input 'text_input' (BYTES) is required");
+        ks_free(q);
+        return;
+    }
+    char where[64];
+    snprintf(where, sizeof where, "inputs[%d] ('text_input')", idx);
+    if (in->dtype != SP_DT_BYTES) {
+        sp_kserve_error(r, 400, "%s.datatype: must be BYTES, got %s", where, sp_dtype_name(in->dtype));
+        ks_free(q);
+        return;
+    }
+    if (in->n > SP_SCHED_MAX_N) {
+        sp_kserve_error(r, 400, "%s.shape: %lld prompts, at most %d per request", where,
+                        (long long)in->n, s->cfg.max_n);
+        ks_free(q);
+        return;
+    }
+    submit(q, (const sp_str_t *)in->data, (int)in->n, &gv, where);
+}
+
+static void
+h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kind)
+{
+    sp_server_t *s = ud;
+    sp_served_model_t *m = ready_model(s, r, p);
+    if (m == NULL) {
+        return;
+    }
+    sp_str_t body = sp_http_req_body(r);
+    if (body.len == 0) {
+        sp_kserve_error(r, 400, "the request body is empty (a JSON object with 'text_input' is expected)");
+        return;
+    }
+    json_t *root = NULL;
+    char err[768];
+    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
+        sp_kserve_error(r, 400, "%s", err);
+        return;
+    }
+    ks_req_t *q = NULL;
+    gvals_t gv;
+    memset(&gv, 0, sizeof gv);
+    if (!json_is_object(root)) {
+        sp_kserve_error(r, 400, "the request body must be a JSON object");
+        goto done;
+    }
+    const json_t *ti = json_object_get(root, "text_input");
+    if (!json_is_string(ti)) {
+        sp_kserve_error(r, 400, "text_input: required, a string");
+        goto done;
+    }
+    const json_t *id = json_object_get(root, "id");
+    if (id && !json_is_null(id) && (!json_is_string(id) || strlen(json_string_value(id)) != json_string_length(id))) {
+        sp_kserve_error(r, 400, "id: must be a string (without NUL)");
+        goto done;
+    }
+    const json_t *params = json_object_get(root, "parameters");
+    if (params && !json_is_null(params) && !json_is_object(params)) {
+        sp_kserve_error(r, 400, "parameters: must be an object");
+        goto done;
+    }
+    /* Parameters first, then the top-level inputs, which win. */
+    if ((json_is_object(params) &&
+         gvals_from_object(params, "parameters.", false, s->cfg.max_tokens, &gv, err, sizeof err) != 0) ||
+        gvals_from_object(root, "", true, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
+        sp_kserve_error(r, 400, "%s", err);
+        goto done;
+    }
+    if ((q = ks_new(s, r, m, kind)) == NULL) {
+        goto done;
+    }
+    if (id && json_is_string(id) && (q->id = sp_strndup(json_string_value(id), json_string_length(id))) == NULL) {
+        sp_kserve_error(r, 503, "out of memory");
+        ks_free(q);
+        goto done;
+    }
+    sp_str_t text = {json_string_value(ti), json_string_length(ti)};
+    submit(q, &text, 1, &gv, "text_input"); /* the scheduler copied what it keeps */
+done:
+    json_decref(root);
+}
+
+static void
+h_gen(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    h_generate(r, p, ud, KS_GENERATE);
+}
+
+static void
+h_gen_stream(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    h_generate(r, p, ud, KS_STREAM);
+}
+
+void
+sp_kserve_register(sp_router_t *rt, sp_server_t *s)
+{
+    static const char *const bases[] = {"/v2/models/{model}", "/v2/models/{model}/versions/{version}"};
+    sp_router_add(rt, SP_HTTP_GET, "/v2", h_server_meta, s);
+    for (int i = 0; i < 2; i++) {
+        char pat[128];
+        sp_router_add(rt, SP_HTTP_GET, bases[i], h_model_meta, s);
+        snprintf(pat, sizeof pat, "%s/ready", bases[i]);
+        sp_router_add(rt, SP_HTTP_GET, pat, h_model_ready, s);
+        snprintf(pat, sizeof pat, "%s/infer", bases[i]);
+        sp_router_add(rt, SP_HTTP_POST, pat, h_infer, s);
+        snprintf(pat, sizeof pat, "%s/generate", bases[i]);
+        sp_router_add(rt, SP_HTTP_POST, pat, h_gen, s);
+        snprintf(pat, sizeof pat, "%s/generate_stream", bases[i]);
+        sp_router_add(rt, SP_HTTP_POST, pat, h_gen_stream, s);
+    }
+}
