@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
         --workers) WORKERS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --quick) DURATION=2; shift ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "http.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done

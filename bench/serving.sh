@@ -8,8 +8,8 @@
 # Options (defaults are the scheduler issue's serving benchmark):
 #   --concurrency "1 8 32"   the sweep            --prompts-per-stream 4   num_prompts = c x this
 #   --prompt-tokens 64       --shared-prefix 32    --output-tokens 128      --max-seconds 600
-#   --model FILE --threads N --parallel N          (sampan serve; --parallel defaults to the
-#                                                    largest concurrency)
+#   --model FILE --threads N --parallel N --ctx-size N (sampan serve; --parallel defaults to
+#                                                    the largest concurrency, --ctx-size to 1024)
 #   --url URL --label NAME                          bench a running server instead
 #   --endpoint completions|chat                     --out DIR (default bench/out/serving-<stamp>)
 # Each concurrency runs once (one after the other, same prompts: --seed 1) and writes
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 MODEL=models/stories260K.gguf THREADS=2 PARALLEL=""
+CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 MODEL=models/stories260K.gguf THREADS=2 PARALLEL="" CTX=1024
 URL="" LABEL="" EP=completions OUT="" BUILD=${BUILD:-build}
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -30,11 +30,12 @@ while [ $# -gt 0 ]; do
         --model) MODEL=$2; shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --parallel) PARALLEL=$2; shift 2 ;;
+        --ctx-size) CTX=$2; shift 2 ;;
         --url) URL=$2; shift 2 ;;
         --label) LABEL=$2; shift 2 ;;
         --endpoint) EP=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "serving.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -56,7 +57,7 @@ if [ -z "$URL" ]; then
     name=$(basename "$MODEL" .gguf)
     port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     "$SAMPAN" serve --model "$name=$MODEL" --port "$port" --threads "$THREADS" --parallel "$PARALLEL" \
-        --queue 4096 >"$OUT/serve.log" 2>&1 &
+        --ctx-size "$CTX" --queue 4096 >"$OUT/serve.log" 2>&1 &
     spid=$!
     URL="http://127.0.0.1:$port"
     for _ in $(seq 600); do # model load: up to 60 s

@@ -132,6 +132,7 @@ typedef struct req {
     double *itl;                             /* seconds, n_itl of cap_itl */
     uint32_t n_itl, cap_itl;
     int64_t n_text;                          /* events with text */
+    int64_t n_events;                        /* all events */
     int64_t prompt_tokens, completion_tokens; /* from usage; -1 when not reported */
     char *error;                             /* NULL when it succeeded */
     rq_state_t state;
@@ -485,6 +486,8 @@ answer_done(conn_t *c)
             req_end(c, RQ_FAILED, msg);
         } else if (r->error != NULL) {
             req_end(c, RQ_FAILED, NULL);
+        } else if (r->n_events == 0) {
+            req_end(c, RQ_FAILED, "HTTP 200 without server-sent events (does the server stream?)");
         } else {
             req_end(c, RQ_OK, NULL);
         }
@@ -504,6 +507,7 @@ on_event(const char *data, size_t len, void *ud)
     req_t *r = &b->reqs[c->req];
     sp_sse_event_t ev;
     sp_sse_scan(data, len, &ev);
+    r->n_events++;
     if (ev.error) {
         if (r->error == NULL) {
             char msg[360];

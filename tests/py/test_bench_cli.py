@@ -147,6 +147,102 @@ def main_cases(srv, tmp):
     s.case("plot_serving.py: an SVG with the curves", ok, (o + e)[-300:])
 
 
+class FakeServer:
+    """A minimal HTTP server on a thread: answers GET /v1/models, then each POST with
+    `mode`: "json" (200 without events), "silent" (never answers), "endless" (an SSE line
+    that never ends), "split" (a valid stream cut into 1-byte writes)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.ls.settimeout(0.2)
+        self.port = self.ls.getsockname()[1]
+        self.stop_flag = False
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        while not self.stop_flag:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self.conn, args=(c,), daemon=True).start()
+
+    def conn(self, c):
+        c.settimeout(10)
+        try:
+            while not self.stop_flag:
+                d = b""
+                while b"\r\n\r\n" not in d:
+                    x = c.recv(65536)
+                    if not x:
+                        return
+                    d += x
+                head, _, rest = d.partition(b"\r\n\r\n")
+                n = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        n = int(line.split(b":")[1])
+                while len(rest) < n:
+                    rest += c.recv(65536)
+                if head.startswith(b"GET"):
+                    body = b'{"data":[{"id":"m"}]}'
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                elif self.mode == "json":
+                    body = b'{"choices":[{"text":"hi"}]}'
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                elif self.mode == "silent":
+                    time.sleep(5)
+                    return
+                elif self.mode == "endless":
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: ")
+                    for _ in range(2048):  # 2 MiB, over the 1 MiB line bound
+                        c.sendall(b"x" * 1024)
+                    return
+                else:  # split: 3 tokens and usage, close-delimited, one byte per write
+                    ev = b"".join(b'data: {"choices":[{"text":"t%d"}]}\n\n' % i for i in range(3))
+                    ev += (b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}'
+                           b'\n\ndata: [DONE]\n\n')
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                              b"Connection: close\r\n\r\n")
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    for i in range(len(ev)):
+                        c.sendall(ev[i:i + 1])
+                    return
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        self.stop_flag = True
+        self.ls.close()
+
+
+def fake_server_cases(tmp):
+    for mode, args, want_rc, needle in (
+            ("json", [], 1, "without server-sent events"),
+            ("silent", ["--timeout", "0.5"], 1, "no data from the server for 0.5 s"),
+            ("endless", [], 1, "over 1048576 bytes"),
+            ("split", [], 0, "Successful requests:")):
+        f = FakeServer(mode)
+        out = os.path.join(tmp, f"fake-{mode}.json")
+        t = time.time()
+        rc, _, err = bench(f"http://127.0.0.1:{f.port}", "--num-prompts", "2", "--concurrency", "2",
+                           "--output-tokens", "3", "--save-result", out, *args, timeout=20)
+        took = time.time() - t
+        f.stop()
+        ok = rc == want_rc and needle in err and took < 5
+        if ok and mode == "split":
+            d = json.load(open(out))
+            ok = d["completed"] == 2 and d["output_lens"] == [3, 3] and d["input_lens"] == [5, 5] \
+                and all(len(x) == 2 for x in d["itls"])
+        s.case(f"hostile server ({mode}): exit {want_rc}, clear message, bounded", ok,
+               f"rc {rc}, {took:.1f} s: " + err.strip()[-160:])
+
+
 def no_server_cases():
     url = f"http://127.0.0.1:{free_port()}"
     t = time.time()
@@ -171,6 +267,7 @@ else:
         srv = Server()
         with tempfile.TemporaryDirectory(prefix="sampan-bench-") as tmp:
             s.guard("bench against sampan serve", main_cases, srv, tmp)
+            s.guard("bench against hostile servers", fake_server_cases, tmp)
     except Exception as ex:  # a server that does not start fails the suite, not the runner
         s.case("sampan serve starts", False, str(ex))
     finally:
