@@ -1,0 +1,86 @@
+/*
+ * batch.h - one forward pass over many sequences at once, through a paged KV
+ * cache. This is what the scheduler (continuous batching) drives.
+ *
+ * The KV pool (sp_kv_pool_t) is one allocation, sized at start, of n_blocks
+ * blocks; a block holds SP_KV_BLOCK consecutive positions of one sequence for
+ * every layer and KV head (keys transposed in SP_ATTN_BLOCK lanes as the
+ * attention kernels want them, values as rows). The pool only stores: which
+ * block belongs to whom, reference counts, prefix sharing and eviction are the
+ * scheduler's business (a block table is just an array of block ids).
+ *
+ * A step (sp_batch_eval) takes n_seqs entries, each "these new tokens of a
+ * sequence at positions pos..pos+n-1, whose cache lives in these blocks": any
+ * mix of prefill chunks and single decode tokens. All rows go through each
+ * weight product together (one weight read per step), each row's attention
+ * reads its own sequence's blocks (positions 0..its own position), and the new
+ * keys/values are written into the blocks before attention reads them.
+ *
+ * Batch invariance (hard contract): a row's logits depend only on its token,
+ * its position and the cache contents of its own sequence, never on the other
+ * rows of the step, their number, order or the thread count. Same bits as
+ * sp_ctx_eval (which is built on this with a private pool).
+ */
+#ifndef SP_ENGINE_BATCH_H
+#define SP_ENGINE_BATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "sampan/status.h"
+
+#define SP_KV_BLOCK 16 /* positions per block: equal to SP_ATTN_BLOCK (kernels.h) */
+
+typedef struct sp_kv_pool sp_kv_pool_t;
+
+typedef struct sp_kv_pool_params {
+    int64_t n_blocks; /* > 0 */
+    bool f16;         /* F16 cache (half the memory) instead of F32 */
+} sp_kv_pool_params_t;
+
+/* Bytes one block takes for this model (all layers, K and V): for sizing the
+ * pool from a memory budget. */
+size_t sp_kv_block_bytes(const sp_model_t *m, bool f16);
+sp_status_t sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p,
+                              sp_kv_pool_t **out, char *err, size_t err_len);
+void sp_kv_pool_destroy(sp_kv_pool_t *kv);
+int64_t sp_kv_pool_n_blocks(const sp_kv_pool_t *kv);
+/* Copy block src's contents to dst (copy-on-write of a shared partial block). */
+void sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src);
+
+typedef struct sp_batch sp_batch_t; /* activation buffers + thread pool for steps */
+
+typedef struct sp_batch_params {
+    int64_t max_tokens; /* most rows (tokens) per step; default 512 */
+    int64_t max_seqs;   /* most sequences per step; default 64 */
+    int64_t max_ctx;    /* longest sequence (positions); default the model's, capped at 4096 */
+    int n_threads;      /* 0 = one per core */
+} sp_batch_params_t;
+
+sp_batch_params_t sp_batch_default_params(void);
+sp_status_t sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **out,
+                            char *err, size_t err_len);
+void sp_batch_destroy(sp_batch_t *b);
+
+typedef struct sp_batch_seq {
+    const int32_t *tokens;  /* n_tokens new tokens (>= 1) */
+    int64_t n_tokens;
+    int64_t pos;            /* position of tokens[0]; the blocks already hold 0..pos-1 */
+    const int32_t *blocks;  /* block ids covering positions 0..pos+n_tokens-1, in order */
+    int64_t n_blocks;       /* >= ceil((pos + n_tokens) / SP_KV_BLOCK) */
+    bool logits;            /* keep the logits of the last token */
+} sp_batch_seq_t;
+
+/*
+ * Run one step. SP_ERR_INVALID (nothing computed) for bad ids, too many
+ * tokens/sequences, too few blocks, a block id outside the pool, or a position
+ * past max_ctx. Two sequences of one step must not write the same block.
+ */
+sp_status_t sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,
+                          int64_t n_seqs);
+/* n_vocab logits of seqs[i] after the last step (NULL unless seqs[i].logits). */
+const float *sp_batch_logits(const sp_batch_t *b, int64_t i);
+
+#endif /* SP_ENGINE_BATCH_H */
