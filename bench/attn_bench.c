@@ -52,10 +52,13 @@ main(int argc, char **argv)
     sp_fp16_t *kv16 = sp_malloc((size_t)(n_copies * blk * 2) * sizeof(sp_fp16_t));
     float *scratch =
         sp_malloc_aligned((size_t)(n_q * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
-    if (!q || !o || !kv32 || !kv16 || !scratch) {
+    /* A contiguous cache through the paged interface: block ids 0, 1, 2, ... */
+    int32_t *blocks = sp_malloc((size_t)(blk / hd / 16) * sizeof(int32_t));
+    if (!q || !o || !kv32 || !kv16 || !scratch || !blocks) {
         fprintf(stderr, "out of memory\n");
         return 1;
     }
+    for (int64_t i = 0; i < blk / hd / 16; i++) blocks[i] = (int32_t)i;
     srand(1);
     for (int64_t i = 0; i < n_q * hd; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (int64_t i = 0; i < n_copies * blk * 2; i++) {
@@ -83,7 +86,9 @@ main(int argc, char **argv)
                                  : (const void *)(kv32 + 2 * c * blk),
                         .v = f16 ? (const void *)(kv16 + (2 * c + 1) * blk)
                                  : (const void *)(kv32 + (2 * c + 1) * blk),
-                        .v_stride = hd, .scale = 0.125f, .o = o, .o_stride = hd,
+                        .blocks = blocks, .k_block_stride = 16 * hd,
+                        .v_block_stride = 16 * hd, .v_stride = hd, .scale = 0.125f, .o = o,
+                        .o_stride = hd,
                         .scratch = scratch,
                     };
                     k->attn[kt](&a);

@@ -4,12 +4,17 @@
 #   bench/serving.sh                                   # the demo model, sampan serve started here
 #   bench/serving.sh --model bench/models/tinyllama-random-q8_0.gguf --threads 2
 #   bench/serving.sh --url http://127.0.0.1:8080 --label llama.cpp   # a server already running
+#   bench/serving.sh --server llamacpp --model FILE --threads 2     # the node-llama-cpp peer
 #
 # Options (defaults are the scheduler issue's serving benchmark):
 #   --concurrency "1 8 32"   the sweep            --prompts-per-stream 4   num_prompts = c x this
 #   --prompt-tokens 64       --shared-prefix 32    --output-tokens 128      --max-seconds 600
 #   --model FILE --threads N --parallel N --ctx-size N (sampan serve; --parallel defaults to
 #                                                    the largest concurrency, --ctx-size to 1024)
+#   --kv-blocks N                                   sampan serve's KV pool (default: its own)
+#   --server sampan|llamacpp                        which server to start (llamacpp:
+#                                                    bench/llamacpp_server.mjs, same flags, label
+#                                                    llama.cpp, its batch stats per level saved)
 #   --url URL --label NAME                          bench a running server instead
 #   --endpoint completions|chat                     --out DIR (default bench/out/serving-<stamp>)
 # Each concurrency runs once (one after the other, same prompts: --seed 1) and writes
@@ -18,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 MODEL=models/stories260K.gguf THREADS=2 PARALLEL="" CTX=1024
-URL="" LABEL="" EP=completions OUT="" BUILD=${BUILD:-build}
+URL="" LABEL="" EP=completions OUT="" BUILD=${BUILD:-build} KVB="" SERVER=sampan
 while [ $# -gt 0 ]; do
     case "$1" in
         --concurrency) CONC=$2; shift 2 ;;
@@ -32,6 +37,8 @@ while [ $# -gt 0 ]; do
         --parallel) PARALLEL=$2; shift 2 ;;
         --ctx-size) CTX=$2; shift 2 ;;
         --url) URL=$2; shift 2 ;;
+        --kv-blocks) KVB=$2; shift 2 ;;
+        --server) SERVER=$2; shift 2 ;;
         --label) LABEL=$2; shift 2 ;;
         --endpoint) EP=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
@@ -50,14 +57,23 @@ trap cleanup EXIT
 
 if [ -z "$URL" ]; then
     [ -f "$MODEL" ] || { echo "serving.sh: no model file $MODEL" >&2; exit 1; }
-    LABEL=${LABEL:-sampan}
+    case "$SERVER" in
+        sampan) LABEL=${LABEL:-sampan} ;;
+        llamacpp) LABEL=${LABEL:-llama.cpp} ;;
+        *) echo "serving.sh: --server is sampan or llamacpp" >&2; exit 2 ;;
+    esac
     max=1
     for c in $CONC; do [ "$c" -gt "$max" ] && max=$c; done
     PARALLEL=${PARALLEL:-$max}
     name=$(basename "$MODEL" .gguf)
     port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$SAMPAN" serve --model "$name=$MODEL" --port "$port" --threads "$THREADS" --parallel "$PARALLEL" \
-        --ctx-size "$CTX" --queue 4096 >"$OUT/serve.log" 2>&1 &
+    if [ "$SERVER" = llamacpp ]; then
+        node bench/llamacpp_server.mjs -m "$MODEL" --name "$name" --port "$port" --threads "$THREADS" \
+            --parallel "$PARALLEL" --ctx-size "$CTX" --queue 4096 >"$OUT/serve.log" 2>&1 &
+    else
+        "$SAMPAN" serve --model "$name=$MODEL" --port "$port" --threads "$THREADS" --parallel "$PARALLEL" \
+            --ctx-size "$CTX" --queue 4096 ${KVB:+--kv-blocks "$KVB"} >"$OUT/serve.log" 2>&1 &
+    fi
     spid=$!
     URL="http://127.0.0.1:$port"
     for _ in $(seq 600); do # model load: up to 60 s
@@ -75,6 +91,9 @@ for c in $CONC; do
         --prompt-tokens "$PT" --shared-prefix "$SP" --output-tokens "$OT" --max-seconds "$MAXS" \
         --seed 1 --label "$LABEL" --no-progress --save-result "$OUT/$LABEL-c$c.json" \
         2> >(tee "$OUT/$LABEL-c$c.txt" >&2) || rc=1
+    if [ "$SERVER" = llamacpp ]; then # cumulative decode-batch counts after this level
+        curl -s "$URL/stats" >"$OUT/$LABEL-c$c.stats" || true
+    fi
 done
 /usr/bin/python3 bench/plot_serving.py "$OUT"/*.json -o "$OUT/serving.svg" >&2 || rc=1
 /usr/bin/python3 - "$OUT" <<'EOF'

@@ -47,14 +47,15 @@ sp_status_t sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p,
                               sp_kv_pool_t **out, char *err, size_t err_len);
 void sp_kv_pool_destroy(sp_kv_pool_t *kv);
 int64_t sp_kv_pool_n_blocks(const sp_kv_pool_t *kv);
-/* Copy block src's contents to dst (copy-on-write of a shared partial block). */
+/* Copy block src's contents to dst (copy-on-write of a shared partial block).
+ * Ids outside the pool, or dst == src, do nothing. Not during a step. */
 void sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src);
 
 typedef struct sp_batch sp_batch_t; /* activation buffers + thread pool for steps */
 
 typedef struct sp_batch_params {
     int64_t max_tokens; /* most rows (tokens) per step; default 512 */
-    int64_t max_seqs;   /* most sequences per step; default 64 */
+    int64_t max_seqs;   /* most sequences per step; default 64 (at most max_tokens) */
     int64_t max_ctx;    /* longest sequence (positions); default the model's, capped at 4096 */
     int n_threads;      /* 0 = one per core */
 } sp_batch_params_t;
@@ -76,11 +77,16 @@ typedef struct sp_batch_seq {
 /*
  * Run one step. SP_ERR_INVALID (nothing computed) for bad ids, too many
  * tokens/sequences, too few blocks, a block id outside the pool, or a position
- * past max_ctx. Two sequences of one step must not write the same block.
+ * past max_ctx, or a block written twice in the step (two sequences of one
+ * step must not write the same block; a sequence writes the blocks holding
+ * pos..pos+n_tokens-1, and only reads the others, so a full block may be
+ * shared). The pool must come from the same model. One step at a time per
+ * batch and per pool; blocks may come from anywhere in the pool, in any order.
  */
 sp_status_t sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,
                           int64_t n_seqs);
-/* n_vocab logits of seqs[i] after the last step (NULL unless seqs[i].logits). */
+/* n_vocab logits of seqs[i] after the last step (NULL unless seqs[i].logits,
+ * and NULL for every i after a rejected step). Valid until the next step. */
 const float *sp_batch_logits(const sp_batch_t *b, int64_t i);
 
 #endif /* SP_ENGINE_BATCH_H */

@@ -156,13 +156,17 @@ typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0
  * (grouped-query attention), over cache positions 0..n_kv-1 (causal: n_kv is
  * the token's position + 1):
  *   o_h = sum_p softmax_p(scale * q_h . k_p) v_p
- * Keys are stored in blocks of SP_ATTN_BLOCK positions, each block transposed
- * (head_dim rows of SP_ATTN_BLOCK lanes; element (p, d) at
- * sp_attn_k_index(p, d, head_dim)), so the scores of a block are lane-wise
- * FMAs with no horizontal sums; k covers whole blocks, and the lanes of the
- * last block past n_kv may hold anything (they are computed and ignored).
- * Values are rows of head_dim, v_stride elements apart. Both in the table
- * index's type (F32 or F16).
+ * The cache is paged: positions 16i..16i+15 (one SP_ATTN_BLOCK) live in
+ * block blocks[i], anywhere in memory (a paged KV pool, or a contiguous cache
+ * with blocks = 0, 1, 2, ...). That block's keys start at
+ * k + blocks[i] * k_block_stride elements, transposed (head_dim rows of
+ * SP_ATTN_BLOCK lanes; element (p, d) at sp_attn_k_offset), so the scores of
+ * a block are lane-wise FMAs with no horizontal sums; the lanes of the last
+ * block past n_kv may hold anything (they are computed and ignored). Its
+ * values start at v + blocks[i] * v_block_stride, rows of head_dim v_stride
+ * elements apart. Both in the table index's type (F32 or F16). Every
+ * operation reads a block through its id, in position order, so where the
+ * blocks live never changes a bit.
  * Each o_h depends only on q_h, the cache, n_kv and scale, with a fixed order
  * of operations: not on n_q, the other rows of the call, or the thread (batch
  * invariance). scratch: n_q * sp_attn_scratch_stride(n_kv) floats, 64-byte
@@ -176,9 +180,12 @@ typedef struct sp_attn_args {
     int64_t n_kv;
     const float *q;     /* n_q rows of head_dim, q_stride floats apart */
     int64_t q_stride;
-    const void *k;      /* ceil(n_kv / SP_ATTN_BLOCK) blocks of SP_ATTN_BLOCK x head_dim */
-    const void *v;      /* n_kv rows of head_dim */
-    int64_t v_stride;   /* elements between value rows */
+    const void *k;      /* key base: block id b's keys at k + b * k_block_stride */
+    const void *v;      /* value base: block id b's rows at v + b * v_block_stride */
+    const int32_t *blocks;  /* ceil(n_kv / SP_ATTN_BLOCK) block ids, in position order */
+    int64_t k_block_stride; /* elements per block id step, keys (>= SP_ATTN_BLOCK * head_dim) */
+    int64_t v_block_stride; /* elements per block id step, values */
+    int64_t v_stride;   /* elements between value rows within a block */
     float scale;
     float *o;           /* n_q rows of head_dim, o_stride floats apart */
     int64_t o_stride;
@@ -189,6 +196,21 @@ static inline int64_t
 sp_attn_k_index(int64_t p, int64_t d, int64_t head_dim)
 {
     return (p / SP_ATTN_BLOCK) * SP_ATTN_BLOCK * head_dim + d * SP_ATTN_BLOCK + p % SP_ATTN_BLOCK;
+}
+
+/* Element offsets of key (p, d) and of value row p through the block table. */
+static inline int64_t
+sp_attn_k_offset(const sp_attn_args_t *a, int64_t p, int64_t d)
+{
+    return (int64_t)a->blocks[p / SP_ATTN_BLOCK] * a->k_block_stride + d * SP_ATTN_BLOCK +
+           p % SP_ATTN_BLOCK;
+}
+
+static inline int64_t
+sp_attn_v_offset(const sp_attn_args_t *a, int64_t p)
+{
+    return (int64_t)a->blocks[p / SP_ATTN_BLOCK] * a->v_block_stride +
+           (p % SP_ATTN_BLOCK) * a->v_stride;
 }
 
 static inline int64_t

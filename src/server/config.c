@@ -23,7 +23,13 @@ const char sp_serve_usage[] =
     "  -t, --threads N           threads per sequence slot (default 0 = one per core)\n"
     "  -c, --ctx-size N          context per slot (default: the model's, at most 4096)\n"
     "      --parallel N          sequences run at once per model (default 4)\n"
-    "      --queue N             sequences waiting per model before 429 (default 64)\n"
+    "      --queue N             sequences waiting per model and tier before 429 (default 64)\n"
+    "      --queue-premium N     waiting premium sequences (default: --queue); also\n"
+    "      --queue-standard N    --queue-standard, --queue-batch\n"
+    "      --queue-batch N\n"
+    "      --step-tokens N       tokens per engine step: decode rows + prefill chunks (default 256)\n"
+    "      --kv-blocks N         KV cache blocks of 16 positions (default: parallel x ctx, <= 2 GiB)\n"
+    "      --kv-f16              F16 KV cache (half the memory)\n"
     "      --http-threads N      event-loop threads (default 1)\n"
     "      --chat-template NAME  built-in chat template for every model (default: the file's)\n"
     "      --max-tokens N        cap on max_tokens per request (default 4096)\n"
@@ -67,6 +73,12 @@ static const opt_t opts[] = {
     {"ctx-size", 'c', T_I64, OFF(ctx_size), 0, 1 << 20, 0},
     {"parallel", 0, T_INT, OFF(parallel), 1, 256, 0},
     {"queue", 0, T_INT, OFF(queue), 0, 1000000, 0},
+    {"queue-premium", 0, T_I64, OFF(queue_premium), 0, 1000000, 0},
+    {"queue-standard", 0, T_I64, OFF(queue_standard), 0, 1000000, 0},
+    {"queue-batch", 0, T_I64, OFF(queue_batch), 0, 1000000, 0},
+    {"step-tokens", 0, T_INT, OFF(step_tokens), 1, 65536, 0},
+    {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
+    {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
@@ -99,6 +111,8 @@ sp_serve_config_defaults(sp_serve_config_t *c)
     c->port = 8000;
     c->parallel = 4;
     c->queue = 64;
+    c->queue_premium = c->queue_standard = c->queue_batch = -1;
+    c->step_tokens = 256;
     c->http_threads = 1;
     c->max_tokens = 4096;
     c->max_n = 16;

@@ -35,7 +35,11 @@ typedef struct sp_serve_config {
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */
     int parallel;             /* slots per model */
     int http_threads;         /* event-loop threads */
-    int queue;                /* waiting sequences per model */
+    int queue;                /* waiting sequences per model and tier */
+    int64_t queue_premium, queue_standard, queue_batch; /* per-tier bounds; -1 = queue */
+    int step_tokens;          /* tokens per engine step (decode rows + prefill chunks) */
+    int64_t kv_blocks;        /* KV pool blocks of 16 positions; 0 = sized from parallel x ctx */
+    bool kv_f16;              /* F16 KV cache */
     int max_tokens;           /* cap on max_tokens of one request */
     int max_n;                /* cap on n */
     int max_logprobs;         /* cap on logprobs / top_logprobs */

@@ -1,17 +1,41 @@
 /*
- * sched.c - the simple implementation behind sched.h: one engine thread per
- * model, K slots, round-robin steps; per-loop mailboxes for the events.
+ * sched.c - continuous batching over a paged KV cache (issue 5), behind the
+ * seam sched.h.
+ *
+ * One engine thread per model. Each step it
+ *   1. drops cancelled and expired sequences (running or waiting),
+ *   2. admits waiting sequences, highest tier first and FIFO within a tier,
+ *      while there is room (max_seqs, step budget, KV blocks); a waiting
+ *      sequence of a higher tier may preempt running ones of lower tiers,
+ *   3. gives every running sequence that decodes a block for its next
+ *      position, preempting the lowest-tier, latest-admitted sequence when
+ *      none is left (that may be the sequence itself),
+ *   4. runs one sp_batch_eval over every decode row plus prefill chunks under
+ *      the per-step token budget (step_tokens), oldest admission first,
+ *   5. publishes blocks that became full in the prefix cache, samples each
+ *      sequence that reached the end of its tokens (sp_gen_step on its own
+ *      logits with its own sampler) and posts the events.
+ * Embedding sequences go through the same queue and run on a private
+ * sp_ctx (sp_ctx_embed), at most one per step.
+ *
+ * A sequence keeps all its tokens (prompt + generated) and its sp_gen_t for
+ * its whole life. Preemption drops only its KV blocks: it goes back to the
+ * head of its tier and, readmitted, recomputes its tokens (mostly from the
+ * prefix cache, where its full blocks stayed) and continues sampling from
+ * the same sampler state, so the client sees a pause, never a changed token.
  *
  * Memory and threads:
- * - A job is allocated by the loop thread at submit and freed only by a loop
- *   thread: when its DONE has been delivered, or when it was cancelled and the
- *   engine has finished with it (engine_done) and it is not waiting in the
- *   mailbox. job->mu guards the outbox and these flags.
+ * - A job is allocated by the loop thread at submit, with its sequences'
+ *   token and block arrays sized for the longest they can get, so the engine
+ *   allocates nothing per token; it is freed only by a loop thread: when its
+ *   DONE has been delivered, or when it was cancelled and the engine has
+ *   finished with it (engine_done) and it is not waiting in the mailbox.
+ *   job->mu guards the outbox and these flags.
  * - The engine appends events to job->out; the loop swaps job->out with its
  *   spare buffer (job->in) under the lock and parses the records without it.
- *   Buffers keep their capacity, so a steady stream allocates nothing.
- * - slot_t, the queue and the statistics belong to the engine thread; the
- *   queue is shared with submit under s->mu.
+ * - The waiting queue (sp_tierq) is shared with submit under s->mu; the
+ *   running set, the block manager, the KV pool and the batch buffers belong
+ *   to the engine thread.
  */
 #include "server/sched.h"
 
@@ -22,8 +46,11 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "engine/batch.h"
 #include "sampan/log.h"
+#include "server/blocks.h"
 #include "server/http.h"
+#include "server/tierq.h"
 
 /* ------------------------------------------------------------------ records */
 
@@ -42,6 +69,7 @@ typedef struct lp_rec {
 } lp_rec_t;
 
 #define LP_MAX_TEXT 64 /* bytes of a token's text kept for log-probabilities */
+#define STATS_LOG_EVERY 256 /* steps between debug statistics lines */
 
 /* -------------------------------------------------------------- structures */
 
@@ -52,6 +80,23 @@ struct sp_mailbox {
     bool woken;
 };
 
+typedef struct seq {
+    sp_tierq_node_t node;  /* first: queue nodes convert back to sequences */
+    sp_sched_job_t *job;
+    int32_t index;
+    sp_gen_t *gen;         /* created at the first admission, kept across preemption */
+    int32_t *tokens;       /* prompt + generated */
+    int64_t n_prompt, n_tokens, cap;
+    int64_t n_computed;    /* positions whose keys/values are in the blocks */
+    int32_t *blocks;       /* block table */
+    int64_t n_blocks, blocks_cap;
+    int64_t n_published;   /* leading full blocks published (or found) in the prefix cache */
+    uint64_t chain_hash, chain_serial;
+    uint64_t admit_serial; /* admission order, for choosing preemption victims */
+    int64_t step_n;        /* rows in the step being planned */
+    bool running, ended, counted;
+} seq_t;
+
 struct sp_sched_job {
     sp_sched_t *sched;
     sp_mailbox_t *mb;
@@ -60,21 +105,18 @@ struct sp_sched_job {
     /* immutable after submit */
     int32_t n;
     bool embed;
-    int32_t priority;
+    int tier;
     int64_t deadline_ns;
     sp_gen_params_t gen;  /* stop pointers into stop_store */
     char *stop_store;
-    int32_t *tokens;      /* all prompts */
-    int64_t *offs, *lens; /* per sequence */
+    seq_t *seqs;
+    int32_t *token_store; /* all sequences' token arrays */
+    int32_t *block_store; /* all sequences' block tables */
     /* engine thread */
-    int32_t next_seq;     /* next sequence to start */
     int32_t ended;        /* sequences that have ended (any way) */
-    int32_t active;       /* sequences in slots */
     sp_status_t status;
     char message[256];
     int64_t prompt_tokens, completion_tokens;
-    sp_sched_job_t *q_next;
-    bool in_queue;
     /* shared */
     atomic_bool cancel;
     pthread_mutex_t mu;
@@ -90,19 +132,6 @@ struct sp_sched_job {
     sp_sched_job_t *mb_next;
 };
 
-typedef enum slot_phase { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE, SLOT_EMBED } slot_phase_t;
-
-typedef struct slot {
-    sp_ctx_t *ctx;
-    sp_gen_t *gen;
-    sp_sched_job_t *job;
-    int32_t seq;
-    const int32_t *prompt;
-    int64_t n_prompt, n_past;
-    int32_t pending;
-    slot_phase_t phase;
-} slot_t;
-
 struct sp_sched {
     const sp_model_t *m;
     const sp_tokenizer_t *tok;
@@ -110,8 +139,17 @@ struct sp_sched {
     int64_t n_ctx;
     int32_t n_vocab;
     int32_t n_embd;
-    slot_t *slots;
+    sp_kv_pool_t *kv;
+    sp_batch_t *batch;
+    sp_blocks_t *blocks;
+    sp_ctx_t *embed_ctx;   /* embeddings (mean pooling over a private cache) */
     sp_gen_vocab_t *vocab; /* the JSON constraint's piece table, shared by all generations */
+    seq_t **running;       /* admission order; max_seqs entries */
+    int n_running;
+    seq_t **step_seqs;     /* sequences of the step being planned, parallel to rows */
+    sp_batch_seq_t *rows;
+    int n_rows;
+    uint64_t admit_counter;
     float *logits;   /* n_vocab scratch for sampling */
     float *emb;      /* n_embd scratch for embeddings */
     char *scratch;   /* record assembly */
@@ -120,12 +158,15 @@ struct sp_sched {
     bool started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    sp_sched_job_t *q_head;
-    int queued_seqs;
-    atomic_int active_seqs; /* written by the engine thread, read by submit */
+    sp_tierq_t queue;      /* waiting sequences, under mu */
     bool stop;
     bool stopped;
-    atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt;
+    /* statistics: written by the engine (running counts under mu), read by anyone */
+    int64_t run_tier[SP_TIER_COUNT];
+    sp_blocks_stats_t bstats;
+    int64_t steps, step_rows_total, step_seqs_total, last_step_seqs, last_step_rows;
+    atomic_int active_seqs;
+    atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
 };
 
 sp_sched_params_t
@@ -138,6 +179,9 @@ sp_sched_default_params(void)
         .max_queue = 64,
         .prefill_chunk = 256,
         .max_outbox_bytes = 8u << 20,
+        .kv_blocks = 0,
+        .kv_f16 = false,
+        .tier_queue = {-1, -1, -1},
     };
     return p;
 }
@@ -166,9 +210,12 @@ job_free(sp_sched_job_t *j)
     sp_free(j->out);
     sp_free(j->in);
     sp_free(j->stop_store);
-    sp_free(j->tokens);
-    sp_free(j->offs);
-    sp_free(j->lens);
+    for (int32_t i = 0; j->seqs && i < j->n; i++) {
+        sp_gen_destroy(j->seqs[i].gen);
+    }
+    sp_free(j->seqs);
+    sp_free(j->token_store);
+    sp_free(j->block_store);
     sp_free(j);
 }
 
@@ -418,7 +465,7 @@ static void
 seq_end(sp_sched_t *s, sp_sched_job_t *j)
 {
     j->ended++;
-    if (j->ended < j->n || j->active > 0) {
+    if (j->ended < j->n) {
         return;
     }
     if (j->status == SP_OK && atomic_load(&j->cancel)) {
@@ -445,9 +492,9 @@ seq_end(sp_sched_t *s, sp_sched_job_t *j)
 }
 
 static void
-post_token(sp_sched_t *s, slot_t *sl, const sp_gen_token_t *t)
+post_token(sp_sched_t *s, seq_t *sq, const sp_gen_token_t *t)
 {
-    sp_sched_job_t *j = sl->job;
+    sp_sched_job_t *j = sq->job;
     bool lp = j->gen.top_logprobs >= 0 && t->token >= 0;
     int n_top = lp ? t->n_top : -1;
     size_t need = t->text_len + (lp ? (size_t)(n_top + 1) * (sizeof(lp_rec_t) + LP_MAX_TEXT) : 0);
@@ -474,139 +521,377 @@ post_token(sp_sched_t *s, slot_t *sl, const sp_gen_token_t *t)
     }
     rec_t h = {0};
     h.kind = SP_SCHED_EV_TOKEN;
-    h.index = sl->seq;
+    h.index = sq->index;
     h.a = t->token;
     h.b = (int32_t)t->text_len;
     h.c = n_top;
     post(s, j, &h, buf, off);
 }
 
-/* ------------------------------------------------------------ engine: slots */
+/* ------------------------------------------------------- engine: sequences */
 
-static void
-slot_release(sp_sched_t *s, slot_t *sl)
+static int64_t
+blocks_for(int64_t n_tokens)
 {
-    sp_sched_job_t *j = sl->job;
-    sp_gen_destroy(sl->gen);
-    sl->gen = NULL;
-    sl->job = NULL;
-    sl->phase = SLOT_FREE;
-    j->active--;
-    atomic_fetch_sub(&s->active_seqs, 1);
-    seq_end(s, j);
+    return (n_tokens + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
+}
+
+/* Release a sequence's blocks, last first: a chain's tail then becomes older
+ * in the LRU than its head and is reclaimed first (a tail without its head can
+ * never be matched again). */
+static void
+seq_drop_blocks(sp_sched_t *s, seq_t *sq)
+{
+    for (int64_t i = sq->n_blocks - 1; i >= 0; i--) {
+        sp_blocks_unref(s->blocks, sq->blocks[i]);
+    }
+    sq->n_blocks = 0;
+    sq->n_computed = 0;
+    sq->n_published = 0;
+    sq->chain_hash = 0;
+    sq->chain_serial = SP_BLOCKS_ROOT;
 }
 
 static void
-slot_finish(sp_sched_t *s, slot_t *sl, sp_finish_t finish)
+running_add(sp_sched_t *s, seq_t *sq)
+{
+    s->running[s->n_running++] = sq;
+    sq->running = true;
+    sq->admit_serial = ++s->admit_counter;
+    s->run_tier[sq->node.tier]++;
+    atomic_fetch_add(&s->active_seqs, 1);
+}
+
+static void
+running_remove(sp_sched_t *s, seq_t *sq)
+{
+    int i = 0;
+    while (i < s->n_running && s->running[i] != sq) {
+        i++;
+    }
+    if (i == s->n_running) {
+        return;
+    }
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
+    s->n_running--;
+    sq->running = false;
+    s->run_tier[sq->node.tier]--;
+    atomic_fetch_sub(&s->active_seqs, 1);
+}
+
+/* A sequence ends (finished, failed, cancelled): its blocks go back at once. */
+static void
+seq_close(sp_sched_t *s, seq_t *sq)
+{
+    if (sq->ended) {
+        return;
+    }
+    if (sq->running) {
+        running_remove(s, sq);
+    }
+    seq_drop_blocks(s, sq);
+    sq->ended = true;
+    seq_end(s, sq->job);
+}
+
+static void
+seq_finish(sp_sched_t *s, seq_t *sq, sp_finish_t finish)
 {
     rec_t h = {0};
     h.kind = SP_SCHED_EV_FINISH;
-    h.index = sl->seq;
+    h.index = sq->index;
     h.a = finish;
-    h.b = sl->gen ? sp_gen_n_generated(sl->gen) : 0;
-    post(s, sl->job, &h, NULL, 0);
-    slot_release(s, sl);
+    h.b = sq->gen ? sp_gen_n_generated(sq->gen) : 0;
+    post(s, sq->job, &h, NULL, 0);
+    seq_close(s, sq);
 }
 
 static void
-slot_fail(sp_sched_t *s, slot_t *sl, sp_status_t st, const char *msg)
+seq_fail(sp_sched_t *s, seq_t *sq, sp_status_t st, const char *msg)
 {
-    job_set_error(sl->job, st, msg);
-    atomic_store(&sl->job->cancel, true); /* the job's other sequences stop too */
-    slot_release(s, sl);
+    job_set_error(sq->job, st, msg);
+    atomic_store(&sq->job->cancel, true); /* the job's other sequences stop too */
+    seq_close(s, sq);
+}
+
+/* The running sequence to preempt: lowest tier (at most max_tier), latest
+ * admitted. NULL when none qualifies. */
+static seq_t *
+pick_victim(sp_sched_t *s, int max_tier)
+{
+    seq_t *v = NULL;
+    for (int i = 0; i < s->n_running; i++) {
+        seq_t *c = s->running[i];
+        if (c->node.tier > max_tier) {
+            continue;
+        }
+        if (v == NULL || c->node.tier < v->node.tier ||
+            (c->node.tier == v->node.tier && c->admit_serial > v->admit_serial)) {
+            v = c;
+        }
+    }
+    return v;
+}
+
+/* Preempt by recompute (s->mu held): blocks freed (full ones stay in the
+ * prefix cache), tokens and sampler kept, back to the head of its tier. */
+static void
+preempt_locked(sp_sched_t *s, seq_t *sq)
+{
+    running_remove(s, sq);
+    seq_drop_blocks(s, sq);
+    sp_tierq_push_front(&s->queue, &sq->node, sq->node.tier);
+    atomic_fetch_add(&s->st_preempt, 1);
+    SP_LOG_DEBUG("event=preempt tier=%s tokens=%lld", sp_tier_name(sq->node.tier),
+                 (long long)sq->n_tokens);
+}
+
+/* Full blocks of sq's tokens in the prefix cache, without taking them; the
+ * last token is always left to compute (its logits are needed). *n_cached:
+ * how many of them are unheld (their reuse takes them from the available). */
+static int64_t
+probe_prefix(sp_sched_t *s, const seq_t *sq, int64_t *n_cached)
+{
+    int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
+    uint64_t h = 0, ser = SP_BLOCKS_ROOT;
+    *n_cached = 0;
+    for (; k < max; k++) {
+        const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
+        uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+        int32_t id = sp_blocks_probe(s->blocks, hh, ser, t, &ns);
+        if (id < 0) {
+            break;
+        }
+        *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
+        h = hh;
+        ser = ns;
+    }
+    return k;
+}
+
+/* Take sq's blocks (the caller checked there are enough): the prefix cache's
+ * first, then new ones for all of its tokens. */
+static void
+seq_take_blocks(sp_sched_t *s, seq_t *sq)
+{
+    int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
+    uint64_t h = 0, ser = SP_BLOCKS_ROOT;
+    for (; k < max; k++) {
+        const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
+        uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+        int32_t id = sp_blocks_lookup(s->blocks, hh, ser, t, &ns);
+        if (id < 0) {
+            break;
+        }
+        sq->blocks[k] = id;
+        h = hh;
+        ser = ns;
+    }
+    sq->n_blocks = k;
+    sq->n_published = k;
+    sq->chain_hash = h;
+    sq->chain_serial = ser;
+    sq->n_computed = k * SP_KV_BLOCK;
+    atomic_fetch_add(&s->st_prompt_cached, sq->n_computed);
+    int64_t need = blocks_for(sq->n_tokens);
+    while (sq->n_blocks < need) {
+        int32_t id = sp_blocks_alloc(s->blocks);
+        if (id < 0) {
+            break; /* cannot happen after the check; the decode pass retries */
+        }
+        sq->blocks[sq->n_blocks++] = id;
+    }
+}
+
+/* Tokens the running sequences still have to compute. */
+static int64_t
+pending_tokens(const sp_sched_t *s)
+{
+    int64_t n = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        n += s->running[i]->n_tokens - s->running[i]->n_computed;
+    }
+    return n;
+}
+
+/* Drop waiting sequences of cancelled or expired jobs (s->mu held). */
+static void
+sweep_queue(sp_sched_t *s, int64_t now)
+{
+    for (int t = 0; t < SP_TIER_COUNT; t++) {
+        for (sp_tierq_node_t *n = s->queue.head[t], *next; n; n = next) {
+            next = n->next;
+            seq_t *sq = (seq_t *)n;
+            sp_sched_job_t *j = sq->job;
+            bool expired = j->deadline_ns && now > j->deadline_ns;
+            if (atomic_load(&j->cancel) || expired) {
+                sp_tierq_remove(&s->queue, n);
+                if (expired) {
+                    job_set_error(j, SP_ERR_CANCELLED, "request deadline exceeded");
+                    atomic_store(&j->cancel, true);
+                }
+                seq_close(s, sq);
+            }
+        }
+    }
 }
 
 static void
-slot_start(sp_sched_t *s, slot_t *sl, sp_sched_job_t *j, int32_t seq)
+sweep_running(sp_sched_t *s, int64_t now)
+{
+    for (int i = 0; i < s->n_running;) {
+        seq_t *sq = s->running[i];
+        sp_sched_job_t *j = sq->job;
+        if (atomic_load(&j->cancel)) {
+            seq_close(s, sq);
+        } else if (j->deadline_ns && now > j->deadline_ns) {
+            seq_fail(s, sq, SP_ERR_CANCELLED, "request deadline exceeded");
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Admit waiting sequences while there is room (s->mu held). */
+static void
+admit_locked(sp_sched_t *s, int64_t budget, seq_t **embed)
 {
     char err[256];
-    sl->job = j;
-    sl->seq = seq;
-    sl->prompt = j->tokens + j->offs[seq];
-    sl->n_prompt = j->lens[seq];
-    sl->n_past = 0;
-    sl->pending = -1;
-    j->active++;
-    atomic_fetch_add(&s->active_seqs, 1);
-    if (j->embed) {
-        sl->phase = SLOT_EMBED;
-        return;
+    while (budget > 0) {
+        sp_tierq_node_t *node = sp_tierq_peek(&s->queue);
+        if (node == NULL) {
+            break;
+        }
+        seq_t *sq = (seq_t *)node;
+        if (sq->job->embed) {
+            if (*embed) {
+                break; /* one embedding per step */
+            }
+            sp_tierq_remove(&s->queue, node);
+            *embed = sq;
+            continue;
+        }
+        int64_t cached_hits = 0;
+        int64_t hits = probe_prefix(s, sq, &cached_hits);
+        int64_t need = blocks_for(sq->n_tokens) - hits;
+        int64_t avail = sp_blocks_available(s->blocks) - cached_hits;
+        if (s->n_running >= s->p.n_slots || avail < need) {
+            /* Make room by preempting a lower tier, or wait. */
+            seq_t *v = pick_victim(s, sq->node.tier - 1);
+            if (v == NULL) {
+                break;
+            }
+            preempt_locked(s, v);
+            continue;
+        }
+        sp_tierq_remove(&s->queue, node);
+        if (sq->gen == NULL) {
+            sp_gen_params_t gp = sq->job->gen;
+            gp.sampling.seed += (uint64_t)sq->index; /* n choices must differ */
+            if (sp_gen_create(s->tok, &gp, &sq->gen, err, sizeof err) != SP_OK) {
+                seq_fail(s, sq, SP_ERR_INVALID, err);
+                continue;
+            }
+            sp_gen_accept_prompt(sq->gen, sq->tokens, sq->n_prompt);
+        }
+        if (!sq->counted) {
+            sq->counted = true;
+            sq->job->prompt_tokens += sq->n_prompt;
+            atomic_fetch_add(&s->st_prompt, sq->n_prompt);
+        }
+        seq_take_blocks(s, sq);
+        running_add(s, sq);
+        budget -= sq->n_tokens - sq->n_computed;
     }
-    sp_gen_params_t gp = j->gen;
-    gp.sampling.seed += (uint64_t)seq; /* n choices must differ */
-    if (sp_gen_create(s->tok, &gp, &sl->gen, err, sizeof err) != SP_OK) {
-        sl->phase = SLOT_DECODE;
-        slot_fail(s, sl, SP_ERR_INVALID, err);
-        return;
-    }
-    sp_gen_accept_prompt(sl->gen, sl->prompt, sl->n_prompt);
-    sl->phase = SLOT_PREFILL;
 }
 
-/* One step of one slot: a prefill chunk or one token, then sampling. */
+/* Every running sequence gets the blocks for all of its tokens; when none is
+ * left the lowest-tier, latest sequence is preempted (perhaps this one). A
+ * sequence alone always fits (checked at submit), so this ends. */
 static void
-slot_step(sp_sched_t *s, slot_t *sl)
+ensure_blocks(sp_sched_t *s)
 {
-    sp_sched_job_t *j = sl->job;
-    if (atomic_load(&j->cancel)) {
-        slot_release(s, sl);
+restart:
+    for (int i = 0; i < s->n_running; i++) {
+        seq_t *sq = s->running[i];
+        int64_t need = blocks_for(sq->n_tokens);
+        while (sq->n_blocks < need) {
+            int32_t id = sp_blocks_alloc(s->blocks);
+            if (id >= 0) {
+                sq->blocks[sq->n_blocks++] = id;
+                continue;
+            }
+            seq_t *v = pick_victim(s, SP_TIER_COUNT);
+            pthread_mutex_lock(&s->mu);
+            preempt_locked(s, v);
+            pthread_mutex_unlock(&s->mu);
+            goto restart;
+        }
+    }
+}
+
+static void
+plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
+{
+    sp_batch_seq_t *r = &s->rows[s->n_rows];
+    r->tokens = sq->tokens + sq->n_computed;
+    r->n_tokens = n;
+    r->pos = sq->n_computed;
+    r->blocks = sq->blocks;
+    r->n_blocks = sq->n_blocks;
+    r->logits = sq->n_computed + n == sq->n_tokens;
+    s->step_seqs[s->n_rows++] = sq;
+}
+
+/* Decode rows first (one token each), then prefill chunks in admission
+ * order under the step's token budget. */
+static int64_t
+plan_step(sp_sched_t *s)
+{
+    int64_t budget = s->p.prefill_chunk;
+    s->n_rows = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        seq_t *sq = s->running[i];
+        if (sq->n_tokens - sq->n_computed == 1) {
+            plan_row(s, sq, 1);
+            budget--;
+        }
+    }
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        seq_t *sq = s->running[i];
+        int64_t rem = sq->n_tokens - sq->n_computed;
+        if (rem > 1) {
+            int64_t n = rem < budget ? rem : budget;
+            plan_row(s, sq, n);
+            budget -= n;
+        }
+    }
+    return s->p.prefill_chunk - budget;
+}
+
+/* After the step: publish newly full blocks, sample where the logits are. */
+static void
+finish_row(sp_sched_t *s, int64_t i)
+{
+    seq_t *sq = s->step_seqs[i];
+    sp_sched_job_t *j = sq->job;
+    sq->n_computed += s->rows[i].n_tokens;
+    while ((sq->n_published + 1) * SP_KV_BLOCK <= sq->n_computed) {
+        int64_t k = sq->n_published;
+        const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
+        uint64_t hh = sp_blocks_hash(sq->chain_hash, t);
+        sq->chain_serial = sp_blocks_publish(s->blocks, sq->blocks[k], hh, sq->chain_serial, t);
+        sq->chain_hash = hh;
+        sq->n_published++;
+    }
+    if (!s->rows[i].logits) {
         return;
     }
-    if (j->deadline_ns && sp_time_ns() > j->deadline_ns) {
-        slot_fail(s, sl, SP_ERR_CANCELLED, "request deadline exceeded");
-        return;
-    }
-    sp_status_t st;
-    if (sl->phase == SLOT_EMBED) {
-        st = sp_ctx_embed(sl->ctx, sl->prompt, sl->n_prompt, s->emb);
-        if (st != SP_OK) {
-            slot_fail(s, sl, st, "embedding failed");
-            return;
-        }
-        j->prompt_tokens += sl->n_prompt;
-        atomic_fetch_add(&s->st_prompt, sl->n_prompt);
-        rec_t h = {0};
-        h.kind = SP_SCHED_EV_EMBEDDING;
-        h.index = sl->seq;
-        h.a = s->n_embd;
-        post(s, j, &h, s->emb, (size_t)s->n_embd * sizeof(float));
-        slot_release(s, sl);
-        return;
-    }
-    if (sl->phase == SLOT_PREFILL) {
-        int64_t n = sl->n_prompt - sl->n_past;
-        if (n > s->p.prefill_chunk) {
-            n = s->p.prefill_chunk;
-        }
-        st = sp_ctx_eval(sl->ctx, sl->prompt + sl->n_past, n, sl->n_past);
-        if (st != SP_OK) {
-            slot_fail(s, sl, st, "prompt evaluation failed");
-            return;
-        }
-        sl->n_past += n;
-        j->prompt_tokens += n;
-        atomic_fetch_add(&s->st_prompt, n);
-        if (sl->n_past < sl->n_prompt) {
-            return;
-        }
-        sl->phase = SLOT_DECODE;
-    } else {
-        if (sl->n_past >= s->n_ctx) {
-            slot_finish(s, sl, SP_FINISH_LENGTH);
-            return;
-        }
-        st = sp_ctx_eval(sl->ctx, &sl->pending, 1, sl->n_past);
-        if (st != SP_OK) {
-            slot_fail(s, sl, st, "token evaluation failed");
-            return;
-        }
-        sl->n_past++;
-    }
-    memcpy(s->logits, sp_ctx_logits(sl->ctx), (size_t)s->n_vocab * sizeof(float));
+    memcpy(s->logits, sp_batch_logits(s->batch, i), (size_t)s->n_vocab * sizeof(float));
     sp_gen_token_t t;
-    st = sp_gen_step(sl->gen, s->logits, &t);
+    sp_status_t st = sp_gen_step(sq->gen, s->logits, &t);
     if (st != SP_OK) {
-        slot_fail(s, sl, st, "sampling failed");
+        seq_fail(s, sq, st, sp_gen_error(sq->gen));
         return;
     }
     if (t.token >= 0) {
@@ -614,44 +899,103 @@ slot_step(sp_sched_t *s, slot_t *sl)
         atomic_fetch_add(&s->st_tokens, 1);
     }
     if (t.token >= 0 || t.text_len > 0) {
-        post_token(s, sl, &t);
+        post_token(s, sq, &t);
     }
     if (t.finish != SP_FINISH_NONE) {
-        slot_finish(s, sl, t.finish);
-    } else if (sl->n_past >= s->n_ctx) {
-        slot_finish(s, sl, SP_FINISH_LENGTH);
+        seq_finish(s, sq, t.finish);
+    } else if (sq->n_tokens >= sq->cap) {
+        seq_finish(s, sq, SP_FINISH_LENGTH);
     } else {
-        sl->pending = t.token;
+        sq->tokens[sq->n_tokens++] = t.token;
+    }
+}
+
+static void
+run_embed(sp_sched_t *s, seq_t *sq)
+{
+    sp_sched_job_t *j = sq->job;
+    if (atomic_load(&j->cancel)) {
+        seq_close(s, sq);
+        return;
+    }
+    sp_status_t st = sp_ctx_embed(s->embed_ctx, sq->tokens, sq->n_prompt, s->emb);
+    if (st != SP_OK) {
+        seq_fail(s, sq, st, "embedding failed");
+        return;
+    }
+    j->prompt_tokens += sq->n_prompt;
+    atomic_fetch_add(&s->st_prompt, sq->n_prompt);
+    rec_t h = {0};
+    h.kind = SP_SCHED_EV_EMBEDDING;
+    h.index = sq->index;
+    h.a = s->n_embd;
+    post(s, j, &h, s->emb, (size_t)s->n_embd * sizeof(float));
+    seq_close(s, sq);
+}
+
+static void
+step_stats(sp_sched_t *s, int64_t rows, int64_t seqs)
+{
+    pthread_mutex_lock(&s->mu);
+    sp_blocks_get_stats(s->blocks, &s->bstats);
+    if (seqs > 0) {
+        s->steps++;
+        s->step_rows_total += rows;
+        s->step_seqs_total += seqs;
+        s->last_step_rows = rows;
+        s->last_step_seqs = seqs;
+    }
+    int64_t steps = s->steps;
+    pthread_mutex_unlock(&s->mu);
+    if (seqs > 0 && steps % STATS_LOG_EVERY == 0) {
+        SP_LOG_DEBUG("event=sched_stats steps=%lld running=%d waiting=%lld kv_used=%lld kv_cached=%lld "
+                     "kv_total=%lld prefix_hits=%lld prefix_lookups=%lld preemptions=%lld rows=%lld",
+                     (long long)steps, s->n_running, (long long)sp_tierq_total(&s->queue),
+                     (long long)s->bstats.n_held, (long long)s->bstats.n_cached,
+                     (long long)s->bstats.n_blocks, (long long)s->bstats.hits,
+                     (long long)s->bstats.lookups, (long long)atomic_load(&s->st_preempt),
+                     (long long)rows);
     }
 }
 
 /* ---------------------------------------------------------- engine: thread */
 
 static void
-queue_remove(sp_sched_t *s, sp_sched_job_t *j)
+engine_step(sp_sched_t *s)
 {
-    sp_sched_job_t **pp = &s->q_head;
-    while (*pp && *pp != j) {
-        pp = &(*pp)->q_next;
+    seq_t *embed = NULL;
+    int64_t now = sp_time_ns();
+    sweep_running(s, now);
+    int64_t budget = s->p.prefill_chunk - pending_tokens(s);
+    pthread_mutex_lock(&s->mu);
+    sweep_queue(s, now);
+    if (budget > 0) {
+        admit_locked(s, budget, &embed);
     }
-    if (*pp) {
-        *pp = j->q_next;
+    pthread_mutex_unlock(&s->mu);
+    ensure_blocks(s);
+    int64_t rows = plan_step(s);
+    int64_t n_seqs = s->n_rows;
+    if (n_seqs > 0) {
+        sp_status_t st = sp_batch_eval(s->batch, s->kv, s->rows, n_seqs);
+        if (st != SP_OK) {
+            for (int64_t i = 0; i < n_seqs; i++) {
+                if (!s->step_seqs[i]->ended) {
+                    seq_fail(s, s->step_seqs[i], st, "token evaluation failed");
+                }
+            }
+            SP_LOG_ERROR("event=step_failed status=%d rows=%lld seqs=%lld", (int)st,
+                         (long long)rows, (long long)n_seqs);
+        } else {
+            for (int64_t i = 0; i < n_seqs; i++) {
+                finish_row(s, i);
+            }
+        }
     }
-    j->q_next = NULL;
-    j->in_queue = false;
-}
-
-/* Drop the sequences of a queued job that will never start (s->mu held). */
-static void
-queue_drop(sp_sched_t *s, sp_sched_job_t *j)
-{
-    int32_t left = j->n - j->next_seq;
-    s->queued_seqs -= left;
-    j->next_seq = j->n;
-    queue_remove(s, j);
-    for (int32_t i = 0; i < left; i++) {
-        seq_end(s, j);
+    if (embed) {
+        run_embed(s, embed);
     }
+    step_stats(s, rows, n_seqs);
 }
 
 static void *
@@ -660,51 +1004,27 @@ engine_main(void *arg)
     sp_sched_t *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->stop && atomic_load(&s->active_seqs) == 0 && s->q_head == NULL) {
+        while (!s->stop && s->n_running == 0 && sp_tierq_total(&s->queue) == 0) {
             pthread_cond_wait(&s->cv, &s->mu);
         }
         if (s->stop) {
             break;
         }
-        /* Cancelled jobs leave the queue at once; then fill the free slots. */
-        for (sp_sched_job_t *j = s->q_head, *next; j; j = next) {
-            next = j->q_next;
-            if (atomic_load(&j->cancel)) {
-                queue_drop(s, j);
-            }
-        }
-        for (int i = 0; i < s->p.n_slots && s->q_head; i++) {
-            slot_t *sl = &s->slots[i];
-            if (sl->phase != SLOT_FREE) {
-                continue;
-            }
-            sp_sched_job_t *j = s->q_head;
-            int32_t seq = j->next_seq++;
-            s->queued_seqs--;
-            if (j->next_seq == j->n) {
-                queue_remove(s, j);
-            }
-            slot_start(s, sl, j, seq);
-        }
         pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < s->p.n_slots; i++) {
-            if (s->slots[i].phase != SLOT_FREE) {
-                slot_step(s, &s->slots[i]);
-            }
-        }
+        engine_step(s);
         pthread_mutex_lock(&s->mu);
     }
     /* Stopping: everything still here ends as cancelled. */
-    while (s->q_head) {
-        job_set_error(s->q_head, SP_ERR_CANCELLED, "server shutting down");
-        queue_drop(s, s->q_head);
+    for (sp_tierq_node_t *n; (n = sp_tierq_peek(&s->queue)) != NULL;) {
+        seq_t *sq = (seq_t *)n;
+        sp_tierq_remove(&s->queue, n);
+        job_set_error(sq->job, SP_ERR_CANCELLED, "server shutting down");
+        atomic_store(&sq->job->cancel, true);
+        seq_close(s, sq);
     }
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0; i < s->p.n_slots; i++) {
-        slot_t *sl = &s->slots[i];
-        if (sl->phase != SLOT_FREE) {
-            slot_fail(s, sl, SP_ERR_CANCELLED, "server shutting down");
-        }
+    while (s->n_running > 0) {
+        seq_fail(s, s->running[0], SP_ERR_CANCELLED, "server shutting down");
     }
     return NULL;
 }
@@ -716,8 +1036,10 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
                 size_t err_len)
 {
     *out = NULL;
-    if (p->n_slots < 1 || p->n_slots > 256 || p->max_queue < 0 || p->prefill_chunk < 1) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: parallel must be 1..256");
+    if (p->n_slots < 1 || p->n_slots > 256 || p->max_queue < 0 || p->prefill_chunk < 1 ||
+        p->kv_blocks < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "scheduler: parallel must be 1..256, step tokens >= 1, kv blocks >= 0");
     }
     sp_sched_t *s = sp_calloc(1, sizeof *s);
     if (s == NULL) {
@@ -726,44 +1048,87 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     s->m = m;
     s->tok = sp_model_tokenizer(m);
     s->p = *p;
+    /* Every running sequence decodes one row per step: the budget holds them all. */
+    if (s->p.prefill_chunk < s->p.n_slots) {
+        s->p.prefill_chunk = s->p.n_slots;
+    }
     const sp_hparams_t *hp = sp_model_hparams(m);
     s->n_vocab = (int32_t)hp->n_vocab;
     s->n_embd = (int32_t)hp->n_embd;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    int64_t caps[SP_TIER_COUNT];
+    for (int t = 0; t < SP_TIER_COUNT; t++) {
+        caps[t] = p->tier_queue[t] >= 0 ? p->tier_queue[t] : p->max_queue;
+    }
+    sp_tierq_init(&s->queue, caps);
     if (sp_gen_vocab_create(s->tok, &s->vocab, err, err_len) != SP_OK) {
         sp_sched_destroy(s);
         return SP_ERR_NOMEM;
     }
-    s->slots = sp_calloc((size_t)p->n_slots, sizeof *s->slots);
+    s->running = sp_calloc((size_t)s->p.n_slots, sizeof *s->running);
+    s->step_seqs = sp_calloc((size_t)s->p.n_slots, sizeof *s->step_seqs);
+    s->rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->rows);
     s->logits = sp_malloc((size_t)s->n_vocab * sizeof(float));
     s->emb = sp_malloc((size_t)s->n_embd * sizeof(float));
-    if (!s->slots || !s->logits || !s->emb) {
+    if (!s->running || !s->step_seqs || !s->rows || !s->logits || !s->emb) {
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
     }
+    /* The embedding context also fixes the context length (the model's, capped). */
     sp_ctx_params_t cp = sp_ctx_default_params();
     cp.n_ctx = p->n_ctx;
     cp.n_threads = p->n_threads;
-    if (cp.n_batch > p->prefill_chunk) {
-        cp.n_batch = p->prefill_chunk;
+    sp_status_t st = sp_ctx_create(m, &cp, &s->embed_ctx, err, err_len);
+    if (st != SP_OK) {
+        sp_sched_destroy(s);
+        return st;
     }
-    for (int i = 0; i < p->n_slots; i++) {
-        sp_status_t st = sp_ctx_create(m, &cp, &s->slots[i].ctx, err, err_len);
-        if (st != SP_OK) {
-            sp_sched_destroy(s);
-            return st;
+    s->n_ctx = sp_ctx_n_ctx(s->embed_ctx);
+    int64_t per_seq = blocks_for(s->n_ctx);
+    int64_t nb = p->kv_blocks;
+    if (nb == 0) {
+        /* Default: every slot's full context, within 2 GiB, at least one context. */
+        size_t bb = sp_kv_block_bytes(m, p->kv_f16);
+        nb = per_seq * s->p.n_slots;
+        int64_t cap = bb ? (int64_t)(((size_t)2 << 30) / bb) : nb;
+        if (nb > cap) {
+            nb = cap > per_seq ? cap : per_seq;
         }
     }
-    s->n_ctx = sp_ctx_n_ctx(s->slots[0].ctx);
-    if (s->p.prefill_chunk > cp.n_batch) {
-        s->p.prefill_chunk = (int)cp.n_batch;
+    if (nb > INT32_MAX / 2) {
+        sp_sched_destroy(s);
+        return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: kv blocks %lld is too many",
+                       (long long)nb);
     }
+    sp_kv_pool_params_t kp = {.n_blocks = nb, .f16 = p->kv_f16};
+    st = sp_kv_pool_create(m, &kp, &s->kv, err, err_len);
+    if (st == SP_OK) {
+        st = sp_blocks_create(nb, &s->blocks, err, err_len);
+    }
+    if (st == SP_OK) {
+        sp_batch_params_t bp = sp_batch_default_params();
+        bp.max_tokens = s->p.prefill_chunk;
+        bp.max_seqs = s->p.n_slots;
+        bp.max_ctx = s->n_ctx;
+        bp.n_threads = p->n_threads;
+        st = sp_batch_create(m, &bp, &s->batch, err, err_len);
+    }
+    if (st != SP_OK) {
+        sp_sched_destroy(s);
+        return st;
+    }
+    s->p.kv_blocks = nb;
+    sp_blocks_get_stats(s->blocks, &s->bstats);
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_IO, "scheduler: cannot start the engine thread");
     }
     s->started = true;
+    SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu step_tokens=%d max_seqs=%d "
+                "ctx=%lld",
+                (long long)nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk, s->p.n_slots,
+                (long long)s->n_ctx);
     *out = s;
     return SP_OK;
 }
@@ -792,14 +1157,16 @@ sp_sched_destroy(sp_sched_t *s)
         return;
     }
     sp_sched_stop(s);
-    for (int i = 0; s->slots && i < s->p.n_slots; i++) {
-        sp_gen_destroy(s->slots[i].gen);
-        sp_ctx_destroy(s->slots[i].ctx);
-    }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    sp_batch_destroy(s->batch);
+    sp_blocks_destroy(s->blocks);
+    sp_kv_pool_destroy(s->kv);
+    sp_ctx_destroy(s->embed_ctx);
     sp_gen_vocab_destroy(s->vocab);
-    sp_free(s->slots);
+    sp_free(s->running);
+    sp_free(s->step_seqs);
+    sp_free(s->rows);
     sp_free(s->logits);
     sp_free(s->emb);
     sp_free(s->scratch);
@@ -815,14 +1182,33 @@ sp_sched_n_ctx(const sp_sched_t *s)
 void
 sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
 {
+    memset(o, 0, sizeof *o);
     pthread_mutex_lock(&s->mu);
     o->active = atomic_load(&s->active_seqs);
-    o->queued = s->queued_seqs;
+    o->queued = sp_tierq_total(&s->queue);
+    for (int t = 0; t < SP_TIER_COUNT; t++) {
+        o->waiting_tier[t] = s->queue.count[t];
+        o->running_tier[t] = s->run_tier[t];
+    }
+    o->kv_blocks_total = s->bstats.n_blocks;
+    o->kv_blocks_used = s->bstats.n_held;
+    o->kv_blocks_cached = s->bstats.n_cached;
+    o->kv_blocks_free = s->bstats.n_free;
+    o->prefix_lookups = s->bstats.lookups;
+    o->prefix_hits = s->bstats.hits;
+    o->kv_evictions = s->bstats.evictions;
+    o->steps = s->steps;
+    o->last_step_seqs = s->last_step_seqs;
+    o->last_step_rows = s->last_step_rows;
+    o->mean_step_seqs = s->steps ? (double)s->step_seqs_total / (double)s->steps : 0;
+    o->mean_step_rows = s->steps ? (double)s->step_rows_total / (double)s->steps : 0;
     pthread_mutex_unlock(&s->mu);
     o->jobs_done = atomic_load(&s->st_done);
     o->jobs_cancelled = atomic_load(&s->st_cancelled);
     o->tokens_generated = atomic_load(&s->st_tokens);
     o->prompt_tokens = atomic_load(&s->st_prompt);
+    o->prompt_tokens_cached = atomic_load(&s->st_prompt_cached);
+    o->preemptions = atomic_load(&s->st_preempt);
 }
 
 sp_status_t
@@ -833,16 +1219,17 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     if (r->n < 1 || r->n > SP_SCHED_MAX_N) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "n must be between 1 and %d", SP_SCHED_MAX_N);
     }
-    if (r->n > s->p.n_slots + s->p.max_queue) {
+    int tier = sp_tier_from_int(r->priority);
+    int64_t tier_cap = s->queue.cap[tier];
+    if (r->n > s->p.n_slots + tier_cap) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "n = %d is more than this server runs and queues (%d)", r->n,
-                       s->p.n_slots + s->p.max_queue);
+                       "n = %d is more than this server runs and queues (%lld)", r->n,
+                       (long long)(s->p.n_slots + tier_cap));
     }
     if (r->mailbox == NULL || r->on_event == NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: no mailbox or callback");
     }
-    /* Prompts: identical pointers (n choices of one prompt) are stored once. */
-    int64_t total = 0;
+    int64_t total_tokens = 0, total_blocks = 0;
     for (int32_t i = 0; i < r->n; i++) {
         int64_t n = r->n_prompts[i];
         if (n < 1) {
@@ -853,12 +1240,19 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
                            "the prompt has %lld tokens, the context holds %lld", (long long)n,
                            (long long)s->n_ctx);
         }
-        if (i == 0 || r->prompts[i] != r->prompts[0] || n != r->n_prompts[0]) {
-            total += n;
+        int64_t cap = r->embed ? n : n + (r->gen.max_tokens > 0 ? r->gen.max_tokens : 1);
+        if (cap > s->n_ctx) {
+            cap = s->n_ctx;
         }
-    }
-    for (int32_t i = 0; i < r->n; i++) {
-        for (int64_t k = 0; k < r->n_prompts[i]; k++) {
+        if (!r->embed && blocks_for(cap) > s->p.kv_blocks) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "prompt plus max_tokens needs %lld KV blocks of %d tokens, the pool "
+                           "has %lld (--kv-blocks)",
+                           (long long)blocks_for(cap), SP_KV_BLOCK, (long long)s->p.kv_blocks);
+        }
+        total_tokens += cap;
+        total_blocks += r->embed ? 0 : blocks_for(cap);
+        for (int64_t k = 0; k < n; k++) {
             if (r->prompts[i][k] < 0 || r->prompts[i][k] >= s->n_vocab) {
                 return sp_errf(err, err_len, SP_ERR_INVALID,
                                "token id %d is outside the vocabulary (0..%d)", r->prompts[i][k],
@@ -882,28 +1276,38 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     pthread_mutex_init(&j->mu, NULL);
-    j->tokens = sp_malloc((size_t)total * sizeof(int32_t));
-    j->offs = sp_malloc((size_t)r->n * sizeof(int64_t));
-    j->lens = sp_malloc((size_t)r->n * sizeof(int64_t));
+    j->n = r->n;
+    j->seqs = sp_calloc((size_t)r->n, sizeof *j->seqs);
+    j->token_store = sp_malloc((size_t)total_tokens * sizeof(int32_t));
+    j->block_store = sp_malloc((size_t)(total_blocks > 0 ? total_blocks : 1) * sizeof(int32_t));
     size_t stop_bytes = 1;
     for (int i = 0; i < r->gen.n_stop; i++) {
         stop_bytes += strlen(r->gen.stop[i]) + 1;
     }
     j->stop_store = sp_malloc(stop_bytes);
-    if (!j->tokens || !j->offs || !j->lens || !j->stop_store) {
+    if (!j->seqs || !j->token_store || !j->block_store || !j->stop_store) {
         job_free(j);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
-    int64_t off = 0;
+    int64_t toff = 0, boff = 0;
     for (int32_t i = 0; i < r->n; i++) {
-        if (i > 0 && r->prompts[i] == r->prompts[0] && r->n_prompts[i] == r->n_prompts[0]) {
-            j->offs[i] = 0;
-        } else {
-            memcpy(j->tokens + off, r->prompts[i], (size_t)r->n_prompts[i] * sizeof(int32_t));
-            j->offs[i] = off;
-            off += r->n_prompts[i];
+        seq_t *sq = &j->seqs[i];
+        int64_t n = r->n_prompts[i];
+        int64_t cap = r->embed ? n : n + (r->gen.max_tokens > 0 ? r->gen.max_tokens : 1);
+        if (cap > s->n_ctx) {
+            cap = s->n_ctx;
         }
-        j->lens[i] = r->n_prompts[i];
+        sq->job = j;
+        sq->index = i;
+        sq->tokens = j->token_store + toff;
+        memcpy(sq->tokens, r->prompts[i], (size_t)n * sizeof(int32_t));
+        sq->n_prompt = sq->n_tokens = n;
+        sq->cap = cap;
+        sq->blocks = j->block_store + boff;
+        sq->blocks_cap = r->embed ? 0 : blocks_for(cap);
+        sq->chain_serial = SP_BLOCKS_ROOT;
+        toff += cap;
+        boff += sq->blocks_cap;
     }
     j->gen = gp;
     char *sp = j->stop_store;
@@ -917,32 +1321,28 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     j->mb = r->mailbox;
     j->on_event = r->on_event;
     j->ud = r->ud;
-    j->n = r->n;
     j->embed = r->embed;
-    j->priority = r->priority;
+    j->tier = tier;
     j->deadline_ns = r->deadline_ns;
 
     pthread_mutex_lock(&s->mu);
-    int free_slots = s->p.n_slots - atomic_load(&s->active_seqs);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
         job_free(j);
         return sp_errf(err, err_len, SP_ERR_BUSY, "the server is shutting down");
     }
-    if (s->queued_seqs + r->n > s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {
+    /* Free running places count as room too: an idle server with --queue 0
+     * still runs requests. */
+    int64_t free_run = s->p.n_slots - atomic_load(&s->active_seqs) - sp_tierq_total(&s->queue);
+    if (s->queue.count[tier] + r->n > s->queue.cap[tier] + (free_run > 0 ? free_run : 0)) {
         pthread_mutex_unlock(&s->mu);
         job_free(j);
-        return sp_errf(err, err_len, SP_ERR_BUSY, "the queue is full, retry later");
+        return sp_errf(err, err_len, SP_ERR_BUSY, "the %s queue is full, retry later",
+                       sp_tier_name(tier));
     }
-    /* Higher priority first, FIFO within a priority. */
-    sp_sched_job_t **pp = &s->q_head;
-    while (*pp && (*pp)->priority >= j->priority) {
-        pp = &(*pp)->q_next;
+    for (int32_t i = 0; i < r->n; i++) {
+        sp_tierq_push_back(&s->queue, &j->seqs[i].node, tier);
     }
-    j->q_next = *pp;
-    *pp = j;
-    j->in_queue = true;
-    s->queued_seqs += r->n;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     *out = j;

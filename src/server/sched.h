@@ -19,11 +19,13 @@
  * draining) is cancelled by the engine with an error: a stalled reader cannot
  * stall the engine or grow memory without bound.
  *
- * The implementation now (sched.c): one engine thread per model owning K
- * slots (a sp_ctx_t each, --parallel); each round it gives every active slot
- * one step (a prefill chunk or one decoded token), so concurrent streams all
- * progress. The queue of waiting sequences is bounded: a full queue is
- * SP_ERR_BUSY (HTTP 429 with Retry-After).
+ * The implementation (sched.c): one engine thread per model running
+ * continuous batching over a paged KV cache (engine/batch.h) with prefix
+ * reuse, priority tiers and preemption by recompute; see sched.c. The queue
+ * of waiting sequences is bounded per tier: a full queue is SP_ERR_BUSY (HTTP
+ * 429 with Retry-After). A request whose prompt plus max_tokens can never fit
+ * the KV pool is SP_ERR_INVALID at submit; otherwise running out of blocks
+ * only delays it.
  */
 #ifndef SP_SERVER_SCHED_H
 #define SP_SERVER_SCHED_H
@@ -93,26 +95,44 @@ typedef struct sp_sched_request {
     int32_t n;
     sp_gen_params_t gen;        /* per sequence; seed + index for sequence index */
     bool embed;                 /* embeddings instead of generation */
-    int32_t priority;           /* higher runs first; FIFO within a priority */
+    int32_t priority;           /* tier: > 0 premium, 0 standard, < 0 batch (SP_SCHED_PRIO_*);
+                                   higher tiers are admitted first, FIFO within a tier */
     int64_t deadline_ns;        /* sp_time_ns() clock; 0 = none */
     sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's) */
     sp_sched_event_fn on_event;
     void *ud;
 } sp_sched_request_t;
 
+/* Request priorities as the front ends pass them (tier names map to these). */
+#define SP_SCHED_PRIO_PREMIUM 1
+#define SP_SCHED_PRIO_STANDARD 0
+#define SP_SCHED_PRIO_BATCH (-1)
+
 typedef struct sp_sched_params {
-    int n_slots;           /* concurrent sequences (default 4) */
-    int64_t n_ctx;         /* per slot; 0 = the model's, capped at 4096 */
-    int n_threads;         /* per slot's context; 0 = one per core */
-    int max_queue;         /* waiting sequences; more: SP_ERR_BUSY (default 64) */
-    int prefill_chunk;     /* prompt tokens per step, so long prompts do not stall others (256) */
+    int n_slots;           /* most sequences running at once (--parallel, default 4) */
+    int64_t n_ctx;         /* longest sequence; 0 = the model's, capped at 4096 */
+    int n_threads;         /* engine threads; 0 = one per core */
+    int max_queue;         /* waiting sequences per tier; more: SP_ERR_BUSY (default 64) */
+    int prefill_chunk;     /* tokens per step (decode rows + prefill chunks; --step-tokens, 256) */
     size_t max_outbox_bytes; /* undelivered event bytes per job before it is cancelled (8 MiB) */
+    int64_t kv_blocks;     /* KV pool size in blocks of SP_KV_BLOCK positions; 0 = every
+                              running sequence's full context, within 2 GiB */
+    bool kv_f16;           /* F16 KV cache */
+    int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
 } sp_sched_params_t;
 
 typedef struct sp_sched_stats {
-    int64_t active;        /* sequences in slots */
+    int64_t active;        /* sequences running */
     int64_t queued;        /* sequences waiting */
     int64_t jobs_done, jobs_cancelled, tokens_generated, prompt_tokens;
+    /* per tier, indexed batch, standard, premium */
+    int64_t running_tier[3], waiting_tier[3];
+    int64_t preemptions;
+    int64_t prefix_lookups, prefix_hits; /* full blocks looked up / found in the prefix cache */
+    int64_t prompt_tokens_cached;        /* positions not recomputed thanks to prefix hits */
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free, kv_evictions;
+    int64_t steps, last_step_seqs, last_step_rows;
+    double mean_step_seqs, mean_step_rows;
 } sp_sched_stats_t;
 
 sp_sched_params_t sp_sched_default_params(void);

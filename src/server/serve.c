@@ -164,6 +164,59 @@ h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
 }
 
+/* GET /stats: the schedulers' counters, one object per loaded model (docs/api.md). */
+static void
+h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"models\":{");
+    bool first = true;
+    for (int i = 0; i < s->n_models; i++) {
+        sp_served_model_t *m = &s->models[i];
+        if (!atomic_load(&m->ready) || m->sched == NULL) {
+            continue;
+        }
+        sp_sched_stats_t st;
+        sp_sched_get_stats(m->sched, &st);
+        if (!first) {
+            sp_jbuf_lit(&b, ",");
+        }
+        first = false;
+        sp_jbuf_str(&b, m->name, strlen(m->name));
+        char buf[1536];
+        int n = snprintf(
+            buf, sizeof buf,
+            ":{\"running\":%lld,\"waiting\":%lld,"
+            "\"running_by_tier\":{\"premium\":%lld,\"standard\":%lld,\"batch\":%lld},"
+            "\"waiting_by_tier\":{\"premium\":%lld,\"standard\":%lld,\"batch\":%lld},"
+            "\"jobs_done\":%lld,\"jobs_cancelled\":%lld,\"tokens_generated\":%lld,"
+            "\"prompt_tokens\":%lld,\"prompt_tokens_cached\":%lld,\"preemptions\":%lld,"
+            "\"prefix_lookups\":%lld,\"prefix_hits\":%lld,\"prefix_hit_rate\":%.4f,"
+            "\"kv_blocks_total\":%lld,\"kv_blocks_used\":%lld,\"kv_blocks_cached\":%lld,"
+            "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"steps\":%lld,"
+            "\"last_step_seqs\":%lld,\"last_step_tokens\":%lld,\"mean_step_seqs\":%.3f,"
+            "\"mean_step_tokens\":%.3f}",
+            (long long)st.active, (long long)st.queued, (long long)st.running_tier[2],
+            (long long)st.running_tier[1], (long long)st.running_tier[0],
+            (long long)st.waiting_tier[2], (long long)st.waiting_tier[1],
+            (long long)st.waiting_tier[0], (long long)st.jobs_done, (long long)st.jobs_cancelled,
+            (long long)st.tokens_generated, (long long)st.prompt_tokens,
+            (long long)st.prompt_tokens_cached, (long long)st.preemptions,
+            (long long)st.prefix_lookups, (long long)st.prefix_hits,
+            st.prefix_lookups ? (double)st.prefix_hits / (double)st.prefix_lookups : 0.0,
+            (long long)st.kv_blocks_total, (long long)st.kv_blocks_used,
+            (long long)st.kv_blocks_cached, (long long)st.kv_blocks_free,
+            (long long)st.kv_evictions, (long long)st.steps, (long long)st.last_step_seqs,
+            (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows);
+        sp_jbuf_raw(&b, buf, n > 0 && (size_t)n < sizeof buf ? (size_t)n : 0);
+    }
+    sp_jbuf_lit(&b, "}}");
+    sp_server_reply_json(r, 200, &b);
+    sp_jbuf_free(&b);
+}
+
 /* Routes that answer without a key and while draining. */
 static bool
 is_public(sp_str_t path)
@@ -292,6 +345,12 @@ loader_main(void *arg)
         sp.n_ctx = s->cfg.ctx_size;
         sp.n_threads = s->cfg.threads;
         sp.max_queue = s->cfg.queue;
+        sp.prefill_chunk = s->cfg.step_tokens;
+        sp.kv_blocks = s->cfg.kv_blocks;
+        sp.kv_f16 = s->cfg.kv_f16;
+        sp.tier_queue[0] = s->cfg.queue_batch;
+        sp.tier_queue[1] = s->cfg.queue_standard;
+        sp.tier_queue[2] = s->cfg.queue_premium;
         if (sp_sched_create(m->model, &sp, &m->sched, err, sizeof err) != SP_OK) {
             SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", m->name, err);
             atomic_store(&s->load_failed, true);
@@ -360,6 +419,7 @@ sp_cmd_serve(int argc, char **argv)
     }
     sp_router_add(s->router, SP_HTTP_GET, "/live", h_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/health", h_health, s);
+    sp_router_add(s->router, SP_HTTP_GET, "/stats", h_stats, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/live", h_v2_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, s);

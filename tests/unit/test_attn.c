@@ -134,10 +134,72 @@ typedef struct attn_case {
     int64_t hd, n_q, n_kv, v_stride, q_stride;
     sp_type_t kv_type;
     float *q, *o;
-    void *k, *v;
+    float *k_log, *v_log; /* the logical cache: key (p, d) at p * hd + d, value rows of hd */
+    void *k, *v;          /* the paged cache the kernel reads */
+    int32_t *blocks;
+    int64_t k_block_stride, v_block_stride;
     float *scratch;
     float scale;
 } attn_case_t;
+
+/* Block layouts: 0 contiguous (ids 0, 1, 2, ...), 1 reversed, 2 scattered
+ * over a pool three times larger with the blocks' K and V interleaved. */
+#define N_LAYOUTS 3
+
+static void
+store_kv(sp_type_t type, void *base, int64_t i, float f)
+{
+    if (type == SP_TYPE_F16) {
+        ((sp_fp16_t *)base)[i] = sp_fp32_to_fp16(f);
+    } else {
+        ((float *)base)[i] = f;
+    }
+}
+
+/* (Re)build the paged cache of c from its logical cache in one layout. */
+static void
+case_layout(attn_case_t *c, int layout)
+{
+    const int64_t hd = c->hd, nb = sp_attn_scratch_stride(c->n_kv) / SP_ATTN_BLOCK;
+    const size_t esz = c->kv_type == SP_TYPE_F16 ? 2 : 4;
+    sp_free(c->k);
+    sp_free(c->blocks);
+    c->blocks = sp_malloc((size_t)nb * sizeof(int32_t));
+    int64_t n_phys = nb;
+    const int64_t vblk = SP_ATTN_BLOCK * c->v_stride;
+    if (layout == 2) {
+        /* K and V of one block side by side, blocks strided by both plus a gap. */
+        n_phys = 3 * nb + 1;
+        n_phys += n_phys % 7 == 0; /* 7 coprime to n_phys: (7i + 2) mod n_phys is injective */
+        c->k_block_stride = c->v_block_stride = SP_ATTN_BLOCK * hd + vblk + 7;
+    } else {
+        c->k_block_stride = SP_ATTN_BLOCK * hd;
+        c->v_block_stride = vblk;
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        c->blocks[i] = (int32_t)(layout == 0 ? i : layout == 1 ? nb - 1 - i : (i * 7 + 2) % n_phys);
+    }
+    /* Unused memory holds NaN: a kernel reading outside its blocks shows. */
+    const int64_t k_elems = n_phys * c->k_block_stride;
+    const int64_t v_elems = layout == 2 ? 0 : n_phys * c->v_block_stride;
+    c->k = sp_malloc((size_t)(k_elems + v_elems) * esz);
+    ASSERT(c->k && c->blocks);
+    for (int64_t i = 0; i < k_elems + v_elems; i++) store_kv(c->kv_type, c->k, i, NAN);
+    c->v = layout == 2 ? (char *)c->k + (size_t)(SP_ATTN_BLOCK * hd) * esz
+                       : (char *)c->k + (size_t)k_elems * esz;
+    sp_attn_args_t a = {.head_dim = hd, .blocks = c->blocks, .k_block_stride = c->k_block_stride,
+                        .v_block_stride = c->v_block_stride, .v_stride = c->v_stride};
+    for (int64_t p = 0; p < nb * SP_ATTN_BLOCK; p++) {
+        for (int64_t d = 0; d < hd; d++) {
+            store_kv(c->kv_type, c->k, sp_attn_k_offset(&a, p, d), c->k_log[p * hd + d]);
+        }
+    }
+    for (int64_t p = 0; p < c->n_kv; p++) {
+        for (int64_t d = 0; d < hd; d++) {
+            store_kv(c->kv_type, c->v, sp_attn_v_offset(&a, p) + d, c->v_log[p * hd + d]);
+        }
+    }
+}
 
 static void
 case_init(attn_case_t *c, int64_t hd, int64_t n_q, int64_t n_kv, sp_type_t kv_type, float qa)
@@ -152,35 +214,20 @@ case_init(attn_case_t *c, int64_t hd, int64_t n_q, int64_t n_kv, sp_type_t kv_ty
     c->scale = 1.0f / sqrtf((float)hd);
     c->q = sp_malloc((size_t)(n_q * c->q_stride) * sizeof(float));
     c->o = sp_malloc((size_t)(n_q * c->q_stride) * sizeof(float));
-    const size_t esz = kv_type == SP_TYPE_F16 ? 2 : 4;
-    const int64_t n_k = sp_attn_scratch_stride(n_kv) * hd; /* whole key blocks */
-    c->k = sp_malloc((size_t)n_k * esz);
-    c->v = sp_malloc((size_t)(n_kv * c->v_stride) * esz);
+    const int64_t n_pad = sp_attn_scratch_stride(n_kv); /* whole key blocks */
+    c->k_log = sp_malloc((size_t)(n_pad * hd) * sizeof(float));
+    c->v_log = sp_malloc((size_t)(n_kv * hd) * sizeof(float));
     c->scratch =
         sp_malloc_aligned((size_t)(n_q * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
-    ASSERT(c->q && c->o && c->k && c->v && c->scratch);
+    ASSERT(c->q && c->o && c->k_log && c->v_log && c->scratch);
     for (int64_t i = 0; i < n_q * c->q_stride; i++) c->q[i] = rnd(qa);
     /* Lanes of the last key block past n_kv hold NaN: the kernels must
      * ignore them, as the contract says. */
-    for (int64_t p = 0; p < sp_attn_scratch_stride(n_kv); p++) {
-        for (int64_t d = 0; d < hd; d++) {
-            const float kf = p < n_kv ? rnd(1.0f) : NAN;
-            const int64_t i = sp_attn_k_index(p, d, hd);
-            if (kv_type == SP_TYPE_F16) {
-                ((sp_fp16_t *)c->k)[i] = sp_fp32_to_fp16(kf);
-            } else {
-                ((float *)c->k)[i] = kf;
-            }
-        }
+    for (int64_t p = 0; p < n_pad; p++) {
+        for (int64_t d = 0; d < hd; d++) c->k_log[p * hd + d] = p < n_kv ? rnd(1.0f) : NAN;
     }
-    for (int64_t i = 0; i < n_kv * c->v_stride; i++) {
-        const float vf = rnd(1.0f);
-        if (kv_type == SP_TYPE_F16) {
-            ((sp_fp16_t *)c->v)[i] = sp_fp32_to_fp16(vf);
-        } else {
-            ((float *)c->v)[i] = vf;
-        }
-    }
+    for (int64_t i = 0; i < n_kv * hd; i++) c->v_log[i] = rnd(1.0f);
+    case_layout(c, 0);
 }
 
 static void
@@ -189,7 +236,9 @@ case_free(attn_case_t *c)
     sp_free(c->q);
     sp_free(c->o);
     sp_free(c->k);
-    sp_free(c->v);
+    sp_free(c->k_log);
+    sp_free(c->v_log);
+    sp_free(c->blocks);
     sp_free(c->scratch);
 }
 
@@ -201,7 +250,9 @@ case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float
     for (int64_t i = 0; i < n * sp_attn_scratch_stride(c->n_kv); i++) c->scratch[i] = NAN;
     sp_attn_args_t a = {
         .head_dim = c->hd, .n_q = n, .n_kv = c->n_kv, .q = c->q + h0 * c->q_stride,
-        .q_stride = c->q_stride, .k = c->k, .v = c->v, .v_stride = c->v_stride,
+        .q_stride = c->q_stride, .k = c->k, .v = c->v, .blocks = c->blocks,
+        .k_block_stride = c->k_block_stride, .v_block_stride = c->v_block_stride,
+        .v_stride = c->v_stride,
         .scale = c->scale, .o = o + h0 * c->q_stride, .o_stride = c->q_stride,
         .scratch = c->scratch,
     };
@@ -255,6 +306,24 @@ check_attn_case(const sp_cpu_kernels_t *const *lv, int nl, int64_t hd, int64_t n
             SP_TEST_FAIL("%s: heads in threes differ from n_q %lld", lv[l]->name, (long long)n_q);
         }
     }
+    /* Paged: the same cache in reversed and scattered blocks, same bits. */
+    float *o3 = sp_malloc(obytes);
+    for (int l = 0; l < nl; l++) {
+        case_layout(&c, 0);
+        memset(o, 0, obytes);
+        case_run(lv[l], &c, 0, n_q, o);
+        for (int layout = 1; layout < N_LAYOUTS; layout++) {
+            case_layout(&c, layout);
+            memset(o3, 0, obytes);
+            case_run(lv[l], &c, 0, n_q, o3);
+            if (memcmp(o, o3, obytes) != 0) {
+                SP_TEST_FAIL("%s %s hd %lld n_q %lld n_kv %lld: block layout %d differs from "
+                             "contiguous", lv[l]->name, sp_type_name(kv_type), (long long)hd,
+                             (long long)n_q, (long long)n_kv, layout);
+            }
+        }
+    }
+    sp_free(o3);
     sp_free(ref);
     sp_free(o);
     sp_free(o2);

@@ -103,7 +103,7 @@ SP_INLINE void
 scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const int64_t kb = p0 * hd; /* block start, in elements */
+    const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[4];
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -112,8 +112,8 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
     for (int64_t d = 0; d < hd; d++) {
-        const __m256 k0 = load_kv(a->k, f16, kb + d * 16, 8, _mm256_setzero_si256());
-        const __m256 k1 = load_kv(a->k, f16, kb + d * 16 + 8, 8, _mm256_setzero_si256());
+        const __m256 k0 = load_kv(kb, f16, d * 16, 8, _mm256_setzero_si256());
+        const __m256 k1 = load_kv(kb, f16, d * 16 + 8, 8, _mm256_setzero_si256());
 #pragma GCC unroll 4
         for (int h = 0; h < NH; h++) {
             const __m256 qd = _mm256_broadcast_ss(&q[h][d]);
@@ -180,16 +180,23 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     for (int h = 0; h < NH; h++) {
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
-    const float *e = a->scratch + h0 * ss;
-    for (int64_t p = 0; p < a->n_kv; p++) {
-        const int64_t row = p * a->v_stride + d0;
-        const __m256 v0 = load_kv(a->v, f16, row, nv0, m0);
-        const __m256 v1 = nv1 > 0 ? load_kv(a->v, f16, row + 8, nv1, m1) : _mm256_setzero_ps();
+    /* Positions in order, block by block: the same FMA chain as one
+     * contiguous cache. */
+    for (int64_t p0 = 0; p0 < a->n_kv; p0 += 16) {
+        const void *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
+        const float *e = a->scratch + h0 * ss + p0;
+        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
+        for (int64_t p = 0; p < n; p++) {
+            const int64_t row = p * a->v_stride + d0;
+            const __m256 v0 = load_kv(vb, f16, row, nv0, m0);
+            const __m256 v1 =
+                nv1 > 0 ? load_kv(vb, f16, row + 8, nv1, m1) : _mm256_setzero_ps();
 #pragma GCC unroll 4
-        for (int h = 0; h < NH; h++) {
-            const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
-            acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-            acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+            for (int h = 0; h < NH; h++) {
+                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
+                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+            }
         }
     }
 #pragma GCC unroll 4
@@ -213,13 +220,14 @@ prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
         return;
     }
     const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
-    const char *k = kv_ptr(a->k, f16, p0 * a->head_dim);
+    const char *k = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
     for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
         _mm_prefetch(k + off, _MM_HINT_T0);
     }
     const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    for (int64_t p = p0; p < p0 + n; p++) {
-        const char *v = kv_ptr(a->v, f16, p * a->v_stride);
+    for (int64_t p = 0; p < n; p++) {
+        const char *v = vb + p * a->v_stride * (f16 ? 2 : 4);
         for (int64_t off = 0; off < row_bytes; off += 64) {
             _mm_prefetch(v + off, _MM_HINT_T1);
         }

@@ -86,7 +86,7 @@ SP_INLINE void
 scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const int64_t kb = p0 * hd; /* block start, in elements */
+    const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[8];
     __m512 acc0[8], acc1[8];
 #pragma GCC unroll 8
@@ -97,8 +97,8 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
     }
     int64_t d = 0;
     for (; d + 2 <= hd; d += 2) {
-        const __m512 k0 = load_k16(a->k, f16, kb + d * 16);
-        const __m512 k1 = load_k16(a->k, f16, kb + d * 16 + 16);
+        const __m512 k0 = load_k16(kb, f16, d * 16);
+        const __m512 k1 = load_k16(kb, f16, d * 16 + 16);
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) {
             acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
@@ -106,7 +106,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
         }
     }
     if (d < hd) {
-        const __m512 k0 = load_k16(a->k, f16, kb + d * 16);
+        const __m512 k0 = load_k16(kb, f16, d * 16);
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) {
             acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
@@ -157,13 +157,19 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
             acc[h][c] = _mm512_setzero_ps();
         }
     }
+    /* Positions in order, block by block: the same FMA chain as one
+     * contiguous cache; the block's base is looked up once per 16 rows. */
     const float *e = a->scratch + h0 * ss;
+    const void *vb = a->v;
     for (int64_t p = 0; p < a->n_kv; p++) {
-        const int64_t row = p * a->v_stride + d0;
+        if ((p & 15) == 0) {
+            vb = kv_ptr(a->v, f16, a->blocks[p >> 4] * a->v_block_stride);
+        }
+        const int64_t row = (p & 15) * a->v_stride + d0;
         __m512 v[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            v[c] = load_kv(a->v, f16, row + 16 * c, m[c]);
+            v[c] = load_kv(vb, f16, row + 16 * c, m[c]);
         }
 #pragma GCC unroll 4
         for (int h = 0; h < NH; h++) {
@@ -198,13 +204,14 @@ prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
         return;
     }
     const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
-    const char *k = kv_ptr(a->k, f16, p0 * a->head_dim);
+    const char *k = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
     for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
         _mm_prefetch(k + off, _MM_HINT_T0);
     }
     const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    for (int64_t p = p0; p < p0 + n; p++) {
-        const char *v = kv_ptr(a->v, f16, p * a->v_stride);
+    for (int64_t p = 0; p < n; p++) {
+        const char *v = vb + p * a->v_stride * (f16 ? 2 : 4);
         for (int64_t off = 0; off < row_bytes; off += 64) {
             _mm_prefetch(v + off, _MM_HINT_T1);
         }

@@ -24,7 +24,8 @@
  * once into records that a token tile reads as one sequential stream (per
  * block: the 8 tokens' quants, seeds and scales), and stay in L2 while all
  * panels sweep them. Decode (few tokens) unpacks each panel block in registers
- * and uses it at once. K is cut into chunks whose partial sums go through y (a
+ * and uses it at once (Q8_0 with one token: four rows to a register, see
+ * fused_q8_0_one). K is cut into chunks whose partial sums go through y (a
  * float store and reload is exact), which bounds the scratch whatever n is.
  *
  * Stack: about 180 KiB per call (see QG_* below); pool threads have 8 MiB.
@@ -32,6 +33,7 @@
 #include "kernels/cpu/cpu_impl.h"
 
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #define SP_INLINE static inline __attribute__((always_inline))
@@ -301,6 +303,72 @@ tile_fused(const int wt, const int T, int64_t b0, int64_t nbk, const uint8_t *co
     acc_store(T, acc, o);
 }
 
+/*
+ * Q8_0 with one token (decode). The 16 x 4-byte transpose and the scale
+ * gather cost more than the products here, so rows are taken four to a
+ * register instead (row 4j + q in 128-bit lane j of register q), each lane
+ * meeting the token's 16-byte halves broadcast to all lanes; a short add tree
+ * then leaves the 16 rows' block sums in row order. Three 16-byte loads per row
+ * and block (at 0, 16 and 18) cover d and the 32 quants without a gather: the
+ * first two, shifted by 2 bytes, give quants 0..15, the third 16..31.
+ */
+SP_INLINE __m512i
+load_quad(const uint8_t *const rp[QG_ROWS], int q, size_t off)
+{
+    __m512i a = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[q] + off)));
+    a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[4 + q] + off)), 1);
+    a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[8 + q] + off)), 2);
+    return _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[12 + q] + off)), 3);
+}
+
+static void
+fused_q8_0_one(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS], size_t ws,
+               __m512i d_idx, const uint8_t *xr, const tile_out_t *o)
+{
+    const size_t bsz = sizeof(sp_block_q8_0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[1];
+    acc_init(1, acc, o);
+    const uint8_t *pf = rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
+    (void)d_idx;
+    for (int64_t j = 0; j < nbk; j++) {
+        for (size_t l = 0; l < QG_ROWS * bsz; l += 64) {
+            _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+        }
+        pf += QG_ROWS * bsz;
+        const uint8_t *r = xr + j * QG_XREC;
+        const __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)r));
+        const __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(r + 16)));
+        const size_t off = (size_t)(b0 + j) * bsz;
+        __m512i ia[4], hd[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            hd[q] = load_quad(rp, q, off);                        /* d, quants 0..13 */
+            const __m512i mid = load_quad(rp, q, off + 16);      /* quants 14..29 */
+            const __m512i hi = load_quad(rp, q, off + 18);       /* quants 16..31 */
+            const __m512i lo = _mm512_alignr_epi8(mid, hd[q], 2); /* quants 0..15 */
+            ia[q] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(lo, flip), xlo);
+            ia[q] = _mm512_dpbusd_epi32(ia[q], _mm512_xor_si512(hi, flip), xhi);
+        }
+        /* lane j of ia[q] holds 4 partial sums of row 4j + q: two levels of
+         * pairwise adds leave lane j = (rows 4j .. 4j+3), i.e. rows in order */
+        const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(ia[0], ia[1]),
+                                            _mm512_unpackhi_epi32(ia[0], ia[1]));
+        const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(ia[2], ia[3]),
+                                            _mm512_unpackhi_epi32(ia[2], ia[3]));
+        const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1),
+                                             _mm512_unpackhi_epi64(t0, t1));
+        /* the same shape picks dword 0 (d in its low half) of each row */
+        const __m512i dd = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(hd[0], hd[1]),
+                                                 _mm512_unpacklo_epi32(hd[2], hd[3]));
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        const __m512i isum = _mm512_add_epi32(sum, _mm512_set1_epi32(ld_i32(r + 32)));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(r + 36)));
+        acc[0] = _mm512_add_ps(acc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d));
+    }
+    acc_store(1, acc, o);
+}
+
 typedef void (*packed_fn)(int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr,
                           const tile_out_t *o, const tile_pf_t *pf);
 typedef void (*fused_fn)(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS], size_t ws,
@@ -330,7 +398,6 @@ static const packed_fn packed_tiles[QG_T + 1] = {NULL,     packed_1, packed_2, p
     {                                                                                          \
         tile_fused(wt, T, b0, nbk, rp, ws, d_idx, xr, o);                                      \
     }
-FUSED(q8_0, WT_Q8_0, 1)
 FUSED(q8_0, WT_Q8_0, 2)
 FUSED(q8_0, WT_Q8_0, 3)
 FUSED(q8_0, WT_Q8_0, 4)
@@ -338,8 +405,8 @@ FUSED(q4_0, WT_Q4_0, 1)
 FUSED(q4_0, WT_Q4_0, 2)
 FUSED(q4_0, WT_Q4_0, 3)
 FUSED(q4_0, WT_Q4_0, 4)
-static const fused_fn fused_q8_0[QG_FUSE_T + 1] = {NULL, fused_q8_0_1, fused_q8_0_2, fused_q8_0_3,
-                                                   fused_q8_0_4};
+static const fused_fn fused_q8_0[QG_FUSE_T + 1] = {NULL, fused_q8_0_one, fused_q8_0_2,
+                                                   fused_q8_0_3, fused_q8_0_4};
 static const fused_fn fused_q4_0[QG_FUSE_T + 1] = {NULL, fused_q4_0_1, fused_q4_0_2, fused_q4_0_3,
                                                    fused_q4_0_4};
 
@@ -374,6 +441,49 @@ pack_q4_0(const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b0, int64_t n
     pack_panel(WT_Q4_0, rp, d_idx, b0, nbk, pw, pd);
 }
 
+/* ---- single dot products ------------------------------------------------------ */
+
+/* One row, one token: per block a 256-bit vpdpbusd, the exact int32 sum, and the
+ * reference's float steps. */
+SP_INLINE void
+vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
+{
+    const sp_block_q8_0 *xb = x;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i c = _mm256_set1_epi8(wt == WT_Q8_0 ? (char)0x80 : 8);
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK8_0; b++) {
+        __m256i wu;
+        sp_fp16_t wd;
+        if (wt == WT_Q8_0) {
+            const sp_block_q8_0 *p = (const sp_block_q8_0 *)w + b;
+            wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p->qs), c);
+            wd = p->d;
+        } else {
+            const sp_block_q4_0 *p = (const sp_block_q4_0 *)w + b;
+            const __m128i raw = _mm_loadu_si128((const __m128i *)p->qs);
+            const __m256i r2 = _mm256_inserti128_si256(_mm256_castsi128_si256(raw),
+                                                       _mm_srli_epi16(raw, 4), 1);
+            wu = _mm256_and_si256(r2, m4);
+            wd = p->d;
+        }
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[b].qs);
+        const __m256i v =
+            _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xq),
+                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, xq));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        const int32_t isum = _mm_cvtsi128_si32(h);
+        /* separate statements: a compiler that contracts a * b + c inside one
+         * expression (clang's default) must not fuse these into an FMA */
+        const float d = _cvtsh_ss(wd) * _cvtsh_ss(xb[b].d);
+        const float p = (float)isum * d;
+        sum += p;
+    }
+    *s = sum;
+}
+
 /* ---- the driver ------------------------------------------------------------- */
 
 static void
@@ -396,6 +506,16 @@ qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     if (nb == 0) { /* an empty dot product is 0, as in the reference */
         for (int64_t t = 0; t < n_tok; t++) {
             memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        }
+        return;
+    }
+    if (ws > (size_t)INT32_MAX / QG_ROWS) {
+        /* rows too long for the gathers' int32 offsets: one dot at a time
+         * (vec_dot_q has the same bits) */
+        for (int64_t t = 0; t < n_tok; t++) {
+            for (int64_t r = r0; r < r1; r++) {
+                vec_dot_q(wt, n, &y[t * ldy + r], wb + (size_t)r * ws, xb + (size_t)t * xs);
+            }
         }
         return;
     }
@@ -463,49 +583,6 @@ gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           int64_t n_tok, float *y, int64_t ldy)
 {
     qgemm(WT_Q4_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-}
-
-/* ---- single dot products ------------------------------------------------------ */
-
-/* One row, one token: per block a 256-bit vpdpbusd, the exact int32 sum, and the
- * reference's float steps. */
-SP_INLINE void
-vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
-{
-    const sp_block_q8_0 *xb = x;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i c = _mm256_set1_epi8(wt == WT_Q8_0 ? (char)0x80 : 8);
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / SP_QK8_0; b++) {
-        __m256i wu;
-        sp_fp16_t wd;
-        if (wt == WT_Q8_0) {
-            const sp_block_q8_0 *p = (const sp_block_q8_0 *)w + b;
-            wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p->qs), c);
-            wd = p->d;
-        } else {
-            const sp_block_q4_0 *p = (const sp_block_q4_0 *)w + b;
-            const __m128i raw = _mm_loadu_si128((const __m128i *)p->qs);
-            const __m256i r2 = _mm256_inserti128_si256(_mm256_castsi128_si256(raw),
-                                                       _mm_srli_epi16(raw, 4), 1);
-            wu = _mm256_and_si256(r2, m4);
-            wd = p->d;
-        }
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[b].qs);
-        const __m256i v =
-            _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xq),
-                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, xq));
-        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        const int32_t isum = _mm_cvtsi128_si32(h);
-        /* separate statements: a compiler that contracts a * b + c inside one
-         * expression (clang's default) must not fuse these into an FMA */
-        const float d = _cvtsh_ss(wd) * _cvtsh_ss(xb[b].d);
-        const float p = (float)isum * d;
-        sum += p;
-    }
-    *s = sum;
 }
 
 static void

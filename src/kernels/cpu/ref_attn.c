@@ -35,7 +35,7 @@ attn_ref(sp_type_t type, const sp_attn_args_t *a)
         for (int64_t p = 0; p < n_kv; p++) {
             double s = 0.0;
             for (int64_t d = 0; d < hd; d++) {
-                s += (double)q[d] * kv_at(type, a->k, sp_attn_k_index(p, d, hd));
+                s += (double)q[d] * kv_at(type, a->k, sp_attn_k_offset(a, p, d));
             }
             sc[p] = (float)s * a->scale;
             mx = sc[p] > mx ? sc[p] : mx;
@@ -48,7 +48,7 @@ attn_ref(sp_type_t type, const sp_attn_args_t *a)
         for (int64_t d = 0; d < hd; d++) {
             double acc = 0.0;
             for (int64_t p = 0; p < n_kv; p++) {
-                acc += (double)sc[p] * kv_at(type, a->v, p * a->v_stride + d);
+                acc += (double)sc[p] * kv_at(type, a->v, sp_attn_v_offset(a, p) + d);
             }
             o[d] = (float)(acc / sum);
         }

@@ -1,0 +1,898 @@
+/*
+ * batch.c - the forward pass: one step over the rows (tokens) of many
+ * sequences, with the KV cache in a paged pool. sp_ctx (model.c) is this with
+ * one sequence, a private pool and the block table 0, 1, 2, ...
+ *
+ * Pool layout: block-major. One block is SP_KV_BLOCK positions of every
+ * (layer, KV head): for each (layer, head) in order, a key tile (head_dim
+ * rows of SP_KV_BLOCK lanes, transposed as the attention kernels want) then a
+ * value tile (SP_KV_BLOCK rows of head_dim). So one (layer, head) of one block
+ * is contiguous for K and for V (the kernels stream it), a block is one range
+ * of memory (copying it for copy-on-write is one memcpy), and the kernels find
+ * block id b of (layer, head) at base + b * block_elems.
+ *
+ * A step: every row is embedded; every weight product runs over all rows at
+ * once, split by weight rows across the thread pool (one weight read per step,
+ * whatever the number of sequences); projections that read the same input
+ * (q/k/v, gate/up) run as one job so a decode step pays few pool wake-ups.
+ * Activations are converted once per product to the weight type's dot-product
+ * format (Q8_0, Q8_K or F32). After the k/v products each row's key and value
+ * go into its own sequence's block slot, and attention runs per (row, KV head)
+ * over that sequence's blocks, positions 0..the row's position. Logits are
+ * computed only for the rows that asked, gathered into one output product.
+ *
+ * Batch invariance: each product element is one vec_dot over one weight row
+ * and one activation row (the kernel contract), attention for a row reads only
+ * its own row and its sequence's cache through the block table in position
+ * order, and every reduction runs in a fixed order. So a row's logits are
+ * bit-identical whatever the other rows of the step, their number and order,
+ * where the blocks live, and the thread count.
+ *
+ * Nothing is allocated per step: every buffer is sized at create for
+ * max_tokens rows, max_seqs sequences and max_ctx positions.
+ */
+#include "engine/batch.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/pool.h"
+#include "engine/model_impl.h"
+#include "kernels/kernels.h"
+
+_Static_assert(SP_KV_BLOCK == SP_ATTN_BLOCK, "a pool block is one attention key block");
+
+#define MAX_STEP_ROWS 65536
+
+/* ------------------------------------------------------------------------ */
+/* KV pool                                                                   */
+/* ------------------------------------------------------------------------ */
+
+struct sp_kv_pool {
+    const sp_model_t *m;
+    sp_type_t type;      /* F32 or F16 */
+    size_t elt;          /* bytes per element */
+    int64_t n_blocks;
+    int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim */
+    int64_t block_elems; /* n_layer * n_head_kv * 2 tiles */
+    void *data;
+    /* Per block, the step that last wrote it: finds two writers of one block
+     * in a step without a per-step allocation. */
+    uint32_t *mark;
+    uint32_t epoch;
+};
+
+size_t
+sp_kv_block_bytes(const sp_model_t *m, bool f16)
+{
+    const sp_hparams_t *hp = &m->hp;
+    /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. */
+    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * SP_KV_BLOCK * (size_t)hp->head_dim *
+           (f16 ? sizeof(sp_fp16_t) : sizeof(float));
+}
+
+sp_status_t
+sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
+                  char *err, size_t err_len)
+{
+    *out = NULL;
+    if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
+                       p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
+    }
+    const size_t bb = sp_kv_block_bytes(m, p->f16);
+    size_t total;
+    if (sp_mul_size(bb, (size_t)p->n_blocks, &total) != 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
+                       (long long)p->n_blocks, bb);
+    }
+    sp_kv_pool_t *kv = sp_calloc(1, sizeof *kv);
+    if (kv == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    const sp_hparams_t *hp = &m->hp;
+    kv->m = m;
+    kv->type = p->f16 ? SP_TYPE_F16 : SP_TYPE_F32;
+    kv->elt = p->f16 ? sizeof(sp_fp16_t) : sizeof(float);
+    kv->n_blocks = p->n_blocks;
+    kv->tile_elems = SP_KV_BLOCK * hp->head_dim;
+    kv->block_elems = hp->n_layer * hp->n_head_kv * 2 * kv->tile_elems;
+    /* Not zeroed: a position is always written before it is read, and key
+     * lanes past a sequence's end are computed and ignored (kernels.h). */
+    kv->data = sp_malloc_aligned(total, 64);
+    kv->mark = sp_calloc((size_t)p->n_blocks, sizeof(uint32_t));
+    if (kv->data == NULL || kv->mark == NULL) {
+        sp_kv_pool_destroy(kv);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
+                       "(%zu bytes)", (long long)p->n_blocks, total);
+    }
+    *out = kv;
+    return SP_OK;
+}
+
+void
+sp_kv_pool_destroy(sp_kv_pool_t *kv)
+{
+    if (kv == NULL) {
+        return;
+    }
+    sp_free(kv->data);
+    sp_free(kv->mark);
+    sp_free(kv);
+}
+
+int64_t
+sp_kv_pool_n_blocks(const sp_kv_pool_t *kv)
+{
+    return kv->n_blocks;
+}
+
+void
+sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
+{
+    if (dst < 0 || src < 0 || dst >= kv->n_blocks || src >= kv->n_blocks || dst == src) {
+        return;
+    }
+    const size_t bytes = (size_t)kv->block_elems * kv->elt;
+    memcpy((char *)kv->data + (size_t)dst * bytes, (const char *)kv->data + (size_t)src * bytes,
+           bytes);
+}
+
+/* Element offset of (block, layer, head)'s key tile; its value tile follows. */
+static inline int64_t
+kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
+{
+    return block * kv->block_elems + (il * n_head_kv + g) * 2 * kv->tile_elems;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batch                                                                     */
+/* ------------------------------------------------------------------------ */
+
+struct sp_batch {
+    const sp_model_t *m;
+    const sp_cpu_kernels_t *k;
+    sp_pool_t *pool;
+    int64_t max_tokens;
+    int64_t max_seqs;
+    int64_t max_ctx;
+
+    /* activations, max_tokens rows each */
+    float *x;          /* (rows, n_embd) residual stream */
+    float *xn;         /* (rows, n_embd) normalised input of a sub-layer */
+    float *q;          /* (rows, n_head * head_dim) */
+    float *kv_k;       /* (rows, n_head_kv * head_dim) */
+    float *kv_v;       /* (rows, n_head_kv * head_dim) */
+    float *att;        /* (rows, n_head * head_dim) attention output */
+    float *ff_gate;    /* (rows, n_ff) */
+    float *ff_up;      /* (rows, n_ff) */
+    float *proj;       /* (rows, n_embd) output of wo / w_down */
+    void *act;         /* (rows, act_stride) activations in the dot-product format */
+    size_t act_stride; /* bytes per row of act */
+    float *scores;     /* (n_threads, scores_stride) attention scratch */
+    int64_t scores_stride;
+    float attn_scale;  /* 1 / sqrt(head_dim) */
+    float *rope_cs;    /* (rows, n_rot) cos/sin pairs per row's position */
+    float *inv_freq;   /* (n_rot / 2) */
+    float *logits;     /* (max_seqs, n_vocab) */
+
+    /* the current step, rows in order of the sequences */
+    int32_t *row_tok;  /* (max_tokens) */
+    int64_t *row_pos;  /* (max_tokens) */
+    int32_t *row_seq;  /* (max_tokens) index into seqs */
+    int32_t *order;    /* (max_tokens) rows by decreasing position (attention order) */
+    int64_t *seq_out;  /* (max_seqs) logits row of sequence i, or -1 */
+    const sp_batch_seq_t *seqs;
+    sp_kv_pool_t *kv;
+    int64_t n_seqs;    /* of the last step (0 after a rejected one) */
+};
+
+sp_batch_params_t
+sp_batch_default_params(void)
+{
+    sp_batch_params_t p = {512, 64, 0, 0};
+    return p;
+}
+
+void
+sp_batch_destroy(sp_batch_t *b)
+{
+    if (b == NULL) {
+        return;
+    }
+    sp_pool_destroy(b->pool);
+    sp_free(b->x);
+    sp_free(b->xn);
+    sp_free(b->q);
+    sp_free(b->kv_k);
+    sp_free(b->kv_v);
+    sp_free(b->att);
+    sp_free(b->ff_gate);
+    sp_free(b->ff_up);
+    sp_free(b->proj);
+    sp_free(b->act);
+    sp_free(b->scores);
+    sp_free(b->rope_cs);
+    sp_free(b->inv_freq);
+    sp_free(b->logits);
+    sp_free(b->row_tok);
+    sp_free(b->row_pos);
+    sp_free(b->row_seq);
+    sp_free(b->order);
+    sp_free(b->seq_out);
+    sp_free(b);
+}
+
+/* Allocate rows x cols elements of elt bytes, 64-byte aligned; NULL on
+ * overflow or OOM. */
+static void *
+alloc_rows(int64_t rows, int64_t cols, size_t elt)
+{
+    size_t n, bytes;
+    if (sp_mul_size((size_t)rows, (size_t)cols, &n) != 0 || sp_mul_size(n, elt, &bytes) != 0) {
+        return NULL;
+    }
+    return sp_malloc_aligned(bytes > 0 ? bytes : 64, 64);
+}
+
+static float *
+alloc_f32(int64_t rows, int64_t cols)
+{
+    return alloc_rows(rows, cols, sizeof(float));
+}
+
+sp_status_t
+sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **out, char *err,
+                size_t err_len)
+{
+    const sp_hparams_t *hp = &m->hp;
+    *out = NULL;
+    if (p->max_tokens < 0 || p->max_tokens > MAX_STEP_ROWS || p->max_seqs < 0 ||
+        p->max_seqs > MAX_STEP_ROWS || p->max_ctx < 0 || p->max_ctx > SP_MAX_CTX) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "batch: max_tokens %lld, max_seqs %lld or max_ctx %lld out of range",
+                       (long long)p->max_tokens, (long long)p->max_seqs, (long long)p->max_ctx);
+    }
+    sp_batch_t *b = sp_calloc(1, sizeof *b);
+    if (b == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    b->m = m;
+    b->k = sp_cpu_kernels();
+    b->max_tokens = p->max_tokens > 0 ? p->max_tokens : 512;
+    b->max_seqs = p->max_seqs > 0 ? p->max_seqs : 64;
+    b->max_ctx = p->max_ctx > 0 ? p->max_ctx
+                                : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
+                                                                        : SP_DEFAULT_CTX_CAP);
+    if (b->max_seqs > b->max_tokens) {
+        b->max_seqs = b->max_tokens; /* every sequence of a step brings a token */
+    }
+    if (sp_pool_create(p->n_threads, &b->pool) != SP_OK) {
+        goto oom;
+    }
+
+    const int64_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    const int64_t R = b->max_tokens;
+    int64_t max_in = hp->n_embd;
+    if (hp->n_ff > max_in) max_in = hp->n_ff;
+    if (q_dim > max_in) max_in = q_dim;
+    /* Every dot-product format takes at most 4 bytes per element (F32). */
+    b->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
+
+    b->x = alloc_f32(R, hp->n_embd);
+    b->xn = alloc_f32(R, hp->n_embd);
+    b->q = alloc_f32(R, q_dim);
+    b->kv_k = alloc_f32(R, kv_dim);
+    b->kv_v = alloc_f32(R, kv_dim);
+    b->att = alloc_f32(R, q_dim);
+    b->ff_gate = alloc_f32(R, hp->n_ff);
+    b->ff_up = alloc_f32(R, hp->n_ff);
+    b->proj = alloc_f32(R, hp->n_embd);
+    b->act = alloc_f32(R, (int64_t)b->act_stride / 4);
+    /* Scores of one (row, KV head) item: every query head of the group. */
+    b->scores_stride = hp->n_head / hp->n_head_kv * sp_attn_scratch_stride(b->max_ctx);
+    b->scores = alloc_f32(sp_pool_n_threads(b->pool), b->scores_stride);
+    b->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    b->rope_cs = alloc_f32(R, hp->n_rot);
+    b->inv_freq = alloc_f32(1, hp->n_rot / 2);
+    b->logits = alloc_f32(b->max_seqs, hp->n_vocab);
+    b->row_tok = alloc_rows(R, 1, sizeof(int32_t));
+    b->row_pos = alloc_rows(R, 1, sizeof(int64_t));
+    b->row_seq = alloc_rows(R, 1, sizeof(int32_t));
+    b->order = alloc_rows(R, 1, sizeof(int32_t));
+    b->seq_out = alloc_rows(b->max_seqs, 1, sizeof(int64_t));
+    if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
+        !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->logits ||
+        !b->row_tok || !b->row_pos || !b->row_seq || !b->order || !b->seq_out) {
+        goto oom;
+    }
+    /* theta_i = pos / scale * base^(-2i / n_rot) / freq_factor_i, in double
+     * so the table does not depend on float rounding of the power. */
+    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        double f = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
+        if (m->rope_freqs != NULL) {
+            f /= m->rope_freqs[i];
+        }
+        b->inv_freq[i] = (float)(f / hp->rope_scale);
+    }
+    *out = b;
+    return SP_OK;
+oom:
+    sp_batch_destroy(b);
+    return sp_errf(err, err_len, SP_ERR_NOMEM,
+                   "out of memory creating a batch (max_tokens %lld, max_seqs %lld, max_ctx %lld)",
+                   (long long)p->max_tokens, (long long)p->max_seqs, (long long)p->max_ctx);
+}
+
+const float *
+sp_batch_logits(const sp_batch_t *b, int64_t i)
+{
+    if (b == NULL || i < 0 || i >= b->n_seqs || b->seq_out[i] < 0) {
+        return NULL;
+    }
+    return b->logits + b->seq_out[i] * b->m->hp.n_vocab;
+}
+
+const float *
+sp__batch_hidden(const sp_batch_t *b)
+{
+    return b->xn;
+}
+
+const float *
+sp__batch_logits_buf(const sp_batch_t *b)
+{
+    return b->logits;
+}
+
+const char *
+sp__batch_kernels_name(const sp_batch_t *b)
+{
+    return b->k->name;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Weight products                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Convert n_tok activation rows to the dot-product format. */
+typedef struct act_job {
+    sp_from_float_fn conv;
+    const float *x;
+    int64_t n_in;
+    int64_t x_stride; /* floats between input rows */
+    void *dst;
+    size_t dst_stride;
+    int64_t n_tok;
+} act_job_t;
+
+static void
+act_job_run(void *arg, int64_t t, int ith)
+{
+    act_job_t *j = arg;
+    (void)ith;
+    j->conv(j->x + t * j->x_stride, (char *)j->dst + t * j->dst_stride, j->n_in);
+}
+
+/* Up to three products sharing one converted input (q/k/v or gate/up). */
+typedef struct mm_job {
+    const sp_cpu_kernels_t *k;
+    int n_w;
+    const sp_weight_t *w[3];
+    float *y[3];
+    const float *bias[3];
+    const void *x;
+    size_t x_stride;
+    int64_t n_tok;
+    int64_t chunk;            /* rows per work item */
+    int64_t n_chunks[3];
+    int64_t total_chunks;
+} mm_job_t;
+
+static void
+mm_job_run(void *arg, int64_t item, int ith)
+{
+    mm_job_t *j = arg;
+    int wi = 0;
+    (void)ith;
+    while (item >= j->n_chunks[wi]) {
+        item -= j->n_chunks[wi++];
+    }
+    const sp_weight_t *w = j->w[wi];
+    const int64_t r0 = item * j->chunk;
+    const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
+    sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride, j->n_tok,
+                j->y[wi], w->n_out);
+    if (j->bias[wi] != NULL) {
+        for (int64_t t = 0; t < j->n_tok; t++) {
+            float *yt = j->y[wi] + t * w->n_out;
+            for (int64_t r = r0; r < r1; r++) {
+                yt[r] += j->bias[wi][r];
+            }
+        }
+    }
+}
+
+/*
+ * y_i = x W_i^T (+ b_i) for n_w weights that share the input x (n_tok rows of
+ * n_in floats, x_stride floats apart). Outputs are dense (n_tok, n_out_i).
+ * Each work item is a range of weight rows times every activation row, so the
+ * weights are read once per step however many rows (sequences) it has.
+ */
+static void
+matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
+       const float *const *bias, const float *x, int64_t x_stride, int64_t n_tok)
+{
+    const sp_cpu_kernels_t *k = b->k;
+    sp_type_t act_type = k->vec_dot_type[w[0]->type];
+    for (int i = 1; i < n_w; i++) {
+        if (k->vec_dot_type[w[i]->type] != act_type) { /* mixed formats: one at a time */
+            for (int jj = 0; jj < n_w; jj++) {
+                matmul(b, 1, &w[jj], &y[jj], &bias[jj], x, x_stride, n_tok);
+            }
+            return;
+        }
+    }
+
+    const void *xa = x;
+    size_t xa_stride = (size_t)x_stride * sizeof(float);
+    if (act_type != SP_TYPE_F32) {
+        act_job_t aj = {k->from_float[act_type], x, w[0]->n_in, x_stride, b->act, b->act_stride,
+                        n_tok};
+        sp_pool_run(b->pool, act_job_run, &aj, n_tok);
+        xa = b->act;
+        xa_stride = b->act_stride;
+    }
+
+    mm_job_t j;
+    memset(&j, 0, sizeof j);
+    j.k = k;
+    j.n_w = n_w;
+    j.x = xa;
+    j.x_stride = xa_stride;
+    j.n_tok = n_tok;
+    int nth = sp_pool_n_threads(b->pool);
+    int64_t rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        rows += w[i]->n_out;
+    }
+    /* About 8 items per thread balances load; at least 16 rows per item keeps
+     * tiles full. Any split gives the same bits (kernel contract). */
+    int64_t chunk = rows / ((int64_t)nth * 8);
+    chunk = chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
+    j.chunk = chunk;
+    for (int i = 0; i < n_w; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        j.bias[i] = bias[i];
+        j.n_chunks[i] = (w[i]->n_out + chunk - 1) / chunk;
+        j.total_chunks += j.n_chunks[i];
+    }
+    sp_pool_run(b->pool, mm_job_run, &j, j.total_chunks);
+}
+
+static void
+matmul1(sp_batch_t *b, const sp_weight_t *w, float *y, const float *x, int64_t x_stride,
+        int64_t n_tok)
+{
+    const sp_weight_t *ws[1] = {w};
+    float *ys[1] = {y};
+    const float *bs[1] = {NULL};
+    matmul(b, 1, ws, ys, bs, x, x_stride, n_tok);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Element-wise ops                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Rotate n_heads heads of head_dim at one position; cs holds (cos, sin) pairs.
+ * (Scalar: a few thousand elements per token, under 0.2% of a step.) */
+static void
+rope(float *v, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+     sp_rope_type_t type)
+{
+    const int64_t half = n_rot / 2;
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *x = v + h * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            int64_t a = type == SP_ROPE_NEOX ? i : 2 * i;
+            int64_t bb = type == SP_ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = x[a], x1 = x[bb];
+            x[a] = x0 * c - x1 * s;
+            x[bb] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* Embedding rows, converted to F32, and the RoPE cos/sin of each row's
+ * position (shared by all layers), one row per chunk. */
+static void
+embed_job_run(void *arg, int64_t t, int ith)
+{
+    sp_batch_t *b = arg;
+    const sp_model_t *m = b->m;
+    const sp_hparams_t *hp = &m->hp;
+    (void)ith;
+    b->k->to_float[m->tok_embd.type]((const char *)m->tok_embd.data +
+                                         (size_t)b->row_tok[t] * m->tok_embd.row_bytes,
+                                     b->x + t * hp->n_embd, hp->n_embd);
+    float *cs = b->rope_cs + t * hp->n_rot;
+    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        double theta = (double)b->row_pos[t] * (double)b->inv_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w). The
+ * residual add and the next sub-layer's norm share one pass over the row. */
+typedef struct add_norm_job {
+    sp_batch_t *b;
+    bool add;
+    const float *w;
+} add_norm_job_t;
+
+static void
+add_norm_job_run(void *arg, int64_t t, int ith)
+{
+    add_norm_job_t *j = arg;
+    sp_batch_t *b = j->b;
+    const sp_hparams_t *hp = &b->m->hp;
+    const int64_t E = hp->n_embd;
+    float *x = b->x + t * E;
+    (void)ith;
+    if (j->add) {
+        const float *p = b->proj + t * E;
+        for (int64_t i = 0; i < E; i++) {
+            x[i] += p[i];
+        }
+    }
+    if (j->w != NULL) {
+        b->k->rmsnorm(b->xn + t * E, x, j->w, E, hp->norm_eps);
+    }
+}
+
+static void
+add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
+{
+    add_norm_job_t j = {b, add, w};
+    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+}
+
+/* silu(gate) * up, in place into gate. Element-wise, so any split gives the
+ * same bits. */
+#define SWIGLU_CHUNK 16384 /* a decode step (n_ff elements) runs inline: no pool wake-up */
+
+typedef struct swiglu_job {
+    const sp_cpu_kernels_t *k;
+    float *gate;
+    const float *up;
+    int64_t n;
+} swiglu_job_t;
+
+static void
+swiglu_job_run(void *arg, int64_t chunk, int ith)
+{
+    swiglu_job_t *j = arg;
+    const int64_t lo = chunk * SWIGLU_CHUNK;
+    const int64_t n = lo + SWIGLU_CHUNK < j->n ? SWIGLU_CHUNK : j->n - lo;
+    (void)ith;
+    j->k->swiglu(j->gate + lo, j->up + lo, n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Attention                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* RoPE q and k of every row, then write k and v into the row's slot: block
+ * blocks[pos / SP_KV_BLOCK] of its sequence, lane pos % SP_KV_BLOCK. */
+typedef struct rope_job {
+    sp_batch_t *b;
+    int64_t il;
+} rope_job_t;
+
+static void
+rope_job_run(void *arg, int64_t t, int ith)
+{
+    rope_job_t *j = arg;
+    sp_batch_t *b = j->b;
+    const sp_kv_pool_t *kv = b->kv;
+    const sp_hparams_t *hp = &b->m->hp;
+    const int64_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
+    const float *cs = b->rope_cs + t * hp->n_rot;
+    float *kt = b->kv_k + t * kv_dim;
+    (void)ith;
+    rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
+    rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
+    const float *vt = b->kv_v + t * kv_dim;
+    const int64_t pos = b->row_pos[t];
+    const int64_t block = b->seqs[b->row_seq[t]].blocks[pos / SP_KV_BLOCK];
+    const int64_t lane = pos % SP_KV_BLOCK;
+    for (int64_t g = 0; g < hp->n_head_kv; g++) {
+        const int64_t tile = kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
+        const float *kg = kt + g * hd;
+        char *vdst = (char *)kv->data + (size_t)(tile + kv->tile_elems + lane * hd) * kv->elt;
+        if (kv->type == SP_TYPE_F32) {
+            float *kc = (float *)kv->data + tile;
+            for (int64_t d = 0; d < hd; d++) {
+                kc[d * SP_KV_BLOCK + lane] = kg[d];
+            }
+            memcpy(vdst, vt + g * hd, (size_t)hd * sizeof(float));
+        } else {
+            sp_fp16_t *kc = (sp_fp16_t *)kv->data + tile;
+            for (int64_t d = 0; d < hd; d++) {
+                kc[d * SP_KV_BLOCK + lane] = sp_fp32_to_fp16(kg[d]);
+            }
+            b->k->from_float[SP_TYPE_F16](vt + g * hd, vdst, hd);
+        }
+    }
+}
+
+/*
+ * One work item = one (row, KV head): the kernel computes all query heads of
+ * the group together, so each cache row is loaded once for the group. Items
+ * are ordered KV-head-major and, within a head, latest position first (the
+ * `order` array): causal cost grows with the position, so the pool hands out
+ * the big items first and the small ones last and the threads finish together
+ * (longest-first scheduling). With few items (decode with fewer KV heads than
+ * threads, e.g. multi-query attention) each group's query heads are split
+ * over n_split items so every thread gets work. Every query head's result
+ * depends only on its row and its sequence's cache (the kernel contract), so
+ * neither the order nor the split changes a bit.
+ */
+typedef struct attn_job {
+    sp_batch_t *b;
+    int64_t il;
+    int64_t n_tok;
+    int64_t n_split;   /* parts of each KV head's query group */
+    int64_t per_chunk; /* items per pool chunk */
+} attn_job_t;
+
+static void
+attn_job_run(void *arg, int64_t chunk, int ith)
+{
+    attn_job_t *j = arg;
+    sp_batch_t *b = j->b;
+    const sp_kv_pool_t *kv = b->kv;
+    const sp_hparams_t *hp = &b->m->hp;
+    const int64_t hd = hp->head_dim, q_dim = hp->n_head * hd;
+    const int64_t group = hp->n_head / hp->n_head_kv;
+    const int64_t part = (group + j->n_split - 1) / j->n_split; /* query heads per item */
+    const int64_t n_items = j->n_tok * hp->n_head_kv * j->n_split;
+    const int64_t lo = chunk * j->per_chunk;
+    const int64_t hi = lo + j->per_chunk < n_items ? lo + j->per_chunk : n_items;
+
+    for (int64_t item = lo; item < hi; item++) {
+        const int64_t g = item / (j->n_tok * j->n_split);
+        const int64_t r = item % (j->n_tok * j->n_split);
+        const int64_t t = b->order[r / j->n_split];
+        const int64_t h0 = g * group + (r % j->n_split) * part; /* first query head */
+        const int64_t n_q = (g + 1) * group - h0 < part ? (g + 1) * group - h0 : part;
+        if (n_q <= 0) {
+            continue;
+        }
+        const int64_t tile = kv_tile(kv, 0, j->il, g, hp->n_head_kv);
+        const char *base = (const char *)kv->data + (size_t)tile * kv->elt;
+        sp_attn_args_t a = {
+            .head_dim = hd,
+            .n_q = n_q,
+            .n_kv = b->row_pos[t] + 1,
+            .q = b->q + t * q_dim + h0 * hd,
+            .q_stride = hd,
+            .k = base,
+            .v = base + (size_t)kv->tile_elems * kv->elt,
+            .blocks = b->seqs[b->row_seq[t]].blocks,
+            .k_block_stride = kv->block_elems,
+            .v_block_stride = kv->block_elems,
+            .v_stride = hd,
+            .scale = b->attn_scale,
+            .o = b->att + t * q_dim + h0 * hd,
+            .o_stride = hd,
+            .scratch = b->scores + (int64_t)ith * b->scores_stride,
+        };
+        b->k->attn[kv->type](&a);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Step                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Restore the min-heap (on position) below node r of order[0..n). */
+static void
+sift_down(int32_t *order, const int64_t *pos, int64_t r, int64_t n)
+{
+    for (;;) {
+        int64_t c = 2 * r + 1;
+        if (c >= n) {
+            return;
+        }
+        if (c + 1 < n && pos[order[c + 1]] < pos[order[c]]) {
+            c++;
+        }
+        if (pos[order[c]] >= pos[order[r]]) {
+            return;
+        }
+        const int32_t tmp = order[r];
+        order[r] = order[c];
+        order[c] = tmp;
+        r = c;
+    }
+}
+
+/* order[0..n) = rows by decreasing position (heap sort: no allocation; the
+ * order only balances the threads, it never changes a result). */
+static void
+sort_rows_by_pos(int32_t *order, const int64_t *pos, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        order[i] = (int32_t)i;
+    }
+    for (int64_t r = n / 2 - 1; r >= 0; r--) {
+        sift_down(order, pos, r, n);
+    }
+    for (int64_t end = n - 1; end > 0; end--) { /* the smallest goes to the back */
+        const int32_t tmp = order[0];
+        order[0] = order[end];
+        order[end] = tmp;
+        sift_down(order, pos, 0, end);
+    }
+}
+
+/* The header's contract, checked before anything is computed. */
+static sp_status_t
+validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs)
+{
+    if (kv == NULL || seqs == NULL || n_seqs < 1 || n_seqs > b->max_seqs || kv->m != b->m) {
+        return SP_ERR_INVALID;
+    }
+    const int64_t n_vocab = b->m->hp.n_vocab;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const sp_batch_seq_t *s = &seqs[i];
+        if (s->tokens == NULL || s->blocks == NULL || s->n_tokens < 1 ||
+            s->n_tokens > b->max_tokens - rows || s->pos < 0 || s->pos > b->max_ctx ||
+            s->n_tokens > b->max_ctx - s->pos) {
+            return SP_ERR_INVALID;
+        }
+        rows += s->n_tokens;
+        const int64_t need = (s->pos + s->n_tokens + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
+        if (s->n_blocks < need) {
+            return SP_ERR_INVALID;
+        }
+        for (int64_t k = 0; k < s->n_tokens; k++) {
+            if (s->tokens[k] < 0 || s->tokens[k] >= n_vocab) {
+                return SP_ERR_INVALID;
+            }
+        }
+        for (int64_t k = 0; k < need; k++) {
+            if (s->blocks[k] < 0 || s->blocks[k] >= kv->n_blocks) {
+                return SP_ERR_INVALID;
+            }
+        }
+    }
+    /* No block written twice: by two sequences, or twice in one table. */
+    if (++kv->epoch == 0) { /* wrapped: old marks could collide */
+        memset(kv->mark, 0, (size_t)kv->n_blocks * sizeof(uint32_t));
+        kv->epoch = 1;
+    }
+    for (int64_t i = 0; i < n_seqs; i++) {
+        const sp_batch_seq_t *s = &seqs[i];
+        const int64_t first = s->pos / SP_KV_BLOCK;
+        const int64_t last = (s->pos + s->n_tokens - 1) / SP_KV_BLOCK;
+        for (int64_t k = first; k <= last; k++) {
+            if (kv->mark[s->blocks[k]] == kv->epoch) {
+                return SP_ERR_INVALID;
+            }
+            kv->mark[s->blocks[k]] = kv->epoch;
+        }
+    }
+    return SP_OK;
+}
+
+sp_status_t
+sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs,
+              sp_batch_out_t out, float *all_logits)
+{
+    if (b == NULL) {
+        return SP_ERR_INVALID;
+    }
+    b->n_seqs = 0;
+    sp_status_t st = validate(b, kv, seqs, n_seqs);
+    if (st != SP_OK) {
+        return st;
+    }
+    const sp_model_t *m = b->m;
+    const sp_hparams_t *hp = &m->hp;
+    const int64_t E = hp->n_embd, q_dim = hp->n_head * hp->head_dim;
+
+    /* Rows: the sequences' tokens in order. */
+    int64_t R = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        for (int64_t k = 0; k < seqs[i].n_tokens; k++, R++) {
+            b->row_tok[R] = seqs[i].tokens[k];
+            b->row_pos[R] = seqs[i].pos + k;
+            b->row_seq[R] = (int32_t)i;
+        }
+    }
+    sort_rows_by_pos(b->order, b->row_pos, R);
+    b->seqs = seqs;
+    b->kv = kv;
+
+    sp_pool_run(b->pool, embed_job_run, b, R);
+    add_norm_rows(b, false, m->layers[0].attn_norm, R);
+
+    const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(b->pool);
+    int64_t n_split = 1;
+    while (R * hp->n_head_kv * n_split < 2 * nth && n_split < group) {
+        n_split++;
+    }
+    const int64_t n_items = R * hp->n_head_kv * n_split;
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        const sp_layer_t *L = &m->layers[il];
+
+        const sp_weight_t *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *yqkv[3] = {b->q, b->kv_k, b->kv_v};
+        const float *bqkv[3] = {L->bq, L->bk, L->bv};
+        matmul(b, 3, wqkv, yqkv, bqkv, b->xn, E, R);
+
+        rope_job_t rj = {b, il};
+        sp_pool_run(b->pool, rope_job_run, &rj, R);
+        /* A few items per chunk keep a long prefill within the pool's chunk
+         * limit. */
+        attn_job_t aj = {b, il, R, n_split, 1 + n_items / 16384};
+        sp_pool_run(b->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
+
+        matmul1(b, &L->wo, b->proj, b->att, q_dim, R);
+        add_norm_rows(b, true, L->ffn_norm, R);
+
+        const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {b->ff_gate, b->ff_up};
+        const float *bgu[2] = {NULL, NULL};
+        matmul(b, 2, wgu, ygu, bgu, b->xn, E, R);
+        swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff};
+        sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
+        matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
+        /* The residual add, and the next layer's input norm when there is one. */
+        add_norm_rows(b, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
+    }
+
+    if (out == SP_BATCH_OUT_SEQ) {
+        /* Gather the last row of each sequence that asked: one output product
+         * over those rows only. */
+        int64_t n_out = 0, row = 0;
+        for (int64_t i = 0; i < n_seqs; i++) {
+            row += seqs[i].n_tokens;
+            b->seq_out[i] = -1;
+            if (seqs[i].logits) {
+                b->k->rmsnorm(b->xn + n_out * E, b->x + (row - 1) * E, m->output_norm, E,
+                              hp->norm_eps);
+                b->seq_out[i] = n_out++;
+            }
+        }
+        if (n_out > 0) {
+            matmul1(b, &m->output, b->logits, b->xn, E, n_out);
+        }
+    } else {
+        add_norm_rows(b, false, m->output_norm, R);
+        if (out == SP_BATCH_OUT_ALL) {
+            matmul1(b, &m->output, all_logits, b->xn, E, R);
+        }
+        for (int64_t i = 0; i < n_seqs; i++) {
+            b->seq_out[i] = -1;
+        }
+    }
+    b->seqs = NULL;
+    b->kv = NULL;
+    b->n_seqs = n_seqs;
+    return SP_OK;
+}
+
+sp_status_t
+sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs)
+{
+    return sp__batch_run(b, kv, seqs, n_seqs, SP_BATCH_OUT_SEQ, NULL);
+}

@@ -1,0 +1,70 @@
+/*
+ * model_impl.h - the engine's private view of a loaded model, shared by
+ * model.c (loading, sp_ctx) and batch.c (the forward pass). Not for use
+ * outside src/engine.
+ */
+#ifndef SP_ENGINE_MODEL_IMPL_H
+#define SP_ENGINE_MODEL_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/batch.h"
+#include "engine/model.h"
+#include "kernels/kernels.h"
+
+/* A weight matrix: n_out rows of n_in elements, row-major in the mapping. */
+typedef struct sp_weight {
+    const void *data;
+    sp_type_t type;
+    int64_t n_in;      /* ne[0] */
+    int64_t n_out;     /* ne[1] */
+    size_t row_bytes;
+} sp_weight_t;
+
+typedef struct sp_layer {
+    const float *attn_norm; /* (n_embd) */
+    sp_weight_t wq;         /* (n_head * head_dim, n_embd) */
+    sp_weight_t wk;         /* (n_head_kv * head_dim, n_embd) */
+    sp_weight_t wv;         /* (n_head_kv * head_dim, n_embd) */
+    sp_weight_t wo;         /* (n_embd, n_head * head_dim) */
+    const float *bq, *bk, *bv; /* biases (qwen2) or NULL */
+    const float *ffn_norm;  /* (n_embd) */
+    sp_weight_t w_gate;     /* (n_ff, n_embd) */
+    sp_weight_t w_up;       /* (n_ff, n_embd) */
+    sp_weight_t w_down;     /* (n_embd, n_ff) */
+} sp_layer_t;
+
+struct sp_model {
+    sp_gguf_t *gguf;
+    sp_hparams_t hp;
+    sp_tokenizer_t *tok;
+    sp_weight_t tok_embd;      /* (n_vocab, n_embd) */
+    sp_weight_t output;        /* (n_vocab, n_embd); == tok_embd when tied */
+    const float *output_norm;  /* (n_embd) */
+    const float *rope_freqs;   /* (n_rot / 2) frequency divisors (Llama 3) or NULL */
+    sp_layer_t *layers;        /* (n_layer) */
+    size_t weight_bytes;
+};
+
+#define SP_MAX_CTX (1 << 24)
+#define SP_DEFAULT_CTX_CAP 4096
+
+/* What a step leaves besides the cache writes (sp_ctx needs more than the
+ * scheduler's per-sequence logits). */
+typedef enum sp_batch_out {
+    SP_BATCH_OUT_SEQ,    /* logits of the sequences that asked (sp_batch_eval) */
+    SP_BATCH_OUT_ALL,    /* logits of every row, rows in order, into all_logits */
+    SP_BATCH_OUT_HIDDEN, /* no logits: every row's final hidden state after
+                          * output_norm, see sp__batch_hidden */
+} sp_batch_out_t;
+
+sp_status_t sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,
+                          int64_t n_seqs, sp_batch_out_t out, float *all_logits);
+/* Rows of n_embd after a SP_BATCH_OUT_HIDDEN step. */
+const float *sp__batch_hidden(const sp_batch_t *b);
+/* The logits buffer (max_seqs rows of n_vocab); row 0 is a one-sequence step's. */
+const float *sp__batch_logits_buf(const sp_batch_t *b);
+const char *sp__batch_kernels_name(const sp_batch_t *b);
+
+#endif /* SP_ENGINE_MODEL_IMPL_H */

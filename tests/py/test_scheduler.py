@@ -1,0 +1,326 @@
+"""test_scheduler.py - the continuous-batching scheduler through `sampan serve` (127.0.0.1,
+free port, bounded): batch invariance (the same greedy request alone and beside 1, 7 and 31
+others, and with preemption forced by a tiny KV pool), priority tiers, 429 on a full queue,
+deadlines, prefix-cache hits with identical output, and no KV block leak after 1,000 requests
+with random lengths, cancellations and disconnects (GET /stats). Last line:
+    scheduler: N passed, N failed, N skipped"""
+import http.client
+import json
+import os
+import random
+import socket
+import threading
+import time
+
+import re
+import signal
+import subprocess
+
+from common import ROOT, Suite, binary
+
+s = Suite("scheduler")
+MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
+
+
+class Server:
+    """A sampan serve process; its stderr log is collected by a thread."""
+
+    def __init__(self, *extra):
+        args = [binary(), "serve", "--model", f"stories260K={MODEL}", "--port", "0", "--threads", "1",
+                *extra]
+        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  cwd=ROOT, text=True)
+        self.log = []
+        self.port = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.p.stderr:
+                self.log.append(line)
+                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                if "event=ready" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(10) or self.port is None:
+            raise RuntimeError("server did not start: " + "".join(self.log))
+
+    def text(self):
+        return "".join(self.log)
+
+    def wait_log(self, pattern, timeout=3.0):
+        end = time.time() + timeout
+        while time.time() < end:
+            m = re.search(pattern, self.text())
+            if m:
+                return m
+            time.sleep(0.02)
+        return None
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        return self.p.returncode
+
+
+def post(port, body, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def stream(port, body, on_first=None, timeout=60):
+    """Streamed completion: returns (status, text, error message or None)."""
+    body = dict(body, stream=True)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        data = r.read()
+        c.close()
+        return r.status, "", data.decode(errors="replace")
+    text, err = [], None
+    for line in r:
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:]
+        if payload == b"[DONE]":
+            break
+        ev = json.loads(payload)
+        if "error" in ev:
+            err = ev["error"].get("message", "error")
+            continue
+        t = ev["choices"][0].get("text", "")
+        if t and on_first and not text:
+            on_first()
+        text.append(t)
+    c.close()
+    return 200, "".join(text), err
+
+
+def stats(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/stats")
+    r = c.getresponse()
+    d = json.loads(r.read())
+    c.close()
+    return d["models"]["stories260K"]
+
+
+def greedy(prompt, n, **kw):
+    return dict({"model": "stories260K", "prompt": prompt, "max_tokens": n, "temperature": 0}, **kw)
+
+
+OTHERS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
+          "Tom had a red ball", "The sun was hot", "A big bird", "Mom said"]
+TARGET = greedy("Once upon a time, there was a little girl named", 40, ignore_eos=True)
+
+
+def run_together(port, n_others, seed):
+    """The target beside n_others concurrent requests; returns the target's text."""
+    rnd = random.Random(seed)
+    out = {}
+    threads = []
+    pos = rnd.randrange(n_others + 1)
+    for i in range(n_others + 1):
+        if i == pos:
+            def job():
+                out["t"] = stream(port, TARGET)
+        else:
+            body = greedy(rnd.choice(OTHERS), rnd.randrange(8, 48), ignore_eos=True,
+                          temperature=rnd.choice([0, 0.8]), seed=rnd.randrange(1000))
+            def job(b=body):
+                stream(port, b)
+        threads.append(threading.Thread(target=job))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out.get("t", (0, None, "no answer"))
+
+
+def invariance():
+    srv = Server("--parallel", "32", "--step-tokens", "64")
+    try:
+        st, alone, err = stream(srv.port, TARGET)
+        s.case("invariance: alone", st == 200 and err is None and len(alone) > 0, err or "")
+        for k in (1, 7, 31):
+            st, text, err = run_together(srv.port, k, k)
+            s.case(f"invariance: beside {k} others", text == alone, f"{text!r} != {alone!r}")
+    finally:
+        srv.stop()
+    # Preemption: 16 sequences of up to ~4 blocks each in a 12-block pool.
+    srv = Server("--parallel", "16", "--kv-blocks", "12", "--step-tokens", "64")
+    try:
+        st, text, err = run_together(srv.port, 15, 99)
+        d = stats(srv.port)
+        s.case("invariance: with preemption", text == alone and d["preemptions"] > 0,
+               f"preemptions={d['preemptions']} {text!r}")
+        s.case("invariance: blocks free after preemption", wait_idle(srv.port)["kv_blocks_used"] == 0)
+    finally:
+        srv.stop()
+    return alone
+
+
+def wait_idle(port, limit=20):
+    end = time.time() + limit
+    while True:
+        d = stats(port)
+        if (d["running"] == 0 and d["waiting"] == 0) or time.time() > end:
+            return d
+        time.sleep(0.05)
+
+
+def priority():
+    srv = Server("--parallel", "2", "--step-tokens", "16")
+    try:
+        done = {}
+        def batch(i):
+            done[f"b{i}"] = (stream(srv.port, greedy("The little dog", 400, ignore_eos=True,
+                                                      priority="batch")), time.time())
+        ts = [threading.Thread(target=batch, args=(i,)) for i in range(3)]
+        for t in ts:
+            t.start()
+        end = time.time() + 10
+        while stats(srv.port)["running_by_tier"]["batch"] < 2 and time.time() < end:
+            time.sleep(0.01)
+        first = {}
+        st, text, err = stream(srv.port, greedy("One day", 8, priority="premium"),
+                               on_first=lambda: first.setdefault("t", time.time()))
+        t_prem = time.time()
+        d = stats(srv.port)
+        for t in ts:
+            t.join(60)
+        batch_end = min(v[1] for v in done.values())
+        s.case("priority: premium served while the batch tier is full",
+               st == 200 and "t" in first and t_prem < batch_end,
+               f"status={st} err={err}")
+        s.case("priority: batch work preempted for premium", d["preemptions"] >= 1,
+               f"preemptions={d['preemptions']}")
+        s.case("priority: batch work completes afterwards",
+               all(v[0][0] == 200 and v[0][2] is None for v in done.values()))
+        st, _, data = post(srv.port, greedy("x", 4, priority="gold"))
+        s.case("priority: unknown tier is 400", st == 400 and b"priority" in data)
+    finally:
+        srv.stop()
+
+
+def backpressure_and_deadline():
+    srv = Server("--parallel", "1", "--queue", "1", "--step-tokens", "16")
+    try:
+        res = []
+        def one():
+            res.append(post(srv.port, dict(greedy("The sun was hot", 480, ignore_eos=True), n=2)))
+        ts = [threading.Thread(target=one) for _ in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        busy = [r for r in res if r[0] == 429]
+        s.case("backpressure: 429 with Retry-After when the queue is full",
+               len(busy) >= 1 and all("Retry-After" in r[1] for r in busy) and
+               any(r[0] == 200 for r in res), str([r[0] for r in res]))
+        st, text, err = stream(srv.port, greedy("Once upon a time", 480, ignore_eos=True, timeout=3))
+        s.case("deadline: ends with a clear error", err is not None and "deadline" in err, str(err))
+        st, _, data = post(srv.port, greedy("x", 4, timeout=-1))
+        s.case("deadline: bad timeout is 400", st == 400 and b"timeout" in data)
+    finally:
+        srv.stop()
+
+
+def prefix(alone):
+    srv = Server("--parallel", "4")
+    try:
+        st, cold, err = stream(srv.port, TARGET)
+        long_prompt = "Once upon a time, there was a little girl named Lily. She liked to play " \
+                      "in the park with her friends and her dog. One day she saw a big red ball."
+        body = greedy(long_prompt, 24, ignore_eos=True)
+        st, first, err = stream(srv.port, body)
+        before = stats(srv.port)
+        st, second, err = stream(srv.port, body)
+        after = stats(srv.port)
+        s.case("prefix: hits counted", after["prefix_hits"] > before["prefix_hits"] and
+               after["prompt_tokens_cached"] > before["prompt_tokens_cached"],
+               f"{before['prefix_hits']} -> {after['prefix_hits']}")
+        s.case("prefix: output identical to the cold run", first == second and len(first) > 0)
+        s.case("prefix: cold run equals another server's", cold == alone)
+    finally:
+        srv.stop()
+
+
+def churn():
+    srv = Server("--parallel", "16", "--kv-blocks", "40", "--queue", "1000", "--step-tokens", "64")
+    rnd = random.Random(5)
+    lock = threading.Lock()
+    todo = list(range(1000))
+    codes = {}
+
+    def worker(seed):
+        r = random.Random(seed)
+        while True:
+            with lock:
+                if not todo:
+                    return
+                todo.pop()
+            words = " ".join(r.choice(OTHERS) for _ in range(r.randrange(1, 6)))
+            body = greedy(words, r.randrange(1, 24), ignore_eos=r.random() < 0.5,
+                          stream=r.random() < 0.5)
+            mode = r.random()
+            try:
+                if mode < 0.15:  # disconnect right after sending
+                    sk = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+                    b = json.dumps(body).encode()
+                    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                               b"application/json\r\nContent-Length: " + str(len(b)).encode() +
+                               b"\r\n\r\n" + b)
+                    if r.random() < 0.5:
+                        sk.recv(64)  # disconnect mid-stream
+                    sk.close()
+                    code = "dropped"
+                else:
+                    code = post(srv.port, body, timeout=30)[0]
+            except OSError as e:
+                code = type(e).__name__
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+
+    try:
+        t0 = time.time()
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        d = wait_idle(srv.port)
+        ok = codes.get(200, 0)
+        s.case("churn: 1000 requests served", ok + codes.get("dropped", 0) == 1000, str(codes))
+        s.case("churn: every KV block free again", d["kv_blocks_used"] == 0 and
+               d["kv_blocks_free"] + d["kv_blocks_cached"] == d["kv_blocks_total"],
+               json.dumps(d))
+        # and the pool is still usable, with the prefix cache reclaimed as needed
+        st, text, err = stream(srv.port, TARGET)
+        s.case("churn: server still generates", st == 200 and err is None and len(text) > 0)
+        print(f"churn: {time.time() - t0:.1f} s, {codes}", flush=True)
+    finally:
+        srv.stop()
+
+
+alone = s.guard("invariance", invariance)
+s.guard("priority", priority)
+s.guard("backpressure", backpressure_and_deadline)
+if alone is not None:
+    s.guard("prefix", prefix, alone)
+s.guard("churn", churn)
+s.finish()

@@ -1,0 +1,441 @@
+/*
+ * test_batch.c - the multi-sequence forward pass over a paged KV pool
+ * (engine/batch.h): every row's logits must be bit-identical to the same
+ * sequence run alone in its own sp_ctx, whatever else is in the step (other
+ * sequences' prefill chunks and decode tokens, 1 to 32 of them, in any
+ * order), wherever its blocks live, after a block copy (prefix sharing) and
+ * with 1 or 2 threads. Two models: the demo (stories260K, 8 heads over 4 KV
+ * heads, F32) and a random-weight qwen2-shaped GQA model (8 heads over 2 KV
+ * heads, Q8_0 weights, QKV bias, NeoX RoPE) built here in memory.
+ */
+#include "test.h"
+
+#include "core/alloc.h"
+#include "engine/batch.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "kernels/kernels.h"
+
+#define DEMO "models/stories260K.gguf"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* ---- models ---------------------------------------------------------------- */
+
+typedef struct test_model {
+    sp_model_t *m;
+    void *buf;       /* the in-memory GGUF (GQA model), freed after the model */
+} test_model_t;
+
+static void
+load_demo(test_model_t *tm)
+{
+    char err[512];
+    tm->buf = NULL;
+    ASSERT_OK(sp_model_load(DEMO, &tm->m, err, sizeof err));
+}
+
+/* Tensor data kept alive until the writer has written. */
+#define MAX_TENSORS 64
+static void *tensor_bufs[MAX_TENSORS];
+static int n_tensor_bufs;
+
+static void
+add_random(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in, int64_t n_out,
+           float amp)
+{
+    const int64_t ne[2] = {n_in, n_out};
+    const size_t row = sp_row_size(type, n_in);
+    float *src = sp_malloc((size_t)n_in * sizeof(float));
+    char *data = sp_malloc(row * (size_t)n_out);
+    ASSERT(src && data && n_tensor_bufs < MAX_TENSORS);
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int64_t i = 0; i < n_in; i++) {
+            src[i] = amp * ((float)(rng_u32() & 0xffff) / 32768.0f - 1.0f);
+        }
+        if (type == SP_TYPE_F32) {
+            memcpy(data + (size_t)r * row, src, (size_t)n_in * sizeof(float));
+        } else {
+            ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
+        }
+    }
+    sp_free(src);
+    tensor_bufs[n_tensor_bufs++] = data;
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
+}
+
+/* qwen2, n_embd 128, 8 heads of 16 over 2 KV heads, 2 layers, n_ff 160,
+ * Q8_0 matrices, the demo's tokenizer (512 tokens). */
+static void
+load_gqa(test_model_t *tm)
+{
+    char err[512];
+    sp_gguf_t *demo, *g;
+    sp_gguf_writer_t *w;
+    size_t len;
+    const int64_t E = 128, H = 8, HKV = 2, HD = 16, FF = 160, NL = 2, V = 512;
+    ASSERT_OK(sp_gguf_open(DEMO, &demo, err, sizeof err));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "qwen2"));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.context_length", 512));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.embedding_length", (uint32_t)E));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.feed_forward_length", (uint32_t)FF));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.block_count", (uint32_t)NL));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.attention.head_count", (uint32_t)H));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.attention.head_count_kv", (uint32_t)HKV));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "qwen2.rope.freq_base", 10000.0f));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "qwen2.attention.layer_norm_rms_epsilon", 1e-6f));
+    n_tensor_bufs = 0;
+    rng_state = 0x1234567u;
+    add_random(w, "token_embd.weight", SP_TYPE_Q8_0, E, V, 1.0f);
+    add_random(w, "output.weight", SP_TYPE_Q8_0, E, V, 0.3f);
+    add_random(w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+    for (int64_t l = 0; l < NL; l++) {
+        char name[96];
+#define T(suffix, type, n_in, n_out, amp)                                     \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);         \
+    add_random(w, name, type, n_in, n_out, amp)
+        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("attn_q.weight", SP_TYPE_Q8_0, E, H * HD, 0.2f);
+        T("attn_k.weight", SP_TYPE_Q8_0, E, HKV * HD, 0.2f);
+        T("attn_v.weight", SP_TYPE_Q8_0, E, HKV * HD, 0.2f);
+        T("attn_q.bias", SP_TYPE_F32, H * HD, 1, 0.1f);
+        T("attn_k.bias", SP_TYPE_F32, HKV * HD, 1, 0.1f);
+        T("attn_v.bias", SP_TYPE_F32, HKV * HD, 1, 0.1f);
+        T("attn_output.weight", SP_TYPE_Q8_0, H * HD, E, 0.1f);
+        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("ffn_gate.weight", SP_TYPE_Q8_0, E, FF, 0.2f);
+        T("ffn_up.weight", SP_TYPE_Q8_0, E, FF, 0.2f);
+        T("ffn_down.weight", SP_TYPE_Q8_0, FF, E, 0.1f);
+#undef T
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &tm->buf, &len, err, sizeof err));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < n_tensor_bufs; i++) sp_free(tensor_bufs[i]);
+    ASSERT_OK(sp_gguf_open_mem(tm->buf, len, "gqa.gguf", &g, err, sizeof err));
+    if (sp_model_load_gguf(g, &tm->m, err, sizeof err) != SP_OK) SP_TEST_FAIL("gqa model: %s", err);
+    const sp_hparams_t *hp = sp_model_hparams(tm->m);
+    ASSERT(hp->n_head == 8 && hp->n_head_kv == 2 && hp->rope_type == SP_ROPE_NEOX);
+}
+
+static void
+free_model(test_model_t *tm)
+{
+    sp_model_free(tm->m);
+    sp_free(tm->buf);
+}
+
+/* Logits after every position of toks[0..n), the sequence alone in an sp_ctx
+ * (one thread). Caller frees. */
+static float *
+ctx_logits(const sp_model_t *m, const int32_t *toks, int64_t n, bool kv_f16)
+{
+    char err[512];
+    sp_ctx_t *c;
+    sp_ctx_params_t cp = sp_ctx_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 1;
+    cp.logits_all = true;
+    cp.kv_f16 = kv_f16;
+    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+    ASSERT_OK(sp_ctx_eval(c, toks, n, 0));
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    float *out = sp_malloc((size_t)(n * V) * sizeof(float));
+    memcpy(out, sp_ctx_logits_all(c), (size_t)(n * V) * sizeof(float));
+    sp_ctx_destroy(c);
+    return out;
+}
+
+/* ---- scenario: many sequences, prefill chunks and decode steps mixed ------- */
+
+#define MAX_SEQ 32
+#define MAX_LEN 80
+#define MAX_BLK (MAX_LEN / SP_KV_BLOCK + 1)
+
+typedef struct scenario {
+    int n_seqs;
+    bool shuffle;   /* a different order of the sequences every step */
+    int layout;     /* 0: blocks in order, 1: reversed, 2: scattered */
+    int n_threads;
+    bool kv_f16;
+} scenario_t;
+
+static void
+run_scenario(const sp_model_t *m, const scenario_t *sc)
+{
+    char err[512];
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    int32_t toks[MAX_SEQ][MAX_LEN];
+    int64_t len[MAX_SEQ], prompt[MAX_SEQ], chunk[MAX_SEQ], done[MAX_SEQ];
+    int32_t blocks[MAX_SEQ][MAX_BLK];
+    float *ref[MAX_SEQ];
+    ASSERT(sc->n_seqs <= MAX_SEQ);
+
+    rng_state = 0xabcdef12345ull + (uint64_t)sc->n_seqs;
+    for (int s = 0; s < sc->n_seqs; s++) {
+        prompt[s] = 1 + (s * 7 + 3) % 37;           /* 1..37 prompt tokens */
+        len[s] = prompt[s] + 4 + (s * 5) % 11;      /* then 4..14 decode steps */
+        chunk[s] = 1 + (s * 3) % 13;                /* prompt fed in chunks of this */
+        done[s] = 0;
+        for (int64_t i = 0; i < len[s]; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (V - 1));
+        ref[s] = ctx_logits(m, toks[s], len[s], sc->kv_f16);
+    }
+
+    /* The pool: every sequence's blocks, laid out per sc->layout among spare ones. */
+    const int64_t per_seq = MAX_BLK, n_pool = 2 * sc->n_seqs * per_seq + 3;
+    sp_kv_pool_params_t kp = {n_pool, sc->kv_f16};
+    sp_kv_pool_t *kv;
+    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
+    for (int s = 0; s < sc->n_seqs; s++) {
+        for (int64_t i = 0; i < per_seq; i++) {
+            const int64_t lin = s * per_seq + i;
+            const int64_t id = sc->layout == 0 ? lin
+                             : sc->layout == 1 ? n_pool - 1 - lin
+                                               : (lin * 13 + 5) % n_pool; /* 13 coprime */
+            blocks[s][i] = (int32_t)id;
+        }
+    }
+    ASSERT(n_pool % 13 != 0);
+
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = 512;
+    bp.max_seqs = MAX_SEQ;
+    bp.max_ctx = MAX_LEN;
+    bp.n_threads = sc->n_threads;
+    sp_batch_t *b;
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+
+    sp_batch_seq_t seqs[MAX_SEQ];
+    int idx[MAX_SEQ];
+    for (int step = 0; step < 200; step++) {
+        int n = 0;
+        for (int s = 0; s < sc->n_seqs; s++) {
+            if (done[s] < len[s]) idx[n++] = s;
+        }
+        if (n == 0) break;
+        if (sc->shuffle) {
+            for (int i = n - 1; i > 0; i--) {
+                const int j = (int)(rng_u32() % (uint32_t)(i + 1));
+                const int t = idx[i];
+                idx[i] = idx[j];
+                idx[j] = t;
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            const int s = idx[i];
+            int64_t k = done[s] < prompt[s] ? chunk[s] : 1;
+            if (done[s] < prompt[s] && done[s] + k > prompt[s]) k = prompt[s] - done[s];
+            seqs[i] = (sp_batch_seq_t){toks[s] + done[s], k, done[s], blocks[s], per_seq,
+                                       (step + s) % 3 != 0};
+        }
+        ASSERT_OK(sp_batch_eval(b, kv, seqs, n));
+        for (int i = 0; i < n; i++) {
+            const int s = idx[i];
+            const float *lg = sp_batch_logits(b, i);
+            const int64_t last = seqs[i].pos + seqs[i].n_tokens - 1;
+            if (!seqs[i].logits) {
+                ASSERT(lg == NULL);
+            } else if (lg == NULL || memcmp(lg, ref[s] + last * V, (size_t)V * sizeof(float)) != 0) {
+                SP_TEST_FAIL("%d seqs (shuffle %d layout %d threads %d f16 %d): step %d seq %d "
+                             "pos %lld differs from the sequence alone", sc->n_seqs, sc->shuffle,
+                             sc->layout, sc->n_threads, sc->kv_f16, step, s, (long long)last);
+            }
+            done[s] += seqs[i].n_tokens;
+        }
+    }
+    for (int s = 0; s < sc->n_seqs; s++) {
+        ASSERT_EQ(done[s], len[s]);
+        sp_free(ref[s]);
+    }
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+}
+
+static void
+scenarios(const sp_model_t *m)
+{
+    const int sizes[] = {1, 2, 8, 32};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        scenario_t sc = {sizes[i], false, 0, 2, false};
+        run_scenario(m, &sc);
+        sc.shuffle = true;
+        sc.layout = (int)(1 + i % 2);
+        run_scenario(m, &sc);
+    }
+    scenario_t one = {8, true, 2, 1, false};
+    run_scenario(m, &one);
+    scenario_t f16 = {8, true, 2, 2, true};
+    run_scenario(m, &f16);
+}
+
+TEST(batch_matches_sequences_alone_demo)
+{
+    test_model_t tm;
+    load_demo(&tm);
+    scenarios(tm.m);
+    free_model(&tm);
+}
+
+TEST(batch_matches_sequences_alone_gqa_q8_0)
+{
+    test_model_t tm;
+    load_gqa(&tm);
+    scenarios(tm.m);
+    free_model(&tm);
+}
+
+/* ---- prefix sharing: a shared full block and a copied partial block ------- */
+
+TEST(batch_copy_block_prefix_sharing)
+{
+    char err[512];
+    test_model_t tm;
+    load_gqa(&tm);
+    const sp_model_t *m = tm.m;
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    /* A: 20 prompt tokens then 6 more; B: A's first 20 then 10 of its own. */
+    int32_t a[26], bt[30];
+    rng_state = 777;
+    for (int i = 0; i < 26; i++) a[i] = (int32_t)(1 + rng_u32() % (V - 1));
+    for (int i = 0; i < 30; i++) bt[i] = i < 20 ? a[i] : (int32_t)(1 + rng_u32() % (V - 1));
+    float *ra = ctx_logits(m, a, 26, false), *rb = ctx_logits(m, bt, 30, false);
+
+    sp_kv_pool_params_t kp = {8, false};
+    sp_kv_pool_t *kv;
+    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_ctx = 64;
+    bp.n_threads = 2;
+    sp_batch_t *b;
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+
+    int32_t ta[2] = {5, 2}, tb[2] = {5, 6}; /* block 5 shared (full); B's partial copied to 6 */
+    sp_batch_seq_t s = {a, 20, 0, ta, 2, true};
+    ASSERT_OK(sp_batch_eval(b, kv, &s, 1));
+    ASSERT(memcmp(sp_batch_logits(b, 0), ra + 19 * V, (size_t)V * sizeof(float)) == 0);
+    sp_kv_pool_copy_block(kv, 6, 2); /* copy-on-write before either writes position 20 */
+    sp_batch_seq_t two[2] = {{a + 20, 3, 20, ta, 2, true}, {bt + 20, 1, 20, tb, 2, true}};
+    ASSERT_OK(sp_batch_eval(b, kv, two, 2));
+    ASSERT(memcmp(sp_batch_logits(b, 0), ra + 22 * V, (size_t)V * sizeof(float)) == 0);
+    ASSERT(memcmp(sp_batch_logits(b, 1), rb + 20 * V, (size_t)V * sizeof(float)) == 0);
+    /* B runs on past its copied block into a fresh one, A decodes. */
+    int32_t tb3[3] = {5, 6, 0};
+    for (int64_t p = 21, q = 23; p < 30; p++) {
+        sp_batch_seq_t st[2] = {{bt + p, 1, p, tb3, 3, true}, {a + q, 1, q, ta, 2, true}};
+        const int n = q < 26 ? 2 : 1;
+        ASSERT_OK(sp_batch_eval(b, kv, st, n));
+        ASSERT(memcmp(sp_batch_logits(b, 0), rb + p * V, (size_t)V * sizeof(float)) == 0);
+        if (n == 2) {
+            ASSERT(memcmp(sp_batch_logits(b, 1), ra + q * V, (size_t)V * sizeof(float)) == 0);
+            q++;
+        }
+    }
+    /* Out-of-range copies are ignored, not a crash. */
+    sp_kv_pool_copy_block(kv, -1, 0);
+    sp_kv_pool_copy_block(kv, 0, 8);
+    sp_free(ra);
+    sp_free(rb);
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    free_model(&tm);
+}
+
+/* ---- validation ------------------------------------------------------------ */
+
+TEST(batch_rejects_bad_steps)
+{
+    char err[512];
+    test_model_t tm, tg;
+    load_demo(&tm);
+    load_gqa(&tg);
+    const sp_model_t *m = tm.m;
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+
+    sp_kv_pool_t *kv, *kv_other;
+    sp_kv_pool_params_t kp = {6, false};
+    ASSERT(sp_kv_pool_create(m, &(sp_kv_pool_params_t){0, false}, &kv, err, sizeof err) ==
+           SP_ERR_INVALID);
+    ASSERT(kv == NULL && strstr(err, "n_blocks") != NULL);
+    ASSERT(sp_kv_pool_create(m, &(sp_kv_pool_params_t){(int64_t)1 << 40, false}, &kv, err,
+                             sizeof err) == SP_ERR_INVALID);
+    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
+    ASSERT_OK(sp_kv_pool_create(tg.m, &kp, &kv_other, err, sizeof err));
+    ASSERT_EQ(sp_kv_pool_n_blocks(kv), 6);
+    ASSERT(sp_kv_block_bytes(m, false) == 2 * sp_kv_block_bytes(m, true));
+
+    sp_batch_t *b;
+    sp_batch_params_t bp = {8, 2, 40, 1};
+    ASSERT(sp_batch_create(m, &(sp_batch_params_t){-1, 2, 40, 1}, &b, err, sizeof err) ==
+           SP_ERR_INVALID);
+    ASSERT(b == NULL);
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+
+    int32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    int32_t t0[3] = {0, 1, 2}, t1[3] = {3, 4, 5};
+    sp_batch_seq_t ok = {toks, 4, 0, t0, 1, true};
+    ASSERT_OK(sp_batch_eval(b, kv, &ok, 1));
+    ASSERT(sp_batch_logits(b, 0) != NULL);
+    ASSERT(sp_batch_logits(b, 1) == NULL && sp_batch_logits(b, -1) == NULL);
+    float *want = ctx_logits(m, toks, 5, false);
+    /* W: a valid sequence that would overwrite position 2 with another token
+     * if the bad steps it comes with were computed. */
+#define W {toks + 5, 1, 2, t0, 1, true}
+
+    struct {
+        const char *what;
+        sp_batch_seq_t s[3];
+        int64_t n;
+        sp_kv_pool_t *kv;
+    } bad[] = {
+        {"no sequences", {W}, 0, kv},
+        {"more than max_seqs", {W, {toks, 1, 0, t1, 1, true},
+                                {toks, 1, 0, t1 + 1, 1, true}}, 3, kv},
+        {"more than max_tokens", {W, {toks, 8, 0, t1, 1, true}}, 2, kv},
+        {"zero tokens", {{toks, 0, 4, t0, 1, true}}, 1, kv},
+        {"NULL tokens", {{NULL, 1, 4, t0, 1, true}}, 1, kv},
+        {"NULL blocks", {{toks, 1, 4, NULL, 1, true}}, 1, kv},
+        {"token id = n_vocab", {{(int32_t[]){(int32_t)V}, 1, 4, t0, 1, true}}, 1, kv},
+        {"negative token id", {{(int32_t[]){-1}, 1, 4, t0, 1, true}}, 1, kv},
+        {"negative position", {{toks, 1, -1, t0, 1, true}}, 1, kv},
+        {"past max_ctx", {{toks, 2, 39, t0, 3, true}}, 1, kv},
+        {"too few blocks", {{toks, 2, 15, t0, 1, true}}, 1, kv},
+        {"block id outside the pool", {{toks, 1, 16, (int32_t[]){0, 6}, 2, true}}, 1, kv},
+        {"negative block id", {{toks, 1, 0, (int32_t[]){-1}, 1, true}}, 1, kv},
+        {"two writers of one block", {W, {toks, 1, 3, t0, 1, true}}, 2, kv},
+        {"one block twice in a table", {{toks, 2, 15, (int32_t[]){3, 3}, 2, true}}, 1, kv},
+        {"pool of another model", {W}, 1, kv_other},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        /* The valid first sequence of a bad step must not be computed. */
+        if (sp_batch_eval(b, bad[i].kv, bad[i].s, bad[i].n) != SP_ERR_INVALID) {
+            SP_TEST_FAIL("bad step accepted: %s", bad[i].what);
+        }
+        ASSERT(sp_batch_logits(b, 0) == NULL);
+    }
+#undef W
+    ASSERT(sp_batch_eval(b, NULL, &ok, 1) == SP_ERR_INVALID);
+    ASSERT(sp_batch_eval(b, kv, NULL, 1) == SP_ERR_INVALID);
+    ASSERT(sp_batch_eval(NULL, kv, &ok, 1) == SP_ERR_INVALID);
+    /* Nothing was written: position 4 continues the sequence exactly. */
+    sp_batch_seq_t next = {toks + 4, 1, 4, t0, 1, true};
+    ASSERT_OK(sp_batch_eval(b, kv, &next, 1));
+    ASSERT(memcmp(sp_batch_logits(b, 0), want + 4 * V, (size_t)V * sizeof(float)) == 0);
+
+    sp_free(want);
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    sp_kv_pool_destroy(kv_other);
+    free_model(&tm);
+    free_model(&tg);
+}
