@@ -128,7 +128,7 @@ OTHERS = ["Once upon a time", "The little dog", "Lily and Ben went to the park",
 TARGET = greedy("Once upon a time, there was a little girl named", 40, ignore_eos=True)
 
 
-def run_together(port, n_others, seed):
+def run_together(port, n_others, seed, other_tokens=(8, 48)):
     """The target beside n_others concurrent requests; returns the target's text."""
     rnd = random.Random(seed)
     out = {}
@@ -139,7 +139,7 @@ def run_together(port, n_others, seed):
             def job():
                 out["t"] = stream(port, TARGET)
         else:
-            body = greedy(rnd.choice(OTHERS), rnd.randrange(8, 48), ignore_eos=True,
+            body = greedy(rnd.choice(OTHERS), rnd.randrange(*other_tokens), ignore_eos=True,
                           temperature=rnd.choice([0, 0.8]), seed=rnd.randrange(1000))
             def job(b=body):
                 stream(port, b)
@@ -161,11 +161,20 @@ def invariance():
             s.case(f"invariance: beside {k} others", text == alone, f"{text!r} != {alone!r}")
     finally:
         srv.stop()
-    # Preemption: 16 sequences of up to ~4 blocks each in a 12-block pool.
+    # Preemption: 16 sequences of 5-10 blocks each in a 12-block pool, so any
+    # two that overlap in time preempt. Overlap is up to the OS scheduler (the
+    # demo model is fast), so a round without a preemption is retried; every
+    # round must give the target's text unchanged.
     srv = Server("--parallel", "16", "--kv-blocks", "12", "--step-tokens", "64")
     try:
-        st, text, err = run_together(srv.port, 15, 99)
-        d = stats(srv.port)
+        same = True
+        for rnd_seed in (99, 100, 101, 102, 103):
+            st, text, err = run_together(srv.port, 15, rnd_seed, other_tokens=(70, 150))
+            same = same and text == alone
+            d = stats(srv.port)
+            if d["preemptions"] > 0:
+                break
+        text = text if same else f"(a round differed) {text}"
         s.case("invariance: with preemption", text == alone and d["preemptions"] > 0,
                f"preemptions={d['preemptions']} {text!r}")
         s.case("invariance: blocks free after preemption", wait_idle(srv.port)["kv_blocks_used"] == 0)
