@@ -287,12 +287,13 @@ tile_fused(const int wt, const int T, int64_t b0, int64_t nbk, const uint8_t *co
     /* The panel's rows are adjacent, so the next panel is the QG_ROWS * ws
      * bytes after rp[0]: fetch them spread evenly over this panel's steps, and
      * the 16 short weight streams never wait on memory (with a single K chunk
-     * exactly the next panel; prefetches never fault). */
+     * exactly the next panel). Addresses as integers: past the last panel they
+     * point outside the matrix, which a prefetch may do (it never faults). */
     const size_t bsz = wblock_size(wt);
-    const uint8_t *pf = rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
+    uintptr_t pf = (uintptr_t)rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
     for (int64_t j = 0; j < nbk; j++) {
         for (size_t l = 0; l < QG_ROWS * bsz; l += 64) {
-            _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
         }
         pf += QG_ROWS * bsz;
         __m512i g[8];
@@ -329,11 +330,11 @@ fused_q8_0_one(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS], size_t
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[1];
     acc_init(1, acc, o);
-    const uint8_t *pf = rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
+    uintptr_t pf = (uintptr_t)rp[0] + QG_ROWS * ws + (size_t)b0 * QG_ROWS * bsz;
     (void)d_idx;
     for (int64_t j = 0; j < nbk; j++) {
         for (size_t l = 0; l < QG_ROWS * bsz; l += 64) {
-            _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
         }
         pf += QG_ROWS * bsz;
         const uint8_t *r = xr + j * QG_XREC;
