@@ -27,10 +27,12 @@
 // only, bound to 127.0.0.1 by default: not a product server.
 
 import http from "node:http";
+import { performance } from "node:perf_hooks";
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { basename, dirname, join } from "node:path";
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { withLock } from "lifecycle-utils"; // node-llama-cpp's own lock (a dependency of it)
 
 const MAX_BODY = 1 << 20;
 
@@ -106,8 +108,10 @@ const context = await model.createContext({
 const ctxPerSeq = context.contextSize;
 
 // How full the batches are: wrap the binding's batch start (an internal of
-// node-llama-cpp 3.x; skipped when it is not there).
-const stats = { batches: 0, batch_tokens: 0, max_batch_tokens: 0, requests: 0, tokens_generated: 0,
+// node-llama-cpp 3.x; skipped when it is not there). The same hook drops the
+// old tail of sequences given to new requests (see eraseTail).
+const realCtx = context._ctx ?? null; // the native context (before the proxy below)
+const stats = { batches: 0, batch_tokens: 0, max_batch_tokens: 0, decode_ms: 0, requests: 0, tokens_generated: 0,
                 prompt_tokens: 0, prompt_tokens_cached: 0 };
 if (context._ctx && typeof context._ctx.initBatch === "function") {
     // The native object's methods are read-only: count through a proxy that
@@ -121,11 +125,17 @@ if (context._ctx && typeof context._ctx.initBatch === "function") {
                     return v;
                 if (key === "initBatch")
                     return (n) => {
+                        runPendingErases();
                         stats.batches++;
                         stats.batch_tokens += n;
                         if (n > stats.max_batch_tokens)
                             stats.max_batch_tokens = n;
                         return v.call(target, n);
+                    };
+                if (key === "decodeBatch")
+                    return () => {
+                        const t0 = performance.now();
+                        return v.call(target).finally(() => { stats.decode_ms += performance.now() - t0; });
                     };
                 return v.bind(target);
             },
@@ -133,6 +143,67 @@ if (context._ctx && typeof context._ctx.initBatch === "function") {
     } catch (e) {
         process.stderr.write(`llamacpp_server.mjs: batch counting off (${e.message})\n`);
     }
+}
+
+// Dropping a sequence's old tail before a new request uses it. node-llama-cpp's
+// own eraseContextTokenRanges waits for the context lock, which its batch loop
+// holds for as long as any sequence has a decode queued: under steady load a new
+// request waits until every other stream has finished (measured: 30 s TTFT at 8
+// streams). llama-server removes the cells (llama_memory_seq_rm) between two
+// batches; this does the same: the removal runs in the initBatch hook, inside
+// the batch loop between two decodes (nothing in flight), or under the lock when
+// the loop is idle, whichever comes first.
+const pendingErases = [];
+
+function eraseNow(seq, keep)
+{
+    const ctx = realCtx;
+    const n = seq._nextTokenIndex;
+    if (keep >= n)
+        return keep;
+    if (!(keep > 0 && ctx.removeTokenCellsFromSequence(seq._sequenceId, keep, n))) {
+        ctx.disposeSequence(seq._sequenceId); // whole sequence: evaluate the whole prompt
+        keep = 0;
+    }
+    seq._contextTokens.splice(keep);
+    seq._nextTokenIndex = keep;
+    seq._checkpoints?.pruneFromEndToIndex?.(keep - 1);
+    return keep;
+}
+
+function runPendingErases()
+{
+    while (pendingErases.length > 0) {
+        const e = pendingErases.shift();
+        if (!e.done) {
+            e.done = true;
+            try {
+                e.resolve(eraseNow(e.seq, e.keep));
+            } catch (err) {
+                e.reject(err);
+            }
+        }
+    }
+}
+
+// Drops the sequence's tokens from `keep` on; the number of tokens kept.
+function eraseTail(seq, keep)
+{
+    if (keep >= seq.nextTokenIndex)
+        return Promise.resolve(keep);
+    if (realCtx === null || typeof realCtx.removeTokenCellsFromSequence !== "function" ||
+        seq._loadedTokenPredictions?.length)
+        return seq.eraseContextTokenRanges([{ start: keep, end: seq.nextTokenIndex }]).then(() => keep);
+    return new Promise((resolve, reject) => {
+        const e = { seq, keep, done: false, resolve, reject };
+        pendingErases.push(e);
+        withLock([context, "context"], () => {
+            if (!e.done) {
+                e.done = true;
+                resolve(eraseNow(seq, keep));
+            }
+        }).catch(reject);
+    });
 }
 
 // The sequence pool: all N made up front, handed out and back.
@@ -273,9 +344,7 @@ async function completion(req, res)
             return;
         // Keep the longest shared prefix (at least one prompt token is evaluated,
         // as llama-server does, so there are logits to sample from).
-        const keep = Math.min(commonPrefix(seq, q.prompt), q.prompt.length - 1);
-        if (keep < seq.nextTokenIndex)
-            await seq.eraseContextTokenRanges([{ start: keep, end: seq.nextTokenIndex }]);
+        const keep = await eraseTail(seq, Math.min(commonPrefix(seq, q.prompt), q.prompt.length - 1));
         stats.requests++;
         stats.prompt_tokens += q.prompt.length;
         stats.prompt_tokens_cached += keep;

@@ -30,6 +30,8 @@ const char sp_serve_usage[] =
     "      --step-tokens N       tokens per engine step: decode rows + prefill chunks (default 256)\n"
     "      --kv-blocks N         KV cache blocks of 16 positions (default: parallel x ctx, <= 2 GiB)\n"
     "      --kv-f16              F16 KV cache (half the memory)\n"
+    "      --tpot-target-ms X    adapt the prefill tokens per step to keep the p99 time per\n"
+    "                            output token under X ms (default 0 = off: --step-tokens)\n"
     "      --http-threads N      event-loop threads (default 1)\n"
     "      --chat-template NAME  built-in chat template for every model (default: the file's)\n"
     "      --max-tokens N        cap on max_tokens per request (default 4096)\n"
@@ -79,6 +81,7 @@ static const opt_t opts[] = {
     {"step-tokens", 0, T_INT, OFF(step_tokens), 1, 65536, 0},
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
+    {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},

@@ -40,6 +40,7 @@ typedef struct sp_serve_config {
     int step_tokens;          /* tokens per engine step (decode rows + prefill chunks) */
     int64_t kv_blocks;        /* KV pool blocks of 16 positions; 0 = sized from parallel x ctx */
     bool kv_f16;              /* F16 KV cache */
+    double tpot_target_ms;    /* adaptive step budget: p99 time per output token target; 0 = off */
     int max_tokens;           /* cap on max_tokens of one request */
     int max_n;                /* cap on n */
     int max_logprobs;         /* cap on logprobs / top_logprobs */

@@ -32,6 +32,7 @@
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "server/kserve.h"
+#include "server/schedreq.h"
 #include "server/tensor.h"
 
 
@@ -211,7 +212,8 @@ gvals_from_object(const json_t *obj, const char *prefix, bool strict, int64_t ma
         int k = gparam_find(key, strlen(key));
         if (k < 0) {
             if (strict && strcmp(key, "text_input") != 0 && strcmp(key, "parameters") != 0 &&
-                strcmp(key, "id") != 0) {
+                strcmp(key, "id") != 0 && strcmp(key, "priority") != 0 &&
+                strcmp(key, "timeout") != 0) {
                 char list[512];
                 input_list(list, sizeof list);
                 sp_errf(err, err_len, SP_ERR_INVALID, "%s: the model has no such input (inputs: %s)",
@@ -324,6 +326,7 @@ typedef struct ks_req {
     int64_t n_prompt;       /* all prompts' tokens */
     sp_infer_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
     char *id;               /* generate: the request's id, or NULL */
+    sp_schedreq_t sched;    /* parameters 'priority' and 'timeout' (Triton's meanings) */
     sp_jbuf_t out, bin;
 } ks_req_t;
 
@@ -713,8 +716,8 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.n_prompts = lens;
     sr.n = n;
     sr.gen = g;
-    double to = cfg->request_timeout_s;
-    sr.deadline_ns = to > 0 ? sp_time_ns() + (int64_t)(to * 1e9) : 0;
+    sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
+    sr.priority = q->sched.priority;
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
@@ -746,7 +749,7 @@ static void
 h_server_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     static const char body[] = "{\"name\":\"sampan\",\"version\":\"" SAMPAN_VERSION "\","
-                               "\"extensions\":[\"binary_tensor_data\",\"parameters\",\"generate\"]}";
+                               "\"extensions\":[\"binary_tensor_data\",\"parameters\",\"generate\",\"schedule_policy\"]}";
     sp_http_respond(r, 200, "application/json", body, sizeof body - 1);
 }
 
@@ -841,6 +844,12 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         ks_free(q);
         return;
     }
+    sp_json_err_t je = {{0}, NULL};
+    if (q->ir.params && sp_schedreq_parse(q->ir.params, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0) {
+        sp_kserve_error(r, 400, "parameters: %s", je.msg);
+        ks_free(q);
+        return;
+    }
     const sp_tensor_t *in = NULL;
     int idx = 0;
     for (; idx < q->ir.n_inputs; idx++) {
@@ -919,6 +928,15 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
         goto done;
     }
     if ((q = ks_new(s, r, m, kind)) == NULL) {
+        goto done;
+    }
+    /* Scheduling: parameters first, then the top level, which wins. */
+    sp_json_err_t je = {{0}, NULL};
+    const char *where = "parameters: ";
+    if ((json_is_object(params) && sp_schedreq_parse(params, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0) ||
+        (where = "", sp_schedreq_parse(root, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0)) {
+        sp_kserve_error(r, 400, "%s%s", where, je.msg);
+        ks_free(q);
         goto done;
     }
     if (id && json_is_string(id) && (q->id = sp_strndup(json_string_value(id), json_string_length(id))) == NULL) {

@@ -25,7 +25,7 @@
 #include "engine/tokenizer.h"
 #include "sampan/log.h"
 #include "server/server.h"
-#include "server/tierq.h"
+#include "server/schedreq.h"
 
 typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
 
@@ -47,8 +47,7 @@ typedef struct oai_req {
     sp_sched_job_t *job;
     oai_kind_t kind;
     bool stream, include_usage, lp_on;
-    int32_t priority;    /* SP_SCHED_PRIO_* from 'priority' */
-    int64_t timeout_ms;  /* 'timeout' (0 = the server's --request-timeout) */
+    sp_schedreq_t sched; /* 'priority' and 'timeout' (schedreq.h) */
     int n;
     int top_logprobs;
     char id[64];
@@ -272,29 +271,10 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     q->n = rc > 0 ? (int)v : 1;
     /* Scheduling: tier (name or integer) and a deadline in milliseconds. */
-    const json_t *pr = json_object_get(b, "priority");
-    if (json_is_string(pr)) {
-        int tier = sp_tier_from_name(json_string_value(pr));
-        if (tier < 0) {
-            sp_server_error(r, 400, NULL, "priority", NULL,
-                            "'priority' must be \"premium\", \"standard\", \"batch\" or an integer");
-            return -1;
-        }
-        q->priority = tier == SP_TIER_PREMIUM   ? SP_SCHED_PRIO_PREMIUM
-                      : tier == SP_TIER_BATCH ? SP_SCHED_PRIO_BATCH
-                                              : SP_SCHED_PRIO_STANDARD;
-    } else if (pr && !json_is_null(pr)) {
-        if ((rc = sp_json_get_int(b, "priority", -1000000, 1000000, &v, &e)) < 0) {
-            field_error(r, &e);
-            return -1;
-        }
-        q->priority = (int32_t)v;
-    }
-    if ((rc = sp_json_get_int(b, "timeout", 1, (int64_t)86400 * 7 * 1000, &v, &e)) < 0) {
+    if (sp_schedreq_parse(b, SP_SCHEDREQ_OPENAI, &q->sched, &e) < 0) {
         field_error(r, &e);
         return -1;
     }
-    q->timeout_ms = rc > 0 ? v : 0;
     if (sp_json_get_bool(b, "stream", &q->stream, &e) < 0) {
         field_error(r, &e);
         return -1;
@@ -803,12 +783,8 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
         sr.gen = *g;
     }
     sr.embed = q->kind == OAI_EMBED;
-    double to = q->srv->cfg.request_timeout_s;
-    if (q->timeout_ms > 0 && (to <= 0 || (double)q->timeout_ms / 1e3 < to)) {
-        to = (double)q->timeout_ms / 1e3; /* the request's own, never longer than the server's */
-    }
-    sr.deadline_ns = to > 0 ? sp_time_ns() + (int64_t)(to * 1e9) : 0;
-    sr.priority = q->priority;
+    sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
+    sr.priority = q->sched.priority;
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;

@@ -50,6 +50,7 @@
 #include "sampan/log.h"
 #include "server/blocks.h"
 #include "server/http.h"
+#include "server/stepctl.h"
 #include "server/tierq.h"
 
 /* ------------------------------------------------------------------ records */
@@ -150,6 +151,9 @@ struct sp_sched {
     sp_batch_seq_t *rows;
     int n_rows;
     uint64_t admit_counter;
+    sp_stepctl_t ctl;      /* adaptive prefill budget (engine thread) */
+    int64_t step_decode;   /* decode rows of the step being planned */
+    bool step_filled;      /* its prefill used the whole budget */
     float *logits;   /* n_vocab scratch for sampling */
     float *emb;      /* n_embd scratch for embeddings */
     char *scratch;   /* record assembly */
@@ -165,6 +169,7 @@ struct sp_sched {
     int64_t run_tier[SP_TIER_COUNT];
     sp_blocks_stats_t bstats;
     int64_t steps, step_rows_total, step_seqs_total, last_step_seqs, last_step_rows;
+    int64_t st_budget, st_p99_ns, st_decreases, st_increases; /* copies of ctl, under mu */
     atomic_int active_seqs;
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
 };
@@ -844,7 +849,9 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
 }
 
 /* Decode rows first (one token each), then prefill chunks in admission
- * order under the step's token budget. */
+ * order under the step's token budget: --step-tokens less the decode rows,
+ * and no more than the adaptive prefill budget (stepctl.h; the whole step
+ * budget when it is off). Decode rows are never cut. */
 static int64_t
 plan_step(sp_sched_t *s)
 {
@@ -857,16 +864,20 @@ plan_step(sp_sched_t *s)
             budget--;
         }
     }
-    for (int i = 0; i < s->n_running && budget > 0; i++) {
+    s->step_decode = s->n_rows;
+    int64_t prefill = budget < s->ctl.budget ? budget : s->ctl.budget;
+    int64_t left = prefill;
+    for (int i = 0; i < s->n_running && left > 0; i++) {
         seq_t *sq = s->running[i];
         int64_t rem = sq->n_tokens - sq->n_computed;
         if (rem > 1) {
-            int64_t n = rem < budget ? rem : budget;
+            int64_t n = rem < left ? rem : left;
             plan_row(s, sq, n);
-            budget -= n;
+            left -= n;
         }
     }
-    return s->p.prefill_chunk - budget;
+    s->step_filled = prefill > 0 && left == 0;
+    return s->step_decode + prefill - left;
 }
 
 /* After the step: publish newly full blocks, sample where the logits are. */
@@ -945,6 +956,10 @@ step_stats(sp_sched_t *s, int64_t rows, int64_t seqs)
         s->last_step_rows = rows;
         s->last_step_seqs = seqs;
     }
+    s->st_budget = s->ctl.budget;
+    s->st_p99_ns = s->ctl.p99_ns;
+    s->st_decreases = s->ctl.decreases;
+    s->st_increases = s->ctl.increases;
     int64_t steps = s->steps;
     pthread_mutex_unlock(&s->mu);
     if (seqs > 0 && steps % STATS_LOG_EVERY == 0) {
@@ -966,7 +981,10 @@ engine_step(sp_sched_t *s)
     seq_t *embed = NULL;
     int64_t now = sp_time_ns();
     sweep_running(s, now);
-    int64_t budget = s->p.prefill_chunk - pending_tokens(s);
+    /* Admit for what this step can carry: the running sequences' decode rows
+     * plus the prefill budget, within --step-tokens. */
+    int64_t cap = (int64_t)s->n_running + s->ctl.budget;
+    int64_t budget = (cap < s->p.prefill_chunk ? cap : s->p.prefill_chunk) - pending_tokens(s);
     pthread_mutex_lock(&s->mu);
     sweep_queue(s, now);
     if (budget > 0) {
@@ -994,6 +1012,10 @@ engine_step(sp_sched_t *s)
     }
     if (embed) {
         run_embed(s, embed);
+    }
+    /* The step's wall time is the inter-token time of every stream in it. */
+    if (n_seqs > 0 && s->step_decode > 0) {
+        sp_stepctl_observe(&s->ctl, sp_time_ns() - now, s->step_filled);
     }
     step_stats(s, rows, n_seqs);
 }
@@ -1037,9 +1059,10 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
 {
     *out = NULL;
     if (p->n_slots < 1 || p->n_slots > 256 || p->max_queue < 0 || p->prefill_chunk < 1 ||
-        p->kv_blocks < 0) {
+        p->kv_blocks < 0 || !(p->tpot_target_ms >= 0 && p->tpot_target_ms <= 1e9)) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "scheduler: parallel must be 1..256, step tokens >= 1, kv blocks >= 0");
+                       "scheduler: parallel must be 1..256, step tokens >= 1, kv blocks >= 0, "
+                       "tpot target 0..1e9 ms");
     }
     sp_sched_t *s = sp_calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1120,15 +1143,18 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     }
     s->p.kv_blocks = nb;
     sp_blocks_get_stats(s->blocks, &s->bstats);
+    /* Floor: one KV block of prompt per step, so a prefill always moves. */
+    sp_stepctl_init(&s->ctl, p->tpot_target_ms, SP_KV_BLOCK, s->p.prefill_chunk);
+    s->st_budget = s->ctl.budget;
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_IO, "scheduler: cannot start the engine thread");
     }
     s->started = true;
     SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu step_tokens=%d max_seqs=%d "
-                "ctx=%lld",
+                "ctx=%lld tpot_target_ms=%g",
                 (long long)nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk, s->p.n_slots,
-                (long long)s->n_ctx);
+                (long long)s->n_ctx, p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0);
     *out = s;
     return SP_OK;
 }
@@ -1202,6 +1228,11 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->last_step_rows = s->last_step_rows;
     o->mean_step_seqs = s->steps ? (double)s->step_seqs_total / (double)s->steps : 0;
     o->mean_step_rows = s->steps ? (double)s->step_rows_total / (double)s->steps : 0;
+    o->step_budget = s->st_budget;
+    o->step_p99_ms = (double)s->st_p99_ns / 1e6;
+    o->budget_decreases = s->st_decreases;
+    o->budget_increases = s->st_increases;
+    o->tpot_target_ms = s->ctl.target_ns > 0 ? (double)s->ctl.target_ns / 1e6 : 0;
     pthread_mutex_unlock(&s->mu);
     o->jobs_done = atomic_load(&s->st_done);
     o->jobs_cancelled = atomic_load(&s->st_cancelled);

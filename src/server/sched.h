@@ -119,6 +119,8 @@ typedef struct sp_sched_params {
                               running sequence's full context, within 2 GiB */
     bool kv_f16;           /* F16 KV cache */
     int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
+    double tpot_target_ms; /* > 0: adapt the prefill budget to keep the p99 step time (the
+                              time per output token) under this (server/stepctl.h) */
 } sp_sched_params_t;
 
 typedef struct sp_sched_stats {
@@ -133,6 +135,10 @@ typedef struct sp_sched_stats {
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free, kv_evictions;
     int64_t steps, last_step_seqs, last_step_rows;
     double mean_step_seqs, mean_step_rows;
+    /* adaptive step budget: prefill tokens per step now (= step tokens when off), the p99
+       of the last steps with decode rows, the target (0 = off) and the adjustments */
+    int64_t step_budget, budget_decreases, budget_increases;
+    double step_p99_ms, tpot_target_ms;
 } sp_sched_stats_t;
 
 sp_sched_params_t sp_sched_default_params(void);

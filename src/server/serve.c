@@ -197,7 +197,8 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             "\"kv_blocks_total\":%lld,\"kv_blocks_used\":%lld,\"kv_blocks_cached\":%lld,"
             "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"steps\":%lld,"
             "\"last_step_seqs\":%lld,\"last_step_tokens\":%lld,\"mean_step_seqs\":%.3f,"
-            "\"mean_step_tokens\":%.3f}",
+            "\"mean_step_tokens\":%.3f,\"step_budget\":%lld,\"step_p99_ms\":%.4f,"
+            "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld}",
             (long long)st.active, (long long)st.queued, (long long)st.running_tier[2],
             (long long)st.running_tier[1], (long long)st.running_tier[0],
             (long long)st.waiting_tier[2], (long long)st.waiting_tier[1],
@@ -209,7 +210,9 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             (long long)st.kv_blocks_total, (long long)st.kv_blocks_used,
             (long long)st.kv_blocks_cached, (long long)st.kv_blocks_free,
             (long long)st.kv_evictions, (long long)st.steps, (long long)st.last_step_seqs,
-            (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows);
+            (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows,
+            (long long)st.step_budget, st.step_p99_ms, st.tpot_target_ms,
+            (long long)st.budget_decreases, (long long)st.budget_increases);
         sp_jbuf_raw(&b, buf, n > 0 && (size_t)n < sizeof buf ? (size_t)n : 0);
     }
     sp_jbuf_lit(&b, "}}");
@@ -348,6 +351,7 @@ loader_main(void *arg)
         sp.prefill_chunk = s->cfg.step_tokens;
         sp.kv_blocks = s->cfg.kv_blocks;
         sp.kv_f16 = s->cfg.kv_f16;
+        sp.tpot_target_ms = s->cfg.tpot_target_ms;
         sp.tier_queue[0] = s->cfg.queue_batch;
         sp.tier_queue[1] = s->cfg.queue_standard;
         sp.tier_queue[2] = s->cfg.queue_premium;

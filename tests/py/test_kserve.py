@@ -480,6 +480,79 @@ def sampling():
 s.guard("sampling", sampling)
 
 
+def scheduling():
+    """priority and timeout: Triton's schedule-policy parameters (docs/api.md)."""
+    gen = BASE + "/generate"
+    for where, body in (("parameters", {"text_input": PROMPT, "parameters": {"priority": "gold"}}),
+                        ("top level", {"text_input": PROMPT, "priority": "gold"})):
+        e = case_error(f"priority: unknown tier ({where}) is 400", 400, req("POST", gen, body))
+        s.case(f"priority: the error names the parameter ({where})", "priority" in e, e)
+    e = case_error("priority: a negative level is 400 (Triton's levels are >= 0)", 400,
+                   req("POST", gen, {"text_input": PROMPT, "parameters": {"priority": -1}}))
+    s.case("priority: the negative level's error names the parameter", "priority" in e, e)
+    case_error("priority: a bad tier in infer parameters is 400", 400,
+               req("POST", BASE + "/infer", {"parameters": {"priority": "gold"},
+                                             "inputs": [text_in([PROMPT])]}))
+    case_error("timeout: 0 is 400", 400,
+               req("POST", gen, {"text_input": PROMPT, "parameters": {"timeout": 0}}))
+    case_error("timeout: a string is 400", 400,
+               req("POST", gen, {"text_input": PROMPT, "timeout": "1s"}))
+    ok = []
+    for pr in ("premium", "standard", "batch", 0, 1, 2, 3, None):
+        body = {"text_input": PROMPT, "max_tokens": 4, "temperature": 0, "priority": pr}
+        st, _, b = req("POST", gen, body)
+        ok.append((pr, st))
+    s.case("priority: tier names and Triton levels 0..3 are accepted",
+           all(st == 200 for _, st in ok), str(ok))
+    # A batch of 8 long generations at Triton level 3 runs (and waits) in the batch tier.
+    seen = {}
+
+    def watch():
+        end = time.time() + 10
+        while time.time() < end and not seen.get("done"):
+            c = http.client.HTTPConnection("127.0.0.1", P, timeout=5)
+            c.request("GET", "/stats")
+            d = json.loads(c.getresponse().read())["models"][NAME]
+            c.close()
+            for k in ("running_by_tier", "waiting_by_tier"):
+                for t, v in d[k].items():
+                    if v:
+                        seen[t] = True
+            time.sleep(0.002)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    st, _, b = req("POST", BASE + "/infer",
+                   {"parameters": {"priority": 3, "max_tokens": 400, "ignore_eos": True},
+                    "inputs": [text_in([PROMPT] * 8)]}, timeout=60)
+    seen["done"] = True
+    w.join(15)
+    s.case("priority: level 3 runs in the batch tier (GET /stats)",
+           st == 200 and seen.get("batch") and not seen.get("premium") and not seen.get("standard"),
+           f"status {st}, tiers seen {sorted(k for k in seen if k != 'done')}")
+    # timeout is in microseconds, as Triton's: 3000 us cannot generate 480 tokens.
+    body = {"text_input": PROMPT, "max_tokens": 480, "ignore_eos": True,
+            "parameters": {"timeout": 3000}}
+    st, _, b = req("POST", gen, body)
+    e = error_of(b) or ""
+    s.case("timeout: parameters.timeout (us) ends generate with a deadline error",
+           st == 503 and "deadline" in e, f"status {st} {b[:200]!r}")
+    st, _, b = req("POST", BASE + "/generate_stream", dict(body, parameters=None, timeout=3000))
+    events = [json.loads(x[6:]) for x in b.decode().split("\n\n") if x.startswith("data: ")]
+    s.case("timeout: a top-level timeout ends a stream with a data: {error} event",
+           st == 200 and events and "deadline" in events[-1].get("error", ""), b[-200:])
+    st, _, b = req("POST", BASE + "/infer",
+                   {"parameters": {"timeout": 3000, "max_tokens": 480, "ignore_eos": True},
+                    "inputs": [text_in([PROMPT])]})
+    s.case("timeout: infer parameters.timeout is enforced",
+           st == 503 and "deadline" in (error_of(b) or ""), f"status {st} {b[:200]!r}")
+    st, _, b = req("POST", gen, {"text_input": PROMPT, "max_tokens": 8, "timeout": 60000000})
+    s.case("timeout: a generous timeout does not cut a short request", st == 200, b[:200])
+
+
+s.guard("scheduling", scheduling)
+
+
 def disconnect():
     c = socket.create_connection(("127.0.0.1", P), timeout=5)
     body = json.dumps({"text_input": PROMPT, "max_tokens": 480, "ignore_eos": True,
