@@ -1,6 +1,6 @@
 """common.py - small helpers shared by the Python test files (tests/py/test_*.py).
 
-    from common import ROOT, binary, run, Suite
+    from common import ROOT, binary, run, Suite, Server
     s = Suite("reference")
     s.case("name", ok, "detail")      # one line per case
     s.skip("name", "why")
@@ -10,8 +10,12 @@ Tests run with Debian's /usr/bin/python3 (+ python3-numpy); tests/run.sh tallies
 summary line. The binary is $SAMPAN_BIN or build/sampan under the repository root.
 """
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,3 +73,57 @@ class Suite:
         print(f"{self.name}: {self.passed} passed, {self.failed} failed, {self.skipped} skipped",
               flush=True)
         sys.exit(1 if self.failed else 0)
+
+
+DEMO_MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
+
+
+class Server:
+    """A `sampan serve` on 127.0.0.1 and a free port (--port 0; the port is read from its
+    `event=listening url=...` log line), ready when it logs `event=ready`. Its stderr is
+    collected by a thread; stop() sends SIGTERM and waits (kills after 10 s)."""
+
+    def __init__(self, *extra, model=f"stories260K={DEMO_MODEL}", start_timeout=10):
+        args = [binary(), "serve", "--model", model, "--port", "0", "--threads", "1", *extra]
+        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  cwd=ROOT, text=True)
+        self.log = []
+        self.port = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.p.stderr:
+                self.log.append(line)
+                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                if "event=ready" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(start_timeout) or self.port is None:
+            self.stop()
+            raise RuntimeError("server did not start: " + "".join(self.log))
+
+    def text(self):
+        return "".join(self.log)
+
+    def wait_log(self, pattern, timeout=3.0):
+        end = time.time() + timeout
+        while time.time() < end:
+            m = re.search(pattern, self.text())
+            if m:
+                return m
+            time.sleep(0.02)
+        return None
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        return self.p.returncode

@@ -5,16 +5,14 @@ bench/plot_serving.py turns the results into a well-formed SVG. A few seconds in
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
 
-from common import ROOT, Suite, binary, run
+from common import ROOT, Suite, binary, run, Server
 
 s = Suite("bench_cli")
 exe = binary()
@@ -25,38 +23,6 @@ KEYS = ["date", "backend", "model_id", "num_prompts", "request_rate", "max_concu
         "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
         "errors"] + [f"{st}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                      for st in ("mean", "median", "std", "p99")]
-
-
-class Server:
-    def __init__(self):
-        self.p = subprocess.Popen([exe, "serve", "--model", f"stories260K={MODEL}", "--port", "0",
-                                   "--threads", "1"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, cwd=ROOT, text=True)
-        self.port = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.p.stderr:
-                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                if "event=ready" in line:
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(10) or self.port is None:
-            self.stop()
-            raise RuntimeError("sampan serve did not start")
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
 
 
 def free_port():

@@ -12,62 +12,11 @@ import socket
 import threading
 import time
 
-import re
-import signal
-import subprocess
 
-from common import ROOT, Suite, binary, run
+from common import ROOT, Suite, binary, run, Server
 
 s = Suite("scheduler")
 MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
-
-
-class Server:
-    """A sampan serve process; its stderr log is collected by a thread."""
-
-    def __init__(self, *extra, model=f"stories260K={MODEL}"):
-        args = [binary(), "serve", "--model", model, "--port", "0", "--threads", "1", *extra]
-        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  cwd=ROOT, text=True)
-        self.log = []
-        self.port = None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.p.stderr:
-                self.log.append(line)
-                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                if "event=ready" in line:
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(10) or self.port is None:
-            raise RuntimeError("server did not start: " + "".join(self.log))
-
-    def text(self):
-        return "".join(self.log)
-
-    def wait_log(self, pattern, timeout=3.0):
-        end = time.time() + timeout
-        while time.time() < end:
-            m = re.search(pattern, self.text())
-            if m:
-                return m
-            time.sleep(0.02)
-        return None
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        return self.p.returncode
 
 
 def post(port, body, timeout=30):
