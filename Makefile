@@ -70,7 +70,17 @@ $(BUILD)/sampan: $(BUILD)/src/main.o $(BUILD)/libsampan.a
 $(BUILD)/test_unit: $(TEST_OBJ) $(BUILD)/libsampan.a
 	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libsampan.a $(LDLIBS)
 
-unit: $(BUILD)/test_unit $(BUILD)/sampan
+# Fake NVML libraries that tests/unit/test_device.c dlopens from test_unit's directory
+# (never instrumented: they stand in for a vendor library).
+FAKE_NVML := $(BUILD)/libfake_nvml.so $(BUILD)/libfake_nvml_nosym.so
+$(BUILD)/libfake_nvml.so: tests/fake/fake_nvml.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g $(WARN) -fPIC -shared -o $@ $<
+$(BUILD)/libfake_nvml_nosym.so: tests/fake/fake_nvml.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g $(WARN) -fPIC -shared -DFAKE_NVML_NO_MEMINFO -o $@ $<
+
+unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
 
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -20,6 +20,7 @@ static const char usage[] =
     "  quantize  convert a GGUF model's weights to f16, bf16, q8_0, q4_0, q4_k or q6_k\n"
     "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
     "  bench     serving benchmark: concurrent streamed requests to an OpenAI-compatible server\n"
+    "  devices   list the CPU, GPUs and MIG instances with total, budget, used and free memory\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
@@ -36,6 +37,7 @@ static const command_t commands[] = {
     {"quantize", sp_cmd_quantize},
     {"tokenize", sp_cmd_tokenize},
     {"bench", sp_cmd_bench},
+    {"devices", sp_cmd_devices},
 };
 
 int

@@ -10,5 +10,7 @@
 int sp_cmd_inspect(int argc, char **argv);
 /* sampan quantize IN OUT TYPE [--threads N] [--progress]: convert the weights of a model. */
 int sp_cmd_quantize(int argc, char **argv);
+/* sampan devices [--json] [--budget F]: the CPU, GPUs and MIG instances with their memory. */
+int sp_cmd_devices(int argc, char **argv);
 
 #endif /* SP_TOOLS_TOOLS_H */
