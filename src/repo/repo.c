@@ -447,6 +447,11 @@ sp_repo_scan_model(const char *root, const char *name, size_t name_len, const sp
     if (sp_repo_check_name_n(name, name_len, e, sizeof e) != SP_OK) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model name: %s", e);
     }
+    /* A name from a request is a slice of the URL, not NUL-terminated. */
+    char nm[SP_REPO_NAME_MAX + 1];
+    memcpy(nm, name, name_len);
+    nm[name_len] = '\0';
+    name = nm;
     sp_status_t st = root_realpath(root, rr, err, err_len);
     if (st) return st;
     st = sp_repo_resolve(rr, name, dir, sizeof dir, e, sizeof e);

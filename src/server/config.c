@@ -17,6 +17,9 @@ const char sp_serve_usage[] =
     "Serves the OpenAI API (and health routes) over HTTP/1.1. With no --model it serves\n"
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
     "  -m, --model NAME=FILE     a model to serve (repeatable; NAME defaults to the file name)\n"
+    "      --model-repository DIR  serve the models of a Triton-style repository\n"
+    "      --model-control-mode M  none (load every model at start, default) or explicit\n"
+    "                            (only through /v2/repository/models/{m}/load and unload)\n"
     "      --config FILE         JSON file with any of these options (flags win)\n"
     "      --host ADDR           address to bind (default 127.0.0.1)\n"
     "  -p, --port N              port (default 8000; 0 = any free port, printed at start)\n"
@@ -83,6 +86,8 @@ static const opt_t opts[] = {
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
+    {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
+    {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
@@ -429,7 +434,16 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
             return st;
         }
     }
-    if (c->n_models == 0) {
+    if (c->model_control_mode[0] == '\0') {
+        snprintf(c->model_control_mode, sizeof c->model_control_mode, "none");
+    } else if (strcmp(c->model_control_mode, "none") != 0 &&
+               strcmp(c->model_control_mode, "explicit") != 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--model-control-mode must be none or explicit, got '%s'%s",
+                       c->model_control_mode,
+                       strcmp(c->model_control_mode, "poll") == 0 ? " (poll is not supported yet)" : "");
+    }
+    if (c->n_models == 0 && c->model_repository[0] == '\0') {
         default_model(c);
     }
     return SP_OK;

@@ -30,6 +30,8 @@ typedef struct sp_serve_config {
     int port;
     sp_serve_model_cfg_t models[SP_SERVE_MAX_MODELS];
     int n_models;
+    char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md) */
+    char model_control_mode[16]; /* "none" (load all at start) or "explicit" (load/unload API) */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     int threads;              /* per slot context; 0 = one per core */
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */

@@ -366,10 +366,15 @@ route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p)
         return NULL;
     }
     sp_str_t v = sp_route_param(p, "version");
-    if (v.ptr && !sp_str_eq_c(v, SP_KSERVE_MODEL_VERSION)) {
-        sp_kserve_error(r, 404, "model '%s' has no version %s (versions: " SP_KSERVE_MODEL_VERSION ")",
-                        m->name, quote(v).s);
-        return NULL;
+    if (v.ptr && !sp_str_eq_c(v, m->version_str)) {
+        /* Repository models: another served version of the same name. */
+        sp_served_model_t *other = sp_server_find_version(s, name.ptr, name.len, v);
+        if (other == NULL) {
+            sp_kserve_error(r, 404, "model '%s' has no version %s (served: %s)", m->name,
+                            quote(v).s, m->version_str);
+            return NULL;
+        }
+        m = other;
     }
     return m;
 }
@@ -407,7 +412,8 @@ begin_event(ks_req_t *q, sp_jbuf_t *b)
 {
     sp_jbuf_lit(b, "{\"model_name\":");
     sp_jbuf_cstr(b, q->m->name);
-    sp_jbuf_lit(b, ",\"model_version\":\"" SP_KSERVE_MODEL_VERSION "\"");
+    sp_jbuf_lit(b, ",\"model_version\":");
+    sp_jbuf_cstr(b, q->m->version_str);
     if (q->id) {
         sp_jbuf_lit(b, ",\"id\":");
         sp_jbuf_cstr(b, q->id);
@@ -464,7 +470,7 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
              (long long)q->n_prompt, (long long)completion_tokens);
     sp_jbuf_reset(&q->out);
     sp_jbuf_reset(&q->bin);
-    sp_infer_resp_write(&q->out, &q->bin, q->m->name, SP_KSERVE_MODEL_VERSION, &q->ir, params, outs,
+    sp_infer_resp_write(&q->out, &q->bin, q->m->name, q->m->version_str, &q->ir, params, outs,
                         n_outs);
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
@@ -772,8 +778,9 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"name\":");
     sp_jbuf_cstr(&b, m->name);
-    sp_jbuf_lit(&b, ",\"versions\":[\"" SP_KSERVE_MODEL_VERSION "\"],\"platform\":\"sampan_gguf\","
-                    "\"inputs\":[");
+    sp_jbuf_lit(&b, ",\"versions\":[");
+    sp_jbuf_cstr(&b, m->version_str);
+    sp_jbuf_lit(&b, "],\"platform\":\"sampan_gguf\",\"inputs\":[");
     tensor_meta(&b, "text_input", SP_DT_BYTES, -1, true);
     for (int k = 0; k < N_GPARAMS; k++) {
         tensor_meta(&b, gparams[k].name, gparams[k].dtype, gparams[k].kind == PK_STRS ? -1 : 1, false);

@@ -916,6 +916,10 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         if (want.ptr && !sp_str_eq_c(want, m->name)) {
             continue;
         }
+        /* Repository names: one entry per name (the version requests resolve to). */
+        if (m->from_repo && sp_server_find_model(s, m->name, strlen(m->name)) != m) {
+            continue;
+        }
         sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
         sp_jbuf_cstr(&b, m->name);
         sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","

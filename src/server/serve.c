@@ -26,17 +26,44 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "sampan/log.h"
+#include "repo/repo.h"
 #include "server/kserve.h"
 #include "server/server.h"
 
 /* ---------------------------------------------------------------- helpers */
 
+/* A name may have several slots (repository versions): the ready one with the
+ * highest version wins, then one still loading; UNAVAILABLE slots (failed or
+ * unloaded) are not routed, so they answer 404 like an unknown name. */
 sp_served_model_t *
 sp_server_find_model(sp_server_t *s, const char *name, size_t len)
 {
-    for (int i = 0; i < s->n_models; i++) {
-        if (strlen(s->models[i].name) == len && memcmp(s->models[i].name, name, len) == 0) {
-            return &s->models[i];
+    sp_served_model_t *best = NULL;
+    int n = atomic_load(&s->n_models);
+    for (int i = 0; i < n; i++) {
+        sp_served_model_t *m = &s->models[i];
+        if (strlen(m->name) != len || memcmp(m->name, name, len) != 0 ||
+            atomic_load(&m->state) == SP_REPO_UNAVAILABLE) {
+            continue;
+        }
+        bool r = atomic_load(&m->ready);
+        if (best == NULL || (r && !atomic_load(&best->ready)) ||
+            (r == atomic_load(&best->ready) && m->version > best->version)) {
+            best = m;
+        }
+    }
+    return best;
+}
+
+sp_served_model_t *
+sp_server_find_version(sp_server_t *s, const char *name, size_t len, sp_str_t version)
+{
+    int n = atomic_load(&s->n_models);
+    for (int i = 0; i < n; i++) {
+        sp_served_model_t *m = &s->models[i];
+        if (strlen(m->name) == len && memcmp(m->name, name, len) == 0 &&
+            atomic_load(&m->state) != SP_REPO_UNAVAILABLE && sp_str_eq_c(version, m->version_str)) {
+            return m;
         }
     }
     return NULL;
@@ -318,58 +345,80 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
 
 /* ------------------------------------------------------------- models */
 
+sp_status_t
+sp_server_load_slot(sp_server_t *s, sp_served_model_t *m, char *err, size_t err_len)
+{
+    int64_t t0 = sp_time_ns();
+    if (sp_model_load(m->path, &m->model, err, err_len) != SP_OK) {
+        return SP_ERR_INVALID;
+    }
+    m->tok = sp_model_tokenizer(m->model);
+    const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
+    if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,
+                                   sizeof m->tmpl_error) != SP_OK) {
+        if (tname) {
+            snprintf(err, err_len, "%s", m->tmpl_error);
+            goto fail;
+        }
+        SP_LOG_WARN("event=chat_template_unusable model=%s error=\"%s\"", m->name, m->tmpl_error);
+        m->tmpl = NULL;
+    }
+    sp_sched_params_t sp = sp_sched_default_params();
+    sp.n_slots = s->cfg.parallel;
+    sp.n_ctx = s->cfg.ctx_size;
+    sp.n_threads = s->cfg.threads;
+    sp.max_queue = s->cfg.queue;
+    sp.prefill_chunk = s->cfg.step_tokens;
+    sp.kv_blocks = s->cfg.kv_blocks;
+    sp.kv_f16 = s->cfg.kv_f16;
+    sp.tpot_target_ms = s->cfg.tpot_target_ms;
+    sp.tier_queue[0] = s->cfg.queue_batch;
+    sp.tier_queue[1] = s->cfg.queue_standard;
+    sp.tier_queue[2] = s->cfg.queue_premium;
+    if (sp_sched_create(m->model, &sp, &m->sched, err, err_len) != SP_OK) {
+        goto fail;
+    }
+    m->n_ctx = sp_sched_n_ctx(m->sched);
+    m->created = (int64_t)time(NULL);
+    m->reason[0] = '\0';
+    atomic_store(&m->state, SP_REPO_READY);
+    atomic_store(&m->ready, true);
+    SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s ctx=%lld parallel=%d template=%s "
+                "load_ms=%.1f",
+                m->name, (long long)m->version, m->path, (long long)m->n_ctx, s->cfg.parallel,
+                m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
+                (double)(sp_time_ns() - t0) / 1e6);
+    return SP_OK;
+fail:
+    sp_chat_template_destroy(m->tmpl);
+    m->tmpl = NULL;
+    sp_model_free(m->model);
+    m->model = NULL;
+    m->tok = NULL;
+    return SP_ERR_INVALID;
+}
+
 static void *
 loader_main(void *arg)
 {
     sp_server_t *s = arg;
     char err[512];
-    for (int i = 0; i < s->n_models; i++) {
+    int n = atomic_load(&s->n_models);
+    for (int i = 0; i < n; i++) {
         sp_served_model_t *m = &s->models[i];
-        int64_t t0 = sp_time_ns();
-        if (sp_model_load(m->path, &m->model, err, sizeof err) != SP_OK) {
+        if (sp_server_load_slot(s, m, err, sizeof err) != SP_OK) {
             SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", m->name, err);
             atomic_store(&s->load_failed, true);
             return NULL;
         }
-        m->tok = sp_model_tokenizer(m->model);
-        const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
-        if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,
-                                       sizeof m->tmpl_error) != SP_OK) {
-            if (tname) {
-                SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", m->name, m->tmpl_error);
-                atomic_store(&s->load_failed, true);
-                return NULL;
-            }
-            SP_LOG_WARN("event=chat_template_unusable model=%s error=\"%s\"", m->name, m->tmpl_error);
-            m->tmpl = NULL;
-        }
-        sp_sched_params_t sp = sp_sched_default_params();
-        sp.n_slots = s->cfg.parallel;
-        sp.n_ctx = s->cfg.ctx_size;
-        sp.n_threads = s->cfg.threads;
-        sp.max_queue = s->cfg.queue;
-        sp.prefill_chunk = s->cfg.step_tokens;
-        sp.kv_blocks = s->cfg.kv_blocks;
-        sp.kv_f16 = s->cfg.kv_f16;
-        sp.tpot_target_ms = s->cfg.tpot_target_ms;
-        sp.tier_queue[0] = s->cfg.queue_batch;
-        sp.tier_queue[1] = s->cfg.queue_standard;
-        sp.tier_queue[2] = s->cfg.queue_premium;
-        if (sp_sched_create(m->model, &sp, &m->sched, err, sizeof err) != SP_OK) {
-            SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", m->name, err);
-            atomic_store(&s->load_failed, true);
-            return NULL;
-        }
-        m->n_ctx = sp_sched_n_ctx(m->sched);
-        m->created = (int64_t)time(NULL);
-        atomic_store(&m->ready, true);
-        SP_LOG_INFO("event=model_ready model=%s file=%s ctx=%lld parallel=%d template=%s load_ms=%.1f",
-                    m->name, m->path, (long long)m->n_ctx, s->cfg.parallel,
-                    m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
-                    (double)(sp_time_ns() - t0) / 1e6);
+    }
+    /* Repository models: one that fails is reported in the index, the rest serve. */
+    sp_repository_load_startup(s);
+    if (atomic_load(&s->load_failed)) {
+        return NULL;
     }
     atomic_store(&s->ready, true);
-    SP_LOG_INFO("event=ready models=%d", s->n_models);
+    SP_LOG_INFO("event=ready models=%d", atomic_load(&s->n_models));
     return NULL;
 }
 
@@ -396,8 +445,12 @@ sp_cmd_serve(int argc, char **argv)
         return 0;
     }
     sp_json_init();
+    pthread_mutex_init(&s->repo_mu, NULL);
     s->n_models = s->cfg.n_models;
     for (int i = 0; i < s->n_models; i++) {
+        atomic_init(&s->models[i].state, SP_REPO_LOADING);
+        snprintf(s->models[i].version_str, sizeof s->models[i].version_str, "%s",
+                 SP_KSERVE_MODEL_VERSION);
         /* Same-sized NUL-terminated arrays (config.h). */
         memcpy(s->models[i].name, s->cfg.models[i].name, sizeof s->models[i].name);
         memcpy(s->models[i].path, s->cfg.models[i].path, sizeof s->models[i].path);
@@ -428,6 +481,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, s);
     sp_kserve_register(s->router, s);
+    sp_repository_register(s->router, s);
 
     sp_http_server_params_t hp = sp_http_default_server_params();
     hp.limits = s->cfg.limits;
@@ -499,6 +553,7 @@ done:
     }
     sp_router_destroy(s->router);
     SP_LOG_INFO("event=stopped status=%d", rc);
+    pthread_mutex_destroy(&s->repo_mu);
     sp_free(s);
     return rc;
 }

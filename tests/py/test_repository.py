@@ -1,0 +1,246 @@
+"""test_repository.py - `sampan serve --model-repository DIR` as a black box on 127.0.0.1 (free
+port): a temporary repository with the demo model as stories/1/model.gguf, a corrupt model
+beside it and a bad config.json; /v2/repository/index (READY and UNAVAILABLE with reasons);
+completions, /v1/models and KServe routes on the repository model; control mode explicit
+(load, unload while a stream is in flight, reload, load errors); path traversal in the load
+URL and a model directory symlinked out of the repository refused. Last line:
+    repository: N passed, N failed, N skipped"""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+from common import ROOT, Suite, binary, run
+
+s = Suite("repository")
+exe = binary()
+DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
+
+
+class RepoServer:
+    """sampan serve --model-repository on a free port; ready at `event=ready`."""
+
+    def __init__(self, repo, *extra, start_timeout=10):
+        args = [exe, "serve", "--model-repository", repo, "--port", "0", "--threads", "1", *extra]
+        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  cwd=ROOT, text=True)
+        self.log, self.port = [], None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.p.stderr:
+                self.log.append(line)
+                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                if "event=ready" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(start_timeout) or self.port is None:
+            self.stop()
+            raise RuntimeError("server did not start: " + "".join(self.log))
+
+    def req(self, method, path, body=None, timeout=10):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            raw = r.read()
+            try:
+                return r.status, json.loads(raw) if raw else None
+            except ValueError:
+                return r.status, raw
+        finally:
+            c.close()
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        return self.p.returncode
+
+
+def make_repo(tmp):
+    repo = os.path.join(tmp, "repo")
+    os.makedirs(os.path.join(repo, "stories", "1"))
+    # A copy, not a symlink: a link out of the repository is refused by design.
+    shutil.copy(DEMO, os.path.join(repo, "stories", "1", "model.gguf"))
+    with open(os.path.join(repo, "stories", "config.json"), "w") as f:
+        json.dump({"name": "stories", "backend": "llm"}, f)
+    os.makedirs(os.path.join(repo, "broken", "1"))
+    with open(os.path.join(repo, "broken", "config.json"), "w") as f:
+        json.dump({"name": "broken", "backend": "llm"}, f)
+    with open(os.path.join(repo, "broken", "1", "model.gguf"), "wb") as f:
+        f.write(b"NOTAGGUF" * 64)
+    os.makedirs(os.path.join(repo, "badcfg", "1"))
+    with open(os.path.join(repo, "badcfg", "config.json"), "w") as f:
+        json.dump({"name": "badcfg", "backend": "llm", "bogus_field": 1}, f)
+    # A model directory outside the repository, linked in.
+    outside = os.path.join(tmp, "outside")
+    os.makedirs(os.path.join(outside, "1"))
+    shutil.copy(DEMO, os.path.join(outside, "1", "model.gguf"))
+    with open(os.path.join(outside, "config.json"), "w") as f:
+        json.dump({"name": "escape", "backend": "llm"}, f)
+    os.symlink(outside, os.path.join(repo, "escape"))
+    return repo
+
+
+def index(srv, body=None):
+    st, b = srv.req("POST", "/v2/repository/index", body)
+    return st, {(e["name"], e.get("version")): e for e in b} if st == 200 else b
+
+
+def complete(srv, model="stories"):
+    return srv.req("POST", "/v1/completions",
+                   {"model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+
+
+def test_none_mode(repo):
+    srv = RepoServer(repo)
+    try:
+        st, ix = index(srv)
+        s.case("index 200", st == 200, str(st))
+        e = ix.get(("stories", "1"), {})
+        s.case("index: stories v1 READY", e.get("state") == "READY" and e.get("reason") == "", str(e))
+        e = ix.get(("broken", "1"), {})
+        s.case("index: corrupt model UNAVAILABLE with reason",
+               e.get("state") == "UNAVAILABLE" and "GGUF" in e.get("reason", ""), str(e))
+        e = ix.get(("badcfg", None), {})
+        s.case("index: bad config UNAVAILABLE naming the field",
+               e.get("state") == "UNAVAILABLE" and "bogus_field" in e.get("reason", ""), str(e))
+        e = ix.get(("escape", None)) or ix.get(("escape", "1")) or {}
+        s.case("index: model linked out of the repository UNAVAILABLE",
+               e.get("state", "UNAVAILABLE") == "UNAVAILABLE", str(e))
+        st, ixr = index(srv, {"ready": True})
+        s.case("index ready=true lists only READY", st == 200 and list(ixr) == [("stories", "1")],
+               str(list(ixr)))
+        st, b = complete(srv)
+        s.case("completion on the repository model", st == 200 and b["model"] == "stories"
+               and len(b["choices"][0]["text"]) > 0, str(b)[:200])
+        st, b = srv.req("GET", "/v1/models")
+        ids = [m["id"] for m in b["data"]] if st == 200 else []
+        s.case("/v1/models lists the ready model only", ids == ["stories"], str(ids))
+        st, b = complete(srv, "broken")
+        s.case("completion on the broken model 404", st == 404, str(st))
+        st, b = srv.req("GET", "/v2/models/stories/versions/1")
+        s.case("KServe metadata of version 1", st == 200 and b.get("versions") == ["1"], str(b)[:200])
+        st, _ = srv.req("GET", "/v2/models/stories/versions/2")
+        s.case("KServe unknown version 404", st == 404, str(st))
+        st, b = srv.req("POST", "/v2/repository/models/stories/unload")
+        s.case("unload refused in mode none", st == 400 and "explicit" in b.get("error", ""), str(b))
+    finally:
+        s.case("none mode: clean exit", srv.stop() == 0)
+
+
+def test_explicit_mode(repo):
+    srv = RepoServer(repo, "--model-control-mode", "explicit")
+    try:
+        st, ix = index(srv)
+        e = ix.get(("stories", "1"), {}) if st == 200 else {}
+        s.case("explicit: nothing loaded at start",
+               e.get("state") == "UNAVAILABLE" and e.get("reason") == "not loaded", str(e))
+        st, _ = complete(srv)
+        s.case("explicit: completion before load 404", st == 404, str(st))
+        st, b = srv.req("POST", "/v2/repository/models/stories/load")
+        s.case("explicit: load 200", st == 200, str(b))
+        st, b = complete(srv)
+        s.case("explicit: completion after load", st == 200, str(b)[:200])
+        st, ix = index(srv)
+        s.case("explicit: index READY after load", ix.get(("stories", "1"), {}).get("state") == "READY")
+
+        # Unload while a stream is in flight: the stream finishes, new requests get 404.
+        result = {}
+
+        def stream():
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
+            try:
+                c.request("POST", "/v1/completions", body=json.dumps(
+                    {"model": "stories", "prompt": "Once", "max_tokens": 200, "stream": True,
+                     "ignore_eos": True}), headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                result["status"] = r.status
+                result["body"] = r.read().decode(errors="replace")
+            except Exception as ex:  # noqa: BLE001 - reported as a failed case
+                result["error"] = repr(ex)
+            finally:
+                c.close()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.05)
+        st, b = srv.req("POST", "/v2/repository/models/stories/unload")
+        s.case("explicit: unload 200", st == 200, str(b))
+        st2, _ = complete(srv)
+        t.join(20)
+        s.case("explicit: in-flight stream finished after unload",
+               result.get("status") == 200 and "[DONE]" in result.get("body", ""),
+               str(result)[:200])
+        s.case("explicit: completion after unload 404", st2 == 404, str(st2))
+        st, ix = index(srv)
+        e = ix.get(("stories", "1"), {})
+        s.case("explicit: index UNAVAILABLE unloaded",
+               e.get("state") == "UNAVAILABLE" and e.get("reason") == "unloaded", str(e))
+        st, b = srv.req("POST", "/v2/repository/models/stories/load")
+        st2, b2 = complete(srv)
+        s.case("explicit: reload serves again", st == 200 and st2 == 200, f"{b} {str(b2)[:100]}")
+
+        st, b = srv.req("POST", "/v2/repository/models/broken/load")
+        s.case("explicit: load of a corrupt model 400 with reason",
+               st == 400 and "GGUF" in b.get("error", ""), str(b))
+        st, b = srv.req("POST", "/v2/repository/models/badcfg/load")
+        s.case("explicit: load with a bad config 400 naming the field",
+               st == 400 and "bogus_field" in b.get("error", ""), str(b))
+        st, b = srv.req("POST", "/v2/repository/models/nosuch/load")
+        s.case("explicit: load of an unknown model 404", st == 404, str(b))
+        st, b = srv.req("POST", "/v2/repository/models/escape/load")
+        st2, _ = complete(srv, "escape")
+        s.case("explicit: model linked out of the repository refused",
+               st in (400, 404) and st2 == 404, f"{st} {b} {st2}")
+        for path in ("/v2/repository/models/../load", "/v2/repository/models/%2e%2e/load",
+                     "/v2/repository/models/..%2fstories/load",
+                     "/v2/repository/models/%2fetc/load"):
+            st, b = srv.req("POST", path)
+            s.case(f"explicit: traversal {path} refused", st in (400, 404), f"{st} {b}")
+        st, b = srv.req("POST", "/v2/repository/models/stories/load",
+                        {"parameters": {"config": 7}})
+        s.case("explicit: non-string config override 400", st == 400, str(b))
+        st, b = srv.req("POST", "/v2/repository/models/nosuch/unload")
+        s.case("explicit: unload of an unknown model 404", st == 404, str(b))
+    finally:
+        s.case("explicit mode: clean exit", srv.stop() == 0)
+
+
+def main():
+    if exe is None:
+        s.skip("repository", "build/sampan not built")
+        return
+    rc, _, err = run([exe, "serve", "--model-repository", "/nonexistent", "--model-control-mode",
+                      "poll", "--port", "0"], timeout=10)
+    s.case("poll mode refused with a clear error", rc == 2 and "poll" in err, err.strip()[:200])
+    rc, _, err = run([exe, "serve", "--model-repository", "/nonexistent/h13repo", "--port", "0"],
+                     timeout=10)
+    s.case("missing repository root: exit 1", rc == 1, f"{rc} {err.strip()[-200:]}")
+    tmp = tempfile.mkdtemp(prefix="sampan-repo-")
+    try:
+        repo = make_repo(tmp)
+        s.guard("none mode", test_none_mode, repo)
+        s.guard("explicit mode", test_explicit_mode, repo)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+main()
+s.finish()
