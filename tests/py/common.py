@@ -81,10 +81,12 @@ DEMO_MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
 class Server:
     """A `sampan serve` on 127.0.0.1 and a free port (--port 0; the port is read from its
     `event=listening url=...` log line), ready when it logs `event=ready`. Its stderr is
-    collected by a thread; stop() sends SIGTERM and waits (kills after 10 s)."""
+    collected by a thread; stop() sends SIGTERM and waits (kills after 10 s). model=None
+    leaves --model out (e.g. when `extra` names a --model-repository)."""
 
     def __init__(self, *extra, model=f"stories260K={DEMO_MODEL}", start_timeout=10):
-        args = [binary(), "serve", "--model", model, "--port", "0", "--threads", "1", *extra]
+        args = [binary(), "serve", *(["--model", model] if model else []), "--port", "0",
+                "--threads", "1", *extra]
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   cwd=ROOT, text=True)
         self.log = []

@@ -8,45 +8,23 @@ URL and a model directory symlinked out of the repository refused. Last line:
 import http.client
 import json
 import os
-import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
 
-from common import ROOT, Suite, binary, run
+from common import ROOT, Server, Suite, binary, run
 
 s = Suite("repository")
 exe = binary()
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 
 
-class RepoServer:
-    """sampan serve --model-repository on a free port; ready at `event=ready`."""
+class RepoServer(Server):
+    """sampan serve --model-repository REPO (and no --model) on a free port."""
 
-    def __init__(self, repo, *extra, start_timeout=10):
-        args = [exe, "serve", "--model-repository", repo, "--port", "0", "--threads", "1", *extra]
-        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  cwd=ROOT, text=True)
-        self.log, self.port = [], None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.p.stderr:
-                self.log.append(line)
-                m = re.search(r"url=http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                if "event=ready" in line:
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(start_timeout) or self.port is None:
-            self.stop()
-            raise RuntimeError("server did not start: " + "".join(self.log))
+    def __init__(self, repo, *extra):
+        super().__init__("--model-repository", repo, *extra, model=None)
 
     def req(self, method, path, body=None, timeout=10):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -61,16 +39,6 @@ class RepoServer:
                 return r.status, raw
         finally:
             c.close()
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        return self.p.returncode
 
 
 def make_repo(tmp):
