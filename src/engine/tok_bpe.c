@@ -614,55 +614,37 @@ sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
 /* ---- decoding ------------------------------------------------------------ */
 
 int32_t
-sp__tok_bpe_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap)
+sp__tok_bpe_text(const sp_tokenizer_t *t, sp_str_t s, char *buf, int32_t cap)
 {
-    sp_str_t s = {t->blob + t->text_off[id], t->text_off[id + 1] - t->text_off[id]};
-    switch ((sp_token_attr_t)t->attr[id]) {
-    case SP_TOKEN_TYPE_NORMAL: {
-        /* byte characters back to bytes; anything else (not produced by the
-         * byte-level encoder, but a vocabulary may hold it) is copied as is */
-        const sp__tok_bpe_t *b = t->bpe;
-        int32_t n = 0;
-        for (size_t i = 0; i < s.len;) {
-            unsigned char c0 = (unsigned char)s.ptr[i];
-            int byte = -1;
-            size_t k = 1;
-            if (c0 < 0x80) {
-                byte = b->char_byte[c0];
-            } else if ((c0 & 0xE0) == 0xC0 && i + 1 < s.len &&
-                       ((unsigned char)s.ptr[i + 1] & 0xC0) == 0x80) {
-                unsigned cp = (unsigned)(c0 & 0x1F) << 6 | ((unsigned char)s.ptr[i + 1] & 0x3F);
-                k = 2;
-                byte = cp < 0x144 ? b->char_byte[cp] : -1;
-            }
-            if (byte >= 0) {
-                if (buf != NULL && n < cap) {
-                    buf[n] = (char)byte;
-                }
-                n++;
-            } else {
-                for (size_t j = 0; j < k; j++, n++) {
-                    if (buf != NULL && n < cap) {
-                        buf[n] = s.ptr[i + j];
-                    }
-                }
-            }
-            i += k;
+    /* byte characters back to bytes; anything else (not produced by the
+     * byte-level encoder, but a vocabulary may hold it) is copied as is */
+    const sp__tok_bpe_t *b = t->bpe;
+    int32_t n = 0;
+    for (size_t i = 0; i < s.len;) {
+        unsigned char c0 = (unsigned char)s.ptr[i];
+        int byte = -1;
+        size_t k = 1;
+        if (c0 < 0x80) {
+            byte = b->char_byte[c0];
+        } else if ((c0 & 0xE0) == 0xC0 && i + 1 < s.len &&
+                   ((unsigned char)s.ptr[i + 1] & 0xC0) == 0x80) {
+            unsigned cp = (unsigned)(c0 & 0x1F) << 6 | ((unsigned char)s.ptr[i + 1] & 0x3F);
+            k = 2;
+            byte = cp < 0x144 ? b->char_byte[cp] : -1;
         }
-        return n;
+        if (byte >= 0) {
+            if (buf != NULL && n < cap) {
+                buf[n] = (char)byte;
+            }
+            n++;
+        } else {
+            for (size_t j = 0; j < k; j++, n++) {
+                if (buf != NULL && n < cap) {
+                    buf[n] = s.ptr[i + j];
+                }
+            }
+        }
+        i += k;
     }
-    case SP_TOKEN_TYPE_BYTE: {
-        char c = (char)t->byte_val[id];
-        return sp__tok_put_piece(&c, 1, buf, cap);
-    }
-    case SP_TOKEN_TYPE_USER_DEFINED:
-        return sp__tok_put_piece(s.ptr, s.len, buf, cap);
-    case SP_TOKEN_TYPE_CONTROL:
-    case SP_TOKEN_TYPE_UNKNOWN:
-        return special ? sp__tok_put_piece(s.ptr, s.len, buf, cap) : 0;
-    case SP_TOKEN_TYPE_UNDEFINED:
-    case SP_TOKEN_TYPE_UNUSED:
-        break;
-    }
-    return 0;
+    return n;
 }

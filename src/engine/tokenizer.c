@@ -1006,43 +1006,24 @@ sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap)
     return (int32_t)n;
 }
 
-static int32_t
-spm_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap)
+int32_t
+sp__tok_put_spaced(sp_str_t s, char *buf, int32_t cap)
 {
-    sp_str_t s = tok_text(t, id);
-    switch ((sp_token_attr_t)t->attr[id]) {
-    case SP_TOKEN_TYPE_NORMAL: {
-        /* U+2581 back to ' '; written as far as cap allows, counted in full. */
-        int32_t n = 0;
-        for (size_t i = 0; i < s.len;) {
-            char c;
-            if (i + 3 <= s.len && memcmp(s.ptr + i, "\xE2\x96\x81", 3) == 0) {
-                c = ' ';
-                i += 3;
-            } else {
-                c = s.ptr[i++];
-            }
-            if (buf != NULL && n < cap) {
-                buf[n] = c;
-            }
-            n++;
+    int32_t n = 0;
+    for (size_t i = 0; i < s.len;) {
+        char c;
+        if (i + 3 <= s.len && memcmp(s.ptr + i, "\xE2\x96\x81", 3) == 0) {
+            c = ' ';
+            i += 3;
+        } else {
+            c = s.ptr[i++];
         }
-        return n;
+        if (buf != NULL && n < cap) {
+            buf[n] = c;
+        }
+        n++;
     }
-    case SP_TOKEN_TYPE_BYTE: {
-        char c = (char)t->byte_val[id];
-        return sp__tok_put_piece(&c, 1, buf, cap);
-    }
-    case SP_TOKEN_TYPE_USER_DEFINED:
-        return sp__tok_put_piece(s.ptr, s.len, buf, cap);
-    case SP_TOKEN_TYPE_CONTROL:
-    case SP_TOKEN_TYPE_UNKNOWN:
-        return special ? sp__tok_put_piece(s.ptr, s.len, buf, cap) : 0;
-    case SP_TOKEN_TYPE_UNDEFINED:
-    case SP_TOKEN_TYPE_UNUSED:
-        break;
-    }
-    return 0;
+    return n;
 }
 
 int32_t
@@ -1051,13 +1032,36 @@ sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, 
     if (t == NULL || id < 0 || id >= t->n_vocab) {
         return SP_ERR_INVALID;
     }
+    sp_str_t s = tok_text(t, id);
+    sp_token_attr_t attr = (sp_token_attr_t)t->attr[id];
+    /* What every model type writes the same way. */
+    switch (attr) {
+    case SP_TOKEN_TYPE_BYTE: {
+        char c = (char)t->byte_val[id];
+        return sp__tok_put_piece(&c, 1, buf, cap);
+    }
+    case SP_TOKEN_TYPE_CONTROL:
+    case SP_TOKEN_TYPE_UNKNOWN:
+        return special ? sp__tok_put_piece(s.ptr, s.len, buf, cap) : 0;
+    case SP_TOKEN_TYPE_UNDEFINED:
+    case SP_TOKEN_TYPE_UNUSED:
+        return 0;
+    case SP_TOKEN_TYPE_NORMAL:
+    case SP_TOKEN_TYPE_USER_DEFINED:
+        break;
+    }
+    /* Text tokens: each model type has its own spelling of spaces and bytes.
+     * User-defined tokens are stored as written, except in WordPiece, whose
+     * word-initial U+2581 is the space before the word for them too. */
     switch (t->model) {
     case SP_TOK_MODEL_SPM:
-        return spm_piece(t, id, special, buf, cap);
+        return attr == SP_TOKEN_TYPE_USER_DEFINED ? sp__tok_put_piece(s.ptr, s.len, buf, cap)
+                                                  : sp__tok_put_spaced(s, buf, cap);
     case SP_TOK_MODEL_BPE:
-        return sp__tok_bpe_piece(t, id, special, buf, cap);
+        return attr == SP_TOKEN_TYPE_USER_DEFINED ? sp__tok_put_piece(s.ptr, s.len, buf, cap)
+                                                  : sp__tok_bpe_text(t, s, buf, cap);
     case SP_TOK_MODEL_WPM:
-        return sp__tok_wpm_piece(t, id, special, buf, cap);
+        return sp__tok_put_spaced(s, buf, cap);
     }
     return SP_ERR_UNSUPPORTED;
 }

@@ -70,19 +70,19 @@ int32_t sp__tok_lookup(const sp_tokenizer_t *t, const char *p, size_t n);
 
 /* Copy n bytes to buf within cap; return n (the sp_token_to_piece contract). */
 int32_t sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap);
+/* The same with every U+2581 written as a space (SentencePiece and WordPiece text). */
+int32_t sp__tok_put_spaced(sp_str_t s, char *buf, int32_t cap);
 
 /* BPE (tok_bpe.c). init reads tokenizer.ggml.pre and .merges; text has no specials. */
 sp_status_t sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);
 void sp__tok_bpe_free(sp__tok_bpe_t *b);
 sp_status_t sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t len,
                                sp__tok_out_t *o);
-int32_t sp__tok_bpe_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf,
-                          int32_t cap);
+/* A normal token's text: byte characters back to bytes (sp_token_to_piece's contract). */
+int32_t sp__tok_bpe_text(const sp_tokenizer_t *t, sp_str_t s, char *buf, int32_t cap);
 
 /* WordPiece (tok_wpm.c). */
 sp_status_t sp__tok_wpm_encode(const sp_tokenizer_t *t, const char *text, size_t len,
                                sp__tok_out_t *o);
-int32_t sp__tok_wpm_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf,
-                          int32_t cap);
 
 #endif /* SP_ENGINE_TOKENIZER_IMPL_H */
