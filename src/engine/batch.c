@@ -34,8 +34,10 @@
 #include "engine/batch.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/pool.h"
@@ -73,20 +75,45 @@ sp_kv_block_bytes(const sp_model_t *m, bool f16)
            (f16 ? sizeof(sp_fp16_t) : sizeof(float));
 }
 
-sp_status_t
-sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
-                  char *err, size_t err_len)
+/* The sizes of a pool's two arrays (the cache and the per-block marks), for
+ * sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
+static sp_status_t
+kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, size_t *mark,
+              char *err, size_t err_len)
 {
-    *out = NULL;
     if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
                        p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
     }
     const size_t bb = sp_kv_block_bytes(m, p->f16);
-    size_t total;
-    if (sp_mul_size(bb, (size_t)p->n_blocks, &total) != 0) {
+    if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
+    }
+    *mark = (size_t)p->n_blocks * sizeof(uint32_t); /* n_blocks <= INT32_MAX: no overflow */
+    return SP_OK;
+}
+
+size_t
+sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
+{
+    size_t data, mark, total;
+    if (kv_pool_sizes(m, p, &data, &mark, NULL, 0) != SP_OK ||
+        sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
+        return 0;
+    }
+    return total;
+}
+
+sp_status_t
+sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
+                  char *err, size_t err_len)
+{
+    *out = NULL;
+    size_t total, mark_bytes;
+    sp_status_t st = kv_pool_sizes(m, p, &total, &mark_bytes, err, err_len);
+    if (st != SP_OK) {
+        return st;
     }
     sp_kv_pool_t *kv = sp_calloc(1, sizeof *kv);
     if (kv == NULL) {
@@ -102,7 +129,7 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     /* Not zeroed: a position is always written before it is read, and key
      * lanes past a sequence's end are computed and ignored (kernels.h). */
     kv->data = sp_malloc_aligned(total, 64);
-    kv->mark = sp_calloc((size_t)p->n_blocks, sizeof(uint32_t));
+    kv->mark = sp_calloc(1, mark_bytes);
     if (kv->data == NULL || kv->mark == NULL) {
         sp_kv_pool_destroy(kv);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
@@ -196,6 +223,142 @@ sp_batch_default_params(void)
     return p;
 }
 
+/* Threads sp_pool_create(n) starts. core/pool.c resolves n <= 0 itself and
+ * has no helper for it (and is not this file's): this is its rule, kept in
+ * step by hand, and sp_batch_create passes the resolved count to the pool so
+ * the two can never disagree about the scores buffer. */
+static int
+pool_threads(int n)
+{
+    if (n <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)c : 1;
+    }
+    return n > 512 ? 512 : n;
+}
+
+/* Heap bytes of sp_pool_create(n): the pool object, the thread handles and
+ * one start argument per worker (each worker frees its own when it starts, so
+ * some may still be held when create returns: counted). pool.c keeps its
+ * struct private; 256 bytes bounds it from above (about 150 on x86-64). */
+static size_t
+pool_bytes(int n)
+{
+    return 256 + (size_t)n * sizeof(pthread_t) + (size_t)(n - 1) * 16;
+}
+
+/* Every buffer of a batch. batch_layout sizes them all and both sp_batch_create
+ * (which allocates exactly these sizes) and sp_batch_bytes (which adds them
+ * up) read that one list, so the estimate cannot drift from create. */
+enum {
+    BUF_X, BUF_XN, BUF_Q, BUF_KV_K, BUF_KV_V, BUF_ATT, BUF_FF_GATE, BUF_FF_UP, BUF_PROJ, BUF_ACT,
+    BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
+    BUF_ORDER, BUF_SEQ_OUT, BUF_COUNT
+};
+
+typedef struct batch_layout {
+    sp_batch_params_t p;     /* resolved: defaults applied, n_threads the pool's */
+    size_t act_stride;       /* bytes per row of act */
+    int64_t scores_stride;   /* floats per thread of scores */
+    size_t bytes[BUF_COUNT]; /* SIZE_MAX where the size overflows (the allocation then fails) */
+} batch_layout_t;
+
+/* rows x cols elements of elt bytes; 64 for an empty buffer (a valid pointer
+ * all the same), SIZE_MAX on overflow. */
+static size_t
+buf_bytes(int64_t rows, int64_t cols, size_t elt)
+{
+    size_t n, bytes;
+    if (rows < 0 || cols < 0 || sp_mul_size((size_t)rows, (size_t)cols, &n) != 0 ||
+        sp_mul_size(n, elt, &bytes) != 0) {
+        return SIZE_MAX;
+    }
+    return bytes > 0 ? bytes : 64;
+}
+
+sp_status_t
+sp_batch_resolve(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_params_t *out,
+                 char *err, size_t err_len)
+{
+    const sp_hparams_t *hp = &m->hp;
+    if (p->max_tokens < 0 || p->max_tokens > MAX_STEP_ROWS || p->max_seqs < 0 ||
+        p->max_seqs > MAX_STEP_ROWS || p->max_ctx < 0 || p->max_ctx > SP_MAX_CTX) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "batch: max_tokens %lld, max_seqs %lld or max_ctx %lld out of range",
+                       (long long)p->max_tokens, (long long)p->max_seqs, (long long)p->max_ctx);
+    }
+    sp_batch_params_t r;
+    r.max_tokens = p->max_tokens > 0 ? p->max_tokens : 512;
+    r.max_seqs = p->max_seqs > 0 ? p->max_seqs : 64;
+    r.max_ctx = p->max_ctx > 0 ? p->max_ctx
+                               : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
+                                                                       : SP_DEFAULT_CTX_CAP);
+    if (r.max_seqs > r.max_tokens) {
+        r.max_seqs = r.max_tokens; /* every sequence of a step brings a token */
+    }
+    r.n_threads = pool_threads(p->n_threads);
+    *out = r;
+    return SP_OK;
+}
+
+static sp_status_t
+batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L, char *err,
+             size_t err_len)
+{
+    const sp_hparams_t *hp = &m->hp;
+    sp_status_t st = sp_batch_resolve(m, p, &L->p, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    const int64_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    const int64_t R = L->p.max_tokens, S = L->p.max_seqs;
+    int64_t max_in = hp->n_embd;
+    if (hp->n_ff > max_in) max_in = hp->n_ff;
+    if (q_dim > max_in) max_in = q_dim;
+    /* Every dot-product format takes at most 4 bytes per element (F32). */
+    L->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
+    /* Scores of one (row, KV head) item: every query head of the group. */
+    L->scores_stride = hp->n_head / hp->n_head_kv * sp_attn_scratch_stride(L->p.max_ctx);
+
+    size_t *B = L->bytes;
+    B[BUF_X] = buf_bytes(R, hp->n_embd, sizeof(float));
+    B[BUF_XN] = buf_bytes(R, hp->n_embd, sizeof(float));
+    B[BUF_Q] = buf_bytes(R, q_dim, sizeof(float));
+    B[BUF_KV_K] = buf_bytes(R, kv_dim, sizeof(float));
+    B[BUF_KV_V] = buf_bytes(R, kv_dim, sizeof(float));
+    B[BUF_ATT] = buf_bytes(R, q_dim, sizeof(float));
+    B[BUF_FF_GATE] = buf_bytes(R, hp->n_ff, sizeof(float));
+    B[BUF_FF_UP] = buf_bytes(R, hp->n_ff, sizeof(float));
+    B[BUF_PROJ] = buf_bytes(R, hp->n_embd, sizeof(float));
+    B[BUF_ACT] = buf_bytes(R, (int64_t)L->act_stride, 1);
+    B[BUF_SCORES] = buf_bytes(L->p.n_threads, L->scores_stride, sizeof(float));
+    B[BUF_ROPE_CS] = buf_bytes(R, hp->n_rot, sizeof(float));
+    B[BUF_INV_FREQ] = buf_bytes(1, hp->n_rot / 2, sizeof(float));
+    B[BUF_LOGITS] = buf_bytes(S, hp->n_vocab, sizeof(float));
+    B[BUF_ROW_TOK] = buf_bytes(R, 1, sizeof(int32_t));
+    B[BUF_ROW_POS] = buf_bytes(R, 1, sizeof(int64_t));
+    B[BUF_ROW_SEQ] = buf_bytes(R, 1, sizeof(int32_t));
+    B[BUF_ORDER] = buf_bytes(R, 1, sizeof(int32_t));
+    B[BUF_SEQ_OUT] = buf_bytes(S, 1, sizeof(int64_t));
+    return SP_OK;
+}
+
+size_t
+sp_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p)
+{
+    batch_layout_t L;
+    if (batch_layout(m, p, &L, NULL, 0) != SP_OK) {
+        return 0;
+    }
+    size_t total = sizeof(sp_batch_t) + pool_bytes(L.p.n_threads);
+    for (int i = 0; i < BUF_COUNT; i++) {
+        if (sp_add_size(total, L.bytes[i], &total) != 0) {
+            return SIZE_MAX;
+        }
+    }
+    return total;
+}
+
 void
 sp_batch_destroy(sp_batch_t *b)
 {
@@ -225,35 +388,16 @@ sp_batch_destroy(sp_batch_t *b)
     sp_free(b);
 }
 
-/* Allocate rows x cols elements of elt bytes, 64-byte aligned; NULL on
- * overflow or OOM. */
-static void *
-alloc_rows(int64_t rows, int64_t cols, size_t elt)
-{
-    size_t n, bytes;
-    if (sp_mul_size((size_t)rows, (size_t)cols, &n) != 0 || sp_mul_size(n, elt, &bytes) != 0) {
-        return NULL;
-    }
-    return sp_malloc_aligned(bytes > 0 ? bytes : 64, 64);
-}
-
-static float *
-alloc_f32(int64_t rows, int64_t cols)
-{
-    return alloc_rows(rows, cols, sizeof(float));
-}
-
 sp_status_t
 sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **out, char *err,
                 size_t err_len)
 {
     const sp_hparams_t *hp = &m->hp;
     *out = NULL;
-    if (p->max_tokens < 0 || p->max_tokens > MAX_STEP_ROWS || p->max_seqs < 0 ||
-        p->max_seqs > MAX_STEP_ROWS || p->max_ctx < 0 || p->max_ctx > SP_MAX_CTX) {
-        return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "batch: max_tokens %lld, max_seqs %lld or max_ctx %lld out of range",
-                       (long long)p->max_tokens, (long long)p->max_seqs, (long long)p->max_ctx);
+    batch_layout_t L;
+    sp_status_t st = batch_layout(m, p, &L, err, err_len);
+    if (st != SP_OK) {
+        return st;
     }
     sp_batch_t *b = sp_calloc(1, sizeof *b);
     if (b == NULL) {
@@ -261,48 +405,37 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     }
     b->m = m;
     b->k = sp_cpu_kernels();
-    b->max_tokens = p->max_tokens > 0 ? p->max_tokens : 512;
-    b->max_seqs = p->max_seqs > 0 ? p->max_seqs : 64;
-    b->max_ctx = p->max_ctx > 0 ? p->max_ctx
-                                : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
-                                                                        : SP_DEFAULT_CTX_CAP);
-    if (b->max_seqs > b->max_tokens) {
-        b->max_seqs = b->max_tokens; /* every sequence of a step brings a token */
-    }
-    if (sp_pool_create(p->n_threads, &b->pool) != SP_OK) {
+    b->max_tokens = L.p.max_tokens;
+    b->max_seqs = L.p.max_seqs;
+    b->max_ctx = L.p.max_ctx;
+    b->act_stride = L.act_stride;
+    b->scores_stride = L.scores_stride;
+    b->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    /* The resolved count: the pool starts exactly the threads scores is sized for. */
+    if (sp_pool_create(L.p.n_threads, &b->pool) != SP_OK) {
         goto oom;
     }
-
-    const int64_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
-    const int64_t R = b->max_tokens;
-    int64_t max_in = hp->n_embd;
-    if (hp->n_ff > max_in) max_in = hp->n_ff;
-    if (q_dim > max_in) max_in = q_dim;
-    /* Every dot-product format takes at most 4 bytes per element (F32). */
-    b->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
-
-    b->x = alloc_f32(R, hp->n_embd);
-    b->xn = alloc_f32(R, hp->n_embd);
-    b->q = alloc_f32(R, q_dim);
-    b->kv_k = alloc_f32(R, kv_dim);
-    b->kv_v = alloc_f32(R, kv_dim);
-    b->att = alloc_f32(R, q_dim);
-    b->ff_gate = alloc_f32(R, hp->n_ff);
-    b->ff_up = alloc_f32(R, hp->n_ff);
-    b->proj = alloc_f32(R, hp->n_embd);
-    b->act = alloc_f32(R, (int64_t)b->act_stride / 4);
-    /* Scores of one (row, KV head) item: every query head of the group. */
-    b->scores_stride = hp->n_head / hp->n_head_kv * sp_attn_scratch_stride(b->max_ctx);
-    b->scores = alloc_f32(sp_pool_n_threads(b->pool), b->scores_stride);
-    b->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    b->rope_cs = alloc_f32(R, hp->n_rot);
-    b->inv_freq = alloc_f32(1, hp->n_rot / 2);
-    b->logits = alloc_f32(b->max_seqs, hp->n_vocab);
-    b->row_tok = alloc_rows(R, 1, sizeof(int32_t));
-    b->row_pos = alloc_rows(R, 1, sizeof(int64_t));
-    b->row_seq = alloc_rows(R, 1, sizeof(int32_t));
-    b->order = alloc_rows(R, 1, sizeof(int32_t));
-    b->seq_out = alloc_rows(b->max_seqs, 1, sizeof(int64_t));
+    /* sp_malloc_aligned refuses SIZE_MAX (an overflowed size): that is an OOM here. */
+    const size_t *B = L.bytes;
+    b->x = sp_malloc_aligned(B[BUF_X], 64);
+    b->xn = sp_malloc_aligned(B[BUF_XN], 64);
+    b->q = sp_malloc_aligned(B[BUF_Q], 64);
+    b->kv_k = sp_malloc_aligned(B[BUF_KV_K], 64);
+    b->kv_v = sp_malloc_aligned(B[BUF_KV_V], 64);
+    b->att = sp_malloc_aligned(B[BUF_ATT], 64);
+    b->ff_gate = sp_malloc_aligned(B[BUF_FF_GATE], 64);
+    b->ff_up = sp_malloc_aligned(B[BUF_FF_UP], 64);
+    b->proj = sp_malloc_aligned(B[BUF_PROJ], 64);
+    b->act = sp_malloc_aligned(B[BUF_ACT], 64);
+    b->scores = sp_malloc_aligned(B[BUF_SCORES], 64);
+    b->rope_cs = sp_malloc_aligned(B[BUF_ROPE_CS], 64);
+    b->inv_freq = sp_malloc_aligned(B[BUF_INV_FREQ], 64);
+    b->logits = sp_malloc_aligned(B[BUF_LOGITS], 64);
+    b->row_tok = sp_malloc_aligned(B[BUF_ROW_TOK], 64);
+    b->row_pos = sp_malloc_aligned(B[BUF_ROW_POS], 64);
+    b->row_seq = sp_malloc_aligned(B[BUF_ROW_SEQ], 64);
+    b->order = sp_malloc_aligned(B[BUF_ORDER], 64);
+    b->seq_out = sp_malloc_aligned(B[BUF_SEQ_OUT], 64);
     if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
         !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->logits ||
         !b->row_tok || !b->row_pos || !b->row_seq || !b->order || !b->seq_out) {

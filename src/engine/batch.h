@@ -46,6 +46,9 @@ size_t sp_kv_block_bytes(const sp_model_t *m, bool f16);
 sp_status_t sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p,
                               sp_kv_pool_t **out, char *err, size_t err_len);
 void sp_kv_pool_destroy(sp_kv_pool_t *kv);
+/* Heap bytes sp_kv_pool_create(m, p) allocates (the cache, a mark per block and
+ * the object), without allocating them; 0 when create would refuse p. */
+size_t sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p);
 int64_t sp_kv_pool_n_blocks(const sp_kv_pool_t *kv);
 /* Copy block src's contents to dst (copy-on-write of a shared partial block).
  * Ids outside the pool, or dst == src, do nothing. Not during a step. */
@@ -64,6 +67,16 @@ sp_batch_params_t sp_batch_default_params(void);
 sp_status_t sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **out,
                             char *err, size_t err_len);
 void sp_batch_destroy(sp_batch_t *b);
+/* Check p as sp_batch_create does (the same errors) and give in *out the values
+ * it would use: defaults applied, max_seqs capped at max_tokens and n_threads
+ * the number of pool threads it would start. */
+sp_status_t sp_batch_resolve(const sp_model_t *m, const sp_batch_params_t *p,
+                             sp_batch_params_t *out, char *err, size_t err_len);
+/* Heap bytes sp_batch_create(m, p) allocates, without allocating them: every
+ * activation buffer (for the resolved sizes above) and the thread pool's
+ * bookkeeping (its object bounded from above; thread stacks are not heap and
+ * not counted). 0 when create would refuse p, SIZE_MAX when a size overflows. */
+size_t sp_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p);
 
 typedef struct sp_batch_seq {
     const int32_t *tokens;  /* n_tokens new tokens (>= 1) */

@@ -448,43 +448,112 @@ sp_ctx_destroy(sp_ctx_t *c)
 }
 
 sp_status_t
-sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, char *err,
-              size_t err_len)
+sp_ctx_resolve(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_params_t *out, char *err,
+               size_t err_len)
 {
     const sp_hparams_t *hp = &m->hp;
-    sp_ctx_t *c;
-
-    *out = NULL;
     if (p->n_ctx < 0 || p->n_ctx > SP_MAX_CTX || p->n_batch < 0 || p->n_batch > 65536) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "context size %lld or batch %lld out of range",
                        (long long)p->n_ctx, (long long)p->n_batch);
+    }
+    sp_ctx_params_t r = *p;
+    r.n_ctx = p->n_ctx > 0 ? p->n_ctx
+                           : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
+                                                                   : SP_DEFAULT_CTX_CAP);
+    r.n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    if (r.n_batch > r.n_ctx) {
+        r.n_batch = r.n_ctx;
+    }
+    *out = r;
+    return SP_OK;
+}
+
+/* What a context is made of, for sp_ctx_create and sp_ctx_bytes alike. */
+typedef struct ctx_layout {
+    sp_ctx_params_t p;       /* resolved */
+    int64_t n_blocks;        /* of the private pool: n_ctx positions */
+    sp_batch_params_t bp;    /* one sequence of up to n_batch rows */
+    sp_kv_pool_params_t kp;
+    size_t blocks_bytes, logits_bytes, embd_sum_bytes; /* SIZE_MAX on overflow */
+} ctx_layout_t;
+
+static sp_status_t
+ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char *err,
+           size_t err_len)
+{
+    const sp_hparams_t *hp = &m->hp;
+    sp_status_t st = sp_ctx_resolve(m, p, &L->p, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    L->n_blocks = (L->p.n_ctx + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
+    L->bp = (sp_batch_params_t){L->p.n_batch, 1, L->p.n_ctx, p->n_threads};
+    L->kp = (sp_kv_pool_params_t){L->n_blocks, p->kv_f16};
+    /* n_ctx <= SP_MAX_CTX and n_embd is bounded at load: only the logits can overflow. */
+    L->blocks_bytes = (size_t)L->n_blocks * sizeof(int32_t);
+    L->logits_bytes = 0;
+    if (L->p.logits_all && (sp_mul_size((size_t)L->p.n_ctx, (size_t)hp->n_vocab,
+                                        &L->logits_bytes) != 0 ||
+                            sp_mul_size(L->logits_bytes, sizeof(float), &L->logits_bytes) != 0)) {
+        L->logits_bytes = SIZE_MAX;
+    }
+    L->embd_sum_bytes = (size_t)hp->n_embd * sizeof(double);
+    return SP_OK;
+}
+
+size_t
+sp_ctx_bytes(const sp_model_t *m, const sp_ctx_params_t *p)
+{
+    ctx_layout_t L;
+    if (ctx_layout(m, p, &L, NULL, 0) != SP_OK) {
+        return 0;
+    }
+    const size_t batch = sp_batch_bytes(m, &L.bp), pool = sp_kv_pool_bytes(m, &L.kp);
+    if (batch == 0 || pool == 0) {
+        return 0; /* create would fail on them */
+    }
+    const size_t parts[] = {sizeof(sp_ctx_t), batch, pool, L.blocks_bytes, L.logits_bytes,
+                            L.embd_sum_bytes};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (sp_add_size(total, parts[i], &total) != 0) {
+            return SIZE_MAX; /* a SIZE_MAX part (an overflow) ends here too */
+        }
+    }
+    return total;
+}
+
+sp_status_t
+sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, char *err,
+              size_t err_len)
+{
+    sp_ctx_t *c;
+    ctx_layout_t L;
+
+    *out = NULL;
+    sp_status_t st = ctx_layout(m, p, &L, err, err_len);
+    if (st != SP_OK) {
+        return st;
     }
     c = sp_calloc(1, sizeof *c);
     if (c == NULL) {
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     c->m = m;
-    c->n_ctx = p->n_ctx > 0 ? p->n_ctx
-                            : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
-                                                                    : SP_DEFAULT_CTX_CAP);
-    c->n_batch = p->n_batch > 0 ? p->n_batch : 512;
-    if (c->n_batch > c->n_ctx) {
-        c->n_batch = c->n_ctx;
-    }
-    c->logits_all = p->logits_all;
-    c->n_blocks = (c->n_ctx + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
+    c->n_ctx = L.p.n_ctx;
+    c->n_batch = L.p.n_batch;
+    c->logits_all = L.p.logits_all;
+    c->n_blocks = L.n_blocks;
 
-    sp_batch_params_t bp = {c->n_batch, 1, c->n_ctx, p->n_threads};
-    sp_kv_pool_params_t kp = {c->n_blocks, p->kv_f16};
     char sub[256];
-    if (sp_batch_create(m, &bp, &c->b, sub, sizeof sub) != SP_OK ||
-        sp_kv_pool_create(m, &kp, &c->kv, sub, sizeof sub) != SP_OK) {
+    if (sp_batch_create(m, &L.bp, &c->b, sub, sizeof sub) != SP_OK ||
+        sp_kv_pool_create(m, &L.kp, &c->kv, sub, sizeof sub) != SP_OK) {
         goto oom;
     }
-    c->blocks = sp_calloc((size_t)c->n_blocks, sizeof(int32_t));
-    c->logits = c->logits_all ? sp_calloc((size_t)c->n_ctx * (size_t)hp->n_vocab, sizeof(float))
-                              : NULL;
-    c->embd_sum = sp_calloc((size_t)hp->n_embd, sizeof(double));
+    /* calloc(1, SIZE_MAX) fails like the overflow it stands for. */
+    c->blocks = sp_calloc(1, L.blocks_bytes);
+    c->logits = c->logits_all ? sp_calloc(1, L.logits_bytes) : NULL;
+    c->embd_sum = sp_calloc(1, L.embd_sum_bytes);
     if (c->blocks == NULL || (c->logits_all && c->logits == NULL) || c->embd_sum == NULL) {
         goto oom;
     }

@@ -17,6 +17,7 @@
 #define SP_ENGINE_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/gguf.h"
@@ -76,6 +77,15 @@ sp_ctx_params_t sp_ctx_default_params(void);
 sp_status_t sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out,
                           char *err, size_t err_len);
 void sp_ctx_destroy(sp_ctx_t *c);
+/* Check p as sp_ctx_create does (the same errors) and give in *out the values it
+ * would use: n_ctx with the default applied, n_batch capped at n_ctx. */
+sp_status_t sp_ctx_resolve(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_params_t *out,
+                           char *err, size_t err_len);
+/* Heap bytes sp_ctx_create(m, p) allocates, without allocating them: its batch
+ * (sp_batch_bytes), its KV pool (sp_kv_pool_bytes), the block table, the
+ * logits_all rows and the embedding sum. 0 when create would refuse p,
+ * SIZE_MAX when a size overflows. */
+size_t sp_ctx_bytes(const sp_model_t *m, const sp_ctx_params_t *p);
 
 /*
  * Run tokens[0..n) at positions pos..pos+n-1 of the context's sequence (the KV

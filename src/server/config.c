@@ -18,8 +18,14 @@ const char sp_serve_usage[] =
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
     "  -m, --model NAME=FILE     a model to serve (repeatable; NAME defaults to the file name)\n"
     "      --model-repository DIR  serve the models of a Triton-style repository\n"
-    "      --model-control-mode M  none (load every model at start, default) or explicit\n"
-    "                            (only through /v2/repository/models/{m}/load and unload)\n"
+    "      --model-control-mode M  none (load every model at start, default), poll (also\n"
+    "                            rescan every --repository-poll-secs and apply what changed)\n"
+    "                            or explicit (only through /v2/repository/models/{m}/load)\n"
+    "      --repository-poll-secs S  poll mode: seconds between rescans (default 5)\n"
+    "      --memory-budget B     model memory per device: 60%, 2G, or per device\n"
+    "                            cpu=2G,cuda:0=70% (default 80% of each device)\n"
+    "      --load-timeout S      how long a request waits for its model to load on demand\n"
+    "                            (default 60)\n"
     "      --config FILE         JSON file with any of these options (flags win)\n"
     "      --host ADDR           address to bind (default 127.0.0.1)\n"
     "  -p, --port N              port (default 8000; 0 = any free port, printed at start)\n"
@@ -88,6 +94,9 @@ static const opt_t opts[] = {
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
     {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
+    {"repository-poll-secs", 0, T_SEC, OFF(repository_poll_s), 0.05, 86400, 0},
+    {"memory-budget", 0, T_STR, OFF(memory_budget), 0, 0, sizeof(((sp_serve_config_t *)0)->memory_budget)},
+    {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
@@ -129,6 +138,8 @@ sp_serve_config_defaults(sp_serve_config_t *c)
     c->json_depth = 64;
     c->drain_timeout_s = 30;
     c->request_timeout_s = 600;
+    c->repository_poll_s = 5;
+    c->load_timeout_s = 60;
     c->limits = sp_http_default_limits();
 }
 
@@ -437,11 +448,11 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
     if (c->model_control_mode[0] == '\0') {
         snprintf(c->model_control_mode, sizeof c->model_control_mode, "none");
     } else if (strcmp(c->model_control_mode, "none") != 0 &&
+               strcmp(c->model_control_mode, "poll") != 0 &&
                strcmp(c->model_control_mode, "explicit") != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "--model-control-mode must be none or explicit, got '%s'%s",
-                       c->model_control_mode,
-                       strcmp(c->model_control_mode, "poll") == 0 ? " (poll is not supported yet)" : "");
+                       "--model-control-mode must be none, poll or explicit, got '%s'",
+                       c->model_control_mode);
     }
     if (c->n_models == 0 && c->model_repository[0] == '\0') {
         default_model(c);

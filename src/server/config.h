@@ -16,7 +16,8 @@
 #include "sampan/status.h"
 #include "server/http.h"
 
-#define SP_SERVE_MAX_MODELS 16
+#define SP_SERVE_MAX_MODELS 16   /* --model flags */
+#define SP_SERVE_MAX_ENTRIES 256 /* model versions known to the registry at once */
 #define SP_SERVE_DEMO_MODEL "models/stories260K.gguf"
 #define SP_SERVE_DEMO_NAME "stories260K"
 
@@ -31,7 +32,10 @@ typedef struct sp_serve_config {
     sp_serve_model_cfg_t models[SP_SERVE_MAX_MODELS];
     int n_models;
     char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md) */
-    char model_control_mode[16]; /* "none" (load all at start) or "explicit" (load/unload API) */
+    char model_control_mode[16]; /* "none" (load all at start), "poll" or "explicit" (API) */
+    double repository_poll_s; /* poll mode: seconds between rescans */
+    char memory_budget[256];  /* "" = 80% of every device; "60%", "2G", "cpu=2G,cuda:0=70%" */
+    double load_timeout_s;    /* a request's wait for an on-demand load */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     int threads;              /* per slot context; 0 = one per core */
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */

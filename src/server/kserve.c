@@ -345,6 +345,7 @@ ks_free(ks_req_t *q)
     sp_infer_req_free(&q->ir);
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
+    sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
 
@@ -354,42 +355,38 @@ finish_str(sp_finish_t f)
     return f == SP_FINISH_LENGTH ? "length" : "stop";
 }
 
-/* The model of the route ({model} and the optional {version}); answers 404
- * itself and returns NULL. */
+/* The model of the route ({model} and the optional {version}), with a
+ * reference. Answers itself and returns NULL when there is none; with a
+ * retry, a model that loads on demand parks the request until it is
+ * loaded (server.h). */
 static sp_served_model_t *
-route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p)
+route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
 {
     sp_str_t name = sp_route_param(p, "model");
-    sp_served_model_t *m = sp_server_find_model(s, name.ptr, name.len);
-    if (m == NULL) {
-        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
-        return NULL;
-    }
     sp_str_t v = sp_route_param(p, "version");
-    if (v.ptr && !sp_str_eq_c(v, m->version_str)) {
-        /* Repository models: another served version of the same name. */
-        sp_served_model_t *other = sp_server_find_version(s, name.ptr, name.len, v);
-        if (other == NULL) {
-            sp_kserve_error(r, 404, "model '%s' has no version %s (served: %s)", m->name,
-                            quote(v).s, m->version_str);
-            return NULL;
+    sp_served_model_t *m = NULL;
+    if (retry) {
+        return sp_server_model_for(s, r, name.ptr, name.len, v, retry, p, &m) ? m : NULL;
+    }
+    char reason[512];
+    sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
+                                     sizeof reason);
+    if (a == SP_ACQ_OK) {
+        return m;
+    }
+    if (a == SP_ACQ_UNKNOWN) {
+        if (v.ptr) {
+            sp_kserve_error(r, 404, "model %s has no version %s", quote(name).s, quote(v).s);
+        } else {
+            sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
         }
-        m = other;
-    }
-    return m;
-}
-
-/* route_model, plus readiness (503 while loading). */
-static sp_served_model_t *
-ready_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p)
-{
-    sp_served_model_t *m = route_model(s, r, p);
-    if (m && !atomic_load(&m->ready)) {
+    } else if (a == SP_ACQ_LOADING) {
         sp_http_add_header(r, "Retry-After", "1");
-        sp_kserve_error(r, 503, "model '%s' is loading", m->name);
-        return NULL;
+        sp_kserve_error(r, 400, "model %s is loading", quote(name).s);
+    } else {
+        sp_kserve_error(r, 400, "model %s is not available: %s", quote(name).s, reason);
     }
-    return m;
+    return NULL;
 }
 
 static ks_req_t *
@@ -397,6 +394,7 @@ ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
 {
     ks_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
+        sp_served_release(m);
         sp_kserve_error(r, 503, "out of memory");
         return NULL;
     }
@@ -668,7 +666,8 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     seed ^= seed >> 33;
     seed *= 0xFF51AFD7ED558CCDull;
     g.sampling.seed = seed ^ (seed >> 33);
-    int64_t max_tokens = 16;
+    sp_served_apply_defaults(q->m, &g.sampling); /* the model config's `parameters` */
+    int64_t max_tokens = q->m->def.max_tokens > 0 ? q->m->def.max_tokens : 16;
     for (int k = 0; k < N_GPARAMS; k++) {
         if (!gv->set[k]) {
             continue;
@@ -727,7 +726,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
-    sp_status_t st = sp_sched_submit(q->m->sched, &sr, &q->job, err, sizeof err);
+    sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
     sp_free(toks);
     toks = NULL;
     if (st != SP_OK) {
@@ -770,7 +769,7 @@ tensor_meta(sp_jbuf_t *b, const char *name, sp_dtype_t dt, int dim, bool first)
 static void
 h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_served_model_t *m = route_model(ud, r, p);
+    sp_served_model_t *m = route_model(ud, r, p, NULL);
     if (m == NULL) {
         return;
     }
@@ -796,26 +795,34 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_http_respond(r, 200, "application/json", b.p, b.len);
     }
     sp_jbuf_free(&b);
+    sp_served_release(m);
 }
 
 static void
 h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_served_model_t *m = route_model(ud, r, p);
-    if (m == NULL) {
+    /* The protocol: 200 is ready, a 4xx is not ready (404: not known). */
+    sp_server_t *s = ud;
+    sp_str_t name = sp_route_param(p, "model");
+    sp_str_t v = sp_route_param(p, "version");
+    sp_served_model_t *m = NULL;
+    char reason[512];
+    sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
+                                     sizeof reason);
+    sp_served_release(m);
+    if (a == SP_ACQ_UNKNOWN) {
+        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
         return;
     }
-    /* The protocol: 200 is ready, a 4xx is not ready. */
-    bool ready = atomic_load(&m->ready);
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"name\":");
-    sp_jbuf_cstr(&b, m->name);
-    sp_jbuf_lit(&b, ready ? ",\"ready\":true}" : ",\"ready\":false}");
+    sp_jbuf_str(&b, name.ptr, name.len);
+    sp_jbuf_lit(&b, a == SP_ACQ_OK ? ",\"ready\":true}" : ",\"ready\":false}");
     if (b.oom) {
         sp_kserve_error(r, 500, "out of memory while writing the response");
     } else {
-        sp_http_respond(r, ready ? 200 : 400, "application/json", b.p, b.len);
+        sp_http_respond(r, a == SP_ACQ_OK ? 200 : 400, "application/json", b.p, b.len);
     }
     sp_jbuf_free(&b);
 }
@@ -824,7 +831,7 @@ static void
 h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    sp_served_model_t *m = ready_model(s, r, p);
+    sp_served_model_t *m = route_model(s, r, p, h_infer);
     if (m == NULL) {
         return;
     }
@@ -886,23 +893,28 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     submit(q, (const sp_str_t *)in->data, (int)in->n, &gv, where);
 }
 
+static void h_gen(sp_http_req_t *r, const sp_route_params_t *p, void *ud);
+static void h_gen_stream(sp_http_req_t *r, const sp_route_params_t *p, void *ud);
+
 static void
 h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kind)
 {
     sp_server_t *s = ud;
-    sp_served_model_t *m = ready_model(s, r, p);
+    sp_served_model_t *m = route_model(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen);
     if (m == NULL) {
         return;
     }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
         sp_kserve_error(r, 400, "the request body is empty (a JSON object with 'text_input' is expected)");
+        sp_served_release(m);
         return;
     }
     json_t *root = NULL;
     char err[768];
     if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
         sp_kserve_error(r, 400, "%s", err);
+        sp_served_release(m);
         return;
     }
     ks_req_t *q = NULL;
@@ -934,7 +946,9 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
         sp_kserve_error(r, 400, "%s", err);
         goto done;
     }
-    if ((q = ks_new(s, r, m, kind)) == NULL) {
+    q = ks_new(s, r, m, kind);
+    m = NULL; /* the request holds the reference now (or it was released) */
+    if (q == NULL) {
         goto done;
     }
     /* Scheduling: parameters first, then the top level, which wins. */
@@ -954,6 +968,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     sp_str_t text = {json_string_value(ti), json_string_length(ti)};
     submit(q, &text, 1, &gv, "text_input"); /* the scheduler copied what it keeps */
 done:
+    sp_served_release(m);
     json_decref(root);
 }
 

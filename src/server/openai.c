@@ -108,6 +108,7 @@ oai_free(oai_req_t *q)
     sp_free(q->choices);
     sp_free(q->emb);
     sp_jbuf_free(&q->out);
+    sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
 
@@ -120,9 +121,12 @@ on_abort(sp_http_req_t *r, void *ud)
     oai_free(q);
 }
 
-/* Model lookup plus readiness; answers the error itself and returns NULL. */
+/* The request's model, with a reference; answers the error itself (or
+ * parks the request until an on-demand load ends, then runs `retry` again)
+ * and returns NULL. */
 static sp_served_model_t *
-get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body)
+get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
+          const sp_route_params_t *p)
 {
     const json_t *mv = json_object_get(body, "model");
     if (mv == NULL || json_is_null(mv)) {
@@ -133,20 +137,10 @@ get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body)
         sp_server_error(r, 400, NULL, "model", NULL, "'model' must be a string");
         return NULL;
     }
-    sp_served_model_t *m = sp_server_find_model(s, json_string_value(mv), json_string_length(mv));
-    if (m == NULL) {
-        sp_jbuf_t nm;
-        sp_jbuf_init(&nm);
-        sp_jbuf_str(&nm, json_string_value(mv), json_string_length(mv) > 128 ? 128 : json_string_length(mv));
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model %s does not exist", nm.p ? nm.p : "\"\"");
-        sp_jbuf_free(&nm);
-        return NULL;
-    }
-    if (!atomic_load(&m->ready)) {
-        sp_http_add_header(r, "Retry-After", "1");
-        sp_server_error(r, 503, "service_unavailable", NULL, "model_loading", "the model %s is loading",
-                        m->name);
+    sp_served_model_t *m;
+    sp_str_t none = {NULL, 0};
+    if (!sp_server_model_for(s, r, json_string_value(mv), json_string_length(mv), none, retry, p,
+                             &m)) {
         return NULL;
     }
     return m;
@@ -175,6 +169,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     g->sampling.min_p = 0.0f;
     g->sampling.repeat_penalty = 1.0f;
     g->sampling.seed = random_seed(sp_http_req_id(r));
+    sp_served_apply_defaults(q->m, &g->sampling); /* the model config's `parameters` */
     double d;
     int64_t v;
     int rc;
@@ -789,7 +784,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     sr.on_event = on_event;
     sr.ud = q;
     char err[512];
-    sp_status_t st = sp_sched_submit(q->m->sched, &sr, &q->job, err, sizeof err);
+    sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
     if (st != SP_OK) {
         if (st == SP_ERR_BUSY) {
             sp_http_add_header(r, "Retry-After", "1");
@@ -818,13 +813,15 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
 }
 
 static oai_req_t *
-oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind)
+oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m)
 {
     oai_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
+        sp_served_release(m);
         sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
         return NULL;
     }
+    q->m = m; /* the reference passes to the request */
     q->http = r;
     q->srv = s;
     q->kind = kind;
@@ -872,7 +869,9 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         return;
     }
     if (!max_given) {
-        max_tokens = q->kind == OAI_CHAT ? n_ctx - n_tok : 16;
+        max_tokens = q->m->def.max_tokens > 0 ? q->m->def.max_tokens
+                     : q->kind == OAI_CHAT    ? n_ctx - n_tok
+                                              : 16;
         if (max_tokens > q->srv->cfg.max_tokens) {
             max_tokens = q->srv->cfg.max_tokens;
         }
@@ -911,22 +910,45 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (!want.ptr) {
         sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
     }
-    for (int i = 0; i < s->n_models; i++) {
-        const sp_served_model_t *m = &s->models[i];
-        if (want.ptr && !sp_str_eq_c(want, m->name)) {
+    /* One entry per name: the version a request would get (the newest
+     * READY one), or one that loads on demand (ready false). */
+    sp_registry_t *reg = &s->reg;
+    pthread_mutex_lock(&reg->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        const sp_model_entry_t *e = &reg->entry[i];
+        bool routable = e->used && ((e->live && e->state == SP_REPO_READY) ||
+                                    e->state == SP_REPO_LOADING || (e->on_demand && !e->demand_failed));
+        if (!routable || (want.ptr && !sp_str_eq_c(want, e->name))) {
             continue;
         }
-        /* Repository names: one entry per name (the version requests resolve to). */
-        if (m->from_repo && sp_server_find_model(s, m->name, strlen(m->name)) != m) {
+        const sp_model_entry_t *best = e;
+        bool first = true;
+        for (int k = 0; k < SP_SERVE_MAX_ENTRIES && first; k++) {
+            const sp_model_entry_t *o = &reg->entry[k];
+            if (k == i || !o->used || strcmp(o->name, e->name) != 0) {
+                continue;
+            }
+            bool o_ready = o->live && o->state == SP_REPO_READY;
+            bool o_routable = o_ready || o->state == SP_REPO_LOADING || (o->on_demand && !o->demand_failed);
+            if (o_routable && k < i) {
+                first = false; /* listed with the first routable entry of the name */
+            }
+            if (o_ready && (!(best->live && best->state == SP_REPO_READY) || o->version > best->version)) {
+                best = o;
+            }
+        }
+        if (!first) {
             continue;
         }
+        bool ready = best->live && best->state == SP_REPO_READY;
         sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
-        sp_jbuf_cstr(&b, m->name);
+        sp_jbuf_cstr(&b, e->name);
         sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
                        "\"max_model_len\":%lld,\"ready\":%s}",
-                       (long long)m->created, (long long)m->n_ctx,
-                       atomic_load(&m->ready) ? "true" : "false");
+                       (long long)(ready ? best->live->created : s->started_unix),
+                       (long long)(ready ? best->live->n_ctx : 0), ready ? "true" : "false");
     }
+    pthread_mutex_unlock(&reg->mu);
     if (want.ptr && !found) {
         sp_jbuf_free(&b);
         sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
@@ -950,11 +972,10 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     oai_req_t *q = NULL;
     int32_t *toks = NULL;
-    sp_served_model_t *m = get_model(s, r, b);
-    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION)) == NULL) {
+    sp_served_model_t *m = get_model(s, r, b, h_completions, p);
+    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m)) == NULL) {
         goto done;
     }
-    q->m = m;
     sp_gen_params_t g;
     int64_t max_tokens = 16;
     bool max_given;
@@ -1075,11 +1096,10 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_t store, tc;
     sp_jbuf_init(&store);
     sp_jbuf_init(&tc);
-    sp_served_model_t *m = get_model(s, r, b);
-    if (m == NULL || (q = oai_new(s, r, OAI_CHAT)) == NULL) {
+    sp_served_model_t *m = get_model(s, r, b, h_chat, p);
+    if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m)) == NULL) {
         goto done;
     }
-    q->m = m;
     sp_gen_params_t g;
     int64_t max_tokens = 0;
     bool max_given;
@@ -1209,11 +1229,10 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     int32_t *toks = NULL;
     const int32_t **prompts = NULL;
     int64_t *lens = NULL;
-    sp_served_model_t *m = get_model(s, r, b);
-    if (m == NULL || (q = oai_new(s, r, OAI_EMBED)) == NULL) {
+    sp_served_model_t *m = get_model(s, r, b, h_embeddings, p);
+    if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m)) == NULL) {
         goto done;
     }
-    q->m = m;
     const char *fmt = "float";
     sp_json_err_t e = {{0}, NULL};
     if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||

@@ -1,198 +1,581 @@
 /*
- * repository.c - `sampan serve --model-repository DIR`: the models of a
- * Triton-style repository (src/repo) served beside the --model ones, and the
- * /v2/repository routes (index, load, unload).
+ * repository.c - the manager thread and the /v2/repository routes.
  *
- * Every selected version of a model gets a slot in the server's model table,
- * so the OpenAI `model` field, /v1/models and the KServe routes resolve it
- * like a --model one (the highest ready version answers a bare name).
+ * One thread (the manager) changes what is served: the start-up loads (the
+ * --model files, then the repository in modes none and poll), the rescans of
+ * poll mode, explicit load and unload requests, on-demand loads started by a
+ * request for a model that is not loaded (load_on_demand, or evicted), and
+ * freeing models whose last reference went away. Doing all of it on one
+ * thread makes every decision sequential (no two loads race for the same
+ * memory or the same entry) and keeps slow work off the event loops.
  *
- * Unload parks a slot rather than freeing it: the protocol handlers hold a
- * slot's scheduler by plain pointer between the readiness check and the
- * submit, with no reference count, so freeing the scheduler or the weights
- * while the server runs could pull them from under a request. A parked slot
- * is not routed (404), its in-flight requests finish on its scheduler, its
- * memory is reused when the same file is loaded again and freed at shutdown.
- * Freeing at unload needs reference counts (next step of issue 6).
+ * Reconciling a model: for each version the version policy selects, the
+ * model is built when the entry has nothing loaded from the same files
+ * and config (a signature of their stamps and of the load request's
+ * override); the new model is published beside the old one, then versions
+ * the policy no longer selects are unloaded, but only once a selected
+ * version is READY, so a corrupt or too big new version leaves the old one
+ * serving while the index reports the error. A version that failed is not
+ * retried until its files or config change (or an explicit load asks).
  *
- * Load runs on the HTTP loop thread that received the request, under
- * repo_mu, so it blocks that loop for the load time (fine for the small
- * models of this first slice; a loader thread comes with lazy loading).
+ * HTTP requests that wait for the manager (load, unload) hold a small
+ * shared record that the manager fills; a timer on the request's loop looks
+ * at it every few milliseconds, so no loop blocks for a load.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include <event2/event.h>
 #include <jansson.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
 #include "repo/repo.h"
 #include "sampan/log.h"
 #include "server/kserve.h"
 #include "server/server.h"
 
+typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND } cmd_kind_t;
+
+/* What an HTTP request waits for: shared by the manager and the request. */
+typedef struct mgr_wait {
+    atomic_int refs;
+    atomic_bool done;
+    int status;            /* HTTP status of the answer */
+    char err[1024];        /* "" on success */
+} mgr_wait_t;
+
+struct sp_mgr_cmd {
+    cmd_kind_t kind;
+    char name[SP_REPO_NAME_MAX + 1];
+    int64_t version;       /* CMD_DEMAND */
+    char *override;        /* CMD_LOAD: config override (JSON text) or NULL */
+    mgr_wait_t *wait;      /* CMD_LOAD, CMD_UNLOAD */
+    sp_mgr_cmd_t *next;
+};
+
 static bool
-explicit_mode(const sp_server_t *s)
+mode_is(const sp_server_t *s, const char *mode)
 {
-    return strcmp(s->cfg.model_control_mode, "explicit") == 0;
+    return strcmp(s->cfg.model_control_mode, mode) == 0;
 }
 
-/* The last slot of a repository (name, version): a new slot for the same
- * version is appended when a parked one holds a different file. */
-static sp_served_model_t *
-find_slot(sp_server_t *s, const char *name, int64_t version)
-{
-    sp_served_model_t *found = NULL;
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (m->from_repo && m->version == version && strcmp(m->name, name) == 0) {
-            found = m;
-        }
-    }
-    return found;
-}
-
-/* Make one version servable: already READY, re-enable a parked slot of the
- * same file, reload a failed slot, or take a new slot. Caller holds repo_mu. */
-static sp_status_t
-activate(sp_server_t *s, const char *name, const sp_repo_version_t *v, char *err, size_t err_len)
-{
-    size_t plen = strlen(v->model_path);
-    size_t nlen = strlen(name);
-    if (nlen >= sizeof s->models[0].name) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "model name '%s' is too long to serve", name);
-    }
-    if (plen >= sizeof s->models[0].path) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: path too long", v->model_path);
-    }
-    sp_served_model_t *m = find_slot(s, name, v->version);
-    if (m && m->model && strcmp(m->path, v->model_path) == 0) {
-        if (atomic_load(&m->state) != SP_REPO_READY) {
-            m->reason[0] = '\0';
-            atomic_store(&m->state, SP_REPO_READY);
-            atomic_store(&m->ready, true);
-            SP_LOG_INFO("event=model_ready model=%s version=%lld parked=1", name,
-                        (long long)v->version);
-        }
-        return SP_OK;
-    }
-    if (m == NULL || m->model != NULL) {
-        int n = atomic_load(&s->n_models);
-        if (n >= SP_SERVE_MAX_MODELS) {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "model '%s' version %lld: the server holds at most %d model versions",
-                           name, (long long)v->version, SP_SERVE_MAX_MODELS);
-        }
-        m = &s->models[n];
-        memset(m, 0, sizeof *m);
-        memcpy(m->name, name, nlen + 1);
-        m->from_repo = true;
-        m->version = v->version;
-        snprintf(m->version_str, sizeof m->version_str, "%lld", (long long)v->version);
-        atomic_init(&m->ready, false);
-        atomic_init(&m->state, SP_REPO_LOADING);
-        memcpy(m->path, v->model_path, plen + 1);
-        atomic_store(&s->n_models, n + 1); /* publish the filled slot */
-    } else {
-        memcpy(m->path, v->model_path, plen + 1);
-        atomic_store(&m->state, SP_REPO_LOADING);
-    }
-    if (sp_server_load_slot(s, m, err, err_len) == SP_OK) {
-        return SP_OK;
-    }
-    snprintf(m->reason, sizeof m->reason, "%s", err);
-    atomic_store(&m->state, SP_REPO_UNAVAILABLE);
-    SP_LOG_ERROR("event=model_load_failed model=%s version=%lld error=\"%s\"", name,
-                 (long long)v->version, err);
-    return SP_ERR_INVALID;
-}
-
-/* Stop routing every version of a name not in keep (NULL: all). */
 static void
-park(sp_server_t *s, const char *name, const sp_repo_model_t *keep)
+wait_release(mgr_wait_t *w)
 {
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (!m->from_repo || strcmp(m->name, name) != 0 ||
-            atomic_load(&m->state) == SP_REPO_UNAVAILABLE) {
-            continue;
-        }
-        bool kept = false;
-        for (int32_t k = 0; keep && k < keep->n_versions; k++) {
-            kept |= keep->versions[k].version == m->version;
-        }
-        if (kept) {
-            continue;
-        }
-        atomic_store(&m->ready, false);
-        atomic_store(&m->state, SP_REPO_UNAVAILABLE);
-        snprintf(m->reason, sizeof m->reason, "unloaded");
-        SP_LOG_INFO("event=model_unloaded model=%s version=%lld", name, (long long)m->version);
+    if (w && atomic_fetch_sub(&w->refs, 1) == 1) {
+        sp_free(w);
     }
 }
 
-/* Load the selected versions of one scanned model; the first error lands in err. */
+static void
+wait_finish(mgr_wait_t *w, int status, const char *err)
+{
+    if (w == NULL) {
+        return;
+    }
+    w->status = status;
+    snprintf(w->err, sizeof w->err, "%s", err ? err : "");
+    atomic_store(&w->done, true);
+    wait_release(w);
+}
+
+static void
+cmd_free(sp_mgr_cmd_t *c)
+{
+    sp_free(c->override);
+    sp_free(c);
+}
+
+/* Queue a command (reg.mu held). */
+static void
+push_locked(sp_server_t *s, sp_mgr_cmd_t *c)
+{
+    c->next = NULL;
+    if (s->cmd_tail) {
+        s->cmd_tail->next = c;
+    } else {
+        s->cmd_head = c;
+    }
+    s->cmd_tail = c;
+    pthread_cond_broadcast(&s->reg.cv);
+}
+
+void
+sp_repository_demand_locked(sp_server_t *s, sp_model_entry_t *e)
+{
+    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
+    if (c == NULL) {
+        e->state = SP_REPO_UNAVAILABLE;
+        snprintf(e->reason, sizeof e->reason, "out of memory queueing the load");
+        return;
+    }
+    c->kind = CMD_DEMAND;
+    snprintf(c->name, sizeof c->name, "%s", e->name);
+    c->version = e->version;
+    push_locked(s, c);
+}
+
+/* ------------------------------------------------------------ reconcile */
+
+static uint64_t
+mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xBF58476D1CE4E5B9ull;
+}
+
+static uint64_t
+signature(const sp_repo_model_t *rm, const sp_repo_version_t *v, const char *override)
+{
+    uint64_t h = mix(mix(0x5A4D5041ull, v->stamp), rm->config_stamp);
+    for (const char *p = override; p && *p; p++) {
+        h = mix(h, (unsigned char)*p);
+    }
+    return h;
+}
+
+/* Drop the model of e (unload, eviction by policy, removal): it stops being
+ * routed now and is freed when its last request ends. */
+static void
+retire(sp_server_t *s, sp_model_entry_t *e, const char *why)
+{
+    sp_registry_t *r = &s->reg;
+    pthread_mutex_lock(&r->mu);
+    sp_served_model_t *old = e->live;
+    e->live = NULL;
+    e->state = SP_REPO_UNAVAILABLE;
+    e->on_demand = false;
+    e->demand_failed = false;
+    snprintf(e->reason, sizeof e->reason, "%s", why);
+    pthread_mutex_unlock(&r->mu);
+    if (old) {
+        SP_LOG_INFO("event=model_unloaded model=%s version=%lld reason=\"%s\" in_flight=%d",
+                    old->name, (long long)old->version, why, atomic_load(&old->refs) - 1);
+        sp_served_release(old);
+    }
+}
+
+enum { LOAD_LAZY_OK = 1, LOAD_RETRY_FAILED = 2 };
+
+/* Serve one selected version (see the file comment). SP_OK when it is READY
+ * (or registered to load on demand). */
 static sp_status_t
-load_model(sp_server_t *s, const sp_repo_model_t *rm, char *err, size_t err_len)
+load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t *v,
+             const char *override, int flags, char *err, size_t err_len)
+{
+    sp_registry_t *r = &s->reg;
+    uint64_t sig = signature(rm, v, override);
+    pthread_mutex_lock(&r->mu);
+    sp_model_entry_t *e = sp_registry_entry(r, rm->name, v->version, true);
+    if (e == NULL) {
+        pthread_mutex_unlock(&r->mu);
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "model '%s' version %lld: the server tracks at most %d model versions",
+                       rm->name, (long long)v->version, SP_SERVE_MAX_ENTRIES);
+    }
+    e->from_repo = true;
+    if (e->live && e->live->sig == sig) {
+        pthread_mutex_unlock(&r->mu);
+        return SP_OK;
+    }
+    if (e->sig == sig && e->demand_failed && !(flags & LOAD_RETRY_FAILED)) {
+        snprintf(err, err_len, "%s", e->reason);
+        pthread_mutex_unlock(&r->mu);
+        return SP_ERR_INVALID; /* the same files failed before */
+    }
+    sp_free(e->override_json);
+    e->override_json = override ? sp_strndup(override, strlen(override)) : NULL;
+    if (v->model_path == NULL || (flags & LOAD_LAZY_OK && rm->cfg.load_on_demand && !e->live)) {
+        bool lazy = v->model_path != NULL;
+        e->sig = sig;
+        e->state = SP_REPO_UNAVAILABLE;
+        e->on_demand = lazy;
+        e->demand_failed = !lazy;
+        snprintf(e->reason, sizeof e->reason, "%s",
+                 lazy ? "not loaded yet: loads on its first request (load_on_demand)" : v->reason);
+        pthread_mutex_unlock(&r->mu);
+        if (!lazy) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "%s", v->reason);
+        }
+        return SP_OK;
+    }
+    if (e->live == NULL) {
+        e->state = SP_REPO_LOADING;
+        snprintf(e->reason, sizeof e->reason, "loading");
+    }
+    pthread_mutex_unlock(&r->mu);
+
+    sp_served_model_t *m = NULL;
+    sp_status_t st = sp_served_build(s, rm->name, v->version, true, v->model_path, &rm->cfg, sig, &m,
+                                     err, err_len);
+    pthread_mutex_lock(&r->mu);
+    sp_served_model_t *old = NULL;
+    if (st == SP_OK) {
+        old = sp_registry_publish_locked(r, e, m);
+        e->on_demand = rm->cfg.load_on_demand;
+    } else {
+        e->sig = sig;
+        e->demand_failed = true;
+        if (e->live == NULL) {
+            e->state = SP_REPO_UNAVAILABLE;
+            snprintf(e->reason, sizeof e->reason, "%s", err);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (st != SP_OK) {
+        SP_LOG_ERROR("event=model_load_failed model=%s version=%lld error=\"%s\"%s", rm->name,
+                     (long long)v->version, err, e->live ? " kept=loaded" : "");
+    }
+    if (old) {
+        SP_LOG_INFO("event=model_replaced model=%s version=%lld in_flight=%d", old->name,
+                    (long long)old->version, atomic_load(&old->refs) - 1);
+        sp_served_release(old);
+    }
+    return st;
+}
+
+static bool
+is_pinned_name(sp_server_t *s, const char *name)
+{
+    for (int i = 0; i < s->cfg.n_models; i++) {
+        if (strcmp(s->cfg.models[i].name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Serve rm's selected versions, then unload the versions it no longer
+ * selects once one selected version is READY. The first error lands in err. */
+static sp_status_t
+reconcile(sp_server_t *s, const sp_repo_model_t *rm, const char *override, int flags, char *err,
+          size_t err_len)
 {
     if (!rm->ok) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s", rm->reason);
     }
+    if (is_pinned_name(s, rm->name)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "model '%s': the name is taken by a --model flag", rm->name);
+    }
     if (rm->cfg.backend != SP_REPO_BACKEND_LLM) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "model '%s': only the llm backend is served so far", rm->name);
-    }
-    sp_status_t st = SP_OK;
-    int ok = 0;
-    for (int32_t k = 0; k < rm->n_versions; k++) {
-        const sp_repo_version_t *v = &rm->versions[k];
-        char e[512];
-        sp_status_t vs = v->model_path ? activate(s, rm->name, v, e, sizeof e)
-                                       : sp_errf(e, sizeof e, SP_ERR_INVALID, "%s", v->reason);
-        if (vs == SP_OK) {
-            ok++;
-        } else if (st == SP_OK) {
-            st = vs;
-            snprintf(err, err_len, "%s", e);
-        }
+                       "model '%s': backend %s is not served by this build (llm only)", rm->name,
+                       sp_repo_backend_name(rm->cfg.backend));
     }
     if (rm->n_versions == 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model '%s' has no version to serve", rm->name);
     }
-    park(s, rm->name, rm); /* versions the policy no longer selects */
-    (void)ok;
+    sp_status_t st = SP_OK;
+    for (int32_t k = 0; k < rm->n_versions; k++) {
+        char e[1024];
+        sp_status_t vs = load_version(s, rm, &rm->versions[k], override, flags, e, sizeof e);
+        if (vs != SP_OK && st == SP_OK) {
+            st = vs;
+            snprintf(err, err_len, "%s", e);
+        }
+    }
+    /* Versions the policy dropped go once a selected one serves. */
+    sp_registry_t *r = &s->reg;
+    bool serving = false;
+    pthread_mutex_lock(&r->mu);
+    for (int32_t k = 0; k < rm->n_versions; k++) {
+        sp_model_entry_t *e = sp_registry_entry(r, rm->name, rm->versions[k].version, false);
+        serving |= e && (e->live != NULL || e->on_demand);
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        /* Only the manager changes which entries exist: reading them here is safe. */
+        if (!e->used || !e->from_repo || strcmp(e->name, rm->name) != 0) {
+            continue;
+        }
+        bool selected = false;
+        for (int32_t k = 0; k < rm->n_versions; k++) {
+            selected |= rm->versions[k].version == e->version;
+        }
+        if (selected || (e->live == NULL && !e->on_demand)) {
+            continue;
+        }
+        if (serving) {
+            retire(s, e, "unloaded: the version policy no longer selects this version");
+        } else {
+            SP_LOG_WARN("event=model_version_kept model=%s version=%lld reason=\"no newer version "
+                        "could load\"",
+                        e->name, (long long)e->version);
+        }
+    }
     return st;
 }
 
-void
-sp_repository_load_startup(sp_server_t *s)
+/* Unload every version of name. false when nothing of it is loaded or known. */
+static bool
+unload_name(sp_server_t *s, const char *name, const char *why)
 {
-    if (s->cfg.model_repository[0] == '\0') {
-        return;
+    sp_registry_t *r = &s->reg;
+    bool known = false;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (e->used && e->from_repo && strcmp(e->name, name) == 0) {
+            known = true;
+            retire(s, e, why);
+        }
     }
+    return known;
+}
+
+/* Rescan the whole repository and reconcile every model; false when the
+ * root itself cannot be read. */
+static bool
+scan_all(sp_server_t *s, int flags)
+{
     sp_repo_limits_t lim;
     sp_repo_limits_default(&lim);
     sp_repo_scan_t *scan = NULL;
     char err[1024];
     if (sp_repo_scan(s->cfg.model_repository, &lim, &scan, err, sizeof err) != SP_OK) {
         SP_LOG_ERROR("event=repository_unusable error=\"%s\"", err);
-        atomic_store(&s->load_failed, true);
-        return;
+        return false;
     }
-    SP_LOG_INFO("event=repository_scanned root=%s models=%d mode=%s", scan->root,
-                (int)scan->n_models, s->cfg.model_control_mode);
-    if (!explicit_mode(s)) {
-        pthread_mutex_lock(&s->repo_mu);
-        for (int32_t i = 0; i < scan->n_models; i++) {
-            if (load_model(s, &scan->models[i], err, sizeof err) != SP_OK) {
-                SP_LOG_WARN("event=repository_model_unavailable model=%s error=\"%s\"",
-                            scan->models[i].name, err);
-            }
+    for (int32_t i = 0; i < scan->n_models; i++) {
+        if (reconcile(s, &scan->models[i], NULL, flags, err, sizeof err) != SP_OK) {
+            SP_LOG_WARN("event=repository_model_unavailable model=%s error=\"%s\"",
+                        scan->models[i].name, err);
         }
-        pthread_mutex_unlock(&s->repo_mu);
+    }
+    /* Models gone from the repository. */
+    sp_registry_t *r = &s->reg;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (e->used && e->from_repo && sp_repo_find(scan, e->name) == NULL) {
+            retire(s, e, "removed from the repository");
+            pthread_mutex_lock(&r->mu);
+            sp_free(e->override_json);
+            memset(e, 0, sizeof *e);
+            pthread_mutex_unlock(&r->mu);
+        }
     }
     sp_repo_scan_free(scan);
+    return true;
+}
+
+/* ------------------------------------------------------------ commands */
+
+static void
+run_load(sp_server_t *s, sp_mgr_cmd_t *c)
+{
+    sp_repo_limits_t lim;
+    sp_repo_limits_default(&lim);
+    sp_repo_model_t rm;
+    memset(&rm, 0, sizeof rm);
+    char err[1024];
+    size_t olen = c->override ? strlen(c->override) : 0;
+    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, c->name, strlen(c->name), &lim,
+                                        c->override, olen, &rm, err, sizeof err);
+    if (st == SP_OK) {
+        st = reconcile(s, &rm, c->override, LOAD_RETRY_FAILED, err, sizeof err);
+        sp_repo_model_free(&rm);
+        wait_finish(c->wait, st == SP_OK ? 200 : 400, st == SP_OK ? NULL : err);
+        return;
+    }
+    wait_finish(c->wait, st == SP_ERR_NOT_FOUND ? 404 : 400, err);
+}
+
+static void
+run_demand(sp_server_t *s, sp_mgr_cmd_t *c)
+{
+    sp_registry_t *r = &s->reg;
+    char err[1024] = "";
+    pthread_mutex_lock(&r->mu);
+    sp_model_entry_t *e = sp_registry_entry(r, c->name, c->version, false);
+    char *ov = e && e->override_json ? sp_strndup(e->override_json, strlen(e->override_json)) : NULL;
+    bool wanted = e && e->state == SP_REPO_LOADING && e->live == NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (!wanted) {
+        sp_free(ov);
+        return;
+    }
+    sp_repo_limits_t lim;
+    sp_repo_limits_default(&lim);
+    sp_repo_model_t rm;
+    memset(&rm, 0, sizeof rm);
+    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, c->name, strlen(c->name), &lim, ov,
+                                        ov ? strlen(ov) : 0, &rm, err, sizeof err);
+    const sp_repo_version_t *v = NULL;
+    if (st == SP_OK && !rm.ok) {
+        snprintf(err, sizeof err, "%s", rm.reason);
+        st = SP_ERR_INVALID;
+    }
+    for (int32_t k = 0; st == SP_OK && k < rm.n_versions; k++) {
+        if (rm.versions[k].version == c->version) {
+            v = &rm.versions[k];
+        }
+    }
+    if (st == SP_OK && v == NULL) {
+        snprintf(err, sizeof err, "version %lld is no longer in the repository",
+                 (long long)c->version);
+        st = SP_ERR_NOT_FOUND;
+    }
+    if (st == SP_OK) {
+        st = load_version(s, &rm, v, ov, LOAD_RETRY_FAILED, err, sizeof err);
+    } else {
+        pthread_mutex_lock(&r->mu);
+        e = sp_registry_entry(r, c->name, c->version, false);
+        if (e && e->live == NULL) {
+            e->state = SP_REPO_UNAVAILABLE;
+            e->demand_failed = true;
+            snprintf(e->reason, sizeof e->reason, "%s", err);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (st == SP_OK) {
+        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=%lld", c->name,
+                    (long long)c->version);
+    }
+    sp_repo_model_free(&rm);
+    sp_free(ov);
+}
+
+static void
+run_cmd(sp_server_t *s, sp_mgr_cmd_t *c)
+{
+    switch (c->kind) {
+    case CMD_LOAD:
+        run_load(s, c);
+        break;
+    case CMD_UNLOAD:
+        if (unload_name(s, c->name, "unloaded")) {
+            wait_finish(c->wait, 200, NULL);
+        } else {
+            char err[256];
+            snprintf(err, sizeof err, "model '%s' is not loaded from the repository", c->name);
+            wait_finish(c->wait, 404, err);
+        }
+        break;
+    case CMD_DEMAND:
+        run_demand(s, c);
+        break;
+    }
+}
+
+/* ------------------------------------------------------------ thread */
+
+static bool
+startup(sp_server_t *s)
+{
+    sp_registry_t *r = &s->reg;
+    char err[1024];
+    for (int i = 0; i < s->cfg.n_models; i++) {
+        const sp_serve_model_cfg_t *mc = &s->cfg.models[i];
+        pthread_mutex_lock(&r->mu);
+        sp_model_entry_t *e = sp_registry_entry(r, mc->name, 0, true);
+        if (e) {
+            e->pinned = true;
+            e->state = SP_REPO_LOADING;
+        }
+        pthread_mutex_unlock(&r->mu);
+        sp_served_model_t *m = NULL;
+        if (e == NULL ||
+            sp_served_build(s, mc->name, 0, false, mc->path, NULL, 0, &m, err, sizeof err) != SP_OK) {
+            SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", mc->name,
+                         e ? err : "model table full");
+            return false;
+        }
+        pthread_mutex_lock(&r->mu);
+        sp_registry_publish_locked(r, e, m);
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (s->cfg.model_repository[0] && !mode_is(s, "explicit")) {
+        return scan_all(s, LOAD_LAZY_OK); /* an unreadable root at start is fatal */
+    }
+    return true;
+}
+
+static void *
+mgr_main(void *arg)
+{
+    sp_server_t *s = arg;
+    sp_registry_t *r = &s->reg;
+    if (!startup(s)) {
+        atomic_store(&s->load_failed, true);
+    } else {
+        atomic_store(&s->ready, true);
+        SP_LOG_INFO("event=ready mode=%s", s->cfg.model_control_mode);
+    }
+    bool poll = s->cfg.model_repository[0] && mode_is(s, "poll");
+    int64_t period = (int64_t)(s->cfg.repository_poll_s * 1e9);
+    int64_t next_poll = sp_time_ns() + period;
+    pthread_mutex_lock(&r->mu);
+    while (!s->mgr_stop) {
+        if (r->reap) {
+            pthread_mutex_unlock(&r->mu);
+            sp_registry_reap(r);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        if (s->cmd_head) {
+            sp_mgr_cmd_t *c = s->cmd_head;
+            s->cmd_head = c->next;
+            if (s->cmd_head == NULL) {
+                s->cmd_tail = NULL;
+            }
+            pthread_mutex_unlock(&r->mu);
+            run_cmd(s, c);
+            cmd_free(c);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        int64_t now = sp_time_ns();
+        if (poll && now >= next_poll) {
+            pthread_mutex_unlock(&r->mu);
+            scan_all(s, LOAD_LAZY_OK);
+            next_poll = sp_time_ns() + period;
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        int64_t wake = poll ? next_poll : now + 1000000000LL;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t abs_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (wake - now);
+        ts.tv_sec = abs_ns / 1000000000LL;
+        ts.tv_nsec = abs_ns % 1000000000LL;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    /* Shutting down: what is still queued is answered, not run. */
+    while (s->cmd_head) {
+        sp_mgr_cmd_t *c = s->cmd_head;
+        s->cmd_head = c->next;
+        wait_finish(c->wait, 503, "the server is shutting down");
+        cmd_free(c);
+    }
+    s->cmd_tail = NULL;
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+sp_status_t
+sp_repository_start(sp_server_t *s, char *err, size_t err_len)
+{
+    if (pthread_create(&s->mgr, NULL, mgr_main, s) != 0) {
+        return sp_errf(err, err_len, SP_ERR_IO, "cannot start the model manager thread");
+    }
+    s->mgr_started = true;
+    return SP_OK;
+}
+
+void
+sp_repository_stop(sp_server_t *s)
+{
+    if (!s->mgr_started) {
+        return;
+    }
+    pthread_mutex_lock(&s->reg.mu);
+    s->mgr_stop = true;
+    pthread_cond_broadcast(&s->reg.cv);
+    pthread_mutex_unlock(&s->reg.mu);
+    pthread_join(s->mgr, NULL);
+    s->mgr_started = false;
 }
 
 /* ------------------------------------------------------------- routes */
@@ -230,10 +613,27 @@ have_repo(sp_server_t *s, sp_http_req_t *r)
     return true;
 }
 
-/* POST /v2/repository/index [{"ready": bool}] -> [{"name","version","state","reason"}] */
+static void
+index_entry(sp_jbuf_t *b, int *written, const char *name, int64_t version, sp_repo_state_t state,
+            const char *reason)
+{
+    sp_jbuf_lit(b, (*written)++ ? ",{\"name\":" : "{\"name\":");
+    sp_jbuf_cstr(b, name);
+    if (version > 0) {
+        sp_jbuf_printf(b, ",\"version\":\"%lld\"", (long long)version);
+    }
+    sp_jbuf_printf(b, ",\"state\":\"%s\",\"reason\":", sp_repo_state_name(state));
+    sp_jbuf_cstr(b, reason);
+    sp_jbuf_lit(b, "}");
+}
+
+/* POST /v2/repository/index [{"ready": bool}] -> [{"name","version","state","reason"}]:
+ * what the repository holds now (a fresh scan) with the registry's state,
+ * plus versions still served that the scan no longer selects. */
 static void
 h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
+    (void)p;
     sp_server_t *s = ud;
     json_t *body;
     if (!have_repo(s, r) || !body_json(s, r, &body)) {
@@ -260,30 +660,35 @@ h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "[");
     int written = 0;
-    pthread_mutex_lock(&s->repo_mu);
+    sp_registry_t *reg = &s->reg;
+    bool seen[SP_SERVE_MAX_ENTRIES] = {0};
+    pthread_mutex_lock(&reg->mu);
     for (int32_t i = 0; i < n; i++) {
         sp_repo_state_t state = e[i].state;
         const char *reason = e[i].reason;
-        const sp_served_model_t *m = e[i].version > 0 ? find_slot(s, e[i].name, e[i].version) : NULL;
-        if (m) {
-            state = (sp_repo_state_t)atomic_load(&m->state);
-            reason = m->reason;
+        sp_model_entry_t *me = e[i].version > 0 ? sp_registry_entry(reg, e[i].name, e[i].version, false)
+                                                : NULL;
+        if (me && me->from_repo) {
+            seen[me - reg->entry] = true;
+            state = me->state;
+            reason = me->reason;
         } else if (e[i].version > 0 && reason[0] == '\0') {
             reason = "not loaded";
         }
-        if (ready_only && state != SP_REPO_READY) {
-            continue;
+        if (!ready_only || state == SP_REPO_READY) {
+            index_entry(&b, &written, e[i].name, e[i].version, state, reason);
         }
-        sp_jbuf_lit(&b, written++ ? ",{\"name\":" : "{\"name\":");
-        sp_jbuf_cstr(&b, e[i].name);
-        if (e[i].version > 0) {
-            sp_jbuf_printf(&b, ",\"version\":\"%lld\"", (long long)e[i].version);
-        }
-        sp_jbuf_printf(&b, ",\"state\":\"%s\",\"reason\":", sp_repo_state_name(state));
-        sp_jbuf_cstr(&b, reason);
-        sp_jbuf_lit(&b, "}");
     }
-    pthread_mutex_unlock(&s->repo_mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        const sp_model_entry_t *me = &reg->entry[i];
+        if (me->used && me->from_repo && !seen[i] && me->live &&
+            (!ready_only || me->state == SP_REPO_READY)) {
+            index_entry(&b, &written, me->name, me->version, me->state,
+                        "still served: the repository no longer selects it, and no selected "
+                        "version could load");
+        }
+    }
+    pthread_mutex_unlock(&reg->mu);
     sp_jbuf_lit(&b, "]");
     sp_free(e);
     sp_repo_scan_free(scan);
@@ -297,11 +702,109 @@ control_allowed(sp_server_t *s, sp_http_req_t *r)
     if (!have_repo(s, r)) {
         return false;
     }
-    if (!explicit_mode(s)) {
+    if (!mode_is(s, "explicit")) {
         sp_kserve_error(r, 400, "explicit model load / unload needs --model-control-mode explicit");
         return false;
     }
     return true;
+}
+
+/* A load or unload request waiting for the manager. */
+typedef struct ctl_wait {
+    sp_http_req_t *r;
+    mgr_wait_t *w;
+    struct event *tick;
+} ctl_wait_t;
+
+#define CTL_TICK_US 2000
+
+static void
+ctl_free(ctl_wait_t *c)
+{
+    if (c->tick) {
+        event_free(c->tick);
+    }
+    wait_release(c->w);
+    sp_free(c);
+}
+
+static void
+ctl_abort(sp_http_req_t *r, void *ud)
+{
+    (void)r;
+    ctl_free(ud);
+}
+
+static void
+ctl_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    ctl_wait_t *c = arg;
+    if (!atomic_load(&c->w->done)) {
+        struct timeval tv = {0, CTL_TICK_US};
+        evtimer_add(c->tick, &tv);
+        return;
+    }
+    sp_http_req_t *r = c->r;
+    sp_http_req_on_abort(r, NULL, NULL);
+    if (c->w->status == 200) {
+        sp_http_respond(r, 200, "application/json", "{}", 2);
+    } else {
+        sp_kserve_error(r, c->w->status, "%s%s", c->w->status == 400 ? "failed to load model: " : "",
+                        c->w->err);
+    }
+    ctl_free(c);
+}
+
+/* Hand a command to the manager and answer when it is done. */
+static void
+submit_cmd(sp_server_t *s, sp_http_req_t *r, sp_mgr_cmd_t *cmd)
+{
+    ctl_wait_t *c = sp_calloc(1, sizeof *c);
+    mgr_wait_t *w = sp_calloc(1, sizeof *w);
+    struct event_base *base = sp_http_loop_base(sp_http_req_loop(r));
+    if (c == NULL || w == NULL || (c->tick = evtimer_new(base, ctl_tick, c)) == NULL) {
+        sp_free(w);
+        sp_free(c);
+        cmd_free(cmd);
+        sp_kserve_error(r, 503, "out of memory");
+        return;
+    }
+    atomic_init(&w->refs, 2); /* the request's and the manager's */
+    c->r = r;
+    c->w = w;
+    cmd->wait = w;
+    sp_http_req_on_abort(r, ctl_abort, c);
+    pthread_mutex_lock(&s->reg.mu);
+    if (s->mgr_stop) {
+        pthread_mutex_unlock(&s->reg.mu);
+        wait_finish(w, 503, "the server is shutting down");
+        cmd_free(cmd);
+    } else {
+        push_locked(s, cmd);
+        pthread_mutex_unlock(&s->reg.mu);
+    }
+    struct timeval tv = {0, CTL_TICK_US};
+    evtimer_add(c->tick, &tv);
+}
+
+static sp_mgr_cmd_t *
+new_cmd(sp_http_req_t *r, cmd_kind_t kind, sp_str_t name)
+{
+    char err[256];
+    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
+        sp_kserve_error(r, 400, "model name: %s", err);
+        return NULL;
+    }
+    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
+    if (c == NULL) {
+        sp_kserve_error(r, 503, "out of memory");
+        return NULL;
+    }
+    c->kind = kind;
+    memcpy(c->name, name.ptr, name.len);
+    return c;
 }
 
 /* POST /v2/repository/models/{model}/load [{"parameters":{"config":"<json>"}}] */
@@ -313,42 +816,26 @@ h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (!control_allowed(s, r) || !body_json(s, r, &body)) {
         return;
     }
-    const char *ov = NULL;
-    size_t ov_len = 0;
     json_t *params = body ? json_object_get(body, "parameters") : NULL;
     json_t *cfg = json_is_object(params) ? json_object_get(params, "config") : NULL;
-    if (cfg) {
-        if (!json_is_string(cfg)) {
-            json_decref(body);
-            sp_kserve_error(r, 400, "parameters.config must be a string holding JSON");
-            return;
-        }
-        ov = json_string_value(cfg);
-        ov_len = json_string_length(cfg);
-    }
-    sp_str_t name = sp_route_param(p, "model");
-    sp_repo_limits_t lim;
-    sp_repo_limits_default(&lim);
-    sp_repo_model_t rm;
-    memset(&rm, 0, sizeof rm);
-    char err[1024];
-    pthread_mutex_lock(&s->repo_mu);
-    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, name.ptr, name.len, &lim, ov,
-                                        ov_len, &rm, err, sizeof err);
-    json_decref(body);
-    if (st == SP_OK) {
-        st = load_model(s, &rm, err, sizeof err);
-        sp_repo_model_free(&rm);
-        pthread_mutex_unlock(&s->repo_mu);
-        if (st == SP_OK) {
-            sp_http_respond(r, 200, "application/json", "{}", 2);
-        } else {
-            sp_kserve_error(r, 400, "failed to load model: %s", err);
-        }
+    if (cfg && !json_is_string(cfg)) {
+        json_decref(body);
+        sp_kserve_error(r, 400, "parameters.config must be a string holding JSON");
         return;
     }
-    pthread_mutex_unlock(&s->repo_mu);
-    sp_kserve_error(r, st == SP_ERR_NOT_FOUND ? 404 : 400, "%s", err);
+    sp_mgr_cmd_t *c = new_cmd(r, CMD_LOAD, sp_route_param(p, "model"));
+    if (c && cfg) {
+        c->override = sp_strndup(json_string_value(cfg), json_string_length(cfg));
+        if (c->override == NULL) {
+            cmd_free(c);
+            c = NULL;
+            sp_kserve_error(r, 503, "out of memory");
+        }
+    }
+    json_decref(body);
+    if (c) {
+        submit_cmd(s, r, c);
+    }
 }
 
 /* POST /v2/repository/models/{model}/unload */
@@ -359,30 +846,10 @@ h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (!control_allowed(s, r)) {
         return;
     }
-    sp_str_t name = sp_route_param(p, "model");
-    char err[256];
-    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 400, "model name: %s", err);
-        return;
+    sp_mgr_cmd_t *c = new_cmd(r, CMD_UNLOAD, sp_route_param(p, "model"));
+    if (c) {
+        submit_cmd(s, r, c);
     }
-    char nm[SP_REPO_NAME_MAX + 1];
-    memcpy(nm, name.ptr, name.len);
-    nm[name.len] = '\0';
-    pthread_mutex_lock(&s->repo_mu);
-    bool known = false;
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        known |= s->models[i].from_repo && strcmp(s->models[i].name, nm) == 0;
-    }
-    if (known) {
-        park(s, nm, NULL);
-    }
-    pthread_mutex_unlock(&s->repo_mu);
-    if (!known) {
-        sp_kserve_error(r, 404, "model '%s' is not loaded from the repository", nm);
-        return;
-    }
-    sp_http_respond(r, 200, "application/json", "{}", 2);
 }
 
 void

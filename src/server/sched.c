@@ -171,6 +171,7 @@ struct sp_sched {
     int64_t steps, step_rows_total, step_seqs_total, last_step_seqs, last_step_rows;
     int64_t st_budget, st_p99_ns, st_decreases, st_increases; /* copies of ctl, under mu */
     atomic_int active_seqs;
+    atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
 };
 
@@ -596,6 +597,8 @@ seq_close(sp_sched_t *s, seq_t *sq)
     }
     seq_drop_blocks(s, sq);
     sq->ended = true;
+    /* The one place a sequence ends: sp_sched_outstanding counts down here. */
+    atomic_fetch_sub_explicit(&s->outstanding, 1, memory_order_relaxed);
     seq_end(s, sq->job);
 }
 
@@ -1053,16 +1056,161 @@ engine_main(void *arg)
 
 /* ------------------------------------------------------------- public API */
 
-sp_status_t
-sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **out, char *err,
-                size_t err_len)
+/*
+ * The sizes a scheduler is built with, decided in one place for sp_sched_create
+ * and sp_sched_estimate: the context length (the embedding context's rule), the
+ * KV pool size, and the parameters of the three engine objects. Every check of
+ * the parameters happens here, with the errors create has always given, so an
+ * estimate fails exactly where a create would (short of memory).
+ */
+typedef struct sched_plan {
+    int prefill_chunk;      /* raised to n_slots */
+    int64_t n_ctx;
+    int64_t nb;             /* KV pool blocks */
+    sp_ctx_params_t cp;     /* the embedding context */
+    sp_kv_pool_params_t kp; /* the shared KV pool */
+    sp_batch_params_t bp;   /* the step batch */
+} sched_plan_t;
+
+static sp_status_t
+sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, char *err,
+           size_t err_len)
 {
-    *out = NULL;
     if (p->n_slots < 1 || p->n_slots > 256 || p->max_queue < 0 || p->prefill_chunk < 1 ||
         p->kv_blocks < 0 || !(p->tpot_target_ms >= 0 && p->tpot_target_ms <= 1e9)) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "scheduler: parallel must be 1..256, step tokens >= 1, kv blocks >= 0, "
                        "tpot target 0..1e9 ms");
+    }
+    /* Every running sequence decodes one row per step: the budget holds them all. */
+    o->prefill_chunk = p->prefill_chunk < p->n_slots ? p->n_slots : p->prefill_chunk;
+    /* The context length is the embedding context's (the model's, capped). */
+    o->cp = sp_ctx_default_params();
+    o->cp.n_ctx = p->n_ctx;
+    o->cp.n_threads = p->n_threads;
+    sp_ctx_params_t rc;
+    sp_status_t st = sp_ctx_resolve(m, &o->cp, &rc, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    o->n_ctx = rc.n_ctx;
+    const int64_t per_seq = blocks_for(o->n_ctx);
+    const size_t bb = sp_kv_block_bytes(m, p->kv_f16);
+    int64_t nb = p->kv_blocks;
+    if (nb == 0) {
+        /* Default: every slot's full context, within 2 GiB, at least one context. */
+        nb = per_seq * p->n_slots;
+        int64_t cap = bb ? (int64_t)(((size_t)2 << 30) / bb) : nb;
+        if (nb > cap) {
+            nb = cap > per_seq ? cap : per_seq;
+        }
+    }
+    if (nb > INT32_MAX / 2) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: kv blocks %lld is too many",
+                       (long long)nb);
+    }
+    o->nb = nb;
+    o->kp = (sp_kv_pool_params_t){.n_blocks = nb, .f16 = p->kv_f16};
+    if (sp_kv_pool_bytes(m, &o->kp) == 0) {
+        /* The only refusal left for 1 <= nb < 2^30: sp_kv_pool_create's words. */
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
+                       (long long)nb, bb);
+    }
+    o->bp = sp_batch_default_params();
+    o->bp.max_tokens = o->prefill_chunk;
+    o->bp.max_seqs = p->n_slots;
+    o->bp.max_ctx = o->n_ctx;
+    o->bp.n_threads = p->n_threads;
+    sp_batch_params_t rb;
+    return sp_batch_resolve(m, &o->bp, &rb, err, err_len);
+}
+
+/* Heap bytes sp_gen_vocab_create(tok) keeps. engine/gen.c keeps its types
+ * private and has no size helper, so this follows its allocations by hand:
+ * the object (bounded by 128 bytes; about 56), n + 1 uint32 offsets, the bytes
+ * of every piece (summed here exactly), and two arrays of 16-byte sorted
+ * pieces: all n, and the pieces that are not safe inside a JSON string,
+ * bounded here by n (counting them needs gen.c's JSON scanner). The two
+ * sort buffers (2 x 24 bytes per token) are freed before create returns. */
+static uint64_t
+vocab_bytes(const sp_tokenizer_t *tok)
+{
+    const uint64_t n = (uint64_t)sp_tokenizer_n_vocab(tok);
+    const uint64_t piece = 16; /* sizeof(sorted_piece_t) in gen.c */
+    uint64_t text = 0;
+    for (int32_t id = 0; id < (int32_t)n; id++) {
+        int32_t k = sp_token_to_piece(tok, id, false, NULL, 0);
+        text += k > 0 ? (uint64_t)k : 0;
+    }
+    return 128 + (n + 1) * sizeof(uint32_t) + (text > 0 ? text : 1) + 2 * (n * piece + 1);
+}
+
+/* Heap bytes sp_blocks_create(nb) keeps (server/blocks.c, by hand as above):
+ * per block a reference count (4), serial, hash and parent (3 x 8), the
+ * SP_KV_BLOCK token ids (4 each), a hash-chain link, two LRU links and a
+ * free-stack entry (4 x 4); the hash heads, a power of two >= max(16, nb) of 4
+ * bytes; the object, bounded by 256 bytes (about 150). */
+static uint64_t
+blocks_bytes(int64_t nb)
+{
+    uint64_t heads = 16;
+    while (heads < (uint64_t)nb) {
+        heads <<= 1;
+    }
+    return 256 + (uint64_t)nb * (4 + 3 * 8 + SP_KV_BLOCK * 4 + 4 * 4) + heads * 4;
+}
+
+static uint64_t
+add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+sp_status_t
+sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_t *out, char *err,
+                  size_t err_len)
+{
+    memset(out, 0, sizeof *out);
+    sched_plan_t pl;
+    sp_status_t st = sched_plan(m, p, &pl, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    const sp_hparams_t *hp = sp_model_hparams(m);
+    /* The same allocations as sp_sched_create, in its order. The sizes of the
+     * engine objects come from their own layout code (sp_*_bytes: SIZE_MAX on
+     * an overflow, which saturates the total). */
+    const uint64_t parts[] = {
+        sizeof(sp_sched_t),
+        vocab_bytes(sp_model_tokenizer(m)),
+        (uint64_t)p->n_slots * (2 * sizeof(seq_t *) + sizeof(sp_batch_seq_t)), /* running,
+                                                                     step_seqs, rows */
+        (uint64_t)hp->n_vocab * sizeof(float), /* logits */
+        (uint64_t)hp->n_embd * sizeof(float),  /* emb */
+        sp_ctx_bytes(m, &pl.cp),
+        blocks_bytes(pl.nb),
+        sp_batch_bytes(m, &pl.bp),
+    };
+    uint64_t scratch = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        scratch = add_sat(scratch, parts[i] == SIZE_MAX ? UINT64_MAX : parts[i]);
+    }
+    out->n_ctx = pl.n_ctx;
+    out->kv_blocks = pl.nb;
+    out->kv_bytes = sp_kv_pool_bytes(m, &pl.kp);
+    out->scratch_bytes = scratch;
+    return SP_OK;
+}
+
+sp_status_t
+sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **out, char *err,
+                size_t err_len)
+{
+    *out = NULL;
+    sched_plan_t pl;
+    sp_status_t st = sched_plan(m, p, &pl, err, err_len);
+    if (st != SP_OK) {
+        return st;
     }
     sp_sched_t *s = sp_calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1071,10 +1219,8 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     s->m = m;
     s->tok = sp_model_tokenizer(m);
     s->p = *p;
-    /* Every running sequence decodes one row per step: the budget holds them all. */
-    if (s->p.prefill_chunk < s->p.n_slots) {
-        s->p.prefill_chunk = s->p.n_slots;
-    }
+    s->p.prefill_chunk = pl.prefill_chunk;
+    s->n_ctx = pl.n_ctx;
     const sp_hparams_t *hp = sp_model_hparams(m);
     s->n_vocab = (int32_t)hp->n_vocab;
     s->n_embd = (int32_t)hp->n_embd;
@@ -1098,50 +1244,21 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
     }
-    /* The embedding context also fixes the context length (the model's, capped). */
-    sp_ctx_params_t cp = sp_ctx_default_params();
-    cp.n_ctx = p->n_ctx;
-    cp.n_threads = p->n_threads;
-    sp_status_t st = sp_ctx_create(m, &cp, &s->embed_ctx, err, err_len);
-    if (st != SP_OK) {
-        sp_sched_destroy(s);
-        return st;
-    }
-    s->n_ctx = sp_ctx_n_ctx(s->embed_ctx);
-    int64_t per_seq = blocks_for(s->n_ctx);
-    int64_t nb = p->kv_blocks;
-    if (nb == 0) {
-        /* Default: every slot's full context, within 2 GiB, at least one context. */
-        size_t bb = sp_kv_block_bytes(m, p->kv_f16);
-        nb = per_seq * s->p.n_slots;
-        int64_t cap = bb ? (int64_t)(((size_t)2 << 30) / bb) : nb;
-        if (nb > cap) {
-            nb = cap > per_seq ? cap : per_seq;
-        }
-    }
-    if (nb > INT32_MAX / 2) {
-        sp_sched_destroy(s);
-        return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: kv blocks %lld is too many",
-                       (long long)nb);
-    }
-    sp_kv_pool_params_t kp = {.n_blocks = nb, .f16 = p->kv_f16};
-    st = sp_kv_pool_create(m, &kp, &s->kv, err, err_len);
+    st = sp_ctx_create(m, &pl.cp, &s->embed_ctx, err, err_len);
     if (st == SP_OK) {
-        st = sp_blocks_create(nb, &s->blocks, err, err_len);
+        st = sp_kv_pool_create(m, &pl.kp, &s->kv, err, err_len);
     }
     if (st == SP_OK) {
-        sp_batch_params_t bp = sp_batch_default_params();
-        bp.max_tokens = s->p.prefill_chunk;
-        bp.max_seqs = s->p.n_slots;
-        bp.max_ctx = s->n_ctx;
-        bp.n_threads = p->n_threads;
-        st = sp_batch_create(m, &bp, &s->batch, err, err_len);
+        st = sp_blocks_create(pl.nb, &s->blocks, err, err_len);
+    }
+    if (st == SP_OK) {
+        st = sp_batch_create(m, &pl.bp, &s->batch, err, err_len);
     }
     if (st != SP_OK) {
         sp_sched_destroy(s);
         return st;
     }
-    s->p.kv_blocks = nb;
+    s->p.kv_blocks = pl.nb;
     sp_blocks_get_stats(s->blocks, &s->bstats);
     /* Floor: one KV block of prompt per step, so a prefill always moves. */
     sp_stepctl_init(&s->ctl, p->tpot_target_ms, SP_KV_BLOCK, s->p.prefill_chunk);
@@ -1153,8 +1270,9 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     s->started = true;
     SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu step_tokens=%d max_seqs=%d "
                 "ctx=%lld tpot_target_ms=%g",
-                (long long)nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk, s->p.n_slots,
-                (long long)s->n_ctx, p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0);
+                (long long)pl.nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk,
+                s->p.n_slots, (long long)s->n_ctx,
+                p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0);
     *out = s;
     return SP_OK;
 }
@@ -1203,6 +1321,12 @@ int64_t
 sp_sched_n_ctx(const sp_sched_t *s)
 {
     return s->n_ctx;
+}
+
+int64_t
+sp_sched_outstanding(const sp_sched_t *s)
+{
+    return (int64_t)atomic_load_explicit(&s->outstanding, memory_order_relaxed);
 }
 
 void
@@ -1374,6 +1498,8 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     for (int32_t i = 0; i < r->n; i++) {
         sp_tierq_push_back(&s->queue, &j->seqs[i].node, tier);
     }
+    /* Under mu, before the engine can take (and end) them: never below zero. */
+    atomic_fetch_add_explicit(&s->outstanding, r->n, memory_order_relaxed);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     *out = j;

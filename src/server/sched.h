@@ -154,6 +154,36 @@ void sp_sched_destroy(sp_sched_t *s); /* stops first if needed; NULL is a no-op 
 int64_t sp_sched_n_ctx(const sp_sched_t *s);
 void sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *out);
 
+/* The memory a scheduler takes, in the heap bytes sp_alloc_bytes_in_use counts
+ * (thread stacks and the model's mapped weights are not in it). */
+typedef struct sp_sched_mem {
+    int64_t n_ctx;          /* the context the scheduler would use */
+    int64_t kv_blocks;      /* KV pool size it would use (the same rule as sp_sched_create) */
+    uint64_t kv_bytes;      /* the KV pool (shared cache of all running sequences) */
+    uint64_t scratch_bytes; /* batch buffers, the embedding context, logits, per-slot arrays,
+                               vocab tables */
+} sp_sched_mem_t;
+
+/* What sp_sched_create(m, p) would allocate, without allocating it: the model
+ * repository checks it against a device's memory budget before it loads. Both
+ * take n_ctx and kv_blocks from one rule and check p the same way, so this
+ * fails (same status, same err) exactly where create would for the
+ * parameters. The bytes are what create holds when it returns, within a few
+ * KiB (the few parts whose size other modules keep private are bounded from
+ * above, see sched.c); an overflowing size saturates at UINT64_MAX. Not
+ * included: what each request allocates at submit (its token arrays, samplers,
+ * event buffers) and thread stacks. */
+sp_status_t sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_t *out,
+                              char *err, size_t err_len);
+
+/* Sequences submitted and not yet ended (queued plus running): raised by r->n
+ * at a successful sp_sched_submit, lowered as each sequence ends (finished,
+ * failed, cancelled, or dropped at stop) on the engine thread. One atomic
+ * load, no lock: any thread may call it on every request, e.g. to send the
+ * next one to the instance with the least outstanding work. The value is a
+ * snapshot; it is 0 on a new scheduler and again once everything ended. */
+int64_t sp_sched_outstanding(const sp_sched_t *s);
+
 /* Loop thread. SP_ERR_BUSY when the queue is full, SP_ERR_INVALID (err) for
  * a bad request (a prompt longer than the context, n out of range). */
 sp_status_t sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out,

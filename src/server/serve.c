@@ -14,6 +14,7 @@
  * runs in signal context.
  */
 #include <errno.h>
+#include <event2/event.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -28,45 +29,147 @@
 #include "sampan/log.h"
 #include "repo/repo.h"
 #include "server/kserve.h"
+#include "server/registry.h"
 #include "server/server.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-/* A name may have several slots (repository versions): the ready one with the
- * highest version wins, then one still loading; UNAVAILABLE slots (failed or
- * unloaded) are not routed, so they answer 404 like an unknown name. */
-sp_served_model_t *
-sp_server_find_model(sp_server_t *s, const char *name, size_t len)
+/* A request parked while its model loads on demand: a timer on its loop
+ * looks at the registry every few milliseconds (a load takes from
+ * milliseconds to seconds; polling keeps the manager thread free of any
+ * knowledge of loops and requests). */
+typedef struct model_wait {
+    sp_server_t *s;
+    sp_http_req_t *r;
+    struct event *tick;
+    sp_route_fn retry;
+    sp_route_params_t p;
+    char name[SP_REPO_NAME_MAX + 1];
+    char version[24];
+    bool has_version;
+    int64_t deadline_ns;
+} model_wait_t;
+
+#define MODEL_WAIT_TICK_US 5000
+
+static void
+model_wait_free(model_wait_t *w)
 {
-    sp_served_model_t *best = NULL;
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (strlen(m->name) != len || memcmp(m->name, name, len) != 0 ||
-            atomic_load(&m->state) == SP_REPO_UNAVAILABLE) {
-            continue;
-        }
-        bool r = atomic_load(&m->ready);
-        if (best == NULL || (r && !atomic_load(&best->ready)) ||
-            (r == atomic_load(&best->ready) && m->version > best->version)) {
-            best = m;
-        }
+    if (w->tick) {
+        event_free(w->tick);
     }
-    return best;
+    sp_free(w);
 }
 
-sp_served_model_t *
-sp_server_find_version(sp_server_t *s, const char *name, size_t len, sp_str_t version)
+static void
+model_wait_abort(sp_http_req_t *r, void *ud)
 {
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (strlen(m->name) == len && memcmp(m->name, name, len) == 0 &&
-            atomic_load(&m->state) != SP_REPO_UNAVAILABLE && sp_str_eq_c(version, m->version_str)) {
-            return m;
-        }
+    (void)r;
+    model_wait_free(ud);
+}
+
+static void
+model_wait_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    model_wait_t *w = arg;
+    sp_served_model_t *m = NULL;
+    char reason[8];
+    sp_acq_t a = sp_registry_acquire(w->s, w->name, strlen(w->name),
+                                     w->has_version ? w->version : NULL, strlen(w->version), false,
+                                     &m, reason, sizeof reason);
+    sp_served_release(m); /* the retry looks it up again */
+    if (a == SP_ACQ_LOADING && sp_time_ns() < w->deadline_ns) {
+        struct timeval tv = {0, MODEL_WAIT_TICK_US};
+        evtimer_add(w->tick, &tv);
+        return;
     }
-    return NULL;
+    sp_http_req_t *r = w->r;
+    sp_http_req_on_abort(r, NULL, NULL);
+    if (a == SP_ACQ_LOADING) {
+        sp_http_add_header(r, "Retry-After", "5");
+        sp_server_error(r, 503, "service_unavailable", "model", "model_loading",
+                        "the model '%s' is still loading after %g s (--load-timeout)", w->name,
+                        w->s->cfg.load_timeout_s);
+        model_wait_free(w);
+        return;
+    }
+    /* Loaded (or failed: the handler reports why). The route parameters
+     * point into the request, which is still alive. */
+    sp_route_params_t p = w->p;
+    sp_route_fn retry = w->retry;
+    sp_server_t *s = w->s;
+    model_wait_free(w);
+    retry(r, &p, s);
+}
+
+bool
+sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t len,
+                    sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
+                    sp_served_model_t **out)
+{
+    char reason[512];
+    sp_jbuf_t nm;
+    *out = NULL;
+    sp_acq_t a = sp_registry_acquire(s, name, len, version.ptr, version.len, true, out, reason,
+                                     sizeof reason);
+    switch (a) {
+    case SP_ACQ_OK:
+        return true;
+    case SP_ACQ_LOADING: {
+        model_wait_t *w = sp_calloc(1, sizeof *w);
+        struct event_base *base = sp_http_loop_base(sp_http_req_loop(r));
+        if (w == NULL || len > SP_REPO_NAME_MAX || version.len >= sizeof w->version ||
+            (w->tick = evtimer_new(base, model_wait_tick, w)) == NULL) {
+            if (w) {
+                model_wait_free(w);
+            }
+            sp_http_add_header(r, "Retry-After", "1");
+            sp_server_error(r, 503, "service_unavailable", "model", "model_loading",
+                            "the model is loading");
+            return false;
+        }
+        w->s = s;
+        w->r = r;
+        w->retry = retry;
+        if (p) {
+            w->p = *p;
+        }
+        memcpy(w->name, name, len);
+        w->has_version = version.ptr != NULL;
+        if (version.ptr) {
+            memcpy(w->version, version.ptr, version.len);
+        }
+        w->deadline_ns = sp_time_ns() + (int64_t)(s->cfg.load_timeout_s * 1e9);
+        sp_http_req_on_abort(r, model_wait_abort, w);
+        struct timeval tv = {0, MODEL_WAIT_TICK_US};
+        evtimer_add(w->tick, &tv);
+        return false;
+    }
+    case SP_ACQ_UNAVAILABLE:
+    case SP_ACQ_UNKNOWN:
+        break;
+    }
+    /* Client data in the message: escaped and cut. */
+    sp_jbuf_init(&nm);
+    sp_jbuf_str(&nm, name, len > 128 ? 128 : len);
+    if (a == SP_ACQ_UNKNOWN && version.ptr) {
+        sp_jbuf_t v;
+        sp_jbuf_init(&v);
+        sp_jbuf_str(&v, version.ptr, version.len > 32 ? 32 : version.len);
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model %s has no version %s", nm.p ? nm.p : "\"\"", v.p ? v.p : "\"\"");
+        sp_jbuf_free(&v);
+    } else if (a == SP_ACQ_UNKNOWN) {
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model %s does not exist", nm.p ? nm.p : "\"\"");
+    } else {
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_available",
+                        "The model %s is not available: %s", nm.p ? nm.p : "\"\"", reason);
+    }
+    sp_jbuf_free(&nm);
+    return false;
 }
 
 sp_mailbox_t *
@@ -191,31 +294,78 @@ h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
 }
 
-/* GET /stats: the schedulers' counters, one object per loaded model (docs/api.md). */
+/* One model's counters: its instances' summed (steps: the busiest one's). */
+static void
+model_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
+{
+    sp_sched_get_stats(m->inst[0], o);
+    for (int k = 1; k < m->n_inst; k++) {
+        sp_sched_stats_t t;
+        sp_sched_get_stats(m->inst[k], &t);
+        o->active += t.active;
+        o->queued += t.queued;
+        for (int i = 0; i < 3; i++) {
+            o->running_tier[i] += t.running_tier[i];
+            o->waiting_tier[i] += t.waiting_tier[i];
+        }
+        o->jobs_done += t.jobs_done;
+        o->jobs_cancelled += t.jobs_cancelled;
+        o->tokens_generated += t.tokens_generated;
+        o->prompt_tokens += t.prompt_tokens;
+        o->prompt_tokens_cached += t.prompt_tokens_cached;
+        o->preemptions += t.preemptions;
+        o->prefix_lookups += t.prefix_lookups;
+        o->prefix_hits += t.prefix_hits;
+        o->kv_blocks_total += t.kv_blocks_total;
+        o->kv_blocks_used += t.kv_blocks_used;
+        o->kv_blocks_cached += t.kv_blocks_cached;
+        o->kv_blocks_free += t.kv_blocks_free;
+        o->kv_evictions += t.kv_evictions;
+        o->budget_decreases += t.budget_decreases;
+        o->budget_increases += t.budget_increases;
+        if (t.steps > o->steps) {
+            o->steps = t.steps;
+            o->last_step_seqs = t.last_step_seqs;
+            o->last_step_rows = t.last_step_rows;
+            o->mean_step_seqs = t.mean_step_seqs;
+            o->mean_step_rows = t.mean_step_rows;
+            o->step_budget = t.step_budget;
+        }
+        if (t.step_p99_ms > o->step_p99_ms) {
+            o->step_p99_ms = t.step_p99_ms;
+        }
+    }
+}
+
+/* GET /stats: per loaded model (the newest version under its name, older
+ * ones as name@version) and the devices' memory (docs/api.md). */
 static void
 h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
+    sp_served_model_t **ms = NULL;
+    int n = sp_registry_snapshot(s, &ms);
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"models\":{");
-    bool first = true;
-    for (int i = 0; i < s->n_models; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (!atomic_load(&m->ready) || m->sched == NULL) {
-            continue;
-        }
+    for (int i = 0; i < n; i++) {
+        sp_served_model_t *m = ms[i];
         sp_sched_stats_t st;
-        sp_sched_get_stats(m->sched, &st);
-        if (!first) {
+        model_stats(m, &st);
+        if (i > 0) {
             sp_jbuf_lit(&b, ",");
         }
-        first = false;
-        sp_jbuf_str(&b, m->name, strlen(m->name));
-        char buf[1536];
-        int n = snprintf(
+        /* snapshot order: by name, then version: the last of a name is the newest */
+        bool newest = i + 1 == n || strcmp(ms[i + 1]->name, m->name) != 0;
+        char key[160];
+        int kl = newest ? snprintf(key, sizeof key, "%s", m->name)
+                        : snprintf(key, sizeof key, "%s@%s", m->name, m->version_str);
+        sp_jbuf_str(&b, key, kl > 0 && (size_t)kl < sizeof key ? (size_t)kl : strlen(key));
+        char buf[2048];
+        int w = snprintf(
             buf, sizeof buf,
-            ":{\"running\":%lld,\"waiting\":%lld,"
+            ":{\"version\":\"%s\",\"instances\":%d,\"memory_bytes\":%llu,\"load_ms\":%.3f,"
+            "\"running\":%lld,\"waiting\":%lld,"
             "\"running_by_tier\":{\"premium\":%lld,\"standard\":%lld,\"batch\":%lld},"
             "\"waiting_by_tier\":{\"premium\":%lld,\"standard\":%lld,\"batch\":%lld},"
             "\"jobs_done\":%lld,\"jobs_cancelled\":%lld,\"tokens_generated\":%lld,"
@@ -225,7 +375,8 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"steps\":%lld,"
             "\"last_step_seqs\":%lld,\"last_step_tokens\":%lld,\"mean_step_seqs\":%.3f,"
             "\"mean_step_tokens\":%.3f,\"step_budget\":%lld,\"step_p99_ms\":%.4f,"
-            "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld}",
+            "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld",
+            m->version_str, m->n_inst, (unsigned long long)m->mem_bytes, m->load_ms,
             (long long)st.active, (long long)st.queued, (long long)st.running_tier[2],
             (long long)st.running_tier[1], (long long)st.running_tier[0],
             (long long)st.waiting_tier[2], (long long)st.waiting_tier[1],
@@ -240,9 +391,33 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows,
             (long long)st.step_budget, st.step_p99_ms, st.tpot_target_ms,
             (long long)st.budget_decreases, (long long)st.budget_increases);
-        sp_jbuf_raw(&b, buf, n > 0 && (size_t)n < sizeof buf ? (size_t)n : 0);
+        sp_jbuf_raw(&b, buf, w > 0 && (size_t)w < sizeof buf ? (size_t)w : 0);
+        /* Per instance: jobs done, for checking how work spreads. */
+        sp_jbuf_lit(&b, ",\"instance_jobs_done\":[");
+        for (int k = 0; k < m->n_inst; k++) {
+            sp_sched_stats_t t;
+            sp_sched_get_stats(m->inst[k], &t);
+            sp_jbuf_printf(&b, k ? ",%lld" : "%lld", (long long)t.jobs_done);
+        }
+        sp_jbuf_lit(&b, "]}");
+        sp_served_release(m);
     }
-    sp_jbuf_lit(&b, "}}");
+    sp_free(ms);
+    sp_jbuf_lit(&b, "},\"devices\":[");
+    sp_registry_t *reg = &s->reg;
+    pthread_mutex_lock(&reg->mu);
+    for (int d = 0; d < reg->n_dev; d++) {
+        const sp_device_info_t *di = sp_devices_get(reg->devs, d);
+        sp_jbuf_lit(&b, d ? ",{\"id\":" : "{\"id\":");
+        sp_jbuf_cstr(&b, di->id);
+        sp_jbuf_printf(&b,
+                       ",\"kind\":\"%s\",\"total_bytes\":%llu,\"budget_bytes\":%llu,"
+                       "\"reserved_bytes\":%llu}",
+                       sp_device_kind_name(di->kind), (unsigned long long)di->total_bytes,
+                       (unsigned long long)reg->budget[d], (unsigned long long)reg->used[d]);
+    }
+    sp_jbuf_printf(&b, "],\"evictions\":%lld}", (long long)reg->evictions);
+    pthread_mutex_unlock(&reg->mu);
     sp_server_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
@@ -343,85 +518,6 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
     }
 }
 
-/* ------------------------------------------------------------- models */
-
-sp_status_t
-sp_server_load_slot(sp_server_t *s, sp_served_model_t *m, char *err, size_t err_len)
-{
-    int64_t t0 = sp_time_ns();
-    if (sp_model_load(m->path, &m->model, err, err_len) != SP_OK) {
-        return SP_ERR_INVALID;
-    }
-    m->tok = sp_model_tokenizer(m->model);
-    const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
-    if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,
-                                   sizeof m->tmpl_error) != SP_OK) {
-        if (tname) {
-            snprintf(err, err_len, "%s", m->tmpl_error);
-            goto fail;
-        }
-        SP_LOG_WARN("event=chat_template_unusable model=%s error=\"%s\"", m->name, m->tmpl_error);
-        m->tmpl = NULL;
-    }
-    sp_sched_params_t sp = sp_sched_default_params();
-    sp.n_slots = s->cfg.parallel;
-    sp.n_ctx = s->cfg.ctx_size;
-    sp.n_threads = s->cfg.threads;
-    sp.max_queue = s->cfg.queue;
-    sp.prefill_chunk = s->cfg.step_tokens;
-    sp.kv_blocks = s->cfg.kv_blocks;
-    sp.kv_f16 = s->cfg.kv_f16;
-    sp.tpot_target_ms = s->cfg.tpot_target_ms;
-    sp.tier_queue[0] = s->cfg.queue_batch;
-    sp.tier_queue[1] = s->cfg.queue_standard;
-    sp.tier_queue[2] = s->cfg.queue_premium;
-    if (sp_sched_create(m->model, &sp, &m->sched, err, err_len) != SP_OK) {
-        goto fail;
-    }
-    m->n_ctx = sp_sched_n_ctx(m->sched);
-    m->created = (int64_t)time(NULL);
-    m->reason[0] = '\0';
-    atomic_store(&m->state, SP_REPO_READY);
-    atomic_store(&m->ready, true);
-    SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s ctx=%lld parallel=%d template=%s "
-                "load_ms=%.1f",
-                m->name, (long long)m->version, m->path, (long long)m->n_ctx, s->cfg.parallel,
-                m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
-                (double)(sp_time_ns() - t0) / 1e6);
-    return SP_OK;
-fail:
-    sp_chat_template_destroy(m->tmpl);
-    m->tmpl = NULL;
-    sp_model_free(m->model);
-    m->model = NULL;
-    m->tok = NULL;
-    return SP_ERR_INVALID;
-}
-
-static void *
-loader_main(void *arg)
-{
-    sp_server_t *s = arg;
-    char err[512];
-    int n = atomic_load(&s->n_models);
-    for (int i = 0; i < n; i++) {
-        sp_served_model_t *m = &s->models[i];
-        if (sp_server_load_slot(s, m, err, sizeof err) != SP_OK) {
-            SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", m->name, err);
-            atomic_store(&s->load_failed, true);
-            return NULL;
-        }
-    }
-    /* Repository models: one that fails is reported in the index, the rest serve. */
-    sp_repository_load_startup(s);
-    if (atomic_load(&s->load_failed)) {
-        return NULL;
-    }
-    atomic_store(&s->ready, true);
-    SP_LOG_INFO("event=ready models=%d", atomic_load(&s->n_models));
-    return NULL;
-}
-
 /* ------------------------------------------------------------- entry */
 
 int
@@ -445,15 +541,11 @@ sp_cmd_serve(int argc, char **argv)
         return 0;
     }
     sp_json_init();
-    pthread_mutex_init(&s->repo_mu, NULL);
-    s->n_models = s->cfg.n_models;
-    for (int i = 0; i < s->n_models; i++) {
-        atomic_init(&s->models[i].state, SP_REPO_LOADING);
-        snprintf(s->models[i].version_str, sizeof s->models[i].version_str, "%s",
-                 SP_KSERVE_MODEL_VERSION);
-        /* Same-sized NUL-terminated arrays (config.h). */
-        memcpy(s->models[i].name, s->cfg.models[i].name, sizeof s->models[i].name);
-        memcpy(s->models[i].path, s->cfg.models[i].path, sizeof s->models[i].path);
+    if (sp_registry_init(&s->reg, s->cfg.memory_budget, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        sp_registry_fini(&s->reg);
+        sp_free(s);
+        return 2;
     }
     s->started_unix = (int64_t)time(NULL);
 
@@ -467,8 +559,6 @@ sp_cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     int rc = 1;
-    pthread_t loader;
-    bool loader_started = false;
     s->router = sp_router_create();
     if (s->router == NULL) {
         fprintf(stderr, "sampan: out of memory\n");
@@ -497,12 +587,11 @@ sp_cmd_serve(int argc, char **argv)
         goto done;
     }
     SP_LOG_INFO("event=listening url=http://%s:%d http_threads=%d models=%d", s->cfg.host,
-                sp_http_server_port(s->http), s->cfg.http_threads, s->n_models);
-    if (pthread_create(&loader, NULL, loader_main, s) != 0) {
-        fprintf(stderr, "sampan serve: cannot start the loader thread\n");
+                sp_http_server_port(s->http), s->cfg.http_threads, s->cfg.n_models);
+    if (sp_repository_start(s, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
-    loader_started = true;
 
     /* Wait for a signal (or a failed load); then drain. */
     struct timespec tick = {0, 50 * 1000 * 1000};
@@ -538,22 +627,15 @@ sp_cmd_serve(int argc, char **argv)
     }
 
 done:
-    if (loader_started) {
-        pthread_join(loader, NULL);
-    }
-    /* Engines first (their jobs end with errors delivered to the loops), then the loops. */
-    for (int i = 0; i < s->n_models; i++) {
-        sp_sched_stop(s->models[i].sched);
-    }
+    /* The manager first (no more loads), then the engines (their jobs end
+     * with errors delivered to the loops), then the loops (aborted requests
+     * drop their references), then the models. */
+    sp_repository_stop(s);
+    sp_registry_stop_all(&s->reg);
     sp_http_server_destroy(s->http);
-    for (int i = 0; i < s->n_models; i++) {
-        sp_sched_destroy(s->models[i].sched);
-        sp_chat_template_destroy(s->models[i].tmpl);
-        sp_model_free(s->models[i].model);
-    }
+    sp_registry_fini(&s->reg);
     sp_router_destroy(s->router);
     SP_LOG_INFO("event=stopped status=%d", rc);
-    pthread_mutex_destroy(&s->repo_mu);
     sp_free(s);
     return rc;
 }

@@ -2,9 +2,9 @@
  * server.h - what the protocol modules (openai.c, later kserve.c) share: the
  * served models, readiness, the per-loop context, error and JSON replies.
  *
- * Threads: the model table is filled before the server turns ready and is
- * read-only afterwards; `ready` and `draining` are atomics. Everything else
- * here is called on a loop thread with a request of that loop.
+ * Threads: the models live in the registry (registry.h, its own lock);
+ * `ready` and `draining` are atomics. Everything else here is called on a
+ * loop thread with a request of that loop.
  */
 #ifndef SP_SERVER_SERVER_H
 #define SP_SERVER_SERVER_H
@@ -21,35 +21,21 @@
 #include "server/http.h"
 #include "server/json.h"
 #include "server/router.h"
+#include "server/registry.h"
 #include "server/sched.h"
 
-typedef struct sp_served_model {
-    char name[128];
-    char path[1024];
-    sp_model_t *model;
-    const sp_tokenizer_t *tok;
-    sp_chat_template_t *tmpl; /* NULL when the model has none that compiles */
-    char tmpl_error[256];
-    sp_sched_t *sched;
-    int64_t n_ctx;
-    int64_t created;          /* unix seconds, for /v1/models */
-    atomic_bool ready;
-    /* Repository models (repository.c): one slot per (name, version). A slot
-     * never moves or goes away while the server runs; unload only parks it
-     * (see repository.c for why its memory is kept until shutdown). */
-    bool from_repo;
-    int64_t version;          /* repository version; 0 for --model */
-    char version_str[24];     /* KServe's model_version: the repository version, "1" for --model */
-    atomic_int state;         /* sp_repo_state_t; UNAVAILABLE slots are not routed */
-    char reason[512];         /* why UNAVAILABLE (guarded by sp_server_t.repo_mu) */
-} sp_served_model_t;
+typedef struct sp_mgr_cmd sp_mgr_cmd_t; /* repository.c */
 
 typedef struct sp_server {
     sp_serve_config_t cfg;
-    sp_served_model_t models[SP_SERVE_MAX_MODELS];
-    atomic_int n_models;      /* grows when the repository loads a model; slots fill first */
-    pthread_mutex_t repo_mu;  /* serialises repository load, unload and index */
-    atomic_bool ready;        /* every model loaded */
+    sp_registry_t reg;        /* the served models (registry.h) */
+    /* The manager thread (repository.c): loads, unloads, polls, evicts and
+     * frees models; its queue is guarded by reg.mu and woken by reg.cv. */
+    pthread_t mgr;
+    bool mgr_started;
+    bool mgr_stop;
+    sp_mgr_cmd_t *cmd_head, *cmd_tail;
+    atomic_bool ready;        /* start-up loads done */
     atomic_bool draining;     /* SIGTERM seen */
     atomic_bool load_failed;
     sp_http_server_t *http;
@@ -66,11 +52,16 @@ typedef struct sp_loop_ctx {
 /* `sampan serve` */
 int sp_cmd_serve(int argc, char **argv);
 
-/* Model by name (NULL if unknown). */
-sp_served_model_t *sp_server_find_model(sp_server_t *s, const char *name, size_t len);
-/* The routed slot of a name and KServe version string (NULL if none). */
-sp_served_model_t *sp_server_find_version(sp_server_t *s, const char *name, size_t len,
-                                          sp_str_t version);
+/* The model a request names (version: a KServe version string, or ptr
+ * NULL for the newest). true: *out holds a reference the request must
+ * release (sp_served_release) when it ends. false: the request has been
+ * answered (404 unknown or unavailable, with the reason) or parked while
+ * its model loads on demand: `retry` then runs again with the same
+ * arguments once the load ends, or the request gets 503 after
+ * --load-timeout. */
+bool sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t len,
+                         sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
+                         sp_served_model_t **out);
 sp_mailbox_t *sp_server_mailbox(sp_http_req_t *r);
 
 /* OpenAI-shaped error: {"error":{"message","type","param","code"}}. type NULL
@@ -80,16 +71,15 @@ void sp_server_error(sp_http_req_t *r, int status, const char *type, const char 
 /* 200-style JSON answer from a writer (500 if it ran out of memory). */
 void sp_server_reply_json(sp_http_req_t *r, int status, const sp_jbuf_t *b);
 
-/* Load a slot's model, template and scheduler from m->path with the server's
- * settings, and publish it (ready, READY). On failure the slot is left
- * without a model and err says why. */
-sp_status_t sp_server_load_slot(sp_server_t *s, sp_served_model_t *m, char *err, size_t err_len);
-
 /* Route registration of each protocol module. */
 void sp_openai_register(sp_router_t *rt, sp_server_t *s);
-/* repository.c: start-up load of --model-repository (on the loader thread)
- * and the /v2/repository routes. */
+/* repository.c: the manager thread (start-up loads of --model and the
+ * repository, poll mode, load and unload, on-demand loads, freeing) and the
+ * /v2/repository routes. */
 void sp_repository_register(sp_router_t *rt, sp_server_t *s);
-void sp_repository_load_startup(sp_server_t *s);
+sp_status_t sp_repository_start(sp_server_t *s, char *err, size_t err_len);
+void sp_repository_stop(sp_server_t *s);
+/* Queue the on-demand load of e (reg.mu held; e already LOADING). */
+void sp_repository_demand_locked(sp_server_t *s, sp_model_entry_t *e);
 
 #endif /* SP_SERVER_SERVER_H */

@@ -196,8 +196,9 @@ def main():
         s.skip("repository", "build/sampan not built")
         return
     rc, _, err = run([exe, "serve", "--model-repository", "/nonexistent", "--model-control-mode",
-                      "poll", "--port", "0"], timeout=10)
-    s.case("poll mode refused with a clear error", rc == 2 and "poll" in err, err.strip()[:200])
+                      "sometimes", "--port", "0"], timeout=10)
+    s.case("unknown control mode refused with a clear error",
+           rc == 2 and "none, poll or explicit" in err, err.strip()[:200])
     rc, _, err = run([exe, "serve", "--model-repository", "/nonexistent/h13repo", "--port", "0"],
                      timeout=10)
     s.case("missing repository root: exit 1", rc == 1, f"{rc} {err.strip()[-200:]}")
