@@ -80,6 +80,15 @@ $(BUILD)/libfake_nvml_nosym.so: tests/fake/fake_nvml.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g $(WARN) -fPIC -shared -DFAKE_NVML_NO_MEMINFO -o $@ $<
 
+# The status page (GET /, src/server/status.c) is compiled in: tools/embed.py
+# turns the HTML into a byte array plus the CSP hashes of its inline script and
+# style, in $(BUILD)/gen/ (generated on every clean build, never committed).
+$(BUILD)/gen/status_page.h: src/server/status_page.html tools/embed.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tools/embed.py $< $@ sp_status_page
+$(BUILD)/src/server/status.o: $(BUILD)/gen/status_page.h
+$(BUILD)/src/server/status.o: CPPFLAGS += -I$(BUILD)/gen
+
 unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
 
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).

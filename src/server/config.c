@@ -61,7 +61,14 @@ const char sp_serve_usage[] =
     "      --request-timeout S   wall-clock limit of one request (default 600, 0 = none)\n"
     "      --drain-timeout S     on SIGTERM/SIGINT, seconds to finish requests (default 30)\n"
     "      --api-key KEY         require 'Authorization: Bearer KEY' (default: none)\n"
-    "  -v, --verbose             log every request\n";
+    "      --log-format F        kv (key=value, default) or json: one line per event\n"
+    "      --log-requests W      which requests get an access-log line: all, models\n"
+    "                            (inference requests and errors, default), errors, none\n"
+    "      --log-prompts         also log prompts and outputs, masked (e-mail addresses,\n"
+    "                            card and phone numbers), cut at 256 bytes\n"
+    "      --metrics-compat vllm also export vLLM's metric names (vllm:num_requests_waiting,\n"
+    "                            ...) for autoscalers, the inference gateway and dashboards\n"
+    "  -v, --verbose             log every request (--log-requests all)\n";
 
 typedef enum opt_type { T_INT, T_I64, T_SIZE, T_SEC, T_MS, T_STR, T_BOOL, T_MODEL, T_CONFIG } opt_type_t;
 
@@ -117,6 +124,10 @@ static const opt_t opts[] = {
     {"drain-timeout", 0, T_SEC, OFF(drain_timeout_s), 0, 86400, 0},
     {"api-key", 0, T_STR, OFF(api_key), 0, 0, sizeof(((sp_serve_config_t *)0)->api_key)},
     {"verbose", 'v', T_BOOL, OFF(verbose), 0, 0, 0},
+    {"log-format", 0, T_STR, OFF(log_format), 0, 0, sizeof(((sp_serve_config_t *)0)->log_format)},
+    {"log-requests", 0, T_STR, OFF(log_requests), 0, 0, sizeof(((sp_serve_config_t *)0)->log_requests)},
+    {"log-prompts", 0, T_BOOL, OFF(log_prompts), 0, 0, 0},
+    {"metrics-compat", 0, T_STR, OFF(metrics_compat), 0, 0, sizeof(((sp_serve_config_t *)0)->metrics_compat)},
 };
 #undef OFF
 
@@ -453,6 +464,27 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "--model-control-mode must be none, poll or explicit, got '%s'",
                        c->model_control_mode);
+    }
+    static const char *const formats[] = {"kv", "json", NULL};
+    static const char *const requests[] = {"all", "models", "errors", "none", NULL};
+    static const char *const compat[] = {"none", "vllm", NULL};
+    struct { const char *flag; char *val; size_t cap; const char *const *ok; const char *def; } en[] = {
+        {"--log-format", c->log_format, sizeof c->log_format, formats, "kv"},
+        {"--log-requests", c->log_requests, sizeof c->log_requests, requests, c->verbose ? "all" : "models"},
+        {"--metrics-compat", c->metrics_compat, sizeof c->metrics_compat, compat, "none"},
+    };
+    for (size_t k = 0; k < sizeof en / sizeof en[0]; k++) {
+        if (en[k].val[0] == '\0') {
+            snprintf(en[k].val, en[k].cap, "%s", en[k].def);
+        }
+        bool found = false;
+        for (const char *const *o = en[k].ok; *o; o++) {
+            found |= strcmp(*o, en[k].val) == 0;
+        }
+        if (!found) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "%s: unknown value '%s'", en[k].flag,
+                           en[k].val);
+        }
     }
     if (c->n_models == 0 && c->model_repository[0] == '\0') {
         default_model(c);

@@ -56,6 +56,10 @@ typedef struct sp_serve_config {
     double request_timeout_s; /* per request wall-clock limit (0 = none) */
     char api_key[256];        /* "" = no authentication */
     bool verbose;
+    char log_format[8];       /* "kv" or "json" */
+    char log_requests[8];     /* "all", "models", "errors", "none" */
+    bool log_prompts;         /* log prompts and outputs, masked */
+    char metrics_compat[8];   /* "none" or "vllm" */
     sp_http_limits_t limits;
 } sp_serve_config_t;
 

@@ -25,6 +25,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +41,7 @@
 #include <http_parser.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
 #include "sampan/log.h"
 
 /* Extra response headers a handler may add (Retry-After, Content-Type of errors...). */
@@ -64,6 +66,12 @@ struct sp_http_req {
     void *abort_ud;
     char extra[EXTRA_HDR_CAP];
     size_t extra_len;
+    int64_t start_ns;    /* dispatch time */
+    int status;          /* of the response head written; 0 = none yet */
+    bool dispatched;     /* handed to the handler and not yet reported done */
+    char rid[SP_HTTP_RID_MAX + 1];
+    char note[SP_HTTP_NOTE_MAX];
+    size_t note_len;
 };
 
 struct conn {
@@ -123,6 +131,7 @@ struct sp_http_server {
     atomic_int_fast64_t inflight;
     atomic_int_fast64_t n_conns;
     atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t status_count[600]; /* responses written, by status code */
     atomic_bool draining;
     http_parser_settings settings;
 };
@@ -228,6 +237,8 @@ conn_close(conn_t *c)
 }
 
 /* The handler's request dies with the connection: tell its owner first. */
+static void report_done(conn_t *c, bool aborted);
+
 static void
 conn_abort_owner(conn_t *c)
 {
@@ -235,6 +246,9 @@ conn_abort_owner(conn_t *c)
         void (*fn)(sp_http_req_t *, void *) = c->req.abort_fn;
         c->req.abort_fn = NULL;
         fn(&c->req, c->req.abort_ud);
+    }
+    if (c->state == C_HANDLER || c->state == C_STREAM) {
+        report_done(c, true);
     }
 }
 
@@ -291,6 +305,10 @@ write_head(conn_t *c, int status, const char *ctype, bool has_len, size_t len)
     if (close) {
         c->close_after = true;
     }
+    if (status >= 100 && status < 600) {
+        atomic_fetch_add_explicit(&s->status_count[status], 1, memory_order_relaxed);
+    }
+    c->req.status = status;
     /* One formatted block and one evbuffer_add: this is on every response's path. */
     char head[512];
     int n = snprintf(head, sizeof head, "HTTP/1.%d %d %s\r\nServer: sampan\r\n%s%s%s",
@@ -321,8 +339,22 @@ write_head(conn_t *c, int status, const char *ctype, bool has_len, size_t len)
 
 /* The answer is queued: wait for the output to drain (write_cb finishes it). */
 static void
+report_done(conn_t *c, bool aborted)
+{
+    if (!c->req.dispatched) {
+        return;
+    }
+    c->req.dispatched = false;
+    sp_http_server_t *s = c->loop->srv;
+    if (s->p.on_done) {
+        s->p.on_done(&c->req, aborted, s->p.handler_ud);
+    }
+}
+
+static void
 conn_flush(conn_t *c)
 {
+    report_done(c, false);
     c->state = C_FLUSH;
     c->req.abort_fn = NULL;
     timer_arm(c, 0);
@@ -461,6 +493,51 @@ sp_http_req_on_abort(sp_http_req_t *r, void (*fn)(sp_http_req_t *r, void *ud), v
 }
 
 /* -------------------------------------------------------------- accessors */
+
+void
+sp_http_req_set_rid(sp_http_req_t *r, const char *rid, size_t len)
+{
+    if (len > SP_HTTP_RID_MAX) {
+        len = SP_HTTP_RID_MAX;
+    }
+    memcpy(r->rid, rid, len);
+    r->rid[len] = '\0';
+}
+
+const char *sp_http_req_rid(const sp_http_req_t *r) { return r->rid; }
+int64_t sp_http_req_start_ns(const sp_http_req_t *r) { return r->start_ns; }
+int sp_http_req_status(const sp_http_req_t *r) { return r->status; }
+const char *sp_http_req_note(const sp_http_req_t *r) { return r->note; }
+
+void
+sp_http_req_annotate(sp_http_req_t *r, const char *fmt, ...)
+{
+    if (r->note_len + 2 >= sizeof r->note) {
+        return;
+    }
+    if (r->note_len > 0) {
+        r->note[r->note_len++] = ' ';
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->note + r->note_len, sizeof r->note - r->note_len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        r->note[--r->note_len] = '\0';
+        return;
+    }
+    r->note_len += (size_t)n < sizeof r->note - r->note_len ? (size_t)n
+                                                            : sizeof r->note - r->note_len - 1;
+}
+
+uint64_t
+sp_http_server_status_count(const sp_http_server_t *s, int status)
+{
+    return status >= 100 && status < 600
+               ? atomic_load_explicit(&((sp_http_server_t *)s)->status_count[status],
+                                      memory_order_relaxed)
+               : 0;
+}
 
 sp_http_method_t sp_http_req_method(const sp_http_req_t *r) { return r->method; }
 sp_str_t sp_http_req_path(const sp_http_req_t *r) { return r->path; }
@@ -688,6 +765,11 @@ dispatch(conn_t *c)
     r->abort_fn = NULL;
     r->abort_ud = NULL;
     r->extra_len = 0;
+    r->start_ns = sp_time_ns();
+    r->status = 0;
+    r->rid[0] = '\0';
+    r->note_len = 0;
+    r->note[0] = '\0';
     const char *url = c->head + c->url_off;
     const char *q = memchr(url, '?', c->url_len);
     size_t plen = q ? (size_t)(q - url) : c->url_len;
@@ -705,6 +787,7 @@ dispatch(conn_t *c)
         return;
     }
     c->state = C_HANDLER;
+    r->dispatched = true;
     c->inflight = true;
     atomic_fetch_add(&s->inflight, 1);
     /* Pipelined bytes may arrive while the handler works; cap what is kept. */
@@ -912,7 +995,7 @@ static void
 accept_error_cb(struct evconnlistener *lst, void *arg)
 {
     int e = EVUTIL_SOCKET_ERROR();
-    SP_LOG_WARN("event=accept_error error=\"%s\"", evutil_socket_error_to_string(e));
+    SP_LOG_WARN("event=accept_error error=%s", sp_log_str(evutil_socket_error_to_string(e)));
     /* EMFILE and friends: back off instead of spinning on the ready socket. */
     if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
         evconnlistener_disable(lst);

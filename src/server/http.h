@@ -69,6 +69,10 @@ typedef void (*sp_http_loop_fini_fn)(sp_http_loop_t *loop, void *loop_user, void
 /* Writes the body of an error the HTTP layer answers itself (400, 408, 413, ...)
  * into buf (cap bytes, NUL-terminated); returns its length. */
 typedef size_t (*sp_http_error_fmt_fn)(int status, const char *message, char *buf, size_t cap);
+/* Called once per request handed to the handler, on its loop thread, when its
+ * answer is fully queued or (aborted) the connection died first: for access
+ * logs. The request's accessors still work during the call. */
+typedef void (*sp_http_done_fn)(sp_http_req_t *req, bool aborted, void *handler_ud);
 
 typedef struct sp_http_server_params {
     sp_http_limits_t limits;
@@ -78,6 +82,7 @@ typedef struct sp_http_server_params {
     sp_http_loop_init_fn loop_init; /* optional */
     sp_http_loop_fini_fn loop_fini; /* optional */
     sp_http_error_fmt_fn error_fmt; /* optional: default {"error":{"message":...}} */
+    sp_http_done_fn on_done;        /* optional */
 } sp_http_server_params_t;
 
 sp_http_server_params_t sp_http_default_server_params(void);
@@ -97,6 +102,8 @@ void sp_http_server_stop_accepting(sp_http_server_t *s);
 int64_t sp_http_server_inflight(const sp_http_server_t *s);
 /* Open client connections. */
 int64_t sp_http_server_connections(const sp_http_server_t *s);
+/* Responses written with this status code (100..599) since start, any thread. */
+uint64_t sp_http_server_status_count(const sp_http_server_t *s, int status);
 /* Stop the loops (aborting whatever is still open), join the threads, free. */
 void sp_http_server_destroy(sp_http_server_t *s);
 
@@ -126,6 +133,17 @@ sp_str_t sp_http_req_body(const sp_http_req_t *r);
 sp_http_loop_t *sp_http_req_loop(const sp_http_req_t *r);
 uint64_t sp_http_req_id(const sp_http_req_t *r);     /* unique per server run */
 const char *sp_http_req_peer(const sp_http_req_t *r); /* "ip:port" */
+int64_t sp_http_req_start_ns(const sp_http_req_t *r); /* sp_time_ns() when handed to the handler */
+int sp_http_req_status(const sp_http_req_t *r);       /* status of the head written; 0 = none */
+/* The request id for logs and the x-request-id header (set by the server's handler). */
+#define SP_HTTP_RID_MAX 64
+void sp_http_req_set_rid(sp_http_req_t *r, const char *rid, size_t len);
+const char *sp_http_req_rid(const sp_http_req_t *r);
+/* Append " key=value ..." fields (printf) to the request's note, which the
+ * access log prints; bounded (SP_HTTP_NOTE_MAX), extra text is dropped. */
+#define SP_HTTP_NOTE_MAX 1280
+void sp_http_req_annotate(sp_http_req_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *sp_http_req_note(const sp_http_req_t *r);
 
 /* Add a response header (before sp_http_respond / sp_http_stream_start). Names
  * and values must not contain CR or LF (they are dropped if they do). */

@@ -327,6 +327,7 @@ typedef struct ks_req {
     sp_infer_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
     char *id;               /* generate: the request's id, or NULL */
     sp_schedreq_t sched;    /* parameters 'priority' and 'timeout' (Triton's meanings) */
+    sp_req_clock_t clk;     /* metrics and the access log (metrics.h) */
     sp_jbuf_t out, bin;
 } ks_req_t;
 
@@ -345,6 +346,8 @@ ks_free(ks_req_t *q)
     sp_infer_req_free(&q->ir);
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
+    /* Ended without an outcome: refused while validating (it answered 4xx). */
+    sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
@@ -400,6 +403,7 @@ ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
     }
     q->http = r;
     q->srv = s;
+    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->m = m;
     q->kind = kind;
     return q;
@@ -514,7 +518,8 @@ static void
 on_abort(sp_http_req_t *r, void *ud)
 {
     ks_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect req=%llu", (unsigned long long)sp_http_req_id(r));
+    SP_LOG_INFO("event=client_disconnect rid=%s", sp_http_req_rid(r));
+    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
     sp_sched_cancel(q->job);
     ks_free(q);
 }
@@ -527,8 +532,12 @@ on_event(const sp_sched_event_t *ev, void *ud)
     int rc = 0;
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
+        sp_req_clock_token(&q->clk);
         if (ev->index < 0 || ev->index >= q->n || ev->text_len == 0) {
             break;
+        }
+        if (ev->index == 0) {
+            sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
         }
         if (q->kind == KS_STREAM) {
             sp_jbuf_reset(&q->out);
@@ -551,6 +560,12 @@ on_event(const sp_sched_event_t *ev, void *ud)
         break;
     case SP_SCHED_EV_DONE: {
         sp_http_req_t *r = q->http;
+        q->clk.queue_ns = ev->queue_ns;
+        q->clk.compute_ns = ev->compute_ns;
+        q->clk.prompt_tokens = ev->prompt_tokens;
+        q->clk.completion_tokens = ev->completion_tokens;
+        sp_req_end(r, q->m, &q->clk, ev->status == SP_OK, q->n > 0 ? q->finish[0] : SP_FINISH_STOP,
+                   sp_fail_reason_of(ev->status, ev->message));
         if (ev->status != SP_OK) {
             int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
             const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
@@ -586,8 +601,8 @@ on_event(const sp_sched_event_t *ev, void *ud)
     }
     if (rc != 0) {
         /* The client cannot keep up (or is gone): stop the work, drop the connection. */
-        SP_LOG_INFO("event=stream_dropped req=%llu reason=slow_reader",
-                    (unsigned long long)sp_http_req_id(q->http));
+        SP_LOG_INFO("event=stream_dropped rid=%s reason=slow_reader", sp_http_req_rid(q->http));
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_OVERLOADED);
         sp_sched_cancel(q->job);
         sp_http_abort(q->http);
         ks_free(q);
@@ -640,6 +655,9 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
             goto fail;
         }
         int32_t *tk = toks + (size_t)i * (size_t)cap;
+        if (i == 0) {
+            sp_req_clock_text(&q->clk, false, t.ptr, t.len);
+        }
         int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_tokenizer_add_bos(q->m->tok), false, tk, cap);
         if (nt < 0) {
             sp_kserve_error(r, 400, "%s: cannot tokenize the prompt: %s", where,
@@ -730,6 +748,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sp_free(toks);
     toks = NULL;
     if (st != SP_OK) {
+        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
         if (st == SP_ERR_BUSY) {
             sp_http_add_header(r, "Retry-After", "1");
         }

@@ -48,6 +48,7 @@ typedef struct oai_req {
     oai_kind_t kind;
     bool stream, include_usage, lp_on;
     sp_schedreq_t sched; /* 'priority' and 'timeout' (schedreq.h) */
+    sp_req_clock_t clk;  /* metrics and the access log (metrics.h) */
     int n;
     int top_logprobs;
     char id[64];
@@ -108,6 +109,8 @@ oai_free(oai_req_t *q)
     sp_free(q->choices);
     sp_free(q->emb);
     sp_jbuf_free(&q->out);
+    /* Ended without an outcome: refused while validating (it answered 4xx). */
+    sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
@@ -116,7 +119,8 @@ static void
 on_abort(sp_http_req_t *r, void *ud)
 {
     oai_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect req=%llu", (unsigned long long)sp_http_req_id(r));
+    SP_LOG_INFO("event=client_disconnect rid=%s", sp_http_req_rid(r));
+    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
     sp_sched_cancel(q->job);
     oai_free(q);
 }
@@ -687,6 +691,10 @@ on_event(const sp_sched_event_t *ev, void *ud)
     int rc = 0;
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
+        sp_req_clock_token(&q->clk);
+        if (ev->index == 0) {
+            sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
+        }
         if (q->stream) {
             rc = stream_token(q, ev);
         } else {
@@ -708,6 +716,13 @@ on_event(const sp_sched_event_t *ev, void *ud)
         break;
     case SP_SCHED_EV_DONE: {
         sp_http_req_t *r = q->http;
+        q->clk.queue_ns = ev->queue_ns;
+        q->clk.compute_ns = ev->compute_ns;
+        q->clk.prompt_tokens = ev->prompt_tokens;
+        q->clk.completion_tokens = ev->completion_tokens;
+        sp_req_end(r, q->m, &q->clk, ev->status == SP_OK,
+                   q->choices && q->n > 0 ? q->choices[0].finish : SP_FINISH_STOP,
+                   sp_fail_reason_of(ev->status, ev->message));
         if (ev->status != SP_OK) {
             int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
             const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
@@ -745,8 +760,8 @@ on_event(const sp_sched_event_t *ev, void *ud)
     }
     if (rc != 0) {
         /* The client cannot keep up (or is gone): stop the work, drop the connection. */
-        SP_LOG_INFO("event=stream_dropped req=%llu reason=slow_reader",
-                    (unsigned long long)sp_http_req_id(q->http));
+        SP_LOG_INFO("event=stream_dropped rid=%s reason=slow_reader", sp_http_req_rid(q->http));
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_OVERLOADED);
         sp_sched_cancel(q->job);
         sp_http_abort(q->http);
         oai_free(q);
@@ -786,6 +801,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     char err[512];
     sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
     if (st != SP_OK) {
+        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
         if (st == SP_ERR_BUSY) {
             sp_http_add_header(r, "Retry-After", "1");
             sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
@@ -823,6 +839,7 @@ oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m)
     }
     q->m = m; /* the reference passes to the request */
     q->http = r;
+    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->srv = s;
     q->kind = kind;
     q->n = 1;
@@ -1013,6 +1030,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             oai_free(q);
             goto done;
         }
+        sp_req_clock_text(&q->clk, false, json_string_value(pr), json_string_length(pr));
         rc = tokenize_text(q, "prompt", json_string_value(pr), json_string_length(pr),
                            sp_tokenizer_add_bos(m->tok), false, toks, cap, &n_tok);
     } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
@@ -1193,6 +1211,9 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         oai_free(q);
         goto done;
     }
+    /* The access log keeps the end of the rendered prompt (the latest turn). */
+    size_t keep = plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : plen;
+    sp_req_clock_text(&q->clk, false, prompt + plen - keep, keep);
     /* The template usually writes the BOS text itself; add one only if not. */
     bool add_bos = sp_tokenizer_add_bos(m->tok) && !(bos[0] && strncmp(prompt, bos, strlen(bos)) == 0);
     int64_t cap = m->n_ctx, n_tok = 0;

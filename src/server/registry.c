@@ -131,7 +131,7 @@ sp_registry_init(sp_registry_t *r, const char *budget_spec, char *err, size_t er
                     (double)r->budget[i] / MIB);
     }
     if (sp_devices_note(r->devs)[0]) {
-        SP_LOG_INFO("event=devices_note note=\"%s\"", sp_devices_note(r->devs));
+        SP_LOG_INFO("event=devices_note note=%s", sp_log_str(sp_devices_note(r->devs)));
     }
     return SP_OK;
 }
@@ -218,6 +218,52 @@ sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *sp)
     if (!isnan(d->presence_penalty)) sp->presence_penalty = (float)d->presence_penalty;
     if (d->top_k >= 0) sp->top_k = d->top_k;
     if (d->seed_set) sp->seed = (uint64_t)d->seed;
+}
+
+void
+sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
+{
+    sp_sched_get_stats(m->inst[0], o);
+    for (int k = 1; k < m->n_inst; k++) {
+        sp_sched_stats_t t;
+        sp_sched_get_stats(m->inst[k], &t);
+        o->active += t.active;
+        o->queued += t.queued;
+        for (int i = 0; i < 3; i++) {
+            o->running_tier[i] += t.running_tier[i];
+            o->waiting_tier[i] += t.waiting_tier[i];
+        }
+        o->jobs_done += t.jobs_done;
+        o->jobs_cancelled += t.jobs_cancelled;
+        o->tokens_generated += t.tokens_generated;
+        o->prompt_tokens += t.prompt_tokens;
+        o->prompt_tokens_cached += t.prompt_tokens_cached;
+        o->preemptions += t.preemptions;
+        o->prefix_lookups += t.prefix_lookups;
+        o->prefix_hits += t.prefix_hits;
+        o->kv_blocks_total += t.kv_blocks_total;
+        o->kv_blocks_used += t.kv_blocks_used;
+        o->kv_blocks_cached += t.kv_blocks_cached;
+        o->kv_blocks_free += t.kv_blocks_free;
+        o->kv_evictions += t.kv_evictions;
+        o->budget_decreases += t.budget_decreases;
+        o->step_seqs_total += t.step_seqs_total;
+        for (int i = 0; i <= SP_SCHED_BATCH_BUCKETS; i++) {
+            o->batch_hist[i] += t.batch_hist[i];
+        }
+        o->budget_increases += t.budget_increases;
+        if (t.steps > o->steps) {
+            o->steps = t.steps;
+            o->last_step_seqs = t.last_step_seqs;
+            o->last_step_rows = t.last_step_rows;
+            o->mean_step_seqs = t.mean_step_seqs;
+            o->mean_step_rows = t.mean_step_rows;
+            o->step_budget = t.step_budget;
+        }
+        if (t.step_p99_ms > o->step_p99_ms) {
+            o->step_p99_ms = t.step_p99_ms;
+        }
+    }
 }
 
 /* ------------------------------------------------------------ entries */
@@ -440,7 +486,8 @@ reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len)
         r->evictions++;
         pthread_mutex_unlock(&r->mu);
         SP_LOG_INFO("event=model_evicted model=%s version=%lld device=%s freed_mib=%.1f for=%s",
-                    v->name, (long long)v->version, di->id, (double)v->charge[d] / MIB, m->name);
+                    sp_log_str(v->name), (long long)v->version, di->id, (double)v->charge[d] / MIB,
+                    sp_log_str(m->name));
         /* refs was 1 (the entry's) under the lock, and lookups go through
          * the entry: nobody else can take it now. */
         if (atomic_fetch_sub(&v->refs, 1) == 1) {
@@ -502,7 +549,8 @@ load_template(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
         if (tname) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "%s", m->tmpl_error);
         }
-        SP_LOG_WARN("event=chat_template_unusable model=%s error=\"%s\"", m->name, m->tmpl_error);
+        SP_LOG_WARN("event=chat_template_unusable model=%s error=%s", sp_log_str(m->name),
+                    sp_log_str(m->tmpl_error));
         m->tmpl = NULL;
     }
     return SP_OK;
@@ -612,6 +660,7 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     m->from_repo = from_repo;
     m->sig = sig;
     atomic_init(&m->refs, 1);
+    sp_model_metrics_init(&m->metrics);
     defaults_from(cfg, &m->def);
     bool reserved = false;
     sp_status_t st = sp_model_load(path, &m->model, err, err_len);
@@ -671,9 +720,9 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     pthread_mutex_unlock(&r->mu);
     SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s ctx=%lld instances=%d "
                 "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
-                m->name, (long long)m->version, m->path, (long long)m->n_ctx, m->n_inst, sp.n_slots,
-                (double)m->mem_bytes / MIB, m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
-                m->load_ms);
+                sp_log_str(m->name), (long long)m->version, sp_log_str(m->path), (long long)m->n_ctx,
+                m->n_inst, sp.n_slots, (double)m->mem_bytes / MIB,
+                m->tmpl ? sp_chat_template_name(m->tmpl) : "none", m->load_ms);
     *out = m;
     return SP_OK;
 fail:
@@ -704,8 +753,8 @@ sp_served_free(sp_registry_t *r, sp_served_model_t *m)
     }
     pthread_mutex_unlock(&r->mu);
     if (m->inst[0]) {
-        SP_LOG_INFO("event=model_freed model=%s version=%lld memory_mib=%.1f", m->name,
-                    (long long)m->version, (double)m->mem_bytes / MIB);
+        SP_LOG_INFO("event=model_freed model=%s version=%lld memory_mib=%.1f",
+                    sp_log_str(m->name), (long long)m->version, (double)m->mem_bytes / MIB);
     }
     sp_free(m);
 }

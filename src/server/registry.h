@@ -45,6 +45,7 @@
 #include "repo/config.h"
 #include "repo/repo.h"
 #include "server/config.h"
+#include "server/metrics.h"
 #include "server/sched.h"
 
 struct sp_server;
@@ -83,6 +84,7 @@ struct sp_served_model {
     uint64_t charge[SP_REG_MAX_DEVICES];
     uint64_t mem_bytes;        /* all devices */
     double load_ms;
+    sp_model_metrics_t metrics; /* request counters and latency histograms */
     atomic_int refs;
     _Atomic int64_t last_used_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */
@@ -147,6 +149,8 @@ void sp_served_ref(sp_served_model_t *m);
 /* Drop a reference; the last one of a model no entry points at queues it to
  * be freed by the manager. NULL is a no-op. */
 void sp_served_release(sp_served_model_t *m);
+/* The scheduler figures of a model: its instances' summed (steps: the busiest one's). */
+void sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *out);
 /* The instance with the least outstanding work (ties rotate). */
 sp_sched_t *sp_served_pick(sp_served_model_t *m);
 

@@ -35,6 +35,8 @@
 #include "server/kserve.h"
 #include "server/server.h"
 
+#define DEVICE_REFRESH_NS 2000000000LL /* device memory figures every 2 s */
+
 typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND } cmd_kind_t;
 
 /* What an HTTP request waits for: shared by the manager and the request. */
@@ -150,8 +152,9 @@ retire(sp_server_t *s, sp_model_entry_t *e, const char *why)
     snprintf(e->reason, sizeof e->reason, "%s", why);
     pthread_mutex_unlock(&r->mu);
     if (old) {
-        SP_LOG_INFO("event=model_unloaded model=%s version=%lld reason=\"%s\" in_flight=%d",
-                    old->name, (long long)old->version, why, atomic_load(&old->refs) - 1);
+        SP_LOG_INFO("event=model_unloaded model=%s version=%lld reason=%s in_flight=%d",
+                    sp_log_str(old->name), (long long)old->version, sp_log_str(why),
+                    atomic_load(&old->refs) - 1);
         sp_served_release(old);
     }
 }
@@ -224,11 +227,12 @@ load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t 
     }
     pthread_mutex_unlock(&r->mu);
     if (st != SP_OK) {
-        SP_LOG_ERROR("event=model_load_failed model=%s version=%lld error=\"%s\"%s", rm->name,
-                     (long long)v->version, err, e->live ? " kept=loaded" : "");
+        SP_LOG_ERROR("event=model_load_failed model=%s version=%lld error=%s%s",
+                     sp_log_str(rm->name), (long long)v->version, sp_log_str(err),
+                     e->live ? " kept=loaded" : "");
     }
     if (old) {
-        SP_LOG_INFO("event=model_replaced model=%s version=%lld in_flight=%d", old->name,
+        SP_LOG_INFO("event=model_replaced model=%s version=%lld in_flight=%d", sp_log_str(old->name),
                     (long long)old->version, atomic_load(&old->refs) - 1);
         sp_served_release(old);
     }
@@ -303,7 +307,7 @@ reconcile(sp_server_t *s, const sp_repo_model_t *rm, const char *override, int f
         } else {
             SP_LOG_WARN("event=model_version_kept model=%s version=%lld reason=\"no newer version "
                         "could load\"",
-                        e->name, (long long)e->version);
+                        sp_log_str(e->name), (long long)e->version);
         }
     }
     return st;
@@ -335,13 +339,13 @@ scan_all(sp_server_t *s, int flags)
     sp_repo_scan_t *scan = NULL;
     char err[1024];
     if (sp_repo_scan(s->cfg.model_repository, &lim, &scan, err, sizeof err) != SP_OK) {
-        SP_LOG_ERROR("event=repository_unusable error=\"%s\"", err);
+        SP_LOG_ERROR("event=repository_unusable error=%s", sp_log_str(err));
         return false;
     }
     for (int32_t i = 0; i < scan->n_models; i++) {
         if (reconcile(s, &scan->models[i], NULL, flags, err, sizeof err) != SP_OK) {
-            SP_LOG_WARN("event=repository_model_unavailable model=%s error=\"%s\"",
-                        scan->models[i].name, err);
+            SP_LOG_WARN("event=repository_model_unavailable model=%s error=%s",
+                        sp_log_str(scan->models[i].name), sp_log_str(err));
         }
     }
     /* Models gone from the repository. */
@@ -430,7 +434,7 @@ run_demand(sp_server_t *s, sp_mgr_cmd_t *c)
         pthread_mutex_unlock(&r->mu);
     }
     if (st == SP_OK) {
-        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=%lld", c->name,
+        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=%lld", sp_log_str(c->name),
                     (long long)c->version);
     }
     sp_repo_model_free(&rm);
@@ -478,8 +482,8 @@ startup(sp_server_t *s)
         sp_served_model_t *m = NULL;
         if (e == NULL ||
             sp_served_build(s, mc->name, 0, false, mc->path, NULL, 0, &m, err, sizeof err) != SP_OK) {
-            SP_LOG_ERROR("event=model_load_failed model=%s error=\"%s\"", mc->name,
-                         e ? err : "model table full");
+            SP_LOG_ERROR("event=model_load_failed model=%s error=%s", sp_log_str(mc->name),
+                         sp_log_str(e ? err : "model table full"));
             return false;
         }
         pthread_mutex_lock(&r->mu);
@@ -506,6 +510,7 @@ mgr_main(void *arg)
     bool poll = s->cfg.model_repository[0] && mode_is(s, "poll");
     int64_t period = (int64_t)(s->cfg.repository_poll_s * 1e9);
     int64_t next_poll = sp_time_ns() + period;
+    int64_t next_refresh = 0;
     pthread_mutex_lock(&r->mu);
     while (!s->mgr_stop) {
         if (r->reap) {
@@ -527,6 +532,15 @@ mgr_main(void *arg)
             continue;
         }
         int64_t now = sp_time_ns();
+        if (now >= next_refresh) {
+            /* Devices' used/free figures for /metrics and /stats (NVML is
+             * read here, never on a loop thread). */
+            char err[256];
+            if (sp_devices_refresh(r->devs, err, sizeof err) != SP_OK) {
+                SP_LOG_DEBUG("event=devices_refresh_failed error=%s", sp_log_str(err));
+            }
+            next_refresh = now + DEVICE_REFRESH_NS;
+        }
         if (poll && now >= next_poll) {
             pthread_mutex_unlock(&r->mu);
             scan_all(s, LOAD_LAZY_OK);
@@ -534,7 +548,7 @@ mgr_main(void *arg)
             pthread_mutex_lock(&r->mu);
             continue;
         }
-        int64_t wake = poll ? next_poll : now + 1000000000LL;
+        int64_t wake = poll && next_poll < next_refresh ? next_poll : next_refresh;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t abs_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (wake - now);

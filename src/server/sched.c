@@ -61,6 +61,7 @@ typedef struct rec {
     int32_t a, b, c;   /* TOKEN: token, text_len, n_top (-1 = no logprobs)
                           FINISH: finish, n_generated; EMBEDDING: n_embd; DONE: status, msg_len */
     int64_t x, y;      /* DONE: prompt_tokens, completion_tokens */
+    int64_t q, e;      /* DONE: queue and compute time (ns) */
 } rec_t;
 
 typedef struct lp_rec {
@@ -108,12 +109,14 @@ struct sp_sched_job {
     bool embed;
     int tier;
     int64_t deadline_ns;
+    int64_t submit_ns;    /* sp_time_ns() at submit */
     sp_gen_params_t gen;  /* stop pointers into stop_store */
     char *stop_store;
     seq_t *seqs;
     int32_t *token_store; /* all sequences' token arrays */
     int32_t *block_store; /* all sequences' block tables */
     /* engine thread */
+    int64_t admit_ns;     /* first admission of one of its sequences; 0 = never */
     int32_t ended;        /* sequences that have ended (any way) */
     sp_status_t status;
     char message[256];
@@ -169,6 +172,7 @@ struct sp_sched {
     int64_t run_tier[SP_TIER_COUNT];
     sp_blocks_stats_t bstats;
     int64_t steps, step_rows_total, step_seqs_total, last_step_seqs, last_step_rows;
+    int64_t batch_hist[SP_SCHED_BATCH_BUCKETS + 1]; /* steps by sequences (mu) */
     int64_t st_budget, st_p99_ns, st_decreases, st_increases; /* copies of ctl, under mu */
     atomic_int active_seqs;
     atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
@@ -315,6 +319,8 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
             ev.message = h.b > 0 ? pl : NULL;
             ev.prompt_tokens = h.x;
             ev.completion_tokens = h.y;
+            ev.queue_ns = h.q;
+            ev.compute_ns = h.e;
             done = true;
             break;
         }
@@ -481,8 +487,8 @@ seq_end(sp_sched_t *s, sp_sched_job_t *j)
     }
     if (j->status == SP_ERR_CANCELLED) {
         atomic_fetch_add(&s->st_cancelled, 1);
-        SP_LOG_INFO("event=job_cancelled reason=\"%s\" prompt_tokens=%lld completion_tokens=%lld",
-                    j->message, (long long)j->prompt_tokens, (long long)j->completion_tokens);
+        SP_LOG_INFO("event=job_cancelled reason=%s prompt_tokens=%lld completion_tokens=%lld",
+                    sp_log_str(j->message), (long long)j->prompt_tokens, (long long)j->completion_tokens);
     } else {
         atomic_fetch_add(&s->st_done, 1);
     }
@@ -494,6 +500,9 @@ seq_end(sp_sched_t *s, sp_sched_job_t *j)
     h.b = (int32_t)ml;
     h.x = j->prompt_tokens;
     h.y = j->completion_tokens;
+    int64_t now = sp_time_ns();
+    h.q = (j->admit_ns ? j->admit_ns : now) - j->submit_ns;
+    h.e = j->admit_ns ? now - j->admit_ns : 0;
     post(s, j, &h, j->message, ml);
 }
 
@@ -777,6 +786,9 @@ admit_locked(sp_sched_t *s, int64_t budget, seq_t **embed)
             }
             sp_tierq_remove(&s->queue, node);
             *embed = sq;
+            if (sq->job->admit_ns == 0) {
+                sq->job->admit_ns = sp_time_ns();
+            }
             continue;
         }
         int64_t cached_hits = 0;
@@ -809,6 +821,9 @@ admit_locked(sp_sched_t *s, int64_t budget, seq_t **embed)
         }
         seq_take_blocks(s, sq);
         running_add(s, sq);
+        if (sq->job->admit_ns == 0) {
+            sq->job->admit_ns = sp_time_ns();
+        }
         budget -= sq->n_tokens - sq->n_computed;
     }
 }
@@ -958,6 +973,11 @@ step_stats(sp_sched_t *s, int64_t rows, int64_t seqs)
         s->step_seqs_total += seqs;
         s->last_step_rows = rows;
         s->last_step_seqs = seqs;
+        int b = 0;
+        while (b < SP_SCHED_BATCH_BUCKETS && seqs > (int64_t)1 << b) {
+            b++;
+        }
+        s->batch_hist[b]++;
     }
     s->st_budget = s->ctl.budget;
     s->st_p99_ns = s->ctl.p99_ns;
@@ -1352,6 +1372,8 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->last_step_rows = s->last_step_rows;
     o->mean_step_seqs = s->steps ? (double)s->step_seqs_total / (double)s->steps : 0;
     o->mean_step_rows = s->steps ? (double)s->step_rows_total / (double)s->steps : 0;
+    memcpy(o->batch_hist, s->batch_hist, sizeof o->batch_hist);
+    o->step_seqs_total = s->step_seqs_total;
     o->step_budget = s->st_budget;
     o->step_p99_ms = (double)s->st_p99_ns / 1e6;
     o->budget_decreases = s->st_decreases;
@@ -1479,6 +1501,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     j->embed = r->embed;
     j->tier = tier;
     j->deadline_ns = r->deadline_ns;
+    j->submit_ns = sp_time_ns();
 
     pthread_mutex_lock(&s->mu);
     if (s->stop) {

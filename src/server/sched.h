@@ -83,6 +83,8 @@ typedef struct sp_sched_event {
     const char *message;        /* with an error */
     int64_t prompt_tokens;      /* all sequences' prompts evaluated */
     int64_t completion_tokens;  /* all sequences' generated tokens */
+    int64_t queue_ns;           /* submit to the first admission (the whole wait if never) */
+    int64_t compute_ns;         /* first admission to DONE (0 if never admitted) */
 } sp_sched_event_t;
 
 typedef void (*sp_sched_event_fn)(const sp_sched_event_t *ev, void *ud);
@@ -123,6 +125,10 @@ typedef struct sp_sched_params {
                               time per output token) under this (server/stepctl.h) */
 } sp_sched_params_t;
 
+/* Steps by batch size: bucket b counts steps with at most 2^b sequences (and
+ * more than 2^(b-1)); the last one, more than 2^(SP_SCHED_BATCH_BUCKETS-1). */
+#define SP_SCHED_BATCH_BUCKETS 9 /* 1, 2, 4, ..., 256 */
+
 typedef struct sp_sched_stats {
     int64_t active;        /* sequences running */
     int64_t queued;        /* sequences waiting */
@@ -135,6 +141,8 @@ typedef struct sp_sched_stats {
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free, kv_evictions;
     int64_t steps, last_step_seqs, last_step_rows;
     double mean_step_seqs, mean_step_rows;
+    int64_t step_seqs_total;                             /* sum of sequences over steps */
+    int64_t batch_hist[SP_SCHED_BATCH_BUCKETS + 1];      /* see SP_SCHED_BATCH_BUCKETS */
     /* adaptive step budget: prefill tokens per step now (= step tokens when off), the p99
        of the last steps with decode rows, the target (0 = off) and the adjustments */
     int64_t step_budget, budget_decreases, budget_increases;

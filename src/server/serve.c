@@ -27,10 +27,12 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "sampan/log.h"
+#include "sampan/version.h"
 #include "repo/repo.h"
 #include "server/kserve.h"
 #include "server/registry.h"
 #include "server/server.h"
+#include "server/status.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -294,49 +296,6 @@ h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
 }
 
-/* One model's counters: its instances' summed (steps: the busiest one's). */
-static void
-model_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
-{
-    sp_sched_get_stats(m->inst[0], o);
-    for (int k = 1; k < m->n_inst; k++) {
-        sp_sched_stats_t t;
-        sp_sched_get_stats(m->inst[k], &t);
-        o->active += t.active;
-        o->queued += t.queued;
-        for (int i = 0; i < 3; i++) {
-            o->running_tier[i] += t.running_tier[i];
-            o->waiting_tier[i] += t.waiting_tier[i];
-        }
-        o->jobs_done += t.jobs_done;
-        o->jobs_cancelled += t.jobs_cancelled;
-        o->tokens_generated += t.tokens_generated;
-        o->prompt_tokens += t.prompt_tokens;
-        o->prompt_tokens_cached += t.prompt_tokens_cached;
-        o->preemptions += t.preemptions;
-        o->prefix_lookups += t.prefix_lookups;
-        o->prefix_hits += t.prefix_hits;
-        o->kv_blocks_total += t.kv_blocks_total;
-        o->kv_blocks_used += t.kv_blocks_used;
-        o->kv_blocks_cached += t.kv_blocks_cached;
-        o->kv_blocks_free += t.kv_blocks_free;
-        o->kv_evictions += t.kv_evictions;
-        o->budget_decreases += t.budget_decreases;
-        o->budget_increases += t.budget_increases;
-        if (t.steps > o->steps) {
-            o->steps = t.steps;
-            o->last_step_seqs = t.last_step_seqs;
-            o->last_step_rows = t.last_step_rows;
-            o->mean_step_seqs = t.mean_step_seqs;
-            o->mean_step_rows = t.mean_step_rows;
-            o->step_budget = t.step_budget;
-        }
-        if (t.step_p99_ms > o->step_p99_ms) {
-            o->step_p99_ms = t.step_p99_ms;
-        }
-    }
-}
-
 /* GET /stats: per loaded model (the newest version under its name, older
  * ones as name@version) and the devices' memory (docs/api.md). */
 static void
@@ -351,7 +310,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     for (int i = 0; i < n; i++) {
         sp_served_model_t *m = ms[i];
         sp_sched_stats_t st;
-        model_stats(m, &st);
+        sp_served_stats(m, &st);
         if (i > 0) {
             sp_jbuf_lit(&b, ",");
         }
@@ -393,6 +352,19 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             (long long)st.budget_decreases, (long long)st.budget_increases);
         sp_jbuf_raw(&b, buf, w > 0 && (size_t)w < sizeof buf ? (size_t)w : 0);
         /* Per instance: jobs done, for checking how work spreads. */
+        const sp_model_metrics_t *mm = &m->metrics;
+        uint64_t fails = 0;
+        for (int k = 0; k < SP_FAIL_COUNT_; k++) {
+            fails += atomic_load(&mm->failure[k]);
+        }
+        sp_jbuf_printf(&b,
+                       ",\"requests_success\":%llu,\"requests_failure\":%llu,"
+                       "\"e2e_seconds_sum\":%.6f,\"e2e_count\":%llu,"
+                       "\"ttft_seconds_sum\":%.6f,\"ttft_count\":%llu",
+                       (unsigned long long)(atomic_load(&mm->success[0]) + atomic_load(&mm->success[1])),
+                       (unsigned long long)fails, sp_hist_sum(&mm->e2e),
+                       (unsigned long long)sp_hist_count(&mm->e2e), sp_hist_sum(&mm->ttft),
+                       (unsigned long long)sp_hist_count(&mm->ttft));
         sp_jbuf_lit(&b, ",\"instance_jobs_done\":[");
         for (int k = 0; k < m->n_inst; k++) {
             sp_sched_stats_t t;
@@ -416,8 +388,32 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                        sp_device_kind_name(di->kind), (unsigned long long)di->total_bytes,
                        (unsigned long long)reg->budget[d], (unsigned long long)reg->used[d]);
     }
-    sp_jbuf_printf(&b, "],\"evictions\":%lld}", (long long)reg->evictions);
+    sp_jbuf_printf(&b, "],\"evictions\":%lld,\"registry\":[", (long long)reg->evictions);
+    int written = 0;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        const sp_model_entry_t *e = &reg->entry[i];
+        if (!e->used) {
+            continue;
+        }
+        sp_jbuf_lit(&b, written++ ? ",{\"name\":" : "{\"name\":");
+        sp_jbuf_cstr(&b, e->name);
+        sp_jbuf_printf(&b, ",\"version\":\"%s\",\"state\":\"%s\",\"reason\":", e->version_str,
+                       sp_repo_state_name(e->live && e->state == SP_REPO_READY ? SP_REPO_READY
+                                          : e->state == SP_REPO_READY ? SP_REPO_UNAVAILABLE
+                                                                      : e->state));
+        sp_jbuf_cstr(&b, e->reason);
+        sp_jbuf_lit(&b, "}");
+    }
+    sp_jbuf_lit(&b, "]");
     pthread_mutex_unlock(&reg->mu);
+    sp_jbuf_printf(&b,
+                   ",\"server\":{\"version\":\"%s\",\"uptime_s\":%lld,\"connections\":%lld,"
+                   "\"inflight\":%lld,\"rss_bytes\":%llu,\"ready\":%s,\"draining\":%s}}",
+                   SAMPAN_VERSION, (long long)(time(NULL) - s->started_unix),
+                   (long long)sp_http_server_connections(s->http),
+                   (long long)sp_http_server_inflight(s->http), (unsigned long long)sp_rss_bytes(),
+                   atomic_load(&s->ready) ? "true" : "false",
+                   atomic_load(&s->draining) ? "true" : "false");
     sp_server_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
@@ -426,7 +422,8 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static bool
 is_public(sp_str_t path)
 {
-    return sp_str_eq_c(path, "/live") || sp_str_eq_c(path, "/health") ||
+    /* "/" is the status page: it holds no data (it reads /stats, which needs the key). */
+    return sp_str_eq_c(path, "/") || sp_str_eq_c(path, "/live") || sp_str_eq_c(path, "/health") ||
            sp_str_eq_c(path, "/v2/health/live") || sp_str_eq_c(path, "/v2/health/ready");
 }
 
@@ -444,12 +441,39 @@ key_matches(sp_str_t got, const char *want)
     return diff == 0;
 }
 
+/* A client's x-request-id is kept when it is a plain token of at most 64
+ * bytes (it ends up in logs and headers); otherwise the server makes one. */
+static bool
+rid_ok(sp_str_t v)
+{
+    if (v.ptr == NULL || v.len == 0 || v.len > SP_HTTP_RID_MAX) {
+        return false;
+    }
+    for (size_t i = 0; i < v.len; i++) {
+        char c = v.ptr[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.' || c == ':')) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static void
 handle(sp_http_req_t *r, void *ud)
 {
     sp_server_t *s = ud;
     sp_str_t path = sp_http_req_path(r);
-    int64_t t0 = s->cfg.verbose ? sp_time_ns() : 0;
+    sp_str_t rid = sp_http_req_header(r, "x-request-id");
+    if (rid_ok(rid)) {
+        sp_http_req_set_rid(r, rid.ptr, rid.len);
+    } else {
+        char buf[40];
+        int n = snprintf(buf, sizeof buf, "%08llx-%llx", (unsigned long long)s->rid_prefix,
+                         (unsigned long long)sp_http_req_id(r));
+        sp_http_req_set_rid(r, buf, (size_t)n);
+    }
+    sp_http_add_header(r, "x-request-id", sp_http_req_rid(r));
     if (!is_public(path)) {
         if (s->cfg.api_key[0]) {
             sp_str_t auth = sp_http_req_header(r, "authorization");
@@ -478,16 +502,31 @@ handle(sp_http_req_t *r, void *ud)
         sp_server_error(r, 405, NULL, NULL, "method_not_allowed", "%s is not allowed on this route",
                         sp_http_req_method_str(r));
     }
-    if (s->cfg.verbose) {
-        /* The path is client data: print it escaped (no log injection). */
-        sp_jbuf_t p;
-        sp_jbuf_init(&p);
-        sp_jbuf_str(&p, path.ptr, path.len > 200 ? 200 : path.len);
-        SP_LOG_INFO("event=request req=%llu peer=%s method=%s path=%s handler_ms=%.3f",
-                    (unsigned long long)sp_http_req_id(r), sp_http_req_peer(r),
-                    sp_http_req_method_str(r), p.p ? p.p : "\"\"", (double)(sp_time_ns() - t0) / 1e6);
-        sp_jbuf_free(&p);
+}
+
+/* The access log: one line per request, when --log-requests wants it. The
+ * protocol handlers add the model's fields to the request's note. */
+static void
+on_done(sp_http_req_t *r, bool aborted, void *ud)
+{
+    sp_server_t *s = ud;
+    const char *mode = s->cfg.log_requests;
+    int status = sp_http_req_status(r);
+    const char *note = sp_http_req_note(r);
+    bool error = aborted || status >= 400;
+    bool want = strcmp(mode, "all") == 0 || (strcmp(mode, "models") == 0 && (note[0] || error)) ||
+                (strcmp(mode, "errors") == 0 && error);
+    if (!want) {
+        return;
     }
+    sp_str_t path = sp_http_req_path(r);
+    double ms = (double)(sp_time_ns() - sp_http_req_start_ns(r)) / 1e6;
+    sp_log_level_t level = status >= 500 ? SP_LOG_LEVEL_WARN : SP_LOG_LEVEL_INFO;
+    SP_LOG(level, "event=request rid=%s method=%s path=%s status=%d duration_ms=%.3f peer=%s tenant=%s%s%s%s",
+           sp_http_req_rid(r), sp_http_req_method_str(r),
+           sp_log_str_n(path.ptr, path.len > 200 ? 200 : path.len), status, ms,
+           sp_http_req_peer(r), s->cfg.api_key[0] ? "default" : "-", note[0] ? " " : "", note,
+           aborted ? " aborted=true" : "");
 }
 
 /* ------------------------------------------------------------- loops */
@@ -541,6 +580,8 @@ sp_cmd_serve(int argc, char **argv)
         return 0;
     }
     sp_json_init();
+    sp_log_set_format(strcmp(s->cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
+    s->rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
     if (sp_registry_init(&s->reg, s->cfg.memory_budget, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         sp_registry_fini(&s->reg);
@@ -570,8 +611,10 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/live", h_v2_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, s);
+    sp_metrics_register(s->router, s);
     sp_kserve_register(s->router, s);
     sp_repository_register(s->router, s);
+    sp_status_register(s->router, s);
 
     sp_http_server_params_t hp = sp_http_default_server_params();
     hp.limits = s->cfg.limits;
@@ -581,6 +624,7 @@ sp_cmd_serve(int argc, char **argv)
     hp.loop_init = loop_init;
     hp.loop_fini = loop_fini;
     hp.error_fmt = error_fmt;
+    hp.on_done = on_done;
     if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
         sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);

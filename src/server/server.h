@@ -41,6 +41,7 @@ typedef struct sp_server {
     sp_http_server_t *http;
     sp_router_t *router;
     int64_t started_unix;
+    uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
 } sp_server_t;
 
 /* Per loop thread (sp_http_loop_user). */
@@ -73,6 +74,7 @@ void sp_server_reply_json(sp_http_req_t *r, int status, const sp_jbuf_t *b);
 
 /* Route registration of each protocol module. */
 void sp_openai_register(sp_router_t *rt, sp_server_t *s);
+void sp_metrics_register(sp_router_t *rt, sp_server_t *s); /* GET /metrics (metrics.c) */
 /* repository.c: the manager thread (start-up loads of --model and the
  * repository, poll mode, load and unload, on-demand loads, freeing) and the
  * /v2/repository routes. */

@@ -514,7 +514,7 @@ def disconnect():
             break
         buf += d
     c.close()
-    m = srv.wait_log(r"event=job_cancelled reason=\"cancelled\" prompt_tokens=\d+ completion_tokens=(\d+)")
+    m = srv.wait_log(r"event=job_cancelled reason=cancelled prompt_tokens=\d+ completion_tokens=(\d+)")
     s.case("generate_stream starts with 200 and an SSE event", buf.startswith(b"HTTP/1.1 200")
            and b"text/event-stream" in buf and b"data: {" in buf, buf[:200])
     s.case("disconnect mid-stream is seen (client_disconnect logged)", "event=client_disconnect" in srv.text())

@@ -341,7 +341,7 @@ def disconnect():
     code, hdrs = r.head()
     first = r.chunk()
     c.close()
-    m = srv.wait_log(r"event=job_cancelled reason=\"cancelled\" prompt_tokens=\d+ completion_tokens=(\d+)")
+    m = srv.wait_log(r"event=job_cancelled reason=cancelled prompt_tokens=\d+ completion_tokens=(\d+)")
     s.case("stream starts as text/event-stream", code == 200 and hdrs.get("content-type") == "text/event-stream"
            and first.startswith(b"data: "), hdrs)
     s.case("disconnect is seen (client_disconnect logged)", "event=client_disconnect" in srv.text())
@@ -364,9 +364,9 @@ def slow_reader():
     c.connect(("127.0.0.1", d.port))
     body = json.dumps(completion(max_tokens=500, ignore_eos=True, stream=True, n=16, logprobs=20)).encode()
     c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    dropped = d.wait_log(r"event=stream_dropped req=\d+ reason=slow_reader", 20)
+    dropped = d.wait_log(r"event=stream_dropped rid=\S+ reason=slow_reader", 20)
     other = request(d.port, "GET", "/v1/models")[0] if dropped else None
-    m = d.wait_log(r"event=job_cancelled reason=\"cancelled\" prompt_tokens=\d+ completion_tokens=(\d+)", 3)
+    m = d.wait_log(r"event=job_cancelled reason=cancelled prompt_tokens=\d+ completion_tokens=(\d+)", 3)
     c.close()
     rc_ = d.stop()
     s.case("a reader that stops reading is dropped (output over --max-output-bytes)", dropped is not None)
