@@ -34,7 +34,7 @@ WARN     = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wno-unused-paramete
 CPPFLAGS = -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fvisibility=hidden
 LDFLAGS  = $(SANFLAGS) -pthread
-LDLIBS   = -lpcre2-8 -levent_core -lhttp_parser -ljansson -lm
+LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl -lcrypto -lm
 
 # Per-ISA flags: only these files may use the instructions, the dispatcher
 # decides at run time whether they are called.

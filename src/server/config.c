@@ -61,6 +61,16 @@ const char sp_serve_usage[] =
     "      --request-timeout S   wall-clock limit of one request (default 600, 0 = none)\n"
     "      --drain-timeout S     on SIGTERM/SIGINT, seconds to finish requests (default 30)\n"
     "      --api-key KEY         require 'Authorization: Bearer KEY' (default: none)\n"
+    "      --tenants FILE        API keys (hashed), scopes, QoS tiers and limits per tenant;\n"
+    "                            reloaded on SIGHUP and when the file changes (`sampan keys`)\n"
+    "      --insecure-open       allow binding a non-loopback address without keys\n"
+    "      --metrics-open        serve /metrics without the metrics scope\n"
+    "      --tls-cert FILE       PEM certificate chain: serve HTTPS (TLS 1.2+)\n"
+    "      --tls-key FILE        PEM private key of --tls-cert\n"
+    "      --tls-client-ca FILE  require client certificates signed by these CAs (mutual TLS)\n"
+    "      --tls-port N          HTTPS on this port and plain HTTP on --port (default: HTTPS on\n"
+    "                            --port only)\n"
+    "      --cors-origins LIST   allow these origins (comma-separated; default: CORS off)\n"
     "      --log-format F        kv (key=value, default) or json: one line per event\n"
     "      --log-requests W      which requests get an access-log line: all, models\n"
     "                            (inference requests and errors, default), errors, none\n"
@@ -123,6 +133,14 @@ static const opt_t opts[] = {
     {"request-timeout", 0, T_SEC, OFF(request_timeout_s), 0, 86400 * 7, 0},
     {"drain-timeout", 0, T_SEC, OFF(drain_timeout_s), 0, 86400, 0},
     {"api-key", 0, T_STR, OFF(api_key), 0, 0, sizeof(((sp_serve_config_t *)0)->api_key)},
+    {"tenants", 0, T_STR, OFF(tenants_file), 0, 0, sizeof(((sp_serve_config_t *)0)->tenants_file)},
+    {"insecure-open", 0, T_BOOL, OFF(insecure_open), 0, 0, 0},
+    {"metrics-open", 0, T_BOOL, OFF(metrics_open), 0, 0, 0},
+    {"tls-cert", 0, T_STR, OFF(tls_cert), 0, 0, sizeof(((sp_serve_config_t *)0)->tls_cert)},
+    {"tls-key", 0, T_STR, OFF(tls_key), 0, 0, sizeof(((sp_serve_config_t *)0)->tls_key)},
+    {"tls-client-ca", 0, T_STR, OFF(tls_client_ca), 0, 0, sizeof(((sp_serve_config_t *)0)->tls_client_ca)},
+    {"tls-port", 0, T_INT, OFF(tls_port), 0, 65535, 0},
+    {"cors-origins", 0, T_STR, OFF(cors_origins), 0, 0, sizeof(((sp_serve_config_t *)0)->cors_origins)},
     {"verbose", 'v', T_BOOL, OFF(verbose), 0, 0, 0},
     {"log-format", 0, T_STR, OFF(log_format), 0, 0, sizeof(((sp_serve_config_t *)0)->log_format)},
     {"log-requests", 0, T_STR, OFF(log_requests), 0, 0, sizeof(((sp_serve_config_t *)0)->log_requests)},

@@ -54,7 +54,15 @@ typedef struct sp_serve_config {
     int json_depth;           /* nesting limit of request bodies */
     double drain_timeout_s;   /* SIGTERM: time to finish requests in flight */
     double request_timeout_s; /* per request wall-clock limit (0 = none) */
-    char api_key[256];        /* "" = no authentication */
+    char api_key[256];        /* "" = no authentication (one key, tenant "default") */
+    char tenants_file[1024];  /* "" = none; API keys, scopes, tiers, limits (docs/security.md) */
+    bool insecure_open;       /* allow a non-loopback bind without keys */
+    bool metrics_open;        /* /metrics without the metrics scope */
+    char tls_cert[1024];      /* PEM certificate chain; "" = no TLS */
+    char tls_key[1024];       /* PEM private key */
+    char tls_client_ca[1024]; /* PEM CA bundle: require client certificates (mutual TLS) */
+    int tls_port;             /* 0 = TLS on --port; else plain HTTP on --port and TLS here */
+    char cors_origins[1024];  /* "" = CORS off; comma-separated allowed origins */
     bool verbose;
     char log_format[8];       /* "kv" or "json" */
     char log_requests[8];     /* "all", "models", "errors", "none" */
