@@ -21,6 +21,7 @@ static const char usage[] =
     "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
     "  bench     serving benchmark: concurrent streamed requests to an OpenAI-compatible server\n"
     "  devices   list the CPU, GPUs and MIG instances with total, budget, used and free memory\n"
+    "  keys      manage the tenants file: API keys (hashed), scopes, tiers and limits\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
@@ -38,6 +39,7 @@ static const command_t commands[] = {
     {"tokenize", sp_cmd_tokenize},
     {"bench", sp_cmd_bench},
     {"devices", sp_cmd_devices},
+    {"keys", sp_cmd_keys},
 };
 
 int

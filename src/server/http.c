@@ -67,6 +67,7 @@ struct sp_http_req {
     char extra[EXTRA_HDR_CAP];
     size_t extra_len;
     int64_t start_ns;    /* dispatch time */
+    void *user;          /* the server's per-request pointer (its tenant) */
     int status;          /* of the response head written; 0 = none yet */
     bool dispatched;     /* handed to the handler and not yet reported done */
     char rid[SP_HTTP_RID_MAX + 1];
@@ -505,6 +506,8 @@ sp_http_req_set_rid(sp_http_req_t *r, const char *rid, size_t len)
 }
 
 const char *sp_http_req_rid(const sp_http_req_t *r) { return r->rid; }
+void sp_http_req_set_user(sp_http_req_t *r, void *p) { r->user = p; }
+void *sp_http_req_user(const sp_http_req_t *r) { return r->user; }
 int64_t sp_http_req_start_ns(const sp_http_req_t *r) { return r->start_ns; }
 int sp_http_req_status(const sp_http_req_t *r) { return r->status; }
 const char *sp_http_req_note(const sp_http_req_t *r) { return r->note; }
@@ -766,6 +769,7 @@ dispatch(conn_t *c)
     r->abort_ud = NULL;
     r->extra_len = 0;
     r->start_ns = sp_time_ns();
+    r->user = NULL;
     r->status = 0;
     r->rid[0] = '\0';
     r->note_len = 0;

@@ -27,6 +27,17 @@
  * many chunks, 408 when the head or the body does not arrive within its
  * deadline, and at most max_connections open sockets (more are answered 503
  * and closed).
+ *
+ * TLS (OpenSSL 3 through libevent's bufferevent_openssl; contexts in tls.c):
+ * either the main listener speaks TLS, or a second listener on tls_port
+ * does (each loop binds its own, SO_REUSEPORT, like the main one). After the
+ * handshake a TLS connection is an ordinary connection: same parser, limits,
+ * timeouts, streaming and aborts. A failed handshake (plain HTTP on the TLS
+ * port, no or a rejected client certificate, no common protocol) only closes
+ * that connection, with one rate-limited event=tls_handshake_failed line; a
+ * handshake must end within header_timeout_ms. sp_http_server_reload_tls
+ * swaps in a context built from the same files (SIGHUP): new connections use
+ * it, open ones keep theirs.
  */
 #ifndef SP_SERVER_HTTP_H
 #define SP_SERVER_HTTP_H
@@ -83,6 +94,15 @@ typedef struct sp_http_server_params {
     sp_http_loop_fini_fn loop_fini; /* optional */
     sp_http_error_fmt_fn error_fmt; /* optional: default {"error":{"message":...}} */
     sp_http_done_fn on_done;        /* optional */
+    /* TLS: off while tls_cert is NULL or "". The paths are copied (a reload
+     * reads the same files again). tls_client_ca requires client
+     * certificates signed by one of its CAs (mutual TLS). tls_port 0: the
+     * main port speaks TLS (and only TLS); > 0: plain HTTP on the main port
+     * and TLS on this one. */
+    const char *tls_cert;           /* PEM certificate chain, leaf first */
+    const char *tls_key;            /* PEM private key of tls_cert, unencrypted */
+    const char *tls_client_ca;      /* optional: PEM CA bundle */
+    int tls_port;
 } sp_http_server_params_t;
 
 sp_http_server_params_t sp_http_default_server_params(void);
@@ -92,6 +112,16 @@ sp_status_t sp_http_server_create(const sp_http_server_params_t *p, const char *
                                   sp_http_server_t **out, char *err, size_t err_len);
 /* The bound port. */
 int sp_http_server_port(const sp_http_server_t *s);
+/* The port that speaks TLS: the main port, the second one, or 0 (no TLS). */
+int sp_http_server_tls_port(const sp_http_server_t *s);
+/* Any thread (SIGHUP): rebuild the TLS context from the same files. New
+ * connections use the new one; on error the old one stays and err says why
+ * (the file and the problem). SP_ERR_INVALID when TLS is off. */
+sp_status_t sp_http_server_reload_tls(sp_http_server_t *s, char *err, size_t err_len);
+/* Check TLS files the way sp_http_server_create will load them (for a
+ * clear start-up error before anything else starts); nothing is kept. */
+sp_status_t sp_http_tls_check(const char *cert, const char *key, const char *client_ca, char *err,
+                              size_t err_len);
 /* Start the loop threads. */
 sp_status_t sp_http_server_start(sp_http_server_t *s, char *err, size_t err_len);
 /* Any thread: close the listening sockets (new connections are refused),
@@ -135,10 +165,19 @@ uint64_t sp_http_req_id(const sp_http_req_t *r);     /* unique per server run */
 const char *sp_http_req_peer(const sp_http_req_t *r); /* "ip:port" */
 int64_t sp_http_req_start_ns(const sp_http_req_t *r); /* sp_time_ns() when handed to the handler */
 int sp_http_req_status(const sp_http_req_t *r);       /* status of the head written; 0 = none */
+bool sp_http_req_tls(const sp_http_req_t *r);         /* arrived over TLS */
+/* The subject CN of the client certificate verified under mutual TLS; ""
+ * without one (and for a certificate with no, several, or a control-byte
+ * CN). Valid while the request is. */
+#define SP_HTTP_CN_MAX 255
+const char *sp_http_req_client_cn(const sp_http_req_t *r);
 /* The request id for logs and the x-request-id header (set by the server's handler). */
 #define SP_HTTP_RID_MAX 64
 void sp_http_req_set_rid(sp_http_req_t *r, const char *rid, size_t len);
 const char *sp_http_req_rid(const sp_http_req_t *r);
+/* One pointer of the server's own per request (NULL at dispatch). */
+void sp_http_req_set_user(sp_http_req_t *r, void *p);
+void *sp_http_req_user(const sp_http_req_t *r);
 /* Append " key=value ..." fields (printf) to the request's note, which the
  * access log prints; bounded (SP_HTTP_NOTE_MAX), extra text is dropped. */
 #define SP_HTTP_NOTE_MAX 1280

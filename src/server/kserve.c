@@ -403,6 +403,7 @@ ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
     }
     q->http = r;
     q->srv = s;
+    q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->m = m;
     q->kind = kind;
@@ -740,7 +741,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.n = n;
     sr.gen = g;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
-    sr.priority = q->sched.priority;
+    sr.priority = sp_server_priority(r, q->sched.priority);
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;

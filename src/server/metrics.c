@@ -293,6 +293,8 @@ sp_req_end(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok, s
     } else {
         sp_req_clock_failure(c, &m->metrics, reason);
     }
+    /* The tenant's tokens-per-minute budget counts what was evaluated and generated. */
+    sp_auth_add_tokens(sp_http_req_user(r), c->prompt_tokens + c->completion_tokens);
     sp_http_req_annotate(r, "model=%s version=%s outcome=%s prompt_tokens=%lld completion_tokens=%lld",
                          sp_log_str(m->name), m->version_str,
                          ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason),
@@ -672,6 +674,39 @@ render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
     sp_free(ag);
 }
 
+typedef struct tenant_pass {
+    sp_jbuf_t *b;
+    int family; /* which of the tenant families this pass writes */
+} tenant_pass_t;
+
+static void
+tenant_samples(const sp_tenant_state_t *st, void *ud)
+{
+    tenant_pass_t *tp = ud;
+    sp_jbuf_t *b = tp->b;
+    switch (tp->family) {
+    case 0:
+        sample(b, "sampan_tenant_requests_total", "tenant", st->name, NULL, NULL,
+               (double)atomic_load(&((sp_tenant_state_t *)st)->requests));
+        break;
+    case 1:
+        sample(b, "sampan_tenant_tokens_total", "tenant", st->name, NULL, NULL,
+               (double)atomic_load(&((sp_tenant_state_t *)st)->tokens));
+        break;
+    case 2:
+        sample(b, "sampan_tenant_requests_inflight", "tenant", st->name, NULL, NULL,
+               (double)atomic_load(&((sp_tenant_state_t *)st)->inflight));
+        break;
+    default:
+        for (int l = 0; l <= SP_LIMIT_SCOPE; l++) {
+            char extra[48];
+            snprintf(extra, sizeof extra, "limit=\"%s\"", sp_limit_name((sp_limit_t)l));
+            sample(b, "sampan_tenant_rejected_total", "tenant", st->name, NULL, extra,
+                   (double)atomic_load(&((sp_tenant_state_t *)st)->rejected[l]));
+        }
+    }
+}
+
 static void
 h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -740,6 +775,21 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     family(&b, "sampan_model_evictions_total", "counter", "Models unloaded to make room (LRU).");
     sp_jbuf_printf(&b, "sampan_model_evictions_total %lld\n", (long long)evictions);
 
+    if (sp_auth_enabled(&s->auth)) {
+        static const struct {
+            const char *name, *type, *help;
+        } tf[] = {
+            {"sampan_tenant_requests_total", "counter", "Requests admitted per tenant."},
+            {"sampan_tenant_tokens_total", "counter", "Prompt and generated tokens per tenant."},
+            {"sampan_tenant_requests_inflight", "gauge", "Requests in flight per tenant."},
+            {"sampan_tenant_rejected_total", "counter", "Requests refused per tenant, by limit."},
+        };
+        for (int k = 0; k < 4; k++) {
+            family(&b, tf[k].name, tf[k].type, tf[k].help);
+            tenant_pass_t tp = {&b, k};
+            sp_auth_each(&s->auth, tenant_samples, &tp);
+        }
+    }
     family(&b, "sampan_build_info", "gauge", "Build information.");
     sp_jbuf_printf(&b, "sampan_build_info{version=\"%s\"} 1\n", SAMPAN_VERSION);
     family(&b, "sampan_http_connections", "gauge", "Open client connections.");

@@ -794,7 +794,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     }
     sr.embed = q->kind == OAI_EMBED;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
-    sr.priority = q->sched.priority;
+    sr.priority = sp_server_priority(r, q->sched.priority);
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
@@ -839,6 +839,7 @@ oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m)
     }
     q->m = m; /* the reference passes to the request */
     q->http = r;
+    q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->srv = s;
     q->kind = kind;

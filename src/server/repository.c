@@ -35,7 +35,7 @@
 #include "server/kserve.h"
 #include "server/server.h"
 
-#define DEVICE_REFRESH_NS 2000000000LL /* device memory figures every 2 s */
+#define DEVICE_REFRESH_NS 1000000000LL /* device figures and the tenants file, every second */
 
 typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND } cmd_kind_t;
 
@@ -540,6 +540,17 @@ mgr_main(void *arg)
                 SP_LOG_DEBUG("event=devices_refresh_failed error=%s", sp_log_str(err));
             }
             next_refresh = now + DEVICE_REFRESH_NS;
+            /* The tenants file: reloaded when it changes or on SIGHUP. */
+            if (atomic_exchange(&s->reload_tenants, false) || sp_auth_file_changed(&s->auth)) {
+                pthread_mutex_unlock(&r->mu);
+                if (sp_auth_reload(&s->auth, err, sizeof err) == SP_OK) {
+                    SP_LOG_INFO("event=tenants_reloaded file=%s", sp_log_str(s->cfg.tenants_file));
+                } else {
+                    SP_LOG_ERROR("event=tenants_reload_failed error=%s kept=previous",
+                                 sp_log_str(err));
+                }
+                pthread_mutex_lock(&r->mu);
+            }
         }
         if (poll && now >= next_poll) {
             pthread_mutex_unlock(&r->mu);

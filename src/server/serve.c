@@ -114,6 +114,16 @@ sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t l
     char reason[512];
     sp_jbuf_t nm;
     *out = NULL;
+    sp_tenant_state_t *tenant = sp_http_req_user(r);
+    if (!sp_auth_model_allowed(tenant, name, len)) {
+        sp_auth_reject(tenant, SP_LIMIT_MODEL);
+        sp_jbuf_init(&nm);
+        sp_jbuf_str(&nm, name, len > 128 ? 128 : len);
+        sp_server_error(r, 403, "permission_error", "model", "model_not_allowed",
+                        "tenant '%s' may not use the model %s", tenant->name, nm.p ? nm.p : "\"\"");
+        sp_jbuf_free(&nm);
+        return false;
+    }
     sp_acq_t a = sp_registry_acquire(s, name, len, version.ptr, version.len, true, out, reason,
                                      sizeof reason);
     switch (a) {
@@ -172,6 +182,19 @@ sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t l
     }
     sp_jbuf_free(&nm);
     return false;
+}
+
+int32_t
+sp_server_tier(sp_http_req_t *r)
+{
+    return sp_auth_tier(sp_http_req_user(r));
+}
+
+int32_t
+sp_server_priority(sp_http_req_t *r, int32_t asked)
+{
+    int32_t t = sp_server_tier(r);
+    return asked > t ? t : asked;
 }
 
 sp_mailbox_t *
@@ -427,18 +450,24 @@ is_public(sp_str_t path)
            sp_str_eq_c(path, "/v2/health/live") || sp_str_eq_c(path, "/v2/health/ready");
 }
 
-/* Constant-time comparison over the longer length (no early exit). */
 static bool
-key_matches(sp_str_t got, const char *want)
+is_loopback(const char *host)
 {
-    size_t wl = strlen(want), n = got.len > wl ? got.len : wl;
-    unsigned diff = (unsigned)(got.len ^ wl);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char a = i < got.len ? (unsigned char)got.ptr[i] : 0;
-        unsigned char b = i < wl ? (unsigned char)want[i] : 0;
-        diff |= (unsigned)(a ^ b);
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "localhost") == 0;
+}
+
+/* The scope a route needs (docs/security.md). */
+static uint32_t
+route_scope(const sp_server_t *s, sp_str_t path)
+{
+    if (path.len >= 15 && memcmp(path.ptr, "/v2/repository/", 15) == 0) {
+        return SP_SCOPE_ADMIN;
     }
-    return diff == 0;
+    if (sp_str_eq_c(path, "/metrics") || sp_str_eq_c(path, "/stats")) {
+        return s->cfg.metrics_open && sp_str_eq_c(path, "/metrics") ? 0 : SP_SCOPE_METRICS;
+    }
+    return SP_SCOPE_INFER;
 }
 
 /* A client's x-request-id is kept when it is a plain token of at most 64
@@ -475,18 +504,32 @@ handle(sp_http_req_t *r, void *ud)
     }
     sp_http_add_header(r, "x-request-id", sp_http_req_rid(r));
     if (!is_public(path)) {
-        if (s->cfg.api_key[0]) {
+        uint32_t scope = route_scope(s, path);
+        if (scope && sp_auth_enabled(&s->auth)) {
             sp_str_t auth = sp_http_req_header(r, "authorization");
             sp_str_t key = sp_http_req_header(r, "x-api-key");
             if (auth.ptr && auth.len > 7 && strncasecmp(auth.ptr, "Bearer ", 7) == 0) {
                 key.ptr = auth.ptr + 7;
                 key.len = auth.len - 7;
             }
-            if (key.ptr == NULL || !key_matches(key, s->cfg.api_key)) {
-                sp_http_add_header(r, "WWW-Authenticate", "Bearer");
-                sp_server_error(r, 401, NULL, NULL, "invalid_api_key", "invalid or missing API key");
+            sp_auth_result_t ar;
+            sp_auth_check(&s->auth, key, scope, &ar);
+            if (ar.status != 0) {
+                if (ar.status == 401) {
+                    sp_http_add_header(r, "WWW-Authenticate", "Bearer");
+                } else if (ar.status == 429) {
+                    char ra[16];
+                    snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
+                    sp_http_add_header(r, "Retry-After", ra);
+                }
+                sp_server_error(r, ar.status, NULL, NULL,
+                                ar.status == 401   ? "invalid_api_key"
+                                : ar.status == 403 ? "insufficient_scope"
+                                                   : "rate_limit_exceeded",
+                                "%s", ar.message);
                 return;
             }
+            sp_http_req_set_user(r, ar.state); /* counted in flight until on_done */
         }
         if (atomic_load(&s->draining)) {
             sp_http_add_header(r, "Retry-After", "1");
@@ -510,6 +553,8 @@ static void
 on_done(sp_http_req_t *r, bool aborted, void *ud)
 {
     sp_server_t *s = ud;
+    sp_tenant_state_t *tenant = sp_http_req_user(r);
+    sp_auth_done(tenant); /* no longer in flight, logged or not */
     const char *mode = s->cfg.log_requests;
     int status = sp_http_req_status(r);
     const char *note = sp_http_req_note(r);
@@ -525,7 +570,7 @@ on_done(sp_http_req_t *r, bool aborted, void *ud)
     SP_LOG(level, "event=request rid=%s method=%s path=%s status=%d duration_ms=%.3f peer=%s tenant=%s%s%s%s",
            sp_http_req_rid(r), sp_http_req_method_str(r),
            sp_log_str_n(path.ptr, path.len > 200 ? 200 : path.len), status, ms,
-           sp_http_req_peer(r), s->cfg.api_key[0] ? "default" : "-", note[0] ? " " : "", note,
+           sp_http_req_peer(r), tenant ? tenant->name : "-", note[0] ? " " : "", note,
            aborted ? " aborted=true" : "");
 }
 
@@ -582,6 +627,30 @@ sp_cmd_serve(int argc, char **argv)
     sp_json_init();
     sp_log_set_format(strcmp(s->cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
     s->rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
+    if (sp_auth_init(&s->auth, s->cfg.tenants_file, s->cfg.api_key, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        sp_auth_fini(&s->auth);
+        sp_free(s);
+        return 2;
+    }
+    if (!sp_auth_enabled(&s->auth) && !is_loopback(s->cfg.host) && !s->cfg.insecure_open) {
+        fprintf(stderr,
+                "sampan serve: refusing to listen on %s without API keys: give --tenants FILE "
+                "(or --api-key KEY), bind 127.0.0.1, or accept an open server with "
+                "--insecure-open\n",
+                s->cfg.host);
+        sp_auth_fini(&s->auth);
+        sp_free(s);
+        return 2;
+    }
+    if (!sp_auth_enabled(&s->auth)) {
+        SP_LOG_WARN("event=auth mode=none host=%s note=%s", sp_log_str(s->cfg.host),
+                    is_loopback(s->cfg.host)
+                        ? "no API keys: only this machine can connect"
+                        : "\"no API keys and --insecure-open: anyone who can reach the port can use it\"");
+    } else {
+        SP_LOG_INFO("event=auth mode=%s", s->cfg.tenants_file[0] ? "tenants" : "api-key");
+    }
     if (sp_registry_init(&s->reg, s->cfg.memory_budget, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         sp_registry_fini(&s->reg);
@@ -678,6 +747,7 @@ done:
     sp_registry_stop_all(&s->reg);
     sp_http_server_destroy(s->http);
     sp_registry_fini(&s->reg);
+    sp_auth_fini(&s->auth);
     sp_router_destroy(s->router);
     SP_LOG_INFO("event=stopped status=%d", rc);
     sp_free(s);

@@ -23,12 +23,15 @@
 #include "server/router.h"
 #include "server/registry.h"
 #include "server/sched.h"
+#include "server/tenants.h"
 
 typedef struct sp_mgr_cmd sp_mgr_cmd_t; /* repository.c */
 
 typedef struct sp_server {
     sp_serve_config_t cfg;
     sp_registry_t reg;        /* the served models (registry.h) */
+    sp_auth_t auth;           /* API keys and tenants (tenants.h) */
+    atomic_bool reload_tenants; /* SIGHUP: the manager rereads the tenants file */
     /* The manager thread (repository.c): loads, unloads, polls, evicts and
      * frees models; its queue is guarded by reg.mu and woken by reg.cv. */
     pthread_t mgr;
@@ -64,6 +67,10 @@ bool sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, siz
                          sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
                          sp_served_model_t **out);
 sp_mailbox_t *sp_server_mailbox(sp_http_req_t *r);
+/* The request's tenant's tier (its default priority), and a priority the
+ * request asked for capped at that tier: a key never buys a higher tier. */
+int32_t sp_server_tier(sp_http_req_t *r);
+int32_t sp_server_priority(sp_http_req_t *r, int32_t asked);
 
 /* OpenAI-shaped error: {"error":{"message","type","param","code"}}. type NULL
  * picks one from the status. */

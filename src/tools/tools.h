@@ -12,5 +12,7 @@ int sp_cmd_inspect(int argc, char **argv);
 int sp_cmd_quantize(int argc, char **argv);
 /* sampan devices [--json] [--budget F]: the CPU, GPUs and MIG instances with their memory. */
 int sp_cmd_devices(int argc, char **argv);
+/* sampan keys add|list|revoke --tenants FILE ...: API keys, scopes, tiers and limits. */
+int sp_cmd_keys(int argc, char **argv);
 
 #endif /* SP_TOOLS_TOOLS_H */
