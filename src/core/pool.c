@@ -22,6 +22,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -125,13 +128,66 @@ worker(void *arg)
     }
 }
 
+/* cgroup v2 cpu.max of this process ("max 100000" or "150000 100000"):
+ * the CPUs' worth of time the container may use; 0 when unlimited or absent. */
+static int
+cgroup_cpus(void)
+{
+    char path[512] = "/sys/fs/cgroup/cpu.max", line[256];
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "0::", 3) == 0) {
+                line[strcspn(line, "\n")] = '\0';
+                snprintf(path, sizeof path, "/sys/fs/cgroup%s/cpu.max",
+                         strcmp(line + 3, "/") == 0 ? "" : line + 3);
+            }
+        }
+        fclose(f);
+    }
+    f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char quota[32] = "";
+    long long period = 0;
+    int n = fscanf(f, "%31s %lld", quota, &period);
+    fclose(f);
+    if (n != 2 || strcmp(quota, "max") == 0 || period <= 0) {
+        return 0;
+    }
+    long long q = atoll(quota);
+    return q > 0 ? (int)((q + period - 1) / period) : 0;
+}
+
+int
+sp_cpu_count(void)
+{
+    static _Atomic int cached;
+    int n = atomic_load(&cached);
+    if (n > 0) {
+        return n;
+    }
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (n <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)c : 1;
+    }
+    int q = cgroup_cpus();
+    if (q > 0 && q < n) {
+        n = q;
+    }
+    atomic_store(&cached, n);
+    return n;
+}
+
 sp_status_t
 sp_pool_create(int n_threads, sp_pool_t **out)
 {
     *out = NULL;
     if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
+        n_threads = sp_cpu_count();
     }
     if (n_threads > 512) {
         n_threads = 512;

@@ -231,8 +231,7 @@ static int
 pool_threads(int n)
 {
     if (n <= 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        n = c > 0 ? (int)c : 1;
+        n = sp_cpu_count();
     }
     return n > 512 ? 512 : n;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/pool.h"
 #include "core/timer.h"
 #include "sampan/log.h"
 #include "server/server.h"
@@ -634,8 +635,8 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     }
     /* Instances on the CPU share its cores rather than each taking all. */
     if (sp.n_threads == 0 && n_cpu_inst > 1) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        sp.n_threads = cores > n_cpu_inst ? (int)(cores / n_cpu_inst) : 1;
+        int cores = sp_cpu_count();
+        sp.n_threads = cores > n_cpu_inst ? cores / n_cpu_inst : 1;
     }
     return sp;
 }
@@ -663,7 +664,9 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     sp_model_metrics_init(&m->metrics);
     defaults_from(cfg, &m->def);
     bool reserved = false;
-    sp_status_t st = sp_model_load(path, &m->model, err, err_len);
+    sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
+    sp_status_t st = sp_repo_llm_keys(cfg, s->cfg.model_repository, name, &keys, err, err_len);
+    if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
     if (st != SP_OK) {
         goto fail;
     }
