@@ -91,6 +91,24 @@ $(BUILD)/src/server/status.o: CPPFLAGS += -I$(BUILD)/gen
 
 unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
 
+# Backends (docs/backends.md): plugins the server dlopens from $(BUILD)/backends/, never linked
+# into sampan. Each compiles backends/common.c into itself (hidden symbols) and exports only
+# sp_backend_init. They share the build's sanitizer flags: an ASan sampan loads ASan backends.
+# The xgboost backend needs Debian's libxgboost-dev (scripts/deps.sh installs it); without the
+# header it is not built and tests/unit/test_backends.c says it skipped.
+BACKEND_CFLAGS = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fPIC -fvisibility=hidden
+BACKENDS := $(BUILD)/backends/libsampan_identity.so
+ifneq ($(wildcard /usr/include/xgboost/c_api.h),)
+BACKENDS += $(BUILD)/backends/libsampan_xgboost.so
+endif
+BACKEND_LIBS_xgboost = -lxgboost
+$(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common.h \
+                                  include/sampan/backend.h
+	@mkdir -p $(dir $@)
+	$(CC) -Iinclude -D_GNU_SOURCE $(BACKEND_CFLAGS) -shared -o $@ $< backends/common.c \
+	    $(SANFLAGS) $(BACKEND_LIBS_$*) -ljansson -lm
+all unit: $(BACKENDS)
+
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 fuzz:
@@ -112,3 +130,6 @@ clean:
 	rm -rf build build-san build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/main.d
+# The fuzz targets' objects are intermediate (deleted after linking); their
+# dependency files still make a changed header (tests/fuzz/serve_harness.h) rebuild them.
+-include $(patsubst build-fuzz/%,build-fuzz/tests/fuzz/%.d,$(FUZZ_TARGETS))

@@ -4,6 +4,8 @@
 set -euo pipefail
 need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev
       libssl-dev)
+# The xgboost backend plugin (backends/xgboost.c; sampan itself never links it).
+need+=(libxgboost-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # The server tests drive it with the official openai npm client: Node from

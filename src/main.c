@@ -21,6 +21,8 @@ static const char usage[] =
     "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
     "  bench     serving benchmark: concurrent streamed requests to an OpenAI-compatible server\n"
     "  devices   list the CPU, GPUs and MIG instances with total, budget, used and free memory\n"
+    "  encrypt   encrypt a GGUF model (AES-256-GCM) for transparent loading; --gen-key makes a key\n"
+    "  decrypt   check (--check) or decrypt an encrypted model file\n"
     "  keys      manage the tenants file: API keys (hashed), scopes, tiers and limits\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
@@ -39,6 +41,8 @@ static const command_t commands[] = {
     {"tokenize", sp_cmd_tokenize},
     {"bench", sp_cmd_bench},
     {"devices", sp_cmd_devices},
+    {"encrypt", sp_cmd_encrypt},
+    {"decrypt", sp_cmd_decrypt},
     {"keys", sp_cmd_keys},
 };
 

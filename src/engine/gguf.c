@@ -62,6 +62,8 @@ struct sp_gguf {
     const uint8_t *base;    /* whole file */
     size_t size;            /* bytes */
     void *map;              /* mmap base, or NULL for a caller buffer */
+    sp_gguf_release_fn release; /* owned buffer (decrypted model): released at close */
+    void *release_user;
     uint32_t version;
     size_t alignment;       /* bytes, power of two */
     size_t data_offset;     /* bytes from base to tensor data */
@@ -293,6 +295,9 @@ sp_gguf_close(sp_gguf_t *g)
     sp_free(g->tensor_index.slots);
     if (g->map != NULL) {
         munmap(g->map, g->size);
+    }
+    if (g->release != NULL) {
+        g->release(g->release_user);
     }
     sp_free(g->name);
     sp_free(g);
@@ -683,6 +688,35 @@ sp_gguf_open_mem(const void *buf, size_t len, const char *name, sp_gguf_t **out,
     if (g == NULL || (g->name = sp_strndup(name, strlen(name))) == NULL) {
         sp_free(g);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", name);
+    }
+    static const uint8_t empty[1];
+    g->base = len > 0 ? buf : empty;
+    g->size = len;
+    return open_common(g, out, err, err_len);
+}
+
+sp_status_t
+sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name, sp_gguf_release_fn release,
+                       void *user, sp_gguf_t **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (name == NULL) {
+        name = "<memory>";
+    }
+    sp_gguf_t *g = sp_calloc(1, sizeof *g);
+    if (g == NULL || (g->name = sp_strndup(name, strlen(name))) == NULL) {
+        sp_free(g);
+        if (release != NULL) {
+            release(user);
+        }
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", name);
+    }
+    /* From here sp_gguf_close (also open_common's, on a parse error) releases it. */
+    g->release = release;
+    g->release_user = user;
+    if (buf == NULL && len > 0) {
+        sp_gguf_close(g);
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: NULL buffer", name);
     }
     static const uint8_t empty[1];
     g->base = len > 0 ? buf : empty;

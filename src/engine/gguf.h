@@ -73,6 +73,13 @@ sp_status_t sp_gguf_open(const char *path, sp_gguf_t **out, char *err, size_t er
  * `name` is used in error messages. */
 sp_status_t sp_gguf_open_mem(const void *buf, size_t len, const char *name, sp_gguf_t **out,
                              char *err, size_t err_len);
+/* Same, and the handle owns the buffer: release(user) runs at sp_gguf_close, or
+ * before this returns when it fails, so the caller never frees it (decrypted
+ * models: the plaintext lives exactly as long as the model). release may be NULL. */
+typedef void (*sp_gguf_release_fn)(void *user);
+sp_status_t sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name,
+                                   sp_gguf_release_fn release, void *user, sp_gguf_t **out,
+                                   char *err, size_t err_len);
 void sp_gguf_close(sp_gguf_t *g); /* NULL is a no-op */
 /* Fault the whole mapping in now (model load), instead of page by page on first use. */
 void sp_gguf_prefault(const sp_gguf_t *g);

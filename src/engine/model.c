@@ -19,8 +19,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
+#include "crypto/enc.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
 
@@ -360,16 +362,61 @@ fail:
     return st;
 }
 
+static void
+release_plain(void *user)
+{
+    sp_enc_plain_free(user);
+}
+
+static bool
+has_enc_suffix(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && strcmp(path + n - 4, ".enc") == 0;
+}
+
 sp_status_t
-sp_model_load(const char *path, sp_model_t **out, char *err, size_t err_len)
+sp_model_load_ex(const char *path, const sp_enc_key_src_t *keys, sp_model_t **out, char *err,
+                 size_t err_len)
 {
     sp_gguf_t *g;
+    sp_status_t st;
     *out = NULL;
-    sp_status_t st = sp_gguf_open(path, &g, err, err_len);
+    /* The magic decides; the .enc suffix only makes a file that lost its magic
+     * fail as "bad header" instead of "not a GGUF file" (a missing file still
+     * fails in sp_gguf_open, with its errno). */
+    bool enc = path != NULL && sp_enc_file_is_encrypted(path);
+    if (!enc && path != NULL && has_enc_suffix(path) && access(path, F_OK) == 0) {
+        return sp_errf(err, err_len, SP_ERR_FORMAT,
+                       "%s: bad header: not an encrypted model file (no SPENC1 magic)", path);
+    }
+    if (enc) {
+        sp_enc_key_t key;
+        sp_enc_plain_t *plain;
+        if ((st = sp_enc_key_load(keys, path, &key, err, err_len)) != SP_OK) {
+            return st;
+        }
+        st = sp_enc_decrypt_file(path, &key, &plain, err, err_len);
+        sp_enc_key_wipe(&key);
+        if (st != SP_OK) {
+            return st;
+        }
+        /* g owns plain from here, on success and on failure alike. */
+        st = sp_gguf_open_mem_owned(sp_enc_plain_data(plain), sp_enc_plain_size(plain), path,
+                                    release_plain, plain, &g, err, err_len);
+    } else {
+        st = sp_gguf_open(path, &g, err, err_len);
+    }
     if (st != SP_OK) {
         return st;
     }
     return sp_model_load_gguf(g, out, err, err_len);
+}
+
+sp_status_t
+sp_model_load(const char *path, sp_model_t **out, char *err, size_t err_len)
+{
+    return sp_model_load_ex(path, NULL, out, err, err_len);
 }
 
 void

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "crypto/enc.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 #include "sampan/status.h"
@@ -52,8 +53,17 @@ typedef struct sp_hparams {
 typedef struct sp_model sp_model_t;
 typedef struct sp_ctx sp_ctx_t;
 
-/* Load and validate. On failure *out is NULL and err names the file and field. */
+/* Load and validate. On failure *out is NULL and err names the file and field.
+ * An encrypted file (SPENC1 magic or a .enc name, crypto/enc.h) is decrypted
+ * into locked memory with the key from SAMPAN_MODEL_KEY. */
 sp_status_t sp_model_load(const char *path, sp_model_t **out, char *err, size_t err_len);
+/* Same with the key of an encrypted file taken from `keys` (NULL = SAMPAN_MODEL_KEY;
+ * read only when the file is encrypted). Errors name the file and what failed:
+ * "<file> is encrypted: set ...", "wrong key", "chunk N of M failed authentication",
+ * "truncated: expected N chunks, found M", "bad header". Nothing stays allocated on
+ * failure; the plaintext is zeroed and unmapped by sp_model_free. */
+sp_status_t sp_model_load_ex(const char *path, const sp_enc_key_src_t *keys, sp_model_t **out,
+                             char *err, size_t err_len);
 /* Same over an already open GGUF handle, which the model then owns. */
 sp_status_t sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len);
 void sp_model_free(sp_model_t *m); /* NULL is a no-op; contexts must be destroyed first */

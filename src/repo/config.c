@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@ sp_repo_dtype_name(sp_repo_dtype_t t)
 const char *
 sp_repo_backend_name(sp_repo_backend_t b)
 {
-    return b == SP_REPO_BACKEND_XGBOOST ? "xgboost" : "llm";
+    return b == SP_REPO_BACKEND_XGBOOST ? "xgboost" : b == SP_REPO_BACKEND_PLUGIN ? "plugin" : "llm";
 }
 
 /* ---- error context: every message is "<file>: <field path>: <what>" */
@@ -428,6 +429,30 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
         l->model_file = val;
         return SP_OK;
     }
+    if (strcmp(key, "encryption_key_file") == 0) {
+        if (!val[0]) return bad(c, path, "must be a path to a key file");
+        if (strlen(val) >= SP_ENC_PATH_MAX) {
+            return bad(c, path, "longer than %d bytes", SP_ENC_PATH_MAX - 1);
+        }
+        l->encryption_key_file = val;
+        return SP_OK;
+    }
+    if (strcmp(key, "encryption_key_env") == 0) {
+        /* A plain variable name: it is looked up, never expanded by a shell. */
+        size_t n = strlen(val);
+        bool ok = n > 0 && n <= SP_ENC_ENV_NAME_MAX && !(val[0] >= '0' && val[0] <= '9');
+        for (size_t i = 0; ok && i < n; i++) {
+            char ch = val[i];
+            ok = ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+                 (ch >= '0' && ch <= '9');
+        }
+        if (!ok) {
+            return bad(c, path, "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*, at "
+                       "most %d bytes)", SP_ENC_ENV_NAME_MAX);
+        }
+        l->encryption_key_env = val;
+        return SP_OK;
+    }
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (strcmp(key, nums[i].key) != 0) continue;
         if (nums[i].is_int) {
@@ -458,7 +483,8 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
     return bad(c, path,
                "unknown parameter for backend llm (context_length, kv_blocks, chat_template, "
                "model_file, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, "
-               "frequency_penalty, presence_penalty, seed)");
+               "frequency_penalty, presence_penalty, seed, encryption_key_file, "
+               "encryption_key_env)");
 }
 
 static sp_status_t
@@ -496,6 +522,10 @@ parse_params(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
             if (st) return st;
         }
     }
+    if (cfg->llm.encryption_key_file && cfg->llm.encryption_key_env) {
+        return bad(c, "parameters",
+                   "set only one of encryption_key_file and encryption_key_env");
+    }
     return SP_OK;
 }
 
@@ -512,6 +542,7 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     };
     pctx_t c = {file, err, err_len};
     memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->backend_name, sizeof cfg->backend_name, "llm");
     cfg->version_policy.kind = SP_REPO_POLICY_LATEST;
     cfg->version_policy.num_versions = 1;
     sp_repo_llm_t *l = &cfg->llm;
@@ -542,8 +573,18 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
         } else if (strcmp(s, "xgboost") == 0) {
             cfg->backend = SP_REPO_BACKEND_XGBOOST;
         } else {
-            return bad(&c, "backend", "unknown backend \"%.40s\" (llm, xgboost)", s);
+            /* A plugin (docs/backends.md): found as libsampan_<name>.so at load time. */
+            size_t n = strlen(s);
+            bool ok = n > 0 && n <= 32;
+            for (size_t i = 0; ok && i < n; i++) {
+                ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_';
+            }
+            if (!ok) {
+                return bad(&c, "backend", "\"%.40s\" is not a backend name ([a-z0-9_], 1 to 32)", s);
+            }
+            cfg->backend = SP_REPO_BACKEND_PLUGIN;
         }
+        snprintf(cfg->backend_name, sizeof cfg->backend_name, "%s", s);
     }
     int64_t v = 0;
     r = get_int(&c, root, "", "max_batch_size", 0, 65536, &v);
@@ -579,6 +620,18 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
         if (!json_is_boolean(o)) return bad(&c, "load_on_demand", "must be true or false");
         cfg->load_on_demand = json_is_true(o);
     }
+    /* The whole (merged) config as text, for backend plugins. */
+    char *txt = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+    if (txt) {
+        cfg->json = sp_strndup(txt, strlen(txt));
+        /* jansson's own free: the server routes jansson through sp_malloc (json.c). */
+        json_free_t jfree = NULL;
+        json_get_alloc_funcs(NULL, &jfree);
+        jfree(txt);
+    }
+    if (cfg->json == NULL) {
+        return sp_errf(c.err, c.err_len, SP_ERR_NOMEM, "%s: out of memory", c.file);
+    }
     return SP_OK;
 }
 
@@ -591,7 +644,51 @@ sp_repo_config_free(sp_repo_config_t *c)
         c->param[i].value = NULL;
     }
     c->n_params = 0;
+    sp_free(c->json);
+    c->json = NULL;
     c->llm.chat_template = c->llm.model_file = NULL;
+    c->llm.encryption_key_file = c->llm.encryption_key_env = NULL;
+}
+
+sp_status_t
+sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
+                 sp_enc_key_src_t *out, char *err, size_t err_len)
+{
+    if (cfg == NULL) {
+        sp_enc_key_src_default(out);
+        return SP_OK;
+    }
+    memset(out, 0, sizeof *out);
+    const char *kf = cfg->llm.encryption_key_file, *ke = cfg->llm.encryption_key_env;
+    if (ke) {
+        snprintf(out->env, sizeof out->env, "%s", ke);
+        return SP_OK;
+    }
+    if (kf == NULL) {
+        out->hint = "set parameters.encryption_key_file or parameters.encryption_key_env in its "
+                    "config.json";
+        return SP_OK;
+    }
+    if (kf[0] == '/') {
+        snprintf(out->file, sizeof out->file, "%s", kf);
+        return SP_OK;
+    }
+    /* Relative: under the model directory, and never out of the repository. */
+    char root_real[PATH_MAX], rel[PATH_MAX], e[PATH_MAX + 64];
+    if (root == NULL || root[0] == '\0' || realpath(root, root_real) == NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "parameters.encryption_key_file \"%s\": a relative path needs the model "
+                       "repository", kf);
+    }
+    int n = snprintf(rel, sizeof rel, "%s/%s", model, kf);
+    if (n < 0 || (size_t)n >= sizeof rel) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.encryption_key_file: too long");
+    }
+    sp_status_t st = sp_repo_resolve(root_real, rel, out->file, sizeof out->file, e, sizeof e);
+    if (st != SP_OK) {
+        return sp_errf(err, err_len, st, "parameters.encryption_key_file: %s", e);
+    }
+    return SP_OK;
 }
 
 const char *

@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "crypto/enc.h"
 #include "sampan/status.h"
 
 #define SP_REPO_NAME_MAX        128      /* model, tensor and parameter names (bytes) */
@@ -38,7 +39,8 @@
 
 typedef enum sp_repo_backend {
     SP_REPO_BACKEND_LLM = 0,
-    SP_REPO_BACKEND_XGBOOST, /* accepted in configs; served by a later backend */
+    SP_REPO_BACKEND_XGBOOST, /* the xgboost backend (a plugin: backends/xgboost.c) */
+    SP_REPO_BACKEND_PLUGIN,  /* any other backend name: a plugin found at load time */
 } sp_repo_backend_t;
 
 typedef enum sp_repo_dtype {
@@ -114,11 +116,16 @@ typedef struct sp_repo_llm {
     int64_t seed;               /* -1 = not set */
     const char *chat_template;  /* borrowed from params; NULL = the model's own */
     const char *model_file;     /* borrowed from params; NULL = find it */
+    /* The key of an encrypted model file (*.gguf.enc), at most one of the two;
+     * see sp_repo_llm_keys. Borrowed from params; NULL = not set. */
+    const char *encryption_key_file; /* absolute, or relative to the model directory */
+    const char *encryption_key_env;  /* an environment variable holding 64 hex characters */
 } sp_repo_llm_t;
 
 typedef struct sp_repo_config {
     char name[SP_REPO_NAME_MAX + 1]; /* "" when the file leaves it out */
     sp_repo_backend_t backend;       /* default llm */
+    char backend_name[33];           /* as written ("llm" when absent) */
     int32_t max_batch_size;
     int32_t n_inputs, n_outputs;
     sp_repo_tensor_t input[SP_REPO_MAX_TENSORS];
@@ -131,6 +138,7 @@ typedef struct sp_repo_config {
     sp_repo_param_t param[SP_REPO_MAX_PARAMS];
     sp_repo_llm_t llm;
     bool load_on_demand;
+    char *json;                      /* the merged config as compact JSON (heap), for backends */
 } sp_repo_config_t;
 
 /* Validate a parsed config.json object into *out (zeroed first; free with
@@ -156,6 +164,18 @@ sp_status_t sp_repo_config_load(const char *path, const char *label, const char 
                                 size_t err_len);
 
 void sp_repo_config_free(sp_repo_config_t *c);
+
+/* Where the key of model `model`'s encrypted file comes from (crypto/enc.h).
+ * cfg NULL (a --model model): the environment variable SAMPAN_MODEL_KEY.
+ * Otherwise parameters.encryption_key_file, an absolute path used as is (keys
+ * usually live outside the repository, e.g. a Kubernetes secret mount) or a
+ * path relative to the model directory <root>/<model>, resolved with realpath
+ * and refused when it leaves the repository (sp_repo_resolve); or
+ * parameters.encryption_key_env; or neither (loading an encrypted file then
+ * says which parameters to set). Nothing is read here: the key is read only
+ * when the model file turns out to be encrypted. */
+sp_status_t sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
+                             sp_enc_key_src_t *out, char *err, size_t err_len);
 
 /* Look a parameter up; NULL when absent. */
 const char *sp_repo_config_param(const sp_repo_config_t *c, const char *key);

@@ -182,7 +182,9 @@ ends_with(const char *s, const char *suf)
 static bool
 is_model_file(const sp_repo_config_t *cfg, const char *fname)
 {
-    if (cfg->backend == SP_REPO_BACKEND_LLM) return ends_with(fname, ".gguf");
+    if (cfg->backend == SP_REPO_BACKEND_LLM) {
+        return ends_with(fname, ".gguf") || ends_with(fname, ".gguf.enc"); /* encrypted: crypto/enc.h */
+    }
     return ends_with(fname, ".json") || ends_with(fname, ".ubj");
 }
 
@@ -241,20 +243,26 @@ scan_version(const char *root_real, const char *label, const sp_repo_model_t *m,
     }
     closedir(d);
     v->stamp = stamp;
+    if (m->cfg.backend == SP_REPO_BACKEND_PLUGIN && want == NULL) {
+        /* A plugin without model_file reads its own files: it gets the directory. */
+        v->model_path = sp_strndup(vdir, strlen(vdir));
+        return v->model_path ? SP_OK : SP_ERR_NOMEM;
+    }
     const char *kind = m->cfg.backend == SP_REPO_BACKEND_LLM ? "*.gguf" : "*.json or *.ubj";
+    const char *also = m->cfg.backend == SP_REPO_BACKEND_LLM ? " (or *.gguf.enc)" : "";
     if (n_found == 0) {
         if (want) {
             say(v->reason, sizeof v->reason, "%s/%s: model_file \"%s\" not found", label, rel,
                      want);
         } else {
-            say(v->reason, sizeof v->reason, "%s/%s: no %s model file", label, rel, kind);
+            say(v->reason, sizeof v->reason, "%s/%s: no %s model file%s", label, rel, kind, also);
         }
         return SP_OK;
     }
     if (n_found > 1) {
         say(v->reason, sizeof v->reason,
-                 "%s/%s: more than one %s file (name one with parameters.model_file)", label, rel,
-                 kind);
+                 "%s/%s: more than one %s file%s (name one with parameters.model_file)", label,
+                 rel, kind, also);
         return SP_OK;
     }
     char frel[PATH_MAX + SP_REPO_NAME_MAX + 2], fpath[PATH_MAX];

@@ -24,6 +24,8 @@ const char sp_serve_usage[] =
     "      --repository-poll-secs S  poll mode: seconds between rescans (default 5)\n"
     "      --memory-budget B     model memory per device: 60%, 2G, or per device\n"
     "                            cpu=2G,cuda:0=70% (default 80% of each device)\n"
+    "      --backends-dir DIR    where backend plugins (libsampan_<name>.so) are looked for\n"
+    "                            first (then backends/ next to the binary)\n"
     "      --load-timeout S      how long a request waits for its model to load on demand\n"
     "                            (default 60)\n"
     "      --config FILE         JSON file with any of these options (flags win)\n"
@@ -114,6 +116,7 @@ static const opt_t opts[] = {
     {"repository-poll-secs", 0, T_SEC, OFF(repository_poll_s), 0.05, 86400, 0},
     {"memory-budget", 0, T_STR, OFF(memory_budget), 0, 0, sizeof(((sp_serve_config_t *)0)->memory_budget)},
     {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
+    {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},

@@ -17,6 +17,14 @@
  * Freeing a connection from inside one of its own callbacks (a handler that
  * aborts, an error while parsing) is deferred with a nesting counter: the
  * outermost entry point frees it on the way out.
+ *
+ * TLS connections use libevent's bufferevent_openssl over the socket, so
+ * everything above sees decrypted bytes. They start in IDLE with the
+ * handshake running underneath and the header deadline armed: the
+ * handshake ends either with BEV_EVENT_CONNECTED (tls_ok; the client's CN
+ * is read then) or with an error or that deadline, and the connection is
+ * closed with one warning line. The OpenSSL side (contexts, error texts)
+ * is in tls.c.
  */
 #include "server/http.h"
 
@@ -36,6 +44,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <http_parser.h>
@@ -43,6 +52,7 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "sampan/log.h"
+#include "server/tls.h"
 
 /* Extra response headers a handler may add (Retry-After, Content-Type of errors...). */
 #define EXTRA_HDR_CAP 1024
@@ -89,6 +99,9 @@ struct conn {
     bool msg_complete;
     bool inflight;       /* counted in the server's in-flight requests */
     bool dead;           /* close requested while nested */
+    bool tls;            /* accepted on a TLS listener */
+    bool tls_ok;         /* its handshake completed */
+    bool tls_err;        /* a TLS or socket error: no close_notify on close */
     int nest;
     int hdr_state;       /* 0 none, 1 in a field name, 2 in a value */
     int err_status;      /* set by a parser callback that rejected the request */
@@ -104,6 +117,7 @@ struct conn {
     sp_http_req_t req;
     conn_t *prev, *next;
     char peer[64];
+    char client_cn[SP_HTTP_CN_MAX + 1]; /* verified client certificate's CN, or "" */
 };
 
 struct sp_http_loop {
@@ -111,6 +125,7 @@ struct sp_http_loop {
     int index;
     struct event_base *base;
     struct evconnlistener *listener;
+    struct evconnlistener *tls_listener; /* the second (TLS) port, when there is one */
     int wake_fd;
     struct event *wake_ev;
     void (*wake_fn)(void *arg);
@@ -135,6 +150,13 @@ struct sp_http_server {
     atomic_uint_fast64_t status_count[600]; /* responses written, by status code */
     atomic_bool draining;
     http_parser_settings settings;
+    /* TLS: the context new connections get. Swapped by a reload on another
+     * thread, so accept reads it (and takes its SSL from it) under tls_mu. */
+    pthread_mutex_t tls_mu;
+    struct ssl_ctx_st *tls_ctx;           /* NULL: no TLS */
+    char *tls_cert, *tls_key, *tls_ca;    /* copies of the paths, for reloads */
+    bool tls_main;                        /* the main listener speaks TLS */
+    int tls_port;                         /* the port speaking TLS; 0 = none */
 };
 
 sp_http_limits_t
@@ -273,6 +295,13 @@ conn_free(conn_t *c)
         c->next->prev = c->prev;
     }
     if (c->bev) {
+        /* A clean end of a TLS connection says so (close_notify), so that a
+         * client reading to EOF knows nothing was cut; not after an error or
+         * with output still queued (an abort). */
+        if (c->tls && c->tls_ok && !c->tls_err &&
+            evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+            sp_tls_close_notify(bufferevent_openssl_get_ssl(c->bev));
+        }
         bufferevent_free(c->bev);
     }
     if (c->timer) {
@@ -319,7 +348,9 @@ write_head(conn_t *c, int status, const char *ctype, bool has_len, size_t len)
         n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\nServer: sampan\r\n", status,
                      sp_http_status_text(status));
     }
-    if (has_len) {
+    /* 1xx, 204 and 304 have no body by definition and must not send a
+     * length (RFC 9110 8.6); a CORS preflight is answered 204. */
+    if (has_len && status >= 200 && status != 204 && status != 304) {
         n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", len);
     }
     if (close) {
@@ -411,7 +442,7 @@ sp_http_respond(sp_http_req_t *r, int status, const char *content_type, const ch
         return;
     }
     write_head(c, status, content_type, true, len);
-    if (r->method != SP_HTTP_HEAD && len > 0) {
+    if (r->method != SP_HTTP_HEAD && len > 0 && status >= 200 && status != 204 && status != 304) {
         evbuffer_add(bufferevent_get_output(c->bev), body, len);
     }
     conn_flush(c);
@@ -549,6 +580,8 @@ sp_str_t sp_http_req_body(const sp_http_req_t *r) { return r->body; }
 sp_http_loop_t *sp_http_req_loop(const sp_http_req_t *r) { return r->conn->loop; }
 uint64_t sp_http_req_id(const sp_http_req_t *r) { return r->id; }
 const char *sp_http_req_peer(const sp_http_req_t *r) { return r->conn->peer; }
+bool sp_http_req_tls(const sp_http_req_t *r) { return r->conn->tls; }
+const char *sp_http_req_client_cn(const sp_http_req_t *r) { return r->conn->client_cn; }
 
 const char *
 sp_http_req_method_str(const sp_http_req_t *r)
@@ -847,6 +880,21 @@ read_cb(struct bufferevent *bev, void *arg)
     LEAVE(c);
 }
 
+/* Pipelined bytes that reached OpenSSL while reading was paused at the
+ * watermark (see sp_tls_read_buffered): libevent would not look at them
+ * until the client sends more, so move them to the input now. */
+static void
+tls_take_buffered(conn_t *c)
+{
+    struct ssl_st *ssl = bufferevent_openssl_get_ssl(c->bev);
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    char buf[16384];
+    size_t n;
+    while ((n = sp_tls_read_buffered(ssl, buf, sizeof buf)) > 0) {
+        evbuffer_add(in, buf, n);
+    }
+}
+
 static void
 write_cb(struct bufferevent *bev, void *arg)
 {
@@ -868,21 +916,104 @@ write_cb(struct bufferevent *bev, void *arg)
         bufferevent_setwatermark(c->bev, EV_READ, 0, s->p.limits.max_header_bytes + 65536);
         bufferevent_enable(c->bev, EV_READ);
         timer_arm(c, s->p.limits.idle_timeout_ms);
+        if (c->tls) {
+            tls_take_buffered(c);
+        }
         process_input(c); /* a pipelined request may already be here */
     }
     LEAVE(c);
+}
+
+/* Plain HTTP on the TLS port: OpenSSL found "GET " where a ClientHello
+ * belongs. Answer 400 in plain HTTP, which is what `curl http://` to this
+ * port then shows, instead of a bare reset. */
+static void
+tls_plain_reply(conn_t *c)
+{
+    sp_http_server_t *s = c->loop->srv;
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    if (fd < 0) {
+        return;
+    }
+    /* Read what the client sent first: closing a socket with unread input
+     * sends a reset, which can destroy the answer before it is read. */
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+    }
+    static const char msg[] = "plain HTTP request sent to the HTTPS port";
+    char body[512], out[768];
+    size_t n = s->p.error_fmt ? s->p.error_fmt(400, msg, body, sizeof body)
+                              : default_error_fmt(400, msg, body, sizeof body);
+    int hn = snprintf(out, sizeof out,
+                      "HTTP/1.1 400 Bad Request\r\nServer: sampan\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n%.*s", n, (int)n, body);
+    if (hn > 0 && (size_t)hn < sizeof out) {
+        ssize_t wr = send(fd, out, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)wr;
+        atomic_fetch_add_explicit(&s->status_count[400], 1, memory_order_relaxed);
+    }
+}
+
+/* The handshake failed: say why once (rate-limited by event name). */
+static void
+tls_handshake_failed(conn_t *c, short what)
+{
+    c->tls_err = true;
+    /* libevent keeps up to three errors of the failed call; some carry no
+     * reason text (libevent 2.1.12 with OpenSSL 3 adds a bare 1), so take
+     * the first that has one. */
+    unsigned long e, first = 0;
+    while ((e = bufferevent_get_openssl_error(c->bev)) != 0) {
+        if (first == 0 || (!sp_tls_error_known(first) && sp_tls_error_known(e))) {
+            first = e;
+        }
+    }
+    char why[256];
+    if (first != 0) {
+        sp_tls_error_text(first, bufferevent_openssl_get_ssl(c->bev), why, sizeof why);
+        if (sp_tls_error_is_http(first)) {
+            tls_plain_reply(c);
+        }
+    } else if (what & BEV_EVENT_TIMEOUT) {
+        snprintf(why, sizeof why, "write timeout");
+    } else if (what & BEV_EVENT_EOF) {
+        /* Closed during the handshake without a TLS error: a TCP probe
+         * (load balancer, port scan), not worth a warning. */
+        SP_LOG_DEBUG("event=tls_closed_before_handshake peer=%s", sp_log_str(c->peer));
+        return;
+    } else {
+        int err = EVUTIL_SOCKET_ERROR();
+        snprintf(why, sizeof why, "%s", err ? strerror(err) : "connection error");
+    }
+    SP_LOG_WARN("event=tls_handshake_failed peer=%s error=%s", sp_log_str(c->peer),
+                sp_log_str(why));
 }
 
 static void
 event_cb(struct bufferevent *bev, short what, void *arg)
 {
     conn_t *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        /* TLS handshake done: from here on an ordinary connection (its
+         * header deadline, armed at accept, still runs). */
+        c->tls_ok = true;
+        sp_tls_peer_cn(bufferevent_openssl_get_ssl(bev), c->client_cn, sizeof c->client_cn);
+        return;
+    }
     ENTER(c);
-    if ((what & BEV_EVENT_EOF) && c->state == C_FLUSH &&
-        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
-        /* The client half-closed after its request: still deliver the answer. */
+    if (c->tls && !c->tls_ok) {
+        tls_handshake_failed(c, what);
+        conn_close(c);
+    } else if (!c->tls && (what & BEV_EVENT_EOF) && c->state == C_FLUSH &&
+               evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        /* The client half-closed after its request: still deliver the answer.
+         * (Not over TLS: libevent stops a TLS connection's I/O at its EOF.) */
         c->close_after = true;
     } else {
+        if (what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
+            c->tls_err = true;
+        }
         conn_close(c);
     }
     LEAVE(c);
@@ -901,6 +1032,11 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
         conn_error(c, 408, "request body not received in time");
         break;
     case C_IDLE:
+        if (c->tls && !c->tls_ok) {
+            c->tls_err = true;
+            SP_LOG_WARN("event=tls_handshake_failed peer=%s error=timeout",
+                        sp_log_str(c->peer));
+        }
         conn_close(c);
         break;
     default:
@@ -910,12 +1046,14 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
-accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, int salen,
-          void *arg)
+accept_conn(sp_http_loop_t *L, evutil_socket_t fd, struct sockaddr *sa, bool tls)
 {
-    sp_http_loop_t *L = arg;
     sp_http_server_t *s = L->srv;
     if (atomic_load(&s->n_conns) >= s->p.limits.max_connections || atomic_load(&s->draining)) {
+        if (tls) { /* a TLS client cannot read a plain-text 503 */
+            close(fd);
+            return;
+        }
         static const char busy[] =
             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             "Content-Length: 91\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
@@ -929,7 +1067,24 @@ accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, i
     conn_t *c = sp_calloc(1, sizeof *c);
     char *head = sp_malloc(s->p.limits.max_header_bytes);
     hdr_t *hdrs = sp_calloc((size_t)s->p.limits.max_headers, sizeof(hdr_t));
-    struct bufferevent *bev = bufferevent_socket_new(L->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    struct bufferevent *bev = NULL;
+    if (tls) {
+        pthread_mutex_lock(&s->tls_mu);
+        struct ssl_st *ssl = sp_tls_ssl_new(s->tls_ctx);
+        pthread_mutex_unlock(&s->tls_mu);
+        /* With CLOSE_ON_FREE the bufferevent owns the SSL and the socket;
+         * when it cannot be made, libevent (2.1.9 and later) has freed the
+         * SSL but not the socket. */
+        bev = ssl ? bufferevent_openssl_socket_new(L->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                   BEV_OPT_CLOSE_ON_FREE)
+                  : NULL;
+        if (bev) {
+            /* A client closing without close_notify is an EOF, not an error. */
+            bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+        }
+    } else {
+        bev = bufferevent_socket_new(L->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    }
     struct event *tm = c ? evtimer_new(L->base, timer_cb, c) : NULL;
     if (!c || !head || !hdrs || !bev || !tm) {
         if (bev) {
@@ -954,6 +1109,7 @@ accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, i
     c->head = head;
     c->hdrs = hdrs;
     c->fresh = true;
+    c->tls = tls;
     c->req.conn = c;
     c->state = C_IDLE;
     http_parser_init(&c->parser, HTTP_REQUEST);
@@ -982,16 +1138,35 @@ accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, i
         bufferevent_set_timeouts(bev, NULL, &wt);
     }
     bufferevent_enable(bev, EV_READ);
-    /* A fresh connection must start its request within the header deadline. */
+    /* A fresh connection must start its request (and a TLS one finish its
+     * handshake) within the header deadline. */
     timer_arm(c, s->p.limits.header_timeout_ms);
+}
+
+static void
+accept_plain_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                void *arg)
+{
+    accept_conn(arg, fd, sa, false);
+}
+
+static void
+accept_tls_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, int salen,
+              void *arg)
+{
+    accept_conn(arg, fd, sa, true);
 }
 
 static void
 reenable_cb(evutil_socket_t fd, short what, void *arg)
 {
     sp_http_loop_t *L = arg;
+    /* Either listener may have backed off; enabling a live one is harmless. */
     if (L->listener) { /* closed meanwhile by a drain */
         evconnlistener_enable(L->listener);
+    }
+    if (L->tls_listener) {
+        evconnlistener_enable(L->tls_listener);
     }
 }
 
@@ -1017,6 +1192,10 @@ close_listener(sp_http_loop_t *L)
     if (L->listener) {
         evconnlistener_free(L->listener);
         L->listener = NULL;
+    }
+    if (L->tls_listener) {
+        evconnlistener_free(L->tls_listener);
+        L->tls_listener = NULL;
     }
 }
 
@@ -1087,8 +1266,8 @@ loop_main(void *arg)
 }
 
 static int
-bind_listener(sp_http_server_t *s, sp_http_loop_t *L, const char *host, int port, char *err,
-              size_t err_len)
+bind_listener(sp_http_server_t *s, sp_http_loop_t *L, const char *host, int port, bool tls,
+              struct evconnlistener **out, char *err, size_t err_len)
 {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -1106,16 +1285,42 @@ bind_listener(sp_http_server_t *s, sp_http_loop_t *L, const char *host, int port
     if (s->n_loops > 1) {
         flags |= LEV_OPT_REUSEABLE_PORT;
     }
-    L->listener = evconnlistener_new_bind(L->base, accept_cb, L, flags, 1024, res->ai_addr,
-                                          (int)res->ai_addrlen);
+    *out = evconnlistener_new_bind(L->base, tls ? accept_tls_cb : accept_plain_cb, L, flags, 1024,
+                                   res->ai_addr, (int)res->ai_addrlen);
     int e = errno;
     freeaddrinfo(res);
-    if (L->listener == NULL) {
+    if (*out == NULL) {
         sp_errf(err, err_len, SP_ERR_IO, "cannot listen on %s:%d: %s", host, port, strerror(e));
         return -1;
     }
-    evconnlistener_set_error_cb(L->listener, accept_error_cb);
+    evconnlistener_set_error_cb(*out, accept_error_cb);
     return 0;
+}
+
+static int
+listener_port(struct evconnlistener *lst)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evconnlistener_get_fd(lst), (struct sockaddr *)&ss, &sl);
+    return ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                    : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static bool
+set_str(const char *v)
+{
+    return v != NULL && v[0] != '\0';
+}
+
+sp_status_t
+sp_http_tls_check(const char *cert, const char *key, const char *client_ca, char *err,
+                  size_t err_len)
+{
+    struct ssl_ctx_st *ctx = NULL;
+    sp_status_t st = sp_tls_ctx_create(cert, key, client_ca, &ctx, err, err_len);
+    sp_tls_ctx_free(ctx);
+    return st;
 }
 
 sp_status_t
@@ -1131,12 +1336,25 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
         l->max_url_bytes < 16 || l->max_connections < 1 || l->max_chunks < 1) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "http: limits out of range");
     }
+    bool tls = set_str(p->tls_cert);
+    if (!tls && (set_str(p->tls_key) || set_str(p->tls_client_ca) || p->tls_port != 0)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--tls-key, --tls-client-ca and --tls-port need --tls-cert");
+    }
+    if (p->tls_port < 0 || p->tls_port > 65535 || (p->tls_port != 0 && p->tls_port == port)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--tls-port %d: must be another port than --port", p->tls_port);
+    }
     sp_http_server_t *s = sp_calloc(1, sizeof *s);
     if (s == NULL) {
         return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
     }
+    pthread_mutex_init(&s->tls_mu, NULL);
     s->p = *p;
+    /* The caller's strings are borrowed: keep our own copies (or none). */
+    s->p.tls_cert = s->p.tls_key = s->p.tls_client_ca = NULL;
     s->n_loops = p->n_loops;
+    sp_status_t st = SP_ERR_IO;
     http_parser_settings_init(&s->settings);
     s->settings.on_message_begin = on_message_begin;
     s->settings.on_url = on_url;
@@ -1150,11 +1368,29 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
     http_parser_set_max_header_size((uint32_t)(l->max_header_bytes + 1024));
     s->loops = sp_calloc((size_t)s->n_loops, sizeof *s->loops);
     if (s->loops == NULL) {
+        pthread_mutex_destroy(&s->tls_mu);
         sp_free(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
     }
     for (int i = 0; i < s->n_loops; i++) {
         s->loops[i].wake_fd = -1;
+    }
+    if (tls) {
+        const char *ca = set_str(p->tls_client_ca) ? p->tls_client_ca : "";
+        s->tls_cert = sp_strndup(p->tls_cert, strlen(p->tls_cert));
+        s->tls_key = sp_strndup(p->tls_key ? p->tls_key : "", p->tls_key ? strlen(p->tls_key) : 0);
+        s->tls_ca = sp_strndup(ca, strlen(ca));
+        if (s->tls_cert == NULL || s->tls_key == NULL || s->tls_ca == NULL) {
+            st = sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
+            goto fail;
+        }
+        st = sp_tls_ctx_create(s->tls_cert, s->tls_key, s->tls_ca, &s->tls_ctx, err, err_len);
+        if (st != SP_OK) {
+            goto fail;
+        }
+        st = SP_ERR_IO;
+        s->tls_main = p->tls_port == 0;
+        s->tls_port = p->tls_port;
     }
     for (int i = 0; i < s->n_loops; i++) {
         sp_http_loop_t *L = &s->loops[i];
@@ -1171,15 +1407,25 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
             sp_errf(err, err_len, SP_ERR_IO, "http: cannot create event loop");
             goto fail;
         }
-        if (bind_listener(s, L, host, i == 0 ? port : s->port, err, err_len) != 0) {
+        if (bind_listener(s, L, host, i == 0 ? port : s->port, s->tls_main, &L->listener, err,
+                          err_len) != 0) {
             goto fail;
         }
         if (i == 0) {
-            struct sockaddr_storage ss;
-            socklen_t sl = sizeof ss;
-            getsockname(evconnlistener_get_fd(L->listener), (struct sockaddr *)&ss, &sl);
-            s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                              : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+            s->port = listener_port(L->listener);
+            if (s->tls_main) {
+                s->tls_port = s->port;
+            } else if (s->tls_port == s->port) {
+                /* --port 0 drew the TLS port: with SO_REUSEPORT both binds
+                 * would succeed and share connections. */
+                sp_errf(err, err_len, SP_ERR_IO, "--tls-port %d: the same port as --port",
+                        s->tls_port);
+                goto fail;
+            }
+        }
+        if (tls && !s->tls_main &&
+            bind_listener(s, L, host, s->tls_port, true, &L->tls_listener, err, err_len) != 0) {
+            goto fail;
         }
         if (p->loop_init) {
             L->user = p->loop_init(L, p->handler_ud);
@@ -1189,13 +1435,39 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
     return SP_OK;
 fail:
     sp_http_server_destroy(s);
-    return SP_ERR_IO;
+    return st;
 }
 
 int
 sp_http_server_port(const sp_http_server_t *s)
 {
     return s->port;
+}
+
+int
+sp_http_server_tls_port(const sp_http_server_t *s)
+{
+    return s->tls_cert ? s->tls_port : 0;
+}
+
+sp_status_t
+sp_http_server_reload_tls(sp_http_server_t *s, char *err, size_t err_len)
+{
+    if (s->tls_cert == NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "TLS is off (no --tls-cert)");
+    }
+    /* Built outside the lock: reading the files must not hold up accepts. */
+    struct ssl_ctx_st *ctx = NULL;
+    sp_status_t st = sp_tls_ctx_create(s->tls_cert, s->tls_key, s->tls_ca, &ctx, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    pthread_mutex_lock(&s->tls_mu);
+    struct ssl_ctx_st *old = s->tls_ctx;
+    s->tls_ctx = ctx;
+    pthread_mutex_unlock(&s->tls_mu);
+    sp_tls_ctx_free(old); /* open connections hold their own references */
+    return SP_OK;
 }
 
 sp_status_t
@@ -1262,5 +1534,10 @@ sp_http_server_destroy(sp_http_server_t *s)
         }
     }
     sp_free(s->loops);
+    sp_tls_ctx_free(s->tls_ctx);
+    sp_free(s->tls_cert);
+    sp_free(s->tls_key);
+    sp_free(s->tls_ca);
+    pthread_mutex_destroy(&s->tls_mu);
     sp_free(s);
 }

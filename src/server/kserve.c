@@ -34,6 +34,7 @@
 #include "server/kserve.h"
 #include "server/schedreq.h"
 #include "server/tensor.h"
+#include "server/tensor_model.h"
 
 
 /* ------------------------------------------------------------ errors */
@@ -793,6 +794,11 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (m == NULL) {
         return;
     }
+    if (m->be) {
+        sp_tensor_metadata(r, m);
+        sp_served_release(m);
+        return;
+    }
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"name\":");
@@ -853,6 +859,10 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_server_t *s = ud;
     sp_served_model_t *m = route_model(s, r, p, h_infer);
     if (m == NULL) {
+        return;
+    }
+    if (m->be) {
+        sp_tensor_infer(s, r, m); /* a tensor model: its backend behind the batcher */
         return;
     }
     ks_req_t *q = ks_new(s, r, m, KS_INFER);
@@ -922,6 +932,12 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     sp_server_t *s = ud;
     sp_served_model_t *m = route_model(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen);
     if (m == NULL) {
+        return;
+    }
+    if (m->be) {
+        sp_kserve_error(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
+                        m->be->name, m->name);
+        sp_served_release(m);
         return;
     }
     sp_str_t body = sp_http_req_body(r);

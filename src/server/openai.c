@@ -147,6 +147,13 @@ get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retr
                              &m)) {
         return NULL;
     }
+    if (m->be) {
+        sp_server_error(r, 400, NULL, "model", "model_not_generative",
+                        "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
+                        m->name, m->be->name, m->name);
+        sp_served_release(m);
+        return NULL;
+    }
     return m;
 }
 

@@ -15,6 +15,8 @@
 #include "core/timer.h"
 #include "sampan/log.h"
 #include "server/server.h"
+#include "server/batcher.h"
+#include "server/tensor_model.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -142,6 +144,7 @@ sp_registry_stop_all(sp_registry_t *r)
 {
     pthread_mutex_lock(&r->mu);
     for (sp_served_model_t *m = r->all; m; m = m->next) {
+        sp_tensor_model_stop(m);
         for (int k = 0; k < m->n_inst; k++) {
             sp_sched_stop(m->inst[k]);
         }
@@ -224,6 +227,28 @@ sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *sp)
 void
 sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
 {
+    if (m->batcher) {
+        /* A tensor model: its batcher's figures in the same shape (a step is a batch,
+         * a sequence a row). */
+        sp_batcher_stats_t b;
+        sp_batcher_get_stats(m->batcher, &b);
+        memset(o, 0, sizeof *o);
+        o->queued = b.queued;
+        o->waiting_tier[1] = b.queued;
+        o->jobs_done = (int64_t)b.completed;
+        o->jobs_cancelled = (int64_t)b.cancelled;
+        o->steps = (int64_t)b.batches;
+        o->step_seqs_total = (int64_t)b.rows;
+        o->mean_step_seqs = b.batches ? (double)b.rows / (double)b.batches : 0;
+        for (int i = 0; i < b.n_hist; i++) {
+            int k = 0;
+            while (k < SP_SCHED_BATCH_BUCKETS && ((int64_t)1 << k) < b.hist_le[i]) {
+                k++;
+            }
+            o->batch_hist[k] += (int64_t)b.hist[i];
+        }
+        return;
+    }
     sp_sched_get_stats(m->inst[0], o);
     for (int k = 1; k < m->n_inst; k++) {
         sp_sched_stats_t t;
@@ -441,8 +466,8 @@ lru_victim_locked(sp_registry_t *r, int d, const char *name, uint64_t *idle_tota
 
 /* Reserve m->charge on every device, evicting idle models least recently
  * used first. Refuses (nothing evicted) when the model cannot fit. */
-static sp_status_t
-reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len)
+sp_status_t
+sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len)
 {
     pthread_mutex_lock(&r->mu);
     for (;;) {
@@ -641,6 +666,25 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     return sp;
 }
 
+/* A model is ready: time it, list it, log it. */
+static void
+built(sp_registry_t *r, sp_served_model_t *m, int64_t t0, int n_slots)
+{
+    m->created = (int64_t)time(NULL);
+    atomic_store(&m->last_used_ns, sp_time_ns());
+    m->load_ms = (double)(sp_time_ns() - t0) / 1e6;
+    pthread_mutex_lock(&r->mu);
+    m->next = r->all;
+    r->all = m;
+    pthread_mutex_unlock(&r->mu);
+    SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s backend=%s ctx=%lld instances=%d "
+                "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
+                sp_log_str(m->name), (long long)m->version, sp_log_str(m->path),
+                m->be ? m->be->name : "llm", (long long)m->n_ctx, m->n_inst, n_slots,
+                (double)m->mem_bytes / MIB, m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
+                m->load_ms);
+}
+
 sp_status_t
 sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_repo, const char *path,
                 const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out, char *err,
@@ -664,6 +708,24 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     sp_model_metrics_init(&m->metrics);
     defaults_from(cfg, &m->def);
     bool reserved = false;
+    if (cfg && cfg->backend != SP_REPO_BACKEND_LLM) {
+        /* A tensor model: its backend plugin loads it (tensor_model.c). */
+        m->max_batch_size = cfg->max_batch_size;
+        sp_status_t tst = place(r, m, cfg, err, err_len);
+        if (tst == SP_OK) {
+            tst = sp_tensor_model_build(s, m, cfg, err, err_len);
+        }
+        if (tst != SP_OK) {
+            if (!m->reserved) {
+                memset(m->charge, 0, sizeof m->charge);
+            }
+            sp_served_free(r, m);
+            return tst;
+        }
+        built(r, m, t0, 0);
+        *out = m;
+        return SP_OK;
+    }
     sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
     sp_status_t st = sp_repo_llm_keys(cfg, s->cfg.model_repository, name, &keys, err, err_len);
     if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
@@ -698,7 +760,7 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     for (int d = 0; d < r->n_dev; d++) {
         m->mem_bytes += m->charge[d];
     }
-    if ((st = reserve(r, m, err, err_len)) != SP_OK) {
+    if ((st = sp_registry_reserve(r, m, err, err_len)) != SP_OK) {
         goto fail;
     }
     reserved = true;
@@ -714,18 +776,7 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
         }
     }
     m->n_ctx = sp_sched_n_ctx(m->inst[0]);
-    m->created = (int64_t)time(NULL);
-    atomic_store(&m->last_used_ns, sp_time_ns());
-    m->load_ms = (double)(sp_time_ns() - t0) / 1e6;
-    pthread_mutex_lock(&r->mu);
-    m->next = r->all;
-    r->all = m;
-    pthread_mutex_unlock(&r->mu);
-    SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s ctx=%lld instances=%d "
-                "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
-                sp_log_str(m->name), (long long)m->version, sp_log_str(m->path), (long long)m->n_ctx,
-                m->n_inst, sp.n_slots, (double)m->mem_bytes / MIB,
-                m->tmpl ? sp_chat_template_name(m->tmpl) : "none", m->load_ms);
+    built(r, m, t0, sp.n_slots);
     *out = m;
     return SP_OK;
 fail:
@@ -739,6 +790,7 @@ fail:
 void
 sp_served_free(sp_registry_t *r, sp_served_model_t *m)
 {
+    sp_tensor_model_free(m);
     for (int k = 0; k < m->n_inst; k++) {
         sp_sched_destroy(m->inst[k]);
     }
@@ -755,7 +807,7 @@ sp_served_free(sp_registry_t *r, sp_served_model_t *m)
         }
     }
     pthread_mutex_unlock(&r->mu);
-    if (m->inst[0]) {
+    if (m->inst[0] || m->be) {
         SP_LOG_INFO("event=model_freed model=%s version=%lld memory_mib=%.1f",
                     sp_log_str(m->name), (long long)m->version, (double)m->mem_bytes / MIB);
     }

@@ -42,6 +42,7 @@
 #include "engine/chat.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "sampan/backend.h"
 #include "repo/config.h"
 #include "repo/repo.h"
 #include "server/config.h"
@@ -85,6 +86,13 @@ struct sp_served_model {
     uint64_t mem_bytes;        /* all devices */
     double load_ms;
     sp_model_metrics_t metrics; /* request counters and latency histograms */
+    /* A tensor model (a backend plugin, tensor_model.h): model == NULL, inst[] NULL. */
+    const sp_backend_api_t *be;
+    void *be_inst[SP_REPO_MAX_INSTANCES];
+    sp_backend_model_info_t be_info;
+    int32_t max_batch_size;
+    struct sp_batcher *batcher;
+    bool reserved;             /* its charge is taken from the budgets */
     atomic_int refs;
     _Atomic int64_t last_used_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */
@@ -178,6 +186,9 @@ sp_status_t sp_served_build(struct sp_server *s, const char *name, int64_t versi
  * entry reference, to release) or NULL. Lock held by the caller. */
 sp_served_model_t *sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e,
                                               sp_served_model_t *m);
+/* Reserve m->charge on every device, evicting idle models least recently
+ * used first; refuses (evicting nothing) when it cannot fit. */
+sp_status_t sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len);
 /* Free the models whose last reference went away. Manager thread. */
 void sp_registry_reap(sp_registry_t *r);
 /* Free one model now (no references left). Manager thread or shutdown. */

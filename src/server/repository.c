@@ -263,11 +263,6 @@ reconcile(sp_server_t *s, const sp_repo_model_t *rm, const char *override, int f
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "model '%s': the name is taken by a --model flag", rm->name);
     }
-    if (rm->cfg.backend != SP_REPO_BACKEND_LLM) {
-        return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "model '%s': backend %s is not served by this build (llm only)", rm->name,
-                       sp_repo_backend_name(rm->cfg.backend));
-    }
     if (rm->n_versions == 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model '%s' has no version to serve", rm->name);
     }

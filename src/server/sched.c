@@ -75,10 +75,17 @@ typedef struct lp_rec {
 
 /* -------------------------------------------------------------- structures */
 
+typedef struct mb_post {
+    void (*fn)(void *arg);
+    void *arg;
+    struct mb_post *next;
+} mb_post_t;
+
 struct sp_mailbox {
     sp_http_loop_t *loop;
     pthread_mutex_t mu;
     sp_sched_job_t *head; /* jobs with undelivered events */
+    mb_post_t *posts;     /* calls to run on the loop (sp_mailbox_post), newest first */
     bool woken;
 };
 
@@ -249,9 +256,39 @@ sp_mailbox_destroy(sp_mailbox_t *mb)
         }
         j = next;
     }
+    /* Calls nobody will run now: run them, they free what they carry. */
+    mb_post_t *p = mb->posts;
+    mb->posts = NULL;
+    while (p) {
+        mb_post_t *n = p->next;
+        p->fn(p->arg);
+        sp_free(p);
+        p = n;
+    }
     sp_http_loop_set_wake_cb(mb->loop, NULL, NULL);
     pthread_mutex_destroy(&mb->mu);
     sp_free(mb);
+}
+
+sp_status_t
+sp_mailbox_post(sp_mailbox_t *mb, void (*fn)(void *arg), void *arg)
+{
+    mb_post_t *p = sp_malloc(sizeof *p);
+    if (p == NULL) {
+        return SP_ERR_NOMEM;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    pthread_mutex_lock(&mb->mu);
+    p->next = mb->posts;
+    mb->posts = p;
+    bool wake = !mb->woken;
+    mb->woken = true;
+    pthread_mutex_unlock(&mb->mu);
+    if (wake) {
+        sp_http_loop_wake(mb->loop);
+    }
+    return SP_OK;
 }
 
 static void
@@ -344,8 +381,24 @@ mailbox_drain(void *arg)
     pthread_mutex_lock(&mb->mu);
     sp_sched_job_t *list = mb->head;
     mb->head = NULL;
+    mb_post_t *posts = mb->posts;
+    mb->posts = NULL;
     mb->woken = false;
     pthread_mutex_unlock(&mb->mu);
+    /* Posted calls, oldest first. */
+    mb_post_t *rev = NULL;
+    while (posts) {
+        mb_post_t *n = posts->next;
+        posts->next = rev;
+        rev = posts;
+        posts = n;
+    }
+    while (rev) {
+        mb_post_t *n = rev->next;
+        rev->fn(rev->arg);
+        sp_free(rev);
+        rev = n;
+    }
     while (list) {
         sp_sched_job_t *j = list;
         list = j->mb_next;

@@ -202,6 +202,10 @@ void sp_sched_cancel(sp_sched_job_t *job);
 /* Mailboxes: create one per loop (in the loop's init callback) and destroy it
  * on the loop thread after the schedulers stopped. */
 sp_mailbox_t *sp_mailbox_create(struct sp_http_loop *loop);
+/* Any thread: run fn(arg) on the mailbox's loop thread soon (in post order).
+ * Used by other engines (the tensor models' batcher) to hand results back.
+ * SP_ERR_NOMEM: nothing was queued. */
+sp_status_t sp_mailbox_post(sp_mailbox_t *mb, void (*fn)(void *arg), void *arg);
 void sp_mailbox_destroy(sp_mailbox_t *mb);
 
 #endif /* SP_SERVER_SCHED_H */

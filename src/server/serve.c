@@ -29,6 +29,7 @@
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "repo/repo.h"
+#include "server/cors.h"
 #include "server/kserve.h"
 #include "server/registry.h"
 #include "server/server.h"
@@ -389,7 +390,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                        (unsigned long long)sp_hist_count(&mm->e2e), sp_hist_sum(&mm->ttft),
                        (unsigned long long)sp_hist_count(&mm->ttft));
         sp_jbuf_lit(&b, ",\"instance_jobs_done\":[");
-        for (int k = 0; k < m->n_inst; k++) {
+        for (int k = 0; k < m->n_inst && m->inst[k]; k++) {
             sp_sched_stats_t t;
             sp_sched_get_stats(m->inst[k], &t);
             sp_jbuf_printf(&b, k ? ",%lld" : "%lld", (long long)t.jobs_done);
@@ -503,6 +504,9 @@ handle(sp_http_req_t *r, void *ud)
         sp_http_req_set_rid(r, buf, (size_t)n);
     }
     sp_http_add_header(r, "x-request-id", sp_http_req_rid(r));
+    if (sp_cors_handle(r, s->cfg.cors_origins)) {
+        return; /* a CORS preflight, answered before any key is asked for */
+    }
     if (!is_public(path)) {
         uint32_t scope = route_scope(s, path);
         if (scope && sp_auth_enabled(&s->auth)) {
@@ -666,6 +670,7 @@ sp_cmd_serve(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP); /* reload the TLS certificate and the tenants file */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     int rc = 1;
@@ -694,13 +699,60 @@ sp_cmd_serve(int argc, char **argv)
     hp.loop_fini = loop_fini;
     hp.error_fmt = error_fmt;
     hp.on_done = on_done;
+    /* TLS (docs/security.md, "Transport"): a key needs its certificate and
+     * the reverse, mutual TLS and a TLS port need both; the files are read
+     * once here so that a bad one is a usage error (exit 2), not a failure
+     * of the running server. */
+    hp.tls_cert = s->cfg.tls_cert;
+    hp.tls_key = s->cfg.tls_key;
+    hp.tls_client_ca = s->cfg.tls_client_ca;
+    hp.tls_port = s->cfg.tls_port;
+    if (!s->cfg.tls_cert[0] && (s->cfg.tls_key[0] || s->cfg.tls_client_ca[0] || s->cfg.tls_port)) {
+        fprintf(stderr, "sampan serve: --tls-key, --tls-client-ca and --tls-port need --tls-cert\n");
+        rc = 2;
+        goto done;
+    }
+    if (s->cfg.tls_cert[0] && !s->cfg.tls_key[0]) {
+        fprintf(stderr, "sampan serve: --tls-cert needs --tls-key\n");
+        rc = 2;
+        goto done;
+    }
+    if (s->cfg.tls_port && s->cfg.tls_port == s->cfg.port) {
+        fprintf(stderr, "sampan serve: --tls-port %d: must be another port than --port\n",
+                s->cfg.tls_port);
+        rc = 2;
+        goto done;
+    }
+    if (s->cfg.tls_cert[0] && sp_http_tls_check(s->cfg.tls_cert, s->cfg.tls_key,
+                                                s->cfg.tls_client_ca, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        rc = 2;
+        goto done;
+    }
+    if (sp_cors_has_wildcard(s->cfg.cors_origins)) {
+        SP_LOG_WARN("event=cors_wildcard detail=%s",
+                    sp_log_str("--cors-origins '*' lets every web page read this server's "
+                               "answers from its visitors' browsers"));
+    }
     if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
         sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
-    SP_LOG_INFO("event=listening url=http://%s:%d http_threads=%d models=%d", s->cfg.host,
-                sp_http_server_port(s->http), s->cfg.http_threads, s->cfg.n_models);
+    {
+        /* https:// when the main port speaks TLS; with --tls-port the main
+         * port stays plain and tls_url names the other. */
+        int tls_port = sp_http_server_tls_port(s->http);
+        bool tls_main = tls_port != 0 && tls_port == sp_http_server_port(s->http);
+        char tls_url[320] = "";
+        if (tls_port && !tls_main) {
+            snprintf(tls_url, sizeof tls_url, " tls_url=https://%s:%d", s->cfg.host, tls_port);
+        }
+        SP_LOG_INFO("event=listening url=%s://%s:%d%s%s http_threads=%d models=%d",
+                    tls_main ? "https" : "http", s->cfg.host, sp_http_server_port(s->http),
+                    tls_url, s->cfg.tls_client_ca[0] ? " client_certs=required" : "",
+                    s->cfg.http_threads, s->cfg.n_models);
+    }
     if (sp_repository_start(s, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
@@ -722,6 +774,20 @@ sp_cmd_serve(int argc, char **argv)
             atomic_store(&s->draining, true);
             sp_http_server_stop_accepting(s->http);
             drain_deadline = sp_time_ns() + (int64_t)(s->cfg.drain_timeout_s * 1e9) + 1;
+        }
+        if (sig == SIGHUP) {
+            /* Reread what lives in files: the tenants file (on the manager
+             * thread) and the certificate (new connections get it; on an
+             * error the old one stays). */
+            atomic_store(&s->reload_tenants, true);
+            if (s->cfg.tls_cert[0]) {
+                if (sp_http_server_reload_tls(s->http, err, sizeof err) == SP_OK) {
+                    SP_LOG_INFO("event=tls_reloaded cert=%s", sp_log_str(s->cfg.tls_cert));
+                } else {
+                    SP_LOG_ERROR("event=tls_reload_failed error=%s kept=previous",
+                                 sp_log_str(err));
+                }
+            }
         }
         if (atomic_load(&s->load_failed)) {
             rc = 1;

@@ -12,6 +12,10 @@ int sp_cmd_inspect(int argc, char **argv);
 int sp_cmd_quantize(int argc, char **argv);
 /* sampan devices [--json] [--budget F]: the CPU, GPUs and MIG instances with their memory. */
 int sp_cmd_devices(int argc, char **argv);
+/* sampan encrypt IN OUT --key-file K | --gen-key K: encrypted model files (crypto/enc.h). */
+int sp_cmd_encrypt(int argc, char **argv);
+/* sampan decrypt IN (OUT | --check) --key-file K: authenticate, and write the plaintext. */
+int sp_cmd_decrypt(int argc, char **argv);
 /* sampan keys add|list|revoke --tenants FILE ...: API keys, scopes, tiers and limits. */
 int sp_cmd_keys(int argc, char **argv);
 

@@ -96,7 +96,7 @@ class Server:
         def pump():
             for line in self.p.stderr:
                 self.log.append(line)
-                m = re.search(r"url\"?[=:]\"?http://127\.0\.0\.1:(\d+)", line)
+                m = re.search(r"url\"?[=:]\"?https?://127\.0\.0\.1:(\d+)", line)
                 if m:
                     self.port = int(m.group(1))
                 if "event=ready" in line or '"event":"ready"' in line:

@@ -1,17 +1,24 @@
 """test_deploy.py - offline validation of deploy/ (no cluster, no docker, no network at run time).
 
 - yamllint (deploy/.yamllint) on the plain YAML files and on the chart's rendered output;
-- `helm lint --strict` and `helm template` of deploy/helm/sampan with the default values and with
-  every deploy/helm/ci/*.yaml (helm comes out of an npm package pinned in
-  tests/node/package-lock.json: tests/node/get-helm.sh);
+- `helm lint --strict` and `helm template` of deploy/helm/sampan with every deploy/helm/ci/*.yaml
+  (helm comes out of an npm package pinned in tests/node/package-lock.json:
+  tests/node/get-helm.sh); the default values configure no API keys, so they only lint and
+  `helm template` refuses them with a message (demo-values.yaml is the default install with
+  server.insecureOpen);
 - schema checks of the rendered manifests and of deploy/kserve, deploy/gateway with
   tests/node/k8s_validate.mjs (kubernetes-models@4; the CRDs by hand);
 - what the chart promises: probes on /health and /live on the `http` port, a termination grace
   period longer than drain timeout + preStop sleep, a non-root read-only container, the GPU
   resource name of the values in the limits, the GPU toleration, zone spreading, selectors that
-  match, refusals of contradictory values;
+  match, refusals of contradictory values; API keys: the tenants Secret mounted as a directory
+  and named by --tenants, --api-key from a Secret, --insecure-open only when asked for,
+  --metrics-open, a ServiceMonitor that can authenticate;
 - the rendered command line and config.json files accepted by the real `sampan serve` (when it
-  is built), and the Dockerfile's demo repository served by it;
+  is built), and the Dockerfile's demo repository served by it; the flags get it past its
+  no-keys rule on 0.0.0.0; with tenants (a file made by `sampan keys add`, laid out as the
+  kubelet mounts a Secret): 401 without a key, 200 with one, scopes, and a Secret update (a key
+  added, a tenant revoked) reloaded without a restart;
 - the Dockerfile: base image, non-root user, runtime packages that exist (apt-cache) and that
   own the libraries the binary links, a build context that holds what `make` needs;
 - `promtool check rules` and `promtool test rules` of deploy/prometheus, and the dashboard's
@@ -30,8 +37,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -51,7 +61,8 @@ FILES = [
     "helm/sampan/templates/service.yaml", "helm/sampan/templates/configmap.yaml",
     "helm/sampan/templates/pdb.yaml", "helm/sampan/templates/hpa.yaml",
     "helm/sampan/templates/scaledobject.yaml", "helm/sampan/templates/servicemonitor.yaml",
-    "helm/ci/gpu-mig-values.yaml", "helm/ci/all-values.yaml", "kserve/servingruntime.yaml",
+    "helm/ci/gpu-mig-values.yaml", "helm/ci/all-values.yaml", "helm/ci/demo-values.yaml",
+    "helm/ci/hpa-values.yaml", "kserve/servingruntime.yaml",
     "kserve/inferenceservice.yaml", "gateway/inferencepool.yaml", "Dockerfile",
     "Dockerfile.dockerignore", "grafana/sampan-dashboard.json", "prometheus/alerts.yaml",
     "prometheus/alerts.test.yaml", ".yamllint",
@@ -295,6 +306,8 @@ def check_rendered(name, docs, values):
     s.case(f"{name}: /dev/shm is a memory emptyDir",
            len(shm) == 1 and vols.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory")
 
+    check_auth(name, values, args, c, vols, docs)
+
     gpu = values["gpu"]
     limits = c.get("resources", {}).get("limits", {})
     tols = pod.get("tolerations", [])
@@ -389,14 +402,123 @@ def check_rendered(name, docs, values):
         s.case(f"{name}: no ServiceMonitor unless enabled", not sms)
 
 
+def check_auth(name, values, args, c, vols, docs):
+    """API keys: the tenants Secret mounted as a directory and named by --tenants, the single key
+    from a Secret variable, --insecure-open only when asked for and without keys, --metrics-open,
+    and a ServiceMonitor that can authenticate."""
+    srv = values["server"]
+    tenants = srv.get("tenants", {}).get("existingSecret")
+    api = srv.get("apiKey", {}).get("existingSecret")
+    mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    if tenants:
+        sec = vols.get("tenants", {}).get("secret", {})
+        m = mounts.get("tenants", {})
+        targ = arg_after(args, "--tenants")
+        # A subPath mount would never see the Secret's updates, so no reload could happen.
+        s.case(f"{name}: tenants Secret {tenants} mounted read-only as a directory, --tenants {targ} in it",
+               sec.get("secretName") == tenants
+               and sec.get("items") == [{"key": srv["tenants"]["key"], "path": "tenants.json"}]
+               and m.get("readOnly") is True and "subPath" not in m
+               and targ == f"{m.get('mountPath')}/tenants.json", f"{sec} {m} --tenants {targ}")
+    else:
+        s.case(f"{name}: no tenants: no --tenants, no tenants volume",
+               "--tenants" not in args and "tenants" not in vols and "tenants" not in mounts)
+    env = {e["name"]: e for e in c.get("env", [])}
+    ref = env.get("SAMPAN_API_KEY", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if api:
+        s.case(f"{name}: --api-key $(SAMPAN_API_KEY) from Secret {api}",
+               arg_after(args, "--api-key") == "$(SAMPAN_API_KEY)"
+               and ref == {"name": api, "key": srv["apiKey"]["key"]}, f"{ref}")
+    else:
+        s.case(f"{name}: no apiKey: no --api-key", "--api-key" not in args and not ref)
+    want_open = not tenants and not api and bool(srv.get("insecureOpen"))
+    s.case(f"{name}: keys or --insecure-open (only with server.insecureOpen and no keys)",
+           ("--insecure-open" in args) == want_open and (tenants or api or want_open), " ".join(args))
+    s.case(f"{name}: --metrics-open iff server.metricsOpen",
+           ("--metrics-open" in args) == bool(srv.get("metricsOpen")))
+    sm = values["metrics"]["serviceMonitor"]
+    sms = find(docs, "ServiceMonitor")
+    if sm["enabled"] and sms and (tenants or api) and not srv.get("metricsOpen"):
+        cred = sms[0]["spec"]["endpoints"][0].get("authorization", {}).get("credentials", {})
+        bts = sm.get("bearerTokenSecret") or {}
+        want = ({"name": bts["name"], "key": bts.get("key") or "key"} if bts.get("name")
+                else {"name": api, "key": srv["apiKey"]["key"]} if api else None)
+        s.case(f"{name}: ServiceMonitor sends a bearer token from Secret {want and want['name']}",
+               want is not None and cred == want, f"{cred}")
+
+
 # ----------------------------------------------------------------------------- the real server
+
+def make_tenants(exe, tdir):
+    """A tenants Secret volume as the kubelet lays it out (tenants.json -> ..data/tenants.json,
+    ..data -> ..v1; an update writes ..v2 and swaps ..data atomically), holding the tenants ci
+    (every scope) and reader (infer only), made with `sampan keys add`. Returns {tenant: key}."""
+    os.makedirs(os.path.join(tdir, "..v1"))
+    keys = {}
+    for tenant, scopes in (("ci", "infer,metrics,admin"), ("reader", "infer")):
+        rc, out, err = run([exe, "keys", "add", "--tenants", os.path.join(tdir, "..v1", "tenants.json"),
+                            "--name", tenant, "--scopes", scopes])
+        if rc != 0 or not out.strip():
+            raise RuntimeError(f"sampan keys add --name {tenant}: exit {rc}: {tail(err, 300)}")
+        keys[tenant] = out.strip().splitlines()[-1]
+    os.symlink("..v1", os.path.join(tdir, "..data"))
+    os.symlink("..data/tenants.json", os.path.join(tdir, "tenants.json"))
+    return keys
+
+
+def update_tenants(exe, tdir, version, *commands):
+    """The kubelet's update of a Secret volume: a new version directory with the changed file
+    (each command is `sampan keys` arguments after the file), then ..data swapped to it."""
+    new = os.path.join(tdir, f"..{version}")
+    os.makedirs(new)
+    shutil.copy(os.path.join(tdir, "tenants.json"), os.path.join(new, "tenants.json"))
+    outs = []
+    for cmd in commands:
+        rc, out, err = run([exe, "keys", cmd[0], "--tenants", os.path.join(new, "tenants.json"), *cmd[1:]])
+        if rc != 0:
+            raise RuntimeError(f"sampan keys {' '.join(cmd)}: exit {rc}: {tail(err, 300)}")
+        outs.append(out.strip().splitlines()[-1] if out.strip() else "")
+    os.symlink(f"..{version}", os.path.join(tdir, "..data_tmp"))
+    os.replace(os.path.join(tdir, "..data_tmp"), os.path.join(tdir, "..data"))
+    return outs
+
+
+def listens_on_any(exe, args, timeout=30):
+    """Whether `sampan serve --host 0.0.0.0 --port 0 ARGS` gets past the no-keys rule (logs that
+    it listens) or refuses: (listening, exit code or None, stderr). Stopped at once."""
+    p = subprocess.Popen([exe, "serve", "--host", "0.0.0.0", "--port", "0", "--threads", "1", *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    lines = []
+    listening = False
+    # A server that neither listens nor exits is killed, which ends the read loop.
+    watchdog = threading.Timer(timeout, p.kill)
+    watchdog.start()
+    try:
+        for line in p.stderr:
+            lines.append(line)
+            if "listening" in line:
+                listening = True
+                break
+    finally:
+        watchdog.cancel()
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    return listening, p.returncode, "".join(lines)
+
 
 def serve_rendered(name, docs, image_repo=None):
     """Starts the real `sampan serve` with the rendered container's arguments (host, port and
     threads replaced for loopback), its repository assembled the way the pod's mounts would
     (ConfigMap keys, the demo model in each version directory), or the Dockerfile's demo
-    repository when the chart mounts none. Checks readiness, the repository index, and a
-    drain on SIGTERM."""
+    repository when the chart mounts none, and the tenants Secret as the kubelet mounts it (a
+    file made with `sampan keys add`). Checks that the arguments get past the no-keys rule on
+    0.0.0.0, readiness, the keys (401 without, 200 with, scopes, a Secret update reloaded), the
+    repository index, and a drain on SIGTERM."""
     exe = binary()
     if exe is None:
         s.skip(f"{name}: rendered args on the real server", "build/sampan not built")
@@ -411,9 +533,13 @@ def serve_rendered(name, docs, image_repo=None):
     try:
         repo = os.path.join(tmp, "repo")
         mounts = c.get("volumeMounts", [])
-        if image_repo and not any(m["mountPath"] == repo_path for m in mounts):
+        # The image's repository, or a volume holding a whole repository (the demo one stands in
+        # for its contents); with chart-shipped configs the root is an emptyDir, filled below.
+        if image_repo and not any(m["mountPath"] == repo_path and m["name"] != "model-files" for m in mounts):
             shutil.copytree(image_repo, repo)
         os.makedirs(repo, exist_ok=True)
+        tenant_keys = {}
+        tdir = None
         for m in mounts:
             mp = m["mountPath"]
             if m["name"] == "config":
@@ -428,11 +554,17 @@ def serve_rendered(name, docs, image_repo=None):
                 vdir = os.path.join(repo, os.path.relpath(mp, repo_path))
                 os.makedirs(vdir, exist_ok=True)
                 shutil.copy(DEMO_MODEL, os.path.join(vdir, "model.gguf"))
+            elif m["name"] == "tenants" and "--tenants" in args:
+                tdir = os.path.join(tmp, "tenants")
+                tenant_keys = make_tenants(exe, tdir)
+                targ = arg_after(args, "--tenants")
+                args[args.index("--tenants") + 1] = os.path.join(tdir, os.path.relpath(targ, mp))
         args[args.index("--model-repository") + 1] = repo
-        key = None
+        api_key = None
         if "$(SAMPAN_API_KEY)" in args:
-            key = "deploy-test-key"
-            args[args.index("$(SAMPAN_API_KEY)")] = key
+            api_key = "deploy-test-key"
+            args[args.index("$(SAMPAN_API_KEY)")] = api_key
+        key = tenant_keys.get("ci") or api_key
         out = []
         skip = {"--host", "--port", "--threads"}
         i = 1  # args[0] is "serve"; Server adds it
@@ -442,27 +574,44 @@ def serve_rendered(name, docs, image_repo=None):
                 continue
             out.append(args[i])
             i += 1
+
+        # The pod listens on 0.0.0.0, where the server refuses to run without keys: the rendered
+        # flags must get it past that rule, and without them it must refuse.
+        ok, rc, text = listens_on_any(exe, out)
+        s.case(f"{name}: the rendered flags pass the no-keys rule on 0.0.0.0", ok, f"exit {rc}: {tail(text, 300)}")
+        bare = [a for a in out if a not in ("--insecure-open", "--metrics-open")]
+        for flag in ("--tenants", "--api-key"):
+            if flag in bare:
+                j = bare.index(flag)
+                bare = bare[:j] + bare[j + 2:]
+        ok, rc, text = listens_on_any(exe, bare)
+        s.case(f"{name}: without keys or --insecure-open the server refuses 0.0.0.0 (exit 2)",
+               not ok and rc == 2 and "--insecure-open" in text, f"exit {rc}: {tail(text, 300)}")
+
         try:
             srv = Server(*out, model=None, start_timeout=30)
         except RuntimeError as e:
             s.case(f"{name}: real server accepts the rendered args", False, tail(str(e), 500))
             return
         try:
-            hdr = {"Authorization": f"Bearer {key}"} if key else {}
             base = f"http://127.0.0.1:{srv.port}"
 
-            def req(path, body=None):
+            def req(path, body=None, k=key):
+                hdr = {"Authorization": f"Bearer {k}"} if k else {}
                 r = urllib.request.Request(base + path, data=body, headers=hdr)
                 try:
-                    with urllib.request.urlopen(r, timeout=10) as resp:
+                    with urllib.request.urlopen(r, timeout=30) as resp:
                         return resp.status, resp.read().decode()
                 except urllib.error.HTTPError as e:
                     return e.code, e.read().decode()
 
-            st, _ = req("/health")
-            st_live, _ = req("/live")
-            s.case(f"{name}: real server accepts the rendered args; /health and /live 200",
+            st, _ = req("/health", k=None)
+            st_live, _ = req("/live", k=None)
+            s.case(f"{name}: real server accepts the rendered args; /health and /live 200 without a key",
                    st == 200 and st_live == 200, f"/health {st}, /live {st_live}")
+            if key:
+                s.guard(f"{name}: API keys on the real server", check_keys, name, exe, req, out,
+                        tenant_keys, api_key, tdir)
             st, body = req("/v2/repository/index", b"{}")
             try:
                 index = json.loads(body)
@@ -480,6 +629,67 @@ def serve_rendered(name, docs, image_repo=None):
             s.case(f"{name}: SIGTERM drains and exits 0", rc == 0, f"exit {rc}: {tail(srv.text(), 300)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_keys(name, exe, req, args, tenant_keys, api_key, tdir):
+    """401 without a key and 200 with one on the inference routes, scopes, /metrics as
+    --metrics-open says, and, with tenants, a Secret update (a key added, a tenant revoked)
+    taken up without a restart."""
+    key = tenant_keys.get("ci") or api_key
+    no = [req("/v1/models", k=None)[0], req("/v1/models", k="sk-sampan-not-a-key")[0]]
+    st, body = req("/v1/models")
+
+    def first_model(text):
+        try:
+            return json.loads(text)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    model = first_model(body)
+    if model is None:
+        # explicit control mode starts with nothing loaded: load one with the admin scope (a
+        # GPU instance group cannot load here, so try each).
+        try:
+            names = [e["name"] for e in json.loads(req("/v2/repository/index", b"{}")[1])]
+        except (ValueError, KeyError, TypeError):
+            names = []
+        for n in names:
+            if req(f"/v2/repository/models/{n}/load", b"{}")[0] == 200:
+                model = first_model(req("/v1/models")[1])
+                break
+    comp = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": 4}).encode()
+    c_no = req("/v1/completions", comp, k=None)[0]
+    c_yes, c_body = req("/v1/completions", comp)
+    s.case(f"{name}: inference routes: 401 without a key or with a wrong one, 200 with the key",
+           no == [401, 401] and st == 200 and c_no == 401 and c_yes == 200,
+           f"/v1/models {no} then {st}; /v1/completions ({model}) {c_no} then {c_yes} {tail(c_body, 200)}")
+    m_no = req("/metrics", k=None)[0]
+    m_yes = req("/metrics")[0]
+    open_ = "--metrics-open" in args
+    s.case(f"{name}: /metrics {'open' if open_ else '401'} without a key, 200 with one of the metrics scope",
+           m_no == (200 if open_ else 401) and m_yes == 200, f"{m_no} {m_yes}")
+    if api_key and tenant_keys:
+        s.case(f"{name}: the apiKey works beside the tenants", req("/v1/models", k=api_key)[0] == 200)
+    if not tenant_keys:
+        return
+    reader = tenant_keys["reader"]
+    st_r = req("/v1/models", k=reader)[0]
+    st_a = req("/v2/repository/index", b"{}", k=reader)[0]
+    s.case(f"{name}: a key without the admin scope: 200 on /v1/models, 403 on /v2/repository/index",
+           st_r == 200 and st_a == 403, f"{st_r} {st_a}")
+    # Rotation as docs/operations.md tells it: a new key added, the old tenant revoked, the
+    # Secret updated; the kubelet swaps the mounted files and the server reloads them.
+    new_key = update_tenants(exe, tdir, "v2", ("add", "--name", "ci2", "--scopes", "infer"),
+                             ("revoke", "--name", "reader"))[0]
+    end = time.time() + 10
+    got = (None, None)
+    while time.time() < end:
+        got = (req("/v1/models", k=new_key)[0], req("/v1/models", k=reader)[0])
+        if got == (200, 401):
+            break
+        time.sleep(0.2)
+    s.case(f"{name}: a Secret update is reloaded: the new key 200, the revoked one 401",
+           got == (200, 401) and req("/v1/models")[0] == 200, f"{got}")
 
 
 def dockerfile_demo_repo(tmp):
@@ -749,14 +959,15 @@ def main():
         s.finish()
 
     base_values = parse_yaml_files([os.path.join(CHART, "values.yaml")])[0]
-    sets = [("default", None)] + [(f, os.path.join(CI_DIR, f)) for f in sorted(os.listdir(CI_DIR))
-                                  if f.endswith(".yaml")]
+    # The default values configure no keys, which the chart refuses (a refusal case below);
+    # demo-values.yaml is the default install with server.insecureOpen.
+    sets = [(f, os.path.join(CI_DIR, f)) for f in sorted(os.listdir(CI_DIR)) if f.endswith(".yaml")]
     tmp = tempfile.mkdtemp(prefix="sampan-deploy-img-")
     image_repo = dockerfile_demo_repo(tmp)
     rendered_exprs = []
     try:
         for name, vf in sets:
-            extra = ["-f", vf] if vf else []
+            extra = ["-f", vf]
             rc, out, err = run([helm, "lint", "--strict", CHART, *extra])
             s.case(f"{name}: helm lint --strict", rc == 0 and "0 chart(s) failed" in out, tail(out + err))
             rc, out, err = run([helm, "template", "sampan", CHART, "--namespace", "inference", *extra])
@@ -764,8 +975,13 @@ def main():
                 continue
             manifest = out
             rc, out, err = run([helm, "install", "sampan", CHART, "--dry-run=client", *extra])
-            s.case(f"{name}: NOTES.txt renders (helm install --dry-run=client)",
-                   rc == 0 and "NOTES:" in out and "port-forward" in out, tail(err))
+            notes = out.split("NOTES:", 1)[-1]
+            keyed = "--tenants" in manifest or "--api-key" in manifest
+            s.case(f"{name}: NOTES.txt renders (helm install --dry-run=client), "
+                   + ("with the key header" if keyed else "with the no-keys warning"),
+                   rc == 0 and "NOTES:" in out and "port-forward" in notes
+                   and (("Authorization: Bearer" in notes) if keyed else ("WARNING: no API keys" in notes)),
+                   tail(err or notes))
             if have_yamllint:
                 rc2, o2, e2 = pipe(["yamllint", "-s", "-f", "parsable", "-c", YAMLLINT_CFG, "-"], manifest)
                 s.case(f"{name}: yamllint of the rendered manifests", rc2 == 0, tail(o2 + e2))
@@ -774,13 +990,13 @@ def main():
             kinds = sorted(r.get("kind") or "?" for r in results)
             s.case(f"{name}: schema of {len(results)} objects ({', '.join(kinds)})", not bad and results,
                    "; ".join(bad)[:800])
-            values = merge_values(base_values, parse_yaml_files([vf])[0] if vf else {})
+            values = merge_values(base_values, parse_yaml_files([vf])[0])
             s.guard(f"{name}: chart checks", check_rendered, name, docs, values)
             for so in find(docs, "ScaledObject"):
                 rendered_exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"]]
             for h in find(docs, "HorizontalPodAutoscaler"):
                 rendered_exprs += [m["pods"]["metric"]["name"] for m in h["spec"]["metrics"] if m.get("type") == "Pods"]
-            if name in ("default", "all-values.yaml"):
+            if name in ("demo-values.yaml", "all-values.yaml", "hpa-values.yaml"):
                 s.guard(f"{name}: real server", serve_rendered, name, docs, image_repo)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -791,18 +1007,62 @@ def main():
         check_names("HPA, KEDA and the prometheus-adapter rule", rendered_exprs + adapter, docs_names)
 
     # Values that contradict each other are refused with a message, not rendered.
+    # Each on the demo values, so that only the contradiction named is there to refuse.
+    demo = ["-f", os.path.join(CI_DIR, "demo-values.yaml")]
     refusals = [
-        ("hpa and keda together", ["--set", "autoscaling.hpa.enabled=true", "--set", "autoscaling.keda.enabled=true"],
-         "not both"),
-        ("grace period shorter than drain + preStop", ["--set", "terminationGracePeriodSeconds=35"],
+        ("hpa and keda together", demo + ["--set", "autoscaling.hpa.enabled=true",
+                                          "--set", "autoscaling.keda.enabled=true"], "not both"),
+        ("grace period shorter than drain + preStop", demo + ["--set", "terminationGracePeriodSeconds=35"],
          "must be larger"),
-        ("models without a volume", ["--set", "modelRepository.models[0].name=m",
-                                     "--set", "modelRepository.models[0].versions[0]=1"], "needs modelRepository"),
-        ("bad control mode", ["--set", "modelRepository.controlMode=auto"], "none, poll or explicit"),
+        ("models without a volume", demo + ["--set", "modelRepository.models[0].name=m",
+                                            "--set", "modelRepository.models[0].versions[0]=1"],
+         "needs modelRepository"),
+        ("bad control mode", demo + ["--set", "modelRepository.controlMode=auto"], "none, poll or explicit"),
+    ]
+    no_keys = "no API keys: set server.tenants.existingSecret"
+    refusals += [
+        # Secure by default: an open server is asked for (server.insecureOpen), never implied.
+        ("the default values (no API keys, insecureOpen false)", [], no_keys),
+        ("insecureOpen: false without keys", ["--set", "server.insecureOpen=false",
+                                              "--set", "server.metricsOpen=true"], no_keys),
+        ("a ServiceMonitor that cannot authenticate with tenants",
+         ["--set", "server.tenants.existingSecret=t", "--set", "metrics.serviceMonitor.enabled=true"],
+         "bearerTokenSecret"),
     ]
     for what, extra, msg in refusals:
         rc, out, err = run([helm, "template", "sampan", CHART, *extra])
         s.case(f"helm template refuses {what}", rc != 0 and msg in err, tail(err, 300))
+    # helm lint runs `fail` as a log line, so the default values still lint (charts with
+    # required values must); the message is there all the same.
+    rc, out, err = run([helm, "lint", "--strict", CHART])
+    s.case("default: helm lint --strict passes and shows the no-keys message",
+           rc == 0 and "0 chart(s) failed" in out and no_keys in out + err, tail(out + err, 300))
+    # What the values accept beside the CI files: keys or --insecure-open given by hand, and
+    # the ServiceMonitor's token in each case.
+    accepts = [
+        ("--insecure-open in extraArgs", ["--set", "server.extraArgs[0]=--insecure-open"], None),
+        ("--api-key=... in extraArgs", ["--set", "server.extraArgs[0]=--api-key=$(K)"], None),
+        ("tenants and a ServiceMonitor with metricsOpen: no token",
+         ["--set", "server.tenants.existingSecret=t", "--set", "metrics.serviceMonitor.enabled=true",
+          "--set", "server.metricsOpen=true"], {}),
+        ("apiKey and a ServiceMonitor: the apiKey's Secret as token",
+         ["--set", "server.apiKey.existingSecret=k", "--set", "metrics.serviceMonitor.enabled=true"],
+         {"name": "k", "key": "api-key"}),
+        ("tenants, apiKey and bearerTokenSecret: bearerTokenSecret wins",
+         ["--set", "server.tenants.existingSecret=t", "--set", "server.apiKey.existingSecret=k",
+          "--set", "metrics.serviceMonitor.enabled=true",
+          "--set", "metrics.serviceMonitor.bearerTokenSecret.name=m"], {"name": "m", "key": "key"}),
+    ]
+    for what, extra, cred in accepts:
+        rc, out, err = run([helm, "template", "sampan", CHART, *extra])
+        ok = rc == 0
+        detail = tail(err, 300)
+        if ok and cred is not None:
+            sms = find(parse_yaml_files(["-"], out), "ServiceMonitor")
+            got = sms[0]["spec"]["endpoints"][0].get("authorization", {}).get("credentials", {}) if sms else None
+            ok = got == cred
+            detail = str(got)
+        s.case(f"helm template accepts {what}", ok, detail)
     check_dockerfile()
     s.finish()
 
@@ -824,6 +1084,14 @@ def check_plain(kdocs, docs_names):
         csc = c[0].get("securityContext", {}) if c else {}
         s.case("ServingRuntime: non-root, drop ALL", csc.get("runAsNonRoot") is True
                and "ALL" in csc.get("capabilities", {}).get("drop", []))
+        # The server refuses 0.0.0.0 without keys: --tenants from a mounted Secret directory.
+        targ = arg_after(args, "--tenants") or ""
+        tm = [m for m in (c[0].get("volumeMounts", []) if c else [])
+              if targ.startswith(m["mountPath"] + "/") and "subPath" not in m]
+        tv = [v for v in spec.get("volumes", []) if tm and v["name"] == tm[0]["name"] and "secret" in v]
+        s.case("ServingRuntime: --tenants from a Secret mounted as a directory (or --insecure-open)",
+               "--insecure-open" in args or (len(tm) == 1 and tm[0].get("readOnly") is True and len(tv) == 1),
+               f"{args}")
     isvc = [d for d in kdocs if d.get("kind") == "InferenceService"]
     s.case("InferenceService uses the ServingRuntime",
            bool(isvc) and bool(sr) and isvc[0]["spec"]["predictor"]["model"].get("runtime") == sr[0]["metadata"]["name"]

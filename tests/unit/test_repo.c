@@ -201,7 +201,7 @@ TEST(repo_config_errors_name_file_and_field)
         {"{\"platform\": \"x\"}", "models/m/config.json: platform: unknown field"},
         {"{\"name\": 7}", "models/m/config.json: name: must be a string"},
         {"{\"name\": \"../x\"}", "models/m/config.json: name: "},
-        {"{\"backend\": \"onnx\"}", "models/m/config.json: backend: unknown backend"},
+        {"{\"backend\": \"Onnx Runtime\"}", "models/m/config.json: backend: \"Onnx Runtime\" is not a backend name"},
         {"{\"max_batch_size\": -1}", "models/m/config.json: max_batch_size: must be in [0, 65536]"},
         {"{\"max_batch_size\": 1.5}", "max_batch_size: must be an integer"},
         {"{\"input\": {}}", "models/m/config.json: input: must be an array"},

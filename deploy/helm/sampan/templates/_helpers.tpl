@@ -104,6 +104,53 @@ pod would be killed mid-drain), else drain timeout + preStop sleep + 30 s.
 {{- end }}
 {{- end }}
 
+{{/*
+Where the tenants Secret is mounted: a directory (a subPath mount would never see the Secret's
+updates, and the server reloads the file when it changes).
+*/}}
+{{- define "sampan.tenantsDir" -}}
+/etc/sampan/tenants
+{{- end }}
+
+{{/*
+"true" when the server gets API keys some way: the tenants Secret, the apiKey Secret, or the
+same flags given by hand in server.extraArgs or server.config.
+*/}}
+{{- define "sampan.hasKeys" -}}
+{{- $s := .Values.server }}
+{{- $byHand := false }}
+{{- range $s.extraArgs }}
+{{- if regexMatch "^--(tenants|api-key)(=.+)?$" (toString .) }}{{ $byHand = true }}{{ end }}
+{{- end }}
+{{- $cfg := $s.config | default dict }}
+{{- if or $s.tenants.existingSecret $s.apiKey.existingSecret $byHand (get $cfg "tenants") (get $cfg "api-key") }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the server runs without keys on purpose (server.insecureOpen, or --insecure-open by
+hand).
+*/}}
+{{- define "sampan.openByHand" -}}
+{{- $open := false }}
+{{- range .Values.server.extraArgs }}
+{{- if eq (toString .) "--insecure-open" }}{{ $open = true }}{{ end }}
+{{- end }}
+{{- if or $open (get (.Values.server.config | default dict) "insecure-open") }}true{{ end }}
+{{- end }}
+
+{{/*
+The ServiceMonitor's bearer token Secret as "name/key": metrics.serviceMonitor.bearerTokenSecret,
+else server.apiKey's Secret (that key has every scope), else "" (no token).
+*/}}
+{{- define "sampan.scrapeTokenSecret" -}}
+{{- $b := .Values.metrics.serviceMonitor.bearerTokenSecret | default dict }}
+{{- if $b.name }}
+{{- printf "%s/%s" $b.name ($b.key | default "key") }}
+{{- else if .Values.server.apiKey.existingSecret }}
+{{- printf "%s/%s" .Values.server.apiKey.existingSecret .Values.server.apiKey.key }}
+{{- end }}
+{{- end }}
+
 {{/* Checks that stop a bad combination of values at render time with a clear message. */}}
 {{- define "sampan.validate" -}}
 {{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}
@@ -125,5 +172,14 @@ pod would be killed mid-drain), else drain timeout + preStop sleep + 30 s.
 {{- end }}
 {{- if lt (int .Values.gpu.count) 0 }}
 {{- fail "gpu.count must be 0 (CPU only) or more" }}
+{{- end }}
+{{- if not (or (include "sampan.hasKeys" .) .Values.server.insecureOpen (include "sampan.openByHand" .)) }}
+{{- fail "no API keys: set server.tenants.existingSecret (a Secret with a tenants file made by `sampan keys add`) or server.apiKey.existingSecret, or set server.insecureOpen=true to serve without keys (anyone who can reach the port may use every route, model load and unload included). The server refuses to listen on 0.0.0.0 without one of them; see docs/operations.md, \"Deploying on Kubernetes\"" }}
+{{- end }}
+{{- if and .Values.server.tenants.existingSecret (not .Values.server.tenants.key) }}
+{{- fail "server.tenants.key: name the Secret's key that holds the tenants file (default tenants.json)" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (include "sampan.hasKeys" .) (not .Values.server.metricsOpen) (not (include "sampan.scrapeTokenSecret" .)) }}
+{{- fail "metrics.serviceMonitor: with server.tenants, /metrics needs a key with the metrics scope: set metrics.serviceMonitor.bearerTokenSecret (name, key) to a Secret holding one, or set server.metricsOpen=true (only where the port is not reachable from outside the cluster)" }}
 {{- end }}
 {{- end }}
