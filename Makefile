@@ -92,15 +92,18 @@ $(BUILD)/src/server/status.o: CPPFLAGS += -I$(BUILD)/gen
 unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
 
 # Backends (docs/backends.md): plugins the server dlopens from $(BUILD)/backends/, never linked
-# into sampan. Each compiles backends/common.c into itself (hidden symbols) and exports only
-# sp_backend_init. They share the build's sanitizer flags: an ASan sampan loads ASan backends.
+# into sampan. backends/NAME.c becomes libsampan_NAME.so, linked with BACKEND_LIBS_NAME. Each
+# compiles backends/common.c into itself (hidden symbols) and exports only sp_backend_init.
+# They share the build's sanitizer flags: an ASan sampan loads ASan backends.
 # The xgboost backend needs Debian's libxgboost-dev (scripts/deps.sh installs it); without the
 # header it is not built and tests/unit/test_backends.c says it skipped.
+XGBOOST_HEADER ?= /usr/include/xgboost/c_api.h
 BACKEND_CFLAGS = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fPIC -fvisibility=hidden
-BACKENDS := $(BUILD)/backends/libsampan_identity.so
-ifneq ($(wildcard /usr/include/xgboost/c_api.h),)
-BACKENDS += $(BUILD)/backends/libsampan_xgboost.so
+BACKEND_SRC := $(filter-out backends/common.c,$(wildcard backends/*.c))
+ifeq ($(wildcard $(XGBOOST_HEADER)),)
+BACKEND_SRC := $(filter-out backends/xgboost.c,$(BACKEND_SRC))
 endif
+BACKENDS := $(patsubst backends/%.c,$(BUILD)/backends/libsampan_%.so,$(BACKEND_SRC))
 BACKEND_LIBS_xgboost = -lxgboost
 $(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common.h \
                                   include/sampan/backend.h
@@ -108,6 +111,17 @@ $(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common
 	$(CC) -Iinclude -D_GNU_SOURCE $(BACKEND_CFLAGS) -shared -o $@ $< backends/common.c \
 	    $(SANFLAGS) $(BACKEND_LIBS_$*) -ljansson -lm
 all unit: $(BACKENDS)
+
+# Fraud-scoring benchmark tools (bench/fraud.sh): a KServe v2 load generator and the XGBoost C
+# API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the xgboost backend.
+.PHONY: bench-tools
+bench-tools: $(BUILD)/kserve_load $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
+$(BUILD)/kserve_load: bench/kserve_load.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lm
+$(BUILD)/xgb_floor: bench/xgb_floor.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lxgboost -ljansson -lm
 
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

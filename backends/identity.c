@@ -75,8 +75,8 @@ identity_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args,
         }
         m->out[i] = cfg.outputs[i];
         if (m->out[i].dtype != m->in[i].dtype) {
-            sp__bk_errf(err, err_len, "config.json output[%d].data_type: %s, but input[%d] (\"%s\") "
-                        "is %s and the identity backend copies it", (int)i,
+            sp__bk_errf(err, err_len, "config.json output[%d].data_type: %s, but input[%d] "
+                        "(\"%s\") is %s and the identity backend copies it", (int)i,
                         sp__bk_dtype_name(m->out[i].dtype), (int)i, m->in[i].name,
                         sp__bk_dtype_name(m->in[i].dtype));
             goto done;
@@ -85,8 +85,9 @@ identity_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args,
             char a[128], b[128];
             sp__bk_dims_str(m->out[i].dims, m->out[i].n_dims, a, sizeof a);
             sp__bk_dims_str(m->in[i].dims, m->in[i].n_dims, b, sizeof b);
-            sp__bk_errf(err, err_len, "config.json output[%d].dims: %s, but input[%d] (\"%s\") has "
-                        "%s and the identity backend copies it", (int)i, a, (int)i, m->in[i].name, b);
+            sp__bk_errf(err, err_len, "config.json output[%d].dims: %s, but input[%d] (\"%s\") "
+                        "has %s and the identity backend copies it", (int)i, a, (int)i,
+                        m->in[i].name, b);
             goto done;
         }
     }

@@ -346,16 +346,16 @@ xgb_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, void
     if (missing != NULL) {
         char *end = NULL;
         double v = strtod(missing, &end);
-        if (end == missing || *end != '\0' || v != v) {
-            sp__bk_errf(err, err_len, "config.json parameters.missing: \"%.40s\" is not a number "
-                        "(leave it out for NaN)", missing);
+        if (end == missing || *end != '\0' || !isfinite(v)) {
+            sp__bk_errf(err, err_len, "config.json parameters.missing: \"%.40s\" is not a finite "
+                        "number (leave it out for NaN)", missing);
             goto done;
         }
         snprintf(missing_json, sizeof missing_json, "%.9g", (double)(float)v);
     }
     snprintf(m->predict_cfg, sizeof m->predict_cfg,
-             "{\"type\": %d, \"training\": false, \"cache_id\": 0, \"iteration_begin\": 0, \"iteration_end\": 0, "
-             "\"strict_shape\": false, \"missing\": %s}", type, missing_json);
+             "{\"type\": %d, \"training\": false, \"cache_id\": 0, \"iteration_begin\": 0, "
+             "\"iteration_end\": 0, \"strict_shape\": false, \"missing\": %s}", type, missing_json);
 
     if (find_model(args, path, sizeof path, err, err_len)) {
         goto done;
@@ -474,7 +474,7 @@ xgb_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     }
     size_t out_bytes = (size_t)rows * (size_t)m->width * sizeof(float);
     const float *res = NULL;
-    if (rows > 0) {
+    if (rows > 0 && n_outputs > 0) {
         /* Binary tensors in an HTTP body need not be 4-byte aligned; XGBoost
          * reads through float pointers, so such input is copied once. */
         const void *data = x->data;

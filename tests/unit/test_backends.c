@@ -245,11 +245,12 @@ TEST(backend_identity_config)
 
     a.config_json = "{\"backend\": \"identity\"}";
     load_fails(api, &a, "config.json input", "at least one");
-    a.config_json = "{\"input\": [{\"name\": \"x\", \"data_type\": \"TYPE_FP32\", \"dims\": [2]}],"
-                    " \"output\": [{\"name\": \"y\", \"data_type\": \"TYPE_INT32\", \"dims\": [2]}]}";
+    a.config_json = "{\"input\": [{\"name\": \"x\", \"data_type\": \"TYPE_FP32\", \"dims\": [2]}], "
+                    "\"output\": [{\"name\": \"y\", \"data_type\": \"TYPE_INT32\", "
+                    "\"dims\": [2]}]}";
     load_fails(api, &a, "output[0].data_type: TYPE_INT32", "TYPE_FP32");
-    a.config_json = "{\"input\": [{\"name\": \"x\", \"data_type\": \"TYPE_FP32\", \"dims\": [2]}],"
-                    " \"output\": [{\"name\": \"y\", \"data_type\": \"TYPE_FP32\", \"dims\": [3]}]}";
+    a.config_json = "{\"input\": [{\"name\": \"x\", \"data_type\": \"TYPE_FP32\", \"dims\": [2]}], "
+                    "\"output\": [{\"name\": \"y\", \"data_type\": \"TYPE_FP32\", \"dims\": [3]}]}";
     load_fails(api, &a, "output[0].dims: [3]", "[2]");
     a.config_json = "{\"input\": [{\"name\": \"x\", \"data_type\": \"TYPE_FP9\", \"dims\": [2]}]}";
     load_fails(api, &a, "input[0].data_type", "TYPE_FP9");
@@ -440,7 +441,8 @@ TEST(backend_xgboost_creditcard)
     char config[1024];
     snprintf(config, sizeof config,
              "{\"backend\": \"xgboost\", \"max_batch_size\": 256,"
-             " \"input\": [{\"name\": \"transaction\", \"data_type\": \"TYPE_FP32\", \"dims\": [30]}],"
+             " \"input\": [{\"name\": \"transaction\", \"data_type\": \"TYPE_FP32\","
+             " \"dims\": [30]}],"
              " \"output\": [{\"name\": \"fraud\", \"data_type\": \"TYPE_FP32\", \"dims\": [1]}],"
              " \"parameters\": {\"feature_names\": {\"string_value\": \"%s\"}}}", creditcard_names);
     const char *files[] = {XGB_DATA "creditcard-depth3-50trees.json",
@@ -640,4 +642,84 @@ TEST(backend_xgboost_errors)
     ASSERT_EQ(out.bytes, 8);
     free_outputs(&out, 1);
     api->unload(m);
+}
+
+/* multiclass-depth2-4rounds (make_multiclass.py): multi:softprob, 3 classes,
+ * 4 features; its test CSV holds x0..x3 (some "nan"), p0..p2, m0..m2. */
+TEST(backend_xgboost_multiclass)
+{
+    const sp_backend_api_t *api = open_backend("xgboost");
+    enum { ROWS = 40 };
+    float x[ROWS * 4];
+    double prob[ROWS * 3], margin[ROWS * 3];
+    char *text = read_text(XGB_DATA "multiclass-depth2-4rounds.test.csv");
+    char *p = strchr(text, '\n') + 1;
+    for (int r = 0; r < ROWS; r++) {
+        for (int c = 0; c < 10; c++) {
+            char *end;
+            double v = strtod(p, &end); /* strtod reads "nan" */
+            ASSERT(end != p && *end == (c == 9 ? '\n' : ','));
+            if (c < 4) x[r * 4 + c] = (float)v;
+            else if (c < 7) prob[r * 3 + c - 4] = v;
+            else margin[r * 3 + c - 7] = v;
+            p = end + 1;
+        }
+    }
+    free(text);
+    ASSERT(isnan(x[1]));
+
+    sp_backend_load_args_t a = load_args(XGB_DATA "multiclass-depth2-4rounds.json", NULL);
+    sp_backend_model_info_t info;
+    void *m = must_load(api, &a, &info);
+    ASSERT(strstr(last_log, "objective=multi:softprob") != NULL);
+    ASSERT(strstr(last_log, "outputs_per_row=3") != NULL);
+    ASSERT_EQ(info.outputs[0].n_dims, 1);
+    ASSERT_EQ(info.outputs[0].dims[0], 3);
+    int32_t nd = 0;
+    float *y = predict(api, m, x, 0, ROWS, 4, "input__0", "output__0", &nd);
+    ASSERT_EQ(nd, 2); /* [rows, 3] */
+    expect_close(y, prob, ROWS * 3, "multiclass probabilities");
+    free(y);
+    api->unload(m);
+
+    /* Margins: one per class, and a declared [3] output; [-1] would do too. */
+    a.config_json = "{\"max_batch_size\": 64, \"output\": [{\"name\": \"scores\", \"data_type\": "
+                    "\"TYPE_FP32\", \"dims\": [3]}], \"parameters\": {\"output_margin\": "
+                    "{\"string_value\": \"true\"}}}";
+    m = must_load(api, &a, &info);
+    y = predict(api, m, x, 0, ROWS, 4, "input__0", "scores", &nd);
+    ASSERT_EQ(nd, 2);
+    expect_close(y, margin, ROWS * 3, "multiclass margins");
+    free(y);
+    api->unload(m);
+
+    a.config_json = "{\"max_batch_size\": 64, \"output\": [{\"name\": \"scores\", \"data_type\": "
+                    "\"TYPE_FP32\", \"dims\": [1]}]}";
+    load_fails(api, &a, "output[0].dims: [1]", "3 values per row ([n_classes])");
+}
+
+/* parameters.missing: a value that stands for "absent" besides NaN. The
+ * agaricus rows with 0 where LibSVM has no entry predict as with NaN. */
+TEST(backend_xgboost_missing_value)
+{
+    const sp_backend_api_t *api = open_backend("xgboost");
+    int64_t rows;
+    float *x = read_libsvm(XGB_DATA "agaricus.txt.test", 127, &rows);
+    for (int64_t i = 0; i < rows * 127; i++) {
+        if (isnan(x[i])) x[i] = 0;
+    }
+    double *want = read_preds(XGB_DATA "agaricus-depth4-20trees.test-pred.txt", rows);
+    sp_backend_load_args_t a =
+        load_args(XGB_DATA "agaricus-depth4-20trees.json",
+                  "{\"parameters\": {\"missing\": {\"string_value\": \"0\"}}}");
+    sp_backend_model_info_t info;
+    void *m = must_load(api, &a, &info);
+    float *y = predict(api, m, x, 0, rows, 127, "input__0", "output__0", NULL);
+    expect_close(y, want, rows, "missing=0");
+    free(y);
+    api->unload(m);
+    a.config_json = "{\"parameters\": {\"missing\": {\"string_value\": \"inf\"}}}";
+    load_fails(api, &a, "parameters.missing: \"inf\" is not a finite number", NULL);
+    free(want);
+    free(x);
 }
