@@ -28,6 +28,9 @@ const char sp_serve_usage[] =
     "                            first (then backends/ next to the binary)\n"
     "      --load-timeout S      how long a request waits for its model to load on demand\n"
     "                            (default 60)\n"
+    "      --response-cache-bytes N  cache the answers of deterministic requests in N bytes\n"
+    "                            (LRU; default 0 = off): --model models, and repository\n"
+    "                            models whose config.json has response_cache.enable\n"
     "      --config FILE         JSON file with any of these options (flags win)\n"
     "      --host ADDR           address to bind (default 127.0.0.1)\n"
     "  -p, --port N              port (default 8000; 0 = any free port, printed at start)\n"
@@ -117,6 +120,7 @@ static const opt_t opts[] = {
     {"memory-budget", 0, T_STR, OFF(memory_budget), 0, 0, sizeof(((sp_serve_config_t *)0)->memory_budget)},
     {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
     {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
+    {"response-cache-bytes", 0, T_SIZE, OFF(response_cache_bytes), 0, 1099511627776.0, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
@@ -195,7 +199,9 @@ add_model(sp_serve_config_t *c, const char *spec, const char *src, char *err, si
         const char *slash = strrchr(spec, '/');
         name = slash ? slash + 1 : spec;
         nl = strlen(name);
-        if (nl > 5 && strcmp(name + nl - 5, ".gguf") == 0) {
+        if (nl > 9 && strcmp(name + nl - 9, ".gguf.enc") == 0) {
+            nl -= 9;
+        } else if (nl > 5 && strcmp(name + nl - 5, ".gguf") == 0) {
             nl -= 5;
         }
     }
