@@ -37,6 +37,7 @@ typedef struct sp_serve_config {
     char memory_budget[256];  /* "" = 80% of every device; "60%", "2G", "cpu=2G,cuda:0=70%" */
     double load_timeout_s;    /* a request's wait for an on-demand load */
     char backends_dir[1024];  /* "" = backends/ next to the binary, then /usr/lib/sampan/backends */
+    size_t response_cache_bytes; /* the response cache's bound; 0 = no cache (respcache.h) */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     int threads;              /* per slot context; 0 = one per core */
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */
