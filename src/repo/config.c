@@ -538,7 +538,7 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     static const char *const keys[] = {
         "name",           "backend",          "max_batch_size", "input",
         "output",         "instance_group",   "version_policy", "dynamic_batching",
-        "parameters",     "load_on_demand",   NULL,
+        "parameters",     "load_on_demand",   "response_cache", NULL,
     };
     pctx_t c = {file, err, err_len};
     memset(cfg, 0, sizeof *cfg);
@@ -619,6 +619,16 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     if ((o = json_object_get(root, "load_on_demand"))) {
         if (!json_is_boolean(o)) return bad(&c, "load_on_demand", "must be true or false");
         cfg->load_on_demand = json_is_true(o);
+    }
+    if ((o = json_object_get(root, "response_cache"))) {
+        /* Triton's {"enable": true}; the size is the server's (--response-cache-bytes). */
+        static const char *const rc_keys[] = {"enable", NULL};
+        if (!json_is_object(o)) return bad(&c, "response_cache", "must be an object");
+        st = check_keys(&c, "response_cache", o, rc_keys);
+        if (st) return st;
+        const json_t *en = json_object_get(o, "enable");
+        if (en && !json_is_boolean(en)) return bad(&c, "response_cache.enable", "must be true or false");
+        cfg->response_cache = json_is_true(en);
     }
     /* The whole (merged) config as text, for backend plugins. */
     char *txt = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);

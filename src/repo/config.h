@@ -138,6 +138,7 @@ typedef struct sp_repo_config {
     sp_repo_param_t param[SP_REPO_MAX_PARAMS];
     sp_repo_llm_t llm;
     bool load_on_demand;
+    bool response_cache;             /* response_cache.enable (docs/repository.md) */
     char *json;                      /* the merged config as compact JSON (heap), for backends */
 } sp_repo_config_t;
 

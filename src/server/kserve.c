@@ -329,6 +329,7 @@ typedef struct ks_req {
     char *id;               /* generate: the request's id, or NULL */
     sp_schedreq_t sched;    /* parameters 'priority' and 'timeout' (Triton's meanings) */
     sp_req_clock_t clk;     /* metrics and the access log (metrics.h) */
+    sp_rckey_t *ck;         /* generate: its response cache key, or NULL (respcache.h) */
     sp_jbuf_t out, bin;
 } ks_req_t;
 
@@ -347,6 +348,7 @@ ks_free(ks_req_t *q)
     sp_infer_req_free(&q->ir);
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
+    sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx). */
     sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     sp_served_release(q->m); /* the request held its model until now */
@@ -513,6 +515,7 @@ reply_generate(ks_req_t *q, int64_t completion_tokens)
         sp_kserve_error(q->http, 500, "out of memory while writing the response");
         return;
     }
+    sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, q->finish[0]);
     sp_http_respond(q->http, 200, "application/json", b->p, b->len);
 }
 
@@ -769,6 +772,29 @@ fail:
     ks_free(q);
 }
 
+/* The response cache (respcache.h) for generate (not streamed): only
+ * deterministic requests, as in openai.c: temperature 0, or a seed (the
+ * request's or the model config's). The key is the body with sorted keys,
+ * less the scheduling fields; the id stays (the answer echoes it). true:
+ * answered from the cache. */
+static bool
+cache_lookup(ks_req_t *q, const json_t *root, const gvals_t *gv)
+{
+    static const char *const drop[] = {"priority", "timeout", "parameters.priority",
+                                       "parameters.timeout", NULL};
+    if (q->kind != KS_GENERATE || !sp_rcache_enabled(q->m)) {
+        return false;
+    }
+    int kt = gparam_find("temperature", strlen("temperature"));
+    double t = gv->set[kt] ? gv->d[kt] : !isnan(q->m->def.temperature) ? q->m->def.temperature : 1.0;
+    if (!((float)t == 0.0f || gv->set[P_SEED] || q->m->def.seed_set)) {
+        return false;
+    }
+    q->ck = sp_rckey_new(q->m, "kserve/generate");
+    sp_rckey_add_json(q->ck, root, drop);
+    return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
+}
+
 /* ------------------------------------------------------------ handlers */
 
 static void
@@ -998,6 +1024,10 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     }
     if (id && json_is_string(id) && (q->id = sp_strndup(json_string_value(id), json_string_length(id))) == NULL) {
         sp_kserve_error(r, 503, "out of memory");
+        ks_free(q);
+        goto done;
+    }
+    if (cache_lookup(q, root, &gv)) {
         ks_free(q);
         goto done;
     }

@@ -558,6 +558,14 @@ render_models(sp_jbuf_t *b, model_view_t *v, int n)
     family(b, "sampan_model_instances", "gauge", "Instances (schedulers) of the model.");
     EACH sample(b, "sampan_model_instances", "model", M->name, M->version_str, NULL,
                 (double)M->n_inst);
+    family(b, "sampan_response_cache_hits_total", "counter",
+           "Requests answered from the response cache (no compute).");
+    EACH sample(b, "sampan_response_cache_hits_total", "model", M->name, M->version_str, NULL,
+                (double)atomic_load(&M->metrics.cache_hits));
+    family(b, "sampan_response_cache_misses_total", "counter",
+           "Response cache lookups that found no stored answer.");
+    EACH sample(b, "sampan_response_cache_misses_total", "model", M->name, M->version_str, NULL,
+                (double)atomic_load(&M->metrics.cache_misses));
 #undef EACH
 #undef M
 #undef ST
@@ -774,6 +782,21 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     pthread_mutex_unlock(&reg->mu);
     family(&b, "sampan_model_evictions_total", "counter", "Models unloaded to make room (LRU).");
     sp_jbuf_printf(&b, "sampan_model_evictions_total %lld\n", (long long)evictions);
+    sp_respcache_stats_t rcs; /* all zero without a cache */
+    sp_respcache_get_stats(s->rcache, &rcs);
+    family(&b, "sampan_response_cache_capacity_bytes", "gauge",
+           "The response cache's bound (--response-cache-bytes).");
+    sp_jbuf_printf(&b, "sampan_response_cache_capacity_bytes %llu\n",
+                   (unsigned long long)rcs.capacity_bytes);
+    family(&b, "sampan_response_cache_bytes", "gauge",
+           "Bytes held by the response cache (keys, answers, entry headers).");
+    sp_jbuf_printf(&b, "sampan_response_cache_bytes %llu\n", (unsigned long long)rcs.bytes);
+    family(&b, "sampan_response_cache_entries", "gauge", "Answers held by the response cache.");
+    sp_jbuf_printf(&b, "sampan_response_cache_entries %llu\n", (unsigned long long)rcs.entries);
+    family(&b, "sampan_response_cache_evictions_total", "counter",
+           "Answers dropped from the response cache to make room (LRU).");
+    sp_jbuf_printf(&b, "sampan_response_cache_evictions_total %llu\n",
+                   (unsigned long long)rcs.evictions);
 
     if (sp_auth_enabled(&s->auth)) {
         static const struct {

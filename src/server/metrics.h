@@ -54,6 +54,7 @@ sp_fail_reason_t sp_fail_reason_of(sp_status_t st, const char *message);
 typedef struct sp_model_metrics {
     _Atomic uint64_t success[2];               /* finished_reason stop, length */
     _Atomic uint64_t failure[SP_FAIL_COUNT_];
+    _Atomic uint64_t cache_hits, cache_misses; /* response cache lookups (respcache.h) */
     sp_hist_t queue, compute, e2e, ttft, tpot;
 } sp_model_metrics_t;
 

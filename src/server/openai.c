@@ -49,6 +49,7 @@ typedef struct oai_req {
     bool stream, include_usage, lp_on;
     sp_schedreq_t sched; /* 'priority' and 'timeout' (schedreq.h) */
     sp_req_clock_t clk;  /* metrics and the access log (metrics.h) */
+    sp_rckey_t *ck;      /* its response cache key, or NULL (respcache.h) */
     int n;
     int top_logprobs;
     char id[64];
@@ -109,6 +110,7 @@ oai_free(oai_req_t *q)
     sp_free(q->choices);
     sp_free(q->emb);
     sp_jbuf_free(&q->out);
+    sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx). */
     sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     sp_served_release(q->m); /* the request held its model until now */
@@ -643,6 +645,10 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
     sp_jbuf_lit(b, "],");
     write_usage(b, q->n_prompt, completion_tokens);
     sp_jbuf_lit(b, "}");
+    if (!b->oom) {
+        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len,
+                        q->n > 0 && q->choices[0].finished ? q->choices[0].finish : SP_FINISH_STOP);
+    }
     sp_server_reply_json(q->http, 200, b);
 }
 
@@ -687,6 +693,9 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
     sp_jbuf_cstr(b, q->m->name);
     sp_jbuf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
                    (long long)prompt_tokens, (long long)prompt_tokens);
+    if (!b->oom) {
+        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
+    }
     sp_server_reply_json(q->http, 200, b);
 }
 
@@ -922,6 +931,30 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
 }
 
+/* The response cache (respcache.h): only answers that a second run would
+ * repeat are kept: greedy requests (temperature 0), seeded ones (a `seed` in
+ * the request or in the model's config: the sampler then draws the same
+ * tokens, choice i with seed + i) and embeddings, never streams. The key is
+ * the body with sorted keys, less the fields that do not change the answer.
+ * g is NULL for embeddings. true: answered from the cache. */
+static bool
+cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
+{
+    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout", NULL};
+    if (!sp_rcache_enabled(q->m) || q->stream) {
+        return false;
+    }
+    if (g && !(g->sampling.temperature == 0.0f || json_is_integer(json_object_get(b, "seed")) ||
+               q->m->def.seed_set)) {
+        return false;
+    }
+    q->ck = sp_rckey_new(q->m, q->kind == OAI_CHAT    ? "openai/chat"
+                               : q->kind == OAI_EMBED ? "openai/embeddings"
+                                                      : "openai/completions");
+    sp_rckey_add_json(q->ck, b, drop);
+    return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
+}
+
 /* -------------------------------------------------------------- handlers */
 
 static void
@@ -1004,7 +1037,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_gen_params_t g;
     int64_t max_tokens = 16;
     bool max_given;
-    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0) {
+    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0 || cache_lookup(q, b, &g)) {
         oai_free(q);
         goto done;
     }
@@ -1129,7 +1162,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_gen_params_t g;
     int64_t max_tokens = 0;
     bool max_given;
-    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0) {
+    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0 || cache_lookup(q, b, &g)) {
         oai_free(q);
         goto done;
     }
@@ -1276,6 +1309,10 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     int rc = sp_json_get_int(b, "dimensions", 1, 1 << 20, &dims, &e);
     if (rc < 0 || (rc > 0 && dims != q->n_embd)) {
         sp_server_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
+        oai_free(q);
+        goto done;
+    }
+    if (cache_lookup(q, b, NULL)) {
         oai_free(q);
         goto done;
     }

@@ -707,6 +707,10 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     atomic_init(&m->refs, 1);
     sp_model_metrics_init(&m->metrics);
     defaults_from(cfg, &m->def);
+    /* The response cache: a repository model opts in with config.json's
+     * response_cache.enable; a --model model (no config) whenever the server
+     * has a cache (--response-cache-bytes). */
+    m->response_cache = s->rcache != NULL && (cfg ? cfg->response_cache : true);
     bool reserved = false;
     if (cfg && cfg->backend != SP_REPO_BACKEND_LLM) {
         /* A tensor model: its backend plugin loads it (tensor_model.c). */

@@ -86,6 +86,7 @@ struct sp_served_model {
     uint64_t mem_bytes;        /* all devices */
     double load_ms;
     sp_model_metrics_t metrics; /* request counters and latency histograms */
+    bool response_cache;       /* its answers may be cached (respcache.h) */
     /* A tensor model (a backend plugin, tensor_model.h): model == NULL, inst[] NULL. */
     const sp_backend_api_t *be;
     void *be_inst[SP_REPO_MAX_INSTANCES];

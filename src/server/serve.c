@@ -689,6 +689,14 @@ sp_cmd_serve(int argc, char **argv)
     sp_kserve_register(s->router, s);
     sp_repository_register(s->router, s);
     sp_status_register(s->router, s);
+    /* Before any model is built: a model's response_cache flag needs it. */
+    if (s->cfg.response_cache_bytes > 0) {
+        if (sp_respcache_create(s->cfg.response_cache_bytes, &s->rcache, err, sizeof err) != SP_OK) {
+            fprintf(stderr, "sampan serve: %s\n", err);
+            goto done;
+        }
+        SP_LOG_INFO("event=response_cache bytes=%zu", s->cfg.response_cache_bytes);
+    }
 
     sp_http_server_params_t hp = sp_http_default_server_params();
     hp.limits = s->cfg.limits;
@@ -813,6 +821,7 @@ done:
     sp_registry_stop_all(&s->reg);
     sp_http_server_destroy(s->http);
     sp_registry_fini(&s->reg);
+    sp_respcache_destroy(s->rcache); /* after the loops: no hit is outstanding */
     sp_auth_fini(&s->auth);
     sp_router_destroy(s->router);
     SP_LOG_INFO("event=stopped status=%d", rc);

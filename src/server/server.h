@@ -22,6 +22,7 @@
 #include "server/json.h"
 #include "server/router.h"
 #include "server/registry.h"
+#include "server/respcache.h"
 #include "server/sched.h"
 #include "server/tenants.h"
 
@@ -43,6 +44,7 @@ typedef struct sp_server {
     atomic_bool load_failed;
     sp_http_server_t *http;
     sp_router_t *router;
+    sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
 } sp_server_t;

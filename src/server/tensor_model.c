@@ -217,6 +217,7 @@ typedef struct tq {
     sp_infer_req_t ir;
     sp_req_clock_t clk;
     bool gone;                 /* the client went away (loop thread only) */
+    sp_rckey_t *ck;            /* its response cache key, or NULL (respcache.h) */
     /* filled by the batcher's callback */
     sp_status_t status;
     sp_batch_reason_t reason;
@@ -233,6 +234,7 @@ tq_free(tq_t *q)
         sp_backends_host()->free_fn(q->out[i].data);
     }
     sp_infer_req_free(&q->ir);
+    sp_rckey_free(q->ck);
     sp_served_release(q->m);
     sp_free(q);
 }
@@ -327,12 +329,19 @@ respond(tq_t *q)
     } else {
         sp_req_end(r, q->m, &q->clk, true, SP_FINISH_STOP, SP_FAIL_INTERNAL);
         if (bin.len == 0) {
+            sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, json.p, json.len,
+                            SP_FINISH_STOP);
             sp_http_respond(r, 200, "application/json", json.p, json.len);
         } else {
             char hl[32];
             snprintf(hl, sizeof hl, "%zu", json.len);
             sp_http_add_header(r, "Inference-Header-Content-Length", hl);
             sp_jbuf_raw(&json, bin.p, bin.len);
+            if (!json.oom) {
+                sp_rcache_store(q->m, q->ck, "application/octet-stream",
+                                "Inference-Header-Content-Length", hl, json.p, json.len,
+                                SP_FINISH_STOP);
+            }
             sp_http_respond(r, 200, "application/octet-stream", json.p, json.len);
         }
     }
@@ -456,6 +465,39 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
     return SP_OK;
 }
 
+/* The response cache key of a validated request (respcache.h): its inputs in
+ * the model's order (name, type, shape and bytes, however they were sent),
+ * the outputs it asks for with their binary flags (the answer's layout), and
+ * its id, which the answer echoes. Request parameters (priority, timeout)
+ * do not change the outputs and are left out. NULL: not cached. */
+static sp_rckey_t *
+cache_key(const tq_t *q, const sp_backend_tensor_t *in)
+{
+    sp_rckey_t *k = sp_rckey_new(q->m, "kserve/infer");
+    if (k == NULL) {
+        return NULL;
+    }
+    const sp_infer_req_t *ir = &q->ir;
+    sp_rckey_add_u64(k, ir->id != NULL);
+    sp_rckey_add(k, ir->id ? ir->id : "", ir->id ? ir->id_len : 0);
+    for (int32_t i = 0; i < q->m->be_info.n_inputs; i++) {
+        sp_rckey_add(k, in[i].name, strlen(in[i].name));
+        sp_rckey_add_u64(k, (uint64_t)in[i].dtype);
+        sp_rckey_add_u64(k, (uint64_t)in[i].n_dims);
+        for (int32_t d = 0; d < in[i].n_dims; d++) {
+            sp_rckey_add_u64(k, (uint64_t)in[i].dims[d]);
+        }
+        sp_rckey_add(k, in[i].data, in[i].bytes);
+    }
+    sp_rckey_add_u64(k, (uint64_t)ir->n_outputs);
+    for (int i = 0; i < ir->n_outputs; i++) {
+        sp_rckey_add(k, ir->outputs[i].name, strlen(ir->outputs[i].name));
+        sp_rckey_add_u64(k, (uint64_t)(ir->outputs[i].binary + 1));
+    }
+    sp_rckey_add_u64(k, ir->binary_output);
+    return k;
+}
+
 void
 sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
 {
@@ -489,6 +531,17 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
     }
     if (st == SP_OK) {
         st = gather_inputs(q, in, bufs, err, sizeof err);
+    }
+    if (st == SP_OK && sp_rcache_enabled(m)) {
+        /* A stored answer to the same request skips the batcher and the backend. */
+        q->ck = cache_key(q, in);
+        if (sp_rcache_lookup(r, m, q->ck, &q->clk)) {
+            for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
+                sp_free(bufs[i]);
+            }
+            tq_free(q);
+            return;
+        }
     }
     sp_batch_item_t it;
     memset(&it, 0, sizeof it);
