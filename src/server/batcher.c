@@ -15,9 +15,14 @@
  * CLOCK_MONOTONIC), wakes idle workers: submit signals one when a worker is
  * idle, a worker that takes a batch and leaves requests behind signals
  * another, stop broadcasts. A waiting worker sleeps until the next moment
- * something is due (its head batch's delay, the earliest queue deadline). There
- * is no other lock, so there is no lock order to keep; the backend's and the
- * callbacks' own locks are never taken under mu.
+ * something is due (its head batch's delay, the earliest queue deadline).
+ * Queue deadlines must fire even while every worker is inside execute(), so
+ * when any level has timeouts a timer thread sleeps on b->timer_cv (same
+ * mutex) until the earliest deadline; submit signals it when a new request
+ * becomes the earliest. Workers expire deadlines too; whoever takes a request
+ * off the queue under mu owns it, so each is completed once. There is no other
+ * lock, so there is no lock order to keep; the backend's and the callbacks'
+ * own locks are never taken under mu.
  *
  * Memory. A request is one sp_malloc block: the req_t, then its inputs' bytes
  * (copied at submit). Merged batch inputs live in per-worker scratch buffers
@@ -87,6 +92,7 @@ typedef struct plan {
     int32_t n;
     int64_t rows;
     sp_batch_why_t why;
+    bool backlog; /* cut by size with requests left queued: the instances are short */
 } plan_t;
 
 struct sp_batcher {
@@ -102,10 +108,15 @@ struct sp_batcher {
     int32_t n_pref;
     int n_workers;
     worker_t *workers;
+    bool has_timeouts;               /* some level has a default timeout or allows one */
+    pthread_t timer;                 /* fires queue deadlines while every worker is busy */
+    bool timer_started;
 
     /* Guarded by mu. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_cond_t timer_cv;         /* the timer thread waits here */
+    bool timer_quit;
     level_t levels[SP_BATCHER_MAX_LEVELS];
     req_t **heap; /* min-heap on deadline_ns of the queued requests that have one */
     int64_t heap_n, heap_cap;
@@ -344,7 +355,7 @@ form(sp_batcher_t *b, int64_t now, plan_t *pl, int64_t *wake_ns)
         return false;
     }
     head->bnext = NULL;
-    *pl = (plan_t){head, 1, head->rows, SP_BATCH_WHY_ALONE};
+    *pl = (plan_t){head, 1, head->rows, SP_BATCH_WHY_ALONE, false};
     if (!b->batching) {
         return true;
     }
@@ -720,9 +731,12 @@ sp_batcher_submit(sp_batcher_t *b, const sp_batch_item_t *item, char *err, size_
     uint32_t out_mask = 0;
     int8_t out_idx[MAX_T];
     int32_t n_out = 0;
-    sp_status_t st = item == NULL
-                         ? sp_errf(err, err_len, SP_ERR_INVALID, "no request")
-                         : check_item(b, item, map, &rows, &out_mask, out_idx, &n_out, err, err_len);
+    sp_status_t st;
+    if (item == NULL) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "no request");
+    } else {
+        st = check_item(b, item, map, &rows, &out_mask, out_idx, &n_out, err, err_len);
+    }
     if (st != SP_OK) {
         pthread_mutex_lock(&b->mu);
         b->st.rejected_invalid++;
@@ -776,8 +790,9 @@ sp_batcher_submit(sp_batcher_t *b, const sp_batch_item_t *item, char *err, size_
         timeout_us = MAX_TIMEOUT_US;
     }
 
+    int32_t level = r->level;
     pthread_mutex_lock(&b->mu);
-    level_t *lv = &b->levels[r->level];
+    level_t *lv = &b->levels[level];
     if (b->stopping) {
         b->st.rejected_stopping++;
         pthread_mutex_unlock(&b->mu);
@@ -791,7 +806,7 @@ sp_batcher_submit(sp_batcher_t *b, const sp_batch_item_t *item, char *err, size_
         sp_free(r);
         return sp_errf(err, err_len, SP_ERR_BUSY,
                        "the queue of priority level %d is full (max_queue_size %u): retry later",
-                       (int)r->level + 1, (unsigned)pol->max_queue_size);
+                       (int)level + 1, (unsigned)pol->max_queue_size);
     }
     r->enq_ns = sp_time_ns();
     if (timeout_us > 0) {
@@ -800,6 +815,9 @@ sp_batcher_submit(sp_batcher_t *b, const sp_batch_item_t *item, char *err, size_
             pthread_mutex_unlock(&b->mu);
             sp_free(r);
             return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory queueing the request");
+        }
+        if (r->heap_i == 0) {
+            pthread_cond_signal(&b->timer_cv); /* the new earliest deadline */
         }
     }
     list_append(&lv->main, r);
@@ -1036,9 +1054,6 @@ run_batch(worker_t *w, const plan_t *pl)
     } else {
         s->failed_nomem += (uint64_t)n_nomem;
         s->completed += (uint64_t)(pl->n - n_nomem);
-        if (b->p.adaptive) {
-            sp_batcher_ctl_batch(&b->ctl, pl->rows, t1 - t0, pl->why, t_done);
-        }
         for (req_t *r = first; r != NULL; r = r->bnext) {
             if (r->res_nomem) {
                 continue;
@@ -1046,8 +1061,12 @@ run_batch(worker_t *w, const plan_t *pl)
             s->latency_us_sum += (uint64_t)((t_done - r->enq_ns) / 1000);
             s->latency_count++;
             if (b->p.adaptive) {
-                sp_batcher_ctl_latency(&b->ctl, t_done - r->enq_ns, t_done, b->n_workers);
+                sp_batcher_ctl_latency(&b->ctl, t_done - r->enq_ns);
             }
+        }
+        if (b->p.adaptive) {
+            sp_batcher_ctl_batch(&b->ctl, pl->rows, t1 - t0, pl->why, pl->backlog, t_done,
+                                 b->n_workers);
         }
     }
     pthread_mutex_unlock(&b->mu);
@@ -1141,12 +1160,60 @@ take_all(sp_batcher_t *b)
     return all;
 }
 
+/* Complete what expire() rejected (without mu). */
+static void
+complete_timeouts(req_t *rejected, int64_t now)
+{
+    char msg[256];
+    while (rejected != NULL) {
+        req_t *next = rejected->bnext;
+        snprintf(msg, sizeof msg,
+                 "the request timed out after %.3f ms in the queue (timeout %.3f ms, "
+                 "timeout_action REJECT): the model is overloaded, retry later",
+                 (double)(now - rejected->enq_ns) / 1e6,
+                 (double)(rejected->deadline_ns - rejected->enq_ns) / 1e6);
+        complete_error(rejected, SP_ERR_BUSY, SP_BATCH_REASON_TIMEOUT, msg, now);
+        rejected = next;
+    }
+}
+
+static struct timespec
+abs_ts(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000), .tv_nsec = (long)(ns % 1000000000)};
+    return ts;
+}
+
+static void *
+timer_main(void *arg)
+{
+    sp_batcher_t *b = arg;
+    pthread_mutex_lock(&b->mu);
+    while (!b->timer_quit) {
+        int64_t now = sp_time_ns();
+        req_t *rejected = expire(b, now);
+        if (rejected != NULL) {
+            pthread_mutex_unlock(&b->mu);
+            complete_timeouts(rejected, now);
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
+        if (b->heap_n > 0) {
+            struct timespec ts = abs_ts(b->heap[0]->deadline_ns);
+            pthread_cond_timedwait(&b->timer_cv, &b->mu, &ts);
+        } else {
+            pthread_cond_wait(&b->timer_cv, &b->mu);
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
 static void *
 worker_main(void *arg)
 {
     worker_t *w = arg;
     sp_batcher_t *b = w->b;
-    char msg[256];
 
     pthread_mutex_lock(&b->mu);
     for (;;) {
@@ -1154,16 +1221,7 @@ worker_main(void *arg)
         req_t *rejected = expire(b, now);
         if (rejected != NULL) {
             pthread_mutex_unlock(&b->mu);
-            while (rejected != NULL) {
-                req_t *next = rejected->bnext;
-                snprintf(msg, sizeof msg,
-                         "the request timed out after %.3f ms in the queue (timeout %.3f ms, "
-                         "timeout_action REJECT): the model is overloaded, retry later",
-                         (double)(now - rejected->enq_ns) / 1e6,
-                         (double)(rejected->deadline_ns - rejected->enq_ns) / 1e6);
-                complete_error(rejected, SP_ERR_BUSY, SP_BATCH_REASON_TIMEOUT, msg, now);
-                rejected = next;
-            }
+            complete_timeouts(rejected, now);
             pthread_mutex_lock(&b->mu);
             continue;
         }
@@ -1184,6 +1242,8 @@ worker_main(void *arg)
             for (req_t *r = pl.first; r != NULL; r = r->bnext) {
                 unqueue(b, r);
             }
+            pl.backlog = b->queued > 0 &&
+                         (pl.why == SP_BATCH_WHY_FULL || pl.why == SP_BATCH_WHY_PREFERRED);
             b->st.executing++;
             if (b->queued > 0 && b->n_idle > 0) {
                 pthread_cond_signal(&b->cv); /* the rest may be ready for another instance */
@@ -1202,8 +1262,7 @@ worker_main(void *arg)
         }
         b->n_idle++;
         if (due > 0) {
-            struct timespec ts = {.tv_sec = (time_t)(due / 1000000000),
-                                  .tv_nsec = (long)(due % 1000000000)};
+            struct timespec ts = abs_ts(due);
             pthread_cond_timedwait(&b->cv, &b->mu, &ts);
         } else {
             pthread_cond_wait(&b->cv, &b->mu);
@@ -1254,7 +1313,8 @@ check_params(const sp_batcher_params_t *p, const sp_backend_api_t *api, void *co
         if (d->n_dims < 0 || d->n_dims > SP_BACKEND_MAX_DIMS - 1 ||
             (unsigned)d->dtype >= SP_BT_COUNT_ || memchr(d->name, '\0', sizeof d->name) == NULL) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "batcher: the model's tensor %d has a bad name, datatype or rank", (int)i);
+                           "batcher: the model's tensor %d has a bad name, datatype or rank",
+                           (int)i);
         }
     }
     if (p->max_batch_size < 0) {
@@ -1337,7 +1397,8 @@ sp_batcher_create(const sp_batcher_params_t *params, const sp_backend_api_t *api
     b->host = host;
     b->info = *info;
     b->n_levels = params->priority_levels > 0 ? (int32_t)params->priority_levels : 1;
-    b->default_level = params->priority_levels > 0 ? (int32_t)params->default_priority_level - 1 : 0;
+    b->default_level =
+        params->priority_levels > 0 ? (int32_t)params->default_priority_level - 1 : 0;
     b->batching = params->enabled && params->max_batch_size > 0;
     if (!b->batching) {
         b->p.adaptive = false; /* nothing to tune */
@@ -1360,9 +1421,12 @@ sp_batcher_create(const sp_batcher_params_t *params, const sp_backend_api_t *api
         b->n_pref++;
     }
     for (int32_t l = 0; l < b->n_levels; l++) {
-        b->levels[l].pol = params->has_level_policy[l] && params->priority_levels > 0
-                               ? params->level_policy[l]
-                               : params->default_queue_policy;
+        level_t *lv = &b->levels[l];
+        lv->pol = params->has_level_policy[l] && params->priority_levels > 0
+                      ? params->level_policy[l]
+                      : params->default_queue_policy;
+        b->has_timeouts = b->has_timeouts || lv->pol.default_timeout_us > 0 ||
+                          lv->pol.allow_timeout_override;
     }
     /* Rows-per-batch buckets 1, 2, 4, ... up to max_batch_size. */
     sp_batcher_stats_t *s = &b->st;
@@ -1385,7 +1449,17 @@ sp_batcher_create(const sp_batcher_params_t *params, const sp_backend_api_t *api
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, &ca);
+    pthread_cond_init(&b->timer_cv, &ca);
     pthread_condattr_destroy(&ca);
+    if (b->has_timeouts) {
+        int rc = pthread_create(&b->timer, NULL, timer_main, b);
+        if (rc != 0) {
+            sp_batcher_destroy(b);
+            return sp_errf(err, err_len, SP_ERR_NOMEM, "batcher: cannot start the timer thread: %s",
+                           strerror(rc));
+        }
+        b->timer_started = true;
+    }
 
     b->workers = sp_calloc((size_t)n_instances, sizeof *b->workers);
     if (b->workers == NULL) {
@@ -1429,6 +1503,15 @@ sp_batcher_stop(sp_batcher_t *b, bool drain)
             pthread_join(b->workers[i].thread, NULL);
         }
     }
+    /* The queue is empty now (the workers leave only then, and submit refuses);
+     * the timer ran until here so that deadlines fired during a drain. */
+    pthread_mutex_lock(&b->mu);
+    b->timer_quit = true;
+    pthread_cond_signal(&b->timer_cv);
+    pthread_mutex_unlock(&b->mu);
+    if (b->timer_started) {
+        pthread_join(b->timer, NULL);
+    }
     pthread_mutex_lock(&b->mu);
     b->joined = true;
     pthread_mutex_unlock(&b->mu);
@@ -1451,6 +1534,7 @@ sp_batcher_destroy(sp_batcher_t *b)
     sp_free(b->workers);
     sp_free(b->heap);
     pthread_cond_destroy(&b->cv);
+    pthread_cond_destroy(&b->timer_cv);
     pthread_mutex_destroy(&b->mu);
     sp_free(b);
 }
@@ -1494,31 +1578,9 @@ sp_batcher_ctl_init(sp_batcher_ctl_t *c, double target_ms, uint64_t max_delay_us
     c->period_start_ns = -1;
 }
 
-void
-sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
-                     int64_t now_ns)
-{
-    double x = (double)rows, y = (double)(exec_ns < 0 ? 0 : exec_ns);
-    c->sw = c->sw * CTL_FORGET + 1;
-    c->sx = c->sx * CTL_FORGET + x;
-    c->sy = c->sy * CTL_FORGET + y;
-    c->sxx = c->sxx * CTL_FORGET + x * x;
-    c->sxy = c->sxy * CTL_FORGET + x * y;
-    if (c->period_start_ns < 0) {
-        c->period_start_ns = now_ns;
-    }
-    c->period_rows += rows;
-    if (why == SP_BATCH_WHY_FULL || why == SP_BATCH_WHY_PREFERRED) {
-        c->hit_cap = true;
-    } else if (why == SP_BATCH_WHY_DELAY) {
-        c->left_on_delay = true;
-    }
-}
-
-/* Fitted execute time of a batch of rows, in ns: false without data. With
- * batches all about the same size the slope is unknown and the fit says the
- * whole cost is fixed (a smaller batch saves nothing), the pessimistic reading
- * for a cap cut. */
+/* Fitted execute time of a batch of rows, in ns: false without data. When the
+ * slope is unknown the fit says the whole cost is fixed (a smaller batch saves
+ * nothing), the pessimistic reading for a cap cut. */
 static bool
 ctl_exec_ns(const sp_batcher_ctl_t *c, double rows, double *ns)
 {
@@ -1528,15 +1590,15 @@ ctl_exec_ns(const sp_batcher_ctl_t *c, double rows, double *ns)
     double mx = c->sx / c->sw, my = c->sy / c->sw;
     double vx = c->sxx / c->sw - mx * mx, cxy = c->sxy / c->sw - mx * my;
     double a = my, slope = 0;
-    if (vx > 0.25) {
-        slope = cxy / vx;
-        if (slope < 0) {
-            slope = 0;
-        }
-        a = my - slope * mx;
-        if (a < 0) {
-            a = 0;
-            slope = my / mx;
+    /* A slope needs batch sizes that really differ (a spread of at least 10% of
+     * the mean); a fit that says the fixed cost is negative is noise. Both fall
+     * back to "all fixed", never to "all per row", which would make every cut
+     * look free. */
+    if (vx > 0.25 && vx > 0.01 * mx * mx) {
+        double s = cxy / vx, a_fit = my - s * mx;
+        if (s >= 0 && a_fit >= 0) {
+            slope = s;
+            a = a_fit;
         }
     }
     *ns = a + slope * rows;
@@ -1575,59 +1637,97 @@ ctl_p99(const sp_batcher_ctl_t *c)
 }
 
 void
-sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns, int64_t now_ns, int n_instances)
+sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns)
 {
-    if (c->period_start_ns < 0) {
-        c->period_start_ns = now_ns;
-    }
     c->win[c->head] = latency_ns < 0 ? 0 : latency_ns;
     c->head = (c->head + 1) % SP_BATCHER_CTL_WINDOW;
     if (c->n < SP_BATCHER_CTL_WINDOW) {
         c->n++;
     }
-    if (++c->since < SP_BATCHER_CTL_PERIOD || c->target_ns == 0) {
+    c->since++;
+}
+
+void
+sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
+                     bool backlog, int64_t now_ns, int n_instances)
+{
+    double x = (double)rows, y = (double)(exec_ns < 0 ? 0 : exec_ns);
+    c->sw = c->sw * CTL_FORGET + 1;
+    c->sx = c->sx * CTL_FORGET + x;
+    c->sy = c->sy * CTL_FORGET + y;
+    c->sxx = c->sxx * CTL_FORGET + x * x;
+    c->sxy = c->sxy * CTL_FORGET + x * y;
+    if (c->period_start_ns < 0) {
+        c->period_start_ns = now_ns - (exec_ns > 0 ? exec_ns : 0);
+    }
+    c->period_rows += rows;
+    if (why == SP_BATCH_WHY_FULL || why == SP_BATCH_WHY_PREFERRED) {
+        c->hit_cap = true;
+    } else if (why == SP_BATCH_WHY_DELAY) {
+        c->left_on_delay = true;
+    }
+    c->backlog = c->backlog || backlog;
+    if (c->since < SP_BATCHER_CTL_PERIOD || c->target_ns == 0) {
         return;
     }
     c->p99_ns = ctl_p99(c);
     double elapsed = (double)(now_ns - c->period_start_ns);
     double rate = elapsed > 0 ? (double)c->period_rows / elapsed : 0; /* rows per ns */
-    if (c->p99_ns > c->target_ns) {
-        bool cut = false;
-        if (c->delay_ns > 0) {
-            c->delay_ns /= 2;
-            if (c->delay_ns < c->max_delay_ns / 100) {
-                c->delay_ns = 0;
-            }
+    bool over = c->p99_ns > c->target_ns, under = c->p99_ns * 10 < c->target_ns * 7;
+    int32_t cap_step = c->max_cap / 16 > 1 ? c->max_cap / 16 : 1;
+    bool cut = false;
+    if (over && c->delay_ns > 0) {
+        /* Waiting is pure added latency: it goes first. */
+        c->delay_ns /= 2;
+        if (c->delay_ns < c->max_delay_ns / 100) {
+            c->delay_ns = 0;
+        }
+        cut = true;
+    } else if (c->backlog) {
+        /* Requests were left behind by full batches: the instances are short of
+         * throughput, and a smaller cap would only make the queue (and the
+         * latency) grow. Give back cap if it was cut, never cut it here. */
+        if (c->cap < c->max_cap) {
+            c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
+            c->increases++;
+        }
+    } else if (over && c->cap > 1) {
+        int32_t cap = c->cap * 3 / 4;
+        cap = cap >= c->cap ? c->cap - 1 : cap < 1 ? 1 : cap;
+        double e, e_now;
+        /* Only when a full batch is a real part of the latency (a request waits for at
+         * most about two batches: the one running and its own; below a quarter of the
+         * target the p99 comes from elsewhere, queueing bursts or a noisy machine, and
+         * a smaller cap cannot help), and when the fitted cost says the instances
+         * still keep up with the arrivals at the smaller cap. */
+        if (ctl_exec_ns(c, c->cap, &e_now) && e_now * 4 > (double)c->target_ns &&
+            ctl_exec_ns(c, cap, &e) && (double)n_instances * cap / e >= 1.25 * rate) {
+            c->cap = cap;
             cut = true;
-        } else if (c->cap > 1) {
-            int32_t cap = c->cap * 3 / 4;
-            cap = cap >= c->cap ? c->cap - 1 : cap < 1 ? 1 : cap;
-            double e;
-            /* Only when the instances still keep up with the arrivals at the smaller cap. */
-            if (ctl_exec_ns(c, cap, &e) && (double)n_instances * cap / e >= 1.25 * rate) {
-                c->cap = cap;
-                cut = true;
-            }
         }
-        if (cut) {
-            c->decreases++;
-            c->n = c->head = 0; /* the window's slow samples ran with the old knobs */
-        }
-    } else if (c->p99_ns * 10 < c->target_ns * 7) {
+    } else if (under) {
         if (c->hit_cap && c->cap < c->max_cap) {
-            int32_t step = c->max_cap / 16 > 1 ? c->max_cap / 16 : 1;
-            c->cap = c->cap + step > c->max_cap ? c->max_cap : c->cap + step;
+            c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
             c->increases++;
         } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns &&
                    rate * (double)c->max_delay_ns >= 1.0) {
-            /* Waiting can gather at least one more row within the allowed delay. */
-            int64_t step = c->max_delay_ns / 16 > 1000 ? c->max_delay_ns / 16 : 1000;
-            c->delay_ns = min64(c->max_delay_ns, c->delay_ns + step);
+            /* Waiting can gather at least one more row within the allowed delay. The
+             * step is half the headroom to 0.7 * target: latency grows about one for
+             * one with the delay (a little more as batches grow), so the p99 closes
+             * in on the bottom of the band from below and never jumps past it, and
+             * the band's 30% is left for noise. */
+            int64_t step = (c->target_ns * 7 / 10 - c->p99_ns) / 2;
+            int64_t min_step = c->max_delay_ns / 256 > 1000 ? c->max_delay_ns / 256 : 1000;
+            c->delay_ns = min64(c->max_delay_ns, c->delay_ns + (step > min_step ? step : min_step));
             c->increases++;
         }
+    }
+    if (cut) {
+        c->decreases++;
+        c->n = c->head = 0; /* the window's slow samples ran with the old knobs */
     }
     c->since = 0;
     c->period_start_ns = now_ns;
     c->period_rows = 0;
-    c->hit_cap = c->left_on_delay = false;
+    c->hit_cap = c->left_on_delay = c->backlog = false;
 }

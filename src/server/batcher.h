@@ -28,10 +28,12 @@
  * time, so execute() is never called concurrently for one instance). All
  * workers take from one shared queue. submit() and get_stats() may be called
  * from any thread; they take the batcher's mutex for a short critical section
- * and never wait for a batch. Completion callbacks run on a worker thread,
- * without any batcher lock held: a callback may call submit() or get_stats(),
- * but must not call stop() or destroy(), and should not block for long (it
- * holds up that instance; post the result to the right event loop instead).
+ * and never wait for a batch. Completion callbacks run on a batcher thread (a
+ * worker, or the timer thread for queue timeouts) without any batcher lock
+ * held: a callback may call submit() or get_stats(), but must not call stop()
+ * or destroy(), and should not block for long (it holds up that instance;
+ * post the result to the right event loop instead). The owner calls stop()
+ * and destroy() once, when no other thread can still call submit().
  *
  * Batch formation (Triton's semantics, with the differences noted):
  *   - Order. Priority levels 1 (highest) .. priority_levels; FIFO within a
@@ -68,10 +70,11 @@
  *     default of 0 as "no override possible", here 0 is infinite, so any request
  *     timeout applies).
  *   - timeout_action REJECT: at the deadline the request leaves the queue and
- *     completes with SP_ERR_BUSY, reason SP_BATCH_REASON_TIMEOUT (the timer fires
- *     on time even when no batch forms). DELAY: it stays queued, moved behind the
- *     unexpired requests of its level. Timeouts apply in the queue only: once a
- *     request is in a batch it runs to the end.
+ *     completes with SP_ERR_BUSY, reason SP_BATCH_REASON_TIMEOUT, on time even
+ *     while every instance is busy (a timer thread, started only when some
+ *     level has timeouts, fires deadlines). DELAY: it stays queued, moved
+ *     behind the unexpired requests of its level. Timeouts apply in the queue
+ *     only: once a request is in a batch it runs to the end.
  *
  * Adaptive mode (adaptive = true, target_p99_ms > 0): "dynamic batch size
  * adjustment". The batcher tunes two knobs, the effective queue delay D in
@@ -80,23 +83,34 @@
  * target while batches are as large as the target allows. Inputs: every
  * completed request's latency (a window of the last SP_BATCHER_CTL_WINDOW), and
  * per batch its rows, execute time and why it was sent. Every
- * SP_BATCHER_CTL_PERIOD completed requests the controller (sp_batcher_ctl_t,
- * below) looks at the window's p99:
- *   - p99 > target: multiplicative decrease. D halves (to 0 below 1% of its
- *     maximum): waiting is pure added latency, so it goes first. Once D is 0 the
- *     cap shrinks by a quarter, but only when the fitted cost of a batch,
- *     exec(r) = a + b*r (least squares over recent batches, old ones forgotten),
- *     says the instances still serve 1.25x the measured arrival rate at the
- *     smaller cap: under overload a smaller cap would only cut throughput and
- *     grow the queue. The window then starts afresh, so the slow samples taken
+ * SP_BATCHER_CTL_PERIOD completed requests (checked once per batch) the
+ * controller (sp_batcher_ctl_t, below) looks at the window's p99, in this
+ * order:
+ *   - p99 > target and D > 0: multiplicative decrease of D (halved, to 0 below
+ *     1% of its maximum): waiting is pure added latency, so it goes first.
+ *   - Backlog (a batch cut by size left requests queued: the instances are short
+ *     of throughput): the cap is never cut, and grows back by max_batch_size/16
+ *     if it was cut before. Under overload a smaller cap only lowers throughput
+ *     and grows the queue (in a closed loop latency = backlog / throughput);
+ *     overload is for max_queue_size and queue timeouts to handle.
+ *   - p99 > target, D = 0, no backlog: the cap shrinks by a quarter, but only
+ *     when the fitted cost of a batch, exec(r) = a + b*r (least squares over
+ *     recent batches, old ones forgotten; "all fixed cost" when the batch sizes
+ *     do not spread enough to tell), says that a full batch takes more than a
+ *     quarter of the target (else the batch size is not what makes the p99:
+ *     bursts or a noisy machine are, and a smaller cap cannot help) and that
+ *     the instances still serve 1.25x the measured arrival rate at the smaller
+ *     cap. After any cut the window starts afresh, so the slow samples taken
  *     with the old settings cannot cause a second cut.
- *   - p99 < 0.7 * target: additive increase (hysteresis: between 0.7 and 1.0
- *     nothing moves). If batches hit the cap and C < max_batch_size, C grows by
+ *   - p99 < 0.7 * target: increase (hysteresis: between 0.7 and 1.0 nothing
+ *     moves). If batches were cut by size and C < max_batch_size, C grows by
  *     max_batch_size/16 (at least 1); else if batches left on the delay before
- *     reaching the target and D < max_queue_delay_us, D grows by
- *     max_queue_delay_us/16, provided the arrival rate makes at least one more
- *     row likely to join in the longer wait (a lone request at low load gains
- *     nothing from waiting).
+ *     reaching their target and D < max_queue_delay_us, D grows by half the
+ *     headroom, (0.7 * target - p99) / 2 (at least max_queue_delay_us/256):
+ *     latency grows about one for one with D, so the p99 approaches the bottom
+ *     of the band from below instead of overshooting it, leaving the band's 30%
+ *     for noise. D only grows when the measured arrival rate brings at least
+ *     one row within max_queue_delay_us (waiting gains nothing at a trickle).
  * D starts at 0 and C at max_batch_size: a new model never starts by missing
  * its target, and it batches as much as the latency budget proves to allow.
  * The current D and C, the p99 and the adjustment counts are in the stats.
@@ -192,7 +206,7 @@ typedef struct sp_batch_result {
  * inside the callback. */
 void *sp_batch_result_take(const sp_batch_result_t *res, int32_t i);
 
-/* The completion callback: exactly once per accepted submit, on a worker
+/* The completion callback: exactly once per accepted submit, on a batcher
  * thread, without batcher locks held. res is valid only during the call. */
 typedef void (*sp_batch_done_cb)(void *ud, const sp_batch_result_t *res);
 
@@ -316,6 +330,7 @@ typedef struct sp_batcher_ctl {
     int64_t period_rows;
     bool hit_cap;        /* a batch was cut by size (target or preferred size) */
     bool left_on_delay;  /* a batch left on the delay before reaching its target */
+    bool backlog;        /* a batch cut by size left requests queued */
     /* exec(r) = a + b*r fit, exponentially weighted least squares. */
     double sw, sx, sy, sxx, sxy;
     int64_t increases, decreases;
@@ -324,12 +339,15 @@ typedef struct sp_batcher_ctl {
 /* target_ms > 0; max_delay_us the configured delay; max_cap >= 1. D = 0, C = max_cap. */
 void sp_batcher_ctl_init(sp_batcher_ctl_t *c, double target_ms, uint64_t max_delay_us,
                          int32_t max_cap);
-/* A batch of rows ran in exec_ns, sent for why, finished at now_ns. */
+/* A request of the batch about to be reported completed with latency_ns (submit to callback). */
+void sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns);
+/* A batch of rows ran in exec_ns, sent for why, finished at now_ns (its requests'
+ * latencies were given first); backlog: it was cut by size and left requests
+ * queued. Once at least SP_BATCHER_CTL_PERIOD latencies arrived since the last
+ * adjustment, the knobs are adjusted: at most once per batch, so one large
+ * batch cannot cut twice on the same samples. n_instances: the workers serving
+ * the queue. */
 void sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
-                          int64_t now_ns);
-/* A request completed with latency_ns at now_ns; every SP_BATCHER_CTL_PERIOD
- * calls the knobs are adjusted. n_instances: the workers serving the queue. */
-void sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns, int64_t now_ns,
-                            int n_instances);
+                          bool backlog, int64_t now_ns, int n_instances);
 
 #endif /* SP_SERVER_BATCHER_H */
