@@ -3,7 +3,8 @@
 #   total: N passed, N failed, N skipped
 #
 #   1. C unit tests, release build            (build/test_unit)
-#   2. C unit tests, ASan + UBSan build       (build-san/test_unit)
+#   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input
+#      suite (tests/py/test_bad_inputs.py) against build-san/sampan
 #   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
 # Each suite prints "<suite>: N passed, N failed, N skipped" as its last line.
 set -uo pipefail
@@ -36,10 +37,18 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         SAMPAN_TEST_SANITIZER=1 ./build-san/test_unit 2>&1 | sed 's/^/[san] /' | tee "$log/unit-san.txt"
     tally "$log/unit-san.txt" unit-san
+    # RELIABILITY.md's bad-input tables against the sanitizer build of the binary (the loop
+    # below skips this suite then: one run, under ASan+UBSan).
+    echo "== tests/py/test_bad_inputs.py (ASan+UBSan binary)"
+    SAMPAN_BIN=build-san/sampan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "$PY" tests/py/test_bad_inputs.py 2>&1 | sed 's/^/[san] /' | tee "$log/bad-san.txt"
+    tally "$log/bad-san.txt" bad-inputs-san
+    bad_done=1
 fi
 
 for t in tests/py/test_*.py; do
     [ -e "$t" ] || continue
+    [ "$t" = tests/py/test_bad_inputs.py ] && [ "${bad_done:-0}" = 1 ] && continue
     echo "== $t"
     "$PY" "$t" 2>&1 | tee "$log/py.txt"; tally "$log/py.txt" "$t"
 done

@@ -19,7 +19,7 @@
  * timeout via schedreq.c), messages and content parts, the chat template
  * render, tokenization of the prompt, the scheduler hand-off, and the response
  * writers (JSON and SSE, logprobs, usage) for inputs that reach generation
- * (max_tokens is capped at 8, the context at 64). Checks (serve_harness.h):
+ * (max_tokens is capped at 8, the context at 128). Checks (serve_harness.h):
  * no hang, no 500, error answers are JSON error objects, every JSON answer and
  * every SSE event parses, and no log line carries a raw control byte.
  *

@@ -14,10 +14,10 @@
  * The server (sp_cmd_serve, the same entry point as `sampan serve`) starts once
  * per process on a thread, on 127.0.0.1 and a free port, serving the demo model
  * models/stories260K.gguf ($SP_FUZZ_MODEL overrides) with a small context and
- * max_tokens cap so that inputs that do reach generation stay cheap. Its log
- * goes to a sink that only checks each line (one line, no raw control bytes:
- * client text must arrive escaped, RELIABILITY.md H13); SP_FUZZ_LOG=1 prints
- * the lines too.
+ * max_tokens cap so that inputs that do reach generation stay cheap. It logs
+ * every request and (masked) prompts and outputs, to a sink that only checks
+ * each line (one line, no raw control bytes: client text must arrive escaped,
+ * RELIABILITY.md H13); SP_FUZZ_LOG=1 prints the lines too.
  *
  * Each input is one exchange on a fresh connection; sp_fuzz_exchange returns
  * the raw answer. The checks every target shares:
@@ -133,7 +133,7 @@ sp_fuzz_serve_start(const char *const *extra)
     static const char *const base[] = {
         "serve", "--model", NULL, "--port", "0", "--threads", "1", "--parallel", "2",
         "--ctx-size", "128", "--max-tokens", "8", "--max-n", "2", "--max-logprobs", "4",
-        "--log-requests", "all", "--request-timeout", "5", NULL};
+        "--log-requests", "all", "--log-prompts", "--request-timeout", "5", NULL};
     a.argc = 0;
     for (int i = 0; base[i] || i == 2; i++) {
         a.argv[a.argc++] = (char *)(i == 2 ? model : base[i]);

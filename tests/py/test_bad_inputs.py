@@ -356,10 +356,6 @@ def g_case(cid, name, tool, model, needle=None):
     case(cid, name, ok, detail)
 
 
-def raw_kv(key, vtype_bytes_and_value):
-    return gstr(key) + vtype_bytes_and_value
-
-
 def gguf_cases():
     base = Gguf()
     good = base.write("base.gguf")
@@ -1264,6 +1260,8 @@ def listening_only(pid, port):
                 inodes.add(m.group(1))
         listen = []
         for proto in ("tcp", "tcp6"):
+            if not os.path.exists(f"/proc/net/{proto}"):
+                continue
             with open(f"/proc/net/{proto}") as f:
                 for line in f.readlines()[1:]:
                     p = line.split()

@@ -1,7 +1,7 @@
 """test_fuzz_short.py - a short, bounded libFuzzer run of every tests/fuzz/fuzz_*.c target.
 
 Builds the targets with `make fuzz` (clang, libFuzzer + ASan + UBSan, into build-fuzz/) and
-runs each for SP_FUZZ_SECONDS (default 10) seconds from its seed corpus (the
+runs each for SP_FUZZ_SECONDS (default 8) seconds from its seed corpus (the
 tests/fuzz/corpus/NAME folder its source names) with its dictionary (tests/fuzz/NAME.dict, when
 there is one), two targets at a time, mutating into a scratch folder so the checked-in corpus
 never changes. A crash, leak, hang or sanitizer report fails the case; its input is kept in
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from common import ROOT, Suite, run
 
 s = Suite("fuzz-short")
-SECONDS = int(os.environ.get("SP_FUZZ_SECONDS", "10"))
+SECONDS = int(os.environ.get("SP_FUZZ_SECONDS", "8"))
 PARALLEL = max(1, min(2, os.cpu_count() or 1))
 FUZZ_DIR = os.path.join(ROOT, "tests", "fuzz")
 targets = sorted(f[:-2] for f in os.listdir(FUZZ_DIR) if f.startswith("fuzz_") and f.endswith(".c"))
