@@ -390,7 +390,9 @@ route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rou
         sp_http_add_header(r, "Retry-After", "1");
         sp_kserve_error(r, 400, "model %s is loading", quote(name).s);
     } else {
-        sp_kserve_error(r, 400, "model %s is not available: %s", quote(name).s, reason);
+        char red[512];
+        sp_repository_redact(s, reason, red, sizeof red);
+        sp_kserve_error(r, 400, "model %s is not available: %s", quote(name).s, red);
     }
     return NULL;
 }

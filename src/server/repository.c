@@ -23,6 +23,7 @@
  * at it every few milliseconds, so no loop blocks for a load.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/event.h>
@@ -577,6 +578,9 @@ mgr_main(void *arg)
 sp_status_t
 sp_repository_start(sp_server_t *s, char *err, size_t err_len)
 {
+    if (s->cfg.model_repository[0] && realpath(s->cfg.model_repository, s->repo_real) == NULL) {
+        s->repo_real[0] = '\0';
+    }
     if (pthread_create(&s->mgr, NULL, mgr_main, s) != 0) {
         return sp_errf(err, err_len, SP_ERR_IO, "cannot start the model manager thread");
     }
@@ -599,6 +603,31 @@ sp_repository_stop(sp_server_t *s)
 }
 
 /* ------------------------------------------------------------- routes */
+
+/* A reason as clients see it: the repository's own location (as given and
+ * resolved) removed, so answers name files relative to the repository and
+ * never the server's file system (RELIABILITY.md R6; the log keeps it all). */
+void
+sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap)
+{
+    const char *roots[2] = {s->cfg.model_repository, s->repo_real};
+    size_t j = 0;
+    for (const char *p = in; *p && j + 1 < cap;) {
+        size_t skip = 0;
+        for (int k = 0; k < 2 && !skip; k++) {
+            size_t n = strlen(roots[k]);
+            if (n > 1 && strncmp(p, roots[k], n) == 0 && p[n] == '/') {
+                skip = n + 1;
+            }
+        }
+        if (skip) {
+            p += skip;
+            continue;
+        }
+        out[j++] = *p++;
+    }
+    out[j] = '\0';
+}
 
 /* The request body as JSON, NULL when empty; answers 400 itself on bad JSON. */
 static bool
@@ -696,7 +725,9 @@ h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             reason = "not loaded";
         }
         if (!ready_only || state == SP_REPO_READY) {
-            index_entry(&b, &written, e[i].name, e[i].version, state, reason);
+            char red[1024];
+            sp_repository_redact(s, reason, red, sizeof red);
+            index_entry(&b, &written, e[i].name, e[i].version, state, red);
         }
     }
     for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
@@ -731,6 +762,7 @@ control_allowed(sp_server_t *s, sp_http_req_t *r)
 
 /* A load or unload request waiting for the manager. */
 typedef struct ctl_wait {
+    sp_server_t *s;
     sp_http_req_t *r;
     mgr_wait_t *w;
     struct event *tick;
@@ -771,8 +803,10 @@ ctl_tick(evutil_socket_t fd, short what, void *arg)
     if (c->w->status == 200) {
         sp_http_respond(r, 200, "application/json", "{}", 2);
     } else {
+        char red[1024];
+        sp_repository_redact(c->s, c->w->err, red, sizeof red);
         sp_kserve_error(r, c->w->status, "%s%s", c->w->status == 400 ? "failed to load model: " : "",
-                        c->w->err);
+                        red);
     }
     ctl_free(c);
 }
@@ -792,6 +826,7 @@ submit_cmd(sp_server_t *s, sp_http_req_t *r, sp_mgr_cmd_t *cmd)
         return;
     }
     atomic_init(&w->refs, 2); /* the request's and the manager's */
+    c->s = s;
     c->r = r;
     c->w = w;
     cmd->wait = w;

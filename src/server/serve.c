@@ -178,8 +178,10 @@ sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t l
         sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
                         "The model %s does not exist", nm.p ? nm.p : "\"\"");
     } else {
+        char red[512];
+        sp_repository_redact(s, reason, red, sizeof red);
         sp_server_error(r, 404, "invalid_request_error", "model", "model_not_available",
-                        "The model %s is not available: %s", nm.p ? nm.p : "\"\"", reason);
+                        "The model %s is not available: %s", nm.p ? nm.p : "\"\"", red);
     }
     sp_jbuf_free(&nm);
     return false;
@@ -425,7 +427,9 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                        sp_repo_state_name(e->live && e->state == SP_REPO_READY ? SP_REPO_READY
                                           : e->state == SP_REPO_READY ? SP_REPO_UNAVAILABLE
                                                                       : e->state));
-        sp_jbuf_cstr(&b, e->reason);
+        char red[1024];
+        sp_repository_redact(s, e->reason, red, sizeof red);
+        sp_jbuf_cstr(&b, red);
         sp_jbuf_lit(&b, "}");
     }
     sp_jbuf_lit(&b, "]");

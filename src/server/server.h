@@ -47,6 +47,7 @@ typedef struct sp_server {
     sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
+    char repo_real[4096];     /* the repository root resolved (for sp_repository_redact) */
 } sp_server_t;
 
 /* Per loop thread (sp_http_loop_user). */
@@ -90,6 +91,8 @@ void sp_metrics_register(sp_router_t *rt, sp_server_t *s); /* GET /metrics (metr
 void sp_repository_register(sp_router_t *rt, sp_server_t *s);
 sp_status_t sp_repository_start(sp_server_t *s, char *err, size_t err_len);
 void sp_repository_stop(sp_server_t *s);
+/* A reason with the repository's location removed, for answers to clients. */
+void sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap);
 /* Queue the on-demand load of e (reg.mu held; e already LOADING). */
 void sp_repository_demand_locked(sp_server_t *s, sp_model_entry_t *e);
 
