@@ -2156,6 +2156,17 @@ call_func(jr_t *r, uint32_t line, int fn, const args_t *a, sp__jv_t *out)
         char fmt[80], buf[256];
         memcpy(fmt, a->v[0].u.s.p, a->v[0].u.s.n);
         fmt[a->v[0].u.s.n] = '\0';
+        /* The format comes from the model file: only plain date conversions
+         * (no locale- or implementation-defined ones, no flags or widths)
+         * reach strftime, so template text never steers a format parser. */
+        for (size_t i = 0; fmt[i]; i++) {
+            if (fmt[i] == '%' && (fmt[i + 1] == '\0' || !strchr("aAbBdeHIjmMpSyYZ%", fmt[i + 1]))) {
+                return rfail(r, line, SP_ERR_INVALID,
+                             "strftime_now: only %%a %%A %%b %%B %%d %%e %%H %%I %%j %%m %%M %%p "
+                             "%%S %%y %%Y %%Z %%%% are allowed");
+            }
+            i += fmt[i] == '%';
+        }
         time_t now = r->o.now != 0 ? (time_t)r->o.now : time(NULL);
         struct tm tm;
         gmtime_r(&now, &tm);

@@ -295,6 +295,13 @@ TEST(jinja_methods_and_functions)
     ASSERT(out != NULL);
     ASSERT_STR_EQ(out, "26 Jul 2024");
     sp_free(out);
+    /* The format is model-file text: only plain date conversions reach strftime. */
+    static const char *const refused[] = {"{{ strftime_now('%c') }}", "{{ strftime_now('%s') }}",
+                                          "{{ strftime_now('%-d') }}", "{{ strftime_now('x%') }}"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        out = render_st(refused[i], NULL, &o, &st);
+        ASSERT(out == NULL && st == SP_ERR_INVALID);
+    }
 }
 
 TEST(jinja_compile_errors)
