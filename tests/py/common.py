@@ -9,6 +9,8 @@
 Tests run with Debian's /usr/bin/python3 (+ python3-numpy); tests/run.sh tallies the
 summary line. The binary is $SAMPAN_BIN or build/sampan under the repository root.
 """
+import http.client
+import json
 import os
 import re
 import signal
@@ -129,3 +131,31 @@ class Server:
                 self.p.kill()
                 self.p.wait()
         return self.p.returncode
+
+
+def http_json(port, method, path, body=None, timeout=20, headers=None):
+    """One request to 127.0.0.1:port with a JSON body (None: no body); returns (status, the
+    parsed JSON answer, or the raw bytes when it is not JSON, or None when empty)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        c.request(method, path, body=data,
+                  headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+        r = c.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw) if raw else None
+        except ValueError:
+            return r.status, raw
+    finally:
+        c.close()
+
+
+class RepoServer(Server):
+    """sampan serve --model-repository REPO (and no --model) on a free port."""
+
+    def __init__(self, repo, *extra):
+        super().__init__("--model-repository", repo, *extra, model=None)
+
+    def req(self, method, path, body=None, timeout=20):
+        return http_json(self.port, method, path, body, timeout)

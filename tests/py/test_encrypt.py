@@ -5,7 +5,6 @@ as the plain file, and a model repository whose config.json names the key (a key
 the repository, an environment variable) beside models with a wrong key, a flipped byte, a cut
 file and no key, each UNAVAILABLE with its reason while the others serve. Last line:
     encrypt: N passed, N failed, N skipped"""
-import http.client
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ import stat
 import subprocess
 import tempfile
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, Server, Suite, binary, http_json, run
 
 s = Suite("encrypt")
 exe = binary()
@@ -23,18 +22,7 @@ CHUNK = 64 << 10  # small chunks, so the demo model has 19 of them
 
 
 def req(port, method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        c.request(method, path, body=None if body is None else json.dumps(body).encode(),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        raw = r.read()
-        try:
-            return r.status, json.loads(raw) if raw else None
-        except ValueError:
-            return r.status, raw
-    finally:
-        c.close()
+    return http_json(port, method, path, body)
 
 
 def complete(port, model):

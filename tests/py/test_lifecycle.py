@@ -19,30 +19,14 @@ import tempfile
 import threading
 import time
 
-from common import ROOT, Server, Suite
+import common
+from common import ROOT, Suite
 
 s = Suite("lifecycle")
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 
 
-class RepoServer(Server):
-    def __init__(self, repo, *extra):
-        super().__init__("--model-repository", repo, *extra, model=None)
-
-    def req(self, method, path, body=None, timeout=20):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            c.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            raw = r.read()
-            try:
-                return r.status, json.loads(raw) if raw else None
-            except ValueError:
-                return r.status, raw
-        finally:
-            c.close()
-
+class RepoServer(common.RepoServer):
     def index(self):
         st, b = self.req("POST", "/v2/repository/index")
         return {(e["name"], e.get("version")): e for e in b} if st == 200 else {}

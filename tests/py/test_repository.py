@@ -13,32 +13,11 @@ import tempfile
 import threading
 import time
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, RepoServer, Suite, binary, run
 
 s = Suite("repository")
 exe = binary()
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
-
-
-class RepoServer(Server):
-    """sampan serve --model-repository REPO (and no --model) on a free port."""
-
-    def __init__(self, repo, *extra):
-        super().__init__("--model-repository", repo, *extra, model=None)
-
-    def req(self, method, path, body=None, timeout=10):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            c.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            raw = r.read()
-            try:
-                return r.status, json.loads(raw) if raw else None
-            except ValueError:
-                return r.status, raw
-        finally:
-            c.close()
 
 
 def make_repo(tmp):
