@@ -1064,7 +1064,7 @@ run_batch(worker_t *w, const plan_t *pl)
             }
             s->latency_us_sum += (uint64_t)((t_done - r->enq_ns) / 1000);
             s->latency_count++;
-            if (b->p.adaptive) {
+            if (b->p.adaptive && !b->p.external_latency) {
                 sp_batcher_ctl_latency(&b->ctl, t_done - r->enq_ns);
             }
         }
@@ -1568,6 +1568,17 @@ sp_batcher_get_stats(sp_batcher_t *b, sp_batcher_stats_t *out)
 #define CTL_FORGET 0.98 /* weight of the previous batches in the cost fit, per batch */
 
 void
+sp_batcher_observe_latency(sp_batcher_t *b, int64_t latency_ns)
+{
+    if (b == NULL || !b->p.adaptive || !b->p.external_latency) {
+        return;
+    }
+    pthread_mutex_lock(&b->mu);
+    sp_batcher_ctl_latency(&b->ctl, latency_ns);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void
 sp_batcher_ctl_init(sp_batcher_ctl_t *c, double target_ms, uint64_t max_delay_us, int32_t max_cap)
 {
     memset(c, 0, sizeof *c);
@@ -1665,6 +1676,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
         c->period_start_ns = now_ns - (exec_ns > 0 ? exec_ns : 0);
     }
     c->period_rows += rows;
+    c->period_exec_ns += exec_ns > 0 ? exec_ns : 0;
     if (why == SP_BATCH_WHY_FULL || why == SP_BATCH_WHY_PREFERRED) {
         c->hit_cap = true;
     } else if (why == SP_BATCH_WHY_DELAY) {
@@ -1678,6 +1690,9 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
     double elapsed = (double)(now_ns - c->period_start_ns);
     double rate = elapsed > 0 ? (double)c->period_rows / elapsed : 0; /* rows per ns */
     bool over = c->p99_ns > c->target_ns, under = c->p99_ns * 10 < c->target_ns * 7;
+    /* How busy the instances were: waiting for more rows only pays when they are
+     * a bottleneck; an idle instance gains nothing from a delay but latency. */
+    double util = elapsed > 0 ? (double)c->period_exec_ns / (elapsed * (n_instances > 0 ? n_instances : 1)) : 0;
     int32_t cap_step = c->max_cap / 16 > 1 ? c->max_cap / 16 : 1;
     bool cut = false;
     if (over && c->delay_ns > 0) {
@@ -1709,11 +1724,18 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
             c->cap = cap;
             cut = true;
         }
+    } else if (util < 0.25 && c->delay_ns > 0) {
+        /* Mostly idle: batching buys no throughput, so the delay is pure latency. */
+        c->delay_ns /= 2;
+        if (c->delay_ns < c->max_delay_ns / 100) {
+            c->delay_ns = 0;
+        }
+        c->decreases++;
     } else if (under) {
         if (c->hit_cap && c->cap < c->max_cap) {
             c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
             c->increases++;
-        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns &&
+        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns && util >= 0.5 &&
                    rate * (double)c->max_delay_ns >= 1.0) {
             /* Waiting can gather at least one more row within the allowed delay. The
              * step is half the headroom to 0.7 * target: latency grows about one for
@@ -1733,5 +1755,6 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
     c->since = 0;
     c->period_start_ns = now_ns;
     c->period_rows = 0;
+    c->period_exec_ns = 0;
     c->hit_cap = c->left_on_delay = c->backlog = false;
 }

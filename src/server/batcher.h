@@ -168,6 +168,8 @@ typedef struct sp_batcher_params {
     sp_batcher_queue_policy_t level_policy[SP_BATCHER_MAX_LEVELS];
     bool adaptive;        /* tune the delay and the cap for target_p99_ms (see above) */
     double target_p99_ms; /* end to end, submit to callback; > 0 when adaptive */
+    bool external_latency; /* the caller reports each request's true end-to-end latency
+                              (sp_batcher_observe_latency) instead of submit-to-callback */
 } sp_batcher_params_t;
 
 /* enabled, max_batch_size 0 (set it), no delay, no preferred sizes, one level,
@@ -298,6 +300,10 @@ typedef struct sp_batcher_stats {
     uint64_t adapt_increases, adapt_decreases;
 } sp_batcher_stats_t;
 
+/* Adaptive mode with external_latency: one request's end-to-end latency as
+ * the client saw it (arrival to last byte queued). Thread-safe. */
+void sp_batcher_observe_latency(sp_batcher_t *b, int64_t latency_ns);
+
 /* A consistent snapshot. Thread-safe. */
 void sp_batcher_get_stats(sp_batcher_t *b, sp_batcher_stats_t *out);
 
@@ -328,6 +334,7 @@ typedef struct sp_batcher_ctl {
     /* Since the last adjustment: */
     int64_t period_start_ns;
     int64_t period_rows;
+    int64_t period_exec_ns; /* execute() time summed over the period's batches */
     bool hit_cap;        /* a batch was cut by size (target or preferred size) */
     bool left_on_delay;  /* a batch left on the delay before reaching its target */
     bool backlog;        /* a batch cut by size left requests queued */

@@ -105,6 +105,7 @@ batcher_params(const sp_repo_config_t *cfg)
     if (t && p.enabled) {
         p.adaptive = true;
         p.target_p99_ms = atof(t);
+        p.external_latency = true; /* respond() reports what the client saw */
     }
     return p;
 }
@@ -328,6 +329,8 @@ respond(tq_t *q)
         sp_kserve_error(r, 500, "%s", st != SP_OK ? err : "out of memory writing the response");
     } else {
         sp_req_end(r, q->m, &q->clk, true, SP_FINISH_STOP, SP_FAIL_INTERNAL);
+        /* The adaptive batcher steers by the latency the client sees. */
+        sp_batcher_observe_latency(q->m->batcher, sp_time_ns() - q->clk.t0_ns);
         if (bin.len == 0) {
             sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, json.p, json.len,
                             SP_FINISH_STOP);

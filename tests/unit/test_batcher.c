@@ -1365,8 +1365,13 @@ TEST(batcher_ctl_cuts_delay_first_then_grows_it_back)
             hi = c.delay_ns > hi ? c.delay_ns : hi;
         }
     }
-    /* Settles with D + cost between 0.5 and 1.0 of the target: batching, within it. */
-    ASSERT(lo >= 3 * MS);
+    /* Settles batching (without a delay this queue keeps the instance 105% busy) but
+     * waits no longer than keeps the instance from being mostly idle: an idle
+     * instance gains nothing from waiting (utilisation guard), and within the target. */
+    if (getenv("SP_TEST_VERBOSE")) {
+        fprintf(stderr, "  delay settles in %.2f .. %.2f ms\n", (double)lo / MS, (double)hi / MS);
+    }
+    ASSERT(lo >= MS / 2);
     ASSERT(hi + MS + (1 + hi / MS) * MS / 20 <= 10 * MS);
     ASSERT(c.increases > 0);
     ASSERT_EQ(c.cap, 64); /* the cap never needed cutting */
