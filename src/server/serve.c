@@ -30,6 +30,7 @@
 #include "sampan/version.h"
 #include "repo/repo.h"
 #include "server/cors.h"
+#include "server/batcher.h"
 #include "server/kserve.h"
 #include "server/registry.h"
 #include "server/server.h"
@@ -391,6 +392,23 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                        (unsigned long long)fails, sp_hist_sum(&mm->e2e),
                        (unsigned long long)sp_hist_count(&mm->e2e), sp_hist_sum(&mm->ttft),
                        (unsigned long long)sp_hist_count(&mm->ttft));
+        if (m->batcher) {
+            sp_batcher_stats_t bs;
+            sp_batcher_get_stats(m->batcher, &bs);
+            sp_jbuf_printf(&b,
+                           ",\"batcher\":{\"requests\":%llu,\"batches\":%llu,\"rows\":%llu,"
+                           "\"queued\":%lld,\"delay_us\":%llu,\"max_batch\":%d,\"adaptive\":%s,"
+                           "\"p99_ms\":%.3f,\"adapt_increases\":%llu,\"adapt_decreases\":%llu,"
+                           "\"timed_out\":%llu,\"rejected_queue_full\":%llu}",
+                           (unsigned long long)bs.requests, (unsigned long long)bs.batches,
+                           (unsigned long long)bs.rows, (long long)bs.queued,
+                           (unsigned long long)bs.delay_us, (int)bs.max_batch,
+                           bs.adaptive ? "true" : "false", bs.p99_ms,
+                           (unsigned long long)bs.adapt_increases,
+                           (unsigned long long)bs.adapt_decreases,
+                           (unsigned long long)bs.timed_out,
+                           (unsigned long long)bs.rejected_queue_full);
+        }
         sp_jbuf_lit(&b, ",\"instance_jobs_done\":[");
         for (int k = 0; k < m->n_inst && m->inst[k]; k++) {
             sp_sched_stats_t t;
