@@ -205,6 +205,17 @@ def test_server(tmp):
         time.sleep(1.6)
         s.case("a broken file keeps the previous table", complete(srv, k_new)[0] == 200 and
                srv.wait_log(r"event=tenants_reload_failed", 2) is not None)
+        n0 = srv.text().count("event=tenants_reloaded")
+        srv.p.send_signal(signal.SIGHUP)
+        ok = False
+        for _ in range(40):
+            time.sleep(0.1)
+            if srv.text().count("event=tenants_reload_failed") >= 2:
+                ok = True  # SIGHUP reread the (still broken) file and kept the old table
+                break
+        s.case("SIGHUP rereads the file (a broken one still keeps the old table)",
+               ok and complete(srv, k_new)[0] == 200 and srv.p.poll() is None,
+               f"{n0} {srv.text()[-300:]}")
     finally:
         s.case("server exits cleanly", srv.stop() == 0)
 
