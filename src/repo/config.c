@@ -342,7 +342,9 @@ parse_policy(const pctx_t *c, const json_t *o, sp_repo_version_policy_t *vp)
 static sp_status_t
 parse_batching(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
 {
-    static const char *const keys[] = {"max_queue_delay_microseconds", "preferred_batch_size", NULL};
+    static const char *const keys[] = {"max_queue_delay_microseconds", "preferred_batch_size",
+                                       "priority_levels", "default_priority_level",
+                                       "default_queue_policy", NULL};
     const char *p = "dynamic_batching";
     if (!json_is_object(o)) return bad(c, p, "must be an object");
     sp_status_t st = check_keys(c, p, o, keys);
@@ -371,6 +373,59 @@ parse_batching(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
             b->preferred[i] = (int32_t)json_integer_value(x);
         }
         b->n_preferred = (int32_t)n;
+    }
+    v = 0; /* get_int leaves v alone when the key is absent */
+    r = get_int(c, o, p, "priority_levels", 0, 32, &v);
+    if (r < 0) return (sp_status_t)r;
+    b->priority_levels = (int32_t)v;
+    v = 0;
+    r = get_int(c, o, p, "default_priority_level", 0, 32, &v);
+    if (r < 0) return (sp_status_t)r;
+    if (b->priority_levels == 0 && v != 0) {
+        return bad(c, "dynamic_batching.default_priority_level",
+                   "needs priority_levels (there is one level without it)");
+    }
+    if (b->priority_levels > 0 && r == 0) {
+        v = b->priority_levels; /* unspecified: the lowest level, so no request jumps the queue */
+    } else if (b->priority_levels > 0 && (v < 1 || v > b->priority_levels)) {
+        return bad(c, "dynamic_batching.default_priority_level", "must be in [1, %d] (priority_levels)",
+                   (int)b->priority_levels);
+    }
+    b->default_priority_level = (int32_t)v;
+    const json_t *qp = json_object_get(o, "default_queue_policy");
+    if (qp) {
+        static const char *const qkeys[] = {"timeout_action", "default_timeout_microseconds",
+                                            "allow_timeout_override", "max_queue_size", NULL};
+        const char *qpp = "dynamic_batching.default_queue_policy";
+        if (!json_is_object(qp)) return bad(c, qpp, "must be an object");
+        st = check_keys(c, qpp, qp, qkeys);
+        if (st) return st;
+        sp_repo_queue_policy_t *q = &b->default_queue_policy;
+        const json_t *ta = json_object_get(qp, "timeout_action");
+        if (ta) {
+            const char *tv = json_string_value(ta);
+            if (!tv || (strcmp(tv, "REJECT") != 0 && strcmp(tv, "DELAY") != 0)) {
+                return bad(c, "dynamic_batching.default_queue_policy.timeout_action",
+                           "must be REJECT or DELAY");
+            }
+            q->delay_on_timeout = strcmp(tv, "DELAY") == 0;
+        }
+        v = 0;
+        r = get_int(c, qp, qpp, "default_timeout_microseconds", 0, (int64_t)3600 * 1000000, &v);
+        if (r < 0) return (sp_status_t)r;
+        q->default_timeout_us = v;
+        const json_t *ao = json_object_get(qp, "allow_timeout_override");
+        if (ao) {
+            if (!json_is_boolean(ao)) {
+                return bad(c, "dynamic_batching.default_queue_policy.allow_timeout_override",
+                           "must be true or false");
+            }
+            q->allow_timeout_override = json_is_true(ao);
+        }
+        v = 0;
+        r = get_int(c, qp, qpp, "max_queue_size", 0, 1000000, &v);
+        if (r < 0) return (sp_status_t)r;
+        q->max_queue_size = (int32_t)v;
     }
     return SP_OK;
 }

@@ -92,11 +92,21 @@ typedef struct sp_repo_version_policy {
     int64_t versions[SP_REPO_MAX_SPECIFIC];
 } sp_repo_version_policy_t;
 
+typedef struct sp_repo_queue_policy {
+    bool delay_on_timeout;         /* timeout_action "DELAY" (default "REJECT") */
+    int64_t default_timeout_us;    /* 0 = none */
+    bool allow_timeout_override;
+    int32_t max_queue_size;        /* 0 = unbounded */
+} sp_repo_queue_policy_t;
+
 typedef struct sp_repo_batching {
     bool enabled; /* the dynamic_batching object is present */
     int64_t max_queue_delay_us;
     int32_t n_preferred;
     int32_t preferred[SP_REPO_MAX_PREFERRED];
+    int32_t priority_levels;        /* 0 = one level */
+    int32_t default_priority_level; /* 1..priority_levels (0 with priority_levels 0) */
+    sp_repo_queue_policy_t default_queue_policy;
 } sp_repo_batching_t;
 
 typedef struct sp_repo_param {

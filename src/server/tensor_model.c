@@ -101,6 +101,15 @@ batcher_params(const sp_repo_config_t *cfg)
     for (int32_t i = 0; i < p.n_preferred && i < SP_BATCHER_MAX_PREFERRED; i++) {
         p.preferred_batch_size[i] = cfg->dynamic_batching.preferred[i];
     }
+    const sp_repo_batching_t *db = &cfg->dynamic_batching;
+    p.priority_levels = (uint32_t)db->priority_levels;
+    p.default_priority_level = (uint32_t)db->default_priority_level;
+    p.default_queue_policy.timeout_action = db->default_queue_policy.delay_on_timeout
+                                                ? SP_BATCHER_TIMEOUT_DELAY
+                                                : SP_BATCHER_TIMEOUT_REJECT;
+    p.default_queue_policy.default_timeout_us = (uint64_t)db->default_queue_policy.default_timeout_us;
+    p.default_queue_policy.allow_timeout_override = db->default_queue_policy.allow_timeout_override;
+    p.default_queue_policy.max_queue_size = (uint32_t)db->default_queue_policy.max_queue_size;
     const char *t = sp_repo_config_param(cfg, "target_p99_ms");
     if (t && p.enabled) {
         p.adaptive = true;

@@ -192,6 +192,17 @@ def test_identity(srv):
     st, _, b = req(srv, "POST", "/v2/models/ident/infer",
                    {"inputs": [{"name": "f", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]})
     s.case("identity: a missing input is 400 naming it", st == 400 and "'i'" in json.dumps(b), str(b))
+    # Queue policy: a lone request waits for the 0.5 s batching delay, but its queue
+    # timeout (1 ms, REJECT) ends it first: 429, and it never ran.
+    one = {"inputs": [{"name": "f", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
+                      {"name": "i", "datatype": "INT64", "shape": [1, 1], "data": [1]},
+                      {"name": "s", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]}]}
+    st, _, b = req(srv, "POST", "/v2/models/ident_timeout/infer", one)
+    s.case("default_queue_policy: a request past its queue timeout is rejected (429)",
+           st == 429 and "timeout" in json.dumps(b).lower(), f"{st} {b}")
+    st, _, b = req(srv, "POST", "/v2/models/ident_timeout/infer",
+                   dict(one, parameters={"timeout": 0, "priority": 1}))
+    s.case("... priority levels accepted in the request", st in (200, 429), f"{st} {b}")
 
 
 def main():
@@ -217,6 +228,21 @@ def main():
                                          {"name": "i_out", "data_type": "TYPE_INT64", "dims": [1]},
                                          {"name": "s_out", "data_type": "TYPE_STRING", "dims": [1]}]},
               [])
+        ident_io = {"input": [{"name": "f", "data_type": "TYPE_FP32", "dims": [3]},
+                              {"name": "i", "data_type": "TYPE_INT64", "dims": [1]},
+                              {"name": "s", "data_type": "TYPE_STRING", "dims": [1]}],
+                    "output": [{"name": "f_out", "data_type": "TYPE_FP32", "dims": [3]},
+                               {"name": "i_out", "data_type": "TYPE_INT64", "dims": [1]},
+                               {"name": "s_out", "data_type": "TYPE_STRING", "dims": [1]}]}
+        model(repo, "ident_timeout", dict(ident_io, backend="identity", max_batch_size=8,
+                                          dynamic_batching={
+                                              "max_queue_delay_microseconds": 500000,
+                                              "priority_levels": 2, "default_priority_level": 2,
+                                              "default_queue_policy": {
+                                                  "timeout_action": "REJECT",
+                                                  "default_timeout_microseconds": 1000,
+                                                  "allow_timeout_override": True,
+                                                  "max_queue_size": 4}}), [])
         model(repo, "ghost", {"backend": "nosuchbackend"}, [])
         srv = Server("--model-repository", repo, model=None)
         try:

@@ -106,7 +106,11 @@ TEST(repo_config_every_field)
         "                      {\"name\": \"cpu\", \"kind\": \"KIND_CPU\"}],"
         " \"version_policy\": {\"specific\": {\"versions\": [4, 1]}},"
         " \"dynamic_batching\": {\"max_queue_delay_microseconds\": 500,"
-        "                        \"preferred_batch_size\": [4, 8]},"
+        "                        \"preferred_batch_size\": [4, 8], \"priority_levels\": 3,"
+        "                        \"default_priority_level\": 2,"
+        "                        \"default_queue_policy\": {\"timeout_action\": \"DELAY\","
+        "                          \"default_timeout_microseconds\": 7000,"
+        "                          \"allow_timeout_override\": true, \"max_queue_size\": 9}},"
         " \"parameters\": {\"context_length\": {\"string_value\": \"4096\"},"
         "   \"kv_blocks\": {\"string_value\": \"512\"},"
         "   \"chat_template\": {\"string_value\": \"{{ messages }}\"},"
@@ -149,6 +153,12 @@ TEST(repo_config_every_field)
     ASSERT_EQ(c.dynamic_batching.max_queue_delay_us, 500);
     ASSERT_EQ(c.dynamic_batching.n_preferred, 2);
     ASSERT_EQ(c.dynamic_batching.preferred[1], 8);
+    ASSERT_EQ(c.dynamic_batching.priority_levels, 3);
+    ASSERT_EQ(c.dynamic_batching.default_priority_level, 2);
+    ASSERT(c.dynamic_batching.default_queue_policy.delay_on_timeout);
+    ASSERT_EQ(c.dynamic_batching.default_queue_policy.default_timeout_us, 7000);
+    ASSERT(c.dynamic_batching.default_queue_policy.allow_timeout_override);
+    ASSERT_EQ(c.dynamic_batching.default_queue_policy.max_queue_size, 9);
     ASSERT_EQ(c.n_params, 13);
     ASSERT_EQ(c.llm.context_length, 4096);
     ASSERT_EQ(c.llm.kv_blocks, 512);
@@ -251,7 +261,16 @@ TEST(repo_config_errors_name_file_and_field)
          "dynamic_batching.max_queue_delay_microseconds: must be in [0, 60000000]"},
         {"{\"max_batch_size\": 4, \"dynamic_batching\": {\"preferred_batch_size\": [2, 8]}}",
          "dynamic_batching.preferred_batch_size[1]: must be an integer in [1, 4] (max_batch_size)"},
-        {"{\"dynamic_batching\": {\"priority_levels\": 2}}", "dynamic_batching.priority_levels: unknown field"},
+        {"{\"dynamic_batching\": {\"priority_levels\": 2, \"default_priority_level\": 3}}",
+         "dynamic_batching.default_priority_level: must be in [1, 2]"},
+        {"{\"dynamic_batching\": {\"default_priority_level\": 1}}",
+         "dynamic_batching.default_priority_level: needs priority_levels"},
+        {"{\"dynamic_batching\": {\"default_queue_policy\": {\"timeout_action\": \"DROP\"}}}",
+         "dynamic_batching.default_queue_policy.timeout_action: must be REJECT or DELAY"},
+        {"{\"dynamic_batching\": {\"default_queue_policy\": {\"max_queue_size\": -1}}}",
+         "dynamic_batching.default_queue_policy.max_queue_size"},
+        {"{\"dynamic_batching\": {\"priority_queue_policy\": {}}}",
+         "dynamic_batching.priority_queue_policy: unknown field"},
         {"{\"parameters\": []}", "models/m/config.json: parameters: must be an object"},
         {"{\"parameters\": {\"kv_blocks\": \"9\"}}", "parameters.kv_blocks: must be an object"},
         {"{\"parameters\": {\"kv_blocks\": {\"int_value\": 9}}}",
