@@ -339,12 +339,50 @@ parse_policy(const pctx_t *c, const json_t *o, sp_repo_version_policy_t *vp)
 
 /* ---- dynamic_batching */
 
+/* Triton's ModelQueuePolicy at path p. */
+static sp_status_t
+parse_queue_policy(const pctx_t *c, const char *p, const json_t *qp, sp_repo_queue_policy_t *q)
+{
+    static const char *const qkeys[] = {"timeout_action", "default_timeout_microseconds",
+                                        "allow_timeout_override", "max_queue_size", NULL};
+    if (!json_is_object(qp)) return bad(c, p, "must be an object");
+    sp_status_t st = check_keys(c, p, qp, qkeys);
+    if (st) return st;
+    char fp[160];
+    const json_t *ta = json_object_get(qp, "timeout_action");
+    if (ta) {
+        const char *tv = json_string_value(ta);
+        if (!tv || (strcmp(tv, "REJECT") != 0 && strcmp(tv, "DELAY") != 0)) {
+            snprintf(fp, sizeof fp, "%s.timeout_action", p);
+            return bad(c, fp, "must be REJECT or DELAY");
+        }
+        q->delay_on_timeout = strcmp(tv, "DELAY") == 0;
+    }
+    int64_t v = 0;
+    int r = get_int(c, qp, p, "default_timeout_microseconds", 0, (int64_t)3600 * 1000000, &v);
+    if (r < 0) return (sp_status_t)r;
+    q->default_timeout_us = v;
+    const json_t *ao = json_object_get(qp, "allow_timeout_override");
+    if (ao) {
+        if (!json_is_boolean(ao)) {
+            snprintf(fp, sizeof fp, "%s.allow_timeout_override", p);
+            return bad(c, fp, "must be true or false");
+        }
+        q->allow_timeout_override = json_is_true(ao);
+    }
+    v = 0;
+    r = get_int(c, qp, p, "max_queue_size", 0, 1000000, &v);
+    if (r < 0) return (sp_status_t)r;
+    q->max_queue_size = (int32_t)v;
+    return SP_OK;
+}
+
 static sp_status_t
 parse_batching(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
 {
     static const char *const keys[] = {"max_queue_delay_microseconds", "preferred_batch_size",
                                        "priority_levels", "default_priority_level",
-                                       "default_queue_policy", NULL};
+                                       "default_queue_policy", "priority_queue_policy", NULL};
     const char *p = "dynamic_batching";
     if (!json_is_object(o)) return bad(c, p, "must be an object");
     sp_status_t st = check_keys(c, p, o, keys);
@@ -394,38 +432,30 @@ parse_batching(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
     b->default_priority_level = (int32_t)v;
     const json_t *qp = json_object_get(o, "default_queue_policy");
     if (qp) {
-        static const char *const qkeys[] = {"timeout_action", "default_timeout_microseconds",
-                                            "allow_timeout_override", "max_queue_size", NULL};
-        const char *qpp = "dynamic_batching.default_queue_policy";
-        if (!json_is_object(qp)) return bad(c, qpp, "must be an object");
-        st = check_keys(c, qpp, qp, qkeys);
+        st = parse_queue_policy(c, "dynamic_batching.default_queue_policy", qp,
+                                &b->default_queue_policy);
         if (st) return st;
-        sp_repo_queue_policy_t *q = &b->default_queue_policy;
-        const json_t *ta = json_object_get(qp, "timeout_action");
-        if (ta) {
-            const char *tv = json_string_value(ta);
-            if (!tv || (strcmp(tv, "REJECT") != 0 && strcmp(tv, "DELAY") != 0)) {
-                return bad(c, "dynamic_batching.default_queue_policy.timeout_action",
-                           "must be REJECT or DELAY");
+    }
+    /* Triton's priority_queue_policy: {"<level>": ModelQueuePolicy, ...} */
+    const json_t *pq = json_object_get(o, "priority_queue_policy");
+    if (pq) {
+        const char *pqp = "dynamic_batching.priority_queue_policy";
+        if (!json_is_object(pq)) return bad(c, pqp, "must be an object of levels");
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)pq, key, val) {
+            char kp[120];
+            snprintf(kp, sizeof kp, "%s.%.20s", pqp, key);
+            char *end = NULL;
+            long lvl = strtol(key, &end, 10);
+            if (end == key || *end != '\0' || lvl < 1 || lvl > b->priority_levels) {
+                return bad(c, kp, "the level must be 1 to priority_levels (%d)",
+                           (int)b->priority_levels);
             }
-            q->delay_on_timeout = strcmp(tv, "DELAY") == 0;
+            st = parse_queue_policy(c, kp, val, &b->level_policy[lvl - 1]);
+            if (st) return st;
+            b->has_level_policy[lvl - 1] = true;
         }
-        v = 0;
-        r = get_int(c, qp, qpp, "default_timeout_microseconds", 0, (int64_t)3600 * 1000000, &v);
-        if (r < 0) return (sp_status_t)r;
-        q->default_timeout_us = v;
-        const json_t *ao = json_object_get(qp, "allow_timeout_override");
-        if (ao) {
-            if (!json_is_boolean(ao)) {
-                return bad(c, "dynamic_batching.default_queue_policy.allow_timeout_override",
-                           "must be true or false");
-            }
-            q->allow_timeout_override = json_is_true(ao);
-        }
-        v = 0;
-        r = get_int(c, qp, qpp, "max_queue_size", 0, 1000000, &v);
-        if (r < 0) return (sp_status_t)r;
-        q->max_queue_size = (int32_t)v;
     }
     return SP_OK;
 }

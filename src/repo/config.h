@@ -107,6 +107,8 @@ typedef struct sp_repo_batching {
     int32_t priority_levels;        /* 0 = one level */
     int32_t default_priority_level; /* 1..priority_levels (0 with priority_levels 0) */
     sp_repo_queue_policy_t default_queue_policy;
+    bool has_level_policy[32];      /* priority_queue_policy: level l at [l - 1] */
+    sp_repo_queue_policy_t level_policy[32];
 } sp_repo_batching_t;
 
 typedef struct sp_repo_param {

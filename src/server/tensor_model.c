@@ -110,6 +110,15 @@ batcher_params(const sp_repo_config_t *cfg)
     p.default_queue_policy.default_timeout_us = (uint64_t)db->default_queue_policy.default_timeout_us;
     p.default_queue_policy.allow_timeout_override = db->default_queue_policy.allow_timeout_override;
     p.default_queue_policy.max_queue_size = (uint32_t)db->default_queue_policy.max_queue_size;
+    for (int l = 0; l < db->priority_levels && l < SP_BATCHER_MAX_LEVELS; l++) {
+        const sp_repo_queue_policy_t *q = &db->level_policy[l];
+        p.has_level_policy[l] = db->has_level_policy[l];
+        p.level_policy[l].timeout_action = q->delay_on_timeout ? SP_BATCHER_TIMEOUT_DELAY
+                                                               : SP_BATCHER_TIMEOUT_REJECT;
+        p.level_policy[l].default_timeout_us = (uint64_t)q->default_timeout_us;
+        p.level_policy[l].allow_timeout_override = q->allow_timeout_override;
+        p.level_policy[l].max_queue_size = (uint32_t)q->max_queue_size;
+    }
     const char *t = sp_repo_config_param(cfg, "target_p99_ms");
     if (t && p.enabled) {
         p.adaptive = true;

@@ -110,7 +110,8 @@ TEST(repo_config_every_field)
         "                        \"default_priority_level\": 2,"
         "                        \"default_queue_policy\": {\"timeout_action\": \"DELAY\","
         "                          \"default_timeout_microseconds\": 7000,"
-        "                          \"allow_timeout_override\": true, \"max_queue_size\": 9}},"
+        "                          \"allow_timeout_override\": true, \"max_queue_size\": 9},"
+        "                        \"priority_queue_policy\": {\"1\": {\"max_queue_size\": 5}}},"
         " \"parameters\": {\"context_length\": {\"string_value\": \"4096\"},"
         "   \"kv_blocks\": {\"string_value\": \"512\"},"
         "   \"chat_template\": {\"string_value\": \"{{ messages }}\"},"
@@ -159,6 +160,8 @@ TEST(repo_config_every_field)
     ASSERT_EQ(c.dynamic_batching.default_queue_policy.default_timeout_us, 7000);
     ASSERT(c.dynamic_batching.default_queue_policy.allow_timeout_override);
     ASSERT_EQ(c.dynamic_batching.default_queue_policy.max_queue_size, 9);
+    ASSERT(c.dynamic_batching.has_level_policy[0] && !c.dynamic_batching.has_level_policy[1]);
+    ASSERT_EQ(c.dynamic_batching.level_policy[0].max_queue_size, 5);
     ASSERT_EQ(c.n_params, 13);
     ASSERT_EQ(c.llm.context_length, 4096);
     ASSERT_EQ(c.llm.kv_blocks, 512);
@@ -269,8 +272,10 @@ TEST(repo_config_errors_name_file_and_field)
          "dynamic_batching.default_queue_policy.timeout_action: must be REJECT or DELAY"},
         {"{\"dynamic_batching\": {\"default_queue_policy\": {\"max_queue_size\": -1}}}",
          "dynamic_batching.default_queue_policy.max_queue_size"},
-        {"{\"dynamic_batching\": {\"priority_queue_policy\": {}}}",
-         "dynamic_batching.priority_queue_policy: unknown field"},
+        {"{\"dynamic_batching\": {\"priority_levels\": 2, \"priority_queue_policy\": {\"3\": {}}}}",
+         "dynamic_batching.priority_queue_policy.3: the level must be 1 to priority_levels (2)"},
+        {"{\"dynamic_batching\": {\"priority_levels\": 2, \"priority_queue_policy\": {\"1\": {\"x\": 1}}}}",
+         "dynamic_batching.priority_queue_policy.1.x: unknown field"},
         {"{\"parameters\": []}", "models/m/config.json: parameters: must be an object"},
         {"{\"parameters\": {\"kv_blocks\": \"9\"}}", "parameters.kv_blocks: must be an object"},
         {"{\"parameters\": {\"kv_blocks\": {\"int_value\": 9}}}",
