@@ -609,12 +609,10 @@ sp_enc_encrypt_mem(const void *plain, size_t len, const sp_enc_key_t *key, uint3
     return SP_OK;
 }
 
-/* Map a whole regular file read-only (*map NULL and *size 0 for an empty one). */
+/* Open a regular file for reading: *fd and its size, or an error naming it. */
 static sp_status_t
-map_file(const char *path, const void **map, size_t *size, char *err, size_t err_len)
+open_regular(const char *path, int *fd_out, size_t *size, char *err, size_t err_len)
 {
-    *map = NULL;
-    *size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
@@ -630,16 +628,33 @@ map_file(const char *path, const void **map, size_t *size, char *err, size_t err
         close(fd);
         return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "%s: file too large", path);
     }
-    if (sb.st_size > 0) {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    *fd_out = fd;
+    *size = (size_t)sb.st_size;
+    return SP_OK;
+}
+
+/* Map a whole regular file read-only (*map NULL and *size 0 for an empty one). */
+static sp_status_t
+map_file(const char *path, const void **map, size_t *size, char *err, size_t err_len)
+{
+    *map = NULL;
+    *size = 0;
+    int fd;
+    size_t fsize;
+    sp_status_t st = open_regular(path, &fd, &fsize, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    if (fsize > 0) {
+        void *m = mmap(NULL, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
             return sp_errf(err, err_len, SP_ERR_IO, "%s: mmap: %s", path, strerror(e));
         }
-        (void)madvise(m, (size_t)sb.st_size, MADV_SEQUENTIAL);
+        (void)madvise(m, fsize, MADV_SEQUENTIAL);
         *map = m;
-        *size = (size_t)sb.st_size;
+        *size = fsize;
     }
     close(fd);
     return SP_OK;
@@ -1106,25 +1121,15 @@ sp_enc_decrypt_file(const char *path, const sp_enc_key_t *key, sp_enc_plain_t **
                     size_t err_len)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        return sp_errf(err, err_len, e == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", path,
-                       strerror(e));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "%s: file too large", path);
+    int fd;
+    size_t len;
+    sp_status_t st = open_regular(path, &fd, &len, err, err_len);
+    if (st != SP_OK) {
+        return st;
     }
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     uint8_t h[SP_ENC_HEADER_BYTES] = {0};
-    size_t len = (size_t)sb.st_size, hn = len < sizeof h ? len : sizeof h;
-    sp_status_t st;
+    size_t hn = len < sizeof h ? len : sizeof h;
     if (read_at(fd, h, hn, 0) != 0) {
         int e = errno;
         st = sp_errf(err, err_len, SP_ERR_IO, "%s: %s", path,

@@ -483,23 +483,31 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
     }
-    if (q->out.oom || q->bin.oom) {
-        sp_kserve_error(q->http, 500, "out of memory while writing the response");
-        return;
-    }
-    if (q->bin.len == 0) {
-        sp_http_respond(q->http, 200, "application/json", q->out.p, q->out.len);
-        return;
-    }
     char hl[32];
-    snprintf(hl, sizeof hl, "%zu", q->out.len);
-    sp_http_add_header(q->http, "Inference-Header-Content-Length", hl);
-    sp_jbuf_raw(&q->out, q->bin.p, q->bin.len);
-    if (q->out.oom) {
+    if (q->bin.oom || !sp_kserve_infer_body(&q->out, &q->bin, hl)) {
         sp_kserve_error(q->http, 500, "out of memory while writing the response");
         return;
     }
-    sp_http_respond(q->http, 200, "application/octet-stream", q->out.p, q->out.len);
+    if (hl[0]) {
+        sp_http_add_header(q->http, "Inference-Header-Content-Length", hl);
+    }
+    sp_http_respond(q->http, 200, hl[0] ? "application/octet-stream" : "application/json",
+                    q->out.p, q->out.len);
+}
+
+bool
+sp_kserve_infer_body(sp_jbuf_t *json, const sp_jbuf_t *bin, char hl[32])
+{
+    hl[0] = '\0';
+    if (json->oom) {
+        return false;
+    }
+    if (bin->len == 0) {
+        return true;
+    }
+    snprintf(hl, 32, "%zu", json->len);
+    sp_jbuf_raw(json, bin->p, bin->len);
+    return !json->oom;
 }
 
 static void

@@ -452,6 +452,17 @@ sp_rss_bytes(void)
     return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+/* One sample per tier (premium first) of a per-tier gauge. */
+static void
+tier_samples(sp_jbuf_t *b, const char *name, const sp_served_model_t *m, const int64_t *by_tier)
+{
+    for (int t = 2; t >= 0; t--) {
+        char extra[32];
+        snprintf(extra, sizeof extra, "tier=\"%s\"", tier_names[t]);
+        sample(b, name, "model", m->name, m->version_str, extra, (double)by_tier[t]);
+    }
+}
+
 typedef struct model_view {
     sp_served_model_t *m;
     sp_sched_stats_t st;
@@ -510,23 +521,9 @@ render_models(sp_jbuf_t *b, model_view_t *v, int n)
     EACH sample(b, "sampan_generation_tokens_total", "model", M->name, M->version_str, NULL,
                 (double)ST.tokens_generated);
     family(b, "sampan_requests_running", "gauge", "Sequences in the running batch, by tier.");
-    EACH {
-        for (int t = 2; t >= 0; t--) {
-            char extra[32];
-            snprintf(extra, sizeof extra, "tier=\"%s\"", tier_names[t]);
-            sample(b, "sampan_requests_running", "model", M->name, M->version_str, extra,
-                   (double)ST.running_tier[t]);
-        }
-    }
+    EACH tier_samples(b, "sampan_requests_running", M, ST.running_tier);
     family(b, "sampan_requests_waiting", "gauge", "Sequences queued, by tier.");
-    EACH {
-        for (int t = 2; t >= 0; t--) {
-            char extra[32];
-            snprintf(extra, sizeof extra, "tier=\"%s\"", tier_names[t]);
-            sample(b, "sampan_requests_waiting", "model", M->name, M->version_str, extra,
-                   (double)ST.waiting_tier[t]);
-        }
-    }
+    EACH tier_samples(b, "sampan_requests_waiting", M, ST.waiting_tier);
     family(b, "sampan_preemptions_total", "counter", "Sequences preempted (KV blocks reclaimed).");
     EACH sample(b, "sampan_preemptions_total", "model", M->name, M->version_str, NULL,
                 (double)ST.preemptions);

@@ -349,21 +349,17 @@ respond(tq_t *q)
         sp_req_end(r, q->m, &q->clk, true, SP_FINISH_STOP, SP_FAIL_INTERNAL);
         /* The adaptive batcher steers by the latency the client sees. */
         sp_batcher_observe_latency(q->m->batcher, sp_time_ns() - q->clk.t0_ns);
-        if (bin.len == 0) {
-            sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, json.p, json.len,
-                            SP_FINISH_STOP);
-            sp_http_respond(r, 200, "application/json", json.p, json.len);
+        char hl[32];
+        if (!sp_kserve_infer_body(&json, &bin, hl)) {
+            sp_kserve_error(r, 500, "out of memory writing the response");
         } else {
-            char hl[32];
-            snprintf(hl, sizeof hl, "%zu", json.len);
-            sp_http_add_header(r, "Inference-Header-Content-Length", hl);
-            sp_jbuf_raw(&json, bin.p, bin.len);
-            if (!json.oom) {
-                sp_rcache_store(q->m, q->ck, "application/octet-stream",
-                                "Inference-Header-Content-Length", hl, json.p, json.len,
-                                SP_FINISH_STOP);
+            const char *ctype = hl[0] ? "application/octet-stream" : "application/json";
+            sp_rcache_store(q->m, q->ck, ctype, hl[0] ? "Inference-Header-Content-Length" : NULL,
+                            hl[0] ? hl : NULL, json.p, json.len, SP_FINISH_STOP);
+            if (hl[0]) {
+                sp_http_add_header(r, "Inference-Header-Content-Length", hl);
             }
-            sp_http_respond(r, 200, "application/octet-stream", json.p, json.len);
+            sp_http_respond(r, 200, ctype, json.p, json.len);
         }
     }
     sp_jbuf_free(&json);
