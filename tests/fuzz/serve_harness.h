@@ -36,6 +36,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -172,12 +173,48 @@ sp_fuzz_exchange(const char *req, size_t len, bool half_close, char *resp, size_
     struct timeval tv = {SP_FUZZ_ANSWER_S, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    /* The server closes first, so every exchange leaves a TIME_WAIT entry for
+     * (server port, client address, client port) for 60 s. At a few thousand
+     * inputs a second from one source address that exhausts the 28k ephemeral
+     * ports in well under a minute and connect() starts failing, which is the
+     * harness's problem, not the server's. Each connection therefore comes
+     * from its own address in 127.0.0.0/8 (all of it is loopback). */
+    static atomic_uint src_seq;
+    unsigned k = atomic_fetch_add(&src_seq, 1) % 65000u;
+    struct sockaddr_in src;
+    memset(&src, 0, sizeof src);
+    src.sin_family = AF_INET;
+    src.sin_addr.s_addr = htonl(0x7f010000u + 1u + k); /* 127.1.x.y */
+#ifdef IP_BIND_ADDRESS_NO_PORT
+    int one = 1; /* pick the port at connect(), knowing the destination */
+    setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+#endif
+    if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0) {
+        sp_fuzz_die("bind() to a loopback source address failed", strerror(errno),
+                    strlen(strerror(errno)));
+    }
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)atomic_load(&sp_fuzz_port));
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    if (rc != 0 && errno == EINTR) {
+        /* libFuzzer's -timeout alarm fires every second; an interrupted
+         * connect() goes on in the background, so wait for it to finish. */
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof err;
+        while ((rc = poll(&pfd, 1, SP_FUZZ_ANSWER_S * 1000)) < 0 && errno == EINTR) {
+        }
+        if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
+            rc = 0;
+        } else {
+            errno = rc == 0 ? ETIMEDOUT : err ? err : errno;
+            rc = -1;
+        }
+    }
+    if (rc != 0) {
         sp_fuzz_die("the server refused a connection (did it die?)", strerror(errno),
                     strlen(strerror(errno)));
     }

@@ -84,7 +84,11 @@ def fuzz(t):
         return True, f"{runs[-1]} runs in {time.time() - start:.0f} s"
     crash = re.findall(r"Test unit written to (\S+)", err)
     replay = f"; replay: {exe} {crash[-1]}" if crash else ""
-    return False, err[-3000:] + replay
+    # The cause first (the harness's own message, the sanitizer's headline), then the tail.
+    why = [l for l in err.splitlines()
+           if l.startswith("fuzz harness:") or "ERROR: AddressSanitizer" in l
+           or "runtime error:" in l or "ERROR: LeakSanitizer" in l]
+    return False, "\n".join(why[:4] + ["..."]) + "\n" + err[-3000:] + replay
 
 
 with ThreadPoolExecutor(PARALLEL) as pool:
