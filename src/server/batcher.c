@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/pool.h"
 #include "core/timer.h"
 
 #define MAX_T SP_BACKEND_MAX_TENSORS
@@ -1069,8 +1070,13 @@ run_batch(worker_t *w, const plan_t *pl)
             }
         }
         if (b->p.adaptive) {
+            int64_t cpu_ns = -1;
+            struct timespec ts;
+            if (sp_batcher_ctl_due(&b->ctl) && clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) {
+                cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+            }
             sp_batcher_ctl_batch(&b->ctl, pl->rows, t1 - t0, pl->why, pl->backlog, t_done,
-                                 b->n_workers);
+                                 b->n_workers, cpu_ns);
         }
     }
     pthread_mutex_unlock(&b->mu);
@@ -1446,6 +1452,7 @@ sp_batcher_create(const sp_batcher_params_t *params, const sp_backend_api_t *api
     if (b->p.adaptive) {
         sp_batcher_ctl_init(&b->ctl, params->target_p99_ms, params->max_queue_delay_us,
                             params->max_batch_size);
+        b->ctl.cpus = sp_cpu_count(); /* affinity and cgroup quota, as the pools size themselves */
     }
 
     pthread_condattr_t ca;
@@ -1554,6 +1561,7 @@ sp_batcher_get_stats(sp_batcher_t *b, sp_batcher_stats_t *out)
         out->delay_us = (uint64_t)(b->ctl.delay_ns / 1000);
         out->max_batch = b->ctl.cap;
         out->p99_ms = (double)b->ctl.p99_ns / 1e6;
+        out->load = b->ctl.load;
         out->adapt_increases = (uint64_t)b->ctl.increases;
         out->adapt_decreases = (uint64_t)b->ctl.decreases;
     } else {
@@ -1591,6 +1599,13 @@ sp_batcher_ctl_init(sp_batcher_ctl_t *c, double target_ms, uint64_t max_delay_us
     c->cap = c->max_cap;
     c->delay_ns = 0;
     c->period_start_ns = -1;
+    c->period_cpu_ns = -1;
+}
+
+bool
+sp_batcher_ctl_due(const sp_batcher_ctl_t *c)
+{
+    return c->since >= SP_BATCHER_CTL_PERIOD && c->target_ns > 0;
 }
 
 /* Fitted execute time of a batch of rows, in ns: false without data. When the
@@ -1664,7 +1679,7 @@ sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns)
 
 void
 sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
-                     bool backlog, int64_t now_ns, int n_instances)
+                     bool backlog, int64_t now_ns, int n_instances, int64_t cpu_ns)
 {
     double x = (double)rows, y = (double)(exec_ns < 0 ? 0 : exec_ns);
     c->sw = c->sw * CTL_FORGET + 1;
@@ -1683,7 +1698,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
         c->left_on_delay = true;
     }
     c->backlog = c->backlog || backlog;
-    if (c->since < SP_BATCHER_CTL_PERIOD || c->target_ns == 0) {
+    if (!sp_batcher_ctl_due(c)) {
         return;
     }
     c->p99_ns = ctl_p99(c);
@@ -1693,15 +1708,41 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
     /* How busy the instances were: waiting for more rows only pays when they are
      * a bottleneck; an idle instance gains nothing from a delay but latency. */
     double util = elapsed > 0 ? (double)c->period_exec_ns / (elapsed * (n_instances > 0 ? n_instances : 1)) : 0;
+    /* How busy the server was: for a small model the HTTP loop and the hand-offs
+     * cost more than execute(), and it is their cost per batch that a delay
+     * amortises. Unknown on the first period (no CPU reading at its start). */
+    double server = -1;
+    if (cpu_ns >= 0 && c->period_cpu_ns >= 0 && c->cpus > 0 && elapsed > 0) {
+        server = (double)(cpu_ns - c->period_cpu_ns) / (elapsed * c->cpus);
+    }
+    double load = server > util ? server : util;
+    c->load = load;
     int32_t cap_step = c->max_cap / 16 > 1 ? c->max_cap / 16 : 1;
     bool cut = false;
-    if (over && c->delay_ns > 0) {
-        /* Waiting is pure added latency: it goes first. */
-        c->delay_ns /= 2;
-        if (c->delay_ns < c->max_delay_ns / 100) {
-            c->delay_ns = 0;
+    if (over && server >= 0.85) {
+        /* Saturated: the p99 is queueing behind work the server cannot keep up
+         * with. A shorter wait would only add per-batch work (wake-ups,
+         * hand-offs, per-call overhead) and lengthen the queue; larger batches
+         * are the one way to more throughput. */
+        if (c->cap < c->max_cap) {
+            c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
+            c->increases++;
+        } else if (c->delay_ns < c->max_delay_ns) {
+            int64_t d = c->delay_ns * 2 > c->max_delay_ns / 8 ? c->delay_ns * 2 : c->max_delay_ns / 8;
+            c->delay_ns = min64(c->max_delay_ns, d > 1000 ? d : 1000);
+            c->increases++;
         }
-        cut = true;
+    } else if (over && c->delay_ns > 0) {
+        /* Waiting is pure added latency: it goes first. But not while the server
+         * is busy (0.7 .. 0.85): a shorter wait could tip it into saturation, so
+         * D holds there (the band between this rule and the one above). */
+        if (load < 0.7) {
+            c->delay_ns /= 2;
+            if (c->delay_ns < c->max_delay_ns / 100) {
+                c->delay_ns = 0;
+            }
+            cut = true;
+        }
     } else if (c->backlog) {
         /* Requests were left behind by full batches: the instances are short of
          * throughput, and a smaller cap would only make the queue (and the
@@ -1724,7 +1765,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
             c->cap = cap;
             cut = true;
         }
-    } else if (util < 0.25 && c->delay_ns > 0) {
+    } else if (load < 0.25 && c->delay_ns > 0) {
         /* Mostly idle: batching buys no throughput, so the delay is pure latency. */
         c->delay_ns /= 2;
         if (c->delay_ns < c->max_delay_ns / 100) {
@@ -1735,7 +1776,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
         if (c->hit_cap && c->cap < c->max_cap) {
             c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
             c->increases++;
-        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns && util >= 0.5 &&
+        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns && load >= 0.5 &&
                    rate * (double)c->max_delay_ns >= 1.0) {
             /* Waiting can gather at least one more row within the allowed delay. The
              * step is half the headroom to 0.7 * target: latency grows about one for
@@ -1754,6 +1795,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
     }
     c->since = 0;
     c->period_start_ns = now_ns;
+    c->period_cpu_ns = cpu_ns;
     c->period_rows = 0;
     c->period_exec_ns = 0;
     c->hit_cap = c->left_on_delay = c->backlog = false;

@@ -86,8 +86,18 @@
  * SP_BATCHER_CTL_PERIOD completed requests (checked once per batch) the
  * controller (sp_batcher_ctl_t, below) looks at the window's p99, in this
  * order:
- *   - p99 > target and D > 0: multiplicative decrease of D (halved, to 0 below
- *     1% of its maximum): waiting is pure added latency, so it goes first.
+ *   - Load: the busier of the instances (execute time over wall time, per
+ *     instance) and the server (the process's CPU time over wall time, per CPU
+ *     it may use). The instances alone miss the usual bottleneck of a small
+ *     model: the HTTP loop and the hand-offs, whose cost per batch a delay
+ *     amortises.
+ *   - p99 > target and the server saturated (load >= 0.85): the p99 is
+ *     queueing behind work the server cannot keep up with, and only larger
+ *     batches buy throughput: C grows back to max_batch_size first, then D
+ *     doubles (at least max_queue_delay_us/8) up to max_queue_delay_us.
+ *   - p99 > target, D > 0 and load < 0.7: multiplicative decrease of D (halved,
+ *     to 0 below 1% of its maximum): waiting is pure added latency, so it goes
+ *     first. Between 0.7 and 0.85 D holds (hysteresis between the two rules).
  *   - Backlog (a batch cut by size left requests queued: the instances are short
  *     of throughput): the cap is never cut, and grows back by max_batch_size/16
  *     if it was cut before. Under overload a smaller cap only lowers throughput
@@ -110,7 +120,10 @@
  *     latency grows about one for one with D, so the p99 approaches the bottom
  *     of the band from below instead of overshooting it, leaving the band's 30%
  *     for noise. D only grows when the measured arrival rate brings at least
- *     one row within max_queue_delay_us (waiting gains nothing at a trickle).
+ *     one row within max_queue_delay_us (waiting gains nothing at a trickle)
+ *     and the load is at least 0.5.
+ *   - Load < 0.25 and D > 0: D is halved; a mostly idle server gains no
+ *     throughput from waiting.
  * D starts at 0 and C at max_batch_size: a new model never starts by missing
  * its target, and it batches as much as the latency budget proves to allow.
  * The current D and C, the p99 and the adjustment counts are in the stats.
@@ -297,6 +310,7 @@ typedef struct sp_batcher_stats {
     int32_t max_batch;
     bool adaptive;
     double p99_ms;                /* adaptive: of the latency window (0 before samples) */
+    double load;                  /* adaptive: the last period's load (instances or server) */
     uint64_t adapt_increases, adapt_decreases;
 } sp_batcher_stats_t;
 
@@ -335,6 +349,9 @@ typedef struct sp_batcher_ctl {
     int64_t period_start_ns;
     int64_t period_rows;
     int64_t period_exec_ns; /* execute() time summed over the period's batches */
+    int64_t period_cpu_ns;  /* the process's CPU time at the period's start, or -1 */
+    double cpus;            /* CPUs the process may use (0: unknown, no server load) */
+    double load;            /* the last period's busier of instances and server, 0..1 */
     bool hit_cap;        /* a batch was cut by size (target or preferred size) */
     bool left_on_delay;  /* a batch left on the delay before reaching its target */
     bool backlog;        /* a batch cut by size left requests queued */
@@ -351,10 +368,13 @@ void sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns);
 /* A batch of rows ran in exec_ns, sent for why, finished at now_ns (its requests'
  * latencies were given first); backlog: it was cut by size and left requests
  * queued. Once at least SP_BATCHER_CTL_PERIOD latencies arrived since the last
- * adjustment, the knobs are adjusted: at most once per batch, so one large
- * batch cannot cut twice on the same samples. n_instances: the workers serving
- * the queue. */
+ * adjustment (sp_batcher_ctl_due), the knobs are adjusted: at most once per
+ * batch, so one large batch cannot cut twice on the same samples. n_instances:
+ * the workers serving the queue. cpu_ns: the process's CPU time now
+ * (CLOCK_PROCESS_CPUTIME_ID), read only when the controller is due, else -1. */
 void sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
-                          bool backlog, int64_t now_ns, int n_instances);
+                          bool backlog, int64_t now_ns, int n_instances, int64_t cpu_ns);
+/* True when the next sp_batcher_ctl_batch adjusts the knobs (and wants cpu_ns). */
+bool sp_batcher_ctl_due(const sp_batcher_ctl_t *c);
 
 #endif /* SP_SERVER_BATCHER_H */

@@ -383,6 +383,25 @@ report_done(conn_t *c, bool aborted)
     }
 }
 
+/* Send what the output holds. A plain socket is written at once: an answer of
+ * a few KB almost always fits its empty send buffer, and writing now saves,
+ * per answer, the two epoll_ctl calls that enabling and disabling the write
+ * event cost and a turn of the loop. What does not fit (or any error, which
+ * the bufferevent's own write then meets and reports) goes by EV_WRITE. TLS
+ * has to go through OpenSSL's bufferevent. EV_WRITE is disabled again once an
+ * answer is out (write_cb), so queued bytes wait for this call. */
+static void
+conn_push(conn_t *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (!c->tls && evbuffer_get_length(out) > 0) {
+        (void)evbuffer_write(out, bufferevent_getfd(c->bev));
+    }
+    if (evbuffer_get_length(out) > 0) {
+        bufferevent_enable(c->bev, EV_WRITE);
+    }
+}
+
 static void
 conn_flush(conn_t *c)
 {
@@ -390,9 +409,10 @@ conn_flush(conn_t *c)
     c->state = C_FLUSH;
     c->req.abort_fn = NULL;
     timer_arm(c, 0);
-    bufferevent_enable(c->bev, EV_WRITE);
+    conn_push(c);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
-        /* Nothing left to write (cannot normally happen): finish via the callback path. */
+        /* All written: finish in write_cb, deferred, so that a pipelined request
+         * answered at once cannot recurse through here. */
         bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
     }
 }
@@ -719,6 +739,7 @@ on_headers_complete(http_parser *p)
     if (expect.ptr && expect.len == 12 && strncasecmp(expect.ptr, "100-continue", 12) == 0 &&
         !c->http10) {
         evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        conn_push(c);
     }
     c->state = C_BODY;
     timer_arm(c, lim->body_timeout_ms);
@@ -913,6 +934,9 @@ write_cb(struct bufferevent *bev, void *arg)
     } else {
         c->state = C_IDLE;
         c->chunked_out = false;
+        if (!c->tls) {
+            bufferevent_disable(c->bev, EV_WRITE); /* the next answer goes by conn_push */
+        }
         bufferevent_setwatermark(c->bev, EV_READ, 0, s->p.limits.max_header_bytes + 65536);
         bufferevent_enable(c->bev, EV_READ);
         timer_arm(c, s->p.limits.idle_timeout_ms);

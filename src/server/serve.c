@@ -398,12 +398,12 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             sp_jbuf_printf(&b,
                            ",\"batcher\":{\"requests\":%llu,\"batches\":%llu,\"rows\":%llu,"
                            "\"queued\":%lld,\"delay_us\":%llu,\"max_batch\":%d,\"adaptive\":%s,"
-                           "\"p99_ms\":%.3f,\"adapt_increases\":%llu,\"adapt_decreases\":%llu,"
+                           "\"p99_ms\":%.3f,\"load\":%.3f,\"adapt_increases\":%llu,\"adapt_decreases\":%llu,"
                            "\"timed_out\":%llu,\"rejected_queue_full\":%llu}",
                            (unsigned long long)bs.requests, (unsigned long long)bs.batches,
                            (unsigned long long)bs.rows, (long long)bs.queued,
                            (unsigned long long)bs.delay_us, (int)bs.max_batch,
-                           bs.adaptive ? "true" : "false", bs.p99_ms,
+                           bs.adaptive ? "true" : "false", bs.p99_ms, bs.load,
                            (unsigned long long)bs.adapt_increases,
                            (unsigned long long)bs.adapt_decreases,
                            (unsigned long long)bs.timed_out,

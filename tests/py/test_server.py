@@ -263,6 +263,32 @@ def pipelined():
 s.guard("pipelining", pipelined)
 
 
+# ---- Expect: 100-continue, on a fresh connection and on a kept-alive one
+def expect_continue():
+    c = connect(P)
+    req = json.dumps(completion(max_tokens=2)).encode()
+    r = Reader(c)
+    for turn in ("first request", "second request"):
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(req))
+        c.settimeout(2.0)
+        try:
+            interim = r._line()
+            r._line()  # the blank line after the interim head
+        except (OSError, EOFError) as e:
+            interim = repr(e)
+        c.settimeout(5.0)
+        s.case(f"100 Continue comes before the body is sent ({turn})",
+               interim == b"HTTP/1.1 100 Continue", interim)
+        c.sendall(req)
+        st, _, body = r.response()
+        s.case(f"then the answer ({turn})", st == 200 and b"text_completion" in body, st)
+    c.close()
+
+
+s.guard("expect 100-continue", expect_continue)
+
+
 # ---- slow clients (H5): the server keeps serving others, then answers 408 and closes
 def slowloris():
     slow = connect(P)
