@@ -24,6 +24,7 @@ static const char usage[] =
     "  encrypt   encrypt a GGUF model (AES-256-GCM) for transparent loading; --gen-key makes a key\n"
     "  decrypt   check (--check) or decrypt an encrypted model file\n"
     "  keys      manage the tenants file: API keys (hashed), scopes, tiers and limits\n"
+    "  perplexity  a model's perplexity on a text file (quality of quantised weights or KV)\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
@@ -44,6 +45,7 @@ static const command_t commands[] = {
     {"encrypt", sp_cmd_encrypt},
     {"decrypt", sp_cmd_decrypt},
     {"keys", sp_cmd_keys},
+    {"perplexity", sp_cmd_perplexity},
 };
 
 int
