@@ -34,7 +34,8 @@ WARN     = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wvla -Wno-unused-paramete
 CPPFLAGS = -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fvisibility=hidden
 LDFLAGS  = $(SANFLAGS) -pthread
-LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl -lcrypto -lm
+LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl -lcrypto -lm \
+           -lnghttp2 -lprotobuf-c
 
 # Per-ISA flags: only these files may use the instructions, the dispatcher
 # decides at run time whether they are called.
@@ -89,6 +90,22 @@ $(BUILD)/gen/status_page.h: src/server/status_page.html tools/embed.py
 $(BUILD)/src/server/status.o: $(BUILD)/gen/status_page.h
 $(BUILD)/src/server/status.o: CPPFLAGS += -I$(BUILD)/gen
 
+# The gRPC front end (src/server/grpc*.c, docs/grpc.md): protoc-c (Debian's
+# protobuf-c-compiler) turns proto/grpc_service.proto into C in $(BUILD)/gen/
+# on every clean build; the generated code is never committed.
+PROTO_OBJ := $(BUILD)/gen/grpc_service.pb-c.o
+$(BUILD)/libsampan.a: $(PROTO_OBJ)
+$(BUILD)/gen/grpc_service.pb-c.c: proto/grpc_service.proto
+	@mkdir -p $(dir $@)
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+$(BUILD)/gen/grpc_service.pb-c.h: $(BUILD)/gen/grpc_service.pb-c.c
+	@test -f $@ && touch $@
+$(PROTO_OBJ): $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
+	$(CC) $(CPPFLAGS) -I$(BUILD)/gen $(CFLAGS) -c $< -o $@
+GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/server/grpc*.c tests/fuzz/fuzz_grpc*.c))
+$(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h
+$(GRPC_OBJ): CPPFLAGS += -I$(BUILD)/gen
+
 unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
 
 # Backends (docs/backends.md): plugins the server dlopens from $(BUILD)/backends/, never linked
@@ -122,6 +139,46 @@ $(BUILD)/kserve_load: bench/kserve_load.c
 $(BUILD)/xgb_floor: bench/xgb_floor.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lxgboost -ljansson -lm
+
+# CUDA backend (docs/cuda.md). `make cuda` builds $(CUDA_BUILD)/libsampan_cuda.so with nvcc
+# (sm_80, sm_89, sm_90 and sm_90 PTX; linked against cudart and cuBLAS), which sampan dlopens
+# at run time from its own directory: sampan itself never links CUDA, and plain `make` needs
+# no nvcc. `make cuda-tests` builds, with the C compiler only, the GPU kernel test, the GPU
+# benchmark and the host tests with their fake CUDA library (tests/gpu/, bench/gpu/).
+# `make cuda-check CUDA_ARCHS=80` only compiles (what CI runs, one arch to stay quick).
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCHS ?= 80 89 90
+CUDA_PTX   ?= 90
+CUDA_BUILD ?= $(BUILD)
+CUDA_COMMA  := ,
+CUDA_GENCODE = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+               $(foreach a,$(CUDA_PTX),-gencode arch=compute_$(a)$(CUDA_COMMA)code=compute_$(a))
+NVCCFLAGS  = -std=c++17 -O2 -g -Iinclude -Isrc $(CUDA_GENCODE) -Xcompiler -fPIC,-fvisibility=hidden \
+             -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings
+CUDA_OBJ  := $(patsubst src/cuda/%.cu,$(CUDA_BUILD)/cuda/%.o,$(wildcard src/cuda/*.cu))
+.PHONY: cuda cuda-check cuda-tests
+cuda: $(CUDA_BUILD)/libsampan_cuda.so cuda-tests
+cuda-check: $(CUDA_OBJ)
+$(CUDA_BUILD)/cuda/%.o: src/cuda/%.cu src/cuda/cuda_api.h src/cuda/cuda_common.h \
+                        src/cuda/kernels_cu.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(CUDA_BUILD)/libsampan_cuda.so: $(CUDA_OBJ)
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+GPU_TEST_FLAGS = $(CPPFLAGS) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread
+cuda-tests: $(BUILD)/gpu_kernel_test $(BUILD)/gpu_bench $(BUILD)/test_cuda_host \
+            $(BUILD)/libfake_cuda.so
+$(BUILD)/gpu_kernel_test: tests/gpu/kernel_test.c $(BUILD)/libsampan.a
+	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+$(BUILD)/test_cuda_host: tests/gpu/host_test.c $(BUILD)/libsampan.a
+	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+$(BUILD)/gpu_bench: bench/gpu/gpu_bench.c $(BUILD)/libsampan.a
+	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+# The host emulation of the CUDA library (never instrumented: it stands in for a vendor library).
+$(BUILD)/libfake_cuda.so: tests/gpu/fake_cuda.c src/cuda/cuda_api.h src/cuda/cuda_common.h
+	@mkdir -p $(dir $@)
+	$(CC) -Iinclude -Isrc -std=c11 -O1 -g $(WARN) -fPIC -shared -o $@ $< -lm
 
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -117,7 +117,7 @@ main(int argc, char **argv)
             for (int64_t st = 0; st < steps; st++, pos++) {
                 for (int s = 0; s < N; s++) {
                     seqs[s] = (sp_batch_seq_t){&next[s], 1, pos, blocks + s * per_seq, per_seq,
-                                               true};
+                                               true, 0};
                 }
                 if (sp_batch_eval(b, kv, seqs, N) != SP_OK) {
                     fprintf(stderr, "step failed\n");

@@ -6,6 +6,8 @@ need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-de
       libssl-dev)
 # The xgboost backend plugin (backends/xgboost.c; sampan itself never links it).
 need+=(libxgboost-dev)
+# The gRPC front end (src/server/grpc*.c): HTTP/2, protobuf messages and their code generator.
+need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # The server tests drive it with the official openai npm client: Node from

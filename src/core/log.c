@@ -304,7 +304,11 @@ is_number(const char *s, size_t n)
     if (i >= n || s[i] < '0' || s[i] > '9' || (s[i] == '0' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')) {
         return false;
     }
+    size_t d0 = i;
     while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    /* Ids made of digits (a trace or span id, a request id) are text: more
+     * than 15 digits would not survive a reader's double. */
+    if (i - d0 > 15) return false;
     if (i < n && s[i] == '.') {
         i++;
         if (i >= n || s[i] < '0' || s[i] > '9') return false;

@@ -41,6 +41,7 @@
 
 #include "core/alloc.h"
 #include "core/pool.h"
+#include "cuda/gpu.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
 
@@ -58,7 +59,12 @@ struct sp_kv_pool {
     size_t elt;          /* bytes per element */
     int64_t n_blocks;
     int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim */
-    int64_t block_elems; /* n_layer * n_head_kv * 2 tiles */
+    int64_t block_elems; /* (n_layer - layer0) * n_head_kv * 2 tiles */
+    /* A model with a GPU binding keeps layers 0..layer0-1 of every block in
+     * the device pool `gpu` (same block ids, same layout) and only the CPU
+     * layers here. */
+    int64_t layer0;
+    sp_gpu_kv_t *gpu;
     void *data;
     /* Per block, the step that last wrote it: finds two writers of one block
      * in a step without a per-step allocation. */
@@ -85,7 +91,9 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, s
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
                        p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
     }
-    const size_t bb = sp_kv_block_bytes(m, p->f16);
+    /* Host memory for the CPU layers only (all of them without a GPU binding). */
+    const int64_t n_cpu = m->hp.n_layer - sp_gpu_model_layers(m);
+    const size_t bb = sp_kv_block_bytes(m, p->f16) / (size_t)m->hp.n_layer * (size_t)n_cpu;
     if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
@@ -125,10 +133,19 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     kv->elt = p->f16 ? sizeof(sp_fp16_t) : sizeof(float);
     kv->n_blocks = p->n_blocks;
     kv->tile_elems = SP_KV_BLOCK * hp->head_dim;
-    kv->block_elems = hp->n_layer * hp->n_head_kv * 2 * kv->tile_elems;
+    kv->layer0 = sp_gpu_model_layers(m);
+    kv->block_elems = (hp->n_layer - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
+    if (m->gpu != NULL) {
+        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->f16, &kv->gpu, err, err_len);
+        if (st != SP_OK) {
+            sp_kv_pool_destroy(kv);
+            return st;
+        }
+    }
     /* Not zeroed: a position is always written before it is read, and key
-     * lanes past a sequence's end are computed and ignored (kernels.h). */
-    kv->data = sp_malloc_aligned(total, 64);
+     * lanes past a sequence's end are computed and ignored (kernels.h).
+     * (64 bytes stand in for an empty host part: every layer on the GPU.) */
+    kv->data = sp_malloc_aligned(total > 0 ? total : 64, 64);
     kv->mark = sp_calloc(1, mark_bytes);
     if (kv->data == NULL || kv->mark == NULL) {
         sp_kv_pool_destroy(kv);
@@ -145,6 +162,7 @@ sp_kv_pool_destroy(sp_kv_pool_t *kv)
     if (kv == NULL) {
         return;
     }
+    sp__gpu_kv_destroy(kv->gpu);
     sp_free(kv->data);
     sp_free(kv->mark);
     sp_free(kv);
@@ -165,13 +183,16 @@ sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
     const size_t bytes = (size_t)kv->block_elems * kv->elt;
     memcpy((char *)kv->data + (size_t)dst * bytes, (const char *)kv->data + (size_t)src * bytes,
            bytes);
+    if (kv->gpu != NULL) {
+        sp__gpu_kv_copy_block(kv->gpu, dst, src);
+    }
 }
 
 /* Element offset of (block, layer, head)'s key tile; its value tile follows. */
 static inline int64_t
 kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
 {
-    return block * kv->block_elems + (il * n_head_kv + g) * 2 * kv->tile_elems;
+    return block * kv->block_elems + ((il - kv->layer0) * n_head_kv + g) * 2 * kv->tile_elems;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -182,9 +203,11 @@ struct sp_batch {
     const sp_model_t *m;
     const sp_cpu_kernels_t *k;
     sp_pool_t *pool;
+    sp_gpu_batch_t *gpu; /* the device part when the model has a GPU binding */
     int64_t max_tokens;
     int64_t max_seqs;
     int64_t max_ctx;
+    int64_t max_logits;
 
     /* activations, max_tokens rows each */
     float *x;          /* (rows, n_embd) residual stream */
@@ -203,7 +226,7 @@ struct sp_batch {
     float attn_scale;  /* 1 / sqrt(head_dim) */
     float *rope_cs;    /* (rows, n_rot) cos/sin pairs per row's position */
     float *inv_freq;   /* (n_rot / 2) */
-    float *logits;     /* (max_seqs, n_vocab) */
+    float *logits;     /* (max_logits, n_vocab) */
 
     /* the current step, rows in order of the sequences */
     int32_t *row_tok;  /* (max_tokens) */
@@ -211,6 +234,7 @@ struct sp_batch {
     int32_t *row_seq;  /* (max_tokens) index into seqs */
     int32_t *order;    /* (max_tokens) rows by decreasing position (attention order) */
     int64_t *seq_out;  /* (max_seqs) logits row of sequence i, or -1 */
+    int64_t *seq_nl;   /* (max_seqs) its kept logit rows (in seq_out's allocation) */
     const sp_batch_seq_t *seqs;
     sp_kv_pool_t *kv;
     int64_t n_seqs;    /* of the last step (0 after a rejected one) */
@@ -219,7 +243,7 @@ struct sp_batch {
 sp_batch_params_t
 sp_batch_default_params(void)
 {
-    sp_batch_params_t p = {512, 64, 0, 0};
+    sp_batch_params_t p = {512, 64, 0, 0, 0};
     return p;
 }
 
@@ -295,6 +319,14 @@ sp_batch_resolve(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_param
     if (r.max_seqs > r.max_tokens) {
         r.max_seqs = r.max_tokens; /* every sequence of a step brings a token */
     }
+    if (p->max_logits < 0 || p->max_logits > MAX_STEP_ROWS) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "batch: max_logits %lld out of range",
+                       (long long)p->max_logits);
+    }
+    r.max_logits = p->max_logits > r.max_seqs ? p->max_logits : r.max_seqs;
+    if (r.max_logits > r.max_tokens) {
+        r.max_logits = r.max_tokens; /* a kept logit row is a row of the step */
+    }
     r.n_threads = pool_threads(p->n_threads);
     *out = r;
     return SP_OK;
@@ -333,12 +365,12 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_SCORES] = buf_bytes(L->p.n_threads, L->scores_stride, sizeof(float));
     B[BUF_ROPE_CS] = buf_bytes(R, hp->n_rot, sizeof(float));
     B[BUF_INV_FREQ] = buf_bytes(1, hp->n_rot / 2, sizeof(float));
-    B[BUF_LOGITS] = buf_bytes(S, hp->n_vocab, sizeof(float));
+    B[BUF_LOGITS] = buf_bytes(L->p.max_logits, hp->n_vocab, sizeof(float));
     B[BUF_ROW_TOK] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_ROW_POS] = buf_bytes(R, 1, sizeof(int64_t));
     B[BUF_ROW_SEQ] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_ORDER] = buf_bytes(R, 1, sizeof(int32_t));
-    B[BUF_SEQ_OUT] = buf_bytes(S, 1, sizeof(int64_t));
+    B[BUF_SEQ_OUT] = buf_bytes(S, 2, sizeof(int64_t)); /* seq_out, then seq_nl */
     return SP_OK;
 }
 
@@ -365,6 +397,7 @@ sp_batch_destroy(sp_batch_t *b)
         return;
     }
     sp_pool_destroy(b->pool);
+    sp__gpu_batch_destroy(b->gpu);
     sp_free(b->x);
     sp_free(b->xn);
     sp_free(b->q);
@@ -406,6 +439,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->k = sp_cpu_kernels();
     b->max_tokens = L.p.max_tokens;
     b->max_seqs = L.p.max_seqs;
+    b->max_logits = L.p.max_logits;
     b->max_ctx = L.p.max_ctx;
     b->act_stride = L.act_stride;
     b->scores_stride = L.scores_stride;
@@ -435,6 +469,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->row_seq = sp_malloc_aligned(B[BUF_ROW_SEQ], 64);
     b->order = sp_malloc_aligned(B[BUF_ORDER], 64);
     b->seq_out = sp_malloc_aligned(B[BUF_SEQ_OUT], 64);
+    b->seq_nl = b->seq_out ? b->seq_out + L.p.max_seqs : NULL;
     if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
         !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->logits ||
         !b->row_tok || !b->row_pos || !b->row_seq || !b->order || !b->seq_out) {
@@ -448,6 +483,13 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
             f /= m->rope_freqs[i];
         }
         b->inv_freq[i] = (float)(f / hp->rope_scale);
+    }
+    if (m->gpu != NULL) {
+        st = sp__gpu_batch_create(m->gpu, &L.p, &b->gpu, err, err_len);
+        if (st != SP_OK) {
+            sp_batch_destroy(b);
+            return st;
+        }
     }
     *out = b;
     return SP_OK;
@@ -468,6 +510,16 @@ sp_batch_logits(const sp_batch_t *b, int64_t i)
 }
 
 const float *
+sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j)
+{
+    const float *l = sp_batch_logits(b, i);
+    if (l == NULL || j < 0 || j >= b->seq_nl[i]) {
+        return NULL;
+    }
+    return l + j * b->m->hp.n_vocab;
+}
+
+const float *
 sp__batch_hidden(const sp_batch_t *b)
 {
     return b->xn;
@@ -482,7 +534,7 @@ sp__batch_logits_buf(const sp_batch_t *b)
 const char *
 sp__batch_kernels_name(const sp_batch_t *b)
 {
-    return b->k->name;
+    return b->gpu != NULL ? "cuda" : b->k->name;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -878,19 +930,25 @@ sort_rows_by_pos(int32_t *order, const int64_t *pos, int64_t n)
 static sp_status_t
 validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs)
 {
-    if (kv == NULL || seqs == NULL || n_seqs < 1 || n_seqs > b->max_seqs || kv->m != b->m) {
+    if (kv == NULL || seqs == NULL || n_seqs < 1 || n_seqs > b->max_seqs || kv->m != b->m ||
+        (kv->gpu == NULL) != (b->gpu == NULL)) {
         return SP_ERR_INVALID;
     }
     const int64_t n_vocab = b->m->hp.n_vocab;
-    int64_t rows = 0;
+    int64_t rows = 0, kept = 0;
     for (int64_t i = 0; i < n_seqs; i++) {
         const sp_batch_seq_t *s = &seqs[i];
         if (s->tokens == NULL || s->blocks == NULL || s->n_tokens < 1 ||
             s->n_tokens > b->max_tokens - rows || s->pos < 0 || s->pos > b->max_ctx ||
-            s->n_tokens > b->max_ctx - s->pos) {
+            s->n_tokens > b->max_ctx - s->pos || s->n_logits < 0 || s->n_logits > s->n_tokens ||
+            (s->n_logits > 1 && b->gpu != NULL)) {
             return SP_ERR_INVALID;
         }
         rows += s->n_tokens;
+        kept += s->logits ? (s->n_logits > 1 ? s->n_logits : 1) : 0;
+        if (kept > b->max_logits) {
+            return SP_ERR_INVALID;
+        }
         const int64_t need = (s->pos + s->n_tokens + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
         if (s->n_blocks < need) {
             return SP_ERR_INVALID;
@@ -937,6 +995,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     if (st != SP_OK) {
         return st;
     }
+    for (int64_t i = 0; i < n_seqs; i++) {
+        b->seq_nl[i] = 1; /* more only where the CPU output stage keeps more */
+    }
     const sp_model_t *m = b->m;
     const sp_hparams_t *hp = &m->hp;
     const int64_t E = hp->n_embd, q_dim = hp->n_head * hp->head_dim;
@@ -955,7 +1016,24 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     b->kv = kv;
 
     sp_pool_run(b->pool, embed_job_run, b, R);
-    add_norm_rows(b, false, m->layers[0].attn_norm, R);
+    int64_t il0 = 0; /* the first layer the CPU runs */
+    if (b->gpu != NULL) {
+        /* Layers 0..n_gpu-1 on the device, from the rows embedded above. */
+        sp_gpu_step_t gs = {seqs, n_seqs, R, b->x, b->row_pos, b->row_seq, (int)out, b->x,
+                            out == SP_BATCH_OUT_ALL ? all_logits : b->logits, b->seq_out, b->xn};
+        st = sp__gpu_batch_run(b->gpu, kv->gpu, &gs);
+        il0 = sp_gpu_model_layers(m);
+        if (st != SP_OK || il0 == hp->n_layer) {
+            for (int64_t i = 0; out != SP_BATCH_OUT_SEQ && i < n_seqs; i++) {
+                b->seq_out[i] = -1;
+            }
+            b->seqs = NULL;
+            b->kv = NULL;
+            b->n_seqs = st == SP_OK ? n_seqs : 0;
+            return st;
+        }
+    }
+    add_norm_rows(b, false, m->layers[il0].attn_norm, R);
 
     const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(b->pool);
     int64_t n_split = 1;
@@ -963,7 +1041,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         n_split++;
     }
     const int64_t n_items = R * hp->n_head_kv * n_split;
-    for (int64_t il = 0; il < hp->n_layer; il++) {
+    for (int64_t il = il0; il < hp->n_layer; il++) {
         const sp_layer_t *L = &m->layers[il];
 
         const sp_weight_t *wqkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -1000,9 +1078,13 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             row += seqs[i].n_tokens;
             b->seq_out[i] = -1;
             if (seqs[i].logits) {
-                b->k->rmsnorm(b->xn + n_out * E, b->x + (row - 1) * E, m->output_norm, E,
-                              hp->norm_eps);
-                b->seq_out[i] = n_out++;
+                const int64_t nl = seqs[i].n_logits > 1 ? seqs[i].n_logits : 1;
+                b->seq_out[i] = n_out;
+                b->seq_nl[i] = nl;
+                for (int64_t j = 0; j < nl; j++, n_out++) {
+                    b->k->rmsnorm(b->xn + n_out * E, b->x + (row - nl + j) * E, m->output_norm, E,
+                                  hp->norm_eps);
+                }
             }
         }
         if (n_out > 0) {

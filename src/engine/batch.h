@@ -61,6 +61,8 @@ typedef struct sp_batch_params {
     int64_t max_seqs;   /* most sequences per step; default 64 (at most max_tokens) */
     int64_t max_ctx;    /* longest sequence (positions); default the model's, capped at 4096 */
     int n_threads;      /* 0 = one per core */
+    int64_t max_logits; /* most logit rows per step (sp_batch_seq_t.n_logits summed);
+                           default max_seqs; speculative decoding needs k + 1 per sequence */
 } sp_batch_params_t;
 
 sp_batch_params_t sp_batch_default_params(void);
@@ -85,6 +87,9 @@ typedef struct sp_batch_seq {
     const int32_t *blocks;  /* block ids covering positions 0..pos+n_tokens-1, in order */
     int64_t n_blocks;       /* >= ceil((pos + n_tokens) / SP_KV_BLOCK) */
     bool logits;            /* keep the logits of the last token */
+    int32_t n_logits;       /* with logits: of the last n_logits tokens (0 = 1), in order:
+                               a speculative verification reads every draft position's
+                               (CPU layers only: not with a GPU binding) */
 } sp_batch_seq_t;
 
 /*
@@ -101,5 +106,7 @@ sp_status_t sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t 
 /* n_vocab logits of seqs[i] after the last step (NULL unless seqs[i].logits,
  * and NULL for every i after a rejected step). Valid until the next step. */
 const float *sp_batch_logits(const sp_batch_t *b, int64_t i);
+/* With n_logits > 1: the logits of the row's j-th kept token (j < n_logits). */
+const float *sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j);
 
 #endif /* SP_ENGINE_BATCH_H */

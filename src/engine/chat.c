@@ -18,6 +18,7 @@
 struct sp_chat_template {
     sp_jinja_t *j;
     const char *name; /* static */
+    sp_chat_tools_t tools; /* how its models write tool calls (from the source) */
 };
 
 /* ---- built-ins -------------------------------------------------------- */
@@ -27,6 +28,17 @@ struct sp_chat_template {
     "{%- set system = messages[0]['content'] | trim -%}{%- set msgs = messages[1:] -%}"    \
     "{%- else -%}{%- set system = none -%}{%- set msgs = messages -%}{%- endif -%}"
 
+/* The `tools` (OpenAI's list) as a block of text for the system prompt, in
+ * tools_text: one JSON signature a line and the call format (Hermes style). */
+#define TOOLS_TEXT                                                                         \
+    "{%- set tools_text = none -%}"                                                        \
+    "{%- if tools is defined and tools -%}"                                                \
+    "{%- set tns = namespace(t='You can call these functions:\\n') -%}"                   \
+    "{%- for t in tools -%}{%- set tns.t = tns.t ~ (t | tojson) ~ '\\n' -%}{%- endfor -%}" \
+    "{%- set tools_text = tns.t ~ 'To call one, answer with <tool_call>{\"name\": NAME, "  \
+    "\"arguments\": {...}}</tool_call>.' -%}"                                              \
+    "{%- endif -%}"
+
 static const struct {
     const char *name;
     const char *src;
@@ -34,17 +46,33 @@ static const struct {
     /* Llama 2 chat: <s>[INST] <<SYS>>\n...\n<</SYS>>\n\nuser [/INST] answer </s> */
     {"llama2",
      SPLIT_SYSTEM
+     TOOLS_TEXT
+     "{%- if tools_text is not none -%}"
+     "{%- set system = tools_text if system is none else system ~ '\\n\\n' ~ tools_text -%}"
+     "{%- endif -%}"
      "{%- set ns = namespace(system=system) -%}"
      "{%- for m in msgs -%}"
-     "{%- if m['role'] == 'user' -%}"
+     "{%- if m['role'] == 'user' or m['role'] == 'tool' -%}"
      "{%- set text = m['content'] | trim -%}"
+     "{%- if m['role'] == 'tool' -%}"
+     "{%- set text = '<tool_response>' ~ text ~ '</tool_response>' -%}"
+     "{%- endif -%}"
      "{%- if ns.system is not none -%}"
      "{%- set text = '<<SYS>>\\n' ~ ns.system ~ '\\n<</SYS>>\\n\\n' ~ text -%}"
      "{%- set ns.system = none -%}"
      "{%- endif -%}"
      "{{- bos_token ~ '[INST] ' ~ text ~ ' [/INST]' -}}"
      "{%- elif m['role'] == 'assistant' -%}"
-     "{{- ' ' ~ ((m['content'] or '') | trim) ~ ' ' ~ eos_token -}}"
+     "{{- ' ' ~ ((m['content'] or '') | trim) -}}"
+     "{%- if m['tool_calls'] is defined -%}"
+     "{%- for c in m['tool_calls'] -%}"
+     "{%- set f = c['function'] if c['function'] is defined else c -%}"
+     "{{- '<tool_call>{\"name\": \"' ~ f['name'] ~ '\", \"arguments\": ' -}}"
+     "{{- (f['arguments'] if f['arguments'] is string else f['arguments'] | tojson) -}}"
+     "{{- '}</tool_call>' -}}"
+     "{%- endfor -%}"
+     "{%- endif -%}"
+     "{{- ' ' ~ eos_token -}}"
      "{%- else -%}"
      "{{- raise_exception('the llama2 template has no ' ~ m['role'] ~ ' role') -}}"
      "{%- endif -%}"
@@ -71,10 +99,17 @@ static const struct {
      "{%- endif -%}"},
     /* ChatML (Qwen, Hermes, SmolLM, ...), with Hermes-style tool calls. */
     {"chatml",
+     TOOLS_TEXT
+     "{%- if tools_text is not none and not (messages and messages[0]['role'] == 'system') -%}"
+     "{{- '<|im_start|>system\\n' ~ tools_text ~ '<|im_end|>\\n' -}}"
+     "{%- endif -%}"
      "{%- for m in messages -%}"
      "{{- '<|im_start|>' ~ m['role'] -}}"
      "{%- if m['content'] or m['tool_calls'] is not defined -%}"
      "{{- '\\n' ~ (m['content'] or '') -}}"
+     "{%- endif -%}"
+     "{%- if loop.first and m['role'] == 'system' and tools_text is not none -%}"
+     "{{- '\\n\\n' ~ tools_text -}}"
      "{%- endif -%}"
      "{%- if m['tool_calls'] is defined -%}"
      "{%- for c in m['tool_calls'] -%}"
@@ -181,6 +216,15 @@ make(const char *src, size_t len, const char *name, sp_chat_template_t **out, ch
         return sp_errf(err, err_len, st, "chat template (%s): %s", name, msg);
     }
     t->name = name;
+    /* The tool-call convention, from what the template writes. */
+    t->tools = SP_CHAT_TOOLS_HERMES;
+    if (memmem(src, len, "[TOOL_CALLS]", 12) != NULL) {
+        t->tools = SP_CHAT_TOOLS_MISTRAL;
+    } else if (memmem(src, len, "<tool_call>", 11) == NULL &&
+               (memmem(src, len, "<|python_tag|>", 14) != NULL ||
+                memmem(src, len, "ipython", 7) != NULL)) {
+        t->tools = SP_CHAT_TOOLS_LLAMA3;
+    }
     *out = t;
     return SP_OK;
 }
@@ -301,6 +345,12 @@ sp_chat_template_from_gguf(const sp_gguf_t *g, const char *name, sp_chat_templat
         return st;
     }
     return sp_chat_template_builtin(sp_chat_detect_builtin(g), out, err, err_len);
+}
+
+sp_chat_tools_t
+sp_chat_tool_format(const sp_chat_template_t *t)
+{
+    return t != NULL ? t->tools : SP_CHAT_TOOLS_HERMES;
 }
 
 const char *

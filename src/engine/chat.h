@@ -64,6 +64,18 @@ sp_status_t sp_chat_template_from_gguf(const sp_gguf_t *g, const char *name,
 const char *sp_chat_detect_builtin(const sp_gguf_t *g);
 /* The built-in names, in a fixed order. */
 const char *const *sp_chat_builtin_names(size_t *n);
+/* How a template's models write tool calls (docs/structured-output.md):
+ * HERMES <tool_call>{"name": .., "arguments": {..}}</tool_call> (ChatML, Qwen,
+ * Hermes, and our built-ins without a convention of their own), LLAMA3 a bare
+ * {"name": .., "parameters": {..}} (templates with <|python_tag|> / ipython),
+ * MISTRAL [TOOL_CALLS][{"name": .., "arguments": {..}}]. Read from the
+ * template's source at compile time. */
+typedef enum sp_chat_tools {
+    SP_CHAT_TOOLS_HERMES = 0,
+    SP_CHAT_TOOLS_LLAMA3,
+    SP_CHAT_TOOLS_MISTRAL,
+} sp_chat_tools_t;
+sp_chat_tools_t sp_chat_tool_format(const sp_chat_template_t *t);
 /* The built-in's name, "gguf" (from a file) or "custom". */
 const char *sp_chat_template_name(const sp_chat_template_t *t);
 void sp_chat_template_destroy(sp_chat_template_t *t); /* NULL is a no-op */

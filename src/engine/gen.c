@@ -43,6 +43,7 @@
  */
 #include "engine/gen.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -504,6 +505,7 @@ struct sp_gen_vocab {
     sorted_piece_t *unsafe;  /* (n_unsafe) the pieces that are not PIECE_STR_SAFE, same order */
     int32_t n_unsafe;
     bool can_close;          /* single-byte tokens for every byte a shortest completion uses */
+    bool single[256];        /* byte b is the whole piece of some token */
 };
 
 /* True when p[0..n) is whole valid UTF-8 characters that a JSON string may hold raw. */
@@ -688,6 +690,7 @@ sp_gen_vocab_create(const sp_tokenizer_t *tok, sp_gen_vocab_t **out, char *err, 
             v->unsafe[m++] = sp;
         }
     }
+    memcpy(v->single, single, sizeof single);
     v->can_close = true;
     for (const char *c = CLOSE_BYTES; *c; c++) {
         v->can_close &= single[(unsigned char)*c];
@@ -743,6 +746,12 @@ struct sp_gen {
     bool forced;        /* the token budget removed a token the model could have chosen */
     const sp_gen_vocab_t *vocab;
     sp_gen_vocab_t *own_vocab;
+
+    sp_gmatch_t *gm;                           /* grammar: its matcher (NULL: no grammar) */
+    sp_gstate_t gwalk[SP_TOKEN_MAX_BYTES + 1]; /* grammar_mask_all's prefix states */
+    uint64_t *g_bits;   /* (n_vocab bits) the valid tokens of a state, while walking */
+    bool g_can_close;   /* every byte set of the grammar has a single-byte token */
+    bool g_strip;       /* this step's pieces lose a leading space (the dummy prefix) */
 };
 
 sp_gen_params_t
@@ -835,6 +844,10 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
             return sp_errf(err, err_len, SP_ERR_INVALID, "gen: stop[%d] is not valid UTF-8", i);
         }
     }
+    if (p->json_object && p->grammar != NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "gen: json_object and a grammar cannot be used together");
+    }
     if (p->vocab != NULL && p->vocab->tok != tok) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "gen: vocab was built for another tokenizer");
@@ -863,7 +876,7 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
     g->strip_space = tok->model == SP_TOK_MODEL_SPM && tok->add_space_prefix;
     g->bos = sp_tokenizer_bos(tok);
     g->prev = -1;
-    if (p->json_object) {
+    if (p->json_object || p->grammar != NULL) {
         g->vocab = p->vocab;
         if (g->vocab == NULL) {
             st = sp_gen_vocab_create(tok, &g->own_vocab, err, err_len);
@@ -874,6 +887,18 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
             g->vocab = g->own_vocab;
         }
         g->json.mode = J_START;
+    }
+    if (p->grammar != NULL) {
+        st = sp_gmatch_create(p->grammar, &g->gm, err, err_len);
+        g->g_bits = st == SP_OK ? sp_malloc(((size_t)g->n_vocab + 63) / 64 * 8) : NULL;
+        if (st == SP_OK && g->g_bits == NULL) {
+            st = sp_errf(err, err_len, SP_ERR_NOMEM, "gen: out of memory");
+        }
+        if (st != SP_OK) {
+            sp_gen_destroy(g);
+            return st;
+        }
+        g->g_can_close = !sp_grammar_needs_byte_outside(p->grammar, g->vocab->single);
     }
     *out = g;
     return SP_OK;
@@ -887,6 +912,8 @@ sp_gen_destroy(sp_gen_t *g)
     }
     sp_sampler_destroy(g->smp);
     sp_gen_vocab_destroy(g->own_vocab);
+    sp_gmatch_destroy(g->gm);
+    sp_free(g->g_bits);
     sp_free(g);
 }
 
@@ -992,6 +1019,129 @@ json_accepts(const sp_gen_t *g, int32_t id, int budget)
         return 0;
     }
     return budget < 0 || json_cost(&t) <= budget ? 1 : -1;
+}
+
+/* ---- step: grammar constraint -------------------------------------------- */
+
+/* The bytes the grammar sees for token id: its piece, less the dummy-prefix
+ * space the text drops on the first step after BOS. */
+static void
+grammar_piece(const sp_gen_t *g, int32_t id, const unsigned char **p, uint32_t *len)
+{
+    const sp_gen_vocab_t *v = g->vocab;
+    *p = v->bytes + v->off[id];
+    *len = v->off[id + 1] - v->off[id];
+    if (g->g_strip && *len > 0 && (*p)[0] == ' ') {
+        (*p)++, (*len)--;
+    }
+}
+
+/* As json_accepts, for the grammar (end-of-generation tokens: may_end). */
+static int
+grammar_accepts(sp_gen_t *g, int32_t id, int budget, bool may_end)
+{
+    if (!g->p.ignore_eos && sp_tokenizer_is_eog(g->tok, id)) {
+        return may_end ? 1 : 0;
+    }
+    const unsigned char *p;
+    uint32_t len;
+    grammar_piece(g, id, &p, &len);
+    sp_gstate_t s = sp_gmatch_state(g->gm);
+    for (uint32_t i = 0; i < len && s != SP_GSTATE_DEAD; i++) {
+        s = sp_gmatch_feed(g->gm, s, p[i]);
+    }
+    if (len == 0 || s == SP_GSTATE_DEAD) {
+        return 0;
+    }
+    return budget < 0 || sp_gmatch_cost(g->gm, s) <= (uint32_t)budget ? 1 : -1;
+}
+
+/*
+ * -inf for every token the grammar refuses from the current state (or, with
+ * budget >= 0, that leaves more than `budget` bytes to the shortest end).
+ * The same sorted walk as json_mask_all, over matcher states: a distinct
+ * prefix is one cached transition. The valid set depends on the state alone,
+ * so the walk records it (with the largest cost a valid token leads to) in
+ * the matcher's small mask cache: a state seen again (inside a string, a run
+ * of digits) costs one pass over a bit array, unless the budget could bind.
+ * End-of-generation tokens are the caller's.
+ */
+static void
+grammar_mask_all(sp_gen_t *g, float *logits, int budget)
+{
+    const sp_gen_vocab_t *v = g->vocab;
+    sp_gmatch_t *m = g->gm;
+    sp_gstate_t s0 = sp_gmatch_state(m);
+    int32_t n = v->n_vocab;
+    if (g->g_strip) { /* once per generation at most: token by token */
+        for (int32_t id = 0; id < n; id++) {
+            int ok = grammar_accepts(g, id, budget, false);
+            if (ok != 1) {
+                g->forced |= ok < 0;
+                logits[id] = -INFINITY;
+            }
+        }
+        return;
+    }
+    uint32_t max_cost = 0;
+    const uint64_t *cached = sp_gmatch_mask_get(m, s0, n, &max_cost);
+    if (cached != NULL && (budget < 0 || max_cost <= (uint32_t)budget)) {
+        for (int32_t id = 0; id < n; id++) {
+            if (!((cached[id >> 6] >> (id & 63)) & 1)) {
+                logits[id] = -INFINITY;
+            }
+        }
+        return;
+    }
+    bool record = cached == NULL;
+    uint64_t *bits = g->g_bits;
+    if (record) {
+        memset(bits, 0, ((size_t)n + 63) / 64 * 8);
+    }
+    sp_gstate_t *walk = g->gwalk;
+    walk[0] = s0;
+    int have = 0, dead = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const sorted_piece_t *sp = &v->all[i];
+        int32_t id = sp->id;
+        int lcp = sp->lcp, len = sp->len;
+        have = have < lcp ? have : lcp;
+        dead = dead > 0 && lcp >= dead ? dead : 0;
+        if (len == 0 || dead > 0) {
+            logits[id] = -INFINITY;
+            continue;
+        }
+        if (!record && logits[id] == -INFINITY) {
+            continue;
+        }
+        const unsigned char *p = v->bytes + sp->off;
+        bool valid = true;
+        for (int d = have; d < len; d++) {
+            walk[d + 1] = sp_gmatch_feed(m, walk[d], p[d]);
+            if (walk[d + 1] == SP_GSTATE_DEAD) {
+                dead = d + 1;
+                valid = false;
+                break;
+            }
+            have = d + 1;
+        }
+        uint32_t cost = valid ? sp_gmatch_cost(m, walk[len]) : 0;
+        if (valid && record) {
+            bits[id >> 6] |= 1ull << (id & 63);
+            max_cost = cost > max_cost ? cost : max_cost;
+        }
+        bool fits = valid && (budget < 0 || cost <= (uint32_t)budget);
+        if (!fits) {
+            g->forced |= valid;
+            logits[id] = -INFINITY;
+        }
+    }
+    if (record && !sp_gmatch_overflowed(m)) {
+        uint64_t *keep = sp_gmatch_mask_put(m, s0, n, max_cost);
+        if (keep != NULL) {
+            memcpy(keep, bits, ((size_t)n + 63) / 64 * 8);
+        }
+    }
 }
 
 /* Lowest id among the largest logits (NaN already -inf); -1 when all are -inf. */
@@ -1179,7 +1329,7 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     }
     const sp_sampler_params_t *sp = &g->p.sampling;
     bool greedy = sp->temperature == 0.0f || sp->top_k == 1;
-    if (g->vocab != NULL) {
+    if (g->p.json_object) {
         /* Near max_tokens, only tokens after which the object can still close
          * in the tokens left (when the vocabulary can always close it). */
         int left = g->p.max_tokens - g->n_gen;
@@ -1206,6 +1356,46 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         if (!found) {
             json_mask_all(g, logits, budget);
         }
+    } else if (g->gm != NULL) {
+        sp_gmatch_maintain(g->gm); /* between steps: states may be renumbered */
+        sp_gstate_t s = sp_gmatch_state(g->gm);
+        int left = g->p.max_tokens - g->n_gen;
+        /* As for JSON: near max_tokens only tokens after which the sentence
+         * can still end in the tokens left. When it already cannot (pieces
+         * are often longer than a byte, so a byte count overestimates, but
+         * it may also just not fit), every token must bring the end nearer. */
+        uint32_t cost = sp_gmatch_cost(g->gm, s);
+        int budget = !g->g_can_close            ? -1
+                     : cost <= (uint32_t)left   ? left - 1
+                     : cost < (uint32_t)INT_MAX ? (int)cost - 1
+                                                : -1;
+        bool may_end = !g->p.ignore_eos && sp_gmatch_accepting(g->gm, s);
+        g->g_strip = g->strip_space && g->bos >= 0 && g->prev == g->bos;
+        float keep[SP__TOK_MAX_EOG];
+        int n_eog = g->p.ignore_eos ? 0 : g->tok->n_eog;
+        for (int i = 0; i < n_eog; i++) { /* they end the text: only where the grammar may */
+            keep[i] = logits[g->tok->eog[i]];
+            logits[g->tok->eog[i]] = may_end ? keep[i] : -INFINITY;
+        }
+        bool found = false;
+        if (greedy && g->p.top_logprobs < 0) {
+            for (int t = 0; t < LAZY_TRIES; t++) {
+                int32_t best = argmax(logits, n);
+                int ok = best < 0 ? 1 : grammar_accepts(g, best, budget, may_end);
+                if (ok == 1) {
+                    found = best >= 0;
+                    break;
+                }
+                g->forced |= ok < 0;
+                logits[best] = -INFINITY;
+            }
+        }
+        if (!found) {
+            grammar_mask_all(g, logits, budget);
+            for (int i = 0; i < n_eog; i++) {
+                logits[g->tok->eog[i]] = may_end ? keep[i] : -INFINITY;
+            }
+        }
     }
     log_norm_t z = {0.0, false};
     if (g->p.top_logprobs >= 0) {
@@ -1213,7 +1403,9 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     }
     int32_t id = sp_sampler_sample_penalized(g->smp, logits); /* reads the logits only */
     if (logits[id] == -INFINITY) { /* the sampler's answer when every logit is -inf */
-        return fail(g, SP_ERR_UNSUPPORTED, "no token of the vocabulary continues the JSON object");
+        return fail(g, SP_ERR_UNSUPPORTED,
+                    g->gm ? "no token of the vocabulary continues the grammar"
+                          : "no token of the vocabulary continues the JSON object");
     }
     out->token = id;
     if (g->p.top_logprobs >= 0) {
@@ -1238,11 +1430,29 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
             p++, k--; /* as llama2.c and llama.cpp print the first word after BOS */
         }
         stop = push_text(g, p, (size_t)k);
-        if (g->vocab != NULL) {
+        if (g->p.json_object) {
             const sp_gen_vocab_t *v = g->vocab;
             json_feed_all(&g->json, v->bytes + v->off[id], v->off[id + 1] - v->off[id]);
             if (g->json.mode == J_DONE && !stop) {
                 /* the object is complete; if the budget shaped its end, say so */
+                if (g->forced) {
+                    out->finish = SP_FINISH_LENGTH;
+                } else {
+                    stop = true;
+                }
+                release_all(g);
+            }
+        }
+        if (g->gm != NULL) {
+            const unsigned char *gp;
+            uint32_t gl;
+            grammar_piece(g, id, &gp, &gl);
+            if (!sp_gmatch_commit(g->gm, gp, gl)) {
+                return fail(g, SP_ERR_UNSUPPORTED, "the grammar matcher ran out of room");
+            }
+            sp_gstate_t s = sp_gmatch_state(g->gm);
+            if (sp_gmatch_accepting(g->gm, s) && !sp_gmatch_can_continue(g->gm, s) && !stop) {
+                /* the sentence is complete and nothing may follow */
                 if (g->forced) {
                     out->finish = SP_FINISH_LENGTH;
                 } else {

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "sampan/status.h"
@@ -58,8 +59,16 @@ typedef struct sp_gen_params {
                                  tokens that let it close in time pass, so a generation cut by
                                  the budget still ends in a whole object, with LENGTH */
     bool ignore_eos;          /* keep going past end-of-generation tokens (benchmarks) */
-    const sp_gen_vocab_t *vocab; /* optional, for json_object: a shared table of the same
-                                    tokenizer (must outlive the generation) */
+    const sp_gen_vocab_t *vocab; /* optional, for json_object and grammar: a shared table of
+                                    the same tokenizer (must outlive the generation) */
+    sp_grammar_t *grammar;    /* optional (not with json_object): the output is a sentence of
+                                 this grammar (grammar.h). Tokens that would leave it are
+                                 masked; end-of-generation tokens pass only where the grammar
+                                 may end; a sentence that cannot go on ends the generation
+                                 (STOP); near max_tokens only tokens that let it end in time
+                                 pass (as for json_object). sp_gen_create takes a reference.
+                                 Unlike the rest of a step, the matcher's tables may grow
+                                 (bounded; docs/structured-output.md). */
 } sp_gen_params_t;
 
 typedef struct sp_gen_logprob {
@@ -103,7 +112,8 @@ void sp_gen_accept_prompt(sp_gen_t *g, const int32_t *tokens, int64_t n);
  * caller evaluates out->token and calls again with the new logits.
  * Errors (the generation is over; sp_gen_error says why): SP_ERR_INVALID when
  * called after the last step or when no logit is finite, SP_ERR_UNSUPPORTED
- * when json_object leaves no token the vocabulary and the model allow.
+ * when json_object or the grammar leaves no token the vocabulary and the
+ * model allow.
  */
 sp_status_t sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out);
 int32_t sp_gen_n_generated(const sp_gen_t *g);

@@ -23,6 +23,7 @@
 
 #include "core/alloc.h"
 #include "crypto/enc.h"
+#include "cuda/gpu.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
 
@@ -425,6 +426,7 @@ sp_model_free(sp_model_t *m)
     if (m == NULL) {
         return;
     }
+    sp__gpu_model_free(m->gpu);
     sp_tokenizer_destroy(m->tok);
     sp_free(m->layers);
     sp_gguf_close(m->gguf);
@@ -534,7 +536,7 @@ ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char 
         return st;
     }
     L->n_blocks = (L->p.n_ctx + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
-    L->bp = (sp_batch_params_t){L->p.n_batch, 1, L->p.n_ctx, p->n_threads};
+    L->bp = (sp_batch_params_t){L->p.n_batch, 1, L->p.n_ctx, p->n_threads, 0};
     L->kp = (sp_kv_pool_params_t){L->n_blocks, p->kv_f16};
     /* n_ctx <= SP_MAX_CTX and n_embd is bounded at load: only the logits can overflow. */
     L->blocks_bytes = (size_t)L->n_blocks * sizeof(int32_t);
@@ -645,7 +647,7 @@ static sp_status_t
 ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_out_t out,
          bool logits)
 {
-    sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits};
+    sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0};
     float *all = out == SP_BATCH_OUT_ALL ? c->logits + pos * c->m->hp.n_vocab : NULL;
     return sp__batch_run(c->b, c->kv, &s, 1, out, all);
 }

@@ -503,6 +503,7 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
         {"repeat_penalty", 0, 0, 100},
         {"frequency_penalty", 0, -2, 2},
         {"presence_penalty", 0, -2, 2},
+        {"num_speculative_tokens", 1, 1, 16},
     };
     if (strcmp(key, "chat_template") == 0) {
         l->chat_template = val;
@@ -538,6 +539,18 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
         l->encryption_key_env = val;
         return SP_OK;
     }
+    if (strcmp(key, "draft_model") == 0) {
+        /* Another model of the repository, by name (server/registry.c loads it). */
+        char e[256];
+        if (sp_repo_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
+        l->draft_model = val;
+        return SP_OK;
+    }
+    if (strcmp(key, "gpu_layers") == 0) {
+        /* Layers on the GPU (docs/cuda.md): checked against the model's layer
+         * count where it is placed (server/registry.c). */
+        return SP_OK;
+    }
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (strcmp(key, nums[i].key) != 0) continue;
         if (nums[i].is_int) {
@@ -551,7 +564,8 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
             case 1: l->kv_blocks = (int32_t)v; break;
             case 2: l->max_tokens = (int32_t)v; break;
             case 3: l->top_k = (int32_t)v; break;
-            default: l->seed = v; break;
+            case 4: l->seed = v; break;
+            default: l->num_speculative_tokens = (int32_t)v; break;
             }
         } else {
             double v;
@@ -569,7 +583,7 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
                "unknown parameter for backend llm (context_length, kv_blocks, chat_template, "
                "model_file, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, "
                "frequency_penalty, presence_penalty, seed, encryption_key_file, "
-               "encryption_key_env)");
+               "encryption_key_env, gpu_layers, draft_model, num_speculative_tokens)");
 }
 
 static sp_status_t

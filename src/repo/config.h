@@ -132,6 +132,10 @@ typedef struct sp_repo_llm {
      * see sp_repo_llm_keys. Borrowed from params; NULL = not set. */
     const char *encryption_key_file; /* absolute, or relative to the model directory */
     const char *encryption_key_env;  /* an environment variable holding 64 hex characters */
+    /* Speculative decoding: the repository model that drafts (its latest version's
+     * file), borrowed; NULL = off. num_speculative_tokens: 0 = the default (4). */
+    const char *draft_model;
+    int32_t num_speculative_tokens;
 } sp_repo_llm_t;
 
 typedef struct sp_repo_config {

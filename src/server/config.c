@@ -44,6 +44,9 @@ const char sp_serve_usage[] =
     "      --step-tokens N       tokens per engine step: decode rows + prefill chunks (default 256)\n"
     "      --kv-blocks N         KV cache blocks of 16 positions (default: parallel x ctx, <= 2 GiB)\n"
     "      --kv-f16              F16 KV cache (half the memory)\n"
+    "      --draft-model FILE    speculative decoding for --model: FILE (same vocabulary)\n"
+    "                            proposes tokens the model verifies in one pass\n"
+    "      --spec-tokens N       tokens proposed per step (1..16, default 4)\n"
     "      --tpot-target-ms X    adapt the prefill tokens per step to keep the p99 time per\n"
     "                            output token under X ms (default 0 = off: --step-tokens)\n"
     "      --http-threads N      event-loop threads (default 1)\n"
@@ -75,6 +78,8 @@ const char sp_serve_usage[] =
     "      --tls-client-ca FILE  require client certificates signed by these CAs (mutual TLS)\n"
     "      --tls-port N          HTTPS on this port and plain HTTP on --port (default: HTTPS on\n"
     "                            --port only)\n"
+    "      --grpc-port N         the KServe v2 gRPC service on this port (default 8001 when it\n"
+    "                            is free; 0 or off: none); TLS with --tls-cert (docs/grpc.md)\n"
     "      --cors-origins LIST   allow these origins (comma-separated; default: CORS off)\n"
     "      --log-format F        kv (key=value, default) or json: one line per event\n"
     "      --log-requests W      which requests get an access-log line: all, models\n"
@@ -83,6 +88,13 @@ const char sp_serve_usage[] =
     "                            card and phone numbers), cut at 256 bytes\n"
     "      --metrics-compat vllm also export vLLM's metric names (vllm:num_requests_waiting,\n"
     "                            ...) for autoscalers, the inference gateway and dashboards\n"
+    "      --otlp-endpoint URL   export OpenTelemetry traces to this OTLP/HTTP collector\n"
+    "                            (http://host:port; POST URL/v1/traces; default: tracing off)\n"
+    "      --otel-service-name N the spans' service.name (default sampan)\n"
+    "      --trace-sample-ratio R  share of new traces sampled, 0..1 (default 1); a request\n"
+    "                            with a traceparent follows its sampled flag\n"
+    "      --otlp-max-queue N    spans waiting for export before new ones are dropped (2048)\n"
+    "      --otlp-timeout S      seconds for one export POST (default 5)\n"
     "  -v, --verbose             log every request (--log-requests all)\n";
 
 typedef enum opt_type { T_INT, T_I64, T_SIZE, T_SEC, T_MS, T_STR, T_BOOL, T_MODEL, T_CONFIG } opt_type_t;
@@ -113,6 +125,8 @@ static const opt_t opts[] = {
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */
+    {"draft-model", 0, T_STR, OFF(draft_model), 0, 0, sizeof(((sp_serve_config_t *)0)->draft_model)},
+    {"spec-tokens", 0, T_INT, OFF(spec_tokens), 1, 16, 0},
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
     {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
@@ -147,12 +161,18 @@ static const opt_t opts[] = {
     {"tls-key", 0, T_STR, OFF(tls_key), 0, 0, sizeof(((sp_serve_config_t *)0)->tls_key)},
     {"tls-client-ca", 0, T_STR, OFF(tls_client_ca), 0, 0, sizeof(((sp_serve_config_t *)0)->tls_client_ca)},
     {"tls-port", 0, T_INT, OFF(tls_port), 0, 65535, 0},
+    {"grpc-port", 0, T_STR, OFF(grpc_port), 0, 0, sizeof(((sp_serve_config_t *)0)->grpc_port)},
     {"cors-origins", 0, T_STR, OFF(cors_origins), 0, 0, sizeof(((sp_serve_config_t *)0)->cors_origins)},
     {"verbose", 'v', T_BOOL, OFF(verbose), 0, 0, 0},
     {"log-format", 0, T_STR, OFF(log_format), 0, 0, sizeof(((sp_serve_config_t *)0)->log_format)},
     {"log-requests", 0, T_STR, OFF(log_requests), 0, 0, sizeof(((sp_serve_config_t *)0)->log_requests)},
     {"log-prompts", 0, T_BOOL, OFF(log_prompts), 0, 0, 0},
     {"metrics-compat", 0, T_STR, OFF(metrics_compat), 0, 0, sizeof(((sp_serve_config_t *)0)->metrics_compat)},
+    {"otlp-endpoint", 0, T_STR, OFF(otlp_endpoint), 0, 0, sizeof(((sp_serve_config_t *)0)->otlp_endpoint)},
+    {"otel-service-name", 0, T_STR, OFF(otel_service_name), 0, 0, sizeof(((sp_serve_config_t *)0)->otel_service_name)},
+    {"trace-sample-ratio", 0, T_SEC, OFF(trace_sample_ratio), 0, 1, 0}, /* a double, as seconds are */
+    {"otlp-max-queue", 0, T_INT, OFF(otlp_max_queue), 1, 1000000, 0},
+    {"otlp-timeout", 0, T_SEC, OFF(otlp_timeout_s), 0.001, 600, 0},
 };
 #undef OFF
 
@@ -167,6 +187,7 @@ sp_serve_config_defaults(sp_serve_config_t *c)
     c->queue_premium = c->queue_standard = c->queue_batch = -1;
     c->step_tokens = 256;
     c->http_threads = 1;
+    c->spec_tokens = 4;
     c->max_tokens = 4096;
     c->max_n = 16;
     c->max_logprobs = 20;
@@ -176,6 +197,10 @@ sp_serve_config_defaults(sp_serve_config_t *c)
     c->request_timeout_s = 600;
     c->repository_poll_s = 5;
     c->load_timeout_s = 60;
+    snprintf(c->otel_service_name, sizeof c->otel_service_name, "sampan");
+    c->trace_sample_ratio = 1;
+    c->otlp_max_queue = 2048;
+    c->otlp_timeout_s = 5;
     c->limits = sp_http_default_limits();
 }
 

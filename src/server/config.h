@@ -49,6 +49,8 @@ typedef struct sp_serve_config {
     int64_t kv_blocks;        /* KV pool blocks of 16 positions; 0 = sized from parallel x ctx */
     bool kv_f16;              /* F16 KV cache */
     double tpot_target_ms;    /* adaptive step budget: p99 time per output token target; 0 = off */
+    char draft_model[1024];   /* --draft-model: speculative decoding for --model; "" = off */
+    int spec_tokens;          /* --spec-tokens: proposals per step (default 4) */
     int max_tokens;           /* cap on max_tokens of one request */
     int max_n;                /* cap on n */
     int max_logprobs;         /* cap on logprobs / top_logprobs */
@@ -64,12 +66,18 @@ typedef struct sp_serve_config {
     char tls_key[1024];       /* PEM private key */
     char tls_client_ca[1024]; /* PEM CA bundle: require client certificates (mutual TLS) */
     int tls_port;             /* 0 = TLS on --port; else plain HTTP on --port and TLS here */
+    char grpc_port[16];       /* --grpc-port: "" = 8001 when free, N, "0" or "off" = no gRPC */
     char cors_origins[1024];  /* "" = CORS off; comma-separated allowed origins */
     bool verbose;
     char log_format[8];       /* "kv" or "json" */
     char log_requests[8];     /* "all", "models", "errors", "none" */
     bool log_prompts;         /* log prompts and outputs, masked */
     char metrics_compat[8];   /* "none" or "vllm" */
+    char otlp_endpoint[512];  /* "" = tracing off; OTLP/HTTP collector (docs/tracing.md) */
+    char otel_service_name[128]; /* resource service.name of the spans (default "sampan") */
+    double trace_sample_ratio; /* new traces (no incoming traceparent) sampled: 0..1 (default 1) */
+    int otlp_max_queue;       /* spans waiting for export; more are dropped (default 2048) */
+    double otlp_timeout_s;    /* one export POST (default 5) */
     sp_http_limits_t limits;
 } sp_serve_config_t;
 

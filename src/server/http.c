@@ -78,6 +78,7 @@ struct sp_http_req {
     size_t extra_len;
     int64_t start_ns;    /* dispatch time */
     void *user;          /* the server's per-request pointer (its tenant) */
+    struct sp_trace *trace; /* its sampled trace record (server/trace.h), or NULL */
     int status;          /* of the response head written; 0 = none yet */
     bool dispatched;     /* handed to the handler and not yet reported done */
     char rid[SP_HTTP_RID_MAX + 1];
@@ -118,6 +119,10 @@ struct conn {
     conn_t *prev, *next;
     char peer[64];
     char client_cn[SP_HTTP_CN_MAX + 1]; /* verified client certificate's CN, or "" */
+    /* A virtual request's connection (sp_http_vreq_*): no socket, no parser
+     * input; the answer goes to the sink. NULL for real connections. */
+    const sp_http_sink_t *sink;
+    void *sink_ud;
 };
 
 struct sp_http_loop {
@@ -137,6 +142,8 @@ struct sp_http_loop {
     atomic_bool stop_accepting;
     bool accepting_closed;
     conn_t *conns; /* all open connections of this loop */
+    conn_t *vdead;           /* ended virtual requests, freed by vreap on the next turn */
+    struct event *vreap;
 };
 
 struct sp_http_server {
@@ -433,6 +440,171 @@ conn_error(conn_t *c, int status, const char *message)
     conn_flush(c);
 }
 
+/* ------------------------------------------------------- virtual requests */
+
+static void
+vreq_free(conn_t *c)
+{
+    sp_free(c->head);
+    sp_free(c->hdrs);
+    sp_free(c);
+}
+
+static void
+vreap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sp_http_loop_t *L = arg;
+    while (L->vdead) {
+        conn_t *c = L->vdead;
+        L->vdead = c->next;
+        vreq_free(c);
+    }
+}
+
+/* Done with a virtual request: the access log and the in-flight count now;
+ * the memory on the loop's next turn, because handlers (as with a real
+ * connection, whose request outlives its answer) may still read the request
+ * after answering it, until they return to the loop. */
+static void
+vreq_finish(conn_t *c, bool aborted)
+{
+    sp_http_loop_t *L = c->loop;
+    sp_http_server_t *s = L->srv;
+    report_done(c, aborted);
+    atomic_fetch_sub(&s->inflight, 1);
+    c->state = C_FLUSH;
+    c->req.abort_fn = NULL;
+    if (L->vreap == NULL) {
+        L->vreap = evtimer_new(L->base, vreap_cb, L);
+    }
+    c->next = L->vdead;
+    L->vdead = c;
+    if (L->vreap) {
+        event_active(L->vreap, EV_TIMEOUT, 0);
+    } /* else: freed when the loop ends */
+}
+
+static void
+vreq_status(conn_t *c, int status)
+{
+    if (status >= 100 && status < 600) {
+        atomic_fetch_add_explicit(&c->loop->srv->status_count[status], 1, memory_order_relaxed);
+    }
+    c->req.status = status;
+}
+
+static void
+vreq_respond(conn_t *c, int status, const char *ctype, const char *body, size_t len)
+{
+    vreq_status(c, status);
+    c->state = C_FLUSH;
+    c->sink->respond(c->sink_ud, status, ctype, c->req.extra, c->req.extra_len, body, len);
+    vreq_finish(c, false);
+}
+
+static void
+vreq_stream_start(conn_t *c, int status, const char *ctype)
+{
+    vreq_status(c, status);
+    c->state = C_STREAM;
+    c->sink->stream_start(c->sink_ud, status, ctype, c->req.extra, c->req.extra_len);
+}
+
+sp_http_req_t *
+sp_http_vreq_create(sp_http_loop_t *loop, const sp_http_vreq_params_t *p,
+                    const sp_http_sink_t *sink, void *sink_ud)
+{
+    /* One block holds the path, then "name\0value\0" per header, then the
+     * body and its NUL: the accessors read them as they read a parsed head. */
+    size_t cap = p->path_len + 1 + p->body_len + 1;
+    for (int i = 0; i < p->n_hdrs; i++) {
+        cap += p->hdr_names[i].len + p->hdr_values[i].len + 2;
+    }
+    conn_t *c = sp_calloc(1, sizeof *c);
+    char *head = sp_malloc(cap);
+    hdr_t *hdrs = p->n_hdrs ? sp_calloc((size_t)p->n_hdrs, sizeof *hdrs) : NULL;
+    if (c == NULL || head == NULL || (p->n_hdrs && hdrs == NULL)) {
+        sp_free(c);
+        sp_free(head);
+        sp_free(hdrs);
+        return NULL;
+    }
+    size_t o = 0;
+    memcpy(head, p->path, p->path_len);
+    head[p->path_len] = '\0';
+    o = p->path_len + 1;
+    for (int i = 0; i < p->n_hdrs; i++) {
+        hdrs[i].name_off = (uint32_t)o;
+        hdrs[i].name_len = (uint32_t)p->hdr_names[i].len;
+        memcpy(head + o, p->hdr_names[i].ptr, p->hdr_names[i].len);
+        o += p->hdr_names[i].len;
+        head[o++] = '\0';
+        hdrs[i].val_off = (uint32_t)o;
+        hdrs[i].val_len = (uint32_t)p->hdr_values[i].len;
+        memcpy(head + o, p->hdr_values[i].ptr, p->hdr_values[i].len);
+        o += p->hdr_values[i].len;
+        head[o++] = '\0';
+    }
+    char *body = head + o;
+    if (p->body_len) {
+        memcpy(body, p->body, p->body_len);
+    }
+    body[p->body_len] = '\0';
+    c->loop = loop;
+    c->head = head;
+    c->hdrs = hdrs;
+    c->n_hdrs = p->n_hdrs;
+    c->tls = p->tls;
+    c->sink = sink;
+    c->sink_ud = sink_ud;
+    c->parser.method = p->method == SP_HTTP_GET ? HTTP_GET : HTTP_POST;
+    snprintf(c->peer, sizeof c->peer, "%s", p->peer ? p->peer : "");
+    snprintf(c->client_cn, sizeof c->client_cn, "%s", p->client_cn ? p->client_cn : "");
+    sp_http_req_t *r = &c->req;
+    r->conn = c;
+    r->method = p->method == SP_HTTP_GET ? SP_HTTP_GET : SP_HTTP_POST;
+    r->path.ptr = head;
+    r->path.len = p->path_len;
+    r->query.ptr = head + p->path_len;
+    r->query.len = 0;
+    r->body.ptr = body;
+    r->body.len = p->body_len;
+    c->state = C_IDLE;
+    return r;
+}
+
+void
+sp_http_vreq_run(sp_http_req_t *r)
+{
+    conn_t *c = r->conn;
+    sp_http_server_t *s = c->loop->srv;
+    r->id = atomic_fetch_add(&s->next_id, 1) + 1;
+    r->start_ns = sp_time_ns();
+    r->dispatched = true;
+    c->state = C_HANDLER;
+    atomic_fetch_add(&s->inflight, 1);
+    s->p.handler(r, s->p.handler_ud);
+}
+
+void
+sp_http_vreq_cancel(sp_http_req_t *r)
+{
+    conn_t *c = r->conn;
+    if (c->state == C_IDLE) { /* created, never run */
+        vreq_free(c);
+        return;
+    }
+    if (c->state == C_FLUSH) {
+        return; /* already ended (its answer was given) */
+    }
+    if (c->req.abort_fn) {
+        void (*fn)(sp_http_req_t *, void *) = c->req.abort_fn;
+        c->req.abort_fn = NULL;
+        fn(r, c->req.abort_ud);
+    }
+    vreq_finish(c, true);
+}
+
 void
 sp_http_add_header(sp_http_req_t *r, const char *name, const char *value)
 {
@@ -461,6 +633,10 @@ sp_http_respond(sp_http_req_t *r, int status, const char *content_type, const ch
     if (c->state != C_HANDLER) {
         return;
     }
+    if (c->sink) {
+        vreq_respond(c, status, content_type, body, len);
+        return;
+    }
     write_head(c, status, content_type, true, len);
     if (r->method != SP_HTTP_HEAD && len > 0 && status >= 200 && status != 204 && status != 304) {
         evbuffer_add(bufferevent_get_output(c->bev), body, len);
@@ -473,6 +649,10 @@ sp_http_stream_start(sp_http_req_t *r, int status, const char *content_type)
 {
     conn_t *c = r->conn;
     if (c->state != C_HANDLER) {
+        return;
+    }
+    if (c->sink) {
+        vreq_stream_start(c, status, content_type);
         return;
     }
     c->chunked_out = !c->http10;
@@ -492,6 +672,9 @@ sp_http_stream_write(sp_http_req_t *r, const char *data, size_t len)
     conn_t *c = r->conn;
     if (c->state != C_STREAM) {
         return -1;
+    }
+    if (c->sink) {
+        return len == 0 ? 0 : c->sink->stream_write(c->sink_ud, data, len);
     }
     struct evbuffer *out = bufferevent_get_output(c->bev);
     if (evbuffer_get_length(out) > c->loop->srv->p.limits.max_output_bytes) {
@@ -517,6 +700,11 @@ sp_http_stream_end(sp_http_req_t *r)
     if (c->state != C_STREAM) {
         return;
     }
+    if (c->sink) {
+        c->sink->stream_end(c->sink_ud);
+        vreq_finish(c, false);
+        return;
+    }
     if (c->chunked_out && r->method != SP_HTTP_HEAD) {
         evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
     }
@@ -528,12 +716,20 @@ sp_http_abort(sp_http_req_t *r)
 {
     conn_t *c = r->conn;
     c->req.abort_fn = NULL; /* the owner is the one aborting */
+    if (c->sink) {
+        c->sink->aborted(c->sink_ud);
+        vreq_finish(c, true);
+        return;
+    }
     conn_close(c);
 }
 
 size_t
 sp_http_req_output_pending(const sp_http_req_t *r)
 {
+    if (r->conn->sink) {
+        return r->conn->sink->pending(r->conn->sink_ud);
+    }
     return r->conn->bev ? evbuffer_get_length(bufferevent_get_output(r->conn->bev)) : 0;
 }
 
@@ -559,6 +755,8 @@ sp_http_req_set_rid(sp_http_req_t *r, const char *rid, size_t len)
 const char *sp_http_req_rid(const sp_http_req_t *r) { return r->rid; }
 void sp_http_req_set_user(sp_http_req_t *r, void *p) { r->user = p; }
 void *sp_http_req_user(const sp_http_req_t *r) { return r->user; }
+void sp_http_req_set_trace(sp_http_req_t *r, struct sp_trace *t) { r->trace = t; }
+struct sp_trace *sp_http_req_trace(const sp_http_req_t *r) { return r->trace; }
 int64_t sp_http_req_start_ns(const sp_http_req_t *r) { return r->start_ns; }
 int sp_http_req_status(const sp_http_req_t *r) { return r->status; }
 const char *sp_http_req_note(const sp_http_req_t *r) { return r->note; }
@@ -824,6 +1022,7 @@ dispatch(conn_t *c)
     r->extra_len = 0;
     r->start_ns = sp_time_ns();
     r->user = NULL;
+    r->trace = NULL;
     r->status = 0;
     r->rid[0] = '\0';
     r->note_len = 0;
@@ -1285,6 +1484,11 @@ loop_main(void *arg)
     }
     if (s->p.loop_fini) {
         s->p.loop_fini(L, L->user, s->p.handler_ud);
+    }
+    vreap_cb(-1, 0, L); /* virtual requests ended on the last turn or by loop_fini */
+    if (L->vreap) {
+        event_free(L->vreap);
+        L->vreap = NULL;
     }
     return NULL;
 }

@@ -178,6 +178,10 @@ const char *sp_http_req_rid(const sp_http_req_t *r);
 /* One pointer of the server's own per request (NULL at dispatch). */
 void sp_http_req_set_user(sp_http_req_t *r, void *p);
 void *sp_http_req_user(const sp_http_req_t *r);
+/* The request's trace record (server/trace.h; NULL when not sampled). */
+struct sp_trace;
+void sp_http_req_set_trace(sp_http_req_t *r, struct sp_trace *t);
+struct sp_trace *sp_http_req_trace(const sp_http_req_t *r);
 /* Append " key=value ..." fields (printf) to the request's note, which the
  * access log prints; bounded (SP_HTTP_NOTE_MAX), extra text is dropped. */
 #define SP_HTTP_NOTE_MAX 1280
@@ -207,6 +211,49 @@ size_t sp_http_req_output_pending(const sp_http_req_t *r);
  * (client disconnect, write timeout, server shutdown). The request is freed
  * right after fn returns: do not touch it again. */
 void sp_http_req_on_abort(sp_http_req_t *r, void (*fn)(sp_http_req_t *r, void *ud), void *ud);
+
+/* ---- virtual requests (loop thread only)
+ *
+ * Another protocol on the same loop (the gRPC front end, grpc.c) hands its
+ * calls to the same handler as requests without a connection, so that they
+ * take the same path as HTTP ones: keys, tenants, limits, routes, metrics
+ * and the access log. The answer goes to the sink instead of a socket; the
+ * request counts as in flight (drain waits for it) until it ends. Exactly
+ * one of respond, stream_end or aborted ends a request; it is freed right
+ * after that call, or by sp_http_vreq_cancel (the caller's side went away:
+ * the handler's abort callback runs, no sink call follows). */
+typedef struct sp_http_sink {
+    /* The complete answer. hdrs: the handler's extra headers, "Name: value\r\n" each. */
+    void (*respond)(void *ud, int status, const char *content_type, const char *hdrs,
+                    size_t hdrs_len, const char *body, size_t len);
+    void (*stream_start)(void *ud, int status, const char *content_type, const char *hdrs,
+                         size_t hdrs_len);
+    int (*stream_write)(void *ud, const char *data, size_t len); /* -1: too much unsent */
+    void (*stream_end)(void *ud);
+    void (*aborted)(void *ud); /* the handler dropped the request (sp_http_abort) */
+    size_t (*pending)(void *ud); /* bytes not yet sent (sp_http_req_output_pending) */
+} sp_http_sink_t;
+
+typedef struct sp_http_vreq_params {
+    sp_http_method_t method;          /* SP_HTTP_GET or SP_HTTP_POST */
+    const char *path;                 /* copied */
+    size_t path_len;
+    const sp_str_t *hdr_names, *hdr_values; /* copied */
+    int n_hdrs;
+    const char *body;                 /* copied */
+    size_t body_len;
+    const char *peer;                 /* "ip:port" */
+    bool tls;
+    const char *client_cn;            /* "" or the verified client certificate's CN */
+} sp_http_vreq_params_t;
+
+/* A request ready to run (NULL when memory ran out). Annotate it, keep the
+ * pointer, then sp_http_vreq_run hands it to the handler (which may answer
+ * before returning). sp_http_vreq_cancel also frees one never run. */
+sp_http_req_t *sp_http_vreq_create(sp_http_loop_t *loop, const sp_http_vreq_params_t *p,
+                                   const sp_http_sink_t *sink, void *sink_ud);
+void sp_http_vreq_run(sp_http_req_t *r);
+void sp_http_vreq_cancel(sp_http_req_t *r);
 
 /* Reason phrase for a status code ("OK", "Not Found", ...). */
 const char *sp_http_status_text(int status);

@@ -35,6 +35,7 @@
 #include "server/schedreq.h"
 #include "server/tensor.h"
 #include "server/tensor_model.h"
+#include "server/trace.h"
 
 
 /* ------------------------------------------------------------ errors */
@@ -759,6 +760,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
+    sp_trace_http_submit(r); /* the queue span starts here */
     sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
     sp_free(toks);
     toks = NULL;

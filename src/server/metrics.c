@@ -12,6 +12,7 @@
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "server/server.h"
+#include "server/trace.h"
 
 /* ------------------------------------------------------------- histograms */
 
@@ -293,6 +294,10 @@ sp_req_end(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok, s
     } else {
         sp_req_clock_failure(c, &m->metrics, reason);
     }
+    if (sp_trace_enabled()) { /* the model's spans, from the same clock */
+        sp_trace_model(sp_http_req_trace(r), m->name, m->version_str, c,
+                       ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason));
+    }
     /* The tenant's tokens-per-minute budget counts what was evaluated and generated. */
     sp_auth_add_tokens(sp_http_req_user(r), c->prompt_tokens + c->completion_tokens);
     sp_http_req_annotate(r, "model=%s version=%s outcome=%s prompt_tokens=%lld completion_tokens=%lld",
@@ -527,6 +532,29 @@ render_models(sp_jbuf_t *b, model_view_t *v, int n)
     family(b, "sampan_preemptions_total", "counter", "Sequences preempted (KV blocks reclaimed).");
     EACH sample(b, "sampan_preemptions_total", "model", M->name, M->version_str, NULL,
                 (double)ST.preemptions);
+    family(b, "sampan_spec_decode_draft_tokens_total", "counter",
+           "Speculative decoding: tokens the draft model proposed.");
+    EACH sample(b, "sampan_spec_decode_draft_tokens_total", "model", M->name, M->version_str,
+                NULL, (double)ST.spec_drafted);
+    family(b, "sampan_spec_decode_accepted_tokens_total", "counter",
+           "Speculative decoding: proposed tokens the model accepted.");
+    EACH sample(b, "sampan_spec_decode_accepted_tokens_total", "model", M->name, M->version_str,
+                NULL, (double)ST.spec_accepted);
+    family(b, "sampan_spec_decode_verifications_total", "counter",
+           "Speculative decoding: verification rows (one model pass over a sequence's proposals).");
+    EACH sample(b, "sampan_spec_decode_verifications_total", "model", M->name, M->version_str,
+                NULL, (double)ST.spec_rows);
+    family(b, "sampan_spec_decode_acceptance_rate", "gauge",
+           "Speculative decoding: accepted / proposed tokens since the model loaded.");
+    EACH sample(b, "sampan_spec_decode_acceptance_rate", "model", M->name, M->version_str, NULL,
+                ST.spec_drafted ? (double)ST.spec_accepted / (double)ST.spec_drafted : 0.0);
+    family(b, "sampan_spec_decode_tokens_per_verification", "gauge",
+           "Speculative decoding: tokens produced per model pass of a verifying sequence "
+           "(1 = no gain; the speed-up's upper bound).");
+    EACH sample(b, "sampan_spec_decode_tokens_per_verification", "model", M->name,
+                M->version_str, NULL,
+                ST.spec_rows ? (double)(ST.spec_accepted + ST.spec_rows) / (double)ST.spec_rows
+                             : 0.0);
     family(b, "sampan_batch_size", "histogram", "Sequences per engine step.");
     EACH batch_samples(b, M->name, M->version_str, &ST);
     family(b, "sampan_kv_cache_used_blocks", "gauge", "KV blocks held by running sequences.");
@@ -826,6 +854,20 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                            (unsigned long long)c);
         }
     }
+    sp_trace_stats_t ts; /* tracing (docs/tracing.md); zeros when it is off */
+    sp_trace_get_stats(&ts);
+    family(&b, "sampan_trace_spans_exported_total", "counter",
+           "Spans the OTLP collector accepted.");
+    sp_jbuf_printf(&b, "sampan_trace_spans_exported_total %llu\n",
+                   (unsigned long long)ts.spans_exported);
+    family(&b, "sampan_trace_spans_dropped_total", "counter",
+           "Spans not exported: the export queue was full, or the collector refused or missed them.");
+    sp_jbuf_printf(&b, "sampan_trace_spans_dropped_total{reason=\"queue_full\"} %llu\n"
+                       "sampan_trace_spans_dropped_total{reason=\"export_failed\"} %llu\n",
+                   (unsigned long long)ts.spans_dropped_queue,
+                   (unsigned long long)ts.spans_dropped_export);
+    family(&b, "sampan_trace_spans_queued", "gauge", "Spans waiting for export.");
+    sp_jbuf_printf(&b, "sampan_trace_spans_queued %llu\n", (unsigned long long)ts.queued);
     family(&b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
     sp_jbuf_printf(&b, "process_resident_memory_bytes %llu\n", (unsigned long long)sp_rss_bytes());
     family(&b, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch.");

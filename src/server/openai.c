@@ -22,10 +22,25 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "engine/grammar.h"
+#include "engine/schema.h"
 #include "engine/tokenizer.h"
+#include "engine/toolcall.h"
 #include "sampan/log.h"
 #include "server/server.h"
 #include "server/schedreq.h"
+#include "server/trace.h"
+
+/* Free what jansson allocated (json_dumps), with jansson's own allocator:
+ * the server points it at sp_malloc, a plain program leaves malloc. */
+static void
+jfree(void *p)
+{
+    json_malloc_t m;
+    json_free_t f;
+    json_get_alloc_funcs(&m, &f);
+    f(p);
+}
 
 typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
 
@@ -36,6 +51,7 @@ typedef struct choice {
     sp_jbuf_t lp_tokens, lp_values, lp_top, lp_offsets;
     int n_lp;
     size_t text_offset;  /* completions: bytes of token text so far */
+    size_t sent;         /* tools, streaming: bytes of text already sent as content */
     sp_finish_t finish;
     bool finished;
 } choice_t;
@@ -52,6 +68,9 @@ typedef struct oai_req {
     sp_rckey_t *ck;      /* its response cache key, or NULL (respcache.h) */
     int n;
     int top_logprobs;
+    sp_grammar_t *grammar; /* response_format json_schema, `grammar` or a forced tool call */
+    bool tools_on;         /* chat with tools and tool_choice != none: parse tool calls */
+    sp_chat_tools_t tool_fmt;
     char id[64];
     int64_t created;
     int64_t n_prompt;
@@ -109,6 +128,7 @@ oai_free(oai_req_t *q)
     }
     sp_free(q->choices);
     sp_free(q->emb);
+    sp_grammar_release(q->grammar); /* the job holds its own reference */
     sp_jbuf_free(&q->out);
     sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx). */
@@ -331,7 +351,12 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     q->lp_on = q->top_logprobs >= 0;
     g->top_logprobs = q->top_logprobs;
+    /* Constraints: response_format (json_object, json_schema) or a GBNF `grammar`. */
     const json_t *rf = json_object_get(b, "response_format");
+    const json_t *gr = json_object_get(b, "grammar");
+    if (gr && json_is_null(gr)) {
+        gr = NULL;
+    }
     if (rf && !json_is_null(rf)) {
         const char *t = NULL;
         if (!json_is_object(rf) || sp_json_get_str(rf, "type", &t, NULL, &e) <= 0) {
@@ -341,12 +366,54 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         }
         if (strcmp(t, "json_object") == 0) {
             g->json_object = true;
+        } else if (strcmp(t, "json_schema") == 0) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            const json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(js) || (json_object_get(js, "name") &&
+                                        !json_is_string(json_object_get(js, "name")))) {
+                sp_server_error(r, 400, NULL, "response_format.json_schema", NULL,
+                                "'response_format.json_schema' must be an object "
+                                "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
+                return -1;
+            }
+            json_t *own = NULL;
+            if (schema == NULL) { /* OpenAI allows it out: any JSON object */
+                schema = own = json_pack("{s:s}", "type", "object");
+            }
+            char err[512];
+            sp_status_t cst = sp_schema_grammar(schema, &q->grammar, err, sizeof err);
+            json_decref(own);
+            if (cst != SP_OK) {
+                sp_server_error(r, cst == SP_ERR_NOMEM ? 503 : 400, NULL,
+                                "response_format.json_schema.schema", NULL, "%s", err);
+                return -1;
+            }
         } else if (strcmp(t, "text") != 0) {
             sp_server_error(r, 400, NULL, "response_format.type", NULL,
-                            "response_format type '%s' is not supported (text, json_object)", t);
+                            "response_format type '%s' is not supported (text, json_object, "
+                            "json_schema)", t);
             return -1;
         }
     }
+    if (gr != NULL) {
+        if (!json_is_string(gr) || json_string_length(gr) == 0) {
+            sp_server_error(r, 400, NULL, "grammar", NULL, "'grammar' must be GBNF text");
+            return -1;
+        }
+        if (g->json_object || q->grammar) {
+            sp_server_error(r, 400, NULL, "grammar", NULL,
+                            "'grammar' and 'response_format' json modes cannot be combined");
+            return -1;
+        }
+        char err[512];
+        sp_status_t cst = sp_grammar_compile(json_string_value(gr), json_string_length(gr),
+                                             &q->grammar, err, sizeof err);
+        if (cst != SP_OK) {
+            sp_server_error(r, cst == SP_ERR_NOMEM ? 503 : 400, NULL, "grammar", NULL, "%s", err);
+            return -1;
+        }
+    }
+    g->grammar = q->grammar;
     return 0;
 }
 
@@ -518,10 +585,118 @@ chunk_end(oai_req_t *q)
     return stream_send(q);
 }
 
+/* ---- tool calls ---- */
+
+/* A call id like OpenAI's: "call_" and 16 hex digits. */
+static void
+call_id(oai_req_t *q, int k, char *buf, size_t cap)
+{
+    make_id(buf, cap, "call", sp_http_req_id(q->http) * 31u + (uint64_t)k);
+    buf[4] = '_';
+}
+
+/* One entry of tool_calls; part 0: all of it, 1: id, type, name and empty
+ * arguments (a stream's first delta), 2: the arguments only (the second). */
+static void
+write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
+{
+    char id[64];
+    sp_jbuf_lit(b, "{");
+    if (part != 0) {
+        sp_jbuf_printf(b, "\"index\":%d,", k);
+    }
+    if (part != 2) {
+        call_id(q, k, id, sizeof id);
+        sp_jbuf_lit(b, "\"id\":");
+        sp_jbuf_cstr(b, id);
+        sp_jbuf_lit(b, ",\"type\":\"function\",\"function\":{\"name\":");
+        sp_jbuf_cstr(b, json_string_value(json_object_get(call, "name")));
+        sp_jbuf_lit(b, ",\"arguments\":");
+    } else {
+        sp_jbuf_lit(b, "\"function\":{\"arguments\":");
+    }
+    if (part == 1) {
+        sp_jbuf_lit(b, "\"\"");
+    } else {
+        char *args = json_dumps(json_object_get(call, "arguments"), JSON_COMPACT);
+        sp_jbuf_cstr(b, args ? args : "{}");
+        jfree(args);
+    }
+    sp_jbuf_lit(b, "}}");
+}
+
+static int
+stream_content(oai_req_t *q, int index, const char *text, size_t len)
+{
+    chunk_head(q);
+    sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"content\":", index);
+    sp_jbuf_str(&q->out, text, len);
+    sp_jbuf_lit(&q->out, "},\"logprobs\":null,\"finish_reason\":null}");
+    return chunk_end(q);
+}
+
+/* Streaming with tools: text goes out as content only while it cannot be
+ * the start of a call; from a call's start on, it waits for the finish. */
+static int
+stream_tool_text(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    sp_jbuf_raw(&c->text, ev->text, ev->text_len);
+    if (c->text.oom || c->text.p == NULL) {
+        return c->text.oom ? -1 : 0;
+    }
+    bool in_call;
+    size_t safe = sp_toolcall_safe_prefix(q->tool_fmt, c->text.p, c->text.len, &in_call);
+    if (safe > c->sent) {
+        int rc = stream_content(q, ev->index, c->text.p + c->sent, safe - c->sent);
+        c->sent = safe;
+        return rc;
+    }
+    return 0;
+}
+
+/* The end of a streamed choice with tools: the rest of the content, the calls. */
+static int
+stream_tool_finish(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    const char *text = c->text.p ? c->text.p : "";
+    json_t *calls = NULL;
+    size_t content_len = c->text.len;
+    sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
+    int rc = 0;
+    if (content_len > c->sent) {
+        rc = stream_content(q, ev->index, text + c->sent, content_len - c->sent);
+        c->sent = content_len;
+    }
+    for (size_t k = 0; calls && k < json_array_size(calls) && rc == 0; k++) {
+        for (int part = 1; part <= 2 && rc == 0; part++) {
+            chunk_head(q);
+            sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{%s\"tool_calls\":[", ev->index,
+                           part == 1 && k == 0 && c->sent == 0 ? "\"content\":null," : "");
+            write_call(q, &q->out, json_array_get(calls, k), (int)k, part);
+            sp_jbuf_lit(&q->out, "]},\"logprobs\":null,\"finish_reason\":null}");
+            rc = chunk_end(q);
+        }
+    }
+    if (rc == 0) {
+        chunk_head(q);
+        sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{},\"logprobs\":null,"
+                       "\"finish_reason\":\"%s\"}", ev->index,
+                       calls ? "tool_calls" : finish_str(ev->finish));
+        rc = chunk_end(q);
+    }
+    json_decref(calls);
+    return rc;
+}
+
 static int
 stream_token(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
+    if (q->tools_on) {
+        return stream_tool_text(q, ev);
+    }
     if (ev->text_len == 0 && !ev->has_logprobs) {
         return 0;
     }
@@ -563,6 +738,9 @@ stream_token(oai_req_t *q, const sp_sched_event_t *ev)
 static int
 stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
+    if (q->tools_on) {
+        return stream_tool_finish(q, ev);
+    }
     chunk_head(q);
     sp_jbuf_t *b = &q->out;
     sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
@@ -609,9 +787,28 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
         choice_t *c = &q->choices[i];
         const char *text = c->text.p ? c->text.p : "";
         sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
+        json_t *calls = NULL;
         if (q->kind == OAI_CHAT) {
+            size_t content_len = c->text.len;
+            if (q->tools_on) {
+                sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
+            }
             sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            sp_jbuf_str(b, text, c->text.len);
+            if (calls && content_len == 0) {
+                sp_jbuf_lit(b, "null");
+            } else {
+                sp_jbuf_str(b, text, content_len);
+            }
+            if (calls) {
+                sp_jbuf_lit(b, ",\"tool_calls\":[");
+                for (size_t k = 0; k < json_array_size(calls); k++) {
+                    if (k) {
+                        sp_jbuf_lit(b, ",");
+                    }
+                    write_call(q, b, json_array_get(calls, k), (int)k, 0);
+                }
+                sp_jbuf_lit(b, "]");
+            }
             sp_jbuf_lit(b, ",\"refusal\":null},\"logprobs\":");
             if (q->lp_on) {
                 sp_jbuf_lit(b, "{\"content\":[");
@@ -640,7 +837,9 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
                 sp_jbuf_lit(b, "null");
             }
         }
-        sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}", finish_str(c->finished ? c->finish : SP_FINISH_STOP));
+        sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}",
+                       calls ? "tool_calls" : finish_str(c->finished ? c->finish : SP_FINISH_STOP));
+        json_decref(calls);
     }
     sp_jbuf_lit(b, "],");
     write_usage(b, q->n_prompt, completion_tokens);
@@ -815,6 +1014,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     sr.on_event = on_event;
     sr.ud = q;
     char err[512];
+    sp_trace_http_submit(r); /* the queue span starts here */
     sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
     if (st != SP_OK) {
         sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
@@ -1139,6 +1339,105 @@ message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size
     return 0;
 }
 
+/*
+ * tools and tool_choice. With tools and a choice other than "none" the
+ * output is parsed for calls in the template's convention; "required" or a
+ * named function also constrain decoding to one call whose arguments follow
+ * the function's parameters schema. *tools_json (jansson's allocator) is the
+ * list for the template. Returns -1 after answering.
+ */
+static int
+parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json)
+{
+    sp_http_req_t *r = q->http;
+    const json_t *tools = json_object_get(b, "tools");
+    const json_t *tch = json_object_get(b, "tool_choice");
+    bool have = tools != NULL && !json_is_null(tools);
+    *tools_json = NULL;
+    if (have) {
+        if (!json_is_array(tools) || json_array_size(tools) > 128) {
+            sp_server_error(r, 400, NULL, "tools", NULL, "'tools' must be a list of at most 128 tools");
+            return -1;
+        }
+        size_t i;
+        const json_t *t;
+        json_array_foreach(tools, i, t) {
+            const json_t *fn = json_object_get(t, "function");
+            const json_t *name = json_object_get(fn, "name");
+            const json_t *params = json_object_get(fn, "parameters");
+            const json_t *desc = json_object_get(fn, "description");
+            const char *type = json_string_value(json_object_get(t, "type"));
+            if (!json_is_object(t) || type == NULL || strcmp(type, "function") != 0 ||
+                !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0 ||
+                json_string_length(name) > 64 || (params && !json_is_object(params)) ||
+                (desc && !json_is_string(desc))) {
+                sp_server_error(r, 400, NULL, "tools", NULL,
+                                "tools[%zu] must be {\"type\": \"function\", \"function\": "
+                                "{\"name\": \"...\" (1 to 64 bytes), \"description\": \"...\", "
+                                "\"parameters\": {JSON Schema}}}", i);
+                return -1;
+            }
+        }
+    }
+    const char *choice = have ? "auto" : "none", *only = NULL;
+    if (tch != NULL && !json_is_null(tch)) {
+        if (json_is_string(tch) && (strcmp(json_string_value(tch), "none") == 0 ||
+                                    strcmp(json_string_value(tch), "auto") == 0 ||
+                                    strcmp(json_string_value(tch), "required") == 0)) {
+            choice = json_string_value(tch);
+        } else if (json_is_object(tch) &&
+                   json_is_string(json_object_get(json_object_get(tch, "function"), "name"))) {
+            choice = "function";
+            only = json_string_value(json_object_get(json_object_get(tch, "function"), "name"));
+        } else {
+            sp_server_error(r, 400, NULL, "tool_choice", NULL,
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
+            return -1;
+        }
+        if (!have && strcmp(choice, "none") != 0) {
+            sp_server_error(r, 400, NULL, "tool_choice", NULL, "'tool_choice' needs 'tools'");
+            return -1;
+        }
+    }
+    if (!have || strcmp(choice, "none") == 0) {
+        return 0;
+    }
+    q->tools_on = true;
+    q->tool_fmt = sp_chat_tool_format(q->m->tmpl);
+    *tools_json = json_dumps(tools, JSON_COMPACT);
+    if (*tools_json == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (strcmp(choice, "auto") == 0) {
+        return 0;
+    }
+    if (g->json_object || q->grammar) {
+        sp_server_error(r, 400, NULL, "tool_choice", NULL,
+                        "a forced tool call cannot be combined with response_format or grammar");
+        return -1;
+    }
+    char *text = NULL, err[512];
+    size_t len = 0;
+    sp_status_t st = sp_toolcall_grammar(q->tool_fmt, tools, only, &text, &len, err, sizeof err);
+    if (st == SP_OK) {
+        char gerr[256];
+        st = sp_grammar_compile(text, len, &q->grammar, gerr, sizeof gerr);
+        if (st != SP_OK) {
+            snprintf(err, sizeof err, "tools: %s", gerr);
+        }
+    }
+    sp_free(text);
+    if (st != SP_OK) {
+        sp_server_error(r, st == SP_ERR_NOMEM ? 503 : 400, NULL, only ? "tool_choice" : "tools",
+                        NULL, "%s", err);
+        return -1;
+    }
+    g->grammar = q->grammar;
+    return 0;
+}
+
 static void
 h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -1150,6 +1449,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     oai_req_t *q = NULL;
     int32_t *toks = NULL;
     char *prompt = NULL;
+    char *tools_json = NULL;
     sp_chat_msg_t *msgs = NULL;
     size_t *offs = NULL;
     sp_jbuf_t store, tc;
@@ -1244,9 +1544,15 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
         snprintf(eos, sizeof eos, "%.*s", (int)t.len, t.ptr);
     }
+    if (parse_tools(q, b, &g, &tools_json) != 0) {
+        oai_free(q);
+        goto done;
+    }
     size_t plen = 0;
     char err[512];
-    sp_status_t st = sp_chat_apply(m->tmpl, msgs, n, true, bos, eos, &prompt, &plen, err, sizeof err);
+    sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = bos, .eos_text = eos,
+                             .tools_json = tools_json};
+    sp_status_t st = sp_chat_apply_ex(m->tmpl, msgs, n, &cpar, &prompt, &plen, err, sizeof err);
     if (st != SP_OK) {
         sp_server_error(r, sp_status_http(st), NULL, "messages", NULL, "%s", err);
         oai_free(q);
@@ -1271,6 +1577,9 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     run_generation(q, &g, max_tokens, max_given, toks, n_tok);
 done:
     sp_free(prompt);
+    if (tools_json) {
+        jfree(tools_json);
+    }
     sp_free(msgs);
     sp_free(offs);
     sp_free(toks);

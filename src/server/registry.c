@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "core/timer.h"
+#include "cuda/gpu.h"
 #include "sampan/log.h"
 #include "server/server.h"
 #include "server/batcher.h"
@@ -638,6 +639,90 @@ place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg, char 
     return SP_OK;
 }
 
+/*
+ * KIND_GPU placement (docs/cuda.md): bind the model's weights to the one GPU
+ * its instances are on and charge that device. The first gpu_layers layers
+ * (parameters.gpu_layers; absent or -1: as many as fit the device's free
+ * budget, all when the model fits) run on the GPU, the rest on the CPU. The
+ * charge of the GPU is its bytes in use after the upload plus, per instance,
+ * the GPU layers' share of the KV pool and the scratch estimate; the CPU
+ * keeps the mapping and the CPU layers' share. *gd is the GPU's list index,
+ * -1 for a CPU-only model (nothing done then).
+ */
+static sp_status_t
+gpu_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg,
+          const sp_sched_mem_t *mem, uint64_t weights, int *gd, char *err, size_t err_len)
+{
+    *gd = -1;
+    bool cpu = false;
+    for (int k = 0; k < m->n_inst; k++) {
+        const int d = m->inst_dev[k];
+        if (d == 0) {
+            cpu = true;
+        } else if (*gd < 0) {
+            *gd = d;
+        } else if (d != *gd) {
+            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                           "instance_group: an LLM's instances on several GPUs are not supported "
+                           "yet; list one GPU");
+        }
+    }
+    if (*gd < 0) {
+        return SP_OK;
+    }
+    if (cpu) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "instance_group: an LLM on both KIND_CPU and KIND_GPU is not supported "
+                       "yet (use gpu_layers for a CPU/GPU split)");
+    }
+    const sp_device_info_t *di = sp_devices_get(r->devs, *gd);
+    if (di->ordinal < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "instance_group: %s has no CUDA ordinal",
+                       di->id);
+    }
+    const sp_hparams_t *hp = sp_model_hparams(m->model);
+    int64_t n_gpu = -1;
+    const char *gl = cfg ? sp_repo_config_param(cfg, "gpu_layers") : NULL;
+    if (gl != NULL) {
+        char *end;
+        long long v = strtoll(gl, &end, 10);
+        if (end == gl || *end != '\0' || v < -1 || v > hp->n_layer) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.gpu_layers: '%s' is not -1 (auto) or 0..%lld", gl,
+                           (long long)hp->n_layer);
+        }
+        n_gpu = v;
+    }
+    const uint64_t per_layer = (uint64_t)m->n_inst * mem->kv_bytes / (uint64_t)hp->n_layer;
+    if (n_gpu < 0) {
+        pthread_mutex_lock(&r->mu);
+        const uint64_t avail = r->budget[*gd] > r->used[*gd] ? r->budget[*gd] - r->used[*gd] : 0;
+        pthread_mutex_unlock(&r->mu);
+        /* Fixed costs: the scratch estimate per instance, cuBLAS's workspace
+         * and the 64 MiB upload stage. */
+        const uint64_t fixed = (uint64_t)m->n_inst * mem->scratch_bytes + ((uint64_t)96 << 20);
+        n_gpu = sp_gpu_fit_layers(m->model, avail, fixed, per_layer);
+        if (n_gpu == 0) {
+            return sp_errf(err, err_len, SP_ERR_TOO_LARGE,
+                           "model '%s': not one layer fits the %.1f MiB free in the budget of %s",
+                           m->name, (double)avail / MIB, di->id);
+        }
+    }
+    sp_status_t st = sp_gpu_attach(m->model, NULL, di->ordinal, n_gpu, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    const int64_t on_gpu = sp_gpu_model_layers(m->model);
+    m->charge[*gd] = sp_gpu_model_device_bytes(m->model) + per_layer * (uint64_t)on_gpu +
+                     (uint64_t)m->n_inst * mem->scratch_bytes;
+    m->charge[0] = weights + per_layer * (uint64_t)(hp->n_layer - on_gpu) +
+                   (uint64_t)m->n_inst * mem->scratch_bytes;
+    SP_LOG_INFO("event=gpu_placement model=%s device=%s ordinal=%d gpu_layers=%lld/%lld "
+                "gpu_mib=%.1f", sp_log_str(m->name), sp_log_str(di->id), di->ordinal,
+                (long long)on_gpu, (long long)hp->n_layer, (double)m->charge[*gd] / MIB);
+    return SP_OK;
+}
+
 static sp_sched_params_t
 sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
 {
@@ -653,6 +738,7 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     sp.tier_queue[0] = s->cfg.queue_batch;
     sp.tier_queue[1] = s->cfg.queue_standard;
     sp.tier_queue[2] = s->cfg.queue_premium;
+    sp.spec_k = s->cfg.spec_tokens > 0 ? s->cfg.spec_tokens : 4;
     if (cfg) {
         if (cfg->llm.context_length > 0) sp.n_ctx = cfg->llm.context_length;
         if (cfg->llm.kv_blocks > 0) sp.kv_blocks = cfg->llm.kv_blocks;
@@ -664,6 +750,60 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
         sp.n_threads = cores > n_cpu_inst ? cores / n_cpu_inst : 1;
     }
     return sp;
+}
+
+/* Speculative decoding: load the draft model the configuration names (a
+ * repository model by name, its latest selected version; or --draft-model for
+ * --model) into m->draft and give its file size in *bytes. OK with no draft. */
+static sp_status_t
+load_draft(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, uint64_t *bytes,
+           char *err, size_t err_len)
+{
+    *bytes = 0;
+    char path[1024];
+    if (cfg == NULL) {
+        if (s->cfg.draft_model[0] == '\0') {
+            return SP_OK;
+        }
+        snprintf(path, sizeof path, "%s", s->cfg.draft_model);
+    } else {
+        if (cfg->llm.draft_model == NULL) {
+            return SP_OK;
+        }
+        if (strcmp(cfg->llm.draft_model, m->name) == 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.draft_model: a model cannot draft for itself");
+        }
+        sp_repo_limits_t lim;
+        sp_repo_limits_default(&lim);
+        sp_repo_model_t dm;
+        char e[512];
+        sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, cfg->llm.draft_model,
+                                            strlen(cfg->llm.draft_model), &lim, NULL, 0, &dm, e,
+                                            sizeof e);
+        if (st != SP_OK || !dm.ok || dm.n_versions == 0 ||
+            dm.versions[dm.n_versions - 1].model_path == NULL) {
+            /* The scan's own words name the repository's path: not for clients. */
+            const char *why = st == SP_ERR_NOT_FOUND ? "no such model in the repository"
+                              : st != SP_OK ? "cannot be read" : !dm.ok ? dm.reason
+                              : dm.n_versions == 0 ? "no version selected"
+                                                   : dm.versions[dm.n_versions - 1].reason;
+            if (st == SP_OK) {
+                sp_repo_model_free(&dm);
+            }
+            return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.draft_model '%s': %s",
+                           cfg->llm.draft_model, why);
+        }
+        snprintf(path, sizeof path, "%s", dm.versions[dm.n_versions - 1].model_path);
+        sp_repo_model_free(&dm);
+    }
+    char e[512];
+    if (sp_model_load(path, &m->draft, e, sizeof e) != SP_OK) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "draft model: %s", e);
+    }
+    struct stat fst;
+    *bytes = stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0;
+    return SP_OK;
 }
 
 /* A model is ready: time it, list it, log it. */
@@ -746,15 +886,28 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
         n_cpu += m->inst_dev[k] == 0;
     }
     sp_sched_params_t sp = sched_params(s, cfg, n_cpu);
+    uint64_t draft_bytes = 0;
+    if ((st = load_draft(s, m, cfg, &draft_bytes, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    sp.draft = m->draft;
+    if (cfg && cfg->llm.num_speculative_tokens > 0) {
+        sp.spec_k = cfg->llm.num_speculative_tokens;
+    }
     /* The estimate: every instance's KV pool and scratch, plus the weights
-     * once per device (one mmap shared by the CPU instances). */
+     * once per device (one mmap shared by the CPU instances); a draft's weights
+     * count with the model's. */
     sp_sched_mem_t mem;
     if ((st = sp_sched_estimate(m->model, &sp, &mem, err, err_len)) != SP_OK) {
         goto fail;
     }
     struct stat fst;
-    uint64_t weights = stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0;
-    for (int k = 0; k < m->n_inst; k++) {
+    uint64_t weights = (stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes;
+    int gd;
+    if ((st = gpu_place(r, m, cfg, &mem, weights, &gd, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    for (int k = 0; gd < 0 && k < m->n_inst; k++) {
         int d = m->inst_dev[k];
         if (m->charge[d] == 0) {
             m->charge[d] += weights;
@@ -769,12 +922,6 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     }
     reserved = true;
     for (int k = 0; k < m->n_inst; k++) {
-        if (m->inst_dev[k] != 0) {
-            st = sp_errf(err, err_len, SP_ERR_INVALID,
-                         "instance_group: KIND_GPU instances need the CUDA backend, which this "
-                         "build does not have yet; use KIND_CPU");
-            goto fail;
-        }
         if ((st = sp_sched_create(m->model, &sp, &m->inst[k], err, err_len)) != SP_OK) {
             goto fail;
         }
@@ -800,6 +947,7 @@ sp_served_free(sp_registry_t *r, sp_served_model_t *m)
     }
     sp_chat_template_destroy(m->tmpl);
     sp_model_free(m->model);
+    sp_model_free(m->draft);
     pthread_mutex_lock(&r->mu);
     for (int d = 0; d < r->n_dev; d++) {
         r->used[d] -= m->charge[d];

@@ -71,6 +71,7 @@ struct sp_served_model {
     char version_str[24];      /* KServe's model_version ("1" for --model) */
     bool from_repo;
     sp_model_t *model;
+    sp_model_t *draft;         /* speculative decoding's draft model, or NULL */
     const sp_tokenizer_t *tok;
     sp_chat_template_t *tmpl;  /* NULL when the model has none that compiles */
     char tmpl_error[256];

@@ -46,6 +46,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "cuda/gpu.h"
 #include "engine/batch.h"
 #include "sampan/log.h"
 #include "server/blocks.h"
@@ -103,6 +104,10 @@ typedef struct seq {
     uint64_t chain_hash, chain_serial;
     uint64_t admit_serial; /* admission order, for choosing preemption victims */
     int64_t step_n;        /* rows in the step being planned */
+    /* speculative decoding (engine thread) */
+    int32_t d_slot;        /* its block slot in the draft cache while running, else -1 */
+    int64_t d_computed;    /* positions the draft cache holds for its tokens */
+    int32_t spec_k;        /* draft tokens verified in the step being planned (0: none) */
     bool running, ended, counted;
 } seq_t;
 
@@ -164,6 +169,16 @@ struct sp_sched {
     sp_stepctl_t ctl;      /* adaptive prefill budget (engine thread) */
     int64_t step_decode;   /* decode rows of the step being planned */
     bool step_filled;      /* its prefill used the whole budget */
+    /* Speculative decoding (p.draft): the draft's own cache, one slot of
+     * d_per_slot blocks per running sequence (no prefix sharing: the draft is
+     * small and cheap to catch up), its batch and rows. */
+    sp_kv_pool_t *d_kv;
+    sp_batch_t *d_batch;
+    sp_batch_seq_t *d_rows;
+    seq_t **d_seqs;
+    int32_t *d_block_ids; /* slot i: ids i * d_per_slot .. */
+    int64_t d_per_slot;
+    bool *d_slot_used;
     float *logits;   /* n_vocab scratch for sampling */
     float *emb;      /* n_embd scratch for embeddings */
     char *scratch;   /* record assembly */
@@ -184,6 +199,7 @@ struct sp_sched {
     atomic_int active_seqs;
     atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
+    atomic_int_fast64_t st_spec_rows, st_spec_drafted, st_spec_accepted;
 };
 
 sp_sched_params_t
@@ -199,6 +215,8 @@ sp_sched_default_params(void)
         .kv_blocks = 0,
         .kv_f16 = false,
         .tier_queue = {-1, -1, -1},
+        .draft = NULL,
+        .spec_k = 4,
     };
     return p;
 }
@@ -224,6 +242,7 @@ static void
 job_free(sp_sched_job_t *j)
 {
     pthread_mutex_destroy(&j->mu);
+    sp_grammar_release(j->gen.grammar);
     sp_free(j->out);
     sp_free(j->in);
     sp_free(j->stop_store);
@@ -623,6 +642,15 @@ seq_drop_blocks(sp_sched_t *s, seq_t *sq)
 static void
 running_add(sp_sched_t *s, seq_t *sq)
 {
+    sq->d_slot = -1;
+    sq->d_computed = 0;
+    for (int i = 0; s->d_slot_used != NULL && i < s->p.n_slots; i++) {
+        if (!s->d_slot_used[i]) {
+            s->d_slot_used[i] = true;
+            sq->d_slot = i;
+            break;
+        }
+    }
     s->running[s->n_running++] = sq;
     sq->running = true;
     sq->admit_serial = ++s->admit_counter;
@@ -643,6 +671,11 @@ running_remove(sp_sched_t *s, seq_t *sq)
     memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
     s->n_running--;
     sq->running = false;
+    if (sq->d_slot >= 0) {
+        s->d_slot_used[sq->d_slot] = false;
+        sq->d_slot = -1;
+        sq->d_computed = 0;
+    }
     s->run_tier[sq->node.tier]--;
     atomic_fetch_sub(&s->active_seqs, 1);
 }
@@ -916,7 +949,179 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
     r->blocks = sq->blocks;
     r->n_blocks = sq->n_blocks;
     r->logits = sq->n_computed + n == sq->n_tokens;
+    r->n_logits = 0;
     s->step_seqs[s->n_rows++] = sq;
+}
+
+/* ------------------------------------------------------ speculative decoding */
+
+/*
+ * Speculative decoding (p.draft): each step, every decoding sequence first has
+ * the draft propose spec_k tokens greedily (the draft catches up on the tokens
+ * it has not seen, then runs spec_k - 1 single-token steps, all sequences in
+ * one draft batch per step), and the model then evaluates the sequence's last
+ * token and the k proposals as one row of k + 1 tokens, keeping the logits of
+ * every position.
+ *
+ * Verification runs the sequence's own sampler (sp_gen_step: penalties,
+ * constraints, stop strings, logprobs, its random stream) on those logits in
+ * order. Proposal j is accepted when the sampler picked exactly it, and the
+ * first token it did not propose (or the token after the last proposal) ends
+ * the row. The engine is batch invariant (the logits of a position do not
+ * depend on the rows around it), so every sampled token is the one the model
+ * alone would have sampled, from the same logits and the same random draws:
+ * the output is identical to plain decoding, greedy or sampled, seed for
+ * seed. With a greedy (one-hot) draft this is the standard acceptance rule:
+ * accept x with probability p(x), else draw from p without x, renormalised.
+ *
+ * The model's cache positions after the first rejected proposal hold keys of
+ * tokens that were not taken; n_computed stops before them, so they are
+ * recomputed (overwritten) later. The draft keeps its own cache per running
+ * sequence (a slot of blocks), valid up to the first token it got wrong.
+ */
+
+/* The draft's block table of a running sequence. */
+static const int32_t *
+draft_blocks(const sp_sched_t *s, const seq_t *sq)
+{
+    return s->d_block_ids + (int64_t)sq->d_slot * s->d_per_slot;
+}
+
+/* Proposals per decoding sequence for this step: at most spec_k, within its
+ * token and context capacity (the token after the last proposal must fit
+ * too), within the step's rows, and within the blocks that are free (a
+ * proposal never preempts anyone). */
+static void
+spec_plan(sp_sched_t *s)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        seq_t *sq = s->running[i];
+        sq->spec_k = 0;
+        rows += sq->n_tokens - sq->n_computed;
+    }
+    if (s->p.draft == NULL) {
+        return;
+    }
+    for (int i = 0; i < s->n_running; i++) {
+        seq_t *sq = s->running[i];
+        if (sq->n_tokens - sq->n_computed != 1 || sq->d_slot < 0 || sq->gen == NULL) {
+            continue;
+        }
+        int64_t k = s->p.spec_k;
+        int64_t left = (int64_t)sq->job->gen.max_tokens - sp_gen_n_generated(sq->gen) - 1;
+        k = k < left ? k : left;
+        k = k < sq->cap - sq->n_tokens - 1 ? k : sq->cap - sq->n_tokens - 1;
+        k = k < s->p.prefill_chunk - rows ? k : s->p.prefill_chunk - rows;
+        while (k > 0 && sq->n_blocks < blocks_for(sq->n_tokens + k)) {
+            int32_t id = sp_blocks_alloc(s->blocks);
+            if (id < 0) {
+                k = sq->n_blocks * SP_KV_BLOCK - sq->n_tokens; /* what the blocks hold */
+                break;
+            }
+            sq->blocks[sq->n_blocks++] = id;
+        }
+        if (k > 0) {
+            sq->spec_k = (int32_t)k;
+            rows += k;
+        }
+    }
+}
+
+static int32_t
+argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) {
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
+/* Give up proposing this step (a draft evaluation failed): plain decoding. */
+static void
+spec_cancel(sp_sched_t *s, sp_status_t st)
+{
+    for (int i = 0; i < s->n_running; i++) {
+        s->running[i]->spec_k = 0;
+        s->running[i]->d_computed = 0;
+    }
+    SP_LOG_WARN("event=draft_failed status=%d note=decoding without proposals this step", (int)st);
+}
+
+/* The draft's proposals for every sequence with spec_k > 0, written to
+ * tokens[n_tokens .. n_tokens + spec_k). */
+static void
+draft_propose(sp_sched_t *s)
+{
+    const int64_t max_rows = s->p.prefill_chunk;
+    int max_k = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        max_k = s->running[i]->spec_k > max_k ? s->running[i]->spec_k : max_k;
+    }
+    if (max_k == 0) {
+        return;
+    }
+    const int64_t n_vocab = s->n_vocab;
+    /* Catch up: the tokens the draft has not seen, through the last one, whose
+     * logits give the first proposal; in as many draft steps as the rows need. */
+    for (;;) {
+        int64_t rows = 0, n = 0;
+        for (int i = 0; i < s->n_running && rows < max_rows; i++) {
+            seq_t *sq = s->running[i];
+            int64_t rem = sq->n_tokens - sq->d_computed;
+            if (sq->spec_k == 0 || rem <= 0) {
+                continue;
+            }
+            int64_t take = rem < max_rows - rows ? rem : max_rows - rows;
+            s->d_rows[n] = (sp_batch_seq_t){sq->tokens + sq->d_computed, take, sq->d_computed,
+                                            draft_blocks(s, sq), s->d_per_slot,
+                                            take == rem, 0};
+            s->d_seqs[n++] = sq;
+            rows += take;
+        }
+        if (n == 0) {
+            break;
+        }
+        sp_status_t st = sp_batch_eval(s->d_batch, s->d_kv, s->d_rows, n);
+        if (st != SP_OK) {
+            spec_cancel(s, st);
+            return;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            seq_t *sq = s->d_seqs[r];
+            sq->d_computed += s->d_rows[r].n_tokens;
+            if (s->d_rows[r].logits) {
+                sq->tokens[sq->n_tokens] = argmax(sp_batch_logits(s->d_batch, r), n_vocab);
+            }
+        }
+    }
+    /* Then one proposal per draft step. */
+    for (int j = 1; j < max_k; j++) {
+        int64_t n = 0;
+        for (int i = 0; i < s->n_running; i++) {
+            seq_t *sq = s->running[i];
+            if (sq->spec_k <= j) {
+                continue;
+            }
+            int64_t at = sq->n_tokens + j - 1; /* proposal j - 1's index and position */
+            s->d_rows[n] = (sp_batch_seq_t){sq->tokens + at, 1, at, draft_blocks(s, sq),
+                                            s->d_per_slot, true, 0};
+            s->d_seqs[n++] = sq;
+        }
+        sp_status_t st = sp_batch_eval(s->d_batch, s->d_kv, s->d_rows, n);
+        if (st != SP_OK) {
+            spec_cancel(s, st);
+            return;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            seq_t *sq = s->d_seqs[r];
+            sq->d_computed = sq->n_tokens + j;
+            sq->tokens[sq->n_tokens + j] = argmax(sp_batch_logits(s->d_batch, r), n_vocab);
+        }
+    }
 }
 
 /* Decode rows first (one token each), then prefill chunks in admission
@@ -930,7 +1135,14 @@ plan_step(sp_sched_t *s)
     s->n_rows = 0;
     for (int i = 0; i < s->n_running; i++) {
         seq_t *sq = s->running[i];
-        if (sq->n_tokens - sq->n_computed == 1) {
+        if (sq->n_tokens - sq->n_computed == 1 && sq->spec_k > 0) {
+            /* The last token and the draft's proposals after it (already in
+             * tokens[n_tokens..]), with the logits of every one. */
+            plan_row(s, sq, 1 + sq->spec_k);
+            s->rows[s->n_rows - 1].logits = true;
+            s->rows[s->n_rows - 1].n_logits = 1 + sq->spec_k;
+            budget -= 1 + sq->spec_k;
+        } else if (sq->n_tokens - sq->n_computed == 1) {
             plan_row(s, sq, 1);
             budget--;
         }
@@ -951,13 +1163,10 @@ plan_step(sp_sched_t *s)
     return s->step_decode + prefill - left;
 }
 
-/* After the step: publish newly full blocks, sample where the logits are. */
+/* Publish the sequence's newly full blocks in the prefix cache. */
 static void
-finish_row(sp_sched_t *s, int64_t i)
+publish_blocks(sp_sched_t *s, seq_t *sq)
 {
-    seq_t *sq = s->step_seqs[i];
-    sp_sched_job_t *j = sq->job;
-    sq->n_computed += s->rows[i].n_tokens;
     while ((sq->n_published + 1) * SP_KV_BLOCK <= sq->n_computed) {
         int64_t k = sq->n_published;
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
@@ -966,6 +1175,83 @@ finish_row(sp_sched_t *s, int64_t i)
         sq->chain_hash = hh;
         sq->n_published++;
     }
+}
+
+/* One sampled token: count it and send it. */
+static void
+emit_token(sp_sched_t *s, seq_t *sq, const sp_gen_token_t *t)
+{
+    if (t->token >= 0) {
+        sq->job->completion_tokens++;
+        atomic_fetch_add(&s->st_tokens, 1);
+    }
+    if (t->token >= 0 || t->text_len > 0) {
+        post_token(s, sq, t);
+    }
+}
+
+/* A verification row (see "Speculative decoding"): sample position by
+ * position while the sampler picks the draft's proposals. */
+static void
+finish_spec_row(sp_sched_t *s, int64_t i)
+{
+    seq_t *sq = s->step_seqs[i];
+    const int64_t base = sq->n_tokens; /* index of the first proposal */
+    const int64_t k = s->rows[i].n_tokens - 1;
+    int64_t acc = 0;
+    atomic_fetch_add(&s->st_spec_rows, 1);
+    atomic_fetch_add(&s->st_spec_drafted, k);
+    for (int64_t at = 0; at <= k; at++) {
+        memcpy(s->logits, sp_batch_logits_at(s->batch, i, at), (size_t)s->n_vocab * sizeof(float));
+        sp_gen_token_t t;
+        sp_status_t st = sp_gen_step(sq->gen, s->logits, &t);
+        /* Positions base - 1 .. base + at - 1 hold the tokens taken so far. */
+        sq->n_computed = base + at;
+        if (st != SP_OK) {
+            seq_fail(s, sq, st, sp_gen_error(sq->gen));
+            return;
+        }
+        emit_token(s, sq, &t);
+        if (t.finish != SP_FINISH_NONE) {
+            publish_blocks(s, sq);
+            atomic_fetch_add(&s->st_spec_accepted, acc);
+            seq_finish(s, sq, t.finish);
+            return;
+        }
+        if (at < k && t.token == sq->tokens[base + at]) {
+            acc++; /* the proposal, already in place */
+            continue;
+        }
+        sq->n_tokens = base + at; /* drop the proposals from here on */
+        if (sq->n_tokens >= sq->cap) {
+            publish_blocks(s, sq);
+            atomic_fetch_add(&s->st_spec_accepted, acc);
+            seq_finish(s, sq, SP_FINISH_LENGTH);
+            return;
+        }
+        sq->tokens[sq->n_tokens++] = t.token;
+        break;
+    }
+    atomic_fetch_add(&s->st_spec_accepted, acc);
+    /* The draft saw proposals up to base + k - 2; it is right up to the first
+     * token it did not propose. */
+    if (sq->d_computed > base + acc) {
+        sq->d_computed = base + acc;
+    }
+    publish_blocks(s, sq);
+}
+
+/* After the step: publish newly full blocks, sample where the logits are. */
+static void
+finish_row(sp_sched_t *s, int64_t i)
+{
+    seq_t *sq = s->step_seqs[i];
+    if (s->rows[i].n_logits > 1) {
+        finish_spec_row(s, i);
+        return;
+    }
+    sq->n_computed += s->rows[i].n_tokens;
+    publish_blocks(s, sq);
     if (!s->rows[i].logits) {
         return;
     }
@@ -976,13 +1262,7 @@ finish_row(sp_sched_t *s, int64_t i)
         seq_fail(s, sq, st, sp_gen_error(sq->gen));
         return;
     }
-    if (t.token >= 0) {
-        j->completion_tokens++;
-        atomic_fetch_add(&s->st_tokens, 1);
-    }
-    if (t.token >= 0 || t.text_len > 0) {
-        post_token(s, sq, &t);
-    }
+    emit_token(s, sq, &t);
     if (t.finish != SP_FINISH_NONE) {
         seq_finish(s, sq, t.finish);
     } else if (sq->n_tokens >= sq->cap) {
@@ -1068,6 +1348,8 @@ engine_step(sp_sched_t *s)
     }
     pthread_mutex_unlock(&s->mu);
     ensure_blocks(s);
+    spec_plan(s);
+    draft_propose(s);
     int64_t rows = plan_step(s);
     int64_t n_seqs = s->n_rows;
     if (n_seqs > 0) {
@@ -1143,6 +1425,10 @@ typedef struct sched_plan {
     sp_ctx_params_t cp;     /* the embedding context */
     sp_kv_pool_params_t kp; /* the shared KV pool */
     sp_batch_params_t bp;   /* the step batch */
+    /* speculative decoding: the draft's cache (a slot per sequence) and batch */
+    int64_t d_per_slot;
+    sp_kv_pool_params_t dkp;
+    sp_batch_params_t dbp;
 } sched_plan_t;
 
 static sp_status_t
@@ -1195,7 +1481,47 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     o->bp.max_ctx = o->n_ctx;
     o->bp.n_threads = p->n_threads;
     sp_batch_params_t rb;
-    return sp_batch_resolve(m, &o->bp, &rb, err, err_len);
+    if (p->draft == NULL) {
+        return sp_batch_resolve(m, &o->bp, &rb, err, err_len);
+    }
+    /* Speculative decoding: room for every kept logit row of a step, a draft
+     * that speaks the same vocabulary, CPU layers. */
+    if (p->spec_k < 1 || p->spec_k > SP_SCHED_MAX_SPEC) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "speculative decoding: num_speculative_tokens must be 1..%d, got %d",
+                       SP_SCHED_MAX_SPEC, p->spec_k);
+    }
+    const sp_tokenizer_t *ta = sp_model_tokenizer(m), *tb = sp_model_tokenizer(p->draft);
+    int32_t nv = sp_tokenizer_n_vocab(ta);
+    if (sp_tokenizer_n_vocab(tb) != nv || sp_model_hparams(p->draft)->n_vocab != sp_model_hparams(m)->n_vocab) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "speculative decoding: the draft model's vocabulary (%d tokens) is not "
+                       "the model's (%d)", sp_tokenizer_n_vocab(tb), nv);
+    }
+    for (int32_t id = 0; id < nv; id++) {
+        sp_str_t x = sp_tokenizer_token_text(ta, id), y = sp_tokenizer_token_text(tb, id);
+        if (x.len != y.len || memcmp(x.ptr, y.ptr, x.len) != 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "speculative decoding: token %d differs between the model and the "
+                           "draft model (not the same vocabulary)", (int)id);
+        }
+    }
+    if (sp_gpu_model_layers(m) > 0 || sp_gpu_model_layers(p->draft) > 0) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "speculative decoding runs on the CPU only for now (gpu layers)");
+    }
+    o->bp.max_logits = (int64_t)p->n_slots * (1 + p->spec_k);
+    if ((st = sp_batch_resolve(m, &o->bp, &rb, err, err_len)) != SP_OK) {
+        return st;
+    }
+    o->d_per_slot = per_seq;
+    o->dkp = (sp_kv_pool_params_t){.n_blocks = per_seq * p->n_slots, .f16 = p->kv_f16};
+    o->dbp = sp_batch_default_params();
+    o->dbp.max_tokens = o->prefill_chunk;
+    o->dbp.max_seqs = p->n_slots;
+    o->dbp.max_ctx = o->n_ctx;
+    o->dbp.n_threads = p->n_threads;
+    return sp_batch_resolve(p->draft, &o->dbp, &rb, err, err_len);
 }
 
 /* Heap bytes sp_gen_vocab_create(tok) keeps. engine/gen.c keeps its types
@@ -1268,6 +1594,17 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         scratch = add_sat(scratch, parts[i] == SIZE_MAX ? UINT64_MAX : parts[i]);
     }
+    if (p->draft != NULL) {
+        const uint64_t dparts[] = {
+            sp_kv_pool_bytes(p->draft, &pl.dkp),
+            sp_batch_bytes(p->draft, &pl.dbp),
+            (uint64_t)p->n_slots * (sizeof(sp_batch_seq_t) + sizeof(seq_t *) + sizeof(bool)),
+            (uint64_t)(pl.d_per_slot * p->n_slots) * sizeof(int32_t),
+        };
+        for (size_t i = 0; i < sizeof dparts / sizeof dparts[0]; i++) {
+            scratch = add_sat(scratch, dparts[i] == SIZE_MAX ? UINT64_MAX : dparts[i]);
+        }
+    }
     out->n_ctx = pl.n_ctx;
     out->kv_blocks = pl.nb;
     out->kv_bytes = sp_kv_pool_bytes(m, &pl.kp);
@@ -1327,6 +1664,23 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     if (st == SP_OK) {
         st = sp_batch_create(m, &pl.bp, &s->batch, err, err_len);
     }
+    if (st == SP_OK && p->draft != NULL) {
+        st = sp_kv_pool_create(p->draft, &pl.dkp, &s->d_kv, err, err_len);
+        if (st == SP_OK) {
+            st = sp_batch_create(p->draft, &pl.dbp, &s->d_batch, err, err_len);
+        }
+        s->d_per_slot = pl.d_per_slot;
+        s->d_rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_rows);
+        s->d_seqs = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_seqs);
+        s->d_slot_used = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_slot_used);
+        s->d_block_ids = sp_malloc((size_t)(pl.d_per_slot * s->p.n_slots) * sizeof(int32_t));
+        if (st == SP_OK && (!s->d_rows || !s->d_seqs || !s->d_slot_used || !s->d_block_ids)) {
+            st = sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
+        }
+        for (int64_t b = 0; st == SP_OK && b < pl.d_per_slot * s->p.n_slots; b++) {
+            s->d_block_ids[b] = (int32_t)b;
+        }
+    }
     if (st != SP_OK) {
         sp_sched_destroy(s);
         return st;
@@ -1342,10 +1696,10 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     }
     s->started = true;
     SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu step_tokens=%d max_seqs=%d "
-                "ctx=%lld tpot_target_ms=%g",
+                "ctx=%lld tpot_target_ms=%g speculative_tokens=%d",
                 (long long)pl.nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk,
                 s->p.n_slots, (long long)s->n_ctx,
-                p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0);
+                p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0, p->draft ? p->spec_k : 0);
     *out = s;
     return SP_OK;
 }
@@ -1377,6 +1731,12 @@ sp_sched_destroy(sp_sched_t *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     sp_batch_destroy(s->batch);
+    sp_batch_destroy(s->d_batch);
+    sp_kv_pool_destroy(s->d_kv);
+    sp_free(s->d_rows);
+    sp_free(s->d_seqs);
+    sp_free(s->d_slot_used);
+    sp_free(s->d_block_ids);
     sp_blocks_destroy(s->blocks);
     sp_kv_pool_destroy(s->kv);
     sp_ctx_destroy(s->embed_ctx);
@@ -1439,6 +1799,9 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->prompt_tokens = atomic_load(&s->st_prompt);
     o->prompt_tokens_cached = atomic_load(&s->st_prompt_cached);
     o->preemptions = atomic_load(&s->st_preempt);
+    o->spec_rows = atomic_load(&s->st_spec_rows);
+    o->spec_drafted = atomic_load(&s->st_spec_drafted);
+    o->spec_accepted = atomic_load(&s->st_spec_accepted);
 }
 
 sp_status_t
@@ -1536,10 +1899,12 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         sq->blocks = j->block_store + boff;
         sq->blocks_cap = r->embed ? 0 : blocks_for(cap);
         sq->chain_serial = SP_BLOCKS_ROOT;
+        sq->d_slot = -1;
         toff += cap;
         boff += sq->blocks_cap;
     }
     j->gen = gp;
+    sp_grammar_retain(j->gen.grammar); /* released in job_free: the request may end first */
     char *sp = j->stop_store;
     for (int i = 0; i < r->gen.n_stop; i++) {
         size_t l = strlen(r->gen.stop[i]);

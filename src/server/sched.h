@@ -123,7 +123,14 @@ typedef struct sp_sched_params {
     int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
     double tpot_target_ms; /* > 0: adapt the prefill budget to keep the p99 step time (the
                               time per output token) under this (server/stepctl.h) */
+    /* Speculative decoding: a small model with the same vocabulary proposes spec_k
+     * tokens, the model verifies them in one pass (sched.c, "Speculative decoding").
+     * NULL: off. The draft must outlive the scheduler; CPU layers only. */
+    const sp_model_t *draft;
+    int spec_k;            /* tokens proposed per step, 1..SP_SCHED_MAX_SPEC (default 4) */
 } sp_sched_params_t;
+
+#define SP_SCHED_MAX_SPEC 16
 
 /* Steps by batch size: bucket b counts steps with at most 2^b sequences (and
  * more than 2^(b-1)); the last one, more than 2^(SP_SCHED_BATCH_BUCKETS-1). */
@@ -147,6 +154,9 @@ typedef struct sp_sched_stats {
        of the last steps with decode rows, the target (0 = off) and the adjustments */
     int64_t step_budget, budget_decreases, budget_increases;
     double step_p99_ms, tpot_target_ms;
+    /* speculative decoding: verification rows, draft tokens proposed and accepted
+       (tokens per verification = (accepted + rows) / rows, the speed-up's upper bound) */
+    int64_t spec_rows, spec_drafted, spec_accepted;
 } sp_sched_stats_t;
 
 sp_sched_params_t sp_sched_default_params(void);

@@ -30,11 +30,13 @@
 #include "sampan/version.h"
 #include "repo/repo.h"
 #include "server/cors.h"
+#include "server/grpc.h"
 #include "server/batcher.h"
 #include "server/kserve.h"
 #include "server/registry.h"
 #include "server/server.h"
 #include "server/status.h"
+#include "server/trace.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -361,7 +363,8 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"steps\":%lld,"
             "\"last_step_seqs\":%lld,\"last_step_tokens\":%lld,\"mean_step_seqs\":%.3f,"
             "\"mean_step_tokens\":%.3f,\"step_budget\":%lld,\"step_p99_ms\":%.4f,"
-            "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld",
+            "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld,"
+            "\"spec_verifications\":%lld,\"spec_draft_tokens\":%lld,\"spec_accepted_tokens\":%lld",
             m->version_str, m->n_inst, (unsigned long long)m->mem_bytes, m->load_ms,
             (long long)st.active, (long long)st.queued, (long long)st.running_tier[2],
             (long long)st.running_tier[1], (long long)st.running_tier[0],
@@ -376,7 +379,8 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             (long long)st.kv_evictions, (long long)st.steps, (long long)st.last_step_seqs,
             (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows,
             (long long)st.step_budget, st.step_p99_ms, st.tpot_target_ms,
-            (long long)st.budget_decreases, (long long)st.budget_increases);
+            (long long)st.budget_decreases, (long long)st.budget_increases,
+            (long long)st.spec_rows, (long long)st.spec_drafted, (long long)st.spec_accepted);
         sp_jbuf_raw(&b, buf, w > 0 && (size_t)w < sizeof buf ? (size_t)w : 0);
         /* Per instance: jobs done, for checking how work spreads. */
         const sp_model_metrics_t *mm = &m->metrics;
@@ -526,6 +530,9 @@ handle(sp_http_req_t *r, void *ud)
         sp_http_req_set_rid(r, buf, (size_t)n);
     }
     sp_http_add_header(r, "x-request-id", sp_http_req_rid(r));
+    if (sp_trace_enabled()) {
+        sp_trace_http_begin(r); /* traceparent in and out (docs/tracing.md) */
+    }
     if (sp_cors_handle(r, s->cfg.cors_origins)) {
         return; /* a CORS preflight, answered before any key is asked for */
     }
@@ -581,6 +588,11 @@ on_done(sp_http_req_t *r, bool aborted, void *ud)
     sp_server_t *s = ud;
     sp_tenant_state_t *tenant = sp_http_req_user(r);
     sp_auth_done(tenant); /* no longer in flight, logged or not */
+    char trace[80]; /* " trace_id=... span_id=..." of a sampled request, else "" */
+    trace[0] = '\0';
+    if (sp_trace_enabled()) {
+        sp_trace_http_end(r, aborted, tenant ? tenant->name : NULL, trace, sizeof trace);
+    }
     const char *mode = s->cfg.log_requests;
     int status = sp_http_req_status(r);
     const char *note = sp_http_req_note(r);
@@ -593,10 +605,10 @@ on_done(sp_http_req_t *r, bool aborted, void *ud)
     sp_str_t path = sp_http_req_path(r);
     double ms = (double)(sp_time_ns() - sp_http_req_start_ns(r)) / 1e6;
     sp_log_level_t level = status >= 500 ? SP_LOG_LEVEL_WARN : SP_LOG_LEVEL_INFO;
-    SP_LOG(level, "event=request rid=%s method=%s path=%s status=%d duration_ms=%.3f peer=%s tenant=%s%s%s%s",
+    SP_LOG(level, "event=request rid=%s method=%s path=%s status=%d duration_ms=%.3f peer=%s tenant=%s%s%s%s%s",
            sp_http_req_rid(r), sp_http_req_method_str(r),
            sp_log_str_n(path.ptr, path.len > 200 ? 200 : path.len), status, ms,
-           sp_http_req_peer(r), tenant ? tenant->name : "-", note[0] ? " " : "", note,
+           sp_http_req_peer(r), tenant ? tenant->name : "-", trace, note[0] ? " " : "", note,
            aborted ? " aborted=true" : "");
 }
 
@@ -615,6 +627,10 @@ loop_init(sp_http_loop_t *loop, void *ud)
         sp_free(lc);
         return NULL;
     }
+    /* The gRPC port is served by the same loops (grpc.h). */
+    if (lc->srv->grpc && (lc->grpc = sp_grpc_loop_start(lc->srv->grpc, loop)) == NULL) {
+        SP_LOG_WARN("event=grpc_loop_failed detail=%s", sp_log_str("out of memory"));
+    }
     return lc;
 }
 
@@ -623,9 +639,60 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
 {
     sp_loop_ctx_t *lc = user;
     if (lc) {
+        sp_grpc_loop_stop(lc->grpc); /* cancels its calls while the mailbox still exists */
         sp_mailbox_destroy(lc->mb);
         sp_free(lc);
     }
+}
+
+/* The gRPC port (docs/grpc.md): --grpc-port N, 0 or off; by default 8001,
+ * and when that port is taken the server runs without gRPC (a warning),
+ * so that several servers on one machine (tests, a second instance) start.
+ * An explicit port that cannot be bound is an error, as --port is. */
+static sp_status_t
+start_grpc(sp_server_t *s, int *rc, char *err, size_t err_len)
+{
+    const char *v = s->cfg.grpc_port;
+    bool dflt = v[0] == '\0';
+    if (strcmp(v, "off") == 0 || strcmp(v, "0") == 0) {
+        return SP_OK;
+    }
+    char *end = NULL;
+    long port = dflt ? SP_GRPC_DEFAULT_PORT : strtol(v, &end, 10);
+    if (!dflt && (*end != '\0' || port < 1 || port > 65535)) {
+        *rc = 2;
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--grpc-port must be a port (1..65535), 0 or off, got '%s'", v);
+    }
+    if (port == s->cfg.port || port == s->cfg.tls_port) {
+        if (dflt) {
+            SP_LOG_WARN("event=grpc_disabled port=%ld reason=%s", port,
+                        sp_log_str("the HTTP server uses this port; give --grpc-port"));
+            return SP_OK;
+        }
+        *rc = 2;
+        return sp_errf(err, err_len, SP_ERR_INVALID, "--grpc-port %ld: the HTTP server uses it",
+                       port);
+    }
+    sp_grpc_params_t gp = {
+        .host = s->cfg.host,
+        .port = (int)port,
+        .limits = s->cfg.limits,
+        .srv = s,
+        .tls_cert = s->cfg.tls_cert,
+        .tls_key = s->cfg.tls_key,
+        .tls_client_ca = s->cfg.tls_client_ca,
+    };
+    if (sp_grpc_create(&gp, &s->grpc, err, err_len) != SP_OK) {
+        if (dflt) {
+            SP_LOG_WARN("event=grpc_disabled port=%ld reason=%s", port, sp_log_str(err));
+            return SP_OK;
+        }
+        return SP_ERR_IO;
+    }
+    SP_LOG_INFO("event=grpc_listening url=%s://%s:%d service=inference.GRPCInferenceService",
+                sp_grpc_tls(s->grpc) ? "grpcs" : "grpc", s->cfg.host, sp_grpc_port(s->grpc));
+    return SP_OK;
 }
 
 /* ------------------------------------------------------------- entry */
@@ -764,6 +831,24 @@ sp_cmd_serve(int argc, char **argv)
                     sp_log_str("--cors-origins '*' lets every web page read this server's "
                                "answers from its visitors' browsers"));
     }
+    {
+        /* Tracing (docs/tracing.md) before the loops: they read its flag. */
+        sp_trace_params_t tp = sp_trace_default_params();
+        tp.endpoint = s->cfg.otlp_endpoint;
+        tp.service_name = s->cfg.otel_service_name;
+        tp.sample_ratio = s->cfg.trace_sample_ratio;
+        tp.max_queue_spans = s->cfg.otlp_max_queue;
+        tp.timeout_ms = (int)(s->cfg.otlp_timeout_s * 1000 + 0.5);
+        if (sp_trace_init(&tp, err, sizeof err) != SP_OK) {
+            fprintf(stderr, "sampan serve: %s\n", err);
+            rc = 2;
+            goto done;
+        }
+    }
+    if (start_grpc(s, &rc, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        goto done;
+    }
     if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
         sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
@@ -803,6 +888,7 @@ sp_cmd_serve(int argc, char **argv)
                         (long long)sp_http_server_inflight(s->http), s->cfg.drain_timeout_s);
             atomic_store(&s->draining, true);
             sp_http_server_stop_accepting(s->http);
+            sp_grpc_stop_accepting(s->grpc);
             drain_deadline = sp_time_ns() + (int64_t)(s->cfg.drain_timeout_s * 1e9) + 1;
         }
         if (sig == SIGHUP) {
@@ -842,6 +928,8 @@ done:
     sp_repository_stop(s);
     sp_registry_stop_all(&s->reg);
     sp_http_server_destroy(s->http);
+    sp_grpc_destroy(s->grpc); /* after the loops: they held its connections */
+    sp_trace_shutdown(); /* after the loops: their last spans are queued; a bounded flush */
     sp_registry_fini(&s->reg);
     sp_respcache_destroy(s->rcache); /* after the loops: no hit is outstanding */
     sp_auth_fini(&s->auth);

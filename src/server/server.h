@@ -43,6 +43,7 @@ typedef struct sp_server {
     atomic_bool draining;     /* SIGTERM seen */
     atomic_bool load_failed;
     sp_http_server_t *http;
+    struct sp_grpc *grpc;     /* the gRPC port (grpc.h); NULL = none */
     sp_router_t *router;
     sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */
     int64_t started_unix;
@@ -54,6 +55,7 @@ typedef struct sp_server {
 typedef struct sp_loop_ctx {
     sp_server_t *srv;
     sp_mailbox_t *mb;
+    struct sp_grpc_loop *grpc; /* this loop's gRPC connections (grpc.h); NULL = none */
 } sp_loop_ctx_t;
 
 /* `sampan serve` */

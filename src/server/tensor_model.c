@@ -14,6 +14,7 @@
 #include "server/kserve.h"
 #include "server/server.h"
 #include "server/tensor.h"
+#include "server/trace.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -586,6 +587,7 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
         }
         it.done = on_done;
         it.ud = q;
+        sp_trace_http_submit(r); /* the queue span starts here */
         st = sp_batcher_submit(m->batcher, &it, err, sizeof err);
     }
     for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {

@@ -1222,8 +1222,10 @@ def repo_cases():
         case("R6", "error answers and the index never quote absolute paths or addresses",
              not leaks, str(leaks[:1]))
         # R7 sockets of the process
-        case("R7", "the process listens only on its HTTP port on 127.0.0.1, no other socket",
-             *listening_only(srv.p.pid, P))
+        g = re.search(r"event=grpc_listening url=grpcs?://127\.0\.0\.1:(\d+)", srv.text())
+        ports = [P] + ([int(g.group(1))] if g else [])
+        case("R7", "the process listens only on its HTTP and gRPC ports on 127.0.0.1, no other "
+             "socket", *listening_only(srv.p.pid, ports))
     finally:
         stop_server(srv, "repository server")
 
@@ -1243,8 +1245,9 @@ def tree_digest(root):
     return h.hexdigest()
 
 
-def listening_only(pid, port):
-    """(ok, detail): every listening TCP socket of pid is 127.0.0.1:port; no listening unix socket."""
+def listening_only(pid, ports):
+    """(ok, detail): the listening TCP sockets of pid are 127.0.0.1 on exactly these ports; no
+    listening unix socket."""
     try:
         inodes = set()
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -1273,7 +1276,7 @@ def listening_only(pid, port):
                     unix.append(p[-1])
     except OSError as e:
         return False, str(e)
-    ok = listen == [("tcp", "0100007F", port)] and not unix
+    ok = sorted(listen) == sorted(("tcp", "0100007F", p) for p in ports) and not unix
     return ok, (listen, unix)
 
 

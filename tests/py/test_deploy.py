@@ -767,8 +767,8 @@ def check_dockerfile():
     users = [v for k, v in final if k == "USER"]
     s.case("Dockerfile: runtime stage runs as a numeric non-root user",
            bool(users) and re.match(r"^[1-9][0-9]*(:[0-9]+)?$", users[-1]) is not None, str(users))
-    s.case("Dockerfile: EXPOSE 8000, ENTRYPOINT sampan, CMD serve --host 0.0.0.0",
-           ("EXPOSE", "8000") in final and ("ENTRYPOINT", '["sampan"]') in final
+    s.case("Dockerfile: EXPOSE 8000 (HTTP) and 8001 (gRPC), ENTRYPOINT sampan, CMD serve --host 0.0.0.0",
+           ("EXPOSE", "8000 8001") in final and ("ENTRYPOINT", '["sampan"]') in final
            and any(k == "CMD" and json.loads(v)[:1] == ["serve"] and "0.0.0.0" in json.loads(v)
                    for k, v in final if k == "CMD"))
     s.case("Dockerfile: runtime stage has no compiler or -dev package",

@@ -306,8 +306,9 @@ def test_config(tmp):
 
 def test_gpu_placement(tmp):
     """Placement and budgets on GPUs and MIG instances, through the fake NVML the unit build
-    makes: the budget of the named device is checked; the engine has no CUDA backend yet, so a
-    load that fits ends with that clear error and leaves nothing reserved."""
+    makes: the budget of the named device is checked. The CUDA backend is switched off here
+    (SAMPAN_CUDA_LIB empty; tests/py/test_cuda.py runs it on an emulated device), so a load
+    that fits ends with that clear error and leaves nothing reserved."""
     from common import binary
     fake = os.path.join(os.path.dirname(binary()), "libfake_nvml.so")
     if not os.path.isfile(fake):
@@ -319,6 +320,7 @@ def test_gpu_placement(tmp):
     write_model(repo, "nogpu", config={"instance_group": [{"kind": "KIND_GPU", "gpus": [7]}]})
     old = dict(os.environ)
     os.environ["SAMPAN_NVML_LIB"] = fake
+    os.environ["SAMPAN_CUDA_LIB"] = ""
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     try:
         srv = RepoServer(repo, "--model-control-mode", "explicit")
@@ -329,7 +331,7 @@ def test_gpu_placement(tmp):
                    devs[3]["budget_bytes"] == int(devs[3]["total_bytes"] * 0.8), json.dumps(devs))
             st, b = srv.req("POST", "/v2/repository/models/mig/load")
             s.case("gpu: placement on MIG instance cuda:1 fits, then needs the CUDA backend",
-                   st == 400 and "CUDA backend" in b.get("error", ""), str(b))
+                   st == 400 and "GPU backend" in b.get("error", ""), str(b))
             s.case("gpu: nothing left reserved",
                    all(d["reserved_bytes"] == 0 for d in srv.stats()["devices"]))
             st, b = srv.req("POST", "/v2/repository/models/nogpu/load")
@@ -347,7 +349,7 @@ def test_gpu_placement(tmp):
             st, b = srv.req("POST", "/v2/repository/models/mig/load")
             err = b.get("error", "") if isinstance(b, dict) else ""
             s.case("gpu: too big for the MIG instance's budget, named in the error",
-                   st == 400 and "memory budget" in err and "MIG-aaaaaaaa" in err, err)
+                   st == 400 and "budget" in err and "MIG-aaaaaaaa" in err, err)
         finally:
             s.case("gpu: clean exit (budget)", srv.stop() == 0)
         from common import run

@@ -237,7 +237,7 @@ run_scenario(const sp_model_t *m, const scenario_t *sc)
             int64_t k = done[s] < prompt[s] ? chunk[s] : 1;
             if (done[s] < prompt[s] && done[s] + k > prompt[s]) k = prompt[s] - done[s];
             seqs[i] = (sp_batch_seq_t){toks[s] + done[s], k, done[s], blocks[s], per_seq,
-                                       (step + s) % 3 != 0};
+                                       (step + s) % 3 != 0, 0};
         }
         ASSERT_OK(sp_batch_eval(b, kv, seqs, n));
         for (int i = 0; i < n; i++) {
@@ -321,18 +321,18 @@ TEST(batch_copy_block_prefix_sharing)
     ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
 
     int32_t ta[2] = {5, 2}, tb[2] = {5, 6}; /* block 5 shared (full); B's partial copied to 6 */
-    sp_batch_seq_t s = {a, 20, 0, ta, 2, true};
+    sp_batch_seq_t s = {a, 20, 0, ta, 2, true, 0};
     ASSERT_OK(sp_batch_eval(b, kv, &s, 1));
     ASSERT(memcmp(sp_batch_logits(b, 0), ra + 19 * V, (size_t)V * sizeof(float)) == 0);
     sp_kv_pool_copy_block(kv, 6, 2); /* copy-on-write before either writes position 20 */
-    sp_batch_seq_t two[2] = {{a + 20, 3, 20, ta, 2, true}, {bt + 20, 1, 20, tb, 2, true}};
+    sp_batch_seq_t two[2] = {{a + 20, 3, 20, ta, 2, true, 0}, {bt + 20, 1, 20, tb, 2, true, 0}};
     ASSERT_OK(sp_batch_eval(b, kv, two, 2));
     ASSERT(memcmp(sp_batch_logits(b, 0), ra + 22 * V, (size_t)V * sizeof(float)) == 0);
     ASSERT(memcmp(sp_batch_logits(b, 1), rb + 20 * V, (size_t)V * sizeof(float)) == 0);
     /* B runs on past its copied block into a fresh one, A decodes. */
     int32_t tb3[3] = {5, 6, 0};
     for (int64_t p = 21, q = 23; p < 30; p++) {
-        sp_batch_seq_t st[2] = {{bt + p, 1, p, tb3, 3, true}, {a + q, 1, q, ta, 2, true}};
+        sp_batch_seq_t st[2] = {{bt + p, 1, p, tb3, 3, true, 0}, {a + q, 1, q, ta, 2, true, 0}};
         const int n = q < 26 ? 2 : 1;
         ASSERT_OK(sp_batch_eval(b, kv, st, n));
         ASSERT(memcmp(sp_batch_logits(b, 0), rb + p * V, (size_t)V * sizeof(float)) == 0);
@@ -375,22 +375,22 @@ TEST(batch_rejects_bad_steps)
     ASSERT(sp_kv_block_bytes(m, false) == 2 * sp_kv_block_bytes(m, true));
 
     sp_batch_t *b;
-    sp_batch_params_t bp = {8, 2, 40, 1};
-    ASSERT(sp_batch_create(m, &(sp_batch_params_t){-1, 2, 40, 1}, &b, err, sizeof err) ==
+    sp_batch_params_t bp = {8, 2, 40, 1, 0};
+    ASSERT(sp_batch_create(m, &(sp_batch_params_t){-1, 2, 40, 1, 0}, &b, err, sizeof err) ==
            SP_ERR_INVALID);
     ASSERT(b == NULL);
     ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
 
     int32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     int32_t t0[3] = {0, 1, 2}, t1[3] = {3, 4, 5};
-    sp_batch_seq_t ok = {toks, 4, 0, t0, 1, true};
+    sp_batch_seq_t ok = {toks, 4, 0, t0, 1, true, 0};
     ASSERT_OK(sp_batch_eval(b, kv, &ok, 1));
     ASSERT(sp_batch_logits(b, 0) != NULL);
     ASSERT(sp_batch_logits(b, 1) == NULL && sp_batch_logits(b, -1) == NULL);
     float *want = ctx_logits(m, toks, 5, false);
     /* W: a valid sequence that would overwrite position 2 with another token
      * if the bad steps it comes with were computed. */
-#define W {toks + 5, 1, 2, t0, 1, true}
+#define W {toks + 5, 1, 2, t0, 1, true, 0}
 
     struct {
         const char *what;
@@ -399,22 +399,25 @@ TEST(batch_rejects_bad_steps)
         sp_kv_pool_t *kv;
     } bad[] = {
         {"no sequences", {W}, 0, kv},
-        {"more than max_seqs", {W, {toks, 1, 0, t1, 1, true},
-                                {toks, 1, 0, t1 + 1, 1, true}}, 3, kv},
-        {"more than max_tokens", {W, {toks, 8, 0, t1, 1, true}}, 2, kv},
-        {"zero tokens", {{toks, 0, 4, t0, 1, true}}, 1, kv},
-        {"NULL tokens", {{NULL, 1, 4, t0, 1, true}}, 1, kv},
-        {"NULL blocks", {{toks, 1, 4, NULL, 1, true}}, 1, kv},
-        {"token id = n_vocab", {{(int32_t[]){(int32_t)V}, 1, 4, t0, 1, true}}, 1, kv},
-        {"negative token id", {{(int32_t[]){-1}, 1, 4, t0, 1, true}}, 1, kv},
-        {"negative position", {{toks, 1, -1, t0, 1, true}}, 1, kv},
-        {"past max_ctx", {{toks, 2, 39, t0, 3, true}}, 1, kv},
-        {"too few blocks", {{toks, 2, 15, t0, 1, true}}, 1, kv},
-        {"block id outside the pool", {{toks, 1, 16, (int32_t[]){0, 6}, 2, true}}, 1, kv},
-        {"negative block id", {{toks, 1, 0, (int32_t[]){-1}, 1, true}}, 1, kv},
-        {"two writers of one block", {W, {toks, 1, 3, t0, 1, true}}, 2, kv},
-        {"one block twice in a table", {{toks, 2, 15, (int32_t[]){3, 3}, 2, true}}, 1, kv},
+        {"more than max_seqs", {W, {toks, 1, 0, t1, 1, true, 0},
+                                {toks, 1, 0, t1 + 1, 1, true, 0}}, 3, kv},
+        {"more than max_tokens", {W, {toks, 8, 0, t1, 1, true, 0}}, 2, kv},
+        {"zero tokens", {{toks, 0, 4, t0, 1, true, 0}}, 1, kv},
+        {"NULL tokens", {{NULL, 1, 4, t0, 1, true, 0}}, 1, kv},
+        {"NULL blocks", {{toks, 1, 4, NULL, 1, true, 0}}, 1, kv},
+        {"token id = n_vocab", {{(int32_t[]){(int32_t)V}, 1, 4, t0, 1, true, 0}}, 1, kv},
+        {"negative token id", {{(int32_t[]){-1}, 1, 4, t0, 1, true, 0}}, 1, kv},
+        {"negative position", {{toks, 1, -1, t0, 1, true, 0}}, 1, kv},
+        {"past max_ctx", {{toks, 2, 39, t0, 3, true, 0}}, 1, kv},
+        {"too few blocks", {{toks, 2, 15, t0, 1, true, 0}}, 1, kv},
+        {"block id outside the pool", {{toks, 1, 16, (int32_t[]){0, 6}, 2, true, 0}}, 1, kv},
+        {"negative block id", {{toks, 1, 0, (int32_t[]){-1}, 1, true, 0}}, 1, kv},
+        {"two writers of one block", {W, {toks, 1, 3, t0, 1, true, 0}}, 2, kv},
+        {"one block twice in a table", {{toks, 2, 15, (int32_t[]){3, 3}, 2, true, 0}}, 1, kv},
         {"pool of another model", {W}, 1, kv_other},
+        {"n_logits > n_tokens", {{toks, 2, 0, t0, 1, true, 3}}, 1, kv},
+        {"negative n_logits", {{toks, 2, 0, t0, 1, true, -1}}, 1, kv},
+        {"more kept logits than max_logits", {{toks, 3, 0, t0, 1, true, 3}}, 1, kv},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         /* The valid first sequence of a bad step must not be computed. */
@@ -428,9 +431,26 @@ TEST(batch_rejects_bad_steps)
     ASSERT(sp_batch_eval(b, kv, NULL, 1) == SP_ERR_INVALID);
     ASSERT(sp_batch_eval(NULL, kv, &ok, 1) == SP_ERR_INVALID);
     /* Nothing was written: position 4 continues the sequence exactly. */
-    sp_batch_seq_t next = {toks + 4, 1, 4, t0, 1, true};
+    sp_batch_seq_t next = {toks + 4, 1, 4, t0, 1, true, 0};
     ASSERT_OK(sp_batch_eval(b, kv, &next, 1));
     ASSERT(memcmp(sp_batch_logits(b, 0), want + 4 * V, (size_t)V * sizeof(float)) == 0);
+
+    /* n_logits: the logits of the last n_logits tokens, each bit-identical to the
+     * position's logits computed any other way (what a speculative verification
+     * reads); with room for them (max_logits) besides one per other sequence. */
+    sp_batch_t *b2;
+    ASSERT_OK(sp_batch_create(m, &(sp_batch_params_t){8, 2, 40, 1, 6}, &b2, err, sizeof err));
+    sp_batch_seq_t two_rows[2] = {{toks, 5, 0, t0, 1, true, 5}, {toks, 1, 0, t1, 1, true, 0}};
+    ASSERT_OK(sp_batch_eval(b2, kv, two_rows, 2));
+    for (int j = 0; j < 5; j++) {
+        const float *l = sp_batch_logits_at(b2, 0, j);
+        ASSERT(l != NULL && memcmp(l, want + j * V, (size_t)V * sizeof(float)) == 0);
+    }
+    ASSERT(sp_batch_logits_at(b2, 0, 5) == NULL && sp_batch_logits_at(b2, 0, -1) == NULL);
+    ASSERT(sp_batch_logits(b2, 0) == sp_batch_logits_at(b2, 0, 0));
+    ASSERT(memcmp(sp_batch_logits(b2, 1), want, (size_t)V * sizeof(float)) == 0);
+    ASSERT(sp_batch_logits_at(b2, 1, 1) == NULL);
+    sp_batch_destroy(b2);
 
     sp_free(want);
     sp_batch_destroy(b);

@@ -134,7 +134,8 @@ TEST(sched_mem_batch_and_ctx_bytes)
     for (int mi = 0; mi < 2; mi++) {
         const sp_model_t *m = models[mi].m;
         const sp_batch_params_t bps[] = {
-            {0, 0, 0, 1}, {256, 4, 256, 2}, {7, 64, 0, 3}, {512, 1, 4096, 0},
+            {0, 0, 0, 1, 0}, {256, 4, 256, 2, 0}, {7, 64, 0, 3, 0}, {512, 1, 4096, 0, 0},
+            {64, 4, 256, 1, 20}, /* logit rows for speculative verification */
         };
         for (size_t i = 0; i < sizeof bps / sizeof bps[0]; i++) {
             sp_batch_params_t r;
@@ -152,7 +153,7 @@ TEST(sched_mem_batch_and_ctx_bytes)
             }
         }
         /* Refused parameters: 0, and the same error as create. */
-        sp_batch_params_t bad = {70000, 1, 0, 1};
+        sp_batch_params_t bad = {70000, 1, 0, 1, 0};
         char e1[256], e2[256];
         sp_batch_t *b;
         ASSERT_EQ(sp_batch_bytes(m, &bad), 0);

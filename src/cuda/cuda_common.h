@@ -1,0 +1,193 @@
+/*
+ * cuda_common.h - per-element math shared by the CUDA kernels (nvcc) and the
+ * host code that must agree with them (gcc): index math of the paged KV
+ * cache, half/bfloat conversions, dequantisation of one element, RoPE pairs.
+ *
+ * Why shared: no GPU is there in CI, so what can be checked on the CPU is
+ * checked on the CPU. Every function here is SP_HD (__host__ __device__ under
+ * nvcc, plain static inline under a C compiler); tests/gpu/host_test.c runs
+ * them against the engine's own layouts and reference kernels, and the host
+ * emulation of the ABI (tests/gpu/fake_cuda.c) is built from them. A kernel
+ * that indexes through these functions has its index math tested even where
+ * it never ran.
+ *
+ * This header may not include kernels/kernels.h (its _Static_asserts are C11,
+ * not C++): the type numbers and block layouts are repeated here and
+ * host_test.c checks them against kernels.h.
+ */
+#ifndef SP_CUDA_COMMON_H
+#define SP_CUDA_COMMON_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define SP_HD __host__ __device__ __forceinline__
+#else
+#define SP_HD static inline
+#endif
+
+#define SP_CU_KV_BLOCK 16 /* positions per KV block: engine/batch.h SP_KV_BLOCK */
+#define SP_CU_MAX_HEAD_DIM 256
+#define SP_CU_MAX_TOPK 64
+
+/* GGML type numbers (kernels.h sp_type_t) of the types to_f16 reads. */
+enum {
+    SP_CU_F32 = 0,
+    SP_CU_F16 = 1,
+    SP_CU_Q4_0 = 2,
+    SP_CU_Q8_0 = 8,
+    SP_CU_BF16 = 30,
+};
+
+#define SP_CU_QK 32 /* elements per Q8_0 / Q4_0 block */
+
+typedef struct sp_cu_block_q8_0 {
+    uint16_t d; /* F16 scale */
+    int8_t qs[SP_CU_QK];
+} sp_cu_block_q8_0;
+
+typedef struct sp_cu_block_q4_0 {
+    uint16_t d;
+    uint8_t qs[SP_CU_QK / 2];
+} sp_cu_block_q4_0;
+
+/* ---- half and bfloat, on bit patterns (exact, round to nearest even) ---- */
+
+SP_HD float
+sp_cu_bits_to_f32(uint32_t u)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = u;
+    return v.f;
+}
+
+SP_HD uint32_t
+sp_cu_f32_to_bits(float f)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.f = f;
+    return v.u;
+}
+
+SP_HD float
+sp_cu_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) { /* inf, NaN */
+        return sp_cu_bits_to_f32(sign | 0x7f800000u | (man << 13));
+    }
+    if (exp == 0) {
+        if (man == 0) {
+            return sp_cu_bits_to_f32(sign);
+        }
+        /* subnormal: man * 2^-24, exact in float */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    return sp_cu_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+SP_HD uint16_t
+sp_cu_f32_to_f16(float f)
+{
+    const uint32_t x = sp_cu_f32_to_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) { /* NaN: keep it quiet and a NaN */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    if (ax >= 0x477ff000u) { /* rounds to >= 65520: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (ax < 0x38800000u) { /* below the smallest normal half (2^-14): subnormal or 0 */
+        if (ax < 0x33000000u) { /* below 2^-25: rounds to 0 */
+            return (uint16_t)sign;
+        }
+        const uint32_t e = ax >> 23;
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) {
+            r++;
+        }
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax >> 13) - (112u << 10));
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) {
+        r++; /* may carry into the exponent: still right */
+    }
+    return (uint16_t)(sign | r);
+}
+
+SP_HD float
+sp_cu_bf16_to_f32(uint16_t h)
+{
+    return sp_cu_bits_to_f32((uint32_t)h << 16);
+}
+
+/* ---- dequantisation of element j (0..31) of a block ---- */
+
+SP_HD float
+sp_cu_q8_0_elem(const sp_cu_block_q8_0 *b, int j)
+{
+    return sp_cu_f16_to_f32(b->d) * (float)b->qs[j];
+}
+
+SP_HD float
+sp_cu_q4_0_elem(const sp_cu_block_q4_0 *b, int j)
+{
+    const int q = j < SP_CU_QK / 2 ? (b->qs[j] & 0x0f) : (b->qs[j - SP_CU_QK / 2] >> 4);
+    return sp_cu_f16_to_f32(b->d) * (float)(q - 8);
+}
+
+/* ---- paged KV cache ---- */
+
+/* Element offset of the key tile of (block, layer il, KV head g). */
+SP_HD int64_t
+sp_cu_kv_tile(int64_t block, int64_t il, int64_t g, int64_t n_head_kv, int64_t tile_elems,
+              int64_t block_elems)
+{
+    return block * block_elems + (il * n_head_kv + g) * 2 * tile_elems;
+}
+
+/* Offset of key (lane, d) within a key tile: transposed, SP_CU_KV_BLOCK lanes per row. */
+SP_HD int64_t
+sp_cu_key_in_tile(int64_t lane, int64_t d)
+{
+    return d * SP_CU_KV_BLOCK + lane;
+}
+
+/* Offset of value (lane, d) from the key tile's start: the value tile follows it. */
+SP_HD int64_t
+sp_cu_val_in_tile(int64_t lane, int64_t d, int64_t head_dim, int64_t tile_elems)
+{
+    return tile_elems + lane * head_dim + d;
+}
+
+/* ---- RoPE ---- */
+
+/* The pair (a, b) that rotation i (0 <= i < n_rot / 2) of a head turns. */
+SP_HD void
+sp_cu_rope_pair(int64_t i, int64_t n_rot, int neox, int64_t *a, int64_t *b)
+{
+    *a = neox ? i : 2 * i;
+    *b = neox ? i + n_rot / 2 : 2 * i + 1;
+}
+
+SP_HD float
+sp_cu_silu_mul(float g, float u, float e_neg_g)
+{
+    /* e_neg_g = e^-g, passed in so the device can use its fast exp. */
+    return g / (1.0f + e_neg_g) * u;
+}
+
+#endif /* SP_CUDA_COMMON_H */

@@ -1,0 +1,167 @@
+"""test_cuda.py - the CUDA backend where no GPU is (docs/cuda.md).
+
+- With nvcc: `make cuda` compiles and links libsampan_cuda.so (sm_80, sm_89, sm_90), which loads
+  and, without a GPU or driver, refuses with a clear reason.
+- The GPU path of sampan on the host emulation of the CUDA library (tests/gpu/fake_cuda.c):
+  the host tests (shared math, loader, forward pass vs the CPU, errors), the kernel test
+  program, and `sampan serve` placing a repository model KIND_GPU on a fake NVML GPU (all layers,
+  and gpu_layers 2), answering exactly as the CPU does.
+- sampan without a usable GPU: serves CPU models; a KIND_GPU model fails to load with the reason.
+- On a machine with a GPU the real kernel test and the demo model's greedy check run; elsewhere
+  they print "skipped".
+"""
+import json
+import os
+import shutil
+import tempfile
+
+from common import ROOT, DEMO_MODEL, RepoServer, Server, Suite, binary, http_json, run
+
+s = Suite("cuda")
+exe = binary()
+if exe is None:
+    s.skip("all", "sampan not built")
+    s.finish()
+bdir = os.path.dirname(exe)
+build = os.path.relpath(bdir, ROOT)
+nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+san = os.environ.get("SAMPAN_TEST_SANITIZER") == "1" or "san" in os.path.basename(bdir)
+make_extra = ["SANITIZER=1"] if san else []
+
+# ---- build: host test programs (C only), and the CUDA library when nvcc is here
+rc, out, err = run(["make", f"BUILD={build}", *make_extra, "-j2", "cuda-tests"], timeout=300)
+s.case("make cuda-tests (C compiler only)", rc == 0, (out + err)[-2000:])
+if rc != 0:
+    s.finish()
+
+real_lib = os.path.join(bdir, "libsampan_cuda.so")
+if nvcc:
+    rc, out, err = run(["make", f"BUILD={build}", *make_extra, f"NVCC={nvcc}", "-j2",
+                        f"{build}/libsampan_cuda.so"], timeout=300)
+    s.case("make cuda: nvcc compiles and links sm_80/89/90", rc == 0 and os.path.exists(real_lib),
+           (out + err)[-3000:])
+else:
+    s.skip("make cuda", "no nvcc on this machine")
+
+fake = os.path.join(bdir, "libfake_cuda.so")
+
+# ---- the GPU path on the host emulation
+rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=60)
+last = out.strip().splitlines()[-1] if out.strip() else ""
+s.case("host tests (shared math, loader, forward vs CPU, errors)",
+       rc == 0 and " 0 failed" in last and " 0 skipped" in last, out[-3000:] + err[-1000:])
+rc, out, err = run([os.path.join(bdir, "gpu_kernel_test"), fake], timeout=60)
+s.case("kernel test program on the host emulation", rc == 0 and "29 passed, 0 failed" in out,
+       out[-3000:] + err[-1000:])
+
+# ---- the real library: loads; runs the GPU checks only where a GPU is
+gpu_ok = False
+if os.path.exists(real_lib):
+    rc, out, err = run([os.path.join(bdir, "gpu_kernel_test"), real_lib], timeout=120)
+    if "skipped" in out:
+        why = out.strip().splitlines()[0]
+        s.case("real library loads and says why it cannot run", rc == 0 and
+               ("no CUDA device" in why or "cannot load" in why), out)
+        s.skip("GPU kernel test", why)
+        s.skip("GPU demo model greedy", "no GPU")
+    else:
+        gpu_ok = True
+        s.case("GPU kernel test", rc == 0 and " 0 failed" in out, out[-3000:])
+        rc, out, err = run([os.path.join(bdir, "gpu_bench"), "check", DEMO_MODEL, "200"],
+                           timeout=120, env={"SAMPAN_CUDA_LIB": real_lib})
+        s.case("GPU demo model greedy == CPU", rc == 0 and "PASS" in out, out[-2000:])
+else:
+    s.skip("GPU kernel test", "libsampan_cuda.so not built (no nvcc)")
+
+# ---- sampan serve
+prompt = {"model": "stories", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+
+
+def completion(port, model="stories"):
+    st, doc = http_json(port, "POST", "/v1/completions", dict(prompt, model=model), timeout=30)
+    return st, (doc or {}).get("choices", [{}])[0].get("text") if isinstance(doc, dict) else doc
+
+
+def repo_with(tmp, config):
+    repo = os.path.join(tmp, "repo")
+    os.makedirs(os.path.join(repo, "stories", "1"), exist_ok=True)
+    shutil.copy(DEMO_MODEL, os.path.join(repo, "stories", "1", "model.gguf"))
+    with open(os.path.join(repo, "stories", "config.json"), "w") as f:
+        json.dump(config, f)
+    return repo
+
+
+saved = {k: os.environ.get(k) for k in ("SAMPAN_CUDA_LIB", "SAMPAN_NVML_LIB",
+                                        "CUDA_VISIBLE_DEVICES")}
+
+
+def setenv(**kw):
+    for k, v in kw.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+ref_text = None
+try:
+    # CPU server, with the real library (or none) and no GPU: serves as always.
+    setenv(SAMPAN_CUDA_LIB=real_lib if os.path.exists(real_lib) else "/nonexistent.so",
+           SAMPAN_NVML_LIB="/nonexistent/libnvidia-ml.so.1")
+    srv = Server(model=f"stories={DEMO_MODEL}")
+    try:
+        st, ref_text = completion(srv.port)
+        s.case("sampan serves on the CPU without a GPU", st == 200 and bool(ref_text),
+               str(ref_text))
+    finally:
+        srv.stop()
+
+    fake_nvml = os.path.join(bdir, "libfake_nvml.so")
+    rc, out, err = run(["make", f"BUILD={build}", f"{build}/libfake_nvml.so"], timeout=60)
+    with tempfile.TemporaryDirectory() as tmp:
+        gpu_cfg = {"backend": "llm", "instance_group": [{"kind": "KIND_GPU", "count": 1,
+                                                         "gpus": [0]}]}
+        if not gpu_ok:
+            # A visible GPU (fake NVML) but no usable CUDA: the load fails with the reason.
+            setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None,
+                   SAMPAN_CUDA_LIB=real_lib if os.path.exists(real_lib) else "/nonexistent.so")
+            srv = RepoServer(repo_with(tmp, gpu_cfg))
+            try:
+                m = srv.wait_log(r"GPU backend unavailable: [^\n]*", timeout=5)
+                s.case("KIND_GPU without CUDA: clear load error", m is not None,
+                       srv.text()[-2000:])
+                st, _ = completion(srv.port)
+                s.case("... and requests get an error, not a crash", st >= 400 and
+                       srv.p.poll() is None, str(st))
+            finally:
+                srv.stop()
+        # Fake NVML GPU + fake CUDA library: the whole serve path on the host emulation.
+        for layers in (None, "2"):
+            cfg = dict(gpu_cfg)
+            if layers:
+                cfg["parameters"] = {"gpu_layers": {"string_value": layers}}
+            setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None, SAMPAN_CUDA_LIB=fake)
+            srv = RepoServer(repo_with(tmp, cfg))
+            try:
+                m = srv.wait_log(r"event=gpu_placement[^\n]*gpu_layers=(\d+)/5", timeout=5)
+                want = layers or "5"
+                s.case(f"KIND_GPU placement, gpu_layers {want}/5 (fake GPU)",
+                       m is not None and m.group(1) == want, srv.text()[-2000:])
+                st, text = completion(srv.port)
+                s.case(f"KIND_GPU completion equals the CPU's (gpu_layers {want})",
+                       st == 200 and text == ref_text, f"{text!r} vs {ref_text!r}")
+            finally:
+                srv.stop()
+        cfg = dict(gpu_cfg, parameters={"gpu_layers": {"string_value": "9"}})
+        srv = RepoServer(repo_with(tmp, cfg))
+        try:
+            s.case("gpu_layers out of range: clear error",
+                   srv.wait_log(r"gpu_layers: '9' is not", timeout=5) is not None,
+                   srv.text()[-2000:])
+        finally:
+            srv.stop()
+finally:
+    setenv(**saved)
+
+s.finish()
