@@ -16,18 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/jfree.h"
 #include "core/alloc.h"
-
-/* Free what jansson allocated (json_dumps), with jansson's own allocator:
- * the server points it at sp_malloc, a plain program leaves malloc. */
-static void
-jfree(void *p)
-{
-    json_malloc_t m;
-    json_free_t f;
-    json_get_alloc_funcs(&m, &f);
-    f(p);
-}
 
 #define MAX_REFS 1024
 
@@ -228,7 +218,7 @@ value_literal(sp_schema_gbnf_t *b, str_t *body, const json_t *v)
         return;
     }
     str_literal(body, t, strlen(t));
-    jfree(t);
+    sp_jfree(t);
 }
 
 static bool

@@ -6,19 +6,9 @@
 
 #include <string.h>
 
+#include "core/jfree.h"
 #include "core/alloc.h"
 #include "engine/schema.h"
-
-/* Free what jansson allocated (json_dumps), with jansson's own allocator:
- * the server points it at sp_malloc, a plain program leaves malloc. */
-static void
-jfree(void *p)
-{
-    json_malloc_t m;
-    json_free_t f;
-    json_get_alloc_funcs(&m, &f);
-    f(p);
-}
 
 static const char HERMES_OPEN[] = "<tool_call>";
 static const char HERMES_CLOSE[] = "</tool_call>";
@@ -288,7 +278,7 @@ sp_toolcall_grammar(sp_chat_tools_t f, const json_t *tools, const char *only, ch
             break;
         }
         sp_schema_gbnf_literal(b, lit, strlen(lit));
-        jfree(lit);
+        sp_jfree(lit);
         char tail[128];
         snprintf(tail, sizeof tail, " ws \",\" ws \"\\\"%s\\\"\" ws \":\" ws %s ws \"}\"\n", args_key,
                  rule);

@@ -20,6 +20,7 @@
 
 #include <jansson.h>
 
+#include "core/jfree.h"
 #include "core/alloc.h"
 #include "grpc_service.pb-c.h"
 #include "server/tensor.h"
@@ -154,17 +155,6 @@ decode(decoder_t *d, const ProtobufCMessageDescriptor *desc, const uint8_t *msg,
 }
 
 /* ------------------------------------------------------------- helpers */
-
-/* Text from json_dumps goes back to jansson's allocator (sp_json_init may
- * have made it sp_malloc's). */
-static void
-jfree(void *p)
-{
-    json_malloc_t m;
-    json_free_t f;
-    json_get_alloc_funcs(&m, &f);
-    f(p);
-}
 
 /* A client string quoted for a message: at most 64 bytes, control bytes and
  * quotes replaced (messages travel in grpc-message and logs). */
@@ -678,7 +668,7 @@ done:
     sp_free(owned);
     sp_free(data);
     sp_free(lens);
-    jfree(head);
+    sp_jfree(head);
     json_decref(ins);
     json_decref(params);
     json_decref(root);
@@ -847,7 +837,7 @@ generate_body(const Inference__ModelInferRequest *q, sp_grpc_rest_t *r, char *er
     memcpy(r->body, body, r->body_len + 1);
     rc = SP_GRPC_OK;
 done:
-    jfree(body);
+    sp_jfree(body);
     json_decref(params);
     json_decref(root);
     return rc;
@@ -1077,7 +1067,7 @@ param_of_json(arena_t *a, const json_t *v)
         char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
         p->parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM;
         p->string_param = arena_str(a, s ? s : "null");
-        jfree(s);
+        sp_jfree(s);
     }
     return p->parameter_choice_case ==
                    INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM && !p->string_param

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "engine/grammar.h"
@@ -30,17 +31,6 @@
 #include "server/server.h"
 #include "server/schedreq.h"
 #include "server/trace.h"
-
-/* Free what jansson allocated (json_dumps), with jansson's own allocator:
- * the server points it at sp_malloc, a plain program leaves malloc. */
-static void
-jfree(void *p)
-{
-    json_malloc_t m;
-    json_free_t f;
-    json_get_alloc_funcs(&m, &f);
-    f(p);
-}
 
 typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
 
@@ -620,7 +610,7 @@ write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
     } else {
         char *args = json_dumps(json_object_get(call, "arguments"), JSON_COMPACT);
         sp_jbuf_cstr(b, args ? args : "{}");
-        jfree(args);
+        sp_jfree(args);
     }
     sp_jbuf_lit(b, "}}");
 }
@@ -1578,7 +1568,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 done:
     sp_free(prompt);
     if (tools_json) {
-        jfree(tools_json);
+        sp_jfree(tools_json);
     }
     sp_free(msgs);
     sp_free(offs);
