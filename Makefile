@@ -129,10 +129,17 @@ $(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common
 	    $(SANFLAGS) $(BACKEND_LIBS_$*) -ljansson -lm
 all unit: $(BACKENDS)
 
-# Fraud-scoring benchmark tools (bench/fraud.sh): a KServe v2 load generator and the XGBoost C
-# API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the xgboost backend.
+# Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
+# REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
+# and the XGBoost C API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the
+# xgboost backend.
 .PHONY: bench-tools
-bench-tools: $(BUILD)/kserve_load $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
+bench-tools: $(BUILD)/kserve_load $(BUILD)/grpc_load \
+             $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
+$(BUILD)/grpc_load: bench/grpc_load.c $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -I$(BUILD)/gen -o $@ $< \
+	    $(BUILD)/gen/grpc_service.pb-c.c -lnghttp2 -lprotobuf-c -lm
 $(BUILD)/kserve_load: bench/kserve_load.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lm

@@ -77,7 +77,7 @@ main(int argc, char **argv)
     for (int ni = 0; ni < n_n; ni++) {
         const int N = n_list[ni];
         if (N < 1 || N > MAX_SEQS) continue;
-        sp_kv_pool_params_t kp = {(int64_t)N * per_seq, false};
+        sp_kv_pool_params_t kp = {(int64_t)N * per_seq, SP_KV_TYPE_F32};
         sp_kv_pool_t *kv;
         sp_batch_params_t bp = sp_batch_default_params();
         bp.max_tokens = prompt > N ? prompt : N;
@@ -95,7 +95,7 @@ main(int argc, char **argv)
         for (int64_t i = 0; i < N * per_seq; i++) blocks[i] = (int32_t)i;
         srand(7);
         for (int64_t i = 0; i < prompt; i++) toks[i] = (int32_t)(1 + rand() % (V - 1));
-        sp_batch_seq_t s0 = {toks, prompt, 0, blocks, per_seq, true};
+        sp_batch_seq_t s0 = {toks, prompt, 0, blocks, per_seq, true, 0, NULL};
         double t0 = now_s();
         if (sp_batch_eval(b, kv, &s0, 1) != SP_OK) return 1;
         const double t_prefill = now_s() - t0;
@@ -117,7 +117,7 @@ main(int argc, char **argv)
             for (int64_t st = 0; st < steps; st++, pos++) {
                 for (int s = 0; s < N; s++) {
                     seqs[s] = (sp_batch_seq_t){&next[s], 1, pos, blocks + s * per_seq, per_seq,
-                                               true, 0};
+                                               true, 0, NULL};
                 }
                 if (sp_batch_eval(b, kv, seqs, N) != SP_OK) {
                     fprintf(stderr, "step failed\n");

@@ -137,7 +137,7 @@ step(bench_t *B, int n_seqs, int64_t n_tok, int64_t pos, const int32_t *tokens)
     sp_batch_seq_t s[64];
     for (int i = 0; i < n_seqs; i++) {
         s[i] = (sp_batch_seq_t){tokens + i * n_tok, n_tok, pos, B->blocks + i * B->per_seq,
-                                B->per_seq, true, 0};
+                                B->per_seq, true, 0, NULL};
     }
     return sp_batch_eval(B->b, B->kv, s, n_seqs);
 }
@@ -153,7 +153,7 @@ cmd_perf(const char *path)
     const int64_t ctx = 1024, per_seq = ctx / SP_KV_BLOCK;
     bench_t B = {m, NULL, NULL, NULL, per_seq, hp->n_vocab};
     char err[256];
-    sp_kv_pool_params_t kp = {64 * per_seq, true};
+    sp_kv_pool_params_t kp = {64 * per_seq, SP_KV_TYPE_F16};
     sp_batch_params_t bp = sp_batch_default_params();
     bp.max_tokens = 512;
     bp.max_seqs = 64;
@@ -188,7 +188,7 @@ cmd_perf(const char *path)
     /* Every sequence (its own range of blocks) gets 128 positions of context,
      * then timed decode. */
     for (int i = 0; i < 64 && rc == 0; i++) {
-        sp_batch_seq_t s = {tok + i * 128, 128, 0, B.blocks + i * per_seq, per_seq, false, 0};
+        sp_batch_seq_t s = {tok + i * 128, 128, 0, B.blocks + i * per_seq, per_seq, false, 0, NULL};
         rc |= sp_batch_eval(B.b, B.kv, &s, 1) != SP_OK;
     }
     const int batches[] = {1, 8, 64};

@@ -37,11 +37,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "cuda/gpu.h"
+#include "engine/lora.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
 
@@ -55,10 +57,12 @@ _Static_assert(SP_KV_BLOCK == SP_ATTN_BLOCK, "a pool block is one attention key 
 
 struct sp_kv_pool {
     const sp_model_t *m;
-    sp_type_t type;      /* F32 or F16 */
-    size_t elt;          /* bytes per element */
+    sp_type_t type;      /* F32, F16 or Q8_0 (the attention table's index) */
+    size_t elt;          /* bytes per element; 1 for Q8_0, whose "elements" are bytes */
     int64_t n_blocks;
-    int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim */
+    int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim
+                            (Q8_0: sp_kv_q8_tile_bytes, kernels.h) */
+    int64_t v_row;       /* elements from one value row to the next (Q8_0: bytes) */
     int64_t block_elems; /* (n_layer - layer0) * n_head_kv * 2 tiles */
     /* A model with a GPU binding keeps layers 0..layer0-1 of every block in
      * the device pool `gpu` (same block ids, same layout) and only the CPU
@@ -72,13 +76,46 @@ struct sp_kv_pool {
     uint32_t epoch;
 };
 
+const char *
+sp_kv_type_name(sp_kv_type_t t)
+{
+    switch (t) {
+    case SP_KV_TYPE_F32: return "f32";
+    case SP_KV_TYPE_F16: return "f16";
+    case SP_KV_TYPE_Q8_0: return "q8_0";
+    default: return "?";
+    }
+}
+
+int
+sp_kv_type_from_name(const char *name)
+{
+    for (int t = 0; name != NULL && t < SP_KV_TYPE_COUNT; t++) {
+        if (strcasecmp(name, sp_kv_type_name((sp_kv_type_t)t)) == 0) {
+            return t;
+        }
+    }
+    return -1;
+}
+
+/* Bytes of one (layer, KV head) key tile (= its value tile) of one block. */
+static size_t
+kv_tile_bytes(int64_t head_dim, sp_kv_type_t type)
+{
+    switch (type) {
+    case SP_KV_TYPE_F32: return SP_KV_BLOCK * (size_t)head_dim * sizeof(float);
+    case SP_KV_TYPE_F16: return SP_KV_BLOCK * (size_t)head_dim * sizeof(sp_fp16_t);
+    case SP_KV_TYPE_Q8_0: return (size_t)sp_kv_q8_tile_bytes(head_dim);
+    default: return 0;
+    }
+}
+
 size_t
-sp_kv_block_bytes(const sp_model_t *m, bool f16)
+sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
 {
     const sp_hparams_t *hp = &m->hp;
     /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. */
-    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * SP_KV_BLOCK * (size_t)hp->head_dim *
-           (f16 ? sizeof(sp_fp16_t) : sizeof(float));
+    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(hp->head_dim, type);
 }
 
 /* The sizes of a pool's two arrays (the cache and the per-block marks), for
@@ -91,15 +128,33 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, s
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
                        p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
     }
+    if ((unsigned)p->type >= SP_KV_TYPE_COUNT) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: unknown cache type %d",
+                       (int)p->type);
+    }
+    if (p->type == SP_KV_TYPE_Q8_0 && sp_gpu_model_layers(m) > 0) {
+        /* The device pool and its kernels know F32 and F16 only. */
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "kv cache type q8_0 runs on the CPU only: this model has %lld GPU "
+                       "layers (use f16 or f32, or no GPU layers)",
+                       (long long)sp_gpu_model_layers(m));
+    }
     /* Host memory for the CPU layers only (all of them without a GPU binding). */
     const int64_t n_cpu = m->hp.n_layer - sp_gpu_model_layers(m);
-    const size_t bb = sp_kv_block_bytes(m, p->f16) / (size_t)m->hp.n_layer * (size_t)n_cpu;
+    const size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)m->hp.n_layer * (size_t)n_cpu;
     if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
     }
     *mark = (size_t)p->n_blocks * sizeof(uint32_t); /* n_blocks <= INT32_MAX: no overflow */
     return SP_OK;
+}
+
+sp_status_t
+sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err, size_t err_len)
+{
+    size_t data, mark;
+    return kv_pool_sizes(m, p, &data, &mark, err, err_len);
 }
 
 size_t
@@ -129,14 +184,18 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     }
     const sp_hparams_t *hp = &m->hp;
     kv->m = m;
-    kv->type = p->f16 ? SP_TYPE_F16 : SP_TYPE_F32;
-    kv->elt = p->f16 ? sizeof(sp_fp16_t) : sizeof(float);
+    static const sp_type_t types[SP_KV_TYPE_COUNT] = {SP_TYPE_F32, SP_TYPE_F16, SP_TYPE_Q8_0};
+    static const size_t elts[SP_KV_TYPE_COUNT] = {sizeof(float), sizeof(sp_fp16_t), 1};
+    kv->type = types[p->type];
+    kv->elt = elts[p->type];
     kv->n_blocks = p->n_blocks;
-    kv->tile_elems = SP_KV_BLOCK * hp->head_dim;
+    kv->tile_elems = (int64_t)(kv_tile_bytes(hp->head_dim, p->type) / kv->elt);
+    kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hp->head_dim) : hp->head_dim;
     kv->layer0 = sp_gpu_model_layers(m);
     kv->block_elems = (hp->n_layer - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
     if (m->gpu != NULL) {
-        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->f16, &kv->gpu, err, err_len);
+        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
+                               err_len);
         if (st != SP_OK) {
             sp_kv_pool_destroy(kv);
             return st;
@@ -667,6 +726,24 @@ matmul1(sp_batch_t *b, const sp_weight_t *w, float *y, const float *x, int64_t x
     matmul(b, 1, ws, ys, bs, x, x_stride, n_tok);
 }
 
+/* After the products of projections p0..p0+n_w-1 (same input x): add the LoRA
+ * corrections of the rows whose sequence carries an adapter (engine/lora.h).
+ * A row's correction reads only its own input, so batch invariance holds and
+ * rows without an adapter keep their bits. The converted activations (act)
+ * are dead once a product is done, and every rank is at most the projection's
+ * n_in, so act's rows hold each row's A x. */
+static void
+lora_rows(sp_batch_t *b, const sp_batch_seq_t *seqs, int64_t il, sp_lora_proj_t p0, int n_w,
+          float *const *y, const sp_weight_t *const *w, const float *x, int64_t x_stride,
+          int64_t n_tok)
+{
+    for (int i = 0; i < n_w; i++) {
+        sp_lora_apply_t a = {seqs, b->row_seq, n_tok, il, (sp_lora_proj_t)(p0 + i), x, x_stride,
+                             y[i], w[i]->n_out, b->act, (int64_t)(b->act_stride / sizeof(float))};
+        sp__lora_apply(b->pool, b->k, &a);
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Element-wise ops                                                          */
 /* ------------------------------------------------------------------------ */
@@ -798,8 +875,13 @@ rope_job_run(void *arg, int64_t t, int ith)
     for (int64_t g = 0; g < hp->n_head_kv; g++) {
         const int64_t tile = kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
-        char *vdst = (char *)kv->data + (size_t)(tile + kv->tile_elems + lane * hd) * kv->elt;
-        if (kv->type == SP_TYPE_F32) {
+        char *vdst =
+            (char *)kv->data + (size_t)(tile + kv->tile_elems + lane * kv->v_row) * kv->elt;
+        if (kv->type == SP_TYPE_Q8_0) {
+            /* Quantised as stored: keys per position into the lane (kernels.h). */
+            sp_kv_q8_store_key((char *)kv->data + tile, lane, kg, hd);
+            sp_kv_q8_store_value(vdst, vt + g * hd, hd);
+        } else if (kv->type == SP_TYPE_F32) {
             float *kc = (float *)kv->data + tile;
             for (int64_t d = 0; d < hd; d++) {
                 kc[d * SP_KV_BLOCK + lane] = kg[d];
@@ -871,7 +953,7 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             .blocks = b->seqs[b->row_seq[t]].blocks,
             .k_block_stride = kv->block_elems,
             .v_block_stride = kv->block_elems,
-            .v_stride = hd,
+            .v_stride = kv->v_row,
             .scale = b->attn_scale,
             .o = b->att + t * q_dim + h0 * hd,
             .o_stride = hd,
@@ -941,7 +1023,8 @@ validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_
         if (s->tokens == NULL || s->blocks == NULL || s->n_tokens < 1 ||
             s->n_tokens > b->max_tokens - rows || s->pos < 0 || s->pos > b->max_ctx ||
             s->n_tokens > b->max_ctx - s->pos || s->n_logits < 0 || s->n_logits > s->n_tokens ||
-            (s->n_logits > 1 && b->gpu != NULL)) {
+            (s->n_logits > 1 && b->gpu != NULL) ||
+            (s->lora != NULL && (b->gpu != NULL || sp_lora_model(s->lora) != b->m))) {
             return SP_ERR_INVALID;
         }
         rows += s->n_tokens;
@@ -1004,7 +1087,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
 
     /* Rows: the sequences' tokens in order. */
     int64_t R = 0;
+    bool lora = false; /* some sequence carries an adapter */
     for (int64_t i = 0; i < n_seqs; i++) {
+        lora |= seqs[i].lora != NULL;
         for (int64_t k = 0; k < seqs[i].n_tokens; k++, R++) {
             b->row_tok[R] = seqs[i].tokens[k];
             b->row_pos[R] = seqs[i].pos + k;
@@ -1048,6 +1133,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         float *yqkv[3] = {b->q, b->kv_k, b->kv_v};
         const float *bqkv[3] = {L->bq, L->bk, L->bv};
         matmul(b, 3, wqkv, yqkv, bqkv, b->xn, E, R);
+        if (lora) {
+            lora_rows(b, seqs, il, SP_LORA_Q, 3, yqkv, wqkv, b->xn, E, R);
+        }
 
         rope_job_t rj = {b, il};
         sp_pool_run(b->pool, rope_job_run, &rj, R);
@@ -1057,15 +1145,26 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         sp_pool_run(b->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
         matmul1(b, &L->wo, b->proj, b->att, q_dim, R);
+        if (lora) {
+            const sp_weight_t *wo[1] = {&L->wo};
+            lora_rows(b, seqs, il, SP_LORA_O, 1, &b->proj, wo, b->att, q_dim, R);
+        }
         add_norm_rows(b, true, L->ffn_norm, R);
 
         const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {b->ff_gate, b->ff_up};
         const float *bgu[2] = {NULL, NULL};
         matmul(b, 2, wgu, ygu, bgu, b->xn, E, R);
+        if (lora) {
+            lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
+        }
         swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff};
         sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
         matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
+        if (lora) {
+            const sp_weight_t *wd[1] = {&L->w_down};
+            lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, hp->n_ff, R);
+        }
         /* The residual add, and the next layer's input norm when there is one. */
         add_norm_rows(b, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
     }

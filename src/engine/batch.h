@@ -36,19 +36,26 @@
 typedef struct sp_kv_pool sp_kv_pool_t;
 
 typedef struct sp_kv_pool_params {
-    int64_t n_blocks; /* > 0 */
-    bool f16;         /* F16 cache (half the memory) instead of F32 */
+    int64_t n_blocks;  /* > 0 */
+    sp_kv_type_t type; /* F32 (default), F16 or Q8_0 (model.h); Q8_0 refuses a model
+                          with GPU layers (SP_ERR_UNSUPPORTED: the device keeps F32/F16) */
 } sp_kv_pool_params_t;
 
-/* Bytes one block takes for this model (all layers, K and V): for sizing the
- * pool from a memory budget. */
-size_t sp_kv_block_bytes(const sp_model_t *m, bool f16);
+/* Bytes one block takes for this model (all layers, K and V) with a cache of
+ * this type: for sizing the pool from a memory budget (0 for a type outside
+ * the enum). Per position, layer and KV head: 2 head_dim x 4 (F32), x 2
+ * (F16), 2 (head_dim + 2 ceil(head_dim / 32)) (Q8_0). */
+size_t sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type);
 sp_status_t sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p,
                               sp_kv_pool_t **out, char *err, size_t err_len);
 void sp_kv_pool_destroy(sp_kv_pool_t *kv);
 /* Heap bytes sp_kv_pool_create(m, p) allocates (the cache, a mark per block and
  * the object), without allocating them; 0 when create would refuse p. */
 size_t sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p);
+/* The error sp_kv_pool_create(m, p) would give (status and message), or SP_OK,
+ * without allocating. */
+sp_status_t sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err,
+                             size_t err_len);
 int64_t sp_kv_pool_n_blocks(const sp_kv_pool_t *kv);
 /* Copy block src's contents to dst (copy-on-write of a shared partial block).
  * Ids outside the pool, or dst == src, do nothing. Not during a step. */
@@ -80,6 +87,8 @@ sp_status_t sp_batch_resolve(const sp_model_t *m, const sp_batch_params_t *p,
  * not counted). 0 when create would refuse p, SIZE_MAX when a size overflows. */
 size_t sp_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p);
 
+struct sp_lora;
+
 typedef struct sp_batch_seq {
     const int32_t *tokens;  /* n_tokens new tokens (>= 1) */
     int64_t n_tokens;
@@ -90,6 +99,9 @@ typedef struct sp_batch_seq {
     int32_t n_logits;       /* with logits: of the last n_logits tokens (0 = 1), in order:
                                a speculative verification reads every draft position's
                                (CPU layers only: not with a GPU binding) */
+    const struct sp_lora *lora; /* an adapter of this model (engine/lora.h) applied to this
+                               sequence's rows, or NULL; CPU layers only (not with a GPU
+                               binding). Rows without one keep the base model's bits. */
 } sp_batch_seq_t;
 
 /*
@@ -98,7 +110,8 @@ typedef struct sp_batch_seq {
  * past max_ctx, or a block written twice in the step (two sequences of one
  * step must not write the same block; a sequence writes the blocks holding
  * pos..pos+n_tokens-1, and only reads the others, so a full block may be
- * shared). The pool must come from the same model. One step at a time per
+ * shared), or an adapter (lora) of another model or on a model with a GPU
+ * binding. The pool must come from the same model. One step at a time per
  * batch and per pool; blocks may come from anywhere in the pool, in any order.
  */
 sp_status_t sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,

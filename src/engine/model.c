@@ -537,7 +537,10 @@ ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char 
     }
     L->n_blocks = (L->p.n_ctx + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
     L->bp = (sp_batch_params_t){L->p.n_batch, 1, L->p.n_ctx, p->n_threads, 0};
-    L->kp = (sp_kv_pool_params_t){L->n_blocks, p->kv_f16};
+    L->kp = (sp_kv_pool_params_t){L->n_blocks, p->kv_type};
+    if ((st = sp_kv_pool_check(m, &L->kp, err, err_len)) != SP_OK) {
+        return st; /* e.g. a Q8_0 cache asked of a model with GPU layers */
+    }
     /* n_ctx <= SP_MAX_CTX and n_embd is bounded at load: only the logits can overflow. */
     L->blocks_bytes = (size_t)L->n_blocks * sizeof(int32_t);
     L->logits_bytes = 0;
@@ -647,7 +650,7 @@ static sp_status_t
 ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_out_t out,
          bool logits)
 {
-    sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0};
+    sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0, NULL};
     float *all = out == SP_BATCH_OUT_ALL ? c->logits + pos * c->m->hp.n_vocab : NULL;
     return sp__batch_run(c->b, c->kv, &s, 1, out, all);
 }

@@ -73,14 +73,30 @@ const sp_tokenizer_t *sp_model_tokenizer(const sp_model_t *m);
 const sp_gguf_t *sp_model_gguf(const sp_model_t *m);
 size_t sp_model_weight_bytes(const sp_model_t *m);
 
+/* The KV cache's element type (engine/batch.h; layouts in kernels/kernels.h).
+ * SP_KV_TYPE_F16 is 1 so a former `bool f16` converts to the same meaning. */
+typedef enum sp_kv_type {
+    SP_KV_TYPE_F32 = 0,  /* 4 bytes per element: exact against the reference */
+    SP_KV_TYPE_F16 = 1,  /* 2 bytes: about 5e-4 relative rounding */
+    SP_KV_TYPE_Q8_0 = 2, /* GGUF Q8_0 groups of 32 along head_dim, an F16 scale each:
+                            1.0625 bytes for head_dim 64/128; CPU layers only */
+    SP_KV_TYPE_COUNT
+} sp_kv_type_t;
+
+/* "f32", "f16", "q8_0" ("?" outside the enum), and back (-1 when unknown;
+ * case-insensitive). */
+const char *sp_kv_type_name(sp_kv_type_t t);
+int sp_kv_type_from_name(const char *name);
+
 typedef struct sp_ctx_params {
     int64_t n_ctx;     /* KV positions; 0 = the model's, capped at 4096 */
     int64_t n_batch;   /* most tokens per forward call; default 512 */
     int n_threads;     /* 0 = one per core */
     bool logits_all;   /* keep logits of every position (eval, tests) */
-    bool kv_f16;       /* F16 KV cache: half the memory and the attention reads, at
-                        * about 5e-4 relative rounding of keys and values; the
-                        * default F32 keeps the engine exact against the reference */
+    sp_kv_type_t kv_type; /* KV cache type: F16 halves the memory and the attention
+                        * reads at about 5e-4 relative rounding of keys and values,
+                        * Q8_0 takes about a quarter (docs/design.md, BENCHMARKS.md);
+                        * the default F32 keeps the engine exact against the reference */
 } sp_ctx_params_t;
 
 sp_ctx_params_t sp_ctx_default_params(void);

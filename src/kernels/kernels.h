@@ -164,7 +164,7 @@ typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0
  * a block are lane-wise FMAs with no horizontal sums; the lanes of the last
  * block past n_kv may hold anything (they are computed and ignored). Its
  * values start at v + blocks[i] * v_block_stride, rows of head_dim v_stride
- * elements apart. Both in the table index's type (F32 or F16). Every
+ * elements apart. Both in the table index's type (F32, F16 or Q8_0, below). Every
  * operation reads a block through its id, in position order, so where the
  * blocks live never changes a bit.
  * Each o_h depends only on q_h, the cache, n_kv and scale, with a fixed order
@@ -219,6 +219,57 @@ sp_attn_scratch_stride(int64_t n_kv)
     return (n_kv + SP_ATTN_BLOCK - 1) & ~(int64_t)(SP_ATTN_BLOCK - 1);
 }
 
+/*
+ * The Q8_0 KV cache (attn[SP_TYPE_Q8_0]): GGUF's Q8_0 numbers (groups of 32
+ * along head_dim, one F16 scale each, d = amax / 127, x = q * d with q an
+ * int8 in [-127, 127]), laid out per block of SP_ATTN_BLOCK positions and
+ * one (layer, KV head). G = ceil(head_dim / 32) groups; the last one is
+ * head_dim % 32 long when head_dim is not a multiple of 32. For this type
+ * the args' element offsets and strides (k_block_stride, v_block_stride,
+ * v_stride, sp_attn_k_offset, sp_attn_v_offset) count bytes.
+ *   Key tile: q as int8 [head_dim][SP_ATTN_BLOCK lanes] (transposed like F32
+ *     and F16 keys: sp_attn_k_offset is q's byte), then the scales as F16
+ *     [G][SP_ATTN_BLOCK lanes]: key (lane j, d) = q[d][j] * s[d / 32][j].
+ *     So each position is quantised on its own (a later position never
+ *     rescales an earlier one), and the kernels widen one row of 16 int8
+ *     lanes and multiply it by the group's 16 scales: the same lane-wise FMAs
+ *     as F32 keys.
+ *   Value rows (v_stride bytes apart): G blocks {F16 d, int8 q[n_g]}; with
+ *     head_dim % 32 == 0 exactly a row of GGUF sp_block_q8_0.
+ * Both tiles are sp_kv_q8_tile_bytes(head_dim) = 16 (head_dim + 2 G) bytes:
+ * 1.0625 bytes per element against F16's 2 for head_dim 64 or 128. A
+ * dequantised element (int8 x F16 scale) is exact in float, so the kernels
+ * are F32 attention over exactly these values and the reference (which
+ * reads them through sp_kv_q8_key / sp_kv_q8_value) stays the oracle.
+ */
+static inline int64_t
+sp_kv_q8_groups(int64_t head_dim)
+{
+    return (head_dim + SP_QK8_0 - 1) / SP_QK8_0;
+}
+
+static inline int64_t
+sp_kv_q8_row_bytes(int64_t head_dim)
+{
+    return head_dim + 2 * sp_kv_q8_groups(head_dim);
+}
+
+/* Bytes of one key tile, and of one value tile of SP_ATTN_BLOCK rows. */
+static inline int64_t
+sp_kv_q8_tile_bytes(int64_t head_dim)
+{
+    return SP_ATTN_BLOCK * sp_kv_q8_row_bytes(head_dim);
+}
+
+/* Quantise one position's key k[0..head_dim) into lane `lane` of a key tile,
+ * and one value into a value row (the reference's Q8_0 rounding: NaN and
+ * huge values clamp, never undefined behaviour). */
+void sp_kv_q8_store_key(void *tile, int64_t lane, const float *k, int64_t head_dim);
+void sp_kv_q8_store_value(void *row, const float *v, int64_t head_dim);
+/* The dequantised key (lane, d) of a key tile, and element d of a value row. */
+float sp_kv_q8_key(const void *tile, int64_t lane, int64_t d, int64_t head_dim);
+float sp_kv_q8_value(const void *row, int64_t d);
+
 typedef void (*sp_attn_fn)(const sp_attn_args_t *a);
 /* y[i] = e^x[i]; exp(-inf) = 0, NaN stays NaN; y may equal x. */
 typedef void (*sp_exp_fn)(float *y, const float *x, int64_t n);
@@ -238,7 +289,7 @@ typedef struct sp_cpu_kernels {
     sp_to_float_fn to_float[SP_TYPE_COUNT];     /* dequantize, indexed by type */
     /* (optional) tiled product, indexed by weight type; NULL = loop vec_dot. */
     sp_gemm_fn gemm[SP_TYPE_COUNT];
-    /* Attention, indexed by the KV cache type (F32, F16); element-wise ops. */
+    /* Attention, indexed by the KV cache type (F32, F16, Q8_0); element-wise ops. */
     sp_attn_fn attn[SP_TYPE_COUNT];
     sp_exp_fn exp_f32;
     sp_rmsnorm_fn rmsnorm;

@@ -546,6 +546,15 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
         l->draft_model = val;
         return SP_OK;
     }
+    if (strcmp(key, "kv_cache_type") == 0) {
+        /* The engine's names (engine/model.h, sp_kv_type_from_name); the repository
+         * module does not include the engine, so the list is spelled here. */
+        if (strcmp(val, "f32") != 0 && strcmp(val, "f16") != 0 && strcmp(val, "q8_0") != 0) {
+            return bad(c, path, "must be f32, f16 or q8_0, got \"%.40s\"", val);
+        }
+        l->kv_cache_type = val;
+        return SP_OK;
+    }
     if (strcmp(key, "gpu_layers") == 0) {
         /* Layers on the GPU (docs/cuda.md): checked against the model's layer
          * count where it is placed (server/registry.c). */
@@ -583,7 +592,8 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
                "unknown parameter for backend llm (context_length, kv_blocks, chat_template, "
                "model_file, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, "
                "frequency_penalty, presence_penalty, seed, encryption_key_file, "
-               "encryption_key_env, gpu_layers, draft_model, num_speculative_tokens)");
+               "encryption_key_env, gpu_layers, draft_model, num_speculative_tokens, "
+               "kv_cache_type)");
 }
 
 static sp_status_t

@@ -136,6 +136,9 @@ typedef struct sp_repo_llm {
      * file), borrowed; NULL = off. num_speculative_tokens: 0 = the default (4). */
     const char *draft_model;
     int32_t num_speculative_tokens;
+    /* The KV cache type, "f32", "f16" or "q8_0" (checked here), borrowed; NULL = the
+     * server's --kv-type. */
+    const char *kv_cache_type;
 } sp_repo_llm_t;
 
 typedef struct sp_repo_config {

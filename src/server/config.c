@@ -43,7 +43,9 @@ const char sp_serve_usage[] =
     "      --queue-batch N\n"
     "      --step-tokens N       tokens per engine step: decode rows + prefill chunks (default 256)\n"
     "      --kv-blocks N         KV cache blocks of 16 positions (default: parallel x ctx, <= 2 GiB)\n"
-    "      --kv-f16              F16 KV cache (half the memory)\n"
+    "      --kv-type T           KV cache type: f32 (default, exact), f16 (half the memory)\n"
+    "                            or q8_0 (about a quarter; CPU layers only)\n"
+    "      --kv-f16              the same as --kv-type f16\n"
     "      --draft-model FILE    speculative decoding for --model: FILE (same vocabulary)\n"
     "                            proposes tokens the model verifies in one pass\n"
     "      --spec-tokens N       tokens proposed per step (1..16, default 4)\n"
@@ -124,6 +126,7 @@ static const opt_t opts[] = {
     {"step-tokens", 0, T_INT, OFF(step_tokens), 1, 65536, 0},
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
+    {"kv-type", 0, T_STR, OFF(kv_type), 0, 0, sizeof(((sp_serve_config_t *)0)->kv_type)},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */
     {"draft-model", 0, T_STR, OFF(draft_model), 0, 0, sizeof(((sp_serve_config_t *)0)->draft_model)},
     {"spec-tokens", 0, T_INT, OFF(spec_tokens), 1, 16, 0},
@@ -520,10 +523,16 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
     static const char *const formats[] = {"kv", "json", NULL};
     static const char *const requests[] = {"all", "models", "errors", "none", NULL};
     static const char *const compat[] = {"none", "vllm", NULL};
+    static const char *const kv_types[] = {"f32", "f16", "q8_0", NULL};
+    if (c->kv_f16 && c->kv_type[0] != '\0' && strcmp(c->kv_type, "f16") != 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--kv-f16 (the same as --kv-type f16) contradicts --kv-type %s", c->kv_type);
+    }
     struct { const char *flag; char *val; size_t cap; const char *const *ok; const char *def; } en[] = {
         {"--log-format", c->log_format, sizeof c->log_format, formats, "kv"},
         {"--log-requests", c->log_requests, sizeof c->log_requests, requests, c->verbose ? "all" : "models"},
         {"--metrics-compat", c->metrics_compat, sizeof c->metrics_compat, compat, "none"},
+        {"--kv-type", c->kv_type, sizeof c->kv_type, kv_types, c->kv_f16 ? "f16" : "f32"},
     };
     for (size_t k = 0; k < sizeof en / sizeof en[0]; k++) {
         if (en[k].val[0] == '\0') {

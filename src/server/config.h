@@ -47,7 +47,9 @@ typedef struct sp_serve_config {
     int64_t queue_premium, queue_standard, queue_batch; /* per-tier bounds; -1 = queue */
     int step_tokens;          /* tokens per engine step (decode rows + prefill chunks) */
     int64_t kv_blocks;        /* KV pool blocks of 16 positions; 0 = sized from parallel x ctx */
-    bool kv_f16;              /* F16 KV cache */
+    bool kv_f16;              /* --kv-f16: the old spelling of --kv-type f16 */
+    char kv_type[8];          /* --kv-type f32|f16|q8_0 (validated; "" = f32, or f16 with
+                                 --kv-f16); repository models: parameters.kv_cache_type */
     double tpot_target_ms;    /* adaptive step budget: p99 time per output token target; 0 = off */
     char draft_model[1024];   /* --draft-model: speculative decoding for --model; "" = off */
     int spec_tokens;          /* --spec-tokens: proposals per step (default 4) */

@@ -31,6 +31,7 @@
 #include "engine/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
+#include "server/adapters.h"
 #include "server/kserve.h"
 #include "server/schedreq.h"
 #include "server/tensor.h"
@@ -320,6 +321,7 @@ typedef struct ks_req {
     sp_http_req_t *http;
     sp_server_t *srv;
     sp_served_model_t *m;
+    sp_req_adapter_t ad;    /* the route's "<model>:<adapter>" (adapters.h), or none */
     sp_sched_job_t *job;
     ks_kind_t kind;
     int n;                  /* sequences */
@@ -352,6 +354,7 @@ ks_free(ks_req_t *q)
     sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx). */
     sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
@@ -367,7 +370,7 @@ finish_str(sp_finish_t f)
  * retry, a model that loads on demand parks the request until it is
  * loaded (server.h). */
 static sp_served_model_t *
-route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
+route_model_base(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
 {
     sp_str_t name = sp_route_param(p, "model");
     sp_str_t v = sp_route_param(p, "version");
@@ -398,6 +401,22 @@ route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rou
     return NULL;
 }
 
+/* The same, and the LoRA adapter a "<model>:<adapter>" name selects (ad,
+ * released with sp_req_adapter_release; 404 answered here when unknown). */
+static sp_served_model_t *
+route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
+            sp_req_adapter_t *ad)
+{
+    sp_served_model_t *m = route_model_base(s, r, p, retry);
+    sp_str_t name = sp_route_param(p, "model");
+    memset(ad, 0, sizeof *ad);
+    if (m != NULL && !sp_server_adapter_for(s, r, m, name.ptr, name.len, ad)) {
+        sp_served_release(m);
+        return NULL;
+    }
+    return m;
+}
+
 static ks_req_t *
 ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
 {
@@ -420,7 +439,7 @@ static void
 begin_event(ks_req_t *q, sp_jbuf_t *b)
 {
     sp_jbuf_lit(b, "{\"model_name\":");
-    sp_jbuf_cstr(b, q->m->name);
+    sp_req_adapter_model_name(q->m, &q->ad, b);
     sp_jbuf_lit(b, ",\"model_version\":");
     sp_jbuf_cstr(b, q->m->version_str);
     if (q->id) {
@@ -479,7 +498,9 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
              (long long)q->n_prompt, (long long)completion_tokens);
     sp_jbuf_reset(&q->out);
     sp_jbuf_reset(&q->bin);
-    sp_infer_resp_write(&q->out, &q->bin, q->m->name, q->m->version_str, &q->ir, params, outs,
+    char mname[sizeof q->m->name + SP_ADAPTER_NAME_MAX + 2];
+    snprintf(mname, sizeof mname, "%s%s%s", q->m->name, q->ad.lora ? ":" : "", q->ad.name);
+    sp_infer_resp_write(&q->out, &q->bin, mname, q->m->version_str, &q->ir, params, outs,
                         n_outs);
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
@@ -754,6 +775,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.prompts = prompts;
     sr.n_prompts = lens;
     sr.n = n;
+    sr.lora = q->ad.lora;
     sr.gen = g;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
     sr.priority = sp_server_priority(r, q->sched.priority);
@@ -804,6 +826,10 @@ cache_lookup(ks_req_t *q, const json_t *root, const gvals_t *gv)
     }
     q->ck = sp_rckey_new(q->m, "kserve/generate");
     sp_rckey_add_json(q->ck, root, drop);
+    if (q->ad.lora != NULL) {
+        /* The route's adapter (not in the body), as loaded: see openai.c. */
+        sp_rckey_add_u64(q->ck, sp_lora_id(q->ad.lora));
+    }
     return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
 }
 
@@ -828,11 +854,13 @@ tensor_meta(sp_jbuf_t *b, const char *name, sp_dtype_t dt, int dim, bool first)
 static void
 h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_served_model_t *m = route_model(ud, r, p, NULL);
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = route_model(ud, r, p, NULL, &ad);
     if (m == NULL) {
         return;
     }
     if (m->be) {
+        sp_req_adapter_release(&ad); /* none: tensor models have no adapters */
         sp_tensor_metadata(r, m);
         sp_served_release(m);
         return;
@@ -840,7 +868,8 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"name\":");
-    sp_jbuf_cstr(&b, m->name);
+    sp_req_adapter_model_name(m, &ad, &b);
+    sp_req_adapter_release(&ad);
     sp_jbuf_lit(&b, ",\"versions\":[");
     sp_jbuf_cstr(&b, m->version_str);
     sp_jbuf_lit(&b, "],\"platform\":\"sampan_gguf\",\"inputs\":[");
@@ -895,7 +924,8 @@ static void
 h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    sp_served_model_t *m = route_model(s, r, p, h_infer);
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = route_model(s, r, p, h_infer, &ad);
     if (m == NULL) {
         return;
     }
@@ -905,8 +935,10 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     ks_req_t *q = ks_new(s, r, m, KS_INFER);
     if (q == NULL) {
+        sp_req_adapter_release(&ad);
         return;
     }
+    q->ad = ad;
     char err[768];
     sp_str_t body = sp_http_req_body(r);
     sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
@@ -968,19 +1000,22 @@ static void
 h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kind)
 {
     sp_server_t *s = ud;
-    sp_served_model_t *m = route_model(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen);
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = route_model(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen, &ad);
     if (m == NULL) {
         return;
     }
     if (m->be) {
         sp_kserve_error(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
                         m->be->name, m->name);
+        sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;
     }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
         sp_kserve_error(r, 400, "the request body is empty (a JSON object with 'text_input' is expected)");
+        sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;
     }
@@ -988,6 +1023,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     char err[768];
     if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
         sp_kserve_error(r, 400, "%s", err);
+        sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;
     }
@@ -1022,6 +1058,10 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     }
     q = ks_new(s, r, m, kind);
     m = NULL; /* the request holds the reference now (or it was released) */
+    if (q != NULL) {
+        q->ad = ad; /* and the adapter's */
+        ad.lora = NULL;
+    }
     if (q == NULL) {
         goto done;
     }
@@ -1046,6 +1086,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     sp_str_t text = {json_string_value(ti), json_string_length(ti)};
     submit(q, &text, 1, &gv, "text_input"); /* the scheduler copied what it keeps */
 done:
+    sp_req_adapter_release(&ad);
     sp_served_release(m);
     json_decref(root);
 }

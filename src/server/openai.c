@@ -28,6 +28,7 @@
 #include "engine/tokenizer.h"
 #include "engine/toolcall.h"
 #include "sampan/log.h"
+#include "server/adapters.h"
 #include "server/server.h"
 #include "server/schedreq.h"
 #include "server/trace.h"
@@ -50,6 +51,7 @@ typedef struct oai_req {
     sp_http_req_t *http;
     sp_server_t *srv;
     sp_served_model_t *m;
+    sp_req_adapter_t ad; /* "model": "<model>:<adapter>" (adapters.h), or none */
     sp_sched_job_t *job;
     oai_kind_t kind;
     bool stream, include_usage, lp_on;
@@ -123,6 +125,7 @@ oai_free(oai_req_t *q)
     sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx). */
     sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
@@ -142,7 +145,7 @@ on_abort(sp_http_req_t *r, void *ud)
  * and returns NULL. */
 static sp_served_model_t *
 get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
-          const sp_route_params_t *p)
+          const sp_route_params_t *p, sp_req_adapter_t *ad)
 {
     const json_t *mv = json_object_get(body, "model");
     if (mv == NULL || json_is_null(mv)) {
@@ -163,6 +166,10 @@ get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retr
         sp_server_error(r, 400, NULL, "model", "model_not_generative",
                         "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
                         m->name, m->be->name, m->name);
+        sp_served_release(m);
+        return NULL;
+    }
+    if (!sp_server_adapter_for(s, r, m, json_string_value(mv), json_string_length(mv), ad)) {
         sp_served_release(m);
         return NULL;
     }
@@ -470,7 +477,7 @@ begin_object(oai_req_t *q, sp_jbuf_t *b, const char *object)
     sp_jbuf_lit(b, ",\"object\":");
     sp_jbuf_cstr(b, object);
     sp_jbuf_printf(b, ",\"created\":%lld,\"model\":", (long long)q->created);
-    sp_jbuf_cstr(b, q->m->name);
+    sp_req_adapter_model_name(q->m, &q->ad, b);
     sp_jbuf_lit(b, ",\"system_fingerprint\":\"sampan\"");
 }
 
@@ -879,7 +886,7 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
         }
     }
     sp_jbuf_lit(b, "],\"model\":");
-    sp_jbuf_cstr(b, q->m->name);
+    sp_req_adapter_model_name(q->m, &q->ad, b);
     sp_jbuf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
                    (long long)prompt_tokens, (long long)prompt_tokens);
     if (!b->oom) {
@@ -998,6 +1005,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
         sr.gen = *g;
     }
     sr.embed = q->kind == OAI_EMBED;
+    sr.lora = q->ad.lora;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
     sr.priority = sp_server_priority(r, q->sched.priority);
     sr.mailbox = sp_server_mailbox(r);
@@ -1035,15 +1043,18 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
 }
 
 static oai_req_t *
-oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m)
+oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
+        sp_req_adapter_t *ad)
 {
     oai_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
+        sp_req_adapter_release(ad);
         sp_served_release(m);
         sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
         return NULL;
     }
-    q->m = m; /* the reference passes to the request */
+    q->m = m; /* the reference passes to the request, and the adapter's */
+    q->ad = *ad;
     q->http = r;
     q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
@@ -1142,6 +1153,10 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
                                : q->kind == OAI_EMBED ? "openai/embeddings"
                                                       : "openai/completions");
     sp_rckey_add_json(q->ck, b, drop);
+    if (q->ad.lora != NULL) {
+        /* The adapter as loaded: a reloaded file never replays the old one's answers. */
+        sp_rckey_add_u64(q->ck, sp_lora_id(q->ad.lora));
+    }
     return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
 }
 
@@ -1166,7 +1181,9 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         const sp_model_entry_t *e = &reg->entry[i];
         bool routable = e->used && ((e->live && e->state == SP_REPO_READY) ||
                                     e->state == SP_REPO_LOADING || (e->on_demand && !e->demand_failed));
-        if (!routable || (want.ptr && !sp_str_eq_c(want, e->name))) {
+        /* GET /v1/models/<model>:<adapter> asks for one of its adapters. */
+        const bool want_base = !want.ptr || sp_str_eq_c(want, e->name);
+        if (!routable || (!want_base && !sp_adapters_prefix(want, e->name))) {
             continue;
         }
         const sp_model_entry_t *best = e;
@@ -1189,12 +1206,18 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             continue;
         }
         bool ready = best->live && best->state == SP_REPO_READY;
-        sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
-        sp_jbuf_cstr(&b, e->name);
-        sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
-                       "\"max_model_len\":%lld,\"ready\":%s}",
-                       (long long)(ready ? best->live->created : s->started_unix),
-                       (long long)(ready ? best->live->n_ctx : 0), ready ? "true" : "false");
+        if (want_base) {
+            sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
+            sp_jbuf_cstr(&b, e->name);
+            sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
+                           "\"max_model_len\":%lld,\"ready\":%s}",
+                           (long long)(ready ? best->live->created : s->started_unix),
+                           (long long)(ready ? best->live->n_ctx : 0), ready ? "true" : "false");
+        }
+        if (ready && !(want.ptr && want_base)) {
+            /* Its adapters, "<model>:<adapter>" with "parent" (vLLM's LoRA entries). */
+            sp_adapters_list_locked(best->live, want_base ? (sp_str_t){NULL, 0} : want, &b, &found);
+        }
     }
     pthread_mutex_unlock(&reg->mu);
     if (want.ptr && !found) {
@@ -1220,8 +1243,9 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     oai_req_t *q = NULL;
     int32_t *toks = NULL;
-    sp_served_model_t *m = get_model(s, r, b, h_completions, p);
-    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m)) == NULL) {
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_completions, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
         goto done;
     }
     sp_gen_params_t g;
@@ -1445,8 +1469,9 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_t store, tc;
     sp_jbuf_init(&store);
     sp_jbuf_init(&tc);
-    sp_served_model_t *m = get_model(s, r, b, h_chat, p);
-    if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m)) == NULL) {
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_chat, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m, &ad)) == NULL) {
         goto done;
     }
     sp_gen_params_t g;
@@ -1590,8 +1615,9 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     int32_t *toks = NULL;
     const int32_t **prompts = NULL;
     int64_t *lens = NULL;
-    sp_served_model_t *m = get_model(s, r, b, h_embeddings, p);
-    if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m)) == NULL) {
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_embeddings, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m, &ad)) == NULL) {
         goto done;
     }
     const char *fmt = "float";

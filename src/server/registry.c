@@ -16,6 +16,7 @@
 #include "cuda/gpu.h"
 #include "sampan/log.h"
 #include "server/server.h"
+#include "server/adapters.h"
 #include "server/batcher.h"
 #include "server/tensor_model.h"
 
@@ -402,6 +403,13 @@ sp_registry_acquire(sp_server_t *s, const char *name, size_t len, const char *ve
         res = SP_ACQ_UNKNOWN;
     }
     pthread_mutex_unlock(&r->mu);
+    /* "<model>:<adapter>" (a LoRA adapter, adapters.h) when no model has the
+     * whole name: the base model; the caller checks the adapter. */
+    const char *colon = res == SP_ACQ_UNKNOWN && len > 0 ? memrchr(name, ':', len) : NULL;
+    if (colon != NULL && colon > name) {
+        return sp_registry_acquire(s, name, (size_t)(colon - name), version, vlen, allow_load, out,
+                                   reason, reason_len);
+    }
     return res;
 }
 
@@ -733,7 +741,10 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     sp.max_queue = s->cfg.queue;
     sp.prefill_chunk = s->cfg.step_tokens;
     sp.kv_blocks = s->cfg.kv_blocks;
-    sp.kv_f16 = s->cfg.kv_f16;
+    /* Checked by config.c; "" only where a config skipped it (the --kv-f16 alias then). */
+    const int kv_type = sp_kv_type_from_name(s->cfg.kv_type);
+    sp.kv_type = kv_type >= 0 ? (sp_kv_type_t)kv_type
+                              : s->cfg.kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
     sp.tpot_target_ms = s->cfg.tpot_target_ms;
     sp.tier_queue[0] = s->cfg.queue_batch;
     sp.tier_queue[1] = s->cfg.queue_standard;
@@ -742,6 +753,9 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     if (cfg) {
         if (cfg->llm.context_length > 0) sp.n_ctx = cfg->llm.context_length;
         if (cfg->llm.kv_blocks > 0) sp.kv_blocks = cfg->llm.kv_blocks;
+        if (cfg->llm.kv_cache_type && sp_kv_type_from_name(cfg->llm.kv_cache_type) >= 0) {
+            sp.kv_type = (sp_kv_type_t)sp_kv_type_from_name(cfg->llm.kv_cache_type);
+        }
         if (cfg->max_batch_size > 0) sp.n_slots = cfg->max_batch_size;
     }
     /* Instances on the CPU share its cores rather than each taking all. */
@@ -945,6 +959,7 @@ sp_served_free(sp_registry_t *r, sp_served_model_t *m)
     for (int k = 0; k < m->n_inst; k++) {
         sp_sched_destroy(m->inst[k]);
     }
+    sp_adapters_free(m); /* requests still using one hold their own references */
     sp_chat_template_destroy(m->tmpl);
     sp_model_free(m->model);
     sp_model_free(m->draft);

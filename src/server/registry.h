@@ -88,6 +88,9 @@ struct sp_served_model {
     double load_ms;
     sp_model_metrics_t metrics; /* request counters and latency histograms */
     bool response_cache;       /* its answers may be cached (respcache.h) */
+    /* LoRA adapters served as "<name>:<adapter>" (adapters.h): changed by the
+     * manager under the registry lock, read under it. NULL: none. */
+    struct sp_adapter_set *adapters;
     /* A tensor model (a backend plugin, tensor_model.h): model == NULL, inst[] NULL. */
     const sp_backend_api_t *be;
     void *be_inst[SP_REPO_MAX_INSTANCES];

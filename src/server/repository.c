@@ -33,12 +33,13 @@
 #include "core/timer.h"
 #include "repo/repo.h"
 #include "sampan/log.h"
+#include "server/adapters.h"
 #include "server/kserve.h"
 #include "server/server.h"
 
 #define DEVICE_REFRESH_NS 1000000000LL /* device figures and the tenants file, every second */
 
-typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND } cmd_kind_t;
+typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND, CMD_LORA_LOAD, CMD_LORA_UNLOAD } cmd_kind_t;
 
 /* What an HTTP request waits for: shared by the manager and the request. */
 typedef struct mgr_wait {
@@ -213,6 +214,9 @@ load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t 
     sp_served_model_t *m = NULL;
     sp_status_t st = sp_served_build(s, rm->name, v->version, true, v->model_path, &rm->cfg, sig, &m,
                                      err, err_len);
+    if (st == SP_OK) {
+        sp_adapters_load_dir(s, rm->name, m); /* <model>/adapters/, before requests see it */
+    }
     pthread_mutex_lock(&r->mu);
     sp_served_model_t *old = NULL;
     if (st == SP_OK) {
@@ -456,6 +460,17 @@ run_cmd(sp_server_t *s, sp_mgr_cmd_t *c)
     case CMD_DEMAND:
         run_demand(s, c);
         break;
+    case CMD_LORA_LOAD:
+    case CMD_LORA_UNLOAD: {
+        /* c->name is "<model>:<adapter>" (checked by the route). */
+        char err[1024] = "";
+        char *colon = strrchr(c->name, ':');
+        *colon = '\0';
+        int status = c->kind == CMD_LORA_LOAD ? sp_adapters_load(s, c->name, colon + 1, err, sizeof err)
+                                              : sp_adapters_unload(s, c->name, colon + 1, err, sizeof err);
+        wait_finish(c->wait, status, status == 200 ? NULL : err);
+        break;
+    }
     }
 }
 
@@ -862,12 +877,54 @@ new_cmd(sp_http_req_t *r, cmd_kind_t kind, sp_str_t name)
     return c;
 }
 
+/*
+ * "<model>:<adapter>" on the load and unload routes means a LoRA adapter
+ * (adapters.h) unless the repository has a model of that whole name. Adapters
+ * load and unload in every control mode: they are not versions, and the
+ * modes only say who decides which versions serve. Answers itself for a
+ * malformed name and returns true when the route is an adapter's.
+ */
+static bool
+adapter_route(sp_server_t *s, sp_http_req_t *r, sp_str_t name, cmd_kind_t kind)
+{
+    const char *colon = name.len ? memrchr(name.ptr, ':', name.len) : NULL;
+    if (colon == NULL || s->cfg.model_repository[0] == '\0' || name.len > SP_REPO_NAME_MAX) {
+        return false;
+    }
+    char rel[SP_REPO_NAME_MAX + 16], path[4096], err[256];
+    snprintf(rel, sizeof rel, "%.*s/config.json", (int)name.len, name.ptr);
+    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) == SP_OK &&
+        sp_repo_resolve(s->repo_real, rel, path, sizeof path, err, sizeof err) == SP_OK) {
+        return false; /* a model with a ':' in its name */
+    }
+    const size_t blen = (size_t)(colon - name.ptr), alen = name.len - blen - 1;
+    if (blen == 0 || sp_repo_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
+        !sp_adapter_name_ok(colon + 1, alen)) {
+        sp_kserve_error(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
+                        "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",
+                        SP_ADAPTER_NAME_MAX);
+        return true;
+    }
+    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
+    if (c == NULL) {
+        sp_kserve_error(r, 503, "out of memory");
+        return true;
+    }
+    c->kind = kind;
+    memcpy(c->name, name.ptr, name.len);
+    submit_cmd(s, r, c);
+    return true;
+}
+
 /* POST /v2/repository/models/{model}/load [{"parameters":{"config":"<json>"}}] */
 static void
 h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
     json_t *body;
+    if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_LOAD)) {
+        return;
+    }
     if (!control_allowed(s, r) || !body_json(s, r, &body)) {
         return;
     }
@@ -898,7 +955,7 @@ static void
 h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    if (!control_allowed(s, r)) {
+    if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_UNLOAD) || !control_allowed(s, r)) {
         return;
     }
     sp_mgr_cmd_t *c = new_cmd(r, CMD_UNLOAD, sp_route_param(p, "model"));

@@ -48,6 +48,7 @@
 #include "core/timer.h"
 #include "cuda/gpu.h"
 #include "engine/batch.h"
+#include "engine/lora.h"
 #include "sampan/log.h"
 #include "server/blocks.h"
 #include "server/http.h"
@@ -123,6 +124,7 @@ struct sp_sched_job {
     int64_t deadline_ns;
     int64_t submit_ns;    /* sp_time_ns() at submit */
     sp_gen_params_t gen;  /* stop pointers into stop_store */
+    sp_lora_t *lora;      /* the adapter of its rows (a reference), or NULL */
     char *stop_store;
     seq_t *seqs;
     int32_t *token_store; /* all sequences' token arrays */
@@ -213,7 +215,7 @@ sp_sched_default_params(void)
         .prefill_chunk = 256,
         .max_outbox_bytes = 8u << 20,
         .kv_blocks = 0,
-        .kv_f16 = false,
+        .kv_type = SP_KV_TYPE_F32,
         .tier_queue = {-1, -1, -1},
         .draft = NULL,
         .spec_k = 4,
@@ -243,6 +245,7 @@ job_free(sp_sched_job_t *j)
 {
     pthread_mutex_destroy(&j->mu);
     sp_grammar_release(j->gen.grammar);
+    sp_lora_release(j->lora);
     sp_free(j->out);
     sp_free(j->in);
     sp_free(j->stop_store);
@@ -623,6 +626,19 @@ blocks_for(int64_t n_tokens)
     return (n_tokens + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
 }
 
+/* Where a sequence's prefix chain starts in the prefix cache: the root for
+ * the base model, else a root of the adapter's own (its process-wide id; block
+ * serials count up from 1 and never reach bit 63), so KV blocks computed with
+ * different adapters, or none, are never shared. The chained hash starts from
+ * the id too, but the exact parent-serial match is what guarantees it. */
+static void
+chain_root(const seq_t *sq, uint64_t *hash, uint64_t *serial)
+{
+    const sp_lora_t *l = sq->job->lora;
+    *hash = l ? sp_lora_id(l) * 0x9E3779B97F4A7C15ull : 0;
+    *serial = l ? (1ull << 63) | sp_lora_id(l) : SP_BLOCKS_ROOT;
+}
+
 /* Release a sequence's blocks, last first: a chain's tail then becomes older
  * in the LRU than its head and is reclaimed first (a tail without its head can
  * never be matched again). */
@@ -635,8 +651,7 @@ seq_drop_blocks(sp_sched_t *s, seq_t *sq)
     sq->n_blocks = 0;
     sq->n_computed = 0;
     sq->n_published = 0;
-    sq->chain_hash = 0;
-    sq->chain_serial = SP_BLOCKS_ROOT;
+    chain_root(sq, &sq->chain_hash, &sq->chain_serial);
 }
 
 static void
@@ -756,7 +771,8 @@ static int64_t
 probe_prefix(sp_sched_t *s, const seq_t *sq, int64_t *n_cached)
 {
     int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
-    uint64_t h = 0, ser = SP_BLOCKS_ROOT;
+    uint64_t h, ser;
+    chain_root(sq, &h, &ser);
     *n_cached = 0;
     for (; k < max; k++) {
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
@@ -778,7 +794,8 @@ static void
 seq_take_blocks(sp_sched_t *s, seq_t *sq)
 {
     int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
-    uint64_t h = 0, ser = SP_BLOCKS_ROOT;
+    uint64_t h, ser;
+    chain_root(sq, &h, &ser);
     for (; k < max; k++) {
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
         uint64_t hh = sp_blocks_hash(h, t), ns = 0;
@@ -950,6 +967,7 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
     r->n_blocks = sq->n_blocks;
     r->logits = sq->n_computed + n == sq->n_tokens;
     r->n_logits = 0;
+    r->lora = sq->job->lora;
     s->step_seqs[s->n_rows++] = sq;
 }
 
@@ -1078,7 +1096,7 @@ draft_propose(sp_sched_t *s)
             int64_t take = rem < max_rows - rows ? rem : max_rows - rows;
             s->d_rows[n] = (sp_batch_seq_t){sq->tokens + sq->d_computed, take, sq->d_computed,
                                             draft_blocks(s, sq), s->d_per_slot,
-                                            take == rem, 0};
+                                            take == rem, 0, NULL};
             s->d_seqs[n++] = sq;
             rows += take;
         }
@@ -1108,7 +1126,7 @@ draft_propose(sp_sched_t *s)
             }
             int64_t at = sq->n_tokens + j - 1; /* proposal j - 1's index and position */
             s->d_rows[n] = (sp_batch_seq_t){sq->tokens + at, 1, at, draft_blocks(s, sq),
-                                            s->d_per_slot, true, 0};
+                                            s->d_per_slot, true, 0, NULL};
             s->d_seqs[n++] = sq;
         }
         sp_status_t st = sp_batch_eval(s->d_batch, s->d_kv, s->d_rows, n);
@@ -1454,7 +1472,17 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     }
     o->n_ctx = rc.n_ctx;
     const int64_t per_seq = blocks_for(o->n_ctx);
-    const size_t bb = sp_kv_block_bytes(m, p->kv_f16);
+    if ((unsigned)p->kv_type >= SP_KV_TYPE_COUNT) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: unknown kv cache type %d",
+                       (int)p->kv_type);
+    }
+    if (p->kv_type == SP_KV_TYPE_Q8_0 &&
+        (sp_gpu_model_layers(m) > 0 || (p->draft != NULL && sp_gpu_model_layers(p->draft) > 0))) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "kv cache type q8_0 runs on the CPU only: this model has GPU layers "
+                       "(use kv cache type f16 or f32 with GPU layers)");
+    }
+    const size_t bb = sp_kv_block_bytes(m, p->kv_type);
     int64_t nb = p->kv_blocks;
     if (nb == 0) {
         /* Default: every slot's full context, within 2 GiB, at least one context. */
@@ -1469,7 +1497,7 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
                        (long long)nb);
     }
     o->nb = nb;
-    o->kp = (sp_kv_pool_params_t){.n_blocks = nb, .f16 = p->kv_f16};
+    o->kp = (sp_kv_pool_params_t){.n_blocks = nb, .type = p->kv_type};
     if (sp_kv_pool_bytes(m, &o->kp) == 0) {
         /* The only refusal left for 1 <= nb < 2^30: sp_kv_pool_create's words. */
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
@@ -1515,7 +1543,7 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
         return st;
     }
     o->d_per_slot = per_seq;
-    o->dkp = (sp_kv_pool_params_t){.n_blocks = per_seq * p->n_slots, .f16 = p->kv_f16};
+    o->dkp = (sp_kv_pool_params_t){.n_blocks = per_seq * p->n_slots, .type = p->kv_type};
     o->dbp = sp_batch_default_params();
     o->dbp.max_tokens = o->prefill_chunk;
     o->dbp.max_seqs = p->n_slots;
@@ -1695,9 +1723,10 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
         return sp_errf(err, err_len, SP_ERR_IO, "scheduler: cannot start the engine thread");
     }
     s->started = true;
-    SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu step_tokens=%d max_seqs=%d "
-                "ctx=%lld tpot_target_ms=%g speculative_tokens=%d",
-                (long long)pl.nb, sp_kv_block_bytes(m, p->kv_f16), s->p.prefill_chunk,
+    SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu kv_type=%s step_tokens=%d "
+                "max_seqs=%d ctx=%lld tpot_target_ms=%g speculative_tokens=%d",
+                (long long)pl.nb, sp_kv_block_bytes(m, p->kv_type), sp_kv_type_name(p->kv_type),
+                s->p.prefill_chunk,
                 s->p.n_slots, (long long)s->n_ctx,
                 p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0, p->draft ? p->spec_k : 0);
     *out = s;
@@ -1822,6 +1851,11 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     if (r->mailbox == NULL || r->on_event == NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: no mailbox or callback");
     }
+    if (r->lora != NULL && (r->embed || sp_lora_model(r->lora) != s->m)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s",
+                       r->embed ? "embeddings cannot use a LoRA adapter"
+                                : "scheduler: the adapter belongs to another model");
+    }
     int64_t total_tokens = 0, total_blocks = 0;
     for (int32_t i = 0; i < r->n; i++) {
         int64_t n = r->n_prompts[i];
@@ -1870,6 +1904,10 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     }
     pthread_mutex_init(&j->mu, NULL);
     j->n = r->n;
+    j->lora = r->lora; /* before the sequences: their prefix chains start from it */
+    if (j->lora != NULL) {
+        sp_lora_ref(j->lora);
+    }
     j->seqs = sp_calloc((size_t)r->n, sizeof *j->seqs);
     j->token_store = sp_malloc((size_t)total_tokens * sizeof(int32_t));
     j->block_store = sp_malloc((size_t)(total_blocks > 0 ? total_blocks : 1) * sizeof(int32_t));
@@ -1898,7 +1936,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         sq->cap = cap;
         sq->blocks = j->block_store + boff;
         sq->blocks_cap = r->embed ? 0 : blocks_for(cap);
-        sq->chain_serial = SP_BLOCKS_ROOT;
+        chain_root(sq, &sq->chain_hash, &sq->chain_serial);
         sq->d_slot = -1;
         toff += cap;
         boff += sq->blocks_cap;

@@ -100,6 +100,10 @@ typedef struct sp_sched_request {
     int32_t priority;           /* tier: > 0 premium, 0 standard, < 0 batch (SP_SCHED_PRIO_*);
                                    higher tiers are admitted first, FIFO within a tier */
     int64_t deadline_ns;        /* sp_time_ns() clock; 0 = none */
+    struct sp_lora *lora;       /* a LoRA adapter of this model (engine/lora.h) for every
+                                   sequence, or NULL; the job takes its own reference. Its
+                                   sequences share prefix-cache blocks only with sequences of
+                                   the same adapter. Not with embed. */
     sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's) */
     sp_sched_event_fn on_event;
     void *ud;
@@ -119,7 +123,8 @@ typedef struct sp_sched_params {
     size_t max_outbox_bytes; /* undelivered event bytes per job before it is cancelled (8 MiB) */
     int64_t kv_blocks;     /* KV pool size in blocks of SP_KV_BLOCK positions; 0 = every
                               running sequence's full context, within 2 GiB */
-    bool kv_f16;           /* F16 KV cache */
+    sp_kv_type_t kv_type;  /* KV cache type (f32 default, f16, q8_0: engine/model.h);
+                              q8_0 needs a model with no GPU layers */
     int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
     double tpot_target_ms; /* > 0: adapt the prefill budget to keep the p99 step time (the
                               time per output token) under this (server/stepctl.h) */

@@ -84,11 +84,11 @@ static const char run_usage[] =
 enum {
     OPT_TEMP = 256, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_FREQ, OPT_PRES, OPT_SEED,
     OPT_NO_BOS, OPT_IGNORE_EOS, OPT_TOKENS, OPT_LOGITS_OUT, OPT_DECODE, OPT_RANDOM, OPT_GEN,
-    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16,
+    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16, OPT_KV_TYPE,
 };
 
-/* --kv-f16 (eval): an F16 KV cache instead of F32 (see sp_ctx_params_t). */
-static bool opt_kv_f16;
+/* --kv-type / --kv-f16 (eval): the KV cache type (see sp_ctx_params_t). */
+static sp_kv_type_t opt_kv_type;
 
 static const struct option run_opts[] = {
     {"model", required_argument, 0, 'm'},
@@ -130,7 +130,7 @@ open_model(const char *path, int64_t n_ctx, int64_t n_batch, int n_threads, bool
     cp.n_batch = n_batch;
     cp.n_threads = n_threads;
     cp.logits_all = logits_all;
-    cp.kv_f16 = opt_kv_f16;
+    cp.kv_type = opt_kv_type;
     if (sp_ctx_create(*m, &cp, c, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan: %s\n", err);
         sp_model_free(*m);
@@ -316,7 +316,8 @@ static const char eval_usage[] =
     "  -b, --batch N      prefill batch size (default 512)\n"
     "  -t, --threads N    threads (default: one per core)\n"
     "  -c, --ctx-size N   context size\n"
-    "  --kv-f16           F16 KV cache (half the cache reads; default F32)\n"
+    "  --kv-type T        KV cache type: f32 (default), f16 (half the cache) or q8_0\n"
+    "                     (about a quarter); --kv-f16 is --kv-type f16\n"
     "Prints 'prefill: ...' and 'decode: ...' timing lines to stderr.\n";
 
 static const struct option eval_opts[] = {
@@ -331,6 +332,7 @@ static const struct option eval_opts[] = {
     {"threads", required_argument, 0, 't'},
     {"ctx-size", required_argument, 0, 'c'},
     {"kv-f16", no_argument, 0, OPT_KV_F16},
+    {"kv-type", required_argument, 0, OPT_KV_TYPE},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -354,7 +356,14 @@ sp_cmd_eval(int argc, char **argv)
         case OPT_DECODE: decode = true; break;
         case OPT_GEN: bad = parse_i64(optarg, "--gen", 0, 1 << 24, &n_gen); break;
         case OPT_LOGITS_OUT: logits_out = optarg; break;
-        case OPT_KV_F16: opt_kv_f16 = true; break;
+        case OPT_KV_F16: opt_kv_type = SP_KV_TYPE_F16; break;
+        case OPT_KV_TYPE:
+            if (sp_kv_type_from_name(optarg) < 0) {
+                fprintf(stderr, "sampan: --kv-type must be f32, f16 or q8_0, got '%s'\n", optarg);
+                return 2;
+            }
+            opt_kv_type = (sp_kv_type_t)sp_kv_type_from_name(optarg);
+            break;
         case 'b': bad = parse_i64(optarg, "-b", 1, 65536, &n_batch); break;
         case 't': bad = parse_i64(optarg, "-t", 0, 512, &n_threads); break;
         case 'c': bad = parse_i64(optarg, "-c", 0, 1 << 24, &n_ctx); break;

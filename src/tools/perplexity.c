@@ -44,16 +44,17 @@ static const char ppl_usage[] =
     "  -c N            window (context) size in tokens (default 256, at most the model's)\n"
     "  --chunks N      score at most N windows (default: all the text holds)\n"
     "  --score-all     score every prediction, not only each window's second half\n"
-    "  --kv-f16        F16 KV cache (the default is F32)\n"
+    "  --kv-type T     KV cache type: f32 (default), f16 or q8_0 (--kv-f16: f16)\n"
     "  -t N            threads (default one per core)\n"
     "  --json          one JSON object on stdout instead of the summary line\n";
 
-enum { OPT_CHUNKS = 256, OPT_SCORE_ALL, OPT_KV_F16, OPT_JSON };
+enum { OPT_CHUNKS = 256, OPT_SCORE_ALL, OPT_KV_F16, OPT_KV_TYPE, OPT_JSON };
 
 static const struct option ppl_opts[] = {
     {"chunks", required_argument, 0, OPT_CHUNKS},
     {"score-all", no_argument, 0, OPT_SCORE_ALL},
     {"kv-f16", no_argument, 0, OPT_KV_F16},
+    {"kv-type", required_argument, 0, OPT_KV_TYPE},
     {"json", no_argument, 0, OPT_JSON},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
@@ -142,7 +143,8 @@ sp_cmd_perplexity(int argc, char **argv)
 {
     const char *model = NULL, *text_path = NULL;
     long long n_ctx = 256, max_chunks = 0, n_threads = 0;
-    bool score_all = false, kv_f16 = false, json = false;
+    bool score_all = false, json = false;
+    sp_kv_type_t kv_type = SP_KV_TYPE_F32;
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "m:f:c:t:h", ppl_opts, NULL)) != -1) {
@@ -154,7 +156,15 @@ sp_cmd_perplexity(int argc, char **argv)
         case 't': bad = ppl_int(optarg, "-t", 0, 512, &n_threads); break;
         case OPT_CHUNKS: bad = ppl_int(optarg, "--chunks", 1, 1 << 30, &max_chunks); break;
         case OPT_SCORE_ALL: score_all = true; break;
-        case OPT_KV_F16: kv_f16 = true; break;
+        case OPT_KV_F16: kv_type = SP_KV_TYPE_F16; break;
+        case OPT_KV_TYPE:
+            if (sp_kv_type_from_name(optarg) < 0) {
+                fprintf(stderr, "sampan perplexity: --kv-type must be f32, f16 or q8_0, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            kv_type = (sp_kv_type_t)sp_kv_type_from_name(optarg);
+            break;
         case OPT_JSON: json = true; break;
         case 'h': fputs(ppl_usage, stdout); return 0;
         default: fputs(ppl_usage, stderr); return 2;
@@ -194,7 +204,7 @@ sp_cmd_perplexity(int argc, char **argv)
     cp.n_ctx = n_ctx;
     cp.n_threads = (int)n_threads;
     cp.logits_all = true;
-    cp.kv_f16 = kv_f16;
+    cp.kv_type = kv_type;
     if (sp_ctx_create(m, &cp, &c, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan perplexity: %s\n", err);
         goto done;
@@ -276,7 +286,7 @@ sp_cmd_perplexity(int argc, char **argv)
         json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
                               "model", model, "text", text_path, "n_ctx", (json_int_t)n_ctx,
                               "chunks", (json_int_t)n_chunks, "tokens_scored", (json_int_t)scored,
-                              "kv", kv_f16 ? "f16" : "f32", "nll_sum", sum, "nll_mean", mean,
+                              "kv", sp_kv_type_name(kv_type), "nll_sum", sum, "nll_mean", mean,
                               "nll_stderr", se, "perplexity", ppl, "perplexity_stderr", ppl * se,
                               "load_s", (double)load_ns / 1e9, "eval_s", eval_s, "tokens_per_s",
                               eval_s > 0 ? (double)evaluated / eval_s : 0.0);
@@ -292,7 +302,8 @@ sp_cmd_perplexity(int argc, char **argv)
     } else {
         printf("perplexity: %.4f +/- %.4f (%lld tokens scored in %lld windows of %lld, KV %s; "
                "%.1f tokens/s)\n",
-               ppl, ppl * se, (long long)scored, (long long)n_chunks, n_ctx, kv_f16 ? "f16" : "f32",
+               ppl, ppl * se, (long long)scored, (long long)n_chunks, n_ctx,
+               sp_kv_type_name(kv_type),
                eval_s > 0 ? (double)evaluated / eval_s : 0.0);
     }
     rc = 0;

@@ -18,7 +18,7 @@ int sp_cmd_encrypt(int argc, char **argv);
 int sp_cmd_decrypt(int argc, char **argv);
 /* sampan keys add|list|revoke --tenants FILE ...: API keys, scopes, tiers and limits. */
 int sp_cmd_keys(int argc, char **argv);
-/* sampan perplexity -m FILE -f TEXT [-c N] [--kv-f16] [--json]: a model's perplexity on a text. */
+/* sampan perplexity -m FILE -f TEXT [-c N] [--kv-type T] [--json]: a model's perplexity on a text. */
 int sp_cmd_perplexity(int argc, char **argv);
 
 #endif /* SP_TOOLS_TOOLS_H */

@@ -258,7 +258,7 @@ run(sp_model_t *m, bool kv_f16, int n_gen, float *logits, int32_t *gen)
     p.n_ctx = 128;
     p.n_batch = 8;
     p.n_threads = 1;
-    p.kv_f16 = kv_f16;
+    p.kv_type = kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
     sp_ctx_t *c;
     char err[256];
     sp_status_t st = sp_ctx_create(m, &p, &c, err, sizeof err);
@@ -355,15 +355,16 @@ batch_run(sp_model_t *m, float *out3)
     /* Step 1: seq A prefills 20 tokens (blocks 5, 9); seq B 3 tokens (block 2). */
     const int32_t bA[] = {5, 9, 11}, bB[] = {2}, bC[] = {5, 12};
     if (st == SP_OK) {
-        sp_batch_seq_t s[2] = {{prompt, 20, 0, bA, 2, true, 0}, {prompt + 4, 3, 0, bB, 1, true, 0}};
+        sp_batch_seq_t s[2] = {{prompt, 20, 0, bA, 2, true, 0, NULL},
+                                {prompt + 4, 3, 0, bB, 1, true, 0, NULL}};
         st = sp_batch_eval(b, kv, s, 2);
     }
     /* C shares A's first full block and copies its partial second one. */
     if (st == SP_OK) {
         sp_kv_pool_copy_block(kv, 12, 9);
         const int32_t ta = 33, tb = 44, tc[2] = {55, 66};
-        sp_batch_seq_t s[3] = {{&ta, 1, 20, bA, 2, true, 0}, {&tb, 1, 3, bB, 1, true, 0},
-                               {tc, 2, 20, bC, 2, true, 0}};
+        sp_batch_seq_t s[3] = {{&ta, 1, 20, bA, 2, true, 0, NULL}, {&tb, 1, 3, bB, 1, true, 0, NULL},
+                               {tc, 2, 20, bC, 2, true, 0, NULL}};
         st = sp_batch_eval(b, kv, s, 3);
         for (int i = 0; st == SP_OK && i < 3; i++) {
             memcpy(out3 + i * V, sp_batch_logits(b, i), (size_t)V * sizeof(float));
@@ -497,6 +498,33 @@ test_errors(void)
     end();
 }
 
+/* A Q8_0 KV cache is CPU-only (the device pool keeps F32/F16): a model with GPU
+ * layers refuses it with the reason, and the same model on the CPU takes it. */
+static void
+test_kv_q8_refused(void)
+{
+    char err[512];
+    begin("kv_q8_0_refused_with_gpu_layers");
+    sp_model_t *g = load(2, err, sizeof err);
+    CHECK(g != NULL, "attach: %s", err);
+    if (g != NULL) {
+        sp_ctx_params_t p = sp_ctx_default_params();
+        p.n_ctx = 64;
+        p.n_threads = 1;
+        p.kv_type = SP_KV_TYPE_Q8_0;
+        sp_ctx_t *c = NULL;
+        err[0] = '\0';
+        sp_status_t st = sp_ctx_create(g, &p, &c, err, sizeof err);
+        CHECK(st == SP_ERR_UNSUPPORTED && c == NULL, "status %d", st);
+        CHECK(strstr(err, "q8_0") != NULL && strstr(err, "CPU only") != NULL, "error: %s", err);
+        CHECK(sp_kv_pool_bytes(g, &(sp_kv_pool_params_t){4, SP_KV_TYPE_Q8_0}) == 0,
+              "pool bytes for a refused pool");
+        sp_ctx_destroy(c);
+        sp_model_free(g);
+    }
+    end();
+}
+
 int
 main(int argc, char **argv)
 {
@@ -527,6 +555,7 @@ main(int argc, char **argv)
         test_batch();
         test_embed();
         test_errors();
+        test_kv_q8_refused();
     }
     printf("test_cuda_host: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

@@ -161,6 +161,17 @@ try:
                    srv.text()[-2000:])
         finally:
             srv.stop()
+        # The Q8_0 KV cache is CPU-only: with GPU layers the load fails with the reason.
+        setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None, SAMPAN_CUDA_LIB=fake)
+        cfg = dict(gpu_cfg, parameters={"gpu_layers": {"string_value": "2"},
+                                        "kv_cache_type": {"string_value": "q8_0"}})
+        srv = RepoServer(repo_with(tmp, cfg))
+        try:
+            s.case("kv_cache_type q8_0 with GPU layers: clear error",
+                   srv.wait_log(r"q8_0 runs on the CPU only", timeout=5) is not None,
+                   srv.text()[-2000:])
+        finally:
+            srv.stop()
 finally:
     setenv(**saved)
 

@@ -22,7 +22,7 @@ is float64. With act_quant=True, the input of every matrix product with a quanti
 is first passed through the same activation quantization the engine uses (Q8_0 for
 Q8_0/Q4_0 weights, Q8_K for Q4_K/Q6_K), emulated in quants.py.
 
-    m = RefModel("model.gguf")
+    m = RefModel("model.gguf")            # .apply_lora("adapter.gguf") merges a LoRA adapter
     s = m.session()
     logits = s.forward([1, 5, 9])          # (3, n_vocab), then s.forward([7]) continues
 """
@@ -67,6 +67,27 @@ class RefModel:
         self.out_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
         self.n_vocab = self.w["token_embd.weight"].shape[0]
         self.tokens = kv.get("tokenizer.ggml.tokens")
+
+    def apply_lora(self, path):
+        """Merge a LoRA adapter (llama.cpp's GGUF convention) into the weights, in float64:
+        W += scale * B @ A with scale = alpha / rank (1 without alpha), A = <W>.lora_a
+        (rank rows of n_in), B = <W>.lora_b (n_out rows of rank). Applying y = W x + scale B (A x)
+        is the same math; the engine does that without touching W."""
+        a = GGUF(path)
+        if a.kv.get("general.type") != "adapter" or a.kv.get("adapter.type") != "lora":
+            raise ValueError(f"{path}: not a LoRA adapter")
+        alpha = float(a.kv.get("adapter.lora.alpha", 0.0))
+        for name in a.tensors:
+            if not name.endswith(".lora_a"):
+                continue
+            wname = name[:-len(".lora_a")]
+            A = a.array(name)                  # (rank, n_in)
+            B = a.array(wname + ".lora_b")     # (n_out, rank)
+            rank = A.shape[0]
+            scale = alpha / rank if alpha else 1.0
+            self.w[wname] = self.w[wname] + (scale * (B @ A)).astype(self.dtype)
+        a.close()
+        return self
 
     def session(self):
         return Session(self)

@@ -156,12 +156,16 @@ store_kv(sp_type_t type, void *base, int64_t i, float f)
     }
 }
 
-/* (Re)build the paged cache of c from its logical cache in one layout. */
+/* (Re)build the paged cache of c from its logical cache in one layout. For
+ * Q8_0 every offset and stride counts bytes (kernels.h) and the positions
+ * are quantised as the engine stores them. */
 static void
 case_layout(attn_case_t *c, int layout)
 {
     const int64_t hd = c->hd, nb = sp_attn_scratch_stride(c->n_kv) / SP_ATTN_BLOCK;
-    const size_t esz = c->kv_type == SP_TYPE_F16 ? 2 : 4;
+    const bool q8 = c->kv_type == SP_TYPE_Q8_0;
+    const size_t esz = q8 ? 1 : c->kv_type == SP_TYPE_F16 ? 2 : 4;
+    const int64_t k_tile = q8 ? sp_kv_q8_tile_bytes(hd) : SP_ATTN_BLOCK * hd;
     sp_free(c->k);
     sp_free(c->blocks);
     c->blocks = sp_malloc((size_t)nb * sizeof(int32_t));
@@ -171,30 +175,43 @@ case_layout(attn_case_t *c, int layout)
         /* K and V of one block side by side, blocks strided by both plus a gap. */
         n_phys = 3 * nb + 1;
         n_phys += n_phys % 7 == 0; /* 7 coprime to n_phys: (7i + 2) mod n_phys is injective */
-        c->k_block_stride = c->v_block_stride = SP_ATTN_BLOCK * hd + vblk + 7;
+        c->k_block_stride = c->v_block_stride = k_tile + vblk + 7;
     } else {
-        c->k_block_stride = SP_ATTN_BLOCK * hd;
+        c->k_block_stride = k_tile;
         c->v_block_stride = vblk;
     }
     for (int64_t i = 0; i < nb; i++) {
         c->blocks[i] = (int32_t)(layout == 0 ? i : layout == 1 ? nb - 1 - i : (i * 7 + 2) % n_phys);
     }
-    /* Unused memory holds NaN: a kernel reading outside its blocks shows. */
+    /* Unused memory holds NaN (for Q8_0, 0xff bytes: F16 NaN scales): a
+     * kernel reading outside its blocks shows. */
     const int64_t k_elems = n_phys * c->k_block_stride;
     const int64_t v_elems = layout == 2 ? 0 : n_phys * c->v_block_stride;
     c->k = sp_malloc((size_t)(k_elems + v_elems) * esz);
     ASSERT(c->k && c->blocks);
-    for (int64_t i = 0; i < k_elems + v_elems; i++) store_kv(c->kv_type, c->k, i, NAN);
-    c->v = layout == 2 ? (char *)c->k + (size_t)(SP_ATTN_BLOCK * hd) * esz
-                       : (char *)c->k + (size_t)k_elems * esz;
+    if (q8) {
+        memset(c->k, 0xff, (size_t)(k_elems + v_elems));
+    } else {
+        for (int64_t i = 0; i < k_elems + v_elems; i++) store_kv(c->kv_type, c->k, i, NAN);
+    }
+    c->v = layout == 2 ? (char *)c->k + (size_t)k_tile * esz : (char *)c->k + (size_t)k_elems * esz;
     sp_attn_args_t a = {.head_dim = hd, .blocks = c->blocks, .k_block_stride = c->k_block_stride,
                         .v_block_stride = c->v_block_stride, .v_stride = c->v_stride};
     for (int64_t p = 0; p < nb * SP_ATTN_BLOCK; p++) {
+        if (q8) {
+            sp_kv_q8_store_key((char *)c->k + c->blocks[p / SP_ATTN_BLOCK] * c->k_block_stride,
+                               p % SP_ATTN_BLOCK, c->k_log + p * hd, hd);
+            continue;
+        }
         for (int64_t d = 0; d < hd; d++) {
             store_kv(c->kv_type, c->k, sp_attn_k_offset(&a, p, d), c->k_log[p * hd + d]);
         }
     }
     for (int64_t p = 0; p < c->n_kv; p++) {
+        if (q8) {
+            sp_kv_q8_store_value((char *)c->v + sp_attn_v_offset(&a, p), c->v_log + p * hd, hd);
+            continue;
+        }
         for (int64_t d = 0; d < hd; d++) {
             store_kv(c->kv_type, c->v, sp_attn_v_offset(&a, p) + d, c->v_log[p * hd + d]);
         }
@@ -209,7 +226,9 @@ case_init(attn_case_t *c, int64_t hd, int64_t n_q, int64_t n_kv, sp_type_t kv_ty
     c->n_q = n_q;
     c->n_kv = n_kv;
     c->kv_type = kv_type;
-    c->v_stride = hd * 3 + 5; /* value rows of a wider cache, not just this head */
+    /* Value rows of a wider cache, not just this head (Q8_0: bytes, odd, so
+     * the F16 scales are misaligned too). */
+    c->v_stride = (kv_type == SP_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hd) : hd) * 3 + 5;
     c->q_stride = hd + 3;
     c->scale = 1.0f / sqrtf((float)hd);
     c->q = sp_malloc((size_t)(n_q * c->q_stride) * sizeof(float));
@@ -276,7 +295,11 @@ check_attn_case(const sp_cpu_kernels_t *const *lv, int nl, int64_t hd, int64_t n
         for (int64_t d = 0; d < hd; d++) s += fabs(c.q[h * c.q_stride + d]);
         smax = s * c.scale > smax ? s * c.scale : smax;
     }
-    const double tol = ((double)hd + (double)n_kv / 8 + 64) * U * (1.0 + smax);
+    /* Q8_0 values are |q d| <= amax (1 + 2^-11) (d rounded to F16): the same
+     * bound with 1.001 for 1, as the reference reads the same exact values. */
+    if (kv_type == SP_TYPE_Q8_0) smax *= 1.001;
+    const double tol = ((double)hd + (double)n_kv / 8 + 64) * U * (1.0 + smax) *
+                       (kv_type == SP_TYPE_Q8_0 ? 1.001 : 1.0);
     for (int l = 0; l < nl; l++) {
         memset(o, 0, obytes);
         case_run(lv[l], &c, 0, n_q, o);
@@ -335,11 +358,11 @@ TEST(attn_matches_reference_all_shapes)
     const sp_cpu_kernels_t *lv[3];
     int nl = simd_levels(lv);
     lv[nl++] = sp_cpu_kernels_ref(); /* the reference's own invariance */
-    const int64_t hds[] = {8, 13, 64, 72, 128};
+    const int64_t hds[] = {8, 13, 64, 72, 128, 96};
     const int64_t nqs[] = {1, 2, 3, 5, 8};
     const int64_t nkvs[] = {1, 2, 15, 16, 17, 33, 300};
-    for (int t = 0; t < 2; t++) {
-        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : SP_TYPE_F16;
+    for (int t = 0; t < 3; t++) {
+        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : t == 1 ? SP_TYPE_F16 : SP_TYPE_Q8_0;
         for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
             for (size_t j = 0; j < sizeof nqs / sizeof nqs[0]; j++) {
                 for (size_t m = 0; m < sizeof nkvs / sizeof nkvs[0]; m++) {
@@ -361,6 +384,64 @@ TEST(attn_matches_reference_peaked_and_long)
     check_attn_case(lv, nl, 128, 4, 100, SP_TYPE_F16, 60.0f);
     check_attn_case(lv, nl, 64, 8, 4097, SP_TYPE_F32, 1.0f);
     check_attn_case(lv, nl, 64, 4, 2500, SP_TYPE_F16, 2.0f);
+    check_attn_case(lv, nl, 128, 8, 200, SP_TYPE_Q8_0, 40.0f);
+    check_attn_case(lv, nl, 80, 4, 2500, SP_TYPE_Q8_0, 2.0f);
+}
+
+/* The Q8_0 cache's numbers: GGUF's Q8_0 (a value row with head_dim % 32 == 0
+ * has sp_quantize_row's bytes; keys quantise each position's row the same
+ * way, transposed), the error within half a step plus the F16 rounding of
+ * the scale, and NaN or huge inputs clamped instead of undefined. */
+TEST(attn_q8_0_cache_layout_and_error)
+{
+    const int64_t hds[] = {8, 13, 32, 64, 72, 128};
+    for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
+        const int64_t hd = hds[i], G = sp_kv_q8_groups(hd), rb = sp_kv_q8_row_bytes(hd);
+        ASSERT_EQ(rb, hd + 2 * G);
+        ASSERT_EQ(sp_kv_q8_tile_bytes(hd), 16 * rb);
+        float x[SP_ATTN_BLOCK][128];
+        uint8_t tile[16 * (128 + 8)], row[128 + 8], ref[128 + 8];
+        for (int p = 0; p < SP_ATTN_BLOCK; p++) {
+            /* all zero, big, and shrinking amplitudes */
+            const float amp = p == 3 ? 0.0f : p == 5 ? 3e4f : 1.0f / (float)(1 + p);
+            for (int64_t d = 0; d < hd; d++) x[p][d] = rnd(amp);
+            sp_kv_q8_store_key(tile, p, x[p], hd);
+        }
+        for (int p = 0; p < SP_ATTN_BLOCK; p++) {
+            sp_kv_q8_store_value(row, x[p], hd);
+            if (hd % 32 == 0) {
+                ASSERT(sp_quantize_row(SP_TYPE_Q8_0, x[p], ref, hd));
+                ASSERT(memcmp(row, ref, (size_t)rb) == 0);
+            }
+            for (int64_t d = 0; d < hd; d++) {
+                float amax = 0.0f;
+                for (int64_t j = d / 32 * 32; j < hd && j < d / 32 * 32 + 32; j++) {
+                    amax = fmaxf(amax, fabsf(x[p][j]));
+                }
+                const double step = amax / 127.0;
+                const double tol = step / 2 * (1 + 0x1p-10) + amax * 0x1p-10;
+                const float kq = sp_kv_q8_key(tile, p, d, hd), vq = sp_kv_q8_value(row, d);
+                ASSERT(kq == vq); /* one rule for keys and values */
+                if (!(fabs((double)vq - x[p][d]) <= tol)) {
+                    SP_TEST_FAIL("hd %lld p %d d %lld: %.9g -> %.9g (tol %.3g)", (long long)hd, p,
+                                 (long long)d, x[p][d], vq, tol);
+                }
+            }
+        }
+    }
+    /* NaN, infinities and values past half's range reach no undefined int
+     * conversion (UBSan checks the build); NaN beside finite values gives
+     * finite numbers (the clamp), so one bad element never spreads NaN. */
+    float bad[64];
+    for (int d = 0; d < 64; d++) {
+        bad[d] = d < 32 ? (d % 3 == 0 ? NAN : 0.5f) : (d % 3 == 0 ? INFINITY : -1e30f);
+    }
+    uint8_t brow[68], btile[16 * 68];
+    sp_kv_q8_store_value(brow, bad, 64);
+    sp_kv_q8_store_key(btile, 7, bad, 64);
+    for (int d = 0; d < 32; d++) {
+        ASSERT(isfinite(sp_kv_q8_value(brow, d)) && isfinite(sp_kv_q8_key(btile, 7, d, 64)));
+    }
 }
 
 /* ---- RMSNorm, SwiGLU ------------------------------------------------------- */

@@ -73,6 +73,10 @@ add_random(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in, 
     ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
 }
 
+/* The head size load_gqa uses, n_embd = 8 of them (the Q8_0 KV cache test
+ * sets 40: one whole group of 32 and a partial one). */
+static int64_t gqa_head_dim = 16;
+
 /* qwen2, n_embd 128, 8 heads of 16 over 2 KV heads, 2 layers, n_ff 160,
  * Q8_0 matrices, the demo's tokenizer (512 tokens). */
 static void
@@ -82,7 +86,7 @@ load_gqa(test_model_t *tm)
     sp_gguf_t *demo, *g;
     sp_gguf_writer_t *w;
     size_t len;
-    const int64_t E = 128, H = 8, HKV = 2, HD = 16, FF = 160, NL = 2, V = 512;
+    const int64_t H = 8, HKV = 2, HD = gqa_head_dim, E = H * HD, FF = 160, NL = 2, V = 512;
     ASSERT_OK(sp_gguf_open(DEMO, &demo, err, sizeof err));
     ASSERT_OK(sp_gguf_writer_create(&w));
     ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
@@ -139,7 +143,7 @@ free_model(test_model_t *tm)
 /* Logits after every position of toks[0..n), the sequence alone in an sp_ctx
  * (one thread). Caller frees. */
 static float *
-ctx_logits(const sp_model_t *m, const int32_t *toks, int64_t n, bool kv_f16)
+ctx_logits(const sp_model_t *m, const int32_t *toks, int64_t n, sp_kv_type_t kv_type)
 {
     char err[512];
     sp_ctx_t *c;
@@ -147,7 +151,7 @@ ctx_logits(const sp_model_t *m, const int32_t *toks, int64_t n, bool kv_f16)
     cp.n_ctx = 256;
     cp.n_threads = 1;
     cp.logits_all = true;
-    cp.kv_f16 = kv_f16;
+    cp.kv_type = kv_type;
     ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
     ASSERT_OK(sp_ctx_eval(c, toks, n, 0));
     const int64_t V = sp_model_hparams(m)->n_vocab;
@@ -168,7 +172,7 @@ typedef struct scenario {
     bool shuffle;   /* a different order of the sequences every step */
     int layout;     /* 0: blocks in order, 1: reversed, 2: scattered */
     int n_threads;
-    bool kv_f16;
+    sp_kv_type_t kv_type;
 } scenario_t;
 
 static void
@@ -189,12 +193,12 @@ run_scenario(const sp_model_t *m, const scenario_t *sc)
         chunk[s] = 1 + (s * 3) % 13;                /* prompt fed in chunks of this */
         done[s] = 0;
         for (int64_t i = 0; i < len[s]; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (V - 1));
-        ref[s] = ctx_logits(m, toks[s], len[s], sc->kv_f16);
+        ref[s] = ctx_logits(m, toks[s], len[s], sc->kv_type);
     }
 
     /* The pool: every sequence's blocks, laid out per sc->layout among spare ones. */
     const int64_t per_seq = MAX_BLK, n_pool = 2 * sc->n_seqs * per_seq + 3;
-    sp_kv_pool_params_t kp = {n_pool, sc->kv_f16};
+    sp_kv_pool_params_t kp = {n_pool, sc->kv_type};
     sp_kv_pool_t *kv;
     ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
     for (int s = 0; s < sc->n_seqs; s++) {
@@ -237,7 +241,7 @@ run_scenario(const sp_model_t *m, const scenario_t *sc)
             int64_t k = done[s] < prompt[s] ? chunk[s] : 1;
             if (done[s] < prompt[s] && done[s] + k > prompt[s]) k = prompt[s] - done[s];
             seqs[i] = (sp_batch_seq_t){toks[s] + done[s], k, done[s], blocks[s], per_seq,
-                                       (step + s) % 3 != 0, 0};
+                                       (step + s) % 3 != 0, 0, NULL};
         }
         ASSERT_OK(sp_batch_eval(b, kv, seqs, n));
         for (int i = 0; i < n; i++) {
@@ -247,9 +251,10 @@ run_scenario(const sp_model_t *m, const scenario_t *sc)
             if (!seqs[i].logits) {
                 ASSERT(lg == NULL);
             } else if (lg == NULL || memcmp(lg, ref[s] + last * V, (size_t)V * sizeof(float)) != 0) {
-                SP_TEST_FAIL("%d seqs (shuffle %d layout %d threads %d f16 %d): step %d seq %d "
+                SP_TEST_FAIL("%d seqs (shuffle %d layout %d threads %d kv %s): step %d seq %d "
                              "pos %lld differs from the sequence alone", sc->n_seqs, sc->shuffle,
-                             sc->layout, sc->n_threads, sc->kv_f16, step, s, (long long)last);
+                             sc->layout, sc->n_threads, sp_kv_type_name(sc->kv_type), step, s,
+                             (long long)last);
             }
             done[s] += seqs[i].n_tokens;
         }
@@ -267,16 +272,18 @@ scenarios(const sp_model_t *m)
 {
     const int sizes[] = {1, 2, 8, 32};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        scenario_t sc = {sizes[i], false, 0, 2, false};
+        scenario_t sc = {sizes[i], false, 0, 2, SP_KV_TYPE_F32};
         run_scenario(m, &sc);
         sc.shuffle = true;
         sc.layout = (int)(1 + i % 2);
         run_scenario(m, &sc);
     }
-    scenario_t one = {8, true, 2, 1, false};
+    scenario_t one = {8, true, 2, 1, SP_KV_TYPE_F32};
     run_scenario(m, &one);
-    scenario_t f16 = {8, true, 2, 2, true};
+    scenario_t f16 = {8, true, 2, 2, SP_KV_TYPE_F16};
     run_scenario(m, &f16);
+    scenario_t q8 = {8, true, 2, 2, SP_KV_TYPE_Q8_0};
+    run_scenario(m, &q8);
 }
 
 TEST(batch_matches_sequences_alone_demo)
@@ -295,9 +302,29 @@ TEST(batch_matches_sequences_alone_gqa_q8_0)
     free_model(&tm);
 }
 
+/* A Q8_0 KV cache with head_dim 40 (a whole Q8_0 group and a partial one; the
+ * demo's 8 and the gqa model's 16 only have partial ones): every row the same
+ * bits in any batch, order, layout and thread count as alone. */
+TEST(batch_q8_0_cache_head_dim_40)
+{
+    test_model_t tm;
+    gqa_head_dim = 40;
+    load_gqa(&tm);
+    gqa_head_dim = 16;
+    ASSERT_EQ(sp_model_hparams(tm.m)->head_dim, 40);
+    for (int i = 0; i < 3; i++) {
+        scenario_t sc = {i == 0 ? 1 : 8, i > 0, i, 1 + i % 2, SP_KV_TYPE_Q8_0};
+        run_scenario(tm.m, &sc);
+    }
+    free_model(&tm);
+}
+
 /* ---- prefix sharing: a shared full block and a copied partial block ------- */
 
-TEST(batch_copy_block_prefix_sharing)
+/* Copy-on-write copies a block's bytes whatever the cache type (Q8_0 blocks
+ * included: their scales live inside the block). */
+static void
+copy_block_case(sp_kv_type_t kt)
 {
     char err[512];
     test_model_t tm;
@@ -309,9 +336,9 @@ TEST(batch_copy_block_prefix_sharing)
     rng_state = 777;
     for (int i = 0; i < 26; i++) a[i] = (int32_t)(1 + rng_u32() % (V - 1));
     for (int i = 0; i < 30; i++) bt[i] = i < 20 ? a[i] : (int32_t)(1 + rng_u32() % (V - 1));
-    float *ra = ctx_logits(m, a, 26, false), *rb = ctx_logits(m, bt, 30, false);
+    float *ra = ctx_logits(m, a, 26, kt), *rb = ctx_logits(m, bt, 30, kt);
 
-    sp_kv_pool_params_t kp = {8, false};
+    sp_kv_pool_params_t kp = {8, kt};
     sp_kv_pool_t *kv;
     ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
     sp_batch_params_t bp = sp_batch_default_params();
@@ -321,18 +348,19 @@ TEST(batch_copy_block_prefix_sharing)
     ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
 
     int32_t ta[2] = {5, 2}, tb[2] = {5, 6}; /* block 5 shared (full); B's partial copied to 6 */
-    sp_batch_seq_t s = {a, 20, 0, ta, 2, true, 0};
+    sp_batch_seq_t s = {a, 20, 0, ta, 2, true, 0, NULL};
     ASSERT_OK(sp_batch_eval(b, kv, &s, 1));
     ASSERT(memcmp(sp_batch_logits(b, 0), ra + 19 * V, (size_t)V * sizeof(float)) == 0);
     sp_kv_pool_copy_block(kv, 6, 2); /* copy-on-write before either writes position 20 */
-    sp_batch_seq_t two[2] = {{a + 20, 3, 20, ta, 2, true, 0}, {bt + 20, 1, 20, tb, 2, true, 0}};
+    sp_batch_seq_t two[2] = {{a + 20, 3, 20, ta, 2, true, 0, NULL}, {bt + 20, 1, 20, tb, 2, true, 0, NULL}};
     ASSERT_OK(sp_batch_eval(b, kv, two, 2));
     ASSERT(memcmp(sp_batch_logits(b, 0), ra + 22 * V, (size_t)V * sizeof(float)) == 0);
     ASSERT(memcmp(sp_batch_logits(b, 1), rb + 20 * V, (size_t)V * sizeof(float)) == 0);
     /* B runs on past its copied block into a fresh one, A decodes. */
     int32_t tb3[3] = {5, 6, 0};
     for (int64_t p = 21, q = 23; p < 30; p++) {
-        sp_batch_seq_t st[2] = {{bt + p, 1, p, tb3, 3, true, 0}, {a + q, 1, q, ta, 2, true, 0}};
+        sp_batch_seq_t st[2] = {{bt + p, 1, p, tb3, 3, true, 0, NULL},
+                                {a + q, 1, q, ta, 2, true, 0, NULL}};
         const int n = q < 26 ? 2 : 1;
         ASSERT_OK(sp_batch_eval(b, kv, st, n));
         ASSERT(memcmp(sp_batch_logits(b, 0), rb + p * V, (size_t)V * sizeof(float)) == 0);
@@ -349,6 +377,13 @@ TEST(batch_copy_block_prefix_sharing)
     sp_batch_destroy(b);
     sp_kv_pool_destroy(kv);
     free_model(&tm);
+}
+
+TEST(batch_copy_block_prefix_sharing)
+{
+    for (int kt = 0; kt < SP_KV_TYPE_COUNT; kt++) {
+        copy_block_case((sp_kv_type_t)kt);
+    }
 }
 
 /* ---- validation ------------------------------------------------------------ */
@@ -372,7 +407,18 @@ TEST(batch_rejects_bad_steps)
     ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
     ASSERT_OK(sp_kv_pool_create(tg.m, &kp, &kv_other, err, sizeof err));
     ASSERT_EQ(sp_kv_pool_n_blocks(kv), 6);
-    ASSERT(sp_kv_block_bytes(m, false) == 2 * sp_kv_block_bytes(m, true));
+    ASSERT(sp_kv_block_bytes(m, SP_KV_TYPE_F32) == 2 * sp_kv_block_bytes(m, SP_KV_TYPE_F16));
+    {
+        /* Q8_0: per (layer, KV head) two tiles of 16 rows of head_dim int8 + one F16
+         * scale per 32 (kernels.h); a type outside the enum is refused. */
+        const sp_hparams_t *hp = sp_model_hparams(m);
+        const size_t row = (size_t)hp->head_dim + 2 * (size_t)((hp->head_dim + 31) / 32);
+        ASSERT_EQ(sp_kv_block_bytes(m, SP_KV_TYPE_Q8_0),
+                  (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * SP_KV_BLOCK * row);
+        sp_kv_pool_t *kv_bad;
+        ASSERT(sp_kv_pool_create(m, &(sp_kv_pool_params_t){4, (sp_kv_type_t)7}, &kv_bad, err,
+                                 sizeof err) == SP_ERR_INVALID && kv_bad == NULL);
+    }
 
     sp_batch_t *b;
     sp_batch_params_t bp = {8, 2, 40, 1, 0};
@@ -383,14 +429,14 @@ TEST(batch_rejects_bad_steps)
 
     int32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     int32_t t0[3] = {0, 1, 2}, t1[3] = {3, 4, 5};
-    sp_batch_seq_t ok = {toks, 4, 0, t0, 1, true, 0};
+    sp_batch_seq_t ok = {toks, 4, 0, t0, 1, true, 0, NULL};
     ASSERT_OK(sp_batch_eval(b, kv, &ok, 1));
     ASSERT(sp_batch_logits(b, 0) != NULL);
     ASSERT(sp_batch_logits(b, 1) == NULL && sp_batch_logits(b, -1) == NULL);
-    float *want = ctx_logits(m, toks, 5, false);
+    float *want = ctx_logits(m, toks, 5, SP_KV_TYPE_F32);
     /* W: a valid sequence that would overwrite position 2 with another token
      * if the bad steps it comes with were computed. */
-#define W {toks + 5, 1, 2, t0, 1, true, 0}
+#define W {toks + 5, 1, 2, t0, 1, true, 0, NULL}
 
     struct {
         const char *what;
@@ -399,25 +445,25 @@ TEST(batch_rejects_bad_steps)
         sp_kv_pool_t *kv;
     } bad[] = {
         {"no sequences", {W}, 0, kv},
-        {"more than max_seqs", {W, {toks, 1, 0, t1, 1, true, 0},
-                                {toks, 1, 0, t1 + 1, 1, true, 0}}, 3, kv},
-        {"more than max_tokens", {W, {toks, 8, 0, t1, 1, true, 0}}, 2, kv},
-        {"zero tokens", {{toks, 0, 4, t0, 1, true, 0}}, 1, kv},
-        {"NULL tokens", {{NULL, 1, 4, t0, 1, true, 0}}, 1, kv},
-        {"NULL blocks", {{toks, 1, 4, NULL, 1, true, 0}}, 1, kv},
-        {"token id = n_vocab", {{(int32_t[]){(int32_t)V}, 1, 4, t0, 1, true, 0}}, 1, kv},
-        {"negative token id", {{(int32_t[]){-1}, 1, 4, t0, 1, true, 0}}, 1, kv},
-        {"negative position", {{toks, 1, -1, t0, 1, true, 0}}, 1, kv},
-        {"past max_ctx", {{toks, 2, 39, t0, 3, true, 0}}, 1, kv},
-        {"too few blocks", {{toks, 2, 15, t0, 1, true, 0}}, 1, kv},
-        {"block id outside the pool", {{toks, 1, 16, (int32_t[]){0, 6}, 2, true, 0}}, 1, kv},
-        {"negative block id", {{toks, 1, 0, (int32_t[]){-1}, 1, true, 0}}, 1, kv},
-        {"two writers of one block", {W, {toks, 1, 3, t0, 1, true, 0}}, 2, kv},
-        {"one block twice in a table", {{toks, 2, 15, (int32_t[]){3, 3}, 2, true, 0}}, 1, kv},
+        {"more than max_seqs", {W, {toks, 1, 0, t1, 1, true, 0, NULL},
+                                {toks, 1, 0, t1 + 1, 1, true, 0, NULL}}, 3, kv},
+        {"more than max_tokens", {W, {toks, 8, 0, t1, 1, true, 0, NULL}}, 2, kv},
+        {"zero tokens", {{toks, 0, 4, t0, 1, true, 0, NULL}}, 1, kv},
+        {"NULL tokens", {{NULL, 1, 4, t0, 1, true, 0, NULL}}, 1, kv},
+        {"NULL blocks", {{toks, 1, 4, NULL, 1, true, 0, NULL}}, 1, kv},
+        {"token id = n_vocab", {{(int32_t[]){(int32_t)V}, 1, 4, t0, 1, true, 0, NULL}}, 1, kv},
+        {"negative token id", {{(int32_t[]){-1}, 1, 4, t0, 1, true, 0, NULL}}, 1, kv},
+        {"negative position", {{toks, 1, -1, t0, 1, true, 0, NULL}}, 1, kv},
+        {"past max_ctx", {{toks, 2, 39, t0, 3, true, 0, NULL}}, 1, kv},
+        {"too few blocks", {{toks, 2, 15, t0, 1, true, 0, NULL}}, 1, kv},
+        {"block id outside the pool", {{toks, 1, 16, (int32_t[]){0, 6}, 2, true, 0, NULL}}, 1, kv},
+        {"negative block id", {{toks, 1, 0, (int32_t[]){-1}, 1, true, 0, NULL}}, 1, kv},
+        {"two writers of one block", {W, {toks, 1, 3, t0, 1, true, 0, NULL}}, 2, kv},
+        {"one block twice in a table", {{toks, 2, 15, (int32_t[]){3, 3}, 2, true, 0, NULL}}, 1, kv},
         {"pool of another model", {W}, 1, kv_other},
-        {"n_logits > n_tokens", {{toks, 2, 0, t0, 1, true, 3}}, 1, kv},
-        {"negative n_logits", {{toks, 2, 0, t0, 1, true, -1}}, 1, kv},
-        {"more kept logits than max_logits", {{toks, 3, 0, t0, 1, true, 3}}, 1, kv},
+        {"n_logits > n_tokens", {{toks, 2, 0, t0, 1, true, 3, NULL}}, 1, kv},
+        {"negative n_logits", {{toks, 2, 0, t0, 1, true, -1, NULL}}, 1, kv},
+        {"more kept logits than max_logits", {{toks, 3, 0, t0, 1, true, 3, NULL}}, 1, kv},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         /* The valid first sequence of a bad step must not be computed. */
@@ -431,7 +477,7 @@ TEST(batch_rejects_bad_steps)
     ASSERT(sp_batch_eval(b, kv, NULL, 1) == SP_ERR_INVALID);
     ASSERT(sp_batch_eval(NULL, kv, &ok, 1) == SP_ERR_INVALID);
     /* Nothing was written: position 4 continues the sequence exactly. */
-    sp_batch_seq_t next = {toks + 4, 1, 4, t0, 1, true, 0};
+    sp_batch_seq_t next = {toks + 4, 1, 4, t0, 1, true, 0, NULL};
     ASSERT_OK(sp_batch_eval(b, kv, &next, 1));
     ASSERT(memcmp(sp_batch_logits(b, 0), want + 4 * V, (size_t)V * sizeof(float)) == 0);
 
@@ -440,7 +486,8 @@ TEST(batch_rejects_bad_steps)
      * reads); with room for them (max_logits) besides one per other sequence. */
     sp_batch_t *b2;
     ASSERT_OK(sp_batch_create(m, &(sp_batch_params_t){8, 2, 40, 1, 6}, &b2, err, sizeof err));
-    sp_batch_seq_t two_rows[2] = {{toks, 5, 0, t0, 1, true, 5}, {toks, 1, 0, t1, 1, true, 0}};
+    sp_batch_seq_t two_rows[2] = {{toks, 5, 0, t0, 1, true, 5, NULL},
+                                  {toks, 1, 0, t1, 1, true, 0, NULL}};
     ASSERT_OK(sp_batch_eval(b2, kv, two_rows, 2));
     for (int j = 0; j < 5; j++) {
         const float *l = sp_batch_logits_at(b2, 0, j);

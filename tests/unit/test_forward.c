@@ -17,7 +17,8 @@
 static int64_t run_n_ctx = 96;
 
 static float *
-run(const sp_model_t *m, const int32_t *toks, int64_t n, bool kv_f16, int n_threads, int mode)
+run(const sp_model_t *m, const int32_t *toks, int64_t n, sp_kv_type_t kv_type, int n_threads,
+    int mode)
 {
     char err[512];
     sp_ctx_t *c;
@@ -26,7 +27,7 @@ run(const sp_model_t *m, const int32_t *toks, int64_t n, bool kv_f16, int n_thre
     cp.n_batch = mode == 1 ? 5 : run_n_ctx;
     cp.n_threads = n_threads;
     cp.logits_all = true;
-    cp.kv_f16 = kv_f16;
+    cp.kv_type = kv_type;
     ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
     if (mode == 2) {
         for (int64_t i = 0; i < n; i++) ASSERT_OK(sp_ctx_eval(c, &toks[i], 1, i));
@@ -48,15 +49,15 @@ TEST(forward_kv_f16_invariant_and_close_to_f32)
     const int64_t V = sp_model_hparams(m)->n_vocab, N = 70;
     int32_t toks[70];
     for (int i = 0; i < N; i++) toks[i] = (int32_t)(1 + (i * 131 + 7) % (V - 1));
-    for (int f16 = 0; f16 < 2; f16++) {
-        float *ref = run(m, toks, N, f16, 1, 0);
+    for (int kt = 0; kt < SP_KV_TYPE_COUNT; kt++) { /* F32, F16, Q8_0 */
+        float *ref = run(m, toks, N, (sp_kv_type_t)kt, 1, 0);
         /* 4 threads: decode splits each KV head's query group over two items. */
         for (int mode = 0; mode < 6; mode++) {
             const int nth = mode < 3 ? 2 : 4;
-            float *lg = run(m, toks, N, f16, nth, mode % 3);
+            float *lg = run(m, toks, N, (sp_kv_type_t)kt, nth, mode % 3);
             if (memcmp(ref, lg, (size_t)(N * V) * sizeof(float)) != 0) {
-                SP_TEST_FAIL("kv_f16 %d: logits differ in mode %d with %d threads", f16, mode % 3,
-                             nth);
+                SP_TEST_FAIL("kv %s: logits differ in mode %d with %d threads",
+                             sp_kv_type_name((sp_kv_type_t)kt), mode % 3, nth);
             }
             sp_free(lg);
         }
@@ -64,7 +65,7 @@ TEST(forward_kv_f16_invariant_and_close_to_f32)
     }
     /* F16 keys and values round at 2^-11: the logits move by about that,
      * relative to their size, not more. */
-    float *a = run(m, toks, N, false, 1, 0), *b = run(m, toks, N, true, 1, 0);
+    float *a = run(m, toks, N, SP_KV_TYPE_F32, 1, 0), *b = run(m, toks, N, SP_KV_TYPE_F16, 1, 0);
     double worst = 0.0;
     for (int64_t p = 0; p < N; p++) {
         double mx = 0.0, d = 0.0;
@@ -94,9 +95,9 @@ TEST(forward_context_ending_inside_a_block)
     int32_t toks[37];
     for (int i = 0; i < N; i++) toks[i] = (int32_t)(1 + (i * 97 + 3) % (V - 1));
     run_n_ctx = N;
-    float *ref = run(m, toks, N, false, 1, 0);
+    float *ref = run(m, toks, N, SP_KV_TYPE_F32, 1, 0);
     for (int mode = 1; mode < 3; mode++) {
-        float *lg = run(m, toks, N, false, 2, mode);
+        float *lg = run(m, toks, N, SP_KV_TYPE_F32, 2, mode);
         if (memcmp(ref, lg, (size_t)(N * V) * sizeof(float)) != 0) {
             SP_TEST_FAIL("n_ctx 37: logits differ in mode %d", mode);
         }

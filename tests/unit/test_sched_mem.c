@@ -167,10 +167,11 @@ TEST(sched_mem_batch_and_ctx_bytes)
         cps[0].n_threads = 1;
         cps[1].n_ctx = 256;
         cps[1].n_batch = 32;
-        cps[1].kv_f16 = true;
+        cps[1].kv_type = SP_KV_TYPE_F16;
         cps[1].n_threads = 2;
         cps[2].n_ctx = 100;
         cps[2].logits_all = true;
+        cps[2].kv_type = SP_KV_TYPE_Q8_0;
         cps[2].n_threads = 1;
         for (int i = 0; i < 3; i++) {
             sp_ctx_params_t rc;
@@ -219,9 +220,9 @@ check_sched(const char *model_name, const sp_model_t *m, const sp_sched_params_t
     ASSERT_EQ(sp_alloc_bytes_in_use(), before);
 
     char what[160];
-    snprintf(what, sizeof what, "%s slots %d kv_blocks %lld f16 %d n_ctx %lld threads %d",
-             model_name, p->n_slots, (long long)p->kv_blocks, (int)p->kv_f16, (long long)p->n_ctx,
-             p->n_threads);
+    snprintf(what, sizeof what, "%s slots %d kv_blocks %lld kv %s n_ctx %lld threads %d",
+             model_name, p->n_slots, (long long)p->kv_blocks, sp_kv_type_name(p->kv_type),
+             (long long)p->n_ctx, p->n_threads);
     if (est.n_ctx != n_ctx || est.kv_blocks != st.kv_blocks_total) {
         SP_TEST_FAIL("%s: n_ctx %lld kv_blocks %lld, created %lld and %lld", what,
                      (long long)est.n_ctx, (long long)est.kv_blocks, (long long)n_ctx,
@@ -251,7 +252,8 @@ TEST(sched_mem_estimate_matches_create)
             sp_sched_params_t p = sp_sched_default_params();
             p.n_slots = k & 1 ? 4 : 1;
             p.kv_blocks = k & 2 ? 37 : 0;
-            p.kv_f16 = (k & 4) != 0;
+            /* F32; F16 and Q8_0 (half of the k & 4 cases each) */
+            p.kv_type = k & 4 ? (k & 1 ? SP_KV_TYPE_Q8_0 : SP_KV_TYPE_F16) : SP_KV_TYPE_F32;
             p.n_ctx = k & 8 ? 256 : 0;
             p.n_threads = 1 + k % 3;
             check_sched(names[mi], m, &p);
@@ -274,13 +276,34 @@ TEST(sched_mem_estimate_matches_create)
     ASSERT_EQ(est.n_ctx, 4096);
     ASSERT_EQ(est.kv_blocks, 4 * 4096 / 16);
     /* The pool: its blocks, a 4-byte mark per block and its object. */
-    const uint64_t kv_data = (uint64_t)est.kv_blocks * (sp_kv_block_bytes(models[1].m, false) + 4);
+    const uint64_t kv_data =
+        (uint64_t)est.kv_blocks * (sp_kv_block_bytes(models[1].m, SP_KV_TYPE_F32) + 4);
     ASSERT(est.kv_bytes > kv_data && est.kv_bytes - kv_data < 256);
+    /* Q8_0: 16 rows of head_dim int8 and one F16 scale per 32 per tile, K and V,
+     * every layer and KV head: about 27% of F32 for head_dim 64 (the demo's 8: 31%). */
+    for (int mi = 0; mi < 2; mi++) {
+        const sp_hparams_t *hp = sp_model_hparams(models[mi].m);
+        const uint64_t row = (uint64_t)hp->head_dim + 2 * (uint64_t)((hp->head_dim + 31) / 32);
+        const uint64_t q8_block = (uint64_t)hp->n_layer * hp->n_head_kv * 2 * 16 * row;
+        ASSERT_EQ(sp_kv_block_bytes(models[mi].m, SP_KV_TYPE_Q8_0), q8_block);
+        sp_sched_params_t q = sp_sched_default_params();
+        q.kv_type = SP_KV_TYPE_Q8_0;
+        ASSERT_OK(sp_sched_estimate(models[mi].m, &q, &est, err, sizeof err));
+        const uint64_t q8_data = (uint64_t)est.kv_blocks * (q8_block + 4);
+        ASSERT(est.kv_bytes > q8_data && est.kv_bytes - q8_data < 256);
+        if (getenv("SP_TEST_VERBOSE") != NULL) {
+            printf("  %s: bytes per position f32 %zu f16 %zu q8_0 %zu\n", names[mi],
+                   sp_kv_block_bytes(models[mi].m, SP_KV_TYPE_F32) / 16,
+                   sp_kv_block_bytes(models[mi].m, SP_KV_TYPE_F16) / 16,
+                   sp_kv_block_bytes(models[mi].m, SP_KV_TYPE_Q8_0) / 16);
+        }
+    }
     /* The default pool stays within 2 GiB (estimate only: create would take it). */
     p.n_ctx = (int64_t)1 << 20;
     ASSERT_OK(sp_sched_estimate(models[1].m, &p, &est, err, sizeof err));
     ASSERT_EQ(est.n_ctx, (int64_t)1 << 20);
-    ASSERT_EQ(est.kv_blocks, (int64_t)(((uint64_t)2 << 30) / sp_kv_block_bytes(models[1].m, false)));
+    ASSERT_EQ(est.kv_blocks,
+              (int64_t)(((uint64_t)2 << 30) / sp_kv_block_bytes(models[1].m, SP_KV_TYPE_F32)));
     ASSERT(est.kv_bytes <= ((uint64_t)2 << 30) + (uint64_t)est.kv_blocks * 4 + 256);
     /* ... but holds at least one whole context. */
     p.n_ctx = (int64_t)1 << 24;

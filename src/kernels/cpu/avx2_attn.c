@@ -1,5 +1,5 @@
 /*
- * avx2_attn.c - AVX2 attention over an F32 or F16 KV cache, vector exp,
+ * avx2_attn.c - AVX2 attention over an F32, F16 or Q8_0 KV cache, vector exp,
  * RMSNorm and SwiGLU.
  *
  * The same three passes as avx512_attn.c (see there for why each result is
@@ -88,10 +88,65 @@ store_f32(float *x, int64_t n_valid, __m256i m, __m256 v)
     }
 }
 
+/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h). */
 SP_INLINE const char *
-kv_ptr(const void *base, int f16, int64_t i)
+kv_ptr(const void *base, int kind, int64_t i)
 {
-    return (const char *)base + i * (f16 ? 2 : 4);
+    return (const char *)base + i * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+}
+
+/* 8 int8 widened to float; n_valid < 8 reads only that many (zeros after). */
+SP_INLINE __m256
+load_q8x8(const char *p, int64_t n_valid)
+{
+    if (n_valid >= 8) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    }
+    int8_t tmp[8] = {0};
+    memcpy(tmp, p, (size_t)(n_valid > 0 ? n_valid : 0));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)tmp)));
+}
+
+/* Pass 1 over a Q8_0 key block (layout in kernels.h): as scores_block, each
+ * row of 16 int8 lanes widened and multiplied by its group's scales (exact)
+ * before the same FMAs. */
+SP_INLINE void
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
+{
+    const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
+    const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
+    const float *q[4];
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        q[h] = a->q + (h0 + h) * a->q_stride;
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    }
+    for (int64_t g0 = 0; g0 < hd; g0 += 32) {
+        const char *sp = kb + 16 * hd + g0; /* 16 F16 scales */
+        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
+        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16)));
+        const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
+        for (int64_t d = g0; d < g1; d++) {
+            const __m128i qv = _mm_loadu_si128((const __m128i *)(kb + d * 16));
+            const __m256 k0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), s0);
+            const __m256 k1 = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(qv, qv))), s1);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                const __m256 qd = _mm256_broadcast_ss(&q[h][d]);
+                acc[h][0] = _mm256_fmadd_ps(qd, k0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
+            }
+        }
+    }
+    const __m256 scale = _mm256_set1_ps(a->scale);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *s = a->scratch + (h0 + h) * ss + p0;
+        _mm256_store_ps(s, _mm256_mul_ps(acc[h][0], scale));
+        _mm256_store_ps(s + 8, _mm256_mul_ps(acc[h][1], scale));
+    }
 }
 
 /*
@@ -210,45 +265,113 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     }
 }
 
+/* Pass 3 over a Q8_0 cache for NH heads from h0 and dims d0..d0+15 (one
+ * Q8_0 block: d0 is a multiple of 16): each row's 16 dims widened and
+ * multiplied by the block's scale (exact), then av_tile's FMAs. */
+SP_INLINE void
+av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
+    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
+    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
+    const int64_t sc = (d0 / 32) * 34, off = sc + 2 + d0 % 32;
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    }
+    for (int64_t p0 = 0; p0 < a->n_kv; p0 += 16) {
+        const char *vb = kv_ptr(a->v, 2, a->blocks[p0 / 16] * a->v_block_stride);
+        const float *e = a->scratch + h0 * ss + p0;
+        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
+        for (int64_t p = 0; p < n; p++) {
+            const char *row = vb + p * a->v_stride;
+            uint16_t h16;
+            memcpy(&h16, row + sc, sizeof h16);
+            const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
+            const __m256 v0 = _mm256_mul_ps(load_q8x8(row + off, nv0), s);
+            const __m256 v1 =
+                nv1 > 0 ? _mm256_mul_ps(load_q8x8(row + off + 8, nv1), s) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
+                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
+                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *o = a->o + (h0 + h) * a->o_stride + d0;
+        const __m256 s = _mm256_set1_ps(inv[h]);
+        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
+        if (nv1 > 0) {
+            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
+        }
+    }
+}
+
 /* Key blocks PF_BLOCKS ahead into L1, value rows into L2 (see avx512_attn.c). */
 #define PF_BLOCKS 4
 
 SP_INLINE void
-prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
+prefetch_block(const sp_attn_args_t *a, int kind, int64_t p0)
 {
     if (p0 >= a->n_kv) {
         return;
     }
-    const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
-    const char *k = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
-    const char *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
+    const int64_t elt = kind == 0 ? 4 : kind == 1 ? 2 : 1;
+    const int64_t row_bytes = kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * elt;
+    const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
     for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
         _mm_prefetch(k + off, _MM_HINT_T0);
     }
     const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
     for (int64_t p = 0; p < n; p++) {
-        const char *v = vb + p * a->v_stride * (f16 ? 2 : 4);
+        const char *v = vb + p * a->v_stride * elt;
         for (int64_t off = 0; off < row_bytes; off += 64) {
             _mm_prefetch(v + off, _MM_HINT_T1);
         }
     }
 }
 
+/* Passes 1 and 3 in the cache type's version. */
 SP_INLINE void
-attn_256(const sp_attn_args_t *a, int f16)
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
+{
+    if (kind == 2) {
+        scores_block_q8(a, p0, h0, NH);
+    } else {
+        scores_block(a, kind, p0, h0, NH);
+    }
+}
+
+SP_INLINE void
+av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    if (kind == 2) {
+        av_tile_q8(a, inv, h0, NH, d0);
+    } else {
+        av_tile(a, kind, inv, h0, NH, d0);
+    }
+}
+
+SP_INLINE void
+attn_256(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
     for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, f16, 16 * b);
+        prefetch_block(a, kind, 16 * b);
     }
     for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
-        prefetch_block(a, f16, p0 + 16 * PF_BLOCKS);
+        prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
         for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
             switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
-            case 4: scores_block(a, f16, p0, h0, 4); break;
-            case 3: scores_block(a, f16, p0, h0, 3); break;
-            case 2: scores_block(a, f16, p0, h0, 2); break;
-            default: scores_block(a, f16, p0, h0, 1); break;
+            case 4: scores_any(a, kind, p0, h0, 4); break;
+            case 3: scores_any(a, kind, p0, h0, 3); break;
+            case 2: scores_any(a, kind, p0, h0, 2); break;
+            default: scores_any(a, kind, p0, h0, 1); break;
             }
         }
     }
@@ -260,10 +383,10 @@ attn_256(const sp_attn_args_t *a, int f16)
         }
         for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
             switch (nh) {
-            case 4: av_tile(a, f16, inv, h0, 4, d0); break;
-            case 3: av_tile(a, f16, inv, h0, 3, d0); break;
-            case 2: av_tile(a, f16, inv, h0, 2, d0); break;
-            default: av_tile(a, f16, inv, h0, 1, d0); break;
+            case 4: av_any(a, kind, inv, h0, 4, d0); break;
+            case 3: av_any(a, kind, inv, h0, 3, d0); break;
+            case 2: av_any(a, kind, inv, h0, 2, d0); break;
+            default: av_any(a, kind, inv, h0, 1, d0); break;
             }
         }
     }
@@ -279,6 +402,12 @@ static void
 attn_f16(const sp_attn_args_t *a)
 {
     attn_256(a, 1);
+}
+
+static void
+attn_q8_0(const sp_attn_args_t *a)
+{
+    attn_256(a, 2);
 }
 
 static void
@@ -327,6 +456,7 @@ sp__attn_register_avx2(sp_cpu_kernels_t *k)
 {
     k->attn[SP_TYPE_F32] = attn_f32;
     k->attn[SP_TYPE_F16] = attn_f16;
+    k->attn[SP_TYPE_Q8_0] = attn_q8_0;
     k->exp_f32 = exp_f32;
     k->rmsnorm = rmsnorm;
     k->swiglu = swiglu;

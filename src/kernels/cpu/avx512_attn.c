@@ -1,6 +1,6 @@
 /*
- * avx512_attn.c - AVX-512 attention over an F32 or F16 KV cache, vector exp,
- * RMSNorm and SwiGLU.
+ * avx512_attn.c - AVX-512 attention over an F32, F16 or Q8_0 KV cache, vector
+ * exp, RMSNorm and SwiGLU.
  *
  * Attention, per call (one token, the n_q query heads of one KV head), in
  * three passes so every cache row is read once per pass for all n_q heads:
@@ -15,11 +15,14 @@
  * operations in the same order whatever n_q is and whichever tile it lands
  * in, so results are batch-invariant. Chunks of head_dim past the end are
  * masked in the value pass (zero in, nothing out), so any head_dim works.
+ * A Q8_0 cache is dequantised in registers (int8 widened, times the F16
+ * scale: exact), then the same FMAs run as over an F32 cache.
  */
 #include "kernels/cpu/cpu_impl.h"
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define SP_INLINE static inline __attribute__((always_inline))
 
@@ -70,10 +73,65 @@ load_k16(const void *base, int f16, int64_t i)
     return _mm512_loadu_ps((const float *)base + i);
 }
 
+/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h). */
 SP_INLINE const char *
-kv_ptr(const void *base, int f16, int64_t i)
+kv_ptr(const void *base, int kind, int64_t i)
 {
-    return (const char *)base + i * (f16 ? 2 : 4);
+    return (const char *)base + i * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+}
+
+/* Row d of a Q8_0 key tile (16 int8 lanes), dequantised with the lanes'
+ * scales sv: exact, the F32 keys these numbers stand for. */
+SP_INLINE __m512
+load_kq8(const char *kb, int64_t d, __m512 sv)
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)(kb + d * 16));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), sv);
+}
+
+/* Pass 1 over a Q8_0 key block: as scores_block, the two chains of even and
+ * odd d, group by group (groups start at even d, so a pair never straddles
+ * two scales). */
+SP_INLINE void
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
+{
+    const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
+    const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
+    const float *q[8];
+    __m512 acc0[8], acc1[8];
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++) {
+        q[h] = a->q + (h0 + h) * a->q_stride;
+        acc0[h] = _mm512_setzero_ps();
+        acc1[h] = _mm512_setzero_ps();
+    }
+    for (int64_t g0 = 0; g0 < hd; g0 += 32) {
+        const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kb + 16 * hd + g0)));
+        const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
+        int64_t d = g0;
+        for (; d + 2 <= g1; d += 2) {
+            const __m512 k0 = load_kq8(kb, d, sv);
+            const __m512 k1 = load_kq8(kb, d + 1, sv);
+#pragma GCC unroll 8
+            for (int h = 0; h < NH; h++) {
+                acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
+                acc1[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d + 1]), k1, acc1[h]);
+            }
+        }
+        if (d < g1) {
+            const __m512 k0 = load_kq8(kb, d, sv);
+#pragma GCC unroll 8
+            for (int h = 0; h < NH; h++) {
+                acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
+            }
+        }
+    }
+    const __m512 scale = _mm512_set1_ps(a->scale);
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++) {
+        _mm512_store_ps(a->scratch + (h0 + h) * ss + p0,
+                        _mm512_mul_ps(_mm512_add_ps(acc0[h], acc1[h]), scale));
+    }
 }
 
 /*
@@ -191,6 +249,74 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     }
 }
 
+/* The scale of the Q8_0 block at p (an F16 at any byte address), broadcast. */
+SP_INLINE __m512
+q8_scale(const char *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+/* Pass 3 over a Q8_0 cache: as av_tile, with each row's 64 dims (two Q8_0
+ * blocks: chunks 0-1 in the first, 2-3 in the second) dequantised in
+ * registers, masked loads of int8 for the chunks past head_dim. */
+SP_INLINE void
+av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    const int64_t ss = sp_attn_scratch_stride(a->n_kv);
+    __mmask16 m[4];
+    int64_t off[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const int64_t d = d0 + 16 * c;
+        m[c] = d < a->head_dim ? tail_mask(a->head_dim - d) : 0;
+        off[c] = (d / 32) * 34 + 2 + d % 32; /* every block before d is full */
+    }
+    const int64_t s0 = (d0 / 32) * 34, s1 = s0 + 34; /* the two blocks' scales */
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            acc[h][c] = _mm512_setzero_ps();
+        }
+    }
+    const float *e = a->scratch + h0 * ss;
+    const char *vb = a->v;
+    for (int64_t p = 0; p < a->n_kv; p++) {
+        if ((p & 15) == 0) {
+            vb = kv_ptr(a->v, 2, a->blocks[p >> 4] * a->v_block_stride);
+        }
+        const char *row = vb + (p & 15) * a->v_stride;
+        const __m512 sa = q8_scale(row + s0);
+        const __m512 sb = m[2] != 0 ? q8_scale(row + s1) : _mm512_setzero_ps();
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m128i qv = _mm_maskz_loadu_epi8(m[c], row + off[c]);
+            v[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qv)), c < 2 ? sa : sb);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const __m512 w = _mm512_set1_ps(e[h * ss + p]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++) {
+        float *o = a->o + (h0 + h) * a->o_stride + d0;
+        const __m512 s = _mm512_set1_ps(inv[h]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            _mm512_mask_storeu_ps(o + 16 * c, m[c], _mm512_mul_ps(acc[h][c], s));
+        }
+    }
+}
+
 /* Decode reads the cache from memory, and the hardware prefetcher alone does
  * not run far enough ahead of the score pass: ask for the key blocks PF_BLOCKS
  * ahead into L1 and the same positions' value rows into L2, so the value pass
@@ -198,46 +324,68 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
 #define PF_BLOCKS 4
 
 SP_INLINE void
-prefetch_block(const sp_attn_args_t *a, int f16, int64_t p0)
+prefetch_block(const sp_attn_args_t *a, int kind, int64_t p0)
 {
     if (p0 >= a->n_kv) {
         return;
     }
-    const int64_t row_bytes = a->head_dim * (f16 ? 2 : 4);
-    const char *k = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
-    const char *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
+    const int64_t elt = kind == 0 ? 4 : kind == 1 ? 2 : 1;
+    const int64_t row_bytes = kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * elt;
+    const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
     for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
         _mm_prefetch(k + off, _MM_HINT_T0);
     }
     const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
     for (int64_t p = 0; p < n; p++) {
-        const char *v = vb + p * a->v_stride * (f16 ? 2 : 4);
+        const char *v = vb + p * a->v_stride * elt;
         for (int64_t off = 0; off < row_bytes; off += 64) {
             _mm_prefetch(v + off, _MM_HINT_T1);
         }
     }
 }
 
+/* Pass 1 for one block, NH (<= 8) heads from h0: the key type's version. */
 SP_INLINE void
-attn_512(const sp_attn_args_t *a, int f16)
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
+{
+    if (kind == 2) {
+        scores_block_q8(a, p0, h0, NH);
+    } else {
+        scores_block(a, kind, p0, h0, NH);
+    }
+}
+
+SP_INLINE void
+av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0)
+{
+    if (kind == 2) {
+        av_tile_q8(a, inv, h0, NH, d0);
+    } else {
+        av_tile(a, kind, inv, h0, NH, d0);
+    }
+}
+
+SP_INLINE void
+attn_512(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
     for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, f16, 16 * b);
+        prefetch_block(a, kind, 16 * b);
     }
     for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
-        prefetch_block(a, f16, p0 + 16 * PF_BLOCKS);
+        prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
         for (int64_t h0 = 0; h0 < a->n_q; h0 += 8) {
             /* Constant head counts let the accumulators live in registers. */
             switch (a->n_q - h0 < 8 ? a->n_q - h0 : 8) {
-            case 8: scores_block(a, f16, p0, h0, 8); break;
-            case 7: scores_block(a, f16, p0, h0, 7); break;
-            case 6: scores_block(a, f16, p0, h0, 6); break;
-            case 5: scores_block(a, f16, p0, h0, 5); break;
-            case 4: scores_block(a, f16, p0, h0, 4); break;
-            case 3: scores_block(a, f16, p0, h0, 3); break;
-            case 2: scores_block(a, f16, p0, h0, 2); break;
-            default: scores_block(a, f16, p0, h0, 1); break;
+            case 8: scores_any(a, kind, p0, h0, 8); break;
+            case 7: scores_any(a, kind, p0, h0, 7); break;
+            case 6: scores_any(a, kind, p0, h0, 6); break;
+            case 5: scores_any(a, kind, p0, h0, 5); break;
+            case 4: scores_any(a, kind, p0, h0, 4); break;
+            case 3: scores_any(a, kind, p0, h0, 3); break;
+            case 2: scores_any(a, kind, p0, h0, 2); break;
+            default: scores_any(a, kind, p0, h0, 1); break;
             }
         }
     }
@@ -249,10 +397,10 @@ attn_512(const sp_attn_args_t *a, int f16)
         }
         for (int64_t d0 = 0; d0 < a->head_dim; d0 += 64) {
             switch (nh) {
-            case 4: av_tile(a, f16, inv, h0, 4, d0); break;
-            case 3: av_tile(a, f16, inv, h0, 3, d0); break;
-            case 2: av_tile(a, f16, inv, h0, 2, d0); break;
-            default: av_tile(a, f16, inv, h0, 1, d0); break;
+            case 4: av_any(a, kind, inv, h0, 4, d0); break;
+            case 3: av_any(a, kind, inv, h0, 3, d0); break;
+            case 2: av_any(a, kind, inv, h0, 2, d0); break;
+            default: av_any(a, kind, inv, h0, 1, d0); break;
             }
         }
     }
@@ -268,6 +416,12 @@ static void
 attn_f16(const sp_attn_args_t *a)
 {
     attn_512(a, 1);
+}
+
+static void
+attn_q8_0(const sp_attn_args_t *a)
+{
+    attn_512(a, 2);
 }
 
 static void
@@ -316,6 +470,7 @@ sp__attn_register_avx512(sp_cpu_kernels_t *k)
 {
     k->attn[SP_TYPE_F32] = attn_f32;
     k->attn[SP_TYPE_F16] = attn_f16;
+    k->attn[SP_TYPE_Q8_0] = attn_q8_0;
     k->exp_f32 = exp_f32;
     k->rmsnorm = rmsnorm;
     k->swiglu = swiglu;
