@@ -14,8 +14,7 @@
 #   targets    open loop (Poisson arrivals, bench/kserve_load) at 1,000 and 5,000 req/s on the
 #              unbatched, batched and adaptive servers: p99 end to end vs the 2 ms target
 #   saturation closed loop, --closed connections back to back, unbatched vs batched (JSON and
-#              binary tensors): throughput vs the 3x target; and "ceiling", the identity plugin
-#              batched on the same requests (no model work): the front end's own limit
+#              binary tensors): throughput vs the 3x target
 #              (targets and saturation: --reps rounds, servers interleaved within a round, so a
 #              burst of other work on the machine does not land on one configuration; the
 #              tables give the median and the range)
@@ -156,16 +155,6 @@ mkrepo fixed2ms '{"name": "fraud", "backend": "xgboost", "max_batch_size": 64,
  "dynamic_batching": {"max_queue_delay_microseconds": 2000}}'
 mkrepo fixed0 '{"name": "fraud", "backend": "xgboost", "max_batch_size": 64,
  "dynamic_batching": {"max_queue_delay_microseconds": 0}}'
-# ceiling: the same requests answered by the identity plugin (no model work at all), batched
-# like "batched" so the hand-offs are shared as well: what the front end alone can do, so no
-# batcher can lift the xgboost model's throughput above it (saturation step only; its answers
-# are not predictions: no --expect).
-mkdir -p "$OUT/repos/ceiling/fraud/1"
-printf '%s\n' '{"name": "fraud", "backend": "identity", "max_batch_size": 64,
- "dynamic_batching": {"max_queue_delay_microseconds": 100},
- "input": [{"name": "input__0", "data_type": "TYPE_FP32", "dims": [30]}],
- "output": [{"name": "output__0", "data_type": "TYPE_FP32", "dims": [30]}]}' \
-    > "$OUT/repos/ceiling/fraud/config.json"
 mkrepo adaptive '{"name": "fraud", "backend": "xgboost", "max_batch_size": 64,
  "dynamic_batching": {"max_queue_delay_microseconds": 2000},
  "parameters": {"target_p99_ms": {"string_value": "2"}}}'
@@ -229,10 +218,8 @@ run() {
     j0=$(busy_jiffies); s0=$(proc_jiffies "$SPID"); t0=$(date +%s.%N)
     local limit
     limit=$("$PYTHON" -c "import math; print(math.ceil($WARMUP + $DURATION + $DRAIN + 15))")
-    local expect=(--expect "$EXPECT")
-    [ "$SNAME" = ceiling ] && expect=()
     timeout "$limit" taskset -c "$GCPUS" "$LOAD" --url "http://127.0.0.1:$SPORT" --model fraud \
-        --csv "$CSV" "${expect[@]}" --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN" \
+        --csv "$CSV" --expect "$EXPECT" --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN" \
         --label "$name" --json "$OUT/runs/$name.json" "$@" 2> "$OUT/runs/$name.log" || rc=$?
     t1=$(date +%s.%N); s1=$(proc_jiffies "$SPID"); j1=$(busy_jiffies)
     x1=$(ctx_switches "$SPID")
@@ -305,12 +292,11 @@ perf_batched() {
     rm -f "$OUT/perf-batched.data"
 }
 for rep in $(seq 1 "$REPS"); do
-    for s in unbatched batched adaptive ceiling; do
+    for s in unbatched batched adaptive; do
         if skipped targets && { skipped saturation || [ "$s" = adaptive ]; }; then continue; fi
-        if skipped saturation && [ "$s" = ceiling ]; then continue; fi
         start_server "$s"
         say "round $rep/$REPS: server $s on 127.0.0.1:$SPORT (CPU $SCPUS), generator on CPU $GCPUS"
-        if ! skipped targets && [ "$s" != ceiling ]; then
+        if ! skipped targets; then
             for rate in 1000 5000; do
                 run targets "t-$s-$rate-r$rep" --rate "$rate" --connections 256
             done
@@ -434,7 +420,6 @@ if g:
             r0["server_name"], "binary" if r0["binary"] else "JSON",
             rng([r["achieved_rps"] for r in rs], "%.0f"),
             "%.2fx" % ratio + ("" if r0["server_name"] == "unbatched" else
-                               " (the most any batcher can reach)" if r0["server_name"] == "ceiling" else
                                (" (met)" if ratio >= 3 else " (**missed**)")),
             rng([r["latency_ms"]["p50"] for r in rs], "%.2f"),
             rng([r["latency_ms"]["p99"] for r in rs], "%.2f"),
