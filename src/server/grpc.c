@@ -125,6 +125,7 @@ struct gstream {
     int status;
     char message[512];
     char rid[SP_HTTP_RID_MAX + 1];
+    char traceparent[64]; /* the server span's W3C traceparent, "" when not traced */
     gcall_t *calls;
     int n_calls;
 };
@@ -215,12 +216,18 @@ send_headers(gstream_t *st)
     nghttp2_data_provider dp;
     dp.source.ptr = st;
     dp.read_callback = data_read;
-    nghttp2_nv h[3];
-    h[0] = NV(":status", "200", 3);
-    h[1] = NV("content-type", "application/grpc", 16);
-    h[2] = NV("x-request-id", st->rid, strlen(st->rid));
+    nghttp2_nv h[4];
+    size_t n = 0;
+    h[n++] = NV(":status", "200", 3);
+    h[n++] = NV("content-type", "application/grpc", 16);
+    if (st->rid[0]) {
+        h[n++] = NV("x-request-id", st->rid, strlen(st->rid));
+    }
+    if (st->traceparent[0]) {
+        h[n++] = NV("traceparent", st->traceparent, strlen(st->traceparent));
+    }
     st->headers_sent = true;
-    return nghttp2_submit_response(st->c->h2, st->id, h, st->rid[0] ? 3 : 2, &dp);
+    return nghttp2_submit_response(st->c->h2, st->id, h, n, &dp);
 }
 
 /* Append one framed message to the stream's answer. */
@@ -294,7 +301,7 @@ stream_finish(gstream_t *st, int status, const char *fmt, ...)
         snprintf(code, sizeof code, "%d", status);
         pct_encode(st->message, msg, sizeof msg);
         /* Trailers-Only: one HEADERS frame that ends the stream. */
-        nghttp2_nv h[5];
+        nghttp2_nv h[6];
         size_t n = 0;
         h[n++] = NV(":status", "200", 3);
         h[n++] = NV("content-type", "application/grpc", 16);
@@ -304,6 +311,9 @@ stream_finish(gstream_t *st, int status, const char *fmt, ...)
         }
         if (st->rid[0]) {
             h[n++] = NV("x-request-id", st->rid, strlen(st->rid));
+        }
+        if (st->traceparent[0]) {
+            h[n++] = NV("traceparent", st->traceparent, strlen(st->traceparent));
         }
         st->headers_sent = true;
         st->trailers_sent = true;
@@ -332,24 +342,33 @@ stream_maybe_end(gstream_t *st)
 /* ---------------------------------------------------------------- sink */
 
 static void
-take_rid(gstream_t *st, const char *hdrs, size_t len)
+take_header(const char *key, const char *hdrs, size_t len, char *out, size_t cap)
 {
-    static const char key[] = "x-request-id: ";
-    if (st->rid[0] || st->headers_sent) {
-        return;
-    }
-    for (size_t i = 0; i + sizeof key - 1 <= len; i++) {
-        if ((i == 0 || hdrs[i - 1] == '\n') && strncasecmp(hdrs + i, key, sizeof key - 1) == 0) {
-            const char *v = hdrs + i + sizeof key - 1;
+    const size_t kl = strlen(key);
+    for (size_t i = 0; i + kl <= len; i++) {
+        if ((i == 0 || hdrs[i - 1] == '\n') && strncasecmp(hdrs + i, key, kl) == 0) {
+            const char *v = hdrs + i + kl;
             const char *e = memchr(v, '\r', len - (size_t)(v - hdrs));
             size_t vl = e ? (size_t)(e - v) : 0;
-            if (vl && vl < sizeof st->rid) {
-                memcpy(st->rid, v, vl);
-                st->rid[vl] = '\0';
+            if (vl && vl < cap) {
+                memcpy(out, v, vl);
+                out[vl] = '\0';
             }
             return;
         }
     }
+}
+
+/* The HTTP answer's request id and traceparent become the call's response
+ * metadata, as they are headers of the REST answer (docs/tracing.md). */
+static void
+take_rid(gstream_t *st, const char *hdrs, size_t len)
+{
+    if (st->rid[0] || st->headers_sent) {
+        return;
+    }
+    take_header("x-request-id: ", hdrs, len, st->rid, sizeof st->rid);
+    take_header("traceparent: ", hdrs, len, st->traceparent, sizeof st->traceparent);
 }
 
 static void

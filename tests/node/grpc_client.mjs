@@ -62,16 +62,18 @@ function deadline(c) {
 
 function unary(c) {
   return new Promise((resolve) => {
+    let headers = {}; // the response's initial metadata (x-request-id, traceparent)
     const done = (err, resp) => resolve(err
-      ? { code: err.code, details: err.details }
-      : { code: 0, details: '', response: resp });
+      ? { code: err.code, details: err.details, metadata: headers }
+      : { code: 0, details: '', response: resp, metadata: headers });
+    const keep = (call) => call.on('metadata', (m) => { headers = m.getMap(); });
     if (c.raw !== undefined) {
       const p = `/inference.GRPCInferenceService/${c.method}`;
-      client.makeUnaryRequest(p, (x) => x, (b) => ({ bytes: b.toString('base64') }),
-        Buffer.from(c.raw, 'base64'), meta(c.metadata), deadline(c), done);
+      keep(client.makeUnaryRequest(p, (x) => x, (b) => ({ bytes: b.toString('base64') }),
+        Buffer.from(c.raw, 'base64'), meta(c.metadata), deadline(c), done));
       return;
     }
-    client[c.method](toBytes(c.request), meta(c.metadata), deadline(c), done);
+    keep(client[c.method](toBytes(c.request), meta(c.metadata), deadline(c), done));
   });
 }
 

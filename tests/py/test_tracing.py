@@ -503,6 +503,9 @@ def grpc_traced(col, gport):
            res.get("code") == 0 and len(root) == 1 and root[0].get("parentSpanId") == pid and
            {x["name"] for x in spans} >= {"queue", "compute", "response"},
            f"{res} {[x['name'] for x in spans]}")
+    got = (res.get("metadata") or {}).get("traceparent", "")
+    s.case("gRPC: the response metadata carries the server span's traceparent",
+           len(root) == 1 and got == f"00-{tid}-{root[0].get('spanId')}-01", got)
 
 
 def test_off_and_flags():
