@@ -136,11 +136,11 @@ all unit: $(BACKENDS)
 .PHONY: bench-tools
 bench-tools: $(BUILD)/kserve_load $(BUILD)/grpc_load \
              $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
-$(BUILD)/grpc_load: bench/grpc_load.c $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
+$(BUILD)/grpc_load: bench/grpc_load.c bench/loadgen.h $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -I$(BUILD)/gen -o $@ $< \
 	    $(BUILD)/gen/grpc_service.pb-c.c -lnghttp2 -lprotobuf-c -lm
-$(BUILD)/kserve_load: bench/kserve_load.c
+$(BUILD)/kserve_load: bench/kserve_load.c bench/loadgen.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lm
 $(BUILD)/xgb_floor: bench/xgb_floor.c

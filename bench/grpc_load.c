@@ -74,6 +74,9 @@
 
 #include <nghttp2/nghttp2.h>
 
+static const char *const lg_prog = "grpc_load";
+#include "loadgen.h"
+
 #include "grpc_service.pb-c.h"
 
 #define MAX_CONNS 1024
@@ -85,7 +88,6 @@
 #define OUT_GATHER (64 << 10)     /* bytes gathered from a session before one send() */
 #define RECV_BUF (256 << 10)
 #define INLINE_BODY 512           /* answers up to this size need no allocation */
-#define NS 1000000000LL
 #define METHOD_PATH "/inference.GRPCInferenceService/ModelInfer"
 
 /* ------------------------------------------------------------------ options, data */
@@ -136,11 +138,6 @@ struct conn {
     size_t out_len, out_off, out_cap;
 };
 
-/* Samples of one run: latency (ns), send lag (ns), server queue and compute (us). */
-typedef struct samples {
-    int64_t *v;
-    size_t n, cap;
-} samples_t;
 
 typedef struct run {
     opts_t o;
@@ -173,79 +170,6 @@ typedef struct run {
     samples_t lat, lat_send, lag, q_us, c_us;
 } run_t;
 
-static void
-die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("grpc_load: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(2);
-}
-
-static int64_t
-now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
-}
-
-static void
-samples_add(samples_t *s, int64_t v)
-{
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 65536;
-        int64_t *p = realloc(s->v, cap * sizeof *p);
-        if (p == NULL) {
-            die("out of memory for %zu samples", cap);
-        }
-        s->v = p;
-        s->cap = cap;
-    }
-    s->v[s->n++] = v;
-}
-
-static int
-cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of sorted samples (q in [0, 1]). */
-static int64_t
-pct(const samples_t *s, double q)
-{
-    if (s->n == 0) {
-        return 0;
-    }
-    size_t k = (size_t)ceil(q * (double)s->n);
-    return s->v[k == 0 ? 0 : k - 1];
-}
-
-static double
-mean(const samples_t *s)
-{
-    double t = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        t += (double)s->v[i];
-    }
-    return s->n ? t / (double)s->n : 0;
-}
-
-/* xorshift64*: arrival gaps and nothing else. */
-static double
-uniform01(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return (double)((*s * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
-}
-
 static int64_t
 next_gap_ns(run_t *r)
 {
@@ -255,26 +179,6 @@ next_gap_ns(run_t *r)
     }
     double u = uniform01(&r->rng);
     return (int64_t)(-log(1.0 - u) * mean_ns);
-}
-
-/* Splits one CSV line in place; returns the field count. */
-static int
-split_csv(char *line, char **f, int max)
-{
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        f[n++] = p;
-        char *c = strchr(p, ',');
-        if (c == NULL) {
-            break;
-        }
-        *c = '\0';
-        p = c + 1;
-    }
-    p = f[n - 1];
-    p[strcspn(p, "\r\n")] = '\0';
-    return n;
 }
 
 /* One row as a framed ModelInferRequest. */

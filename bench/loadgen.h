@@ -1,0 +1,122 @@
+/*
+ * loadgen.h - what the KServe load generators share (bench/kserve_load.c for REST,
+ * bench/grpc_load.c for gRPC): fatal errors, the clock, latency samples and their
+ * percentiles, the arrival-gap generator and CSV splitting. Static functions in a
+ * header: each generator is one translation unit, and this keeps them so.
+ * Each program defines lg_prog (its name, for messages) before including this.
+ */
+#ifndef SP_BENCH_LOADGEN_H
+#define SP_BENCH_LOADGEN_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NS 1000000000LL
+
+/* Samples of one run: latency (ns), send lag (ns), server queue and compute (us). */
+typedef struct samples {
+    int64_t *v;
+    size_t n, cap;
+} samples_t;
+
+static void
+die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(lg_prog, stderr);
+    fputs(": ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static int64_t
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
+}
+
+static void
+samples_add(samples_t *s, int64_t v)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 65536;
+        int64_t *p = realloc(s->v, cap * sizeof *p);
+        if (p == NULL) {
+            die("out of memory for %zu samples", cap);
+        }
+        s->v = p;
+        s->cap = cap;
+    }
+    s->v[s->n++] = v;
+}
+
+static int
+cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted samples (q in [0, 1]). */
+static int64_t
+pct(const samples_t *s, double q)
+{
+    if (s->n == 0) {
+        return 0;
+    }
+    size_t k = (size_t)ceil(q * (double)s->n);
+    return s->v[k == 0 ? 0 : k - 1];
+}
+
+static double
+mean(const samples_t *s)
+{
+    double t = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        t += (double)s->v[i];
+    }
+    return s->n ? t / (double)s->n : 0;
+}
+
+/* xorshift64*: arrival gaps and nothing else. */
+static double
+uniform01(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (double)((*s * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
+}
+
+
+/* Splits one CSV line in place; returns the field count. */
+static int
+split_csv(char *line, char **f, int max)
+{
+    int n = 0;
+    char *p = line;
+    while (n < max) {
+        f[n++] = p;
+        char *c = strchr(p, ',');
+        if (c == NULL) {
+            break;
+        }
+        *c = '\0';
+        p = c + 1;
+    }
+    p = f[n - 1];
+    p[strcspn(p, "\r\n")] = '\0';
+    return n;
+}
+
+#endif /* SP_BENCH_LOADGEN_H */
