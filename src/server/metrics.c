@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "cuda/gpu.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "server/server.h"
@@ -792,6 +793,15 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                                   : (double)di->used_bytes;
             sample(&b, dev_fam[k][0], "device", di->id, NULL, extra, val);
         }
+    }
+    family(&b, "sampan_device_healthy", "gauge",
+           "1, or 0 once a CUDA error marked the GPU unhealthy (its models fail; /health is 503).");
+    for (int d = 0; d < reg->n_dev; d++) {
+        const sp_device_info_t *di = sp_devices_get(reg->devs, d);
+        char extra[64];
+        snprintf(extra, sizeof extra, "kind=\"%s\"", sp_device_kind_name(di->kind));
+        sample(&b, "sampan_device_healthy", "device", di->id, NULL, extra,
+               di->ordinal >= 0 && !sp_gpu_device_healthy(di->ordinal) ? 0 : 1);
     }
     family(&b, "sampan_device_utilization_ratio", "gauge", "GPU busy fraction where reported.");
     for (int d = 0; d < reg->n_dev; d++) {

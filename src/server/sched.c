@@ -1375,7 +1375,12 @@ engine_step(sp_sched_t *s)
         if (st != SP_OK) {
             for (int64_t i = 0; i < n_seqs; i++) {
                 if (!s->step_seqs[i]->ended) {
-                    seq_fail(s, s->step_seqs[i], st, "token evaluation failed");
+                    seq_fail(s, s->step_seqs[i], st,
+                             st == SP_ERR_DEVICE
+                                 ? "token evaluation failed: a CUDA error on the model's GPU (the "
+                                   "device is marked unhealthy; the server log has the driver's "
+                                   "message)"
+                                 : "token evaluation failed");
                 }
             }
             SP_LOG_ERROR("event=step_failed status=%d rows=%lld seqs=%lld", (int)st,

@@ -26,6 +26,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "cuda/gpu.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "repo/repo.h"
@@ -292,6 +293,23 @@ is_ready(const sp_server_t *s)
     return atomic_load(&((sp_server_t *)s)->ready) && !atomic_load(&((sp_server_t *)s)->draining);
 }
 
+/* A GPU that holds a model and was marked unhealthy by a CUDA error: its
+ * models cannot answer, so the server is not ready (readiness takes it out of
+ * the load balancer; docs/cuda.md). */
+static bool
+gpu_unhealthy(sp_server_t *s)
+{
+    sp_registry_t *reg = &s->reg;
+    bool bad = false;
+    pthread_mutex_lock(&reg->mu);
+    for (int d = 0; d < reg->n_dev && !bad; d++) {
+        const sp_device_info_t *di = sp_devices_get(reg->devs, d);
+        bad = di->ordinal >= 0 && reg->used[d] > 0 && !sp_gpu_device_healthy(di->ordinal);
+    }
+    pthread_mutex_unlock(&reg->mu);
+    return bad;
+}
+
 static void
 h_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -302,11 +320,12 @@ static void
 h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    if (is_ready(s)) {
+    bool sick = gpu_unhealthy(s);
+    if (is_ready(s) && !sick) {
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->draining) ? "draining" : "loading";
+    const char *why = atomic_load(&s->draining) ? "draining" : sick ? "device_unhealthy" : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");

@@ -66,15 +66,28 @@ fail(sp_cuda_ctx_t *c, int st, const char *fmt, ...)
     return st;
 }
 
-/* Every op: refuse a poisoned context; count down to an injected failure. */
+/* Every op: refuse a poisoned context; count down to an injected failure.
+ * FAKE_CUDA_FAIL_OP=name (environment, for whole-server tests): the first op
+ * of that name fails, e.g. "attn", which only a forward step runs. */
 static int
 enter(sp_cuda_ctx_t *c, const char *op)
 {
+    static int env_done;
+    static const char *fail_op;
     if (c == NULL) {
         return SP_ERR_INVALID;
     }
     if (c->broken) {
         return SP_ERR_DEVICE;
+    }
+    if (!env_done) {
+        env_done = 1;
+        fail_op = getenv("FAKE_CUDA_FAIL_OP");
+    }
+    if (fail_op != NULL && strcmp(op, fail_op) == 0) {
+        fail_op = NULL;
+        return fail(c, SP_ERR_DEVICE, "fake:%d %s: injected failure (an illegal memory access)",
+                    c->ordinal, op);
     }
     if (fail_at == 0) {
         fail_at = -1;

@@ -93,7 +93,7 @@ def repo_with(tmp, config):
 
 
 saved = {k: os.environ.get(k) for k in ("SAMPAN_CUDA_LIB", "SAMPAN_NVML_LIB",
-                                        "CUDA_VISIBLE_DEVICES")}
+                                        "CUDA_VISIBLE_DEVICES", "FAKE_CUDA_FAIL_OP")}
 
 
 def setenv(**kw):
@@ -153,6 +153,31 @@ try:
                        st == 200 and text == ref_text, f"{text!r} vs {ref_text!r}")
             finally:
                 srv.stop()
+        # A CUDA error during a step: the request fails with the device's words, the GPU is
+        # marked unhealthy in /metrics and /health turns 503 (readiness), nothing aborts.
+        setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None, SAMPAN_CUDA_LIB=fake,
+               FAKE_CUDA_FAIL_OP="attn")
+        srv = RepoServer(repo_with(tmp, gpu_cfg))
+        try:
+            st0, _ = http_json(srv.port, "GET", "/health")
+            st, doc = http_json(srv.port, "POST", "/v1/completions", dict(prompt, model="stories"),
+                                timeout=30)
+            msg = json.dumps(doc)[:300]
+            s.case("CUDA error in a step: the request fails with the device error, no abort",
+                   st0 == 200 and st >= 500 and "CUDA error" in msg and srv.p.poll() is None and
+                   srv.wait_log(r"event=gpu_error[^\n]*injected failure", timeout=3) is not None,
+                   f"{st0} {st} {msg}")
+            st, text = http_json(srv.port, "GET", "/metrics")
+            text = text.decode() if isinstance(text, bytes) else str(text)
+            sick = [l for l in text.splitlines()
+                    if l.startswith("sampan_device_healthy{") and l.endswith(" 0")]
+            s.case("CUDA error: the GPU is unhealthy in /metrics", len(sick) == 1, sick or text[-400:])
+            st, doc = http_json(srv.port, "GET", "/health")
+            s.case("CUDA error: /health is 503 device_unhealthy",
+                   st == 503 and (doc or {}).get("status") == "device_unhealthy", f"{st} {doc}")
+        finally:
+            s.case("CUDA error: clean exit", srv.stop() == 0)
+            setenv(FAKE_CUDA_FAIL_OP=None)
         cfg = dict(gpu_cfg, parameters={"gpu_layers": {"string_value": "9"}})
         srv = RepoServer(repo_with(tmp, cfg))
         try:
