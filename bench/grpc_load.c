@@ -80,8 +80,6 @@ static const char *const lg_prog = "grpc_load";
 #include "grpc_service.pb-c.h"
 
 #define MAX_CONNS 1024
-#define MAX_ROWS 1000000
-#define MAX_COLS 4096
 #define MAX_ANSWER (1 << 20)      /* one answer's message bytes; more is an error */
 #define BACKLOG_CAP (1 << 20)     /* scheduled calls waiting for a stream slot */
 #define MAX_RECONNECTS 1000       /* a server that keeps dropping us ends the run */
@@ -183,7 +181,7 @@ next_gap_ns(run_t *r)
 
 /* One row as a framed ModelInferRequest. */
 static void
-build_request(const opts_t *o, req_t *q, float *x)
+build_request(const opts_t *o, req_t *q, const float *x)
 {
     Inference__ModelInferRequest m = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor in =
@@ -191,7 +189,7 @@ build_request(const opts_t *o, req_t *q, float *x)
     Inference__ModelInferRequest__InferInputTensor *ins[1] = {&in};
     Inference__InferTensorContents tc = INFERENCE__INFER_TENSOR_CONTENTS__INIT;
     int64_t shape[2] = {1, o->n_cols};
-    ProtobufCBinaryData raw = {.len = (size_t)o->n_cols * sizeof(float), .data = (uint8_t *)x};
+    ProtobufCBinaryData raw = {.len = (size_t)o->n_cols * sizeof(float), .data = (uint8_t *)(uintptr_t)x}; /* only read: packed below */
     /* protobuf-c's fields are char *; packing only reads them. */
     m.model_name = (char *)o->model;
     if (o->version) {
@@ -205,7 +203,7 @@ build_request(const opts_t *o, req_t *q, float *x)
     in.shape = shape;
     if (o->typed) {
         tc.n_fp32_contents = (size_t)o->n_cols;
-        tc.fp32_contents = x;
+        tc.fp32_contents = (float *)(uintptr_t)x; /* protobuf-c reads it to pack */
         in.contents = &tc;
     } else {
         /* Little-endian raw floats (x86, aarch64): the protocol's byte order. */
@@ -229,74 +227,21 @@ build_request(const opts_t *o, req_t *q, float *x)
 }
 
 static void
+add_row(void *ud, int i, const float *x, double expect)
+{
+    run_t *r = ud;
+    build_request(&r->o, &r->reqs[i], x);
+    r->reqs[i].expect = expect;
+}
+
+static void
 load_rows(run_t *r)
 {
-    const opts_t *o = &r->o;
-    FILE *f = fopen(o->csv, "r");
-    if (f == NULL) {
-        die("%s: %s", o->csv, strerror(errno));
-    }
-    FILE *fe = NULL;
-    if (o->expect && (fe = fopen(o->expect, "r")) == NULL) {
-        die("%s: %s", o->expect, strerror(errno));
-    }
-    char *line = NULL, *eline = NULL;
-    size_t lcap = 0, ecap = 0;
-    char **fields = malloc(MAX_COLS * sizeof *fields);
-    float *x = malloc(sizeof *x * (size_t)o->n_cols);
     r->reqs = calloc(MAX_ROWS, sizeof *r->reqs);
-    if (x == NULL || r->reqs == NULL || fields == NULL) {
+    if (r->reqs == NULL) {
         die("out of memory");
     }
-    bool header = true;
-    while (getline(&line, &lcap, f) > 0 && r->n_reqs < MAX_ROWS) {
-        double expect = NAN;
-        if (fe) {
-            if (getline(&eline, &ecap, fe) <= 0) {
-                die("%s: fewer lines than %s", o->expect, o->csv);
-            }
-            int ne = split_csv(eline, fields, MAX_COLS);
-            if (!header) {
-                char *end;
-                expect = strtod(fields[ne - 1], &end);
-                if (end == fields[ne - 1]) {
-                    die("%s: line %d: '%s' is not a number", o->expect, r->n_reqs + 2,
-                        fields[ne - 1]);
-                }
-            }
-        }
-        int nf = split_csv(line, fields, MAX_COLS);
-        if (header) {
-            header = false;
-            continue;
-        }
-        if (nf < o->first_col + o->n_cols) {
-            die("%s: line %d has %d fields, need %d", o->csv, r->n_reqs + 2, nf,
-                o->first_col + o->n_cols);
-        }
-        for (int i = 0; i < o->n_cols; i++) {
-            char *end;
-            x[i] = strtof(fields[o->first_col + i], &end);
-            if (end == fields[o->first_col + i] || *end != '\0') {
-                die("%s: line %d field %d: '%s' is not a number", o->csv, r->n_reqs + 2,
-                    o->first_col + i + 1, fields[o->first_col + i]);
-            }
-        }
-        build_request(o, &r->reqs[r->n_reqs], x);
-        r->reqs[r->n_reqs].expect = expect;
-        r->n_reqs++;
-    }
-    if (r->n_reqs == 0) {
-        die("%s: no rows", o->csv);
-    }
-    free(fields);
-    free(x);
-    free(line);
-    free(eline);
-    fclose(f);
-    if (fe) {
-        fclose(fe);
-    }
+    r->n_reqs = lg_load_rows(r->o.csv, r->o.expect, r->o.first_col, r->o.n_cols, add_row, r);
 }
 
 /* ------------------------------------------------------------------ answers */

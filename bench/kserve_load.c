@@ -71,8 +71,6 @@ static const char *const lg_prog = "kserve_load";
 #include "loadgen.h"
 
 #define MAX_CONNS 4096
-#define MAX_ROWS 1000000
-#define MAX_COLS 4096
 #define RBUF_MAX (1 << 20)       /* one answer; more is a protocol error */
 #define BACKLOG_CAP (1 << 20)    /* scheduled requests waiting for a connection */
 #define MAX_RECONNECTS 1000      /* a server that keeps dropping us ends the run */
@@ -235,73 +233,21 @@ build_request(run_t *r, req_t *q, const float *x)
 }
 
 static void
+add_row(void *ud, int i, const float *x, double expect)
+{
+    run_t *r = ud;
+    build_request(r, &r->reqs[i], x);
+    r->reqs[i].expect = expect;
+}
+
+static void
 load_rows(run_t *r)
 {
-    const opts_t *o = &r->o;
-    FILE *f = fopen(o->csv, "r");
-    if (f == NULL) {
-        die("%s: %s", o->csv, strerror(errno));
-    }
-    FILE *fe = NULL;
-    if (o->expect && (fe = fopen(o->expect, "r")) == NULL) {
-        die("%s: %s", o->expect, strerror(errno));
-    }
-    char *line = NULL, *eline = NULL;
-    size_t lcap = 0, ecap = 0;
-    char *fields[MAX_COLS];
-    float *x = malloc(sizeof *x * (size_t)o->n_cols);
     r->reqs = calloc(MAX_ROWS, sizeof *r->reqs);
-    if (x == NULL || r->reqs == NULL) {
+    if (r->reqs == NULL) {
         die("out of memory");
     }
-    bool header = true;
-    while (getline(&line, &lcap, f) > 0 && r->n_reqs < MAX_ROWS) {
-        double expect = NAN;
-        if (fe) {
-            if (getline(&eline, &ecap, fe) <= 0) {
-                die("%s: fewer lines than %s", o->expect, o->csv);
-            }
-            char *ef[MAX_COLS];
-            int ne = split_csv(eline, ef, MAX_COLS);
-            if (!header) {
-                char *end;
-                expect = strtod(ef[ne - 1], &end);
-                if (end == ef[ne - 1]) {
-                    die("%s: line %d: '%s' is not a number", o->expect, r->n_reqs + 2, ef[ne - 1]);
-                }
-            }
-        }
-        int nf = split_csv(line, fields, MAX_COLS);
-        if (header) {
-            header = false;
-            continue;
-        }
-        if (nf < o->first_col + o->n_cols) {
-            die("%s: line %d has %d fields, need %d", o->csv, r->n_reqs + 2, nf,
-                o->first_col + o->n_cols);
-        }
-        for (int i = 0; i < o->n_cols; i++) {
-            char *end;
-            x[i] = strtof(fields[o->first_col + i], &end);
-            if (end == fields[o->first_col + i] || *end != '\0') {
-                die("%s: line %d field %d: '%s' is not a number", o->csv, r->n_reqs + 2,
-                    o->first_col + i + 1, fields[o->first_col + i]);
-            }
-        }
-        build_request(r, &r->reqs[r->n_reqs], x);
-        r->reqs[r->n_reqs].expect = expect;
-        r->n_reqs++;
-    }
-    if (r->n_reqs == 0) {
-        die("%s: no rows", o->csv);
-    }
-    free(x);
-    free(line);
-    free(eline);
-    fclose(f);
-    if (fe) {
-        fclose(fe);
-    }
+    r->n_reqs = lg_load_rows(r->o.csv, r->o.expect, r->o.first_col, r->o.n_cols, add_row, r);
 }
 
 /* ------------------------------------------------------------------ connections */

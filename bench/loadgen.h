@@ -1,15 +1,17 @@
 /*
  * loadgen.h - what the KServe load generators share (bench/kserve_load.c for REST,
  * bench/grpc_load.c for gRPC): fatal errors, the clock, latency samples and their
- * percentiles, the arrival-gap generator and CSV splitting. Static functions in a
+ * percentiles, the arrival-gap generator and the request rows from the CSV. Static functions in a
  * header: each generator is one translation unit, and this keeps them so.
  * Each program defines lg_prog (its name, for messages) before including this.
  */
 #ifndef SP_BENCH_LOADGEN_H
 #define SP_BENCH_LOADGEN_H
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +118,85 @@ split_csv(char *line, char **f, int max)
     }
     p = f[n - 1];
     p[strcspn(p, "\r\n")] = '\0';
+    return n;
+}
+
+#define MAX_ROWS 1000000 /* request rows read from the CSV at most */
+#define MAX_COLS 4096    /* fields per CSV line at most */
+
+/* One data row of the CSV: its index, n_cols numbers, and the expected
+ * prediction (NAN without an --expect file). */
+typedef void (*lg_row_fn)(void *ud, int i, const float *x, double expect);
+
+/* Reads csv (header skipped; n_cols numbers from column first_col) and, when
+ * expect_path is given, the last column of the same line of that file; calls
+ * row() per data row, at most MAX_ROWS. Returns the row count; any malformed
+ * line or a missing file ends the program with a message naming it. */
+static int
+lg_load_rows(const char *csv, const char *expect_path, int first_col, int n_cols, lg_row_fn row,
+             void *ud)
+{
+    FILE *f = fopen(csv, "r");
+    if (f == NULL) {
+        die("%s: %s", csv, strerror(errno));
+    }
+    FILE *fe = NULL;
+    if (expect_path && (fe = fopen(expect_path, "r")) == NULL) {
+        die("%s: %s", expect_path, strerror(errno));
+    }
+    char *line = NULL, *eline = NULL;
+    size_t lcap = 0, ecap = 0;
+    char **fields = malloc(MAX_COLS * sizeof *fields);
+    float *x = malloc(sizeof *x * (size_t)n_cols);
+    if (x == NULL || fields == NULL) {
+        die("out of memory");
+    }
+    int n = 0;
+    bool header = true;
+    while (getline(&line, &lcap, f) > 0 && n < MAX_ROWS) {
+        double expect = NAN;
+        if (fe) {
+            if (getline(&eline, &ecap, fe) <= 0) {
+                die("%s: fewer lines than %s", expect_path, csv);
+            }
+            int ne = split_csv(eline, fields, MAX_COLS);
+            if (!header) {
+                char *end;
+                expect = strtod(fields[ne - 1], &end);
+                if (end == fields[ne - 1]) {
+                    die("%s: line %d: '%s' is not a number", expect_path, n + 2, fields[ne - 1]);
+                }
+            }
+        }
+        int nf = split_csv(line, fields, MAX_COLS);
+        if (header) {
+            header = false;
+            continue;
+        }
+        if (nf < first_col + n_cols) {
+            die("%s: line %d has %d fields, need %d", csv, n + 2, nf, first_col + n_cols);
+        }
+        for (int i = 0; i < n_cols; i++) {
+            char *end;
+            x[i] = strtof(fields[first_col + i], &end);
+            if (end == fields[first_col + i] || *end != '\0') {
+                die("%s: line %d field %d: '%s' is not a number", csv, n + 2, first_col + i + 1,
+                    fields[first_col + i]);
+            }
+        }
+        row(ud, n++, x, expect);
+    }
+    if (n == 0) {
+        die("%s: no rows", csv);
+    }
+    free(fields);
+    free(x);
+    free(line);
+    free(eline);
+    fclose(f);
+    if (fe) {
+        fclose(fe);
+    }
     return n;
 }
 
