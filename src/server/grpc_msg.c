@@ -541,6 +541,24 @@ where_of(const Inference__ModelInferRequest *q, size_t i, char *buf, size_t cap)
 }
 
 /* ModelInferRequest as an infer request: JSON part + binary tail. */
+/* What every REST body made from a ModelInferRequest starts with: its id and
+ * its request parameters (into params, already in root). */
+static int
+request_head(const Inference__ModelInferRequest *q, json_t *root, json_t *params, char *err,
+             size_t err_len)
+{
+    if (q->id[0]) {
+        json_t *id = json_string(q->id);
+        if (id == NULL) {
+            snprintf(err, err_len, "id: must be UTF-8");
+            return SP_GRPC_INVALID_ARGUMENT;
+        }
+        json_object_set_new(root, "id", id);
+    }
+    return params_obj(params, q->n_parameters, (void *const *)q->parameters, 0, "parameters", err,
+                      err_len);
+}
+
 static int
 infer_body(const Inference__ModelInferRequest *q, sp_grpc_rest_t *r, char *err, size_t err_len)
 {
@@ -560,17 +578,7 @@ infer_body(const Inference__ModelInferRequest *q, sp_grpc_rest_t *r, char *err, 
     }
     json_object_set(root, "inputs", ins);
     json_object_set(root, "parameters", params);
-    if (q->id[0]) {
-        json_t *id = json_string(q->id);
-        if (id == NULL) {
-            snprintf(err, err_len, "id: must be UTF-8");
-            rc = SP_GRPC_INVALID_ARGUMENT;
-            goto done;
-        }
-        json_object_set_new(root, "id", id);
-    }
-    if ((rc = params_obj(params, q->n_parameters, (void *const *)q->parameters, 0, "parameters",
-                         err, err_len)) != SP_GRPC_OK) {
+    if ((rc = request_head(q, root, params, err, err_len)) != SP_GRPC_OK) {
         goto done;
     }
     json_object_set_new(params, "binary_data_output", json_true());
@@ -747,17 +755,7 @@ generate_body(const Inference__ModelInferRequest *q, sp_grpc_rest_t *r, char *er
         return SP_GRPC_RESOURCE_EXHAUSTED;
     }
     json_object_set(root, "parameters", params);
-    if (q->id[0]) {
-        json_t *id = json_string(q->id);
-        if (id == NULL) {
-            snprintf(err, err_len, "id: must be UTF-8");
-            rc = SP_GRPC_INVALID_ARGUMENT;
-            goto done;
-        }
-        json_object_set_new(root, "id", id);
-    }
-    if ((rc = params_obj(params, q->n_parameters, (void *const *)q->parameters, 0, "parameters",
-                         err, err_len)) != SP_GRPC_OK) {
+    if ((rc = request_head(q, root, params, err, err_len)) != SP_GRPC_OK) {
         goto done;
     }
     for (size_t i = 0; i < q->n_inputs; i++) {
