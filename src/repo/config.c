@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "repo/repo.h"
 
 static const char *const dtype_names[SP_REPO_TYPE_COUNT_] = {
@@ -880,45 +881,6 @@ sp_repo_config_merge(json_t *base, const json_t *ov, const char *file, char *err
     return SP_OK;
 }
 
-/* Read a whole regular file of at most max bytes. */
-static sp_status_t
-read_file(const char *path, const char *label, size_t max, char **out, size_t *len, char *err,
-          size_t err_len)
-{
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        return sp_errf(err, err_len, errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s",
-                       label, strerror(errno));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: not a regular file", label);
-    }
-    if ((uint64_t)sb.st_size > max) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "%s: larger than %zu bytes", label, max);
-    }
-    char *buf = sp_malloc((size_t)sb.st_size + 1);
-    if (!buf) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", label);
-    }
-    size_t got = 0;
-    while (got < (size_t)sb.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break; /* shrank while we read: parse what is there */
-        got += (size_t)n;
-    }
-    close(fd);
-    buf[got] = '\0';
-    *out = buf;
-    *len = got;
-    return SP_OK;
-}
-
 sp_status_t
 sp_repo_config_load(const char *path, const char *label, const char *override_json,
                     size_t override_len, sp_repo_config_t *out, char *err, size_t err_len)
@@ -926,7 +888,7 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
     memset(out, 0, sizeof *out);
     char *text = NULL;
     size_t len = 0;
-    sp_status_t st = read_file(path, label, SP_REPO_CONFIG_MAX, &text, &len, err, err_len);
+    sp_status_t st = sp_read_file(path, label, SP_REPO_CONFIG_MAX, &text, &len, err, err_len);
     if (st) return st;
     json_t *j = NULL, *ov = NULL;
     st = sp_repo_config_parse_text(text, len, label, &j, err, err_len);

@@ -15,6 +15,7 @@
 #include <openssl/rand.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/timer.h"
 #include "sampan/log.h"
 #include "server/json.h"
@@ -334,48 +335,12 @@ done:
     return SP_OK;
 }
 
-static sp_status_t
-read_file(const char *path, char **out, size_t *len, struct stat *stp, char *err, size_t err_len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) {
-        return sp_errf(err, err_len, SP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > SP_TENANTS_FILE_MAX) {
-        close(fd);
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: not a regular file of at most %d bytes",
-                       path, SP_TENANTS_FILE_MAX);
-    }
-    char *buf = sp_malloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (buf && got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-        if (r <= 0) {
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    if (buf == NULL || got != (size_t)st.st_size) {
-        sp_free(buf);
-        return sp_errf(err, err_len, SP_ERR_IO, "%s: cannot read", path);
-    }
-    buf[got] = '\0';
-    *out = buf;
-    *len = got;
-    if (stp) {
-        *stp = st;
-    }
-    return SP_OK;
-}
-
 sp_status_t
 sp_tenants_load(const char *path, sp_tenants_t **out, char *err, size_t err_len)
 {
     char *text = NULL;
     size_t len = 0;
-    sp_status_t st = read_file(path, &text, &len, NULL, err, err_len);
+    sp_status_t st = sp_read_file(path, path, SP_TENANTS_FILE_MAX, &text, &len, err, err_len);
     if (st != SP_OK) {
         return st;
     }

@@ -29,6 +29,7 @@
 #include <jansson.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/timer.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -73,54 +74,6 @@ ppl_int(const char *s, const char *flag, long long lo, long long hi, long long *
     }
     *out = v;
     return 0;
-}
-
-/* The whole file, NUL-terminated; NULL with a message on failure. */
-static char *
-read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        fprintf(stderr, "sampan perplexity: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = sp_malloc(cap);
-    while (buf != NULL) {
-        if (n + 1 >= cap) {
-            if (cap >= PPL_MAX_TEXT_BYTES) {
-                fprintf(stderr, "sampan perplexity: %s: larger than %u MiB\n", path,
-                        PPL_MAX_TEXT_BYTES >> 20);
-                sp_free(buf);
-                buf = NULL;
-                break;
-            }
-            char *nb = sp_realloc(buf, cap * 2);
-            if (nb == NULL) {
-                sp_free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - 1 - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                fprintf(stderr, "sampan perplexity: %s: read error\n", path);
-                sp_free(buf);
-                buf = NULL;
-            }
-            break;
-        }
-    }
-    fclose(f);
-    if (buf != NULL) {
-        buf[n] = '\0';
-        *len = n;
-    }
-    return buf;
 }
 
 /* -log softmax(row)[y], in double. */
@@ -185,7 +138,9 @@ sp_cmd_perplexity(int argc, char **argv)
     int32_t *toks = NULL;
     sp_model_t *m = NULL;
     sp_ctx_t *c = NULL;
-    if ((text = read_text(text_path, &text_len)) == NULL) {
+    if (sp_read_file(text_path, text_path, PPL_MAX_TEXT_BYTES, &text, &text_len, err,
+                     sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan perplexity: %s\n", err);
         goto done;
     }
     int64_t t0 = sp_time_ns();

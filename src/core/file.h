@@ -1,0 +1,22 @@
+/*
+ * file.h - read a whole (small) regular file: config files, tenants files, texts.
+ */
+#ifndef SP_CORE_FILE_H
+#define SP_CORE_FILE_H
+
+#include <stddef.h>
+
+#include "sampan/status.h"
+
+/*
+ * Read the regular file at path, at most max bytes, into *out (NUL-terminated,
+ * sp_free it) with its length in *len.
+ * A FIFO or device is refused without blocking on it. Errors name the file by
+ * label: SP_ERR_NOT_FOUND, SP_ERR_IO, SP_ERR_INVALID (not a regular file),
+ * SP_ERR_TOO_LARGE, SP_ERR_NOMEM. A file that shrinks while it is read gives
+ * what was there.
+ */
+sp_status_t sp_read_file(const char *path, const char *label, size_t max, char **out, size_t *len,
+                         char *err, size_t err_len);
+
+#endif /* SP_CORE_FILE_H */
