@@ -37,6 +37,7 @@
 #include "server/registry.h"
 #include "server/server.h"
 #include "server/status.h"
+#include "server/tensor.h"
 #include "server/trace.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -209,6 +210,13 @@ sp_server_mailbox(sp_http_req_t *r)
 {
     sp_loop_ctx_t *lc = sp_http_loop_user(sp_http_req_loop(r));
     return lc->mb;
+}
+
+struct sp_infer_hcache *
+sp_server_hcache(sp_http_req_t *r)
+{
+    sp_loop_ctx_t *lc = sp_http_loop_user(sp_http_req_loop(r));
+    return lc->hcache;
 }
 
 static const char *
@@ -646,6 +654,7 @@ loop_init(sp_http_loop_t *loop, void *ud)
         sp_free(lc);
         return NULL;
     }
+    lc->hcache = sp_infer_hcache_new(); /* NULL (no memory) only turns the cache off */
     /* The gRPC port is served by the same loops (grpc.h). */
     if (lc->srv->grpc && (lc->grpc = sp_grpc_loop_start(lc->srv->grpc, loop)) == NULL) {
         SP_LOG_WARN("event=grpc_loop_failed detail=%s", sp_log_str("out of memory"));
@@ -660,6 +669,7 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
     if (lc) {
         sp_grpc_loop_stop(lc->grpc); /* cancels its calls while the mailbox still exists */
         sp_mailbox_destroy(lc->mb);
+        sp_infer_hcache_free(lc->hcache);
         sp_free(lc);
     }
 }

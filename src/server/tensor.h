@@ -118,6 +118,18 @@ typedef struct sp_infer_req {
 sp_status_t sp_infer_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
                                sp_infer_req_t *out, char *err, size_t err_len);
 void sp_infer_req_free(sp_infer_req_t *r);
+
+/* A cache of decoded JSON parts of binary-tensor requests, keyed by their
+ * exact bytes (tensor.c says why). Not thread-safe: one per event loop. */
+typedef struct sp_infer_hcache sp_infer_hcache_t;
+sp_infer_hcache_t *sp_infer_hcache_new(void);
+void sp_infer_hcache_free(sp_infer_hcache_t *hc);
+void sp_infer_hcache_counts(const sp_infer_hcache_t *hc, uint64_t *hits, uint64_t *misses);
+/* sp_infer_req_parse through the cache hc (NULL: none): the same result and
+ * the same errors. */
+sp_status_t sp_infer_req_parse_cached(sp_infer_hcache_t *hc, const char *body, size_t len,
+                                      sp_str_t header_len, int max_depth, sp_infer_req_t *out,
+                                      char *err, size_t err_len);
 /* Input by name, or NULL. */
 const sp_tensor_t *sp_infer_req_input(const sp_infer_req_t *r, const char *name);
 /*

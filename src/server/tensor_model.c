@@ -539,8 +539,8 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
     const char *names[SP_BACKEND_MAX_TENSORS];
     bool want[SP_BACKEND_MAX_TENSORS];
     int32_t n_want = 0;
-    sp_status_t st = sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err,
-                                        sizeof err);
+    sp_status_t st = sp_infer_req_parse_cached(sp_server_hcache(r), body.ptr, body.len, hl,
+                                               s->cfg.json_depth, &q->ir, err, sizeof err);
     if (st == SP_OK) {
         for (int32_t i = 0; i < info->n_outputs; i++) {
             names[i] = info->outputs[i].name;

@@ -195,6 +195,152 @@ TEST(tensor_binary_inputs_and_outputs)
     ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(""), 64, &r, err, sizeof err), SP_ERR_INVALID);
 }
 
+/* Two requests decoded the same way, field by field. */
+static void
+assert_same_req(const sp_infer_req_t *a, const sp_infer_req_t *b)
+{
+    ASSERT_EQ(a->n_inputs, b->n_inputs);
+    ASSERT_EQ(a->n_outputs, b->n_outputs);
+    ASSERT_EQ(a->binary_output, b->binary_output);
+    ASSERT_EQ(a->id_len, b->id_len);
+    ASSERT((a->id == NULL) == (b->id == NULL));
+    ASSERT(a->id == NULL || memcmp(a->id, b->id, a->id_len) == 0);
+    ASSERT((a->params == NULL) == (b->params == NULL));
+    for (int i = 0; i < a->n_inputs; i++) {
+        const sp_tensor_t *x = &a->inputs[i], *y = &b->inputs[i];
+        ASSERT(strcmp(x->name, y->name) == 0);
+        ASSERT(x->dtype == y->dtype && x->ndim == y->ndim && x->n == y->n);
+        ASSERT(memcmp(x->shape, y->shape, sizeof x->shape) == 0);
+        if (x->dtype == SP_DT_BYTES) {
+            for (int64_t e = 0; e < x->n; e++) {
+                sp_str_t u = sp_tensor_str(x, e), v = sp_tensor_str(y, e);
+                ASSERT(u.len == v.len && memcmp(u.ptr, v.ptr, u.len) == 0);
+            }
+        } else {
+            ASSERT(memcmp(x->data, y->data, (size_t)x->n * sp_dtype_size(x->dtype)) == 0);
+        }
+    }
+    for (int i = 0; i < a->n_outputs; i++) {
+        ASSERT(strcmp(a->outputs[i].name, b->outputs[i].name) == 0);
+        ASSERT_EQ(a->outputs[i].binary, b->outputs[i].binary);
+    }
+}
+
+TEST(tensor_header_cache)
+{
+    sp_json_init();
+    size_t base = sp_alloc_bytes_in_use();
+    sp_infer_hcache_t *hc = sp_infer_hcache_new();
+    ASSERT(hc != NULL);
+    const char *json =
+        "{\"id\":\"q\",\"inputs\":["
+        "{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[1,2],\"parameters\":{\"binary_data_size\":8}},"
+        "{\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[1],\"parameters\":{\"binary_data_size\":6}},"
+        "{\"name\":\"b\",\"datatype\":\"BOOL\",\"shape\":[2],\"parameters\":{\"binary_data_size\":2}}],"
+        "\"outputs\":[{\"name\":\"y\",\"parameters\":{\"binary_data\":true}}],"
+        "\"parameters\":{\"priority\":2}}";
+    char err[512], err2[512];
+    uint64_t hits, misses;
+    /* Three requests with the same JSON part and different values: the
+     * first is decoded in full and kept, the others reuse it, and each gives
+     * exactly what the uncached parse gives. */
+    for (int k = 0; k < 3; k++) {
+        unsigned char tail[16];
+        float xv[2] = {1.5f + (float)k, -2.0f * (float)k};
+        memcpy(tail, xv, 8);
+        const unsigned char sv[6] = {2, 0, 0, 0, (unsigned char)('a' + k), 'z'};
+        memcpy(tail + 8, sv, 6);
+        tail[14] = (unsigned char)(k & 1);
+        tail[15] = 1;
+        body_t m;
+        make_body(&m, json, tail, sizeof tail);
+        sp_infer_req_t a, b;
+        ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &a, err, sizeof err));
+        ASSERT_OK(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &b, err, sizeof err));
+        assert_same_req(&a, &b);
+        ASSERT_EQ(sp_tensor_f64(sp_infer_req_input(&a, "x"), 0), 1.5 + k);
+        ASSERT_EQ(sp_tensor_str(sp_infer_req_input(&a, "s"), 0).ptr[0], 'a' + k);
+        sp_infer_req_free(&a);
+        sp_infer_req_free(&b);
+    }
+    sp_infer_hcache_counts(hc, &hits, &misses);
+    ASSERT_EQ(hits, 2);
+    ASSERT_EQ(misses, 1);
+
+    /* A bad tail on a cached header: the same error as the full path. */
+    {
+        unsigned char tail[16] = {0};
+        tail[10] = 9; /* BYTES element length 9 > the 2 bytes left */
+        tail[8] = 9;
+        tail[14] = 2; /* and a BOOL of 2 */
+        body_t m;
+        make_body(&m, json, tail, sizeof tail);
+        sp_infer_req_t r;
+        ASSERT_EQ(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err),
+                  SP_ERR_INVALID);
+        ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err2, sizeof err2),
+                  SP_ERR_INVALID);
+        ASSERT(strcmp(err, err2) == 0);
+        ASSERT(strstr(err, "inputs[1] ('s')") != NULL);
+        /* a tail of the wrong length falls back to the full path's message */
+        ASSERT_EQ(sp_infer_req_parse_cached(hc, m.b, m.len - 1, hdr(m.hl), 64, &r, err, sizeof err),
+                  SP_ERR_INVALID);
+        ASSERT_EQ(sp_infer_req_parse(m.b, m.len - 1, hdr(m.hl), 64, &r, err2, sizeof err2),
+                  SP_ERR_INVALID);
+        ASSERT(strcmp(err, err2) == 0);
+    }
+
+    /* Inline JSON data is not kept; a different id is another entry; more
+     * distinct headers than slots evict the least recently used. */
+    {
+        const char *inl = "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT32\",\"shape\":[1],"
+                          "\"data\":[4]}]}";
+        body_t m;
+        make_body(&m, inl, "", 0);
+        sp_infer_req_t r;
+        sp_infer_hcache_counts(hc, &hits, &misses);
+        uint64_t h0 = hits;
+        for (int k = 0; k < 2; k++) {
+            ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
+            ASSERT_EQ(sp_tensor_i64(&r.inputs[0], 0), 4);
+            sp_infer_req_free(&r);
+        }
+        sp_infer_hcache_counts(hc, &hits, &misses);
+        ASSERT_EQ(hits, h0);
+    }
+    for (int k = 0; k < 20; k++) {
+        char j[256];
+        snprintf(j, sizeof j,
+                 "{\"id\":\"%d\",\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT32\",\"shape\":[1],"
+                 "\"parameters\":{\"binary_data_size\":4}}]}", k % 10);
+        int32_t v = k;
+        body_t m;
+        make_body(&m, j, &v, 4);
+        sp_infer_req_t r;
+        ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
+        ASSERT_EQ(sp_tensor_i64(&r.inputs[0], 0), k);
+        ASSERT(r.id_len == 1 && r.id[0] == (char)('0' + k % 10));
+        sp_infer_req_free(&r);
+    }
+    /* allocation failures on the way in and out of the cache: errors or
+     * plain misses, never a leak */
+    for (int64_t f = 0; f < 40; f++) {
+        unsigned char tail[16] = {0};
+        tail[8] = 2;
+        body_t m;
+        make_body(&m, json, tail, sizeof tail);
+        sp_infer_req_t r;
+        sp_alloc_fail_after(f);
+        sp_status_t st = sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err);
+        sp_alloc_fail_after(-1);
+        if (st == SP_OK) {
+            sp_infer_req_free(&r);
+        }
+    }
+    sp_infer_hcache_free(hc);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base);
+}
+
 TEST(tensor_rejects_bad_requests)
 {
     sp_json_init();
