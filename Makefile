@@ -134,7 +134,7 @@ all unit: $(BACKENDS)
 # and the XGBoost C API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the
 # xgboost backend.
 .PHONY: bench-tools
-bench-tools: $(BUILD)/kserve_load $(BUILD)/grpc_load \
+bench-tools: $(BUILD)/kserve_load $(BUILD)/grpc_load $(BUILD)/tcp_floor \
              $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
 $(BUILD)/grpc_load: bench/grpc_load.c bench/loadgen.h $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
 	@mkdir -p $(dir $@)
@@ -143,6 +143,9 @@ $(BUILD)/grpc_load: bench/grpc_load.c bench/loadgen.h $(BUILD)/gen/grpc_service.
 $(BUILD)/kserve_load: bench/kserve_load.c bench/loadgen.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lm
+$(BUILD)/tcp_floor: bench/tcp_floor.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $<
 $(BUILD)/xgb_floor: bench/xgb_floor.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lxgboost -ljansson -lm

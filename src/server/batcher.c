@@ -1597,6 +1597,7 @@ sp_batcher_get_stats(sp_batcher_t *b, sp_batcher_stats_t *out)
 /* ---- the adaptive controller */
 
 #define CTL_FORGET 0.98 /* weight of the previous batches in the cost fit, per batch */
+#define CTL_GROW_LOAD 0.75 /* the load from which a delay may grow while under the target */
 
 void
 sp_batcher_observe_latency(sp_batcher_t *b, int64_t latency_ns)
@@ -1799,9 +1800,13 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
         if (c->hit_cap && c->cap < c->max_cap) {
             c->cap = c->cap + cap_step > c->max_cap ? c->max_cap : c->cap + cap_step;
             c->increases++;
-        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns && load >= 0.5 &&
+        } else if (c->left_on_delay && c->delay_ns < c->max_delay_ns && load >= CTL_GROW_LOAD &&
                    rate * (double)c->max_delay_ns >= 1.0) {
-            /* Waiting can gather at least one more row within the allowed delay. The
+            /* The server is busy enough that it will need the throughput (below
+             * CTL_GROW_LOAD it keeps up one request at a time, and a delay there
+             * only spends the target's headroom: measured at 5,000 req/s with the
+             * rule at half load, the p99 went from 0.45 ms to 2.5-3.6), and
+             * waiting can gather at least one more row within the allowed delay. The
              * step is half the headroom to 0.7 * target: latency grows about one for
              * one with the delay (a little more as batches grow), so the p99 closes
              * in on the bottom of the band from below and never jumps past it, and

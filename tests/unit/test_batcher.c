@@ -1485,6 +1485,18 @@ TEST(batcher_ctl_batches_when_the_server_saturates)
     ASSERT(was > 0);
     ASSERT_EQ(c.delay_ns, 0);
     ASSERT(rho < 0.25);
+    /* Half busy (5 and 7 requests/ms: 46% and 64% of the CPU one at a time), the
+     * server keeps up without batching and its p99 is a fraction of the target:
+     * the delay stays at 0, since waiting would spend the target's headroom for
+     * throughput nobody needs. */
+    for (int k = 0; k < 2; k++) {
+        sp_batcher_ctl_init(&c, 2.0, 2000, 64);
+        c.cpus = 1;
+        t = cpu = 0;
+        rho = ctl_sim_server(&c, k == 0 ? 5.0 : 7.0, 4000, &t, &cpu);
+        ASSERT(rho > 0.4 && rho < 0.7);
+        ASSERT_EQ(c.delay_ns, 0);
+    }
     /* Without a CPU reading (cpus unknown) the controller cannot see the server, and
      * keeps to the instances' load: no delay at 18/ms. */
     sp_batcher_ctl_init(&c, 2.0, 2000, 64);
