@@ -111,21 +111,30 @@ mkrepo adaptive '{"name": "fraud", "backend": "xgboost", "max_batch_size": 64,
  "dynamic_batching": {"max_queue_delay_microseconds": 2000},
  "parameters": {"target_p99_ms": {"string_value": "2"}}}'
 
-SPID="" SPORT="" SNAME=""
+SPID="" SPORT="" SNAME=""   # the server the next run() measures
+declare -A PIDS=() PORTS=()  # every running server, by name
 EXPECT_ARGS=(--expect "$EXPECT") # answers are checked, except the floor's fixed one
-stop_server() {
-    [ -n "$SPID" ] || return 0
-    kill -TERM "$SPID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SPID" 2>/dev/null || true
-    wait "$SPID" 2>/dev/null || true
+stop_server() { # stops every server
+    local n p
+    for n in "${!PIDS[@]}"; do
+        p=${PIDS[$n]}
+        kill -TERM "$p" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    PIDS=() PORTS=()
     SPID=""
 }
 trap stop_server EXIT
 trap 'stop_server; exit 130' INT TERM
+use_server() { SNAME=$1; SPID=${PIDS[$1]}; SPORT=${PORTS[$1]}; }
 
-start_server() { # repo name
+start_server() { # repo name: the only server running
     stop_server
+    launch_server "$1"
+}
+launch_server() { # repo name: one more server (idle ones cost nothing), and the one measured
     SNAME=$1
     SPORT=$(free_port)
     # OMP_WAIT_POLICY=passive: XGBoost's OpenMP team (batches of 256+ rows only) must not spin on
@@ -134,6 +143,7 @@ start_server() { # repo name
         --host 127.0.0.1 --port "$SPORT" --log-requests none --max-connections 4096 \
         --drain-timeout 2 > "$OUT/server-$1.log" 2>&1 &
     SPID=$!
+    PIDS[$1]=$SPID PORTS[$1]=$SPORT
     for _ in $(seq 200); do
         local code
         code=$(curl -s -o /dev/null -w '%{http_code}' \
@@ -157,6 +167,7 @@ start_floor() {
     SPORT=$(free_port)
     taskset -c "$SCPUS" "$BUILD/tcp_floor" --port "$SPORT" > "$OUT/server-tcp_floor.log" 2>&1 &
     SPID=$!
+    PIDS[tcp_floor]=$SPID PORTS[tcp_floor]=$SPORT
     for _ in $(seq 50); do
         if curl -s -o /dev/null "http://127.0.0.1:$SPORT/"; then return 0; fi
         sleep 0.1
@@ -173,10 +184,36 @@ m = json.load(sys.stdin)["models"]["fraud"]
 print(m["steps"], m["jobs_done"])' 2>/dev/null || echo "0 0"
 }
 
-# run KIND NAME kserve_load-args...: one measured load run on the current server; its JSON gets
-# the kind (targets, saturation, adaptive), the machine's load, the server's CPU time, context
-# switches and the mean rows per batch added.
+# run KIND NAME kserve_load-args...: one measured load run on the current server (run_once);
+# an open-loop run during which the generator itself fell behind its schedule (send lag p99 over
+# LAG_MAX_MS: the VM paused the generator's CPU, and such pauses hit the server as well) is
+# measured again, up to RETRIES more times, and the last attempt is kept with its count. The
+# test looks only at the generator, never at the server's latency, so it cannot pick a server's
+# good runs; it keeps a 5 s p99 from being one pause of the machine (see "The machine").
+LAG_MAX_MS=0.5 RETRIES=2
 run() {
+    local a lag
+    for a in $(seq 0 "$RETRIES"); do
+        run_once "$@"
+        case " $* " in *" --rate "*) ;; *) return 0 ;; esac
+        lag=$("$PYTHON" - "$OUT/runs/$2.json" "$a" <<'PY' 2>/dev/null || echo 0
+import json, sys
+p, a = sys.argv[1], int(sys.argv[2]); r = json.load(open(p)); r["attempts"] = a + 1
+json.dump(r, open(p, "w")); print(r["send_lag_ms"]["p99"])
+PY
+)
+        if "$PYTHON" -c "import sys; sys.exit(0 if $lag <= $LAG_MAX_MS else 1)"; then
+            return 0
+        fi
+        [ "$a" -lt "$RETRIES" ] && say "$2: the generator lagged (send lag p99 $lag ms): measuring again"
+    done
+    return 0
+}
+
+# run_once KIND NAME kserve_load-args...: its JSON gets the kind (targets, saturation,
+# adaptive), the machine's load, the server's CPU time, context switches and the mean rows per
+# batch added.
+run_once() {
     local kind=$1 name=$2; shift 2
     local busy j0 j1 s0 s1 t0 t1 c0 c1 rc=0
     wait_quiet
@@ -293,15 +330,22 @@ done
 # --reps rounds: one 5 s p99 at 10,000 req/s moves by tens of ms with a single pause of the VM
 # (a 40 ms pause holds back 400 requests, 0.8% of the run), so each cell is the median of the
 # rounds, with the range beside it.
+# The three servers run side by side (each pinned to the server CPU; the idle ones cost nothing)
+# and take turns at each load, so that a stretch of a busy machine falls on all three alike.
 if ! skipped adaptive; then
     for rep in $(seq 1 "$REPS"); do
-        for s in fixed2ms fixed0 adaptive; do
-            start_server "$s"
-            say "round $rep/$REPS: server $s on 127.0.0.1:$SPORT: loads $LOADS, then closed loop $CLOSED"
-            for rate in $LOADS; do
-                run adaptive "d-$s-$rate-r$rep" --rate "$rate" --connections 512
+        stop_server
+        for s in fixed2ms fixed0 adaptive; do launch_server "$s"; done
+        say "round $rep/$REPS: fixed2ms, fixed0 and adaptive side by side: loads $LOADS, then closed loop $CLOSED"
+        for rate in $LOADS closed; do
+            for s in fixed2ms fixed0 adaptive; do
+                use_server "$s"
+                if [ "$rate" = closed ]; then
+                    run adaptive "d-$s-closed-r$rep" --closed "$CLOSED"
+                else
+                    run adaptive "d-$s-$rate-r$rep" --rate "$rate" --connections 512
+                fi
             done
-            run adaptive "d-$s-closed-r$rep" --closed "$CLOSED"
         done
     done
 fi
@@ -443,6 +487,15 @@ if d:
                 med([r["achieved_rps"] for r in rs]), " (%d err)" % errs if errs else "",
                 med([r["mean_rows_per_batch"] for r in rs])))
         L.append("| " + " | ".join(row) + " | %.0f%% |" % (other_max(got) if got else 0))
+    L.append("")
+
+ol = [r for r in runs.values() if "attempts" in r]
+if ol:
+    again = [r for r in ol if r["attempts"] > 1]
+    still = [r for r in ol if r["send_lag_ms"]["p99"] > 0.5]
+    L.append("Open-loop runs measured again because the generator itself lagged (send lag p99 over "
+             "0.5 ms): %d of %d; still lagging after 3 attempts (kept, last attempt): %d." % (
+                 len(again), len(ol), len(still)))
     L.append("")
 
 f = runs.get("floor")
