@@ -36,8 +36,10 @@ struct sp_cuda_ctx {
     int ordinal;
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *workspace; /* cuBLAS workspace: ours, so it is counted */
+    void *workspace; /* cuBLAS workspace: ours, so it is counted (and graphs need it set) */
     int broken;
+    int capturing;   /* between graph_begin and graph_end */
+    int capture_bad; /* an op could not be captured: graph_end refuses */
     char err[320];
     uint64_t used;
     alloc_rec_t *recs;
@@ -81,6 +83,34 @@ cuda_fail(sp_cuda_ctx_t *c, const char *what, cudaError_t e)
                 cudaGetErrorName(e));
 }
 
+/* A launch that failed while capturing: the capture cannot be made, but the
+ * context is not poisoned (nothing ran; an error that is sticky anyway comes
+ * back at the next synchronising call). */
+static int
+capture_fail(sp_cuda_ctx_t *c, const char *what, const char *why)
+{
+    c->capture_bad = 1;
+    (void)cudaGetLastError();
+    return fail(c, SP_ERR_UNSUPPORTED, "cuda:%d %s while capturing a graph: %s", c->ordinal, what,
+                why);
+}
+
+static int
+launch_fail(sp_cuda_ctx_t *c, const char *what, cudaError_t e)
+{
+    return c->capturing ? capture_fail(c, what, cudaGetErrorName(e)) : cuda_fail(c, what, e);
+}
+
+/* Synchronous calls break a capture: refuse them while one is open. */
+#define NOT_CAPTURING(c, what)                                                                  \
+    do {                                                                                        \
+        if ((c) != NULL && (c)->capturing) {                                                    \
+            (c)->capture_bad = 1;                                                               \
+            return fail((c), SP_ERR_INVALID, "cuda:%d %s: not while capturing a graph",         \
+                        (c)->ordinal, (what));                                                  \
+        }                                                                                       \
+    } while (0)
+
 static const char *
 blas_str(cublasStatus_t s)
 {
@@ -110,7 +140,7 @@ blas_str(cublasStatus_t s)
 #define LAUNCHED(c, what, call)                                                                 \
     do {                                                                                        \
         cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) return cuda_fail((c), (what), e_);                               \
+        if (e_ != cudaSuccess) return launch_fail((c), (what), e_);                             \
         return SP_OK;                                                                           \
     } while (0)
 
@@ -215,6 +245,12 @@ ctx_destroy(sp_cuda_ctx_t *c)
         return;
     }
     (void)cudaSetDevice(c->ordinal);
+    if (c->capturing) { /* an owner that died mid-capture: end it, drop the graph */
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g != NULL) {
+            (void)cudaGraphDestroy(g);
+        }
+    }
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
     }
@@ -260,6 +296,7 @@ dev_alloc(sp_cuda_ctx_t *c, size_t bytes, void **out)
 {
     *out = NULL;
     ENTER(c);
+    NOT_CAPTURING(c, "alloc");
     if (c->n_recs == c->cap_recs) {
         size_t cap = c->cap_recs ? 2 * c->cap_recs : 64;
         alloc_rec_t *r = (alloc_rec_t *)realloc(c->recs, cap * sizeof *r);
@@ -305,6 +342,7 @@ static int
 h2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
 {
     ENTER(c);
+    NOT_CAPTURING(c, "h2d");
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
     if (e == cudaSuccess) {
         e = cudaStreamSynchronize(c->stream);
@@ -316,6 +354,7 @@ static int
 d2h(sp_cuda_ctx_t *c, void *dst, const void *src, size_t bytes)
 {
     ENTER(c);
+    NOT_CAPTURING(c, "d2h");
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) {
         e = cudaStreamSynchronize(c->stream);
@@ -334,6 +373,7 @@ static int
 dev_sync(sp_cuda_ctx_t *c)
 {
     ENTER(c);
+    NOT_CAPTURING(c, "sync");
     cudaError_t e = cudaStreamSynchronize(c->stream);
     return e == cudaSuccess ? SP_OK : cuda_fail(c, "stream (a kernel failed)", e);
 }
@@ -400,6 +440,9 @@ op_gemm(sp_cuda_ctx_t *c, const void *w, int64_t n_out, int64_t n_in, const void
                                     (int)n_in, &alpha, w, CUDA_R_16F, (int)n_in, x, CUDA_R_16F,
                                     (int)n_in, &beta, y, CUDA_R_32F, (int)n_out,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS && c->capturing) {
+        return capture_fail(c, "cublasGemmEx", blas_str(s));
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         return fail(c, SP_ERR_DEVICE, "cuda:%d cublasGemmEx(%lld x %lld x %lld): %s", c->ordinal,
                     (long long)n_out, (long long)n_rows, (long long)n_in, blas_str(s));
@@ -519,7 +562,130 @@ op_topk(sp_cuda_ctx_t *c, const float *x, int64_t n_rows, int64_t n, int k, int3
     LAUNCHED(c, "topk", sp_cu_topk(c->stream, x, n_rows, n, k, idx, val));
 }
 
+/* ------------------------------------------------------ quantised weights */
+
+static int
+op_qsplit_to_f16(sp_cuda_ctx_t *c, int type, const void *src, void *dst, int64_t n)
+{
+    ENTER(c);
+    if ((type != SP_CU_Q8_0 && type != SP_CU_Q4_0) || n < 0 || n % SP_CU_QK != 0) {
+        return fail(c, SP_ERR_INVALID, "qsplit_to_f16: type %d or n %lld not supported", type,
+                    (long long)n);
+    }
+    if (n == 0) {
+        return SP_OK;
+    }
+    LAUNCHED(c, "qsplit_to_f16", sp_cu_qsplit_to_f16(c->stream, type, src, dst, n));
+}
+
+static int
+op_gemv_q(sp_cuda_ctx_t *c, int type, const void *w, int64_t n_out, int64_t n_in, const void *x,
+          int64_t n_rows, float *y, const float *bias)
+{
+    ENTER(c);
+    if ((type != SP_CU_Q8_0 && type != SP_CU_Q4_0) || n_rows < 1 ||
+        n_rows > SP_CUDA_GEMV_MAX_ROWS || n_in <= 0 || n_in % SP_CU_QK != 0 || n_out <= 0 ||
+        n_out / 4 >= INT32_MAX || (uintptr_t)w % 16 != 0 || (uintptr_t)x % 16 != 0) {
+        return fail(c, SP_ERR_INVALID, "gemv_q: type %d, %lld rows, %lld x %lld or alignment "
+                    "not supported", type, (long long)n_rows, (long long)n_out, (long long)n_in);
+    }
+    LAUNCHED(c, "gemv_q", sp_cu_gemv_q(c->stream, type, w, n_out, n_in, x, n_rows, y, bias));
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+struct sp_cuda_graph {
+    cudaGraphExec_t exec;
+};
+
+static int
+graph_begin(sp_cuda_ctx_t *c)
+{
+    ENTER(c);
+    NOT_CAPTURING(c, "graph_begin");
+    /* Relaxed: this thread may still make calls CUDA deems unsafe during a
+     * capture (cuBLAS's internals are not ours to vouch for); our own code
+     * only enqueues in a capture, and the host emulation refuses anything
+     * else, so the stricter modes would only add ways to fail. */
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(c, SP_ERR_UNSUPPORTED, "cuda:%d cudaStreamBeginCapture: %s (%s)", c->ordinal,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    c->capturing = 1;
+    c->capture_bad = 0;
+    return SP_OK;
+}
+
+static int
+graph_end(sp_cuda_ctx_t *c, sp_cuda_graph_t **out)
+{
+    *out = NULL;
+    if (c == NULL || !c->capturing) {
+        return SP_ERR_INVALID;
+    }
+    c->capturing = 0;
+    (void)cudaSetDevice(c->ordinal);
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (c->broken || e != cudaSuccess || c->capture_bad || g == NULL) {
+        if (g != NULL) {
+            (void)cudaGraphDestroy(g);
+        }
+        (void)cudaGetLastError();
+        if (c->broken) {
+            return SP_ERR_DEVICE;
+        }
+        if (!c->capture_bad) {
+            fail(c, SP_ERR_UNSUPPORTED, "cuda:%d cudaStreamEndCapture: %s (%s)", c->ordinal,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        }
+        return SP_ERR_UNSUPPORTED;
+    }
+    sp_cuda_graph_t *gr = (sp_cuda_graph_t *)calloc(1, sizeof *gr);
+    if (gr == NULL) {
+        (void)cudaGraphDestroy(g);
+        return fail(c, SP_ERR_NOMEM, "cuda:%d: out of host memory", c->ordinal);
+    }
+    e = cudaGraphInstantiate(&gr->exec, g, 0);
+    (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        free(gr);
+        (void)cudaGetLastError();
+        return fail(c, SP_ERR_UNSUPPORTED, "cuda:%d cudaGraphInstantiate: %s (%s)", c->ordinal,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    *out = gr;
+    return SP_OK;
+}
+
+static int
+graph_launch(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
+{
+    ENTER(c);
+    NOT_CAPTURING(c, "graph_launch");
+    if (g == NULL) {
+        return fail(c, SP_ERR_INVALID, "graph_launch: no graph");
+    }
+    LAUNCHED(c, "graph launch", cudaGraphLaunch(g->exec, c->stream));
+}
+
+static void
+graph_destroy(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
+{
+    if (g == NULL) {
+        return;
+    }
+    if (c != NULL) {
+        (void)cudaSetDevice(c->ordinal);
+    }
+    (void)cudaGraphExecDestroy(g->exec);
+    free(g);
+}
+
 /* ---------------------------------------------------------------- table */
+
 
 static const sp_cuda_api_t api = {
     SP_CUDA_ABI_VERSION,
@@ -549,6 +715,12 @@ static const sp_cuda_api_t api = {
     op_swiglu,
     op_softmax,
     op_topk,
+    graph_begin,
+    graph_end,
+    graph_launch,
+    graph_destroy,
+    op_qsplit_to_f16,
+    op_gemv_q,
 };
 
 SP_EXPORT const sp_cuda_api_t *

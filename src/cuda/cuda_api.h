@@ -33,7 +33,20 @@
  *     such as an illegal address poisons the CUDA context anyway). Nothing
  *     ever aborts the process.
  *   - Activations are F32 row-major; GEMM inputs are F16; weights are F16 in
- *     the device (dequantised at load by to_f16).
+ *     the device (dequantised at load by to_f16), or Q8_0/Q4_0 blocks in the
+ *     split layout below (gemv_q reads them as they are).
+ *
+ * Graphs (appended members): graph_begin starts capturing the context's
+ * stream; the ops enqueued until graph_end are recorded, not run, and
+ * graph_end instantiates them as one graph that graph_launch replays.
+ * What a captured op reads or writes through a device pointer is read or
+ * written at each launch; every other argument (counts, scales, layer
+ * numbers, the pointers themselves) is frozen at capture. Synchronous calls
+ * (alloc, h2d, d2h, sync) are refused while capturing. A failure of the
+ * capture itself (something in it could not be captured) is SP_ERR_UNSUPPORTED
+ * and does not make the context unhealthy: the caller may run the same ops
+ * eagerly instead. A CUDA error in a launch is like any op's (SP_ERR_DEVICE,
+ * unhealthy for good).
  */
 #ifndef SP_CUDA_API_H
 #define SP_CUDA_API_H
@@ -46,6 +59,10 @@
 #define SP_CUDA_LIB_NAME "libsampan_cuda.so"
 
 typedef struct sp_cuda_ctx sp_cuda_ctx_t; /* one device: stream, cuBLAS handle, counters */
+typedef struct sp_cuda_graph sp_cuda_graph_t; /* an instantiated graph of one context */
+
+/* Most rows gemv_q takes in one call. */
+#define SP_CUDA_GEMV_MAX_ROWS 8
 
 /* The paged KV cache of the layers held on one device, with the host pool's
  * block-major layout (engine/batch.c): block b, layer il, KV head g has its key
@@ -139,6 +156,37 @@ typedef struct sp_cuda_api {
      * idx and val (n_rows, k); k = 1 is greedy's argmax. k <= 64. */
     int (*topk)(sp_cuda_ctx_t *c, const float *d_x, int64_t n_rows, int64_t n, int k,
                 int32_t *d_idx, float *d_val);
+
+    /* ---- appended (same ABI version: struct_size says they are there) ---- */
+
+    /* ---- graphs (see the header comment) ---- */
+    /* Start capturing the context's stream (one capture at a time). */
+    int (*graph_begin)(sp_cuda_ctx_t *c);
+    /* End the capture and instantiate it into *out. Always ends the capture,
+     * also after a failed op or on an unhealthy context (then *out = NULL
+     * and the status says why: SP_ERR_UNSUPPORTED for a capture that cannot
+     * be made, SP_ERR_DEVICE when the context failed). */
+    int (*graph_end)(sp_cuda_ctx_t *c, sp_cuda_graph_t **out);
+    /* Enqueue one replay of g on the context's stream. */
+    int (*graph_launch)(sp_cuda_ctx_t *c, sp_cuda_graph_t *g);
+    void (*graph_destroy)(sp_cuda_ctx_t *c, sp_cuda_graph_t *g); /* NULL is a no-op */
+
+    /* ---- quantised weights, split layout (cuda_common.h sp_cu_qsplit_*):
+     * the quants of every row first, row r at r * n_in bytes (Q8_0) or
+     * r * n_in / 2 (Q4_0, each 32-element block's 16 bytes as in GGUF), then
+     * at sp_cu_qsplit_scales_off the F16 scales, one per 32 elements, in
+     * order. Why not the GGUF blocks as stored: 34- and 18-byte blocks give
+     * 2-byte alignment, the split layout 16-byte vector loads. ---- */
+    /* d_dst[0..n) = F16 of the n elements of a split-layout buffer
+     * (type SP_TYPE_Q8_0 or Q4_0, n a multiple of 32). */
+    int (*qsplit_to_f16)(sp_cuda_ctx_t *c, int type, const void *d_src, void *d_dst, int64_t n);
+    /* y (n_rows, n_out) F32 = x (n_rows, n_in) F16 times w (n_out, n_in) in
+     * the split layout of `type` transposed, plus bias (n_out) when given:
+     * the blocks dequantised in registers, F32 accumulation. 1 <= n_rows <=
+     * SP_CUDA_GEMV_MAX_ROWS, n_in a multiple of 32, d_w and d_x 16-byte
+     * aligned. For decode: it reads the weights once, at their stored size. */
+    int (*gemv_q)(sp_cuda_ctx_t *c, int type, const void *d_w, int64_t n_out, int64_t n_in,
+                  const void *d_x, int64_t n_rows, float *d_y, const float *d_bias);
 } sp_cuda_api_t;
 
 typedef const sp_cuda_api_t *(*sp_cuda_get_api_fn)(uint32_t abi_version);

@@ -149,6 +149,62 @@ sp_cu_q4_0_elem(const sp_cu_block_q4_0 *b, int j)
     return sp_cu_f16_to_f32(b->d) * (float)(q - 8);
 }
 
+/* ---- quantised weights in the split layout (cuda_api.h qsplit_to_f16, gemv_q) ---- */
+
+#define SP_CU_QSPLIT_ALIGN 256 /* the scales start this aligned (cudaMalloc's alignment) */
+
+/* Bytes of the quants of n elements (n a multiple of SP_CU_QK). */
+SP_HD int64_t
+sp_cu_qsplit_qs_bytes(int type, int64_t n)
+{
+    return type == SP_CU_Q4_0 ? n / 2 : n;
+}
+
+/* Offset of the F16 scales. */
+SP_HD int64_t
+sp_cu_qsplit_scales_off(int type, int64_t n)
+{
+    const int64_t q = sp_cu_qsplit_qs_bytes(type, n);
+    return (q + SP_CU_QSPLIT_ALIGN - 1) / SP_CU_QSPLIT_ALIGN * SP_CU_QSPLIT_ALIGN;
+}
+
+/* Bytes of the whole buffer. */
+SP_HD int64_t
+sp_cu_qsplit_bytes(int type, int64_t n)
+{
+    return sp_cu_qsplit_scales_off(type, n) + n / SP_CU_QK * 2;
+}
+
+/* The quant of element i of a split-layout buffer (-128..127, or -8..7 for
+ * Q4_0). Within a Q4_0 block, byte j holds elements j (low nibble) and
+ * j + 16 (high), as in the GGUF block. */
+SP_HD int
+sp_cu_qsplit_q(int type, const void *buf, int64_t i)
+{
+    const uint8_t *b = (const uint8_t *)buf;
+    if (type == SP_CU_Q4_0) {
+        const int64_t j = i % SP_CU_QK;
+        const uint8_t byte = b[i / SP_CU_QK * (SP_CU_QK / 2) + j % (SP_CU_QK / 2)];
+        return (j < SP_CU_QK / 2 ? (byte & 0x0f) : (byte >> 4)) - 8;
+    }
+    return ((const int8_t *)b)[i];
+}
+
+/* The scale of element i of a split-layout buffer of n elements. */
+SP_HD float
+sp_cu_qsplit_scale(int type, const void *buf, int64_t n, int64_t i)
+{
+    const uint16_t *d = (const uint16_t *)((const uint8_t *)buf + sp_cu_qsplit_scales_off(type, n));
+    return sp_cu_f16_to_f32(d[i / SP_CU_QK]);
+}
+
+/* Element i of a split-layout buffer of n elements. */
+SP_HD float
+sp_cu_qsplit_elem(int type, const void *buf, int64_t n, int64_t i)
+{
+    return sp_cu_qsplit_scale(type, buf, n, i) * (float)sp_cu_qsplit_q(type, buf, i);
+}
+
 /* ---- paged KV cache ---- */
 
 /* Element offset of the key tile of (block, layer il, KV head g). */

@@ -2,12 +2,19 @@
  * gpu.c - the forward pass on a CUDA device, strung together from the ops of
  * cuda_api.h (gpu.h explains where the engine calls in).
  *
- * Weights: every matrix of the GPU layers is held in F16 on the device,
- * dequantised once at attach (Q8_0/Q4_0 on the device from the stored blocks,
- * K-quants on the CPU first); norms, biases and RoPE frequencies in F32. Why
- * F16 rather than quantised kernels: cuBLAS's F16 GEMM with F32 accumulation
- * is the fast path for prefill and batched decode; decode at batch 1 pays
- * twice the weight reads of Q8_0 (docs/cuda.md).
+ * Weights ($SAMPAN_CUDA_WEIGHTS, read at attach; docs/cuda.md says why each):
+ *   f16 (default)  every matrix of the GPU layers in F16 on the device,
+ *                  dequantised once at attach (Q8_0/Q4_0 on the device from
+ *                  the stored blocks, K-quants on the CPU first): cuBLAS for
+ *                  every product.
+ *   native         Q8_0/Q4_0 matrices stay quantised (split layout,
+ *                  cuda_api.h): up to SP_CUDA_GEMV_MAX_ROWS rows go through
+ *                  gemv_q (the weights read once at their stored size); more
+ *                  rows dequantise the matrix into the batch's F16 scratch and
+ *                  use cuBLAS. Other types as in f16.
+ *   both           quantised and F16 copies: gemv_q for few rows, cuBLAS on
+ *                  the resident F16 copy for more (the most device memory).
+ * Norms, biases and RoPE frequencies in F32.
  *
  * A step, for R rows (the CPU has already embedded them into x):
  *   upload: x, and one int32 block of positions, block-table offsets, output
@@ -21,11 +28,30 @@
  *   partial: download x, the CPU runs the remaining layers
  * Nothing is allocated per step. All ops of one model go to one stream, so
  * they run in order; the downloads synchronise.
+ *
+ * CUDA graphs ($SAMPAN_CUDA_GRAPHS, default on): a decode step (every
+ * sequence one row; full offload with the logits of the sequences, or
+ * partial offload) runs padded to a bucket of rows (1, 2, 4, ... up to
+ * max_seqs), and the bucket's ops are captured once and replayed. What
+ * changes per step lives in fixed device buffers uploaded before the launch
+ * (x, positions, block-table offsets, block tables, output rows); no op
+ * takes a per-step host value (attention and kv_write read each row's
+ * position from the device). Pad rows have x = 0, position 0 and a table of
+ * one entry: the KV pool's pad block, a block past the scheduler's ids that
+ * nothing else reads; their logits rows gather row 0 and are never
+ * downloaded. The first step of a bucket runs its padded ops eagerly (so
+ * cuBLAS and lazily loaded kernels are initialised outside the capture),
+ * the second captures. Graphs are dropped and recaptured when the step
+ * uses another KV pool than they were captured with (the only buffer that
+ * can change under a batch). A capture that fails (SP_ERR_UNSUPPORTED) logs
+ * event=gpu_graph_fallback and the batch runs eagerly from then on; a CUDA
+ * error in a capture or a launch is a device error like any other.
  */
 #include "cuda/gpu.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -37,8 +63,20 @@
 #define STAGE_BYTES ((size_t)64 << 20) /* weight upload chunk */
 #define F16 2                          /* bytes */
 
+/* How weight matrices are held (SAMPAN_CUDA_WEIGHTS). */
+enum { W_F16, W_NATIVE, W_BOTH };
+
+/* One weight matrix (n_out, n_in) on the device: F16, quantised (split
+ * layout), or both. Native mode keeps only q for Q8_0/Q4_0. */
+typedef struct gpu_mat {
+    void *f16;
+    void *q;
+    int qtype;
+    int64_t n_out, n_in;
+} gpu_mat_t;
+
 typedef struct gpu_layer {
-    void *wq, *wk, *wv, *wo, *gate, *up, *down; /* F16 */
+    gpu_mat_t wq, wk, wv, wo, gate, up, down;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* F32; biases may be NULL */
 } gpu_layer_t;
 
@@ -47,10 +85,11 @@ struct sp_gpu_model {
     sp_cuda_ctx_t *ctx;
     const sp_model_t *m;
     int ordinal;
+    int mode;        /* W_* */
     int64_t n_gpu;   /* layers on the device */
     bool full;       /* every layer: the output runs on the device too */
     gpu_layer_t *L;  /* (n_gpu) */
-    void *output;    /* F16 (n_vocab, n_embd), full only */
+    gpu_mat_t output; /* (n_vocab, n_embd), full only */
     float *output_norm;
     float *inv_freq; /* (n_rot / 2) */
     bool logged;     /* the first error has been logged */
@@ -58,9 +97,12 @@ struct sp_gpu_model {
 
 struct sp_gpu_kv {
     sp_gpu_model_t *g;
-    sp_cuda_kv_t desc;
+    sp_cuda_kv_t desc; /* n_blocks counts the pad block */
+    int32_t pad_block; /* the block past the scheduler's: graph pad rows write here */
     size_t block_bytes;
 };
+
+#define MAX_BUCKETS 40
 
 struct sp_gpu_batch {
     sp_gpu_model_t *g;
@@ -68,9 +110,20 @@ struct sp_gpu_batch {
     /* device */
     float *x, *q, *k, *v, *gate, *up, *proj, *cs, *logits;
     void *xn, *att, *ff; /* F16 */
-    int32_t *ints;       /* pos (R) | bt (R) | rows (R) | btab (max_bt) */
+    int32_t *ints;       /* pos (R) | bt (R) | rows (R) | btab (max_bt + 1) */
+    float *zeros;        /* (max_seqs, n_embd) zeros: the x of graph pad rows */
+    void *wscratch;      /* F16 of the largest native-only matrix (native mode), or NULL */
     /* host staging of ints */
     int32_t *h_ints;
+    const char *fail_op; /* the op that failed in step_layers / step_output */
+    /* decode graphs, one per bucket of rows */
+    bool graphs;
+    int n_buckets;
+    int64_t bucket[MAX_BUCKETS];
+    bool warm[MAX_BUCKETS]; /* ran eagerly once at this size */
+    sp_cuda_graph_t *graph[MAX_BUCKETS];
+    sp_cuda_kv_t graph_kv;  /* the pool the graphs were captured with */
+    bool graph_kv_set;
 };
 
 /* ------------------------------------------------------------- errors */
@@ -96,12 +149,60 @@ dev_fail(sp_gpu_model_t *g, int st, const char *what)
         if (st_ != SP_OK) return dev_fail((g), st_, (what));                                    \
     } while (0)
 
+/* ------------------------------------------------------------- modes */
+
+/* SAMPAN_CUDA_WEIGHTS: W_F16 when unset or empty, -1 for an unknown value. */
+static int
+weights_mode(void)
+{
+    const char *v = getenv("SAMPAN_CUDA_WEIGHTS");
+    if (v == NULL || v[0] == '\0' || strcmp(v, "f16") == 0) {
+        return W_F16;
+    }
+    if (strcmp(v, "native") == 0) {
+        return W_NATIVE;
+    }
+    return strcmp(v, "both") == 0 ? W_BOTH : -1;
+}
+
+static const char *const mode_names[] = {"f16", "native", "both"};
+
+/* SAMPAN_CUDA_GRAPHS: 1 (unset, empty, 1, on, true), 0 (0, off, false), -1 otherwise. */
+static int
+graphs_env(void)
+{
+    const char *v = getenv("SAMPAN_CUDA_GRAPHS");
+    if (v == NULL || v[0] == '\0' || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "true")) {
+        return 1;
+    }
+    return !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false") ? 0 : -1;
+}
+
+static bool
+kept_quantised(const sp_weight_t *w, int mode)
+{
+    return mode != W_F16 && (w->type == SP_TYPE_Q8_0 || w->type == SP_TYPE_Q4_0) &&
+           w->n_in % SP_CU_QK == 0;
+}
+
 /* ------------------------------------------------------------- sizing */
+
+static uint64_t
+mat_bytes_mode(const sp_weight_t *w, int mode)
+{
+    const uint64_t f16 = (uint64_t)w->n_in * (uint64_t)w->n_out * F16;
+    if (!kept_quantised(w, mode)) {
+        return f16;
+    }
+    const uint64_t q = (uint64_t)sp_cu_qsplit_bytes((int)w->type, w->n_in * w->n_out);
+    return mode == W_NATIVE ? q : q + f16;
+}
 
 static uint64_t
 mat_bytes(const sp_weight_t *w)
 {
-    return (uint64_t)w->n_in * (uint64_t)w->n_out * F16;
+    const int mode = weights_mode();
+    return mat_bytes_mode(w, mode < 0 ? W_F16 : mode);
 }
 
 static uint64_t
@@ -139,16 +240,45 @@ uint64_t
 sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16)
 {
     const sp_hparams_t *hp = &m->hp;
+    /* + 1: the pad block of graph pad rows */
     return (uint64_t)n_gpu * (uint64_t)hp->n_head_kv * 2 * SP_KV_BLOCK * (uint64_t)hp->head_dim *
-           (f16 ? 2u : 4u) * (uint64_t)n_blocks;
+           (f16 ? 2u : 4u) * (uint64_t)(n_blocks + 1);
 }
 
 /* The device buffers of a batch, in one list for create and for the estimate. */
 enum { GB_X, GB_Q, GB_K, GB_V, GB_GATE, GB_UP, GB_PROJ, GB_CS, GB_LOGITS, GB_XN, GB_ATT, GB_FF,
-       GB_INTS, GB_COUNT };
+       GB_INTS, GB_ZEROS, GB_WSCRATCH, GB_COUNT };
+
+/* F16 bytes of the largest matrix native mode keeps only quantised (every
+ * layer and the output: an upper bound for a partial offload). */
+static uint64_t
+native_scratch_bytes(const sp_model_t *m, int mode)
+{
+    if (mode != W_NATIVE) {
+        return 0;
+    }
+    uint64_t mx = 0;
+    for (int64_t il = 0; il < m->hp.n_layer; il++) {
+        const sp_layer_t *L = &m->layers[il];
+        const sp_weight_t *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                   &L->w_down};
+        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) {
+            if (kept_quantised(ws[k], mode)) {
+                const uint64_t b = (uint64_t)ws[k]->n_in * (uint64_t)ws[k]->n_out * F16;
+                mx = b > mx ? b : mx;
+            }
+        }
+    }
+    if (kept_quantised(&m->output, mode)) {
+        const uint64_t b = (uint64_t)m->output.n_in * (uint64_t)m->output.n_out * F16;
+        mx = b > mx ? b : mx;
+    }
+    return mx;
+}
 
 static void
-batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, uint64_t *B, int64_t *max_bt)
+batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, int mode, uint64_t *B,
+            int64_t *max_bt)
 {
     const sp_hparams_t *hp = &m->hp;
     const uint64_t R = (uint64_t)p->max_tokens, S = (uint64_t)p->max_seqs;
@@ -168,7 +298,9 @@ batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, uint64_t *B, int64_
     B[GB_XN] = R * E * F16;
     B[GB_ATT] = R * qd * F16;
     B[GB_FF] = R * F * F16;
-    B[GB_INTS] = (3 * R + (uint64_t)*max_bt) * sizeof(int32_t);
+    B[GB_INTS] = (3 * R + (uint64_t)*max_bt + 1) * sizeof(int32_t);
+    B[GB_ZEROS] = S * E * 4;
+    B[GB_WSCRATCH] = native_scratch_bytes(m, mode);
 }
 
 uint64_t
@@ -176,7 +308,8 @@ sp_gpu_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p)
 {
     uint64_t B[GB_COUNT], total = 0;
     int64_t max_bt;
-    batch_sizes(m, p, B, &max_bt);
+    const int mode = weights_mode();
+    batch_sizes(m, p, mode < 0 ? W_F16 : mode, B, &max_bt);
     for (int i = 0; i < GB_COUNT; i++) {
         total += B[i];
     }
@@ -219,9 +352,47 @@ device_dequant(sp_type_t t)
            t == SP_TYPE_Q4_0;
 }
 
+/* A Q8_0/Q4_0 matrix to a new device buffer in the split layout (quants,
+ * then scales; cuda_api.h), repacked on the host STAGE_BYTES at a time. */
+static sp_status_t
+upload_split(uploader_t *u, const sp_weight_t *w, gpu_mat_t *d)
+{
+    sp_gpu_model_t *g = u->g;
+    const sp_cuda_api_t *api = g->api;
+    const int type = (int)w->type;
+    const int64_t n = w->n_out * w->n_in, nb = w->n_in / SP_CU_QK;
+    TRY(g, "alloc weights", api->alloc(g->ctx, (size_t)sp_cu_qsplit_bytes(type, n), &d->q));
+    const size_t row_q = (size_t)sp_cu_qsplit_qs_bytes(type, w->n_in), row_s = (size_t)nb * 2;
+    const int64_t rows = (int64_t)(STAGE_BYTES / (row_q + row_s));
+    if (rows < 1) {
+        return sp_errf(NULL, 0, SP_ERR_UNSUPPORTED, "row too long");
+    }
+    uint8_t *hq = (uint8_t *)u->h_f32;
+    const size_t qk_bytes = (size_t)SP_CU_QK / (type == SP_CU_Q4_0 ? 2 : 1);
+    const size_t blk = type == SP_CU_Q4_0 ? sizeof(sp_cu_block_q4_0) : sizeof(sp_cu_block_q8_0);
+    char *dq = d->q;
+    char *ds = dq + sp_cu_qsplit_scales_off(type, n);
+    for (int64_t r0 = 0; r0 < w->n_out; r0 += rows) {
+        const int64_t k = r0 + rows <= w->n_out ? rows : w->n_out - r0;
+        uint8_t *hs = hq + (size_t)k * row_q;
+        for (int64_t r = 0; r < k; r++) {
+            const char *src = (const char *)w->data + (size_t)(r0 + r) * w->row_bytes;
+            for (int64_t b = 0; b < nb; b++) {
+                /* Both block types are a 2-byte F16 scale, then the quants. */
+                const char *bp = src + (size_t)b * blk;
+                memcpy(hs + ((size_t)r * (size_t)nb + (size_t)b) * 2, bp, 2);
+                memcpy(hq + (size_t)r * row_q + (size_t)b * qk_bytes, bp + 2, qk_bytes);
+            }
+        }
+        TRY(g, "upload weights", api->h2d(g->ctx, dq + (size_t)r0 * row_q, hq, (size_t)k * row_q));
+        TRY(g, "upload scales", api->h2d(g->ctx, ds + (size_t)r0 * row_s, hs, (size_t)k * row_s));
+    }
+    return SP_OK;
+}
+
 /* A weight matrix to a new F16 device buffer, STAGE_BYTES at a time. */
 static sp_status_t
-upload_matrix(uploader_t *u, const sp_weight_t *w, void **out)
+upload_f16(uploader_t *u, const sp_weight_t *w, void **out)
 {
     sp_gpu_model_t *g = u->g;
     const sp_cuda_api_t *api = g->api;
@@ -253,6 +424,28 @@ upload_matrix(uploader_t *u, const sp_weight_t *w, void **out)
             api->to_f16(g->ctx, type, u->stage, (char *)*out + (size_t)r0 * w->n_in * F16,
                         n * w->n_in));
     }
+    return SP_OK;
+}
+
+/* A weight matrix as the model's mode holds it. */
+static sp_status_t
+upload_matrix(uploader_t *u, const sp_weight_t *w, gpu_mat_t *d)
+{
+    sp_gpu_model_t *g = u->g;
+    d->n_out = w->n_out;
+    d->n_in = w->n_in;
+    if (!kept_quantised(w, g->mode)) {
+        return upload_f16(u, w, &d->f16);
+    }
+    d->qtype = (int)w->type;
+    sp_status_t st = upload_split(u, w, d);
+    if (st != SP_OK || g->mode != W_BOTH) {
+        return st;
+    }
+    /* The F16 copy, from the quantised one already on the device. */
+    const int64_t n = w->n_out * w->n_in;
+    TRY(g, "alloc weights", g->api->alloc(g->ctx, (size_t)n * F16, &d->f16));
+    TRY(g, "dequantise weights", g->api->qsplit_to_f16(g->ctx, d->qtype, d->q, d->f16, n));
     return SP_OK;
 }
 
@@ -295,6 +488,17 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (m->gpu != NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model already has a GPU binding");
     }
+    const int mode = weights_mode();
+    if (mode < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "SAMPAN_CUDA_WEIGHTS: '%s' is not f16, native or both",
+                       getenv("SAMPAN_CUDA_WEIGHTS"));
+    }
+    /* Batches read it, but a context's batch reports no reason: say it here. */
+    if (graphs_env() < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "SAMPAN_CUDA_GRAPHS: '%s' is not 0 or 1",
+                       getenv("SAMPAN_CUDA_GRAPHS"));
+    }
     if (n_gpu < 0 || n_gpu > hp->n_layer) {
         n_gpu = hp->n_layer;
     }
@@ -312,6 +516,7 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     }
     g->api = api;
     g->m = m;
+    g->mode = mode;
     g->ordinal = ordinal;
     g->n_gpu = n_gpu;
     g->full = n_gpu == hp->n_layer;
@@ -379,8 +584,8 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     api->free(g->ctx, u.stage);
     sp_free(u.h_f32);
     m->gpu = g;
-    SP_LOG_INFO("event=gpu_model_ready device=cuda:%d layers=%lld/%lld device_mib=%.1f",
-                ordinal, (long long)n_gpu, (long long)hp->n_layer,
+    SP_LOG_INFO("event=gpu_model_ready device=cuda:%d layers=%lld/%lld weights=%s device_mib=%.1f",
+                ordinal, (long long)n_gpu, (long long)hp->n_layer, mode_names[mode],
                 (double)api->bytes_in_use(g->ctx) / 1048576.0);
     return SP_OK;
 fail:
@@ -414,6 +619,45 @@ sp_gpu_model_device_bytes(const sp_model_t *m)
     return m->gpu ? m->gpu->api->bytes_in_use(m->gpu->ctx) : 0;
 }
 
+const char *
+sp_gpu_model_weights(const sp_model_t *m)
+{
+    return m->gpu ? mode_names[m->gpu->mode] : "";
+}
+
+/* Weight bytes a product of R rows reads from d (what the bandwidth bound counts). */
+static uint64_t
+mat_step_bytes(const gpu_mat_t *d, int64_t R)
+{
+    const uint64_t f16 = (uint64_t)d->n_out * (uint64_t)d->n_in * F16;
+    const uint64_t q = d->q ? (uint64_t)sp_cu_qsplit_bytes(d->qtype, d->n_out * d->n_in) : 0;
+    if (d->q && R <= SP_CUDA_GEMV_MAX_ROWS) {
+        return q;
+    }
+    return d->f16 ? f16 : q + f16; /* native: the dequantisation reads q, cuBLAS the scratch */
+}
+
+uint64_t
+sp_gpu_model_step_bytes(const sp_model_t *m, int64_t n_rows)
+{
+    const sp_gpu_model_t *g = m->gpu;
+    if (g == NULL) {
+        return 0;
+    }
+    uint64_t b = 0;
+    for (int64_t il = 0; il < g->n_gpu; il++) {
+        const gpu_layer_t *L = &g->L[il];
+        const gpu_mat_t *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+            b += mat_step_bytes(ms[k], n_rows);
+        }
+    }
+    if (g->full) {
+        b += mat_step_bytes(&g->output, n_rows);
+    }
+    return b;
+}
+
 /* ------------------------------------------------------------- KV pool */
 
 sp_status_t
@@ -436,7 +680,11 @@ sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, bool f16, sp_gpu_kv_t **o
     d->tile_elems = SP_KV_BLOCK * hp->head_dim;
     d->block_elems = g->n_gpu * hp->n_head_kv * 2 * d->tile_elems;
     kv->block_bytes = (size_t)d->block_elems * (f16 ? 2 : 4);
-    const size_t bytes = kv->block_bytes * (size_t)n_blocks;
+    /* One block more than the scheduler's ids: the pad rows of a graph step
+     * write their (unused) keys and values there and attend to them alone. */
+    kv->pad_block = (int32_t)n_blocks;
+    d->n_blocks = n_blocks + 1;
+    const size_t bytes = kv->block_bytes * (size_t)d->n_blocks;
     int st = g->api->alloc(g->ctx, bytes, &d->d_data);
     if (st != SP_OK) {
         sp_free(kv);
@@ -472,16 +720,27 @@ sp__gpu_kv_copy_block(sp_gpu_kv_t *kv, int32_t dst, int32_t src)
 
 /* ------------------------------------------------------------- batch */
 
+static void
+drop_graphs(sp_gpu_batch_t *b)
+{
+    for (int k = 0; k < b->n_buckets; k++) {
+        b->g->api->graph_destroy(b->g->ctx, b->graph[k]);
+        b->graph[k] = NULL;
+    }
+    b->graph_kv_set = false;
+}
+
 void
 sp__gpu_batch_destroy(sp_gpu_batch_t *b)
 {
     if (b == NULL) {
         return;
     }
+    drop_graphs(b); /* before the buffers they reference */
     const sp_cuda_api_t *api = b->g->api;
     sp_cuda_ctx_t *c = b->g->ctx;
     void *bufs[] = {b->x, b->q, b->k, b->v, b->gate, b->up, b->proj, b->cs, b->logits,
-                    b->xn, b->att, b->ff, b->ints};
+                    b->xn, b->att, b->ff, b->ints, b->zeros, b->wscratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         api->free(c, bufs[i]);
     }
@@ -494,6 +753,11 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
                      char *err, size_t err_len)
 {
     *out = NULL;
+    const int graphs = graphs_env();
+    if (graphs < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "SAMPAN_CUDA_GRAPHS: '%s' is not 0 or 1",
+                       getenv("SAMPAN_CUDA_GRAPHS"));
+    }
     sp_gpu_batch_t *b = sp_calloc(1, sizeof *b);
     if (b == NULL) {
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
@@ -501,20 +765,33 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     b->g = g;
     b->max_tokens = p->max_tokens;
     b->max_seqs = p->max_seqs;
+    b->graphs = graphs == 1;
+    /* Buckets: powers of two below max_seqs, then max_seqs itself. */
+    for (int64_t r = 1; b->n_buckets < MAX_BUCKETS - 1 && r < p->max_seqs; r *= 2) {
+        b->bucket[b->n_buckets++] = r;
+    }
+    b->bucket[b->n_buckets++] = p->max_seqs;
     uint64_t B[GB_COUNT];
-    batch_sizes(g->m, p, B, &b->max_bt);
+    batch_sizes(g->m, p, g->mode, B, &b->max_bt);
     void **dst[GB_COUNT] = {
         (void **)&b->x,    (void **)&b->q,      (void **)&b->k,  (void **)&b->v,
         (void **)&b->gate, (void **)&b->up,     (void **)&b->proj, (void **)&b->cs,
         (void **)&b->logits, &b->xn,            &b->att,         &b->ff,
-        (void **)&b->ints,
+        (void **)&b->ints, (void **)&b->zeros,  &b->wscratch,
     };
     int st = SP_OK;
     for (int i = 0; i < GB_COUNT && st == SP_OK; i++) {
-        st = g->api->alloc(g->ctx, (size_t)B[i], dst[i]);
+        if (B[i] > 0) {
+            st = g->api->alloc(g->ctx, (size_t)B[i], dst[i]);
+        }
     }
     b->h_ints = sp_malloc((size_t)B[GB_INTS]);
-    if (st != SP_OK || b->h_ints == NULL) {
+    float *hz = sp_calloc(1, (size_t)B[GB_ZEROS]);
+    if (st == SP_OK && b->h_ints != NULL && hz != NULL) {
+        st = g->api->h2d(g->ctx, b->zeros, hz, (size_t)B[GB_ZEROS]);
+    }
+    sp_free(hz);
+    if (st != SP_OK || b->h_ints == NULL || hz == NULL) {
         if (st != SP_OK) {
             dev_fail(g, st, "alloc batch");
         }
@@ -528,22 +805,230 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     return SP_OK;
 }
 
-/* Logits of n rows of x (d_rows into x) into host out, through the output
- * norm and matrix, at most max_seqs rows per pass. */
+/* Inside the ops of a step: on failure remember which op, return its status
+ * as it is (the caller decides: a device error, or a capture to give up). */
+#define OP(b, what, call)                                                                       \
+    do {                                                                                        \
+        int st_ = (call);                                                                       \
+        if (st_ != SP_OK) {                                                                     \
+            (b)->fail_op = (what);                                                              \
+            return (sp_status_t)st_;                                                            \
+        }                                                                                       \
+    } while (0)
+
+/* y (R, n_out) = x (R, n_in) F16 times w: gemv_q for few rows of a
+ * quantised matrix, else cuBLAS on its F16 copy or, in native mode, on the
+ * batch's scratch after dequantising into it. */
+static int
+mat_mul(sp_gpu_batch_t *b, const gpu_mat_t *w, const void *x, int64_t R, float *y,
+        const float *bias)
+{
+    const sp_cuda_api_t *api = b->g->api;
+    sp_cuda_ctx_t *c = b->g->ctx;
+    if (w->q != NULL && R <= SP_CUDA_GEMV_MAX_ROWS) {
+        return api->gemv_q(c, w->qtype, w->q, w->n_out, w->n_in, x, R, y, bias);
+    }
+    const void *wf = w->f16;
+    if (wf == NULL) {
+        int st = api->qsplit_to_f16(c, w->qtype, w->q, b->wscratch, w->n_out * w->n_in);
+        if (st != SP_OK) {
+            return st;
+        }
+        wf = b->wscratch;
+    }
+    return api->gemm(c, wf, w->n_out, w->n_in, x, R, y, bias);
+}
+
+/* The GPU layers for R rows whose x, positions and tables are on the device:
+ * enqueued ops only (no copy from or to the host), so a graph can capture it. */
+static sp_status_t
+step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw)
+{
+    sp_gpu_model_t *g = b->g;
+    const sp_cuda_api_t *api = g->api;
+    sp_cuda_ctx_t *c = g->ctx;
+    const sp_hparams_t *hp = &g->m->hp;
+    const int64_t R = rw->n_rows, E = hp->n_embd, hd = hp->head_dim;
+    OP(b, "rope_cs", api->rope_cs(c, rw->d_pos, R, g->inv_freq, hp->n_rot, b->cs));
+    OP(b, "attn norm", api->add_rmsnorm(c, b->x, NULL, g->L[0].attn_norm, NULL, R, E,
+                                        hp->norm_eps, b->xn, 1));
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int neox = hp->rope_type == SP_ROPE_NEOX;
+    for (int64_t il = 0; il < g->n_gpu; il++) {
+        const gpu_layer_t *L = &g->L[il];
+        OP(b, "gemm q", mat_mul(b, &L->wq, b->xn, R, b->q, L->bq));
+        OP(b, "gemm k", mat_mul(b, &L->wk, b->xn, R, b->k, L->bk));
+        OP(b, "gemm v", mat_mul(b, &L->wv, b->xn, R, b->v, L->bv));
+        OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, b->cs, neox));
+        OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, b->cs, neox));
+        OP(b, "kv write", api->kv_write(c, &kv->desc, il, b->k, b->v, rw));
+        OP(b, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, scale, rw, b->att));
+        OP(b, "gemm o", mat_mul(b, &L->wo, b->att, R, b->proj, NULL));
+        OP(b, "ffn norm", api->add_rmsnorm(c, b->x, b->proj, L->ffn_norm, NULL, R, E,
+                                           hp->norm_eps, b->xn, 1));
+        OP(b, "gemm gate", mat_mul(b, &L->gate, b->xn, R, b->gate, NULL));
+        OP(b, "gemm up", mat_mul(b, &L->up, b->xn, R, b->up, NULL));
+        OP(b, "swiglu", api->swiglu(c, b->gate, b->up, R * hp->n_ff, b->ff));
+        OP(b, "gemm down", mat_mul(b, &L->down, b->ff, R, b->proj, NULL));
+        const float *next = il + 1 < g->n_gpu ? g->L[il + 1].attn_norm : NULL;
+        OP(b, "residual", api->add_rmsnorm(c, b->x, b->proj, next, NULL, R, E, hp->norm_eps,
+                                           b->xn, 1));
+    }
+    return SP_OK;
+}
+
+/* Logits of k <= max_seqs rows of x (gathered by d_rows) into b->logits. */
+static sp_status_t
+step_output(sp_gpu_batch_t *b, const int32_t *d_rows, int64_t k)
+{
+    sp_gpu_model_t *g = b->g;
+    const sp_hparams_t *hp = &g->m->hp;
+    OP(b, "output norm", g->api->add_rmsnorm(g->ctx, b->x, NULL, g->output_norm, d_rows, k,
+                                             hp->n_embd, hp->norm_eps, b->xn, 1));
+    OP(b, "output gemm", mat_mul(b, &g->output, b->xn, k, b->logits, NULL));
+    return SP_OK;
+}
+
+/* Logits of n rows of x (d_rows into x) into host out, at most max_seqs rows
+ * per pass. */
 static sp_status_t
 output_rows(sp_gpu_batch_t *b, const int32_t *d_rows, int64_t n, float *out)
 {
     sp_gpu_model_t *g = b->g;
-    const sp_cuda_api_t *api = g->api;
     const sp_hparams_t *hp = &g->m->hp;
     for (int64_t r0 = 0; r0 < n; r0 += b->max_seqs) {
         const int64_t k = r0 + b->max_seqs <= n ? b->max_seqs : n - r0;
-        TRY(g, "output norm", api->add_rmsnorm(g->ctx, b->x, NULL, g->output_norm, d_rows + r0,
-                                               k, hp->n_embd, hp->norm_eps, b->xn, 1));
-        TRY(g, "output gemm", api->gemm(g->ctx, g->output, hp->n_vocab, hp->n_embd, b->xn, k,
-                                        b->logits, NULL));
-        TRY(g, "logits download", api->d2h(g->ctx, out + r0 * hp->n_vocab, b->logits,
-                                           (size_t)k * (size_t)hp->n_vocab * sizeof(float)));
+        sp_status_t st = step_output(b, d_rows + r0, k);
+        if (st != SP_OK) {
+            return dev_fail(g, st, b->fail_op);
+        }
+        TRY(g, "logits download", g->api->d2h(g->ctx, out + r0 * hp->n_vocab, b->logits,
+                                              (size_t)k * (size_t)hp->n_vocab * sizeof(float)));
+    }
+    return SP_OK;
+}
+
+/* The ops a decode graph holds: the layers and, with full offload, the
+ * logits of every (padded) row gathered through d_rows. */
+static sp_status_t
+graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const int32_t *d_rows)
+{
+    sp_status_t st = step_layers(b, kv, rw);
+    if (st == SP_OK && b->g->full) {
+        st = step_output(b, d_rows, rw->n_rows);
+    }
+    return st;
+}
+
+/* Capture graph_ops into *out. The capture is always ended, also when an op
+ * failed in it. */
+static sp_status_t
+capture(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const int32_t *d_rows,
+        sp_cuda_graph_t **out)
+{
+    const sp_cuda_api_t *api = b->g->api;
+    *out = NULL;
+    int st = api->graph_begin(b->g->ctx);
+    if (st != SP_OK) {
+        b->fail_op = "graph begin";
+        return (sp_status_t)st;
+    }
+    st = graph_ops(b, kv, rw, d_rows);
+    sp_cuda_graph_t *gr = NULL;
+    const int st_end = api->graph_end(b->g->ctx, &gr);
+    if (st == SP_OK && st_end != SP_OK) {
+        st = st_end;
+        b->fail_op = "graph end";
+    }
+    if (st != SP_OK) {
+        api->graph_destroy(b->g->ctx, gr);
+        return (sp_status_t)st;
+    }
+    *out = gr;
+    return SP_OK;
+}
+
+/* A decode step (R rows = R sequences) through the graph of its bucket; the
+ * integers are staged in b->h_ints by the caller with n_bt table entries and
+ * n_out output rows. */
+static sp_status_t
+run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_bt,
+          int64_t n_out)
+{
+    sp_gpu_model_t *g = b->g;
+    const sp_cuda_api_t *api = g->api;
+    sp_cuda_ctx_t *c = g->ctx;
+    const int64_t R = s->n_rows, E = g->m->hp.n_embd, V = g->m->hp.n_vocab;
+    int kb = 0;
+    while (b->bucket[kb] < R) {
+        kb++; /* the last bucket is max_seqs >= R */
+    }
+    const int64_t Rb = b->bucket[kb];
+    /* Pad rows: position 0 through a one-entry table holding the pad block. */
+    int32_t *pos = b->h_ints, *bt = pos + b->max_tokens, *rows = bt + b->max_tokens;
+    int32_t *btab = rows + b->max_tokens;
+    btab[n_bt] = kv->pad_block;
+    for (int64_t t = R; t < Rb; t++) {
+        pos[t] = 0;
+        bt[t] = (int32_t)n_bt;
+    }
+    for (int64_t t = n_out; t < Rb; t++) {
+        rows[t] = 0; /* computed, never downloaded */
+    }
+    TRY(g, "upload rows", api->h2d(c, b->ints, b->h_ints,
+                                   (size_t)(3 * b->max_tokens + n_bt + 1) * sizeof(int32_t)));
+    TRY(g, "upload x", api->h2d(c, b->x, s->x, (size_t)(R * E) * sizeof(float)));
+    if (Rb > R) {
+        TRY(g, "pad rows", api->d2d(c, b->x + R * E, b->zeros,
+                                    (size_t)((Rb - R) * E) * sizeof(float)));
+    }
+    const int32_t *d_pos = b->ints, *d_bt = b->ints + b->max_tokens;
+    const int32_t *d_rows = d_bt + b->max_tokens, *d_btab = d_rows + b->max_tokens;
+    const sp_cuda_rows_t rw = {Rb, d_pos, d_bt, d_btab};
+
+    /* The graphs hold the pool's address and layout: another pool, new graphs. */
+    const sp_cuda_kv_t *d = &kv->desc;
+    const sp_cuda_kv_t *o = &b->graph_kv;
+    if (b->graph_kv_set && (o->d_data != d->d_data || o->f16 != d->f16 ||
+                            o->n_blocks != d->n_blocks || o->n_layer != d->n_layer ||
+                            o->block_elems != d->block_elems || o->tile_elems != d->tile_elems)) {
+        drop_graphs(b);
+    }
+    if (!b->graph_kv_set) {
+        b->graph_kv = *d;
+        b->graph_kv_set = true;
+    }
+    if (b->graph[kb] == NULL && b->warm[kb]) {
+        sp_status_t st = capture(b, kv, &rw, d_rows, &b->graph[kb]);
+        if (st == SP_ERR_DEVICE || !api->healthy(c)) {
+            return dev_fail(g, st, b->fail_op);
+        }
+        if (st != SP_OK) {
+            SP_LOG_WARN("event=gpu_graph_fallback device=cuda:%d rows=%lld op=%s status=%s "
+                        "error=%s", g->ordinal, (long long)Rb, b->fail_op, sp_status_name(st),
+                        sp_log_str(api->last_error(c)));
+            b->graphs = false; /* eager from now on, for this batch */
+        } else {
+            SP_LOG_INFO("event=gpu_graph_captured device=cuda:%d rows=%lld", g->ordinal,
+                        (long long)Rb);
+        }
+    }
+    if (b->graph[kb] != NULL) {
+        TRY(g, "graph launch", api->graph_launch(c, b->graph[kb]));
+    } else {
+        /* First step at this size (or no graphs after a failed capture): the
+         * same padded ops, eagerly. */
+        sp_status_t st = graph_ops(b, kv, &rw, d_rows);
+        if (st != SP_OK) {
+            return dev_fail(g, st, b->fail_op);
+        }
+        b->warm[kb] = true;
+    }
+    if (!g->full) {
+        TRY(g, "x download", api->d2h(c, s->x_out, b->x, (size_t)(R * E) * sizeof(float)));
+    } else if (n_out > 0) {
+        TRY(g, "logits download", api->d2h(c, s->logits, b->logits,
+                                           (size_t)n_out * (size_t)V * sizeof(float)));
     }
     return SP_OK;
 }
@@ -555,8 +1040,7 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     const sp_cuda_api_t *api = g->api;
     sp_cuda_ctx_t *c = g->ctx;
     const sp_hparams_t *hp = &g->m->hp;
-    const int64_t R = s->n_rows, E = hp->n_embd, hd = hp->head_dim;
-    const int64_t qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    const int64_t R = s->n_rows, E = hp->n_embd;
     if (kv == NULL || kv->g != g || R < 1 || R > b->max_tokens || s->n_seqs > b->max_seqs) {
         return SP_ERR_INVALID;
     }
@@ -587,6 +1071,11 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
             }
         }
     }
+    /* A decode step (one row per sequence) whose result is the sequences'
+     * logits, or the residual for the CPU layers: through a graph. */
+    if (b->graphs && R == s->n_seqs && (!g->full || s->out == SP_BATCH_OUT_SEQ)) {
+        return run_graph(b, kv, s, n_bt, n_out);
+    }
     if (s->out == SP_BATCH_OUT_ALL) {
         for (int64_t t = 0; t < R; t++) {
             rows[t] = (int32_t)t;
@@ -600,31 +1089,9 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     const int32_t *d_pos = b->ints, *d_bt = b->ints + b->max_tokens;
     const int32_t *d_rows = d_bt + b->max_tokens, *d_btab = d_rows + b->max_tokens;
     const sp_cuda_rows_t rw = {R, d_pos, d_bt, d_btab};
-
-    TRY(g, "rope_cs", api->rope_cs(c, d_pos, R, g->inv_freq, hp->n_rot, b->cs));
-    TRY(g, "attn norm", api->add_rmsnorm(c, b->x, NULL, g->L[0].attn_norm, NULL, R, E,
-                                         hp->norm_eps, b->xn, 1));
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int neox = hp->rope_type == SP_ROPE_NEOX;
-    for (int64_t il = 0; il < g->n_gpu; il++) {
-        const gpu_layer_t *L = &g->L[il];
-        TRY(g, "gemm q", api->gemm(c, L->wq, qd, E, b->xn, R, b->q, L->bq));
-        TRY(g, "gemm k", api->gemm(c, L->wk, kvd, E, b->xn, R, b->k, L->bk));
-        TRY(g, "gemm v", api->gemm(c, L->wv, kvd, E, b->xn, R, b->v, L->bv));
-        TRY(g, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, b->cs, neox));
-        TRY(g, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, b->cs, neox));
-        TRY(g, "kv write", api->kv_write(c, &kv->desc, il, b->k, b->v, &rw));
-        TRY(g, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, scale, &rw, b->att));
-        TRY(g, "gemm o", api->gemm(c, L->wo, E, qd, b->att, R, b->proj, NULL));
-        TRY(g, "ffn norm", api->add_rmsnorm(c, b->x, b->proj, L->ffn_norm, NULL, R, E,
-                                            hp->norm_eps, b->xn, 1));
-        TRY(g, "gemm gate", api->gemm(c, L->gate, hp->n_ff, E, b->xn, R, b->gate, NULL));
-        TRY(g, "gemm up", api->gemm(c, L->up, hp->n_ff, E, b->xn, R, b->up, NULL));
-        TRY(g, "swiglu", api->swiglu(c, b->gate, b->up, R * hp->n_ff, b->ff));
-        TRY(g, "gemm down", api->gemm(c, L->down, E, hp->n_ff, b->ff, R, b->proj, NULL));
-        const float *next = il + 1 < g->n_gpu ? g->L[il + 1].attn_norm : NULL;
-        TRY(g, "residual", api->add_rmsnorm(c, b->x, b->proj, next, NULL, R, E, hp->norm_eps,
-                                            b->xn, 1));
+    sp_status_t st = step_layers(b, kv, &rw);
+    if (st != SP_OK) {
+        return dev_fail(g, st, b->fail_op);
     }
     if (!g->full) {
         TRY(g, "x download", api->d2h(c, s->x_out, b->x, (size_t)(R * E) * sizeof(float)));
@@ -638,10 +1105,7 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
         return SP_OK;
     }
     if (n_out > 0) {
-        sp_status_t st = output_rows(b, d_rows, n_out, s->logits);
-        if (st != SP_OK) {
-            return st;
-        }
+        return output_rows(b, d_rows, n_out, s->logits);
     }
     return SP_OK;
 }

@@ -51,10 +51,12 @@ void sp_gpu_device_fail(int ordinal);
 
 /* ---- sizing, without a GPU ---- */
 
-/* Device bytes of the weights of layers [0, n_gpu) in F16 (plus, when n_gpu is
- * every layer, the output matrix and norm), the norms and biases in F32. */
+/* Device bytes of the weights of layers [0, n_gpu) as $SAMPAN_CUDA_WEIGHTS
+ * will hold them (F16; with native or both the Q8_0/Q4_0 matrices quantised,
+ * or both) plus, when n_gpu is every layer, the output matrix and norm; the
+ * norms and biases in F32. */
 uint64_t sp_gpu_weight_bytes(const sp_model_t *m, int64_t n_gpu);
-/* Device bytes of a KV pool of n_blocks for n_gpu layers. */
+/* Device bytes of a KV pool of n_blocks for n_gpu layers (and its pad block). */
 uint64_t sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16);
 /* Device bytes of a batch's buffers (p resolved, as sp_batch_resolve gives). */
 uint64_t sp_gpu_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p);
@@ -69,14 +71,22 @@ int64_t sp_gpu_fit_layers(const sp_model_t *m, uint64_t budget, uint64_t fixed,
 /* Upload layers [0, n_gpu) of m (n_gpu < 0: all) to device ordinal, through
  * api (NULL = sp_gpu_api()). F16/BF16/F32/Q8_0/Q4_0 weights are uploaded as
  * stored and dequantised to F16 on the device; other types are dequantised
- * on the CPU first. Before any context, pool or batch of m is created; m then
- * owns the binding (sp_model_free releases it). */
+ * on the CPU first. $SAMPAN_CUDA_WEIGHTS=native keeps Q8_0/Q4_0 matrices
+ * quantised instead, =both keeps both copies (gpu.c; SP_ERR_INVALID for
+ * another value). Before any context, pool or batch of m is created; m then
+ * owns the binding (sp_model_free releases it). Batches read
+ * $SAMPAN_CUDA_GRAPHS (0 turns decode graphs off) when created. */
 sp_status_t sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gpu,
                           char *err, size_t err_len);
 /* Layers on the GPU (0 without a binding), the device, and its bytes in use. */
 int64_t sp_gpu_model_layers(const sp_model_t *m);
 int sp_gpu_model_ordinal(const sp_model_t *m);
 uint64_t sp_gpu_model_device_bytes(const sp_model_t *m);
+/* How the weights are held: "f16", "native" or "both" ("" without a binding). */
+const char *sp_gpu_model_weights(const sp_model_t *m);
+/* Weight bytes one step of n_rows reads on the device (the quantised bytes
+ * where gemv_q runs, the F16 ones where cuBLAS does): the bandwidth bound. */
+uint64_t sp_gpu_model_step_bytes(const sp_model_t *m, int64_t n_rows);
 
 /* ---- engine internals (engine/batch.c, engine/model.c) ---- */
 

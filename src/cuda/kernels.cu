@@ -572,3 +572,175 @@ sp_cu_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int k, int
     topk_kernel<<<(unsigned)n_rows, 256, 0, s>>>(x, n, k, idx, val);
     return cudaGetLastError();
 }
+
+/* ------------------------------------------------- quantised weights */
+
+__global__ void
+qsplit_to_f16_kernel(int type, const void *src, uint16_t *dst, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        dst[i] = f2h(sp_cu_qsplit_elem(type, src, n, i));
+    }
+}
+
+cudaError_t
+sp_cu_qsplit_to_f16(cudaStream_t s, int type, const void *src, void *dst, int64_t n)
+{
+    qsplit_to_f16_kernel<<<blocks_for(n, 256), 256, 0, s>>>(type, src, (uint16_t *)dst, n);
+    return cudaGetLastError();
+}
+
+/*
+ * gemv_q: one warp per output row o, GEMV_WARPS rows per thread block, R
+ * activation rows (1..8, a template parameter so the accumulators stay in
+ * registers). The weights are read once, 16 bytes per lane per load, so a
+ * warp's load is 512 contiguous bytes: Q8_0 takes 16 quants per lane (half a
+ * block; the two lanes of a block read the same scale), Q4_0 a whole block
+ * (32 nibbles). The activations are F16 and read from L1/L2 (every warp of
+ * the grid reads the same R rows). The products q * x add up in F32 and are
+ * scaled once per 16 (Q8_0) or 32 (Q4_0) elements, then summed over the warp.
+ */
+#define GEMV_WARPS 4
+
+static __device__ __forceinline__ void
+load_x8(const uint16_t *__restrict__ x, float *f)
+{
+    const uint4 v = __ldg((const uint4 *)x);
+    const __half2 *h = (const __half2 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 p = __half22float2(h[k]);
+        f[2 * k] = p.x;
+        f[2 * k + 1] = p.y;
+    }
+}
+
+template <int R>
+__global__ void __launch_bounds__(GEMV_WARPS *WARP)
+gemv_q8_kernel(const int8_t *__restrict__ qs, const uint16_t *__restrict__ sc, int64_t n_out,
+               int64_t n_in, const uint16_t *__restrict__ x, float *__restrict__ y,
+               const float *__restrict__ bias)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t o = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (o >= n_out) {
+        return; /* the whole warp: no shuffle is left waiting */
+    }
+    const int8_t *row = qs + o * n_in;
+    const uint16_t *srow = sc + o * (n_in / SP_CU_QK);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        acc[r] = 0.0f;
+    }
+#pragma unroll 2
+    for (int64_t e = (int64_t)lane * 16; e < n_in; e += WARP * 16) {
+        const int4 qv = __ldg((const int4 *)(row + e));
+        const int8_t *q = (const int8_t *)&qv;
+        const float d = h2f(__ldg(srow + e / SP_CU_QK));
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float xf[16];
+            load_x8(x + r * n_in + e, xf);
+            load_x8(x + r * n_in + e + 8, xf + 8);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                s += (float)q[k] * xf[k];
+            }
+            acc[r] += d * s;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) {
+            y[r * n_out + o] = v + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+template <int R>
+__global__ void __launch_bounds__(GEMV_WARPS *WARP)
+gemv_q4_kernel(const uint8_t *__restrict__ qs, const uint16_t *__restrict__ sc, int64_t n_out,
+               int64_t n_in, const uint16_t *__restrict__ x, float *__restrict__ y,
+               const float *__restrict__ bias)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t o = (int64_t)blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    if (o >= n_out) {
+        return;
+    }
+    const int64_t nb = n_in / SP_CU_QK;
+    const uint8_t *row = qs + o * (n_in / 2);
+    const uint16_t *srow = sc + o * nb;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        acc[r] = 0.0f;
+    }
+#pragma unroll 2
+    for (int64_t b = lane; b < nb; b += WARP) {
+        const uint4 qv = __ldg((const uint4 *)(row + b * 16));
+        const uint8_t *q = (const uint8_t *)&qv;
+        const float d = h2f(__ldg(srow + b));
+        const int64_t e = b * SP_CU_QK;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float lo[16], hi[16];
+            load_x8(x + r * n_in + e, lo);
+            load_x8(x + r * n_in + e + 8, lo + 8);
+            load_x8(x + r * n_in + e + 16, hi);
+            load_x8(x + r * n_in + e + 24, hi + 8);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                s += (float)((int)(q[k] & 0x0f) - 8) * lo[k] + (float)((int)(q[k] >> 4) - 8) * hi[k];
+            }
+            acc[r] += d * s;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) {
+            y[r * n_out + o] = v + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+template <int R>
+static void
+gemv_launch(cudaStream_t s, int type, const void *w, int64_t n_out, int64_t n_in,
+            const uint16_t *x, float *y, const float *bias)
+{
+    const int64_t n = n_out * n_in;
+    const uint16_t *sc = (const uint16_t *)((const char *)w + sp_cu_qsplit_scales_off(type, n));
+    const unsigned grid = (unsigned)((n_out + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (type == SP_CU_Q8_0) {
+        gemv_q8_kernel<R><<<grid, GEMV_WARPS * WARP, 0, s>>>((const int8_t *)w, sc, n_out, n_in, x,
+                                                             y, bias);
+    } else {
+        gemv_q4_kernel<R><<<grid, GEMV_WARPS * WARP, 0, s>>>((const uint8_t *)w, sc, n_out, n_in,
+                                                             x, y, bias);
+    }
+}
+
+cudaError_t
+sp_cu_gemv_q(cudaStream_t s, int type, const void *w, int64_t n_out, int64_t n_in, const void *x,
+             int64_t n_rows, float *y, const float *bias)
+{
+    const uint16_t *xh = (const uint16_t *)x;
+    switch (n_rows) {
+    case 1: gemv_launch<1>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 2: gemv_launch<2>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 3: gemv_launch<3>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 4: gemv_launch<4>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 5: gemv_launch<5>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 6: gemv_launch<6>(s, type, w, n_out, n_in, xh, y, bias); break;
+    case 7: gemv_launch<7>(s, type, w, n_out, n_in, xh, y, bias); break;
+    default: gemv_launch<8>(s, type, w, n_out, n_in, xh, y, bias); break;
+    }
+    return cudaGetLastError();
+}

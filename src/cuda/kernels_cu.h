@@ -40,6 +40,9 @@ cudaError_t sp_cu_attn(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, co
                        int64_t n_head, float scale, const sp_cu_rows_args_t *r, void *out);
 cudaError_t sp_cu_swiglu(cudaStream_t s, const float *g, const float *u, int64_t n, void *out);
 cudaError_t sp_cu_softmax(cudaStream_t s, float *x, int64_t n_rows, int64_t n);
+cudaError_t sp_cu_qsplit_to_f16(cudaStream_t s, int type, const void *src, void *dst, int64_t n);
+cudaError_t sp_cu_gemv_q(cudaStream_t s, int type, const void *w, int64_t n_out, int64_t n_in,
+                         const void *x, int64_t n_rows, float *y, const float *bias);
 cudaError_t sp_cu_topk(cudaStream_t s, const float *x, int64_t n_rows, int64_t n, int k,
                        int32_t *idx, float *val);
 

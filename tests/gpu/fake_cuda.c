@@ -15,7 +15,22 @@
  * the n-th op from now fail as a CUDA error would (sticky); fake_cuda_set_mem
  * caps the bytes alloc may hand out; fake_cuda_set_devices sets the device
  * count (0: device_count fails as without a driver); fake_cuda_set_abi makes
- * sp_cuda_get_api claim another ABI version.
+ * sp_cuda_get_api claim another ABI version (fake_cuda_set_struct_size: a
+ * shorter table, as before members were appended); fake_cuda_fail_capture(1) makes
+ * the next graph_end fail as a capture that cannot be instantiated.
+ *
+ * Graphs, emulated so that a test catches what a real graph would get wrong:
+ * between graph_begin and graph_end an op is checked and RECORDED with its
+ * arguments, not run; graph_launch REPLAYS the list through the same entry
+ * points. So a forward pass that hands a captured op a per-step host value
+ * (a row count, a position, a host pointer) replays the stale value, as a
+ * CUDA graph would, and its results differ from the eager run. Stricter than
+ * CUDA on purpose: every pointer a captured op takes must lie inside a live
+ * allocation of the context (a host pointer in a graph is a bug even where
+ * CUDA would accept it), and alloc, h2d, d2h and sync are refused while
+ * capturing (they would break a real capture). fake_cuda_stats counts
+ * captures, launches and the quantised ops, for tests that must know a
+ * graph or gemv_q really ran.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -32,12 +47,36 @@
 
 typedef struct hdr hdr_t;
 
+/* One captured op: which, and its arguments by value (the structs too, as a
+ * kernel launch copies them). */
+enum { OP_D2D, OP_TO_F16, OP_EMBED, OP_ADD_RMSNORM, OP_GEMM, OP_ROPE_CS, OP_ROPE, OP_KV_WRITE,
+       OP_ATTN, OP_SWIGLU, OP_SOFTMAX, OP_TOPK, OP_QSPLIT_TO_F16, OP_GEMV_Q };
+
+typedef struct rec {
+    int op;
+    void *p[6];
+    int64_t i[6];
+    float f;
+    sp_cuda_kv_t kv;
+    sp_cuda_rows_t rows;
+} rec_t;
+
+struct sp_cuda_graph {
+    rec_t *recs;
+    size_t n;
+};
+
 struct sp_cuda_ctx {
     int ordinal;
     int broken;
     char err[256];
     uint64_t used;
     hdr_t *live; /* every live allocation, freed with the context as cudaFree would */
+    /* capture in progress */
+    int capturing;
+    int capture_bad; /* something in it cannot be captured: graph_end refuses */
+    rec_t *recs;
+    size_t n_recs, cap_recs;
 };
 
 static long fail_at = -1; /* ops until an injected failure; -1 = never */
@@ -45,16 +84,29 @@ static uint64_t mem_cap = UINT64_MAX;
 static uint64_t mem_used;
 static int n_devices = 1;
 static uint32_t abi = SP_CUDA_ABI_VERSION;
+static int fail_capture;
+static long n_captures, n_launches, n_gemv_q, n_qsplit;
 
 EXPORT void fake_cuda_fail_at(long n) { fail_at = n; }
 EXPORT void fake_cuda_set_mem(uint64_t bytes) { mem_cap = bytes; }
 EXPORT void fake_cuda_set_devices(int n) { n_devices = n; }
 EXPORT void fake_cuda_set_abi(uint32_t v) { abi = v; }
+EXPORT void fake_cuda_fail_capture(int on) { fail_capture = on; }
+/* Graphs instantiated, graphs launched, gemv_q and qsplit_to_f16 calls run
+ * (replayed ones included) since the library was loaded. */
+EXPORT void
+fake_cuda_stats(long *captures, long *launches, long *gemv_q, long *qsplit)
+{
+    *captures = n_captures;
+    *launches = n_launches;
+    *gemv_q = n_gemv_q;
+    *qsplit = n_qsplit;
+}
 
 static int
 fail(sp_cuda_ctx_t *c, int st, const char *fmt, ...)
 {
-    if (c->err[0] == '\0') {
+    if (!c->broken || c->err[0] == '\0') { /* the first CUDA error stays */
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -79,6 +131,9 @@ enter(sp_cuda_ctx_t *c, const char *op)
     }
     if (c->broken) {
         return SP_ERR_DEVICE;
+    }
+    if (c->capturing) {
+        return SP_OK; /* recorded, not run: no fault to inject yet */
     }
     if (!env_done) {
         env_done = 1;
@@ -105,6 +160,56 @@ enter(sp_cuda_ctx_t *c, const char *op)
         int st_ = enter((c), (op));                                                             \
         if (st_ != SP_OK) return st_;                                                           \
     } while (0)
+
+/* A call that a real capture cannot take (it synchronises or allocates). */
+static int
+no_capture(sp_cuda_ctx_t *c, const char *op)
+{
+    if (c == NULL || !c->capturing) {
+        return SP_OK;
+    }
+    c->capture_bad = 1;
+    return fail(c, SP_ERR_INVALID, "fake:%d %s: not while capturing a graph", c->ordinal, op);
+}
+
+#define NO_CAPTURE(c, op)                                                                       \
+    do {                                                                                        \
+        int st_ = no_capture((c), (op));                                                        \
+        if (st_ != SP_OK) return st_;                                                           \
+    } while (0)
+
+/* Whether [p, p + bytes) lies inside one live allocation of c. */
+static bool in_device(const sp_cuda_ctx_t *c, const void *p, size_t bytes);
+
+/* Record op r; every non-NULL pointer of the n in ptrs must be device memory
+ * of c (an optional argument may be NULL). */
+static int
+record(sp_cuda_ctx_t *c, const char *name, const rec_t *r, const void *const *ptrs, int n)
+{
+    for (int k = 0; k < n; k++) {
+        if (ptrs[k] != NULL && !in_device(c, ptrs[k], 1)) {
+            c->capture_bad = 1;
+            return fail(c, SP_ERR_INVALID, "fake:%d %s: a captured op got pointer %p outside "
+                        "device memory (a host value baked into a graph)", c->ordinal, name,
+                        ptrs[k]);
+        }
+    }
+    if (c->n_recs == c->cap_recs) {
+        size_t cap = c->cap_recs ? 2 * c->cap_recs : 256;
+        rec_t *nr = realloc(c->recs, cap * sizeof *nr);
+        if (nr == NULL) {
+            c->capture_bad = 1;
+            return fail(c, SP_ERR_NOMEM, "fake: host out of memory");
+        }
+        c->recs = nr;
+        c->cap_recs = cap;
+    }
+    c->recs[c->n_recs++] = *r;
+    return SP_OK;
+}
+
+#define PTRS(...) ((const void *const[]){__VA_ARGS__}), \
+    (int)(sizeof((const void *const[]){__VA_ARGS__}) / sizeof(void *))
 
 static int
 device_count(int *n, char *err, size_t err_len)
@@ -170,7 +275,21 @@ ctx_destroy(sp_cuda_ctx_t *c)
     while (c->live) {
         dev_free(c, c->live + 1);
     }
+    free(c->recs);
     free(c);
+}
+
+static bool
+in_device(const sp_cuda_ctx_t *c, const void *p, size_t bytes)
+{
+    const char *q = p;
+    for (const hdr_t *h = c->live; h != NULL; h = h->next) {
+        const char *base = (const char *)(h + 1);
+        if (q >= base && q + bytes <= base + (h->bytes ? h->bytes : 1)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 static const char *last_error(const sp_cuda_ctx_t *c) { return c ? c->err : ""; }
@@ -181,6 +300,7 @@ static int
 dev_alloc(sp_cuda_ctx_t *c, size_t bytes, void **out)
 {
     *out = NULL;
+    NO_CAPTURE(c, "alloc");
     ENTER(c, "alloc");
     if (mem_used + bytes > mem_cap) {
         return fail(c, SP_ERR_NOMEM, "fake:%d cudaMalloc(%zu bytes): out of memory", c->ordinal,
@@ -226,6 +346,7 @@ dev_free(sp_cuda_ctx_t *c, void *p)
 static int
 h2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 {
+    NO_CAPTURE(c, "h2d");
     ENTER(c, "h2d");
     memcpy(dst, src, n);
     return SP_OK;
@@ -234,6 +355,7 @@ h2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 static int
 d2h(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 {
+    NO_CAPTURE(c, "d2h");
     ENTER(c, "d2h");
     memcpy(dst, src, n);
     return SP_OK;
@@ -243,6 +365,10 @@ static int
 d2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 {
     ENTER(c, "d2d");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_D2D, .p = {dst, (void *)src}, .i = {(int64_t)n}};
+        return record(c, "d2d", &r, PTRS(dst, src));
+    }
     memmove(dst, src, n);
     return SP_OK;
 }
@@ -250,6 +376,7 @@ d2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 static int
 dev_sync(sp_cuda_ctx_t *c)
 {
+    NO_CAPTURE(c, "sync");
     ENTER(c, "sync");
     return SP_OK;
 }
@@ -258,6 +385,10 @@ static int
 to_f16(sp_cuda_ctx_t *c, int type, const void *src, void *dst, int64_t n)
 {
     ENTER(c, "to_f16");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_TO_F16, .p = {(void *)src, dst}, .i = {type, n}};
+        return record(c, "to_f16", &r, PTRS(src, dst));
+    }
     uint16_t *o = dst;
     for (int64_t i = 0; i < n; i++) {
         float v;
@@ -282,6 +413,10 @@ static int
 embed(sp_cuda_ctx_t *c, const void *table, int64_t E, const int32_t *tok, int64_t R, float *x)
 {
     ENTER(c, "embed");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_EMBED, .p = {(void *)table, (void *)tok, x}, .i = {E, R}};
+        return record(c, "embed", &r, PTRS(table, tok, x));
+    }
     for (int64_t t = 0; t < R; t++) {
         for (int64_t i = 0; i < E; i++) {
             x[t * E + i] = sp_cu_f16_to_f32(((const uint16_t *)table)[(int64_t)tok[t] * E + i]);
@@ -295,6 +430,11 @@ add_rmsnorm(sp_cuda_ctx_t *c, float *x, const float *add, const float *w, const 
             int64_t R, int64_t n, float eps, void *out, int out_f16)
 {
     ENTER(c, "add_rmsnorm");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_ADD_RMSNORM, .p = {x, (void *)add, (void *)w, (void *)rows, out},
+                         .i = {R, n, out_f16}, .f = eps};
+        return record(c, "add_rmsnorm", &r, PTRS(x, add, w, rows, out));
+    }
     for (int64_t i = 0; i < R; i++) {
         const int64_t src = rows ? rows[i] : i;
         float *xr = x + src * n;
@@ -326,6 +466,11 @@ gemm(sp_cuda_ctx_t *c, const void *w, int64_t n_out, int64_t n_in, const void *x
      float *y, const float *bias)
 {
     ENTER(c, "gemm");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_GEMM, .p = {(void *)w, (void *)x, y, (void *)bias},
+                         .i = {n_out, n_in, R}};
+        return record(c, "gemm", &r, PTRS(w, x, y, bias));
+    }
     const uint16_t *W = w, *X = x;
     float *xf = malloc((size_t)n_in * sizeof(float));
     if (xf == NULL) {
@@ -353,6 +498,11 @@ rope_cs(sp_cuda_ctx_t *c, const int32_t *pos, int64_t R, const float *inv_freq, 
         float *cs)
 {
     ENTER(c, "rope_cs");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_ROPE_CS, .p = {(void *)pos, (void *)inv_freq, cs},
+                         .i = {R, n_rot}};
+        return record(c, "rope_cs", &r, PTRS(pos, inv_freq, cs));
+    }
     for (int64_t t = 0; t < R; t++) {
         for (int64_t i = 0; i < n_rot / 2; i++) {
             const double th = (double)pos[t] * (double)inv_freq[i];
@@ -368,6 +518,10 @@ rope(sp_cuda_ctx_t *c, float *v, int64_t R, int64_t n_heads, int64_t hd, int64_t
      const float *cs, int neox)
 {
     ENTER(c, "rope");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_ROPE, .p = {v, (void *)cs}, .i = {R, n_heads, hd, n_rot, neox}};
+        return record(c, "rope", &r, PTRS(v, cs));
+    }
     for (int64_t t = 0; t < R; t++) {
         for (int64_t h = 0; h < n_heads; h++) {
             float *x = v + (t * n_heads + h) * hd;
@@ -406,6 +560,11 @@ kv_write(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *k, c
          const sp_cuda_rows_t *r)
 {
     ENTER(c, "kv_write");
+    if (c->capturing) {
+        const rec_t rc = {.op = OP_KV_WRITE, .p = {(void *)k, (void *)v}, .i = {il}, .kv = *kv,
+                          .rows = *r};
+        return record(c, "kv_write", &rc, PTRS(k, v, kv->d_data, r->d_pos, r->d_bt, r->d_btab));
+    }
     if (il < 0 || il >= kv->n_layer) {
         return fail(c, SP_ERR_INVALID, "kv_write: layer %lld", (long long)il);
     }
@@ -436,6 +595,11 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
      float scale, const sp_cuda_rows_t *r, void *out)
 {
     ENTER(c, "attn");
+    if (c->capturing) {
+        const rec_t rc = {.op = OP_ATTN, .p = {(void *)q, out}, .i = {il, n_head}, .f = scale,
+                          .kv = *kv, .rows = *r};
+        return record(c, "attn", &rc, PTRS(q, out, kv->d_data, r->d_pos, r->d_bt, r->d_btab));
+    }
     const int64_t hd = kv->head_dim, group = n_head / kv->n_head_kv;
     for (int64_t t = 0; t < r->n_rows; t++) {
         const int64_t n_kv = (int64_t)r->d_pos[t] + 1;
@@ -484,6 +648,10 @@ static int
 swiglu(sp_cuda_ctx_t *c, const float *g, const float *u, int64_t n, void *out)
 {
     ENTER(c, "swiglu");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_SWIGLU, .p = {(void *)g, (void *)u, out}, .i = {n}};
+        return record(c, "swiglu", &r, PTRS(g, u, out));
+    }
     for (int64_t i = 0; i < n; i++) {
         ((uint16_t *)out)[i] = sp_cu_f32_to_f16(sp_cu_silu_mul(g[i], u[i], expf(-g[i])));
     }
@@ -494,6 +662,10 @@ static int
 softmax(sp_cuda_ctx_t *c, float *x, int64_t R, int64_t n)
 {
     ENTER(c, "softmax");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_SOFTMAX, .p = {x}, .i = {R, n}};
+        return record(c, "softmax", &r, PTRS(x));
+    }
     for (int64_t t = 0; t < R; t++) {
         float *row = x + t * n, mx = -INFINITY;
         for (int64_t k = 0; k < n; k++) {
@@ -521,6 +693,10 @@ static int
 topk(sp_cuda_ctx_t *c, const float *x, int64_t R, int64_t n, int k, int32_t *idx, float *val)
 {
     ENTER(c, "topk");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_TOPK, .p = {(void *)x, idx, val}, .i = {R, n, k}};
+        return record(c, "topk", &r, PTRS(x, idx, val));
+    }
     if (k < 1 || k > SP_CU_MAX_TOPK) {
         return fail(c, SP_ERR_INVALID, "topk: k %d", k);
     }
@@ -549,18 +725,182 @@ topk(sp_cuda_ctx_t *c, const float *x, int64_t R, int64_t n, int k, int32_t *idx
     return SP_OK;
 }
 
+/* ---------------------------------------------------- quantised weights */
+
+static int
+qsplit_to_f16(sp_cuda_ctx_t *c, int type, const void *src, void *dst, int64_t n)
+{
+    ENTER(c, "qsplit_to_f16");
+    if ((type != SP_CU_Q8_0 && type != SP_CU_Q4_0) || n < 0 || n % SP_CU_QK != 0) {
+        return fail(c, SP_ERR_INVALID, "qsplit_to_f16: type %d or n %lld", type, (long long)n);
+    }
+    if (c->capturing) {
+        const rec_t r = {.op = OP_QSPLIT_TO_F16, .p = {(void *)src, dst}, .i = {type, n}};
+        return record(c, "qsplit_to_f16", &r, PTRS(src, dst));
+    }
+    n_qsplit++;
+    for (int64_t i = 0; i < n; i++) {
+        ((uint16_t *)dst)[i] = sp_cu_f32_to_f16(sp_cu_qsplit_elem(type, src, n, i));
+    }
+    return SP_OK;
+}
+
+static int
+gemv_q(sp_cuda_ctx_t *c, int type, const void *w, int64_t n_out, int64_t n_in, const void *x,
+       int64_t R, float *y, const float *bias)
+{
+    ENTER(c, "gemv_q");
+    if ((type != SP_CU_Q8_0 && type != SP_CU_Q4_0) || R < 1 || R > SP_CUDA_GEMV_MAX_ROWS ||
+        n_in <= 0 || n_in % SP_CU_QK != 0 || n_out <= 0 || (uintptr_t)w % 16 != 0 ||
+        (uintptr_t)x % 16 != 0) {
+        return fail(c, SP_ERR_INVALID, "gemv_q: type %d, %lld rows, n_in %lld or alignment not "
+                    "supported", type, (long long)R, (long long)n_in);
+    }
+    if (c->capturing) {
+        const rec_t r = {.op = OP_GEMV_Q, .p = {(void *)w, (void *)x, y, (void *)bias},
+                         .i = {type, n_out, n_in, R}};
+        return record(c, "gemv_q", &r, PTRS(w, x, y, bias));
+    }
+    n_gemv_q++;
+    /* The kernel's order within a block (sum of q x, times the scale), F32. */
+    const int64_t n = n_out * n_in;
+    const uint16_t *X = x;
+    for (int64_t t = 0; t < R; t++) {
+        for (int64_t o = 0; o < n_out; o++) {
+            float acc = 0.0f;
+            for (int64_t b0 = 0; b0 < n_in; b0 += SP_CU_QK) {
+                const int64_t e0 = o * n_in + b0;
+                float s = 0.0f;
+                for (int64_t j = 0; j < SP_CU_QK; j++) {
+                    s += (float)sp_cu_qsplit_q(type, w, e0 + j) *
+                         sp_cu_f16_to_f32(X[t * n_in + b0 + j]);
+                }
+                acc += sp_cu_qsplit_scale(type, w, n, e0) * s;
+            }
+            y[t * n_out + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+    return SP_OK;
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+static int
+graph_begin(sp_cuda_ctx_t *c)
+{
+    NO_CAPTURE(c, "graph_begin");
+    ENTER(c, "graph_begin");
+    c->capturing = 1;
+    c->capture_bad = 0;
+    c->n_recs = 0;
+    return SP_OK;
+}
+
+static int
+graph_end(sp_cuda_ctx_t *c, sp_cuda_graph_t **out)
+{
+    *out = NULL;
+    if (c == NULL || !c->capturing) {
+        return SP_ERR_INVALID;
+    }
+    c->capturing = 0;
+    if (c->broken) {
+        return SP_ERR_DEVICE;
+    }
+    if (c->capture_bad || fail_capture) {
+        if (!c->capture_bad) {
+            fail_capture = 0;
+            fail(c, SP_ERR_UNSUPPORTED, "fake:%d graph_end: injected capture failure "
+                 "(cudaErrorStreamCaptureInvalidated)", c->ordinal);
+        }
+        return SP_ERR_UNSUPPORTED;
+    }
+    sp_cuda_graph_t *g = calloc(1, sizeof *g);
+    if (g == NULL) {
+        return fail(c, SP_ERR_NOMEM, "fake: host out of memory");
+    }
+    g->recs = c->recs;
+    g->n = c->n_recs;
+    c->recs = NULL;
+    c->n_recs = c->cap_recs = 0;
+    n_captures++;
+    *out = g;
+    return SP_OK;
+}
+
+static int
+graph_launch(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
+{
+    NO_CAPTURE(c, "graph_launch");
+    ENTER(c, "graph_launch");
+    if (g == NULL) {
+        return fail(c, SP_ERR_INVALID, "graph_launch: no graph");
+    }
+    n_launches++;
+    /* Each replayed op goes through its entry point, so an injected failure
+     * can hit any op of the replay. */
+    for (size_t k = 0; k < g->n; k++) {
+        const rec_t *r = &g->recs[k];
+        void *const *p = r->p;
+        const int64_t *i = r->i;
+        int st;
+        switch (r->op) {
+        case OP_D2D: st = d2d(c, p[0], p[1], (size_t)i[0]); break;
+        case OP_TO_F16: st = to_f16(c, (int)i[0], p[0], p[1], i[1]); break;
+        case OP_EMBED: st = embed(c, p[0], i[0], p[1], i[1], p[2]); break;
+        case OP_ADD_RMSNORM:
+            st = add_rmsnorm(c, p[0], p[1], p[2], p[3], i[0], i[1], r->f, p[4], (int)i[2]);
+            break;
+        case OP_GEMM: st = gemm(c, p[0], i[0], i[1], p[1], i[2], p[2], p[3]); break;
+        case OP_ROPE_CS: st = rope_cs(c, p[0], i[0], p[1], i[1], p[2]); break;
+        case OP_ROPE: st = rope(c, p[0], i[0], i[1], i[2], i[3], p[1], (int)i[4]); break;
+        case OP_KV_WRITE: st = kv_write(c, &r->kv, i[0], p[0], p[1], &r->rows); break;
+        case OP_ATTN: st = attn(c, &r->kv, i[0], p[0], i[1], r->f, &r->rows, p[1]); break;
+        case OP_SWIGLU: st = swiglu(c, p[0], p[1], i[0], p[2]); break;
+        case OP_SOFTMAX: st = softmax(c, p[0], i[0], i[1]); break;
+        case OP_TOPK: st = topk(c, p[0], i[0], i[1], (int)i[2], p[1], p[2]); break;
+        case OP_QSPLIT_TO_F16: st = qsplit_to_f16(c, (int)i[0], p[0], p[1], i[1]); break;
+        default: st = gemv_q(c, (int)i[0], p[0], i[1], i[2], p[1], i[3], p[2], p[3]); break;
+        }
+        if (st != SP_OK) {
+            return st;
+        }
+    }
+    return SP_OK;
+}
+
+static void
+graph_destroy(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
+{
+    (void)c;
+    if (g != NULL) {
+        free(g->recs);
+        free(g);
+    }
+}
+
 static const sp_cuda_api_t api = {
     SP_CUDA_ABI_VERSION, (uint32_t)sizeof(sp_cuda_api_t), "fake",
     device_count, device_info, ctx_create, ctx_destroy, last_error, healthy, bytes_in_use,
     dev_alloc, dev_free, h2d, d2h, d2d, dev_sync,
     to_f16, embed, add_rmsnorm, gemm, rope_cs, rope, kv_write, attn, swiglu, softmax, topk,
+    graph_begin, graph_end, graph_launch, graph_destroy, qsplit_to_f16, gemv_q,
 };
 
 static sp_cuda_api_t api_other;
+static uint32_t struct_size_claim; /* 0: the real size */
+
+/* Claim a shorter table, as a library built before members were appended. */
+EXPORT void fake_cuda_set_struct_size(uint32_t bytes) { struct_size_claim = bytes; }
 
 EXPORT const sp_cuda_api_t *
 sp_cuda_get_api(uint32_t v)
 {
+    if (struct_size_claim != 0) {
+        api_other = api;
+        api_other.struct_size = struct_size_claim;
+        return &api_other;
+    }
     if (abi != SP_CUDA_ABI_VERSION) {
         /* A library of another version answers with its own table. */
         api_other = api;

@@ -23,6 +23,12 @@
  *                                the reference's double sums)
  *   softmax                      1e-6 absolute + 1e-5 relative
  *   topk                         exact indices and values
+ *   qsplit_to_f16                exact
+ *   gemv_q                       5e-4 of sum |w x| against double sums of the
+ *                                dequantised weights (F32 accumulation); 1e-2
+ *                                against the engine's Q8_0/Q4_0 matvec, which
+ *                                rounds x to Q8_0 first
+ *   graph replay                 as rope (the inputs change between launches)
  */
 #include <math.h>
 #include <stdio.h>
@@ -516,6 +522,199 @@ test_swiglu_softmax_topk(void)
     free(y);
 }
 
+/* ------------------------------------------------- quantised weights */
+
+/* The split layout of cuda_api.h, packed here independently of gpu.c: the
+ * quants of every row, then the F16 scales at sp_cu_qsplit_scales_off. */
+static unsigned char *
+pack_split(sp_type_t t, const unsigned char *blocks, int64_t n_out, int64_t n_in, size_t *bytes)
+{
+    const int64_t n = n_out * n_in, nb = n / 32;
+    *bytes = (size_t)sp_cu_qsplit_bytes((int)t, n);
+    unsigned char *buf = calloc(1, *bytes);
+    uint16_t *sc = (uint16_t *)(buf + sp_cu_qsplit_scales_off((int)t, n));
+    const size_t bsz = t == SP_TYPE_Q4_0 ? sizeof(sp_block_q4_0) : sizeof(sp_block_q8_0);
+    const size_t qb = t == SP_TYPE_Q4_0 ? 16 : 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *blk = blocks + (size_t)b * bsz;
+        memcpy(&sc[b], blk, 2);
+        memcpy(buf + (size_t)b * qb, blk + 2, qb);
+    }
+    return buf;
+}
+
+static void
+test_qsplit_gemv(void)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    const int64_t shapes[][3] = {{1, 256, 512}, {3, 1000, 2080}, {8, 96, 64}, {5, 37, 5632}};
+    const sp_type_t types[] = {SP_TYPE_Q8_0, SP_TYPE_Q4_0};
+    for (size_t ti = 0; ti < 2; ti++) {
+        const sp_type_t t = types[ti];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t R = shapes[si][0], O = shapes[si][1], I = shapes[si][2];
+            const size_t row_bytes = sp_row_size(t, I);
+            float *wf = malloc((size_t)I * 4), *wd = malloc((size_t)(O * I) * 4);
+            unsigned char *blocks = malloc(row_bytes * (size_t)O);
+            for (int64_t o = 0; o < O; o++) {
+                for (int64_t k = 0; k < I; k++) {
+                    wf[k] = rndf() * (1.0f + (float)(o % 7));
+                }
+                sp_quantize_row(t, wf, blocks + (size_t)o * row_bytes, I);
+                sp_dequantize_row(t, blocks + (size_t)o * row_bytes, wd + o * I, I);
+            }
+            size_t sbytes;
+            unsigned char *split = pack_split(t, blocks, O, I, &sbytes);
+            uint16_t *x = malloc((size_t)(R * I) * 2);
+            float *bias = malloc((size_t)O * 4), *y = malloc((size_t)(R * O) * 4);
+            for (int64_t i = 0; i < R * I; i++) x[i] = sp_fp32_to_fp16(rndf());
+            for (int64_t i = 0; i < O; i++) bias[i] = rndf();
+            const bool with_bias = si % 2 == 1;
+            void *d_w = dev(split, sbytes), *d_x = dev(x, (size_t)(R * I) * 2);
+            float *d_b = dev(bias, (size_t)O * 4), *d_y = dev(NULL, (size_t)(R * O) * 4);
+            char name[64];
+            if (si == 0) {
+                /* qsplit_to_f16: exact against the reference dequantisation. */
+                uint16_t *h = malloc((size_t)(O * I) * 2);
+                void *d_h = dev(NULL, (size_t)(O * I) * 2);
+                ok_or_die(A->qsplit_to_f16(C, (int)t, d_w, d_h, O * I), "qsplit_to_f16");
+                get(h, d_h, (size_t)(O * I) * 2);
+                int bad = 0;
+                for (int64_t i = 0; i < O * I; i++) {
+                    bad += h[i] != sp_fp32_to_fp16(wd[i]);
+                }
+                snprintf(name, sizeof name, "qsplit_to_f16 %s", sp_type_name(t));
+                report(name, bad == 0, bad, 0);
+                A->free(C, d_h);
+                free(h);
+            }
+            ok_or_die(A->gemv_q(C, (int)t, d_w, O, I, d_x, R, d_y, with_bias ? d_b : NULL),
+                      "gemv_q");
+            get(y, d_y, (size_t)(R * O) * 4);
+            /* Against double sums of the dequantised weights (the kernel's
+             * own inputs: only F32 accumulation error), and against the
+             * engine's matvec (vec_dot on x converted to its activation
+             * type, Q8_0: that rounding is ~1/254 of a block's max |x|). */
+            const sp_type_t xt = ref->vec_dot_type[t];
+            unsigned char *xq = malloc(sp_row_size(xt, I));
+            float *xf = malloc((size_t)I * 4);
+            double e1 = 0, e2 = 0;
+            for (int64_t r = 0; r < R; r++) {
+                for (int64_t k = 0; k < I; k++) {
+                    xf[k] = h2f(x[r * I + k]);
+                }
+                ref->from_float[xt](xf, xq, I);
+                for (int64_t o = 0; o < O; o++) {
+                    double acc = with_bias ? bias[o] : 0, mag = 1e-30;
+                    for (int64_t k = 0; k < I; k++) {
+                        const double p = (double)wd[o * I + k] * xf[k];
+                        acc += p;
+                        mag += fabs(p);
+                    }
+                    float s = 0;
+                    ref->vec_dot[t](I, &s, blocks + (size_t)o * row_bytes, xq);
+                    s += with_bias ? bias[o] : 0;
+                    const double got = y[r * O + o];
+                    e1 = fmax(e1, fabs(acc - got) / mag);
+                    e2 = fmax(e2, fabs((double)s - got) / mag);
+                }
+            }
+            snprintf(name, sizeof name, "gemv_q %s %lldx%lldx%lld%s", sp_type_name(t),
+                     (long long)R, (long long)O, (long long)I, with_bias ? " +bias" : "");
+            report(name, e1 <= 5e-4, e1, 5e-4);
+            snprintf(name, sizeof name, "  ... vs the engine's %s matvec", sp_type_name(t));
+            report(name, e2 <= 1e-2, e2, 1e-2);
+            A->free(C, d_w);
+            A->free(C, d_x);
+            A->free(C, d_b);
+            A->free(C, d_y);
+            free(wf);
+            free(wd);
+            free(blocks);
+            free(split);
+            free(x);
+            free(bias);
+            free(y);
+            free(xq);
+            free(xf);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+/* A captured rope_cs + rope replayed three times with new positions and
+ * values uploaded in between: each replay must read the device buffers as
+ * they are at launch. And a synchronous copy inside a capture is refused
+ * without harming the context. */
+static void
+test_graph(void)
+{
+    const int64_t R = 4, H = 2, hd = 32, n_rot = 32;
+    float inv[16];
+    for (int i = 0; i < n_rot / 2; i++) {
+        inv[i] = (float)pow(10000.0, -2.0 * i / n_rot);
+    }
+    int32_t *d_pos = dev(NULL, (size_t)R * 4);
+    float *d_inv = dev(inv, sizeof inv), *d_cs = dev(NULL, (size_t)(R * n_rot) * 4);
+    float *d_v = dev(NULL, (size_t)(R * H * hd) * 4);
+    sp_cuda_graph_t *gr = NULL;
+    ok_or_die(A->graph_begin(C), "graph_begin");
+    int st = A->rope_cs(C, d_pos, R, d_inv, n_rot, d_cs);
+    if (st == SP_OK) {
+        st = A->rope(C, d_v, R, H, hd, n_rot, d_cs, 0);
+    }
+    const int st_end = A->graph_end(C, &gr);
+    ok_or_die(st != SP_OK ? st : st_end, "capture");
+    double err = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        int32_t pos[4];
+        float v[4 * 2 * 32], want[4 * 2 * 32], got[4 * 2 * 32];
+        for (int64_t t = 0; t < R; t++) {
+            pos[t] = (int32_t)(trial * 1000 + t * 37);
+        }
+        for (int64_t i = 0; i < R * H * hd; i++) {
+            v[i] = want[i] = rndf();
+        }
+        for (int64_t t = 0; t < R; t++) {
+            for (int64_t h = 0; h < H; h++) {
+                float *xv = want + (t * H + h) * hd;
+                for (int64_t i = 0; i < n_rot / 2; i++) {
+                    const double th = (double)pos[t] * (double)inv[i];
+                    const float c = (float)cos(th), s = (float)sin(th);
+                    const float x0 = xv[2 * i], x1 = xv[2 * i + 1];
+                    xv[2 * i] = x0 * c - x1 * s;
+                    xv[2 * i + 1] = x0 * s + x1 * c;
+                }
+            }
+        }
+        ok_or_die(A->h2d(C, d_pos, pos, sizeof pos), "h2d pos");
+        ok_or_die(A->h2d(C, d_v, v, sizeof v), "h2d v");
+        ok_or_die(A->graph_launch(C, gr), "graph_launch");
+        get(got, d_v, sizeof got);
+        for (int64_t i = 0; i < R * H * hd; i++) {
+            err = fmax(err, fabs(want[i] - got[i]));
+        }
+    }
+    report("graph replay reads inputs at launch", err <= 1e-5, err, 1e-5);
+    A->graph_destroy(C, gr);
+
+    /* A synchronising copy cannot be captured: refused, capture refused,
+     * the context still healthy and usable. */
+    int32_t pos0[4] = {0, 1, 2, 3};
+    ok_or_die(A->graph_begin(C), "graph_begin");
+    const int st_copy = A->h2d(C, d_pos, pos0, sizeof pos0);
+    gr = NULL;
+    const int st_end2 = A->graph_end(C, &gr);
+    const bool ok = st_copy != SP_OK && st_end2 != SP_OK && st_end2 != SP_ERR_DEVICE &&
+                    gr == NULL && A->healthy(C) && A->h2d(C, d_pos, pos0, sizeof pos0) == SP_OK;
+    report("capture refuses a sync copy, stays healthy", ok, ok ? 0 : 1, 0);
+    A->free(C, d_pos);
+    A->free(C, d_inv);
+    A->free(C, d_cs);
+    A->free(C, d_v);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -549,6 +748,8 @@ main(int argc, char **argv)
     test_attn(1, 8, 8, 4);          /* stories260K */
     test_attn(0, 256, 4, 1);        /* the widest head, MQA */
     test_swiglu_softmax_topk();
+    test_qsplit_gemv();
+    test_graph();
     const bool healthy = A->healthy(C);
     printf("context healthy after the run: %s, bytes still allocated: %llu\n",
            healthy ? "yes" : "no", (unsigned long long)A->bytes_in_use(C));
