@@ -1534,18 +1534,20 @@ p99_of(const got_t *g, int from, int to)
 
 TEST(batcher_adaptive_meets_a_p99_target_a_fixed_delay_misses)
 {
-    /* Backend cost 1 ms + 20 us per row, 500 requests/s for 1.5 s, target p99 20 ms. A fixed
-     * 60 ms delay never fills a 32-row batch at this rate, so every request waits the whole
-     * delay; the adaptive batcher, with the same settings as its bounds, waits only as long as
-     * the target allows, and still batches. A third, unbatched batcher on the same load
-     * measures the machine's own latency noise (no delay at all): on a quiet machine the claim
-     * is checked as is; on an overloaded one (a scheduler that delays threads by tens of ms)
-     * the adaptive p99 must stay within the target plus that noise. */
+    /* Backend cost 1.7 ms + 20 us per row, 500 requests/s for 1.5 s, target p99 20 ms: one
+     * request at a time the instance is 86% busy, so batching pays. A fixed 60 ms delay never
+     * fills a 32-row batch at this rate, so every request waits the whole delay; the adaptive
+     * batcher, with the same settings as its bounds, waits only as long as the target allows,
+     * and batches. A third, unbatched batcher with a cheap backend (0.1 ms) on the same load
+     * measures the machine's own latency noise: on a quiet machine the claim is checked as
+     * is; on an overloaded one (a scheduler that delays threads by tens of ms) the adaptive
+     * p99 must stay within the target plus that noise. */
     fake_t ff, fa, fn;
     fake_init(&ff);
     fake_init(&fa);
     fake_init(&fn);
-    ff.call_us = fa.call_us = fn.call_us = 1000;
+    ff.call_us = fa.call_us = 1700;
+    fn.call_us = 100;
     ff.row_us = fa.row_us = fn.row_us = 20;
     inst_t inf[1], ina[1], inn[1];
     sp_backend_model_info_t m = info_x(4);
