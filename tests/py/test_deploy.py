@@ -47,6 +47,13 @@ import urllib.request
 
 from common import ROOT, DEMO_MODEL, Server, Suite, binary, run
 
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
 s = Suite("deploy")
 D = os.path.join(ROOT, "deploy")
 CHART = os.path.join(D, "helm", "sampan")
@@ -570,6 +577,11 @@ def serve_rendered(name, docs, image_repo=None):
         i = 1  # args[0] is "serve"; Server adds it
         while i < len(args):
             if args[i] in skip:
+                i += 2
+                continue
+            if args[i] == "--grpc-port":
+                # The chart's fixed port may be taken on a test machine: a free one instead.
+                out += ["--grpc-port", str(free_port())]
                 i += 2
                 continue
             out.append(args[i])
