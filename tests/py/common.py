@@ -9,6 +9,7 @@
 Tests run with Debian's /usr/bin/python3 (+ python3-numpy); tests/run.sh tallies the
 summary line. The binary is $SAMPAN_BIN or build/sampan under the repository root.
 """
+import atexit
 import http.client
 import json
 import os
@@ -80,6 +81,21 @@ class Suite:
 DEMO_MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
 
 
+_live_servers = set()
+
+
+def _kill_live_servers():
+    # A suite that dies on an exception leaves no server behind (one that did held the default
+    # gRPC port and failed a later suite).
+    for p in list(_live_servers):
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+atexit.register(_kill_live_servers)
+
+
 class Server:
     """A `sampan serve` on 127.0.0.1 and a free port (--port 0; the port is read from its
     `event=listening url=...` log line), ready when it logs `event=ready`. Its stderr is
@@ -91,6 +107,7 @@ class Server:
                 "--threads", "1", *extra]
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   cwd=ROOT, text=True)
+        _live_servers.add(self.p)
         self.log = []
         self.port = None
         ready = threading.Event()
