@@ -11,9 +11,18 @@
  *                                      prefill 512 on the GPU, the device copy bandwidth and
  *                                      each decode's share of it; one line per batch starts
  *                                      with "RESULT" (for run.sh's table)
+ *     gpu_bench decode MODEL.gguf [LABEL] [BATCHES]
+ *                                      greedy decode at each batch with the token taken on the
+ *                                      host each step, as a server does, in three batches of
+ *                                      one process: pageable copies and whole logits rows (as
+ *                                      before pinned memory), pinned copies and whole rows,
+ *                                      pinned copies and candidates (topk on the device, k = 1);
+ *                                      RESULT lines labelled LABEL-pageable-rows, -pinned-rows,
+ *                                      -pinned-cand; PASS when the three give the same tokens
  *
  * $SAMPAN_CUDA_WEIGHTS (f16, native, both) and $SAMPAN_CUDA_GRAPHS (0, 1) choose what is
- * measured (docs/cuda.md). The library is sp_gpu_api()'s ($SAMPAN_CUDA_LIB or
+ * measured (docs/cuda.md); `decode` sets $SAMPAN_CUDA_PINNED and $SAMPAN_CUDA_CANDIDATES
+ * itself for each of its batches. The library is sp_gpu_api()'s ($SAMPAN_CUDA_LIB or
  * libsampan_cuda.so next to this program), so the same program runs on the host emulation
  * in CI (tests/py/test_cuda.py runs every subcommand there).
  */
@@ -375,13 +384,147 @@ cmd_perf(const char *path, const char *label, const char *batch_list)
     return 0;
 }
 
+/* ----------------------------------------------------------- decode */
+
+/* One configuration of cmd_decode: a pool and a batch created under the
+ * current environment, every sequence filled with `fill` positions, then
+ * greedy decode at each batch size; the tokens of each batch size's last
+ * step into last_tok (64 per size). */
+static int
+decode_cfg(sp_model_t *m, const char *label, const int *batches, int n_batches, int32_t *last_tok,
+           double bw)
+{
+    const sp_hparams_t *hp = sp_model_hparams(m);
+    const bool fake = strcmp(sp_gpu_api()->name, "fake") == 0;
+    const int64_t ctx = fake ? 128 : 1024, per_seq = ctx / SP_KV_BLOCK;
+    const int64_t fill = fake ? 8 : 128;
+    bench_t B = {m, NULL, NULL, NULL, per_seq, hp->n_vocab};
+    char err[256];
+    sp_kv_pool_params_t kp = {64 * per_seq, SP_KV_TYPE_F16};
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = 512;
+    bp.max_seqs = 64;
+    bp.max_ctx = ctx;
+    if (sp_kv_pool_create(m, &kp, &B.kv, err, sizeof err) != SP_OK ||
+        sp_batch_create(m, &bp, &B.b, err, sizeof err) != SP_OK) {
+        printf("FAIL decode setup (%s): %s\n", label, err);
+        sp_kv_pool_destroy(B.kv);
+        return 1;
+    }
+    printf("decode %s: %.1f MiB of host memory pinned\n", label,
+           (double)sp_gpu_model_pinned_bytes(m) / 1048576.0);
+    B.blocks = malloc((size_t)(64 * per_seq) * 4);
+    int32_t *tok = malloc(64 * 512 * 4), next[64], cand_k[64];
+    int rc = B.blocks == NULL || tok == NULL;
+    for (int64_t i = 0; rc == 0 && i < 64 * per_seq; i++) {
+        B.blocks[i] = (int32_t)i;
+    }
+    for (int i = 0; rc == 0 && i < 64 * 512; i++) {
+        tok[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
+    }
+    for (int i = 0; i < 64; i++) {
+        cand_k[i] = 1; /* greedy */
+        next[i] = 0;   /* compared for all 64, set for the first nb */
+    }
+    const char *graphs = getenv("SAMPAN_CUDA_GRAPHS");
+    graphs = graphs && !strcmp(graphs, "0") ? "off" : "on";
+    for (int k = 0; k < n_batches && rc == 0; k++) {
+        const int nb = batches[k], steps = fake ? 4 : 48;
+        /* Fresh context for every size: fill, then decode from the same state. */
+        for (int i = 0; i < nb && rc == 0; i++) {
+            sp_batch_seq_t s = {tok + i * fill, fill, 0, B.blocks + i * per_seq, per_seq, true, 0,
+                                NULL};
+            rc |= sp_batch_eval(B.b, B.kv, &s, 1) != SP_OK;
+            next[i] = argmax(sp_batch_logits(B.b, 0), B.V);
+        }
+        int64_t pos = fill;
+        double t0 = 0;
+        for (int st = 0; st < 4 + steps && rc == 0; st++, pos++) {
+            if (st == 4) { /* after the warm-up (the bucket's graph is captured there) */
+                t0 = now_s();
+            }
+            sp_batch_seq_t s[64];
+            for (int i = 0; i < nb; i++) {
+                s[i] = (sp_batch_seq_t){&next[i], 1, pos, B.blocks + i * per_seq, per_seq, true, 0,
+                                        NULL};
+            }
+            rc |= sp_batch_eval_cand(B.b, B.kv, s, nb, cand_k) != SP_OK;
+            for (int i = 0; i < nb && rc == 0; i++) {
+                const int32_t *ids;
+                const float *vals;
+                /* The host's part of greedy sampling: the first candidate, or a
+                 * scan of the whole row. */
+                next[i] = sp_batch_candidates(B.b, i, &ids, &vals) > 0
+                              ? ids[0]
+                              : argmax(sp_batch_logits(B.b, i), B.V);
+            }
+        }
+        const double dt = (now_s() - t0) / steps;
+        const double wb = (double)sp_gpu_model_step_bytes(m, nb);
+        const double share = bw > 0 ? wb / dt / bw : 0;
+        memcpy(last_tok + k * 64, next, sizeof next);
+        if (rc == 0) {
+            printf("decode %s batch %2d: %.3f ms/step, %.0f tok/s (greedy, token on the host)\n",
+                   label, nb, dt * 1e3, nb / dt);
+            printf("RESULT label=%s weights=%s graphs=%s batch=%d ms_step=%.3f tok_s=%.0f "
+                   "share=%.0f\n", label, sp_gpu_model_weights(m), graphs, nb, dt * 1e3, nb / dt,
+                   100 * share);
+        }
+    }
+    sp_batch_destroy(B.b);
+    sp_kv_pool_destroy(B.kv);
+    free(B.blocks);
+    free(tok);
+    if (rc != 0) {
+        printf("FAIL decode %s: a step failed\n", label);
+    }
+    return rc;
+}
+
+static int
+cmd_decode(const char *path, const char *label, const char *batch_list)
+{
+    int batches[8];
+    const int n_batches = parse_batches(batch_list, batches);
+    if (n_batches < 0) {
+        fprintf(stderr, "gpu_bench decode: batches '%s' is not a list like 1,8,64 (each 1..64)\n",
+                batch_list);
+        return 2;
+    }
+    sp_model_t *m = load(path, true);
+    if (m == NULL) {
+        return 1;
+    }
+    const double bw = copy_bandwidth();
+    static const struct { const char *name, *pinned, *cand; } cfgs[] = {
+        {"pageable-rows", "0", "0"}, {"pinned-rows", "1", "0"}, {"pinned-cand", "1", "1"}};
+    static int32_t toks[3][8 * 64];
+    int rc = 0;
+    for (int c = 0; c < 3; c++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s-%s", label, cfgs[c].name);
+        setenv("SAMPAN_CUDA_PINNED", cfgs[c].pinned, 1);
+        setenv("SAMPAN_CUDA_CANDIDATES", cfgs[c].cand, 1);
+        rc |= decode_cfg(m, name, batches, n_batches, toks[c], bw);
+    }
+    unsetenv("SAMPAN_CUDA_PINNED");
+    unsetenv("SAMPAN_CUDA_CANDIDATES");
+    const bool same = rc == 0 && memcmp(toks[0], toks[1], sizeof toks[0]) == 0 &&
+                      memcmp(toks[0], toks[2], sizeof toks[0]) == 0;
+    printf("%s decode %s: the same greedy tokens with pageable rows, pinned rows and "
+           "candidates\n", same ? "PASS" : "FAIL", path);
+    sp_model_free(m);
+    return same ? 0 : 1;
+}
+
 int
 main(int argc, char **argv)
 {
     sp_log_set_level(SP_LOG_LEVEL_WARN);
     if (argc < 3) {
         fprintf(stderr, "usage: gpu_bench check MODEL.gguf [N] | graphs MODEL.gguf [N] | "
-                        "perf MODEL.gguf [LABEL] [BATCHES]\n");
+                        "perf MODEL.gguf [LABEL] [BATCHES] | decode MODEL.gguf [LABEL] "
+                        "[BATCHES]\n");
         return 2;
     }
     if (sp_gpu_api() == NULL) {
@@ -396,6 +539,9 @@ main(int argc, char **argv)
     }
     if (strcmp(argv[1], "perf") == 0) {
         return cmd_perf(argv[2], argc > 3 ? argv[3] : "default", argc > 4 ? argv[4] : "1,8,64");
+    }
+    if (strcmp(argv[1], "decode") == 0) {
+        return cmd_decode(argv[2], argc > 3 ? argv[3] : "decode", argc > 4 ? argv[4] : "1,8,64");
     }
     fprintf(stderr, "gpu_bench: unknown command %s\n", argv[1]);
     return 2;

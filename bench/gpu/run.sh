@@ -20,9 +20,15 @@
 #      with the D2D copy bandwidth and each decode's share of it (the weight bytes a step
 #      reads: quantised where gemv_q runs), then the targets: batch 1 within 70% of the
 #      bandwidth limit, batch 64 >= 32x batch 1 (in at least one configuration; all printed)
+#   8. (between the perf runs of 7) greedy decode at batch 1, 8, 64 with the token taken on
+#      the host each step, in one process: pageable copies with whole logits rows (as before),
+#      pinned copies with whole rows, pinned copies with candidates (topk on the device);
+#      PASS when all three give the same tokens; their RESULT lines join the table
+#      (labels q8-f16-graphs-pageable-rows / -pinned-rows / -pinned-cand)
 #
 # Usage: bench/gpu/run.sh [BUILD_DIR]   (default build-gpu; set PYTHON for another python3)
-# Environment knobs it sets per step (docs/cuda.md): SAMPAN_CUDA_WEIGHTS, SAMPAN_CUDA_GRAPHS.
+# Environment knobs it sets per step (docs/cuda.md): SAMPAN_CUDA_WEIGHTS, SAMPAN_CUDA_GRAPHS
+# (and gpu_bench decode SAMPAN_CUDA_PINNED, SAMPAN_CUDA_CANDIDATES).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-gpu}
@@ -39,6 +45,10 @@ elapsed() { echo; echo "[$(( $(date +%s) - T0 )) s] $*"; }
 late() { # late NAME: true (and a FAIL line) when the budget is spent
     if [ $(( $(date +%s) - T0 )) -gt "$BUDGET" ]; then ko "$1 (skipped: past the ${BUDGET} s budget)"; return 0; fi
     return 1
+}
+cap() { # cap SECONDS: SECONDS, or what is left of the budget when less (at least 10)
+    local r=$(( BUDGET - ($(date +%s) - T0) ))
+    if [ "$r" -lt "$1" ]; then echo $(( r > 10 ? r : 10 )); else echo "$1"; fi
 }
 finish() {
     elapsed "done (logs in $LOG)"
@@ -84,7 +94,7 @@ else
 fi
 
 export SAMPAN_CUDA_LIB="$PWD/$B/libsampan_cuda.so"
-unset SAMPAN_CUDA_WEIGHTS SAMPAN_CUDA_GRAPHS
+unset SAMPAN_CUDA_WEIGHTS SAMPAN_CUDA_GRAPHS SAMPAN_CUDA_PINNED SAMPAN_CUDA_CANDIDATES
 elapsed "4. demo model, greedy GPU vs CPU; graphs off vs on"
 if timeout 120 "$B/gpu_bench" check models/stories260K.gguf 200; then
     ok "demo model greedy"
@@ -188,7 +198,7 @@ perf() { # perf LABEL MODEL WEIGHTS GRAPHS
     [ -s "$model" ] || { ko "perf $label (no model)"; return; }
     late "perf $label" && return
     elapsed "perf $label"
-    if SAMPAN_CUDA_WEIGHTS=$weights SAMPAN_CUDA_GRAPHS=$graphs timeout 150 \
+    if SAMPAN_CUDA_WEIGHTS=$weights SAMPAN_CUDA_GRAPHS=$graphs timeout "$(cap 150)" \
             "$B/gpu_bench" perf "$model" "$label" 1,8,64 2>&1 | tee "$LOG/perf-$label.log" &&
        grep -q '^RESULT.*batch=64' "$LOG/perf-$label.log"; then
         ok "perf $label"
@@ -196,13 +206,27 @@ perf() { # perf LABEL MODEL WEIGHTS GRAPHS
         ko "perf $label"
     fi
 }
-# Most telling first, in case the budget runs out: weights f16 vs native (graphs on), then
-# graphs off for each, then both. (The F16 model's F16 weights time the same as the Q8_0
-# model's in f16 mode: one model file for all five.)
+decode_cmp() { # 8: pinned copies and candidates, greedy, token on the host
+    [ -s "$MQ" ] || { ko "decode pinned/candidates (no model)"; return; }
+    late "decode pinned/candidates" && return
+    elapsed "8. decode: pageable vs pinned copies, whole rows vs candidates"
+    if SAMPAN_CUDA_WEIGHTS=f16 SAMPAN_CUDA_GRAPHS=1 timeout "$(cap 150)" \
+            "$B/gpu_bench" decode "$MQ" q8-f16-graphs 1,8,64 2>&1 | tee "$LOG/perf-decode.log" &&
+       grep -q '^PASS decode' "$LOG/perf-decode.log" &&
+       grep -q '^RESULT.*pinned-cand.*batch=64' "$LOG/perf-decode.log"; then
+        ok "decode with pinned copies and candidates (same tokens; timings in the table)"
+    else
+        ko "decode pinned/candidates"
+    fi
+}
+# Most telling first, in case the budget runs out: weights f16 vs native (graphs on), what
+# pinned memory and candidates buy, graphs off, then both. (The F16 model's F16 weights time
+# the same as the Q8_0 model's in f16 mode: one model file for all. native with graphs off
+# was dropped for the time step 8 takes: graphs off is measured in f16 mode.)
 perf q8-native-graphs "$MQ" native 1
 perf q8-f16-graphs "$MQ" f16 1
+decode_cmp
 perf q8-f16-eager "$MQ" f16 0
-perf q8-native-eager "$MQ" native 0
 perf q8-both-graphs "$MQ" both 1
 
 if ls "$LOG"/perf-*.log >/dev/null 2>&1; then

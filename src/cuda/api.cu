@@ -11,7 +11,10 @@
  * Memory: plain cudaMalloc only (never managed memory); each live allocation
  * is recorded with its size so bytes_in_use is exact and sampan can account
  * device memory in the device layer's budget. Allocations happen at model
- * load and at batch/pool creation, never per step.
+ * load and at batch/pool creation, never per step. Host memory the caller
+ * registers (host_register: cudaHostRegister, portable) is recorded the same
+ * way, counted (pinned_bytes) and unregistered by ctx_destroy if the caller
+ * did not.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -44,6 +47,9 @@ struct sp_cuda_ctx {
     uint64_t used;
     alloc_rec_t *recs;
     size_t n_recs, cap_recs;
+    alloc_rec_t *pins; /* host ranges registered through this context */
+    size_t n_pins, cap_pins;
+    uint64_t pinned;
 };
 
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -260,6 +266,9 @@ ctx_destroy(sp_cuda_ctx_t *c)
     for (size_t i = 0; i < c->n_recs; i++) { /* whatever the owner leaked */
         (void)cudaFree(c->recs[i].ptr);
     }
+    for (size_t i = 0; i < c->n_pins; i++) { /* registrations too: the memory is the owner's */
+        (void)cudaHostUnregister(c->pins[i].ptr);
+    }
     if (c->workspace) {
         (void)cudaFree(c->workspace);
     }
@@ -268,6 +277,7 @@ ctx_destroy(sp_cuda_ctx_t *c)
     }
     (void)cudaGetLastError();
     free(c->recs);
+    free(c->pins);
     free(c);
 }
 
@@ -376,6 +386,65 @@ dev_sync(sp_cuda_ctx_t *c)
     NOT_CAPTURING(c, "sync");
     cudaError_t e = cudaStreamSynchronize(c->stream);
     return e == cudaSuccess ? SP_OK : cuda_fail(c, "stream (a kernel failed)", e);
+}
+
+/* -------------------------------------------------- pinned host memory */
+
+static int
+host_register(sp_cuda_ctx_t *c, void *p, size_t bytes)
+{
+    ENTER(c);
+    NOT_CAPTURING(c, "host_register");
+    if (p == NULL || bytes == 0) {
+        return fail(c, SP_ERR_INVALID, "cuda:%d host_register: empty range", c->ordinal);
+    }
+    if (c->n_pins == c->cap_pins) {
+        size_t cap = c->cap_pins ? 2 * c->cap_pins : 16;
+        alloc_rec_t *r = (alloc_rec_t *)realloc(c->pins, cap * sizeof *r);
+        if (r == NULL) {
+            return fail(c, SP_ERR_NOMEM, "cuda:%d: out of host memory", c->ordinal);
+        }
+        c->pins = r;
+        c->cap_pins = cap;
+    }
+    /* Portable: pinned for every context of the process, as the engine
+     * thread's current device may change between calls. */
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the context stays usable, the copy pageable */
+        return fail(c, e == cudaErrorNotSupported ? SP_ERR_UNSUPPORTED : SP_ERR_NOMEM,
+                    "cuda:%d cudaHostRegister(%zu bytes): %s (%s)", c->ordinal, bytes,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    c->pins[c->n_pins].ptr = p;
+    c->pins[c->n_pins].bytes = bytes;
+    c->n_pins++;
+    c->pinned += bytes;
+    return SP_OK;
+}
+
+static void
+host_unregister(sp_cuda_ctx_t *c, void *p)
+{
+    if (c == NULL || p == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < c->n_pins; i++) {
+        if (c->pins[i].ptr == p) {
+            c->pinned -= c->pins[i].bytes;
+            c->pins[i] = c->pins[--c->n_pins];
+            (void)cudaSetDevice(c->ordinal);
+            (void)cudaHostUnregister(p);
+            (void)cudaGetLastError(); /* a poisoned context may refuse: the memory is freed anyway */
+            return;
+        }
+    }
+}
+
+static uint64_t
+pinned_bytes(const sp_cuda_ctx_t *c)
+{
+    return c ? c->pinned : 0;
 }
 
 /* ---------------------------------------------------------------- ops */
@@ -721,6 +790,9 @@ static const sp_cuda_api_t api = {
     graph_destroy,
     op_qsplit_to_f16,
     op_gemv_q,
+    host_register,
+    host_unregister,
+    pinned_bytes,
 };
 
 SP_EXPORT const sp_cuda_api_t *

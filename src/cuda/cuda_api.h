@@ -187,6 +187,26 @@ typedef struct sp_cuda_api {
      * aligned. For decode: it reads the weights once, at their stored size. */
     int (*gemv_q)(sp_cuda_ctx_t *c, int type, const void *d_w, int64_t n_out, int64_t n_in,
                   const void *d_x, int64_t n_rows, float *d_y, const float *d_bias);
+
+    /* ---- pinned host memory (appended): cudaHostRegister over memory the
+     * caller allocated, so a step's copies to and from it are DMA transfers
+     * at full link speed instead of going through the driver's pageable
+     * staging. Why register rather than cudaMallocHost: the buffers the copies
+     * touch are the engine's own (the residual stream, the logits the sampler
+     * reads); pinning them in place needs no second allocator in the engine
+     * and no host memcpy per step. ptr and bytes should cover whole pages
+     * (registration pins pages; two ranges sharing a page collide). A failure
+     * (pinned memory exhausted, not supported) is SP_ERR_NOMEM or
+     * SP_ERR_UNSUPPORTED with last_error set and does NOT make the context
+     * unhealthy: the caller keeps using the memory pageable. Not while
+     * capturing. ---- */
+    int (*host_register)(sp_cuda_ctx_t *c, void *ptr, size_t bytes);
+    /* Undo host_register(ptr); before the memory is freed. Works on an
+     * unhealthy context too (errors ignored); unknown ptr is a no-op.
+     * ctx_destroy unregisters whatever is left. */
+    void (*host_unregister)(sp_cuda_ctx_t *c, void *ptr);
+    /* Bytes registered through c and not yet unregistered. */
+    uint64_t (*pinned_bytes)(const sp_cuda_ctx_t *c);
 } sp_cuda_api_t;
 
 typedef const sp_cuda_api_t *(*sp_cuda_get_api_fn)(uint32_t abi_version);

@@ -46,6 +46,24 @@
  * can change under a batch). A capture that fails (SP_ERR_UNSUPPORTED) logs
  * event=gpu_graph_fallback and the batch runs eagerly from then on; a CUDA
  * error in a capture or a launch is a device error like any other.
+ *
+ * Pinned host memory ($SAMPAN_CUDA_PINNED, default on): every host buffer a
+ * step copies to or from (the batch's x, logits and hidden rows, which the
+ * engine owns, and this file's integer block and candidate buffer) is
+ * page-locked once at batch creation with host_register, so the copies are
+ * DMA at link speed, and unregistered at destroy (before the memory is
+ * freed). A registration that fails logs event=gpu_pin_fallback and that
+ * buffer stays pageable; nothing else changes. Only a logits_all step's
+ * output (the caller's buffer) is copied pageable.
+ *
+ * Candidates ($SAMPAN_CUDA_CANDIDATES, default on): a decode step whose
+ * caller asks, per sequence, for only the k <= 64 best logits (the engine
+ * decides from the request's sampling parameters: sp_gen_candidates) runs
+ * topk on the device over the step's logits rows with the largest k asked
+ * and downloads k ids and values per row instead of n_vocab floats; the
+ * rows that asked for none still come back whole (consecutive ones in one
+ * copy). topk runs after the graph launch, eagerly, so the graphs do not
+ * depend on k.
  */
 #include "cuda/gpu.h"
 
@@ -53,14 +71,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "cuda/cuda_common.h"
 #include "engine/model_impl.h"
+#include "engine/sampler.h"
 #include "kernels/kernels.h"
 #include "sampan/log.h"
 
 #define STAGE_BYTES ((size_t)64 << 20) /* weight upload chunk */
+
+_Static_assert(SP_BATCH_MAX_CANDIDATES <= SP_CU_MAX_TOPK &&
+                   SP_CUDA_MAX_CANDIDATES == SP_BATCH_MAX_CANDIDATES &&
+                   SP_SAMPLER_MAX_CANDIDATES == SP_BATCH_MAX_CANDIDATES,
+               "candidates: one limit, within the topk op's");
 #define F16 2                          /* bytes */
 
 /* How weight matrices are held (SAMPAN_CUDA_WEIGHTS). */
@@ -116,6 +141,18 @@ struct sp_gpu_batch {
     /* host staging of ints */
     int32_t *h_ints;
     const char *fail_op; /* the op that failed in step_layers / step_output */
+    /* pinned host ranges, unregistered at destroy */
+    bool pin_on;
+    int n_pins;
+    void *pins[8];
+    /* candidates: device ids | values of the last step's rows (max_seqs x
+     * SP_CU_MAX_TOPK each), and their pinned host copy */
+    bool cand_on;
+    bool cand_logged;
+    int32_t *cand;
+    int32_t *h_cand;
+    int cand_k;       /* k of the last step's topk (the row stride), 0 = none */
+    int64_t cand_rows; /* rows it ran over */
     /* decode graphs, one per bucket of rows */
     bool graphs;
     int n_buckets;
@@ -167,15 +204,31 @@ weights_mode(void)
 
 static const char *const mode_names[] = {"f16", "native", "both"};
 
-/* SAMPAN_CUDA_GRAPHS: 1 (unset, empty, 1, on, true), 0 (0, off, false), -1 otherwise. */
+/* A switch of the environment: 1 (unset, empty, 1, on, true), 0 (0, off,
+ * false), -1 otherwise. */
 static int
-graphs_env(void)
+switch_env(const char *name)
 {
-    const char *v = getenv("SAMPAN_CUDA_GRAPHS");
+    const char *v = getenv(name);
     if (v == NULL || v[0] == '\0' || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "true")) {
         return 1;
     }
     return !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false") ? 0 : -1;
+}
+
+/* The switches batches read when created (SAMPAN_CUDA_GRAPHS, _PINNED,
+ * _CANDIDATES): the first with a bad value, or NULL. */
+static const char *
+bad_switch(void)
+{
+    static const char *const names[] = {"SAMPAN_CUDA_GRAPHS", "SAMPAN_CUDA_PINNED",
+                                        "SAMPAN_CUDA_CANDIDATES"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (switch_env(names[i]) < 0) {
+            return names[i];
+        }
+    }
+    return NULL;
 }
 
 static bool
@@ -247,7 +300,7 @@ sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16)
 
 /* The device buffers of a batch, in one list for create and for the estimate. */
 enum { GB_X, GB_Q, GB_K, GB_V, GB_GATE, GB_UP, GB_PROJ, GB_CS, GB_LOGITS, GB_XN, GB_ATT, GB_FF,
-       GB_INTS, GB_ZEROS, GB_WSCRATCH, GB_COUNT };
+       GB_INTS, GB_ZEROS, GB_WSCRATCH, GB_CAND, GB_COUNT };
 
 /* F16 bytes of the largest matrix native mode keeps only quantised (every
  * layer and the output: an upper bound for a partial offload). */
@@ -301,6 +354,7 @@ batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, int mode, uint64_t 
     B[GB_INTS] = (3 * R + (uint64_t)*max_bt + 1) * sizeof(int32_t);
     B[GB_ZEROS] = S * E * 4;
     B[GB_WSCRATCH] = native_scratch_bytes(m, mode);
+    B[GB_CAND] = S * SP_CU_MAX_TOPK * (sizeof(int32_t) + sizeof(float));
 }
 
 uint64_t
@@ -494,10 +548,10 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
                        "SAMPAN_CUDA_WEIGHTS: '%s' is not f16, native or both",
                        getenv("SAMPAN_CUDA_WEIGHTS"));
     }
-    /* Batches read it, but a context's batch reports no reason: say it here. */
-    if (graphs_env() < 0) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "SAMPAN_CUDA_GRAPHS: '%s' is not 0 or 1",
-                       getenv("SAMPAN_CUDA_GRAPHS"));
+    /* Batches read them, but a context's batch reports no reason: say it here. */
+    const char *bad = bad_switch();
+    if (bad != NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: '%s' is not 0 or 1", bad, getenv(bad));
     }
     if (n_gpu < 0 || n_gpu > hp->n_layer) {
         n_gpu = hp->n_layer;
@@ -740,12 +794,83 @@ sp__gpu_batch_destroy(sp_gpu_batch_t *b)
     const sp_cuda_api_t *api = b->g->api;
     sp_cuda_ctx_t *c = b->g->ctx;
     void *bufs[] = {b->x, b->q, b->k, b->v, b->gate, b->up, b->proj, b->cs, b->logits,
-                    b->xn, b->att, b->ff, b->ints, b->zeros, b->wscratch};
+                    b->xn, b->att, b->ff, b->ints, b->zeros, b->wscratch, b->cand};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         api->free(c, bufs[i]);
     }
+    /* Unpinned before anything is freed: the engine frees its buffers after this. */
+    for (int i = 0; i < b->n_pins; i++) {
+        api->host_unregister(c, b->pins[i]);
+    }
     sp_free(b->h_ints);
+    sp_free(b->h_cand);
     sp_free(b);
+}
+
+size_t
+sp_gpu_host_page(void)
+{
+    const long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (size_t)pg : 4096;
+}
+
+size_t
+sp_gpu_host_round(size_t bytes)
+{
+    const size_t pg = sp_gpu_host_page();
+    return bytes > SIZE_MAX - pg ? SIZE_MAX : (bytes + pg - 1) / pg * pg;
+}
+
+/* A host buffer this file copies through: whole pages of its own, so that
+ * pinning it cannot meet another buffer's pages. */
+static void *
+host_buf(size_t bytes)
+{
+    return sp_malloc_aligned(sp_gpu_host_round(bytes), sp_gpu_host_page());
+}
+
+void
+sp__gpu_batch_pin(sp_gpu_batch_t *b, void *p, size_t bytes, const char *what)
+{
+    sp_gpu_model_t *g = b->g;
+    if (!b->pin_on || p == NULL || bytes == 0) {
+        return;
+    }
+    if (b->n_pins == (int)(sizeof b->pins / sizeof b->pins[0])) {
+        SP_LOG_WARN("event=gpu_pin_fallback device=cuda:%d buffer=%s bytes=%zu error=%s",
+                    g->ordinal, what, bytes, sp_log_str("no room for another pinned range"));
+        return;
+    }
+    const int st = g->api->host_register(g->ctx, p, bytes);
+    if (st != SP_OK) {
+        /* Pinned memory is a limited resource: without it the copies are
+         * slower, not wrong. */
+        SP_LOG_WARN("event=gpu_pin_fallback device=cuda:%d buffer=%s bytes=%zu status=%s "
+                    "error=%s", g->ordinal, what, bytes, sp_status_name((sp_status_t)st),
+                    sp_log_str(g->api->last_error(g->ctx)));
+        if (st == SP_ERR_DEVICE || !g->api->healthy(g->ctx)) {
+            dev_fail(g, SP_ERR_DEVICE, "host_register");
+        }
+        return;
+    }
+    b->pins[b->n_pins++] = p;
+}
+
+int
+sp__gpu_batch_cand(const sp_gpu_batch_t *b, int64_t row, const int32_t **ids, const float **vals)
+{
+    if (b == NULL || b->cand_k == 0 || row < 0 || row >= b->cand_rows) {
+        return 0;
+    }
+    *ids = b->h_cand + row * b->cand_k;
+    *vals = (const float *)(b->h_cand + b->cand_rows * b->cand_k) + row * b->cand_k;
+    return b->cand_k;
+}
+
+uint64_t
+sp_gpu_model_pinned_bytes(const sp_model_t *m)
+{
+    return m->gpu ? m->gpu->api->pinned_bytes(m->gpu->ctx) : 0;
 }
 
 sp_status_t
@@ -753,10 +878,9 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
                      char *err, size_t err_len)
 {
     *out = NULL;
-    const int graphs = graphs_env();
-    if (graphs < 0) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "SAMPAN_CUDA_GRAPHS: '%s' is not 0 or 1",
-                       getenv("SAMPAN_CUDA_GRAPHS"));
+    const char *bad = bad_switch();
+    if (bad != NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: '%s' is not 0 or 1", bad, getenv(bad));
     }
     sp_gpu_batch_t *b = sp_calloc(1, sizeof *b);
     if (b == NULL) {
@@ -765,7 +889,9 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     b->g = g;
     b->max_tokens = p->max_tokens;
     b->max_seqs = p->max_seqs;
-    b->graphs = graphs == 1;
+    b->graphs = switch_env("SAMPAN_CUDA_GRAPHS") == 1;
+    b->pin_on = switch_env("SAMPAN_CUDA_PINNED") == 1;
+    b->cand_on = switch_env("SAMPAN_CUDA_CANDIDATES") == 1;
     /* Buckets: powers of two below max_seqs, then max_seqs itself. */
     for (int64_t r = 1; b->n_buckets < MAX_BUCKETS - 1 && r < p->max_seqs; r *= 2) {
         b->bucket[b->n_buckets++] = r;
@@ -777,7 +903,7 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
         (void **)&b->x,    (void **)&b->q,      (void **)&b->k,  (void **)&b->v,
         (void **)&b->gate, (void **)&b->up,     (void **)&b->proj, (void **)&b->cs,
         (void **)&b->logits, &b->xn,            &b->att,         &b->ff,
-        (void **)&b->ints, (void **)&b->zeros,  &b->wscratch,
+        (void **)&b->ints, (void **)&b->zeros,  &b->wscratch,      (void **)&b->cand,
     };
     int st = SP_OK;
     for (int i = 0; i < GB_COUNT && st == SP_OK; i++) {
@@ -785,13 +911,20 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
             st = g->api->alloc(g->ctx, (size_t)B[i], dst[i]);
         }
     }
-    b->h_ints = sp_malloc((size_t)B[GB_INTS]);
-    float *hz = sp_calloc(1, (size_t)B[GB_ZEROS]);
-    if (st == SP_OK && b->h_ints != NULL && hz != NULL) {
-        st = g->api->h2d(g->ctx, b->zeros, hz, (size_t)B[GB_ZEROS]);
+    b->h_ints = host_buf((size_t)B[GB_INTS]);
+    b->h_cand = host_buf((size_t)B[GB_CAND]);
+    if (st == SP_OK && b->h_ints != NULL && b->h_cand != NULL) {
+        sp__gpu_batch_pin(b, b->h_ints, sp_gpu_host_round((size_t)B[GB_INTS]), "ints");
+        sp__gpu_batch_pin(b, b->h_cand, sp_gpu_host_round((size_t)B[GB_CAND]), "candidates");
+        /* The pad rows' zeros, through the (pinned) candidate buffer. */
+        const size_t chunk = (size_t)B[GB_CAND];
+        memset(b->h_cand, 0, chunk);
+        for (size_t off = 0; st == SP_OK && off < (size_t)B[GB_ZEROS]; off += chunk) {
+            const size_t n = (size_t)B[GB_ZEROS] - off < chunk ? (size_t)B[GB_ZEROS] - off : chunk;
+            st = g->api->h2d(g->ctx, (char *)b->zeros + off, b->h_cand, n);
+        }
     }
-    sp_free(hz);
-    if (st != SP_OK || b->h_ints == NULL || hz == NULL) {
+    if (st != SP_OK || b->h_ints == NULL || b->h_cand == NULL) {
         if (st != SP_OK) {
             dev_fail(g, st, "alloc batch");
         }
@@ -908,6 +1041,67 @@ output_rows(sp_gpu_batch_t *b, const int32_t *d_rows, int64_t n, float *out)
     return SP_OK;
 }
 
+/* After the logits of the step's n_out rows are in b->logits: for the
+ * sequences that asked, their k best ids and values (one topk over every
+ * row with the largest k asked, then one download of ids and values); the
+ * whole rows of the others, consecutive rows in one copy. */
+static sp_status_t
+fetch_out(sp_gpu_batch_t *b, const sp_gpu_step_t *s, int64_t n_out)
+{
+    sp_gpu_model_t *g = b->g;
+    const sp_cuda_api_t *api = g->api;
+    sp_cuda_ctx_t *c = g->ctx;
+    const int64_t V = g->m->hp.n_vocab;
+    int kmax = 0;
+    if (b->cand_on && s->cand_k != NULL && s->cand_n != NULL) {
+        for (int64_t i = 0; i < s->n_seqs; i++) {
+            if (s->seqs[i].logits && s->cand_k[i] > kmax) {
+                kmax = s->cand_k[i];
+            }
+        }
+    }
+    if (kmax > SP_CU_MAX_TOPK || kmax > V) {
+        kmax = 0; /* not for the device: every row whole */
+    }
+    if (kmax > 0) {
+        int32_t *d_idx = b->cand;
+        float *d_val = (float *)(b->cand + n_out * kmax);
+        TRY(g, "topk", api->topk(c, b->logits, n_out, V, kmax, d_idx, d_val));
+        TRY(g, "candidates download", api->d2h(c, b->h_cand, b->cand,
+                                               (size_t)(2 * n_out * kmax) * sizeof(int32_t)));
+        b->cand_k = kmax;
+        b->cand_rows = n_out;
+        if (!b->cand_logged) {
+            b->cand_logged = true;
+            SP_LOG_INFO("event=gpu_candidates device=cuda:%d rows=%lld k=%d", g->ordinal,
+                        (long long)n_out, kmax);
+        }
+    }
+    int64_t run0 = 0, run_n = 0; /* consecutive rows that come back whole */
+    for (int64_t i = 0; i <= s->n_seqs; i++) {
+        const int64_t r = i < s->n_seqs ? s->seq_out[i] : -1;
+        if (r < 0 && i < s->n_seqs) {
+            continue;
+        }
+        const int k = r >= 0 && kmax > 0 ? s->cand_k[i] : 0;
+        if (r >= 0 && k > 0) {
+            s->cand_n[i] = k;
+        }
+        if (r >= 0 && k == 0 && run_n > 0 && run0 + run_n == r) {
+            run_n++;
+            continue;
+        }
+        if (run_n > 0) {
+            TRY(g, "logits download",
+                api->d2h(c, s->logits + run0 * V, b->logits + run0 * V,
+                         (size_t)(run_n * V) * sizeof(float)));
+        }
+        run_n = r >= 0 && k == 0 ? 1 : 0;
+        run0 = r;
+    }
+    return SP_OK;
+}
+
 /* The ops a decode graph holds: the layers and, with full offload, the
  * logits of every (padded) row gathered through d_rows. */
 static sp_status_t
@@ -958,7 +1152,7 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
     sp_gpu_model_t *g = b->g;
     const sp_cuda_api_t *api = g->api;
     sp_cuda_ctx_t *c = g->ctx;
-    const int64_t R = s->n_rows, E = g->m->hp.n_embd, V = g->m->hp.n_vocab;
+    const int64_t R = s->n_rows, E = g->m->hp.n_embd;
     int kb = 0;
     while (b->bucket[kb] < R) {
         kb++; /* the last bucket is max_seqs >= R */
@@ -1027,8 +1221,7 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
     if (!g->full) {
         TRY(g, "x download", api->d2h(c, s->x_out, b->x, (size_t)(R * E) * sizeof(float)));
     } else if (n_out > 0) {
-        TRY(g, "logits download", api->d2h(c, s->logits, b->logits,
-                                           (size_t)n_out * (size_t)V * sizeof(float)));
+        return fetch_out(b, s, n_out);
     }
     return SP_OK;
 }
@@ -1047,6 +1240,8 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     if (!api->healthy(c)) {
         return dev_fail(g, SP_ERR_DEVICE, "step on an unhealthy device");
     }
+    b->cand_k = 0; /* no candidates from an earlier step survive this one */
+    b->cand_rows = 0;
 
     /* The step's integers: pos | bt | output rows | block tables. */
     int32_t *pos = b->h_ints, *bt = pos + b->max_tokens, *rows = bt + b->max_tokens;
@@ -1103,6 +1298,14 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
         TRY(g, "hidden download", api->d2h(c, s->hidden, b->proj,
                                            (size_t)(R * E) * sizeof(float)));
         return SP_OK;
+    }
+    if (n_out > 0 && s->out == SP_BATCH_OUT_SEQ) {
+        /* n_out <= n_seqs <= max_seqs: one pass of the output */
+        st = step_output(b, d_rows, n_out);
+        if (st != SP_OK) {
+            return dev_fail(g, st, b->fail_op);
+        }
+        return fetch_out(b, s, n_out);
     }
     if (n_out > 0) {
         return output_rows(b, d_rows, n_out, s->logits);

@@ -75,7 +75,9 @@ int64_t sp_gpu_fit_layers(const sp_model_t *m, uint64_t budget, uint64_t fixed,
  * quantised instead, =both keeps both copies (gpu.c; SP_ERR_INVALID for
  * another value). Before any context, pool or batch of m is created; m then
  * owns the binding (sp_model_free releases it). Batches read
- * $SAMPAN_CUDA_GRAPHS (0 turns decode graphs off) when created. */
+ * $SAMPAN_CUDA_GRAPHS (0 turns decode graphs off), $SAMPAN_CUDA_PINNED (0:
+ * pageable copies) and $SAMPAN_CUDA_CANDIDATES (0: always whole logits rows)
+ * when created; attach refuses a bad value of any of them. */
 sp_status_t sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gpu,
                           char *err, size_t err_len);
 /* Layers on the GPU (0 without a binding), the device, and its bytes in use. */
@@ -121,8 +123,36 @@ typedef struct sp_gpu_step {
     float *logits;
     int64_t *seq_out;
     float *hidden;
+    /* Candidates (full offload, SP_BATCH_OUT_SEQ, $SAMPAN_CUDA_CANDIDATES on):
+     * cand_k[i] in 1..SP_CUDA_MAX_CANDIDATES asks for sequence i's k best
+     * logits instead of its row (0: the row); cand_n[i] is set to k where
+     * they came (sp__gpu_batch_cand reads them) and left alone elsewhere,
+     * where the row is in logits as always. NULL: every row whole. */
+    const int32_t *cand_k;
+    int32_t *cand_n;
 } sp_gpu_step_t;
 
+#define SP_CUDA_MAX_CANDIDATES 64 /* the topk op's limit */
+
 sp_status_t sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s);
+
+/* Candidates of the last step's logits row `row` (seq_out's numbering):
+ * k ids and values, best first (ties to the lower id), valid until the next
+ * step; returns k, or 0 when that step returned none. */
+int sp__gpu_batch_cand(const sp_gpu_batch_t *b, int64_t row, const int32_t **ids,
+                       const float **vals);
+
+/* Pin the host buffer [p, p + bytes) for the batch's copies (the engine's
+ * x, logits, hidden rows) until sp__gpu_batch_destroy, which must come
+ * before the buffer is freed. Whole pages (sp_gpu_host_round): a buffer
+ * sharing a page with another pinned one cannot be registered. When pinning
+ * is off ($SAMPAN_CUDA_PINNED=0) or fails (logged as event=gpu_pin_fallback)
+ * the buffer is simply used pageable. */
+void sp__gpu_batch_pin(sp_gpu_batch_t *b, void *p, size_t bytes, const char *what);
+/* The host page size, and bytes rounded up to whole pages (SIZE_MAX on overflow). */
+size_t sp_gpu_host_page(void);
+size_t sp_gpu_host_round(size_t bytes);
+/* Host bytes pinned on the model's device context now (0 without a binding). */
+uint64_t sp_gpu_model_pinned_bytes(const sp_model_t *m);
 
 #endif /* SP_CUDA_GPU_H */

@@ -294,6 +294,9 @@ struct sp_batch {
     int32_t *order;    /* (max_tokens) rows by decreasing position (attention order) */
     int64_t *seq_out;  /* (max_seqs) logits row of sequence i, or -1 */
     int64_t *seq_nl;   /* (max_seqs) its kept logit rows (in seq_out's allocation) */
+    int32_t *cand_n;   /* (max_seqs) GPU only: candidates the last step kept for sequence i
+                          instead of its logits row (0: the row), or NULL */
+    const int32_t *cand_req; /* during sp_batch_eval_cand: its cand_k */
     const sp_batch_seq_t *seqs;
     sp_kv_pool_t *kv;
     int64_t n_seqs;    /* of the last step (0 after a rejected one) */
@@ -335,7 +338,7 @@ pool_bytes(int n)
 enum {
     BUF_X, BUF_XN, BUF_Q, BUF_KV_K, BUF_KV_V, BUF_ATT, BUF_FF_GATE, BUF_FF_UP, BUF_PROJ, BUF_ACT,
     BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
-    BUF_ORDER, BUF_SEQ_OUT, BUF_COUNT
+    BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_COUNT
 };
 
 typedef struct batch_layout {
@@ -430,6 +433,15 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_ROW_SEQ] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_ORDER] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_SEQ_OUT] = buf_bytes(S, 2, sizeof(int64_t)); /* seq_out, then seq_nl */
+    B[BUF_CAND_N] = 0;
+    if (m->gpu != NULL) {
+        /* The buffers the device copies to and from are pinned (gpu.h): whole
+         * pages of their own. Candidates exist on the GPU path only. */
+        B[BUF_X] = sp_gpu_host_round(B[BUF_X]);
+        B[BUF_XN] = sp_gpu_host_round(B[BUF_XN]);
+        B[BUF_LOGITS] = sp_gpu_host_round(B[BUF_LOGITS]);
+        B[BUF_CAND_N] = buf_bytes(S, 1, sizeof(int32_t));
+    }
     return SP_OK;
 }
 
@@ -476,6 +488,7 @@ sp_batch_destroy(sp_batch_t *b)
     sp_free(b->row_seq);
     sp_free(b->order);
     sp_free(b->seq_out);
+    sp_free(b->cand_n);
     sp_free(b);
 }
 
@@ -509,8 +522,9 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     }
     /* sp_malloc_aligned refuses SIZE_MAX (an overflowed size): that is an OOM here. */
     const size_t *B = L.bytes;
-    b->x = sp_malloc_aligned(B[BUF_X], 64);
-    b->xn = sp_malloc_aligned(B[BUF_XN], 64);
+    const size_t host_align = m->gpu != NULL ? sp_gpu_host_page() : 64; /* pinned: pages */
+    b->x = sp_malloc_aligned(B[BUF_X], host_align);
+    b->xn = sp_malloc_aligned(B[BUF_XN], host_align);
     b->q = sp_malloc_aligned(B[BUF_Q], 64);
     b->kv_k = sp_malloc_aligned(B[BUF_KV_K], 64);
     b->kv_v = sp_malloc_aligned(B[BUF_KV_V], 64);
@@ -522,7 +536,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->scores = sp_malloc_aligned(B[BUF_SCORES], 64);
     b->rope_cs = sp_malloc_aligned(B[BUF_ROPE_CS], 64);
     b->inv_freq = sp_malloc_aligned(B[BUF_INV_FREQ], 64);
-    b->logits = sp_malloc_aligned(B[BUF_LOGITS], 64);
+    b->logits = sp_malloc_aligned(B[BUF_LOGITS], host_align);
     b->row_tok = sp_malloc_aligned(B[BUF_ROW_TOK], 64);
     b->row_pos = sp_malloc_aligned(B[BUF_ROW_POS], 64);
     b->row_seq = sp_malloc_aligned(B[BUF_ROW_SEQ], 64);
@@ -544,11 +558,18 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
         b->inv_freq[i] = (float)(f / hp->rope_scale);
     }
     if (m->gpu != NULL) {
+        b->cand_n = sp_calloc((size_t)L.p.max_seqs, sizeof(int32_t));
+        if (b->cand_n == NULL) {
+            goto oom;
+        }
         st = sp__gpu_batch_create(m->gpu, &L.p, &b->gpu, err, err_len);
         if (st != SP_OK) {
             sp_batch_destroy(b);
             return st;
         }
+        sp__gpu_batch_pin(b->gpu, b->x, B[BUF_X], "x");
+        sp__gpu_batch_pin(b->gpu, b->xn, B[BUF_XN], "hidden");
+        sp__gpu_batch_pin(b->gpu, b->logits, B[BUF_LOGITS], "logits");
     }
     *out = b;
     return SP_OK;
@@ -565,7 +586,30 @@ sp_batch_logits(const sp_batch_t *b, int64_t i)
     if (b == NULL || i < 0 || i >= b->n_seqs || b->seq_out[i] < 0) {
         return NULL;
     }
-    return b->logits + b->seq_out[i] * b->m->hp.n_vocab;
+    float *row = b->logits + b->seq_out[i] * b->m->hp.n_vocab;
+    const int32_t *ids;
+    const float *vals;
+    const int32_t k = sp_batch_candidates(b, i, &ids, &vals);
+    if (k > 0) {
+        /* Only candidates came back: the row they stand for (batch.h). */
+        for (int64_t t = 0; t < b->m->hp.n_vocab; t++) {
+            row[t] = -INFINITY;
+        }
+        for (int32_t j = 0; j < k; j++) {
+            row[ids[j]] = vals[j];
+        }
+    }
+    return row;
+}
+
+int32_t
+sp_batch_candidates(const sp_batch_t *b, int64_t i, const int32_t **ids, const float **vals)
+{
+    if (b == NULL || b->cand_n == NULL || i < 0 || i >= b->n_seqs || b->seq_out[i] < 0 ||
+        b->cand_n[i] <= 0 || sp__gpu_batch_cand(b->gpu, b->seq_out[i], ids, vals) <= 0) {
+        return 0;
+    }
+    return b->cand_n[i];
 }
 
 const float *
@@ -1081,6 +1125,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     for (int64_t i = 0; i < n_seqs; i++) {
         b->seq_nl[i] = 1; /* more only where the CPU output stage keeps more */
     }
+    if (b->cand_n != NULL) {
+        memset(b->cand_n, 0, (size_t)n_seqs * sizeof(int32_t));
+    }
     const sp_model_t *m = b->m;
     const sp_hparams_t *hp = &m->hp;
     const int64_t E = hp->n_embd, q_dim = hp->n_head * hp->head_dim;
@@ -1104,8 +1151,13 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     int64_t il0 = 0; /* the first layer the CPU runs */
     if (b->gpu != NULL) {
         /* Layers 0..n_gpu-1 on the device, from the rows embedded above. */
-        sp_gpu_step_t gs = {seqs, n_seqs, R, b->x, b->row_pos, b->row_seq, (int)out, b->x,
-                            out == SP_BATCH_OUT_ALL ? all_logits : b->logits, b->seq_out, b->xn};
+        sp_gpu_step_t gs = {.seqs = seqs, .n_seqs = n_seqs, .n_rows = R, .x = b->x,
+                            .row_pos = b->row_pos, .row_seq = b->row_seq, .out = (int)out,
+                            .x_out = b->x,
+                            .logits = out == SP_BATCH_OUT_ALL ? all_logits : b->logits,
+                            .seq_out = b->seq_out, .hidden = b->xn,
+                            .cand_k = out == SP_BATCH_OUT_SEQ ? b->cand_req : NULL,
+                            .cand_n = b->cand_n};
         st = sp__gpu_batch_run(b->gpu, kv->gpu, &gs);
         il0 = sp_gpu_model_layers(m);
         if (st != SP_OK || il0 == hp->n_layer) {
@@ -1208,4 +1260,23 @@ sp_status_t
 sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs)
 {
     return sp__batch_run(b, kv, seqs, n_seqs, SP_BATCH_OUT_SEQ, NULL);
+}
+
+sp_status_t
+sp_batch_eval_cand(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs,
+                   const int32_t *cand_k)
+{
+    if (b == NULL) {
+        return SP_ERR_INVALID;
+    }
+    for (int64_t i = 0; cand_k != NULL && i < n_seqs; i++) {
+        if (cand_k[i] < 0 || cand_k[i] > SP_BATCH_MAX_CANDIDATES) {
+            b->n_seqs = 0;
+            return SP_ERR_INVALID;
+        }
+    }
+    b->cand_req = cand_k;
+    sp_status_t st = sp__batch_run(b, kv, seqs, n_seqs, SP_BATCH_OUT_SEQ, NULL);
+    b->cand_req = NULL;
+    return st;
 }

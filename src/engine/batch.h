@@ -117,8 +117,30 @@ typedef struct sp_batch_seq {
 sp_status_t sp_batch_eval(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,
                           int64_t n_seqs);
 /* n_vocab logits of seqs[i] after the last step (NULL unless seqs[i].logits,
- * and NULL for every i after a rejected step). Valid until the next step. */
+ * and NULL for every i after a rejected step). Valid until the next step.
+ * For a sequence whose step returned candidates (sp_batch_candidates > 0)
+ * it is the row they stand for: their values, -inf elsewhere (built on the
+ * call, O(n_vocab)). */
 const float *sp_batch_logits(const sp_batch_t *b, int64_t i);
+
+/*
+ * Sampling on the device (GPU path only; docs/cuda.md "Candidates"). Like
+ * sp_batch_eval, but cand_k[i] (0..SP_BATCH_MAX_CANDIDATES; NULL = all 0)
+ * says that sequence i's sampler needs only its cand_k[i] best logits
+ * (sp_gen_candidates decides): a model whose output runs on the GPU then
+ * returns those, ids and values, instead of the n_vocab row, and
+ * sp_batch_candidates gives them. 0, a CPU model, a partial offload or
+ * $SAMPAN_CUDA_CANDIDATES=0: the row as always (sp_batch_candidates is 0).
+ * SP_ERR_INVALID for a cand_k out of range.
+ */
+#define SP_BATCH_MAX_CANDIDATES 64
+sp_status_t sp_batch_eval_cand(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs,
+                               int64_t n_seqs, const int32_t *cand_k);
+/* The candidates of seqs[i] after the last step: *ids and *vals get k
+ * entries, best first (larger value, then lower id), valid until the next
+ * step; returns k (cand_k[i]), or 0 when the row came back instead. */
+int32_t sp_batch_candidates(const sp_batch_t *b, int64_t i, const int32_t **ids,
+                            const float **vals);
 /* With n_logits > 1: the logits of the row's j-th kept token (j < n_logits). */
 const float *sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j);
 

@@ -1310,8 +1310,11 @@ release_all(sp_gen_t *g)
 
 /* ---- step ---------------------------------------------------------------- */
 
-sp_status_t
-sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
+static sp_status_t emit(sp_gen_t *g, int32_t id, sp_gen_token_t *out);
+
+/* The start of every step: an empty result, or the error after the end. */
+static sp_status_t
+step_begin(sp_gen_t *g, sp_gen_token_t *out)
 {
     memset(out, 0, sizeof *out);
     out->token = -1;
@@ -1320,6 +1323,16 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     g->text[0] = '\0';
     if (g->over) {
         return fail(g, SP_ERR_INVALID, "step after the generation ended");
+    }
+    return SP_OK;
+}
+
+sp_status_t
+sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
+{
+    sp_status_t bst = step_begin(g, out);
+    if (bst != SP_OK) {
+        return bst;
     }
     int32_t n = g->n_vocab;
 
@@ -1412,6 +1425,51 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         out->chosen.token = id;
         out->chosen.logprob = logprob_of(z, logits[id]);
     }
+    return emit(g, id, out);
+}
+
+int32_t
+sp_gen_candidates(const sp_gen_t *g)
+{
+    /* The constraints mask tokens anywhere in the row, log-probabilities
+     * need its whole normaliser: those need the row. */
+    if (g->over || g->p.json_object || g->gm != NULL || g->p.top_logprobs >= 0) {
+        return 0;
+    }
+    return sp_sampler_candidates(g->smp);
+}
+
+sp_status_t
+sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32_t n,
+                       sp_gen_token_t *out)
+{
+    sp_status_t bst = step_begin(g, out);
+    if (bst != SP_OK) {
+        return bst;
+    }
+    const int32_t need = sp_gen_candidates(g);
+    if (need == 0 || n < need || ids == NULL || vals == NULL) {
+        return fail(g, SP_ERR_INVALID, "these sampling parameters need the whole row of logits");
+    }
+    /* As sp_gen_step: no penalties (sp_gen_candidates said so), and the
+     * candidates are the best logits, so the first one says whether any
+     * is above -inf (NaN counts as -inf). */
+    if (!(vals[0] > -INFINITY)) {
+        return fail(g, SP_ERR_INVALID, "no finite logit to sample from");
+    }
+    const int32_t id = sp_sampler_sample_candidates(g->smp, ids, vals, n);
+    if (id < 0 || id >= g->n_vocab) {
+        return fail(g, SP_ERR_INVALID, "a candidate id is outside the vocabulary");
+    }
+    out->token = id;
+    return emit(g, id, out);
+}
+
+/* The rest of a step once the token is chosen: count it, its text, stop
+ * strings, the constraints' state and the limits. */
+static sp_status_t
+emit(sp_gen_t *g, int32_t id, sp_gen_token_t *out)
+{
     g->n_gen++;
     sp_sampler_accept(g->smp, id);
 

@@ -116,6 +116,19 @@ void sp_gen_accept_prompt(sp_gen_t *g, const int32_t *tokens, int64_t n);
  * model allow.
  */
 sp_status_t sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out);
+/*
+ * Sampling from the best few logits (the GPU returns them instead of the row:
+ * docs/cuda.md "Candidates"). sp_gen_candidates: how many best logits the next
+ * step needs (sp_sampler_candidates), or 0 when it needs the whole row (a
+ * JSON or grammar constraint, log-probabilities, penalties, no top_k <= 64).
+ * sp_gen_step_candidates: sp_gen_step from n >= that many candidates, ids[]
+ * and their logits vals[] best first (larger value, then lower id): the same
+ * token and text as sp_gen_step on the whole row. SP_ERR_INVALID (and the
+ * generation is over) when the step needs the row or n is too small.
+ */
+int32_t sp_gen_candidates(const sp_gen_t *g);
+sp_status_t sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32_t n,
+                                   sp_gen_token_t *out);
 int32_t sp_gen_n_generated(const sp_gen_t *g);
 /* One line describing the last sp_gen_step error ("" when none). */
 const char *sp_gen_error(const sp_gen_t *g);

@@ -14,6 +14,15 @@
  * expanding the 64-bit seed with splitmix64, as the authors recommend. Each
  * draw uses the top 53 bits of one output as a double in [0, 1).
  *
+ * Candidates (sp_sampler_sample_candidates): when the parameters need only
+ * the best k <= 64 logits (greedy, or a top-k of at most 64 without
+ * penalties), the same pipeline runs on those k (ids and values, best
+ * first, as the GPU's topk gives them): the top-k set is the same, put in
+ * id order as the heap's is, and the tail from the temperature on (draw())
+ * is one function for both, so the weights, their sums, the sort and the
+ * draw are the same operations in the same order, and the token is the
+ * same for the same seed.
+ *
  * Memory: everything is sized at create from n_vocab and penalty_last_n;
  * sp_sampler_sample allocates nothing.
  */
@@ -41,6 +50,7 @@ struct sp_sampler {
     int32_t *ring;       /* (penalty_last_n) last accepted tokens, oldest at ring_head */
     int32_t ring_head;
     int32_t ring_len;
+    float cval[SP_SAMPLER_MAX_CANDIDATES]; /* candidates' values, slot by slot (cand) */
 };
 
 /* ---- PRNG -------------------------------------------------------------- */
@@ -366,6 +376,125 @@ sp_sampler_sample(sp_sampler_t *s, float *logits)
     return sp_sampler_sample_penalized(s, logits);
 }
 
+/*
+ * From the temperature on, for the k candidates in s->cand (ids ascending):
+ * a candidate's logit is logits[id], or with cv (the candidate path) cv[slot],
+ * compacted along with the ids. top is the largest logit.
+ */
+static int32_t
+draw(sp_sampler_t *s, const float *logits, float *cv, int32_t k, double top)
+{
+    const sp_sampler_params_t *p = &s->p;
+    int32_t *c = s->cand;
+    /*
+     * Temperature and softmax, without dividing yet: w = exp((l - max) / T), so
+     * the best token weighs 1 and p = w / z. min-p (p >= min_p * p_max) is then
+     * w >= min_p. top-p and min-p both keep a prefix of the same best-first
+     * order, so applying min-p first gives the same set and shrinks the sort;
+     * z still sums the whole top-k set, as top-p needs.
+     */
+    double inv_t = 1.0 / (double)p->temperature, z = 0.0;
+    int32_t m = 0;
+    for (int32_t i = 0; i < k; i++) {
+        int32_t id = c[i];
+        const float l = cv ? cv[i] : logits[id];
+        /* expf: float precision is plenty for a draw, and it is ~3x cheaper */
+        double w = (double)expf((float)(((double)l - top) * inv_t));
+        z += w;
+        if (w > 0.0 && w >= (double)p->min_p) { /* weight 0 could only be drawn by rounding */
+            c[m] = id; /* m <= i: compacting in place is safe */
+            if (cv) {
+                cv[m] = l;
+            }
+            s->weight[m] = (float)w;
+            m++;
+        }
+    }
+
+    /* top-p: the shortest best-first prefix whose mass reaches top_p; only
+     * this needs the order, so only this sorts */
+    int32_t keep = m;
+    const uint64_t *order = NULL; /* sorted keys; low half = slot */
+    if (p->top_p < 1.0f) {
+        for (int32_t i = 0; i < m; i++) {
+            s->key[i] = sort_key(cv ? cv[i] : logits[c[i]], (uint32_t)i);
+        }
+        order = radix_sort(s->key, s->key_tmp, m, 32, 64);
+        double cum = 0.0, target = (double)p->top_p * z;
+        for (keep = 0; keep < m;) {
+            cum += s->weight[(uint32_t)order[keep++]];
+            if (cum >= target) {
+                break;
+            }
+        }
+    }
+
+    /* one draw from what is left, renormalised (walked best first when sorted) */
+    double mass = 0.0;
+    for (int32_t j = 0; j < keep; j++) {
+        mass += s->weight[order ? (uint32_t)order[j] : (uint32_t)j];
+    }
+    double u = uniform01(s) * mass, acc = 0.0;
+    uint32_t slot = 0;
+    for (int32_t j = 0; j < keep; j++) {
+        slot = order ? (uint32_t)order[j] : (uint32_t)j;
+        acc += s->weight[slot];
+        if (u < acc) {
+            break;
+        }
+    }
+    return c[slot]; /* if rounding left u at the very top, the last kept token */
+}
+
+int32_t
+sp_sampler_candidates(const sp_sampler_t *s)
+{
+    const sp_sampler_params_t *p = &s->p;
+    if (p->penalty_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                                  p->presence_penalty != 0.0f)) {
+        return 0; /* penalties change logits outside any top k of the raw row */
+    }
+    if (p->temperature == 0.0f || p->top_k == 1) {
+        return 1;
+    }
+    if (p->top_k > 1 && p->top_k <= SP_SAMPLER_MAX_CANDIDATES && p->top_k < s->n_vocab) {
+        return p->top_k;
+    }
+    return 0; /* no top-k (or a large one): the whole row is weighed */
+}
+
+int32_t
+sp_sampler_sample_candidates(sp_sampler_t *s, const int32_t *ids, const float *vals, int32_t n)
+{
+    const sp_sampler_params_t *p = &s->p;
+    const int32_t need = sp_sampler_candidates(s);
+    if (need == 0 || n < need || ids == NULL || vals == NULL) {
+        return -1;
+    }
+    /* vals[0] is the largest logit, ids[0] the lowest id holding it (NaN
+     * ranks as -inf): what clean_argmax finds in the row. */
+    const float v0 = vals[0] != vals[0] ? -INFINITY : vals[0];
+    if (p->temperature == 0.0f || p->top_k == 1 || isinf(v0)) {
+        return ids[0];
+    }
+    /* The top-k set in id order, as the heap path leaves it (k <= 64:
+     * insertion sort). */
+    const int32_t k = need;
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t id = ids[i];
+        const float v = vals[i] != vals[i] ? -INFINITY : vals[i];
+        int32_t j = i;
+        while (j > 0 && s->cand[j - 1] > id) {
+            s->cand[j] = s->cand[j - 1];
+            s->cval[j] = s->cval[j - 1];
+            j--;
+        }
+        s->cand[j] = id;
+        s->cval[j] = v;
+    }
+    return draw(s, NULL, s->cval, k, (double)v0);
+}
+
 /* Past this point the logits are only read (after NaN -> -inf): the
  * per-candidate weights live in s->weight (sampler.h promises this). */
 int32_t
@@ -415,58 +544,5 @@ sp_sampler_sample_penalized(sp_sampler_t *s, float *logits)
         }
     }
 
-    /*
-     * Temperature and softmax, without dividing yet: w = exp((l - max) / T), so
-     * the best token weighs 1 and p = w / z. min-p (p >= min_p * p_max) is then
-     * w >= min_p. top-p and min-p both keep a prefix of the same best-first
-     * order, so applying min-p first gives the same set and shrinks the sort;
-     * z still sums the whole top-k set, as top-p needs.
-     */
-    double inv_t = 1.0 / (double)p->temperature, z = 0.0, top = (double)logits[best];
-    int32_t m = 0;
-    for (int32_t i = 0; i < k; i++) {
-        int32_t id = c[i];
-        /* expf: float precision is plenty for a draw, and it is ~3x cheaper */
-        double w = (double)expf((float)(((double)logits[id] - top) * inv_t));
-        z += w;
-        if (w > 0.0 && w >= (double)p->min_p) { /* weight 0 could only be drawn by rounding */
-            c[m] = id; /* m <= i: compacting in place is safe */
-            s->weight[m] = (float)w;
-            m++;
-        }
-    }
-
-    /* top-p: the shortest best-first prefix whose mass reaches top_p; only
-     * this needs the order, so only this sorts */
-    int32_t keep = m;
-    const uint64_t *order = NULL; /* sorted keys; low half = slot */
-    if (p->top_p < 1.0f) {
-        for (int32_t i = 0; i < m; i++) {
-            s->key[i] = sort_key(logits[c[i]], (uint32_t)i);
-        }
-        order = radix_sort(s->key, s->key_tmp, m, 32, 64);
-        double cum = 0.0, target = (double)p->top_p * z;
-        for (keep = 0; keep < m;) {
-            cum += s->weight[(uint32_t)order[keep++]];
-            if (cum >= target) {
-                break;
-            }
-        }
-    }
-
-    /* one draw from what is left, renormalised (walked best first when sorted) */
-    double mass = 0.0;
-    for (int32_t j = 0; j < keep; j++) {
-        mass += s->weight[order ? (uint32_t)order[j] : (uint32_t)j];
-    }
-    double u = uniform01(s) * mass, acc = 0.0;
-    uint32_t slot = 0;
-    for (int32_t j = 0; j < keep; j++) {
-        slot = order ? (uint32_t)order[j] : (uint32_t)j;
-        acc += s->weight[slot];
-        if (u < acc) {
-            break;
-        }
-    }
-    return c[slot]; /* if rounding left u at the very top, the last kept token */
+    return draw(s, logits, NULL, k, (double)logits[best]);
 }

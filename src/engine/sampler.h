@@ -49,4 +49,23 @@ int32_t sp_sampler_sample(sp_sampler_t *s, float *logits);
 void sp_sampler_apply_penalties(sp_sampler_t *s, float *logits);
 int32_t sp_sampler_sample_penalized(sp_sampler_t *s, float *logits);
 
+/*
+ * Sampling from the best few logits only (the GPU returns them instead of
+ * the whole row: docs/cuda.md "Candidates").
+ * sp_sampler_candidates: how many best logits these parameters need to give
+ * exactly the token sp_sampler_sample would: 1 for greedy (temperature 0 or
+ * top_k 1), top_k for 2 <= top_k <= SP_SAMPLER_MAX_CANDIDATES (and below
+ * n_vocab), whatever top_p, min_p and temperature; 0 (the whole row) without
+ * such a top_k or with a penalty configured.
+ * sp_sampler_sample_candidates: the token from n >= that many candidates,
+ * ids[] with their logits vals[], best first (larger value, then lower id;
+ * NaN ranks as -inf), as sp_sampler_sample_penalized would pick from the
+ * whole row with the same state and seed (it draws the same numbers).
+ * -1 when the parameters need the whole row or n is too small.
+ */
+#define SP_SAMPLER_MAX_CANDIDATES 64
+int32_t sp_sampler_candidates(const sp_sampler_t *s);
+int32_t sp_sampler_sample_candidates(sp_sampler_t *s, const int32_t *ids, const float *vals,
+                                     int32_t n);
+
 #endif /* SP_ENGINE_SAMPLER_H */

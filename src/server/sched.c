@@ -166,6 +166,7 @@ struct sp_sched {
     int n_running;
     seq_t **step_seqs;     /* sequences of the step being planned, parallel to rows */
     sp_batch_seq_t *rows;
+    int32_t *cand_k;       /* per row: the best logits its sampler needs (0: the whole row) */
     int n_rows;
     uint64_t admit_counter;
     sp_stepctl_t ctl;      /* adaptive prefill budget (engine thread) */
@@ -1273,9 +1274,17 @@ finish_row(sp_sched_t *s, int64_t i)
     if (!s->rows[i].logits) {
         return;
     }
-    memcpy(s->logits, sp_batch_logits(s->batch, i), (size_t)s->n_vocab * sizeof(float));
+    const int32_t *ids;
+    const float *vals;
+    const int32_t k = sp_batch_candidates(s->batch, i, &ids, &vals);
     sp_gen_token_t t;
-    sp_status_t st = sp_gen_step(sq->gen, s->logits, &t);
+    sp_status_t st;
+    if (k > 0) { /* the GPU sent its best logits only (docs/cuda.md "Candidates") */
+        st = sp_gen_step_candidates(sq->gen, ids, vals, k, &t);
+    } else {
+        memcpy(s->logits, sp_batch_logits(s->batch, i), (size_t)s->n_vocab * sizeof(float));
+        st = sp_gen_step(sq->gen, s->logits, &t);
+    }
     if (st != SP_OK) {
         seq_fail(s, sq, st, sp_gen_error(sq->gen));
         return;
@@ -1371,7 +1380,12 @@ engine_step(sp_sched_t *s)
     int64_t rows = plan_step(s);
     int64_t n_seqs = s->n_rows;
     if (n_seqs > 0) {
-        sp_status_t st = sp_batch_eval(s->batch, s->kv, s->rows, n_seqs);
+        for (int64_t i = 0; i < n_seqs; i++) {
+            s->cand_k[i] = s->rows[i].logits && s->rows[i].n_logits <= 1
+                               ? sp_gen_candidates(s->step_seqs[i]->gen)
+                               : 0;
+        }
+        sp_status_t st = sp_batch_eval_cand(s->batch, s->kv, s->rows, n_seqs, s->cand_k);
         if (st != SP_OK) {
             for (int64_t i = 0; i < n_seqs; i++) {
                 if (!s->step_seqs[i]->ended) {
@@ -1615,8 +1629,8 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     const uint64_t parts[] = {
         sizeof(sp_sched_t),
         vocab_bytes(sp_model_tokenizer(m)),
-        (uint64_t)p->n_slots * (2 * sizeof(seq_t *) + sizeof(sp_batch_seq_t)), /* running,
-                                                                     step_seqs, rows */
+        (uint64_t)p->n_slots * (2 * sizeof(seq_t *) + sizeof(sp_batch_seq_t) +
+                                sizeof(int32_t)), /* running, step_seqs, rows, cand_k */
         (uint64_t)hp->n_vocab * sizeof(float), /* logits */
         (uint64_t)hp->n_embd * sizeof(float),  /* emb */
         sp_ctx_bytes(m, &pl.cp),
@@ -1681,9 +1695,10 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     s->running = sp_calloc((size_t)s->p.n_slots, sizeof *s->running);
     s->step_seqs = sp_calloc((size_t)s->p.n_slots, sizeof *s->step_seqs);
     s->rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->rows);
+    s->cand_k = sp_calloc((size_t)s->p.n_slots, sizeof *s->cand_k);
     s->logits = sp_malloc((size_t)s->n_vocab * sizeof(float));
     s->emb = sp_malloc((size_t)s->n_embd * sizeof(float));
-    if (!s->running || !s->step_seqs || !s->rows || !s->logits || !s->emb) {
+    if (!s->running || !s->step_seqs || !s->rows || !s->cand_k || !s->logits || !s->emb) {
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
     }
@@ -1778,6 +1793,7 @@ sp_sched_destroy(sp_sched_t *s)
     sp_free(s->running);
     sp_free(s->step_seqs);
     sp_free(s->rows);
+    sp_free(s->cand_k);
     sp_free(s->logits);
     sp_free(s->emb);
     sp_free(s->scratch);

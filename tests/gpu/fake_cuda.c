@@ -31,6 +31,16 @@
  * capturing (they would break a real capture). fake_cuda_stats counts
  * captures, launches and the quantised ops, for tests that must know a
  * graph or gemv_q really ran.
+ *
+ * Pinned host memory: host_register records the range (pages, as CUDA pins
+ * them: a range whose pages overlap a registered one is refused, as CUDA's
+ * cudaErrorHostMemoryAlreadyRegistered); h2d and d2h count each copy as
+ * pinned when its host range lies inside one registered range, else as
+ * pageable, with the bytes each way (fake_cuda_copy_stats), so a test can
+ * check that a step's copies are all pinned and how much a step downloads.
+ * fake_cuda_pinned gives the bytes registered (a test checks they return to
+ * 0); fake_cuda_fail_pin(n) makes the next n registrations fail as
+ * exhausted pinned memory would.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -86,6 +96,40 @@ static int n_devices = 1;
 static uint32_t abi = SP_CUDA_ABI_VERSION;
 static int fail_capture;
 static long n_captures, n_launches, n_gemv_q, n_qsplit;
+
+/* Registered host ranges (process-wide, as CUDA's). */
+#define FAKE_PAGE 4096u
+#define MAX_PINS 256
+typedef struct pin_rec {
+    const sp_cuda_ctx_t *ctx;
+    const char *p;
+    size_t n;
+} pin_rec_t;
+static pin_rec_t pins[MAX_PINS];
+static int n_pins;
+static uint64_t pinned_total;
+static long fail_pin;
+static long n_copy_pinned, n_copy_pageable;
+static uint64_t h2d_bytes, d2h_bytes;
+
+EXPORT void fake_cuda_fail_pin(long n) { fail_pin = n; }
+/* Bytes and ranges registered now (every context). */
+EXPORT void
+fake_cuda_pinned(uint64_t *bytes, int *ranges)
+{
+    *bytes = pinned_total;
+    *ranges = n_pins;
+}
+/* h2d/d2h copies whose host range was pinned / pageable, and the bytes each
+ * way, since the library was loaded. */
+EXPORT void
+fake_cuda_copy_stats(long *pinned, long *pageable, uint64_t *h2d, uint64_t *d2h)
+{
+    *pinned = n_copy_pinned;
+    *pageable = n_copy_pageable;
+    *h2d = h2d_bytes;
+    *d2h = d2h_bytes;
+}
 
 EXPORT void fake_cuda_fail_at(long n) { fail_at = n; }
 EXPORT void fake_cuda_set_mem(uint64_t bytes) { mem_cap = bytes; }
@@ -265,6 +309,7 @@ struct hdr {
 };
 
 static void dev_free(sp_cuda_ctx_t *c, void *p);
+static void host_unregister(sp_cuda_ctx_t *c, void *p);
 
 static void
 ctx_destroy(sp_cuda_ctx_t *c)
@@ -274,6 +319,11 @@ ctx_destroy(sp_cuda_ctx_t *c)
     }
     while (c->live) {
         dev_free(c, c->live + 1);
+    }
+    for (int i = n_pins - 1; i >= 0; i--) { /* as cudaHostUnregister of what is left */
+        if (pins[i].ctx == c) {
+            host_unregister(c, (void *)pins[i].p);
+        }
     }
     free(c->recs);
     free(c);
@@ -343,11 +393,33 @@ dev_free(sp_cuda_ctx_t *c, void *p)
     free(h);
 }
 
+/* Count a copy's host range as pinned (inside one registered range) or pageable. */
+static int
+host_side(sp_cuda_ctx_t *c, const void *h, size_t n, const char *op)
+{
+    (void)c;
+    (void)op;
+    const char *q = h;
+    for (int i = 0; i < n_pins; i++) {
+        if (q >= pins[i].p && q + n <= pins[i].p + pins[i].n) {
+            n_copy_pinned++;
+            return SP_OK;
+        }
+    }
+    n_copy_pageable++;
+    return SP_OK;
+}
+
 static int
 h2d(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 {
     NO_CAPTURE(c, "h2d");
     ENTER(c, "h2d");
+    int st = host_side(c, src, n, "h2d");
+    if (st != SP_OK) {
+        return st;
+    }
+    h2d_bytes += n;
     memcpy(dst, src, n);
     return SP_OK;
 }
@@ -357,8 +429,70 @@ d2h(sp_cuda_ctx_t *c, void *dst, const void *src, size_t n)
 {
     NO_CAPTURE(c, "d2h");
     ENTER(c, "d2h");
+    int st = host_side(c, dst, n, "d2h");
+    if (st != SP_OK) {
+        return st;
+    }
+    d2h_bytes += n;
     memcpy(dst, src, n);
     return SP_OK;
+}
+
+/* ---------------------------------------------------- pinned host memory */
+
+static int
+host_register(sp_cuda_ctx_t *c, void *p, size_t n)
+{
+    NO_CAPTURE(c, "host_register");
+    ENTER(c, "host_register");
+    if (p == NULL || n == 0) {
+        return fail(c, SP_ERR_INVALID, "fake:%d host_register: empty range", c->ordinal);
+    }
+    if (fail_pin > 0) {
+        fail_pin--;
+        return fail(c, SP_ERR_NOMEM, "fake:%d cudaHostRegister(%zu bytes): out of memory "
+                    "(cudaErrorMemoryAllocation, injected)", c->ordinal, n);
+    }
+    /* CUDA pins whole pages: a range whose pages meet a registered range's
+     * is refused, even when the bytes themselves do not overlap. */
+    const uintptr_t lo = (uintptr_t)p / FAKE_PAGE, hi = ((uintptr_t)p + n - 1) / FAKE_PAGE;
+    for (int i = 0; i < n_pins; i++) {
+        const uintptr_t l2 = (uintptr_t)pins[i].p / FAKE_PAGE;
+        const uintptr_t h2 = ((uintptr_t)pins[i].p + pins[i].n - 1) / FAKE_PAGE;
+        if (lo <= h2 && l2 <= hi) {
+            return fail(c, SP_ERR_NOMEM, "fake:%d cudaHostRegister(%p, %zu bytes): part of the "
+                        "range is already registered (cudaErrorHostMemoryAlreadyRegistered)",
+                        c->ordinal, p, n);
+        }
+    }
+    if (n_pins == MAX_PINS) {
+        return fail(c, SP_ERR_NOMEM, "fake:%d cudaHostRegister: too many ranges", c->ordinal);
+    }
+    pins[n_pins++] = (pin_rec_t){c, p, n};
+    pinned_total += n;
+    return SP_OK;
+}
+
+static void
+host_unregister(sp_cuda_ctx_t *c, void *p)
+{
+    for (int i = 0; c != NULL && i < n_pins; i++) {
+        if (pins[i].ctx == c && pins[i].p == (const char *)p) {
+            pinned_total -= pins[i].n;
+            pins[i] = pins[--n_pins];
+            return;
+        }
+    }
+}
+
+static uint64_t
+pinned_bytes(const sp_cuda_ctx_t *c)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < n_pins; i++) {
+        b += pins[i].ctx == c ? pins[i].n : 0;
+    }
+    return b;
 }
 
 static int
@@ -885,6 +1019,7 @@ static const sp_cuda_api_t api = {
     dev_alloc, dev_free, h2d, d2h, d2d, dev_sync,
     to_f16, embed, add_rmsnorm, gemm, rope_cs, rope, kv_write, attn, swiglu, softmax, topk,
     graph_begin, graph_end, graph_launch, graph_destroy, qsplit_to_f16, gemv_q,
+    host_register, host_unregister, pinned_bytes,
 };
 
 static sp_cuda_api_t api_other;

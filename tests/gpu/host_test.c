@@ -28,7 +28,9 @@
 #include "cuda/cuda_common.h"
 #include "cuda/gpu.h"
 #include "engine/batch.h"
+#include "engine/gen.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 #include "kernels/kernels.h"
 #include "sampan/log.h"
 #include "tools/tools.h"
@@ -1101,6 +1103,472 @@ test_kv_q8_refused(void)
     end();
 }
 
+/* ------------------------------------------------------ pinned host memory */
+
+static void (*fake_fail_pin)(long);
+static void (*fake_pinned)(uint64_t *, int *);
+static void (*fake_copy_stats)(long *, long *, uint64_t *, uint64_t *);
+
+static uint64_t
+pinned_now(void)
+{
+    uint64_t b;
+    int n;
+    fake_pinned(&b, &n);
+    return b;
+}
+
+typedef struct copies {
+    long pinned, pageable;
+    uint64_t h2d, d2h;
+} copies_t;
+
+static copies_t
+copies_now(void)
+{
+    copies_t c;
+    fake_copy_stats(&c.pinned, &c.pageable, &c.h2d, &c.d2h);
+    return c;
+}
+
+/* A prefill of 10 tokens and 12 greedy decode steps of 3 sequences through a
+ * batch of m; every logits row of the last step into last (3 x V). */
+static sp_status_t
+pin_run(sp_model_t *m, float *last, uint64_t *pinned_in_use)
+{
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    sp_kv_pool_params_t kp = {32, false};
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = 64;
+    bp.max_seqs = 4;
+    bp.max_ctx = 128;
+    bp.n_threads = 1;
+    sp_kv_pool_t *kv = NULL;
+    sp_batch_t *b = NULL;
+    char err[256] = "";
+    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
+    if (st == SP_OK) {
+        st = sp_batch_create(m, &bp, &b, err, sizeof err);
+    }
+    *pinned_in_use = st == SP_OK ? sp_gpu_model_pinned_bytes(m) : 0;
+    int32_t blocks[3][8], tok[3];
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < 8; k++) {
+            blocks[i][k] = (int32_t)(i * 8 + k);
+        }
+    }
+    if (st == SP_OK) {
+        sp_batch_seq_t s[3];
+        for (int i = 0; i < 3; i++) {
+            s[i] = (sp_batch_seq_t){prompt + i, 10, 0, blocks[i], 8, true, 0, NULL};
+        }
+        st = sp_batch_eval(b, kv, s, 3);
+        for (int i = 0; st == SP_OK && i < 3; i++) {
+            tok[i] = argmax(sp_batch_logits(b, i), V);
+        }
+    }
+    for (int step = 0; st == SP_OK && step < 12; step++) {
+        sp_batch_seq_t s[3];
+        for (int i = 0; i < 3; i++) {
+            s[i] = (sp_batch_seq_t){&tok[i], 1, 10 + step, blocks[i], 8, true, 0, NULL};
+        }
+        st = sp_batch_eval(b, kv, s, 3);
+        for (int i = 0; st == SP_OK && i < 3; i++) {
+            const float *l = sp_batch_logits(b, i);
+            tok[i] = argmax(l, V);
+            if (step == 11) {
+                memcpy(last + i * V, l, (size_t)V * sizeof(float));
+            }
+        }
+    }
+    if (st != SP_OK) {
+        printf("  pin_run: status %d %s\n", st, err);
+    }
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    return st;
+}
+
+/*
+ * Every copy of a step (the integer block, x up, logits or the residual
+ * down) from pinned memory, full and partial offload, graphs on and off;
+ * the pinned bytes are counted and return to 0 when the batch goes; a
+ * failed registration falls back to pageable copies with the same results;
+ * SAMPAN_CUDA_PINNED=0 pins nothing.
+ */
+static void
+test_pinned(void)
+{
+    char err[512];
+    if (fake_pinned == NULL || fake_copy_stats == NULL || fake_fail_pin == NULL) {
+        skip("pinned", "the fake library has no pinned-memory knobs");
+        return;
+    }
+    const int64_t splits[] = {-1, 2};
+    for (size_t k = 0; k < 2; k++) {
+        for (int graphs = 0; graphs <= 1; graphs++) {
+            char name[64];
+            snprintf(name, sizeof name, "pinned_copies_%s_graphs_%s", k ? "partial2" : "full",
+                     graphs ? "on" : "off");
+            begin(name);
+            set_graphs(graphs);
+            sp_model_t *g = load(splits[k], err, sizeof err);
+            CHECK(g != NULL, "attach: %s", err);
+            if (g != NULL) {
+                const int64_t V = sp_model_hparams(g)->n_vocab;
+                static float pinned_logits[3 * 512], pageable_logits[3 * 512];
+                const uint64_t p0 = pinned_now();
+                const copies_t c0 = copies_now();
+                uint64_t in_use = 0;
+                CHECK(pin_run(g, pinned_logits, &in_use) == SP_OK, "pinned run");
+                const copies_t c1 = copies_now();
+                printf("  pinned while the batch lived: %llu bytes; copies pinned %ld, pageable "
+                       "%ld\n", (unsigned long long)in_use, c1.pinned - c0.pinned,
+                       c1.pageable - c0.pageable);
+                CHECK(in_use >= (uint64_t)(3 * 64 * 64 * 4), "only %llu bytes pinned",
+                      (unsigned long long)in_use);
+                CHECK(c1.pageable == c0.pageable, "%ld pageable copies",
+                      c1.pageable - c0.pageable);
+                CHECK(c1.pinned - c0.pinned >= 2 * 13, "%ld pinned copies", c1.pinned - c0.pinned);
+                CHECK(pinned_now() == p0 && sp_gpu_model_pinned_bytes(g) == 0,
+                      "%llu bytes still pinned after the batch", (unsigned long long)pinned_now());
+                /* Pinning refused: pageable copies, the same logits, a log line. */
+                fake_fail_pin(1000);
+                const copies_t c2 = copies_now();
+                CHECK(pin_run(g, pageable_logits, &in_use) == SP_OK, "pageable run");
+                fake_fail_pin(0);
+                const copies_t c3 = copies_now();
+                CHECK(in_use == 0, "%llu bytes pinned although registration failed",
+                      (unsigned long long)in_use);
+                CHECK(c3.pageable - c2.pageable >= 2 * 13 && c3.pinned == c2.pinned,
+                      "pageable %ld pinned %ld", c3.pageable - c2.pageable,
+                      c3.pinned - c2.pinned);
+                CHECK(memcmp(pinned_logits, pageable_logits, (size_t)(3 * V) * 4) == 0,
+                      "pageable copies gave other logits");
+                /* Off by the switch. */
+                setenv("SAMPAN_CUDA_PINNED", "0", 1);
+                CHECK(pin_run(g, pageable_logits, &in_use) == SP_OK && in_use == 0,
+                      "SAMPAN_CUDA_PINNED=0: %llu bytes pinned", (unsigned long long)in_use);
+                unsetenv("SAMPAN_CUDA_PINNED");
+                sp_model_free(g);
+            }
+            CHECK(pinned_now() == 0, "%llu bytes pinned after the model went",
+                  (unsigned long long)pinned_now());
+            end();
+        }
+    }
+    set_graphs(true);
+}
+
+/* ---------------------------------------------------- sampling candidates */
+
+/* The k best of x (value descending, ties to the lower index, NaN as -inf),
+ * as the topk op gives them. */
+static void
+ref_topk(const float *x, int32_t n, int32_t k, int32_t *ids, float *vals)
+{
+    for (int32_t j = 0; j < k; j++) {
+        int32_t bi = -1;
+        float bv = -INFINITY;
+        for (int32_t e = 0; e < n; e++) {
+            float v = x[e] != x[e] ? -INFINITY : x[e];
+            bool taken = false;
+            for (int32_t q = 0; q < j && !taken; q++) {
+                taken = ids[q] == e;
+            }
+            if (!taken && (bi < 0 || v > bv)) {
+                bi = e;
+                bv = v;
+            }
+        }
+        ids[j] = bi;
+        vals[j] = bv;
+    }
+}
+
+/* The sampler on candidates against the sampler on the whole row: same
+ * parameters, same seed, 300 draws each, with ties, -inf and NaN logits. */
+static void
+test_sampler_candidates(void)
+{
+    begin("sampler_candidates_equal_full_row");
+    const int32_t V = 700;
+    static const struct { float t; int32_t k; float top_p, min_p; } ps[] = {
+        {0.0f, 40, 0.95f, 0.05f}, {0.8f, 1, 1.0f, 0.0f},  {0.8f, 40, 0.95f, 0.05f},
+        {1.5f, 8, 1.0f, 0.0f},    {0.3f, 64, 0.9f, 0.1f}, {1.0f, 2, 0.5f, 0.0f},
+        {2.0f, 17, 1.0f, 0.3f},   {0.7f, 64, 0.99f, 0.0f},
+    };
+    float *row = malloc((size_t)V * sizeof(float)), *scratch = malloc((size_t)V * sizeof(float));
+    int bad = 0, draws = 0, distinct = 0;
+    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+        sp_sampler_params_t sp = sp_sampler_default_params();
+        sp.temperature = ps[pi].t;
+        sp.top_k = ps[pi].k;
+        sp.top_p = ps[pi].top_p;
+        sp.min_p = ps[pi].min_p;
+        sp.seed = 1000 + pi;
+        sp_sampler_t *a = NULL, *c = NULL;
+        char err[128];
+        if (sp_sampler_create(&sp, V, &a, err, sizeof err) != SP_OK ||
+            sp_sampler_create(&sp, V, &c, err, sizeof err) != SP_OK) {
+            CHECK(0, "sampler: %s", err);
+            break;
+        }
+        const int32_t need = sp_sampler_candidates(c);
+        CHECK(need == (sp.temperature == 0.0f || sp.top_k == 1 ? 1 : sp.top_k),
+              "params %zu: candidates %d", pi, need);
+        int32_t ids[64], prev = -1;
+        float vals[64];
+        for (int t = 0; t < 300; t++) {
+            for (int32_t i = 0; i < V; i++) {
+                /* quantised to 1/4: many ties; a few -inf and a NaN */
+                row[i] = (float)((int)(rndf() * 24.0f)) * 0.25f;
+                if (rnd() % 50 == 0) {
+                    row[i] = -INFINITY;
+                }
+            }
+            row[rnd() % (uint32_t)V] = NAN;
+            if (t % 37 == 5) { /* fewer finite logits than k */
+                for (int32_t i = 0; i < V; i++) {
+                    row[i] = i % 97 == 3 ? row[i] : -INFINITY;
+                }
+            }
+            memcpy(scratch, row, (size_t)V * sizeof(float));
+            const int32_t want = sp_sampler_sample(a, scratch);
+            ref_topk(row, V, need, ids, vals);
+            const int32_t got = sp_sampler_sample_candidates(c, ids, vals, need);
+            bad += want != got;
+            distinct += want != prev;
+            prev = want;
+            draws++;
+        }
+        CHECK(sp_sampler_sample_candidates(c, ids, vals, need - 1) == -1,
+              "too few candidates accepted");
+        sp_sampler_destroy(a);
+        sp_sampler_destroy(c);
+    }
+    /* Parameters that need the whole row. */
+    sp_sampler_params_t sp = sp_sampler_default_params();
+    sp_sampler_t *s = NULL;
+    char err[128];
+    sp.top_k = 0;
+    CHECK(sp_sampler_create(&sp, V, &s, err, sizeof err) == SP_OK && sp_sampler_candidates(s) == 0,
+          "no top_k: candidates");
+    sp_sampler_destroy(s);
+    sp = sp_sampler_default_params();
+    sp.top_k = 65;
+    CHECK(sp_sampler_create(&sp, V, &s, err, sizeof err) == SP_OK && sp_sampler_candidates(s) == 0,
+          "top_k 65: candidates");
+    sp_sampler_destroy(s);
+    sp = sp_sampler_default_params();
+    sp.repeat_penalty = 1.1f;
+    CHECK(sp_sampler_create(&sp, V, &s, err, sizeof err) == SP_OK && sp_sampler_candidates(s) == 0,
+          "penalty: candidates");
+    sp_sampler_destroy(s);
+    printf("  %d draws, %d differ (%d changes of token)\n", draws, bad, distinct);
+    CHECK(bad == 0, "%d of %d draws differ", bad, draws);
+    free(row);
+    free(scratch);
+    end();
+}
+
+/* Sequences with their own sampling parameters, through sp_gen. */
+#define CS_MAX 8
+#define CS_STEPS 24
+
+typedef struct cand_cfg {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p, repeat_penalty;
+    int32_t top_logprobs;
+} cand_cfg_t;
+
+static const cand_cfg_t cand_cfgs[] = {
+    {0.0f, 40, 0.95f, 0.05f, 1.0f, -1}, /* greedy: 1 candidate */
+    {0.8f, 40, 0.95f, 0.05f, 1.0f, -1}, /* the defaults: 40 */
+    {1.5f, 8, 1.0f, 0.0f, 1.0f, -1},    /* 8, no top-p/min-p */
+    {0.5f, 64, 0.9f, 0.1f, 1.0f, -1},   /* 64 */
+    {1.0f, 0, 0.95f, 0.05f, 1.0f, -1},  /* no top-k: the row */
+    {0.8f, 40, 0.95f, 0.05f, 1.1f, -1}, /* a penalty: the row */
+    {0.0f, 40, 1.0f, 0.0f, 1.0f, 2},    /* log-probabilities: the row */
+};
+#define N_CFG ((int)(sizeof cand_cfgs / sizeof cand_cfgs[0]))
+
+typedef struct cand_stats {
+    long cand_rows, full_rows;
+    uint64_t d2h;
+} cand_stats_t;
+
+/* Sequences cfg[0..n) (indexes into cand_cfgs) prefill prompts of 6..12
+ * tokens together, then decode CS_STEPS steps together, each sampled by its
+ * own sp_gen (seed 77 + config): the tokens into toks. */
+static sp_status_t
+cand_run(sp_model_t *m, const int *cfg, int n, int32_t toks[CS_MAX][CS_STEPS + 1],
+         cand_stats_t *cs)
+{
+    sp_kv_pool_params_t kp = {64, false};
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = 128;
+    bp.max_seqs = CS_MAX;
+    bp.max_ctx = 128;
+    bp.n_threads = 1;
+    sp_kv_pool_t *kv = NULL;
+    sp_batch_t *b = NULL;
+    sp_gen_t *gen[CS_MAX] = {NULL};
+    char err[256] = "";
+    memset(cs, 0, sizeof *cs);
+    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
+    if (st == SP_OK) {
+        st = sp_batch_create(m, &bp, &b, err, sizeof err);
+    }
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    int32_t blocks[CS_MAX][8], tok[CS_MAX], cand_k[CS_MAX];
+    for (int i = 0; st == SP_OK && i < n; i++) {
+        const cand_cfg_t *c = &cand_cfgs[cfg[i]];
+        sp_gen_params_t gp = sp_gen_default_params();
+        gp.sampling.temperature = c->temperature;
+        gp.sampling.top_k = c->top_k;
+        gp.sampling.top_p = c->top_p;
+        gp.sampling.min_p = c->min_p;
+        gp.sampling.repeat_penalty = c->repeat_penalty;
+        gp.sampling.seed = 77 + (uint64_t)cfg[i];
+        gp.top_logprobs = c->top_logprobs;
+        gp.max_tokens = CS_STEPS + 1;
+        gp.ignore_eos = true;
+        st = sp_gen_create(sp_model_tokenizer(m), &gp, &gen[i], err, sizeof err);
+        sp_gen_accept_prompt(gen[i], prompt + i, 6 + i);
+        for (int k = 0; k < 8; k++) {
+            blocks[i][k] = (int32_t)(i * 8 + k);
+        }
+    }
+    const copies_t c0 = fake_copy_stats ? copies_now() : (copies_t){0, 0, 0, 0};
+    static float row[4096];
+    for (int step = 0; st == SP_OK && step <= CS_STEPS; step++) {
+        sp_batch_seq_t s[CS_MAX];
+        for (int i = 0; i < n; i++) {
+            s[i] = step == 0 ? (sp_batch_seq_t){prompt + i, 6 + i, 0, blocks[i], 8, true, 0, NULL}
+                             : (sp_batch_seq_t){&tok[i], 1, 6 + i + step - 1, blocks[i], 8, true,
+                                                0, NULL};
+            cand_k[i] = sp_gen_candidates(gen[i]);
+        }
+        st = sp_batch_eval_cand(b, kv, s, n, cand_k);
+        for (int i = 0; st == SP_OK && i < n; i++) {
+            const int32_t *ids;
+            const float *vals;
+            const int32_t k = sp_batch_candidates(b, i, &ids, &vals);
+            sp_gen_token_t t;
+            if (k > 0) {
+                cs->cand_rows++;
+                st = k == cand_k[i] ? sp_gen_step_candidates(gen[i], ids, vals, k, &t)
+                                    : SP_ERR_INVALID;
+            } else {
+                cs->full_rows++;
+                memcpy(row, sp_batch_logits(b, i), (size_t)V * sizeof(float));
+                st = sp_gen_step(gen[i], row, &t);
+            }
+            tok[i] = toks[i][step] = t.token;
+        }
+    }
+    if (fake_copy_stats) {
+        cs->d2h = copies_now().d2h - c0.d2h;
+    }
+    if (st != SP_OK) {
+        printf("  cand_run: status %d %s\n", st, err);
+    }
+    for (int i = 0; i < n; i++) {
+        sp_gen_destroy(gen[i]);
+    }
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    return st;
+}
+
+static int
+toks_differ(int32_t a[CS_MAX][CS_STEPS + 1], int32_t b[CS_MAX][CS_STEPS + 1], int n)
+{
+    int d = 0;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k <= CS_STEPS; k++) {
+            d += a[i][k] != b[i][k];
+        }
+    }
+    return d;
+}
+
+/*
+ * Through the engine: tokens sampled from candidates == tokens from the whole
+ * rows on the GPU path (SAMPAN_CUDA_CANDIDATES=0) == the CPU engine's, for each
+ * qualifying configuration alone (batch 1) and for all of them mixed with
+ * rows that need the whole row, graphs on and off; a partial offload gives
+ * no candidates (its logits are the CPU's).
+ */
+static void
+test_candidates(void)
+{
+    char err[512];
+    sp_model_t *cpu = load(0, err, sizeof err), *g = load(-1, err, sizeof err),
+               *p = load(2, err, sizeof err);
+    if (!cpu || !g || !p) {
+        skip("candidates", err);
+        sp_model_free(cpu);
+        sp_model_free(g);
+        sp_model_free(p);
+        return;
+    }
+    static int32_t tc[CS_MAX][CS_STEPS + 1], ton[CS_MAX][CS_STEPS + 1],
+        toff[CS_MAX][CS_STEPS + 1], teager[CS_MAX][CS_STEPS + 1], tpart[CS_MAX][CS_STEPS + 1];
+    for (int one = 0; one <= 4; one++) {
+        int cfg[CS_MAX], n;
+        char name[64];
+        if (one < 4) {
+            cfg[0] = one;
+            n = 1;
+            snprintf(name, sizeof name, "candidates_batch1_cfg%d_k%d", one,
+                     one == 0 ? 1 : cand_cfgs[one].top_k);
+        } else {
+            n = N_CFG;
+            for (int i = 0; i < n; i++) {
+                cfg[i] = i;
+            }
+            snprintf(name, sizeof name, "candidates_mixed_%d_sequences", n);
+        }
+        begin(name);
+        cand_stats_t scpu, son, soff, seager, spart;
+        CHECK(cand_run(cpu, cfg, n, tc, &scpu) == SP_OK, "cpu");
+        set_graphs(true);
+        CHECK(cand_run(g, cfg, n, ton, &son) == SP_OK, "gpu, candidates");
+        setenv("SAMPAN_CUDA_CANDIDATES", "0", 1);
+        CHECK(cand_run(g, cfg, n, toff, &soff) == SP_OK, "gpu, whole rows");
+        unsetenv("SAMPAN_CUDA_CANDIDATES");
+        set_graphs(false);
+        CHECK(cand_run(g, cfg, n, teager, &seager) == SP_OK, "gpu eager, candidates");
+        set_graphs(true);
+        CHECK(cand_run(p, cfg, n, tpart, &spart) == SP_OK, "partial offload");
+        const int d_off = toks_differ(ton, toff, n), d_eager = toks_differ(ton, teager, n);
+        const int d_cpu = toks_differ(ton, tc, n), d_part = toks_differ(tpart, tc, n);
+        printf("  rows from candidates %ld (whole %ld), d2h %llu bytes vs %llu without; tokens "
+               "differing: vs whole rows %d, vs eager %d, vs CPU %d, partial vs CPU %d\n",
+               son.cand_rows, son.full_rows, (unsigned long long)son.d2h,
+               (unsigned long long)soff.d2h, d_off, d_eager, d_cpu, d_part);
+        const long want_cand = (long)(CS_STEPS + 1) * (one < 4 ? 1 : 4);
+        CHECK(son.cand_rows == want_cand && seager.cand_rows == want_cand,
+              "rows from candidates: %ld (eager %ld), want %ld", son.cand_rows,
+              seager.cand_rows, want_cand);
+        CHECK(soff.cand_rows == 0 && scpu.cand_rows == 0 && spart.cand_rows == 0,
+              "candidates with them off / on the CPU / partial: %ld %ld %ld", soff.cand_rows,
+              scpu.cand_rows, spart.cand_rows);
+        CHECK(son.d2h < soff.d2h, "candidates did not shrink the download");
+        CHECK(d_off == 0, "%d tokens differ between candidates and whole rows", d_off);
+        CHECK(d_eager == 0, "%d tokens differ between graphs and eager", d_eager);
+        CHECK(d_cpu == 0, "%d tokens differ from the CPU engine's", d_cpu);
+        CHECK(d_part == 0, "%d partial-offload tokens differ from the CPU's", d_part);
+        end();
+    }
+    sp_model_free(cpu);
+    sp_model_free(g);
+    sp_model_free(p);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1128,6 +1596,9 @@ main(int argc, char **argv)
         *(void **)&fake_set_abi = dlsym(fake_handle, "fake_cuda_set_abi");
         *(void **)&fake_fail_capture = dlsym(fake_handle, "fake_cuda_fail_capture");
         *(void **)&fake_stats = dlsym(fake_handle, "fake_cuda_stats");
+        *(void **)&fake_fail_pin = dlsym(fake_handle, "fake_cuda_fail_pin");
+        *(void **)&fake_pinned = dlsym(fake_handle, "fake_cuda_pinned");
+        *(void **)&fake_copy_stats = dlsym(fake_handle, "fake_cuda_copy_stats");
         test_loader();
         test_forward();
         test_batch();
@@ -1140,7 +1611,10 @@ main(int argc, char **argv)
         test_native();
         test_errors();
         test_kv_q8_refused();
+        test_pinned();
+        test_candidates();
     }
+    test_sampler_candidates();
     printf("test_cuda_host: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
 }

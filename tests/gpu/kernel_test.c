@@ -29,6 +29,8 @@
  *                                against the engine's Q8_0/Q4_0 matvec, which
  *                                rounds x to Q8_0 first
  *   graph replay                 as rope (the inputs change between launches)
+ *   pinned host memory           exact copies through a registered buffer; a second
+ *                                registration refused, the context still healthy
  */
 #include <math.h>
 #include <stdio.h>
@@ -715,6 +717,45 @@ test_graph(void)
     A->free(C, d_v);
 }
 
+/* Pinned host memory: a registered page-aligned buffer counts, copies both
+ * ways through it are exact, a second registration of it is refused without
+ * harming the context, and unregistering returns the count to 0. */
+static void
+test_pinned(void)
+{
+    const size_t bytes = (size_t)1 << 20;
+    float *h = aligned_alloc(4096, bytes);
+    void *d = NULL;
+    if (h == NULL || A->alloc(C, bytes, &d) != SP_OK) {
+        report("host_register", false, 1, 0);
+        free(h);
+        return;
+    }
+    const size_t n = bytes / sizeof(float);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = (float)i * 0.5f;
+    }
+    const int st = A->host_register(C, h, bytes);
+    const bool counted = st == SP_OK && A->pinned_bytes(C) == bytes;
+    bool exact = st == SP_OK && A->h2d(C, d, h, bytes) == SP_OK;
+    memset(h, 0, bytes);
+    exact = exact && A->d2h(C, h, d, bytes) == SP_OK;
+    for (size_t i = 0; exact && i < n; i++) {
+        exact = h[i] == (float)i * 0.5f;
+    }
+    const int again = A->host_register(C, h, bytes);
+    const bool refused = again != SP_OK && again != SP_ERR_DEVICE && A->healthy(C);
+    A->host_unregister(C, h);
+    const bool back = A->pinned_bytes(C) == 0 && A->healthy(C);
+    printf("  host_register: %s, counted %d, copies exact %d, second registration %s, after "
+           "unregister %llu bytes\n", st == SP_OK ? "ok" : A->last_error(C), counted, exact,
+           refused ? "refused" : "accepted?", (unsigned long long)A->pinned_bytes(C));
+    report("pinned host memory: register, copy, refuse twice, unregister",
+           counted && exact && refused && back, 0, 0);
+    A->free(C, d);
+    free(h);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -750,6 +791,7 @@ main(int argc, char **argv)
     test_swiglu_softmax_topk();
     test_qsplit_gemv();
     test_graph();
+    test_pinned();
     const bool healthy = A->healthy(C);
     printf("context healthy after the run: %s, bytes still allocated: %llu\n",
            healthy ? "yes" : "no", (unsigned long long)A->bytes_in_use(C));

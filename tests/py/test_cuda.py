@@ -12,6 +12,12 @@
   the CPU does on the same file; bad SAMPAN_CUDA_WEIGHTS / SAMPAN_CUDA_GRAPHS values fail the load
   with the reason; bench/gpu/gpu_bench's subcommands (what bench/gpu/run.sh calls on the one GPU
   run) work with the arguments run.sh passes and refuse bad ones.
+- Pinned memory and candidates (sampling from the device's top k) on the emulation: the same
+  completions (greedy, and seeded top_k sampling with top_p/min_p) with SAMPAN_CUDA_CANDIDATES on
+  and off and on the CPU, no pinning fallback logged, bad SAMPAN_CUDA_PINNED / _CANDIDATES values
+  fail the load; whether the server's scheduler asks for candidates is read from the log
+  (event=gpu_candidates) and reported as skipped when it does not. gpu_bench decode (pageable vs
+  pinned copies, rows vs candidates) runs as run.sh calls it.
 - On a machine with a GPU the real kernel test and the demo model's greedy check run; elsewhere
   they print "skipped".
 """
@@ -57,7 +63,7 @@ last = out.strip().splitlines()[-1] if out.strip() else ""
 s.case("host tests (shared math, loader, forward vs CPU, errors)",
        rc == 0 and " 0 failed" in last and " 0 skipped" in last, out[-3000:] + err[-1000:])
 rc, out, err = run([os.path.join(bdir, "gpu_kernel_test"), fake], timeout=60)
-s.case("kernel test program on the host emulation", rc == 0 and "49 passed, 0 failed" in out,
+s.case("kernel test program on the host emulation", rc == 0 and "50 passed, 0 failed" in out,
        out[-3000:] + err[-1000:])
 
 # ---- the real library: loads; runs the GPU checks only where a GPU is
@@ -104,7 +110,18 @@ def repo_with(tmp, config):
 
 saved = {k: os.environ.get(k) for k in ("SAMPAN_CUDA_LIB", "SAMPAN_NVML_LIB",
                                         "CUDA_VISIBLE_DEVICES", "FAKE_CUDA_FAIL_OP",
-                                        "SAMPAN_CUDA_WEIGHTS", "SAMPAN_CUDA_GRAPHS")}
+                                        "SAMPAN_CUDA_WEIGHTS", "SAMPAN_CUDA_GRAPHS",
+                                        "SAMPAN_CUDA_PINNED", "SAMPAN_CUDA_CANDIDATES")}
+# Seeded sampling that candidates serve exactly (top_k <= 64, no penalties), and sampling
+# that needs the whole row (no top_k), next to the greedy prompt.
+sampled = [dict(prompt, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1234),
+           dict(prompt, temperature=1.3, top_k=8, seed=99),
+           dict(prompt, temperature=0.9, top_p=0.9, seed=7)]
+
+
+def completion_with(port, body):
+    st, doc = http_json(port, "POST", "/v1/completions", dict(body, model="stories"), timeout=30)
+    return st, (doc or {}).get("choices", [{}])[0].get("text") if isinstance(doc, dict) else doc
 
 
 def setenv(**kw):
@@ -125,6 +142,7 @@ try:
         st, ref_text = completion(srv.port)
         s.case("sampan serves on the CPU without a GPU", st == 200 and bool(ref_text),
                str(ref_text))
+        ref_sampled = [completion_with(srv.port, b) for b in sampled]
     finally:
         srv.stop()
 
@@ -168,6 +186,40 @@ try:
                            srv.text()[-2000:])
             finally:
                 srv.stop()
+        # Pinned memory and candidates: the same completions with candidates on and off, and
+        # the CPU's (greedy and seeded sampling).
+        texts, used = {}, False
+        for cand in ("1", "0"):
+            setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None, SAMPAN_CUDA_LIB=fake,
+                   SAMPAN_CUDA_CANDIDATES=cand)
+            srv = RepoServer(repo_with(tmp, gpu_cfg))
+            try:
+                srv.wait_log(r"event=gpu_placement", timeout=5)
+                texts[cand] = [completion(srv.port)] + [completion_with(srv.port, b)
+                                                        for b in sampled]
+                log = srv.text()
+                if cand == "1":
+                    s.case("no pinned-memory fallback logged",
+                           "event=gpu_pin_fallback" not in log, log[-1500:])
+                    used = "event=gpu_candidates" in log
+            finally:
+                srv.stop()
+        setenv(SAMPAN_CUDA_CANDIDATES=None)
+        on, off = texts.get("1") or [], texts.get("0") or []
+        # Candidates on and off must agree exactly (the same device logits); against the CPU
+        # only greedy must: the GPU path's F16 activations move logits in the last bits, and a
+        # seeded draw that lands near a boundary can part there (reported, not required).
+        same_cpu = sum(a == b for a, b in zip(on[1:], ref_sampled))
+        s.case("serve: greedy and seeded sampling, candidates on == off; greedy == CPU "
+               f"(sampled == CPU for {same_cpu}/{len(sampled)})",
+               len(on) == len(sampled) + 1 and on == off and on[0] == (200, ref_text) and
+               all(st == 200 for st, _ in on),
+               f"on {on!r}\noff {off!r}\ncpu {ref_sampled!r}")
+        if used:
+            s.case("serve: the scheduler asked for candidates (event=gpu_candidates)", True)
+        else:
+            s.skip("serve: decode through candidates",
+                   "the scheduler (src/server/sched.c) does not call sp_batch_eval_cand yet")
         # Quantised weights kept on the device: a Q8_0 copy of the demo model, served with
         # SAMPAN_CUDA_WEIGHTS=native, answers as the CPU does on the same file.
         q8 = os.path.join(tmp, "stories-q8_0.gguf")
@@ -195,8 +247,10 @@ try:
                        f"{text!r} vs {q8_text!r}\n" + srv.text()[-1500:])
             finally:
                 srv.stop()
-            for var, val in (("SAMPAN_CUDA_WEIGHTS", "int3"), ("SAMPAN_CUDA_GRAPHS", "maybe")):
-                setenv(SAMPAN_CUDA_WEIGHTS=None, SAMPAN_CUDA_GRAPHS=None)
+            for var, val in (("SAMPAN_CUDA_WEIGHTS", "int3"), ("SAMPAN_CUDA_GRAPHS", "maybe"),
+                             ("SAMPAN_CUDA_PINNED", "2"), ("SAMPAN_CUDA_CANDIDATES", "yes")):
+                setenv(SAMPAN_CUDA_WEIGHTS=None, SAMPAN_CUDA_GRAPHS=None, SAMPAN_CUDA_PINNED=None,
+                       SAMPAN_CUDA_CANDIDATES=None)
                 setenv(**{var: val})
                 srv = RepoServer(qrepo)
                 try:
@@ -205,7 +259,8 @@ try:
                            srv.text()[-2000:])
                 finally:
                     srv.stop()
-            setenv(SAMPAN_CUDA_WEIGHTS=None, SAMPAN_CUDA_GRAPHS=None)
+            setenv(SAMPAN_CUDA_WEIGHTS=None, SAMPAN_CUDA_GRAPHS=None, SAMPAN_CUDA_PINNED=None,
+                   SAMPAN_CUDA_CANDIDATES=None)
             # gpu_bench as bench/gpu/run.sh calls it, on the emulation.
             gb = os.path.join(bdir, "gpu_bench")
             env = {"SAMPAN_CUDA_LIB": fake}
@@ -215,14 +270,21 @@ try:
                                 (["perf", q8, "q8-native-graphs", "1,8,64"],
                                  {"SAMPAN_CUDA_WEIGHTS": "native", "SAMPAN_CUDA_GRAPHS": "1"}),
                                 (["perf", q8, "q8-both-eager", "1,8"],
-                                 {"SAMPAN_CUDA_WEIGHTS": "both", "SAMPAN_CUDA_GRAPHS": "0"})):
+                                 {"SAMPAN_CUDA_WEIGHTS": "both", "SAMPAN_CUDA_GRAPHS": "0"}),
+                                (["decode", q8, "q8-f16-graphs", "1,8,64"],
+                                 {"SAMPAN_CUDA_WEIGHTS": "f16", "SAMPAN_CUDA_GRAPHS": "1"})):
                 rc, out, err = run([gb, *args], timeout=60, env=dict(env, **extra))
                 good = rc == 0 and ("PASS" in out if args[0] != "perf" else
                                     "RESULT label=" + args[2] in out and "FAIL perf" not in out)
+                if args[0] == "decode":
+                    good = good and all(f"RESULT label={args[2]}-{c} " in out for c in
+                                        ("pageable-rows", "pinned-rows", "pinned-cand"))
                 s.case("gpu_bench " + " ".join(args[:1] + args[2:]) + " (emulated)", good,
                        out[-1500:] + err[-500:])
-            rc, out, err = run([gb, "perf", q8, "x", "1,99"], timeout=30, env=env)
-            s.case("gpu_bench perf refuses a bad batch list", rc == 2 and "1,99" in err, out + err)
+            for sub in ("perf", "decode"):
+                rc, out, err = run([gb, sub, q8, "x", "1,99"], timeout=30, env=env)
+                s.case(f"gpu_bench {sub} refuses a bad batch list", rc == 2 and "1,99" in err,
+                       out + err)
         else:
             s.skip("Q8_0 native weights", "sampan quantize failed: " + err[-300:])
         # A CUDA error during a step: the request fails with the device's words, the GPU is
