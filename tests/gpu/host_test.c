@@ -465,36 +465,17 @@ test_embed(void)
 static void (*fake_fail_capture)(int);
 static void (*fake_stats)(long *, long *, long *, long *);
 
-static long
-stat_launches(void)
-{
-    long c, l, g, q;
-    fake_stats(&c, &l, &g, &q);
-    return l;
-}
+/* The emulation's counters: graph captures and launches, gemv_q and qsplit_to_f16 calls. */
+typedef struct fstats {
+    long captures, launches, gemv, qsplit;
+} fstats_t;
 
-static long
-stat_captures(void)
+static fstats_t
+fstats(void)
 {
-    long c, l, g, q;
-    fake_stats(&c, &l, &g, &q);
-    return c;
-}
-
-static long
-stat_gemv(void)
-{
-    long c, l, g, q;
-    fake_stats(&c, &l, &g, &q);
-    return g;
-}
-
-static long
-stat_qsplit(void)
-{
-    long c, l, g, q;
-    fake_stats(&c, &l, &g, &q);
-    return q;
+    fstats_t f;
+    fake_stats(&f.captures, &f.launches, &f.gemv, &f.qsplit);
+    return f;
 }
 
 static void
@@ -528,13 +509,13 @@ test_graph_single(void)
         CHECK(g != NULL && have_ref, "attach: %s", err);
         if (g != NULL && have_ref) {
             set_graphs(false);
-            long l0 = stat_launches();
+            long l0 = fstats().launches;
             CHECK(run(g, false, N_GEN, eager, geager) == SP_OK, "eager run");
-            CHECK(stat_launches() == l0, "graphs launched with SAMPAN_CUDA_GRAPHS=0");
+            CHECK(fstats().launches == l0, "graphs launched with SAMPAN_CUDA_GRAPHS=0");
             set_graphs(true);
-            l0 = stat_launches();
+            l0 = fstats().launches;
             CHECK(run(g, false, N_GEN, graph, ggraph) == SP_OK, "graph run");
-            const long n = stat_launches() - l0;
+            const long n = fstats().launches - l0;
             /* 40 decode steps: the first warms the bucket up, the second captures. */
             CHECK(n == N_GEN - 1, "%ld graph launches for %d decode steps", n, N_GEN);
             int same = 0;
@@ -595,7 +576,7 @@ multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long 
             q[i].blocks[k] = (int32_t)(i * 8 + k + 8); /* blocks 0..7 stay unused */
         }
     }
-    const long l0 = fake_stats ? stat_launches() : 0;
+    const long l0 = fake_stats ? fstats().launches : 0;
     /* Step 0: prefill three sequences of 20, 5 and 11 tokens. */
     if (st == SP_OK) {
         sp_batch_seq_t s[3] = {{prompt, 20, 0, q[0].blocks, 8, true, 0, NULL},
@@ -652,7 +633,7 @@ multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long 
         }
     }
     if (launches) {
-        *launches = (fake_stats ? stat_launches() : 0) - l0;
+        *launches = (fake_stats ? fstats().launches : 0) - l0;
     }
     if (st != SP_OK) {
         printf("  multi_run: status %d %s\n", st, err);
@@ -678,9 +659,9 @@ test_graph_multi(void)
         set_graphs(false);
         CHECK(multi_run(g, te, le, &ne) == SP_OK, "gpu eager");
         set_graphs(true);
-        const long c0 = stat_captures();
+        const long c0 = fstats().captures;
         CHECK(multi_run(g, tg, lg, &ng) == SP_OK, "gpu graphs");
-        const long nc = stat_captures() - c0;
+        const long nc = fstats().captures - c0;
         printf("  eager launches %ld; graphs: %ld captures, %ld launches\n", ne, nc, ng);
         CHECK(ne == 0, "launches with graphs off");
         /* Buckets 4 and 8 (2 captures); 40 decode steps less the two warm-ups. */
@@ -744,7 +725,7 @@ test_graph_rebuild(void)
             st = sp_batch_eval(b, kv[p], &s, 1);
             tok[p] = st == SP_OK ? argmax(sp_batch_logits(b, 0), V) : 0;
         }
-        const long c0 = stat_captures();
+        const long c0 = fstats().captures;
         int differ = 0;
         for (int step = 0; st == SP_OK && step < 12; step++) {
             for (int p = 0; st == SP_OK && p < 2; p++) {
@@ -761,7 +742,7 @@ test_graph_rebuild(void)
                 }
             }
         }
-        const long nc = stat_captures() - c0;
+        const long nc = fstats().captures - c0;
         printf("  %ld captures over 24 alternating steps, %d steps differ\n", nc, differ);
         CHECK(st == SP_OK, "status %d", st);
         CHECK(differ == 0 && tok[0] == tok[1], "the two pools parted");
@@ -788,11 +769,11 @@ test_graph_capture_failure(void)
         float a[512], b[512];
         int32_t ta[N_GEN], tb[N_GEN];
         CHECK(run(cpu, false, N_GEN, a, ta) == SP_OK, "cpu");
-        const long l0 = stat_launches();
+        const long l0 = fstats().launches;
         fake_fail_capture(1);
         CHECK(run(g, false, N_GEN, b, tb) == SP_OK, "gpu with a failing capture");
         fake_fail_capture(0);
-        CHECK(stat_launches() == l0, "graphs launched after a failed capture");
+        CHECK(fstats().launches == l0, "graphs launched after a failed capture");
         CHECK(memcmp(ta, tb, sizeof ta) == 0, "tokens differ from the CPU's");
         CHECK(sp_gpu_device_healthy(0), "a failed capture made the device unhealthy");
     }
@@ -828,21 +809,21 @@ test_graph_fault(void)
             const int64_t V = sp_model_hparams(g)->n_vocab;
             sp_status_t st = sp_ctx_eval(c, prompt, 4, 0);
             int64_t pos = 4;
-            const long l0 = stat_launches();
+            const long l0 = fstats().launches;
             for (int i = 0; st == SP_OK && i < 3; i++) { /* warm-up, capture, replay */
                 const int32_t t = argmax(sp_ctx_logits(c), V);
                 st = sp_ctx_eval(c, &t, 1, pos++);
             }
-            CHECK(st == SP_OK && stat_launches() - l0 == 2, "no graph replayed before the fault");
+            CHECK(st == SP_OK && fstats().launches - l0 == 2, "no graph replayed before the fault");
             CHECK(sp_gpu_device_healthy(1), "healthy before");
             /* Ops of the next step: upload rows, upload x, launch, then the
              * replayed ones: the 6th op is the third replayed (gemm q). */
             fake_fail_at(5);
-            const long l1 = stat_launches();
+            const long l1 = fstats().launches;
             const int32_t t = argmax(sp_ctx_logits(c), V);
             st = sp_ctx_eval(c, &t, 1, pos);
             CHECK(st == SP_ERR_DEVICE, "fault in a replay gave status %d", st);
-            CHECK(stat_launches() == l1 + 1, "the fault was not inside a launch");
+            CHECK(fstats().launches == l1 + 1, "the fault was not inside a launch");
             CHECK(!sp_gpu_device_healthy(1), "device still healthy");
             CHECK(sp_gpu_device_healthy(0), "the other device caught it");
             CHECK(sp_ctx_eval(c, &t, 1, pos) == SP_ERR_DEVICE, "poisoned context ran");
@@ -911,9 +892,9 @@ test_native(void)
             if (have_ref && g != NULL) {
                 CHECK(strcmp(sp_gpu_model_weights(g), modes[k]) == 0, "mode %s",
                       sp_gpu_model_weights(g));
-                const long g0 = stat_gemv();
+                const long g0 = fstats().gemv;
                 CHECK(run(g, false, N_GEN, out, gout) == SP_OK, "run");
-                const long ng = stat_gemv() - g0;
+                const long ng = fstats().gemv - g0;
                 int same = 0;
                 while (same < N_GEN && gout[same] == gref[same]) {
                     same++;
@@ -955,12 +936,12 @@ test_native(void)
         if (cpu && g && g16) {
             static float a[3 * 512], b[3 * 512], h[3 * 512];
             CHECK(batch_run(g16, h) == SP_OK, "gpu f16");
-            const long q0 = stat_qsplit(), g0 = stat_gemv();
+            const long q0 = fstats().qsplit, g0 = fstats().gemv;
             CHECK(batch_run(cpu, a) == SP_OK, "cpu");
             CHECK(batch_run(g, b) == SP_OK, "gpu");
-            printf("  qsplit_to_f16 calls %ld, gemv_q calls %ld\n", stat_qsplit() - q0,
-                   stat_gemv() - g0);
-            CHECK(stat_qsplit() > q0 && stat_gemv() > g0, "both paths used");
+            printf("  qsplit_to_f16 calls %ld, gemv_q calls %ld\n", fstats().qsplit - q0,
+                   fstats().gemv - g0);
+            CHECK(fstats().qsplit > q0 && fstats().gemv > g0, "both paths used");
             for (int i = 0; i < 3; i++) {
                 const float *x = a + i * 512;
                 const int32_t top = argmax(x, 512);
