@@ -1093,7 +1093,8 @@ run_batch(worker_t *w, const plan_t *pl)
         if (b->p.adaptive) {
             int64_t cpu_ns = -1;
             struct timespec ts;
-            if (sp_batcher_ctl_due(&b->ctl) && clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) {
+            if (sp_batcher_ctl_due(&b->ctl, t_done) &&
+                clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) {
                 cpu_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
             }
             sp_batcher_ctl_batch(&b->ctl, pl->rows, t1 - t0, pl->why, pl->backlog, t_done,
@@ -1627,9 +1628,11 @@ sp_batcher_ctl_init(sp_batcher_ctl_t *c, double target_ms, uint64_t max_delay_us
 }
 
 bool
-sp_batcher_ctl_due(const sp_batcher_ctl_t *c)
+sp_batcher_ctl_due(const sp_batcher_ctl_t *c, int64_t now_ns)
 {
-    return c->since >= SP_BATCHER_CTL_PERIOD && c->target_ns > 0;
+    return c->target_ns > 0 && c->since >= SP_BATCHER_CTL_PERIOD &&
+           c->n >= SP_BATCHER_CTL_MIN_SAMPLES && c->period_start_ns >= 0 &&
+           now_ns - c->period_start_ns >= SP_BATCHER_CTL_MIN_PERIOD_NS;
 }
 
 /* Fitted execute time of a batch of rows, in ns: false without data. When the
@@ -1722,7 +1725,7 @@ sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batc
         c->left_on_delay = true;
     }
     c->backlog = c->backlog || backlog;
-    if (!sp_batcher_ctl_due(c)) {
+    if (!sp_batcher_ctl_due(c, now_ns)) {
         return;
     }
     c->p99_ns = ctl_p99(c);

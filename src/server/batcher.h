@@ -326,8 +326,14 @@ void sp_batcher_get_stats(sp_batcher_t *b, sp_batcher_stats_t *out);
  * A pure struct without clock, lock or allocation: the batcher feeds it under
  * its mutex, the test feeds it synthetic times. */
 
-#define SP_BATCHER_CTL_WINDOW 256 /* latencies in the p99 window */
-#define SP_BATCHER_CTL_PERIOD 32  /* completed requests between adjustments */
+#define SP_BATCHER_CTL_WINDOW 1024 /* latencies in the p99 window */
+#define SP_BATCHER_CTL_PERIOD 32   /* completed requests between adjustments, at least */
+/* And at least this long and this many latencies in the window: a load read
+ * over a few milliseconds is one pause of the machine, and the p99 of a few
+ * dozen latencies is their maximum (measured at 15,000 req/s with 32-request
+ * periods, 2 ms apart: the delay swung between 0 and 0.5 ms all the time). */
+#define SP_BATCHER_CTL_MIN_PERIOD_NS 50000000
+#define SP_BATCHER_CTL_MIN_SAMPLES 100
 
 typedef enum sp_batch_why {
     SP_BATCH_WHY_PREFERRED = 0, /* reached a preferred size */
@@ -374,7 +380,7 @@ void sp_batcher_ctl_latency(sp_batcher_ctl_t *c, int64_t latency_ns);
  * (CLOCK_PROCESS_CPUTIME_ID), read only when the controller is due, else -1. */
 void sp_batcher_ctl_batch(sp_batcher_ctl_t *c, int64_t rows, int64_t exec_ns, sp_batch_why_t why,
                           bool backlog, int64_t now_ns, int n_instances, int64_t cpu_ns);
-/* True when the next sp_batcher_ctl_batch adjusts the knobs (and wants cpu_ns). */
-bool sp_batcher_ctl_due(const sp_batcher_ctl_t *c);
+/* True when the next sp_batcher_ctl_batch (at now_ns) adjusts the knobs (and wants cpu_ns). */
+bool sp_batcher_ctl_due(const sp_batcher_ctl_t *c, int64_t now_ns);
 
 #endif /* SP_SERVER_BATCHER_H */

@@ -1454,7 +1454,7 @@ ctl_sim_server(sp_batcher_ctl_t *c, double per_ms, int batches, int64_t *t, int6
             sp_batcher_ctl_latency(c, (int64_t)lat);
         }
         sp_batcher_ctl_batch(c, r, (int64_t)(fixed + r * per_row), SP_BATCH_WHY_DELAY, false, *t, 1,
-                             sp_batcher_ctl_due(c) ? *cpu : -1);
+                             sp_batcher_ctl_due(c, *t) ? *cpu : -1);
     }
     return rho;
 }
