@@ -355,23 +355,33 @@ test_forward(void)
 }
 
 /* Three sequences in one step, one sharing a copied block, against the CPU. */
+/* A KV pool of `blocks` blocks and a batch (max_tokens rows, max_seqs
+ * sequences, max_ctx positions, one thread) of m: what every run below needs. */
+static sp_status_t
+open_batch(sp_model_t *m, int64_t blocks, int64_t max_tokens, int64_t max_seqs, int64_t max_ctx,
+           sp_kv_pool_t **kv, sp_batch_t **b, char *err, size_t err_len)
+{
+    sp_kv_pool_params_t kp = {blocks, false};
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = max_tokens;
+    bp.max_seqs = max_seqs;
+    bp.max_ctx = max_ctx;
+    bp.n_threads = 1;
+    sp_status_t st = sp_kv_pool_create(m, &kp, kv, err, err_len);
+    if (st == SP_OK) {
+        st = sp_batch_create(m, &bp, b, err, err_len);
+    }
+    return st;
+}
+
 static sp_status_t
 batch_run(sp_model_t *m, float *out3)
 {
     const int64_t V = sp_model_hparams(m)->n_vocab;
-    sp_kv_pool_params_t kp = {32, false};
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = 64;
-    bp.max_seqs = 4;
-    bp.max_ctx = 128;
-    bp.n_threads = 1;
     sp_kv_pool_t *kv = NULL;
     sp_batch_t *b = NULL;
-    char err[256];
-    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
-    if (st == SP_OK) {
-        st = sp_batch_create(m, &bp, &b, err, sizeof err);
-    }
+    char err[256] = "";
+    sp_status_t st = open_batch(m, 32, 64, 4, 128, &kv, &b, err, sizeof err);
     /* Step 1: seq A prefills 20 tokens (blocks 5, 9); seq B 3 tokens (block 2). */
     const int32_t bA[] = {5, 9, 11}, bB[] = {2}, bC[] = {5, 12};
     if (st == SP_OK) {
@@ -555,19 +565,10 @@ static sp_status_t
 multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long *launches)
 {
     const int64_t V = sp_model_hparams(m)->n_vocab;
-    sp_kv_pool_params_t kp = {64, false};
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = 64;
-    bp.max_seqs = 8;
-    bp.max_ctx = 128;
-    bp.n_threads = 1;
     sp_kv_pool_t *kv = NULL;
     sp_batch_t *b = NULL;
     char err[256] = "";
-    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
-    if (st == SP_OK) {
-        st = sp_batch_create(m, &bp, &b, err, sizeof err);
-    }
+    sp_status_t st = open_batch(m, 64, 64, 8, 128, &kv, &b, err, sizeof err);
     mseq_t q[MS_SEQS];
     memset(q, 0, sizeof q);
     memset(toks, 0xff, sizeof(int32_t) * MS_SEQS * (MS_STEPS + 1));
@@ -1118,19 +1119,10 @@ static sp_status_t
 pin_run(sp_model_t *m, float *last, uint64_t *pinned_in_use)
 {
     const int64_t V = sp_model_hparams(m)->n_vocab;
-    sp_kv_pool_params_t kp = {32, false};
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = 64;
-    bp.max_seqs = 4;
-    bp.max_ctx = 128;
-    bp.n_threads = 1;
     sp_kv_pool_t *kv = NULL;
     sp_batch_t *b = NULL;
     char err[256] = "";
-    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
-    if (st == SP_OK) {
-        st = sp_batch_create(m, &bp, &b, err, sizeof err);
-    }
+    sp_status_t st = open_batch(m, 32, 64, 4, 128, &kv, &b, err, sizeof err);
     *pinned_in_use = st == SP_OK ? sp_gpu_model_pinned_bytes(m) : 0;
     int32_t blocks[3][8], tok[3];
     for (int i = 0; i < 3; i++) {
@@ -1387,21 +1379,12 @@ static sp_status_t
 cand_run(sp_model_t *m, const int *cfg, int n, int32_t toks[CS_MAX][CS_STEPS + 1],
          cand_stats_t *cs)
 {
-    sp_kv_pool_params_t kp = {64, false};
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = 128;
-    bp.max_seqs = CS_MAX;
-    bp.max_ctx = 128;
-    bp.n_threads = 1;
     sp_kv_pool_t *kv = NULL;
     sp_batch_t *b = NULL;
     sp_gen_t *gen[CS_MAX] = {NULL};
     char err[256] = "";
     memset(cs, 0, sizeof *cs);
-    sp_status_t st = sp_kv_pool_create(m, &kp, &kv, err, sizeof err);
-    if (st == SP_OK) {
-        st = sp_batch_create(m, &bp, &b, err, sizeof err);
-    }
+    sp_status_t st = open_batch(m, 64, 128, CS_MAX, 128, &kv, &b, err, sizeof err);
     const int64_t V = sp_model_hparams(m)->n_vocab;
     int32_t blocks[CS_MAX][8], tok[CS_MAX], cand_k[CS_MAX];
     for (int i = 0; st == SP_OK && i < n; i++) {
