@@ -94,6 +94,9 @@ struct conn {
     size_t read_hiwat;   /* plain: stop reading while this much input is buffered */
     bool read_on;        /* plain: reading wanted (before the watermark) */
     bool rev_added;      /* plain: rev is in the loop */
+    int64_t rx_ns;       /* when the last read's bytes arrived (plain: the kernel's receive
+                            time, SO_TIMESTAMPNS; TLS: when they were read) */
+    int64_t arrival_ns;  /* rx_ns of the read that brought the current request's first bytes */
     struct event *timer;
     http_parser parser;
     cstate_t state;
@@ -1083,7 +1086,7 @@ dispatch(conn_t *c)
     r->abort_fn = NULL;
     r->abort_ud = NULL;
     r->extra_len = 0;
-    r->start_ns = sp_time_ns();
+    r->start_ns = c->arrival_ns > 0 ? c->arrival_ns : sp_time_ns();
     r->user = NULL;
     r->trace = NULL;
     r->status = 0;
@@ -1127,6 +1130,7 @@ process_input(conn_t *c)
         }
         if (c->state == C_IDLE) {
             c->state = C_HEAD;
+            c->arrival_ns = c->rx_ns > 0 ? c->rx_ns : sp_time_ns();
             c->err_status = 0;
             timer_arm(c, s->p.limits.header_timeout_ms);
         }
@@ -1159,6 +1163,7 @@ read_cb(struct bufferevent *bev, void *arg)
 {
     conn_t *c = arg;
     ENTER(c);
+    c->rx_ns = sp_time_ns(); /* TLS: no kernel timestamp of the plaintext */
     process_input(c);
     LEAVE(c);
 }
@@ -1305,6 +1310,32 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     LEAVE(c);
 }
 
+/* When the bytes of a read reached the kernel, in sp_time_ns() time: the
+ * socket's receive timestamp (SO_TIMESTAMPNS, realtime, moved onto the
+ * monotonic clock), else now. A request's latency thus includes the time it
+ * waited in the socket while the loop was busy, which the server's clock
+ * cannot see otherwise (measured: a closed loop's clients saw a 2.8 ms p99
+ * where the server's own timing said 1.0-1.7 ms). A clock step can move
+ * realtime; a timestamp from the future or over a second old is not used. */
+static int64_t
+kernel_rx_ns(struct msghdr *mh)
+{
+    int64_t now = sp_time_ns();
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_TIMESTAMPNS ||
+            cm->cmsg_len < CMSG_LEN(sizeof(struct timespec))) {
+            continue;
+        }
+        struct timespec ts, rt;
+        memcpy(&ts, CMSG_DATA(cm), sizeof ts);
+        clock_gettime(CLOCK_REALTIME, &rt);
+        int64_t age = ((int64_t)rt.tv_sec - (int64_t)ts.tv_sec) * 1000000000LL +
+                      ((int64_t)rt.tv_nsec - (int64_t)ts.tv_nsec);
+        return age >= 0 && age < 1000000000LL ? now - age : now;
+    }
+    return now;
+}
+
 /* A plain connection's socket is readable: one recv() into the input buffer
  * (what the watermark leaves room for, at most READ_CHUNK), then parse. An
  * end of file or an error ends reading and goes to event_cb, as a socket
@@ -1333,10 +1364,18 @@ plain_read_cb(evutil_socket_t fd, short what, void *arg)
         n = -1;
         errno = ENOMEM;
     } else {
-        n = recv(fd, v.iov_base, v.iov_len < room ? v.iov_len : room, 0);
+        struct iovec iov = {v.iov_base, v.iov_len < room ? v.iov_len : room};
+        union {
+            char buf[CMSG_SPACE(sizeof(struct timespec))];
+            struct cmsghdr align;
+        } ctl;
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                            .msg_controllen = sizeof ctl.buf};
+        n = recvmsg(fd, &mh, 0);
         if (n > 0) {
             v.iov_len = (size_t)n;
             evbuffer_commit_space(in, &v, 1);
+            c->rx_ns = kernel_rx_ns(&mh);
         }
     }
     evbuffer_freeze(in, 0);
@@ -1446,6 +1485,11 @@ accept_conn(sp_http_loop_t *L, evutil_socket_t fd, struct sockaddr *sa, bool tls
     atomic_fetch_add(&s->n_conns, 1);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (!tls) {
+        /* Receive timestamps: a request's latency starts when it reached the
+         * kernel (kernel_rx_ns). Without them, when it was read. */
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
+    }
     c->loop = L;
     c->bev = bev;
     c->rev = rev;

@@ -163,7 +163,9 @@ sp_str_t sp_http_req_body(const sp_http_req_t *r);
 sp_http_loop_t *sp_http_req_loop(const sp_http_req_t *r);
 uint64_t sp_http_req_id(const sp_http_req_t *r);     /* unique per server run */
 const char *sp_http_req_peer(const sp_http_req_t *r); /* "ip:port" */
-int64_t sp_http_req_start_ns(const sp_http_req_t *r); /* sp_time_ns() when handed to the handler */
+/* When the request's first bytes arrived, in sp_time_ns() time: the kernel's
+ * receive time on plain TCP, the time they were read over TLS. */
+int64_t sp_http_req_start_ns(const sp_http_req_t *r);
 int sp_http_req_status(const sp_http_req_t *r);       /* status of the head written; 0 = none */
 bool sp_http_req_tls(const sp_http_req_t *r);         /* arrived over TLS */
 /* The subject CN of the client certificate verified under mutual TLS; ""
