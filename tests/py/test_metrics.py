@@ -184,6 +184,26 @@ def test_exposition():
     try:
         _, _, body = req(srv, "GET", "/metrics")
         s.case("no vLLM names by default", b"vllm:" not in body)
+        # A request's latency starts when its first bytes arrive, not when it has been parsed:
+        # a head sent in two parts 0.4 s apart is a request of at least 0.4 s.
+        body = json.dumps({"model": "stories260K", "prompt": "Once", "max_tokens": 1}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as so:
+            so.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n")
+            time.sleep(0.4)
+            so.sendall(b"Content-Type: application/json\r\nConnection: close\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            answer = b""
+            while True:
+                chunk = so.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        _, _, text = req(srv, "GET", "/metrics")
+        _, _, samples, _ = parse(text.decode())
+        lab = {"model": "stories260K", "version": "1"}
+        e2e_sum = value(samples, "sampan_e2e_request_latency_seconds_sum", **lab)
+        s.case("e2e latency counts from the request's first bytes (head split 0.4 s apart)",
+               answer.startswith(b"HTTP/1.1 200") and e2e_sum >= 0.4, f"{e2e_sum} {answer[:40]!r}")
     finally:
         srv.stop()
 
