@@ -58,7 +58,7 @@
 #define EXTRA_HDR_CAP 1024
 /* Pipelined input kept while a request is being answered: reading pauses above it. */
 #define PIPELINE_HIWAT (64u * 1024u)
-#define READ_CHUNK (16u * 1024u) /* the most one recv() of a plain connection takes */
+#define READ_CHUNK (16u * 1024u) /* the most one recvmsg() of a plain connection takes */
 
 typedef enum cstate { C_IDLE, C_HEAD, C_BODY, C_HANDLER, C_STREAM, C_FLUSH } cstate_t;
 
@@ -1336,7 +1336,7 @@ kernel_rx_ns(struct msghdr *mh)
     return now;
 }
 
-/* A plain connection's socket is readable: one recv() into the input buffer
+/* A plain connection's socket is readable: one recvmsg() into the input buffer
  * (what the watermark leaves room for, at most READ_CHUNK), then parse. An
  * end of file or an error ends reading and goes to event_cb, as a socket
  * bufferevent's would. */
