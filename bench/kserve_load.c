@@ -138,17 +138,6 @@ typedef struct run {
     samples_t lat, lat_send, lag, q_us, c_us;
 } run_t;
 
-static int64_t
-next_gap_ns(run_t *r)
-{
-    double mean_ns = 1e9 / r->o.rate;
-    if (strcmp(r->o.schedule, "uniform") == 0) {
-        return (int64_t)mean_ns;
-    }
-    double u = uniform01(&r->rng);
-    return (int64_t)(-log(1.0 - u) * mean_ns);
-}
-
 /* Appends printf output to a growing buffer. */
 static void
 bprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
@@ -617,25 +606,6 @@ on_conn_event(run_t *r, conn_t *c, uint32_t ev)
 
 /* ------------------------------------------------------------------ the run */
 
-static void
-arm_timer(run_t *r, int64_t at)
-{
-    struct itimerspec its = {0};
-    its.it_value.tv_sec = at / NS;
-    its.it_value.tv_nsec = at % NS;
-    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) {
-        its.it_value.tv_nsec = 1;
-    }
-    timerfd_settime(r->tfd, TFD_TIMER_ABSTIME, &its, NULL);
-}
-
-static volatile sig_atomic_t interrupted;
-static void
-on_sigint(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
 
 static void
 run_load(run_t *r)
@@ -706,12 +676,12 @@ run_load(run_t *r)
             conn_send(r, &r->conns[i], r->t0);
         }
     }
-    while (!interrupted) {
+    while (!lg_interrupted) {
         int64_t t = now_ns();
         if (r->scheduling && !o->closed) {
             while (next <= t && next < r->end) {
                 issue(r, next);
-                next += next_gap_ns(r);
+                next += lg_next_gap_ns(&r->rng, r->o.rate, r->o.schedule);
             }
             if (next >= r->end) {
                 r->scheduling = false;
@@ -731,7 +701,7 @@ run_load(run_t *r)
             wake = o->closed ? r->end : next;
         }
         if (wake != armed) {
-            arm_timer(r, wake);
+            lg_arm_timer(r->tfd, wake);
             armed = wake;
         }
         int n = epoll_wait(r->ep, evs, 256, 1000);
@@ -775,17 +745,6 @@ run_load(run_t *r)
 /* ------------------------------------------------------------------ report */
 
 static void
-put_dist_ms(FILE *f, const char *name, samples_t *s, double scale)
-{
-    qsort(s->v, s->n, sizeof *s->v, cmp_i64);
-    fprintf(f, "\"%s\":{\"n\":%zu,\"mean\":%.4f,\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,"
-            "\"p999\":%.4f,\"max\":%.4f}", name, s->n, mean(s) * scale,
-            (double)pct(s, 0.50) * scale, (double)pct(s, 0.90) * scale,
-            (double)pct(s, 0.99) * scale, (double)pct(s, 0.999) * scale,
-            (double)pct(s, 1.0) * scale);
-}
-
-static void
 report(run_t *r, double cpu_s)
 {
     const opts_t *o = &r->o;
@@ -816,15 +775,15 @@ report(run_t *r, double cpu_s)
             (unsigned long long)r->n_unfinished, (unsigned long long)r->n_dropped,
             (unsigned long long)r->n_backlogged, r->bl_max, r->max_busy,
             (unsigned long long)r->n_retries, cpu_s, 100.0 * cpu_s / (o->warmup_s + o->duration_s));
-    put_dist_ms(f, "latency_ms", &r->lat, 1e-6);
+    lg_put_dist_ms(f, "latency_ms", &r->lat, 1e-6);
     fputc(',', f);
-    put_dist_ms(f, "latency_from_send_ms", &r->lat_send, 1e-6);
+    lg_put_dist_ms(f, "latency_from_send_ms", &r->lat_send, 1e-6);
     fputc(',', f);
-    put_dist_ms(f, "send_lag_ms", &r->lag, 1e-6);
+    lg_put_dist_ms(f, "send_lag_ms", &r->lag, 1e-6);
     fputc(',', f);
-    put_dist_ms(f, "server_queue_ms", &r->q_us, 1e-3);
+    lg_put_dist_ms(f, "server_queue_ms", &r->q_us, 1e-3);
     fputc(',', f);
-    put_dist_ms(f, "server_compute_ms", &r->c_us, 1e-3);
+    lg_put_dist_ms(f, "server_compute_ms", &r->c_us, 1e-3);
     fprintf(f, ",\"last_error\":\"");
     for (const char *p = r->last_err; *p; p++) {
         if (*p == '"' || *p == '\\') {
@@ -886,18 +845,6 @@ static const char usage[] =
     "  --seed N           arrival schedule seed (default 1)\n"
     "  --label NAME       name of the run in the output\n"
     "  --json FILE        write the JSON result there (default stdout)\n";
-
-static double
-num_arg(const char *flag, const char *v, double lo, double hi)
-{
-    char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end != '\0' || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "kserve_load: %s: '%s' is not a number in [%g, %g]\n", flag, v, lo, hi);
-        exit(2);
-    }
-    return x;
-}
 
 static void
 parse_url(opts_t *o, const char *url)
@@ -976,23 +923,23 @@ main(int argc, char **argv)
             }
             o->schedule = v;
         } else if (strcmp(a, "--first-col") == 0) {
-            o->first_col = (int)num_arg(a, v, 0, MAX_COLS - 1);
+            o->first_col = (int)lg_num_arg(a, v, 0, MAX_COLS - 1);
         } else if (strcmp(a, "--n-cols") == 0) {
-            o->n_cols = (int)num_arg(a, v, 1, MAX_COLS - 1);
+            o->n_cols = (int)lg_num_arg(a, v, 1, MAX_COLS - 1);
         } else if (strcmp(a, "--connections") == 0) {
-            o->connections = (int)num_arg(a, v, 1, MAX_CONNS);
+            o->connections = (int)lg_num_arg(a, v, 1, MAX_CONNS);
         } else if (strcmp(a, "--closed") == 0) {
-            o->closed = (int)num_arg(a, v, 1, MAX_CONNS);
+            o->closed = (int)lg_num_arg(a, v, 1, MAX_CONNS);
         } else if (strcmp(a, "--rate") == 0) {
-            o->rate = num_arg(a, v, 0.1, 1e7);
+            o->rate = lg_num_arg(a, v, 0.1, 1e7);
         } else if (strcmp(a, "--duration") == 0) {
-            o->duration_s = num_arg(a, v, 0.1, 3600);
+            o->duration_s = lg_num_arg(a, v, 0.1, 3600);
         } else if (strcmp(a, "--warmup") == 0) {
-            o->warmup_s = num_arg(a, v, 0, 3600);
+            o->warmup_s = lg_num_arg(a, v, 0, 3600);
         } else if (strcmp(a, "--drain") == 0) {
-            o->drain_s = num_arg(a, v, 0, 600);
+            o->drain_s = lg_num_arg(a, v, 0, 600);
         } else if (strcmp(a, "--seed") == 0) {
-            o->seed = (uint64_t)num_arg(a, v, 0, 1e15);
+            o->seed = (uint64_t)lg_num_arg(a, v, 0, 1e15);
         } else {
             fprintf(stderr, "kserve_load: unknown option %s\n%s", a, usage);
             return 2;
@@ -1017,7 +964,7 @@ main(int argc, char **argv)
     load_rows(&r);
     /* The default 50 us timer slack would add up to 50 us to every scheduled send. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-    signal(SIGINT, on_sigint);
+    signal(SIGINT, lg_on_sigint);
     signal(SIGPIPE, SIG_IGN);
 
     struct rusage u0, u1;
@@ -1030,5 +977,5 @@ main(int argc, char **argv)
                                  u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
     report(&r, cpu);
     uint64_t errors = r.n_http_err + r.n_conn_err + r.n_mismatch + r.n_unfinished + r.n_dropped;
-    return interrupted ? 1 : errors ? 1 : 0;
+    return lg_interrupted ? 1 : errors ? 1 : 0;
 }

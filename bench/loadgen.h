@@ -1,7 +1,8 @@
 /*
  * loadgen.h - what the KServe load generators share (bench/kserve_load.c for REST,
  * bench/grpc_load.c for gRPC): fatal errors, the clock, latency samples and their
- * percentiles, the arrival-gap generator and the request rows from the CSV. Static functions in a
+ * percentiles and their JSON, the arrival-gap generator and its timer, Ctrl-C, numeric
+ * options and the request rows from the CSV. Static functions in a
  * header: each generator is one translation unit, and this keeps them so.
  * Each program defines lg_prog (its name, for messages) before including this.
  */
@@ -15,7 +16,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <time.h>
 
 #define NS 1000000000LL
@@ -100,6 +103,67 @@ uniform01(uint64_t *s)
     return (double)((*s * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
 }
 
+/* The gap to the next arrival of an open loop at `rate` requests/s: exponential
+ * (Poisson arrivals), or constant for the "uniform" schedule. */
+static int64_t
+lg_next_gap_ns(uint64_t *rng, double rate, const char *schedule)
+{
+    double mean_ns = 1e9 / rate;
+    if (strcmp(schedule, "uniform") == 0) {
+        return (int64_t)mean_ns;
+    }
+    double u = uniform01(rng);
+    return (int64_t)(-log(1.0 - u) * mean_ns);
+}
+
+/* The timerfd tfd fires at the monotonic time `at` (ns; 0 means at once). */
+static void
+lg_arm_timer(int tfd, int64_t at)
+{
+    struct itimerspec its = {0};
+    its.it_value.tv_sec = at / NS;
+    its.it_value.tv_nsec = at % NS;
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) {
+        its.it_value.tv_nsec = 1;
+    }
+    timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* Ctrl-C ends the run early; the results so far are still reported. */
+static volatile sig_atomic_t lg_interrupted;
+static void
+lg_on_sigint(int sig)
+{
+    (void)sig;
+    lg_interrupted = 1;
+}
+
+/* "name":{n, mean, p50, p90, p99, p999, max} of s (sorted here), scaled to ms. */
+static void
+lg_put_dist_ms(FILE *f, const char *name, samples_t *s, double scale)
+{
+    if (s->n > 0) {
+        qsort(s->v, s->n, sizeof *s->v, cmp_i64);
+    }
+    fprintf(f, "\"%s\":{\"n\":%zu,\"mean\":%.4f,\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,"
+            "\"p999\":%.4f,\"max\":%.4f}", name, s->n, mean(s) * scale,
+            (double)pct(s, 0.50) * scale, (double)pct(s, 0.90) * scale,
+            (double)pct(s, 0.99) * scale, (double)pct(s, 0.999) * scale,
+            (double)pct(s, 1.0) * scale);
+}
+
+/* The number v given to flag, within [lo, hi], or exit 2 saying why. */
+static double
+lg_num_arg(const char *flag, const char *v, double lo, double hi)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end != '\0' || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "%s: %s: '%s' is not a number in [%g, %g]\n", lg_prog, flag, v, lo, hi);
+        exit(2);
+    }
+    return x;
+}
 
 /* Splits one CSV line in place; returns the field count. */
 static int
