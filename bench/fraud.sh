@@ -353,32 +353,15 @@ stop_server
 
 # ---- report ---------------------------------------------------------------------------------
 "$PYTHON" - "$OUT" "$SCPUS" "$GCPUS" "$DURATION" "$WARMUP" "$CLOSED" "$REPS" "$COMMIT" <<'EOF'
-import glob, json, os, platform, statistics, subprocess, sys
+import json, os, sys
 out, scpus, gcpus, dur, warm, closed, reps, commit = sys.argv[1:]
-runs = {}
-for p in sorted(glob.glob(os.path.join(out, "runs", "*.json"))):
-    runs[os.path.basename(p)[:-5]] = json.load(open(p))
-def sh(c):
-    return subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
-lscpu = dict(l.split(":", 1) for l in sh("LC_ALL=C lscpu").splitlines() if ":" in l)
-meta = {"stamp": os.path.basename(out), "cpu": lscpu.get("Model name", "").strip(),
-        "cpus": os.cpu_count(), "kernel": platform.release(), "server_cpus": scpus,
+sys.path.insert(0, "bench")
+from runs import group, load_runs, machine, med, rng
+runs = load_runs(out)
+meta = {**machine(out), "server_cpus": scpus,
         "generator_cpus": gcpus, "duration_s": float(dur), "warmup_s": float(warm),
         "reps": int(reps), "closed_connections": int(closed),
         "commit": commit}
-
-med = statistics.median
-def group(kind):
-    """Runs of a kind grouped by their name without the -rN suffix."""
-    g = {}
-    for k, r in runs.items():
-        if r.get("kind") == kind:
-            g.setdefault(k.rsplit("-r", 1)[0], []).append(r)
-    return g
-def rng(vals, fmt):
-    if len(vals) == 1:
-        return fmt % vals[0]
-    return (fmt + " (" + fmt + "-" + fmt + ")") % (med(vals), min(vals), max(vals))
 def other_max(rs):
     return max(r.get("machine", {}).get("other_cpu_pct_during", 0) for r in rs)
 def busy_max(rs):
@@ -397,7 +380,7 @@ if all(ju):
                  for n, j in zip(["server", "generator"], ju)) + ".")
     L.append("")
 
-g = group("targets")
+g = group(runs, "targets")
 if g:
     L.append("**Open loop, Poisson arrivals: p99 end to end vs the 2 ms target** (median of %s "
              "rounds, range in brackets; latency from the scheduled send time)" % reps)
@@ -429,7 +412,7 @@ if g:
             str(errs) + (" (backlogged %d)" % bl if bl else ""), busy_max(rs), other_max(rs)))
     L.append("")
 
-g = group("saturation")
+g = group(runs, "saturation")
 if g:
     L.append("**Saturation, closed loop (%s connections back to back)** (median of %s rounds, "
              "range in brackets)" % (closed, reps))

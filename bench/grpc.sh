@@ -295,31 +295,15 @@ stop_server
 
 # ---- report ---------------------------------------------------------------------------------
 "$PYTHON" - "$OUT" "$SCPUS" "$GCPUS" "$DURATION" "$WARMUP" "$CLOSED" "$GCONNS" "$REPS" "$COMMIT" <<'EOF'
-import glob, json, os, platform, statistics, subprocess, sys
+import json, os, sys
 out, scpus, gcpus, dur, warm, closed, gconns, reps, commit = sys.argv[1:]
-runs = {}
-for p in sorted(glob.glob(os.path.join(out, "runs", "*.json"))):
-    runs[os.path.basename(p)[:-5]] = json.load(open(p))
-def sh(c):
-    return subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
-lscpu = dict(l.split(":", 1) for l in sh("LC_ALL=C lscpu").splitlines() if ":" in l)
-meta = {"stamp": os.path.basename(out), "cpu": lscpu.get("Model name", "").strip(),
-        "cpus": os.cpu_count(), "kernel": platform.release(), "server_cpus": scpus,
+sys.path.insert(0, "bench")
+from runs import group, load_runs, machine, med, rng
+runs = load_runs(out)
+meta = {**machine(out), "server_cpus": scpus,
         "generator_cpus": gcpus, "duration_s": float(dur), "warmup_s": float(warm),
         "reps": int(reps), "closed": int(closed), "grpc_connections": int(gconns),
         "commit": commit, "loadavg": open("/proc/loadavg").read().split()[:3]}
-med = statistics.median
-def group(kind):
-    """Runs of a kind grouped by their name without the -rN suffix."""
-    g = {}
-    for k, r in runs.items():
-        if r.get("kind") == kind:
-            g.setdefault(k.rsplit("-r", 1)[0], []).append(r)
-    return g
-def rng(vals, fmt):
-    if len(vals) == 1:
-        return fmt % vals[0]
-    return (fmt + " (" + fmt + "-" + fmt + ")") % (med(vals), min(vals), max(vals))
 def load(rs):
     return "%d%% / %.0f%%" % (max(r["machine"]["busy_pct_before"] for r in rs),
                               max(r["machine"]["other_cpu_pct_during"] for r in rs))
@@ -348,7 +332,7 @@ if all(ju):
                  for n, j in zip(["server", "generator"], ju)) + ".")
     L.append("")
 
-gc, go = group("closed"), group("open")
+gc, go = group(runs, "closed"), group(runs, "open")
 # The summary: one line per model and server.
 if gc or go:
     rates = sorted({int(r["offered_rps"]) for rs in go.values() for r in rs})
