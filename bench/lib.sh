@@ -1,4 +1,4 @@
-# bench/lib.sh - what the serving benchmarks share (bench/fraud.sh, bench/grpc.sh): the
+# bench/lib.sh - what the benchmark scripts share (bench/fraud.sh, bench/grpc.sh, bench/run.sh): the
 # machine's load from /proc, waiting for a quiet machine, a process's CPU time and context
 # switches, a free port. Sourced; the caller defines say() and sets PYTHON and WAIT_QUIET.
 

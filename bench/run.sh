@@ -56,25 +56,10 @@ done
 
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# Share of the two CPUs busy over one second: other work on the machine makes
-# both engines (whose threads wait on each other) much slower, so it is recorded.
-cpu_busy_pct() {
-    local a b
-    read -r -a a < <(head -1 /proc/stat)
-    sleep 1
-    read -r -a b < <(head -1 /proc/stat)
-    local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
-    for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
-    echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
-}
-
-# Non-idle jiffies of the whole machine so far (all CPUs).
-busy_jiffies() {
-    local a i total=0
-    read -r -a a < <(head -1 /proc/stat)
-    for i in 1 2 3 6 7 8; do total=$(( total + a[i] )); done   # user nice system irq softirq steal
-    echo "$total"
-}
+# cpu_busy_pct and busy_jiffies (bench/lib.sh): other work on the machine makes both engines
+# (whose threads wait on each other) much slower, so it is recorded. The wait below is this
+# script's own, stricter than lib.sh's (5% busy, and none unless --wait-quiet is given).
+. "$ROOT/bench/lib.sh"
 
 # Before each timed command: wait (up to WAIT_QUIET s) until the machine is idle.
 wait_quiet() {
