@@ -146,7 +146,7 @@ $(BUILD)/kserve_load: bench/kserve_load.c bench/loadgen.h
 $(BUILD)/tcp_floor: bench/tcp_floor.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $<
-$(BUILD)/xgb_floor: bench/xgb_floor.c
+$(BUILD)/xgb_floor: bench/xgb_floor.c bench/loadgen.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lxgboost -ljansson -lm
 

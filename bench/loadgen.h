@@ -2,8 +2,8 @@
  * loadgen.h - what the KServe load generators share (bench/kserve_load.c for REST,
  * bench/grpc_load.c for gRPC): fatal errors, the clock, latency samples and their
  * percentiles and their JSON, the arrival-gap generator and its timer, Ctrl-C, numeric
- * options and the request rows from the CSV. Static functions in a
- * header: each generator is one translation unit, and this keeps them so.
+ * options and the request rows from the CSV (also for bench/xgb_floor.c). Static inline
+ * functions in a header: each program is one translation unit, and this keeps them so.
  * Each program defines lg_prog (its name, for messages) before including this.
  */
 #ifndef SP_BENCH_LOADGEN_H
@@ -29,7 +29,7 @@ typedef struct samples {
     size_t n, cap;
 } samples_t;
 
-static void
+static inline void
 die(const char *fmt, ...)
 {
     va_list ap;
@@ -42,7 +42,7 @@ die(const char *fmt, ...)
     exit(2);
 }
 
-static int64_t
+static inline int64_t
 now_ns(void)
 {
     struct timespec ts;
@@ -50,7 +50,7 @@ now_ns(void)
     return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
 }
 
-static void
+static inline void
 samples_add(samples_t *s, int64_t v)
 {
     if (s->n == s->cap) {
@@ -65,7 +65,7 @@ samples_add(samples_t *s, int64_t v)
     s->v[s->n++] = v;
 }
 
-static int
+static inline int
 cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -73,7 +73,7 @@ cmp_i64(const void *a, const void *b)
 }
 
 /* Nearest-rank percentile of sorted samples (q in [0, 1]). */
-static int64_t
+static inline int64_t
 pct(const samples_t *s, double q)
 {
     if (s->n == 0) {
@@ -83,7 +83,7 @@ pct(const samples_t *s, double q)
     return s->v[k == 0 ? 0 : k - 1];
 }
 
-static double
+static inline double
 mean(const samples_t *s)
 {
     double t = 0;
@@ -94,7 +94,7 @@ mean(const samples_t *s)
 }
 
 /* xorshift64*: arrival gaps and nothing else. */
-static double
+static inline double
 uniform01(uint64_t *s)
 {
     *s ^= *s >> 12;
@@ -105,7 +105,7 @@ uniform01(uint64_t *s)
 
 /* The gap to the next arrival of an open loop at `rate` requests/s: exponential
  * (Poisson arrivals), or constant for the "uniform" schedule. */
-static int64_t
+static inline int64_t
 lg_next_gap_ns(uint64_t *rng, double rate, const char *schedule)
 {
     double mean_ns = 1e9 / rate;
@@ -117,7 +117,7 @@ lg_next_gap_ns(uint64_t *rng, double rate, const char *schedule)
 }
 
 /* The timerfd tfd fires at the monotonic time `at` (ns; 0 means at once). */
-static void
+static inline void
 lg_arm_timer(int tfd, int64_t at)
 {
     struct itimerspec its = {0};
@@ -131,7 +131,7 @@ lg_arm_timer(int tfd, int64_t at)
 
 /* Ctrl-C ends the run early; the results so far are still reported. */
 static volatile sig_atomic_t lg_interrupted;
-static void
+static inline void
 lg_on_sigint(int sig)
 {
     (void)sig;
@@ -139,7 +139,7 @@ lg_on_sigint(int sig)
 }
 
 /* "name":{n, mean, p50, p90, p99, p999, max} of s (sorted here), scaled to ms. */
-static void
+static inline void
 lg_put_dist_ms(FILE *f, const char *name, samples_t *s, double scale)
 {
     if (s->n > 0) {
@@ -153,7 +153,7 @@ lg_put_dist_ms(FILE *f, const char *name, samples_t *s, double scale)
 }
 
 /* The number v given to flag, within [lo, hi], or exit 2 saying why. */
-static double
+static inline double
 lg_num_arg(const char *flag, const char *v, double lo, double hi)
 {
     char *end;
@@ -166,7 +166,7 @@ lg_num_arg(const char *flag, const char *v, double lo, double hi)
 }
 
 /* Splits one CSV line in place; returns the field count. */
-static int
+static inline int
 split_csv(char *line, char **f, int max)
 {
     int n = 0;
@@ -196,7 +196,7 @@ typedef void (*lg_row_fn)(void *ud, int i, const float *x, double expect);
  * expect_path is given, the last column of the same line of that file; calls
  * row() per data row, at most MAX_ROWS. Returns the row count; any malformed
  * line or a missing file ends the program with a message naming it. */
-static int
+static inline int
 lg_load_rows(const char *csv, const char *expect_path, int first_col, int n_cols, lg_row_fn row,
              void *ud)
 {

@@ -38,25 +38,10 @@
 #include <jansson.h>
 #include <xgboost/c_api.h>
 
-#define MAX_ROWS 1000000
-#define MAX_COLS 4096
+static const char *const lg_prog = "xgb_floor";
+#include "loadgen.h"
+
 #define MAX_BATCHES 16
-#define NS 1000000000LL
-
-static int64_t
-now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
-}
-
-static void
-die(const char *what)
-{
-    fprintf(stderr, "xgb_floor: %s\n", what);
-    exit(2);
-}
 
 static void
 xgb_check(int rc, const char *what)
@@ -65,13 +50,6 @@ xgb_check(int rc, const char *what)
         fprintf(stderr, "xgb_floor: %s: %s\n", what, XGBGetLastError());
         exit(2);
     }
-}
-
-static int
-cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
 }
 
 static double
@@ -84,68 +62,28 @@ pct_us(const int64_t *v, size_t n, double q)
     return (double)v[k == 0 ? 0 : k - 1] / 1e3;
 }
 
-/* Splits one CSV line in place; returns the field count. */
-static int
-split_csv(char *line, char **f, int max)
-{
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        f[n++] = p;
-        char *c = strchr(p, ',');
-        if (c == NULL) {
-            break;
-        }
-        *c = '\0';
-        p = c + 1;
-    }
-    f[n - 1][strcspn(f[n - 1], "\r\n")] = '\0';
-    return n;
-}
+/* The rows of the CSV (lg_load_rows), n_cols floats each, and their expected predictions. */
+typedef struct rows {
+    float *x;
+    double *expect;
+    int n_cols, n, cap;
+} rows_t;
 
-/* Reads columns [first, first + n_cols) of every data row; returns the row count. */
-static int
-load_csv(const char *path, int first, int n_cols, float **out)
+static void
+add_row(void *ud, int i, const float *x, double expect)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        fprintf(stderr, "xgb_floor: %s: %s\n", path, strerror(errno));
-        exit(2);
+    rows_t *r = ud;
+    if (i == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 1024;
+        r->x = realloc(r->x, (size_t)r->cap * (size_t)r->n_cols * sizeof *r->x);
+        r->expect = realloc(r->expect, (size_t)r->cap * sizeof *r->expect);
+        if (r->x == NULL || r->expect == NULL) {
+            die("out of memory");
+        }
     }
-    size_t cap = 1024;
-    float *x = malloc(cap * (size_t)n_cols * sizeof *x);
-    char *line = NULL, *fields[MAX_COLS];
-    size_t lcap = 0;
-    int n = 0;
-    bool header = true;
-    while (x && getline(&line, &lcap, f) > 0 && n < MAX_ROWS) {
-        int nf = split_csv(line, fields, MAX_COLS);
-        if (header) {
-            header = false;
-            continue;
-        }
-        if (nf < first + n_cols) {
-            die("a CSV row has too few fields");
-        }
-        if ((size_t)n == cap) {
-            cap *= 2;
-            x = realloc(x, cap * (size_t)n_cols * sizeof *x);
-            if (x == NULL) {
-                break;
-            }
-        }
-        for (int i = 0; i < n_cols; i++) {
-            x[(size_t)n * (size_t)n_cols + (size_t)i] = strtof(fields[first + i], NULL);
-        }
-        n++;
-    }
-    if (x == NULL) {
-        die("out of memory");
-    }
-    free(line);
-    fclose(f);
-    *out = x;
-    return n;
+    memcpy(r->x + (size_t)i * (size_t)r->n_cols, x, (size_t)r->n_cols * sizeof *x);
+    r->expect[i] = expect;
+    r->n = i + 1;
 }
 
 static const float *
@@ -265,11 +203,9 @@ main(int argc, char **argv)
         p += *p == ',';
     }
 
-    float *x;
-    int n_rows = load_csv(csv, first, n_cols, &x);
-    if (n_rows == 0) {
-        die("no rows");
-    }
+    rows_t rows = {.n_cols = n_cols};
+    int n_rows = lg_load_rows(csv, expect, first, n_cols, add_row, &rows);
+    const float *x = rows.x;
     /* Rows repeated so that any window of max_batch rows starting at a row index is contiguous. */
     size_t row_bytes = (size_t)n_cols * sizeof(float);
     float *xx = malloc((size_t)(n_rows + max_batch) * row_bytes);
@@ -289,31 +225,20 @@ main(int argc, char **argv)
     int rc = 0;
     if (expect) {
         /* The expected file's last column, one line per row in the same order. */
-        FILE *f = fopen(expect, "r");
-        if (f == NULL) {
-            die("cannot open --expect");
-        }
-        char *line = NULL, *fields[MAX_COLS];
-        size_t lcap = 0;
-        int k = -1, bad = 0;
-        while (getline(&line, &lcap, f) > 0 && k < n_rows) {
-            int nf = split_csv(line, fields, MAX_COLS);
-            if (k >= 0) {
-                double want = strtod(fields[nf - 1], NULL);
-                bst_ulong n = 0;
-                const float *got = predict(b, x + (size_t)k * (size_t)n_cols, 1, n_cols, &n);
-                if (n < 1 || !(fabs(got[0] - want) <= 1e-5 * fmax(1.0, fabs(want)))) {
-                    if (bad++ < 3) {
-                        fprintf(stderr, "xgb_floor: row %d: %.9g, expected %.9g\n", k,
-                                n ? got[0] : NAN, want);
-                    }
+        int bad = 0;
+        for (int k = 0; k < n_rows; k++) {
+            double want = rows.expect[k];
+            bst_ulong n = 0;
+            const float *got = predict(b, x + (size_t)k * (size_t)n_cols, 1, n_cols, &n);
+            if (n < 1 || !(fabs(got[0] - want) <= 1e-5 * fmax(1.0, fabs(want)))) {
+                if (bad++ < 3) {
+                    fprintf(stderr, "xgb_floor: row %d: %.9g, expected %.9g\n", k,
+                            n ? got[0] : NAN, want);
                 }
             }
-            k++;
         }
-        free(line);
-        fclose(f);
-        fprintf(stderr, "xgb_floor: %d rows checked against %s: %d mismatches\n", k, expect, bad);
+        fprintf(stderr, "xgb_floor: %d rows checked against %s: %d mismatches\n", n_rows, expect,
+                bad);
         rc = bad ? 1 : 0;
     }
 
@@ -408,7 +333,8 @@ main(int argc, char **argv)
     }
     free(lat);
     free(xx);
-    free(x);
+    free(rows.x);
+    free(rows.expect);
     XGBoosterFree(b);
     return rc;
 }
