@@ -241,31 +241,36 @@ copy_bandwidth(void)
     return bw;
 }
 
-/* "1,8,64" into b[] (at most 8 values in 1..64); the count, or -1. */
+/* "1,8,64" into b[] (at most 8 values in 1..64); the count, or -1 after saying so for cmd. */
 static int
-parse_batches(const char *s, int *b)
+parse_batches(const char *cmd, const char *list, int *b)
 {
     int n = 0;
+    const char *s = list;
     while (*s) {
         char *end;
         const long v = strtol(s, &end, 10);
         if (end == s || v < 1 || v > 64 || n == 8 || (*end != ',' && *end != '\0')) {
-            return -1;
+            n = 0;
+            break;
         }
         b[n++] = (int)v;
         s = *end ? end + 1 : end;
     }
-    return n > 0 ? n : -1;
+    if (n == 0) {
+        fprintf(stderr, "gpu_bench %s: batches '%s' is not a list like 1,8,64 (each 1..64)\n",
+                cmd, list);
+        return -1;
+    }
+    return n;
 }
 
 static int
 cmd_perf(const char *path, const char *label, const char *batch_list)
 {
     int batches[8];
-    const int n_batches = parse_batches(batch_list, batches);
+    const int n_batches = parse_batches("perf", batch_list, batches);
     if (n_batches < 0) {
-        fprintf(stderr, "gpu_bench perf: batches '%s' is not a list like 1,8,64 (each 1..64)\n",
-                batch_list);
         return 2;
     }
     sp_model_t *m = load(path, true);
@@ -485,10 +490,8 @@ static int
 cmd_decode(const char *path, const char *label, const char *batch_list)
 {
     int batches[8];
-    const int n_batches = parse_batches(batch_list, batches);
+    const int n_batches = parse_batches("decode", batch_list, batches);
     if (n_batches < 0) {
-        fprintf(stderr, "gpu_bench decode: batches '%s' is not a list like 1,8,64 (each 1..64)\n",
-                batch_list);
         return 2;
     }
     sp_model_t *m = load(path, true);
