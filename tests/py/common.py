@@ -13,6 +13,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -176,3 +177,71 @@ class RepoServer(Server):
 
     def req(self, method, path, body=None, timeout=20):
         return http_json(self.port, method, path, body, timeout)
+
+
+def stream_completion(port, body, on_first=None, timeout=60):
+    """POST /v1/completions with stream=True on 127.0.0.1:port: (status, text, error message or
+    None); on_first() runs when the first text arrives."""
+    body = dict(body, stream=True)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        data = r.read()
+        c.close()
+        return r.status, "", data.decode(errors="replace")
+    text, err = [], None
+    for line in r:
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:]
+        if payload == b"[DONE]":
+            break
+        ev = json.loads(payload)
+        if "error" in ev:
+            err = ev["error"].get("message", "error")
+            continue
+        t = ev["choices"][0].get("text", "")
+        if t and on_first and not text:
+            on_first()
+        text.append(t)
+    c.close()
+    return 200, "".join(text), err
+
+
+def greedy(prompt, n, **kw):
+    """A greedy completion request body for the demo model."""
+    return dict({"model": "stories260K", "prompt": prompt, "max_tokens": n, "temperature": 0}, **kw)
+
+
+# Prompts for the demo model, distinct from each other (batch neighbours in the engine tests).
+OTHERS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
+          "Tom had a red ball", "The sun was hot", "A big bird", "Mom said"]
+
+# A greedy request whose text must not depend on what runs beside it (batch invariance).
+TARGET = greedy("Once upon a time, there was a little girl named", 40, ignore_eos=True)
+
+
+def run_together(port, n_others, seed, other_tokens=(8, 48), target=TARGET, model="stories260K"):
+    """The target (TARGET: a greedy request) streamed beside n_others concurrent greedy and
+    sampled requests of other prompts; returns the target's (status, text, error)."""
+    rnd = random.Random(seed)
+    out = {}
+    threads = []
+    pos = rnd.randrange(n_others + 1)
+    for i in range(n_others + 1):
+        if i == pos:
+            def job():
+                out["t"] = stream_completion(port, target)
+        else:
+            body = greedy(rnd.choice(OTHERS), rnd.randrange(*other_tokens), ignore_eos=True,
+                          temperature=rnd.choice([0, 0.8]), seed=rnd.randrange(1000), model=model)
+            def job(b=body):
+                stream_completion(port, b)
+        threads.append(threading.Thread(target=job))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out.get("t", (0, None, "no answer"))

@@ -18,17 +18,14 @@
   quantised from its own numbers only).
 Last line: kv_quant: N passed, N failed, N skipped
 """
-import http.client
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
-import threading
 from array import array
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, Server, Suite, binary, run, OTHERS, TARGET, greedy, run_together, stream_completion
 
 s = Suite("kv_quant")
 MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
@@ -37,62 +34,6 @@ exe = binary()
 PPL_TOL = 0.01  # Q8_0 against F16, relative (measured +0.22% on the whole sample)
 
 
-def stream(port, body, timeout=60):
-    """Streamed greedy completion (as test_scheduler.py): (status, text, error or None)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)),
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        data = r.read()
-        c.close()
-        return r.status, "", data.decode(errors="replace")
-    text, err = [], None
-    for line in r:
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        if line[6:] == b"[DONE]":
-            break
-        ev = json.loads(line[6:])
-        if "error" in ev:
-            err = ev["error"].get("message", "error")
-            continue
-        text.append(ev["choices"][0].get("text", ""))
-    c.close()
-    return 200, "".join(text), err
-
-
-def greedy(prompt, n, **kw):
-    return dict({"model": "stories260K", "prompt": prompt, "max_tokens": n, "temperature": 0}, **kw)
-
-
-OTHERS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
-          "Tom had a red ball", "The sun was hot", "A big bird", "Mom said"]
-TARGET = greedy("Once upon a time, there was a little girl named", 40, ignore_eos=True)
-
-
-def run_together(port, n_others, seed):
-    """The target beside n_others concurrent greedy and sampled requests; its text."""
-    rnd = random.Random(seed)
-    out, threads = {}, []
-    pos = rnd.randrange(n_others + 1)
-    for i in range(n_others + 1):
-        if i == pos:
-            def job():
-                out["t"] = stream(port, TARGET)
-        else:
-            body = greedy(rnd.choice(OTHERS), rnd.randrange(8, 48), ignore_eos=True,
-                          temperature=rnd.choice([0, 0.8]), seed=rnd.randrange(1000))
-
-            def job(b=body):
-                stream(port, b)
-        threads.append(threading.Thread(target=job))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out.get("t", (0, None, "no answer"))
 
 
 def ppl(*args):
@@ -173,11 +114,11 @@ try:
     # stories260K: 5 layers x 4 KV heads x (K, V) x 16 rows x (8 int8 + one F16 scale).
     s.case("serve: the scheduler counts Q8_0 blocks", m is not None and m.group(2) == "q8_0" and
            int(m.group(1)) == 5 * 4 * 2 * 16 * (8 + 2), m.group(0) if m else srv.text()[-300:])
-    st, alone, err = stream(srv.port, TARGET)
+    st, alone, err = stream_completion(srv.port, TARGET)
     s.case("serve q8_0: answers", st == 200 and err is None and len(alone) > 40, (st, err, alone))
     s.case("serve q8_0: greedy text is words", WORD.match(alone) is not None and
            len(alone.split()) >= 8, repr(alone))
-    st, again, err = stream(srv.port, TARGET)
+    st, again, err = stream_completion(srv.port, TARGET)
     s.case("serve q8_0: deterministic", again == alone, f"{again!r} != {alone!r}")
     for k in (1, 7, 31):
         st, text, err = run_together(srv.port, k, 200 + k)
@@ -193,7 +134,7 @@ finally:
 srv = None
 try:
     srv = Server("--parallel", "4")
-    st, f32_text, err = stream(srv.port, TARGET)
+    st, f32_text, err = stream_completion(srv.port, TARGET)
     common = os.path.commonprefix([f32_text, alone]) if st == 200 else ""
     s.case("serve: Q8_0 and F32 greedy texts start alike (first 10 characters)",
            len(common) >= 10, f"f32 {f32_text!r} q8_0 {alone!r}")
@@ -218,7 +159,7 @@ try:
         m = srv.wait_log(r"kv_type=(\w+)")
         s.case("repository: parameters.kv_cache_type q8_0 is used", m is not None and
                m.group(1) == "q8_0", srv.text()[-400:])
-        st, text, err = stream(srv.port, dict(TARGET, model="quant"))
+        st, text, err = stream_completion(srv.port, dict(TARGET, model="quant"))
         s.case("repository: the q8_0 model answers the same text as --kv-type q8_0",
                st == 200 and text == alone, f"{text!r} vs {alone!r}")
         bad = srv.wait_log(r"kv_cache_type[^\n]*must be f32, f16 or q8_0")

@@ -13,7 +13,7 @@ import threading
 import time
 
 
-from common import ROOT, Suite, binary, run, Server
+from common import ROOT, Suite, binary, run, Server, OTHERS, TARGET, greedy, run_together, stream_completion
 
 s = Suite("scheduler")
 MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
@@ -28,36 +28,6 @@ def post(port, body, timeout=30):
     return r.status, dict(r.getheaders()), data
 
 
-def stream(port, body, on_first=None, timeout=60):
-    """Streamed completion: returns (status, text, error message or None)."""
-    body = dict(body, stream=True)
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        data = r.read()
-        c.close()
-        return r.status, "", data.decode(errors="replace")
-    text, err = [], None
-    for line in r:
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        payload = line[6:]
-        if payload == b"[DONE]":
-            break
-        ev = json.loads(payload)
-        if "error" in ev:
-            err = ev["error"].get("message", "error")
-            continue
-        t = ev["choices"][0].get("text", "")
-        if t and on_first and not text:
-            on_first()
-        text.append(t)
-    c.close()
-    return 200, "".join(text), err
-
-
 def stats(port, model="stories260K"):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     c.request("GET", "/stats")
@@ -67,42 +37,12 @@ def stats(port, model="stories260K"):
     return d["models"][model]
 
 
-def greedy(prompt, n, **kw):
-    return dict({"model": "stories260K", "prompt": prompt, "max_tokens": n, "temperature": 0}, **kw)
-
-
-OTHERS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "One day",
-          "Tom had a red ball", "The sun was hot", "A big bird", "Mom said"]
-TARGET = greedy("Once upon a time, there was a little girl named", 40, ignore_eos=True)
-
-
-def run_together(port, n_others, seed, other_tokens=(8, 48), target=TARGET, model="stories260K"):
-    """The target beside n_others concurrent requests; returns the target's text."""
-    rnd = random.Random(seed)
-    out = {}
-    threads = []
-    pos = rnd.randrange(n_others + 1)
-    for i in range(n_others + 1):
-        if i == pos:
-            def job():
-                out["t"] = stream(port, target)
-        else:
-            body = greedy(rnd.choice(OTHERS), rnd.randrange(*other_tokens), ignore_eos=True,
-                          temperature=rnd.choice([0, 0.8]), seed=rnd.randrange(1000), model=model)
-            def job(b=body):
-                stream(port, b)
-        threads.append(threading.Thread(target=job))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out.get("t", (0, None, "no answer"))
 
 
 def invariance():
     srv = Server("--parallel", "32", "--step-tokens", "64")
     try:
-        st, alone, err = stream(srv.port, TARGET)
+        st, alone, err = stream_completion(srv.port, TARGET)
         s.case("invariance: alone", st == 200 and err is None and len(alone) > 0, err or "")
         for k in (1, 7, 31):
             st, text, err = run_together(srv.port, k, k)
@@ -154,7 +94,7 @@ def gqa_invariance():
                         model="gqa")
         srv = Server("--parallel", "32", "--step-tokens", "64", model=f"gqa={path}")
         try:
-            st, alone, err = stream(srv.port, target)
+            st, alone, err = stream_completion(srv.port, target)
             s.case("gqa invariance: alone", st == 200 and err is None and len(alone) > 0, err or "")
             for k in (1, 7, 31):
                 st, text, err = run_together(srv.port, k, k, target=target, model="gqa")
@@ -199,7 +139,7 @@ def priority():
     try:
         done = {}
         def batch(i):
-            done[f"b{i}"] = (stream(srv.port, greedy("The little dog", 400, ignore_eos=True,
+            done[f"b{i}"] = (stream_completion(srv.port, greedy("The little dog", 400, ignore_eos=True,
                                                       priority="batch")), time.time())
         ts = [threading.Thread(target=batch, args=(i,)) for i in range(3)]
         for t in ts:
@@ -208,7 +148,7 @@ def priority():
         while stats(srv.port)["running_by_tier"]["batch"] < 2 and time.time() < end:
             time.sleep(0.01)
         first = {}
-        st, text, err = stream(srv.port, greedy("One day", 8, priority="premium"),
+        st, text, err = stream_completion(srv.port, greedy("One day", 8, priority="premium"),
                                on_first=lambda: first.setdefault("t", time.time()))
         t_prem = time.time()
         d = stats(srv.port)
@@ -243,7 +183,7 @@ def backpressure_and_deadline():
         s.case("backpressure: 429 with Retry-After when the queue is full",
                len(busy) >= 1 and all("Retry-After" in r[1] for r in busy) and
                any(r[0] == 200 for r in res), str([r[0] for r in res]))
-        st, text, err = stream(srv.port, greedy("Once upon a time", 480, ignore_eos=True, timeout=3))
+        st, text, err = stream_completion(srv.port, greedy("Once upon a time", 480, ignore_eos=True, timeout=3))
         s.case("deadline: ends with a clear error", err is not None and "deadline" in err, str(err))
         st, _, data = post(srv.port, greedy("x", 4, timeout=-1))
         s.case("deadline: bad timeout is 400", st == 400 and b"timeout" in data)
@@ -254,13 +194,13 @@ def backpressure_and_deadline():
 def prefix(alone):
     srv = Server("--parallel", "4")
     try:
-        st, cold, err = stream(srv.port, TARGET)
+        st, cold, err = stream_completion(srv.port, TARGET)
         long_prompt = "Once upon a time, there was a little girl named Lily. She liked to play " \
                       "in the park with her friends and her dog. One day she saw a big red ball."
         body = greedy(long_prompt, 24, ignore_eos=True)
-        st, first, err = stream(srv.port, body)
+        st, first, err = stream_completion(srv.port, body)
         before = stats(srv.port)
-        st, second, err = stream(srv.port, body)
+        st, second, err = stream_completion(srv.port, body)
         after = stats(srv.port)
         s.case("prefix: hits counted", after["prefix_hits"] > before["prefix_hits"] and
                after["prompt_tokens_cached"] > before["prompt_tokens_cached"],
@@ -289,7 +229,7 @@ def adaptive(alone):
                 # the streams start first, so the long prompts are prefilled beside them
                 if i < len(longs):
                     time.sleep(0.01)
-                out[i] = stream(srv.port, bodies[i])
+                out[i] = stream_completion(srv.port, bodies[i])
 
             ts = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
             for t in ts:
@@ -368,7 +308,7 @@ def churn():
                d["kv_blocks_free"] + d["kv_blocks_cached"] == d["kv_blocks_total"],
                json.dumps(d))
         # and the pool is still usable, with the prefix cache reclaimed as needed
-        st, text, err = stream(srv.port, TARGET)
+        st, text, err = stream_completion(srv.port, TARGET)
         s.case("churn: server still generates", st == 200 and err is None and len(text) > 0)
         print(f"churn: {time.time() - t0:.1f} s, {codes}", flush=True)
     finally:
