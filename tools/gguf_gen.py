@@ -412,6 +412,19 @@ def _values(c, name, ne, kind, rng, rows):
     return rng.standard_normal((rows, n), dtype=np.float32) * np.float32(std)
 
 
+def gguf_header(kvs, tensors, offsets):
+    """The file's head up to its data: magic, counts, the metadata records kvs, and per tensor
+    (name, ne, type name, ...) its info at its data offset, padded to ALIGNMENT."""
+    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs)))
+    for kv in kvs:
+        head += kv
+    for (name, ne, t, *_), o in zip(tensors, offsets):
+        head += _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+        head += struct.pack("<IQ", TYPES[t][0], o)
+    head += b"\0" * (-len(head) % ALIGNMENT)
+    return head
+
+
 def generate(path, cfg, log=None):
     """Write the model described by cfg (keys as DEFAULTS, plus optional 'preset')."""
     c = resolve(cfg)
@@ -428,13 +441,7 @@ def generate(path, cfg, log=None):
         offsets.append(off)
         sizes.append(nb)
         off += nb
-    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(ts), len(kvs)))
-    for kv in kvs:
-        head += kv
-    for (name, ne, t, _), o in zip(ts, offsets):
-        head += _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-        head += struct.pack("<IQ", TYPES[t][0], o)
-    head += b"\0" * (-len(head) % ALIGNMENT)
+    head = gguf_header(kvs, ts, offsets)
     total = len(head) + off
     t0 = last = time.time()
     done = 0

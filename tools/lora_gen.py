@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests", "ref"))
 
-from gguf_gen import (ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, T_FLOAT32, T_STRING, T_UINT32,  # noqa: E402
-                      TYPES, _s, _skip_value, encode, kv_bytes, row_bytes)
+from gguf_gen import (ALIGNMENT, T_FLOAT32, T_STRING, T_UINT32, TYPES, _skip_value,  # noqa: E402
+                      encode, gguf_header, kv_bytes, row_bytes)
 from gguf_read import GGUF  # noqa: E402
 
 PROJ = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
@@ -56,13 +56,7 @@ def write_gguf(path, kvs, tensors):
         off = (off + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
         offs.append(off)
         off += len(raw)
-    head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs)))
-    for kv in kvs:
-        head += kv
-    for (name, ne, t, _), o in zip(tensors, offs):
-        head += _s(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-        head += struct.pack("<IQ", TYPES[t][0], o)
-    head += b"\0" * (-len(head) % ALIGNMENT)
+    head = gguf_header(kvs, tensors, offs)
     with open(path, "wb") as f:
         f.write(head)
         for (_, _, _, raw), o in zip(tensors, offs):
