@@ -16,6 +16,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -80,6 +81,13 @@ class Suite:
 
 
 DEMO_MODEL = os.path.join(ROOT, "models", "stories260K.gguf")
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
 
 
 _live_servers = set()

@@ -12,7 +12,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 
-from common import ROOT, Suite, binary, run, Server
+from common import ROOT, Suite, binary, run, Server, free_port
 
 s = Suite("bench_cli")
 exe = binary()
@@ -23,12 +23,6 @@ KEYS = ["date", "backend", "model_id", "num_prompts", "request_rate", "max_concu
         "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
         "errors"] + [f"{st}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
                      for st in ("mean", "median", "std", "p99")]
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def bench(url, *args, timeout=30):

@@ -45,14 +45,8 @@ import time
 import urllib.error
 import urllib.request
 
-from common import ROOT, DEMO_MODEL, Server, Suite, binary, run
+from common import ROOT, DEMO_MODEL, Server, Suite, binary, run, free_port
 
-
-def free_port():
-    import socket
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 s = Suite("deploy")
 D = os.path.join(ROOT, "deploy")

@@ -19,13 +19,12 @@ import csv
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import tempfile
 import time
 
-from common import DEMO_MODEL, ROOT, Server, Suite, binary, http_json
+from common import DEMO_MODEL, ROOT, Server, Suite, binary, http_json, free_port
 
 s = Suite("grpc")
 NODE_DIR = os.path.join(ROOT, "tests", "node")
@@ -33,12 +32,6 @@ DATA = os.path.join(ROOT, "tests", "data", "xgboost")
 PLUGINS = os.path.join(os.path.dirname(binary() or ""), "backends")
 KEY = "grpc-test-key-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def client(port, calls, ca=None, timeout=90):

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 
-from common import ROOT, Server, Suite
+from common import ROOT, Server, Suite, free_port
 
 s = Suite("metrics")
 
@@ -94,12 +94,6 @@ def documented_names():
             for n in re.findall(r"`([a-z0-9_:]+)(?:\{[^`]*\})?`", line.split("|")[1]):
                 names.add(n)
     return names
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def traffic(srv):

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 
-from common import Suite, Server, binary, run
+from common import Suite, Server, binary, run, free_port
 
 s = Suite("tls")
 exe = binary()
@@ -122,12 +122,6 @@ def completion(**kw):
     b = {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
     b.update(kw)
     return b
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def raw_exchange(port, data, wait=3.0):

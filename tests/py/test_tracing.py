@@ -27,7 +27,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, Server, Suite, binary, run, free_port
 
 s = Suite("tracing")
 PLUGINS = os.path.join(os.path.dirname(binary() or ""), "backends")
@@ -467,12 +467,6 @@ def test_tensor(col):
             s.case("tensor model server exits cleanly", srv.stop() == 0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def grpc_traced(col, gport):
