@@ -262,7 +262,7 @@ timer_arm(conn_t *c, int ms)
 static void conn_free(conn_t *c);
 
 /* Reading. A TLS connection reads through its bufferevent. A plain one reads
- * through its own event and recv() (plain_read_cb), because libevent's socket
+ * through its own event and recvmsg() (plain_read_cb), because libevent's socket
  * bufferevent asks the kernel how much is readable (ioctl FIONREAD) before
  * every read: one more system call per request, which on a VM whose system
  * calls cost microseconds was about 6% of a small request's CPU. The
@@ -1086,7 +1086,7 @@ dispatch(conn_t *c)
     r->abort_fn = NULL;
     r->abort_ud = NULL;
     r->extra_len = 0;
-    r->start_ns = c->arrival_ns > 0 ? c->arrival_ns : sp_time_ns();
+    r->start_ns = c->arrival_ns; /* set when its first bytes were parsed (process_input) */
     r->user = NULL;
     r->trace = NULL;
     r->status = 0;
