@@ -83,9 +83,10 @@
  * target while batches are as large as the target allows. Inputs: every
  * completed request's latency (a window of the last SP_BATCHER_CTL_WINDOW), and
  * per batch its rows, execute time and why it was sent. Every
- * SP_BATCHER_CTL_PERIOD completed requests (checked once per batch) the
- * controller (sp_batcher_ctl_t, below) looks at the window's p99, in this
- * order:
+ * SP_BATCHER_CTL_PERIOD completed requests, but no sooner than
+ * SP_BATCHER_CTL_MIN_PERIOD_NS and SP_BATCHER_CTL_MIN_SAMPLES latencies after
+ * the last adjustment (checked once per batch), the controller
+ * (sp_batcher_ctl_t, below) looks at the window's p99, in this order:
  *   - Load: the busier of the instances (execute time over wall time, per
  *     instance) and the server (the process's CPU time over wall time, per CPU
  *     it may use). The instances alone miss the usual bottleneck of a small
