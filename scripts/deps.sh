@@ -8,6 +8,8 @@ need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-de
 need+=(libxgboost-dev)
 # The gRPC front end (src/server/grpc*.c): HTTP/2, protobuf messages and their code generator.
 need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
+# The OTLP trace exporter's HTTP(S) client (src/server/trace.c).
+need+=(libcurl4-openssl-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # The server tests drive it with the official openai npm client: Node from
@@ -20,6 +22,9 @@ if [ "${1:-}" = "--test" ]; then
     need+=(yamllint prometheus unzip)
     # TLS tests make their certificates with the openssl command.
     need+=(openssl)
+    # tests/unit/test_device.c: NVML's structs and prototypes as Debian's Rust bindings of
+    # nvml.h spell them (Rust source only; NVIDIA's header itself is not in Debian main).
+    need+=(librust-nvml-wrapper-sys-dev)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then

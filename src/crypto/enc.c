@@ -34,8 +34,10 @@
 #include <unistd.h>
 
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/core_names.h>
+#include <openssl/kdf.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
@@ -94,15 +96,6 @@ to_hex(const uint8_t *p, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-static int
-hex_val(unsigned char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static bool
 is_space(unsigned char c)
 {
@@ -135,7 +128,7 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
          * person, not raw key bytes (a random key is all-hex with odds of about
          * 2^-113): refuse it rather than silently use its ASCII codes. */
         bool all_hex = true;
-        for (size_t i = 0; i < len && all_hex; i++) all_hex = hex_val(p[i]) >= 0;
+        for (size_t i = 0; i < len && all_hex; i++) all_hex = OPENSSL_hexchar2int(p[i]) >= 0;
         if (!all_hex) {
             memcpy(out->bytes, p, SP_ENC_KEY_BYTES);
             return SP_OK;
@@ -150,16 +143,31 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
                        "%s",
                        what, b - a, len == b - a ? "bytes" : "characters after trimming");
     }
-    for (size_t i = 0; i < SP_ENC_KEY_BYTES; i++) {
-        int hi = hex_val(p[a + 2 * i]), lo = hex_val(p[a + 2 * i + 1]);
-        if (hi < 0 || lo < 0) {
+    /* Every character is checked first, so the error names the first bad
+     * one and OpenSSL's parser (which stops at it, with no position) always
+     * succeeds; it wants a NUL-terminated string, hence the copy. Either case
+     * of hex digit is accepted, and no separator. */
+    char hex[2 * SP_ENC_KEY_BYTES + 1];
+    for (size_t i = 0; i < 2 * SP_ENC_KEY_BYTES; i++) {
+        if (OPENSSL_hexchar2int(p[a + i]) < 0) {
+            OPENSSL_cleanse(hex, sizeof hex);
             OPENSSL_cleanse(out, sizeof *out);
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "%s: a key must be 64 hex characters: found a non-hex character at "
                            "position %zu",
-                           what, 2 * i + (hi < 0 ? 0 : 1));
+                           what, i);
         }
-        out->bytes[i] = (uint8_t)(hi << 4 | lo);
+        hex[i] = (char)p[a + i];
+    }
+    hex[2 * SP_ENC_KEY_BYTES] = '\0';
+    size_t got = 0;
+    int ok = OPENSSL_hexstr2buf_ex(out->bytes, SP_ENC_KEY_BYTES, &got, hex, '\0') == 1 &&
+             got == SP_ENC_KEY_BYTES;
+    OPENSSL_cleanse(hex, sizeof hex);
+    if (!ok) {
+        ERR_clear_error(); /* not left on this thread's queue for a later TLS call */
+        OPENSSL_cleanse(out, sizeof *out);
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: the key's hex did not parse", what);
     }
     return SP_OK;
 }
@@ -428,18 +436,29 @@ typedef struct cipher {
     uint8_t hhash[HASH_BYTES]; /* SHA-256 of the whole header */
 } cipher_t;
 
-/* HKDF-SHA256 (RFC 5869) with one output block: extract with the salt, expand
- * with the info string. A fresh salt per file gives each file its own AES key. */
+/* HKDF-SHA256 (RFC 5869, OpenSSL's EVP_KDF): extract with the salt, expand
+ * with the info string (without its NUL) to 32 bytes. A fresh salt per file
+ * gives each file its own AES key. tests/data/enc holds a file written before
+ * this used EVP_KDF (two HMAC calls then): it must keep decrypting. */
 static int
 derive_file_key(const sp_enc_key_t *key, const uint8_t *salt, uint8_t out[32])
 {
-    uint8_t prk[32], info[sizeof file_key_info];
-    unsigned int n = 0;
-    memcpy(info, file_key_info, sizeof file_key_info - 1);
-    info[sizeof file_key_info - 1] = 0x01;
-    int ok = HMAC(EVP_sha256(), salt, SALT_BYTES, key->bytes, SP_ENC_KEY_BYTES, prk, &n) != NULL &&
-             n == 32 && HMAC(EVP_sha256(), prk, 32, info, sizeof info, out, &n) != NULL && n == 32;
-    OPENSSL_cleanse(prk, sizeof prk);
+    EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+    EVP_KDF_CTX *kctx = kdf != NULL ? EVP_KDF_CTX_new(kdf) : NULL;
+    EVP_KDF_free(kdf); /* the context holds its own reference */
+    if (kctx == NULL) {
+        return -1;
+    }
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)key->bytes, SP_ENC_KEY_BYTES),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, (void *)salt, SALT_BYTES),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)file_key_info,
+                                          sizeof file_key_info - 1),
+        OSSL_PARAM_construct_end(),
+    };
+    int ok = EVP_KDF_derive(kctx, out, 32, params) == 1;
+    EVP_KDF_CTX_free(kctx);
     return ok ? 0 : -1;
 }
 

@@ -18,24 +18,9 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "device/nvml_abi.h"
 
-/* ---- NVML, declared here (not from NVIDIA's headers) ------------------------ */
-
-/* The few NVML types used: an opaque handle, 0 = success, NOT_FOUND for an
- * empty MIG slot, and two plain structs whose layout is NVML's stable ABI. */
-typedef struct sp_nvml_device *sp_nvml_dev_t;
-#define SP_NVML_SUCCESS 0
-#define SP_NVML_MIG_ENABLE 1
-#define SP_NVML_NAME_LEN 96
-#define SP_NVML_UUID_LEN 96
-
-typedef struct {
-    unsigned long long total, free, used;
-} sp_nvml_memory_t;
-
-typedef struct {
-    unsigned int gpu, memory;
-} sp_nvml_util_t;
+/* ---- NVML ---------------------------------------------------------------------- */
 
 typedef struct sp_nvml {
     void *lib;
@@ -675,8 +660,14 @@ select_gpus(sp_devices_t *devs, cand_t *c, int n, const char *visible)
             take(devs, c, n, i, cand_to_list);
         }
     }
-    /* Parents by list index; CUDA ordinals in list order, skipping split GPUs. */
-    int ordinal = 0;
+    /* Parents by list index; CUDA ordinals in list order, skipping split GPUs
+     * and every MIG instance after the first: a CUDA process enumerates one
+     * MIG instance at most (NVIDIA's MIG guide, CUDA 11 and 12), however many
+     * CUDA_VISIBLE_DEVICES names or the machine has. The others stay in the
+     * list (their memory is still reported) with no ordinal, so nothing is
+     * placed on a device CUDA would not open. */
+    int ordinal = 0, migs = 0;
+    const char *first_mig = NULL;
     for (int k = 1; k < devs->n; k++) {
         sp_device_info_t *d = &devs->dev[k];
         d->parent = -1;
@@ -686,8 +677,20 @@ select_gpus(sp_devices_t *devs, cand_t *c, int n, const char *visible)
                     d->parent = cand_to_list[c[i].parent];
                 }
             }
+            if (migs++ > 0) {
+                d->ordinal = -1;
+                continue;
+            }
+            first_mig = d->id;
         }
         d->ordinal = d->mig_enabled ? -1 : ordinal++;
+    }
+    if (migs > 1 && devs->note[0] == '\0') {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp,
+                 "%d MIG instances visible; a CUDA process uses one (%.60s): the others have no "
+                 "CUDA ordinal (run one server per instance)", migs, first_mig);
+        copy_printable(devs->note, sizeof devs->note, tmp);
     }
     sp_free(cand_to_list);
 }

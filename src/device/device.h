@@ -16,6 +16,13 @@
  * GPU. Indices are NVML's (PCI bus) order, which is CUDA's order only with
  * CUDA_DEVICE_ORDER=PCI_BUS_ID.
  *
+ * MIG: a GPU split into MIG instances is listed (mig_enabled, no ordinal)
+ * followed by its instances. A CUDA process enumerates one MIG instance at
+ * most, so only the first MIG instance of the list (in CUDA_VISIBLE_DEVICES
+ * order, else NVML's) gets a CUDA ordinal; further instances are listed with
+ * ordinal -1 and the note says so. Several instances mean several servers,
+ * one per instance (CUDA_VISIBLE_DEVICES=MIG-<uuid> each).
+ *
  * Usage:
  *     sp_devices_t *devs;
  *     if (sp_devices_open(NULL, &devs, err, sizeof err) != SP_OK) ...
@@ -48,7 +55,8 @@ typedef enum sp_device_kind {
 typedef struct sp_device_info {
     sp_device_kind_t kind;
     int index;        /* position in the list; 0 is always the CPU */
-    int ordinal;      /* CUDA device number under CUDA_VISIBLE_DEVICES; -1: cpu, MIG-split GPU */
+    int ordinal;      /* CUDA device number under CUDA_VISIBLE_DEVICES; -1: cpu, a MIG-split
+                       * GPU, a MIG instance after the first (CUDA opens one) */
     int nvml_index;   /* physical GPU (a MIG instance: its parent); -1 for the cpu */
     int mig_slot;     /* MIG instance slot on the parent, -1 otherwise */
     int parent;       /* list index of a MIG instance's GPU, -1 otherwise */
@@ -84,7 +92,8 @@ void sp_devices_close(sp_devices_t *devs); /* NULL is a no-op */
 int sp_devices_count(const sp_devices_t *devs);
 /* Device i (0 <= i < count), or NULL. Valid until sp_devices_close. */
 const sp_device_info_t *sp_devices_get(const sp_devices_t *devs, int i);
-/* Why there are no GPUs ("no NVML: ...", "NVML init failed: ..."), or "" when none to say. */
+/* Why there are no GPUs ("no NVML: ...", "NVML init failed: ..."), what CUDA_VISIBLE_DEVICES
+ * or MIG leaves out, or "" when none to say. */
 const char *sp_devices_note(const sp_devices_t *devs);
 double sp_devices_budget_fraction(const sp_devices_t *devs);
 /* List index of a device named "cpu", "cuda:N"/"gpu:N" (CUDA ordinal), or a GPU-/MIG- UUID

@@ -80,9 +80,12 @@ void sp_req_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text);
 void sp_req_clock_token(sp_req_clock_t *c);
 /* Keep (the start of) the prompt or output text for the access log. */
 void sp_req_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n);
-/* Copy text into out with what looks like an e-mail address, a card number
- * (13 to 19 digits, spaces or dashes between) or a phone number (7 to 12
- * digits, with + ( ) - . or spaces) replaced by [email], [card], [phone]. */
+/* Copy text into out with personal data and secrets replaced, each match
+ * whole (server/mask.c, PCRE2): PEM blocks, keys (sk-..., AKIA..., ghp_...)
+ * and tokens (JWTs, Bearer ...) by [key] and [token], e-mail addresses by
+ * [email], IBANs (mod-97) by [iban], card numbers (Luhn) by [card], US SSNs
+ * and UK NI numbers by [id], phone numbers by [phone]. When a pattern
+ * cannot run the whole text is withheld. Returns the length written. */
 size_t sp_mask_text(const char *s, size_t n, char *out, size_t cap);
 /* Record the request's outcome in mm (once; later calls do nothing). */
 void sp_req_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish);

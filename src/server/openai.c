@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/evp.h>
+
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
@@ -851,7 +853,6 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
 static void
 reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
 {
-    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     sp_jbuf_t *b = &q->out;
     sp_jbuf_reset(b);
     sp_jbuf_lit(b, "{\"object\":\"list\",\"data\":[");
@@ -860,18 +861,15 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
         sp_jbuf_printf(b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
         if (q->base64) {
             /* float32 little-endian bytes, as OpenAI's base64 encoding_format */
+            /* EVP_EncodeBlock in slices of whole 3-byte groups, so only the
+             * last slice can carry padding. */
             const unsigned char *p = (const unsigned char *)e;
             size_t n = (size_t)q->n_embd * sizeof(float);
             sp_jbuf_lit(b, "\"");
-            char quad[4];
-            for (size_t k = 0; k < n; k += 3) {
-                unsigned v = (unsigned)p[k] << 16 | (k + 1 < n ? (unsigned)p[k + 1] << 8 : 0) |
-                             (k + 2 < n ? p[k + 2] : 0);
-                quad[0] = b64[(v >> 18) & 63];
-                quad[1] = b64[(v >> 12) & 63];
-                quad[2] = k + 1 < n ? b64[(v >> 6) & 63] : '=';
-                quad[3] = k + 2 < n ? b64[v & 63] : '=';
-                sp_jbuf_raw(b, quad, 4);
+            unsigned char enc[4 * 256 + 1];
+            for (size_t k = 0; k < n; k += 3 * 256) {
+                int m = (int)(n - k < 3 * 256 ? n - k : 3 * 256);
+                sp_jbuf_raw(b, (const char *)enc, (size_t)EVP_EncodeBlock(enc, p + k, m));
             }
             sp_jbuf_lit(b, "\"}");
         } else {

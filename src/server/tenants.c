@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
@@ -35,27 +36,22 @@ sp_key_hash(const char *key, size_t len, uint8_t out[32])
 sp_status_t
 sp_key_generate(char *out, size_t cap)
 {
-    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    unsigned char raw[32];
+    unsigned char raw[32], b64[4 * ((sizeof raw + 2) / 3) + 1];
     if (cap < 10 + 43 + 1 || RAND_bytes(raw, sizeof raw) != 1) {
         return SP_ERR_IO;
     }
-    size_t j = (size_t)snprintf(out, cap, "sk-sampan-");
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < sizeof raw; i++) {
-        acc = (acc << 8) | raw[i];
-        bits += 8;
-        while (bits >= 6) {
-            out[j++] = b64[(acc >> (bits - 6)) & 63];
-            bits -= 6;
-        }
+    /* base64url without padding (RFC 4648 section 5): OpenSSL's standard
+     * alphabet with + and / swapped for - and _, the one '=' dropped. */
+    int n = EVP_EncodeBlock(b64, raw, (int)sizeof raw);
+    while (n > 0 && b64[n - 1] == '=') {
+        n--;
     }
-    if (bits > 0) {
-        out[j++] = b64[(acc << (6 - bits)) & 63];
+    for (int i = 0; i < n; i++) {
+        b64[i] = b64[i] == '+' ? '-' : b64[i] == '/' ? '_' : b64[i];
     }
-    out[j] = '\0';
+    snprintf(out, cap, "sk-sampan-%.*s", n, (const char *)b64);
     OPENSSL_cleanse(raw, sizeof raw);
+    OPENSSL_cleanse(b64, sizeof b64);
     return SP_OK;
 }
 
@@ -71,24 +67,24 @@ sp_key_hash_str(const uint8_t h[32], char out[72])
     out[71] = '\0';
 }
 
-static int
-hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 bool
 sp_key_hash_parse(const char *s, size_t len, uint8_t out[32])
 {
+    /* Lowercase hex only (the form sp_key_hash_str writes), checked before
+     * OpenSSL's parser, which also takes uppercase. */
+    char hex[65];
     if (len != 71 || memcmp(s, "sha256:", 7) != 0) {
         return false;
     }
-    for (int i = 0; i < 32; i++) {
-        int hi = hexval(s[7 + 2 * i]), lo = hexval(s[8 + 2 * i]);
-        if (hi < 0 || lo < 0) {
-            return false;
-        }
-        out[i] = (uint8_t)(hi << 4 | lo);
+    memcpy(hex, s + 7, 64);
+    hex[64] = '\0';
+    if (strspn(hex, "0123456789abcdef") != 64) {
+        return false;
+    }
+    size_t got = 0;
+    if (OPENSSL_hexstr2buf_ex(out, 32, &got, hex, '\0') != 1 || got != 32) {
+        ERR_clear_error();
+        return false;
     }
     return true;
 }

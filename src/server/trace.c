@@ -9,24 +9,23 @@
  * once before the loops start and read-only afterwards except for its
  * queue, which a mutex guards, and its counters, which are atomics.
  *
- * The POST is a plain blocking socket on the exporter's own thread, with a
- * deadline on every step (non-blocking connect and poll): it needs no event
- * loop, nothing on the request path waits for it, and a timeout is one
- * number. libevent's evhttp would add libevent_extra for one request a
- * second and tie the exporter to a loop.
+ * The POST is libcurl's (an easy handle owned by the exporter's own
+ * thread, blocking there with one deadline per try): HTTP and HTTPS, the
+ * proxy variables, keep-alive and its threaded resolver come with it, and
+ * nothing on a loop thread ever waits for it (a loop only appends a finished
+ * record to the queue under the mutex).
  */
 #include "server/trace.h"
 
+#include <curl/curl.h>
 #include <errno.h>
-#include <netdb.h>
-#include <poll.h>
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,7 +89,16 @@ struct sp_trace {
 
 static struct {
     sp_trace_params_t p;
-    char host[256], port[8], path[512], host_hdr[300], service[128], hostname[256];
+    char url[2048];          /* the traces URL, credentials included */
+    char url_log[2048];      /* the same without credentials */
+    char ca_file[1024], client_cert[1024], client_key[1024]; /* from OTEL_EXPORTER_OTLP_* */
+    char header_names[512];  /* of OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, for the start-up line */
+    int n_user_headers;
+    struct curl_slist *headers;
+    CURL *curl;              /* the exporter thread's, between init and shutdown */
+    bool curl_ready;         /* curl_global_init done (once per process) */
+    char curl_err[CURL_ERROR_SIZE];
+    char service[128], hostname[256];
     int64_t unix_offset_ns;  /* CLOCK_REALTIME - CLOCK_MONOTONIC at init */
     uint64_t threshold;      /* a new trace is sampled when its low 56 bits are below */
     pthread_t thread;
@@ -101,7 +109,7 @@ static struct {
     int64_t queued_spans;
     bool stopping;
     int64_t stop_deadline_ns;
-    _Atomic uint64_t exported, dropped_queue, dropped_export, exports_failed;
+    _Atomic uint64_t exported, dropped_queue, dropped_export, exports_failed, retries;
 } E = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------- ids */
@@ -796,155 +804,91 @@ serialize(sp_jbuf_t *b, const sp_trace_t *list)
 
 /* ---------------------------------------------------------------- POST */
 
-static int
-ms_left(int64_t deadline_ns)
+/* The collector's answer body is not needed (OTLP's partial-success message
+ * is advisory); it is read and thrown away, and bounded so that a collector
+ * streaming garbage cannot keep the exporter busy. */
+static size_t
+discard_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
-    int64_t left = (deadline_ns - sp_time_ns()) / 1000000;
-    return left <= 0 ? 0 : left > 60000 ? 60000 : (int)left;
+    size_t *seen = ud, n = size * nmemb;
+    (void)ptr;
+    *seen += n;
+    return *seen > 1u << 20 ? 0 : n; /* 0 makes libcurl fail the transfer */
 }
 
-/* Wait for fd to be ready for ev before the deadline: 1 ready, 0 timed out,
- * -1 error. */
-static int
-wait_fd(int fd, short ev, int64_t deadline_ns)
+/* Create the exporter's easy handle: everything that does not change
+ * between POSTs. libcurl keeps the connection open between them (keep-alive)
+ * and reads the proxy variables (http_proxy, https_proxy, no_proxy) itself. */
+static CURL *
+curl_handle(char *err, size_t err_len)
 {
-    for (;;) {
-        int ms = ms_left(deadline_ns);
-        if (ms == 0) {
-            return 0;
-        }
-        struct pollfd pfd = {fd, ev, 0};
-        int rc = poll(&pfd, 1, ms);
-        if (rc > 0) {
-            return 1;
-        }
-        if (rc < 0 && errno != EINTR) {
-            return -1;
-        }
+    CURL *h = curl_easy_init();
+    if (h == NULL) {
+        sp_errf(err, err_len, SP_ERR_NOMEM, "tracing: cannot create the HTTP client");
+        return NULL;
     }
-}
-
-static bool
-send_all(int fd, const char *p, size_t n, int64_t deadline_ns)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            return false;
-        }
-        if (wait_fd(fd, POLLOUT, deadline_ns) <= 0) {
-            return false;
-        }
+    bool ok = curl_easy_setopt(h, CURLOPT_URL, E.url) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https") == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L) == CURLE_OK && /* a thread: no SIGALRM */
+              curl_easy_setopt(h, CURLOPT_POST, 1L) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_HTTPHEADER, E.headers) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_USERAGENT, "sampan/" SAMPAN_VERSION) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard_body) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_ERRORBUFFER, E.curl_err) == CURLE_OK &&
+              curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L) == CURLE_OK;
+    if (ok && E.ca_file[0]) {
+        ok = curl_easy_setopt(h, CURLOPT_CAINFO, E.ca_file) == CURLE_OK;
     }
-    return true;
-}
-
-static int
-connect_to(int64_t deadline_ns, char *why, size_t why_len)
-{
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(E.host, E.port, &hints, &res);
-    if (rc != 0) {
-        snprintf(why, why_len, "resolving %.100s: %s", E.host, gai_strerror(rc));
-        return -1;
+    if (ok && E.client_cert[0]) {
+        ok = curl_easy_setopt(h, CURLOPT_SSLCERT, E.client_cert) == CURLE_OK &&
+             curl_easy_setopt(h, CURLOPT_SSLKEY, E.client_key[0] ? E.client_key : E.client_cert) ==
+                 CURLE_OK;
     }
-    int fd = -1, err = 0;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            break;
-        }
-        err = errno;
-        if (err == EINPROGRESS) {
-            int w = wait_fd(fd, POLLOUT, deadline_ns);
-            socklen_t el = sizeof err;
-            if (w > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
-                break;
-            }
-            if (w == 0) {
-                err = ETIMEDOUT;
-            }
-        }
-        close(fd);
-        fd = -1;
+    if (!ok) {
+        curl_easy_cleanup(h);
+        sp_errf(err, err_len, SP_ERR_INVALID, "tracing: the HTTP client refused its settings");
+        return NULL;
     }
-    freeaddrinfo(res);
-    if (fd < 0) {
-        snprintf(why, why_len, "connecting to %.100s:%s: %s", E.host, E.port, strerror(err));
-    }
-    return fd;
+    return h;
 }
 
 /* One POST of body; the response's status code, or -1 (why says it) when
- * the collector could not be reached or did not answer by the deadline. */
+ * the collector could not be reached or did not answer by the deadline.
+ * *retry_after_s: the answer's Retry-After in seconds (0: none). */
 static int
-post(const char *body, size_t len, int64_t deadline_ns, char *why, size_t why_len)
+post(CURL *h, const char *body, size_t len, int64_t deadline_ns, long *retry_after_s, char *why,
+     size_t why_len)
 {
-    int fd = connect_to(deadline_ns, why, why_len);
-    if (fd < 0) {
+    int64_t left_ms = (deadline_ns - sp_time_ns()) / 1000000;
+    if (left_ms < 1) {
+        left_ms = 1;
+    }
+    size_t seen = 0;
+    E.curl_err[0] = '\0';
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &seen);
+    /* One deadline for the exchange: resolving (libcurl's threaded resolver),
+     * connecting, TLS, sending and the answer. */
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)left_ms);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)left_ms);
+    CURLcode rc = curl_easy_perform(h);
+    *retry_after_s = 0;
+    if (rc != CURLE_OK) {
+        snprintf(why, why_len, "%s", E.curl_err[0] ? E.curl_err : curl_easy_strerror(rc));
         return -1;
     }
-    char head[1024];
-    int hn = snprintf(head, sizeof head,
-                      "POST %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: sampan/" SAMPAN_VERSION
-                      "\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n\r\n",
-                      E.path, E.host_hdr, len);
-    if (hn < 0 || (size_t)hn >= sizeof head || !send_all(fd, head, (size_t)hn, deadline_ns) ||
-        !send_all(fd, body, len, deadline_ns)) {
-        snprintf(why, why_len, "sending to %.100s:%s: %s", E.host, E.port,
-                 ms_left(deadline_ns) == 0 ? "timed out" : strerror(errno));
-        close(fd);
+    long code = 0;
+    curl_off_t ra = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    if (curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &ra) == CURLE_OK && ra > 0) {
+        *retry_after_s = ra > 3600 ? 3600 : (long)ra;
+    }
+    if (code < 100 || code > 599) {
+        snprintf(why, why_len, "a malformed answer");
         return -1;
     }
-    /* The status line is all we need; the rest of the head is read so that
-     * closing does not reset a collector still writing it. */
-    char buf[4096];
-    size_t got = 0;
-    while (got < sizeof buf - 1) {
-        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-        if (n > 0) {
-            got += (size_t)n;
-            buf[got] = '\0';
-            if (strstr(buf, "\r\n\r\n")) {
-                break;
-            }
-            continue;
-        }
-        if (n == 0) {
-            break;
-        }
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            break;
-        }
-        if (wait_fd(fd, POLLIN, deadline_ns) <= 0) {
-            break;
-        }
-    }
-    close(fd);
-    buf[got] = '\0';
-    int code = 0;
-    if (got >= 12 && strncmp(buf, "HTTP/1.", 7) == 0 && buf[8] == ' ' &&
-        sscanf(buf + 9, "%3d", &code) == 1 && code >= 100 && code < 600) {
-        return code;
-    }
-    snprintf(why, why_len, "%s from %.100s:%s",
-             got == 0 ? (ms_left(deadline_ns) == 0 ? "no answer in time" : "no answer")
-                      : "a malformed answer",
-             E.host, E.port);
-    return -1;
+    return (int)code;
 }
 
 /* ------------------------------------------------------------- exporter */
@@ -956,18 +900,35 @@ abs_deadline(struct timespec *ts, int64_t deadline_ns)
     ts->tv_nsec = (long)(deadline_ns % 1000000000LL);
 }
 
+/* The wait before try attempt+1: exponential (100 ms doubling, at most
+ * 6.4 s) with jitter in its upper half, so that servers restarted together
+ * do not retry in step; a collector's Retry-After is obeyed when longer, up
+ * to RETRY_AFTER_MAX_S. */
+#define RETRY_AFTER_MAX_S 30
+
+static int64_t
+backoff_ns(int attempt, long retry_after_s)
+{
+    int64_t base = (100LL << (attempt - 1 < 6 ? attempt - 1 : 6)) * 1000000;
+    int64_t d = base / 2 + (int64_t)(rng_next() % (uint64_t)(base / 2 + 1));
+    int64_t ra = (int64_t)(retry_after_s < RETRY_AFTER_MAX_S ? retry_after_s : RETRY_AFTER_MAX_S) *
+                 1000000000LL;
+    return ra > d ? ra : d;
+}
+
 /* Serialise and POST one batch, retrying what can be retried. Called
- * without the lock. */
+ * without the lock, on the exporter thread. */
 static void
-export_batch(const sp_trace_t *list, int64_t n_spans)
+export_batch(CURL *h, const sp_trace_t *list, int64_t n_spans)
 {
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     serialize(&b, list);
-    char why[256] = "out of memory";
+    char why[CURL_ERROR_SIZE + 64] = "out of memory";
     int code = -1;
     bool ok = false;
-    for (int attempt = 1; !b.oom; attempt++) {
+    int attempt = 1;
+    for (; !b.oom; attempt++) {
         int64_t now = sp_time_ns();
         int64_t deadline = now + (int64_t)E.p.timeout_ms * 1000000;
         pthread_mutex_lock(&E.mu);
@@ -980,7 +941,8 @@ export_batch(const sp_trace_t *list, int64_t n_spans)
             snprintf(why, sizeof why, "no time left at shutdown");
             break;
         }
-        code = post(b.p, b.len, deadline, why, sizeof why);
+        long retry_after = 0;
+        code = h ? post(h, b.p, b.len, deadline, &retry_after, why, sizeof why) : -1;
         if (code >= 200 && code < 300) {
             ok = true;
             break;
@@ -993,8 +955,9 @@ export_batch(const sp_trace_t *list, int64_t n_spans)
         if (!retry || attempt >= E.p.max_attempts) {
             break;
         }
-        /* Back off 100, 200, 400 ms ... (not at shutdown: time is short). */
-        int64_t until = sp_time_ns() + (100LL << (attempt - 1 < 5 ? attempt - 1 : 5)) * 1000000;
+        atomic_fetch_add_explicit(&E.retries, 1, memory_order_relaxed);
+        /* The wait is cut short at shutdown: time is short then. */
+        int64_t until = sp_time_ns() + backoff_ns(attempt, retry_after);
         pthread_mutex_lock(&E.mu);
         while (!E.stopping && sp_time_ns() < until) {
             struct timespec ts;
@@ -1010,8 +973,8 @@ export_batch(const sp_trace_t *list, int64_t n_spans)
     }
     atomic_fetch_add_explicit(&E.dropped_export, (uint64_t)n_spans, memory_order_relaxed);
     atomic_fetch_add_explicit(&E.exports_failed, 1, memory_order_relaxed);
-    SP_LOG_WARN("event=trace_export_failed spans=%lld endpoint=%s error=%s", (long long)n_spans,
-                sp_log_str(E.p.endpoint), sp_log_str(why));
+    SP_LOG_WARN("event=trace_export_failed spans=%lld endpoint=%s attempts=%d error=%s",
+                (long long)n_spans, sp_log_str(E.url_log), attempt, sp_log_str(why));
 }
 
 static void *
@@ -1049,7 +1012,7 @@ exporter_main(void *arg)
         last->next = NULL;
         E.queued_spans -= n;
         pthread_mutex_unlock(&E.mu);
-        export_batch(list, n);
+        export_batch(E.curl, list, n);
         while (list) {
             sp_trace_t *nx = list->next;
             sp_free(list);
@@ -1079,80 +1042,216 @@ sp_trace_default_params(void)
     return p;
 }
 
-/* "http://host[:port][/prefix]" into host, port, the request path and the
- * Host header. https is refused: the collector is expected next to the
- * server (a sidecar or the node's agent), and a TLS client here would be a
- * second TLS stack to configure. */
+/* "http[s]://[user:password@]host[:port][/prefix]", parsed by libcurl's URL
+ * parser, into E.url (the prefix plus /v1/traces) and E.url_log (the same
+ * without credentials, for logs). */
 static sp_status_t
 parse_endpoint(const char *ep, char *err, size_t err_len)
 {
-    if (strncmp(ep, "http://", 7) != 0) {
-        return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "--otlp-endpoint %s: must start with http:// (OTLP/HTTP without TLS)", ep);
+    CURLU *u = curl_url();
+    if (u == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "tracing: out of memory");
     }
-    const char *h = ep + 7, *slash = strchr(h, '/');
-    size_t hl = slash ? (size_t)(slash - h) : strlen(h);
-    const char *host = h, *port = NULL;
-    size_t host_len = hl;
-    if (hl > 0 && h[0] == '[') {
-        const char *rb = memchr(h, ']', hl);
-        if (rb == NULL) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: unclosed '['", ep);
-        }
-        host = h + 1;
-        host_len = (size_t)(rb - h) - 1;
-        if (rb + 1 < h + hl) {
-            if (rb[1] != ':') {
-                return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad port", ep);
-            }
-            port = rb + 2;
-        }
-    } else {
-        const char *c = memchr(h, ':', hl);
-        if (c) {
-            host_len = (size_t)(c - h);
-            port = c + 1;
-        }
+    sp_status_t st = SP_OK;
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *full = NULL, *shown = NULL;
+    CURLUcode rc = curl_url_set(u, CURLUPART_URL, ep, 0);
+    if (rc == CURLUE_BAD_PORT_NUMBER) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad port", ep);
+        goto out;
     }
-    size_t port_len = port ? (size_t)(h + hl - port) : 0;
-    if (host_len == 0 || host_len >= sizeof E.host) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: no host", ep);
+    if (rc == CURLUE_NO_HOST) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: no host", ep);
+        goto out;
     }
-    long pn = 80;
-    if (port) {
-        char *end = NULL;
-        char pb[8] = "";
-        if (port_len == 0 || port_len >= sizeof pb) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad port", ep);
-        }
-        memcpy(pb, port, port_len);
-        pn = strtol(pb, &end, 10);
-        if (*end != '\0' || pn < 1 || pn > 65535) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad port", ep);
-        }
+    if (rc != CURLUE_OK) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID,
+                     "--otlp-endpoint %s: not an http:// or https:// URL (%s)", ep,
+                     curl_url_strerror(rc));
+        goto out;
     }
-    memcpy(E.host, host, host_len);
-    E.host[host_len] = '\0';
-    snprintf(E.port, sizeof E.port, "%ld", pn);
-    snprintf(E.host_hdr, sizeof E.host_hdr, "%.*s", (int)hl, h);
-    const char *prefix = slash ? slash : "";
-    size_t pl = strlen(prefix);
-    for (size_t i = 0; i < pl; i++) {
-        unsigned char c = (unsigned char)prefix[i];
-        if (c <= 0x20 || c >= 0x7f) {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "--otlp-endpoint %s: the path has spaces or control bytes", ep);
-        }
+    if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID,
+                     "--otlp-endpoint %s: must start with http:// or https://", ep);
+        goto out;
     }
-    while (pl > 0 && prefix[pl - 1] == '/') {
+    if (curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK || host[0] == '\0') {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: no host", ep);
+        goto out;
+    }
+    if (curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        atol(port) < 1 || atol(port) > 65535) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad port", ep);
+        goto out;
+    }
+    char *q = NULL;
+    if (curl_url_get(u, CURLUPART_QUERY, &q, 0) == CURLUE_OK ||
+        curl_url_get(u, CURLUPART_FRAGMENT, &q, 0) == CURLUE_OK) {
+        curl_free(q);
+        st = sp_errf(err, err_len, SP_ERR_INVALID,
+                     "--otlp-endpoint %s: a query or fragment has no place in it", ep);
+        goto out;
+    }
+    /* The signal's path is appended to the prefix; an endpoint that already
+     * names it is taken as it is. */
+    if (curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: bad path", ep);
+        goto out;
+    }
+    size_t pl = strlen(path);
+    while (pl > 0 && path[pl - 1] == '/') {
         pl--;
     }
-    /* An endpoint that already names the traces path is taken as it is. */
-    bool full = pl >= 10 && memcmp(prefix + pl - 10, "/v1/traces", 10) == 0;
-    if (pl + 11 >= sizeof E.path) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: path too long", ep);
+    bool named = pl >= 10 && memcmp(path + pl - 10, "/v1/traces", 10) == 0;
+    char np[1024];
+    if (pl + 11 >= sizeof np) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: path too long", ep);
+        goto out;
     }
-    snprintf(E.path, sizeof E.path, "%.*s%s", (int)pl, prefix, full ? "" : "/v1/traces");
+    snprintf(np, sizeof np, "%.*s%s", (int)pl, path, named ? "" : "/v1/traces");
+    if (curl_url_set(u, CURLUPART_PATH, np, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_URL, &full, 0) != CURLUE_OK || strlen(full) >= sizeof E.url) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "--otlp-endpoint %s: too long", ep);
+        goto out;
+    }
+    snprintf(E.url, sizeof E.url, "%s", full);
+    curl_url_set(u, CURLUPART_USER, NULL, 0);
+    curl_url_set(u, CURLUPART_PASSWORD, NULL, 0);
+    if (curl_url_get(u, CURLUPART_URL, &shown, 0) == CURLUE_OK) {
+        snprintf(E.url_log, sizeof E.url_log, "%s", shown);
+    }
+out:
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_free(full);
+    curl_free(shown);
+    curl_url_cleanup(u);
+    return st;
+}
+
+/* An environment variable of the OTLP exporter: the traces-specific name
+ * (OTEL_EXPORTER_OTLP_TRACES_<what>) wins over the general one
+ * (OTEL_EXPORTER_OTLP_<what>), as the OpenTelemetry specification says.
+ * which receives the name read, for messages. NULL when neither is set. */
+static const char *
+otlp_env(const char *what, char *which, size_t which_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "OTEL_EXPORTER_OTLP_TRACES_%s", what);
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0') {
+        snprintf(name, sizeof name, "OTEL_EXPORTER_OTLP_%s", what);
+        v = getenv(name);
+    }
+    snprintf(which, which_len, "%s", name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+static bool
+tchar(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/* The request headers: Content-Type, no "Expect: 100-continue" (a second
+ * round trip per batch), then those of OTEL_EXPORTER_OTLP_[TRACES_]HEADERS:
+ * "key=value,key2=value2" with percent-encoded values (the W3C baggage
+ * form the specification names). A malformed list is a start-up error,
+ * never half applied; the values (tokens, usually) never reach a log. */
+static sp_status_t
+build_headers(char *err, size_t err_len)
+{
+    struct curl_slist *l = NULL, *n;
+    n = curl_slist_append(l, "Content-Type: application/json");
+    l = n ? n : l;
+    n = n ? curl_slist_append(l, "Expect:") : NULL;
+    l = n ? n : l;
+    if (n == NULL) {
+        curl_slist_free_all(l);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "tracing: out of memory");
+    }
+    char which[96];
+    const char *env = otlp_env("HEADERS", which, sizeof which);
+    E.n_user_headers = 0;
+    E.header_names[0] = '\0';
+    for (const char *p = env; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        const char *k = p, *ke = eq ? eq : p + len;
+        while (k < ke && (*k == ' ' || *k == '\t')) k++;
+        while (ke > k && (ke[-1] == ' ' || ke[-1] == '\t')) ke--;
+        bool key_ok = eq != NULL && ke > k;
+        for (const char *c = k; key_ok && c < ke; c++) {
+            key_ok = tchar((unsigned char)*c);
+        }
+        if (!key_ok) {
+            curl_slist_free_all(l);
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "%s: entry %d is not key=value with a header name as key", which,
+                           E.n_user_headers + 1);
+        }
+        const char *v = eq + 1, *ve = p + len;
+        while (v < ve && (*v == ' ' || *v == '\t')) v++;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+        int dl = 0;
+        char *val = curl_easy_unescape(NULL, v, (int)(ve - v), &dl);
+        bool val_ok = val != NULL;
+        for (int i = 0; val_ok && i < dl; i++) {
+            unsigned char c = (unsigned char)val[i];
+            val_ok = c >= 0x20 && c != 0x7f; /* no CR, LF, NUL: no header injection */
+        }
+        char line[4096];
+        /* "Name;" is libcurl's spelling of a header with an empty value ("Name:"
+         * would remove the header instead). */
+        int ln = !val_ok ? -1
+                 : dl == 0 ? snprintf(line, sizeof line, "%.*s;", (int)(ke - k), k)
+                           : snprintf(line, sizeof line, "%.*s: %.*s", (int)(ke - k), k, dl, val);
+        if (val) {
+            OPENSSL_cleanse(val, (size_t)dl);
+        }
+        curl_free(val);
+        if (ln < 0 || (size_t)ln >= sizeof line) {
+            curl_slist_free_all(l);
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "%s: the value of %.*s has control characters or is too long", which,
+                           (int)(ke - k), k);
+        }
+        n = curl_slist_append(l, line);
+        OPENSSL_cleanse(line, sizeof line);
+        if (n == NULL) {
+            curl_slist_free_all(l);
+            return sp_errf(err, err_len, SP_ERR_NOMEM, "tracing: out of memory");
+        }
+        l = n;
+        size_t hl = strlen(E.header_names);
+        snprintf(E.header_names + hl, sizeof E.header_names - hl, "%s%.*s", hl ? "," : "",
+                 (int)(ke - k), k);
+        E.n_user_headers++;
+        p = end ? end + 1 : p + len;
+    }
+    E.headers = l;
+    return SP_OK;
+}
+
+/* A file named by an OTEL_EXPORTER_OTLP_[TRACES_]<what> variable, checked
+ * now so that a typo is a start-up error rather than failed exports. */
+static sp_status_t
+env_file(const char *what, char *out, size_t cap, char *err, size_t err_len)
+{
+    char which[96];
+    const char *v = otlp_env(what, which, sizeof which);
+    out[0] = '\0';
+    if (v == NULL) {
+        return SP_OK;
+    }
+    if (strlen(v) >= cap || access(v, R_OK) != 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: cannot read %s", which, v);
+    }
+    snprintf(out, cap, "%s", v);
     return SP_OK;
 }
 
@@ -1173,9 +1272,34 @@ sp_trace_init(const sp_trace_params_t *p, char *err, size_t err_len)
     if (strlen(svc) >= sizeof E.service) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "--otel-service-name is too long");
     }
+    /* Before any thread: curl_global_init is not safe to race with. */
+    if (!E.curl_ready) {
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+            return sp_errf(err, err_len, SP_ERR_IO, "tracing: libcurl failed to initialise");
+        }
+        E.curl_ready = true;
+    }
     sp_status_t st = parse_endpoint(p->endpoint, err, err_len);
+    if (st == SP_OK) {
+        st = env_file("CERTIFICATE", E.ca_file, sizeof E.ca_file, err, err_len);
+    }
+    if (st == SP_OK) {
+        st = env_file("CLIENT_CERTIFICATE", E.client_cert, sizeof E.client_cert, err, err_len);
+    }
+    if (st == SP_OK) {
+        st = env_file("CLIENT_KEY", E.client_key, sizeof E.client_key, err, err_len);
+    }
+    if (st == SP_OK) {
+        st = build_headers(err, err_len);
+    }
     if (st != SP_OK) {
         return st;
+    }
+    E.curl = curl_handle(err, err_len);
+    if (E.curl == NULL) {
+        curl_slist_free_all(E.headers);
+        E.headers = NULL;
+        return SP_ERR_INVALID;
     }
     E.p = *p;
     E.p.endpoint = p->endpoint; /* borrowed: the server's configuration outlives the exporter */
@@ -1199,12 +1323,18 @@ sp_trace_init(const sp_trace_params_t *p, char *err, size_t err_len)
     E.stopping = false;
     if (pthread_create(&E.thread, NULL, exporter_main, NULL) != 0) {
         pthread_cond_destroy(&E.cv);
+        curl_easy_cleanup(E.curl);
+        E.curl = NULL;
+        curl_slist_free_all(E.headers);
+        E.headers = NULL;
         return sp_errf(err, err_len, SP_ERR_NOMEM, "tracing: cannot start the exporter thread");
     }
     E.started = true;
     sp__trace_on = true;
-    SP_LOG_INFO("event=tracing endpoint=%s path=%s service=%s sample_ratio=%g", sp_log_str(p->endpoint),
-                sp_log_str(E.path), sp_log_str(E.service), p->sample_ratio);
+    /* The header names only: their values are credentials as a rule. */
+    SP_LOG_INFO("event=tracing url=%s service=%s sample_ratio=%g headers=%s ca_file=%s",
+                sp_log_str(E.url_log), sp_log_str(E.service), p->sample_ratio,
+                sp_log_str(E.header_names), sp_log_str(E.ca_file));
     return SP_OK;
 }
 
@@ -1223,9 +1353,14 @@ sp_trace_shutdown(void)
     E.started = false;
     sp__trace_on = false;
     pthread_cond_destroy(&E.cv);
+    curl_easy_cleanup(E.curl);
+    E.curl = NULL;
+    curl_slist_free_all(E.headers);
+    E.headers = NULL;
     sp_trace_stats_t st;
     sp_trace_get_stats(&st);
-    SP_LOG_INFO("event=tracing_stopped spans_exported=%llu spans_dropped=%llu",
+    SP_LOG_INFO("event=tracing_stopped spans_exported=%llu spans_dropped=%llu retries=%llu",
                 (unsigned long long)st.spans_exported,
-                (unsigned long long)(st.spans_dropped_queue + st.spans_dropped_export));
+                (unsigned long long)(st.spans_dropped_queue + st.spans_dropped_export),
+                (unsigned long long)atomic_load(&E.retries));
 }

@@ -13,6 +13,10 @@ collector stand-in: a Python http.server on loopback that receives the OTLP/HTTP
   - a malformed traceparent is ignored (a new trace, 200), never an error;
   - a collector that is down or hangs never delays or fails requests, spans are dropped
     and counted in /metrics, and the server still stops promptly;
+  - the exporter (libcurl): headers from OTEL_EXPORTER_OTLP_[TRACES_]HEADERS (percent-decoded,
+    the traces variant first, values never logged), a retry after 503 that waits for the
+    answer's Retry-After, HTTPS with the CA from OTEL_EXPORTER_OTLP_CERTIFICATE (and a failure
+    without it), and the proxy from http_proxy (the collector's name resolved by the proxy);
   - tracing off: no traceparent header; bad flags are start-up errors (exit 2).
 Last line:
     tracing: N passed, N failed, N skipped"""
@@ -37,11 +41,16 @@ TP_RE = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-(0[01])$")
 class Collector:
     """An OTLP/HTTP collector stand-in on 127.0.0.1. mode "ok" answers 200 {}; "hang"
     holds each POST for `hold` seconds before answering (a collector that stopped
-    reading); "fail" answers 500."""
+    reading); "fail" answers 500. `script`: statuses for the first POSTs (e.g. [503]),
+    each with `retry_after` when given; 200 afterwards. `tls`: (certfile, keyfile) to
+    serve HTTPS. It also serves as an HTTP proxy stand-in: a proxied POST's path is the
+    absolute URL."""
 
-    def __init__(self, mode="ok", hold=3.0):
+    def __init__(self, mode="ok", hold=3.0, script=None, retry_after=None, tls=None):
         self.posts = []  # (path, headers, parsed body)
+        self.times = []  # arrival time of each POST
         self.lock = threading.Lock()
+        script = list(script or [])
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -57,11 +66,16 @@ class Collector:
                     body = None
                 with outer.lock:
                     outer.posts.append((self.path, dict(self.headers), body))
+                    outer.times.append(time.time())
+                    code = script.pop(0) if script else None
                 if mode == "hang":
                     time.sleep(hold)
-                code = 500 if mode == "fail" else 200
+                if code is None:
+                    code = 500 if mode == "fail" else 200
                 try:
                     self.send_response(code)
+                    if code != 200 and retry_after is not None:
+                        self.send_header("Retry-After", str(retry_after))
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", "2")
                     self.end_headers()
@@ -73,6 +87,12 @@ class Collector:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        if tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = f"https://localhost:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def spans(self):
@@ -502,6 +522,203 @@ def grpc_traced(col, gport):
            len(root) == 1 and got == f"00-{tid}-{root[0].get('spanId')}-01", got)
 
 
+class EnvSet:
+    """Environment variables set for the servers started inside the block (Server()
+    inherits os.environ), restored afterwards."""
+
+    def __init__(self, **kv):
+        self.kv = kv
+        self.old = {}
+
+    def __enter__(self):
+        for k, v in self.kv.items():
+            self.old[k] = os.environ.get(k)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def __exit__(self, *a):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+NO_PROXY_ENV = dict(http_proxy=None, https_proxy=None, HTTPS_PROXY=None, all_proxy=None,
+                    ALL_PROXY=None, no_proxy=None, NO_PROXY=None)
+
+
+def one_trace(srv, col, timeout=8.0):
+    """One sampled completion; the spans of its trace received by col."""
+    tid = rand_hex(16)
+    st, _, _, _ = completion(srv.port, {"traceparent": f"00-{tid}-{rand_hex(8)}-01"},
+                             max_tokens=2)
+    return st, col.trace(tid, n=1, timeout=timeout)
+
+
+def test_export_headers():
+    col = Collector()
+    env = dict(NO_PROXY_ENV, OTEL_EXPORTER_OTLP_HEADERS="x-general=g1",
+               OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer%20s3cr3t-v4lue , "
+                                                 "x-tenant = t%2C1,x-empty=")
+    try:
+        with EnvSet(**env):
+            srv = Server("--otlp-endpoint", col.url + "/otlp/")
+        try:
+            st, spans = one_trace(srv, col)
+            with col.lock:
+                posts = list(col.posts)
+            h = {k.lower(): v for k, v in posts[-1][1].items()} if posts else {}
+            s.case("headers: OTEL_EXPORTER_OTLP_TRACES_HEADERS sent, percent-decoded, trimmed",
+                   st == 200 and spans and h.get("authorization") == "Bearer s3cr3t-v4lue"
+                   and h.get("x-tenant") == "t,1" and h.get("x-empty") == "",
+                   str(h))
+            s.case("headers: the traces variable wins over OTEL_EXPORTER_OTLP_HEADERS",
+                   bool(h) and "x-general" not in h, str(h))
+            s.case("headers: the prefix path gets /v1/traces, JSON body",
+                   bool(posts) and posts[-1][0] == "/otlp/v1/traces" and
+                   h.get("content-type") == "application/json" and posts[-1][2] is not None,
+                   str(posts[-1][:1]) if posts else "no post")
+            s.case("headers: the start-up line names the headers, never their values",
+                   srv.wait_log(r"event=tracing .*headers=\"?Authorization,x-tenant,x-empty")
+                   is not None and "s3cr3t" not in srv.text(), srv.text()[-600:])
+        finally:
+            s.case("headers server exits cleanly", srv.stop() == 0)
+        with EnvSet(**dict(env, OTEL_EXPORTER_OTLP_TRACES_HEADERS=None)):
+            srv = Server("--otlp-endpoint", col.url)
+        try:
+            st, spans = one_trace(srv, col)
+            with col.lock:
+                h = {k.lower(): v for k, v in col.posts[-1][1].items()}
+            s.case("headers: OTEL_EXPORTER_OTLP_HEADERS alone is used",
+                   st == 200 and spans and h.get("x-general") == "g1", str(h))
+        finally:
+            srv.stop()
+    finally:
+        col.close()
+    for bad, why in (("novalue", "not key=value"), ("bad key=v", "not key=value"),
+                     ("k=a%0d%0aInjected: 1", "control characters")):
+        rc, out, err = run([binary(), "serve", "--port", "0", "--otlp-endpoint",
+                            "http://127.0.0.1:4318"], timeout=20,
+                           env={"OTEL_EXPORTER_OTLP_HEADERS": bad})
+        s.case(f"headers: malformed {bad!r} is a start-up error (exit 2) naming the variable",
+               rc == 2 and "OTEL_EXPORTER_OTLP_HEADERS" in err and why in err,
+               f"rc={rc} {err[-200:]}")
+
+
+def test_export_retry():
+    # 503 with Retry-After: 1, then 200: the batch arrives twice, a second apart, and counts
+    # as exported once.
+    col = Collector(script=[503], retry_after=1)
+    try:
+        with EnvSet(**NO_PROXY_ENV):
+            srv = Server("--otlp-endpoint", col.url)
+        try:
+            st, spans = one_trace(srv, col)
+            end = time.time() + 6
+            while time.time() < end and len(col.times) < 2:
+                time.sleep(0.05)
+            with col.lock:
+                posts, times = list(col.posts), list(col.times)
+            s.case("retry: 503 then 200, the same body twice",
+                   st == 200 and len(posts) == 2 and posts[0][2] == posts[1][2] and spans,
+                   f"{len(posts)} posts")
+            gap = times[1] - times[0] if len(times) == 2 else 0
+            s.case("retry: the second try waits for Retry-After (>= 1 s, < 3 s)",
+                   0.95 <= gap < 3, f"{gap:.2f}s")
+            end = time.time() + 3
+            ex = 0
+            while time.time() < end:
+                ex = metric(srv.port, "sampan_trace_spans_exported_total") or 0
+                if ex >= len(spans) > 0:
+                    break
+                time.sleep(0.1)
+            failed = metric(srv.port, "sampan_trace_spans_dropped_total", reason="export_failed")
+            s.case("retry: the spans count as exported, none as failed",
+                   ex >= len(spans) > 0 and not failed, f"exported={ex} failed={failed}")
+        finally:
+            s.case("retry server exits cleanly", srv.stop() == 0)
+    finally:
+        col.close()
+
+
+def make_cert(tmp):
+    """A self-signed certificate for localhost (the openssl command); (cert, key) or None."""
+    if not shutil.which("openssl"):
+        return None
+    cert, key = os.path.join(tmp, "c.pem"), os.path.join(tmp, "k.pem")
+    rc, _, _ = run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", key, "-out", cert], timeout=60)
+    return (cert, key) if rc == 0 else None
+
+
+def test_export_https():
+    tmp = tempfile.mkdtemp(prefix="sampan-otlp-tls-")
+    try:
+        pair = make_cert(tmp)
+        if pair is None:
+            s.skip("https export", "no openssl command")
+            return
+        col = Collector(tls=pair)
+        try:
+            with EnvSet(**NO_PROXY_ENV, OTEL_EXPORTER_OTLP_CERTIFICATE=pair[0]):
+                srv = Server("--otlp-endpoint", col.url)
+            try:
+                st, spans = one_trace(srv, col)
+                s.case("https: spans arrive over TLS, the server checked with "
+                       "OTEL_EXPORTER_OTLP_CERTIFICATE", st == 200 and len(spans) >= 1,
+                       f"{st} {len(spans)}")
+            finally:
+                s.case("https server exits cleanly", srv.stop() == 0)
+            # Without the CA the certificate is not trusted: nothing arrives, the failure is
+            # counted and logged.
+            n0 = len(col.posts)
+            with EnvSet(**NO_PROXY_ENV, OTEL_EXPORTER_OTLP_CERTIFICATE=None,
+                        OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE=None):
+                srv = Server("--otlp-endpoint", col.url, "--otlp-timeout", "1")
+            try:
+                st, _ = one_trace(srv, col, timeout=0.2)
+                m = srv.wait_log(r"event=trace_export_failed .*error=", timeout=8)
+                s.case("https: an untrusted certificate fails the export, which is logged",
+                       st == 200 and m is not None and len(col.posts) == n0,
+                       srv.text()[-400:])
+            finally:
+                srv.stop()
+        finally:
+            col.close()
+        rc, _, err = run([binary(), "serve", "--port", "0", "--otlp-endpoint",
+                          "https://127.0.0.1:4318"], timeout=20,
+                         env={"OTEL_EXPORTER_OTLP_CERTIFICATE": os.path.join(tmp, "none.pem")})
+        s.case("https: a CA file that cannot be read is a start-up error",
+               rc == 2 and "OTEL_EXPORTER_OTLP_CERTIFICATE" in err, f"rc={rc} {err[-200:]}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_export_proxy():
+    # The proxy is the stand-in: it receives the POST in absolute form for a host name that
+    # only it "resolves" (.invalid never resolves), and answers 200 itself.
+    col = Collector()
+    try:
+        env = dict(NO_PROXY_ENV, http_proxy=col.url, no_proxy="")
+        with EnvSet(**env):
+            srv = Server("--otlp-endpoint", "http://collector.invalid:4318")
+        try:
+            st, spans = one_trace(srv, col)
+            with col.lock:
+                path = col.posts[-1][0] if col.posts else ""
+            s.case("proxy: http_proxy carries the export (absolute-form target)",
+                   st == 200 and spans and path == "http://collector.invalid:4318/v1/traces",
+                   path)
+        finally:
+            s.case("proxy server exits cleanly", srv.stop() == 0)
+    finally:
+        col.close()
+
+
 def test_off_and_flags():
     srv = Server()
     try:
@@ -513,7 +730,7 @@ def test_off_and_flags():
         s.case("tracing off: the counters exist and are 0", z == 0, str(z))
     finally:
         s.case("tracing-off server exits cleanly", srv.stop() == 0)
-    for args, want in ((["--otlp-endpoint", "https://127.0.0.1:4318"], "http://"),
+    for args, want in ((["--otlp-endpoint", "ftp://127.0.0.1:4318"], "http:// or https://"),
                        (["--otlp-endpoint", "http://127.0.0.1:99999"], "bad port"),
                        (["--otlp-endpoint", "http://:4318"], "no host"),
                        (["--otlp-endpoint", "http://127.0.0.1:4318", "--trace-sample-ratio", "2"],
@@ -543,6 +760,10 @@ def main():
         col.close()
     s.guard("collector down", test_collector_down)
     s.guard("collector hangs", test_collector_hangs)
+    s.guard("export headers", test_export_headers)
+    s.guard("export retry", test_export_retry)
+    s.guard("export https", test_export_https)
+    s.guard("export proxy", test_export_proxy)
     s.guard("tracing off, flags", test_off_and_flags)
     s.finish()
 

@@ -3,16 +3,21 @@
  * (cgroup v2 limit, v2 "max", v1, none), and GPUs from the fake NVML library the
  * Makefile builds next to test_unit ($(BUILD)/libfake_nvml*.so): two GPUs, one
  * split into two MIG instances, CUDA_VISIBLE_DEVICES by index and by UUID, a
- * missing library, a library missing a symbol, and an init failure.
+ * missing library, a library missing a symbol, and an init failure; one CUDA
+ * ordinal for the first MIG instance only; and the hand-declared NVML ABI
+ * (device/nvml_abi.h) against Debian's Rust bindings of nvml.h when installed.
  */
 #include "test.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "device/device.h"
+#include "device/nvml_abi.h"
 
 #define GIB (1024ull * 1024 * 1024)
 #define MIB (1024ull * 1024)
@@ -232,7 +237,7 @@ TEST(device_nvml_all)
 {
     unsetenv("CUDA_VISIBLE_DEVICES");
     sp_devices_t *devs = open_gpu(fake_lib("libfake_nvml.so"), NULL, 0.5);
-    ASSERT_STR_EQ(sp_devices_note(devs), "");
+    ASSERT(strstr(sp_devices_note(devs), "2 MIG instances visible") != NULL);
     ASSERT_EQ(sp_devices_count(devs), 5);
     const sp_device_info_t *g0 = sp_devices_get(devs, 1), *g1 = sp_devices_get(devs, 2);
     const sp_device_info_t *m0 = sp_devices_get(devs, 3), *m1 = sp_devices_get(devs, 4);
@@ -258,7 +263,7 @@ TEST(device_nvml_all)
     ASSERT_EQ(m0->mig_slot, 0);
     ASSERT_EQ(m0->ordinal, 1);
     ASSERT_EQ(m1->mig_slot, 2); /* slot 1 is empty */
-    ASSERT_EQ(m1->ordinal, 2);
+    ASSERT_EQ(m1->ordinal, -1); /* a CUDA process opens one MIG instance: the first */
     ASSERT_EQ(m1->nvml_index, 1);
     for (int i = 0; i < 5; i++) {
         ASSERT_EQ(sp_devices_get(devs, i)->index, i);
@@ -266,8 +271,8 @@ TEST(device_nvml_all)
 
     ASSERT_EQ(sp_devices_find(devs, "cpu"), 0);
     ASSERT_EQ(sp_devices_find(devs, "cuda:0"), 1);
-    ASSERT_EQ(sp_devices_find(devs, "gpu:2"), 4);
-    ASSERT_EQ(sp_devices_find(devs, "cuda:3"), -1);
+    ASSERT_EQ(sp_devices_find(devs, "gpu:1"), 3);
+    ASSERT_EQ(sp_devices_find(devs, "gpu:2"), -1);
     ASSERT_EQ(sp_devices_find(devs, "cuda:x"), -1);
     ASSERT_EQ(sp_devices_find(devs, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000002"), 4);
     ASSERT_EQ(sp_devices_find(devs, "MIG-aaaa"), -1); /* ambiguous */
@@ -308,7 +313,8 @@ TEST(device_nvml_visible)
     ASSERT(sp_devices_get(devs, 1)->mig_enabled);
     ASSERT_EQ(sp_devices_get(devs, 2)->ordinal, 0);
     ASSERT_EQ(sp_devices_get(devs, 2)->kind, SP_DEVICE_MIG);
-    ASSERT_EQ(sp_devices_get(devs, 4)->ordinal, 2);
+    ASSERT_EQ(sp_devices_get(devs, 3)->ordinal, -1); /* the second MIG instance */
+    ASSERT_EQ(sp_devices_get(devs, 4)->ordinal, 1);
     ASSERT_STR_EQ(sp_devices_get(devs, 4)->name, "Fake H100 80GB");
     sp_devices_close(devs);
 
@@ -320,6 +326,7 @@ TEST(device_nvml_visible)
     ASSERT_EQ(sp_devices_get(devs, 2)->ordinal, 0);
     ASSERT_EQ(sp_devices_get(devs, 2)->parent, 1);
     ASSERT_EQ(sp_devices_find(devs, "cuda:0"), 2);
+    ASSERT_STR_EQ(sp_devices_note(devs), "");
     sp_devices_close(devs);
 
     /* GPU UUID prefix, spaces, a duplicate, then an invalid entry that ends the list. */
@@ -336,6 +343,163 @@ TEST(device_nvml_visible)
         ASSERT_EQ(sp_devices_count(devs), 1);
         sp_devices_close(devs);
     }
+}
+
+/* Several MIG UUIDs in CUDA_VISIBLE_DEVICES: CUDA enumerates only the first
+ * MIG instance, so only it gets an ordinal; the others are listed (their
+ * memory counts) but nothing can be placed on them, and the note says why.
+ * A whole GPU named after the instance keeps the next ordinal. */
+TEST(device_nvml_mig_one_per_process)
+{
+    const char *lib = fake_lib("libfake_nvml.so");
+    sp_devices_t *devs = open_gpu(lib, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000002,"
+                                       "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001,0", 0);
+    ASSERT_EQ(sp_devices_count(devs), 5);
+    const sp_device_info_t *g1 = sp_devices_get(devs, 1), *a = sp_devices_get(devs, 2);
+    const sp_device_info_t *b = sp_devices_get(devs, 3), *g0 = sp_devices_get(devs, 4);
+    ASSERT(g1->mig_enabled && g1->ordinal == -1);
+    ASSERT_STR_EQ(a->id, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000002");
+    ASSERT_EQ(a->ordinal, 0);
+    ASSERT_STR_EQ(b->id, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001");
+    ASSERT_EQ(b->ordinal, -1);
+    ASSERT_EQ(b->parent, 1);
+    ASSERT_EQ(b->total_bytes, 20 * GIB); /* still listed with its memory */
+    ASSERT_STR_EQ(g0->name, "Fake H100 80GB");
+    ASSERT_EQ(g0->ordinal, 1);
+    ASSERT_EQ(sp_devices_find(devs, "cuda:0"), 2);
+    ASSERT_EQ(sp_devices_find(devs, "cuda:1"), 4);
+    ASSERT_EQ(sp_devices_find(devs, "cuda:2"), -1);
+    ASSERT_EQ(sp_devices_find(devs, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001"), 3);
+    const char *note = sp_devices_note(devs);
+    ASSERT(strstr(note, "2 MIG instances visible") != NULL);
+    ASSERT(strstr(note, "MIG-aaaaaaaa-bbbb-cccc-dddd-000000000002") != NULL);
+    sp_devices_close(devs);
+
+    /* The GPU first, then one instance: the instance is CUDA device 1. */
+    devs = open_gpu(lib, "0,MIG-aaaaaaaa-bbbb-cccc-dddd-000000000001", 0);
+    ASSERT_EQ(sp_devices_count(devs), 4);
+    ASSERT_EQ(sp_devices_find(devs, "cuda:0"), 1);
+    ASSERT_EQ(sp_devices_find(devs, "cuda:1"), 3);
+    ASSERT_STR_EQ(sp_devices_note(devs), "");
+    sp_devices_close(devs);
+}
+
+/* The hand declarations of device/nvml_abi.h against Debian's Rust bindings
+ * of nvml.h (librust-nvml-wrapper-sys-dev, generated by bindgen from
+ * NVIDIA's header): the two structs' fields in order and type, the
+ * constants, and the parameter types of every function device.c loads. */
+static char *
+read_bindings(void)
+{
+    static const char *const paths[] = {
+        "/usr/share/cargo/registry/nvml-wrapper-sys-0.7.0/src/bindings.rs",
+        "/usr/share/cargo/registry/nvml-wrapper-sys-0.8.0/src/bindings.rs",
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        FILE *f = fopen(paths[i], "r");
+        if (f == NULL) {
+            continue;
+        }
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *buf = malloc((size_t)n + 1);
+        ASSERT(buf != NULL && fread(buf, 1, (size_t)n, f) == (size_t)n);
+        buf[n] = '\0';
+        fclose(f);
+        return buf;
+    }
+    return NULL;
+}
+
+/* The parameter types of `pub unsafe fn NAME(&self, a: T1, b: T2, ) -> R`
+ * joined by ", " (names dropped), and R. */
+static void
+rust_sig(const char *text, const char *name, char *params, size_t cap, char *ret, size_t ret_cap)
+{
+    char key[128];
+    snprintf(key, sizeof key, "pub unsafe fn %s(", name);
+    const char *p = strstr(text, key);
+    ASSERT(p != NULL);
+    p += strlen(key);
+    const char *close = strstr(p, ") ->");
+    const char *close_void = strstr(p, ")");
+    params[0] = '\0';
+    const char *end = close != NULL && close == close_void ? close : close_void;
+    while (p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *stop = comma ? comma : end;
+        const char *colon = memchr(p, ':', (size_t)(stop - p));
+        if (colon != NULL) {
+            const char *t = colon + 1;
+            while (*t == ' ') t++;
+            size_t l = strlen(params);
+            snprintf(params + l, cap - l, "%s%.*s", l ? ", " : "", (int)(stop - t), t);
+        }
+        p = stop + 1;
+    }
+    ret[0] = '\0';
+    if (end == close) {
+        const char *r = close + 4;
+        while (*r == ' ') r++;
+        snprintf(ret, ret_cap, "%.*s", (int)strcspn(r, " {\n"), r);
+    }
+}
+
+TEST(device_nvml_abi_matches_bindings)
+{
+    char *b = read_bindings();
+    if (b == NULL) {
+        SKIP("librust-nvml-wrapper-sys-dev is not installed (scripts/deps.sh --test)");
+    }
+    ASSERT(strstr(b, "pub struct nvmlMemory_st {\n    pub total: raw::c_ulonglong,\n"
+                     "    pub free: raw::c_ulonglong,\n    pub used: raw::c_ulonglong,\n}") != NULL);
+    ASSERT(offsetof(sp_nvml_memory_t, total) == 0 && offsetof(sp_nvml_memory_t, free) == 8 &&
+           offsetof(sp_nvml_memory_t, used) == 16 && sizeof(sp_nvml_memory_t) == 24);
+    ASSERT(strstr(b, "pub struct nvmlUtilization_st {\n    pub gpu: raw::c_uint,\n"
+                     "    pub memory: raw::c_uint,\n}") != NULL);
+    ASSERT(offsetof(sp_nvml_util_t, gpu) == 0 && offsetof(sp_nvml_util_t, memory) == 4 &&
+           sizeof(sp_nvml_util_t) == 8);
+    char want[160];
+    snprintf(want, sizeof want, "pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: u32 = %d;", SP_NVML_UUID_LEN);
+    ASSERT(strstr(b, want) != NULL);
+    snprintf(want, sizeof want, "pub const NVML_DEVICE_NAME_V2_BUFFER_SIZE: u32 = %d;", SP_NVML_NAME_LEN);
+    ASSERT(strstr(b, want) != NULL);
+    snprintf(want, sizeof want, "pub const NVML_DEVICE_MIG_ENABLE: u32 = %d;", SP_NVML_MIG_ENABLE);
+    ASSERT(strstr(b, want) != NULL);
+    snprintf(want, sizeof want, "NVML_SUCCESS: nvmlReturn_enum = %d;", SP_NVML_SUCCESS);
+    ASSERT(strstr(b, want) != NULL);
+    snprintf(want, sizeof want, "NVML_ERROR_NOT_FOUND: nvmlReturn_enum = %d;", SP_NVML_ERROR_NOT_FOUND);
+    ASSERT(strstr(b, want) != NULL);
+    /* nvmlReturn_t is a C enum of non-negative values: an int-sized return. */
+    ASSERT(strstr(b, "pub type nvmlReturn_enum = raw::c_uint;") != NULL);
+    ASSERT(strstr(b, "pub type nvmlDevice_t = *mut nvmlDevice_st;") != NULL);
+    /* device.c's function pointer types, as the bindings spell them. */
+    static const char *const sigs[][2] = {
+        {"nvmlInit_v2", ""},
+        {"nvmlShutdown", ""},
+        {"nvmlDeviceGetCount_v2", "*mut raw::c_uint"},
+        {"nvmlDeviceGetHandleByIndex_v2", "raw::c_uint, *mut nvmlDevice_t"},
+        {"nvmlDeviceGetName", "nvmlDevice_t, *mut raw::c_char, raw::c_uint"},
+        {"nvmlDeviceGetUUID", "nvmlDevice_t, *mut raw::c_char, raw::c_uint"},
+        {"nvmlDeviceGetMemoryInfo", "nvmlDevice_t, *mut nvmlMemory_t"},
+        {"nvmlDeviceGetUtilizationRates", "nvmlDevice_t, *mut nvmlUtilization_t"},
+        {"nvmlDeviceGetMigMode", "nvmlDevice_t, *mut raw::c_uint, *mut raw::c_uint"},
+        {"nvmlDeviceGetMaxMigDeviceCount", "nvmlDevice_t, *mut raw::c_uint"},
+        {"nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDevice_t, raw::c_uint, *mut nvmlDevice_t"},
+    };
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        char params[256], ret[64];
+        rust_sig(b, sigs[i][0], params, sizeof params, ret, sizeof ret);
+        if (strcmp(params, sigs[i][1]) != 0 || strcmp(ret, "nvmlReturn_t") != 0) {
+            SP_TEST_FAIL("%s: bindings (%s) -> %s, Sampan (%s) -> int", sigs[i][0], params, ret,
+                         sigs[i][1]);
+        }
+    }
+    char params[256], ret[64];
+    rust_sig(b, "nvmlErrorString", params, sizeof params, ret, sizeof ret);
+    ASSERT_STR_EQ(params, "nvmlReturn_t");
+    free(b);
 }
 
 TEST(device_nvml_failures)

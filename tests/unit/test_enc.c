@@ -15,6 +15,7 @@
 #include "crypto/enc.h"
 #include "engine/model.h"
 #include "repo/config.h"
+#include "server/tenants.h"
 
 #define DEMO  "models/stories260K.gguf"
 #define CHUNK SP_ENC_CHUNK_MIN /* small chunks: many of them in little data */
@@ -338,6 +339,68 @@ TEST(enc_key_parse)
     ASSERT(sp_enc_key_parse(hex, 64, "k", &k, err, sizeof err) == SP_ERR_INVALID);
     ASSERT_HAS(err, "non-hex character at position 10");
     ASSERT(strstr(err, hex) == NULL); /* never echoed */
+    /* OpenSSL's hex parser would skip ':' separators: the key's stays strict. */
+    hex[10] = 'A';
+    hex[11] = ':';
+    ASSERT(sp_enc_key_parse(hex, 64, "k", &k, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT_HAS(err, "non-hex character at position 11");
+}
+
+/* A file written by an earlier build (HKDF from two HMAC calls then, EVP_KDF
+ * now): the key is 00 01 .. 1f, the plaintext 5000 bytes of "sampan test
+ * vector " repeated, in 4 KiB chunks. It must decrypt to the same bytes. */
+TEST(enc_known_vector_still_decrypts)
+{
+    char err[512];
+    sp_enc_key_t k;
+    ASSERT_OK(sp_enc_key_parse("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+                               64, "k", &k, err, sizeof err));
+    sp_enc_plain_t *pl = NULL;
+    ASSERT_OK(sp_enc_decrypt_file("tests/data/enc/v1-chunk4096-5000.spenc", &k, &pl, err,
+                                  sizeof err));
+    ASSERT_EQ(sp_enc_plain_size(pl), 5000);
+    const char *pat = "sampan test vector ";
+    const uint8_t *d = sp_enc_plain_data(pl);
+    for (size_t i = 0; i < 5000; i++) {
+        ASSERT_EQ(d[i], (uint8_t)pat[i % 19]);
+    }
+    sp_enc_plain_free(pl);
+    k.bytes[31] ^= 1; /* and another key is told apart */
+    ASSERT(sp_enc_decrypt_file("tests/data/enc/v1-chunk4096-5000.spenc", &k, &pl, err,
+                               sizeof err) != SP_OK);
+}
+
+/* The API-key helpers of server/tenants.c that use OpenSSL's encoders: a
+ * generated key is "sk-sampan-" and 43 base64url characters (no padding);
+ * a key hash parses only as "sha256:" and 64 lowercase hex digits. */
+TEST(enc_tenant_key_encodings)
+{
+    char key[128];
+    ASSERT_OK(sp_key_generate(key, sizeof key));
+    ASSERT_EQ(strlen(key), 10 + 43);
+    ASSERT(strncmp(key, "sk-sampan-", 10) == 0);
+    ASSERT_EQ(strspn(key + 10, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+              43);
+    char other[128];
+    ASSERT_OK(sp_key_generate(other, sizeof other));
+    ASSERT(strcmp(key, other) != 0);
+    ASSERT(sp_key_generate(key, 53) != SP_OK); /* too small for the key and its NUL */
+
+    uint8_t h[32], back[32];
+    char text[72];
+    sp_key_hash(key, strlen(key), h);
+    sp_key_hash_str(h, text);
+    ASSERT(sp_key_hash_parse(text, 71, back));
+    ASSERT(memcmp(h, back, 32) == 0);
+    char bad[72];
+    memcpy(bad, text, sizeof bad);
+    bad[20] = bad[20] >= 'a' ? (char)(bad[20] - 32) : 'A'; /* uppercase: refused */
+    ASSERT(!sp_key_hash_parse(bad, 71, back));
+    memcpy(bad, text, sizeof bad);
+    bad[30] = ':';
+    ASSERT(!sp_key_hash_parse(bad, 71, back));
+    ASSERT(!sp_key_hash_parse(text, 70, back));
+    ASSERT(!sp_key_hash_parse("sha512:00", 9, back));
 }
 
 TEST(enc_key_env)

@@ -96,3 +96,75 @@ TEST(mask_text)
     size_t n = sp_mask_text("hello world", 11, small, sizeof small);
     ASSERT(n < sizeof small && strlen(small) == n);
 }
+
+/* Every line of tests/data/mask/corpus.tsv: input, tab, the masked text
+ * ("\n" in either stands for a newline). All mismatches are reported before
+ * the test fails, so one run shows every pattern that needs work. */
+static void
+unescape_nl(char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        if (r[0] == '\\' && r[1] == 'n') {
+            *w++ = '\n';
+            r++;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+}
+
+TEST(mask_corpus)
+{
+    FILE *f = fopen("tests/data/mask/corpus.tsv", "r");
+    ASSERT(f != NULL);
+    char line[1024], out[1024];
+    int cases = 0, bad = 0, positives = 0, negatives = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#' || line[0] == '\0') {
+            continue;
+        }
+        char *tab = strchr(line, '\t');
+        ASSERT(tab != NULL);
+        *tab = '\0';
+        char *want = tab + 1;
+        unescape_nl(line);
+        unescape_nl(want);
+        sp_mask_text(line, strlen(line), out, sizeof out);
+        cases++;
+        if (strcmp(line, want) == 0) {
+            negatives++;
+        } else {
+            positives++;
+        }
+        if (strcmp(out, want) != 0) {
+            fprintf(stderr, "  mask: \"%s\"\n    got  \"%s\"\n    want \"%s\"\n", line, out, want);
+            bad++;
+        }
+    }
+    fclose(f);
+    ASSERT(positives >= 30 && negatives >= 10);
+    ASSERT_EQ(bad, 0);
+    (void)cases;
+}
+
+/* Nothing of a secret survives, whatever follows it: the key's tail is not
+ * left beside the label (each match is replaced whole). */
+TEST(mask_whole_matches)
+{
+    char out[256];
+    const char *in = "k=sk-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789;";
+    sp_mask_text(in, strlen(in), out, sizeof out);
+    ASSERT_STR_EQ(out, "k=[key];");
+    in = "4111 1111 1111 1111 12 2025";
+    sp_mask_text(in, strlen(in), out, sizeof out);
+    ASSERT(strstr(out, "4111") == NULL && strstr(out, "1111") == NULL);
+    /* an empty text, and a tiny buffer */
+    ASSERT_EQ(sp_mask_text("", 0, out, sizeof out), 0);
+    ASSERT_STR_EQ(out, "");
+    char small[4];
+    size_t n = sp_mask_text("AKIAIOSFODNN7EXAMPLE", 20, small, sizeof small);
+    ASSERT(n < sizeof small && strlen(small) == n);
+}

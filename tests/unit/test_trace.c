@@ -146,9 +146,9 @@ TEST(trace_init_checks_endpoint)
     sp_trace_params_t p = sp_trace_default_params();
     ASSERT_OK(sp_trace_init(&p, err, sizeof err)); /* no endpoint: off */
     ASSERT(!sp_trace_enabled());
-    static const char *const bad[] = {"https://x:4318", "x:4318", "http://", "http://h:0",
+    static const char *const bad[] = {"ftp://x:4318", "x:4318", "http://", "http://h:0",
                                       "http://h:70000", "http://h:12a", "http://[::1",
-                                      "http://h:4318/a b"};
+                                      "http://h:4318/a b", "http://h:4318/?q=1", "file:///tmp/x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         p.endpoint = bad[i];
         ASSERT(sp_trace_init(&p, err, sizeof err) == SP_ERR_INVALID);
@@ -158,6 +158,43 @@ TEST(trace_init_checks_endpoint)
     p.sample_ratio = 1.5;
     ASSERT(sp_trace_init(&p, err, sizeof err) == SP_ERR_INVALID);
     ASSERT(!sp_trace_enabled());
+}
+
+/* HTTPS endpoints are taken (libcurl does the TLS), and the headers of
+ * OTEL_EXPORTER_OTLP_[TRACES_]HEADERS are checked at start-up: a malformed
+ * list or a value with CR/LF is refused whole, naming the variable. */
+TEST(trace_init_https_and_header_env)
+{
+    char err[256];
+    sp_trace_params_t p = sp_trace_default_params();
+    p.endpoint = "https://collector.example:4318/prefix/";
+    unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+    unsetenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    ASSERT_OK(sp_trace_init(&p, err, sizeof err));
+    ASSERT(sp_trace_enabled());
+    sp_trace_shutdown();
+    ASSERT(!sp_trace_enabled());
+    static const char *const bad[] = {"novalue", "=v", "a b=c", "k=v%0Ainjected: 1", "k=%00",
+                                      "ok=1,,"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", bad[i], 1);
+        ASSERT(sp_trace_init(&p, err, sizeof err) == SP_ERR_INVALID);
+        ASSERT(strstr(err, "OTEL_EXPORTER_OTLP_TRACES_HEADERS") != NULL);
+        ASSERT(!sp_trace_enabled());
+    }
+    /* The general variable is read when the traces one is unset. */
+    unsetenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    setenv("OTEL_EXPORTER_OTLP_HEADERS", "bad key=1", 1);
+    ASSERT(sp_trace_init(&p, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT(strstr(err, "OTEL_EXPORTER_OTLP_HEADERS") != NULL);
+    setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s%20ecret, x-b = 2 ,x-empty=", 1);
+    ASSERT_OK(sp_trace_init(&p, err, sizeof err));
+    sp_trace_shutdown();
+    unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+    setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem", 1);
+    ASSERT(sp_trace_init(&p, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT(strstr(err, "OTEL_EXPORTER_OTLP_CERTIFICATE") != NULL);
+    unsetenv("OTEL_EXPORTER_OTLP_CERTIFICATE");
 }
 
 /* The access line's ids stay strings in --log-format json even when every
