@@ -173,6 +173,12 @@ else server.apiKey's Secret (that key has every scope), else "" (no token).
 {{- if lt (int .Values.gpu.count) 0 }}
 {{- fail "gpu.count must be 0 (CPU only) or more" }}
 {{- end }}
+{{- if and (gt (int .Values.gpu.count) 0) (not .Values.gpu.imageHasCuda) }}
+{{- fail "gpu.count > 0: the image deploy/Dockerfile builds is CPU-only (no CUDA runtime), so the GPU would sit idle, and the CUDA backend has only run under emulation (docs/cuda.md). Set gpu.imageHasCuda=true only with an image.repository of your own built with CUDA" }}
+{{- end }}
+{{- if and (hasPrefix "nvidia.com/mig-" (toString .Values.gpu.resourceName)) (gt (int .Values.gpu.count) 1) }}
+{{- fail "gpu.count > 1 with a MIG resource: a CUDA process uses one MIG instance, the others would sit idle; use gpu.count: 1 and scale with replicas" }}
+{{- end }}
 {{- if not (or (include "sampan.hasKeys" .) .Values.server.insecureOpen (include "sampan.openByHand" .)) }}
 {{- fail "no API keys: set server.tenants.existingSecret (a Secret with a tenants file made by `sampan keys add`) or server.apiKey.existingSecret, or set server.insecureOpen=true to serve without keys (anyone who can reach the port may use every route, model load and unload included). The server refuses to listen on 0.0.0.0 without one of them; see docs/operations.md, \"Deploying on Kubernetes\"" }}
 {{- end }}
