@@ -58,6 +58,9 @@ label(const sp_device_info_t *d, char *buf, size_t len)
         snprintf(buf, len, "cpu");
     } else if (d->ordinal >= 0) {
         snprintf(buf, len, "cuda:%d", d->ordinal);
+    } else if (d->kind == SP_DEVICE_MIG) {
+        /* a MIG instance after the first: a CUDA process opens one (device.h) */
+        snprintf(buf, len, "mig%d.%d", d->nvml_index, d->mig_slot);
     } else {
         snprintf(buf, len, "gpu%d", d->nvml_index); /* split by MIG: not a CUDA device */
     }

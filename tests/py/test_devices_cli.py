@@ -61,8 +61,10 @@ else:
            and [d["ordinal"] for d in devs] == [-1, -1, 0, 1]
            and devs[2]["total_bytes"] == 20 << 30 and devs[3]["utilization"] == 37, out)
     rc, out, err = run([exe, "devices"], timeout=30, env=dict(env, CUDA_VISIBLE_DEVICES="1"))
+    # A CUDA process opens one MIG instance: the second has no cuda:N and the note says so.
     s.case("table shows cuda:N and MIG rows", rc == 0 and "cuda:0   mig" in out
-           and "cuda:1   mig" in out and "MIG mode" in out, out)
+           and "mig1.2   mig" in out and "cuda:1" not in out and "MIG mode" in out
+           and "note: 2 MIG instances visible" in out, out)
     rc, out, err = run([exe, "devices"], timeout=30, env=dict(env, FAKE_NVML_INIT_FAIL="1"))
     s.case("init failure is a note", rc == 0 and "note: NVML init failed" in out, out)
 
