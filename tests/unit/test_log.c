@@ -1,5 +1,6 @@
 /* test_log.c - log lines: value quoting, the JSON translation, control bytes, the rate limit
  * on repeated warnings, and the masking of prompts (server/metrics.h). */
+#include <time.h>
 #include <unistd.h>
 
 #include "sampan/log.h"
@@ -167,4 +168,30 @@ TEST(mask_whole_matches)
     char small[4];
     size_t n = sp_mask_text("AKIAIOSFODNN7EXAMPLE", 20, small, sizeof small);
     ASSERT(n < sizeof small && strlen(small) == n);
+}
+
+/* Texts built to make the patterns work hard (long runs of what almost
+ * matches) finish quickly and are masked, not withheld: the match limit
+ * that would withhold them is far above what 256 bytes need. */
+TEST(mask_adversarial_inputs)
+{
+    static const char *const units[] = {"a.",   "a@",  "1 ",  "1-",  "-----BEGIN A-----", "eyJa.",
+                                        "+1 ",  "(12)", "AB12 ", "sk-", "9",               "Bearer "};
+    char in[SP_REQ_TEXT_MAX + 1], out[4 * SP_REQ_TEXT_MAX];
+    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        size_t n = 0, l = strlen(units[u]);
+        while (n + l <= SP_REQ_TEXT_MAX) {
+            memcpy(in + n, units[u], l);
+            n += l;
+        }
+        in[n] = '\0';
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        sp_mask_text(in, n, out, sizeof out);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (ms > 250 || strstr(out, "withheld") != NULL) {
+            SP_TEST_FAIL("unit \"%s\": %.1f ms, %s", units[u], ms, out);
+        }
+    }
 }
