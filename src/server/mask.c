@@ -144,8 +144,10 @@ static const kind_t kinds[] = {
     {"[key]", "\\A[A-Za-z0-9+/=\\s]{16,}-----END [A-Z0-9 ]{1,40}-----", NULL},
     /* JSON Web Tokens: three base64url parts, the first a JSON object ("eyJ"). */
     {"[token]", "\\beyJ[A-Za-z0-9_-]{5,}\\.[A-Za-z0-9_-]{5,}\\.[A-Za-z0-9_-]*", NULL},
-    /* An Authorization value: the scheme's word and the credentials. */
-    {"[token]", "(?i)\\b(?:bearer|basic|token)[ \\t]+[A-Za-z0-9._~+/=-]{8,}", NULL},
+    /* An Authorization value: the scheme's word and the credentials, which
+     * hold a digit or run to 16 characters (so "token generation" is prose). */
+    {"[token]", "(?i)\\b(?:bearer|basic|token)[ \\t]+(?=[A-Za-z._~+/=-]*[0-9]|[A-Za-z0-9._~+/=-]{16})"
+                "[A-Za-z0-9._~+/=-]{8,}", NULL},
     /* Common API key formats, each whole: OpenAI-style sk-/sk-proj-/sk-sampan-,
      * Stripe, AWS access key ids, GitHub, Slack, Google. */
     {"[key]", "\\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}", NULL},
@@ -154,6 +156,10 @@ static const kind_t kinds[] = {
     {"[key]", "\\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", NULL},
     {"[key]", "\\bxox[abposr]-[A-Za-z0-9-]{10,}", NULL},
     {"[key]", "\\bAIza[0-9A-Za-z_-]{35}", NULL},
+    /* A key or token cut by the end of the 256-byte window: too short for its
+     * full pattern, still a secret's first characters. */
+    {"[key]", "\\b(?:sk-|[sr]k_(?:live|test)_|AKIA|ASIA|gh[pousr]_|github_pat_|xox[abposr]-|AIza|eyJ)"
+              "[A-Za-z0-9_.~+/=-]*\\z", NULL},
     /* E-mail addresses: a dotted domain ending in a letters-only TLD. */
     {"[email]", "[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}", NULL},
     {"[iban]", "\\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}", check_iban},
