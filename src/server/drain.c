@@ -12,11 +12,12 @@ sp_retry_after_s(int64_t ahead, int64_t done, double span_s)
     if (ahead < 1) {
         ahead = 1;
     }
-    if (!(span_s >= 1.0)) {
+    if (done < 1) {
+        done = 1; /* nothing drained lately: no rate to go by, assume one per second */
         span_s = 1.0;
     }
-    if (done < 1) {
-        done = 1; /* nothing drained: at most one per span, so wait at least that */
+    if (!(span_s >= 1.0)) {
+        span_s = 1.0;
     }
     double s = ceil((double)ahead * span_s / (double)done);
     if (s < SP_RETRY_AFTER_MIN_S) {
@@ -28,20 +29,12 @@ sp_retry_after_s(int64_t ahead, int64_t done, double span_s)
     return (int)s;
 }
 
-static void
-first_use(sp_drain_t *d, int64_t now_ns)
-{
-    int64_t zero = 0;
-    atomic_compare_exchange_strong(&d->first_ns, &zero, now_ns > 0 ? now_ns : 1);
-}
-
 void
 sp_drain_note(sp_drain_t *d, int64_t k, int64_t now_ns)
 {
     if (k <= 0) {
         return;
     }
-    first_use(d, now_ns);
     int64_t sec = now_ns / NS_PER_S;
     int i = (int)(sec % N_BINS);
     int64_t was = atomic_load(&d->sec[i]);
@@ -54,20 +47,15 @@ sp_drain_note(sp_drain_t *d, int64_t k, int64_t now_ns)
 int
 sp_drain_retry_after_s(sp_drain_t *d, int64_t ahead, int64_t now_ns)
 {
-    first_use(d, now_ns);
-    int64_t sec = now_ns / NS_PER_S, done = 0;
+    int64_t sec = now_ns / NS_PER_S, done = 0, oldest = sec;
     for (int i = 0; i < N_BINS; i++) {
         int64_t s = atomic_load(&d->sec[i]);
-        if (s > sec - N_BINS && s <= sec) {
-            done += atomic_load(&d->n[i]);
+        int64_t n = atomic_load(&d->n[i]);
+        if (s > sec - N_BINS && s <= sec && n > 0) {
+            done += n;
+            oldest = s < oldest ? s : oldest;
         }
     }
-    /* The window: its full seconds plus the elapsed part of the current one,
-     * or the time since the first use when shorter. */
-    double span = (double)SP_DRAIN_WINDOW_S + (double)(now_ns % NS_PER_S) / 1e9;
-    double since = (double)(now_ns - atomic_load(&d->first_ns)) / 1e9;
-    if (since < span) {
-        span = since;
-    }
-    return sp_retry_after_s(ahead, done, span);
+    /* The span: from the start of the oldest second that saw a completion to now. */
+    return sp_retry_after_s(ahead, done, (double)(now_ns - oldest * NS_PER_S) / 1e9);
 }

@@ -168,8 +168,8 @@ TEST(retry_after_from_drain_rate)
     ASSERT_EQ(sp_retry_after_s(1000, 10, 10.0), 60);
     /* Fast drains still say at least 1 s. */
     ASSERT_EQ(sp_retry_after_s(3, 1000, 10.0), 1);
-    /* Nothing drained yet: at most one per span. */
-    ASSERT_EQ(sp_retry_after_s(4, 0, 2.0), 8);
+    /* Nothing drained lately: one per second is assumed. */
+    ASSERT_EQ(sp_retry_after_s(4, 0, 10.0), 4);
     ASSERT_EQ(sp_retry_after_s(0, 0, 0.0), 1);
     /* The estimator: 4 per second for 10 s, then a deeper queue waits longer. */
     sp_drain_t d;
@@ -185,6 +185,14 @@ TEST(retry_after_from_drain_rate)
     ASSERT(shallow >= 2 && shallow <= 3);
     ASSERT(deep >= 20 && deep <= 22);
     ASSERT(deep > shallow);
-    /* Long idle: the old seconds leave the window, the estimate grows to the cap. */
-    ASSERT_EQ(sp_drain_retry_after_s(&d, 80, now + 100 * 1000000000LL), 60);
+    /* Long idle: the old seconds leave the window; with no rate, one per second. */
+    int64_t later = now + 100 * 1000000000LL;
+    ASSERT_EQ(sp_drain_retry_after_s(&d, 80, later), 60);
+    ASSERT_EQ(sp_drain_retry_after_s(&d, 7, later), 7);
+    /* A burst after the idle spell is measured over the burst: 5 in its first half second. */
+    for (int k = 0; k < 5; k++) {
+        sp_drain_note(&d, 1, later + k * 100000000LL);
+    }
+    ASSERT_EQ(sp_drain_retry_after_s(&d, 10, later + 500000000LL), 2);
+    ASSERT_EQ(sp_drain_retry_after_s(&d, 50, later + 500000000LL), 10);
 }
