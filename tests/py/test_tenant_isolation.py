@@ -229,6 +229,25 @@ def test_tiers(srv, gport, keys):
            st_b == 200, f"{st_b} {b_b}")
     st, _, b = req(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["std"])
     s.case("tensor model: a standard tenant cannot ask above the default level (200)", st == 200, f"{st} {b}")
+    # LLMs: a batch tenant asking "premium" (OpenAI) or priority 1 (KServe) runs in the batch tier.
+    for path, body in (("/v1/completions", {"model": "stories260K", "prompt": "Once", "max_tokens": 480,
+                                            "n": 8, "ignore_eos": True, "priority": "premium"}),
+                       ("/v2/models/stories260K/generate", {"text_input": "Once", "max_tokens": 480,
+                                                            "ignore_eos": True, "parameters": {"priority": 1}})):
+        done = []
+        t = threading.Thread(target=lambda: done.append(req(srv.port, "POST", path, body, key=keys["batchy"])[0]))
+        t.start()
+        seen = {"batch": 0.0, "premium": 0.0}
+        for _ in range(40):
+            for tier in seen:
+                seen[tier] = max(seen[tier], metric(srv.port, keys["ops"], "sampan_requests_running",
+                                                    '{model="stories260K",version="1",tier="%s"}' % tier))
+            if seen["batch"] or done:
+                break
+            time.sleep(0.01)
+        t.join(60)
+        s.case(f"LLM {path}: a batch tenant asking for the top priority runs in the batch tier",
+               seen["batch"] >= 1 and seen["premium"] == 0 and done == [200], f"{seen} {done}")
     if gport is None:
         s.skip("tensor model over gRPC: the tier caps the level", "node or @grpc/grpc-js missing")
         return
