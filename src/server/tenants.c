@@ -760,7 +760,7 @@ sp_auth_reserve(sp_tenant_state_t *st, int64_t tokens, sp_tenant_charge_t *c, sp
             snprintf(out->message, sizeof out->message,
                      "rate limit: this request may use up to %lld tokens (its prompt plus max_tokens "
                      "for each of its n sequences), more than tenant '%s' may use in a minute (%lld): "
-                     "lower max_tokens or n",
+                     "lower max_tokens or n, or shorten the prompt",
                      (long long)tokens, st->name, (long long)st->tpm);
         } else if (held + tokens > st->tpm) {
             ok = false;
