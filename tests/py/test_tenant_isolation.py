@@ -362,9 +362,18 @@ def test_retry_after(tmp, path, keys):
 
         t = threading.Thread(target=long_one)
         t.start()
-        time.sleep(0.1)
-        st, h, b = req(srv.port, "POST", "/v1/completions",
-                       {"model": "stories260K", "prompt": "Once", "max_tokens": 4, "n": 2}, key=keys["std"])
+        st, h, b = None, {}, None
+        end = time.time() + 10
+        while time.time() < end and t.is_alive():
+            waiting = metric(srv.port, keys["ops"], "sampan_requests_waiting",
+                             '{model="stories260K",version="1",tier="standard"}')
+            if waiting >= 6:  # 6 + 3 > --queue 8: refused
+                st, h, b = req(srv.port, "POST", "/v1/completions",
+                               {"model": "stories260K", "prompt": "Once", "max_tokens": 4, "n": 3},
+                               key=keys["std"])
+                if st == 429:
+                    break
+            time.sleep(0.01)
         t.join(60)
         ra = h.get("retry-after", "")
         s.case("LLM queue full: 429 with Retry-After from the drain rate (an integer, 2..60 here)",
@@ -381,7 +390,13 @@ def test_retry_after(tmp, path, keys):
         ts = [threading.Thread(target=row) for _ in range(2)]
         for t in ts:
             t.start()
-        time.sleep(0.2)
+        end = time.time() + 10
+        queued = 0
+        while time.time() < end and queued < 2:
+            _, _, stats = req(srv.port, "GET", "/stats", key=keys["ops"])
+            queued = (stats or {}).get("models", {}).get("ident_q", {}).get("batcher", {}).get("queued", 0) \
+                if isinstance(stats, dict) else 0
+            time.sleep(0.01)
         st, h, b = req(srv.port, "POST", "/v2/models/ident_q/infer", ONE_ROW, key=keys["std"])
         for t in ts:
             t.join(30)
