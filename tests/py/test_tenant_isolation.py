@@ -1,6 +1,6 @@
 """test_tenant_isolation.py - what one tenant can take from or learn about the others, as a black
-box on `sampan serve --tenants FILE`: tokens per minute charged for streams the client drops (REST
-SSE and gRPC ModelStreamInfer), reserved before the work (an n=16 request against a small limit,
+box on `sampan serve --tenants FILE`: tokens per minute charged for streams the client drops (OpenAI
+and KServe SSE, gRPC ModelStreamInfer), reserved before the work (an n=16 request against a small limit,
 30 requests at once), the tier capping a tensor model's priority level (REST and gRPC), model lists
 hiding other models from /v1/models and the KServe metadata routes (REST and gRPC: 404, not 403),
 the prefix cache scoped per tenant (--prefix-cache-scope tenant|global), and Retry-After computed
@@ -154,6 +154,26 @@ def test_dropped_streams(srv, gport, keys):
     s.case("a dropped SSE stream is charged what was generated before the drop",
            r.status == 200 and got == 40 and before + got <= after < before + full,
            f"status {r.status}, {got} chunks read, charged {after - before} (all: {full})")
+    # KServe generate_stream over REST: the same.
+    before = tenant_tokens(port, mkey, "drop")
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v2/models/stories260K/generate_stream", body=json.dumps(
+        {"text_input": "Once upon a time", "max_tokens": 480, "ignore_eos": True}).encode(),
+        headers={"Content-Type": "application/json", "authorization": f"Bearer {keys['drop']}"})
+    r = c.getresponse()
+    got = 0
+    while got < 10:
+        line = r.fp.readline()
+        if not line:
+            break
+        if line.startswith(b"data: {"):
+            got += 1
+    c.sock.shutdown(2)
+    c.close()
+    after = wait_tokens(port, mkey, "drop", before + got)
+    s.case("a dropped KServe generate_stream is charged what was generated",
+           r.status == 200 and got == 10 and after >= before + got,
+           f"status {r.status}, {got} events read, charged {after - before}")
     if gport is None:
         s.skip("a cancelled gRPC ModelStreamInfer is charged", "node or @grpc/grpc-js missing")
         return
