@@ -73,6 +73,10 @@ const char sp_serve_usage[] =
     "      --api-key KEY         require 'Authorization: Bearer KEY' (default: none)\n"
     "      --tenants FILE        API keys (hashed), scopes, QoS tiers and limits per tenant;\n"
     "                            reloaded on SIGHUP and when the file changes (`sampan keys`)\n"
+    "      --prefix-cache-scope S\n"
+    "                            tenant (default): a cached prompt prefix is reused only by\n"
+    "                            the same tenant; global: by every tenant (more hits, but a\n"
+    "                            tenant can time another's prompts; docs/security.md)\n"
     "      --insecure-open       allow binding a non-loopback address without keys\n"
     "      --metrics-open        serve /metrics without the metrics scope\n"
     "      --tls-cert FILE       PEM certificate chain: serve HTTPS (TLS 1.2+)\n"
@@ -127,6 +131,7 @@ static const opt_t opts[] = {
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
     {"kv-type", 0, T_STR, OFF(kv_type), 0, 0, sizeof(((sp_serve_config_t *)0)->kv_type)},
+    {"prefix-cache-scope", 0, T_STR, OFF(prefix_cache_scope), 0, 0, sizeof(((sp_serve_config_t *)0)->prefix_cache_scope)},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */
     {"draft-model", 0, T_STR, OFF(draft_model), 0, 0, sizeof(((sp_serve_config_t *)0)->draft_model)},
     {"spec-tokens", 0, T_INT, OFF(spec_tokens), 1, 16, 0},
@@ -524,6 +529,7 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
     static const char *const requests[] = {"all", "models", "errors", "none", NULL};
     static const char *const compat[] = {"none", "vllm", NULL};
     static const char *const kv_types[] = {"f32", "f16", "q8_0", NULL};
+    static const char *const scopes[] = {"tenant", "global", NULL};
     if (c->kv_f16 && c->kv_type[0] != '\0' && strcmp(c->kv_type, "f16") != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "--kv-f16 (the same as --kv-type f16) contradicts --kv-type %s", c->kv_type);
@@ -533,6 +539,7 @@ sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, c
         {"--log-requests", c->log_requests, sizeof c->log_requests, requests, c->verbose ? "all" : "models"},
         {"--metrics-compat", c->metrics_compat, sizeof c->metrics_compat, compat, "none"},
         {"--kv-type", c->kv_type, sizeof c->kv_type, kv_types, c->kv_f16 ? "f16" : "f32"},
+        {"--prefix-cache-scope", c->prefix_cache_scope, sizeof c->prefix_cache_scope, scopes, "tenant"},
     };
     for (size_t k = 0; k < sizeof en / sizeof en[0]; k++) {
         if (en[k].val[0] == '\0') {

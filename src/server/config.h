@@ -62,6 +62,8 @@ typedef struct sp_serve_config {
     double request_timeout_s; /* per request wall-clock limit (0 = none) */
     char api_key[256];        /* "" = no authentication (one key, tenant "default") */
     char tenants_file[1024];  /* "" = none; API keys, scopes, tiers, limits (docs/security.md) */
+    char prefix_cache_scope[8]; /* "tenant" (default): prefix-cache blocks shared within a
+                                   tenant only; "global": across tenants (docs/security.md) */
     bool insecure_open;       /* allow a non-loopback bind without keys */
     bool metrics_open;        /* /metrics without the metrics scope */
     char tls_cert[1024];      /* PEM certificate chain; "" = no TLS */

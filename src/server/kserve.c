@@ -378,6 +378,13 @@ route_model_base(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     if (retry) {
         return sp_server_model_for(s, r, name.ptr, name.len, v, retry, p, &m) ? m : NULL;
     }
+    if (!sp_auth_model_allowed(sp_http_req_user(r), name.ptr, name.len)) {
+        /* A model outside the tenant's list does not exist for it: the same
+         * 404 as an unknown name, so its metadata does not reveal it either. */
+        sp_auth_reject(sp_http_req_user(r), SP_LIMIT_MODEL);
+        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
+        return NULL;
+    }
     char reason[512];
     sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
                                      sizeof reason);
@@ -570,6 +577,9 @@ on_event(const sp_sched_event_t *ev, void *ud)
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
         sp_req_clock_token(&q->clk);
+        /* Counted as they come: a request that ends before DONE (the client
+         * left, a slow reader) is charged what was generated until then. */
+        q->clk.completion_tokens += ev->token >= 0;
         if (ev->index < 0 || ev->index >= q->n || ev->text_len == 0) {
             break;
         }
@@ -769,6 +779,12 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     if (!gv->set[P_MAX_TOKENS] && max_tokens > cap - longest) {
         max_tokens = cap - longest;
     }
+    /* A tenant's minute must hold the whole reservation (below): a default
+     * that could never fit stops within the tokens limit. */
+    int64_t tpm = sp_auth_tpm(sp_http_req_user(r));
+    if (!gv->set[P_MAX_TOKENS] && tpm > 0 && max_tokens > (tpm - q->n_prompt) / n) {
+        max_tokens = (tpm - q->n_prompt) / n > 1 ? (tpm - q->n_prompt) / n : 1;
+    }
     g.max_tokens = (int32_t)max_tokens;
     sp_sched_request_t sr;
     memset(&sr, 0, sizeof sr);
@@ -779,17 +795,34 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sr.gen = g;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
     sr.priority = sp_server_priority(r, q->sched.priority);
+    sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), cfg->prefix_cache_scope);
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
+    /* The tenant's tokens per minute: reserve the most this request may use
+     * (its prompts and max_tokens for each), settled at its end (sp_req_end). */
+    sp_auth_result_t ar;
+    if (!sp_auth_reserve(sp_http_req_user(r), q->n_prompt + (int64_t)n * (max_tokens > 0 ? max_tokens : 1),
+                         &q->clk.charge, &ar)) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
+        sp_http_add_header(r, "Retry-After", ra);
+        sp_kserve_error(r, 429, "%s", ar.message);
+        goto fail;
+    }
+    q->clk.prompt_tokens = q->n_prompt; /* what an end before DONE is charged for the prompts */
     sp_trace_http_submit(r); /* the queue span starts here */
-    sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
+    sp_sched_t *sch = sp_served_pick(q->m);
+    sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
     sp_free(toks);
     toks = NULL;
     if (st != SP_OK) {
+        q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
         sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
         if (st == SP_ERR_BUSY) {
-            sp_http_add_header(r, "Retry-After", "1");
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
+            sp_http_add_header(r, "Retry-After", ra);
         }
         sp_kserve_error(r, st == SP_ERR_BUSY ? 429 : sp_status_http(st), "%s", err);
         goto fail;
@@ -900,6 +933,11 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_str_t v = sp_route_param(p, "version");
     sp_served_model_t *m = NULL;
     char reason[512];
+    if (!sp_auth_model_allowed(sp_http_req_user(r), name.ptr, name.len)) {
+        sp_auth_reject(sp_http_req_user(r), SP_LIMIT_MODEL);
+        sp_kserve_error(r, 404, "model %s is not served", quote(name).s); /* as unknown: see route_model_base */
+        return;
+    }
     sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
                                      sizeof reason);
     sp_served_release(m);

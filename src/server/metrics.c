@@ -214,6 +214,7 @@ sp_req_end(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok, s
            sp_fail_reason_t reason)
 {
     if (c->ended || m == NULL) {
+        sp_auth_settle(&c->charge, NULL, 0); /* a reservation never outlives its request */
         return;
     }
     if (ok) {
@@ -225,8 +226,9 @@ sp_req_end(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok, s
         sp_trace_model(sp_http_req_trace(r), m->name, m->version_str, c,
                        ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason));
     }
-    /* The tenant's tokens-per-minute budget counts what was evaluated and generated. */
-    sp_auth_add_tokens(sp_http_req_user(r), c->prompt_tokens + c->completion_tokens);
+    /* The tenant's tokens-per-minute budget counts what was evaluated and
+     * generated; the reservation taken at submit is released. */
+    sp_auth_settle(&c->charge, sp_http_req_user(r), c->prompt_tokens + c->completion_tokens);
     sp_http_req_annotate(r, "model=%s version=%s outcome=%s prompt_tokens=%lld completion_tokens=%lld",
                          sp_log_str(m->name), m->version_str,
                          ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason),

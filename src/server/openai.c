@@ -902,6 +902,9 @@ on_event(const sp_sched_event_t *ev, void *ud)
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
         sp_req_clock_token(&q->clk);
+        /* Counted as they come: a request that ends before DONE (the client
+         * left, a slow reader) is charged what was generated until then. */
+        q->clk.completion_tokens += ev->token >= 0;
         if (ev->index == 0) {
             sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
         }
@@ -1006,16 +1009,39 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     sr.lora = q->ad.lora;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
     sr.priority = sp_server_priority(r, q->sched.priority);
+    sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), q->srv->cfg.prefix_cache_scope);
     sr.mailbox = sp_server_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
+    /* The tenant's tokens per minute: reserve the most this request may use
+     * (its prompts, and max_tokens for each sequence); settled at its end
+     * (sp_req_end) with what it used, however it ends. */
+    int64_t prompt = 0;
+    for (int i = 0; i < n_seq; i++) {
+        prompt += n_prompts[i];
+    }
+    int64_t most = prompt + (sr.embed ? 0 : (int64_t)n_seq * (sr.gen.max_tokens > 0 ? sr.gen.max_tokens : 1));
+    sp_auth_result_t ar;
+    if (!sp_auth_reserve(sp_http_req_user(r), most, &q->clk.charge, &ar)) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
+        sp_http_add_header(r, "Retry-After", ra);
+        sp_server_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", ar.message);
+        oai_free(q);
+        return;
+    }
+    q->clk.prompt_tokens = prompt; /* what an end before DONE is charged for the prompts */
     char err[512];
     sp_trace_http_submit(r); /* the queue span starts here */
-    sp_status_t st = sp_sched_submit(sp_served_pick(q->m), &sr, &q->job, err, sizeof err);
+    sp_sched_t *sch = sp_served_pick(q->m);
+    sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
     if (st != SP_OK) {
+        q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
         sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
         if (st == SP_ERR_BUSY) {
-            sp_http_add_header(r, "Retry-After", "1");
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
+            sp_http_add_header(r, "Retry-After", ra);
             sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
         } else {
             sp_server_error(r, sp_status_http(st), NULL, NULL, NULL, "%s", err);
@@ -1111,6 +1137,12 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         if (max_tokens > n_ctx - n_tok) {
             max_tokens = n_ctx - n_tok;
         }
+        /* A tenant's minute must hold the whole reservation (submit): a
+         * default that could never fit stops within the tokens limit. */
+        int64_t tpm = sp_auth_tpm(sp_http_req_user(q->http));
+        if (tpm > 0 && max_tokens > (tpm - n_tok) / q->n) {
+            max_tokens = (tpm - n_tok) / q->n > 1 ? (tpm - n_tok) / q->n : 1;
+        }
     } else if (n_tok + max_tokens > n_ctx) {
         sp_server_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
                         "this model's context is %lld tokens; the prompt has %lld and max_tokens "
@@ -1160,6 +1192,17 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
 
 /* -------------------------------------------------------------- handlers */
 
+static bool
+name_in(const char (*names)[129], int32_t n, const char *name, size_t len)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static void
 h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -1170,6 +1213,27 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     int found = 0;
     if (!want.ptr) {
         sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    }
+    /* A tenant with a model list sees only those models (and the adapters
+     * named in it): the others do not exist for it (404 below). */
+    sp_tenant_state_t *tenant = sp_http_req_user(r);
+    const bool restricted = sp_auth_restricted(tenant);
+    if (restricted && want.ptr && !sp_auth_model_allowed(tenant, want.ptr, want.len)) {
+        sp_jbuf_free(&b);
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model does not exist");
+        return;
+    }
+    char (*names)[129] = NULL;
+    int32_t n_names = 0;
+    if (restricted) {
+        names = sp_malloc(sizeof(char[SP_TENANT_MODELS_MAX][129]));
+        if (names == NULL) {
+            sp_jbuf_free(&b);
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return;
+        }
+        n_names = sp_auth_models(tenant, names, SP_TENANT_MODELS_MAX);
     }
     /* One entry per name: the version a request would get (the newest
      * READY one), or one that loads on demand (ready false). */
@@ -1204,7 +1268,7 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             continue;
         }
         bool ready = best->live && best->state == SP_REPO_READY;
-        if (want_base) {
+        if (want_base && (!restricted || name_in(names, n_names, e->name, strlen(e->name)))) {
             sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
             sp_jbuf_cstr(&b, e->name);
             sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
@@ -1214,10 +1278,20 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         }
         if (ready && !(want.ptr && want_base)) {
             /* Its adapters, "<model>:<adapter>" with "parent" (vLLM's LoRA entries). */
-            sp_adapters_list_locked(best->live, want_base ? (sp_str_t){NULL, 0} : want, &b, &found);
+            if (!restricted || want.ptr) {
+                sp_adapters_list_locked(best->live, want_base ? (sp_str_t){NULL, 0} : want, &b, &found);
+            } else {
+                for (int32_t k = 0; k < n_names; k++) { /* those of its adapters named in the list */
+                    sp_str_t nk = {names[k], strlen(names[k])};
+                    if (sp_adapters_prefix(nk, e->name)) {
+                        sp_adapters_list_locked(best->live, nk, &b, &found);
+                    }
+                }
+            }
         }
     }
     pthread_mutex_unlock(&reg->mu);
+    sp_free(names);
     if (want.ptr && !found) {
         sp_jbuf_free(&b);
         sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",

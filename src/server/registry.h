@@ -46,6 +46,7 @@
 #include "repo/config.h"
 #include "repo/repo.h"
 #include "server/config.h"
+#include "server/drain.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 
@@ -97,6 +98,8 @@ struct sp_served_model {
     sp_backend_model_info_t be_info;
     int32_t max_batch_size;
     struct sp_batcher *batcher;
+    uint32_t prio_levels, prio_default; /* its batcher's priority levels (1-based default) */
+    sp_drain_t drain;          /* requests its batcher completed lately, for Retry-After */
     bool reserved;             /* its charge is taken from the budgets */
     atomic_int refs;
     _Atomic int64_t last_used_ns;

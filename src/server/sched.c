@@ -51,6 +51,7 @@
 #include "engine/lora.h"
 #include "sampan/log.h"
 #include "server/blocks.h"
+#include "server/drain.h"
 #include "server/http.h"
 #include "server/stepctl.h"
 #include "server/tierq.h"
@@ -135,6 +136,7 @@ struct sp_sched_job {
     sp_status_t status;
     char message[256];
     int64_t prompt_tokens, completion_tokens;
+    uint32_t prefix_scope; /* sp_sched_request_t's */
     /* shared */
     atomic_bool cancel;
     pthread_mutex_t mu;
@@ -203,6 +205,7 @@ struct sp_sched {
     atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
     atomic_int_fast64_t st_spec_rows, st_spec_drafted, st_spec_accepted;
+    sp_drain_t drain;      /* sequences ended lately, for Retry-After */
 };
 
 sp_sched_params_t
@@ -553,6 +556,7 @@ static void
 seq_end(sp_sched_t *s, sp_sched_job_t *j)
 {
     j->ended++;
+    sp_drain_note(&s->drain, 1, sp_time_ns());
     if (j->ended < j->n) {
         return;
     }
@@ -628,16 +632,20 @@ blocks_for(int64_t n_tokens)
 }
 
 /* Where a sequence's prefix chain starts in the prefix cache: the root for
- * the base model, else a root of the adapter's own (its process-wide id; block
- * serials count up from 1 and never reach bit 63), so KV blocks computed with
- * different adapters, or none, are never shared. The chained hash starts from
- * the id too, but the exact parent-serial match is what guarantees it. */
+ * the base model and the shared scope, else a root of the adapter's own (its
+ * process-wide id) and the request's prefix scope (its tenant, with
+ * --prefix-cache-scope tenant) - block serials count up from 1 and never reach
+ * bit 63 - so KV blocks computed with different adapters, or for different
+ * tenants, are never shared: a tenant cannot time another's prompts. The
+ * chained hash starts from both too, but the exact parent-serial match is
+ * what guarantees it. */
 static void
 chain_root(const seq_t *sq, uint64_t *hash, uint64_t *serial)
 {
     const sp_lora_t *l = sq->job->lora;
-    *hash = l ? sp_lora_id(l) * 0x9E3779B97F4A7C15ull : 0;
-    *serial = l ? (1ull << 63) | sp_lora_id(l) : SP_BLOCKS_ROOT;
+    uint64_t lid = l ? sp_lora_id(l) : 0, scope = sq->job->prefix_scope;
+    *hash = lid * 0x9E3779B97F4A7C15ull ^ scope * 0xC2B2AE3D27D4EB4Full;
+    *serial = lid || scope ? (1ull << 63) | lid << 16 | (scope & 0xFFFF) : SP_BLOCKS_ROOT;
 }
 
 /* Release a sequence's blocks, last first: a chain's tail then becomes older
@@ -1926,6 +1934,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     pthread_mutex_init(&j->mu, NULL);
     j->n = r->n;
     j->lora = r->lora; /* before the sequences: their prefix chains start from it */
+    j->prefix_scope = r->prefix_scope;
     if (j->lora != NULL) {
         sp_lora_ref(j->lora);
     }
@@ -2004,4 +2013,19 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     pthread_mutex_unlock(&s->mu);
     *out = j;
     return SP_OK;
+}
+
+int
+sp_sched_retry_after_s(sp_sched_t *s, int32_t priority, int32_t n)
+{
+    /* Ahead of a new request: what waits in its tier and the tiers above it
+     * (admitted first), then its own sequences. */
+    int tier = sp_tier_from_int(priority);
+    int64_t ahead = n > 0 ? n : 1;
+    pthread_mutex_lock(&s->mu);
+    for (int t = tier; t < SP_TIER_COUNT; t++) {
+        ahead += s->queue.count[t];
+    }
+    pthread_mutex_unlock(&s->mu);
+    return sp_drain_retry_after_s(&s->drain, ahead, sp_time_ns());
 }

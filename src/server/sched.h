@@ -104,6 +104,10 @@ typedef struct sp_sched_request {
                                    sequence, or NULL; the job takes its own reference. Its
                                    sequences share prefix-cache blocks only with sequences of
                                    the same adapter. Not with embed. */
+    uint32_t prefix_scope;      /* prefix-cache scope (0..65535): sequences share prefix-cache
+                                   blocks only with sequences of the same scope (the front ends
+                                   pass the tenant's, or 0 for all with --prefix-cache-scope
+                                   global) */
     sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's) */
     sp_sched_event_fn on_event;
     void *ud;
@@ -211,6 +215,10 @@ int64_t sp_sched_outstanding(const sp_sched_t *s);
  * a bad request (a prompt longer than the context, n out of range). */
 sp_status_t sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out,
                             char *err, size_t err_len);
+/* The Retry-After (seconds, 1..60) of a submit of n sequences at priority
+ * refused with SP_ERR_BUSY: the sequences waiting ahead of it over the rate at
+ * which sequences have been ending lately (drain.h). Any thread. */
+int sp_sched_retry_after_s(sp_sched_t *s, int32_t priority, int32_t n);
 /* Loop thread (the job's). No callbacks for the job after this. */
 void sp_sched_cancel(sp_sched_job_t *job);
 

@@ -437,6 +437,7 @@ slot_for(sp_auth_t *a, const char *name)
             snprintf(st->name, sizeof st->name, "%s", name);
             pthread_mutex_init(&st->mu, NULL);
             st->bucket = -1; /* full at first use */
+            st->id = a->n_slots;
             i = a->n_slots;
             a->slots[a->n_slots++] = st;
         }
@@ -565,6 +566,39 @@ sp_auth_enabled(const sp_auth_t *a)
     return a->path[0] != '\0' || a->legacy_key_hash_set;
 }
 
+/* Tokens charged in the minute ending at second sec; mu held. */
+static int64_t
+tpm_used(const sp_tenant_state_t *st, int64_t sec)
+{
+    int64_t used = 0;
+    for (int i = 0; i < 60; i++) {
+        if (st->tpm_sec[i] > sec - 60) {
+            used += st->tpm_bin[i];
+        }
+    }
+    return used;
+}
+
+/* Seconds until `need` charged tokens have left the minute's window (the
+ * oldest seconds leave first); 60 when the window alone cannot free them
+ * (reservations of requests in flight hold the rest); mu held. */
+static int
+tpm_wait_s(const sp_tenant_state_t *st, int64_t sec, int64_t need)
+{
+    int64_t freed = 0;
+    for (int64_t s = sec - 59; s <= sec; s++) {
+        int i = (int)(s % 60);
+        if (st->tpm_sec[i] == s) {
+            freed += st->tpm_bin[i];
+        }
+        if (freed >= need) {
+            int64_t wait = s - (sec - 60); /* second s leaves the window at s + 60 */
+            return (int)(wait > 0 ? wait : 1);
+        }
+    }
+    return 60;
+}
+
 /* Token bucket and the tokens-per-minute window; mu held. */
 static bool
 limits_ok(sp_tenant_state_t *st, int64_t now, sp_auth_result_t *out)
@@ -590,27 +624,11 @@ limits_ok(sp_tenant_state_t *st, int64_t now, sp_auth_result_t *out)
         }
     }
     if (st->tpm > 0) {
-        int64_t sec = now / 1000000000LL, used = 0;
-        for (int i = 0; i < 60; i++) {
-            if (st->tpm_sec[i] > sec - 60) {
-                used += st->tpm_bin[i];
-            }
-        }
+        int64_t sec = now / 1000000000LL;
+        int64_t used = tpm_used(st, sec) + st->tpm_reserved;
         if (used >= st->tpm) {
-            /* wait until enough of the oldest seconds leave the window */
-            int64_t need = used - st->tpm + 1, freed = 0, wait = 60;
-            for (int64_t s = sec - 59; s <= sec; s++) {
-                int i = (int)(s % 60);
-                if (st->tpm_sec[i] == s) {
-                    freed += st->tpm_bin[i];
-                }
-                if (freed >= need) {
-                    wait = s - (sec - 60);
-                    break;
-                }
-            }
             out->status = 429;
-            out->retry_after_s = (int)(wait > 0 ? wait : 1);
+            out->retry_after_s = tpm_wait_s(st, sec, used - st->tpm + 1);
             snprintf(out->message, sizeof out->message,
                      "rate limit: tenant '%s' may use %lld tokens per minute", st->name,
                      (long long)st->tpm);
@@ -713,6 +731,147 @@ sp_auth_add_tokens(sp_tenant_state_t *st, int64_t tokens)
     }
     st->tpm_bin[i] += tokens;
     pthread_mutex_unlock(&st->mu);
+}
+
+bool
+sp_auth_reserve(sp_tenant_state_t *st, int64_t tokens, sp_tenant_charge_t *c, sp_auth_result_t *out)
+{
+    c->st = NULL;
+    c->reserved = 0;
+    out->status = 0;
+    out->message[0] = '\0';
+    out->retry_after_s = 0;
+    out->state = st;
+    if (st == NULL || tokens <= 0) {
+        return true;
+    }
+    int64_t now = sp_time_ns(), sec = now / 1000000000LL;
+    pthread_mutex_lock(&st->mu);
+    bool ok = true;
+    if (st->tpm > 0) {
+        int64_t held = tpm_used(st, sec) + st->tpm_reserved;
+        if (tokens > st->tpm) {
+            ok = false;
+            out->retry_after_s = 60;
+            snprintf(out->message, sizeof out->message,
+                     "rate limit: this request may use up to %lld tokens (its prompt plus max_tokens "
+                     "for each of its n sequences), more than tenant '%s' may use in a minute (%lld): "
+                     "lower max_tokens or n, or shorten the prompt",
+                     (long long)tokens, st->name, (long long)st->tpm);
+        } else if (held + tokens > st->tpm) {
+            ok = false;
+            out->retry_after_s = tpm_wait_s(st, sec, held + tokens - st->tpm);
+            snprintf(out->message, sizeof out->message,
+                     "rate limit: tenant '%s' may use %lld tokens per minute; %lld are used or "
+                     "reserved and this request may use up to %lld (its prompt plus max_tokens for "
+                     "each sequence)",
+                     st->name, (long long)st->tpm, (long long)held, (long long)tokens);
+        } else {
+            st->tpm_reserved += tokens;
+            c->st = st;
+            c->reserved = tokens;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!ok) {
+        out->status = 429;
+        atomic_fetch_add(&st->rejected[SP_LIMIT_TPM], 1);
+    }
+    return ok;
+}
+
+void
+sp_auth_settle(sp_tenant_charge_t *c, sp_tenant_state_t *st, int64_t used)
+{
+    if (c->st != NULL) {
+        pthread_mutex_lock(&c->st->mu);
+        c->st->tpm_reserved -= c->reserved;
+        if (c->st->tpm_reserved < 0) {
+            c->st->tpm_reserved = 0;
+        }
+        pthread_mutex_unlock(&c->st->mu);
+        if (st == NULL) {
+            st = c->st;
+        }
+    }
+    c->st = NULL;
+    c->reserved = 0;
+    sp_auth_add_tokens(st, used);
+}
+
+int64_t
+sp_auth_tpm(sp_tenant_state_t *st)
+{
+    if (st == NULL) {
+        return 0;
+    }
+    pthread_mutex_lock(&st->mu);
+    int64_t t = st->tpm;
+    pthread_mutex_unlock(&st->mu);
+    return t;
+}
+
+bool
+sp_auth_restricted(sp_tenant_state_t *st)
+{
+    if (st == NULL) {
+        return false;
+    }
+    pthread_mutex_lock(&st->mu);
+    bool r = st->n_models > 0;
+    pthread_mutex_unlock(&st->mu);
+    return r;
+}
+
+int32_t
+sp_auth_models(sp_tenant_state_t *st, char (*out)[129], int32_t cap)
+{
+    if (st == NULL) {
+        return 0;
+    }
+    pthread_mutex_lock(&st->mu);
+    int32_t n = st->n_models < cap ? st->n_models : cap;
+    memcpy(out, st->models, (size_t)n * sizeof st->models[0]);
+    pthread_mutex_unlock(&st->mu);
+    return n;
+}
+
+uint32_t
+sp_auth_prefix_scope(sp_tenant_state_t *st, const char *mode)
+{
+    if (st == NULL || (mode && strcmp(mode, "global") == 0)) {
+        return 0;
+    }
+    return (uint32_t)st->id + 1;
+}
+
+uint32_t
+sp_tier_cap_level(int32_t tier, uint32_t asked, uint32_t levels, uint32_t default_level)
+{
+    if (levels <= 1) {
+        return asked; /* one level: nothing to cap */
+    }
+    /* Levels count down: 1 is the highest; 0 or out of range means the default. */
+    if (default_level < 1 || default_level > levels) {
+        default_level = levels;
+    }
+    uint32_t lvl = asked == 0 || asked > levels ? default_level : asked;
+    if (tier < SP_SCHED_PRIO_STANDARD) {
+        return levels;
+    }
+    if (tier == SP_SCHED_PRIO_STANDARD && lvl < default_level) {
+        return default_level;
+    }
+    return lvl;
+}
+
+uint32_t
+sp_auth_tensor_priority(sp_tenant_state_t *st, uint32_t asked, uint32_t levels, uint32_t default_level)
+{
+    if (st == NULL) {
+        return asked;
+    }
+    return sp_tier_cap_level(sp_auth_tier(st), asked, levels, default_level);
 }
 
 bool

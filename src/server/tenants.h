@@ -104,6 +104,8 @@ typedef struct sp_tenant_state {
     /* tokens per minute: a ring of 60 one-second bins (mu) */
     int64_t tpm_sec[60];
     int64_t tpm_bin[60];
+    int64_t tpm_reserved;     /* held by requests in flight, settled at their end (mu) */
+    int32_t id;               /* its slot's index: stable for the process's life */
     atomic_int_fast64_t inflight;
     /* usage, for /metrics */
     atomic_uint_fast64_t requests, tokens;
@@ -136,7 +138,7 @@ typedef struct sp_auth {
  * (401, 403, 429), a message, and for 429 the seconds to wait. */
 typedef struct sp_auth_result {
     int status;
-    char message[256];
+    char message[512];
     int retry_after_s;
     sp_tenant_state_t *state; /* NULL without keys; counts this request in flight */
 } sp_auth_result_t;
@@ -156,6 +158,49 @@ void sp_auth_check(sp_auth_t *a, sp_str_t key, uint32_t scope, sp_auth_result_t 
 void sp_auth_done(sp_tenant_state_t *st);
 /* Tokens a request used (prompt + completion), for tokens_per_minute. */
 void sp_auth_add_tokens(sp_tenant_state_t *st, int64_t tokens);
+
+/*
+ * Tokens per minute, reserved before the work and settled after it. At
+ * admission a generation reserves what it may use at most (its prompts plus
+ * max_tokens for each sequence); the reservation counts against the minute
+ * like used tokens, so requests running at once cannot together pass the
+ * limit. At its end, whichever way it ends (done, error, timeout, client
+ * gone), the request settles: the reservation is released and what it really
+ * used is charged. A tenant thus overshoots its minute by at most what one
+ * request used beyond its reservation, which is nothing for generations.
+ */
+typedef struct sp_tenant_charge {
+    sp_tenant_state_t *st; /* NULL: nothing reserved */
+    int64_t reserved;
+} sp_tenant_charge_t;
+
+/* Reserve tokens for st's request into c: true, or false with out set to a
+ * 429 (the message says whether waiting can help; retry_after_s when the
+ * minute's window frees room). A NULL st or a tenant without a tokens limit
+ * always succeeds (c stays empty). */
+bool sp_auth_reserve(sp_tenant_state_t *st, int64_t tokens, sp_tenant_charge_t *c,
+                     sp_auth_result_t *out);
+/* Release c's reservation (if any) and charge used tokens to st (the
+ * request's tenant; may be NULL). Once per request: c is emptied. */
+void sp_auth_settle(sp_tenant_charge_t *c, sp_tenant_state_t *st, int64_t used);
+/* The tenant's tokens per minute (0: unlimited or no tenant). */
+int64_t sp_auth_tpm(sp_tenant_state_t *st);
+/* Whether the tenant has a model list (false: every model, or no tenant). */
+bool sp_auth_restricted(sp_tenant_state_t *st);
+/* Copy the tenant's allowed model names into out (at most cap); returns how many. */
+int32_t sp_auth_models(sp_tenant_state_t *st, char (*out)[129], int32_t cap);
+/* The prefix-cache scope of st's requests under --prefix-cache-scope mode:
+ * 0 (one scope shared by all) for "global" or no tenant, else 1 + the
+ * tenant's slot index (slots are never reused while the process runs). */
+uint32_t sp_auth_prefix_scope(sp_tenant_state_t *st, const char *mode);
+/* A tensor model's batcher priority (1 = highest .. levels; 0 = the default
+ * level) for a request that asked for `asked`, capped by the tenant's tier:
+ * premium may ask any level, standard none above the default level, batch
+ * gets the lowest level. No tenant: asked, unchanged. */
+uint32_t sp_auth_tensor_priority(sp_tenant_state_t *st, uint32_t asked, uint32_t levels,
+                                 uint32_t default_level);
+/* The same rule without a tenant state (tier: SP_SCHED_PRIO_*), for tests. */
+uint32_t sp_tier_cap_level(int32_t tier, uint32_t asked, uint32_t levels, uint32_t default_level);
 /* May this tenant use model name? (no list: every model; NULL state: yes) */
 bool sp_auth_model_allowed(sp_tenant_state_t *st, const char *name, size_t len);
 /* The tenant's tier (SP_SCHED_PRIO_*); standard for NULL. */

@@ -193,6 +193,8 @@ sp_tensor_model_build(sp_server_t *s, sp_served_model_t *m, const sp_repo_config
         }
     }
     sp_batcher_params_t bp = batcher_params(cfg);
+    m->prio_levels = bp.priority_levels;
+    m->prio_default = bp.default_priority_level;
     st = sp_batcher_create(&bp, m->be, m->be_inst, m->n_inst, &m->be_info, host, &m->batcher, err,
                            err_len);
     if (st != SP_OK) {
@@ -367,6 +369,16 @@ respond(tq_t *q)
     sp_jbuf_free(&bin);
 }
 
+/* The Retry-After of a 429 (a full queue, a queue timeout): the requests
+ * waiting over the rate at which the batcher has been completing them. */
+static int
+retry_after_s(sp_served_model_t *m)
+{
+    sp_batcher_stats_t bs;
+    sp_batcher_get_stats(m->batcher, &bs);
+    return sp_drain_retry_after_s(&m->drain, bs.queued + 1, sp_time_ns());
+}
+
 /* On the request's loop: answer (unless the client left) and free. */
 static void
 deliver(void *arg)
@@ -384,7 +396,9 @@ deliver(void *arg)
             sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, why);
             int code = q->reason == SP_BATCH_REASON_TIMEOUT ? 429 : q->reason == SP_BATCH_REASON_STOPPED ? 503 : 500;
             if (code != 500) {
-                sp_http_add_header(r, "Retry-After", "1");
+                char ra[16];
+                snprintf(ra, sizeof ra, "%d", code == 429 ? retry_after_s(q->m) : 1);
+                sp_http_add_header(r, "Retry-After", ra);
             }
             sp_kserve_error(r, code, "%s", q->message);
         }
@@ -397,6 +411,9 @@ static void
 on_done(void *ud, const sp_batch_result_t *res)
 {
     tq_t *q = ud;
+    if (res->status == SP_OK) {
+        sp_drain_note(&q->m->drain, 1, sp_time_ns());
+    }
     q->status = res->status;
     q->reason = res->reason;
     snprintf(q->message, sizeof q->message, "%s", res->message ? res->message : "");
@@ -585,6 +602,9 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
                 it.timeout_us = (uint64_t)v;
             }
         }
+        /* The tenant's tier caps the level: a batch-tier key cannot buy the top queue. */
+        it.priority = sp_auth_tensor_priority(sp_http_req_user(r), it.priority, m->prio_levels,
+                                              m->prio_default);
         it.done = on_done;
         it.ud = q;
         sp_trace_http_submit(r); /* the queue span starts here */
@@ -597,7 +617,9 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
         sp_req_end(r, m, &q->clk, false, SP_FINISH_STOP,
                    st == SP_ERR_BUSY ? SP_FAIL_QUEUE_FULL : SP_FAIL_INVALID);
         if (st == SP_ERR_BUSY || st == SP_ERR_CANCELLED) {
-            sp_http_add_header(r, "Retry-After", "1");
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", st == SP_ERR_BUSY ? retry_after_s(m) : 1);
+            sp_http_add_header(r, "Retry-After", ra);
         }
         sp_kserve_error(r, st == SP_ERR_BUSY ? 429 : st == SP_ERR_CANCELLED ? 503 : st == SP_ERR_NOMEM ? 503 : 400,
                         "%s", err);
