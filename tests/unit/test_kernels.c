@@ -21,6 +21,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "kernels/cpu/cpu_impl.h"
@@ -787,4 +789,30 @@ TEST(kernels_env_level)
     ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX2), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_SCALAR), SP_CPU_SCALAR);
     ASSERT_EQ(sp__cpu_level_from_env("neon", SP_CPU_AVX2), SP_CPU_AVX2);
+}
+
+/* The kernel levels this CPU has, on one line that tests/run.sh and
+ * tests/py/test_cuda.py read to rerun the engine's tests at each level below
+ * the best ("cpu levels: scalar avx2"); and, when SAMPAN_CPU names a level,
+ * that the engine's table is that level capped at the best (so a rerun at a
+ * level really runs there). */
+TEST(kernels_cpu_levels)
+{
+    char line[64] = "";
+    sp_cpu_level_t best = SP_CPU_SCALAR;
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
+            best = (sp_cpu_level_t)l;
+            strcat(line, " ");
+            strcat(line, names[l]);
+        }
+    }
+    fprintf(stderr, "  cpu levels:%s\n", line);
+    const char *env = getenv("SAMPAN_CPU");
+    const sp_cpu_level_t want = sp__cpu_level_from_env(env, best);
+    ASSERT_EQ(sp_cpu_kernels()->level, want);
+    if (env != NULL && env[0] != '\0') {
+        fprintf(stderr, "  SAMPAN_CPU=%s: the engine runs at %s\n", env, sp_cpu_kernels()->name);
+    }
 }
