@@ -114,7 +114,7 @@ q8_0_from_float(const float *src, void *dst, int64_t n)
  * stored as half, q = x * (127 / amax) in float, rounded half to even (rintf
  * in the default rounding mode). The quotient uses the unrounded scale, so
  * an element dequantizes to within half a step plus 127 times the scale's
- * half rounding (2^-12 relative) of its input. A block whose scale rounds to
+ * half rounding (2^-11 relative) of its input. A block whose scale rounds to
  * zero (amax below about 3.8e-6, or all zero) gets q = 0: it contributes
  * exactly 0 to a product either way, and a tiny amax must not make 127 / amax
  * overflow. Every SIMD level reproduces these bytes exactly.
