@@ -2,7 +2,9 @@
 # Runs every suite and ends with one summary line:
 #   total: N passed, N failed, N skipped
 #
-#   1. C unit tests, release build            (build/test_unit)
+#   1. C unit tests, release build            (build/test_unit); then the engine-level ones
+#      (kernels, K-quants, attention, forward, batch) again at each CPU kernel level below the
+#      best (SAMPAN_CPU=scalar, avx2, ...), a level this CPU lacks as one skipped line
 #   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input
 #      suite (tests/py/test_bad_inputs.py) against build-san/sampan
 #   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
@@ -29,6 +31,28 @@ echo "== build (release)"
 make -j"$JOBS" unit >"$log/build.txt" 2>&1 || { cat "$log/build.txt"; echo "total: 0 passed, 1 failed"; exit 1; }
 echo "== unit tests (release)"
 ./build/test_unit 2>&1 | tee "$log/unit.txt"; tally "$log/unit.txt" unit
+
+# The engine-level tests at the lower kernel levels too, so a machine with AVX-512 also runs
+# the AVX2 and scalar paths through the whole engine (about 10 s of CPU time a level). The
+# levels come from the dispatcher itself (cpuid and XGETBV), through kernels_cpu_levels.
+ENGINE_TESTS=(test_kernels.c test_kquants.c test_attn.c test_forward.c test_batch.c)
+levels=$(./build/test_unit kernels_cpu_levels 2>&1 | sed -n 's/^ *cpu levels: *//p' | tail -n 1)
+if [ -z "$levels" ]; then
+    broken=$((broken + 1)); echo "run: kernels_cpu_levels printed no levels"
+fi
+best=${levels##* }
+for lvl in scalar avx2 avx512; do
+    [ -n "$levels" ] && [ "$lvl" != "$best" ] || continue
+    echo "== unit tests, engine level, SAMPAN_CPU=$lvl"
+    if grep -qw "$lvl" <<<"$levels"; then
+        SAMPAN_CPU=$lvl ./build/test_unit "${ENGINE_TESTS[@]}" 2>&1 |
+            sed "s/^/[$lvl] /" | tee "$log/unit-$lvl.txt"
+    else
+        echo "[$lvl] unit: 0 passed, 0 failed, 1 skipped (this CPU has no $lvl)" |
+            tee "$log/unit-$lvl.txt"
+    fi
+    tally "$log/unit-$lvl.txt" "unit-$lvl"
+done
 
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "== build (ASan+UBSan)"

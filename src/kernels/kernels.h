@@ -313,7 +313,10 @@ void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const vo
 /* ---- reference quantizers (also used by `sampan quantize`) --------------- */
 
 /* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q4_K, Q6_K);
- * returns false when the type has no quantizer. */
+ * returns false when the type has no quantizer. Q8_0 here is the weight rule
+ * (q = round(x / d) with the stored half d); the activations of Q8_0 / Q4_0
+ * products go through from_float[SP_TYPE_Q8_0] instead (llama.cpp's rule,
+ * cpu/ref.c), which can differ by one in a quant. */
 bool sp_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
 /* Dequantize with the reference code; false when unsupported. */
 bool sp_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);

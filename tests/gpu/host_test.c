@@ -11,6 +11,10 @@
  * against the CPU, sequences joining, forking and leaving (buckets with pad
  * rows), a second KV pool, a failed capture, a fault inside a replay; and
  * Q8_0/Q4_0 weights kept quantised (SAMPAN_CUDA_WEIGHTS native and both).
+ * Against the CPU, greedy runs are compared step by step with the GPU fed
+ * the CPU's tokens (teacher forcing): logits within a tolerance derived from
+ * the two engines' roundings (logit_tol), and a parted argmax accepted only
+ * at a near tie, never a demand that the tokens stay equal.
  *
  *     build/test_cuda_host [build/libfake_cuda.so]
  *
@@ -255,6 +259,57 @@ argmax(const float *x, int64_t n)
     return best;
 }
 
+static double
+max_abs(const float *x, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        m = fmax(m, fabs((double)x[i]));
+    }
+    return m;
+}
+
+/*
+ * Tolerances of the GPU's logits against the CPU engine's, in rel_diff's
+ * measure (max |a - b| / max |a|), derived as tests/py/test_reference.py
+ * derives its own: one rounding of a product's operands adds relative rms
+ * noise eps; a token's path crosses about 4L + 1 rounded products (q/k/v,
+ * attention output, gate/up, down in each of L layers, and the output
+ * matrix), whose independent noises add to eps sqrt(4L + 1); 3x that covers
+ * the max over the vocabulary.
+ *   F16: the GPU rounds weights and activations to half where the CPU keeps
+ *   float (F32 model) or its own rounding (quantised weights): relative
+ *   error <= 2^-11, uniform, rms 2^-11 / sqrt(3), two operands:
+ *   eps = 2^-11 sqrt(2/3) (tolerance 5.5e-3 for stories260K's 5 layers).
+ *   Q8_0 activations: the CPU multiplies Q8_0 / Q4_0 weights with
+ *   activations rounded to Q8_0 (error <= d / 2 = amax / 254, uniform: rms
+ *   amax / (127 sqrt(12))), the GPU with half ones; a block's amax is about
+ *   2.5 times its rms: eps = 2.5 / (127 sqrt(12)), with the F16 term added
+ *   in quadrature (tolerance 7.8e-2 for 5 layers).
+ * A weight decoded wrongly (nibble, scale, sign) moves logits by the order of
+ * their range, far above either.
+ */
+#define EPS_F16 (0x1p-11 * 0.81649658092772603) /* 2^-11 sqrt(2/3) */
+#define EPS_Q8 (2.5 / (127.0 * 3.4641016151377544)) /* 2.5 / (127 sqrt(12)) */
+
+static double
+logit_tol(const sp_model_t *m, bool q8_activations)
+{
+    const double eps = q8_activations ? sqrt(EPS_Q8 * EPS_Q8 + EPS_F16 * EPS_F16) : EPS_F16;
+    return 3.0 * eps * sqrt(4.0 * (double)sp_model_hparams(m)->n_layer + 1.0);
+}
+
+/* out's argmax is ref's, or the two are a near tie in ref: when every logit
+ * may move by tol of the range (rel_diff < tol), two whose gap in ref is
+ * within 2 tol of the range can swap, and greedy paths part there. */
+static bool
+same_or_near_tie(const float *ref, const float *out, int64_t n, double tol, double *gap)
+{
+    const int32_t a = argmax(ref, n), b = argmax(out, n);
+    *gap = (double)ref[a] - ref[b];
+    return a == b || *gap <= 2.0 * tol * max_abs(ref, n);
+}
+
 static sp_model_t *
 load(int64_t n_gpu, char *err, size_t err_len)
 {
@@ -300,6 +355,85 @@ run(sp_model_t *m, bool kv_f16, int n_gen, float *logits, int32_t *gen)
     return st;
 }
 
+/* As run(), keeping the logits of every step (row 0 after the prompt, row
+ * i + 1 after generated token i; n_gen + 1 rows of V) and, when force is not
+ * NULL, feeding force[i] as token i whatever the argmax (teacher forcing on a
+ * reference's tokens: gen[i] still gets this model's own argmax). */
+static sp_status_t
+run_steps(sp_model_t *m, bool kv_f16, int n_gen, const int32_t *force, float *steps,
+          int32_t *gen)
+{
+    sp_ctx_params_t p = sp_ctx_default_params();
+    p.n_ctx = 128;
+    p.n_batch = 8;
+    p.n_threads = 1;
+    p.kv_type = kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
+    sp_ctx_t *c;
+    char err[256];
+    sp_status_t st = sp_ctx_create(m, &p, &c, err, sizeof err);
+    if (st != SP_OK) {
+        printf("  ctx: %s\n", err);
+        return st;
+    }
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    st = sp_ctx_eval(c, prompt, N_PROMPT, 0);
+    int64_t pos = N_PROMPT;
+    for (int i = 0; st == SP_OK && i < n_gen; i++) {
+        memcpy(steps + (size_t)i * V, sp_ctx_logits(c), (size_t)V * sizeof(float));
+        gen[i] = argmax(sp_ctx_logits(c), V);
+        const int32_t tok = force != NULL ? force[i] : gen[i];
+        st = sp_ctx_eval(c, &tok, 1, pos++);
+    }
+    if (st == SP_OK) {
+        memcpy(steps + (size_t)n_gen * V, sp_ctx_logits(c), (size_t)V * sizeof(float));
+    }
+    sp_ctx_destroy(c);
+    return st;
+}
+
+/*
+ * A GPU run teacher-forced on the CPU's greedy tokens (steps from run_steps
+ * with force = the CPU's tokens) against the CPU's free run (ref): at every
+ * step the logits within tol (logit_tol), and where the argmax parts, a near
+ * tie (same_or_near_tie). Never a demand that tokens stay equal: the two
+ * engines round differently, and on another CPU (or kernel level) a near tie
+ * may fall either way; forcing keeps comparing the same contexts after a
+ * parting instead of skipping the rest.
+ */
+/* One row of check_steps: ref's logits a (whose argmax was fed), the other
+ * engine's b; returns whether the argmax parted there. */
+static bool
+check_row(const float *a, const float *b, int64_t V, double tol, const char *what,
+          double *worst)
+{
+    const double d = rel_diff(a, b, V);
+    *worst = fmax(*worst, d);
+    CHECK(d < tol, "%s: logits differ by %.3e of their range (tolerance %.3e)", what, d, tol);
+    double gap;
+    const bool tie = same_or_near_tie(a, b, V, tol, &gap);
+    if (argmax(a, V) == argmax(b, V)) {
+        return false;
+    }
+    printf("  %s: argmax %d, the CPU's %d: a gap of %.3g in the CPU's logits (a near tie is "
+           "<= %.3g)\n", what, argmax(b, V), argmax(a, V), gap, 2.0 * tol * max_abs(a, V));
+    CHECK(tie, "%s: the argmax parted with no near tie", what);
+    return true;
+}
+
+static void
+check_steps(const float *ref, const float *steps, int n_gen, int64_t V, double tol)
+{
+    int parted = 0;
+    double worst = 0;
+    for (int i = 0; i <= n_gen; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "step %d", i);
+        parted += check_row(ref + (size_t)i * V, steps + (size_t)i * V, V, tol, what, &worst);
+    }
+    printf("  forced on the CPU's tokens: argmax equal at %d/%d steps, logits rel diff <= "
+           "%.2e (tolerance %.2e)\n", n_gen + 1 - parted, n_gen + 1, worst, tol);
+}
+
 static void
 test_forward(void)
 {
@@ -310,13 +444,14 @@ test_forward(void)
         return;
     }
     const int64_t V = sp_model_hparams(cpu)->n_vocab, L = sp_model_hparams(cpu)->n_layer;
-    float ref[512], out[512];
+    const double tol = logit_tol(cpu, false); /* F32 weights: the GPU's F16 */
+    float *ref = malloc(sizeof(float) * (size_t)(33 * V));
+    float *out = malloc(sizeof(float) * (size_t)(33 * V));
     int32_t gref[32], gout[32];
     for (int f16 = 0; f16 <= 1; f16++) {
-        if (run(cpu, f16, 32, ref, gref) != SP_OK) {
+        if (ref == NULL || out == NULL || run_steps(cpu, f16, 32, NULL, ref, gref) != SP_OK) {
             skip("forward", "cpu run failed");
-            sp_model_free(cpu);
-            return;
+            break;
         }
         const int64_t splits[] = {-1, 2, 1};
         for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
@@ -330,20 +465,10 @@ test_forward(void)
             if (g != NULL) {
                 CHECK(sp_gpu_model_layers(g) == (splits[k] < 0 ? L : splits[k]), "layers %lld",
                       (long long)sp_gpu_model_layers(g));
-                sp_status_t st = run(g, f16, 32, out, gout);
+                sp_status_t st = run_steps(g, f16, 32, gref, out, gout);
                 CHECK(st == SP_OK, "status %d", st);
                 if (st == SP_OK) {
-                    int same = 0;
-                    while (same < 32 && gout[same] == gref[same]) {
-                        same++;
-                    }
-                    /* F16 weights and activations: the logits of the last
-                     * step agree to about 1e-2 of their range while the
-                     * tokens agree; greedy paths may part after a near tie. */
-                    const double d = same == 32 ? rel_diff(ref, out, V) : 0;
-                    printf("  greedy tokens equal: %d/32, final logits rel diff %.2e\n", same, d);
-                    CHECK(same >= 24, "greedy diverged at token %d", same);
-                    CHECK(d < 3e-2, "logits differ by %.3e of their range", d);
+                    check_steps(ref, out, 32, V, tol);
                 }
                 CHECK(sp_gpu_model_device_bytes(g) > 0, "no device bytes");
                 sp_model_free(g);
@@ -351,6 +476,8 @@ test_forward(void)
             end();
         }
     }
+    free(ref);
+    free(out);
     sp_model_free(cpu);
 }
 
@@ -418,15 +545,19 @@ test_batch(void)
     CHECK(cpu && g && p, "load: %s", err);
     if (cpu && g && p) {
         static float a[3 * 512], b[3 * 512], c[3 * 512];
+        const double tol = logit_tol(cpu, false);
         CHECK(batch_run(cpu, a) == SP_OK, "cpu");
         CHECK(batch_run(g, b) == SP_OK, "gpu");
         CHECK(batch_run(p, c) == SP_OK, "partial");
         for (int i = 0; i < 3; i++) {
             const double d1 = rel_diff(a + i * 512, b + i * 512, 512);
             const double d2 = rel_diff(a + i * 512, c + i * 512, 512);
-            printf("  seq %d: full %.2e partial %.2e\n", i, d1, d2);
-            CHECK(d1 < 3e-2 && d2 < 3e-2, "seq %d differs", i);
-            CHECK(argmax(a + i * 512, 512) == argmax(b + i * 512, 512), "seq %d argmax", i);
+            double gap1, gap2;
+            printf("  seq %d: full %.2e partial %.2e (tolerance %.2e)\n", i, d1, d2, tol);
+            CHECK(d1 < tol && d2 < tol, "seq %d differs", i);
+            CHECK(same_or_near_tie(a + i * 512, b + i * 512, 512, tol, &gap1) &&
+                      same_or_near_tie(a + i * 512, c + i * 512, 512, tol, &gap2),
+                  "seq %d argmax parts with no near tie", i);
         }
     }
     sp_model_free(cpu);
@@ -496,9 +627,11 @@ set_graphs(bool on)
 
 #define N_GEN 40
 
-/* Single-sequence decode, graphs on and off, against the CPU engine: the
- * tokens are the CPU's, and the replayed graph gives the eager run's logits
- * bit for bit (the emulation's ops are deterministic per row). */
+/* Single-sequence decode, graphs on and off, against the CPU engine: both
+ * runs forced on the CPU's greedy tokens, each step's logits within the F16
+ * tolerance of the CPU's (check_steps), and the replayed graph gives the
+ * eager run's logits and argmax bit for bit at every step (the emulation's
+ * ops are deterministic per row). */
 static void
 test_graph_single(void)
 {
@@ -509,9 +642,11 @@ test_graph_single(void)
         return;
     }
     const int64_t V = sp_model_hparams(cpu)->n_vocab;
-    float ref[512], eager[512], graph[512];
+    const size_t bytes = sizeof(float) * (size_t)((N_GEN + 1) * V);
+    float *ref = malloc(bytes), *eager = malloc(bytes), *graph = malloc(bytes);
     int32_t gref[N_GEN], geager[N_GEN], ggraph[N_GEN];
-    const bool have_ref = run(cpu, false, N_GEN, ref, gref) == SP_OK;
+    const bool have_ref = ref && eager && graph &&
+                          run_steps(cpu, false, N_GEN, NULL, ref, gref) == SP_OK;
     const int64_t splits[] = {-1, 2};
     for (size_t k = 0; k < 2; k++) {
         begin(k == 0 ? "graph_decode_batch1_full" : "graph_decode_batch1_partial2");
@@ -520,27 +655,26 @@ test_graph_single(void)
         if (g != NULL && have_ref) {
             set_graphs(false);
             long l0 = fstats().launches;
-            CHECK(run(g, false, N_GEN, eager, geager) == SP_OK, "eager run");
+            CHECK(run_steps(g, false, N_GEN, gref, eager, geager) == SP_OK, "eager run");
             CHECK(fstats().launches == l0, "graphs launched with SAMPAN_CUDA_GRAPHS=0");
             set_graphs(true);
             l0 = fstats().launches;
-            CHECK(run(g, false, N_GEN, graph, ggraph) == SP_OK, "graph run");
+            CHECK(run_steps(g, false, N_GEN, gref, graph, ggraph) == SP_OK, "graph run");
             const long n = fstats().launches - l0;
             /* 40 decode steps: the first warms the bucket up, the second captures. */
             CHECK(n == N_GEN - 1, "%ld graph launches for %d decode steps", n, N_GEN);
-            int same = 0;
-            while (same < N_GEN && ggraph[same] == gref[same] && geager[same] == gref[same]) {
-                same++;
-            }
-            printf("  %ld launches; tokens equal to the CPU's: %d/%d; graph vs eager logits %s\n",
-                   n, same, N_GEN, memcmp(eager, graph, (size_t)V * 4) ? "differ" : "identical");
-            CHECK(same == N_GEN, "greedy parted at token %d", same);
-            CHECK(memcmp(eager, graph, (size_t)V * 4) == 0, "replayed logits differ from eager");
+            printf("  %ld launches; graph vs eager logits %s\n", n,
+                   memcmp(eager, graph, bytes) ? "differ" : "identical");
+            check_steps(ref, eager, N_GEN, V, logit_tol(cpu, false));
+            CHECK(memcmp(eager, graph, bytes) == 0, "replayed logits differ from eager");
             CHECK(memcmp(geager, ggraph, sizeof ggraph) == 0, "graph tokens differ from eager");
         }
         sp_model_free(g);
         end();
     }
+    free(ref);
+    free(eager);
+    free(graph);
     sp_model_free(cpu);
 }
 
@@ -561,8 +695,13 @@ typedef struct mseq {
     bool live;
 } mseq_t;
 
+/* toks gets each sequence's argmax at every step (-1 where it is not live);
+ * the token fed is that argmax, or force's (teacher forcing on a reference
+ * run's tokens) when force is not NULL. steps (MS_SEQS x (MS_STEPS + 1) rows
+ * of V, row i * (MS_STEPS + 1) + step) gets the logits behind each token. */
 static sp_status_t
-multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long *launches)
+multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1],
+          int32_t (*force)[MS_STEPS + 1], float *steps, long *launches)
 {
     const int64_t V = sp_model_hparams(m)->n_vocab;
     sp_kv_pool_t *kv = NULL;
@@ -588,7 +727,10 @@ multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long 
         for (int i = 0; st == SP_OK && i < 3; i++) {
             q[i].live = true;
             q[i].pos = n[i];
-            q[i].tok = toks[i][0] = argmax(sp_batch_logits(b, i), V);
+            toks[i][0] = argmax(sp_batch_logits(b, i), V);
+            q[i].tok = force != NULL ? force[i][0] : toks[i][0];
+            memcpy(steps + (size_t)i * (MS_STEPS + 1) * V, sp_batch_logits(b, i),
+                   (size_t)V * sizeof(float));
         }
     }
     for (int step = 1; st == SP_OK && step <= MS_STEPS; step++) {
@@ -627,10 +769,10 @@ multi_run(sp_model_t *m, int32_t toks[MS_SEQS][MS_STEPS + 1], float *last, long 
         for (int k = 0; st == SP_OK && k < n; k++) {
             mseq_t *e = &q[idx[k]];
             e->pos++;
-            e->tok = toks[idx[k]][step] = argmax(sp_batch_logits(b, k), V);
-            if (step == MS_STEPS) {
-                memcpy(last + idx[k] * V, sp_batch_logits(b, k), (size_t)V * sizeof(float));
-            }
+            toks[idx[k]][step] = argmax(sp_batch_logits(b, k), V);
+            e->tok = force != NULL ? force[idx[k]][step] : toks[idx[k]][step];
+            memcpy(steps + ((size_t)idx[k] * (MS_STEPS + 1) + (size_t)step) * V,
+                   sp_batch_logits(b, k), (size_t)V * sizeof(float));
         }
     }
     if (launches) {
@@ -654,14 +796,17 @@ test_graph_multi(void)
     if (cpu && g) {
         static int32_t tc[MS_SEQS][MS_STEPS + 1], te[MS_SEQS][MS_STEPS + 1],
             tg[MS_SEQS][MS_STEPS + 1];
-        static float lc[MS_SEQS * 512], le[MS_SEQS * 512], lg[MS_SEQS * 512];
+        static float lc[MS_SEQS * (MS_STEPS + 1) * 512], le[MS_SEQS * (MS_STEPS + 1) * 512],
+            lg[MS_SEQS * (MS_STEPS + 1) * 512];
         long ne = 0, ng = 0;
-        CHECK(multi_run(cpu, tc, lc, NULL) == SP_OK, "cpu");
+        CHECK(sp_model_hparams(cpu)->n_vocab == 512, "vocab");
+        CHECK(multi_run(cpu, tc, NULL, lc, NULL) == SP_OK, "cpu");
+        /* the GPU runs fed the CPU's tokens: a near tie cannot make them part */
         set_graphs(false);
-        CHECK(multi_run(g, te, le, &ne) == SP_OK, "gpu eager");
+        CHECK(multi_run(g, te, tc, le, &ne) == SP_OK, "gpu eager");
         set_graphs(true);
         const long c0 = fstats().captures;
-        CHECK(multi_run(g, tg, lg, &ng) == SP_OK, "gpu graphs");
+        CHECK(multi_run(g, tg, tc, lg, &ng) == SP_OK, "gpu graphs");
         const long nc = fstats().captures - c0;
         printf("  eager launches %ld; graphs: %ld captures, %ld launches\n", ne, nc, ng);
         CHECK(ne == 0, "launches with graphs off");
@@ -669,21 +814,24 @@ test_graph_multi(void)
         CHECK(nc == 2 && ng == MS_STEPS - 2, "captures %ld launches %ld", nc, ng);
         CHECK(memcmp(te, tg, sizeof te) == 0, "graph tokens differ from eager");
         CHECK(memcmp(le, lg, sizeof le) == 0, "graph logits differ from eager");
-        int bad = 0;
+        const double tol = logit_tol(cpu, false);
+        int rows = 0, parted = 0;
+        double worst = 0;
         for (int i = 0; i < MS_SEQS; i++) {
             for (int k = 0; k <= MS_STEPS; k++) {
-                bad += tc[i][k] != tg[i][k];
+                if (tc[i][k] < 0) {
+                    continue; /* not live at this step */
+                }
+                char what[48];
+                snprintf(what, sizeof what, "seq %d step %d", i, k);
+                const size_t r = ((size_t)i * (MS_STEPS + 1) + (size_t)k) * 512;
+                parted += check_row(lc + r, lg + r, 512, tol, what, &worst);
+                rows++;
             }
         }
-        CHECK(bad == 0, "%d tokens differ from the CPU's", bad);
-        for (int i = 0; i < MS_SEQS; i++) {
-            if (i == 1 || i == 2) {
-                continue; /* left before the last step */
-            }
-            const double d = rel_diff(lc + i * 512, lg + i * 512, 512);
-            printf("  seq %d: final logits rel diff %.2e\n", i, d);
-            CHECK(d < 3e-2, "seq %d logits differ by %.3e", i, d);
-        }
+        printf("  forced on the CPU's tokens: argmax equal in %d/%d rows, logits rel diff <= "
+               "%.2e (tolerance %.2e)\n", rows - parted, rows, worst, tol);
+        CHECK(rows >= MS_STEPS, "only %d rows compared", rows);
     }
     sp_model_free(cpu);
     sp_model_free(g);
@@ -767,15 +915,16 @@ test_graph_capture_failure(void)
     sp_model_t *cpu = load(0, err, sizeof err), *g = load(-1, err, sizeof err);
     CHECK(cpu && g, "load: %s", err);
     if (cpu && g) {
-        float a[512], b[512];
+        static float a[(N_GEN + 1) * 512], b[(N_GEN + 1) * 512];
         int32_t ta[N_GEN], tb[N_GEN];
-        CHECK(run(cpu, false, N_GEN, a, ta) == SP_OK, "cpu");
+        CHECK(sp_model_hparams(cpu)->n_vocab == 512, "vocab");
+        CHECK(run_steps(cpu, false, N_GEN, NULL, a, ta) == SP_OK, "cpu");
         const long l0 = fstats().launches;
         fake_fail_capture(1);
-        CHECK(run(g, false, N_GEN, b, tb) == SP_OK, "gpu with a failing capture");
+        CHECK(run_steps(g, false, N_GEN, ta, b, tb) == SP_OK, "gpu with a failing capture");
         fake_fail_capture(0);
         CHECK(fstats().launches == l0, "graphs launched after a failed capture");
-        CHECK(memcmp(ta, tb, sizeof ta) == 0, "tokens differ from the CPU's");
+        check_steps(a, b, N_GEN, 512, logit_tol(cpu, false));
         CHECK(sp_gpu_device_healthy(0), "a failed capture made the device unhealthy");
     }
     sp_model_free(cpu);
@@ -879,9 +1028,12 @@ test_native(void)
             continue;
         }
         sp_model_t *cpu = load_file(path, 0, NULL, err, sizeof err);
-        float ref[512], out[512];
+        static float ref[(N_GEN + 1) * 512], out[(N_GEN + 1) * 512];
         int32_t gref[N_GEN], gout[N_GEN];
-        const bool have_ref = cpu != NULL && run(cpu, false, N_GEN, ref, gref) == SP_OK;
+        const bool have_ref = cpu != NULL && sp_model_hparams(cpu)->n_vocab == 512 &&
+                              run_steps(cpu, false, N_GEN, NULL, ref, gref) == SP_OK;
+        /* the CPU's products use Q8_0 activations, the GPU's half ones */
+        const double tol = have_ref ? logit_tol(cpu, true) : 0;
         uint64_t bytes_f16 = 0;
         const char *modes[] = {"f16", "native", "both"};
         for (int k = 0; k < 3; k++) {
@@ -894,23 +1046,19 @@ test_native(void)
                 CHECK(strcmp(sp_gpu_model_weights(g), modes[k]) == 0, "mode %s",
                       sp_gpu_model_weights(g));
                 const long g0 = fstats().gemv;
-                CHECK(run(g, false, N_GEN, out, gout) == SP_OK, "run");
+                const sp_status_t st = run_steps(g, false, N_GEN, gref, out, gout);
+                CHECK(st == SP_OK, "run");
                 const long ng = fstats().gemv - g0;
-                int same = 0;
-                while (same < N_GEN && gout[same] == gref[same]) {
-                    same++;
-                }
                 const uint64_t bytes = sp_gpu_model_device_bytes(g);
                 if (k == 0) {
                     bytes_f16 = bytes;
                 }
-                printf("  greedy equal %d/%d, logits rel diff %.2e, gemv_q calls %ld, device "
-                       "%.0f KiB (f16 %.0f), step bytes at 1 row %llu\n", same, N_GEN,
-                       same == N_GEN ? rel_diff(ref, out, 512) : 0.0, ng, bytes / 1024.0,
-                       bytes_f16 / 1024.0,
+                printf("  gemv_q calls %ld, device %.0f KiB (f16 %.0f), step bytes at 1 row "
+                       "%llu\n", ng, bytes / 1024.0, bytes_f16 / 1024.0,
                        (unsigned long long)sp_gpu_model_step_bytes(g, 1));
-                CHECK(same == N_GEN, "greedy parted at token %d", same);
-                CHECK(rel_diff(ref, out, 512) < 3e-2, "logits differ");
+                if (st == SP_OK) {
+                    check_steps(ref, out, N_GEN, 512, tol);
+                }
                 CHECK(k == 0 ? ng == 0 : ng > 0, "gemv_q used %ld times", ng);
                 if (k == 1) {
                     CHECK(bytes < bytes_f16, "native holds no fewer bytes than f16");
@@ -928,7 +1076,8 @@ test_native(void)
          * scratch and uses the GEMM. Against the f16 mode on the same file
          * (the same F16 products but for the output's gemv_q: the argmax
          * must agree) and the CPU (whose Q8_0 activations part from F16 ones
-         * by ~1e-2 of the range: near ties may differ, so only the logits). */
+         * by ~1e-2 of the range: near ties may differ, so only the logits). Both
+         * argmax checks accept a near tie (same_or_near_tie) at their tolerance. */
         snprintf(name, sizeof name, "weights_native_%s_many_rows", types[t]);
         begin(name);
         sp_model_t *g = load_file(path, -1, "native", err, sizeof err);
@@ -954,9 +1103,11 @@ test_native(void)
                        "native %d, f16 %d (cpu top-2 gap %.3g)\n", i,
                        rel_diff(x, b + i * 512, 512), rel_diff(h + i * 512, b + i * 512, 512),
                        top, argmax(b + i * 512, 512), argmax(h + i * 512, 512), x[top] - second);
-                CHECK(argmax(h + i * 512, 512) == argmax(b + i * 512, 512), "seq %d argmax", i);
+                double gap;
+                CHECK(same_or_near_tie(h + i * 512, b + i * 512, 512, 1e-3, &gap),
+                      "seq %d argmax parts from the f16 mode's with a gap of %.3g", i, gap);
                 CHECK(rel_diff(h + i * 512, b + i * 512, 512) < 1e-3, "seq %d vs f16", i);
-                CHECK(rel_diff(a + i * 512, b + i * 512, 512) < 3e-2, "seq %d logits", i);
+                CHECK(rel_diff(a + i * 512, b + i * 512, 512) < tol, "seq %d logits", i);
             }
         }
         sp_model_free(g16);
@@ -1547,6 +1698,16 @@ main(int argc, char **argv)
                  "libfake_cuda.so");
         fake_path = def;
     }
+    /* The CPU engine's kernel level (SAMPAN_CPU lowers it) and the levels this
+     * CPU has, by their SAMPAN_CPU names: test_cuda.py reruns at the others. */
+    static const char *const level_names[] = {"scalar", "avx2", "avx512"};
+    printf("cpu kernels: %s; levels:", level_names[sp_cpu_kernels()->level]);
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
+            printf(" %s", level_names[l]);
+        }
+    }
+    printf("\n");
     test_common();
     fake_handle = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
     char why[512];

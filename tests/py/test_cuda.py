@@ -3,7 +3,8 @@
 - With nvcc: `make cuda` compiles and links libsampan_cuda.so (sm_80, sm_89, sm_90), which loads
   and, without a GPU or driver, refuses with a clear reason.
 - The GPU path of sampan on the host emulation of the CUDA library (tests/gpu/fake_cuda.c):
-  the host tests (shared math, loader, forward pass vs the CPU, errors), the kernel test
+  the host tests (shared math, loader, forward pass vs the CPU, errors; rerun with the CPU
+  engine at each kernel level below the best, SAMPAN_CPU=scalar / avx2), the kernel test
   program, and `sampan serve` placing a repository model KIND_GPU on a fake NVML GPU (all layers,
   and gpu_layers 2), answering exactly as the CPU does.
 - sampan without a usable GPU: serves CPU models; a KIND_GPU model fails to load with the reason.
@@ -23,6 +24,7 @@
 """
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -62,6 +64,24 @@ rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=60)
 last = out.strip().splitlines()[-1] if out.strip() else ""
 s.case("host tests (shared math, loader, forward vs CPU, errors)",
        rc == 0 and " 0 failed" in last and " 0 skipped" in last, out[-3000:] + err[-1000:])
+# Again with the CPU engine (the reference of the forward comparisons) at each kernel level
+# below this CPU's best, so a machine with AVX-512 also checks them against the AVX2 and
+# scalar paths; a level this CPU lacks is a skipped line.
+m = re.search(r"^cpu kernels: (\S+); levels:(.*)$", out, re.M)
+levels = m.group(2).split() if m else []
+s.case("host tests report the CPU kernel levels", bool(levels), out[:500])
+for lvl in ("scalar", "avx2", "avx512"):
+    if not levels or lvl == levels[-1]:
+        continue
+    if lvl not in levels:
+        s.skip(f"host tests at SAMPAN_CPU={lvl}", f"this CPU has no {lvl}")
+        continue
+    rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=60,
+                       env={"SAMPAN_CPU": lvl})
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    s.case(f"host tests at SAMPAN_CPU={lvl} (the CPU engine's {lvl} kernels as reference)",
+           rc == 0 and f"cpu kernels: {lvl};" in out and " 0 failed" in last
+           and " 0 skipped" in last, out[-3000:] + err[-1000:])
 rc, out, err = run([os.path.join(bdir, "gpu_kernel_test"), fake], timeout=60)
 s.case("kernel test program on the host emulation", rc == 0 and "50 passed, 0 failed" in out,
        out[-3000:] + err[-1000:])

@@ -101,8 +101,9 @@ def dequantize(buf, ttype, n):
 # ---- activation quantization (emulated) -----------------------------------------
 #
 # Quantized weights are multiplied with activations that the engine first converts:
-# Q8_0 / Q4_0 weights with Q8_0 activations (blocks of 32, d = amax / 127 rounded to
-# half, q = round-half-away(x / d) with that rounded d), Q4_K / Q6_K with Q8_K
+# Q8_0 / Q4_0 weights with Q8_0 activations (llama.cpp's rule: blocks of 32, d = amax / 127
+# stored as half, q = round-half-even(x * (127 / amax)) with the unrounded scale, q = 0 where
+# the half is 0), Q4_K / Q6_K with Q8_K
 # activations (blocks of 256, float d = amax / 127, q = round-half-even(x * (127 / amax)),
 # clamped to +-127). The functions return the values the dot product effectively sees
 # (q * d), in float64; the input is first rounded to float32, as in the engine.
@@ -111,11 +112,9 @@ def fake_q8_0(x):
     shp = x.shape
     b = x.astype(np.float32).reshape(-1, 32)
     amax = np.abs(b).max(axis=1)
-    # the scale is rounded to half first; q = x / d_half, rounded half away from zero
     dh = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
-    v = np.divide(b, dh[:, None], out=np.zeros_like(b), where=dh[:, None] > 0)
-    t = np.trunc(v)  # round half away from zero without the float error of floor(v + 0.5)
-    q = np.clip(t + np.sign(v) * (np.abs(v - t) >= np.float32(0.5)), -127, 127)
+    iscale = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=dh > 0)
+    q = np.clip(np.rint(b * iscale[:, None]), -127, 127)  # float32 product, half to even
     return (q.astype(np.float64) * dh.astype(np.float64)[:, None]).reshape(shp)
 
 

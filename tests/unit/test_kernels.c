@@ -21,6 +21,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "kernels/cpu/cpu_impl.h"
@@ -336,36 +338,173 @@ TEST(kernels_quantize_round_trip)
     sp_free(q);
 }
 
-TEST(kernels_q8_0_from_float_matches_reference)
+/*
+ * The activations of Q8_0 / Q4_0 products are quantized by llama.cpp's rule
+ * (its x86 activation quantizer), written here from its definition and apart
+ * from ref.c: d = amax / 127 in float, stored as half; q = x * (127 / amax)
+ * in float, rounded half to even. Where the stored half is 0 the engine
+ * writes q = 0 (the block adds exactly 0 to a product either way), so the
+ * bytes are compared where d != 0.
+ */
+static int
+round_half_even(float v)
 {
-    const int64_t n = 32 * 67;
-    float *x = sp_malloc(sizeof(float) * n);
-    sp_block_q8_0 *want = sp_malloc(sizeof(sp_block_q8_0) * 67);
-    sp_block_q8_0 *got = sp_malloc(sizeof(sp_block_q8_0) * 67);
-    ASSERT(x && want && got);
+    double r = floor((double)v), f = (double)v - r; /* exact: |v| <= 2^23 here */
+    if (f > 0.5 || (f == 0.5 && fmod(r, 2.0) != 0.0)) {
+        r += 1.0;
+    }
+    return (int)r;
+}
+
+static void
+llama_q8_0(const float *x, sp_block_q8_0 *b, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (fabsf(x[i * 32 + j]) > amax) {
+                amax = fabsf(x[i * 32 + j]);
+            }
+        }
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        b[i].d = sp_fp32_to_fp16(d);
+        for (int j = 0; j < 32; j++) {
+            const float v = x[i * 32 + j] * id;
+            b[i].qs[j] = (int8_t)(isfinite(v) ? round_half_even(fmaxf(-127.0f, fminf(127.0f, v)))
+                                              : 0);
+        }
+    }
+}
+
+/* Activation rows that hit every branch: random blocks of many magnitudes,
+ * exact ties of x * 127 / amax (amax = 127, so x * id = x), a block whose
+ * scale rounds in half (amax = 100: x / half(d) and x * 127 / amax differ),
+ * a zero block, a block below half's range, and one NaN and one inf block. */
+#define ACT_BLOCKS 67
+static void
+act_rows(float *x)
+{
     rng_seed(11);
-    fill_random(x, n);
-    /* block 1: quotients that land exactly on .5 (round half away from zero) */
+    fill_random(x, 32 * ACT_BLOCKS);
     for (int j = 0; j < 32; j++) {
-        x[32 + j] = (float)(j - 16) + 0.5f;
+        x[32 + j] = (float)(j - 16) + 0.5f; /* .5 ties: to even */
+        x[64 + j] = 0.0f;
+        x[96 + j] = 1e-30f * (float)j;
+        x[128 + j] = 100.0f * ((float)j / 31.0f) - 50.0f;
     }
-    x[32] = 127.0f; /* d = 1 */
-    for (int j = 0; j < 32; j++) {
-        x[64 + j] = 0.0f; /* block 2: zero */
-    }
-    sp_quantize_row(SP_TYPE_Q8_0, x, want, n);
+    x[32] = 127.0f;
+    x[128] = 100.0f;
+    x[160 + 5] = NAN;
+    x[192 + 7] = INFINITY;
+}
+
+TEST(kernels_q8_0_activations_every_level_equal_reference)
+{
+    const int64_t n = 32 * ACT_BLOCKS;
+    float *x = sp_malloc(sizeof(float) * n);
+    sp_block_q8_0 *want = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    sp_block_q8_0 *got = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    ASSERT(x && want && got);
+    act_rows(x);
+    sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_0](x, want, n);
     level_entry lv[4];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
-        memset(got, 0x55, sizeof(sp_block_q8_0) * 67);
+        memset(got, 0x55, sizeof(sp_block_q8_0) * ACT_BLOCKS);
         lv[l].k->from_float[SP_TYPE_Q8_0](x, got, n);
-        if (memcmp(want, got, sizeof(sp_block_q8_0) * 67) != 0) {
-            SP_TEST_FAIL("%s: q8_0 from_float differs from the reference", lv[l].label);
+        for (int b = 0; b < ACT_BLOCKS; b++) {
+            if (memcmp(&want[b], &got[b], sizeof(sp_block_q8_0)) != 0) {
+                SP_TEST_FAIL("%s: q8_0 activation block %d differs from the scalar reference",
+                             lv[l].label, b);
+            }
         }
     }
     sp_free(x);
     sp_free(want);
     sp_free(got);
+}
+
+TEST(kernels_q8_0_activations_follow_llama_rule)
+{
+    const int64_t n = 32 * ACT_BLOCKS;
+    float *x = sp_malloc(sizeof(float) * n);
+    sp_block_q8_0 *want = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    sp_block_q8_0 *got = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    ASSERT(x && want && got);
+    act_rows(x);
+    llama_q8_0(x, want, n);
+    /* the ties land on even: 0.5 -> 0, 1.5 -> 2, -0.5 -> 0, -1.5 -> -2 */
+    ASSERT_EQ(want[1].qs[16], 0);
+    ASSERT_EQ(want[1].qs[17], 2);
+    ASSERT_EQ(want[1].qs[15], 0);
+    ASSERT_EQ(want[1].qs[14], -2);
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        lv[l].k->from_float[SP_TYPE_Q8_0](x, got, n);
+        for (int b = 0; b < ACT_BLOCKS; b++) {
+            if (b == 5 || b == 6) {
+                continue; /* NaN / inf: the engine's own clamp, not llama.cpp's */
+            }
+            if (want[b].d != got[b].d ||
+                (sp_fp16_to_fp32(want[b].d) != 0.0f &&
+                 memcmp(want[b].qs, got[b].qs, sizeof want[b].qs) != 0)) {
+                SP_TEST_FAIL("%s: q8_0 activation block %d is not llama.cpp's", lv[l].label, b);
+            }
+        }
+    }
+    sp_free(x);
+    sp_free(want);
+    sp_free(got);
+}
+
+/* Q8_0 and Q4_0 weights times an activation row, at every level, against the
+ * exact (double) product of the stored weights and the activation as
+ * llama.cpp quantizes it: the integer block dots are exact, so only the
+ * float sums differ, within tolerance() (the header's (2 nb + 8) u sum|w' x'|). */
+TEST(kernels_q_products_match_llama_activations)
+{
+    const int64_t n = 32 * ACT_BLOCKS;
+    float *x = sp_malloc(sizeof(float) * n), *xd = sp_malloc(sizeof(float) * n);
+    float *wf = sp_malloc(sizeof(float) * n), *wd = sp_malloc(sizeof(float) * n);
+    sp_block_q8_0 *xl = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    sp_block_q8_0 *xq = sp_malloc(sizeof(sp_block_q8_0) * ACT_BLOCKS);
+    uint8_t *w = sp_malloc(sp_row_size(SP_TYPE_Q8_0, n));
+    ASSERT(x && xd && wf && wd && xl && xq && w);
+    act_rows(x);
+    for (int j = 0; j < 64; j++) {
+        x[160 + j] = 0.25f * (float)(j % 7) - 0.75f; /* finite here: a product needs it */
+    }
+    llama_q8_0(x, xl, n);
+    ASSERT(sp_dequantize_row(SP_TYPE_Q8_0, xl, xd, n));
+    rng_seed(12);
+    fill_random(wf, n);
+    static const sp_type_t qt[] = {SP_TYPE_Q8_0, SP_TYPE_Q4_0};
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int t = 0; t < 2; t++) {
+        ASSERT(sp_quantize_row(qt[t], wf, w, n));
+        ASSERT(sp_dequantize_row(qt[t], w, wd, n));
+        const double want = exact_dot(wd, xd, n);
+        const double tol = tolerance(qt[t], n, abs_dot(wd, xd, n));
+        for (int l = 0; l < nl; l++) {
+            lv[l].k->from_float[SP_TYPE_Q8_0](x, xq, n);
+            float got;
+            lv[l].k->vec_dot[qt[t]](n, &got, w, xq);
+            if (!(fabs((double)got - want) <= tol)) {
+                SP_TEST_FAIL("%s %s: %.9g vs llama.cpp's activations %.9g (tol %.3g)",
+                             lv[l].label, sp_type_name(qt[t]), got, want, tol);
+            }
+        }
+    }
+    sp_free(x);
+    sp_free(xd);
+    sp_free(wf);
+    sp_free(wd);
+    sp_free(xl);
+    sp_free(xq);
+    sp_free(w);
 }
 
 /* ---- dot products ----------------------------------------------------------- */
@@ -650,4 +789,30 @@ TEST(kernels_env_level)
     ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX2), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_SCALAR), SP_CPU_SCALAR);
     ASSERT_EQ(sp__cpu_level_from_env("neon", SP_CPU_AVX2), SP_CPU_AVX2);
+}
+
+/* The kernel levels this CPU has, on one line that tests/run.sh and
+ * tests/py/test_cuda.py read to rerun the engine's tests at each level below
+ * the best ("cpu levels: scalar avx2"); and, when SAMPAN_CPU names a level,
+ * that the engine's table is that level capped at the best (so a rerun at a
+ * level really runs there). */
+TEST(kernels_cpu_levels)
+{
+    char line[64] = "";
+    sp_cpu_level_t best = SP_CPU_SCALAR;
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
+            best = (sp_cpu_level_t)l;
+            strcat(line, " ");
+            strcat(line, names[l]);
+        }
+    }
+    fprintf(stderr, "  cpu levels:%s\n", line);
+    const char *env = getenv("SAMPAN_CPU");
+    const sp_cpu_level_t want = sp__cpu_level_from_env(env, best);
+    ASSERT_EQ(sp_cpu_kernels()->level, want);
+    if (env != NULL && env[0] != '\0') {
+        fprintf(stderr, "  SAMPAN_CPU=%s: the engine runs at %s\n", env, sp_cpu_kernels()->name);
+    }
 }

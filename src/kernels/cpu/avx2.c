@@ -319,44 +319,41 @@ GEMM_AND_DOT(q4_0, Q_RM, Q_TM)
 
 /* ---- conversions ---------------------------------------------------------- */
 
-/* F32 -> Q8_0, bit-identical to the reference quantizer (ref.c): the scale is
- * rounded to half first and the quotient x / d rounds half away from zero
- * like roundf(), not to even like vcvtps2dq. */
+/* F32 -> Q8_0 activations, bit-identical to the reference's activation
+ * quantizer (ref.c, q8_0_act_from_float: llama.cpp's rule): d = amax / 127
+ * stored as half, q = x * (127 / amax) rounded half to even (vroundps to
+ * nearest), q = 0 where the half scale is 0. AVX-512 uses this one too. */
 static void
 q8_0_from_float(const float *src, void *dst, int64_t n)
 {
     sp_block_q8_0 *out = dst;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
     for (int64_t i = 0; i < n / SP_QK8_0; i++) {
         const float *x = src + i * SP_QK8_0;
         __m256 v[4];
         __m256 amax = _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
             v[j] = _mm256_loadu_ps(x + 8 * j);
-            amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), amax);
+            amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), amax); /* NaN lanes dropped */
         }
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        sp_fp16_t dh = sp_fp32_to_fp16(_mm_cvtss_f32(m) / 127.0f);
-        float d = sp_fp16_to_fp32(dh);
+        const float am = _mm_cvtss_f32(m);
+        const sp_fp16_t dh = sp_fp32_to_fp16(am / 127.0f);
         out[i].d = dh;
-        if (d == 0.0f) {
+        if (sp_fp16_to_fp32(dh) == 0.0f) {
             memset(out[i].qs, 0, sizeof(out[i].qs));
             continue;
         }
-        __m256 vd = _mm256_set1_ps(d);
+        const __m256 id = _mm256_set1_ps(127.0f / am);
         __m256i q[4];
         for (int j = 0; j < 4; j++) {
-            __m256 t = _mm256_div_ps(v[j], vd);
+            __m256 t = _mm256_mul_ps(v[j], id);
             t = _mm256_min_ps(_mm256_max_ps(t, lo), hi); /* NaN -> -127, as fmaxf() */
-            __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr)); /* exact */
-            __m256 up = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
-                                      _mm256_or_ps(one, _mm256_and_ps(sign, t)));
-            q[j] = _mm256_cvttps_epi32(_mm256_add_ps(tr, up));
+            t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[j] = _mm256_cvttps_epi32(t); /* already integral */
         }
         __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
         __m256i p23 = _mm256_packs_epi32(q[2], q[3]);

@@ -137,6 +137,9 @@ init_once(void)
         strcmp(env, "avx512") != 0) {
         SP_LOG_WARN("SAMPAN_CPU=%s is not scalar, avx2 or avx512; using %s", env,
                     tables[chosen].name);
+    } else if (env != NULL && sp__cpu_level_from_env(env, SP_CPU_AVX512) > best) {
+        /* a level above what this CPU (or its OS) runs: capped, and said so */
+        SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, tables[chosen].name);
     }
 }
 

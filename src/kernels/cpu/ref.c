@@ -6,9 +6,11 @@
  * accurate to about one float rounding whatever n is; quantized dots sum each
  * block's exact integer dot times d_w * d_x in float, block by block.
  *
- * The quantizers divide by the scale as it is stored (rounded to half), not
- * by the unrounded max/127: every element then dequantizes to within half a
- * step of its input, which the tests check.
+ * The weight quantizers (sp_quantize_row: `sampan quantize`, the Q8_0 KV
+ * cache's rule) divide by the scale as it is stored (rounded to half), not by
+ * the unrounded max/127: every element then dequantizes to within half a step
+ * of its input, which the tests check. The activations of Q8_0 / Q4_0
+ * products are quantized by llama.cpp's rule instead (q8_0_act_from_float).
  */
 #include "kernels/cpu/cpu_impl.h"
 
@@ -102,6 +104,41 @@ q8_0_from_float(const float *src, void *dst, int64_t n)
         for (int j = 0; j < SP_QK8_0; j++) {
             /* d == 0 (all zero, or amax below half's range): every q is 0 */
             b[i].qs[j] = (int8_t)(d != 0.0f ? round_clamp(x[j] / d, -127.0f, 127.0f) : 0);
+        }
+    }
+}
+
+/*
+ * The activation quantiser of Q8_0 / Q4_0 products (from_float[SP_TYPE_Q8_0]),
+ * llama.cpp's rule on x86 so the products agree with it: d = amax / 127
+ * stored as half, q = x * (127 / amax) in float, rounded half to even (rintf
+ * in the default rounding mode). The quotient uses the unrounded scale, so
+ * an element dequantizes to within half a step plus 127 times the scale's
+ * half rounding (2^-11 relative) of its input. A block whose scale rounds to
+ * zero (amax below about 3.8e-6, or all zero) gets q = 0: it contributes
+ * exactly 0 to a product either way, and a tiny amax must not make 127 / amax
+ * overflow. Every SIMD level reproduces these bytes exactly.
+ */
+static void
+q8_0_act_from_float(const float *src, void *dst, int64_t n)
+{
+    sp_block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / SP_QK8_0; i++) {
+        const float *x = src + i * SP_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < SP_QK8_0; j++) {
+            amax = fmaxf(amax, fabsf(x[j]));
+        }
+        b[i].d = sp_fp32_to_fp16(amax / 127.0f);
+        if (sp_fp16_to_fp32(b[i].d) == 0.0f) {
+            memset(b[i].qs, 0, sizeof(b[i].qs));
+            continue;
+        }
+        const float id = 127.0f / amax;
+        for (int j = 0; j < SP_QK8_0; j++) {
+            /* the clamp keeps NaN (-> -127) and inf away from the int conversion */
+            float v = fminf(fmaxf(x[j] * id, -127.0f), 127.0f);
+            b[i].qs[j] = (int8_t)rintf(v);
         }
     }
 }
@@ -237,7 +274,7 @@ sp__ref_register(sp_cpu_kernels_t *k)
     k->from_float[SP_TYPE_F32] = f32_from_float;
     k->from_float[SP_TYPE_F16] = f16_from_float;
     k->from_float[SP_TYPE_BF16] = bf16_from_float;
-    k->from_float[SP_TYPE_Q8_0] = q8_0_from_float;
+    k->from_float[SP_TYPE_Q8_0] = q8_0_act_from_float; /* activations, not weights */
     k->from_float[SP_TYPE_Q4_0] = q4_0_from_float;
 
     k->to_float[SP_TYPE_F32] = f32_to_float;
