@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/pool.h"
+#include "core/workq.h"
 #include "core/timer.h"
 #include "cuda/gpu.h"
 #include "sampan/log.h"
@@ -878,6 +880,16 @@ sp_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
+    {
+        /* Request preparation (openai.c) runs here, never on a loop: a few
+         * workers (they mostly wait), and a bounded queue (beyond it: 429). */
+        int n = sp_cpu_count();
+        n = n < 2 ? 2 : n > 8 ? 8 : n;
+        if (sp_workq_create(n, 256, &s->prep) != SP_OK) {
+            fprintf(stderr, "sampan serve: cannot start the request preparation workers\n");
+            goto done;
+        }
+    }
     if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
         sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
@@ -956,7 +968,11 @@ done:
      * drop their references), then the models. */
     sp_repository_stop(s);
     sp_registry_stop_all(&s->reg);
+    /* Preparations still queued finish and post to their loops, which still
+     * run; later requests are refused (503) until the loops stop. */
+    sp_workq_shutdown(s->prep);
     sp_http_server_destroy(s->http);
+    sp_workq_destroy(s->prep);
     sp_grpc_destroy(s->grpc); /* after the loops: they held its connections */
     sp_trace_shutdown(); /* after the loops: their last spans are queued; a bounded flush */
     sp_registry_fini(&s->reg);
