@@ -78,7 +78,8 @@ typedef struct oai_prep {
     size_t gbnf_len;
     const json_t *tools;
     const char *tool_only;
-    /* chat: the messages to render (contents inside store and tc) */
+    /* chat: the messages (inside body) to check, gather and render */
+    const json_t *messages;
     sp_chat_msg_t *msgs;
     size_t n_msgs;
     size_t *offs;
@@ -551,6 +552,8 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
     return true;
 }
 
+static bool gather_messages(oai_prep_t *pp);
+
 /* Worker: compile the grammar, render the chat template, tokenize. Reads only
  * the request's inputs in prep (and its model, which it holds), writes only
  * prep's outputs and q->grammar. */
@@ -589,7 +592,22 @@ prep_run(oai_req_t *q)
             return;
         }
     }
-    if (pp->msgs) {
+    if (q->grammar != NULL) {
+        /* The matcher's start state has limits of its own: check them here,
+         * where the answer can name the parameter, not at submission. */
+        sp_gmatch_t *gm = NULL;
+        st = sp_gmatch_create(q->grammar, &gm, err, sizeof err);
+        sp_gmatch_destroy(gm);
+        if (st != SP_OK) {
+            prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
+                              : pp->tool_only ? "tool_choice" : "tools", NULL, err);
+            return;
+        }
+    }
+    if (pp->messages) {
+        if (!gather_messages(pp)) {
+            return;
+        }
         sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = pp->bos,
                                  .eos_text = pp->eos, .tools_json = pp->tools_json};
         st = sp_chat_apply_ex(q->m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
@@ -1219,7 +1237,8 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
             sp_http_add_header(r, "Retry-After", "1");
             sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
         } else {
-            sp_server_error(r, sp_status_http(st), NULL, NULL, NULL, "%s", err);
+            sp_server_error(r, prep_http(st), NULL, NULL,
+                            st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL, "%s", err);
         }
         oai_free(q);
         return;
@@ -1266,13 +1285,131 @@ oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
     return q;
 }
 
-/* Parse the body as a JSON object; answers and returns NULL on failure. */
-static json_t *
-body_object(sp_server_t *s, sp_http_req_t *r)
+/*
+ * Bodies up to OAI_INLINE_BODY are parsed on the loop (well under a
+ * millisecond). A larger one is copied and parsed on a preparation worker;
+ * the handler then runs again on the loop with the parsed body, handed over
+ * through parsed_body (set only for the duration of that call).
+ */
+#define OAI_INLINE_BODY (64u * 1024u)
+
+static _Thread_local struct {
+    sp_http_req_t *r;
+    json_t *root;
+} parsed_body;
+
+typedef struct body_job {
+    sp_server_t *s;
+    sp_http_req_t *r;
+    sp_route_fn handler;
+    sp_route_params_t p; /* its strings point into the request, alive while it is */
+    sp_mailbox_t *mb;
+    char *copy;
+    size_t len;
+    json_t *root;
+    char err[512];
+    bool gone;           /* the client left (loop thread) */
+} body_job_t;
+
+static void
+body_abort(sp_http_req_t *r, void *ud)
 {
+    body_job_t *j = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s stage=parse", sp_http_req_rid(r));
+    j->gone = true; /* body_done frees it */
+    j->r = NULL;
+}
+
+/* Loop thread: the parsed body (or why not); run the handler with it. */
+static void
+body_done(void *arg)
+{
+    body_job_t *j = arg;
+    if (!j->gone) {
+        sp_http_req_t *r = j->r;
+        sp_http_req_on_abort(r, NULL, NULL);
+        if (j->root == NULL) {
+            sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+        } else if (!json_is_object(j->root)) {
+            sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        } else {
+            parsed_body.r = r;
+            parsed_body.root = j->root;
+            j->root = NULL;
+            j->handler(r, &j->p, j->s);
+            json_decref(parsed_body.root); /* NULL unless the handler did not take it */
+            parsed_body.r = NULL;
+            parsed_body.root = NULL;
+        }
+    }
+    json_decref(j->root);
+    sp_free(j->copy);
+    sp_free(j);
+}
+
+static void
+body_task(void *arg)
+{
+    body_job_t *j = arg;
+    if (sp_json_parse(j->copy, j->len, j->s->cfg.json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
+        j->root = NULL;
+    }
+    sp_free(j->copy);
+    j->copy = NULL;
+    if (sp_mailbox_post(j->mb, body_done, j) != SP_OK) {
+        SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
+    }
+}
+
+/* Parse the body as a JSON object; answers and returns NULL on failure. A
+ * large body is parsed on a worker: NULL now, and `handler` runs again with
+ * it parsed. */
+static json_t *
+body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
+{
+    if (parsed_body.r == r && parsed_body.root != NULL) {
+        json_t *root = parsed_body.root;
+        parsed_body.root = NULL;
+        return root;
+    }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
         sp_server_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
+        return NULL;
+    }
+    if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
+        body_job_t *j = sp_calloc(1, sizeof *j);
+        char *copy = sp_malloc(body.len);
+        if (j == NULL || copy == NULL) {
+            sp_free(j);
+            sp_free(copy);
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return NULL;
+        }
+        memcpy(copy, body.ptr, body.len);
+        j->s = s;
+        j->r = r;
+        j->handler = handler;
+        if (p) {
+            j->p = *p;
+        }
+        j->mb = sp_server_mailbox(r);
+        j->copy = copy;
+        j->len = body.len;
+        sp_http_req_on_abort(r, body_abort, j);
+        sp_status_t st = sp_workq_submit(s->prep, body_task, j);
+        if (st != SP_OK) {
+            sp_http_req_on_abort(r, NULL, NULL);
+            sp_free(copy);
+            sp_free(j);
+            if (st == SP_ERR_BUSY) {
+                sp_http_add_header(r, "Retry-After", "1");
+                sp_server_error(r, 429, "server_overloaded", NULL, "queue_full",
+                                "too many requests are being prepared; retry later");
+            } else {
+                sp_server_error(r, 503, NULL, NULL, NULL, "the server is stopping");
+            }
+        }
         return NULL;
     }
     json_t *root;
@@ -1492,7 +1629,7 @@ static void
 h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_completions, p);
     if (b == NULL) {
         return;
     }
@@ -1564,16 +1701,16 @@ done:
     json_decref(b); /* the request keeps its own reference until it ends */
 }
 
-/* OpenAI content: a string, or a list of {"type":"text","text":...} parts. */
-static int
-message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size_t *off)
+/* Worker: OpenAI content (a string, or a list of {"type":"text","text":...}
+ * parts) appended to store as a C string at *off; false after prep_fail. */
+static bool
+message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, size_t *off)
 {
     *off = SIZE_MAX;
     if (c == NULL || json_is_null(c)) {
-        return 0;
+        return true;
     }
-    char param[48];
-    snprintf(param, sizeof param, "messages[%d].content", i);
+    char msg[160];
     size_t start = store->len;
     if (json_is_string(c)) {
         sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
@@ -1585,24 +1722,92 @@ message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size
             sp_json_err_t e;
             if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
                 strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
-                sp_server_error(r, 400, NULL, "messages", NULL,
-                                "%s: only parts {\"type\": \"text\", \"text\": ...} are supported", param);
-                return -1;
+                snprintf(msg, sizeof msg, "messages[%zu].content: only parts {\"type\": \"text\", "
+                         "\"text\": ...} are supported", i);
+                prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+                return false;
             }
             sp_jbuf_raw(store, text, tl);
         }
     } else {
-        sp_server_error(r, 400, NULL, "messages", NULL, "%s must be a string or a list of parts", param);
-        return -1;
+        snprintf(msg, sizeof msg, "messages[%zu].content must be a string or a list of parts", i);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        return false;
     }
     if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
-        sp_server_error(r, 400, NULL, "messages", NULL, "%s may not contain NUL", param);
-        return -1;
+        snprintf(msg, sizeof msg, "messages[%zu].content may not contain NUL", i);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        return false;
     }
     sp_jbuf_raw(store, "", 0);
     store->len++; /* keep the NUL: contents are C strings inside store */
     *off = start;
-    return 0;
+    return true;
+}
+
+/* Worker: check the chat messages and gather them for the template (their
+ * contents and tool calls as C strings in store and tc); false after prep_fail. */
+static bool
+gather_messages(oai_prep_t *pp)
+{
+    const json_t *ms = pp->messages;
+    size_t n = json_array_size(ms);
+    char msg[160];
+    pp->msgs = sp_calloc(n, sizeof *pp->msgs);
+    pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
+    if (pp->msgs == NULL || pp->offs == NULL) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    pp->n_msgs = n;
+    sp_chat_msg_t *msgs = pp->msgs;
+    size_t *offs = pp->offs;
+    sp_jbuf_t *store = &pp->store, *tc = &pp->tc;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *mo = json_array_get(ms, i);
+        sp_json_err_t e;
+        const char *role = NULL;
+        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
+            snprintf(msg, sizeof msg, "messages[%zu] must be an object with a string 'role'", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].role = role;
+        if (!message_content(pp, json_object_get(mo, "content"), i, store, &offs[2 * i])) {
+            return false;
+        }
+        const char *name = NULL;
+        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
+            snprintf(msg, sizeof msg, "messages[%zu].name must be a string", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].name = name;
+        const char *tcid = NULL;
+        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
+            snprintf(msg, sizeof msg, "messages[%zu].tool_call_id must be a string", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].tool_call_id = tcid;
+        const json_t *calls = json_object_get(mo, "tool_calls");
+        offs[2 * i + 1] = SIZE_MAX;
+        if (calls && !json_is_null(calls)) {
+            offs[2 * i + 1] = tc->len;
+            sp_jbuf_json(tc, calls);
+            sp_jbuf_raw(tc, "", 0);
+            tc->len++;
+        }
+    }
+    if (store->oom || tc->oom) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
+        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store->p + offs[2 * i];
+        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc->p + offs[2 * i + 1];
+    }
+    return true;
 }
 
 /*
@@ -1693,7 +1898,7 @@ static void
 h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_chat, p);
     if (b == NULL) {
         return;
     }
@@ -1719,62 +1924,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                         m->name, m->tmpl_error);
         goto fail;
     }
-    /* The messages are checked and gathered here (linear, no template work);
-     * the template renders on the preparation worker. */
-    size_t n = json_array_size(ms);
-    pp->msgs = sp_calloc(n, sizeof *pp->msgs);
-    pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
-    if (pp->msgs == NULL || pp->offs == NULL) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
-        goto fail;
-    }
-    pp->n_msgs = n;
-    sp_chat_msg_t *msgs = pp->msgs;
-    size_t *offs = pp->offs;
-    sp_jbuf_t *store = &pp->store, *tc = &pp->tc;
-    for (size_t i = 0; i < n; i++) {
-        const json_t *mo = json_array_get(ms, i);
-        char param[48];
-        snprintf(param, sizeof param, "messages[%zu]", i);
-        sp_json_err_t e;
-        const char *role = NULL;
-        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s must be an object with a string 'role'", param);
-            goto fail;
-        }
-        msgs[i].role = role;
-        if (message_content(r, json_object_get(mo, "content"), (int)i, store, &offs[2 * i]) != 0) {
-            goto fail;
-        }
-        const char *name = NULL;
-        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s.name must be a string", param);
-            goto fail;
-        }
-        msgs[i].name = name;
-        const char *tcid = NULL;
-        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s.tool_call_id must be a string", param);
-            goto fail;
-        }
-        msgs[i].tool_call_id = tcid;
-        const json_t *calls = json_object_get(mo, "tool_calls");
-        offs[2 * i + 1] = SIZE_MAX;
-        if (calls && !json_is_null(calls)) {
-            offs[2 * i + 1] = tc->len;
-            sp_jbuf_json(tc, calls);
-            sp_jbuf_raw(tc, "", 0);
-            tc->len++;
-        }
-    }
-    if (store->oom || tc->oom) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
-        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store->p + offs[2 * i];
-        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc->p + offs[2 * i + 1];
-    }
+    pp->messages = ms; /* checked, gathered and rendered by the preparation */
     int32_t bid = sp_tokenizer_bos(m->tok), eid = sp_tokenizer_eos(m->tok);
     if (bid >= 0) {
         sp_str_t t = sp_tokenizer_token_text(m->tok, bid);
@@ -1801,7 +1951,7 @@ static void
 h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_embeddings, p);
     if (b == NULL) {
         return;
     }
