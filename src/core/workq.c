@@ -76,12 +76,18 @@ sp_workq_create(int n_threads, int max_pending, sp_workq_t **out)
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->max_pending = max_pending;
+    /* Tasks may recurse deeply (a chat template render needs about 256 KiB
+     * of stack at -O2, a few MiB under ASan): 8 MiB whatever the default. */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, (size_t)8 << 20);
     for (int i = 0; i < n_threads; i++) {
-        if (pthread_create(&q->threads[i], NULL, worker, q) != 0) {
+        if (pthread_create(&q->threads[i], &attr, worker, q) != 0) {
             break;
         }
         q->n_threads++;
     }
+    pthread_attr_destroy(&attr);
     if (q->n_threads == 0) {
         sp_workq_destroy(q);
         return SP_ERR_NOMEM;

@@ -126,6 +126,7 @@ typedef struct oai_req {
     float *emb;
     int n_embd;
     bool base64;
+    bool emb_fault;      /* an embedding held NaN or inf */
     oai_prep_t prep;
     sp_mailbox_t *mb;    /* the request's loop, for the preparation's result */
     bool gone;           /* the client left while the preparation ran (loop thread) */
@@ -1141,6 +1142,10 @@ on_event(const sp_sched_event_t *ev, void *ud)
         if (ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
             memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
                    (size_t)q->n_embd * sizeof(float));
+            for (int k = 0; k < q->n_embd; k++) {
+                /* JSON has no NaN: never write one as null, it is the model's fault */
+                q->emb_fault |= !isfinite(ev->embedding[k]);
+            }
         }
         break;
     case SP_SCHED_EV_DONE: {
@@ -1149,12 +1154,21 @@ on_event(const sp_sched_event_t *ev, void *ud)
         q->clk.compute_ns = ev->compute_ns;
         q->clk.prompt_tokens = ev->prompt_tokens;
         q->clk.completion_tokens = ev->completion_tokens;
-        sp_req_end(r, q->m, &q->clk, ev->status == SP_OK,
+        sp_status_t status = ev->status;
+        const char *message = ev->message;
+        if (status == SP_OK && q->emb_fault) {
+            status = SP_ERR_MODEL_FAULT;
+            message = "the model produced NaN or infinite embeddings";
+        }
+        if (status == SP_ERR_MODEL_FAULT) {
+            sp_served_fault(q->m, sp_http_req_rid(r), message ? message : "model fault");
+        }
+        sp_req_end(r, q->m, &q->clk, status == SP_OK,
                    q->choices && q->n > 0 ? q->choices[0].finish : SP_FINISH_STOP,
-                   sp_fail_reason_of(ev->status, ev->message));
-        if (ev->status != SP_OK) {
-            int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
-            const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
+                   sp_fail_reason_of(status, message));
+        if (status != SP_OK) {
+            int http = status == SP_ERR_CANCELLED ? 503 : prep_http(status);
+            const char *msg = message ? message : sp_status_str(status);
             if (q->stream) {
                 sse_begin(q);
                 sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");

@@ -7,14 +7,22 @@
   not 413 (that one is for a body over --max-body-bytes);
 - a grammar over the matcher's limits answers 400 with code limit_exceeded;
 - a client that disconnects while its request is being prepared leaves the server serving
-  (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan).
+  (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan);
+- statuses: a BYTES prompt that is not UTF-8 is 400 on KServe infer; a model whose weights
+  hold NaN (tools/gguf_gen.py --poison) answers 500 (a model fault, logged), never 400 and
+  never an embedding of nulls, and its readiness and the server's then say not ready.
 """
+import http.client
 import json
+import os
 import socket
+import struct
+import sys
+import tempfile
 import threading
 import time
 
-from common import Server, Suite, binary, http_json
+from common import ROOT, Server, Suite, binary, http_json, run
 
 s = Suite("liveness")
 if binary() is None:
@@ -60,11 +68,14 @@ def probe_while(port, fn):
 
 
 def post_raw(port, path, body, timeout=60):
-    """POST a pre-encoded JSON body; (status, parsed answer)."""
-    import http.client
+    """POST a pre-encoded body; (status, parsed answer)."""
+    return post_with(port, path, body, {"Content-Type": "application/json"}, timeout)
+
+
+def post_with(port, path, body, headers, timeout=60):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        c.request("POST", path, body=body, headers=headers)
         r = c.getresponse()
         raw = r.read()
         try:
@@ -130,7 +141,72 @@ try:
     s.case("clients that left during preparation: the server still answers", st == 200, f"{st} {str(b)[:200]}")
     st, _ = http_json(P, "GET", "/live")
     s.case("/live after them", st == 200)
+
+    # KServe infer: BYTES elements are text, and text is UTF-8.
+    def infer_bytes(prompt):
+        tail = struct.pack("<I", len(prompt)) + prompt + struct.pack("<i", 2)
+        head = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                       "parameters": {"binary_data_size": len(tail) - 4}},
+                                      {"name": "max_tokens", "datatype": "INT32", "shape": [1],
+                                       "parameters": {"binary_data_size": 4}}]}).encode()
+        return post_with(P, "/v2/models/stories260K/infer", head + tail,
+                         {"Content-Type": "application/octet-stream",
+                          "Inference-Header-Content-Length": str(len(head))})
+    st, b = infer_bytes("Once upon".encode())
+    s.case("KServe infer, a UTF-8 BYTES prompt: 200", st == 200, f"{st} {str(b)[:200]}")
+    for label, raw in (("a lone continuation byte", b"Once \x80 upon"), ("an overlong '/'", b"\xc0\xaf"),
+                       ("a surrogate", b"a\xed\xa0\x80"), ("a cut sequence", b"abc\xe2\x82")):
+        st, b = infer_bytes(raw)
+        s.case(f"KServe infer, a BYTES prompt with {label}: 400 naming UTF-8",
+               st == 400 and "UTF-8" in str(b), f"{st} {str(b)[:200]}")
 finally:
     rc = srv.stop()
 s.case("server exits cleanly", rc == 0, f"exit {rc} {srv.text()[-800:] if rc else ''}")
+
+
+def nan_model(tmp):
+    path = os.path.join(tmp, "nan.gguf")
+    rc, _, err = run([sys.executable, os.path.join(ROOT, "tools", "gguf_gen.py"), path,
+                      "--poison", "output_norm.weight", "--seed", "3", "-q"], timeout=60)
+    return path if rc == 0 and os.path.exists(path) else None
+
+
+def not_ready_everywhere(port):
+    st_m, _ = http_json(port, "GET", "/v2/models/nan/ready")
+    st_r, _ = http_json(port, "GET", "/v2/health/ready")
+    st_h, b_h = http_json(port, "GET", "/health")
+    return (st_m == 400 and st_r == 503 and st_h == 503 and isinstance(b_h, dict)
+            and b_h.get("status") == "model_unhealthy"), f"{st_m} {st_r} {st_h} {b_h}"
+
+
+def nan_cases():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = nan_model(tmp)
+        if not s.case("NaN model written (gguf_gen.py --poison)", path is not None):
+            return
+        for what in ("completions", "embeddings"):
+            d = Server(model=f"nan={path}")
+            try:
+                st0, _ = http_json(d.port, "GET", "/v2/models/nan/ready")
+                if what == "completions":
+                    st, b = http_json(d.port, "POST", "/v1/completions",
+                                      {"model": "nan", "prompt": "hello", "max_tokens": 3})
+                    ok = st == 500 and "NaN" in err_of(b).get("message", "")
+                else:
+                    st, b = http_json(d.port, "POST", "/v1/embeddings", {"model": "nan", "input": "hello"})
+                    ok = (st == 500 and isinstance(b, dict) and "data" not in b
+                          and "NaN" in err_of(b).get("message", ""))
+                s.case(f"NaN model, {what}: 500 model fault (not 400, no nulls)", st0 == 200 and ok,
+                       f"ready before {st0}; {st} {str(b)[:300]}")
+                s.case(f"NaN model, {what}: logged as event=model_fault",
+                       d.wait_log(r"event=model_fault model=nan") is not None, d.text()[-500:])
+                ok, detail = not_ready_everywhere(d.port)
+                s.case(f"NaN model, {what}: model and server readiness say not ready", ok, detail)
+                st, _ = http_json(d.port, "GET", "/live")
+                s.case(f"NaN model, {what}: still live", st == 200)
+            finally:
+                d.stop()
+
+
+s.guard("nan model", nan_cases)
 s.finish()
