@@ -126,14 +126,18 @@ try:
            st == 400 and e.get("code") == "limit_exceeded" and e.get("param") == "grammar",
            f"{st} {str(b)[:300]}")
 
-    # Clients that leave while their request is being prepared.
-    for k in range(3):
+    # Clients that leave while their request is being prepared (parsed, or compiled).
+    for k in range(6):
+        body = chat_body if k % 2 == 0 else schema_body
         so = socket.create_connection(("127.0.0.1", P), timeout=10)
         head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(chat_body)}\r\n\r\n").encode()
-        so.sendall(head + chat_body)
-        time.sleep(0.05 * k)
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        so.sendall(head + body)
+        time.sleep(0.03 * k)
         so.close()
+    s.case("clients left while their requests were being prepared (logged)",
+           srv.wait_log(r"event=client_disconnect rid=\S+ stage=(parse|prepare)", 10) is not None,
+           srv.text()[-600:])
     time.sleep(0.5)
     st, b = http_json(P, "POST", "/v1/chat/completions",
                       {"model": "stories260K", "max_tokens": 2,
