@@ -133,7 +133,7 @@ try:
         head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         so.sendall(head + body)
-        time.sleep(0.03 * k)
+        time.sleep(0.03 * k if k % 2 == 0 else 0.1 * k)
         so.close()
     s.case("clients left while their requests were being prepared (logged)",
            srv.wait_log(r"event=client_disconnect rid=\S+ stage=(parse|prepare)", 10) is not None,
