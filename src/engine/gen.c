@@ -1335,12 +1335,12 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     }
     int32_t n = g->n_vocab;
 
-    float mx = logits_max(logits, n); /* before penalties: they keep NaN but may hide +inf */
+    sp_sampler_apply_penalties(g->smp, logits); /* NaN and +inf stay what they are */
+    float mx = logits_max(logits, n);
     if (mx != mx) {
         return fail(g, SP_ERR_MODEL_FAULT, "the model produced NaN or infinite logits");
     }
-    sp_sampler_apply_penalties(g->smp, logits);
-    if (!(logits_max(logits, n) > -INFINITY)) {
+    if (!(mx > -INFINITY)) {
         return fail(g, SP_ERR_INVALID, "no finite logit to sample from");
     }
     const sp_sampler_params_t *sp = &g->p.sampling;
