@@ -71,7 +71,7 @@ PRESETS = {
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
-                vocab_from=None, name=None)
+                vocab_from=None, name=None, poison=None)
 
 
 # ---- half / bfloat ----------------------------------------------------------
@@ -454,7 +454,10 @@ def generate(path, cfg, log=None):
             chunk = max(1, (1 << 22) // ne[0])  # about 4M values (16 MB of float32) at a time
             for r0 in range(0, rows, chunk):
                 r = min(chunk, rows - r0)
-                f.write(encode(_values(c, name, ne, kind, rng, r), t))
+                v = _values(c, name, ne, kind, rng, r)
+                if name == c["poison"]:  # a broken model for fault tests: NaN weights
+                    v[:] = np.float32("nan")
+                f.write(encode(v, t))
             done += nb
             now = time.time()
             if log and (now - last >= 2.0 or i == len(ts) - 1):
@@ -483,6 +486,8 @@ def main(argv=None):
     ap.add_argument("--embd-type", choices=sorted(TYPES), help="token_embd type (default --type)")
     ap.add_argument("--output-type", choices=sorted(TYPES), help="output.weight type")
     ap.add_argument("--vocab-from", help="copy tokenizer.* metadata from this GGUF file")
+    ap.add_argument("--poison", metavar="TENSOR",
+                    help="fill this tensor with NaN (a broken model, for fault tests; float types)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     cfg = {k: v for k, v in vars(a).items() if k not in ("out", "quiet")}

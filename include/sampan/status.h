@@ -25,7 +25,8 @@
     XX(ERR_CANCELLED,  -8, 499, "cancelled")                                    \
     XX(ERR_DEVICE,     -9, 500, "device error")                                 \
     XX(ERR_UNSUPPORTED,-10, 501, "unsupported")                                 \
-    XX(ERR_TOO_LARGE, -11, 413, "too large")
+    XX(ERR_TOO_LARGE, -11, 413, "too large")                                \
+    XX(ERR_MODEL_FAULT,-12, 500, "model fault") /* NaN/inf out of a model */
 
 typedef enum sp_status {
 #define SP__STATUS_ENUM(name, val, http, msg) SP_##name = (val),

@@ -1144,7 +1144,7 @@ grammar_mask_all(sp_gen_t *g, float *logits, int budget)
     }
 }
 
-/* Lowest id among the largest logits (NaN already -inf); -1 when all are -inf. */
+/* Lowest id among the largest logits (the row holds no NaN); -1 when all are -inf. */
 static int32_t
 argmax(const float *logits, int32_t n)
 {
@@ -1157,20 +1157,19 @@ argmax(const float *logits, int32_t n)
     return logits[best] == -INFINITY ? -1 : best;
 }
 
-/* NaN to -inf (NaN would break every comparison after this); true when
- * some logit is above -inf. */
-static bool
-clean_nan(float *logits, int32_t n)
+/* The largest logit, or NaN when some logit is NaN or +inf: a model fault
+ * (broken weights, an overflow), never something to sample around. */
+static float
+logits_max(const float *logits, int32_t n)
 {
     float mx = -INFINITY;
+    bool bad = false;
     for (int32_t i = 0; i < n; i++) {
         float l = logits[i];
-        if (l != l) {
-            logits[i] = l = -INFINITY;
-        }
+        bad |= l != l || l == INFINITY;
         mx = l > mx ? l : mx;
     }
-    return mx > -INFINITY;
+    return bad ? NAN : mx;
 }
 
 /* ---- step: log-probabilities --------------------------------------------- */
@@ -1336,8 +1335,12 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     }
     int32_t n = g->n_vocab;
 
-    sp_sampler_apply_penalties(g->smp, logits);
-    if (!clean_nan(logits, n)) {
+    sp_sampler_apply_penalties(g->smp, logits); /* NaN and +inf stay what they are */
+    float mx = logits_max(logits, n);
+    if (mx != mx) {
+        return fail(g, SP_ERR_MODEL_FAULT, "the model produced NaN or infinite logits");
+    }
+    if (!(mx > -INFINITY)) {
         return fail(g, SP_ERR_INVALID, "no finite logit to sample from");
     }
     const sp_sampler_params_t *sp = &g->p.sampling;
@@ -1452,10 +1455,11 @@ sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32
         return fail(g, SP_ERR_INVALID, "these sampling parameters need the whole row of logits");
     }
     /* As sp_gen_step: no penalties (sp_gen_candidates said so), and the
-     * candidates are the best logits, so the first one says whether any
-     * is above -inf (NaN counts as -inf). */
-    if (!(vals[0] > -INFINITY)) {
-        return fail(g, SP_ERR_INVALID, "no finite logit to sample from");
+     * candidates are the best logits, so the first one says whether any is
+     * finite. With nothing applied to the row, none finite (NaN, +inf, or
+     * all -inf: a selection may rank NaN as -inf) is the model's fault. */
+    if (!(vals[0] > -INFINITY) || vals[0] == INFINITY) {
+        return fail(g, SP_ERR_MODEL_FAULT, "the model produced NaN or infinite logits");
     }
     const int32_t id = sp_sampler_sample_candidates(g->smp, ids, vals, n);
     if (id < 0 || id >= g->n_vocab) {

@@ -105,6 +105,7 @@ struct sp_schema_gbnf {
     unsigned appended; /* P_* rules already in out */
     int n_rules;
     int n_nodes;
+    uint64_t work;     /* property and 'required' entries visited (sp_schema_gbnf_work) */
     /* per sp_schema_gbnf_add */
     const json_t *root;
     ref_t refs[MAX_REFS];
@@ -330,14 +331,26 @@ compile_object(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
         fail(b, "%s", "'required' must be a list of names");
         return;
     }
+    /* The required names as a set (a hash table), so marking the required
+     * properties is linear in the schema, not properties x required. */
+    json_t *reqset = NULL;
     for (size_t i = 0; req && i < json_array_size(req); i++) {
         const json_t *r = json_array_get(req, i);
+        b->work++;
         if (!json_is_string(r)) {
             fail(b, "%s", "'required' must be a list of names");
+            json_decref(reqset);
             return;
         }
         if (json_object_get(props, json_string_value(r)) == NULL) {
             fail(b, "required property '%s' is not in 'properties'", json_string_value(r));
+            json_decref(reqset);
+            return;
+        }
+        if ((reqset == NULL && (reqset = json_object()) == NULL) ||
+            json_object_set_new(reqset, json_string_value(r), json_true()) != 0) {
+            b->st = sp_errf(b->err, b->err_len, SP_ERR_NOMEM, "json_schema: out of memory");
+            json_decref(reqset);
             return;
         }
     }
@@ -354,11 +367,11 @@ compile_object(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
             str_fmt(body, "\"{\" ws (json-string ws \":\" ws s%d ws (\",\" ws json-string ws \":\" ws "
                     "s%d ws)*)? \"}\"", r, r);
         }
-        return;
+        goto out;
     }
     if (add != NULL && !json_is_boolean(add) && !json_is_object(add)) {
         fail(b, "%s", "'additionalProperties' must be a boolean or a schema");
-        return;
+        goto out;
     }
     /* kv[i]: "\"name\"" ws ":" ws value; then, from the last property back,
      * first[i] (properties i.. with no comma before the first present) and
@@ -369,7 +382,7 @@ compile_object(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
         sp_free(kv);
         sp_free(opt);
         b->st = sp_errf(b->err, b->err_len, SP_ERR_NOMEM, "json_schema: out of memory");
-        return;
+        goto out;
     }
     size_t i = 0;
     const char *key;
@@ -389,12 +402,8 @@ compile_object(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
         str_fmt(&t, " ws \":\" ws s%d", vr);
         emit(b, kv[i], &t);
         sp_free(t.p);
-        opt[i] = true;
-        for (size_t j = 0; req && j < json_array_size(req); j++) {
-            if (strcmp(json_string_value(json_array_get(req, j)), key) == 0) {
-                opt[i] = false;
-            }
-        }
+        b->work++;
+        opt[i] = reqset == NULL || json_object_get(reqset, key) == NULL;
         i++;
     }
     int later = -1, first = -1; /* rules for the suffix i+1.. */
@@ -434,6 +443,8 @@ compile_object(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
     str_fmt(body, "\"{\" ws s%d \"}\"", first);
     sp_free(kv);
     sp_free(opt);
+out:
+    json_decref(reqset);
 }
 
 /* The rule of a $ref (queued for compiling once). */
@@ -729,6 +740,12 @@ sp_schema_gbnf_add(sp_schema_gbnf_t *b, const json_t *schema, char *rule, size_t
         snprintf(rule, rule_cap, "s%d", top);
     }
     return b->st;
+}
+
+uint64_t
+sp_schema_gbnf_work(const sp_schema_gbnf_t *b)
+{
+    return b->work;
 }
 
 void

@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/grammar.h"
 #include "sampan/status.h"
@@ -43,6 +44,9 @@ void sp_schema_gbnf_destroy(sp_schema_gbnf_t *b);
  * with err naming the keyword and JSON pointer for what is not supported. */
 sp_status_t sp_schema_gbnf_add(sp_schema_gbnf_t *b, const json_t *schema, char *rule,
                                size_t rule_cap, char *err, size_t err_len);
+/* Work done so far: schema properties and 'required' entries visited. Linear
+ * in the schema's size (tests check that it does not grow faster). */
+uint64_t sp_schema_gbnf_work(const sp_schema_gbnf_t *b);
 /* Append GBNF text as is (the caller's rules, e.g. its root). */
 void sp_schema_gbnf_raw(sp_schema_gbnf_t *b, const char *text);
 /* The text will define `ws` (optional JSON whitespace) for the caller's rules. */

@@ -841,6 +841,62 @@ done:
     return rc;
 }
 
+/* A varint at p[*i..n); false when it is cut or longer than 10 bytes. */
+static bool
+wire_varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
+{
+    *v = 0;
+    for (int k = 0; k < 10 && *i < n; k++) {
+        uint8_t b = p[(*i)++];
+        *v |= (uint64_t)(b & 0x7F) << (7 * k);
+        if (!(b & 0x80)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The first top-level length-delimited field whose number is in mask (bit
+ * f for field f) and whose bytes hold a NUL, or 0. Stops quietly at anything
+ * malformed: decoding reports that. */
+static int
+string_with_nul(const uint8_t *p, size_t n, unsigned mask)
+{
+    size_t i = 0;
+    while (mask && i < n) {
+        uint64_t tag, v;
+        if (!wire_varint(p, n, &i, &tag)) {
+            return 0;
+        }
+        uint64_t field = tag >> 3;
+        switch (tag & 7) {
+        case 0:
+            if (!wire_varint(p, n, &i, &v)) {
+                return 0;
+            }
+            break;
+        case 1:
+            i += 8;
+            break;
+        case 5:
+            i += 4;
+            break;
+        case 2:
+            if (!wire_varint(p, n, &i, &v) || v > n - i) {
+                return 0;
+            }
+            if (field < 32 && (mask >> field & 1u) && memchr(p + i, '\0', (size_t)v) != NULL) {
+                return (int)field;
+            }
+            i += (size_t)v;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
 int
 sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
                  sp_grpc_rest_t *out, char *err, size_t err_len)
@@ -858,6 +914,21 @@ sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm
     case SP_GRPC_SERVER_METADATA: desc = &inference__server_metadata_request__descriptor; break;
     case SP_GRPC_MODEL_METADATA: desc = &inference__model_metadata_request__descriptor; break;
     default: desc = &inference__model_infer_request__descriptor; break;
+    }
+    /* protobuf-c hands strings over as C strings: a NUL inside a name would
+     * silently cut it ("a\0b" naming model "a"). Refuse it instead. Fields 1
+     * and 2 are the name and version of every request here with fields, 3
+     * is ModelInferRequest's id. */
+    int nul_field = string_with_nul(msg, len, m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA
+                                                  ? 0x6u : m == SP_GRPC_SERVER_LIVE ||
+                                                  m == SP_GRPC_SERVER_READY || m == SP_GRPC_SERVER_METADATA
+                                                  ? 0u : 0xEu);
+    if (nul_field > 0) {
+        snprintf(err, err_len, "%s: must not contain NUL",
+                 nul_field == 3 ? "id" : nul_field == 2 ? (m == SP_GRPC_MODEL_READY ||
+                                                           m == SP_GRPC_MODEL_METADATA ? "version" : "model_version")
+                 : (m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA ? "name" : "model_name"));
+        return SP_GRPC_INVALID_ARGUMENT;
     }
     ProtobufCMessage *pm = decode(&d, desc, msg, len, &code, err, err_len);
     if (pm == NULL) {

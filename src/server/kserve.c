@@ -613,6 +613,9 @@ on_event(const sp_sched_event_t *ev, void *ud)
         q->clk.completion_tokens = ev->completion_tokens;
         sp_req_end(r, q->m, &q->clk, ev->status == SP_OK, q->n > 0 ? q->finish[0] : SP_FINISH_STOP,
                    sp_fail_reason_of(ev->status, ev->message));
+        if (ev->status == SP_ERR_MODEL_FAULT) {
+            sp_served_fault(q->m, sp_http_req_rid(r), ev->message ? ev->message : "model fault");
+        }
         if (ev->status != SP_OK) {
             int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
             const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
@@ -656,6 +659,47 @@ on_event(const sp_sched_event_t *ev, void *ud)
     }
 }
 
+/* Offset of the first byte of p[0..n) that is not valid UTF-8 (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), or n. A BYTES
+ * prompt is text: the tokenizer and the streamed answers assume UTF-8. */
+static size_t
+utf8_invalid_at(const char *p, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)p;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            k = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            k = 2;
+            lo = c == 0xE0 ? 0xA0 : 0x80;
+            hi = c == 0xED ? 0x9F : 0xBF;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 3;
+            lo = c == 0xF0 ? 0x90 : 0x80;
+            hi = c == 0xF4 ? 0x8F : 0xBF;
+        } else {
+            return i;
+        }
+        if (n - i <= k || s[i + 1] < lo || s[i + 1] > hi) {
+            return i;
+        }
+        for (size_t m = 2; m <= k; m++) {
+            if (s[i + m] < 0x80 || s[i + m] > 0xBF) {
+                return i;
+            }
+        }
+        i += k + 1;
+    }
+    return n;
+}
+
 /* Tokenize the prompts, apply the settings and submit; answers every error
  * itself and frees q on failure. */
 static void
@@ -692,6 +736,11 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
         }
         if (t.len == 0) {
             sp_kserve_error(r, 400, "%s: the prompt is empty", where);
+            goto fail;
+        }
+        size_t bad = utf8_invalid_at(t.ptr, t.len);
+        if (bad < t.len) {
+            sp_kserve_error(r, 400, "%s: the prompt is not valid UTF-8 (at byte %zu)", where, bad);
             goto fail;
         }
         /* No vocabulary spends 64 bytes per token on average: longer text
@@ -940,6 +989,9 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
                                      sizeof reason);
+    if (a == SP_ACQ_OK && atomic_load(&m->faulty)) {
+        a = SP_ACQ_UNAVAILABLE; /* it produced NaN: not ready until reloaded */
+    }
     sp_served_release(m);
     if (a == SP_ACQ_UNKNOWN) {
         sp_kserve_error(r, 404, "model %s is not served", quote(name).s);

@@ -3,8 +3,12 @@
  * /v1/chat/completions, /v1/embeddings.
  *
  * A request is parsed and validated on the loop thread (every field's type
- * and range, 400 naming the field), tokenized, and submitted through the
- * seam (sched.h). Its events come back on the same loop: streamed as SSE
+ * and range, 400 naming the field). What costs time in proportion to the
+ * request - compiling its grammar or JSON schema, rendering the chat
+ * template, tokenizing - runs on a preparation worker (core/workq.h), whose
+ * result comes back to the loop through its mailbox; then the request is
+ * submitted through the seam (sched.h). So one large request never holds the
+ * loop, and /live answers at once. Its events come back on the same loop: streamed as SSE
  * `data:` chunks the moment they arrive, or gathered into one response.
  * A client that disconnects cancels the job (sp_http_req_on_abort); a client
  * that reads too slowly (its unsent output over the limit) is dropped and its
@@ -25,6 +29,7 @@
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "core/workq.h"
 #include "engine/grammar.h"
 #include "engine/schema.h"
 #include "engine/tokenizer.h"
@@ -48,6 +53,55 @@ typedef struct choice {
     sp_finish_t finish;
     bool finished;
 } choice_t;
+
+/* A prompt text to tokenize on the worker into dst (cap entries). */
+typedef struct tok_in {
+    const char *text; /* NULL: given as ids, already in dst */
+    size_t len;
+    int32_t *dst;
+    int64_t n;        /* the result */
+} tok_in_t;
+
+/*
+ * The preparation of a request: what the loop hands the worker and what
+ * comes back. The worker reads the inputs (strings inside `body`, which the
+ * request owns until it ends) and writes the outputs; the loop touches
+ * neither until the result is posted back (the mailbox's lock orders them).
+ */
+typedef struct oai_prep {
+    json_t *body;                /* the request (a reference) */
+    sp_gen_params_t g;           /* its stop strings point into body */
+    int64_t max_tokens;
+    bool max_given;
+    /* At most one grammar source: a JSON schema, GBNF text, or a forced tool call. */
+    const json_t *schema;
+    json_t *own_schema;
+    const char *gbnf;
+    size_t gbnf_len;
+    const json_t *tools;
+    const char *tool_only;
+    /* chat: the messages (inside body) to check, gather and render */
+    const json_t *messages;
+    sp_chat_msg_t *msgs;
+    size_t n_msgs;
+    size_t *offs;
+    sp_jbuf_t store, tc;
+    char *tools_json;            /* jansson's allocator */
+    char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
+    char *prompt;                /* the rendered chat prompt */
+    size_t plen;
+    /* the prompts: tokens (cap per prompt) */
+    int32_t *toks;
+    int64_t cap;
+    tok_in_t *in;
+    int n_in;
+    bool add_bos, special;
+    const char *tok_param;
+    /* the outcome: http 0 = ready to submit */
+    int http;
+    const char *param, *code;
+    char err[512];
+} oai_prep_t;
 
 typedef struct oai_req {
     sp_http_req_t *http;
@@ -74,6 +128,10 @@ typedef struct oai_req {
     float *emb;
     int n_embd;
     bool base64;
+    bool emb_fault;      /* an embedding held NaN or inf */
+    oai_prep_t prep;
+    sp_mailbox_t *mb;    /* the request's loop, for the preparation's result */
+    bool gone;           /* the client left while the preparation ran (loop thread) */
 } oai_req_t;
 
 /* ------------------------------------------------------------- helpers */
@@ -122,11 +180,27 @@ oai_free(oai_req_t *q)
     }
     sp_free(q->choices);
     sp_free(q->emb);
+    oai_prep_t *pp = &q->prep;
+    json_decref(pp->own_schema);
+    sp_free(pp->msgs);
+    sp_free(pp->offs);
+    sp_jbuf_free(&pp->store);
+    sp_jbuf_free(&pp->tc);
+    if (pp->tools_json) {
+        sp_jfree(pp->tools_json);
+    }
+    sp_free(pp->prompt);
+    sp_free(pp->toks);
+    sp_free(pp->in);
+    json_decref(pp->body);
     sp_grammar_release(q->grammar); /* the job holds its own reference */
     sp_jbuf_free(&q->out);
     sp_rckey_free(q->ck);
-    /* Ended without an outcome: refused while validating (it answered 4xx). */
-    sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    /* Ended without an outcome: refused while validating (it answered 4xx).
+     * A client that left has been accounted for by prep_abort. */
+    if (!q->gone) {
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    }
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
@@ -375,18 +449,14 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
                                 "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
                 return -1;
             }
-            json_t *own = NULL;
             if (schema == NULL) { /* OpenAI allows it out: any JSON object */
-                schema = own = json_pack("{s:s}", "type", "object");
+                schema = q->prep.own_schema = json_pack("{s:s}", "type", "object");
+                if (schema == NULL) {
+                    sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+                    return -1;
+                }
             }
-            char err[512];
-            sp_status_t cst = sp_schema_grammar(schema, &q->grammar, err, sizeof err);
-            json_decref(own);
-            if (cst != SP_OK) {
-                sp_server_error(r, cst == SP_ERR_NOMEM ? 503 : 400, NULL,
-                                "response_format.json_schema.schema", NULL, "%s", err);
-                return -1;
-            }
+            q->prep.schema = schema; /* compiled by the preparation (prep_run) */
         } else if (strcmp(t, "text") != 0) {
             sp_server_error(r, 400, NULL, "response_format.type", NULL,
                             "response_format type '%s' is not supported (text, json_object, "
@@ -399,20 +469,14 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             sp_server_error(r, 400, NULL, "grammar", NULL, "'grammar' must be GBNF text");
             return -1;
         }
-        if (g->json_object || q->grammar) {
+        if (g->json_object || q->prep.schema) {
             sp_server_error(r, 400, NULL, "grammar", NULL,
                             "'grammar' and 'response_format' json modes cannot be combined");
             return -1;
         }
-        char err[512];
-        sp_status_t cst = sp_grammar_compile(json_string_value(gr), json_string_length(gr),
-                                             &q->grammar, err, sizeof err);
-        if (cst != SP_OK) {
-            sp_server_error(r, cst == SP_ERR_NOMEM ? 503 : 400, NULL, "grammar", NULL, "%s", err);
-            return -1;
-        }
+        q->prep.gbnf = json_string_value(gr); /* compiled by the preparation */
+        q->prep.gbnf_len = json_string_length(gr);
     }
-    g->grammar = q->grammar;
     return 0;
 }
 
@@ -441,32 +505,186 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
     return 0;
 }
 
-/* Tokenize text into toks (cap entries); 400 when it does not fit. */
+/* The HTTP status of a failed preparation step. A limit of the request's own
+ * content (grammar size, template output) is the client's to fix: 400, not
+ * the 413 the status table gives (that one is for bodies over the limit). */
 static int
-tokenize_text(oai_req_t *q, const char *param, const char *text, size_t len, bool add_bos,
-              bool special, int32_t *toks, int64_t cap, int64_t *n_out)
+prep_http(sp_status_t st)
 {
+    return st == SP_ERR_TOO_LARGE ? 400 : sp_status_http(st);
+}
+
+/* Worker: record why the preparation failed (the loop answers it). */
+static void
+prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, const char *msg)
+{
+    pp->http = prep_http(st);
+    pp->param = param;
+    pp->code = code ? code : st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
+    snprintf(pp->err, sizeof pp->err, "%s", msg);
+}
+
+/* Worker: tokenize one prompt into t->dst (cap entries); false after prep_fail. */
+static bool
+tokenize_text(oai_req_t *q, tok_in_t *t)
+{
+    oai_prep_t *pp = &q->prep;
+    int64_t cap = pp->cap;
+    char msg[256];
     /* No vocabulary spends 64 bytes per token on average: longer text cannot
      * fit, and is refused before the tokenizer spends time on it. */
-    if (len / 64 > (size_t)cap) {
-        sp_server_error(q->http, 400, NULL, param, "context_length_exceeded",
-                        "the prompt is too long for the context of %lld tokens", (long long)cap);
-        return -1;
+    if (t->len / 64 > (size_t)cap) {
+        snprintf(msg, sizeof msg, "the prompt is too long for the context of %lld tokens",
+                 (long long)cap);
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded", msg);
+        return false;
     }
-    int64_t n = sp_tokenize(q->m->tok, text, len, add_bos, special, toks, cap);
+    int64_t n = sp_tokenize(q->m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
     if (n < 0) {
-        sp_server_error(q->http, 400, NULL, param, NULL, "cannot tokenize the prompt: %s",
-                        sp_status_str((sp_status_t)n));
-        return -1;
+        snprintf(msg, sizeof msg, "cannot tokenize the prompt: %s", sp_status_str((sp_status_t)n));
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, msg);
+        return false;
     }
     if (n > cap) {
-        sp_server_error(q->http, 400, NULL, param, "context_length_exceeded",
-                        "the prompt has %lld tokens, the context holds %lld", (long long)n,
-                        (long long)cap);
-        return -1;
+        snprintf(msg, sizeof msg, "the prompt has %lld tokens, the context holds %lld",
+                 (long long)n, (long long)cap);
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded", msg);
+        return false;
     }
-    *n_out = n;
-    return 0;
+    t->n = n;
+    return true;
+}
+
+static bool gather_messages(oai_prep_t *pp);
+
+/* Worker: compile the grammar, render the chat template, tokenize. Reads only
+ * the request's inputs in prep (and its model, which it holds), writes only
+ * prep's outputs and q->grammar. */
+static void
+prep_run(oai_req_t *q)
+{
+    oai_prep_t *pp = &q->prep;
+    char err[512];
+    sp_status_t st;
+    if (pp->schema) {
+        st = sp_schema_grammar(pp->schema, &q->grammar, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "response_format.json_schema.schema", NULL, err);
+            return;
+        }
+    } else if (pp->gbnf) {
+        st = sp_grammar_compile(pp->gbnf, pp->gbnf_len, &q->grammar, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "grammar", NULL, err);
+            return;
+        }
+    } else if (pp->tools) {
+        char *text = NULL;
+        size_t len = 0;
+        st = sp_toolcall_grammar(q->tool_fmt, pp->tools, pp->tool_only, &text, &len, err, sizeof err);
+        if (st == SP_OK) {
+            char gerr[256];
+            st = sp_grammar_compile(text, len, &q->grammar, gerr, sizeof gerr);
+            if (st != SP_OK) {
+                snprintf(err, sizeof err, "tools: %s", gerr);
+            }
+        }
+        sp_free(text);
+        if (st != SP_OK) {
+            prep_fail(pp, st, pp->tool_only ? "tool_choice" : "tools", NULL, err);
+            return;
+        }
+    }
+    if (q->grammar != NULL) {
+        /* The matcher's start state has limits of its own: check them here,
+         * where the answer can name the parameter, not at submission. */
+        sp_gmatch_t *gm = NULL;
+        st = sp_gmatch_create(q->grammar, &gm, err, sizeof err);
+        sp_gmatch_destroy(gm);
+        if (st != SP_OK) {
+            prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
+                              : pp->tool_only ? "tool_choice" : "tools", NULL, err);
+            return;
+        }
+    }
+    if (pp->messages) {
+        if (!gather_messages(pp)) {
+            return;
+        }
+        sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = pp->bos,
+                                 .eos_text = pp->eos, .tools_json = pp->tools_json};
+        st = sp_chat_apply_ex(q->m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
+                              err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "messages", NULL, err);
+            return;
+        }
+        /* The template usually writes the BOS text itself; add one only if not. */
+        pp->add_bos = sp_tokenizer_add_bos(q->m->tok) &&
+                      !(pp->bos[0] && strncmp(pp->prompt, pp->bos, strlen(pp->bos)) == 0);
+        pp->in[0].text = pp->prompt;
+        pp->in[0].len = pp->plen;
+    }
+    for (int i = 0; i < pp->n_in; i++) {
+        if (pp->in[i].text != NULL && !tokenize_text(q, &pp->in[i])) {
+            return;
+        }
+    }
+}
+
+static void prep_done(void *arg);
+
+/* Worker task: prepare, then hand the request back to its loop. */
+static void
+prep_task(void *arg)
+{
+    oai_req_t *q = arg;
+    prep_run(q);
+    if (sp_mailbox_post(q->mb, prep_done, q) != SP_OK) {
+        /* Without its loop the request can be neither answered nor freed safely. */
+        SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory",
+                     sp_log_str(q->m->name));
+    }
+}
+
+/* The client left while its preparation ran: account for it now; the
+ * request is freed when the result comes back (prep_done), never under the
+ * worker. */
+static void
+prep_abort(sp_http_req_t *r, void *ud)
+{
+    oai_req_t *q = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s stage=prepare", sp_http_req_rid(r));
+    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
+    q->gone = true;
+    q->http = NULL;
+}
+
+/* Hand the request to a preparation worker; answers it on failure. */
+static void
+prep_start(oai_req_t *q)
+{
+    sp_http_req_t *r = q->http;
+    sp_workq_t *wq = q->srv->prep;
+    if (wq == NULL) { /* no worker pool (a server without one): prepare here */
+        prep_run(q);
+        prep_done(q);
+        return;
+    }
+    q->mb = sp_server_mailbox(r);
+    sp_http_req_on_abort(r, prep_abort, q);
+    sp_status_t st = sp_workq_submit(wq, prep_task, q);
+    if (st != SP_OK) {
+        sp_http_req_on_abort(r, NULL, NULL);
+        if (st == SP_ERR_BUSY) {
+            sp_http_add_header(r, "Retry-After", "1");
+            sp_server_error(r, 429, "server_overloaded", NULL, "queue_full",
+                            "too many requests are being prepared; retry later");
+        } else {
+            sp_server_error(r, 503, NULL, NULL, NULL, "the server is stopping");
+        }
+        oai_free(q);
+    }
 }
 
 /* ------------------------------------------------------------- responses */
@@ -925,6 +1143,10 @@ on_event(const sp_sched_event_t *ev, void *ud)
         if (ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
             memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
                    (size_t)q->n_embd * sizeof(float));
+            for (int k = 0; k < q->n_embd; k++) {
+                /* JSON has no NaN: never write one as null, it is the model's fault */
+                q->emb_fault |= !isfinite(ev->embedding[k]);
+            }
         }
         break;
     case SP_SCHED_EV_DONE: {
@@ -933,12 +1155,21 @@ on_event(const sp_sched_event_t *ev, void *ud)
         q->clk.compute_ns = ev->compute_ns;
         q->clk.prompt_tokens = ev->prompt_tokens;
         q->clk.completion_tokens = ev->completion_tokens;
-        sp_req_end(r, q->m, &q->clk, ev->status == SP_OK,
+        sp_status_t status = ev->status;
+        const char *message = ev->message;
+        if (status == SP_OK && q->emb_fault) {
+            status = SP_ERR_MODEL_FAULT;
+            message = "the model produced NaN or infinite embeddings";
+        }
+        if (status == SP_ERR_MODEL_FAULT) {
+            sp_served_fault(q->m, sp_http_req_rid(r), message ? message : "model fault");
+        }
+        sp_req_end(r, q->m, &q->clk, status == SP_OK,
                    q->choices && q->n > 0 ? q->choices[0].finish : SP_FINISH_STOP,
-                   sp_fail_reason_of(ev->status, ev->message));
-        if (ev->status != SP_OK) {
-            int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
-            const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
+                   sp_fail_reason_of(status, message));
+        if (status != SP_OK) {
+            int http = status == SP_ERR_CANCELLED ? 503 : prep_http(status);
+            const char *msg = message ? message : sp_status_str(status);
             if (q->stream) {
                 sse_begin(q);
                 sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
@@ -1044,7 +1275,8 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
             sp_http_add_header(r, "Retry-After", ra);
             sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
         } else {
-            sp_server_error(r, sp_status_http(st), NULL, NULL, NULL, "%s", err);
+            sp_server_error(r, prep_http(st), NULL, NULL,
+                            st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL, "%s", err);
         }
         oai_free(q);
         return;
@@ -1091,13 +1323,131 @@ oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
     return q;
 }
 
-/* Parse the body as a JSON object; answers and returns NULL on failure. */
-static json_t *
-body_object(sp_server_t *s, sp_http_req_t *r)
+/*
+ * Bodies up to OAI_INLINE_BODY are parsed on the loop (well under a
+ * millisecond). A larger one is copied and parsed on a preparation worker;
+ * the handler then runs again on the loop with the parsed body, handed over
+ * through parsed_body (set only for the duration of that call).
+ */
+#define OAI_INLINE_BODY (64u * 1024u)
+
+static _Thread_local struct {
+    sp_http_req_t *r;
+    json_t *root;
+} parsed_body;
+
+typedef struct body_job {
+    sp_server_t *s;
+    sp_http_req_t *r;
+    sp_route_fn handler;
+    sp_route_params_t p; /* its strings point into the request, alive while it is */
+    sp_mailbox_t *mb;
+    char *copy;
+    size_t len;
+    json_t *root;
+    char err[512];
+    bool gone;           /* the client left (loop thread) */
+} body_job_t;
+
+static void
+body_abort(sp_http_req_t *r, void *ud)
 {
+    body_job_t *j = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s stage=parse", sp_http_req_rid(r));
+    j->gone = true; /* body_done frees it */
+    j->r = NULL;
+}
+
+/* Loop thread: the parsed body (or why not); run the handler with it. */
+static void
+body_done(void *arg)
+{
+    body_job_t *j = arg;
+    if (!j->gone) {
+        sp_http_req_t *r = j->r;
+        sp_http_req_on_abort(r, NULL, NULL);
+        if (j->root == NULL) {
+            sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+        } else if (!json_is_object(j->root)) {
+            sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        } else {
+            parsed_body.r = r;
+            parsed_body.root = j->root;
+            j->root = NULL;
+            j->handler(r, &j->p, j->s);
+            json_decref(parsed_body.root); /* NULL unless the handler did not take it */
+            parsed_body.r = NULL;
+            parsed_body.root = NULL;
+        }
+    }
+    json_decref(j->root);
+    sp_free(j->copy);
+    sp_free(j);
+}
+
+static void
+body_task(void *arg)
+{
+    body_job_t *j = arg;
+    if (sp_json_parse(j->copy, j->len, j->s->cfg.json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
+        j->root = NULL;
+    }
+    sp_free(j->copy);
+    j->copy = NULL;
+    if (sp_mailbox_post(j->mb, body_done, j) != SP_OK) {
+        SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
+    }
+}
+
+/* Parse the body as a JSON object; answers and returns NULL on failure. A
+ * large body is parsed on a worker: NULL now, and `handler` runs again with
+ * it parsed. */
+static json_t *
+body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
+{
+    if (parsed_body.r == r && parsed_body.root != NULL) {
+        json_t *root = parsed_body.root;
+        parsed_body.root = NULL;
+        return root;
+    }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
         sp_server_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
+        return NULL;
+    }
+    if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
+        body_job_t *j = sp_calloc(1, sizeof *j);
+        char *copy = sp_malloc(body.len);
+        if (j == NULL || copy == NULL) {
+            sp_free(j);
+            sp_free(copy);
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return NULL;
+        }
+        memcpy(copy, body.ptr, body.len);
+        j->s = s;
+        j->r = r;
+        j->handler = handler;
+        if (p) {
+            j->p = *p;
+        }
+        j->mb = sp_server_mailbox(r);
+        j->copy = copy;
+        j->len = body.len;
+        sp_http_req_on_abort(r, body_abort, j);
+        sp_status_t st = sp_workq_submit(s->prep, body_task, j);
+        if (st != SP_OK) {
+            sp_http_req_on_abort(r, NULL, NULL);
+            sp_free(copy);
+            sp_free(j);
+            if (st == SP_ERR_BUSY) {
+                sp_http_add_header(r, "Retry-After", "1");
+                sp_server_error(r, 429, "server_overloaded", NULL, "queue_full",
+                                "too many requests are being prepared; retry later");
+            } else {
+                sp_server_error(r, 503, NULL, NULL, NULL, "the server is stopping");
+            }
+        }
         return NULL;
     }
     json_t *root;
@@ -1160,6 +1510,62 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         return;
     }
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
+}
+
+/* Loop thread: the preparation's result. Answer its error, or submit. */
+static void
+prep_done(void *arg)
+{
+    oai_req_t *q = arg;
+    if (q->gone) {
+        oai_free(q);
+        return;
+    }
+    sp_http_req_t *r = q->http;
+    oai_prep_t *pp = &q->prep;
+    sp_http_req_on_abort(r, NULL, NULL);
+    if (pp->http != 0) {
+        sp_server_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
+        oai_free(q);
+        return;
+    }
+    pp->g.grammar = q->grammar;
+    if (q->kind == OAI_EMBED) {
+        const int32_t *prompts[SP_SCHED_MAX_N];
+        int64_t lens[SP_SCHED_MAX_N];
+        for (int i = 0; i < pp->n_in && i < SP_SCHED_MAX_N; i++) {
+            prompts[i] = pp->in[i].dst;
+            lens[i] = pp->in[i].n;
+        }
+        submit(q, NULL, 0, NULL, prompts, lens, q->n);
+        return;
+    }
+    if (pp->prompt) {
+        /* The access log keeps the end of the rendered prompt (the latest turn). */
+        size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
+        sp_req_clock_text(&q->clk, false, pp->prompt + pp->plen - keep, keep);
+    }
+    run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
+}
+
+/* Loop thread: room for n prompts of the model's context (tokens and their
+ * tokenize jobs); false after answering 503. */
+static bool
+prep_alloc(oai_req_t *q, int n)
+{
+    oai_prep_t *pp = &q->prep;
+    pp->cap = q->m->n_ctx;
+    pp->toks = sp_malloc((size_t)n * (size_t)pp->cap * sizeof(int32_t));
+    pp->in = sp_calloc((size_t)n, sizeof *pp->in);
+    if (pp->toks == NULL || pp->in == NULL) {
+        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        return false;
+    }
+    pp->n_in = n;
+    for (int i = 0; i < n; i++) {
+        pp->in[i].dst = pp->toks + (size_t)i * (size_t)pp->cap;
+    }
+    return true;
 }
 
 /* The response cache (respcache.h): only answers that a second run would
@@ -1309,21 +1715,21 @@ static void
 h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_completions, p);
     if (b == NULL) {
         return;
     }
     oai_req_t *q = NULL;
-    int32_t *toks = NULL;
     sp_req_adapter_t ad;
     sp_served_model_t *m = get_model(s, r, b, h_completions, p, &ad);
     if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
         goto done;
     }
-    sp_gen_params_t g;
-    int64_t max_tokens = 16;
-    bool max_given;
-    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0 || cache_lookup(q, b, &g)) {
+    oai_prep_t *pp = &q->prep;
+    pp->body = json_incref(b);
+    pp->max_tokens = 16;
+    if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
+        cache_lookup(q, b, &pp->g)) {
         oai_free(q);
         goto done;
     }
@@ -1338,10 +1744,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         goto done;
     }
     const json_t *pr = json_object_get(b, "prompt");
-    int64_t cap = m->n_ctx, n_tok = 0;
-    toks = sp_malloc((size_t)cap * sizeof(int32_t));
-    if (toks == NULL) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+    if (!prep_alloc(q, 1)) {
         oai_free(q);
         goto done;
     }
@@ -1350,7 +1753,6 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0)))) {
         pr = json_array_get(pr, 0);
     }
-    int rc;
     if (json_is_string(pr)) {
         if (json_string_length(pr) == 0) {
             sp_server_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
@@ -1358,11 +1760,17 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             goto done;
         }
         sp_req_clock_text(&q->clk, false, json_string_value(pr), json_string_length(pr));
-        rc = tokenize_text(q, "prompt", json_string_value(pr), json_string_length(pr),
-                           sp_tokenizer_add_bos(m->tok), false, toks, cap, &n_tok);
+        pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
+        pp->in[0].len = json_string_length(pr);
+        pp->add_bos = sp_tokenizer_add_bos(m->tok);
+        pp->special = false;
+        pp->tok_param = "prompt";
     } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
                json_is_integer(json_array_get(pr, 0))) {
-        rc = parse_id_array(q, pr, "prompt", toks, cap, &n_tok);
+        if (parse_id_array(q, pr, "prompt", pp->in[0].dst, pp->cap, &pp->in[0].n) != 0) {
+            oai_free(q);
+            goto done;
+        }
     } else if (json_is_array(pr) && json_array_size(pr) > 1) {
         sp_server_error(r, 400, NULL, "prompt", NULL,
                         "one prompt per request is supported (use n for several completions)");
@@ -1374,26 +1782,21 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         oai_free(q);
         goto done;
     }
-    if (rc != 0) {
-        oai_free(q);
-        goto done;
-    }
-    run_generation(q, &g, max_tokens, max_given, toks, n_tok);
+    prep_start(q);
 done:
-    sp_free(toks);
-    json_decref(b); /* the scheduler copied what it keeps (prompt, stop strings) */
+    json_decref(b); /* the request keeps its own reference until it ends */
 }
 
-/* OpenAI content: a string, or a list of {"type":"text","text":...} parts. */
-static int
-message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size_t *off)
+/* Worker: OpenAI content (a string, or a list of {"type":"text","text":...}
+ * parts) appended to store as a C string at *off; false after prep_fail. */
+static bool
+message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, size_t *off)
 {
     *off = SIZE_MAX;
     if (c == NULL || json_is_null(c)) {
-        return 0;
+        return true;
     }
-    char param[48];
-    snprintf(param, sizeof param, "messages[%d].content", i);
+    char msg[160];
     size_t start = store->len;
     if (json_is_string(c)) {
         sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
@@ -1405,24 +1808,92 @@ message_content(sp_http_req_t *r, const json_t *c, int i, sp_jbuf_t *store, size
             sp_json_err_t e;
             if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
                 strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
-                sp_server_error(r, 400, NULL, "messages", NULL,
-                                "%s: only parts {\"type\": \"text\", \"text\": ...} are supported", param);
-                return -1;
+                snprintf(msg, sizeof msg, "messages[%zu].content: only parts {\"type\": \"text\", "
+                         "\"text\": ...} are supported", i);
+                prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+                return false;
             }
             sp_jbuf_raw(store, text, tl);
         }
     } else {
-        sp_server_error(r, 400, NULL, "messages", NULL, "%s must be a string or a list of parts", param);
-        return -1;
+        snprintf(msg, sizeof msg, "messages[%zu].content must be a string or a list of parts", i);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        return false;
     }
     if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
-        sp_server_error(r, 400, NULL, "messages", NULL, "%s may not contain NUL", param);
-        return -1;
+        snprintf(msg, sizeof msg, "messages[%zu].content may not contain NUL", i);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        return false;
     }
     sp_jbuf_raw(store, "", 0);
     store->len++; /* keep the NUL: contents are C strings inside store */
     *off = start;
-    return 0;
+    return true;
+}
+
+/* Worker: check the chat messages and gather them for the template (their
+ * contents and tool calls as C strings in store and tc); false after prep_fail. */
+static bool
+gather_messages(oai_prep_t *pp)
+{
+    const json_t *ms = pp->messages;
+    size_t n = json_array_size(ms);
+    char msg[160];
+    pp->msgs = sp_calloc(n, sizeof *pp->msgs);
+    pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
+    if (pp->msgs == NULL || pp->offs == NULL) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    pp->n_msgs = n;
+    sp_chat_msg_t *msgs = pp->msgs;
+    size_t *offs = pp->offs;
+    sp_jbuf_t *store = &pp->store, *tc = &pp->tc;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *mo = json_array_get(ms, i);
+        sp_json_err_t e;
+        const char *role = NULL;
+        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
+            snprintf(msg, sizeof msg, "messages[%zu] must be an object with a string 'role'", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].role = role;
+        if (!message_content(pp, json_object_get(mo, "content"), i, store, &offs[2 * i])) {
+            return false;
+        }
+        const char *name = NULL;
+        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
+            snprintf(msg, sizeof msg, "messages[%zu].name must be a string", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].name = name;
+        const char *tcid = NULL;
+        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
+            snprintf(msg, sizeof msg, "messages[%zu].tool_call_id must be a string", i);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            return false;
+        }
+        msgs[i].tool_call_id = tcid;
+        const json_t *calls = json_object_get(mo, "tool_calls");
+        offs[2 * i + 1] = SIZE_MAX;
+        if (calls && !json_is_null(calls)) {
+            offs[2 * i + 1] = tc->len;
+            sp_jbuf_json(tc, calls);
+            sp_jbuf_raw(tc, "", 0);
+            tc->len++;
+        }
+    }
+    if (store->oom || tc->oom) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
+        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store->p + offs[2 * i];
+        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc->p + offs[2 * i + 1];
+    }
+    return true;
 }
 
 /*
@@ -1499,28 +1970,13 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     if (strcmp(choice, "auto") == 0) {
         return 0;
     }
-    if (g->json_object || q->grammar) {
+    if (g->json_object || q->prep.schema || q->prep.gbnf) {
         sp_server_error(r, 400, NULL, "tool_choice", NULL,
                         "a forced tool call cannot be combined with response_format or grammar");
         return -1;
     }
-    char *text = NULL, err[512];
-    size_t len = 0;
-    sp_status_t st = sp_toolcall_grammar(q->tool_fmt, tools, only, &text, &len, err, sizeof err);
-    if (st == SP_OK) {
-        char gerr[256];
-        st = sp_grammar_compile(text, len, &q->grammar, gerr, sizeof gerr);
-        if (st != SP_OK) {
-            snprintf(err, sizeof err, "tools: %s", gerr);
-        }
-    }
-    sp_free(text);
-    if (st != SP_OK) {
-        sp_server_error(r, st == SP_ERR_NOMEM ? 503 : 400, NULL, only ? "tool_choice" : "tools",
-                        NULL, "%s", err);
-        return -1;
-    }
-    g->grammar = q->grammar;
+    q->prep.tools = tools; /* its grammar is compiled by the preparation */
+    q->prep.tool_only = only;
     return 0;
 }
 
@@ -1528,150 +1984,52 @@ static void
 h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_chat, p);
     if (b == NULL) {
         return;
     }
     oai_req_t *q = NULL;
-    int32_t *toks = NULL;
-    char *prompt = NULL;
-    char *tools_json = NULL;
-    sp_chat_msg_t *msgs = NULL;
-    size_t *offs = NULL;
-    sp_jbuf_t store, tc;
-    sp_jbuf_init(&store);
-    sp_jbuf_init(&tc);
     sp_req_adapter_t ad;
     sp_served_model_t *m = get_model(s, r, b, h_chat, p, &ad);
     if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m, &ad)) == NULL) {
         goto done;
     }
-    sp_gen_params_t g;
-    int64_t max_tokens = 0;
-    bool max_given;
-    if (parse_gen(q, b, &g, &max_tokens, &max_given) != 0 || cache_lookup(q, b, &g)) {
-        oai_free(q);
-        goto done;
+    oai_prep_t *pp = &q->prep;
+    pp->body = json_incref(b);
+    if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
+        cache_lookup(q, b, &pp->g)) {
+        goto fail;
     }
     const json_t *ms = json_object_get(b, "messages");
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
         sp_server_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
-        oai_free(q);
-        goto done;
+        goto fail;
     }
     if (m->tmpl == NULL) {
         sp_server_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
                         m->name, m->tmpl_error);
-        oai_free(q);
-        goto done;
+        goto fail;
     }
-    size_t n = json_array_size(ms);
-    msgs = sp_calloc(n, sizeof *msgs);
-    offs = sp_calloc(n * 2, sizeof *offs);
-    if (msgs == NULL || offs == NULL) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
-        oai_free(q);
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const json_t *mo = json_array_get(ms, i);
-        char param[48];
-        snprintf(param, sizeof param, "messages[%zu]", i);
-        sp_json_err_t e;
-        const char *role = NULL;
-        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s must be an object with a string 'role'", param);
-            oai_free(q);
-            goto done;
-        }
-        msgs[i].role = role;
-        if (message_content(r, json_object_get(mo, "content"), (int)i, &store, &offs[2 * i]) != 0) {
-            oai_free(q);
-            goto done;
-        }
-        const char *name = NULL;
-        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s.name must be a string", param);
-            oai_free(q);
-            goto done;
-        }
-        msgs[i].name = name;
-        const char *tcid = NULL;
-        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
-            sp_server_error(r, 400, NULL, "messages", NULL, "%s.tool_call_id must be a string", param);
-            oai_free(q);
-            goto done;
-        }
-        msgs[i].tool_call_id = tcid;
-        const json_t *calls = json_object_get(mo, "tool_calls");
-        offs[2 * i + 1] = SIZE_MAX;
-        if (calls && !json_is_null(calls)) {
-            offs[2 * i + 1] = tc.len;
-            sp_jbuf_json(&tc, calls);
-            sp_jbuf_raw(&tc, "", 0);
-            tc.len++;
-        }
-    }
-    if (store.oom || tc.oom) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
-        oai_free(q);
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
-        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store.p + offs[2 * i];
-        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc.p + offs[2 * i + 1];
-    }
-    char bos[SP_TOKEN_MAX_BYTES + 1] = "", eos[SP_TOKEN_MAX_BYTES + 1] = "";
+    pp->messages = ms; /* checked, gathered and rendered by the preparation */
     int32_t bid = sp_tokenizer_bos(m->tok), eid = sp_tokenizer_eos(m->tok);
     if (bid >= 0) {
         sp_str_t t = sp_tokenizer_token_text(m->tok, bid);
-        snprintf(bos, sizeof bos, "%.*s", (int)t.len, t.ptr);
+        snprintf(pp->bos, sizeof pp->bos, "%.*s", (int)t.len, t.ptr);
     }
     if (eid >= 0) {
         sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
-        snprintf(eos, sizeof eos, "%.*s", (int)t.len, t.ptr);
+        snprintf(pp->eos, sizeof pp->eos, "%.*s", (int)t.len, t.ptr);
     }
-    if (parse_tools(q, b, &g, &tools_json) != 0) {
-        oai_free(q);
-        goto done;
+    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || !prep_alloc(q, 1)) {
+        goto fail;
     }
-    size_t plen = 0;
-    char err[512];
-    sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = bos, .eos_text = eos,
-                             .tools_json = tools_json};
-    sp_status_t st = sp_chat_apply_ex(m->tmpl, msgs, n, &cpar, &prompt, &plen, err, sizeof err);
-    if (st != SP_OK) {
-        sp_server_error(r, sp_status_http(st), NULL, "messages", NULL, "%s", err);
-        oai_free(q);
-        goto done;
-    }
-    /* The access log keeps the end of the rendered prompt (the latest turn). */
-    size_t keep = plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : plen;
-    sp_req_clock_text(&q->clk, false, prompt + plen - keep, keep);
-    /* The template usually writes the BOS text itself; add one only if not. */
-    bool add_bos = sp_tokenizer_add_bos(m->tok) && !(bos[0] && strncmp(prompt, bos, strlen(bos)) == 0);
-    int64_t cap = m->n_ctx, n_tok = 0;
-    toks = sp_malloc((size_t)cap * sizeof(int32_t));
-    if (toks == NULL) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
-        oai_free(q);
-        goto done;
-    }
-    if (tokenize_text(q, "messages", prompt, plen, add_bos, true, toks, cap, &n_tok) != 0) {
-        oai_free(q);
-        goto done;
-    }
-    run_generation(q, &g, max_tokens, max_given, toks, n_tok);
+    pp->special = true;
+    pp->tok_param = "messages";
+    prep_start(q); /* render, tokenize, then generate */
+    goto done;
+fail:
+    oai_free(q);
 done:
-    sp_free(prompt);
-    if (tools_json) {
-        sp_jfree(tools_json);
-    }
-    sp_free(msgs);
-    sp_free(offs);
-    sp_free(toks);
-    sp_jbuf_free(&store);
-    sp_jbuf_free(&tc);
     json_decref(b);
 }
 
@@ -1679,19 +2037,17 @@ static void
 h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    json_t *b = body_object(s, r);
+    json_t *b = body_object(s, r, h_embeddings, p);
     if (b == NULL) {
         return;
     }
     oai_req_t *q = NULL;
-    int32_t *toks = NULL;
-    const int32_t **prompts = NULL;
-    int64_t *lens = NULL;
     sp_req_adapter_t ad;
     sp_served_model_t *m = get_model(s, r, b, h_embeddings, p, &ad);
     if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m, &ad)) == NULL) {
         goto done;
     }
+    q->prep.body = json_incref(b);
     const char *fmt = "float";
     sp_json_err_t e = {{0}, NULL};
     if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||
@@ -1731,27 +2087,35 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         oai_free(q);
         goto done;
     }
-    int64_t cap = m->n_ctx;
-    toks = sp_malloc(n * (size_t)cap * sizeof(int32_t));
-    prompts = sp_calloc(n, sizeof *prompts);
-    lens = sp_calloc(n, sizeof *lens);
+    if (n > SP_SCHED_MAX_N) {
+        sp_server_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
     q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
-    if (!toks || !prompts || !lens || !q->emb) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+    if (q->emb == NULL || !prep_alloc(q, (int)n)) {
+        if (q->emb == NULL) {
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        }
         json_decref(wrap);
         oai_free(q);
         goto done;
     }
     q->n = (int)n;
+    oai_prep_t *pp = &q->prep;
+    pp->add_bos = sp_tokenizer_add_bos(m->tok);
+    pp->special = false;
+    pp->tok_param = "input";
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_array_get(in, i);
-        int32_t *t = toks + i * (size_t)cap;
-        prompts[i] = t;
+        tok_in_t *t = &pp->in[i];
         if (json_is_string(x) && json_string_length(x) > 0) {
-            rc = tokenize_text(q, "input", json_string_value(x), json_string_length(x),
-                               sp_tokenizer_add_bos(m->tok), false, t, cap, &lens[i]);
+            t->text = json_string_value(x); /* tokenized by the preparation */
+            t->len = json_string_length(x);
+            rc = 0;
         } else if (json_is_array(x) && json_array_size(x) > 0) {
-            rc = parse_id_array(q, x, "input", t, cap, &lens[i]);
+            rc = parse_id_array(q, x, "input", t->dst, pp->cap, &t->n);
         } else {
             sp_server_error(r, 400, NULL, "input", NULL, "input %zu must be a non-empty string or list of token ids", i);
             rc = -1;
@@ -1762,17 +2126,11 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             goto done;
         }
     }
+    /* The strings stay alive after wrap goes: wrap only held a reference to
+     * the body's own `input`. */
     json_decref(wrap);
-    if (q->n > SP_SCHED_MAX_N) {
-        sp_server_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
-        oai_free(q);
-        goto done;
-    }
-    submit(q, NULL, 0, NULL, prompts, lens, q->n);
+    prep_start(q);
 done:
-    sp_free(toks);
-    sp_free(prompts);
-    sp_free(lens);
     json_decref(b);
 }
 

@@ -177,6 +177,15 @@ sp_served_ref(sp_served_model_t *m)
 }
 
 void
+sp_served_fault(sp_served_model_t *m, const char *rid, const char *what)
+{
+    if (m != NULL && !atomic_exchange(&m->faulty, true)) {
+        SP_LOG_ERROR("event=model_fault model=%s version=%lld rid=%s detail=%s", sp_log_str(m->name),
+                     (long long)m->version, rid ? rid : "-", sp_log_str(what));
+    }
+}
+
+void
 sp_served_release(sp_served_model_t *m)
 {
     if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1) {

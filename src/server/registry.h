@@ -101,6 +101,9 @@ struct sp_served_model {
     uint32_t prio_levels, prio_default; /* its batcher's priority levels (1-based default) */
     sp_drain_t drain;          /* requests its batcher completed lately, for Retry-After */
     bool reserved;             /* its charge is taken from the budgets */
+    /* It produced NaN or infinite logits or embeddings (SP_ERR_MODEL_FAULT):
+     * its readiness and the server's say not ready until it is reloaded. */
+    atomic_bool faulty;
     atomic_int refs;
     _Atomic int64_t last_used_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */
@@ -165,6 +168,10 @@ void sp_served_ref(sp_served_model_t *m);
 /* Drop a reference; the last one of a model no entry points at queues it to
  * be freed by the manager. NULL is a no-op. */
 void sp_served_release(sp_served_model_t *m);
+/* Any thread: m produced NaN or infinite values (a model fault, not the
+ * request's): mark it faulty (readiness reports it) and log it once, at
+ * error level, with the request id and what it produced. */
+void sp_served_fault(sp_served_model_t *m, const char *rid, const char *what);
 /* The scheduler figures of a model: its instances' summed (steps: the busiest one's). */
 void sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *out);
 /* The instance with the least outstanding work (ties rotate). */

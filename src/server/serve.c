@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/pool.h"
+#include "core/workq.h"
 #include "core/timer.h"
 #include "cuda/gpu.h"
 #include "sampan/log.h"
@@ -318,6 +320,22 @@ gpu_unhealthy(sp_server_t *s)
     return bad;
 }
 
+/* A served model that produced NaN or infinite values (a model fault): its
+ * answers would be errors, so the server is not ready until it is reloaded. */
+static bool
+model_faulty(sp_server_t *s)
+{
+    sp_registry_t *reg = &s->reg;
+    bool bad = false;
+    pthread_mutex_lock(&reg->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES && !bad; i++) {
+        const sp_model_entry_t *e = &reg->entry[i];
+        bad = e->used && e->live != NULL && atomic_load(&e->live->faulty);
+    }
+    pthread_mutex_unlock(&reg->mu);
+    return bad;
+}
+
 static void
 h_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -328,12 +346,15 @@ static void
 h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    bool sick = gpu_unhealthy(s);
-    if (is_ready(s) && !sick) {
+    bool sick = gpu_unhealthy(s), faulty = model_faulty(s);
+    if (is_ready(s) && !sick && !faulty) {
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->draining) ? "draining" : sick ? "device_unhealthy" : "loading";
+    const char *why = atomic_load(&s->draining) ? "draining"
+                      : sick                     ? "device_unhealthy"
+                      : faulty                   ? "model_unhealthy"
+                                                 : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");
@@ -349,7 +370,7 @@ h_v2_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static void
 h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
+    sp_http_respond(r, is_ready(ud) && !model_faulty(ud) ? 200 : 503, NULL, "", 0);
 }
 
 /* GET /stats: per loaded model (the newest version under its name, older
@@ -878,6 +899,16 @@ sp_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
+    {
+        /* Request preparation (openai.c) runs here, never on a loop: a few
+         * workers (they mostly wait), and a bounded queue (beyond it: 429). */
+        int n = sp_cpu_count();
+        n = n < 2 ? 2 : n > 8 ? 8 : n;
+        if (sp_workq_create(n, 256, &s->prep) != SP_OK) {
+            fprintf(stderr, "sampan serve: cannot start the request preparation workers\n");
+            goto done;
+        }
+    }
     if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
         sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
@@ -956,7 +987,11 @@ done:
      * drop their references), then the models. */
     sp_repository_stop(s);
     sp_registry_stop_all(&s->reg);
+    /* Preparations still queued finish and post to their loops, which still
+     * run; later requests are refused (503) until the loops stop. */
+    sp_workq_shutdown(s->prep);
     sp_http_server_destroy(s->http);
+    sp_workq_destroy(s->prep);
     sp_grpc_destroy(s->grpc); /* after the loops: they held its connections */
     sp_trace_shutdown(); /* after the loops: their last spans are queued; a bounded flush */
     sp_registry_fini(&s->reg);

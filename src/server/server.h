@@ -46,6 +46,9 @@ typedef struct sp_server {
     struct sp_grpc *grpc;     /* the gRPC port (grpc.h); NULL = none */
     sp_router_t *router;
     sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */
+    /* Workers that prepare requests off the loops (grammar and schema
+     * compiling, chat templates, tokenizing: openai.c); NULL = on the loop. */
+    struct sp_workq *prep;
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
     char repo_real[4096];     /* the repository root resolved (for sp_repository_redact) */

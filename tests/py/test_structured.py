@@ -232,6 +232,17 @@ def error_cases():
         ("tool_choice unknown function", "/v1/chat/completions",
          {"tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "'g'"),
+        # Limits of the request's own grammar: 400 (413 is for bodies over --max-body-bytes).
+        ("grammar over the element limit", "/v1/completions", {"grammar": "root ::= " + " ".join(['"a"{4096}'] * 70)},
+         "grammar", "elements"),
+        ("schema over the node limit", "/v1/chat/completions",
+         {"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": list(range(10001))}}}},
+         "response_format.json_schema.schema", "10000"),
+        ("forced tool call over the grammar's limits", "/v1/chat/completions",
+         {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+             "type": "object", "properties": {f"s{i}": {"type": "string", "maxLength": 4096}
+                                              for i in range(10)}}}}],
+          "tool_choice": "required"}, "tools", "more than"),
         ("tool_choice without tools", "/v1/chat/completions", {"tool_choice": "required"},
          "tool_choice", "needs 'tools'"),
         ("tools malformed", "/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools",
@@ -249,8 +260,11 @@ def error_cases():
             body["prompt"] = "Once"
         st, r = http_json(port, "POST", path, body)
         err = r.get("error", {}) if isinstance(r, dict) else {}
-        s.case(f"400 {name}", st == 400 and err.get("param") == param and needle in err.get("message", ""),
-               f"{st} {r}")
+        # A grammar over the compiler's size limits says which limit (code limit_exceeded).
+        code = "limit_exceeded" if name in ("grammar over the element limit",
+                                            "forced tool call over the grammar's limits") else None
+        s.case(f"400 {name}", st == 400 and err.get("param") == param and needle in err.get("message", "")
+               and err.get("code") == code, f"{st} {r}")
 
 
 WEATHER = {"type": "function", "function": {

@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/heap.h"
 #include "core/pool.h"
+#include "core/workq.h"
 #include "sampan/log.h"
 #include "sampan/status.h"
 
@@ -154,6 +155,54 @@ TEST(pool_wakes_sleeping_workers)
         }
     }
     sp_pool_destroy(pool);
+}
+
+/* The task queue: every accepted task runs once (some on each worker),
+ * a full queue says busy, and destroy runs what is still queued. */
+typedef struct wq_probe {
+    atomic_int runs[64];
+    atomic_int gate; /* tasks wait while 0 */
+} wq_probe;
+
+static wq_probe wqp;
+
+static void
+wq_task(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    for (int k = 0; k < 2000 && !atomic_load(&wqp.gate); k++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_add(&wqp.runs[i], 1);
+}
+
+TEST(workq_runs_tasks_and_bounds_the_queue)
+{
+    memset(&wqp, 0, sizeof wqp);
+    sp_workq_t *q;
+    ASSERT_OK(sp_workq_create(2, 4, &q));
+    /* Two tasks occupy the workers (held by the gate), four wait, the next is refused. */
+    int accepted = 0, busy = 0;
+    for (int i = 0; i < 12; i++) {
+        sp_status_t st = sp_workq_submit(q, wq_task, (void *)(intptr_t)i);
+        ASSERT(st == SP_OK || st == SP_ERR_BUSY);
+        accepted += st == SP_OK;
+        busy += st == SP_ERR_BUSY;
+        if (i == 1) { /* let the two workers take the first two tasks */
+            for (int k = 0; k < 2000 && sp_workq_pending(q) > 0; k++) {
+                struct timespec ts = {0, 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    ASSERT_EQ(accepted, 6);
+    ASSERT_EQ(busy, 6);
+    atomic_store(&wqp.gate, 1);
+    sp_workq_destroy(q); /* runs the four still queued */
+    for (int i = 0; i < 12; i++) {
+        ASSERT_EQ(atomic_load(&wqp.runs[i]), i < 6 ? 1 : 0);
+    }
 }
 
 static char captured[512];

@@ -428,10 +428,19 @@ TEST(gen_max_tokens_eog_and_dummy_prefix)
     p = greedy_params(5);
     g = make_gen(v.t, &p);
     static float l[512];
-    for (int i = 0; i < 512; i++) l[i] = (i % 2) ? NAN : -INFINITY;
+    for (int i = 0; i < 512; i++) l[i] = -INFINITY;
     ASSERT_EQ(sp_gen_step(g, l, &o), SP_ERR_INVALID);
     ASSERT(strstr(sp_gen_error(g), "finite") != NULL);
     sp_gen_destroy(g);
+    /* a NaN or +inf logit is the model's fault (500), even beside finite ones */
+    for (int k = 0; k < 2; k++) {
+        g = make_gen(v.t, &p);
+        for (int i = 0; i < 512; i++) l[i] = (float)(i % 7);
+        l[300] = k ? INFINITY : NAN;
+        ASSERT_EQ(sp_gen_step(g, l, &o), SP_ERR_MODEL_FAULT);
+        ASSERT(strstr(sp_gen_error(g), "NaN") != NULL);
+        sp_gen_destroy(g);
+    }
     close_vocab(&v);
 }
 

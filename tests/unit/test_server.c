@@ -182,3 +182,51 @@ TEST(config_flags_and_file)
     ASSERT_EQ(sp_serve_config_parse(2, argv3, &c, &help, err, sizeof err), SP_ERR_INVALID);
     ASSERT(strstr(err, "\"port\"") != NULL);
 }
+
+/* gRPC: a NUL inside a model name (or version, or id) is refused, never cut:
+ * protobuf-c gives strings to C as NUL-terminated, so "m\0x" would name "m". */
+#include "server/grpc_msg.h"
+
+static bool
+never_llm(void *ud, const char *name, size_t len, const char *version, size_t vlen)
+{
+    return false;
+}
+
+TEST(grpc_name_with_nul_is_refused)
+{
+    /* ModelReadyRequest {name = 1, version = 2}; ModelInferRequest {model_name = 1, id = 3} */
+    static const uint8_t ready_ok[] = {0x0A, 0x03, 'a', 'b', 'c'};
+    static const uint8_t ready_nul[] = {0x0A, 0x05, 'a', 'b', 'c', 0x00, 'x'};
+    static const uint8_t ready_ver_nul[] = {0x0A, 0x01, 'a', 0x12, 0x02, '1', 0x00};
+    static const uint8_t meta_nul[] = {0x0A, 0x02, 0x00, 'a'};
+    static const uint8_t infer_nul[] = {0x0A, 0x03, 'm', 0x00, 'x', 0x1A, 0x01, 'i'};
+    static const uint8_t infer_id_nul[] = {0x0A, 0x01, 'm', 0x1A, 0x02, 'i', 0x00};
+    sp_grpc_rest_t out;
+    char err[256];
+    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_ok, sizeof ready_ok, never_llm, NULL, &out,
+                               err, sizeof err), SP_GRPC_OK);
+    ASSERT(strcmp(out.path, "/v2/models/abc/ready") == 0);
+    sp__grpc_rest_free(&out);
+    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_nul, sizeof ready_nul, never_llm, NULL, &out,
+                               err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
+    ASSERT(strstr(err, "name") && strstr(err, "NUL"));
+    sp__grpc_rest_free(&out);
+    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_ver_nul, sizeof ready_ver_nul, never_llm,
+                               NULL, &out, err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
+    ASSERT(strstr(err, "version") && strstr(err, "NUL"));
+    sp__grpc_rest_free(&out);
+    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_METADATA, meta_nul, sizeof meta_nul, never_llm, NULL,
+                               &out, err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
+    sp__grpc_rest_free(&out);
+    for (int m = SP_GRPC_MODEL_INFER; m <= SP_GRPC_MODEL_STREAM_INFER; m++) {
+        ASSERT_EQ(sp__grpc_to_rest(m, infer_nul, sizeof infer_nul, never_llm, NULL, &out, err,
+                                   sizeof err), SP_GRPC_INVALID_ARGUMENT);
+        ASSERT(strstr(err, "model_name") && strstr(err, "NUL"));
+        sp__grpc_rest_free(&out);
+        ASSERT_EQ(sp__grpc_to_rest(m, infer_id_nul, sizeof infer_id_nul, never_llm, NULL, &out, err,
+                                   sizeof err), SP_GRPC_INVALID_ARGUMENT);
+        ASSERT(strstr(err, "id") && strstr(err, "NUL"));
+        sp__grpc_rest_free(&out);
+    }
+}

@@ -1,0 +1,216 @@
+"""test_liveness.py - one expensive request never holds the event loop, and limits answer 400.
+
+- a 0.4 MB json_schema (9,999 required properties) and a 7.8 MB chat are prepared off the
+  loop: while each runs, /live probes (one loop thread, the default) answer within 100 ms
+  (a liveness bound, not a speed target: the work itself used to hold the loop for seconds);
+- both answer 400 naming the limit they exceed (the grammar's rules, the template's output),
+  not 413 (that one is for a body over --max-body-bytes);
+- a grammar over the matcher's limits answers 400 with code limit_exceeded;
+- a client that disconnects while its request is being prepared leaves the server serving
+  (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan);
+- statuses: a BYTES prompt that is not UTF-8 is 400 on KServe infer; a model whose weights
+  hold NaN (tools/gguf_gen.py --poison) answers 500 (a model fault, logged), never 400 and
+  never an embedding of nulls, and its readiness and the server's then say not ready.
+"""
+import http.client
+import json
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+from common import ROOT, Server, Suite, binary, http_json, run
+
+s = Suite("liveness")
+if binary() is None:
+    s.skip("all", "sampan not built")
+    s.finish()
+
+PROBE_MS = 100
+
+
+def big_schema(n=9999):
+    props = {f"p{i:04d}": {"type": "integer"} for i in range(n)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def big_chat_body():
+    text = "lorem ipsum dolor sit amet " * (7_800_000 // 27)
+    return {"model": "stories260K", "max_tokens": 4,
+            "messages": [{"role": "user", "content": text}]}
+
+
+def probe_while(port, fn):
+    """Run fn() in a thread and probe GET /live until it returns (at most 60 s); returns
+    (fn's result, latencies of the probes in ms)."""
+    out = {}
+
+    def job():
+        try:
+            out["r"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the case
+            out["r"] = ("exception", repr(e))
+
+    t = threading.Thread(target=job)
+    t.start()
+    lat = []
+    end = time.time() + 60
+    while t.is_alive() and time.time() < end and len(lat) < 5000:
+        t0 = time.perf_counter()
+        st, _ = http_json(port, "GET", "/live", timeout=10)
+        lat.append((time.perf_counter() - t0) * 1000 if st == 200 else 1e9)
+        time.sleep(0.01)
+    t.join(60)
+    return out.get("r"), lat
+
+
+def post_raw(port, path, body, timeout=60):
+    """POST a pre-encoded body; (status, parsed answer)."""
+    return post_with(port, path, body, {"Content-Type": "application/json"}, timeout)
+
+
+def post_with(port, path, body, headers, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=body, headers=headers)
+        r = c.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, raw
+    finally:
+        c.close()
+
+
+def err_of(b):
+    return b.get("error", {}) if isinstance(b, dict) else {}
+
+
+srv = Server()
+P = srv.port
+try:
+    schema_body = json.dumps({"model": "stories260K", "max_tokens": 4,
+                              "messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "big",
+                                                                  "schema": big_schema()}}}).encode()
+    (st, b), lat = probe_while(P, lambda: post_raw(P, "/v1/chat/completions", schema_body))
+    s.case("9,999-property schema (%d KB): /live answers within %d ms while it compiles"
+           % (len(schema_body) // 1024, PROBE_MS),
+           len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
+    e = err_of(b)
+    s.case("9,999-property schema: 400 naming the grammar's limit (not 413)",
+           st == 400 and e.get("code") == "limit_exceeded" and "more than" in e.get("message", ""),
+           f"{st} {str(b)[:300]}")
+
+    chat_body = json.dumps(big_chat_body()).encode()
+    (st, b), lat = probe_while(P, lambda: post_raw(P, "/v1/chat/completions", chat_body))
+    s.case("7.8 MB chat: /live answers within %d ms while it renders" % PROBE_MS,
+           len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
+    e = err_of(b)
+    s.case("7.8 MB chat: 400 naming the template's output limit (not 413)",
+           st == 400 and e.get("code") == "limit_exceeded" and "output" in e.get("message", ""),
+           f"{st} {str(b)[:300]}")
+
+    # A grammar whose start state holds more stacks than the matcher allows.
+    alts = " | ".join(f'"w{i}"' for i in range(5000))
+    st, b = http_json(P, "POST", "/v1/completions",
+                      {"model": "stories260K", "prompt": "Once", "max_tokens": 2,
+                       "grammar": f"root ::= {alts}\n"})
+    e = err_of(b)
+    s.case("grammar over the matcher's limits: 400 limit_exceeded (not 413)",
+           st == 400 and e.get("code") == "limit_exceeded" and e.get("param") == "grammar",
+           f"{st} {str(b)[:300]}")
+
+    # Clients that leave while their request is being prepared (parsed, or compiled).
+    for k in range(6):
+        body = chat_body if k % 2 == 0 else schema_body
+        so = socket.create_connection(("127.0.0.1", P), timeout=10)
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        so.sendall(head + body)
+        time.sleep(0.03 * k if k % 2 == 0 else 0.1 * k)
+        so.close()
+    s.case("clients left while their requests were being prepared (logged)",
+           srv.wait_log(r"event=client_disconnect rid=\S+ stage=(parse|prepare)", 10) is not None,
+           srv.text()[-600:])
+    time.sleep(0.5)
+    st, b = http_json(P, "POST", "/v1/chat/completions",
+                      {"model": "stories260K", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "Once"}]})
+    s.case("clients that left during preparation: the server still answers", st == 200, f"{st} {str(b)[:200]}")
+    st, _ = http_json(P, "GET", "/live")
+    s.case("/live after them", st == 200)
+
+    # KServe infer: BYTES elements are text, and text is UTF-8.
+    def infer_bytes(prompt):
+        tail = struct.pack("<I", len(prompt)) + prompt + struct.pack("<i", 2)
+        head = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                       "parameters": {"binary_data_size": len(tail) - 4}},
+                                      {"name": "max_tokens", "datatype": "INT32", "shape": [1],
+                                       "parameters": {"binary_data_size": 4}}]}).encode()
+        return post_with(P, "/v2/models/stories260K/infer", head + tail,
+                         {"Content-Type": "application/octet-stream",
+                          "Inference-Header-Content-Length": str(len(head))})
+    st, b = infer_bytes("Once upon".encode())
+    s.case("KServe infer, a UTF-8 BYTES prompt: 200", st == 200, f"{st} {str(b)[:200]}")
+    for label, raw in (("a lone continuation byte", b"Once \x80 upon"), ("an overlong '/'", b"\xc0\xaf"),
+                       ("a surrogate", b"a\xed\xa0\x80"), ("a cut sequence", b"abc\xe2\x82")):
+        st, b = infer_bytes(raw)
+        s.case(f"KServe infer, a BYTES prompt with {label}: 400 naming UTF-8",
+               st == 400 and "UTF-8" in str(b), f"{st} {str(b)[:200]}")
+finally:
+    rc = srv.stop()
+s.case("server exits cleanly", rc == 0, f"exit {rc} {srv.text()[-800:] if rc else ''}")
+
+
+def nan_model(tmp):
+    path = os.path.join(tmp, "nan.gguf")
+    rc, _, err = run([sys.executable, os.path.join(ROOT, "tools", "gguf_gen.py"), path,
+                      "--poison", "output_norm.weight", "--seed", "3", "-q"], timeout=60)
+    return path if rc == 0 and os.path.exists(path) else None
+
+
+def not_ready_everywhere(port):
+    st_m, _ = http_json(port, "GET", "/v2/models/nan/ready")
+    st_r, _ = http_json(port, "GET", "/v2/health/ready")
+    st_h, b_h = http_json(port, "GET", "/health")
+    return (st_m == 400 and st_r == 503 and st_h == 503 and isinstance(b_h, dict)
+            and b_h.get("status") == "model_unhealthy"), f"{st_m} {st_r} {st_h} {b_h}"
+
+
+def nan_cases():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = nan_model(tmp)
+        if not s.case("NaN model written (gguf_gen.py --poison)", path is not None):
+            return
+        for what in ("completions", "embeddings"):
+            d = Server(model=f"nan={path}")
+            try:
+                st0, _ = http_json(d.port, "GET", "/v2/models/nan/ready")
+                if what == "completions":
+                    st, b = http_json(d.port, "POST", "/v1/completions",
+                                      {"model": "nan", "prompt": "hello", "max_tokens": 3})
+                    ok = st == 500 and "NaN" in err_of(b).get("message", "")
+                else:
+                    st, b = http_json(d.port, "POST", "/v1/embeddings", {"model": "nan", "input": "hello"})
+                    ok = (st == 500 and isinstance(b, dict) and "data" not in b
+                          and "NaN" in err_of(b).get("message", ""))
+                s.case(f"NaN model, {what}: 500 model fault (not 400, no nulls)", st0 == 200 and ok,
+                       f"ready before {st0}; {st} {str(b)[:300]}")
+                s.case(f"NaN model, {what}: logged as event=model_fault",
+                       d.wait_log(r"event=model_fault model=nan") is not None, d.text()[-500:])
+                ok, detail = not_ready_everywhere(d.port)
+                s.case(f"NaN model, {what}: model and server readiness say not ready", ok, detail)
+                st, _ = http_json(d.port, "GET", "/live")
+                s.case(f"NaN model, {what}: still live", st == 200)
+            finally:
+                d.stop()
+
+
+s.guard("nan model", nan_cases)
+s.finish()
