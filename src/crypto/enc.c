@@ -148,7 +148,7 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
         /* Neither the size nor any byte of what was found: the text may be
          * another file's (a secret) named by mistake or on purpose. */
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "%s: not a key: a key must be 64 hex characters (256 bits) or 32 raw bytes",
+                       "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes",
                        what);
     }
     for (size_t i = 0; i < SP_ENC_KEY_BYTES; i++) {
@@ -156,8 +156,8 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
         if (hi < 0 || lo < 0) {
             OPENSSL_cleanse(out, sizeof *out);
             return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "%s: not a key: a key must be 64 hex characters (a non-hex character "
-                           "was found)",
+                           "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes "
+                           "(a non-hex character was found)",
                            what);
         }
         out->bytes[i] = (uint8_t)(hi << 4 | lo);
@@ -182,7 +182,7 @@ sp_enc_key_read_file(const char *path, sp_enc_key_t *out, char *err, size_t err_
     if (sb.st_size > KEY_FILE_MAX) {
         close(fd);
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "key file %s: not a key: a key must be 64 hex characters or 32 raw bytes",
+                       "key file %s: a key must be 64 hex characters (256 bits) or 32 raw bytes",
                        path);
     }
     if (sb.st_mode & (S_IRWXG | S_IRWXO)) {

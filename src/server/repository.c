@@ -183,6 +183,12 @@ load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t 
     }
     e->from_repo = true;
     if (e->live && e->live->sig == sig && !(flags & LOAD_FORCE)) {
+        /* Unchanged (or back to what is loaded): left alone. */
+        e->sig = sig;
+        e->demand_failed = false;
+        if (e->state == SP_REPO_READY) {
+            e->reason[0] = '\0';
+        }
         pthread_mutex_unlock(&r->mu);
         return SP_OK;
     }

@@ -330,10 +330,9 @@ TEST(enc_key_parse)
     ASSERT(memcmp(k.bytes, want.bytes, 32) == 0);
 
     ASSERT(sp_enc_key_parse(hex, 63, "mykey", &k, err, sizeof err) == SP_ERR_INVALID);
-    ASSERT_HAS(err, "mykey: not a key: a key must be 64 hex characters (256 bits) or 32 raw bytes");
+    ASSERT_HAS(err, "mykey: a key must be 64 hex characters (256 bits) or 32 raw bytes");
     ASSERT(strstr(err, "63") == NULL); /* the size found is never told */
     ASSERT(sp_enc_key_parse(hex, 32, "k", &k, err, sizeof err) == SP_ERR_INVALID); /* 128-bit hex */
-    ASSERT_HAS(err, "not a key");
     ASSERT(strstr(err, "32 raw") != NULL && strstr(err, "found") == NULL);
     ASSERT(sp_enc_key_parse("", 0, "k", &k, err, sizeof err) == SP_ERR_INVALID);
     hex[10] = 'g';
