@@ -761,6 +761,7 @@ sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name, sp_gguf_re
  * (sp_gguf_weights_changed) to fail the step's requests and reload. */
 
 static _Atomic size_t g_copy_max; /* 0: map every file (tools); the server sets its own */
+static atomic_bool g_guard_on;    /* guard mappings (the server); tools keep the default crash */
 
 void
 sp_gguf_set_copy_max(size_t bytes)
@@ -772,6 +773,12 @@ size_t
 sp_gguf_copy_max(void)
 {
     return atomic_load(&g_copy_max);
+}
+
+void
+sp_gguf_set_guard(bool on)
+{
+    atomic_store(&g_guard_on, on);
 }
 
 #define GUARD_SLOTS 1024
@@ -985,8 +992,8 @@ sp_gguf_open(const char *path, sp_gguf_t **out, char *err, size_t err_len)
         long ps = sysconf(_SC_PAGESIZE);
         size_t page = ps > 0 ? (size_t)ps : 4096;
         g->map_len = (size + page - 1) / page * page;
-        g->guard = guard_add(m, g->map_len);
-        if (g->guard < 0) {
+        g->guard = atomic_load(&g_guard_on) ? guard_add(m, g->map_len) : -1;
+        if (atomic_load(&g_guard_on) && g->guard < 0) {
             sp_gguf_close(g);
             return sp_errf(err, err_len, SP_ERR_IO,
                            "%s: cannot guard its mapping (more than %d mapped model files)", path,

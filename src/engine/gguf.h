@@ -86,12 +86,15 @@ void sp_gguf_close(sp_gguf_t *g); /* NULL is a no-op */
  * A model file may change while it is open. Files up to `bytes` (process-wide;
  * 0, the default, maps every file) are read into anonymous private memory at
  * open, which nothing done to the file can change or take away. Larger files
- * are mapped, and a SIGBUS in such a mapping (the file was truncated) is
- * caught: the rest of the mapping reads as zeros from then on, and
+ * are mapped, and (with sp_gguf_set_guard) a SIGBUS in such a mapping (the
+ * file was truncated) is caught: the rest of the mapping reads as zeros from then on, and
  * sp_gguf_weights_changed says so. Set before opening the files it is for.
  */
 void sp_gguf_set_copy_max(size_t bytes);
 size_t sp_gguf_copy_max(void);
+/* Guard the mappings opened from now on (the server turns it on; off by default,
+ * so a short-lived tool whose file is cut still stops rather than computing on zeros). */
+void sp_gguf_set_guard(bool on);
 /* The handle holds a private copy of its file (see above). */
 bool sp_gguf_is_copy(const sp_gguf_t *g);
 /* What the tensors point at may no longer be what was validated at open: a

@@ -763,6 +763,7 @@ sp_repository_start(sp_server_t *s, char *err, size_t err_len)
 {
     /* Model files up to this size are served from a private copy (engine/gguf.h). */
     sp_gguf_set_copy_max(s->cfg.model_copy_max);
+    sp_gguf_set_guard(true);
     if (s->cfg.model_repository[0] && realpath(s->cfg.model_repository, s->repo_real) == NULL) {
         s->repo_real[0] = '\0';
     }

@@ -254,6 +254,12 @@ def test_load_key_file(tmp):
     shutil.copy(enc, os.path.join(repo, "sealed", "1", "model.gguf.enc"))
     with open(os.path.join(repo, "sealed", "config.json"), "w") as f:
         json.dump({"name": "sealed", "backend": "llm"}, f)
+    # The operator's config.json may name any key file; answers still show no server path.
+    os.makedirs(os.path.join(repo, "sealed2", "1"))
+    shutil.copy(enc, os.path.join(repo, "sealed2", "1", "model.gguf.enc"))
+    with open(os.path.join(repo, "sealed2", "config.json"), "w") as f:
+        json.dump({"name": "sealed2", "backend": "llm", "parameters": {
+            "encryption_key_file": {"string_value": os.path.join(tmp, "secret.txt")}}}, f)
     kd = os.path.join(tmp, "keydir")
     os.makedirs(kd)
     shutil.copy(key, os.path.join(kd, "good.key"))
@@ -282,6 +288,9 @@ def test_load_key_file(tmp):
             s.case(f"keys: no --key-dir: a load naming {os.path.basename(kf)} refused, telling "
                    "neither size nor path", st == 400 and "key-dir" in json.dumps(b) and clean(b),
                    f"{st} {b}")
+        st, b = srv.req("POST", "/v2/repository/models/sealed2/load")
+        s.case("keys: config.json's absolute key file: the answer names it without its directory",
+               st == 400 and clean(b) and ".../secret.txt" in json.dumps(b), f"{st} {b}")
         st, b = load(srv, env="HOME")
         s.case("keys: a load may not choose an environment variable", st == 400 and clean(b)
                and "may not choose an environment variable" in json.dumps(b), f"{st} {b}")

@@ -1055,6 +1055,7 @@ TEST(gguf_mapped_truncation_is_caught)
     size_t size;
     copy_demo(path, &size);
     sp_gguf_set_copy_max(0); /* mapped */
+    sp_gguf_set_guard(true);
     sp_gguf_t *g = NULL;
     ASSERT_OK(sp_gguf_open(path, &g, err, sizeof err));
     ASSERT(!sp_gguf_is_copy(g));
