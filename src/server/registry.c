@@ -179,7 +179,22 @@ sp_served_weights_changed(const sp_served_model_t *m)
 bool
 sp_served_file_changed(const sp_served_model_t *m)
 {
-    return m != NULL && m->model != NULL && sp_gguf_file_changed(sp_model_gguf(m->model));
+    if (m == NULL || m->model == NULL) {
+        return false; /* a backend plugin reads its own files */
+    }
+    if (sp_gguf_file_changed(sp_model_gguf(m->model))) {
+        return true;
+    }
+    struct stat now;
+    if (!m->has_file_id) {
+        return false;
+    }
+    if (stat(m->path, &now) != 0) {
+        return true;
+    }
+    const struct stat *a = &m->file_id;
+    return a->st_dev != now.st_dev || a->st_ino != now.st_ino || a->st_size != now.st_size ||
+           a->st_mtim.tv_sec != now.st_mtim.tv_sec || a->st_mtim.tv_nsec != now.st_mtim.tv_nsec;
 }
 
 void
@@ -911,6 +926,9 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
     sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
     sp_status_t st = sp_repo_llm_keys_ex(cfg, s->cfg.model_repository, name, s->cfg.key_dir,
                                          &keys, err, err_len);
+    /* The file as it is before it is read: a change from here on (also to an
+     * encrypted file, whose plaintext handle knows no file) reloads it. */
+    m->has_file_id = stat(path, &m->file_id) == 0;
     if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
     if (st != SP_OK) {
         goto fail;

@@ -37,6 +37,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "device/device.h"
 #include "engine/chat.h"
@@ -98,6 +99,8 @@ struct sp_served_model {
     int32_t max_batch_size;
     struct sp_batcher *batcher;
     bool reserved;             /* its charge is taken from the budgets */
+    bool has_file_id;          /* file_id holds the model file's stat from before its load */
+    struct stat file_id;       /* to notice the file changing on disk (sp_served_file_changed) */
     atomic_int refs;
     _Atomic int64_t last_used_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */

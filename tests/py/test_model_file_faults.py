@@ -7,7 +7,8 @@ demo model in a temporary repository, 127.0.0.1, free port):
   - overwritten in place with different weights of the same size: no answer is ever neither the
     old weights' nor the new ones', the new ones' appear only after a logged reload, and they do
     appear (both modes);
-  - a --model model (not from a repository) truncated: served on from its copy.
+  - a --model model (not from a repository) truncated: served on from its copy;
+  - an encrypted model replaced on disk (renamed over): loaded again, in mode none.
 Every loop is bounded in count and time. Last line:
     model_file_faults: N passed, N failed, N skipped"""
 import datetime
@@ -17,7 +18,7 @@ import struct
 import tempfile
 import time
 
-from common import DEMO_MODEL, RepoServer, Server, Suite, binary, http_json
+from common import DEMO_MODEL, RepoServer, Server, Suite, binary, http_json, run
 
 s = Suite("model_file_faults")
 exe = binary()
@@ -199,6 +200,48 @@ def test_pinned_truncate(tmp, old):
         s.case("--model truncate: clean exit", srv.stop() == 0)
 
 
+def test_encrypted_replaced(tmp, old, new):
+    """An encrypted model (decrypted into memory at load) replaced on disk by another file: the
+    server notices and loads the new one (mode none: no rescan would)."""
+    key = os.path.join(tmp, "k.key")
+    if not os.path.exists(key):
+        run([exe, "encrypt", "--gen-key", key])
+    enc_old, enc_new = os.path.join(tmp, "old.enc"), os.path.join(tmp, "new.enc")
+    alt = os.path.join(tmp, "alt.gguf")
+    for src, dst in ((DEMO_MODEL, enc_old), (alt, enc_new)):
+        rc, _, err = run([exe, "encrypt", src, dst, "--key-file", key])
+        if rc:
+            s.case("encrypted: files made", False, err)
+            return
+    repo = os.path.join(tmp, "repo-enc")
+    os.makedirs(os.path.join(repo, "stories", "1"))
+    path = os.path.join(repo, "stories", "1", "model.gguf.enc")
+    shutil.copy(enc_old, path)
+    with open(os.path.join(repo, "stories", "config.json"), "w") as f:
+        f.write('{"name": "stories", "backend": "llm", "parameters": {"encryption_key_file": '
+                '{"string_value": "%s"}}}' % key)
+    srv = RepoServer(repo)
+    try:
+        st, first, _ = complete(srv.port)
+        s.case("encrypted: answers before", st == 200 and first == old, f"{st} {first!r}")
+        shutil.copy(enc_new, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        got, other = None, []
+        for _ in range(60):
+            st, got, _ = complete(srv.port)
+            if got == new:
+                break
+            if (st, got) != (200, old):
+                other.append((st, got))
+            time.sleep(0.1)
+        s.case("encrypted: until the reload, the old weights answer", not other, str(other[:3]))
+        s.case("encrypted: replaced on disk: the new file is loaded", got == new, repr(got))
+        s.case("encrypted: the reload is logged",
+               srv.wait_log(r"event=model_reloaded model=stories", 2) is not None)
+    finally:
+        s.case("encrypted: clean exit", srv.stop() == 0)
+
+
 def main():
     if exe is None:
         s.skip("all", "build/sampan not built")
@@ -217,6 +260,7 @@ def main():
             s.guard(f"{mode} truncate", test_truncate, tmp, old, mode, extra)
             s.guard(f"{mode} overwrite", test_overwrite, tmp, old, new, mode, extra)
         s.guard("--model truncate", test_pinned_truncate, tmp, old)
+        s.guard("encrypted replaced", test_encrypted_replaced, tmp, old, new)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()
