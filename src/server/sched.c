@@ -1308,6 +1308,12 @@ run_embed(sp_sched_t *s, seq_t *sq)
         return;
     }
     sp_status_t st = sp_ctx_embed(s->embed_ctx, sq->tokens, sq->n_prompt, s->emb);
+    if (st == SP_OK && sp_gguf_weights_changed(sp_model_gguf(s->m))) {
+        /* As after a step: weights changed under the embedding, the answer is dropped. */
+        seq_fail(s, sq, SP_ERR_IO, "the model file changed on disk while it was served: the "
+                 "answer is dropped and the model reloads (retry)");
+        return;
+    }
     if (st != SP_OK) {
         seq_fail(s, sq, st, "embedding failed");
         return;

@@ -12,6 +12,7 @@ demo model in a temporary repository, 127.0.0.1, free port):
 Every loop is bounded in count and time. Last line:
     model_file_faults: N passed, N failed, N skipped"""
 import datetime
+import json
 import os
 import shutil
 import struct
@@ -84,7 +85,14 @@ def test_truncate(tmp, old, mode, extra):
     try:
         st, first, _ = complete(srv.port)
         s.case(f"{mode}: the model answers before", st == 200 and first == old, f"{st} {first!r}")
+        emb_req = {"model": "stories", "input": PROMPT}
+        st, e0 = http_json(srv.port, "POST", "/v1/embeddings", emb_req)
+        s.case(f"{mode}: an embedding before", st == 200, str(e0)[:200])
         os.truncate(path, 100000)
+        st, e1 = http_json(srv.port, "POST", "/v1/embeddings", emb_req)
+        s.case(f"{mode}: truncated: the embedding is the one from before or a clear 5xx",
+               (st == 200 and e1 == e0) or (st >= 500 and "changed on disk" in json.dumps(e1)),
+               f"{st} {str(e1)[:200]}")
         results, messages = [], []
         end = time.time() + 4
         for _ in range(40):
