@@ -816,9 +816,11 @@ sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap
             p += skip;
             continue;
         }
-        /* An absolute path starting a word: only its last component. */
+        /* An absolute path starting a word: only its last component (an API
+         * route such as /v2/repository/... is not a file and stays whole). */
         char prev = p == in ? ' ' : p[-1];
-        if (*p == '/' && strchr(" \"'(=:", prev) != NULL) {
+        if (*p == '/' && strchr(" \"'(=:", prev) != NULL && strncmp(p, "/v1/", 4) != 0 &&
+            strncmp(p, "/v2/", 4) != 0) {
             const char *end = p, *last = p;
             while (*end && strchr(" \"'),;", *end) == NULL) {
                 if (*end == '/' && end[1] && strchr(" \"'),;", end[1]) == NULL) {
