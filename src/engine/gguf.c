@@ -64,7 +64,7 @@ struct sp_gguf {
     char *name;             /* path or caller name, for messages */
     const uint8_t *base;    /* whole file */
     size_t size;            /* bytes */
-    void *map;              /* mmap base (the file, or its anonymous copy), or NULL for a caller buffer */
+    void *map;              /* the file's mapping or anonymous copy; NULL for a caller buffer */
     size_t map_len;         /* bytes mapped (size rounded up to pages for a file mapping) */
     bool copied;            /* map is an anonymous private copy of the file */
     int fd;                 /* a mapped file, kept open for the per-step check; else -1 */

@@ -259,7 +259,8 @@ def main():
         alt = os.path.join(tmp, "alt.gguf")
         with open(alt, "wb") as f:
             f.write(altered_bytes())
-        s.case("the altered model is the same size", os.path.getsize(alt) == os.path.getsize(DEMO_MODEL))
+        s.case("the altered model is the same size",
+               os.path.getsize(alt) == os.path.getsize(DEMO_MODEL))
         old = answer_with(DEMO_MODEL)
         new = answer_with(alt)
         s.case("the altered weights answer differently", old and new and old != new,

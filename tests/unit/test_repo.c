@@ -415,7 +415,8 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
         sp_repo_config_free(&c);
     }
     /* A plain name: from the key directory only, and only when there is one. */
-    const char *ov = "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"good.key\"}}}";
+    const char *ov =
+        "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"good.key\"}}}";
     ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
     ASSERT(c.llm.key_from_request);
     ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err), SP_ERR_INVALID);
