@@ -138,10 +138,11 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
     while (a < b && is_space(p[a])) a++;
     while (b > a && is_space(p[b - 1])) b--;
     if (b - a != 2 * SP_ENC_KEY_BYTES) {
+        /* Neither the size nor any byte of what was found: the text may be
+         * another file's (a secret) named by mistake or on purpose. */
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes, found %zu "
-                       "%s",
-                       what, b - a, len == b - a ? "bytes" : "characters after trimming");
+                       "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes",
+                       what);
     }
     /* Every character is checked first, so the error names the first bad
      * one and OpenSSL's parser (which stops at it, with no position) always
@@ -153,9 +154,9 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
             OPENSSL_cleanse(hex, sizeof hex);
             OPENSSL_cleanse(out, sizeof *out);
             return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "%s: a key must be 64 hex characters: found a non-hex character at "
-                           "position %zu",
-                           what, i);
+                           "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes "
+                           "(a non-hex character was found)",
+                           what);
         }
         hex[i] = (char)p[a + i];
     }
@@ -189,8 +190,8 @@ sp_enc_key_read_file(const char *path, sp_enc_key_t *out, char *err, size_t err_
     if (sb.st_size > KEY_FILE_MAX) {
         close(fd);
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "key file %s: %lld bytes; a key must be 64 hex characters or 32 raw bytes",
-                       path, (long long)sb.st_size);
+                       "key file %s: a key must be 64 hex characters (256 bits) or 32 raw bytes",
+                       path);
     }
     if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
         /* Refusing would break the default Kubernetes secret mount (0644), so warn. */

@@ -24,6 +24,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +64,13 @@ struct sp_gguf {
     char *name;             /* path or caller name, for messages */
     const uint8_t *base;    /* whole file */
     size_t size;            /* bytes */
-    void *map;              /* mmap base, or NULL for a caller buffer */
+    void *map;              /* the file's mapping or anonymous copy; NULL for a caller buffer */
+    size_t map_len;         /* bytes mapped (size rounded up to pages for a file mapping) */
+    bool copied;            /* map is an anonymous private copy of the file */
+    int fd;                 /* a mapped file, kept open for the per-step check; else -1 */
+    int guard;              /* its SIGBUS guard slot, or -1 */
+    bool has_id;            /* the file identity below was recorded at open */
+    struct stat id;         /* device, inode, size and mtime of the file as opened */
     sp_gguf_release_fn release; /* owned buffer (decrypted model): released at close */
     void *release_user;
     uint32_t version;
@@ -76,6 +85,8 @@ struct sp_gguf {
     name_index kv_index;
     name_index tensor_index;
 };
+
+static void guard_drop(int slot);
 
 /* ---- small helpers ------------------------------------------------------- */
 
@@ -293,8 +304,14 @@ sp_gguf_close(sp_gguf_t *g)
     sp_free(g->tensors);
     sp_free(g->kv_index.slots);
     sp_free(g->tensor_index.slots);
+    if (g->guard >= 0) {
+        guard_drop(g->guard);
+    }
     if (g->map != NULL) {
-        munmap(g->map, g->size);
+        munmap(g->map, g->map_len);
+    }
+    if (g->fd >= 0) {
+        close(g->fd);
     }
     if (g->release != NULL) {
         g->release(g->release_user);
@@ -685,6 +702,9 @@ sp_gguf_open_mem(const void *buf, size_t len, const char *name, sp_gguf_t **out,
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s: NULL buffer", name);
     }
     sp_gguf_t *g = sp_calloc(1, sizeof *g);
+    if (g != NULL) {
+        g->fd = g->guard = -1;
+    }
     if (g == NULL || (g->name = sp_strndup(name, strlen(name))) == NULL) {
         sp_free(g);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", name);
@@ -704,6 +724,9 @@ sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name, sp_gguf_re
         name = "<memory>";
     }
     sp_gguf_t *g = sp_calloc(1, sizeof *g);
+    if (g != NULL) {
+        g->fd = g->guard = -1;
+    }
     if (g == NULL || (g->name = sp_strndup(name, strlen(name))) == NULL) {
         sp_free(g);
         if (release != NULL) {
@@ -722,6 +745,181 @@ sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name, sp_gguf_re
     g->base = len > 0 ? buf : empty;
     g->size = len;
     return open_common(g, out, err, err_len);
+}
+
+/* ---- the file under the reader: copy or guarded mapping ----------------
+ *
+ * A model file can change while it is served (a deploy copies over it, an
+ * operator truncates it). A plain mapping would then crash the process with
+ * SIGBUS (pages past the new end) or silently hand the engine other weights
+ * (a same-size overwrite shows through a MAP_PRIVATE page that was never
+ * written). So files up to sp_gguf_set_copy_max bytes are read once into
+ * anonymous private memory that no file operation can reach; larger ones are
+ * mapped, and a SIGBUS in such a mapping is caught: the rest of the mapping
+ * becomes zero pages (the faulting read completes and sees zeros) and the
+ * handle is marked changed, which the server checks after every step
+ * (sp_gguf_weights_changed) to fail the step's requests and reload. */
+
+static _Atomic size_t g_copy_max; /* 0: map every file (tools); the server sets its own */
+static atomic_bool g_guard_on;    /* guard mappings (the server); tools keep the default crash */
+
+void
+sp_gguf_set_copy_max(size_t bytes)
+{
+    atomic_store(&g_copy_max, bytes);
+}
+
+size_t
+sp_gguf_copy_max(void)
+{
+    return atomic_load(&g_copy_max);
+}
+
+void
+sp_gguf_set_guard(bool on)
+{
+    atomic_store(&g_guard_on, on);
+}
+
+#define GUARD_SLOTS 1024
+
+/* One guarded mapping. lo != 0 marks a slot in use; the handler reads it without locks. */
+typedef struct guard_slot {
+    _Atomic uintptr_t lo, hi;
+    atomic_int hit;
+} guard_slot;
+
+static guard_slot g_guard[GUARD_SLOTS];
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool g_guard_installed;
+static struct sigaction g_guard_prev;
+static uintptr_t g_page;
+
+static void
+guard_handler(int sig, siginfo_t *si, void *uc)
+{
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+        uintptr_t lo = atomic_load_explicit(&g_guard[i].lo, memory_order_acquire);
+        uintptr_t hi = atomic_load_explicit(&g_guard[i].hi, memory_order_acquire);
+        if (lo == 0 || a < lo || a >= hi) {
+            continue;
+        }
+        /* The file shrank under the mapping: from the faulting page to the
+         * end, zeros instead (mmap is a plain system call, safe here). The
+         * faulting instruction runs again and reads them. */
+        uintptr_t page = a & ~(g_page - 1);
+        if (mmap((void *)page, hi - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+                 0) != MAP_FAILED) {
+            atomic_store(&g_guard[i].hit, 1);
+            return;
+        }
+        break;
+    }
+    /* Not a guarded mapping: whoever handled SIGBUS before us, else the default (a crash). */
+    if ((g_guard_prev.sa_flags & SA_SIGINFO) && g_guard_prev.sa_sigaction != NULL) {
+        g_guard_prev.sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (g_guard_prev.sa_handler != SIG_DFL && g_guard_prev.sa_handler != SIG_IGN &&
+        g_guard_prev.sa_handler != NULL) {
+        g_guard_prev.sa_handler(sig);
+        return;
+    }
+    signal(sig, SIG_DFL); /* the fault repeats on return and ends the process as before */
+}
+
+/* A slot for [lo, lo + len), installing the handler on first use; -1 when full. */
+static int
+guard_add(const void *lo, size_t len)
+{
+    pthread_mutex_lock(&g_guard_mu);
+    if (!g_guard_installed) {
+        long ps = sysconf(_SC_PAGESIZE);
+        g_page = ps > 0 ? (uintptr_t)ps : 4096;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = guard_handler;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_guard_prev) != 0) {
+            pthread_mutex_unlock(&g_guard_mu);
+            return -1;
+        }
+        g_guard_installed = true;
+    }
+    int slot = -1;
+    for (int i = 0; i < GUARD_SLOTS && slot < 0; i++) {
+        if (atomic_load(&g_guard[i].lo) == 0) {
+            slot = i;
+            atomic_store(&g_guard[i].hit, 0);
+            atomic_store_explicit(&g_guard[i].hi, (uintptr_t)lo + len, memory_order_release);
+            atomic_store_explicit(&g_guard[i].lo, (uintptr_t)lo, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+    return slot;
+}
+
+/* Release a slot (before its mapping is unmapped). */
+static void
+guard_drop(int slot)
+{
+    pthread_mutex_lock(&g_guard_mu);
+    atomic_store_explicit(&g_guard[slot].lo, 0, memory_order_release);
+    atomic_store_explicit(&g_guard[slot].hi, 0, memory_order_release);
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+static bool
+same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Read the whole file into a new anonymous private mapping, read-only once filled.
+ * Fails when the file changes while it is read (size, inode or mtime). */
+static sp_status_t
+copy_file(int fd, const char *path, const struct stat *before, void **out, size_t *out_len,
+          char *err, size_t err_len)
+{
+    size_t size = (size_t)before->st_size;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: cannot allocate %zu bytes for its copy: %s",
+                       path, size, strerror(errno));
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(m, size, MADV_HUGEPAGE); /* fewer TLB misses over the weights; a hint only */
+#endif
+    const size_t chunk = (size_t)16 << 20;
+    size_t got = 0;
+    while (got < size) {
+        size_t want = size - got < chunk ? size - got : chunk;
+        ssize_t n = pread(fd, (uint8_t *)m + got, want, (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            int e = n < 0 ? errno : 0;
+            munmap(m, size);
+            return sp_errf(err, err_len, SP_ERR_IO, "%s: %s", path,
+                           e ? strerror(e) : "the file shrank while it was read");
+        }
+        /* The copy is what serves: the page cache need not keep a second one. */
+        (void)posix_fadvise(fd, (off_t)got, (off_t)n, POSIX_FADV_DONTNEED);
+        got += (size_t)n;
+    }
+    struct stat after;
+    if (fstat(fd, &after) != 0 || !same_file(before, &after)) {
+        munmap(m, size);
+        return sp_errf(err, err_len, SP_ERR_IO, "%s: the file changed while it was read", path);
+    }
+    (void)mprotect(m, size, PROT_READ);
+    *out = m;
+    *out_len = size;
+    return SP_OK;
 }
 
 sp_status_t
@@ -748,40 +946,104 @@ sp_gguf_open(const char *path, sp_gguf_t **out, char *err, size_t err_len)
         close(fd);
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s: not a regular file", path);
     }
-    if (sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+    if (sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)SIZE_MAX / 2) {
         close(fd);
         return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "%s: file too large", path);
     }
     size_t size = (size_t)sb.st_size;
     sp_gguf_t *g = sp_calloc(1, sizeof *g);
+    if (g != NULL) {
+        g->fd = g->guard = -1;
+    }
     if (g == NULL || (g->name = sp_strndup(path, strlen(path))) == NULL) {
         sp_free(g);
         close(fd);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", path);
     }
+    g->id = sb;
+    g->has_id = true;
     if (size == 0) {
         close(fd);
         sp_gguf_close(g);
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: empty file", path);
     }
-    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) {
-        sp_gguf_close(g);
-        return sp_errf(err, err_len, SP_ERR_IO, "%s: mmap: %s", path, strerror(e));
+    if (size <= sp_gguf_copy_max()) {
+        void *m = NULL;
+        size_t len = 0;
+        sp_status_t st = copy_file(fd, path, &sb, &m, &len, err, err_len);
+        close(fd);
+        if (st != SP_OK) {
+            sp_gguf_close(g);
+            return st;
+        }
+        g->map = m;
+        g->map_len = len;
+        g->copied = true;
+    } else {
+        void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        int e = errno;
+        if (m == MAP_FAILED) {
+            close(fd);
+            sp_gguf_close(g);
+            return sp_errf(err, err_len, SP_ERR_IO, "%s: mmap: %s", path, strerror(e));
+        }
+        g->map = m;
+        g->fd = fd;
+        long ps = sysconf(_SC_PAGESIZE);
+        size_t page = ps > 0 ? (size_t)ps : 4096;
+        g->map_len = (size + page - 1) / page * page;
+        g->guard = atomic_load(&g_guard_on) ? guard_add(m, g->map_len) : -1;
+        if (atomic_load(&g_guard_on) && g->guard < 0) {
+            sp_gguf_close(g);
+            return sp_errf(err, err_len, SP_ERR_IO,
+                           "%s: cannot guard its mapping (more than %d mapped model files)", path,
+                           GUARD_SLOTS);
+        }
     }
-    g->map = m;
-    g->base = m;
+    g->base = g->map;
     g->size = size;
     return open_common(g, out, err, err_len);
+}
+
+bool
+sp_gguf_is_copy(const sp_gguf_t *g)
+{
+    return g->copied;
+}
+
+bool
+sp_gguf_weights_changed(const sp_gguf_t *g)
+{
+    if (g->guard >= 0 && atomic_load(&g_guard[g->guard].hit)) {
+        return true;
+    }
+    if (g->fd < 0) {
+        return false; /* a copy or a caller buffer: nothing outside can change it */
+    }
+    /* The mapped inode itself written or cut (a rename over the path leaves
+     * this inode, and so the mapping, as it was). */
+    struct stat now;
+    return fstat(g->fd, &now) != 0 || !same_file(&g->id, &now);
+}
+
+bool
+sp_gguf_file_changed(const sp_gguf_t *g)
+{
+    if (!g->has_id) {
+        return false;
+    }
+    if (sp_gguf_weights_changed(g)) {
+        return true;
+    }
+    struct stat now;
+    return stat(g->name, &now) != 0 || !same_file(&g->id, &now);
 }
 
 void
 sp_gguf_prefault(const sp_gguf_t *g)
 {
-    if (g->map == NULL) {
-        return;
+    if (g->map == NULL || g->copied) {
+        return; /* a copy is resident already */
     }
     /* Map every page now (MADV_POPULATE_READ, Linux 5.14+), so the first
      * token does not pay hundreds of thousands of page faults; older kernels

@@ -1,7 +1,8 @@
 /*
  * gguf.h - a validating reader (and a writer) for GGUF v2/v3 model files.
  *
- * The file is untrusted input. sp_gguf_open memory-maps it read-only and checks
+ * The file is untrusted input. sp_gguf_open copies it into anonymous memory
+ * (files up to sp_gguf_set_copy_max bytes) or memory-maps it read-only, and checks
  * every count, length, type, shape and offset against the file size and against
  * overflow before anything is allocated or indexed (RELIABILITY.md, GGUF table
  * G1-G18). A bad file gives SP_ERR_FORMAT and an error line naming the file
@@ -81,6 +82,30 @@ sp_status_t sp_gguf_open_mem_owned(const void *buf, size_t len, const char *name
                                    sp_gguf_release_fn release, void *user, sp_gguf_t **out,
                                    char *err, size_t err_len);
 void sp_gguf_close(sp_gguf_t *g); /* NULL is a no-op */
+/*
+ * A model file may change while it is open. Files up to `bytes` (process-wide;
+ * 0, the default, maps every file) are read into anonymous private memory at
+ * open, which nothing done to the file can change or take away. Larger files
+ * are mapped, and (with sp_gguf_set_guard) a SIGBUS in such a mapping (the
+ * file was truncated) is caught: the rest of the mapping reads as zeros from then on, and
+ * sp_gguf_weights_changed says so. Set before opening the files it is for.
+ */
+void sp_gguf_set_copy_max(size_t bytes);
+size_t sp_gguf_copy_max(void);
+/* Guard the mappings opened from now on (the server turns it on; off by default,
+ * so a short-lived tool whose file is cut still stops rather than computing on zeros). */
+void sp_gguf_set_guard(bool on);
+/* The handle holds a private copy of its file (see above). */
+bool sp_gguf_is_copy(const sp_gguf_t *g);
+/* What the tensors point at may no longer be what was validated at open: a
+ * mapped file was cut (the guard above fired) or written (its size or mtime
+ * changed). Always false for a copy or a caller buffer. One fstat: cheap
+ * enough to ask after every evaluation step. */
+bool sp_gguf_weights_changed(const sp_gguf_t *g);
+/* The file at the handle's path is not the one opened any more (another
+ * inode, size or mtime, or gone), or the weights changed: the model should be
+ * reloaded. false for a caller buffer. */
+bool sp_gguf_file_changed(const sp_gguf_t *g);
 /* Fault the whole mapping in now (model load), instead of page by page on first use. */
 void sp_gguf_prefault(const sp_gguf_t *g);
 

@@ -774,6 +774,13 @@ sp_status_t
 sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
                  sp_enc_key_src_t *out, char *err, size_t err_len)
 {
+    return sp_repo_llm_keys_ex(cfg, root, model, NULL, out, err, err_len);
+}
+
+sp_status_t
+sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
+                    const char *key_dir, sp_enc_key_src_t *out, char *err, size_t err_len)
+{
     if (cfg == NULL) {
         sp_enc_key_src_default(out);
         return SP_OK;
@@ -787,6 +794,23 @@ sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *mode
     if (kf == NULL) {
         out->hint = "set parameters.encryption_key_file or parameters.encryption_key_env in its "
                     "config.json";
+        return SP_OK;
+    }
+    if (cfg->llm.key_from_request) {
+        /* A client's choice: only a key the operator put in --key-dir. */
+        char kd_real[PATH_MAX], e[PATH_MAX + 64];
+        if (key_dir == NULL || key_dir[0] == '\0') {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.encryption_key_file: a load request may name a key file "
+                           "only when the server has a key directory (--key-dir)");
+        }
+        if (realpath(key_dir, kd_real) == NULL ||
+            sp_repo_resolve(kd_real, kf, out->file, sizeof out->file, e, sizeof e) != SP_OK) {
+            out->file[0] = '\0';
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.encryption_key_file \"%s\": no such key in the server's "
+                           "key directory", kf);
+        }
         return SP_OK;
     }
     if (kf[0] == '/') {
@@ -881,6 +905,38 @@ sp_repo_config_merge(json_t *base, const json_t *ov, const char *file, char *err
     return SP_OK;
 }
 
+/* What a load request's override may say about keys (sp_repo_config_load). */
+static sp_status_t
+check_override(const json_t *ov, const char *label, bool *key_from_request, char *err,
+               size_t err_len)
+{
+    const json_t *params = json_is_object(ov) ? json_object_get(ov, "parameters") : NULL;
+    if (!json_is_object(params)) {
+        return SP_OK;
+    }
+    const json_t *env = json_object_get(params, "encryption_key_env");
+    if (env && !json_is_null(env)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "%s: parameters.encryption_key_env: a load request may not choose an "
+                       "environment variable (set it in config.json)", label);
+    }
+    const json_t *kf = json_object_get(params, "encryption_key_file");
+    if (kf == NULL || json_is_null(kf)) {
+        return SP_OK;
+    }
+    const json_t *sv = json_is_object(kf) ? json_object_get(kf, "string_value") : NULL;
+    char e[256];
+    if (!json_is_string(sv) ||
+        sp_repo_check_name_n(json_string_value(sv), json_string_length(sv), e, sizeof e) != SP_OK) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "%s: parameters.encryption_key_file: a load request names a key by its "
+                       "file name in the server's key directory (--key-dir): "
+                       "{\"string_value\": \"NAME\"} with no '/'", label);
+    }
+    *key_from_request = true;
+    return SP_OK;
+}
+
 sp_status_t
 sp_repo_config_load(const char *path, const char *label, const char *override_json,
                     size_t override_len, sp_repo_config_t *out, char *err, size_t err_len)
@@ -894,13 +950,16 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
     st = sp_repo_config_parse_text(text, len, label, &j, err, err_len);
     sp_free(text);
     if (st) return st;
+    bool key_from_request = false;
     if (override_json) {
         char ol[300];
         snprintf(ol, sizeof ol, "%s (config override)", label);
         st = sp_repo_config_parse_text(override_json, override_len, ol, &ov, err, err_len);
+        if (!st) st = check_override(ov, ol, &key_from_request, err, err_len);
         if (!st) st = sp_repo_config_merge(j, ov, label, err, err_len);
     }
     if (!st) st = sp_repo_config_from_json(j, label, out, err, err_len);
+    if (!st) out->llm.key_from_request = key_from_request;
     json_decref(ov);
     json_decref(j);
     return st;

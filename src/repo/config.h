@@ -132,6 +132,9 @@ typedef struct sp_repo_llm {
      * see sp_repo_llm_keys. Borrowed from params; NULL = not set. */
     const char *encryption_key_file; /* absolute, or relative to the model directory */
     const char *encryption_key_env;  /* an environment variable holding 64 hex characters */
+    /* encryption_key_file came from a load request's config override, not
+     * from config.json: it is a file name in the server's --key-dir only. */
+    bool key_from_request;
     /* Speculative decoding: the repository model that drafts (its latest version's
      * file), borrowed; NULL = off. num_speculative_tokens: 0 = the default (4). */
     const char *draft_model;
@@ -178,7 +181,11 @@ sp_status_t sp_repo_config_merge(json_t *base, const json_t *override, const cha
                                  char *err, size_t err_len);
 
 /* Read `path` (bounded, a regular file), merge override_json (may be NULL) and
- * validate. `label` names the file in errors (e.g. "models/llama/config.json"). */
+ * validate. `label` names the file in errors (e.g. "models/llama/config.json").
+ * The override is a client's (a load request): it may not set
+ * encryption_key_env (a client must not probe the server's environment), and
+ * its encryption_key_file must be a plain file name, looked up in the
+ * server's key directory (llm.key_from_request; sp_repo_llm_keys_ex). */
 sp_status_t sp_repo_config_load(const char *path, const char *label, const char *override_json,
                                 size_t override_len, sp_repo_config_t *out, char *err,
                                 size_t err_len);
@@ -196,6 +203,13 @@ void sp_repo_config_free(sp_repo_config_t *c);
  * when the model file turns out to be encrypted. */
 sp_status_t sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
                              sp_enc_key_src_t *out, char *err, size_t err_len);
+/* The same with the server's key directory (--key-dir; NULL or "" = none):
+ * a key file named by a load request (llm.key_from_request) is that file
+ * name in key_dir, resolved with realpath and refused when it leaves it; with
+ * no key_dir such a request is refused. Errors never name key_dir. */
+sp_status_t sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
+                                const char *key_dir, sp_enc_key_src_t *out, char *err,
+                                size_t err_len);
 
 /* Look a parameter up; NULL when absent. */
 const char *sp_repo_config_param(const sp_repo_config_t *c, const char *key);

@@ -22,6 +22,12 @@ const char sp_serve_usage[] =
     "                            rescan every --repository-poll-secs and apply what changed)\n"
     "                            or explicit (only through /v2/repository/models/{m}/load)\n"
     "      --repository-poll-secs S  poll mode: seconds between rescans (default 5)\n"
+    "      --model-copy-max B    model files up to B bytes are served from a private copy in\n"
+    "                            memory that no change to the file reaches; larger ones are\n"
+    "                            mapped and guarded (default 17179869184, 16 GiB; 0 maps all)\n"
+    "      --key-dir DIR         the directory a load request's encryption_key_file names a\n"
+    "                            key in (by file name); without it a load request cannot\n"
+    "                            name a key file\n"
     "      --memory-budget B     model memory per device: 60%, 2G, or per device\n"
     "                            cpu=2G,cuda:0=70% (default 80% of each device)\n"
     "      --backends-dir DIR    where backend plugins (libsampan_<name>.so) are looked for\n"
@@ -139,6 +145,8 @@ static const opt_t opts[] = {
     {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
     {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
     {"repository-poll-secs", 0, T_SEC, OFF(repository_poll_s), 0.05, 86400, 0},
+    {"model-copy-max", 0, T_SIZE, OFF(model_copy_max), 0, 1099511627776.0 * 64, 0},
+    {"key-dir", 0, T_STR, OFF(key_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->key_dir)},
     {"memory-budget", 0, T_STR, OFF(memory_budget), 0, 0, sizeof(((sp_serve_config_t *)0)->memory_budget)},
     {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
     {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
@@ -205,6 +213,7 @@ sp_serve_config_defaults(sp_serve_config_t *c)
     c->request_timeout_s = 600;
     c->repository_poll_s = 5;
     c->load_timeout_s = 60;
+    c->model_copy_max = (size_t)16 << 30;
     snprintf(c->otel_service_name, sizeof c->otel_service_name, "sampan");
     c->trace_sample_ratio = 1;
     c->otlp_max_queue = 2048;

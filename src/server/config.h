@@ -34,6 +34,8 @@ typedef struct sp_serve_config {
     char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md) */
     char model_control_mode[16]; /* "none" (load all at start), "poll" or "explicit" (API) */
     double repository_poll_s; /* poll mode: seconds between rescans */
+    size_t model_copy_max;    /* model files up to this size are served from a private copy */
+    char key_dir[1024];       /* "" = none; where a load request's encryption_key_file is found */
     char memory_budget[256];  /* "" = 80% of every device; "60%", "2G", "cpu=2G,cuda:0=70%" */
     double load_timeout_s;    /* a request's wait for an on-demand load */
     char backends_dir[1024];  /* "" = backends/ next to the binary, then /usr/lib/sampan/backends */

@@ -170,6 +170,33 @@ sp_registry_fini(sp_registry_t *r)
 
 /* ------------------------------------------------------------ references */
 
+bool
+sp_served_weights_changed(const sp_served_model_t *m)
+{
+    return m != NULL && m->model != NULL && sp_gguf_weights_changed(sp_model_gguf(m->model));
+}
+
+bool
+sp_served_file_changed(const sp_served_model_t *m)
+{
+    if (m == NULL || m->model == NULL) {
+        return false; /* a backend plugin reads its own files */
+    }
+    if (sp_gguf_file_changed(sp_model_gguf(m->model))) {
+        return true;
+    }
+    struct stat now;
+    if (!m->has_file_id) {
+        return false;
+    }
+    if (stat(m->path, &now) != 0) {
+        return true;
+    }
+    const struct stat *a = &m->file_id;
+    return a->st_dev != now.st_dev || a->st_ino != now.st_ino || a->st_size != now.st_size ||
+           a->st_mtim.tv_sec != now.st_mtim.tv_sec || a->st_mtim.tv_nsec != now.st_mtim.tv_nsec;
+}
+
 void
 sp_served_ref(sp_served_model_t *m)
 {
@@ -350,6 +377,7 @@ sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e, sp_served_mode
     e->reason[0] = '\0';
     e->sig = m->sig;
     e->demand_failed = false;
+    e->stale_failed = false;
     e->last_used_ns = sp_time_ns();
     return old;
 }
@@ -382,7 +410,7 @@ sp_registry_acquire(sp_server_t *s, const char *name, size_t len, const char *ve
         if (version && (strlen(e->version_str) != vlen || memcmp(e->version_str, version, vlen) != 0)) {
             continue;
         }
-        if (e->live && e->state == SP_REPO_READY) {
+        if (e->live && (e->state == SP_REPO_READY || e->stale_failed)) {
             if (ready == NULL || e->version > ready->version) ready = e;
         } else if (e->state == SP_REPO_LOADING || (e->on_demand && !e->demand_failed)) {
             if (pending == NULL || e->version > pending->version) pending = e;
@@ -390,6 +418,17 @@ sp_registry_acquire(sp_server_t *s, const char *name, size_t len, const char *ve
         if (any == NULL || e->version > any->version) any = e;
     }
     sp_acq_t res;
+    if (ready && !ready->stale_failed && sp_served_weights_changed(ready->live)) {
+        /* A mapped file changed under it: nothing is answered from it; the
+         * manager reloads it now and the request waits for that. */
+        ready->state = SP_REPO_LOADING;
+        snprintf(ready->reason, sizeof ready->reason,
+                 "reloading: the model file changed on disk while it was served");
+        r->recheck = true;
+        pthread_cond_broadcast(&r->cv);
+        pending = ready;
+        ready = NULL;
+    }
     if (ready) {
         sp_served_model_t *m = ready->live;
         atomic_fetch_add(&m->refs, 1);
@@ -894,7 +933,11 @@ sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_rep
         return SP_OK;
     }
     sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
-    sp_status_t st = sp_repo_llm_keys(cfg, s->cfg.model_repository, name, &keys, err, err_len);
+    sp_status_t st = sp_repo_llm_keys_ex(cfg, s->cfg.model_repository, name, s->cfg.key_dir,
+                                         &keys, err, err_len);
+    /* The file as it is before it is read: a change from here on (also to an
+     * encrypted file, whose plaintext handle knows no file) reloads it. */
+    m->has_file_id = stat(path, &m->file_id) == 0;
     if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
     if (st != SP_OK) {
         goto fail;

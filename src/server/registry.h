@@ -37,6 +37,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "device/device.h"
 #include "engine/chat.h"
@@ -104,6 +105,8 @@ struct sp_served_model {
     /* It produced NaN or infinite logits or embeddings (SP_ERR_MODEL_FAULT):
      * its readiness and the server's say not ready until it is reloaded. */
     atomic_bool faulty;
+    bool has_file_id;          /* file_id holds the model file's stat from before its load */
+    struct stat file_id;       /* to notice the file changing on disk (sp_served_file_changed) */
     atomic_int refs;
     _Atomic int64_t last_used_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */
@@ -126,6 +129,13 @@ typedef struct sp_model_entry {
     char *override_json;       /* a load request's config override, kept for reloads */
     sp_served_model_t *live;   /* READY: the model requests get */
     int64_t last_used_ns;
+    /* The model file (its stat stamp) that a reload after a change on disk
+     * last failed on: not retried until the file changes again. 0: none. */
+    uint64_t file_fail_stamp;
+    /* live is a mapped model whose file changed under it and could not be
+     * loaded again: still routed, so that every request fails with a clear
+     * 5xx from the scheduler's check instead of a 404, until a load succeeds. */
+    bool stale_failed;
 } sp_model_entry_t;
 
 typedef enum sp_acq {
@@ -146,6 +156,7 @@ typedef struct sp_registry {
     uint64_t budget[SP_REG_MAX_DEVICES];
     uint64_t used[SP_REG_MAX_DEVICES]; /* reserved by models not yet freed */
     int64_t evictions;
+    bool recheck;              /* a lookup saw changed weights: the manager checks files now */
 } sp_registry_t;
 
 /* Open the devices and set every budget from spec ("" = 80% of each;
@@ -163,6 +174,11 @@ void sp_registry_fini(sp_registry_t *r);
 sp_acq_t sp_registry_acquire(struct sp_server *s, const char *name, size_t len, const char *version,
                              size_t vlen, bool allow_load, sp_served_model_t **out, char *reason,
                              size_t reason_len);
+/* The weights under m are not the ones it was validated with (a mapped file
+ * cut or written: engine/gguf.h); its answers must not be served. */
+bool sp_served_weights_changed(const sp_served_model_t *m);
+/* m's model file on disk is no longer the one it was loaded from: reload it. */
+bool sp_served_file_changed(const sp_served_model_t *m);
 /* Take another reference on a model one already holds. */
 void sp_served_ref(sp_served_model_t *m);
 /* Drop a reference; the last one of a model no entry points at queues it to

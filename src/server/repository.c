@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <event2/event.h>
 #include <jansson.h>
@@ -151,6 +152,7 @@ retire(sp_server_t *s, sp_model_entry_t *e, const char *why)
     e->state = SP_REPO_UNAVAILABLE;
     e->on_demand = false;
     e->demand_failed = false;
+    e->stale_failed = false;
     snprintf(e->reason, sizeof e->reason, "%s", why);
     pthread_mutex_unlock(&r->mu);
     if (old) {
@@ -161,7 +163,7 @@ retire(sp_server_t *s, sp_model_entry_t *e, const char *why)
     }
 }
 
-enum { LOAD_LAZY_OK = 1, LOAD_RETRY_FAILED = 2 };
+enum { LOAD_LAZY_OK = 1, LOAD_RETRY_FAILED = 2, LOAD_FORCE = 4 };
 
 /* Serve one selected version (see the file comment). SP_OK when it is READY
  * (or registered to load on demand). */
@@ -180,14 +182,43 @@ load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t 
                        rm->name, (long long)v->version, SP_SERVE_MAX_ENTRIES);
     }
     e->from_repo = true;
-    if (e->live && e->live->sig == sig) {
+    if (e->live && e->live->sig == sig && !(flags & LOAD_FORCE)) {
+        /* Unchanged (or back to what is loaded): left alone. */
+        e->sig = sig;
+        e->demand_failed = false;
+        if (e->state == SP_REPO_READY) {
+            e->reason[0] = '\0';
+        }
         pthread_mutex_unlock(&r->mu);
         return SP_OK;
     }
     if (e->sig == sig && e->demand_failed && !(flags & LOAD_RETRY_FAILED)) {
-        snprintf(err, err_len, "%s", e->reason);
+        snprintf(err, err_len, "%s", e->reason[0] ? e->reason : "its last load failed");
         pthread_mutex_unlock(&r->mu);
         return SP_ERR_INVALID; /* the same files failed before */
+    }
+    if (e->live == NULL && e->on_demand && !e->demand_failed && !(flags & LOAD_RETRY_FAILED)) {
+        /* Not loaded and waiting for its first request (evicted under the
+         * memory budget, or load_on_demand): a rescan must not load it, or
+         * it would evict another model, which the next rescan loads again.
+         * Its first request loads the files as they are then. */
+        e->sig = sig;
+        pthread_mutex_unlock(&r->mu);
+        return SP_OK;
+    }
+    if (v->model_path == NULL && e->live) {
+        /* The version directory no longer names one model file (a second
+         * *.gguf beside it, the file removed): what is loaded keeps serving,
+         * and the index says why the directory cannot be loaded again. */
+        e->sig = sig;
+        e->demand_failed = true;
+        snprintf(e->reason, sizeof e->reason, "serving the files loaded before; the directory "
+                 "cannot be loaded now: %s", v->reason);
+        snprintf(err, err_len, "%s", v->reason);
+        pthread_mutex_unlock(&r->mu);
+        SP_LOG_WARN("event=model_version_kept model=%s version=%lld reason=%s",
+                    sp_log_str(rm->name), (long long)v->version, sp_log_str(v->reason));
+        return SP_ERR_INVALID;
     }
     sp_free(e->override_json);
     e->override_json = override ? sp_strndup(override, strlen(override)) : NULL;
@@ -364,6 +395,133 @@ scan_all(sp_server_t *s, int flags)
     return true;
 }
 
+/* ------------------------------------------------------------ files changed on disk */
+
+#define FILES_CHECK_NS 1000000000LL /* served models' files, every second */
+
+/* A stat stamp of path (1 when it cannot be read, so "gone" is a stamp too). */
+static uint64_t
+file_stamp(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        return 1;
+    }
+    uint64_t h = mix(mix(0x46494C45ull, (uint64_t)sb.st_size), (uint64_t)sb.st_ino);
+    h = mix(mix(h, (uint64_t)sb.st_mtim.tv_sec), (uint64_t)sb.st_mtim.tv_nsec);
+    return h ? h : 2;
+}
+
+/* Load e's model again from its files as they are now, beside the one
+ * serving (a new version load: the old one serves until the new one is
+ * published, and keeps serving when the load fails). */
+static sp_status_t
+reload_entry(sp_server_t *s, sp_model_entry_t *e, const char *path, char *err, size_t err_len)
+{
+    sp_registry_t *r = &s->reg;
+    if (!e->from_repo) {
+        /* A --model model: the same file and settings. */
+        sp_served_model_t *m = NULL;
+        sp_status_t st = sp_served_build(s, e->name, 0, false, path, NULL, 0, &m, err, err_len);
+        if (st != SP_OK) {
+            return st;
+        }
+        pthread_mutex_lock(&r->mu);
+        sp_served_model_t *old = sp_registry_publish_locked(r, e, m);
+        pthread_mutex_unlock(&r->mu);
+        sp_served_release(old);
+        return SP_OK;
+    }
+    sp_repo_limits_t lim;
+    sp_repo_limits_default(&lim);
+    sp_repo_model_t rm;
+    memset(&rm, 0, sizeof rm);
+    pthread_mutex_lock(&r->mu);
+    char *ov = e->override_json ? sp_strndup(e->override_json, strlen(e->override_json)) : NULL;
+    pthread_mutex_unlock(&r->mu);
+    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, e->name, strlen(e->name), &lim, ov,
+                                        ov ? strlen(ov) : 0, &rm, err, err_len);
+    const sp_repo_version_t *v = NULL;
+    for (int32_t k = 0; st == SP_OK && rm.ok && k < rm.n_versions; k++) {
+        if (rm.versions[k].version == e->version) {
+            v = &rm.versions[k];
+        }
+    }
+    if (st == SP_OK && !rm.ok) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "%s", rm.reason);
+    } else if (st == SP_OK && v == NULL) {
+        st = sp_errf(err, err_len, SP_ERR_NOT_FOUND, "version %lld is no longer in the repository",
+                     (long long)e->version);
+    } else if (st == SP_OK) {
+        st = load_version(s, &rm, v, ov, LOAD_FORCE | LOAD_RETRY_FAILED, err, err_len);
+    }
+    sp_repo_model_free(&rm);
+    sp_free(ov);
+    return st;
+}
+
+/*
+ * Served models whose file changed on disk (copied over, truncated, replaced
+ * by a rename) load again from the file as it is now. A model holding a
+ * private copy of its file (engine/gguf.h) kept its weights and serves on
+ * when that load fails (a cut-off file); a mapped model whose weights changed
+ * under it cannot: every request on it fails with a clear 5xx (the
+ * scheduler's check) and the index says why. A failed reload is not retried
+ * until the file changes again.
+ */
+static void
+check_files(sp_server_t *s)
+{
+    sp_registry_t *r = &s->reg;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        pthread_mutex_lock(&r->mu);
+        sp_served_model_t *m = e->used ? e->live : NULL;
+        if (m) {
+            sp_served_ref(m);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (m == NULL) {
+            continue;
+        }
+        bool changed = sp_served_file_changed(m);
+        bool stale = changed && sp_served_weights_changed(m);
+        char path[sizeof m->path];
+        snprintf(path, sizeof path, "%s", m->path);
+        sp_served_release(m);
+        uint64_t fs = changed ? file_stamp(path) : 0;
+        if (!changed || fs == e->file_fail_stamp) {
+            continue;
+        }
+        SP_LOG_WARN("event=model_file_changed model=%s version=%lld weights=%s action=reload",
+                    sp_log_str(e->name), (long long)e->version,
+                    stale ? "changed" : "private_copy_kept");
+        char err[1024];
+        if (reload_entry(s, e, path, err, sizeof err) == SP_OK) {
+            e->file_fail_stamp = 0;
+            SP_LOG_INFO("event=model_reloaded model=%s version=%lld reason=file_changed",
+                        sp_log_str(e->name), (long long)e->version);
+            continue;
+        }
+        e->file_fail_stamp = fs;
+        SP_LOG_ERROR("event=model_reload_failed model=%s version=%lld error=%s kept=%s",
+                     sp_log_str(e->name), (long long)e->version, sp_log_str(err),
+                     stale ? "none" : "private_copy");
+        pthread_mutex_lock(&r->mu);
+        if (e->live && sp_served_weights_changed(e->live)) {
+            e->stale_failed = true;
+            e->state = SP_REPO_UNAVAILABLE;
+            snprintf(e->reason, sizeof e->reason,
+                     "the model file changed on disk while it was served and could not be loaded "
+                     "again (requests fail until it can): %.800s", err);
+        } else if (e->live && e->state == SP_REPO_LOADING) {
+            e->state = SP_REPO_READY; /* a lookup's mark; the copy it saw serves on */
+            e->reason[0] = '\0';
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
 /* ------------------------------------------------------------ commands */
 
 static void
@@ -522,6 +680,7 @@ mgr_main(void *arg)
     int64_t period = (int64_t)(s->cfg.repository_poll_s * 1e9);
     int64_t next_poll = sp_time_ns() + period;
     int64_t next_refresh = 0;
+    int64_t next_files = sp_time_ns() + FILES_CHECK_NS;
     pthread_mutex_lock(&r->mu);
     while (!s->mgr_stop) {
         if (r->reap) {
@@ -543,6 +702,14 @@ mgr_main(void *arg)
             continue;
         }
         int64_t now = sp_time_ns();
+        if (now >= next_files || r->recheck) {
+            r->recheck = false;
+            pthread_mutex_unlock(&r->mu);
+            check_files(s);
+            next_files = sp_time_ns() + FILES_CHECK_NS;
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         if (now >= next_refresh) {
             /* Devices' used/free figures for /metrics and /stats (NVML is
              * read here, never on a loop thread). */
@@ -571,6 +738,7 @@ mgr_main(void *arg)
             continue;
         }
         int64_t wake = poll && next_poll < next_refresh ? next_poll : next_refresh;
+        wake = next_files < wake ? next_files : wake;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t abs_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (wake - now);
@@ -593,6 +761,9 @@ mgr_main(void *arg)
 sp_status_t
 sp_repository_start(sp_server_t *s, char *err, size_t err_len)
 {
+    /* Model files up to this size are served from a private copy (engine/gguf.h). */
+    sp_gguf_set_copy_max(s->cfg.model_copy_max);
+    sp_gguf_set_guard(true);
     if (s->cfg.model_repository[0] && realpath(s->cfg.model_repository, s->repo_real) == NULL) {
         s->repo_real[0] = '\0';
     }
@@ -621,15 +792,21 @@ sp_repository_stop(sp_server_t *s)
 
 /* A reason as clients see it: the repository's own location (as given and
  * resolved) removed, so answers name files relative to the repository and
- * never the server's file system (RELIABILITY.md R6; the log keeps it all). */
+ * never the server's file system (RELIABILITY.md R6; the log keeps it all).
+ * Any other absolute path left (a key file, the key directory) is cut to
+ * its last component after ".../". */
 void
 sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap)
 {
-    const char *roots[2] = {s->cfg.model_repository, s->repo_real};
+    char key_real[4096] = "";
+    if (s->cfg.key_dir[0] && realpath(s->cfg.key_dir, key_real) == NULL) {
+        key_real[0] = '\0';
+    }
+    const char *roots[4] = {s->cfg.model_repository, s->repo_real, s->cfg.key_dir, key_real};
     size_t j = 0;
     for (const char *p = in; *p && j + 1 < cap;) {
         size_t skip = 0;
-        for (int k = 0; k < 2 && !skip; k++) {
+        for (int k = 0; k < 4 && !skip; k++) {
             size_t n = strlen(roots[k]);
             if (n > 1 && strncmp(p, roots[k], n) == 0 && p[n] == '/') {
                 skip = n + 1;
@@ -637,6 +814,28 @@ sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap
         }
         if (skip) {
             p += skip;
+            continue;
+        }
+        /* An absolute path starting a word: only its last component (an API
+         * route such as /v2/repository/... is not a file and stays whole). */
+        char prev = p == in ? ' ' : p[-1];
+        if (*p == '/' && strchr(" \"'(=:", prev) != NULL && strncmp(p, "/v1/", 4) != 0 &&
+            strncmp(p, "/v2/", 4) != 0) {
+            const char *end = p, *last = p;
+            while (*end && strchr(" \"'),;", *end) == NULL) {
+                if (*end == '/' && end[1] && strchr(" \"'),;", end[1]) == NULL) {
+                    last = end + 1;
+                }
+                end++;
+            }
+            if (last > p + 1) {
+                int n = snprintf(out + j, cap - j, ".../");
+                j = n > 0 && (size_t)n < cap - j ? j + (size_t)n : j;
+            }
+            for (const char *q = last > p + 1 ? last : p; q < end && j + 1 < cap; q++) {
+                out[j++] = *q;
+            }
+            p = end;
             continue;
         }
         out[j++] = *p++;

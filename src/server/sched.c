@@ -1316,6 +1316,12 @@ run_embed(sp_sched_t *s, seq_t *sq)
         return;
     }
     sp_status_t st = sp_ctx_embed(s->embed_ctx, sq->tokens, sq->n_prompt, s->emb);
+    if (st == SP_OK && sp_gguf_weights_changed(sp_model_gguf(s->m))) {
+        /* As after a step: weights changed under the embedding, the answer is dropped. */
+        seq_fail(s, sq, SP_ERR_IO, "the model file changed on disk while it was served: the "
+                 "answer is dropped and the model reloads (retry)");
+        return;
+    }
     if (st != SP_OK) {
         seq_fail(s, sq, st, "embedding failed");
         return;
@@ -1394,11 +1400,20 @@ engine_step(sp_sched_t *s)
                                : 0;
         }
         sp_status_t st = sp_batch_eval_cand(s->batch, s->kv, s->rows, n_seqs, s->cand_k);
+        /* A mapped model file cut or written during the step: its logits are
+         * not the model's, so the step's requests fail (the manager reloads). */
+        bool file_changed = st == SP_OK && sp_gguf_weights_changed(sp_model_gguf(s->m));
+        if (file_changed) {
+            st = SP_ERR_IO;
+        }
         if (st != SP_OK) {
             for (int64_t i = 0; i < n_seqs; i++) {
                 if (!s->step_seqs[i]->ended) {
                     seq_fail(s, s->step_seqs[i], st,
-                             st == SP_ERR_DEVICE
+                             file_changed
+                                 ? "the model file changed on disk while it was served: the answer "
+                                   "is dropped and the model reloads (retry)"
+                             : st == SP_ERR_DEVICE
                                  ? "token evaluation failed: a CUDA error on the model's GPU (the "
                                    "device is marked unhealthy; the server log has the driver's "
                                    "message)"

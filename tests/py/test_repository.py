@@ -170,6 +170,151 @@ def test_explicit_mode(repo):
         s.case("explicit mode: clean exit", srv.stop() == 0)
 
 
+def two_model_repo(tmp, name):
+    repo = os.path.join(tmp, name)
+    for m in ("alpha", "beta"):
+        os.makedirs(os.path.join(repo, m, "1"))
+        shutil.copy(DEMO, os.path.join(repo, m, "1", "model.gguf"))
+        with open(os.path.join(repo, m, "config.json"), "w") as f:
+            json.dump({"name": m, "backend": "llm"}, f)
+    return repo
+
+
+def test_poll_eviction(tmp):
+    """Two models and a budget for one: poll mode must not reload the evicted one on every
+    rescan (each load evicting the other, forever); it loads again when a request wants it."""
+    repo = two_model_repo(tmp, "evict")
+    srv = RepoServer(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.1",
+                     "--memory-budget", "10M")
+    try:
+        s.case("poll+budget: one model evicted at start",
+               srv.wait_log(r"event=model_evicted", 3) is not None, srv.text()[-300:])
+        time.sleep(1.5)  # about 15 rescans
+        n0 = srv.text().count("event=model_evicted")
+        s.case("poll+budget: no load/evict loop across rescans", n0 == 1, f"{n0} evictions")
+        st, ix = index(srv)
+        states = sorted(e["state"] for e in ix.values()) if st == 200 else []
+        s.case("poll+budget: one READY, the evicted one UNAVAILABLE until asked for",
+               states == ["READY", "UNAVAILABLE"], str(ix))
+        evicted = [k[0] for k, e in ix.items() if e["state"] == "UNAVAILABLE"] if st == 200 else []
+        st, b = complete(srv, evicted[0] if evicted else "alpha")
+        s.case("poll+budget: a request loads the evicted model on demand", st == 200, str(b)[:200])
+        time.sleep(1.0)
+        n1 = srv.text().count("event=model_evicted")
+        s.case("poll+budget: after that demand, one more eviction and then none", n1 == 2,
+               f"{n1} evictions")
+    finally:
+        s.case("poll+budget: clean exit", srv.stop() == 0)
+
+
+def test_poll_second_file(tmp):
+    """A second *.gguf beside a served version: the loaded model keeps serving (the directory is
+    ambiguous now, which the index says); removing it leaves the model as it was."""
+    repo = two_model_repo(tmp, "second")
+    srv = RepoServer(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.1")
+    try:
+        st, b = complete(srv, "alpha")
+        s.case("poll: alpha serves", st == 200, str(b)[:200])
+        loads = srv.text().count("event=model_ready model=alpha")
+        shutil.copy(DEMO, os.path.join(repo, "alpha", "1", "extra.gguf"))
+        time.sleep(0.8)
+        st, b = complete(srv, "alpha")
+        s.case("poll: a second .gguf beside it: still serves", st == 200, str(b)[:200])
+        st, ix = index(srv)
+        e = ix.get(("alpha", "1"), {}) if st == 200 else {}
+        s.case("poll: the index says READY and why the directory cannot load again",
+               e.get("state") == "READY" and "more than one" in e.get("reason", "")
+               and tmp not in e.get("reason", ""), str(e))
+        os.remove(os.path.join(repo, "alpha", "1", "extra.gguf"))
+        time.sleep(0.8)
+        st, b = complete(srv, "alpha")
+        st2, ix = index(srv)
+        e = ix.get(("alpha", "1"), {}) if st2 == 200 else {}
+        s.case("poll: the extra file removed: serves, reason cleared, not reloaded",
+               st == 200 and e.get("state") == "READY" and e.get("reason") == ""
+               and srv.text().count("event=model_ready model=alpha") == loads, str(e))
+        n = srv.text().count("event=model_ready model=beta")
+        s.case("poll: the untouched model was never reloaded", n == 1, f"{n} loads")
+    finally:
+        s.case("poll second file: clean exit", srv.stop() == 0)
+
+
+def test_load_key_file(tmp):
+    """A load request's encryption_key_file names a key in --key-dir only; errors never tell a
+    file's size or contents, nor the server's paths."""
+    key = os.path.join(tmp, "k.key")
+    rc, _, err = run([exe, "encrypt", "--gen-key", key])
+    enc = os.path.join(tmp, "m.gguf.enc")
+    rc2, _, err2 = run([exe, "encrypt", DEMO, enc, "--key-file", key])
+    if rc or rc2:
+        s.case("keys: encrypted model made", False, err + err2)
+        return
+    repo = os.path.join(tmp, "keyrepo")
+    os.makedirs(os.path.join(repo, "sealed", "1"))
+    shutil.copy(enc, os.path.join(repo, "sealed", "1", "model.gguf.enc"))
+    with open(os.path.join(repo, "sealed", "config.json"), "w") as f:
+        json.dump({"name": "sealed", "backend": "llm"}, f)
+    # The operator's config.json may name any key file; answers still show no server path.
+    os.makedirs(os.path.join(repo, "sealed2", "1"))
+    shutil.copy(enc, os.path.join(repo, "sealed2", "1", "model.gguf.enc"))
+    with open(os.path.join(repo, "sealed2", "config.json"), "w") as f:
+        json.dump({"name": "sealed2", "backend": "llm", "parameters": {
+            "encryption_key_file": {"string_value": os.path.join(tmp, "secret.txt")}}}, f)
+    kd = os.path.join(tmp, "keydir")
+    os.makedirs(kd)
+    shutil.copy(key, os.path.join(kd, "good.key"))
+    secret = os.path.join(tmp, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("S" * 1234)
+    shutil.copy(secret, os.path.join(kd, "bad.key"))
+
+    def load(srv, kf=None, env=None):
+        p = {}
+        if kf is not None:
+            p["encryption_key_file"] = {"string_value": kf}
+        if env is not None:
+            p["encryption_key_env"] = {"string_value": env}
+        return srv.req("POST", "/v2/repository/models/sealed/load",
+                       {"parameters": {"config": json.dumps({"parameters": p})}})
+
+    def clean(b):
+        t = json.dumps(b)
+        return "1234" not in t and tmp not in t and "SSSS" not in t
+
+    srv = RepoServer(repo, "--model-control-mode", "explicit")
+    try:
+        for kf in ("/etc/shadow", secret, "../../secret.txt", "good.key"):
+            st, b = load(srv, kf)
+            s.case(f"keys: no --key-dir: a load naming {os.path.basename(kf)} refused, telling "
+                   "neither size nor path", st == 400 and "key-dir" in json.dumps(b) and clean(b),
+                   f"{st} {b}")
+        st, b = srv.req("POST", "/v2/repository/models/sealed2/load")
+        s.case("keys: config.json's absolute key file: the answer names it without its directory",
+               st == 400 and clean(b) and ".../secret.txt" in json.dumps(b), f"{st} {b}")
+        st, b = load(srv, env="HOME")
+        s.case("keys: a load may not choose an environment variable", st == 400 and clean(b)
+               and "may not choose an environment variable" in json.dumps(b), f"{st} {b}")
+    finally:
+        s.case("keys: clean exit (no --key-dir)", srv.stop() == 0)
+    srv = RepoServer(repo, "--model-control-mode", "explicit", "--key-dir", kd)
+    try:
+        for kf in ("/etc/shadow", secret, "../secret.txt", "nosuch.key"):
+            st, b = load(srv, kf)
+            s.case(f"keys: --key-dir: {kf if not kf.startswith(tmp) else 'an absolute path'} "
+                   "refused, telling neither size nor path", st == 400 and clean(b), f"{st} {b}")
+        st, b = load(srv, "bad.key")
+        s.case("keys: --key-dir: a file that is not a key: 400 without its size or path",
+               st == 400 and clean(b) and "a key must be 64 hex" in json.dumps(b), f"{st} {b}")
+        st, b = load(srv, "good.key")
+        st2, b2 = complete(srv, "sealed")
+        s.case("keys: --key-dir: the key named by a load request decrypts the model",
+               st == 200 and st2 == 200, f"{st} {b} {st2} {str(b2)[:120]}")
+        s.case("keys: the log keeps the full story (the key file's path)",
+               os.path.join(kd, "bad.key") in srv.text() or "bad.key" in srv.text())
+    finally:
+        s.case("keys: clean exit (--key-dir)", srv.stop() == 0)
+
+
 def main():
     if exe is None:
         s.skip("repository", "build/sampan not built")
@@ -186,6 +331,9 @@ def main():
         repo = make_repo(tmp)
         s.guard("none mode", test_none_mode, repo)
         s.guard("explicit mode", test_explicit_mode, repo)
+        s.guard("poll eviction", test_poll_eviction, tmp)
+        s.guard("poll second file", test_poll_second_file, tmp)
+        s.guard("load key file", test_load_key_file, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

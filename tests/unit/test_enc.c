@@ -331,13 +331,15 @@ TEST(enc_key_parse)
     ASSERT(memcmp(k.bytes, want.bytes, 32) == 0);
 
     ASSERT(sp_enc_key_parse(hex, 63, "mykey", &k, err, sizeof err) == SP_ERR_INVALID);
-    ASSERT_HAS(err, "mykey: a key must be 64 hex characters (256 bits) or 32 raw bytes, found 63");
+    ASSERT_HAS(err, "mykey: a key must be 64 hex characters (256 bits) or 32 raw bytes");
+    ASSERT(strstr(err, "63") == NULL); /* the size found is never told */
     ASSERT(sp_enc_key_parse(hex, 32, "k", &k, err, sizeof err) == SP_ERR_INVALID); /* 128-bit hex */
-    ASSERT_HAS(err, "found 32");
+    ASSERT(strstr(err, "32 raw") != NULL && strstr(err, "found") == NULL);
     ASSERT(sp_enc_key_parse("", 0, "k", &k, err, sizeof err) == SP_ERR_INVALID);
     hex[10] = 'g';
     ASSERT(sp_enc_key_parse(hex, 64, "k", &k, err, sizeof err) == SP_ERR_INVALID);
-    ASSERT_HAS(err, "non-hex character at position 10");
+    ASSERT_HAS(err, "a non-hex character was found");
+    ASSERT(strstr(err, "10") == NULL); /* nor where */
     ASSERT(strstr(err, hex) == NULL); /* never echoed */
     /* OpenSSL's hex parser would skip ':' separators: the key's stays strict. */
     hex[10] = 'A';

@@ -7,7 +7,9 @@
  */
 #include "test.h"
 
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -986,4 +988,123 @@ TEST(gguf_oom_cleanup)
     }
     ASSERT(opened);
     sp_free(buf);
+}
+
+/* ---- the file changing under an open handle ------------------------------ */
+
+/* Copy the demo model to dst; its size in *size. */
+static void
+copy_demo(const char *dst, size_t *size)
+{
+    FILE *in = fopen(DEMO_MODEL, "rb"), *out = fopen(dst, "wb");
+    ASSERT(in != NULL && out != NULL);
+    char buf[65536];
+    size_t n, total = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
+        ASSERT_EQ(fwrite(buf, 1, n, out), n);
+        total += n;
+    }
+    fclose(in);
+    ASSERT_EQ(fclose(out), 0);
+    *size = total;
+}
+
+TEST(gguf_copy_survives_truncation_and_overwrite)
+{
+    if (access(DEMO_MODEL, R_OK) != 0) {
+        SKIP("%s not present", DEMO_MODEL);
+    }
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/copy.gguf", sp_test_tmpdir());
+    size_t size;
+    copy_demo(path, &size);
+    sp_gguf_set_copy_max(size); /* this file exactly: copied */
+    sp_gguf_t *g = NULL;
+    ASSERT_OK(sp_gguf_open(path, &g, err, sizeof err));
+    ASSERT(sp_gguf_is_copy(g));
+    ASSERT(!sp_gguf_file_changed(g));
+    const sp_gguf_tensor_t *t = sp_gguf_tensor(g, sp_gguf_n_tensors(g) - 1);
+    uint8_t *before = malloc(t->nbytes);
+    ASSERT(before != NULL);
+    memcpy(before, t->data, t->nbytes);
+
+    /* Overwritten in place with other bytes, then cut short: the copy is untouched. */
+    FILE *f = fopen(path, "r+b");
+    ASSERT(f != NULL);
+    ASSERT_EQ(fseek(f, (long)(sp_gguf_data_offset(g) + t->offset), SEEK_SET), 0);
+    for (size_t i = 0; i < t->nbytes; i++) {
+        fputc(0x7f, f);
+    }
+    ASSERT_EQ(fclose(f), 0);
+    ASSERT_EQ(truncate(path, 1000), 0);
+    ASSERT(memcmp(before, t->data, t->nbytes) == 0);
+    ASSERT(!sp_gguf_weights_changed(g)); /* nothing outside reaches a copy */
+    ASSERT(sp_gguf_file_changed(g));     /* but the file is another one: reload */
+    sp_gguf_close(g);
+    free(before);
+    sp_gguf_set_copy_max(0);
+}
+
+TEST(gguf_mapped_truncation_is_caught)
+{
+    if (access(DEMO_MODEL, R_OK) != 0) {
+        SKIP("%s not present", DEMO_MODEL);
+    }
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/mapped.gguf", sp_test_tmpdir());
+    size_t size;
+    copy_demo(path, &size);
+    sp_gguf_set_copy_max(0); /* mapped */
+    sp_gguf_set_guard(true);
+    sp_gguf_t *g = NULL;
+    ASSERT_OK(sp_gguf_open(path, &g, err, sizeof err));
+    ASSERT(!sp_gguf_is_copy(g));
+    ASSERT(!sp_gguf_weights_changed(g));
+    ASSERT(!sp_gguf_file_changed(g));
+    const sp_gguf_tensor_t *t = sp_gguf_tensor(g, sp_gguf_n_tensors(g) - 1);
+    /* Cut the file well before the last tensor: reading it would be SIGBUS. */
+    ASSERT_EQ(truncate(path, 16384), 0);
+    uint8_t *got = malloc(t->nbytes);
+    ASSERT(got != NULL);
+    const volatile uint8_t *src = t->data;
+    for (size_t i = 0; i < t->nbytes; i++) {
+        got[i] = src[i]; /* past the new end: SIGBUS, which the guard turns into zeros */
+    }
+    bool zeros = true;
+    for (size_t i = 0; i < t->nbytes; i++) {
+        zeros &= got[i] == 0;
+    }
+    ASSERT(zeros);
+    ASSERT(sp_gguf_weights_changed(g));
+    ASSERT(sp_gguf_file_changed(g));
+    sp_gguf_close(g);
+    free(got);
+}
+
+TEST(gguf_mapped_overwrite_is_seen)
+{
+    if (access(DEMO_MODEL, R_OK) != 0) {
+        SKIP("%s not present", DEMO_MODEL);
+    }
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/mapped2.gguf", sp_test_tmpdir());
+    size_t size;
+    copy_demo(path, &size);
+    sp_gguf_set_copy_max(0);
+    sp_gguf_t *g = NULL;
+    ASSERT_OK(sp_gguf_open(path, &g, err, sizeof err));
+    /* Same size, other bytes, a later mtime: the per-step check sees it. */
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {1, 0}};
+    FILE *f = fopen(path, "r+b");
+    ASSERT(f != NULL);
+    ASSERT_EQ(fseek(f, (long)size - 4, SEEK_SET), 0);
+    fputc(0x11, f);
+    ASSERT_EQ(fclose(f), 0);
+    ASSERT_EQ(utimensat(AT_FDCWD, path, ts, 0), 0); /* an mtime surely not the one at open */
+    ASSERT(sp_gguf_weights_changed(g));
+    ASSERT(sp_gguf_file_changed(g));
+    sp_gguf_close(g);
+    /* A buffer handle never changes. */
+    static const uint8_t junk[4] = {0};
+    ASSERT(sp_gguf_open_mem(junk, sizeof junk, "junk", &g, err, sizeof err) != SP_OK);
 }

@@ -389,6 +389,59 @@ TEST(repo_config_load_file_and_override)
     ASSERT_HAS(err, "models/big/config.json: larger than");
 }
 
+TEST(repo_config_override_keys_come_from_the_key_dir)
+{
+    const char *root = new_repo("keys");
+    put(root, "m/config.json", "{\"name\": \"m\"}");
+    put(root, "kd/good.key", "00");
+    char path[PATH_MAX], kd[PATH_MAX], err[512] = "";
+    spf(path, sizeof path, "%s/m/config.json", root);
+    spf(kd, sizeof kd, "%s/kd", root);
+    sp_repo_config_t c;
+    sp_enc_key_src_t src;
+    /* A load request may not name a path, nor an environment variable. */
+    static const char *const refused[] = {
+        "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"/etc/shadow\"}}}",
+        "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"../kd/good.key\"}}}",
+        "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"..\"}}}",
+        "{\"parameters\": {\"encryption_key_file\": \"good.key\"}}",
+        "{\"parameters\": {\"encryption_key_env\": {\"string_value\": \"HOME\"}}}",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        sp_status_t st = sp_repo_config_load(path, "m/config.json", refused[i], strlen(refused[i]),
+                                             &c, err, sizeof err);
+        if (st != SP_ERR_INVALID) SP_TEST_FAIL("case %zu accepted: %s", i, refused[i]);
+        ASSERT_HAS(err, "m/config.json (config override): parameters.encryption_key_");
+        sp_repo_config_free(&c);
+    }
+    /* A plain name: from the key directory only, and only when there is one. */
+    const char *ov =
+        "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"good.key\"}}}";
+    ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
+    ASSERT(c.llm.key_from_request);
+    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_HAS(err, "only when the server has a key directory (--key-dir)");
+    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err));
+    ASSERT_HAS(src.file, "/kd/good.key");
+    sp_repo_config_free(&c);
+    ov = "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"none.key\"}}}";
+    ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
+    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_HAS(err, "no such key in the server's key directory");
+    ASSERT(strstr(err, kd) == NULL); /* the directory is never named */
+    sp_repo_config_free(&c);
+    /* config.json itself (the operator's) still names any key file. */
+    put(root, "n/config.json",
+        "{\"name\": \"n\", \"parameters\": {\"encryption_key_file\": {\"string_value\": "
+        "\"/etc/sampan/n.key\"}}}");
+    spf(path, sizeof path, "%s/n/config.json", root);
+    ASSERT_OK(sp_repo_config_load(path, "n/config.json", NULL, 0, &c, err, sizeof err));
+    ASSERT(!c.llm.key_from_request);
+    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "n", kd, &src, err, sizeof err));
+    ASSERT_STR_EQ(src.file, "/etc/sampan/n.key");
+    sp_repo_config_free(&c);
+}
+
 /* ---- names, versions, policies */
 
 TEST(repo_names_and_versions)
