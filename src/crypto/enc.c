@@ -144,10 +144,11 @@ sp_enc_key_parse(const void *buf, size_t len, const char *what, sp_enc_key_t *ou
                        "%s: a key must be 64 hex characters (256 bits) or 32 raw bytes",
                        what);
     }
-    /* Every character is checked first, so the error names the first bad
-     * one and OpenSSL's parser (which stops at it, with no position) always
-     * succeeds; it wants a NUL-terminated string, hence the copy. Either case
-     * of hex digit is accepted, and no separator. */
+    /* Every character is checked first: OpenSSL's parser would skip ':'
+     * separators, which a key may not have; the error names neither the
+     * character nor where it was (the file may be a secret named by mistake).
+     * The parser wants a NUL-terminated string, hence the copy. Either case of
+     * hex digit is accepted. */
     char hex[2 * SP_ENC_KEY_BYTES + 1];
     for (size_t i = 0; i < 2 * SP_ENC_KEY_BYTES; i++) {
         if (OPENSSL_hexchar2int(p[a + i]) < 0) {
