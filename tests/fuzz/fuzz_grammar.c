@@ -1,0 +1,248 @@
+/*
+ * fuzz_grammar.c - libFuzzer target for the GBNF compiler and matcher
+ * (engine/grammar.c) and the JSON-schema translator (engine/schema.c).
+ *
+ * Build with `make fuzz`; run (docs/fuzzing.md has more):
+ *   mkdir -p tests/fuzz/corpus-work/grammar
+ *   ./build-fuzz/fuzz_grammar -max_total_time=60 -max_len=4096 -dict=tests/fuzz/grammar.dict \
+ *       tests/fuzz/corpus-work/grammar tests/fuzz/corpus/grammar
+ *
+ * Input: SPEC, then optionally a NUL byte and a candidate string TEXT (empty
+ * without one). SPEC that parses as a JSON object or boolean is a JSON schema
+ * (translated with sp_schema_to_gbnf, then compiled); anything else is GBNF.
+ *
+ * Checks, besides no crash, leak, UB, hang or unbounded memory:
+ *  - a failed compile says why (a non-empty message), and the GBNF the schema
+ *    translator writes always compiles unless it is past the grammar's size
+ *    limits (SP_ERR_TOO_LARGE): a syntax error there is the translator's bug;
+ *  - TEXT fed in one sp_gmatch_commit, fed byte by byte (a commit and a
+ *    sp_gmatch_maintain per byte, as generation does), walked with trial
+ *    sp_gmatch_feed calls that never commit (trying every byte before each of
+ *    the first 64, as a token mask does), and sp_grammar_match all agree:
+ *    the same bytes accepted, the same first refused byte, and the same end
+ *    state as far as it can be observed (accepting, can continue, the
+ *    shortest completion's cost, and which of the 256 next bytes live and
+ *    which of those accept). A refused commit leaves the state unchanged.
+ *    Where a matcher reports it hit a table's hard cap (sp_gmatch_overflowed,
+ *    sp_grammar_match < 0) its DEAD answers may be the limit's, so nothing is
+ *    compared for that input;
+ *  - a matcher kept up with sp_gmatch_maintain stays under MATCHER_MAX bytes;
+ *  - for a schema, TEXT the grammar accepts is valid JSON (jansson; a number
+ *    too large for a double is the one exception, since the grammar bounds
+ *    digits, not magnitude).
+ */
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "engine/grammar.h"
+#include "engine/schema.h"
+
+/* Far above what the matcher's hard caps allow (about 64 MB): a matcher
+ * that passes it has a table without a cap. */
+#define MATCHER_MAX ((size_t)128 << 20)
+#define PROBED 64 /* text bytes before which the trial walk tries all 256 bytes */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+__attribute__((noreturn)) static void
+bug(const char *what, const char *spec, size_t spec_len, size_t at)
+{
+    fprintf(stderr, "fuzz harness: %s (byte %zu of the text; spec %.*s)\n", what, at,
+            (int)(spec_len > 400 ? 400 : spec_len), spec);
+    abort();
+}
+
+/* The observable end state of s: flags and cost, then per next byte c
+ * whether it lives (bit 0) and accepts (bit 1). False when a limit was hit. */
+typedef struct view {
+    bool accept, cont;
+    uint32_t cost;
+    uint8_t next[256];
+} view_t;
+
+static bool
+observe(sp_gmatch_t *m, sp_gstate_t s, view_t *v)
+{
+    memset(v, 0, sizeof *v); /* compared with memcmp: no stale padding */
+    v->accept = sp_gmatch_accepting(m, s);
+    v->cont = sp_gmatch_can_continue(m, s);
+    v->cost = sp_gmatch_cost(m, s);
+    for (unsigned c = 0; c < 256; c++) {
+        sp_gstate_t t = sp_gmatch_feed(m, s, c);
+        v->next[c] = (uint8_t)((t != SP_GSTATE_DEAD) | (sp_gmatch_accepting(m, t) << 1));
+    }
+    return !sp_gmatch_overflowed(m);
+}
+
+static void
+check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *text, size_t n,
+               bool schema)
+{
+    sp_gmatch_t *whole, *bytes, *trial;
+    char err[256];
+    if (sp_gmatch_create(g, &whole, err, sizeof err) != SP_OK) {
+        return; /* the start state is past the matcher's limits: err says so */
+    }
+    if (sp_gmatch_create(g, &bytes, err, sizeof err) != SP_OK ||
+        sp_gmatch_create(g, &trial, err, sizeof err) != SP_OK) {
+        bug("a second matcher of the same grammar failed to start", spec, spec_len, 0);
+    }
+
+    /* All at once. */
+    sp_gstate_t start = sp_gmatch_state(whole);
+    bool ok_whole = sp_gmatch_commit(whole, text, n);
+    if (!ok_whole && sp_gmatch_state(whole) != start && !sp_gmatch_overflowed(whole)) {
+        bug("a refused commit moved the state", spec, spec_len, 0);
+    }
+
+    /* Byte by byte, with maintenance between bytes (tables rebuilt). */
+    size_t dead_bytes = n;
+    for (size_t i = 0; i < n; i++) {
+        sp_gmatch_maintain(bytes);
+        if (sp_gmatch_bytes(bytes) > MATCHER_MAX) {
+            bug("the matcher grew past its bound", spec, spec_len, i);
+        }
+        if (!sp_gmatch_commit(bytes, text + i, 1)) {
+            dead_bytes = i;
+            break;
+        }
+    }
+
+    /* Trial feeds only: the state ids of one matcher, never committed. For the
+     * first PROBED bytes every byte is tried first, as a token mask does: the
+     * tables fill in another order, and the byte taken must then answer from
+     * the transition cache exactly as it did when computed. */
+    size_t dead_trial = n;
+    sp_gstate_t s = sp_gmatch_state(trial);
+    for (size_t i = 0; i < n; i++) {
+        sp_gstate_t probe = 0;
+        if (i < PROBED) {
+            for (unsigned c = 0; c < 256; c++) {
+                sp_gstate_t t = sp_gmatch_feed(trial, s, c);
+                probe = c == (unsigned char)text[i] ? t : probe;
+            }
+        }
+        s = sp_gmatch_feed(trial, s, (unsigned char)text[i]);
+        if (i < PROBED && s != probe && !sp_gmatch_overflowed(trial)) {
+            bug("the same feed answered two different states", spec, spec_len, i);
+        }
+        if (s == SP_GSTATE_DEAD) {
+            dead_trial = i;
+            break;
+        }
+    }
+
+    int r = sp_grammar_match(g, text, n);
+    bool limited = r < 0 || sp_gmatch_overflowed(whole) || sp_gmatch_overflowed(bytes) ||
+                   sp_gmatch_overflowed(trial);
+    if (!limited) {
+        bool ok_bytes = dead_bytes == n, ok_trial = dead_trial == n;
+        if (ok_whole != ok_bytes || ok_bytes != ok_trial) {
+            bug(ok_whole ? "the whole text was accepted but not byte by byte"
+                         : "byte-by-byte feeding accepted what the whole commit refused",
+                spec, spec_len, dead_bytes < dead_trial ? dead_bytes : dead_trial);
+        }
+        if (dead_bytes != dead_trial) {
+            bug("byte-by-byte commits and trial feeds refused different bytes", spec, spec_len,
+                dead_bytes);
+        }
+        bool acc = ok_whole && sp_gmatch_accepting(whole, sp_gmatch_state(whole));
+        if ((r == 1) != acc) {
+            bug("sp_grammar_match disagrees with the matcher", spec, spec_len, n);
+        }
+        if (ok_whole) {
+            view_t a, b, c;
+            bool full = !observe(whole, sp_gmatch_state(whole), &a);
+            full |= !observe(bytes, sp_gmatch_state(bytes), &b);
+            full |= !observe(trial, s, &c);
+            if (!full && (memcmp(&a, &b, sizeof a) != 0 || memcmp(&a, &c, sizeof a) != 0)) {
+                bug("the end states differ (whole commit, byte by byte, trial feeds)", spec,
+                    spec_len, n);
+            }
+        }
+        if (schema && acc) {
+            json_error_t je;
+            json_t *v = json_loadb(text, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            if (v == NULL && json_error_code(&je) != json_error_numeric_overflow) {
+                bug("the schema's grammar accepted text that is not JSON", spec, spec_len,
+                    (size_t)je.position);
+            }
+            json_decref(v);
+        }
+    }
+    sp_gmatch_destroy(whole);
+    sp_gmatch_destroy(bytes);
+    sp_gmatch_destroy(trial);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t spec_len = nul != NULL ? (size_t)(nul - data) : size;
+    size_t n = nul != NULL ? size - spec_len - 1 : 0;
+    /* Exact-size heap copies so ASan sees any read past the end. */
+    char *spec = malloc(spec_len ? spec_len : 1);
+    char *text = malloc(n ? n : 1);
+    if (spec == NULL || text == NULL) {
+        free(spec);
+        free(text);
+        return 0;
+    }
+    memcpy(spec, data, spec_len);
+    if (n) {
+        memcpy(text, nul + 1, n);
+    }
+
+    char err[256] = "";
+    sp_grammar_t *g = NULL;
+    json_t *schema = json_loadb(spec, spec_len, JSON_DECODE_ANY, NULL);
+    if (schema != NULL && !json_is_object(schema) && !json_is_boolean(schema)) {
+        json_decref(schema);
+        schema = NULL;
+    }
+    if (schema != NULL) {
+        char *gbnf = NULL;
+        size_t gbnf_len = 0;
+        sp_status_t st = sp_schema_to_gbnf(schema, &gbnf, &gbnf_len, err, sizeof err);
+        if (st == SP_OK) {
+            if (gbnf == NULL || strlen(gbnf) != gbnf_len) {
+                bug("the schema's GBNF is not a string of the reported length", spec, spec_len,
+                    0);
+            }
+            st = sp_grammar_compile(gbnf, gbnf_len, &g, err, sizeof err);
+            if (st != SP_OK && st != SP_ERR_TOO_LARGE && st != SP_ERR_NOMEM) {
+                fprintf(stderr, "fuzz harness: grammar error: %s\n%.2000s\n", err, gbnf);
+                bug("the schema translator wrote GBNF that does not compile", spec, spec_len, 0);
+            }
+            sp_free(gbnf);
+        } else if (gbnf != NULL) {
+            bug("a failed translation returned text", spec, spec_len, 0);
+        }
+        if (st != SP_OK && err[0] == '\0') {
+            bug("a failed translation or compile gave no message", spec, spec_len, 0);
+        }
+    } else if (sp_grammar_compile(spec, spec_len, &g, err, sizeof err) != SP_OK) {
+        if (g != NULL || err[0] == '\0') {
+            bug("a failed compile returned a grammar or gave no message", spec, spec_len, 0);
+        }
+    }
+    if (g != NULL) {
+        bool have[256] = {false};
+        for (size_t i = 0; i < n; i++) {
+            have[(unsigned char)text[i]] = true;
+        }
+        (void)sp_grammar_needs_byte_outside(g, have);
+        check_matching(g, spec, spec_len, text, n, schema != NULL);
+        sp_grammar_release(g);
+    }
+    json_decref(schema);
+    free(spec);
+    free(text);
+    return 0;
+}
