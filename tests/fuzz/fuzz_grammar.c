@@ -15,10 +15,11 @@
  *  - a failed compile says why (a non-empty message), and the GBNF the schema
  *    translator writes always compiles unless it is past the grammar's size
  *    limits (SP_ERR_TOO_LARGE): a syntax error there is the translator's bug;
- *  - TEXT fed in one sp_gmatch_commit, fed byte by byte (a commit and a
- *    sp_gmatch_maintain per byte, as generation does), walked with trial
- *    sp_gmatch_feed calls that never commit (trying every byte before each of
- *    the first 64, as a token mask does), and sp_grammar_match all agree:
+ *  - TEXT fed in one sp_gmatch_commit, fed byte by byte as generation does
+ *    (sp_gmatch_maintain, every byte tried as a token mask does - for the
+ *    first 1024 bytes -, then the commit, which must land on the state its
+ *    byte's trial did), walked with trial sp_gmatch_feed calls that never
+ *    commit, and sp_grammar_match all agree:
  *    the same bytes accepted, the same first refused byte, and the same end
  *    state as far as it can be observed (accepting, can continue, the
  *    shortest completion's cost, and which of the 256 next bytes live and
@@ -45,7 +46,7 @@
 /* Far above what the matcher's hard caps allow (about 64 MB): a matcher
  * that passes it has a table without a cap. */
 #define MATCHER_MAX ((size_t)128 << 20)
-#define PROBED 64 /* text bytes before which the trial walk tries all 256 bytes */
+#define PROBED 1024 /* text bytes before which the byte-by-byte walk tries all 256 bytes */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -100,37 +101,47 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
         bug("a refused commit moved the state", spec, spec_len, 0);
     }
 
-    /* Byte by byte, with maintenance between bytes (tables rebuilt). */
+    /* Byte by byte, as generation walks: sp_gmatch_maintain (tables rebuilt
+     * when past their soft limits), then, for the first PROBED bytes, every
+     * byte tried as a token mask does (this fills the tables, so long texts
+     * reach the rebuilds), then the commit, which must land where the probe of
+     * its byte did. */
     size_t dead_bytes = n;
+    bool bytes_full = false;
     for (size_t i = 0; i < n; i++) {
+        bytes_full |= sp_gmatch_overflowed(bytes);
         sp_gmatch_maintain(bytes);
         if (sp_gmatch_bytes(bytes) > MATCHER_MAX) {
             bug("the matcher grew past its bound", spec, spec_len, i);
         }
-        if (!sp_gmatch_commit(bytes, text + i, 1)) {
+        sp_gstate_t probe = SP_GSTATE_DEAD;
+        bool probed = i < PROBED;
+        if (probed) {
+            sp_gstate_t cur = sp_gmatch_state(bytes);
+            for (unsigned c = 0; c < 256; c++) {
+                sp_gstate_t t = sp_gmatch_feed(bytes, cur, c);
+                probe = c == (unsigned char)text[i] ? t : probe;
+            }
+            probed = !sp_gmatch_overflowed(bytes);
+        }
+        bool ok = sp_gmatch_commit(bytes, text + i, 1);
+        if (probed && !sp_gmatch_overflowed(bytes) &&
+            (ok ? sp_gmatch_state(bytes) != probe : probe != SP_GSTATE_DEAD)) {
+            bug("a commit and the trial feed of the same byte disagree", spec, spec_len, i);
+        }
+        if (!ok) {
             dead_bytes = i;
             break;
         }
     }
+    bytes_full |= sp_gmatch_overflowed(bytes);
 
-    /* Trial feeds only: the state ids of one matcher, never committed. For the
-     * first PROBED bytes every byte is tried first, as a token mask does: the
-     * tables fill in another order, and the byte taken must then answer from
-     * the transition cache exactly as it did when computed. */
+    /* Trial feeds only: the state ids of one matcher, never committed nor
+     * maintained. */
     size_t dead_trial = n;
     sp_gstate_t s = sp_gmatch_state(trial);
     for (size_t i = 0; i < n; i++) {
-        sp_gstate_t probe = 0;
-        if (i < PROBED) {
-            for (unsigned c = 0; c < 256; c++) {
-                sp_gstate_t t = sp_gmatch_feed(trial, s, c);
-                probe = c == (unsigned char)text[i] ? t : probe;
-            }
-        }
         s = sp_gmatch_feed(trial, s, (unsigned char)text[i]);
-        if (i < PROBED && s != probe && !sp_gmatch_overflowed(trial)) {
-            bug("the same feed answered two different states", spec, spec_len, i);
-        }
         if (s == SP_GSTATE_DEAD) {
             dead_trial = i;
             break;
@@ -138,7 +149,7 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
     }
 
     int r = sp_grammar_match(g, text, n);
-    bool limited = r < 0 || sp_gmatch_overflowed(whole) || sp_gmatch_overflowed(bytes) ||
+    bool limited = r < 0 || sp_gmatch_overflowed(whole) || bytes_full ||
                    sp_gmatch_overflowed(trial);
     if (!limited) {
         bool ok_bytes = dead_bytes == n, ok_trial = dead_trial == n;
