@@ -30,7 +30,9 @@
  *  - a matcher kept up with sp_gmatch_maintain stays under MATCHER_MAX bytes;
  *  - for a schema, TEXT the grammar accepts is valid JSON (jansson; a number
  *    too large for a double is the one exception, since the grammar bounds
- *    digits, not magnitude).
+ *    digits, not magnitude), and an independent validator of the supported
+ *    keywords (every keyword applies, as JSON Schema says; oneOf as anyOf)
+ *    finds it valid.
  */
 #include <jansson.h>
 #include <stdbool.h>
@@ -80,9 +82,164 @@ observe(sp_gmatch_t *m, sp_gstate_t s, view_t *v)
     return !sp_gmatch_overflowed(m);
 }
 
+/* ---- an independent validator for the schema subset schema.h supports ----
+ * Standard JSON Schema semantics (every keyword applies), except oneOf's
+ * exclusivity, which schema.h says is not enforced. 1 valid, 0 not, -1 cannot
+ * tell (too deep, a $ref it cannot follow). */
+static int valid(const json_t *root, const json_t *s, const json_t *x, int depth);
+
+static int
+all_valid(int a, int b)
+{
+    return a == 0 || b == 0 ? 0 : a < 0 || b < 0 ? -1 : 1;
+}
+
+static const json_t *
+ref_target(const json_t *root, const char *path)
+{
+    const char *name;
+    const json_t *defs;
+    if (strcmp(path, "#") == 0) {
+        return root;
+    }
+    if (strncmp(path, "#/$defs/", 8) == 0) {
+        defs = json_object_get(root, "$defs"), name = path + 8;
+    } else if (strncmp(path, "#/definitions/", 14) == 0) {
+        defs = json_object_get(root, "definitions"), name = path + 14;
+    } else {
+        return NULL;
+    }
+    char key[256];
+    size_t k = 0;
+    for (const char *p = name; *p && k + 1 < sizeof key; p++) {
+        bool esc = p[0] == '~' && (p[1] == '0' || p[1] == '1');
+        key[k++] = esc ? (p[1] == '0' ? '~' : '/') : *p;
+        p += esc;
+    }
+    key[k] = '\0';
+    return json_object_get(defs, key);
+}
+
+static bool
+has_type(const json_t *x, const char *t)
+{
+    return strcmp(t, "string") == 0    ? json_is_string(x)
+           : strcmp(t, "integer") == 0 ? json_is_integer(x)
+           : strcmp(t, "number") == 0  ? json_is_number(x)
+           : strcmp(t, "boolean") == 0 ? json_is_boolean(x)
+           : strcmp(t, "null") == 0    ? json_is_null(x)
+           : strcmp(t, "object") == 0  ? json_is_object(x)
+           : strcmp(t, "array") == 0   ? json_is_array(x)
+                                       : false;
+}
+
+static size_t
+code_points(const char *p, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        k += ((unsigned char)p[i] & 0xC0) != 0x80;
+    }
+    return k;
+}
+
+static int
+valid(const json_t *root, const json_t *s, const json_t *x, int depth)
+{
+    if (json_is_boolean(s)) {
+        return json_is_true(s);
+    }
+    if (!json_is_object(s) || depth > 200) {
+        return -1;
+    }
+    int r = 1;
+    const json_t *v, *e;
+    size_t i;
+    if ((v = json_object_get(s, "$ref")) != NULL) {
+        const json_t *t = json_is_string(v) ? ref_target(root, json_string_value(v)) : NULL;
+        r = all_valid(r, t ? valid(root, t, x, depth + 1) : -1);
+    }
+    if ((v = json_object_get(s, "const")) != NULL) {
+        r = all_valid(r, json_equal((json_t *)v, (json_t *)x));
+    }
+    if ((v = json_object_get(s, "enum")) != NULL) {
+        int any = 0;
+        json_array_foreach(v, i, e) {
+            any |= json_equal((json_t *)e, (json_t *)x);
+        }
+        r = all_valid(r, any);
+    }
+    static const char *const alts[] = {"anyOf", "oneOf"};
+    for (int a = 0; a < 2; a++) {
+        if ((v = json_object_get(s, alts[a])) != NULL) {
+            int any = 0;
+            json_array_foreach(v, i, e) {
+                int k = valid(root, e, x, depth + 1);
+                any = any == 1 || k == 1 ? 1 : any < 0 || k < 0 ? -1 : 0;
+            }
+            r = all_valid(r, any);
+        }
+    }
+    if ((v = json_object_get(s, "allOf")) != NULL) {
+        json_array_foreach(v, i, e) {
+            r = all_valid(r, valid(root, e, x, depth + 1));
+        }
+    }
+    if ((v = json_object_get(s, "type")) != NULL) {
+        int any = json_is_string(v) && has_type(x, json_string_value(v));
+        json_array_foreach(v, i, e) {
+            any |= json_is_string(e) && has_type(x, json_string_value(e));
+        }
+        r = all_valid(r, any);
+    }
+    if ((v = json_object_get(s, "minimum")) != NULL && json_is_number(x)) {
+        r = all_valid(r, json_number_value(x) >= json_number_value(v));
+    }
+    if (json_is_string(x)) {
+        size_t len = code_points(json_string_value(x), json_string_length(x));
+        if ((v = json_object_get(s, "minLength")) != NULL) {
+            r = all_valid(r, (json_int_t)len >= json_integer_value(v));
+        }
+        if ((v = json_object_get(s, "maxLength")) != NULL) {
+            r = all_valid(r, (json_int_t)len <= json_integer_value(v));
+        }
+    }
+    if (json_is_array(x)) {
+        size_t n = json_array_size(x);
+        if ((v = json_object_get(s, "minItems")) != NULL) {
+            r = all_valid(r, (json_int_t)n >= json_integer_value(v));
+        }
+        if ((v = json_object_get(s, "maxItems")) != NULL) {
+            r = all_valid(r, (json_int_t)n <= json_integer_value(v));
+        }
+        if ((v = json_object_get(s, "items")) != NULL) {
+            json_array_foreach(x, i, e) {
+                r = all_valid(r, valid(root, v, e, depth + 1));
+            }
+        }
+    }
+    if (json_is_object(x)) {
+        const json_t *props = json_object_get(s, "properties");
+        const json_t *add = json_object_get(s, "additionalProperties");
+        const char *key;
+        json_object_foreach((json_t *)x, key, e) {
+            const json_t *ps = json_object_get(props, key);
+            if (ps != NULL) {
+                r = all_valid(r, valid(root, ps, e, depth + 1));
+            } else if (add != NULL) {
+                r = all_valid(r, valid(root, add, e, depth + 1));
+            }
+        }
+        json_array_foreach(json_object_get(s, "required"), i, e) {
+            r = all_valid(r, json_object_get(x, json_string_value(e)) != NULL);
+        }
+    }
+    return r;
+}
+
 static void
 check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *text, size_t n,
-               bool schema)
+               const json_t *schema)
 {
     sp_gmatch_t *whole, *bytes, *trial;
     char err[256];
@@ -176,12 +333,16 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
                     spec_len, n);
             }
         }
-        if (schema && acc) {
+        if (schema != NULL && acc) {
             json_error_t je;
             json_t *v = json_loadb(text, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
             if (v == NULL && json_error_code(&je) != json_error_numeric_overflow) {
                 bug("the schema's grammar accepted text that is not JSON", spec, spec_len,
                     (size_t)je.position);
+            }
+            if (v != NULL && valid(schema, schema, v, 0) == 0) {
+                bug("the schema's grammar accepted JSON the schema does not validate", spec,
+                    spec_len, n);
             }
             json_decref(v);
         }
@@ -249,7 +410,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             have[(unsigned char)text[i]] = true;
         }
         (void)sp_grammar_needs_byte_outside(g, have);
-        check_matching(g, spec, spec_len, text, n, schema != NULL);
+        check_matching(g, spec, spec_len, text, n, schema);
         sp_grammar_release(g);
     }
     json_decref(schema);
