@@ -28,9 +28,13 @@
  *    sp_grammar_match < 0) its DEAD answers may be the limit's, so nothing is
  *    compared for that input;
  *  - a matcher kept up with sp_gmatch_maintain stays under MATCHER_MAX bytes;
+ *  - TEXT also steers a walk to a sentence (guided_sentence: its bytes pick
+ *    among the live next bytes, then the cheapest completion): on the way
+ *    sp_gmatch_cost must be exact, and sp_grammar_match must accept the result;
  *  - for a schema, TEXT the grammar accepts is valid JSON (jansson; a number
  *    too large for a double is the one exception, since the grammar bounds
- *    digits, not magnitude), and an independent validator of the supported
+ *    digits, not magnitude), TEXT or the guided sentence alike, and an
+ *    independent validator of the supported
  *    keywords (every keyword applies, as JSON Schema says; oneOf as anyOf)
  *    finds it valid.
  */
@@ -49,6 +53,8 @@
  * that passes it has a table without a cap. */
 #define MATCHER_MAX ((size_t)128 << 20)
 #define PROBED 1024 /* text bytes before which the byte-by-byte walk tries all 256 bytes */
+#define GUIDED 256      /* choice bytes a guided sentence follows */
+#define COMPLETION 1024 /* bytes of its cheapest completion, at most */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -237,6 +243,96 @@ valid(const json_t *root, const json_t *s, const json_t *x, int depth)
     return r;
 }
 
+/* text, a sentence of the schema's grammar, is JSON that the schema validates. */
+static void
+check_instance(const json_t *schema, const char *spec, size_t spec_len, const char *text,
+               size_t n)
+{
+    json_error_t je;
+    json_t *v = json_loadb(text, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (v == NULL && json_error_code(&je) != json_error_numeric_overflow) {
+        fprintf(stderr, "fuzz harness: the sentence: %.*s\n", (int)(n > 400 ? 400 : n), text);
+        bug("the schema's grammar accepted text that is not JSON", spec, spec_len,
+            (size_t)je.position);
+    }
+    if (v != NULL && valid(schema, schema, v, 0) == 0) {
+        fprintf(stderr, "fuzz harness: the sentence: %.*s\n", (int)(n > 400 ? 400 : n), text);
+        bug("the schema's grammar accepted JSON the schema does not validate", spec, spec_len,
+            n);
+    }
+    json_decref(v);
+}
+
+/*
+ * A sentence of g steered by choice bytes, so that accepted texts are common
+ * (a mutated string rarely is one): for each of the first GUIDED choice bytes
+ * the live next bytes are listed (plus "stop here" when the state accepts) and
+ * the byte picks one; then the cheapest completion, a byte whose state costs
+ * least, until the state accepts. Checks on the way that sp_gmatch_cost is
+ * exact (an accepting state costs 0, any other has a live byte to a state
+ * costing one less), which generation relies on to finish within max_tokens.
+ * Returns the length, 0 when a table limit was hit or COMPLETION bytes did
+ * not end it.
+ */
+static size_t
+guided_sentence(sp_grammar_t *g, const char *spec, size_t spec_len, const char *choice,
+                size_t n, char *out)
+{
+    sp_gmatch_t *m;
+    if (sp_gmatch_create(g, &m, NULL, 0) != SP_OK) {
+        return 0;
+    }
+    size_t len = 0, i = 0;
+    bool ended = false;
+    while (len < GUIDED + COMPLETION) {
+        sp_gmatch_maintain(m);
+        sp_gstate_t s = sp_gmatch_state(m);
+        bool acc = sp_gmatch_accepting(m, s);
+        uint32_t cost = sp_gmatch_cost(m, s), best = UINT32_MAX;
+        unsigned char live[256];
+        unsigned n_live = 0, best_c = 0;
+        for (unsigned c = 0; c < 256; c++) {
+            sp_gstate_t t = sp_gmatch_feed(m, s, c);
+            if (t != SP_GSTATE_DEAD) {
+                live[n_live++] = (unsigned char)c;
+                if (sp_gmatch_cost(m, t) < best) {
+                    best = sp_gmatch_cost(m, t), best_c = c;
+                }
+            }
+        }
+        if (sp_gmatch_overflowed(m)) {
+            break;
+        }
+        if (acc != (cost == 0) || (!acc && (n_live == 0 || best != cost - 1))) {
+            bug("sp_gmatch_cost is not the length of the shortest completion", spec, spec_len,
+                len);
+        }
+        unsigned char c;
+        if (i < n && i < GUIDED) {
+            unsigned pick = (unsigned char)choice[i++] % (n_live + acc);
+            if (pick == n_live) {
+                ended = true;
+                break;
+            }
+            c = live[pick];
+        } else if (acc) {
+            ended = true;
+            break;
+        } else {
+            c = (unsigned char)best_c;
+        }
+        if (!sp_gmatch_commit(m, &c, 1)) {
+            if (!sp_gmatch_overflowed(m)) {
+                bug("a byte the trial feed took was refused by the commit", spec, spec_len, len);
+            }
+            break;
+        }
+        out[len++] = (char)c;
+    }
+    sp_gmatch_destroy(m);
+    return ended ? len : 0;
+}
+
 static void
 check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *text, size_t n,
                const json_t *schema)
@@ -334,17 +430,7 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
             }
         }
         if (schema != NULL && acc) {
-            json_error_t je;
-            json_t *v = json_loadb(text, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-            if (v == NULL && json_error_code(&je) != json_error_numeric_overflow) {
-                bug("the schema's grammar accepted text that is not JSON", spec, spec_len,
-                    (size_t)je.position);
-            }
-            if (v != NULL && valid(schema, schema, v, 0) == 0) {
-                bug("the schema's grammar accepted JSON the schema does not validate", spec,
-                    spec_len, n);
-            }
-            json_decref(v);
+            check_instance(schema, spec, spec_len, text, n);
         }
     }
     sp_gmatch_destroy(whole);
@@ -411,6 +497,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         (void)sp_grammar_needs_byte_outside(g, have);
         check_matching(g, spec, spec_len, text, n, schema);
+        char *sent = malloc(GUIDED + COMPLETION);
+        size_t k = sent ? guided_sentence(g, spec, spec_len, text, n, sent) : 0;
+        if (k > 0) {
+            int r = sp_grammar_match(g, sent, k);
+            if (r == 0) {
+                bug("sp_grammar_match refused a sentence the matcher walked", spec, spec_len, k);
+            }
+            if (schema != NULL && r == 1) {
+                check_instance(schema, spec, spec_len, sent, k);
+            }
+        }
+        free(sent);
         sp_grammar_release(g);
     }
     json_decref(schema);
