@@ -15,28 +15,27 @@
  *  - a failed compile says why (a non-empty message), and the GBNF the schema
  *    translator writes always compiles unless it is past the grammar's size
  *    limits (SP_ERR_TOO_LARGE): a syntax error there is the translator's bug;
- *  - TEXT fed in one sp_gmatch_commit, fed byte by byte as generation does
- *    (sp_gmatch_maintain, every byte tried as a token mask does - for the
- *    first 1024 bytes -, then the commit, which must land on the state its
- *    byte's trial did), walked with trial sp_gmatch_feed calls that never
- *    commit, and sp_grammar_match all agree:
- *    the same bytes accepted, the same first refused byte, and the same end
- *    state as far as it can be observed (accepting, can continue, the
- *    shortest completion's cost, and which of the 256 next bytes live and
- *    which of those accept). A refused commit leaves the state unchanged.
- *    Where a matcher reports it hit a table's hard cap (sp_gmatch_overflowed,
- *    sp_grammar_match < 0) its DEAD answers may be the limit's, so nothing is
- *    compared for that input;
+ *  - TEXT fed in one sp_gmatch_commit; fed byte by byte as generation does
+ *    (sp_gmatch_maintain, then every byte tried as a token mask does, for the
+ *    first PROBED bytes, then the commit, which must land on the state its
+ *    byte's trial did); walked with trial sp_gmatch_feed calls that never
+ *    commit; and sp_grammar_match: all four agree on the bytes accepted, the
+ *    first refused byte, and the end state as far as it can be observed
+ *    (accepting, can continue, the shortest completion's cost, which of the
+ *    256 next bytes live and which of those accept). A refused commit leaves
+ *    the state unchanged. Where a matcher reports it hit a table's hard cap
+ *    (sp_gmatch_overflowed, sp_grammar_match < 0) its DEAD answers may be the
+ *    limit's, so nothing is compared for that input;
  *  - a matcher kept up with sp_gmatch_maintain stays under MATCHER_MAX bytes;
  *  - TEXT also steers a walk to a sentence (guided_sentence: its bytes pick
- *    among the live next bytes, then the cheapest completion): on the way
- *    sp_gmatch_cost must be exact, and sp_grammar_match must accept the result;
- *  - for a schema, TEXT the grammar accepts is valid JSON (jansson; a number
- *    too large for a double is the one exception, since the grammar bounds
- *    digits, not magnitude), TEXT or the guided sentence alike, and an
- *    independent validator of the supported
- *    keywords (every keyword applies, as JSON Schema says; oneOf as anyOf)
- *    finds it valid.
+ *    among the live next bytes, then the cheapest completion follows): on
+ *    the way sp_gmatch_cost must be exact, and sp_grammar_match must accept
+ *    the result (an empty TEXT gives the shortest sentence);
+ *  - for a schema, an accepted TEXT and the guided sentence are JSON
+ *    (jansson; a number too large for a double is the one exception, since
+ *    the grammar bounds digits, not magnitude) that an independent validator
+ *    of the supported keywords finds valid (JSON Schema's semantics: every
+ *    keyword applies; oneOf as anyOf, as schema.h documents).
  */
 #include <jansson.h>
 #include <stdbool.h>
