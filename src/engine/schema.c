@@ -183,6 +183,73 @@ static const char *const unsupported[] = {
 
 static int compile_node(sp_schema_gbnf_t *b, const json_t *s);
 
+/* $ref, const, enum and anyOf/oneOf/allOf each become the whole rule of their
+ * schema object, so any other keyword that constrains values beside them would
+ * be dropped and the output might not validate: such a keyword is refused.
+ * `type` beside const or enum is kept when every value already has that type
+ * (the common {"type": "string", "enum": [...]}). */
+static const char *const whole_rule[] = {"$ref", "const", "enum", "anyOf", "oneOf", "allOf", NULL};
+static const char *const constraining[] = {
+    "$ref", "const", "enum", "anyOf", "oneOf", "allOf", "type", "properties", "required",
+    "additionalProperties", "items", "minItems", "maxItems", "minLength", "maxLength", "minimum",
+    NULL};
+
+static bool
+value_has_type(const json_t *v, const char *t)
+{
+    return strcmp(t, "string") == 0    ? json_is_string(v)
+           : strcmp(t, "integer") == 0 ? json_is_integer(v)
+           : strcmp(t, "number") == 0  ? json_is_number(v)
+           : strcmp(t, "boolean") == 0 ? json_is_boolean(v)
+           : strcmp(t, "null") == 0    ? json_is_null(v)
+           : strcmp(t, "object") == 0  ? json_is_object(v)
+           : strcmp(t, "array") == 0   ? json_is_array(v)
+                                       : false;
+}
+
+/* Every const/enum value of s has one of the types its `type` names. */
+static bool
+values_typed(const json_t *s, const char *key)
+{
+    const json_t *t = json_object_get(s, "type"), *vals = json_object_get(s, key);
+    size_t n = json_is_array(vals) && strcmp(key, "enum") == 0 ? json_array_size(vals) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = strcmp(key, "enum") == 0 ? json_array_get(vals, i) : vals;
+        bool ok = json_is_string(t) && value_has_type(v, json_string_value(t));
+        for (size_t j = 0; json_is_array(t) && j < json_array_size(t) && !ok; j++) {
+            const json_t *tj = json_array_get(t, j);
+            ok = json_is_string(tj) && value_has_type(v, json_string_value(tj));
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Fail when s has a constraining keyword that its whole-rule keyword would drop. */
+static bool
+refuse_dropped(sp_schema_gbnf_t *b, const json_t *s)
+{
+    const char *key = NULL;
+    for (int i = 0; whole_rule[i] && key == NULL; i++) {
+        key = json_object_get(s, whole_rule[i]) ? whole_rule[i] : NULL;
+    }
+    for (int i = 0; key && constraining[i]; i++) {
+        const char *k = constraining[i];
+        if (strcmp(k, key) == 0 || json_object_get(s, k) == NULL ||
+            (strcmp(k, "type") == 0 && (strcmp(key, "const") == 0 || strcmp(key, "enum") == 0) &&
+             values_typed(s, key))) {
+            continue;
+        }
+        char msg[96];
+        snprintf(msg, sizeof msg, "'%s' beside '%s' is not supported", k, key);
+        fail(b, "%s", msg);
+        return true;
+    }
+    return false;
+}
+
 /* Compile sub-schema s found under key (for messages); returns its rule id. */
 static int
 compile_child(sp_schema_gbnf_t *b, const json_t *s, const char *key)
@@ -547,6 +614,9 @@ compile_node(sp_schema_gbnf_t *b, const json_t *s)
             fail(b, "'%s' is not supported", unsupported[i]);
             goto done;
         }
+    }
+    if (refuse_dropped(b, s)) {
+        goto done;
     }
     const json_t *v;
     if ((v = json_object_get(s, "$ref")) != NULL) {

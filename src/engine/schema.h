@@ -16,7 +16,9 @@
  * 0, maximum, multipleOf, if/then/else, not, prefixItems, uniqueItems,
  * patternProperties, ...) is an error naming the keyword and where it is, so
  * the server answers 400 instead of generating output that might not
- * validate. Properties are generated in the schema's order. Between tokens
+ * validate. So is a constraining keyword beside $ref, const, enum, anyOf,
+ * oneOf or allOf, which would be dropped (type beside const or enum is kept
+ * when every value has that type). Properties are generated in the schema's order. Between tokens
  * the output may have one space, or a line break and up to 20 spaces.
  * Compile work is linear in the schema (at most SP_SCHEMA_MAX_NODES nodes),
  * and the grammar's own limits apply to the result.

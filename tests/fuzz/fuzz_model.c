@@ -3,9 +3,14 @@
  * reader, hyper-parameter and tensor checks, tokenizer construction, and
  * (for inputs that load) one tiny forward pass and a tokenize/detokenize.
  *
- *   make fuzz                       # builds build-fuzz/fuzz_gguf and build-fuzz/fuzz_model
- *   ./build-fuzz/fuzz_model -max_total_time=60 -rss_limit_mb=2048 \
+ *   make fuzz                       # builds every build-fuzz/fuzz_* target
+ *   ./build-fuzz/fuzz_model -max_total_time=60 -rss_limit_mb=2048 -max_len=65536 \
  *       tests/fuzz/corpus-work/model tests/fuzz/corpus/gguf
+ *
+ * The seeds include whole models under 4096 bytes (tests/fuzz/model_seeds.py
+ * writes them), so mutations start from files that load and reach the forward
+ * pass and the tokenizer. libFuzzer cuts seeds to -max_len: a larger model
+ * seed needs a larger -max_len, or it arrives as a prefix that does not load.
  */
 #include <stdint.h>
 #include <stdlib.h>

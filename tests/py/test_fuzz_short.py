@@ -2,7 +2,8 @@
 
 Builds the targets with `make fuzz` (clang, libFuzzer + ASan + UBSan, into build-fuzz/) and
 runs each for SP_FUZZ_SECONDS (default 8) seconds from its seed corpus (the
-tests/fuzz/corpus/NAME folder its source names) with its dictionary (tests/fuzz/NAME.dict, when
+tests/fuzz/corpus/NAME folder its source names; inputs up to 4096 bytes or the largest seed)
+with its dictionary (tests/fuzz/NAME.dict, when
 there is one), two targets at a time, mutating into a scratch folder so the checked-in corpus
 never changes. A crash, leak, hang or sanitizer report fails the case; its input is kept in
 build-fuzz/artifacts/TARGET/ and the case prints the command that replays it. Where clang or
@@ -58,6 +59,14 @@ if not s.case("make fuzz", rc == 0, (out + err)[-2000:] if rc else f"{time.time(
     s.finish()
 
 
+def max_len(seeds):
+    """-max_len for a run: 4096, or the largest seed where one is larger (libFuzzer cuts every
+    seed to -max_len, and a model seed cut short no longer loads)."""
+    sizes = [os.path.getsize(os.path.join(seeds, f)) for f in os.listdir(seeds)] \
+        if seeds and os.path.isdir(seeds) else []
+    return max([4096] + sizes)
+
+
 def fuzz(t):
     """Run one target; returns (ok, detail)."""
     src = open(os.path.join(FUZZ_DIR, t + ".c"), encoding="utf-8").read()
@@ -70,7 +79,7 @@ def fuzz(t):
     art = os.path.join(ROOT, "build-fuzz", "artifacts", t)
     os.makedirs(art, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f"sp-{t}-")
-    args = [exe, f"-max_total_time={SECONDS}", "-max_len=4096", "-timeout=10",
+    args = [exe, f"-max_total_time={SECONDS}", f"-max_len={max_len(seeds)}", "-timeout=10",
             "-rss_limit_mb=2048", "-print_final_stats=0", f"-artifact_prefix={art}/", work]
     if name and os.path.isfile(os.path.join(FUZZ_DIR, name + ".dict")):
         args.insert(1, f"-dict={os.path.join(FUZZ_DIR, name + '.dict')}")

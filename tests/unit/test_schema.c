@@ -173,6 +173,30 @@ TEST(schema_unsupported_features_named)
     ASSERT(strstr(e, "never end") != NULL);
 }
 
+TEST(schema_keywords_beside_whole_rules)
+{
+    /* $ref, const, enum and the combinators make the whole rule: a constraining keyword beside
+     * them would be dropped (output that does not validate), so it is refused */
+    const char *e;
+    e = schema_err("{\"type\": \"integer\", \"anyOf\": [{}]}");
+    ASSERT(strstr(e, "'type' beside 'anyOf'") != NULL);
+    e = schema_err("{\"minimum\": 0, \"oneOf\": [{\"type\": \"integer\"}]}");
+    ASSERT(strstr(e, "'minimum' beside 'oneOf'") != NULL);
+    e = schema_err("{\"$ref\": \"#/$defs/a\", \"type\": \"string\", \"$defs\": {\"a\": {}}}");
+    ASSERT(strstr(e, "'type' beside '$ref'") != NULL);
+    e = schema_err("{\"properties\": {\"a\": {\"const\": 1, \"required\": [\"b\"]}}}");
+    ASSERT(strstr(e, "'required' beside 'const'") != NULL && strstr(e, "/properties/a") != NULL);
+    e = schema_err("{\"type\": \"string\", \"enum\": [\"a\", 1]}");
+    ASSERT(strstr(e, "'type' beside 'enum'") != NULL);
+    /* type beside enum or const is kept when every value has it; annotations stay ignored */
+    sp_grammar_t *g = schema_ok("{\"type\": \"string\", \"enum\": [\"a\", \"b\"], \"title\": \"t\"}");
+    ASSERT_EQ(sp_grammar_match(g, "\"b\"", 3), 1);
+    sp_grammar_release(g);
+    g = schema_ok("{\"type\": [\"integer\", \"null\"], \"const\": null}");
+    ASSERT_EQ(sp_grammar_match(g, "null", 4), 1);
+    sp_grammar_release(g);
+}
+
 TEST(schema_bounded_compile)
 {
     /* 20000 enum values: over the node cap, refused quickly */
