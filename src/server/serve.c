@@ -566,14 +566,9 @@ handle(sp_http_req_t *r, void *ud)
     }
     sp_route_match_t route;
     int rc = sp_router_find(s->router, sp_http_req_method(r), path, &route);
-    if (rc == 400) {
-        sp_server_error(r, 400, NULL, NULL, "invalid_path",
-                        "the path has a '.' or '..' segment");
-        return;
-    }
-    /* No route: a key (of any scope) is still asked for, so that paths
-     * cannot be probed without one. */
-    uint32_t access = rc == 404            ? SP_SCOPE_INFER | SP_SCOPE_ADMIN | SP_SCOPE_METRICS
+    /* No route (or a path refused): a key (of any scope) is still asked
+     * for, so that paths cannot be probed without one. */
+    uint32_t access = rc == 404 || rc == 400 ? SP_SCOPE_INFER | SP_SCOPE_ADMIN | SP_SCOPE_METRICS
                       : route.access == 0 ? SP_SCOPE_INFER
                                           : route.access;
     if (!(access & ACCESS_PUBLIC)) {
@@ -612,6 +607,8 @@ handle(sp_http_req_t *r, void *ud)
     }
     if (rc == 0) {
         sp_router_run(&route, r);
+    } else if (rc == 400) {
+        sp_server_error(r, 400, NULL, NULL, "invalid_path", "the path has a '.' or '..' segment");
     } else if (rc == 404) {
         sp_server_error(r, 404, NULL, NULL, "not_found", "no route for %s %.*s",
                         sp_http_req_method_str(r), (int)(path.len > 200 ? 200 : path.len), path.ptr);

@@ -844,12 +844,17 @@ def protocol_cases(srv):
                        ("garbage method", b"FOO\x01 /live HTTP/1.1\r\n\r\n"),
                        ("HTTP/9.9", b"GET /live HTTP/9.9\r\n\r\n"),
                        ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
-                       ("absolute-form target", b"GET http://evil.example/live HTTP/1.1\r\n\r\n"),
                        ("binary request line", bytes(range(256)) + b"\r\n\r\n")):
         r, _ = raw_exchange(P, req, timeout=5)
         rs = responses(r)
         case("H6", f"{label}: a 4xx or 5xx refusal (not 500), then closed",
              (not rs or (400 <= rs[0][0] < 600 and rs[0][0] != 500)) and alive(P), r[:200])
+    # RFC 9112 3.2.2: a server accepts the absolute form and routes it by its path.
+    r, _ = raw_exchange(P, b"GET http://evil.example/live HTTP/1.1\r\nConnection: close\r\n\r\n",
+                        timeout=5)
+    rs = responses(r)
+    case("H6", "absolute-form target: routed by its path (/live: 200)",
+         bool(rs) and rs[0][0] == 200 and b"ok" in rs[0][2] and alive(P), r[:200])
     routes = ["/", "/live", "/health", "/stats", "/metrics", "/v1/models", "/v1/models/stories260K",
               "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v2", "/v2/health/live",
               "/v2/health/ready", "/v2/models/stories260K", "/v2/models/stories260K/ready",
