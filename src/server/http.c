@@ -1614,11 +1614,11 @@ event_cb(struct bufferevent *bev, short what, void *arg)
         tls_handshake_failed(c, what);
         conn_close(c);
     } else if (!c->tls && (what & BEV_EVENT_EOF) &&
-               (c->state == C_HANDLER || c->state == C_STREAM ||
-                (c->state == C_FLUSH && evbuffer_get_length(bufferevent_get_output(bev)) > 0))) {
+               (c->state == C_HANDLER || c->state == C_STREAM || c->state == C_FLUSH)) {
         /* The client shut its write side (shutdown(SHUT_WR)) after sending a
          * request: answer it, and any complete request pipelined behind it,
-         * then close (write_cb). A FIN cannot tell a half-close from a full
+         * then close (write_cb, which a flushing connection always has
+         * coming). A FIN cannot tell a half-close from a full
          * close; a client that is really gone is seen when writing to it
          * fails (a stream's next write), so an unstreamed answer runs to its
          * end. (Not over TLS: libevent stops a TLS connection's I/O at its
