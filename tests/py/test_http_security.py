@@ -12,18 +12,35 @@ data or a chunked body not followed by CRLF, a bare CR ending the head: 400; the
 form is routed by its path; a chunk larger than --max-body-bytes: 413 at once. Half-close: a
 request followed by shutdown(SHUT_WR) is answered in full. Last line:
     http_security: N passed, N failed, N skipped"""
+import base64
 import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, Server, Suite, binary, free_port, run
 
 s = Suite("http_security")
 exe = binary()
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+
+
+def grpc_calls(port, calls):
+    """Run gRPC calls through tests/node/grpc_client.mjs (as test_grpc.py does); None when
+    node or @grpc/grpc-js is missing."""
+    if shutil.which("node") is None or not os.path.isdir(
+            os.path.join(NODE_DIR, "node_modules", "@grpc", "grpc-js")):
+        return None
+    r = subprocess.run(["node", os.path.join(NODE_DIR, "grpc_client.mjs")],
+                       input=json.dumps({"addr": f"127.0.0.1:{port}", "calls": calls}),
+                       capture_output=True, text=True, timeout=90, cwd=NODE_DIR)
+    if r.returncode != 0:
+        raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
 
 
 def raw(port, data, timeout=10, half_close=False, parts=None, gap=0.0):
@@ -122,8 +139,9 @@ def test_scopes(tmp):
     shutil.copy(DEMO, os.path.join(repo, "other", "1", "model.gguf"))
     with open(os.path.join(repo, "other", "config.json"), "w") as f:
         json.dump({"name": "other"}, f)
+    gport = free_port()
     srv = Server("--tenants", tenants, "--model-repository", repo, "--model-control-mode",
-                 "explicit")
+                 "explicit", "--grpc-port", str(gport))
     P = srv.port
     try:
         def other_ready():
@@ -181,6 +199,34 @@ def test_scopes(tmp):
         s.case("an unknown path still asks for a key (401), then 404",
                call(P, "GET", "/nope")[0] == 401 and call(P, "GET", "/nope", k_inf)[0] == 404)
         s.case("the model is still loaded at the end", other_ready())
+        # gRPC methods become requests on the same routes and meet the same check.
+        def md(key):
+            return {"authorization": f"Bearer {key}"}
+        r = grpc_calls(gport, [
+            {"method": "ServerLive", "request": {}},
+            {"method": "ModelMetadata", "request": {"name": "other"}, "metadata": md(k_adm)},
+            {"method": "ModelMetadata", "request": {"name": "other"}, "metadata": md(k_met)},
+            {"method": "ModelMetadata", "request": {"name": "other"}, "metadata": md(k_inf)},
+            {"method": "ModelMetadata", "request": {"name": ".."}, "metadata": md(k_inf)},
+            {"method": "ModelMetadata", "request": {"name": "."}, "metadata": md(k_inf)},
+            {"method": "ModelInfer", "request": {"model_name": "other", "inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1],
+                 "contents": {"bytes_contents": [base64.b64encode(b"Once").decode()]}}]},
+             "metadata": md(k_met)},
+            {"method": "ModelReady", "request": {"name": ".."}, "metadata": md(k_inf)},
+        ])
+        if r is None:
+            s.skip("gRPC scopes", "node or tests/node/node_modules/@grpc/grpc-js missing")
+        else:
+            codes = [x.get("code") for x in r]
+            s.case("gRPC: ServerLive needs no key; ModelMetadata and ModelInfer refuse admin- and "
+                   "metrics-only keys (PERMISSION_DENIED) and serve an infer key",
+                   codes[0] == 0 and codes[1] == 7 and codes[2] == 7 and codes[3] == 0 and
+                   codes[6] == 7, codes)
+            s.case("gRPC: a model name '.' or '..' is refused (INVALID_ARGUMENT; ModelReady: not "
+                   "ready), as its REST path is",
+                   codes[4] == 3 and codes[5] == 3 and codes[7] == 0 and
+                   r[7].get("response", {}).get("ready") is False, str(r[4:8])[:400])
     finally:
         srv.stop()
 
