@@ -405,6 +405,22 @@ client_release(sp_http_server_t *s, client_t *e)
     }
 }
 
+int
+sp_http_client_admit(sp_http_server_t *s, const struct sockaddr *sa, void **token,
+                     const char **why)
+{
+    client_t *e = NULL;
+    int rc = client_admit(s, sa, &e, why);
+    *token = e;
+    return rc;
+}
+
+void
+sp_http_client_release(sp_http_server_t *s, void *token)
+{
+    client_release(s, token);
+}
+
 /* --------------------------------------------------------- connection life */
 
 static void conn_free(conn_t *c);

@@ -141,6 +141,15 @@ int64_t sp_http_server_inflight(const sp_http_server_t *s);
 int64_t sp_http_server_connections(const sp_http_server_t *s);
 /* Responses written with this status code (100..599) since start, any thread. */
 uint64_t sp_http_server_status_count(const sp_http_server_t *s, int status);
+/* Per-client limits (max_conns_per_client, conn_rate_per_client) for a
+ * listener beside this server's own (the gRPC port), so that one address's
+ * HTTP and gRPC connections count together. Any thread. 0 with *token set
+ * (NULL when no limit is on; give it to sp_http_client_release when the
+ * connection closes), or 429 with *why naming the limit. */
+struct sockaddr;
+int sp_http_client_admit(sp_http_server_t *s, const struct sockaddr *sa, void **token,
+                         const char **why);
+void sp_http_client_release(sp_http_server_t *s, void *token);
 /* Stop the loops (aborting whatever is still open), join the threads, free. */
 void sp_http_server_destroy(sp_http_server_t *s);
 

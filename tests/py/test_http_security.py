@@ -232,7 +232,9 @@ def test_scopes(tmp):
 
 
 def test_per_client_cap():
-    srv = Server("--max-conns-per-client", "20", "--conn-rate-per-client", "0")
+    gport = free_port()
+    srv = Server("--max-conns-per-client", "20", "--conn-rate-per-client", "0", "--grpc-port",
+                 str(gport))
     P = srv.port
     socks = []
     try:
@@ -242,10 +244,19 @@ def test_per_client_cap():
         r, t = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
         s.case("the 21st connection from one address is answered 429 and closed",
                status_of(r) == 429 and t is not None and b"max-conns-per-client" in r, r[:200])
+        g = grpc_calls(gport, [{"method": "ServerLive", "request": {}}])
+        if g is None:
+            s.skip("gRPC per-client cap", "node or tests/node/node_modules/@grpc/grpc-js missing")
+        else:
+            s.case("... and a gRPC connection from it is refused too (UNAVAILABLE)",
+                   g[0].get("code") == 14, str(g[0])[:200])
         socks.pop(0).close()
         time.sleep(0.2)
         r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
         s.case("with one of the 20 closed, a new connection is served", status_of(r) == 200, r[:100])
+        if g is not None:
+            g = grpc_calls(gport, [{"method": "ServerLive", "request": {}}])
+            s.case("... and so is a gRPC call", g[0].get("code") == 0, str(g[0])[:200])
         s.case("the refusal is logged", srv.wait_log(r"event=connection_refused peer=127\.0\.0\.1 "
                                                      r"reason=\"?too many connections") is not None)
     finally:
