@@ -143,8 +143,8 @@ struct conn {
     int crlf_seen;           /* 0..2: bytes of the CRLF after a chunk's data checked so far */
     bool crlf_pending;       /* that CRLF is (partly) still to come in the next read */
     const char *exec_end;    /* end of the bytes http_parser_execute is running over */
-    /* The request line, scanned before the parser (which does not check the
-     * protocol name): its spaces and its last bytes. */
+    /* The request head, scanned before the parser (head_scan): where the
+     * scan is, and the request line's spaces and last bytes. */
     bool rl_done, head_done, prev_cr;
     int rl_spaces;
     size_t rl_len, line_len;
@@ -1206,7 +1206,7 @@ on_body(http_parser *p, const char *at, size_t len)
         if (c->chunk_left == 0) {
             /* The chunk's data ends here: CRLF must follow (RFC 9112 7.1),
              * which http-parser skips unchecked. Check what this read holds;
-             * the rest waits for the next (crlf_check). */
+             * process_input checks the rest at the start of the next. */
             const char *e = at + len;
             c->crlf_seen = 0;
             while (c->crlf_seen < 2 && e < c->exec_end) {
@@ -1387,7 +1387,7 @@ head_scan(conn_t *c, const char *p, size_t n)
                 if (c->rl_len > 0) { /* an empty line before the request is skipped */
                     c->rl_done = true;
                     if (!rl_version_ok(c)) {
-                        return "the protocol of the request line must be HTTP/1.x";
+                        return "the request line must end with the protocol HTTP/x.y";
                     }
                 }
             } else if (c->line_len == 0) {
