@@ -1456,9 +1456,9 @@ process_input(conn_t *c)
         c->exec_end = (const char *)v.iov_base + v.iov_len;
         size_t used = http_parser_execute(&c->parser, &s->settings, v.iov_base, v.iov_len);
         enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        char last = used > 0 ? ((const char *)v.iov_base)[used - 1] : '\0'; /* before the drain */
         evbuffer_drain(in, used);
-        if (c->msg_complete && (c->parser.flags & F_CHUNKED) &&
-            (used == 0 || ((const char *)v.iov_base)[used - 1] != '\n')) {
+        if (c->msg_complete && (c->parser.flags & F_CHUNKED) && last != '\n') {
             /* The CRLF ending a chunked body's trailer section: http-parser
              * takes any byte after its CR for the LF. */
             c->msg_complete = false;
