@@ -914,8 +914,8 @@ def protocol_cases(srv):
         m = json.loads(b)["models"]["stories260K"]
         return m["running"] + m["waiting"], m["jobs_cancelled"], m["kv_blocks_used"]
 
-    def settled(cancelled_before, need_cancel=True):
-        end = time.time() + 3
+    def settled(cancelled_before, need_cancel=True, timeout=3):
+        end = time.time() + timeout
         while time.time() < end:
             active, cancelled, used = stats()
             if active == 0 and used == 0 and (cancelled > cancelled_before or not need_cancel):
@@ -941,10 +941,11 @@ def protocol_cases(srv):
     body = json.dumps(completion(prompt=[1] + [300] * 400, max_tokens=100, ignore_eos=True)).encode()
     sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     sk.close()
-    # The 260K model may finish the prefill before the close is seen: cancelled or done, the
-    # sequence must be gone and its blocks free.
+    # A FIN right after the request cannot be told from a half-close (shutdown(SHUT_WR)), whose
+    # request is answered: the sequence may run to its end (100 tokens; slow under ASan) before
+    # the failed write shows the client gone. Cancelled or done, it must end and free its blocks.
     case("H9", "client disconnects right after sending (during prefill): the sequence ends and "
-         "its KV blocks are freed", settled(c0, need_cancel=False), stats())
+         "its KV blocks are freed", settled(c0, need_cancel=False, timeout=20), stats())
     # H12 CORS (off by default)
     st, h, _ = http_req(P, "OPTIONS", "/v1/completions", headers={
         "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
