@@ -69,6 +69,10 @@ const char sp_serve_usage[] =
     "      --max-headers N       header lines, 431 above (default 100)\n"
     "      --max-url-bytes N     request target, 414 above (default 8192)\n"
     "      --max-connections N   open connections (default 1024)\n"
+    "      --max-conns-per-client N  open connections from one address, 429 above\n"
+    "                            (default 256, 0 = no cap)\n"
+    "      --conn-rate-per-client N  new connections per second from one address, 429\n"
+    "                            above (default 1000, 0 = no limit)\n"
     "      --max-output-bytes N  unsent output per stream before it is dropped (default 4194304)\n"
     "      --header-timeout S    seconds for a request head (default 10)\n"
     "      --body-timeout S      seconds for a request body (default 30)\n"
@@ -162,6 +166,8 @@ static const opt_t opts[] = {
     {"max-headers", 0, T_INT, OFF(limits.max_headers), 1, 10000, 0},
     {"max-url-bytes", 0, T_SIZE, OFF(limits.max_url_bytes), 16, 1 << 20, 0},
     {"max-connections", 0, T_INT, OFF(limits.max_connections), 1, 1000000, 0},
+    {"max-conns-per-client", 0, T_INT, OFF(limits.max_conns_per_client), 0, 1000000, 0},
+    {"conn-rate-per-client", 0, T_INT, OFF(limits.conn_rate_per_client), 0, 1000000, 0},
     {"max-output-bytes", 0, T_SIZE, OFF(limits.max_output_bytes), 1024, 1 << 30, 0},
     {"header-timeout", 0, T_MS, OFF(limits.header_timeout_ms), 0.001, 3600, 0},
     {"body-timeout", 0, T_MS, OFF(limits.body_timeout_ms), 0.001, 3600, 0},

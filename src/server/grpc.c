@@ -92,6 +92,8 @@ struct sp_grpc_loop {
 
 struct gconn {
     sp_grpc_loop_t *gl;
+    sp_http_server_t *http;  /* holds the per-client count of this connection's address */
+    void *client;            /* that count (sp_http_client_admit), or NULL */
     struct bufferevent *bev;
     nghttp2_session *h2;
     struct event *flush_ev;
@@ -891,6 +893,9 @@ conn_free(gconn_t *c)
         bufferevent_free(c->bev);
     }
     atomic_fetch_sub(&gl->g->n_conns, 1);
+    if (c->http) {
+        sp_http_client_release(c->http, c->client);
+    }
     sp_free(c);
 }
 
@@ -1060,8 +1065,18 @@ accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, i
         close(fd);
         return;
     }
+    /* One address's gRPC and HTTP connections share its per-client limits. */
+    void *client = NULL;
+    const char *why = NULL;
+    sp_http_server_t *http = g->p.srv ? g->p.srv->http : NULL;
+    if (http && sp_http_client_admit(http, sa, &client, &why) != 0) {
+        SP_LOG_WARN("event=connection_refused port=grpc reason=%s", sp_log_str(why));
+        close(fd);
+        return;
+    }
     if (atomic_fetch_add(&g->n_conns, 1) >= g->p.limits.max_connections) {
         atomic_fetch_sub(&g->n_conns, 1);
+        sp_http_client_release(http, client);
         close(fd); /* over --max-connections (gRPC connections counted on their own) */
         return;
     }
@@ -1086,8 +1101,11 @@ accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa, i
         }
         sp_free(c);
         atomic_fetch_sub(&g->n_conns, 1);
+        sp_http_client_release(http, client);
         return;
     }
+    c->http = http;
+    c->client = client;
     c->gl = gl;
     c->bev = bev;
     c->tls = g->tls != NULL;

@@ -60,6 +60,22 @@
 #define PIPELINE_HIWAT (64u * 1024u)
 #define READ_CHUNK (16u * 1024u) /* the most one recvmsg() of a plain connection takes */
 
+/* Per-client (peer address) accounting: buckets of a hash table under one
+ * mutex (accepts on all loops share it; an accept and a close each take it
+ * once). An entry lives while its client holds sockets, and afterwards until
+ * its rate bucket is full again (so closing everything does not reset the
+ * rate); a sweep at most once a second frees the rest. */
+#define CLIENT_BUCKETS 1024
+
+typedef struct client {
+    struct client *next;
+    unsigned char addr[16];
+    uint8_t alen;
+    int conns;
+    double tokens;       /* new connections it may still open now (rate bucket) */
+    int64_t refill_ns;   /* when tokens was last brought up to date */
+} client_t;
+
 typedef enum cstate { C_IDLE, C_HEAD, C_BODY, C_HANDLER, C_STREAM, C_FLUSH } cstate_t;
 
 typedef struct hdr {
@@ -123,6 +139,19 @@ struct conn {
     char *body;
     size_t body_len, body_cap;
     int n_chunks;
+    uint64_t chunk_left;     /* data bytes of the current chunk not yet seen */
+    int crlf_seen;           /* 0..2: bytes of the CRLF after a chunk's data checked so far */
+    bool crlf_pending;       /* that CRLF is (partly) still to come in the next read */
+    const char *exec_end;    /* end of the bytes http_parser_execute is running over */
+    /* The request head, scanned before the parser (head_scan): where the
+     * scan is, and the request line's spaces and last bytes. */
+    bool rl_done, head_done, prev_cr;
+    int rl_spaces;
+    size_t rl_len, line_len;
+    char rl_tail[16];
+    bool peer_eof;           /* the client shut its side: answer what it sent, then close */
+    int64_t idle_since_ns;   /* when it last became idle (closing the oldest idle first) */
+    struct client *client;   /* its peer address's entry (per-client limits), or NULL */
     sp_http_req_t req;
     conn_t *prev, *next;
     char peer[64];
@@ -172,6 +201,9 @@ struct sp_http_server {
     char *tls_cert, *tls_key, *tls_ca;    /* copies of the paths, for reloads */
     bool tls_main;                        /* the main listener speaks TLS */
     int tls_port;                         /* the port speaking TLS; 0 = none */
+    pthread_mutex_t cl_mu;                /* the per-client table */
+    client_t *cl_tab[CLIENT_BUCKETS];
+    int64_t cl_sweep_ns;
 };
 
 sp_http_limits_t
@@ -184,6 +216,8 @@ sp_http_default_limits(void)
         .max_body_bytes = 8u << 20,
         .max_chunks = 65536,
         .max_connections = 1024,
+        .max_conns_per_client = 256,
+        .conn_rate_per_client = 1000,
         .header_timeout_ms = 10000,
         .body_timeout_ms = 30000,
         .idle_timeout_ms = 60000,
@@ -255,6 +289,136 @@ timer_arm(conn_t *c, int ms)
     }
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->timer, &tv);
+}
+
+/* ------------------------------------------------------ per-client limits */
+
+static void
+client_refill(const sp_http_limits_t *l, client_t *e, int64_t now)
+{
+    double burst = l->conn_rate_per_client;
+    e->tokens += (double)(now - e->refill_ns) * 1e-9 * l->conn_rate_per_client;
+    if (e->tokens > burst) {
+        e->tokens = burst;
+    }
+    e->refill_ns = now;
+}
+
+/* Free the entries of clients with no socket and a full bucket (cl_mu held). */
+static void
+client_sweep(sp_http_server_t *s, int64_t now)
+{
+    const sp_http_limits_t *l = &s->p.limits;
+    for (int b = 0; b < CLIENT_BUCKETS; b++) {
+        client_t **pp = &s->cl_tab[b];
+        while (*pp) {
+            client_t *e = *pp;
+            client_refill(l, e, now);
+            if (e->conns == 0 && (l->conn_rate_per_client <= 0 ||
+                                  e->tokens >= (double)l->conn_rate_per_client)) {
+                *pp = e->next;
+                sp_free(e);
+            } else {
+                pp = &e->next;
+            }
+        }
+    }
+}
+
+/* Count a new connection from sa against its client's limits: 0 and *out
+ * set (NULL when no limit is on), or 429 with *why saying which limit. */
+static int
+client_admit(sp_http_server_t *s, const struct sockaddr *sa, client_t **out, const char **why)
+{
+    const sp_http_limits_t *l = &s->p.limits;
+    *out = NULL;
+    if (l->max_conns_per_client <= 0 && l->conn_rate_per_client <= 0) {
+        return 0;
+    }
+    unsigned char addr[16];
+    uint8_t alen;
+    if (sa->sa_family == AF_INET) {
+        alen = 4;
+        memcpy(addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        alen = 16;
+        memcpy(addr, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    } else {
+        return 0;
+    }
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (int i = 0; i < alen; i++) {
+        h = (h ^ addr[i]) * 16777619u;
+    }
+    int64_t now = sp_time_ns();
+    int rc = 0;
+    pthread_mutex_lock(&s->cl_mu);
+    if (now - s->cl_sweep_ns > 1000000000LL) {
+        client_sweep(s, now);
+        s->cl_sweep_ns = now;
+    }
+    client_t **head = &s->cl_tab[h % CLIENT_BUCKETS];
+    client_t *e = *head;
+    while (e && !(e->alen == alen && memcmp(e->addr, addr, alen) == 0)) {
+        e = e->next;
+    }
+    if (e == NULL) {
+        e = sp_calloc(1, sizeof *e);
+        if (e == NULL) {
+            pthread_mutex_unlock(&s->cl_mu);
+            return 0; /* no memory for the entry: not limited, rather than refused */
+        }
+        memcpy(e->addr, addr, alen);
+        e->alen = alen;
+        e->tokens = l->conn_rate_per_client;
+        e->refill_ns = now;
+        e->next = *head;
+        *head = e;
+    }
+    if (l->max_conns_per_client > 0 && e->conns >= l->max_conns_per_client) {
+        rc = 429;
+        *why = "too many connections from this client (--max-conns-per-client)";
+    } else if (l->conn_rate_per_client > 0) {
+        client_refill(l, e, now);
+        if (e->tokens < 1.0) {
+            rc = 429;
+            *why = "too many new connections from this client (--conn-rate-per-client)";
+        } else {
+            e->tokens -= 1.0;
+        }
+    }
+    if (rc == 0) {
+        e->conns++;
+        *out = e;
+    }
+    pthread_mutex_unlock(&s->cl_mu);
+    return rc;
+}
+
+static void
+client_release(sp_http_server_t *s, client_t *e)
+{
+    if (e != NULL) {
+        pthread_mutex_lock(&s->cl_mu);
+        e->conns--;
+        pthread_mutex_unlock(&s->cl_mu);
+    }
+}
+
+int
+sp_http_client_admit(sp_http_server_t *s, const struct sockaddr *sa, void **token,
+                     const char **why)
+{
+    client_t *e = NULL;
+    int rc = client_admit(s, sa, &e, why);
+    *token = e;
+    return rc;
+}
+
+void
+sp_http_client_release(sp_http_server_t *s, void *token)
+{
+    client_release(s, token);
 }
 
 /* --------------------------------------------------------- connection life */
@@ -374,6 +538,7 @@ conn_free(conn_t *c)
         event_free(c->timer);
     }
     atomic_fetch_sub(&s->n_conns, 1);
+    client_release(s, c->client);
     sp_free(c->head);
     sp_free(c->hdrs);
     sp_free(c->body);
@@ -924,6 +1089,9 @@ on_message_begin(http_parser *p)
     c->hdr_state = 0;
     c->body_len = 0;
     c->n_chunks = 0;
+    c->chunk_left = 0;
+    c->crlf_seen = 0;
+    c->crlf_pending = false;
     return 0;
 }
 
@@ -944,10 +1112,25 @@ on_url(http_parser *p, const char *at, size_t len)
     return 0;
 }
 
+/* A byte of a token (RFC 9110 5.6.2): what a field name is made of. */
+static bool
+tchar(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch != 0 && strchr("!#$%&'*+-.^_`|~", ch) != NULL);
+}
+
 static int
 on_header_field(http_parser *p, const char *at, size_t len)
 {
     conn_t *c = p->data;
+    /* http-parser takes "Name : v" with the space as part of the name; RFC
+     * 9112 5.1 says no whitespace between the name and the colon (400). */
+    for (size_t i = 0; i < len; i++) {
+        if (!tchar((unsigned char)at[i])) {
+            return reject(c, 400, "invalid byte in a header field name");
+        }
+    }
     if (c->hdr_state != 1) {
         if (c->n_hdrs >= c->loop->srv->p.limits.max_headers) {
             return reject(c, 431, "too many header fields");
@@ -1018,6 +1201,23 @@ on_body(http_parser *p, const char *at, size_t len)
     if (len > max - c->body_len) {
         return reject(c, 413, "request body too large");
     }
+    if ((p->flags & F_CHUNKED) && len > 0) {
+        c->chunk_left = len < c->chunk_left ? c->chunk_left - len : 0;
+        if (c->chunk_left == 0) {
+            /* The chunk's data ends here: CRLF must follow (RFC 9112 7.1),
+             * which http-parser skips unchecked. Check what this read holds;
+             * process_input checks the rest at the start of the next. */
+            const char *e = at + len;
+            c->crlf_seen = 0;
+            while (c->crlf_seen < 2 && e < c->exec_end) {
+                if (*e++ != "\r\n"[c->crlf_seen]) {
+                    return reject(c, 400, "chunk data not followed by CRLF");
+                }
+                c->crlf_seen++;
+            }
+            c->crlf_pending = c->crlf_seen < 2;
+        }
+    }
     if (c->body_len + len > c->body_cap) {
         size_t cap = c->body_cap ? c->body_cap : 4096;
         while (cap < c->body_len + len) {
@@ -1045,6 +1245,11 @@ on_chunk_header(http_parser *p)
     if (++c->n_chunks > c->loop->srv->p.limits.max_chunks) {
         return reject(c, 400, "too many chunks in the request body");
     }
+    /* A chunk that cannot fit is refused now, not after waiting for it. */
+    if (p->content_length > c->loop->srv->p.limits.max_body_bytes - c->body_len) {
+        return reject(c, 413, "request body too large");
+    }
+    c->chunk_left = p->content_length;
     return 0;
 }
 
@@ -1094,18 +1299,39 @@ dispatch(conn_t *c)
     r->note_len = 0;
     r->note[0] = '\0';
     const char *url = c->head + c->url_off;
-    const char *q = memchr(url, '?', c->url_len);
-    size_t plen = q ? (size_t)(q - url) : c->url_len;
-    r->path.ptr = url;
-    r->path.len = plen;
+    size_t url_len = c->url_len;
+    /* The absolute form "http://host[:port]/path?q" (RFC 9112 3.2.2, which
+     * a server must accept) is routed by its path; its authority replaces
+     * Host, which no route reads. */
+    size_t skip = url_len >= 7 && strncasecmp(url, "http://", 7) == 0    ? 7
+                  : url_len >= 8 && strncasecmp(url, "https://", 8) == 0 ? 8
+                                                                          : 0;
+    bool no_path = false;
+    if (skip > 0) {
+        size_t k = skip;
+        while (k < url_len && url[k] != '/' && url[k] != '?') {
+            k++;
+        }
+        if (k == skip) {
+            conn_error(c, 400, "absolute request target without a host");
+            return;
+        }
+        no_path = k == url_len || url[k] == '?'; /* "http://h" and "http://h?q": path "/" */
+        url += k;
+        url_len -= k;
+    }
+    const char *q = memchr(url, '?', url_len);
+    size_t plen = q ? (size_t)(q - url) : url_len;
+    r->path.ptr = no_path ? "/" : url;
+    r->path.len = no_path ? 1 : plen;
     r->query.ptr = q ? q + 1 : url + plen;
-    r->query.len = q ? c->url_len - plen - 1 : 0;
+    r->query.len = q ? url_len - plen - 1 : 0;
     if (c->body) {
         c->body[c->body_len] = '\0'; /* handy for parsers that want a C string */
     }
     r->body.ptr = c->body ? c->body : "";
     r->body.len = c->body_len;
-    if (url[0] != '/' && !(c->url_len == 1 && url[0] == '*')) {
+    if (!no_path && (url_len == 0 || url[0] != '/') && !(url_len == 1 && url[0] == '*')) {
         conn_error(c, 400, "request target must be an absolute path");
         return;
     }
@@ -1116,6 +1342,71 @@ dispatch(conn_t *c)
     /* Pipelined bytes may arrive while the handler works; cap what is kept. */
     conn_read_limit(c, PIPELINE_HIWAT);
     s->p.handler(r, s->p.handler_ud);
+}
+
+/* The request line's protocol (RFC 9112 3): "HTTP/" DIGIT "." DIGIT, which
+ * http-parser checks only in its strict build (it takes "HXYZ/1.1"). A line
+ * with fewer than two spaces has no protocol part: the parser's answer
+ * (HTTP/0.9: 505) stands. */
+static bool
+rl_version_ok(const conn_t *c)
+{
+    size_t n = c->rl_len < sizeof c->rl_tail ? c->rl_len : sizeof c->rl_tail;
+    const char *t = c->rl_tail + sizeof c->rl_tail - n;
+    if (c->rl_spaces < 2) {
+        return true;
+    }
+    if (n < 9) {
+        return false;
+    }
+    t += n - 9;
+    return t[0] == ' ' && memcmp(t + 1, "HTTP/", 5) == 0 && t[6] >= '0' && t[6] <= '9' &&
+           t[7] == '.' && t[8] >= '0' && t[8] <= '9';
+}
+
+/* Scan the bytes of the request head before the parser sees them, for what
+ * http-parser (non-strict build) lets through: the request line's protocol
+ * (rl_version_ok), and a bare CR (RFC 9112 2.2) where it takes any byte for
+ * the LF after a CR (it accepts "...\r\n\rX" as the end of the head). NULL
+ * when fine so far, else 400's message. */
+static const char *
+head_scan(conn_t *c, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n && !c->head_done; i++) {
+        char ch = p[i];
+        if (c->prev_cr && ch != '\n') {
+            return "bare CR in the request head";
+        }
+        if (ch == '\r') {
+            c->prev_cr = true;
+            continue;
+        }
+        c->prev_cr = false;
+        if (ch == '\n') {
+            if (!c->rl_done) {
+                if (c->rl_len > 0) { /* an empty line before the request is skipped */
+                    c->rl_done = true;
+                    if (!rl_version_ok(c)) {
+                        return "the request line must end with the protocol HTTP/x.y";
+                    }
+                }
+            } else if (c->line_len == 0) {
+                c->head_done = true;
+            }
+            c->line_len = 0;
+            continue;
+        }
+        c->line_len++;
+        if (!c->rl_done) {
+            if (ch == ' ') {
+                c->rl_spaces++;
+            }
+            memmove(c->rl_tail, c->rl_tail + 1, sizeof c->rl_tail - 1);
+            c->rl_tail[sizeof c->rl_tail - 1] = ch;
+            c->rl_len++;
+        }
+    }
+    return NULL;
 }
 
 /* Parse whatever is buffered while the connection is between requests. */
@@ -1132,15 +1423,48 @@ process_input(conn_t *c)
             c->state = C_HEAD;
             c->arrival_ns = c->rx_ns > 0 ? c->rx_ns : sp_time_ns();
             c->err_status = 0;
+            c->rl_done = false;
+            c->head_done = false;
+            c->prev_cr = false;
+            c->rl_spaces = 0;
+            c->rl_len = 0;
+            c->line_len = 0;
             timer_arm(c, s->p.limits.header_timeout_ms);
         }
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1) {
             return;
         }
+        const char *bad = c->state == C_HEAD && !c->head_done
+                              ? head_scan(c, v.iov_base, v.iov_len)
+                              : NULL;
+        if (bad != NULL) {
+            conn_error(c, 400, bad);
+            return;
+        }
+        if (c->state == C_BODY && c->crlf_pending) {
+            /* The rest of the CRLF after a chunk's data (see on_body). */
+            const char *b = v.iov_base;
+            for (size_t k = 0; c->crlf_seen < 2 && k < v.iov_len; k++, c->crlf_seen++) {
+                if (b[k] != "\r\n"[c->crlf_seen]) {
+                    conn_error(c, 400, "chunk data not followed by CRLF");
+                    return;
+                }
+            }
+            c->crlf_pending = c->crlf_seen < 2;
+        }
+        c->exec_end = (const char *)v.iov_base + v.iov_len;
         size_t used = http_parser_execute(&c->parser, &s->settings, v.iov_base, v.iov_len);
         enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        char last = used > 0 ? ((const char *)v.iov_base)[used - 1] : '\0'; /* before the drain */
         evbuffer_drain(in, used);
+        if (c->msg_complete && (c->parser.flags & F_CHUNKED) && last != '\n') {
+            /* The CRLF ending a chunked body's trailer section: http-parser
+             * takes any byte after its CR for the LF. */
+            c->msg_complete = false;
+            conn_error(c, 400, "chunked body not ended by CRLF");
+            return;
+        }
         if (c->msg_complete) {
             c->msg_complete = false;
             http_parser_pause(&c->parser, 0);
@@ -1198,8 +1522,17 @@ write_cb(struct bufferevent *bev, void *arg)
     }
     if (c->close_after || atomic_load(&s->draining)) {
         conn_close(c);
+    } else if (c->peer_eof) {
+        /* Half-closed: serve what is buffered; nothing more will come. */
+        c->state = C_IDLE;
+        c->chunked_out = false;
+        process_input(c);
+        if (!c->dead && (c->state == C_IDLE || c->state == C_HEAD || c->state == C_BODY)) {
+            conn_close(c);
+        }
     } else {
         c->state = C_IDLE;
+        c->idle_since_ns = sp_time_ns();
         c->chunked_out = false;
         if (!c->tls) {
             bufferevent_disable(c->bev, EV_WRITE); /* the next answer goes by conn_push */
@@ -1296,11 +1629,17 @@ event_cb(struct bufferevent *bev, short what, void *arg)
     if (c->tls && !c->tls_ok) {
         tls_handshake_failed(c, what);
         conn_close(c);
-    } else if (!c->tls && (what & BEV_EVENT_EOF) && c->state == C_FLUSH &&
-               evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
-        /* The client half-closed after its request: still deliver the answer.
-         * (Not over TLS: libevent stops a TLS connection's I/O at its EOF.) */
-        c->close_after = true;
+    } else if (!c->tls && (what & BEV_EVENT_EOF) &&
+               (c->state == C_HANDLER || c->state == C_STREAM || c->state == C_FLUSH)) {
+        /* The client shut its write side (shutdown(SHUT_WR)) after sending a
+         * request: answer it, and any complete request pipelined behind it,
+         * then close (write_cb, which a flushing connection always has
+         * coming). A FIN cannot tell a half-close from a full
+         * close; a client that is really gone is seen when writing to it
+         * fails (a stream's next write), so an unstreamed answer runs to its
+         * end. (Not over TLS: libevent stops a TLS connection's I/O at its
+         * EOF.) */
+        c->peer_eof = true;
     } else {
         if (what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
             c->tls_err = true;
@@ -1422,23 +1761,74 @@ timer_cb(evutil_socket_t fd, short what, void *arg)
     LEAVE(c);
 }
 
+/* Refuse a connection at accept: a short answer (plain HTTP only: a TLS
+ * client cannot read one before its handshake), then close. */
+static void
+refuse_conn(sp_http_server_t *s, evutil_socket_t fd, bool tls, int status, const char *message)
+{
+    if (!tls) {
+        char body[256], out[512];
+        size_t n = s->p.error_fmt ? s->p.error_fmt(status, message, body, sizeof body)
+                                  : default_error_fmt(status, message, body, sizeof body);
+        int hn = snprintf(out, sizeof out,
+                          "HTTP/1.1 %d %s\r\nServer: sampan\r\nContent-Type: application/json\r\n"
+                          "Content-Length: %zu\r\nRetry-After: 1\r\nConnection: close\r\n\r\n%.*s",
+                          status, sp_http_status_text(status), n, (int)n, body);
+        if (hn > 0 && (size_t)hn < sizeof out) {
+            ssize_t wr = send(fd, out, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL);
+            (void)wr;
+        }
+    }
+    close(fd);
+}
+
+/* At the connection cap: close this loop's connection that has waited
+ * longest with no request in progress (an idle keep-alive connection, or
+ * one that has sent nothing yet), so that a new client is served rather than
+ * refused. Other loops' connections belong to their threads. */
+static bool
+close_oldest_idle(sp_http_loop_t *L)
+{
+    conn_t *old = NULL;
+    for (conn_t *c = L->conns; c != NULL; c = c->next) {
+        if (c->state == C_IDLE && c->nest == 0 && !c->dead &&
+            evbuffer_get_length(bufferevent_get_input(c->bev)) == 0 &&
+            (old == NULL || c->idle_since_ns < old->idle_since_ns)) {
+            old = c;
+        }
+    }
+    if (old == NULL) {
+        return false;
+    }
+    SP_LOG_DEBUG("event=idle_connection_closed peer=%s reason=connection_cap",
+                 sp_log_str(old->peer));
+    conn_close(old);
+    return true;
+}
+
 static void
 accept_conn(sp_http_loop_t *L, evutil_socket_t fd, struct sockaddr *sa, bool tls)
 {
     sp_http_server_t *s = L->srv;
-    if (atomic_load(&s->n_conns) >= s->p.limits.max_connections || atomic_load(&s->draining)) {
-        if (tls) { /* a TLS client cannot read a plain-text 503 */
-            close(fd);
-            return;
-        }
-        static const char busy[] =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            "Content-Length: 91\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-            "{\"error\":{\"message\":\"too many connections\",\"type\":\"server_error\",\"param\":null,"
-            "\"code\":null}}";
-        ssize_t wr = send(fd, busy, sizeof busy - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-        (void)wr;
-        close(fd);
+    if (atomic_load(&s->draining)) {
+        refuse_conn(s, fd, tls, 503, "the server is shutting down");
+        return;
+    }
+    client_t *cl = NULL;
+    const char *why = NULL;
+    if (client_admit(s, sa, &cl, &why) != 0) {
+        char ip[INET6_ADDRSTRLEN] = "?";
+        inet_ntop(sa->sa_family,
+                  sa->sa_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)sa)->sin6_addr
+                                            : (const void *)&((struct sockaddr_in *)sa)->sin_addr,
+                  ip, sizeof ip);
+        SP_LOG_WARN("event=connection_refused peer=%s reason=%s", sp_log_str(ip), sp_log_str(why));
+        refuse_conn(s, fd, tls, 429, why);
+        return;
+    }
+    if (atomic_load(&s->n_conns) >= s->p.limits.max_connections && !close_oldest_idle(L)) {
+        client_release(s, cl);
+        refuse_conn(s, fd, tls, 503, "too many connections");
         return;
     }
     conn_t *c = sp_calloc(1, sizeof *c);
@@ -1480,9 +1870,12 @@ accept_conn(sp_http_loop_t *L, evutil_socket_t fd, struct sockaddr *sa, bool tls
         sp_free(c);
         sp_free(head);
         sp_free(hdrs);
+        client_release(s, cl);
         return;
     }
     atomic_fetch_add(&s->n_conns, 1);
+    c->client = cl;
+    c->idle_since_ns = sp_time_ns();
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (!tls) {
@@ -1726,7 +2119,8 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
     }
     const sp_http_limits_t *l = &p->limits;
     if (l->max_header_bytes < 256 || l->max_header_bytes > (64u << 20) || l->max_headers < 1 ||
-        l->max_url_bytes < 16 || l->max_connections < 1 || l->max_chunks < 1) {
+        l->max_url_bytes < 16 || l->max_connections < 1 || l->max_chunks < 1 ||
+        l->max_conns_per_client < 0 || l->conn_rate_per_client < 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "http: limits out of range");
     }
     bool tls = set_str(p->tls_cert);
@@ -1743,6 +2137,7 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
         return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
     }
     pthread_mutex_init(&s->tls_mu, NULL);
+    pthread_mutex_init(&s->cl_mu, NULL);
     s->p = *p;
     /* The caller's strings are borrowed: keep our own copies (or none). */
     s->p.tls_cert = s->p.tls_key = s->p.tls_client_ca = NULL;
@@ -1762,6 +2157,7 @@ sp_http_server_create(const sp_http_server_params_t *p, const char *host, int po
     s->loops = sp_calloc((size_t)s->n_loops, sizeof *s->loops);
     if (s->loops == NULL) {
         pthread_mutex_destroy(&s->tls_mu);
+        pthread_mutex_destroy(&s->cl_mu);
         sp_free(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "http: out of memory");
     }
@@ -1932,5 +2328,13 @@ sp_http_server_destroy(sp_http_server_t *s)
     sp_free(s->tls_key);
     sp_free(s->tls_ca);
     pthread_mutex_destroy(&s->tls_mu);
+    for (int b = 0; b < CLIENT_BUCKETS; b++) {
+        while (s->cl_tab[b]) {
+            client_t *e = s->cl_tab[b];
+            s->cl_tab[b] = e->next;
+            sp_free(e);
+        }
+    }
+    pthread_mutex_destroy(&s->cl_mu);
     sp_free(s);
 }

@@ -25,8 +25,12 @@
  * URL, 431 for too many or too large headers, 413 for a body over the limit
  * (from Content-Length, before reading it), 400 for malformed requests or too
  * many chunks, 408 when the head or the body does not arrive within its
- * deadline, and at most max_connections open sockets (more are answered 503
- * and closed).
+ * deadline, and at most max_connections open sockets. At that cap a new
+ * connection first makes room by closing this loop's connection that has been
+ * idle longest (no request in progress); with none idle it is answered 503
+ * and closed. One peer address may hold at most max_conns_per_client sockets
+ * and open conn_rate_per_client new ones per second (more are answered 429
+ * and closed), so one client cannot take every socket.
  *
  * TLS (OpenSSL 3 through libevent's bufferevent_openssl; contexts in tls.c):
  * either the main listener speaks TLS, or a second listener on tls_port
@@ -62,6 +66,9 @@ typedef struct sp_http_limits {
     size_t max_body_bytes;      /* more: 413 (default 8 MiB) */
     int max_chunks;             /* chunks per chunked body; more: 400 (default 65536) */
     int max_connections;        /* open client sockets, all loops together (default 1024) */
+    int max_conns_per_client;   /* open sockets from one peer address; more: 429 (256, 0 = no cap) */
+    int conn_rate_per_client;   /* new connections per second from one peer address, with a
+                                   burst of as many; more: 429 (default 1000, 0 = no limit) */
     int header_timeout_ms;      /* from a request's first byte to the end of its head: 408 (10 s) */
     int body_timeout_ms;        /* from the end of the head to the end of the body: 408 (30 s) */
     int idle_timeout_ms;        /* keep-alive connection with no request: closed (60 s) */
@@ -134,6 +141,15 @@ int64_t sp_http_server_inflight(const sp_http_server_t *s);
 int64_t sp_http_server_connections(const sp_http_server_t *s);
 /* Responses written with this status code (100..599) since start, any thread. */
 uint64_t sp_http_server_status_count(const sp_http_server_t *s, int status);
+/* Per-client limits (max_conns_per_client, conn_rate_per_client) for a
+ * listener beside this server's own (the gRPC port), so that one address's
+ * HTTP and gRPC connections count together. Any thread. 0 with *token set
+ * (NULL when no limit is on; give it to sp_http_client_release when the
+ * connection closes), or 429 with *why naming the limit. */
+struct sockaddr;
+int sp_http_client_admit(sp_http_server_t *s, const struct sockaddr *sa, void **token,
+                         const char **why);
+void sp_http_client_release(sp_http_server_t *s, void *token);
 /* Stop the loops (aborting whatever is still open), join the threads, free. */
 void sp_http_server_destroy(sp_http_server_t *s);
 

@@ -14,6 +14,7 @@ typedef struct route {
     sp_str_t segs[MAX_SEGS];
     sp_route_fn fn;
     void *ud;
+    uint32_t access;
 } route_t;
 
 struct sp_router {
@@ -40,7 +41,27 @@ sp_router_destroy(sp_router_t *rt)
     sp_free(rt);
 }
 
-/* Split "/a/b/c" into segments; -1 when there are too many. */
+/* Is the segment "." or ".." once percent-decoded ("%2e", ".%2E", ...)? */
+static bool
+dot_segment(const char *p, size_t len)
+{
+    int dots = 0;
+    for (size_t i = 0; i < len;) {
+        if (p[i] == '.') {
+            i++;
+        } else if (i + 2 < len && p[i] == '%' && p[i + 1] == '2' &&
+                   (p[i + 2] == 'e' || p[i + 2] == 'E')) {
+            i += 3;
+        } else {
+            return false;
+        }
+        dots++;
+    }
+    return dots == 1 || dots == 2;
+}
+
+/* Split "/a/b/c" into segments, dropping empty ones; -1 when there are too
+ * many, -2 for a dot segment. */
 static int
 split(const char *p, size_t len, sp_str_t *segs)
 {
@@ -54,6 +75,9 @@ split(const char *p, size_t len, sp_str_t *segs)
         size_t j = i;
         while (j < len && p[j] != '/') {
             j++;
+        }
+        if (dot_segment(p + i, j - i)) {
+            return -2;
         }
         if (n == MAX_SEGS) {
             return -1;
@@ -131,15 +155,38 @@ match(const route_t *r, const sp_str_t *segs, int n, sp_route_params_t *p)
 }
 
 int
-sp_router_dispatch(const sp_router_t *rt, sp_http_req_t *req)
+sp_router_set_access(sp_router_t *rt, const char *pattern, bool prefix, uint32_t access)
 {
-    sp_str_t path = sp_http_req_path(req);
+    sp_str_t segs[MAX_SEGS];
+    int n = split(pattern, strlen(pattern), segs);
+    int changed = 0;
+    for (int i = 0; n >= 0 && i < rt->n; i++) {
+        route_t *r = &rt->routes[i];
+        if (r->n_segs < n || (!prefix && r->n_segs != n)) {
+            continue;
+        }
+        bool same = true;
+        for (int k = 0; k < n && same; k++) {
+            same = r->segs[k].len == segs[k].len &&
+                   memcmp(r->segs[k].ptr, segs[k].ptr, segs[k].len) == 0;
+        }
+        if (same) {
+            r->access = access;
+            changed++;
+        }
+    }
+    return changed;
+}
+
+int
+sp_router_find(const sp_router_t *rt, sp_http_method_t m, sp_str_t path, sp_route_match_t *out)
+{
+    memset(out, 0, sizeof *out);
     sp_str_t segs[MAX_SEGS];
     int n = split(path.ptr, path.len, segs);
     if (n < 0) {
-        return 404;
+        return n == -2 ? 400 : 404;
     }
-    sp_http_method_t m = sp_http_req_method(req);
     if (m == SP_HTTP_HEAD) {
         m = SP_HTTP_GET;
     }
@@ -150,13 +197,36 @@ sp_router_dispatch(const sp_router_t *rt, sp_http_req_t *req)
             continue;
         }
         if (rt->routes[i].method != m) {
+            if (!other_method) {
+                out->access = rt->routes[i].access;
+            }
             other_method = true;
             continue;
         }
-        rt->routes[i].fn(req, &p, rt->routes[i].ud);
+        out->route = &rt->routes[i];
+        out->access = rt->routes[i].access;
+        out->params = p;
         return 0;
     }
     return other_method ? 405 : 404;
+}
+
+void
+sp_router_run(const sp_route_match_t *m, sp_http_req_t *r)
+{
+    const route_t *rt = m->route;
+    rt->fn(r, &m->params, rt->ud);
+}
+
+int
+sp_router_dispatch(const sp_router_t *rt, sp_http_req_t *req)
+{
+    sp_route_match_t m;
+    int st = sp_router_find(rt, sp_http_req_method(req), sp_http_req_path(req), &m);
+    if (st == 0) {
+        sp_router_run(&m, req);
+    }
+    return st;
 }
 
 bool

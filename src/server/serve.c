@@ -516,13 +516,27 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_free(&b);
 }
 
-/* Routes that answer without a key and while draining. */
-static bool
-is_public(sp_str_t path)
+/* Access classes of routes (sp_router_set_access; docs/security.md). A
+ * route's class is its required scope bits, or one of these; routes left
+ * unclassified (0) need the infer scope, so a new route is never open by
+ * accident. The check runs on the route the router matched, so every
+ * spelling of a path ("//", a trailing "/") meets the same check. */
+#define ACCESS_PUBLIC (1u << 30) /* no key, and answered while draining */
+#define ACCESS_OPEN (1u << 29)   /* no key (--metrics-open /metrics) */
+
+static void
+set_route_access(sp_server_t *s)
 {
     /* "/" is the status page: it holds no data (it reads /stats, which needs the key). */
-    return sp_str_eq_c(path, "/") || sp_str_eq_c(path, "/live") || sp_str_eq_c(path, "/health") ||
-           sp_str_eq_c(path, "/v2/health/live") || sp_str_eq_c(path, "/v2/health/ready");
+    static const char *const public_routes[] = {"/", "/live", "/health", "/v2/health/live",
+                                                "/v2/health/ready"};
+    for (size_t i = 0; i < sizeof public_routes / sizeof public_routes[0]; i++) {
+        sp_router_set_access(s->router, public_routes[i], false, ACCESS_PUBLIC);
+    }
+    sp_router_set_access(s->router, "/v2/repository", true, SP_SCOPE_ADMIN);
+    sp_router_set_access(s->router, "/stats", false, SP_SCOPE_METRICS);
+    sp_router_set_access(s->router, "/metrics", false,
+                         s->cfg.metrics_open ? ACCESS_OPEN : SP_SCOPE_METRICS);
 }
 
 static bool
@@ -530,19 +544,6 @@ is_loopback(const char *host)
 {
     return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
            strcmp(host, "localhost") == 0;
-}
-
-/* The scope a route needs (docs/security.md). */
-static uint32_t
-route_scope(const sp_server_t *s, sp_str_t path)
-{
-    if (path.len >= 15 && memcmp(path.ptr, "/v2/repository/", 15) == 0) {
-        return SP_SCOPE_ADMIN;
-    }
-    if (sp_str_eq_c(path, "/metrics") || sp_str_eq_c(path, "/stats")) {
-        return s->cfg.metrics_open && sp_str_eq_c(path, "/metrics") ? 0 : SP_SCOPE_METRICS;
-    }
-    return SP_SCOPE_INFER;
 }
 
 /* A client's x-request-id is kept when it is a plain token of at most 64
@@ -584,8 +585,15 @@ handle(sp_http_req_t *r, void *ud)
     if (sp_cors_handle(r, s->cfg.cors_origins)) {
         return; /* a CORS preflight, answered before any key is asked for */
     }
-    if (!is_public(path)) {
-        uint32_t scope = route_scope(s, path);
+    sp_route_match_t route;
+    int rc = sp_router_find(s->router, sp_http_req_method(r), path, &route);
+    /* No route (or a path refused): a key (of any scope) is still asked
+     * for, so that paths cannot be probed without one. */
+    uint32_t access = rc == 404 || rc == 400 ? SP_SCOPE_INFER | SP_SCOPE_ADMIN | SP_SCOPE_METRICS
+                      : route.access == 0 ? SP_SCOPE_INFER
+                                          : route.access;
+    if (!(access & ACCESS_PUBLIC)) {
+        uint32_t scope = access & ~ACCESS_OPEN;
         if (scope && sp_auth_enabled(&s->auth)) {
             sp_str_t auth = sp_http_req_header(r, "authorization");
             sp_str_t key = sp_http_req_header(r, "x-api-key");
@@ -618,11 +626,14 @@ handle(sp_http_req_t *r, void *ud)
             return;
         }
     }
-    int rc = sp_router_dispatch(s->router, r);
-    if (rc == 404) {
+    if (rc == 0) {
+        sp_router_run(&route, r);
+    } else if (rc == 400) {
+        sp_server_error(r, 400, NULL, NULL, "invalid_path", "the path has a '.' or '..' segment");
+    } else if (rc == 404) {
         sp_server_error(r, 404, NULL, NULL, "not_found", "no route for %s %.*s",
                         sp_http_req_method_str(r), (int)(path.len > 200 ? 200 : path.len), path.ptr);
-    } else if (rc == 405) {
+    } else {
         sp_server_error(r, 405, NULL, NULL, "method_not_allowed", "%s is not allowed on this route",
                         sp_http_req_method_str(r));
     }
@@ -828,6 +839,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_kserve_register(s->router, s);
     sp_repository_register(s->router, s);
     sp_status_register(s->router, s);
+    set_route_access(s);
     /* Before any model is built: a model's response_cache flag needs it. */
     if (s->cfg.response_cache_bytes > 0) {
         if (sp_respcache_create(s->cfg.response_cache_bytes, &s->rcache, err, sizeof err) != SP_OK) {

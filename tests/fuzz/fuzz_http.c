@@ -14,8 +14,8 @@
  * The server runs with small limits (URL 256 bytes, head 1 KiB, 12 headers,
  * body 2 KiB) so that inputs of a few KiB reach every 413/414/431 branch. The
  * connection's write side is shut after the input, so an incomplete request
- * ends at once (the server closes it) and a request still being worked on is
- * aborted as a client disconnect would (RELIABILITY.md H9).
+ * ends at once (the server closes it) and complete ones are answered before
+ * the close (the server treats the FIN as a half-close).
  *
  * Checks: besides ASan/UBSan, no hang (an answer or a close within 8 s), the
  * first answer (if any) has a well-formed status line and is not a 500, and no

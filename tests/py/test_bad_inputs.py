@@ -844,12 +844,17 @@ def protocol_cases(srv):
                        ("garbage method", b"FOO\x01 /live HTTP/1.1\r\n\r\n"),
                        ("HTTP/9.9", b"GET /live HTTP/9.9\r\n\r\n"),
                        ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
-                       ("absolute-form target", b"GET http://evil.example/live HTTP/1.1\r\n\r\n"),
                        ("binary request line", bytes(range(256)) + b"\r\n\r\n")):
         r, _ = raw_exchange(P, req, timeout=5)
         rs = responses(r)
         case("H6", f"{label}: a 4xx or 5xx refusal (not 500), then closed",
              (not rs or (400 <= rs[0][0] < 600 and rs[0][0] != 500)) and alive(P), r[:200])
+    # RFC 9112 3.2.2: a server accepts the absolute form and routes it by its path.
+    r, _ = raw_exchange(P, b"GET http://evil.example/live HTTP/1.1\r\nConnection: close\r\n\r\n",
+                        timeout=5)
+    rs = responses(r)
+    case("H6", "absolute-form target: routed by its path (/live: 200)",
+         bool(rs) and rs[0][0] == 200 and b"ok" in rs[0][2] and alive(P), r[:200])
     routes = ["/", "/live", "/health", "/stats", "/metrics", "/v1/models", "/v1/models/stories260K",
               "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v2", "/v2/health/live",
               "/v2/health/ready", "/v2/models/stories260K", "/v2/models/stories260K/ready",
@@ -909,8 +914,8 @@ def protocol_cases(srv):
         m = json.loads(b)["models"]["stories260K"]
         return m["running"] + m["waiting"], m["jobs_cancelled"], m["kv_blocks_used"]
 
-    def settled(cancelled_before, need_cancel=True):
-        end = time.time() + 3
+    def settled(cancelled_before, need_cancel=True, timeout=3):
+        end = time.time() + timeout
         while time.time() < end:
             active, cancelled, used = stats()
             if active == 0 and used == 0 and (cancelled > cancelled_before or not need_cancel):
@@ -936,10 +941,11 @@ def protocol_cases(srv):
     body = json.dumps(completion(prompt=[1] + [300] * 400, max_tokens=100, ignore_eos=True)).encode()
     sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     sk.close()
-    # The 260K model may finish the prefill before the close is seen: cancelled or done, the
-    # sequence must be gone and its blocks free.
+    # A FIN right after the request cannot be told from a half-close (shutdown(SHUT_WR)), whose
+    # request is answered: the sequence may run to its end (100 tokens; slow under ASan) before
+    # the failed write shows the client gone. Cancelled or done, it must end and free its blocks.
     case("H9", "client disconnects right after sending (during prefill): the sequence ends and "
-         "its KV blocks are freed", settled(c0, need_cancel=False), stats())
+         "its KV blocks are freed", settled(c0, need_cancel=False, timeout=20), stats())
     # H12 CORS (off by default)
     st, h, _ = http_req(P, "OPTIONS", "/v1/completions", headers={
         "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})

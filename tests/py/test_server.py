@@ -342,7 +342,10 @@ s.guard("idle first byte", idle_first_byte)
 
 # ---- connection limit
 def conn_limit():
+    # 48 connections each inside a request head (none idle, so none is closed to make room).
     socks = [connect(P) for _ in range(48)]
+    for c in socks:
+        c.sendall(b"GET /health HTTP/1.1\r\n")
     time.sleep(0.1)
     try:
         st, hdrs, _ = request(P, "GET", "/health")
@@ -351,8 +354,20 @@ def conn_limit():
     for c in socks:
         c.close()
     time.sleep(0.2)
-    s.case("connection 49 of 48 gets 503 with Retry-After", st == 503 and hdrs.get("retry-after") == "1", st)
+    s.case("connection 49 of 48 (none idle) gets 503 with Retry-After",
+           st == 503 and hdrs.get("retry-after") == "1", st)
     s.case("after the others close, connections are accepted again", alive(P))
+    # 48 idle connections: the one idle longest is closed and the 49th is served.
+    socks = [connect(P) for _ in range(48)]
+    time.sleep(0.1)
+    try:
+        st, _, _ = request(P, "GET", "/health")
+    except (EOFError, OSError):
+        st = None
+    for c in socks:
+        c.close()
+    time.sleep(0.2)
+    s.case("connection 49 of 48 idle ones is served (the longest idle is closed)", st == 200, st)
 
 
 s.guard("connection limit", conn_limit)

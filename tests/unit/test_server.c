@@ -131,6 +131,47 @@ TEST(router_patterns)
     ASSERT(!sp_router_match("/v1/models/{m}", sp_str_c("/v1/models//"), &p));
 }
 
+/* The access class comes from the route matched, whatever the spelling of the path. */
+TEST(router_access_of_matched_route)
+{
+    sp_router_t *rt = sp_router_create();
+    ASSERT(rt != NULL);
+    ASSERT_OK(sp_router_add(rt, SP_HTTP_POST, "/v2/repository/index", route_a, NULL));
+    ASSERT_OK(sp_router_add(rt, SP_HTTP_POST, "/v2/repository/models/{model}/unload", route_a, NULL));
+    ASSERT_OK(sp_router_add(rt, SP_HTTP_GET, "/metrics", route_a, NULL));
+    ASSERT_OK(sp_router_add(rt, SP_HTTP_GET, "/v2/models/{model}/ready", route_a, NULL));
+    ASSERT_EQ(sp_router_set_access(rt, "/v2/repository", true, 2), 2);
+    ASSERT_EQ(sp_router_set_access(rt, "/metrics", false, 4), 1);
+    ASSERT_EQ(sp_router_set_access(rt, "/v2/models", false, 9), 0); /* exact: no such route */
+    sp_route_match_t m;
+    const char *admin[] = {"/v2/repository/index", "//v2/repository/index", "/v2//repository/index/",
+                           "/v2/repository/models/a:b/unload", "//v2/repository/models/a:b/unload//"};
+    for (size_t i = 0; i < sizeof admin / sizeof admin[0]; i++) {
+        ASSERT_EQ(sp_router_find(rt, SP_HTTP_POST, sp_str_c(admin[i]), &m), 0);
+        ASSERT_EQ(m.access, 2u);
+    }
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_GET, sp_str_c("/metrics/"), &m), 0);
+    ASSERT_EQ(m.access, 4u);
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_HEAD, sp_str_c("//metrics"), &m), 0);
+    ASSERT_EQ(m.access, 4u);
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_GET, sp_str_c("/v2/models/x/ready"), &m), 0);
+    ASSERT_EQ(m.access, 0u);
+    /* 405 carries the class of the route the path belongs to. */
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_GET, sp_str_c("/v2/repository/index"), &m), 405);
+    ASSERT_EQ(m.access, 2u);
+    /* Dot segments, plain or percent-encoded, are refused; "%2F" is not a separator. */
+    const char *dots[] = {"/v2/./repository/index", "/v2/x/../repository/index", "/metrics/..",
+                          "/v2/%2e%2E/metrics", "/./metrics", "/v2/.%2e/repository/index",
+                          "/v2/models/%2e/ready"};
+    for (size_t i = 0; i < sizeof dots / sizeof dots[0]; i++) {
+        ASSERT_EQ(sp_router_find(rt, SP_HTTP_POST, sp_str_c(dots[i]), &m), 400);
+    }
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_POST, sp_str_c("/v2%2Frepository/index"), &m), 404);
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_GET, sp_str_c("/v2/models/.../ready"), &m), 0);
+    ASSERT_EQ(sp_router_find(rt, SP_HTTP_GET, sp_str_c("/v2/models/a.b/ready"), &m), 0);
+    sp_router_destroy(rt);
+}
+
 TEST(config_flags_and_file)
 {
     sp_serve_config_t c;
