@@ -5,8 +5,8 @@
 #   1. C unit tests, release build            (build/test_unit); then the engine-level ones
 #      (kernels, K-quants, attention, forward, batch) again at each CPU kernel level below the
 #      best (SAMPAN_CPU=scalar, avx2, ...), a level this CPU lacks as one skipped line
-#   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input
-#      suite (tests/py/test_bad_inputs.py) against build-san/sampan
+#   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input, HTTP
+#      security and liveness suites (SAN_SUITES) against build-san/sampan
 #   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
 # Each suite prints "<suite>: N passed, N failed, N skipped" as its last line.
 set -uo pipefail
@@ -54,6 +54,7 @@ for lvl in scalar avx2 avx512; do
     tally "$log/unit-$lvl.txt" "unit-$lvl"
 done
 
+SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py)
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "== build (ASan+UBSan)"
     make -j"$JOBS" SANITIZER=1 unit >"$log/build-san.txt" 2>&1 || { cat "$log/build-san.txt"; echo "total: 0 passed, 1 failed"; exit 1; }
@@ -61,18 +62,22 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         SAMPAN_TEST_SANITIZER=1 ./build-san/test_unit 2>&1 | sed 's/^/[san] /' | tee "$log/unit-san.txt"
     tally "$log/unit-san.txt" unit-san
-    # RELIABILITY.md's bad-input tables against the sanitizer build of the binary (the loop
-    # below skips this suite then: one run, under ASan+UBSan).
-    echo "== tests/py/test_bad_inputs.py (ASan+UBSan binary)"
-    SAMPAN_BIN=build-san/sampan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$PY" tests/py/test_bad_inputs.py 2>&1 | sed 's/^/[san] /' | tee "$log/bad-san.txt"
-    tally "$log/bad-san.txt" bad-inputs-san
-    bad_done=1
+    # The suites whose faults are memory faults (RELIABILITY.md's bad-input tables, the HTTP
+    # transport's attacks and half-closes, requests freed while prepared on a worker) run
+    # against the sanitizer build of the binary; the loop below skips them then: one run each,
+    # under ASan+UBSan.
+    for t in "${SAN_SUITES[@]}"; do
+        echo "== tests/py/$t (ASan+UBSan binary)"
+        SAMPAN_BIN=build-san/sampan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+            "$PY" "tests/py/$t" 2>&1 | sed 's/^/[san] /' | tee "$log/san-py.txt"
+        tally "$log/san-py.txt" "$t-san"
+    done
+    san_done=1
 fi
 
 for t in tests/py/test_*.py; do
     [ -e "$t" ] || continue
-    [ "$t" = tests/py/test_bad_inputs.py ] && [ "${bad_done:-0}" = 1 ] && continue
+    [ "${san_done:-0}" = 1 ] && [[ " ${SAN_SUITES[*]} " == *" ${t##*/} "* ]] && continue
     echo "== $t"
     "$PY" "$t" 2>&1 | tee "$log/py.txt"; tally "$log/py.txt" "$t"
 done
