@@ -17,9 +17,12 @@
  * (max_tokens INT32, temperature FP32, ...) and the outputs text_output and
  * finish_reason (BYTES, one per prompt). The same settings may come as
  * request parameters; an input wins over a parameter of the same name.
- * Requests are validated here and in tensor.c, tokenized on the loop thread
- * and submitted through the seam (sched.h) exactly as openai.c does; events
- * come back on this loop, a disconnect cancels the job.
+ * Requests are validated here and in tensor.c on the loop thread. What costs
+ * time in proportion to the request - decoding a body over 64 KiB, checking
+ * and tokenizing the prompts - runs on a preparation worker (core/workq.h) as
+ * in openai.c, whose result comes back through the loop's mailbox; then the
+ * request is submitted through the seam (sched.h). Events come back on this
+ * loop; a disconnect (while preparing, or after) cancels the job.
  */
 #include <math.h>
 #include <stdarg.h>
