@@ -17,9 +17,12 @@
  * (max_tokens INT32, temperature FP32, ...) and the outputs text_output and
  * finish_reason (BYTES, one per prompt). The same settings may come as
  * request parameters; an input wins over a parameter of the same name.
- * Requests are validated here and in tensor.c, tokenized on the loop thread
- * and submitted through the seam (sched.h) exactly as openai.c does; events
- * come back on this loop, a disconnect cancels the job.
+ * Requests are validated here and in tensor.c on the loop thread. What costs
+ * time in proportion to the request - decoding a body over 64 KiB, checking
+ * and tokenizing the prompts - runs on a preparation worker (core/workq.h) as
+ * in openai.c, whose result comes back through the loop's mailbox; then the
+ * request is submitted through the seam (sched.h). Events come back on this
+ * loop; a disconnect (while preparing, or after) cancels the job.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -28,6 +31,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "core/workq.h"
 #include "engine/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
@@ -334,6 +338,18 @@ typedef struct ks_req {
     sp_req_clock_t clk;     /* metrics and the access log (metrics.h) */
     sp_rckey_t *ck;         /* generate: its response cache key, or NULL (respcache.h) */
     sp_jbuf_t out, bin;
+    /* Preparation (prep_run, on a worker): tokenizing the prompts. */
+    json_t *root;           /* generate: the body, which holds the prompt and the stop strings */
+    sp_str_t one;           /* generate: the prompt (in root) */
+    const sp_str_t *prompts; /* n texts, in root or ir (both owned by the request) */
+    char where[80];         /* the prompts' field, for messages */
+    gvals_t gv;             /* the settings, applied on the loop after */
+    int32_t *toks;          /* n x n_ctx token ids */
+    int64_t lens[SP_SCHED_MAX_N], longest;
+    int tried;              /* prompts that reached the tokenizer */
+    char err[640];          /* the worker's 400 message, or "" */
+    sp_mailbox_t *mb;       /* the loop the result goes back to */
+    bool gone;              /* the client left while its request was prepared (loop thread) */
 } ks_req_t;
 
 static void
@@ -352,8 +368,13 @@ ks_free(ks_req_t *q)
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
     sp_rckey_free(q->ck);
-    /* Ended without an outcome: refused while validating (it answered 4xx). */
-    sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    sp_free(q->toks);
+    json_decref(q->root);
+    /* Ended without an outcome: refused while validating (it answered 4xx).
+     * A client that left during preparation was accounted for then. */
+    if (!q->gone) {
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    }
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
@@ -700,75 +721,163 @@ utf8_invalid_at(const char *p, size_t n)
     return n;
 }
 
-/* Tokenize the prompts, apply the settings and submit; answers every error
- * itself and frees q on failure. */
+/* Worker: check and tokenize the prompts. Reads only the request's prompts
+ * and its model (which it holds); writes only toks, lens, longest,
+ * n_prompt, tried and err. */
+static void
+prep_run(ks_req_t *q)
+{
+    int64_t cap = q->m->n_ctx;
+    for (int i = 0; i < q->n; i++) {
+        sp_str_t t = q->prompts[i];
+        char where[300];
+        if (q->kind == KS_INFER) {
+            snprintf(where, sizeof where, "%s.data[%d]", q->where, i);
+        } else {
+            snprintf(where, sizeof where, "%s", q->where);
+        }
+        if (t.len == 0) {
+            snprintf(q->err, sizeof q->err, "%s: the prompt is empty", where);
+            return;
+        }
+        size_t bad = utf8_invalid_at(t.ptr, t.len);
+        if (bad < t.len) {
+            snprintf(q->err, sizeof q->err, "%s: the prompt is not valid UTF-8 (at byte %zu)", where, bad);
+            return;
+        }
+        /* No vocabulary spends 64 bytes per token on average: longer text
+         * cannot fit and is refused before the tokenizer spends time on it. */
+        if (t.len / 64 > (size_t)cap) {
+            snprintf(q->err, sizeof q->err, "%s: the prompt is too long for the context of %lld tokens",
+                     where, (long long)cap);
+            return;
+        }
+        q->tried = i + 1;
+        int32_t *tk = q->toks + (size_t)i * (size_t)cap;
+        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_tokenizer_add_bos(q->m->tok), false, tk, cap);
+        if (nt < 0) {
+            snprintf(q->err, sizeof q->err, "%s: cannot tokenize the prompt: %s", where,
+                     sp_status_str((sp_status_t)nt));
+            return;
+        }
+        if (nt == 0 || nt >= cap) {
+            snprintf(q->err, sizeof q->err, "%s: the prompt has %lld tokens, the context holds %lld",
+                     where, (long long)nt, (long long)cap);
+            return;
+        }
+        q->lens[i] = nt;
+        q->longest = nt > q->longest ? nt : q->longest;
+        q->n_prompt += nt;
+    }
+}
+
+static void prep_done(void *arg);
+
+/* Worker task: tokenize, then hand the request back to its loop. */
+static void
+prep_task(void *arg)
+{
+    ks_req_t *q = arg;
+    prep_run(q);
+    if (sp_mailbox_post(q->mb, prep_done, q) != SP_OK) {
+        /* Without its loop the request can be neither answered nor freed safely. */
+        SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory", sp_log_str(q->m->name));
+    }
+}
+
+/* The client left while its prompts were tokenized: account for it now;
+ * the request is freed when the result comes back (prep_done), never under
+ * the worker. */
+static void
+prep_abort(sp_http_req_t *r, void *ud)
+{
+    ks_req_t *q = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s stage=prepare", sp_http_req_rid(r));
+    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
+    q->gone = true;
+    q->http = NULL;
+}
+
+/* Check the number of prompts, then tokenize them on a preparation worker
+ * (core/workq.h) and submit when the result is back (prep_done). texts stay
+ * valid while q lives (in q->root or q->ir); gv's strings too. Answers every
+ * error itself and frees q on failure. */
 static void
 submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char *text_where)
 {
     sp_http_req_t *r = q->http;
     const sp_serve_config_t *cfg = &q->srv->cfg;
     int64_t cap = q->m->n_ctx;
-    int32_t *toks = NULL;
-    char err[512];
     if (n < 1 || n > cfg->max_n || n > SP_SCHED_MAX_N) {
         sp_kserve_error(r, 400, "%s: 1 to %d prompts per request, got %d", text_where,
                         cfg->max_n < SP_SCHED_MAX_N ? cfg->max_n : SP_SCHED_MAX_N, n);
-        goto fail;
+        ks_free(q);
+        return;
     }
     q->n = n;
     q->texts = sp_calloc((size_t)n, sizeof *q->texts);
     q->finish = sp_calloc((size_t)n, sizeof *q->finish);
-    toks = sp_malloc((size_t)n * (size_t)cap * sizeof(int32_t));
-    if (q->texts == NULL || q->finish == NULL || toks == NULL) {
+    q->toks = sp_malloc((size_t)n * (size_t)cap * sizeof(int32_t));
+    if (q->texts == NULL || q->finish == NULL || q->toks == NULL) {
         sp_kserve_error(r, 503, "out of memory");
+        ks_free(q);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        q->finish[i] = SP_FINISH_STOP;
+    }
+    q->prompts = texts;
+    q->gv = *gv;
+    snprintf(q->where, sizeof q->where, "%s", text_where);
+    sp_workq_t *wq = q->srv->prep;
+    if (wq == NULL) { /* no worker pool (a server without one): tokenize here */
+        prep_run(q);
+        prep_done(q);
+        return;
+    }
+    q->mb = sp_server_mailbox(r);
+    sp_http_req_on_abort(r, prep_abort, q);
+    sp_status_t st = sp_workq_submit(wq, prep_task, q);
+    if (st != SP_OK) {
+        sp_http_req_on_abort(r, NULL, NULL);
+        if (st == SP_ERR_BUSY) {
+            sp_http_add_header(r, "Retry-After", "1");
+            sp_kserve_error(r, 429, "too many requests are being prepared; retry later");
+        } else {
+            sp_kserve_error(r, 503, "the server is stopping");
+        }
+        ks_free(q);
+    }
+}
+
+/* Loop thread: the prompts' tokens (or why not). Apply the settings,
+ * reserve the tenant's tokens and submit; answers every error itself and
+ * frees q on failure. */
+static void
+prep_done(void *arg)
+{
+    ks_req_t *q = arg;
+    if (q->gone) {
+        ks_free(q);
+        return;
+    }
+    sp_http_req_t *r = q->http;
+    sp_http_req_on_abort(r, NULL, NULL);
+    const sp_serve_config_t *cfg = &q->srv->cfg;
+    const gvals_t *gv = &q->gv;
+    int64_t cap = q->m->n_ctx, longest = q->longest;
+    int n = q->n;
+    char err[512];
+    if (q->tried > 0) {
+        sp_req_clock_text(&q->clk, false, q->prompts[0].ptr, q->prompts[0].len);
+    }
+    if (q->err[0]) {
+        sp_kserve_error(r, 400, "%s", q->err);
         goto fail;
     }
     const int32_t *prompts[SP_SCHED_MAX_N];
-    int64_t lens[SP_SCHED_MAX_N], longest = 0;
     for (int i = 0; i < n; i++) {
-        q->finish[i] = SP_FINISH_STOP;
-        sp_str_t t = texts[i];
-        char where[300];
-        if (q->kind == KS_INFER) {
-            snprintf(where, sizeof where, "%s.data[%d]", text_where, i);
-        } else {
-            snprintf(where, sizeof where, "%s", text_where);
-        }
-        if (t.len == 0) {
-            sp_kserve_error(r, 400, "%s: the prompt is empty", where);
-            goto fail;
-        }
-        size_t bad = utf8_invalid_at(t.ptr, t.len);
-        if (bad < t.len) {
-            sp_kserve_error(r, 400, "%s: the prompt is not valid UTF-8 (at byte %zu)", where, bad);
-            goto fail;
-        }
-        /* No vocabulary spends 64 bytes per token on average: longer text
-         * cannot fit and is refused before the tokenizer spends time on it. */
-        if (t.len / 64 > (size_t)cap) {
-            sp_kserve_error(r, 400, "%s: the prompt is too long for the context of %lld tokens", where,
-                            (long long)cap);
-            goto fail;
-        }
-        int32_t *tk = toks + (size_t)i * (size_t)cap;
-        if (i == 0) {
-            sp_req_clock_text(&q->clk, false, t.ptr, t.len);
-        }
-        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_tokenizer_add_bos(q->m->tok), false, tk, cap);
-        if (nt < 0) {
-            sp_kserve_error(r, 400, "%s: cannot tokenize the prompt: %s", where,
-                            sp_status_str((sp_status_t)nt));
-            goto fail;
-        }
-        if (nt == 0 || nt >= cap) {
-            sp_kserve_error(r, 400, "%s: the prompt has %lld tokens, the context holds %lld", where,
-                            (long long)nt, (long long)cap);
-            goto fail;
-        }
-        prompts[i] = tk;
-        lens[i] = nt;
-        longest = nt > longest ? nt : longest;
-        q->n_prompt += nt;
+        prompts[i] = q->toks + (size_t)i * (size_t)cap;
     }
     sp_gen_params_t g = sp_gen_default_params();
     g.sampling.temperature = 1.0f;
@@ -838,7 +947,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sp_sched_request_t sr;
     memset(&sr, 0, sizeof sr);
     sr.prompts = prompts;
-    sr.n_prompts = lens;
+    sr.n_prompts = q->lens;
     sr.n = n;
     sr.lora = q->ad.lora;
     sr.gen = g;
@@ -863,8 +972,8 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     sp_trace_http_submit(r); /* the queue span starts here */
     sp_sched_t *sch = sp_served_pick(q->m);
     sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
-    sp_free(toks);
-    toks = NULL;
+    sp_free(q->toks); /* the scheduler copied the prompts */
+    q->toks = NULL;
     if (st != SP_OK) {
         q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
         sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
@@ -884,7 +993,6 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     }
     return;
 fail:
-    sp_free(toks);
     ks_free(q);
 }
 
@@ -1010,6 +1118,141 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_free(&b);
 }
 
+/*
+ * Bodies up to KS_INLINE_BODY are decoded on the loop (well under a
+ * millisecond). A larger one is copied and decoded on a preparation worker
+ * (JSON, or an infer request with its binary tensors); the handler then runs
+ * again on the loop with the result, handed over through `decoded` (set only
+ * for the length of that call).
+ */
+#define KS_INLINE_BODY (64u * 1024u)
+
+typedef struct ks_body {
+    sp_server_t *s;
+    sp_http_req_t *r;
+    sp_route_fn handler;
+    sp_route_params_t p; /* its strings point into the request, alive while it is */
+    sp_mailbox_t *mb;
+    bool infer;          /* sp_infer_req_parse, else sp_json_parse */
+    char *copy;
+    size_t len;
+    char *hl;            /* infer: Inference-Header-Content-Length, or NULL */
+    size_t hl_len;
+    sp_status_t st;
+    json_t *root;
+    sp_infer_req_t ir;
+    char err[768];
+    bool gone;           /* the client left (loop thread) */
+} ks_body_t;
+
+static _Thread_local ks_body_t *decoded;
+
+/* The request's body decoded on a worker, when this is the handler's second
+ * run; NULL otherwise. */
+static ks_body_t *
+body_decoded(sp_http_req_t *r)
+{
+    return decoded != NULL && decoded->r == r ? decoded : NULL;
+}
+
+static void
+body_abort(sp_http_req_t *r, void *ud)
+{
+    ks_body_t *j = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s stage=parse", sp_http_req_rid(r));
+    j->gone = true; /* body_done frees it */
+    j->r = NULL;
+}
+
+/* Loop thread: run the handler again with the decoded body (or its error). */
+static void
+body_done(void *arg)
+{
+    ks_body_t *j = arg;
+    if (!j->gone) {
+        sp_http_req_on_abort(j->r, NULL, NULL);
+        decoded = j;
+        j->handler(j->r, &j->p, j->s);
+        decoded = NULL;
+    }
+    json_decref(j->root); /* NULL when the handler took it */
+    sp_infer_req_free(&j->ir);
+    sp_free(j->copy);
+    sp_free(j->hl);
+    sp_free(j);
+}
+
+static void
+body_task(void *arg)
+{
+    ks_body_t *j = arg;
+    if (j->infer) {
+        sp_str_t hl = {j->hl, j->hl_len};
+        j->st = sp_infer_req_parse(j->copy, j->len, hl, j->s->cfg.json_depth, &j->ir, j->err, sizeof j->err);
+    } else {
+        j->st = sp_json_parse(j->copy, j->len, j->s->cfg.json_depth, &j->root, j->err, sizeof j->err);
+        if (j->st != SP_OK) {
+            j->root = NULL;
+        }
+    }
+    sp_free(j->copy);
+    j->copy = NULL;
+    if (sp_mailbox_post(j->mb, body_done, j) != SP_OK) {
+        SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
+    }
+}
+
+/* A body over KS_INLINE_BODY (and not decoded yet): hand it to a worker,
+ * after which `handler` runs again; true then, or when it answered an
+ * error. false: decode it here (or take body_decoded). */
+static bool
+body_defer(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn handler, bool infer)
+{
+    sp_str_t body = sp_http_req_body(r);
+    if (body.len <= KS_INLINE_BODY || s->prep == NULL || body_decoded(r) != NULL) {
+        return false;
+    }
+    sp_str_t hl = infer ? sp_http_req_header(r, "inference-header-content-length") : (sp_str_t){NULL, 0};
+    ks_body_t *j = sp_calloc(1, sizeof *j);
+    char *copy = sp_malloc(body.len);
+    char *hcopy = hl.ptr ? sp_strndup(hl.ptr, hl.len) : NULL;
+    if (j == NULL || copy == NULL || (hl.ptr && hcopy == NULL)) {
+        sp_free(j);
+        sp_free(copy);
+        sp_free(hcopy);
+        sp_kserve_error(r, 503, "out of memory");
+        return true;
+    }
+    memcpy(copy, body.ptr, body.len);
+    j->s = s;
+    j->r = r;
+    j->handler = handler;
+    if (p) {
+        j->p = *p;
+    }
+    j->mb = sp_server_mailbox(r);
+    j->infer = infer;
+    j->copy = copy;
+    j->len = body.len;
+    j->hl = hcopy;
+    j->hl_len = hl.len;
+    sp_http_req_on_abort(r, body_abort, j);
+    sp_status_t st = sp_workq_submit(s->prep, body_task, j);
+    if (st != SP_OK) {
+        sp_http_req_on_abort(r, NULL, NULL);
+        sp_free(copy);
+        sp_free(hcopy);
+        sp_free(j);
+        if (st == SP_ERR_BUSY) {
+            sp_http_add_header(r, "Retry-After", "1");
+            sp_kserve_error(r, 429, "too many requests are being prepared; retry later");
+        } else {
+            sp_kserve_error(r, 503, "the server is stopping");
+        }
+    }
+    return true;
+}
+
 static void
 h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -1023,6 +1266,11 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_tensor_infer(s, r, m); /* a tensor model: its backend behind the batcher */
         return;
     }
+    if (body_defer(s, r, p, h_infer, true)) {
+        sp_req_adapter_release(&ad);
+        sp_served_release(m);
+        return;
+    }
     ks_req_t *q = ks_new(s, r, m, KS_INFER);
     if (q == NULL) {
         sp_req_adapter_release(&ad);
@@ -1030,9 +1278,19 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     q->ad = ad;
     char err[768];
-    sp_str_t body = sp_http_req_body(r);
-    sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
-    if (sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err) != SP_OK) {
+    sp_status_t pst;
+    ks_body_t *dec = body_decoded(r);
+    if (dec != NULL) { /* decoded on a worker: take it */
+        pst = dec->st;
+        q->ir = dec->ir;
+        memset(&dec->ir, 0, sizeof dec->ir);
+        snprintf(err, sizeof err, "%s", dec->err);
+    } else {
+        sp_str_t body = sp_http_req_body(r);
+        sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
+        pst = sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err);
+    }
+    if (pst != SP_OK) {
         sp_kserve_error(r, 400, "%s", err);
         ks_free(q);
         return;
@@ -1111,7 +1369,21 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     }
     json_t *root = NULL;
     char err[768];
-    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
+    ks_body_t *dec = body_decoded(r);
+    sp_status_t pst;
+    if (dec != NULL) { /* decoded on a worker: take it */
+        pst = dec->st;
+        root = dec->root;
+        dec->root = NULL;
+        snprintf(err, sizeof err, "%s", dec->err);
+    } else if (body_defer(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen, false)) {
+        sp_req_adapter_release(&ad);
+        sp_served_release(m);
+        return;
+    } else {
+        pst = sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err);
+    }
+    if (pst != SP_OK) {
         sp_kserve_error(r, 400, "%s", err);
         sp_req_adapter_release(&ad);
         sp_served_release(m);
@@ -1173,8 +1445,9 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
         ks_free(q);
         goto done;
     }
-    sp_str_t text = {json_string_value(ti), json_string_length(ti)};
-    submit(q, &text, 1, &gv, "text_input"); /* the scheduler copied what it keeps */
+    q->root = json_incref(root); /* the prompt and the stop strings stay in it */
+    q->one = (sp_str_t){json_string_value(ti), json_string_length(ti)};
+    submit(q, &q->one, 1, &gv, "text_input");
 done:
     sp_req_adapter_release(&ad);
     sp_served_release(m);

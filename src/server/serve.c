@@ -912,7 +912,7 @@ sp_cmd_serve(int argc, char **argv)
         goto done;
     }
     {
-        /* Request preparation (openai.c) runs here, never on a loop: a few
+        /* Request preparation (openai.c, kserve.c) runs here, never on a loop: a few
          * workers (they mostly wait), and a bounded queue (beyond it: 429). */
         int n = sp_cpu_count();
         n = n < 2 ? 2 : n > 8 ? 8 : n;

@@ -8,6 +8,10 @@
 - a grammar over the matcher's limits answers 400 with code limit_exceeded;
 - a client that disconnects while its request is being prepared leaves the server serving
   (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan);
+- KServe's LLM routes (generate, generate_stream, infer with a BYTES text_input in JSON or in
+  the binary tail): a 4 MB prompt is parsed and tokenized off the loop (/live within the same
+  100 ms), a 100 KB body decoded on a worker is still served, and clients that leave during
+  that preparation leave the server serving;
 - statuses: a BYTES prompt that is not UTF-8 is 400 on KServe infer; a model whose weights
   hold NaN (tools/gguf_gen.py --poison) answers 500 (a model fault, logged), never 400 and
   never an embedding of nulls, and its readiness and the server's then say not ready.
@@ -166,6 +170,94 @@ try:
 finally:
     rc = srv.stop()
 s.case("server exits cleanly", rc == 0, f"exit {rc} {srv.text()[-800:] if rc else ''}")
+
+
+def kserve_cases():
+    """KServe's LLM routes: a several-MB prompt is decoded and tokenized off the loop."""
+    # --ctx-size 65536: a 4 MB prompt passes the 64-bytes-per-token guard, so it reaches the
+    # tokenizer (~2.5 M tokens here, then refused as longer than the context).
+    k = Server("--ctx-size", "65536")
+    kp = k.port
+    try:
+        text = "lorem ipsum dolor sit amet " * (4_000_000 // 27)
+        gen_body = json.dumps({"text_input": text, "max_tokens": 2}).encode()
+        infer_json = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                             "data": [text]}]}).encode()
+        raw = text.encode()
+        tail = struct.pack("<I", len(raw)) + raw
+        bin_head = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                           "parameters": {"binary_data_size": len(tail)}}]}).encode()
+        big = [("generate", "/v2/models/stories260K/generate", gen_body, {}, "text_input: "),
+               ("generate_stream", "/v2/models/stories260K/generate_stream", gen_body, {}, "text_input: "),
+               ("infer (JSON BYTES)", "/v2/models/stories260K/infer", infer_json, {},
+                "inputs[0] ('text_input').data[0]: "),
+               ("infer (binary BYTES)", "/v2/models/stories260K/infer", bin_head + tail,
+                {"Content-Type": "application/octet-stream",
+                 "Inference-Header-Content-Length": str(len(bin_head))},
+                "inputs[0] ('text_input').data[0]: ")]
+        for label, path, body, hdrs, where in big:
+            headers = dict({"Content-Type": "application/json"}, **hdrs)
+            (st, b), lat = probe_while(kp, lambda: post_with(kp, path, body, headers))
+            s.case("KServe %s, a %.1f MB prompt: /live answers within %d ms while it is parsed and "
+                   "tokenized" % (label, len(body) / 1e6, PROBE_MS),
+                   len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
+            msg = b.get("error", "") if isinstance(b, dict) else ""
+            s.case(f"KServe {label}, a 4 MB prompt: 400 with the tokenizer's count, naming the input",
+                   st == 400 and msg.startswith(where + "the prompt has ")
+                   and "tokens, the context holds 65536" in msg, f"{st} {str(b)[:300]}")
+
+        # A large body whose prompt is short: decoded on a worker, then served as usual.
+        long_id = "i" * 100_000
+        st, b = http_json(kp, "POST", "/v2/models/stories260K/generate",
+                          {"text_input": "Once upon", "max_tokens": 2, "id": long_id})
+        s.case("KServe generate, a 100 KB body (its id): 200, the id echoed",
+               st == 200 and isinstance(b, dict) and b.get("id") == long_id
+               and isinstance(b.get("text_output"), str), f"{st} {str(b)[:200]}")
+        st, b = http_json(kp, "POST", "/v2/models/stories260K/infer",
+                          {"id": long_id, "inputs": [{"name": "text_input", "datatype": "BYTES",
+                                                      "shape": [1], "data": ["Once upon"]}],
+                           "parameters": {"max_tokens": 2}})
+        s.case("KServe infer, a 100 KB body (its id): 200, the id echoed",
+               st == 200 and isinstance(b, dict) and b.get("id") == long_id
+               and [o.get("name") for o in b.get("outputs", [])] == ["text_output", "finish_reason"],
+               f"{st} {str(b)[:200]}")
+        st, b = post_raw(kp, "/v2/models/stories260K/generate", b'{"text_input": "' + b"a" * 100_000)
+        s.case("KServe generate, a 100 KB body that is not JSON: 400 from the parser",
+               st == 400 and isinstance(b, dict) and "error" in b, f"{st} {str(b)[:200]}")
+        st, b = post_raw(kp, "/v2/models/nosuch/generate", gen_body)
+        s.case("KServe generate, a 4 MB body for an unknown model: 404", st == 404, f"{st} {str(b)[:200]}")
+
+        # Clients that leave while their body is parsed or their prompt tokenized (the later
+        # ones while a worker tokenizes: ~0.3 s in a release build, seconds under ASan).
+        for i, wait in enumerate((0.02, 0.06, 0.15, 0.3, 0.8, 1.5)):
+            path, body, ctype, extra = (
+                ("/v2/models/stories260K/generate", gen_body, "application/json", "") if i % 3 == 0 else
+                ("/v2/models/stories260K/generate_stream", gen_body, "application/json", "") if i % 3 == 1 else
+                ("/v2/models/stories260K/infer", bin_head + tail, "application/octet-stream",
+                 f"Inference-Header-Content-Length: {len(bin_head)}\r\n"))
+            so = socket.create_connection(("127.0.0.1", kp), timeout=10)
+            head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{extra}"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            so.sendall(head + body)
+            time.sleep(wait)
+            so.close()
+        s.case("KServe: clients left while their bodies were parsed or prompts tokenized (logged)",
+               k.wait_log(r"event=client_disconnect rid=\S+ stage=parse", 10) is not None
+               and k.wait_log(r"event=client_disconnect rid=\S+ stage=prepare", 10) is not None,
+               k.text()[-600:])
+        time.sleep(0.5)
+        st, b = http_json(kp, "POST", "/v2/models/stories260K/generate",
+                          {"text_input": "Once", "max_tokens": 2})
+        s.case("KServe: clients that left during preparation: the server still answers",
+               st == 200 and isinstance(b, dict) and "text_output" in b, f"{st} {str(b)[:200]}")
+        st, _ = http_json(kp, "GET", "/live")
+        s.case("KServe: /live after them", st == 200)
+    finally:
+        rc = k.stop()
+    s.case("KServe server exits cleanly", rc == 0, f"exit {rc} {k.text()[-800:] if rc else ''}")
+
+
+s.guard("kserve", kserve_cases)
 
 
 def nan_model(tmp):
