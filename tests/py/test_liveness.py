@@ -90,6 +90,13 @@ def post_with(port, path, body, headers, timeout=60):
         c.close()
 
 
+def reset(so):
+    """Leave as a vanished client does: a reset, not a FIN (the server answers a request
+    followed by a FIN, since a FIN may be a half-close; docs/api.md)."""
+    so.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    so.close()
+
+
 def err_of(b):
     return b.get("error", {}) if isinstance(b, dict) else {}
 
@@ -138,7 +145,7 @@ try:
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         so.sendall(head + body)
         time.sleep(0.03 * k if k % 2 == 0 else 0.1 * k)
-        so.close()
+        reset(so)
     s.case("clients left while their requests were being prepared (logged)",
            srv.wait_log(r"event=client_disconnect rid=\S+ stage=(parse|prepare)", 10) is not None,
            srv.text()[-600:])
@@ -240,7 +247,7 @@ def kserve_cases():
                     f"Content-Length: {len(body)}\r\n\r\n").encode()
             so.sendall(head + body)
             time.sleep(wait)
-            so.close()
+            reset(so)
         s.case("KServe: clients left while their bodies were parsed or prompts tokenized (logged)",
                k.wait_log(r"event=client_disconnect rid=\S+ stage=parse", 10) is not None
                and k.wait_log(r"event=client_disconnect rid=\S+ stage=prepare", 10) is not None,
