@@ -320,22 +320,6 @@ gpu_unhealthy(sp_server_t *s)
     return bad;
 }
 
-/* A served model that produced NaN or infinite values (a model fault): its
- * answers would be errors, so the server is not ready until it is reloaded. */
-static bool
-model_faulty(sp_server_t *s)
-{
-    sp_registry_t *reg = &s->reg;
-    bool bad = false;
-    pthread_mutex_lock(&reg->mu);
-    for (int i = 0; i < SP_SERVE_MAX_ENTRIES && !bad; i++) {
-        const sp_model_entry_t *e = &reg->entry[i];
-        bad = e->used && e->live != NULL && atomic_load(&e->live->faulty);
-    }
-    pthread_mutex_unlock(&reg->mu);
-    return bad;
-}
-
 static void
 h_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -346,15 +330,12 @@ static void
 h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    bool sick = gpu_unhealthy(s), faulty = model_faulty(s);
-    if (is_ready(s) && !sick && !faulty) {
+    bool sick = gpu_unhealthy(s);
+    if (is_ready(s) && !sick) {
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->draining) ? "draining"
-                      : sick                     ? "device_unhealthy"
-                      : faulty                   ? "model_unhealthy"
-                                                 : "loading";
+    const char *why = atomic_load(&s->draining) ? "draining" : sick ? "device_unhealthy" : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");
@@ -370,7 +351,7 @@ h_v2_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static void
 h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_http_respond(r, is_ready(ud) && !model_faulty(ud) ? 200 : 503, NULL, "", 0);
+    sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
 }
 
 /* GET /stats: per loaded model (the newest version under its name, older

@@ -274,12 +274,13 @@ def nan_model(tmp):
     return path if rc == 0 and os.path.exists(path) else None
 
 
-def not_ready_everywhere(port):
+def model_not_ready_server_ready(port):
+    """A model fault is the model's: its own readiness says so, the server's does not (every
+    replica has the same file, so a pod-wide 503 would take all models out everywhere)."""
     st_m, _ = http_json(port, "GET", "/v2/models/nan/ready")
     st_r, _ = http_json(port, "GET", "/v2/health/ready")
     st_h, b_h = http_json(port, "GET", "/health")
-    return (st_m == 400 and st_r == 503 and st_h == 503 and isinstance(b_h, dict)
-            and b_h.get("status") == "model_unhealthy"), f"{st_m} {st_r} {st_h} {b_h}"
+    return (st_m == 400 and st_r == 200 and st_h == 200), f"{st_m} {st_r} {st_h} {b_h}"
 
 
 def nan_cases():
@@ -303,8 +304,9 @@ def nan_cases():
                        f"ready before {st0}; {st} {str(b)[:300]}")
                 s.case(f"NaN model, {what}: logged as event=model_fault",
                        d.wait_log(r"event=model_fault model=nan") is not None, d.text()[-500:])
-                ok, detail = not_ready_everywhere(d.port)
-                s.case(f"NaN model, {what}: model and server readiness say not ready", ok, detail)
+                ok, detail = model_not_ready_server_ready(d.port)
+                s.case(f"NaN model, {what}: the model's readiness says not ready, the server's stays ready",
+                       ok, detail)
                 st, _ = http_json(d.port, "GET", "/live")
                 s.case(f"NaN model, {what}: still live", st == 200)
             finally:
