@@ -138,9 +138,11 @@ launch_server() { # repo name: one more server (idle ones cost nothing), and the
     SNAME=$1
     SPORT=$(free_port)
     # OMP_WAIT_POLICY=passive: XGBoost's OpenMP team (batches of 256+ rows only) must not spin on
-    # a shared machine; --drain-timeout 2: stopping never hangs the script.
+    # a shared machine; --drain-timeout 2: stopping never hangs the script; per-client limits off:
+    # every connection of the load generator comes from 127.0.0.1.
     OMP_WAIT_POLICY=passive taskset -c "$SCPUS" "$SAMPAN" serve --model-repository "$OUT/repos/$1" \
         --host 127.0.0.1 --port "$SPORT" --log-requests none --max-connections 4096 \
+        --max-conns-per-client 0 --conn-rate-per-client 0 \
         --drain-timeout 2 > "$OUT/server-$1.log" 2>&1 &
     SPID=$!
     PIDS[$1]=$SPID PORTS[$1]=$SPORT

@@ -145,10 +145,12 @@ start_server() { # repo name
     SPORT=$(free_port)
     GPORT=$(free_port)
     # OMP_WAIT_POLICY=passive: XGBoost's OpenMP team must not spin on a shared machine;
-    # --drain-timeout 2: stopping never hangs the script.
+    # --drain-timeout 2: stopping never hangs the script; per-client limits off: every connection
+    # of the load generator comes from 127.0.0.1.
     OMP_WAIT_POLICY=passive taskset -c "$SCPUS" "$SAMPAN" serve --model-repository "$OUT/repos/$1" \
         --host 127.0.0.1 --port "$SPORT" --grpc-port "$GPORT" --log-requests none \
-        --max-connections 4096 --drain-timeout 2 > "$OUT/server-$1.log" 2>&1 &
+        --max-connections 4096 --max-conns-per-client 0 --conn-rate-per-client 0 \
+        --drain-timeout 2 > "$OUT/server-$1.log" 2>&1 &
     SPID=$!
     local m code
     for _ in $(seq 200); do

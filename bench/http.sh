@@ -68,7 +68,7 @@ wait_http() { # url: up to 10 s for a 200
 # ---- the servers
 SPORT=$(free_port)
 "$SAMPAN" serve --port "$SPORT" --http-threads "$WORKERS" --threads 1 --parallel 4 --queue 4096 \
-    --max-connections 8192 >"$tmp/sampan.log" 2>&1 &
+    --max-connections 8192 --max-conns-per-client 0 --conn-rate-per-client 0 >"$tmp/sampan.log" 2>&1 &
 spid=$!
 NPORT=$(free_port)
 INFER_ANSWER='{"model_name":"stories260K","model_version":"1","outputs":[{"name":"text_output","datatype":"BYTES","shape":[1],"data":[" upon"]},{"name":"finish_reason","datatype":"BYTES","shape":[1],"data":["length"]}]}'
