@@ -177,6 +177,70 @@ def http_json(port, method, path, body=None, timeout=20, headers=None):
         c.close()
 
 
+def keyed_request(port, method, path, body=None, key=None, header="authorization", timeout=30):
+    """One request with an API key (Bearer in Authorization, or the bare key in another header
+    such as x-api-key); returns (status, lower-cased headers, the parsed JSON answer or the raw
+    bytes, None when empty)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        h = {"Content-Type": "application/json"}
+        if key is not None:
+            h[header] = f"Bearer {key}" if header == "authorization" else key
+        c.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=h)
+        r = c.getresponse()
+        raw = r.read()
+        try:
+            b = json.loads(raw) if raw else None
+        except ValueError:
+            b = raw
+        return r.status, dict((k.lower(), v) for k, v in r.getheaders()), b
+    finally:
+        c.close()
+
+
+def keys_add(tenants_path, name, *opts):
+    """`sampan keys add` into a tenants file; returns the new key (raises when refused)."""
+    rc, out, err = run([binary(), "keys", "add", "--tenants", tenants_path, "--name", name, *opts],
+                       timeout=30)
+    if rc != 0:
+        raise RuntimeError(f"keys add {name}: {err}")
+    return out.strip()
+
+
+def raw_exchange(port, data, timeout=10, half_close=False, chunks=None, gap=0.0):
+    """Send raw bytes (or a list of chunks with a gap between them) and read until the server
+    closes or the timeout. Returns (bytes received, seconds until close or None on timeout)."""
+    sk = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    t = time.time()
+    out = b""
+    try:
+        for part in (chunks if chunks is not None else [data]):
+            try:
+                sk.sendall(part)
+            except OSError:
+                break  # the server answered early and closed
+            if gap:
+                time.sleep(gap)
+        if half_close:
+            try:
+                sk.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        while True:
+            try:
+                b = sk.recv(65536)
+            except socket.timeout:
+                return out, None
+            except OSError:
+                break
+            if not b:
+                break
+            out += b
+    finally:
+        sk.close()
+    return out, time.time() - t
+
+
 class RepoServer(Server):
     """sampan serve --model-repository REPO (and no --model) on a free port."""
 

@@ -37,7 +37,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from common import DEMO_MODEL, ROOT, Server, Suite, binary
+from common import DEMO_MODEL, ROOT, Server, Suite, binary, raw_exchange
 
 os.environ.setdefault("ASAN_OPTIONS", "detect_leaks=1")
 os.environ.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
@@ -84,40 +84,6 @@ def http_req(port, method, path, body=None, headers=None, timeout=10):
         return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
     finally:
         c.close()
-
-
-def raw_exchange(port, data, timeout=10, half_close=False, chunks=None, gap=0.0):
-    """Send raw bytes (or a list of chunks with a gap between them) and read until the server
-    closes or the timeout. Returns (bytes received, seconds until close or None on timeout)."""
-    sk = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    t = time.time()
-    out = b""
-    try:
-        for part in (chunks if chunks is not None else [data]):
-            try:
-                sk.sendall(part)
-            except OSError:
-                break  # the server answered early and closed
-            if gap:
-                time.sleep(gap)
-        if half_close:
-            try:
-                sk.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        while True:
-            try:
-                b = sk.recv(65536)
-            except socket.timeout:
-                return out, None
-            except OSError:
-                break
-            if not b:
-                break
-            out += b
-    finally:
-        sk.close()
-    return out, time.time() - t
 
 
 def responses(buf):

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from common import ROOT, Server, Suite, binary, free_port, run
+from common import ROOT, Server, Suite, binary, free_port, keys_add, raw_exchange
 
 s = Suite("http_security")
 exe = binary()
@@ -41,37 +41,6 @@ def grpc_calls(port, calls):
     if r.returncode != 0:
         raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout)
-
-
-def raw(port, data, timeout=10, half_close=False, parts=None, gap=0.0):
-    """Send bytes (or parts with a gap between them), read until the server closes or the
-    timeout. Returns (bytes received, seconds to the close or None on timeout)."""
-    sk = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    t = time.time()
-    out = b""
-    try:
-        for part in (parts if parts is not None else [data]):
-            try:
-                sk.sendall(part)
-            except OSError:
-                break
-            if gap:
-                time.sleep(gap)
-        if half_close:
-            sk.shutdown(socket.SHUT_WR)
-        while True:
-            try:
-                b = sk.recv(65536)
-            except socket.timeout:
-                return out, None
-            except OSError:
-                break
-            if not b:
-                break
-            out += b
-    finally:
-        sk.close()
-    return out, time.time() - t
 
 
 def status_of(resp):
@@ -103,16 +72,12 @@ def call(port, method, target, key=None, body=b""):
     hdr = b"Authorization: Bearer " + key.encode() + b"\r\n" if key else b""
     data = (method.encode() + b" " + target.encode() + b" HTTP/1.1\r\nHost: x\r\n" + hdr +
             b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
-    r, _ = raw(port, data, timeout=30)
+    r, _ = raw_exchange(port, data, timeout=30)
     return status_of(r), r
 
 
 def add_key(path, name, scopes):
-    rc, out, err = run([exe, "keys", "add", "--tenants", path, "--name", name, "--scopes", scopes],
-                       timeout=30)
-    if rc != 0:
-        raise RuntimeError(err)
-    return out.strip()
+    return keys_add(path, name, "--scopes", scopes)
 
 
 def variants(path):
@@ -241,7 +206,7 @@ def test_per_client_cap():
         for _ in range(20):
             socks.append(socket.create_connection(("127.0.0.1", P), timeout=5))
         time.sleep(0.2)
-        r, t = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        r, t = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
         s.case("the 21st connection from one address is answered 429 and closed",
                status_of(r) == 429 and t is not None and b"max-conns-per-client" in r, r[:200])
         g = grpc_calls(gport, [{"method": "ServerLive", "request": {}}])
@@ -252,7 +217,7 @@ def test_per_client_cap():
                    g[0].get("code") == 14, str(g[0])[:200])
         socks.pop(0).close()
         time.sleep(0.2)
-        r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+        r, _ = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
         s.case("with one of the 20 closed, a new connection is served", status_of(r) == 200, r[:100])
         if g is not None:
             g = grpc_calls(gport, [{"method": "ServerLive", "request": {}}])
@@ -271,12 +236,12 @@ def test_per_client_rate():
     try:
         codes = []
         for _ in range(10):
-            r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+            r, _ = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
             codes.append(status_of(r))
         s.case("--conn-rate-per-client 5: a burst of 10 connections gets 5 served, then 429",
                codes[:5] == [200] * 5 and 429 in codes[5:], codes)
         time.sleep(1.5)
-        r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+        r, _ = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
         s.case("... and after a pause the client is served again", status_of(r) == 200, r[:100])
     finally:
         srv.stop()
@@ -301,7 +266,7 @@ def test_idle_eviction():
         d = socket.create_connection(("127.0.0.1", P), timeout=5)
         socks = [a, b, c, d]
         time.sleep(0.2)
-        r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+        r, _ = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
         s.case("at --max-connections, a new client is served (an idle connection made room)",
                status_of(got_b) == 200 and status_of(r) == 200, r[:100])
         b.settimeout(3)
@@ -340,7 +305,7 @@ def test_parsing_and_halfclose():
     srv = Server("--max-body-bytes", "4096")
     P = srv.port
     try:
-        r, _ = raw(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        r, _ = raw_exchange(P, b"GET /live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         s.case("control: a plain request is served", status_of(r) == 200, r[:80])
         for label, req in (
                 ("a space between a header name and the colon",
@@ -352,7 +317,7 @@ def test_parsing_and_halfclose():
                 ("protocol Http/1.1 (the name is case-sensitive)",
                  b"GET /live Http/1.1\r\nHost: x\r\n\r\n"),
                 ("a bare CR ending the head", b"GET /live HTTP/1.1\r\nHost: x\r\n\rX")):
-            r, _ = raw(P, req, timeout=5)
+            r, _ = raw_exchange(P, req, timeout=5)
             s.case(f"{label}: 400", status_of(r) == 400, r[:120])
         body = completion_body()
         half = len(body) // 2
@@ -363,46 +328,46 @@ def test_parsing_and_halfclose():
                     b"%x\r\n" % half + body[:half] + sep1 +
                     b"%x\r\n" % (len(body) - half) + body[half:] + b"\r\n" + tail)
 
-        r, _ = raw(P, chunked(b"\r\n"), timeout=30)
+        r, _ = raw_exchange(P, chunked(b"\r\n"), timeout=30)
         s.case("control: a valid chunked body is served", status_of(r) == 200, r[:120])
         whole = chunked(b"\r\n")
         cut = whole.index(body[:half]) + half + 1
-        r, _ = raw(P, None, parts=[whole[:cut], whole[cut:]], timeout=30, gap=0.2)
+        r, _ = raw_exchange(P, None, chunks=[whole[:cut], whole[cut:]], timeout=30, gap=0.2)
         s.case("control: a chunked body split at its CRLF is served", status_of(r) == 200, r[:120])
-        r, _ = raw(P, chunked(b"XY"), timeout=10)
+        r, _ = raw_exchange(P, chunked(b"XY"), timeout=10)
         s.case("chunk data followed by XY instead of CRLF: 400", status_of(r) == 400, r[:120])
         whole = chunked(b"\rY")
         cut = whole.index(body[:half]) + half + 1
-        r, _ = raw(P, None, parts=[whole[:cut], whole[cut:]], timeout=10, gap=0.2)
+        r, _ = raw_exchange(P, None, chunks=[whole[:cut], whole[cut:]], timeout=10, gap=0.2)
         s.case("chunk data then CR in one read and a wrong byte in the next: 400",
                status_of(r) == 400, r[:120])
-        r, _ = raw(P, chunked(b"\r\n", tail=b"0\r\n\rX"), timeout=10)
+        r, _ = raw_exchange(P, chunked(b"\r\n", tail=b"0\r\n\rX"), timeout=10)
         s.case("a chunked body ended by CR and a byte other than LF: 400", status_of(r) == 400,
                r[:120])
         # Absolute form: routed by its path.
-        r, _ = raw(P, b"GET http://example.com/v1/models HTTP/1.1\r\nHost: x\r\n"
+        r, _ = raw_exchange(P, b"GET http://example.com/v1/models HTTP/1.1\r\nHost: x\r\n"
                    b"Connection: close\r\n\r\n")
         s.case("absolute-form GET http://example.com/v1/models: routed by its path (200)",
                status_of(r) == 200 and b"stories260K" in r, r[:160])
-        r, _ = raw(P, b"GET http://example.com:8080 HTTP/1.1\r\nHost: x\r\nConnection: close"
+        r, _ = raw_exchange(P, b"GET http://example.com:8080 HTTP/1.1\r\nHost: x\r\nConnection: close"
                    b"\r\n\r\n")
         s.case("absolute-form without a path: the path is / (200)", status_of(r) == 200, r[:100])
-        r, _ = raw(P, b"POST http://h/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        r, _ = raw_exchange(P, b"POST http://h/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
                    b"%d\r\nConnection: close\r\n\r\n" % len(body) + body, timeout=30)
         s.case("absolute-form POST of a completion: 200", status_of(r) == 200, r[:160])
         # A chunk larger than the body limit: 413 now, not a 408 after --body-timeout.
-        r, t = raw(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+        r, t = raw_exchange(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
                    b"\r\n\r\n100000\r\n" + b"x" * 100, timeout=5)
         s.case("a chunk size over --max-body-bytes: 413 at once", status_of(r) == 413 and
                t is not None and t < 3, (r[:120], t))
-        r, t = raw(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+        r, t = raw_exchange(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
                    b"\r\n\r\n800\r\n" + b"x" * 0x800 + b"\r\n801\r\n", timeout=5)
         s.case("chunks adding up to more than --max-body-bytes: 413 at the chunk that cannot fit",
                status_of(r) == 413 and t is not None and t < 3, (r[:120], t))
         # Half-close: the request is answered, then the connection closes.
         req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        r, t = raw(P, req, timeout=30, half_close=True)
+        r, t = raw_exchange(P, req, timeout=30, half_close=True)
         doc = None
         try:
             doc = json.loads(body_of(r))
@@ -412,11 +377,11 @@ def test_parsing_and_halfclose():
                status_of(r) == 200 and doc is not None and doc.get("object") == "text_completion"
                and t is not None, r[:160])
         sbody = completion_body(stream=True)
-        r, t = raw(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        r, t = raw_exchange(P, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                    % len(sbody) + sbody, timeout=30, half_close=True)
         s.case("a streamed request then shutdown(SHUT_WR): the stream to its [DONE]",
                status_of(r) == 200 and b"data: [DONE]" in body_of(r) and t is not None, r[-160:])
-        r, t = raw(P, req + b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30, half_close=True)
+        r, t = raw_exchange(P, req + b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n", timeout=30, half_close=True)
         s.case("two pipelined requests then shutdown(SHUT_WR): both answered, then the close",
                r.count(b"HTTP/1.1 200") == 2 and t is not None, r[:200])
         s.case("the server served everything without a crash", srv.p.poll() is None)

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 
-from common import ROOT, Server, Suite, binary, free_port, run
+from common import ROOT, Server, Suite, binary, free_port, keyed_request, keys_add, run
 
 s = Suite("tenant_isolation")
 exe = binary()
@@ -39,34 +39,9 @@ LONG_PROMPT = ("Once upon a time there was a little girl named Lily who loved to
                "and she was very happy. She ran to show her mom the ball and her mom smiled.")
 
 
-def req(port, method, path, body=None, key=None, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        h = {"Content-Type": "application/json"}
-        if key is not None:
-            h["authorization"] = f"Bearer {key}"
-        c.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=h)
-        r = c.getresponse()
-        raw = r.read()
-        try:
-            b = json.loads(raw) if raw else None
-        except ValueError:
-            b = raw
-        return r.status, dict((k.lower(), v) for k, v in r.getheaders()), b
-    finally:
-        c.close()
-
-
-def add(path, name, *opts):
-    rc, out, err = run([exe, "keys", "add", "--tenants", path, "--name", name, *opts], timeout=30)
-    if rc != 0:
-        raise RuntimeError(f"keys add {name}: {err}")
-    return out.strip()
-
-
 def metric(port, key, name, labels):
     """The value of one sample (labels: the exact {...} text), or 0 when absent."""
-    _, _, text = req(port, "GET", "/metrics", key=key)
+    _, _, text = keyed_request(port, "GET", "/metrics", key=key)
     text = text.decode() if isinstance(text, bytes) else str(text)
     m = re.search(re.escape(name + labels) + r" ([0-9.e+]+)", text)
     return float(m.group(1)) if m else 0.0
@@ -189,7 +164,7 @@ def test_dropped_streams(srv, gport, keys):
 
 def test_reserve(srv, keys):
     port, mkey = srv.port, keys["ops"]
-    st, h, b = req(port, "POST", "/v1/completions",
+    st, h, b = keyed_request(port, "POST", "/v1/completions",
                    {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 400, "n": 16,
                     "ignore_eos": True}, key=keys["small"])
     msg = json.dumps(b)
@@ -198,11 +173,11 @@ def test_reserve(srv, keys):
            h.get("retry-after", "").isdigit(), f"{st} {msg[:300]}")
     s.case("... and nothing is charged", tenant_tokens(port, mkey, "small") == 0,
            str(tenant_tokens(port, mkey, "small")))
-    st, h, b = req(port, "POST", "/v2/models/stories260K/generate",
+    st, h, b = keyed_request(port, "POST", "/v2/models/stories260K/generate",
                    {"text_input": "Once upon a time", "max_tokens": 400}, key=keys["small"])
     s.case("... KServe generate too (429 with a JSON error)",
            st == 429 and isinstance(b, dict) and "tokens" in b.get("error", ""), f"{st} {b}")
-    st, _, b = req(port, "POST", "/v1/completions",
+    st, _, b = keyed_request(port, "POST", "/v1/completions",
                    {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 20}, key=keys["small"])
     s.case("... a request that fits is served", st == 200, f"{st} {b}")
 
@@ -213,7 +188,7 @@ def test_reserve(srv, keys):
 
     def one():
         go.wait(10)
-        st, _, b = req(port, "POST", "/v1/completions",
+        st, _, b = keyed_request(port, "POST", "/v1/completions",
                        {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 200,
                         "ignore_eos": True}, key=keys["conc"])
         with lock:
@@ -241,13 +216,13 @@ def test_tiers(srv, gport, keys):
     # ident_prio: level 1 (the top) times out after 1 ms in the queue (REJECT: 429), level 2
     # (the default) waits the 0.2 s batching delay and runs: the answer tells the level used.
     body = dict(ONE_ROW, parameters={"priority": 1})
-    st_b, _, b_b = req(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["batchy"])
-    st_p, _, b_p = req(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["prem"])
+    st_b, _, b_b = keyed_request(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["batchy"])
+    st_p, _, b_p = keyed_request(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["prem"])
     s.case("tensor model: a premium tenant's priority 1 reaches the top level (its 1 ms timeout: 429)",
            st_p == 429, f"{st_p} {b_p}")
     s.case("tensor model: a batch tenant asking priority 1 stays in the lowest level (200)",
            st_b == 200, f"{st_b} {b_b}")
-    st, _, b = req(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["std"])
+    st, _, b = keyed_request(srv.port, "POST", "/v2/models/ident_prio/infer", body, key=keys["std"])
     s.case("tensor model: a standard tenant cannot ask above the default level (200)", st == 200, f"{st} {b}")
     # LLMs: a batch tenant asking "premium" (OpenAI) or priority 1 (KServe) runs in the batch tier.
     for path, body in (("/v1/completions", {"model": "stories260K", "prompt": "Once", "max_tokens": 480,
@@ -255,7 +230,7 @@ def test_tiers(srv, gport, keys):
                        ("/v2/models/stories260K/generate", {"text_input": "Once", "max_tokens": 480,
                                                             "ignore_eos": True, "parameters": {"priority": 1}})):
         done = []
-        t = threading.Thread(target=lambda: done.append(req(srv.port, "POST", path, body, key=keys["batchy"])[0]))
+        t = threading.Thread(target=lambda: done.append(keyed_request(srv.port, "POST", path, body, key=keys["batchy"])[0]))
         t.start()
         seen = {"batch": 0.0, "premium": 0.0}
         for _ in range(40):
@@ -286,21 +261,21 @@ def test_tiers(srv, gport, keys):
 
 def test_model_lists(srv, gport, keys):
     port, k, free = srv.port, keys["acme"], keys["std"]
-    st, _, b = req(port, "GET", "/v1/models", key=k)
+    st, _, b = keyed_request(port, "GET", "/v1/models", key=k)
     ids = sorted(x["id"] for x in b.get("data", [])) if st == 200 else []
     s.case("/v1/models lists only the tenant's models", ids == ["stories260K"], str(ids))
-    st, _, b = req(port, "GET", "/v1/models", key=free)
+    st, _, b = keyed_request(port, "GET", "/v1/models", key=free)
     ids = sorted(x["id"] for x in b.get("data", [])) if st == 200 else []
     s.case("... a tenant without a list sees every model", "other" in ids and "stories260K" in ids, str(ids))
     paths = ["/v1/models/other", "/v2/models/other", "/v2/models/other/ready", "/v2/models/other/versions/1",
              "/v2/models/other/versions/1/ready", "/v2/models/ident_prio", "/v2/models/nosuch"]
-    codes = {p: req(port, "GET", p, key=k)[0] for p in paths}
+    codes = {p: keyed_request(port, "GET", p, key=k)[0] for p in paths}
     s.case("metadata and readiness of a model outside the list: 404, as for an unknown model",
            all(c == 404 for c in codes.values()), str(codes))
-    codes = {p: req(port, "GET", p, key=k)[0] for p in ("/v1/models/stories260K", "/v2/models/stories260K",
+    codes = {p: keyed_request(port, "GET", p, key=k)[0] for p in ("/v1/models/stories260K", "/v2/models/stories260K",
                                                          "/v2/models/stories260K/ready")}
     s.case("... its own models still answer 200", all(c == 200 for c in codes.values()), str(codes))
-    codes = {p: req(port, "GET", p, key=free)[0] for p in paths[:5]}
+    codes = {p: keyed_request(port, "GET", p, key=free)[0] for p in paths[:5]}
     s.case("... and other tenants still see the model", all(c == 200 for c in codes.values()), str(codes))
     if gport is None:
         s.skip("gRPC ModelMetadata and ModelReady follow the list", "node or @grpc/grpc-js missing")
@@ -343,11 +318,11 @@ def prefix_case(port, keys, a, b):
     body = {"model": "stories260K", "prompt": prompt, "max_tokens": 1}
     mkey = keys["ops"]
     q, _ = prefix_counts(port, mkey)
-    st0, _, _ = req(port, "POST", "/v1/completions", body, key=keys[a])
+    st0, _, _ = keyed_request(port, "POST", "/v1/completions", body, key=keys[a])
     q, h0 = prefix_after(port, mkey, q)
-    st1, _, _ = req(port, "POST", "/v1/completions", body, key=keys[b])
+    st1, _, _ = keyed_request(port, "POST", "/v1/completions", body, key=keys[b])
     q, h1 = prefix_after(port, mkey, q)
-    st2, _, _ = req(port, "POST", "/v1/completions", body, key=keys[a])
+    st2, _, _ = keyed_request(port, "POST", "/v1/completions", body, key=keys[a])
     q, h2 = prefix_after(port, mkey, q)
     return st0 == st1 == st2 == 200, h1 - h0, h2 - h1
 
@@ -376,7 +351,7 @@ def test_retry_after(tmp, path, keys):
         held = []
 
         def long_one():
-            held.append(req(srv.port, "POST", "/v1/completions",
+            held.append(keyed_request(srv.port, "POST", "/v1/completions",
                             {"model": "stories260K", "prompt": "Once", "max_tokens": 480, "n": 8,
                              "ignore_eos": True}, key=keys["std"])[0])
 
@@ -388,7 +363,7 @@ def test_retry_after(tmp, path, keys):
             waiting = metric(srv.port, keys["ops"], "sampan_requests_waiting",
                              '{model="stories260K",version="1",tier="standard"}')
             if waiting >= 6:  # 6 + 3 > --queue 8: refused
-                st, h, b = req(srv.port, "POST", "/v1/completions",
+                st, h, b = keyed_request(srv.port, "POST", "/v1/completions",
                                {"model": "stories260K", "prompt": "Once", "max_tokens": 4, "n": 3},
                                key=keys["std"])
                 if st == 429:
@@ -405,7 +380,7 @@ def test_retry_after(tmp, path, keys):
         out = []
 
         def row():
-            out.append(req(srv.port, "POST", "/v2/models/ident_q/infer", ONE_ROW, key=keys["std"])[0])
+            out.append(keyed_request(srv.port, "POST", "/v2/models/ident_q/infer", ONE_ROW, key=keys["std"])[0])
 
         ts = [threading.Thread(target=row) for _ in range(2)]
         for t in ts:
@@ -413,11 +388,11 @@ def test_retry_after(tmp, path, keys):
         end = time.time() + 10
         queued = 0
         while time.time() < end and queued < 2:
-            _, _, stats = req(srv.port, "GET", "/stats", key=keys["ops"])
+            _, _, stats = keyed_request(srv.port, "GET", "/stats", key=keys["ops"])
             queued = (stats or {}).get("models", {}).get("ident_q", {}).get("batcher", {}).get("queued", 0) \
                 if isinstance(stats, dict) else 0
             time.sleep(0.01)
-        st, h, b = req(srv.port, "POST", "/v2/models/ident_q/infer", ONE_ROW, key=keys["std"])
+        st, h, b = keyed_request(srv.port, "POST", "/v2/models/ident_q/infer", ONE_ROW, key=keys["std"])
         for t in ts:
             t.join(30)
         ra = h.get("retry-after", "")
@@ -445,14 +420,14 @@ def main():
     try:
         path = os.path.join(tmp, "tenants.json")
         keys = {
-            "ops": add(path, "ops", "--scopes", "metrics,admin"),
-            "drop": add(path, "drop", "--tpm", "100000"),
-            "small": add(path, "small", "--tpm", "200"),
-            "conc": add(path, "conc", "--tpm", "1000"),
-            "batchy": add(path, "batchy", "--tier", "batch"),
-            "std": add(path, "std", "--tier", "standard"),
-            "prem": add(path, "prem", "--tier", "premium"),
-            "acme": add(path, "acme", "--models", "stories260K"),
+            "ops": keys_add(path, "ops", "--scopes", "metrics,admin"),
+            "drop": keys_add(path, "drop", "--tpm", "100000"),
+            "small": keys_add(path, "small", "--tpm", "200"),
+            "conc": keys_add(path, "conc", "--tpm", "1000"),
+            "batchy": keys_add(path, "batchy", "--tier", "batch"),
+            "std": keys_add(path, "std", "--tier", "standard"),
+            "prem": keys_add(path, "prem", "--tier", "premium"),
+            "acme": keys_add(path, "acme", "--models", "stories260K"),
         }
         repo = os.path.join(tmp, "repo")
         model(repo, "other", {}, gguf=True)

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 
-from common import ROOT, Server, Suite, binary, run
+from common import ROOT, Server, Suite, binary, keyed_request, run
 
 s = Suite("tenants")
 exe = binary()
@@ -24,21 +24,7 @@ DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 
 
 def req(srv, method, path, body=None, key=None, header="authorization", timeout=30):
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
-    try:
-        h = {"Content-Type": "application/json"}
-        if key is not None:
-            h[header] = f"Bearer {key}" if header == "authorization" else key
-        c.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=h)
-        r = c.getresponse()
-        raw = r.read()
-        try:
-            b = json.loads(raw) if raw else None
-        except ValueError:
-            b = raw
-        return r.status, dict((k.lower(), v) for k, v in r.getheaders()), b
-    finally:
-        c.close()
+    return keyed_request(srv.port, method, path, body, key, header, timeout)
 
 
 def add(path, name, *opts):
