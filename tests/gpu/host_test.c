@@ -324,39 +324,9 @@ load(int64_t n_gpu, char *err, size_t err_len)
     return m;
 }
 
-/* Prefill the prompt in chunks of 8, then greedy decode n_gen tokens; the
- * last logits and the generated ids come back. */
-static sp_status_t
-run(sp_model_t *m, bool kv_f16, int n_gen, float *logits, int32_t *gen)
-{
-    sp_ctx_params_t p = sp_ctx_default_params();
-    p.n_ctx = 128;
-    p.n_batch = 8;
-    p.n_threads = 1;
-    p.kv_type = kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
-    sp_ctx_t *c;
-    char err[256];
-    sp_status_t st = sp_ctx_create(m, &p, &c, err, sizeof err);
-    if (st != SP_OK) {
-        printf("  ctx: %s\n", err);
-        return st;
-    }
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    st = sp_ctx_eval(c, prompt, N_PROMPT, 0);
-    int64_t pos = N_PROMPT;
-    for (int i = 0; st == SP_OK && i < n_gen; i++) {
-        gen[i] = argmax(sp_ctx_logits(c), V);
-        st = sp_ctx_eval(c, &gen[i], 1, pos++);
-    }
-    if (st == SP_OK) {
-        memcpy(logits, sp_ctx_logits(c), (size_t)V * sizeof(float));
-    }
-    sp_ctx_destroy(c);
-    return st;
-}
-
-/* As run(), keeping the logits of every step (row 0 after the prompt, row
- * i + 1 after generated token i; n_gen + 1 rows of V) and, when force is not
+/* Prefill the prompt in chunks of 8, then greedy decode n_gen tokens, keeping
+ * the logits of every step (row 0 after the prompt, row i + 1 after
+ * generated token i; n_gen + 1 rows of V) and, when force is not
  * NULL, feeding force[i] as token i whatever the argmax (teacher forcing on a
  * reference's tokens: gen[i] still gets this model's own argmax). */
 static sp_status_t
@@ -388,6 +358,23 @@ run_steps(sp_model_t *m, bool kv_f16, int n_gen, const int32_t *force, float *st
         memcpy(steps + (size_t)n_gen * V, sp_ctx_logits(c), (size_t)V * sizeof(float));
     }
     sp_ctx_destroy(c);
+    return st;
+}
+
+/* As run_steps without forcing, keeping only the last logits (V floats). */
+static sp_status_t
+run(sp_model_t *m, bool kv_f16, int n_gen, float *logits, int32_t *gen)
+{
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    float *steps = malloc((size_t)(n_gen + 1) * (size_t)V * sizeof(float));
+    if (steps == NULL) {
+        return SP_ERR_NOMEM;
+    }
+    sp_status_t st = run_steps(m, kv_f16, n_gen, NULL, steps, gen);
+    if (st == SP_OK) {
+        memcpy(logits, steps + (size_t)n_gen * V, (size_t)V * sizeof(float));
+    }
+    free(steps);
     return st;
 }
 
