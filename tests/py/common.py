@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -239,6 +240,28 @@ def raw_exchange(port, data, timeout=10, half_close=False, chunks=None, gap=0.0)
     finally:
         sk.close()
     return out, time.time() - t
+
+
+NODE_DIR = os.path.join(ROOT, "tests", "node")
+
+
+def have_grpc_client():
+    """node and @grpc/grpc-js (tests/node, installed by npm ci) are there."""
+    return shutil.which("node") is not None and \
+        os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@grpc", "grpc-js"))
+
+
+def grpc_client(port, calls, ca=None, timeout=90):
+    """Run gRPC calls through tests/node/grpc_client.mjs (the official @grpc/grpc-js client);
+    returns its list of results. ca: a CA file for TLS."""
+    inp = {"addr": f"127.0.0.1:{port}", "calls": calls}
+    if ca:
+        inp["ca"] = ca
+    r = subprocess.run(["node", os.path.join(NODE_DIR, "grpc_client.mjs")], input=json.dumps(inp),
+                       capture_output=True, text=True, timeout=timeout, cwd=NODE_DIR)
+    if r.returncode != 0:
+        raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
 
 
 class RepoServer(Server):

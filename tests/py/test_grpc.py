@@ -22,28 +22,14 @@ import shutil
 import struct
 import subprocess
 import tempfile
-import time
 
-from common import DEMO_MODEL, ROOT, Server, Suite, binary, http_json, free_port
+from common import DEMO_MODEL, ROOT, Server, Suite, binary, free_port, grpc_client, have_grpc_client, http_json
 
 s = Suite("grpc")
-NODE_DIR = os.path.join(ROOT, "tests", "node")
 DATA = os.path.join(ROOT, "tests", "data", "xgboost")
 PLUGINS = os.path.join(os.path.dirname(binary() or ""), "backends")
 KEY = "grpc-test-key-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def client(port, calls, ca=None, timeout=90):
-    """Run the calls through grpc_client.mjs; returns its list of results."""
-    inp = {"addr": f"127.0.0.1:{port}", "calls": calls}
-    if ca:
-        inp["ca"] = ca
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "grpc_client.mjs")], input=json.dumps(inp),
-                       capture_output=True, text=True, timeout=timeout, cwd=NODE_DIR)
-    if r.returncode != 0:
-        raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout)
 
 
 def b64(b):
@@ -136,7 +122,7 @@ def test_methods(srv, gport, have_xgb):
         {"method": "ModelInfer", "request": ident_req(), "metadata": AUTH},
         {"method": "ModelInfer", "request": ident_raw(), "metadata": AUTH},
     ]
-    r = client(gport, calls)
+    r = grpc_client(gport, calls)
     s.case("ServerLive: live", r[0].get("code") == 0 and r[0]["response"]["live"] is True, str(r[0]))
     s.case("ServerReady: ready", r[1].get("code") == 0 and r[1]["response"]["ready"] is True, str(r[1]))
     m = r[2].get("response", {})
@@ -182,7 +168,7 @@ def test_methods(srv, gport, have_xgb):
         flat = [v for row in feats for v in row]
         req = {"model_name": "fraud", "inputs": [{"name": "input__0", "datatype": "FP32",
                                                   "shape": [16, 30], "contents": {"fp32_contents": flat}}]}
-        rr = client(gport, [{"method": "ModelInfer", "request": req, "metadata": AUTH}])[0]
+        rr = grpc_client(gport, [{"method": "ModelInfer", "request": req, "metadata": AUTH}])[0]
         raw = outputs(rr.get("response", {}))
         got = list(struct.unpack(f"<{len(next(iter(raw.values()), b'')) // 4}f",
                                  next(iter(raw.values()), b""))) if raw else []
@@ -213,7 +199,7 @@ def test_llm(srv, gport):
         {"method": "ModelStreamInfer", "metadata": AUTH, "requests": [llm_req(prompt, 500, "c")],
          "cancel_after_responses": 1},
     ]
-    r = client(gport, calls)
+    r = grpc_client(gport, calls)
     s.case("ModelInfer on the LLM: text_output equals REST generate's (greedy)",
            r[0].get("code") == 0 and rest_text and text_of(r[0]["response"]) == rest_text,
            f"{str(r[0])[:300]} rest={rest_text!r}")
@@ -276,7 +262,7 @@ def test_bad(srv, gport, max_body):
     ]
     for c in calls:
         c.setdefault("metadata", AUTH)
-    r = client(gport, calls)
+    r = grpc_client(gport, calls)
     cases = [
         ("wrong datatype field (int_contents for FP32): INVALID_ARGUMENT naming fp32_contents", 3, "fp32_contents"),
         ("shape/contents mismatch: INVALID_ARGUMENT with the counts", 3, "holds 3 elements"),
@@ -298,7 +284,7 @@ def test_bad(srv, gport, max_body):
         s.case(name, res.get("code") == code and needle in res.get("details", ""), str(res)[:300])
 
     # Authentication: the HTTP keys, from the metadata.
-    r = client(gport, [
+    r = grpc_client(gport, [
         {"method": "ModelInfer", "request": ident_raw()},
         {"method": "ModelInfer", "request": ident_raw(), "metadata": {"authorization": "Bearer wrong"}},
         {"method": "ModelInfer", "request": ident_raw(), "metadata": {"x-api-key": KEY}},
@@ -330,7 +316,7 @@ def test_bad(srv, gport, max_body):
         {"h2": {"path": P + "ModelInfer", "headers": AUTH, "body": b64(b"\0\x7f\xff\xff\xff")},
          "timeout_ms": 5000},
     ]
-    r = client(gport, h)
+    r = grpc_client(gport, h)
 
     def status(res):
         t = (res.get("trailers") or {}).get("grpc-status") or (res.get("headers") or {}).get("grpc-status")
@@ -355,7 +341,7 @@ def test_bad(srv, gport, max_body):
            status(r[7]) == 8 or r[7].get("error") or r[7].get("rst"), str(r[7])[:300])
     s.case("raw HTTP/2: a length prefix of 2 GiB is RESOURCE_EXHAUSTED at once",
            status(r[8]) == 8, str(r[8])[:300])
-    r = client(gport, [{"method": "ServerLive", "request": {}}])
+    r = grpc_client(gport, [{"method": "ServerLive", "request": {}}])
     s.case("the server is alive after every bad input", r[0].get("code") == 0, str(r[0]))
 
 
@@ -376,11 +362,11 @@ def test_tls(tmp, have_plugins_repo):
     try:
         s.case("with --tls-cert the gRPC port is TLS (log says grpcs://)",
                srv.wait_log(r"event=grpc_listening url=grpcs://") is not None)
-        r = client(gport, [{"method": "ServerLive", "request": {}},
+        r = grpc_client(gport, [{"method": "ServerLive", "request": {}},
                            {"method": "ModelReady", "request": {"name": "stories260K"}}], ca=crt)
         s.case("gRPC over TLS (ALPN h2) with grpc-js: ServerLive and ModelReady",
                r[0].get("code") == 0 and r[1].get("response", {}).get("ready") is True, str(r)[:300])
-        r = client(gport, [{"method": "ServerLive", "request": {}, "deadline_ms": 3000}])
+        r = grpc_client(gport, [{"method": "ServerLive", "request": {}, "deadline_ms": 3000}])
         s.case("plain-text gRPC on the TLS port fails (no fallback)", r[0].get("code") != 0, str(r[0])[:200])
     finally:
         s.case("TLS server exits cleanly", srv.stop() == 0)
@@ -399,7 +385,7 @@ def test_flags():
 
 
 def main():
-    if shutil.which("node") is None or not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@grpc", "grpc-js")):
+    if not have_grpc_client():
         s.skip("grpc", "node or tests/node/node_modules/@grpc/grpc-js missing (npm ci in tests/node)")
         s.finish()
         return

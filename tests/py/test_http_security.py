@@ -17,30 +17,19 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 
-from common import ROOT, Server, Suite, binary, free_port, keys_add, raw_exchange
+from common import ROOT, Server, Suite, binary, free_port, grpc_client, have_grpc_client, keys_add, raw_exchange
 
 s = Suite("http_security")
 exe = binary()
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
-NODE_DIR = os.path.join(ROOT, "tests", "node")
 
 
 def grpc_calls(port, calls):
-    """Run gRPC calls through tests/node/grpc_client.mjs (as test_grpc.py does); None when
-    node or @grpc/grpc-js is missing."""
-    if shutil.which("node") is None or not os.path.isdir(
-            os.path.join(NODE_DIR, "node_modules", "@grpc", "grpc-js")):
-        return None
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "grpc_client.mjs")],
-                       input=json.dumps({"addr": f"127.0.0.1:{port}", "calls": calls}),
-                       capture_output=True, text=True, timeout=90, cwd=NODE_DIR)
-    if r.returncode != 0:
-        raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout)
+    """grpc_client(), or None when node or @grpc/grpc-js is missing."""
+    return grpc_client(port, calls) if have_grpc_client() else None
 
 
 def status_of(resp):

@@ -12,17 +12,15 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
 
-from common import ROOT, Server, Suite, binary, free_port, keyed_request, keys_add, run
+from common import ROOT, Server, Suite, binary, free_port, grpc_client, have_grpc_client, keyed_request, keys_add, run
 
 s = Suite("tenant_isolation")
 exe = binary()
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
-NODE_DIR = os.path.join(ROOT, "tests", "node")
 PLUGINS = os.path.join(os.path.dirname(exe or ""), "backends")
 IDENT_IO = {"input": [{"name": "f", "data_type": "TYPE_FP32", "dims": [3]},
                       {"name": "i", "data_type": "TYPE_INT64", "dims": [1]},
@@ -66,20 +64,6 @@ def model(repo, name, cfg, gguf=False):
         shutil.copy(DEMO, os.path.join(repo, name, "1", "model.gguf"))
     with open(os.path.join(repo, name, "config.json"), "w") as f:
         json.dump(dict({"name": name}, **cfg), f)
-
-
-def have_grpc_client():
-    return shutil.which("node") is not None and \
-        os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@grpc", "grpc-js"))
-
-
-def grpc_client(port, calls, timeout=90):
-    inp = {"addr": f"127.0.0.1:{port}", "calls": calls}
-    r = subprocess.run(["node", os.path.join(NODE_DIR, "grpc_client.mjs")], input=json.dumps(inp),
-                       capture_output=True, text=True, timeout=timeout, cwd=NODE_DIR)
-    if r.returncode != 0:
-        raise RuntimeError(f"grpc_client.mjs failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout)
 
 
 def b64(b):
