@@ -72,6 +72,13 @@ sp_kserve_error(sp_http_req_t *r, int status, const char *fmt, ...)
     sp_jbuf_free(&b);
 }
 
+/* A refusal to queue work on a preparation worker (offload.h). */
+static void
+ks_refuse(sp_http_req_t *r, int status, const char *message)
+{
+    sp_kserve_error(r, status, "%s", message);
+}
+
 /* A client-supplied string, quoted and escaped for a message (at most 64 bytes). */
 typedef struct quoted {
     char s[160];
@@ -377,6 +384,13 @@ ks_free(ks_req_t *q)
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
+}
+
+/* The client left while its prompts were tokenized (offload.h). */
+static void
+prep_drop(sp_offload_t *job)
+{
+    ks_free(SP_OFFLOAD_HOLDER(job, ks_req_t, off));
 }
 
 static const char *
@@ -724,8 +738,9 @@ utf8_invalid_at(const char *p, size_t n)
  * and its model (which it holds); writes only toks, lens, longest,
  * n_prompt, tried and err. */
 static void
-prep_run(ks_req_t *q)
+prep_run(sp_offload_t *job)
 {
+    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
     int64_t cap = q->m->n_ctx;
     for (int i = 0; i < q->n; i++) {
         sp_str_t t = q->prompts[i];
@@ -770,32 +785,10 @@ prep_run(ks_req_t *q)
     }
 }
 
-static void prep_done(sp_offload_t *job);
-
-static void
-prep_work(sp_offload_t *job)
-{
-    prep_run(SP_OFFLOAD_HOLDER(job, ks_req_t, off));
-}
-
-/* The client left while its prompts were tokenized: its accounting. */
-static void
-prep_cancel(sp_offload_t *job, sp_http_req_t *r)
-{
-    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    q->http = NULL;
-}
-
-/* The KServe shape of a refusal to queue (offload.h). */
-static void
-ks_refuse(sp_http_req_t *r, int status, const char *message)
-{
-    sp_kserve_error(r, status, "%s", message);
-}
+static void prep_done(sp_offload_t *job, sp_http_req_t *r);
 
 static const sp_offload_ops_t prep_ops = {
-    .stage = "prepare", .work = prep_work, .done = prep_done, .cancel = prep_cancel, .refuse = ks_refuse,
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = ks_refuse,
 };
 
 /* Check the number of prompts, then tokenize them on a preparation worker
@@ -829,7 +822,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     q->prompts = texts;
     q->gv = *gv;
     snprintf(q->where, sizeof q->where, "%s", text_where);
-    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, r, q->m->name)) {
+    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
         ks_free(q);
     }
 }
@@ -838,14 +831,9 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
  * reserve the tenant's tokens and submit; answers every error itself and
  * frees q on failure. */
 static void
-prep_done(sp_offload_t *job)
+prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
     ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
-    if (q->off.gone) {
-        ks_free(q);
-        return;
-    }
-    sp_http_req_t *r = q->http;
     const sp_serve_config_t *cfg = &q->srv->cfg;
     const gvals_t *gv = &q->gv;
     int64_t cap = q->m->n_ctx, longest = q->longest;
@@ -1131,19 +1119,23 @@ body_decoded(sp_http_req_t *r)
     return b != NULL ? SP_OFFLOAD_HOLDER(b, ks_body_t, b) : NULL;
 }
 
-/* Loop thread: run the handler again with the decoded body (or its error). */
 static void
-body_done(sp_offload_t *job)
+body_free(sp_offload_t *job)
 {
     ks_body_t *j = SP_OFFLOAD_HOLDER(job, ks_body_t, b.job);
-    if (!job->gone) {
-        sp_offload_body_rerun(&j->b);
-    }
     json_decref(j->root); /* NULL when the handler took it */
     sp_infer_req_free(&j->ir);
     sp_offload_body_drop(&j->b);
     sp_free(j->hl);
     sp_free(j);
+}
+
+/* Loop thread: run the handler again with the decoded body (or its error). */
+static void
+body_done(sp_offload_t *job, sp_http_req_t *r)
+{
+    sp_offload_body_rerun(SP_OFFLOAD_HOLDER(job, sp_offload_body_t, job));
+    body_free(job);
 }
 
 static void
@@ -1163,7 +1155,7 @@ body_work(sp_offload_t *job)
 }
 
 static const sp_offload_ops_t body_ops = {
-    .stage = "parse", .work = body_work, .done = body_done, .refuse = ks_refuse,
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = ks_refuse,
 };
 
 /* A body over KS_INLINE_BODY (and not decoded yet): hand it to a worker,

@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/workq.h"
 #include "sampan/log.h"
+#include "server/registry.h"
 #include "server/sched.h"
 #include "server/server.h"
 
@@ -14,10 +15,12 @@ static void
 job_done(void *arg)
 {
     sp_offload_t *job = arg;
-    if (!job->gone) {
-        sp_http_req_on_abort(job->http, NULL, NULL);
+    if (job->gone) {
+        job->ops->drop(job);
+        return;
     }
-    job->ops->done(job);
+    sp_http_req_on_abort(*job->http, NULL, NULL);
+    job->ops->done(job, *job->http);
 }
 
 /* Worker thread: the work, then hand the job back to its loop. */
@@ -28,8 +31,8 @@ job_task(void *arg)
     job->ops->work(job);
     if (sp_mailbox_post(job->mb, job_done, job) != SP_OK) {
         /* Without its loop the request can be neither answered nor freed safely. */
-        if (job->model != NULL) {
-            SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory", sp_log_str(job->model));
+        if (job->m != NULL) {
+            SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory", sp_log_str(job->m->name));
         } else {
             SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
         }
@@ -43,20 +46,22 @@ job_abort(sp_http_req_t *r, void *ud)
 {
     sp_offload_t *job = ud;
     SP_LOG_INFO("event=client_disconnect rid=%s stage=%s", sp_http_req_rid(r), job->ops->stage);
-    if (job->ops->cancel != NULL) {
-        job->ops->cancel(job, r);
+    if (job->clk != NULL) {
+        sp_req_end(r, job->m, job->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
     }
     job->gone = true;
-    job->http = NULL;
+    *job->http = NULL;
 }
 
 bool
-sp_offload_start(sp_offload_t *job, const sp_offload_ops_t *ops, struct sp_workq *wq, sp_http_req_t *r,
-                 const char *model)
+sp_offload_start(sp_offload_t *job, const sp_offload_ops_t *ops, struct sp_workq *wq, sp_http_req_t **http,
+                 struct sp_served_model *m, sp_req_clock_t *clk)
 {
+    sp_http_req_t *r = *http;
     job->ops = ops;
-    job->http = r;
-    job->model = model;
+    job->http = http;
+    job->m = m;
+    job->clk = clk;
     job->gone = false;
     if (wq == NULL) { /* no worker pool (a server without one): work here */
         ops->work(job);
@@ -101,7 +106,8 @@ sp_offload_body_start(sp_offload_body_t *b, const sp_offload_ops_t *ops, struct 
         b->p = *p;
     }
     b->ud = ud;
-    if (!sp_offload_start(&b->job, ops, wq, r, NULL)) {
+    b->r = r;
+    if (!sp_offload_start(&b->job, ops, wq, &b->r, NULL, NULL)) {
         sp_offload_body_drop(b);
         return false;
     }
@@ -120,12 +126,12 @@ sp_offload_body_rerun(sp_offload_body_t *b)
 {
     sp_offload_body_t *outer = redo;
     redo = b;
-    b->handler(b->job.http, &b->p, b->ud);
+    b->handler(b->r, &b->p, b->ud);
     redo = outer;
 }
 
 sp_offload_body_t *
 sp_offload_body_redo(const sp_http_req_t *r)
 {
-    return redo != NULL && redo->job.http == r ? redo : NULL;
+    return redo != NULL && redo->r == r ? redo : NULL;
 }

@@ -135,6 +135,18 @@ typedef struct oai_req {
 
 /* ------------------------------------------------------------- helpers */
 
+/* A refusal to queue work on a preparation worker (offload.h): 429 names
+ * the full queue, 503 the server stopping or out of memory. */
+static void
+oai_refuse(sp_http_req_t *r, int status, const char *message)
+{
+    if (status == 429) {
+        sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
+    } else {
+        sp_server_error(r, status, NULL, NULL, NULL, "%s", message);
+    }
+}
+
 static void
 make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
 {
@@ -196,13 +208,20 @@ oai_free(oai_req_t *q)
     sp_jbuf_free(&q->out);
     sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx).
-     * A client that left has been accounted for by prep_cancel. */
+     * A client that left has been accounted for then (offload.h). */
     if (!q->off.gone) {
         sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     }
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
+}
+
+/* The client left while the request was prepared (offload.h). */
+static void
+prep_drop(sp_offload_t *job)
+{
+    oai_free(SP_OFFLOAD_HOLDER(job, oai_req_t, off));
 }
 
 static void
@@ -560,8 +579,9 @@ static bool gather_messages(oai_prep_t *pp);
  * the request's inputs in prep (and its model, which it holds), writes only
  * prep's outputs and q->grammar. */
 static void
-prep_run(oai_req_t *q)
+prep_run(sp_offload_t *job)
 {
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
     oai_prep_t *pp = &q->prep;
     char err[512];
     sp_status_t st;
@@ -631,43 +651,17 @@ prep_run(oai_req_t *q)
     }
 }
 
-static void prep_done(sp_offload_t *job);
-
-static void
-prep_work(sp_offload_t *job)
-{
-    prep_run(SP_OFFLOAD_HOLDER(job, oai_req_t, off));
-}
-
-/* The client left while its preparation ran: its accounting. */
-static void
-prep_cancel(sp_offload_t *job, sp_http_req_t *r)
-{
-    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    q->http = NULL;
-}
-
-/* The OpenAI shape of a refusal to queue (offload.h). */
-static void
-oai_refuse(sp_http_req_t *r, int status, const char *message)
-{
-    if (status == 429) {
-        sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
-    } else {
-        sp_server_error(r, status, NULL, NULL, NULL, "%s", message);
-    }
-}
+static void prep_done(sp_offload_t *job, sp_http_req_t *r);
 
 static const sp_offload_ops_t prep_ops = {
-    .stage = "prepare", .work = prep_work, .done = prep_done, .cancel = prep_cancel, .refuse = oai_refuse,
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = oai_refuse,
 };
 
 /* Hand the request to a preparation worker (offload.h); answers it on failure. */
 static void
 prep_start(oai_req_t *q)
 {
-    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, q->http, q->m->name)) {
+    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
         oai_free(q);
     }
 }
@@ -1333,28 +1327,32 @@ body_work(sp_offload_t *job)
     sp_offload_body_drop(&j->b);
 }
 
-/* Loop thread: the parsed body (or why not); run the handler with it. */
 static void
-body_done(sp_offload_t *job)
+body_free(sp_offload_t *job)
 {
     oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
-    if (!job->gone) {
-        sp_http_req_t *r = job->http;
-        if (j->root == NULL) {
-            sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
-        } else if (!json_is_object(j->root)) {
-            sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-        } else {
-            sp_offload_body_rerun(&j->b); /* body_object takes j->root */
-        }
-    }
-    json_decref(j->root); /* NULL unless the handler did not take it */
+    json_decref(j->root); /* NULL when the handler took it */
     sp_offload_body_drop(&j->b);
     sp_free(j);
 }
 
+/* Loop thread: the parsed body (or why not); run the handler with it. */
+static void
+body_done(sp_offload_t *job, sp_http_req_t *r)
+{
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    if (j->root == NULL) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+    } else if (!json_is_object(j->root)) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+    } else {
+        sp_offload_body_rerun(&j->b); /* body_object takes j->root */
+    }
+    body_free(job);
+}
+
 static const sp_offload_ops_t body_ops = {
-    .stage = "parse", .work = body_work, .done = body_done, .refuse = oai_refuse,
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = oai_refuse,
 };
 
 /* Parse the body as a JSON object; answers and returns NULL on failure. A
@@ -1451,14 +1449,9 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
 
 /* Loop thread: the preparation's result. Answer its error, or submit. */
 static void
-prep_done(sp_offload_t *job)
+prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
     oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
-    if (q->off.gone) {
-        oai_free(q);
-        return;
-    }
-    sp_http_req_t *r = q->http;
     oai_prep_t *pp = &q->prep;
     if (pp->http != 0) {
         sp_server_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
