@@ -86,7 +86,8 @@ typedef struct sp_offload_body {
  * After false, b->copy is freed; the caller frees b's holder. */
 bool sp_offload_body_start(sp_offload_body_t *b, const sp_offload_ops_t *ops, struct sp_workq *wq,
                            sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p, void *ud);
-/* Worker thread: free the body's copy once decoded. */
+/* Free the body's copy: on the worker once decoded (ops->work), and again
+ * with the holder (a no-op then). */
 void sp_offload_body_drop(sp_offload_body_t *b);
 /* Loop thread, from ops->done: run the handler again; during that
  * call sp_offload_body_redo(the request) returns b. */
