@@ -19,8 +19,8 @@
  * request parameters; an input wins over a parameter of the same name.
  * Requests are validated here and in tensor.c on the loop thread. What costs
  * time in proportion to the request - decoding a body over 64 KiB, checking
- * and tokenizing the prompts - runs on a preparation worker (core/workq.h) as
- * in openai.c, whose result comes back through the loop's mailbox; then the
+ * and tokenizing the prompts - runs on a preparation worker through
+ * offload.h as in openai.c, whose result comes back to the loop; then the
  * request is submitted through the seam (sched.h). Events come back on this
  * loop; a disconnect (while preparing, or after) cancels the job.
  */
@@ -31,12 +31,12 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
-#include "core/workq.h"
 #include "engine/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "server/adapters.h"
 #include "server/kserve.h"
+#include "server/offload.h"
 #include "server/schedreq.h"
 #include "server/tensor.h"
 #include "server/tensor_model.h"
@@ -70,6 +70,13 @@ sp_kserve_error(sp_http_req_t *r, int status, const char *fmt, ...)
         sp_http_respond(r, status, "application/json", b.p, b.len);
     }
     sp_jbuf_free(&b);
+}
+
+/* A refusal to queue work on a preparation worker (offload.h). */
+static void
+ks_refuse(sp_http_req_t *r, int status, const char *message)
+{
+    sp_kserve_error(r, status, "%s", message);
 }
 
 /* A client-supplied string, quoted and escaped for a message (at most 64 bytes). */
@@ -348,8 +355,7 @@ typedef struct ks_req {
     int64_t lens[SP_SCHED_MAX_N], longest;
     int tried;              /* prompts that reached the tokenizer */
     char err[640];          /* the worker's 400 message, or "" */
-    sp_mailbox_t *mb;       /* the loop the result goes back to */
-    bool gone;              /* the client left while its request was prepared (loop thread) */
+    sp_offload_t off;       /* the tokenizing on a worker; off.gone: the client left meanwhile */
 } ks_req_t;
 
 static void
@@ -372,12 +378,19 @@ ks_free(ks_req_t *q)
     json_decref(q->root);
     /* Ended without an outcome: refused while validating (it answered 4xx).
      * A client that left during preparation was accounted for then. */
-    if (!q->gone) {
+    if (!q->off.gone) {
         sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     }
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
+}
+
+/* The client left while its prompts were tokenized (offload.h). */
+static void
+prep_drop(sp_offload_t *job)
+{
+    ks_free(SP_OFFLOAD_HOLDER(job, ks_req_t, off));
 }
 
 static const char *
@@ -725,8 +738,9 @@ utf8_invalid_at(const char *p, size_t n)
  * and its model (which it holds); writes only toks, lens, longest,
  * n_prompt, tried and err. */
 static void
-prep_run(ks_req_t *q)
+prep_run(sp_offload_t *job)
 {
+    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
     int64_t cap = q->m->n_ctx;
     for (int i = 0; i < q->n; i++) {
         sp_str_t t = q->prompts[i];
@@ -771,35 +785,14 @@ prep_run(ks_req_t *q)
     }
 }
 
-static void prep_done(void *arg);
+static void prep_done(sp_offload_t *job, sp_http_req_t *r);
 
-/* Worker task: tokenize, then hand the request back to its loop. */
-static void
-prep_task(void *arg)
-{
-    ks_req_t *q = arg;
-    prep_run(q);
-    if (sp_mailbox_post(q->mb, prep_done, q) != SP_OK) {
-        /* Without its loop the request can be neither answered nor freed safely. */
-        SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory", sp_log_str(q->m->name));
-    }
-}
-
-/* The client left while its prompts were tokenized: account for it now;
- * the request is freed when the result comes back (prep_done), never under
- * the worker. */
-static void
-prep_abort(sp_http_req_t *r, void *ud)
-{
-    ks_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s stage=prepare", sp_http_req_rid(r));
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    q->gone = true;
-    q->http = NULL;
-}
+static const sp_offload_ops_t prep_ops = {
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = ks_refuse,
+};
 
 /* Check the number of prompts, then tokenize them on a preparation worker
- * (core/workq.h) and submit when the result is back (prep_done). texts stay
+ * (offload.h) and submit when the result is back (prep_done). texts stay
  * valid while q lives (in q->root or q->ir); gv's strings too. Answers every
  * error itself and frees q on failure. */
 static void
@@ -829,23 +822,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     q->prompts = texts;
     q->gv = *gv;
     snprintf(q->where, sizeof q->where, "%s", text_where);
-    sp_workq_t *wq = q->srv->prep;
-    if (wq == NULL) { /* no worker pool (a server without one): tokenize here */
-        prep_run(q);
-        prep_done(q);
-        return;
-    }
-    q->mb = sp_server_mailbox(r);
-    sp_http_req_on_abort(r, prep_abort, q);
-    sp_status_t st = sp_workq_submit(wq, prep_task, q);
-    if (st != SP_OK) {
-        sp_http_req_on_abort(r, NULL, NULL);
-        if (st == SP_ERR_BUSY) {
-            sp_http_add_header(r, "Retry-After", "1");
-            sp_kserve_error(r, 429, "too many requests are being prepared; retry later");
-        } else {
-            sp_kserve_error(r, 503, "the server is stopping");
-        }
+    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
         ks_free(q);
     }
 }
@@ -854,15 +831,9 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
  * reserve the tenant's tokens and submit; answers every error itself and
  * frees q on failure. */
 static void
-prep_done(void *arg)
+prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    ks_req_t *q = arg;
-    if (q->gone) {
-        ks_free(q);
-        return;
-    }
-    sp_http_req_t *r = q->http;
-    sp_http_req_on_abort(r, NULL, NULL);
+    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
     const sp_serve_config_t *cfg = &q->srv->cfg;
     const gvals_t *gv = &q->gv;
     int64_t cap = q->m->n_ctx, longest = q->longest;
@@ -1122,85 +1093,70 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
  * Bodies up to KS_INLINE_BODY are decoded on the loop (well under a
  * millisecond). A larger one is copied and decoded on a preparation worker
  * (JSON, or an infer request with its binary tensors); the handler then runs
- * again on the loop with the result, handed over through `decoded` (set only
- * for the length of that call).
+ * again on the loop with the result, handed over through sp_offload_body_redo
+ * (offload.h).
  */
 #define KS_INLINE_BODY (64u * 1024u)
 
 typedef struct ks_body {
-    sp_server_t *s;
-    sp_http_req_t *r;
-    sp_route_fn handler;
-    sp_route_params_t p; /* its strings point into the request, alive while it is */
-    sp_mailbox_t *mb;
+    sp_offload_body_t b;
+    int json_depth;
     bool infer;          /* sp_infer_req_parse, else sp_json_parse */
-    char *copy;
-    size_t len;
     char *hl;            /* infer: Inference-Header-Content-Length, or NULL */
     size_t hl_len;
     sp_status_t st;
     json_t *root;
     sp_infer_req_t ir;
     char err[768];
-    bool gone;           /* the client left (loop thread) */
 } ks_body_t;
-
-static _Thread_local ks_body_t *decoded;
 
 /* The request's body decoded on a worker, when this is the handler's second
  * run; NULL otherwise. */
 static ks_body_t *
 body_decoded(sp_http_req_t *r)
 {
-    return decoded != NULL && decoded->r == r ? decoded : NULL;
+    sp_offload_body_t *b = sp_offload_body_redo(r);
+    return b != NULL ? SP_OFFLOAD_HOLDER(b, ks_body_t, b) : NULL;
 }
 
 static void
-body_abort(sp_http_req_t *r, void *ud)
+body_free(sp_offload_t *job)
 {
-    ks_body_t *j = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s stage=parse", sp_http_req_rid(r));
-    j->gone = true; /* body_done frees it */
-    j->r = NULL;
-}
-
-/* Loop thread: run the handler again with the decoded body (or its error). */
-static void
-body_done(void *arg)
-{
-    ks_body_t *j = arg;
-    if (!j->gone) {
-        sp_http_req_on_abort(j->r, NULL, NULL);
-        decoded = j;
-        j->handler(j->r, &j->p, j->s);
-        decoded = NULL;
-    }
+    ks_body_t *j = SP_OFFLOAD_HOLDER(job, ks_body_t, b.job);
     json_decref(j->root); /* NULL when the handler took it */
     sp_infer_req_free(&j->ir);
-    sp_free(j->copy);
+    sp_offload_body_drop(&j->b);
     sp_free(j->hl);
     sp_free(j);
 }
 
+/* Loop thread: run the handler again with the decoded body (or its error). */
 static void
-body_task(void *arg)
+body_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    ks_body_t *j = arg;
+    sp_offload_body_rerun(SP_OFFLOAD_HOLDER(job, sp_offload_body_t, job));
+    body_free(job);
+}
+
+static void
+body_work(sp_offload_t *job)
+{
+    ks_body_t *j = SP_OFFLOAD_HOLDER(job, ks_body_t, b.job);
     if (j->infer) {
         sp_str_t hl = {j->hl, j->hl_len};
-        j->st = sp_infer_req_parse(j->copy, j->len, hl, j->s->cfg.json_depth, &j->ir, j->err, sizeof j->err);
+        j->st = sp_infer_req_parse(j->b.copy, j->b.len, hl, j->json_depth, &j->ir, j->err, sizeof j->err);
     } else {
-        j->st = sp_json_parse(j->copy, j->len, j->s->cfg.json_depth, &j->root, j->err, sizeof j->err);
+        j->st = sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err);
         if (j->st != SP_OK) {
             j->root = NULL;
         }
     }
-    sp_free(j->copy);
-    j->copy = NULL;
-    if (sp_mailbox_post(j->mb, body_done, j) != SP_OK) {
-        SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
-    }
+    sp_offload_body_drop(&j->b);
 }
+
+static const sp_offload_ops_t body_ops = {
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = ks_refuse,
+};
 
 /* A body over KS_INLINE_BODY (and not decoded yet): hand it to a worker,
  * after which `handler` runs again; true then, or when it answered an
@@ -1214,41 +1170,20 @@ body_defer(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rout
     }
     sp_str_t hl = infer ? sp_http_req_header(r, "inference-header-content-length") : (sp_str_t){NULL, 0};
     ks_body_t *j = sp_calloc(1, sizeof *j);
-    char *copy = sp_malloc(body.len);
     char *hcopy = hl.ptr ? sp_strndup(hl.ptr, hl.len) : NULL;
-    if (j == NULL || copy == NULL || (hl.ptr && hcopy == NULL)) {
+    if (j == NULL || (hl.ptr && hcopy == NULL)) {
         sp_free(j);
-        sp_free(copy);
         sp_free(hcopy);
         sp_kserve_error(r, 503, "out of memory");
         return true;
     }
-    memcpy(copy, body.ptr, body.len);
-    j->s = s;
-    j->r = r;
-    j->handler = handler;
-    if (p) {
-        j->p = *p;
-    }
-    j->mb = sp_server_mailbox(r);
+    j->json_depth = s->cfg.json_depth;
     j->infer = infer;
-    j->copy = copy;
-    j->len = body.len;
     j->hl = hcopy;
     j->hl_len = hl.len;
-    sp_http_req_on_abort(r, body_abort, j);
-    sp_status_t st = sp_workq_submit(s->prep, body_task, j);
-    if (st != SP_OK) {
-        sp_http_req_on_abort(r, NULL, NULL);
-        sp_free(copy);
+    if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
         sp_free(hcopy);
         sp_free(j);
-        if (st == SP_ERR_BUSY) {
-            sp_http_add_header(r, "Retry-After", "1");
-            sp_kserve_error(r, 429, "too many requests are being prepared; retry later");
-        } else {
-            sp_kserve_error(r, 503, "the server is stopping");
-        }
     }
     return true;
 }

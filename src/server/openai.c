@@ -5,7 +5,7 @@
  * A request is parsed and validated on the loop thread (every field's type
  * and range, 400 naming the field). What costs time in proportion to the
  * request - compiling its grammar or JSON schema, rendering the chat
- * template, tokenizing - runs on a preparation worker (core/workq.h), whose
+ * template, tokenizing - runs on a preparation worker (offload.h), whose
  * result comes back to the loop through its mailbox; then the request is
  * submitted through the seam (sched.h). So one large request never holds the
  * loop, and /live answers at once. Its events come back on the same loop: streamed as SSE
@@ -29,13 +29,13 @@
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
-#include "core/workq.h"
 #include "engine/grammar.h"
 #include "engine/schema.h"
 #include "engine/tokenizer.h"
 #include "engine/toolcall.h"
 #include "sampan/log.h"
 #include "server/adapters.h"
+#include "server/offload.h"
 #include "server/server.h"
 #include "server/schedreq.h"
 #include "server/trace.h"
@@ -130,11 +130,22 @@ typedef struct oai_req {
     bool base64;
     bool emb_fault;      /* an embedding held NaN or inf */
     oai_prep_t prep;
-    sp_mailbox_t *mb;    /* the request's loop, for the preparation's result */
-    bool gone;           /* the client left while the preparation ran (loop thread) */
+    sp_offload_t off;    /* the preparation on a worker; off.gone: the client left meanwhile */
 } oai_req_t;
 
 /* ------------------------------------------------------------- helpers */
+
+/* A refusal to queue work on a preparation worker (offload.h): 429 names
+ * the full queue, 503 the server stopping or out of memory. */
+static void
+oai_refuse(sp_http_req_t *r, int status, const char *message)
+{
+    if (status == 429) {
+        sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
+    } else {
+        sp_server_error(r, status, NULL, NULL, NULL, "%s", message);
+    }
+}
 
 static void
 make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
@@ -197,13 +208,20 @@ oai_free(oai_req_t *q)
     sp_jbuf_free(&q->out);
     sp_rckey_free(q->ck);
     /* Ended without an outcome: refused while validating (it answered 4xx).
-     * A client that left has been accounted for by prep_abort. */
-    if (!q->gone) {
+     * A client that left has been accounted for then (offload.h). */
+    if (!q->off.gone) {
         sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
     }
     sp_req_adapter_release(&q->ad); /* the job holds its own reference */
     sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
+}
+
+/* The client left while the request was prepared (offload.h). */
+static void
+prep_drop(sp_offload_t *job)
+{
+    oai_free(SP_OFFLOAD_HOLDER(job, oai_req_t, off));
 }
 
 static void
@@ -561,8 +579,9 @@ static bool gather_messages(oai_prep_t *pp);
  * the request's inputs in prep (and its model, which it holds), writes only
  * prep's outputs and q->grammar. */
 static void
-prep_run(oai_req_t *q)
+prep_run(sp_offload_t *job)
 {
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
     oai_prep_t *pp = &q->prep;
     char err[512];
     sp_status_t st;
@@ -632,57 +651,17 @@ prep_run(oai_req_t *q)
     }
 }
 
-static void prep_done(void *arg);
+static void prep_done(sp_offload_t *job, sp_http_req_t *r);
 
-/* Worker task: prepare, then hand the request back to its loop. */
-static void
-prep_task(void *arg)
-{
-    oai_req_t *q = arg;
-    prep_run(q);
-    if (sp_mailbox_post(q->mb, prep_done, q) != SP_OK) {
-        /* Without its loop the request can be neither answered nor freed safely. */
-        SP_LOG_ERROR("event=prepare_result_lost model=%s reason=out_of_memory",
-                     sp_log_str(q->m->name));
-    }
-}
+static const sp_offload_ops_t prep_ops = {
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = oai_refuse,
+};
 
-/* The client left while its preparation ran: account for it now; the
- * request is freed when the result comes back (prep_done), never under the
- * worker. */
-static void
-prep_abort(sp_http_req_t *r, void *ud)
-{
-    oai_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s stage=prepare", sp_http_req_rid(r));
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    q->gone = true;
-    q->http = NULL;
-}
-
-/* Hand the request to a preparation worker; answers it on failure. */
+/* Hand the request to a preparation worker (offload.h); answers it on failure. */
 static void
 prep_start(oai_req_t *q)
 {
-    sp_http_req_t *r = q->http;
-    sp_workq_t *wq = q->srv->prep;
-    if (wq == NULL) { /* no worker pool (a server without one): prepare here */
-        prep_run(q);
-        prep_done(q);
-        return;
-    }
-    q->mb = sp_server_mailbox(r);
-    sp_http_req_on_abort(r, prep_abort, q);
-    sp_status_t st = sp_workq_submit(wq, prep_task, q);
-    if (st != SP_OK) {
-        sp_http_req_on_abort(r, NULL, NULL);
-        if (st == SP_ERR_BUSY) {
-            sp_http_add_header(r, "Retry-After", "1");
-            sp_server_error(r, 429, "server_overloaded", NULL, "queue_full",
-                            "too many requests are being prepared; retry later");
-        } else {
-            sp_server_error(r, 503, NULL, NULL, NULL, "the server is stopping");
-        }
+    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
         oai_free(q);
     }
 }
@@ -1327,77 +1306,54 @@ oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
  * Bodies up to OAI_INLINE_BODY are parsed on the loop (well under a
  * millisecond). A larger one is copied and parsed on a preparation worker;
  * the handler then runs again on the loop with the parsed body, handed over
- * through parsed_body (set only for the duration of that call).
+ * through sp_offload_body_redo (offload.h).
  */
 #define OAI_INLINE_BODY (64u * 1024u)
 
-static _Thread_local struct {
-    sp_http_req_t *r;
-    json_t *root;
-} parsed_body;
-
-typedef struct body_job {
-    sp_server_t *s;
-    sp_http_req_t *r;
-    sp_route_fn handler;
-    sp_route_params_t p; /* its strings point into the request, alive while it is */
-    sp_mailbox_t *mb;
-    char *copy;
-    size_t len;
+typedef struct oai_body {
+    sp_offload_body_t b;
+    int json_depth;
     json_t *root;
     char err[512];
-    bool gone;           /* the client left (loop thread) */
-} body_job_t;
+} oai_body_t;
 
 static void
-body_abort(sp_http_req_t *r, void *ud)
+body_work(sp_offload_t *job)
 {
-    body_job_t *j = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s stage=parse", sp_http_req_rid(r));
-    j->gone = true; /* body_done frees it */
-    j->r = NULL;
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    if (sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
+        j->root = NULL;
+    }
+    sp_offload_body_drop(&j->b);
+}
+
+static void
+body_free(sp_offload_t *job)
+{
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    json_decref(j->root); /* NULL when the handler took it */
+    sp_offload_body_drop(&j->b);
+    sp_free(j);
 }
 
 /* Loop thread: the parsed body (or why not); run the handler with it. */
 static void
-body_done(void *arg)
+body_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    body_job_t *j = arg;
-    if (!j->gone) {
-        sp_http_req_t *r = j->r;
-        sp_http_req_on_abort(r, NULL, NULL);
-        if (j->root == NULL) {
-            sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
-        } else if (!json_is_object(j->root)) {
-            sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-        } else {
-            parsed_body.r = r;
-            parsed_body.root = j->root;
-            j->root = NULL;
-            j->handler(r, &j->p, j->s);
-            json_decref(parsed_body.root); /* NULL unless the handler did not take it */
-            parsed_body.r = NULL;
-            parsed_body.root = NULL;
-        }
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    if (j->root == NULL) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+    } else if (!json_is_object(j->root)) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+    } else {
+        sp_offload_body_rerun(&j->b); /* body_object takes j->root */
     }
-    json_decref(j->root);
-    sp_free(j->copy);
-    sp_free(j);
+    body_free(job);
 }
 
-static void
-body_task(void *arg)
-{
-    body_job_t *j = arg;
-    if (sp_json_parse(j->copy, j->len, j->s->cfg.json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
-        j->root = NULL;
-    }
-    sp_free(j->copy);
-    j->copy = NULL;
-    if (sp_mailbox_post(j->mb, body_done, j) != SP_OK) {
-        SP_LOG_ERROR("event=prepare_result_lost reason=out_of_memory");
-    }
-}
+static const sp_offload_ops_t body_ops = {
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = oai_refuse,
+};
 
 /* Parse the body as a JSON object; answers and returns NULL on failure. A
  * large body is parsed on a worker: NULL now, and `handler` runs again with
@@ -1405,9 +1361,11 @@ body_task(void *arg)
 static json_t *
 body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
 {
-    if (parsed_body.r == r && parsed_body.root != NULL) {
-        json_t *root = parsed_body.root;
-        parsed_body.root = NULL;
+    sp_offload_body_t *redo = sp_offload_body_redo(r);
+    oai_body_t *parsed = redo ? SP_OFFLOAD_HOLDER(redo, oai_body_t, b) : NULL;
+    if (parsed != NULL && parsed->root != NULL) {
+        json_t *root = parsed->root;
+        parsed->root = NULL;
         return root;
     }
     sp_str_t body = sp_http_req_body(r);
@@ -1416,37 +1374,14 @@ body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_rout
         return NULL;
     }
     if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
-        body_job_t *j = sp_calloc(1, sizeof *j);
-        char *copy = sp_malloc(body.len);
-        if (j == NULL || copy == NULL) {
-            sp_free(j);
-            sp_free(copy);
+        oai_body_t *j = sp_calloc(1, sizeof *j);
+        if (j == NULL) {
             sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
             return NULL;
         }
-        memcpy(copy, body.ptr, body.len);
-        j->s = s;
-        j->r = r;
-        j->handler = handler;
-        if (p) {
-            j->p = *p;
-        }
-        j->mb = sp_server_mailbox(r);
-        j->copy = copy;
-        j->len = body.len;
-        sp_http_req_on_abort(r, body_abort, j);
-        sp_status_t st = sp_workq_submit(s->prep, body_task, j);
-        if (st != SP_OK) {
-            sp_http_req_on_abort(r, NULL, NULL);
-            sp_free(copy);
+        j->json_depth = s->cfg.json_depth;
+        if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
             sp_free(j);
-            if (st == SP_ERR_BUSY) {
-                sp_http_add_header(r, "Retry-After", "1");
-                sp_server_error(r, 429, "server_overloaded", NULL, "queue_full",
-                                "too many requests are being prepared; retry later");
-            } else {
-                sp_server_error(r, 503, NULL, NULL, NULL, "the server is stopping");
-            }
         }
         return NULL;
     }
@@ -1514,16 +1449,10 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
 
 /* Loop thread: the preparation's result. Answer its error, or submit. */
 static void
-prep_done(void *arg)
+prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    oai_req_t *q = arg;
-    if (q->gone) {
-        oai_free(q);
-        return;
-    }
-    sp_http_req_t *r = q->http;
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
     oai_prep_t *pp = &q->prep;
-    sp_http_req_on_abort(r, NULL, NULL);
     if (pp->http != 0) {
         sp_server_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
         oai_free(q);
