@@ -89,17 +89,24 @@ round_clamp(float v, float lo, float hi)
     return (int)roundf(v);
 }
 
+/* The largest magnitude of a Q8_0 block's SP_QK8_0 inputs (NaN ignored). */
+static float
+block_amax(const float *x)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < SP_QK8_0; j++) {
+        amax = fmaxf(amax, fabsf(x[j]));
+    }
+    return amax;
+}
+
 static void
 q8_0_from_float(const float *src, void *dst, int64_t n)
 {
     sp_block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / SP_QK8_0; i++) {
         const float *x = src + i * SP_QK8_0;
-        float amax = 0.0f;
-        for (int j = 0; j < SP_QK8_0; j++) {
-            amax = fmaxf(amax, fabsf(x[j]));
-        }
-        b[i].d = sp_fp32_to_fp16(amax / 127.0f);
+        b[i].d = sp_fp32_to_fp16(block_amax(x) / 127.0f);
         float d = sp_fp16_to_fp32(b[i].d);
         for (int j = 0; j < SP_QK8_0; j++) {
             /* d == 0 (all zero, or amax below half's range): every q is 0 */
@@ -125,10 +132,7 @@ q8_0_act_from_float(const float *src, void *dst, int64_t n)
     sp_block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / SP_QK8_0; i++) {
         const float *x = src + i * SP_QK8_0;
-        float amax = 0.0f;
-        for (int j = 0; j < SP_QK8_0; j++) {
-            amax = fmaxf(amax, fabsf(x[j]));
-        }
+        const float amax = block_amax(x);
         b[i].d = sp_fp32_to_fp16(amax / 127.0f);
         if (sp_fp16_to_fp32(b[i].d) == 0.0f) {
             memset(b[i].qs, 0, sizeof(b[i].qs));
