@@ -533,13 +533,16 @@ prep_http(sp_status_t st)
 }
 
 /* Worker: record why the preparation failed (the loop answers it). */
-static void
-prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, const char *msg)
+static void SP_PRINTF(5, 6)
+prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, const char *fmt, ...)
 {
     pp->http = prep_http(st);
     pp->param = param;
     pp->code = code ? code : st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
-    snprintf(pp->err, sizeof pp->err, "%s", msg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pp->err, sizeof pp->err, fmt, ap);
+    va_end(ap);
 }
 
 /* Worker: tokenize one prompt into t->dst (cap entries); false after prep_fail. */
@@ -548,25 +551,23 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
 {
     oai_prep_t *pp = &q->prep;
     int64_t cap = pp->cap;
-    char msg[256];
     /* No vocabulary spends 64 bytes per token on average: longer text cannot
      * fit, and is refused before the tokenizer spends time on it. */
     if (t->len / 64 > (size_t)cap) {
-        snprintf(msg, sizeof msg, "the prompt is too long for the context of %lld tokens",
-                 (long long)cap);
-        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded", msg);
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt is too long for the context of %lld tokens", (long long)cap);
         return false;
     }
     int64_t n = sp_tokenize(q->m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
     if (n < 0) {
-        snprintf(msg, sizeof msg, "cannot tokenize the prompt: %s", sp_status_str((sp_status_t)n));
-        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, msg);
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, "cannot tokenize the prompt: %s",
+                  sp_status_str((sp_status_t)n));
         return false;
     }
     if (n > cap) {
-        snprintf(msg, sizeof msg, "the prompt has %lld tokens, the context holds %lld",
-                 (long long)n, (long long)cap);
-        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded", msg);
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt has %lld tokens, the context holds %lld", (long long)n,
+                  (long long)cap);
         return false;
     }
     t->n = n;
@@ -588,13 +589,13 @@ prep_run(sp_offload_t *job)
     if (pp->schema) {
         st = sp_schema_grammar(pp->schema, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "response_format.json_schema.schema", NULL, err);
+            prep_fail(pp, st, "response_format.json_schema.schema", NULL, "%s", err);
             return;
         }
     } else if (pp->gbnf) {
         st = sp_grammar_compile(pp->gbnf, pp->gbnf_len, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "grammar", NULL, err);
+            prep_fail(pp, st, "grammar", NULL, "%s", err);
             return;
         }
     } else if (pp->tools) {
@@ -610,7 +611,7 @@ prep_run(sp_offload_t *job)
         }
         sp_free(text);
         if (st != SP_OK) {
-            prep_fail(pp, st, pp->tool_only ? "tool_choice" : "tools", NULL, err);
+            prep_fail(pp, st, pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
             return;
         }
     }
@@ -622,7 +623,7 @@ prep_run(sp_offload_t *job)
         sp_gmatch_destroy(gm);
         if (st != SP_OK) {
             prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
-                              : pp->tool_only ? "tool_choice" : "tools", NULL, err);
+                              : pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
             return;
         }
     }
@@ -635,7 +636,7 @@ prep_run(sp_offload_t *job)
         st = sp_chat_apply_ex(q->m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
                               err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "messages", NULL, err);
+            prep_fail(pp, st, "messages", NULL, "%s", err);
             return;
         }
         /* The template usually writes the BOS text itself; add one only if not. */
@@ -1725,7 +1726,6 @@ message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, siz
     if (c == NULL || json_is_null(c)) {
         return true;
     }
-    char msg[160];
     size_t start = store->len;
     if (json_is_string(c)) {
         sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
@@ -1737,21 +1737,21 @@ message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, siz
             sp_json_err_t e;
             if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
                 strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
-                snprintf(msg, sizeof msg, "messages[%zu].content: only parts {\"type\": \"text\", "
-                         "\"text\": ...} are supported", i);
-                prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+                prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                          "messages[%zu].content: only parts {\"type\": \"text\", "
+                          "\"text\": ...} are supported", i);
                 return false;
             }
             sp_jbuf_raw(store, text, tl);
         }
     } else {
-        snprintf(msg, sizeof msg, "messages[%zu].content must be a string or a list of parts", i);
-        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                  "messages[%zu].content must be a string or a list of parts", i);
         return false;
     }
     if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
-        snprintf(msg, sizeof msg, "messages[%zu].content may not contain NUL", i);
-        prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                  "messages[%zu].content may not contain NUL", i);
         return false;
     }
     sp_jbuf_raw(store, "", 0);
@@ -1767,7 +1767,6 @@ gather_messages(oai_prep_t *pp)
 {
     const json_t *ms = pp->messages;
     size_t n = json_array_size(ms);
-    char msg[160];
     pp->msgs = sp_calloc(n, sizeof *pp->msgs);
     pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
     if (pp->msgs == NULL || pp->offs == NULL) {
@@ -1783,8 +1782,8 @@ gather_messages(oai_prep_t *pp)
         sp_json_err_t e;
         const char *role = NULL;
         if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
-            snprintf(msg, sizeof msg, "messages[%zu] must be an object with a string 'role'", i);
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                      "messages[%zu] must be an object with a string 'role'", i);
             return false;
         }
         msgs[i].role = role;
@@ -1793,15 +1792,15 @@ gather_messages(oai_prep_t *pp)
         }
         const char *name = NULL;
         if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
-            snprintf(msg, sizeof msg, "messages[%zu].name must be a string", i);
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, "messages[%zu].name must be a string",
+                      i);
             return false;
         }
         msgs[i].name = name;
         const char *tcid = NULL;
         if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
-            snprintf(msg, sizeof msg, "messages[%zu].tool_call_id must be a string", i);
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, msg);
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                      "messages[%zu].tool_call_id must be a string", i);
             return false;
         }
         msgs[i].tool_call_id = tcid;
