@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "engine/jinja_impl.h"
 
 /* ---- arena ------------------------------------------------------------ */
@@ -235,53 +236,11 @@ sp__jdict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_
     return true;
 }
 
-/* ---- UTF-8 ------------------------------------------------------------ */
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
-static size_t
-utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    if (c < 0x80) {
-        return 1;
-    }
-    size_t len;
-    unsigned min;
-    if ((c & 0xE0) == 0xC0) {
-        len = 2, min = 0x80, c &= 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-        len = 3, min = 0x800, c &= 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-        len = 4, min = 0x10000, c &= 0x07;
-    } else {
-        return 0;
-    }
-    if (n < len) {
-        return 0;
-    }
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return 0;
-        }
-        c = (c << 6) | (s[i] & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
-        return 0;
-    }
-    return len;
-}
-
+/* ---- UTF-8 (core/utf8.h) --------------------------------------------- */
 bool
 sp__utf8_valid(const char *s, size_t n)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        size_t l = utf8_seq(u + i, n - i);
-        if (l == 0) {
-            return false;
-        }
-        i += l;
-    }
-    return true;
+    return sp_utf8_invalid_at(s, n) == n;
 }
 
 size_t
@@ -290,7 +249,7 @@ sp__utf8_count(const char *s, size_t n)
     const unsigned char *u = (const unsigned char *)s;
     size_t count = 0;
     for (size_t i = 0; i < n; count++) {
-        size_t l = utf8_seq(u + i, n - i);
+        size_t l = sp_utf8_seq(u + i, n - i);
         i += l == 0 ? 1 : l;
     }
     return count;
@@ -302,7 +261,7 @@ sp__utf8_offset(const char *s, size_t n, size_t cp)
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
     for (size_t c = 0; c < cp && i < n; c++) {
-        size_t l = utf8_seq(u + i, n - i);
+        size_t l = sp_utf8_seq(u + i, n - i);
         i += l == 0 ? 1 : l;
     }
     return i;
@@ -408,7 +367,7 @@ json_string(json_rd_t *r, const char **out, size_t *out_n)
             r->i += 2;
             continue;
         }
-        size_t l = utf8_seq((const unsigned char *)r->s + r->i, r->n - r->i);
+        size_t l = sp_utf8_seq((const unsigned char *)r->s + r->i, r->n - r->i);
         if (l == 0) {
             return json_fail(r, "invalid UTF-8 in string");
         }

@@ -31,6 +31,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "core/utf8.h"
 #include "engine/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
@@ -693,47 +694,6 @@ on_event(const sp_sched_event_t *ev, void *ud)
     }
 }
 
-/* Offset of the first byte of p[0..n) that is not valid UTF-8 (RFC 3629: no
- * overlong forms, no surrogates, nothing above U+10FFFF), or n. A BYTES
- * prompt is text: the tokenizer and the streamed answers assume UTF-8. */
-static size_t
-utf8_invalid_at(const char *p, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)p;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            lo = c == 0xE0 ? 0xA0 : 0x80;
-            hi = c == 0xED ? 0x9F : 0xBF;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            lo = c == 0xF0 ? 0x90 : 0x80;
-            hi = c == 0xF4 ? 0x8F : 0xBF;
-        } else {
-            return i;
-        }
-        if (n - i <= k || s[i + 1] < lo || s[i + 1] > hi) {
-            return i;
-        }
-        for (size_t m = 2; m <= k; m++) {
-            if (s[i + m] < 0x80 || s[i + m] > 0xBF) {
-                return i;
-            }
-        }
-        i += k + 1;
-    }
-    return n;
-}
-
 /* Worker: check and tokenize the prompts. Reads only the request's prompts
  * and its model (which it holds); writes only toks, lens, longest,
  * n_prompt, tried and err. */
@@ -754,7 +714,8 @@ prep_run(sp_offload_t *job)
             snprintf(q->err, sizeof q->err, "%s: the prompt is empty", where);
             return;
         }
-        size_t bad = utf8_invalid_at(t.ptr, t.len);
+        /* A BYTES prompt is text: the tokenizer and the streamed answers assume UTF-8. */
+        size_t bad = sp_utf8_invalid_at(t.ptr, t.len);
         if (bad < t.len) {
             snprintf(q->err, sizeof q->err, "%s: the prompt is not valid UTF-8 (at byte %zu)", where, bad);
             return;
