@@ -53,3 +53,10 @@ sp_read_file(const char *path, const char *label, size_t max, char **out, size_t
     *len = got;
     return SP_OK;
 }
+
+bool
+sp_file_same(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}

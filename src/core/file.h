@@ -1,10 +1,13 @@
 /*
- * file.h - read a whole (small) regular file: config files, tenants files, texts.
+ * file.h - read a whole (small) regular file: config files, tenants files, texts;
+ * tell whether a file is still the one seen before.
  */
 #ifndef SP_CORE_FILE_H
 #define SP_CORE_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <sys/stat.h>
 
 #include "sampan/status.h"
 
@@ -18,5 +21,9 @@
  */
 sp_status_t sp_read_file(const char *path, const char *label, size_t max, char **out, size_t *len,
                          char *err, size_t err_len);
+
+/* The same file, unchanged as far as stat tells: device, inode, size and
+ * modification time (to the nanosecond) all equal. */
+bool sp_file_same(const struct stat *a, const struct stat *b);
 
 #endif /* SP_CORE_FILE_H */

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 
 #define GGUF_MAGIC "GGUF"
 #define GGUF_VERSION_MIN 2
@@ -871,13 +872,6 @@ guard_drop(int slot)
     pthread_mutex_unlock(&g_guard_mu);
 }
 
-static bool
-same_file(const struct stat *a, const struct stat *b)
-{
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
 /* Read the whole file into a new anonymous private mapping, read-only once filled.
  * Fails when the file changes while it is read (size, inode or mtime). */
 static sp_status_t
@@ -912,7 +906,7 @@ copy_file(int fd, const char *path, const struct stat *before, void **out, size_
         got += (size_t)n;
     }
     struct stat after;
-    if (fstat(fd, &after) != 0 || !same_file(before, &after)) {
+    if (fstat(fd, &after) != 0 || !sp_file_same(before, &after)) {
         munmap(m, size);
         return sp_errf(err, err_len, SP_ERR_IO, "%s: the file changed while it was read", path);
     }
@@ -1023,7 +1017,7 @@ sp_gguf_weights_changed(const sp_gguf_t *g)
     /* The mapped inode itself written or cut (a rename over the path leaves
      * this inode, and so the mapping, as it was). */
     struct stat now;
-    return fstat(g->fd, &now) != 0 || !same_file(&g->id, &now);
+    return fstat(g->fd, &now) != 0 || !sp_file_same(&g->id, &now);
 }
 
 bool
@@ -1036,7 +1030,7 @@ sp_gguf_file_changed(const sp_gguf_t *g)
         return true;
     }
     struct stat now;
-    return stat(g->name, &now) != 0 || !same_file(&g->id, &now);
+    return stat(g->name, &now) != 0 || !sp_file_same(&g->id, &now);
 }
 
 void

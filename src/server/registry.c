@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/pool.h"
 #include "core/timer.h"
 #include "cuda/gpu.h"
@@ -192,9 +193,7 @@ sp_served_file_changed(const sp_served_model_t *m)
     if (stat(m->path, &now) != 0) {
         return true;
     }
-    const struct stat *a = &m->file_id;
-    return a->st_dev != now.st_dev || a->st_ino != now.st_ino || a->st_size != now.st_size ||
-           a->st_mtim.tv_sec != now.st_mtim.tv_sec || a->st_mtim.tv_nsec != now.st_mtim.tv_nsec;
+    return !sp_file_same(&m->file_id, &now);
 }
 
 void
