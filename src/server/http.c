@@ -50,6 +50,7 @@
 #include <http_parser.h>
 
 #include "core/alloc.h"
+#include "core/bucket.h"
 #include "core/timer.h"
 #include "sampan/log.h"
 #include "server/tls.h"
@@ -72,8 +73,7 @@ typedef struct client {
     unsigned char addr[16];
     uint8_t alen;
     int conns;
-    double tokens;       /* new connections it may still open now (rate bucket) */
-    int64_t refill_ns;   /* when tokens was last brought up to date */
+    sp_bucket_t rate;    /* new connections it may still open now (burst = the rate) */
 } client_t;
 
 typedef enum cstate { C_IDLE, C_HEAD, C_BODY, C_HANDLER, C_STREAM, C_FLUSH } cstate_t;
@@ -293,17 +293,6 @@ timer_arm(conn_t *c, int ms)
 
 /* ------------------------------------------------------ per-client limits */
 
-static void
-client_refill(const sp_http_limits_t *l, client_t *e, int64_t now)
-{
-    double burst = l->conn_rate_per_client;
-    e->tokens += (double)(now - e->refill_ns) * 1e-9 * l->conn_rate_per_client;
-    if (e->tokens > burst) {
-        e->tokens = burst;
-    }
-    e->refill_ns = now;
-}
-
 /* Free the entries of clients with no socket and a full bucket (cl_mu held). */
 static void
 client_sweep(sp_http_server_t *s, int64_t now)
@@ -313,9 +302,9 @@ client_sweep(sp_http_server_t *s, int64_t now)
         client_t **pp = &s->cl_tab[b];
         while (*pp) {
             client_t *e = *pp;
-            client_refill(l, e, now);
+            sp_bucket_refill(&e->rate, l->conn_rate_per_client, l->conn_rate_per_client, now);
             if (e->conns == 0 && (l->conn_rate_per_client <= 0 ||
-                                  e->tokens >= (double)l->conn_rate_per_client)) {
+                                  e->rate.tokens >= (double)l->conn_rate_per_client)) {
                 *pp = e->next;
                 sp_free(e);
             } else {
@@ -370,8 +359,7 @@ client_admit(sp_http_server_t *s, const struct sockaddr *sa, client_t **out, con
         }
         memcpy(e->addr, addr, alen);
         e->alen = alen;
-        e->tokens = l->conn_rate_per_client;
-        e->refill_ns = now;
+        sp_bucket_fill(&e->rate, l->conn_rate_per_client, now);
         e->next = *head;
         *head = e;
     }
@@ -379,12 +367,12 @@ client_admit(sp_http_server_t *s, const struct sockaddr *sa, client_t **out, con
         rc = 429;
         *why = "too many connections from this client (--max-conns-per-client)";
     } else if (l->conn_rate_per_client > 0) {
-        client_refill(l, e, now);
-        if (e->tokens < 1.0) {
+        sp_bucket_refill(&e->rate, l->conn_rate_per_client, l->conn_rate_per_client, now);
+        if (e->rate.tokens < 1.0) {
             rc = 429;
             *why = "too many new connections from this client (--conn-rate-per-client)";
         } else {
-            e->tokens -= 1.0;
+            e->rate.tokens -= 1.0;
         }
     }
     if (rc == 0) {

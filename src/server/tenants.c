@@ -436,7 +436,7 @@ slot_for(sp_auth_t *a, const char *name)
         if (st) {
             snprintf(st->name, sizeof st->name, "%s", name);
             pthread_mutex_init(&st->mu, NULL);
-            st->bucket = -1; /* full at first use */
+            st->bucket.tokens = -1; /* full at first use */
             st->id = a->n_slots;
             i = a->n_slots;
             a->slots[a->n_slots++] = st;
@@ -465,8 +465,8 @@ attach(sp_auth_t *a, sp_tenants_t *t, char *err, size_t err_len)
         st->tier = x->tier;
         st->n_models = x->n_models;
         memcpy(st->models, x->models, sizeof st->models);
-        if (st->bucket > st->burst) {
-            st->bucket = st->burst;
+        if (st->bucket.tokens > st->burst) {
+            st->bucket.tokens = st->burst;
         }
         pthread_mutex_unlock(&st->mu);
     }
@@ -604,18 +604,13 @@ static bool
 limits_ok(sp_tenant_state_t *st, int64_t now, sp_auth_result_t *out)
 {
     if (st->rps > 0) {
-        if (st->bucket < 0) {
-            st->bucket = st->burst;
-            st->bucket_ns = now;
+        if (st->bucket.tokens < 0) {
+            sp_bucket_fill(&st->bucket, st->burst, now);
         }
-        st->bucket += (double)(now - st->bucket_ns) / 1e9 * st->rps;
-        if (st->bucket > st->burst) {
-            st->bucket = st->burst;
-        }
-        st->bucket_ns = now;
-        if (st->bucket < 1.0) {
+        sp_bucket_refill(&st->bucket, st->rps, st->burst, now);
+        if (st->bucket.tokens < 1.0) {
             out->status = 429;
-            out->retry_after_s = (int)ceil((1.0 - st->bucket) / st->rps);
+            out->retry_after_s = (int)ceil((1.0 - st->bucket.tokens) / st->rps);
             snprintf(out->message, sizeof out->message,
                      "rate limit: tenant '%s' may send %g requests per second (burst %g)", st->name,
                      st->rps, st->burst);
@@ -646,7 +641,7 @@ limits_ok(sp_tenant_state_t *st, int64_t now, sp_auth_result_t *out)
         return false;
     }
     if (st->rps > 0) {
-        st->bucket -= 1.0;
+        st->bucket.tokens -= 1.0;
     }
     return true;
 }

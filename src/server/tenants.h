@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/bucket.h"
 #include "core/str.h"
 #include "sampan/status.h"
 
@@ -98,9 +99,8 @@ typedef struct sp_tenant_state {
     int32_t tier;
     int32_t n_models;
     char models[SP_TENANT_MODELS_MAX][129];
-    /* token bucket (mu) */
-    double bucket;
-    int64_t bucket_ns;
+    /* requests per second (mu); tokens < 0: full at first use */
+    sp_bucket_t bucket;
     /* tokens per minute: a ring of 60 one-second bins (mu) */
     int64_t tpm_sec[60];
     int64_t tpm_bin[60];
