@@ -919,15 +919,15 @@ sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm
      * silently cut it ("a\0b" naming model "a"). Refuse it instead. Fields 1
      * and 2 are the name and version of every request here with fields, 3
      * is ModelInferRequest's id. */
-    int nul_field = string_with_nul(msg, len, m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA
-                                                  ? 0x6u : m == SP_GRPC_SERVER_LIVE ||
-                                                  m == SP_GRPC_SERVER_READY || m == SP_GRPC_SERVER_METADATA
-                                                  ? 0u : 0xEu);
+    static const char *const model_fields[] = {NULL, "name", "version"};
+    static const char *const infer_fields[] = {NULL, "model_name", "model_version", "id"};
+    bool model_q = m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA;
+    bool server_q = m == SP_GRPC_SERVER_LIVE || m == SP_GRPC_SERVER_READY ||
+                    m == SP_GRPC_SERVER_METADATA;
+    int nul_field = string_with_nul(msg, len, server_q ? 0u : model_q ? 0x6u : 0xEu);
     if (nul_field > 0) {
         snprintf(err, err_len, "%s: must not contain NUL",
-                 nul_field == 3 ? "id" : nul_field == 2 ? (m == SP_GRPC_MODEL_READY ||
-                                                           m == SP_GRPC_MODEL_METADATA ? "version" : "model_version")
-                 : (m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA ? "name" : "model_name"));
+                 (model_q ? model_fields : infer_fields)[nul_field]);
         return SP_GRPC_INVALID_ARGUMENT;
     }
     ProtobufCMessage *pm = decode(&d, desc, msg, len, &code, err, err_len);
