@@ -54,6 +54,15 @@ for lvl in scalar avx2 avx512; do
     tally "$log/unit-$lvl.txt" "unit-$lvl"
 done
 
+# The official npm clients the suites drive (openai, @grpc/grpc-js, ...; tests/node's lock
+# file), installed once before any suite, so that the sanitizer suites below have them too; a
+# suite whose client is missing says so in a skipped line.
+if [ ! -d tests/node/node_modules ] && command -v npm >/dev/null 2>&1; then
+    echo "== npm ci (tests/node)"
+    npm ci --prefix tests/node --no-audit --no-fund --prefer-offline >"$log/npm.txt" 2>&1 ||
+        { tail -n 20 "$log/npm.txt"; echo "run: npm ci in tests/node failed; the suites that need it skip"; }
+fi
+
 SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py)
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "== build (ASan+UBSan)"
