@@ -81,16 +81,16 @@ $(BUILD)/libfake_nvml_nosym.so: tests/fake/fake_nvml.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g $(WARN) -fPIC -shared -DFAKE_NVML_NO_MEMINFO -o $@ $<
 
-# The status page (GET /, src/server/status.c) is compiled in: tools/embed.py
+# The status page (GET /, src/api/status.c) is compiled in: tools/embed.py
 # turns the HTML into a byte array plus the CSP hashes of its inline script and
 # style, in $(BUILD)/gen/ (generated on every clean build, never committed).
-$(BUILD)/gen/status_page.h: src/server/status_page.html tools/embed.py
+$(BUILD)/gen/status_page.h: src/api/status_page.html tools/embed.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tools/embed.py $< $@ sp_status_page
-$(BUILD)/src/server/status.o: $(BUILD)/gen/status_page.h
-$(BUILD)/src/server/status.o: CPPFLAGS += -I$(BUILD)/gen
+$(BUILD)/src/api/status.o: $(BUILD)/gen/status_page.h
+$(BUILD)/src/api/status.o: CPPFLAGS += -I$(BUILD)/gen
 
-# The gRPC front end (src/server/grpc*.c, docs/grpc.md): protoc-c (Debian's
+# The gRPC front end (src/api/grpc*.c, docs/grpc.md): protoc-c (Debian's
 # protobuf-c-compiler) turns proto/grpc_service.proto into C in $(BUILD)/gen/
 # on every clean build; the generated code is never committed.
 PROTO_OBJ := $(BUILD)/gen/grpc_service.pb-c.o
@@ -102,7 +102,7 @@ $(BUILD)/gen/grpc_service.pb-c.h: $(BUILD)/gen/grpc_service.pb-c.c
 	@test -f $@ && touch $@
 $(PROTO_OBJ): $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
 	$(CC) $(CPPFLAGS) -I$(BUILD)/gen $(CFLAGS) -c $< -o $@
-GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/server/grpc*.c tests/fuzz/fuzz_grpc*.c))
+GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/api/grpc*.c tests/fuzz/fuzz_grpc*.c))
 $(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h
 $(GRPC_OBJ): CPPFLAGS += -I$(BUILD)/gen
 

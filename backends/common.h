@@ -16,7 +16,7 @@
 #include "sampan/backend.h"
 
 /* The fields of config.json a backend reads. The server has already checked
- * the file (src/repo/config.c), so this parse is lenient where the server is
+ * the file (src/serving/repo_config.c), so this parse is lenient where the server is
  * strict and only reports what a backend could not work without. */
 typedef struct sp__bk_config {
     int32_t max_batch_size;

@@ -1,6 +1,6 @@
 /*
  * batcher_bench.c - throughput and p99 latency of the dynamic batcher
- * (src/server/batcher.h) in front of a fake backend whose execute costs
+ * (src/sched/batcher.h) in front of a fake backend whose execute costs
  * a + b * rows, batched against unbatched and fixed against adaptive.
  *
  *   make BUILD=build build/libsampan.a
@@ -31,7 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/batcher.h"
+#include "sched/batcher.h"
 
 #define FEATURES 30
 #define OUTSTANDING 512

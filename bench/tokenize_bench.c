@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "core/timer.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 static char *
 slurp(const char *path, size_t *len)

@@ -6,9 +6,9 @@ need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-de
       libssl-dev)
 # The xgboost backend plugin (backends/xgboost.c; sampan itself never links it).
 need+=(libxgboost-dev)
-# The gRPC front end (src/server/grpc*.c): HTTP/2, protobuf messages and their code generator.
+# The gRPC front end (src/api/grpc*.c): HTTP/2, protobuf messages and their code generator.
 need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
-# The OTLP trace exporter's HTTP(S) client (src/server/trace.c).
+# The OTLP trace exporter's HTTP(S) client (src/api/trace.c).
 need+=(libcurl4-openssl-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)

@@ -32,10 +32,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 #include "engine/batch.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "sampan/log.h"
 
 static double

@@ -1,6 +1,6 @@
 /*
  * jfree.h - give back what jansson allocated (json_dumps' text) with jansson's
- * own allocator: the server points jansson at sp_malloc (server/json.c), a
+ * own allocator: the server points jansson at sp_malloc (core/json.c), a
  * plain program leaves it on malloc, so free() would be wrong in one of them.
  */
 #ifndef SP_CORE_JFREE_H

@@ -11,7 +11,7 @@
  *
  * The table is op-level: memory, copies and one entry per kernel, each on a
  * per-device context (a CUDA stream and a cuBLAS handle). The forward pass
- * that strings the ops together (src/cuda/gpu.c) is plain C inside sampan, so
+ * that strings the ops together (src/engine/gpu.c) is plain C inside sampan, so
  * the same orchestration runs against tests/gpu/fake_cuda.c, a host
  * emulation of this table, in CI without a GPU.
  *

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const sp_cuda_api_t *cached;

@@ -42,7 +42,7 @@
 
 #include "core/alloc.h"
 #include "core/pool.h"
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 #include "engine/lora.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"

@@ -50,7 +50,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "engine/tokenizer_impl.h"
+#include "text/tokenizer_impl.h"
 
 #define JSON_MAX_DEPTH 64  /* the container stack is one bit per level in a uint64_t */
 #define JSON_MAX_WS 20     /* bytes in one whitespace run: a line break, then indentation */

@@ -20,9 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/grammar.h"
+#include "constrain/grammar.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "sampan/status.h"
 
 #define SP_GEN_MAX_STOP 16         /* stop strings per request (OpenAI allows 4) */

@@ -23,7 +23,7 @@
 
 #include "core/alloc.h"
 #include "crypto/enc.h"
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
 

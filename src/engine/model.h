@@ -21,8 +21,8 @@
 #include <stdint.h>
 
 #include "crypto/enc.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 #include "sampan/status.h"
 
 #define SP_MAX_LAYERS 512

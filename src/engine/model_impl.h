@@ -45,7 +45,7 @@ struct sp_model {
     const float *rope_freqs;   /* (n_rot / 2) frequency divisors (Llama 3) or NULL */
     sp_layer_t *layers;        /* (n_layer) */
     size_t weight_bytes;
-    /* The GPU binding (cuda/gpu.h: sp_gpu_attach) or NULL: layers
+    /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
      * 0..n_gpu-1 then run on that device. Owned; freed by sp_model_free. */
     struct sp_gpu_model *gpu;
 };

@@ -14,17 +14,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/chat.h"
+#include "chat/chat.h"
 #include "engine/model.h"
-#include "repo/repo.h"
-#include "server/config.h"
-#include "server/http.h"
-#include "server/json.h"
-#include "server/router.h"
-#include "server/registry.h"
-#include "server/respcache.h"
-#include "server/sched.h"
-#include "server/tenants.h"
+#include "serving/repo.h"
+#include "serving/config.h"
+#include "http/http.h"
+#include "core/json.h"
+#include "http/router.h"
+#include "serving/registry.h"
+#include "serving/respcache.h"
+#include "sched/sched.h"
+#include "serving/tenants.h"
 
 typedef struct sp_mgr_cmd sp_mgr_cmd_t; /* repository.c */
 

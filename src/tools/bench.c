@@ -56,8 +56,8 @@
 #include <http_parser.h>
 #include <jansson.h>
 
-#include "bench/sse.h"
-#include "bench/stats.h"
+#include "tools/sse.h"
+#include "tools/stats.h"
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "tools/cli.h"

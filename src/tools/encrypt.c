@@ -22,7 +22,7 @@
 
 #include "core/timer.h"
 #include "crypto/enc.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "tools/tools.h"
 
 static const char encrypt_usage[] =

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "tools/tools.h"
 
 #define PREVIEW_ELEMS 6   /* array elements shown */

@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 
 #include "core/alloc.h"
-#include "server/sched.h"
-#include "server/tenants.h"
+#include "sched/sched.h"
+#include "serving/tenants.h"
 #include "tools/tools.h"
 
 static const char usage[] =

@@ -32,7 +32,7 @@
 #include "core/file.h"
 #include "core/timer.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "tools/tools.h"
 
 #define PPL_MAX_TEXT_BYTES (256u << 20)

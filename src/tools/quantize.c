@@ -30,7 +30,7 @@
 
 #include "core/alloc.h"
 #include "core/pool.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
 

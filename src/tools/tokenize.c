@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 #include "tools/cli.h"
 
 static const char tokenize_usage[] =

@@ -5,7 +5,7 @@
  *   mkdir -p build-fuzz
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
  *       -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread \
- *       tests/fuzz/fuzz_gguf.c src/engine/gguf.c src/kernels/types.c \
+ *       tests/fuzz/fuzz_gguf.c src/gguf/gguf.c src/kernels/types.c \
  *       src/core/alloc.c src/core/status.c -lm -o build-fuzz/fuzz_gguf
  *   mkdir -p tests/fuzz/corpus-work/gguf
  *   ./build-fuzz/fuzz_gguf -max_total_time=60 -max_len=65536 \
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 
 static volatile uint8_t sink;
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_grammar.c - libFuzzer target for the GBNF compiler and matcher
- * (engine/grammar.c) and the JSON-schema translator (engine/schema.c).
+ * (constrain/grammar.c) and the JSON-schema translator (constrain/schema.c).
  *
  * Build with `make fuzz`; run (docs/fuzzing.md has more):
  *   mkdir -p tests/fuzz/corpus-work/grammar
@@ -45,8 +45,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "engine/grammar.h"
-#include "engine/schema.h"
+#include "constrain/grammar.h"
+#include "constrain/schema.h"
 
 /* Far above what the matcher's hard caps allow (about 64 MB): a matcher
  * that passes it has a table without a cap. */

@@ -1,6 +1,6 @@
 /*
  * fuzz_grpc.c - libFuzzer target for the gRPC front end's message translation
- * (src/server/grpc_msg.c): protobuf request messages decoded under the
+ * (src/api/grpc_msg.c): protobuf request messages decoded under the
  * allocation budget and turned into REST requests, and REST answers turned
  * back into reply messages.
  *
@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "server/grpc_msg.h"
-#include "server/json.h"
+#include "api/grpc_msg.h"
+#include "core/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,7 +7,7 @@
  * request-id and access-log handling, and every route behind it.
  *
  * Why the real server rather than http_parser_execute with copied callbacks:
- * the callbacks are static in src/server/http.c and work on the connection's
+ * the callbacks are static in src/http/http.c and work on the connection's
  * bufferevent, and a copy would drift from what ships; through loopback the
  * target runs about 2,000 inputs/s here, enough for libFuzzer.
  *

@@ -1,6 +1,6 @@
 /*
  * fuzz_repo_config.c - libFuzzer target for a model's config.json and the
- * config override of a repository load request (src/repo/config.c):
+ * config override of a repository load request (src/serving/repo_config.c):
  * sp_repo_config_parse_text, sp_repo_config_merge, sp_repo_config_from_json.
  *
  * Input: the config text, optionally followed by "\n---\n" and an override
@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "repo/config.h"
-#include "server/json.h"
+#include "serving/repo_config.h"
+#include "core/json.h"
 
 #define LABEL "models/m/config.json"
 

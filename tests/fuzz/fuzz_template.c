@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "engine/jinja.h"
+#include "chat/jinja.h"
 
 static const char default_ctx[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "

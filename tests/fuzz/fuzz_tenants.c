@@ -1,6 +1,6 @@
 /*
  * fuzz_tenants.c - libFuzzer target for the tenants file parser
- * (sp_tenants_parse in src/server/tenants.c): API key hashes, scopes, tiers
+ * (sp_tenants_parse in src/serving/tenants.c): API key hashes, scopes, tiers
  * and limits per tenant.
  *
  * Input: the file's text, copied into an exact-size heap buffer so ASan sees
@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/json.h"
-#include "server/sched.h"
-#include "server/tenants.h"
+#include "core/json.h"
+#include "sched/sched.h"
+#include "serving/tenants.h"
 
 #define LABEL "tenants.json"
 

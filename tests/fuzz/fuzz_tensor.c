@@ -1,6 +1,6 @@
 /*
  * fuzz_tensor.c - libFuzzer target for the KServe v2 request decoder and the
- * response encoder (src/server/tensor.c).
+ * response encoder (src/api/tensor.c).
  *
  * Seeds: tests/fuzz/corpus/tensor. Input: byte 0 picks the
  * Inference-Header-Content-Length: bit 7 set means no header; otherwise bytes
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/tensor.h"
+#include "api/tensor.h"
 
 static volatile uint8_t sink;
 

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 static const char *const vocab_names[] = {"llama-spm", "gpt-2", "deepseek-llm", "deepseek-coder",
                                           "falcon", "starcoder", "mpt", "bert-bge"};

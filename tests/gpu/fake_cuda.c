@@ -6,7 +6,7 @@
  *
  * Why: no GPU in CI. With this library sampan's whole GPU path (the loader,
  * weight upload and dequantisation, the device KV pool, the forward pass of
- * src/cuda/gpu.c, partial offload, error handling) runs on the CPU and is
+ * src/engine/gpu.c, partial offload, error handling) runs on the CPU and is
  * compared with the CPU engine (tests/gpu/host_test.c); the kernel test
  * (tests/gpu/kernel_test.c) runs against it too, so the test itself is
  * checked before a GPU ever runs it.

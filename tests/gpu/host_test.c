@@ -1,7 +1,7 @@
 /*
  * host_test.c - the GPU path of sampan, checked on the CPU: the shared index
  * and conversion math of cuda_common.h against the engine's own (kernels.h),
- * the loader's refusals, and the whole forward pass of src/cuda/gpu.c run
+ * the loader's refusals, and the whole forward pass of src/engine/gpu.c run
  * against libfake_cuda.so (the host emulation of the CUDA op table) and
  * compared with the CPU engine: full and partial offload, F32 and F16 KV
  * cache, several sequences in one step with copy-on-write, embeddings, an
@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "cuda/cuda_common.h"
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 #include "engine/batch.h"
 #include "engine/gen.h"
 #include "engine/model.h"

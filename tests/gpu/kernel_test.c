@@ -38,7 +38,7 @@
 #include <string.h>
 
 #include "cuda/cuda_common.h"
-#include "cuda/gpu.h"
+#include "engine/gpu.h"
 #include "kernels/kernels.h"
 #include "sampan/log.h"
 

@@ -1043,7 +1043,7 @@ def auth_cases():
         case("H10", "the right key works (Authorization: Bearer and X-Api-Key)", st == 200 and st2 == 200, (st, st2))
         skip("H10", "timing of the key comparison", "not measurable reliably on a shared 2-core "
              "machine; the comparison hashes the key (SHA-256) and compares digests with "
-             "CRYPTO_memcmp (src/server/tenants.c)")
+             "CRYPTO_memcmp (src/serving/tenants.c)")
         routes = [("GET", "/v1/models"), ("GET", "/v1/models/stories260K"), ("POST", "/v1/completions"),
                   ("POST", "/v1/chat/completions"), ("POST", "/v1/embeddings"), ("GET", "/stats"),
                   ("GET", "/metrics"), ("GET", "/v2"), ("GET", "/v2/models/stories260K"),

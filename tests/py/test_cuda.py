@@ -239,7 +239,7 @@ try:
             s.case("serve: the scheduler asked for candidates (event=gpu_candidates)", True)
         else:
             s.skip("serve: decode through candidates",
-                   "the scheduler (src/server/sched.c) does not call sp_batch_eval_cand yet")
+                   "the scheduler (src/sched/sched.c) does not call sp_batch_eval_cand yet")
         # Quantised weights kept on the device: a Q8_0 copy of the demo model, served with
         # SAMPAN_CUDA_WEIGHTS=native, answers as the CPU does on the same file.
         q8 = os.path.join(tmp, "stories-q8_0.gguf")

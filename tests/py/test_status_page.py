@@ -1,4 +1,4 @@
-"""test_status_page.py - GET /, the status page (src/server/status_page.html, embedded at
+"""test_status_page.py - GET /, the status page (src/api/status_page.html, embedded at
 build time by tools/embed.py), on a `sampan serve` on 127.0.0.1 (free port).
 
 HTTP part (always): the headers (HTML, a strict Content-Security-Policy whose script and style

@@ -12,7 +12,7 @@
 
 #include "core/alloc.h"
 #include "engine/batch.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
 #include "kernels/kernels.h"
 

@@ -1,4 +1,4 @@
-/* test_batcher.c - the dynamic batcher (server/batcher.h) against a fake backend.
+/* test_batcher.c - the dynamic batcher (sched/batcher.h) against a fake backend.
  *
  * The fake's execute sums each row of its FP32 input "x" (outputs "sum" and "n", the row's
  * element count), or measures and upper-cases the strings of its BYTES input "s" (outputs
@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/batcher.h"
+#include "sched/batcher.h"
 #include "test.h"
 
 /* ---- host allocator with a live count */

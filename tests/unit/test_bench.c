@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "bench/sse.h"
-#include "bench/stats.h"
+#include "tools/sse.h"
+#include "tools/stats.h"
 #include "core/alloc.h"
 #include "test.h"
 

@@ -7,7 +7,7 @@
  * Jinja's semantics (trim_blocks, lstrip_blocks), not copied from our output.
  */
 #include "core/alloc.h"
-#include "engine/chat.h"
+#include "chat/chat.h"
 #include "test.h"
 
 static char g_err[512];

@@ -1,8 +1,8 @@
-/* test_cors.c - the --cors-origins matcher (server/cors.c); the headers
+/* test_cors.c - the --cors-origins matcher (http/cors.c); the headers
  * themselves are checked against the real server in tests/py/test_tls.py. */
 #include "test.h"
 
-#include "server/cors.h"
+#include "http/cors.h"
 
 static bool
 allowed(const char *list, const char *origin, bool *wild)

@@ -14,8 +14,8 @@
 #include "core/alloc.h"
 #include "crypto/enc.h"
 #include "engine/model.h"
-#include "repo/config.h"
-#include "server/tenants.h"
+#include "serving/repo_config.h"
+#include "serving/tenants.h"
 
 #define DEMO  "models/stories260K.gguf"
 #define CHUNK SP_ENC_CHUNK_MIN /* small chunks: many of them in little data */
@@ -372,7 +372,7 @@ TEST(enc_known_vector_still_decrypts)
                                sizeof err) != SP_OK);
 }
 
-/* The API-key helpers of server/tenants.c that use OpenSSL's encoders: a
+/* The API-key helpers of serving/tenants.c that use OpenSSL's encoders: a
  * generated key is "sk-sampan-" and 43 base64url characters (no padding);
  * a key hash parses only as "sha256:" and 64 lowercase hex digits. */
 TEST(enc_tenant_key_encodings)

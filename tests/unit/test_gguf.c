@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 
 #define DEMO_MODEL "models/stories260K.gguf"
 

@@ -1,8 +1,8 @@
-/* test_grammar.c - GBNF parsing, acceptance, limits (engine/grammar.h). */
+/* test_grammar.c - GBNF parsing, acceptance, limits (constrain/grammar.h). */
 #include <time.h>
 
 #include "core/alloc.h"
-#include "engine/grammar.h"
+#include "constrain/grammar.h"
 #include "test.h"
 
 static sp_grammar_t *

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
-#include "engine/jinja.h"
+#include "chat/jinja.h"
 #include "test.h"
 
 static char g_err[512];

@@ -1,10 +1,10 @@
 /* test_log.c - log lines: value quoting, the JSON translation, control bytes, the rate limit
- * on repeated warnings, and the masking of prompts (server/metrics.h). */
+ * on repeated warnings, and the masking of prompts (serving/metrics.h). */
 #include <time.h>
 #include <unistd.h>
 
 #include "sampan/log.h"
-#include "server/metrics.h"
+#include "serving/metrics.h"
 #include "test.h"
 
 #define CAP_LINES 64

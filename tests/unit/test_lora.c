@@ -14,7 +14,7 @@
 
 #include "core/alloc.h"
 #include "engine/batch.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/lora.h"
 #include "engine/model.h"
 #include "kernels/kernels.h"

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
 

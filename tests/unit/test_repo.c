@@ -1,4 +1,4 @@
-/* test_repo.c - the model repository (repo/config.h, repo/repo.h) on temporary trees: every
+/* test_repo.c - the model repository (serving/repo_config.h, serving/repo.h) on temporary trees: every
  * config.json field and every config error (each naming file and field), version policies,
  * config overrides, a scan with broken models beside good ones, diffs for poll mode, path
  * traversal (names, versions, symlinks) and the limits. */
@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
-#include "repo/config.h"
-#include "repo/repo.h"
+#include "serving/repo_config.h"
+#include "serving/repo.h"
 #include "test.h"
 
 /* ---- helpers: build trees under the test's private directory */

@@ -1,4 +1,4 @@
-/* test_respcache.c - the response cache (server/respcache.c): LRU order, the
+/* test_respcache.c - the response cache (serving/respcache.c): LRU order, the
  * byte bound, refused entries, collisions, concurrent use, the request keys,
  * and config.json's response_cache field. The routes are tested against the
  * real server in tests/py/test_response_cache.py. */
@@ -7,8 +7,8 @@
 #include <pthread.h>
 
 #include "core/alloc.h"
-#include "repo/config.h"
-#include "server/respcache.h"
+#include "serving/repo_config.h"
+#include "serving/respcache.h"
 #include "server/server.h"
 
 static sp_respcache_t *

@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "server/blocks.h"
-#include "server/tierq.h"
+#include "sched/blocks.h"
+#include "sched/tierq.h"
 #include "test.h"
 
 static void

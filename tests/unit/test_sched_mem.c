@@ -17,11 +17,11 @@
 
 #include "core/alloc.h"
 #include "engine/batch.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
 #include "sampan/log.h"
-#include "server/http.h"
-#include "server/sched.h"
+#include "http/http.h"
+#include "sched/sched.h"
 
 #define DEMO "models/stories260K.gguf"
 

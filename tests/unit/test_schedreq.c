@@ -1,10 +1,10 @@
 /* test_schedreq.c - `priority` and `timeout` of a request in both conventions
- * (server/schedreq.h): tier names, OpenAI's signed integers, Triton's levels
+ * (sched/schedreq.h): tier names, OpenAI's signed integers, Triton's levels
  * (1 highest), milliseconds vs microseconds, errors, and the deadline cap. */
 #include <string.h>
 
-#include "server/sched.h"
-#include "server/schedreq.h"
+#include "sched/sched.h"
+#include "sched/schedreq.h"
 #include "test.h"
 
 static int

@@ -1,11 +1,11 @@
-/* test_schema.c - JSON Schema to grammar (engine/schema.h), and generation under it. */
+/* test_schema.c - JSON Schema to grammar (constrain/schema.h), and generation under it. */
 #include <jansson.h>
 
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "engine/gen.h"
 #include "engine/model.h"
-#include "engine/schema.h"
+#include "constrain/schema.h"
 #include "test.h"
 
 static sp_grammar_t *

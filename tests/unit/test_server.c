@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "server/config.h"
-#include "server/json.h"
-#include "server/router.h"
+#include "serving/config.h"
+#include "core/json.h"
+#include "http/router.h"
 #include "test.h"
 
 TEST(json_depth_scan)
@@ -226,7 +226,7 @@ TEST(config_flags_and_file)
 
 /* gRPC: a NUL inside a model name (or version, or id) is refused, never cut:
  * protobuf-c gives strings to C as NUL-terminated, so "m\0x" would name "m". */
-#include "server/grpc_msg.h"
+#include "api/grpc_msg.h"
 
 static bool
 never_llm(void *ud, const char *name, size_t len, const char *version, size_t vlen)

@@ -1,10 +1,10 @@
-/* test_stepctl.c - the adaptive step budget controller (server/stepctl.h) fed synthetic step
+/* test_stepctl.c - the adaptive step budget controller (sched/stepctl.h) fed synthetic step
  * times: it halves down to the floor while the p99 is over the target, climbs back to the
  * ceiling when the steps are fast and the budget is used, never leaves [floor, ceil], ignores
  * a single slow step in a window of fast ones (p99, not max), and stays put when off. */
 #include <stdint.h>
 
-#include "server/stepctl.h"
+#include "sched/stepctl.h"
 #include "test.h"
 
 #define MS 1000000LL

@@ -1,11 +1,11 @@
 /* test_tenants.c - tokens-per-minute reservations, tier caps on tensor-model
- * priority levels, prefix-cache scopes (server/tenants.h) and the Retry-After
- * drain estimate (server/drain.h). */
+ * priority levels, prefix-cache scopes (serving/tenants.h) and the Retry-After
+ * drain estimate (sched/drain.h). */
 #include "test.h"
 
-#include "server/drain.h"
-#include "server/sched.h"
-#include "server/tenants.h"
+#include "sched/drain.h"
+#include "sched/sched.h"
+#include "serving/tenants.h"
 
 /* An auth table from a tenants file with these tenants' JSON bodies; key i is
  * "key-<i>". */

@@ -1,4 +1,4 @@
-/* test_tensor.c - the KServe v2 tensor codec (src/server/tensor.c): every datatype from JSON
+/* test_tensor.c - the KServe v2 tensor codec (src/api/tensor.c): every datatype from JSON
  * (flat and nested) and from the binary tail, the response writer, and hostile bodies: every
  * truncation of a binary request, lengths past the body, and an allocation failure at every
  * step, each an error without a leak. The routes run as a black box in tests/py/test_kserve.py. */
@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "kernels/kernels.h"
-#include "server/tensor.h"
+#include "api/tensor.h"
 #include "test.h"
 
 static sp_str_t

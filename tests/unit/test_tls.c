@@ -1,4 +1,4 @@
-/* test_tls.c - the TLS side of the HTTP core (server/http.c, server/tls.c) from C:
+/* test_tls.c - the TLS side of the HTTP core (http/http.c, http/tls.c) from C:
  * what only a handler can see (sp_http_req_tls, sp_http_req_client_cn), the reload
  * API and the create-time errors. Certificates come from the openssl command in
  * the test's directory (skipped without it); the black-box cases are in
@@ -14,7 +14,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "server/http.h"
+#include "http/http.h"
 
 static char dir[512];
 

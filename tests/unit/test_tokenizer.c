@@ -11,8 +11,8 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 #include "sampan/log.h"
 #include "test.h"
 

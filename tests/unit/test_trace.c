@@ -1,9 +1,9 @@
-/* test_trace.c - W3C traceparent handling and sampling decisions (server/trace.h).
+/* test_trace.c - W3C traceparent handling and sampling decisions (api/trace.h).
  * Exporting and the span tree are tested end to end in tests/py/test_tracing.py. */
 #include "test.h"
 
 #include "sampan/log.h"
-#include "server/trace.h"
+#include "api/trace.h"
 
 static sp_str_t
 S(const char *s)

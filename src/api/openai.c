@@ -1,0 +1,2073 @@
+/*
+ * openai.c - the OpenAI API: /v1/models, /v1/completions,
+ * /v1/chat/completions, /v1/embeddings.
+ *
+ * A request is parsed and validated on the loop thread (every field's type
+ * and range, 400 naming the field). What costs time in proportion to the
+ * request - compiling its grammar or JSON schema, rendering the chat
+ * template, tokenizing - runs on a preparation worker (offload.h), whose
+ * result comes back to the loop through its mailbox; then the request is
+ * submitted through the seam (sched.h). So one large request never holds the
+ * loop, and /live answers at once. Its events come back on the same loop: streamed as SSE
+ * `data:` chunks the moment they arrive, or gathered into one response.
+ * A client that disconnects cancels the job (sp_http_req_on_abort); a client
+ * that reads too slowly (its unsent output over the limit) is dropped and its
+ * job cancelled, so neither holds the engine.
+ *
+ * Defaults follow OpenAI, not `sampan run`: temperature 1, top_p 1, top_k
+ * and min_p off, a random seed; max_tokens 16 for completions and "the rest
+ * of the context" (capped by --max-tokens) for chat.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/evp.h>
+
+#include "core/jfree.h"
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "constrain/grammar.h"
+#include "constrain/schema.h"
+#include "text/tokenizer.h"
+#include "constrain/toolcall.h"
+#include "sampan/log.h"
+#include "serving/adapters.h"
+#include "api/offload.h"
+#include "server/server.h"
+#include "sched/schedreq.h"
+#include "api/trace.h"
+
+typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
+
+typedef struct choice {
+    sp_jbuf_t text;      /* non-streaming: the whole text */
+    sp_jbuf_t lp;        /* non-streaming logprobs: chat content entries, or
+                            completions' four arrays kept apart: */
+    sp_jbuf_t lp_tokens, lp_values, lp_top, lp_offsets;
+    int n_lp;
+    size_t text_offset;  /* completions: bytes of token text so far */
+    size_t sent;         /* tools, streaming: bytes of text already sent as content */
+    sp_finish_t finish;
+    bool finished;
+} choice_t;
+
+/* A prompt text to tokenize on the worker into dst (cap entries). */
+typedef struct tok_in {
+    const char *text; /* NULL: given as ids, already in dst */
+    size_t len;
+    int32_t *dst;
+    int64_t n;        /* the result */
+} tok_in_t;
+
+/*
+ * The preparation of a request: what the loop hands the worker and what
+ * comes back. The worker reads the inputs (strings inside `body`, which the
+ * request owns until it ends) and writes the outputs; the loop touches
+ * neither until the result is posted back (the mailbox's lock orders them).
+ */
+typedef struct oai_prep {
+    json_t *body;                /* the request (a reference) */
+    sp_gen_params_t g;           /* its stop strings point into body */
+    int64_t max_tokens;
+    bool max_given;
+    /* At most one grammar source: a JSON schema, GBNF text, or a forced tool call. */
+    const json_t *schema;
+    json_t *own_schema;
+    const char *gbnf;
+    size_t gbnf_len;
+    const json_t *tools;
+    const char *tool_only;
+    /* chat: the messages (inside body) to check, gather and render */
+    const json_t *messages;
+    sp_chat_msg_t *msgs;
+    size_t n_msgs;
+    size_t *offs;
+    sp_jbuf_t store, tc;
+    char *tools_json;            /* jansson's allocator */
+    char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
+    char *prompt;                /* the rendered chat prompt */
+    size_t plen;
+    /* the prompts: tokens (cap per prompt) */
+    int32_t *toks;
+    int64_t cap;
+    tok_in_t *in;
+    int n_in;
+    bool add_bos, special;
+    const char *tok_param;
+    /* the outcome: http 0 = ready to submit */
+    int http;
+    const char *param, *code;
+    char err[512];
+} oai_prep_t;
+
+typedef struct oai_req {
+    sp_http_req_t *http;
+    sp_server_t *srv;
+    sp_served_model_t *m;
+    sp_req_adapter_t ad; /* "model": "<model>:<adapter>" (adapters.h), or none */
+    sp_sched_job_t *job;
+    oai_kind_t kind;
+    bool stream, include_usage, lp_on;
+    sp_schedreq_t sched; /* 'priority' and 'timeout' (schedreq.h) */
+    sp_req_clock_t clk;  /* metrics and the access log (metrics.h) */
+    sp_rckey_t *ck;      /* its response cache key, or NULL (respcache.h) */
+    int n;
+    int top_logprobs;
+    sp_grammar_t *grammar; /* response_format json_schema, `grammar` or a forced tool call */
+    bool tools_on;         /* chat with tools and tool_choice != none: parse tool calls */
+    sp_chat_tools_t tool_fmt;
+    char id[64];
+    int64_t created;
+    int64_t n_prompt;
+    choice_t *choices;
+    sp_jbuf_t out;
+    /* embeddings */
+    float *emb;
+    int n_embd;
+    bool base64;
+    bool emb_fault;      /* an embedding held NaN or inf */
+    oai_prep_t prep;
+    sp_offload_t off;    /* the preparation on a worker; off.gone: the client left meanwhile */
+} oai_req_t;
+
+/* ------------------------------------------------------------- helpers */
+
+/* A refusal to queue work on a preparation worker (offload.h): 429 names
+ * the full queue, 503 the server stopping or out of memory. */
+static void
+oai_refuse(sp_http_req_t *r, int status, const char *message)
+{
+    if (status == 429) {
+        sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
+    } else {
+        sp_server_error(r, status, NULL, NULL, NULL, "%s", message);
+    }
+}
+
+static void
+make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
+{
+    static _Atomic uint64_t ctr;
+    uint64_t x = (uint64_t)sp_time_ns() ^ (req_id * 0x9E3779B97F4A7C15ull) ^ (ctr++ << 40);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    snprintf(buf, cap, "%s-%016llx", prefix, (unsigned long long)x);
+}
+
+static uint64_t
+random_seed(uint64_t req_id)
+{
+    uint64_t x = (uint64_t)sp_time_ns() + req_id * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+}
+
+static const char *
+finish_str(sp_finish_t f)
+{
+    return f == SP_FINISH_LENGTH ? "length" : "stop";
+}
+
+static void
+oai_free(oai_req_t *q)
+{
+    if (q == NULL) {
+        return;
+    }
+    for (int i = 0; q->choices && i < q->n; i++) {
+        choice_t *c = &q->choices[i];
+        sp_jbuf_free(&c->text);
+        sp_jbuf_free(&c->lp);
+        sp_jbuf_free(&c->lp_tokens);
+        sp_jbuf_free(&c->lp_values);
+        sp_jbuf_free(&c->lp_top);
+        sp_jbuf_free(&c->lp_offsets);
+    }
+    sp_free(q->choices);
+    sp_free(q->emb);
+    oai_prep_t *pp = &q->prep;
+    json_decref(pp->own_schema);
+    sp_free(pp->msgs);
+    sp_free(pp->offs);
+    sp_jbuf_free(&pp->store);
+    sp_jbuf_free(&pp->tc);
+    if (pp->tools_json) {
+        sp_jfree(pp->tools_json);
+    }
+    sp_free(pp->prompt);
+    sp_free(pp->toks);
+    sp_free(pp->in);
+    json_decref(pp->body);
+    sp_grammar_release(q->grammar); /* the job holds its own reference */
+    sp_jbuf_free(&q->out);
+    sp_rckey_free(q->ck);
+    /* Ended without an outcome: refused while validating (it answered 4xx).
+     * A client that left has been accounted for then (offload.h). */
+    if (!q->off.gone) {
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
+    }
+    sp_req_adapter_release(&q->ad); /* the job holds its own reference */
+    sp_served_release(q->m); /* the request held its model until now */
+    sp_free(q);
+}
+
+/* The client left while the request was prepared (offload.h). */
+static void
+prep_drop(sp_offload_t *job)
+{
+    oai_free(SP_OFFLOAD_HOLDER(job, oai_req_t, off));
+}
+
+static void
+on_abort(sp_http_req_t *r, void *ud)
+{
+    oai_req_t *q = ud;
+    SP_LOG_INFO("event=client_disconnect rid=%s", sp_http_req_rid(r));
+    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
+    sp_sched_cancel(q->job);
+    oai_free(q);
+}
+
+/* The request's model, with a reference; answers the error itself (or
+ * parks the request until an on-demand load ends, then runs `retry` again)
+ * and returns NULL. */
+static sp_served_model_t *
+get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
+          const sp_route_params_t *p, sp_req_adapter_t *ad)
+{
+    const json_t *mv = json_object_get(body, "model");
+    if (mv == NULL || json_is_null(mv)) {
+        sp_server_error(r, 400, NULL, "model", NULL, "'model' is required");
+        return NULL;
+    }
+    if (!json_is_string(mv)) {
+        sp_server_error(r, 400, NULL, "model", NULL, "'model' must be a string");
+        return NULL;
+    }
+    sp_served_model_t *m;
+    sp_str_t none = {NULL, 0};
+    if (!sp_server_model_for(s, r, json_string_value(mv), json_string_length(mv), none, retry, p,
+                             &m)) {
+        return NULL;
+    }
+    if (m->be) {
+        sp_server_error(r, 400, NULL, "model", "model_not_generative",
+                        "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
+                        m->name, m->be->name, m->name);
+        sp_served_release(m);
+        return NULL;
+    }
+    if (!sp_server_adapter_for(s, r, m, json_string_value(mv), json_string_length(mv), ad)) {
+        sp_served_release(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void
+field_error(sp_http_req_t *r, const sp_json_err_t *e)
+{
+    sp_server_error(r, 400, NULL, e->param, NULL, "%s", e->msg);
+}
+
+/* ------------------------------------------------------ parameter parsing */
+
+/* Sampling, limits, stop, logprobs, response_format. Returns -1 after answering. */
+static int
+parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens_out,
+          bool *max_given)
+{
+    sp_http_req_t *r = q->http;
+    const sp_serve_config_t *cfg = &q->srv->cfg;
+    sp_json_err_t e = {{0}, NULL};
+    *g = sp_gen_default_params();
+    g->sampling.temperature = 1.0f;
+    g->sampling.top_k = 0;
+    g->sampling.top_p = 1.0f;
+    g->sampling.min_p = 0.0f;
+    g->sampling.repeat_penalty = 1.0f;
+    g->sampling.seed = random_seed(sp_http_req_id(r));
+    sp_served_apply_defaults(q->m, &g->sampling); /* the model config's `parameters` */
+    double d;
+    int64_t v;
+    int rc;
+#define NUM(key, lo, hi, dst)                                                   \
+    if ((rc = sp_json_get_num(b, key, lo, hi, &d, &e)) < 0) {                   \
+        field_error(r, &e);                                                     \
+        return -1;                                                              \
+    } else if (rc > 0) {                                                        \
+        dst = (float)d;                                                         \
+    }
+    NUM("temperature", 0, 2, g->sampling.temperature);
+    NUM("top_p", 0, 1, g->sampling.top_p);
+    NUM("min_p", 0, 1, g->sampling.min_p);
+    NUM("presence_penalty", -2, 2, g->sampling.presence_penalty);
+    NUM("frequency_penalty", -2, 2, g->sampling.frequency_penalty);
+    NUM("repetition_penalty", 0.01, 10, g->sampling.repeat_penalty);
+#undef NUM
+    if (g->sampling.top_p <= 0.0f) {
+        sp_server_error(r, 400, NULL, "top_p", NULL, "'top_p' must be greater than 0");
+        return -1;
+    }
+    if ((rc = sp_json_get_int(b, "top_k", -1, 1 << 20, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        g->sampling.top_k = v < 0 ? 0 : (int32_t)v;
+    }
+    if ((rc = sp_json_get_int(b, "seed", INT64_MIN, INT64_MAX, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        g->sampling.seed = (uint64_t)v;
+    }
+    bool ignore_eos = false;
+    if (sp_json_get_bool(b, "ignore_eos", &ignore_eos, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    g->ignore_eos = ignore_eos;
+    /* max_completion_tokens (chat, newer) wins over max_tokens. */
+    *max_given = false;
+    const char *mk = q->kind == OAI_CHAT && json_object_get(b, "max_completion_tokens") &&
+                             !json_is_null(json_object_get(b, "max_completion_tokens"))
+                         ? "max_completion_tokens"
+                         : "max_tokens";
+    if ((rc = sp_json_get_int(b, mk, 1, cfg->max_tokens, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    } else if (rc > 0) {
+        *max_tokens_out = v;
+        *max_given = true;
+    }
+    /* stop: a string or a list of non-empty strings */
+    const json_t *st = json_object_get(b, "stop");
+    if (st && !json_is_null(st)) {
+        if (json_is_string(st)) {
+            if (json_string_length(st) == 0 || json_string_length(st) > SP_GEN_MAX_STOP_LEN) {
+                sp_server_error(r, 400, NULL, "stop", NULL,
+                                "'stop' strings must have 1 to %d bytes", SP_GEN_MAX_STOP_LEN);
+                return -1;
+            }
+            g->stop[0] = json_string_value(st);
+            g->n_stop = 1;
+        } else if (json_is_array(st)) {
+            if (json_array_size(st) > SP_GEN_MAX_STOP) {
+                sp_server_error(r, 400, NULL, "stop", NULL, "'stop' has more than %d strings",
+                                SP_GEN_MAX_STOP);
+                return -1;
+            }
+            for (size_t i = 0; i < json_array_size(st); i++) {
+                const json_t *s = json_array_get(st, i);
+                if (!json_is_string(s) || json_string_length(s) == 0 ||
+                    json_string_length(s) > SP_GEN_MAX_STOP_LEN ||
+                    strlen(json_string_value(s)) != json_string_length(s)) {
+                    sp_server_error(r, 400, NULL, "stop", NULL,
+                                    "'stop' must be a list of strings of 1 to %d bytes",
+                                    SP_GEN_MAX_STOP_LEN);
+                    return -1;
+                }
+                g->stop[g->n_stop++] = json_string_value(s);
+            }
+        } else {
+            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' must be a string or a list of strings");
+            return -1;
+        }
+        if (json_is_string(st) && strlen(g->stop[0]) != json_string_length(st)) {
+            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' may not contain NUL");
+            return -1;
+        }
+    }
+    if ((rc = sp_json_get_int(b, "n", 1, cfg->max_n, &v, &e)) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    q->n = rc > 0 ? (int)v : 1;
+    /* Scheduling: tier (name or integer) and a deadline in milliseconds. */
+    if (sp_schedreq_parse(b, SP_SCHEDREQ_OPENAI, &q->sched, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    if (sp_json_get_bool(b, "stream", &q->stream, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    const json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            sp_server_error(r, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
+            return -1;
+        }
+        if (sp_json_get_bool(so, "include_usage", &q->include_usage, &e) < 0) {
+            e.param = "stream_options.include_usage";
+            field_error(r, &e);
+            return -1;
+        }
+    }
+    /* Log-probabilities: chat has logprobs (bool) + top_logprobs (int);
+     * completions has logprobs (int). */
+    q->top_logprobs = -1;
+    if (q->kind == OAI_CHAT) {
+        bool lp = false;
+        if (sp_json_get_bool(b, "logprobs", &lp, &e) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if ((rc = sp_json_get_int(b, "top_logprobs", 0, cfg->max_logprobs, &v, &e)) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if (rc > 0 && !lp) {
+            sp_server_error(r, 400, NULL, "top_logprobs", NULL,
+                            "'top_logprobs' requires 'logprobs': true");
+            return -1;
+        }
+        if (lp) {
+            q->top_logprobs = rc > 0 ? (int)v : 0;
+        }
+    } else {
+        if ((rc = sp_json_get_int(b, "logprobs", 0, cfg->max_logprobs, &v, &e)) < 0) {
+            field_error(r, &e);
+            return -1;
+        }
+        if (rc > 0) {
+            q->top_logprobs = (int)v;
+        }
+    }
+    q->lp_on = q->top_logprobs >= 0;
+    g->top_logprobs = q->top_logprobs;
+    /* Constraints: response_format (json_object, json_schema) or a GBNF `grammar`. */
+    const json_t *rf = json_object_get(b, "response_format");
+    const json_t *gr = json_object_get(b, "grammar");
+    if (gr && json_is_null(gr)) {
+        gr = NULL;
+    }
+    if (rf && !json_is_null(rf)) {
+        const char *t = NULL;
+        if (!json_is_object(rf) || sp_json_get_str(rf, "type", &t, NULL, &e) <= 0) {
+            sp_server_error(r, 400, NULL, "response_format", NULL,
+                            "'response_format' must be an object with a 'type'");
+            return -1;
+        }
+        if (strcmp(t, "json_object") == 0) {
+            g->json_object = true;
+        } else if (strcmp(t, "json_schema") == 0) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            const json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(js) || (json_object_get(js, "name") &&
+                                        !json_is_string(json_object_get(js, "name")))) {
+                sp_server_error(r, 400, NULL, "response_format.json_schema", NULL,
+                                "'response_format.json_schema' must be an object "
+                                "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
+                return -1;
+            }
+            if (schema == NULL) { /* OpenAI allows it out: any JSON object */
+                schema = q->prep.own_schema = json_pack("{s:s}", "type", "object");
+                if (schema == NULL) {
+                    sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+                    return -1;
+                }
+            }
+            q->prep.schema = schema; /* compiled by the preparation (prep_run) */
+        } else if (strcmp(t, "text") != 0) {
+            sp_server_error(r, 400, NULL, "response_format.type", NULL,
+                            "response_format type '%s' is not supported (text, json_object, "
+                            "json_schema)", t);
+            return -1;
+        }
+    }
+    if (gr != NULL) {
+        if (!json_is_string(gr) || json_string_length(gr) == 0) {
+            sp_server_error(r, 400, NULL, "grammar", NULL, "'grammar' must be GBNF text");
+            return -1;
+        }
+        if (g->json_object || q->prep.schema) {
+            sp_server_error(r, 400, NULL, "grammar", NULL,
+                            "'grammar' and 'response_format' json modes cannot be combined");
+            return -1;
+        }
+        q->prep.gbnf = json_string_value(gr); /* compiled by the preparation */
+        q->prep.gbnf_len = json_string_length(gr);
+    }
+    return 0;
+}
+
+/* Token ids of a prompt given as ids. */
+static int
+parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, int64_t cap,
+               int64_t *n_out)
+{
+    size_t n = json_array_size(a);
+    if ((int64_t)n > cap) {
+        sp_server_error(q->http, 400, NULL, param, NULL,
+                        "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
+        return -1;
+    }
+    int32_t n_vocab = sp_tokenizer_n_vocab(q->m->tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(a, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
+            sp_server_error(q->http, 400, NULL, param, NULL,
+                            "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
+            return -1;
+        }
+        toks[i] = (int32_t)json_integer_value(t);
+    }
+    *n_out = (int64_t)n;
+    return 0;
+}
+
+/* The HTTP status of a failed preparation step. A limit of the request's own
+ * content (grammar size, template output) is the client's to fix: 400, not
+ * the 413 the status table gives (that one is for bodies over the limit). */
+static int
+prep_http(sp_status_t st)
+{
+    return st == SP_ERR_TOO_LARGE ? 400 : sp_status_http(st);
+}
+
+/* Worker: record why the preparation failed (the loop answers it). */
+static void SP_PRINTF(5, 6)
+prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, const char *fmt, ...)
+{
+    pp->http = prep_http(st);
+    pp->param = param;
+    pp->code = code ? code : st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pp->err, sizeof pp->err, fmt, ap);
+    va_end(ap);
+}
+
+/* Worker: tokenize one prompt into t->dst (cap entries); false after prep_fail. */
+static bool
+tokenize_text(oai_req_t *q, tok_in_t *t)
+{
+    oai_prep_t *pp = &q->prep;
+    int64_t cap = pp->cap;
+    /* No vocabulary spends 64 bytes per token on average: longer text cannot
+     * fit, and is refused before the tokenizer spends time on it. */
+    if (t->len / 64 > (size_t)cap) {
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt is too long for the context of %lld tokens", (long long)cap);
+        return false;
+    }
+    int64_t n = sp_tokenize(q->m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
+    if (n < 0) {
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, "cannot tokenize the prompt: %s",
+                  sp_status_str((sp_status_t)n));
+        return false;
+    }
+    if (n > cap) {
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt has %lld tokens, the context holds %lld", (long long)n,
+                  (long long)cap);
+        return false;
+    }
+    t->n = n;
+    return true;
+}
+
+static bool gather_messages(oai_prep_t *pp);
+
+/* Worker: compile the grammar, render the chat template, tokenize. Reads only
+ * the request's inputs in prep (and its model, which it holds), writes only
+ * prep's outputs and q->grammar. */
+static void
+prep_run(sp_offload_t *job)
+{
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
+    oai_prep_t *pp = &q->prep;
+    char err[512];
+    sp_status_t st;
+    if (pp->schema) {
+        st = sp_schema_grammar(pp->schema, &q->grammar, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "response_format.json_schema.schema", NULL, "%s", err);
+            return;
+        }
+    } else if (pp->gbnf) {
+        st = sp_grammar_compile(pp->gbnf, pp->gbnf_len, &q->grammar, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "grammar", NULL, "%s", err);
+            return;
+        }
+    } else if (pp->tools) {
+        char *text = NULL;
+        size_t len = 0;
+        st = sp_toolcall_grammar(q->tool_fmt, pp->tools, pp->tool_only, &text, &len, err, sizeof err);
+        if (st == SP_OK) {
+            char gerr[256];
+            st = sp_grammar_compile(text, len, &q->grammar, gerr, sizeof gerr);
+            if (st != SP_OK) {
+                snprintf(err, sizeof err, "tools: %s", gerr);
+            }
+        }
+        sp_free(text);
+        if (st != SP_OK) {
+            prep_fail(pp, st, pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
+            return;
+        }
+    }
+    if (q->grammar != NULL) {
+        /* The matcher's start state has limits of its own: check them here,
+         * where the answer can name the parameter, not at submission. */
+        sp_gmatch_t *gm = NULL;
+        st = sp_gmatch_create(q->grammar, &gm, err, sizeof err);
+        sp_gmatch_destroy(gm);
+        if (st != SP_OK) {
+            prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
+                              : pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
+            return;
+        }
+    }
+    if (pp->messages) {
+        if (!gather_messages(pp)) {
+            return;
+        }
+        sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = pp->bos,
+                                 .eos_text = pp->eos, .tools_json = pp->tools_json};
+        st = sp_chat_apply_ex(q->m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
+                              err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "messages", NULL, "%s", err);
+            return;
+        }
+        /* The template usually writes the BOS text itself; add one only if not. */
+        pp->add_bos = sp_tokenizer_add_bos(q->m->tok) &&
+                      !(pp->bos[0] && strncmp(pp->prompt, pp->bos, strlen(pp->bos)) == 0);
+        pp->in[0].text = pp->prompt;
+        pp->in[0].len = pp->plen;
+    }
+    for (int i = 0; i < pp->n_in; i++) {
+        if (pp->in[i].text != NULL && !tokenize_text(q, &pp->in[i])) {
+            return;
+        }
+    }
+}
+
+static void prep_done(sp_offload_t *job, sp_http_req_t *r);
+
+static const sp_offload_ops_t prep_ops = {
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = oai_refuse,
+};
+
+/* Hand the request to a preparation worker (offload.h); answers it on failure. */
+static void
+prep_start(oai_req_t *q)
+{
+    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
+        oai_free(q);
+    }
+}
+
+/* ------------------------------------------------------------- responses */
+
+static void
+begin_object(oai_req_t *q, sp_jbuf_t *b, const char *object)
+{
+    sp_jbuf_lit(b, "{\"id\":");
+    sp_jbuf_cstr(b, q->id);
+    sp_jbuf_lit(b, ",\"object\":");
+    sp_jbuf_cstr(b, object);
+    sp_jbuf_printf(b, ",\"created\":%lld,\"model\":", (long long)q->created);
+    sp_req_adapter_model_name(q->m, &q->ad, b);
+    sp_jbuf_lit(b, ",\"system_fingerprint\":\"sampan\"");
+}
+
+static void
+write_usage(sp_jbuf_t *b, int64_t prompt, int64_t completion)
+{
+    sp_jbuf_printf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+                   "\"total_tokens\":%lld}",
+                   (long long)prompt, (long long)completion, (long long)(prompt + completion));
+}
+
+static void
+write_bytes(sp_jbuf_t *b, const char *s, int32_t n)
+{
+    sp_jbuf_lit(b, "[");
+    for (int32_t i = 0; i < n; i++) {
+        sp_jbuf_printf(b, i ? ",%u" : "%u", (unsigned)(unsigned char)s[i]);
+    }
+    sp_jbuf_lit(b, "]");
+}
+
+/* One chat logprobs "content" entry. */
+static void
+write_chat_lp(sp_jbuf_t *b, const sp_sched_event_t *ev)
+{
+    sp_jbuf_lit(b, "{\"token\":");
+    sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
+    sp_jbuf_lit(b, ",\"logprob\":");
+    sp_jbuf_num(b, ev->chosen.logprob);
+    sp_jbuf_lit(b, ",\"bytes\":");
+    write_bytes(b, ev->chosen.text, ev->chosen.text_len);
+    sp_jbuf_lit(b, ",\"top_logprobs\":[");
+    for (int i = 0; i < ev->n_top; i++) {
+        const sp_sched_logprob_t *t = &ev->top[i];
+        sp_jbuf_lit(b, i ? ",{\"token\":" : "{\"token\":");
+        sp_jbuf_str(b, t->text, (size_t)t->text_len);
+        sp_jbuf_lit(b, ",\"logprob\":");
+        sp_jbuf_num(b, t->logprob);
+        sp_jbuf_lit(b, ",\"bytes\":");
+        write_bytes(b, t->text, t->text_len);
+        sp_jbuf_lit(b, "}");
+    }
+    sp_jbuf_lit(b, "]}");
+}
+
+/* Completions' top_logprobs entry: {"tok": lp, ...} (later duplicates dropped). */
+static void
+write_top_map(sp_jbuf_t *b, const sp_sched_event_t *ev)
+{
+    sp_jbuf_lit(b, "{");
+    int written = 0;
+    for (int i = 0; i < ev->n_top; i++) {
+        const sp_sched_logprob_t *t = &ev->top[i];
+        bool dup = false;
+        for (int k = 0; k < i && !dup; k++) {
+            dup = ev->top[k].text_len == t->text_len &&
+                  memcmp(ev->top[k].text, t->text, (size_t)t->text_len) == 0;
+        }
+        if (dup) {
+            continue;
+        }
+        if (written++) {
+            sp_jbuf_lit(b, ",");
+        }
+        sp_jbuf_str(b, t->text, (size_t)t->text_len);
+        sp_jbuf_lit(b, ":");
+        sp_jbuf_num(b, t->logprob);
+    }
+    sp_jbuf_lit(b, "}");
+}
+
+static int
+stream_send(oai_req_t *q)
+{
+    sp_jbuf_t *b = &q->out;
+    if (b->oom || sp_http_stream_write(q->http, b->p, b->len) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* SSE: "data: " + JSON + blank line, one HTTP chunk per event. */
+static void
+sse_begin(oai_req_t *q)
+{
+    sp_jbuf_reset(&q->out);
+    sp_jbuf_lit(&q->out, "data: ");
+}
+
+static void
+chunk_head(oai_req_t *q)
+{
+    sse_begin(q);
+    begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+    sp_jbuf_lit(&q->out, ",\"choices\":[");
+}
+
+static int
+chunk_end(oai_req_t *q)
+{
+    sp_jbuf_lit(&q->out, "]}\n\n");
+    return stream_send(q);
+}
+
+/* ---- tool calls ---- */
+
+/* A call id like OpenAI's: "call_" and 16 hex digits. */
+static void
+call_id(oai_req_t *q, int k, char *buf, size_t cap)
+{
+    make_id(buf, cap, "call", sp_http_req_id(q->http) * 31u + (uint64_t)k);
+    buf[4] = '_';
+}
+
+/* One entry of tool_calls; part 0: all of it, 1: id, type, name and empty
+ * arguments (a stream's first delta), 2: the arguments only (the second). */
+static void
+write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
+{
+    char id[64];
+    sp_jbuf_lit(b, "{");
+    if (part != 0) {
+        sp_jbuf_printf(b, "\"index\":%d,", k);
+    }
+    if (part != 2) {
+        call_id(q, k, id, sizeof id);
+        sp_jbuf_lit(b, "\"id\":");
+        sp_jbuf_cstr(b, id);
+        sp_jbuf_lit(b, ",\"type\":\"function\",\"function\":{\"name\":");
+        sp_jbuf_cstr(b, json_string_value(json_object_get(call, "name")));
+        sp_jbuf_lit(b, ",\"arguments\":");
+    } else {
+        sp_jbuf_lit(b, "\"function\":{\"arguments\":");
+    }
+    if (part == 1) {
+        sp_jbuf_lit(b, "\"\"");
+    } else {
+        char *args = json_dumps(json_object_get(call, "arguments"), JSON_COMPACT);
+        sp_jbuf_cstr(b, args ? args : "{}");
+        sp_jfree(args);
+    }
+    sp_jbuf_lit(b, "}}");
+}
+
+static int
+stream_content(oai_req_t *q, int index, const char *text, size_t len)
+{
+    chunk_head(q);
+    sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"content\":", index);
+    sp_jbuf_str(&q->out, text, len);
+    sp_jbuf_lit(&q->out, "},\"logprobs\":null,\"finish_reason\":null}");
+    return chunk_end(q);
+}
+
+/* Streaming with tools: text goes out as content only while it cannot be
+ * the start of a call; from a call's start on, it waits for the finish. */
+static int
+stream_tool_text(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    sp_jbuf_raw(&c->text, ev->text, ev->text_len);
+    if (c->text.oom || c->text.p == NULL) {
+        return c->text.oom ? -1 : 0;
+    }
+    bool in_call;
+    size_t safe = sp_toolcall_safe_prefix(q->tool_fmt, c->text.p, c->text.len, &in_call);
+    if (safe > c->sent) {
+        int rc = stream_content(q, ev->index, c->text.p + c->sent, safe - c->sent);
+        c->sent = safe;
+        return rc;
+    }
+    return 0;
+}
+
+/* The end of a streamed choice with tools: the rest of the content, the calls. */
+static int
+stream_tool_finish(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    const char *text = c->text.p ? c->text.p : "";
+    json_t *calls = NULL;
+    size_t content_len = c->text.len;
+    sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
+    int rc = 0;
+    if (content_len > c->sent) {
+        rc = stream_content(q, ev->index, text + c->sent, content_len - c->sent);
+        c->sent = content_len;
+    }
+    for (size_t k = 0; calls && k < json_array_size(calls) && rc == 0; k++) {
+        for (int part = 1; part <= 2 && rc == 0; part++) {
+            chunk_head(q);
+            sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{%s\"tool_calls\":[", ev->index,
+                           part == 1 && k == 0 && c->sent == 0 ? "\"content\":null," : "");
+            write_call(q, &q->out, json_array_get(calls, k), (int)k, part);
+            sp_jbuf_lit(&q->out, "]},\"logprobs\":null,\"finish_reason\":null}");
+            rc = chunk_end(q);
+        }
+    }
+    if (rc == 0) {
+        chunk_head(q);
+        sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{},\"logprobs\":null,"
+                       "\"finish_reason\":\"%s\"}", ev->index,
+                       calls ? "tool_calls" : finish_str(ev->finish));
+        rc = chunk_end(q);
+    }
+    json_decref(calls);
+    return rc;
+}
+
+static int
+stream_token(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    if (q->tools_on) {
+        return stream_tool_text(q, ev);
+    }
+    if (ev->text_len == 0 && !ev->has_logprobs) {
+        return 0;
+    }
+    chunk_head(q);
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
+    if (q->kind == OAI_CHAT) {
+        sp_jbuf_lit(b, "\"delta\":{\"content\":");
+        sp_jbuf_str(b, ev->text, ev->text_len);
+        sp_jbuf_lit(b, "},\"logprobs\":");
+        if (ev->has_logprobs) {
+            sp_jbuf_lit(b, "{\"content\":[");
+            write_chat_lp(b, ev);
+            sp_jbuf_lit(b, "],\"refusal\":null}");
+        } else {
+            sp_jbuf_lit(b, "null");
+        }
+    } else {
+        sp_jbuf_lit(b, "\"text\":");
+        sp_jbuf_str(b, ev->text, ev->text_len);
+        sp_jbuf_lit(b, ",\"logprobs\":");
+        if (ev->has_logprobs) {
+            sp_jbuf_lit(b, "{\"tokens\":[");
+            sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
+            sp_jbuf_lit(b, "],\"token_logprobs\":[");
+            sp_jbuf_num(b, ev->chosen.logprob);
+            sp_jbuf_lit(b, "],\"top_logprobs\":[");
+            write_top_map(b, ev);
+            sp_jbuf_printf(b, "],\"text_offset\":[%zu]}", c->text_offset);
+            c->text_offset += (size_t)ev->chosen.text_len;
+        } else {
+            sp_jbuf_lit(b, "null");
+        }
+    }
+    sp_jbuf_lit(b, ",\"finish_reason\":null}");
+    return chunk_end(q);
+}
+
+static int
+stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    if (q->tools_on) {
+        return stream_tool_finish(q, ev);
+    }
+    chunk_head(q);
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
+    sp_jbuf_lit(b, q->kind == OAI_CHAT ? "\"delta\":{}," : "\"text\":\"\",");
+    sp_jbuf_printf(b, "\"logprobs\":null,\"finish_reason\":\"%s\"}", finish_str(ev->finish));
+    return chunk_end(q);
+}
+
+static void
+gather_token(oai_req_t *q, const sp_sched_event_t *ev)
+{
+    choice_t *c = &q->choices[ev->index];
+    sp_jbuf_raw(&c->text, ev->text, ev->text_len);
+    if (!ev->has_logprobs) {
+        return;
+    }
+    if (q->kind == OAI_CHAT) {
+        if (c->n_lp) {
+            sp_jbuf_lit(&c->lp, ",");
+        }
+        write_chat_lp(&c->lp, ev);
+    } else {
+        const char *sep = c->n_lp ? "," : "";
+        sp_jbuf_lit(&c->lp_tokens, sep);
+        sp_jbuf_str(&c->lp_tokens, ev->chosen.text, (size_t)ev->chosen.text_len);
+        sp_jbuf_lit(&c->lp_values, sep);
+        sp_jbuf_num(&c->lp_values, ev->chosen.logprob);
+        sp_jbuf_lit(&c->lp_top, sep);
+        write_top_map(&c->lp_top, ev);
+        sp_jbuf_printf(&c->lp_offsets, "%s%zu", sep, c->text_offset);
+        c->text_offset += (size_t)ev->chosen.text_len;
+    }
+    c->n_lp++;
+}
+
+static void
+reply_complete(oai_req_t *q, int64_t completion_tokens)
+{
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    begin_object(q, b, q->kind == OAI_CHAT ? "chat.completion" : "text_completion");
+    sp_jbuf_lit(b, ",\"choices\":[");
+    for (int i = 0; i < q->n; i++) {
+        choice_t *c = &q->choices[i];
+        const char *text = c->text.p ? c->text.p : "";
+        sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
+        json_t *calls = NULL;
+        if (q->kind == OAI_CHAT) {
+            size_t content_len = c->text.len;
+            if (q->tools_on) {
+                sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
+            }
+            sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            if (calls && content_len == 0) {
+                sp_jbuf_lit(b, "null");
+            } else {
+                sp_jbuf_str(b, text, content_len);
+            }
+            if (calls) {
+                sp_jbuf_lit(b, ",\"tool_calls\":[");
+                for (size_t k = 0; k < json_array_size(calls); k++) {
+                    if (k) {
+                        sp_jbuf_lit(b, ",");
+                    }
+                    write_call(q, b, json_array_get(calls, k), (int)k, 0);
+                }
+                sp_jbuf_lit(b, "]");
+            }
+            sp_jbuf_lit(b, ",\"refusal\":null},\"logprobs\":");
+            if (q->lp_on) {
+                sp_jbuf_lit(b, "{\"content\":[");
+                if (c->lp.p) {
+                    sp_jbuf_raw(b, c->lp.p, c->lp.len);
+                }
+                sp_jbuf_lit(b, "],\"refusal\":null}");
+            } else {
+                sp_jbuf_lit(b, "null");
+            }
+        } else {
+            sp_jbuf_lit(b, "\"text\":");
+            sp_jbuf_str(b, text, c->text.len);
+            sp_jbuf_lit(b, ",\"logprobs\":");
+            if (q->lp_on) {
+                sp_jbuf_lit(b, "{\"tokens\":[");
+                sp_jbuf_raw(b, c->lp_tokens.p ? c->lp_tokens.p : "", c->lp_tokens.len);
+                sp_jbuf_lit(b, "],\"token_logprobs\":[");
+                sp_jbuf_raw(b, c->lp_values.p ? c->lp_values.p : "", c->lp_values.len);
+                sp_jbuf_lit(b, "],\"top_logprobs\":[");
+                sp_jbuf_raw(b, c->lp_top.p ? c->lp_top.p : "", c->lp_top.len);
+                sp_jbuf_lit(b, "],\"text_offset\":[");
+                sp_jbuf_raw(b, c->lp_offsets.p ? c->lp_offsets.p : "", c->lp_offsets.len);
+                sp_jbuf_lit(b, "]}");
+            } else {
+                sp_jbuf_lit(b, "null");
+            }
+        }
+        sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}",
+                       calls ? "tool_calls" : finish_str(c->finished ? c->finish : SP_FINISH_STOP));
+        json_decref(calls);
+    }
+    sp_jbuf_lit(b, "],");
+    write_usage(b, q->n_prompt, completion_tokens);
+    sp_jbuf_lit(b, "}");
+    if (!b->oom) {
+        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len,
+                        q->n > 0 && q->choices[0].finished ? q->choices[0].finish : SP_FINISH_STOP);
+    }
+    sp_server_reply_json(q->http, 200, b);
+}
+
+static void
+reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
+{
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    sp_jbuf_lit(b, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < q->n; i++) {
+        const float *e = q->emb + (size_t)i * (size_t)q->n_embd;
+        sp_jbuf_printf(b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
+        if (q->base64) {
+            /* float32 little-endian bytes, as OpenAI's base64 encoding_format */
+            /* EVP_EncodeBlock in slices of whole 3-byte groups, so only the
+             * last slice can carry padding. */
+            const unsigned char *p = (const unsigned char *)e;
+            size_t n = (size_t)q->n_embd * sizeof(float);
+            sp_jbuf_lit(b, "\"");
+            unsigned char enc[4 * 256 + 1];
+            for (size_t k = 0; k < n; k += 3 * 256) {
+                int m = (int)(n - k < 3 * 256 ? n - k : 3 * 256);
+                sp_jbuf_raw(b, (const char *)enc, (size_t)EVP_EncodeBlock(enc, p + k, m));
+            }
+            sp_jbuf_lit(b, "\"}");
+        } else {
+            sp_jbuf_lit(b, "[");
+            for (int k = 0; k < q->n_embd; k++) {
+                if (k) {
+                    sp_jbuf_lit(b, ",");
+                }
+                sp_jbuf_num(b, e[k]);
+            }
+            sp_jbuf_lit(b, "]}");
+        }
+    }
+    sp_jbuf_lit(b, "],\"model\":");
+    sp_req_adapter_model_name(q->m, &q->ad, b);
+    sp_jbuf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
+                   (long long)prompt_tokens, (long long)prompt_tokens);
+    if (!b->oom) {
+        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
+    }
+    sp_server_reply_json(q->http, 200, b);
+}
+
+/* Events of a job, on the loop thread. */
+static void
+on_event(const sp_sched_event_t *ev, void *ud)
+{
+    oai_req_t *q = ud;
+    int rc = 0;
+    switch (ev->kind) {
+    case SP_SCHED_EV_TOKEN:
+        sp_req_clock_token(&q->clk);
+        /* Counted as they come: a request that ends before DONE (the client
+         * left, a slow reader) is charged what was generated until then. */
+        q->clk.completion_tokens += ev->token >= 0;
+        if (ev->index == 0) {
+            sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
+        }
+        if (q->stream) {
+            rc = stream_token(q, ev);
+        } else {
+            gather_token(q, ev);
+        }
+        break;
+    case SP_SCHED_EV_FINISH:
+        q->choices[ev->index].finish = ev->finish;
+        q->choices[ev->index].finished = true;
+        if (q->stream) {
+            rc = stream_finish(q, ev);
+        }
+        break;
+    case SP_SCHED_EV_EMBEDDING:
+        if (ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
+            memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
+                   (size_t)q->n_embd * sizeof(float));
+            for (int k = 0; k < q->n_embd; k++) {
+                /* JSON has no NaN: never write one as null, it is the model's fault */
+                q->emb_fault |= !isfinite(ev->embedding[k]);
+            }
+        }
+        break;
+    case SP_SCHED_EV_DONE: {
+        sp_http_req_t *r = q->http;
+        q->clk.queue_ns = ev->queue_ns;
+        q->clk.compute_ns = ev->compute_ns;
+        q->clk.prompt_tokens = ev->prompt_tokens;
+        q->clk.completion_tokens = ev->completion_tokens;
+        sp_status_t status = ev->status;
+        const char *message = ev->message;
+        if (status == SP_OK && q->emb_fault) {
+            status = SP_ERR_MODEL_FAULT;
+            message = "the model produced NaN or infinite embeddings";
+        }
+        if (status == SP_ERR_MODEL_FAULT) {
+            sp_served_fault(q->m, sp_http_req_rid(r), message ? message : "model fault");
+        }
+        sp_req_end(r, q->m, &q->clk, status == SP_OK,
+                   q->choices && q->n > 0 ? q->choices[0].finish : SP_FINISH_STOP,
+                   sp_fail_reason_of(status, message));
+        if (status != SP_OK) {
+            int http = status == SP_ERR_CANCELLED ? 503 : prep_http(status);
+            const char *msg = message ? message : sp_status_str(status);
+            if (q->stream) {
+                sse_begin(q);
+                sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
+                sp_jbuf_cstr(&q->out, msg);
+                sp_jbuf_printf(&q->out, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}\n\n", http);
+                stream_send(q);
+                sp_http_stream_end(r);
+            } else {
+                sp_server_error(r, http, NULL, NULL, NULL, "%s", msg);
+            }
+        } else if (q->kind == OAI_EMBED) {
+            reply_embeddings(q, ev->prompt_tokens);
+        } else if (q->stream) {
+            if (q->include_usage) {
+                sse_begin(q);
+                begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+                sp_jbuf_lit(&q->out, ",\"choices\":[],");
+                write_usage(&q->out, q->n_prompt, ev->completion_tokens);
+                sp_jbuf_lit(&q->out, "}\n\n");
+                stream_send(q);
+            }
+            sp_jbuf_reset(&q->out);
+            sp_jbuf_lit(&q->out, "data: [DONE]\n\n");
+            stream_send(q);
+            sp_http_stream_end(r);
+        } else {
+            reply_complete(q, ev->completion_tokens);
+        }
+        oai_free(q);
+        return;
+    }
+    }
+    if (rc != 0) {
+        /* The client cannot keep up (or is gone): stop the work, drop the connection. */
+        SP_LOG_INFO("event=stream_dropped rid=%s reason=slow_reader", sp_http_req_rid(q->http));
+        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_OVERLOADED);
+        sp_sched_cancel(q->job);
+        sp_http_abort(q->http);
+        oai_free(q);
+    }
+}
+
+/* Submit and start answering (stream head now, or wait for DONE). */
+static void
+submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *g,
+       const int32_t *const *prompts, const int64_t *n_prompts, int n_seq)
+{
+    sp_http_req_t *r = q->http;
+    const int32_t *one[SP_SCHED_MAX_N];
+    int64_t lens[SP_SCHED_MAX_N];
+    if (prompts == NULL) {
+        for (int i = 0; i < n_seq; i++) {
+            one[i] = toks;
+            lens[i] = n_tok;
+        }
+        prompts = one;
+        n_prompts = lens;
+    }
+    sp_sched_request_t sr;
+    memset(&sr, 0, sizeof sr);
+    sr.prompts = prompts;
+    sr.n_prompts = n_prompts;
+    sr.n = n_seq;
+    if (g) {
+        sr.gen = *g;
+    }
+    sr.embed = q->kind == OAI_EMBED;
+    sr.lora = q->ad.lora;
+    sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
+    sr.priority = sp_server_priority(r, q->sched.priority);
+    sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), q->srv->cfg.prefix_cache_scope);
+    sr.mailbox = sp_server_mailbox(r);
+    sr.on_event = on_event;
+    sr.ud = q;
+    /* The tenant's tokens per minute: reserve the most this request may use
+     * (its prompts, and max_tokens for each sequence); settled at its end
+     * (sp_req_end) with what it used, however it ends. */
+    int64_t prompt = 0;
+    for (int i = 0; i < n_seq; i++) {
+        prompt += n_prompts[i];
+    }
+    int64_t most = prompt + (sr.embed ? 0 : (int64_t)n_seq * (sr.gen.max_tokens > 0 ? sr.gen.max_tokens : 1));
+    sp_auth_result_t ar;
+    if (!sp_auth_reserve(sp_http_req_user(r), most, &q->clk.charge, &ar)) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
+        sp_http_add_header(r, "Retry-After", ra);
+        sp_server_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", ar.message);
+        oai_free(q);
+        return;
+    }
+    q->clk.prompt_tokens = prompt; /* what an end before DONE is charged for the prompts */
+    char err[512];
+    sp_trace_http_submit(r); /* the queue span starts here */
+    sp_sched_t *sch = sp_served_pick(q->m);
+    sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
+    if (st != SP_OK) {
+        q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
+        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
+        if (st == SP_ERR_BUSY) {
+            char ra[16];
+            snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
+            sp_http_add_header(r, "Retry-After", ra);
+            sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
+        } else {
+            sp_server_error(r, prep_http(st), NULL, NULL,
+                            st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL, "%s", err);
+        }
+        oai_free(q);
+        return;
+    }
+    sp_http_req_on_abort(r, on_abort, q);
+    if (q->stream) {
+        sp_http_add_header(r, "Cache-Control", "no-cache");
+        sp_http_add_header(r, "X-Accel-Buffering", "no");
+        sp_http_stream_start(r, 200, "text/event-stream");
+        if (q->kind == OAI_CHAT) {
+            /* OpenAI opens every choice with the assistant role. */
+            for (int i = 0; i < q->n; i++) {
+                chunk_head(q);
+                sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                               "\"logprobs\":null,\"finish_reason\":null}", i);
+                chunk_end(q);
+            }
+        }
+    }
+}
+
+static oai_req_t *
+oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
+        sp_req_adapter_t *ad)
+{
+    oai_req_t *q = sp_calloc(1, sizeof *q);
+    if (q == NULL) {
+        sp_req_adapter_release(ad);
+        sp_served_release(m);
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    q->m = m; /* the reference passes to the request, and the adapter's */
+    q->ad = *ad;
+    q->http = r;
+    q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
+    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
+    q->srv = s;
+    q->kind = kind;
+    q->n = 1;
+    q->created = (int64_t)time(NULL);
+    make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl" : kind == OAI_EMBED ? "embd" : "cmpl",
+            sp_http_req_id(r));
+    return q;
+}
+
+/*
+ * Bodies up to OAI_INLINE_BODY are parsed on the loop (well under a
+ * millisecond). A larger one is copied and parsed on a preparation worker;
+ * the handler then runs again on the loop with the parsed body, handed over
+ * through sp_offload_body_redo (offload.h).
+ */
+#define OAI_INLINE_BODY (64u * 1024u)
+
+typedef struct oai_body {
+    sp_offload_body_t b;
+    int json_depth;
+    json_t *root;
+    char err[512];
+} oai_body_t;
+
+static void
+body_work(sp_offload_t *job)
+{
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    if (sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
+        j->root = NULL;
+    }
+    sp_offload_body_drop(&j->b);
+}
+
+static void
+body_free(sp_offload_t *job)
+{
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    json_decref(j->root); /* NULL when the handler took it */
+    sp_offload_body_drop(&j->b);
+    sp_free(j);
+}
+
+/* Loop thread: the parsed body (or why not); run the handler with it. */
+static void
+body_done(sp_offload_t *job, sp_http_req_t *r)
+{
+    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
+    if (j->root == NULL) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+    } else if (!json_is_object(j->root)) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+    } else {
+        sp_offload_body_rerun(&j->b); /* body_object takes j->root */
+    }
+    body_free(job);
+}
+
+static const sp_offload_ops_t body_ops = {
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = oai_refuse,
+};
+
+/* Parse the body as a JSON object; answers and returns NULL on failure. A
+ * large body is parsed on a worker: NULL now, and `handler` runs again with
+ * it parsed. */
+static json_t *
+body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
+{
+    sp_offload_body_t *redo = sp_offload_body_redo(r);
+    oai_body_t *parsed = redo ? SP_OFFLOAD_HOLDER(redo, oai_body_t, b) : NULL;
+    if (parsed != NULL && parsed->root != NULL) {
+        json_t *root = parsed->root;
+        parsed->root = NULL;
+        return root;
+    }
+    sp_str_t body = sp_http_req_body(r);
+    if (body.len == 0) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
+        return NULL;
+    }
+    if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
+        oai_body_t *j = sp_calloc(1, sizeof *j);
+        if (j == NULL) {
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return NULL;
+        }
+        j->json_depth = s->cfg.json_depth;
+        if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
+            sp_free(j);
+        }
+        return NULL;
+    }
+    json_t *root;
+    char err[512];
+    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
+        sp_server_error(r, 400, NULL, NULL, NULL, "%s", err);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Shared by completions and chat after the prompt tokens are known. */
+static void
+run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
+               int32_t *toks, int64_t n_tok)
+{
+    int64_t n_ctx = q->m->n_ctx;
+    if (n_tok >= n_ctx) {
+        sp_server_error(q->http, 400, NULL, "messages", "context_length_exceeded",
+                        "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
+                        (long long)n_ctx);
+        oai_free(q);
+        return;
+    }
+    if (!max_given) {
+        max_tokens = q->m->def.max_tokens > 0 ? q->m->def.max_tokens
+                     : q->kind == OAI_CHAT    ? n_ctx - n_tok
+                                              : 16;
+        if (max_tokens > q->srv->cfg.max_tokens) {
+            max_tokens = q->srv->cfg.max_tokens;
+        }
+        if (max_tokens > n_ctx - n_tok) {
+            max_tokens = n_ctx - n_tok;
+        }
+        /* A tenant's minute must hold the whole reservation (submit): a
+         * default that could never fit stops within the tokens limit. */
+        int64_t tpm = sp_auth_tpm(sp_http_req_user(q->http));
+        if (tpm > 0 && max_tokens > (tpm - n_tok) / q->n) {
+            max_tokens = (tpm - n_tok) / q->n > 1 ? (tpm - n_tok) / q->n : 1;
+        }
+    } else if (n_tok + max_tokens > n_ctx) {
+        sp_server_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
+                        "this model's context is %lld tokens; the prompt has %lld and max_tokens "
+                        "asks for %lld more",
+                        (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
+        oai_free(q);
+        return;
+    }
+    g->max_tokens = (int32_t)max_tokens;
+    q->n_prompt = n_tok;
+    q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
+    if (q->choices == NULL) {
+        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        oai_free(q);
+        return;
+    }
+    submit(q, toks, n_tok, g, NULL, NULL, q->n);
+}
+
+/* Loop thread: the preparation's result. Answer its error, or submit. */
+static void
+prep_done(sp_offload_t *job, sp_http_req_t *r)
+{
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
+    oai_prep_t *pp = &q->prep;
+    if (pp->http != 0) {
+        sp_server_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
+        oai_free(q);
+        return;
+    }
+    pp->g.grammar = q->grammar;
+    if (q->kind == OAI_EMBED) {
+        const int32_t *prompts[SP_SCHED_MAX_N];
+        int64_t lens[SP_SCHED_MAX_N];
+        for (int i = 0; i < pp->n_in && i < SP_SCHED_MAX_N; i++) {
+            prompts[i] = pp->in[i].dst;
+            lens[i] = pp->in[i].n;
+        }
+        submit(q, NULL, 0, NULL, prompts, lens, q->n);
+        return;
+    }
+    if (pp->prompt) {
+        /* The access log keeps the end of the rendered prompt (the latest turn). */
+        size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
+        sp_req_clock_text(&q->clk, false, pp->prompt + pp->plen - keep, keep);
+    }
+    run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
+}
+
+/* Loop thread: room for n prompts of the model's context (tokens and their
+ * tokenize jobs); false after answering 503. */
+static bool
+prep_alloc(oai_req_t *q, int n)
+{
+    oai_prep_t *pp = &q->prep;
+    pp->cap = q->m->n_ctx;
+    pp->toks = sp_malloc((size_t)n * (size_t)pp->cap * sizeof(int32_t));
+    pp->in = sp_calloc((size_t)n, sizeof *pp->in);
+    if (pp->toks == NULL || pp->in == NULL) {
+        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        return false;
+    }
+    pp->n_in = n;
+    for (int i = 0; i < n; i++) {
+        pp->in[i].dst = pp->toks + (size_t)i * (size_t)pp->cap;
+    }
+    return true;
+}
+
+/* The response cache (respcache.h): only answers that a second run would
+ * repeat are kept: greedy requests (temperature 0), seeded ones (a `seed` in
+ * the request or in the model's config: the sampler then draws the same
+ * tokens, choice i with seed + i) and embeddings, never streams. The key is
+ * the body with sorted keys, less the fields that do not change the answer.
+ * g is NULL for embeddings. true: answered from the cache. */
+static bool
+cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
+{
+    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout", NULL};
+    if (!sp_rcache_enabled(q->m) || q->stream) {
+        return false;
+    }
+    if (g && !(g->sampling.temperature == 0.0f || json_is_integer(json_object_get(b, "seed")) ||
+               q->m->def.seed_set)) {
+        return false;
+    }
+    q->ck = sp_rckey_new(q->m, q->kind == OAI_CHAT    ? "openai/chat"
+                               : q->kind == OAI_EMBED ? "openai/embeddings"
+                                                      : "openai/completions");
+    sp_rckey_add_json(q->ck, b, drop);
+    if (q->ad.lora != NULL) {
+        /* The adapter as loaded: a reloaded file never replays the old one's answers. */
+        sp_rckey_add_u64(q->ck, sp_lora_id(q->ad.lora));
+    }
+    return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
+}
+
+/* -------------------------------------------------------------- handlers */
+
+static bool
+name_in(const char (*names)[129], int32_t n, const char *name, size_t len)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void
+h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    sp_str_t want = sp_route_param(p, "model");
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    int found = 0;
+    if (!want.ptr) {
+        sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    }
+    /* A tenant with a model list sees only those models (and the adapters
+     * named in it): the others do not exist for it (404 below). */
+    sp_tenant_state_t *tenant = sp_http_req_user(r);
+    const bool restricted = sp_auth_restricted(tenant);
+    if (restricted && want.ptr && !sp_auth_model_allowed(tenant, want.ptr, want.len)) {
+        sp_jbuf_free(&b);
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model does not exist");
+        return;
+    }
+    char (*names)[129] = NULL;
+    int32_t n_names = 0;
+    if (restricted) {
+        names = sp_malloc(sizeof(char[SP_TENANT_MODELS_MAX][129]));
+        if (names == NULL) {
+            sp_jbuf_free(&b);
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return;
+        }
+        n_names = sp_auth_models(tenant, names, SP_TENANT_MODELS_MAX);
+    }
+    /* One entry per name: the version a request would get (the newest
+     * READY one), or one that loads on demand (ready false). */
+    sp_registry_t *reg = &s->reg;
+    pthread_mutex_lock(&reg->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        const sp_model_entry_t *e = &reg->entry[i];
+        bool routable = e->used && ((e->live && e->state == SP_REPO_READY) ||
+                                    e->state == SP_REPO_LOADING || (e->on_demand && !e->demand_failed));
+        /* GET /v1/models/<model>:<adapter> asks for one of its adapters. */
+        const bool want_base = !want.ptr || sp_str_eq_c(want, e->name);
+        if (!routable || (!want_base && !sp_adapters_prefix(want, e->name))) {
+            continue;
+        }
+        const sp_model_entry_t *best = e;
+        bool first = true;
+        for (int k = 0; k < SP_SERVE_MAX_ENTRIES && first; k++) {
+            const sp_model_entry_t *o = &reg->entry[k];
+            if (k == i || !o->used || strcmp(o->name, e->name) != 0) {
+                continue;
+            }
+            bool o_ready = o->live && o->state == SP_REPO_READY;
+            bool o_routable = o_ready || o->state == SP_REPO_LOADING || (o->on_demand && !o->demand_failed);
+            if (o_routable && k < i) {
+                first = false; /* listed with the first routable entry of the name */
+            }
+            if (o_ready && (!(best->live && best->state == SP_REPO_READY) || o->version > best->version)) {
+                best = o;
+            }
+        }
+        if (!first) {
+            continue;
+        }
+        bool ready = best->live && best->state == SP_REPO_READY;
+        if (want_base && (!restricted || name_in(names, n_names, e->name, strlen(e->name)))) {
+            sp_jbuf_lit(&b, found++ ? ",{\"id\":" : "{\"id\":");
+            sp_jbuf_cstr(&b, e->name);
+            sp_jbuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sampan\","
+                           "\"max_model_len\":%lld,\"ready\":%s}",
+                           (long long)(ready ? best->live->created : s->started_unix),
+                           (long long)(ready ? best->live->n_ctx : 0), ready ? "true" : "false");
+        }
+        if (ready && !(want.ptr && want_base)) {
+            /* Its adapters, "<model>:<adapter>" with "parent" (vLLM's LoRA entries). */
+            if (!restricted || want.ptr) {
+                sp_adapters_list_locked(best->live, want_base ? (sp_str_t){NULL, 0} : want, &b, &found);
+            } else {
+                for (int32_t k = 0; k < n_names; k++) { /* those of its adapters named in the list */
+                    sp_str_t nk = {names[k], strlen(names[k])};
+                    if (sp_adapters_prefix(nk, e->name)) {
+                        sp_adapters_list_locked(best->live, nk, &b, &found);
+                    }
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&reg->mu);
+    sp_free(names);
+    if (want.ptr && !found) {
+        sp_jbuf_free(&b);
+        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model does not exist");
+        return;
+    }
+    if (!want.ptr) {
+        sp_jbuf_lit(&b, "]}");
+    }
+    sp_server_reply_json(r, 200, &b);
+    sp_jbuf_free(&b);
+}
+
+static void
+h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r, h_completions, p);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_completions, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
+        goto done;
+    }
+    oai_prep_t *pp = &q->prep;
+    pp->body = json_incref(b);
+    pp->max_tokens = 16;
+    if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
+        cache_lookup(q, b, &pp->g)) {
+        oai_free(q);
+        goto done;
+    }
+    bool echo = false;
+    sp_json_err_t e = {{0}, NULL};
+    if (sp_json_get_bool(b, "echo", &echo, &e) < 0 || echo) {
+        if (echo) {
+            sp_json_fail(&e, "echo", "'echo' is not supported");
+        }
+        field_error(r, &e);
+        oai_free(q);
+        goto done;
+    }
+    const json_t *pr = json_object_get(b, "prompt");
+    if (!prep_alloc(q, 1)) {
+        oai_free(q);
+        goto done;
+    }
+    /* prompt: "text", ["text"], [ids], [[ids]] - one prompt per request. */
+    if (json_is_array(pr) && json_array_size(pr) == 1 &&
+        (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0)))) {
+        pr = json_array_get(pr, 0);
+    }
+    if (json_is_string(pr)) {
+        if (json_string_length(pr) == 0) {
+            sp_server_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+            oai_free(q);
+            goto done;
+        }
+        sp_req_clock_text(&q->clk, false, json_string_value(pr), json_string_length(pr));
+        pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
+        pp->in[0].len = json_string_length(pr);
+        pp->add_bos = sp_tokenizer_add_bos(m->tok);
+        pp->special = false;
+        pp->tok_param = "prompt";
+    } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
+               json_is_integer(json_array_get(pr, 0))) {
+        if (parse_id_array(q, pr, "prompt", pp->in[0].dst, pp->cap, &pp->in[0].n) != 0) {
+            oai_free(q);
+            goto done;
+        }
+    } else if (json_is_array(pr) && json_array_size(pr) > 1) {
+        sp_server_error(r, 400, NULL, "prompt", NULL,
+                        "one prompt per request is supported (use n for several completions)");
+        oai_free(q);
+        goto done;
+    } else {
+        sp_server_error(r, 400, NULL, "prompt", NULL,
+                        "'prompt' must be a non-empty string or a list of token ids");
+        oai_free(q);
+        goto done;
+    }
+    prep_start(q);
+done:
+    json_decref(b); /* the request keeps its own reference until it ends */
+}
+
+/* Worker: OpenAI content (a string, or a list of {"type":"text","text":...}
+ * parts) appended to store as a C string at *off; false after prep_fail. */
+static bool
+message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, size_t *off)
+{
+    *off = SIZE_MAX;
+    if (c == NULL || json_is_null(c)) {
+        return true;
+    }
+    size_t start = store->len;
+    if (json_is_string(c)) {
+        sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
+    } else if (json_is_array(c)) {
+        for (size_t k = 0; k < json_array_size(c); k++) {
+            const json_t *part = json_array_get(c, k);
+            const char *type = NULL, *text = NULL;
+            size_t tl = 0;
+            sp_json_err_t e;
+            if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
+                strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
+                prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                          "messages[%zu].content: only parts {\"type\": \"text\", "
+                          "\"text\": ...} are supported", i);
+                return false;
+            }
+            sp_jbuf_raw(store, text, tl);
+        }
+    } else {
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                  "messages[%zu].content must be a string or a list of parts", i);
+        return false;
+    }
+    if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
+        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                  "messages[%zu].content may not contain NUL", i);
+        return false;
+    }
+    sp_jbuf_raw(store, "", 0);
+    store->len++; /* keep the NUL: contents are C strings inside store */
+    *off = start;
+    return true;
+}
+
+/* Worker: check the chat messages and gather them for the template (their
+ * contents and tool calls as C strings in store and tc); false after prep_fail. */
+static bool
+gather_messages(oai_prep_t *pp)
+{
+    const json_t *ms = pp->messages;
+    size_t n = json_array_size(ms);
+    pp->msgs = sp_calloc(n, sizeof *pp->msgs);
+    pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
+    if (pp->msgs == NULL || pp->offs == NULL) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    pp->n_msgs = n;
+    sp_chat_msg_t *msgs = pp->msgs;
+    size_t *offs = pp->offs;
+    sp_jbuf_t *store = &pp->store, *tc = &pp->tc;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *mo = json_array_get(ms, i);
+        sp_json_err_t e;
+        const char *role = NULL;
+        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                      "messages[%zu] must be an object with a string 'role'", i);
+            return false;
+        }
+        msgs[i].role = role;
+        if (!message_content(pp, json_object_get(mo, "content"), i, store, &offs[2 * i])) {
+            return false;
+        }
+        const char *name = NULL;
+        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, "messages[%zu].name must be a string",
+                      i);
+            return false;
+        }
+        msgs[i].name = name;
+        const char *tcid = NULL;
+        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
+            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
+                      "messages[%zu].tool_call_id must be a string", i);
+            return false;
+        }
+        msgs[i].tool_call_id = tcid;
+        const json_t *calls = json_object_get(mo, "tool_calls");
+        offs[2 * i + 1] = SIZE_MAX;
+        if (calls && !json_is_null(calls)) {
+            offs[2 * i + 1] = tc->len;
+            sp_jbuf_json(tc, calls);
+            sp_jbuf_raw(tc, "", 0);
+            tc->len++;
+        }
+    }
+    if (store->oom || tc->oom) {
+        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
+        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store->p + offs[2 * i];
+        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc->p + offs[2 * i + 1];
+    }
+    return true;
+}
+
+/*
+ * tools and tool_choice. With tools and a choice other than "none" the
+ * output is parsed for calls in the template's convention; "required" or a
+ * named function also constrain decoding to one call whose arguments follow
+ * the function's parameters schema. *tools_json (jansson's allocator) is the
+ * list for the template. Returns -1 after answering.
+ */
+static int
+parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json)
+{
+    sp_http_req_t *r = q->http;
+    const json_t *tools = json_object_get(b, "tools");
+    const json_t *tch = json_object_get(b, "tool_choice");
+    bool have = tools != NULL && !json_is_null(tools);
+    *tools_json = NULL;
+    if (have) {
+        if (!json_is_array(tools) || json_array_size(tools) > 128) {
+            sp_server_error(r, 400, NULL, "tools", NULL, "'tools' must be a list of at most 128 tools");
+            return -1;
+        }
+        size_t i;
+        const json_t *t;
+        json_array_foreach(tools, i, t) {
+            const json_t *fn = json_object_get(t, "function");
+            const json_t *name = json_object_get(fn, "name");
+            const json_t *params = json_object_get(fn, "parameters");
+            const json_t *desc = json_object_get(fn, "description");
+            const char *type = json_string_value(json_object_get(t, "type"));
+            if (!json_is_object(t) || type == NULL || strcmp(type, "function") != 0 ||
+                !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0 ||
+                json_string_length(name) > 64 || (params && !json_is_object(params)) ||
+                (desc && !json_is_string(desc))) {
+                sp_server_error(r, 400, NULL, "tools", NULL,
+                                "tools[%zu] must be {\"type\": \"function\", \"function\": "
+                                "{\"name\": \"...\" (1 to 64 bytes), \"description\": \"...\", "
+                                "\"parameters\": {JSON Schema}}}", i);
+                return -1;
+            }
+        }
+    }
+    const char *choice = have ? "auto" : "none", *only = NULL;
+    if (tch != NULL && !json_is_null(tch)) {
+        if (json_is_string(tch) && (strcmp(json_string_value(tch), "none") == 0 ||
+                                    strcmp(json_string_value(tch), "auto") == 0 ||
+                                    strcmp(json_string_value(tch), "required") == 0)) {
+            choice = json_string_value(tch);
+        } else if (json_is_object(tch) &&
+                   json_is_string(json_object_get(json_object_get(tch, "function"), "name"))) {
+            choice = "function";
+            only = json_string_value(json_object_get(json_object_get(tch, "function"), "name"));
+        } else {
+            sp_server_error(r, 400, NULL, "tool_choice", NULL,
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
+            return -1;
+        }
+        if (!have && strcmp(choice, "none") != 0) {
+            sp_server_error(r, 400, NULL, "tool_choice", NULL, "'tool_choice' needs 'tools'");
+            return -1;
+        }
+    }
+    if (!have || strcmp(choice, "none") == 0) {
+        return 0;
+    }
+    q->tools_on = true;
+    q->tool_fmt = sp_chat_tool_format(q->m->tmpl);
+    *tools_json = json_dumps(tools, JSON_COMPACT);
+    if (*tools_json == NULL) {
+        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (strcmp(choice, "auto") == 0) {
+        return 0;
+    }
+    if (g->json_object || q->prep.schema || q->prep.gbnf) {
+        sp_server_error(r, 400, NULL, "tool_choice", NULL,
+                        "a forced tool call cannot be combined with response_format or grammar");
+        return -1;
+    }
+    q->prep.tools = tools; /* its grammar is compiled by the preparation */
+    q->prep.tool_only = only;
+    return 0;
+}
+
+static void
+h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r, h_chat, p);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_chat, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m, &ad)) == NULL) {
+        goto done;
+    }
+    oai_prep_t *pp = &q->prep;
+    pp->body = json_incref(b);
+    if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
+        cache_lookup(q, b, &pp->g)) {
+        goto fail;
+    }
+    const json_t *ms = json_object_get(b, "messages");
+    if (!json_is_array(ms) || json_array_size(ms) == 0) {
+        sp_server_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
+        goto fail;
+    }
+    if (m->tmpl == NULL) {
+        sp_server_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
+                        m->name, m->tmpl_error);
+        goto fail;
+    }
+    pp->messages = ms; /* checked, gathered and rendered by the preparation */
+    int32_t bid = sp_tokenizer_bos(m->tok), eid = sp_tokenizer_eos(m->tok);
+    if (bid >= 0) {
+        sp_str_t t = sp_tokenizer_token_text(m->tok, bid);
+        snprintf(pp->bos, sizeof pp->bos, "%.*s", (int)t.len, t.ptr);
+    }
+    if (eid >= 0) {
+        sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
+        snprintf(pp->eos, sizeof pp->eos, "%.*s", (int)t.len, t.ptr);
+    }
+    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || !prep_alloc(q, 1)) {
+        goto fail;
+    }
+    pp->special = true;
+    pp->tok_param = "messages";
+    prep_start(q); /* render, tokenize, then generate */
+    goto done;
+fail:
+    oai_free(q);
+done:
+    json_decref(b);
+}
+
+static void
+h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_server_t *s = ud;
+    json_t *b = body_object(s, r, h_embeddings, p);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_embeddings, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m, &ad)) == NULL) {
+        goto done;
+    }
+    q->prep.body = json_incref(b);
+    const char *fmt = "float";
+    sp_json_err_t e = {{0}, NULL};
+    if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||
+        (strcmp(fmt, "float") != 0 && strcmp(fmt, "base64") != 0)) {
+        sp_server_error(r, 400, NULL, "encoding_format", NULL, "'encoding_format' must be \"float\" or \"base64\"");
+        oai_free(q);
+        goto done;
+    }
+    q->base64 = strcmp(fmt, "base64") == 0;
+    int64_t dims;
+    q->n_embd = (int)sp_model_hparams(m->model)->n_embd;
+    int rc = sp_json_get_int(b, "dimensions", 1, 1 << 20, &dims, &e);
+    if (rc < 0 || (rc > 0 && dims != q->n_embd)) {
+        sp_server_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
+        oai_free(q);
+        goto done;
+    }
+    if (cache_lookup(q, b, NULL)) {
+        oai_free(q);
+        goto done;
+    }
+    /* input: "text", ["a", "b"], [ids], [[ids], [ids]] */
+    const json_t *in = json_object_get(b, "input");
+    json_t *wrap = NULL;
+    if (json_is_string(in) || (json_is_array(in) && json_array_size(in) > 0 &&
+                               json_is_integer(json_array_get(in, 0)))) {
+        wrap = json_array();
+        json_array_append(wrap, (json_t *)in);
+        in = wrap;
+    }
+    size_t n = json_is_array(in) ? json_array_size(in) : 0;
+    if (n == 0 || n > (size_t)s->cfg.max_embed_inputs) {
+        sp_server_error(r, 400, NULL, "input", NULL,
+                        "'input' must be a non-empty string or list (at most %d inputs)",
+                        s->cfg.max_embed_inputs);
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
+    if (n > SP_SCHED_MAX_N) {
+        sp_server_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
+    q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
+    if (q->emb == NULL || !prep_alloc(q, (int)n)) {
+        if (q->emb == NULL) {
+            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        }
+        json_decref(wrap);
+        oai_free(q);
+        goto done;
+    }
+    q->n = (int)n;
+    oai_prep_t *pp = &q->prep;
+    pp->add_bos = sp_tokenizer_add_bos(m->tok);
+    pp->special = false;
+    pp->tok_param = "input";
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(in, i);
+        tok_in_t *t = &pp->in[i];
+        if (json_is_string(x) && json_string_length(x) > 0) {
+            t->text = json_string_value(x); /* tokenized by the preparation */
+            t->len = json_string_length(x);
+            rc = 0;
+        } else if (json_is_array(x) && json_array_size(x) > 0) {
+            rc = parse_id_array(q, x, "input", t->dst, pp->cap, &t->n);
+        } else {
+            sp_server_error(r, 400, NULL, "input", NULL, "input %zu must be a non-empty string or list of token ids", i);
+            rc = -1;
+        }
+        if (rc != 0) {
+            json_decref(wrap);
+            oai_free(q);
+            goto done;
+        }
+    }
+    /* The strings stay alive after wrap goes: wrap only held a reference to
+     * the body's own `input`. */
+    json_decref(wrap);
+    prep_start(q);
+done:
+    json_decref(b);
+}
+
+void
+sp_openai_register(sp_router_t *rt, sp_server_t *s)
+{
+    sp_router_add(rt, SP_HTTP_GET, "/v1/models", h_models, s);
+    sp_router_add(rt, SP_HTTP_GET, "/v1/models/{model}", h_models, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/completions", h_completions, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/chat/completions", h_chat, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/embeddings", h_embeddings, s);
+}

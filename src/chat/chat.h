@@ -1,0 +1,107 @@
+/*
+ * chat.h - OpenAI-style messages to the prompt text a model expects.
+ *
+ * A chat template is compiled once per model: from the GGUF file's
+ * `tokenizer.chat_template` (untrusted; rendered by the sandboxed engine of
+ * jinja.h), or from one of our built-ins ("llama2", "llama3", "chatml",
+ * "mistral", "gemma", "phi3", "zephyr") chosen by name or, when the file has
+ * no template, detected from the vocabulary. A compiled template is
+ * immutable: sp_chat_apply may run on many threads at once.
+ *
+ *     sp_chat_template_t *t;
+ *     sp_chat_template_from_gguf(gguf, NULL, &t, err, sizeof err);
+ *     sp_chat_msg_t msgs[] = {{"system", "Be brief.", NULL, NULL, NULL},
+ *                             {"user", "Hi", NULL, NULL, NULL}};
+ *     char *prompt; size_t len;
+ *     sp_chat_apply(t, msgs, 2, true, "<s>", "</s>", &prompt, &len, err, sizeof err);
+ *     ... tokenize prompt (parse special tokens), sp_free(prompt) ...
+ *     sp_chat_template_destroy(t);
+ *
+ * docs/chat-templates.md describes the supported Jinja subset and the limits.
+ */
+#ifndef SP_CHAT_CHAT_H
+#define SP_CHAT_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "gguf/gguf.h"
+#include "chat/jinja.h"
+#include "sampan/status.h"
+
+#define SP_CHAT_MAX_TEMPLATE_BYTES (64u * 1024u)  /* bigger: SP_ERR_TOO_LARGE */
+#define SP_CHAT_MAX_CONTEXT_BYTES  (16u << 20)    /* messages + tools as JSON */
+
+/* One message. Strings are NUL-terminated UTF-8 and borrowed for the call. */
+typedef struct sp_chat_msg {
+    const char *role;         /* "system", "user", "assistant" or "tool" */
+    const char *content;      /* NULL only for an assistant turn that has tool_calls */
+    const char *tool_calls;   /* NULL, or a JSON array (OpenAI's tool_calls) */
+    const char *name;         /* NULL, or the speaker's / tool's name */
+    const char *tool_call_id; /* NULL, or the call a "tool" message answers */
+} sp_chat_msg_t;
+
+typedef struct sp_chat_template sp_chat_template_t;
+
+/* Compile template text (a custom template, or one read from a file). */
+sp_status_t sp_chat_template_compile(const char *src, size_t len, sp_chat_template_t **out,
+                                     char *err, size_t err_len);
+/* A built-in by name; SP_ERR_NOT_FOUND for an unknown name. */
+sp_status_t sp_chat_template_builtin(const char *name, sp_chat_template_t **out, char *err,
+                                     size_t err_len);
+/*
+ * The template for a model: the built-in `name` when not NULL, else the
+ * file's tokenizer.chat_template, else the built-in that
+ * sp_chat_detect_builtin picks. A file template that does not compile is an
+ * error (SP_ERR_INVALID / SP_ERR_TOO_LARGE), not a silent fallback.
+ */
+sp_status_t sp_chat_template_from_gguf(const sp_gguf_t *g, const char *name,
+                                       sp_chat_template_t **out, char *err, size_t err_len);
+/* The built-in that fits a model without a template, from its special tokens
+ * (<|eot_id|>: llama3, <|im_start|>: chatml, <start_of_turn>: gemma,
+ * <|end|> + <|assistant|>: phi3, [INST]: mistral, <|user|>: zephyr), its
+ * architecture and name; "llama2" for arch llama, else "chatml". Never NULL. */
+const char *sp_chat_detect_builtin(const sp_gguf_t *g);
+/* The built-in names, in a fixed order. */
+const char *const *sp_chat_builtin_names(size_t *n);
+/* How a template's models write tool calls (docs/structured-output.md):
+ * HERMES <tool_call>{"name": .., "arguments": {..}}</tool_call> (ChatML, Qwen,
+ * Hermes, and our built-ins without a convention of their own), LLAMA3 a bare
+ * {"name": .., "parameters": {..}} (templates with <|python_tag|> / ipython),
+ * MISTRAL [TOOL_CALLS][{"name": .., "arguments": {..}}]. Read from the
+ * template's source at compile time. */
+typedef enum sp_chat_tools {
+    SP_CHAT_TOOLS_HERMES = 0,
+    SP_CHAT_TOOLS_LLAMA3,
+    SP_CHAT_TOOLS_MISTRAL,
+} sp_chat_tools_t;
+sp_chat_tools_t sp_chat_tool_format(const sp_chat_template_t *t);
+/* The built-in's name, "gguf" (from a file) or "custom". */
+const char *sp_chat_template_name(const sp_chat_template_t *t);
+void sp_chat_template_destroy(sp_chat_template_t *t); /* NULL is a no-op */
+
+typedef struct sp_chat_params {
+    bool add_generation_prompt;   /* end with the header of an assistant turn */
+    const char *bos_text;         /* bos_token; NULL = "" */
+    const char *eos_text;         /* eos_token; NULL = "" */
+    const char *tools_json;       /* NULL, or a JSON array: the `tools` variable */
+    const char *extra_json;       /* NULL, or a JSON object of more variables
+                                     (e.g. {"enable_thinking": false}); ours win on clashes */
+    const sp_jinja_opts_t *opts;  /* NULL: sp_jinja_default_opts() */
+} sp_chat_params_t;
+
+/*
+ * Render msgs[0..n) into *out (NUL-terminated, from sp_malloc; free with
+ * sp_free). Messages are checked first: an unknown role, missing content,
+ * invalid UTF-8 or a tool_calls that is not a JSON array is SP_ERR_INVALID
+ * with "message N: ..." in err. Template errors (raise_exception, type
+ * errors) are SP_ERR_INVALID, limits SP_ERR_TOO_LARGE; *out is NULL then.
+ */
+sp_status_t sp_chat_apply(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t n,
+                          bool add_generation_prompt, const char *bos_text, const char *eos_text,
+                          char **out, size_t *out_len, char *err, size_t err_len);
+sp_status_t sp_chat_apply_ex(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t n,
+                             const sp_chat_params_t *p, char **out, size_t *out_len, char *err,
+                             size_t err_len);
+
+#endif /* SP_CHAT_CHAT_H */

@@ -1,0 +1,1047 @@
+/* registry.c - served models, references, lookup and the memory budget (registry.h). */
+#include "serving/registry.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/file.h"
+#include "core/pool.h"
+#include "core/timer.h"
+#include "engine/gpu.h"
+#include "sampan/log.h"
+#include "server/server.h"
+#include "serving/adapters.h"
+#include "sched/batcher.h"
+#include "serving/tensor_model.h"
+
+#define MIB (1024.0 * 1024.0)
+
+/* ------------------------------------------------------------ budget spec */
+
+/* "60%", "2G", "512MiB", "1000000": a share of total or bytes. */
+static sp_status_t
+parse_amount(const char *s, size_t len, uint64_t total, uint64_t *out, char *err, size_t err_len)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "--memory-budget: empty or too long value");
+    }
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    char *end;
+    double v = strtod(buf, &end);
+    if (end == buf || !isfinite(v) || v <= 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "--memory-budget: '%s' is not a positive size (60%%, 2G, 512M)", buf);
+    }
+    if (strcmp(end, "%") == 0) {
+        if (v > 100) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "--memory-budget: '%s' is over 100%%", buf);
+        }
+        *out = (uint64_t)((double)total * v / 100.0);
+        return SP_OK;
+    }
+    static const struct { const char *suf; double mul; } units[] = {
+        {"", 1},          {"B", 1},          {"K", 1024.0},  {"KiB", 1024.0}, {"M", MIB},
+        {"MiB", MIB},     {"G", MIB * 1024}, {"GiB", MIB * 1024},
+        {"T", MIB * MIB}, {"TiB", MIB * MIB},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suf) == 0) {
+            double b = v * units[i].mul;
+            if (b < 1 || b > 1e18) {
+                break;
+            }
+            *out = (uint64_t)b;
+            return SP_OK;
+        }
+    }
+    return sp_errf(err, err_len, SP_ERR_INVALID,
+                   "--memory-budget: '%s' is not a size (60%%, 2G, 512M, 1024K or bytes)", buf);
+}
+
+sp_status_t
+sp_registry_parse_budget(const char *spec, sp_devices_t *devs, uint64_t *budget, int n, char *err,
+                         size_t err_len)
+{
+    for (int i = 0; i < n; i++) {
+        budget[i] = sp_devices_get(devs, i)->budget_bytes;
+    }
+    const char *p = spec;
+    while (p && *p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (eq == NULL) { /* every device */
+            for (int i = 0; i < n; i++) {
+                sp_status_t st = parse_amount(p, len, sp_devices_get(devs, i)->total_bytes,
+                                              &budget[i], err, err_len);
+                if (st != SP_OK) {
+                    return st;
+                }
+            }
+        } else {
+            char dev[112];
+            size_t dl = (size_t)(eq - p);
+            if (dl == 0 || dl >= sizeof dev) {
+                return sp_errf(err, err_len, SP_ERR_INVALID, "--memory-budget: bad device name");
+            }
+            memcpy(dev, p, dl);
+            dev[dl] = '\0';
+            int k = sp_devices_find(devs, dev);
+            if (k < 0 || k >= n) {
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "--memory-budget: no device '%s' (see `sampan devices`)", dev);
+            }
+            sp_status_t st = parse_amount(eq + 1, len - dl - 1, sp_devices_get(devs, k)->total_bytes,
+                                          &budget[k], err, err_len);
+            if (st != SP_OK) {
+                return st;
+            }
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+    return SP_OK;
+}
+
+sp_status_t
+sp_registry_init(sp_registry_t *r, const char *budget_spec, char *err, size_t err_len)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    sp_status_t st = sp_devices_open(NULL, &r->devs, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    r->n_dev = sp_devices_count(r->devs);
+    if (r->n_dev > SP_REG_MAX_DEVICES) {
+        SP_LOG_WARN("event=devices_truncated found=%d tracked=%d", r->n_dev, SP_REG_MAX_DEVICES);
+        r->n_dev = SP_REG_MAX_DEVICES;
+    }
+    st = sp_registry_parse_budget(budget_spec, r->devs, r->budget, r->n_dev, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    for (int i = 0; i < r->n_dev; i++) {
+        const sp_device_info_t *d = sp_devices_get(r->devs, i);
+        SP_LOG_INFO("event=device index=%d id=%s kind=%s total_mib=%.0f budget_mib=%.0f", i, d->id,
+                    sp_device_kind_name(d->kind), (double)d->total_bytes / MIB,
+                    (double)r->budget[i] / MIB);
+    }
+    if (sp_devices_note(r->devs)[0]) {
+        SP_LOG_INFO("event=devices_note note=%s", sp_log_str(sp_devices_note(r->devs)));
+    }
+    return SP_OK;
+}
+
+void
+sp_registry_stop_all(sp_registry_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    for (sp_served_model_t *m = r->all; m; m = m->next) {
+        sp_tensor_model_stop(m);
+        for (int k = 0; k < m->n_inst; k++) {
+            sp_sched_stop(m->inst[k]);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void
+sp_registry_fini(sp_registry_t *r)
+{
+    while (r->all) {
+        sp_served_free(r, r->all);
+    }
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_free(r->entry[i].override_json);
+    }
+    sp_devices_close(r->devs);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+/* ------------------------------------------------------------ references */
+
+bool
+sp_served_weights_changed(const sp_served_model_t *m)
+{
+    return m != NULL && m->model != NULL && sp_gguf_weights_changed(sp_model_gguf(m->model));
+}
+
+bool
+sp_served_file_changed(const sp_served_model_t *m)
+{
+    if (m == NULL || m->model == NULL) {
+        return false; /* a backend plugin reads its own files */
+    }
+    if (sp_gguf_file_changed(sp_model_gguf(m->model))) {
+        return true;
+    }
+    struct stat now;
+    if (!m->has_file_id) {
+        return false;
+    }
+    if (stat(m->path, &now) != 0) {
+        return true;
+    }
+    return !sp_file_same(&m->file_id, &now);
+}
+
+void
+sp_served_ref(sp_served_model_t *m)
+{
+    atomic_fetch_add(&m->refs, 1);
+}
+
+void
+sp_served_fault(sp_served_model_t *m, const char *rid, const char *what)
+{
+    if (m != NULL && !atomic_exchange(&m->faulty, true)) {
+        SP_LOG_ERROR("event=model_fault model=%s version=%lld rid=%s detail=%s", sp_log_str(m->name),
+                     (long long)m->version, rid ? rid : "-", sp_log_str(what));
+    }
+}
+
+void
+sp_served_release(sp_served_model_t *m)
+{
+    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1) {
+        return;
+    }
+    /* Nothing points at it any more: the manager frees it (it joins the
+     * engine threads and unmaps the weights, too slow for a loop thread). */
+    sp_registry_t *r = &m->srv->reg;
+    pthread_mutex_lock(&r->mu);
+    m->reap_next = r->reap;
+    r->reap = m;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+sp_sched_t *
+sp_served_pick(sp_served_model_t *m)
+{
+    if (m->n_inst == 1) {
+        return m->inst[0];
+    }
+    uint32_t start = atomic_fetch_add(&m->rr, 1);
+    int best = -1;
+    int64_t best_w = 0;
+    for (int k = 0; k < m->n_inst; k++) {
+        int i = (int)((start + (uint32_t)k) % (uint32_t)m->n_inst);
+        int64_t w = sp_sched_outstanding(m->inst[i]);
+        if (best < 0 || w < best_w) {
+            best = i;
+            best_w = w;
+        }
+    }
+    return m->inst[best];
+}
+
+void
+sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *sp)
+{
+    const sp_served_defaults_t *d = &m->def;
+    if (!isnan(d->temperature)) sp->temperature = (float)d->temperature;
+    if (!isnan(d->top_p)) sp->top_p = (float)d->top_p;
+    if (!isnan(d->min_p)) sp->min_p = (float)d->min_p;
+    if (!isnan(d->repeat_penalty)) sp->repeat_penalty = (float)d->repeat_penalty;
+    if (!isnan(d->frequency_penalty)) sp->frequency_penalty = (float)d->frequency_penalty;
+    if (!isnan(d->presence_penalty)) sp->presence_penalty = (float)d->presence_penalty;
+    if (d->top_k >= 0) sp->top_k = d->top_k;
+    if (d->seed_set) sp->seed = (uint64_t)d->seed;
+}
+
+void
+sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
+{
+    if (m->batcher) {
+        /* A tensor model: its batcher's figures in the same shape (a step is a batch,
+         * a sequence a row). */
+        sp_batcher_stats_t b;
+        sp_batcher_get_stats(m->batcher, &b);
+        memset(o, 0, sizeof *o);
+        o->queued = b.queued;
+        o->waiting_tier[1] = b.queued;
+        o->jobs_done = (int64_t)b.completed;
+        o->jobs_cancelled = (int64_t)b.cancelled;
+        o->steps = (int64_t)b.batches;
+        o->step_seqs_total = (int64_t)b.rows;
+        o->mean_step_seqs = b.batches ? (double)b.rows / (double)b.batches : 0;
+        for (int i = 0; i < b.n_hist; i++) {
+            int k = 0;
+            while (k < SP_SCHED_BATCH_BUCKETS && ((int64_t)1 << k) < b.hist_le[i]) {
+                k++;
+            }
+            o->batch_hist[k] += (int64_t)b.hist[i];
+        }
+        return;
+    }
+    sp_sched_get_stats(m->inst[0], o);
+    for (int k = 1; k < m->n_inst; k++) {
+        sp_sched_stats_t t;
+        sp_sched_get_stats(m->inst[k], &t);
+        o->active += t.active;
+        o->queued += t.queued;
+        for (int i = 0; i < 3; i++) {
+            o->running_tier[i] += t.running_tier[i];
+            o->waiting_tier[i] += t.waiting_tier[i];
+        }
+        o->jobs_done += t.jobs_done;
+        o->jobs_cancelled += t.jobs_cancelled;
+        o->tokens_generated += t.tokens_generated;
+        o->prompt_tokens += t.prompt_tokens;
+        o->prompt_tokens_cached += t.prompt_tokens_cached;
+        o->preemptions += t.preemptions;
+        o->prefix_lookups += t.prefix_lookups;
+        o->prefix_hits += t.prefix_hits;
+        o->kv_blocks_total += t.kv_blocks_total;
+        o->kv_blocks_used += t.kv_blocks_used;
+        o->kv_blocks_cached += t.kv_blocks_cached;
+        o->kv_blocks_free += t.kv_blocks_free;
+        o->kv_evictions += t.kv_evictions;
+        o->budget_decreases += t.budget_decreases;
+        o->step_seqs_total += t.step_seqs_total;
+        for (int i = 0; i <= SP_SCHED_BATCH_BUCKETS; i++) {
+            o->batch_hist[i] += t.batch_hist[i];
+        }
+        o->budget_increases += t.budget_increases;
+        if (t.steps > o->steps) {
+            o->steps = t.steps;
+            o->last_step_seqs = t.last_step_seqs;
+            o->last_step_rows = t.last_step_rows;
+            o->mean_step_seqs = t.mean_step_seqs;
+            o->mean_step_rows = t.mean_step_rows;
+            o->step_budget = t.step_budget;
+        }
+        if (t.step_p99_ms > o->step_p99_ms) {
+            o->step_p99_ms = t.step_p99_ms;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ entries */
+
+sp_model_entry_t *
+sp_registry_entry(sp_registry_t *r, const char *name, int64_t version, bool create)
+{
+    sp_model_entry_t *free_e = NULL, *stale = NULL;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (!e->used) {
+            free_e = free_e ? free_e : e;
+            continue;
+        }
+        if (e->version == version && strcmp(e->name, name) == 0) {
+            return e;
+        }
+        /* An unloaded entry that nothing will bring back can be reused. */
+        if (stale == NULL && e->live == NULL && e->state == SP_REPO_UNAVAILABLE && !e->on_demand) {
+            stale = e;
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    sp_model_entry_t *e = free_e ? free_e : stale;
+    if (e == NULL || strlen(name) >= sizeof e->name) {
+        return NULL;
+    }
+    sp_free(e->override_json);
+    memset(e, 0, sizeof *e);
+    e->used = true;
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->version = version;
+    snprintf(e->version_str, sizeof e->version_str, "%lld", (long long)(version > 0 ? version : 1));
+    e->state = SP_REPO_UNAVAILABLE;
+    return e;
+}
+
+sp_served_model_t *
+sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e, sp_served_model_t *m)
+{
+    (void)r;
+    sp_served_model_t *old = e->live;
+    e->live = m;
+    e->state = SP_REPO_READY;
+    e->reason[0] = '\0';
+    e->sig = m->sig;
+    e->demand_failed = false;
+    e->stale_failed = false;
+    e->last_used_ns = sp_time_ns();
+    return old;
+}
+
+static bool
+name_is(const sp_model_entry_t *e, const char *name, size_t len)
+{
+    return e->used && strlen(e->name) == len && memcmp(e->name, name, len) == 0;
+}
+
+sp_acq_t
+sp_registry_acquire(sp_server_t *s, const char *name, size_t len, const char *version, size_t vlen,
+                    bool allow_load, sp_served_model_t **out, char *reason, size_t reason_len)
+{
+    sp_registry_t *r = &s->reg;
+    *out = NULL;
+    if (reason_len) {
+        reason[0] = '\0';
+    }
+    pthread_mutex_lock(&r->mu);
+    /* A bare name: the READY entry with the highest version, else the
+     * highest version that is loading or can load on demand, else the
+     * highest one (for its reason). */
+    sp_model_entry_t *ready = NULL, *pending = NULL, *any = NULL;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (!name_is(e, name, len)) {
+            continue;
+        }
+        if (version && (strlen(e->version_str) != vlen || memcmp(e->version_str, version, vlen) != 0)) {
+            continue;
+        }
+        if (e->live && (e->state == SP_REPO_READY || e->stale_failed)) {
+            if (ready == NULL || e->version > ready->version) ready = e;
+        } else if (e->state == SP_REPO_LOADING || (e->on_demand && !e->demand_failed)) {
+            if (pending == NULL || e->version > pending->version) pending = e;
+        }
+        if (any == NULL || e->version > any->version) any = e;
+    }
+    sp_acq_t res;
+    if (ready && !ready->stale_failed && sp_served_weights_changed(ready->live)) {
+        /* A mapped file changed under it: nothing is answered from it; the
+         * manager reloads it now and the request waits for that. */
+        ready->state = SP_REPO_LOADING;
+        snprintf(ready->reason, sizeof ready->reason,
+                 "reloading: the model file changed on disk while it was served");
+        r->recheck = true;
+        pthread_cond_broadcast(&r->cv);
+        pending = ready;
+        ready = NULL;
+    }
+    if (ready) {
+        sp_served_model_t *m = ready->live;
+        atomic_fetch_add(&m->refs, 1);
+        int64_t now = sp_time_ns();
+        atomic_store(&m->last_used_ns, now);
+        ready->last_used_ns = now;
+        *out = m;
+        res = SP_ACQ_OK;
+    } else if (pending && pending->state == SP_REPO_LOADING) {
+        res = SP_ACQ_LOADING;
+    } else if (pending && allow_load) {
+        pending->state = SP_REPO_LOADING;
+        snprintf(pending->reason, sizeof pending->reason, "loading on demand");
+        sp_repository_demand_locked(s, pending);
+        res = SP_ACQ_LOADING;
+    } else if (any) {
+        snprintf(reason, reason_len, "%s", any->reason[0] ? any->reason : "not loaded");
+        res = SP_ACQ_UNAVAILABLE;
+    } else {
+        res = SP_ACQ_UNKNOWN;
+    }
+    pthread_mutex_unlock(&r->mu);
+    /* "<model>:<adapter>" (a LoRA adapter, adapters.h) when no model has the
+     * whole name: the base model; the caller checks the adapter. */
+    const char *colon = res == SP_ACQ_UNKNOWN && len > 0 ? memrchr(name, ':', len) : NULL;
+    if (colon != NULL && colon > name) {
+        return sp_registry_acquire(s, name, (size_t)(colon - name), version, vlen, allow_load, out,
+                                   reason, reason_len);
+    }
+    return res;
+}
+
+static int
+cmp_model(const void *a, const void *b)
+{
+    const sp_served_model_t *x = *(sp_served_model_t *const *)a, *y = *(sp_served_model_t *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->version > y->version) - (x->version < y->version);
+}
+
+int
+sp_registry_snapshot(sp_server_t *s, sp_served_model_t ***out)
+{
+    sp_registry_t *r = &s->reg;
+    *out = NULL;
+    sp_served_model_t **v = sp_calloc(SP_SERVE_MAX_ENTRIES, sizeof *v);
+    if (v == NULL) {
+        return 0;
+    }
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (e->used && e->live && e->state == SP_REPO_READY) {
+            atomic_fetch_add(&e->live->refs, 1);
+            v[n++] = e->live;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    qsort(v, (size_t)n, sizeof *v, cmp_model);
+    *out = v;
+    return n;
+}
+
+/* ------------------------------------------------------------ memory */
+
+/* Can idle models on device d give back enough for need? The victims are
+ * models an entry holds with no request on them, other than `name`'s own
+ * versions (a swap keeps the old version serving) and pinned ones. */
+static sp_model_entry_t *
+lru_victim_locked(sp_registry_t *r, int d, const char *name, uint64_t *idle_total)
+{
+    sp_model_entry_t *victim = NULL;
+    int64_t oldest = 0;
+    *idle_total = 0;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        sp_served_model_t *m = e->live;
+        if (!e->used || m == NULL || e->pinned || m->charge[d] == 0 || strcmp(e->name, name) == 0 ||
+            atomic_load(&m->refs) != 1) {
+            continue;
+        }
+        *idle_total += m->charge[d];
+        int64_t t = atomic_load(&m->last_used_ns);
+        if (victim == NULL || t < oldest) {
+            victim = e;
+            oldest = t;
+        }
+    }
+    return victim;
+}
+
+/* Reserve m->charge on every device, evicting idle models least recently
+ * used first. Refuses (nothing evicted) when the model cannot fit. */
+sp_status_t
+sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len)
+{
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        int d = -1;
+        for (int k = 0; k < r->n_dev; k++) {
+            if (m->charge[k] && r->used[k] + m->charge[k] > r->budget[k]) {
+                d = k;
+                break;
+            }
+        }
+        if (d < 0) {
+            for (int k = 0; k < r->n_dev; k++) {
+                r->used[k] += m->charge[k];
+            }
+            pthread_mutex_unlock(&r->mu);
+            return SP_OK;
+        }
+        uint64_t idle = 0;
+        sp_model_entry_t *victim = lru_victim_locked(r, d, m->name, &idle);
+        const sp_device_info_t *di = sp_devices_get(r->devs, d);
+        if (m->charge[d] > r->budget[d] || r->used[d] - idle + m->charge[d] > r->budget[d]) {
+            uint64_t used = r->used[d], budget = r->budget[d];
+            pthread_mutex_unlock(&r->mu);
+            return sp_errf(err, err_len, SP_ERR_TOO_LARGE,
+                           "model '%s' version %lld needs %.1f MiB on %s (weights, KV cache and "
+                           "scratch of %d instance(s)) but the memory budget is %.1f MiB with "
+                           "%.1f MiB in use, of which only %.1f MiB by idle models that could be "
+                           "unloaded (raise --memory-budget or unload models)",
+                           m->name, (long long)m->version, (double)m->charge[d] / MIB, di->id,
+                           m->n_inst, (double)budget / MIB, (double)used / MIB, (double)idle / MIB);
+        }
+        /* Evict the least recently used idle model and try again. */
+        sp_served_model_t *v = victim->live;
+        victim->live = NULL;
+        victim->state = SP_REPO_UNAVAILABLE;
+        victim->on_demand = true;
+        victim->demand_failed = false;
+        snprintf(victim->reason, sizeof victim->reason,
+                 "unloaded to make room for '%s' in the %s memory budget (least recently used); "
+                 "it loads again on its next request",
+                 m->name, di->id);
+        r->evictions++;
+        pthread_mutex_unlock(&r->mu);
+        SP_LOG_INFO("event=model_evicted model=%s version=%lld device=%s freed_mib=%.1f for=%s",
+                    sp_log_str(v->name), (long long)v->version, di->id, (double)v->charge[d] / MIB,
+                    sp_log_str(m->name));
+        /* refs was 1 (the entry's) under the lock, and lookups go through
+         * the entry: nobody else can take it now. */
+        if (atomic_fetch_sub(&v->refs, 1) == 1) {
+            sp_served_free(r, v);
+        }
+        pthread_mutex_lock(&r->mu);
+    }
+}
+
+/* ------------------------------------------------------------ build / free */
+
+static void
+defaults_from(const sp_repo_config_t *cfg, sp_served_defaults_t *d)
+{
+    d->max_tokens = -1;
+    d->top_k = -1;
+    d->temperature = d->top_p = d->min_p = NAN;
+    d->repeat_penalty = d->frequency_penalty = d->presence_penalty = NAN;
+    d->seed_set = false;
+    if (cfg == NULL) {
+        return;
+    }
+    const sp_repo_llm_t *l = &cfg->llm;
+    d->max_tokens = l->max_tokens;
+    d->top_k = l->top_k;
+    d->temperature = l->temperature;
+    d->top_p = l->top_p;
+    d->min_p = l->min_p;
+    d->repeat_penalty = l->repeat_penalty;
+    d->frequency_penalty = l->frequency_penalty;
+    d->presence_penalty = l->presence_penalty;
+    d->seed_set = l->seed >= 0;
+    d->seed = l->seed;
+}
+
+/* The config's chat_template: a built-in's name or Jinja text; else the
+ * server's --chat-template, else the file's own. */
+static sp_status_t
+load_template(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+              size_t err_len)
+{
+    const char *ct = cfg ? cfg->llm.chat_template : NULL;
+    sp_status_t st;
+    if (ct) {
+        st = sp_chat_template_builtin(ct, &m->tmpl, m->tmpl_error, sizeof m->tmpl_error);
+        if (st == SP_ERR_NOT_FOUND) {
+            st = sp_chat_template_compile(ct, strlen(ct), &m->tmpl, m->tmpl_error,
+                                          sizeof m->tmpl_error);
+        }
+        if (st != SP_OK) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.chat_template: %s",
+                           m->tmpl_error);
+        }
+        return SP_OK;
+    }
+    const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
+    if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,
+                                   sizeof m->tmpl_error) != SP_OK) {
+        if (tname) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "%s", m->tmpl_error);
+        }
+        SP_LOG_WARN("event=chat_template_unusable model=%s error=%s", sp_log_str(m->name),
+                    sp_log_str(m->tmpl_error));
+        m->tmpl = NULL;
+    }
+    return SP_OK;
+}
+
+/* Instance placement from instance_group: count instances on the CPU, or on
+ * each listed GPU (every visible one when none is listed), as Triton does. */
+static sp_status_t
+place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err, size_t err_len)
+{
+    m->n_inst = 0;
+    if (cfg == NULL || cfg->n_groups == 0) {
+        m->inst_dev[m->n_inst++] = 0;
+        return SP_OK;
+    }
+    for (int32_t g = 0; g < cfg->n_groups; g++) {
+        const sp_repo_group_t *gr = &cfg->group[g];
+        int devs[SP_REG_MAX_DEVICES], nd = 0;
+        if (gr->kind == SP_REPO_KIND_CPU) {
+            devs[nd++] = 0;
+        } else if (gr->n_gpus > 0) {
+            for (int32_t k = 0; k < gr->n_gpus; k++) {
+                char spec[32];
+                snprintf(spec, sizeof spec, "cuda:%d", (int)gr->gpus[k]);
+                int d = sp_devices_find(r->devs, spec);
+                if (d < 0 || d >= r->n_dev) {
+                    return sp_errf(err, err_len, SP_ERR_INVALID,
+                                   "instance_group[%d].gpus: no GPU %d is visible (see `sampan "
+                                   "devices`)",
+                                   (int)g, (int)gr->gpus[k]);
+                }
+                devs[nd++] = d;
+            }
+        } else {
+            for (int d = 1; d < r->n_dev; d++) {
+                const sp_device_info_t *di = sp_devices_get(r->devs, d);
+                if (!di->mig_enabled && di->ordinal >= 0) {
+                    devs[nd++] = d;
+                }
+            }
+            if (nd == 0) {
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "instance_group[%d]: KIND_GPU but no GPU is visible (%s)", (int)g,
+                               sp_devices_note(r->devs)[0] ? sp_devices_note(r->devs)
+                                                           : "see `sampan devices`");
+            }
+        }
+        for (int k = 0; k < nd; k++) {
+            for (int32_t c = 0; c < gr->count; c++) {
+                if (m->n_inst >= SP_REPO_MAX_INSTANCES) {
+                    return sp_errf(err, err_len, SP_ERR_INVALID,
+                                   "instance_group: more than %d instances in all",
+                                   SP_REPO_MAX_INSTANCES);
+                }
+                m->inst_dev[m->n_inst++] = devs[k];
+            }
+        }
+    }
+    return SP_OK;
+}
+
+/*
+ * KIND_GPU placement (docs/cuda.md): bind the model's weights to the one GPU
+ * its instances are on and charge that device. The first gpu_layers layers
+ * (parameters.gpu_layers; absent or -1: as many as fit the device's free
+ * budget, all when the model fits) run on the GPU, the rest on the CPU. The
+ * charge of the GPU is its bytes in use after the upload plus, per instance,
+ * the GPU layers' share of the KV pool and the scratch estimate; the CPU
+ * keeps the mapping and the CPU layers' share. *gd is the GPU's list index,
+ * -1 for a CPU-only model (nothing done then).
+ */
+static sp_status_t
+gpu_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg,
+          const sp_sched_mem_t *mem, uint64_t weights, int *gd, char *err, size_t err_len)
+{
+    *gd = -1;
+    bool cpu = false;
+    for (int k = 0; k < m->n_inst; k++) {
+        const int d = m->inst_dev[k];
+        if (d == 0) {
+            cpu = true;
+        } else if (*gd < 0) {
+            *gd = d;
+        } else if (d != *gd) {
+            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                           "instance_group: an LLM's instances on several GPUs are not supported "
+                           "yet; list one GPU");
+        }
+    }
+    if (*gd < 0) {
+        return SP_OK;
+    }
+    if (cpu) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "instance_group: an LLM on both KIND_CPU and KIND_GPU is not supported "
+                       "yet (use gpu_layers for a CPU/GPU split)");
+    }
+    const sp_device_info_t *di = sp_devices_get(r->devs, *gd);
+    if (di->ordinal < 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "instance_group: %s has no CUDA ordinal",
+                       di->id);
+    }
+    const sp_hparams_t *hp = sp_model_hparams(m->model);
+    int64_t n_gpu = -1;
+    const char *gl = cfg ? sp_repo_config_param(cfg, "gpu_layers") : NULL;
+    if (gl != NULL) {
+        char *end;
+        long long v = strtoll(gl, &end, 10);
+        if (end == gl || *end != '\0' || v < -1 || v > hp->n_layer) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.gpu_layers: '%s' is not -1 (auto) or 0..%lld", gl,
+                           (long long)hp->n_layer);
+        }
+        n_gpu = v;
+    }
+    const uint64_t per_layer = (uint64_t)m->n_inst * mem->kv_bytes / (uint64_t)hp->n_layer;
+    if (n_gpu < 0) {
+        pthread_mutex_lock(&r->mu);
+        const uint64_t avail = r->budget[*gd] > r->used[*gd] ? r->budget[*gd] - r->used[*gd] : 0;
+        pthread_mutex_unlock(&r->mu);
+        /* Fixed costs: the scratch estimate per instance, cuBLAS's workspace
+         * and the 64 MiB upload stage. */
+        const uint64_t fixed = (uint64_t)m->n_inst * mem->scratch_bytes + ((uint64_t)96 << 20);
+        n_gpu = sp_gpu_fit_layers(m->model, avail, fixed, per_layer);
+        if (n_gpu == 0) {
+            return sp_errf(err, err_len, SP_ERR_TOO_LARGE,
+                           "model '%s': not one layer fits the %.1f MiB free in the budget of %s",
+                           m->name, (double)avail / MIB, di->id);
+        }
+    }
+    sp_status_t st = sp_gpu_attach(m->model, NULL, di->ordinal, n_gpu, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    const int64_t on_gpu = sp_gpu_model_layers(m->model);
+    m->charge[*gd] = sp_gpu_model_device_bytes(m->model) + per_layer * (uint64_t)on_gpu +
+                     (uint64_t)m->n_inst * mem->scratch_bytes;
+    m->charge[0] = weights + per_layer * (uint64_t)(hp->n_layer - on_gpu) +
+                   (uint64_t)m->n_inst * mem->scratch_bytes;
+    SP_LOG_INFO("event=gpu_placement model=%s device=%s ordinal=%d gpu_layers=%lld/%lld "
+                "gpu_mib=%.1f", sp_log_str(m->name), sp_log_str(di->id), di->ordinal,
+                (long long)on_gpu, (long long)hp->n_layer, (double)m->charge[*gd] / MIB);
+    return SP_OK;
+}
+
+static sp_sched_params_t
+sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
+{
+    sp_sched_params_t sp = sp_sched_default_params();
+    sp.n_slots = s->cfg.parallel;
+    sp.n_ctx = s->cfg.ctx_size;
+    sp.n_threads = s->cfg.threads;
+    sp.max_queue = s->cfg.queue;
+    sp.prefill_chunk = s->cfg.step_tokens;
+    sp.kv_blocks = s->cfg.kv_blocks;
+    /* Checked by config.c; "" only where a config skipped it (the --kv-f16 alias then). */
+    const int kv_type = sp_kv_type_from_name(s->cfg.kv_type);
+    sp.kv_type = kv_type >= 0 ? (sp_kv_type_t)kv_type
+                              : s->cfg.kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
+    sp.tpot_target_ms = s->cfg.tpot_target_ms;
+    sp.tier_queue[0] = s->cfg.queue_batch;
+    sp.tier_queue[1] = s->cfg.queue_standard;
+    sp.tier_queue[2] = s->cfg.queue_premium;
+    sp.spec_k = s->cfg.spec_tokens > 0 ? s->cfg.spec_tokens : 4;
+    if (cfg) {
+        if (cfg->llm.context_length > 0) sp.n_ctx = cfg->llm.context_length;
+        if (cfg->llm.kv_blocks > 0) sp.kv_blocks = cfg->llm.kv_blocks;
+        if (cfg->llm.kv_cache_type && sp_kv_type_from_name(cfg->llm.kv_cache_type) >= 0) {
+            sp.kv_type = (sp_kv_type_t)sp_kv_type_from_name(cfg->llm.kv_cache_type);
+        }
+        if (cfg->max_batch_size > 0) sp.n_slots = cfg->max_batch_size;
+    }
+    /* Instances on the CPU share its cores rather than each taking all. */
+    if (sp.n_threads == 0 && n_cpu_inst > 1) {
+        int cores = sp_cpu_count();
+        sp.n_threads = cores > n_cpu_inst ? cores / n_cpu_inst : 1;
+    }
+    return sp;
+}
+
+/* Speculative decoding: load the draft model the configuration names (a
+ * repository model by name, its latest selected version; or --draft-model for
+ * --model) into m->draft and give its file size in *bytes. OK with no draft. */
+static sp_status_t
+load_draft(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, uint64_t *bytes,
+           char *err, size_t err_len)
+{
+    *bytes = 0;
+    char path[1024];
+    if (cfg == NULL) {
+        if (s->cfg.draft_model[0] == '\0') {
+            return SP_OK;
+        }
+        snprintf(path, sizeof path, "%s", s->cfg.draft_model);
+    } else {
+        if (cfg->llm.draft_model == NULL) {
+            return SP_OK;
+        }
+        if (strcmp(cfg->llm.draft_model, m->name) == 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "parameters.draft_model: a model cannot draft for itself");
+        }
+        sp_repo_limits_t lim;
+        sp_repo_limits_default(&lim);
+        sp_repo_model_t dm;
+        char e[512];
+        sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, cfg->llm.draft_model,
+                                            strlen(cfg->llm.draft_model), &lim, NULL, 0, &dm, e,
+                                            sizeof e);
+        if (st != SP_OK || !dm.ok || dm.n_versions == 0 ||
+            dm.versions[dm.n_versions - 1].model_path == NULL) {
+            /* The scan's own words name the repository's path: not for clients. */
+            const char *why = st == SP_ERR_NOT_FOUND ? "no such model in the repository"
+                              : st != SP_OK ? "cannot be read" : !dm.ok ? dm.reason
+                              : dm.n_versions == 0 ? "no version selected"
+                                                   : dm.versions[dm.n_versions - 1].reason;
+            if (st == SP_OK) {
+                sp_repo_model_free(&dm);
+            }
+            return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.draft_model '%s': %s",
+                           cfg->llm.draft_model, why);
+        }
+        snprintf(path, sizeof path, "%s", dm.versions[dm.n_versions - 1].model_path);
+        sp_repo_model_free(&dm);
+    }
+    char e[512];
+    if (sp_model_load(path, &m->draft, e, sizeof e) != SP_OK) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "draft model: %s", e);
+    }
+    struct stat fst;
+    *bytes = stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0;
+    return SP_OK;
+}
+
+/* A model is ready: time it, list it, log it. */
+static void
+built(sp_registry_t *r, sp_served_model_t *m, int64_t t0, int n_slots)
+{
+    m->created = (int64_t)time(NULL);
+    atomic_store(&m->last_used_ns, sp_time_ns());
+    m->load_ms = (double)(sp_time_ns() - t0) / 1e6;
+    pthread_mutex_lock(&r->mu);
+    m->next = r->all;
+    r->all = m;
+    pthread_mutex_unlock(&r->mu);
+    SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s backend=%s ctx=%lld instances=%d "
+                "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
+                sp_log_str(m->name), (long long)m->version, sp_log_str(m->path),
+                m->be ? m->be->name : "llm", (long long)m->n_ctx, m->n_inst, n_slots,
+                (double)m->mem_bytes / MIB, m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
+                m->load_ms);
+}
+
+sp_status_t
+sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_repo, const char *path,
+                const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out, char *err,
+                size_t err_len)
+{
+    sp_registry_t *r = &s->reg;
+    int64_t t0 = sp_time_ns();
+    *out = NULL;
+    sp_served_model_t *m = sp_calloc(1, sizeof *m);
+    if (m == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    m->srv = s;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->version = version;
+    snprintf(m->version_str, sizeof m->version_str, "%lld", (long long)(version > 0 ? version : 1));
+    m->from_repo = from_repo;
+    m->sig = sig;
+    atomic_init(&m->refs, 1);
+    sp_model_metrics_init(&m->metrics);
+    defaults_from(cfg, &m->def);
+    /* The response cache: a repository model opts in with config.json's
+     * response_cache.enable; a --model model (no config) whenever the server
+     * has a cache (--response-cache-bytes). */
+    m->response_cache = s->rcache != NULL && (cfg ? cfg->response_cache : true);
+    bool reserved = false;
+    if (cfg && cfg->backend != SP_REPO_BACKEND_LLM) {
+        /* A tensor model: its backend plugin loads it (tensor_model.c). */
+        m->max_batch_size = cfg->max_batch_size;
+        sp_status_t tst = place(r, m, cfg, err, err_len);
+        if (tst == SP_OK) {
+            tst = sp_tensor_model_build(s, m, cfg, err, err_len);
+        }
+        if (tst != SP_OK) {
+            if (!m->reserved) {
+                memset(m->charge, 0, sizeof m->charge);
+            }
+            sp_served_free(r, m);
+            return tst;
+        }
+        built(r, m, t0, 0);
+        *out = m;
+        return SP_OK;
+    }
+    sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
+    sp_status_t st = sp_repo_llm_keys_ex(cfg, s->cfg.model_repository, name, s->cfg.key_dir,
+                                         &keys, err, err_len);
+    /* The file as it is before it is read: a change from here on (also to an
+     * encrypted file, whose plaintext handle knows no file) reloads it. */
+    m->has_file_id = stat(path, &m->file_id) == 0;
+    if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
+    if (st != SP_OK) {
+        goto fail;
+    }
+    m->tok = sp_model_tokenizer(m->model);
+    if ((st = load_template(s, m, cfg, err, err_len)) != SP_OK ||
+        (st = place(r, m, cfg, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    int n_cpu = 0;
+    for (int k = 0; k < m->n_inst; k++) {
+        n_cpu += m->inst_dev[k] == 0;
+    }
+    sp_sched_params_t sp = sched_params(s, cfg, n_cpu);
+    uint64_t draft_bytes = 0;
+    if ((st = load_draft(s, m, cfg, &draft_bytes, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    sp.draft = m->draft;
+    if (cfg && cfg->llm.num_speculative_tokens > 0) {
+        sp.spec_k = cfg->llm.num_speculative_tokens;
+    }
+    /* The estimate: every instance's KV pool and scratch, plus the weights
+     * once per device (one mmap shared by the CPU instances); a draft's weights
+     * count with the model's. */
+    sp_sched_mem_t mem;
+    if ((st = sp_sched_estimate(m->model, &sp, &mem, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    struct stat fst;
+    uint64_t weights = (stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes;
+    int gd;
+    if ((st = gpu_place(r, m, cfg, &mem, weights, &gd, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    for (int k = 0; gd < 0 && k < m->n_inst; k++) {
+        int d = m->inst_dev[k];
+        if (m->charge[d] == 0) {
+            m->charge[d] += weights;
+        }
+        m->charge[d] += mem.kv_bytes + mem.scratch_bytes;
+    }
+    for (int d = 0; d < r->n_dev; d++) {
+        m->mem_bytes += m->charge[d];
+    }
+    if ((st = sp_registry_reserve(r, m, err, err_len)) != SP_OK) {
+        goto fail;
+    }
+    reserved = true;
+    for (int k = 0; k < m->n_inst; k++) {
+        if ((st = sp_sched_create(m->model, &sp, &m->inst[k], err, err_len)) != SP_OK) {
+            goto fail;
+        }
+    }
+    m->n_ctx = sp_sched_n_ctx(m->inst[0]);
+    built(r, m, t0, sp.n_slots);
+    *out = m;
+    return SP_OK;
+fail:
+    if (!reserved) {
+        memset(m->charge, 0, sizeof m->charge);
+    }
+    sp_served_free(r, m);
+    return st == SP_OK ? SP_ERR_INVALID : st;
+}
+
+void
+sp_served_free(sp_registry_t *r, sp_served_model_t *m)
+{
+    sp_tensor_model_free(m);
+    for (int k = 0; k < m->n_inst; k++) {
+        sp_sched_destroy(m->inst[k]);
+    }
+    sp_adapters_free(m); /* requests still using one hold their own references */
+    sp_chat_template_destroy(m->tmpl);
+    sp_model_free(m->model);
+    sp_model_free(m->draft);
+    pthread_mutex_lock(&r->mu);
+    for (int d = 0; d < r->n_dev; d++) {
+        r->used[d] -= m->charge[d];
+    }
+    for (sp_served_model_t **pp = &r->all; *pp; pp = &(*pp)->next) {
+        if (*pp == m) {
+            *pp = m->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (m->inst[0] || m->be) {
+        SP_LOG_INFO("event=model_freed model=%s version=%lld memory_mib=%.1f",
+                    sp_log_str(m->name), (long long)m->version, (double)m->mem_bytes / MIB);
+    }
+    sp_free(m);
+}
+
+void
+sp_registry_reap(sp_registry_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    sp_served_model_t *list = r->reap;
+    r->reap = NULL;
+    pthread_mutex_unlock(&r->mu);
+    while (list) {
+        sp_served_model_t *next = list->reap_next;
+        sp_served_free(r, list);
+        list = next;
+    }
+}
