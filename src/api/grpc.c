@@ -56,7 +56,7 @@
 #include "sampan/log.h"
 #include "api/grpc_msg.h"
 #include "serving/registry.h"
-#include "server/server.h"
+#include "api/api.h"
 #include "http/tls.h"
 
 #define TICK_MS 250
@@ -480,7 +480,7 @@ static const sp_http_sink_t grpc_sink = {
 static bool
 is_llm(void *ud, const char *name, size_t len, const char *version, size_t vlen)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_served_model_t *m = NULL;
     char reason[64];
     sp_acq_t a = sp_registry_acquire(s, name, len, version, vlen, false, &m, reason, sizeof reason);

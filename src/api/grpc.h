@@ -23,7 +23,7 @@
 #include "sampan/status.h"
 #include "http/http.h"
 
-struct sp_server;
+struct sp_serving;
 typedef struct sp_grpc sp_grpc_t;
 typedef struct sp_grpc_loop sp_grpc_loop_t;
 
@@ -35,7 +35,7 @@ typedef struct sp_grpc_params {
     const char *host;
     int port;                  /* 0: a free port (tests) */
     sp_http_limits_t limits;   /* the HTTP limits: max_body_bytes bounds a message */
-    struct sp_server *srv;     /* for the registry (ModelStreamInfer's LLM test) */
+    struct sp_serving *srv;     /* for the registry (ModelStreamInfer's LLM test) */
     const char *tls_cert, *tls_key, *tls_client_ca; /* TLS (ALPN h2) when tls_cert is set */
 } sp_grpc_params_t;
 

@@ -331,7 +331,7 @@ typedef enum ks_kind { KS_INFER, KS_GENERATE, KS_STREAM } ks_kind_t;
 
 typedef struct ks_req {
     sp_http_req_t *http;
-    sp_server_t *srv;
+    sp_serving_t *srv;
     sp_served_model_t *m;
     sp_req_adapter_t ad;    /* the route's "<model>:<adapter>" (adapters.h), or none */
     sp_sched_job_t *job;
@@ -405,13 +405,13 @@ finish_str(sp_finish_t f)
  * retry, a model that loads on demand parks the request until it is
  * loaded (server.h). */
 static sp_served_model_t *
-route_model_base(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
+route_model_base(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
 {
     sp_str_t name = sp_route_param(p, "model");
     sp_str_t v = sp_route_param(p, "version");
     sp_served_model_t *m = NULL;
     if (retry) {
-        return sp_server_model_for(s, r, name.ptr, name.len, v, retry, p, &m) ? m : NULL;
+        return sp_api_model_for(s, r, name.ptr, name.len, v, retry, p, &m) ? m : NULL;
     }
     if (!sp_auth_model_allowed(sp_http_req_user(r), name.ptr, name.len)) {
         /* A model outside the tenant's list does not exist for it: the same
@@ -446,7 +446,7 @@ route_model_base(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
 /* The same, and the LoRA adapter a "<model>:<adapter>" name selects (ad,
  * released with sp_req_adapter_release; 404 answered here when unknown). */
 static sp_served_model_t *
-route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
+route_model(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
             sp_req_adapter_t *ad)
 {
     sp_served_model_t *m = route_model_base(s, r, p, retry);
@@ -460,7 +460,7 @@ route_model(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rou
 }
 
 static ks_req_t *
-ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
+ks_new(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
 {
     ks_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
@@ -470,7 +470,7 @@ ks_new(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
     }
     q->http = r;
     q->srv = s;
-    q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
+    q->sched.priority = sp_api_tier(r); /* the tenant's tier unless the request asks lower */
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->m = m;
     q->kind = kind;
@@ -884,9 +884,9 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     sr.lora = q->ad.lora;
     sr.gen = g;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
-    sr.priority = sp_server_priority(r, q->sched.priority);
+    sr.priority = sp_api_priority(r, q->sched.priority);
     sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), cfg->prefix_cache_scope);
-    sr.mailbox = sp_server_mailbox(r);
+    sr.mailbox = sp_api_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
     /* The tenant's tokens per minute: reserve the most this request may use
@@ -1017,7 +1017,7 @@ static void
 h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     /* The protocol: 200 is ready, a 4xx is not ready (404: not known). */
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_str_t name = sp_route_param(p, "model");
     sp_str_t v = sp_route_param(p, "version");
     sp_served_model_t *m = NULL;
@@ -1123,7 +1123,7 @@ static const sp_offload_ops_t body_ops = {
  * after which `handler` runs again; true then, or when it answered an
  * error. false: decode it here (or take body_decoded). */
 static bool
-body_defer(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn handler, bool infer)
+body_defer(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn handler, bool infer)
 {
     sp_str_t body = sp_http_req_body(r);
     if (body.len <= KS_INLINE_BODY || s->prep == NULL || body_decoded(r) != NULL) {
@@ -1152,7 +1152,7 @@ body_defer(sp_server_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rout
 static void
 h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_req_adapter_t ad;
     sp_served_model_t *m = route_model(s, r, p, h_infer, &ad);
     if (m == NULL) {
@@ -1243,7 +1243,7 @@ static void h_gen_stream(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static void
 h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kind)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_req_adapter_t ad;
     sp_served_model_t *m = route_model(s, r, p, kind == KS_STREAM ? h_gen_stream : h_gen, &ad);
     if (m == NULL) {
@@ -1363,7 +1363,7 @@ h_gen_stream(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 }
 
 void
-sp_kserve_register(sp_router_t *rt, sp_server_t *s)
+sp_kserve_register(sp_router_t *rt, sp_serving_t *s)
 {
     static const char *const bases[] = {"/v2/models/{model}", "/v2/models/{model}/versions/{version}"};
     sp_router_add(rt, SP_HTTP_GET, "/v2", h_server_meta, s);

@@ -12,12 +12,12 @@
 #include <stdbool.h>
 
 #include "core/str.h"
-#include "server/server.h"
+#include "api/api.h"
 
 /* The version every served model has until the model repository brings more. */
 #define SP_KSERVE_MODEL_VERSION "1"
 
-void sp_kserve_register(sp_router_t *rt, sp_server_t *s);
+void sp_kserve_register(sp_router_t *rt, sp_serving_t *s);
 /* Is this a KServe v2 path ("/v2" or under "/v2/")? */
 bool sp_kserve_path(sp_str_t path);
 /* Answer {"error": message} with status (headers such as Retry-After are the caller's). */

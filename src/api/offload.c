@@ -8,7 +8,7 @@
 #include "sampan/log.h"
 #include "serving/registry.h"
 #include "sched/sched.h"
-#include "server/server.h"
+#include "api/api.h"
 
 /* Loop thread: the result is back. */
 static void
@@ -68,7 +68,7 @@ sp_offload_start(sp_offload_t *job, const sp_offload_ops_t *ops, struct sp_workq
         job_done(job);
         return true;
     }
-    job->mb = sp_server_mailbox(r);
+    job->mb = sp_api_mailbox(r);
     sp_http_req_on_abort(r, job_abort, job);
     sp_status_t st = sp_workq_submit(wq, job_task, job);
     if (st == SP_OK) {

@@ -36,7 +36,7 @@
 #include "sampan/log.h"
 #include "serving/adapters.h"
 #include "api/offload.h"
-#include "server/server.h"
+#include "api/api.h"
 #include "sched/schedreq.h"
 #include "api/trace.h"
 
@@ -105,7 +105,7 @@ typedef struct oai_prep {
 
 typedef struct oai_req {
     sp_http_req_t *http;
-    sp_server_t *srv;
+    sp_serving_t *srv;
     sp_served_model_t *m;
     sp_req_adapter_t ad; /* "model": "<model>:<adapter>" (adapters.h), or none */
     sp_sched_job_t *job;
@@ -141,9 +141,9 @@ static void
 oai_refuse(sp_http_req_t *r, int status, const char *message)
 {
     if (status == 429) {
-        sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
+        sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
     } else {
-        sp_server_error(r, status, NULL, NULL, NULL, "%s", message);
+        sp_api_error(r, status, NULL, NULL, NULL, "%s", message);
     }
 }
 
@@ -238,26 +238,26 @@ on_abort(sp_http_req_t *r, void *ud)
  * parks the request until an on-demand load ends, then runs `retry` again)
  * and returns NULL. */
 static sp_served_model_t *
-get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
+get_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
           const sp_route_params_t *p, sp_req_adapter_t *ad)
 {
     const json_t *mv = json_object_get(body, "model");
     if (mv == NULL || json_is_null(mv)) {
-        sp_server_error(r, 400, NULL, "model", NULL, "'model' is required");
+        sp_api_error(r, 400, NULL, "model", NULL, "'model' is required");
         return NULL;
     }
     if (!json_is_string(mv)) {
-        sp_server_error(r, 400, NULL, "model", NULL, "'model' must be a string");
+        sp_api_error(r, 400, NULL, "model", NULL, "'model' must be a string");
         return NULL;
     }
     sp_served_model_t *m;
     sp_str_t none = {NULL, 0};
-    if (!sp_server_model_for(s, r, json_string_value(mv), json_string_length(mv), none, retry, p,
+    if (!sp_api_model_for(s, r, json_string_value(mv), json_string_length(mv), none, retry, p,
                              &m)) {
         return NULL;
     }
     if (m->be) {
-        sp_server_error(r, 400, NULL, "model", "model_not_generative",
+        sp_api_error(r, 400, NULL, "model", "model_not_generative",
                         "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
                         m->name, m->be->name, m->name);
         sp_served_release(m);
@@ -273,7 +273,7 @@ get_model(sp_server_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retr
 static void
 field_error(sp_http_req_t *r, const sp_json_err_t *e)
 {
-    sp_server_error(r, 400, NULL, e->param, NULL, "%s", e->msg);
+    sp_api_error(r, 400, NULL, e->param, NULL, "%s", e->msg);
 }
 
 /* ------------------------------------------------------ parameter parsing */
@@ -312,7 +312,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     NUM("repetition_penalty", 0.01, 10, g->sampling.repeat_penalty);
 #undef NUM
     if (g->sampling.top_p <= 0.0f) {
-        sp_server_error(r, 400, NULL, "top_p", NULL, "'top_p' must be greater than 0");
+        sp_api_error(r, 400, NULL, "top_p", NULL, "'top_p' must be greater than 0");
         return -1;
     }
     if ((rc = sp_json_get_int(b, "top_k", -1, 1 << 20, &v, &e)) < 0) {
@@ -351,7 +351,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     if (st && !json_is_null(st)) {
         if (json_is_string(st)) {
             if (json_string_length(st) == 0 || json_string_length(st) > SP_GEN_MAX_STOP_LEN) {
-                sp_server_error(r, 400, NULL, "stop", NULL,
+                sp_api_error(r, 400, NULL, "stop", NULL,
                                 "'stop' strings must have 1 to %d bytes", SP_GEN_MAX_STOP_LEN);
                 return -1;
             }
@@ -359,7 +359,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             g->n_stop = 1;
         } else if (json_is_array(st)) {
             if (json_array_size(st) > SP_GEN_MAX_STOP) {
-                sp_server_error(r, 400, NULL, "stop", NULL, "'stop' has more than %d strings",
+                sp_api_error(r, 400, NULL, "stop", NULL, "'stop' has more than %d strings",
                                 SP_GEN_MAX_STOP);
                 return -1;
             }
@@ -368,7 +368,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
                 if (!json_is_string(s) || json_string_length(s) == 0 ||
                     json_string_length(s) > SP_GEN_MAX_STOP_LEN ||
                     strlen(json_string_value(s)) != json_string_length(s)) {
-                    sp_server_error(r, 400, NULL, "stop", NULL,
+                    sp_api_error(r, 400, NULL, "stop", NULL,
                                     "'stop' must be a list of strings of 1 to %d bytes",
                                     SP_GEN_MAX_STOP_LEN);
                     return -1;
@@ -376,11 +376,11 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
                 g->stop[g->n_stop++] = json_string_value(s);
             }
         } else {
-            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' must be a string or a list of strings");
+            sp_api_error(r, 400, NULL, "stop", NULL, "'stop' must be a string or a list of strings");
             return -1;
         }
         if (json_is_string(st) && strlen(g->stop[0]) != json_string_length(st)) {
-            sp_server_error(r, 400, NULL, "stop", NULL, "'stop' may not contain NUL");
+            sp_api_error(r, 400, NULL, "stop", NULL, "'stop' may not contain NUL");
             return -1;
         }
     }
@@ -401,7 +401,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     const json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
-            sp_server_error(r, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
+            sp_api_error(r, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
             return -1;
         }
         if (sp_json_get_bool(so, "include_usage", &q->include_usage, &e) < 0) {
@@ -424,7 +424,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             return -1;
         }
         if (rc > 0 && !lp) {
-            sp_server_error(r, 400, NULL, "top_logprobs", NULL,
+            sp_api_error(r, 400, NULL, "top_logprobs", NULL,
                             "'top_logprobs' requires 'logprobs': true");
             return -1;
         }
@@ -451,7 +451,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     if (rf && !json_is_null(rf)) {
         const char *t = NULL;
         if (!json_is_object(rf) || sp_json_get_str(rf, "type", &t, NULL, &e) <= 0) {
-            sp_server_error(r, 400, NULL, "response_format", NULL,
+            sp_api_error(r, 400, NULL, "response_format", NULL,
                             "'response_format' must be an object with a 'type'");
             return -1;
         }
@@ -462,7 +462,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             const json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!json_is_object(js) || (json_object_get(js, "name") &&
                                         !json_is_string(json_object_get(js, "name")))) {
-                sp_server_error(r, 400, NULL, "response_format.json_schema", NULL,
+                sp_api_error(r, 400, NULL, "response_format.json_schema", NULL,
                                 "'response_format.json_schema' must be an object "
                                 "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
                 return -1;
@@ -470,13 +470,13 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             if (schema == NULL) { /* OpenAI allows it out: any JSON object */
                 schema = q->prep.own_schema = json_pack("{s:s}", "type", "object");
                 if (schema == NULL) {
-                    sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+                    sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
                     return -1;
                 }
             }
             q->prep.schema = schema; /* compiled by the preparation (prep_run) */
         } else if (strcmp(t, "text") != 0) {
-            sp_server_error(r, 400, NULL, "response_format.type", NULL,
+            sp_api_error(r, 400, NULL, "response_format.type", NULL,
                             "response_format type '%s' is not supported (text, json_object, "
                             "json_schema)", t);
             return -1;
@@ -484,11 +484,11 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     if (gr != NULL) {
         if (!json_is_string(gr) || json_string_length(gr) == 0) {
-            sp_server_error(r, 400, NULL, "grammar", NULL, "'grammar' must be GBNF text");
+            sp_api_error(r, 400, NULL, "grammar", NULL, "'grammar' must be GBNF text");
             return -1;
         }
         if (g->json_object || q->prep.schema) {
-            sp_server_error(r, 400, NULL, "grammar", NULL,
+            sp_api_error(r, 400, NULL, "grammar", NULL,
                             "'grammar' and 'response_format' json modes cannot be combined");
             return -1;
         }
@@ -505,7 +505,7 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
 {
     size_t n = json_array_size(a);
     if ((int64_t)n > cap) {
-        sp_server_error(q->http, 400, NULL, param, NULL,
+        sp_api_error(q->http, 400, NULL, param, NULL,
                         "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
         return -1;
     }
@@ -513,7 +513,7 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(a, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
-            sp_server_error(q->http, 400, NULL, param, NULL,
+            sp_api_error(q->http, 400, NULL, param, NULL,
                             "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
             return -1;
         }
@@ -1045,7 +1045,7 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
         sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len,
                         q->n > 0 && q->choices[0].finished ? q->choices[0].finish : SP_FINISH_STOP);
     }
-    sp_server_reply_json(q->http, 200, b);
+    sp_api_reply_json(q->http, 200, b);
 }
 
 static void
@@ -1088,7 +1088,7 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
     if (!b->oom) {
         sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
     }
-    sp_server_reply_json(q->http, 200, b);
+    sp_api_reply_json(q->http, 200, b);
 }
 
 /* Events of a job, on the loop thread. */
@@ -1158,7 +1158,7 @@ on_event(const sp_sched_event_t *ev, void *ud)
                 stream_send(q);
                 sp_http_stream_end(r);
             } else {
-                sp_server_error(r, http, NULL, NULL, NULL, "%s", msg);
+                sp_api_error(r, http, NULL, NULL, NULL, "%s", msg);
             }
         } else if (q->kind == OAI_EMBED) {
             reply_embeddings(q, ev->prompt_tokens);
@@ -1219,9 +1219,9 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     sr.embed = q->kind == OAI_EMBED;
     sr.lora = q->ad.lora;
     sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
-    sr.priority = sp_server_priority(r, q->sched.priority);
+    sr.priority = sp_api_priority(r, q->sched.priority);
     sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), q->srv->cfg.prefix_cache_scope);
-    sr.mailbox = sp_server_mailbox(r);
+    sr.mailbox = sp_api_mailbox(r);
     sr.on_event = on_event;
     sr.ud = q;
     /* The tenant's tokens per minute: reserve the most this request may use
@@ -1237,7 +1237,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
         char ra[16];
         snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
         sp_http_add_header(r, "Retry-After", ra);
-        sp_server_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", ar.message);
+        sp_api_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", ar.message);
         oai_free(q);
         return;
     }
@@ -1253,9 +1253,9 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
             char ra[16];
             snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
             sp_http_add_header(r, "Retry-After", ra);
-            sp_server_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
+            sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
         } else {
-            sp_server_error(r, prep_http(st), NULL, NULL,
+            sp_api_error(r, prep_http(st), NULL, NULL,
                             st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL, "%s", err);
         }
         oai_free(q);
@@ -1279,20 +1279,20 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
 }
 
 static oai_req_t *
-oai_new(sp_server_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
+oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m,
         sp_req_adapter_t *ad)
 {
     oai_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
         sp_req_adapter_release(ad);
         sp_served_release(m);
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
         return NULL;
     }
     q->m = m; /* the reference passes to the request, and the adapter's */
     q->ad = *ad;
     q->http = r;
-    q->sched.priority = sp_server_tier(r); /* the tenant's tier unless the request asks lower */
+    q->sched.priority = sp_api_tier(r); /* the tenant's tier unless the request asks lower */
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
     q->srv = s;
     q->kind = kind;
@@ -1343,9 +1343,9 @@ body_done(sp_offload_t *job, sp_http_req_t *r)
 {
     oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
     if (j->root == NULL) {
-        sp_server_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+        sp_api_error(r, 400, NULL, NULL, NULL, "%s", j->err);
     } else if (!json_is_object(j->root)) {
-        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
     } else {
         sp_offload_body_rerun(&j->b); /* body_object takes j->root */
     }
@@ -1360,7 +1360,7 @@ static const sp_offload_ops_t body_ops = {
  * large body is parsed on a worker: NULL now, and `handler` runs again with
  * it parsed. */
 static json_t *
-body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
+body_object(sp_serving_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
 {
     sp_offload_body_t *redo = sp_offload_body_redo(r);
     oai_body_t *parsed = redo ? SP_OFFLOAD_HOLDER(redo, oai_body_t, b) : NULL;
@@ -1371,13 +1371,13 @@ body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_rout
     }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
-        sp_server_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
+        sp_api_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
         return NULL;
     }
     if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
         oai_body_t *j = sp_calloc(1, sizeof *j);
         if (j == NULL) {
-            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
             return NULL;
         }
         j->json_depth = s->cfg.json_depth;
@@ -1389,12 +1389,12 @@ body_object(sp_server_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_rout
     json_t *root;
     char err[512];
     if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
-        sp_server_error(r, 400, NULL, NULL, NULL, "%s", err);
+        sp_api_error(r, 400, NULL, NULL, NULL, "%s", err);
         return NULL;
     }
     if (!json_is_object(root)) {
         json_decref(root);
-        sp_server_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
         return NULL;
     }
     return root;
@@ -1407,7 +1407,7 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
 {
     int64_t n_ctx = q->m->n_ctx;
     if (n_tok >= n_ctx) {
-        sp_server_error(q->http, 400, NULL, "messages", "context_length_exceeded",
+        sp_api_error(q->http, 400, NULL, "messages", "context_length_exceeded",
                         "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
                         (long long)n_ctx);
         oai_free(q);
@@ -1430,7 +1430,7 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
             max_tokens = (tpm - n_tok) / q->n > 1 ? (tpm - n_tok) / q->n : 1;
         }
     } else if (n_tok + max_tokens > n_ctx) {
-        sp_server_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
+        sp_api_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
                         "this model's context is %lld tokens; the prompt has %lld and max_tokens "
                         "asks for %lld more",
                         (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
@@ -1441,7 +1441,7 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
     q->n_prompt = n_tok;
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
-        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_error(q->http, 503, NULL, NULL, NULL, "out of memory");
         oai_free(q);
         return;
     }
@@ -1455,7 +1455,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
     oai_prep_t *pp = &q->prep;
     if (pp->http != 0) {
-        sp_server_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
+        sp_api_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
         oai_free(q);
         return;
     }
@@ -1488,7 +1488,7 @@ prep_alloc(oai_req_t *q, int n)
     pp->toks = sp_malloc((size_t)n * (size_t)pp->cap * sizeof(int32_t));
     pp->in = sp_calloc((size_t)n, sizeof *pp->in);
     if (pp->toks == NULL || pp->in == NULL) {
-        sp_server_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_error(q->http, 503, NULL, NULL, NULL, "out of memory");
         return false;
     }
     pp->n_in = n;
@@ -1542,7 +1542,7 @@ name_in(const char (*names)[129], int32_t n, const char *name, size_t len)
 static void
 h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_str_t want = sp_route_param(p, "model");
     sp_jbuf_t b;
     sp_jbuf_init(&b);
@@ -1556,7 +1556,7 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     const bool restricted = sp_auth_restricted(tenant);
     if (restricted && want.ptr && !sp_auth_model_allowed(tenant, want.ptr, want.len)) {
         sp_jbuf_free(&b);
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+        sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
                         "The model does not exist");
         return;
     }
@@ -1566,7 +1566,7 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         names = sp_malloc(sizeof(char[SP_TENANT_MODELS_MAX][129]));
         if (names == NULL) {
             sp_jbuf_free(&b);
-            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
             return;
         }
         n_names = sp_auth_models(tenant, names, SP_TENANT_MODELS_MAX);
@@ -1630,21 +1630,21 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_free(names);
     if (want.ptr && !found) {
         sp_jbuf_free(&b);
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+        sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
                         "The model does not exist");
         return;
     }
     if (!want.ptr) {
         sp_jbuf_lit(&b, "]}");
     }
-    sp_server_reply_json(r, 200, &b);
+    sp_api_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
 
 static void
 h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     json_t *b = body_object(s, r, h_completions, p);
     if (b == NULL) {
         return;
@@ -1685,7 +1685,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     if (json_is_string(pr)) {
         if (json_string_length(pr) == 0) {
-            sp_server_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+            sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
             oai_free(q);
             goto done;
         }
@@ -1702,12 +1702,12 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             goto done;
         }
     } else if (json_is_array(pr) && json_array_size(pr) > 1) {
-        sp_server_error(r, 400, NULL, "prompt", NULL,
+        sp_api_error(r, 400, NULL, "prompt", NULL,
                         "one prompt per request is supported (use n for several completions)");
         oai_free(q);
         goto done;
     } else {
-        sp_server_error(r, 400, NULL, "prompt", NULL,
+        sp_api_error(r, 400, NULL, "prompt", NULL,
                         "'prompt' must be a non-empty string or a list of token ids");
         oai_free(q);
         goto done;
@@ -1841,7 +1841,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     *tools_json = NULL;
     if (have) {
         if (!json_is_array(tools) || json_array_size(tools) > 128) {
-            sp_server_error(r, 400, NULL, "tools", NULL, "'tools' must be a list of at most 128 tools");
+            sp_api_error(r, 400, NULL, "tools", NULL, "'tools' must be a list of at most 128 tools");
             return -1;
         }
         size_t i;
@@ -1856,7 +1856,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
                 !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0 ||
                 json_string_length(name) > 64 || (params && !json_is_object(params)) ||
                 (desc && !json_is_string(desc))) {
-                sp_server_error(r, 400, NULL, "tools", NULL,
+                sp_api_error(r, 400, NULL, "tools", NULL,
                                 "tools[%zu] must be {\"type\": \"function\", \"function\": "
                                 "{\"name\": \"...\" (1 to 64 bytes), \"description\": \"...\", "
                                 "\"parameters\": {JSON Schema}}}", i);
@@ -1875,13 +1875,13 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
             choice = "function";
             only = json_string_value(json_object_get(json_object_get(tch, "function"), "name"));
         } else {
-            sp_server_error(r, 400, NULL, "tool_choice", NULL,
+            sp_api_error(r, 400, NULL, "tool_choice", NULL,
                             "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                             "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
             return -1;
         }
         if (!have && strcmp(choice, "none") != 0) {
-            sp_server_error(r, 400, NULL, "tool_choice", NULL, "'tool_choice' needs 'tools'");
+            sp_api_error(r, 400, NULL, "tool_choice", NULL, "'tool_choice' needs 'tools'");
             return -1;
         }
     }
@@ -1892,14 +1892,14 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     q->tool_fmt = sp_chat_tool_format(q->m->tmpl);
     *tools_json = json_dumps(tools, JSON_COMPACT);
     if (*tools_json == NULL) {
-        sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
         return -1;
     }
     if (strcmp(choice, "auto") == 0) {
         return 0;
     }
     if (g->json_object || q->prep.schema || q->prep.gbnf) {
-        sp_server_error(r, 400, NULL, "tool_choice", NULL,
+        sp_api_error(r, 400, NULL, "tool_choice", NULL,
                         "a forced tool call cannot be combined with response_format or grammar");
         return -1;
     }
@@ -1911,7 +1911,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
 static void
 h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     json_t *b = body_object(s, r, h_chat, p);
     if (b == NULL) {
         return;
@@ -1930,11 +1930,11 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     const json_t *ms = json_object_get(b, "messages");
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
-        sp_server_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
+        sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
         goto fail;
     }
     if (m->tmpl == NULL) {
-        sp_server_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
+        sp_api_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
                         m->name, m->tmpl_error);
         goto fail;
     }
@@ -1964,7 +1964,7 @@ done:
 static void
 h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     json_t *b = body_object(s, r, h_embeddings, p);
     if (b == NULL) {
         return;
@@ -1980,7 +1980,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_json_err_t e = {{0}, NULL};
     if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||
         (strcmp(fmt, "float") != 0 && strcmp(fmt, "base64") != 0)) {
-        sp_server_error(r, 400, NULL, "encoding_format", NULL, "'encoding_format' must be \"float\" or \"base64\"");
+        sp_api_error(r, 400, NULL, "encoding_format", NULL, "'encoding_format' must be \"float\" or \"base64\"");
         oai_free(q);
         goto done;
     }
@@ -1989,7 +1989,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     q->n_embd = (int)sp_model_hparams(m->model)->n_embd;
     int rc = sp_json_get_int(b, "dimensions", 1, 1 << 20, &dims, &e);
     if (rc < 0 || (rc > 0 && dims != q->n_embd)) {
-        sp_server_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
+        sp_api_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
         oai_free(q);
         goto done;
     }
@@ -2008,7 +2008,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     size_t n = json_is_array(in) ? json_array_size(in) : 0;
     if (n == 0 || n > (size_t)s->cfg.max_embed_inputs) {
-        sp_server_error(r, 400, NULL, "input", NULL,
+        sp_api_error(r, 400, NULL, "input", NULL,
                         "'input' must be a non-empty string or list (at most %d inputs)",
                         s->cfg.max_embed_inputs);
         json_decref(wrap);
@@ -2016,7 +2016,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         goto done;
     }
     if (n > SP_SCHED_MAX_N) {
-        sp_server_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
+        sp_api_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
         json_decref(wrap);
         oai_free(q);
         goto done;
@@ -2024,7 +2024,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
     if (q->emb == NULL || !prep_alloc(q, (int)n)) {
         if (q->emb == NULL) {
-            sp_server_error(r, 503, NULL, NULL, NULL, "out of memory");
+            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
         }
         json_decref(wrap);
         oai_free(q);
@@ -2045,7 +2045,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         } else if (json_is_array(x) && json_array_size(x) > 0) {
             rc = parse_id_array(q, x, "input", t->dst, pp->cap, &t->n);
         } else {
-            sp_server_error(r, 400, NULL, "input", NULL, "input %zu must be a non-empty string or list of token ids", i);
+            sp_api_error(r, 400, NULL, "input", NULL, "input %zu must be a non-empty string or list of token ids", i);
             rc = -1;
         }
         if (rc != 0) {
@@ -2063,7 +2063,7 @@ done:
 }
 
 void
-sp_openai_register(sp_router_t *rt, sp_server_t *s)
+sp_openai_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_GET, "/v1/models", h_models, s);
     sp_router_add(rt, SP_HTTP_GET, "/v1/models/{model}", h_models, s);

@@ -26,7 +26,7 @@ h_status_page(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 }
 
 void
-sp_status_register(sp_router_t *rt, sp_server_t *s)
+sp_status_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_GET, "/", h_status_page, s);
 }

@@ -14,9 +14,9 @@
 
 #include "http/router.h"
 
-typedef struct sp_server sp_server_t;
+typedef struct sp_serving sp_serving_t;
 
 /* Register GET / (and HEAD /, as for every GET route). */
-void sp_status_register(sp_router_t *rt, sp_server_t *s);
+void sp_status_register(sp_router_t *rt, sp_serving_t *s);
 
 #endif /* SP_API_STATUS_H */

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "sampan/log.h"
-#include "server/server.h"
+#include "api/api.h"
 
 /* What a browser may send on a cross-origin request: the OpenAI clients'
  * headers and ours. A preflight may ask for more (the OpenAI JavaScript
@@ -153,7 +153,7 @@ sp_cors_handle(sp_http_req_t *r, const char *origins)
              * 403 naming the reason is clearer in its developer tools. */
             sp_http_req_annotate(r, "cors=denied origin=%s",
                                  sp_log_str_n(origin.ptr, origin.len > 128 ? 128 : origin.len));
-            sp_server_error(r, 403, "invalid_request_error", NULL, "cors_origin_not_allowed",
+            sp_api_error(r, 403, "invalid_request_error", NULL, "cors_origin_not_allowed",
                             "this origin is not allowed (--cors-origins)");
             return true;
         }

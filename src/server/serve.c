@@ -37,270 +37,26 @@
 #include "sched/batcher.h"
 #include "api/kserve.h"
 #include "serving/registry.h"
+#include "api/api.h"
 #include "server/server.h"
 #include "api/status.h"
 #include "api/tensor.h"
 #include "api/trace.h"
 
-/* ---------------------------------------------------------------- helpers */
-
-/* A request parked while its model loads on demand: a timer on its loop
- * looks at the registry every few milliseconds (a load takes from
- * milliseconds to seconds; polling keeps the manager thread free of any
- * knowledge of loops and requests). */
-typedef struct model_wait {
-    sp_server_t *s;
-    sp_http_req_t *r;
-    struct event *tick;
-    sp_route_fn retry;
-    sp_route_params_t p;
-    char name[SP_REPO_NAME_MAX + 1];
-    char version[24];
-    bool has_version;
-    int64_t deadline_ns;
-} model_wait_t;
-
-#define MODEL_WAIT_TICK_US 5000
-
-static void
-model_wait_free(model_wait_t *w)
-{
-    if (w->tick) {
-        event_free(w->tick);
-    }
-    sp_free(w);
-}
-
-static void
-model_wait_abort(sp_http_req_t *r, void *ud)
-{
-    (void)r;
-    model_wait_free(ud);
-}
-
-static void
-model_wait_tick(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    model_wait_t *w = arg;
-    sp_served_model_t *m = NULL;
-    char reason[8];
-    sp_acq_t a = sp_registry_acquire(w->s, w->name, strlen(w->name),
-                                     w->has_version ? w->version : NULL, strlen(w->version), false,
-                                     &m, reason, sizeof reason);
-    sp_served_release(m); /* the retry looks it up again */
-    if (a == SP_ACQ_LOADING && sp_time_ns() < w->deadline_ns) {
-        struct timeval tv = {0, MODEL_WAIT_TICK_US};
-        evtimer_add(w->tick, &tv);
-        return;
-    }
-    sp_http_req_t *r = w->r;
-    sp_http_req_on_abort(r, NULL, NULL);
-    if (a == SP_ACQ_LOADING) {
-        sp_http_add_header(r, "Retry-After", "5");
-        sp_server_error(r, 503, "service_unavailable", "model", "model_loading",
-                        "the model '%s' is still loading after %g s (--load-timeout)", w->name,
-                        w->s->cfg.load_timeout_s);
-        model_wait_free(w);
-        return;
-    }
-    /* Loaded (or failed: the handler reports why). The route parameters
-     * point into the request, which is still alive. */
-    sp_route_params_t p = w->p;
-    sp_route_fn retry = w->retry;
-    sp_server_t *s = w->s;
-    model_wait_free(w);
-    retry(r, &p, s);
-}
-
-bool
-sp_server_model_for(sp_server_t *s, sp_http_req_t *r, const char *name, size_t len,
-                    sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
-                    sp_served_model_t **out)
-{
-    char reason[512];
-    sp_jbuf_t nm;
-    *out = NULL;
-    sp_tenant_state_t *tenant = sp_http_req_user(r);
-    if (!sp_auth_model_allowed(tenant, name, len)) {
-        sp_auth_reject(tenant, SP_LIMIT_MODEL);
-        sp_jbuf_init(&nm);
-        sp_jbuf_str(&nm, name, len > 128 ? 128 : len);
-        sp_server_error(r, 403, "permission_error", "model", "model_not_allowed",
-                        "tenant '%s' may not use the model %s", tenant->name, nm.p ? nm.p : "\"\"");
-        sp_jbuf_free(&nm);
-        return false;
-    }
-    sp_acq_t a = sp_registry_acquire(s, name, len, version.ptr, version.len, true, out, reason,
-                                     sizeof reason);
-    switch (a) {
-    case SP_ACQ_OK:
-        return true;
-    case SP_ACQ_LOADING: {
-        model_wait_t *w = sp_calloc(1, sizeof *w);
-        struct event_base *base = sp_http_loop_base(sp_http_req_loop(r));
-        if (w == NULL || len > SP_REPO_NAME_MAX || version.len >= sizeof w->version ||
-            (w->tick = evtimer_new(base, model_wait_tick, w)) == NULL) {
-            if (w) {
-                model_wait_free(w);
-            }
-            sp_http_add_header(r, "Retry-After", "1");
-            sp_server_error(r, 503, "service_unavailable", "model", "model_loading",
-                            "the model is loading");
-            return false;
-        }
-        w->s = s;
-        w->r = r;
-        w->retry = retry;
-        if (p) {
-            w->p = *p;
-        }
-        memcpy(w->name, name, len);
-        w->has_version = version.ptr != NULL;
-        if (version.ptr) {
-            memcpy(w->version, version.ptr, version.len);
-        }
-        w->deadline_ns = sp_time_ns() + (int64_t)(s->cfg.load_timeout_s * 1e9);
-        sp_http_req_on_abort(r, model_wait_abort, w);
-        struct timeval tv = {0, MODEL_WAIT_TICK_US};
-        evtimer_add(w->tick, &tv);
-        return false;
-    }
-    case SP_ACQ_UNAVAILABLE:
-    case SP_ACQ_UNKNOWN:
-        break;
-    }
-    /* Client data in the message: escaped and cut. */
-    sp_jbuf_init(&nm);
-    sp_jbuf_str(&nm, name, len > 128 ? 128 : len);
-    if (a == SP_ACQ_UNKNOWN && version.ptr) {
-        sp_jbuf_t v;
-        sp_jbuf_init(&v);
-        sp_jbuf_str(&v, version.ptr, version.len > 32 ? 32 : version.len);
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model %s has no version %s", nm.p ? nm.p : "\"\"", v.p ? v.p : "\"\"");
-        sp_jbuf_free(&v);
-    } else if (a == SP_ACQ_UNKNOWN) {
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model %s does not exist", nm.p ? nm.p : "\"\"");
-    } else {
-        char red[512];
-        sp_repository_redact(s, reason, red, sizeof red);
-        sp_server_error(r, 404, "invalid_request_error", "model", "model_not_available",
-                        "The model %s is not available: %s", nm.p ? nm.p : "\"\"", red);
-    }
-    sp_jbuf_free(&nm);
-    return false;
-}
-
-int32_t
-sp_server_tier(sp_http_req_t *r)
-{
-    return sp_auth_tier(sp_http_req_user(r));
-}
-
-int32_t
-sp_server_priority(sp_http_req_t *r, int32_t asked)
-{
-    int32_t t = sp_server_tier(r);
-    return asked > t ? t : asked;
-}
-
-sp_mailbox_t *
-sp_server_mailbox(sp_http_req_t *r)
-{
-    sp_loop_ctx_t *lc = sp_http_loop_user(sp_http_req_loop(r));
-    return lc->mb;
-}
-
-struct sp_infer_hcache *
-sp_server_hcache(sp_http_req_t *r)
-{
-    sp_loop_ctx_t *lc = sp_http_loop_user(sp_http_req_loop(r));
-    return lc->hcache;
-}
-
-static const char *
-default_type(int status)
-{
-    switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "invalid_request_error";
-    case 429: return "server_overloaded";
-    case 503: return "service_unavailable";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
-    }
-}
-
-void
-sp_server_error(sp_http_req_t *r, int status, const char *type, const char *param,
-                const char *code, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (sp_kserve_path(sp_http_req_path(r))) { /* KServe v2's shape: {"error": "..."} */
-        sp_kserve_error(r, status, "%s", msg);
-        return;
-    }
-    sp_jbuf_t b;
-    sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "{\"error\":{\"message\":");
-    sp_jbuf_cstr(&b, msg);
-    sp_jbuf_lit(&b, ",\"type\":");
-    sp_jbuf_cstr(&b, type ? type : default_type(status));
-    sp_jbuf_lit(&b, ",\"param\":");
-    sp_jbuf_cstr(&b, param);
-    sp_jbuf_lit(&b, ",\"code\":");
-    sp_jbuf_cstr(&b, code);
-    sp_jbuf_lit(&b, "}}");
-    if (b.oom) {
-        sp_http_respond(r, status, "application/json", "{}", 2);
-    } else {
-        sp_http_respond(r, status, "application/json", b.p, b.len);
-    }
-    sp_jbuf_free(&b);
-}
-
-void
-sp_server_reply_json(sp_http_req_t *r, int status, const sp_jbuf_t *b)
-{
-    if (b->oom || b->p == NULL) {
-        sp_server_error(r, 500, NULL, NULL, NULL, "out of memory while writing the response");
-        return;
-    }
-    sp_http_respond(r, status, "application/json", b->p, b->len);
-}
-
-static size_t
-error_fmt(int status, const char *message, char *buf, size_t cap)
-{
-    sp_jbuf_t b;
-    sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "{\"error\":{\"message\":");
-    sp_jbuf_cstr(&b, message);
-    sp_jbuf_printf(&b, ",\"type\":\"%s\",\"param\":null,\"code\":null}}", default_type(status));
-    size_t n = 0;
-    if (!b.oom && b.len < cap) {
-        memcpy(buf, b.p, b.len + 1);
-        n = b.len;
-    } else if (cap > 2) {
-        memcpy(buf, "{}", 3);
-        n = 2;
-    }
-    sp_jbuf_free(&b);
-    return n;
-}
+/* The composition root: the serving state every floor shares, plus what only
+ * wiring needs (the route table and the gRPC port). */
+typedef struct sp_server {
+    sp_serving_t sv;
+    sp_router_t *router;
+    struct sp_grpc *grpc;     /* the gRPC port (grpc.h); NULL = none */
+} sp_server_t;
 
 /* ----------------------------------------------------------------- health */
 
 static bool
 is_ready(const sp_server_t *s)
 {
-    return atomic_load(&((sp_server_t *)s)->ready) && !atomic_load(&((sp_server_t *)s)->draining);
+    return atomic_load(&((sp_server_t *)s)->sv.ready) && !atomic_load(&((sp_server_t *)s)->sv.draining);
 }
 
 /* A GPU that holds a model and was marked unhealthy by a CUDA error: its
@@ -309,7 +65,7 @@ is_ready(const sp_server_t *s)
 static bool
 gpu_unhealthy(sp_server_t *s)
 {
-    sp_registry_t *reg = &s->reg;
+    sp_registry_t *reg = &s->sv.reg;
     bool bad = false;
     pthread_mutex_lock(&reg->mu);
     for (int d = 0; d < reg->n_dev && !bad; d++) {
@@ -335,7 +91,7 @@ h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->draining) ? "draining" : sick ? "device_unhealthy" : "loading";
+    const char *why = atomic_load(&s->sv.draining) ? "draining" : sick ? "device_unhealthy" : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");
@@ -361,7 +117,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
     sp_served_model_t **ms = NULL;
-    int n = sp_registry_snapshot(s, &ms);
+    int n = sp_registry_snapshot(&s->sv, &ms);
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     sp_jbuf_lit(&b, "{\"models\":{");
@@ -453,7 +209,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     sp_free(ms);
     sp_jbuf_lit(&b, "},\"devices\":[");
-    sp_registry_t *reg = &s->reg;
+    sp_registry_t *reg = &s->sv.reg;
     pthread_mutex_lock(&reg->mu);
     for (int d = 0; d < reg->n_dev; d++) {
         const sp_device_info_t *di = sp_devices_get(reg->devs, d);
@@ -479,7 +235,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                                           : e->state == SP_REPO_READY ? SP_REPO_UNAVAILABLE
                                                                       : e->state));
         char red[1024];
-        sp_repository_redact(s, e->reason, red, sizeof red);
+        sp_repository_redact(&s->sv, e->reason, red, sizeof red);
         sp_jbuf_cstr(&b, red);
         sp_jbuf_lit(&b, "}");
     }
@@ -488,12 +244,12 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_printf(&b,
                    ",\"server\":{\"version\":\"%s\",\"uptime_s\":%lld,\"connections\":%lld,"
                    "\"inflight\":%lld,\"rss_bytes\":%llu,\"ready\":%s,\"draining\":%s}}",
-                   SAMPAN_VERSION, (long long)(time(NULL) - s->started_unix),
-                   (long long)sp_http_server_connections(s->http),
-                   (long long)sp_http_server_inflight(s->http), (unsigned long long)sp_rss_bytes(),
-                   atomic_load(&s->ready) ? "true" : "false",
-                   atomic_load(&s->draining) ? "true" : "false");
-    sp_server_reply_json(r, 200, &b);
+                   SAMPAN_VERSION, (long long)(time(NULL) - s->sv.started_unix),
+                   (long long)sp_http_server_connections(s->sv.http),
+                   (long long)sp_http_server_inflight(s->sv.http), (unsigned long long)sp_rss_bytes(),
+                   atomic_load(&s->sv.ready) ? "true" : "false",
+                   atomic_load(&s->sv.draining) ? "true" : "false");
+    sp_api_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
 
@@ -517,7 +273,7 @@ set_route_access(sp_server_t *s)
     sp_router_set_access(s->router, "/v2/repository", true, SP_SCOPE_ADMIN);
     sp_router_set_access(s->router, "/stats", false, SP_SCOPE_METRICS);
     sp_router_set_access(s->router, "/metrics", false,
-                         s->cfg.metrics_open ? ACCESS_OPEN : SP_SCOPE_METRICS);
+                         s->sv.cfg.metrics_open ? ACCESS_OPEN : SP_SCOPE_METRICS);
 }
 
 static bool
@@ -555,7 +311,7 @@ handle(sp_http_req_t *r, void *ud)
         sp_http_req_set_rid(r, rid.ptr, rid.len);
     } else {
         char buf[40];
-        int n = snprintf(buf, sizeof buf, "%08llx-%llx", (unsigned long long)s->rid_prefix,
+        int n = snprintf(buf, sizeof buf, "%08llx-%llx", (unsigned long long)s->sv.rid_prefix,
                          (unsigned long long)sp_http_req_id(r));
         sp_http_req_set_rid(r, buf, (size_t)n);
     }
@@ -563,7 +319,7 @@ handle(sp_http_req_t *r, void *ud)
     if (sp_trace_enabled()) {
         sp_trace_http_begin(r); /* traceparent in and out (docs/tracing.md) */
     }
-    if (sp_cors_handle(r, s->cfg.cors_origins)) {
+    if (sp_cors_handle(r, s->sv.cfg.cors_origins)) {
         return; /* a CORS preflight, answered before any key is asked for */
     }
     sp_route_match_t route;
@@ -575,7 +331,7 @@ handle(sp_http_req_t *r, void *ud)
                                           : route.access;
     if (!(access & ACCESS_PUBLIC)) {
         uint32_t scope = access & ~ACCESS_OPEN;
-        if (scope && sp_auth_enabled(&s->auth)) {
+        if (scope && sp_auth_enabled(&s->sv.auth)) {
             sp_str_t auth = sp_http_req_header(r, "authorization");
             sp_str_t key = sp_http_req_header(r, "x-api-key");
             if (auth.ptr && auth.len > 7 && strncasecmp(auth.ptr, "Bearer ", 7) == 0) {
@@ -583,7 +339,7 @@ handle(sp_http_req_t *r, void *ud)
                 key.len = auth.len - 7;
             }
             sp_auth_result_t ar;
-            sp_auth_check(&s->auth, key, scope, &ar);
+            sp_auth_check(&s->sv.auth, key, scope, &ar);
             if (ar.status != 0) {
                 if (ar.status == 401) {
                     sp_http_add_header(r, "WWW-Authenticate", "Bearer");
@@ -592,7 +348,7 @@ handle(sp_http_req_t *r, void *ud)
                     snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
                     sp_http_add_header(r, "Retry-After", ra);
                 }
-                sp_server_error(r, ar.status, NULL, NULL,
+                sp_api_error(r, ar.status, NULL, NULL,
                                 ar.status == 401   ? "invalid_api_key"
                                 : ar.status == 403 ? "insufficient_scope"
                                                    : "rate_limit_exceeded",
@@ -601,21 +357,21 @@ handle(sp_http_req_t *r, void *ud)
             }
             sp_http_req_set_user(r, ar.state); /* counted in flight until on_done */
         }
-        if (atomic_load(&s->draining)) {
+        if (atomic_load(&s->sv.draining)) {
             sp_http_add_header(r, "Retry-After", "1");
-            sp_server_error(r, 503, NULL, NULL, "shutting_down", "the server is shutting down");
+            sp_api_error(r, 503, NULL, NULL, "shutting_down", "the server is shutting down");
             return;
         }
     }
     if (rc == 0) {
         sp_router_run(&route, r);
     } else if (rc == 400) {
-        sp_server_error(r, 400, NULL, NULL, "invalid_path", "the path has a '.' or '..' segment");
+        sp_api_error(r, 400, NULL, NULL, "invalid_path", "the path has a '.' or '..' segment");
     } else if (rc == 404) {
-        sp_server_error(r, 404, NULL, NULL, "not_found", "no route for %s %.*s",
+        sp_api_error(r, 404, NULL, NULL, "not_found", "no route for %s %.*s",
                         sp_http_req_method_str(r), (int)(path.len > 200 ? 200 : path.len), path.ptr);
     } else {
-        sp_server_error(r, 405, NULL, NULL, "method_not_allowed", "%s is not allowed on this route",
+        sp_api_error(r, 405, NULL, NULL, "method_not_allowed", "%s is not allowed on this route",
                         sp_http_req_method_str(r));
     }
 }
@@ -633,7 +389,7 @@ on_done(sp_http_req_t *r, bool aborted, void *ud)
     if (sp_trace_enabled()) {
         sp_trace_http_end(r, aborted, tenant ? tenant->name : NULL, trace, sizeof trace);
     }
-    const char *mode = s->cfg.log_requests;
+    const char *mode = s->sv.cfg.log_requests;
     int status = sp_http_req_status(r);
     const char *note = sp_http_req_note(r);
     bool error = aborted || status >= 400;
@@ -661,7 +417,8 @@ loop_init(sp_http_loop_t *loop, void *ud)
     if (lc == NULL) {
         return NULL;
     }
-    lc->srv = ud;
+    sp_server_t *s = ud;
+    lc->srv = &s->sv;
     lc->mb = sp_mailbox_create(loop);
     if (lc->mb == NULL) {
         sp_free(lc);
@@ -669,7 +426,7 @@ loop_init(sp_http_loop_t *loop, void *ud)
     }
     lc->hcache = sp_infer_hcache_new(); /* NULL (no memory) only turns the cache off */
     /* The gRPC port is served by the same loops (grpc.h). */
-    if (lc->srv->grpc && (lc->grpc = sp_grpc_loop_start(lc->srv->grpc, loop)) == NULL) {
+    if (s->grpc && (lc->grpc = sp_grpc_loop_start(s->grpc, loop)) == NULL) {
         SP_LOG_WARN("event=grpc_loop_failed detail=%s", sp_log_str("out of memory"));
     }
     return lc;
@@ -694,7 +451,7 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
 static sp_status_t
 start_grpc(sp_server_t *s, int *rc, char *err, size_t err_len)
 {
-    const char *v = s->cfg.grpc_port;
+    const char *v = s->sv.cfg.grpc_port;
     bool dflt = v[0] == '\0';
     if (strcmp(v, "off") == 0 || strcmp(v, "0") == 0) {
         return SP_OK;
@@ -706,7 +463,7 @@ start_grpc(sp_server_t *s, int *rc, char *err, size_t err_len)
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "--grpc-port must be a port (1..65535), 0 or off, got '%s'", v);
     }
-    if (port == s->cfg.port || port == s->cfg.tls_port) {
+    if (port == s->sv.cfg.port || port == s->sv.cfg.tls_port) {
         if (dflt) {
             SP_LOG_WARN("event=grpc_disabled port=%ld reason=%s", port,
                         sp_log_str("the HTTP server uses this port; give --grpc-port"));
@@ -717,13 +474,13 @@ start_grpc(sp_server_t *s, int *rc, char *err, size_t err_len)
                        port);
     }
     sp_grpc_params_t gp = {
-        .host = s->cfg.host,
+        .host = s->sv.cfg.host,
         .port = (int)port,
-        .limits = s->cfg.limits,
-        .srv = s,
-        .tls_cert = s->cfg.tls_cert,
-        .tls_key = s->cfg.tls_key,
-        .tls_client_ca = s->cfg.tls_client_ca,
+        .limits = s->sv.cfg.limits,
+        .srv = &s->sv,
+        .tls_cert = s->sv.cfg.tls_cert,
+        .tls_key = s->sv.cfg.tls_key,
+        .tls_client_ca = s->sv.cfg.tls_client_ca,
     };
     if (sp_grpc_create(&gp, &s->grpc, err, err_len) != SP_OK) {
         if (dflt) {
@@ -733,7 +490,7 @@ start_grpc(sp_server_t *s, int *rc, char *err, size_t err_len)
         return SP_ERR_IO;
     }
     SP_LOG_INFO("event=grpc_listening url=%s://%s:%d service=inference.GRPCInferenceService",
-                sp_grpc_tls(s->grpc) ? "grpcs" : "grpc", s->cfg.host, sp_grpc_port(s->grpc));
+                sp_grpc_tls(s->grpc) ? "grpcs" : "grpc", s->sv.cfg.host, sp_grpc_port(s->grpc));
     return SP_OK;
 }
 
@@ -749,7 +506,7 @@ sp_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sampan: out of memory\n");
         return 1;
     }
-    if (sp_serve_config_parse(argc, argv, &s->cfg, &help, err, sizeof err) != SP_OK) {
+    if (sp_serve_config_parse(argc, argv, &s->sv.cfg, &help, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n%s", err, sp_serve_usage);
         sp_free(s);
         return 2;
@@ -760,39 +517,39 @@ sp_cmd_serve(int argc, char **argv)
         return 0;
     }
     sp_json_init();
-    sp_log_set_format(strcmp(s->cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
-    s->rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
-    if (sp_auth_init(&s->auth, s->cfg.tenants_file, s->cfg.api_key, err, sizeof err) != SP_OK) {
+    sp_log_set_format(strcmp(s->sv.cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
+    s->sv.rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
+    if (sp_auth_init(&s->sv.auth, s->sv.cfg.tenants_file, s->sv.cfg.api_key, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
-        sp_auth_fini(&s->auth);
+        sp_auth_fini(&s->sv.auth);
         sp_free(s);
         return 2;
     }
-    if (!sp_auth_enabled(&s->auth) && !is_loopback(s->cfg.host) && !s->cfg.insecure_open) {
+    if (!sp_auth_enabled(&s->sv.auth) && !is_loopback(s->sv.cfg.host) && !s->sv.cfg.insecure_open) {
         fprintf(stderr,
                 "sampan serve: refusing to listen on %s without API keys: give --tenants FILE "
                 "(or --api-key KEY), bind 127.0.0.1, or accept an open server with "
                 "--insecure-open\n",
-                s->cfg.host);
-        sp_auth_fini(&s->auth);
+                s->sv.cfg.host);
+        sp_auth_fini(&s->sv.auth);
         sp_free(s);
         return 2;
     }
-    if (!sp_auth_enabled(&s->auth)) {
-        SP_LOG_WARN("event=auth mode=none host=%s note=%s", sp_log_str(s->cfg.host),
-                    is_loopback(s->cfg.host)
+    if (!sp_auth_enabled(&s->sv.auth)) {
+        SP_LOG_WARN("event=auth mode=none host=%s note=%s", sp_log_str(s->sv.cfg.host),
+                    is_loopback(s->sv.cfg.host)
                         ? "no API keys: only this machine can connect"
                         : "\"no API keys and --insecure-open: anyone who can reach the port can use it\"");
     } else {
-        SP_LOG_INFO("event=auth mode=%s", s->cfg.tenants_file[0] ? "tenants" : "api-key");
+        SP_LOG_INFO("event=auth mode=%s", s->sv.cfg.tenants_file[0] ? "tenants" : "api-key");
     }
-    if (sp_registry_init(&s->reg, s->cfg.memory_budget, err, sizeof err) != SP_OK) {
+    if (sp_registry_init(&s->sv.reg, s->sv.cfg.memory_budget, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
-        sp_registry_fini(&s->reg);
+        sp_registry_fini(&s->sv.reg);
         sp_free(s);
         return 2;
     }
-    s->started_unix = (int64_t)time(NULL);
+    s->sv.started_unix = (int64_t)time(NULL);
 
     /* Signals: SIGPIPE ignored (writes to closed sockets return EPIPE);
      * SIGTERM and SIGINT blocked in every thread and taken by sigtimedwait. */
@@ -815,61 +572,61 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/stats", h_stats, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/live", h_v2_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
-    sp_openai_register(s->router, s);
-    sp_metrics_register(s->router, s);
-    sp_kserve_register(s->router, s);
-    sp_repository_register(s->router, s);
-    sp_status_register(s->router, s);
+    sp_openai_register(s->router, &s->sv);
+    sp_metrics_register(s->router, &s->sv);
+    sp_kserve_register(s->router, &s->sv);
+    sp_repository_register(s->router, &s->sv);
+    sp_status_register(s->router, &s->sv);
     set_route_access(s);
     /* Before any model is built: a model's response_cache flag needs it. */
-    if (s->cfg.response_cache_bytes > 0) {
-        if (sp_respcache_create(s->cfg.response_cache_bytes, &s->rcache, err, sizeof err) != SP_OK) {
+    if (s->sv.cfg.response_cache_bytes > 0) {
+        if (sp_respcache_create(s->sv.cfg.response_cache_bytes, &s->sv.rcache, err, sizeof err) != SP_OK) {
             fprintf(stderr, "sampan serve: %s\n", err);
             goto done;
         }
-        SP_LOG_INFO("event=response_cache bytes=%zu", s->cfg.response_cache_bytes);
+        SP_LOG_INFO("event=response_cache bytes=%zu", s->sv.cfg.response_cache_bytes);
     }
 
     sp_http_server_params_t hp = sp_http_default_server_params();
-    hp.limits = s->cfg.limits;
-    hp.n_loops = s->cfg.http_threads;
+    hp.limits = s->sv.cfg.limits;
+    hp.n_loops = s->sv.cfg.http_threads;
     hp.handler = handle;
     hp.handler_ud = s;
     hp.loop_init = loop_init;
     hp.loop_fini = loop_fini;
-    hp.error_fmt = error_fmt;
+    hp.error_fmt = sp_api_error_body;
     hp.on_done = on_done;
     /* TLS (docs/security.md, "Transport"): a key needs its certificate and
      * the reverse, mutual TLS and a TLS port need both; the files are read
      * once here so that a bad one is a usage error (exit 2), not a failure
      * of the running server. */
-    hp.tls_cert = s->cfg.tls_cert;
-    hp.tls_key = s->cfg.tls_key;
-    hp.tls_client_ca = s->cfg.tls_client_ca;
-    hp.tls_port = s->cfg.tls_port;
-    if (!s->cfg.tls_cert[0] && (s->cfg.tls_key[0] || s->cfg.tls_client_ca[0] || s->cfg.tls_port)) {
+    hp.tls_cert = s->sv.cfg.tls_cert;
+    hp.tls_key = s->sv.cfg.tls_key;
+    hp.tls_client_ca = s->sv.cfg.tls_client_ca;
+    hp.tls_port = s->sv.cfg.tls_port;
+    if (!s->sv.cfg.tls_cert[0] && (s->sv.cfg.tls_key[0] || s->sv.cfg.tls_client_ca[0] || s->sv.cfg.tls_port)) {
         fprintf(stderr, "sampan serve: --tls-key, --tls-client-ca and --tls-port need --tls-cert\n");
         rc = 2;
         goto done;
     }
-    if (s->cfg.tls_cert[0] && !s->cfg.tls_key[0]) {
+    if (s->sv.cfg.tls_cert[0] && !s->sv.cfg.tls_key[0]) {
         fprintf(stderr, "sampan serve: --tls-cert needs --tls-key\n");
         rc = 2;
         goto done;
     }
-    if (s->cfg.tls_port && s->cfg.tls_port == s->cfg.port) {
+    if (s->sv.cfg.tls_port && s->sv.cfg.tls_port == s->sv.cfg.port) {
         fprintf(stderr, "sampan serve: --tls-port %d: must be another port than --port\n",
-                s->cfg.tls_port);
+                s->sv.cfg.tls_port);
         rc = 2;
         goto done;
     }
-    if (s->cfg.tls_cert[0] && sp_http_tls_check(s->cfg.tls_cert, s->cfg.tls_key,
-                                                s->cfg.tls_client_ca, err, sizeof err) != SP_OK) {
+    if (s->sv.cfg.tls_cert[0] && sp_http_tls_check(s->sv.cfg.tls_cert, s->sv.cfg.tls_key,
+                                                s->sv.cfg.tls_client_ca, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         rc = 2;
         goto done;
     }
-    if (sp_cors_has_wildcard(s->cfg.cors_origins)) {
+    if (sp_cors_has_wildcard(s->sv.cfg.cors_origins)) {
         SP_LOG_WARN("event=cors_wildcard detail=%s",
                     sp_log_str("--cors-origins '*' lets every web page read this server's "
                                "answers from its visitors' browsers"));
@@ -877,11 +634,11 @@ sp_cmd_serve(int argc, char **argv)
     {
         /* Tracing (docs/tracing.md) before the loops: they read its flag. */
         sp_trace_params_t tp = sp_trace_default_params();
-        tp.endpoint = s->cfg.otlp_endpoint;
-        tp.service_name = s->cfg.otel_service_name;
-        tp.sample_ratio = s->cfg.trace_sample_ratio;
-        tp.max_queue_spans = s->cfg.otlp_max_queue;
-        tp.timeout_ms = (int)(s->cfg.otlp_timeout_s * 1000 + 0.5);
+        tp.endpoint = s->sv.cfg.otlp_endpoint;
+        tp.service_name = s->sv.cfg.otel_service_name;
+        tp.sample_ratio = s->sv.cfg.trace_sample_ratio;
+        tp.max_queue_spans = s->sv.cfg.otlp_max_queue;
+        tp.timeout_ms = (int)(s->sv.cfg.otlp_timeout_s * 1000 + 0.5);
         if (sp_trace_init(&tp, err, sizeof err) != SP_OK) {
             fprintf(stderr, "sampan serve: %s\n", err);
             rc = 2;
@@ -897,31 +654,31 @@ sp_cmd_serve(int argc, char **argv)
          * workers (they mostly wait), and a bounded queue (beyond it: 429). */
         int n = sp_cpu_count();
         n = n < 2 ? 2 : n > 8 ? 8 : n;
-        if (sp_workq_create(n, 256, &s->prep) != SP_OK) {
+        if (sp_workq_create(n, 256, &s->sv.prep) != SP_OK) {
             fprintf(stderr, "sampan serve: cannot start the request preparation workers\n");
             goto done;
         }
     }
-    if (sp_http_server_create(&hp, s->cfg.host, s->cfg.port, &s->http, err, sizeof err) != SP_OK ||
-        sp_http_server_start(s->http, err, sizeof err) != SP_OK) {
+    if (sp_http_server_create(&hp, s->sv.cfg.host, s->sv.cfg.port, &s->sv.http, err, sizeof err) != SP_OK ||
+        sp_http_server_start(s->sv.http, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
     {
         /* https:// when the main port speaks TLS; with --tls-port the main
          * port stays plain and tls_url names the other. */
-        int tls_port = sp_http_server_tls_port(s->http);
-        bool tls_main = tls_port != 0 && tls_port == sp_http_server_port(s->http);
+        int tls_port = sp_http_server_tls_port(s->sv.http);
+        bool tls_main = tls_port != 0 && tls_port == sp_http_server_port(s->sv.http);
         char tls_url[320] = "";
         if (tls_port && !tls_main) {
-            snprintf(tls_url, sizeof tls_url, " tls_url=https://%s:%d", s->cfg.host, tls_port);
+            snprintf(tls_url, sizeof tls_url, " tls_url=https://%s:%d", s->sv.cfg.host, tls_port);
         }
         SP_LOG_INFO("event=listening url=%s://%s:%d%s%s http_threads=%d models=%d",
-                    tls_main ? "https" : "http", s->cfg.host, sp_http_server_port(s->http),
-                    tls_url, s->cfg.tls_client_ca[0] ? " client_certs=required" : "",
-                    s->cfg.http_threads, s->cfg.n_models);
+                    tls_main ? "https" : "http", s->sv.cfg.host, sp_http_server_port(s->sv.http),
+                    tls_url, s->sv.cfg.tls_client_ca[0] ? " client_certs=required" : "",
+                    s->sv.cfg.http_threads, s->sv.cfg.n_models);
     }
-    if (sp_repository_start(s, err, sizeof err) != SP_OK) {
+    if (sp_repository_start(&s->sv, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
@@ -938,37 +695,37 @@ sp_cmd_serve(int argc, char **argv)
                 _exit(1);
             }
             SP_LOG_INFO("event=draining signal=%d inflight=%lld timeout_s=%g", sig,
-                        (long long)sp_http_server_inflight(s->http), s->cfg.drain_timeout_s);
-            atomic_store(&s->draining, true);
-            sp_http_server_stop_accepting(s->http);
+                        (long long)sp_http_server_inflight(s->sv.http), s->sv.cfg.drain_timeout_s);
+            atomic_store(&s->sv.draining, true);
+            sp_http_server_stop_accepting(s->sv.http);
             sp_grpc_stop_accepting(s->grpc);
-            drain_deadline = sp_time_ns() + (int64_t)(s->cfg.drain_timeout_s * 1e9) + 1;
+            drain_deadline = sp_time_ns() + (int64_t)(s->sv.cfg.drain_timeout_s * 1e9) + 1;
         }
         if (sig == SIGHUP) {
             /* Reread what lives in files: the tenants file (on the manager
              * thread) and the certificate (new connections get it; on an
              * error the old one stays). */
-            atomic_store(&s->reload_tenants, true);
-            if (s->cfg.tls_cert[0]) {
-                if (sp_http_server_reload_tls(s->http, err, sizeof err) == SP_OK) {
-                    SP_LOG_INFO("event=tls_reloaded cert=%s", sp_log_str(s->cfg.tls_cert));
+            atomic_store(&s->sv.reload_tenants, true);
+            if (s->sv.cfg.tls_cert[0]) {
+                if (sp_http_server_reload_tls(s->sv.http, err, sizeof err) == SP_OK) {
+                    SP_LOG_INFO("event=tls_reloaded cert=%s", sp_log_str(s->sv.cfg.tls_cert));
                 } else {
                     SP_LOG_ERROR("event=tls_reload_failed error=%s kept=previous",
                                  sp_log_str(err));
                 }
             }
         }
-        if (atomic_load(&s->load_failed)) {
+        if (atomic_load(&s->sv.load_failed)) {
             rc = 1;
             break;
         }
         if (drain_deadline) {
-            if (sp_http_server_inflight(s->http) == 0) {
+            if (sp_http_server_inflight(s->sv.http) == 0) {
                 break;
             }
             if (sp_time_ns() > drain_deadline) {
                 SP_LOG_WARN("event=drain_timeout inflight=%lld",
-                            (long long)sp_http_server_inflight(s->http));
+                            (long long)sp_http_server_inflight(s->sv.http));
                 break;
             }
         }
@@ -978,18 +735,18 @@ done:
     /* The manager first (no more loads), then the engines (their jobs end
      * with errors delivered to the loops), then the loops (aborted requests
      * drop their references), then the models. */
-    sp_repository_stop(s);
-    sp_registry_stop_all(&s->reg);
+    sp_repository_stop(&s->sv);
+    sp_registry_stop_all(&s->sv.reg);
     /* Preparations still queued finish and post to their loops, which still
      * run; later requests are refused (503) until the loops stop. */
-    sp_workq_shutdown(s->prep);
-    sp_http_server_destroy(s->http);
-    sp_workq_destroy(s->prep);
+    sp_workq_shutdown(s->sv.prep);
+    sp_http_server_destroy(s->sv.http);
+    sp_workq_destroy(s->sv.prep);
     sp_grpc_destroy(s->grpc); /* after the loops: they held its connections */
     sp_trace_shutdown(); /* after the loops: their last spans are queued; a bounded flush */
-    sp_registry_fini(&s->reg);
-    sp_respcache_destroy(s->rcache); /* after the loops: no hit is outstanding */
-    sp_auth_fini(&s->auth);
+    sp_registry_fini(&s->sv.reg);
+    sp_respcache_destroy(s->sv.rcache); /* after the loops: no hit is outstanding */
+    sp_auth_fini(&s->sv.auth);
     sp_router_destroy(s->router);
     SP_LOG_INFO("event=stopped status=%d", rc);
     sp_free(s);

@@ -22,7 +22,7 @@
 #include "serving/repo.h"
 #include "sampan/log.h"
 #include "serving/registry.h"
-#include "server/server.h"
+#include "api/api.h"
 
 bool
 sp_adapter_name_ok(const char *name, size_t len)
@@ -42,7 +42,7 @@ sp_adapter_name_ok(const char *name, size_t len)
 
 /* The resolved file of model's adapter; SP_ERR_NOT_FOUND when there is none. */
 static sp_status_t
-adapter_path(sp_server_t *s, const char *model, const char *adapter, char *out, size_t out_len,
+adapter_path(sp_serving_t *s, const char *model, const char *adapter, char *out, size_t out_len,
              char *err, size_t err_len)
 {
     char rel[SP_REPO_NAME_MAX + SP_ADAPTER_NAME_MAX + 32];
@@ -103,7 +103,7 @@ cmp_str(const void *a, const void *b)
 }
 
 void
-sp_adapters_load_dir(sp_server_t *s, const char *model, sp_served_model_t *m)
+sp_adapters_load_dir(sp_serving_t *s, const char *model, sp_served_model_t *m)
 {
     if (m->model == NULL || s->repo_real[0] == '\0') {
         return;
@@ -169,7 +169,7 @@ sp_adapters_load_dir(sp_server_t *s, const char *model, sp_served_model_t *m)
 }
 
 int
-sp_adapters_load(sp_server_t *s, const char *base, const char *adapter, char *err, size_t err_len)
+sp_adapters_load(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
     char path[4096];
@@ -217,7 +217,7 @@ sp_adapters_load(sp_server_t *s, const char *base, const char *adapter, char *er
 }
 
 int
-sp_adapters_unload(sp_server_t *s, const char *base, const char *adapter, char *err,
+sp_adapters_unload(sp_serving_t *s, const char *base, const char *adapter, char *err,
                    size_t err_len)
 {
     sp_registry_t *r = &s->reg;
@@ -265,7 +265,7 @@ sp_adapters_free(sp_served_model_t *m)
 }
 
 bool
-sp_server_adapter_for(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, const char *name,
+sp_server_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, const char *name,
                       size_t len, sp_req_adapter_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -296,7 +296,7 @@ sp_server_adapter_for(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m, co
     sp_jbuf_t nm;
     sp_jbuf_init(&nm);
     sp_jbuf_str(&nm, name, len > 200 ? 200 : len);
-    sp_server_error(r, 404, "invalid_request_error", "model", "model_not_found",
+    sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
                     "The model %s does not exist: '%s' serves no adapter of that name (load it "
                     "with POST /v2/repository/models/<model>:<adapter>/load)",
                     nm.p ? nm.p : "\"\"", m->name);

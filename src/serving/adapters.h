@@ -25,7 +25,7 @@
 #include "engine/lora.h"
 #include "core/json.h"
 
-struct sp_server;
+struct sp_serving;
 struct sp_served_model;
 struct sp_http_req;
 
@@ -57,13 +57,13 @@ bool sp_adapter_name_ok(const char *name, size_t len);
 /* Load every adapters/<name>.gguf of the repository model `model` into m
  * (built, not yet published). A bad file is logged and skipped: the model
  * serves without it. */
-void sp_adapters_load_dir(struct sp_server *s, const char *model, struct sp_served_model *m);
+void sp_adapters_load_dir(struct sp_serving *s, const char *model, struct sp_served_model *m);
 /* Load (or reload) adapter into every READY version of base; the HTTP status
  * of the answer (200, 400 bad file, 404 no such model or file) and err. */
-int sp_adapters_load(struct sp_server *s, const char *base, const char *adapter, char *err,
+int sp_adapters_load(struct sp_serving *s, const char *base, const char *adapter, char *err,
                      size_t err_len);
 /* Unload adapter from every version of base: 200, or 404. */
-int sp_adapters_unload(struct sp_server *s, const char *base, const char *adapter, char *err,
+int sp_adapters_unload(struct sp_serving *s, const char *base, const char *adapter, char *err,
                        size_t err_len);
 /* Drop m's set (sp_served_free). */
 void sp_adapters_free(struct sp_served_model *m);
@@ -77,7 +77,7 @@ void sp_adapters_free(struct sp_served_model *m);
  * (model_not_found) and returns false. out->lora holds a reference: release
  * it with sp_req_adapter_release.
  */
-bool sp_server_adapter_for(struct sp_server *s, struct sp_http_req *r, struct sp_served_model *m,
+bool sp_server_adapter_for(struct sp_serving *s, struct sp_http_req *r, struct sp_served_model *m,
                            const char *name, size_t len, sp_req_adapter_t *out);
 void sp_req_adapter_release(sp_req_adapter_t *a);
 /* The name a response reports: "<model>" or "<model>:<adapter>". */

@@ -12,7 +12,7 @@
 #include "engine/gpu.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
-#include "server/server.h"
+#include "api/api.h"
 #include "api/trace.h"
 
 /* ------------------------------------------------------------- histograms */
@@ -673,7 +673,7 @@ static void
 h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     (void)p;
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     sp_served_model_t **ms = NULL;
     int n = sp_registry_snapshot(s, &ms);
     model_view_t *v = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *v);
@@ -681,7 +681,7 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         for (int i = 0; i < n; i++) sp_served_release(ms[i]);
         sp_free(ms);
         sp_free(v);
-        sp_server_error(r, 500, NULL, NULL, NULL, "out of memory");
+        sp_api_error(r, 500, NULL, NULL, NULL, "out of memory");
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -820,7 +820,7 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_free(ms);
     sp_free(v);
     if (b.oom) {
-        sp_server_error(r, 500, NULL, NULL, NULL, "out of memory while writing the metrics");
+        sp_api_error(r, 500, NULL, NULL, NULL, "out of memory while writing the metrics");
     } else {
         sp_http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     }
@@ -828,7 +828,7 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 }
 
 void
-sp_metrics_register(sp_router_t *rt, sp_server_t *s)
+sp_metrics_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_GET, "/metrics", h_metrics, s);
 }

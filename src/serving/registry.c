@@ -16,7 +16,7 @@
 #include "core/timer.h"
 #include "engine/gpu.h"
 #include "sampan/log.h"
-#include "server/server.h"
+#include "api/api.h"
 #include "serving/adapters.h"
 #include "sched/batcher.h"
 #include "serving/tensor_model.h"
@@ -388,7 +388,7 @@ name_is(const sp_model_entry_t *e, const char *name, size_t len)
 }
 
 sp_acq_t
-sp_registry_acquire(sp_server_t *s, const char *name, size_t len, const char *version, size_t vlen,
+sp_registry_acquire(sp_serving_t *s, const char *name, size_t len, const char *version, size_t vlen,
                     bool allow_load, sp_served_model_t **out, char *reason, size_t reason_len)
 {
     sp_registry_t *r = &s->reg;
@@ -469,7 +469,7 @@ cmp_model(const void *a, const void *b)
 }
 
 int
-sp_registry_snapshot(sp_server_t *s, sp_served_model_t ***out)
+sp_registry_snapshot(sp_serving_t *s, sp_served_model_t ***out)
 {
     sp_registry_t *r = &s->reg;
     *out = NULL;
@@ -608,7 +608,7 @@ defaults_from(const sp_repo_config_t *cfg, sp_served_defaults_t *d)
 /* The config's chat_template: a built-in's name or Jinja text; else the
  * server's --chat-template, else the file's own. */
 static sp_status_t
-load_template(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
               size_t err_len)
 {
     const char *ct = cfg ? cfg->llm.chat_template : NULL;
@@ -779,7 +779,7 @@ gpu_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg,
 }
 
 static sp_sched_params_t
-sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
+sched_params(const sp_serving_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
 {
     sp_sched_params_t sp = sp_sched_default_params();
     sp.n_slots = s->cfg.parallel;
@@ -817,7 +817,7 @@ sched_params(const sp_server_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
  * repository model by name, its latest selected version; or --draft-model for
  * --model) into m->draft and give its file size in *bytes. OK with no draft. */
 static sp_status_t
-load_draft(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, uint64_t *bytes,
+load_draft(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, uint64_t *bytes,
            char *err, size_t err_len)
 {
     *bytes = 0;
@@ -887,7 +887,7 @@ built(sp_registry_t *r, sp_served_model_t *m, int64_t t0, int n_slots)
 }
 
 sp_status_t
-sp_served_build(sp_server_t *s, const char *name, int64_t version, bool from_repo, const char *path,
+sp_served_build(sp_serving_t *s, const char *name, int64_t version, bool from_repo, const char *path,
                 const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out, char *err,
                 size_t err_len)
 {

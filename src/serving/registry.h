@@ -51,7 +51,7 @@
 #include "serving/metrics.h"
 #include "sched/sched.h"
 
-struct sp_server;
+struct sp_serving;
 
 #define SP_REG_MAX_DEVICES 64 /* devices the budget tracks (the CPU, GPUs, MIG instances) */
 
@@ -66,7 +66,7 @@ typedef struct sp_served_defaults {
 
 typedef struct sp_served_model sp_served_model_t;
 struct sp_served_model {
-    struct sp_server *srv;
+    struct sp_serving *srv;
     char name[128];
     char path[1024];
     int64_t version;           /* repository version; 0 for --model */
@@ -171,7 +171,7 @@ void sp_registry_fini(sp_registry_t *r);
 /* Loop threads. Look up name (and a KServe version string, or NULL for the
  * highest READY version). May start an on-demand load (SP_ACQ_LOADING) when
  * allow_load. reason gets why a known model is not served. */
-sp_acq_t sp_registry_acquire(struct sp_server *s, const char *name, size_t len, const char *version,
+sp_acq_t sp_registry_acquire(struct sp_serving *s, const char *name, size_t len, const char *version,
                              size_t vlen, bool allow_load, sp_served_model_t **out, char *reason,
                              size_t reason_len);
 /* The weights under m are not the ones it was validated with (a mapped file
@@ -199,7 +199,7 @@ void sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *s
 
 /* Every READY model, each with a reference (release each, free the array
  * with sp_free). Stable order: by name, then version. */
-int sp_registry_snapshot(struct sp_server *s, sp_served_model_t ***out);
+int sp_registry_snapshot(struct sp_serving *s, sp_served_model_t ***out);
 
 /* ---- for the manager (repository.c) */
 
@@ -210,7 +210,7 @@ sp_model_entry_t *sp_registry_entry(sp_registry_t *r, const char *name, int64_t 
 /* Build a model from a file with the server's settings and a repository
  * config (NULL for --model). Reserves its memory (evicting idle models as
  * needed) and starts its instances. Manager thread, registry lock not held. */
-sp_status_t sp_served_build(struct sp_server *s, const char *name, int64_t version, bool from_repo,
+sp_status_t sp_served_build(struct sp_serving *s, const char *name, int64_t version, bool from_repo,
                             const char *path, const sp_repo_config_t *cfg, uint64_t sig,
                             sp_served_model_t **out, char *err, size_t err_len);
 /* Publish m in its entry (READY), returning the model it replaces (its

@@ -36,7 +36,7 @@
 #include "sampan/log.h"
 #include "serving/adapters.h"
 #include "api/kserve.h"
-#include "server/server.h"
+#include "api/api.h"
 
 #define DEVICE_REFRESH_NS 1000000000LL /* device figures and the tenants file, every second */
 
@@ -60,7 +60,7 @@ struct sp_mgr_cmd {
 };
 
 static bool
-mode_is(const sp_server_t *s, const char *mode)
+mode_is(const sp_serving_t *s, const char *mode)
 {
     return strcmp(s->cfg.model_control_mode, mode) == 0;
 }
@@ -94,7 +94,7 @@ cmd_free(sp_mgr_cmd_t *c)
 
 /* Queue a command (reg.mu held). */
 static void
-push_locked(sp_server_t *s, sp_mgr_cmd_t *c)
+push_locked(sp_serving_t *s, sp_mgr_cmd_t *c)
 {
     c->next = NULL;
     if (s->cmd_tail) {
@@ -107,7 +107,7 @@ push_locked(sp_server_t *s, sp_mgr_cmd_t *c)
 }
 
 void
-sp_repository_demand_locked(sp_server_t *s, sp_model_entry_t *e)
+sp_repository_demand_locked(sp_serving_t *s, sp_model_entry_t *e)
 {
     sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
     if (c == NULL) {
@@ -143,7 +143,7 @@ signature(const sp_repo_model_t *rm, const sp_repo_version_t *v, const char *ove
 /* Drop the model of e (unload, eviction by policy, removal): it stops being
  * routed now and is freed when its last request ends. */
 static void
-retire(sp_server_t *s, sp_model_entry_t *e, const char *why)
+retire(sp_serving_t *s, sp_model_entry_t *e, const char *why)
 {
     sp_registry_t *r = &s->reg;
     pthread_mutex_lock(&r->mu);
@@ -168,7 +168,7 @@ enum { LOAD_LAZY_OK = 1, LOAD_RETRY_FAILED = 2, LOAD_FORCE = 4 };
 /* Serve one selected version (see the file comment). SP_OK when it is READY
  * (or registered to load on demand). */
 static sp_status_t
-load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t *v,
+load_version(sp_serving_t *s, const sp_repo_model_t *rm, const sp_repo_version_t *v,
              const char *override, int flags, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
@@ -276,7 +276,7 @@ load_version(sp_server_t *s, const sp_repo_model_t *rm, const sp_repo_version_t 
 }
 
 static bool
-is_pinned_name(sp_server_t *s, const char *name)
+is_pinned_name(sp_serving_t *s, const char *name)
 {
     for (int i = 0; i < s->cfg.n_models; i++) {
         if (strcmp(s->cfg.models[i].name, name) == 0) {
@@ -289,7 +289,7 @@ is_pinned_name(sp_server_t *s, const char *name)
 /* Serve rm's selected versions, then unload the versions it no longer
  * selects once one selected version is READY. The first error lands in err. */
 static sp_status_t
-reconcile(sp_server_t *s, const sp_repo_model_t *rm, const char *override, int flags, char *err,
+reconcile(sp_serving_t *s, const sp_repo_model_t *rm, const char *override, int flags, char *err,
           size_t err_len)
 {
     if (!rm->ok) {
@@ -346,7 +346,7 @@ reconcile(sp_server_t *s, const sp_repo_model_t *rm, const char *override, int f
 
 /* Unload every version of name. false when nothing of it is loaded or known. */
 static bool
-unload_name(sp_server_t *s, const char *name, const char *why)
+unload_name(sp_serving_t *s, const char *name, const char *why)
 {
     sp_registry_t *r = &s->reg;
     bool known = false;
@@ -363,7 +363,7 @@ unload_name(sp_server_t *s, const char *name, const char *why)
 /* Rescan the whole repository and reconcile every model; false when the
  * root itself cannot be read. */
 static bool
-scan_all(sp_server_t *s, int flags)
+scan_all(sp_serving_t *s, int flags)
 {
     sp_repo_limits_t lim;
     sp_repo_limits_default(&lim);
@@ -416,7 +416,7 @@ file_stamp(const char *path)
  * serving (a new version load: the old one serves until the new one is
  * published, and keeps serving when the load fails). */
 static sp_status_t
-reload_entry(sp_server_t *s, sp_model_entry_t *e, const char *path, char *err, size_t err_len)
+reload_entry(sp_serving_t *s, sp_model_entry_t *e, const char *path, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
     if (!e->from_repo) {
@@ -470,7 +470,7 @@ reload_entry(sp_server_t *s, sp_model_entry_t *e, const char *path, char *err, s
  * until the file changes again.
  */
 static void
-check_files(sp_server_t *s)
+check_files(sp_serving_t *s)
 {
     sp_registry_t *r = &s->reg;
     for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
@@ -525,7 +525,7 @@ check_files(sp_server_t *s)
 /* ------------------------------------------------------------ commands */
 
 static void
-run_load(sp_server_t *s, sp_mgr_cmd_t *c)
+run_load(sp_serving_t *s, sp_mgr_cmd_t *c)
 {
     sp_repo_limits_t lim;
     sp_repo_limits_default(&lim);
@@ -545,7 +545,7 @@ run_load(sp_server_t *s, sp_mgr_cmd_t *c)
 }
 
 static void
-run_demand(sp_server_t *s, sp_mgr_cmd_t *c)
+run_demand(sp_serving_t *s, sp_mgr_cmd_t *c)
 {
     sp_registry_t *r = &s->reg;
     char err[1024] = "";
@@ -600,7 +600,7 @@ run_demand(sp_server_t *s, sp_mgr_cmd_t *c)
 }
 
 static void
-run_cmd(sp_server_t *s, sp_mgr_cmd_t *c)
+run_cmd(sp_serving_t *s, sp_mgr_cmd_t *c)
 {
     switch (c->kind) {
     case CMD_LOAD:
@@ -635,7 +635,7 @@ run_cmd(sp_server_t *s, sp_mgr_cmd_t *c)
 /* ------------------------------------------------------------ thread */
 
 static bool
-startup(sp_server_t *s)
+startup(sp_serving_t *s)
 {
     sp_registry_t *r = &s->reg;
     char err[1024];
@@ -668,7 +668,7 @@ startup(sp_server_t *s)
 static void *
 mgr_main(void *arg)
 {
-    sp_server_t *s = arg;
+    sp_serving_t *s = arg;
     sp_registry_t *r = &s->reg;
     if (!startup(s)) {
         atomic_store(&s->load_failed, true);
@@ -759,7 +759,7 @@ mgr_main(void *arg)
 }
 
 sp_status_t
-sp_repository_start(sp_server_t *s, char *err, size_t err_len)
+sp_repository_start(sp_serving_t *s, char *err, size_t err_len)
 {
     /* Model files up to this size are served from a private copy (gguf/gguf.h). */
     sp_gguf_set_copy_max(s->cfg.model_copy_max);
@@ -775,7 +775,7 @@ sp_repository_start(sp_server_t *s, char *err, size_t err_len)
 }
 
 void
-sp_repository_stop(sp_server_t *s)
+sp_repository_stop(sp_serving_t *s)
 {
     if (!s->mgr_started) {
         return;
@@ -796,7 +796,7 @@ sp_repository_stop(sp_server_t *s)
  * Any other absolute path left (a key file, the key directory) is cut to
  * its last component after ".../". */
 void
-sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap)
+sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap)
 {
     char key_real[4096] = "";
     if (s->cfg.key_dir[0] && realpath(s->cfg.key_dir, key_real) == NULL) {
@@ -845,7 +845,7 @@ sp_repository_redact(const sp_server_t *s, const char *in, char *out, size_t cap
 
 /* The request body as JSON, NULL when empty; answers 400 itself on bad JSON. */
 static bool
-body_json(sp_server_t *s, sp_http_req_t *r, json_t **out)
+body_json(sp_serving_t *s, sp_http_req_t *r, json_t **out)
 {
     *out = NULL;
     sp_str_t b = sp_http_req_body(r);
@@ -867,7 +867,7 @@ body_json(sp_server_t *s, sp_http_req_t *r, json_t **out)
 }
 
 static bool
-have_repo(sp_server_t *s, sp_http_req_t *r)
+have_repo(sp_serving_t *s, sp_http_req_t *r)
 {
     if (s->cfg.model_repository[0] == '\0') {
         sp_kserve_error(r, 400, "no model repository: start the server with --model-repository DIR");
@@ -897,7 +897,7 @@ static void
 h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     (void)p;
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     json_t *body;
     if (!have_repo(s, r) || !body_json(s, r, &body)) {
         return;
@@ -957,12 +957,12 @@ h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_lit(&b, "]");
     sp_free(e);
     sp_repo_scan_free(scan);
-    sp_server_reply_json(r, 200, &b);
+    sp_api_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
 
 static bool
-control_allowed(sp_server_t *s, sp_http_req_t *r)
+control_allowed(sp_serving_t *s, sp_http_req_t *r)
 {
     if (!have_repo(s, r)) {
         return false;
@@ -976,7 +976,7 @@ control_allowed(sp_server_t *s, sp_http_req_t *r)
 
 /* A load or unload request waiting for the manager. */
 typedef struct ctl_wait {
-    sp_server_t *s;
+    sp_serving_t *s;
     sp_http_req_t *r;
     mgr_wait_t *w;
     struct event *tick;
@@ -1027,7 +1027,7 @@ ctl_tick(evutil_socket_t fd, short what, void *arg)
 
 /* Hand a command to the manager and answer when it is done. */
 static void
-submit_cmd(sp_server_t *s, sp_http_req_t *r, sp_mgr_cmd_t *cmd)
+submit_cmd(sp_serving_t *s, sp_http_req_t *r, sp_mgr_cmd_t *cmd)
 {
     ctl_wait_t *c = sp_calloc(1, sizeof *c);
     mgr_wait_t *w = sp_calloc(1, sizeof *w);
@@ -1084,7 +1084,7 @@ new_cmd(sp_http_req_t *r, cmd_kind_t kind, sp_str_t name)
  * malformed name and returns true when the route is an adapter's.
  */
 static bool
-adapter_route(sp_server_t *s, sp_http_req_t *r, sp_str_t name, cmd_kind_t kind)
+adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, cmd_kind_t kind)
 {
     const char *colon = name.len ? memrchr(name.ptr, ':', name.len) : NULL;
     if (colon == NULL || s->cfg.model_repository[0] == '\0' || name.len > SP_REPO_NAME_MAX) {
@@ -1119,7 +1119,7 @@ adapter_route(sp_server_t *s, sp_http_req_t *r, sp_str_t name, cmd_kind_t kind)
 static void
 h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     json_t *body;
     if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_LOAD)) {
         return;
@@ -1153,7 +1153,7 @@ h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static void
 h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_server_t *s = ud;
+    sp_serving_t *s = ud;
     if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_UNLOAD) || !control_allowed(s, r)) {
         return;
     }
@@ -1164,7 +1164,7 @@ h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 }
 
 void
-sp_repository_register(sp_router_t *rt, sp_server_t *s)
+sp_repository_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_POST, "/v2/repository/index", h_index, s);
     sp_router_add(rt, SP_HTTP_POST, "/v2/repository/models/{model}/load", h_load, s);

@@ -6,7 +6,7 @@
  *
  *  1. sp_respcache_t, a plain byte-bounded LRU map from a request key (any
  *     bytes) to a stored response (body, content type, one extra header, a
- *     caller's tag). One per process (sp_server_t.rcache), shared by every
+ *     caller's tag). One per process (sp_serving_t.rcache), shared by every
  *     model and loop thread behind one mutex: a lookup or an insert holds it
  *     for a hash-table probe and a few pointer moves, never for a copy of a
  *     body (entries are reference-counted, so a hit is answered from the

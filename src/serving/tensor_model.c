@@ -12,7 +12,7 @@
 #include "serving/backends.h"
 #include "sched/batcher.h"
 #include "api/kserve.h"
-#include "server/server.h"
+#include "api/api.h"
 #include "api/tensor.h"
 #include "api/trace.h"
 
@@ -130,7 +130,7 @@ batcher_params(const sp_repo_config_t *cfg)
 }
 
 sp_status_t
-sp_tensor_model_build(sp_server_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
                       size_t err_len)
 {
     sp_status_t st = sp_backends_find(cfg->backend_name, s->cfg.backends_dir, &m->be, err, err_len);
@@ -232,7 +232,7 @@ sp_tensor_model_free(sp_served_model_t *m)
 /* ------------------------------------------------------------------ infer */
 
 typedef struct tq {
-    sp_server_t *srv;
+    sp_serving_t *srv;
     sp_http_req_t *http;
     sp_served_model_t *m;
     sp_mailbox_t *mb;
@@ -534,7 +534,7 @@ cache_key(const tq_t *q, const sp_backend_tensor_t *in)
 }
 
 void
-sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
+sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
 {
     tq_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
@@ -545,7 +545,7 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
     q->srv = s;
     q->http = r;
     q->m = m;
-    q->mb = sp_server_mailbox(r);
+    q->mb = sp_api_mailbox(r);
     sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), false);
     char err[768];
     sp_str_t body = sp_http_req_body(r);
@@ -556,7 +556,7 @@ sp_tensor_infer(sp_server_t *s, sp_http_req_t *r, sp_served_model_t *m)
     const char *names[SP_BACKEND_MAX_TENSORS];
     bool want[SP_BACKEND_MAX_TENSORS];
     int32_t n_want = 0;
-    sp_status_t st = sp_infer_req_parse_cached(sp_server_hcache(r), body.ptr, body.len, hl,
+    sp_status_t st = sp_infer_req_parse_cached(sp_api_hcache(r), body.ptr, body.len, hl,
                                                s->cfg.json_depth, &q->ir, err, sizeof err);
     if (st == SP_OK) {
         for (int32_t i = 0; i < info->n_outputs; i++) {

@@ -18,19 +18,19 @@
 #include "http/router.h"
 #include "sampan/status.h"
 
-struct sp_server;
+struct sp_serving;
 struct sp_served_model;
 
 /* Load m's instances with its backend (m->inst_dev placed, cfg given),
  * reserve their memory and start the batcher. Manager thread. */
-sp_status_t sp_tensor_model_build(struct sp_server *s, struct sp_served_model *m,
+sp_status_t sp_tensor_model_build(struct sp_serving *s, struct sp_served_model *m,
                                   const sp_repo_config_t *cfg, char *err, size_t err_len);
 /* Stop the batcher (queued requests end with an error) and unload. */
 void sp_tensor_model_stop(struct sp_served_model *m);
 void sp_tensor_model_free(struct sp_served_model *m);
 
 /* POST .../infer for a tensor model; takes over the request's reference on m. */
-void sp_tensor_infer(struct sp_server *s, sp_http_req_t *r, struct sp_served_model *m);
+void sp_tensor_infer(struct sp_serving *s, sp_http_req_t *r, struct sp_served_model *m);
 /* GET /v2/models/{m}[/versions/{v}] for a tensor model (m stays the caller's). */
 void sp_tensor_metadata(sp_http_req_t *r, const struct sp_served_model *m);
 

@@ -52,7 +52,7 @@
 #include <jansson.h>
 
 #include "sampan/log.h"
-#include "server/server.h"
+#include "api/api.h"
 
 /* Each target uses a different part of the harness. */
 #define SP_FUZZ_FN static __attribute__((unused))

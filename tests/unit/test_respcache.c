@@ -9,7 +9,7 @@
 #include "core/alloc.h"
 #include "serving/repo_config.h"
 #include "serving/respcache.h"
-#include "server/server.h"
+#include "api/api.h"
 
 static sp_respcache_t *
 make(uint64_t cap)
@@ -315,7 +315,7 @@ TEST(respcache_threads)
 /* ---- request keys (the server glue) */
 
 typedef struct fake {
-    sp_server_t srv;
+    sp_serving_t srv;
     sp_served_model_t m;
 } fake_t;
 
