@@ -19,11 +19,11 @@ ifeq ($(FUZZ),1)
 CC       = clang
 BUILD   ?= build-fuzz
 SANFLAGS = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-OPT      = -O1 -g
+OPT      = -O1 -g -DSP_DEBUG
 else ifeq ($(SANITIZER),1)
 BUILD   ?= build-san
 SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-OPT      = -O1 -g
+OPT      = -O1 -g -DSP_DEBUG
 else
 BUILD   ?= build
 SANFLAGS =
