@@ -3,8 +3,10 @@
 # may include the folders listed for it and nothing else; a private header (*_impl.h, and
 # everything under kernels/cpu/) is included only from its own folder. Fails on the first run
 # that breaks the table, naming the file, the line and the rule. tests/run.sh runs it.
+#
+#   scripts/check-includes.sh [ROOT]     ROOT holds the src/ to check (default: this repository)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${1:-$(dirname "$0")/..}"
 
 # folder: the folders of src/ its files may include (include/sampan/ is open to every folder).
 declare -A ALLOW=(

@@ -2,6 +2,7 @@
 # Runs every suite and ends with one summary line:
 #   total: N passed, N failed, N skipped
 #
+#   0. the layer checks (scripts/check-includes.sh, scripts/check-cycles.py on the release build)
 #   1. C unit tests, release build            (build/test_unit); then the engine-level ones
 #      (kernels, K-quants, attention, forward, batch) again at each CPU kernel level below the
 #      best (SAMPAN_CPU=scalar, avx2, ...), a level this CPU lacks as one skipped line
@@ -29,6 +30,15 @@ tally() { # parse the last "N passed, N failed, N skipped" line of a log
 log=$(mktemp -d)
 echo "== build (release)"
 make -j"$JOBS" unit >"$log/build.txt" 2>&1 || { cat "$log/build.txt"; echo "total: 0 passed, 1 failed"; exit 1; }
+# The layers of docs/design.md: the never-include table on the sources, and no circle of objects
+# (or folders) calling each other in the symbols of the release build.
+echo "== layers (scripts/check-includes.sh, scripts/check-cycles.py)"
+{
+    lp=0; lf=0
+    if ./scripts/check-includes.sh; then lp=$((lp + 1)); else lf=$((lf + 1)); fi
+    if "$PY" scripts/check-cycles.py build; then lp=$((lp + 1)); else lf=$((lf + 1)); fi
+    echo "layers: $lp passed, $lf failed, 0 skipped"
+} 2>&1 | tee "$log/layers.txt"; tally "$log/layers.txt" layers
 echo "== unit tests (release)"
 ./build/test_unit 2>&1 | tee "$log/unit.txt"; tally "$log/unit.txt" unit
 
