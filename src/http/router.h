@@ -3,7 +3,7 @@
  *
  * Patterns are literal segments and {name} captures: "/v1/models/{model}",
  * "/v2/models/{model}/versions/{version}/infer". Each protocol module
- * registers its own routes (sp_openai_register, later sp_kserve_register), so
+ * registers its own routes (sp_openai_register, sp_kserve_register, ...), so
  * adding one is a new file and one call. HEAD requests match GET routes.
  * A path that matches with another method gives 405, none gives 404.
  *
