@@ -1,4 +1,4 @@
-/* utf8.c - validating UTF-8 (utf8.h). */
+/* utf8.c - validating, decoding and encoding UTF-8 (utf8.h). */
 #include "core/utf8.h"
 
 size_t
@@ -43,4 +43,61 @@ sp_utf8_invalid_at(const char *s, size_t n)
         i += l;
     }
     return i;
+}
+
+size_t
+sp_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    size_t len = sp_utf8_seq(s, n);
+    if (len == 0) {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    static const unsigned char mask[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+    uint32_t v = s[0] & mask[len];
+    for (size_t i = 1; i < len; i++) {
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return len;
+}
+
+size_t
+sp_utf8_encode(char *dst, uint32_t cp)
+{
+    if (cp < 0x80) {
+        dst[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        dst[0] = (char)(0xC0 | cp >> 6);
+        dst[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        dst[0] = (char)(0xE0 | cp >> 12);
+        dst[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        dst[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    dst[0] = (char)(0xF0 | cp >> 18);
+    dst[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    dst[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    dst[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+size_t
+sp_utf8_unfinished_tail(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned c = u[n - back];
+        if ((c & 0xC0) == 0x80) {
+            continue; /* a continuation byte: look further back for its lead */
+        }
+        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        return need > back ? back : 0;
+    }
+    return 0;
 }

@@ -12,8 +12,4 @@ int sp_cmd_tokenize(int argc, char **argv);
 /* sampan bench [--url URL --concurrency N ...]: a serving benchmark client (src/tools/bench.c). */
 int sp_cmd_bench(int argc, char **argv);
 
-/* Length of the longest prefix of buf[0..len) that does not end inside a
- * UTF-8 sequence: what a stream may print now, holding the rest back. */
-size_t sp_utf8_complete_prefix(const char *buf, size_t len);
-
 #endif /* SP_TOOLS_CLI_H */

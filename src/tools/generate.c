@@ -17,21 +17,6 @@
 #include "engine/sampler.h"
 #include "tools/cli.h"
 
-size_t
-sp_utf8_complete_prefix(const char *buf, size_t len)
-{
-    /* Look back at most 3 bytes for a lead byte whose sequence is cut short. */
-    for (size_t back = 1; back <= 4 && back <= len; back++) {
-        unsigned char c = (unsigned char)buf[len - back];
-        if ((c & 0xC0) == 0x80) {
-            continue; /* continuation byte: keep looking for the lead */
-        }
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > back ? len - back : len;
-    }
-    return len;
-}
-
 static int
 parse_i64(const char *s, const char *flag, int64_t lo, int64_t hi, int64_t *out)
 {

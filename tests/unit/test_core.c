@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/heap.h"
 #include "core/pool.h"
+#include "core/utf8.h"
 #include "core/workq.h"
 #include "sampan/log.h"
 #include "sampan/status.h"
@@ -224,4 +225,61 @@ TEST(log_escapes_control_characters)
     SP_LOG_DEBUG("not shown %d", 1); /* below the default level */
     ASSERT_EQ(captured[0], '\0');
     sp_log_set(NULL, NULL);
+}
+
+/* Every code point round-trips through encode and decode, with the length RFC 3629 gives it;
+ * surrogates are encodable bytes but never a valid sequence. */
+TEST(utf8_every_code_point_round_trips)
+{
+    char buf[4];
+    for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
+        size_t want = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        size_t n = sp_utf8_encode(buf, cp);
+        ASSERT_EQ(n, want);
+        uint32_t back = 0;
+        size_t m = sp_utf8_decode((const unsigned char *)buf, n, &back);
+        if (cp >= 0xD800 && cp <= 0xDFFF) {
+            ASSERT_EQ(sp_utf8_seq((const unsigned char *)buf, n), 0);
+            ASSERT_EQ(m, 1);
+            ASSERT_EQ(back, 0xFFFD);
+        } else {
+            ASSERT_EQ(m, n);
+            ASSERT_EQ(back, cp);
+            ASSERT_EQ(sp_utf8_invalid_at(buf, n), n);
+        }
+    }
+}
+
+TEST(utf8_invalid_sequences_decode_as_one_replacement_byte)
+{
+    static const struct { const char *s; size_t n; } bad[] = {
+        {"\xC0\x80", 2},         /* overlong NUL */
+        {"\xE0\x80\xAF", 3},     /* overlong '/' */
+        {"\xED\xA0\x80", 3},     /* a surrogate */
+        {"\xF4\x90\x80\x80", 4}, /* above U+10FFFF */
+        {"\xE2\x82", 2},         /* truncated euro sign */
+        {"\x80", 1},             /* a lone continuation byte */
+        {"\xFF", 1},             /* never a lead */
+        {"\xC3\x28", 2},         /* a lead followed by ASCII */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint32_t cp = 0;
+        ASSERT_EQ(sp_utf8_decode((const unsigned char *)bad[i].s, bad[i].n, &cp), 1);
+        ASSERT_EQ(cp, 0xFFFD);
+        ASSERT_EQ(sp_utf8_invalid_at(bad[i].s, bad[i].n), 0);
+    }
+}
+
+/* A streamed piece cut at every byte of "a€😀": the held-back tail is exactly the started
+ * character's bytes, and none when the cut falls on a boundary or on bytes that can never
+ * become a character. */
+TEST(utf8_unfinished_tail_holds_back_started_characters)
+{
+    const char *s = "a\xE2\x82\xAC\xF0\x9F\x98\x80";
+    static const size_t want[] = {0, 0, 1, 2, 0, 1, 2, 3, 0}; /* for each prefix length 0..8 */
+    for (size_t n = 0; n <= 8; n++) {
+        ASSERT_EQ(sp_utf8_unfinished_tail(s, n), want[n]);
+    }
+    ASSERT_EQ(sp_utf8_unfinished_tail("\xFF", 1), 0);
+    ASSERT_EQ(sp_utf8_unfinished_tail("ab\x80", 3), 0); /* a continuation with no lead */
 }
