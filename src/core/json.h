@@ -7,10 +7,8 @@
  * the text. Typed getters validate one field each and name it on error, so
  * every 400 says which parameter was wrong.
  *
- * Out: a small append-only writer (sp_jbuf_t) instead of building jansson
- * trees, because responses and stream chunks are written once, in order,
- * many times per second; strings are escaped and invalid UTF-8 is replaced by
- * U+FFFD so the output is always valid JSON.
+ * Out: the writer of jbuf.h, included here since nearly every user of one
+ * uses the other.
  */
 #ifndef SP_CORE_JSON_H
 #define SP_CORE_JSON_H
@@ -21,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "core/jbuf.h"
 #include "sampan/status.h"
 
 /* Route jansson's allocations through sp_malloc (once per process). */
@@ -53,26 +52,5 @@ int sp_json_get_str(const json_t *obj, const char *key, const char **out, size_t
 /* Fill e and return -1 (for checks the getters cannot express). */
 int sp_json_fail(sp_json_err_t *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-/* ---- writer */
-
-typedef struct sp_jbuf {
-    char *p;
-    size_t len, cap;
-    bool oom; /* an append failed: the content is incomplete */
-} sp_jbuf_t;
-
-void sp_jbuf_init(sp_jbuf_t *b);
-void sp_jbuf_free(sp_jbuf_t *b);
-void sp_jbuf_reset(sp_jbuf_t *b);
-void sp_jbuf_raw(sp_jbuf_t *b, const char *s, size_t n);
-void sp_jbuf_lit(sp_jbuf_t *b, const char *s);               /* raw C string */
-void sp_jbuf_str(sp_jbuf_t *b, const char *s, size_t n);     /* quoted, escaped */
-void sp_jbuf_cstr(sp_jbuf_t *b, const char *s);              /* quoted; NULL -> null */
-void sp_jbuf_int(sp_jbuf_t *b, int64_t v);
-void sp_jbuf_num(sp_jbuf_t *b, double v);                    /* non-finite -> null */
-void sp_jbuf_printf(sp_jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Append a jansson value as compact JSON. */
-void sp_jbuf_json(sp_jbuf_t *b, const json_t *v);
 
 #endif /* SP_CORE_JSON_H */
