@@ -52,7 +52,6 @@
 #include "sampan/log.h"
 #include "sched/blocks.h"
 #include "sched/drain.h"
-#include "http/http.h"
 #include "sched/stepctl.h"
 #include "sched/tierq.h"
 
@@ -77,20 +76,6 @@ typedef struct lp_rec {
 #define STATS_LOG_EVERY 256 /* steps between debug statistics lines */
 
 /* -------------------------------------------------------------- structures */
-
-typedef struct mb_post {
-    void (*fn)(void *arg);
-    void *arg;
-    struct mb_post *next;
-} mb_post_t;
-
-struct sp_mailbox {
-    sp_http_loop_t *loop;
-    pthread_mutex_t mu;
-    sp_sched_job_t *head; /* jobs with undelivered events */
-    mb_post_t *posts;     /* calls to run on the loop (sp_mailbox_post), newest first */
-    bool woken;
-};
 
 typedef struct seq {
     sp_tierq_node_t node;  /* first: queue nodes convert back to sequences */
@@ -149,7 +134,7 @@ struct sp_sched_job {
     bool consumer_gone;   /* cancelled by the loop */
     bool delivering;      /* the loop is calling on_event for it */
     bool overflowed;
-    sp_sched_job_t *mb_next;
+    sp_mailbox_msg_t msg; /* in j->mb while queued: runs job_deliver there */
 };
 
 struct sp_sched {
@@ -227,22 +212,7 @@ sp_sched_default_params(void)
     return p;
 }
 
-/* --------------------------------------------------------------- mailboxes */
-
-static void mailbox_drain(void *arg);
-
-sp_mailbox_t *
-sp_mailbox_create(sp_http_loop_t *loop)
-{
-    sp_mailbox_t *mb = sp_calloc(1, sizeof *mb);
-    if (mb == NULL) {
-        return NULL;
-    }
-    mb->loop = loop;
-    pthread_mutex_init(&mb->mu, NULL);
-    sp_http_loop_set_wake_cb(loop, mailbox_drain, mb);
-    return mb;
-}
+/* ---------------------------------------------------- delivery to the loop */
 
 static void
 job_free(sp_sched_job_t *j)
@@ -260,75 +230,6 @@ job_free(sp_sched_job_t *j)
     sp_free(j->token_store);
     sp_free(j->block_store);
     sp_free(j);
-}
-
-void
-sp_mailbox_destroy(sp_mailbox_t *mb)
-{
-    if (mb == NULL) {
-        return;
-    }
-    /* The schedulers have stopped: whatever is still listed is finished. */
-    sp_sched_job_t *j = mb->head;
-    while (j) {
-        sp_sched_job_t *next = j->mb_next;
-        pthread_mutex_lock(&j->mu);
-        j->queued = false;
-        bool free_it = j->engine_done;
-        j->consumer_gone = true;
-        pthread_mutex_unlock(&j->mu);
-        if (free_it) {
-            job_free(j);
-        }
-        j = next;
-    }
-    /* Calls nobody will run now: run them, they free what they carry. */
-    mb_post_t *p = mb->posts;
-    mb->posts = NULL;
-    while (p) {
-        mb_post_t *n = p->next;
-        p->fn(p->arg);
-        sp_free(p);
-        p = n;
-    }
-    sp_http_loop_set_wake_cb(mb->loop, NULL, NULL);
-    pthread_mutex_destroy(&mb->mu);
-    sp_free(mb);
-}
-
-sp_status_t
-sp_mailbox_post(sp_mailbox_t *mb, void (*fn)(void *arg), void *arg)
-{
-    mb_post_t *p = sp_malloc(sizeof *p);
-    if (p == NULL) {
-        return SP_ERR_NOMEM;
-    }
-    p->fn = fn;
-    p->arg = arg;
-    pthread_mutex_lock(&mb->mu);
-    p->next = mb->posts;
-    mb->posts = p;
-    bool wake = !mb->woken;
-    mb->woken = true;
-    pthread_mutex_unlock(&mb->mu);
-    if (wake) {
-        sp_http_loop_wake(mb->loop);
-    }
-    return SP_OK;
-}
-
-static void
-mailbox_push(sp_mailbox_t *mb, sp_sched_job_t *j)
-{
-    pthread_mutex_lock(&mb->mu);
-    j->mb_next = mb->head;
-    mb->head = j;
-    bool wake = !mb->woken;
-    mb->woken = true;
-    pthread_mutex_unlock(&mb->mu);
-    if (wake) {
-        sp_http_loop_wake(mb->loop);
-    }
 }
 
 /* Parse and deliver the records in buf; returns true when DONE was delivered. */
@@ -400,57 +301,53 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
     return done;
 }
 
+/* The mailbox runs this on the job's loop thread: swap the outbox for the
+ * spare buffer under the lock, deliver the records without it, and free the
+ * job when its DONE was delivered (or its consumer left) and the engine is
+ * done with it. */
 static void
-mailbox_drain(void *arg)
+job_deliver(sp_mailbox_msg_t *msg)
 {
-    sp_mailbox_t *mb = arg;
-    pthread_mutex_lock(&mb->mu);
-    sp_sched_job_t *list = mb->head;
-    mb->head = NULL;
-    mb_post_t *posts = mb->posts;
-    mb->posts = NULL;
-    mb->woken = false;
-    pthread_mutex_unlock(&mb->mu);
-    /* Posted calls, oldest first. */
-    mb_post_t *rev = NULL;
-    while (posts) {
-        mb_post_t *n = posts->next;
-        posts->next = rev;
-        rev = posts;
-        posts = n;
+    sp_sched_job_t *j = (sp_sched_job_t *)((char *)msg - offsetof(sp_sched_job_t, msg));
+    pthread_mutex_lock(&j->mu);
+    char *buf = j->out;
+    size_t len = j->out_len, cap = j->out_cap;
+    j->out = j->in;
+    j->out_cap = j->in_cap;
+    j->out_len = 0;
+    j->in = buf;
+    j->in_cap = cap;
+    j->queued = false;
+    bool gone = j->consumer_gone;
+    j->delivering = !gone;
+    pthread_mutex_unlock(&j->mu);
+    bool done = false;
+    if (!gone) {
+        done = deliver(j, buf, len);
     }
-    while (rev) {
-        mb_post_t *n = rev->next;
-        rev->fn(rev->arg);
-        sp_free(rev);
-        rev = n;
+    pthread_mutex_lock(&j->mu);
+    j->delivering = false;
+    bool free_it = j->engine_done && !j->queued && (done || j->consumer_gone);
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) {
+        job_free(j);
     }
-    while (list) {
-        sp_sched_job_t *j = list;
-        list = j->mb_next;
-        pthread_mutex_lock(&j->mu);
-        char *buf = j->out;
-        size_t len = j->out_len, cap = j->out_cap;
-        j->out = j->in;
-        j->out_cap = j->in_cap;
-        j->out_len = 0;
-        j->in = buf;
-        j->in_cap = cap;
-        j->queued = false;
-        bool gone = j->consumer_gone;
-        j->delivering = !gone;
-        pthread_mutex_unlock(&j->mu);
-        bool done = false;
-        if (!gone) {
-            done = deliver(j, buf, len);
-        }
-        pthread_mutex_lock(&j->mu);
-        j->delivering = false;
-        bool free_it = j->engine_done && !j->queued && (done || j->consumer_gone);
-        pthread_mutex_unlock(&j->mu);
-        if (free_it) {
-            job_free(j);
-        }
+}
+
+/* The mailbox is destroyed with the job still listed (at shutdown, after the
+ * schedulers stopped): nobody reads its events any more; free it if the
+ * engine is done with it, else the engine's DONE finds consumer_gone. */
+static void
+job_drop(sp_mailbox_msg_t *msg)
+{
+    sp_sched_job_t *j = (sp_sched_job_t *)((char *)msg - offsetof(sp_sched_job_t, msg));
+    pthread_mutex_lock(&j->mu);
+    j->queued = false;
+    bool free_it = j->engine_done;
+    j->consumer_gone = true;
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) {
+        job_free(j);
     }
 }
 
@@ -524,7 +421,7 @@ post(sp_sched_t *s, sp_sched_job_t *j, rec_t *h, const void *payload, size_t pay
     }
     pthread_mutex_unlock(&j->mu);
     if (push) {
-        mailbox_push(j->mb, j);
+        sp_mailbox_send(j->mb, &j->msg);
     }
 }
 
@@ -1997,6 +1894,8 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     }
     j->sched = s;
     j->mb = r->mailbox;
+    j->msg.run = job_deliver;
+    j->msg.drop = job_drop;
     j->on_event = r->on_event;
     j->ud = r->ud;
     j->embed = r->embed;
