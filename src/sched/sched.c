@@ -666,7 +666,7 @@ preempt_locked(sp_sched_t *s, seq_t *sq)
     seq_drop_blocks(s, sq);
     sp_tierq_push_front(&s->queue, &sq->node, sq->node.tier);
     atomic_fetch_add(&s->st_preempt, 1);
-    SP_LOG_DEBUG("event=preempt tier=%s tokens=%lld", sp_tier_name(sq->node.tier),
+    SP_LOG_DEBUG("event=preempt tier=%s tokens=%lld", sp_tierq_tier_name(sq->node.tier),
                  (long long)sq->n_tokens);
 }
 
@@ -1782,7 +1782,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     if (r->n < 1 || r->n > SP_SCHED_MAX_N) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "n must be between 1 and %d", SP_SCHED_MAX_N);
     }
-    int tier = sp_tier_from_int(r->priority);
+    int tier = sp_tierq_tier_from_int(r->priority);
     int64_t tier_cap = s->queue.cap[tier];
     if (r->n > s->p.n_slots + tier_cap) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
@@ -1916,7 +1916,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         pthread_mutex_unlock(&s->mu);
         job_free(j);
         return sp_errf(err, err_len, SP_ERR_BUSY, "the %s queue is full, retry later",
-                       sp_tier_name(tier));
+                       sp_tierq_tier_name(tier));
     }
     for (int32_t i = 0; i < r->n; i++) {
         sp_tierq_push_back(&s->queue, &j->seqs[i].node, tier);
@@ -1934,7 +1934,7 @@ sp_sched_retry_after_s(sp_sched_t *s, int32_t priority, int32_t n)
 {
     /* Ahead of a new request: what waits in its tier and the tiers above it
      * (admitted first), then its own sequences. */
-    int tier = sp_tier_from_int(priority);
+    int tier = sp_tierq_tier_from_int(priority);
     int64_t ahead = n > 0 ? n : 1;
     pthread_mutex_lock(&s->mu);
     for (int t = tier; t < SP_TIER_COUNT; t++) {

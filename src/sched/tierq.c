@@ -96,7 +96,7 @@ sp_tierq_total(const sp_tierq_t *q)
 static const char *const tier_names[SP_TIER_COUNT] = {"batch", "standard", "premium"};
 
 int
-sp_tier_from_name(const char *name)
+sp_tierq_tier_from_name(const char *name)
 {
     for (int t = 0; t < SP_TIER_COUNT; t++) {
         if (strcmp(name, tier_names[t]) == 0) {
@@ -107,13 +107,13 @@ sp_tier_from_name(const char *name)
 }
 
 int
-sp_tier_from_int(int64_t priority)
+sp_tierq_tier_from_int(int64_t priority)
 {
     return priority > 0 ? SP_TIER_PREMIUM : priority < 0 ? SP_TIER_BATCH : SP_TIER_STANDARD;
 }
 
 const char *
-sp_tier_name(int tier)
+sp_tierq_tier_name(int tier)
 {
     return tier >= 0 && tier < SP_TIER_COUNT ? tier_names[tier] : "?";
 }
