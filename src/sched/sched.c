@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/timer.h"
 #include "engine/gpu.h"
 #include "engine/batch.h"
@@ -241,6 +242,9 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
     while (off + sizeof(rec_t) <= len) {
         rec_t h;
         memcpy(&h, buf + off, sizeof h);
+        /* Records are written whole by post(): a size that leaves the buffer
+         * would read past it. */
+        SP_ASSERT(h.size >= sizeof h && h.size <= len - off);
         const char *pl = buf + off + sizeof h;
         sp_sched_event_t ev;
         memset(&ev, 0, sizeof ev);
@@ -545,6 +549,16 @@ chain_root(const seq_t *sq, uint64_t *hash, uint64_t *serial)
     *serial = lid || scope ? (1ull << 63) | lid << 16 | (scope & 0xFFFF) : SP_BLOCKS_ROOT;
 }
 
+/* Append a block to a sequence's table. The table was sized at submit for
+ * the longest the sequence can get; past it the id would land in the next
+ * sequence's table. */
+static void
+seq_push_block(seq_t *sq, int32_t id)
+{
+    SP_ASSERT(sq->n_blocks < sq->blocks_cap);
+    sq->blocks[sq->n_blocks++] = id;
+}
+
 /* Release a sequence's blocks, last first: a chain's tail then becomes older
  * in the LRU than its head and is reclaimed first (a tail without its head can
  * never be matched again). */
@@ -552,6 +566,9 @@ static void
 seq_drop_blocks(sp_sched_t *s, seq_t *sq)
 {
     for (int64_t i = sq->n_blocks - 1; i >= 0; i--) {
+        /* A block in a sequence's table is held: one at zero here would be
+         * free (or another sequence's) while this one still wrote to it. */
+        SP_ASSERT(sp_blocks_refcount(s->blocks, sq->blocks[i]) > 0);
         sp_blocks_unref(s->blocks, sq->blocks[i]);
     }
     sq->n_blocks = 0;
@@ -563,6 +580,9 @@ seq_drop_blocks(sp_sched_t *s, seq_t *sq)
 static void
 running_add(sp_sched_t *s, seq_t *sq)
 {
+    /* The running set, the step's rows and run_tier are sized for these. */
+    SP_ASSERT(s->n_running < s->p.n_slots);
+    SP_ASSERT(sq->node.tier >= 0 && sq->node.tier < SP_TIER_COUNT);
     sq->d_slot = -1;
     sq->d_computed = 0;
     for (int i = 0; s->d_slot_used != NULL && i < s->p.n_slots; i++) {
@@ -725,7 +745,7 @@ seq_take_blocks(sp_sched_t *s, seq_t *sq)
         if (id < 0) {
             break; /* cannot happen after the check; the decode pass retries */
         }
-        sq->blocks[sq->n_blocks++] = id;
+        seq_push_block(sq, id);
     }
 }
 
@@ -850,10 +870,11 @@ restart:
         while (sq->n_blocks < need) {
             int32_t id = sp_blocks_alloc(s->blocks);
             if (id >= 0) {
-                sq->blocks[sq->n_blocks++] = id;
+                seq_push_block(sq, id);
                 continue;
             }
             seq_t *v = pick_victim(s, SP_TIER_COUNT);
+            SP_ASSERT(v != NULL); /* every block is held by a running sequence */
             pthread_mutex_lock(&s->mu);
             preempt_locked(s, v);
             pthread_mutex_unlock(&s->mu);
@@ -865,6 +886,11 @@ restart:
 static void
 plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
 {
+    /* At most one row per running sequence; the row's keys and values go to
+     * positions n_computed .. n_computed + n - 1, which its block table must
+     * cover, or the batch would write past its blocks. */
+    SP_ASSERT(s->n_rows < s->p.n_slots);
+    SP_ASSERT(n >= 1 && sq->n_computed + n <= sq->n_blocks * SP_KV_BLOCK);
     sp_batch_seq_t *r = &s->rows[s->n_rows];
     r->tokens = sq->tokens + sq->n_computed;
     r->n_tokens = n;
@@ -943,8 +969,10 @@ spec_plan(sp_sched_t *s)
                 k = sq->n_blocks * SP_KV_BLOCK - sq->n_tokens; /* what the blocks hold */
                 break;
             }
-            sq->blocks[sq->n_blocks++] = id;
+            seq_push_block(sq, id);
         }
+        /* The proposals are written at tokens[n_tokens .. n_tokens + k). */
+        SP_ASSERT(k <= 0 || sq->n_tokens + k < sq->cap);
         if (k > 0) {
             sq->spec_k = (int32_t)k;
             rows += k;
