@@ -1,6 +1,6 @@
 /*
- * sched.c - continuous batching over a paged KV cache (issue 5), behind the
- * seam sched.h.
+ * sched.c - continuous batching over a paged KV cache, with prefix reuse,
+ * priority tiers and preemption by recompute, behind the seam sched.h.
  *
  * One engine thread per model. Each step it
  *   1. drops cancelled and expired sequences (running or waiting),
@@ -33,6 +33,10 @@
  *   job->mu guards the outbox and these flags.
  * - The engine appends events to job->out; the loop swaps job->out with its
  *   spare buffer (job->in) under the lock and parses the records without it.
+ * - A job with undelivered events waits in its loop's mailbox as an intrusive
+ *   message (job->msg, sched/mailbox.h), so telling the loop never allocates
+ *   and never fails: the mailbox runs job_deliver on the loop thread, or
+ *   job_drop when the loop destroys it at shutdown.
  * - The waiting queue (sp_tierq) is shared with submit under s->mu; the
  *   running set, the block manager, the KV pool and the batch buffers belong
  *   to the engine thread.
