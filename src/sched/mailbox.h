@@ -30,7 +30,8 @@
  * Memory: the mailbox owns the nodes of sp_mailbox_post; destroy runs the
  * calls still pending (they free what they carry) and drops the messages
  * still pending (their drop callback, or their run callback when they have
- * none), as a drain would, so nothing posted leaks.
+ * none), until none is left (what they post meanwhile too), so nothing
+ * posted leaks.
  */
 #ifndef SP_SCHED_MAILBOX_H
 #define SP_SCHED_MAILBOX_H

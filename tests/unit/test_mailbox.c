@@ -276,6 +276,28 @@ TEST(mailbox_destroy_runs_pending_posts_and_drops_messages)
     sp_mailbox_destroy(NULL);
 }
 
+/* A call run by destroy that posts again: the new call runs too. */
+static sp_mailbox_t *repost_mb;
+
+static void
+repost_once(void *arg)
+{
+    freed++;
+    if (arg != NULL) {
+        ASSERT_OK(sp_mailbox_post(repost_mb, free_carried, arg));
+    }
+}
+
+TEST(mailbox_destroy_runs_what_pending_calls_post)
+{
+    freed = 0;
+    repost_mb = sp_mailbox_create(NULL, NULL);
+    ASSERT(repost_mb != NULL);
+    ASSERT_OK(sp_mailbox_post(repost_mb, repost_once, sp_malloc(16)));
+    sp_mailbox_destroy(repost_mb);
+    ASSERT_EQ(freed, 2);
+}
+
 /* A mailbox without a wake callback (the owner polls) works the same. */
 TEST(mailbox_without_wake)
 {
