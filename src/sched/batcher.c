@@ -469,7 +469,7 @@ typedef struct result_priv {
 } result_priv_t;
 
 void *
-sp_batch_result_take(const sp_batch_result_t *res, int32_t i)
+sp_batcher_result_take(const sp_batch_result_t *res, int32_t i)
 {
     if (res == NULL || i < 0 || i >= res->n_outputs) {
         return NULL;

@@ -133,7 +133,7 @@
  * soon as submit returns). Outputs given to a callback are the request's own
  * rows, in buffers allocated with host->alloc_fn; the batcher frees each with
  * host->free_fn after the callback returns unless the callback took it with
- * sp_batch_result_take() (then the callback owns it and frees it with
+ * sp_batcher_result_take() (then the callback owns it and frees it with
  * host->free_fn). All other pointers in a result are valid only during the
  * callback.
  *
@@ -208,7 +208,7 @@ typedef struct sp_batch_result {
      * output in declared order when it asked for none); NULL/0 on error.
      * name: the model's (valid during the callback); dims[0] = this request's
      * rows (with max_batch_size 0: the whole output); data/bytes: see
-     * sp_batch_result_take. */
+     * sp_batcher_result_take. */
     sp_backend_tensor_t *outputs;
     int32_t n_outputs;
     int64_t queue_us;         /* submit to the start of execute() (or to the error) */
@@ -220,7 +220,7 @@ typedef struct sp_batch_result {
 /* Take ownership of outputs[i].data (free it with host->free_fn); the batcher
  * will not free it. Returns the pointer (NULL for an empty output). Only from
  * inside the callback. */
-void *sp_batch_result_take(const sp_batch_result_t *res, int32_t i);
+void *sp_batcher_result_take(const sp_batch_result_t *res, int32_t i);
 
 /* The completion callback: exactly once per accepted submit, on a batcher
  * thread, without batcher locks held. res is valid only during the call. */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 
 struct sp_blocks {
     int64_t n;
@@ -173,8 +174,11 @@ sp_blocks_alloc(sp_blocks_t *b)
     int32_t id;
     if (b->n_free > 0) {
         id = b->free_stack[--b->n_free];
+        /* A free block is neither held nor in the prefix cache. */
+        SP_ASSERT(b->ref[id] == 0 && b->serial[id] == 0);
     } else if (b->lru_head >= 0) {
         id = b->lru_head;
+        SP_ASSERT(b->ref[id] == 0); /* the LRU holds released blocks only */
         lru_remove(b, id);
         table_remove(b, id);
         b->evictions++;
@@ -194,6 +198,7 @@ sp_blocks_available(const sp_blocks_t *b)
 void
 sp_blocks_ref(sp_blocks_t *b, int32_t id)
 {
+    SP_ASSERT(id >= 0 && id < b->n);
     if (b->ref[id] == 0 && b->serial[id] != 0) {
         lru_remove(b, id);
     }
@@ -203,6 +208,7 @@ sp_blocks_ref(sp_blocks_t *b, int32_t id)
 void
 sp_blocks_unref(sp_blocks_t *b, int32_t id)
 {
+    SP_ASSERT(id >= 0 && id < b->n);
     if (b->ref[id] <= 0) {
         return; /* a bug in the caller; never corrupt the lists over it */
     }
@@ -212,6 +218,7 @@ sp_blocks_unref(sp_blocks_t *b, int32_t id)
     if (b->serial[id] != 0) {
         lru_push_newest(b, id);
     } else {
+        SP_ASSERT(b->n_free < b->n);
         b->free_stack[b->n_free++] = id;
     }
 }
@@ -269,6 +276,7 @@ uint64_t
 sp_blocks_publish(sp_blocks_t *b, int32_t id, uint64_t hash, uint64_t parent_serial,
                   const int32_t *tokens)
 {
+    SP_ASSERT(id >= 0 && id < b->n);
     if (b->serial[id] != 0) {
         return b->serial[id];
     }

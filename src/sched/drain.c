@@ -7,7 +7,7 @@
 #define N_BINS (SP_DRAIN_WINDOW_S + 1) /* the window's full seconds and the current one */
 
 int
-sp_retry_after_s(int64_t ahead, int64_t done, double span_s)
+sp_drain_retry_after_rate_s(int64_t ahead, int64_t done, double span_s)
 {
     if (ahead < 1) {
         ahead = 1;
@@ -57,5 +57,5 @@ sp_drain_retry_after_s(sp_drain_t *d, int64_t ahead, int64_t now_ns)
         }
     }
     /* The span: from the start of the oldest second that saw a completion to now. */
-    return sp_retry_after_s(ahead, done, (double)(now_ns - oldest * NS_PER_S) / 1e9);
+    return sp_drain_retry_after_rate_s(ahead, done, (double)(now_ns - oldest * NS_PER_S) / 1e9);
 }

@@ -34,6 +34,6 @@ int sp_drain_retry_after_s(sp_drain_t *d, int64_t ahead, int64_t now_ns);
 /* The computation: `done` items drained in the last span_s seconds (at least
  * 1 s) give the rate; with none seen, one per second is assumed. Returns
  * ceil(ahead / rate), clamped as above. */
-int sp_retry_after_s(int64_t ahead, int64_t done, double span_s);
+int sp_drain_retry_after_rate_s(int64_t ahead, int64_t done, double span_s);
 
 #endif /* SP_SCHED_DRAIN_H */

@@ -1,6 +1,6 @@
 /*
- * sched.c - continuous batching over a paged KV cache (issue 5), behind the
- * seam sched.h.
+ * sched.c - continuous batching over a paged KV cache, with prefix reuse,
+ * priority tiers and preemption by recompute, behind the seam sched.h.
  *
  * One engine thread per model. Each step it
  *   1. drops cancelled and expired sequences (running or waiting),
@@ -33,6 +33,10 @@
  *   job->mu guards the outbox and these flags.
  * - The engine appends events to job->out; the loop swaps job->out with its
  *   spare buffer (job->in) under the lock and parses the records without it.
+ * - A job with undelivered events waits in its loop's mailbox as an intrusive
+ *   message (job->msg, sched/mailbox.h), so telling the loop never allocates
+ *   and never fails: the mailbox runs job_deliver on the loop thread, or
+ *   job_drop when the loop destroys it at shutdown.
  * - The waiting queue (sp_tierq) is shared with submit under s->mu; the
  *   running set, the block manager, the KV pool and the batch buffers belong
  *   to the engine thread.
@@ -45,6 +49,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/timer.h"
 #include "engine/gpu.h"
 #include "engine/batch.h"
@@ -52,7 +57,6 @@
 #include "sampan/log.h"
 #include "sched/blocks.h"
 #include "sched/drain.h"
-#include "http/http.h"
 #include "sched/stepctl.h"
 #include "sched/tierq.h"
 
@@ -77,20 +81,6 @@ typedef struct lp_rec {
 #define STATS_LOG_EVERY 256 /* steps between debug statistics lines */
 
 /* -------------------------------------------------------------- structures */
-
-typedef struct mb_post {
-    void (*fn)(void *arg);
-    void *arg;
-    struct mb_post *next;
-} mb_post_t;
-
-struct sp_mailbox {
-    sp_http_loop_t *loop;
-    pthread_mutex_t mu;
-    sp_sched_job_t *head; /* jobs with undelivered events */
-    mb_post_t *posts;     /* calls to run on the loop (sp_mailbox_post), newest first */
-    bool woken;
-};
 
 typedef struct seq {
     sp_tierq_node_t node;  /* first: queue nodes convert back to sequences */
@@ -149,7 +139,7 @@ struct sp_sched_job {
     bool consumer_gone;   /* cancelled by the loop */
     bool delivering;      /* the loop is calling on_event for it */
     bool overflowed;
-    sp_sched_job_t *mb_next;
+    sp_mailbox_msg_t msg; /* in j->mb while queued: runs job_deliver there */
 };
 
 struct sp_sched {
@@ -227,22 +217,7 @@ sp_sched_default_params(void)
     return p;
 }
 
-/* --------------------------------------------------------------- mailboxes */
-
-static void mailbox_drain(void *arg);
-
-sp_mailbox_t *
-sp_mailbox_create(sp_http_loop_t *loop)
-{
-    sp_mailbox_t *mb = sp_calloc(1, sizeof *mb);
-    if (mb == NULL) {
-        return NULL;
-    }
-    mb->loop = loop;
-    pthread_mutex_init(&mb->mu, NULL);
-    sp_http_loop_set_wake_cb(loop, mailbox_drain, mb);
-    return mb;
-}
+/* ---------------------------------------------------- delivery to the loop */
 
 static void
 job_free(sp_sched_job_t *j)
@@ -262,75 +237,6 @@ job_free(sp_sched_job_t *j)
     sp_free(j);
 }
 
-void
-sp_mailbox_destroy(sp_mailbox_t *mb)
-{
-    if (mb == NULL) {
-        return;
-    }
-    /* The schedulers have stopped: whatever is still listed is finished. */
-    sp_sched_job_t *j = mb->head;
-    while (j) {
-        sp_sched_job_t *next = j->mb_next;
-        pthread_mutex_lock(&j->mu);
-        j->queued = false;
-        bool free_it = j->engine_done;
-        j->consumer_gone = true;
-        pthread_mutex_unlock(&j->mu);
-        if (free_it) {
-            job_free(j);
-        }
-        j = next;
-    }
-    /* Calls nobody will run now: run them, they free what they carry. */
-    mb_post_t *p = mb->posts;
-    mb->posts = NULL;
-    while (p) {
-        mb_post_t *n = p->next;
-        p->fn(p->arg);
-        sp_free(p);
-        p = n;
-    }
-    sp_http_loop_set_wake_cb(mb->loop, NULL, NULL);
-    pthread_mutex_destroy(&mb->mu);
-    sp_free(mb);
-}
-
-sp_status_t
-sp_mailbox_post(sp_mailbox_t *mb, void (*fn)(void *arg), void *arg)
-{
-    mb_post_t *p = sp_malloc(sizeof *p);
-    if (p == NULL) {
-        return SP_ERR_NOMEM;
-    }
-    p->fn = fn;
-    p->arg = arg;
-    pthread_mutex_lock(&mb->mu);
-    p->next = mb->posts;
-    mb->posts = p;
-    bool wake = !mb->woken;
-    mb->woken = true;
-    pthread_mutex_unlock(&mb->mu);
-    if (wake) {
-        sp_http_loop_wake(mb->loop);
-    }
-    return SP_OK;
-}
-
-static void
-mailbox_push(sp_mailbox_t *mb, sp_sched_job_t *j)
-{
-    pthread_mutex_lock(&mb->mu);
-    j->mb_next = mb->head;
-    mb->head = j;
-    bool wake = !mb->woken;
-    mb->woken = true;
-    pthread_mutex_unlock(&mb->mu);
-    if (wake) {
-        sp_http_loop_wake(mb->loop);
-    }
-}
-
 /* Parse and deliver the records in buf; returns true when DONE was delivered. */
 static bool
 deliver(sp_sched_job_t *j, const char *buf, size_t len)
@@ -340,6 +246,9 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
     while (off + sizeof(rec_t) <= len) {
         rec_t h;
         memcpy(&h, buf + off, sizeof h);
+        /* Records are written whole by post(): a size that leaves the buffer
+         * would read past it. */
+        SP_ASSERT(h.size >= sizeof h && h.size <= len - off);
         const char *pl = buf + off + sizeof h;
         sp_sched_event_t ev;
         memset(&ev, 0, sizeof ev);
@@ -400,57 +309,53 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
     return done;
 }
 
+/* The mailbox runs this on the job's loop thread: swap the outbox for the
+ * spare buffer under the lock, deliver the records without it, and free the
+ * job when its DONE was delivered (or its consumer left) and the engine is
+ * done with it. */
 static void
-mailbox_drain(void *arg)
+job_deliver(sp_mailbox_msg_t *msg)
 {
-    sp_mailbox_t *mb = arg;
-    pthread_mutex_lock(&mb->mu);
-    sp_sched_job_t *list = mb->head;
-    mb->head = NULL;
-    mb_post_t *posts = mb->posts;
-    mb->posts = NULL;
-    mb->woken = false;
-    pthread_mutex_unlock(&mb->mu);
-    /* Posted calls, oldest first. */
-    mb_post_t *rev = NULL;
-    while (posts) {
-        mb_post_t *n = posts->next;
-        posts->next = rev;
-        rev = posts;
-        posts = n;
+    sp_sched_job_t *j = (sp_sched_job_t *)((char *)msg - offsetof(sp_sched_job_t, msg));
+    pthread_mutex_lock(&j->mu);
+    char *buf = j->out;
+    size_t len = j->out_len, cap = j->out_cap;
+    j->out = j->in;
+    j->out_cap = j->in_cap;
+    j->out_len = 0;
+    j->in = buf;
+    j->in_cap = cap;
+    j->queued = false;
+    bool gone = j->consumer_gone;
+    j->delivering = !gone;
+    pthread_mutex_unlock(&j->mu);
+    bool done = false;
+    if (!gone) {
+        done = deliver(j, buf, len);
     }
-    while (rev) {
-        mb_post_t *n = rev->next;
-        rev->fn(rev->arg);
-        sp_free(rev);
-        rev = n;
+    pthread_mutex_lock(&j->mu);
+    j->delivering = false;
+    bool free_it = j->engine_done && !j->queued && (done || j->consumer_gone);
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) {
+        job_free(j);
     }
-    while (list) {
-        sp_sched_job_t *j = list;
-        list = j->mb_next;
-        pthread_mutex_lock(&j->mu);
-        char *buf = j->out;
-        size_t len = j->out_len, cap = j->out_cap;
-        j->out = j->in;
-        j->out_cap = j->in_cap;
-        j->out_len = 0;
-        j->in = buf;
-        j->in_cap = cap;
-        j->queued = false;
-        bool gone = j->consumer_gone;
-        j->delivering = !gone;
-        pthread_mutex_unlock(&j->mu);
-        bool done = false;
-        if (!gone) {
-            done = deliver(j, buf, len);
-        }
-        pthread_mutex_lock(&j->mu);
-        j->delivering = false;
-        bool free_it = j->engine_done && !j->queued && (done || j->consumer_gone);
-        pthread_mutex_unlock(&j->mu);
-        if (free_it) {
-            job_free(j);
-        }
+}
+
+/* The mailbox is destroyed with the job still listed (at shutdown, after the
+ * schedulers stopped): nobody reads its events any more; free it if the
+ * engine is done with it, else the engine's DONE finds consumer_gone. */
+static void
+job_drop(sp_mailbox_msg_t *msg)
+{
+    sp_sched_job_t *j = (sp_sched_job_t *)((char *)msg - offsetof(sp_sched_job_t, msg));
+    pthread_mutex_lock(&j->mu);
+    j->queued = false;
+    bool free_it = j->engine_done;
+    j->consumer_gone = true;
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) {
+        job_free(j);
     }
 }
 
@@ -524,7 +429,7 @@ post(sp_sched_t *s, sp_sched_job_t *j, rec_t *h, const void *payload, size_t pay
     }
     pthread_mutex_unlock(&j->mu);
     if (push) {
-        mailbox_push(j->mb, j);
+        sp_mailbox_send(j->mb, &j->msg);
     }
 }
 
@@ -648,6 +553,16 @@ chain_root(const seq_t *sq, uint64_t *hash, uint64_t *serial)
     *serial = lid || scope ? (1ull << 63) | lid << 16 | (scope & 0xFFFF) : SP_BLOCKS_ROOT;
 }
 
+/* Append a block to a sequence's table. The table was sized at submit for
+ * the longest the sequence can get; past it the id would land in the next
+ * sequence's table. */
+static void
+seq_push_block(seq_t *sq, int32_t id)
+{
+    SP_ASSERT(sq->n_blocks < sq->blocks_cap);
+    sq->blocks[sq->n_blocks++] = id;
+}
+
 /* Release a sequence's blocks, last first: a chain's tail then becomes older
  * in the LRU than its head and is reclaimed first (a tail without its head can
  * never be matched again). */
@@ -655,6 +570,9 @@ static void
 seq_drop_blocks(sp_sched_t *s, seq_t *sq)
 {
     for (int64_t i = sq->n_blocks - 1; i >= 0; i--) {
+        /* A block in a sequence's table is held: one at zero here would be
+         * free (or another sequence's) while this one still wrote to it. */
+        SP_ASSERT(sp_blocks_refcount(s->blocks, sq->blocks[i]) > 0);
         sp_blocks_unref(s->blocks, sq->blocks[i]);
     }
     sq->n_blocks = 0;
@@ -666,6 +584,9 @@ seq_drop_blocks(sp_sched_t *s, seq_t *sq)
 static void
 running_add(sp_sched_t *s, seq_t *sq)
 {
+    /* The running set, the step's rows and run_tier are sized for these. */
+    SP_ASSERT(s->n_running < s->p.n_slots);
+    SP_ASSERT(sq->node.tier >= 0 && sq->node.tier < SP_TIER_COUNT);
     sq->d_slot = -1;
     sq->d_computed = 0;
     for (int i = 0; s->d_slot_used != NULL && i < s->p.n_slots; i++) {
@@ -769,7 +690,7 @@ preempt_locked(sp_sched_t *s, seq_t *sq)
     seq_drop_blocks(s, sq);
     sp_tierq_push_front(&s->queue, &sq->node, sq->node.tier);
     atomic_fetch_add(&s->st_preempt, 1);
-    SP_LOG_DEBUG("event=preempt tier=%s tokens=%lld", sp_tier_name(sq->node.tier),
+    SP_LOG_DEBUG("event=preempt tier=%s tokens=%lld", sp_tierq_tier_name(sq->node.tier),
                  (long long)sq->n_tokens);
 }
 
@@ -828,7 +749,7 @@ seq_take_blocks(sp_sched_t *s, seq_t *sq)
         if (id < 0) {
             break; /* cannot happen after the check; the decode pass retries */
         }
-        sq->blocks[sq->n_blocks++] = id;
+        seq_push_block(sq, id);
     }
 }
 
@@ -953,10 +874,11 @@ restart:
         while (sq->n_blocks < need) {
             int32_t id = sp_blocks_alloc(s->blocks);
             if (id >= 0) {
-                sq->blocks[sq->n_blocks++] = id;
+                seq_push_block(sq, id);
                 continue;
             }
             seq_t *v = pick_victim(s, SP_TIER_COUNT);
+            SP_ASSERT(v != NULL); /* every block is held by a running sequence */
             pthread_mutex_lock(&s->mu);
             preempt_locked(s, v);
             pthread_mutex_unlock(&s->mu);
@@ -968,6 +890,11 @@ restart:
 static void
 plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
 {
+    /* At most one row per running sequence; the row's keys and values go to
+     * positions n_computed .. n_computed + n - 1, which its block table must
+     * cover, or the batch would write past its blocks. */
+    SP_ASSERT(s->n_rows < s->p.n_slots);
+    SP_ASSERT(n >= 1 && sq->n_computed + n <= sq->n_blocks * SP_KV_BLOCK);
     sp_batch_seq_t *r = &s->rows[s->n_rows];
     r->tokens = sq->tokens + sq->n_computed;
     r->n_tokens = n;
@@ -1046,8 +973,10 @@ spec_plan(sp_sched_t *s)
                 k = sq->n_blocks * SP_KV_BLOCK - sq->n_tokens; /* what the blocks hold */
                 break;
             }
-            sq->blocks[sq->n_blocks++] = id;
+            seq_push_block(sq, id);
         }
+        /* The proposals are written at tokens[n_tokens .. n_tokens + k). */
+        SP_ASSERT(k <= 0 || sq->n_tokens + k < sq->cap);
         if (k > 0) {
             sq->spec_k = (int32_t)k;
             rows += k;
@@ -1885,7 +1814,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     if (r->n < 1 || r->n > SP_SCHED_MAX_N) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "n must be between 1 and %d", SP_SCHED_MAX_N);
     }
-    int tier = sp_tier_from_int(r->priority);
+    int tier = sp_tierq_tier_from_int(r->priority);
     int64_t tier_cap = s->queue.cap[tier];
     if (r->n > s->p.n_slots + tier_cap) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
@@ -1997,6 +1926,8 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
     }
     j->sched = s;
     j->mb = r->mailbox;
+    j->msg.run = job_deliver;
+    j->msg.drop = job_drop;
     j->on_event = r->on_event;
     j->ud = r->ud;
     j->embed = r->embed;
@@ -2017,7 +1948,7 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         pthread_mutex_unlock(&s->mu);
         job_free(j);
         return sp_errf(err, err_len, SP_ERR_BUSY, "the %s queue is full, retry later",
-                       sp_tier_name(tier));
+                       sp_tierq_tier_name(tier));
     }
     for (int32_t i = 0; i < r->n; i++) {
         sp_tierq_push_back(&s->queue, &j->seqs[i].node, tier);
@@ -2035,7 +1966,7 @@ sp_sched_retry_after_s(sp_sched_t *s, int32_t priority, int32_t n)
 {
     /* Ahead of a new request: what waits in its tier and the tiers above it
      * (admitted first), then its own sequences. */
-    int tier = sp_tier_from_int(priority);
+    int tier = sp_tierq_tier_from_int(priority);
     int64_t ahead = n > 0 ? n : 1;
     pthread_mutex_lock(&s->mu);
     for (int t = tier; t < SP_TIER_COUNT; t++) {

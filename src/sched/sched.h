@@ -1,16 +1,17 @@
 /*
- * sched.h - THE SEAM between the protocol front ends (OpenAI, KServe v2) and
- * the engine. Issue 5's scheduler (continuous batching, paged KV cache,
- * priorities) replaces the implementation behind it; the front ends only
- * use this header.
+ * sched.h - the seam between the protocol front ends (OpenAI, KServe v2) and
+ * the engine: the front ends submit generation and embedding jobs here and
+ * only use this header; the scheduler behind it (sched.c) decides what runs
+ * when.
  *
  * A front end submits a job (prompt tokens, generation parameters, n
  * sequences, priority, deadline, or an embedding request) on its event-loop
  * thread and gets a handle. The engine runs on its own threads and never
  * waits for the network: it appends events (text and log-probability deltas,
  * one finish per sequence, embeddings, and one final DONE) to the job's
- * outbox and wakes the submitting loop through its mailbox (an eventfd on the
- * loop). The loop drains the outboxes and calls the job's event callback,
+ * outbox and sends the job to the submitting loop's mailbox (sched/mailbox.h;
+ * the composition root wires its wake to the loop's eventfd). The loop drains
+ * the mailbox, which delivers the outboxes through the job's event callback,
  * always on that loop's thread, so front-end code needs no locks.
  *
  * Cancel (client disconnect) marks the job; the engine stops it at its next
@@ -37,12 +38,10 @@
 #include "engine/gen.h"
 #include "engine/model.h"
 #include "sampan/status.h"
-
-struct sp_http_loop;
+#include "sched/mailbox.h"
 
 typedef struct sp_sched sp_sched_t;         /* one per served model */
 typedef struct sp_sched_job sp_sched_job_t; /* one submitted request (n sequences) */
-typedef struct sp_mailbox sp_mailbox_t;     /* one per event loop */
 
 #define SP_SCHED_MAX_N 128 /* sequences per job (hard cap; front ends apply a lower one) */
 
@@ -108,7 +107,8 @@ typedef struct sp_sched_request {
                                    blocks only with sequences of the same scope (the front ends
                                    pass the tenant's, or 0 for all with --prefix-cache-scope
                                    global) */
-    sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's) */
+    sp_mailbox_t *mailbox;      /* where events are delivered (the submitting loop's; it
+                                   must outlive the job, and its owner drains it) */
     sp_sched_event_fn on_event;
     void *ud;
 } sp_sched_request_t;
@@ -222,13 +222,8 @@ int sp_sched_retry_after_s(sp_sched_t *s, int32_t priority, int32_t n);
 /* Loop thread (the job's). No callbacks for the job after this. */
 void sp_sched_cancel(sp_sched_job_t *job);
 
-/* Mailboxes: create one per loop (in the loop's init callback) and destroy it
- * on the loop thread after the schedulers stopped. */
-sp_mailbox_t *sp_mailbox_create(struct sp_http_loop *loop);
-/* Any thread: run fn(arg) on the mailbox's loop thread soon (in post order).
- * Used by other engines (the tensor models' batcher) to hand results back.
- * SP_ERR_NOMEM: nothing was queued. */
-sp_status_t sp_mailbox_post(sp_mailbox_t *mb, void (*fn)(void *arg), void *arg);
-void sp_mailbox_destroy(sp_mailbox_t *mb);
+/* A job's mailbox (one per loop) is destroyed on its loop thread after the
+ * schedulers stopped: a job still listed there is freed if the engine is done
+ * with it; its events are not delivered any more. */
 
 #endif /* SP_SCHED_SCHED_H */

@@ -21,7 +21,7 @@ sp_schedreq_parse(const json_t *obj, sp_schedreq_style_t style, sp_schedreq_t *o
     int64_t v;
     int rc;
     if (json_is_string(pr)) {
-        int tier = sp_tier_from_name(json_string_value(pr));
+        int tier = sp_tierq_tier_from_name(json_string_value(pr));
         if (tier < 0) {
             return sp_json_fail(e, "priority",
                                 triton ? "'priority' must be \"premium\", \"standard\", \"batch\" "

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "core/assert.h"
+
 void
 sp_tierq_init(sp_tierq_t *q, const int64_t cap[SP_TIER_COUNT])
 {
@@ -21,6 +23,8 @@ sp_tierq_has_room(const sp_tierq_t *q, int tier, int64_t k)
 void
 sp_tierq_push_back(sp_tierq_t *q, sp_tierq_node_t *n, int tier)
 {
+    /* An item queued twice would link the lists into a cycle. */
+    SP_ASSERT(tier >= 0 && tier < SP_TIER_COUNT && !n->queued);
     n->tier = tier;
     n->next = NULL;
     n->prev = q->tail[tier];
@@ -37,6 +41,7 @@ sp_tierq_push_back(sp_tierq_t *q, sp_tierq_node_t *n, int tier)
 void
 sp_tierq_push_front(sp_tierq_t *q, sp_tierq_node_t *n, int tier)
 {
+    SP_ASSERT(tier >= 0 && tier < SP_TIER_COUNT && !n->queued);
     n->tier = tier;
     n->prev = NULL;
     n->next = q->head[tier];
@@ -68,6 +73,7 @@ sp_tierq_remove(sp_tierq_t *q, sp_tierq_node_t *n)
         return;
     }
     int t = n->tier;
+    SP_ASSERT(t >= 0 && t < SP_TIER_COUNT && q->count[t] > 0);
     if (n->prev) {
         n->prev->next = n->next;
     } else {
@@ -96,7 +102,7 @@ sp_tierq_total(const sp_tierq_t *q)
 static const char *const tier_names[SP_TIER_COUNT] = {"batch", "standard", "premium"};
 
 int
-sp_tier_from_name(const char *name)
+sp_tierq_tier_from_name(const char *name)
 {
     for (int t = 0; t < SP_TIER_COUNT; t++) {
         if (strcmp(name, tier_names[t]) == 0) {
@@ -107,13 +113,13 @@ sp_tier_from_name(const char *name)
 }
 
 int
-sp_tier_from_int(int64_t priority)
+sp_tierq_tier_from_int(int64_t priority)
 {
     return priority > 0 ? SP_TIER_PREMIUM : priority < 0 ? SP_TIER_BATCH : SP_TIER_STANDARD;
 }
 
 const char *
-sp_tier_name(int tier)
+sp_tierq_tier_name(int tier)
 {
     return tier >= 0 && tier < SP_TIER_COUNT ? tier_names[tier] : "?";
 }

@@ -47,9 +47,9 @@ void sp_tierq_remove(sp_tierq_t *q, sp_tierq_node_t *n);
 int64_t sp_tierq_total(const sp_tierq_t *q);
 /* Tier from a request's priority: a name ("premium", "standard", "batch"),
  * returns -1 for an unknown one. */
-int sp_tier_from_name(const char *name);
+int sp_tierq_tier_from_name(const char *name);
 /* Tier from an integer priority: > 0 premium, 0 standard, < 0 batch. */
-int sp_tier_from_int(int64_t priority);
-const char *sp_tier_name(int tier);
+int sp_tierq_tier_from_int(int64_t priority);
+const char *sp_tierq_tier_name(int tier);
 
 #endif /* SP_SCHED_TIERQ_H */

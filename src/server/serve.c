@@ -35,6 +35,7 @@
 #include "http/cors.h"
 #include "api/grpc.h"
 #include "sched/batcher.h"
+#include "sched/mailbox.h"
 #include "api/kserve.h"
 #include "serving/registry.h"
 #include "api/api.h"
@@ -410,6 +411,21 @@ on_done(sp_http_req_t *r, bool aborted, void *ud)
 
 /* ------------------------------------------------------------- loops */
 
+/* Each loop's mailbox (sched/mailbox.h): a post from another thread (a
+ * scheduler's events, a worker's result) writes the loop's eventfd, and the
+ * loop drains the mailbox on its own thread when it wakes. */
+static void
+loop_mailbox_wake(void *loop)
+{
+    sp_http_loop_wake(loop);
+}
+
+static void
+loop_mailbox_drain(void *mb)
+{
+    sp_mailbox_drain(mb);
+}
+
 static void *
 loop_init(sp_http_loop_t *loop, void *ud)
 {
@@ -419,11 +435,12 @@ loop_init(sp_http_loop_t *loop, void *ud)
     }
     sp_server_t *s = ud;
     lc->srv = &s->sv;
-    lc->mb = sp_mailbox_create(loop);
+    lc->mb = sp_mailbox_create(loop_mailbox_wake, loop);
     if (lc->mb == NULL) {
         sp_free(lc);
         return NULL;
     }
+    sp_http_loop_set_wake_cb(loop, loop_mailbox_drain, lc->mb);
     lc->hcache = sp_infer_hcache_new(); /* NULL (no memory) only turns the cache off */
     /* The gRPC port is served by the same loops (grpc.h). */
     if (s->grpc && (lc->grpc = sp_grpc_loop_start(s->grpc, loop)) == NULL) {
@@ -439,6 +456,7 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
     if (lc) {
         sp_grpc_loop_stop(lc->grpc); /* cancels its calls while the mailbox still exists */
         sp_mailbox_destroy(lc->mb);
+        sp_http_loop_set_wake_cb(loop, NULL, NULL);
         sp_infer_hcache_free(lc->hcache);
         sp_free(lc);
     }

@@ -423,7 +423,7 @@ on_done(void *ud, const sp_batch_result_t *res)
     for (int32_t i = 0; res->status == SP_OK && i < res->n_outputs && i < SP_BACKEND_MAX_TENSORS; i++) {
         q->out[i] = res->outputs[i];
         snprintf(q->out_names[i], sizeof q->out_names[i], "%s", res->outputs[i].name);
-        q->out[i].data = sp_batch_result_take(res, i);
+        q->out[i].data = sp_batcher_result_take(res, i);
         q->n_out++;
     }
     if (sp_mailbox_post(q->mb, deliver, q) != SP_OK) {

@@ -567,7 +567,7 @@ on_done_take(void *ud, const sp_batch_result_t *res)
 {
     (void)ud;
     ASSERT_EQ(res->status, SP_OK);
-    taken_ptr = sp_batch_result_take(res, 0);
+    taken_ptr = sp_batcher_result_take(res, 0);
     ASSERT(taken_ptr == res->outputs[0].data);
     pthread_mutex_lock(&done_mu);
     n_done++;

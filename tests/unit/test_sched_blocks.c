@@ -259,10 +259,10 @@ TEST(tierq_order_bounds_preempt)
     ASSERT(sp_tierq_peek(&q) == &it[3].node);
     sp_tierq_remove(&q, &it[3].node);
     ASSERT_EQ(sp_tierq_total(&q), 0);
-    ASSERT_EQ(sp_tier_from_name("premium"), SP_TIER_PREMIUM);
-    ASSERT_EQ(sp_tier_from_name("gold"), -1);
-    ASSERT_EQ(sp_tier_from_int(-5), SP_TIER_BATCH);
-    ASSERT_EQ(sp_tier_from_int(0), SP_TIER_STANDARD);
-    ASSERT_EQ(sp_tier_from_int(3), SP_TIER_PREMIUM);
-    ASSERT_STR_EQ(sp_tier_name(SP_TIER_BATCH), "batch");
+    ASSERT_EQ(sp_tierq_tier_from_name("premium"), SP_TIER_PREMIUM);
+    ASSERT_EQ(sp_tierq_tier_from_name("gold"), -1);
+    ASSERT_EQ(sp_tierq_tier_from_int(-5), SP_TIER_BATCH);
+    ASSERT_EQ(sp_tierq_tier_from_int(0), SP_TIER_STANDARD);
+    ASSERT_EQ(sp_tierq_tier_from_int(3), SP_TIER_PREMIUM);
+    ASSERT_STR_EQ(sp_tierq_tier_name(SP_TIER_BATCH), "batch");
 }

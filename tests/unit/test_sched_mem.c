@@ -350,20 +350,36 @@ TEST(sched_mem_estimate_errors_match_create)
 static sp_mailbox_t *test_mb;
 static atomic_int jobs_done;
 
+/* The mailbox wired to the loop as the server wires it (serve.c). */
+static void
+mb_wake(void *loop)
+{
+    sp_http_loop_wake(loop);
+}
+
+static void
+mb_drain(void *mb)
+{
+    sp_mailbox_drain(mb);
+}
+
 static void *
 mb_loop_init(sp_http_loop_t *loop, void *ud)
 {
     (void)ud;
-    test_mb = sp_mailbox_create(loop);
+    test_mb = sp_mailbox_create(mb_wake, loop);
+    if (test_mb != NULL) {
+        sp_http_loop_set_wake_cb(loop, mb_drain, test_mb);
+    }
     return test_mb;
 }
 
 static void
 mb_loop_fini(sp_http_loop_t *loop, void *user, void *ud)
 {
-    (void)loop;
     (void)ud;
     sp_mailbox_destroy(user);
+    sp_http_loop_set_wake_cb(loop, NULL, NULL);
 }
 
 static void

@@ -163,14 +163,14 @@ TEST(tenants_prefix_scopes)
 TEST(retry_after_from_drain_rate)
 {
     /* 10 done in 10 s (1/s): 5 ahead wait 5 s; 20 ahead 20 s; more, 60 at most. */
-    ASSERT_EQ(sp_retry_after_s(5, 10, 10.0), 5);
-    ASSERT_EQ(sp_retry_after_s(20, 10, 10.0), 20);
-    ASSERT_EQ(sp_retry_after_s(1000, 10, 10.0), 60);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(5, 10, 10.0), 5);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(20, 10, 10.0), 20);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(1000, 10, 10.0), 60);
     /* Fast drains still say at least 1 s. */
-    ASSERT_EQ(sp_retry_after_s(3, 1000, 10.0), 1);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(3, 1000, 10.0), 1);
     /* Nothing drained lately: one per second is assumed. */
-    ASSERT_EQ(sp_retry_after_s(4, 0, 10.0), 4);
-    ASSERT_EQ(sp_retry_after_s(0, 0, 0.0), 1);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(4, 0, 10.0), 4);
+    ASSERT_EQ(sp_drain_retry_after_rate_s(0, 0, 0.0), 1);
     /* The estimator: 4 per second for 10 s, then a deeper queue waits longer. */
     sp_drain_t d;
     memset(&d, 0, sizeof d);
