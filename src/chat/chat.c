@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "chat/chat.h"
 #include "chat/jinja_impl.h"
 
@@ -444,7 +445,8 @@ put_json_str(cbuf_t *b, const char *s)
 static const char *
 check_text(const char *s)
 {
-    return sp__utf8_valid(s, strlen(s)) ? NULL : "is not valid UTF-8";
+    size_t n = strlen(s);
+    return sp_utf8_invalid_at(s, n) == n ? NULL : "is not valid UTF-8";
 }
 
 static sp_status_t

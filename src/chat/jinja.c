@@ -1,7 +1,9 @@
 /*
  * jinja.c - the chat-template compiler: source normalisation, the lexer (with
  * Jinja's whitespace control as transformers configures it) and a recursive
- * descent parser into an AST on the template's arena.
+ * descent parser into an AST on the template's arena; and the public entry
+ * points of jinja.h (render resolves the default limits, then hands over to
+ * the interpreter in jinja_eval.c, which never calls back here).
  *
  * Recursion is bounded by construction: every nested block, bracket and unary
  * operator goes through a counter capped at SP_JINJA_MAX_NESTING, and every
@@ -910,7 +912,7 @@ parse_filter_expr(jc_t *c, sp__jnode_t *node)
                 unexpected(c, "a filter name");
                 return NULL;
             }
-            int id = sp__jfilter_id(name->p, name->n);
+            int id = sp__jinja_eval_filter_id(name->p, name->n);
             if (id < 0) {
                 jc_fail(c, SP_ERR_INVALID, name->line, "unknown filter '%.*s'",
                         (int)(name->n > 40 ? 40 : name->n), name->p);
@@ -944,7 +946,7 @@ parse_filter_expr(jc_t *c, sp__jnode_t *node)
                 unexpected(c, "a test name");
                 return NULL;
             }
-            int id = sp__jtest_id(name->p, name->n);
+            int id = sp__jinja_eval_test_id(name->p, name->n);
             if (id < 0) {
                 jc_fail(c, SP_ERR_INVALID, name->line, "unknown test '%.*s'",
                         (int)(name->n > 40 ? 40 : name->n), name->p);
@@ -1751,6 +1753,15 @@ sp_jinja_default_opts(void)
     o.max_depth = 400;
     o.now = 0;
     return o;
+}
+
+sp_status_t
+sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                     const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
+                     size_t err_len)
+{
+    sp_jinja_opts_t o = opts != NULL ? *opts : sp_jinja_default_opts();
+    return sp__jinja_eval_render(t, ctx_json, ctx_len, &o, out, out_len, err, err_len);
 }
 
 sp_status_t

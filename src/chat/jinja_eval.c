@@ -1214,7 +1214,7 @@ static const char *const test_names[T_COUNT] = {
 };
 
 int
-sp__jtest_id(const char *name, size_t n)
+sp__jinja_eval_test_id(const char *name, size_t n)
 {
     for (int i = 0; i < T_COUNT; i++) {
         if (strlen(test_names[i]) == n && memcmp(test_names[i], name, n) == 0) {
@@ -1330,7 +1330,7 @@ static const char *const filter_names[F_COUNT_] = {
 };
 
 int
-sp__jfilter_id(const char *name, size_t n)
+sp__jinja_eval_filter_id(const char *name, size_t n)
 {
     for (int i = 0; i < F_COUNT_; i++) {
         if (strlen(filter_names[i]) == n && memcmp(filter_names[i], name, n) == 0) {
@@ -1367,7 +1367,7 @@ filter_select(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a
     if (a->n >= skip) {
         const sp__jv_t *tn = &a->v[skip - 1];
         TRY(need_str(r, line, filter_names[id], tn));
-        test = sp__jtest_id(tn->u.s.p, tn->u.s.n);
+        test = sp__jinja_eval_test_id(tn->u.s.p, tn->u.s.n);
         if (test < 0) {
             return rfail(r, line, SP_ERR_INVALID, "%s: unknown test '%.*s'", filter_names[id],
                          (int)(tn->u.s.n > 40 ? 40 : tn->u.s.n), tn->u.s.p);
@@ -1636,7 +1636,7 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
                 return rfail(r, line, SP_ERR_INVALID, "map needs a filter name or attribute=");
             }
             TRY(need_str(r, line, "map", &a->v[0]));
-            f = sp__jfilter_id(a->v[0].u.s.p, a->v[0].u.s.n);
+            f = sp__jinja_eval_filter_id(a->v[0].u.s.p, a->v[0].u.s.n);
             if (f < 0 || f == F_MAP) {
                 return rfail(r, line, SP_ERR_INVALID, "map: unknown filter '%.*s'",
                              (int)(a->v[0].u.s.n > 40 ? 40 : a->v[0].u.s.n), a->v[0].u.s.p);
@@ -2701,11 +2701,11 @@ exec_body(jr_t *r, const sp__jnode_t *n)
     return st;
 }
 
-/* ---- public ----------------------------------------------------------- */
+/* ---- entry (sp_jinja_render_json in jinja.c resolves the options) ------ */
 sp_status_t
-sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
-                     const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
-                     size_t err_len)
+sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                      const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
+                      size_t err_len)
 {
     *out = NULL;
     if (out_len != NULL) {
@@ -2716,7 +2716,7 @@ sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
     }
     jr_t r;
     memset(&r, 0, sizeof r);
-    r.o = opts != NULL ? *opts : sp_jinja_default_opts();
+    r.o = *opts;
     if (r.o.max_depth <= 0 || r.o.max_depth > 100000 || r.o.max_memory_bytes == 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "render: bad options");
     }

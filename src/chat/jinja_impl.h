@@ -240,8 +240,12 @@ struct sp__jnode {
 };
 
 /* Filters and tests, resolved by name at compile time. */
-int sp__jfilter_id(const char *name, size_t n); /* -1 if unknown */
-int sp__jtest_id(const char *name, size_t n);   /* -1 if unknown */
+int sp__jinja_eval_filter_id(const char *name, size_t n); /* -1 if unknown */
+int sp__jinja_eval_test_id(const char *name, size_t n);   /* -1 if unknown */
+/* sp_jinja_render_json with the options resolved (opts is never NULL). */
+sp_status_t sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                                  const sp_jinja_opts_t *opts, char **out, size_t *out_len,
+                                  char *err, size_t err_len);
 
 struct sp_jinja {
     sp__jarena_t arena;
