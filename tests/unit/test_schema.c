@@ -350,7 +350,7 @@ force_prefix(sp_gen_t *gen, const sp_tokenizer_t *t, float *l, const char *prefi
         int32_t id = -1;
         for (int32_t k = 0; k < V && id < 0; k++) {
             char piece[64];
-            if (sp_token_to_piece(t, k, false, piece, sizeof piece) == 1 && piece[0] == *c) {
+            if (sp_tokenizer_piece(t, k, false, piece, sizeof piece) == 1 && piece[0] == *c) {
                 id = k;
             }
         }
@@ -374,7 +374,7 @@ fill_logits(const sp_tokenizer_t *t, float *l, uint64_t *seed, bool in_string)
         l[k] = (float)(rng(seed) % 1000) / 100.0f;
         if (in_string) {
             char piece[64];
-            int32_t n = sp_token_to_piece(t, k, false, piece, sizeof piece);
+            int32_t n = sp_tokenizer_piece(t, k, false, piece, sizeof piece);
             if (n > 0 && (memchr(piece, '"', (size_t)n) || memchr(piece, '\\', (size_t)n))) {
                 l[k] = -INFINITY;
             }
