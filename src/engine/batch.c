@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/pool.h"
 #include "engine/gpu.h"
 #include "engine/lora.h"
@@ -618,6 +619,8 @@ embed_job_run(void *arg, int64_t t, int ith)
     const sp_model_t *m = b->m;
     const sp_hparams_t *hp = &m->hp;
     (void)ith;
+    /* The row of the embedding matrix read below (validate checked the ids). */
+    SP_ASSERT(b->row_tok[t] >= 0 && b->row_tok[t] < hp->n_vocab);
     b->k->to_float[m->tok_embd.type]((const char *)m->tok_embd.data +
                                          (size_t)b->row_tok[t] * m->tok_embd.row_bytes,
                                      b->x + t * hp->n_embd, hp->n_embd);
@@ -711,8 +714,10 @@ rope_job_run(void *arg, int64_t t, int ith)
     rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
     const float *vt = b->kv_v + t * kv_dim;
     const int64_t pos = b->row_pos[t];
+    SP_ASSERT(pos >= 0 && pos < b->max_ctx); /* the cache rows the buffers were sized for */
     const int64_t block = b->seqs[b->row_seq[t]].blocks[pos / SP_KV_BLOCK];
     const int64_t lane = pos % SP_KV_BLOCK;
+    SP_ASSERT(block >= 0 && block < kv->n_blocks); /* the write lands inside the pool */
     for (int64_t g = 0; g < hp->n_head_kv; g++) {
         const int64_t tile = sp__kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
@@ -940,6 +945,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             b->row_seq[R] = (int32_t)i;
         }
     }
+    SP_ASSERT(R <= b->max_tokens); /* the row buffers hold max_tokens rows */
     sort_rows_by_pos(b->order, b->row_pos, R);
     b->seqs = seqs;
     b->kv = kv;

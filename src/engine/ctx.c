@@ -208,6 +208,7 @@ static sp_status_t
 ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_out_t out,
          bool logits)
 {
+    SP_ASSERT(n >= 1 && n <= c->n_batch && pos >= 0 && pos + n <= c->n_ctx); /* the private pool */
     sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0, NULL};
     float *all = out == SP_BATCH_OUT_ALL ? c->logits + pos * c->m->hp.n_vocab : NULL;
     return sp__batch_run(c->b, c->kv, &s, 1, out, all);

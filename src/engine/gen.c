@@ -1423,6 +1423,7 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         z = log_softmax_top(logits, n, g->p.top_logprobs, out->top, &out->n_top);
     }
     int32_t id = sp_sampler_sample_penalized(g->smp, logits); /* reads the logits only */
+    SP_ASSERT(id >= 0 && id < n); /* it indexes the logits row and the vocabulary */
     if (logits[id] == -INFINITY) { /* the sampler's answer when every logit is -inf */
         return fail(g, SP_ERR_UNSUPPORTED,
                     g->gm ? "no token of the vocabulary continues the grammar"
