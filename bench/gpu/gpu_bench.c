@@ -22,7 +22,7 @@
  *
  * $SAMPAN_CUDA_WEIGHTS (f16, native, both) and $SAMPAN_CUDA_GRAPHS (0, 1) choose what is
  * measured (docs/cuda.md); `decode` sets $SAMPAN_CUDA_PINNED and $SAMPAN_CUDA_CANDIDATES
- * itself for each of its batches. The library is sp_gpu_api()'s ($SAMPAN_CUDA_LIB or
+ * itself for each of its batches. The library is sp_loader_api()'s ($SAMPAN_CUDA_LIB or
  * libsampan_cuda.so next to this program), so the same program runs on the host emulation
  * in CI (tests/py/test_cuda.py runs every subcommand there).
  */
@@ -132,7 +132,7 @@ cmd_check(const char *path, int n)
     char text[8192];
     size_t len = 0;
     for (int i = 0; i < nb && len + 64 < sizeof text; i++) {
-        int32_t k = sp_token_to_piece(sp_model_tokenizer(gpu), b[i], false, text + len,
+        int32_t k = sp_tokenizer_piece(sp_model_tokenizer(gpu), b[i], false, text + len,
                                       sizeof text - len - 1);
         len += k > 0 ? (size_t)k : 0;
     }
@@ -215,7 +215,7 @@ step(bench_t *B, int n_seqs, int64_t n_tok, int64_t pos, const int32_t *tokens)
 static double
 copy_bandwidth(void)
 {
-    const sp_cuda_api_t *api = sp_gpu_api();
+    const sp_cuda_api_t *api = sp_loader_api();
     sp_cuda_ctx_t *c;
     char err[256];
     double bw = 0;
@@ -305,7 +305,7 @@ cmd_perf(const char *path, const char *label, const char *batch_list)
     for (int i = 0; i < 64 * 512; i++) {
         tok[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
     }
-    const bool fake = strcmp(sp_gpu_api()->name, "fake") == 0;
+    const bool fake = strcmp(sp_loader_api()->name, "fake") == 0;
     const int64_t n_pre = fake ? 16 : 512; /* the emulation: sizes that only check the code */
     int rc = 0;
     /* Prefill one sequence (warm-up first). */
@@ -400,7 +400,7 @@ decode_cfg(sp_model_t *m, const char *label, const int *batches, int n_batches, 
            double bw)
 {
     const sp_hparams_t *hp = sp_model_hparams(m);
-    const bool fake = strcmp(sp_gpu_api()->name, "fake") == 0;
+    const bool fake = strcmp(sp_loader_api()->name, "fake") == 0;
     const int64_t ctx = fake ? 128 : 1024, per_seq = ctx / SP_KV_BLOCK;
     const int64_t fill = fake ? 8 : 128;
     bench_t B = {m, NULL, NULL, NULL, per_seq, hp->n_vocab};
@@ -530,8 +530,8 @@ main(int argc, char **argv)
                         "[BATCHES]\n");
         return 2;
     }
-    if (sp_gpu_api() == NULL) {
-        printf("SKIP gpu_bench: %s\n", sp_gpu_api_note());
+    if (sp_loader_api() == NULL) {
+        printf("SKIP gpu_bench: %s\n", sp_loader_note());
         return 0;
     }
     if (strcmp(argv[1], "check") == 0) {

@@ -32,6 +32,7 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "core/utf8.h"
+#include "chat/chat.h"
 #include "text/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
@@ -729,7 +730,7 @@ prep_run(sp_offload_t *job)
         }
         q->tried = i + 1;
         int32_t *tk = q->toks + (size_t)i * (size_t)cap;
-        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_tokenizer_add_bos(q->m->tok), false, tk, cap);
+        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_chat_add_bos(q->m->tok, NULL, 0), false, tk, cap);
         if (nt < 0) {
             snprintf(q->err, sizeof q->err, "%s: cannot tokenize the prompt: %s", where,
                      sp_status_str((sp_status_t)nt));

@@ -639,9 +639,7 @@ prep_run(sp_offload_t *job)
             prep_fail(pp, st, "messages", NULL, "%s", err);
             return;
         }
-        /* The template usually writes the BOS text itself; add one only if not. */
-        pp->add_bos = sp_tokenizer_add_bos(q->m->tok) &&
-                      !(pp->bos[0] && strncmp(pp->prompt, pp->bos, strlen(pp->bos)) == 0);
+        pp->add_bos = sp_chat_add_bos(q->m->tok, pp->prompt, pp->plen);
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
     }
@@ -1692,7 +1690,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_req_clock_text(&q->clk, false, json_string_value(pr), json_string_length(pr));
         pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
         pp->in[0].len = json_string_length(pr);
-        pp->add_bos = sp_tokenizer_add_bos(m->tok);
+        pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
         pp->special = false;
         pp->tok_param = "prompt";
     } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
@@ -2032,7 +2030,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     q->n = (int)n;
     oai_prep_t *pp = &q->prep;
-    pp->add_bos = sp_tokenizer_add_bos(m->tok);
+    pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
     pp->special = false;
     pp->tok_param = "input";
     for (size_t i = 0; i < n; i++) {

@@ -1,6 +1,7 @@
 /*
- * chat.c - chat templates: the built-ins, selection for a model, and the
- * messages -> JSON context -> sandboxed render path.
+ * chat.c - chat templates: the built-ins, selection for a model, the
+ * messages -> JSON context -> sandboxed render path, and the BOS rule for
+ * tokenizing what was rendered.
  *
  * The built-in templates are our own Jinja, written to produce the prompt
  * formats the model families document (they are run by the same engine as a
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "chat/chat.h"
 #include "chat/jinja_impl.h"
 
@@ -444,7 +446,8 @@ put_json_str(cbuf_t *b, const char *s)
 static const char *
 check_text(const char *s)
 {
-    return sp__utf8_valid(s, strlen(s)) ? NULL : "is not valid UTF-8";
+    size_t n = strlen(s);
+    return sp_utf8_invalid_at(s, n) == n ? NULL : "is not valid UTF-8";
 }
 
 static sp_status_t
@@ -642,4 +645,18 @@ sp_chat_apply(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t n,
 {
     sp_chat_params_t p = {add_generation_prompt, bos_text, eos_text, NULL, NULL, NULL};
     return sp_chat_apply_ex(t, msgs, n, &p, out, out_len, err, err_len);
+}
+
+bool
+sp_chat_add_bos(const sp_tokenizer_t *tok, const char *rendered, size_t len)
+{
+    if (!sp_tokenizer_add_bos(tok)) {
+        return false;
+    }
+    int32_t bos = sp_tokenizer_bos(tok);
+    if (rendered == NULL || bos < 0) {
+        return true;
+    }
+    sp_str_t text = sp_tokenizer_token_text(tok, bos);
+    return text.len == 0 || len < text.len || memcmp(rendered, text.ptr, text.len) != 0;
 }

@@ -14,7 +14,8 @@
  *                             {"user", "Hi", NULL, NULL, NULL}};
  *     char *prompt; size_t len;
  *     sp_chat_apply(t, msgs, 2, true, "<s>", "</s>", &prompt, &len, err, sizeof err);
- *     ... tokenize prompt (parse special tokens), sp_free(prompt) ...
+ *     ... tokenize prompt (parse special tokens) with
+ *         sp_chat_add_bos(tok, prompt, len) as add_bos, sp_free(prompt) ...
  *     sp_chat_template_destroy(t);
  *
  * docs/chat-templates.md describes the supported Jinja subset and the limits.
@@ -27,6 +28,7 @@
 
 #include "gguf/gguf.h"
 #include "chat/jinja.h"
+#include "text/tokenizer.h"
 #include "sampan/status.h"
 
 #define SP_CHAT_MAX_TEMPLATE_BYTES (64u * 1024u)  /* bigger: SP_ERR_TOO_LARGE */
@@ -103,5 +105,15 @@ sp_status_t sp_chat_apply(const sp_chat_template_t *t, const sp_chat_msg_t *msgs
 sp_status_t sp_chat_apply_ex(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t n,
                              const sp_chat_params_t *p, char **out, size_t *out_len, char *err,
                              size_t err_len);
+
+/*
+ * The BOS rule: whether to ask sp_tokenize for a BOS token in front of a
+ * prompt. The vocabulary decides first (sp_tokenizer_add_bos). A rendered
+ * chat template (rendered[0..len), from sp_chat_apply) usually writes the BOS
+ * text itself (bos_token in the template): then it is tokenized from the text
+ * as a special token and no second one is added. A plain prompt passes
+ * rendered = NULL: its text is never taken for a BOS token.
+ */
+bool sp_chat_add_bos(const sp_tokenizer_t *tok, const char *rendered, size_t len);
 
 #endif /* SP_CHAT_CHAT_H */

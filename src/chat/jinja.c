@@ -1,7 +1,9 @@
 /*
  * jinja.c - the chat-template compiler: source normalisation, the lexer (with
  * Jinja's whitespace control as transformers configures it) and a recursive
- * descent parser into an AST on the template's arena.
+ * descent parser into an AST on the template's arena; and the public entry
+ * points of jinja.h (render resolves the default limits, then hands over to
+ * the interpreter in jinja_eval.c, which never calls back here).
  *
  * Recursion is bounded by construction: every nested block, bracket and unary
  * operator goes through a counter capped at SP_JINJA_MAX_NESTING, and every
@@ -194,7 +196,7 @@ decode_string(jc_t *c, tok_t *t, size_t b, size_t e)
         t->n = e - b;
         return true;
     }
-    char *dst = sp__jarena_alloc(c->a, e - b + 1);
+    char *dst = sp__jinja_value_arena_alloc(c->a, e - b + 1);
     if (dst == NULL) {
         jc_nomem(c);
         return false;
@@ -661,7 +663,7 @@ expect_type(jc_t *c, int type, const char *what)
 static sp__jnode_t *
 mk(jc_t *c, int kind, uint32_t line)
 {
-    sp__jnode_t *n = sp__jarena_alloc(c->a, sizeof *n);
+    sp__jnode_t *n = sp__jinja_value_arena_alloc(c->a, sizeof *n);
     if (n == NULL) {
         jc_nomem(c);
         return NULL;
@@ -723,8 +725,8 @@ nvec_push(jc_t *c, nvec_t *vec, sp__jnode_t *node, const char *name, size_t name
 {
     if (vec->n == vec->cap) {
         uint32_t cap = vec->cap < 4 ? 4 : vec->cap * 2;
-        sp__jnode_t **nv = sp__jarena_alloc(c->a, cap * sizeof *nv);
-        sp__jname_t *nn = sp__jarena_alloc(c->a, cap * sizeof *nn);
+        sp__jnode_t **nv = sp__jinja_value_arena_alloc(c->a, cap * sizeof *nv);
+        sp__jname_t *nn = sp__jinja_value_arena_alloc(c->a, cap * sizeof *nn);
         if (nv == NULL || nn == NULL) {
             jc_nomem(c);
             return false;
@@ -839,7 +841,7 @@ parse_subscript(jc_t *c, sp__jnode_t *target)
     }
     n->a = target;
     if (slice) {
-        n->args = sp__jarena_alloc(c->a, 3 * sizeof *n->args);
+        n->args = sp__jinja_value_arena_alloc(c->a, 3 * sizeof *n->args);
         if (n->args == NULL) {
             jc_nomem(c);
             return NULL;
@@ -910,7 +912,7 @@ parse_filter_expr(jc_t *c, sp__jnode_t *node)
                 unexpected(c, "a filter name");
                 return NULL;
             }
-            int id = sp__jfilter_id(name->p, name->n);
+            int id = sp__jinja_eval_filter_id(name->p, name->n);
             if (id < 0) {
                 jc_fail(c, SP_ERR_INVALID, name->line, "unknown filter '%.*s'",
                         (int)(name->n > 40 ? 40 : name->n), name->p);
@@ -944,7 +946,7 @@ parse_filter_expr(jc_t *c, sp__jnode_t *node)
                 unexpected(c, "a test name");
                 return NULL;
             }
-            int id = sp__jtest_id(name->p, name->n);
+            int id = sp__jinja_eval_test_id(name->p, name->n);
             if (id < 0) {
                 jc_fail(c, SP_ERR_INVALID, name->line, "unknown test '%.*s'",
                         (int)(name->n > 40 ? 40 : name->n), name->p);
@@ -1062,7 +1064,7 @@ parse_primary(jc_t *c)
         advance(c);
         while (cur(c)->t == TK_STR) {
             tok_t *s2 = cur(c);
-            char *joined = sp__jarena_alloc(c->a, n + s2->n + 1);
+            char *joined = sp__jinja_value_arena_alloc(c->a, n + s2->n + 1);
             if (joined == NULL) {
                 jc_nomem(c);
                 return NULL;
@@ -1754,6 +1756,24 @@ sp_jinja_default_opts(void)
 }
 
 sp_status_t
+sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                     const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
+                     size_t err_len)
+{
+    sp_jinja_opts_t o = opts != NULL ? *opts : sp_jinja_default_opts();
+    return sp__jinja_eval_render(t, ctx_json, ctx_len, &o, out, out_len, err, err_len);
+}
+
+sp_status_t
+sp_jinja_json_check(const char *json, size_t len, char *err, size_t err_len)
+{
+    if (json == NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "json: NULL");
+    }
+    return sp__jinja_value_json_check(json, len, err, err_len);
+}
+
+sp_status_t
 sp_jinja_compile(const char *src, size_t len, sp_jinja_t **out, char *err, size_t err_len)
 {
     *out = NULL;
@@ -1768,14 +1788,14 @@ sp_jinja_compile(const char *src, size_t len, sp_jinja_t **out, char *err, size_
     if (t == NULL) {
         return sp_errf(err, err_len, SP_ERR_NOMEM, "template: out of memory");
     }
-    sp__jarena_init(&t->arena, 0);
+    sp__jinja_value_arena_init(&t->arena, 0);
     jc_t c;
     memset(&c, 0, sizeof c);
     c.a = &t->arena;
     c.err = err;
     c.err_len = err_len;
     /* Newlines become \n and one trailing newline goes (keep_trailing_newline off). */
-    char *s = sp__jarena_alloc(c.a, len + 1);
+    char *s = sp__jinja_value_arena_alloc(c.a, len + 1);
     if (s == NULL) {
         jc_nomem(&c);
         goto fail;
@@ -1819,6 +1839,6 @@ sp_jinja_destroy(sp_jinja_t *t)
     if (t == NULL) {
         return;
     }
-    sp__jarena_free(&t->arena);
+    sp__jinja_value_arena_free(&t->arena);
     sp_free(t);
 }

@@ -74,7 +74,7 @@ rfail(jr_t *r, uint32_t line, sp_status_t st, const char *fmt, ...)
 static sp_status_t
 oom(jr_t *r, uint32_t line)
 {
-    if (sp__jarena_over(&r->arena, 1)) {
+    if (sp__jinja_value_arena_over(&r->arena, 1)) {
         return rfail(r, line, SP_ERR_TOO_LARGE, "render memory limit of %zu bytes exceeded",
                      r->o.max_memory_bytes);
     }
@@ -96,7 +96,7 @@ wfail(jr_t *r, uint32_t line, sp_status_t st)
     if (st == SP_ERR_NOMEM) {
         return oom(r, line);
     }
-    if (st == SP_ERR_TOO_LARGE && sp__jarena_over(&r->arena, 1)) {
+    if (st == SP_ERR_TOO_LARGE && sp__jinja_value_arena_over(&r->arena, 1)) {
         return oom(r, line);
     }
     if (st == SP_ERR_TOO_LARGE) {
@@ -140,7 +140,7 @@ undefined_error(jr_t *r, uint32_t line, const sp__jv_t *v)
 static char *
 str_alloc(jr_t *r, uint32_t line, size_t n)
 {
-    char *p = sp__jarena_alloc(&r->arena, n == 0 ? 1 : n);
+    char *p = sp__jinja_value_arena_alloc(&r->arena, n == 0 ? 1 : n);
     if (p == NULL) {
         oom(r, line);
     }
@@ -178,7 +178,7 @@ to_str(jr_t *r, uint32_t line, const sp__jv_t *v, sp__jv_t *out)
     }
     sp__jbuf_t b;
     buf_init(r, &b);
-    sp_status_t st = sp__jv_write(&b, v, false, r->o.max_depth);
+    sp_status_t st = sp__jinja_value_write(&b, v, false, r->o.max_depth);
     if (st != SP_OK) {
         return wfail(r, line, st);
     }
@@ -263,8 +263,8 @@ equal(const sp__jv_t *a, const sp__jv_t *b, int depth, bool *bad)
         /* Same keys (repeated keys of JSON input collapse to their last value). */
         size_t nx = 0, ny = 0;
         for (size_t i = 0; i < x->n; i++) {
-            const sp__jv_t *vy = sp__jdict_get(y, x->e[i].k, x->e[i].kn);
-            if (sp__jdict_get(x, x->e[i].k, x->e[i].kn) != &x->e[i].v) {
+            const sp__jv_t *vy = sp__jinja_value_dict_get(y, x->e[i].k, x->e[i].kn);
+            if (sp__jinja_value_dict_get(x, x->e[i].k, x->e[i].kn) != &x->e[i].v) {
                 continue; /* an earlier copy of a repeated key */
             }
             nx++;
@@ -273,7 +273,7 @@ equal(const sp__jv_t *a, const sp__jv_t *b, int depth, bool *bad)
             }
         }
         for (size_t i = 0; i < y->n; i++) {
-            ny += sp__jdict_get(y, y->e[i].k, y->e[i].kn) == &y->e[i].v;
+            ny += sp__jinja_value_dict_get(y, y->e[i].k, y->e[i].kn) == &y->e[i].v;
         }
         return nx == ny;
     }
@@ -362,7 +362,8 @@ contains(jr_t *r, uint32_t line, const sp__jv_t *item, const sp__jv_t *in, bool 
     case JV_DICT:
     case JV_NS:
         TRY(charge(r, line, in->u.d->n / 16));
-        *out = item->k == JV_STR && sp__jdict_get(in->u.d, item->u.s.p, item->u.s.n) != NULL;
+        *out = item->k == JV_STR &&
+               sp__jinja_value_dict_get(in->u.d, item->u.s.p, item->u.s.n) != NULL;
         return SP_OK;
     case JV_UNDEF:
         return undefined_error(r, line, in);
@@ -400,7 +401,7 @@ static sp_status_t
 list_concat(jr_t *r, uint32_t line, const sp__jlist_t *a, const sp__jlist_t *b, sp__jv_t *out)
 {
     TRY(charge(r, line, (a->n + b->n) / 16));
-    sp__jlist_t *l = sp__jlist_new(&r->arena, a->n + b->n);
+    sp__jlist_t *l = sp__jinja_value_list_new(&r->arena, a->n + b->n);
     if (l == NULL) {
         return oom(r, line);
     }
@@ -437,7 +438,7 @@ repeat(jr_t *r, uint32_t line, const sp__jv_t *seq, int64_t times, sp__jv_t *out
         *out = sp__jv_str(p, total);
         return SP_OK;
     }
-    sp__jlist_t *l = sp__jlist_new(&r->arena, seq->u.l->n * (size_t)times);
+    sp__jlist_t *l = sp__jinja_value_list_new(&r->arena, seq->u.l->n * (size_t)times);
     if (l == NULL) {
         return oom(r, line);
     }
@@ -592,7 +593,7 @@ get_attr(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_t n
     case JV_DICT:
     case JV_NS: {
         TRY(charge(r, line, obj->u.d->n / 16));
-        const sp__jv_t *v = sp__jdict_get(obj->u.d, name, n);
+        const sp__jv_t *v = sp__jinja_value_dict_get(obj->u.d, name, n);
         *out = v != NULL ? *v : sp__jv_undef(name, n);
         return SP_OK;
     }
@@ -625,7 +626,7 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
             return SP_OK;
         }
         TRY(charge(r, line, obj->u.s.n / 256));
-        int64_t n = (int64_t)sp__utf8_count(obj->u.s.p, obj->u.s.n);
+        int64_t n = (int64_t)sp__jinja_value_utf8_count(obj->u.s.p, obj->u.s.n);
         if (i < 0) {
             i += n;
         }
@@ -633,8 +634,8 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
             *out = sp__jv_undef("item", 4);
             return SP_OK;
         }
-        size_t b = sp__utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
-        size_t e = sp__utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i + 1);
+        size_t b = sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
+        size_t e = sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i + 1);
         *out = sp__jv_str(obj->u.s.p + b, e - b);
         return SP_OK;
     }
@@ -713,7 +714,8 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
         for (size_t i = 0; i < obj->u.s.n && ascii; i++) {
             ascii = (unsigned char)obj->u.s.p[i] < 0x80;
         }
-        n = ascii ? (int64_t)obj->u.s.n : (int64_t)sp__utf8_count(obj->u.s.p, obj->u.s.n);
+        n = ascii ? (int64_t)obj->u.s.n
+                  : (int64_t)sp__jinja_value_utf8_count(obj->u.s.p, obj->u.s.n);
     }
     int64_t start = 0, stop = 0, step = 1;
     TRY(slice_bounds(r, line, part, n, &start, &stop, &step));
@@ -725,7 +727,7 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
     }
     TRY(charge(r, line, count / 16));
     if (obj->k == JV_LIST) {
-        sp__jlist_t *l = sp__jlist_new(&r->arena, count);
+        sp__jlist_t *l = sp__jinja_value_list_new(&r->arena, count);
         if (l == NULL) {
             return oom(r, line);
         }
@@ -737,9 +739,11 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
         return SP_OK;
     }
     if (step == 1) {
-        size_t b = ascii ? (size_t)start : sp__utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)start);
+        size_t b = ascii ? (size_t)start
+                         : sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)start);
         size_t e = ascii ? (size_t)start + count
-                         : sp__utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)start + count);
+                         : sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n,
+                                                       (size_t)start + count);
         *out = sp__jv_str(obj->u.s.p + b, count == 0 ? 0 : e - b);
         return SP_OK;
     }
@@ -751,8 +755,8 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
     size_t o = 0;
     for (size_t i = 0; i < count; i++) {
         size_t cp = (size_t)(start + (int64_t)i * step);
-        size_t b = ascii ? cp : sp__utf8_offset(obj->u.s.p, obj->u.s.n, cp);
-        size_t e = ascii ? cp + 1 : sp__utf8_offset(obj->u.s.p, obj->u.s.n, cp + 1);
+        size_t b = ascii ? cp : sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, cp);
+        size_t e = ascii ? cp + 1 : sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, cp + 1);
         memcpy(p + o, obj->u.s.p + b, e - b);
         o += e - b;
     }
@@ -842,7 +846,7 @@ static sp_status_t
 mk_list(jr_t *r, uint32_t line, size_t cap, sp__jlist_t **out)
 {
     TRY(charge(r, line, cap / 16));
-    if ((*out = sp__jlist_new(&r->arena, cap)) == NULL) {
+    if ((*out = sp__jinja_value_list_new(&r->arena, cap)) == NULL) {
         return oom(r, line);
     }
     return SP_OK;
@@ -860,7 +864,7 @@ list_value(sp__jlist_t *l)
 static sp_status_t
 push(jr_t *r, uint32_t line, sp__jlist_t *l, sp__jv_t v)
 {
-    return sp__jlist_push(&r->arena, l, v) ? SP_OK : oom(r, line);
+    return sp__jinja_value_list_push(&r->arena, l, v) ? SP_OK : oom(r, line);
 }
 
 /* The elements a for loop or a filter walks: list items, dict keys, string
@@ -882,18 +886,18 @@ iter_list(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jlist_t **out)
         TRY(mk_list(r, line, v->u.d->n, &l));
         for (size_t i = 0; i < v->u.d->n; i++) {
             const sp__jentry_t *e = &v->u.d->e[i];
-            if (sp__jdict_get(v->u.d, e->k, e->kn) == &e->v) {
+            if (sp__jinja_value_dict_get(v->u.d, e->k, e->kn) == &e->v) {
                 l->v[l->n++] = sp__jv_str(e->k, e->kn);
             }
         }
         *out = l;
         return SP_OK;
     case JV_STR: {
-        size_t n = sp__utf8_count(v->u.s.p, v->u.s.n);
+        size_t n = sp__jinja_value_utf8_count(v->u.s.p, v->u.s.n);
         TRY(mk_list(r, line, n, &l));
         size_t off = 0;
         for (size_t i = 0; i < n; i++) {
-            size_t next = sp__utf8_offset(v->u.s.p + off, v->u.s.n - off, 1) + off;
+            size_t next = sp__jinja_value_utf8_offset(v->u.s.p + off, v->u.s.n - off, 1) + off;
             l->v[l->n++] = sp__jv_str(v->u.s.p + off, next - off);
             off = next;
         }
@@ -923,7 +927,7 @@ dict_items(jr_t *r, uint32_t line, const sp__jv_t *v, int which, sp__jv_t *out)
     TRY(mk_list(r, line, d->n, &l));
     for (size_t i = 0; i < d->n; i++) {
         const sp__jentry_t *e = &d->e[i];
-        if (sp__jdict_get(d, e->k, e->kn) != &e->v) {
+        if (sp__jinja_value_dict_get(d, e->k, e->kn) != &e->v) {
             continue; /* a repeated JSON key: the last one counts */
         }
         sp__jv_t item = sp__jv_str(e->k, e->kn);
@@ -954,7 +958,7 @@ is_ws(char c)
 static bool
 in_charset(const char *s, size_t n, size_t i, size_t *l, const sp__jv_t *set)
 {
-    *l = sp__utf8_offset(s + i, n - i, 1);
+    *l = sp__jinja_value_utf8_offset(s + i, n - i, 1);
     if (set == NULL) {
         return is_ws(s[i]);
     }
@@ -1045,15 +1049,15 @@ str_replace(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jv_t *old, cons
         const char *hit;
         if (old->u.s.n == 0) {
             /* Python inserts `new` between every character and at both ends. */
-            st = sp__jbuf_put(&b, new_->u.s.p, new_->u.s.n);
+            st = sp__jinja_value_buf_put(&b, new_->u.s.p, new_->u.s.n);
             if (i == n) {
                 i = n + 1;
                 done++;
                 break;
             }
-            size_t l = sp__utf8_offset(s + i, n - i, 1);
+            size_t l = sp__jinja_value_utf8_offset(s + i, n - i, 1);
             if (st == SP_OK) {
-                st = sp__jbuf_put(&b, s + i, l);
+                st = sp__jinja_value_buf_put(&b, s + i, l);
             }
             i += l;
             done++;
@@ -1063,9 +1067,9 @@ str_replace(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jv_t *old, cons
         if (hit == NULL) {
             break;
         }
-        st = sp__jbuf_put(&b, s + i, (size_t)(hit - (s + i)));
+        st = sp__jinja_value_buf_put(&b, s + i, (size_t)(hit - (s + i)));
         if (st == SP_OK) {
-            st = sp__jbuf_put(&b, new_->u.s.p, new_->u.s.n);
+            st = sp__jinja_value_buf_put(&b, new_->u.s.p, new_->u.s.n);
         }
         i = (size_t)(hit - s) + old->u.s.n;
         done++;
@@ -1074,7 +1078,7 @@ str_replace(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jv_t *old, cons
         }
     }
     if (st == SP_OK && i < n) {
-        st = sp__jbuf_put(&b, s + i, n - i);
+        st = sp__jinja_value_buf_put(&b, s + i, n - i);
     }
     if (st != SP_OK) {
         return r->st != SP_OK ? r->st : wfail(r, line, st);
@@ -1185,9 +1189,9 @@ join_list(jr_t *r, uint32_t line, const sp__jlist_t *l, const char *sep, size_t 
             TRY(get_item(r, line, &l->v[i], attr, &item));
         }
         TRY(to_str(r, line, &item, &s));
-        sp_status_t st = i > 0 ? sp__jbuf_put(&b, sep, sep_n) : SP_OK;
+        sp_status_t st = i > 0 ? sp__jinja_value_buf_put(&b, sep, sep_n) : SP_OK;
         if (st == SP_OK) {
-            st = sp__jbuf_put(&b, s.u.s.p, s.u.s.n);
+            st = sp__jinja_value_buf_put(&b, s.u.s.p, s.u.s.n);
         }
         if (st != SP_OK) {
             return wfail(r, line, st);
@@ -1214,7 +1218,7 @@ static const char *const test_names[T_COUNT] = {
 };
 
 int
-sp__jtest_id(const char *name, size_t n)
+sp__jinja_eval_test_id(const char *name, size_t n)
 {
     for (int i = 0; i < T_COUNT; i++) {
         if (strlen(test_names[i]) == n && memcmp(test_names[i], name, n) == 0) {
@@ -1330,7 +1334,7 @@ static const char *const filter_names[F_COUNT_] = {
 };
 
 int
-sp__jfilter_id(const char *name, size_t n)
+sp__jinja_eval_filter_id(const char *name, size_t n)
 {
     for (int i = 0; i < F_COUNT_; i++) {
         if (strlen(filter_names[i]) == n && memcmp(filter_names[i], name, n) == 0) {
@@ -1367,7 +1371,7 @@ filter_select(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a
     if (a->n >= skip) {
         const sp__jv_t *tn = &a->v[skip - 1];
         TRY(need_str(r, line, filter_names[id], tn));
-        test = sp__jtest_id(tn->u.s.p, tn->u.s.n);
+        test = sp__jinja_eval_test_id(tn->u.s.p, tn->u.s.n);
         if (test < 0) {
             return rfail(r, line, SP_ERR_INVALID, "%s: unknown test '%.*s'", filter_names[id],
                          (int)(tn->u.s.n > 40 ? 40 : tn->u.s.n), tn->u.s.p);
@@ -1507,10 +1511,10 @@ filter_indent(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jv_t *p, sp__
         size_t e = nl != NULL ? (size_t)(nl - s.u.s.p) : n;
         bool empty = e == i;
         if ((!line0 || first) && (!empty || blank)) {
-            st = sp__jbuf_put(&b, pad.u.s.p, pad.u.s.n);
+            st = sp__jinja_value_buf_put(&b, pad.u.s.p, pad.u.s.n);
         }
         if (st == SP_OK) {
-            st = sp__jbuf_put(&b, s.u.s.p + i, e - i + (nl != NULL));
+            st = sp__jinja_value_buf_put(&b, s.u.s.p + i, e - i + (nl != NULL));
         }
         if (nl == NULL) {
             break;
@@ -1547,7 +1551,8 @@ html_escape(jr_t *r, uint32_t line, const sp__jv_t *v, sp__jv_t *out)
         case '\'': rep = "&#39;"; break;
         default: break;
         }
-        st = rep != NULL ? sp__jbuf_put(&b, rep, strlen(rep)) : sp__jbuf_put(&b, s.u.s.p + i, 1);
+        st = rep != NULL ? sp__jinja_value_buf_put(&b, rep, strlen(rep))
+                         : sp__jinja_value_buf_put(&b, s.u.s.p + i, 1);
     }
     if (st != SP_OK) {
         return wfail(r, line, st);
@@ -1636,7 +1641,7 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
                 return rfail(r, line, SP_ERR_INVALID, "map needs a filter name or attribute=");
             }
             TRY(need_str(r, line, "map", &a->v[0]));
-            f = sp__jfilter_id(a->v[0].u.s.p, a->v[0].u.s.n);
+            f = sp__jinja_eval_filter_id(a->v[0].u.s.p, a->v[0].u.s.n);
             if (f < 0 || f == F_MAP) {
                 return rfail(r, line, SP_ERR_INVALID, "map: unknown filter '%.*s'",
                              (int)(a->v[0].u.s.n > 40 ? 40 : a->v[0].u.s.n), a->v[0].u.s.p);
@@ -1693,7 +1698,7 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         sp__jbuf_t b;
         buf_init(r, &b);
         b.limit = r->o.max_memory_bytes;
-        sp_status_t st = sp__jv_tojson(&b, v, (int)indent, given(&p[3]) && truthy(&p[3]),
+        sp_status_t st = sp__jinja_value_tojson(&b, v, (int)indent, given(&p[3]) && truthy(&p[3]),
                                        r->o.max_depth);
         if (st == SP_ERR_INVALID) {
             if (v->k == JV_UNDEF) {
@@ -1830,7 +1835,7 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         switch (v->k) {
         case JV_STR:
             TRY(charge(r, line, v->u.s.n / 256));
-            *out = sp__jv_int((int64_t)sp__utf8_count(v->u.s.p, v->u.s.n));
+            *out = sp__jv_int((int64_t)sp__jinja_value_utf8_count(v->u.s.p, v->u.s.n));
             return SP_OK;
         case JV_LIST: *out = sp__jv_int((int64_t)v->u.l->n); return SP_OK;
         case JV_DICT:
@@ -1995,13 +2000,14 @@ call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_
             size_t len = obj->u.s.n;
             if (IS("find")) {
                 const char *hit = memmem(s, len, p[0].u.s.p, p[0].u.s.n);
-                *out = sp__jv_int(hit == NULL ? -1
-                                              : (int64_t)sp__utf8_count(s, (size_t)(hit - s)));
+                *out = sp__jv_int(hit == NULL
+                                      ? -1
+                                      : (int64_t)sp__jinja_value_utf8_count(s, (size_t)(hit - s)));
                 return SP_OK;
             }
             int64_t count = 0;
             if (p[0].u.s.n == 0) {
-                count = (int64_t)sp__utf8_count(s, len) + 1;
+                count = (int64_t)sp__jinja_value_utf8_count(s, len) + 1;
             } else {
                 for (size_t i = 0; i + p[0].u.s.n <= len;) {
                     const char *hit = memmem(s + i, len - i, p[0].u.s.p, p[0].u.s.n);
@@ -2051,7 +2057,7 @@ call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_
             TRY(bind(r, line, mname, p_get, 2, a, p));
             TRY(need_str(r, line, mname, &p[0]));
             TRY(charge(r, line, obj->u.d->n / 16));
-            const sp__jv_t *v = sp__jdict_get(obj->u.d, p[0].u.s.p, p[0].u.s.n);
+            const sp__jv_t *v = sp__jinja_value_dict_get(obj->u.d, p[0].u.s.p, p[0].u.s.n);
             *out = v != NULL ? *v : given(&p[1]) ? p[1] : sp__jv_none();
             return SP_OK;
         }
@@ -2117,13 +2123,14 @@ call_func(jr_t *r, uint32_t line, int fn, const args_t *a, sp__jv_t *out)
     }
     case JF_NAMESPACE:
     case JF_DICT: {
-        sp__jdict_t *d = sp__jdict_new(&r->arena, a->n);
+        sp__jdict_t *d = sp__jinja_value_dict_new(&r->arena, a->n);
         if (d == NULL) {
             return oom(r, line);
         }
         for (uint32_t i = 0; i < a->n; i++) {
             if (a->names != NULL && a->names[i].p != NULL) {
-                if (!sp__jdict_set(&r->arena, d, a->names[i].p, a->names[i].n, a->v[i])) {
+                if (!sp__jinja_value_dict_set(&r->arena, d, a->names[i].p, a->names[i].n,
+                                              a->v[i])) {
                     return oom(r, line);
                 }
                 continue;
@@ -2134,7 +2141,7 @@ call_func(jr_t *r, uint32_t line, int fn, const args_t *a, sp__jv_t *out)
             }
             for (size_t j = 0; j < a->v[i].u.d->n; j++) {
                 const sp__jentry_t *e = &a->v[i].u.d->e[j];
-                if (!sp__jdict_set(&r->arena, d, e->k, e->kn, e->v)) {
+                if (!sp__jinja_value_dict_set(&r->arena, d, e->k, e->kn, e->v)) {
                     return oom(r, line);
                 }
             }
@@ -2192,13 +2199,13 @@ static sp_status_t
 lookup(jr_t *r, const char *name, size_t n, sp__jv_t *out)
 {
     for (frame_t *f = r->scope; f != NULL; f = f->parent) {
-        const sp__jv_t *v = sp__jdict_get(f->vars, name, n);
+        const sp__jv_t *v = sp__jinja_value_dict_get(f->vars, name, n);
         if (v != NULL) {
             *out = *v;
             return SP_OK;
         }
     }
-    const sp__jv_t *v = sp__jdict_get(r->ctx, name, n);
+    const sp__jv_t *v = sp__jinja_value_dict_get(r->ctx, name, n);
     if (v != NULL) {
         *out = *v;
         return SP_OK;
@@ -2217,7 +2224,7 @@ lookup(jr_t *r, const char *name, size_t n, sp__jv_t *out)
 static sp_status_t
 assign(jr_t *r, uint32_t line, const char *name, size_t n, sp__jv_t v)
 {
-    return sp__jdict_set(&r->arena, r->scope->vars, name, n, v) ? SP_OK : oom(r, line);
+    return sp__jinja_value_dict_set(&r->arena, r->scope->vars, name, n, v) ? SP_OK : oom(r, line);
 }
 
 /* Evaluate call arguments into an arena array. */
@@ -2230,7 +2237,7 @@ eval_args(jr_t *r, const sp__jnode_t *n, args_t *a)
     if (n->n == 0) {
         return SP_OK;
     }
-    sp__jv_t *v = sp__jarena_alloc(&r->arena, n->n * sizeof *v);
+    sp__jv_t *v = sp__jinja_value_arena_alloc(&r->arena, n->n * sizeof *v);
     if (v == NULL) {
         return oom(r, n->line);
     }
@@ -2244,8 +2251,8 @@ eval_args(jr_t *r, const sp__jnode_t *n, args_t *a)
 static sp_status_t
 frame_push(jr_t *r, uint32_t line, frame_t *parent, frame_t **out)
 {
-    frame_t *f = sp__jarena_alloc(&r->arena, sizeof *f);
-    if (f == NULL || (f->vars = sp__jdict_new(&r->arena, 0)) == NULL) {
+    frame_t *f = sp__jinja_value_arena_alloc(&r->arena, sizeof *f);
+    if (f == NULL || (f->vars = sp__jinja_value_dict_new(&r->arena, 0)) == NULL) {
         return oom(r, line);
     }
     f->parent = parent;
@@ -2259,7 +2266,7 @@ call_macro(jr_t *r, uint32_t line, const sp__jnode_t *m, const args_t *a, sp__jv
     frame_t *f = NULL, *saved_scope = r->scope;
     TRY(frame_push(r, line, r->root, &f));
     uint32_t pos = 0;
-    bool *set = sp__jarena_alloc(&r->arena, m->n + 1);
+    bool *set = sp__jinja_value_arena_alloc(&r->arena, m->n + 1);
     if (set == NULL) {
         return oom(r, line);
     }
@@ -2284,7 +2291,7 @@ call_macro(jr_t *r, uint32_t line, const sp__jnode_t *m, const args_t *a, sp__jv
                              (int)m->lit.u.s.n, m->lit.u.s.p, (int)a->names[i].n, a->names[i].p);
             }
         }
-        if (!sp__jdict_set(&r->arena, f->vars, m->names[k].p, m->names[k].n, a->v[i])) {
+        if (!sp__jinja_value_dict_set(&r->arena, f->vars, m->names[k].p, m->names[k].n, a->v[i])) {
             return oom(r, line);
         }
         set[k] = true;
@@ -2302,7 +2309,7 @@ call_macro(jr_t *r, uint32_t line, const sp__jnode_t *m, const args_t *a, sp__jv
                 return st;
             }
         }
-        if (!sp__jdict_set(&r->arena, f->vars, m->names[k].p, m->names[k].n, v)) {
+        if (!sp__jinja_value_dict_set(&r->arena, f->vars, m->names[k].p, m->names[k].n, v)) {
             r->scope = saved_scope;
             return oom(r, line);
         }
@@ -2491,7 +2498,7 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
         return SP_OK;
     }
     case JN_DICT: {
-        sp__jdict_t *d = sp__jdict_new(&r->arena, n->n / 2);
+        sp__jdict_t *d = sp__jinja_value_dict_new(&r->arena, n->n / 2);
         if (d == NULL) {
             return oom(r, n->line);
         }
@@ -2501,7 +2508,7 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
             if (a.k != JV_STR) {
                 return rfail(r, n->line, SP_ERR_UNSUPPORTED, "dict keys must be strings here");
             }
-            if (!sp__jdict_set(&r->arena, d, a.u.s.p, a.u.s.n, b)) {
+            if (!sp__jinja_value_dict_set(&r->arena, d, a.u.s.p, a.u.s.n, b)) {
                 return oom(r, n->line);
             }
         }
@@ -2533,7 +2540,7 @@ static sp_status_t
 write_value(jr_t *r, uint32_t line, const sp__jv_t *v)
 {
     size_t before = r->out->n;
-    sp_status_t st = sp__jv_write(r->out, v, false, r->o.max_depth);
+    sp_status_t st = sp__jinja_value_write(r->out, v, false, r->o.max_depth);
     if (st != SP_OK) {
         return wfail(r, line, st);
     }
@@ -2583,7 +2590,7 @@ exec_for(jr_t *r, const sp__jnode_t *n)
         }
         items = kept;
     }
-    sp__jloop_t *lp = sp__jarena_alloc(&r->arena, sizeof *lp);
+    sp__jloop_t *lp = sp__jinja_value_arena_alloc(&r->arena, sizeof *lp);
     if (st == SP_OK && lp == NULL) {
         st = oom(r, n->line);
     }
@@ -2623,7 +2630,7 @@ exec_stmt(jr_t *r, const sp__jnode_t *n)
     sp__jv_t v;
     switch (n->kind) {
     case JN_TEXT: {
-        sp_status_t st = sp__jbuf_put(r->out, n->lit.u.s.p, n->lit.u.s.n);
+        sp_status_t st = sp__jinja_value_buf_put(r->out, n->lit.u.s.p, n->lit.u.s.n);
         if (st != SP_OK) {
             return wfail(r, n->line, st);
         }
@@ -2650,7 +2657,7 @@ exec_stmt(jr_t *r, const sp__jnode_t *n)
                              "cannot assign attribute on non-namespace object '%.*s'",
                              (int)n->names[0].n, n->names[0].p);
             }
-            return sp__jdict_set(&r->arena, ns.u.d, n->lit.u.s.p, n->lit.u.s.n, v)
+            return sp__jinja_value_dict_set(&r->arena, ns.u.d, n->lit.u.s.p, n->lit.u.s.n, v)
                        ? SP_OK
                        : oom(r, n->line);
         }
@@ -2701,11 +2708,11 @@ exec_body(jr_t *r, const sp__jnode_t *n)
     return st;
 }
 
-/* ---- public ----------------------------------------------------------- */
+/* ---- entry (sp_jinja_render_json in jinja.c resolves the options) ------ */
 sp_status_t
-sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
-                     const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
-                     size_t err_len)
+sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                      const sp_jinja_opts_t *opts, char **out, size_t *out_len, char *err,
+                      size_t err_len)
 {
     *out = NULL;
     if (out_len != NULL) {
@@ -2716,21 +2723,21 @@ sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
     }
     jr_t r;
     memset(&r, 0, sizeof r);
-    r.o = opts != NULL ? *opts : sp_jinja_default_opts();
+    r.o = *opts;
     if (r.o.max_depth <= 0 || r.o.max_depth > 100000 || r.o.max_memory_bytes == 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "render: bad options");
     }
     r.err = err;
     r.err_len = err_len;
-    sp__jarena_init(&r.arena, r.o.max_memory_bytes);
+    sp__jinja_value_arena_init(&r.arena, r.o.max_memory_bytes);
     sp_status_t st;
     sp__jv_t ctx;
     if (ctx_json == NULL || ctx_len == 0) {
         ctx.k = JV_DICT;
-        ctx.u.d = sp__jdict_new(&r.arena, 0);
+        ctx.u.d = sp__jinja_value_dict_new(&r.arena, 0);
         st = ctx.u.d != NULL ? SP_OK : sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     } else {
-        st = sp__json_parse(&r.arena, ctx_json, ctx_len, &ctx, err, err_len);
+        st = sp__jinja_value_json_parse(&r.arena, ctx_json, ctx_len, &ctx, err, err_len);
         if (st == SP_OK && ctx.k != JV_DICT) {
             st = sp_errf(err, err_len, SP_ERR_INVALID, "render: the context must be a JSON object");
         }
@@ -2742,7 +2749,7 @@ sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
         buf_init(&r, &buf);
         r.out = &buf;
         root.parent = NULL;
-        root.vars = sp__jdict_new(&r.arena, 0);
+        root.vars = sp__jinja_value_dict_new(&r.arena, 0);
         r.root = r.scope = &root;
         st = root.vars != NULL ? exec_body(&r, t->body) : oom(&r, 1);
     }
@@ -2761,6 +2768,6 @@ sp_jinja_render_json(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
             }
         }
     }
-    sp__jarena_free(&r.arena);
+    sp__jinja_value_arena_free(&r.arena);
     return st;
 }

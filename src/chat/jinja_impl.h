@@ -24,12 +24,12 @@ typedef struct sp__jarena {
     size_t limit; /* 0 = none */
 } sp__jarena_t;
 
-void sp__jarena_init(sp__jarena_t *a, size_t limit);
-void sp__jarena_free(sp__jarena_t *a);
+void sp__jinja_value_arena_init(sp__jarena_t *a, size_t limit);
+void sp__jinja_value_arena_free(sp__jarena_t *a);
 /* 16-byte aligned, uninitialised; NULL when over the limit or out of memory
- * (sp__jarena_over tells which). */
-void *sp__jarena_alloc(sp__jarena_t *a, size_t n);
-bool sp__jarena_over(const sp__jarena_t *a, size_t n);
+ * (sp__jinja_value_arena_over tells which). */
+void *sp__jinja_value_arena_alloc(sp__jarena_t *a, size_t n);
+bool sp__jinja_value_arena_over(const sp__jarena_t *a, size_t n);
 
 /* ---- values ----------------------------------------------------------- */
 typedef enum sp__jv_kind {
@@ -154,33 +154,33 @@ typedef struct sp__jbuf {
 } sp__jbuf_t;
 
 /* SP_OK, SP_ERR_TOO_LARGE (over limit or arena cap) or SP_ERR_NOMEM. */
-sp_status_t sp__jbuf_put(sp__jbuf_t *b, const char *s, size_t n);
+sp_status_t sp__jinja_value_buf_put(sp__jbuf_t *b, const char *s, size_t n);
 
-/* Lists and dicts on an arena. Pushes can fail like sp__jarena_alloc. */
-sp__jlist_t *sp__jlist_new(sp__jarena_t *a, size_t cap);
-bool sp__jlist_push(sp__jarena_t *a, sp__jlist_t *l, sp__jv_t v);
-sp__jdict_t *sp__jdict_new(sp__jarena_t *a, size_t cap);
+/* Lists and dicts on an arena. Pushes can fail like sp__jinja_value_arena_alloc. */
+sp__jlist_t *sp__jinja_value_list_new(sp__jarena_t *a, size_t cap);
+bool sp__jinja_value_list_push(sp__jarena_t *a, sp__jlist_t *l, sp__jv_t v);
+sp__jdict_t *sp__jinja_value_dict_new(sp__jarena_t *a, size_t cap);
 /* Replaces the value of an existing key. */
-bool sp__jdict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_t v);
-const sp__jv_t *sp__jdict_get(const sp__jdict_t *d, const char *k, size_t kn);
+bool sp__jinja_value_dict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn,
+                              sp__jv_t v);
+const sp__jv_t *sp__jinja_value_dict_get(const sp__jdict_t *d, const char *k, size_t kn);
 
 /* JSON text -> values on the arena (depth <= 64). SP_ERR_INVALID with "json offset N: ..." */
-sp_status_t sp__json_parse(sp__jarena_t *a, const char *s, size_t n, sp__jv_t *out, char *err,
-                           size_t err_len);
+sp_status_t sp__jinja_value_json_parse(sp__jarena_t *a, const char *s, size_t n, sp__jv_t *out,
+                                       char *err, size_t err_len);
+/* sp_jinja_json_check (jinja.h) for a non-NULL json. */
+sp_status_t sp__jinja_value_json_check(const char *json, size_t len, char *err, size_t err_len);
 
 /* Python-style text of a value into b: str() when repr is false, repr() when
  * true (strings quoted, as inside lists). max_depth bounds nested lists. */
-sp_status_t sp__jv_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth);
+sp_status_t sp__jinja_value_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth);
 /* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys). */
-sp_status_t sp__jv_tojson(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys,
-                          int max_depth);
-/* Python float repr ("1.0", "0.1", "1e+16") into buf (>= 32 bytes). */
-size_t sp__jfloat_repr(double f, char *buf);
+sp_status_t sp__jinja_value_tojson(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys,
+                                   int max_depth);
 /* Number of code points of UTF-8 text (an invalid byte counts as one). */
-size_t sp__utf8_count(const char *s, size_t n);
+size_t sp__jinja_value_utf8_count(const char *s, size_t n);
 /* Byte offset of code point index `cp` (clamped to n). */
-size_t sp__utf8_offset(const char *s, size_t n, size_t cp);
-bool sp__utf8_valid(const char *s, size_t n);
+size_t sp__jinja_value_utf8_offset(const char *s, size_t n, size_t cp);
 
 /* ---- AST -------------------------------------------------------------- */
 typedef enum sp__jnode_kind {
@@ -240,8 +240,12 @@ struct sp__jnode {
 };
 
 /* Filters and tests, resolved by name at compile time. */
-int sp__jfilter_id(const char *name, size_t n); /* -1 if unknown */
-int sp__jtest_id(const char *name, size_t n);   /* -1 if unknown */
+int sp__jinja_eval_filter_id(const char *name, size_t n); /* -1 if unknown */
+int sp__jinja_eval_test_id(const char *name, size_t n);   /* -1 if unknown */
+/* sp_jinja_render_json with the options resolved (opts is never NULL). */
+sp_status_t sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
+                                  const sp_jinja_opts_t *opts, char **out, size_t *out_len,
+                                  char *err, size_t err_len);
 
 struct sp_jinja {
     sp__jarena_t arena;

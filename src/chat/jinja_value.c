@@ -1,6 +1,10 @@
 /*
  * jinja_value.c - the template engine's arena, values, JSON reader and the
  * Python-style printing (str, repr, json.dumps) that templates rely on.
+ *
+ * Threads: an arena and its values belong to one compile or one render, on
+ * one thread. Memory: everything lives on the arena (jinja_impl.h) and is
+ * freed with it at once.
  */
 #include <errno.h>
 #include <limits.h>
@@ -25,7 +29,7 @@ struct sp__jarena_chunk {
 #define JCHUNK_HDR ((sizeof(sp__jarena_chunk_t) + 15u) & ~(size_t)15u)
 
 void
-sp__jarena_init(sp__jarena_t *a, size_t limit)
+sp__jinja_value_arena_init(sp__jarena_t *a, size_t limit)
 {
     a->head = NULL;
     a->used = 0;
@@ -33,7 +37,7 @@ sp__jarena_init(sp__jarena_t *a, size_t limit)
 }
 
 void
-sp__jarena_free(sp__jarena_t *a)
+sp__jinja_value_arena_free(sp__jarena_t *a)
 {
     sp__jarena_chunk_t *c = a->head;
     while (c != NULL) {
@@ -46,13 +50,13 @@ sp__jarena_free(sp__jarena_t *a)
 }
 
 bool
-sp__jarena_over(const sp__jarena_t *a, size_t n)
+sp__jinja_value_arena_over(const sp__jarena_t *a, size_t n)
 {
     return a->limit != 0 && (n > a->limit || a->used > a->limit - n);
 }
 
 void *
-sp__jarena_alloc(sp__jarena_t *a, size_t n)
+sp__jinja_value_arena_alloc(sp__jarena_t *a, size_t n)
 {
     size_t need = (n + 15u) & ~(size_t)15u;
     if (need < n) {
@@ -62,8 +66,9 @@ sp__jarena_alloc(sp__jarena_t *a, size_t n)
     if (c == NULL || c->size - c->off < need) {
         size_t size = need > JARENA_CHUNK / 4 ? need : JARENA_CHUNK;
         size_t total;
-        if (sp_add_size(size, JCHUNK_HDR, &total) != 0 || sp__jarena_over(a, total)) {
-            a->used = a->limit != 0 ? a->limit : a->used; /* makes sp__jarena_over sticky */
+        if (sp_add_size(size, JCHUNK_HDR, &total) != 0 || sp__jinja_value_arena_over(a, total)) {
+            /* makes sp__jinja_value_arena_over sticky */
+            a->used = a->limit != 0 ? a->limit : a->used;
             return NULL;
         }
         sp__jarena_chunk_t *nc = sp_malloc(total);
@@ -91,7 +96,7 @@ sp__jarena_alloc(sp__jarena_t *a, size_t n)
 
 /* ---- buffers ---------------------------------------------------------- */
 sp_status_t
-sp__jbuf_put(sp__jbuf_t *b, const char *s, size_t n)
+sp__jinja_value_buf_put(sp__jbuf_t *b, const char *s, size_t n)
 {
     if (n == 0) {
         return SP_OK;
@@ -107,9 +112,9 @@ sp__jbuf_put(sp__jbuf_t *b, const char *s, size_t n)
         if (cap > b->limit + 1) {
             cap = b->limit + 1;
         }
-        char *p = sp__jarena_alloc(b->a, cap);
+        char *p = sp__jinja_value_arena_alloc(b->a, cap);
         if (p == NULL) {
-            return sp__jarena_over(b->a, cap) ? SP_ERR_TOO_LARGE : SP_ERR_NOMEM;
+            return sp__jinja_value_arena_over(b->a, cap) ? SP_ERR_TOO_LARGE : SP_ERR_NOMEM;
         }
         if (b->n > 0) {
             memcpy(p, b->p, b->n);
@@ -126,14 +131,14 @@ sp__jbuf_put(sp__jbuf_t *b, const char *s, size_t n)
 static sp_status_t
 jbuf_puts(sp__jbuf_t *b, const char *s)
 {
-    return sp__jbuf_put(b, s, strlen(s));
+    return sp__jinja_value_buf_put(b, s, strlen(s));
 }
 
 /* ---- lists and dicts -------------------------------------------------- */
 sp__jlist_t *
-sp__jlist_new(sp__jarena_t *a, size_t cap)
+sp__jinja_value_list_new(sp__jarena_t *a, size_t cap)
 {
-    sp__jlist_t *l = sp__jarena_alloc(a, sizeof *l);
+    sp__jlist_t *l = sp__jinja_value_arena_alloc(a, sizeof *l);
     if (l == NULL) {
         return NULL;
     }
@@ -143,7 +148,7 @@ sp__jlist_new(sp__jarena_t *a, size_t cap)
     if (cap > 0) {
         size_t bytes;
         if (sp_mul_size(cap, sizeof(sp__jv_t), &bytes) != 0 ||
-            (l->v = sp__jarena_alloc(a, bytes)) == NULL) {
+            (l->v = sp__jinja_value_arena_alloc(a, bytes)) == NULL) {
             return NULL;
         }
         l->cap = cap;
@@ -152,14 +157,14 @@ sp__jlist_new(sp__jarena_t *a, size_t cap)
 }
 
 bool
-sp__jlist_push(sp__jarena_t *a, sp__jlist_t *l, sp__jv_t v)
+sp__jinja_value_list_push(sp__jarena_t *a, sp__jlist_t *l, sp__jv_t v)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap < 4 ? 4 : l->cap * 2, bytes;
         if (sp_mul_size(cap, sizeof(sp__jv_t), &bytes) != 0) {
             return false;
         }
-        sp__jv_t *nv = sp__jarena_alloc(a, bytes);
+        sp__jv_t *nv = sp__jinja_value_arena_alloc(a, bytes);
         if (nv == NULL) {
             return false;
         }
@@ -174,9 +179,9 @@ sp__jlist_push(sp__jarena_t *a, sp__jlist_t *l, sp__jv_t v)
 }
 
 sp__jdict_t *
-sp__jdict_new(sp__jarena_t *a, size_t cap)
+sp__jinja_value_dict_new(sp__jarena_t *a, size_t cap)
 {
-    sp__jdict_t *d = sp__jarena_alloc(a, sizeof *d);
+    sp__jdict_t *d = sp__jinja_value_arena_alloc(a, sizeof *d);
     if (d == NULL) {
         return NULL;
     }
@@ -186,7 +191,7 @@ sp__jdict_new(sp__jarena_t *a, size_t cap)
     if (cap > 0) {
         size_t bytes;
         if (sp_mul_size(cap, sizeof(sp__jentry_t), &bytes) != 0 ||
-            (d->e = sp__jarena_alloc(a, bytes)) == NULL) {
+            (d->e = sp__jinja_value_arena_alloc(a, bytes)) == NULL) {
             return NULL;
         }
         d->cap = cap;
@@ -195,7 +200,7 @@ sp__jdict_new(sp__jarena_t *a, size_t cap)
 }
 
 const sp__jv_t *
-sp__jdict_get(const sp__jdict_t *d, const char *k, size_t kn)
+sp__jinja_value_dict_get(const sp__jdict_t *d, const char *k, size_t kn)
 {
     /* Newest first, so a JSON object with a repeated key reads the last one, like Python. */
     for (size_t i = d->n; i-- > 0;) {
@@ -207,9 +212,9 @@ sp__jdict_get(const sp__jdict_t *d, const char *k, size_t kn)
 }
 
 bool
-sp__jdict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_t v)
+sp__jinja_value_dict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_t v)
 {
-    sp__jv_t *old = (sp__jv_t *)sp__jdict_get(d, k, kn);
+    sp__jv_t *old = (sp__jv_t *)sp__jinja_value_dict_get(d, k, kn);
     if (old != NULL) {
         *old = v;
         return true;
@@ -219,7 +224,7 @@ sp__jdict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_
         if (sp_mul_size(cap, sizeof(sp__jentry_t), &bytes) != 0) {
             return false;
         }
-        sp__jentry_t *ne = sp__jarena_alloc(a, bytes);
+        sp__jentry_t *ne = sp__jinja_value_arena_alloc(a, bytes);
         if (ne == NULL) {
             return false;
         }
@@ -237,14 +242,8 @@ sp__jdict_set(sp__jarena_t *a, sp__jdict_t *d, const char *k, size_t kn, sp__jv_
 }
 
 /* ---- UTF-8 (core/utf8.h) --------------------------------------------- */
-bool
-sp__utf8_valid(const char *s, size_t n)
-{
-    return sp_utf8_invalid_at(s, n) == n;
-}
-
 size_t
-sp__utf8_count(const char *s, size_t n)
+sp__jinja_value_utf8_count(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t count = 0;
@@ -256,7 +255,7 @@ sp__utf8_count(const char *s, size_t n)
 }
 
 size_t
-sp__utf8_offset(const char *s, size_t n, size_t cp)
+sp__jinja_value_utf8_offset(const char *s, size_t n, size_t cp)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
@@ -306,7 +305,7 @@ typedef struct json_rd {
 static sp_status_t
 json_fail(json_rd_t *r, const char *what)
 {
-    if (r->a != NULL && sp__jarena_over(r->a, 0)) {
+    if (r->a != NULL && sp__jinja_value_arena_over(r->a, 0)) {
         return sp_errf(r->err, r->err_len, SP_ERR_TOO_LARGE, "json: context over the memory limit");
     }
     return sp_errf(r->err, r->err_len, SP_ERR_INVALID, "json offset %zu: %s", r->i, what);
@@ -315,7 +314,7 @@ json_fail(json_rd_t *r, const char *what)
 static sp_status_t
 json_nomem(json_rd_t *r)
 {
-    if (sp__jarena_over(r->a, 1)) {
+    if (sp__jinja_value_arena_over(r->a, 1)) {
         return sp_errf(r->err, r->err_len, SP_ERR_TOO_LARGE, "json: context over the memory limit");
     }
     return sp_errf(r->err, r->err_len, SP_ERR_NOMEM, "json: out of memory");
@@ -384,7 +383,7 @@ json_string(json_rd_t *r, const char **out, size_t *out_n)
     }
     /* Escapes: the decoded text is never longer than the source. */
     char *dst = NULL;
-    if (r->a != NULL && (dst = sp__jarena_alloc(r->a, end - start + 1)) == NULL) {
+    if (r->a != NULL && (dst = sp__jinja_value_arena_alloc(r->a, end - start + 1)) == NULL) {
         return json_nomem(r);
     }
     size_t o = 0;
@@ -509,7 +508,7 @@ json_number(json_rd_t *r, sp__jv_t *out)
     }
     /* Non-integers, and integers beyond int64 (Python keeps them exact; we approximate). */
     if (r->i - start >= sizeof tmp) {
-        char *big = r->a != NULL ? sp__jarena_alloc(r->a, r->i - start + 1) : NULL;
+        char *big = r->a != NULL ? sp__jinja_value_arena_alloc(r->a, r->i - start + 1) : NULL;
         if (big == NULL) {
             *out = sp__jv_float(0);
             return r->a == NULL ? SP_OK : json_nomem(r);
@@ -540,7 +539,8 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
         sp__jlist_t *l = NULL;
         sp__jdict_t *d = NULL;
         if (r->a != NULL) {
-            if (obj ? (d = sp__jdict_new(r->a, 0)) == NULL : (l = sp__jlist_new(r->a, 0)) == NULL) {
+            if (obj ? (d = sp__jinja_value_dict_new(r->a, 0)) == NULL
+                    : (l = sp__jinja_value_list_new(r->a, 0)) == NULL) {
                 return json_nomem(r);
             }
         }
@@ -572,7 +572,8 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
                     return st;
                 }
                 if (r->a != NULL &&
-                    !(obj ? sp__jdict_set(r->a, d, k, kn, v) : sp__jlist_push(r->a, l, v))) {
+                    !(obj ? sp__jinja_value_dict_set(r->a, d, k, kn, v)
+                          : sp__jinja_value_list_push(r->a, l, v))) {
                     return json_nomem(r);
                 }
                 json_ws(r);
@@ -637,26 +638,25 @@ json_doc(json_rd_t *r, sp__jv_t *out)
 }
 
 sp_status_t
-sp__json_parse(sp__jarena_t *a, const char *s, size_t n, sp__jv_t *out, char *err, size_t err_len)
+sp__jinja_value_json_parse(sp__jarena_t *a, const char *s, size_t n, sp__jv_t *out, char *err,
+                           size_t err_len)
 {
     json_rd_t r = {a, s, n, 0, err, err_len};
     return json_doc(&r, out);
 }
 
 sp_status_t
-sp_jinja_json_check(const char *json, size_t len, char *err, size_t err_len)
+sp__jinja_value_json_check(const char *json, size_t len, char *err, size_t err_len)
 {
     json_rd_t r = {NULL, json, len, 0, err, err_len};
     sp__jv_t v;
-    if (json == NULL) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "json: NULL");
-    }
     return json_doc(&r, &v);
 }
 
 /* ---- printing --------------------------------------------------------- */
-size_t
-sp__jfloat_repr(double f, char *buf)
+/* Python float repr ("1.0", "0.1", "1e+16") into buf (>= 32 bytes). */
+static size_t
+float_repr(double f, char *buf)
 {
     if (isnan(f)) {
         return (size_t)snprintf(buf, 32, "nan");
@@ -734,7 +734,7 @@ write_str_repr(sp__jbuf_t *b, const char *s, size_t n)
 {
     bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    sp_status_t st = sp__jbuf_put(b, &q, 1);
+    sp_status_t st = sp__jinja_value_buf_put(b, &q, 1);
     size_t run = 0;
     for (size_t i = 0; i < n && st == SP_OK; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -755,7 +755,7 @@ write_str_repr(sp__jbuf_t *b, const char *s, size_t n)
             rep = esc;
         }
         if (rep != NULL) {
-            st = sp__jbuf_put(b, s + i - run, run);
+            st = sp__jinja_value_buf_put(b, s + i - run, run);
             run = 0;
             if (st == SP_OK) {
                 st = jbuf_puts(b, rep);
@@ -765,16 +765,16 @@ write_str_repr(sp__jbuf_t *b, const char *s, size_t n)
         }
     }
     if (st == SP_OK) {
-        st = sp__jbuf_put(b, s + n - run, run);
+        st = sp__jinja_value_buf_put(b, s + n - run, run);
     }
     if (st == SP_OK) {
-        st = sp__jbuf_put(b, &q, 1);
+        st = sp__jinja_value_buf_put(b, &q, 1);
     }
     return st;
 }
 
 sp_status_t
-sp__jv_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth)
+sp__jinja_value_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth)
 {
     char num[40];
     sp_status_t st = SP_OK;
@@ -792,10 +792,11 @@ sp__jv_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth)
         snprintf(num, sizeof num, "%lld", (long long)v->u.i);
         return jbuf_puts(b, num);
     case JV_FLOAT:
-        sp__jfloat_repr(v->u.f, num);
+        float_repr(v->u.f, num);
         return jbuf_puts(b, num);
     case JV_STR:
-        return repr ? write_str_repr(b, v->u.s.p, v->u.s.n) : sp__jbuf_put(b, v->u.s.p, v->u.s.n);
+        return repr ? write_str_repr(b, v->u.s.p, v->u.s.n)
+                    : sp__jinja_value_buf_put(b, v->u.s.p, v->u.s.n);
     case JV_LIST:
         st = jbuf_puts(b, "[");
         for (size_t i = 0; i < v->u.l->n && st == SP_OK; i++) {
@@ -803,7 +804,7 @@ sp__jv_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth)
                 st = jbuf_puts(b, ", ");
             }
             if (st == SP_OK) {
-                st = sp__jv_write(b, &v->u.l->v[i], true, max_depth - 1);
+                st = sp__jinja_value_write(b, &v->u.l->v[i], true, max_depth - 1);
             }
         }
         return st == SP_OK ? jbuf_puts(b, "]") : st;
@@ -821,7 +822,7 @@ sp__jv_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth)
                 st = jbuf_puts(b, ": ");
             }
             if (st == SP_OK) {
-                st = sp__jv_write(b, &v->u.d->e[i].v, true, max_depth - 1);
+                st = sp__jinja_value_write(b, &v->u.d->e[i].v, true, max_depth - 1);
             }
         }
         return st == SP_OK ? jbuf_puts(b, v->k == JV_NS ? "}>" : "}") : st;
@@ -859,7 +860,7 @@ json_write_str(sp__jbuf_t *b, const char *s, size_t n)
             }
         }
         if (rep != NULL) {
-            st = sp__jbuf_put(b, s + i - run, run);
+            st = sp__jinja_value_buf_put(b, s + i - run, run);
             run = 0;
             if (st == SP_OK) {
                 st = jbuf_puts(b, rep);
@@ -869,7 +870,7 @@ json_write_str(sp__jbuf_t *b, const char *s, size_t n)
         }
     }
     if (st == SP_OK) {
-        st = sp__jbuf_put(b, s + n - run, run);
+        st = sp__jinja_value_buf_put(b, s + n - run, run);
     }
     return st == SP_OK ? jbuf_puts(b, "\"") : st;
 }
@@ -916,7 +917,7 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
         if (isinf(v->u.f)) {
             return jbuf_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
         }
-        sp__jfloat_repr(v->u.f, num);
+        float_repr(v->u.f, num);
         return jbuf_puts(b, num);
     case JV_STR:
         return json_write_str(b, v->u.s.p, v->u.s.n);
@@ -947,9 +948,10 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
             return jbuf_puts(b, "{}");
         }
         /* Sorting needs an index; it lives on the buffer's arena. */
-        const sp__jentry_t **order = sp__jarena_alloc(b->a, d->n * sizeof *order);
+        const sp__jentry_t **order = sp__jinja_value_arena_alloc(b->a, d->n * sizeof *order);
         if (order == NULL) {
-            return sp__jarena_over(b->a, d->n * sizeof *order) ? SP_ERR_TOO_LARGE : SP_ERR_NOMEM;
+            return sp__jinja_value_arena_over(b->a, d->n * sizeof *order) ? SP_ERR_TOO_LARGE
+                                                                         : SP_ERR_NOMEM;
         }
         size_t m = 0;
         for (size_t i = 0; i < d->n; i++) {
@@ -980,7 +982,7 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
                 st = jbuf_puts(b, ": ");
             }
             if (st == SP_OK) {
-                const sp__jv_t *val = sp__jdict_get(d, order[i]->k, order[i]->kn);
+                const sp__jv_t *val = sp__jinja_value_dict_get(d, order[i]->k, order[i]->kn);
                 st = tojson_rec(b, val, indent, sort_keys, depth - 1, level + 1);
             }
         }
@@ -995,7 +997,7 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
 }
 
 sp_status_t
-sp__jv_tojson(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int max_depth)
+sp__jinja_value_tojson(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int max_depth)
 {
     return tojson_rec(b, v, indent, sort_keys, max_depth, 0);
 }

@@ -59,7 +59,7 @@ int32_t sp_grammar_n_rules(const sp_grammar_t *g);
 bool sp_grammar_needs_byte_outside(const sp_grammar_t *g, const bool have[256]);
 /* Whole-string test: 1 when text is a complete sentence of the grammar, 0 when
  * not, < 0 on an internal limit (tests and tools; generation uses sp_gmatch). */
-int sp_grammar_match(const sp_grammar_t *g, const char *text, size_t len);
+int sp_gmatch_match(const sp_grammar_t *g, const char *text, size_t len);
 
 /* ---- matching ----------------------------------------------------------- */
 

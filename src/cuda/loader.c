@@ -1,6 +1,6 @@
 /*
  * loader.c - finds libsampan_cuda.so at run time and checks its op table
- * (gpu.h, cuda_api.h). sampan never links CUDA: on a machine without the
+ * (loader.h, cuda_api.h). sampan never links CUDA: on a machine without the
  * library, the CUDA runtime, a driver or a GPU this only leaves a note saying
  * which, and the GPU backend is unavailable.
  */
@@ -13,7 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/gpu.h"
+#include "cuda/loader.h"
+#include "sampan/status.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const sp_cuda_api_t *cached;
@@ -23,7 +24,7 @@ static char note[512];
 static _Atomic uint64_t unhealthy;
 
 const sp_cuda_api_t *
-sp_gpu_api_load(const char *path, char *why, size_t why_len)
+sp_loader_load(const char *path, char *why, size_t why_len)
 {
     if (why && why_len) {
         why[0] = '\0';
@@ -71,7 +72,7 @@ load_once(void)
             snprintf(note, sizeof note, "GPU backend disabled (SAMPAN_CUDA_LIB is empty)");
             return;
         }
-        cached = sp_gpu_api_load(env, note, sizeof note);
+        cached = sp_loader_load(env, note, sizeof note);
         return;
     }
     /* Next to the executable (build/sampan and build/libsampan_cuda.so). */
@@ -84,13 +85,13 @@ load_once(void)
             char path[PATH_MAX + 32];
             snprintf(path, sizeof path, "%.*s/%s", (int)(slash - exe), exe, SP_CUDA_LIB_NAME);
             if (access(path, R_OK) == 0) {
-                cached = sp_gpu_api_load(path, note, sizeof note);
+                cached = sp_loader_load(path, note, sizeof note);
                 return;
             }
         }
     }
     char why[sizeof note];
-    cached = sp_gpu_api_load(SP_CUDA_LIB_NAME, why, sizeof why);
+    cached = sp_loader_load(SP_CUDA_LIB_NAME, why, sizeof why);
     if (cached == NULL) {
         if (strstr(why, "cannot load") != NULL && strstr(why, "No such file") != NULL) {
             snprintf(note, sizeof note, "%s not found next to sampan or on the library path "
@@ -102,21 +103,21 @@ load_once(void)
 }
 
 const sp_cuda_api_t *
-sp_gpu_api(void)
+sp_loader_api(void)
 {
     pthread_once(&once, load_once);
     return cached;
 }
 
 const char *
-sp_gpu_api_note(void)
+sp_loader_note(void)
 {
     pthread_once(&once, load_once);
     return cached ? "" : note;
 }
 
 bool
-sp_gpu_device_healthy(int ordinal)
+sp_loader_device_healthy(int ordinal)
 {
     if (ordinal < 0 || ordinal >= 64) {
         return true;
@@ -125,7 +126,7 @@ sp_gpu_device_healthy(int ordinal)
 }
 
 void
-sp_gpu_device_fail(int ordinal)
+sp_loader_device_fail(int ordinal)
 {
     if (ordinal >= 0 && ordinal < 64) {
         atomic_fetch_or(&unhealthy, (uint64_t)1 << ordinal);

@@ -1,7 +1,7 @@
 /*
  * batch.c - the forward pass: one step over the rows (tokens) of many
- * sequences, with the KV cache in a paged pool. sp_ctx (model.c) is this with
- * one sequence, a private pool and the block table 0, 1, 2, ...
+ * sequences, with the KV cache in a paged pool (kv.c). sp_ctx (ctx.c) is this
+ * with one sequence, a private pool and the block table 0, 1, 2, ...
  *
  * Pool layout: block-major. One block is SP_KV_BLOCK positions of every
  * (layer, KV head): for each (layer, head) in order, a key tile (head_dim
@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/pool.h"
 #include "engine/gpu.h"
 #include "engine/lora.h"
@@ -50,209 +51,6 @@
 _Static_assert(SP_KV_BLOCK == SP_ATTN_BLOCK, "a pool block is one attention key block");
 
 #define MAX_STEP_ROWS 65536
-
-/* ------------------------------------------------------------------------ */
-/* KV pool                                                                   */
-/* ------------------------------------------------------------------------ */
-
-struct sp_kv_pool {
-    const sp_model_t *m;
-    sp_type_t type;      /* F32, F16 or Q8_0 (the attention table's index) */
-    size_t elt;          /* bytes per element; 1 for Q8_0, whose "elements" are bytes */
-    int64_t n_blocks;
-    int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim
-                            (Q8_0: sp_kv_q8_tile_bytes, kernels.h) */
-    int64_t v_row;       /* elements from one value row to the next (Q8_0: bytes) */
-    int64_t block_elems; /* (n_layer - layer0) * n_head_kv * 2 tiles */
-    /* A model with a GPU binding keeps layers 0..layer0-1 of every block in
-     * the device pool `gpu` (same block ids, same layout) and only the CPU
-     * layers here. */
-    int64_t layer0;
-    sp_gpu_kv_t *gpu;
-    void *data;
-    /* Per block, the step that last wrote it: finds two writers of one block
-     * in a step without a per-step allocation. */
-    uint32_t *mark;
-    uint32_t epoch;
-};
-
-const char *
-sp_kv_type_name(sp_kv_type_t t)
-{
-    switch (t) {
-    case SP_KV_TYPE_F32: return "f32";
-    case SP_KV_TYPE_F16: return "f16";
-    case SP_KV_TYPE_Q8_0: return "q8_0";
-    default: return "?";
-    }
-}
-
-int
-sp_kv_type_from_name(const char *name)
-{
-    for (int t = 0; name != NULL && t < SP_KV_TYPE_COUNT; t++) {
-        if (strcasecmp(name, sp_kv_type_name((sp_kv_type_t)t)) == 0) {
-            return t;
-        }
-    }
-    return -1;
-}
-
-/* Bytes of one (layer, KV head) key tile (= its value tile) of one block. */
-static size_t
-kv_tile_bytes(int64_t head_dim, sp_kv_type_t type)
-{
-    switch (type) {
-    case SP_KV_TYPE_F32: return SP_KV_BLOCK * (size_t)head_dim * sizeof(float);
-    case SP_KV_TYPE_F16: return SP_KV_BLOCK * (size_t)head_dim * sizeof(sp_fp16_t);
-    case SP_KV_TYPE_Q8_0: return (size_t)sp_kv_q8_tile_bytes(head_dim);
-    default: return 0;
-    }
-}
-
-size_t
-sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
-{
-    const sp_hparams_t *hp = &m->hp;
-    /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. */
-    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(hp->head_dim, type);
-}
-
-/* The sizes of a pool's two arrays (the cache and the per-block marks), for
- * sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
-static sp_status_t
-kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, size_t *mark,
-              char *err, size_t err_len)
-{
-    if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
-                       p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
-    }
-    if ((unsigned)p->type >= SP_KV_TYPE_COUNT) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: unknown cache type %d",
-                       (int)p->type);
-    }
-    if (p->type == SP_KV_TYPE_Q8_0 && sp_gpu_model_layers(m) > 0) {
-        /* The device pool and its kernels know F32 and F16 only. */
-        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "kv cache type q8_0 runs on the CPU only: this model has %lld GPU "
-                       "layers (use f16 or f32, or no GPU layers)",
-                       (long long)sp_gpu_model_layers(m));
-    }
-    /* Host memory for the CPU layers only (all of them without a GPU binding). */
-    const int64_t n_cpu = m->hp.n_layer - sp_gpu_model_layers(m);
-    const size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)m->hp.n_layer * (size_t)n_cpu;
-    if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
-                       (long long)p->n_blocks, bb);
-    }
-    *mark = (size_t)p->n_blocks * sizeof(uint32_t); /* n_blocks <= INT32_MAX: no overflow */
-    return SP_OK;
-}
-
-sp_status_t
-sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err, size_t err_len)
-{
-    size_t data, mark;
-    return kv_pool_sizes(m, p, &data, &mark, err, err_len);
-}
-
-size_t
-sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
-{
-    size_t data, mark, total;
-    if (kv_pool_sizes(m, p, &data, &mark, NULL, 0) != SP_OK ||
-        sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
-        return 0;
-    }
-    return total;
-}
-
-sp_status_t
-sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
-                  char *err, size_t err_len)
-{
-    *out = NULL;
-    size_t total, mark_bytes;
-    sp_status_t st = kv_pool_sizes(m, p, &total, &mark_bytes, err, err_len);
-    if (st != SP_OK) {
-        return st;
-    }
-    sp_kv_pool_t *kv = sp_calloc(1, sizeof *kv);
-    if (kv == NULL) {
-        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
-    }
-    const sp_hparams_t *hp = &m->hp;
-    kv->m = m;
-    static const sp_type_t types[SP_KV_TYPE_COUNT] = {SP_TYPE_F32, SP_TYPE_F16, SP_TYPE_Q8_0};
-    static const size_t elts[SP_KV_TYPE_COUNT] = {sizeof(float), sizeof(sp_fp16_t), 1};
-    kv->type = types[p->type];
-    kv->elt = elts[p->type];
-    kv->n_blocks = p->n_blocks;
-    kv->tile_elems = (int64_t)(kv_tile_bytes(hp->head_dim, p->type) / kv->elt);
-    kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hp->head_dim) : hp->head_dim;
-    kv->layer0 = sp_gpu_model_layers(m);
-    kv->block_elems = (hp->n_layer - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
-    if (m->gpu != NULL) {
-        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
-                               err_len);
-        if (st != SP_OK) {
-            sp_kv_pool_destroy(kv);
-            return st;
-        }
-    }
-    /* Not zeroed: a position is always written before it is read, and key
-     * lanes past a sequence's end are computed and ignored (kernels.h).
-     * (64 bytes stand in for an empty host part: every layer on the GPU.) */
-    kv->data = sp_malloc_aligned(total > 0 ? total : 64, 64);
-    kv->mark = sp_calloc(1, mark_bytes);
-    if (kv->data == NULL || kv->mark == NULL) {
-        sp_kv_pool_destroy(kv);
-        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
-                       "(%zu bytes)", (long long)p->n_blocks, total);
-    }
-    *out = kv;
-    return SP_OK;
-}
-
-void
-sp_kv_pool_destroy(sp_kv_pool_t *kv)
-{
-    if (kv == NULL) {
-        return;
-    }
-    sp__gpu_kv_destroy(kv->gpu);
-    sp_free(kv->data);
-    sp_free(kv->mark);
-    sp_free(kv);
-}
-
-int64_t
-sp_kv_pool_n_blocks(const sp_kv_pool_t *kv)
-{
-    return kv->n_blocks;
-}
-
-void
-sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
-{
-    if (dst < 0 || src < 0 || dst >= kv->n_blocks || src >= kv->n_blocks || dst == src) {
-        return;
-    }
-    const size_t bytes = (size_t)kv->block_elems * kv->elt;
-    memcpy((char *)kv->data + (size_t)dst * bytes, (const char *)kv->data + (size_t)src * bytes,
-           bytes);
-    if (kv->gpu != NULL) {
-        sp__gpu_kv_copy_block(kv->gpu, dst, src);
-    }
-}
-
-/* Element offset of (block, layer, head)'s key tile; its value tile follows. */
-static inline int64_t
-kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
-{
-    return block * kv->block_elems + ((il - kv->layer0) * n_head_kv + g) * 2 * kv->tile_elems;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Batch                                                                     */
@@ -821,6 +619,8 @@ embed_job_run(void *arg, int64_t t, int ith)
     const sp_model_t *m = b->m;
     const sp_hparams_t *hp = &m->hp;
     (void)ith;
+    /* The row of the embedding matrix read below (validate checked the ids). */
+    SP_ASSERT(b->row_tok[t] >= 0 && b->row_tok[t] < hp->n_vocab);
     b->k->to_float[m->tok_embd.type]((const char *)m->tok_embd.data +
                                          (size_t)b->row_tok[t] * m->tok_embd.row_bytes,
                                      b->x + t * hp->n_embd, hp->n_embd);
@@ -914,10 +714,12 @@ rope_job_run(void *arg, int64_t t, int ith)
     rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
     const float *vt = b->kv_v + t * kv_dim;
     const int64_t pos = b->row_pos[t];
+    SP_ASSERT(pos >= 0 && pos < b->max_ctx); /* the cache rows the buffers were sized for */
     const int64_t block = b->seqs[b->row_seq[t]].blocks[pos / SP_KV_BLOCK];
     const int64_t lane = pos % SP_KV_BLOCK;
+    SP_ASSERT(block >= 0 && block < kv->n_blocks); /* the write lands inside the pool */
     for (int64_t g = 0; g < hp->n_head_kv; g++) {
-        const int64_t tile = kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
+        const int64_t tile = sp__kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
         char *vdst =
             (char *)kv->data + (size_t)(tile + kv->tile_elems + lane * kv->v_row) * kv->elt;
@@ -984,7 +786,7 @@ attn_job_run(void *arg, int64_t chunk, int ith)
         if (n_q <= 0) {
             continue;
         }
-        const int64_t tile = kv_tile(kv, 0, j->il, g, hp->n_head_kv);
+        const int64_t tile = sp__kv_tile(kv, 0, j->il, g, hp->n_head_kv);
         const char *base = (const char *)kv->data + (size_t)tile * kv->elt;
         sp_attn_args_t a = {
             .head_dim = hd,
@@ -1143,6 +945,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             b->row_seq[R] = (int32_t)i;
         }
     }
+    SP_ASSERT(R <= b->max_tokens); /* the row buffers hold max_tokens rows */
     sort_rows_by_pos(b->order, b->row_pos, R);
     b->seqs = seqs;
     b->kv = kv;

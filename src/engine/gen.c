@@ -50,7 +50,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "text/tokenizer_impl.h"
+#include "core/assert.h"
 
 #define JSON_MAX_DEPTH 64  /* the container stack is one bit per level in a uint64_t */
 #define JSON_MAX_WS 20     /* bytes in one whitespace run: a line break, then indentation */
@@ -623,7 +623,7 @@ sp_gen_vocab_create(const sp_tokenizer_t *tok, sp_gen_vocab_t **out, char *err, 
      * (the tokenizer checks token lengths at load), so uint16 holds any length. */
     uint64_t total = 0;
     for (int32_t id = 0; id < n; id++) {
-        int32_t k = sp_token_to_piece(tok, id, false, NULL, 0);
+        int32_t k = sp_tokenizer_piece(tok, id, false, NULL, 0);
         if (k > SP_TOKEN_MAX_BYTES) {
             sp_free(refs);
             sp_free(tmp);
@@ -650,7 +650,7 @@ sp_gen_vocab_create(const sp_tokenizer_t *tok, sp_gen_vocab_t **out, char *err, 
         unsigned char *p = v->bytes + v->off[id];
         uint64_t key = 0;
         if (len > 0) {
-            sp_token_to_piece(tok, id, false, (char *)p, (int32_t)len);
+            sp_tokenizer_piece(tok, id, false, (char *)p, (int32_t)len);
         }
         for (uint32_t i = 0; i < 8; i++) {
             key = key << 8 | (i < len ? p[i] : 0);
@@ -873,7 +873,7 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
         g->p.stop[i] = NULL;
     }
     g->n_stop = g->p.n_stop = n_stop;
-    g->strip_space = tok->model == SP_TOK_MODEL_SPM && tok->add_space_prefix;
+    g->strip_space = sp_tokenizer_strips_space(tok);
     g->bos = sp_tokenizer_bos(tok);
     g->prev = -1;
     if (p->json_object || p->grammar != NULL) {
@@ -1352,8 +1352,10 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         int budget = g->vocab->can_close && json_cost(&g->json) <= left ? left - 1 : -1;
         bool found = false;
         if (!g->p.ignore_eos) { /* an end token would leave the object unfinished */
-            for (int i = 0; i < g->tok->n_eog; i++) {
-                logits[g->tok->eog[i]] = -INFINITY;
+            int n_eog;
+            const int32_t *eog = sp_tokenizer_eog(g->tok, &n_eog);
+            for (int i = 0; i < n_eog; i++) {
+                logits[eog[i]] = -INFINITY;
             }
         }
         if (greedy && g->p.top_logprobs < 0) {
@@ -1387,11 +1389,14 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
                                                 : -1;
         bool may_end = !g->p.ignore_eos && sp_gmatch_accepting(g->gm, s);
         g->g_strip = g->strip_space && g->bos >= 0 && g->prev == g->bos;
-        float keep[SP__TOK_MAX_EOG];
-        int n_eog = g->p.ignore_eos ? 0 : g->tok->n_eog;
+        float keep[SP_TOKENIZER_MAX_EOG];
+        int n_eog;
+        const int32_t *eog = sp_tokenizer_eog(g->tok, &n_eog);
+        n_eog = g->p.ignore_eos ? 0 : n_eog;
+        SP_ASSERT(n_eog <= SP_TOKENIZER_MAX_EOG);
         for (int i = 0; i < n_eog; i++) { /* they end the text: only where the grammar may */
-            keep[i] = logits[g->tok->eog[i]];
-            logits[g->tok->eog[i]] = may_end ? keep[i] : -INFINITY;
+            keep[i] = logits[eog[i]];
+            logits[eog[i]] = may_end ? keep[i] : -INFINITY;
         }
         bool found = false;
         if (greedy && g->p.top_logprobs < 0) {
@@ -1409,7 +1414,7 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         if (!found) {
             grammar_mask_all(g, logits, budget);
             for (int i = 0; i < n_eog; i++) {
-                logits[g->tok->eog[i]] = may_end ? keep[i] : -INFINITY;
+                logits[eog[i]] = may_end ? keep[i] : -INFINITY;
             }
         }
     }
@@ -1418,6 +1423,7 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
         z = log_softmax_top(logits, n, g->p.top_logprobs, out->top, &out->n_top);
     }
     int32_t id = sp_sampler_sample_penalized(g->smp, logits); /* reads the logits only */
+    SP_ASSERT(id >= 0 && id < n); /* it indexes the logits row and the vocabulary */
     if (logits[id] == -INFINITY) { /* the sampler's answer when every logit is -inf */
         return fail(g, SP_ERR_UNSUPPORTED,
                     g->gm ? "no token of the vocabulary continues the grammar"

@@ -9,9 +9,9 @@
  * across tokens: text that could still become a stop string is held back
  * until it cannot) and the limits that end it (max tokens, end-of-generation
  * token). It does not own a model context: the caller (the `run` tool, the
- * server's engine worker, later the scheduler) evaluates tokens and passes the
- * resulting logits to sp_gen_step, so the same logic serves one sequence or a
- * batch of them. Everything is sized at create: a step allocates nothing.
+ * scheduler) evaluates tokens and passes the resulting logits to sp_gen_step,
+ * so the same logic serves one sequence or a batch of them. Everything is
+ * sized at create: a step allocates nothing.
  */
 #ifndef SP_ENGINE_GEN_H
 #define SP_ENGINE_GEN_H

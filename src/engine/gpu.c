@@ -170,7 +170,7 @@ static sp_status_t
 dev_fail(sp_gpu_model_t *g, int st, const char *what)
 {
     if (st == SP_ERR_DEVICE || !g->api->healthy(g->ctx)) {
-        sp_gpu_device_fail(g->ordinal);
+        sp_loader_device_fail(g->ordinal);
     }
     if (!g->logged) {
         g->logged = true;
@@ -515,8 +515,10 @@ upload_vec(sp_gpu_model_t *g, const float *v, int64_t n, float **out)
     return SP_OK;
 }
 
-void
-sp__gpu_model_free(sp_gpu_model_t *g)
+/* The model's release hook (model_impl.h): sp_model_free calls it through
+ * the pointer attach installs, so model.c never calls into this file. */
+static void
+gpu_model_free(sp_gpu_model_t *g)
 {
     if (g == NULL) {
         return;
@@ -533,10 +535,10 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
 {
     const sp_hparams_t *hp = &m->hp;
     if (api == NULL) {
-        api = sp_gpu_api();
+        api = sp_loader_api();
         if (api == NULL) {
             return sp_errf(err, err_len, SP_ERR_UNSUPPORTED, "GPU backend unavailable: %s",
-                           sp_gpu_api_note());
+                           sp_loader_note());
         }
     }
     if (m->gpu != NULL) {
@@ -580,7 +582,7 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (st != SP_OK) {
         sp_free(g);
         if (st == SP_ERR_DEVICE) {
-            sp_gpu_device_fail(ordinal);
+            sp_loader_device_fail(ordinal);
         }
         return sp_errf(err, err_len, st, "GPU cuda:%d: %s", ordinal, sub);
     }
@@ -638,6 +640,7 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     api->free(g->ctx, u.stage);
     sp_free(u.h_f32);
     m->gpu = g;
+    m->gpu_release = gpu_model_free;
     SP_LOG_INFO("event=gpu_model_ready device=cuda:%d layers=%lld/%lld weights=%s device_mib=%.1f",
                 ordinal, (long long)n_gpu, (long long)hp->n_layer, mode_names[mode],
                 (double)api->bytes_in_use(g->ctx) / 1048576.0);
@@ -651,7 +654,7 @@ fail:
                 why[0] ? why : sp_status_str(st));
     }
     sp_free(u.h_f32);
-    sp__gpu_model_free(g);
+    gpu_model_free(g);
     return st;
 }
 

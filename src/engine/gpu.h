@@ -1,6 +1,7 @@
 /*
- * gpu.h - the engine's GPU path: loading the CUDA library, a model's weights
- * on one device, the device part of a KV pool and the device part of a batch.
+ * gpu.h - the engine's GPU path: a model's weights on one device, the device
+ * part of a KV pool and the device part of a batch. Loading the CUDA library
+ * is cuda/loader.h's (included here for the callers that bind models).
  * Everything here is plain C inside sampan; the CUDA work happens behind the
  * op table of cuda_api.h (libsampan_cuda.so, or the host emulation
  * tests/gpu/fake_cuda.c in tests).
@@ -16,7 +17,7 @@
  *
  * Errors: a CUDA failure makes the step return SP_ERR_DEVICE (the scheduler
  * fails the step's requests with it), logs the driver's message once, and
- * marks the device unhealthy for good (sp_gpu_device_healthy); nothing
+ * marks the device unhealthy for good (sp_loader_device_healthy); nothing
  * aborts. Not thread-safe per object: one step at a time per batch and pool,
  * as for the CPU.
  */
@@ -28,26 +29,10 @@
 #include <stdint.h>
 
 #include "cuda/cuda_api.h"
+#include "cuda/loader.h"
 #include "engine/batch.h"
 #include "engine/model.h"
 #include "sampan/status.h"
-
-/* ---- the library ---- */
-
-/* The CUDA op table, loaded once (thread-safe): $SAMPAN_CUDA_LIB when set
- * ("" = no GPU backend), else libsampan_cuda.so next to the executable, else
- * the dynamic linker's search. NULL when unavailable, with the reason in
- * sp_gpu_api_note() ("libsampan_cuda.so not found (build it with `make
- * cuda`)", "no CUDA device: ...", "ABI version 2, sampan wants 1"). */
-const sp_cuda_api_t *sp_gpu_api(void);
-const char *sp_gpu_api_note(void); /* "" when loaded */
-/* Load a given library without caching (tests): NULL and why on failure. */
-const sp_cuda_api_t *sp_gpu_api_load(const char *path, char *why, size_t why_len);
-
-/* Whether no CUDA error was seen on device ordinal since start. */
-bool sp_gpu_device_healthy(int ordinal);
-/* Mark ordinal unhealthy (a failed step, a failed load). */
-void sp_gpu_device_fail(int ordinal);
 
 /* ---- sizing, without a GPU ---- */
 
@@ -69,7 +54,7 @@ int64_t sp_gpu_fit_layers(const sp_model_t *m, uint64_t budget, uint64_t fixed,
 /* ---- binding a model ---- */
 
 /* Upload layers [0, n_gpu) of m (n_gpu < 0: all) to device ordinal, through
- * api (NULL = sp_gpu_api()). F16/BF16/F32/Q8_0/Q4_0 weights are uploaded as
+ * api (NULL = sp_loader_api()). F16/BF16/F32/Q8_0/Q4_0 weights are uploaded as
  * stored and dequantised to F16 on the device; other types are dequantised
  * on the CPU first. $SAMPAN_CUDA_WEIGHTS=native keeps Q8_0/Q4_0 matrices
  * quantised instead, =both keeps both copies (gpu.c; SP_ERR_INVALID for
@@ -90,13 +75,12 @@ const char *sp_gpu_model_weights(const sp_model_t *m);
  * where gemv_q runs, the F16 ones where cuBLAS does): the bandwidth bound. */
 uint64_t sp_gpu_model_step_bytes(const sp_model_t *m, int64_t n_rows);
 
-/* ---- engine internals (engine/batch.c, engine/model.c) ---- */
+/* ---- engine internals (engine/batch.c, engine/kv.c) ---- */
 
 typedef struct sp_gpu_model sp_gpu_model_t;
 typedef struct sp_gpu_kv sp_gpu_kv_t;
 typedef struct sp_gpu_batch sp_gpu_batch_t;
 
-void sp__gpu_model_free(sp_gpu_model_t *g);
 sp_status_t sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, bool f16, sp_gpu_kv_t **out,
                               char *err, size_t err_len);
 void sp__gpu_kv_destroy(sp_gpu_kv_t *kv);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/pool.h"
 #include "engine/batch.h"
 #include "engine/model_impl.h"
@@ -470,6 +471,10 @@ sp__lora_apply(sp_pool_t *pool, const sp_cpu_kernels_t *k, const sp_lora_apply_t
     for (int64_t t = 0; t < a->n_rows; t++) {
         const sp_lora_mat_t *mt = row_mat(a, t);
         if (mt != NULL) {
+            /* The adapter's shape is the projection's: inputs within x's row,
+             * outputs exactly y's, rank within the scratch row (batch.c's act). */
+            SP_ASSERT(mt->n_in <= a->x_stride && mt->n_out == a->y_stride &&
+                      mt->rank <= a->tmp_stride);
             max_rank = mt->rank > max_rank ? mt->rank : max_rank;
             n_out = mt->n_out;
             work += mt->rank * (mt->n_in + mt->n_out);

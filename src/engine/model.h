@@ -74,7 +74,7 @@ const sp_gguf_t *sp_model_gguf(const sp_model_t *m);
 size_t sp_model_weight_bytes(const sp_model_t *m);
 
 /* The KV cache's element type (engine/batch.h; layouts in kernels/kernels.h).
- * SP_KV_TYPE_F16 is 1 so a former `bool f16` converts to the same meaning. */
+ * SP_KV_TYPE_F16 is 1, so a boolean "half precision" flag converts to the right type. */
 typedef enum sp_kv_type {
     SP_KV_TYPE_F32 = 0,  /* 4 bytes per element: exact against the reference */
     SP_KV_TYPE_F16 = 1,  /* 2 bytes: about 5e-4 relative rounding */

@@ -1,6 +1,7 @@
 /*
- * model_impl.h - the engine's private view of a loaded model, shared by
- * model.c (loading, sp_ctx) and batch.c (the forward pass). Not for use
+ * model_impl.h - the engine's private view of a loaded model and of a KV
+ * pool, shared by model.c (loading), ctx.c (sp_ctx), kv.c (the pool),
+ * batch.c (the forward pass) and gpu.c (the GPU binding). Not for use
  * outside src/engine.
  */
 #ifndef SP_ENGINE_MODEL_IMPL_H
@@ -46,9 +47,43 @@ struct sp_model {
     sp_layer_t *layers;        /* (n_layer) */
     size_t weight_bytes;
     /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
-     * 0..n_gpu-1 then run on that device. Owned; freed by sp_model_free. */
+     * 0..n_gpu-1 then run on that device. Owned: sp_model_free releases it
+     * through gpu_release, the hook the binder installed with it, so model.c
+     * frees the binding without knowing who made it. */
     struct sp_gpu_model *gpu;
+    void (*gpu_release)(struct sp_gpu_model *gpu);
 };
+
+/* The KV pool (kv.c creates it, batch.c's forward pass reads and writes it;
+ * the layout is batch.c's opening comment). */
+struct sp_kv_pool {
+    const sp_model_t *m;
+    sp_type_t type;      /* F32, F16 or Q8_0 (the attention table's index) */
+    size_t elt;          /* bytes per element; 1 for Q8_0, whose "elements" are bytes */
+    int64_t n_blocks;
+    int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim
+                            (Q8_0: sp_kv_q8_tile_bytes, kernels.h) */
+    int64_t v_row;       /* elements from one value row to the next (Q8_0: bytes) */
+    int64_t block_elems; /* (n_layer - layer0) * n_head_kv * 2 tiles */
+    /* A model with a GPU binding keeps layers 0..layer0-1 of every block in
+     * the device pool `gpu` (same block ids, same layout) and only the CPU
+     * layers here. */
+    int64_t layer0;
+    struct sp_gpu_kv *gpu;
+    void *data;
+    /* Per block, the step that last wrote it: finds two writers of one block
+     * in a step without a per-step allocation. */
+    uint32_t *mark;
+    uint32_t epoch;
+};
+
+/* Element offset of (block, layer, head)'s key tile; its value tile follows. */
+static inline int64_t
+sp__kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
+{
+    return block * kv->block_elems + ((il - kv->layer0) * n_head_kv + g) * 2 * kv->tile_elems;
+}
+
 
 #define SP_MAX_CTX (1 << 24)
 #define SP_DEFAULT_CTX_CAP 4096

@@ -507,7 +507,7 @@ post_token(sp_sched_t *s, seq_t *sq, const sp_gen_token_t *t)
     for (int i = -1; lp && i < n_top; i++) {
         const sp_gen_logprob_t *g = i < 0 ? &t->chosen : &t->top[i];
         char piece[SP_TOKEN_MAX_BYTES];
-        int32_t n = sp_token_to_piece(s->tok, g->token, true, piece, (int32_t)sizeof piece);
+        int32_t n = sp_tokenizer_piece(s->tok, g->token, true, piece, (int32_t)sizeof piece);
         if (n < 0) {
             n = 0;
         }
@@ -1537,7 +1537,7 @@ vocab_bytes(const sp_tokenizer_t *tok)
     const uint64_t piece = 16; /* sizeof(sorted_piece_t) in gen.c */
     uint64_t text = 0;
     for (int32_t id = 0; id < (int32_t)n; id++) {
-        int32_t k = sp_token_to_piece(tok, id, false, NULL, 0);
+        int32_t k = sp_tokenizer_piece(tok, id, false, NULL, 0);
         text += k > 0 ? (uint64_t)k : 0;
     }
     return 128 + (n + 1) * sizeof(uint32_t) + (text > 0 ? text : 1) + 2 * (n * piece + 1);

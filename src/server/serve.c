@@ -28,7 +28,7 @@
 #include "core/pool.h"
 #include "core/workq.h"
 #include "core/timer.h"
-#include "engine/gpu.h"
+#include "cuda/loader.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "serving/repo.h"
@@ -71,7 +71,7 @@ gpu_unhealthy(sp_server_t *s)
     pthread_mutex_lock(&reg->mu);
     for (int d = 0; d < reg->n_dev && !bad; d++) {
         const sp_device_info_t *di = sp_devices_get(reg->devs, d);
-        bad = di->ordinal >= 0 && reg->used[d] > 0 && !sp_gpu_device_healthy(di->ordinal);
+        bad = di->ordinal >= 0 && reg->used[d] > 0 && !sp_loader_device_healthy(di->ordinal);
     }
     pthread_mutex_unlock(&reg->mu);
     return bad;

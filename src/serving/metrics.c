@@ -9,7 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
-#include "engine/gpu.h"
+#include "cuda/loader.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
 #include "api/api.h"
@@ -729,7 +729,7 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         char extra[64];
         snprintf(extra, sizeof extra, "kind=\"%s\"", sp_device_kind_name(di->kind));
         sample(&b, "sampan_device_healthy", "device", di->id, NULL, extra,
-               di->ordinal >= 0 && !sp_gpu_device_healthy(di->ordinal) ? 0 : 1);
+               di->ordinal >= 0 && !sp_loader_device_healthy(di->ordinal) ? 0 : 1);
     }
     family(&b, "sampan_device_utilization_ratio", "gauge", "GPU busy fraction where reported.");
     for (int d = 0; d < reg->n_dev; d++) {

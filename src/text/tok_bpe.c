@@ -304,11 +304,11 @@ load_merges(sp_tokenizer_t *t, sp__tok_bpe_t *b, const sp_gguf_t *g, char *err, 
         int32_t l = -1, r = -1, res = -1;
         if (sp != NULL && s.len <= sizeof cat) {
             size_t nl = (size_t)(sp - s.ptr), nr = s.len - nl - 1;
-            l = sp__tok_lookup(t, s.ptr, nl);
-            r = nr > 0 ? sp__tok_lookup(t, sp + 1, nr) : -1;
+            l = sp__vocab_lookup(t, s.ptr, nl);
+            r = nr > 0 ? sp__vocab_lookup(t, sp + 1, nr) : -1;
             memcpy(cat, s.ptr, nl);
             memcpy(cat + nl, sp + 1, nr);
-            res = sp__tok_lookup(t, cat, nl + nr);
+            res = sp__vocab_lookup(t, cat, nl + nr);
         }
         if (l < 0 || r < 0 || res < 0) {
             if (n_bad++ == 0) {
@@ -399,7 +399,7 @@ sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_le
     for (int c = 0; c < 256; c++) {
         char u[2];
         size_t n = put_cp2(u, b->byte_char[c]);
-        b->byte_tok[c] = sp__tok_lookup(t, u, n);
+        b->byte_tok[c] = sp__vocab_lookup(t, u, n);
     }
     return load_merges(t, b, g, err, err_len);
 
@@ -503,7 +503,7 @@ encode_piece(bpe_work_t *w, const unsigned char *p, size_t n)
         for (size_t i = 0; i < n; i++) {
             m += put_cp2(w->enc + m, b->byte_char[p[i]]);
         }
-        int32_t id = sp__tok_lookup(w->t, w->enc, m);
+        int32_t id = sp__vocab_lookup(w->t, w->enc, m);
         if (id >= 0) {
             sp__tok_emit(w->o, id);
             return SP_OK;

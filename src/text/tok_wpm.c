@@ -113,18 +113,18 @@ fold(uint32_t cp, uint32_t tmp[3], const uint32_t **seq)
         *seq = tmp;
         return s % 28 ? 3 : 2;
     }
-    size_t lo = 0, hi = sp__uni_n_fold;
+    size_t lo = 0, hi = sp__tok_unicode_n_fold;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (sp__uni_fold[mid].cp < cp) {
+        if (sp__tok_unicode_fold[mid].cp < cp) {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if (lo < sp__uni_n_fold && sp__uni_fold[lo].cp == cp) {
-        *seq = sp__uni_fold_pool + sp__uni_fold[lo].off;
-        return sp__uni_fold[lo].n;
+    if (lo < sp__tok_unicode_n_fold && sp__tok_unicode_fold[lo].cp == cp) {
+        *seq = sp__tok_unicode_fold_pool + sp__tok_unicode_fold[lo].off;
+        return sp__tok_unicode_fold[lo].n;
     }
     tmp[0] = cp;
     *seq = tmp;
@@ -153,7 +153,7 @@ wordpiece(const sp_tokenizer_t *t, wpm_word_t *w, sp__tok_out_t *o)
         }
         int32_t id = -1;
         while (end > start) {
-            if ((id = sp__tok_lookup(t, w->buf + from, end - from)) >= 0) {
+            if ((id = sp__vocab_lookup(t, w->buf + from, end - from)) >= 0) {
                 break;
             }
             do {
@@ -196,7 +196,7 @@ sp__tok_wpm_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
     for (size_t i = 0; i < len;) {
         uint32_t cp;
         i += utf8_decode(p + i, len - i, &cp);
-        unsigned f = sp__uni_flags(cp);
+        unsigned f = sp__tok_unicode_flags(cp);
         if (cp == 0 || cp == 0xFFFD || (f & SP__UNI_CONTROL)) {
             continue;
         }
@@ -214,7 +214,7 @@ sp__tok_wpm_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
         const uint32_t *seq;
         size_t n = fold(cp, tmp, &seq);
         for (size_t k = 0; k < n; k++) {
-            unsigned fk = sp__uni_flags(seq[k]);
+            unsigned fk = sp__tok_unicode_flags(seq[k]);
             if (fk & SP__UNI_PUNCT) {
                 wordpiece(t, &w, o);
                 word_add(&w, seq[k]);

@@ -6,7 +6,9 @@
  * (RELIABILITY.md G14-G16) and builds a text -> id hash map. Tokenizing first
  * splits special-token texts out of the input (shared), then hands each run of
  * plain text to the encoder of the vocabulary's model: SentencePiece (here),
- * byte-level BPE (tok_bpe.c) or WordPiece (tok_wpm.c). A built tokenizer is
+ * byte-level BPE (tok_bpe.c) or WordPiece (tok_wpm.c); the text -> id map they
+ * all look tokens up in is vocab.c's, and the streaming detokenizer over
+ * sp_tokenizer_piece is detok.c. A built tokenizer is
  * read-only: sp_tokenize may run on any number of threads at once, each call
  * keeping its scratch state in its own heap buffers.
  *
@@ -31,50 +33,12 @@
 #include "text/tokenizer_impl.h"
 
 #define MAX_VOCAB (1 << 24) /* G15: larger vocabularies are refused */
-#define MAX_EOG SP__TOK_MAX_EOG
+#define MAX_EOG SP_TOKENIZER_MAX_EOG
 /* Longest input sp_tokenize accepts: symbol indices are int32 and the escaped
  * text (3 bytes per space) must stay below 2^31. */
 #define MAX_INPUT_BYTES ((size_t)1 << 29)
 
 /* ---- small helpers ----------------------------------------------------- */
-
-static sp_str_t
-tok_text(const sp_tokenizer_t *t, int32_t id)
-{
-    sp_str_t s = {t->blob + t->text_off[id], t->text_off[id + 1] - t->text_off[id]};
-    return s;
-}
-
-static uint64_t
-hash_bytes(const char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix for the low bits */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 0x100000001b3ull;
-    }
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 32;
-    return h;
-}
-
-int32_t
-sp__tok_lookup(const sp_tokenizer_t *t, const char *p, size_t n)
-{
-    size_t i = (size_t)hash_bytes(p, n) & t->map_mask;
-    for (;;) {
-        int32_t id = t->map[i];
-        if (id < 0) {
-            return -1;
-        }
-        sp_str_t s = tok_text(t, id);
-        if (s.len == n && (n == 0 || memcmp(s.ptr, p, n) == 0)) {
-            return id;
-        }
-        i = (i + 1) & t->map_mask;
-    }
-}
 
 static int
 hexval(char c)
@@ -209,7 +173,7 @@ build_ranks(sp_tokenizer_t *t)
     t->max_token_len = 0;
     t->cut_at_space = true;
     for (int32_t i = 0; i < t->n_vocab; i++) {
-        sp_str_t s = tok_text(t, i);
+        sp_str_t s = sp__vocab_text(t, i);
         if (s.len > t->max_token_len) {
             t->max_token_len = s.len;
         }
@@ -219,39 +183,6 @@ build_ranks(sp_tokenizer_t *t)
                 (j < 3 || memcmp(s.ptr + j - 3, "\xE2\x96\x81", 3) != 0)) {
                 t->cut_at_space = false;
             }
-        }
-    }
-    return SP_OK;
-}
-
-static sp_status_t
-build_map(sp_tokenizer_t *t)
-{
-    size_t slots = 16;
-    while (slots < (size_t)t->n_vocab * 2) {
-        slots <<= 1;
-    }
-    t->map = sp_malloc(slots * sizeof(int32_t));
-    if (t->map == NULL) {
-        return SP_ERR_NOMEM;
-    }
-    memset(t->map, 0xff, slots * sizeof(int32_t)); /* -1 everywhere */
-    t->map_mask = slots - 1;
-    for (int32_t id = 0; id < t->n_vocab; id++) {
-        sp_str_t s = tok_text(t, id);
-        size_t i = (size_t)hash_bytes(s.ptr, s.len) & t->map_mask;
-        for (;;) {
-            int32_t o = t->map[i];
-            if (o < 0) {
-                t->map[i] = id;
-                break;
-            }
-            sp_str_t os = tok_text(t, o);
-            if (os.len == s.len && (s.len == 0 || memcmp(os.ptr, s.ptr, s.len) == 0)) {
-                t->map[i] = id; /* duplicate text: the later id wins, as in llama.cpp */
-                break;
-            }
-            i = (i + 1) & t->map_mask;
         }
     }
     return SP_OK;
@@ -392,7 +323,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
             }
             t->scores[i] = (float)s;
         }
-        sp_str_t text = tok_text(t, i);
+        sp_str_t text = sp__vocab_text(t, i);
         int byte = parse_byte_token(text);
         if (have_types) {
             int64_t ty = sp_gguf_arr_int(&types, (uint64_t)i);
@@ -503,14 +434,14 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     static const char *const eog_texts[] = {"<|eot_id|>",    "<|im_end|>", "<|end|>",
                                             "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                                             "<EOT>"};
-    if ((st = build_map(t)) != SP_OK || (st = build_ranks(t)) != SP_OK) {
+    if ((st = sp__vocab_build_map(t)) != SP_OK || (st = build_ranks(t)) != SP_OK) {
         goto nomem;
     }
     if (kind == SP_TOK_MODEL_BPE && (st = sp__tok_bpe_init(t, g, err, err_len)) != SP_OK) {
         goto fail;
     }
     for (size_t k = 0; k < sizeof(eog_texts) / sizeof(eog_texts[0]); k++) {
-        int32_t id = sp__tok_lookup(t, eog_texts[k], strlen(eog_texts[k]));
+        int32_t id = sp__vocab_lookup(t, eog_texts[k], strlen(eog_texts[k]));
         if (id >= 0 && t->attr[id] == SP_TOKEN_TYPE_CONTROL) {
             add_eog(t, id);
         }
@@ -529,7 +460,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     for (int b = 0; b < 256; b++) {
         if (t->byte_id[b] < 0) {
             char c = (char)b;
-            t->byte_id[b] = sp__tok_lookup(t, &c, 1);
+            t->byte_id[b] = sp__vocab_lookup(t, &c, 1);
         }
     }
 
@@ -625,6 +556,19 @@ sp_tokenizer_is_eog(const sp_tokenizer_t *t, int32_t id)
     return false;
 }
 
+const int32_t *
+sp_tokenizer_eog(const sp_tokenizer_t *t, int *n)
+{
+    *n = t->n_eog;
+    return t->eog;
+}
+
+bool
+sp_tokenizer_strips_space(const sp_tokenizer_t *t)
+{
+    return t->model == SP_TOK_MODEL_SPM && t->add_space_prefix;
+}
+
 sp_str_t
 sp_tokenizer_token_text(const sp_tokenizer_t *t, int32_t id)
 {
@@ -632,7 +576,7 @@ sp_tokenizer_token_text(const sp_tokenizer_t *t, int32_t id)
         sp_str_t none = {"", 0};
         return none;
     }
-    return tok_text(t, id);
+    return sp__vocab_text(t, id);
 }
 
 /* ---- output sink ------------------------------------------------------- */
@@ -689,7 +633,7 @@ split_special(const sp_tokenizer_t *t, const char *text, size_t len, bool parse_
         if (!parse_special && t->attr[id] != SP_TOKEN_TYPE_USER_DEFINED) {
             continue;
         }
-        sp_str_t s = tok_text(t, id);
+        sp_str_t s = sp__vocab_text(t, id);
         if (s.len > len || memmem(text, len, s.ptr, s.len) == NULL) {
             continue; /* cheap pre-check: most specials never occur */
         }
@@ -769,7 +713,7 @@ spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left)
     if (size > t->max_token_len) {
         return 0; /* no token is that long: skip the hash */
     }
-    int32_t id = sp__tok_lookup(t, w->esc + l->off, size);
+    int32_t id = sp__vocab_lookup(t, w->esc + l->off, size);
     if (id < 0) {
         return 0;
     }
@@ -842,7 +786,7 @@ spm_merge_chunk(const sp_tokenizer_t *t, spm_work_t *w, int32_t n_sym, sp__tok_o
      * is not one falls back to its bytes. */
     for (int32_t i = 0; i >= 0; i = sym[i].next) {
         const spm_symbol_t *s = &sym[i];
-        int32_t id = sp__tok_lookup(t, w->esc + s->off, s->n);
+        int32_t id = sp__vocab_lookup(t, w->esc + s->off, s->n);
         if (id >= 0) {
             sp__tok_emit(o, id);
             continue;
@@ -996,8 +940,8 @@ sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
     return o.n;
 }
 
-int32_t
-sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap)
+static int32_t
+put_piece(const char *p, size_t n, char *buf, int32_t cap)
 {
     size_t c = cap > 0 ? (size_t)cap : 0;
     if (buf != NULL && c > 0) {
@@ -1006,8 +950,8 @@ sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap)
     return (int32_t)n;
 }
 
-int32_t
-sp__tok_put_spaced(sp_str_t s, char *buf, int32_t cap)
+static int32_t
+put_spaced(sp_str_t s, char *buf, int32_t cap)
 {
     int32_t n = 0;
     for (size_t i = 0; i < s.len;) {
@@ -1027,22 +971,22 @@ sp__tok_put_spaced(sp_str_t s, char *buf, int32_t cap)
 }
 
 int32_t
-sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap)
+sp_tokenizer_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap)
 {
     if (t == NULL || id < 0 || id >= t->n_vocab) {
         return SP_ERR_INVALID;
     }
-    sp_str_t s = tok_text(t, id);
+    sp_str_t s = sp__vocab_text(t, id);
     sp_token_attr_t attr = (sp_token_attr_t)t->attr[id];
     /* What every model type writes the same way. */
     switch (attr) {
     case SP_TOKEN_TYPE_BYTE: {
         char c = (char)t->byte_val[id];
-        return sp__tok_put_piece(&c, 1, buf, cap);
+        return put_piece(&c, 1, buf, cap);
     }
     case SP_TOKEN_TYPE_CONTROL:
     case SP_TOKEN_TYPE_UNKNOWN:
-        return special ? sp__tok_put_piece(s.ptr, s.len, buf, cap) : 0;
+        return special ? put_piece(s.ptr, s.len, buf, cap) : 0;
     case SP_TOKEN_TYPE_UNDEFINED:
     case SP_TOKEN_TYPE_UNUSED:
         return 0;
@@ -1055,64 +999,13 @@ sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, 
      * word-initial U+2581 is the space before the word for them too. */
     switch (t->model) {
     case SP_TOK_MODEL_SPM:
-        return attr == SP_TOKEN_TYPE_USER_DEFINED ? sp__tok_put_piece(s.ptr, s.len, buf, cap)
-                                                  : sp__tok_put_spaced(s, buf, cap);
+        return attr == SP_TOKEN_TYPE_USER_DEFINED ? put_piece(s.ptr, s.len, buf, cap)
+                                                  : put_spaced(s, buf, cap);
     case SP_TOK_MODEL_BPE:
-        return attr == SP_TOKEN_TYPE_USER_DEFINED ? sp__tok_put_piece(s.ptr, s.len, buf, cap)
+        return attr == SP_TOKEN_TYPE_USER_DEFINED ? put_piece(s.ptr, s.len, buf, cap)
                                                   : sp__tok_bpe_text(t, s, buf, cap);
     case SP_TOK_MODEL_WPM:
-        return sp__tok_put_spaced(s, buf, cap);
+        return put_spaced(s, buf, cap);
     }
     return SP_ERR_UNSUPPORTED;
-}
-
-/* ---- streaming detokenizer ------------------------------------------------ */
-
-/* Bytes at the end of p[0..n) that start a valid but unfinished UTF-8
- * character (0 when the text ends on a character boundary or on bytes that
- * can never become a character). */
-static int
-utf8_unfinished_tail(const unsigned char *p, size_t n)
-{
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = p[n - back];
-        if ((c & 0xC0) == 0x80) {
-            continue; /* a continuation byte: look further back for its lead */
-        }
-        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-        return need > back ? (int)back : 0;
-    }
-    return 0;
-}
-
-int32_t
-sp_detok_push(const sp_tokenizer_t *t, sp_detok_t *d, int32_t id, bool special, char *buf,
-              int32_t cap)
-{
-    int32_t n = sp_token_to_piece(t, id, special, NULL, 0);
-    if (n < 0) {
-        return n;
-    }
-    int64_t total = (int64_t)d->n_held + n;
-    if (buf == NULL || cap < total) {
-        return (int32_t)total;
-    }
-    memcpy(buf, d->held, (size_t)d->n_held);
-    sp_token_to_piece(t, id, special, buf + d->n_held, n);
-    int tail = utf8_unfinished_tail((const unsigned char *)buf, (size_t)total);
-    memcpy(d->held, buf + total - tail, (size_t)tail);
-    d->n_held = tail;
-    return (int32_t)(total - tail);
-}
-
-int32_t
-sp_detok_flush(sp_detok_t *d, char *buf, int32_t cap)
-{
-    int32_t n = d->n_held;
-    if (buf == NULL || cap < n) {
-        return n;
-    }
-    memcpy(buf, d->held, (size_t)n);
-    d->n_held = 0;
-    return n;
 }

@@ -11,7 +11,7 @@
  * before any of them runs (see sp_tokenize).
  *
  * Threads: a built tokenizer is read-only; any number of threads may call
- * sp_tokenize and sp_token_to_piece on it at once.
+ * sp_tokenize and sp_tokenizer_piece on it at once.
  *
  * The vocabulary is untrusted (RELIABILITY.md G14-G16): element types, counts,
  * special ids, token lengths and <0xNN> spellings are checked at load.
@@ -27,6 +27,7 @@
 #include "sampan/status.h"
 
 #define SP_TOKEN_MAX_BYTES 1024 /* longest token text accepted from a vocabulary */
+#define SP_TOKENIZER_MAX_EOG 16 /* most end-of-generation ids a vocabulary may name */
 
 typedef struct sp_tokenizer sp_tokenizer_t;
 
@@ -49,6 +50,13 @@ int32_t sp_tokenizer_bos(const sp_tokenizer_t *t); /* -1 when none */
 int32_t sp_tokenizer_eos(const sp_tokenizer_t *t); /* -1 when none */
 bool sp_tokenizer_add_bos(const sp_tokenizer_t *t);
 bool sp_tokenizer_is_eog(const sp_tokenizer_t *t, int32_t id); /* end of generation (eos, eot, ...) */
+/* All end-of-generation ids (at most SP_TOKENIZER_MAX_EOG, each < n_vocab): *n gets
+ * their count; the array lives as long as the tokenizer. */
+const int32_t *sp_tokenizer_eog(const sp_tokenizer_t *t, int *n);
+/* True for a SentencePiece vocabulary that puts a dummy-prefix space in front of
+ * the text: the first piece after BOS then starts with a space the text did
+ * not have, and a detokenizer that wants the original text drops it. */
+bool sp_tokenizer_strips_space(const sp_tokenizer_t *t);
 
 /*
  * Tokenize len bytes of text. add_bos: prepend BOS when the vocabulary asks for
@@ -67,7 +75,7 @@ int64_t sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool 
  * A piece may be part of a UTF-8 character; streaming callers hold partial
  * sequences back.
  */
-int32_t sp_token_to_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap);
+int32_t sp_tokenizer_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf, int32_t cap);
 
 /*
  * Streaming detokenizer: turns ids into text that never ends inside a UTF-8

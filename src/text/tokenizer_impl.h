@@ -1,9 +1,10 @@
 /*
  * tokenizer_impl.h - internals shared by the tokenizer's files (not a public API).
  *
- * tokenizer.c owns loading, the special-token split and dispatch; each model
- * type has its own encoder and piece function: SPM in tokenizer.c, byte-level
- * BPE in tok_bpe.c, WordPiece in tok_wpm.c. The tokenizer is immutable once
+ * tokenizer.c owns loading, the special-token split and dispatch, and is the
+ * only file that calls down into the per-model encoders: SPM in tokenizer.c,
+ * byte-level BPE in tok_bpe.c, WordPiece in tok_wpm.c. The vocabulary's hash
+ * map (vocab.c) sits below all of them, so the calls form no circle. The tokenizer is immutable once
  * built, so one instance may be used by any number of threads at once: every
  * encoder keeps its per-call state in locals and per-call heap buffers.
  */
@@ -15,8 +16,6 @@
 #include <stdint.h>
 
 #include "text/tokenizer.h"
-
-#define SP__TOK_MAX_EOG 16
 
 typedef enum sp_tok_model {
     SP_TOK_MODEL_SPM = 0, /* tokenizer.ggml.model = "llama" */
@@ -43,7 +42,7 @@ struct sp_tokenizer {
     int32_t *special;   /* (n_special) ids split out of the text, longest text first */
     int32_t n_special;
     int32_t bos, eos, unk, pad, sep; /* -1 when none; bert: bos is [CLS], sep [SEP] */
-    int32_t eog[SP__TOK_MAX_EOG];
+    int32_t eog[SP_TOKENIZER_MAX_EOG];
     int n_eog;
     bool add_bos, add_eos, add_sep, add_space_prefix;
     sp__tok_bpe_t *bpe; /* BPE only */
@@ -65,20 +64,25 @@ sp__tok_emit(sp__tok_out_t *o, int32_t id)
     o->n++;
 }
 
-/* Id of the token whose text is exactly p[0..n), or -1. */
-int32_t sp__tok_lookup(const sp_tokenizer_t *t, const char *p, size_t n);
+/* The stored text of token id (no bounds check: callers pass ids below n_vocab). */
+static inline sp_str_t
+sp__vocab_text(const sp_tokenizer_t *t, int32_t id)
+{
+    sp_str_t s = {t->blob + t->text_off[id], t->text_off[id + 1] - t->text_off[id]};
+    return s;
+}
 
-/* Copy n bytes to buf within cap; return n (the sp_token_to_piece contract). */
-int32_t sp__tok_put_piece(const char *p, size_t n, char *buf, int32_t cap);
-/* The same with every U+2581 written as a space (SentencePiece and WordPiece text). */
-int32_t sp__tok_put_spaced(sp_str_t s, char *buf, int32_t cap);
+/* vocab.c: build the text -> id map over blob/text_off (at load), and look up the
+ * id of the token whose text is exactly p[0..n), or -1. */
+sp_status_t sp__vocab_build_map(sp_tokenizer_t *t);
+int32_t sp__vocab_lookup(const sp_tokenizer_t *t, const char *p, size_t n);
 
 /* BPE (tok_bpe.c). init reads tokenizer.ggml.pre and .merges; text has no specials. */
 sp_status_t sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);
 void sp__tok_bpe_free(sp__tok_bpe_t *b);
 sp_status_t sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t len,
                                sp__tok_out_t *o);
-/* A normal token's text: byte characters back to bytes (sp_token_to_piece's contract). */
+/* A normal token's text: byte characters back to bytes (sp_tokenizer_piece's contract). */
 int32_t sp__tok_bpe_text(const sp_tokenizer_t *t, sp_str_t s, char *buf, int32_t cap);
 
 /* WordPiece (tok_wpm.c). */

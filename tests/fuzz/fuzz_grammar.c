@@ -19,17 +19,17 @@
  *    (sp_gmatch_maintain, then every byte tried as a token mask does, for the
  *    first PROBED bytes, then the commit, which must land on the state its
  *    byte's trial did); walked with trial sp_gmatch_feed calls that never
- *    commit; and sp_grammar_match: all four agree on the bytes accepted, the
+ *    commit; and sp_gmatch_match: all four agree on the bytes accepted, the
  *    first refused byte, and the end state as far as it can be observed
  *    (accepting, can continue, the shortest completion's cost, which of the
  *    256 next bytes live and which of those accept). A refused commit leaves
  *    the state unchanged. Where a matcher reports it hit a table's hard cap
- *    (sp_gmatch_overflowed, sp_grammar_match < 0) its DEAD answers may be the
+ *    (sp_gmatch_overflowed, sp_gmatch_match < 0) its DEAD answers may be the
  *    limit's, so nothing is compared for that input;
  *  - a matcher kept up with sp_gmatch_maintain stays under MATCHER_MAX bytes;
  *  - TEXT also steers a walk to a sentence (guided_sentence: its bytes pick
  *    among the live next bytes, then the cheapest completion follows): on
- *    the way sp_gmatch_cost must be exact, and sp_grammar_match must accept
+ *    the way sp_gmatch_cost must be exact, and sp_gmatch_match must accept
  *    the result (an empty TEXT gives the shortest sentence);
  *  - for a schema, an accepted TEXT and the guided sentence are JSON
  *    (jansson; a number too large for a double is the one exception, since
@@ -400,7 +400,7 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
         }
     }
 
-    int r = sp_grammar_match(g, text, n);
+    int r = sp_gmatch_match(g, text, n);
     bool limited = r < 0 || sp_gmatch_overflowed(whole) || bytes_full ||
                    sp_gmatch_overflowed(trial);
     if (!limited) {
@@ -416,7 +416,7 @@ check_matching(sp_grammar_t *g, const char *spec, size_t spec_len, const char *t
         }
         bool acc = ok_whole && sp_gmatch_accepting(whole, sp_gmatch_state(whole));
         if ((r == 1) != acc) {
-            bug("sp_grammar_match disagrees with the matcher", spec, spec_len, n);
+            bug("sp_gmatch_match disagrees with the matcher", spec, spec_len, n);
         }
         if (ok_whole) {
             view_t a, b, c;
@@ -499,9 +499,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *sent = malloc(GUIDED + COMPLETION);
         size_t k = sent ? guided_sentence(g, spec, spec_len, text, n, sent) : 0;
         if (k > 0) {
-            int r = sp_grammar_match(g, sent, k);
+            int r = sp_gmatch_match(g, sent, k);
             if (r == 0) {
-                bug("sp_grammar_match refused a sentence the matcher walked", spec, spec_len, k);
+                bug("sp_gmatch_match refused a sentence the matcher walked", spec, spec_len, k);
             }
             if (schema != NULL && r == 1) {
                 check_instance(schema, spec, spec_len, sent, k);

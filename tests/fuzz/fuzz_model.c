@@ -48,7 +48,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                 ids, 64);
         for (int64_t i = 0; i < n && i < 64; i++) {
             char piece[64];
-            (void)sp_token_to_piece(sp_model_tokenizer(m), ids[i], true, piece, sizeof piece);
+            (void)sp_tokenizer_piece(sp_model_tokenizer(m), ids[i], true, piece, sizeof piece);
         }
         sp_model_free(m);
     }

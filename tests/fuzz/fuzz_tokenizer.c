@@ -58,7 +58,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
             int64_t n = sp_tokenize(toks[i], &c, 1, false, false, ids, 8);
             size_t k = 0;
             for (int64_t j = 0; j < n && j < 8; j++) {
-                int32_t m = sp_token_to_piece(toks[i], ids[j], false, out + k, 8 - (int32_t)k);
+                int32_t m = sp_tokenizer_piece(toks[i], ids[j], false, out + k, 8 - (int32_t)k);
                 k += m > 0 ? (size_t)m : 0;
             }
             /* SPM puts its dummy-prefix space first */
@@ -98,7 +98,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ids[i] < 0 || ids[i] >= n_vocab) {
             abort();
         }
-        int32_t k = sp_token_to_piece(t, ids[i], false, NULL, 0);
+        int32_t k = sp_tokenizer_piece(t, ids[i], false, NULL, 0);
         if (k < 0 || k > SP_TOKEN_MAX_BYTES) {
             abort();
         }
@@ -107,7 +107,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             dec = realloc(dec, cap);
             str = realloc(str, cap);
         }
-        sp_token_to_piece(t, ids[i], false, dec + used, k);
+        sp_tokenizer_piece(t, ids[i], false, dec + used, k);
         used += (size_t)k;
         int32_t s = sp_detok_push(t, &d, ids[i], false, piece, (int32_t)sizeof piece);
         if (s < 0 || d.n_held > 3) {

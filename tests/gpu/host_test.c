@@ -201,16 +201,16 @@ test_loader(void)
 {
     begin("loader_refusals");
     char why[512];
-    CHECK(sp_gpu_api_load("/nonexistent/libsampan_cuda.so", why, sizeof why) == NULL, "loaded");
+    CHECK(sp_loader_load("/nonexistent/libsampan_cuda.so", why, sizeof why) == NULL, "loaded");
     CHECK(strstr(why, "cannot load") != NULL, "why: %s", why);
-    CHECK(sp_gpu_api_load("libm.so.6", why, sizeof why) == NULL, "libm loaded as CUDA");
+    CHECK(sp_loader_load("libm.so.6", why, sizeof why) == NULL, "libm loaded as CUDA");
     CHECK(strstr(why, "sp_cuda_get_api") != NULL, "why: %s", why);
     fake_set_devices(0);
-    CHECK(sp_gpu_api_load(fake_path, why, sizeof why) == NULL, "no device, but loaded");
+    CHECK(sp_loader_load(fake_path, why, sizeof why) == NULL, "no device, but loaded");
     CHECK(strstr(why, "no CUDA device") != NULL, "why: %s", why);
     fake_set_devices(1);
     fake_set_abi(SP_CUDA_ABI_VERSION + 1);
-    CHECK(sp_gpu_api_load(fake_path, why, sizeof why) == NULL, "other ABI, but loaded");
+    CHECK(sp_loader_load(fake_path, why, sizeof why) == NULL, "other ABI, but loaded");
     CHECK(strstr(why, "ABI version") != NULL, "why: %s", why);
     fake_set_abi(SP_CUDA_ABI_VERSION);
     /* A library from before the graph and gemv_q members: refused, not half used. */
@@ -219,11 +219,11 @@ test_loader(void)
     CHECK(set_size != NULL, "no fake_cuda_set_struct_size");
     if (set_size != NULL) {
         set_size((uint32_t)offsetof(sp_cuda_api_t, graph_begin));
-        CHECK(sp_gpu_api_load(fake_path, why, sizeof why) == NULL, "short table, but loaded");
+        CHECK(sp_loader_load(fake_path, why, sizeof why) == NULL, "short table, but loaded");
         CHECK(strstr(why, "rebuild it") != NULL, "why: %s", why);
         set_size(0);
     }
-    CHECK(sp_gpu_api_load(fake_path, why, sizeof why) == fake, "fake: %s", why);
+    CHECK(sp_loader_load(fake_path, why, sizeof why) == fake, "fake: %s", why);
     end();
 }
 
@@ -912,7 +912,7 @@ test_graph_capture_failure(void)
         fake_fail_capture(0);
         CHECK(fstats().launches == l0, "graphs launched after a failed capture");
         check_steps(a, b, N_GEN, 512, logit_tol(cpu, false));
-        CHECK(sp_gpu_device_healthy(0), "a failed capture made the device unhealthy");
+        CHECK(sp_loader_device_healthy(0), "a failed capture made the device unhealthy");
     }
     sp_model_free(cpu);
     sp_model_free(g);
@@ -952,7 +952,7 @@ test_graph_fault(void)
                 st = sp_ctx_eval(c, &t, 1, pos++);
             }
             CHECK(st == SP_OK && fstats().launches - l0 == 2, "no graph replayed before the fault");
-            CHECK(sp_gpu_device_healthy(1), "healthy before");
+            CHECK(sp_loader_device_healthy(1), "healthy before");
             /* Ops of the next step: upload rows, upload x, launch, then the
              * replayed ones: the 6th op is the third replayed (gemm q). */
             fake_fail_at(5);
@@ -961,8 +961,8 @@ test_graph_fault(void)
             st = sp_ctx_eval(c, &t, 1, pos);
             CHECK(st == SP_ERR_DEVICE, "fault in a replay gave status %d", st);
             CHECK(fstats().launches == l1 + 1, "the fault was not inside a launch");
-            CHECK(!sp_gpu_device_healthy(1), "device still healthy");
-            CHECK(sp_gpu_device_healthy(0), "the other device caught it");
+            CHECK(!sp_loader_device_healthy(1), "device still healthy");
+            CHECK(sp_loader_device_healthy(0), "the other device caught it");
             CHECK(sp_ctx_eval(c, &t, 1, pos) == SP_ERR_DEVICE, "poisoned context ran");
             sp_ctx_destroy(c);
         }
@@ -1155,10 +1155,10 @@ test_errors(void)
         CHECK(sp_ctx_create(g, &p, &c, err, sizeof err) == SP_OK, "%s", err);
         if (c != NULL) {
             CHECK(sp_ctx_eval(c, prompt, 4, 0) == SP_OK, "first eval");
-            CHECK(sp_gpu_device_healthy(0), "healthy before");
+            CHECK(sp_loader_device_healthy(0), "healthy before");
             fake_fail_at(7); /* somewhere inside the next step's first layer */
             CHECK(sp_ctx_eval(c, prompt + 4, 4, 4) == SP_ERR_DEVICE, "fault not reported");
-            CHECK(!sp_gpu_device_healthy(0), "device still healthy");
+            CHECK(!sp_loader_device_healthy(0), "device still healthy");
             CHECK(sp_ctx_eval(c, prompt + 4, 1, 4) == SP_ERR_DEVICE, "poisoned ctx ran");
             sp_ctx_destroy(c);
         }
@@ -1698,7 +1698,7 @@ main(int argc, char **argv)
     test_common();
     fake_handle = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
     char why[512];
-    fake = fake_handle ? sp_gpu_api_load(fake_path, why, sizeof why) : NULL;
+    fake = fake_handle ? sp_loader_load(fake_path, why, sizeof why) : NULL;
     if (fake == NULL) {
         skip("fake_cuda", fake_handle ? why : dlerror());
     } else {

@@ -3,7 +3,7 @@
  * kernels (src/kernels/cpu/ref*.c, linked in), through the op table exactly
  * as sampan calls it.
  *
- *     build/gpu_kernel_test [LIB.so]     (default: sp_gpu_api(), i.e.
+ *     build/gpu_kernel_test [LIB.so]     (default: sp_loader_api(), i.e.
  *                                         $SAMPAN_CUDA_LIB or libsampan_cuda.so
  *                                         next to the program)
  *
@@ -761,9 +761,9 @@ main(int argc, char **argv)
 {
     sp_log_set_level(SP_LOG_LEVEL_NONE);
     char why[512] = "";
-    A = argc > 1 ? sp_gpu_api_load(argv[1], why, sizeof why) : sp_gpu_api();
+    A = argc > 1 ? sp_loader_load(argv[1], why, sizeof why) : sp_loader_api();
     if (A == NULL) {
-        printf("gpu kernels: skipped (%s)\n", argc > 1 ? why : sp_gpu_api_note());
+        printf("gpu kernels: skipped (%s)\n", argc > 1 ? why : sp_loader_note());
         printf("gpu_kernel_test: 0 passed, 0 failed, 1 skipped\n");
         return 0;
     }

@@ -562,3 +562,60 @@ TEST(chat_detect_and_select)
     sp_gguf_close(g);
     sp_free(mem);
 }
+
+/* The BOS rule (sp_chat_add_bos): a template that writes the BOS text gets no
+ * second BOS; one that does not, and a plain prompt, get the vocabulary's. */
+TEST(chat_add_bos_rule)
+{
+    sp_gguf_t *g;
+    sp_tokenizer_t *tok;
+    ASSERT_OK(sp_gguf_open("tests/data/tokenizer/ggml-vocab-llama-spm.gguf", &g, g_err,
+                           sizeof g_err));
+    ASSERT_OK(sp_tokenizer_from_gguf(g, &tok, g_err, sizeof g_err));
+    ASSERT(sp_tokenizer_add_bos(tok));
+    const int32_t bos = sp_tokenizer_bos(tok);
+    ASSERT(bos >= 0);
+    sp_str_t bt = sp_tokenizer_token_text(tok, bos);
+    ASSERT_EQ(bt.len, 3u); /* "<s>" */
+
+    /* llama2 writes bos_token at the start of every turn. */
+    sp_chat_template_t *t;
+    ASSERT_OK(sp_chat_template_builtin("llama2", &t, g_err, sizeof g_err));
+    char *p = apply(t, CONV_NOSYS, 1, true, "<s>", "</s>", NULL, NULL);
+    ASSERT(strncmp(p, "<s>", 3) == 0);
+    ASSERT(!sp_chat_add_bos(tok, p, strlen(p)));
+    /* Tokenized with the rule, the prompt starts with exactly one BOS. */
+    int32_t ids[256];
+    int64_t n = sp_tokenize(tok, p, strlen(p), sp_chat_add_bos(tok, p, strlen(p)), true, ids,
+                            256);
+    ASSERT(n >= 2 && n <= 256);
+    ASSERT_EQ(ids[0], bos);
+    ASSERT(ids[1] != bos);
+    /* Only the rendered text's start counts: a prefix shorter than the BOS text
+     * or the BOS text later on still gets one. */
+    ASSERT(sp_chat_add_bos(tok, p, 2));
+    ASSERT(sp_chat_add_bos(tok, p + 1, strlen(p) - 1));
+    sp_free(p);
+    sp_chat_template_destroy(t);
+
+    /* chatml never writes it: the vocabulary's BOS is added. */
+    ASSERT_OK(sp_chat_template_builtin("chatml", &t, g_err, sizeof g_err));
+    p = apply(t, CONV_NOSYS, 1, true, "<s>", "</s>", NULL, NULL);
+    ASSERT(sp_chat_add_bos(tok, p, strlen(p)));
+    sp_free(p);
+    sp_chat_template_destroy(t);
+
+    /* A plain prompt: its text is never taken for the BOS token. */
+    ASSERT(sp_chat_add_bos(tok, NULL, 0));
+    sp_tokenizer_destroy(tok);
+    sp_gguf_close(g);
+
+    /* A vocabulary that asks for no BOS gets none, whatever the text. */
+    ASSERT_OK(sp_gguf_open("tests/data/tokenizer/ggml-vocab-gpt-2.gguf", &g, g_err, sizeof g_err));
+    ASSERT_OK(sp_tokenizer_from_gguf(g, &tok, g_err, sizeof g_err));
+    ASSERT(!sp_tokenizer_add_bos(tok));
+    ASSERT(!sp_chat_add_bos(tok, NULL, 0));
+    ASSERT(!sp_chat_add_bos(tok, "hello", 5));
+    sp_tokenizer_destroy(tok);
+    sp_gguf_close(g);
+}

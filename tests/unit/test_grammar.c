@@ -38,7 +38,7 @@ compile_err(const char *src, size_t len, sp_status_t want)
 static int
 match(const sp_grammar_t *g, const char *s)
 {
-    return sp_grammar_match(g, s, strlen(s));
+    return sp_gmatch_match(g, s, strlen(s));
 }
 
 #define ACCEPT(g, s) do { if (match(g, s) != 1) SP_TEST_FAIL("should accept: \"%s\"", s); } while (0)
@@ -145,8 +145,8 @@ TEST(grammar_deep_nesting_no_stack_overflow)
     s[depth] = 'x';
     memset(s + depth + 1, ')', depth);
     s[2 * depth + 1] = '\0';
-    ASSERT_EQ(sp_grammar_match(g, s, 2 * depth + 1), 1);
-    ASSERT_EQ(sp_grammar_match(g, s, 2 * depth), 0); /* one ')' short */
+    ASSERT_EQ(sp_gmatch_match(g, s, 2 * depth + 1), 1);
+    ASSERT_EQ(sp_gmatch_match(g, s, 2 * depth), 0); /* one ')' short */
     sp_free(s);
     sp_grammar_release(g);
 }

@@ -57,7 +57,7 @@ greedy(const char *prompt, int n_gen, int n_threads, char *out, size_t cap)
     }
     size_t len = 0;
     for (int64_t i = 1; i < n; i++) {
-        int32_t k = sp_token_to_piece(tok, toks[i], false, out + len, (int32_t)(cap - len - 1));
+        int32_t k = sp_tokenizer_piece(tok, toks[i], false, out + len, (int32_t)(cap - len - 1));
         ASSERT(k >= 0 && (size_t)k < cap - len - 1);
         len += (size_t)k;
     }

@@ -46,8 +46,8 @@ schema_err(const char *json)
     return err;
 }
 
-#define YES(g, s) do { if (sp_grammar_match(g, s, strlen(s)) != 1) SP_TEST_FAIL("should accept: %s", s); } while (0)
-#define NO(g, s) do { if (sp_grammar_match(g, s, strlen(s)) != 0) SP_TEST_FAIL("should reject: %s", s); } while (0)
+#define YES(g, s) do { if (sp_gmatch_match(g, s, strlen(s)) != 1) SP_TEST_FAIL("should accept: %s", s); } while (0)
+#define NO(g, s) do { if (sp_gmatch_match(g, s, strlen(s)) != 0) SP_TEST_FAIL("should reject: %s", s); } while (0)
 
 TEST(schema_primitives)
 {
@@ -190,10 +190,10 @@ TEST(schema_keywords_beside_whole_rules)
     ASSERT(strstr(e, "'type' beside 'enum'") != NULL);
     /* type beside enum or const is kept when every value has it; annotations stay ignored */
     sp_grammar_t *g = schema_ok("{\"type\": \"string\", \"enum\": [\"a\", \"b\"], \"title\": \"t\"}");
-    ASSERT_EQ(sp_grammar_match(g, "\"b\"", 3), 1);
+    ASSERT_EQ(sp_gmatch_match(g, "\"b\"", 3), 1);
     sp_grammar_release(g);
     g = schema_ok("{\"type\": [\"integer\", \"null\"], \"const\": null}");
-    ASSERT_EQ(sp_grammar_match(g, "null", 4), 1);
+    ASSERT_EQ(sp_gmatch_match(g, "null", 4), 1);
     sp_grammar_release(g);
 }
 
@@ -326,7 +326,7 @@ TEST(schema_gen_random_logits_always_valid)
             len += o.text_len;
         } while (o.finish == SP_FINISH_NONE);
         text[len] = '\0';
-        if (sp_grammar_match(g, text, len) != 1) {
+        if (sp_gmatch_match(g, text, len) != 1) {
             SP_TEST_FAIL("run %d (max_tokens %d, finish %d): not a sentence: %s", run, p.max_tokens,
                          (int)o.finish, text);
         }
@@ -350,7 +350,7 @@ force_prefix(sp_gen_t *gen, const sp_tokenizer_t *t, float *l, const char *prefi
         int32_t id = -1;
         for (int32_t k = 0; k < V && id < 0; k++) {
             char piece[64];
-            if (sp_token_to_piece(t, k, false, piece, sizeof piece) == 1 && piece[0] == *c) {
+            if (sp_tokenizer_piece(t, k, false, piece, sizeof piece) == 1 && piece[0] == *c) {
                 id = k;
             }
         }
@@ -374,7 +374,7 @@ fill_logits(const sp_tokenizer_t *t, float *l, uint64_t *seed, bool in_string)
         l[k] = (float)(rng(seed) % 1000) / 100.0f;
         if (in_string) {
             char piece[64];
-            int32_t n = sp_token_to_piece(t, k, false, piece, sizeof piece);
+            int32_t n = sp_tokenizer_piece(t, k, false, piece, sizeof piece);
             if (n > 0 && (memchr(piece, '"', (size_t)n) || memchr(piece, '\\', (size_t)n))) {
                 l[k] = -INFINITY;
             }

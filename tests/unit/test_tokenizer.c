@@ -91,14 +91,14 @@ detokenize(const sp_tokenizer_t *t, const int32_t *ids, int64_t n, size_t *len)
     char *s = malloc(cap);
     ASSERT(s != NULL);
     for (int64_t i = 0; i < n; i++) {
-        int32_t k = sp_token_to_piece(t, ids[i], false, NULL, 0);
+        int32_t k = sp_tokenizer_piece(t, ids[i], false, NULL, 0);
         ASSERT(k >= 0);
         while (used + (size_t)k + 1 > cap) {
             cap *= 2;
             s = realloc(s, cap);
             ASSERT(s != NULL);
         }
-        ASSERT_EQ(sp_token_to_piece(t, ids[i], false, s + used, k), k);
+        ASSERT_EQ(sp_tokenizer_piece(t, ids[i], false, s + used, k), k);
         used += (size_t)k;
     }
     s[used] = '\0';
@@ -353,18 +353,18 @@ TEST(tokenizer_llama_specials_and_pieces)
 
     /* pieces: U+2581 -> ' ', <0x0A> -> '\n', control tokens only when special */
     char buf[32];
-    ASSERT_EQ(sp_token_to_piece(t, 15043, false, buf, sizeof buf), 6);
+    ASSERT_EQ(sp_tokenizer_piece(t, 15043, false, buf, sizeof buf), 6);
     ASSERT(memcmp(buf, " Hello", 6) == 0);
-    ASSERT_EQ(sp_token_to_piece(t, 13, false, buf, sizeof buf), 1);
+    ASSERT_EQ(sp_tokenizer_piece(t, 13, false, buf, sizeof buf), 1);
     ASSERT_EQ(buf[0], '\n');
-    ASSERT_EQ(sp_token_to_piece(t, 1, false, buf, sizeof buf), 0);
-    ASSERT_EQ(sp_token_to_piece(t, 1, true, buf, sizeof buf), 3);
+    ASSERT_EQ(sp_tokenizer_piece(t, 1, false, buf, sizeof buf), 0);
+    ASSERT_EQ(sp_tokenizer_piece(t, 1, true, buf, sizeof buf), 3);
     ASSERT(memcmp(buf, "<s>", 3) == 0);
-    ASSERT(sp_token_to_piece(t, 32000, false, buf, sizeof buf) < 0);
-    ASSERT(sp_token_to_piece(t, -1, false, buf, sizeof buf) < 0);
+    ASSERT(sp_tokenizer_piece(t, 32000, false, buf, sizeof buf) < 0);
+    ASSERT(sp_tokenizer_piece(t, -1, false, buf, sizeof buf) < 0);
     /* short buffer: the full length comes back, nothing past cap is written */
     memset(buf, 'x', sizeof buf);
-    ASSERT_EQ(sp_token_to_piece(t, 15043, false, buf, 3), 6);
+    ASSERT_EQ(sp_tokenizer_piece(t, 15043, false, buf, 3), 6);
     ASSERT(memcmp(buf, " He", 3) == 0);
     ASSERT_EQ(buf[3], 'x');
     sp_str_t raw = sp_tokenizer_token_text(t, 15043);
@@ -401,7 +401,7 @@ TEST(tokenizer_phi3_user_defined_and_eog)
     ASSERT_EQ(ids[n - 1], 2);
     free(ids);
     char buf[16];
-    ASSERT_EQ(sp_token_to_piece(t, 2, false, buf, sizeof buf), 4); /* user-defined: always text */
+    ASSERT_EQ(sp_tokenizer_piece(t, 2, false, buf, sizeof buf), 4); /* user-defined: always text */
     unload(&l);
 }
 
@@ -431,10 +431,10 @@ TEST(tokenizer_bpe_specials_and_pieces)
     free(ids);
     check_round_trip(t, s, strlen(s));
     char buf[32];
-    ASSERT_EQ(sp_token_to_piece(t, 995, false, buf, sizeof buf), 6); /* "Ġworld" */
+    ASSERT_EQ(sp_tokenizer_piece(t, 995, false, buf, sizeof buf), 6); /* "Ġworld" */
     ASSERT(memcmp(buf, " world", 6) == 0);
-    ASSERT_EQ(sp_token_to_piece(t, 50256, false, buf, sizeof buf), 0);
-    ASSERT_EQ(sp_token_to_piece(t, 50256, true, buf, sizeof buf), 13);
+    ASSERT_EQ(sp_tokenizer_piece(t, 50256, false, buf, sizeof buf), 0);
+    ASSERT_EQ(sp_tokenizer_piece(t, 50256, true, buf, sizeof buf), 13);
     unload(&l);
 
     /* deepseek: add_bos from the file; BOS is its control token */
@@ -480,9 +480,9 @@ TEST(tokenizer_wpm_basics)
     ASSERT_EQ(n, 0);
     free(ids);
     char buf[32];
-    ASSERT_EQ(sp_token_to_piece(t, 7592, false, buf, sizeof buf), 6); /* "▁hello" */
+    ASSERT_EQ(sp_tokenizer_piece(t, 7592, false, buf, sizeof buf), 6); /* "▁hello" */
     ASSERT(memcmp(buf, " hello", 6) == 0);
-    ASSERT_EQ(sp_token_to_piece(t, 101, false, buf, sizeof buf), 0);
+    ASSERT_EQ(sp_tokenizer_piece(t, 101, false, buf, sizeof buf), 0);
     unload(&l);
 }
 
@@ -1129,7 +1129,7 @@ TEST(tokenizer_small_vocab_merges)
     ASSERT_EQ(ids[1], 3 + 0x7A);
     /* "<0xZZ>" is plain text here: it decodes as itself */
     char buf[16];
-    ASSERT_EQ(sp_token_to_piece(t, sp + 6, false, buf, sizeof buf), 6);
+    ASSERT_EQ(sp_tokenizer_piece(t, sp + 6, false, buf, sizeof buf), 6);
     ASSERT(memcmp(buf, "<0xZZ>", 6) == 0);
     (void)b;
     sp_tokenizer_destroy(t);
@@ -1156,9 +1156,9 @@ TEST(tokenizer_small_vocab_merges)
     v.omit_scores = true;
     v.omit_types = true;
     ASSERT_OK(try_vocab(&v, &t, err, sizeof err));
-    ASSERT_EQ(sp_token_to_piece(t, 3 + 0x41, false, buf, sizeof buf), 1);
+    ASSERT_EQ(sp_tokenizer_piece(t, 3 + 0x41, false, buf, sizeof buf), 1);
     ASSERT_EQ(buf[0], 'A');
-    ASSERT_EQ(sp_token_to_piece(t, 1, false, buf, sizeof buf), 0); /* bos became control */
+    ASSERT_EQ(sp_tokenizer_piece(t, 1, false, buf, sizeof buf), 0); /* bos became control */
     sp_tokenizer_destroy(t);
 
     /* bos stored as INT32 works too */

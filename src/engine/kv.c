@@ -1,0 +1,192 @@
+/*
+ * kv.c - the paged KV pool: its sizes, creation, block copies (for
+ * copy-on-write) and the names of its element types. The layout (block-major,
+ * one block is SP_KV_BLOCK positions of every layer and KV head) is described
+ * at the top of batch.c, whose forward pass reads and writes the pool through
+ * model_impl.h's view of it.
+ *
+ * Threads: a pool is used by one step at a time (the scheduler's thread or
+ * one sp_ctx); creating and sizing pools is thread-safe. Memory: the cache and
+ * the per-block marks are allocated once at create, the device part (a model
+ * with a GPU binding) by gpu.c; sp_kv_pool_destroy frees all of them.
+ */
+#include <string.h>
+#include <strings.h>
+
+#include "core/alloc.h"
+#include "engine/batch.h"
+#include "engine/gpu.h"
+#include "engine/model_impl.h"
+#include "kernels/kernels.h"
+
+const char *
+sp_kv_type_name(sp_kv_type_t t)
+{
+    switch (t) {
+    case SP_KV_TYPE_F32: return "f32";
+    case SP_KV_TYPE_F16: return "f16";
+    case SP_KV_TYPE_Q8_0: return "q8_0";
+    default: return "?";
+    }
+}
+
+int
+sp_kv_type_from_name(const char *name)
+{
+    for (int t = 0; name != NULL && t < SP_KV_TYPE_COUNT; t++) {
+        if (strcasecmp(name, sp_kv_type_name((sp_kv_type_t)t)) == 0) {
+            return t;
+        }
+    }
+    return -1;
+}
+
+/* Bytes of one (layer, KV head) key tile (= its value tile) of one block. */
+static size_t
+kv_tile_bytes(int64_t head_dim, sp_kv_type_t type)
+{
+    switch (type) {
+    case SP_KV_TYPE_F32: return SP_KV_BLOCK * (size_t)head_dim * sizeof(float);
+    case SP_KV_TYPE_F16: return SP_KV_BLOCK * (size_t)head_dim * sizeof(sp_fp16_t);
+    case SP_KV_TYPE_Q8_0: return (size_t)sp_kv_q8_tile_bytes(head_dim);
+    default: return 0;
+    }
+}
+
+size_t
+sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
+{
+    const sp_hparams_t *hp = &m->hp;
+    /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. */
+    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(hp->head_dim, type);
+}
+
+/* The sizes of a pool's two arrays (the cache and the per-block marks), for
+ * sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
+static sp_status_t
+kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, size_t *mark,
+              char *err, size_t err_len)
+{
+    if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
+                       p != NULL ? (long long)p->n_blocks : 0LL, INT32_MAX);
+    }
+    if ((unsigned)p->type >= SP_KV_TYPE_COUNT) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: unknown cache type %d",
+                       (int)p->type);
+    }
+    if (p->type == SP_KV_TYPE_Q8_0 && sp_gpu_model_layers(m) > 0) {
+        /* The device pool and its kernels know F32 and F16 only. */
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "kv cache type q8_0 runs on the CPU only: this model has %lld GPU "
+                       "layers (use f16 or f32, or no GPU layers)",
+                       (long long)sp_gpu_model_layers(m));
+    }
+    /* Host memory for the CPU layers only (all of them without a GPU binding). */
+    const int64_t n_cpu = m->hp.n_layer - sp_gpu_model_layers(m);
+    const size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)m->hp.n_layer * (size_t)n_cpu;
+    if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
+                       (long long)p->n_blocks, bb);
+    }
+    *mark = (size_t)p->n_blocks * sizeof(uint32_t); /* n_blocks <= INT32_MAX: no overflow */
+    return SP_OK;
+}
+
+sp_status_t
+sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err, size_t err_len)
+{
+    size_t data, mark;
+    return kv_pool_sizes(m, p, &data, &mark, err, err_len);
+}
+
+size_t
+sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
+{
+    size_t data, mark, total;
+    if (kv_pool_sizes(m, p, &data, &mark, NULL, 0) != SP_OK ||
+        sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
+        return 0;
+    }
+    return total;
+}
+
+sp_status_t
+sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
+                  char *err, size_t err_len)
+{
+    *out = NULL;
+    size_t total, mark_bytes;
+    sp_status_t st = kv_pool_sizes(m, p, &total, &mark_bytes, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    sp_kv_pool_t *kv = sp_calloc(1, sizeof *kv);
+    if (kv == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    const sp_hparams_t *hp = &m->hp;
+    kv->m = m;
+    static const sp_type_t types[SP_KV_TYPE_COUNT] = {SP_TYPE_F32, SP_TYPE_F16, SP_TYPE_Q8_0};
+    static const size_t elts[SP_KV_TYPE_COUNT] = {sizeof(float), sizeof(sp_fp16_t), 1};
+    kv->type = types[p->type];
+    kv->elt = elts[p->type];
+    kv->n_blocks = p->n_blocks;
+    kv->tile_elems = (int64_t)(kv_tile_bytes(hp->head_dim, p->type) / kv->elt);
+    kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hp->head_dim) : hp->head_dim;
+    kv->layer0 = sp_gpu_model_layers(m);
+    kv->block_elems = (hp->n_layer - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
+    if (m->gpu != NULL) {
+        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
+                               err_len);
+        if (st != SP_OK) {
+            sp_kv_pool_destroy(kv);
+            return st;
+        }
+    }
+    /* Not zeroed: a position is always written before it is read, and key
+     * lanes past a sequence's end are computed and ignored (kernels.h).
+     * (64 bytes stand in for an empty host part: every layer on the GPU.) */
+    kv->data = sp_malloc_aligned(total > 0 ? total : 64, 64);
+    kv->mark = sp_calloc(1, mark_bytes);
+    if (kv->data == NULL || kv->mark == NULL) {
+        sp_kv_pool_destroy(kv);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
+                       "(%zu bytes)", (long long)p->n_blocks, total);
+    }
+    *out = kv;
+    return SP_OK;
+}
+
+void
+sp_kv_pool_destroy(sp_kv_pool_t *kv)
+{
+    if (kv == NULL) {
+        return;
+    }
+    sp__gpu_kv_destroy(kv->gpu);
+    sp_free(kv->data);
+    sp_free(kv->mark);
+    sp_free(kv);
+}
+
+int64_t
+sp_kv_pool_n_blocks(const sp_kv_pool_t *kv)
+{
+    return kv->n_blocks;
+}
+
+void
+sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
+{
+    if (dst < 0 || src < 0 || dst >= kv->n_blocks || src >= kv->n_blocks || dst == src) {
+        return;
+    }
+    const size_t bytes = (size_t)kv->block_elems * kv->elt;
+    memcpy((char *)kv->data + (size_t)dst * bytes, (const char *)kv->data + (size_t)src * bytes,
+           bytes);
+    if (kv->gpu != NULL) {
+        sp__gpu_kv_copy_block(kv->gpu, dst, src);
+    }
+}
+
