@@ -11,7 +11,7 @@
 #include "core/alloc.h"
 #include "sampan/log.h"
 #include "serving/registry.h"
-#include "api/api.h"
+#include "serving/serving.h"
 
 /* ------------------------------------------------------------------ the map */
 
