@@ -507,13 +507,13 @@ sp_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sampan: out of memory\n");
         return 1;
     }
-    if (sp_serve_config_parse(argc, argv, &s->sv.cfg, &help, err, sizeof err) != SP_OK) {
-        fprintf(stderr, "sampan serve: %s\n%s", err, sp_serve_usage);
+    if (sp_config_parse(argc, argv, &s->sv.cfg, &help, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n%s", err, sp_config_usage);
         sp_free(s);
         return 2;
     }
     if (help) {
-        fputs(sp_serve_usage, stdout);
+        fputs(sp_config_usage, stdout);
         sp_free(s);
         return 0;
     }

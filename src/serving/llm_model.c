@@ -241,8 +241,8 @@ llm_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, ch
 {
     sp_registry_t *r = &s->reg;
     sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
-    sp_status_t st = sp_repo_llm_keys_ex(cfg, s->cfg.model_repository, m->name, s->cfg.key_dir,
-                                         &keys, err, err_len);
+    sp_status_t st = sp_repo_config_llm_keys_ex(cfg, s->cfg.model_repository, m->name,
+                                                s->cfg.key_dir, &keys, err, err_len);
     /* The file as it is before it is read: a change from here on (also to an
      * encrypted file, whose plaintext handle knows no file) reloads it. */
     m->has_file_id = stat(m->path, &m->file_id) == 0;

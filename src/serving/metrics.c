@@ -131,7 +131,7 @@ sp_fail_reason_of(sp_status_t st, const char *message)
 }
 
 void
-sp_model_metrics_init(sp_model_metrics_t *mm)
+sp_metrics_model_init(sp_model_metrics_t *mm)
 {
     memset(mm, 0, sizeof *mm);
     sp_hist_init(&mm->queue, SP_HIST_LATENCY);

@@ -60,7 +60,7 @@ typedef struct sp_model_metrics {
     sp_hist_t queue, compute, e2e, ttft, tpot;
 } sp_model_metrics_t;
 
-void sp_model_metrics_init(sp_model_metrics_t *mm);
+void sp_metrics_model_init(sp_model_metrics_t *mm);
 
 /* One request as the protocol handlers see it. Start at handler entry (the
  * HTTP layer's dispatch time), mark the first token, then end it once. */

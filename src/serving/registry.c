@@ -707,7 +707,7 @@ sp_served_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, 
     m->from_repo = from_repo;
     m->sig = sig;
     atomic_init(&m->refs, 1);
-    sp_model_metrics_init(&m->metrics);
+    sp_metrics_model_init(&m->metrics);
     defaults_from(cfg, &m->def);
     /* The response cache: a repository model opts in with config.json's
      * response_cache.enable; a --model model (no config) whenever the server

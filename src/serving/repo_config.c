@@ -23,13 +23,13 @@ static const char *const dtype_names[SP_REPO_TYPE_COUNT_] = {
 };
 
 const char *
-sp_repo_dtype_name(sp_repo_dtype_t t)
+sp_repo_config_dtype_name(sp_repo_dtype_t t)
 {
     return (unsigned)t < SP_REPO_TYPE_COUNT_ ? dtype_names[t] : "TYPE_INVALID";
 }
 
 const char *
-sp_repo_backend_name(sp_repo_backend_t b)
+sp_repo_config_backend_name(sp_repo_backend_t b)
 {
     return b == SP_REPO_BACKEND_XGBOOST ? "xgboost" : b == SP_REPO_BACKEND_PLUGIN ? "plugin" : "llm";
 }
@@ -771,15 +771,16 @@ sp_repo_config_free(sp_repo_config_t *c)
 }
 
 sp_status_t
-sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
-                 sp_enc_key_src_t *out, char *err, size_t err_len)
+sp_repo_config_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
+                        sp_enc_key_src_t *out, char *err, size_t err_len)
 {
-    return sp_repo_llm_keys_ex(cfg, root, model, NULL, out, err, err_len);
+    return sp_repo_config_llm_keys_ex(cfg, root, model, NULL, out, err, err_len);
 }
 
 sp_status_t
-sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
-                    const char *key_dir, sp_enc_key_src_t *out, char *err, size_t err_len)
+sp_repo_config_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
+                           const char *key_dir, sp_enc_key_src_t *out, char *err,
+                           size_t err_len)
 {
     if (cfg == NULL) {
         sp_enc_key_src_default(out);

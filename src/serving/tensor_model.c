@@ -76,7 +76,7 @@ check_decl(const char *what, const sp_repo_tensor_t *decl, int32_t n_decl,
         if (btype_of(decl[i].data_type) != g->dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "config.json: %s[%d].data_type: %s, but the model's is %s", what, (int)i,
-                           sp_repo_dtype_name(decl[i].data_type), btype_name(g->dtype));
+                           sp_repo_config_dtype_name(decl[i].data_type), btype_name(g->dtype));
         }
         bool same = decl[i].n_dims == g->n_dims;
         for (int32_t d = 0; same && d < g->n_dims; d++) {

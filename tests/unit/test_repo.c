@@ -137,7 +137,7 @@ TEST(repo_config_every_field)
     ASSERT_EQ(c.input[1].dims[1], 4);
     ASSERT(c.input[1].optional && !c.input[0].optional);
     ASSERT_EQ(c.n_outputs, 1);
-    ASSERT_STR_EQ(sp_repo_dtype_name(c.output[0].data_type), "TYPE_BF16");
+    ASSERT_STR_EQ(sp_repo_config_dtype_name(c.output[0].data_type), "TYPE_BF16");
     ASSERT_EQ(c.n_groups, 2);
     ASSERT_EQ(c.group[0].count, 2);
     ASSERT_EQ(c.group[0].kind, SP_REPO_KIND_GPU);
@@ -419,14 +419,15 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
         "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"good.key\"}}}";
     ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
     ASSERT(c.llm.key_from_request);
-    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_config_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err),
+              SP_ERR_INVALID);
     ASSERT_HAS(err, "only when the server has a key directory (--key-dir)");
-    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err));
     ASSERT_HAS(src.file, "/kd/good.key");
     sp_repo_config_free(&c);
     ov = "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"none.key\"}}}";
     ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
-    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_config_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "no such key in the server's key directory");
     ASSERT(strstr(err, kd) == NULL); /* the directory is never named */
     sp_repo_config_free(&c);
@@ -437,7 +438,7 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
     spf(path, sizeof path, "%s/n/config.json", root);
     ASSERT_OK(sp_repo_config_load(path, "n/config.json", NULL, 0, &c, err, sizeof err));
     ASSERT(!c.llm.key_from_request);
-    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "n", kd, &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys_ex(&c, root, "n", kd, &src, err, sizeof err));
     ASSERT_STR_EQ(src.file, "/etc/sampan/n.key");
     sp_repo_config_free(&c);
 }
