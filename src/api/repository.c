@@ -292,7 +292,7 @@ static bool
 name_ok(sp_http_req_t *r, sp_str_t name)
 {
     char err[256];
-    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
+    if (sp_repo_path_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
         sp_kserve_error(r, 400, "model name: %s", err);
         return false;
     }
@@ -315,12 +315,12 @@ adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, sp_manager_op_t 
     }
     char rel[SP_REPO_NAME_MAX + 16], path[4096], err[256];
     snprintf(rel, sizeof rel, "%.*s/config.json", (int)name.len, name.ptr);
-    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) == SP_OK &&
-        sp_repo_resolve(s->repo_real, rel, path, sizeof path, err, sizeof err) == SP_OK) {
+    if (sp_repo_path_check_name_n(name.ptr, name.len, err, sizeof err) == SP_OK &&
+        sp_repo_path_resolve(s->repo_real, rel, path, sizeof path, err, sizeof err) == SP_OK) {
         return false; /* a model with a ':' in its name */
     }
     const size_t blen = (size_t)(colon - name.ptr), alen = name.len - blen - 1;
-    if (blen == 0 || sp_repo_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
+    if (blen == 0 || sp_repo_path_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
         !sp_adapters_name_ok(colon + 1, alen)) {
         sp_kserve_error(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
                         "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",

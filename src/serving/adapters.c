@@ -49,7 +49,7 @@ sp_adapters_path(const char *repo_real, const char *model, const char *adapter, 
 {
     char rel[SP_REPO_NAME_MAX + SP_ADAPTER_NAME_MAX + 32];
     snprintf(rel, sizeof rel, "%s/adapters/%s.gguf", model, adapter);
-    sp_status_t st = sp_repo_resolve(repo_real, rel, out, out_len, err, err_len);
+    sp_status_t st = sp_repo_path_resolve(repo_real, rel, out, out_len, err, err_len);
     if (st == SP_ERR_NOT_FOUND) {
         snprintf(err, err_len, "model '%s' has no adapter '%s' (no file %s)", model, adapter, rel);
     }
@@ -112,7 +112,7 @@ sp_adapters_load_dir(sp_adapter_set_t **set, const sp_model_t *base, pthread_mut
     }
     char rel[SP_REPO_NAME_MAX + 16], dir[4096], err[1024];
     snprintf(rel, sizeof rel, "%s/adapters", model);
-    if (sp_repo_resolve(repo_real, rel, dir, sizeof dir, err, sizeof err) != SP_OK) {
+    if (sp_repo_path_resolve(repo_real, rel, dir, sizeof dir, err, sizeof err) != SP_OK) {
         return; /* no adapters directory: nothing to do */
     }
     DIR *d = opendir(dir);
@@ -253,25 +253,6 @@ sp_adapters_find(sp_adapter_set_t *const *setp, pthread_mutex_t *lock, const cha
         pthread_mutex_unlock(lock);
     }
     return out->lora != NULL;
-}
-
-void
-sp_req_adapter_release(sp_req_adapter_t *a)
-{
-    sp_lora_release(a->lora);
-    a->lora = NULL;
-}
-
-void
-sp_req_adapter_model_name(const sp_served_model_t *m, const sp_req_adapter_t *a, sp_jbuf_t *b)
-{
-    if (a == NULL || a->lora == NULL) {
-        sp_jbuf_cstr(b, m->name);
-        return;
-    }
-    char full[sizeof m->name + SP_ADAPTER_NAME_MAX + 2];
-    snprintf(full, sizeof full, "%s:%s", m->name, a->name);
-    sp_jbuf_cstr(b, full);
 }
 
 bool

@@ -283,8 +283,8 @@ load_version(sp_serving_t *s, const sp_repo_model_t *rm, const sp_repo_version_t
     pthread_mutex_unlock(&r->mu);
 
     sp_served_model_t *m = NULL;
-    sp_status_t st = sp_served_build(s, kind_of(&rm->cfg), rm->name, v->version, true, v->model_path,
-                                     &rm->cfg, sig, &m, err, err_len);
+    sp_status_t st = sp_registry_build(s, kind_of(&rm->cfg), rm->name, v->version, true,
+                                       v->model_path, &rm->cfg, sig, &m, err, err_len);
     if (st == SP_OK) {
         /* <model>/adapters/, before requests see it */
         sp_adapters_load_dir(&m->adapters, m->model, &r->mu, s->repo_real, rm->name, m->version);
@@ -462,8 +462,8 @@ reload_entry(sp_serving_t *s, sp_model_entry_t *e, const char *path, char *err, 
     if (!e->from_repo) {
         /* A --model model: the same file and settings. */
         sp_served_model_t *m = NULL;
-        sp_status_t st = sp_served_build(s, &sp_llm_model_kind, e->name, 0, false, path, NULL, 0, &m,
-                                         err, err_len);
+        sp_status_t st = sp_registry_build(s, &sp_llm_model_kind, e->name, 0, false, path, NULL,
+                                           0, &m, err, err_len);
         if (st != SP_OK) {
             return st;
         }
@@ -753,8 +753,8 @@ startup(sp_serving_t *s)
         pthread_mutex_unlock(&r->mu);
         sp_served_model_t *m = NULL;
         if (e == NULL ||
-            sp_served_build(s, &sp_llm_model_kind, mc->name, 0, false, mc->path, NULL, 0, &m, err,
-                            sizeof err) != SP_OK) {
+            sp_registry_build(s, &sp_llm_model_kind, mc->name, 0, false, mc->path, NULL, 0, &m,
+                              err, sizeof err) != SP_OK) {
             SP_LOG_ERROR("event=model_load_failed model=%s error=%s", sp_log_str(mc->name),
                          sp_log_str(e ? err : "model table full"));
             return false;

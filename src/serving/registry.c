@@ -1,4 +1,8 @@
-/* registry.c - served models, references, lookup and the memory budget (registry.h). */
+/*
+ * registry.c - the served models' entries, lookup, the kinds' build and free
+ * with the memory reserved between probe and start, LRU eviction and the
+ * on-demand marks (registry.h). One served model's own calls are served.c.
+ */
 #include "serving/registry.h"
 
 #include <ctype.h>
@@ -152,7 +156,7 @@ void
 sp_registry_fini(sp_registry_t *r)
 {
     while (r->all) {
-        sp_served_free(r, r->all);
+        sp_registry_free(r, r->all);
     }
     for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
         sp_free(r->entry[i].override_json);
@@ -160,110 +164,6 @@ sp_registry_fini(sp_registry_t *r)
     sp_devices_close(r->devs);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
-}
-
-/* ------------------------------------------------------------ references */
-
-bool
-sp_served_weights_changed(const sp_served_model_t *m)
-{
-    return m != NULL && m->model != NULL && sp_gguf_weights_changed(sp_model_gguf(m->model));
-}
-
-bool
-sp_served_file_changed(const sp_served_model_t *m)
-{
-    if (m == NULL || m->model == NULL) {
-        return false; /* a backend plugin reads its own files */
-    }
-    if (sp_gguf_file_changed(sp_model_gguf(m->model))) {
-        return true;
-    }
-    struct stat now;
-    if (!m->has_file_id) {
-        return false;
-    }
-    if (stat(m->path, &now) != 0) {
-        return true;
-    }
-    return !sp_file_same(&m->file_id, &now);
-}
-
-void
-sp_served_ref(sp_served_model_t *m)
-{
-    int was = atomic_fetch_add(&m->refs, 1);
-    SP_ASSERT(was > 0); /* a reference is taken only from one already held */
-}
-
-void
-sp_served_fault(sp_served_model_t *m, const char *rid, const char *what)
-{
-    if (m != NULL && !atomic_exchange(&m->faulty, true)) {
-        SP_LOG_ERROR("event=model_fault model=%s version=%lld rid=%s detail=%s", sp_log_str(m->name),
-                     (long long)m->version, rid ? rid : "-", sp_log_str(what));
-    }
-}
-
-void
-sp_served_release(sp_served_model_t *m)
-{
-    if (m == NULL) {
-        return;
-    }
-    int was = atomic_fetch_sub(&m->refs, 1);
-    SP_ASSERT(was > 0); /* released more often than referenced */
-    if (was != 1) {
-        return;
-    }
-    /* Nothing points at it any more: the manager frees it (it joins the
-     * engine threads and unmaps the weights, too slow for a loop thread). */
-    sp_registry_t *r = &m->srv->reg;
-    pthread_mutex_lock(&r->mu);
-    m->reap_next = r->reap;
-    r->reap = m;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-sp_sched_t *
-sp_served_pick(sp_served_model_t *m)
-{
-    if (m->n_inst == 1) {
-        return m->inst[0];
-    }
-    uint32_t start = atomic_fetch_add(&m->rr, 1);
-    int best = -1;
-    int64_t best_w = 0;
-    for (int k = 0; k < m->n_inst; k++) {
-        int i = (int)((start + (uint32_t)k) % (uint32_t)m->n_inst);
-        int64_t w = sp_sched_outstanding(m->inst[i]);
-        if (best < 0 || w < best_w) {
-            best = i;
-            best_w = w;
-        }
-    }
-    return m->inst[best];
-}
-
-void
-sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *sp)
-{
-    const sp_served_defaults_t *d = &m->def;
-    if (!isnan(d->temperature)) sp->temperature = (float)d->temperature;
-    if (!isnan(d->top_p)) sp->top_p = (float)d->top_p;
-    if (!isnan(d->min_p)) sp->min_p = (float)d->min_p;
-    if (!isnan(d->repeat_penalty)) sp->repeat_penalty = (float)d->repeat_penalty;
-    if (!isnan(d->frequency_penalty)) sp->frequency_penalty = (float)d->frequency_penalty;
-    if (!isnan(d->presence_penalty)) sp->presence_penalty = (float)d->presence_penalty;
-    if (d->top_k >= 0) sp->top_k = d->top_k;
-    if (d->seed_set) sp->seed = (uint64_t)d->seed;
-}
-
-void
-sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
-{
-    m->kind->stats(m, o);
 }
 
 /* ------------------------------------------------------------ entries */
@@ -571,7 +471,7 @@ sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t er
         /* refs was 1 (the entry's) under the lock, and lookups go through
          * the entry: nobody else can take it now. */
         if (atomic_fetch_sub(&v->refs, 1) == 1) {
-            sp_served_free(r, v);
+            sp_registry_free(r, v);
         }
         pthread_mutex_lock(&r->mu);
     }
@@ -687,9 +587,9 @@ built(sp_registry_t *r, sp_served_model_t *m, int64_t t0)
 }
 
 sp_status_t
-sp_served_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, int64_t version,
-                bool from_repo, const char *path, const sp_repo_config_t *cfg, uint64_t sig,
-                sp_served_model_t **out, char *err, size_t err_len)
+sp_registry_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, int64_t version,
+                  bool from_repo, const char *path, const sp_repo_config_t *cfg, uint64_t sig,
+                  sp_served_model_t **out, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
     int64_t t0 = sp_time_ns();
@@ -729,7 +629,7 @@ sp_served_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, 
         if (!m->reserved) {
             memset(m->charge, 0, sizeof m->charge); /* nothing of it is taken */
         }
-        sp_served_free(r, m);
+        sp_registry_free(r, m);
         return st;
     }
     built(r, m, t0);
@@ -738,7 +638,7 @@ sp_served_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, 
 }
 
 void
-sp_served_free(sp_registry_t *r, sp_served_model_t *m)
+sp_registry_free(sp_registry_t *r, sp_served_model_t *m)
 {
     if (m->kind) {
         m->kind->free(m);
@@ -772,7 +672,7 @@ sp_registry_reap(sp_registry_t *r)
     while (list) {
         sp_served_model_t *next = list->reap_next;
         SP_ASSERT(atomic_load(&list->refs) == 0);
-        sp_served_free(r, list);
+        sp_registry_free(r, list);
         list = next;
     }
 }

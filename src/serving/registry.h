@@ -253,10 +253,10 @@ void sp_registry_drop_locked(sp_registry_t *r, sp_model_entry_t *e);
  * of its charge (evicting idle models as needed), then its start. On any
  * failure the model is freed and its reservation returned. Manager thread,
  * registry lock not held. */
-sp_status_t sp_served_build(struct sp_serving *s, const sp_model_kind_t *kind, const char *name,
-                            int64_t version, bool from_repo, const char *path,
-                            const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out,
-                            char *err, size_t err_len);
+sp_status_t sp_registry_build(struct sp_serving *s, const sp_model_kind_t *kind, const char *name,
+                              int64_t version, bool from_repo, const char *path,
+                              const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out,
+                              char *err, size_t err_len);
 /* Publish m in its entry (READY), returning the model it replaces (its
  * entry reference, to release) or NULL. Lock held by the caller. */
 sp_served_model_t *sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e,
@@ -283,7 +283,7 @@ sp_status_t sp_registry_place(sp_registry_t *r, sp_served_model_t *m, const sp_r
 /* Free the models whose last reference went away. Manager thread. */
 void sp_registry_reap(sp_registry_t *r);
 /* Free one model now (no references left). Manager thread or shutdown. */
-void sp_served_free(sp_registry_t *r, sp_served_model_t *m);
+void sp_registry_free(sp_registry_t *r, sp_served_model_t *m);
 
 /* The budget spec parser, for tests: fills budget[] of n devices. */
 sp_status_t sp_registry_parse_budget(const char *spec, sp_devices_t *devs, uint64_t *budget,

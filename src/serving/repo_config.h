@@ -197,7 +197,7 @@ void sp_repo_config_free(sp_repo_config_t *c);
  * Otherwise parameters.encryption_key_file, an absolute path used as is (keys
  * usually live outside the repository, e.g. a Kubernetes secret mount) or a
  * path relative to the model directory <root>/<model>, resolved with realpath
- * and refused when it leaves the repository (sp_repo_resolve); or
+ * and refused when it leaves the repository (sp_repo_path_resolve); or
  * parameters.encryption_key_env; or neither (loading an encrypted file then
  * says which parameters to set). Nothing is read here: the key is read only
  * when the model file turns out to be encrypted. */

@@ -117,8 +117,8 @@ serve(sp_serving_t *s, const char *name, int64_t version, uint64_t need)
     g_need = need;
     sp_served_model_t *m = NULL;
     char err[1024];
-    sp_status_t st = sp_served_build(s, &fake_kind, name, version, true, "/nonexistent", NULL, 0,
-                                     &m, err, sizeof err);
+    sp_status_t st = sp_registry_build(s, &fake_kind, name, version, true, "/nonexistent", NULL,
+                                       0, &m, err, sizeof err);
     if (st != SP_OK) {
         SP_TEST_FAIL("build %s: %s", name, err);
     }
@@ -172,7 +172,7 @@ TEST(registry_returns_reservation_on_failed_start)
     g_fail_start = true;
     sp_served_model_t *m = NULL;
     char err[1024];
-    ASSERT(sp_served_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &m, err, sizeof err) !=
+    ASSERT(sp_registry_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &m, err, sizeof err) !=
            SP_OK);
     ASSERT(m == NULL);
     ASSERT_STR_EQ(err, "start failed");
@@ -183,7 +183,7 @@ TEST(registry_returns_reservation_on_failed_start)
     /* A failed probe reserves nothing and starts nothing. */
     g_fail_start = false;
     g_fail_probe = true;
-    ASSERT(sp_served_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &m, err, sizeof err) !=
+    ASSERT(sp_registry_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &m, err, sizeof err) !=
            SP_OK);
     ASSERT_EQ(g_started, 0);
     ASSERT_EQ(s->reg.used[0], 0);
@@ -205,7 +205,7 @@ TEST(registry_refuses_what_cannot_fit)
     g_need = 600000;
     sp_served_model_t *m = NULL;
     char err[1024];
-    ASSERT_EQ(sp_served_build(s, &fake_kind, "b", 1, true, "/x", NULL, 0, &m, err, sizeof err),
+    ASSERT_EQ(sp_registry_build(s, &fake_kind, "b", 1, true, "/x", NULL, 0, &m, err, sizeof err),
               SP_ERR_TOO_LARGE);
     ASSERT(strstr(err, "memory budget") != NULL);
     ASSERT_EQ(g_started, 1);           /* b never started */
@@ -215,7 +215,7 @@ TEST(registry_refuses_what_cannot_fit)
     /* Bigger than the whole budget: refused even with nothing else loaded. */
     sp_served_release(held);
     g_need = 2000000;
-    ASSERT_EQ(sp_served_build(s, &fake_kind, "c", 1, true, "/x", NULL, 0, &m, err, sizeof err),
+    ASSERT_EQ(sp_registry_build(s, &fake_kind, "c", 1, true, "/x", NULL, 0, &m, err, sizeof err),
               SP_ERR_TOO_LARGE);
     ASSERT(entry(s, "a", 1)->live == a);
     done(s);
@@ -317,7 +317,7 @@ TEST(registry_publish_swaps_versions)
     g_need = 100000;
     sp_served_model_t *n1 = NULL;
     char err[256];
-    ASSERT_OK(sp_served_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &n1, err, sizeof err));
+    ASSERT_OK(sp_registry_build(s, &fake_kind, "a", 1, true, "/x", NULL, 0, &n1, err, sizeof err));
     sp_served_model_t *req = NULL;
     ASSERT_EQ(acquire(s, "a", false, &req), SP_ACQ_OK);
     ASSERT(req == v1);
@@ -432,8 +432,8 @@ mini_mgr_main(void *arg)
         pthread_mutex_unlock(&r->mu);
         sp_served_model_t *m = NULL;
         char err[256];
-        sp_status_t st = sp_served_build(mm->s, &fake_kind, name, version, true, "/x", NULL, 0, &m,
-                                         err, sizeof err);
+        sp_status_t st = sp_registry_build(mm->s, &fake_kind, name, version, true, "/x", NULL, 0,
+                                           &m, err, sizeof err);
         pthread_mutex_lock(&r->mu);
         if (st == SP_OK) {
             sp_registry_publish_locked(r, sp_registry_entry(r, name, version, false), m);

@@ -448,24 +448,24 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
 TEST(repo_names_and_versions)
 {
     char err[256];
-    ASSERT_OK(sp_repo_check_name("llama-3.1_8B", err, sizeof err));
-    ASSERT_OK(sp_repo_check_name("..a", err, sizeof err));
-    ASSERT_EQ(sp_repo_check_name("", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name(".", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("..", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("../etc", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_OK(sp_repo_path_check_name("llama-3.1_8B", err, sizeof err));
+    ASSERT_OK(sp_repo_path_check_name("..a", err, sizeof err));
+    ASSERT_EQ(sp_repo_path_check_name("", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name(".", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("..", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("../etc", err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "path separator");
-    ASSERT_EQ(sp_repo_check_name("/etc/passwd", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("a\\b", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("a\nb", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name_n("ab\0c", 4, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("/etc/passwd", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("a\\b", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("a\nb", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name_n("ab\0c", 4, err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "NUL");
     char longname[SP_REPO_NAME_MAX + 2];
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    ASSERT_EQ(sp_repo_check_name(longname, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name(longname, err, sizeof err), SP_ERR_INVALID);
     longname[SP_REPO_NAME_MAX] = '\0';
-    ASSERT_OK(sp_repo_check_name(longname, err, sizeof err));
+    ASSERT_OK(sp_repo_path_check_name(longname, err, sizeof err));
 
     int64_t v = 0;
     ASSERT_OK(sp_repo_parse_version("17", 2, &v, err, sizeof err));
@@ -831,9 +831,9 @@ TEST(repo_path_traversal_refused)
     /* resolve() directly: an absolute component cannot escape either. */
     char rr[PATH_MAX], out[PATH_MAX];
     ASSERT(realpath(root, rr) != NULL);
-    ASSERT_EQ(sp_repo_resolve(rr, "../outside/w.gguf", out, sizeof out, err, sizeof err),
+    ASSERT_EQ(sp_repo_path_resolve(rr, "../outside/w.gguf", out, sizeof out, err, sizeof err),
               SP_ERR_INVALID);
-    ASSERT_OK(sp_repo_resolve(rr, "alias/1/m.gguf", out, sizeof out, err, sizeof err));
+    ASSERT_OK(sp_repo_path_resolve(rr, "alias/1/m.gguf", out, sizeof out, err, sizeof err));
 }
 
 /* ---- limits */
