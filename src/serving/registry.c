@@ -219,6 +219,7 @@ sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e, sp_served_mode
 {
     (void)r;
     SP_ASSERT(m != NULL && atomic_load(&m->refs) >= 1); /* the entry's reference */
+    SP_ASSERT(m->reserved); /* only a built model, its memory counted, is routed */
     SP_ASSERT(e->used);
     sp_served_model_t *old = e->live;
     SP_ASSERT(old != m);
@@ -332,6 +333,7 @@ sp_registry_acquire(sp_serving_t *s, const char *name, size_t len, const char *v
         res = SP_ACQ_LOADING;
     } else if (pending && allow_load) {
         /* The manager picks the mark up (sp_registry_take_demand_locked). */
+        SP_ASSERT(pending->state == SP_REPO_UNAVAILABLE); /* READY and LOADING answered above */
         pending->state = SP_REPO_LOADING;
         snprintf(pending->reason, sizeof pending->reason, "loading on demand");
         if (!pending->demanded) {
@@ -454,6 +456,7 @@ sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t er
                            m->n_inst, (double)budget / MIB, (double)used / MIB, (double)idle / MIB);
         }
         /* Evict the least recently used idle model and try again. */
+        SP_ASSERT(victim != NULL); /* idle models hold the difference */
         sp_served_model_t *v = victim->live;
         victim->live = NULL;
         victim->state = SP_REPO_UNAVAILABLE;
@@ -615,6 +618,8 @@ sp_registry_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name
     m->response_cache = s->rcache != NULL && (cfg ? cfg->response_cache : true);
     sp_status_t st = kind->probe(s, m, cfg, err, err_len);
     if (st == SP_OK) {
+        /* The probe placed the instances: inst[] and inst_dev[] are that long. */
+        SP_ASSERT(m->n_inst > 0 && m->n_inst <= SP_REPO_MAX_INSTANCES);
         m->mem_bytes = 0;
         for (int d = 0; d < r->n_dev; d++) {
             m->mem_bytes += m->charge[d];

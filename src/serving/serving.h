@@ -50,7 +50,7 @@ typedef struct sp_serving {
     struct sp_workq *prep;
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
-    char repo_real[4096];     /* the repository root resolved (for sp_repository_redact, api/repository.c) */
+    char repo_real[4096];     /* the repository root resolved (adapters, redaction) */
 } sp_serving_t;
 
 #endif /* SP_SERVING_SERVING_H */
