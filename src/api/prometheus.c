@@ -567,7 +567,8 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     family(&b, "sampan_trace_spans_queued", "gauge", "Spans waiting for export.");
     sp_jbuf_printf(&b, "sampan_trace_spans_queued %llu\n", (unsigned long long)ts.queued);
     family(&b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-    sp_jbuf_printf(&b, "process_resident_memory_bytes %llu\n", (unsigned long long)sp_metrics_rss_bytes());
+    sp_jbuf_printf(&b, "process_resident_memory_bytes %llu\n",
+                   (unsigned long long)sp_metrics_rss_bytes());
     family(&b, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch.");
     sp_jbuf_printf(&b, "process_start_time_seconds %lld\n", (long long)s->started_unix);
 
