@@ -26,15 +26,12 @@
  * Which kind a model is (llm_model.h, tensor_model.h) is decided here from
  * its config; the registry only sees the kind's table.
  */
+#include "serving/manager.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include <event2/event.h>
-#include <jansson.h>
-
-#include "serving/manager.h"
 
 #include "core/alloc.h"
 #include "core/timer.h"
