@@ -50,12 +50,26 @@ void sp_api_error(sp_http_req_t *r, int status, const char *type, const char *pa
 /* 200-style JSON answer from a writer (500 if it ran out of memory). */
 void sp_api_reply_json(sp_http_req_t *r, int status, const sp_jbuf_t *b);
 
+/*
+ * The LoRA adapter a request's model name selects on m (which the registry
+ * found for that name): none when name is m's own name; else name must be
+ * "<m->name>:<adapter>" with the adapter loaded, or this answers 404 itself
+ * (model_not_found) and returns false. out->lora holds a reference: release
+ * it with sp_req_adapter_release (adapter.c).
+ */
+struct sp_req_adapter;
+bool sp_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, const char *name,
+                    size_t len, struct sp_req_adapter *out);
+
 /* Route registration of each protocol module. */
 void sp_openai_register(sp_router_t *rt, sp_serving_t *s);
-void sp_metrics_register(sp_router_t *rt, sp_serving_t *s); /* GET /metrics (metrics.c) */
+void sp_prometheus_register(sp_router_t *rt, sp_serving_t *s); /* GET /metrics (prometheus.c) */
 /* The body of an error answered by the HTTP transport itself (400, 413,
  * 431, 503, ...): OpenAI's shape, the type picked from the status. */
 size_t sp_api_error_body(int status, const char *message, char *buf, size_t cap);
 void sp_repository_register(sp_router_t *rt, sp_serving_t *s); /* /v2/repository */
+/* A reason with the repository's location removed, for answers to clients
+ * (repository.c). */
+void sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap);
 
 #endif /* SP_API_API_H */

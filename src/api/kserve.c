@@ -453,7 +453,7 @@ route_model(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_ro
     sp_served_model_t *m = route_model_base(s, r, p, retry);
     sp_str_t name = sp_route_param(p, "model");
     memset(ad, 0, sizeof *ad);
-    if (m != NULL && !sp_server_adapter_for(s, r, m, name.ptr, name.len, ad)) {
+    if (m != NULL && !sp_adapter_for(s, r, m, name.ptr, name.len, ad)) {
         sp_served_release(m);
         return NULL;
     }

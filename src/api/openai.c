@@ -263,7 +263,7 @@ get_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn ret
         sp_served_release(m);
         return NULL;
     }
-    if (!sp_server_adapter_for(s, r, m, json_string_value(mv), json_string_length(mv), ad)) {
+    if (!sp_adapter_for(s, r, m, json_string_value(mv), json_string_length(mv), ad)) {
         sp_served_release(m);
         return NULL;
     }

@@ -37,6 +37,7 @@
 #include "sched/batcher.h"
 #include "sched/mailbox.h"
 #include "api/kserve.h"
+#include "serving/manager.h"
 #include "serving/registry.h"
 #include "api/api.h"
 #include "server/server.h"
@@ -247,7 +248,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                    "\"inflight\":%lld,\"rss_bytes\":%llu,\"ready\":%s,\"draining\":%s}}",
                    SAMPAN_VERSION, (long long)(time(NULL) - s->sv.started_unix),
                    (long long)sp_http_server_connections(s->sv.http),
-                   (long long)sp_http_server_inflight(s->sv.http), (unsigned long long)sp_rss_bytes(),
+                   (long long)sp_http_server_inflight(s->sv.http), (unsigned long long)sp_metrics_rss_bytes(),
                    atomic_load(&s->sv.ready) ? "true" : "false",
                    atomic_load(&s->sv.draining) ? "true" : "false");
     sp_api_reply_json(r, 200, &b);
@@ -524,13 +525,13 @@ sp_cmd_serve(int argc, char **argv)
         fprintf(stderr, "sampan: out of memory\n");
         return 1;
     }
-    if (sp_serve_config_parse(argc, argv, &s->sv.cfg, &help, err, sizeof err) != SP_OK) {
-        fprintf(stderr, "sampan serve: %s\n%s", err, sp_serve_usage);
+    if (sp_config_parse(argc, argv, &s->sv.cfg, &help, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n%s", err, sp_config_usage);
         sp_free(s);
         return 2;
     }
     if (help) {
-        fputs(sp_serve_usage, stdout);
+        fputs(sp_config_usage, stdout);
         sp_free(s);
         return 0;
     }
@@ -591,7 +592,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/live", h_v2_live, s);
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, &s->sv);
-    sp_metrics_register(s->router, &s->sv);
+    sp_prometheus_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
     sp_status_register(s->router, &s->sv);
@@ -696,7 +697,7 @@ sp_cmd_serve(int argc, char **argv)
                     tls_url, s->sv.cfg.tls_client_ca[0] ? " client_certs=required" : "",
                     s->sv.cfg.http_threads, s->sv.cfg.n_models);
     }
-    if (sp_repository_start(&s->sv, err, sizeof err) != SP_OK) {
+    if (sp_manager_start(&s->sv, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
         goto done;
     }
@@ -753,7 +754,7 @@ done:
     /* The manager first (no more loads), then the engines (their jobs end
      * with errors delivered to the loops), then the loops (aborted requests
      * drop their references), then the models. */
-    sp_repository_stop(&s->sv);
+    sp_manager_stop(&s->sv);
     sp_registry_stop_all(&s->sv.reg);
     /* Preparations still queued finish and post to their loops, which still
      * run; later requests are refused (503) until the loops stop. */

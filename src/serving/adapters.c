@@ -1,14 +1,18 @@
 /*
  * adapters.c - LoRA adapters served next to their base model (adapters.h,
  * docs/lora.md): loading them from the repository, the run-time load and
- * unload commands, the lookup of "<model>:<adapter>" names and their
- * /v1/models entries.
+ * unload of one adapter in a set, the lookup of "<model>:<adapter>" names
+ * and their /v1/models entries.
  *
  * An adapter is validated against one loaded model version (its shapes), so
  * each version holds its own copy; a new version built by a reload or a poll
  * loads the directory again. Files are found by name only inside
  * <repository>/<model>/adapters/ and resolved with realpath under the
  * repository root (names come from requests: untrusted).
+ *
+ * The functions take the set, the base model its adapters are validated
+ * against and the lock that guards the set (the registry's); which model
+ * versions a command touches is the manager's business (manager.c).
  */
 #include "serving/adapters.h"
 
@@ -19,13 +23,12 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "serving/registry.h"
 #include "serving/repo.h"
 #include "sampan/log.h"
-#include "serving/registry.h"
-#include "api/api.h"
 
 bool
-sp_adapter_name_ok(const char *name, size_t len)
+sp_adapters_name_ok(const char *name, size_t len)
 {
     if (len == 0 || len > SP_ADAPTER_NAME_MAX || name[0] == '.') {
         return false;
@@ -40,27 +43,25 @@ sp_adapter_name_ok(const char *name, size_t len)
     return true;
 }
 
-/* The resolved file of model's adapter; SP_ERR_NOT_FOUND when there is none. */
-static sp_status_t
-adapter_path(sp_serving_t *s, const char *model, const char *adapter, char *out, size_t out_len,
-             char *err, size_t err_len)
+sp_status_t
+sp_adapters_path(const char *repo_real, const char *model, const char *adapter, char *out,
+                 size_t out_len, char *err, size_t err_len)
 {
     char rel[SP_REPO_NAME_MAX + SP_ADAPTER_NAME_MAX + 32];
     snprintf(rel, sizeof rel, "%s/adapters/%s.gguf", model, adapter);
-    sp_status_t st = sp_repo_resolve(s->repo_real, rel, out, out_len, err, err_len);
+    sp_status_t st = sp_repo_path_resolve(repo_real, rel, out, out_len, err, err_len);
     if (st == SP_ERR_NOT_FOUND) {
         snprintf(err, err_len, "model '%s' has no adapter '%s' (no file %s)", model, adapter, rel);
     }
     return st;
 }
 
-/* Put l into m's set under name (replacing one of that name; the old
- * reference is returned in *old to release outside the lock). Registry lock
- * held. false when the set is full. */
+/* Put l into set under name (replacing one of that name; the old reference
+ * is returned in *old to release outside the lock). Lock held. false when
+ * the set is full. */
 static bool
-set_put_locked(sp_served_model_t *m, const char *name, sp_lora_t *l, sp_lora_t **old)
+set_put_locked(sp_adapter_set_t *set, const char *name, sp_lora_t *l, sp_lora_t **old)
 {
-    sp_adapter_set_t *set = m->adapters;
     *old = NULL;
     for (int i = 0; i < set->n; i++) {
         if (strcmp(set->a[i].name, name) == 0) {
@@ -81,18 +82,18 @@ set_put_locked(sp_served_model_t *m, const char *name, sp_lora_t *l, sp_lora_t *
 }
 
 static bool
-ensure_set(sp_registry_t *r, sp_served_model_t *m)
+ensure_set(sp_adapter_set_t **set, pthread_mutex_t *lock)
 {
-    if (m->adapters != NULL) {
+    if (*set != NULL) {
         return true;
     }
-    sp_adapter_set_t *set = sp_calloc(1, sizeof *set);
-    if (set == NULL) {
+    sp_adapter_set_t *n = sp_calloc(1, sizeof *n);
+    if (n == NULL) {
         return false;
     }
-    pthread_mutex_lock(&r->mu);
-    m->adapters = set;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(lock);
+    *set = n;
+    pthread_mutex_unlock(lock);
     return true;
 }
 
@@ -103,14 +104,15 @@ cmp_str(const void *a, const void *b)
 }
 
 void
-sp_adapters_load_dir(sp_serving_t *s, const char *model, sp_served_model_t *m)
+sp_adapters_load_dir(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
+                     const char *repo_real, const char *model, int64_t version)
 {
-    if (m->model == NULL || s->repo_real[0] == '\0') {
+    if (base == NULL || repo_real[0] == '\0') {
         return;
     }
     char rel[SP_REPO_NAME_MAX + 16], dir[4096], err[1024];
     snprintf(rel, sizeof rel, "%s/adapters", model);
-    if (sp_repo_resolve(s->repo_real, rel, dir, sizeof dir, err, sizeof err) != SP_OK) {
+    if (sp_repo_path_resolve(repo_real, rel, dir, sizeof dir, err, sizeof err) != SP_OK) {
         return; /* no adapters directory: nothing to do */
     }
     DIR *d = opendir(dir);
@@ -126,7 +128,7 @@ sp_adapters_load_dir(sp_serving_t *s, const char *model, sp_served_model_t *m)
         if (len <= 5 || strcmp(de->d_name + len - 5, ".gguf") != 0) {
             continue;
         }
-        if (!sp_adapter_name_ok(de->d_name, len - 5)) {
+        if (!sp_adapters_name_ok(de->d_name, len - 5)) {
             SP_LOG_WARN("event=adapter_skipped model=%s file=%s reason=\"not a valid adapter name "
                         "([A-Za-z0-9._-], at most %d)\"", sp_log_str(model),
                         sp_log_str(de->d_name), SP_ADAPTER_NAME_MAX);
@@ -147,15 +149,16 @@ sp_adapters_load_dir(sp_serving_t *s, const char *model, sp_served_model_t *m)
     for (int i = 0; i < n; i++) {
         char path[4096];
         sp_lora_t *l = NULL, *old = NULL;
-        if (adapter_path(s, model, names[i], path, sizeof path, err, sizeof err) == SP_OK &&
-            sp_lora_load(m->model, path, &l, err, sizeof err) == SP_OK && ensure_set(&s->reg, m)) {
-            pthread_mutex_lock(&s->reg.mu);
-            set_put_locked(m, names[i], l, &old); /* n <= SP_ADAPTERS_MAX: always fits */
-            pthread_mutex_unlock(&s->reg.mu);
+        if (sp_adapters_path(repo_real, model, names[i], path, sizeof path, err, sizeof err) ==
+                SP_OK &&
+            sp_lora_load(base, path, &l, err, sizeof err) == SP_OK && ensure_set(set, lock)) {
+            pthread_mutex_lock(lock);
+            set_put_locked(*set, names[i], l, &old); /* n <= SP_ADAPTERS_MAX: always fits */
+            pthread_mutex_unlock(lock);
             sp_lora_info_t info;
             sp_lora_get_info(l, &info);
             SP_LOG_INFO("event=adapter_loaded model=%s version=%lld adapter=%s rank=%lld "
-                        "projections=%lld bytes=%zu", sp_log_str(model), (long long)m->version,
+                        "projections=%lld bytes=%zu", sp_log_str(model), (long long)version,
                         sp_log_str(names[i]), (long long)info.rank_max, (long long)info.n_pairs,
                         info.bytes);
             sp_lora_release(old);
@@ -169,117 +172,76 @@ sp_adapters_load_dir(sp_serving_t *s, const char *model, sp_served_model_t *m)
 }
 
 int
-sp_adapters_load(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
+sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
+                const char *model, const char *path, const char *adapter, bool *replaced, char *err,
+                size_t err_len)
 {
-    sp_registry_t *r = &s->reg;
-    char path[4096];
-    sp_status_t st = adapter_path(s, base, adapter, path, sizeof path, err, err_len);
+    sp_lora_t *l = NULL, *old = NULL;
+    *replaced = false;
+    sp_status_t st = sp_lora_load(base, path, &l, err, err_len);
     if (st != SP_OK) {
-        return st == SP_ERR_NOT_FOUND ? 404 : 400;
+        return st == SP_ERR_NOMEM ? 503 : 400;
     }
-    int loaded = 0;
-    /* Only the manager changes which models entries hold: reading e->live
-     * without the lock is safe here, and it stays alive while we use it. */
-    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
-        sp_model_entry_t *e = &r->entry[i];
-        if (!e->used || strcmp(e->name, base) != 0 || e->live == NULL || e->live->model == NULL) {
-            continue;
-        }
-        sp_served_model_t *m = e->live;
-        sp_lora_t *l = NULL, *old = NULL;
-        st = sp_lora_load(m->model, path, &l, err, err_len);
-        if (st != SP_OK) {
-            return st == SP_ERR_NOMEM ? 503 : 400;
-        }
-        if (!ensure_set(r, m)) {
-            sp_lora_release(l);
-            snprintf(err, err_len, "out of memory");
-            return 503;
-        }
-        pthread_mutex_lock(&r->mu);
-        bool ok = set_put_locked(m, adapter, l, &old);
-        pthread_mutex_unlock(&r->mu);
-        if (!ok) {
-            sp_lora_release(l);
-            snprintf(err, err_len, "model '%s' already serves %d adapters", base, SP_ADAPTERS_MAX);
-            return 400;
-        }
-        SP_LOG_INFO("event=adapter_loaded model=%s version=%lld adapter=%s replaced=%d",
-                    sp_log_str(base), (long long)m->version, sp_log_str(adapter), old != NULL);
-        sp_lora_release(old); /* requests using it hold their own references */
-        loaded++;
+    if (!ensure_set(set, lock)) {
+        sp_lora_release(l);
+        snprintf(err, err_len, "out of memory");
+        return 503;
     }
-    if (loaded == 0) {
-        snprintf(err, err_len, "model '%s' is not loaded", base);
-        return 404;
+    pthread_mutex_lock(lock);
+    bool ok = set_put_locked(*set, adapter, l, &old);
+    pthread_mutex_unlock(lock);
+    if (!ok) {
+        sp_lora_release(l);
+        snprintf(err, err_len, "model '%s' already serves %d adapters", model, SP_ADAPTERS_MAX);
+        return 400;
     }
+    *replaced = old != NULL;
+    sp_lora_release(old); /* requests using it hold their own references */
     return 200;
 }
 
-int
-sp_adapters_unload(sp_serving_t *s, const char *base, const char *adapter, char *err,
-                   size_t err_len)
+bool
+sp_adapters_remove(sp_adapter_set_t *set, pthread_mutex_t *lock, const char *adapter)
 {
-    sp_registry_t *r = &s->reg;
-    int dropped = 0;
-    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
-        sp_model_entry_t *e = &r->entry[i];
-        if (!e->used || strcmp(e->name, base) != 0 || e->live == NULL) {
-            continue;
-        }
-        sp_served_model_t *m = e->live;
-        sp_lora_t *gone = NULL;
-        pthread_mutex_lock(&r->mu);
-        sp_adapter_set_t *set = m->adapters;
-        for (int k = 0; set && k < set->n; k++) {
-            if (strcmp(set->a[k].name, adapter) == 0) {
-                gone = set->a[k].lora;
-                set->a[k] = set->a[--set->n];
-                break;
-            }
-        }
-        pthread_mutex_unlock(&r->mu);
-        if (gone) {
-            SP_LOG_INFO("event=adapter_unloaded model=%s version=%lld adapter=%s",
-                        sp_log_str(base), (long long)m->version, sp_log_str(adapter));
-            sp_lora_release(gone); /* freed when the last request using it ends */
-            dropped++;
+    sp_lora_t *gone = NULL;
+    pthread_mutex_lock(lock);
+    for (int k = 0; set && k < set->n; k++) {
+        if (strcmp(set->a[k].name, adapter) == 0) {
+            gone = set->a[k].lora;
+            set->a[k] = set->a[--set->n];
+            break;
         }
     }
-    if (dropped == 0) {
-        snprintf(err, err_len, "model '%s' has no loaded adapter '%s'", base, adapter);
-        return 404;
-    }
-    return 200;
+    pthread_mutex_unlock(lock);
+    sp_lora_release(gone); /* freed when the last request using it ends */
+    return gone != NULL;
 }
 
 void
-sp_adapters_free(sp_served_model_t *m)
+sp_adapters_free(sp_adapter_set_t *set)
 {
-    sp_adapter_set_t *set = m->adapters;
     for (int i = 0; set && i < set->n; i++) {
         sp_lora_release(set->a[i].lora);
     }
     sp_free(set);
-    m->adapters = NULL;
 }
 
 bool
-sp_server_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, const char *name,
-                      size_t len, sp_req_adapter_t *out)
+sp_adapters_find(sp_adapter_set_t *const *setp, pthread_mutex_t *lock, const char *base_name,
+                 const char *name, size_t len, sp_req_adapter_t *out)
 {
     memset(out, 0, sizeof *out);
-    const size_t nl = strlen(m->name);
-    if (len == nl && memcmp(name, m->name, nl) == 0) {
+    const size_t nl = strlen(base_name);
+    if (len == nl && memcmp(name, base_name, nl) == 0) {
         return true;
     }
     /* The registry only falls back to a base name "<model>:..." (registry.c). */
-    const char *ad = len > nl + 1 && memcmp(name, m->name, nl) == 0 && name[nl] == ':'
+    const char *ad = len > nl + 1 && memcmp(name, base_name, nl) == 0 && name[nl] == ':'
                          ? name + nl + 1 : NULL;
     const size_t alen = ad ? len - nl - 1 : 0;
-    if (ad && sp_adapter_name_ok(ad, alen)) {
-        pthread_mutex_lock(&s->reg.mu);
-        const sp_adapter_set_t *set = m->adapters;
+    if (ad && sp_adapters_name_ok(ad, alen)) {
+        pthread_mutex_lock(lock);
+        const sp_adapter_set_t *set = *setp;
         for (int i = 0; set && i < set->n; i++) {
             if (strlen(set->a[i].name) == alen && memcmp(set->a[i].name, ad, alen) == 0) {
                 out->lora = set->a[i].lora;
@@ -288,39 +250,9 @@ sp_server_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, c
                 break;
             }
         }
-        pthread_mutex_unlock(&s->reg.mu);
-        if (out->lora) {
-            return true;
-        }
+        pthread_mutex_unlock(lock);
     }
-    sp_jbuf_t nm;
-    sp_jbuf_init(&nm);
-    sp_jbuf_str(&nm, name, len > 200 ? 200 : len);
-    sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                    "The model %s does not exist: '%s' serves no adapter of that name (load it "
-                    "with POST /v2/repository/models/<model>:<adapter>/load)",
-                    nm.p ? nm.p : "\"\"", m->name);
-    sp_jbuf_free(&nm);
-    return false;
-}
-
-void
-sp_req_adapter_release(sp_req_adapter_t *a)
-{
-    sp_lora_release(a->lora);
-    a->lora = NULL;
-}
-
-void
-sp_req_adapter_model_name(const sp_served_model_t *m, const sp_req_adapter_t *a, sp_jbuf_t *b)
-{
-    if (a == NULL || a->lora == NULL) {
-        sp_jbuf_cstr(b, m->name);
-        return;
-    }
-    char full[sizeof m->name + SP_ADAPTER_NAME_MAX + 2];
-    snprintf(full, sizeof full, "%s:%s", m->name, a->name);
-    sp_jbuf_cstr(b, full);
+    return out->lora != NULL;
 }
 
 bool

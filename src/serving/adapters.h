@@ -8,8 +8,8 @@
  * with the model name "<model>:<adapter>" (OpenAI `model`, KServe route).
  *
  * A loaded model version (sp_served_model_t) owns its set of adapters; the
- * set changes only on the manager thread and under the registry lock, and
- * loop threads read it under that lock. Each adapter (sp_lora_t) is
+ * set changes only on the manager thread and under the lock it is given
+ * (the registry's), and loop threads read it under that lock. Each adapter (sp_lora_t) is
  * reference-counted: the set holds one, a request one from its lookup to the
  * end of its response, the scheduler's job one until the engine is done with
  * it. Unloading drops the set's reference; requests in flight finish on the
@@ -18,16 +18,18 @@
 #ifndef SP_SERVING_ADAPTERS_H
 #define SP_SERVING_ADAPTERS_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/str.h"
+#include "engine/model.h"
+#include "sampan/status.h"
 #include "engine/lora.h"
 #include "core/json.h"
 
-struct sp_serving;
 struct sp_served_model;
-struct sp_http_req;
 
 #define SP_ADAPTER_NAME_MAX 64 /* [A-Za-z0-9._-], not starting with '.' */
 #define SP_ADAPTERS_MAX 64     /* per model version */
@@ -50,35 +52,44 @@ typedef struct sp_req_adapter {
 } sp_req_adapter_t;
 
 /* Is name[0..len) a valid adapter name? */
-bool sp_adapter_name_ok(const char *name, size_t len);
+bool sp_adapters_name_ok(const char *name, size_t len);
+/* The file of model's adapter under the resolved repository root
+ * (<model>/adapters/<adapter>.gguf, realpath-checked); SP_ERR_NOT_FOUND with
+ * a message naming it when there is none. */
+sp_status_t sp_adapters_path(const char *repo_real, const char *model, const char *adapter,
+                             char *out, size_t out_len, char *err, size_t err_len);
 
-/* ---- manager thread */
+/* ---- manager thread: each takes the set (allocated by the first load),
+ * the base model its adapters are checked against, and the lock that
+ * guards the set (readers hold it too). */
 
-/* Load every adapters/<name>.gguf of the repository model `model` into m
- * (built, not yet published). A bad file is logged and skipped: the model
- * serves without it. */
-void sp_adapters_load_dir(struct sp_serving *s, const char *model, struct sp_served_model *m);
-/* Load (or reload) adapter into every READY version of base; the HTTP status
- * of the answer (200, 400 bad file, 404 no such model or file) and err. */
-int sp_adapters_load(struct sp_serving *s, const char *base, const char *adapter, char *err,
-                     size_t err_len);
-/* Unload adapter from every version of base: 200, or 404. */
-int sp_adapters_unload(struct sp_serving *s, const char *base, const char *adapter, char *err,
-                       size_t err_len);
-/* Drop m's set (sp_served_free). */
-void sp_adapters_free(struct sp_served_model *m);
+/* Load every <repository>/<model>/adapters/<name>.gguf into *set (a model
+ * version built, not yet published). A bad file is logged and skipped: the
+ * model serves without it. */
+void sp_adapters_load_dir(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
+                          const char *repo_real, const char *model, int64_t version);
+/* Load adapter from path into *set (replacing one of that name: *replaced).
+ * The HTTP status of the answer (200, 400 bad file or set full, 503 out of
+ * memory) and err; model names the base in messages. */
+int sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
+                    const char *model, const char *path, const char *adapter, bool *replaced,
+                    char *err, size_t err_len);
+/* Drop adapter from set; false when it holds none of that name. */
+bool sp_adapters_remove(sp_adapter_set_t *set, pthread_mutex_t *lock, const char *adapter);
+/* Drop a whole set (its model is freed). NULL is a no-op. */
+void sp_adapters_free(sp_adapter_set_t *set);
 
 /* ---- loop threads */
 
 /*
- * The adapter a request's model name selects on m (which the registry found
- * for that name): none when name is m's own name; else name must be
- * "<m->name>:<adapter>" with the adapter loaded, or this answers 404 itself
- * (model_not_found) and returns false. out->lora holds a reference: release
- * it with sp_req_adapter_release.
+ * The adapter a request's model name selects on the model base_name (which
+ * the registry found for that name): none when name is base_name itself;
+ * else name must be "<base_name>:<adapter>" with the adapter in *set. false
+ * when it is not (the caller answers). out->lora holds a reference:
+ * release it with sp_req_adapter_release.
  */
-bool sp_server_adapter_for(struct sp_serving *s, struct sp_http_req *r, struct sp_served_model *m,
-                           const char *name, size_t len, sp_req_adapter_t *out);
+bool sp_adapters_find(sp_adapter_set_t *const *set, pthread_mutex_t *lock, const char *base_name,
+                      const char *name, size_t len, sp_req_adapter_t *out);
 void sp_req_adapter_release(sp_req_adapter_t *a);
 /* The name a response reports: "<model>" or "<model>:<adapter>". */
 void sp_req_adapter_model_name(const struct sp_served_model *m, const sp_req_adapter_t *a,

@@ -12,7 +12,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 
-const char sp_serve_usage[] =
+const char sp_config_usage[] =
     "usage: sampan serve [--model NAME=FILE.gguf ...] [options]\n"
     "Serves the OpenAI API (and health routes) over HTTP/1.1. With no --model it serves\n"
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
@@ -199,7 +199,7 @@ static const opt_t opts[] = {
 #undef OFF
 
 void
-sp_serve_config_defaults(sp_serve_config_t *c)
+sp_config_defaults(sp_serve_config_t *c)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->host, sizeof c->host, "127.0.0.1");
@@ -442,11 +442,11 @@ default_model(sp_serve_config_t *c)
 }
 
 sp_status_t
-sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *err,
-                      size_t err_len)
+sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *err,
+                size_t err_len)
 {
     *help = false;
-    sp_serve_config_defaults(c);
+    sp_config_defaults(c);
     /* The config file first, so that flags override it wherever they are. */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -87,12 +87,12 @@ typedef struct sp_serve_config {
     sp_http_limits_t limits;
 } sp_serve_config_t;
 
-void sp_serve_config_defaults(sp_serve_config_t *c);
+void sp_config_defaults(sp_serve_config_t *c);
 /* Parse argv (argv[0] = "serve"). Returns SP_OK, or an error with err set;
  * *help is set when --help was given. */
-sp_status_t sp_serve_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help,
-                                  char *err, size_t err_len);
+sp_status_t sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *err,
+                            size_t err_len);
 /* The usage text. */
-extern const char sp_serve_usage[];
+extern const char sp_config_usage[];
 
 #endif /* SP_SERVING_CONFIG_H */

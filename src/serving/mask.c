@@ -1,5 +1,5 @@
 /*
- * mask.c - sp_mask_text (declared in metrics.h): what --log-prompts writes
+ * mask.c - sp_mask_text (mask.h): what --log-prompts writes
  * of a prompt or an output, with personal data and secrets replaced.
  *
  * Each kind is a PCRE2 pattern (compiled once, JIT when available) and, where
@@ -23,7 +23,7 @@
 #include <pcre2.h>
 
 #include "core/alloc.h"
-#include "serving/metrics.h"
+#include "serving/mask.h"
 
 /* The candidate s[0..n) of a kind (n is the pattern's whole match) and the
  * text after it (s[n..end)): how many bytes to mask from s, 0 to refuse. */

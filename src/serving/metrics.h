@@ -1,6 +1,7 @@
 /*
- * metrics.h - request counters and latency histograms of the served models,
- * and their Prometheus exposition (GET /metrics; names in docs/metrics.md).
+ * metrics.h - request counters and latency histograms of the served models
+ * (their Prometheus exposition, GET /metrics, is api/prometheus.c; names in
+ * docs/metrics.md).
  *
  * Recording is lock-free (relaxed atomics) so the loop threads that finish
  * requests never wait on each other; a scrape reads whatever the counters
@@ -59,7 +60,7 @@ typedef struct sp_model_metrics {
     sp_hist_t queue, compute, e2e, ttft, tpot;
 } sp_model_metrics_t;
 
-void sp_model_metrics_init(sp_model_metrics_t *mm);
+void sp_metrics_model_init(sp_model_metrics_t *mm);
 
 /* One request as the protocol handlers see it. Start at handler entry (the
  * HTTP layer's dispatch time), mark the first token, then end it once. */
@@ -82,19 +83,12 @@ void sp_req_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text);
 void sp_req_clock_token(sp_req_clock_t *c);
 /* Keep (the start of) the prompt or output text for the access log. */
 void sp_req_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n);
-/* Copy text into out with personal data and secrets replaced, each match
- * whole (serving/mask.c, PCRE2): PEM blocks, keys (sk-..., AKIA..., ghp_...)
- * and tokens (JWTs, Bearer ...) by [key] and [token], e-mail addresses by
- * [email], IBANs (mod-97) by [iban], card numbers (Luhn) by [card], US SSNs
- * and UK NI numbers by [id], phone numbers by [phone]. When a pattern
- * cannot run the whole text is withheld. Returns the length written. */
-size_t sp_mask_text(const char *s, size_t n, char *out, size_t cap);
 /* Record the request's outcome in mm (once; later calls do nothing). */
 void sp_req_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish);
 void sp_req_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t reason);
 
 /* Resident memory of the process (bytes; 0 if unknown). */
-uint64_t sp_rss_bytes(void);
+uint64_t sp_metrics_rss_bytes(void);
 
 struct sp_http_req;
 struct sp_served_model;

@@ -1,4 +1,8 @@
-/* registry.c - served models, references, lookup and the memory budget (registry.h). */
+/*
+ * registry.c - the served models' entries, lookup, the kinds' build and free
+ * with the memory reserved between probe and start, LRU eviction and the
+ * on-demand marks (registry.h). One served model's own calls are served.c.
+ */
 #include "serving/registry.h"
 
 #include <ctype.h>
@@ -11,15 +15,11 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "core/file.h"
-#include "core/pool.h"
 #include "core/timer.h"
-#include "engine/gpu.h"
 #include "sampan/log.h"
-#include "api/api.h"
-#include "serving/adapters.h"
-#include "sched/batcher.h"
-#include "serving/tensor_model.h"
+#include "serving/serving.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -147,10 +147,7 @@ sp_registry_stop_all(sp_registry_t *r)
 {
     pthread_mutex_lock(&r->mu);
     for (sp_served_model_t *m = r->all; m; m = m->next) {
-        sp_tensor_model_stop(m);
-        for (int k = 0; k < m->n_inst; k++) {
-            sp_sched_stop(m->inst[k]);
-        }
+        m->kind->stop(m);
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -159,7 +156,7 @@ void
 sp_registry_fini(sp_registry_t *r)
 {
     while (r->all) {
-        sp_served_free(r, r->all);
+        sp_registry_free(r, r->all);
     }
     for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
         sp_free(r->entry[i].override_json);
@@ -167,166 +164,6 @@ sp_registry_fini(sp_registry_t *r)
     sp_devices_close(r->devs);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
-}
-
-/* ------------------------------------------------------------ references */
-
-bool
-sp_served_weights_changed(const sp_served_model_t *m)
-{
-    return m != NULL && m->model != NULL && sp_gguf_weights_changed(sp_model_gguf(m->model));
-}
-
-bool
-sp_served_file_changed(const sp_served_model_t *m)
-{
-    if (m == NULL || m->model == NULL) {
-        return false; /* a backend plugin reads its own files */
-    }
-    if (sp_gguf_file_changed(sp_model_gguf(m->model))) {
-        return true;
-    }
-    struct stat now;
-    if (!m->has_file_id) {
-        return false;
-    }
-    if (stat(m->path, &now) != 0) {
-        return true;
-    }
-    return !sp_file_same(&m->file_id, &now);
-}
-
-void
-sp_served_ref(sp_served_model_t *m)
-{
-    atomic_fetch_add(&m->refs, 1);
-}
-
-void
-sp_served_fault(sp_served_model_t *m, const char *rid, const char *what)
-{
-    if (m != NULL && !atomic_exchange(&m->faulty, true)) {
-        SP_LOG_ERROR("event=model_fault model=%s version=%lld rid=%s detail=%s", sp_log_str(m->name),
-                     (long long)m->version, rid ? rid : "-", sp_log_str(what));
-    }
-}
-
-void
-sp_served_release(sp_served_model_t *m)
-{
-    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1) {
-        return;
-    }
-    /* Nothing points at it any more: the manager frees it (it joins the
-     * engine threads and unmaps the weights, too slow for a loop thread). */
-    sp_registry_t *r = &m->srv->reg;
-    pthread_mutex_lock(&r->mu);
-    m->reap_next = r->reap;
-    r->reap = m;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-sp_sched_t *
-sp_served_pick(sp_served_model_t *m)
-{
-    if (m->n_inst == 1) {
-        return m->inst[0];
-    }
-    uint32_t start = atomic_fetch_add(&m->rr, 1);
-    int best = -1;
-    int64_t best_w = 0;
-    for (int k = 0; k < m->n_inst; k++) {
-        int i = (int)((start + (uint32_t)k) % (uint32_t)m->n_inst);
-        int64_t w = sp_sched_outstanding(m->inst[i]);
-        if (best < 0 || w < best_w) {
-            best = i;
-            best_w = w;
-        }
-    }
-    return m->inst[best];
-}
-
-void
-sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *sp)
-{
-    const sp_served_defaults_t *d = &m->def;
-    if (!isnan(d->temperature)) sp->temperature = (float)d->temperature;
-    if (!isnan(d->top_p)) sp->top_p = (float)d->top_p;
-    if (!isnan(d->min_p)) sp->min_p = (float)d->min_p;
-    if (!isnan(d->repeat_penalty)) sp->repeat_penalty = (float)d->repeat_penalty;
-    if (!isnan(d->frequency_penalty)) sp->frequency_penalty = (float)d->frequency_penalty;
-    if (!isnan(d->presence_penalty)) sp->presence_penalty = (float)d->presence_penalty;
-    if (d->top_k >= 0) sp->top_k = d->top_k;
-    if (d->seed_set) sp->seed = (uint64_t)d->seed;
-}
-
-void
-sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
-{
-    if (m->batcher) {
-        /* A tensor model: its batcher's figures in the same shape (a step is a batch,
-         * a sequence a row). */
-        sp_batcher_stats_t b;
-        sp_batcher_get_stats(m->batcher, &b);
-        memset(o, 0, sizeof *o);
-        o->queued = b.queued;
-        o->waiting_tier[1] = b.queued;
-        o->jobs_done = (int64_t)b.completed;
-        o->jobs_cancelled = (int64_t)b.cancelled;
-        o->steps = (int64_t)b.batches;
-        o->step_seqs_total = (int64_t)b.rows;
-        o->mean_step_seqs = b.batches ? (double)b.rows / (double)b.batches : 0;
-        for (int i = 0; i < b.n_hist; i++) {
-            int k = 0;
-            while (k < SP_SCHED_BATCH_BUCKETS && ((int64_t)1 << k) < b.hist_le[i]) {
-                k++;
-            }
-            o->batch_hist[k] += (int64_t)b.hist[i];
-        }
-        return;
-    }
-    sp_sched_get_stats(m->inst[0], o);
-    for (int k = 1; k < m->n_inst; k++) {
-        sp_sched_stats_t t;
-        sp_sched_get_stats(m->inst[k], &t);
-        o->active += t.active;
-        o->queued += t.queued;
-        for (int i = 0; i < 3; i++) {
-            o->running_tier[i] += t.running_tier[i];
-            o->waiting_tier[i] += t.waiting_tier[i];
-        }
-        o->jobs_done += t.jobs_done;
-        o->jobs_cancelled += t.jobs_cancelled;
-        o->tokens_generated += t.tokens_generated;
-        o->prompt_tokens += t.prompt_tokens;
-        o->prompt_tokens_cached += t.prompt_tokens_cached;
-        o->preemptions += t.preemptions;
-        o->prefix_lookups += t.prefix_lookups;
-        o->prefix_hits += t.prefix_hits;
-        o->kv_blocks_total += t.kv_blocks_total;
-        o->kv_blocks_used += t.kv_blocks_used;
-        o->kv_blocks_cached += t.kv_blocks_cached;
-        o->kv_blocks_free += t.kv_blocks_free;
-        o->kv_evictions += t.kv_evictions;
-        o->budget_decreases += t.budget_decreases;
-        o->step_seqs_total += t.step_seqs_total;
-        for (int i = 0; i <= SP_SCHED_BATCH_BUCKETS; i++) {
-            o->batch_hist[i] += t.batch_hist[i];
-        }
-        o->budget_increases += t.budget_increases;
-        if (t.steps > o->steps) {
-            o->steps = t.steps;
-            o->last_step_seqs = t.last_step_seqs;
-            o->last_step_rows = t.last_step_rows;
-            o->mean_step_seqs = t.mean_step_seqs;
-            o->mean_step_rows = t.mean_step_rows;
-            o->step_budget = t.step_budget;
-        }
-        if (t.step_p99_ms > o->step_p99_ms) {
-            o->step_p99_ms = t.step_p99_ms;
-        }
-    }
 }
 
 /* ------------------------------------------------------------ entries */
@@ -356,8 +193,7 @@ sp_registry_entry(sp_registry_t *r, const char *name, int64_t version, bool crea
     if (e == NULL || strlen(name) >= sizeof e->name) {
         return NULL;
     }
-    sp_free(e->override_json);
-    memset(e, 0, sizeof *e);
+    sp_registry_drop_locked(r, e);
     e->used = true;
     snprintf(e->name, sizeof e->name, "%s", name);
     e->version = version;
@@ -366,11 +202,27 @@ sp_registry_entry(sp_registry_t *r, const char *name, int64_t version, bool crea
     return e;
 }
 
+void
+sp_registry_drop_locked(sp_registry_t *r, sp_model_entry_t *e)
+{
+    SP_ASSERT(e->live == NULL); /* its model was unpublished first */
+    if (e->demanded) {
+        r->n_demanded--;
+    }
+    SP_ASSERT(r->n_demanded >= 0);
+    sp_free(e->override_json);
+    memset(e, 0, sizeof *e);
+}
+
 sp_served_model_t *
 sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e, sp_served_model_t *m)
 {
     (void)r;
+    SP_ASSERT(m != NULL && atomic_load(&m->refs) >= 1); /* the entry's reference */
+    SP_ASSERT(m->reserved); /* only a built model, its memory counted, is routed */
+    SP_ASSERT(e->used);
     sp_served_model_t *old = e->live;
+    SP_ASSERT(old != m);
     e->live = m;
     e->state = SP_REPO_READY;
     e->reason[0] = '\0';
@@ -378,7 +230,48 @@ sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e, sp_served_mode
     e->demand_failed = false;
     e->stale_failed = false;
     e->last_used_ns = sp_time_ns();
+    if (e->demanded) { /* loaded by other means (an explicit load, a rescan) */
+        e->demanded = false;
+        r->n_demanded--;
+    }
+    SP_ASSERT(r->n_demanded >= 0);
     return old;
+}
+
+sp_served_model_t *
+sp_registry_unpublish_locked(sp_registry_t *r, sp_model_entry_t *e, const char *why)
+{
+    sp_served_model_t *old = e->live;
+    e->live = NULL;
+    e->state = SP_REPO_UNAVAILABLE;
+    e->on_demand = false;
+    e->demand_failed = false;
+    e->stale_failed = false;
+    if (e->demanded) {
+        e->demanded = false;
+        r->n_demanded--;
+    }
+    SP_ASSERT(r->n_demanded >= 0);
+    snprintf(e->reason, sizeof e->reason, "%s", why);
+    return old;
+}
+
+bool
+sp_registry_take_demand_locked(sp_registry_t *r, char *name, size_t name_len, int64_t *version)
+{
+    SP_ASSERT(r->n_demanded >= 0);
+    for (int i = 0; r->n_demanded > 0 && i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (e->used && e->demanded) {
+            e->demanded = false;
+            r->n_demanded--;
+            snprintf(name, name_len, "%s", e->name);
+            *version = e->version;
+            return true;
+        }
+    }
+    SP_ASSERT(r->n_demanded == 0); /* every mark is on a used entry */
+    return false;
 }
 
 static bool
@@ -439,9 +332,15 @@ sp_registry_acquire(sp_serving_t *s, const char *name, size_t len, const char *v
     } else if (pending && pending->state == SP_REPO_LOADING) {
         res = SP_ACQ_LOADING;
     } else if (pending && allow_load) {
+        /* The manager picks the mark up (sp_registry_take_demand_locked). */
+        SP_ASSERT(pending->state == SP_REPO_UNAVAILABLE); /* READY and LOADING answered above */
         pending->state = SP_REPO_LOADING;
         snprintf(pending->reason, sizeof pending->reason, "loading on demand");
-        sp_repository_demand_locked(s, pending);
+        if (!pending->demanded) {
+            pending->demanded = true;
+            r->n_demanded++;
+        }
+        pthread_cond_broadcast(&r->cv);
         res = SP_ACQ_LOADING;
     } else if (any) {
         snprintf(reason, reason_len, "%s", any->reason[0] ? any->reason : "not loaded");
@@ -537,6 +436,7 @@ sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t er
         if (d < 0) {
             for (int k = 0; k < r->n_dev; k++) {
                 r->used[k] += m->charge[k];
+                SP_ASSERT(r->used[k] <= r->budget[k] || m->charge[k] == 0);
             }
             pthread_mutex_unlock(&r->mu);
             return SP_OK;
@@ -556,6 +456,7 @@ sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t er
                            m->n_inst, (double)budget / MIB, (double)used / MIB, (double)idle / MIB);
         }
         /* Evict the least recently used idle model and try again. */
+        SP_ASSERT(victim != NULL); /* idle models hold the difference */
         sp_served_model_t *v = victim->live;
         victim->live = NULL;
         victim->state = SP_REPO_UNAVAILABLE;
@@ -573,10 +474,19 @@ sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t er
         /* refs was 1 (the entry's) under the lock, and lookups go through
          * the entry: nobody else can take it now. */
         if (atomic_fetch_sub(&v->refs, 1) == 1) {
-            sp_served_free(r, v);
+            sp_registry_free(r, v);
         }
         pthread_mutex_lock(&r->mu);
     }
+}
+
+uint64_t
+sp_registry_available(sp_registry_t *r, int d)
+{
+    pthread_mutex_lock(&r->mu);
+    const uint64_t avail = r->budget[d] > r->used[d] ? r->budget[d] - r->used[d] : 0;
+    pthread_mutex_unlock(&r->mu);
+    return avail;
 }
 
 /* ------------------------------------------------------------ build / free */
@@ -605,43 +515,9 @@ defaults_from(const sp_repo_config_t *cfg, sp_served_defaults_t *d)
     d->seed = l->seed;
 }
 
-/* The config's chat_template: a built-in's name or Jinja text; else the
- * server's --chat-template, else the file's own. */
-static sp_status_t
-load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
-              size_t err_len)
-{
-    const char *ct = cfg ? cfg->llm.chat_template : NULL;
-    sp_status_t st;
-    if (ct) {
-        st = sp_chat_template_builtin(ct, &m->tmpl, m->tmpl_error, sizeof m->tmpl_error);
-        if (st == SP_ERR_NOT_FOUND) {
-            st = sp_chat_template_compile(ct, strlen(ct), &m->tmpl, m->tmpl_error,
-                                          sizeof m->tmpl_error);
-        }
-        if (st != SP_OK) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.chat_template: %s",
-                           m->tmpl_error);
-        }
-        return SP_OK;
-    }
-    const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
-    if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,
-                                   sizeof m->tmpl_error) != SP_OK) {
-        if (tname) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "%s", m->tmpl_error);
-        }
-        SP_LOG_WARN("event=chat_template_unusable model=%s error=%s", sp_log_str(m->name),
-                    sp_log_str(m->tmpl_error));
-        m->tmpl = NULL;
-    }
-    return SP_OK;
-}
-
-/* Instance placement from instance_group: count instances on the CPU, or on
- * each listed GPU (every visible one when none is listed), as Triton does. */
-static sp_status_t
-place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err, size_t err_len)
+sp_status_t
+sp_registry_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+                  size_t err_len)
 {
     m->n_inst = 0;
     if (cfg == NULL || cfg->n_groups == 0) {
@@ -694,182 +570,9 @@ place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg, char 
     return SP_OK;
 }
 
-/*
- * KIND_GPU placement (docs/cuda.md): bind the model's weights to the one GPU
- * its instances are on and charge that device. The first gpu_layers layers
- * (parameters.gpu_layers; absent or -1: as many as fit the device's free
- * budget, all when the model fits) run on the GPU, the rest on the CPU. The
- * charge of the GPU is its bytes in use after the upload plus, per instance,
- * the GPU layers' share of the KV pool and the scratch estimate; the CPU
- * keeps the mapping and the CPU layers' share. *gd is the GPU's list index,
- * -1 for a CPU-only model (nothing done then).
- */
-static sp_status_t
-gpu_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg,
-          const sp_sched_mem_t *mem, uint64_t weights, int *gd, char *err, size_t err_len)
-{
-    *gd = -1;
-    bool cpu = false;
-    for (int k = 0; k < m->n_inst; k++) {
-        const int d = m->inst_dev[k];
-        if (d == 0) {
-            cpu = true;
-        } else if (*gd < 0) {
-            *gd = d;
-        } else if (d != *gd) {
-            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                           "instance_group: an LLM's instances on several GPUs are not supported "
-                           "yet; list one GPU");
-        }
-    }
-    if (*gd < 0) {
-        return SP_OK;
-    }
-    if (cpu) {
-        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "instance_group: an LLM on both KIND_CPU and KIND_GPU is not supported "
-                       "yet (use gpu_layers for a CPU/GPU split)");
-    }
-    const sp_device_info_t *di = sp_devices_get(r->devs, *gd);
-    if (di->ordinal < 0) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "instance_group: %s has no CUDA ordinal",
-                       di->id);
-    }
-    const sp_hparams_t *hp = sp_model_hparams(m->model);
-    int64_t n_gpu = -1;
-    const char *gl = cfg ? sp_repo_config_param(cfg, "gpu_layers") : NULL;
-    if (gl != NULL) {
-        char *end;
-        long long v = strtoll(gl, &end, 10);
-        if (end == gl || *end != '\0' || v < -1 || v > hp->n_layer) {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "parameters.gpu_layers: '%s' is not -1 (auto) or 0..%lld", gl,
-                           (long long)hp->n_layer);
-        }
-        n_gpu = v;
-    }
-    const uint64_t per_layer = (uint64_t)m->n_inst * mem->kv_bytes / (uint64_t)hp->n_layer;
-    if (n_gpu < 0) {
-        pthread_mutex_lock(&r->mu);
-        const uint64_t avail = r->budget[*gd] > r->used[*gd] ? r->budget[*gd] - r->used[*gd] : 0;
-        pthread_mutex_unlock(&r->mu);
-        /* Fixed costs: the scratch estimate per instance, cuBLAS's workspace
-         * and the 64 MiB upload stage. */
-        const uint64_t fixed = (uint64_t)m->n_inst * mem->scratch_bytes + ((uint64_t)96 << 20);
-        n_gpu = sp_gpu_fit_layers(m->model, avail, fixed, per_layer);
-        if (n_gpu == 0) {
-            return sp_errf(err, err_len, SP_ERR_TOO_LARGE,
-                           "model '%s': not one layer fits the %.1f MiB free in the budget of %s",
-                           m->name, (double)avail / MIB, di->id);
-        }
-    }
-    sp_status_t st = sp_gpu_attach(m->model, NULL, di->ordinal, n_gpu, err, err_len);
-    if (st != SP_OK) {
-        return st;
-    }
-    const int64_t on_gpu = sp_gpu_model_layers(m->model);
-    m->charge[*gd] = sp_gpu_model_device_bytes(m->model) + per_layer * (uint64_t)on_gpu +
-                     (uint64_t)m->n_inst * mem->scratch_bytes;
-    m->charge[0] = weights + per_layer * (uint64_t)(hp->n_layer - on_gpu) +
-                   (uint64_t)m->n_inst * mem->scratch_bytes;
-    SP_LOG_INFO("event=gpu_placement model=%s device=%s ordinal=%d gpu_layers=%lld/%lld "
-                "gpu_mib=%.1f", sp_log_str(m->name), sp_log_str(di->id), di->ordinal,
-                (long long)on_gpu, (long long)hp->n_layer, (double)m->charge[*gd] / MIB);
-    return SP_OK;
-}
-
-static sp_sched_params_t
-sched_params(const sp_serving_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
-{
-    sp_sched_params_t sp = sp_sched_default_params();
-    sp.n_slots = s->cfg.parallel;
-    sp.n_ctx = s->cfg.ctx_size;
-    sp.n_threads = s->cfg.threads;
-    sp.max_queue = s->cfg.queue;
-    sp.prefill_chunk = s->cfg.step_tokens;
-    sp.kv_blocks = s->cfg.kv_blocks;
-    /* Checked by config.c; "" only where a config skipped it (the --kv-f16 alias then). */
-    const int kv_type = sp_kv_type_from_name(s->cfg.kv_type);
-    sp.kv_type = kv_type >= 0 ? (sp_kv_type_t)kv_type
-                              : s->cfg.kv_f16 ? SP_KV_TYPE_F16 : SP_KV_TYPE_F32;
-    sp.tpot_target_ms = s->cfg.tpot_target_ms;
-    sp.tier_queue[0] = s->cfg.queue_batch;
-    sp.tier_queue[1] = s->cfg.queue_standard;
-    sp.tier_queue[2] = s->cfg.queue_premium;
-    sp.spec_k = s->cfg.spec_tokens > 0 ? s->cfg.spec_tokens : 4;
-    if (cfg) {
-        if (cfg->llm.context_length > 0) sp.n_ctx = cfg->llm.context_length;
-        if (cfg->llm.kv_blocks > 0) sp.kv_blocks = cfg->llm.kv_blocks;
-        if (cfg->llm.kv_cache_type && sp_kv_type_from_name(cfg->llm.kv_cache_type) >= 0) {
-            sp.kv_type = (sp_kv_type_t)sp_kv_type_from_name(cfg->llm.kv_cache_type);
-        }
-        if (cfg->max_batch_size > 0) sp.n_slots = cfg->max_batch_size;
-    }
-    /* Instances on the CPU share its cores rather than each taking all. */
-    if (sp.n_threads == 0 && n_cpu_inst > 1) {
-        int cores = sp_cpu_count();
-        sp.n_threads = cores > n_cpu_inst ? cores / n_cpu_inst : 1;
-    }
-    return sp;
-}
-
-/* Speculative decoding: load the draft model the configuration names (a
- * repository model by name, its latest selected version; or --draft-model for
- * --model) into m->draft and give its file size in *bytes. OK with no draft. */
-static sp_status_t
-load_draft(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, uint64_t *bytes,
-           char *err, size_t err_len)
-{
-    *bytes = 0;
-    char path[1024];
-    if (cfg == NULL) {
-        if (s->cfg.draft_model[0] == '\0') {
-            return SP_OK;
-        }
-        snprintf(path, sizeof path, "%s", s->cfg.draft_model);
-    } else {
-        if (cfg->llm.draft_model == NULL) {
-            return SP_OK;
-        }
-        if (strcmp(cfg->llm.draft_model, m->name) == 0) {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "parameters.draft_model: a model cannot draft for itself");
-        }
-        sp_repo_limits_t lim;
-        sp_repo_limits_default(&lim);
-        sp_repo_model_t dm;
-        char e[512];
-        sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, cfg->llm.draft_model,
-                                            strlen(cfg->llm.draft_model), &lim, NULL, 0, &dm, e,
-                                            sizeof e);
-        if (st != SP_OK || !dm.ok || dm.n_versions == 0 ||
-            dm.versions[dm.n_versions - 1].model_path == NULL) {
-            /* The scan's own words name the repository's path: not for clients. */
-            const char *why = st == SP_ERR_NOT_FOUND ? "no such model in the repository"
-                              : st != SP_OK ? "cannot be read" : !dm.ok ? dm.reason
-                              : dm.n_versions == 0 ? "no version selected"
-                                                   : dm.versions[dm.n_versions - 1].reason;
-            if (st == SP_OK) {
-                sp_repo_model_free(&dm);
-            }
-            return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.draft_model '%s': %s",
-                           cfg->llm.draft_model, why);
-        }
-        snprintf(path, sizeof path, "%s", dm.versions[dm.n_versions - 1].model_path);
-        sp_repo_model_free(&dm);
-    }
-    char e[512];
-    if (sp_model_load(path, &m->draft, e, sizeof e) != SP_OK) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "draft model: %s", e);
-    }
-    struct stat fst;
-    *bytes = stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0;
-    return SP_OK;
-}
-
 /* A model is ready: time it, list it, log it. */
 static void
-built(sp_registry_t *r, sp_served_model_t *m, int64_t t0, int n_slots)
+built(sp_registry_t *r, sp_served_model_t *m, int64_t t0)
 {
     m->created = (int64_t)time(NULL);
     atomic_store(&m->last_used_ns, sp_time_ns());
@@ -881,15 +584,15 @@ built(sp_registry_t *r, sp_served_model_t *m, int64_t t0, int n_slots)
     SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s backend=%s ctx=%lld instances=%d "
                 "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
                 sp_log_str(m->name), (long long)m->version, sp_log_str(m->path),
-                m->be ? m->be->name : "llm", (long long)m->n_ctx, m->n_inst, n_slots,
+                m->be ? m->be->name : m->kind->name, (long long)m->n_ctx, m->n_inst, m->n_slots,
                 (double)m->mem_bytes / MIB, m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
                 m->load_ms);
 }
 
 sp_status_t
-sp_served_build(sp_serving_t *s, const char *name, int64_t version, bool from_repo, const char *path,
-                const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out, char *err,
-                size_t err_len)
+sp_registry_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name, int64_t version,
+                  bool from_repo, const char *path, const sp_repo_config_t *cfg, uint64_t sig,
+                  sp_served_model_t **out, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
     int64_t t0 = sp_time_ns();
@@ -899,6 +602,7 @@ sp_served_build(sp_serving_t *s, const char *name, int64_t version, bool from_re
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     m->srv = s;
+    m->kind = kind;
     snprintf(m->name, sizeof m->name, "%s", name);
     snprintf(m->path, sizeof m->path, "%s", path);
     m->version = version;
@@ -906,116 +610,47 @@ sp_served_build(sp_serving_t *s, const char *name, int64_t version, bool from_re
     m->from_repo = from_repo;
     m->sig = sig;
     atomic_init(&m->refs, 1);
-    sp_model_metrics_init(&m->metrics);
+    sp_metrics_model_init(&m->metrics);
     defaults_from(cfg, &m->def);
     /* The response cache: a repository model opts in with config.json's
      * response_cache.enable; a --model model (no config) whenever the server
      * has a cache (--response-cache-bytes). */
     m->response_cache = s->rcache != NULL && (cfg ? cfg->response_cache : true);
-    bool reserved = false;
-    if (cfg && cfg->backend != SP_REPO_BACKEND_LLM) {
-        /* A tensor model: its backend plugin loads it (tensor_model.c). */
-        m->max_batch_size = cfg->max_batch_size;
-        sp_status_t tst = place(r, m, cfg, err, err_len);
-        if (tst == SP_OK) {
-            tst = sp_tensor_model_build(s, m, cfg, err, err_len);
+    sp_status_t st = kind->probe(s, m, cfg, err, err_len);
+    if (st == SP_OK) {
+        /* The probe placed the instances: inst[] and inst_dev[] are that long. */
+        SP_ASSERT(m->n_inst > 0 && m->n_inst <= SP_REPO_MAX_INSTANCES);
+        m->mem_bytes = 0;
+        for (int d = 0; d < r->n_dev; d++) {
+            m->mem_bytes += m->charge[d];
         }
-        if (tst != SP_OK) {
-            if (!m->reserved) {
-                memset(m->charge, 0, sizeof m->charge);
-            }
-            sp_served_free(r, m);
-            return tst;
-        }
-        built(r, m, t0, 0);
-        *out = m;
-        return SP_OK;
+        st = sp_registry_reserve(r, m, err, err_len);
+        m->reserved = st == SP_OK;
     }
-    sp_enc_key_src_t keys; /* cfg NULL (--model): SAMPAN_MODEL_KEY; else config.json's */
-    sp_status_t st = sp_repo_llm_keys_ex(cfg, s->cfg.model_repository, name, s->cfg.key_dir,
-                                         &keys, err, err_len);
-    /* The file as it is before it is read: a change from here on (also to an
-     * encrypted file, whose plaintext handle knows no file) reloads it. */
-    m->has_file_id = stat(path, &m->file_id) == 0;
-    if (st == SP_OK) st = sp_model_load_ex(path, &keys, &m->model, err, err_len);
+    if (st == SP_OK) {
+        st = kind->start(s, m, cfg, err, err_len);
+    }
     if (st != SP_OK) {
-        goto fail;
-    }
-    m->tok = sp_model_tokenizer(m->model);
-    if ((st = load_template(s, m, cfg, err, err_len)) != SP_OK ||
-        (st = place(r, m, cfg, err, err_len)) != SP_OK) {
-        goto fail;
-    }
-    int n_cpu = 0;
-    for (int k = 0; k < m->n_inst; k++) {
-        n_cpu += m->inst_dev[k] == 0;
-    }
-    sp_sched_params_t sp = sched_params(s, cfg, n_cpu);
-    uint64_t draft_bytes = 0;
-    if ((st = load_draft(s, m, cfg, &draft_bytes, err, err_len)) != SP_OK) {
-        goto fail;
-    }
-    sp.draft = m->draft;
-    if (cfg && cfg->llm.num_speculative_tokens > 0) {
-        sp.spec_k = cfg->llm.num_speculative_tokens;
-    }
-    /* The estimate: every instance's KV pool and scratch, plus the weights
-     * once per device (one mmap shared by the CPU instances); a draft's weights
-     * count with the model's. */
-    sp_sched_mem_t mem;
-    if ((st = sp_sched_estimate(m->model, &sp, &mem, err, err_len)) != SP_OK) {
-        goto fail;
-    }
-    struct stat fst;
-    uint64_t weights = (stat(path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes;
-    int gd;
-    if ((st = gpu_place(r, m, cfg, &mem, weights, &gd, err, err_len)) != SP_OK) {
-        goto fail;
-    }
-    for (int k = 0; gd < 0 && k < m->n_inst; k++) {
-        int d = m->inst_dev[k];
-        if (m->charge[d] == 0) {
-            m->charge[d] += weights;
+        if (!m->reserved) {
+            memset(m->charge, 0, sizeof m->charge); /* nothing of it is taken */
         }
-        m->charge[d] += mem.kv_bytes + mem.scratch_bytes;
+        sp_registry_free(r, m);
+        return st;
     }
-    for (int d = 0; d < r->n_dev; d++) {
-        m->mem_bytes += m->charge[d];
-    }
-    if ((st = sp_registry_reserve(r, m, err, err_len)) != SP_OK) {
-        goto fail;
-    }
-    reserved = true;
-    for (int k = 0; k < m->n_inst; k++) {
-        if ((st = sp_sched_create(m->model, &sp, &m->inst[k], err, err_len)) != SP_OK) {
-            goto fail;
-        }
-    }
-    m->n_ctx = sp_sched_n_ctx(m->inst[0]);
-    built(r, m, t0, sp.n_slots);
+    built(r, m, t0);
     *out = m;
     return SP_OK;
-fail:
-    if (!reserved) {
-        memset(m->charge, 0, sizeof m->charge);
-    }
-    sp_served_free(r, m);
-    return st == SP_OK ? SP_ERR_INVALID : st;
 }
 
 void
-sp_served_free(sp_registry_t *r, sp_served_model_t *m)
+sp_registry_free(sp_registry_t *r, sp_served_model_t *m)
 {
-    sp_tensor_model_free(m);
-    for (int k = 0; k < m->n_inst; k++) {
-        sp_sched_destroy(m->inst[k]);
+    if (m->kind) {
+        m->kind->free(m);
     }
-    sp_adapters_free(m); /* requests still using one hold their own references */
-    sp_chat_template_destroy(m->tmpl);
-    sp_model_free(m->model);
-    sp_model_free(m->draft);
     pthread_mutex_lock(&r->mu);
     for (int d = 0; d < r->n_dev; d++) {
+        SP_ASSERT(r->used[d] >= m->charge[d]); /* a reservation is returned once */
         r->used[d] -= m->charge[d];
     }
     for (sp_served_model_t **pp = &r->all; *pp; pp = &(*pp)->next) {
@@ -1041,7 +676,8 @@ sp_registry_reap(sp_registry_t *r)
     pthread_mutex_unlock(&r->mu);
     while (list) {
         sp_served_model_t *next = list->reap_next;
-        sp_served_free(r, list);
+        SP_ASSERT(atomic_load(&list->refs) == 0);
+        sp_registry_free(r, list);
         list = next;
     }
 }

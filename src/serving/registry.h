@@ -25,8 +25,20 @@
  * then. Reservations last until the model is freed, so the sum never
  * exceeds the budget: a draining old version still counts.
  *
+ * Kinds: what a model is (an LLM on the engine, a tensor model on a backend
+ * plugin) sits behind a small table (sp_model_kind_t): probe says how much
+ * memory it needs per device, start brings it up once that memory is
+ * reserved, stop ends its queued work, free releases it. The registry
+ * reserves between probe and start and returns the reservation when a start
+ * fails or the model is freed; it never looks at which kind it holds.
+ *
+ * On-demand loads: a lookup that finds a model able to load on demand marks
+ * its entry `demanded` (LOADING) and wakes the manager (cv); the manager
+ * takes demanded entries with sp_registry_take_demand_locked. The registry
+ * never calls into the manager.
+ *
  * Threads: lookups run on the loop threads; everything that builds, swaps,
- * evicts or frees runs on the manager thread (repository.c), one at a time.
+ * evicts or frees runs on the manager thread (manager.c), one at a time.
  * The registry lock guards the entries, the accounting and the queues and
  * is never held while a model is built or freed.
  */
@@ -52,6 +64,29 @@
 #include "sched/sched.h"
 
 struct sp_serving;
+struct sp_adapter_set;
+typedef struct sp_served_model sp_served_model_t;
+
+/*
+ * A kind of model. probe loads what it must to know the model's memory need
+ * and fills m->charge[] (bytes per device; the instances' placement in
+ * m->inst_dev[] is its to set); start brings the model up once the registry
+ * reserved that charge. A probe or start that fails leaves what it made in
+ * m for free. stop ends queued work with an error (shutdown); free releases
+ * everything the kind made (after stop, or after a failed probe or start);
+ * stats gives its scheduler figures. All on the manager thread except stop
+ * (shutdown) and stats (any thread, with a reference).
+ */
+typedef struct sp_model_kind {
+    const char *name; /* "llm", "tensor" */
+    sp_status_t (*probe)(struct sp_serving *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
+                         char *err, size_t err_len);
+    sp_status_t (*start)(struct sp_serving *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
+                         char *err, size_t err_len);
+    void (*stop)(sp_served_model_t *m);
+    void (*free)(sp_served_model_t *m);
+    void (*stats)(const sp_served_model_t *m, sp_sched_stats_t *out);
+} sp_model_kind_t;
 
 #define SP_REG_MAX_DEVICES 64 /* devices the budget tracks (the CPU, GPUs, MIG instances) */
 
@@ -64,9 +99,10 @@ typedef struct sp_served_defaults {
     bool seed_set;
 } sp_served_defaults_t;
 
-typedef struct sp_served_model sp_served_model_t;
 struct sp_served_model {
     struct sp_serving *srv;
+    const sp_model_kind_t *kind; /* what it is (llm_model.h, tensor_model.h) */
+    void *kind_data;           /* the kind's own state, freed by kind->free */
     char name[128];
     char path[1024];
     int64_t version;           /* repository version; 0 for --model */
@@ -81,6 +117,7 @@ struct sp_served_model {
     sp_sched_t *inst[SP_REPO_MAX_INSTANCES];
     int inst_dev[SP_REPO_MAX_INSTANCES]; /* device list index */
     int64_t n_ctx;
+    int32_t n_slots;           /* sequences each instance runs at once (LLM; 0 for others) */
     int64_t created;           /* unix seconds, for /v1/models */
     sp_served_defaults_t def;
     uint64_t sig;              /* what it was built from (file + config stamps) */
@@ -93,7 +130,7 @@ struct sp_served_model {
     /* LoRA adapters served as "<name>:<adapter>" (adapters.h): changed by the
      * manager under the registry lock, read under it. NULL: none. */
     struct sp_adapter_set *adapters;
-    /* A tensor model (a backend plugin, tensor_model.h): model == NULL, inst[] NULL. */
+    /* A tensor model's (a backend plugin, tensor_model.h): its kind fills these. */
     const sp_backend_api_t *be;
     void *be_inst[SP_REPO_MAX_INSTANCES];
     sp_backend_model_info_t be_info;
@@ -122,6 +159,7 @@ typedef struct sp_model_entry {
     bool from_repo;
     bool pinned;               /* a --model model: never evicted */
     bool on_demand;            /* loads at its first request (load_on_demand, or evicted) */
+    bool demanded;             /* a request asked for it: the manager loads it (LOADING) */
     bool demand_failed;        /* its last load failed: not retried until it changes */
     sp_repo_state_t state;
     char reason[1024];
@@ -156,6 +194,7 @@ typedef struct sp_registry {
     uint64_t budget[SP_REG_MAX_DEVICES];
     uint64_t used[SP_REG_MAX_DEVICES]; /* reserved by models not yet freed */
     int64_t evictions;
+    int n_demanded;            /* entries with demanded set */
     bool recheck;              /* a lookup saw changed weights: the manager checks files now */
 } sp_registry_t;
 
@@ -201,29 +240,50 @@ void sp_served_apply_defaults(const sp_served_model_t *m, sp_sampler_params_t *s
  * with sp_free). Stable order: by name, then version. */
 int sp_registry_snapshot(struct sp_serving *s, sp_served_model_t ***out);
 
-/* ---- for the manager (repository.c) */
+/* ---- for the manager (manager.c) and the kinds */
 
 /* The entry of (name, version), creating it when create; NULL when the table is full. */
 sp_model_entry_t *sp_registry_entry(sp_registry_t *r, const char *name, int64_t version,
                                     bool create);
 
-/* Build a model from a file with the server's settings and a repository
- * config (NULL for --model). Reserves its memory (evicting idle models as
- * needed) and starts its instances. Manager thread, registry lock not held. */
-sp_status_t sp_served_build(struct sp_serving *s, const char *name, int64_t version, bool from_repo,
-                            const char *path, const sp_repo_config_t *cfg, uint64_t sig,
-                            sp_served_model_t **out, char *err, size_t err_len);
+/* Forget entry e (its model unpublished before): the slot is free again. Lock held. */
+void sp_registry_drop_locked(sp_registry_t *r, sp_model_entry_t *e);
+/* Build a model of `kind` from a file with the server's settings and a
+ * repository config (NULL for --model): the kind's probe, the reservation
+ * of its charge (evicting idle models as needed), then its start. On any
+ * failure the model is freed and its reservation returned. Manager thread,
+ * registry lock not held. */
+sp_status_t sp_registry_build(struct sp_serving *s, const sp_model_kind_t *kind, const char *name,
+                              int64_t version, bool from_repo, const char *path,
+                              const sp_repo_config_t *cfg, uint64_t sig, sp_served_model_t **out,
+                              char *err, size_t err_len);
 /* Publish m in its entry (READY), returning the model it replaces (its
  * entry reference, to release) or NULL. Lock held by the caller. */
 sp_served_model_t *sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t *e,
                                               sp_served_model_t *m);
+/* Stop routing e (UNAVAILABLE with reason why, no longer on demand) and
+ * return the model it held (its entry reference, to release outside the
+ * lock) or NULL. Lock held by the caller. */
+sp_served_model_t *sp_registry_unpublish_locked(sp_registry_t *r, sp_model_entry_t *e,
+                                                const char *why);
+/* Take one entry a request demanded (clearing its mark): its name and
+ * version in name/version. false when none is demanded. Lock held. */
+bool sp_registry_take_demand_locked(sp_registry_t *r, char *name, size_t name_len,
+                                    int64_t *version);
 /* Reserve m->charge on every device, evicting idle models least recently
  * used first; refuses (evicting nothing) when it cannot fit. */
 sp_status_t sp_registry_reserve(sp_registry_t *r, sp_served_model_t *m, char *err, size_t err_len);
+/* Bytes of device d's budget not reserved now. */
+uint64_t sp_registry_available(sp_registry_t *r, int d);
+/* Place m's instances from cfg's instance_group (m->inst_dev, m->n_inst):
+ * count instances on the CPU, or on each listed GPU (every visible one when
+ * none is listed), as Triton does. For the kinds' probes. */
+sp_status_t sp_registry_place(sp_registry_t *r, sp_served_model_t *m, const sp_repo_config_t *cfg,
+                              char *err, size_t err_len);
 /* Free the models whose last reference went away. Manager thread. */
 void sp_registry_reap(sp_registry_t *r);
 /* Free one model now (no references left). Manager thread or shutdown. */
-void sp_served_free(sp_registry_t *r, sp_served_model_t *m);
+void sp_registry_free(sp_registry_t *r, sp_served_model_t *m);
 
 /* The budget spec parser, for tests: fills budget[] of n devices. */
 sp_status_t sp_registry_parse_budget(const char *spec, sp_devices_t *devs, uint64_t *budget,

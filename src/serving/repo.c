@@ -44,37 +44,7 @@ say(char *dst, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
-/* ---- names and paths */
-
-sp_status_t
-sp_repo_check_name_n(const char *name, size_t len, char *err, size_t err_len)
-{
-    if (!name || len == 0) return sp_errf(err, err_len, SP_ERR_INVALID, "name is empty");
-    if (len > SP_REPO_NAME_MAX) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "name longer than %d bytes", SP_REPO_NAME_MAX);
-    }
-    if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.')) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "name \"%.*s\" is not allowed", (int)len, name);
-    }
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)name[i];
-        if (ch == 0) return sp_errf(err, err_len, SP_ERR_INVALID, "name contains a NUL byte");
-        if (ch == '/' || ch == '\\') {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "name \"%.*s\" contains a path separator", (int)len, name);
-        }
-        if (ch < 0x20 || ch == 0x7f) {
-            return sp_errf(err, err_len, SP_ERR_INVALID, "name contains a control byte");
-        }
-    }
-    return SP_OK;
-}
-
-sp_status_t
-sp_repo_check_name(const char *name, char *err, size_t err_len)
-{
-    return sp_repo_check_name_n(name, name ? strnlen(name, SP_REPO_NAME_MAX + 1) : 0, err, err_len);
-}
+/* ---- versions (names and paths: repo_path.c) */
 
 sp_status_t
 sp_repo_parse_version(const char *s, size_t len, int64_t *out, char *err, size_t err_len)
@@ -94,29 +64,6 @@ sp_repo_parse_version(const char *s, size_t len, int64_t *out, char *err, size_t
         v = v * 10 + (s[i] - '0');
     }
     *out = v;
-    return SP_OK;
-}
-
-sp_status_t
-sp_repo_resolve(const char *root_real, const char *rel, char *out, size_t out_len, char *err,
-                size_t err_len)
-{
-    char path[PATH_MAX], res[PATH_MAX];
-    int n = snprintf(path, sizeof path, "%s/%s", root_real, rel);
-    if (n < 0 || (size_t)n >= sizeof path) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: path too long", rel);
-    }
-    if (!realpath(path, res)) {
-        return sp_errf(err, err_len, errno == ENOENT ? SP_ERR_NOT_FOUND : SP_ERR_IO, "%s: %s", rel,
-                       strerror(errno));
-    }
-    size_t rl = strlen(root_real);
-    bool inside = rl == 1 || (strncmp(res, root_real, rl) == 0 && (res[rl] == '/' || !res[rl]));
-    if (!inside) {
-        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: resolves outside the repository", rel);
-    }
-    if (strlen(res) >= out_len) return sp_errf(err, err_len, SP_ERR_INVALID, "%s: path too long", rel);
-    memcpy(out, res, strlen(res) + 1);
     return SP_OK;
 }
 
@@ -197,7 +144,7 @@ scan_version(const char *root_real, const char *label, const sp_repo_model_t *m,
     v->version = version;
     v->state = SP_REPO_UNAVAILABLE;
     snprintf(rel, sizeof rel, "%s/%lld", m->name, (long long)version);
-    sp_status_t st = sp_repo_resolve(root_real, rel, vdir, sizeof vdir, e, sizeof e);
+    sp_status_t st = sp_repo_path_resolve(root_real, rel, vdir, sizeof vdir, e, sizeof e);
     if (st == SP_ERR_NOT_FOUND) {
         say(v->reason, sizeof v->reason, "%s/%s: version %lld not found", label, m->name,
                  (long long)version);
@@ -267,7 +214,7 @@ scan_version(const char *root_real, const char *label, const sp_repo_model_t *m,
     }
     char frel[PATH_MAX + SP_REPO_NAME_MAX + 2], fpath[PATH_MAX];
     snprintf(frel, sizeof frel, "%s/%s", rel, found);
-    st = sp_repo_resolve(root_real, frel, fpath, sizeof fpath, e, sizeof e);
+    st = sp_repo_path_resolve(root_real, frel, fpath, sizeof fpath, e, sizeof e);
     if (st) {
         say(v->reason, sizeof v->reason, "%s/%s", label, e);
         return SP_OK;
@@ -294,7 +241,7 @@ scan_one(const char *root_real, const char *label, const char *name, const sp_re
     snprintf(m->name, sizeof m->name, "%s", name);
     snprintf(rel, sizeof rel, "%s/config.json", name);
     snprintf(clabel, sizeof clabel, "%s/%s/config.json", label, name);
-    sp_status_t st = sp_repo_resolve(root_real, rel, path, sizeof path, e, sizeof e);
+    sp_status_t st = sp_repo_path_resolve(root_real, rel, path, sizeof path, e, sizeof e);
     if (st) {
         say(m->reason, sizeof m->reason, "%s/%s", label, e);
         return SP_OK;
@@ -452,7 +399,7 @@ sp_repo_scan_model(const char *root, const char *name, size_t name_len, const sp
         lim = &dl;
     }
     memset(out, 0, sizeof *out);
-    if (sp_repo_check_name_n(name, name_len, e, sizeof e) != SP_OK) {
+    if (sp_repo_path_check_name_n(name, name_len, e, sizeof e) != SP_OK) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model name: %s", e);
     }
     /* A name from a request is a slice of the URL, not NUL-terminated. */
@@ -462,7 +409,7 @@ sp_repo_scan_model(const char *root, const char *name, size_t name_len, const sp
     name = nm;
     sp_status_t st = root_realpath(root, rr, err, err_len);
     if (st) return st;
-    st = sp_repo_resolve(rr, name, dir, sizeof dir, e, sizeof e);
+    st = sp_repo_path_resolve(rr, name, dir, sizeof dir, e, sizeof e);
     if (st == SP_ERR_NOT_FOUND) {
         return sp_errf(err, err_len, SP_ERR_NOT_FOUND, "model \"%s\" not found in %s", name, root);
     }
@@ -506,7 +453,7 @@ sp_repo_scan(const char *root, const sp_repo_limits_t *lim, sp_repo_scan_t **out
     struct dirent *de;
     while (!st && (de = readdir(d))) {
         if (de->d_name[0] == '.') continue; /* ., .., and hidden entries are never models */
-        if (sp_repo_check_name(de->d_name, NULL, 0) != SP_OK) continue;
+        if (sp_repo_path_check_name(de->d_name, NULL, 0) != SP_OK) continue;
         struct stat sb;
         /* A symlink that resolves outside still gets an entry so the index says why. */
         struct stat lsb;

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "serving/repo_config.h"
+#include "serving/repo_path.h"
 #include "sampan/status.h"
 
 typedef struct sp_repo_limits {
@@ -69,20 +70,11 @@ typedef struct sp_repo_scan {
     sp_repo_model_t *models; /* sorted by name */
 } sp_repo_scan_t;
 
-/* A valid model name (or file name): 1..SP_REPO_NAME_MAX bytes, no '/', '\\',
- * control byte or NUL, not "." or "..". len counts bytes as received, so an
- * embedded NUL from a request is caught. */
-sp_status_t sp_repo_check_name_n(const char *name, size_t len, char *err, size_t err_len);
-sp_status_t sp_repo_check_name(const char *name, char *err, size_t err_len);
 
 /* A version string: 1..15 decimal digits, no sign or leading zero, > 0. */
 sp_status_t sp_repo_parse_version(const char *s, size_t len, int64_t *out, char *err,
                                   size_t err_len);
 
-/* Resolve root_real/rel (rel already checked) with realpath into out (PATH_MAX)
- * and refuse a result outside root_real. SP_ERR_NOT_FOUND when it does not exist. */
-sp_status_t sp_repo_resolve(const char *root_real, const char *rel, char *out, size_t out_len,
-                            char *err, size_t err_len);
 
 /* Scan a repository. Fails only when the root itself is unusable or holds more
  * than max_models model directories; per-model problems land in the models. */

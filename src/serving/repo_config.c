@@ -14,7 +14,7 @@
 
 #include "core/alloc.h"
 #include "core/file.h"
-#include "serving/repo.h"
+#include "serving/repo_path.h"
 
 static const char *const dtype_names[SP_REPO_TYPE_COUNT_] = {
     "TYPE_BOOL",  "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
@@ -23,13 +23,13 @@ static const char *const dtype_names[SP_REPO_TYPE_COUNT_] = {
 };
 
 const char *
-sp_repo_dtype_name(sp_repo_dtype_t t)
+sp_repo_config_dtype_name(sp_repo_dtype_t t)
 {
     return (unsigned)t < SP_REPO_TYPE_COUNT_ ? dtype_names[t] : "TYPE_INVALID";
 }
 
 const char *
-sp_repo_backend_name(sp_repo_backend_t b)
+sp_repo_config_backend_name(sp_repo_backend_t b)
 {
     return b == SP_REPO_BACKEND_XGBOOST ? "xgboost" : b == SP_REPO_BACKEND_PLUGIN ? "plugin" : "llm";
 }
@@ -512,7 +512,7 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
     }
     if (strcmp(key, "model_file") == 0) {
         char e[256];
-        if (sp_repo_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
+        if (sp_repo_path_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
         l->model_file = val;
         return SP_OK;
     }
@@ -543,7 +543,7 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
     if (strcmp(key, "draft_model") == 0) {
         /* Another model of the repository, by name (serving/registry.c loads it). */
         char e[256];
-        if (sp_repo_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
+        if (sp_repo_path_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
         l->draft_model = val;
         return SP_OK;
     }
@@ -672,7 +672,7 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     if (r < 0) return (sp_status_t)r;
     if (r) {
         char e[256];
-        if (sp_repo_check_name(s, e, sizeof e) != SP_OK) return bad(&c, "name", "%s", e);
+        if (sp_repo_path_check_name(s, e, sizeof e) != SP_OK) return bad(&c, "name", "%s", e);
         snprintf(cfg->name, sizeof cfg->name, "%s", s);
     }
     r = get_str(&c, root, "", "backend", 32, &s);
@@ -771,15 +771,16 @@ sp_repo_config_free(sp_repo_config_t *c)
 }
 
 sp_status_t
-sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
-                 sp_enc_key_src_t *out, char *err, size_t err_len)
+sp_repo_config_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
+                        sp_enc_key_src_t *out, char *err, size_t err_len)
 {
-    return sp_repo_llm_keys_ex(cfg, root, model, NULL, out, err, err_len);
+    return sp_repo_config_llm_keys_ex(cfg, root, model, NULL, out, err, err_len);
 }
 
 sp_status_t
-sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
-                    const char *key_dir, sp_enc_key_src_t *out, char *err, size_t err_len)
+sp_repo_config_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
+                           const char *key_dir, sp_enc_key_src_t *out, char *err,
+                           size_t err_len)
 {
     if (cfg == NULL) {
         sp_enc_key_src_default(out);
@@ -805,7 +806,7 @@ sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *m
                            "only when the server has a key directory (--key-dir)");
         }
         if (realpath(key_dir, kd_real) == NULL ||
-            sp_repo_resolve(kd_real, kf, out->file, sizeof out->file, e, sizeof e) != SP_OK) {
+            sp_repo_path_resolve(kd_real, kf, out->file, sizeof out->file, e, sizeof e) != SP_OK) {
             out->file[0] = '\0';
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "parameters.encryption_key_file \"%s\": no such key in the server's "
@@ -828,7 +829,7 @@ sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *m
     if (n < 0 || (size_t)n >= sizeof rel) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.encryption_key_file: too long");
     }
-    sp_status_t st = sp_repo_resolve(root_real, rel, out->file, sizeof out->file, e, sizeof e);
+    sp_status_t st = sp_repo_path_resolve(root_real, rel, out->file, sizeof out->file, e, sizeof e);
     if (st != SP_OK) {
         return sp_errf(err, err_len, st, "parameters.encryption_key_file: %s", e);
     }
@@ -927,7 +928,8 @@ check_override(const json_t *ov, const char *label, bool *key_from_request, char
     const json_t *sv = json_is_object(kf) ? json_object_get(kf, "string_value") : NULL;
     char e[256];
     if (!json_is_string(sv) ||
-        sp_repo_check_name_n(json_string_value(sv), json_string_length(sv), e, sizeof e) != SP_OK) {
+        sp_repo_path_check_name_n(json_string_value(sv), json_string_length(sv), e, sizeof e) !=
+            SP_OK) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "%s: parameters.encryption_key_file: a load request names a key by its "
                        "file name in the server's key directory (--key-dir): "

@@ -129,7 +129,7 @@ typedef struct sp_repo_llm {
     const char *chat_template;  /* borrowed from params; NULL = the model's own */
     const char *model_file;     /* borrowed from params; NULL = find it */
     /* The key of an encrypted model file (*.gguf.enc), at most one of the two;
-     * see sp_repo_llm_keys. Borrowed from params; NULL = not set. */
+     * see sp_repo_config_llm_keys. Borrowed from params; NULL = not set. */
     const char *encryption_key_file; /* absolute, or relative to the model directory */
     const char *encryption_key_env;  /* an environment variable holding 64 hex characters */
     /* encryption_key_file came from a load request's config override, not
@@ -185,7 +185,7 @@ sp_status_t sp_repo_config_merge(json_t *base, const json_t *override, const cha
  * The override is a client's (a load request): it may not set
  * encryption_key_env (a client must not probe the server's environment), and
  * its encryption_key_file must be a plain file name, looked up in the
- * server's key directory (llm.key_from_request; sp_repo_llm_keys_ex). */
+ * server's key directory (llm.key_from_request; sp_repo_config_llm_keys_ex). */
 sp_status_t sp_repo_config_load(const char *path, const char *label, const char *override_json,
                                 size_t override_len, sp_repo_config_t *out, char *err,
                                 size_t err_len);
@@ -197,24 +197,25 @@ void sp_repo_config_free(sp_repo_config_t *c);
  * Otherwise parameters.encryption_key_file, an absolute path used as is (keys
  * usually live outside the repository, e.g. a Kubernetes secret mount) or a
  * path relative to the model directory <root>/<model>, resolved with realpath
- * and refused when it leaves the repository (sp_repo_resolve); or
+ * and refused when it leaves the repository (sp_repo_path_resolve); or
  * parameters.encryption_key_env; or neither (loading an encrypted file then
  * says which parameters to set). Nothing is read here: the key is read only
  * when the model file turns out to be encrypted. */
-sp_status_t sp_repo_llm_keys(const sp_repo_config_t *cfg, const char *root, const char *model,
-                             sp_enc_key_src_t *out, char *err, size_t err_len);
+sp_status_t sp_repo_config_llm_keys(const sp_repo_config_t *cfg, const char *root,
+                                    const char *model, sp_enc_key_src_t *out, char *err,
+                                    size_t err_len);
 /* The same with the server's key directory (--key-dir; NULL or "" = none):
  * a key file named by a load request (llm.key_from_request) is that file
  * name in key_dir, resolved with realpath and refused when it leaves it; with
  * no key_dir such a request is refused. Errors never name key_dir. */
-sp_status_t sp_repo_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const char *model,
-                                const char *key_dir, sp_enc_key_src_t *out, char *err,
-                                size_t err_len);
+sp_status_t sp_repo_config_llm_keys_ex(const sp_repo_config_t *cfg, const char *root,
+                                       const char *model, const char *key_dir,
+                                       sp_enc_key_src_t *out, char *err, size_t err_len);
 
 /* Look a parameter up; NULL when absent. */
 const char *sp_repo_config_param(const sp_repo_config_t *c, const char *key);
 
-const char *sp_repo_dtype_name(sp_repo_dtype_t t);   /* "TYPE_FP32" */
-const char *sp_repo_backend_name(sp_repo_backend_t b); /* "llm" */
+const char *sp_repo_config_dtype_name(sp_repo_dtype_t t);   /* "TYPE_FP32" */
+const char *sp_repo_config_backend_name(sp_repo_backend_t b); /* "llm" */
 
 #endif /* SP_SERVING_REPO_CONFIG_H */

@@ -2,7 +2,8 @@
  * serving.h - what everything between the engines and the protocols shares:
  * the served models (registry), the serve configuration, tenants, the
  * response cache, the preparation workers, readiness and drain, and the
- * manager thread that loads, unloads and frees models.
+ * state of the manager thread that loads, unloads and frees models
+ * (manager.h).
  *
  * One sp_serving_t per process, made by the composition root (server/serve.c)
  * and handed to every protocol module at registration. Code below api/ takes
@@ -26,19 +27,19 @@
 #include "serving/respcache.h"
 #include "serving/tenants.h"
 
-typedef struct sp_mgr_cmd sp_mgr_cmd_t; /* repository.c */
+typedef struct sp_manager_cmd sp_manager_cmd_t; /* manager.c */
 
 typedef struct sp_serving {
     sp_serve_config_t cfg;
     sp_registry_t reg;        /* the served models (registry.h) */
     sp_auth_t auth;           /* API keys and tenants (tenants.h) */
     atomic_bool reload_tenants; /* SIGHUP: the manager rereads the tenants file */
-    /* The manager thread (repository.c): loads, unloads, polls, evicts and
+    /* The manager thread (manager.h): loads, unloads, polls, evicts and
      * frees models; its queue is guarded by reg.mu and woken by reg.cv. */
     pthread_t mgr;
     bool mgr_started;
     bool mgr_stop;
-    sp_mgr_cmd_t *cmd_head, *cmd_tail;
+    sp_manager_cmd_t *cmd_head, *cmd_tail;
     atomic_bool ready;        /* start-up loads done */
     atomic_bool draining;     /* SIGTERM seen */
     atomic_bool load_failed;
@@ -49,16 +50,7 @@ typedef struct sp_serving {
     struct sp_workq *prep;
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
-    char repo_real[4096];     /* the repository root resolved (for sp_repository_redact) */
+    char repo_real[4096];     /* the repository root resolved (adapters, redaction) */
 } sp_serving_t;
-
-/* repository.c: the manager thread (start-up loads of --model and the
- * repository, poll mode, load and unload, on-demand loads, freeing). */
-sp_status_t sp_repository_start(sp_serving_t *s, char *err, size_t err_len);
-void sp_repository_stop(sp_serving_t *s);
-/* A reason with the repository's location removed, for answers to clients. */
-void sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap);
-/* Queue the on-demand load of e (reg.mu held; e already LOADING). */
-void sp_repository_demand_locked(sp_serving_t *s, sp_model_entry_t *e);
 
 #endif /* SP_SERVING_SERVING_H */

@@ -76,7 +76,7 @@ check_decl(const char *what, const sp_repo_tensor_t *decl, int32_t n_decl,
         if (btype_of(decl[i].data_type) != g->dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "config.json: %s[%d].data_type: %s, but the model's is %s", what, (int)i,
-                           sp_repo_dtype_name(decl[i].data_type), btype_name(g->dtype));
+                           sp_repo_config_dtype_name(decl[i].data_type), btype_name(g->dtype));
         }
         bool same = decl[i].n_dims == g->n_dims;
         for (int32_t d = 0; same && d < g->n_dims; d++) {
@@ -129,20 +129,10 @@ batcher_params(const sp_repo_config_t *cfg)
     return p;
 }
 
-sp_status_t
-sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
-                      size_t err_len)
+/* The load arguments of m's instances (dir: storage for the version directory). */
+static sp_backend_load_args_t
+load_args(const sp_served_model_t *m, const sp_repo_config_t *cfg, char *dir, size_t dir_len)
 {
-    sp_status_t st = sp_backends_find(cfg->backend_name, s->cfg.backends_dir, &m->be, err, err_len);
-    if (st != SP_OK) {
-        return st;
-    }
-    for (int k = 0; k < m->n_inst; k++) {
-        if (m->inst_dev[k] != 0) {
-            return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "instance_group: backend %s runs on the CPU (KIND_CPU)", m->be->name);
-        }
-    }
     int cores = sp_cpu_count();
     sp_backend_load_args_t a = {
         .model_name = m->name,
@@ -155,8 +145,7 @@ sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_confi
     };
     /* m->path is the model file, or the version directory for a backend that
      * reads its own files (repo.c). */
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", m->path);
+    snprintf(dir, dir_len, "%s", m->path);
     const char *slash = strrchr(m->path, '/');
     if (cfg->backend != SP_REPO_BACKEND_PLUGIN || sp_repo_config_param(cfg, "model_file")) {
         a.model_file = m->path;
@@ -165,9 +154,33 @@ sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_confi
         }
     }
     a.version_dir = dir;
-    const sp_backend_host_t *host = sp_backends_host();
-    /* One instance first: its info sizes the reservation. */
-    if (m->be->load(host, &a, &m->be_inst[0], &m->be_info, err, err_len) != 0) {
+    return a;
+}
+
+/* Place the instances, find the backend and load one instance: its info
+ * sizes the charge of all of them. */
+static sp_status_t
+tensor_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+             size_t err_len)
+{
+    m->max_batch_size = cfg->max_batch_size;
+    sp_status_t st = sp_registry_place(&s->reg, m, cfg, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    st = sp_backends_find(cfg->backend_name, s->cfg.backends_dir, &m->be, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    for (int k = 0; k < m->n_inst; k++) {
+        if (m->inst_dev[k] != 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "instance_group: backend %s runs on the CPU (KIND_CPU)", m->be->name);
+        }
+    }
+    char dir[1024];
+    sp_backend_load_args_t a = load_args(m, cfg, dir, sizeof dir);
+    if (m->be->load(sp_backends_host(), &a, &m->be_inst[0], &m->be_info, err, err_len) != 0) {
         m->be_inst[0] = NULL;
         return SP_ERR_INVALID;
     }
@@ -179,12 +192,18 @@ sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_confi
     }
     uint64_t per = m->be_info.memory_bytes + (64u << 10); /* + the batcher's queue and buffers */
     m->charge[0] = per * (uint64_t)m->n_inst;
-    m->mem_bytes = m->charge[0];
-    if ((st = sp_registry_reserve(&s->reg, m, err, err_len)) != SP_OK) {
-        m->charge[0] = 0;
-        return st;
-    }
-    m->reserved = true;
+    return SP_OK;
+}
+
+/* The other instances, then the batcher in front of them all. */
+static sp_status_t
+tensor_start(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
+             size_t err_len)
+{
+    (void)s;
+    char dir[1024];
+    sp_backend_load_args_t a = load_args(m, cfg, dir, sizeof dir);
+    const sp_backend_host_t *host = sp_backends_host();
     for (int k = 1; k < m->n_inst; k++) {
         sp_backend_model_info_t info;
         if (m->be->load(host, &a, &m->be_inst[k], &info, err, err_len) != 0) {
@@ -195,8 +214,8 @@ sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_confi
     sp_batcher_params_t bp = batcher_params(cfg);
     m->prio_levels = bp.priority_levels;
     m->prio_default = bp.default_priority_level;
-    st = sp_batcher_create(&bp, m->be, m->be_inst, m->n_inst, &m->be_info, host, &m->batcher, err,
-                           err_len);
+    sp_status_t st = sp_batcher_create(&bp, m->be, m->be_inst, m->n_inst, &m->be_info, host,
+                                       &m->batcher, err, err_len);
     if (st != SP_OK) {
         return st;
     }
@@ -208,16 +227,17 @@ sp_tensor_model_build(sp_serving_t *s, sp_served_model_t *m, const sp_repo_confi
     return SP_OK;
 }
 
-void
-sp_tensor_model_stop(sp_served_model_t *m)
+/* Stop the batcher: queued requests end with an error. */
+static void
+tensor_stop(sp_served_model_t *m)
 {
     if (m->batcher) {
         sp_batcher_stop(m->batcher, false);
     }
 }
 
-void
-sp_tensor_model_free(sp_served_model_t *m)
+static void
+tensor_free(sp_served_model_t *m)
 {
     sp_batcher_destroy(m->batcher);
     m->batcher = NULL;
@@ -228,6 +248,39 @@ sp_tensor_model_free(sp_served_model_t *m)
         }
     }
 }
+
+/* The batcher's figures in the scheduler's shape (a step is a batch, a
+ * sequence a row). */
+static void
+tensor_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
+{
+    sp_batcher_stats_t b;
+    sp_batcher_get_stats(m->batcher, &b);
+    memset(o, 0, sizeof *o);
+    o->queued = b.queued;
+    o->waiting_tier[1] = b.queued;
+    o->jobs_done = (int64_t)b.completed;
+    o->jobs_cancelled = (int64_t)b.cancelled;
+    o->steps = (int64_t)b.batches;
+    o->step_seqs_total = (int64_t)b.rows;
+    o->mean_step_seqs = b.batches ? (double)b.rows / (double)b.batches : 0;
+    for (int i = 0; i < b.n_hist; i++) {
+        int k = 0;
+        while (k < SP_SCHED_BATCH_BUCKETS && ((int64_t)1 << k) < b.hist_le[i]) {
+            k++;
+        }
+        o->batch_hist[k] += (int64_t)b.hist[i];
+    }
+}
+
+const sp_model_kind_t sp_tensor_model_kind = {
+    .name = "tensor",
+    .probe = tensor_probe,
+    .start = tensor_start,
+    .stop = tensor_stop,
+    .free = tensor_free,
+    .stats = tensor_stats,
+};
 
 /* ------------------------------------------------------------------ infer */
 

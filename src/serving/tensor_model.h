@@ -13,6 +13,7 @@
 #ifndef SP_SERVING_TENSOR_MODEL_H
 #define SP_SERVING_TENSOR_MODEL_H
 
+#include "serving/registry.h"
 #include "serving/repo_config.h"
 #include "http/http.h"
 #include "http/router.h"
@@ -21,13 +22,10 @@
 struct sp_serving;
 struct sp_served_model;
 
-/* Load m's instances with its backend (m->inst_dev placed, cfg given),
- * reserve their memory and start the batcher. Manager thread. */
-sp_status_t sp_tensor_model_build(struct sp_serving *s, struct sp_served_model *m,
-                                  const sp_repo_config_t *cfg, char *err, size_t err_len);
-/* Stop the batcher (queued requests end with an error) and unload. */
-void sp_tensor_model_stop(struct sp_served_model *m);
-void sp_tensor_model_free(struct sp_served_model *m);
+/* The tensor kind of served model (sp_model_kind_t, registry.h): probe
+ * places the instances (CPU only) and loads one to learn the memory of
+ * each; start loads the others and the batcher in front of them. */
+extern const sp_model_kind_t sp_tensor_model_kind;
 
 /* POST .../infer for a tensor model; takes over the request's reference on m. */
 void sp_tensor_infer(struct sp_serving *s, sp_http_req_t *r, struct sp_served_model *m);

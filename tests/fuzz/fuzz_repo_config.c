@@ -67,7 +67,7 @@ check_config(const sp_repo_config_t *c)
         check_name(t->name);
         need(t->n_dims >= 0 && t->n_dims <= SP_REPO_MAX_DIMS, "n_dims");
         need(t->data_type >= 0 && t->data_type < SP_REPO_TYPE_COUNT_, "data_type");
-        need(sp_repo_dtype_name(t->data_type) != NULL, "dtype name");
+        need(sp_repo_config_dtype_name(t->data_type) != NULL, "dtype name");
     }
     need(c->n_groups >= 0 && c->n_groups <= SP_REPO_MAX_GROUPS, "n_groups");
     for (int i = 0; i < c->n_groups; i++) {
@@ -90,7 +90,7 @@ check_config(const sp_repo_config_t *c)
         need(strlen(c->param[i].value) <= SP_REPO_PARAM_VALUE_MAX, "a parameter value too long");
         need(sp_repo_config_param(c, c->param[i].key) != NULL, "a parameter not found by key");
     }
-    need(sp_repo_backend_name(c->backend) != NULL, "backend name");
+    need(sp_repo_config_backend_name(c->backend) != NULL, "backend name");
 }
 
 static char *

@@ -715,24 +715,24 @@ TEST(enc_config_parameters)
     ASSERT_STR_EQ(c.llm.encryption_key_env, "MY_KEY_1");
     ASSERT(c.llm.encryption_key_file == NULL);
     sp_enc_key_src_t src;
-    ASSERT_OK(sp_repo_llm_keys(&c, NULL, "m", &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys(&c, NULL, "m", &src, err, sizeof err));
     ASSERT_STR_EQ(src.env, "MY_KEY_1");
     ASSERT_STR_EQ(src.file, "");
     sp_repo_config_free(&c);
 
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"/run/secrets/model.key\"}}}", &c, err, sizeof err));
-    ASSERT_OK(sp_repo_llm_keys(&c, NULL, "m", &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys(&c, NULL, "m", &src, err, sizeof err));
     ASSERT_STR_EQ(src.file, "/run/secrets/model.key"); /* absolute: as is, not read yet */
     sp_repo_config_free(&c);
 
     ASSERT_OK(cfg_from("{}", &c, err, sizeof err));
-    ASSERT_OK(sp_repo_llm_keys(&c, NULL, "m", &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys(&c, NULL, "m", &src, err, sizeof err));
     ASSERT(src.file[0] == '\0' && src.env[0] == '\0');
     ASSERT_HAS(src.hint, "parameters.encryption_key_file or parameters.encryption_key_env");
     sp_repo_config_free(&c);
 
-    ASSERT_OK(sp_repo_llm_keys(NULL, NULL, "m", &src, err, sizeof err)); /* --model */
+    ASSERT_OK(sp_repo_config_llm_keys(NULL, NULL, "m", &src, err, sizeof err)); /* --model */
     ASSERT_STR_EQ(src.env, "SAMPAN_MODEL_KEY");
 
     ASSERT(cfg_from("{\"parameters\": {\"encryption_key_env\": {\"string_value\": \"1BAD\"}}}",
@@ -770,17 +770,17 @@ TEST(enc_config_relative_key_file)
     sp_enc_key_src_t src;
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"keys/k\"}}}", &c, err, sizeof err));
-    ASSERT_OK(sp_repo_llm_keys(&c, root, "m", &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys(&c, root, "m", &src, err, sizeof err));
     ASSERT_HAS(src.file, "/m/keys/k");
     ASSERT(src.file[0] == '/');
-    ASSERT(sp_repo_llm_keys(&c, NULL, "m", &src, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT(sp_repo_config_llm_keys(&c, NULL, "m", &src, err, sizeof err) == SP_ERR_INVALID);
     ASSERT_HAS(err, "a relative path needs the model repository");
     sp_repo_config_free(&c);
 
     /* Out of the model directory but inside the repository: allowed. */
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"../outside.key\"}}}", &c, err, sizeof err));
-    ASSERT_OK(sp_repo_llm_keys(&c, root, "m", &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys(&c, root, "m", &src, err, sizeof err));
     sp_repo_config_free(&c);
 
     /* Out of the repository, by .. or by a symlink: refused, like any repository path. */
@@ -788,16 +788,16 @@ TEST(enc_config_relative_key_file)
     ASSERT(symlink("/etc/passwd", p) == 0);
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"keys/evil\"}}}", &c, err, sizeof err));
-    ASSERT(sp_repo_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT(sp_repo_config_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_INVALID);
     ASSERT_HAS(err, "parameters.encryption_key_file: m/keys/evil: resolves outside the repository");
     sp_repo_config_free(&c);
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"../../../../../../../../etc/passwd\"}}}", &c, err, sizeof err));
-    ASSERT(sp_repo_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_INVALID);
+    ASSERT(sp_repo_config_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_INVALID);
     ASSERT_HAS(err, "resolves outside the repository");
     sp_repo_config_free(&c);
     ASSERT_OK(cfg_from("{\"parameters\": {\"encryption_key_file\": {\"string_value\": "
                        "\"keys/none\"}}}", &c, err, sizeof err));
-    ASSERT(sp_repo_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_NOT_FOUND);
+    ASSERT(sp_repo_config_llm_keys(&c, root, "m", &src, err, sizeof err) == SP_ERR_NOT_FOUND);
     sp_repo_config_free(&c);
 }

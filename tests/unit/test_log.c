@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "sampan/log.h"
+#include "serving/mask.h"
 #include "serving/metrics.h"
 #include "test.h"
 

@@ -137,7 +137,7 @@ TEST(repo_config_every_field)
     ASSERT_EQ(c.input[1].dims[1], 4);
     ASSERT(c.input[1].optional && !c.input[0].optional);
     ASSERT_EQ(c.n_outputs, 1);
-    ASSERT_STR_EQ(sp_repo_dtype_name(c.output[0].data_type), "TYPE_BF16");
+    ASSERT_STR_EQ(sp_repo_config_dtype_name(c.output[0].data_type), "TYPE_BF16");
     ASSERT_EQ(c.n_groups, 2);
     ASSERT_EQ(c.group[0].count, 2);
     ASSERT_EQ(c.group[0].kind, SP_REPO_KIND_GPU);
@@ -419,14 +419,15 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
         "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"good.key\"}}}";
     ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
     ASSERT(c.llm.key_from_request);
-    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_config_llm_keys_ex(&c, root, "m", NULL, &src, err, sizeof err),
+              SP_ERR_INVALID);
     ASSERT_HAS(err, "only when the server has a key directory (--key-dir)");
-    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err));
     ASSERT_HAS(src.file, "/kd/good.key");
     sp_repo_config_free(&c);
     ov = "{\"parameters\": {\"encryption_key_file\": {\"string_value\": \"none.key\"}}}";
     ASSERT_OK(sp_repo_config_load(path, "m/config.json", ov, strlen(ov), &c, err, sizeof err));
-    ASSERT_EQ(sp_repo_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_config_llm_keys_ex(&c, root, "m", kd, &src, err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "no such key in the server's key directory");
     ASSERT(strstr(err, kd) == NULL); /* the directory is never named */
     sp_repo_config_free(&c);
@@ -437,7 +438,7 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
     spf(path, sizeof path, "%s/n/config.json", root);
     ASSERT_OK(sp_repo_config_load(path, "n/config.json", NULL, 0, &c, err, sizeof err));
     ASSERT(!c.llm.key_from_request);
-    ASSERT_OK(sp_repo_llm_keys_ex(&c, root, "n", kd, &src, err, sizeof err));
+    ASSERT_OK(sp_repo_config_llm_keys_ex(&c, root, "n", kd, &src, err, sizeof err));
     ASSERT_STR_EQ(src.file, "/etc/sampan/n.key");
     sp_repo_config_free(&c);
 }
@@ -447,24 +448,24 @@ TEST(repo_config_override_keys_come_from_the_key_dir)
 TEST(repo_names_and_versions)
 {
     char err[256];
-    ASSERT_OK(sp_repo_check_name("llama-3.1_8B", err, sizeof err));
-    ASSERT_OK(sp_repo_check_name("..a", err, sizeof err));
-    ASSERT_EQ(sp_repo_check_name("", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name(".", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("..", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("../etc", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_OK(sp_repo_path_check_name("llama-3.1_8B", err, sizeof err));
+    ASSERT_OK(sp_repo_path_check_name("..a", err, sizeof err));
+    ASSERT_EQ(sp_repo_path_check_name("", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name(".", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("..", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("../etc", err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "path separator");
-    ASSERT_EQ(sp_repo_check_name("/etc/passwd", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("a\\b", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name("a\nb", err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_repo_check_name_n("ab\0c", 4, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("/etc/passwd", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("a\\b", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name("a\nb", err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name_n("ab\0c", 4, err, sizeof err), SP_ERR_INVALID);
     ASSERT_HAS(err, "NUL");
     char longname[SP_REPO_NAME_MAX + 2];
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
-    ASSERT_EQ(sp_repo_check_name(longname, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_repo_path_check_name(longname, err, sizeof err), SP_ERR_INVALID);
     longname[SP_REPO_NAME_MAX] = '\0';
-    ASSERT_OK(sp_repo_check_name(longname, err, sizeof err));
+    ASSERT_OK(sp_repo_path_check_name(longname, err, sizeof err));
 
     int64_t v = 0;
     ASSERT_OK(sp_repo_parse_version("17", 2, &v, err, sizeof err));
@@ -830,9 +831,9 @@ TEST(repo_path_traversal_refused)
     /* resolve() directly: an absolute component cannot escape either. */
     char rr[PATH_MAX], out[PATH_MAX];
     ASSERT(realpath(root, rr) != NULL);
-    ASSERT_EQ(sp_repo_resolve(rr, "../outside/w.gguf", out, sizeof out, err, sizeof err),
+    ASSERT_EQ(sp_repo_path_resolve(rr, "../outside/w.gguf", out, sizeof out, err, sizeof err),
               SP_ERR_INVALID);
-    ASSERT_OK(sp_repo_resolve(rr, "alias/1/m.gguf", out, sizeof out, err, sizeof err));
+    ASSERT_OK(sp_repo_path_resolve(rr, "alias/1/m.gguf", out, sizeof out, err, sizeof err));
 }
 
 /* ---- limits */

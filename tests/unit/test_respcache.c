@@ -330,7 +330,7 @@ fake_model(sp_respcache_t *c, bool enabled)
     f->m.version = 3;
     f->m.sig = 42;
     f->m.response_cache = enabled;
-    sp_model_metrics_init(&f->m.metrics);
+    sp_metrics_model_init(&f->m.metrics);
     return f;
 }
 

@@ -179,7 +179,7 @@ TEST(config_flags_and_file)
     char err[512];
     char *argv1[] = {"serve", "--port", "9000", "--model", "a=x.gguf", "-m", "dir/b.gguf",
                      "--header-timeout", "0.5", "--max-body-bytes=1024", "--verbose"};
-    ASSERT_OK(sp_serve_config_parse(11, argv1, &c, &help, err, sizeof err));
+    ASSERT_OK(sp_config_parse(11, argv1, &c, &help, err, sizeof err));
     ASSERT_EQ(c.port, 9000);
     ASSERT_EQ(c.n_models, 2);
     ASSERT_STR_EQ(c.models[0].name, "a");
@@ -193,10 +193,10 @@ TEST(config_flags_and_file)
                       {"serve", "--max-n", "1.5"}, {"serve", "--nope", "1"},
                       {"serve", "--model", "=x"}, {"serve", "--port", "abc"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ASSERT_EQ(sp_serve_config_parse(3, bad[i], &c, &help, err, sizeof err), SP_ERR_INVALID);
+        ASSERT_EQ(sp_config_parse(3, bad[i], &c, &help, err, sizeof err), SP_ERR_INVALID);
     }
     char *argv2[] = {"serve"};
-    ASSERT_OK(sp_serve_config_parse(1, argv2, &c, &help, err, sizeof err));
+    ASSERT_OK(sp_config_parse(1, argv2, &c, &help, err, sizeof err));
     ASSERT_EQ(c.n_models, 1);
     ASSERT_STR_EQ(c.models[0].name, SP_SERVE_DEMO_NAME);
     ASSERT_STR_EQ(c.host, "127.0.0.1");
@@ -211,7 +211,7 @@ TEST(config_flags_and_file)
     char cfg_arg[700];
     snprintf(cfg_arg, sizeof cfg_arg, "--config=%s", path);
     char *argv3[] = {"serve", cfg_arg, "--port", "8200"};
-    ASSERT_OK(sp_serve_config_parse(4, argv3, &c, &help, err, sizeof err));
+    ASSERT_OK(sp_config_parse(4, argv3, &c, &help, err, sizeof err));
     ASSERT_EQ(c.port, 8200); /* the flag wins */
     ASSERT_EQ(c.max_tokens, 77);
     ASSERT_NEAR(c.drain_timeout_s, 2.5, 1e-9);
@@ -220,7 +220,7 @@ TEST(config_flags_and_file)
     f = fopen(path, "w");
     fputs("{\"port\": \"x\"}", f);
     fclose(f);
-    ASSERT_EQ(sp_serve_config_parse(2, argv3, &c, &help, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_config_parse(2, argv3, &c, &help, err, sizeof err), SP_ERR_INVALID);
     ASSERT(strstr(err, "\"port\"") != NULL);
 }
 

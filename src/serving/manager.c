@@ -1,5 +1,5 @@
 /*
- * repository.c - the manager thread and the /v2/repository routes.
+ * manager.c - the manager thread (manager.h).
  *
  * One thread (the manager) changes what is served: the start-up loads (the
  * --model files, then the repository in modes none and poll), the rescans of
@@ -18,45 +18,47 @@
  * serving while the index reports the error. A version that failed is not
  * retried until its files or config change (or an explicit load asks).
  *
- * HTTP requests that wait for the manager (load, unload) hold a small
- * shared record that the manager fills; a timer on the request's loop looks
- * at it every few milliseconds, so no loop blocks for a load.
+ * Commands that wait for the manager (load, unload, adapters) hold a small
+ * shared record that the manager fills (sp_manager_wait_t); the route that
+ * queued one looks at it from a timer on its loop, so no loop blocks for a
+ * load. On-demand loads are marks on registry entries, taken in the loop.
+ *
+ * Which kind a model is (llm_model.h, tensor_model.h) is decided here from
+ * its config; the registry only sees the kind's table.
  */
+#include "serving/manager.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include <event2/event.h>
-#include <jansson.h>
-
 #include "core/alloc.h"
 #include "core/timer.h"
-#include "serving/repo.h"
 #include "sampan/log.h"
 #include "serving/adapters.h"
-#include "api/kserve.h"
-#include "api/api.h"
+#include "serving/llm_model.h"
+#include "serving/repo.h"
+#include "serving/serving.h"
+#include "serving/tensor_model.h"
 
 #define DEVICE_REFRESH_NS 1000000000LL /* device figures and the tenants file, every second */
 
-typedef enum cmd_kind { CMD_LOAD, CMD_UNLOAD, CMD_DEMAND, CMD_LORA_LOAD, CMD_LORA_UNLOAD } cmd_kind_t;
-
-/* What an HTTP request waits for: shared by the manager and the request. */
-typedef struct mgr_wait {
+/* What a command's caller waits for: shared by the manager and the caller. */
+struct sp_manager_wait {
     atomic_int refs;
     atomic_bool done;
     int status;            /* HTTP status of the answer */
     char err[1024];        /* "" on success */
-} mgr_wait_t;
+};
+typedef sp_manager_wait_t mgr_wait_t;
 
-struct sp_mgr_cmd {
-    cmd_kind_t kind;
+struct sp_manager_cmd {
+    sp_manager_op_t op;
     char name[SP_REPO_NAME_MAX + 1];
-    int64_t version;       /* CMD_DEMAND */
-    char *override;        /* CMD_LOAD: config override (JSON text) or NULL */
-    mgr_wait_t *wait;      /* CMD_LOAD, CMD_UNLOAD */
-    sp_mgr_cmd_t *next;
+    char *override;        /* SP_MANAGER_LOAD: config override (JSON text) or NULL */
+    mgr_wait_t *wait;
+    sp_manager_cmd_t *next;
 };
 
 static bool
@@ -86,7 +88,7 @@ wait_finish(mgr_wait_t *w, int status, const char *err)
 }
 
 static void
-cmd_free(sp_mgr_cmd_t *c)
+cmd_free(sp_manager_cmd_t *c)
 {
     sp_free(c->override);
     sp_free(c);
@@ -94,7 +96,7 @@ cmd_free(sp_mgr_cmd_t *c)
 
 /* Queue a command (reg.mu held). */
 static void
-push_locked(sp_serving_t *s, sp_mgr_cmd_t *c)
+push_locked(sp_serving_t *s, sp_manager_cmd_t *c)
 {
     c->next = NULL;
     if (s->cmd_tail) {
@@ -106,19 +108,53 @@ push_locked(sp_serving_t *s, sp_mgr_cmd_t *c)
     pthread_cond_broadcast(&s->reg.cv);
 }
 
-void
-sp_repository_demand_locked(sp_serving_t *s, sp_model_entry_t *e)
+sp_status_t
+sp_manager_submit(sp_serving_t *s, sp_manager_op_t op, const char *name, size_t len,
+                  const char *override, size_t override_len, sp_manager_wait_t **out)
 {
-    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
-    if (c == NULL) {
-        e->state = SP_REPO_UNAVAILABLE;
-        snprintf(e->reason, sizeof e->reason, "out of memory queueing the load");
-        return;
+    *out = NULL;
+    sp_manager_cmd_t *c = sp_calloc(1, sizeof *c);
+    mgr_wait_t *w = sp_calloc(1, sizeof *w);
+    if (c == NULL || w == NULL || len >= sizeof c->name ||
+        (override && (c->override = sp_strndup(override, override_len)) == NULL)) {
+        sp_free(w);
+        if (c) {
+            cmd_free(c);
+        }
+        return SP_ERR_NOMEM;
     }
-    c->kind = CMD_DEMAND;
-    snprintf(c->name, sizeof c->name, "%s", e->name);
-    c->version = e->version;
-    push_locked(s, c);
+    c->op = op;
+    memcpy(c->name, name, len);
+    atomic_init(&w->refs, 2); /* the caller's and the manager's */
+    c->wait = w;
+    pthread_mutex_lock(&s->reg.mu);
+    if (s->mgr_stop) {
+        pthread_mutex_unlock(&s->reg.mu);
+        wait_finish(w, 503, "the server is shutting down");
+        cmd_free(c);
+    } else {
+        push_locked(s, c);
+        pthread_mutex_unlock(&s->reg.mu);
+    }
+    *out = w;
+    return SP_OK;
+}
+
+bool
+sp_manager_wait_done(const sp_manager_wait_t *w, int *status, const char **err)
+{
+    if (!atomic_load(&w->done)) {
+        return false;
+    }
+    *status = w->status;
+    *err = w->err;
+    return true;
+}
+
+void
+sp_manager_wait_release(sp_manager_wait_t *w)
+{
+    wait_release(w);
 }
 
 /* ------------------------------------------------------------ reconcile */
@@ -147,13 +183,7 @@ retire(sp_serving_t *s, sp_model_entry_t *e, const char *why)
 {
     sp_registry_t *r = &s->reg;
     pthread_mutex_lock(&r->mu);
-    sp_served_model_t *old = e->live;
-    e->live = NULL;
-    e->state = SP_REPO_UNAVAILABLE;
-    e->on_demand = false;
-    e->demand_failed = false;
-    e->stale_failed = false;
-    snprintf(e->reason, sizeof e->reason, "%s", why);
+    sp_served_model_t *old = sp_registry_unpublish_locked(r, e, why);
     pthread_mutex_unlock(&r->mu);
     if (old) {
         SP_LOG_INFO("event=model_unloaded model=%s version=%lld reason=%s in_flight=%d",
@@ -161,6 +191,13 @@ retire(sp_serving_t *s, sp_model_entry_t *e, const char *why)
                     atomic_load(&old->refs) - 1);
         sp_served_release(old);
     }
+}
+
+/* The kind a repository config describes: the engine, or a backend plugin. */
+static const sp_model_kind_t *
+kind_of(const sp_repo_config_t *cfg)
+{
+    return cfg->backend != SP_REPO_BACKEND_LLM ? &sp_tensor_model_kind : &sp_llm_model_kind;
 }
 
 enum { LOAD_LAZY_OK = 1, LOAD_RETRY_FAILED = 2, LOAD_FORCE = 4 };
@@ -243,10 +280,11 @@ load_version(sp_serving_t *s, const sp_repo_model_t *rm, const sp_repo_version_t
     pthread_mutex_unlock(&r->mu);
 
     sp_served_model_t *m = NULL;
-    sp_status_t st = sp_served_build(s, rm->name, v->version, true, v->model_path, &rm->cfg, sig, &m,
-                                     err, err_len);
+    sp_status_t st = sp_registry_build(s, kind_of(&rm->cfg), rm->name, v->version, true,
+                                       v->model_path, &rm->cfg, sig, &m, err, err_len);
     if (st == SP_OK) {
-        sp_adapters_load_dir(s, rm->name, m); /* <model>/adapters/, before requests see it */
+        /* <model>/adapters/, before requests see it */
+        sp_adapters_load_dir(&m->adapters, m->model, &r->mu, s->repo_real, rm->name, m->version);
     }
     pthread_mutex_lock(&r->mu);
     sp_served_model_t *old = NULL;
@@ -386,8 +424,7 @@ scan_all(sp_serving_t *s, int flags)
         if (e->used && e->from_repo && sp_repo_find(scan, e->name) == NULL) {
             retire(s, e, "removed from the repository");
             pthread_mutex_lock(&r->mu);
-            sp_free(e->override_json);
-            memset(e, 0, sizeof *e);
+            sp_registry_drop_locked(r, e);
             pthread_mutex_unlock(&r->mu);
         }
     }
@@ -422,7 +459,8 @@ reload_entry(sp_serving_t *s, sp_model_entry_t *e, const char *path, char *err, 
     if (!e->from_repo) {
         /* A --model model: the same file and settings. */
         sp_served_model_t *m = NULL;
-        sp_status_t st = sp_served_build(s, e->name, 0, false, path, NULL, 0, &m, err, err_len);
+        sp_status_t st = sp_registry_build(s, &sp_llm_model_kind, e->name, 0, false, path, NULL,
+                                           0, &m, err, err_len);
         if (st != SP_OK) {
             return st;
         }
@@ -525,7 +563,7 @@ check_files(sp_serving_t *s)
 /* ------------------------------------------------------------ commands */
 
 static void
-run_load(sp_serving_t *s, sp_mgr_cmd_t *c)
+run_load(sp_serving_t *s, sp_manager_cmd_t *c)
 {
     sp_repo_limits_t lim;
     sp_repo_limits_default(&lim);
@@ -544,13 +582,15 @@ run_load(sp_serving_t *s, sp_mgr_cmd_t *c)
     wait_finish(c->wait, st == SP_ERR_NOT_FOUND ? 404 : 400, err);
 }
 
+/* Load the version a request demanded (name, version), from the files as
+ * they are now. */
 static void
-run_demand(sp_serving_t *s, sp_mgr_cmd_t *c)
+run_demand(sp_serving_t *s, const char *name, int64_t version)
 {
     sp_registry_t *r = &s->reg;
     char err[1024] = "";
     pthread_mutex_lock(&r->mu);
-    sp_model_entry_t *e = sp_registry_entry(r, c->name, c->version, false);
+    sp_model_entry_t *e = sp_registry_entry(r, name, version, false);
     char *ov = e && e->override_json ? sp_strndup(e->override_json, strlen(e->override_json)) : NULL;
     bool wanted = e && e->state == SP_REPO_LOADING && e->live == NULL;
     pthread_mutex_unlock(&r->mu);
@@ -562,7 +602,7 @@ run_demand(sp_serving_t *s, sp_mgr_cmd_t *c)
     sp_repo_limits_default(&lim);
     sp_repo_model_t rm;
     memset(&rm, 0, sizeof rm);
-    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, c->name, strlen(c->name), &lim, ov,
+    sp_status_t st = sp_repo_scan_model(s->cfg.model_repository, name, strlen(name), &lim, ov,
                                         ov ? strlen(ov) : 0, &rm, err, sizeof err);
     const sp_repo_version_t *v = NULL;
     if (st == SP_OK && !rm.ok) {
@@ -570,20 +610,20 @@ run_demand(sp_serving_t *s, sp_mgr_cmd_t *c)
         st = SP_ERR_INVALID;
     }
     for (int32_t k = 0; st == SP_OK && k < rm.n_versions; k++) {
-        if (rm.versions[k].version == c->version) {
+        if (rm.versions[k].version == version) {
             v = &rm.versions[k];
         }
     }
     if (st == SP_OK && v == NULL) {
         snprintf(err, sizeof err, "version %lld is no longer in the repository",
-                 (long long)c->version);
+                 (long long)version);
         st = SP_ERR_NOT_FOUND;
     }
     if (st == SP_OK) {
         st = load_version(s, &rm, v, ov, LOAD_RETRY_FAILED, err, sizeof err);
     } else {
         pthread_mutex_lock(&r->mu);
-        e = sp_registry_entry(r, c->name, c->version, false);
+        e = sp_registry_entry(r, name, version, false);
         if (e && e->live == NULL) {
             e->state = SP_REPO_UNAVAILABLE;
             e->demand_failed = true;
@@ -592,21 +632,83 @@ run_demand(sp_serving_t *s, sp_mgr_cmd_t *c)
         pthread_mutex_unlock(&r->mu);
     }
     if (st == SP_OK) {
-        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=%lld", sp_log_str(c->name),
-                    (long long)c->version);
+        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=%lld", sp_log_str(name),
+                    (long long)version);
     }
     sp_repo_model_free(&rm);
     sp_free(ov);
 }
 
-static void
-run_cmd(sp_serving_t *s, sp_mgr_cmd_t *c)
+/* Load (or reload) adapter into every READY LLM version of base: the HTTP
+ * status of the answer (200, 400 bad file, 404 no such model or file). */
+static int
+adapter_load(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
 {
-    switch (c->kind) {
-    case CMD_LOAD:
+    sp_registry_t *r = &s->reg;
+    char path[4096];
+    sp_status_t st = sp_adapters_path(s->repo_real, base, adapter, path, sizeof path, err, err_len);
+    if (st != SP_OK) {
+        return st == SP_ERR_NOT_FOUND ? 404 : 400;
+    }
+    int loaded = 0;
+    /* Only the manager changes which models entries hold: reading e->live
+     * without the lock is safe here, and it stays alive while we use it. */
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (!e->used || strcmp(e->name, base) != 0 || e->live == NULL || e->live->model == NULL) {
+            continue;
+        }
+        sp_served_model_t *m = e->live;
+        bool replaced;
+        int status = sp_adapters_put(&m->adapters, m->model, &r->mu, base, path, adapter,
+                                     &replaced, err, err_len);
+        if (status != 200) {
+            return status;
+        }
+        SP_LOG_INFO("event=adapter_loaded model=%s version=%lld adapter=%s replaced=%d",
+                    sp_log_str(base), (long long)m->version, sp_log_str(adapter), replaced);
+        loaded++;
+    }
+    if (loaded == 0) {
+        snprintf(err, err_len, "model '%s' is not loaded", base);
+        return 404;
+    }
+    return 200;
+}
+
+/* Unload adapter from every version of base: 200, or 404. */
+static int
+adapter_unload(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
+{
+    sp_registry_t *r = &s->reg;
+    int dropped = 0;
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        if (!e->used || strcmp(e->name, base) != 0 || e->live == NULL) {
+            continue;
+        }
+        sp_served_model_t *m = e->live;
+        if (sp_adapters_remove(m->adapters, &r->mu, adapter)) {
+            SP_LOG_INFO("event=adapter_unloaded model=%s version=%lld adapter=%s",
+                        sp_log_str(base), (long long)m->version, sp_log_str(adapter));
+            dropped++;
+        }
+    }
+    if (dropped == 0) {
+        snprintf(err, err_len, "model '%s' has no loaded adapter '%s'", base, adapter);
+        return 404;
+    }
+    return 200;
+}
+
+static void
+run_cmd(sp_serving_t *s, sp_manager_cmd_t *c)
+{
+    switch (c->op) {
+    case SP_MANAGER_LOAD:
         run_load(s, c);
         break;
-    case CMD_UNLOAD:
+    case SP_MANAGER_UNLOAD:
         if (unload_name(s, c->name, "unloaded")) {
             wait_finish(c->wait, 200, NULL);
         } else {
@@ -615,17 +717,15 @@ run_cmd(sp_serving_t *s, sp_mgr_cmd_t *c)
             wait_finish(c->wait, 404, err);
         }
         break;
-    case CMD_DEMAND:
-        run_demand(s, c);
-        break;
-    case CMD_LORA_LOAD:
-    case CMD_LORA_UNLOAD: {
+    case SP_MANAGER_ADAPTER_LOAD:
+    case SP_MANAGER_ADAPTER_UNLOAD: {
         /* c->name is "<model>:<adapter>" (checked by the route). */
         char err[1024] = "";
         char *colon = strrchr(c->name, ':');
         *colon = '\0';
-        int status = c->kind == CMD_LORA_LOAD ? sp_adapters_load(s, c->name, colon + 1, err, sizeof err)
-                                              : sp_adapters_unload(s, c->name, colon + 1, err, sizeof err);
+        int status = c->op == SP_MANAGER_ADAPTER_LOAD
+                         ? adapter_load(s, c->name, colon + 1, err, sizeof err)
+                         : adapter_unload(s, c->name, colon + 1, err, sizeof err);
         wait_finish(c->wait, status, status == 200 ? NULL : err);
         break;
     }
@@ -650,7 +750,8 @@ startup(sp_serving_t *s)
         pthread_mutex_unlock(&r->mu);
         sp_served_model_t *m = NULL;
         if (e == NULL ||
-            sp_served_build(s, mc->name, 0, false, mc->path, NULL, 0, &m, err, sizeof err) != SP_OK) {
+            sp_registry_build(s, &sp_llm_model_kind, mc->name, 0, false, mc->path, NULL, 0, &m,
+                              err, sizeof err) != SP_OK) {
             SP_LOG_ERROR("event=model_load_failed model=%s error=%s", sp_log_str(mc->name),
                          sp_log_str(e ? err : "model table full"));
             return false;
@@ -690,7 +791,7 @@ mgr_main(void *arg)
             continue;
         }
         if (s->cmd_head) {
-            sp_mgr_cmd_t *c = s->cmd_head;
+            sp_manager_cmd_t *c = s->cmd_head;
             s->cmd_head = c->next;
             if (s->cmd_head == NULL) {
                 s->cmd_tail = NULL;
@@ -698,6 +799,14 @@ mgr_main(void *arg)
             pthread_mutex_unlock(&r->mu);
             run_cmd(s, c);
             cmd_free(c);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        char dname[sizeof r->entry[0].name];
+        int64_t dver;
+        if (sp_registry_take_demand_locked(r, dname, sizeof dname, &dver)) {
+            pthread_mutex_unlock(&r->mu);
+            run_demand(s, dname, dver);
             pthread_mutex_lock(&r->mu);
             continue;
         }
@@ -748,7 +857,7 @@ mgr_main(void *arg)
     }
     /* Shutting down: what is still queued is answered, not run. */
     while (s->cmd_head) {
-        sp_mgr_cmd_t *c = s->cmd_head;
+        sp_manager_cmd_t *c = s->cmd_head;
         s->cmd_head = c->next;
         wait_finish(c->wait, 503, "the server is shutting down");
         cmd_free(c);
@@ -759,7 +868,7 @@ mgr_main(void *arg)
 }
 
 sp_status_t
-sp_repository_start(sp_serving_t *s, char *err, size_t err_len)
+sp_manager_start(sp_serving_t *s, char *err, size_t err_len)
 {
     /* Model files up to this size are served from a private copy (gguf/gguf.h). */
     sp_gguf_set_copy_max(s->cfg.model_copy_max);
@@ -775,7 +884,7 @@ sp_repository_start(sp_serving_t *s, char *err, size_t err_len)
 }
 
 void
-sp_repository_stop(sp_serving_t *s)
+sp_manager_stop(sp_serving_t *s)
 {
     if (!s->mgr_started) {
         return;
@@ -788,385 +897,3 @@ sp_repository_stop(sp_serving_t *s)
     s->mgr_started = false;
 }
 
-/* ------------------------------------------------------------- routes */
-
-/* A reason as clients see it: the repository's own location (as given and
- * resolved) removed, so answers name files relative to the repository and
- * never the server's file system (RELIABILITY.md R6; the log keeps it all).
- * Any other absolute path left (a key file, the key directory) is cut to
- * its last component after ".../". */
-void
-sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap)
-{
-    char key_real[4096] = "";
-    if (s->cfg.key_dir[0] && realpath(s->cfg.key_dir, key_real) == NULL) {
-        key_real[0] = '\0';
-    }
-    const char *roots[4] = {s->cfg.model_repository, s->repo_real, s->cfg.key_dir, key_real};
-    size_t j = 0;
-    for (const char *p = in; *p && j + 1 < cap;) {
-        size_t skip = 0;
-        for (int k = 0; k < 4 && !skip; k++) {
-            size_t n = strlen(roots[k]);
-            if (n > 1 && strncmp(p, roots[k], n) == 0 && p[n] == '/') {
-                skip = n + 1;
-            }
-        }
-        if (skip) {
-            p += skip;
-            continue;
-        }
-        /* An absolute path starting a word: only its last component (an API
-         * route such as /v2/repository/... is not a file and stays whole). */
-        char prev = p == in ? ' ' : p[-1];
-        if (*p == '/' && strchr(" \"'(=:", prev) != NULL && strncmp(p, "/v1/", 4) != 0 &&
-            strncmp(p, "/v2/", 4) != 0) {
-            const char *end = p, *last = p;
-            while (*end && strchr(" \"'),;", *end) == NULL) {
-                if (*end == '/' && end[1] && strchr(" \"'),;", end[1]) == NULL) {
-                    last = end + 1;
-                }
-                end++;
-            }
-            if (last > p + 1) {
-                int n = snprintf(out + j, cap - j, ".../");
-                j = n > 0 && (size_t)n < cap - j ? j + (size_t)n : j;
-            }
-            for (const char *q = last > p + 1 ? last : p; q < end && j + 1 < cap; q++) {
-                out[j++] = *q;
-            }
-            p = end;
-            continue;
-        }
-        out[j++] = *p++;
-    }
-    out[j] = '\0';
-}
-
-/* The request body as JSON, NULL when empty; answers 400 itself on bad JSON. */
-static bool
-body_json(sp_serving_t *s, sp_http_req_t *r, json_t **out)
-{
-    *out = NULL;
-    sp_str_t b = sp_http_req_body(r);
-    if (b.len == 0) {
-        return true;
-    }
-    char err[256];
-    if (sp_json_parse(b.ptr, b.len, s->cfg.json_depth, out, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 400, "invalid JSON body: %s", err);
-        return false;
-    }
-    if (!json_is_object(*out)) {
-        json_decref(*out);
-        *out = NULL;
-        sp_kserve_error(r, 400, "the body must be a JSON object");
-        return false;
-    }
-    return true;
-}
-
-static bool
-have_repo(sp_serving_t *s, sp_http_req_t *r)
-{
-    if (s->cfg.model_repository[0] == '\0') {
-        sp_kserve_error(r, 400, "no model repository: start the server with --model-repository DIR");
-        return false;
-    }
-    return true;
-}
-
-static void
-index_entry(sp_jbuf_t *b, int *written, const char *name, int64_t version, sp_repo_state_t state,
-            const char *reason)
-{
-    sp_jbuf_lit(b, (*written)++ ? ",{\"name\":" : "{\"name\":");
-    sp_jbuf_cstr(b, name);
-    if (version > 0) {
-        sp_jbuf_printf(b, ",\"version\":\"%lld\"", (long long)version);
-    }
-    sp_jbuf_printf(b, ",\"state\":\"%s\",\"reason\":", sp_repo_state_name(state));
-    sp_jbuf_cstr(b, reason);
-    sp_jbuf_lit(b, "}");
-}
-
-/* POST /v2/repository/index [{"ready": bool}] -> [{"name","version","state","reason"}]:
- * what the repository holds now (a fresh scan) with the registry's state,
- * plus versions still served that the scan no longer selects. */
-static void
-h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
-{
-    (void)p;
-    sp_serving_t *s = ud;
-    json_t *body;
-    if (!have_repo(s, r) || !body_json(s, r, &body)) {
-        return;
-    }
-    bool ready_only = body && json_is_true(json_object_get(body, "ready"));
-    json_decref(body);
-    sp_repo_limits_t lim;
-    sp_repo_limits_default(&lim);
-    sp_repo_scan_t *scan = NULL;
-    char err[1024];
-    if (sp_repo_scan(s->cfg.model_repository, &lim, &scan, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 500, "cannot read the model repository: %s", err);
-        return;
-    }
-    sp_repo_index_entry_t *e = NULL;
-    int32_t n = 0;
-    if (sp_repo_index(scan, &e, &n) != SP_OK) {
-        sp_repo_scan_free(scan);
-        sp_kserve_error(r, 500, "out of memory");
-        return;
-    }
-    sp_jbuf_t b;
-    sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "[");
-    int written = 0;
-    sp_registry_t *reg = &s->reg;
-    bool seen[SP_SERVE_MAX_ENTRIES] = {0};
-    pthread_mutex_lock(&reg->mu);
-    for (int32_t i = 0; i < n; i++) {
-        sp_repo_state_t state = e[i].state;
-        const char *reason = e[i].reason;
-        sp_model_entry_t *me = e[i].version > 0 ? sp_registry_entry(reg, e[i].name, e[i].version, false)
-                                                : NULL;
-        if (me && me->from_repo) {
-            seen[me - reg->entry] = true;
-            state = me->state;
-            reason = me->reason;
-        } else if (e[i].version > 0 && reason[0] == '\0') {
-            reason = "not loaded";
-        }
-        if (!ready_only || state == SP_REPO_READY) {
-            char red[1024];
-            sp_repository_redact(s, reason, red, sizeof red);
-            index_entry(&b, &written, e[i].name, e[i].version, state, red);
-        }
-    }
-    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
-        const sp_model_entry_t *me = &reg->entry[i];
-        if (me->used && me->from_repo && !seen[i] && me->live &&
-            (!ready_only || me->state == SP_REPO_READY)) {
-            index_entry(&b, &written, me->name, me->version, me->state,
-                        "still served: the repository no longer selects it, and no selected "
-                        "version could load");
-        }
-    }
-    pthread_mutex_unlock(&reg->mu);
-    sp_jbuf_lit(&b, "]");
-    sp_free(e);
-    sp_repo_scan_free(scan);
-    sp_api_reply_json(r, 200, &b);
-    sp_jbuf_free(&b);
-}
-
-static bool
-control_allowed(sp_serving_t *s, sp_http_req_t *r)
-{
-    if (!have_repo(s, r)) {
-        return false;
-    }
-    if (!mode_is(s, "explicit")) {
-        sp_kserve_error(r, 400, "explicit model load / unload needs --model-control-mode explicit");
-        return false;
-    }
-    return true;
-}
-
-/* A load or unload request waiting for the manager. */
-typedef struct ctl_wait {
-    sp_serving_t *s;
-    sp_http_req_t *r;
-    mgr_wait_t *w;
-    struct event *tick;
-} ctl_wait_t;
-
-#define CTL_TICK_US 2000
-
-static void
-ctl_free(ctl_wait_t *c)
-{
-    if (c->tick) {
-        event_free(c->tick);
-    }
-    wait_release(c->w);
-    sp_free(c);
-}
-
-static void
-ctl_abort(sp_http_req_t *r, void *ud)
-{
-    (void)r;
-    ctl_free(ud);
-}
-
-static void
-ctl_tick(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    ctl_wait_t *c = arg;
-    if (!atomic_load(&c->w->done)) {
-        struct timeval tv = {0, CTL_TICK_US};
-        evtimer_add(c->tick, &tv);
-        return;
-    }
-    sp_http_req_t *r = c->r;
-    sp_http_req_on_abort(r, NULL, NULL);
-    if (c->w->status == 200) {
-        sp_http_respond(r, 200, "application/json", "{}", 2);
-    } else {
-        char red[1024];
-        sp_repository_redact(c->s, c->w->err, red, sizeof red);
-        sp_kserve_error(r, c->w->status, "%s%s", c->w->status == 400 ? "failed to load model: " : "",
-                        red);
-    }
-    ctl_free(c);
-}
-
-/* Hand a command to the manager and answer when it is done. */
-static void
-submit_cmd(sp_serving_t *s, sp_http_req_t *r, sp_mgr_cmd_t *cmd)
-{
-    ctl_wait_t *c = sp_calloc(1, sizeof *c);
-    mgr_wait_t *w = sp_calloc(1, sizeof *w);
-    struct event_base *base = sp_http_loop_base(sp_http_req_loop(r));
-    if (c == NULL || w == NULL || (c->tick = evtimer_new(base, ctl_tick, c)) == NULL) {
-        sp_free(w);
-        sp_free(c);
-        cmd_free(cmd);
-        sp_kserve_error(r, 503, "out of memory");
-        return;
-    }
-    atomic_init(&w->refs, 2); /* the request's and the manager's */
-    c->s = s;
-    c->r = r;
-    c->w = w;
-    cmd->wait = w;
-    sp_http_req_on_abort(r, ctl_abort, c);
-    pthread_mutex_lock(&s->reg.mu);
-    if (s->mgr_stop) {
-        pthread_mutex_unlock(&s->reg.mu);
-        wait_finish(w, 503, "the server is shutting down");
-        cmd_free(cmd);
-    } else {
-        push_locked(s, cmd);
-        pthread_mutex_unlock(&s->reg.mu);
-    }
-    struct timeval tv = {0, CTL_TICK_US};
-    evtimer_add(c->tick, &tv);
-}
-
-static sp_mgr_cmd_t *
-new_cmd(sp_http_req_t *r, cmd_kind_t kind, sp_str_t name)
-{
-    char err[256];
-    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 400, "model name: %s", err);
-        return NULL;
-    }
-    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
-    if (c == NULL) {
-        sp_kserve_error(r, 503, "out of memory");
-        return NULL;
-    }
-    c->kind = kind;
-    memcpy(c->name, name.ptr, name.len);
-    return c;
-}
-
-/*
- * "<model>:<adapter>" on the load and unload routes means a LoRA adapter
- * (adapters.h) unless the repository has a model of that whole name. Adapters
- * load and unload in every control mode: they are not versions, and the
- * modes only say who decides which versions serve. Answers itself for a
- * malformed name and returns true when the route is an adapter's.
- */
-static bool
-adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, cmd_kind_t kind)
-{
-    const char *colon = name.len ? memrchr(name.ptr, ':', name.len) : NULL;
-    if (colon == NULL || s->cfg.model_repository[0] == '\0' || name.len > SP_REPO_NAME_MAX) {
-        return false;
-    }
-    char rel[SP_REPO_NAME_MAX + 16], path[4096], err[256];
-    snprintf(rel, sizeof rel, "%.*s/config.json", (int)name.len, name.ptr);
-    if (sp_repo_check_name_n(name.ptr, name.len, err, sizeof err) == SP_OK &&
-        sp_repo_resolve(s->repo_real, rel, path, sizeof path, err, sizeof err) == SP_OK) {
-        return false; /* a model with a ':' in its name */
-    }
-    const size_t blen = (size_t)(colon - name.ptr), alen = name.len - blen - 1;
-    if (blen == 0 || sp_repo_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
-        !sp_adapter_name_ok(colon + 1, alen)) {
-        sp_kserve_error(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
-                        "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",
-                        SP_ADAPTER_NAME_MAX);
-        return true;
-    }
-    sp_mgr_cmd_t *c = sp_calloc(1, sizeof *c);
-    if (c == NULL) {
-        sp_kserve_error(r, 503, "out of memory");
-        return true;
-    }
-    c->kind = kind;
-    memcpy(c->name, name.ptr, name.len);
-    submit_cmd(s, r, c);
-    return true;
-}
-
-/* POST /v2/repository/models/{model}/load [{"parameters":{"config":"<json>"}}] */
-static void
-h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
-{
-    sp_serving_t *s = ud;
-    json_t *body;
-    if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_LOAD)) {
-        return;
-    }
-    if (!control_allowed(s, r) || !body_json(s, r, &body)) {
-        return;
-    }
-    json_t *params = body ? json_object_get(body, "parameters") : NULL;
-    json_t *cfg = json_is_object(params) ? json_object_get(params, "config") : NULL;
-    if (cfg && !json_is_string(cfg)) {
-        json_decref(body);
-        sp_kserve_error(r, 400, "parameters.config must be a string holding JSON");
-        return;
-    }
-    sp_mgr_cmd_t *c = new_cmd(r, CMD_LOAD, sp_route_param(p, "model"));
-    if (c && cfg) {
-        c->override = sp_strndup(json_string_value(cfg), json_string_length(cfg));
-        if (c->override == NULL) {
-            cmd_free(c);
-            c = NULL;
-            sp_kserve_error(r, 503, "out of memory");
-        }
-    }
-    json_decref(body);
-    if (c) {
-        submit_cmd(s, r, c);
-    }
-}
-
-/* POST /v2/repository/models/{model}/unload */
-static void
-h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
-{
-    sp_serving_t *s = ud;
-    if (adapter_route(s, r, sp_route_param(p, "model"), CMD_LORA_UNLOAD) || !control_allowed(s, r)) {
-        return;
-    }
-    sp_mgr_cmd_t *c = new_cmd(r, CMD_UNLOAD, sp_route_param(p, "model"));
-    if (c) {
-        submit_cmd(s, r, c);
-    }
-}
-
-void
-sp_repository_register(sp_router_t *rt, sp_serving_t *s)
-{
-    sp_router_add(rt, SP_HTTP_POST, "/v2/repository/index", h_index, s);
-    sp_router_add(rt, SP_HTTP_POST, "/v2/repository/models/{model}/load", h_load, s);
-    sp_router_add(rt, SP_HTTP_POST, "/v2/repository/models/{model}/unload", h_unload, s);
-}
