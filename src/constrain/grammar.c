@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "constrain/grammar_impl.h"
 
 #define MAX_CLASS_RANGES 1024
@@ -286,34 +287,11 @@ decode_utf8(builder_t *b)
 {
     const unsigned char *s = (const unsigned char *)b->p;
     size_t left = (size_t)(b->end - b->p);
-    unsigned c = s[0];
-    int need;
-    uint32_t cp, min;
-    if (c < 0x80) {
-        b->p++;
-        return (int32_t)c;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        need = 1, cp = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2, cp = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3, cp = c & 0x07, min = 0x10000;
-    } else {
+    if (left == 0 || sp_utf8_seq(s, left) == 0) {
         return -1;
     }
-    if (left < (size_t)need + 1) {
-        return -1;
-    }
-    for (int i = 1; i <= need; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return -1;
-        }
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-        return -1;
-    }
-    b->p += need + 1;
+    uint32_t cp;
+    b->p += sp_utf8_decode(s, left, &cp);
     return (int32_t)cp;
 }
 

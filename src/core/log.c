@@ -11,6 +11,7 @@
  * cannot forge a log line (CWE-117).
  */
 #include "sampan/log.h"
+#include "core/utf8.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -47,29 +48,6 @@ sp_log_set_format(sp_log_format_t f)
 
 /* ---------------------------------------------------------------- quoting */
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 if invalid. */
-static size_t
-utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned char c = p[0];
-    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || len > n || (len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) {
-        return 0;
-    }
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80) {
-            return 0;
-        }
-    }
-    if (len == 3 && ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0))) {
-        return 0; /* overlong, surrogate */
-    }
-    if (len == 4 && ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] >= 0x90))) {
-        return 0;
-    }
-    return len;
-}
-
 size_t
 sp_log_quote_into(char *out, size_t cap, const char *s, size_t n)
 {
@@ -104,7 +82,7 @@ sp_log_quote_into(char *out, size_t cap, const char *s, size_t n)
             out[j++] = (char)c;
             i++;
         } else {
-            size_t l = utf8_len(p + i, n - i);
+            size_t l = sp_utf8_seq(p + i, n - i);
             if (l == 0) {
                 memcpy(out + j, "\\ufffd", 6); /* invalid UTF-8 */
                 j += 6;

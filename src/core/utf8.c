@@ -1,6 +1,36 @@
 /* utf8.c - validating, decoding and encoding UTF-8 (utf8.h). */
 #include "core/utf8.h"
 
+/* The allowed range of the next continuation byte, by class (RFC 3629 table):
+ * any; after E0 (no overlong); after ED (no surrogate); after F0 (no
+ * overlong); after F4 (nothing above U+10FFFF). */
+static const unsigned char cont_lo[5] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+static const unsigned char cont_hi[5] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+
+int
+sp_utf8_lead(unsigned c, uint8_t *range)
+{
+    *range = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+        return 1;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        *range = c == 0xE0 ? 1 : c == 0xED ? 2 : 0;
+        return 2;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        *range = c == 0xF0 ? 3 : c == 0xF4 ? 4 : 0;
+        return 3;
+    }
+    return 0;
+}
+
+bool
+sp_utf8_cont_ok(uint8_t range, unsigned c)
+{
+    return range < 5 && c >= cont_lo[range] && c <= cont_hi[range];
+}
+
 size_t
 sp_utf8_seq(const unsigned char *s, size_t n)
 {

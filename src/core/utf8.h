@@ -10,6 +10,7 @@
 #ifndef SP_CORE_UTF8_H
 #define SP_CORE_UTF8_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,15 @@ size_t sp_utf8_seq(const unsigned char *s, size_t n);
 
 /* Offset of the first byte of s[0..n) that starts no valid sequence, or n. */
 size_t sp_utf8_invalid_at(const char *s, size_t n);
+
+/* Byte-at-a-time validation, for text that is checked as it is made (the
+ * JSON mode of generation): the continuation bytes a lead byte c needs (0:
+ * c starts no multi-byte character) with the range class of the first one
+ * in *range; each continuation byte is then checked with sp_utf8_cont_ok,
+ * class 0 after the first. The classes encode RFC 3629's table (no
+ * overlong forms, no surrogates, nothing above U+10FFFF). */
+int sp_utf8_lead(unsigned c, uint8_t *range);
+bool sp_utf8_cont_ok(uint8_t range, unsigned c);
 
 /* Decode the character at s[0..n) (n >= 1): its length, with *cp set; an
  * invalid or truncated sequence decodes as one byte of U+FFFD. */

@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "core/assert.h"
 
 #define JSON_MAX_DEPTH 64  /* the container stack is one bit per level in a uint64_t */
@@ -82,10 +83,6 @@ enum json_mode {
 enum hex_kind { HEX_ANY, HEX_ANY_D, HEX_HIGH, HEX_LOW };
 enum num_state { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
-/* Allowed ranges of the next continuation byte (RFC 3629 table). */
-static const unsigned char utf8_lo[5] = {0x80, 0xA0, 0x80, 0x90, 0x80};
-static const unsigned char utf8_hi[5] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
-
 static const char *const json_literal[3] = {"true", "false", "null"};
 static const unsigned char json_literal_len[3] = {4, 5, 4};
 
@@ -114,26 +111,6 @@ hex_val(unsigned c)
     }
     c |= 0x20;
     return c >= 'a' && c <= 'f' ? (int)(c - 'a' + 10) : -1;
-}
-
-/* Lead byte of a multi-byte UTF-8 character: continuation bytes to come and
- * the range code of the first one; 0 when c cannot start one. */
-static int
-utf8_lead(unsigned c, uint8_t *range)
-{
-    *range = 0;
-    if (c >= 0xC2 && c <= 0xDF) {
-        return 1;
-    }
-    if (c >= 0xE0 && c <= 0xEF) {
-        *range = c == 0xE0 ? 1 : c == 0xED ? 2 : 0;
-        return 2;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        *range = c == 0xF0 ? 3 : c == 0xF4 ? 4 : 0;
-        return 3;
-    }
-    return 0;
 }
 
 static bool
@@ -274,7 +251,7 @@ json_feed(json_state_t *s, unsigned c)
             return false; /* control characters must be escaped */
         }
         if (c >= 0x80) {
-            int need = utf8_lead(c, &s->aux);
+            int need = sp_utf8_lead(c, &s->aux);
             if (need == 0) {
                 return false;
             }
@@ -283,7 +260,7 @@ json_feed(json_state_t *s, unsigned c)
         }
         return true;
     case J_STR_UTF8:
-        if (c < utf8_lo[s->aux] || c > utf8_hi[s->aux]) {
+        if (!sp_utf8_cont_ok(s->aux, c)) {
             return false;
         }
         s->aux = 0;
@@ -765,26 +742,6 @@ sp_gen_default_params(void)
     return p;
 }
 
-static bool
-valid_utf8(const unsigned char *p, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint8_t range = 0;
-        int need = p[i] < 0x80 ? 0 : utf8_lead(p[i], &range);
-        if (p[i] >= 0x80 && need == 0) {
-            return false;
-        }
-        i++;
-        for (int k = 0; k < need; k++, i++) {
-            if (i >= n || p[i] < utf8_lo[range] || p[i] > utf8_hi[range]) {
-                return false;
-            }
-            range = 0;
-        }
-    }
-    return true;
-}
-
 static void
 stop_init(stop_str_t *s, const char *text, size_t len)
 {
@@ -840,7 +797,7 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
             return sp_errf(err, err_len, SP_ERR_INVALID, "gen: stop[%d] is longer than %d bytes",
                            i, SP_GEN_MAX_STOP_LEN);
         }
-        if (!valid_utf8((const unsigned char *)s, len)) {
+        if (sp_utf8_invalid_at(s, len) != len) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "gen: stop[%d] is not valid UTF-8", i);
         }
     }

@@ -8,23 +8,7 @@
 #include <string.h>
 
 #include "text/tokenizer.h"
-
-/* Bytes at the end of p[0..n) that start a valid but unfinished UTF-8
- * character (0 when the text ends on a character boundary or on bytes that
- * can never become a character). */
-static int
-utf8_unfinished_tail(const unsigned char *p, size_t n)
-{
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = p[n - back];
-        if ((c & 0xC0) == 0x80) {
-            continue; /* a continuation byte: look further back for its lead */
-        }
-        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-        return need > back ? (int)back : 0;
-    }
-    return 0;
-}
+#include "core/utf8.h"
 
 int32_t
 sp_detok_push(const sp_tokenizer_t *t, sp_detok_t *d, int32_t id, bool special, char *buf,
@@ -40,7 +24,7 @@ sp_detok_push(const sp_tokenizer_t *t, sp_detok_t *d, int32_t id, bool special, 
     }
     memcpy(buf, d->held, (size_t)d->n_held);
     sp_tokenizer_piece(t, id, special, buf + d->n_held, n);
-    int tail = utf8_unfinished_tail((const unsigned char *)buf, (size_t)total);
+    int tail = (int)sp_utf8_unfinished_tail(buf, (size_t)total);
     memcpy(d->held, buf + total - tail, (size_t)tail);
     d->n_held = tail;
     return (int32_t)(total - tail);

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "core/heap.h"
 #include "text/tokenizer_impl.h"
 #include "sampan/log.h"
@@ -190,19 +191,6 @@ build_byte_chars(sp__tok_bpe_t *b)
         b->byte_char[c] = (uint16_t)(keep ? c : next++);
         b->char_byte[b->byte_char[c]] = (int16_t)c;
     }
-}
-
-/* UTF-8 of a code point below 0x800 (all the byte characters are). */
-static size_t
-put_cp2(char *dst, unsigned cp)
-{
-    if (cp < 0x80) {
-        dst[0] = (char)cp;
-        return 1;
-    }
-    dst[0] = (char)(0xC0 | (cp >> 6));
-    dst[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
 }
 
 static uint64_t
@@ -398,7 +386,7 @@ sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_le
     build_byte_chars(b);
     for (int c = 0; c < 256; c++) {
         char u[2];
-        size_t n = put_cp2(u, b->byte_char[c]);
+        size_t n = sp_utf8_encode(u, b->byte_char[c]);
         b->byte_tok[c] = sp__vocab_lookup(t, u, n);
     }
     return load_merges(t, b, g, err, err_len);
@@ -501,7 +489,7 @@ encode_piece(bpe_work_t *w, const unsigned char *p, size_t n)
     if (b->ignore_merges) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
-            m += put_cp2(w->enc + m, b->byte_char[p[i]]);
+            m += sp_utf8_encode(w->enc + m, b->byte_char[p[i]]);
         }
         int32_t id = sp__vocab_lookup(w->t, w->enc, m);
         if (id >= 0) {

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "text/tok_unicode.h"
+#include "core/utf8.h"
 #include "text/tokenizer_impl.h"
 
 #define MAX_WORD_CHARS 100 /* Hugging Face's max_input_chars_per_word */
@@ -30,70 +31,6 @@ typedef struct wpm_word {
     size_t len;     /* bytes in buf, prefix included */
     size_t n_chars; /* characters seen, including any that no longer fit */
 } wpm_word_t;
-
-/* Decode one UTF-8 character of p[0..n); invalid or truncated: *cp = 0xFFFD, 1 byte. */
-static size_t
-utf8_decode(const unsigned char *p, size_t n, uint32_t *cp)
-{
-    unsigned c = p[0];
-    size_t k;
-    uint32_t v, min;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    } else if ((c & 0xE0) == 0xC0) {
-        k = 2, v = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        k = 3, v = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        k = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    if (k > n) {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    for (size_t i = 1; i < k; i++) {
-        if ((p[i] & 0xC0) != 0x80) {
-            *cp = 0xFFFD;
-            return 1;
-        }
-        v = v << 6 | (p[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    *cp = v;
-    return k;
-}
-
-static size_t
-utf8_encode(char *d, uint32_t cp)
-{
-    if (cp < 0x80) {
-        d[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        d[0] = (char)(0xC0 | cp >> 6);
-        d[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        d[0] = (char)(0xE0 | cp >> 12);
-        d[1] = (char)(0x80 | (cp >> 6 & 0x3F));
-        d[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    d[0] = (char)(0xF0 | cp >> 18);
-    d[1] = (char)(0x80 | (cp >> 12 & 0x3F));
-    d[2] = (char)(0x80 | (cp >> 6 & 0x3F));
-    d[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
 
 /* What the normalizer makes of cp (decomposed, marks dropped, lowercased):
  * writes up to 4 code points... or points *seq into the table. Returns the count. */
@@ -181,7 +118,7 @@ static void
 word_add(wpm_word_t *w, uint32_t cp)
 {
     if (w->n_chars++ < MAX_WORD_CHARS + 1) { /* one past the limit marks it too long */
-        w->len += utf8_encode(w->buf + w->len, cp);
+        w->len += sp_utf8_encode(w->buf + w->len, cp);
     }
 }
 
@@ -195,7 +132,7 @@ sp__tok_wpm_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
     const unsigned char *p = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        i += utf8_decode(p + i, len - i, &cp);
+        i += sp_utf8_decode(p + i, len - i, &cp);
         unsigned f = sp__tok_unicode_flags(cp);
         if (cp == 0 || cp == 0xFFFD || (f & SP__UNI_CONTROL)) {
             continue;
