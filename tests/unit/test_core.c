@@ -283,3 +283,45 @@ TEST(utf8_unfinished_tail_holds_back_started_characters)
     ASSERT_EQ(sp_utf8_unfinished_tail("\xFF", 1), 0);
     ASSERT_EQ(sp_utf8_unfinished_tail("ab\x80", 3), 0); /* a continuation with no lead */
 }
+
+/* The byte-at-a-time check accepts exactly the sequences sp_utf8_seq does: every string of
+ * up to three bytes, and every four-byte string whose lead can start one (F0..F4). */
+static size_t
+incremental_len(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80) {
+        return 1;
+    }
+    uint8_t range;
+    int need = sp_utf8_lead(s[0], &range);
+    if (need == 0 || (size_t)need + 1 > n) {
+        return 0;
+    }
+    for (int i = 1; i <= need; i++) {
+        if (!sp_utf8_cont_ok(range, s[i])) {
+            return 0;
+        }
+        range = 0;
+    }
+    return (size_t)need + 1;
+}
+
+TEST(utf8_incremental_check_agrees_with_the_sequence_check)
+{
+    unsigned char s[4];
+    for (uint32_t v = 0; v < (1u << 24); v++) {
+        s[0] = (unsigned char)(v >> 16), s[1] = (unsigned char)(v >> 8), s[2] = (unsigned char)v;
+        size_t want = sp_utf8_seq(s, 3);
+        if (want == 4) {
+            continue; /* needs a fourth byte: below */
+        }
+        ASSERT_EQ(incremental_len(s, 3), want);
+    }
+    for (unsigned lead = 0xF0; lead <= 0xF4; lead++) {
+        for (uint32_t v = 0; v < (1u << 24); v += 7) { /* a stride keeps it quick */
+            s[0] = (unsigned char)lead, s[1] = (unsigned char)(v >> 16);
+            s[2] = (unsigned char)(v >> 8), s[3] = (unsigned char)v;
+            ASSERT_EQ(incremental_len(s, 4), sp_utf8_seq(s, 4));
+        }
+    }
+}
