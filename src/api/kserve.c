@@ -40,7 +40,7 @@
 #include "api/offload.h"
 #include "sched/schedreq.h"
 #include "api/tensor.h"
-#include "serving/tensor_model.h"
+#include "api/tensor_infer.h"
 #include "api/trace.h"
 
 
@@ -983,7 +983,7 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     if (m->be) {
         sp_req_adapter_release(&ad); /* none: tensor models have no adapters */
-        sp_tensor_metadata(r, m);
+        sp_tensor_infer_metadata(r, m);
         sp_served_release(m);
         return;
     }
