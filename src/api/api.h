@@ -16,6 +16,7 @@
 #include "http/http.h"
 #include "http/router.h"
 #include "sched/sched.h"
+#include "serving/metrics.h"
 #include "serving/serving.h"
 
 /* Per loop thread (sp_http_loop_user), made by the composition root. */
@@ -42,6 +43,15 @@ struct sp_infer_hcache *sp_api_hcache(sp_http_req_t *r); /* the request's loop's
  * request asked for capped at that tier: a key never buys a higher tier. */
 int32_t sp_api_tier(sp_http_req_t *r);
 int32_t sp_api_priority(sp_http_req_t *r, int32_t asked);
+
+/* End a request's accounting (once; later calls only make sure the token
+ * reservation is settled): the model's metrics, the tenant's tokens (the
+ * reservation settled with the prompt and completion tokens used), the
+ * trace's model spans and the access-log note. Call before the last answer
+ * bytes are queued. m NULL: only the reservation is released. The lifecycle
+ * (request.h) calls it; so do answers that never reach one (a cached answer). */
+void sp_api_account(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok,
+                    sp_finish_t finish, sp_fail_reason_t reason);
 
 /* OpenAI-shaped error: {"error":{"message","type","param","code"}}. type NULL
  * picks one from the status. */

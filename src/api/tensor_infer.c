@@ -31,6 +31,7 @@
 #include "sched/batcher.h"
 #include "api/kserve.h"
 #include "api/api.h"
+#include "api/request.h"
 #include "api/tensor.h"
 #include "api/trace.h"
 
@@ -45,14 +46,10 @@ btype_name(sp_btype_t t)
 /* ------------------------------------------------------------------ infer */
 
 typedef struct tq {
-    sp_serving_t *srv;
-    sp_http_req_t *http;
-    sp_served_model_t *m;
+    sp_api_req_t a;            /* the lifecycle (request.h): model, clock, cache key; a.http
+                                * NULL once the client went away (loop thread only) */
     sp_mailbox_t *mb;
     sp_infer_req_t ir;
-    sp_req_clock_t clk;
-    bool gone;                 /* the client went away (loop thread only) */
-    sp_rckey_t *ck;            /* its response cache key, or NULL (respcache.h) */
     /* filled by the batcher's callback */
     sp_status_t status;
     sp_batch_reason_t reason;
@@ -62,24 +59,28 @@ typedef struct tq {
     char out_names[SP_BACKEND_MAX_TENSORS][64];
 } tq_t;
 
+/* The lifecycle's last call (ops->free): the outputs, the request, q. */
 static void
-tq_free(tq_t *q)
+tq_free(sp_api_req_t *a)
 {
+    tq_t *q = (tq_t *)a;
     for (int32_t i = 0; i < q->n_out; i++) {
         sp_backends_host()->free_fn(q->out[i].data);
     }
     sp_infer_req_free(&q->ir);
-    sp_rckey_free(q->ck);
-    sp_served_release(q->m);
     sp_free(q);
 }
+
+/* Only the accounting half of the lifecycle: the batcher, not a scheduler,
+ * runs the request, so there is no admission or event encoding. */
+static const sp_api_ops_t tq_ops = {.free = tq_free};
 
 static void
 on_abort(sp_http_req_t *r, void *ud)
 {
     tq_t *q = ud;
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    q->gone = true; /* the callback's delivery frees it */
+    sp_api_end(&q->a, false, SP_FAIL_CANCELLED);
+    q->a.http = NULL; /* the callback's delivery frees it */
 }
 
 /* A backend output as a response tensor. */
@@ -136,7 +137,7 @@ to_tensor(const sp_backend_tensor_t *b, sp_tensor_t *t, char *err, size_t err_le
 static void
 respond(tq_t *q)
 {
-    sp_http_req_t *r = q->http;
+    sp_http_req_t *r = q->a.http;
     char err[256];
     sp_tensor_t outs[SP_BACKEND_MAX_TENSORS];
     int n = 0;
@@ -152,25 +153,25 @@ respond(tq_t *q)
     if (st == SP_OK) {
         char params[128];
         snprintf(params, sizeof params, "{\"queue_time_us\":%lld,\"compute_time_us\":%lld}",
-                 (long long)(q->clk.queue_ns / 1000), (long long)(q->clk.compute_ns / 1000));
-        sp_infer_resp_write(&json, &bin, q->m->name, q->m->version_str, &q->ir, params, outs, n);
+                 (long long)(q->a.clk.queue_ns / 1000), (long long)(q->a.clk.compute_ns / 1000));
+        sp_infer_resp_write(&json, &bin, q->a.m->name, q->a.m->version_str, &q->ir, params, outs, n);
     }
     for (int i = 0; i < n; i++) {
         sp_tensor_free(&outs[i]);
     }
     if (st != SP_OK || json.oom || bin.oom) {
-        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INTERNAL);
+        sp_api_end(&q->a, false, SP_FAIL_INTERNAL);
         sp_kserve_error(r, 500, "%s", st != SP_OK ? err : "out of memory writing the response");
     } else {
-        sp_req_end(r, q->m, &q->clk, true, SP_FINISH_STOP, SP_FAIL_INTERNAL);
+        sp_api_end(&q->a, true, SP_FAIL_INTERNAL);
         /* The adaptive batcher steers by the latency the client sees. */
-        sp_batcher_observe_latency(q->m->batcher, sp_time_ns() - q->clk.t0_ns);
+        sp_batcher_observe_latency(q->a.m->batcher, sp_time_ns() - q->a.clk.t0_ns);
         char hl[32];
         if (!sp_kserve_infer_body(&json, &bin, hl)) {
             sp_kserve_error(r, 500, "out of memory writing the response");
         } else {
             const char *ctype = hl[0] ? "application/octet-stream" : "application/json";
-            sp_rcache_store(q->m, q->ck, ctype, hl[0] ? "Inference-Header-Content-Length" : NULL,
+            sp_rcache_store(q->a.m, q->a.ck, ctype, hl[0] ? "Inference-Header-Content-Length" : NULL,
                             hl[0] ? hl : NULL, json.p, json.len, SP_FINISH_STOP);
             if (hl[0]) {
                 sp_http_add_header(r, "Inference-Header-Content-Length", hl);
@@ -192,13 +193,24 @@ retry_after_s(sp_served_model_t *m)
     return sp_drain_retry_after_s(&m->drain, bs.queued + 1, sp_time_ns());
 }
 
+/* What the client is told of a failed batch: a queue timeout is the queue
+ * being full (429), a stop the server's (503), anything else the backend's
+ * (500). */
+static sp_status_t
+result_status(sp_batch_reason_t reason)
+{
+    return reason == SP_BATCH_REASON_TIMEOUT   ? SP_ERR_BUSY
+           : reason == SP_BATCH_REASON_STOPPED ? SP_ERR_SHUTDOWN
+                                               : SP_ERR_IO;
+}
+
 /* On the request's loop: answer (unless the client left) and free. */
 static void
 deliver(void *arg)
 {
     tq_t *q = arg;
-    if (!q->gone) {
-        sp_http_req_t *r = q->http;
+    sp_http_req_t *r = q->a.http;
+    if (r != NULL) {
         sp_http_req_on_abort(r, NULL, NULL);
         if (q->status == SP_OK) {
             respond(q);
@@ -206,17 +218,17 @@ deliver(void *arg)
             sp_fail_reason_t why = q->reason == SP_BATCH_REASON_TIMEOUT   ? SP_FAIL_TIMEOUT
                                    : q->reason == SP_BATCH_REASON_STOPPED ? SP_FAIL_CANCELLED
                                                                           : SP_FAIL_INTERNAL;
-            sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, why);
-            int code = q->reason == SP_BATCH_REASON_TIMEOUT ? 429 : q->reason == SP_BATCH_REASON_STOPPED ? 503 : 500;
-            if (code != 500) {
+            sp_api_end(&q->a, false, why);
+            sp_status_t st = result_status(q->reason);
+            if (st != SP_ERR_IO) {
                 char ra[16];
-                snprintf(ra, sizeof ra, "%d", code == 429 ? retry_after_s(q->m) : 1);
+                snprintf(ra, sizeof ra, "%d", st == SP_ERR_BUSY ? retry_after_s(q->a.m) : 1);
                 sp_http_add_header(r, "Retry-After", ra);
             }
-            sp_kserve_error(r, code, "%s", q->message);
+            sp_kserve_error(r, sp_status_http(st), "%s", q->message);
         }
     }
-    tq_free(q);
+    sp_api_finish(&q->a);
 }
 
 /* On a batcher worker: keep the result and hand it to the loop. */
@@ -225,13 +237,13 @@ on_done(void *ud, const sp_batch_result_t *res)
 {
     tq_t *q = ud;
     if (res->status == SP_OK) {
-        sp_drain_note(&q->m->drain, 1, sp_time_ns());
+        sp_drain_note(&q->a.m->drain, 1, sp_time_ns());
     }
     q->status = res->status;
     q->reason = res->reason;
     snprintf(q->message, sizeof q->message, "%s", res->message ? res->message : "");
-    q->clk.queue_ns = res->queue_us * 1000;
-    q->clk.compute_ns = res->compute_us * 1000;
+    q->a.clk.queue_ns = res->queue_us * 1000;
+    q->a.clk.compute_ns = res->compute_us * 1000;
     q->n_out = 0;
     for (int32_t i = 0; res->status == SP_OK && i < res->n_outputs && i < SP_BACKEND_MAX_TENSORS; i++) {
         q->out[i] = res->outputs[i];
@@ -240,7 +252,7 @@ on_done(void *ud, const sp_batch_result_t *res)
         q->n_out++;
     }
     if (sp_mailbox_post(q->mb, deliver, q) != SP_OK) {
-        SP_LOG_ERROR("event=tensor_result_lost model=%s reason=out_of_memory", sp_log_str(q->m->name));
+        SP_LOG_ERROR("event=tensor_result_lost model=%s reason=out_of_memory", sp_log_str(q->a.m->name));
     }
 }
 
@@ -250,7 +262,7 @@ on_done(void *ud, const sp_batch_result_t *res)
 static sp_status_t
 gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, size_t err_len)
 {
-    const sp_backend_model_info_t *info = &q->m->be_info;
+    const sp_backend_model_info_t *info = &q->a.m->be_info;
     for (int32_t k = 0; k < q->ir.n_inputs; k++) {
         bool known = false;
         for (int32_t i = 0; i < info->n_inputs; i++) {
@@ -321,14 +333,14 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
 static sp_rckey_t *
 cache_key(const tq_t *q, const sp_backend_tensor_t *in)
 {
-    sp_rckey_t *k = sp_rckey_new(q->m, "kserve/infer");
+    sp_rckey_t *k = sp_rckey_new(q->a.m, "kserve/infer");
     if (k == NULL) {
         return NULL;
     }
     const sp_infer_req_t *ir = &q->ir;
     sp_rckey_add_u64(k, ir->id != NULL);
     sp_rckey_add(k, ir->id ? ir->id : "", ir->id ? ir->id_len : 0);
-    for (int32_t i = 0; i < q->m->be_info.n_inputs; i++) {
+    for (int32_t i = 0; i < q->a.m->be_info.n_inputs; i++) {
         sp_rckey_add(k, in[i].name, strlen(in[i].name));
         sp_rckey_add_u64(k, (uint64_t)in[i].dtype);
         sp_rckey_add_u64(k, (uint64_t)in[i].n_dims);
@@ -355,11 +367,9 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
         sp_kserve_error(r, 503, "out of memory");
         return;
     }
-    q->srv = s;
-    q->http = r;
-    q->m = m;
+    sp_api_begin(&q->a, &tq_ops, s, r, m, NULL);
+    q->a.clk.keep_text = false; /* tensors have no text for the access log */
     q->mb = sp_api_mailbox(r);
-    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), false);
     char err[768];
     sp_str_t body = sp_http_req_body(r);
     sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
@@ -382,12 +392,12 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
     }
     if (st == SP_OK && sp_rcache_enabled(m)) {
         /* A stored answer to the same request skips the batcher and the backend. */
-        q->ck = cache_key(q, in);
-        if (sp_rcache_lookup(r, m, q->ck, &q->clk)) {
+        q->a.ck = cache_key(q, in);
+        if (sp_rcache_lookup(r, m, q->a.ck, &q->a.clk)) {
             for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
                 sp_free(bufs[i]);
             }
-            tq_free(q);
+            sp_api_finish(&q->a);
             return;
         }
     }
@@ -427,16 +437,19 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
         sp_free(bufs[i]); /* the batcher copied the inputs */
     }
     if (st != SP_OK) {
-        sp_req_end(r, m, &q->clk, false, SP_FINISH_STOP,
-                   st == SP_ERR_BUSY ? SP_FAIL_QUEUE_FULL : SP_FAIL_INVALID);
-        if (st == SP_ERR_BUSY || st == SP_ERR_CANCELLED) {
+        sp_api_end(&q->a, false, st == SP_ERR_BUSY ? SP_FAIL_QUEUE_FULL : SP_FAIL_INVALID);
+        /* The server's own refusals (a full queue, a stopping batcher, no
+         * memory) keep their status; anything else the decoder, the checks
+         * or the batcher refused is the request's to fix: 400. */
+        st = sp_api_server_status(st);
+        if (st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN) {
             char ra[16];
             snprintf(ra, sizeof ra, "%d", st == SP_ERR_BUSY ? retry_after_s(m) : 1);
             sp_http_add_header(r, "Retry-After", ra);
         }
-        sp_kserve_error(r, st == SP_ERR_BUSY ? 429 : st == SP_ERR_CANCELLED ? 503 : st == SP_ERR_NOMEM ? 503 : 400,
-                        "%s", err);
-        tq_free(q);
+        bool server = st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN || st == SP_ERR_NOMEM;
+        sp_kserve_error(r, server ? sp_status_http(st) : 400, "%s", err);
+        sp_api_finish(&q->a);
         return;
     }
     sp_http_req_on_abort(r, on_abort, q);

@@ -319,8 +319,15 @@ handle(sp_http_req_t *r, void *ud)
     if (sp_trace_enabled()) {
         sp_trace_http_begin(r); /* traceparent in and out (docs/tracing.md) */
     }
-    if (sp_cors_handle(r, s->sv.cfg.cors_origins)) {
-        return; /* a CORS preflight, answered before any key is asked for */
+    /* A CORS preflight is answered before any key is asked for; a refused
+     * one gets its 403 in the path's error shape. */
+    sp_cors_decision_t cors = sp_cors_handle(r, s->sv.cfg.cors_origins);
+    if (cors == SP_CORS_REFUSED) {
+        sp_api_error(r, 403, "invalid_request_error", NULL, "cors_origin_not_allowed",
+                     "this origin is not allowed (--cors-origins)");
+    }
+    if (cors != SP_CORS_CONTINUE) {
+        return;
     }
     sp_route_match_t route;
     int rc = sp_router_find(s->router, sp_http_req_method(r), path, &route);
@@ -359,7 +366,8 @@ handle(sp_http_req_t *r, void *ud)
         }
         if (atomic_load(&s->sv.draining)) {
             sp_http_add_header(r, "Retry-After", "1");
-            sp_api_error(r, 503, NULL, NULL, "shutting_down", "the server is shutting down");
+            sp_api_error(r, sp_status_http(SP_ERR_SHUTDOWN), NULL, NULL, "shutting_down",
+                         "the server is shutting down");
             return;
         }
     }

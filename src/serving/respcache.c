@@ -466,7 +466,7 @@ sp_rcache_lookup(sp_http_req_t *r, sp_served_model_t *m, sp_rckey_t *k, sp_req_c
     atomic_fetch_add_explicit(&m->metrics.cache_hits, 1, memory_order_relaxed);
     /* A success like any other (latency observed, no queue or compute time),
      * which the access log marks as answered from the cache. */
-    sp_req_end(r, m, clk, true, hit.v.tag == SP_FINISH_LENGTH ? SP_FINISH_LENGTH : SP_FINISH_STOP,
+    sp_api_account(r, m, clk, true, hit.v.tag == SP_FINISH_LENGTH ? SP_FINISH_LENGTH : SP_FINISH_STOP,
                SP_FAIL_INTERNAL);
     sp_http_req_annotate(r, "cache=hit");
     if (hit.v.header_name) {
