@@ -398,8 +398,8 @@ drop_slow(sp_api_req_t *a)
 }
 
 /* A job's events, on the request's loop (sched.h). */
-static void
-on_event(const sp_sched_event_t *ev, void *ud)
+void
+sp_api_event(const sp_sched_event_t *ev, void *ud)
 {
     sp_api_req_t *a = ud;
     if (ev->kind == SP_SCHED_EV_DONE) {
@@ -471,7 +471,7 @@ sp_api_admit(sp_api_req_t *a, sp_sched_request_t *sr, int64_t prompt_tokens, int
     sr->priority = sp_api_priority(r, a->sched.priority);
     sr->prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), cfg->prefix_cache_scope);
     sr->mailbox = sp_api_mailbox(r);
-    sr->on_event = on_event;
+    sr->on_event = sp_api_event;
     sr->ud = a;
     a->clk.prompt_tokens = prompt_tokens; /* what an end before DONE is charged for the prompts */
     sp_trace_http_submit(r); /* the queue span starts here */

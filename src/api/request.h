@@ -107,6 +107,11 @@ void sp_api_end(sp_api_req_t *a, bool ok, sp_fail_reason_t reason);
  * released; ops->free frees the holder. */
 void sp_api_finish(sp_api_req_t *a);
 
+/* The scheduler's callback that sp_api_admit installs (ud: the lifecycle):
+ * counts and times tokens, hands events to ops->event, and on DONE accounts,
+ * answers through ops->done and finishes. */
+void sp_api_event(const sp_sched_event_t *ev, void *ud);
+
 /* The client left while a ran: accounted as cancelled, its job cancelled,
  * a finished. The lifecycle installs this as the abort callback itself. */
 void sp_api_abort(sp_http_req_t *r, void *ud);
