@@ -1,7 +1,8 @@
 /*
  * api.h - what the protocol modules (openai.c, kserve.c, grpc.c, the
  * repository, metrics and status routes) share: the per-loop context, the
- * model a request names, its tier, and error and JSON answers.
+ * model a request names, its tier, error and JSON answers, and a request's
+ * accounting. The lifecycle that uses them is request.h; both are request.c.
  *
  * Threads: everything here is called on a loop thread with a request of
  * that loop.

@@ -21,8 +21,9 @@
  * time in proportion to the request - decoding a body over 64 KiB, checking
  * and tokenizing the prompts - runs on a preparation worker through
  * offload.h as in openai.c, whose result comes back to the loop; then the
- * request is submitted through the seam (sched.h). Events come back on this
- * loop; a disconnect (while preparing, or after) cancels the job.
+ * request lifecycle (request.h) admits and submits it, counts its events and
+ * accounts it, as for every protocol; a disconnect (while preparing, or
+ * after) cancels the job. A tensor model's infer is tensor_infer.c.
  */
 #include <math.h>
 #include <stdarg.h>

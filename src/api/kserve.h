@@ -14,7 +14,7 @@
 #include "core/str.h"
 #include "api/api.h"
 
-/* The version every served model has until the model repository brings more. */
+/* The version of a model served with --model (a repository model has its own). */
 #define SP_KSERVE_MODEL_VERSION "1"
 
 void sp_kserve_register(sp_router_t *rt, sp_serving_t *s);

@@ -10,9 +10,11 @@
  * submitted through the seam (sched.h). So one large request never holds the
  * loop, and /live answers at once. Its events come back on the same loop: streamed as SSE
  * `data:` chunks the moment they arrive, or gathered into one response.
- * A client that disconnects cancels the job (sp_http_req_on_abort); a client
- * that reads too slowly (its unsent output over the limit) is dropped and its
- * job cancelled, so neither holds the engine.
+ * The lifecycle (request.h) admits, counts and accounts the request, the
+ * same for every protocol; this file supplies its parsing and encoding. A
+ * client that disconnects cancels the job; a client that reads too slowly
+ * (its unsent output over the limit) is dropped and its job cancelled, so
+ * neither holds the engine.
  *
  * Defaults follow OpenAI, not `sampan run`: temperature 1, top_p 1, top_k
  * and min_p off, a random seed; max_tokens 16 for completions and "the rest

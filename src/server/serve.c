@@ -39,7 +39,7 @@
 #include "serving/registry.h"
 #include "api/api.h"
 #include "server/server.h"
-#include "api/status.h"
+#include "api/status_page.h"
 #include "api/tensor.h"
 #include "api/trace.h"
 
@@ -584,7 +584,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_metrics_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
-    sp_status_register(s->router, &s->sv);
+    sp_status_page_register(s->router, &s->sv);
     set_route_access(s);
     /* Before any model is built: a model's response_cache flag needs it. */
     if (s->sv.cfg.response_cache_bytes > 0) {
