@@ -81,14 +81,14 @@ $(BUILD)/libfake_nvml_nosym.so: tests/fake/fake_nvml.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g $(WARN) -fPIC -shared -DFAKE_NVML_NO_MEMINFO -o $@ $<
 
-# The status page (GET /, src/api/status.c) is compiled in: tools/embed.py
+# The status page (GET /, src/api/status_page.c) is compiled in: tools/embed.py
 # turns the HTML into a byte array plus the CSP hashes of its inline script and
 # style, in $(BUILD)/gen/ (generated on every clean build, never committed).
-$(BUILD)/gen/status_page.h: src/api/status_page.html tools/embed.py
+$(BUILD)/gen/status_page_html.h: src/api/status_page.html tools/embed.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tools/embed.py $< $@ sp_status_page
-$(BUILD)/src/api/status.o: $(BUILD)/gen/status_page.h
-$(BUILD)/src/api/status.o: CPPFLAGS += -I$(BUILD)/gen
+$(BUILD)/src/api/status_page.o: $(BUILD)/gen/status_page_html.h
+$(BUILD)/src/api/status_page.o: CPPFLAGS += -I$(BUILD)/gen
 
 # The gRPC front end (src/api/grpc*.c, docs/grpc.md): protoc-c (Debian's
 # protobuf-c-compiler) turns proto/grpc_service.proto into C in $(BUILD)/gen/

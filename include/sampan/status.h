@@ -26,7 +26,8 @@
     XX(ERR_DEVICE,     -9, 500, "device error")                                 \
     XX(ERR_UNSUPPORTED,-10, 501, "unsupported")                                 \
     XX(ERR_TOO_LARGE, -11, 413, "too large")                                \
-    XX(ERR_MODEL_FAULT,-12, 500, "model fault") /* NaN/inf out of a model */
+    XX(ERR_MODEL_FAULT,-12, 500, "model fault") /* NaN/inf out of a model */   \
+    XX(ERR_SHUTDOWN,  -13, 503, "shutting down") /* the server or the model is stopping */
 
 typedef enum sp_status {
 #define SP__STATUS_ENUM(name, val, http, msg) SP_##name = (val),
@@ -38,7 +39,9 @@ typedef enum sp_status {
 const char *sp_status_str(sp_status_t st);
 /* Symbolic name ("ERR_FORMAT"); never NULL. */
 const char *sp_status_name(sp_status_t st);
-/* HTTP status code a front end should answer with. */
+/* HTTP status code a front end should answer with: the one place a status
+ * becomes an HTTP answer (a protocol with its own convention says so where it
+ * differs, e.g. OpenAI's 400 for a prompt too long). 500 for an unknown value. */
 int sp_status_http(sp_status_t st);
 
 /*

@@ -1,7 +1,8 @@
 /*
  * api.h - what the protocol modules (openai.c, kserve.c, grpc.c, the
  * repository, metrics and status routes) share: the per-loop context, the
- * model a request names, its tier, and error and JSON answers.
+ * model a request names, its tier, error and JSON answers, and a request's
+ * accounting. The lifecycle that uses them is request.h; both are request.c.
  *
  * Threads: everything here is called on a loop thread with a request of
  * that loop.
@@ -16,6 +17,7 @@
 #include "http/http.h"
 #include "http/router.h"
 #include "sched/sched.h"
+#include "serving/metrics.h"
 #include "serving/serving.h"
 
 /* Per loop thread (sp_http_loop_user), made by the composition root. */
@@ -43,10 +45,31 @@ struct sp_infer_hcache *sp_api_hcache(sp_http_req_t *r); /* the request's loop's
 int32_t sp_api_tier(sp_http_req_t *r);
 int32_t sp_api_priority(sp_http_req_t *r, int32_t asked);
 
+/* End a request's accounting (once; later calls only make sure the token
+ * reservation is settled): the model's metrics, the tenant's tokens (the
+ * reservation settled with the prompt and completion tokens used), the
+ * trace's model spans and the access-log note. Call before the last answer
+ * bytes are queued. m NULL: only the reservation is released. The lifecycle
+ * (request.h) calls it; so do answers that never reach one (a cached answer). */
+void sp_api_account(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok,
+                    sp_finish_t finish, sp_fail_reason_t reason);
+
 /* OpenAI-shaped error: {"error":{"message","type","param","code"}}. type NULL
  * picks one from the status. */
 void sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
                      const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Is this a KServe v2 path ("/v2" or under "/v2/")? */
+bool sp_api_kserve_path(sp_str_t path);
+/* KServe v2's error shape, {"error": "..."}: what sp_api_error writes on a
+ * /v2 path, and what the KServe routes write directly. */
+void sp_api_error_kserve(sp_http_req_t *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A reason as clients see it: the repository's own location (as given and
+ * resolved) removed, so answers name files relative to the repository and
+ * never the server's file system (the log keeps it all). Any other absolute
+ * path left (a key file, the key directory) is cut to its last component
+ * after ".../". */
+void sp_api_redact(const sp_serving_t *s, const char *in, char *out, size_t cap);
 /* 200-style JSON answer from a writer (500 if it ran out of memory). */
 void sp_api_reply_json(sp_http_req_t *r, int status, const sp_jbuf_t *b);
 
@@ -68,8 +91,5 @@ void sp_prometheus_register(sp_router_t *rt, sp_serving_t *s); /* GET /metrics (
  * 431, 503, ...): OpenAI's shape, the type picked from the status. */
 size_t sp_api_error_body(int status, const char *message, char *buf, size_t cap);
 void sp_repository_register(sp_router_t *rt, sp_serving_t *s); /* /v2/repository */
-/* A reason with the repository's location removed, for answers to clients
- * (repository.c). */
-void sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap);
 
 #endif /* SP_API_API_H */

@@ -384,7 +384,7 @@ sink_respond(void *ud, int status, const char *ctype, const char *hdrs, size_t h
     uint8_t *msg = NULL;
     size_t ml = 0;
     char err[1024];
-    int code = sp__grpc_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len, k->id, &msg,
+    int code = sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len, k->id, &msg,
                                   &ml, err, sizeof err);
     call_done(k);
     if (code != SP_GRPC_OK) {
@@ -442,7 +442,7 @@ sink_stream_write(void *ud, const char *data, size_t len)
             uint8_t *msg = NULL;
             size_t ml = 0;
             bool final = false;
-            if (sp__grpc_from_event(ev + 6, n - 6, k->id, &msg, &ml, &final)) {
+            if (sp__grpc_msg_from_event(ev + 6, n - 6, k->id, &msg, &ml, &final)) {
                 stream_send(st, msg, ml);
             }
             sp_free(msg);
@@ -498,13 +498,13 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     sp_grpc_rest_t rest;
     char err[1024];
     bool stream = st->method == SP_GRPC_MODEL_STREAM_INFER;
-    int code = sp__grpc_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err, sizeof err);
+    int code = sp__grpc_msg_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err, sizeof err);
     if (code != SP_GRPC_OK) {
         if (stream && code != SP_GRPC_RESOURCE_EXHAUSTED) {
             /* One bad request on a stream is that request's error (Triton). */
             uint8_t *out = NULL;
             size_t ol = 0;
-            if (sp__grpc_stream_error(err, "", &out, &ol)) {
+            if (sp__grpc_msg_stream_error(err, "", &out, &ol)) {
                 stream_send(st, out, ol);
             }
             sp_free(out);
@@ -515,7 +515,7 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
         return;
     }
     if (stream && st->n_calls >= SP_GRPC_STREAM_MAX_CALLS) {
-        sp__grpc_rest_free(&rest);
+        sp__grpc_msg_rest_free(&rest);
         stream_finish(st, SP_GRPC_RESOURCE_EXHAUSTED,
                       "more than %d requests in flight on one ModelStreamInfer stream",
                       SP_GRPC_STREAM_MAX_CALLS);
@@ -557,11 +557,11 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
             evbuffer_free(k->sse);
         }
         sp_free(k);
-        sp__grpc_rest_free(&rest);
+        sp__grpc_msg_rest_free(&rest);
         stream_finish(st, SP_GRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    sp__grpc_rest_free(&rest); /* the request copied it */
+    sp__grpc_msg_rest_free(&rest); /* the request copied it */
     k->st = st;
     k->r = r;
     k->kind = rest.kind;
@@ -573,7 +573,7 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     st->calls = k;
     st->n_calls++;
     st->dispatched = true;
-    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", sp__grpc_method_name(st->method));
+    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", sp__grpc_msg_method_name(st->method));
     sp_http_vreq_run(r); /* may answer at once: k is not used after this */
 }
 
@@ -622,7 +622,7 @@ stream_frame(gstream_t *st)
         if (st->have_msg) {
             sp_free(msg);
             stream_finish(st, SP_GRPC_UNIMPLEMENTED, "%s takes one request message, got more",
-                          sp__grpc_method_name(st->method));
+                          sp__grpc_msg_method_name(st->method));
             return;
         }
         st->msg = msg;
@@ -651,7 +651,7 @@ stream_eof(gstream_t *st)
     }
     if (!st->have_msg) {
         stream_finish(st, SP_GRPC_INVALID_ARGUMENT, "%s: the request has no message",
-                      sp__grpc_method_name(st->method));
+                      sp__grpc_msg_method_name(st->method));
         return;
     }
     uint8_t *msg = st->msg;
@@ -747,7 +747,7 @@ on_header(nghttp2_session *h2, const nghttp2_frame *f, const uint8_t *name, size
     if (name_is(name, nl, ":method")) {
         st->is_post = vl == 4 && memcmp(value, "POST", 4) == 0;
     } else if (name_is(name, nl, ":path")) {
-        st->method = sp__grpc_method_find((const char *)value, vl);
+        st->method = sp__grpc_msg_method_find((const char *)value, vl);
     } else if (name_is(name, nl, "content-type")) {
         st->ctype_ok = vl >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
                        (vl == 16 || value[16] == '+' || value[16] == ';');

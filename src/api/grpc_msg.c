@@ -35,7 +35,7 @@ static const char *const method_names[SP_GRPC_METHOD_COUNT] = {
 #define SERVICE_PREFIX "/inference.GRPCInferenceService/"
 
 int
-sp__grpc_method_find(const char *path, size_t len)
+sp__grpc_msg_method_find(const char *path, size_t len)
 {
     size_t pl = sizeof SERVICE_PREFIX - 1;
     if (len <= pl || memcmp(path, SERVICE_PREFIX, pl) != 0) {
@@ -50,13 +50,13 @@ sp__grpc_method_find(const char *path, size_t len)
 }
 
 const char *
-sp__grpc_method_name(int m)
+sp__grpc_msg_method_name(int m)
 {
     return m >= 0 && m < SP_GRPC_METHOD_COUNT ? method_names[m] : "?";
 }
 
 int
-sp__grpc_code_of_http(int status)
+sp__grpc_msg_code_of_http(int status)
 {
     switch (status) {
     case 200: return SP_GRPC_OK;
@@ -898,7 +898,7 @@ string_with_nul(const uint8_t *p, size_t n, unsigned mask)
 }
 
 int
-sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
+sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
                  sp_grpc_rest_t *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
@@ -981,13 +981,13 @@ sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm
         code = SP_GRPC_INVALID_ARGUMENT;
     }
     if (code != SP_GRPC_OK) {
-        sp__grpc_rest_free(out);
+        sp__grpc_msg_rest_free(out);
     }
     return code;
 }
 
 void
-sp__grpc_rest_free(sp_grpc_rest_t *r)
+sp__grpc_msg_rest_free(sp_grpc_rest_t *r)
 {
     sp_free(r->body);
     r->body = NULL;
@@ -1436,7 +1436,7 @@ server_meta_reply(arena_t *a, const char *body, size_t len, Inference__ServerMet
  * request's id goes along (in an otherwise empty infer_response) so that a
  * client with several requests in flight knows which one failed. */
 bool
-sp__grpc_stream_error(const char *msg, const char *id, uint8_t **out, size_t *out_len)
+sp__grpc_msg_stream_error(const char *msg, const char *id, uint8_t **out, size_t *out_len)
 {
     Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
     Inference__ModelInferResponse r = INFERENCE__MODEL_INFER_RESPONSE__INIT;
@@ -1449,7 +1449,7 @@ sp__grpc_stream_error(const char *msg, const char *id, uint8_t **out, size_t *ou
 }
 
 int
-sp__grpc_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char *hdrs, size_t hdrs_len,
+sp__grpc_msg_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char *hdrs, size_t hdrs_len,
                    const char *body, size_t len, const char *id, uint8_t **out, size_t *out_len,
                    char *err, size_t err_len)
 {
@@ -1461,10 +1461,10 @@ sp__grpc_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char *hdr
     bool is_answer = status == 200 || (kind == SP_GRPC_K_READY && status == 503) ||
                      (kind == SP_GRPC_K_MODEL_READY && status == 400);
     if (!is_answer) {
-        int code = sp__grpc_code_of_http(status);
+        int code = sp__grpc_msg_code_of_http(status);
         error_message(body, len, status, err, err_len);
         if (stream && code != SP_GRPC_UNAUTHENTICATED) {
-            return sp__grpc_stream_error(err, id, out, out_len) ? SP_GRPC_OK : SP_GRPC_RESOURCE_EXHAUSTED;
+            return sp__grpc_msg_stream_error(err, id, out, out_len) ? SP_GRPC_OK : SP_GRPC_RESOURCE_EXHAUSTED;
         }
         return code;
     }
@@ -1555,18 +1555,18 @@ text_output(arena_t *a, Inference__ModelInferResponse__InferOutputTensor *t, Pro
 }
 
 bool
-sp__grpc_from_event(const char *json, size_t len, const char *id, uint8_t **out, size_t *out_len,
+sp__grpc_msg_from_event(const char *json, size_t len, const char *id, uint8_t **out, size_t *out_len,
                     bool *final)
 {
     json_t *root = json_loadb(json, len, 0, NULL);
     *final = true;
     if (!json_is_object(root)) {
         json_decref(root);
-        return sp__grpc_stream_error("the generate stream sent a malformed event", id, out, out_len);
+        return sp__grpc_msg_stream_error("the generate stream sent a malformed event", id, out, out_len);
     }
     const json_t *e = json_object_get(root, "error");
     if (e) {
-        bool ok = sp__grpc_stream_error(json_is_string(e) ? json_string_value(e) : "generation failed", id,
+        bool ok = sp__grpc_msg_stream_error(json_is_string(e) ? json_string_value(e) : "generation failed", id,
                                out, out_len);
         json_decref(root);
         return ok;

@@ -57,8 +57,8 @@ typedef enum sp_grpc_method {
 } sp_grpc_method_t;
 
 /* The method of ":path" ("/inference.GRPCInferenceService/ModelInfer"), or -1. */
-int sp__grpc_method_find(const char *path, size_t len);
-const char *sp__grpc_method_name(int m);
+int sp__grpc_msg_method_find(const char *path, size_t len);
+const char *sp__grpc_msg_method_name(int m);
 
 /* How to read the REST answer. */
 typedef enum sp_grpc_kind {
@@ -95,9 +95,9 @@ typedef bool (*sp_grpc_is_llm_fn)(void *ud, const char *name, size_t len, const 
  * field, RESOURCE_EXHAUSTED when decoding would need more memory than the
  * budget allows). For SP_GRPC_MODEL_STREAM_INFER, is_llm picks the route.
  */
-int sp__grpc_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
+int sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
                      sp_grpc_rest_t *out, char *err, size_t err_len);
-void sp__grpc_rest_free(sp_grpc_rest_t *r);
+void sp__grpc_msg_rest_free(sp_grpc_rest_t *r);
 
 /*
  * A complete REST answer as the method's reply: *out (sp_malloc, with the
@@ -107,7 +107,7 @@ void sp__grpc_rest_free(sp_grpc_rest_t *r);
  * (SP_GRPC_OK with *out set) unless it is UNAUTHENTICATED, which ends the
  * whole stream.
  */
-int sp__grpc_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char *hdrs,
+int sp__grpc_msg_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char *hdrs,
                        size_t hdrs_len, const char *body, size_t len, const char *id,
                        uint8_t **out, size_t *out_len, char *err, size_t err_len);
 
@@ -116,14 +116,14 @@ int sp__grpc_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char 
  * ModelStreamInferResponse in *out; *final when it is the request's last
  * (a finish_reason or an error). false when memory ran out.
  */
-bool sp__grpc_from_event(const char *json, size_t len, const char *id, uint8_t **out,
+bool sp__grpc_msg_from_event(const char *json, size_t len, const char *id, uint8_t **out,
                          size_t *out_len, bool *final);
 
 /* A ModelStreamInferResponse carrying error_message (and the request's id
  * when not ""), prefixed, in *out. false when memory ran out. */
-bool sp__grpc_stream_error(const char *msg, const char *id, uint8_t **out, size_t *out_len);
+bool sp__grpc_msg_stream_error(const char *msg, const char *id, uint8_t **out, size_t *out_len);
 
 /* The HTTP status of a REST answer as a gRPC status code. */
-int sp__grpc_code_of_http(int status);
+int sp__grpc_msg_code_of_http(int status);
 
 #endif /* SP_API_GRPC_MSG_H */

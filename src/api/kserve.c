@@ -21,8 +21,9 @@
  * time in proportion to the request - decoding a body over 64 KiB, checking
  * and tokenizing the prompts - runs on a preparation worker through
  * offload.h as in openai.c, whose result comes back to the loop; then the
- * request is submitted through the seam (sched.h). Events come back on this
- * loop; a disconnect (while preparing, or after) cancels the job.
+ * request lifecycle (request.h) admits and submits it, counts its events and
+ * accounts it, as for every protocol; a disconnect (while preparing, or
+ * after) cancels the job. A tensor model's infer is tensor_infer.c.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -39,46 +40,21 @@
 #include "serving/adapters.h"
 #include "api/kserve.h"
 #include "api/offload.h"
+#include "api/rcache.h"
+#include "api/request.h"
 #include "sched/schedreq.h"
 #include "api/tensor.h"
-#include "serving/tensor_model.h"
+#include "api/tensor_infer.h"
 #include "api/trace.h"
 
 
 /* ------------------------------------------------------------ errors */
 
-bool
-sp_kserve_path(sp_str_t path)
-{
-    return path.len >= 3 && memcmp(path.ptr, "/v2", 3) == 0 && (path.len == 3 || path.ptr[3] == '/');
-}
-
-void
-sp_kserve_error(sp_http_req_t *r, int status, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    sp_jbuf_t b;
-    sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "{\"error\":");
-    sp_jbuf_cstr(&b, msg);
-    sp_jbuf_lit(&b, "}");
-    if (b.oom) {
-        sp_http_respond(r, status, "application/json", "{\"error\":\"out of memory\"}", 25);
-    } else {
-        sp_http_respond(r, status, "application/json", b.p, b.len);
-    }
-    sp_jbuf_free(&b);
-}
-
 /* A refusal to queue work on a preparation worker (offload.h). */
 static void
 ks_refuse(sp_http_req_t *r, int status, const char *message)
 {
-    sp_kserve_error(r, status, "%s", message);
+    sp_api_error_kserve(r, status, "%s", message);
 }
 
 /* A client-supplied string, quoted and escaped for a message (at most 64 bytes). */
@@ -331,11 +307,7 @@ gvals_from_inputs(const sp_infer_req_t *ir, int64_t max_tokens, gvals_t *g, char
 typedef enum ks_kind { KS_INFER, KS_GENERATE, KS_STREAM } ks_kind_t;
 
 typedef struct ks_req {
-    sp_http_req_t *http;
-    sp_serving_t *srv;
-    sp_served_model_t *m;
-    sp_req_adapter_t ad;    /* the route's "<model>:<adapter>" (adapters.h), or none */
-    sp_sched_job_t *job;
+    sp_api_req_t a;         /* the lifecycle (request.h): model, adapter, job, clock, cache key */
     ks_kind_t kind;
     int n;                  /* sequences */
     sp_jbuf_t *texts;       /* non-streaming: each sequence's text */
@@ -343,9 +315,6 @@ typedef struct ks_req {
     int64_t n_prompt;       /* all prompts' tokens */
     sp_infer_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
     char *id;               /* generate: the request's id, or NULL */
-    sp_schedreq_t sched;    /* parameters 'priority' and 'timeout' (Triton's meanings) */
-    sp_req_clock_t clk;     /* metrics and the access log (metrics.h) */
-    sp_rckey_t *ck;         /* generate: its response cache key, or NULL (respcache.h) */
     sp_jbuf_t out, bin;
     /* Preparation (prep_run, on a worker): tokenizing the prompts. */
     json_t *root;           /* generate: the body, which holds the prompt and the stop strings */
@@ -357,15 +326,13 @@ typedef struct ks_req {
     int64_t lens[SP_SCHED_MAX_N], longest;
     int tried;              /* prompts that reached the tokenizer */
     char err[640];          /* the worker's 400 message, or "" */
-    sp_offload_t off;       /* the tokenizing on a worker; off.gone: the client left meanwhile */
 } ks_req_t;
 
+/* The lifecycle's last call (ops->free): what the protocol owns, and q. */
 static void
-ks_free(ks_req_t *q)
+ks_free(sp_api_req_t *a)
 {
-    if (q == NULL) {
-        return;
-    }
+    ks_req_t *q = (ks_req_t *)a;
     for (int i = 0; q->texts && i < q->n; i++) {
         sp_jbuf_free(&q->texts[i]);
     }
@@ -375,16 +342,8 @@ ks_free(ks_req_t *q)
     sp_infer_req_free(&q->ir);
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
-    sp_rckey_free(q->ck);
     sp_free(q->toks);
     json_decref(q->root);
-    /* Ended without an outcome: refused while validating (it answered 4xx).
-     * A client that left during preparation was accounted for then. */
-    if (!q->off.gone) {
-        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
-    }
-    sp_req_adapter_release(&q->ad); /* the job holds its own reference */
-    sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
 
@@ -392,7 +351,7 @@ ks_free(ks_req_t *q)
 static void
 prep_drop(sp_offload_t *job)
 {
-    ks_free(SP_OFFLOAD_HOLDER(job, ks_req_t, off));
+    sp_api_finish(&SP_OFFLOAD_HOLDER(job, ks_req_t, a.off)->a);
 }
 
 static const char *
@@ -418,7 +377,7 @@ route_model_base(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, 
         /* A model outside the tenant's list does not exist for it: the same
          * 404 as an unknown name, so its metadata does not reveal it either. */
         sp_auth_reject(sp_http_req_user(r), SP_LIMIT_MODEL);
-        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
+        sp_api_error_kserve(r, 404, "model %s is not served", quote(name).s);
         return NULL;
     }
     char reason[512];
@@ -429,17 +388,17 @@ route_model_base(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, 
     }
     if (a == SP_ACQ_UNKNOWN) {
         if (v.ptr) {
-            sp_kserve_error(r, 404, "model %s has no version %s", quote(name).s, quote(v).s);
+            sp_api_error_kserve(r, 404, "model %s has no version %s", quote(name).s, quote(v).s);
         } else {
-            sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
+            sp_api_error_kserve(r, 404, "model %s is not served", quote(name).s);
         }
     } else if (a == SP_ACQ_LOADING) {
         sp_http_add_header(r, "Retry-After", "1");
-        sp_kserve_error(r, 400, "model %s is loading", quote(name).s);
+        sp_api_error_kserve(r, 400, "model %s is loading", quote(name).s);
     } else {
         char red[512];
-        sp_repository_redact(s, reason, red, sizeof red);
-        sp_kserve_error(r, 400, "model %s is not available: %s", quote(name).s, red);
+        sp_api_redact(s, reason, red, sizeof red);
+        sp_api_error_kserve(r, 400, "model %s is not available: %s", quote(name).s, red);
     }
     return NULL;
 }
@@ -460,20 +419,18 @@ route_model(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_ro
     return m;
 }
 
+static const sp_api_ops_t ks_ops;
+
 static ks_req_t *
 ks_new(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, ks_kind_t kind)
 {
     ks_req_t *q = sp_calloc(1, sizeof *q);
     if (q == NULL) {
         sp_served_release(m);
-        sp_kserve_error(r, 503, "out of memory");
+        sp_api_error_kserve(r, 503, "out of memory");
         return NULL;
     }
-    q->http = r;
-    q->srv = s;
-    q->sched.priority = sp_api_tier(r); /* the tenant's tier unless the request asks lower */
-    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
-    q->m = m;
+    sp_api_begin(&q->a, &ks_ops, s, r, m, NULL); /* the caller hands over the adapter */
     q->kind = kind;
     return q;
 }
@@ -482,9 +439,9 @@ static void
 begin_event(ks_req_t *q, sp_jbuf_t *b)
 {
     sp_jbuf_lit(b, "{\"model_name\":");
-    sp_req_adapter_model_name(q->m, &q->ad, b);
+    sp_req_adapter_model_name(q->a.m, &q->a.ad, b);
     sp_jbuf_lit(b, ",\"model_version\":");
-    sp_jbuf_cstr(b, q->m->version_str);
+    sp_jbuf_cstr(b, q->a.m->version_str);
     if (q->id) {
         sp_jbuf_lit(b, ",\"id\":");
         sp_jbuf_cstr(b, q->id);
@@ -494,7 +451,7 @@ begin_event(ks_req_t *q, sp_jbuf_t *b)
 static int
 stream_send(ks_req_t *q)
 {
-    if (q->out.oom || sp_http_stream_write(q->http, q->out.p, q->out.len) != 0) {
+    if (q->out.oom || sp_http_stream_write(q->a.http, q->out.p, q->out.len) != 0) {
         return -1;
     }
     return 0;
@@ -533,7 +490,7 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
         for (int k = 0; k < n_outs; k++) {
             sp_tensor_free(&outs[k]);
         }
-        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
         return;
     }
     char params[96];
@@ -541,38 +498,23 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
              (long long)q->n_prompt, (long long)completion_tokens);
     sp_jbuf_reset(&q->out);
     sp_jbuf_reset(&q->bin);
-    char mname[sizeof q->m->name + SP_ADAPTER_NAME_MAX + 2];
-    snprintf(mname, sizeof mname, "%s%s%s", q->m->name, q->ad.lora ? ":" : "", q->ad.name);
-    sp_infer_resp_write(&q->out, &q->bin, mname, q->m->version_str, &q->ir, params, outs,
+    char mname[sizeof q->a.m->name + SP_ADAPTER_NAME_MAX + 2];
+    snprintf(mname, sizeof mname, "%s%s%s", q->a.m->name, q->a.ad.lora ? ":" : "", q->a.ad.name);
+    sp_infer_resp_write(&q->out, &q->bin, mname, q->a.m->version_str, &q->ir, params, outs,
                         n_outs);
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
     }
     char hl[32];
-    if (q->bin.oom || !sp_kserve_infer_body(&q->out, &q->bin, hl)) {
-        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+    if (q->bin.oom || !sp_tensor_infer_body(&q->out, &q->bin, hl)) {
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
         return;
     }
     if (hl[0]) {
-        sp_http_add_header(q->http, "Inference-Header-Content-Length", hl);
+        sp_http_add_header(q->a.http, "Inference-Header-Content-Length", hl);
     }
-    sp_http_respond(q->http, 200, hl[0] ? "application/octet-stream" : "application/json",
+    sp_http_respond(q->a.http, 200, hl[0] ? "application/octet-stream" : "application/json",
                     q->out.p, q->out.len);
-}
-
-bool
-sp_kserve_infer_body(sp_jbuf_t *json, const sp_jbuf_t *bin, char hl[32])
-{
-    hl[0] = '\0';
-    if (json->oom) {
-        return false;
-    }
-    if (bin->len == 0) {
-        return true;
-    }
-    snprintf(hl, 32, "%zu", json->len);
-    sp_jbuf_raw(json, bin->p, bin->len);
-    return !json->oom;
 }
 
 static void
@@ -587,113 +529,88 @@ reply_generate(ks_req_t *q, int64_t completion_tokens)
                    "\"completion_tokens\":%lld}}",
                    finish_str(q->finish[0]), (long long)q->n_prompt, (long long)completion_tokens);
     if (b->oom) {
-        sp_kserve_error(q->http, 500, "out of memory while writing the response");
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
         return;
     }
-    sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, q->finish[0]);
-    sp_http_respond(q->http, 200, "application/json", b->p, b->len);
+    sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len, q->finish[0]);
+    sp_http_respond(q->a.http, 200, "application/json", b->p, b->len);
 }
 
-static void
-on_abort(sp_http_req_t *r, void *ud)
+/* A job's TOKEN and FINISH events (the lifecycle counted them). */
+static int
+ks_event(sp_api_req_t *a, const sp_sched_event_t *ev)
 {
-    ks_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s", sp_http_req_rid(r));
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    sp_sched_cancel(q->job);
-    ks_free(q);
-}
-
-/* Events of a job, on the loop thread. */
-static void
-on_event(const sp_sched_event_t *ev, void *ud)
-{
-    ks_req_t *q = ud;
-    int rc = 0;
-    switch (ev->kind) {
-    case SP_SCHED_EV_TOKEN:
-        sp_req_clock_token(&q->clk);
-        /* Counted as they come: a request that ends before DONE (the client
-         * left, a slow reader) is charged what was generated until then. */
-        q->clk.completion_tokens += ev->token >= 0;
-        if (ev->index < 0 || ev->index >= q->n || ev->text_len == 0) {
-            break;
-        }
-        if (ev->index == 0) {
-            sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
-        }
-        if (q->kind == KS_STREAM) {
-            sp_jbuf_reset(&q->out);
-            sp_jbuf_lit(&q->out, "data: ");
-            begin_event(q, &q->out);
-            sp_jbuf_lit(&q->out, ",\"text_output\":");
-            sp_jbuf_str(&q->out, ev->text, ev->text_len);
-            sp_jbuf_lit(&q->out, "}\n\n");
-            rc = stream_send(q);
-        } else {
-            sp_jbuf_raw(&q->texts[ev->index], ev->text, ev->text_len);
-        }
-        break;
-    case SP_SCHED_EV_FINISH:
+    ks_req_t *q = (ks_req_t *)a;
+    if (ev->kind == SP_SCHED_EV_FINISH) {
         if (ev->index >= 0 && ev->index < q->n) {
             q->finish[ev->index] = ev->finish;
         }
-        break;
-    case SP_SCHED_EV_EMBEDDING:
-        break;
-    case SP_SCHED_EV_DONE: {
-        sp_http_req_t *r = q->http;
-        q->clk.queue_ns = ev->queue_ns;
-        q->clk.compute_ns = ev->compute_ns;
-        q->clk.prompt_tokens = ev->prompt_tokens;
-        q->clk.completion_tokens = ev->completion_tokens;
-        sp_req_end(r, q->m, &q->clk, ev->status == SP_OK, q->n > 0 ? q->finish[0] : SP_FINISH_STOP,
-                   sp_fail_reason_of(ev->status, ev->message));
-        if (ev->status == SP_ERR_MODEL_FAULT) {
-            sp_served_fault(q->m, sp_http_req_rid(r), ev->message ? ev->message : "model fault");
-        }
-        if (ev->status != SP_OK) {
-            int http = ev->status == SP_ERR_CANCELLED ? 503 : sp_status_http(ev->status);
-            const char *msg = ev->message ? ev->message : sp_status_str(ev->status);
-            if (q->kind == KS_STREAM) {
-                /* The status line is gone: the error is the stream's last event. */
-                sp_jbuf_reset(&q->out);
-                sp_jbuf_lit(&q->out, "data: {\"error\":");
-                sp_jbuf_cstr(&q->out, msg);
-                sp_jbuf_lit(&q->out, "}\n\n");
-                stream_send(q);
-                sp_http_stream_end(r);
-            } else {
-                sp_kserve_error(r, http, "%s", msg);
-            }
-        } else if (q->kind == KS_STREAM) {
+        return 0;
+    }
+    if (ev->kind != SP_SCHED_EV_TOKEN || ev->index < 0 || ev->index >= q->n || ev->text_len == 0) {
+        return 0;
+    }
+    if (q->kind != KS_STREAM) {
+        sp_jbuf_raw(&q->texts[ev->index], ev->text, ev->text_len);
+        return 0;
+    }
+    sp_jbuf_reset(&q->out);
+    sp_jbuf_lit(&q->out, "data: ");
+    begin_event(q, &q->out);
+    sp_jbuf_lit(&q->out, ",\"text_output\":");
+    sp_jbuf_str(&q->out, ev->text, ev->text_len);
+    sp_jbuf_lit(&q->out, "}\n\n");
+    return stream_send(q);
+}
+
+/* The job ended (accounted already): the answer, or its error. */
+static void
+ks_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char *msg)
+{
+    ks_req_t *q = (ks_req_t *)a;
+    sp_http_req_t *r = a->http;
+    if (st != SP_OK) {
+        if (q->kind == KS_STREAM) {
+            /* The status line is gone: the error is the stream's last event. */
             sp_jbuf_reset(&q->out);
-            sp_jbuf_lit(&q->out, "data: ");
-            begin_event(q, &q->out);
-            sp_jbuf_printf(&q->out, ",\"text_output\":\"\",\"finish_reason\":\"%s\",\"usage\":"
-                           "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld}}\n\n",
-                           finish_str(q->finish[0]), (long long)q->n_prompt,
-                           (long long)ev->completion_tokens);
+            sp_jbuf_lit(&q->out, "data: {\"error\":");
+            sp_jbuf_cstr(&q->out, msg);
+            sp_jbuf_lit(&q->out, "}\n\n");
             stream_send(q);
             sp_http_stream_end(r);
-        } else if (q->kind == KS_GENERATE) {
-            reply_generate(q, ev->completion_tokens);
         } else {
-            reply_infer(q, ev->completion_tokens);
+            sp_api_error_kserve(r, sp_status_http(sp_api_server_status(st)), "%s", msg);
         }
-        ks_free(q);
-        return;
-    }
-    }
-    if (rc != 0) {
-        /* The client cannot keep up (or is gone): stop the work, drop the connection. */
-        SP_LOG_INFO("event=stream_dropped rid=%s reason=slow_reader", sp_http_req_rid(q->http));
-        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_OVERLOADED);
-        sp_sched_cancel(q->job);
-        sp_http_abort(q->http);
-        ks_free(q);
+    } else if (q->kind == KS_STREAM) {
+        sp_jbuf_reset(&q->out);
+        sp_jbuf_lit(&q->out, "data: ");
+        begin_event(q, &q->out);
+        sp_jbuf_printf(&q->out, ",\"text_output\":\"\",\"finish_reason\":\"%s\",\"usage\":"
+                       "{\"prompt_tokens\":%lld,\"completion_tokens\":%lld}}\n\n",
+                       finish_str(q->finish[0]), (long long)q->n_prompt,
+                       (long long)ev->completion_tokens);
+        stream_send(q);
+        sp_http_stream_end(r);
+    } else if (q->kind == KS_GENERATE) {
+        reply_generate(q, ev->completion_tokens);
+    } else {
+        reply_infer(q, ev->completion_tokens);
     }
 }
+
+/* A refusal before the job ran, in KServe's error shape (Retry-After is set). */
+static void
+ks_admit_refuse(sp_api_req_t *a, sp_api_refusal_t why, sp_status_t st, const char *msg)
+{
+    sp_api_error_kserve(a->http, sp_status_http(st), "%s", msg);
+}
+
+static const sp_api_ops_t ks_ops = {
+    .refuse = ks_admit_refuse,
+    .event = ks_event,
+    .done = ks_done,
+    .free = ks_free,
+};
 
 /* Worker: check and tokenize the prompts. Reads only the request's prompts
  * and its model (which it holds); writes only toks, lens, longest,
@@ -701,8 +618,8 @@ on_event(const sp_sched_event_t *ev, void *ud)
 static void
 prep_run(sp_offload_t *job)
 {
-    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
-    int64_t cap = q->m->n_ctx;
+    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, a.off);
+    int64_t cap = q->a.m->n_ctx;
     for (int i = 0; i < q->n; i++) {
         sp_str_t t = q->prompts[i];
         char where[300];
@@ -730,7 +647,8 @@ prep_run(sp_offload_t *job)
         }
         q->tried = i + 1;
         int32_t *tk = q->toks + (size_t)i * (size_t)cap;
-        int64_t nt = sp_tokenize(q->m->tok, t.ptr, t.len, sp_chat_add_bos(q->m->tok, NULL, 0), false, tk, cap);
+        int64_t nt = sp_tokenize(q->a.m->tok, t.ptr, t.len, sp_chat_add_bos(q->a.m->tok, NULL, 0), false,
+                                 tk, cap);
         if (nt < 0) {
             snprintf(q->err, sizeof q->err, "%s: cannot tokenize the prompt: %s", where,
                      sp_status_str((sp_status_t)nt));
@@ -760,13 +678,13 @@ static const sp_offload_ops_t prep_ops = {
 static void
 submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char *text_where)
 {
-    sp_http_req_t *r = q->http;
-    const sp_serve_config_t *cfg = &q->srv->cfg;
-    int64_t cap = q->m->n_ctx;
+    sp_http_req_t *r = q->a.http;
+    const sp_serve_config_t *cfg = &q->a.srv->cfg;
+    int64_t cap = q->a.m->n_ctx;
     if (n < 1 || n > cfg->max_n || n > SP_SCHED_MAX_N) {
-        sp_kserve_error(r, 400, "%s: 1 to %d prompts per request, got %d", text_where,
+        sp_api_error_kserve(r, 400, "%s: 1 to %d prompts per request, got %d", text_where,
                         cfg->max_n < SP_SCHED_MAX_N ? cfg->max_n : SP_SCHED_MAX_N, n);
-        ks_free(q);
+        sp_api_finish(&q->a);
         return;
     }
     q->n = n;
@@ -774,8 +692,8 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     q->finish = sp_calloc((size_t)n, sizeof *q->finish);
     q->toks = sp_malloc((size_t)n * (size_t)cap * sizeof(int32_t));
     if (q->texts == NULL || q->finish == NULL || q->toks == NULL) {
-        sp_kserve_error(r, 503, "out of memory");
-        ks_free(q);
+        sp_api_error_kserve(r, 503, "out of memory");
+        sp_api_finish(&q->a);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -784,8 +702,8 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     q->prompts = texts;
     q->gv = *gv;
     snprintf(q->where, sizeof q->where, "%s", text_where);
-    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
-        ks_free(q);
+    if (!sp_offload_start(&q->a.off, &prep_ops, q->a.srv->prep, &q->a.http, q->a.m, &q->a.clk)) {
+        sp_api_finish(&q->a);
     }
 }
 
@@ -795,17 +713,15 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
 static void
 prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, off);
-    const sp_serve_config_t *cfg = &q->srv->cfg;
+    ks_req_t *q = SP_OFFLOAD_HOLDER(job, ks_req_t, a.off);
     const gvals_t *gv = &q->gv;
-    int64_t cap = q->m->n_ctx, longest = q->longest;
+    int64_t cap = q->a.m->n_ctx, longest = q->longest;
     int n = q->n;
-    char err[512];
     if (q->tried > 0) {
-        sp_req_clock_text(&q->clk, false, q->prompts[0].ptr, q->prompts[0].len);
+        sp_req_clock_text(&q->a.clk, false, q->prompts[0].ptr, q->prompts[0].len);
     }
     if (q->err[0]) {
-        sp_kserve_error(r, 400, "%s", q->err);
+        sp_api_error_kserve(r, 400, "%s", q->err);
         goto fail;
     }
     const int32_t *prompts[SP_SCHED_MAX_N];
@@ -822,8 +738,8 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     seed ^= seed >> 33;
     seed *= 0xFF51AFD7ED558CCDull;
     g.sampling.seed = seed ^ (seed >> 33);
-    sp_served_apply_defaults(q->m, &g.sampling); /* the model config's `parameters` */
-    int64_t max_tokens = q->m->def.max_tokens > 0 ? q->m->def.max_tokens : 16;
+    sp_served_apply_defaults(q->a.m, &g.sampling); /* the model config's `parameters` */
+    int64_t max_tokens = q->a.m->def.max_tokens > 0 ? q->a.m->def.max_tokens : 16;
     for (int k = 0; k < N_GPARAMS; k++) {
         if (!gv->set[k]) {
             continue;
@@ -833,7 +749,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
         if (k == P_MAX_TOKENS) {
             max_tokens = gv->i[k];
             if (longest + max_tokens > cap) {
-                sp_kserve_error(r, 400, "max_tokens: this model's context is %lld tokens; the prompt "
+                sp_api_error_kserve(r, 400, "max_tokens: this model's context is %lld tokens; the prompt "
                                 "has %lld and max_tokens asks for %lld more", (long long)cap,
                                 (long long)longest, (long long)max_tokens);
                 goto fail;
@@ -842,7 +758,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
             g.sampling.temperature = f;
         } else if (strcmp(nm, "top_p") == 0) {
             if (f <= 0.0f) {
-                sp_kserve_error(r, 400, "top_p: must be greater than 0");
+                sp_api_error_kserve(r, 400, "top_p: must be greater than 0");
                 goto fail;
             }
             g.sampling.top_p = f;
@@ -882,43 +798,15 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     sr.prompts = prompts;
     sr.n_prompts = q->lens;
     sr.n = n;
-    sr.lora = q->ad.lora;
     sr.gen = g;
-    sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, cfg->request_timeout_s, sp_time_ns());
-    sr.priority = sp_api_priority(r, q->sched.priority);
-    sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), cfg->prefix_cache_scope);
-    sr.mailbox = sp_api_mailbox(r);
-    sr.on_event = on_event;
-    sr.ud = q;
-    /* The tenant's tokens per minute: reserve the most this request may use
-     * (its prompts and max_tokens for each), settled at its end (sp_req_end). */
-    sp_auth_result_t ar;
-    if (!sp_auth_reserve(sp_http_req_user(r), q->n_prompt + (int64_t)n * (max_tokens > 0 ? max_tokens : 1),
-                         &q->clk.charge, &ar)) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
-        sp_http_add_header(r, "Retry-After", ra);
-        sp_kserve_error(r, 429, "%s", ar.message);
-        goto fail;
-    }
-    q->clk.prompt_tokens = q->n_prompt; /* what an end before DONE is charged for the prompts */
-    sp_trace_http_submit(r); /* the queue span starts here */
-    sp_sched_t *sch = sp_served_pick(q->m);
-    sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
+    /* Its prompts and max_tokens for each sequence. */
+    bool admitted = sp_api_admit(&q->a, &sr, q->n_prompt,
+                                 q->n_prompt + (int64_t)n * (max_tokens > 0 ? max_tokens : 1));
     sp_free(q->toks); /* the scheduler copied the prompts */
     q->toks = NULL;
-    if (st != SP_OK) {
-        q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
-        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
-        if (st == SP_ERR_BUSY) {
-            char ra[16];
-            snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
-            sp_http_add_header(r, "Retry-After", ra);
-        }
-        sp_kserve_error(r, st == SP_ERR_BUSY ? 429 : sp_status_http(st), "%s", err);
+    if (!admitted) {
         goto fail;
     }
-    sp_http_req_on_abort(r, on_abort, q);
     if (q->kind == KS_STREAM) {
         sp_http_add_header(r, "Cache-Control", "no-cache");
         sp_http_add_header(r, "X-Accel-Buffering", "no");
@@ -926,7 +814,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     }
     return;
 fail:
-    ks_free(q);
+    sp_api_finish(&q->a);
 }
 
 /* The response cache (respcache.h) for generate (not streamed): only
@@ -939,21 +827,21 @@ cache_lookup(ks_req_t *q, const json_t *root, const gvals_t *gv)
 {
     static const char *const drop[] = {"priority", "timeout", "parameters.priority",
                                        "parameters.timeout", NULL};
-    if (q->kind != KS_GENERATE || !sp_rcache_enabled(q->m)) {
+    if (q->kind != KS_GENERATE || !sp_rckey_enabled(q->a.m)) {
         return false;
     }
     int kt = gparam_find("temperature", strlen("temperature"));
-    double t = gv->set[kt] ? gv->d[kt] : !isnan(q->m->def.temperature) ? q->m->def.temperature : 1.0;
-    if (!((float)t == 0.0f || gv->set[P_SEED] || q->m->def.seed_set)) {
+    double t = gv->set[kt] ? gv->d[kt] : !isnan(q->a.m->def.temperature) ? q->a.m->def.temperature : 1.0;
+    if (!((float)t == 0.0f || gv->set[P_SEED] || q->a.m->def.seed_set)) {
         return false;
     }
-    q->ck = sp_rckey_new(q->m, "kserve/generate");
-    sp_rckey_add_json(q->ck, root, drop);
-    if (q->ad.lora != NULL) {
+    q->a.ck = sp_rckey_new(q->a.m, "kserve/generate");
+    sp_rckey_add_json(q->a.ck, root, drop);
+    if (q->a.ad.lora != NULL) {
         /* The route's adapter (not in the body), as loaded: see openai.c. */
-        sp_rckey_add_u64(q->ck, sp_lora_id(q->ad.lora));
+        sp_rckey_add_u64(q->a.ck, sp_lora_id(q->a.ad.lora));
     }
-    return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
+    return sp_rcache_lookup(q->a.http, q->a.m, q->a.ck, &q->a.clk);
 }
 
 /* ------------------------------------------------------------ handlers */
@@ -984,7 +872,7 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     if (m->be) {
         sp_req_adapter_release(&ad); /* none: tensor models have no adapters */
-        sp_tensor_metadata(r, m);
+        sp_tensor_infer_metadata(r, m);
         sp_served_release(m);
         return;
     }
@@ -1006,7 +894,7 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     sp_jbuf_lit(&b, "]}");
     if (b.oom) {
-        sp_kserve_error(r, 500, "out of memory while writing the response");
+        sp_api_error_kserve(r, 500, "out of memory while writing the response");
     } else {
         sp_http_respond(r, 200, "application/json", b.p, b.len);
     }
@@ -1025,7 +913,7 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     char reason[512];
     if (!sp_auth_model_allowed(sp_http_req_user(r), name.ptr, name.len)) {
         sp_auth_reject(sp_http_req_user(r), SP_LIMIT_MODEL);
-        sp_kserve_error(r, 404, "model %s is not served", quote(name).s); /* as unknown: see route_model_base */
+        sp_api_error_kserve(r, 404, "model %s is not served", quote(name).s); /* as unknown: see route_model_base */
         return;
     }
     sp_acq_t a = sp_registry_acquire(s, name.ptr, name.len, v.ptr, v.len, false, &m, reason,
@@ -1035,7 +923,7 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     sp_served_release(m);
     if (a == SP_ACQ_UNKNOWN) {
-        sp_kserve_error(r, 404, "model %s is not served", quote(name).s);
+        sp_api_error_kserve(r, 404, "model %s is not served", quote(name).s);
         return;
     }
     sp_jbuf_t b;
@@ -1044,7 +932,7 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_str(&b, name.ptr, name.len);
     sp_jbuf_lit(&b, a == SP_ACQ_OK ? ",\"ready\":true}" : ",\"ready\":false}");
     if (b.oom) {
-        sp_kserve_error(r, 500, "out of memory while writing the response");
+        sp_api_error_kserve(r, 500, "out of memory while writing the response");
     } else {
         sp_http_respond(r, a == SP_ACQ_OK ? 200 : 400, "application/json", b.p, b.len);
     }
@@ -1136,7 +1024,7 @@ body_defer(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_rou
     if (j == NULL || (hl.ptr && hcopy == NULL)) {
         sp_free(j);
         sp_free(hcopy);
-        sp_kserve_error(r, 503, "out of memory");
+        sp_api_error_kserve(r, 503, "out of memory");
         return true;
     }
     j->json_depth = s->cfg.json_depth;
@@ -1173,7 +1061,7 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_req_adapter_release(&ad);
         return;
     }
-    q->ad = ad;
+    q->a.ad = ad;
     char err[768];
     sp_status_t pst;
     ks_body_t *dec = body_decoded(r);
@@ -1188,8 +1076,8 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         pst = sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err);
     }
     if (pst != SP_OK) {
-        sp_kserve_error(r, 400, "%s", err);
-        ks_free(q);
+        sp_api_error_kserve(r, 400, "%s", err);
+        sp_api_finish(&q->a);
         return;
     }
     bool want[N_OUTS];
@@ -1199,14 +1087,14 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         (q->ir.params && gvals_from_object(q->ir.params, "parameters.", false, s->cfg.max_tokens, &gv,
                                            err, sizeof err) != 0) ||
         gvals_from_inputs(&q->ir, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
-        sp_kserve_error(r, 400, "%s", err);
-        ks_free(q);
+        sp_api_error_kserve(r, 400, "%s", err);
+        sp_api_finish(&q->a);
         return;
     }
     sp_json_err_t je = {{0}, NULL};
-    if (q->ir.params && sp_schedreq_parse(q->ir.params, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0) {
-        sp_kserve_error(r, 400, "parameters: %s", je.msg);
-        ks_free(q);
+    if (q->ir.params && sp_schedreq_parse(q->ir.params, SP_SCHEDREQ_TRITON, &q->a.sched, &je) < 0) {
+        sp_api_error_kserve(r, 400, "parameters: %s", je.msg);
+        sp_api_finish(&q->a);
         return;
     }
     const sp_tensor_t *in = NULL;
@@ -1218,21 +1106,21 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         }
     }
     if (in == NULL) {
-        sp_kserve_error(r, 400, "inputs: the input 'text_input' (BYTES) is required");
-        ks_free(q);
+        sp_api_error_kserve(r, 400, "inputs: the input 'text_input' (BYTES) is required");
+        sp_api_finish(&q->a);
         return;
     }
     char where[64];
     snprintf(where, sizeof where, "inputs[%d] ('text_input')", idx);
     if (in->dtype != SP_DT_BYTES) {
-        sp_kserve_error(r, 400, "%s.datatype: must be BYTES, got %s", where, sp_dtype_name(in->dtype));
-        ks_free(q);
+        sp_api_error_kserve(r, 400, "%s.datatype: must be BYTES, got %s", where, sp_dtype_name(in->dtype));
+        sp_api_finish(&q->a);
         return;
     }
     if (in->n > SP_SCHED_MAX_N) {
-        sp_kserve_error(r, 400, "%s.shape: %lld prompts, at most %d per request", where,
+        sp_api_error_kserve(r, 400, "%s.shape: %lld prompts, at most %d per request", where,
                         (long long)in->n, s->cfg.max_n);
-        ks_free(q);
+        sp_api_finish(&q->a);
         return;
     }
     submit(q, (const sp_str_t *)in->data, (int)in->n, &gv, where);
@@ -1251,7 +1139,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
         return;
     }
     if (m->be) {
-        sp_kserve_error(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
+        sp_api_error_kserve(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
                         m->be->name, m->name);
         sp_req_adapter_release(&ad);
         sp_served_release(m);
@@ -1259,7 +1147,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
-        sp_kserve_error(r, 400, "the request body is empty (a JSON object with 'text_input' is expected)");
+        sp_api_error_kserve(r, 400, "the request body is empty (a JSON object with 'text_input' is expected)");
         sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;
@@ -1281,7 +1169,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
         pst = sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err);
     }
     if (pst != SP_OK) {
-        sp_kserve_error(r, 400, "%s", err);
+        sp_api_error_kserve(r, 400, "%s", err);
         sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;
@@ -1290,35 +1178,35 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     gvals_t gv;
     memset(&gv, 0, sizeof gv);
     if (!json_is_object(root)) {
-        sp_kserve_error(r, 400, "the request body must be a JSON object");
+        sp_api_error_kserve(r, 400, "the request body must be a JSON object");
         goto done;
     }
     const json_t *ti = json_object_get(root, "text_input");
     if (!json_is_string(ti)) {
-        sp_kserve_error(r, 400, "text_input: required, a string");
+        sp_api_error_kserve(r, 400, "text_input: required, a string");
         goto done;
     }
     const json_t *id = json_object_get(root, "id");
     if (id && !json_is_null(id) && (!json_is_string(id) || strlen(json_string_value(id)) != json_string_length(id))) {
-        sp_kserve_error(r, 400, "id: must be a string (without NUL)");
+        sp_api_error_kserve(r, 400, "id: must be a string (without NUL)");
         goto done;
     }
     const json_t *params = json_object_get(root, "parameters");
     if (params && !json_is_null(params) && !json_is_object(params)) {
-        sp_kserve_error(r, 400, "parameters: must be an object");
+        sp_api_error_kserve(r, 400, "parameters: must be an object");
         goto done;
     }
     /* Parameters first, then the top-level inputs, which win. */
     if ((json_is_object(params) &&
          gvals_from_object(params, "parameters.", false, s->cfg.max_tokens, &gv, err, sizeof err) != 0) ||
         gvals_from_object(root, "", true, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
-        sp_kserve_error(r, 400, "%s", err);
+        sp_api_error_kserve(r, 400, "%s", err);
         goto done;
     }
     q = ks_new(s, r, m, kind);
     m = NULL; /* the request holds the reference now (or it was released) */
     if (q != NULL) {
-        q->ad = ad; /* and the adapter's */
+        q->a.ad = ad; /* and the adapter's */
         ad.lora = NULL;
     }
     if (q == NULL) {
@@ -1327,19 +1215,19 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     /* Scheduling: parameters first, then the top level, which wins. */
     sp_json_err_t je = {{0}, NULL};
     const char *where = "parameters: ";
-    if ((json_is_object(params) && sp_schedreq_parse(params, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0) ||
-        (where = "", sp_schedreq_parse(root, SP_SCHEDREQ_TRITON, &q->sched, &je) < 0)) {
-        sp_kserve_error(r, 400, "%s%s", where, je.msg);
-        ks_free(q);
+    if ((json_is_object(params) && sp_schedreq_parse(params, SP_SCHEDREQ_TRITON, &q->a.sched, &je) < 0) ||
+        (where = "", sp_schedreq_parse(root, SP_SCHEDREQ_TRITON, &q->a.sched, &je) < 0)) {
+        sp_api_error_kserve(r, 400, "%s%s", where, je.msg);
+        sp_api_finish(&q->a);
         goto done;
     }
     if (id && json_is_string(id) && (q->id = sp_strndup(json_string_value(id), json_string_length(id))) == NULL) {
-        sp_kserve_error(r, 503, "out of memory");
-        ks_free(q);
+        sp_api_error_kserve(r, 503, "out of memory");
+        sp_api_finish(&q->a);
         goto done;
     }
     if (cache_lookup(q, root, &gv)) {
-        ks_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     q->root = json_incref(root); /* the prompt and the stop strings stay in it */

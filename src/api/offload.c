@@ -47,7 +47,7 @@ job_abort(sp_http_req_t *r, void *ud)
     sp_offload_t *job = ud;
     SP_LOG_INFO("event=client_disconnect rid=%s stage=%s", sp_http_req_rid(r), job->ops->stage);
     if (job->clk != NULL) {
-        sp_req_end(r, job->m, job->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
+        sp_api_account(r, job->m, job->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
     }
     job->gone = true;
     *job->http = NULL;
@@ -77,9 +77,9 @@ sp_offload_start(sp_offload_t *job, const sp_offload_ops_t *ops, struct sp_workq
     sp_http_req_on_abort(r, NULL, NULL);
     if (st == SP_ERR_BUSY) {
         sp_http_add_header(r, "Retry-After", "1");
-        ops->refuse(r, 429, "too many requests are being prepared; retry later");
-    } else {
-        ops->refuse(r, 503, "the server is stopping");
+        ops->refuse(r, sp_status_http(st), "too many requests are being prepared; retry later");
+    } else { /* the pool stopping (or no memory for the task) */
+        ops->refuse(r, sp_status_http(SP_ERR_SHUTDOWN), "the server is stopping");
     }
     return false;
 }

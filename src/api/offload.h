@@ -12,7 +12,7 @@
  *
  * Lifetime: the worker never touches the HTTP request. A client that leaves
  * while the work runs only marks the job gone, ends the request's accounting
- * (sp_req_end, cancelled) and drops the holder's request pointer; when the
+ * (sp_api_account, cancelled) and drops the holder's request pointer; when the
  * result comes back, on the loop, ops->drop frees what holds the job then
  * (ops->done takes it otherwise).
  *

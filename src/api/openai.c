@@ -10,9 +10,11 @@
  * submitted through the seam (sched.h). So one large request never holds the
  * loop, and /live answers at once. Its events come back on the same loop: streamed as SSE
  * `data:` chunks the moment they arrive, or gathered into one response.
- * A client that disconnects cancels the job (sp_http_req_on_abort); a client
- * that reads too slowly (its unsent output over the limit) is dropped and its
- * job cancelled, so neither holds the engine.
+ * The lifecycle (request.h) admits, counts and accounts the request, the
+ * same for every protocol; this file supplies its parsing and encoding. A
+ * client that disconnects cancels the job; a client that reads too slowly
+ * (its unsent output over the limit) is dropped and its job cancelled, so
+ * neither holds the engine.
  *
  * Defaults follow OpenAI, not `sampan run`: temperature 1, top_p 1, top_k
  * and min_p off, a random seed; max_tokens 16 for completions and "the rest
@@ -37,6 +39,8 @@
 #include "serving/adapters.h"
 #include "api/offload.h"
 #include "api/api.h"
+#include "api/rcache.h"
+#include "api/request.h"
 #include "sched/schedreq.h"
 #include "api/trace.h"
 
@@ -104,16 +108,9 @@ typedef struct oai_prep {
 } oai_prep_t;
 
 typedef struct oai_req {
-    sp_http_req_t *http;
-    sp_serving_t *srv;
-    sp_served_model_t *m;
-    sp_req_adapter_t ad; /* "model": "<model>:<adapter>" (adapters.h), or none */
-    sp_sched_job_t *job;
+    sp_api_req_t a;      /* the lifecycle (request.h): model, adapter, job, clock, cache key */
     oai_kind_t kind;
     bool stream, include_usage, lp_on;
-    sp_schedreq_t sched; /* 'priority' and 'timeout' (schedreq.h) */
-    sp_req_clock_t clk;  /* metrics and the access log (metrics.h) */
-    sp_rckey_t *ck;      /* its response cache key, or NULL (respcache.h) */
     int n;
     int top_logprobs;
     sp_grammar_t *grammar; /* response_format json_schema, `grammar` or a forced tool call */
@@ -130,7 +127,6 @@ typedef struct oai_req {
     bool base64;
     bool emb_fault;      /* an embedding held NaN or inf */
     oai_prep_t prep;
-    sp_offload_t off;    /* the preparation on a worker; off.gone: the client left meanwhile */
 } oai_req_t;
 
 /* ------------------------------------------------------------- helpers */
@@ -174,12 +170,11 @@ finish_str(sp_finish_t f)
     return f == SP_FINISH_LENGTH ? "length" : "stop";
 }
 
+/* The lifecycle's last call (ops->free): what the protocol owns, and q. */
 static void
-oai_free(oai_req_t *q)
+oai_free(sp_api_req_t *a)
 {
-    if (q == NULL) {
-        return;
-    }
+    oai_req_t *q = (oai_req_t *)a;
     for (int i = 0; q->choices && i < q->n; i++) {
         choice_t *c = &q->choices[i];
         sp_jbuf_free(&c->text);
@@ -206,14 +201,6 @@ oai_free(oai_req_t *q)
     json_decref(pp->body);
     sp_grammar_release(q->grammar); /* the job holds its own reference */
     sp_jbuf_free(&q->out);
-    sp_rckey_free(q->ck);
-    /* Ended without an outcome: refused while validating (it answered 4xx).
-     * A client that left has been accounted for then (offload.h). */
-    if (!q->off.gone) {
-        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_INVALID);
-    }
-    sp_req_adapter_release(&q->ad); /* the job holds its own reference */
-    sp_served_release(q->m); /* the request held its model until now */
     sp_free(q);
 }
 
@@ -221,17 +208,7 @@ oai_free(oai_req_t *q)
 static void
 prep_drop(sp_offload_t *job)
 {
-    oai_free(SP_OFFLOAD_HOLDER(job, oai_req_t, off));
-}
-
-static void
-on_abort(sp_http_req_t *r, void *ud)
-{
-    oai_req_t *q = ud;
-    SP_LOG_INFO("event=client_disconnect rid=%s", sp_http_req_rid(r));
-    sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_CANCELLED);
-    sp_sched_cancel(q->job);
-    oai_free(q);
+    sp_api_finish(&SP_OFFLOAD_HOLDER(job, oai_req_t, a.off)->a);
 }
 
 /* The request's model, with a reference; answers the error itself (or
@@ -283,8 +260,8 @@ static int
 parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens_out,
           bool *max_given)
 {
-    sp_http_req_t *r = q->http;
-    const sp_serve_config_t *cfg = &q->srv->cfg;
+    sp_http_req_t *r = q->a.http;
+    const sp_serve_config_t *cfg = &q->a.srv->cfg;
     sp_json_err_t e = {{0}, NULL};
     *g = sp_gen_default_params();
     g->sampling.temperature = 1.0f;
@@ -293,7 +270,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     g->sampling.min_p = 0.0f;
     g->sampling.repeat_penalty = 1.0f;
     g->sampling.seed = random_seed(sp_http_req_id(r));
-    sp_served_apply_defaults(q->m, &g->sampling); /* the model config's `parameters` */
+    sp_served_apply_defaults(q->a.m, &g->sampling); /* the model config's `parameters` */
     double d;
     int64_t v;
     int rc;
@@ -390,7 +367,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     q->n = rc > 0 ? (int)v : 1;
     /* Scheduling: tier (name or integer) and a deadline in milliseconds. */
-    if (sp_schedreq_parse(b, SP_SCHEDREQ_OPENAI, &q->sched, &e) < 0) {
+    if (sp_schedreq_parse(b, SP_SCHEDREQ_OPENAI, &q->a.sched, &e) < 0) {
         field_error(r, &e);
         return -1;
     }
@@ -505,15 +482,15 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
 {
     size_t n = json_array_size(a);
     if ((int64_t)n > cap) {
-        sp_api_error(q->http, 400, NULL, param, NULL,
+        sp_api_error(q->a.http, 400, NULL, param, NULL,
                         "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
         return -1;
     }
-    int32_t n_vocab = sp_tokenizer_n_vocab(q->m->tok);
+    int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(a, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
-            sp_api_error(q->http, 400, NULL, param, NULL,
+            sp_api_error(q->a.http, 400, NULL, param, NULL,
                             "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
             return -1;
         }
@@ -527,7 +504,7 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
  * content (grammar size, template output) is the client's to fix: 400, not
  * the 413 the status table gives (that one is for bodies over the limit). */
 static int
-prep_http(sp_status_t st)
+oai_http(sp_status_t st)
 {
     return st == SP_ERR_TOO_LARGE ? 400 : sp_status_http(st);
 }
@@ -536,7 +513,7 @@ prep_http(sp_status_t st)
 static void SP_PRINTF(5, 6)
 prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, const char *fmt, ...)
 {
-    pp->http = prep_http(st);
+    pp->http = oai_http(st);
     pp->param = param;
     pp->code = code ? code : st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
     va_list ap;
@@ -558,7 +535,7 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
                   "the prompt is too long for the context of %lld tokens", (long long)cap);
         return false;
     }
-    int64_t n = sp_tokenize(q->m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
+    int64_t n = sp_tokenize(q->a.m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
     if (n < 0) {
         prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, "cannot tokenize the prompt: %s",
                   sp_status_str((sp_status_t)n));
@@ -582,7 +559,7 @@ static bool gather_messages(oai_prep_t *pp);
 static void
 prep_run(sp_offload_t *job)
 {
-    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, a.off);
     oai_prep_t *pp = &q->prep;
     char err[512];
     sp_status_t st;
@@ -633,13 +610,13 @@ prep_run(sp_offload_t *job)
         }
         sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = pp->bos,
                                  .eos_text = pp->eos, .tools_json = pp->tools_json};
-        st = sp_chat_apply_ex(q->m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
+        st = sp_chat_apply_ex(q->a.m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
                               err, sizeof err);
         if (st != SP_OK) {
             prep_fail(pp, st, "messages", NULL, "%s", err);
             return;
         }
-        pp->add_bos = sp_chat_add_bos(q->m->tok, pp->prompt, pp->plen);
+        pp->add_bos = sp_chat_add_bos(q->a.m->tok, pp->prompt, pp->plen);
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
     }
@@ -660,8 +637,8 @@ static const sp_offload_ops_t prep_ops = {
 static void
 prep_start(oai_req_t *q)
 {
-    if (!sp_offload_start(&q->off, &prep_ops, q->srv->prep, &q->http, q->m, &q->clk)) {
-        oai_free(q);
+    if (!sp_offload_start(&q->a.off, &prep_ops, q->a.srv->prep, &q->a.http, q->a.m, &q->a.clk)) {
+        sp_api_finish(&q->a);
     }
 }
 
@@ -675,7 +652,7 @@ begin_object(oai_req_t *q, sp_jbuf_t *b, const char *object)
     sp_jbuf_lit(b, ",\"object\":");
     sp_jbuf_cstr(b, object);
     sp_jbuf_printf(b, ",\"created\":%lld,\"model\":", (long long)q->created);
-    sp_req_adapter_model_name(q->m, &q->ad, b);
+    sp_req_adapter_model_name(q->a.m, &q->a.ad, b);
     sp_jbuf_lit(b, ",\"system_fingerprint\":\"sampan\"");
 }
 
@@ -751,7 +728,7 @@ static int
 stream_send(oai_req_t *q)
 {
     sp_jbuf_t *b = &q->out;
-    if (b->oom || sp_http_stream_write(q->http, b->p, b->len) != 0) {
+    if (b->oom || sp_http_stream_write(q->a.http, b->p, b->len) != 0) {
         return -1;
     }
     return 0;
@@ -786,7 +763,7 @@ chunk_end(oai_req_t *q)
 static void
 call_id(oai_req_t *q, int k, char *buf, size_t cap)
 {
-    make_id(buf, cap, "call", sp_http_req_id(q->http) * 31u + (uint64_t)k);
+    make_id(buf, cap, "call", sp_http_req_id(q->a.http) * 31u + (uint64_t)k);
     buf[4] = '_';
 }
 
@@ -1040,10 +1017,10 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
     write_usage(b, q->n_prompt, completion_tokens);
     sp_jbuf_lit(b, "}");
     if (!b->oom) {
-        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len,
+        sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len,
                         q->n > 0 && q->choices[0].finished ? q->choices[0].finish : SP_FINISH_STOP);
     }
-    sp_api_reply_json(q->http, 200, b);
+    sp_api_reply_json(q->a.http, 200, b);
 }
 
 static void
@@ -1080,43 +1057,32 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
         }
     }
     sp_jbuf_lit(b, "],\"model\":");
-    sp_req_adapter_model_name(q->m, &q->ad, b);
+    sp_req_adapter_model_name(q->a.m, &q->a.ad, b);
     sp_jbuf_printf(b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
                    (long long)prompt_tokens, (long long)prompt_tokens);
     if (!b->oom) {
-        sp_rcache_store(q->m, q->ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
+        sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
     }
-    sp_api_reply_json(q->http, 200, b);
+    sp_api_reply_json(q->a.http, 200, b);
 }
 
 /* Events of a job, on the loop thread. */
-static void
-on_event(const sp_sched_event_t *ev, void *ud)
+/* A job's TOKEN, FINISH and EMBEDDING events (the lifecycle counted them). */
+static int
+oai_event(sp_api_req_t *a, const sp_sched_event_t *ev)
 {
-    oai_req_t *q = ud;
-    int rc = 0;
+    oai_req_t *q = (oai_req_t *)a;
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
-        sp_req_clock_token(&q->clk);
-        /* Counted as they come: a request that ends before DONE (the client
-         * left, a slow reader) is charged what was generated until then. */
-        q->clk.completion_tokens += ev->token >= 0;
-        if (ev->index == 0) {
-            sp_req_clock_text(&q->clk, true, ev->text, ev->text_len);
-        }
         if (q->stream) {
-            rc = stream_token(q, ev);
-        } else {
-            gather_token(q, ev);
+            return stream_token(q, ev);
         }
-        break;
+        gather_token(q, ev);
+        return 0;
     case SP_SCHED_EV_FINISH:
         q->choices[ev->index].finish = ev->finish;
         q->choices[ev->index].finished = true;
-        if (q->stream) {
-            rc = stream_finish(q, ev);
-        }
-        break;
+        return q->stream ? stream_finish(q, ev) : 0;
     case SP_SCHED_EV_EMBEDDING:
         if (ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
             memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
@@ -1126,76 +1092,92 @@ on_event(const sp_sched_event_t *ev, void *ud)
                 q->emb_fault |= !isfinite(ev->embedding[k]);
             }
         }
+        return 0;
+    case SP_SCHED_EV_DONE:
         break;
-    case SP_SCHED_EV_DONE: {
-        sp_http_req_t *r = q->http;
-        q->clk.queue_ns = ev->queue_ns;
-        q->clk.compute_ns = ev->compute_ns;
-        q->clk.prompt_tokens = ev->prompt_tokens;
-        q->clk.completion_tokens = ev->completion_tokens;
-        sp_status_t status = ev->status;
-        const char *message = ev->message;
-        if (status == SP_OK && q->emb_fault) {
-            status = SP_ERR_MODEL_FAULT;
-            message = "the model produced NaN or infinite embeddings";
-        }
-        if (status == SP_ERR_MODEL_FAULT) {
-            sp_served_fault(q->m, sp_http_req_rid(r), message ? message : "model fault");
-        }
-        sp_req_end(r, q->m, &q->clk, status == SP_OK,
-                   q->choices && q->n > 0 ? q->choices[0].finish : SP_FINISH_STOP,
-                   sp_fail_reason_of(status, message));
-        if (status != SP_OK) {
-            int http = status == SP_ERR_CANCELLED ? 503 : prep_http(status);
-            const char *msg = message ? message : sp_status_str(status);
-            if (q->stream) {
-                sse_begin(q);
-                sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
-                sp_jbuf_cstr(&q->out, msg);
-                sp_jbuf_printf(&q->out, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}\n\n", http);
-                stream_send(q);
-                sp_http_stream_end(r);
-            } else {
-                sp_api_error(r, http, NULL, NULL, NULL, "%s", msg);
-            }
-        } else if (q->kind == OAI_EMBED) {
-            reply_embeddings(q, ev->prompt_tokens);
-        } else if (q->stream) {
-            if (q->include_usage) {
-                sse_begin(q);
-                begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
-                sp_jbuf_lit(&q->out, ",\"choices\":[],");
-                write_usage(&q->out, q->n_prompt, ev->completion_tokens);
-                sp_jbuf_lit(&q->out, "}\n\n");
-                stream_send(q);
-            }
-            sp_jbuf_reset(&q->out);
-            sp_jbuf_lit(&q->out, "data: [DONE]\n\n");
+    }
+    return 0;
+}
+
+/* An embedding that held NaN or inf is the model's fault, whatever the job said. */
+static sp_status_t
+oai_outcome(sp_api_req_t *a, sp_status_t st, const char **message)
+{
+    oai_req_t *q = (oai_req_t *)a;
+    if (st == SP_OK && q->emb_fault) {
+        *message = "the model produced NaN or infinite embeddings";
+        return SP_ERR_MODEL_FAULT;
+    }
+    return st;
+}
+
+/* The job ended (accounted already): the answer, or its error. */
+static void
+oai_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char *msg)
+{
+    oai_req_t *q = (oai_req_t *)a;
+    sp_http_req_t *r = a->http;
+    if (st != SP_OK) {
+        int http = oai_http(sp_api_server_status(st));
+        if (q->stream) {
+            sse_begin(q);
+            sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
+            sp_jbuf_cstr(&q->out, msg);
+            sp_jbuf_printf(&q->out, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}\n\n", http);
             stream_send(q);
             sp_http_stream_end(r);
         } else {
-            reply_complete(q, ev->completion_tokens);
+            sp_api_error(r, http, NULL, NULL, NULL, "%s", msg);
         }
-        oai_free(q);
-        return;
-    }
-    }
-    if (rc != 0) {
-        /* The client cannot keep up (or is gone): stop the work, drop the connection. */
-        SP_LOG_INFO("event=stream_dropped rid=%s reason=slow_reader", sp_http_req_rid(q->http));
-        sp_req_end(q->http, q->m, &q->clk, false, SP_FINISH_STOP, SP_FAIL_OVERLOADED);
-        sp_sched_cancel(q->job);
-        sp_http_abort(q->http);
-        oai_free(q);
+    } else if (q->kind == OAI_EMBED) {
+        reply_embeddings(q, ev->prompt_tokens);
+    } else if (q->stream) {
+        if (q->include_usage) {
+            sse_begin(q);
+            begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+            sp_jbuf_lit(&q->out, ",\"choices\":[],");
+            write_usage(&q->out, q->n_prompt, ev->completion_tokens);
+            sp_jbuf_lit(&q->out, "}\n\n");
+            stream_send(q);
+        }
+        sp_jbuf_reset(&q->out);
+        sp_jbuf_lit(&q->out, "data: [DONE]\n\n");
+        stream_send(q);
+        sp_http_stream_end(r);
+    } else {
+        reply_complete(q, ev->completion_tokens);
     }
 }
+
+/* A refusal before the job ran, in OpenAI's error shape. */
+static void
+oai_admit_refuse(sp_api_req_t *a, sp_api_refusal_t why, sp_status_t st, const char *msg)
+{
+    sp_http_req_t *r = a->http;
+    if (why == SP_API_REFUSED_TOKENS) {
+        sp_api_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", msg);
+    } else if (why == SP_API_REFUSED_QUEUE) {
+        sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", msg);
+    } else {
+        sp_api_error(r, oai_http(st), NULL, NULL, st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL,
+                     "%s", msg);
+    }
+}
+
+static const sp_api_ops_t oai_ops = {
+    .refuse = oai_admit_refuse,
+    .event = oai_event,
+    .outcome = oai_outcome,
+    .done = oai_done,
+    .free = oai_free,
+};
 
 /* Submit and start answering (stream head now, or wait for DONE). */
 static void
 submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *g,
        const int32_t *const *prompts, const int64_t *n_prompts, int n_seq)
 {
-    sp_http_req_t *r = q->http;
+    sp_http_req_t *r = q->a.http;
     const int32_t *one[SP_SCHED_MAX_N];
     int64_t lens[SP_SCHED_MAX_N];
     if (prompts == NULL) {
@@ -1215,51 +1197,16 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
         sr.gen = *g;
     }
     sr.embed = q->kind == OAI_EMBED;
-    sr.lora = q->ad.lora;
-    sr.deadline_ns = sp_schedreq_deadline_ns(&q->sched, q->srv->cfg.request_timeout_s, sp_time_ns());
-    sr.priority = sp_api_priority(r, q->sched.priority);
-    sr.prefix_scope = sp_auth_prefix_scope(sp_http_req_user(r), q->srv->cfg.prefix_cache_scope);
-    sr.mailbox = sp_api_mailbox(r);
-    sr.on_event = on_event;
-    sr.ud = q;
-    /* The tenant's tokens per minute: reserve the most this request may use
-     * (its prompts, and max_tokens for each sequence); settled at its end
-     * (sp_req_end) with what it used, however it ends. */
     int64_t prompt = 0;
     for (int i = 0; i < n_seq; i++) {
         prompt += n_prompts[i];
     }
+    /* Its prompts, and max_tokens for each sequence. */
     int64_t most = prompt + (sr.embed ? 0 : (int64_t)n_seq * (sr.gen.max_tokens > 0 ? sr.gen.max_tokens : 1));
-    sp_auth_result_t ar;
-    if (!sp_auth_reserve(sp_http_req_user(r), most, &q->clk.charge, &ar)) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", ar.retry_after_s > 0 ? ar.retry_after_s : 1);
-        sp_http_add_header(r, "Retry-After", ra);
-        sp_api_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", ar.message);
-        oai_free(q);
+    if (!sp_api_admit(&q->a, &sr, prompt, most)) {
+        sp_api_finish(&q->a);
         return;
     }
-    q->clk.prompt_tokens = prompt; /* what an end before DONE is charged for the prompts */
-    char err[512];
-    sp_trace_http_submit(r); /* the queue span starts here */
-    sp_sched_t *sch = sp_served_pick(q->m);
-    sp_status_t st = sp_sched_submit(sch, &sr, &q->job, err, sizeof err);
-    if (st != SP_OK) {
-        q->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
-        sp_req_end(r, q->m, &q->clk, false, SP_FINISH_STOP, sp_fail_reason_of(st, err));
-        if (st == SP_ERR_BUSY) {
-            char ra[16];
-            snprintf(ra, sizeof ra, "%d", sp_sched_retry_after_s(sch, sr.priority, sr.n));
-            sp_http_add_header(r, "Retry-After", ra);
-            sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", err);
-        } else {
-            sp_api_error(r, prep_http(st), NULL, NULL,
-                            st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL, "%s", err);
-        }
-        oai_free(q);
-        return;
-    }
-    sp_http_req_on_abort(r, on_abort, q);
     if (q->stream) {
         sp_http_add_header(r, "Cache-Control", "no-cache");
         sp_http_add_header(r, "X-Accel-Buffering", "no");
@@ -1287,12 +1234,7 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
         sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
         return NULL;
     }
-    q->m = m; /* the reference passes to the request, and the adapter's */
-    q->ad = *ad;
-    q->http = r;
-    q->sched.priority = sp_api_tier(r); /* the tenant's tier unless the request asks lower */
-    sp_req_clock_start(&q->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
-    q->srv = s;
+    sp_api_begin(&q->a, &oai_ops, s, r, m, ad);
     q->kind = kind;
     q->n = 1;
     q->created = (int64_t)time(NULL);
@@ -1403,44 +1345,44 @@ static void
 run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
                int32_t *toks, int64_t n_tok)
 {
-    int64_t n_ctx = q->m->n_ctx;
+    int64_t n_ctx = q->a.m->n_ctx;
     if (n_tok >= n_ctx) {
-        sp_api_error(q->http, 400, NULL, "messages", "context_length_exceeded",
+        sp_api_error(q->a.http, 400, NULL, "messages", "context_length_exceeded",
                         "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
                         (long long)n_ctx);
-        oai_free(q);
+        sp_api_finish(&q->a);
         return;
     }
     if (!max_given) {
-        max_tokens = q->m->def.max_tokens > 0 ? q->m->def.max_tokens
+        max_tokens = q->a.m->def.max_tokens > 0 ? q->a.m->def.max_tokens
                      : q->kind == OAI_CHAT    ? n_ctx - n_tok
                                               : 16;
-        if (max_tokens > q->srv->cfg.max_tokens) {
-            max_tokens = q->srv->cfg.max_tokens;
+        if (max_tokens > q->a.srv->cfg.max_tokens) {
+            max_tokens = q->a.srv->cfg.max_tokens;
         }
         if (max_tokens > n_ctx - n_tok) {
             max_tokens = n_ctx - n_tok;
         }
         /* A tenant's minute must hold the whole reservation (submit): a
          * default that could never fit stops within the tokens limit. */
-        int64_t tpm = sp_auth_tpm(sp_http_req_user(q->http));
+        int64_t tpm = sp_auth_tpm(sp_http_req_user(q->a.http));
         if (tpm > 0 && max_tokens > (tpm - n_tok) / q->n) {
             max_tokens = (tpm - n_tok) / q->n > 1 ? (tpm - n_tok) / q->n : 1;
         }
     } else if (n_tok + max_tokens > n_ctx) {
-        sp_api_error(q->http, 400, NULL, "max_tokens", "context_length_exceeded",
+        sp_api_error(q->a.http, 400, NULL, "max_tokens", "context_length_exceeded",
                         "this model's context is %lld tokens; the prompt has %lld and max_tokens "
                         "asks for %lld more",
                         (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
-        oai_free(q);
+        sp_api_finish(&q->a);
         return;
     }
     g->max_tokens = (int32_t)max_tokens;
     q->n_prompt = n_tok;
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
-        sp_api_error(q->http, 503, NULL, NULL, NULL, "out of memory");
-        oai_free(q);
+        sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_finish(&q->a);
         return;
     }
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
@@ -1450,11 +1392,11 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
 static void
 prep_done(sp_offload_t *job, sp_http_req_t *r)
 {
-    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, off);
+    oai_req_t *q = SP_OFFLOAD_HOLDER(job, oai_req_t, a.off);
     oai_prep_t *pp = &q->prep;
     if (pp->http != 0) {
         sp_api_error(r, pp->http, NULL, pp->param, pp->code, "%s", pp->err);
-        oai_free(q);
+        sp_api_finish(&q->a);
         return;
     }
     pp->g.grammar = q->grammar;
@@ -1471,7 +1413,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     if (pp->prompt) {
         /* The access log keeps the end of the rendered prompt (the latest turn). */
         size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
-        sp_req_clock_text(&q->clk, false, pp->prompt + pp->plen - keep, keep);
+        sp_req_clock_text(&q->a.clk, false, pp->prompt + pp->plen - keep, keep);
     }
     run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
 }
@@ -1482,11 +1424,11 @@ static bool
 prep_alloc(oai_req_t *q, int n)
 {
     oai_prep_t *pp = &q->prep;
-    pp->cap = q->m->n_ctx;
+    pp->cap = q->a.m->n_ctx;
     pp->toks = sp_malloc((size_t)n * (size_t)pp->cap * sizeof(int32_t));
     pp->in = sp_calloc((size_t)n, sizeof *pp->in);
     if (pp->toks == NULL || pp->in == NULL) {
-        sp_api_error(q->http, 503, NULL, NULL, NULL, "out of memory");
+        sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
         return false;
     }
     pp->n_in = n;
@@ -1506,22 +1448,22 @@ static bool
 cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
 {
     static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout", NULL};
-    if (!sp_rcache_enabled(q->m) || q->stream) {
+    if (!sp_rckey_enabled(q->a.m) || q->stream) {
         return false;
     }
     if (g && !(g->sampling.temperature == 0.0f || json_is_integer(json_object_get(b, "seed")) ||
-               q->m->def.seed_set)) {
+               q->a.m->def.seed_set)) {
         return false;
     }
-    q->ck = sp_rckey_new(q->m, q->kind == OAI_CHAT    ? "openai/chat"
+    q->a.ck = sp_rckey_new(q->a.m, q->kind == OAI_CHAT    ? "openai/chat"
                                : q->kind == OAI_EMBED ? "openai/embeddings"
                                                       : "openai/completions");
-    sp_rckey_add_json(q->ck, b, drop);
-    if (q->ad.lora != NULL) {
+    sp_rckey_add_json(q->a.ck, b, drop);
+    if (q->a.ad.lora != NULL) {
         /* The adapter as loaded: a reloaded file never replays the old one's answers. */
-        sp_rckey_add_u64(q->ck, sp_lora_id(q->ad.lora));
+        sp_rckey_add_u64(q->a.ck, sp_lora_id(q->a.ad.lora));
     }
-    return sp_rcache_lookup(q->http, q->m, q->ck, &q->clk);
+    return sp_rcache_lookup(q->a.http, q->a.m, q->a.ck, &q->a.clk);
 }
 
 /* -------------------------------------------------------------- handlers */
@@ -1658,7 +1600,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     pp->max_tokens = 16;
     if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
         cache_lookup(q, b, &pp->g)) {
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     bool echo = false;
@@ -1668,12 +1610,12 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             sp_json_fail(&e, "echo", "'echo' is not supported");
         }
         field_error(r, &e);
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     const json_t *pr = json_object_get(b, "prompt");
     if (!prep_alloc(q, 1)) {
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     /* prompt: "text", ["text"], [ids], [[ids]] - one prompt per request. */
@@ -1684,10 +1626,10 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (json_is_string(pr)) {
         if (json_string_length(pr) == 0) {
             sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
-            oai_free(q);
+            sp_api_finish(&q->a);
             goto done;
         }
-        sp_req_clock_text(&q->clk, false, json_string_value(pr), json_string_length(pr));
+        sp_req_clock_text(&q->a.clk, false, json_string_value(pr), json_string_length(pr));
         pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
         pp->in[0].len = json_string_length(pr);
         pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
@@ -1696,18 +1638,18 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
                json_is_integer(json_array_get(pr, 0))) {
         if (parse_id_array(q, pr, "prompt", pp->in[0].dst, pp->cap, &pp->in[0].n) != 0) {
-            oai_free(q);
+            sp_api_finish(&q->a);
             goto done;
         }
     } else if (json_is_array(pr) && json_array_size(pr) > 1) {
         sp_api_error(r, 400, NULL, "prompt", NULL,
                         "one prompt per request is supported (use n for several completions)");
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     } else {
         sp_api_error(r, 400, NULL, "prompt", NULL,
                         "'prompt' must be a non-empty string or a list of token ids");
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     prep_start(q);
@@ -1832,7 +1774,7 @@ gather_messages(oai_prep_t *pp)
 static int
 parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json)
 {
-    sp_http_req_t *r = q->http;
+    sp_http_req_t *r = q->a.http;
     const json_t *tools = json_object_get(b, "tools");
     const json_t *tch = json_object_get(b, "tool_choice");
     bool have = tools != NULL && !json_is_null(tools);
@@ -1887,7 +1829,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
         return 0;
     }
     q->tools_on = true;
-    q->tool_fmt = sp_chat_tool_format(q->m->tmpl);
+    q->tool_fmt = sp_chat_tool_format(q->a.m->tmpl);
     *tools_json = json_dumps(tools, JSON_COMPACT);
     if (*tools_json == NULL) {
         sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
@@ -1954,7 +1896,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     prep_start(q); /* render, tokenize, then generate */
     goto done;
 fail:
-    oai_free(q);
+    sp_api_finish(&q->a);
 done:
     json_decref(b);
 }
@@ -1979,7 +1921,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (sp_json_get_str(b, "encoding_format", &fmt, NULL, &e) < 0 ||
         (strcmp(fmt, "float") != 0 && strcmp(fmt, "base64") != 0)) {
         sp_api_error(r, 400, NULL, "encoding_format", NULL, "'encoding_format' must be \"float\" or \"base64\"");
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     q->base64 = strcmp(fmt, "base64") == 0;
@@ -1988,11 +1930,11 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     int rc = sp_json_get_int(b, "dimensions", 1, 1 << 20, &dims, &e);
     if (rc < 0 || (rc > 0 && dims != q->n_embd)) {
         sp_api_error(r, 400, NULL, "dimensions", NULL, "this model's embeddings have %d dimensions", q->n_embd);
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     if (cache_lookup(q, b, NULL)) {
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     /* input: "text", ["a", "b"], [ids], [[ids], [ids]] */
@@ -2010,13 +1952,13 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                         "'input' must be a non-empty string or list (at most %d inputs)",
                         s->cfg.max_embed_inputs);
         json_decref(wrap);
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     if (n > SP_SCHED_MAX_N) {
         sp_api_error(r, 400, NULL, "input", NULL, "at most %d inputs per request", SP_SCHED_MAX_N);
         json_decref(wrap);
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
@@ -2025,7 +1967,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
         }
         json_decref(wrap);
-        oai_free(q);
+        sp_api_finish(&q->a);
         goto done;
     }
     q->n = (int)n;
@@ -2048,7 +1990,7 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         }
         if (rc != 0) {
             json_decref(wrap);
-            oai_free(q);
+            sp_api_finish(&q->a);
             goto done;
         }
     }

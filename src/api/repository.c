@@ -28,59 +28,6 @@
 #include "serving/repo.h"
 
 
-/* A reason as clients see it: the repository's own location (as given and
- * resolved) removed, so answers name files relative to the repository and
- * never the server's file system (RELIABILITY.md R6; the log keeps it all).
- * Any other absolute path left (a key file, the key directory) is cut to
- * its last component after ".../". */
-void
-sp_repository_redact(const sp_serving_t *s, const char *in, char *out, size_t cap)
-{
-    char key_real[4096] = "";
-    if (s->cfg.key_dir[0] && realpath(s->cfg.key_dir, key_real) == NULL) {
-        key_real[0] = '\0';
-    }
-    const char *roots[4] = {s->cfg.model_repository, s->repo_real, s->cfg.key_dir, key_real};
-    size_t j = 0;
-    for (const char *p = in; *p && j + 1 < cap;) {
-        size_t skip = 0;
-        for (int k = 0; k < 4 && !skip; k++) {
-            size_t n = strlen(roots[k]);
-            if (n > 1 && strncmp(p, roots[k], n) == 0 && p[n] == '/') {
-                skip = n + 1;
-            }
-        }
-        if (skip) {
-            p += skip;
-            continue;
-        }
-        /* An absolute path starting a word: only its last component (an API
-         * route such as /v2/repository/... is not a file and stays whole). */
-        char prev = p == in ? ' ' : p[-1];
-        if (*p == '/' && strchr(" \"'(=:", prev) != NULL && strncmp(p, "/v1/", 4) != 0 &&
-            strncmp(p, "/v2/", 4) != 0) {
-            const char *end = p, *last = p;
-            while (*end && strchr(" \"'),;", *end) == NULL) {
-                if (*end == '/' && end[1] && strchr(" \"'),;", end[1]) == NULL) {
-                    last = end + 1;
-                }
-                end++;
-            }
-            if (last > p + 1) {
-                int n = snprintf(out + j, cap - j, ".../");
-                j = n > 0 && (size_t)n < cap - j ? j + (size_t)n : j;
-            }
-            for (const char *q = last > p + 1 ? last : p; q < end && j + 1 < cap; q++) {
-                out[j++] = *q;
-            }
-            p = end;
-            continue;
-        }
-        out[j++] = *p++;
-    }
-    out[j] = '\0';
-}
-
 /* The request body as JSON, NULL when empty; answers 400 itself on bad JSON. */
 static bool
 body_json(sp_serving_t *s, sp_http_req_t *r, json_t **out)
@@ -92,13 +39,13 @@ body_json(sp_serving_t *s, sp_http_req_t *r, json_t **out)
     }
     char err[256];
     if (sp_json_parse(b.ptr, b.len, s->cfg.json_depth, out, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 400, "invalid JSON body: %s", err);
+        sp_api_error_kserve(r, 400, "invalid JSON body: %s", err);
         return false;
     }
     if (!json_is_object(*out)) {
         json_decref(*out);
         *out = NULL;
-        sp_kserve_error(r, 400, "the body must be a JSON object");
+        sp_api_error_kserve(r, 400, "the body must be a JSON object");
         return false;
     }
     return true;
@@ -108,7 +55,7 @@ static bool
 have_repo(sp_serving_t *s, sp_http_req_t *r)
 {
     if (s->cfg.model_repository[0] == '\0') {
-        sp_kserve_error(r, 400, "no model repository: start the server with --model-repository DIR");
+        sp_api_error_kserve(r, 400, "no model repository: start the server with --model-repository DIR");
         return false;
     }
     return true;
@@ -147,14 +94,14 @@ h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_repo_scan_t *scan = NULL;
     char err[1024];
     if (sp_repo_scan(s->cfg.model_repository, &lim, &scan, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 500, "cannot read the model repository: %s", err);
+        sp_api_error_kserve(r, 500, "cannot read the model repository: %s", err);
         return;
     }
     sp_repo_index_entry_t *e = NULL;
     int32_t n = 0;
     if (sp_repo_index(scan, &e, &n) != SP_OK) {
         sp_repo_scan_free(scan);
-        sp_kserve_error(r, 500, "out of memory");
+        sp_api_error_kserve(r, 500, "out of memory");
         return;
     }
     sp_jbuf_t b;
@@ -178,7 +125,7 @@ h_index(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         }
         if (!ready_only || state == SP_REPO_READY) {
             char red[1024];
-            sp_repository_redact(s, reason, red, sizeof red);
+            sp_api_redact(s, reason, red, sizeof red);
             index_entry(&b, &written, e[i].name, e[i].version, state, red);
         }
     }
@@ -206,7 +153,7 @@ control_allowed(sp_serving_t *s, sp_http_req_t *r)
         return false;
     }
     if (strcmp(s->cfg.model_control_mode, "explicit") != 0) {
-        sp_kserve_error(r, 400, "explicit model load / unload needs --model-control-mode explicit");
+        sp_api_error_kserve(r, 400, "explicit model load / unload needs --model-control-mode explicit");
         return false;
     }
     return true;
@@ -258,8 +205,8 @@ ctl_tick(evutil_socket_t fd, short what, void *arg)
         sp_http_respond(r, 200, "application/json", "{}", 2);
     } else {
         char red[1024];
-        sp_repository_redact(c->s, err, red, sizeof red);
-        sp_kserve_error(r, status, "%s%s", status == 400 ? "failed to load model: " : "", red);
+        sp_api_redact(c->s, err, red, sizeof red);
+        sp_api_error_kserve(r, status, "%s%s", status == 400 ? "failed to load model: " : "", red);
     }
     ctl_free(c);
 }
@@ -277,7 +224,7 @@ submit_cmd(sp_serving_t *s, sp_http_req_t *r, sp_manager_op_t op, sp_str_t name,
             event_free(c->tick);
         }
         sp_free(c);
-        sp_kserve_error(r, 503, "out of memory");
+        sp_api_error_kserve(r, 503, "out of memory");
         return;
     }
     c->s = s;
@@ -293,7 +240,7 @@ name_ok(sp_http_req_t *r, sp_str_t name)
 {
     char err[256];
     if (sp_repo_path_check_name_n(name.ptr, name.len, err, sizeof err) != SP_OK) {
-        sp_kserve_error(r, 400, "model name: %s", err);
+        sp_api_error_kserve(r, 400, "model name: %s", err);
         return false;
     }
     return true;
@@ -322,7 +269,7 @@ adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, sp_manager_op_t 
     const size_t blen = (size_t)(colon - name.ptr), alen = name.len - blen - 1;
     if (blen == 0 || sp_repo_path_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
         !sp_adapters_name_ok(colon + 1, alen)) {
-        sp_kserve_error(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
+        sp_api_error_kserve(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
                         "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",
                         SP_ADAPTER_NAME_MAX);
         return true;
@@ -347,7 +294,7 @@ h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     json_t *cfg = json_is_object(params) ? json_object_get(params, "config") : NULL;
     if (cfg && !json_is_string(cfg)) {
         json_decref(body);
-        sp_kserve_error(r, 400, "parameters.config must be a string holding JSON");
+        sp_api_error_kserve(r, 400, "parameters.config must be a string holding JSON");
         return;
     }
     const sp_str_t name = sp_route_param(p, "model");

@@ -137,7 +137,7 @@ static inline void sp_trace_mark_submit(sp_trace_t *t)
     }
 }
 
-/* The model's part is over (metrics' sp_req_end): add model, version,
+/* The model's part is over (sp_api_account, request.c): add model, version,
  * outcome and token counts, and the children from the clock: queue (when
  * the request reached a queue), then prefill and decode (tokens were
  * generated), or prefill alone (embeddings), or compute (tensor models).

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "sampan/log.h"
-#include "api/api.h"
 
 /* What a browser may send on a cross-origin request: the OpenAI clients'
  * headers and ours. A preflight may ask for more (the OpenAI JavaScript
@@ -132,17 +131,17 @@ allow_headers(sp_str_t req, char *out, size_t cap)
     }
 }
 
-bool
+sp_cors_decision_t
 sp_cors_handle(sp_http_req_t *r, const char *origins)
 {
     if (origins == NULL || origins[0] == '\0') {
-        return false; /* CORS off: not a single header */
+        return SP_CORS_CONTINUE; /* CORS off: not a single header */
     }
     /* The answer depends on Origin whether or not this request has one. */
     sp_http_add_header(r, "Vary", "Origin");
     sp_str_t origin = sp_http_req_header(r, "origin");
     if (origin.ptr == NULL) {
-        return false;
+        return SP_CORS_CONTINUE;
     }
     bool preflight = sp_http_req_method(r) == SP_HTTP_OPTIONS &&
                      sp_http_req_header(r, "access-control-request-method").ptr != NULL;
@@ -153,11 +152,9 @@ sp_cors_handle(sp_http_req_t *r, const char *origins)
              * 403 naming the reason is clearer in its developer tools. */
             sp_http_req_annotate(r, "cors=denied origin=%s",
                                  sp_log_str_n(origin.ptr, origin.len > 128 ? 128 : origin.len));
-            sp_api_error(r, 403, "invalid_request_error", NULL, "cors_origin_not_allowed",
-                            "this origin is not allowed (--cors-origins)");
-            return true;
+            return SP_CORS_REFUSED;
         }
-        return false;
+        return SP_CORS_CONTINUE;
     }
     char value[1024];
     if (wildcard) {
@@ -171,7 +168,7 @@ sp_cors_handle(sp_http_req_t *r, const char *origins)
     sp_http_add_header(r, "Access-Control-Allow-Origin", value);
     if (!preflight) {
         sp_http_add_header(r, "Access-Control-Expose-Headers", "x-request-id, retry-after");
-        return false;
+        return SP_CORS_CONTINUE;
     }
     char hdrs[sizeof BASE_ALLOW_HEADERS + 2 * MAX_REQUEST_HEADERS + 2];
     allow_headers(sp_http_req_header(r, "access-control-request-headers"), hdrs, sizeof hdrs);
@@ -180,5 +177,5 @@ sp_cors_handle(sp_http_req_t *r, const char *origins)
     sp_http_add_header(r, "Access-Control-Max-Age", "600");
     sp_http_req_annotate(r, "cors=preflight");
     sp_http_respond(r, 204, NULL, "", 0);
-    return true;
+    return SP_CORS_ANSWERED;
 }

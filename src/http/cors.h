@@ -30,9 +30,15 @@ bool sp_cors_origin_allowed(const char *origins, sp_str_t origin, bool *wildcard
 /* true when the list has the entry "*" (start-up warns about it). */
 bool sp_cors_has_wildcard(const char *origins);
 
+typedef enum sp_cors_decision {
+    SP_CORS_CONTINUE = 0, /* go on with the request (its CORS headers are added) */
+    SP_CORS_ANSWERED,     /* a preflight answered here (204): leave the request alone */
+    SP_CORS_REFUSED,      /* a preflight from an origin not listed: the caller answers
+                           * 403 in its protocol's error shape (the transport knows none) */
+} sp_cors_decision_t;
+
 /* Called first for every request (loop thread). Adds the CORS headers the
- * request deserves; returns true when it answered the request itself (a
- * preflight: 204 or 403), which the caller must then leave alone. */
-bool sp_cors_handle(sp_http_req_t *r, const char *origins);
+ * request deserves and says what is left to do. */
+sp_cors_decision_t sp_cors_handle(sp_http_req_t *r, const char *origins);
 
 #endif /* SP_HTTP_CORS_H */

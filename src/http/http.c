@@ -980,6 +980,13 @@ int64_t sp_http_req_start_ns(const sp_http_req_t *r) { return r->start_ns; }
 int sp_http_req_status(const sp_http_req_t *r) { return r->status; }
 const char *sp_http_req_note(const sp_http_req_t *r) { return r->note; }
 
+sp_str_t
+sp_http_req_added_headers(const sp_http_req_t *r)
+{
+    sp_str_t s = {r->extra, r->extra_len};
+    return s;
+}
+
 void
 sp_http_req_annotate(sp_http_req_t *r, const char *fmt, ...)
 {

@@ -209,6 +209,8 @@ const char *sp_http_req_note(const sp_http_req_t *r);
 /* Add a response header (before sp_http_respond / sp_http_stream_start). Names
  * and values must not contain CR or LF (they are dropped if they do). */
 void sp_http_add_header(sp_http_req_t *r, const char *name, const char *value);
+/* The headers added so far, "Name: value\r\n" each (not NUL-terminated). */
+sp_str_t sp_http_req_added_headers(const sp_http_req_t *r);
 /* Complete answer; the request must not be used afterwards. */
 void sp_http_respond(sp_http_req_t *r, int status, const char *content_type, const char *body,
                      size_t len);

@@ -41,7 +41,7 @@
 #include "serving/registry.h"
 #include "api/api.h"
 #include "server/server.h"
-#include "api/status.h"
+#include "api/status_page.h"
 #include "api/tensor.h"
 #include "api/trace.h"
 
@@ -237,7 +237,7 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                                           : e->state == SP_REPO_READY ? SP_REPO_UNAVAILABLE
                                                                       : e->state));
         char red[1024];
-        sp_repository_redact(&s->sv, e->reason, red, sizeof red);
+        sp_api_redact(&s->sv, e->reason, red, sizeof red);
         sp_jbuf_cstr(&b, red);
         sp_jbuf_lit(&b, "}");
     }
@@ -321,8 +321,15 @@ handle(sp_http_req_t *r, void *ud)
     if (sp_trace_enabled()) {
         sp_trace_http_begin(r); /* traceparent in and out (docs/tracing.md) */
     }
-    if (sp_cors_handle(r, s->sv.cfg.cors_origins)) {
-        return; /* a CORS preflight, answered before any key is asked for */
+    /* A CORS preflight is answered before any key is asked for; a refused
+     * one gets its 403 in the path's error shape. */
+    sp_cors_decision_t cors = sp_cors_handle(r, s->sv.cfg.cors_origins);
+    if (cors == SP_CORS_REFUSED) {
+        sp_api_error(r, 403, "invalid_request_error", NULL, "cors_origin_not_allowed",
+                     "this origin is not allowed (--cors-origins)");
+    }
+    if (cors != SP_CORS_CONTINUE) {
+        return;
     }
     sp_route_match_t route;
     int rc = sp_router_find(s->router, sp_http_req_method(r), path, &route);
@@ -361,7 +368,8 @@ handle(sp_http_req_t *r, void *ud)
         }
         if (atomic_load(&s->sv.draining)) {
             sp_http_add_header(r, "Retry-After", "1");
-            sp_api_error(r, 503, NULL, NULL, "shutting_down", "the server is shutting down");
+            sp_api_error(r, sp_status_http(SP_ERR_SHUTDOWN), NULL, NULL, "shutting_down",
+                         "the server is shutting down");
             return;
         }
     }
@@ -595,7 +603,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_prometheus_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
-    sp_status_register(s->router, &s->sv);
+    sp_status_page_register(s->router, &s->sv);
     set_route_access(s);
     /* Before any model is built: a model's response_cache flag needs it. */
     if (s->sv.cfg.response_cache_bytes > 0) {

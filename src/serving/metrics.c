@@ -17,9 +17,6 @@
 #include "sampan/log.h"
 #include "serving/mask.h"
 #include "serving/registry.h"
-/* sp_req_end marks the model's span of a traced request; it moves to the
- * protocols' request lifecycle (api/) with the rest of the request's end. */
-#include "api/trace.h"
 
 /* ------------------------------------------------------------- requests */
 
@@ -135,46 +132,6 @@ sp_req_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t
     }
     c->ended = true;
     atomic_fetch_add_explicit(&mm->failure[reason], 1, memory_order_relaxed);
-}
-
-void
-sp_req_end(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool ok, sp_finish_t finish,
-           sp_fail_reason_t reason)
-{
-    if (c->ended || m == NULL) {
-        sp_auth_settle(&c->charge, NULL, 0); /* a reservation never outlives its request */
-        return;
-    }
-    if (ok) {
-        sp_req_clock_success(c, &m->metrics, finish);
-    } else {
-        sp_req_clock_failure(c, &m->metrics, reason);
-    }
-    if (sp_trace_enabled()) { /* the model's spans, from the same clock */
-        sp_trace_model(sp_http_req_trace(r), m->name, m->version_str, c,
-                       ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason));
-    }
-    /* The tenant's tokens-per-minute budget counts what was evaluated and
-     * generated; the reservation taken at submit is released. */
-    sp_auth_settle(&c->charge, sp_http_req_user(r), c->prompt_tokens + c->completion_tokens);
-    sp_http_req_annotate(r, "model=%s version=%s outcome=%s prompt_tokens=%lld completion_tokens=%lld",
-                         sp_log_str(m->name), m->version_str,
-                         ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop") : sp_fail_reason_name(reason),
-                         (long long)c->prompt_tokens, (long long)c->completion_tokens);
-    if (c->first_ns) {
-        sp_http_req_annotate(r, "ttft_ms=%.3f", (double)(c->first_ns - c->t0_ns) / 1e6);
-    }
-    if (c->queue_ns >= 0) {
-        sp_http_req_annotate(r, "queue_ms=%.3f compute_ms=%.3f", (double)c->queue_ns / 1e6,
-                             (double)c->compute_ns / 1e6);
-    }
-    if (c->keep_text) {
-        char masked[SP_REQ_TEXT_MAX * 2];
-        size_t n = sp_mask_text(c->prompt, c->prompt_len, masked, sizeof masked);
-        sp_http_req_annotate(r, "prompt=%s", sp_log_str_n(masked, n));
-        n = sp_mask_text(c->output, c->output_len, masked, sizeof masked);
-        sp_http_req_annotate(r, "output=%s", sp_log_str_n(masked, n));
-    }
 }
 
 uint64_t

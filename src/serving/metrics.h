@@ -71,7 +71,7 @@ typedef struct sp_req_clock {
     int64_t first_ns;   /* 0 until the first token */
     int64_t queue_ns, compute_ns; /* from the scheduler's DONE (-1 = none) */
     int64_t prompt_tokens, completion_tokens;
-    sp_tenant_charge_t charge; /* its tokens-per-minute reservation, settled by sp_req_end */
+    sp_tenant_charge_t charge; /* its tokens-per-minute reservation, settled at its end */
     bool ended;
     bool keep_text;     /* --log-prompts */
     size_t prompt_len, output_len;
@@ -89,15 +89,5 @@ void sp_req_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_rea
 
 /* Resident memory of the process (bytes; 0 if unknown). */
 uint64_t sp_metrics_rss_bytes(void);
-
-struct sp_http_req;
-struct sp_served_model;
-/* End a request (protocol handlers): record it in the model's metrics, settle
- * its tenant's token reservation (c->charge) with the prompt and completion
- * tokens it used, and add model, version, outcome, tokens and timings (and,
- * with --log-prompts, the masked texts) to the request's access-log note. Call before the last
- * response bytes are queued; once per request (later calls do nothing). */
-void sp_req_end(struct sp_http_req *r, struct sp_served_model *m, sp_req_clock_t *c, bool ok,
-                sp_finish_t finish, sp_fail_reason_t reason);
 
 #endif /* SP_SERVING_METRICS_H */

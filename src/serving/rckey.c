@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "serving/registry.h"
 #include "serving/respcache.h"
+#include "serving/serving.h"
 
 void
 sp_rckey_add(sp_rckey_t *k, const void *p, size_t n)
@@ -40,10 +41,16 @@ sp_rckey_add_u64(sp_rckey_t *k, uint64_t v)
     sp_jbuf_raw(&k->buf, (const char *)b, sizeof b);
 }
 
+bool
+sp_rckey_enabled(const sp_served_model_t *m)
+{
+    return m && m->srv && m->srv->rcache && m->response_cache;
+}
+
 sp_rckey_t *
 sp_rckey_new(const sp_served_model_t *m, const char *route)
 {
-    if (!sp_rcache_enabled(m)) {
+    if (!sp_rckey_enabled(m)) {
         return NULL;
     }
     sp_rckey_t *k = sp_calloc(1, sizeof *k);

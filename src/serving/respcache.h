@@ -113,7 +113,7 @@ typedef struct sp_rckey {
 
 /* Whether m's answers are cached: the server has a cache
  * (--response-cache-bytes) and the model enables it. */
-bool sp_rcache_enabled(const struct sp_served_model *m);
+bool sp_rckey_enabled(const struct sp_served_model *m);
 
 /* A new key for m and route ("openai/completions", "kserve/infer", ...), or
  * NULL when m's answers are not cached or memory ran out (the request then
@@ -127,16 +127,5 @@ void sp_rckey_add_u64(sp_rckey_t *k, uint64_t v);
  * top-level keys in drop (NULL-terminated; "parameters.priority" drops a
  * key of the object under "parameters"). */
 void sp_rckey_add_json(sp_rckey_t *k, const json_t *obj, const char *const *drop);
-
-/* Look the key up. On a hit: count it, end the request's clock as a success
- * (with the stored finish reason), answer r with the stored response and
- * return true (r must not be used afterwards). On a miss: count it and
- * return false. k NULL: false, nothing counted. */
-bool sp_rcache_lookup(sp_http_req_t *r, struct sp_served_model *m, sp_rckey_t *k,
-                      sp_req_clock_t *clk);
-/* Keep a successful answer under k (looked up before). k NULL: nothing. */
-void sp_rcache_store(struct sp_served_model *m, sp_rckey_t *k, const char *content_type,
-                     const char *header_name, const char *header_value, const void *body,
-                     size_t len, int finish);
 
 #endif /* SP_SERVING_RESPCACHE_H */

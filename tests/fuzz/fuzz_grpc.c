@@ -60,7 +60,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[1024];
     if (mode < SP_GRPC_METHOD_COUNT) {
         sp_grpc_rest_t r;
-        int code = sp__grpc_to_rest(mode, buf, len, is_llm, NULL, &r, err, sizeof err);
+        int code = sp__grpc_msg_to_rest(mode, buf, len, is_llm, NULL, &r, err, sizeof err);
         if (code != SP_GRPC_OK) {
             if (err[0] == '\0') {
                 abort();
@@ -69,7 +69,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (r.path_len == 0 || r.path[0] != '/' || (r.method == SP_HTTP_POST && r.body == NULL)) {
                 abort();
             }
-            sp__grpc_rest_free(&r);
+            sp__grpc_msg_rest_free(&r);
         }
     } else if (mode < 7 + SP_GRPC_K_GENERATE + 1 && len >= 2) {
         char hdrs[64] = "";
@@ -84,7 +84,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t *out = NULL;
             size_t out_len = 0;
             int status = (buf[1] & 1) ? 200 : 400;
-            int code = sp__grpc_from_rest((sp_grpc_kind_t)(mode - 7), (buf[1] & 2) != 0, status, hdrs,
+            int code = sp__grpc_msg_from_rest((sp_grpc_kind_t)(mode - 7), (buf[1] & 2) != 0, status, hdrs,
                                           strlen(hdrs), body, body_len, "id", &out, &out_len, err,
                                           sizeof err);
             if (code == SP_GRPC_OK && out == NULL) {
@@ -100,7 +100,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t *out = NULL;
         size_t out_len = 0;
         bool final = false;
-        if (sp__grpc_from_event((const char *)buf, len, "id", &out, &out_len, &final)) {
+        if (sp__grpc_msg_from_event((const char *)buf, len, "id", &out, &out_len, &final)) {
             check_frame(out, out_len);
         }
         sp_free(out);

@@ -10,6 +10,7 @@
 #include "serving/repo_config.h"
 #include "serving/respcache.h"
 #include "api/api.h"
+#include "api/rcache.h"
 
 static sp_respcache_t *
 make(uint64_t cap)
@@ -364,9 +365,9 @@ TEST(respcache_request_keys)
     fake_t *f = fake_model(c, true);
     fake_t *off = fake_model(c, false);
     fake_t *none = fake_model(NULL, true);
-    ASSERT(sp_rcache_enabled(&f->m));
-    ASSERT(!sp_rcache_enabled(&off->m));
-    ASSERT(!sp_rcache_enabled(&none->m));
+    ASSERT(sp_rckey_enabled(&f->m));
+    ASSERT(!sp_rckey_enabled(&off->m));
+    ASSERT(!sp_rckey_enabled(&none->m));
     ASSERT(sp_rckey_new(&off->m, "r") == NULL);
     ASSERT(sp_rckey_new(&none->m, "r") == NULL);
     sp_rckey_free(NULL);

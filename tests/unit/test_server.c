@@ -245,29 +245,29 @@ TEST(grpc_name_with_nul_is_refused)
     static const uint8_t infer_id_nul[] = {0x0A, 0x01, 'm', 0x1A, 0x02, 'i', 0x00};
     sp_grpc_rest_t out;
     char err[256];
-    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_ok, sizeof ready_ok, never_llm, NULL, &out,
+    ASSERT_EQ(sp__grpc_msg_to_rest(SP_GRPC_MODEL_READY, ready_ok, sizeof ready_ok, never_llm, NULL, &out,
                                err, sizeof err), SP_GRPC_OK);
     ASSERT(strcmp(out.path, "/v2/models/abc/ready") == 0);
-    sp__grpc_rest_free(&out);
-    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_nul, sizeof ready_nul, never_llm, NULL, &out,
+    sp__grpc_msg_rest_free(&out);
+    ASSERT_EQ(sp__grpc_msg_to_rest(SP_GRPC_MODEL_READY, ready_nul, sizeof ready_nul, never_llm, NULL, &out,
                                err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
     ASSERT(strstr(err, "name") && strstr(err, "NUL"));
-    sp__grpc_rest_free(&out);
-    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_READY, ready_ver_nul, sizeof ready_ver_nul, never_llm,
+    sp__grpc_msg_rest_free(&out);
+    ASSERT_EQ(sp__grpc_msg_to_rest(SP_GRPC_MODEL_READY, ready_ver_nul, sizeof ready_ver_nul, never_llm,
                                NULL, &out, err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
     ASSERT(strstr(err, "version") && strstr(err, "NUL"));
-    sp__grpc_rest_free(&out);
-    ASSERT_EQ(sp__grpc_to_rest(SP_GRPC_MODEL_METADATA, meta_nul, sizeof meta_nul, never_llm, NULL,
+    sp__grpc_msg_rest_free(&out);
+    ASSERT_EQ(sp__grpc_msg_to_rest(SP_GRPC_MODEL_METADATA, meta_nul, sizeof meta_nul, never_llm, NULL,
                                &out, err, sizeof err), SP_GRPC_INVALID_ARGUMENT);
-    sp__grpc_rest_free(&out);
+    sp__grpc_msg_rest_free(&out);
     for (int m = SP_GRPC_MODEL_INFER; m <= SP_GRPC_MODEL_STREAM_INFER; m++) {
-        ASSERT_EQ(sp__grpc_to_rest(m, infer_nul, sizeof infer_nul, never_llm, NULL, &out, err,
+        ASSERT_EQ(sp__grpc_msg_to_rest(m, infer_nul, sizeof infer_nul, never_llm, NULL, &out, err,
                                    sizeof err), SP_GRPC_INVALID_ARGUMENT);
         ASSERT(strstr(err, "model_name") && strstr(err, "NUL"));
-        sp__grpc_rest_free(&out);
-        ASSERT_EQ(sp__grpc_to_rest(m, infer_id_nul, sizeof infer_id_nul, never_llm, NULL, &out, err,
+        sp__grpc_msg_rest_free(&out);
+        ASSERT_EQ(sp__grpc_msg_to_rest(m, infer_id_nul, sizeof infer_id_nul, never_llm, NULL, &out, err,
                                    sizeof err), SP_GRPC_INVALID_ARGUMENT);
         ASSERT(strstr(err, "id") && strstr(err, "NUL"));
-        sp__grpc_rest_free(&out);
+        sp__grpc_msg_rest_free(&out);
     }
 }

@@ -1,5 +1,5 @@
 /*
- * status.c - GET /: serves the embedded status page (status.h).
+ * status_page.c - GET /: serves the embedded status page (status_page.h).
  *
  * The answer is the same bytes every time, so the handler only adds the
  * headers that make a static page safe to serve next to an API: a strict
@@ -8,11 +8,11 @@
  * this origin only), nosniff, and no-cache (the page changes with the
  * binary, and a browser must not keep an old one across an upgrade).
  */
-#include "api/status.h"
+#include "api/status_page.h"
 
 /* Generated in $(BUILD)/gen/ by tools/embed.py (Makefile):
  * sp_status_page[], sp_status_page_LEN, sp_status_page_CSP. */
-#include "status_page.h"
+#include "status_page_html.h"
 
 static void
 h_status_page(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
@@ -26,7 +26,7 @@ h_status_page(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 }
 
 void
-sp_status_register(sp_router_t *rt, sp_serving_t *s)
+sp_status_page_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_GET, "/", h_status_page, s);
 }

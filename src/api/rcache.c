@@ -1,5 +1,5 @@
 /*
- * rcache.c - the response cache as the protocols use it (respcache.h):
+ * rcache.c - the response cache as the protocols use it (rcache.h):
  * whether a model's answers are cached, answering a request from the cache,
  * and storing an answer under its key (rckey.c).
  *
@@ -9,6 +9,8 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "api/api.h"
+#include "api/rcache.h"
 #include "sampan/log.h"
 #include "serving/metrics.h"
 #include "serving/registry.h"
@@ -16,15 +18,9 @@
 #include "serving/serving.h"
 
 bool
-sp_rcache_enabled(const sp_served_model_t *m)
-{
-    return m && m->srv && m->srv->rcache && m->response_cache;
-}
-
-bool
 sp_rcache_lookup(sp_http_req_t *r, sp_served_model_t *m, sp_rckey_t *k, sp_req_clock_t *clk)
 {
-    if (k == NULL || k->buf.oom || !sp_rcache_enabled(m)) {
+    if (k == NULL || k->buf.oom || !sp_rckey_enabled(m)) {
         return false;
     }
     sp_respcache_t *c = m->srv->rcache;
@@ -40,8 +36,8 @@ sp_rcache_lookup(sp_http_req_t *r, sp_served_model_t *m, sp_rckey_t *k, sp_req_c
     atomic_fetch_add_explicit(&m->metrics.cache_hits, 1, memory_order_relaxed);
     /* A success like any other (latency observed, no queue or compute time),
      * which the access log marks as answered from the cache. */
-    sp_req_end(r, m, clk, true, hit.v.tag == SP_FINISH_LENGTH ? SP_FINISH_LENGTH : SP_FINISH_STOP,
-               SP_FAIL_INTERNAL);
+    sp_api_account(r, m, clk, true, hit.v.tag == SP_FINISH_LENGTH ? SP_FINISH_LENGTH : SP_FINISH_STOP,
+                   SP_FAIL_INTERNAL);
     sp_http_req_annotate(r, "cache=hit");
     if (hit.v.header_name) {
         sp_http_add_header(r, hit.v.header_name, hit.v.header_value);
@@ -56,7 +52,7 @@ sp_rcache_store(sp_served_model_t *m, sp_rckey_t *k, const char *content_type,
                 const char *header_name, const char *header_value, const void *body, size_t len,
                 int finish)
 {
-    if (k == NULL || k->buf.oom || !k->hashed || !sp_rcache_enabled(m)) {
+    if (k == NULL || k->buf.oom || !k->hashed || !sp_rckey_enabled(m)) {
         return;
     }
     sp_respcache_value_t v = {
