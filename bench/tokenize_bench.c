@@ -72,7 +72,7 @@ main(int argc, char **argv)
             fprintf(stderr, "tokenize_bench: cannot read %s\n", argv[f]);
             return 1;
         }
-        int64_t n = sp_tokenize(t, text, len, false, false, NULL, 0);
+        int64_t n = sp_tokenizer_encode(t, text, len, false, false, NULL, 0);
         int32_t *ids = malloc(((size_t)(n > 0 ? n : 0) + 1) * sizeof(int32_t));
         if (n < 0 || ids == NULL) {
             fprintf(stderr, "tokenize_bench: %s: tokenize failed\n", argv[f]);
@@ -81,7 +81,7 @@ main(int argc, char **argv)
         double best = 1e30;
         for (int r = 0; r < runs; r++) {
             int64_t t0 = sp_time_ns();
-            sp_tokenize(t, text, len, false, false, ids, n);
+            sp_tokenizer_encode(t, text, len, false, false, ids, n);
             double s = (double)(sp_time_ns() - t0) / 1e9;
             best = s < best ? s : best;
         }

@@ -25,7 +25,7 @@ typedef struct sp_loop_ctx {
     sp_serving_t *srv;
     sp_mailbox_t *mb;
     struct sp_grpc_loop *grpc; /* this loop's gRPC connections (grpc.h); NULL = none */
-    struct sp_infer_hcache *hcache; /* decoded binary-request headers (tensor.h); NULL = none */
+    struct sp_tensor_hcache *hcache; /* decoded binary-request headers (tensor.h); NULL = none */
 } sp_loop_ctx_t;
 
 /* The model a request names (version: a KServe version string, or ptr
@@ -39,7 +39,7 @@ bool sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_
                          sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
                          sp_served_model_t **out);
 sp_mailbox_t *sp_api_mailbox(sp_http_req_t *r);
-struct sp_infer_hcache *sp_api_hcache(sp_http_req_t *r); /* the request's loop's */
+struct sp_tensor_hcache *sp_api_hcache(sp_http_req_t *r); /* the request's loop's */
 /* The request's tenant's tier (its default priority), and a priority the
  * request asked for capped at that tier: a key never buys a higher tier. */
 int32_t sp_api_tier(sp_http_req_t *r);

@@ -394,13 +394,13 @@ encode_contents(const Inference__ModelInferRequest__InferInputTensor *t, int dt,
     const char *field = field_of[dt];
     if (field == NULL) {
         snprintf(err, err_len, "%s: %s data must be sent in raw_input_contents (it has no typed "
-                 "contents field)", where, sp_dtype_name((sp_dtype_t)dt));
+                 "contents field)", where, sp_tensor_dtype_name((sp_dtype_t)dt));
         return SP_GRPC_INVALID_ARGUMENT;
     }
     for (size_t f = 0; f < sizeof all_fields / sizeof all_fields[0]; f++) {
         if (strcmp(all_fields[f], field) != 0 && contents_count(c, all_fields[f]) > 0) {
             snprintf(err, err_len, "%s.contents: a %s tensor takes its data in %s, got %s", where,
-                     sp_dtype_name((sp_dtype_t)dt), field, all_fields[f]);
+                     sp_tensor_dtype_name((sp_dtype_t)dt), field, all_fields[f]);
             return SP_GRPC_INVALID_ARGUMENT;
         }
     }
@@ -416,7 +416,7 @@ encode_contents(const Inference__ModelInferRequest__InferInputTensor *t, int dt,
                  (long long)n, field, have);
         return SP_GRPC_INVALID_ARGUMENT;
     }
-    size_t es = sp_dtype_size((sp_dtype_t)dt);
+    size_t es = sp_tensor_dtype_size((sp_dtype_t)dt);
     size_t len = 0;
     if (dt == SP_DT_BYTES) {
         for (size_t i = 0; i < have; i++) {
@@ -464,7 +464,7 @@ encode_contents(const Inference__ModelInferRequest__InferInputTensor *t, int dt,
         if (ranged) {
             if (iv < lo || iv > hi) {
                 snprintf(err, err_len, "%s.contents.%s[%zu]: %lld is out of range for %s", where,
-                         field, i, (long long)iv, sp_dtype_name((sp_dtype_t)dt));
+                         field, i, (long long)iv, sp_tensor_dtype_name((sp_dtype_t)dt));
                 sp_free(p);
                 return SP_GRPC_INVALID_ARGUMENT;
             }
@@ -510,7 +510,7 @@ input_bytes(const Inference__ModelInferRequest *q, size_t i, const char *where, 
         *len = 0;
         return SP_GRPC_OK;
     }
-    int rc = encode_contents(t, sp_dtype_parse(t->datatype, strlen(t->datatype)), where, owned,
+    int rc = encode_contents(t, sp_tensor_dtype_parse(t->datatype, strlen(t->datatype)), where, owned,
                              len, err, err_len);
     *p = *owned;
     return rc;
@@ -694,7 +694,7 @@ static json_t *
 raw_elem(int dt, const uint8_t *p, size_t len, size_t *off, const char *where, char *err,
          size_t err_len)
 {
-    size_t es = dt == SP_DT_BYTES ? 4 : sp_dtype_size((sp_dtype_t)dt);
+    size_t es = dt == SP_DT_BYTES ? 4 : sp_tensor_dtype_size((sp_dtype_t)dt);
     if (len - *off < es) {
         snprintf(err, err_len, "%s: the data is shorter than its shape says", where);
         return NULL;
@@ -733,7 +733,7 @@ raw_elem(int dt, const uint8_t *p, size_t len, size_t *off, const char *where, c
         return s;
     }
     default:
-        snprintf(err, err_len, "%s: %s is not accepted here", where, sp_dtype_name((sp_dtype_t)dt));
+        snprintf(err, err_len, "%s: %s is not accepted here", where, sp_tensor_dtype_name((sp_dtype_t)dt));
         return NULL;
     }
 }
@@ -762,7 +762,7 @@ generate_body(const Inference__ModelInferRequest *q, sp_grpc_rest_t *r, char *er
         const Inference__ModelInferRequest__InferInputTensor *t = q->inputs[i];
         char where[128], shp[160];
         where_of(q, i, where, sizeof where);
-        int dt = sp_dtype_parse(t->datatype, strlen(t->datatype));
+        int dt = sp_tensor_dtype_parse(t->datatype, strlen(t->datatype));
         if (dt < 0) {
             char qd[80];
             snprintf(err, err_len, "%s.datatype: unknown datatype %s", where, quote(t->datatype, qd));
@@ -1207,7 +1207,7 @@ json_data_raw(arena_t *a, int dt, const json_t *data, ProtobufCBinaryData *out)
             continue;
         }
         uint8_t el[8];
-        size_t es = sp_dtype_size((sp_dtype_t)dt);
+        size_t es = sp_tensor_dtype_size((sp_dtype_t)dt);
         const char *s = NULL;
         size_t sl = 0;
         double d = json_is_number(v) ? json_number_value(v) : 0;
@@ -1334,7 +1334,7 @@ infer_reply(arena_t *a, const char *hdrs, size_t hdrs_len, const char *body, siz
             resp->raw_output_contents[i].len = (size_t)b;
             off += (size_t)b;
         } else {
-            int dti = sp_dtype_parse(json_string_value(dt), json_string_length(dt));
+            int dti = sp_tensor_dtype_parse(json_string_value(dt), json_string_length(dt));
             if (dti < 0 || !json_data_raw(a, dti, json_object_get(o, "data"),
                                           &resp->raw_output_contents[i])) {
                 goto done;

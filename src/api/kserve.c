@@ -228,7 +228,7 @@ gvals_from_object(const json_t *obj, const char *prefix, bool strict, int64_t ma
 
 /* Settings from one-element input tensors (infer). */
 static int
-gvals_from_inputs(const sp_infer_req_t *ir, int64_t max_tokens, gvals_t *g, char *err, size_t err_len)
+gvals_from_inputs(const sp_tensor_req_t *ir, int64_t max_tokens, gvals_t *g, char *err, size_t err_len)
 {
     for (int i = 0; i < ir->n_inputs; i++) {
         const sp_tensor_t *t = &ir->inputs[i];
@@ -248,7 +248,7 @@ gvals_from_inputs(const sp_infer_req_t *ir, int64_t max_tokens, gvals_t *g, char
         const struct gparam *p = &gparams[k];
         if (t->dtype != p->dtype) {
             sp_errf(err, err_len, SP_ERR_INVALID, "%s.datatype: must be %s, got %s", where,
-                    sp_dtype_name(p->dtype), sp_dtype_name(t->dtype));
+                    sp_tensor_dtype_name(p->dtype), sp_tensor_dtype_name(t->dtype));
             return -1;
         }
         if (p->kind == PK_STRS) {
@@ -313,7 +313,7 @@ typedef struct ks_req {
     sp_jbuf_t *texts;       /* non-streaming: each sequence's text */
     sp_finish_t *finish;
     int64_t n_prompt;       /* all prompts' tokens */
-    sp_infer_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
+    sp_tensor_req_t ir;      /* infer: the decoded request (id, outputs, text_input's shape) */
     char *id;               /* generate: the request's id, or NULL */
     sp_jbuf_t out, bin;
     /* Preparation (prep_run, on a worker): tokenizing the prompts. */
@@ -339,7 +339,7 @@ ks_free(sp_api_req_t *a)
     sp_free(q->texts);
     sp_free(q->finish);
     sp_free(q->id);
-    sp_infer_req_free(&q->ir);
+    sp_tensor_req_free(&q->ir);
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
     sp_free(q->toks);
@@ -367,8 +367,8 @@ finish_str(sp_finish_t f)
 static sp_served_model_t *
 route_model_base(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
 {
-    sp_str_t name = sp_route_param(p, "model");
-    sp_str_t v = sp_route_param(p, "version");
+    sp_str_t name = sp_router_param(p, "model");
+    sp_str_t v = sp_router_param(p, "version");
     sp_served_model_t *m = NULL;
     if (retry) {
         return sp_api_model_for(s, r, name.ptr, name.len, v, retry, p, &m) ? m : NULL;
@@ -410,7 +410,7 @@ route_model(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_ro
             sp_req_adapter_t *ad)
 {
     sp_served_model_t *m = route_model_base(s, r, p, retry);
-    sp_str_t name = sp_route_param(p, "model");
+    sp_str_t name = sp_router_param(p, "model");
     memset(ad, 0, sizeof *ad);
     if (m != NULL && !sp_adapter_for(s, r, m, name.ptr, name.len, ad)) {
         sp_served_release(m);
@@ -462,8 +462,8 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
 {
     bool want[N_OUTS];
     char err[256];
-    sp_infer_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err); /* checked at submit */
-    const sp_tensor_t *in = sp_infer_req_input(&q->ir, "text_input");
+    sp_tensor_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err); /* checked at submit */
+    const sp_tensor_t *in = sp_tensor_req_input(&q->ir, "text_input");
     sp_tensor_t outs[N_OUTS];
     int n_outs = 0;
     sp_str_t *el = sp_calloc((size_t)q->n, sizeof *el);
@@ -500,7 +500,7 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
     sp_jbuf_reset(&q->bin);
     char mname[sizeof q->a.m->name + SP_ADAPTER_NAME_MAX + 2];
     snprintf(mname, sizeof mname, "%s%s%s", q->a.m->name, q->a.ad.lora ? ":" : "", q->a.ad.name);
-    sp_infer_resp_write(&q->out, &q->bin, mname, q->a.m->version_str, &q->ir, params, outs,
+    sp_tensor_resp_write(&q->out, &q->bin, mname, q->a.m->version_str, &q->ir, params, outs,
                         n_outs);
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
@@ -647,7 +647,7 @@ prep_run(sp_offload_t *job)
         }
         q->tried = i + 1;
         int32_t *tk = q->toks + (size_t)i * (size_t)cap;
-        int64_t nt = sp_tokenize(q->a.m->tok, t.ptr, t.len, sp_chat_add_bos(q->a.m->tok, NULL, 0), false,
+        int64_t nt = sp_tokenizer_encode(q->a.m->tok, t.ptr, t.len, sp_chat_add_bos(q->a.m->tok, NULL, 0), false,
                                  tk, cap);
         if (nt < 0) {
             snprintf(q->err, sizeof q->err, "%s: cannot tokenize the prompt: %s", where,
@@ -718,7 +718,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     int64_t cap = q->a.m->n_ctx, longest = q->longest;
     int n = q->n;
     if (q->tried > 0) {
-        sp_req_clock_text(&q->a.clk, false, q->prompts[0].ptr, q->prompts[0].len);
+        sp_metrics_clock_text(&q->a.clk, false, q->prompts[0].ptr, q->prompts[0].len);
     }
     if (q->err[0]) {
         sp_api_error_kserve(r, 400, "%s", q->err);
@@ -859,7 +859,7 @@ tensor_meta(sp_jbuf_t *b, const char *name, sp_dtype_t dt, int dim, bool first)
 {
     sp_jbuf_lit(b, first ? "{\"name\":" : ",{\"name\":");
     sp_jbuf_cstr(b, name);
-    sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[%d]}", sp_dtype_name(dt), dim);
+    sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[%d]}", sp_tensor_dtype_name(dt), dim);
 }
 
 static void
@@ -907,8 +907,8 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     /* The protocol: 200 is ready, a 4xx is not ready (404: not known). */
     sp_serving_t *s = ud;
-    sp_str_t name = sp_route_param(p, "model");
-    sp_str_t v = sp_route_param(p, "version");
+    sp_str_t name = sp_router_param(p, "model");
+    sp_str_t v = sp_router_param(p, "version");
     sp_served_model_t *m = NULL;
     char reason[512];
     if (!sp_auth_model_allowed(sp_http_req_user(r), name.ptr, name.len)) {
@@ -951,12 +951,12 @@ h_model_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 typedef struct ks_body {
     sp_offload_body_t b;
     int json_depth;
-    bool infer;          /* sp_infer_req_parse, else sp_json_parse */
+    bool infer;          /* sp_tensor_req_parse, else sp_json_parse */
     char *hl;            /* infer: Inference-Header-Content-Length, or NULL */
     size_t hl_len;
     sp_status_t st;
     json_t *root;
-    sp_infer_req_t ir;
+    sp_tensor_req_t ir;
     char err[768];
 } ks_body_t;
 
@@ -974,7 +974,7 @@ body_free(sp_offload_t *job)
 {
     ks_body_t *j = SP_OFFLOAD_HOLDER(job, ks_body_t, b.job);
     json_decref(j->root); /* NULL when the handler took it */
-    sp_infer_req_free(&j->ir);
+    sp_tensor_req_free(&j->ir);
     sp_offload_body_drop(&j->b);
     sp_free(j->hl);
     sp_free(j);
@@ -994,7 +994,7 @@ body_work(sp_offload_t *job)
     ks_body_t *j = SP_OFFLOAD_HOLDER(job, ks_body_t, b.job);
     if (j->infer) {
         sp_str_t hl = {j->hl, j->hl_len};
-        j->st = sp_infer_req_parse(j->b.copy, j->b.len, hl, j->json_depth, &j->ir, j->err, sizeof j->err);
+        j->st = sp_tensor_req_parse(j->b.copy, j->b.len, hl, j->json_depth, &j->ir, j->err, sizeof j->err);
     } else {
         j->st = sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err);
         if (j->st != SP_OK) {
@@ -1073,7 +1073,7 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     } else {
         sp_str_t body = sp_http_req_body(r);
         sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
-        pst = sp_infer_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err);
+        pst = sp_tensor_req_parse(body.ptr, body.len, hl, s->cfg.json_depth, &q->ir, err, sizeof err);
     }
     if (pst != SP_OK) {
         sp_api_error_kserve(r, 400, "%s", err);
@@ -1083,7 +1083,7 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     bool want[N_OUTS];
     gvals_t gv;
     memset(&gv, 0, sizeof gv);
-    if (sp_infer_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err) != SP_OK ||
+    if (sp_tensor_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err) != SP_OK ||
         (q->ir.params && gvals_from_object(q->ir.params, "parameters.", false, s->cfg.max_tokens, &gv,
                                            err, sizeof err) != 0) ||
         gvals_from_inputs(&q->ir, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
@@ -1113,7 +1113,7 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     char where[64];
     snprintf(where, sizeof where, "inputs[%d] ('text_input')", idx);
     if (in->dtype != SP_DT_BYTES) {
-        sp_api_error_kserve(r, 400, "%s.datatype: must be BYTES, got %s", where, sp_dtype_name(in->dtype));
+        sp_api_error_kserve(r, 400, "%s.datatype: must be BYTES, got %s", where, sp_tensor_dtype_name(in->dtype));
         sp_api_finish(&q->a);
         return;
     }

@@ -535,7 +535,7 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
                   "the prompt is too long for the context of %lld tokens", (long long)cap);
         return false;
     }
-    int64_t n = sp_tokenize(q->a.m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
+    int64_t n = sp_tokenizer_encode(q->a.m->tok, t->text, t->len, pp->add_bos, pp->special, t->dst, cap);
     if (n < 0) {
         prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL, "cannot tokenize the prompt: %s",
                   sp_status_str((sp_status_t)n));
@@ -1413,7 +1413,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     if (pp->prompt) {
         /* The access log keeps the end of the rendered prompt (the latest turn). */
         size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
-        sp_req_clock_text(&q->a.clk, false, pp->prompt + pp->plen - keep, keep);
+        sp_metrics_clock_text(&q->a.clk, false, pp->prompt + pp->plen - keep, keep);
     }
     run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
 }
@@ -1483,7 +1483,7 @@ static void
 h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    sp_str_t want = sp_route_param(p, "model");
+    sp_str_t want = sp_router_param(p, "model");
     sp_jbuf_t b;
     sp_jbuf_init(&b);
     int found = 0;
@@ -1629,7 +1629,7 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             sp_api_finish(&q->a);
             goto done;
         }
-        sp_req_clock_text(&q->a.clk, false, json_string_value(pr), json_string_length(pr));
+        sp_metrics_clock_text(&q->a.clk, false, json_string_value(pr), json_string_length(pr));
         pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
         pp->in[0].len = json_string_length(pr);
         pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);

@@ -180,7 +180,7 @@ render_models(sp_jbuf_t *b, model_view_t *v, int n)
     EACH {
         for (int r = 0; r < SP_FAIL_COUNT_; r++) {
             char extra[48];
-            snprintf(extra, sizeof extra, "reason=\"%s\"", sp_fail_reason_name((sp_fail_reason_t)r));
+            snprintf(extra, sizeof extra, "reason=\"%s\"", sp_metrics_fail_reason_name((sp_fail_reason_t)r));
             sample(b, "sampan_request_failure_total", "model", M->name, M->version_str, extra,
                    (double)atomic_load(&M->metrics.failure[r]));
         }
@@ -422,7 +422,7 @@ tenant_samples(const sp_tenant_state_t *st, void *ud)
     default:
         for (int l = 0; l <= SP_LIMIT_SCOPE; l++) {
             char extra[48];
-            snprintf(extra, sizeof extra, "limit=\"%s\"", sp_limit_name((sp_limit_t)l));
+            snprintf(extra, sizeof extra, "limit=\"%s\"", sp_auth_limit_name((sp_limit_t)l));
             sample(b, "sampan_tenant_rejected_total", "tenant", st->name, NULL, extra,
                    (double)atomic_load(&((sp_tenant_state_t *)st)->rejected[l]));
         }

@@ -284,7 +284,7 @@ h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
     json_t *body;
-    if (adapter_route(s, r, sp_route_param(p, "model"), SP_MANAGER_ADAPTER_LOAD)) {
+    if (adapter_route(s, r, sp_router_param(p, "model"), SP_MANAGER_ADAPTER_LOAD)) {
         return;
     }
     if (!control_allowed(s, r) || !body_json(s, r, &body)) {
@@ -297,7 +297,7 @@ h_load(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_api_error_kserve(r, 400, "parameters.config must be a string holding JSON");
         return;
     }
-    const sp_str_t name = sp_route_param(p, "model");
+    const sp_str_t name = sp_router_param(p, "model");
     if (name_ok(r, name)) {
         submit_cmd(s, r, SP_MANAGER_LOAD, name, cfg ? json_string_value(cfg) : NULL,
                    cfg ? json_string_length(cfg) : 0);
@@ -310,11 +310,11 @@ static void
 h_unload(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    if (adapter_route(s, r, sp_route_param(p, "model"), SP_MANAGER_ADAPTER_UNLOAD) ||
+    if (adapter_route(s, r, sp_router_param(p, "model"), SP_MANAGER_ADAPTER_UNLOAD) ||
         !control_allowed(s, r)) {
         return;
     }
-    const sp_str_t name = sp_route_param(p, "model");
+    const sp_str_t name = sp_router_param(p, "model");
     if (name_ok(r, name)) {
         submit_cmd(s, r, SP_MANAGER_UNLOAD, name, NULL, 0);
     }

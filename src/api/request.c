@@ -198,7 +198,7 @@ sp_api_mailbox(sp_http_req_t *r)
     return lc->mb;
 }
 
-struct sp_infer_hcache *
+struct sp_tensor_hcache *
 sp_api_hcache(sp_http_req_t *r)
 {
     sp_loop_ctx_t *lc = sp_http_loop_user(sp_http_req_loop(r));
@@ -301,7 +301,7 @@ sp_api_begin(sp_api_req_t *a, const sp_api_ops_t *ops, sp_serving_t *s, sp_http_
     }
     a->sched.priority = sp_api_tier(r); /* the tenant's tier unless the request asks lower */
     a->finish = SP_FINISH_STOP;
-    sp_req_clock_start(&a->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
+    sp_metrics_clock_start(&a->clk, sp_http_req_start_ns(r), s->cfg.log_prompts);
 }
 
 void
@@ -313,11 +313,11 @@ sp_api_account(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, bool o
         return;
     }
     const char *outcome = ok ? (finish == SP_FINISH_LENGTH ? "length" : "stop")
-                             : sp_fail_reason_name(reason);
+                             : sp_metrics_fail_reason_name(reason);
     if (ok) {
-        sp_req_clock_success(c, &m->metrics, finish);
+        sp_metrics_clock_success(c, &m->metrics, finish);
     } else {
-        sp_req_clock_failure(c, &m->metrics, reason);
+        sp_metrics_clock_failure(c, &m->metrics, reason);
     }
     if (sp_trace_enabled()) { /* the model's spans, from the same clock */
         sp_trace_model(sp_http_req_trace(r), m->name, m->version_str, c, outcome);
@@ -416,18 +416,18 @@ sp_api_event(const sp_sched_event_t *ev, void *ud)
         if (st == SP_ERR_MODEL_FAULT) {
             sp_served_fault(a->m, sp_http_req_rid(a->http), message ? message : "model fault");
         }
-        sp_api_end(a, st == SP_OK, sp_fail_reason_of(st, message));
+        sp_api_end(a, st == SP_OK, sp_metrics_fail_reason_of(st, message));
         a->ops->done(a, ev, st, message ? message : sp_status_str(st));
         sp_api_finish(a);
         return;
     }
     if (ev->kind == SP_SCHED_EV_TOKEN) {
-        sp_req_clock_token(&a->clk);
+        sp_metrics_clock_token(&a->clk);
         /* Counted as they come: a request that ends before DONE (the client
          * left, a slow reader) is charged what was generated until then. */
         a->clk.completion_tokens += ev->token >= 0;
         if (ev->index == 0) {
-            sp_req_clock_text(&a->clk, true, ev->text, ev->text_len);
+            sp_metrics_clock_text(&a->clk, true, ev->text, ev->text_len);
         }
     } else if (ev->kind == SP_SCHED_EV_FINISH && ev->index == 0) {
         a->finish = ev->finish;
@@ -480,7 +480,7 @@ sp_api_admit(sp_api_req_t *a, sp_sched_request_t *sr, int64_t prompt_tokens, int
     sp_status_t st = sp_sched_submit(sch, sr, &a->job, err, sizeof err);
     if (st != SP_OK) {
         a->clk.prompt_tokens = 0; /* nothing ran: the reservation is released, nothing charged */
-        sp_api_end(a, false, sp_fail_reason_of(st, err));
+        sp_api_end(a, false, sp_metrics_fail_reason_of(st, err));
         if (st == SP_ERR_BUSY) {
             char v[16];
             snprintf(v, sizeof v, "%d", sp_sched_retry_after_s(sch, sr->priority, sr->n));

@@ -30,13 +30,13 @@ static const struct {
 };
 
 const char *
-sp_dtype_name(sp_dtype_t t)
+sp_tensor_dtype_name(sp_dtype_t t)
 {
     return (unsigned)t < SP_DT_COUNT ? dtypes[t].name : "?";
 }
 
 int
-sp_dtype_parse(const char *s, size_t len)
+sp_tensor_dtype_parse(const char *s, size_t len)
 {
     for (int i = 0; i < SP_DT_COUNT; i++) {
         if (strlen(dtypes[i].name) == len && memcmp(dtypes[i].name, s, len) == 0) {
@@ -47,7 +47,7 @@ sp_dtype_parse(const char *s, size_t len)
 }
 
 size_t
-sp_dtype_size(sp_dtype_t t)
+sp_tensor_dtype_size(sp_dtype_t t)
 {
     return (unsigned)t < SP_DT_COUNT ? dtypes[t].size : 0;
 }
@@ -333,7 +333,7 @@ elem_err(fill_t *f, const char *what, const json_t *v)
         snprintf(num, sizeof num, " (%g)", json_real_value(v));
     }
     return sp_errf(f->err, f->err_len, SP_ERR_INVALID, "%s.data[%lld]: expected %s for %s, got %s%s",
-                   where_str(f->w), (long long)f->i, what, sp_dtype_name(f->t->dtype), got, num);
+                   where_str(f->w), (long long)f->i, what, sp_tensor_dtype_name(f->t->dtype), got, num);
 }
 
 /* Convert one JSON scalar into element f->i. */
@@ -522,7 +522,7 @@ decode_binary(sp_tensor_t *t, const unsigned char *p, size_t size, where_t *w, c
         if (sp_mul_size((size_t)t->n, dtypes[t->dtype].size, &want) != 0 || want != size) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "%s.parameters.binary_data_size: %zu bytes, but the shape %s of %s "
-                           "needs %lld x %zu", where_str(w), size, format_shape(shp, sizeof shp, t), sp_dtype_name(t->dtype),
+                           "needs %lld x %zu", where_str(w), size, format_shape(shp, sizeof shp, t), sp_tensor_dtype_name(t->dtype),
                            (long long)t->n, dtypes[t->dtype].size);
         }
         t->data = sp_malloc(size ? size : 1);
@@ -632,7 +632,7 @@ decode_input(const json_t *in, int idx, const unsigned char *tail, size_t tail_l
     if (!json_is_string(dt)) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s.datatype: required, a string", where_str(&w));
     }
-    int d = sp_dtype_parse(json_string_value(dt), json_string_length(dt));
+    int d = sp_tensor_dtype_parse(json_string_value(dt), json_string_length(dt));
     if (d < 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "%s.datatype: unknown datatype '%.32s' (BOOL, UINT8, UINT16, UINT32, UINT64, "
@@ -729,7 +729,7 @@ header_length(sp_str_t h, size_t body_len, size_t *out, char *err, size_t err_le
  * byte count input i took, -1 for data in the JSON. */
 static sp_status_t
 parse_full(const char *body, size_t len, size_t json_len, bool have_header, int max_depth,
-           sp_infer_req_t *out, int64_t *bins, char *err, size_t err_len)
+           sp_tensor_req_t *out, int64_t *bins, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
     if (json_len == 0) {
@@ -742,26 +742,26 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
     }
     json_t *root = out->root;
     if (!json_is_object(root)) {
-        sp_infer_req_free(out);
+        sp_tensor_req_free(out);
         return sp_errf(err, err_len, SP_ERR_INVALID, "the request body must be a JSON object");
     }
     const json_t *id = json_object_get(root, "id");
     if (id && !json_is_null(id)) {
         if (!json_is_string(id) || strlen(json_string_value(id)) != json_string_length(id)) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return sp_errf(err, err_len, SP_ERR_INVALID, "id: must be a string (without NUL)");
         }
         out->id = json_string_value(id);
         out->id_len = json_string_length(id);
     }
     if (get_params(root, &out->params) < 0) {
-        sp_infer_req_free(out);
+        sp_tensor_req_free(out);
         return sp_errf(err, err_len, SP_ERR_INVALID, "parameters: must be an object");
     }
     if (out->params) {
         const json_t *bo = json_object_get(out->params, "binary_data_output");
         if (bo && !json_is_null(bo) && !json_is_boolean(bo)) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "parameters.binary_data_output: must be true or false");
         }
@@ -770,14 +770,14 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
     const json_t *ins = json_object_get(root, "inputs");
     if (!json_is_array(ins) || json_array_size(ins) == 0 ||
         json_array_size(ins) > SP_INFER_MAX_TENSORS) {
-        sp_infer_req_free(out);
+        sp_tensor_req_free(out);
         return sp_errf(err, err_len, SP_ERR_INVALID, "inputs: required, a list of 1 to %d inputs",
                        SP_INFER_MAX_TENSORS);
     }
     size_t n_in = json_array_size(ins);
     out->inputs = sp_calloc(n_in, sizeof *out->inputs);
     if (out->inputs == NULL) {
-        sp_infer_req_free(out);
+        sp_tensor_req_free(out);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     const unsigned char *tail = (const unsigned char *)body + json_len;
@@ -787,14 +787,14 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
         st = decode_input(json_array_get(ins, i), (int)i, tail, tail_len, &tail_off, have_header,
                           &out->inputs[i], &bins[i], err, err_len);
         if (st != SP_OK) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return st;
         }
         for (size_t k = 0; k < i; k++) {
             if (strcmp(out->inputs[k].name, out->inputs[i].name) == 0) {
                 st = sp_errf(err, err_len, SP_ERR_INVALID, "inputs[%zu].name: duplicate input '%.64s'",
                              i, out->inputs[i].name);
-                sp_infer_req_free(out);
+                sp_tensor_req_free(out);
                 return st;
             }
         }
@@ -803,20 +803,20 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
         st = sp_errf(err, err_len, SP_ERR_INVALID,
                      "%zu bytes of binary data after the JSON part are not claimed by any input "
                      "(parameters.binary_data_size)", tail_len - tail_off);
-        sp_infer_req_free(out);
+        sp_tensor_req_free(out);
         return st;
     }
     const json_t *outs = json_object_get(root, "outputs");
     if (outs && !json_is_null(outs)) {
         if (!json_is_array(outs) || json_array_size(outs) > SP_INFER_MAX_TENSORS) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return sp_errf(err, err_len, SP_ERR_INVALID, "outputs: must be a list of at most %d outputs",
                            SP_INFER_MAX_TENSORS);
         }
         size_t n_out = json_array_size(outs);
         out->outputs = sp_calloc(n_out ? n_out : 1, sizeof *out->outputs);
         if (out->outputs == NULL) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
         }
         for (size_t i = 0; i < n_out; i++) {
@@ -826,13 +826,13 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
             if (!json_is_string(nm) || json_string_length(nm) == 0 ||
                 json_string_length(nm) >= SP_TENSOR_MAX_NAME ||
                 strlen(json_string_value(nm)) != json_string_length(nm)) {
-                sp_infer_req_free(out);
+                sp_tensor_req_free(out);
                 return sp_errf(err, err_len, SP_ERR_INVALID,
                                "outputs[%zu].name: required, a string of 1 to %d bytes", i,
                                SP_TENSOR_MAX_NAME - 1);
             }
             if (get_params(o, &op) < 0) {
-                sp_infer_req_free(out);
+                sp_tensor_req_free(out);
                 return sp_errf(err, err_len, SP_ERR_INVALID, "outputs[%zu].parameters: must be an object", i);
             }
             sp_infer_output_t *ro = &out->outputs[i];
@@ -841,7 +841,7 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
             const json_t *bd = op ? json_object_get(op, "binary_data") : NULL;
             if (bd && !json_is_null(bd)) {
                 if (!json_is_boolean(bd)) {
-                    sp_infer_req_free(out);
+                    sp_tensor_req_free(out);
                     return sp_errf(err, err_len, SP_ERR_INVALID,
                                    "outputs[%zu].parameters.binary_data: must be true or false", i);
                 }
@@ -851,7 +851,7 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
                 if (strcmp(out->outputs[k].name, ro->name) == 0) {
                     st = sp_errf(err, err_len, SP_ERR_INVALID, "outputs[%zu].name: duplicate output '%.64s'",
                                  i, ro->name);
-                    sp_infer_req_free(out);
+                    sp_tensor_req_free(out);
                     return st;
                 }
             }
@@ -884,21 +884,21 @@ typedef struct hc_entry {
     size_t key_len;
     int max_depth;
     size_t tail_len;      /* binary bytes the inputs take, in total */
-    sp_infer_req_t tmpl;  /* root shared (a reference); inputs without data */
+    sp_tensor_req_t tmpl;  /* root shared (a reference); inputs without data */
     int64_t bins[SP_INFER_MAX_TENSORS];
     uint64_t used;        /* last use, for replacement */
 } hc_entry_t;
 
-struct sp_infer_hcache {
+struct sp_tensor_hcache {
     hc_entry_t e[HC_SLOTS];
     uint64_t tick;
     uint64_t hits, misses;
 };
 
-sp_infer_hcache_t *
-sp_infer_hcache_new(void)
+sp_tensor_hcache_t *
+sp_tensor_hcache_new(void)
 {
-    return sp_calloc(1, sizeof(sp_infer_hcache_t));
+    return sp_calloc(1, sizeof(sp_tensor_hcache_t));
 }
 
 static void
@@ -912,7 +912,7 @@ hc_clear(hc_entry_t *e)
 }
 
 void
-sp_infer_hcache_free(sp_infer_hcache_t *hc)
+sp_tensor_hcache_free(sp_tensor_hcache_t *hc)
 {
     if (hc == NULL) {
         return;
@@ -924,7 +924,7 @@ sp_infer_hcache_free(sp_infer_hcache_t *hc)
 }
 
 void
-sp_infer_hcache_counts(const sp_infer_hcache_t *hc, uint64_t *hits, uint64_t *misses)
+sp_tensor_hcache_counts(const sp_tensor_hcache_t *hc, uint64_t *hits, uint64_t *misses)
 {
     *hits = hc ? hc->hits : 0;
     *misses = hc ? hc->misses : 0;
@@ -932,8 +932,8 @@ sp_infer_hcache_counts(const sp_infer_hcache_t *hc, uint64_t *hits, uint64_t *mi
 
 /* Keep the decoded request r (all inputs binary) under its JSON part. */
 static void
-hc_store(sp_infer_hcache_t *hc, const char *key, size_t key_len, int max_depth,
-         const sp_infer_req_t *r, const int64_t *bins)
+hc_store(sp_tensor_hcache_t *hc, const char *key, size_t key_len, int max_depth,
+         const sp_tensor_req_t *r, const int64_t *bins)
 {
     hc_entry_t *e = &hc->e[0];
     for (int i = 1; i < HC_SLOTS && e->key; i++) {
@@ -979,7 +979,7 @@ hc_store(sp_infer_hcache_t *hc, const char *key, size_t key_len, int max_depth,
  * (the same message the full path gives), or 1 when the tail's length does
  * not match (the full path then says what is wrong). */
 static int
-hc_build(hc_entry_t *e, const unsigned char *tail, size_t tail_len, sp_infer_req_t *out, char *err,
+hc_build(hc_entry_t *e, const unsigned char *tail, size_t tail_len, sp_tensor_req_t *out, char *err,
          size_t err_len)
 {
     if (tail_len != e->tail_len) {
@@ -1013,7 +1013,7 @@ hc_build(hc_entry_t *e, const unsigned char *tail, size_t tail_len, sp_infer_req
         where_set(&w, i, t->name);
         sp_status_t st = decode_binary(t, tail + off, (size_t)e->bins[i], &w, err, err_len);
         if (st != SP_OK) {
-            sp_infer_req_free(out);
+            sp_tensor_req_free(out);
             return st;
         }
         off += (size_t)e->bins[i];
@@ -1022,8 +1022,8 @@ hc_build(hc_entry_t *e, const unsigned char *tail, size_t tail_len, sp_infer_req
 }
 
 sp_status_t
-sp_infer_req_parse_cached(sp_infer_hcache_t *hc, const char *body, size_t len, sp_str_t header_len,
-                          int max_depth, sp_infer_req_t *out, char *err, size_t err_len)
+sp_tensor_req_parse_cached(sp_tensor_hcache_t *hc, const char *body, size_t len, sp_str_t header_len,
+                          int max_depth, sp_tensor_req_t *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
     size_t json_len = len;
@@ -1067,14 +1067,14 @@ sp_infer_req_parse_cached(sp_infer_hcache_t *hc, const char *body, size_t len, s
 }
 
 sp_status_t
-sp_infer_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
-                   sp_infer_req_t *out, char *err, size_t err_len)
+sp_tensor_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
+                   sp_tensor_req_t *out, char *err, size_t err_len)
 {
-    return sp_infer_req_parse_cached(NULL, body, len, header_len, max_depth, out, err, err_len);
+    return sp_tensor_req_parse_cached(NULL, body, len, header_len, max_depth, out, err, err_len);
 }
 
 void
-sp_infer_req_free(sp_infer_req_t *r)
+sp_tensor_req_free(sp_tensor_req_t *r)
 {
     if (r == NULL) {
         return;
@@ -1089,7 +1089,7 @@ sp_infer_req_free(sp_infer_req_t *r)
 }
 
 const sp_tensor_t *
-sp_infer_req_input(const sp_infer_req_t *r, const char *name)
+sp_tensor_req_input(const sp_tensor_req_t *r, const char *name)
 {
     for (int i = 0; i < r->n_inputs; i++) {
         if (strcmp(r->inputs[i].name, name) == 0) {
@@ -1100,7 +1100,7 @@ sp_infer_req_input(const sp_infer_req_t *r, const char *name)
 }
 
 sp_status_t
-sp_infer_req_select_outputs(const sp_infer_req_t *r, const char *const *names, int n_names,
+sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names, int n_names,
                             bool *want, char *err, size_t err_len)
 {
     for (int k = 0; k < n_names; k++) {
@@ -1127,7 +1127,7 @@ sp_infer_req_select_outputs(const sp_infer_req_t *r, const char *const *names, i
 }
 
 bool
-sp_infer_req_output_binary(const sp_infer_req_t *r, const char *name)
+sp_tensor_req_output_binary(const sp_tensor_req_t *r, const char *name)
 {
     for (int i = 0; i < r->n_outputs; i++) {
         if (strcmp(r->outputs[i].name, name) == 0 && r->outputs[i].binary >= 0) {
@@ -1191,8 +1191,8 @@ write_binary(sp_jbuf_t *bin, const sp_tensor_t *t)
 }
 
 void
-sp_infer_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
-                    const sp_infer_req_t *req, const char *params_json, const sp_tensor_t *outs,
+sp_tensor_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
+                    const sp_tensor_req_t *req, const char *params_json, const sp_tensor_t *outs,
                     int n_outs)
 {
     sp_jbuf_lit(json, "{\"model_name\":");
@@ -1214,12 +1214,12 @@ sp_infer_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const ch
         const sp_tensor_t *t = &outs[k];
         sp_jbuf_lit(json, k ? ",{\"name\":" : "{\"name\":");
         sp_jbuf_cstr(json, t->name);
-        sp_jbuf_printf(json, ",\"datatype\":\"%s\",\"shape\":[", sp_dtype_name(t->dtype));
+        sp_jbuf_printf(json, ",\"datatype\":\"%s\",\"shape\":[", sp_tensor_dtype_name(t->dtype));
         for (int i = 0; i < t->ndim; i++) {
             sp_jbuf_printf(json, i ? ",%lld" : "%lld", (long long)t->shape[i]);
         }
         sp_jbuf_lit(json, "]");
-        if (req && sp_infer_req_output_binary(req, t->name)) {
+        if (req && sp_tensor_req_output_binary(req, t->name)) {
             size_t before = bin->len;
             write_binary(bin, t);
             sp_jbuf_printf(json, ",\"parameters\":{\"binary_data_size\":%zu}}", bin->len - before);

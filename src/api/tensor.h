@@ -68,11 +68,11 @@ typedef struct sp_tensor {
 } sp_tensor_t;
 
 /* "FP32" etc. */
-const char *sp_dtype_name(sp_dtype_t t);
+const char *sp_tensor_dtype_name(sp_dtype_t t);
 /* The datatype named s (exact, upper case), or -1. */
-int sp_dtype_parse(const char *s, size_t len);
+int sp_tensor_dtype_parse(const char *s, size_t len);
 /* Bytes per element; 0 for BYTES. */
-size_t sp_dtype_size(sp_dtype_t t);
+size_t sp_tensor_dtype_size(sp_dtype_t t);
 
 /* A tensor of zeros (fixed-size) or empty strings (BYTES). SP_ERR_INVALID for
  * a bad shape, SP_ERR_TOO_LARGE when it would not fit in memory. */
@@ -96,7 +96,7 @@ typedef struct sp_infer_output {
     int binary; /* parameters.binary_data: -1 not given, 0, 1 */
 } sp_infer_output_t;
 
-typedef struct sp_infer_req {
+typedef struct sp_tensor_req {
     json_t *root;               /* the JSON part (owned) */
     const char *id;             /* "id", NUL-terminated (in root), or NULL */
     size_t id_len;
@@ -106,7 +106,7 @@ typedef struct sp_infer_req {
     sp_infer_output_t *outputs; /* requested outputs; none: all, with default settings */
     int n_outputs;
     bool binary_output;         /* parameters.binary_data_output */
-} sp_infer_req_t;
+} sp_tensor_req_t;
 
 /*
  * Decode an inference request body. header_len is the value of the
@@ -115,43 +115,43 @@ typedef struct sp_infer_req {
  * parameters.binary_data_size take their data from, in order; all of it must
  * be claimed. SP_ERR_INVALID with err naming the field for anything wrong.
  */
-sp_status_t sp_infer_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
-                               sp_infer_req_t *out, char *err, size_t err_len);
-void sp_infer_req_free(sp_infer_req_t *r);
+sp_status_t sp_tensor_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
+                               sp_tensor_req_t *out, char *err, size_t err_len);
+void sp_tensor_req_free(sp_tensor_req_t *r);
 
 /* A cache of decoded JSON parts of binary-tensor requests, keyed by their
  * exact bytes (tensor.c says why). Not thread-safe: one per event loop. */
-typedef struct sp_infer_hcache sp_infer_hcache_t;
-sp_infer_hcache_t *sp_infer_hcache_new(void);
-void sp_infer_hcache_free(sp_infer_hcache_t *hc);
-void sp_infer_hcache_counts(const sp_infer_hcache_t *hc, uint64_t *hits, uint64_t *misses);
-/* sp_infer_req_parse through the cache hc (NULL: none): the same result and
+typedef struct sp_tensor_hcache sp_tensor_hcache_t;
+sp_tensor_hcache_t *sp_tensor_hcache_new(void);
+void sp_tensor_hcache_free(sp_tensor_hcache_t *hc);
+void sp_tensor_hcache_counts(const sp_tensor_hcache_t *hc, uint64_t *hits, uint64_t *misses);
+/* sp_tensor_req_parse through the cache hc (NULL: none): the same result and
  * the same errors. */
-sp_status_t sp_infer_req_parse_cached(sp_infer_hcache_t *hc, const char *body, size_t len,
-                                      sp_str_t header_len, int max_depth, sp_infer_req_t *out,
+sp_status_t sp_tensor_req_parse_cached(sp_tensor_hcache_t *hc, const char *body, size_t len,
+                                      sp_str_t header_len, int max_depth, sp_tensor_req_t *out,
                                       char *err, size_t err_len);
 /* Input by name, or NULL. */
-const sp_tensor_t *sp_infer_req_input(const sp_infer_req_t *r, const char *name);
+const sp_tensor_t *sp_tensor_req_input(const sp_tensor_req_t *r, const char *name);
 /*
  * Which of a model's outputs to return: want[i] for names[i]. Without
  * requested outputs every output is wanted; a requested name that is not in
  * names is SP_ERR_INVALID ("outputs[0]: the model has no output 'x' ...").
  */
-sp_status_t sp_infer_req_select_outputs(const sp_infer_req_t *r, const char *const *names,
+sp_status_t sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names,
                                         int n_names, bool *want, char *err, size_t err_len);
 /* Whether output `name` goes to the binary tail (its binary_data, else the
  * request's binary_data_output). */
-bool sp_infer_req_output_binary(const sp_infer_req_t *r, const char *name);
+bool sp_tensor_req_output_binary(const sp_tensor_req_t *r, const char *name);
 
 /*
  * Write an inference response: the JSON part to json and the binary tail (the
- * outputs sp_infer_req_output_binary selects, in order) to bin. id and
+ * outputs sp_tensor_req_output_binary selects, in order) to bin. id and
  * params_json (a JSON object's text for "parameters") may be NULL. The
  * caller answers json + bin with Inference-Header-Content-Length = json->len
  * when bin is not empty.
  */
-void sp_infer_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
-                         const sp_infer_req_t *req, const char *params_json,
+void sp_tensor_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
+                         const sp_tensor_req_t *req, const char *params_json,
                          const sp_tensor_t *outs, int n_outs);
 
 #endif /* SP_API_TENSOR_H */

@@ -27,7 +27,7 @@
 #include "serving/backends.h"
 #include "serving/metrics.h"
 #include "serving/respcache.h"
-#include "serving/tenants.h"
+#include "serving/auth.h"
 #include "sched/batcher.h"
 #include "api/kserve.h"
 #include "api/api.h"
@@ -50,7 +50,7 @@ typedef struct tq {
     sp_api_req_t a;            /* the lifecycle (request.h): model, clock, cache key; a.http
                                 * NULL once the client went away (loop thread only) */
     sp_mailbox_t *mb;
-    sp_infer_req_t ir;
+    sp_tensor_req_t ir;
     /* filled by the batcher's callback */
     sp_status_t status;
     sp_batch_reason_t reason;
@@ -68,7 +68,7 @@ tq_free(sp_api_req_t *a)
     for (int32_t i = 0; i < q->n_out; i++) {
         sp_backends_host()->free_fn(q->out[i].data);
     }
-    sp_infer_req_free(&q->ir);
+    sp_tensor_req_free(&q->ir);
     sp_free(q);
 }
 
@@ -129,7 +129,7 @@ to_tensor(const sp_backend_tensor_t *b, sp_tensor_t *t, char *err, size_t err_le
     }
     sp_status_t st = sp_tensor_alloc(t, b->name, (sp_dtype_t)b->dtype, b->n_dims, shape, err, err_len);
     if (st == SP_OK) {
-        size_t want = (size_t)t->n * sp_dtype_size(t->dtype);
+        size_t want = (size_t)t->n * sp_tensor_dtype_size(t->dtype);
         memcpy(t->data, b->data, want < b->bytes ? want : b->bytes);
     }
     return st;
@@ -155,7 +155,7 @@ respond(tq_t *q)
         char params[128];
         snprintf(params, sizeof params, "{\"queue_time_us\":%lld,\"compute_time_us\":%lld}",
                  (long long)(q->a.clk.queue_ns / 1000), (long long)(q->a.clk.compute_ns / 1000));
-        sp_infer_resp_write(&json, &bin, q->a.m->name, q->a.m->version_str, &q->ir, params, outs, n);
+        sp_tensor_resp_write(&json, &bin, q->a.m->name, q->a.m->version_str, &q->ir, params, outs, n);
     }
     for (int i = 0; i < n; i++) {
         sp_tensor_free(&outs[i]);
@@ -275,14 +275,14 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
         }
     }
     for (int32_t i = 0; i < info->n_inputs; i++) {
-        const sp_tensor_t *t = sp_infer_req_input(&q->ir, info->inputs[i].name);
+        const sp_tensor_t *t = sp_tensor_req_input(&q->ir, info->inputs[i].name);
         if (t == NULL) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs: '%s' is required (%s)",
                            info->inputs[i].name, btype_name(info->inputs[i].dtype));
         }
         if ((int)t->dtype != (int)info->inputs[i].dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.datatype: the model takes %s, got %s",
-                           t->name, btype_name(info->inputs[i].dtype), sp_dtype_name(t->dtype));
+                           t->name, btype_name(info->inputs[i].dtype), sp_tensor_dtype_name(t->dtype));
         }
         if (t->ndim > SP_BACKEND_MAX_DIMS) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.shape: more than %d dims",
@@ -297,7 +297,7 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
         }
         if (t->dtype != SP_DT_BYTES) {
             b->data = t->data;
-            b->bytes = (size_t)t->n * sp_dtype_size(t->dtype);
+            b->bytes = (size_t)t->n * sp_tensor_dtype_size(t->dtype);
             continue;
         }
         size_t total = 0;
@@ -338,7 +338,7 @@ cache_key(const tq_t *q, const sp_backend_tensor_t *in)
     if (k == NULL) {
         return NULL;
     }
-    const sp_infer_req_t *ir = &q->ir;
+    const sp_tensor_req_t *ir = &q->ir;
     sp_rckey_add_u64(k, ir->id != NULL);
     sp_rckey_add(k, ir->id ? ir->id : "", ir->id ? ir->id_len : 0);
     for (int32_t i = 0; i < q->a.m->be_info.n_inputs; i++) {
@@ -380,13 +380,13 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
     const char *names[SP_BACKEND_MAX_TENSORS];
     bool want[SP_BACKEND_MAX_TENSORS];
     int32_t n_want = 0;
-    sp_status_t st = sp_infer_req_parse_cached(sp_api_hcache(r), body.ptr, body.len, hl,
+    sp_status_t st = sp_tensor_req_parse_cached(sp_api_hcache(r), body.ptr, body.len, hl,
                                                s->cfg.json_depth, &q->ir, err, sizeof err);
     if (st == SP_OK) {
         for (int32_t i = 0; i < info->n_outputs; i++) {
             names[i] = info->outputs[i].name;
         }
-        st = sp_infer_req_select_outputs(&q->ir, names, info->n_outputs, want, err, sizeof err);
+        st = sp_tensor_req_select_outputs(&q->ir, names, info->n_outputs, want, err, sizeof err);
     }
     if (st == SP_OK) {
         st = gather_inputs(q, in, bufs, err, sizeof err);

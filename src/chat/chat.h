@@ -107,7 +107,7 @@ sp_status_t sp_chat_apply_ex(const sp_chat_template_t *t, const sp_chat_msg_t *m
                              size_t err_len);
 
 /*
- * The BOS rule: whether to ask sp_tokenize for a BOS token in front of a
+ * The BOS rule: whether to ask sp_tokenizer_encode for a BOS token in front of a
  * prompt. The vocabulary decides first (sp_tokenizer_add_bos). A rendered
  * chat template (rendered[0..len), from sp_chat_apply) usually writes the BOS
  * text itself (bos_token in the template): then it is tokenized from the text

@@ -11,7 +11,7 @@
 #include "core/alloc.h"
 
 sp_status_t
-sp_read_file(const char *path, const char *label, size_t max, char **out, size_t *len, char *err,
+sp_file_read(const char *path, const char *label, size_t max, char **out, size_t *len, char *err,
              size_t err_len)
 {
     *out = NULL;

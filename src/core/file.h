@@ -19,7 +19,7 @@
  * SP_ERR_TOO_LARGE, SP_ERR_NOMEM. A file that shrinks while it is read gives
  * what was there.
  */
-sp_status_t sp_read_file(const char *path, const char *label, size_t max, char **out, size_t *len,
+sp_status_t sp_file_read(const char *path, const char *label, size_t max, char **out, size_t *len,
                          char *err, size_t err_len);
 
 /* The same file, unchanged as far as stat tells: device, inode, size and

@@ -161,7 +161,7 @@ cgroup_cpus(void)
 }
 
 int
-sp_cpu_count(void)
+sp_pool_cpu_count(void)
 {
     static _Atomic int cached;
     int n = atomic_load(&cached);
@@ -187,7 +187,7 @@ sp_pool_create(int n_threads, sp_pool_t **out)
 {
     *out = NULL;
     if (n_threads <= 0) {
-        n_threads = sp_cpu_count();
+        n_threads = sp_pool_cpu_count();
     }
     if (n_threads > 512) {
         n_threads = 512;

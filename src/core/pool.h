@@ -32,11 +32,11 @@ typedef struct sp_pool sp_pool_t;
 typedef void (*sp_pool_fn)(void *ctx, int64_t chunk, int ith);
 
 /* n_threads <= 0 means one per online core. */
-/* n_threads <= 0: sp_cpu_count(). */
+/* n_threads <= 0: sp_pool_cpu_count(). */
 sp_status_t sp_pool_create(int n_threads, sp_pool_t **out);
 /* CPUs this process may use: the affinity mask, capped by the cgroup's
  * cpu.max quota (a container limited to 2 CPUs on a 64-core node gets 2). */
-int sp_cpu_count(void);
+int sp_pool_cpu_count(void);
 void sp_pool_destroy(sp_pool_t *p); /* NULL is a no-op */
 int sp_pool_n_threads(const sp_pool_t *p);
 /* n_chunks in [0, SP_POOL_MAX_CHUNKS]; with 0 it returns at once. */

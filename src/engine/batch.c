@@ -115,7 +115,7 @@ static int
 pool_threads(int n)
 {
     if (n <= 0) {
-        n = sp_cpu_count();
+        n = sp_pool_cpu_count();
     }
     return n > 512 ? 512 : n;
 }

@@ -241,7 +241,7 @@ sp_router_match(const char *pattern, sp_str_t path, sp_route_params_t *p)
 }
 
 sp_str_t
-sp_route_param(const sp_route_params_t *p, const char *name)
+sp_router_param(const sp_route_params_t *p, const char *name)
 {
     for (int i = 0; i < p->n; i++) {
         if (sp_str_eq_c(p->name[i], name)) {

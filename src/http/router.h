@@ -63,6 +63,6 @@ int sp_router_dispatch(const sp_router_t *rt, sp_http_req_t *r);
 /* Does path match pattern (captures into *p)? The matcher dispatch uses. */
 bool sp_router_match(const char *pattern, sp_str_t path, sp_route_params_t *p);
 /* Value of capture `name`, ptr NULL if absent. */
-sp_str_t sp_route_param(const sp_route_params_t *p, const char *name);
+sp_str_t sp_router_param(const sp_route_params_t *p, const char *name);
 
 #endif /* SP_HTTP_ROUTER_H */

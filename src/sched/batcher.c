@@ -1476,7 +1476,7 @@ sp_batcher_create(const sp_batcher_params_t *params, const sp_backend_api_t *api
     if (b->p.adaptive) {
         sp_batcher_ctl_init(&b->ctl, params->target_p99_ms, params->max_queue_delay_us,
                             params->max_batch_size);
-        b->ctl.cpus = sp_cpu_count(); /* affinity and cgroup quota, as the pools size themselves */
+        b->ctl.cpus = sp_pool_cpu_count(); /* affinity and cgroup quota, as the pools size themselves */
     }
 
     pthread_condattr_t ca;

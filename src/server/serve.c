@@ -450,7 +450,7 @@ loop_init(sp_http_loop_t *loop, void *ud)
         return NULL;
     }
     sp_http_loop_set_wake_cb(loop, loop_mailbox_drain, lc->mb);
-    lc->hcache = sp_infer_hcache_new(); /* NULL (no memory) only turns the cache off */
+    lc->hcache = sp_tensor_hcache_new(); /* NULL (no memory) only turns the cache off */
     /* The gRPC port is served by the same loops (grpc.h). */
     if (s->grpc && (lc->grpc = sp_grpc_loop_start(s->grpc, loop)) == NULL) {
         SP_LOG_WARN("event=grpc_loop_failed detail=%s", sp_log_str("out of memory"));
@@ -466,7 +466,7 @@ loop_fini(sp_http_loop_t *loop, void *user, void *ud)
         sp_grpc_loop_stop(lc->grpc); /* cancels its calls while the mailbox still exists */
         sp_mailbox_destroy(lc->mb);
         sp_http_loop_set_wake_cb(loop, NULL, NULL);
-        sp_infer_hcache_free(lc->hcache);
+        sp_tensor_hcache_free(lc->hcache);
         sp_free(lc);
     }
 }
@@ -679,7 +679,7 @@ sp_cmd_serve(int argc, char **argv)
     {
         /* Request preparation (openai.c, kserve.c) runs here, never on a loop: a few
          * workers (they mostly wait), and a bounded queue (beyond it: 429). */
-        int n = sp_cpu_count();
+        int n = sp_pool_cpu_count();
         n = n < 2 ? 2 : n > 8 ? 8 : n;
         if (sp_workq_create(n, 256, &s->sv.prep) != SP_OK) {
             fprintf(stderr, "sampan serve: cannot start the request preparation workers\n");

@@ -174,7 +174,7 @@ sched_params(const sp_serving_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     }
     /* Instances on the CPU share its cores rather than each taking all. */
     if (sp.n_threads == 0 && n_cpu_inst > 1) {
-        int cores = sp_cpu_count();
+        int cores = sp_pool_cpu_count();
         sp.n_threads = cores > n_cpu_inst ? cores / n_cpu_inst : 1;
     }
     return sp;

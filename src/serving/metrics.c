@@ -25,13 +25,13 @@ static const char *const fail_names[SP_FAIL_COUNT_] = {
 };
 
 const char *
-sp_fail_reason_name(sp_fail_reason_t r)
+sp_metrics_fail_reason_name(sp_fail_reason_t r)
 {
     return r >= 0 && r < SP_FAIL_COUNT_ ? fail_names[r] : "internal";
 }
 
 sp_fail_reason_t
-sp_fail_reason_of(sp_status_t st, const char *message)
+sp_metrics_fail_reason_of(sp_status_t st, const char *message)
 {
     switch (st) {
     case SP_ERR_BUSY:
@@ -61,7 +61,7 @@ sp_metrics_model_init(sp_model_metrics_t *mm)
 }
 
 void
-sp_req_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text)
+sp_metrics_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text)
 {
     memset(c, 0, sizeof *c);
     c->t0_ns = t0_ns ? t0_ns : sp_time_ns();
@@ -70,7 +70,7 @@ sp_req_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text)
 }
 
 void
-sp_req_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n)
+sp_metrics_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n)
 {
     if (!c->keep_text) {
         return;
@@ -86,7 +86,7 @@ sp_req_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n)
 }
 
 void
-sp_req_clock_token(sp_req_clock_t *c)
+sp_metrics_clock_token(sp_req_clock_t *c)
 {
     if (c->first_ns == 0) {
         c->first_ns = sp_time_ns();
@@ -113,7 +113,7 @@ record_times(sp_req_clock_t *c, sp_model_metrics_t *mm)
 }
 
 void
-sp_req_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish)
+sp_metrics_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish)
 {
     if (c->ended || mm == NULL) {
         return;
@@ -125,7 +125,7 @@ sp_req_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t fini
 }
 
 void
-sp_req_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t reason)
+sp_metrics_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t reason)
 {
     if (c->ended || mm == NULL) {
         return;

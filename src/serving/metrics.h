@@ -17,7 +17,7 @@
 
 #include "engine/gen.h"
 #include "sampan/status.h"
-#include "serving/tenants.h"
+#include "serving/auth.h"
 
 #define SP_HIST_MAX_BUCKETS 32
 
@@ -49,9 +49,9 @@ typedef enum sp_fail_reason {
     SP_FAIL_COUNT_,
 } sp_fail_reason_t;
 
-const char *sp_fail_reason_name(sp_fail_reason_t r);
+const char *sp_metrics_fail_reason_name(sp_fail_reason_t r);
 /* The failure reason of a scheduler status. */
-sp_fail_reason_t sp_fail_reason_of(sp_status_t st, const char *message);
+sp_fail_reason_t sp_metrics_fail_reason_of(sp_status_t st, const char *message);
 
 typedef struct sp_model_metrics {
     _Atomic uint64_t success[2];               /* finished_reason stop, length */
@@ -79,13 +79,13 @@ typedef struct sp_req_clock {
     char output[SP_REQ_TEXT_MAX];
 } sp_req_clock_t;
 
-void sp_req_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text);
-void sp_req_clock_token(sp_req_clock_t *c);
+void sp_metrics_clock_start(sp_req_clock_t *c, int64_t t0_ns, bool keep_text);
+void sp_metrics_clock_token(sp_req_clock_t *c);
 /* Keep (the start of) the prompt or output text for the access log. */
-void sp_req_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n);
+void sp_metrics_clock_text(sp_req_clock_t *c, bool output, const char *s, size_t n);
 /* Record the request's outcome in mm (once; later calls do nothing). */
-void sp_req_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish);
-void sp_req_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t reason);
+void sp_metrics_clock_success(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_finish_t finish);
+void sp_metrics_clock_failure(sp_req_clock_t *c, sp_model_metrics_t *mm, sp_fail_reason_t reason);
 
 /* Resident memory of the process (bytes; 0 if unknown). */
 uint64_t sp_metrics_rss_bytes(void);

@@ -946,7 +946,7 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
     memset(out, 0, sizeof *out);
     char *text = NULL;
     size_t len = 0;
-    sp_status_t st = sp_read_file(path, label, SP_REPO_CONFIG_MAX, &text, &len, err, err_len);
+    sp_status_t st = sp_file_read(path, label, SP_REPO_CONFIG_MAX, &text, &len, err, err_len);
     if (st) return st;
     json_t *j = NULL, *ov = NULL;
     st = sp_repo_config_parse_text(text, len, label, &j, err, err_len);

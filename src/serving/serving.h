@@ -25,7 +25,7 @@
 #include "serving/config.h"
 #include "serving/registry.h"
 #include "serving/respcache.h"
-#include "serving/tenants.h"
+#include "serving/auth.h"
 
 typedef struct sp_manager_cmd sp_manager_cmd_t; /* manager.c */
 

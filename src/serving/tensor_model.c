@@ -130,7 +130,7 @@ batcher_params(const sp_repo_config_t *cfg)
 static sp_backend_load_args_t
 load_args(const sp_served_model_t *m, const sp_repo_config_t *cfg, char *dir, size_t dir_len)
 {
-    int cores = sp_cpu_count();
+    int cores = sp_pool_cpu_count();
     sp_backend_load_args_t a = {
         .model_name = m->name,
         .version = m->version,

@@ -26,7 +26,7 @@
  * token. A duplicate pair keeps its first (best) rank.
  *
  * Threads: the compiled regexes and tables are read-only after load; each call
- * creates its own PCRE2 match data and merge scratch, so sp_tokenize may run
+ * creates its own PCRE2 match data and merge scratch, so sp_tokenizer_encode may run
  * concurrently on one tokenizer.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -9,7 +9,7 @@
  * byte-level BPE (tok_bpe.c) or WordPiece (tok_wpm.c); the text -> id map they
  * all look tokens up in is vocab.c's, and the streaming detokenizer over
  * sp_tokenizer_piece is detok.c. A built tokenizer is
- * read-only: sp_tokenize may run on any number of threads at once, each call
+ * read-only: sp_tokenizer_encode may run on any number of threads at once, each call
  * keeping its scratch state in its own heap buffers.
  *
  * The SPM encoder is the score-driven BPE llama.cpp's "llama" vocab runs:
@@ -34,7 +34,7 @@
 
 #define MAX_VOCAB (1 << 24) /* G15: larger vocabularies are refused */
 #define MAX_EOG SP_TOKENIZER_MAX_EOG
-/* Longest input sp_tokenize accepts: symbol indices are int32 and the escaped
+/* Longest input sp_tokenizer_encode accepts: symbol indices are int32 and the escaped
  * text (3 bytes per space) must stay below 2^31. */
 #define MAX_INPUT_BYTES ((size_t)1 << 29)
 
@@ -894,7 +894,7 @@ done:
 /* ---- public encode / decode -------------------------------------------- */
 
 int64_t
-sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
+sp_tokenizer_encode(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
             bool parse_special, int32_t *out, int64_t cap)
 {
     if (t == NULL || (text == NULL && len > 0) || cap < 0 || (out == NULL && cap > 0)) {

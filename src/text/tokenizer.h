@@ -8,10 +8,10 @@
  * qwen2, deepseek-llm, deepseek-coder, falcon, starcoder, command-r, ...),
  * merges ranked by tokenizer.ggml.merges; "bert", WordPiece with BERT's
  * normalizer. Control and user-defined tokens are split out of the text
- * before any of them runs (see sp_tokenize).
+ * before any of them runs (see sp_tokenizer_encode).
  *
  * Threads: a built tokenizer is read-only; any number of threads may call
- * sp_tokenize and sp_tokenizer_piece on it at once.
+ * sp_tokenizer_encode and sp_tokenizer_piece on it at once.
  *
  * The vocabulary is untrusted (RELIABILITY.md G14-G16): element types, counts,
  * special ids, token lengths and <0xNN> spellings are checked at load.
@@ -65,7 +65,7 @@ bool sp_tokenizer_strips_space(const sp_tokenizer_t *t);
  * total number of tokens (which may exceed cap: call again with a bigger
  * buffer), or a negative sp_status_t on error.
  */
-int64_t sp_tokenize(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
+int64_t sp_tokenizer_encode(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
                     bool parse_special, int32_t *out, int64_t cap);
 
 /*

@@ -48,7 +48,7 @@ struct sp_tokenizer {
     sp__tok_bpe_t *bpe; /* BPE only */
 };
 
-/* Counts every token but stores only the first cap (the sp_tokenize contract). */
+/* Counts every token but stores only the first cap (the sp_tokenizer_encode contract). */
 typedef struct sp__tok_out {
     int32_t *ids;
     int64_t cap;

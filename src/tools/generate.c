@@ -203,7 +203,7 @@ sp_cmd_run(int argc, char **argv)
         fprintf(stderr, "sampan: out of memory\n");
         goto done;
     }
-    int64_t n_prompt = sp_tokenize(tok, prompt, strlen(prompt), add_bos, false, toks, n_ctx_eff);
+    int64_t n_prompt = sp_tokenizer_encode(tok, prompt, strlen(prompt), add_bos, false, toks, n_ctx_eff);
     if (n_prompt < 0) {
         fprintf(stderr, "sampan: cannot tokenize the prompt: %s\n",
                 sp_status_str((sp_status_t)n_prompt));

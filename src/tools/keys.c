@@ -220,14 +220,14 @@ cmd_add(const keys_opts_t *o)
         goto done;
     }
     char key[80];
-    if (sp_key_generate(key, sizeof key) != SP_OK) {
+    if (sp_tenants_key_generate(key, sizeof key) != SP_OK) {
         fprintf(stderr, "sampan keys add: no random bytes\n");
         goto done;
     }
-    sp_key_hash(key, strlen(key), x->keys[x->n_keys++]);
+    sp_tenants_key_hash(key, strlen(key), x->keys[x->n_keys++]);
     if (save(t, o->file) == 0) {
         char h[72];
-        sp_key_hash_str(x->keys[x->n_keys - 1], h);
+        sp_tenants_key_hash_str(x->keys[x->n_keys - 1], h);
         fprintf(stderr, "added a key for tenant '%s' (fingerprint %.12s); it is shown only once:\n",
                 x->name, h + 7);
         printf("%s\n", key);
@@ -263,7 +263,7 @@ cmd_list(const keys_opts_t *o)
         for (uint32_t b = 1; b <= SP_SCOPE_METRICS; b <<= 1) {
             if (x->scopes & b) {
                 snprintf(scopes + strlen(scopes), sizeof scopes - strlen(scopes), "%s%s",
-                         scopes[0] ? "," : "", sp_scope_name(b));
+                         scopes[0] ? "," : "", sp_tenants_scope_name(b));
             }
         }
         for (int32_t k = 0; k < x->n_models; k++) {
@@ -272,7 +272,7 @@ cmd_list(const keys_opts_t *o)
         }
         for (int32_t k = 0; k < x->n_keys; k++) {
             char h[72];
-            sp_key_hash_str(x->keys[k], h);
+            sp_tenants_key_hash_str(x->keys[k], h);
             snprintf(keys + strlen(keys), sizeof keys - strlen(keys),
                      o->json ? "%s\"%.12s\"" : "%s%.12s", k ? "," : "", h + 7);
         }
@@ -326,7 +326,7 @@ cmd_revoke(const keys_opts_t *o)
         size_t fl = strlen(o->key);
         for (int32_t k = 0; k < x->n_keys; k++) {
             char h[72];
-            sp_key_hash_str(x->keys[k], h);
+            sp_tenants_key_hash_str(x->keys[k], h);
             if (fl >= 6 && fl <= 64 && strncmp(h + 7, o->key, fl) == 0) {
                 hit = k;
                 hits++;

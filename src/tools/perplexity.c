@@ -138,7 +138,7 @@ sp_cmd_perplexity(int argc, char **argv)
     int32_t *toks = NULL;
     sp_model_t *m = NULL;
     sp_ctx_t *c = NULL;
-    if (sp_read_file(text_path, text_path, PPL_MAX_TEXT_BYTES, &text, &text_len, err,
+    if (sp_file_read(text_path, text_path, PPL_MAX_TEXT_BYTES, &text, &text_len, err,
                      sizeof err) != SP_OK) {
         fprintf(stderr, "sampan perplexity: %s\n", err);
         goto done;
@@ -167,14 +167,14 @@ sp_cmd_perplexity(int argc, char **argv)
     int64_t load_ns = sp_time_ns() - t0;
 
     const sp_tokenizer_t *tok = sp_model_tokenizer(m);
-    int64_t n_text = sp_tokenize(tok, text, text_len, false, false, NULL, 0);
+    int64_t n_text = sp_tokenizer_encode(tok, text, text_len, false, false, NULL, 0);
     if (n_text < 0) {
         fprintf(stderr, "sampan perplexity: %s: cannot tokenize (%s)\n", text_path,
                 sp_status_str((sp_status_t)n_text));
         goto done;
     }
     toks = sp_malloc((size_t)(n_text > 0 ? n_text : 1) * sizeof(int32_t));
-    if (toks == NULL || sp_tokenize(tok, text, text_len, false, false, toks, n_text) != n_text) {
+    if (toks == NULL || sp_tokenizer_encode(tok, text, text_len, false, false, toks, n_text) != n_text) {
         fprintf(stderr, "sampan perplexity: out of memory tokenizing %s\n", text_path);
         goto done;
     }

@@ -63,7 +63,7 @@ read_all(FILE *f, size_t *len)
 static int
 encode(const sp_tokenizer_t *t, const char *text, size_t len, bool bos, bool special)
 {
-    int64_t n = sp_tokenize(t, text, len, bos, special, NULL, 0);
+    int64_t n = sp_tokenizer_encode(t, text, len, bos, special, NULL, 0);
     if (n < 0) {
         fprintf(stderr, "sampan tokenize: %s\n", sp_status_str((sp_status_t)n));
         return 1;
@@ -73,7 +73,7 @@ encode(const sp_tokenizer_t *t, const char *text, size_t len, bool bos, bool spe
         fprintf(stderr, "sampan tokenize: out of memory\n");
         return 1;
     }
-    sp_tokenize(t, text, len, bos, special, ids, n);
+    sp_tokenizer_encode(t, text, len, bos, special, ids, n);
     for (int64_t i = 0; i < n; i++) {
         printf(i ? " %d" : "%d", (int)ids[i]);
     }

@@ -4,7 +4,7 @@
  * tensors and with the binary tensor data extension, Triton's generate and
  * generate_stream, and model metadata and readiness.
  *
- * fuzz_tensor already drives the tensor codec (sp_infer_req_parse and the
+ * fuzz_tensor already drives the tensor codec (sp_tensor_req_parse and the
  * response encoder) directly and fast; this target adds what lies behind it
  * in kserve.c: the generate parameters (top-level and `parameters`, strict
  * and open sets), one-element setting tensors (max_tokens, temperature, stop

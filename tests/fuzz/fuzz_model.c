@@ -44,7 +44,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sp_ctx_destroy(c);
         }
         int32_t ids[64];
-        int64_t n = sp_tokenize(sp_model_tokenizer(m), "Hello <s> w\xc3\xb6rld", 15, true, true,
+        int64_t n = sp_tokenizer_encode(sp_model_tokenizer(m), "Hello <s> w\xc3\xb6rld", 15, true, true,
                                 ids, 64);
         for (int64_t i = 0; i < n && i < 64; i++) {
             char piece[64];

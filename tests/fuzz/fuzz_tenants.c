@@ -84,9 +84,9 @@ check_table(const sp_tenants_t *t)
         for (int32_t k = 0; k < x->n_keys; k++) {
             char s[72];
             uint8_t back[32];
-            sp_key_hash_str(x->keys[k], s);
+            sp_tenants_key_hash_str(x->keys[k], s);
             need(strlen(s) == 7 + 64 && strncmp(s, "sha256:", 7) == 0, "key hash string");
-            need(sp_key_hash_parse(s, strlen(s), back) && memcmp(back, x->keys[k], 32) == 0,
+            need(sp_tenants_key_hash_parse(s, strlen(s), back) && memcmp(back, x->keys[k], 32) == 0,
                  "a key hash does not round-trip");
         }
     }
@@ -115,7 +115,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* The key-hash parser alone, on the raw bytes (it sees header values). */
     uint8_t h[32];
-    (void)sp_key_hash_parse(text, size, h);
+    (void)sp_tenants_key_hash_parse(text, size, h);
     free(text);
     return 0;
 }

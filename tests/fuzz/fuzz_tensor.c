@@ -45,9 +45,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(hl, sizeof hl, "%u", v);
         header = sp_str_c(hl);
     }
-    sp_infer_req_t r;
+    sp_tensor_req_t r;
     char err[512];
-    if (sp_infer_req_parse(body, len, header, 64, &r, err, sizeof err) != SP_OK) {
+    if (sp_tensor_req_parse(body, len, header, 64, &r, err, sizeof err) != SP_OK) {
         if (err[0] == '\0') {
             abort(); /* every failure says why */
         }
@@ -73,11 +73,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const char *names[2] = {r.n_inputs ? r.inputs[0].name : "x", "y"};
     bool want[2];
-    sp_infer_req_select_outputs(&r, names, 2, want, err, sizeof err);
+    sp_tensor_req_select_outputs(&r, names, 2, want, err, sizeof err);
     sp_jbuf_t js, bin;
     sp_jbuf_init(&js);
     sp_jbuf_init(&bin);
-    sp_infer_resp_write(&js, &bin, "m", "1", &r, NULL, r.inputs, r.n_inputs);
+    sp_tensor_resp_write(&js, &bin, "m", "1", &r, NULL, r.inputs, r.n_inputs);
     json_t *back = NULL;
     if (!js.oom && !bin.oom) {
         /* BYTES may hold NUL, written as \u0000: valid JSON, which jansson
@@ -101,7 +101,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     sp_jbuf_free(&js);
     sp_jbuf_free(&bin);
-    sp_infer_req_free(&r);
+    sp_tensor_req_free(&r);
     free(body);
     return 0;
 }

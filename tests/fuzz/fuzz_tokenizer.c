@@ -55,7 +55,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
         for (int b = 0; b < 256; b++) {
             char c = (char)b, out[8];
             int32_t ids[8];
-            int64_t n = sp_tokenize(toks[i], &c, 1, false, false, ids, 8);
+            int64_t n = sp_tokenizer_encode(toks[i], &c, 1, false, false, ids, 8);
             size_t k = 0;
             for (int64_t j = 0; j < n && j < 8; j++) {
                 int32_t m = sp_tokenizer_piece(toks[i], ids[j], false, out + k, 8 - (int32_t)k);
@@ -81,12 +81,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *text = malloc(len ? len : 1);
     memcpy(text, data + 1, len);
 
-    int64_t n = sp_tokenize(t, text, len, bos, special, NULL, 0);
+    int64_t n = sp_tokenizer_encode(t, text, len, bos, special, NULL, 0);
     if (n < 0) {
         abort(); /* nothing a fuzzer can send is an error below MAX_INPUT_BYTES */
     }
     int32_t *ids = malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (sp_tokenize(t, text, len, bos, special, ids, n) != n) {
+    if (sp_tokenizer_encode(t, text, len, bos, special, ids, n) != n) {
         abort();
     }
     int32_t n_vocab = sp_tokenizer_n_vocab(t);

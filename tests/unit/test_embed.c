@@ -40,7 +40,7 @@ TEST(embed_is_mean_of_normed_hidden_states)
     const sp_hparams_t *hp = sp_model_hparams(m);
     const int64_t E = hp->n_embd, V = hp->n_vocab;
     int32_t toks[16];
-    int64_t n = sp_tokenize(sp_model_tokenizer(m), "hello", 5, true, false, toks, 16);
+    int64_t n = sp_tokenizer_encode(sp_model_tokenizer(m), "hello", 5, true, false, toks, 16);
     ASSERT(n >= 2);
 
     float *e = sp_malloc((size_t)E * sizeof(float));

@@ -378,31 +378,31 @@ TEST(enc_known_vector_still_decrypts)
 TEST(enc_tenant_key_encodings)
 {
     char key[128];
-    ASSERT_OK(sp_key_generate(key, sizeof key));
+    ASSERT_OK(sp_tenants_key_generate(key, sizeof key));
     ASSERT_EQ(strlen(key), 10 + 43);
     ASSERT(strncmp(key, "sk-sampan-", 10) == 0);
     ASSERT_EQ(strspn(key + 10, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
               43);
     char other[128];
-    ASSERT_OK(sp_key_generate(other, sizeof other));
+    ASSERT_OK(sp_tenants_key_generate(other, sizeof other));
     ASSERT(strcmp(key, other) != 0);
-    ASSERT(sp_key_generate(key, 53) != SP_OK); /* too small for the key and its NUL */
+    ASSERT(sp_tenants_key_generate(key, 53) != SP_OK); /* too small for the key and its NUL */
 
     uint8_t h[32], back[32];
     char text[72];
-    sp_key_hash(key, strlen(key), h);
-    sp_key_hash_str(h, text);
-    ASSERT(sp_key_hash_parse(text, 71, back));
+    sp_tenants_key_hash(key, strlen(key), h);
+    sp_tenants_key_hash_str(h, text);
+    ASSERT(sp_tenants_key_hash_parse(text, 71, back));
     ASSERT(memcmp(h, back, 32) == 0);
     char bad[72];
     memcpy(bad, text, sizeof bad);
     bad[20] = bad[20] >= 'a' ? (char)(bad[20] - 32) : 'A'; /* uppercase: refused */
-    ASSERT(!sp_key_hash_parse(bad, 71, back));
+    ASSERT(!sp_tenants_key_hash_parse(bad, 71, back));
     memcpy(bad, text, sizeof bad);
     bad[30] = ':';
-    ASSERT(!sp_key_hash_parse(bad, 71, back));
-    ASSERT(!sp_key_hash_parse(text, 70, back));
-    ASSERT(!sp_key_hash_parse("sha512:00", 9, back));
+    ASSERT(!sp_tenants_key_hash_parse(bad, 71, back));
+    ASSERT(!sp_tenants_key_hash_parse(text, 70, back));
+    ASSERT(!sp_tenants_key_hash_parse("sha512:00", 9, back));
 }
 
 TEST(enc_key_env)

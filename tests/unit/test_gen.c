@@ -236,7 +236,7 @@ TEST(gen_stop_across_token_boundaries)
 
     /* a stop string inside one multi-byte token, and across real tokens */
     int32_t toks[64];
-    int64_t nt = sp_tokenize(v.t, "Once upon a time there", 22, false, false, toks, 64);
+    int64_t nt = sp_tokenizer_encode(v.t, "Once upon a time there", 22, false, false, toks, 64);
     ASSERT(nt > 2 && nt < 10);
     const char *stops[] = {"upon", "pon a ti", "e th", "Once"};
     const char *want[] = {" Once ", " Once u", " Once upon a tim", " "};
@@ -378,7 +378,7 @@ TEST(gen_max_tokens_eog_and_dummy_prefix)
     vocab_file_t v = open_vocab(DEMO);
     sp_gen_token_t o;
     int32_t toks[16];
-    int64_t nt = sp_tokenize(v.t, "Once upon", 9, true, false, toks, 16);
+    int64_t nt = sp_tokenizer_encode(v.t, "Once upon", 9, true, false, toks, 16);
     ASSERT_EQ(nt, 3); /* BOS, "▁Once", "▁upon" */
 
     sp_gen_params_t p = greedy_params(2);

@@ -46,7 +46,7 @@ greedy(const char *prompt, int n_gen, int n_threads, char *out, size_t cap)
     ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
     const sp_tokenizer_t *tok = sp_model_tokenizer(m);
     int32_t toks[512];
-    int64_t n = sp_tokenize(tok, prompt, strlen(prompt), true, false, toks, 512);
+    int64_t n = sp_tokenizer_encode(tok, prompt, strlen(prompt), true, false, toks, 512);
     ASSERT(n >= 1 && n < 512 - n_gen);
     ASSERT_EQ(toks[0], 1); /* BOS */
     ASSERT_OK(sp_ctx_eval(c, toks, n, 0));

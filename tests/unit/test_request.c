@@ -11,7 +11,7 @@
 
 #include "api/request.h"
 #include "core/alloc.h"
-#include "serving/tenants.h"
+#include "serving/auth.h"
 
 /* An auth table with one tenant (key "key-0") whose JSON body is `body`. */
 static sp_tenant_state_t *
@@ -19,8 +19,8 @@ tenant_with(sp_auth_t *a, const char *body)
 {
     char path[512], text[2048], hs[72];
     uint8_t h[32];
-    sp_key_hash("key-0", 5, h);
-    sp_key_hash_str(h, hs);
+    sp_tenants_key_hash("key-0", 5, h);
+    sp_tenants_key_hash_str(h, hs);
     snprintf(path, sizeof path, "%s/tenants.json", sp_test_tmpdir());
     snprintf(text, sizeof text, "{\"tenants\":[{\"name\":\"t0\",\"keys\":[\"%s\"]%s%s}]}", hs,
              body[0] ? "," : "", body);

@@ -122,9 +122,9 @@ TEST(router_patterns)
     const char *pat = "/v2/models/{model}/versions/{version}/infer";
     ASSERT(sp_router_match(pat, sp_str_c("/v2/models/m1/versions/3/infer"), &p));
     ASSERT_EQ(p.n, 2);
-    ASSERT(sp_str_eq_c(sp_route_param(&p, "model"), "m1"));
-    ASSERT(sp_str_eq_c(sp_route_param(&p, "version"), "3"));
-    ASSERT(sp_route_param(&p, "nope").ptr == NULL);
+    ASSERT(sp_str_eq_c(sp_router_param(&p, "model"), "m1"));
+    ASSERT(sp_str_eq_c(sp_router_param(&p, "version"), "3"));
+    ASSERT(sp_router_param(&p, "nope").ptr == NULL);
     ASSERT(sp_router_match("/v1/models", sp_str_c("/v1/models/"), &p)); /* trailing slash */
     ASSERT(!sp_router_match(pat, sp_str_c("/v2/models/m1/infer"), &p));
     ASSERT(!sp_router_match("/v1/models", sp_str_c("/v1/modelsx"), &p));

@@ -5,7 +5,7 @@
 
 #include "sched/drain.h"
 #include "sched/sched.h"
-#include "serving/tenants.h"
+#include "serving/auth.h"
 
 /* An auth table from a tenants file with these tenants' JSON bodies; key i is
  * "key-<i>". */
@@ -19,8 +19,8 @@ auth_with(sp_auth_t *a, const char *const *tenants, int n)
         char key[32], hs[72];
         uint8_t h[32];
         snprintf(key, sizeof key, "key-%d", i);
-        sp_key_hash(key, strlen(key), h);
-        sp_key_hash_str(h, hs);
+        sp_tenants_key_hash(key, strlen(key), h);
+        sp_tenants_key_hash_str(h, hs);
         off += (size_t)snprintf(text + off, sizeof text - off, "%s{\"name\":\"t%d\",\"keys\":[\"%s\"]%s%s}",
                                 i ? "," : "", i, hs, tenants[i][0] ? "," : "", tenants[i]);
     }
@@ -118,16 +118,16 @@ TEST(tenants_concurrent_reservations_bounded)
 TEST(tenants_tier_caps_tensor_levels)
 {
     /* 4 levels, default 3 (1 is the highest). */
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_PREMIUM, 1, 4, 3), 1);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_PREMIUM, 0, 4, 3), 3);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_STANDARD, 1, 4, 3), 3);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_STANDARD, 4, 4, 3), 4);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_STANDARD, 99, 4, 3), 3);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_BATCH, 1, 4, 3), 4);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_BATCH, 0, 4, 3), 4);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_PREMIUM, 1, 4, 3), 1);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_PREMIUM, 0, 4, 3), 3);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_STANDARD, 1, 4, 3), 3);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_STANDARD, 4, 4, 3), 4);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_STANDARD, 99, 4, 3), 3);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_BATCH, 1, 4, 3), 4);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_BATCH, 0, 4, 3), 4);
     /* One level: nothing to cap. */
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_BATCH, 5, 1, 1), 5);
-    ASSERT_EQ(sp_tier_cap_level(SP_SCHED_PRIO_BATCH, 0, 0, 0), 0);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_BATCH, 5, 1, 1), 5);
+    ASSERT_EQ(sp_auth_tier_cap_level(SP_SCHED_PRIO_BATCH, 0, 0, 0), 0);
     /* Without a tenant the request's own level stands. */
     ASSERT_EQ(sp_auth_tensor_priority(NULL, 1, 4, 3), 1);
     sp_auth_t a;

@@ -21,15 +21,15 @@ static const sp_str_t no_hdr = {NULL, 0};
 TEST(tensor_dtype_names)
 {
     for (int i = 0; i < SP_DT_COUNT; i++) {
-        const char *n = sp_dtype_name((sp_dtype_t)i);
-        ASSERT_EQ(sp_dtype_parse(n, strlen(n)), i);
+        const char *n = sp_tensor_dtype_name((sp_dtype_t)i);
+        ASSERT_EQ(sp_tensor_dtype_parse(n, strlen(n)), i);
     }
-    ASSERT_EQ(sp_dtype_parse("FP8", 3), -1);
-    ASSERT_EQ(sp_dtype_parse("fp32", 4), -1);
-    ASSERT_EQ(sp_dtype_parse("FP3", 3), -1);
-    ASSERT_EQ(sp_dtype_size(SP_DT_FP16), 2);
-    ASSERT_EQ(sp_dtype_size(SP_DT_UINT64), 8);
-    ASSERT_EQ(sp_dtype_size(SP_DT_BYTES), 0);
+    ASSERT_EQ(sp_tensor_dtype_parse("FP8", 3), -1);
+    ASSERT_EQ(sp_tensor_dtype_parse("fp32", 4), -1);
+    ASSERT_EQ(sp_tensor_dtype_parse("FP3", 3), -1);
+    ASSERT_EQ(sp_tensor_dtype_size(SP_DT_FP16), 2);
+    ASSERT_EQ(sp_tensor_dtype_size(SP_DT_UINT64), 8);
+    ASSERT_EQ(sp_tensor_dtype_size(SP_DT_BYTES), 0);
 }
 
 TEST(tensor_json_every_dtype)
@@ -49,38 +49,38 @@ TEST(tensor_json_every_dtype)
         "{\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[3],\"data\":[\"x\",\"\",\"\\u00e9t\\u00e9\"]},"
         "{\"name\":\"z\",\"datatype\":\"FP32\",\"shape\":[0,3],\"data\":[]}"
         "]}";
-    sp_infer_req_t r;
+    sp_tensor_req_t r;
     char err[512];
-    ASSERT_OK(sp_infer_req_parse(body, strlen(body), no_hdr, 64, &r, err, sizeof err));
+    ASSERT_OK(sp_tensor_req_parse(body, strlen(body), no_hdr, 64, &r, err, sizeof err));
     ASSERT_EQ(r.n_inputs, 11);
     ASSERT_STR_EQ(r.id, "a");
-    const sp_tensor_t *t = sp_infer_req_input(&r, "b");
+    const sp_tensor_t *t = sp_tensor_req_input(&r, "b");
     ASSERT(t && t->n == 2 && ((uint8_t *)t->data)[0] == 1 && ((uint8_t *)t->data)[1] == 0);
-    t = sp_infer_req_input(&r, "u8");
+    t = sp_tensor_req_input(&r, "u8");
     ASSERT(t && t->ndim == 2 && ((uint8_t *)t->data)[1] == 255);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "u64"), 0), INT64_MAX);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "i8"), 0), -128);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "i16"), 0), -32768);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "i64"), 0), INT64_MIN);
-    t = sp_infer_req_input(&r, "h");
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "u64"), 0), INT64_MAX);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "i8"), 0), -128);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "i16"), 0), -32768);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "i64"), 0), INT64_MIN);
+    t = sp_tensor_req_input(&r, "h");
     ASSERT_EQ(sp_tensor_f64(t, 0), 1.5);
     ASSERT_EQ(sp_tensor_f64(t, 1), -65504);
-    t = sp_infer_req_input(&r, "f");
+    t = sp_tensor_req_input(&r, "f");
     ASSERT(t->n == 4 && ((float *)t->data)[3] == 0.25f);
-    t = sp_infer_req_input(&r, "d");
+    t = sp_tensor_req_input(&r, "d");
     ASSERT(t->ndim == 0 && t->n == 1 && ((double *)t->data)[0] == 0.1);
-    t = sp_infer_req_input(&r, "s");
+    t = sp_tensor_req_input(&r, "s");
     ASSERT_EQ(sp_tensor_str(t, 0).len, 1);
     ASSERT_EQ(sp_tensor_str(t, 1).len, 0);
     ASSERT_STR_EQ(sp_tensor_str(t, 2).ptr, "\xc3\xa9t\xc3\xa9"); /* NUL-terminated in the store */
-    ASSERT_EQ(sp_infer_req_input(&r, "z")->n, 0);
-    ASSERT(sp_infer_req_input(&r, "nope") == NULL);
+    ASSERT_EQ(sp_tensor_req_input(&r, "z")->n, 0);
+    ASSERT(sp_tensor_req_input(&r, "nope") == NULL);
 
     /* echo every input back as an output: the JSON round-trips */
     sp_jbuf_t js, bin;
     sp_jbuf_init(&js);
     sp_jbuf_init(&bin);
-    sp_infer_resp_write(&js, &bin, "m", "1", &r, NULL, r.inputs, r.n_inputs);
+    sp_tensor_resp_write(&js, &bin, "m", "1", &r, NULL, r.inputs, r.n_inputs);
     ASSERT_EQ(bin.len, 0);
     ASSERT(strstr(js.p, "{\"name\":\"b\",\"datatype\":\"BOOL\",\"shape\":[2],\"data\":[true,false]}"));
     ASSERT(strstr(js.p, "\"data\":[9223372036854775807]"));
@@ -94,7 +94,7 @@ TEST(tensor_json_every_dtype)
     json_decref(back);
     sp_jbuf_free(&js);
     sp_jbuf_free(&bin);
-    sp_infer_req_free(&r);
+    sp_tensor_req_free(&r);
 }
 
 /* A body: JSON part + binary tail; header = the JSON part's length. */
@@ -139,33 +139,33 @@ TEST(tensor_binary_inputs_and_outputs)
         "\"parameters\":{\"binary_data_output\":true}}";
     body_t m;
     make_body(&m, json, tail, o);
-    sp_infer_req_t r;
+    sp_tensor_req_t r;
     char err[512];
-    ASSERT_OK(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
-    const sp_tensor_t *s = sp_infer_req_input(&r, "s");
+    ASSERT_OK(sp_tensor_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
+    const sp_tensor_t *s = sp_tensor_req_input(&r, "s");
     ASSERT_EQ(s->n, 3);
     ASSERT(sp_tensor_str(s, 0).len == 3 && memcmp(sp_tensor_str(s, 0).ptr, "abc", 3) == 0);
     ASSERT_EQ(sp_tensor_str(s, 1).len, 0);
     ASSERT(sp_tensor_str(s, 2).len == 2 && (unsigned char)sp_tensor_str(s, 2).ptr[0] == 0xff);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "i"), 0), -7);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "i"), 1), 123456);
-    ASSERT_EQ(sp_tensor_f64(sp_infer_req_input(&r, "h"), 0), 0.5);
-    ASSERT_EQ(sp_tensor_i64(sp_infer_req_input(&r, "j"), 0), 5);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "i"), 0), -7);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "i"), 1), 123456);
+    ASSERT_EQ(sp_tensor_f64(sp_tensor_req_input(&r, "h"), 0), 0.5);
+    ASSERT_EQ(sp_tensor_i64(sp_tensor_req_input(&r, "j"), 0), 5);
     /* binary: s (own flag), i (request default), j (not requested: default); h: own false */
-    ASSERT(sp_infer_req_output_binary(&r, "s") && sp_infer_req_output_binary(&r, "i"));
-    ASSERT(!sp_infer_req_output_binary(&r, "h") && sp_infer_req_output_binary(&r, "j"));
+    ASSERT(sp_tensor_req_output_binary(&r, "s") && sp_tensor_req_output_binary(&r, "i"));
+    ASSERT(!sp_tensor_req_output_binary(&r, "h") && sp_tensor_req_output_binary(&r, "j"));
     const char *names[] = {"s", "i", "h", "j"};
     bool want[4];
-    ASSERT_OK(sp_infer_req_select_outputs(&r, names, 4, want, err, sizeof err));
+    ASSERT_OK(sp_tensor_req_select_outputs(&r, names, 4, want, err, sizeof err));
     ASSERT(want[0] && want[1] && want[2] && !want[3]);
     const char *bad[] = {"s", "i"};
-    ASSERT_EQ(sp_infer_req_select_outputs(&r, bad, 2, want, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_tensor_req_select_outputs(&r, bad, 2, want, err, sizeof err), SP_ERR_INVALID);
     ASSERT(strstr(err, "'h'") != NULL);
 
     sp_jbuf_t js, bin;
     sp_jbuf_init(&js);
     sp_jbuf_init(&bin);
-    sp_infer_resp_write(&js, &bin, "m", NULL, &r, "{\"k\":1}", r.inputs, 3);
+    sp_tensor_resp_write(&js, &bin, "m", NULL, &r, "{\"k\":1}", r.inputs, 3);
     ASSERT_EQ(bin.len, 17 + 8); /* s's BYTES exactly as they came, then i */
     ASSERT(memcmp(bin.p, bytes, 17) == 0 && memcmp(bin.p + 17, iv, 8) == 0);
     ASSERT(strstr(js.p, "\"name\":\"s\",\"datatype\":\"BYTES\",\"shape\":[3],\"parameters\":{\"binary_data_size\":17}"));
@@ -173,31 +173,31 @@ TEST(tensor_binary_inputs_and_outputs)
     ASSERT(strstr(js.p, "\"parameters\":{\"k\":1}") && !strstr(js.p, "model_version"));
     sp_jbuf_free(&js);
     sp_jbuf_free(&bin);
-    sp_infer_req_free(&r);
+    sp_tensor_req_free(&r);
 
     /* every truncation of the tail, and every shorter header value, is an error */
     for (size_t cut = 0; cut < o; cut++) {
-        ASSERT_EQ(sp_infer_req_parse(m.b, m.json_len + cut, hdr(m.hl), 64, &r, err, sizeof err),
+        ASSERT_EQ(sp_tensor_req_parse(m.b, m.json_len + cut, hdr(m.hl), 64, &r, err, sizeof err),
                   SP_ERR_INVALID);
     }
     for (size_t hl = 0; hl < m.json_len; hl++) {
         char h[24];
         snprintf(h, sizeof h, "%zu", hl);
-        ASSERT(sp_infer_req_parse(m.b, m.len, hdr(h), 64, &r, err, sizeof err) != SP_OK);
+        ASSERT(sp_tensor_req_parse(m.b, m.len, hdr(h), 64, &r, err, sizeof err) != SP_OK);
     }
     char past[24];
     snprintf(past, sizeof past, "%zu", m.len + 1);
-    ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(past), 64, &r, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr(past), 64, &r, err, sizeof err), SP_ERR_INVALID);
     ASSERT(strstr(err, "past the end") != NULL);
-    ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr("18446744073709551616"), 64, &r, err, sizeof err),
+    ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr("18446744073709551616"), 64, &r, err, sizeof err),
               SP_ERR_INVALID);
-    ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr("-1"), 64, &r, err, sizeof err), SP_ERR_INVALID);
-    ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(""), 64, &r, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr("-1"), 64, &r, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr(""), 64, &r, err, sizeof err), SP_ERR_INVALID);
 }
 
 /* Two requests decoded the same way, field by field. */
 static void
-assert_same_req(const sp_infer_req_t *a, const sp_infer_req_t *b)
+assert_same_req(const sp_tensor_req_t *a, const sp_tensor_req_t *b)
 {
     ASSERT_EQ(a->n_inputs, b->n_inputs);
     ASSERT_EQ(a->n_outputs, b->n_outputs);
@@ -217,7 +217,7 @@ assert_same_req(const sp_infer_req_t *a, const sp_infer_req_t *b)
                 ASSERT(u.len == v.len && memcmp(u.ptr, v.ptr, u.len) == 0);
             }
         } else {
-            ASSERT(memcmp(x->data, y->data, (size_t)x->n * sp_dtype_size(x->dtype)) == 0);
+            ASSERT(memcmp(x->data, y->data, (size_t)x->n * sp_tensor_dtype_size(x->dtype)) == 0);
         }
     }
     for (int i = 0; i < a->n_outputs; i++) {
@@ -230,7 +230,7 @@ TEST(tensor_header_cache)
 {
     sp_json_init();
     size_t base = sp_alloc_bytes_in_use();
-    sp_infer_hcache_t *hc = sp_infer_hcache_new();
+    sp_tensor_hcache_t *hc = sp_tensor_hcache_new();
     ASSERT(hc != NULL);
     const char *json =
         "{\"id\":\"q\",\"inputs\":["
@@ -254,16 +254,16 @@ TEST(tensor_header_cache)
         tail[15] = 1;
         body_t m;
         make_body(&m, json, tail, sizeof tail);
-        sp_infer_req_t a, b;
-        ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &a, err, sizeof err));
-        ASSERT_OK(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &b, err, sizeof err));
+        sp_tensor_req_t a, b;
+        ASSERT_OK(sp_tensor_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &a, err, sizeof err));
+        ASSERT_OK(sp_tensor_req_parse(m.b, m.len, hdr(m.hl), 64, &b, err, sizeof err));
         assert_same_req(&a, &b);
-        ASSERT_EQ(sp_tensor_f64(sp_infer_req_input(&a, "x"), 0), 1.5 + k);
-        ASSERT_EQ(sp_tensor_str(sp_infer_req_input(&a, "s"), 0).ptr[0], 'a' + k);
-        sp_infer_req_free(&a);
-        sp_infer_req_free(&b);
+        ASSERT_EQ(sp_tensor_f64(sp_tensor_req_input(&a, "x"), 0), 1.5 + k);
+        ASSERT_EQ(sp_tensor_str(sp_tensor_req_input(&a, "s"), 0).ptr[0], 'a' + k);
+        sp_tensor_req_free(&a);
+        sp_tensor_req_free(&b);
     }
-    sp_infer_hcache_counts(hc, &hits, &misses);
+    sp_tensor_hcache_counts(hc, &hits, &misses);
     ASSERT_EQ(hits, 2);
     ASSERT_EQ(misses, 1);
 
@@ -275,17 +275,17 @@ TEST(tensor_header_cache)
         tail[14] = 2; /* and a BOOL of 2 */
         body_t m;
         make_body(&m, json, tail, sizeof tail);
-        sp_infer_req_t r;
-        ASSERT_EQ(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err),
+        sp_tensor_req_t r;
+        ASSERT_EQ(sp_tensor_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err),
                   SP_ERR_INVALID);
-        ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err2, sizeof err2),
+        ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err2, sizeof err2),
                   SP_ERR_INVALID);
         ASSERT(strcmp(err, err2) == 0);
         ASSERT(strstr(err, "inputs[1] ('s')") != NULL);
         /* a tail of the wrong length falls back to the full path's message */
-        ASSERT_EQ(sp_infer_req_parse_cached(hc, m.b, m.len - 1, hdr(m.hl), 64, &r, err, sizeof err),
+        ASSERT_EQ(sp_tensor_req_parse_cached(hc, m.b, m.len - 1, hdr(m.hl), 64, &r, err, sizeof err),
                   SP_ERR_INVALID);
-        ASSERT_EQ(sp_infer_req_parse(m.b, m.len - 1, hdr(m.hl), 64, &r, err2, sizeof err2),
+        ASSERT_EQ(sp_tensor_req_parse(m.b, m.len - 1, hdr(m.hl), 64, &r, err2, sizeof err2),
                   SP_ERR_INVALID);
         ASSERT(strcmp(err, err2) == 0);
     }
@@ -297,15 +297,15 @@ TEST(tensor_header_cache)
                           "\"data\":[4]}]}";
         body_t m;
         make_body(&m, inl, "", 0);
-        sp_infer_req_t r;
-        sp_infer_hcache_counts(hc, &hits, &misses);
+        sp_tensor_req_t r;
+        sp_tensor_hcache_counts(hc, &hits, &misses);
         uint64_t h0 = hits;
         for (int k = 0; k < 2; k++) {
-            ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
+            ASSERT_OK(sp_tensor_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
             ASSERT_EQ(sp_tensor_i64(&r.inputs[0], 0), 4);
-            sp_infer_req_free(&r);
+            sp_tensor_req_free(&r);
         }
-        sp_infer_hcache_counts(hc, &hits, &misses);
+        sp_tensor_hcache_counts(hc, &hits, &misses);
         ASSERT_EQ(hits, h0);
     }
     for (int k = 0; k < 20; k++) {
@@ -316,11 +316,11 @@ TEST(tensor_header_cache)
         int32_t v = k;
         body_t m;
         make_body(&m, j, &v, 4);
-        sp_infer_req_t r;
-        ASSERT_OK(sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
+        sp_tensor_req_t r;
+        ASSERT_OK(sp_tensor_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err));
         ASSERT_EQ(sp_tensor_i64(&r.inputs[0], 0), k);
         ASSERT(r.id_len == 1 && r.id[0] == (char)('0' + k % 10));
-        sp_infer_req_free(&r);
+        sp_tensor_req_free(&r);
     }
     /* allocation failures on the way in and out of the cache: errors or
      * plain misses, never a leak */
@@ -329,15 +329,15 @@ TEST(tensor_header_cache)
         tail[8] = 2;
         body_t m;
         make_body(&m, json, tail, sizeof tail);
-        sp_infer_req_t r;
+        sp_tensor_req_t r;
         sp_alloc_fail_after(f);
-        sp_status_t st = sp_infer_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err);
+        sp_status_t st = sp_tensor_req_parse_cached(hc, m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err);
         sp_alloc_fail_after(-1);
         if (st == SP_OK) {
-            sp_infer_req_free(&r);
+            sp_tensor_req_free(&r);
         }
     }
-    sp_infer_hcache_free(hc);
+    sp_tensor_hcache_free(hc);
     ASSERT_EQ(sp_alloc_bytes_in_use(), base);
 }
 
@@ -370,10 +370,10 @@ TEST(tensor_rejects_bad_requests)
         {"[]", "object"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        sp_infer_req_t r;
+        sp_tensor_req_t r;
         char err[512] = "";
         size_t base = sp_alloc_bytes_in_use();
-        sp_status_t st = sp_infer_req_parse(cases[i].json, strlen(cases[i].json), no_hdr, 64, &r, err, sizeof err);
+        sp_status_t st = sp_tensor_req_parse(cases[i].json, strlen(cases[i].json), no_hdr, 64, &r, err, sizeof err);
         if (st != SP_ERR_INVALID || strstr(err, cases[i].needle) == NULL) {
             SP_TEST_FAIL("case %zu: status %d, error '%s' (want '%s')", i, (int)st, err, cases[i].needle);
         }
@@ -391,10 +391,10 @@ TEST(tensor_bytes_element_eats_later_lengths)
     const unsigned char tail[11] = {7, 0, 0, 0, 'a', 'b', 'c', 'd', 'e', 'f', 'g'};
     body_t m;
     make_body(&m, json, tail, sizeof tail);
-    sp_infer_req_t r;
+    sp_tensor_req_t r;
     char err[512];
     size_t base = sp_alloc_bytes_in_use();
-    ASSERT_EQ(sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err), SP_ERR_INVALID);
+    ASSERT_EQ(sp_tensor_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err), SP_ERR_INVALID);
     ASSERT(strstr(err, "element 1") != NULL);
     ASSERT_EQ(sp_alloc_bytes_in_use(), base);
 }
@@ -414,15 +414,15 @@ TEST(tensor_alloc_failure_at_every_step)
     size_t base = sp_alloc_bytes_in_use();
     bool ok = false;
     for (int64_t k = 0; k < 400 && !ok; k++) {
-        sp_infer_req_t r;
+        sp_tensor_req_t r;
         char err[256];
         sp_alloc_fail_after(k);
-        sp_status_t st = sp_infer_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err);
+        sp_status_t st = sp_tensor_req_parse(m.b, m.len, hdr(m.hl), 64, &r, err, sizeof err);
         sp_alloc_fail_after(-1);
         if (st == SP_OK) {
             ok = true;
             ASSERT_EQ(r.n_inputs, 3);
-            sp_infer_req_free(&r);
+            sp_tensor_req_free(&r);
         }
         ASSERT_EQ(sp_alloc_bytes_in_use(), base);
     }

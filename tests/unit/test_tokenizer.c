@@ -68,16 +68,16 @@ unload(loaded_t *l)
     sp_gguf_close(l->g);
 }
 
-/* Tokenize into a malloc'd array (the count-then-fill protocol of sp_tokenize). */
+/* Tokenize into a malloc'd array (the count-then-fill protocol of sp_tokenizer_encode). */
 static int32_t *
 tokenize(const sp_tokenizer_t *t, const char *s, size_t len, bool add_bos, bool special,
          int64_t *n)
 {
-    int64_t need = sp_tokenize(t, s, len, add_bos, special, NULL, 0);
+    int64_t need = sp_tokenizer_encode(t, s, len, add_bos, special, NULL, 0);
     ASSERT(need >= 0);
     int32_t *ids = malloc(((size_t)need + 1) * sizeof(int32_t));
     ASSERT(ids != NULL);
-    int64_t got = sp_tokenize(t, s, len, add_bos, special, ids, need);
+    int64_t got = sp_tokenizer_encode(t, s, len, add_bos, special, ids, need);
     ASSERT_EQ(got, need);
     *n = need;
     return ids;
@@ -372,11 +372,11 @@ TEST(tokenizer_llama_specials_and_pieces)
 
     /* short output array: the total comes back, nothing past cap is written */
     int32_t few[3] = {-7, -7, -7};
-    ASSERT_EQ(sp_tokenize(t, "Hello world", 11, true, false, few, 2), 3);
+    ASSERT_EQ(sp_tokenizer_encode(t, "Hello world", 11, true, false, few, 2), 3);
     ASSERT_EQ(few[0], 1);
     ASSERT_EQ(few[1], 15043);
     ASSERT_EQ(few[2], -7);
-    ASSERT(sp_tokenize(t, "x", 1, false, false, NULL, 4) < 0);
+    ASSERT(sp_tokenizer_encode(t, "x", 1, false, false, NULL, 4) < 0);
     unload(&l);
 }
 
@@ -570,7 +570,7 @@ TEST(tokenizer_bpe_untrusted_merges)
     sp_log_set_level(SP_LOG_LEVEL_INFO);
     int32_t ids[8];
     /* h e -> he; l l -> ll; ll o -> llo; he llo -> hello */
-    ASSERT_EQ(sp_tokenize(t, "hello", 5, false, false, ids, 8), 1);
+    ASSERT_EQ(sp_tokenizer_encode(t, "hello", 5, false, false, ids, 8), 1);
     ASSERT_EQ(ids[0], 31373);
     sp_tokenizer_destroy(t);
 
@@ -595,7 +595,7 @@ tok_thread(void *arg)
     tok_job_t *j = arg;
     for (int r = 0; r < 20; r++) {
         int32_t ids[4096];
-        int64_t n = sp_tokenize(j->t, j->text, j->len, true, true, ids, 4096);
+        int64_t n = sp_tokenizer_encode(j->t, j->text, j->len, true, true, ids, 4096);
         uint64_t h = 0xcbf29ce484222325ull;
         for (int64_t i = 0; i < n && i < 4096; i++) {
             h = (h ^ (uint32_t)ids[i]) * 0x100000001b3ull;
@@ -654,7 +654,7 @@ static double
 time_tokenize(const sp_tokenizer_t *t, const char *s, size_t len, const char *what, int64_t *n)
 {
     int64_t t0 = sp_time_ns();
-    int64_t need = sp_tokenize(t, s, len, true, false, NULL, 0);
+    int64_t need = sp_tokenizer_encode(t, s, len, true, false, NULL, 0);
     double ms = (double)(sp_time_ns() - t0) / 1e6;
     ASSERT(need > 0);
     fprintf(stderr, "  %s: %zu bytes -> %lld tokens in %.1f ms\n", what, len, (long long)need, ms);
@@ -783,7 +783,7 @@ megabyte_kinds(const sp_tokenizer_t *t, const char *label, size_t mb)
             break;
         }
         int64_t t0 = sp_time_ns();
-        int64_t n = sp_tokenize(t, buf, mb, false, false, NULL, 0);
+        int64_t n = sp_tokenizer_encode(t, buf, mb, false, false, NULL, 0);
         double ms = (double)(sp_time_ns() - t0) / 1e6;
         if (n < 0) {
             SP_TEST_FAIL("%s: %zu KiB of %s: status %lld", label, mb >> 10, name, (long long)n);
@@ -800,7 +800,7 @@ megabyte_kinds(const sp_tokenizer_t *t, const char *label, size_t mb)
          * sixteenth), so a slow or busy machine does not fail a linear tokenizer. */
         if (ms > 8000.0 * (double)mb / (1 << 20)) {
             int64_t t1 = sp_time_ns();
-            (void)sp_tokenize(t, buf, mb / 4, false, false, NULL, 0);
+            (void)sp_tokenizer_encode(t, buf, mb / 4, false, false, NULL, 0);
             double quarter = (double)(sp_time_ns() - t1) / 1e6;
             fprintf(stderr, " (slow: a quarter took %.0f ms)", quarter);
             if (quarter * 6.0 < ms) {
@@ -1120,12 +1120,12 @@ TEST(tokenizer_small_vocab_merges)
     int32_t sp = 3 + 256, a = sp + 1, b = sp + 2, c = sp + 3, ab = sp + 4, bc = sp + 5;
     int32_t ids[8];
     /* "bc" scores higher than "ab": ▁ a bc */
-    ASSERT_EQ(sp_tokenize(t, "abc", 3, false, false, ids, 8), 3);
+    ASSERT_EQ(sp_tokenizer_encode(t, "abc", 3, false, false, ids, 8), 3);
     ASSERT_EQ(ids[0], sp);
     ASSERT_EQ(ids[1], a);
     ASSERT_EQ(ids[2], bc);
     /* bytes fall back to <0xNN>: 'z' is 0x7A at id 3 + 0x7A */
-    ASSERT_EQ(sp_tokenize(t, "z", 1, false, false, ids, 8), 2);
+    ASSERT_EQ(sp_tokenizer_encode(t, "z", 1, false, false, ids, 8), 2);
     ASSERT_EQ(ids[1], 3 + 0x7A);
     /* "<0xZZ>" is plain text here: it decodes as itself */
     char buf[16];
@@ -1137,7 +1137,7 @@ TEST(tokenizer_small_vocab_merges)
     /* equal scores: the leftmost pair merges first: ▁ ab c */
     v.bc_score = -0.5f;
     ASSERT_OK(try_vocab(&v, &t, err, sizeof err));
-    ASSERT_EQ(sp_tokenize(t, "abc", 3, false, false, ids, 8), 3);
+    ASSERT_EQ(sp_tokenizer_encode(t, "abc", 3, false, false, ids, 8), 3);
     ASSERT_EQ(ids[1], ab);
     ASSERT_EQ(ids[2], c);
     sp_tokenizer_destroy(t);
@@ -1146,7 +1146,7 @@ TEST(tokenizer_small_vocab_merges)
     v = vocab_defaults();
     v.with_bytes = false;
     ASSERT_OK(try_vocab(&v, &t, err, sizeof err));
-    ASSERT_EQ(sp_tokenize(t, "az", 2, false, false, ids, 8), 3);
+    ASSERT_EQ(sp_tokenizer_encode(t, "az", 2, false, false, ids, 8), 3);
     ASSERT_EQ(ids[1], 4);
     ASSERT_EQ(ids[2], 0);
     sp_tokenizer_destroy(t);
@@ -1249,7 +1249,7 @@ TEST(tokenizer_load_oom_no_leak)
         sp_alloc_fail_after(-1);
         if (st == SP_OK) {
             int32_t ids[4];
-            ASSERT_EQ(sp_tokenize(t, "Hello", 5, false, false, ids, 4), 1);
+            ASSERT_EQ(sp_tokenizer_encode(t, "Hello", 5, false, false, ids, 4), 1);
             sp_tokenizer_destroy(t);
             break;
         }
@@ -1268,7 +1268,7 @@ TEST(tokenizer_load_oom_no_leak)
     for (int64_t k = 0; k < 6; k++) {
         int32_t ids[64];
         sp_alloc_fail_after(k);
-        int64_t n = sp_tokenize(t, "<s>Hello world</s>", 18, true, true, ids, 64);
+        int64_t n = sp_tokenizer_encode(t, "<s>Hello world</s>", 18, true, true, ids, 64);
         sp_alloc_fail_after(-1);
         ASSERT(n == SP_ERR_NOMEM || n == 5);
         ASSERT_EQ(sp_alloc_bytes_in_use(), base2);
@@ -1303,12 +1303,12 @@ TEST(tokenizer_bpe_oom_no_leak)
     ASSERT(failures > 5);
     size_t base2 = sp_alloc_bytes_in_use();
     const char *s = "Hello world, 你好 123!\n<｜begin▁of▁sentence｜>x";
-    int64_t want = sp_tokenize(t, s, strlen(s), true, true, NULL, 0);
+    int64_t want = sp_tokenizer_encode(t, s, strlen(s), true, true, NULL, 0);
     ASSERT(want > 5);
     for (int64_t k = 0; k < 12; k++) {
         int32_t ids[64];
         sp_alloc_fail_after(k);
-        int64_t n = sp_tokenize(t, s, strlen(s), true, true, ids, 64);
+        int64_t n = sp_tokenizer_encode(t, s, strlen(s), true, true, ids, 64);
         sp_alloc_fail_after(-1);
         ASSERT(n == SP_ERR_NOMEM || n == want);
         ASSERT_EQ(sp_alloc_bytes_in_use(), base2);

@@ -131,7 +131,7 @@ TEST(trace_null_record_is_a_no_op)
     sp_trace_attr_int(NULL, "k", 1);
     sp_trace_mark_submit(NULL);
     sp_req_clock_t c;
-    sp_req_clock_start(&c, 0, false);
+    sp_metrics_clock_start(&c, 0, false);
     sp_trace_model(NULL, "m", "1", &c, "stop");
     sp_trace_finish(NULL, true, "500");
     ASSERT_STR_EQ(sp_trace_state(NULL), "");
