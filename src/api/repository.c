@@ -192,21 +192,22 @@ ctl_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     ctl_wait_t *c = arg;
-    int status;
+    sp_status_t st;
     const char *err;
-    if (!sp_manager_wait_done(c->w, &status, &err)) {
+    if (!sp_manager_wait_done(c->w, &st, &err)) {
         struct timeval tv = {0, CTL_TICK_US};
         evtimer_add(c->tick, &tv);
         return;
     }
     sp_http_req_t *r = c->r;
     sp_http_req_on_abort(r, NULL, NULL);
-    if (status == 200) {
+    if (st == SP_OK) {
         sp_http_respond(r, 200, "application/json", "{}", 2);
     } else {
         char red[1024];
         sp_api_redact(c->s, err, red, sizeof red);
-        sp_api_error_kserve(r, status, "%s%s", status == 400 ? "failed to load model: " : "", red);
+        sp_api_error_kserve(r, sp_status_http(st), "%s%s",
+                            st == SP_ERR_INVALID ? "failed to load model: " : "", red);
     }
     ctl_free(c);
 }

@@ -171,7 +171,7 @@ sp_adapters_load_dir(sp_adapter_set_t **set, const sp_model_t *base, pthread_mut
     }
 }
 
-int
+sp_status_t
 sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
                 const char *model, const char *path, const char *adapter, bool *replaced, char *err,
                 size_t err_len)
@@ -180,12 +180,12 @@ sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t 
     *replaced = false;
     sp_status_t st = sp_lora_load(base, path, &l, err, err_len);
     if (st != SP_OK) {
-        return st == SP_ERR_NOMEM ? 503 : 400;
+        return st == SP_ERR_NOMEM ? SP_ERR_NOMEM : SP_ERR_INVALID;
     }
     if (!ensure_set(set, lock)) {
         sp_lora_release(l);
         snprintf(err, err_len, "out of memory");
-        return 503;
+        return SP_ERR_NOMEM;
     }
     pthread_mutex_lock(lock);
     bool ok = set_put_locked(*set, adapter, l, &old);
@@ -193,11 +193,11 @@ sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t 
     if (!ok) {
         sp_lora_release(l);
         snprintf(err, err_len, "model '%s' already serves %d adapters", model, SP_ADAPTERS_MAX);
-        return 400;
+        return SP_ERR_INVALID;
     }
     *replaced = old != NULL;
     sp_lora_release(old); /* requests using it hold their own references */
-    return 200;
+    return SP_OK;
 }
 
 bool

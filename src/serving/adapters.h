@@ -69,9 +69,9 @@ sp_status_t sp_adapters_path(const char *repo_real, const char *model, const cha
 void sp_adapters_load_dir(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
                           const char *repo_real, const char *model, int64_t version);
 /* Load adapter from path into *set (replacing one of that name: *replaced).
- * The HTTP status of the answer (200, 400 bad file or set full, 503 out of
- * memory) and err; model names the base in messages. */
-int sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
+ * SP_OK, SP_ERR_INVALID (a bad file, or the set is full) or SP_ERR_NOMEM,
+ * with err; model names the base in messages. */
+sp_status_t sp_adapters_put(sp_adapter_set_t **set, const sp_model_t *base, pthread_mutex_t *lock,
                     const char *model, const char *path, const char *adapter, bool *replaced,
                     char *err, size_t err_len);
 /* Drop adapter from set; false when it holds none of that name. */

@@ -48,7 +48,7 @@
 struct sp_manager_wait {
     atomic_int refs;
     atomic_bool done;
-    int status;            /* HTTP status of the answer */
+    sp_status_t st;        /* SP_OK, or why the command failed */
     char err[1024];        /* "" on success */
 };
 typedef sp_manager_wait_t mgr_wait_t;
@@ -76,12 +76,12 @@ wait_release(mgr_wait_t *w)
 }
 
 static void
-wait_finish(mgr_wait_t *w, int status, const char *err)
+wait_finish(mgr_wait_t *w, sp_status_t st, const char *err)
 {
     if (w == NULL) {
         return;
     }
-    w->status = status;
+    w->st = st;
     snprintf(w->err, sizeof w->err, "%s", err ? err : "");
     atomic_store(&w->done, true);
     wait_release(w);
@@ -130,7 +130,7 @@ sp_manager_submit(sp_serving_t *s, sp_manager_op_t op, const char *name, size_t 
     pthread_mutex_lock(&s->reg.mu);
     if (s->mgr_stop) {
         pthread_mutex_unlock(&s->reg.mu);
-        wait_finish(w, 503, "the server is shutting down");
+        wait_finish(w, SP_ERR_SHUTDOWN, "the server is shutting down");
         cmd_free(c);
     } else {
         push_locked(s, c);
@@ -141,12 +141,12 @@ sp_manager_submit(sp_serving_t *s, sp_manager_op_t op, const char *name, size_t 
 }
 
 bool
-sp_manager_wait_done(const sp_manager_wait_t *w, int *status, const char **err)
+sp_manager_wait_done(const sp_manager_wait_t *w, sp_status_t *st, const char **err)
 {
     if (!atomic_load(&w->done)) {
         return false;
     }
-    *status = w->status;
+    *st = w->st;
     *err = w->err;
     return true;
 }
@@ -576,10 +576,10 @@ run_load(sp_serving_t *s, sp_manager_cmd_t *c)
     if (st == SP_OK) {
         st = reconcile(s, &rm, c->override, LOAD_RETRY_FAILED, err, sizeof err);
         sp_repo_model_free(&rm);
-        wait_finish(c->wait, st == SP_OK ? 200 : 400, st == SP_OK ? NULL : err);
+        wait_finish(c->wait, st == SP_OK ? SP_OK : SP_ERR_INVALID, st == SP_OK ? NULL : err);
         return;
     }
-    wait_finish(c->wait, st == SP_ERR_NOT_FOUND ? 404 : 400, err);
+    wait_finish(c->wait, st == SP_ERR_NOT_FOUND ? SP_ERR_NOT_FOUND : SP_ERR_INVALID, err);
 }
 
 /* Load the version a request demanded (name, version), from the files as
@@ -639,16 +639,17 @@ run_demand(sp_serving_t *s, const char *name, int64_t version)
     sp_free(ov);
 }
 
-/* Load (or reload) adapter into every READY LLM version of base: the HTTP
- * status of the answer (200, 400 bad file, 404 no such model or file). */
-static int
+/* Load (or reload) adapter into every READY LLM version of base: SP_OK,
+ * SP_ERR_INVALID (a bad file), SP_ERR_NOT_FOUND (no such model or file) or
+ * SP_ERR_NOMEM. */
+static sp_status_t
 adapter_load(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
     char path[4096];
     sp_status_t st = sp_adapters_path(s->repo_real, base, adapter, path, sizeof path, err, err_len);
     if (st != SP_OK) {
-        return st == SP_ERR_NOT_FOUND ? 404 : 400;
+        return st == SP_ERR_NOT_FOUND ? SP_ERR_NOT_FOUND : SP_ERR_INVALID;
     }
     int loaded = 0;
     /* Only the manager changes which models entries hold: reading e->live
@@ -660,10 +661,10 @@ adapter_load(sp_serving_t *s, const char *base, const char *adapter, char *err, 
         }
         sp_served_model_t *m = e->live;
         bool replaced;
-        int status = sp_adapters_put(&m->adapters, m->model, &r->mu, base, path, adapter,
-                                     &replaced, err, err_len);
-        if (status != 200) {
-            return status;
+        st = sp_adapters_put(&m->adapters, m->model, &r->mu, base, path, adapter, &replaced, err,
+                             err_len);
+        if (st != SP_OK) {
+            return st;
         }
         SP_LOG_INFO("event=adapter_loaded model=%s version=%lld adapter=%s replaced=%d",
                     sp_log_str(base), (long long)m->version, sp_log_str(adapter), replaced);
@@ -671,13 +672,13 @@ adapter_load(sp_serving_t *s, const char *base, const char *adapter, char *err, 
     }
     if (loaded == 0) {
         snprintf(err, err_len, "model '%s' is not loaded", base);
-        return 404;
+        return SP_ERR_NOT_FOUND;
     }
-    return 200;
+    return SP_OK;
 }
 
-/* Unload adapter from every version of base: 200, or 404. */
-static int
+/* Unload adapter from every version of base: SP_OK, or SP_ERR_NOT_FOUND. */
+static sp_status_t
 adapter_unload(sp_serving_t *s, const char *base, const char *adapter, char *err, size_t err_len)
 {
     sp_registry_t *r = &s->reg;
@@ -696,9 +697,9 @@ adapter_unload(sp_serving_t *s, const char *base, const char *adapter, char *err
     }
     if (dropped == 0) {
         snprintf(err, err_len, "model '%s' has no loaded adapter '%s'", base, adapter);
-        return 404;
+        return SP_ERR_NOT_FOUND;
     }
-    return 200;
+    return SP_OK;
 }
 
 static void
@@ -710,11 +711,11 @@ run_cmd(sp_serving_t *s, sp_manager_cmd_t *c)
         break;
     case SP_MANAGER_UNLOAD:
         if (unload_name(s, c->name, "unloaded")) {
-            wait_finish(c->wait, 200, NULL);
+            wait_finish(c->wait, SP_OK, NULL);
         } else {
             char err[256];
             snprintf(err, sizeof err, "model '%s' is not loaded from the repository", c->name);
-            wait_finish(c->wait, 404, err);
+            wait_finish(c->wait, SP_ERR_NOT_FOUND, err);
         }
         break;
     case SP_MANAGER_ADAPTER_LOAD:
@@ -723,10 +724,10 @@ run_cmd(sp_serving_t *s, sp_manager_cmd_t *c)
         char err[1024] = "";
         char *colon = strrchr(c->name, ':');
         *colon = '\0';
-        int status = c->op == SP_MANAGER_ADAPTER_LOAD
-                         ? adapter_load(s, c->name, colon + 1, err, sizeof err)
-                         : adapter_unload(s, c->name, colon + 1, err, sizeof err);
-        wait_finish(c->wait, status, status == 200 ? NULL : err);
+        sp_status_t st = c->op == SP_MANAGER_ADAPTER_LOAD
+                             ? adapter_load(s, c->name, colon + 1, err, sizeof err)
+                             : adapter_unload(s, c->name, colon + 1, err, sizeof err);
+        wait_finish(c->wait, st, st == SP_OK ? NULL : err);
         break;
     }
     }
@@ -859,7 +860,7 @@ mgr_main(void *arg)
     while (s->cmd_head) {
         sp_manager_cmd_t *c = s->cmd_head;
         s->cmd_head = c->next;
-        wait_finish(c->wait, 503, "the server is shutting down");
+        wait_finish(c->wait, SP_ERR_SHUTDOWN, "the server is shutting down");
         cmd_free(c);
     }
     s->cmd_tail = NULL;

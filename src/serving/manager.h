@@ -41,14 +41,15 @@ void sp_manager_stop(struct sp_serving *s);
  * for the adapter ops) with a load's config override (JSON text, NULL for
  * none). *out: the wait record, to poll with sp_manager_wait_done and drop
  * with sp_manager_wait_release. SP_ERR_NOMEM (nothing queued, *out NULL).
- * When the manager is stopping the record is done at once with 503. */
+ * When the manager is stopping the record is done at once with
+ * SP_ERR_SHUTDOWN. */
 sp_status_t sp_manager_submit(struct sp_serving *s, sp_manager_op_t op, const char *name,
                               size_t len, const char *override, size_t override_len,
                               sp_manager_wait_t **out);
 /* Has the command finished? Then *status is the HTTP status its answer
  * carries (200, 400 failed, 404 unknown, 503 shutting down or out of
  * memory) and *err the reason ("" on success; unredacted). */
-bool sp_manager_wait_done(const sp_manager_wait_t *w, int *status, const char **err);
+bool sp_manager_wait_done(const sp_manager_wait_t *w, sp_status_t *st, const char **err);
 /* Drop the caller's reference. NULL is a no-op. */
 void sp_manager_wait_release(sp_manager_wait_t *w);
 
