@@ -1,7 +1,7 @@
 /*
  * grpc_msg.h - the gRPC front end's translation between the protocol's
  * protobuf messages (proto/grpc_service.proto) and the REST routes of
- * kserve.c (internal to src/server/grpc*.c).
+ * kserve.c (internal to src/api/grpc*.c).
  *
  * A gRPC call is served by the REST route that means the same thing: the
  * message becomes that route's request (a KServe v2 infer request with every

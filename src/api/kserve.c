@@ -363,7 +363,7 @@ finish_str(sp_finish_t f)
 /* The model of the route ({model} and the optional {version}), with a
  * reference. Answers itself and returns NULL when there is none; with a
  * retry, a model that loads on demand parks the request until it is
- * loaded (server.h). */
+ * loaded (sp_api_model_for, api.h). */
 static sp_served_model_t *
 route_model_base(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry)
 {

@@ -39,6 +39,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +53,7 @@
 #include <jansson.h>
 
 #include "sampan/log.h"
-#include "api/api.h"
+#include "server/server.h"
 
 /* Each target uses a different part of the harness. */
 #define SP_FUZZ_FN static __attribute__((unused))
