@@ -131,3 +131,19 @@ sp_utf8_unfinished_tail(const char *s, size_t n)
     }
     return 0;
 }
+
+size_t
+sp_utf8_char_len(const unsigned char *s, size_t n)
+{
+    static const uint8_t len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    size_t k = len[s[0] >> 4];
+    if (k > n) {
+        return 1;
+    }
+    for (size_t i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            return 1;
+        }
+    }
+    return k;
+}

@@ -29,6 +29,15 @@ size_t sp_utf8_invalid_at(const char *s, size_t n);
 int sp_utf8_lead(unsigned c, uint8_t *range);
 bool sp_utf8_cont_ok(uint8_t range, unsigned c);
 
+/* Byte length of the character at s[0..n) (n >= 1) as SentencePiece splits
+ * text: the length its lead byte announces (llama.cpp's table: 0xC_/0xD_ 2,
+ * 0xE_ 3, 0xF_ 4) when that many bytes remain and all the announced
+ * continuation bytes are 10xxxxxx; otherwise 1. Lenient on purpose (no
+ * overlong or surrogate checks): token ids must match the reference
+ * tokenizer's on any input, and checking the continuation bytes keeps a stray
+ * lead byte from swallowing the next character. */
+size_t sp_utf8_char_len(const unsigned char *s, size_t n);
+
 /* Decode the character at s[0..n) (n >= 1): its length, with *cp set; an
  * invalid or truncated sequence decodes as one byte of U+FFFD. */
 size_t sp_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);

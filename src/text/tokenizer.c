@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "core/heap.h"
 #include "text/tokenizer_impl.h"
 
@@ -722,28 +723,6 @@ spm_try_bigram(const sp_tokenizer_t *t, spm_work_t *w, int32_t left)
     return sp_heap_u64_push(&w->heap, key);
 }
 
-/* Byte length of the UTF-8 character at p[0..n): the length its lead byte
- * announces (llama.cpp's table) when that many bytes remain and all the
- * announced continuation bytes are 10xxxxxx; otherwise 1. Checking the
- * continuation bytes only changes invalid UTF-8, and keeps a stray lead byte
- * from swallowing the U+2581 of an escaped space, so every byte string
- * round-trips through byte fallback. */
-static size_t
-utf8_len(const unsigned char *p, size_t n)
-{
-    static const uint8_t len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    size_t k = len[p[0] >> 4];
-    if (k > n) {
-        return 1;
-    }
-    for (size_t i = 1; i < k; i++) {
-        if ((p[i] & 0xC0) != 0x80) {
-            return 1;
-        }
-    }
-    return k;
-}
-
 static bool
 is_space_mark(const char *p, size_t n)
 {
@@ -832,7 +811,7 @@ spm_encode_text(const sp_tokenizer_t *t, spm_work_t *w, const char *text, size_t
     int32_t n_sym = 0;
     bool prev_mark = false;
     for (size_t off = 0; off < m;) {
-        size_t n = utf8_len((const unsigned char *)w->esc + off, m - off);
+        size_t n = sp_utf8_char_len((const unsigned char *)w->esc + off, m - off);
         bool mark = is_space_mark(w->esc + off, n);
         if (t->cut_at_space && mark && !prev_mark && n_sym > 0) {
             sp_status_t st = spm_merge_chunk(t, w, n_sym, o);

@@ -86,5 +86,20 @@ else:
            rc == 1 and "circle of 2 folders" in out and "circle of 2 objects" not in out, out)
     rc, out = cycles({})
     s.case("cycles: no objects is an error, not a pass", rc == 1, out)
+    # an object left from a deleted source (a stale build) is not part of the tree
+    d = tree({"src/a/x.c": "int y(void); int x(void) { return y(); }\n",
+              "src/a/y.c": "int x(void); int y(void) { return x(); }\n"})
+    try:
+        for f in ("x", "y"):
+            os.makedirs(os.path.join(d, "build", "src", "a"), exist_ok=True)
+            subprocess.run(["cc", "-c", "-o", os.path.join(d, "build", "src", "a", f + ".o"),
+                            os.path.join(d, "src", "a", f + ".c")], check=True, timeout=60)
+        os.remove(os.path.join(d, "src", "a", "y.c"))
+        r = subprocess.run(["python3", CYC, os.path.join(d, "build")], capture_output=True,
+                           text=True, timeout=60)
+        s.case("cycles: an object whose source is gone is skipped",
+               r.returncode == 0 and "1 stale objects" in r.stdout, r.stdout + r.stderr)
+    finally:
+        shutil.rmtree(d)
 
 s.finish()

@@ -325,3 +325,17 @@ TEST(utf8_incremental_check_agrees_with_the_sequence_check)
         }
     }
 }
+
+/* The SentencePiece split length: what the lead byte announces when its continuation bytes
+ * follow (even for sequences the strict check refuses), else one byte. */
+TEST(utf8_char_len_is_the_lenient_split)
+{
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"a", 1), 1);
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xE2\x82\xAC", 3), 3);
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xC0\x80", 2), 2);         /* overlong, kept */
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xED\xA0\x80", 3), 3);     /* surrogate, kept */
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xF8\x80\x80\x80", 4), 4); /* 0xF_ announces 4 */
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xE2\x82", 2), 1);         /* truncated */
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\xE2\x41\xAC", 3), 1);     /* not a continuation */
+    ASSERT_EQ(sp_utf8_char_len((const unsigned char *)"\x80", 1), 1);
+}
