@@ -1539,9 +1539,11 @@ TEST(batcher_adaptive_meets_a_p99_target_a_fixed_delay_misses)
      * fills a 32-row batch at this rate, so every request waits the whole delay; the adaptive
      * batcher, with the same settings as its bounds, waits only as long as the target allows,
      * and batches. A third, unbatched batcher with a cheap backend (0.1 ms) on the same load
-     * measures the machine's own latency noise: on a quiet machine the claim is checked as
-     * is; on an overloaded one (a scheduler that delays threads by tens of ms) the adaptive
-     * p99 must stay within the target plus that noise. */
+     * measures the machine's own latency noise: on a quiet machine (its p99 well under a
+     * millisecond, 0.3 ms typically) the claim is checked as is; on a loaded one (the suite's
+     * other tests beside it, a scheduler that delays threads by milliseconds) the adaptive
+     * p99 must stay within the target plus that noise. A few ms of noise already decides
+     * whether batching pays at 86% load, so only a quiet machine judges the batching itself. */
     fake_t ff, fa, fn;
     fake_init(&ff);
     fake_init(&fa);
@@ -1577,7 +1579,7 @@ TEST(batcher_adaptive_meets_a_p99_target_a_fixed_delay_misses)
     sp_batcher_stats_t sf, sa;
     sp_batcher_get_stats(fixed, &sf);
     sp_batcher_get_stats(adapt, &sa);
-    bool quiet = pn < 6 * MS;
+    bool quiet = pn < 1 * MS;
     fprintf(stderr, "  fixed: p99 %.2f ms, %.2f rows/batch; adaptive: p99 %.2f ms, "
             "%.2f rows/batch, delay now %llu us, cap %d (+%llu -%llu); unbatched: p99 %.2f ms%s\n",
             (double)pf / MS, (double)sf.rows / (double)sf.batches, (double)pa / MS,
