@@ -8,7 +8,8 @@
 #   make unit                the C unit-test runner (build/test_unit)
 #   make test                everything tests/run.sh runs (C units, sanitizer
 #                            units, NumPy reference, CLI checks)
-#   make check-includes      module boundaries of STYLE.md
+#   make check-layers        the layers of docs/design.md: the include table and no
+#                            circle of objects (scripts/check-includes.sh, check-cycles.py)
 #   make clean
 
 CC      ?= cc
@@ -53,7 +54,7 @@ AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
 $(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
 $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
 
-.PHONY: all unit test clean check-includes demo fuzz
+.PHONY: all unit test clean check-layers check-includes demo fuzz
 all: $(BUILD)/sampan
 
 $(BUILD)/%.o: %.c
@@ -203,6 +204,10 @@ test:
 
 demo: $(BUILD)/sampan
 	./$(BUILD)/sampan run -m models/stories260K.gguf -p "Once upon a time" -n 200
+
+check-layers: $(BUILD)/libsampan.a
+	./scripts/check-includes.sh
+	$(PYTHON) scripts/check-cycles.py $(BUILD)
 
 check-includes:
 	./scripts/check-includes.sh
