@@ -36,14 +36,6 @@
 #include "api/tensor.h"
 #include "api/trace.h"
 
-static const char *
-btype_name(sp_btype_t t)
-{
-    static const char *const n[] = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
-                                    "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"};
-    return (unsigned)t < SP_BT_COUNT_ ? n[t] : "?";
-}
-
 /* ------------------------------------------------------------------ infer */
 
 typedef struct tq {
@@ -125,7 +117,7 @@ to_tensor(const sp_backend_tensor_t *b, sp_tensor_t *t, char *err, size_t err_le
     }
     if (b->dtype >= SP_BT_BYTES) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "backend output '%s': %s is not a KServe type",
-                       b->name, btype_name(b->dtype));
+                       b->name, sp_batcher_btype_name(b->dtype));
     }
     sp_status_t st = sp_tensor_alloc(t, b->name, (sp_dtype_t)b->dtype, b->n_dims, shape, err, err_len);
     if (st == SP_OK) {
@@ -278,11 +270,11 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
         const sp_tensor_t *t = sp_tensor_req_input(&q->ir, info->inputs[i].name);
         if (t == NULL) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs: '%s' is required (%s)",
-                           info->inputs[i].name, btype_name(info->inputs[i].dtype));
+                           info->inputs[i].name, sp_batcher_btype_name(info->inputs[i].dtype));
         }
         if ((int)t->dtype != (int)info->inputs[i].dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.datatype: the model takes %s, got %s",
-                           t->name, btype_name(info->inputs[i].dtype), sp_tensor_dtype_name(t->dtype));
+                           t->name, sp_batcher_btype_name(info->inputs[i].dtype), sp_tensor_dtype_name(t->dtype));
         }
         if (t->ndim > SP_BACKEND_MAX_DIMS) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.shape: more than %d dims",
@@ -464,7 +456,7 @@ tensor_list(sp_jbuf_t *b, const sp_backend_tensor_desc_t *d, int32_t n, int32_t 
     for (int32_t i = 0; i < n; i++) {
         sp_jbuf_lit(b, i ? ",{\"name\":" : "{\"name\":");
         sp_jbuf_cstr(b, d[i].name);
-        sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[", btype_name(d[i].dtype));
+        sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[", sp_batcher_btype_name(d[i].dtype));
         int w = 0;
         if (max_batch > 0) {
             sp_jbuf_lit(b, "-1");

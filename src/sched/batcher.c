@@ -135,8 +135,8 @@ static const char *const btype_names[SP_BT_COUNT_] = {
     "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16",
 };
 
-static const char *
-btype_name(sp_btype_t t)
+const char *
+sp_batcher_btype_name(sp_btype_t t)
 {
     return (unsigned)t < SP_BT_COUNT_ ? btype_names[t] : "?";
 }
@@ -596,7 +596,7 @@ check_data(const sp_backend_tensor_t *t, const char *what, const char *name, cha
         fmt_dims(shape, sizeof shape, t->n_dims, t->dims);
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "%s '%s': %zu bytes of data, the shape %s of %s needs %zu", what, name,
-                       t->bytes, shape, btype_name(t->dtype), want);
+                       t->bytes, shape, sp_batcher_btype_name(t->dtype), want);
     }
     return SP_OK;
 }
@@ -647,7 +647,7 @@ check_item(const sp_batcher_t *b, const sp_batch_item_t *it, int32_t map[MAX_T],
         if (t->dtype != d->dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "input '%s': datatype %s, the model expects %s", d->name,
-                           btype_name(t->dtype), btype_name(d->dtype));
+                           sp_batcher_btype_name(t->dtype), sp_batcher_btype_name(d->dtype));
         }
         int32_t off = batched ? 1 : 0;
         bool ok = t->n_dims == d->n_dims + off && t->n_dims <= SP_BACKEND_MAX_DIMS;

@@ -222,6 +222,9 @@ typedef struct sp_batch_result {
  * inside the callback. */
 void *sp_batcher_result_take(const sp_batch_result_t *res, int32_t i);
 
+/* KServe's name of a backend data type ("FP32", "BYTES", ...); "?" out of range. */
+const char *sp_batcher_btype_name(sp_btype_t t);
+
 /* The completion callback: exactly once per accepted submit, on a batcher
  * thread, without batcher locks held. res is valid only during the call. */
 typedef void (*sp_batch_done_cb)(void *ud, const sp_batch_result_t *res);

@@ -39,14 +39,6 @@ btype_of(sp_repo_dtype_t t)
     }
 }
 
-static const char *
-btype_name(sp_btype_t t)
-{
-    static const char *const n[] = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
-                                    "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"};
-    return (unsigned)t < SP_BT_COUNT_ ? n[t] : "?";
-}
-
 /* The config's declared tensors must be what the backend reports. */
 static sp_status_t
 check_decl(const char *what, const sp_repo_tensor_t *decl, int32_t n_decl,
@@ -73,7 +65,7 @@ check_decl(const char *what, const sp_repo_tensor_t *decl, int32_t n_decl,
         if (btype_of(decl[i].data_type) != g->dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
                            "config.json: %s[%d].data_type: %s, but the model's is %s", what, (int)i,
-                           sp_repo_config_dtype_name(decl[i].data_type), btype_name(g->dtype));
+                           sp_repo_config_dtype_name(decl[i].data_type), sp_batcher_btype_name(g->dtype));
         }
         bool same = decl[i].n_dims == g->n_dims;
         for (int32_t d = 0; same && d < g->n_dims; d++) {
