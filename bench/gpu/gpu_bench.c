@@ -133,7 +133,7 @@ cmd_check(const char *path, int n)
     size_t len = 0;
     for (int i = 0; i < nb && len + 64 < sizeof text; i++) {
         int32_t k = sp_tokenizer_piece(sp_model_tokenizer(gpu), b[i], false, text + len,
-                                      sizeof text - len - 1);
+                                       sizeof text - len - 1);
         len += k > 0 ? (size_t)k : 0;
     }
     text[len] = '\0';

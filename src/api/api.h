@@ -36,8 +36,8 @@ typedef struct sp_loop_ctx {
  * arguments once the load ends, or the request gets 503 after
  * --load-timeout. */
 bool sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_t len,
-                         sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
-                         sp_served_model_t **out);
+                      sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
+                      sp_served_model_t **out);
 sp_mailbox_t *sp_api_mailbox(sp_http_req_t *r);
 struct sp_tensor_hcache *sp_api_hcache(sp_http_req_t *r); /* the request's loop's */
 /* The request's tenant's tier (its default priority), and a priority the
@@ -57,7 +57,7 @@ void sp_api_account(sp_http_req_t *r, sp_served_model_t *m, sp_req_clock_t *c, b
 /* OpenAI-shaped error: {"error":{"message","type","param","code"}}. type NULL
  * picks one from the status. */
 void sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
-                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+                  const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* Is this a KServe v2 path ("/v2" or under "/v2/")? */
 bool sp_api_kserve_path(sp_str_t path);
 /* KServe v2's error shape, {"error": "..."}: what sp_api_error writes on a

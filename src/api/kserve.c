@@ -501,7 +501,7 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
     char mname[sizeof q->a.m->name + SP_ADAPTER_NAME_MAX + 2];
     snprintf(mname, sizeof mname, "%s%s%s", q->a.m->name, q->a.ad.lora ? ":" : "", q->a.ad.name);
     sp_tensor_resp_write(&q->out, &q->bin, mname, q->a.m->version_str, &q->ir, params, outs,
-                        n_outs);
+                         n_outs);
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
     }
@@ -647,8 +647,8 @@ prep_run(sp_offload_t *job)
         }
         q->tried = i + 1;
         int32_t *tk = q->toks + (size_t)i * (size_t)cap;
-        int64_t nt = sp_tokenizer_encode(q->a.m->tok, t.ptr, t.len, sp_chat_add_bos(q->a.m->tok, NULL, 0), false,
-                                 tk, cap);
+        bool bos = sp_chat_add_bos(q->a.m->tok, NULL, 0);
+        int64_t nt = sp_tokenizer_encode(q->a.m->tok, t.ptr, t.len, bos, false, tk, cap);
         if (nt < 0) {
             snprintf(q->err, sizeof q->err, "%s: cannot tokenize the prompt: %s", where,
                      sp_status_str((sp_status_t)nt));
@@ -683,7 +683,7 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     int64_t cap = q->a.m->n_ctx;
     if (n < 1 || n > cfg->max_n || n > SP_SCHED_MAX_N) {
         sp_api_error_kserve(r, 400, "%s: 1 to %d prompts per request, got %d", text_where,
-                        cfg->max_n < SP_SCHED_MAX_N ? cfg->max_n : SP_SCHED_MAX_N, n);
+                            cfg->max_n < SP_SCHED_MAX_N ? cfg->max_n : SP_SCHED_MAX_N, n);
         sp_api_finish(&q->a);
         return;
     }
@@ -750,8 +750,8 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
             max_tokens = gv->i[k];
             if (longest + max_tokens > cap) {
                 sp_api_error_kserve(r, 400, "max_tokens: this model's context is %lld tokens; the prompt "
-                                "has %lld and max_tokens asks for %lld more", (long long)cap,
-                                (long long)longest, (long long)max_tokens);
+                                    "has %lld and max_tokens asks for %lld more", (long long)cap,
+                                    (long long)longest, (long long)max_tokens);
                 goto fail;
             }
         } else if (strcmp(nm, "temperature") == 0) {
@@ -1119,7 +1119,7 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     if (in->n > SP_SCHED_MAX_N) {
         sp_api_error_kserve(r, 400, "%s.shape: %lld prompts, at most %d per request", where,
-                        (long long)in->n, s->cfg.max_n);
+                            (long long)in->n, s->cfg.max_n);
         sp_api_finish(&q->a);
         return;
     }
@@ -1140,7 +1140,7 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     }
     if (m->be) {
         sp_api_error_kserve(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
-                        m->be->name, m->name);
+                            m->be->name, m->name);
         sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;

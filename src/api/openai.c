@@ -230,13 +230,13 @@ get_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn ret
     sp_served_model_t *m;
     sp_str_t none = {NULL, 0};
     if (!sp_api_model_for(s, r, json_string_value(mv), json_string_length(mv), none, retry, p,
-                             &m)) {
+                          &m)) {
         return NULL;
     }
     if (m->be) {
         sp_api_error(r, 400, NULL, "model", "model_not_generative",
-                        "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
-                        m->name, m->be->name, m->name);
+                     "the model %s is a %s model, not a language model: use /v2/models/%s/infer",
+                     m->name, m->be->name, m->name);
         sp_served_release(m);
         return NULL;
     }
@@ -329,7 +329,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         if (json_is_string(st)) {
             if (json_string_length(st) == 0 || json_string_length(st) > SP_GEN_MAX_STOP_LEN) {
                 sp_api_error(r, 400, NULL, "stop", NULL,
-                                "'stop' strings must have 1 to %d bytes", SP_GEN_MAX_STOP_LEN);
+                             "'stop' strings must have 1 to %d bytes", SP_GEN_MAX_STOP_LEN);
                 return -1;
             }
             g->stop[0] = json_string_value(st);
@@ -337,7 +337,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         } else if (json_is_array(st)) {
             if (json_array_size(st) > SP_GEN_MAX_STOP) {
                 sp_api_error(r, 400, NULL, "stop", NULL, "'stop' has more than %d strings",
-                                SP_GEN_MAX_STOP);
+                             SP_GEN_MAX_STOP);
                 return -1;
             }
             for (size_t i = 0; i < json_array_size(st); i++) {
@@ -346,8 +346,8 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
                     json_string_length(s) > SP_GEN_MAX_STOP_LEN ||
                     strlen(json_string_value(s)) != json_string_length(s)) {
                     sp_api_error(r, 400, NULL, "stop", NULL,
-                                    "'stop' must be a list of strings of 1 to %d bytes",
-                                    SP_GEN_MAX_STOP_LEN);
+                                 "'stop' must be a list of strings of 1 to %d bytes",
+                                 SP_GEN_MAX_STOP_LEN);
                     return -1;
                 }
                 g->stop[g->n_stop++] = json_string_value(s);
@@ -402,7 +402,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         }
         if (rc > 0 && !lp) {
             sp_api_error(r, 400, NULL, "top_logprobs", NULL,
-                            "'top_logprobs' requires 'logprobs': true");
+                         "'top_logprobs' requires 'logprobs': true");
             return -1;
         }
         if (lp) {
@@ -429,7 +429,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         const char *t = NULL;
         if (!json_is_object(rf) || sp_json_get_str(rf, "type", &t, NULL, &e) <= 0) {
             sp_api_error(r, 400, NULL, "response_format", NULL,
-                            "'response_format' must be an object with a 'type'");
+                         "'response_format' must be an object with a 'type'");
             return -1;
         }
         if (strcmp(t, "json_object") == 0) {
@@ -440,8 +440,8 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             if (!json_is_object(js) || (json_object_get(js, "name") &&
                                         !json_is_string(json_object_get(js, "name")))) {
                 sp_api_error(r, 400, NULL, "response_format.json_schema", NULL,
-                                "'response_format.json_schema' must be an object "
-                                "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
+                             "'response_format.json_schema' must be an object "
+                             "{\"name\": ..., \"schema\": {...}, \"strict\": ...}");
                 return -1;
             }
             if (schema == NULL) { /* OpenAI allows it out: any JSON object */
@@ -454,8 +454,8 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
             q->prep.schema = schema; /* compiled by the preparation (prep_run) */
         } else if (strcmp(t, "text") != 0) {
             sp_api_error(r, 400, NULL, "response_format.type", NULL,
-                            "response_format type '%s' is not supported (text, json_object, "
-                            "json_schema)", t);
+                         "response_format type '%s' is not supported (text, json_object, "
+                         "json_schema)", t);
             return -1;
         }
     }
@@ -466,7 +466,7 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         }
         if (g->json_object || q->prep.schema) {
             sp_api_error(r, 400, NULL, "grammar", NULL,
-                            "'grammar' and 'response_format' json modes cannot be combined");
+                         "'grammar' and 'response_format' json modes cannot be combined");
             return -1;
         }
         q->prep.gbnf = json_string_value(gr); /* compiled by the preparation */
@@ -483,7 +483,7 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
     size_t n = json_array_size(a);
     if ((int64_t)n > cap) {
         sp_api_error(q->a.http, 400, NULL, param, NULL,
-                        "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
+                     "the prompt has %zu tokens, the context holds %lld", n, (long long)cap);
         return -1;
     }
     int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
@@ -491,7 +491,7 @@ parse_id_array(oai_req_t *q, const json_t *a, const char *param, int32_t *toks, 
         const json_t *t = json_array_get(a, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
             sp_api_error(q->a.http, 400, NULL, param, NULL,
-                            "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
+                         "token ids must be integers in 0..%d (out of vocabulary)", n_vocab - 1);
             return -1;
         }
         toks[i] = (int32_t)json_integer_value(t);
@@ -1348,8 +1348,8 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
     int64_t n_ctx = q->a.m->n_ctx;
     if (n_tok >= n_ctx) {
         sp_api_error(q->a.http, 400, NULL, "messages", "context_length_exceeded",
-                        "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
-                        (long long)n_ctx);
+                     "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
+                     (long long)n_ctx);
         sp_api_finish(&q->a);
         return;
     }
@@ -1371,9 +1371,9 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         }
     } else if (n_tok + max_tokens > n_ctx) {
         sp_api_error(q->a.http, 400, NULL, "max_tokens", "context_length_exceeded",
-                        "this model's context is %lld tokens; the prompt has %lld and max_tokens "
-                        "asks for %lld more",
-                        (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
+                     "this model's context is %lld tokens; the prompt has %lld and max_tokens "
+                     "asks for %lld more",
+                     (long long)n_ctx, (long long)n_tok, (long long)max_tokens);
         sp_api_finish(&q->a);
         return;
     }
@@ -1497,7 +1497,7 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (restricted && want.ptr && !sp_auth_model_allowed(tenant, want.ptr, want.len)) {
         sp_jbuf_free(&b);
         sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model does not exist");
+                     "The model does not exist");
         return;
     }
     char (*names)[129] = NULL;
@@ -1571,7 +1571,7 @@ h_models(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (want.ptr && !found) {
         sp_jbuf_free(&b);
         sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model does not exist");
+                     "The model does not exist");
         return;
     }
     if (!want.ptr) {
@@ -1643,12 +1643,12 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         }
     } else if (json_is_array(pr) && json_array_size(pr) > 1) {
         sp_api_error(r, 400, NULL, "prompt", NULL,
-                        "one prompt per request is supported (use n for several completions)");
+                     "one prompt per request is supported (use n for several completions)");
         sp_api_finish(&q->a);
         goto done;
     } else {
         sp_api_error(r, 400, NULL, "prompt", NULL,
-                        "'prompt' must be a non-empty string or a list of token ids");
+                     "'prompt' must be a non-empty string or a list of token ids");
         sp_api_finish(&q->a);
         goto done;
     }
@@ -1797,9 +1797,9 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
                 json_string_length(name) > 64 || (params && !json_is_object(params)) ||
                 (desc && !json_is_string(desc))) {
                 sp_api_error(r, 400, NULL, "tools", NULL,
-                                "tools[%zu] must be {\"type\": \"function\", \"function\": "
-                                "{\"name\": \"...\" (1 to 64 bytes), \"description\": \"...\", "
-                                "\"parameters\": {JSON Schema}}}", i);
+                             "tools[%zu] must be {\"type\": \"function\", \"function\": "
+                             "{\"name\": \"...\" (1 to 64 bytes), \"description\": \"...\", "
+                             "\"parameters\": {JSON Schema}}}", i);
                 return -1;
             }
         }
@@ -1816,8 +1816,8 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
             only = json_string_value(json_object_get(json_object_get(tch, "function"), "name"));
         } else {
             sp_api_error(r, 400, NULL, "tool_choice", NULL,
-                            "'tool_choice' must be \"none\", \"auto\", \"required\" or "
-                            "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
+                         "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}");
             return -1;
         }
         if (!have && strcmp(choice, "none") != 0) {
@@ -1840,7 +1840,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     }
     if (g->json_object || q->prep.schema || q->prep.gbnf) {
         sp_api_error(r, 400, NULL, "tool_choice", NULL,
-                        "a forced tool call cannot be combined with response_format or grammar");
+                     "a forced tool call cannot be combined with response_format or grammar");
         return -1;
     }
     q->prep.tools = tools; /* its grammar is compiled by the preparation */
@@ -1875,7 +1875,7 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     }
     if (m->tmpl == NULL) {
         sp_api_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
-                        m->name, m->tmpl_error);
+                     m->name, m->tmpl_error);
         goto fail;
     }
     pp->messages = ms; /* checked, gathered and rendered by the preparation */
@@ -1949,8 +1949,8 @@ h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     size_t n = json_is_array(in) ? json_array_size(in) : 0;
     if (n == 0 || n > (size_t)s->cfg.max_embed_inputs) {
         sp_api_error(r, 400, NULL, "input", NULL,
-                        "'input' must be a non-empty string or list (at most %d inputs)",
-                        s->cfg.max_embed_inputs);
+                     "'input' must be a non-empty string or list (at most %d inputs)",
+                     s->cfg.max_embed_inputs);
         json_decref(wrap);
         sp_api_finish(&q->a);
         goto done;

@@ -271,8 +271,8 @@ adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, sp_manager_op_t 
     if (blen == 0 || sp_repo_path_check_name_n(name.ptr, blen, err, sizeof err) != SP_OK ||
         !sp_adapters_name_ok(colon + 1, alen)) {
         sp_api_error_kserve(r, 400, "adapter name: expected <model>:<adapter> with an adapter name of "
-                        "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",
-                        SP_ADAPTER_NAME_MAX);
+                            "1 to %d characters from [A-Za-z0-9._-], not starting with '.'",
+                            SP_ADAPTER_NAME_MAX);
         return true;
     }
     submit_cmd(s, r, op, name, NULL, 0);

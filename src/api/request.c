@@ -84,8 +84,8 @@ model_wait_tick(evutil_socket_t fd, short what, void *arg)
     if (a == SP_ACQ_LOADING) {
         sp_http_add_header(r, "Retry-After", "5");
         sp_api_error(r, 503, "service_unavailable", "model", "model_loading",
-                        "the model '%s' is still loading after %g s (--load-timeout)", w->name,
-                        w->s->cfg.load_timeout_s);
+                     "the model '%s' is still loading after %g s (--load-timeout)", w->name,
+                     w->s->cfg.load_timeout_s);
         model_wait_free(w);
         return;
     }
@@ -100,8 +100,8 @@ model_wait_tick(evutil_socket_t fd, short what, void *arg)
 
 bool
 sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_t len,
-                    sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
-                    sp_served_model_t **out)
+                 sp_str_t version, sp_route_fn retry, const sp_route_params_t *p,
+                 sp_served_model_t **out)
 {
     char reason[512];
     sp_jbuf_t nm;
@@ -112,7 +112,7 @@ sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_t len
         sp_jbuf_init(&nm);
         sp_jbuf_str(&nm, name, len > 128 ? 128 : len);
         sp_api_error(r, 403, "permission_error", "model", "model_not_allowed",
-                        "tenant '%s' may not use the model %s", tenant->name, nm.p ? nm.p : "\"\"");
+                     "tenant '%s' may not use the model %s", tenant->name, nm.p ? nm.p : "\"\"");
         sp_jbuf_free(&nm);
         return false;
     }
@@ -131,7 +131,7 @@ sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_t len
             }
             sp_http_add_header(r, "Retry-After", "1");
             sp_api_error(r, 503, "service_unavailable", "model", "model_loading",
-                            "the model is loading");
+                         "the model is loading");
             return false;
         }
         w->s = s;
@@ -163,16 +163,16 @@ sp_api_model_for(sp_serving_t *s, sp_http_req_t *r, const char *name, size_t len
         sp_jbuf_init(&v);
         sp_jbuf_str(&v, version.ptr, version.len > 32 ? 32 : version.len);
         sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model %s has no version %s", nm.p ? nm.p : "\"\"", v.p ? v.p : "\"\"");
+                     "The model %s has no version %s", nm.p ? nm.p : "\"\"", v.p ? v.p : "\"\"");
         sp_jbuf_free(&v);
     } else if (a == SP_ACQ_UNKNOWN) {
         sp_api_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                        "The model %s does not exist", nm.p ? nm.p : "\"\"");
+                     "The model %s does not exist", nm.p ? nm.p : "\"\"");
     } else {
         char red[512];
         sp_api_redact(s, reason, red, sizeof red);
         sp_api_error(r, 404, "invalid_request_error", "model", "model_not_available",
-                        "The model %s is not available: %s", nm.p ? nm.p : "\"\"", red);
+                     "The model %s is not available: %s", nm.p ? nm.p : "\"\"", red);
     }
     sp_jbuf_free(&nm);
     return false;
@@ -219,7 +219,7 @@ default_type(int status)
 
 void
 sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
-                const char *code, const char *fmt, ...)
+             const char *code, const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;

@@ -1023,7 +1023,7 @@ hc_build(hc_entry_t *e, const unsigned char *tail, size_t tail_len, sp_tensor_re
 
 sp_status_t
 sp_tensor_req_parse_cached(sp_tensor_hcache_t *hc, const char *body, size_t len, sp_str_t header_len,
-                          int max_depth, sp_tensor_req_t *out, char *err, size_t err_len)
+                           int max_depth, sp_tensor_req_t *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
     size_t json_len = len;
@@ -1068,7 +1068,7 @@ sp_tensor_req_parse_cached(sp_tensor_hcache_t *hc, const char *body, size_t len,
 
 sp_status_t
 sp_tensor_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
-                   sp_tensor_req_t *out, char *err, size_t err_len)
+                    sp_tensor_req_t *out, char *err, size_t err_len)
 {
     return sp_tensor_req_parse_cached(NULL, body, len, header_len, max_depth, out, err, err_len);
 }
@@ -1101,7 +1101,7 @@ sp_tensor_req_input(const sp_tensor_req_t *r, const char *name)
 
 sp_status_t
 sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names, int n_names,
-                            bool *want, char *err, size_t err_len)
+                             bool *want, char *err, size_t err_len)
 {
     for (int k = 0; k < n_names; k++) {
         want[k] = r->n_outputs == 0;
@@ -1192,8 +1192,8 @@ write_binary(sp_jbuf_t *bin, const sp_tensor_t *t)
 
 void
 sp_tensor_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
-                    const sp_tensor_req_t *req, const char *params_json, const sp_tensor_t *outs,
-                    int n_outs)
+                     const sp_tensor_req_t *req, const char *params_json, const sp_tensor_t *outs,
+                     int n_outs)
 {
     sp_jbuf_lit(json, "{\"model_name\":");
     sp_jbuf_cstr(json, model);

@@ -116,7 +116,7 @@ typedef struct sp_tensor_req {
  * be claimed. SP_ERR_INVALID with err naming the field for anything wrong.
  */
 sp_status_t sp_tensor_req_parse(const char *body, size_t len, sp_str_t header_len, int max_depth,
-                               sp_tensor_req_t *out, char *err, size_t err_len);
+                                sp_tensor_req_t *out, char *err, size_t err_len);
 void sp_tensor_req_free(sp_tensor_req_t *r);
 
 /* A cache of decoded JSON parts of binary-tensor requests, keyed by their
@@ -128,8 +128,8 @@ void sp_tensor_hcache_counts(const sp_tensor_hcache_t *hc, uint64_t *hits, uint6
 /* sp_tensor_req_parse through the cache hc (NULL: none): the same result and
  * the same errors. */
 sp_status_t sp_tensor_req_parse_cached(sp_tensor_hcache_t *hc, const char *body, size_t len,
-                                      sp_str_t header_len, int max_depth, sp_tensor_req_t *out,
-                                      char *err, size_t err_len);
+                                       sp_str_t header_len, int max_depth, sp_tensor_req_t *out,
+                                       char *err, size_t err_len);
 /* Input by name, or NULL. */
 const sp_tensor_t *sp_tensor_req_input(const sp_tensor_req_t *r, const char *name);
 /*
@@ -138,7 +138,7 @@ const sp_tensor_t *sp_tensor_req_input(const sp_tensor_req_t *r, const char *nam
  * names is SP_ERR_INVALID ("outputs[0]: the model has no output 'x' ...").
  */
 sp_status_t sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names,
-                                        int n_names, bool *want, char *err, size_t err_len);
+                                         int n_names, bool *want, char *err, size_t err_len);
 /* Whether output `name` goes to the binary tail (its binary_data, else the
  * request's binary_data_output). */
 bool sp_tensor_req_output_binary(const sp_tensor_req_t *r, const char *name);
@@ -151,7 +151,7 @@ bool sp_tensor_req_output_binary(const sp_tensor_req_t *r, const char *name);
  * when bin is not empty.
  */
 void sp_tensor_resp_write(sp_jbuf_t *json, sp_jbuf_t *bin, const char *model, const char *version,
-                         const sp_tensor_req_t *req, const char *params_json,
-                         const sp_tensor_t *outs, int n_outs);
+                          const sp_tensor_req_t *req, const char *params_json,
+                          const sp_tensor_t *outs, int n_outs);
 
 #endif /* SP_API_TENSOR_H */

@@ -373,7 +373,7 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
     bool want[SP_BACKEND_MAX_TENSORS];
     int32_t n_want = 0;
     sp_status_t st = sp_tensor_req_parse_cached(sp_api_hcache(r), body.ptr, body.len, hl,
-                                               s->cfg.json_depth, &q->ir, err, sizeof err);
+                                                s->cfg.json_depth, &q->ir, err, sizeof err);
     if (st == SP_OK) {
         for (int32_t i = 0; i < info->n_outputs; i++) {
             names[i] = info->outputs[i].name;

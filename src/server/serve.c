@@ -358,10 +358,10 @@ handle(sp_http_req_t *r, void *ud)
                     sp_http_add_header(r, "Retry-After", ra);
                 }
                 sp_api_error(r, ar.status, NULL, NULL,
-                                ar.status == 401   ? "invalid_api_key"
-                                : ar.status == 403 ? "insufficient_scope"
-                                                   : "rate_limit_exceeded",
-                                "%s", ar.message);
+                             ar.status == 401   ? "invalid_api_key"
+                             : ar.status == 403 ? "insufficient_scope"
+                                                : "rate_limit_exceeded",
+                             "%s", ar.message);
                 return;
             }
             sp_http_req_set_user(r, ar.state); /* counted in flight until on_done */
@@ -379,10 +379,10 @@ handle(sp_http_req_t *r, void *ud)
         sp_api_error(r, 400, NULL, NULL, "invalid_path", "the path has a '.' or '..' segment");
     } else if (rc == 404) {
         sp_api_error(r, 404, NULL, NULL, "not_found", "no route for %s %.*s",
-                        sp_http_req_method_str(r), (int)(path.len > 200 ? 200 : path.len), path.ptr);
+                     sp_http_req_method_str(r), (int)(path.len > 200 ? 200 : path.len), path.ptr);
     } else {
         sp_api_error(r, 405, NULL, NULL, "method_not_allowed", "%s is not allowed on this route",
-                        sp_http_req_method_str(r));
+                     sp_http_req_method_str(r));
     }
 }
 

@@ -874,7 +874,7 @@ done:
 
 int64_t
 sp_tokenizer_encode(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
-            bool parse_special, int32_t *out, int64_t cap)
+                    bool parse_special, int32_t *out, int64_t cap)
 {
     if (t == NULL || (text == NULL && len > 0) || cap < 0 || (out == NULL && cap > 0)) {
         return SP_ERR_INVALID;

@@ -66,7 +66,7 @@ bool sp_tokenizer_strips_space(const sp_tokenizer_t *t);
  * buffer), or a negative sp_status_t on error.
  */
 int64_t sp_tokenizer_encode(const sp_tokenizer_t *t, const char *text, size_t len, bool add_bos,
-                    bool parse_special, int32_t *out, int64_t cap);
+                            bool parse_special, int32_t *out, int64_t cap);
 
 /*
  * The bytes token id stands for (spaces restored, <0xNN> as the raw byte,

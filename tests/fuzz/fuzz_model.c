@@ -45,7 +45,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         int32_t ids[64];
         int64_t n = sp_tokenizer_encode(sp_model_tokenizer(m), "Hello <s> w\xc3\xb6rld", 15, true, true,
-                                ids, 64);
+                                        ids, 64);
         for (int64_t i = 0; i < n && i < 64; i++) {
             char piece[64];
             (void)sp_tokenizer_piece(sp_model_tokenizer(m), ids[i], true, piece, sizeof piece);

@@ -587,7 +587,7 @@ TEST(chat_add_bos_rule)
     /* Tokenized with the rule, the prompt starts with exactly one BOS. */
     int32_t ids[256];
     int64_t n = sp_tokenizer_encode(tok, p, strlen(p), sp_chat_add_bos(tok, p, strlen(p)), true, ids,
-                            256);
+                                    256);
     ASSERT(n >= 2 && n <= 256);
     ASSERT_EQ(ids[0], bos);
     ASSERT(ids[1] != bos);
