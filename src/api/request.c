@@ -217,6 +217,23 @@ default_type(int status)
     }
 }
 
+/* OpenAI's error object; type NULL picks one from the status, param and code
+ * NULL are JSON nulls. */
+static void
+openai_error(sp_jbuf_t *b, int status, const char *type, const char *param, const char *code,
+             const char *message)
+{
+    sp_jbuf_lit(b, "{\"error\":{\"message\":");
+    sp_jbuf_cstr(b, message);
+    sp_jbuf_lit(b, ",\"type\":");
+    sp_jbuf_cstr(b, type ? type : default_type(status));
+    sp_jbuf_lit(b, ",\"param\":");
+    sp_jbuf_cstr(b, param);
+    sp_jbuf_lit(b, ",\"code\":");
+    sp_jbuf_cstr(b, code);
+    sp_jbuf_lit(b, "}}");
+}
+
 void
 sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
              const char *code, const char *fmt, ...)
@@ -232,15 +249,7 @@ sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
     }
     sp_jbuf_t b;
     sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "{\"error\":{\"message\":");
-    sp_jbuf_cstr(&b, msg);
-    sp_jbuf_lit(&b, ",\"type\":");
-    sp_jbuf_cstr(&b, type ? type : default_type(status));
-    sp_jbuf_lit(&b, ",\"param\":");
-    sp_jbuf_cstr(&b, param);
-    sp_jbuf_lit(&b, ",\"code\":");
-    sp_jbuf_cstr(&b, code);
-    sp_jbuf_lit(&b, "}}");
+    openai_error(&b, status, type, param, code, msg);
     if (b.oom) {
         sp_http_respond(r, status, "application/json", "{}", 2);
     } else {
@@ -264,9 +273,7 @@ sp_api_error_body(int status, const char *message, char *buf, size_t cap)
 {
     sp_jbuf_t b;
     sp_jbuf_init(&b);
-    sp_jbuf_lit(&b, "{\"error\":{\"message\":");
-    sp_jbuf_cstr(&b, message);
-    sp_jbuf_printf(&b, ",\"type\":\"%s\",\"param\":null,\"code\":null}}", default_type(status));
+    openai_error(&b, status, NULL, NULL, NULL, message);
     size_t n = 0;
     if (!b.oom && b.len < cap) {
         memcpy(buf, b.p, b.len + 1);
@@ -278,7 +285,6 @@ sp_api_error_body(int status, const char *message, char *buf, size_t cap)
     sp_jbuf_free(&b);
     return n;
 }
-
 
 /* ---------------------------------------------------------------- lifecycle */
 
