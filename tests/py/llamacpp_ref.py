@@ -45,8 +45,12 @@ SEARCH = [os.path.join(ROOT, "tests", "node", _PKG), os.path.join(ROOT, "bench",
 
 # ggml_type numbers (ggml.h) for the KV cache choice and for reading tensor types.
 GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-             "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "q8_k": 15,
-             "iq4_nl": 20, "iq4_xs": 23, "bf16": 30}
+             "q8_1": 9, "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14,
+             "q8_k": 15, "iq2_xxs": 16, "iq2_xs": 17, "iq3_xxs": 18, "iq1_s": 19,
+             "iq4_nl": 20, "iq3_s": 21, "iq2_s": 22, "iq4_xs": 23, "i8": 24, "i16": 25,
+             "i32": 26, "i64": 27, "f64": 28, "iq1_m": 29, "bf16": 30, "tq1_0": 34,
+             "tq2_0": 35, "mxfp4": 39, "nvfp4": 40, "q1_0": 41, "q2_0": 42}
+GGML_TYPE_NAME = {v: k for k, v in GGML_TYPE.items()}
 
 # llama_ftype numbers (llama.h): the "mixes" of llama-quantize.
 FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
@@ -90,6 +94,62 @@ def find_libdir():
             return os.path.join(pkg, _BINS), None
         why.append(bad)
     return None, "no prebuilt llama.cpp (" + "; ".join(why) + ")"
+
+
+def tensor_types(path):
+    """{tensor name: ggml type name} of a GGUF file (its header only; any tensor type)."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read(1 << 24)
+
+    pos = 4  # after the magic
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    def skip_str():
+        nonlocal pos
+        (n,) = take("<Q")
+        pos += n
+
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip_value(vt):
+        nonlocal pos
+        if vt in scalar:
+            pos += scalar[vt]
+        elif vt == 8:
+            skip_str()
+        elif vt == 9:
+            et, n = take("<IQ")
+            if et in scalar:
+                pos += scalar[et] * n
+            else:
+                for _ in range(n):
+                    skip_value(et)
+        else:
+            raise ValueError(f"{path}: metadata value type {vt}")
+
+    if data[:4] != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    _, n_t, n_kv = take("<IQQ")
+    for _ in range(n_kv):
+        skip_str()
+        (vt,) = take("<I")
+        skip_value(vt)
+    out = {}
+    for _ in range(n_t):
+        (n,) = take("<Q")
+        name = data[pos:pos + n].decode()
+        pos += n
+        (nd,) = take("<I")
+        take(f"<{nd}Q")
+        tt, _ = take("<IQ")
+        out[name] = GGML_TYPE_NAME.get(tt, f"type{tt}")
+    return out
 
 
 def available():
