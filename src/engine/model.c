@@ -223,7 +223,7 @@ get_weight(const sp_model_t *m, const char *name, int64_t n_in, int64_t n_out, b
     if (tr == NULL || !tr->supported || k->vec_dot[t->type] == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "%s: tensor '%s' has type %s, which the engine cannot compute with "
-                       "(f32 f16 bf16 q8_0 q4_0 q4_k q6_k)", path, name, sp_type_name(t->type));
+                       "(f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl mxfp4 q4_k q6_k)", path, name, sp_type_name(t->type));
     }
     w->data = t->data;
     w->type = t->type;

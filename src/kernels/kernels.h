@@ -47,6 +47,7 @@ typedef enum sp_type {
     SP_TYPE_I64 = 27,
     SP_TYPE_F64 = 28,
     SP_TYPE_BF16 = 30,
+    SP_TYPE_MXFP4 = 39,
     SP_TYPE_COUNT = 40, /* upper bound of the table, not a type */
 } sp_type_t;
 
@@ -95,6 +96,58 @@ typedef struct {
     int16_t bsums[SP_QK_K / 16];
 } sp_block_q8_k;
 
+/* The other 32-element blocks (cpu/ref_q32.c; q32_impl.h has their numerics). The 5-bit
+ * types keep element j's fifth bit in bit j of qh (little-endian 32 bits), its low four bits
+ * in qs like Q4_0. */
+#define SP_QK32 32
+
+/* x[j] = q[j] * d + m, q in 0..15 (nibbles as in Q4_0). */
+typedef struct {
+    sp_fp16_t d;
+    sp_fp16_t m;
+    uint8_t qs[SP_QK32 / 2];
+} sp_block_q4_1;
+
+/* x[j] = (q[j] - 16) * d, q in 0..31. */
+typedef struct {
+    sp_fp16_t d;
+    uint8_t qh[4];
+    uint8_t qs[SP_QK32 / 2];
+} sp_block_q5_0;
+
+/* x[j] = q[j] * d + m, q in 0..31. */
+typedef struct {
+    sp_fp16_t d;
+    sp_fp16_t m;
+    uint8_t qh[4];
+    uint8_t qs[SP_QK32 / 2];
+} sp_block_q5_1;
+
+/* Activation format of Q4_1 / Q5_1 products: x = qs * d, s = d * sum(qs) (as half). */
+typedef struct {
+    sp_fp16_t d;
+    sp_fp16_t s;
+    int8_t qs[SP_QK32];
+} sp_block_q8_1;
+
+/* x[j] = d * kvalues_iq4nl[q[j]] (a fixed non-linear 16-entry grid, q32_impl.h). */
+typedef struct {
+    sp_fp16_t d;
+    uint8_t qs[SP_QK32 / 2];
+} sp_block_iq4_nl;
+
+/* OCP MX FP4: x[j] = 2^(e - 127) * e2m1(q[j]); e is an E8M0 exponent. */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[SP_QK32 / 2];
+} sp_block_mxfp4;
+
+_Static_assert(sizeof(sp_block_q4_1) == 20, "q4_1 layout");
+_Static_assert(sizeof(sp_block_q5_0) == 22, "q5_0 layout");
+_Static_assert(sizeof(sp_block_q5_1) == 24, "q5_1 layout");
+_Static_assert(sizeof(sp_block_q8_1) == 36, "q8_1 layout");
+_Static_assert(sizeof(sp_block_iq4_nl) == 18, "iq4_nl layout");
+_Static_assert(sizeof(sp_block_mxfp4) == 17, "mxfp4 layout");
 _Static_assert(sizeof(sp_block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(sp_block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(sp_block_q4_k) == 144, "q4_k layout");
@@ -312,7 +365,8 @@ void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const vo
 
 /* ---- reference quantizers (also used by `sampan quantize`) --------------- */
 
-/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q4_K, Q6_K);
+/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q4_K, Q6_K, and GGML's rules
+ * for Q4_1, Q5_0, Q5_1, Q8_1, IQ4_NL, MXFP4);
  * returns false when the type has no quantizer. Q8_0 here is the weight rule
  * (q = round(x / d) with the stored half d); the activations of Q8_0 / Q4_0
  * products go through from_float[SP_TYPE_Q8_0] instead (llama.cpp's rule,

@@ -16,9 +16,9 @@ static const sp_type_traits_t traits[SP_TYPE_COUNT] = {
     T(SP_TYPE_F32, "f32", 1, 4, false, true),
     T(SP_TYPE_F16, "f16", 1, 2, false, true),
     T(SP_TYPE_Q4_0, "q4_0", 32, 18, true, true),
-    T(SP_TYPE_Q4_1, "q4_1", 32, 20, true, false),
-    T(SP_TYPE_Q5_0, "q5_0", 32, 22, true, false),
-    T(SP_TYPE_Q5_1, "q5_1", 32, 24, true, false),
+    T(SP_TYPE_Q4_1, "q4_1", 32, 20, true, true),
+    T(SP_TYPE_Q5_0, "q5_0", 32, 22, true, true),
+    T(SP_TYPE_Q5_1, "q5_1", 32, 24, true, true),
     T(SP_TYPE_Q8_0, "q8_0", 32, 34, true, true),
     T(SP_TYPE_Q8_1, "q8_1", 32, 36, true, false),
     T(SP_TYPE_Q2_K, "q2_k", 256, 84, true, false),
@@ -27,7 +27,7 @@ static const sp_type_traits_t traits[SP_TYPE_COUNT] = {
     T(SP_TYPE_Q5_K, "q5_k", 256, 176, true, false),
     T(SP_TYPE_Q6_K, "q6_k", 256, 210, true, true),
     T(SP_TYPE_Q8_K, "q8_k", 256, 292, true, false),
-    T(SP_TYPE_IQ4_NL, "iq4_nl", 32, 18, true, false),
+    T(SP_TYPE_IQ4_NL, "iq4_nl", 32, 18, true, true),
     T(SP_TYPE_IQ4_XS, "iq4_xs", 256, 136, true, false),
     T(SP_TYPE_I8, "i8", 1, 1, false, false),
     T(SP_TYPE_I16, "i16", 1, 2, false, false),
@@ -35,6 +35,7 @@ static const sp_type_traits_t traits[SP_TYPE_COUNT] = {
     T(SP_TYPE_I64, "i64", 1, 8, false, false),
     T(SP_TYPE_F64, "f64", 1, 8, false, false),
     T(SP_TYPE_BF16, "bf16", 1, 2, false, true),
+    T(SP_TYPE_MXFP4, "mxfp4", 32, 17, true, true),
 };
 
 const sp_type_traits_t *

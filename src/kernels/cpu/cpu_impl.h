@@ -18,6 +18,14 @@ void sp__kquants_register_ref(sp_cpu_kernels_t *k);
 bool sp__kquants_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
 bool sp__kquants_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
 
+/* ref_q32.c / avx2_q32.c / avx512_q32.c: Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (and Q8_1
+ * activations); the reference quantizers of these types. */
+void sp__q32_register_ref(sp_cpu_kernels_t *k);
+void sp__q32_register_avx2(sp_cpu_kernels_t *k);
+void sp__q32_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
+bool sp__q32_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
+bool sp__q32_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
+
 /* avx2.c / avx2_kquants.c: built with -mavx2 -mfma -mf16c. */
 void sp__avx2_register(sp_cpu_kernels_t *k);
 void sp__kquants_register_avx2(sp_cpu_kernels_t *k);

@@ -306,7 +306,7 @@ sp_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n)
     case SP_TYPE_Q8_K:
     case SP_TYPE_Q4_K:
     case SP_TYPE_Q6_K: return sp__kquants_quantize_row(type, src, dst, n);
-    default: return false;
+    default: return sp__q32_quantize_row(type, src, dst, n);
     }
 }
 
@@ -322,6 +322,6 @@ sp_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n)
     case SP_TYPE_Q8_K:
     case SP_TYPE_Q4_K:
     case SP_TYPE_Q6_K: return sp__kquants_dequantize_row(type, src, dst, n);
-    default: return false;
+    default: return sp__q32_dequantize_row(type, src, dst, n);
     }
 }

@@ -1,0 +1,44 @@
+/*
+ * avx512_q32.c - AVX-512 vec_dot and gemm of Q4_1, Q5_1 (x Q8_1) and Q5_0, IQ4_NL, MXFP4
+ * (x Q8_0).
+ *
+ * Built with the AVX-512 flags and called only where the dispatcher found AVX-512 F/BW/VL/DQ.
+ * The body is q32_x86.h's, with the integer products of two blocks per 512-bit register
+ * (VPMADDUBSW + VPMADDWD, or VPDPBUSD where cpuid reports VNNI); the results are the scalar
+ * reference's bits (q32_impl.h's contract). Pure functions, any thread, no heap.
+ */
+#include "kernels/cpu/q32_x86.h"
+
+Q32_DEFINE(q4_1, Q32_Q4_1, Q32_AVX512)
+Q32_DEFINE(q5_0, Q32_Q5_0, Q32_AVX512)
+Q32_DEFINE(q5_1, Q32_Q5_1, Q32_AVX512)
+Q32_DEFINE(iq4_nl, Q32_IQ4_NL, Q32_AVX512)
+Q32_DEFINE(mxfp4, Q32_MXFP4, Q32_AVX512)
+Q32_DEFINE(q4_1_vnni, Q32_Q4_1, Q32_AVX512_VNNI)
+Q32_DEFINE(q5_0_vnni, Q32_Q5_0, Q32_AVX512_VNNI)
+Q32_DEFINE(q5_1_vnni, Q32_Q5_1, Q32_AVX512_VNNI)
+Q32_DEFINE(iq4_nl_vnni, Q32_IQ4_NL, Q32_AVX512_VNNI)
+Q32_DEFINE(mxfp4_vnni, Q32_MXFP4, Q32_AVX512_VNNI)
+
+void
+sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
+{
+    l->vec_dot[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_vec_dot : q4_1_vec_dot;
+    l->vec_dot[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_vec_dot : q5_0_vec_dot;
+    l->vec_dot[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_vec_dot : q5_1_vec_dot;
+    l->vec_dot[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_vec_dot : iq4_nl_vec_dot;
+    l->vec_dot[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_vec_dot : mxfp4_vec_dot;
+    l->gemm[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_gemm : q4_1_gemm;
+    l->gemm[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_gemm : q5_0_gemm;
+    l->gemm[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_gemm : q5_1_gemm;
+    l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_gemm : iq4_nl_gemm;
+    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_gemm : mxfp4_gemm;
+}
+
+void
+sp__q32_register_avx512(sp_cpu_kernels_t *k, bool has_vnni)
+{
+    sp_q32_level_t l = {0};
+    sp__q32_level_avx512(&l, has_vnni);
+    sp__q32_apply(k, &l);
+}

@@ -1,0 +1,85 @@
+/*
+ * q32_impl.h - private to the kernels of the 32-element block types Q4_1, Q5_0, Q5_1, IQ4_NL
+ * and MXFP4 (cpu/ref_q32.c, avx2_q32.c, avx512_q32.c) and their unit test: the grids, the
+ * small helpers every level must share bit for bit, and the per-level entry points (so tests
+ * and benches can call a level directly, without the dispatcher). Header only, no state.
+ *
+ * Activation formats are llama.cpp's CPU pairing, so that the products (and logits) agree with
+ * it: Q4_1 and Q5_1 take Q8_1 activations (the weight's offset m meets the activation block's
+ * s = d * sum(q)), Q5_0, IQ4_NL and MXFP4 take the engine's Q8_0 activations.
+ *
+ * Numerics contract (all levels): per 32-element block i an exact int32 sum isum of weight
+ * quant (as the integer the format defines: q, q - 16, or the grid value) times activation
+ * quant, then, in float, in this order of separate statements (no FMA contraction):
+ *
+ *   Q5_0, IQ4_NL:  d = fp16(w.d) * fp16(x.d);  blk = d * (float)isum
+ *   MXFP4:         d = fp16(x.d) * e8m0_half(w.e);  blk = d * (float)isum
+ *   Q4_1, Q5_1:    d = fp16(w.d) * fp16(x.d);  a = d * (float)isum;
+ *                  b = fp16(w.m) * fp16(x.s);  blk = a + b
+ *   sumf = sumf + blk, blocks in ascending order from sumf = 0.
+ *
+ * The products of two halves (or a half and a power of two) are exact in float, and the SIMD
+ * levels compute the per-block terms lane-wise with the same operations and then add them to
+ * sumf one block at a time, so every level gives the reference's bits, and the gemm tiles give
+ * vec_dot's bits (batch invariance). This is also ggml's generic order.
+ */
+#ifndef SP_KERNELS_CPU_Q32_IMPL_H
+#define SP_KERNELS_CPU_Q32_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_impl.h"
+
+/* IQ4_NL's grid (ggml's kvalues_iq4nl) and MXFP4's E2M1 values doubled (0, 0.5, 1, 1.5, 2,
+ * 3, 4, 6 and their negatives, times 2 so they are integers; the scale is halved instead). */
+static const int8_t sp__kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+static const int8_t sp__kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half of the E8M0 scale 2^(e - 127), as a float (exact: e = 0 and 1 give the denormals
+ * 2^-128 and 2^-127, e = 255 gives 2^127; E8M0's NaN encoding is not special-cased, like
+ * ggml). The grid above is doubled, so x = sp__e8m0_half(e) * grid[q]. */
+static inline float
+sp__e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+/* The 32 fifth bits of a Q5_0 / Q5_1 block (bit j = element j). */
+static inline uint32_t
+sp__q5_high_bits(const uint8_t qh[4])
+{
+    return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) |
+           ((uint32_t)qh[3] << 24);
+}
+
+/* ---- per-level entry points -------------------------------------------------------------- */
+
+/* Q8_1 activations (llama.cpp's x86 rule, see ref_q32.c); every level uses this one. */
+void sp__q8_1_from_float_ref(const float *src, void *dst, int64_t n);
+
+void sp__q4_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
+void sp__q5_0_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
+void sp__q5_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
+void sp__iq4_nl_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
+void sp__mxfp4_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
+
+/* AVX2 (and AVX-512 below): vec_dot and gemm per weight type, indexed like the kernel table;
+ * the functions fill only the entries of Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4. */
+typedef struct sp_q32_level {
+    sp_vec_dot_fn vec_dot[SP_TYPE_COUNT];
+    sp_gemm_fn gemm[SP_TYPE_COUNT];
+} sp_q32_level_t;
+
+void sp__q32_level_ref(sp_q32_level_t *l);
+/* Copy a level's non-NULL entries into the kernel table. */
+void sp__q32_apply(sp_cpu_kernels_t *k, const sp_q32_level_t *l);
+void sp__q32_level_avx2(sp_q32_level_t *l);
+/* has_vnni: use VPDPBUSD (only where cpuid reports AVX-512 VNNI). */
+void sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni);
+
+#endif /* SP_KERNELS_CPU_Q32_IMPL_H */

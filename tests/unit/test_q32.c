@@ -1,0 +1,683 @@
+/*
+ * test_q32.c - Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 weights and Q8_1 activations: block layouts
+ * against blocks packed here from the GGUF format description, quantizer error bounds derived
+ * from each rule, dot products against float math, every SIMD level against the scalar
+ * reference (bit for bit, by q32_impl.h's numerics contract), gemm against vec_dot (bit for
+ * bit: batch invariance), and extreme integer ranges.
+ */
+#include "test.h"
+
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/q32_impl.h"
+#include "kernels/kernels.h"
+
+/* ---- deterministic data ---------------------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static void
+rng_seed(uint64_t s)
+{
+    rng_state = s * 0x9E3779B97F4A7C15ull + 1;
+}
+
+static double
+rng_uniform(void) /* (0, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((double)(rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static float
+rng_gauss(void)
+{
+    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
+}
+
+/* Gaussian weights whose spread and offset change from block to block, with outliers. */
+static void
+fill_weights(float *x, int64_t n, uint64_t seed)
+{
+    rng_seed(seed);
+    for (int64_t i = 0; i < n; i++) {
+        const float spread = 0.02f + 0.05f * (float)((i / 32) % 7);
+        const float offset = 0.01f * (float)((i / 32) % 5) - 0.02f;
+        x[i] = spread * rng_gauss() + offset + ((i % 97) == 13 ? 0.5f : 0.0f);
+    }
+}
+
+static void
+fill_gauss(float *x, int64_t n, uint64_t seed)
+{
+    rng_seed(seed);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rng_gauss();
+}
+
+#define ASSERT_BITS_EQ(a, b)                                                                  \
+    do {                                                                                      \
+        float a_ = (a), b_ = (b);                                                             \
+        if (memcmp(&a_, &b_, sizeof(float)) != 0)                                             \
+            SP_TEST_FAIL("%s == %s bitwise: %.9g != %.9g", #a, #b, (double)a_, (double)b_);   \
+    } while (0)
+
+#define FP16_ONE 0x3C00
+#define FP16_HALF 0x3800
+#define FP16_MINUS_TWO 0xC000
+
+static const sp_type_t wtypes[5] = {SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_Q5_1, SP_TYPE_IQ4_NL,
+                                    SP_TYPE_MXFP4};
+
+/* ---- layouts: blocks packed here from the format description ---------------------------- */
+
+static void
+pack_nibbles(uint8_t qs[16], const int q[32])
+{
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((q[j] & 15) | ((q[j + 16] & 15) << 4));
+}
+
+static void
+pack_high(uint8_t qh[4], const int q[32])
+{
+    memset(qh, 0, 4);
+    for (int j = 0; j < 32; j++)
+        if (q[j] & 16)
+            qh[j / 8] |= (uint8_t)(1u << (j % 8));
+}
+
+TEST(q32_layouts)
+{
+    int q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = (j * 7 + 3) % 32;
+    float y[32];
+
+    sp_block_q4_1 b41;
+    b41.d = FP16_HALF;
+    b41.m = FP16_MINUS_TWO;
+    int q4[32];
+    for (int j = 0; j < 32; j++)
+        q4[j] = q[j] & 15;
+    pack_nibbles(b41.qs, q4);
+    ASSERT(sp_dequantize_row(SP_TYPE_Q4_1, &b41, y, 32));
+    for (int j = 0; j < 32; j++)
+        ASSERT_NEAR(y[j], 0.5 * q4[j] - 2.0, 0.0);
+
+    sp_block_q5_0 b50;
+    b50.d = FP16_HALF;
+    pack_nibbles(b50.qs, q);
+    pack_high(b50.qh, q);
+    ASSERT(sp_dequantize_row(SP_TYPE_Q5_0, &b50, y, 32));
+    for (int j = 0; j < 32; j++)
+        ASSERT_NEAR(y[j], 0.5 * (q[j] - 16), 0.0);
+
+    sp_block_q5_1 b51;
+    b51.d = FP16_HALF;
+    b51.m = FP16_MINUS_TWO;
+    pack_nibbles(b51.qs, q);
+    pack_high(b51.qh, q);
+    ASSERT(sp_dequantize_row(SP_TYPE_Q5_1, &b51, y, 32));
+    for (int j = 0; j < 32; j++)
+        ASSERT_NEAR(y[j], 0.5 * q[j] - 2.0, 0.0);
+
+    /* IQ4_NL's grid and MXFP4's E2M1 values, written out from the format definitions */
+    static const double iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+    static const double e2m1[16] = {0,  0.5,  1,  1.5,  2,  3,  4,  6,
+                                    -0, -0.5, -1, -1.5, -2, -3, -4, -6};
+    sp_block_iq4_nl bnl;
+    bnl.d = FP16_HALF;
+    pack_nibbles(bnl.qs, q4);
+    ASSERT(sp_dequantize_row(SP_TYPE_IQ4_NL, &bnl, y, 32));
+    for (int j = 0; j < 32; j++)
+        ASSERT_NEAR(y[j], 0.5 * iq4[q4[j]], 0.0);
+
+    static const struct {
+        uint8_t e;
+        double scale;
+    } es[] = {{127, 1.0}, {130, 8.0}, {120, 1.0 / 128}, {1, 0x1p-126}, {0, 0x1p-127},
+              {250, 0x1p123}};
+    for (size_t k = 0; k < sizeof(es) / sizeof(es[0]); k++) {
+        sp_block_mxfp4 bmx;
+        bmx.e = es[k].e;
+        pack_nibbles(bmx.qs, q4);
+        ASSERT(sp_dequantize_row(SP_TYPE_MXFP4, &bmx, y, 32));
+        for (int j = 0; j < 32; j++)
+            ASSERT_NEAR(y[j], es[k].scale * e2m1[q4[j]], 0.0);
+    }
+
+    sp_block_q8_1 b81;
+    b81.d = FP16_HALF;
+    b81.s = 0;
+    for (int j = 0; j < 32; j++)
+        b81.qs[j] = (int8_t)(j * 8 - 127);
+    ASSERT(sp_dequantize_row(SP_TYPE_Q8_1, &b81, y, 32));
+    for (int j = 0; j < 32; j++)
+        ASSERT_NEAR(y[j], 0.5 * (j * 8 - 127), 0.0);
+
+    /* the table knows them, with GGUF's sizes, as computable weights (Q8_1 only as activation) */
+    ASSERT_EQ(sp_type_traits(SP_TYPE_MXFP4)->type_size, 17);
+    ASSERT_EQ(sp_row_size(SP_TYPE_MXFP4, 64), 34);
+    ASSERT_EQ(sp_type_from_name("MXFP4"), SP_TYPE_MXFP4);
+    for (int i = 0; i < 5; i++)
+        ASSERT(sp_type_traits(wtypes[i])->supported);
+    ASSERT(!sp_type_traits(SP_TYPE_Q8_1)->supported);
+}
+
+/* ---- quantizer bounds ------------------------------------------------------------------- */
+
+enum { QN = 32 * 64 };
+
+/* Q4_1 / Q5_1: q = round((x - min) / d) with the unrounded d = (max - min) / nq, so
+ * |x - (q d + min)| <= d / 2 (plus a few float roundings of (x - min) * (1 / d) + 0.5 near
+ * 32: 1e-5 d); storing d and min as halves adds nq * |d| 2^-11 and |min| 2^-11. */
+static void
+check_asym(sp_type_t type, int nq)
+{
+    static float x[QN], y[QN];
+    static uint8_t buf[QN / 32 * 24];
+    fill_weights(x, QN, 7 + (uint64_t)nq);
+    ASSERT(sp_quantize_row(type, x, buf, QN));
+    ASSERT(sp_dequantize_row(type, buf, y, QN));
+    for (int b = 0; b < QN / 32; b++) {
+        float min = x[b * 32], max = x[b * 32];
+        for (int j = 0; j < 32; j++) {
+            min = fminf(min, x[b * 32 + j]);
+            max = fmaxf(max, x[b * 32 + j]);
+        }
+        const double d = ((double)max - min) / nq;
+        const double tol = d * (0.5 + 1e-5) + nq * d * 0x1p-11 + fabs(min) * 0x1p-11;
+        for (int j = 0; j < 32; j++) {
+            const int i = b * 32 + j;
+            if (!(fabs((double)x[i] - y[i]) <= tol))
+                SP_TEST_FAIL("%s elem %d: %g -> %g (tol %g)", sp_type_name(type), i, x[i], y[i],
+                             tol);
+        }
+    }
+}
+
+TEST(q32_quantize_q4_1_q5_1)
+{
+    check_asym(SP_TYPE_Q4_1, 15);
+    check_asym(SP_TYPE_Q5_1, 31);
+}
+
+/* Q5_0: d = max / -16 (the largest-magnitude element maps to q = 0 exactly), q - 16 =
+ * round(x / d) capped at 15: within d / 2 where x / d <= 15.5, within |d| above (the cap),
+ * plus 16 |d| 2^-11 for the half-rounded d and 1e-5 |d| of float rounding. */
+TEST(q32_quantize_q5_0)
+{
+    static float x[QN], y[QN];
+    static sp_block_q5_0 b[QN / 32];
+    fill_weights(x, QN, 11);
+    ASSERT(sp_quantize_row(SP_TYPE_Q5_0, x, b, QN));
+    ASSERT(sp_dequantize_row(SP_TYPE_Q5_0, b, y, QN));
+    for (int k = 0; k < QN / 32; k++) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[k * 32 + j]) > amax) {
+                amax = fabsf(x[k * 32 + j]);
+                max = x[k * 32 + j];
+            }
+        const double d = max / -16.0;
+        for (int j = 0; j < 32; j++) {
+            const int i = k * 32 + j;
+            const double r = x[i] / d;
+            const double tol = fabs(d) * ((r > 15.5 ? 1.0 : 0.5) + 16 * 0x1p-11 + 1e-5);
+            if (!(fabs((double)x[i] - y[i]) <= tol))
+                SP_TEST_FAIL("q5_0 elem %d: %g -> %g (tol %g)", i, x[i], y[i], tol);
+        }
+        /* the element of largest magnitude is exact up to d's half rounding */
+        ASSERT(sp_fp16_to_fp32(b[k].d) != 0.0f);
+    }
+}
+
+/* IQ4_NL: each quant is the grid point nearest x / s for the block's unrounded scale s, and
+ * the stored half dh = s (1 + e), |e| <= 2^-11, so |x - dh g[q]| exceeds the best grid point's
+ * error under dh by at most 2 * 127 |s| 2^-11 (the scale error at both grid points, |g| <= 127),
+ * plus float rounding of x / s (1e-6 |x|). And the fit is no worse (in squared error weighted by
+ * x^2, the rule's weights) than putting the largest element on the grid's end with the same
+ * nearest-point rounding: the first candidate of the search, up to the same half rounding. */
+TEST(q32_quantize_iq4_nl)
+{
+    static const int g[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                              1,    13,   25,  38,  53,  69,  89,  113};
+    static float x[QN], y[QN];
+    static sp_block_iq4_nl b[QN / 32];
+    fill_weights(x, QN, 13);
+    ASSERT(sp_quantize_row(SP_TYPE_IQ4_NL, x, b, QN));
+    ASSERT(sp_dequantize_row(SP_TYPE_IQ4_NL, b, y, QN));
+    for (int k = 0; k < QN / 32; k++) {
+        const double dh = sp_fp16_to_fp32(b[k].d);
+        ASSERT(dh != 0.0);
+        double err_q = 0, err_simple = 0, err_scale = 0, amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabs(x[k * 32 + j]) > amax) {
+                amax = fabs(x[k * 32 + j]);
+                max = x[k * 32 + j];
+            }
+        const double ds = max / 127.0;
+        for (int j = 0; j < 32; j++) {
+            const int i = k * 32 + j;
+            double best = INFINITY, best_s = INFINITY;
+            for (int l = 0; l < 16; l++) {
+                best = fmin(best, fabs(x[i] - dh * g[l]));
+                best_s = fmin(best_s, fabs(x[i] - ds * g[l]));
+            }
+            const double e = fabs((double)x[i] - y[i]);
+            const double slack = 254.0 * fabs(dh) * 0x1p-11 * (1 + 0x1p-10) + 1e-6 * fabs(x[i]);
+            if (!(e <= best + slack))
+                SP_TEST_FAIL("iq4_nl elem %d: %g -> %g, best %g", i, x[i], y[i], best);
+            const double w = (double)x[i] * x[i];
+            err_q += w * e * e;
+            err_simple += w * best_s * best_s;
+            const double ds_err = 127.0 * fabs(dh) * 0x1p-11 * (1 + 0x1p-10) + 1e-6 * fabs(x[i]);
+            err_scale += w * ds_err * ds_err;
+        }
+        /* the unrounded scale's error is <= err_simple; the half rounding moves each element
+         * by at most 127 |s| 2^-11: triangle inequality on the weighted 2-norms */
+        const double bound = sqrt(err_simple) + sqrt(err_scale);
+        if (!(err_q <= bound * bound * (1 + 1e-9) + 1e-30))
+            SP_TEST_FAIL("iq4_nl block %d: weighted error %g > simple scale's %g", k, err_q,
+                         err_simple);
+    }
+}
+
+/* MXFP4: e = floor(log2 amax) - 2 + 127 (amax = m 2^E, m in [0.5, 1): e = E + 124), and each
+ * element on the grid point nearest to it (exact: the grid values times a power of two). */
+TEST(q32_quantize_mxfp4)
+{
+    static const double e2m1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    static float x[QN], y[QN];
+    static sp_block_mxfp4 b[QN / 32];
+    fill_weights(x, QN, 17);
+    for (int i = 0; i < 64; i++)
+        x[i] *= 1e-20f; /* two blocks of tiny values */
+    ASSERT(sp_quantize_row(SP_TYPE_MXFP4, x, b, QN));
+    ASSERT(sp_dequantize_row(SP_TYPE_MXFP4, b, y, QN));
+    for (int k = 0; k < QN / 32; k++) {
+        double amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmax(amax, fabs(x[k * 32 + j]));
+        int E;
+        frexp(amax, &E);
+        ASSERT_EQ(b[k].e, E + 124);
+        const double d = ldexp(1.0, b[k].e - 128);
+        for (int j = 0; j < 32; j++) {
+            const int i = k * 32 + j;
+            double best = INFINITY;
+            for (int l = 0; l < 16; l++)
+                best = fmin(best, fabs(x[i] - d * e2m1x2[l]));
+            /* the float error computation may round: one ulp of x */
+            if (!(fabs((double)x[i] - y[i]) <= best + fabs(x[i]) * 0x1p-23))
+                SP_TEST_FAIL("mxfp4 elem %d: %g -> %g, best %g", i, x[i], y[i], best);
+        }
+    }
+}
+
+/* Q8_1 activations: d = half(amax / 127), q = round-half-even(x * 127 / amax), s = half(d * sum q)
+ * with the unrounded d; a block whose half d is 0 is all zero. */
+TEST(q32_q8_1_activations)
+{
+    static float x[QN];
+    static sp_block_q8_1 b[QN / 32], b2[QN / 32];
+    fill_gauss(x, QN, 19);
+    for (int j = 0; j < 32; j++)
+        x[32 + j] = 1e-7f * (float)(j - 16); /* half(amax / 127) underflows to 0 */
+    memset(b, 0xA5, sizeof(b));
+    sp__q8_1_from_float_ref(x, b, QN);
+    for (int k = 0; k < QN / 32; k++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[k * 32 + j]));
+        const float d = amax / 127.0f;
+        ASSERT_EQ(b[k].d, sp_fp32_to_fp16(d));
+        if (sp_fp16_to_fp32(b[k].d) == 0.0f) {
+            ASSERT_EQ(k, 1);
+            ASSERT_EQ(b[k].s, 0);
+            for (int j = 0; j < 32; j++)
+                ASSERT_EQ(b[k].qs[j], 0);
+            continue;
+        }
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[k * 32 + j] * (127.0f / amax);
+            ASSERT_EQ(b[k].qs[j], (int)nearbyintf(v));
+            sum += b[k].qs[j];
+        }
+        ASSERT_EQ(b[k].s, sp_fp32_to_fp16(d * (float)sum));
+    }
+    /* the public quantizer and every level's table give the same bytes */
+    ASSERT(sp_quantize_row(SP_TYPE_Q8_1, x, b2, QN));
+    ASSERT(memcmp(b, b2, sizeof(b)) == 0);
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL)
+            continue;
+        memset(b2, 0, sizeof(b2));
+        k->from_float[SP_TYPE_Q8_1](x, b2, QN);
+        ASSERT(memcmp(b, b2, sizeof(b)) == 0);
+    }
+}
+
+/* Odd and hostile inputs: zeros, constants, NaN and infinities must give some block without
+ * undefined behaviour (UBSan checks the conversions) and a zero block must stay zero. */
+TEST(q32_quantize_edge_cases)
+{
+    float x[64], y[64];
+    uint8_t buf[64];
+    for (int t = 0; t < 5; t++) {
+        memset(x, 0, sizeof(x));
+        ASSERT(sp_quantize_row(wtypes[t], x, buf, 32));
+        ASSERT(sp_dequantize_row(wtypes[t], buf, y, 32));
+        for (int j = 0; j < 32; j++)
+            ASSERT_NEAR(y[j], 0.0, 0.0);
+        for (int j = 0; j < 32; j++)
+            x[j] = 0.25f;
+        ASSERT(sp_quantize_row(wtypes[t], x, buf, 32));
+        ASSERT(sp_dequantize_row(wtypes[t], buf, y, 32));
+        for (int j = 0; j < 32; j++) /* a constant block is exact in every format here */
+            ASSERT_NEAR(y[j], 0.25, 0.25 * 0x1p-10);
+        for (int j = 0; j < 64; j++)
+            x[j] = (float)(j - 20);
+        x[3] = NAN;
+        x[40] = INFINITY;
+        x[41] = -INFINITY;
+        x[42] = 3e38f;
+        ASSERT(sp_quantize_row(wtypes[t], x, buf, 64));
+        ASSERT(sp_dequantize_row(wtypes[t], buf, y, 64));
+        memset(x, 0, sizeof(x));
+        for (int j = 0; j < 32; j++)
+            x[j] = NAN;
+        ASSERT(sp_quantize_row(wtypes[t], x, buf, 32));
+    }
+    for (int j = 0; j < 32; j++)
+        x[j] = j == 5 ? INFINITY : 1.0f;
+    sp_block_q8_1 b;
+    sp__q8_1_from_float_ref(x, &b, 32);
+}
+
+/* ---- dot products, every level ---------------------------------------------------------- */
+
+enum { DN = 32 * 37, ROWS = 6, TOKS = 7 }; /* 4 groups of 8 blocks and a tail of 5 */
+
+typedef struct {
+    float w[ROWS][DN], x[TOKS][DN];
+    uint8_t wq[5][ROWS][DN / 32 * 24];
+    sp_block_q8_0 x0[TOKS][DN / 32];
+    sp_block_q8_1 x1[TOKS][DN / 32];
+} fixture_t;
+
+static size_t
+wrow_bytes(sp_type_t t)
+{
+    return sp_row_size(t, DN);
+}
+
+static fixture_t *
+make_fixture(void)
+{
+    fixture_t *f = malloc(sizeof(*f));
+    ASSERT(f != NULL);
+    memset(f, 0xA5, sizeof(*f));
+    for (int r = 0; r < ROWS; r++) {
+        fill_weights(f->w[r], DN, 100 + r);
+        for (int t = 0; t < 5; t++)
+            ASSERT(sp_quantize_row(wtypes[t], f->w[r], f->wq[t][r], DN));
+    }
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    for (int t = 0; t < TOKS; t++) {
+        fill_gauss(f->x[t], DN, 200 + t);
+        if (t == 3)
+            f->x[t][17] = 40.0f; /* an outlier: most quants of its block near zero */
+        ref->from_float[SP_TYPE_Q8_0](f->x[t], f->x0[t], DN);
+        ref->from_float[SP_TYPE_Q8_1](f->x[t], f->x1[t], DN);
+    }
+    return f;
+}
+
+static const void *
+act_row(const fixture_t *f, sp_type_t wt, int t, size_t *stride)
+{
+    const bool q81 = wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1;
+    *stride = q81 ? sizeof(f->x1[0]) : sizeof(f->x0[0]);
+    return q81 ? (const void *)f->x1[t] : (const void *)f->x0[t];
+}
+
+/* Float oracle of one product: the dequantized weights times the dequantized activations in
+ * double. The engine's sum differs by float rounding: each block term and each of the n / 32
+ * additions round once (2^-24 relative to partial sums bounded by sum |w x|): tolerance
+ * 40 * 2^-24 * sum |w x| < 3e-6 sum |w x|. For Q4_1 / Q5_1 the offset term uses s = half(d *
+ * sum q) with the unrounded d, not the half d times sum q: up to 2^-10 |s| per block more. */
+static double
+oracle(const fixture_t *f, sp_type_t wt, int r, int t, double *tol)
+{
+    static float wd[DN], xd[DN];
+    size_t xs;
+    const void *xr = act_row(f, wt, t, &xs);
+    const bool q81 = wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1;
+    ASSERT(sp_dequantize_row(wt, f->wq[wt == SP_TYPE_Q4_1   ? 0
+                                       : wt == SP_TYPE_Q5_0 ? 1
+                                       : wt == SP_TYPE_Q5_1 ? 2
+                                       : wt == SP_TYPE_IQ4_NL ? 3
+                                                              : 4][r],
+                             wd, DN));
+    ASSERT(sp_dequantize_row(q81 ? SP_TYPE_Q8_1 : SP_TYPE_Q8_0, xr, xd, DN));
+    double want = 0, mag = 0, extra = 0;
+    for (int i = 0; i < DN; i++) {
+        want += (double)wd[i] * xd[i];
+        mag += fabs((double)wd[i] * xd[i]);
+    }
+    if (q81) {
+        const uint8_t *wb = f->wq[wt == SP_TYPE_Q4_1 ? 0 : 2][r];
+        for (int b = 0; b < DN / 32; b++) {
+            sp_fp16_t m;
+            memcpy(&m, wb + b * wrow_bytes(wt) / (DN / 32) + 2, 2);
+            extra += fabs(sp_fp16_to_fp32(m) * sp_fp16_to_fp32(f->x1[t][b].s)) * 0x1p-10 * 1.01;
+        }
+    }
+    *tol = 3e-6 * mag + extra + 1e-30;
+    return want;
+}
+
+static void
+check_level(const char *what, const sp_q32_level_t *lv)
+{
+    fixture_t *f = make_fixture();
+    sp_q32_level_t ref = {0};
+    sp__q32_level_ref(&ref);
+    for (int ti = 0; ti < 5; ti++) {
+        const sp_type_t wt = wtypes[ti];
+        const size_t ws = wrow_bytes(wt);
+        float s[ROWS][TOKS];
+        for (int r = 0; r < ROWS; r++)
+            for (int t = 0; t < TOKS; t++) {
+                size_t xs;
+                const void *xr = act_row(f, wt, t, &xs);
+                float got, again, want_ref;
+                lv->vec_dot[wt](DN, &got, f->wq[ti][r], xr);
+                lv->vec_dot[wt](DN, &again, f->wq[ti][r], xr);
+                ref.vec_dot[wt](DN, &want_ref, f->wq[ti][r], xr);
+                double tol;
+                const double want = oracle(f, wt, r, t, &tol);
+                if (!(fabs(got - want) <= tol))
+                    SP_TEST_FAIL("%s %s r%d t%d: %.9g vs float %.9g (tol %g)", what,
+                                 sp_type_name(wt), r, t, (double)got, want, tol);
+                ASSERT_BITS_EQ(got, again);
+                ASSERT_BITS_EQ(got, want_ref);
+                s[r][t] = got;
+            }
+        /* gemm: rows [1, ROWS), all tokens (4 + a tail of 3), into a wider output */
+        enum { LDY = ROWS + 3 };
+        float y[TOKS * LDY];
+        for (int i = 0; i < TOKS * LDY; i++)
+            y[i] = -999.0f;
+        size_t xs;
+        const void *x0 = act_row(f, wt, 0, &xs);
+        lv->gemm[wt](DN, f->wq[ti][0], sizeof(f->wq[ti][0]), 1, ROWS, x0, xs, TOKS, y, LDY);
+        for (int t = 0; t < TOKS; t++)
+            for (int r = 0; r < LDY; r++) {
+                if (r >= 1 && r < ROWS)
+                    ASSERT_BITS_EQ(y[t * LDY + r], s[r][t]);
+                else
+                    ASSERT_NEAR(y[t * LDY + r], -999.0, 0.0);
+            }
+        /* one token at a time (and tokens 2..6 as a batch) give the same bits */
+        for (int t = 0; t < TOKS; t++) {
+            float one[ROWS];
+            lv->gemm[wt](DN, f->wq[ti][0], sizeof(f->wq[ti][0]), 0, ROWS, act_row(f, wt, t, &xs),
+                         xs, 1, one, ROWS);
+            for (int r = 0; r < ROWS; r++)
+                ASSERT_BITS_EQ(one[r], s[r][t]);
+        }
+        float five[5 * ROWS];
+        lv->gemm[wt](DN, f->wq[ti][0], sizeof(f->wq[ti][0]), 0, ROWS, act_row(f, wt, 2, &xs),
+                     xs, 5, five, ROWS);
+        for (int t = 0; t < 5; t++)
+            for (int r = 0; r < ROWS; r++)
+                ASSERT_BITS_EQ(five[t * ROWS + r], s[r][t + 2]);
+        (void)ws;
+        /* short rows: a single block and the 8-block group boundary */
+        for (int nbk = 1; nbk <= 9; nbk += 8) {
+            float a, b;
+            lv->vec_dot[wt](32 * nbk, &a, f->wq[ti][1], act_row(f, wt, 1, &xs));
+            ref.vec_dot[wt](32 * nbk, &b, f->wq[ti][1], act_row(f, wt, 1, &xs));
+            ASSERT_BITS_EQ(a, b);
+        }
+    }
+    free(f);
+}
+
+/* The dispatcher's table at a level has these entries and the right activation types. */
+static void
+check_table(sp_cpu_level_t level)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(level);
+    ASSERT(k != NULL);
+    ASSERT_EQ(k->vec_dot_type[SP_TYPE_Q4_1], SP_TYPE_Q8_1);
+    ASSERT_EQ(k->vec_dot_type[SP_TYPE_Q5_1], SP_TYPE_Q8_1);
+    ASSERT_EQ(k->vec_dot_type[SP_TYPE_Q5_0], SP_TYPE_Q8_0);
+    ASSERT_EQ(k->vec_dot_type[SP_TYPE_IQ4_NL], SP_TYPE_Q8_0);
+    ASSERT_EQ(k->vec_dot_type[SP_TYPE_MXFP4], SP_TYPE_Q8_0);
+    sp_q32_level_t lv = {0};
+    for (int t = 0; t < 5; t++) {
+        ASSERT(k->vec_dot[wtypes[t]] != NULL && k->gemm[wtypes[t]] != NULL);
+        ASSERT(k->to_float[wtypes[t]] != NULL);
+        lv.vec_dot[wtypes[t]] = k->vec_dot[wtypes[t]];
+        lv.gemm[wtypes[t]] = k->gemm[wtypes[t]];
+    }
+    check_level(k->name, &lv);
+}
+
+TEST(q32_level_scalar)
+{
+    check_table(SP_CPU_SCALAR);
+}
+
+TEST(q32_level_avx2)
+{
+    if (sp_cpu_kernels_for(SP_CPU_AVX2) == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 Q4_1..MXFP4 kernels not tested");
+    check_table(SP_CPU_AVX2);
+    sp_q32_level_t lv = {0};
+    sp__q32_level_avx2(&lv);
+    check_level("avx2 (direct)", &lv);
+}
+
+TEST(q32_level_avx512)
+{
+    if (sp_cpu_kernels_for(SP_CPU_AVX512) == NULL)
+        SKIP("this CPU has no AVX-512 F/BW/VL: AVX-512 Q4_1..MXFP4 kernels not tested");
+    check_table(SP_CPU_AVX512);
+    sp_q32_level_t lv = {0};
+    sp__q32_level_avx512(&lv, false);
+    check_level("avx512 (no vnni)", &lv);
+}
+
+TEST(q32_level_avx512_vnni)
+{
+    if (sp_cpu_kernels_for(SP_CPU_AVX512) == NULL || !__builtin_cpu_supports("avx512vnni"))
+        SKIP("this CPU has no AVX-512 VNNI: VPDPBUSD Q4_1..MXFP4 kernels not tested");
+    sp_q32_level_t lv = {0};
+    sp__q32_level_avx512(&lv, true);
+    check_level("avx512-vnni", &lv);
+}
+
+/* Extreme integer ranges: every weight quant at its largest magnitude (Q4_1 15, Q5_1 31, Q5_0
+ * -16, IQ4_NL -127, MXFP4 -12) against activations of all -127 and all +127, 9 blocks: every
+ * level must give exactly the integer result times the scales (all powers of two: exact). */
+TEST(q32_extreme_values)
+{
+    enum { NB = 9 };
+    static uint8_t w[5][NB * 24];
+    for (int t = 0; t < 5; t++) {
+        for (int b = 0; b < NB; b++) {
+            uint8_t *p = w[t] + (size_t)b * sp_type_traits(wtypes[t])->type_size;
+            switch (wtypes[t]) {
+            case SP_TYPE_Q4_1: {
+                sp_block_q4_1 k = {.d = FP16_ONE, .m = FP16_HALF};
+                memset(k.qs, 0xff, sizeof(k.qs));
+                memcpy(p, &k, sizeof(k));
+                break;
+            }
+            case SP_TYPE_Q5_1: {
+                sp_block_q5_1 k = {.d = FP16_ONE, .m = FP16_HALF};
+                memset(k.qs, 0xff, sizeof(k.qs));
+                memset(k.qh, 0xff, sizeof(k.qh));
+                memcpy(p, &k, sizeof(k));
+                break;
+            }
+            case SP_TYPE_Q5_0: {
+                sp_block_q5_0 k = {.d = FP16_ONE};
+                memset(k.qs, 0x00, sizeof(k.qs));
+                memset(k.qh, 0x00, sizeof(k.qh));
+                memcpy(p, &k, sizeof(k));
+                break;
+            }
+            case SP_TYPE_IQ4_NL: {
+                sp_block_iq4_nl k = {.d = FP16_ONE};
+                memset(k.qs, 0x00, sizeof(k.qs));
+                memcpy(p, &k, sizeof(k));
+                break;
+            }
+            default: {
+                sp_block_mxfp4 k = {.e = 128};
+                memset(k.qs, 0xff, sizeof(k.qs));
+                memcpy(p, &k, sizeof(k));
+                break;
+            }
+            }
+        }
+    }
+    static const double wv[5] = {15, -16, 31, -127, -12};
+    static const double wm[5] = {0.5, 0, 0.5, 0, 0};
+    for (int sign = -1; sign <= 1; sign += 2) {
+        sp_block_q8_0 x0[NB];
+        sp_block_q8_1 x1[NB];
+        for (int b = 0; b < NB; b++) {
+            x0[b].d = FP16_ONE;
+            x1[b].d = FP16_ONE;
+            memset(x0[b].qs, sign * 127, sizeof(x0[b].qs));
+            memset(x1[b].qs, sign * 127, sizeof(x1[b].qs));
+            x1[b].s = sp_fp32_to_fp16((float)(sign * 127 * 32));
+        }
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+            if (k == NULL)
+                continue;
+            for (int t = 0; t < 5; t++) {
+                const bool q81 = wtypes[t] == SP_TYPE_Q4_1 || wtypes[t] == SP_TYPE_Q5_1;
+                const void *x = q81 ? (const void *)x1 : (const void *)x0;
+                float s;
+                k->vec_dot[wtypes[t]](32 * NB, &s, w[t], x);
+                /* MXFP4 e = 128: half scale 1 */
+                const double want =
+                    NB * (32.0 * wv[t] * 127 * sign + wm[t] * (sign * 127.0 * 32));
+                ASSERT_NEAR(s, want, 0.0);
+            }
+        }
+    }
+}
