@@ -96,11 +96,20 @@ PRESETS = {
     "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                       vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                       eps=1e-6),
+    # the MoE families for the oracle: Mixtral (llama, 8 experts, top-2) and Qwen1.5-MoE
+    # (qwen2moe: top-4 of 8, unnormalised weights, a gated shared expert)
+    "mixtral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=256,
+                        vocab=512, ctx=256, tied=False, rope_base=1000000.0, n_expert=8,
+                        n_expert_used=2),
+    "qwen2moe-256": dict(arch="qwen2moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                         vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
+                         eps=1e-6, n_expert=8, n_expert_used=4, ff_exp=256, ff_shexp=512),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
-ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256"}
+ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
+                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
