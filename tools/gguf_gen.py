@@ -1,10 +1,12 @@
 #!/usr/bin/python3
-"""gguf_gen.py - write a random-weight llama-family model as a GGUF v3 file.
+"""gguf_gen.py - write a random-weight llama-family model (dense or mixture of experts) as a
+GGUF v3 file.
 
 Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
 TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
 
-    tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny] [--arch llama|qwen2]
+    tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny|mixtral-tiny|qwen2moe-tiny]
+        [--arch llama|qwen2|qwen2moe] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
         [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|q2_k|q3_k|q4_k|
@@ -19,6 +21,15 @@ an rms of about 1) have a standard deviation of about S across the vocabulary
 weights are uniform in [0.8, 1.2]; biases are normal(0, 0.2). Each tensor has
 its own generator seeded by (seed, crc32(name)), so a tensor's values do not
 depend on the order or the set of the other tensors.
+
+Mixture of experts, with tensor names and metadata as llama.cpp's converter writes them:
+llama with --n-expert (Mixtral: llama.expert_count, llama.expert_used_count, the experts'
+width in feed_forward_length) and qwen2moe (expert_feed_forward_length,
+expert_shared_feed_forward_length, a shared expert with its sigmoid gate). Per layer the
+router blk.N.ffn_gate_inp.weight [dim, n_expert] (kept F32, as llama.cpp's quantizer keeps
+it), the experts as 3-D tensors blk.N.ffn_{gate,up}_exps.weight [dim, ff_exp, n_expert] and
+ffn_down_exps.weight [ff_exp, dim, n_expert]; qwen2moe adds ffn_gate_inp_shexp.weight [dim]
+(F32) and ffn_{gate,up,down}_shexp.weight.
 
 The file is written tensor by tensor in chunks of rows, so memory stays at a few
 hundred MB whatever the model size.
@@ -78,6 +89,12 @@ PRESETS = {
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
+    # Mixtral-style MoE under llama: 8 experts, 2 per token
+    "mixtral-tiny": dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=96,
+                         vocab=300, ctx=256, n_expert=8, n_expert_used=2, tied=False),
+    "qwen2moe-tiny": dict(arch="qwen2moe", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                          vocab=300, ctx=256, n_expert=8, n_expert_used=4, ff_exp=64,
+                          ff_shexp=96, qkv_bias=True, tied=False, rope_base=1000000.0, eps=1e-6),
     # One small shape per architecture for the llama.cpp oracle test (tests/py/test_llamacpp.py
     # looks them up as ORACLE_SHAPES[arch]): every row length a multiple of 256 (the K-quant
     # super-block, so llama.cpp's quantizer keeps its chosen types instead of falling back)
@@ -91,15 +108,26 @@ PRESETS = {
     "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                       vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                       eps=1e-6),
+    # the MoE families for the oracle: Mixtral (llama, 8 experts, top-2) and Qwen1.5-MoE
+    # (qwen2moe: top-4 of 8, unnormalised weights, a gated shared expert)
+    "mixtral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=256,
+                        vocab=512, ctx=256, tied=False, rope_base=1000000.0, n_expert=8,
+                        n_expert_used=2),
+    "qwen2moe-256": dict(arch="qwen2moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                         vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
+                         eps=1e-6, n_expert=8, n_expert_used=4, ff_exp=256, ff_shexp=512),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
-ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256"}
+ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
+                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
-                vocab_from=None, name=None, poison=None, embd_scale=2.0)
+                vocab_from=None, name=None, poison=None, embd_scale=2.0, n_expert=0,
+                n_expert_used=0, ff_exp=None, ff_shexp=None)
+MOE_ARCHS = ("qwen2moe",)  # always mixture of experts (llama is with --n-expert)
 
 
 # ---- half / bfloat ----------------------------------------------------------
@@ -571,15 +599,28 @@ def resolve(cfg):
     if c["ff"] is None:
         c["ff"] = 4 * c["dim"]
     if c["qkv_bias"] is None:
-        c["qkv_bias"] = c["arch"] == "qwen2"
+        c["qkv_bias"] = c["arch"] in ("qwen2", "qwen2moe")
     if not c["embd_scale"] > 0:
         raise ValueError("embd_scale must be positive")
     if c["n_heads"] % c["n_kv_heads"]:
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if c["head_dim"] % 2:
         raise ValueError("head_dim must be even (RoPE rotates pairs)")
-    if c["arch"] not in ("llama", "qwen2"):
-        raise ValueError("arch must be llama or qwen2")
+    if c["arch"] not in ("llama", "qwen2", "qwen2moe"):
+        raise ValueError("arch must be llama, qwen2 or qwen2moe")
+    if c["arch"] in MOE_ARCHS and c["n_expert"] < 2:
+        raise ValueError(f"{c['arch']} needs --n-expert >= 2")
+    if c["n_expert"]:
+        if c["arch"] == "qwen2":
+            raise ValueError("qwen2 has no experts (use qwen2moe)")
+        if not 1 <= c["n_expert_used"] <= c["n_expert"]:
+            raise ValueError("--n-expert-used must be in 1..n_expert")
+        if c["arch"] == "llama":
+            c["ff_exp"] = c["ff"]  # Mixtral keeps the experts' width in feed_forward_length
+        elif c["ff_exp"] is None:
+            c["ff_exp"] = c["ff"] // c["n_expert_used"]
+        if c["arch"] == "qwen2moe" and c["ff_shexp"] is None:
+            c["ff_shexp"] = c["ff"]
     for k in ("type", "embd_type", "output_type"):
         if c[k] is not None and c[k] not in TYPES:
             raise ValueError(f"unknown type {c[k]}")
@@ -607,6 +648,19 @@ def tensor_list(c):
             ts.append((p + "attn_v.bias", (nkv * hd,), "f32", "bias"))
         ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
         ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+        if c["n_expert"]:
+            ne, fe = c["n_expert"], c["ff_exp"]
+            ts.append((p + "ffn_gate_inp.weight", (d, ne), "f32", "mat"))
+            ts.append((p + "ffn_gate_exps.weight", (d, fe, ne), w, "mat"))
+            ts.append((p + "ffn_up_exps.weight", (d, fe, ne), w, "mat"))
+            ts.append((p + "ffn_down_exps.weight", (fe, d, ne), w, "mat"))
+            if c["ff_shexp"]:
+                fs = c["ff_shexp"]
+                ts.append((p + "ffn_gate_inp_shexp.weight", (d,), "f32", "mat"))
+                ts.append((p + "ffn_gate_shexp.weight", (d, fs), w, "mat"))
+                ts.append((p + "ffn_up_shexp.weight", (d, fs), w, "mat"))
+                ts.append((p + "ffn_down_shexp.weight", (fs, d), w, "mat"))
+            continue
         ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
         ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
         ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
@@ -637,6 +691,14 @@ def metadata(c, tok_recs):
     if c["head_dim"] * c["n_heads"] != c["dim"]:
         kv.append(kv_bytes(f"{a}.attention.key_length", T_UINT32, c["head_dim"]))
         kv.append(kv_bytes(f"{a}.attention.value_length", T_UINT32, c["head_dim"]))
+    if c["n_expert"]:
+        kv.append(kv_bytes(f"{a}.expert_count", T_UINT32, c["n_expert"]))
+        kv.append(kv_bytes(f"{a}.expert_used_count", T_UINT32, c["n_expert_used"]))
+        if a != "llama":
+            kv.append(kv_bytes(f"{a}.expert_feed_forward_length", T_UINT32, c["ff_exp"]))
+        if c["ff_shexp"]:
+            kv.append(kv_bytes(f"{a}.expert_shared_feed_forward_length", T_UINT32,
+                               c["ff_shexp"]))
     if c["rope_scale"] != 1.0:
         kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
         kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
@@ -729,9 +791,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Write a random-weight llama-family GGUF model.")
     ap.add_argument("out")
     ap.add_argument("--preset", choices=sorted(PRESETS))
-    ap.add_argument("--arch", choices=["llama", "qwen2"])
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe"])
     ap.add_argument("--name")
-    for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed"):
+    for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed",
+              "n-expert", "n-expert-used", "ff-exp", "ff-shexp"):
         ap.add_argument("--" + k, type=int)
     for k in ("rope-base", "rope-scale", "eps", "embd-scale"):
         ap.add_argument("--" + k, type=float)

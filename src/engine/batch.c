@@ -46,6 +46,7 @@
 #include "engine/gpu.h"
 #include "engine/lora.h"
 #include "engine/model_impl.h"
+#include "engine/moe.h"
 #include "kernels/kernels.h"
 
 _Static_assert(SP_KV_BLOCK == SP_ATTN_BLOCK, "a pool block is one attention key block");
@@ -84,6 +85,7 @@ struct sp_batch {
     float *rope_cs;    /* (rows, n_rot) cos/sin pairs per row's position */
     float *inv_freq;   /* (n_rot / 2) */
     float *logits;     /* (max_logits, n_vocab) */
+    void *moe_buf;     /* the MoE block's scratch (engine/moe.h) or NULL: dense */
 
     /* the current step, rows in order of the sequences */
     int32_t *row_tok;  /* (max_tokens) */
@@ -136,7 +138,7 @@ pool_bytes(int n)
 enum {
     BUF_X, BUF_XN, BUF_Q, BUF_KV_K, BUF_KV_V, BUF_ATT, BUF_FF_GATE, BUF_FF_UP, BUF_PROJ, BUF_ACT,
     BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
-    BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_COUNT
+    BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_MOE, BUF_COUNT
 };
 
 typedef struct batch_layout {
@@ -232,6 +234,7 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_ORDER] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_SEQ_OUT] = buf_bytes(S, 2, sizeof(int64_t)); /* seq_out, then seq_nl */
     B[BUF_CAND_N] = 0;
+    B[BUF_MOE] = sp__moe_scratch_bytes(m, R);
     if (m->gpu != NULL) {
         /* The buffers the device copies to and from are pinned (gpu.h): whole
          * pages of their own. Candidates exist on the GPU path only. */
@@ -287,6 +290,7 @@ sp_batch_destroy(sp_batch_t *b)
     sp_free(b->order);
     sp_free(b->seq_out);
     sp_free(b->cand_n);
+    sp_free(b->moe_buf);
     sp_free(b);
 }
 
@@ -341,6 +345,9 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->order = sp_malloc_aligned(B[BUF_ORDER], 64);
     b->seq_out = sp_malloc_aligned(B[BUF_SEQ_OUT], 64);
     b->seq_nl = b->seq_out ? b->seq_out + L.p.max_seqs : NULL;
+    if (B[BUF_MOE] > 0 && (b->moe_buf = sp_malloc_aligned(B[BUF_MOE], 64)) == NULL) {
+        goto oom;
+    }
     if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
         !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->logits ||
         !b->row_tok || !b->row_pos || !b->row_seq || !b->order || !b->seq_out) {
@@ -1006,6 +1013,13 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         add_norm_rows(b, true, L->ffn_norm, R);
 
+        if (m->moe != NULL) {
+            /* Mixture of experts (engine/moe.c); LoRA adapters never carry
+             * FFN matrices for such a model (lora.c checks their shapes). */
+            sp__moe_ffn(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->xn, b->proj, R);
+            add_norm_rows(b, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
+            continue;
+        }
         const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {b->ff_gate, b->ff_up};
         const float *bgu[2] = {NULL, NULL};

@@ -19,6 +19,7 @@
 #include "core/assert.h"
 #include "crypto/enc.h"
 #include "engine/model_impl.h"
+#include "engine/moe.h"
 #include "kernels/kernels.h"
 
 #define MAX_HEADS 4096
@@ -36,6 +37,8 @@ static const arch_info_t archs[] = {
     {"llama", SP_ROPE_NORMAL},
     {"mistral", SP_ROPE_NORMAL},
     {"qwen2", SP_ROPE_NEOX},
+    /* mixture of experts (engine/moe.c; Mixtral is llama with expert_count) */
+    {"qwen2moe", SP_ROPE_NEOX},
 };
 
 /* Read an integer hyper-parameter `<arch>.<suffix>`; dflt < 0 means required. */
@@ -107,7 +110,8 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
     if (ai == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2)",
+                       "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2, "
+                       "qwen2moe)",
                        path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
@@ -296,6 +300,10 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     if (m->layers == NULL) {
         return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", path);
     }
+    /* The MoE block replaces the dense FFN where the file has experts. */
+    if ((st = sp__moe_load(m, false, err, err_len)) != SP_OK) {
+        return st;
+    }
     for (int64_t il = 0; il < hp->n_layer; il++) {
         sp_layer_t *L = &m->layers[il];
 #define W(field, nm, n_in, n_out)                                                        \
@@ -315,9 +323,11 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         V(bk, "attn_k", "bias", kv_dim, false);
         V(bv, "attn_v", "bias", kv_dim, false);
         V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
-        W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
-        W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
-        W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
+        if (m->moe == NULL) {
+            W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
+            W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
+            W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
+        }
 #undef W
 #undef V
     }
@@ -426,6 +436,7 @@ sp_model_free(sp_model_t *m)
     }
     sp_tokenizer_destroy(m->tok);
     sp_free(m->layers);
+    sp__moe_free(m->moe);
     sp_gguf_close(m->gguf);
     sp_free(m);
 }

@@ -45,6 +45,9 @@ struct sp_model {
     const float *output_norm;  /* (n_embd) */
     const float *rope_freqs;   /* (n_rot / 2) frequency divisors (Llama 3) or NULL */
     sp_layer_t *layers;        /* (n_layer) */
+    /* Mixture-of-experts FFN of every layer (engine/moe.h) or NULL: dense
+     * (then the layers' w_gate/w_up/w_down are empty). */
+    struct sp_moe_model *moe;
     size_t weight_bytes;
     /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
      * 0..n_gpu-1 then run on that device. Owned: sp_model_free releases it

@@ -76,6 +76,14 @@ MODELS = [
     ("qwen2", "q4_0"),
     ("qwen2", "q4_k"),
     ("qwen2", "q6_k"),
+    # mixture of experts (engine/moe.c): "mixtral" is a llama file with experts
+    ("mixtral", "f32"),
+    ("mixtral", "f16"),
+    ("mixtral", "q8_0"),
+    ("mixtral", "q4_k"),
+    ("qwen2moe", "f32"),
+    ("qwen2moe", "q8_0"),
+    ("qwen2moe", "q4_k"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.

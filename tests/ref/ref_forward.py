@@ -17,6 +17,17 @@ the math written from the model definition:
         x = x + Wdown (silu(Wgate h) * Wup h)
     logits = Wout (rmsnorm(x) * output_norm)   (Wout = token_embd without output.weight)
 
+Mixture of experts (llama with expert_count >= 2, i.e. Mixtral; qwen2moe), in place of the
+dense FFN, for each row h:
+    p = softmax(Wr h)                    (Wr = ffn_gate_inp, one row per expert)
+    S = the k experts of largest p       (k = expert_used_count; equal p: lower id)
+    w_e = p_e for e in S, divided by their sum (llama/Mixtral; not qwen2moe)
+    ffn(h) = sum_{e in S} w_e Wdown_e (silu(Wgate_e h) * Wup_e h)
+    qwen2moe adds the shared expert: sigmoid(ws . h) Wdown_s (silu(Wgate_s h) * Wup_s h)
+RefModel.route_margin records the smallest gap between the k-th and (k+1)-th routing
+score seen (relative to the largest score): tests check it is far above float32 rounding,
+so the engine's float32 routing picks the same experts as this float64 oracle.
+
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). Weights are dequantized to float64 and all arithmetic
 is float64. With act_quant=True, the input of every matrix product with a quantized weight
 is first passed through the same activation quantization the engine uses (Q8_0 for
@@ -40,7 +51,7 @@ class RefModel:
         kv = g.kv
         a = kv["general.architecture"]
         self.arch = a
-        if a not in ("llama", "mistral", "qwen2"):
+        if a not in ("llama", "mistral", "qwen2", "qwen2moe"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -54,7 +65,13 @@ class RefModel:
         self.rope_scale = 1.0
         if kv.get(f"{a}.rope.scaling.type", "linear") == "linear":
             self.rope_scale = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
-        self.neox = a == "qwen2"
+        self.neox = a in ("qwen2", "qwen2moe")
+        self.n_expert = int(kv.get(f"{a}.expert_count", 0)) if a != "qwen2" else 0
+        if self.n_expert <= 1:
+            self.n_expert = 0  # llama.cpp: 0 or 1 expert is a dense model
+        self.n_expert_used = int(kv.get(f"{a}.expert_used_count", 0))
+        self.norm_w = a != "qwen2moe"
+        self.route_margin = np.inf
         self.n_ctx = int(kv.get(f"{a}.context_length", 2048))
 
         self.act_quant = act_quant
@@ -105,6 +122,43 @@ class RefModel:
             self.act_err2.append(float(np.sum((xq - x) ** 2) / max(np.sum(x * x), 1e-300)))
             x = xq
         return x @ self.w[wname].T
+
+    def moe(self, h, p):
+        """The mixture-of-experts block of layer prefix p over rows h (n, n_embd)."""
+        k = self.n_expert_used
+        logits = self.matmul(h, p + "ffn_gate_inp.weight")
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = z / z.sum(axis=1, keepdims=True)
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            order = np.argsort(-probs[t], kind="stable")  # stable: equal scores, lower id first
+            sel = order[:k]
+            if k < self.n_expert:
+                gap = (probs[t, order[k - 1]] - probs[t, order[k]]) / probs[t, order[0]]
+                self.route_margin = min(self.route_margin, float(gap))
+            w = probs[t, sel]
+            if self.norm_w:
+                w = w / max(w.sum(), 6.103515625e-5)
+            x = h[t:t + 1]
+            for e, we in zip(sel, w):
+                g = self.matmul_e(x, p + "ffn_gate_exps.weight", e)
+                u = self.matmul_e(x, p + "ffn_up_exps.weight", e)
+                y = self.matmul_e(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_exps.weight", e)
+                out[t] += we * y[0]
+        if p + "ffn_gate_shexp.weight" in self.w:
+            g = self.matmul(h, p + "ffn_gate_shexp.weight")
+            u = self.matmul(h, p + "ffn_up_shexp.weight")
+            y = self.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp.weight")
+            s = h @ self.w[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
+            out = out + y / (1.0 + np.exp(-s))[:, None]
+        return out
+
+    def matmul_e(self, x, wname, e):
+        """x times expert e's matrix of a 3-D expert tensor (n_expert, rows, ne0)."""
+        f = self.aq[wname]
+        if f is not None:
+            x = f(x).astype(self.dtype)
+        return x @ self.w[wname][e].T
 
     def rope(self, x, pos):
         """x (n, heads, head_dim), pos (n,) -> rotated copy."""
@@ -174,6 +228,9 @@ class Session:
             att = np.einsum("hts,shd->thd", s, vv).reshape(n, nh * hd)
             x = x + m.matmul(att, p + "attn_output.weight")
             h = m.rmsnorm(x, p + "ffn_norm.weight")
+            if m.n_expert:
+                x = x + m.moe(h, p)
+                continue
             g = m.matmul(h, p + "ffn_gate.weight")
             u = m.matmul(h, p + "ffn_up.weight")
             x = x + m.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down.weight")

@@ -1,0 +1,472 @@
+/*
+ * test_moe.c - the mixture-of-experts block (engine/moe.c): routing (top-k,
+ * ties, the gating variants), the block on hand-made rows (each row's output
+ * the same bits alone and beside rows choosing the same, overlapping or
+ * disjoint experts, with 1 and 2 threads), whole MoE models in the batched
+ * forward pass (a sequence alone and beside 31 others: bit-identical logits;
+ * a prefill longer than one MoE pass equal to one-token decode), and the
+ * loader's refusals of broken MoE files.
+ */
+#include "test.h"
+
+#include <math.h>
+
+#include "core/alloc.h"
+#include "core/pool.h"
+#include "engine/batch.h"
+#include "engine/model.h"
+#include "engine/model_impl.h"
+#include "engine/moe.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+
+#define DEMO "models/stories260K.gguf"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float
+rng_f(float amp)
+{
+    return amp * ((float)(rng_u32() & 0xffff) / 32768.0f - 1.0f);
+}
+
+/* ---- routing ----------------------------------------------------------------- */
+
+static sp_moe_hparams_t
+route_hp(int64_t n, int64_t k, sp_moe_gating_t g, bool norm, float scale)
+{
+    sp_moe_hparams_t hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_expert = n;
+    hp.n_expert_used = k;
+    hp.gating = g;
+    hp.norm_w = norm;
+    hp.w_scale = scale;
+    return hp;
+}
+
+TEST(moe_route_topk_ties_lower_id)
+{
+    float probs[8], w[8];
+    int32_t ids[8];
+    /* 1 and 5 tie for first, 2 and 6 for third: ranks go by value, then id. */
+    const float lg[8] = {0.1f, 2.0f, 1.0f, -3.0f, 0.5f, 2.0f, 1.0f, 0.0f};
+    sp_moe_hparams_t hp = route_hp(8, 4, SP_MOE_GATING_SOFTMAX, false, 0.0f);
+    sp__moe_route(&hp, lg, probs, ids, w);
+    ASSERT(ids[0] == 1 && ids[1] == 5 && ids[2] == 2 && ids[3] == 6);
+    ASSERT(w[0] == w[1] && w[2] == w[3] && w[0] > w[2]);
+    /* Unnormalised softmax weights: the full softmax's probabilities. */
+    double z = 0;
+    for (int e = 0; e < 8; e++) z += exp((double)lg[e] - 2.0);
+    ASSERT(fabs(w[0] - 1.0 / z) < 1e-6 && fabs(w[2] - exp(-1.0) / z) < 1e-6);
+    /* All equal: 0, 1, 2. */
+    const float flat[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    hp.n_expert_used = 3;
+    sp__moe_route(&hp, flat, probs, ids, w);
+    ASSERT(ids[0] == 0 && ids[1] == 1 && ids[2] == 2);
+    /* A NaN logit never wins over numbers, and k distinct ids always come back. */
+    const float withnan[4] = {NAN, 1.0f, NAN, 0.5f};
+    sp_moe_hparams_t h4 = route_hp(4, 3, SP_MOE_GATING_SOFTMAX_WEIGHT, false, 0.0f);
+    sp__moe_route(&h4, withnan, probs, ids, w);
+    ASSERT(ids[0] == 1 && ids[1] == 3 && (ids[2] == 0 || ids[2] == 2));
+}
+
+TEST(moe_route_gating_variants)
+{
+    float probs[6], w[6];
+    int32_t ids[6];
+    const float lg[6] = {0.3f, -1.0f, 1.5f, 0.9f, 0.2f, -0.4f};
+    /* softmax, top-2, normalised (Mixtral, qwen3moe): w = p_i / (p_2 + p_3). */
+    sp_moe_hparams_t hp = route_hp(6, 2, SP_MOE_GATING_SOFTMAX, true, 0.0f);
+    sp__moe_route(&hp, lg, probs, ids, w);
+    ASSERT(ids[0] == 2 && ids[1] == 3);
+    const double a = exp(1.5), b = exp(0.9);
+    ASSERT(fabs(w[0] - a / (a + b)) < 1e-6 && fabs(w[1] - b / (a + b)) < 1e-6);
+    /* top-k then softmax over the k (gpt-oss): the same numbers here, through
+     * the other order; unnormalised softmax would differ. */
+    hp.gating = SP_MOE_GATING_SOFTMAX_WEIGHT;
+    hp.norm_w = false;
+    float w2[6];
+    sp__moe_route(&hp, lg, probs, ids, w2);
+    ASSERT(ids[0] == 2 && ids[1] == 3);
+    ASSERT(fabs(w2[0] - a / (a + b)) < 1e-6 && fabs(w2[1] - b / (a + b)) < 1e-6);
+    hp.gating = SP_MOE_GATING_SOFTMAX;
+    sp__moe_route(&hp, lg, probs, ids, w2);
+    double z = 0;
+    for (int e = 0; e < 6; e++) z += exp((double)lg[e]);
+    ASSERT(fabs(w2[0] - a / z) < 1e-6 && fabs(w2[1] - b / z) < 1e-6);
+    /* A scale multiplies after normalising; 0 and 1 mean none. */
+    hp.norm_w = true;
+    hp.w_scale = 2.5f;
+    sp__moe_route(&hp, lg, probs, ids, w2);
+    ASSERT(fabs(w2[0] - 2.5 * a / (a + b)) < 1e-5);
+    hp.w_scale = 1.0f;
+    sp__moe_route(&hp, lg, probs, ids, w2);
+    ASSERT(w2[0] == w[0] && w2[1] == w[1]);
+    /* k = n: every expert, weights summing to one. */
+    hp = route_hp(6, 6, SP_MOE_GATING_SOFTMAX, true, 0.0f);
+    sp__moe_route(&hp, lg, probs, ids, w2);
+    float s = 0;
+    for (int j = 0; j < 6; j++) s += w2[j];
+    ASSERT(fabs(s - 1.0f) < 1e-6 && ids[0] == 2 && ids[5] == 1);
+}
+
+/* ---- models built in memory ---------------------------------------------------- */
+
+#define MAX_BUFS 128
+static void *bufs[MAX_BUFS];
+static int n_bufs;
+
+/* A tensor of n_exp x n_out rows of n_in random values (amp), in type. */
+static void
+add_t(sp_gguf_writer_t *w, const char *name, sp_type_t type, int n_dims, int64_t n_in,
+      int64_t n_out, int64_t n_exp, float amp, float bias)
+{
+    const int64_t ne[3] = {n_in, n_out, n_exp};
+    const int64_t rows = n_out * n_exp;
+    const size_t row = sp_row_size(type, n_in);
+    float *src = sp_malloc((size_t)n_in * sizeof(float));
+    char *data = sp_malloc(row * (size_t)rows);
+    ASSERT(src && data && n_bufs < MAX_BUFS);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n_in; i++) src[i] = bias + rng_f(amp);
+        if (type == SP_TYPE_F32) {
+            memcpy(data + (size_t)r * row, src, (size_t)n_in * sizeof(float));
+        } else {
+            ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
+        }
+    }
+    sp_free(src);
+    bufs[n_bufs++] = data;
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_dims, ne, data));
+}
+
+typedef struct moe_spec {
+    const char *arch;     /* "llama" or "qwen2moe" */
+    sp_type_t wtype;      /* expert and attention matrices */
+    int64_t n_expert, n_used;
+    int64_t ff_shexp;     /* qwen2moe */
+    /* faults for the refusal tests */
+    int64_t used_override;    /* > 0: write this expert_used_count */
+    int64_t bad_up_ne2;       /* > 0: blk.1.ffn_up_exps has this many experts */
+    bool drop_router;         /* no blk.0.ffn_gate_inp */
+} moe_spec_t;
+
+#define ME 64
+#define MH 4
+#define MHKV 2
+#define MFF 96
+#define MNL 2
+
+/* Build a MoE model with the demo's tokenizer; returns the GGUF buffer (the
+ * caller frees it after the model) and the load status, err filled. */
+static sp_status_t
+build_moe(const moe_spec_t *sp, sp_model_t **out, void **buf, char *err, size_t err_len)
+{
+    sp_gguf_t *demo, *g;
+    sp_gguf_writer_t *w;
+    size_t len;
+    const char *a = sp->arch;
+    char key[128];
+    ASSERT_OK(sp_gguf_open(DEMO, &demo, err, err_len));
+    const int64_t V = 512;
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", a));
+#define KV(suffix, v)                                                   \
+    snprintf(key, sizeof key, "%s.%s", a, suffix);                      \
+    ASSERT_OK(sp_gguf_writer_set_u32(w, key, (uint32_t)(v)))
+    KV("context_length", 512);
+    KV("embedding_length", ME);
+    KV("feed_forward_length", MFF);
+    KV("block_count", MNL);
+    KV("attention.head_count", MH);
+    KV("attention.head_count_kv", MHKV);
+    KV("expert_count", sp->n_expert);
+    KV("expert_used_count", sp->used_override > 0 ? sp->used_override : sp->n_used);
+    if (sp->ff_shexp > 0) {
+        KV("expert_feed_forward_length", MFF / 2);
+        KV("expert_shared_feed_forward_length", sp->ff_shexp);
+    }
+#undef KV
+    const int64_t FE = sp->ff_shexp > 0 ? MFF / 2 : MFF, HD = ME / MH;
+    n_bufs = 0;
+    rng_state = 0x5eed5eedull;
+    add_t(w, "token_embd.weight", SP_TYPE_F32, 2, ME, V, 1, 1.0f, 0.0f);
+    add_t(w, "output.weight", SP_TYPE_F32, 2, ME, V, 1, 0.3f, 0.0f);
+    add_t(w, "output_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f);
+    for (int64_t l = 0; l < MNL; l++) {
+        char name[96];
+#define T(suffix, type, nd, n_in, n_out, n_exp, amp, bias)                       \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);             \
+    add_t(w, name, type, nd, n_in, n_out, n_exp, amp, bias)
+        T("attn_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f);
+        T("attn_q.weight", sp->wtype, 2, ME, MH * HD, 1, 0.2f, 0.0f);
+        T("attn_k.weight", sp->wtype, 2, ME, MHKV * HD, 1, 0.2f, 0.0f);
+        T("attn_v.weight", sp->wtype, 2, ME, MHKV * HD, 1, 0.2f, 0.0f);
+        T("attn_output.weight", sp->wtype, 2, MH * HD, ME, 1, 0.1f, 0.0f);
+        T("ffn_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f);
+        if (!(sp->drop_router && l == 0)) {
+            T("ffn_gate_inp.weight", SP_TYPE_F32, 2, ME, sp->n_expert, 1, 0.5f, 0.0f);
+        }
+        T("ffn_gate_exps.weight", sp->wtype, 3, ME, FE, sp->n_expert, 0.2f, 0.0f);
+        T("ffn_up_exps.weight", sp->wtype, 3, ME, FE,
+          sp->bad_up_ne2 > 0 && l == 1 ? sp->bad_up_ne2 : sp->n_expert, 0.2f, 0.0f);
+        T("ffn_down_exps.weight", sp->wtype, 3, FE, ME, sp->n_expert, 0.1f, 0.0f);
+        if (sp->ff_shexp > 0) {
+            T("ffn_gate_inp_shexp.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.3f, 0.0f);
+            T("ffn_gate_shexp.weight", sp->wtype, 2, ME, sp->ff_shexp, 1, 0.2f, 0.0f);
+            T("ffn_up_shexp.weight", sp->wtype, 2, ME, sp->ff_shexp, 1, 0.2f, 0.0f);
+            T("ffn_down_shexp.weight", sp->wtype, 2, sp->ff_shexp, ME, 1, 0.1f, 0.0f);
+        }
+#undef T
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, buf, &len, err, err_len));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < n_bufs; i++) sp_free(bufs[i]);
+    ASSERT_OK(sp_gguf_open_mem(*buf, len, "moe-test.gguf", &g, err, err_len));
+    return sp_model_load_gguf(g, out, err, err_len);
+}
+
+/* Logits after every position of toks, the sequence alone in an sp_ctx. */
+static float *
+alone_logits(const sp_model_t *m, const int32_t *toks, int64_t n, int n_batch, int threads)
+{
+    char err[512];
+    sp_ctx_t *c;
+    sp_ctx_params_t cp = sp_ctx_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = n_batch;
+    cp.n_threads = threads;
+    cp.logits_all = true;
+    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+    if (n_batch == 1) {
+        for (int64_t i = 0; i < n; i++) ASSERT_OK(sp_ctx_eval(c, toks + i, 1, i));
+    } else {
+        ASSERT_OK(sp_ctx_eval(c, toks, n, 0));
+    }
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    float *o = sp_malloc((size_t)(n * V) * sizeof(float));
+    memcpy(o, sp_ctx_logits_all(c), (size_t)(n * V) * sizeof(float));
+    sp_ctx_destroy(c);
+    return o;
+}
+
+/* ---- the block on hand-made rows ---------------------------------------------- */
+
+/* Rows whose router logits we choose: a model whose router is replaced by a
+ * one-hot matrix (expert e reads input column e), so row x picks the experts
+ * of its largest x[0..n_expert). */
+TEST(moe_block_rows_alone_equal_rows_together)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(m->moe != NULL && m->moe->hp.n_expert == 8 && m->moe->hp.n_expert_used == 2);
+    static float onehot[8 * ME];
+    memset(onehot, 0, sizeof onehot);
+    for (int e = 0; e < 8; e++) onehot[e * ME + e] = 1.0f;
+    sp_moe_layer_t *L = &m->moe->layers[0];
+    const sp_experts_t saved = L->router;
+    L->router.data = onehot; /* F32 (8, ME): same type and shape as loaded */
+    ASSERT(L->router.type == SP_TYPE_F32);
+
+    enum { NR = 40 };
+    static float x[NR * ME], y[NR * ME], y1[ME], ys[NR * ME];
+    rng_state = 99;
+    for (int r = 0; r < NR; r++) {
+        for (int i = 0; i < ME; i++) x[r * ME + i] = rng_f(1.0f);
+        /* experts: rows 0-9 choose {0,1}; 10-19 {1,2} (overlap); 20-29 {4,5}
+         * (disjoint from the first); 30-39 spread. */
+        const int a = r < 10 ? 0 : r < 20 ? 1 : r < 30 ? 4 : r % 8, b = r < 30 ? a + 1 : (r + 3) % 8;
+        for (int e = 0; e < 8; e++) x[r * ME + e] = -2.0f;
+        x[r * ME + a] = 3.0f + rng_f(0.5f);
+        x[r * ME + b] = 2.0f + rng_f(0.5f);
+    }
+    const size_t sb = sp__moe_scratch_bytes(m, NR);
+    ASSERT(sb > 0);
+    void *scratch = sp_malloc_aligned(sb, 64);
+    ASSERT(scratch != NULL);
+    for (int th = 1; th <= 2; th++) {
+        sp_pool_t *pool;
+        ASSERT_OK(sp_pool_create(th, &pool));
+        const sp_cpu_kernels_t *k = sp_cpu_kernels();
+        sp__moe_ffn(m, 0, pool, k, scratch, NR, x, y, NR);
+        for (int r = 0; r < NR; r++) {
+            sp__moe_ffn(m, 0, pool, k, scratch, NR, x + r * ME, y1, 1);
+            if (memcmp(y1, y + r * ME, sizeof y1) != 0) {
+                SP_TEST_FAIL("threads %d: row %d alone differs from the row among %d", th, r, NR);
+            }
+        }
+        /* A subset in another order: rows 25, 3, 12 (disjoint, and overlapping
+         * through expert 1). */
+        const int pick[3] = {25, 3, 12};
+        for (int i = 0; i < 3; i++) memcpy(ys + i * ME, x + pick[i] * ME, sizeof y1);
+        sp__moe_ffn(m, 0, pool, k, scratch, NR, ys, ys + 3 * ME, 3);
+        for (int i = 0; i < 3; i++) {
+            ASSERT(memcmp(ys + (3 + i) * ME, y + pick[i] * ME, sizeof y1) == 0);
+        }
+        sp_pool_destroy(pool);
+    }
+    /* The output is the experts' weighted sum: a row's result changes when
+     * its second expert changes (the test can fail). */
+    memcpy(ys, x, sizeof y1);
+    ys[1] = -2.0f;
+    ys[7] = 2.5f;
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(1, &pool));
+    sp__moe_ffn(m, 0, pool, sp_cpu_kernels(), scratch, NR, ys, y1, 1);
+    ASSERT(memcmp(y1, y, sizeof y1) != 0);
+    sp_pool_destroy(pool);
+    sp_free(scratch);
+    L->router = saved;
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* ---- whole models: one sequence beside 31 others ------------------------------ */
+
+static void
+beside_others(const moe_spec_t *spec)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    if (build_moe(spec, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    enum { NS = 32, LEN = 12, PROMPT = 7 };
+    static int32_t toks[NS][LEN];
+    float *ref[NS];
+    rng_state = 4242;
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (uint32_t)(V - 1));
+        ref[s] = alone_logits(m, toks[s], LEN, 1, 1);
+    }
+    sp_kv_pool_params_t kp = {NS * 2, SP_KV_TYPE_F32};
+    sp_kv_pool_t *kv;
+    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = NS * PROMPT;
+    bp.max_seqs = NS;
+    bp.max_ctx = 32;
+    bp.n_threads = 2;
+    sp_batch_t *b;
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+    static int32_t blocks[NS][2];
+    for (int s = 0; s < NS; s++) {
+        blocks[s][0] = (int32_t)(2 * s + 1);
+        blocks[s][1] = (int32_t)(2 * s);
+    }
+    sp_batch_seq_t seqs[NS];
+    /* Step 1: every prompt prefilled together; then decode steps, all 32 together. */
+    for (int s = 0; s < NS; s++) {
+        seqs[s] = (sp_batch_seq_t){toks[s], PROMPT, 0, blocks[s], 2, true, 0, NULL};
+    }
+    ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
+    for (int s = 0; s < NS; s++) {
+        if (memcmp(sp_batch_logits(b, s), ref[s] + (PROMPT - 1) * V, (size_t)V * 4) != 0) {
+            SP_TEST_FAIL("%s: seq %d prefill beside 31 others differs from alone", spec->arch, s);
+        }
+    }
+    for (int p = PROMPT; p < LEN; p++) {
+        for (int s = 0; s < NS; s++) {
+            /* reverse order each step: a different set of neighbours per row */
+            const int q = (p % 2) ? NS - 1 - s : s;
+            seqs[s] = (sp_batch_seq_t){toks[q] + p, 1, p, blocks[q], 2, true, 0, NULL};
+        }
+        ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
+        for (int s = 0; s < NS; s++) {
+            const int q = (p % 2) ? NS - 1 - s : s;
+            if (memcmp(sp_batch_logits(b, s), ref[q] + p * V, (size_t)V * 4) != 0) {
+                SP_TEST_FAIL("%s: seq %d pos %d beside 31 others differs from alone", spec->arch,
+                             q, p);
+            }
+        }
+    }
+    for (int s = 0; s < NS; s++) sp_free(ref[s]);
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+TEST(moe_batch_invariance_mixtral_q8_0)
+{
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false};
+    beside_others(&sp);
+}
+
+TEST(moe_batch_invariance_qwen2moe_shared_f32)
+{
+    moe_spec_t sp = {"qwen2moe", SP_TYPE_F32, 8, 4, 80, 0, 0, false};
+    beside_others(&sp);
+}
+
+/* A prefill of 300 rows (two MoE passes of at most 256 rows) equals decoding
+ * the same tokens one at a time, bit for bit. */
+TEST(moe_long_prefill_equals_decode)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 4, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    enum { N = 300 };
+    static int32_t toks[N];
+    rng_state = 7;
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(1 + rng_u32() % 511);
+    float *pre = alone_logits(m, toks, N, 512, 2);
+    float *dec = alone_logits(m, toks, N, 1, 1);
+    ASSERT(memcmp(pre, dec, (size_t)N * 512 * sizeof(float)) == 0);
+    sp_free(pre);
+    sp_free(dec);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* ---- refusals -------------------------------------------------------------------- */
+
+static void
+expect_refused(const moe_spec_t *sp, const char *needle)
+{
+    char err[512] = "";
+    void *buf;
+    sp_model_t *m = NULL;
+    sp_status_t st = build_moe(sp, &m, &buf, err, sizeof err);
+    if (st == SP_OK || m != NULL || strstr(err, needle) == NULL ||
+        strstr(err, "moe-test.gguf") == NULL) {
+        SP_TEST_FAIL("expected a refusal naming '%s', got status %d: %s", needle, (int)st, err);
+    }
+    sp_free(buf);
+}
+
+TEST(moe_load_refusals)
+{
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    sp.used_override = 9;
+    expect_refused(&sp, "expert_used_count");
+    sp.used_override = 0;
+    sp.bad_up_ne2 = 7;
+    expect_refused(&sp, "blk.1.ffn_up_exps.weight");
+    sp.bad_up_ne2 = 0;
+    sp.drop_router = true;
+    expect_refused(&sp, "blk.0.ffn_gate_inp.weight");
+    /* qwen2moe without experts is refused (expert_count 1). */
+    moe_spec_t q = {"qwen2moe", SP_TYPE_F32, 1, 1, 80, 0, 0, false};
+    expect_refused(&q, "expert_count");
+    /* llama with expert_count 1 is dense: it then needs the dense FFN. */
+    moe_spec_t d = {"llama", SP_TYPE_F32, 1, 1, 0, 0, 0, false};
+    expect_refused(&d, "blk.0.ffn_gate.weight");
+}
