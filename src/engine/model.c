@@ -107,7 +107,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
     if (ai == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2)",
+                       "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2, bert, nomic-bert)",
                        path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
@@ -229,6 +229,13 @@ get_weight(const sp_model_t *m, const char *name, int64_t n_in, int64_t n_out, b
     return SP_OK;
 }
 
+sp_status_t
+sp__model_weight(const sp_model_t *m, const char *name, int64_t n_in, int64_t n_out, bool required,
+                 sp_weight_t *w, char *err, size_t err_len)
+{
+    return get_weight(m, name, n_in, n_out, required, w, err, err_len);
+}
+
 /* A 1-D F32 vector of n elements (norm weights, biases). */
 static sp_status_t
 get_vector(const sp_model_t *m, const char *name, int64_t n, bool required, const float **out,
@@ -253,6 +260,13 @@ get_vector(const sp_model_t *m, const char *name, int64_t n, bool required, cons
     }
     *out = t->data;
     return SP_OK;
+}
+
+sp_status_t
+sp__model_vector(const sp_model_t *m, const char *name, int64_t n, bool required, const float **out,
+                 char *err, size_t err_len)
+{
+    return get_vector(m, name, n, required, out, err, err_len);
 }
 
 static sp_status_t
@@ -338,10 +352,17 @@ sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len)
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     m->gguf = g;
-    if ((st = load_hparams(g, &m->hp, err, err_len)) != SP_OK ||
-        (st = load_weights(m, err, err_len)) != SP_OK ||
-        (st = sp_tokenizer_from_gguf(g, &m->tok, err, err_len)) != SP_OK) {
+    sp_str_t arch = {0};
+    if (sp_gguf_get_str(g, "general.architecture", &arch, NULL, 0) == SP_OK && sp__encoder_arch(arch)) {
+        st = sp__encoder_load(m, arch, err, err_len); /* bert, nomic-bert: encoder.c */
+    } else if ((st = load_hparams(g, &m->hp, err, err_len)) == SP_OK) {
+        st = load_weights(m, err, err_len);
+    }
+    if (st != SP_OK || (st = sp_tokenizer_from_gguf(g, &m->tok, err, err_len)) != SP_OK) {
         goto fail;
+    }
+    if (m->enc != NULL) {
+        sp__encoder_set_sep(m->enc, sp_tokenizer_sep(m->tok));
     }
     sp_gguf_prefault(g);
     if (sp_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
@@ -425,6 +446,7 @@ sp_model_free(sp_model_t *m)
         m->gpu_release(m->gpu);
     }
     sp_tokenizer_destroy(m->tok);
+    sp__encoder_free(m->enc);
     sp_free(m->layers);
     sp_gguf_close(m->gguf);
     sp_free(m);
