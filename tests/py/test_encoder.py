@@ -221,6 +221,45 @@ try:
             {"model": "rank", "query": "q", "documents": ["word " * 200]}, "documents")
     refused("embeddings: an input longer than the context is 400", "/v1/embeddings",
             {"model": "bert-cls", "input": "word " * 200})
+    # ---- KServe v2 infer -----------------------------------------------------------------
+    st, b = http_json(P, "POST", "/v2/models/nomic/infer", {"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [3], "data": texts}]})
+    st2, b2 = http_json(P, "POST", "/v1/embeddings", {"model": "nomic", "input": texts})
+    ok = st == 200 and st2 == 200 and b["outputs"][0]["name"] == "embedding" and \
+        b["outputs"][0]["datatype"] == "FP32" and b["outputs"][0]["shape"] == [3, 64]
+    if ok:
+        flat = f32(b["outputs"][0]["data"])
+        want = f32([d["embedding"] for d in b2["data"]]).reshape(-1)
+        ok = float(np.max(np.abs(flat - want))) <= 1e-7
+    s.case("KServe infer: FP32 [3, 64] 'embedding' equals /v1/embeddings", ok, f"{st} {str(b)[:300]}")
+    st, b = http_json(P, "POST", "/v2/models/bert-cls/infer", {"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [texts[0]]}]})
+    ok = st == 200 and b["outputs"][0]["shape"] == [1, 1, 64]
+    if ok:
+        ref = Encoder(bert_cls)
+        ok = float(np.max(np.abs(f32(b["outputs"][0]["data"]) -
+                                 ref.embed(tokenize(bert_cls, texts[0]))))) <= TOL
+    s.case("KServe infer: shape [1, 1] -> [1, 1, 64], equals the reference", ok, f"{st} {str(b)[:300]}")
+    st, b = http_json(P, "GET", "/v2/models/nomic")
+    s.case("KServe metadata: an encoder's output is embedding FP32 [-1, 64]",
+           st == 200 and b["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 64]}],
+           str(b))
+
+    def ks_refused(name, path, body):
+        st, b = http_json(P, "POST", path, body)
+        s.case(name, st == 400 and isinstance(b, dict) and "error" in b, f"{st} {b}")
+
+    one = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}
+    ks_refused("KServe: generation parameters on an encoder are 400", "/v2/models/nomic/infer",
+               {"inputs": [one], "parameters": {"max_tokens": 4}})
+    ks_refused("KServe: an unknown output of an encoder is 400", "/v2/models/nomic/infer",
+               {"inputs": [one], "outputs": [{"name": "text_output"}]})
+    ks_refused("KServe: another input on an encoder is 400", "/v2/models/nomic/infer",
+               {"inputs": [one, {"name": "temperature", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
+    ks_refused("KServe: infer of a reranker is 400", "/v2/models/rank/infer", {"inputs": [one]})
+    ks_refused("KServe: generate on an encoder is 400", "/v2/models/nomic/generate",
+               {"text_input": "x"})
+
     # ---- the official openai npm SDK -----------------------------------------------------
     node_dir = os.path.join(ROOT, "tests", "node")
     if shutil.which("node") is None or not os.path.isdir(os.path.join(node_dir, "node_modules",
