@@ -255,8 +255,9 @@ sp__encoder_load(sp_model_t *m, sp_str_t arch, char *err, size_t err_len)
     }
     hp->n_vocab = te->ne[1];
     if (hp->n_vocab < 1 || hp->n_vocab > (1 << 24)) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: token_embd.weight vocabulary %lld out of range",
-                       path, (long long)hp->n_vocab);
+        return sp_errf(err, err_len, SP_ERR_FORMAT,
+                       "%s: token_embd.weight vocabulary %lld out of range", path,
+                       (long long)hp->n_vocab);
     }
     if ((st = sp__model_weight(m, "token_embd.weight", E, hp->n_vocab, true, &m->tok_embd, err,
                                err_len)) != SP_OK) {
@@ -268,8 +269,9 @@ sp__encoder_load(sp_model_t *m, sp_str_t arch, char *err, size_t err_len)
     if (tt != NULL) {
         e->n_types = tt->ne[1];
         if (e->n_types < 1 || e->n_types > MAX_TYPES) {
-            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: token_types.weight has %lld types (1..%d)",
-                           path, (long long)e->n_types, MAX_TYPES);
+            return sp_errf(err, err_len, SP_ERR_FORMAT,
+                           "%s: token_types.weight has %lld types (1..%d)", path,
+                           (long long)e->n_types, MAX_TYPES);
         }
         if ((st = sp__model_weight(m, "token_types.weight", E, e->n_types, true, &e->type_embd, err,
                                    err_len)) != SP_OK) {
