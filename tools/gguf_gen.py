@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""gguf_gen.py - write a random-weight llama-family model (dense or mixture of experts) as a
-GGUF v3 file.
+"""gguf_gen.py - write a random-weight llama-family model (dense or mixture of experts) or a
+BERT-family encoder as a GGUF v3 file.
 
 Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
 TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
@@ -12,6 +12,14 @@ TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
         [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|q2_k|q3_k|q4_k|
                       q5_k|q6_k|iq4_xs]
         [--embd-type T] [--output-type T] [--seed N] [--embd-scale F] [--vocab-from FILE.gguf]
+    tools/gguf_gen.py OUT.gguf --arch bert|nomic-bert --vocab-from BERT-VOCAB.gguf
+        [--pooling none|mean|cls|last|rank] [--n-cls-out N] [--n-types N] ...
+
+Encoders (bert, nomic-bert) carry the tensors and keys llama.cpp's converter
+writes: token_types, position_embd (bert), token_embd_norm (+ bias), per layer
+attn_q/k/v (+ bias) or the fused attn_qkv (nomic-bert), attn_output (+ bias),
+attn_output_norm, ffn_up (+ bias) / ffn_gate (nomic-bert), ffn_down,
+layer_output_norm; a reranker (--pooling rank) adds cls and cls.output.
 
 Weights: matrices are normal(0, 1/sqrt(fan_in)) so that every projection keeps
 activations O(1); the embedding / output matrix is normal(0, S/sqrt(dim)) with
@@ -126,8 +134,11 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
                 vocab_from=None, name=None, poison=None, embd_scale=2.0, n_expert=0,
-                n_expert_used=0, ff_exp=None, ff_shexp=None)
+                n_expert_used=0, ff_exp=None, ff_shexp=None, pooling=None, n_cls_out=1,
+                n_types=2)
 MOE_ARCHS = ("qwen2moe",)  # always mixture of experts (llama is with --n-expert)
+ENCODERS = ("bert", "nomic-bert")
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 
 # ---- half / bfloat ----------------------------------------------------------
@@ -606,13 +617,13 @@ def resolve(cfg):
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if c["head_dim"] % 2:
         raise ValueError("head_dim must be even (RoPE rotates pairs)")
-    if c["arch"] not in ("llama", "qwen2", "qwen2moe"):
-        raise ValueError("arch must be llama, qwen2 or qwen2moe")
+    if c["arch"] not in ("llama", "qwen2", "qwen2moe") + ENCODERS:
+        raise ValueError("arch must be llama, qwen2, qwen2moe, bert or nomic-bert")
     if c["arch"] in MOE_ARCHS and c["n_expert"] < 2:
         raise ValueError(f"{c['arch']} needs --n-expert >= 2")
     if c["n_expert"]:
-        if c["arch"] == "qwen2":
-            raise ValueError("qwen2 has no experts (use qwen2moe)")
+        if c["arch"] not in ("llama",) + MOE_ARCHS:
+            raise ValueError(f"{c['arch']} has no experts")
         if not 1 <= c["n_expert_used"] <= c["n_expert"]:
             raise ValueError("--n-expert-used must be in 1..n_expert")
         if c["arch"] == "llama":
@@ -621,6 +632,14 @@ def resolve(cfg):
             c["ff_exp"] = c["ff"] // c["n_expert_used"]
         if c["arch"] == "qwen2moe" and c["ff_shexp"] is None:
             c["ff_shexp"] = c["ff"]
+    if c["arch"] in ENCODERS:
+        if c["n_kv_heads"] != c["n_heads"] or c["head_dim"] * c["n_heads"] != c["dim"]:
+            raise ValueError("an encoder has n_kv_heads == n_heads and head_dim * n_heads == dim")
+        if c["vocab_from"] is None:
+            raise ValueError("an encoder needs --vocab-from (a bert vocabulary)")
+        c["pooling"] = c["pooling"] or ("rank" if c["n_cls_out"] > 1 else "mean")
+        if c["eps"] == DEFAULTS["eps"]:
+            c["eps"] = 1e-12
     for k in ("type", "embd_type", "output_type"):
         if c[k] is not None and c[k] not in TYPES:
             raise ValueError(f"unknown type {c[k]}")
@@ -630,8 +649,78 @@ def resolve(cfg):
     return c
 
 
+def encoder_tensor_list(c):
+    """tensor_list for bert / nomic-bert."""
+    d, ff, nv, w = c["dim"], c["ff"], c["vocab"], c["type"]
+    bert = c["arch"] == "bert"
+    ts = [("token_embd.weight", (d, nv), c["embd_type"], "embd")]
+    if c["n_types"] > 0:
+        ts.append(("token_types.weight", (d, c["n_types"]), "f32", "embd"))
+    if bert:
+        ts.append(("position_embd.weight", (d, c["ctx"]), "f32", "embd"))
+    ts.append(("token_embd_norm.weight", (d,), "f32", "norm"))
+    ts.append(("token_embd_norm.bias", (d,), "f32", "bias"))
+    for i in range(c["n_layers"]):
+        p = f"blk.{i}."
+        if bert:
+            for x in "qkv":
+                ts.append((p + f"attn_{x}.weight", (d, d), w, "mat"))
+                ts.append((p + f"attn_{x}.bias", (d,), "f32", "bias"))
+        else:
+            ts.append((p + "attn_qkv.weight", (d, 3 * d), w, "mat"))
+        ts.append((p + "attn_output.weight", (d, d), w, "mat"))
+        if bert:
+            ts.append((p + "attn_output.bias", (d,), "f32", "bias"))
+        ts.append((p + "attn_output_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "attn_output_norm.bias", (d,), "f32", "bias"))
+        ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
+        if bert:
+            ts.append((p + "ffn_up.bias", (ff,), "f32", "bias"))
+        else:
+            ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
+        ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
+        if bert:
+            ts.append((p + "ffn_down.bias", (d,), "f32", "bias"))
+        ts.append((p + "layer_output_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "layer_output_norm.bias", (d,), "f32", "bias"))
+    if c["pooling"] == "rank":
+        ts.append(("cls.weight", (d, d), "f32", "mat"))
+        ts.append(("cls.bias", (d,), "f32", "bias"))
+        ts.append(("cls.output.weight", (d, c["n_cls_out"]), "f32", "mat"))
+        ts.append(("cls.output.bias", (c["n_cls_out"],), "f32", "bias"))
+    return ts
+
+
+def encoder_metadata(c, tok_recs):
+    a = c["arch"]
+    kv = [
+        kv_bytes("general.architecture", T_STRING, a),
+        kv_bytes("general.name", T_STRING, c["name"]),
+        kv_bytes("general.alignment", T_UINT32, ALIGNMENT),
+        kv_bytes("general.file_type", T_UINT32, FILE_TYPE[c["type"]]),
+        kv_bytes(f"{a}.context_length", T_UINT32, c["ctx"]),
+        kv_bytes(f"{a}.embedding_length", T_UINT32, c["dim"]),
+        kv_bytes(f"{a}.feed_forward_length", T_UINT32, c["ff"]),
+        kv_bytes(f"{a}.block_count", T_UINT32, c["n_layers"]),
+        kv_bytes(f"{a}.attention.head_count", T_UINT32, c["n_heads"]),
+        kv_bytes(f"{a}.attention.layer_norm_epsilon", T_FLOAT32, c["eps"]),
+        kv_bytes(f"{a}.attention.causal", T_BOOL, False),
+        kv_bytes(f"{a}.pooling_type", T_UINT32, POOLING[c["pooling"]]),
+        kv_bytes("tokenizer.ggml.token_type_count", T_UINT32, c["n_types"]),
+    ]
+    if a == "nomic-bert":
+        kv.append(kv_bytes(f"{a}.rope.freq_base", T_FLOAT32, c["rope_base"]))
+    if c["pooling"] == "rank":
+        kv.append(kv_bytes(f"{a}.classifier.output_labels", T_ARRAY,
+                           [f"LABEL_{i}" for i in range(c["n_cls_out"])], T_STRING))
+    kv.extend(raw for key, raw in tok_recs if key != "tokenizer.ggml.token_type_count")
+    return kv
+
+
 def tensor_list(c):
     """[(name, ne (ne[0] first), type, kind)] in file order. kind picks the init."""
+    if c["arch"] in ENCODERS:
+        return encoder_tensor_list(c)
     d, hd, nh, nkv, ff, nv = c["dim"], c["head_dim"], c["n_heads"], c["n_kv_heads"], c["ff"], \
         c["vocab"]
     w = c["type"]
@@ -672,6 +761,8 @@ def tensor_list(c):
 
 def metadata(c, tok_recs):
     a = c["arch"]
+    if a in ENCODERS:
+        return encoder_metadata(c, tok_recs)
     kv = [
         kv_bytes("general.architecture", T_STRING, a),
         kv_bytes("general.name", T_STRING, c["name"]),
@@ -791,7 +882,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Write a random-weight llama-family GGUF model.")
     ap.add_argument("out")
     ap.add_argument("--preset", choices=sorted(PRESETS))
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe"])
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "bert", "nomic-bert"])
+    ap.add_argument("--pooling", choices=sorted(POOLING), help="encoders: pooling_type")
+    ap.add_argument("--n-cls-out", type=int, help="rerankers: classifier outputs")
+    ap.add_argument("--n-types", type=int, help="encoders: token types (0: no token_types)")
     ap.add_argument("--name")
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed",
               "n-expert", "n-expert-used", "ff-exp", "ff-shexp"):

@@ -34,6 +34,7 @@
 #include "core/timer.h"
 #include "core/utf8.h"
 #include "chat/chat.h"
+#include "engine/encoder.h"
 #include "text/tokenizer.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
@@ -326,7 +327,15 @@ typedef struct ks_req {
     int64_t lens[SP_SCHED_MAX_N], longest;
     int tried;              /* prompts that reached the tokenizer */
     char err[640];          /* the worker's 400 message, or "" */
+    /* infer on an encoder: one vector per prompt, the output "embedding" */
+    bool embed;
+    bool emb_fault;         /* a vector held NaN or inf */
+    int n_embd;
+    float *emb;             /* n x n_embd */
 } ks_req_t;
+
+/* An encoder's infer output: FP32 [prompts..., n_embd]. */
+static const char *const emb_names[] = {"embedding"};
 
 /* The lifecycle's last call (ops->free): what the protocol owns, and q. */
 static void
@@ -343,6 +352,7 @@ ks_free(sp_api_req_t *a)
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->bin);
     sp_free(q->toks);
+    sp_free(q->emb);
     json_decref(q->root);
     sp_free(q);
 }
@@ -457,6 +467,41 @@ stream_send(ks_req_t *q)
     return 0;
 }
 
+/* An encoder's answer: the tensor "embedding", FP32 of text_input's shape
+ * plus a last dimension of n_embd. */
+static void
+reply_embed(ks_req_t *q)
+{
+    const sp_tensor_t *in = sp_tensor_req_input(&q->ir, "text_input");
+    int64_t shape[SP_TENSOR_MAX_DIMS];
+    char err[256];
+    sp_tensor_t out;
+    int nd = in->ndim < SP_TENSOR_MAX_DIMS ? in->ndim : SP_TENSOR_MAX_DIMS - 1; /* checked at infer */
+    memcpy(shape, in->shape, (size_t)nd * sizeof shape[0]);
+    shape[nd] = q->n_embd;
+    if (sp_tensor_alloc(&out, emb_names[0], SP_DT_FP32, nd + 1, shape, err, sizeof err) != SP_OK) {
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
+        return;
+    }
+    memcpy(out.data, q->emb, (size_t)q->n * (size_t)q->n_embd * sizeof(float));
+    char params[64];
+    snprintf(params, sizeof params, "{\"prompt_tokens\":%lld}", (long long)q->n_prompt);
+    sp_jbuf_reset(&q->out);
+    sp_jbuf_reset(&q->bin);
+    sp_tensor_resp_write(&q->out, &q->bin, q->a.m->name, q->a.m->version_str, &q->ir, params, &out, 1);
+    sp_tensor_free(&out);
+    char hl[32];
+    if (q->out.oom || q->bin.oom || !sp_tensor_infer_body(&q->out, &q->bin, hl)) {
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
+        return;
+    }
+    if (hl[0]) {
+        sp_http_add_header(q->a.http, "Inference-Header-Content-Length", hl);
+    }
+    sp_http_respond(q->a.http, 200, hl[0] ? "application/octet-stream" : "application/json",
+                    q->out.p, q->out.len);
+}
+
 static void
 reply_infer(ks_req_t *q, int64_t completion_tokens)
 {
@@ -541,6 +586,16 @@ static int
 ks_event(sp_api_req_t *a, const sp_sched_event_t *ev)
 {
     ks_req_t *q = (ks_req_t *)a;
+    if (ev->kind == SP_SCHED_EV_EMBEDDING) {
+        if (q->emb != NULL && ev->n_embd == q->n_embd && ev->index >= 0 && ev->index < q->n) {
+            memcpy(q->emb + (size_t)ev->index * (size_t)q->n_embd, ev->embedding,
+                   (size_t)q->n_embd * sizeof(float));
+            for (int k = 0; k < q->n_embd; k++) {
+                q->emb_fault |= !isfinite(ev->embedding[k]);
+            }
+        }
+        return 0;
+    }
     if (ev->kind == SP_SCHED_EV_FINISH) {
         if (ev->index >= 0 && ev->index < q->n) {
             q->finish[ev->index] = ev->finish;
@@ -561,6 +616,18 @@ ks_event(sp_api_req_t *a, const sp_sched_event_t *ev)
     sp_jbuf_str(&q->out, ev->text, ev->text_len);
     sp_jbuf_lit(&q->out, "}\n\n");
     return stream_send(q);
+}
+
+/* A vector that held NaN or inf is the model's fault, whatever the job said. */
+static sp_status_t
+ks_outcome(sp_api_req_t *a, sp_status_t st, const char **message)
+{
+    ks_req_t *q = (ks_req_t *)a;
+    if (st == SP_OK && q->emb_fault) {
+        *message = "the model produced NaN or infinite embeddings";
+        return SP_ERR_MODEL_FAULT;
+    }
+    return st;
 }
 
 /* The job ended (accounted already): the answer, or its error. */
@@ -593,6 +660,8 @@ ks_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char 
         sp_http_stream_end(r);
     } else if (q->kind == KS_GENERATE) {
         reply_generate(q, ev->completion_tokens);
+    } else if (q->embed) {
+        reply_embed(q);
     } else {
         reply_infer(q, ev->completion_tokens);
     }
@@ -608,6 +677,7 @@ ks_admit_refuse(sp_api_req_t *a, sp_api_refusal_t why, sp_status_t st, const cha
 static const sp_api_ops_t ks_ops = {
     .refuse = ks_admit_refuse,
     .event = ks_event,
+    .outcome = ks_outcome,
     .done = ks_done,
     .free = ks_free,
 };
@@ -699,6 +769,15 @@ submit(ks_req_t *q, const sp_str_t *texts, int n, const gvals_t *gv, const char 
     for (int i = 0; i < n; i++) {
         q->finish[i] = SP_FINISH_STOP;
     }
+    if (q->embed) {
+        q->n_embd = (int)sp_model_hparams(q->a.m->model)->n_embd;
+        q->emb = sp_calloc((size_t)n * (size_t)q->n_embd, sizeof(float));
+        if (q->emb == NULL) {
+            sp_api_error_kserve(r, 503, "out of memory");
+            sp_api_finish(&q->a);
+            return;
+        }
+    }
     q->prompts = texts;
     q->gv = *gv;
     snprintf(q->where, sizeof q->where, "%s", text_where);
@@ -727,6 +806,21 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
     const int32_t *prompts[SP_SCHED_MAX_N];
     for (int i = 0; i < n; i++) {
         prompts[i] = q->toks + (size_t)i * (size_t)cap;
+    }
+    if (q->embed) {
+        sp_sched_request_t er;
+        memset(&er, 0, sizeof er);
+        er.prompts = prompts;
+        er.n_prompts = q->lens;
+        er.n = n;
+        er.embed = true;
+        bool ok = sp_api_admit(&q->a, &er, q->n_prompt, q->n_prompt);
+        sp_free(q->toks);
+        q->toks = NULL;
+        if (!ok) {
+            goto fail;
+        }
+        return;
     }
     sp_gen_params_t g = sp_gen_default_params();
     g.sampling.temperature = 1.0f;
@@ -885,6 +979,11 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_jbuf_cstr(&b, m->version_str);
     sp_jbuf_lit(&b, "],\"platform\":\"sampan_gguf\",\"inputs\":[");
     tensor_meta(&b, "text_input", SP_DT_BYTES, -1, true);
+    if (sp_model_is_encoder(m->model)) {
+        sp_jbuf_printf(&b, "],\"outputs\":[{\"name\":\"embedding\",\"datatype\":\"FP32\","
+                       "\"shape\":[-1,%lld]}]}", (long long)sp_model_hparams(m->model)->n_embd);
+        goto write;
+    }
     for (int k = 0; k < N_GPARAMS; k++) {
         tensor_meta(&b, gparams[k].name, gparams[k].dtype, gparams[k].kind == PK_STRS ? -1 : 1, false);
     }
@@ -893,6 +992,7 @@ h_model_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         tensor_meta(&b, out_names[k], SP_DT_BYTES, -1, k == 0);
     }
     sp_jbuf_lit(&b, "]}");
+write:
     if (b.oom) {
         sp_api_error_kserve(r, 500, "out of memory while writing the response");
     } else {
@@ -1083,7 +1183,47 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     bool want[N_OUTS];
     gvals_t gv;
     memset(&gv, 0, sizeof gv);
-    if (sp_tensor_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err) != SP_OK ||
+    const sp_model_t *mm = m->model;
+    if (sp_model_is_encoder(mm)) {
+        /* An encoder: text_input in, the output "embedding"; nothing to generate. */
+        const sp_pooling_t pool = sp_model_pooling(mm);
+        bool ewant[1];
+        if (pool == SP_POOLING_RANK || pool == SP_POOLING_NONE) {
+            sp_api_error_kserve(r, 400, "model '%s' is %s: infer serves embedding models (use "
+                                "/v1/rerank for a reranker)", m->name,
+                                pool == SP_POOLING_RANK ? "a reranker" : "an encoder with pooling type none");
+            sp_api_finish(&q->a);
+            return;
+        }
+        if (sp_tensor_req_select_outputs(&q->ir, emb_names, 1, ewant, err, sizeof err) != SP_OK) {
+            sp_api_error_kserve(r, 400, "%s", err);
+            sp_api_finish(&q->a);
+            return;
+        }
+        for (int i = 0; i < q->ir.n_inputs; i++) {
+            if (strcmp(q->ir.inputs[i].name, "text_input") != 0) {
+                sp_api_error_kserve(r, 400, "inputs[%d] ('%s'): an embedding model takes only "
+                                    "'text_input'", i, q->ir.inputs[i].name);
+                sp_api_finish(&q->a);
+                return;
+            }
+        }
+        if (q->ir.params && gvals_from_object(q->ir.params, "parameters.", false, s->cfg.max_tokens, &gv,
+                                              err, sizeof err) != 0) {
+            sp_api_error_kserve(r, 400, "%s", err);
+            sp_api_finish(&q->a);
+            return;
+        }
+        for (int k = 0; k < N_GPARAMS; k++) {
+            if (gv.set[k]) {
+                sp_api_error_kserve(r, 400, "parameters.%s: an embedding model does not generate",
+                                    gparams[k].name);
+                sp_api_finish(&q->a);
+                return;
+            }
+        }
+        q->embed = true;
+    } else if (sp_tensor_req_select_outputs(&q->ir, out_names, N_OUTS, want, err, sizeof err) != SP_OK ||
         (q->ir.params && gvals_from_object(q->ir.params, "parameters.", false, s->cfg.max_tokens, &gv,
                                            err, sizeof err) != 0) ||
         gvals_from_inputs(&q->ir, s->cfg.max_tokens, &gv, err, sizeof err) != 0) {
@@ -1123,6 +1263,12 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_api_finish(&q->a);
         return;
     }
+    if (q->embed && in->ndim >= SP_TENSOR_MAX_DIMS) {
+        sp_api_error_kserve(r, 400, "%s.shape: at most %d dimensions (the embedding adds one)", where,
+                            SP_TENSOR_MAX_DIMS - 1);
+        sp_api_finish(&q->a);
+        return;
+    }
     submit(q, (const sp_str_t *)in->data, (int)in->n, &gv, where);
 }
 
@@ -1138,9 +1284,9 @@ h_generate(sp_http_req_t *r, const sp_route_params_t *p, void *ud, ks_kind_t kin
     if (m == NULL) {
         return;
     }
-    if (m->be) {
+    if (m->be || sp_model_is_encoder(m->model)) {
         sp_api_error_kserve(r, 400, "model '%s' is a %s model: use /v2/models/%s/infer", m->name,
-                            m->be->name, m->name);
+                            m->be ? m->be->name : sp_model_hparams(m->model)->arch, m->name);
         sp_req_adapter_release(&ad);
         sp_served_release(m);
         return;

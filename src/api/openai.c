@@ -33,6 +33,7 @@
 #include "core/timer.h"
 #include "constrain/grammar.h"
 #include "constrain/schema.h"
+#include "engine/encoder.h"
 #include "text/tokenizer.h"
 #include "constrain/toolcall.h"
 #include "sampan/log.h"
@@ -44,7 +45,7 @@
 #include "sched/schedreq.h"
 #include "api/trace.h"
 
-typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED } oai_kind_t;
+typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_EMBED, OAI_RERANK } oai_kind_t;
 
 typedef struct choice {
     sp_jbuf_t text;      /* non-streaming: the whole text */
@@ -62,6 +63,8 @@ typedef struct choice {
 typedef struct tok_in {
     const char *text; /* NULL: given as ids, already in dst */
     size_t len;
+    const char *text2; /* rerank: the document after the query in `text`, or NULL */
+    size_t len2;
     int32_t *dst;
     int64_t n;        /* the result */
 } tok_in_t;
@@ -126,6 +129,9 @@ typedef struct oai_req {
     int n_embd;
     bool base64;
     bool emb_fault;      /* an embedding held NaN or inf */
+    /* rerank: top_n results, with the documents' text or not */
+    int top_n;
+    bool return_documents;
     oai_prep_t prep;
 } oai_req_t;
 
@@ -546,6 +552,30 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
                   "the prompt has %lld tokens, the context holds %lld", (long long)n,
                   (long long)cap);
         return false;
+    }
+    if (t->text2 != NULL) {
+        /* A cross-encoder's pair: [CLS] query [SEP] (the query's own special
+         * tokens) document [SEP]. */
+        const int32_t sep = sp_tokenizer_sep(q->a.m->tok);
+        int64_t room = cap - n - 1;
+        int64_t n2 = room > 0 && t->len2 / 64 <= (size_t)room
+                         ? sp_tokenizer_encode(q->a.m->tok, t->text2, t->len2, false, false,
+                                               t->dst + n, room)
+                         : room + 1;
+        if (n2 < 0) {
+            prep_fail(pp, SP_ERR_INVALID, "documents", NULL, "cannot tokenize a document: %s",
+                      sp_status_str((sp_status_t)n2));
+            return false;
+        }
+        if (sep < 0 || n2 > room) {
+            prep_fail(pp, SP_ERR_INVALID, "documents", "context_length_exceeded",
+                      sep < 0 ? "the model's vocabulary has no separator token"
+                              : "query and document do not fit the context of %lld tokens",
+                      (long long)cap);
+            return false;
+        }
+        n += n2;
+        t->dst[n++] = sep;
     }
     t->n = n;
     return true;
@@ -1066,6 +1096,52 @@ reply_embeddings(oai_req_t *q, int64_t prompt_tokens)
     sp_api_reply_json(q->a.http, 200, b);
 }
 
+/* Rerank: results by descending score (ties by index), the first top_n. */
+static void
+reply_rerank(oai_req_t *q, int64_t prompt_tokens)
+{
+    sp_jbuf_t *b = &q->out;
+    int *order = sp_malloc((size_t)q->n * sizeof(int));
+    if (order == NULL) {
+        sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
+        return;
+    }
+    for (int i = 0; i < q->n; i++) { /* insertion sort: at most SP_SCHED_MAX_N documents */
+        const float si = q->emb[(size_t)i * (size_t)q->n_embd];
+        int j = i;
+        while (j > 0 && q->emb[(size_t)order[j - 1] * (size_t)q->n_embd] < si) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    const json_t *docs = json_object_get(q->prep.body, "documents");
+    sp_jbuf_reset(b);
+    sp_jbuf_lit(b, "{\"model\":");
+    sp_req_adapter_model_name(q->a.m, &q->a.ad, b);
+    sp_jbuf_lit(b, ",\"object\":\"list\",\"results\":[");
+    for (int k = 0; k < q->n && k < q->top_n; k++) {
+        const int i = order[k];
+        sp_jbuf_printf(b, "%s{\"index\":%d,\"relevance_score\":", k ? "," : "", i);
+        sp_jbuf_num(b, q->emb[(size_t)i * (size_t)q->n_embd]);
+        if (q->return_documents) {
+            const json_t *d = json_array_get(docs, (size_t)i);
+            const json_t *tx = json_is_object(d) ? json_object_get(d, "text") : d;
+            sp_jbuf_lit(b, ",\"document\":{\"text\":");
+            sp_jbuf_str(b, json_string_value(tx), json_string_length(tx));
+            sp_jbuf_lit(b, "}");
+        }
+        sp_jbuf_lit(b, "}");
+    }
+    sp_free(order);
+    sp_jbuf_printf(b, "],\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
+                   (long long)prompt_tokens, (long long)prompt_tokens);
+    if (!b->oom) {
+        sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len, SP_FINISH_STOP);
+    }
+    sp_api_reply_json(q->a.http, 200, b);
+}
+
 /* Events of a job, on the loop thread. */
 /* A job's TOKEN, FINISH and EMBEDDING events (the lifecycle counted them). */
 static int
@@ -1105,7 +1181,8 @@ oai_outcome(sp_api_req_t *a, sp_status_t st, const char **message)
 {
     oai_req_t *q = (oai_req_t *)a;
     if (st == SP_OK && q->emb_fault) {
-        *message = "the model produced NaN or infinite embeddings";
+        *message = q->kind == OAI_RERANK ? "the model produced NaN or infinite scores"
+                                         : "the model produced NaN or infinite embeddings";
         return SP_ERR_MODEL_FAULT;
     }
     return st;
@@ -1131,6 +1208,8 @@ oai_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char
         }
     } else if (q->kind == OAI_EMBED) {
         reply_embeddings(q, ev->prompt_tokens);
+    } else if (q->kind == OAI_RERANK) {
+        reply_rerank(q, ev->prompt_tokens);
     } else if (q->stream) {
         if (q->include_usage) {
             sse_begin(q);
@@ -1196,7 +1275,7 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     if (g) {
         sr.gen = *g;
     }
-    sr.embed = q->kind == OAI_EMBED;
+    sr.embed = q->kind == OAI_EMBED || q->kind == OAI_RERANK;
     int64_t prompt = 0;
     for (int i = 0; i < n_seq; i++) {
         prompt += n_prompts[i];
@@ -1240,6 +1319,27 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
     q->created = (int64_t)time(NULL);
     make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl" : kind == OAI_EMBED ? "embd" : "cmpl",
             sp_http_req_id(r));
+    /* What the model can do: an encoder embeds (or, a reranker, scores pairs)
+     * and never generates; only a reranker scores. */
+    const sp_model_t *mm = m->model;
+    const sp_pooling_t pool = sp_model_pooling(mm);
+    const char *why = NULL;
+    if (sp_model_is_encoder(mm) && (kind == OAI_COMPLETION || kind == OAI_CHAT)) {
+        why = pool == SP_POOLING_RANK ? "is a reranker (%s): use /v1/rerank"
+                                      : "is an embedding model (%s): use /v1/embeddings";
+    } else if (kind == OAI_EMBED && (pool == SP_POOLING_RANK || pool == SP_POOLING_NONE)) {
+        why = pool == SP_POOLING_RANK ? "is a reranker (%s): use /v1/rerank"
+                                      : "has pooling type none (%s): it gives no single vector per input";
+    } else if (kind == OAI_RERANK && pool != SP_POOLING_RANK) {
+        why = "is not a reranker (%s; a reranker is a bert cross-encoder with pooling type rank)";
+    }
+    if (why != NULL) {
+        char msg[256];
+        snprintf(msg, sizeof msg, why, sp_model_hparams(mm)->arch);
+        sp_api_error(r, 400, NULL, "model", "model_not_supported", "the model %s %s", m->name, msg);
+        sp_api_finish(&q->a);
+        return NULL;
+    }
     return q;
 }
 
@@ -1400,7 +1500,7 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
         return;
     }
     pp->g.grammar = q->grammar;
-    if (q->kind == OAI_EMBED) {
+    if (q->kind == OAI_EMBED || q->kind == OAI_RERANK) {
         const int32_t *prompts[SP_SCHED_MAX_N];
         int64_t lens[SP_SCHED_MAX_N];
         for (int i = 0; i < pp->n_in && i < SP_SCHED_MAX_N; i++) {
@@ -1457,6 +1557,7 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
     }
     q->a.ck = sp_rckey_new(q->a.m, q->kind == OAI_CHAT    ? "openai/chat"
                                : q->kind == OAI_EMBED ? "openai/embeddings"
+                               : q->kind == OAI_RERANK ? "openai/rerank"
                                                       : "openai/completions");
     sp_rckey_add_json(q->a.ck, b, drop);
     if (q->a.ad.lora != NULL) {
@@ -2002,6 +2103,97 @@ done:
     json_decref(b);
 }
 
+/*
+ * POST /v1/rerank (also /rerank, /v1/reranking, as llama-server): a
+ * cross-encoder scores each (query, document) pair, one job sequence per
+ * document. Body: {model, query, documents: [str | {text}] (TEI's `texts`
+ * too), top_n, return_documents (TEI's return_text)}.
+ */
+static void
+h_rerank(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_serving_t *s = ud;
+    json_t *b = body_object(s, r, h_rerank, p);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_rerank, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_RERANK, m, &ad)) == NULL) {
+        goto done;
+    }
+    q->prep.body = json_incref(b);
+    q->n_embd = (int)sp_model_hparams(m->model)->n_embd;
+    const json_t *query = json_object_get(b, "query");
+    const json_t *docs = json_object_get(b, "documents");
+    if (docs == NULL) {
+        docs = json_object_get(b, "texts");
+    }
+    size_t n = json_is_array(docs) ? json_array_size(docs) : 0;
+    sp_json_err_t e = {{0}, NULL};
+    int64_t top_n = (int64_t)n;
+    bool ret = false;
+    const char *bad = NULL, *param = NULL;
+    if (!json_is_string(query) || json_string_length(query) == 0) {
+        bad = "'query' must be a non-empty string";
+        param = "query";
+    } else if (n == 0 || n > (size_t)s->cfg.max_embed_inputs || n > SP_SCHED_MAX_N) {
+        bad = "'documents' must be a non-empty list of at most %d documents";
+        param = "documents";
+    } else if (sp_json_get_int(b, "top_n", 0, INT32_MAX, &top_n, &e) < 0) {
+        bad = "'top_n' must be an integer >= 0";
+        param = "top_n";
+    } else if (sp_json_get_bool(b, "return_documents", &ret, &e) < 0 ||
+               (!ret && sp_json_get_bool(b, "return_text", &ret, &e) < 0)) {
+        bad = "'return_documents' must be a boolean";
+        param = "return_documents";
+    }
+    if (bad != NULL) {
+        int most = s->cfg.max_embed_inputs < SP_SCHED_MAX_N ? s->cfg.max_embed_inputs : SP_SCHED_MAX_N;
+        sp_api_error(r, 400, NULL, param, NULL, bad, most);
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    q->top_n = top_n < (int64_t)n ? (int)top_n : (int)n;
+    q->return_documents = ret;
+    if (cache_lookup(q, b, NULL)) {
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    q->emb = sp_calloc(n * (size_t)q->n_embd, sizeof(float));
+    if (q->emb == NULL || !prep_alloc(q, (int)n)) {
+        if (q->emb == NULL) {
+            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        }
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    q->n = (int)n;
+    oai_prep_t *pp = &q->prep;
+    pp->add_bos = true; /* the query opens with the model's [CLS] and ends with [SEP] */
+    pp->special = false;
+    pp->tok_param = "query";
+    for (size_t i = 0; i < n; i++) {
+        const json_t *d = json_array_get(docs, i);
+        const json_t *tx = json_is_object(d) ? json_object_get(d, "text") : d;
+        if (!json_is_string(tx)) {
+            sp_api_error(r, 400, NULL, "documents", NULL,
+                         "document %zu must be a string or an object with a string 'text'", i);
+            sp_api_finish(&q->a);
+            goto done;
+        }
+        tok_in_t *t = &pp->in[i];
+        t->text = json_string_value(query);
+        t->len = json_string_length(query);
+        t->text2 = json_string_value(tx);
+        t->len2 = json_string_length(tx);
+    }
+    prep_start(q);
+done:
+    json_decref(b);
+}
+
 void
 sp_openai_register(sp_router_t *rt, sp_serving_t *s)
 {
@@ -2010,4 +2202,7 @@ sp_openai_register(sp_router_t *rt, sp_serving_t *s)
     sp_router_add(rt, SP_HTTP_POST, "/v1/completions", h_completions, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/chat/completions", h_chat, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/embeddings", h_embeddings, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/rerank", h_rerank, s);
+    sp_router_add(rt, SP_HTTP_POST, "/v1/reranking", h_rerank, s);
+    sp_router_add(rt, SP_HTTP_POST, "/rerank", h_rerank, s);
 }

@@ -31,6 +31,7 @@ struct sp_ctx {
     bool logits_all;
     float *logits;       /* (n_ctx, n_vocab) with logits_all, else NULL */
     double *embd_sum;    /* (n_embd) sp_ctx_embed's pooled sum */
+    sp_enc_run_t *enc;   /* an encoder's run state (b, kv, blocks are NULL then) */
 };
 
 sp_ctx_params_t
@@ -46,6 +47,7 @@ sp_ctx_destroy(sp_ctx_t *c)
     if (c == NULL) {
         return;
     }
+    sp__enc_run_destroy(c->enc);
     sp_batch_destroy(c->b);
     sp_kv_pool_destroy(c->kv);
     sp_free(c->blocks);
@@ -68,6 +70,9 @@ sp_ctx_resolve(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_params_t *o
                            : (hp->n_ctx_train < SP_DEFAULT_CTX_CAP ? hp->n_ctx_train
                                                                    : SP_DEFAULT_CTX_CAP);
     r.n_batch = p->n_batch > 0 ? p->n_batch : 512;
+    if (m->enc != NULL && r.n_ctx > hp->n_ctx_train) {
+        r.n_ctx = hp->n_ctx_train; /* an encoder has no positions past its training length */
+    }
     if (r.n_batch > r.n_ctx) {
         r.n_batch = r.n_ctx;
     }
@@ -118,6 +123,9 @@ sp_ctx_bytes(const sp_model_t *m, const sp_ctx_params_t *p)
     if (ctx_layout(m, p, &L, NULL, 0) != SP_OK) {
         return 0;
     }
+    if (m->enc != NULL) {
+        return sizeof(sp_ctx_t) + sp__enc_run_bytes(m, L.p.n_ctx, p->n_threads);
+    }
     const size_t batch = sp_batch_bytes(m, &L.bp), pool = sp_kv_pool_bytes(m, &L.kp);
     if (batch == 0 || pool == 0) {
         return 0; /* create would fail on them */
@@ -155,6 +163,14 @@ sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, cha
     c->logits_all = L.p.logits_all;
     c->n_blocks = L.n_blocks;
 
+    if (m->enc != NULL) {
+        /* An encoder runs whole texts (encoder.c): no cache, no step batch. */
+        if (sp__enc_run_create(m, c->n_ctx, p->n_threads, &c->enc) != SP_OK) {
+            goto oom;
+        }
+        *out = c;
+        return SP_OK;
+    }
     char sub[256];
     if (sp_batch_create(m, &L.bp, &c->b, sub, sizeof sub) != SP_OK ||
         sp_kv_pool_create(m, &L.kp, &c->kv, sub, sizeof sub) != SP_OK) {
@@ -188,13 +204,13 @@ sp_ctx_n_ctx(const sp_ctx_t *c)
 const char *
 sp_ctx_kernels_name(const sp_ctx_t *c)
 {
-    return sp__batch_kernels_name(c->b);
+    return c->enc != NULL ? sp__enc_run_kernels_name(c->enc) : sp__batch_kernels_name(c->b);
 }
 
 const float *
 sp_ctx_logits(const sp_ctx_t *c)
 {
-    return c->logits_all ? NULL : sp__batch_logits_buf(c->b);
+    return c->logits_all || c->enc != NULL ? NULL : sp__batch_logits_buf(c->b);
 }
 
 const float *
@@ -217,6 +233,9 @@ ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_ou
 sp_status_t
 sp_ctx_eval(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos)
 {
+    if (c->enc != NULL) {
+        return SP_ERR_UNSUPPORTED; /* an encoder does not generate */
+    }
     if (tokens == NULL || n <= 0 || pos < 0 || pos > c->n_ctx || n > c->n_ctx - pos) {
         return SP_ERR_INVALID;
     }
@@ -244,6 +263,9 @@ sp_ctx_embed(sp_ctx_t *c, const int32_t *tokens, int64_t n, float *out)
     const int64_t E = hp->n_embd;
     if (tokens == NULL || out == NULL || n <= 0 || n > c->n_ctx) {
         return SP_ERR_INVALID;
+    }
+    if (c->enc != NULL) {
+        return sp__enc_run_embed(c->enc, tokens, n, out); /* the file's pooling */
     }
     for (int64_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {

@@ -544,6 +544,10 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (m->gpu != NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "model already has a GPU binding");
     }
+    if (m->enc != NULL) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "%s encoders run on the CPU only (instance_group KIND_CPU)", hp->arch);
+    }
     const int mode = weights_mode();
     if (mode < 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,

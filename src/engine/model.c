@@ -111,7 +111,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     if (ai == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2, "
-                       "qwen2moe)",
+                       "qwen2moe, bert, nomic-bert)",
                        path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
@@ -199,66 +199,6 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     return SP_OK;
 }
 
-/* Find a tensor and check it is a (n_out x n_in) matrix of a computable type. */
-static sp_status_t
-get_weight(const sp_model_t *m, const char *name, int64_t n_in, int64_t n_out, bool required,
-           sp_weight_t *w, char *err, size_t err_len)
-{
-    const char *path = sp_gguf_path(m->gguf);
-    const sp_gguf_tensor_t *t = sp_gguf_find_tensor(m->gguf, name);
-    memset(w, 0, sizeof *w);
-    if (t == NULL) {
-        return required ? sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing tensor '%s'", path, name)
-                        : SP_ERR_NOT_FOUND;
-    }
-    int64_t ne2 = t->n_dims > 2 ? t->ne[2] * t->ne[3] : 1;
-    if (t->ne[0] != n_in || t->ne[1] != n_out || ne2 != 1) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT,
-                       "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]", path,
-                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)ne2,
-                       (long long)n_in, (long long)n_out);
-    }
-    const sp_type_traits_t *tr = sp_type_traits(t->type);
-    const sp_cpu_kernels_t *k = sp_cpu_kernels();
-    if (tr == NULL || !tr->supported || k->vec_dot[t->type] == NULL) {
-        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has type %s, which the engine cannot compute with "
-                       "(f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl mxfp4 q4_k q6_k)", path, name, sp_type_name(t->type));
-    }
-    w->data = t->data;
-    w->type = t->type;
-    w->n_in = n_in;
-    w->n_out = n_out;
-    w->row_bytes = sp_row_size(t->type, n_in);
-    return SP_OK;
-}
-
-/* A 1-D F32 vector of n elements (norm weights, biases). */
-static sp_status_t
-get_vector(const sp_model_t *m, const char *name, int64_t n, bool required, const float **out,
-           char *err, size_t err_len)
-{
-    const char *path = sp_gguf_path(m->gguf);
-    const sp_gguf_tensor_t *t = sp_gguf_find_tensor(m->gguf, name);
-    *out = NULL;
-    if (t == NULL) {
-        return required ? sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing tensor '%s'", path, name)
-                        : SP_OK;
-    }
-    if (t->type != SP_TYPE_F32 || t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT,
-                       "%s: tensor '%s' must be f32 [%lld], found %s [%lld, %lld]", path, name,
-                       (long long)n, sp_type_name(t->type), (long long)t->ne[0],
-                       (long long)t->ne[1]);
-    }
-    if (((uintptr_t)t->data & 3) != 0) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: tensor '%s' data is misaligned", path,
-                       name);
-    }
-    *out = t->data;
-    return SP_OK;
-}
-
 static sp_status_t
 load_weights(sp_model_t *m, char *err, size_t err_len)
 {
@@ -277,20 +217,23 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: token_embd.weight vocabulary %lld out of range",
                        path, (long long)m->hp.n_vocab);
     }
-    st = get_weight(m, "token_embd.weight", hp->n_embd, hp->n_vocab, true, &m->tok_embd, err, err_len);
+    st = sp__model_weight(m, "token_embd.weight", hp->n_embd, hp->n_vocab, true, &m->tok_embd, err,
+                          err_len);
     if (st != SP_OK) {
         return st;
     }
-    st = get_weight(m, "output.weight", hp->n_embd, hp->n_vocab, false, &m->output, err, err_len);
+    st = sp__model_weight(m, "output.weight", hp->n_embd, hp->n_vocab, false, &m->output, err,
+                          err_len);
     if (st == SP_ERR_NOT_FOUND) {
         m->output = m->tok_embd;
         m->hp.tied_output = true;
     } else if (st != SP_OK) {
         return st;
     }
-    st = get_vector(m, "output_norm.weight", hp->n_embd, true, &m->output_norm, err, err_len);
+    st = sp__model_vector(m, "output_norm.weight", hp->n_embd, true, &m->output_norm, err, err_len);
     if (st == SP_OK) {
-        st = get_vector(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs, err, err_len);
+        st = sp__model_vector(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs, err,
+                              err_len);
     }
     if (st != SP_OK) {
         return st;
@@ -308,11 +251,11 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         sp_layer_t *L = &m->layers[il];
 #define W(field, nm, n_in, n_out)                                                        \
     snprintf(name, sizeof name, "blk.%lld." nm ".weight", (long long)il);                \
-    if ((st = get_weight(m, name, n_in, n_out, true, &L->field, err, err_len)) != SP_OK) \
+    if ((st = sp__model_weight(m, name, n_in, n_out, true, &L->field, err, err_len)) != SP_OK) \
         return st;
 #define V(field, nm, suffix, n, req)                                                     \
     snprintf(name, sizeof name, "blk.%lld." nm "." suffix, (long long)il);               \
-    if ((st = get_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK)            \
+    if ((st = sp__model_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK)            \
         return st;
         V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
         W(wq, "attn_q", hp->n_embd, q_dim);
@@ -348,10 +291,18 @@ sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len)
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     m->gguf = g;
-    if ((st = load_hparams(g, &m->hp, err, err_len)) != SP_OK ||
-        (st = load_weights(m, err, err_len)) != SP_OK ||
-        (st = sp_tokenizer_from_gguf(g, &m->tok, err, err_len)) != SP_OK) {
+    sp_str_t arch = {0};
+    if (sp_gguf_get_str(g, "general.architecture", &arch, NULL, 0) == SP_OK &&
+        sp__encoder_arch(arch)) {
+        st = sp__encoder_load(m, arch, err, err_len); /* bert, nomic-bert: encoder.c */
+    } else if ((st = load_hparams(g, &m->hp, err, err_len)) == SP_OK) {
+        st = load_weights(m, err, err_len);
+    }
+    if (st != SP_OK || (st = sp_tokenizer_from_gguf(g, &m->tok, err, err_len)) != SP_OK) {
         goto fail;
+    }
+    if (m->enc != NULL) {
+        sp__encoder_set_sep(m->enc, sp_tokenizer_sep(m->tok));
     }
     sp_gguf_prefault(g);
     if (sp_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
@@ -435,6 +386,7 @@ sp_model_free(sp_model_t *m)
         m->gpu_release(m->gpu);
     }
     sp_tokenizer_destroy(m->tok);
+    sp__encoder_free(m->enc);
     sp_free(m->layers);
     sp__moe_free(m->moe);
     sp_gguf_close(m->gguf);

@@ -9,7 +9,8 @@
  * batch: nothing is allocated per token) and a thread pool.
  *
  * Supported: general.architecture llama (Llama 2/3, TinyLlama, Mistral, SmolLM),
- * mistral, qwen2 (QKV bias, NeoX RoPE). Tied or separate output matrix,
+ * mistral, qwen2 (QKV bias, NeoX RoPE); encoders bert and nomic-bert for
+ * embeddings and reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
@@ -141,6 +142,11 @@ int64_t sp_ctx_n_ctx(const sp_ctx_t *c);
  * allocated per call. Afterwards the logits are stale (none are computed).
  * SP_ERR_INVALID for n < 1, n > n_ctx, ids outside the vocabulary or NULL
  * pointers.
+ * An encoder (engine/encoder.h: bert, nomic-bert) pools as its file says
+ * (mean, CLS or last position, unit length; SP_ERR_UNSUPPORTED for pooling
+ * none); a reranker (pooling rank) writes its sp_model_n_cls_out raw scores to
+ * out[0..] and zeroes the rest. sp_ctx_eval refuses an encoder
+ * (SP_ERR_UNSUPPORTED).
  */
 sp_status_t sp_ctx_embed(sp_ctx_t *c, const int32_t *tokens, int64_t n, float *out);
 const char *sp_ctx_kernels_name(const sp_ctx_t *c);

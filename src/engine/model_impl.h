@@ -7,8 +7,11 @@
 #ifndef SP_ENGINE_MODEL_IMPL_H
 #define SP_ENGINE_MODEL_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/str.h"
 
 #include "engine/batch.h"
 #include "engine/model.h"
@@ -55,6 +58,8 @@ struct sp_model {
      * frees the binding without knowing who made it. */
     struct sp_gpu_model *gpu;
     void (*gpu_release)(struct sp_gpu_model *gpu);
+    /* A bert / nomic-bert encoder (encoder.c) or NULL; layers is NULL then. */
+    struct sp_encoder *enc;
 };
 
 /* The KV pool (kv.c creates it, batch.c's forward pass reads and writes it;
@@ -87,6 +92,29 @@ sp__kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_
     return block * kv->block_elems + ((il - kv->layer0) * n_head_kv + g) * 2 * kv->tile_elems;
 }
 
+
+/* model.c's tensor lookups (shape and type checked; required == false:
+ * SP_ERR_NOT_FOUND / a NULL vector when absent), shared with encoder.c. */
+sp_status_t sp__model_weight(const sp_model_t *m, const char *name, int64_t n_in, int64_t n_out,
+                             bool required, sp_weight_t *w, char *err, size_t err_len);
+sp_status_t sp__model_vector(const sp_model_t *m, const char *name, int64_t n, bool required,
+                             const float **out, char *err, size_t err_len);
+
+/* Encoders (encoder.c): the architecture test, the loader (hyper-parameters
+ * and weights into m; the tokenizer is model.c's), the tokenizer's [SEP]
+ * afterwards, and the per-context run state behind sp_ctx_embed. */
+typedef struct sp_encoder sp_encoder_t;
+typedef struct sp_enc_run sp_enc_run_t;
+bool sp__encoder_arch(sp_str_t arch);
+sp_status_t sp__encoder_load(sp_model_t *m, sp_str_t arch, char *err, size_t err_len);
+void sp__encoder_set_sep(sp_encoder_t *e, int32_t sep);
+void sp__encoder_free(sp_encoder_t *e);
+sp_status_t sp__enc_run_create(const sp_model_t *m, int64_t n_ctx, int n_threads,
+                               sp_enc_run_t **out);
+size_t sp__enc_run_bytes(const sp_model_t *m, int64_t n_ctx, int n_threads);
+void sp__enc_run_destroy(sp_enc_run_t *r);
+sp_status_t sp__enc_run_embed(sp_enc_run_t *r, const int32_t *tokens, int64_t n, float *out);
+const char *sp__enc_run_kernels_name(const sp_enc_run_t *r);
 
 #define SP_MAX_CTX (1 << 24)
 #define SP_DEFAULT_CTX_CAP 4096

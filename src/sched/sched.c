@@ -54,6 +54,7 @@
 #include "engine/gpu.h"
 #include "engine/batch.h"
 #include "engine/lora.h"
+#include "engine/encoder.h"
 #include "sampan/log.h"
 #include "sched/blocks.h"
 #include "sched/drain.h"
@@ -1455,7 +1456,9 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     }
     const size_t bb = sp_kv_block_bytes(m, p->kv_type);
     int64_t nb = p->kv_blocks;
-    if (nb == 0) {
+    if (nb == 0 && sp_model_is_encoder(m)) {
+        nb = 1; /* an encoder never generates: its jobs run on the embedding context */
+    } else if (nb == 0) {
         /* Default: every slot's full context, within 2 GiB, at least one context. */
         nb = per_seq * p->n_slots;
         int64_t cap = bb ? (int64_t)(((size_t)2 << 30) / bb) : nb;
@@ -1828,6 +1831,11 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s",
                        r->embed ? "embeddings cannot use a LoRA adapter"
                                 : "scheduler: the adapter belongs to another model");
+    }
+    if (!r->embed && sp_model_is_encoder(s->m)) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "the model is an encoder (%s): it embeds or ranks, it does not generate",
+                       sp_model_hparams(s->m)->arch);
     }
     int64_t total_tokens = 0, total_blocks = 0;
     for (int32_t i = 0; i < r->n; i++) {

@@ -535,6 +535,12 @@ sp_tokenizer_bos(const sp_tokenizer_t *t)
 }
 
 int32_t
+sp_tokenizer_sep(const sp_tokenizer_t *t)
+{
+    return t->sep;
+}
+
+int32_t
 sp_tokenizer_eos(const sp_tokenizer_t *t)
 {
     return t->eos;

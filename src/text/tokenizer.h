@@ -48,6 +48,7 @@ void sp_tokenizer_destroy(sp_tokenizer_t *t);
 int32_t sp_tokenizer_n_vocab(const sp_tokenizer_t *t);
 int32_t sp_tokenizer_bos(const sp_tokenizer_t *t); /* -1 when none */
 int32_t sp_tokenizer_eos(const sp_tokenizer_t *t); /* -1 when none */
+int32_t sp_tokenizer_sep(const sp_tokenizer_t *t); /* [SEP] (WordPiece, Unigram); -1 when none */
 bool sp_tokenizer_add_bos(const sp_tokenizer_t *t);
 bool sp_tokenizer_is_eog(const sp_tokenizer_t *t, int32_t id); /* end of generation (eos, eot, ...) */
 /* All end-of-generation ids (at most SP_TOKENIZER_MAX_EOG, each < n_vocab): *n gets
