@@ -623,9 +623,11 @@ prep_run(sp_offload_t *job)
             return;
         }
         pp->add_bos = sp_chat_add_bos(q->a.m->tok, pp->prompt, pp->plen);
-        /* A prompt that leaves the model inside its thinking; not when a grammar
-         * shapes the output from its first token (then it is the answer). */
-        q->afmt.think_open = q->grammar == NULL && !pp->g.json_object &&
+        /* A prompt that leaves the model inside its thinking; not when our
+         * grammar (a JSON schema or object, a forced call) shapes the output
+         * from its first token: then that is the answer. A `grammar` of the
+         * client's shapes the whole text, thinking included. */
+        q->afmt.think_open = pp->schema == NULL && pp->tools == NULL && !pp->g.json_object &&
                              sp_answer_opens_thinking(q->afmt.reasoning, pp->prompt, pp->plen);
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
