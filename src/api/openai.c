@@ -36,6 +36,7 @@
 #include "engine/encoder.h"
 #include "text/tokenizer.h"
 #include "constrain/toolcall.h"
+#include "constrain/answer.h"
 #include "sampan/log.h"
 #include "serving/adapters.h"
 #include "api/offload.h"
@@ -54,7 +55,8 @@ typedef struct choice {
     sp_jbuf_t lp_tokens, lp_values, lp_top, lp_offsets;
     int n_lp;
     size_t text_offset;  /* completions: bytes of token text so far */
-    size_t sent;         /* tools, streaming: bytes of text already sent as content */
+    size_t sent;         /* answer parsing, streaming: bytes of content already sent */
+    size_t sent_r;       /* and of reasoning_content */
     sp_finish_t finish;
     bool finished;
 } choice_t;
@@ -119,6 +121,9 @@ typedef struct oai_req {
     sp_grammar_t *grammar; /* response_format json_schema, `grammar` or a forced tool call */
     bool tools_on;         /* chat with tools and tool_choice != none: parse tool calls */
     sp_chat_tools_t tool_fmt;
+    bool answer_on;        /* chat answers are parsed (answer.h): tools, or thinking markup */
+    sp_answer_fmt_t afmt;  /* how; think_open is set by the preparation */
+    sp_answer_t ans;       /* the latest parse */
     char id[64];
     int64_t created;
     int64_t n_prompt;
@@ -191,6 +196,7 @@ oai_free(sp_api_req_t *a)
         sp_jbuf_free(&c->lp_offsets);
     }
     sp_free(q->choices);
+    sp_answer_free(&q->ans);
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
     json_decref(pp->own_schema);
@@ -647,6 +653,12 @@ prep_run(sp_offload_t *job)
             return;
         }
         pp->add_bos = sp_chat_add_bos(q->a.m->tok, pp->prompt, pp->plen);
+        /* A prompt that leaves the model inside its thinking; not when our
+         * grammar (a JSON schema or object, a forced call) shapes the output
+         * from its first token: then that is the answer. A `grammar` of the
+         * client's shapes the whole text, thinking included. */
+        q->afmt.think_open = pp->schema == NULL && pp->tools == NULL && !pp->g.json_object &&
+                             sp_answer_opens_thinking(q->afmt.reasoning, pp->prompt, pp->plen);
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
     }
@@ -837,40 +849,61 @@ stream_content(oai_req_t *q, int index, const char *text, size_t len)
     return chunk_end(q);
 }
 
-/* Streaming with tools: text goes out as content only while it cannot be
- * the start of a call; from a call's start on, it waits for the finish. */
 static int
-stream_tool_text(oai_req_t *q, const sp_sched_event_t *ev)
+stream_reasoning(oai_req_t *q, int index, const char *text, size_t len)
+{
+    chunk_head(q);
+    sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"reasoning_content\":", index);
+    sp_jbuf_str(&q->out, text, len);
+    sp_jbuf_lit(&q->out, "},\"logprobs\":null,\"finish_reason\":null}");
+    return chunk_end(q);
+}
+
+/* What the reasoning and the content grew by since the last chunk. A parse
+ * of a prefix gives prefixes of the whole answer's parts (answer.h), so
+ * these deltas add up to the one-shot answer. */
+static int
+stream_answer_deltas(oai_req_t *q, int index, choice_t *c)
+{
+    const sp_answer_t *an = &q->ans;
+    int rc = 0;
+    if (an->reasoning.oom || an->content.oom) {
+        return -1;
+    }
+    if (an->reasoning.len > c->sent_r) {
+        rc = stream_reasoning(q, index, an->reasoning.p + c->sent_r, an->reasoning.len - c->sent_r);
+        c->sent_r = an->reasoning.len;
+    }
+    if (rc == 0 && an->content.len > c->sent) {
+        rc = stream_content(q, index, an->content.p + c->sent, an->content.len - c->sent);
+        c->sent = an->content.len;
+    }
+    return rc;
+}
+
+/* Streaming a parsed answer: thinking goes out as reasoning_content and the
+ * rest as content while neither can be the start of markup; from a call's
+ * start on, the text waits for the finish. */
+static int
+stream_answer_text(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
     sp_jbuf_raw(&c->text, ev->text, ev->text_len);
     if (c->text.oom || c->text.p == NULL) {
         return c->text.oom ? -1 : 0;
     }
-    bool in_call;
-    size_t safe = sp_toolcall_safe_prefix(q->tool_fmt, c->text.p, c->text.len, &in_call);
-    if (safe > c->sent) {
-        int rc = stream_content(q, ev->index, c->text.p + c->sent, safe - c->sent);
-        c->sent = safe;
-        return rc;
-    }
-    return 0;
+    sp_answer_parse(&q->afmt, c->text.p, c->text.len, true, &q->ans);
+    return stream_answer_deltas(q, ev->index, c);
 }
 
-/* The end of a streamed choice with tools: the rest of the content, the calls. */
+/* The end of a streamed parsed choice: the rest of reasoning and content, the calls. */
 static int
-stream_tool_finish(oai_req_t *q, const sp_sched_event_t *ev)
+stream_answer_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
-    const char *text = c->text.p ? c->text.p : "";
-    json_t *calls = NULL;
-    size_t content_len = c->text.len;
-    sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
-    int rc = 0;
-    if (content_len > c->sent) {
-        rc = stream_content(q, ev->index, text + c->sent, content_len - c->sent);
-        c->sent = content_len;
-    }
+    sp_answer_parse(&q->afmt, c->text.p ? c->text.p : "", c->text.len, false, &q->ans);
+    int rc = stream_answer_deltas(q, ev->index, c);
+    const json_t *calls = q->ans.calls;
     for (size_t k = 0; calls && k < json_array_size(calls) && rc == 0; k++) {
         for (int part = 1; part <= 2 && rc == 0; part++) {
             chunk_head(q);
@@ -888,7 +921,6 @@ stream_tool_finish(oai_req_t *q, const sp_sched_event_t *ev)
                        calls ? "tool_calls" : finish_str(ev->finish));
         rc = chunk_end(q);
     }
-    json_decref(calls);
     return rc;
 }
 
@@ -896,8 +928,8 @@ static int
 stream_token(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
-    if (q->tools_on) {
-        return stream_tool_text(q, ev);
+    if (q->answer_on) {
+        return stream_answer_text(q, ev);
     }
     if (ev->text_len == 0 && !ev->has_logprobs) {
         return 0;
@@ -940,8 +972,8 @@ stream_token(oai_req_t *q, const sp_sched_event_t *ev)
 static int
 stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
-    if (q->tools_on) {
-        return stream_tool_finish(q, ev);
+    if (q->answer_on) {
+        return stream_answer_finish(q, ev);
     }
     chunk_head(q);
     sp_jbuf_t *b = &q->out;
@@ -991,15 +1023,25 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
         sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
         json_t *calls = NULL;
         if (q->kind == OAI_CHAT) {
+            const char *content = text;
             size_t content_len = c->text.len;
-            if (q->tools_on) {
-                sp_toolcall_parse(q->tool_fmt, text, c->text.len, &calls, &content_len);
+            const sp_answer_t *an = &q->ans;
+            if (q->answer_on) {
+                sp_answer_parse(&q->afmt, text, c->text.len, false, &q->ans);
+                calls = json_incref(an->calls);
+                content = an->content.p ? an->content.p : "";
+                content_len = an->content.len;
+                b->oom |= an->content.oom || an->reasoning.oom;
             }
             sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
             if (calls && content_len == 0) {
                 sp_jbuf_lit(b, "null");
             } else {
-                sp_jbuf_str(b, text, content_len);
+                sp_jbuf_str(b, content, content_len);
+            }
+            if (q->answer_on && an->reasoning.len > 0) {
+                sp_jbuf_lit(b, ",\"reasoning_content\":");
+                sp_jbuf_str(b, an->reasoning.p, an->reasoning.len);
             }
             if (calls) {
                 sp_jbuf_lit(b, ",\"tool_calls\":[");
@@ -1880,6 +1922,7 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     const json_t *tch = json_object_get(b, "tool_choice");
     bool have = tools != NULL && !json_is_null(tools);
     *tools_json = NULL;
+    q->tool_fmt = sp_chat_tool_format(q->a.m->tmpl);
     if (have) {
         if (!json_is_array(tools) || json_array_size(tools) > 128) {
             sp_api_error(r, 400, NULL, "tools", NULL, "'tools' must be a list of at most 128 tools");
@@ -1930,7 +1973,6 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
         return 0;
     }
     q->tools_on = true;
-    q->tool_fmt = sp_chat_tool_format(q->a.m->tmpl);
     *tools_json = json_dumps(tools, JSON_COMPACT);
     if (*tools_json == NULL) {
         sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
@@ -1946,6 +1988,40 @@ parse_tools(oai_req_t *q, const json_t *b, sp_gen_params_t *g, char **tools_json
     }
     q->prep.tools = tools; /* its grammar is compiled by the preparation */
     q->prep.tool_only = only;
+    return 0;
+}
+
+/*
+ * How the answer is taken apart (answer.h): the template's reasoning and
+ * tool-call families, and `reasoning_format` ("auto" and "deepseek": the
+ * thinking goes to reasoning_content; "none": it stays in content, as the
+ * model wrote it), the request's or else the server's --reasoning-format.
+ * Returns -1 after answering.
+ */
+static int
+parse_answer_format(oai_req_t *q, const sp_serving_t *s, const json_t *b)
+{
+    const json_t *rf = json_object_get(b, "reasoning_format");
+    const char *v = s->cfg.reasoning_format[0] ? s->cfg.reasoning_format : "auto";
+    if (rf != NULL && !json_is_null(rf)) {
+        v = json_string_value(rf);
+        if (v == NULL || (strcmp(v, "none") != 0 && strcmp(v, "auto") != 0 &&
+                          strcmp(v, "deepseek") != 0)) {
+            sp_api_error(q->a.http, 400, NULL, "reasoning_format", NULL,
+                         "'reasoning_format' must be \"none\", \"auto\" or \"deepseek\"");
+            return -1;
+        }
+    }
+    sp_answer_fmt_t *f = &q->afmt;
+    f->reasoning = sp_chat_reasoning_format(q->a.m->tmpl);
+    f->inline_reasoning = strcmp(v, "none") == 0;
+    f->parse_tools = q->tools_on;
+    /* a forced call is written in the grammar's family */
+    f->tools = q->prep.tools ? sp_toolcall_grammar_format(q->tool_fmt) : q->tool_fmt;
+    f->tool_list = json_object_get(b, "tools"); /* the body outlives the request */
+    q->answer_on = q->tools_on || (f->reasoning != SP_CHAT_REASONING_NONE && !f->inline_reasoning);
+    /* markup written in control tokens must reach the text, parsed or shown */
+    q->prep.g.special_text = q->tools_on || f->reasoning != SP_CHAT_REASONING_NONE;
     return 0;
 }
 
@@ -1989,7 +2065,8 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
         snprintf(pp->eos, sizeof pp->eos, "%.*s", (int)t.len, t.ptr);
     }
-    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || !prep_alloc(q, 1)) {
+    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0 ||
+        !prep_alloc(q, 1)) {
         goto fail;
     }
     pp->special = true;

@@ -21,6 +21,7 @@ struct sp_chat_template {
     sp_jinja_t *j;
     const char *name; /* static */
     sp_chat_tools_t tools; /* how its models write tool calls (from the source) */
+    sp_chat_reasoning_t reasoning; /* and their thinking */
 };
 
 /* ---- built-ins -------------------------------------------------------- */
@@ -218,15 +219,8 @@ make(const char *src, size_t len, const char *name, sp_chat_template_t **out, ch
         return sp_errf(err, err_len, st, "chat template (%s): %s", name, msg);
     }
     t->name = name;
-    /* The tool-call convention, from what the template writes. */
-    t->tools = SP_CHAT_TOOLS_HERMES;
-    if (memmem(src, len, "[TOOL_CALLS]", 12) != NULL) {
-        t->tools = SP_CHAT_TOOLS_MISTRAL;
-    } else if (memmem(src, len, "<tool_call>", 11) == NULL &&
-               (memmem(src, len, "<|python_tag|>", 14) != NULL ||
-                memmem(src, len, "ipython", 7) != NULL)) {
-        t->tools = SP_CHAT_TOOLS_LLAMA3;
-    }
+    /* The tool-call and reasoning conventions, from what the template writes. */
+    sp_chat_detect_family(src, len, &t->tools, &t->reasoning);
     *out = t;
     return SP_OK;
 }
@@ -353,6 +347,12 @@ sp_chat_tools_t
 sp_chat_tool_format(const sp_chat_template_t *t)
 {
     return t != NULL ? t->tools : SP_CHAT_TOOLS_HERMES;
+}
+
+sp_chat_reasoning_t
+sp_chat_reasoning_format(const sp_chat_template_t *t)
+{
+    return t != NULL ? t->reasoning : SP_CHAT_REASONING_NONE;
 }
 
 const char *

@@ -66,17 +66,58 @@ sp_status_t sp_chat_template_from_gguf(const sp_gguf_t *g, const char *name,
 const char *sp_chat_detect_builtin(const sp_gguf_t *g);
 /* The built-in names, in a fixed order. */
 const char *const *sp_chat_builtin_names(size_t *n);
-/* How a template's models write tool calls (docs/structured-output.md):
- * HERMES <tool_call>{"name": .., "arguments": {..}}</tool_call> (ChatML, Qwen,
- * Hermes, and our built-ins without a convention of their own), LLAMA3 a bare
- * {"name": .., "parameters": {..}} (templates with <|python_tag|> / ipython),
- * MISTRAL [TOOL_CALLS][{"name": .., "arguments": {..}}]. Read from the
- * template's source at compile time. */
+/* How a template's models write tool calls (docs/structured-output.md has
+ * each shape): HERMES <tool_call>{"name": .., "arguments": {..}}</tool_call>
+ * (ChatML, Qwen2.5/3, Hermes, and our built-ins without a convention of their
+ * own), LLAMA3 a bare {"name": .., "parameters": {..}} (templates with
+ * <|python_tag|> / ipython), MISTRAL [TOOL_CALLS][{..}] or
+ * [TOOL_CALLS]name[ARGS]{..}, QWEN3_CODER <tool_call><function=name>
+ * <parameter=k>v</parameter>.. (Qwen3-Coder, Qwen3.5, Nemotron), SEED the same
+ * inside <seed:tool_call>, HARMONY gpt-oss's commentary channel, DEEPSEEK
+ * <｜tool▁calls▁begin｜>.., KIMI <|tool_calls_section_begin|>.., GLM
+ * <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>.., FUNCTIONARY_V31
+ * <function=name>{..}</function>, FUNCTIONARY_V32 >>>name\n{..},
+ * COMMAND_R7B <|START_ACTION|>[..]<|END_ACTION|>, GRANITE <|tool_call|>[..],
+ * APRIEL <tool_calls>[..]</tool_calls>. Read from the template's source at
+ * compile time (sp_chat_detect_family). */
 typedef enum sp_chat_tools {
     SP_CHAT_TOOLS_HERMES = 0,
     SP_CHAT_TOOLS_LLAMA3,
     SP_CHAT_TOOLS_MISTRAL,
+    SP_CHAT_TOOLS_QWEN3_CODER,
+    SP_CHAT_TOOLS_SEED,
+    SP_CHAT_TOOLS_HARMONY,
+    SP_CHAT_TOOLS_DEEPSEEK,
+    SP_CHAT_TOOLS_KIMI,
+    SP_CHAT_TOOLS_GLM,
+    SP_CHAT_TOOLS_FUNCTIONARY_V31,
+    SP_CHAT_TOOLS_FUNCTIONARY_V32,
+    SP_CHAT_TOOLS_COMMAND_R7B,
+    SP_CHAT_TOOLS_GRANITE,
+    SP_CHAT_TOOLS_APRIEL,
 } sp_chat_tools_t;
+/* How a template's models write their thinking before the answer: THINK
+ * <think>..</think> (Qwen3, QwQ, DeepSeek-R1, SmolLM3, GLM, Nemotron, ...),
+ * SEED <seed:think>..</seed:think>, MISTRAL [THINK]..[/THINK], COMMAND
+ * <|START_THINKING|>..<|END_THINKING|>, GEMMA4 <|channel>thought..<channel|>,
+ * HARMONY gpt-oss's analysis channel; NONE: no thinking markup. */
+typedef enum sp_chat_reasoning {
+    SP_CHAT_REASONING_NONE = 0,
+    SP_CHAT_REASONING_THINK,
+    SP_CHAT_REASONING_SEED,
+    SP_CHAT_REASONING_MISTRAL,
+    SP_CHAT_REASONING_COMMAND,
+    SP_CHAT_REASONING_GEMMA4,
+    SP_CHAT_REASONING_HARMONY,
+} sp_chat_reasoning_t;
+/* Both conventions from a template's source text (family.c), as llama.cpp
+ * recognises a family: by the markers the template writes. */
+void sp_chat_detect_family(const char *src, size_t len, sp_chat_tools_t *tools,
+                           sp_chat_reasoning_t *reasoning);
+/* The family's name ("hermes", "think", ...), for logs and /v1/models. */
+const char *sp_chat_tools_name(sp_chat_tools_t f);
+const char *sp_chat_reasoning_name(sp_chat_reasoning_t r);
+sp_chat_reasoning_t sp_chat_reasoning_format(const sp_chat_template_t *t);
 sp_chat_tools_t sp_chat_tool_format(const sp_chat_template_t *t);
 /* The built-in's name, "gguf" (from a file) or "custom". */
 const char *sp_chat_template_name(const sp_chat_template_t *t);

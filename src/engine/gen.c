@@ -1445,7 +1445,7 @@ emit(sp_gen_t *g, int32_t id, sp_gen_token_t *out)
         stop = true;
         release_all(g);
     } else {
-        int32_t k = sp_detok_push(g->tok, &g->detok, id, false, g->piece, (int32_t)sizeof g->piece);
+        int32_t k = sp_detok_push(g->tok, &g->detok, id, g->p.special_text, g->piece, (int32_t)sizeof g->piece);
         if (k < 0 || k > (int32_t)sizeof g->piece) {
             return fail(g, k < 0 ? (sp_status_t)k : SP_ERR_TOO_LARGE,
                         "the sampled token's text cannot be decoded");

@@ -59,6 +59,9 @@ typedef struct sp_gen_params {
                                  tokens that let it close in time pass, so a generation cut by
                                  the budget still ends in a whole object, with LENGTH */
     bool ignore_eos;          /* keep going past end-of-generation tokens (benchmarks) */
+    bool special_text;        /* control tokens other than end-of-generation ones are part
+                                 of the text (chat answers whose markup is written in them:
+                                 gpt-oss channels, [TOOL_CALLS], [THINK]); else they are "" */
     const sp_gen_vocab_t *vocab; /* optional, for json_object and grammar: a shared table of
                                     the same tokenizer (must outlive the generation) */
     sp_grammar_t *grammar;    /* optional (not with json_object): the output is a sentence of

@@ -59,6 +59,8 @@ const char sp_config_usage[] =
     "                            output token under X ms (default 0 = off: --step-tokens)\n"
     "      --http-threads N      event-loop threads (default 1)\n"
     "      --chat-template NAME  built-in chat template for every model (default: the file's)\n"
+    "      --reasoning-format F  chat answers' thinking: auto (default) or deepseek return it\n"
+    "                            as reasoning_content, none keeps it in content\n"
     "      --max-tokens N        cap on max_tokens per request (default 4096)\n"
     "      --max-n N             cap on n (default 16)\n"
     "      --max-logprobs N      cap on logprobs/top_logprobs (default 20)\n"
@@ -156,6 +158,7 @@ static const opt_t opts[] = {
     {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
     {"response-cache-bytes", 0, T_SIZE, OFF(response_cache_bytes), 0, 1099511627776.0, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
+    {"reasoning-format", 0, T_STR, OFF(reasoning_format), 0, 0, sizeof(((sp_serve_config_t *)0)->reasoning_format)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
     {"max-logprobs", 0, T_INT, OFF(max_logprobs), 0, 20, 0},
@@ -545,6 +548,7 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
     static const char *const compat[] = {"none", "vllm", NULL};
     static const char *const kv_types[] = {"f32", "f16", "q8_0", NULL};
     static const char *const scopes[] = {"tenant", "global", NULL};
+    static const char *const reasoning[] = {"auto", "deepseek", "none", NULL};
     if (c->kv_f16 && c->kv_type[0] != '\0' && strcmp(c->kv_type, "f16") != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "--kv-f16 (the same as --kv-type f16) contradicts --kv-type %s", c->kv_type);
@@ -555,6 +559,7 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
         {"--metrics-compat", c->metrics_compat, sizeof c->metrics_compat, compat, "none"},
         {"--kv-type", c->kv_type, sizeof c->kv_type, kv_types, c->kv_f16 ? "f16" : "f32"},
         {"--prefix-cache-scope", c->prefix_cache_scope, sizeof c->prefix_cache_scope, scopes, "tenant"},
+        {"--reasoning-format", c->reasoning_format, sizeof c->reasoning_format, reasoning, "auto"},
     };
     for (size_t k = 0; k < sizeof en / sizeof en[0]; k++) {
         if (en[k].val[0] == '\0') {

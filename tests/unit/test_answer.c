@@ -1,0 +1,351 @@
+/*
+ * test_answer.c - chat answers taken apart (constrain/answer.h, toolcall.h)
+ * and template families recognised (chat/family.c): for each family a
+ * model-like answer, written as the family's template renders an assistant
+ * turn, gives the expected reasoning, content and calls; and the same text
+ * streamed one byte at a time gives, at every prefix, reasoning and content
+ * that are prefixes of the one-shot parse, whose deltas add up to it.
+ */
+#include <jansson.h>
+
+#include "test.h"
+#include "chat/chat.h"
+#include "constrain/answer.h"
+#include "constrain/toolcall.h"
+
+#define DS(x) "<\xef\xbd\x9ctool\xe2\x96\x81" x "\xef\xbd\x9c>"
+
+static const char *TOOLS =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+    "\"days\":{\"type\":\"integer\"}}}}}]";
+
+static bool
+prefix_of(const sp_jbuf_t *a, const sp_jbuf_t *b)
+{
+    return a->len <= b->len && (a->len == 0 || memcmp(a->p, b->p, a->len) == 0);
+}
+
+static void
+expect_buf(const sp_jbuf_t *b, const char *want, const char *what, const char *text)
+{
+    size_t n = strlen(want);
+    if (b->oom || b->len != n || (n && memcmp(b->p, want, n) != 0)) {
+        SP_TEST_FAIL("%s of <<%s>>: got \"%.*s\", want \"%s\"", what, text, (int)b->len,
+                     b->p ? b->p : "", want);
+    }
+}
+
+/*
+ * One answer: the one-shot parse is (reasoning, content, calls); then the
+ * stream, byte by byte, as openai.c sends it: deltas of the partial parses,
+ * then the rest from the final parse.
+ */
+static void
+check(const sp_answer_fmt_t *f0, const char *text, const char *reasoning, const char *content,
+      const char *calls)
+{
+    sp_answer_fmt_t f = *f0;
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    f.tool_list = tools;
+    size_t len = strlen(text);
+    sp_answer_t whole = {0};
+    sp_answer_parse(&f, text, len, false, &whole);
+    expect_buf(&whole.reasoning, reasoning, "reasoning", text);
+    expect_buf(&whole.content, content, "content", text);
+    if (calls == NULL) {
+        if (whole.calls != NULL) {
+            char *s = json_dumps(whole.calls, JSON_COMPACT);
+            SP_TEST_FAIL("calls of <<%s>>: got %s, want none", text, s);
+        }
+    } else {
+        json_t *want = json_loads(calls, 0, NULL);
+        ASSERT(want != NULL);
+        if (!json_equal(want, whole.calls)) {
+            char *s = whole.calls ? json_dumps(whole.calls, JSON_COMPACT) : NULL;
+            SP_TEST_FAIL("calls of <<%s>>: got %s, want %s", text, s ? s : "none", calls);
+        }
+        json_decref(want);
+    }
+    /* streamed a byte at a time */
+    sp_jbuf_t r = {0}, c = {0};
+    sp_answer_t part = {0};
+    for (size_t k = 0; k <= len; k++) {
+        sp_answer_parse(&f, text, k, true, &part);
+        if (!prefix_of(&part.reasoning, &whole.reasoning) || !prefix_of(&part.content, &whole.content)) {
+            SP_TEST_FAIL("<<%s>> cut at %zu: \"%.*s\" / \"%.*s\" is not a prefix of the whole "
+                         "answer's reasoning / content", text, k, (int)part.reasoning.len,
+                         part.reasoning.p ? part.reasoning.p : "", (int)part.content.len,
+                         part.content.p ? part.content.p : "");
+        }
+        if (part.reasoning.len > r.len) {
+            sp_jbuf_raw(&r, part.reasoning.p + r.len, part.reasoning.len - r.len);
+        }
+        if (part.content.len > c.len) {
+            sp_jbuf_raw(&c, part.content.p + c.len, part.content.len - c.len);
+        }
+        ASSERT(part.calls == NULL);
+    }
+    sp_jbuf_raw(&r, whole.reasoning.p + r.len, whole.reasoning.len - r.len);
+    sp_jbuf_raw(&c, whole.content.p + c.len, whole.content.len - c.len);
+    expect_buf(&r, reasoning, "streamed reasoning", text);
+    expect_buf(&c, content, "streamed content", text);
+    sp_jbuf_free(&r);
+    sp_jbuf_free(&c);
+    sp_answer_free(&part);
+    sp_answer_free(&whole);
+    json_decref(tools);
+}
+
+static sp_answer_fmt_t
+fmt(sp_chat_tools_t t, sp_chat_reasoning_t r)
+{
+    return (sp_answer_fmt_t){.tools = t, .reasoning = r, .parse_tools = true};
+}
+
+#define PARIS "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}]"
+
+TEST(answer_think)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_THINK);
+    f.parse_tools = false;
+    check(&f, "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?",
+          "The user greets me.", "Hello! How can I help?", NULL);
+    /* a cut at the budget: the thinking so far, no content */
+    check(&f, "<think>\nLet me count: 1, 2", "Let me count: 1, 2", "", NULL);
+    /* Qwen3 with enable_thinking false: an empty block */
+    check(&f, "<think>\n\n</think>\n\nHi.", "", "Hi.", NULL);
+    /* no block: all content; a tag later in the text is just text */
+    check(&f, "Plain answer about <think> tags.", "", "Plain answer about <think> tags.", NULL);
+    check(&f, "<thin", "", "<thin", NULL);
+    /* the prompt ended with <think>\n (QwQ, DeepSeek-R1): no open tag in the answer */
+    f.think_open = true;
+    check(&f, "Okay, 2+2 is 4.\n</think>\n\nIt is **4**.", "Okay, 2+2 is 4.", "It is **4**.", NULL);
+    /* reasoning_format none: as written */
+    f.think_open = false;
+    f.inline_reasoning = true;
+    check(&f, "<think>\nhmm\n</think>\n\nYes.", "", "<think>\nhmm\n</think>\n\nYes.", NULL);
+    check(&f, "<think>\nhmm", "", "<think>\nhmm", NULL);
+}
+
+TEST(answer_think_tags_per_family)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_SEED, SP_CHAT_REASONING_SEED);
+    f.parse_tools = false;
+    check(&f, "<seed:think>plan</seed:think>Done.", "plan", "Done.", NULL);
+    f.reasoning = SP_CHAT_REASONING_MISTRAL;
+    check(&f, "[THINK]Check units.[/THINK]42 km", "Check units.", "42 km", NULL);
+    f.reasoning = SP_CHAT_REASONING_COMMAND;
+    check(&f, "<|START_THINKING|>Look it up.<|END_THINKING|>Here.", "Look it up.", "Here.", NULL);
+    f.reasoning = SP_CHAT_REASONING_GEMMA4;
+    check(&f, "<|channel>thought\nShort.<channel|>Answer.", "Short.", "Answer.", NULL);
+}
+
+TEST(answer_harmony)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_HARMONY, SP_CHAT_REASONING_HARMONY);
+    check(&f, "<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|>"
+              "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.",
+          "User asks 2+2. Simple.", "2 + 2 = 4.", NULL);
+    check(&f, "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+              "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+              "<|constrain|>json<|message|>{\"city\":\"Paris\"}",
+          "Need the weather tool.", "", PARIS);
+    /* the recipient in the header before the channel; a preamble on commentary */
+    check(&f, "<|channel|>commentary<|message|>Checking.<|end|>"
+              "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+              "{\"city\":\"Paris\"}<|call|>",
+          "", "Checking.", PARIS);
+    /* arguments that are not JSON: the message stays as content */
+    check(&f, "<|channel|>commentary to=functions.get_weather<|message|>{oops",
+          "", "<|channel|>commentary to=functions.get_weather<|message|>{oops", NULL);
+    /* unfinished thinking (the budget ran out) */
+    check(&f, "<|channel|>analysis<|message|>Hmm", "Hmm", "", NULL);
+    f.inline_reasoning = true;
+    check(&f, "<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>B",
+          "", "<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>B",
+          NULL);
+}
+
+TEST(answer_hermes_qwen)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_THINK);
+    check(&f, "<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+              "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+          "I should call the tool.", "", PARIS);
+    check(&f, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+              "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+              "{\"city\": \"Oslo\"}}\n</tool_call>",
+          "", "Let me check.\n",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}},"
+          "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}]");
+    /* unparseable: content, never an error */
+    check(&f, "<tool_call>\n{\"name\": get_weather}\n</tool_call>", "",
+          "<tool_call>\n{\"name\": get_weather}\n</tool_call>", NULL);
+    /* arguments as a string holding an object */
+    check(&f, "<tool_call>{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}"
+              "</tool_call>", "", "", PARIS);
+}
+
+TEST(answer_llama3)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE);
+    check(&f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "", PARIS);
+    check(&f, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
+          "", PARIS);
+    check(&f, "The weather is fine.", "", "The weather is fine.", NULL);
+    check(&f, "{\"not\": \"a call\"}", "", "{\"not\": \"a call\"}", NULL);
+}
+
+TEST(answer_qwen3_coder_xml)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_QWEN3_CODER, SP_CHAT_REASONING_THINK);
+    check(&f, "I will look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+              "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+          "", "I will look.\n",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":3}}]");
+    /* a string parameter that looks like a number stays a string; an
+     * undeclared one holding JSON is read as JSON */
+    check(&f, "<tool_call>\n<function=get_weather>\n<parameter=city>\n1234\n</parameter>\n"
+              "<parameter=opts>\n{\"a\": [1]}\n</parameter>\n</function>\n</tool_call>",
+          "", "", "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"1234\",\"opts\":{\"a\":[1]}}}]");
+    f.tools = SP_CHAT_TOOLS_SEED;
+    f.reasoning = SP_CHAT_REASONING_SEED;
+    check(&f, "<seed:think>Use the tool.</seed:think><seed:tool_call>\n<function=get_weather>\n"
+              "<parameter=city>\nParis\n</parameter>\n</function>\n</seed:tool_call>",
+          "Use the tool.", "", PARIS);
+}
+
+TEST(answer_mistral)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_NONE);
+    check(&f, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", "",
+          "", PARIS);
+    check(&f, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}", "", "", PARIS);
+    f.reasoning = SP_CHAT_REASONING_MISTRAL;
+    check(&f, "[THINK]Weather needed.[/THINK][TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"
+              "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}",
+          "Weather needed.", "",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}},"
+          "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}]");
+    check(&f, "Sure [TOOL_CALLS]broken[ARGS]{", "", "Sure [TOOL_CALLS]broken[ARGS]{", NULL);
+}
+
+TEST(answer_deepseek_kimi_glm)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK);
+    f.think_open = true;
+    check(&f, "The user wants weather.\n</think>\n\n" DS("calls\xe2\x96\x81" "begin") DS(
+              "call\xe2\x96\x81" "begin") "function" DS("sep") "get_weather\n```json\n{\"city\": "
+              "\"Paris\"}\n```" DS("call\xe2\x96\x81" "end") DS("calls\xe2\x96\x81" "end"),
+          "The user wants weather.", "", PARIS);
+    f = fmt(SP_CHAT_TOOLS_KIMI, SP_CHAT_REASONING_NONE);
+    check(&f, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+              "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
+              "<|tool_calls_section_end|>",
+          "", "Checking.", PARIS);
+    f = fmt(SP_CHAT_TOOLS_GLM, SP_CHAT_REASONING_THINK);
+    check(&f, "<think>Need weather.</think><tool_call>get_weather\n<arg_key>city</arg_key>\n"
+              "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n"
+              "</tool_call>",
+          "Need weather.", "",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":2}}]");
+}
+
+TEST(answer_functionary_command_granite_apriel)
+{
+    sp_answer_fmt_t f = fmt(SP_CHAT_TOOLS_FUNCTIONARY_V31, SP_CHAT_REASONING_NONE);
+    check(&f, "<function=get_weather>{\"city\": \"Paris\"}</function>", "", "", PARIS);
+    check(&f, "<|python_tag|>print(1)", "", "",
+          "[{\"name\":\"python\",\"arguments\":{\"code\":\"print(1)\"}}]");
+    f = fmt(SP_CHAT_TOOLS_FUNCTIONARY_V32, SP_CHAT_REASONING_NONE);
+    check(&f, "all\nThe sky is blue.", "", "The sky is blue.", NULL);
+    check(&f, "get_weather\n{\"city\": \"Paris\"}", "", "", PARIS);
+    check(&f, "all\nLet me see.>>>get_weather\n{\"city\": \"Paris\"}", "", "Let me see.", PARIS);
+    f = fmt(SP_CHAT_TOOLS_COMMAND_R7B, SP_CHAT_REASONING_COMMAND);
+    check(&f, "<|START_THINKING|>I will look it up.<|END_THINKING|><|START_ACTION|>[\n    "
+              "{\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": "
+              "{\"city\": \"Paris\"}}\n]<|END_ACTION|>",
+          "I will look it up.", "", PARIS);
+    f = fmt(SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_THINK);
+    check(&f, "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", "",
+          "", PARIS);
+    f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
+    check(&f, "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"
+              "</tool_calls>", "", "", PARIS);
+}
+
+TEST(answer_opens_thinking)
+{
+    const char *qwq = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    ASSERT(sp_answer_opens_thinking(SP_CHAT_REASONING_THINK, qwq, strlen(qwq)));
+    const char *off = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_THINK, off, strlen(off)));
+    ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_NONE, qwq, strlen(qwq)));
+    ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_HARMONY, qwq, strlen(qwq)));
+}
+
+/* The families read from the templates of the models people download. */
+TEST(family_from_templates)
+{
+    static const struct {
+        const char *file;
+        sp_chat_tools_t tools;
+        sp_chat_reasoning_t reasoning;
+    } cases[] = {
+        {"Qwen-Qwen3-0.6B", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_THINK},
+        {"Qwen-QwQ-32B", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_THINK},
+        {"Qwen-Qwen2.5-7B-Instruct", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_NONE},
+        {"Qwen3-Coder", SP_CHAT_TOOLS_QWEN3_CODER, SP_CHAT_REASONING_NONE},
+        {"Qwen3.5-4B", SP_CHAT_TOOLS_QWEN3_CODER, SP_CHAT_REASONING_THINK},
+        {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", SP_CHAT_TOOLS_QWEN3_CODER, SP_CHAT_REASONING_THINK},
+        {"openai-gpt-oss-120b", SP_CHAT_TOOLS_HARMONY, SP_CHAT_REASONING_HARMONY},
+        {"HuggingFaceTB-SmolLM3-3B", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_THINK},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
+        {"llama-cpp-deepseek-r1", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
+        {"meta-llama-Llama-3.1-8B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_NONE},
+        {"mistralai-Mistral-Nemo-Instruct-2407", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_NONE},
+        {"mistralai-Ministral-3-14B-Reasoning-2512", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_MISTRAL},
+        {"ByteDance-Seed-OSS", SP_CHAT_TOOLS_SEED, SP_CHAT_REASONING_SEED},
+        {"moonshotai-Kimi-K2", SP_CHAT_TOOLS_KIMI, SP_CHAT_REASONING_NONE},
+        {"GLM-4.7-Flash", SP_CHAT_TOOLS_GLM, SP_CHAT_REASONING_THINK},
+        {"meetkai-functionary-medium-v3.1", SP_CHAT_TOOLS_FUNCTIONARY_V31, SP_CHAT_REASONING_NONE},
+        {"meetkai-functionary-medium-v3.2", SP_CHAT_TOOLS_FUNCTIONARY_V32, SP_CHAT_REASONING_NONE},
+        {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", SP_CHAT_TOOLS_COMMAND_R7B,
+         SP_CHAT_REASONING_COMMAND},
+        {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_THINK},
+        {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE},
+        {"google-gemma-4-31B-it", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_GEMMA4},
+    };
+    /* the shared test data beside the checkout (the lead's copy or a worktree) */
+    static const char *const dirs[] = {"../shared/testdata/chat-templates",
+                                       "../../shared/testdata/chat-templates"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *fp = NULL;
+        for (size_t d = 0; d < 2 && fp == NULL; d++) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s.jinja", dirs[d], cases[i].file);
+            fp = fopen(path, "rb");
+        }
+        if (fp == NULL) {
+            continue;
+        }
+        static char buf[1 << 20];
+        size_t n = fread(buf, 1, sizeof buf, fp);
+        fclose(fp);
+        sp_chat_tools_t t;
+        sp_chat_reasoning_t r;
+        sp_chat_detect_family(buf, n, &t, &r);
+        if (t != cases[i].tools || r != cases[i].reasoning) {
+            SP_TEST_FAIL("%s: %s/%s, want %s/%s", cases[i].file, sp_chat_tools_name(t),
+                         sp_chat_reasoning_name(r), sp_chat_tools_name(cases[i].tools),
+                         sp_chat_reasoning_name(cases[i].reasoning));
+        }
+        found++;
+    }
+    if (found == 0) {
+        SKIP("the chat-templates test data is not there");
+    }
+}
