@@ -90,9 +90,11 @@ get_experts(const sp_gguf_t *g, const char *name, int64_t n_in, int64_t n_out, i
     const sp_type_traits_t *tr = sp_type_traits(t->type);
     const sp_cpu_kernels_t *k = sp_cpu_kernels();
     if (tr == NULL || !tr->supported || k->vec_dot[t->type] == NULL) {
+        char types[256];
+        sp_type_supported_list(types, sizeof types);
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: tensor '%s' has type %s, which the engine cannot compute with", path,
-                       name, sp_type_name(t->type));
+                       "%s: tensor '%s' has type %s, which the engine cannot compute with (%s)",
+                       path, name, sp_type_name(t->type), types);
     }
     w->data = t->data;
     w->type = t->type;

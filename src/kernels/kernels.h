@@ -214,6 +214,9 @@ const sp_type_traits_t *sp_type_traits(int type);
 /* Bytes of one row of n elements; n must be a multiple of blck_size. */
 size_t sp_row_size(sp_type_t type, int64_t n);
 const char *sp_type_name(int type); /* "unknown" when not in the table */
+/* The names of the types the engine computes with, space-separated ("f32 f16 q4_0 ...",
+ * for error messages); returns the length it needed (snprintf's rule: truncated when >= len). */
+size_t sp_type_supported_list(char *buf, size_t len);
 /* Parse "q8_0", "F16", ... to a type; -1 when unknown. */
 int sp_type_from_name(const char *name);
 

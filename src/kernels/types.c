@@ -7,6 +7,7 @@
  */
 #include "kernels/kernels.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -63,6 +64,24 @@ sp_type_from_name(const char *name)
         }
     }
     return -1;
+}
+
+size_t
+sp_type_supported_list(char *buf, size_t len)
+{
+    size_t used = 0;
+    if (len > 0) {
+        buf[0] = '\0';
+    }
+    for (int i = 0; i < SP_TYPE_COUNT; i++) {
+        if (traits[i].name == NULL || !traits[i].supported) {
+            continue;
+        }
+        int w = snprintf(buf + used, len > used ? len - used : 0, "%s%s", used ? " " : "",
+                         traits[i].name);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    return used;
 }
 
 size_t
