@@ -337,7 +337,8 @@ calls_mistral(cur_t *c, json_t *arr)
 #define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 
-/* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>..<｜tool▁calls▁end｜> */
+/* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>..<｜tool▁calls▁end｜>
+ * (R1, V3), or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜> (V3.1). */
 static void
 calls_deepseek(cur_t *c, json_t *arr)
 {
@@ -351,15 +352,21 @@ calls_deepseek(cur_t *c, json_t *arr)
         if (sep == NULL) {
             return;
         }
+        const char *name = c->p, *name_end = sep;
         c->p = sep + strlen(DS_SEP);
-        const char *name = c->p, *nl = find(c, "\n");
-        if (nl == NULL) {
-            return;
+        bool typed = name_end - name == 8 && memcmp(name, "function", 8) == 0;
+        if (typed) { /* the type before the separator, the name after it */
+            const char *nl = find(c, "\n");
+            if (nl == NULL) {
+                return;
+            }
+            name = c->p;
+            name_end = nl;
+            c->p = nl + 1;
         }
-        c->p = nl + 1;
         bool fenced = eat(c, "```json");
         json_t *args = take_json(c);
-        if (!push_call(arr, name, (size_t)(nl - name), args)) {
+        if (!push_call(arr, name, (size_t)(name_end - name), args)) {
             return;
         }
         skip_ws(c);
@@ -452,13 +459,20 @@ calls_functionary32(cur_t *c, json_t *arr)
     } while (eat(c, ">>>"));
 }
 
-/* A start marker followed by a JSON list of calls (and optionally a close). */
+/* A start marker, then a JSON list of calls or call objects one after the
+ * other (MiniMax-M1 writes one a line). */
 static void
 calls_list(cur_t *c, const char *open, json_t *arr)
 {
-    if (eat(c, open)) {
-        add_list(arr, c);
+    if (!eat(c, open)) {
+        return;
     }
+    do {
+        if (!add_list(arr, c)) {
+            return;
+        }
+        skip_ws(c);
+    } while (c->p < c->end && (*c->p == '{' || *c->p == '['));
 }
 
 /* A Llama 3 call: {"name": .., "parameters": {..}} objects, ';'-separated,

@@ -139,6 +139,17 @@ TEST(answer_think_tags_per_family)
     check(&f, "<|START_THINKING|>Look it up.<|END_THINKING|>Here.", "Look it up.", "Here.", NULL);
     f.reasoning = SP_CHAT_REASONING_GEMMA4;
     check(&f, "<|channel>thought\nShort.<channel|>Answer.", "Short.", "Answer.", NULL);
+    f.reasoning = SP_CHAT_REASONING_MINIMAX;
+    check(&f, "<mm:think>Brief.</mm:think>\n\nOK.", "Brief.", "OK.", NULL);
+    /* Command R7B wraps the answer too */
+    f.reasoning = SP_CHAT_REASONING_COMMAND;
+    check(&f, "<|START_THINKING|>Easy.<|END_THINKING|><|START_RESPONSE|>It is 4.<|END_RESPONSE|>",
+          "Easy.", "It is 4.", NULL);
+    check(&f, "<|START_RESPONSE|>Hi.", "", "Hi.", NULL);
+    /* Apriel 1.6: the prompt ends with "Here are my reasoning steps:\n" */
+    f.reasoning = SP_CHAT_REASONING_APRIEL;
+    f.think_open = true;
+    check(&f, "1. Add.\n[BEGIN FINAL RESPONSE]\nFour.\n[END FINAL RESPONSE]", "1. Add.", "Four.\n", NULL);
 }
 
 TEST(answer_harmony)
@@ -239,6 +250,12 @@ TEST(answer_deepseek_kimi_glm)
               "call\xe2\x96\x81" "begin") "function" DS("sep") "get_weather\n```json\n{\"city\": "
               "\"Paris\"}\n```" DS("call\xe2\x96\x81" "end") DS("calls\xe2\x96\x81" "end"),
           "The user wants weather.", "", PARIS);
+    /* V3.1: the name before the separator, bare JSON after it */
+    f = fmt(SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK);
+    check(&f, "Sure." DS("calls\xe2\x96\x81" "begin") DS("call\xe2\x96\x81" "begin")
+              "get_weather" DS("sep") "{\"city\": \"Paris\"}" DS("call\xe2\x96\x81" "end")
+              DS("calls\xe2\x96\x81" "end"),
+          "", "Sure.", PARIS);
     f = fmt(SP_CHAT_TOOLS_KIMI, SP_CHAT_REASONING_NONE);
     check(&f, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
@@ -273,6 +290,12 @@ TEST(answer_functionary_command_granite_apriel)
     f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
     check(&f, "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"
               "</tool_calls>", "", "", PARIS);
+    /* MiniMax-M1: one object a line */
+    check(&f, "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_calls>",
+          "", "",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}},"
+          "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}]");
 }
 
 TEST(answer_opens_thinking)
@@ -283,6 +306,8 @@ TEST(answer_opens_thinking)
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_THINK, off, strlen(off)));
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_NONE, qwq, strlen(qwq)));
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_HARMONY, qwq, strlen(qwq)));
+    const char *apriel = "<|begin_assistant|>\nHere are my reasoning steps:\n";
+    ASSERT(sp_answer_opens_thinking(SP_CHAT_REASONING_APRIEL, apriel, strlen(apriel)));
 }
 
 /* The families read from the templates of the models people download. */
@@ -315,8 +340,11 @@ TEST(family_from_templates)
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", SP_CHAT_TOOLS_COMMAND_R7B,
          SP_CHAT_REASONING_COMMAND},
         {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_THINK},
-        {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE},
+        {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
         {"google-gemma-4-31B-it", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_GEMMA4},
+        {"Apriel-1.6-15b-Thinker-fixed", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
+        {"MiniMax-M1", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE},
+        {"Cohere2MoE", SP_CHAT_TOOLS_COMMAND_R7B, SP_CHAT_REASONING_COMMAND},
     };
     /* the shared test data beside the checkout (the lead's copy or a worktree) */
     static const char *const dirs[] = {"../shared/testdata/chat-templates",
