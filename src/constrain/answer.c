@@ -258,7 +258,7 @@ sp_answer_parse(const sp_answer_fmt_t *f, const char *text, size_t len, bool par
             if (len - i >= olen && memcmp(text + i, tg->open, olen) == 0) {
                 in = true;
                 body = i + olen;
-            } else if (partial && memcmp(text + i, tg->open, len - i) == 0) {
+            } else if (partial && len - i < olen && memcmp(text + i, tg->open, len - i) == 0) {
                 return; /* blanks, or the open tag arriving: nothing is certain yet */
             }
         }
@@ -297,7 +297,7 @@ sp_answer_parse(const sp_answer_fmt_t *f, const char *text, size_t len, bool par
             }
             if (len - i >= olen && memcmp(text + i, w->open, olen) == 0) {
                 region = i + olen;
-            } else if (partial && memcmp(text + i, w->open, len - i) == 0) {
+            } else if (partial && len - i < olen && memcmp(text + i, w->open, len - i) == 0) {
                 return; /* maybe the wrapper arriving */
             }
         }

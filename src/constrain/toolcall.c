@@ -242,7 +242,10 @@ calls_xml(cur_t *c, const char *open, const char *close, const json_t *tools, js
             }
             json_t *v = arg_value(vb, (size_t)(vend - vb),
                                   param_type(tools, name, name_len, key, (size_t)(kgt - key)));
-            json_object_setn_new(args, key, (size_t)(kgt - key), v);
+            if (json_object_setn_new(args, key, (size_t)(kgt - key), v) != 0) {
+                json_decref(args); /* not UTF-8: no call */
+                return;
+            }
             c->p = ve + strlen("</parameter>");
         }
         skip_ws(c);
@@ -292,10 +295,13 @@ calls_glm(cur_t *c, const json_t *tools, json_t *arr)
             if (ve == NULL) {
                 break;
             }
-            json_object_setn_new(args, key, (size_t)(ke - key),
-                                 arg_value(vb, (size_t)(ve - vb),
-                                           param_type(tools, name, name_len, key,
-                                                      (size_t)(ke - key))));
+            if (json_object_setn_new(args, key, (size_t)(ke - key),
+                                     arg_value(vb, (size_t)(ve - vb),
+                                               param_type(tools, name, name_len, key,
+                                                          (size_t)(ke - key)))) != 0) {
+                json_decref(args); /* not UTF-8: no call */
+                return;
+            }
             in.p = ve + strlen("</arg_value>");
             skip_ws(&in);
         }

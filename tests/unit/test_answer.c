@@ -377,3 +377,56 @@ TEST(family_from_templates)
         SKIP("the chat-templates test data is not there");
     }
 }
+
+/* Hostile answers in every family and mode: no crash, no leak (ASan), and the
+ * streaming rule holds on each (a prefix's parts are prefixes of the whole's). */
+TEST(answer_hostile_inputs)
+{
+    static const char *const texts[] = {
+        "<think><think></think></think>",
+        "</think>",
+        "<tool_call><tool_call></tool_call>",
+        "<tool_call>\n<function=\n<parameter=",
+        "<tool_call>\n<function=f>\n<parameter=k>\n\xff\xfe\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>f<arg_key>\xc3</arg_key><arg_value>1</arg_value></tool_call>",
+        "[TOOL_CALLS][TOOL_CALLS][ARGS]",
+        "[TOOL_CALLS][1, 2, {\"name\": 3}]",
+        DS("calls\xe2\x96\x81" "begin") DS("call\xe2\x96\x81" "begin") DS("sep") DS("sep"),
+        "<|tool_calls_section_begin|><|tool_call_begin|>:<|tool_call_argument_begin|>{}",
+        "<|channel|><|message|><|end|><|start|><|channel|>analysis to=functions.<|message|>{}",
+        "<|start|>assistant to=functions.f<|channel|>commentary<|message|>\"x\"",
+        ">>>>>>all\n>>>",
+        "<|START_ACTION|>{\"tool_name\": \"\"}",
+        "<function=f>{}</function><function=>{}",
+        "<|python_tag|>",
+        "{\"name\": \"f\", \"parameters\": []}",
+        "",
+    };
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    for (int t = SP_CHAT_TOOLS_HERMES; t <= SP_CHAT_TOOLS_APRIEL; t++) {
+        for (int r = SP_CHAT_REASONING_NONE; r <= SP_CHAT_REASONING_APRIEL; r++) {
+            for (int mode = 0; mode < 4; mode++) {
+                sp_answer_fmt_t f = {.tools = (sp_chat_tools_t)t, .reasoning = (sp_chat_reasoning_t)r,
+                                     .parse_tools = true, .tool_list = tools,
+                                     .inline_reasoning = mode & 1, .think_open = mode & 2};
+                for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                    size_t len = strlen(texts[i]);
+                    sp_answer_t whole = {0}, part = {0};
+                    sp_answer_parse(&f, texts[i], len, false, &whole);
+                    for (size_t k = 0; k <= len; k++) {
+                        sp_answer_parse(&f, texts[i], k, true, &part);
+                        if (!prefix_of(&part.reasoning, &whole.reasoning) ||
+                            !prefix_of(&part.content, &whole.content)) {
+                            SP_TEST_FAIL("%s/%s mode %d: <<%s>> cut at %zu is not a prefix",
+                                         sp_chat_tools_name(f.tools),
+                                         sp_chat_reasoning_name(f.reasoning), mode, texts[i], k);
+                        }
+                    }
+                    sp_answer_free(&part);
+                    sp_answer_free(&whole);
+                }
+            }
+        }
+    }
+    json_decref(tools);
+}
