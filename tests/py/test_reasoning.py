@@ -227,6 +227,10 @@ with tempfile.TemporaryDirectory() as tmp:
     repo = make_repo(tmp)
     srv = RepoServer(repo, "--parallel", "2")
     try:
+        s.case("the families read from the templates are logged",
+               srv.wait_log(r"model=\"?oss\"? .*tool_calls=harmony reasoning=harmony") is not None
+               and srv.wait_log(r"model=\"?coder\"? .*tool_calls=qwen3-coder reasoning=none")
+               is not None, srv.text()[-1500:])
         for fn in (think_cases, tool_cases, harmony_cases, node_sdk):
             s.guard(fn.__name__, lambda fn=fn: fn(srv.port))
     finally:
