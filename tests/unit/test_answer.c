@@ -12,6 +12,9 @@
 #include "chat/chat.h"
 #include "constrain/answer.h"
 #include "constrain/toolcall.h"
+#include "core/alloc.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #define DS(x) "<\xef\xbd\x9ctool\xe2\x96\x81" x "\xef\xbd\x9c>"
 
@@ -429,4 +432,48 @@ TEST(answer_hostile_inputs)
         }
     }
     json_decref(tools);
+}
+
+/* gpt-oss's vocabulary: <|end|> separates the thinking from the final message,
+ * so it must not end the generation; <|return|> and <|call|> do. */
+TEST(harmony_end_of_generation)
+{
+    static const char *const tokens[] = {"<unk>", "<s>", "</s>", "<|start|>", "<|end|>",
+                                         "<|return|>", "<|call|>", "<|message|>", "a"};
+    enum { N = sizeof tokens / sizeof tokens[0] };
+    float scores[N] = {0};
+    int32_t types[N] = {2, 3, 3, 3, 3, 3, 3, 3, 1};
+    char err[256];
+    for (int harmony = 0; harmony < 2; harmony++) {
+        sp_gguf_writer_t *w;
+        ASSERT_OK(sp_gguf_writer_create(&w));
+        ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "llama"));
+        ASSERT_OK(sp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+        /* without <|return|> and <|call|> (phi3's vocabulary) <|end|> stays an end */
+        uint64_t n = harmony ? N : 5;
+        ASSERT_OK(sp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, n));
+        ASSERT_OK(sp_gguf_writer_set_arr(w, "tokenizer.ggml.scores", SP_GGUF_TYPE_FLOAT32, n, scores));
+        ASSERT_OK(sp_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", SP_GGUF_TYPE_INT32, n, types));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
+        void *mem;
+        size_t len;
+        ASSERT_OK(sp_gguf_writer_write_mem(w, &mem, &len, err, sizeof err));
+        sp_gguf_writer_destroy(w);
+        sp_gguf_t *g;
+        ASSERT_OK(sp_gguf_open_mem(mem, len, "harmony", &g, err, sizeof err));
+        sp_tokenizer_t *t;
+        if (sp_tokenizer_from_gguf(g, &t, err, sizeof err) != SP_OK) {
+            SP_TEST_FAIL("tokenizer: %s", err);
+        }
+        ASSERT(sp_tokenizer_is_eog(t, 2));
+        ASSERT_EQ(sp_tokenizer_is_eog(t, 4), !harmony);
+        if (harmony) {
+            ASSERT(sp_tokenizer_is_eog(t, 5) && sp_tokenizer_is_eog(t, 6));
+            ASSERT(!sp_tokenizer_is_eog(t, 7));
+        }
+        sp_tokenizer_destroy(t);
+        sp_gguf_close(g);
+        sp_free(mem);
+    }
 }
