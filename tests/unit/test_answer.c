@@ -89,8 +89,12 @@ check(const sp_answer_fmt_t *f0, const char *text, const char *reasoning, const 
         }
         ASSERT(part.calls == NULL);
     }
-    sp_jbuf_raw(&r, whole.reasoning.p + r.len, whole.reasoning.len - r.len);
-    sp_jbuf_raw(&c, whole.content.p + c.len, whole.content.len - c.len);
+    if (whole.reasoning.len > r.len) {
+        sp_jbuf_raw(&r, whole.reasoning.p + r.len, whole.reasoning.len - r.len);
+    }
+    if (whole.content.len > c.len) {
+        sp_jbuf_raw(&c, whole.content.p + c.len, whole.content.len - c.len);
+    }
     expect_buf(&r, reasoning, "streamed reasoning", text);
     expect_buf(&c, content, "streamed content", text);
     sp_jbuf_free(&r);
