@@ -102,7 +102,8 @@ typedef enum sp_chat_tools {
  * <|START_THINKING|>..<|END_THINKING|> (and the answer in <|START_RESPONSE|>..
  * <|END_RESPONSE|>), GEMMA4 <|channel>thought..<channel|>, MINIMAX
  * <mm:think>..</mm:think>, APRIEL "Here are my reasoning steps:"..
- * "[BEGIN FINAL RESPONSE]" (the answer up to "[END FINAL RESPONSE]"),
+ * "[BEGIN FINAL RESPONSE]" (the answer up to "[END FINAL RESPONSE]"), GRANITE
+ * <think>..</think> and the answer in <response>..</response> (Granite 3.x),
  * HARMONY gpt-oss's analysis channel; NONE: no thinking markup. */
 typedef enum sp_chat_reasoning {
     SP_CHAT_REASONING_NONE = 0,
@@ -114,6 +115,7 @@ typedef enum sp_chat_reasoning {
     SP_CHAT_REASONING_HARMONY,
     SP_CHAT_REASONING_MINIMAX,
     SP_CHAT_REASONING_APRIEL,
+    SP_CHAT_REASONING_GRANITE,
 } sp_chat_reasoning_t;
 /* Both conventions from a template's source text (family.c), as llama.cpp
  * recognises a family: by the markers the template writes. */

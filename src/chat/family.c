@@ -68,6 +68,8 @@ sp_chat_detect_family(const char *src, size_t len, sp_chat_tools_t *tools,
         r = SP_CHAT_REASONING_MINIMAX;
     } else if (has(src, len, "[BEGIN FINAL RESPONSE]")) {
         r = SP_CHAT_REASONING_APRIEL;
+    } else if (has(src, len, "<think>") && has(src, len, "<response>")) {
+        r = SP_CHAT_REASONING_GRANITE;
     } else if (has(src, len, "<think>") || has(src, len, "</think>")) {
         r = SP_CHAT_REASONING_THINK;
     }
@@ -90,7 +92,7 @@ sp_chat_reasoning_name(sp_chat_reasoning_t r)
 {
     static const char *const names[] = {
         "none", "think", "seed-think", "mistral-think", "command-thinking", "gemma4-thought",
-        "harmony", "minimax-think", "apriel",
+        "harmony", "minimax-think", "apriel", "granite-think",
     };
     return (size_t)r < sizeof names / sizeof names[0] ? names[r] : "none";
 }

@@ -27,7 +27,8 @@ think_tags(sp_chat_reasoning_t r)
     static const tags_t minimax = {"<mm:think>", "</mm:think>"};
     static const tags_t apriel = {"Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"};
     switch (r) {
-    case SP_CHAT_REASONING_THINK: return &think;
+    case SP_CHAT_REASONING_THINK:
+    case SP_CHAT_REASONING_GRANITE: return &think;
     case SP_CHAT_REASONING_SEED: return &seed;
     case SP_CHAT_REASONING_MISTRAL: return &mistral;
     case SP_CHAT_REASONING_COMMAND: return &command;
@@ -47,7 +48,13 @@ answer_wrap(sp_chat_reasoning_t r)
 {
     static const tags_t command = {"<|START_RESPONSE|>", "<|END_RESPONSE|>"};
     static const tags_t apriel = {NULL, "[END FINAL RESPONSE]"};
-    return r == SP_CHAT_REASONING_COMMAND ? &command : r == SP_CHAT_REASONING_APRIEL ? &apriel : NULL;
+    static const tags_t granite = {"<response>", "</response>"};
+    switch (r) {
+    case SP_CHAT_REASONING_COMMAND: return &command;
+    case SP_CHAT_REASONING_APRIEL: return &apriel;
+    case SP_CHAT_REASONING_GRANITE: return &granite;
+    default: return NULL;
+    }
 }
 
 static bool

@@ -153,6 +153,11 @@ TEST(answer_think_tags_per_family)
     check(&f, "<|START_THINKING|>Easy.<|END_THINKING|><|START_RESPONSE|>It is 4.<|END_RESPONSE|>",
           "Easy.", "It is 4.", NULL);
     check(&f, "<|START_RESPONSE|>Hi.", "", "Hi.", NULL);
+    /* Granite 3.3 with thinking: the answer in <response> */
+    f.reasoning = SP_CHAT_REASONING_GRANITE;
+    check(&f, "<think>Recall the capital.</think><response>Paris.</response>", "Recall the capital.",
+          "Paris.", NULL);
+    check(&f, "Paris.", "", "Paris.", NULL);
     /* Apriel 1.6: the prompt ends with "Here are my reasoning steps:\n" */
     f.reasoning = SP_CHAT_REASONING_APRIEL;
     f.think_open = true;
@@ -346,7 +351,7 @@ TEST(family_from_templates)
         {"meetkai-functionary-medium-v3.2", SP_CHAT_TOOLS_FUNCTIONARY_V32, SP_CHAT_REASONING_NONE},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", SP_CHAT_TOOLS_COMMAND_R7B,
          SP_CHAT_REASONING_COMMAND},
-        {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_THINK},
+        {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_GRANITE},
         {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
         {"google-gemma-4-31B-it", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_GEMMA4},
         {"Apriel-1.6-15b-Thinker-fixed", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
@@ -411,7 +416,7 @@ TEST(answer_hostile_inputs)
     };
     json_t *tools = json_loads(TOOLS, 0, NULL);
     for (int t = SP_CHAT_TOOLS_HERMES; t <= SP_CHAT_TOOLS_APRIEL; t++) {
-        for (int r = SP_CHAT_REASONING_NONE; r <= SP_CHAT_REASONING_APRIEL; r++) {
+        for (int r = SP_CHAT_REASONING_NONE; r <= SP_CHAT_REASONING_GRANITE; r++) {
             for (int mode = 0; mode < 4; mode++) {
                 sp_answer_fmt_t f = {.tools = (sp_chat_tools_t)t, .reasoning = (sp_chat_reasoning_t)r,
                                      .parse_tools = true, .tool_list = tools,
