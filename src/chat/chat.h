@@ -78,7 +78,8 @@ const char *const *sp_chat_builtin_names(size_t *n);
  * <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>.., FUNCTIONARY_V31
  * <function=name>{..}</function>, FUNCTIONARY_V32 >>>name\n{..},
  * COMMAND_R7B <|START_ACTION|>[..]<|END_ACTION|>, GRANITE <|tool_call|>[..],
- * APRIEL <tool_calls>[..]</tool_calls> (also MiniMax-M1's objects a line). Read from the template's source at
+ * APRIEL <tool_calls>[..]</tool_calls> (also MiniMax-M1's objects a line),
+ * FIREFUNCTION functools[..] (FireFunction v2). Read from the template's source at
  * compile time (sp_chat_detect_family). */
 typedef enum sp_chat_tools {
     SP_CHAT_TOOLS_HERMES = 0,
@@ -95,6 +96,7 @@ typedef enum sp_chat_tools {
     SP_CHAT_TOOLS_COMMAND_R7B,
     SP_CHAT_TOOLS_GRANITE,
     SP_CHAT_TOOLS_APRIEL,
+    SP_CHAT_TOOLS_FIREFUNCTION,
 } sp_chat_tools_t;
 /* How a template's models write their thinking before the answer: THINK
  * <think>..</think> (Qwen3, QwQ, DeepSeek-R1, SmolLM3, GLM, Nemotron, ...),

@@ -46,6 +46,8 @@ sp_chat_detect_family(const char *src, size_t len, sp_chat_tools_t *tools,
         f = SP_CHAT_TOOLS_GRANITE;
     } else if (has(src, len, "<tool_calls>")) {
         f = SP_CHAT_TOOLS_APRIEL;
+    } else if (has(src, len, "functools[")) {
+        f = SP_CHAT_TOOLS_FIREFUNCTION;
     } else if (has(src, len, "<tool_call>")) {
         f = SP_CHAT_TOOLS_HERMES;
     } else if (has(src, len, "<|python_tag|>") || has(src, len, "ipython")) {
@@ -82,7 +84,7 @@ sp_chat_tools_name(sp_chat_tools_t f)
     static const char *const names[] = {
         "hermes", "llama3", "mistral", "qwen3-coder", "seed-oss", "harmony", "deepseek",
         "kimi-k2", "glm", "functionary-v3.1", "functionary-v3.2", "command-r7b", "granite",
-        "apriel",
+        "apriel", "firefunction-v2",
     };
     return (size_t)f < sizeof names / sizeof names[0] ? names[f] : "hermes";
 }

@@ -514,6 +514,7 @@ starts(sp_chat_tools_t f)
     static const char *const command[] = {"<|START_ACTION|>", NULL};
     static const char *const granite[] = {"<|tool_call|>", NULL};
     static const char *const apriel[] = {"<tool_calls>", NULL};
+    static const char *const firefunction[] = {"functools[", NULL};
     static const char *const none[] = {NULL};
     switch (f) {
     case SP_CHAT_TOOLS_HERMES:
@@ -528,6 +529,7 @@ starts(sp_chat_tools_t f)
     case SP_CHAT_TOOLS_COMMAND_R7B: return command;
     case SP_CHAT_TOOLS_GRANITE: return granite;
     case SP_CHAT_TOOLS_APRIEL: return apriel;
+    case SP_CHAT_TOOLS_FIREFUNCTION: return firefunction;
     case SP_CHAT_TOOLS_LLAMA3:
     case SP_CHAT_TOOLS_HARMONY: break;
     }
@@ -605,6 +607,7 @@ sp_toolcall_parse(sp_chat_tools_t f, const json_t *tools, const char *text, size
     case SP_CHAT_TOOLS_COMMAND_R7B: calls_list(&c, "<|START_ACTION|>", arr); break;
     case SP_CHAT_TOOLS_GRANITE: calls_list(&c, "<|tool_call|>", arr); break;
     case SP_CHAT_TOOLS_APRIEL: calls_list(&c, "<tool_calls>", arr); break;
+    case SP_CHAT_TOOLS_FIREFUNCTION: calls_list(&c, "functools", arr); break;
     case SP_CHAT_TOOLS_LLAMA3: calls_llama3(&c, arr); break;
     case SP_CHAT_TOOLS_HARMONY: break; /* channels: answer.c */
     }

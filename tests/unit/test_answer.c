@@ -302,6 +302,10 @@ TEST(answer_functionary_command_granite_apriel)
     f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
     check(&f, "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"
               "</tool_calls>", "", "", PARIS);
+    f = fmt(SP_CHAT_TOOLS_FIREFUNCTION, SP_CHAT_REASONING_NONE);
+    check(&f, "Sure. functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+          "", "Sure. ", PARIS);
+    f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
     /* MiniMax-M1: one object a line */
     check(&f, "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
               "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_calls>",
@@ -341,6 +345,9 @@ TEST(family_from_templates)
         {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
         {"llama-cpp-deepseek-r1", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
         {"meta-llama-Llama-3.1-8B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"meta-llama-Llama-3.2-3B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"meta-llama-Llama-3.3-70B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"fireworks-ai-llama-3-firefunction-v2", SP_CHAT_TOOLS_FIREFUNCTION, SP_CHAT_REASONING_NONE},
         {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_NONE},
         {"mistralai-Mistral-Nemo-Instruct-2407", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_NONE},
         {"mistralai-Ministral-3-14B-Reasoning-2512", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_MISTRAL},
@@ -415,7 +422,7 @@ TEST(answer_hostile_inputs)
         "",
     };
     json_t *tools = json_loads(TOOLS, 0, NULL);
-    for (int t = SP_CHAT_TOOLS_HERMES; t <= SP_CHAT_TOOLS_APRIEL; t++) {
+    for (int t = SP_CHAT_TOOLS_HERMES; t <= SP_CHAT_TOOLS_FIREFUNCTION; t++) {
         for (int r = SP_CHAT_REASONING_NONE; r <= SP_CHAT_REASONING_GRANITE; r++) {
             for (int mode = 0; mode < 4; mode++) {
                 sp_answer_fmt_t f = {.tools = (sp_chat_tools_t)t, .reasoning = (sp_chat_reasoning_t)r,
