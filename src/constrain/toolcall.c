@@ -620,6 +620,8 @@ sp_toolcall_parse(sp_chat_tools_t f, const json_t *tools, const char *text, size
     size_t ce = (size_t)(at - text);
     if (f == SP_CHAT_TOOLS_FUNCTIONARY_V32 && cs) {
         ce -= 3;
+    } else if (f == SP_CHAT_TOOLS_LLAMA3) {
+        ce = 0; /* only blanks before the call */
     }
     *content_end = ce < cs ? cs : ce;
 }

@@ -216,6 +216,7 @@ TEST(answer_llama3)
     check(&f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "", PARIS);
     check(&f, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
           "", PARIS);
+    check(&f, "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "", PARIS);
     check(&f, "The weather is fine.", "", "The weather is fine.", NULL);
     check(&f, "{\"not\": \"a call\"}", "", "{\"not\": \"a call\"}", NULL);
 }
