@@ -78,7 +78,8 @@ const char *const *sp_chat_builtin_names(size_t *n);
  * <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>.., FUNCTIONARY_V31
  * <function=name>{..}</function>, FUNCTIONARY_V32 >>>name\n{..},
  * COMMAND_R7B <|START_ACTION|>[..]<|END_ACTION|>, GRANITE <|tool_call|>[..],
- * APRIEL <tool_calls>[..]</tool_calls>. Read from the template's source at
+ * APRIEL <tool_calls>[..]</tool_calls> (also MiniMax-M1's objects a line),
+ * FIREFUNCTION functools[..] (FireFunction v2). Read from the template's source at
  * compile time (sp_chat_detect_family). */
 typedef enum sp_chat_tools {
     SP_CHAT_TOOLS_HERMES = 0,
@@ -95,11 +96,16 @@ typedef enum sp_chat_tools {
     SP_CHAT_TOOLS_COMMAND_R7B,
     SP_CHAT_TOOLS_GRANITE,
     SP_CHAT_TOOLS_APRIEL,
+    SP_CHAT_TOOLS_FIREFUNCTION,
 } sp_chat_tools_t;
 /* How a template's models write their thinking before the answer: THINK
  * <think>..</think> (Qwen3, QwQ, DeepSeek-R1, SmolLM3, GLM, Nemotron, ...),
  * SEED <seed:think>..</seed:think>, MISTRAL [THINK]..[/THINK], COMMAND
- * <|START_THINKING|>..<|END_THINKING|>, GEMMA4 <|channel>thought..<channel|>,
+ * <|START_THINKING|>..<|END_THINKING|> (and the answer in <|START_RESPONSE|>..
+ * <|END_RESPONSE|>), GEMMA4 <|channel>thought..<channel|>, MINIMAX
+ * <mm:think>..</mm:think>, APRIEL "Here are my reasoning steps:"..
+ * "[BEGIN FINAL RESPONSE]" (the answer up to "[END FINAL RESPONSE]"), GRANITE
+ * <think>..</think> and the answer in <response>..</response> (Granite 3.x),
  * HARMONY gpt-oss's analysis channel; NONE: no thinking markup. */
 typedef enum sp_chat_reasoning {
     SP_CHAT_REASONING_NONE = 0,
@@ -109,6 +115,9 @@ typedef enum sp_chat_reasoning {
     SP_CHAT_REASONING_COMMAND,
     SP_CHAT_REASONING_GEMMA4,
     SP_CHAT_REASONING_HARMONY,
+    SP_CHAT_REASONING_MINIMAX,
+    SP_CHAT_REASONING_APRIEL,
+    SP_CHAT_REASONING_GRANITE,
 } sp_chat_reasoning_t;
 /* Both conventions from a template's source text (family.c), as llama.cpp
  * recognises a family: by the markers the template writes. */

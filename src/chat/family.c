@@ -46,6 +46,8 @@ sp_chat_detect_family(const char *src, size_t len, sp_chat_tools_t *tools,
         f = SP_CHAT_TOOLS_GRANITE;
     } else if (has(src, len, "<tool_calls>")) {
         f = SP_CHAT_TOOLS_APRIEL;
+    } else if (has(src, len, "functools[")) {
+        f = SP_CHAT_TOOLS_FIREFUNCTION;
     } else if (has(src, len, "<tool_call>")) {
         f = SP_CHAT_TOOLS_HERMES;
     } else if (has(src, len, "<|python_tag|>") || has(src, len, "ipython")) {
@@ -64,6 +66,12 @@ sp_chat_detect_family(const char *src, size_t len, sp_chat_tools_t *tools,
         r = SP_CHAT_REASONING_COMMAND;
     } else if (has(src, len, "<|channel>thought")) {
         r = SP_CHAT_REASONING_GEMMA4;
+    } else if (has(src, len, "<mm:think>")) {
+        r = SP_CHAT_REASONING_MINIMAX;
+    } else if (has(src, len, "[BEGIN FINAL RESPONSE]")) {
+        r = SP_CHAT_REASONING_APRIEL;
+    } else if (has(src, len, "<think>") && has(src, len, "<response>")) {
+        r = SP_CHAT_REASONING_GRANITE;
     } else if (has(src, len, "<think>") || has(src, len, "</think>")) {
         r = SP_CHAT_REASONING_THINK;
     }
@@ -76,7 +84,7 @@ sp_chat_tools_name(sp_chat_tools_t f)
     static const char *const names[] = {
         "hermes", "llama3", "mistral", "qwen3-coder", "seed-oss", "harmony", "deepseek",
         "kimi-k2", "glm", "functionary-v3.1", "functionary-v3.2", "command-r7b", "granite",
-        "apriel",
+        "apriel", "firefunction-v2",
     };
     return (size_t)f < sizeof names / sizeof names[0] ? names[f] : "hermes";
 }
@@ -86,7 +94,7 @@ sp_chat_reasoning_name(sp_chat_reasoning_t r)
 {
     static const char *const names[] = {
         "none", "think", "seed-think", "mistral-think", "command-thinking", "gemma4-thought",
-        "harmony",
+        "harmony", "minimax-think", "apriel", "granite-think",
     };
     return (size_t)r < sizeof names / sizeof names[0] ? names[r] : "none";
 }

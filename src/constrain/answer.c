@@ -24,16 +24,37 @@ think_tags(sp_chat_reasoning_t r)
     static const tags_t mistral = {"[THINK]", "[/THINK]"};
     static const tags_t command = {"<|START_THINKING|>", "<|END_THINKING|>"};
     static const tags_t gemma4 = {"<|channel>thought", "<channel|>"};
+    static const tags_t minimax = {"<mm:think>", "</mm:think>"};
+    static const tags_t apriel = {"Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"};
     switch (r) {
-    case SP_CHAT_REASONING_THINK: return &think;
+    case SP_CHAT_REASONING_THINK:
+    case SP_CHAT_REASONING_GRANITE: return &think;
     case SP_CHAT_REASONING_SEED: return &seed;
     case SP_CHAT_REASONING_MISTRAL: return &mistral;
     case SP_CHAT_REASONING_COMMAND: return &command;
     case SP_CHAT_REASONING_GEMMA4: return &gemma4;
+    case SP_CHAT_REASONING_MINIMAX: return &minimax;
+    case SP_CHAT_REASONING_APRIEL: return &apriel;
     case SP_CHAT_REASONING_HARMONY:
     case SP_CHAT_REASONING_NONE: break;
     }
     return NULL;
+}
+
+/* The markers some families wrap the answer in (either may be NULL); they
+ * are markup, not content. */
+static const tags_t *
+answer_wrap(sp_chat_reasoning_t r)
+{
+    static const tags_t command = {"<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+    static const tags_t apriel = {NULL, "[END FINAL RESPONSE]"};
+    static const tags_t granite = {"<response>", "</response>"};
+    switch (r) {
+    case SP_CHAT_REASONING_COMMAND: return &command;
+    case SP_CHAT_REASONING_APRIEL: return &apriel;
+    case SP_CHAT_REASONING_GRANITE: return &granite;
+    default: return NULL;
+    }
 }
 
 static bool
@@ -244,7 +265,7 @@ sp_answer_parse(const sp_answer_fmt_t *f, const char *text, size_t len, bool par
             if (len - i >= olen && memcmp(text + i, tg->open, olen) == 0) {
                 in = true;
                 body = i + olen;
-            } else if (partial && memcmp(text + i, tg->open, len - i) == 0) {
+            } else if (partial && len - i < olen && memcmp(text + i, tg->open, len - i) == 0) {
                 return; /* blanks, or the open tag arriving: nothing is certain yet */
             }
         }
@@ -273,7 +294,28 @@ sp_answer_parse(const sp_answer_fmt_t *f, const char *text, size_t len, bool par
             }
         }
     }
-    answer_region(f, text + region, len - region, partial, a);
+    size_t end = len;
+    const tags_t *w = answer_wrap(f->reasoning);
+    if (w != NULL && !f->inline_reasoning) {
+        if (w->open != NULL) {
+            size_t i = region, olen = strlen(w->open);
+            while (i < len && is_space(text[i])) {
+                i++;
+            }
+            if (len - i >= olen && memcmp(text + i, w->open, olen) == 0) {
+                region = i + olen;
+            } else if (partial && len - i < olen && memcmp(text + i, w->open, len - i) == 0) {
+                return; /* maybe the wrapper arriving */
+            }
+        }
+        const char *e = memmem(text + region, len - region, w->close, strlen(w->close));
+        if (e != NULL) {
+            end = (size_t)(e - text);
+        } else if (partial) {
+            end -= tail_of(text + region, len - region, w->close);
+        }
+    }
+    answer_region(f, text + region, end - region, partial, a);
 }
 
 void

@@ -242,7 +242,10 @@ calls_xml(cur_t *c, const char *open, const char *close, const json_t *tools, js
             }
             json_t *v = arg_value(vb, (size_t)(vend - vb),
                                   param_type(tools, name, name_len, key, (size_t)(kgt - key)));
-            json_object_setn_new(args, key, (size_t)(kgt - key), v);
+            if (json_object_setn_new(args, key, (size_t)(kgt - key), v) != 0) {
+                json_decref(args); /* not UTF-8: no call */
+                return;
+            }
             c->p = ve + strlen("</parameter>");
         }
         skip_ws(c);
@@ -292,10 +295,13 @@ calls_glm(cur_t *c, const json_t *tools, json_t *arr)
             if (ve == NULL) {
                 break;
             }
-            json_object_setn_new(args, key, (size_t)(ke - key),
-                                 arg_value(vb, (size_t)(ve - vb),
-                                           param_type(tools, name, name_len, key,
-                                                      (size_t)(ke - key))));
+            if (json_object_setn_new(args, key, (size_t)(ke - key),
+                                     arg_value(vb, (size_t)(ve - vb),
+                                               param_type(tools, name, name_len, key,
+                                                          (size_t)(ke - key)))) != 0) {
+                json_decref(args); /* not UTF-8: no call */
+                return;
+            }
             in.p = ve + strlen("</arg_value>");
             skip_ws(&in);
         }
@@ -337,7 +343,8 @@ calls_mistral(cur_t *c, json_t *arr)
 #define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 
-/* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>..<｜tool▁calls▁end｜> */
+/* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{..}\n```<｜tool▁call▁end｜>..<｜tool▁calls▁end｜>
+ * (R1, V3), or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜> (V3.1). */
 static void
 calls_deepseek(cur_t *c, json_t *arr)
 {
@@ -351,15 +358,21 @@ calls_deepseek(cur_t *c, json_t *arr)
         if (sep == NULL) {
             return;
         }
+        const char *name = c->p, *name_end = sep;
         c->p = sep + strlen(DS_SEP);
-        const char *name = c->p, *nl = find(c, "\n");
-        if (nl == NULL) {
-            return;
+        bool typed = name_end - name == 8 && memcmp(name, "function", 8) == 0;
+        if (typed) { /* the type before the separator, the name after it */
+            const char *nl = find(c, "\n");
+            if (nl == NULL) {
+                return;
+            }
+            name = c->p;
+            name_end = nl;
+            c->p = nl + 1;
         }
-        c->p = nl + 1;
         bool fenced = eat(c, "```json");
         json_t *args = take_json(c);
-        if (!push_call(arr, name, (size_t)(nl - name), args)) {
+        if (!push_call(arr, name, (size_t)(name_end - name), args)) {
             return;
         }
         skip_ws(c);
@@ -452,13 +465,20 @@ calls_functionary32(cur_t *c, json_t *arr)
     } while (eat(c, ">>>"));
 }
 
-/* A start marker followed by a JSON list of calls (and optionally a close). */
+/* A start marker, then a JSON list of calls or call objects one after the
+ * other (MiniMax-M1 writes one a line). */
 static void
 calls_list(cur_t *c, const char *open, json_t *arr)
 {
-    if (eat(c, open)) {
-        add_list(arr, c);
+    if (!eat(c, open)) {
+        return;
     }
+    do {
+        if (!add_list(arr, c)) {
+            return;
+        }
+        skip_ws(c);
+    } while (c->p < c->end && (*c->p == '{' || *c->p == '['));
 }
 
 /* A Llama 3 call: {"name": .., "parameters": {..}} objects, ';'-separated,
@@ -494,6 +514,7 @@ starts(sp_chat_tools_t f)
     static const char *const command[] = {"<|START_ACTION|>", NULL};
     static const char *const granite[] = {"<|tool_call|>", NULL};
     static const char *const apriel[] = {"<tool_calls>", NULL};
+    static const char *const firefunction[] = {"functools[", NULL};
     static const char *const none[] = {NULL};
     switch (f) {
     case SP_CHAT_TOOLS_HERMES:
@@ -508,6 +529,7 @@ starts(sp_chat_tools_t f)
     case SP_CHAT_TOOLS_COMMAND_R7B: return command;
     case SP_CHAT_TOOLS_GRANITE: return granite;
     case SP_CHAT_TOOLS_APRIEL: return apriel;
+    case SP_CHAT_TOOLS_FIREFUNCTION: return firefunction;
     case SP_CHAT_TOOLS_LLAMA3:
     case SP_CHAT_TOOLS_HARMONY: break;
     }
@@ -585,6 +607,7 @@ sp_toolcall_parse(sp_chat_tools_t f, const json_t *tools, const char *text, size
     case SP_CHAT_TOOLS_COMMAND_R7B: calls_list(&c, "<|START_ACTION|>", arr); break;
     case SP_CHAT_TOOLS_GRANITE: calls_list(&c, "<|tool_call|>", arr); break;
     case SP_CHAT_TOOLS_APRIEL: calls_list(&c, "<tool_calls>", arr); break;
+    case SP_CHAT_TOOLS_FIREFUNCTION: calls_list(&c, "functools", arr); break;
     case SP_CHAT_TOOLS_LLAMA3: calls_llama3(&c, arr); break;
     case SP_CHAT_TOOLS_HARMONY: break; /* channels: answer.c */
     }
@@ -597,6 +620,8 @@ sp_toolcall_parse(sp_chat_tools_t f, const json_t *tools, const char *text, size
     size_t ce = (size_t)(at - text);
     if (f == SP_CHAT_TOOLS_FUNCTIONARY_V32 && cs) {
         ce -= 3;
+    } else if (f == SP_CHAT_TOOLS_LLAMA3) {
+        ce = 0; /* only blanks before the call */
     }
     *content_end = ce < cs ? cs : ce;
 }

@@ -582,11 +582,12 @@ built(sp_registry_t *r, sp_served_model_t *m, int64_t t0)
     r->all = m;
     pthread_mutex_unlock(&r->mu);
     SP_LOG_INFO("event=model_ready model=%s version=%lld file=%s backend=%s ctx=%lld instances=%d "
-                "parallel=%d memory_mib=%.1f template=%s load_ms=%.1f",
+                "parallel=%d memory_mib=%.1f template=%s tool_calls=%s reasoning=%s load_ms=%.1f",
                 sp_log_str(m->name), (long long)m->version, sp_log_str(m->path),
                 m->be ? m->be->name : m->kind->name, (long long)m->n_ctx, m->n_inst, m->n_slots,
                 (double)m->mem_bytes / MIB, m->tmpl ? sp_chat_template_name(m->tmpl) : "none",
-                m->load_ms);
+                sp_chat_tools_name(sp_chat_tool_format(m->tmpl)),
+                sp_chat_reasoning_name(sp_chat_reasoning_format(m->tmpl)), m->load_ms);
 }
 
 sp_status_t

@@ -115,6 +115,31 @@ add_eog(sp_tokenizer_t *t, int32_t id)
     }
 }
 
+/*
+ * gpt-oss's harmony vocabulary: <|end|> closes one message of the answer (the
+ * thinking, then the final message follow each other), <|return|> and
+ * <|call|> end the answer (as llama.cpp decides from the same tokens).
+ */
+static void
+harmony_eog(sp_tokenizer_t *t)
+{
+    int32_t ret = sp__vocab_lookup(t, "<|return|>", 10);
+    int32_t call = sp__vocab_lookup(t, "<|call|>", 8);
+    int32_t end = sp__vocab_lookup(t, "<|end|>", 7);
+    if (ret < 0 || call < 0 || end < 0 || t->attr[ret] != SP_TOKEN_TYPE_CONTROL ||
+        t->attr[call] != SP_TOKEN_TYPE_CONTROL) {
+        return;
+    }
+    add_eog(t, ret);
+    add_eog(t, call);
+    for (int i = 0; i < t->n_eog; i++) {
+        if (t->eog[i] == end) {
+            t->eog[i] = t->eog[--t->n_eog];
+            break;
+        }
+    }
+}
+
 /* Specials are split out of the text longest first, then by id (llama.cpp's
  * order); sorted as (length, id) pairs so qsort needs no context. */
 typedef struct special_key {
@@ -447,6 +472,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
             add_eog(t, id);
         }
     }
+    harmony_eog(t);
 
     /* Byte fallback table: BYTE tokens (first one wins), else a token whose text
      * is that single byte (llama.cpp's second choice), else none (unk). */

@@ -177,6 +177,15 @@ def tool_cases(port):
            c.get("finish_reason") == "tool_calls" and c["message"]["content"] == "Looking.\n"
            and json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3},
            str(r)[:500])
+    # a forced call in a family whose markers a grammar cannot write: the grammar's form, parsed
+    body = {"model": "coder", "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": [WEATHER], "tool_choice": "required", "max_tokens": 120, "seed": 1}
+    st, r = http_json(port, "POST", "/v1/chat/completions", body, timeout=60)
+    c = r["choices"][0] if st == 200 else {}
+    call = (c.get("message", {}).get("tool_calls") or [{}])[0]
+    s.case("tool_choice required under a Qwen3-Coder template: the forced call is parsed",
+           c.get("finish_reason") == "tool_calls" and call["function"]["name"] == "get_weather"
+           and isinstance(json.loads(call["function"]["arguments"]), dict), str(r)[:500])
 
 
 HARMONY = ("<|channel|>analysis<|message|>Simple sum.<|end|><|start|>assistant<|channel|>final"
@@ -227,6 +236,10 @@ with tempfile.TemporaryDirectory() as tmp:
     repo = make_repo(tmp)
     srv = RepoServer(repo, "--parallel", "2")
     try:
+        s.case("the families read from the templates are logged",
+               srv.wait_log(r"model=\"?oss\"? .*tool_calls=harmony reasoning=harmony") is not None
+               and srv.wait_log(r"model=\"?coder\"? .*tool_calls=qwen3-coder reasoning=none")
+               is not None, srv.text()[-1500:])
         for fn in (think_cases, tool_cases, harmony_cases, node_sdk):
             s.guard(fn.__name__, lambda fn=fn: fn(srv.port))
     finally:

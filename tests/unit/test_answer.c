@@ -12,6 +12,9 @@
 #include "chat/chat.h"
 #include "constrain/answer.h"
 #include "constrain/toolcall.h"
+#include "core/alloc.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #define DS(x) "<\xef\xbd\x9ctool\xe2\x96\x81" x "\xef\xbd\x9c>"
 
@@ -86,8 +89,12 @@ check(const sp_answer_fmt_t *f0, const char *text, const char *reasoning, const 
         }
         ASSERT(part.calls == NULL);
     }
-    sp_jbuf_raw(&r, whole.reasoning.p + r.len, whole.reasoning.len - r.len);
-    sp_jbuf_raw(&c, whole.content.p + c.len, whole.content.len - c.len);
+    if (whole.reasoning.len > r.len) {
+        sp_jbuf_raw(&r, whole.reasoning.p + r.len, whole.reasoning.len - r.len);
+    }
+    if (whole.content.len > c.len) {
+        sp_jbuf_raw(&c, whole.content.p + c.len, whole.content.len - c.len);
+    }
     expect_buf(&r, reasoning, "streamed reasoning", text);
     expect_buf(&c, content, "streamed content", text);
     sp_jbuf_free(&r);
@@ -139,6 +146,22 @@ TEST(answer_think_tags_per_family)
     check(&f, "<|START_THINKING|>Look it up.<|END_THINKING|>Here.", "Look it up.", "Here.", NULL);
     f.reasoning = SP_CHAT_REASONING_GEMMA4;
     check(&f, "<|channel>thought\nShort.<channel|>Answer.", "Short.", "Answer.", NULL);
+    f.reasoning = SP_CHAT_REASONING_MINIMAX;
+    check(&f, "<mm:think>Brief.</mm:think>\n\nOK.", "Brief.", "OK.", NULL);
+    /* Command R7B wraps the answer too */
+    f.reasoning = SP_CHAT_REASONING_COMMAND;
+    check(&f, "<|START_THINKING|>Easy.<|END_THINKING|><|START_RESPONSE|>It is 4.<|END_RESPONSE|>",
+          "Easy.", "It is 4.", NULL);
+    check(&f, "<|START_RESPONSE|>Hi.", "", "Hi.", NULL);
+    /* Granite 3.3 with thinking: the answer in <response> */
+    f.reasoning = SP_CHAT_REASONING_GRANITE;
+    check(&f, "<think>Recall the capital.</think><response>Paris.</response>", "Recall the capital.",
+          "Paris.", NULL);
+    check(&f, "Paris.", "", "Paris.", NULL);
+    /* Apriel 1.6: the prompt ends with "Here are my reasoning steps:\n" */
+    f.reasoning = SP_CHAT_REASONING_APRIEL;
+    f.think_open = true;
+    check(&f, "1. Add.\n[BEGIN FINAL RESPONSE]\nFour.\n[END FINAL RESPONSE]", "1. Add.", "Four.\n", NULL);
 }
 
 TEST(answer_harmony)
@@ -193,6 +216,7 @@ TEST(answer_llama3)
     check(&f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "", PARIS);
     check(&f, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
           "", PARIS);
+    check(&f, "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "", PARIS);
     check(&f, "The weather is fine.", "", "The weather is fine.", NULL);
     check(&f, "{\"not\": \"a call\"}", "", "{\"not\": \"a call\"}", NULL);
 }
@@ -239,6 +263,12 @@ TEST(answer_deepseek_kimi_glm)
               "call\xe2\x96\x81" "begin") "function" DS("sep") "get_weather\n```json\n{\"city\": "
               "\"Paris\"}\n```" DS("call\xe2\x96\x81" "end") DS("calls\xe2\x96\x81" "end"),
           "The user wants weather.", "", PARIS);
+    /* V3.1: the name before the separator, bare JSON after it */
+    f = fmt(SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK);
+    check(&f, "Sure." DS("calls\xe2\x96\x81" "begin") DS("call\xe2\x96\x81" "begin")
+              "get_weather" DS("sep") "{\"city\": \"Paris\"}" DS("call\xe2\x96\x81" "end")
+              DS("calls\xe2\x96\x81" "end"),
+          "", "Sure.", PARIS);
     f = fmt(SP_CHAT_TOOLS_KIMI, SP_CHAT_REASONING_NONE);
     check(&f, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
@@ -273,6 +303,16 @@ TEST(answer_functionary_command_granite_apriel)
     f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
     check(&f, "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"
               "</tool_calls>", "", "", PARIS);
+    f = fmt(SP_CHAT_TOOLS_FIREFUNCTION, SP_CHAT_REASONING_NONE);
+    check(&f, "Sure. functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+          "", "Sure. ", PARIS);
+    f = fmt(SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE);
+    /* MiniMax-M1: one object a line */
+    check(&f, "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_calls>",
+          "", "",
+          "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}},"
+          "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}]");
 }
 
 TEST(answer_opens_thinking)
@@ -283,6 +323,8 @@ TEST(answer_opens_thinking)
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_THINK, off, strlen(off)));
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_NONE, qwq, strlen(qwq)));
     ASSERT(!sp_answer_opens_thinking(SP_CHAT_REASONING_HARMONY, qwq, strlen(qwq)));
+    const char *apriel = "<|begin_assistant|>\nHere are my reasoning steps:\n";
+    ASSERT(sp_answer_opens_thinking(SP_CHAT_REASONING_APRIEL, apriel, strlen(apriel)));
 }
 
 /* The families read from the templates of the models people download. */
@@ -304,6 +346,9 @@ TEST(family_from_templates)
         {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
         {"llama-cpp-deepseek-r1", SP_CHAT_TOOLS_DEEPSEEK, SP_CHAT_REASONING_THINK},
         {"meta-llama-Llama-3.1-8B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"meta-llama-Llama-3.2-3B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"meta-llama-Llama-3.3-70B-Instruct", SP_CHAT_TOOLS_LLAMA3, SP_CHAT_REASONING_NONE},
+        {"fireworks-ai-llama-3-firefunction-v2", SP_CHAT_TOOLS_FIREFUNCTION, SP_CHAT_REASONING_NONE},
         {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_NONE},
         {"mistralai-Mistral-Nemo-Instruct-2407", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_NONE},
         {"mistralai-Ministral-3-14B-Reasoning-2512", SP_CHAT_TOOLS_MISTRAL, SP_CHAT_REASONING_MISTRAL},
@@ -314,9 +359,12 @@ TEST(family_from_templates)
         {"meetkai-functionary-medium-v3.2", SP_CHAT_TOOLS_FUNCTIONARY_V32, SP_CHAT_REASONING_NONE},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", SP_CHAT_TOOLS_COMMAND_R7B,
          SP_CHAT_REASONING_COMMAND},
-        {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_THINK},
-        {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE},
+        {"ibm-granite-granite-3.3-2B-Instruct", SP_CHAT_TOOLS_GRANITE, SP_CHAT_REASONING_GRANITE},
+        {"unsloth-Apriel-1.5", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
         {"google-gemma-4-31B-it", SP_CHAT_TOOLS_HERMES, SP_CHAT_REASONING_GEMMA4},
+        {"Apriel-1.6-15b-Thinker-fixed", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_APRIEL},
+        {"MiniMax-M1", SP_CHAT_TOOLS_APRIEL, SP_CHAT_REASONING_NONE},
+        {"Cohere2MoE", SP_CHAT_TOOLS_COMMAND_R7B, SP_CHAT_REASONING_COMMAND},
     };
     /* the shared test data beside the checkout (the lead's copy or a worktree) */
     static const char *const dirs[] = {"../shared/testdata/chat-templates",
@@ -347,5 +395,102 @@ TEST(family_from_templates)
     }
     if (found == 0) {
         SKIP("the chat-templates test data is not there");
+    }
+}
+
+/* Hostile answers in every family and mode: no crash, no leak (ASan), and the
+ * streaming rule holds on each (a prefix's parts are prefixes of the whole's). */
+TEST(answer_hostile_inputs)
+{
+    static const char *const texts[] = {
+        "<think><think></think></think>",
+        "</think>",
+        "<tool_call><tool_call></tool_call>",
+        "<tool_call>\n<function=\n<parameter=",
+        "<tool_call>\n<function=f>\n<parameter=k>\n\xff\xfe\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>f<arg_key>\xc3</arg_key><arg_value>1</arg_value></tool_call>",
+        "[TOOL_CALLS][TOOL_CALLS][ARGS]",
+        "[TOOL_CALLS][1, 2, {\"name\": 3}]",
+        DS("calls\xe2\x96\x81" "begin") DS("call\xe2\x96\x81" "begin") DS("sep") DS("sep"),
+        "<|tool_calls_section_begin|><|tool_call_begin|>:<|tool_call_argument_begin|>{}",
+        "<|channel|><|message|><|end|><|start|><|channel|>analysis to=functions.<|message|>{}",
+        "<|start|>assistant to=functions.f<|channel|>commentary<|message|>\"x\"",
+        ">>>>>>all\n>>>",
+        "<|START_ACTION|>{\"tool_name\": \"\"}",
+        "<function=f>{}</function><function=>{}",
+        "<|python_tag|>",
+        "{\"name\": \"f\", \"parameters\": []}",
+        "",
+    };
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    for (int t = SP_CHAT_TOOLS_HERMES; t <= SP_CHAT_TOOLS_FIREFUNCTION; t++) {
+        for (int r = SP_CHAT_REASONING_NONE; r <= SP_CHAT_REASONING_GRANITE; r++) {
+            for (int mode = 0; mode < 4; mode++) {
+                sp_answer_fmt_t f = {.tools = (sp_chat_tools_t)t, .reasoning = (sp_chat_reasoning_t)r,
+                                     .parse_tools = true, .tool_list = tools,
+                                     .inline_reasoning = mode & 1, .think_open = mode & 2};
+                for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+                    size_t len = strlen(texts[i]);
+                    sp_answer_t whole = {0}, part = {0};
+                    sp_answer_parse(&f, texts[i], len, false, &whole);
+                    for (size_t k = 0; k <= len; k++) {
+                        sp_answer_parse(&f, texts[i], k, true, &part);
+                        if (!prefix_of(&part.reasoning, &whole.reasoning) ||
+                            !prefix_of(&part.content, &whole.content)) {
+                            SP_TEST_FAIL("%s/%s mode %d: <<%s>> cut at %zu is not a prefix",
+                                         sp_chat_tools_name(f.tools),
+                                         sp_chat_reasoning_name(f.reasoning), mode, texts[i], k);
+                        }
+                    }
+                    sp_answer_free(&part);
+                    sp_answer_free(&whole);
+                }
+            }
+        }
+    }
+    json_decref(tools);
+}
+
+/* gpt-oss's vocabulary: <|end|> separates the thinking from the final message,
+ * so it must not end the generation; <|return|> and <|call|> do. */
+TEST(harmony_end_of_generation)
+{
+    static const char *const tokens[] = {"<unk>", "<s>", "</s>", "<|start|>", "<|end|>",
+                                         "<|return|>", "<|call|>", "<|message|>", "a"};
+    enum { N = sizeof tokens / sizeof tokens[0] };
+    float scores[N] = {0};
+    int32_t types[N] = {2, 3, 3, 3, 3, 3, 3, 3, 1};
+    char err[256];
+    for (int harmony = 0; harmony < 2; harmony++) {
+        sp_gguf_writer_t *w;
+        ASSERT_OK(sp_gguf_writer_create(&w));
+        ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "llama"));
+        ASSERT_OK(sp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+        /* without <|return|> and <|call|> (phi3's vocabulary) <|end|> stays an end */
+        uint64_t n = harmony ? N : 5;
+        ASSERT_OK(sp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, n));
+        ASSERT_OK(sp_gguf_writer_set_arr(w, "tokenizer.ggml.scores", SP_GGUF_TYPE_FLOAT32, n, scores));
+        ASSERT_OK(sp_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", SP_GGUF_TYPE_INT32, n, types));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
+        void *mem;
+        size_t len;
+        ASSERT_OK(sp_gguf_writer_write_mem(w, &mem, &len, err, sizeof err));
+        sp_gguf_writer_destroy(w);
+        sp_gguf_t *g;
+        ASSERT_OK(sp_gguf_open_mem(mem, len, "harmony", &g, err, sizeof err));
+        sp_tokenizer_t *t;
+        if (sp_tokenizer_from_gguf(g, &t, err, sizeof err) != SP_OK) {
+            SP_TEST_FAIL("tokenizer: %s", err);
+        }
+        ASSERT(sp_tokenizer_is_eog(t, 2));
+        ASSERT_EQ(sp_tokenizer_is_eog(t, 4), !harmony);
+        if (harmony) {
+            ASSERT(sp_tokenizer_is_eog(t, 5) && sp_tokenizer_is_eog(t, 6));
+            ASSERT(!sp_tokenizer_is_eog(t, 7));
+        }
+        sp_tokenizer_destroy(t);
+        sp_gguf_close(g);
+        sp_free(mem);
     }
 }
