@@ -8,12 +8,13 @@ TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
         [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs]
-        [--embd-type T]
-        [--output-type T] [--seed N] [--vocab-from FILE.gguf]
+        [--embd-type T] [--output-type T] [--seed N] [--embd-scale F] [--vocab-from FILE.gguf]
 
 Weights: matrices are normal(0, 1/sqrt(fan_in)) so that every projection keeps
-activations O(1); the embedding / output matrix is normal(0, 2/sqrt(dim)) so
-logits (after the final RMSNorm) have a standard deviation of about 2; norm
+activations O(1); the embedding / output matrix is normal(0, S/sqrt(dim)) with
+S = --embd-scale (default 2) so logits (after the final RMSNorm, whose output has
+an rms of about 1) have a standard deviation of about S across the vocabulary
+(a larger S spreads the logits further apart: fewer near-ties for top-1); norm
 weights are uniform in [0.8, 1.2]; biases are normal(0, 0.2). Each tensor has
 its own generator seeded by (seed, crc32(name)), so a tensor's values do not
 depend on the order or the set of the other tensors.
@@ -70,14 +71,28 @@ PRESETS = {
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
+    # One small shape per architecture for the llama.cpp oracle test (tests/py/test_llamacpp.py
+    # looks them up as ORACLE_SHAPES[arch]): every row length a multiple of 256 (the K-quant
+    # super-block, so llama.cpp's quantizer keeps its chosen types instead of falling back)
+    # and head sizes as the real families have them, scaled down.
+    "llama-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                      vocab=512, ctx=256, tied=True, rope_base=500000.0),
+    # Mistral 7B's GGUF files are llama-architecture files: untied output, 4:1 grouped-query
+    # attention, RoPE base 1e6
+    "mistral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ff=768,
+                        vocab=512, ctx=256, tied=False, rope_base=1000000.0),
+    "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                      vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
+                      eps=1e-6),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
+ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
-                vocab_from=None, name=None, poison=None)
+                vocab_from=None, name=None, poison=None, embd_scale=2.0)
 
 
 # ---- half / bfloat ----------------------------------------------------------
@@ -450,6 +465,8 @@ def resolve(cfg):
         c["ff"] = 4 * c["dim"]
     if c["qkv_bias"] is None:
         c["qkv_bias"] = c["arch"] == "qwen2"
+    if not c["embd_scale"] > 0:
+        raise ValueError("embd_scale must be positive")
     if c["n_heads"] % c["n_kv_heads"]:
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if c["head_dim"] % 2:
@@ -541,7 +558,7 @@ def _values(c, name, ne, kind, rng, rows):
         return rng.uniform(0.8, 1.2, size=(rows, n)).astype(np.float32)
     if kind == "bias":
         return (rng.standard_normal((rows, n), dtype=np.float32) * np.float32(0.2))
-    std = (2.0 if kind == "embd" else 1.0) / np.sqrt(n)
+    std = (c["embd_scale"] if kind == "embd" else 1.0) / np.sqrt(n)
     return rng.standard_normal((rows, n), dtype=np.float32) * np.float32(std)
 
 
@@ -609,7 +626,7 @@ def main(argv=None):
     ap.add_argument("--name")
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed"):
         ap.add_argument("--" + k, type=int)
-    for k in ("rope-base", "rope-scale", "eps"):
+    for k in ("rope-base", "rope-scale", "eps", "embd-scale"):
         ap.add_argument("--" + k, type=float)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=None)
