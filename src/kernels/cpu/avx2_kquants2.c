@@ -87,7 +87,7 @@ tile_sumi(__m256i acc, int bias, __m256i sc16, const sp_block_q8_k *yb)
 #define FINISH_SCALE(yb, xb, sumi, mn16) finish_scale((yb)->d, (xb)->d, sumi)
 
 /* One weight row x nt tokens. */
-#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                           \
+#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                     \
     KQ2_INLINE void name(int64_t nb, const wblock *x, const sp_block_q8_k *const *y, int nt,     \
                          float *out)                                                             \
     {                                                                                            \

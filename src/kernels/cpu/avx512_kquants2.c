@@ -95,7 +95,7 @@ tile_sumi(__m512i acc, int bias, __m256i sc16, const sp_block_q8_k *yb)
                          mn16, _mm256_loadu_si256((const __m256i *)(yb)->bsums))))
 #define FINISH_SCALE(yb, xb, sumi, mn16) finish_scale((yb)->d, (xb)->d, sumi)
 
-#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                           \
+#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                     \
     KQ2_INLINE void name(int64_t nb, const wblock *x, const sp_block_q8_k *const *y, int nt,     \
                          float *out)                                                             \
     {                                                                                            \

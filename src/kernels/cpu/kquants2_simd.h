@@ -120,11 +120,12 @@ kq2_unpack_iq4xs(const sp_block_iq4_xs *x, __m256i q[8], __m256i *sc16, __m256i 
     memcpy(&l4, x->scales_l, sizeof(l4));
     const __m128i nib = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l4 & 0x0f0f0f0fu)),
                                           _mm_cvtsi32_si128((int)((l4 >> 4) & 0x0f0f0f0fu)));
-    const __m256i hb = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(x->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
+    const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->scales_h), shifts),
+                                        _mm256_set1_epi32(3));
     const __m256i s32 = _mm256_sub_epi32(
-        _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(32));
+        _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)),
+        _mm256_set1_epi32(32));
     *sc16 = _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)),
                             _mm256_slli_epi32(s32, 16));
     *mn16 = _mm256_setzero_si256();
