@@ -3,7 +3,8 @@
  * from the GGUF format description, the reference quantizers' nearest-level property and error
  * bounds, dot products against float math, every SIMD level against the scalar reference (bit
  * for bit, by the numerics contract of kquants2_impl.h) on quantized and on random-byte blocks,
- * gemm against vec_dot (bit for bit: batch invariance), extreme integer ranges, garbage input.
+ * gemm against vec_dot (bit for bit: batch invariance), extreme integer ranges, garbage input,
+ * and known answers from ggml's reference quantizers (byte-identical output).
  *
  * Expected values in the layout tests come from packing code written for the test, never from
  * the kernels' own unpack helpers.
@@ -709,5 +710,45 @@ TEST(kquants2_extreme_values)
                 ASSERT_BITS_EQ(s, ref);
             }
         }
+    }
+}
+
+/* Known answers: the FNV-1a 64 hash of the bytes ggml's reference quantizers
+ * (quantize_row_{q5_K,q3_K,iq4_xs,q2_K}_ref of llama.cpp's ggml-quants.c, built out of tree)
+ * write for fill_weights(16 super-blocks, seed 4242) - weight-like data with all-positive and
+ * all-zero groups. Equal hashes mean byte-identical files to llama-quantize's reference path; a
+ * change to a quantizer's search, rounding or packing changes the hash. */
+static uint64_t
+fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+TEST(kquants2_quantize_matches_ggml)
+{
+    enum { N = 16 * 256 };
+    static const struct {
+        sp_type_t type;
+        uint64_t hash;
+    } want[] = {
+        {SP_TYPE_Q5_K, 0x5ecfb3fe1e6d120aull},
+        {SP_TYPE_Q3_K, 0xa6cd4432bdf43ec9ull},
+        {SP_TYPE_IQ4_XS, 0xcd90cdedb93aad4full},
+        {SP_TYPE_Q2_K, 0x5d62809f1b4aecf1ull},
+    };
+    static float x[N];
+    static uint8_t q[N];
+    fill_weights(x, N, 4242);
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        ASSERT(sp_quantize_row(want[i].type, x, q, N));
+        const uint64_t h = fnv1a(q, sp_row_size(want[i].type, N));
+        if (h != want[i].hash)
+            SP_TEST_FAIL("%s: bytes hash to 0x%016" PRIx64 ", ggml's to 0x%016" PRIx64,
+                         sp_type_name(want[i].type), h, want[i].hash);
     }
 }
