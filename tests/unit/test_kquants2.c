@@ -3,7 +3,8 @@
  * from the GGUF format description, the reference quantizers' nearest-level property and error
  * bounds, dot products against float math, every SIMD level against the scalar reference (bit
  * for bit, by the numerics contract of kquants2_impl.h) on quantized and on random-byte blocks,
- * gemm against vec_dot (bit for bit: batch invariance), extreme integer ranges, garbage input.
+ * gemm against vec_dot (bit for bit: batch invariance), extreme integer ranges, garbage input,
+ * and known answers from ggml's reference quantizers (byte-identical output).
  *
  * Expected values in the layout tests come from packing code written for the test, never from
  * the kernels' own unpack helpers.
@@ -709,5 +710,66 @@ TEST(kquants2_extreme_values)
                 ASSERT_BITS_EQ(s, ref);
             }
         }
+    }
+}
+
+/* Known answers: the FNV-1a 64 hash of the bytes ggml's reference quantizers
+ * (quantize_row_{q5_K,q3_K,iq4_xs,q2_K}_ref of llama.cpp's ggml-quants.c, built out of tree)
+ * write for fill_kat's 16 super-blocks. Equal hashes mean byte-identical output to ggml's
+ * reference path; a change to a quantizer's search, rounding or packing changes the hash. The
+ * quantizers use only IEEE basic operations, sqrtf and nearbyintf (all exactly specified), so
+ * the hashes hold on any machine. */
+static uint64_t
+fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* Weight-like data from IEEE basic operations only (no libm), so every machine computes the
+ * same floats: a sum of 4 uniforms (roughly Gaussian), a spread per 32 elements, outliers, an
+ * all-positive and an all-zero group per 1024. */
+static void
+fill_kat(float *x, int64_t n)
+{
+    rng_seed(4242);
+    for (int64_t i = 0; i < n; i++) {
+        double g = 0;
+        for (int k = 0; k < 4; k++)
+            g += (double)(rng_next() >> 40) * 0x1p-24;
+        const float spread = 0.02f + 0.05f * (float)((i / 32) % 7);
+        x[i] = spread * (float)(g - 2.0) + ((i % 97) == 13 ? 0.5f : 0.0f);
+        if (i % 1024 >= 512 && i % 1024 < 528)
+            x[i] = fabsf(x[i]) + 0.01f;
+        if (i % 1024 >= 768 && i % 1024 < 784)
+            x[i] = 0.0f;
+    }
+}
+
+TEST(kquants2_quantize_matches_ggml)
+{
+    enum { N = 16 * 256 };
+    static const struct {
+        sp_type_t type;
+        uint64_t hash;
+    } want[] = {
+        {SP_TYPE_Q5_K, 0x953f041f3c256814ull},
+        {SP_TYPE_Q3_K, 0x94063e0363192b59ull},
+        {SP_TYPE_IQ4_XS, 0x592355bba619980eull},
+        {SP_TYPE_Q2_K, 0x79a342b45df3ecc8ull},
+    };
+    static float x[N];
+    static uint8_t q[N];
+    fill_kat(x, N);
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        ASSERT(sp_quantize_row(want[i].type, x, q, N));
+        const uint64_t h = fnv1a(q, sp_row_size(want[i].type, N));
+        if (h != want[i].hash)
+            SP_TEST_FAIL("%s: bytes hash to 0x%016" PRIx64 ", ggml's to 0x%016" PRIx64,
+                         sp_type_name(want[i].type), h, want[i].hash);
     }
 }

@@ -66,6 +66,18 @@ finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
     return d * (float)sumi;
 }
 
+/* sumi of one (super-block, token); bias: the unpacked quants are q + bias, so subtract
+ * bias * sum_g sc[g] * bsums[g] (exact: |sc| <= 32, |bsums| <= 16 * 127). */
+KQ2_INLINE int32_t
+tile_sumi(__m256i acc, int bias, __m256i sc16, const sp_block_q8_k *yb)
+{
+    int32_t sumi = hsum_i32x8(acc);
+    if (bias)
+        sumi -= bias * hsum_i32x8(_mm256_madd_epi16(
+                           sc16, _mm256_loadu_si256((const __m256i *)yb->bsums)));
+    return sumi;
+}
+
 /* The finish of one (super-block, token): FINISH_MIN adds Q2_K's / Q5_K's min term
  * (sum_g m[g] * bsums[g], exact: 15 or 63 times |bsums| <= 16 * 127). */
 #define FINISH_MIN(yb, xb, sumi, mn16)                                                           \
@@ -75,7 +87,7 @@ finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
 #define FINISH_SCALE(yb, xb, sumi, mn16) finish_scale((yb)->d, (xb)->d, sumi)
 
 /* One weight row x nt tokens. */
-#define DEFINE_TILE(name, wblock, unpack, sgn, finish)                                           \
+#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                     \
     KQ2_INLINE void name(int64_t nb, const wblock *x, const sp_block_q8_k *const *y, int nt,     \
                          float *out)                                                             \
     {                                                                                            \
@@ -99,7 +111,8 @@ finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
             }                                                                                    \
             _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++)                                 \
             {                                                                                    \
-                const float blk = finish(&y[t][b], &x[b], hsum_i32x8(acc[t]), mn16);             \
+                const float blk = finish(&y[t][b], &x[b], tile_sumi(acc[t], bias, sc16, &y[t][b]), \
+                                         mn16);                                                  \
                 sumf[t] = sumf[t] + blk;                                                         \
             }                                                                                    \
         }                                                                                        \
@@ -107,10 +120,10 @@ finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
             out[t] = sumf[t];                                                                    \
     }
 
-DEFINE_TILE(q2k_tile, sp_block_q2_k, kq2_unpack_q2k, 0, FINISH_MIN)
-DEFINE_TILE(q3k_tile, sp_block_q3_k, kq2_unpack_q3k, 1, FINISH_SCALE)
-DEFINE_TILE(q5k_tile, sp_block_q5_k, kq2_unpack_q5k, 0, FINISH_MIN)
-DEFINE_TILE(iq4xs_tile, sp_block_iq4_xs, kq2_unpack_iq4xs, 1, FINISH_SCALE)
+DEFINE_TILE(q2k_tile, sp_block_q2_k, kq2_unpack_q2k, 0, 0, FINISH_MIN)
+DEFINE_TILE(q3k_tile, sp_block_q3_k, kq2_unpack_q3k, 0, 4, FINISH_SCALE)
+DEFINE_TILE(q5k_tile, sp_block_q5_k, kq2_unpack_q5k, 0, 0, FINISH_MIN)
+DEFINE_TILE(iq4xs_tile, sp_block_iq4_xs, kq2_unpack_iq4xs, 1, 0, FINISH_SCALE)
 
 /* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of
  * TILE_TOK; the tail tile uses a smaller NT of the same microkernel. */

@@ -54,6 +54,8 @@ sp__iq4xs_unpack_scales(const sp_block_iq4_xs *x, uint8_t sc[8])
 
 /* ---- per-level entry points -------------------------------------------------------------- */
 
+/* dequantizers and ggml's reference quantizers (scalar only) */
+
 void sp__q2k_to_float_ref(const void *src, float *dst, int64_t n);
 void sp__q3k_to_float_ref(const void *src, float *dst, int64_t n);
 void sp__q5k_to_float_ref(const void *src, float *dst, int64_t n);
@@ -62,11 +64,8 @@ void sp__q2k_from_float_ref(const float *src, void *dst, int64_t n);
 void sp__q3k_from_float_ref(const float *src, void *dst, int64_t n);
 void sp__q5k_from_float_ref(const float *src, void *dst, int64_t n);
 void sp__iq4xs_from_float_ref(const float *src, void *dst, int64_t n);
-void sp__q2k_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
-void sp__q3k_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
-void sp__q5k_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
-void sp__iq4xs_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
 
+/* vec_dot and gemm of each level: ref (scalar), avx2, avx512 */
 #define SP__KQ2_DECL(lvl)                                                                       \
     void sp__q2k_vec_dot_##lvl(int64_t n, float *s, const void *w, const void *x);              \
     void sp__q3k_vec_dot_##lvl(int64_t n, float *s, const void *w, const void *x);              \
@@ -85,6 +84,7 @@ void sp__iq4xs_vec_dot_ref(int64_t n, float *s, const void *w, const void *x);
                               int64_t r1, const void *x, size_t x_stride, int64_t n_tok,        \
                               float *y, int64_t ldy);
 
+SP__KQ2_DECL(ref)
 SP__KQ2_DECL(avx2)
 SP__KQ2_DECL(avx512)
 #undef SP__KQ2_DECL

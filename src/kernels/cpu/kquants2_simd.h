@@ -4,7 +4,8 @@
  * target flags; both are built with at least AVX2 + F16C). Pure register code, no state.
  *
  * Every unpack gives the super-block as the dot product of kquants2_impl.h sees it:
- *   q[k]  (k = 0..7): the 32 signed quants of elements 32k..32k+31, one per byte;
+ *   q[k]  (k = 0..7): the 32 quants of elements 32k..32k+31, one per byte (signed for IQ4_XS,
+ *         Q3_K's offset by +4 to 0..7);
  *   sc16: 16 int16 scales, word g for elements 16g..16g+15;
  *   mn16: 16 int16 mins (zero for the scale-only types).
  */
@@ -32,6 +33,7 @@ KQ2_INLINE void
 kq2_unpack_2bit(const uint8_t *qs, __m256i q[8])
 {
     const __m256i m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
         q[4 * h + 0] = _mm256_and_si256(v, m3);
@@ -51,17 +53,19 @@ kq2_unpack_q2k(const sp_block_q2_k *x, __m256i q[8], __m256i *sc16, __m256i *mn1
     *mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
 }
 
+/* Q3_K's quants come back offset by +4 (0..7, unsigned: bit 2 is the hmask bit), so the dot
+ * products need no sign handling; the tile subtracts 4 * sum_g sc[g] * bsums[g] (exact). */
 KQ2_INLINE void
 kq2_unpack_q3k(const sp_block_q3_k *x, __m256i q[8], __m256i *sc16, __m256i *mn16)
 {
     kq2_unpack_2bit(x->qs, q);
-    /* element 32k + l: bit k of hmask[l] clear means q - 4 */
+    /* element 32k + l: bit k of hmask[l] moved to bit 2 */
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     const __m256i four = _mm256_set1_epi8(4);
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        const __m256i bit = _mm256_set1_epi8((char)(1 << k));
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
-        q[k] = _mm256_sub_epi8(q[k], _mm256_andnot_si256(set, four));
+        const __m256i h = k <= 2 ? _mm256_slli_epi16(hm, 2 - k) : _mm256_srli_epi16(hm, k - 2);
+        q[k] = _mm256_or_si256(q[k], _mm256_and_si256(h, four));
     }
     uint8_t sc[16];
     sp__q3k_unpack_scales(x->scales, sc);
@@ -76,6 +80,7 @@ kq2_unpack_q5k(const sp_block_q5_k *x, __m256i q[8], __m256i *sc16, __m256i *mn1
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i b4 = _mm256_set1_epi8(0x10);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+#pragma GCC unroll 4
     for (int h = 0; h < 4; h++) {
         /* 64 elements: low nibbles are sub-block 2h, high nibbles 2h+1; bit 4 from qh bit j */
         const __m256i v = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
@@ -98,6 +103,7 @@ kq2_unpack_iq4xs(const sp_block_iq4_xs *x, __m256i q[8], __m256i *sc16, __m256i 
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i table =
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
+#pragma GCC unroll 4
     for (int h = 0; h < 4; h++) {
         /* sub-blocks 2h (bytes 0-15) and 2h+1 (bytes 16-31); per sub-block the low nibbles are
          * elements 0-15, the high nibbles 16-31 */
@@ -107,11 +113,21 @@ kq2_unpack_iq4xs(const sp_block_iq4_xs *x, __m256i q[8], __m256i *sc16, __m256i 
         q[2 * h] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20));
         q[2 * h + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31));
     }
-    uint8_t sc[8];
-    uint64_t sc64;
-    sp__iq4xs_unpack_scales(x, sc);
-    memcpy(&sc64, sc, sizeof(sc64));
-    *sc16 = kq2_widen_pairs(sc64, 32);
+    /* scale ib: nibble ib % 2 of scales_l[ib / 2] | bits 2ib..2ib+1 of scales_h << 4, minus 32;
+     * one int32 lane per sub-block, then (s & 0xFFFF) | s << 16 makes the lane the two int16
+     * words of its two 16-element groups */
+    uint32_t l4;
+    memcpy(&l4, x->scales_l, sizeof(l4));
+    const __m128i nib = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l4 & 0x0f0f0f0fu)),
+                                          _mm_cvtsi32_si128((int)((l4 >> 4) & 0x0f0f0f0fu)));
+    const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x->scales_h), shifts),
+                                        _mm256_set1_epi32(3));
+    const __m256i s32 = _mm256_sub_epi32(
+        _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hb, 4)),
+        _mm256_set1_epi32(32));
+    *sc16 = _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)),
+                            _mm256_slli_epi32(s32, 16));
     *mn16 = _mm256_setzero_si256();
 }
 

@@ -267,6 +267,50 @@ sp__iq4xs_vec_dot_ref(int64_t n, float *s, const void *w, const void *xv)
     *s = sumf;
 }
 
+/* ---- batched gemm ---------------------------------------------------------------------------- */
+
+/* Each weight super-block is unpacked once per row and tile of GEMM_TOK tokens; every (row,
+ * token) pair still sums its super-blocks in order with the same statements as vec_dot, so the
+ * results are vec_dot's bits whatever the batch. */
+#define GEMM_TOK 8
+
+#define DEFINE_REF_GEMM(name, wblock, unpack, finish)                                            \
+    void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
+              size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
+    {                                                                                           \
+        const int64_t nb = n / SP_QK_K;                                                         \
+        kq_unpacked u;                                                                          \
+        for (int64_t r = r0; r < r1; r++) {                                                     \
+            const wblock *xr = (const wblock *)((const char *)w + (size_t)r * w_stride);        \
+            for (int64_t t0 = 0; t0 < n_tok; t0 += GEMM_TOK) {                                  \
+                const int nt = n_tok - t0 < GEMM_TOK ? (int)(n_tok - t0) : GEMM_TOK;            \
+                float sumf[GEMM_TOK] = {0};                                                     \
+                for (int64_t b = 0; b < nb; b++) {                                              \
+                    unpack(&xr[b], &u);                                                         \
+                    for (int t = 0; t < nt; t++) {                                              \
+                        const sp_block_q8_k *yb =                                               \
+                            (const sp_block_q8_k *)((const char *)x +                           \
+                                                    (size_t)(t0 + t) * x_stride) + b;           \
+                        int32_t sumi, summs;                                                    \
+                        kq_block_dot(&u, yb, &sumi, &summs);                                    \
+                        const float blk = finish;                                               \
+                        sumf[t] = sumf[t] + blk;                                                \
+                    }                                                                           \
+                }                                                                               \
+                for (int t = 0; t < nt; t++)                                                    \
+                    y[(t0 + t) * ldy + r] = sumf[t];                                            \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DEFINE_REF_GEMM(sp__q2k_gemm_ref, sp_block_q2_k, q2k_unpack,
+                finish_scale_min(yb, xr[b].d, xr[b].dmin, sumi, summs))
+DEFINE_REF_GEMM(sp__q3k_gemm_ref, sp_block_q3_k, q3k_unpack, finish_scale(yb, xr[b].d, sumi))
+DEFINE_REF_GEMM(sp__q5k_gemm_ref, sp_block_q5_k, q5k_unpack,
+                finish_scale_min(yb, xr[b].d, xr[b].dmin, sumi, summs))
+DEFINE_REF_GEMM(sp__iq4xs_gemm_ref, sp_block_iq4_xs, iq4xs_unpack,
+                finish_scale(yb, xr[b].d, sumi))
+
 /* ---- quantizers ----------------------------------------------------------------------------- */
 
 /*
@@ -681,6 +725,10 @@ sp__kquants2_register_ref(sp_cpu_kernels_t *k)
     k->vec_dot[SP_TYPE_Q3_K] = sp__q3k_vec_dot_ref;
     k->vec_dot[SP_TYPE_Q5_K] = sp__q5k_vec_dot_ref;
     k->vec_dot[SP_TYPE_IQ4_XS] = sp__iq4xs_vec_dot_ref;
+    k->gemm[SP_TYPE_Q2_K] = sp__q2k_gemm_ref;
+    k->gemm[SP_TYPE_Q3_K] = sp__q3k_gemm_ref;
+    k->gemm[SP_TYPE_Q5_K] = sp__q5k_gemm_ref;
+    k->gemm[SP_TYPE_IQ4_XS] = sp__iq4xs_gemm_ref;
     k->to_float[SP_TYPE_Q2_K] = sp__q2k_to_float_ref;
     k->to_float[SP_TYPE_Q3_K] = sp__q3k_to_float_ref;
     k->to_float[SP_TYPE_Q5_K] = sp__q5k_to_float_ref;
