@@ -62,6 +62,10 @@ MODELS = [
     ("llama", "q4_0"),
     ("llama", "q4_k"),
     ("llama", "q6_k"),
+    ("llama", "q5_k"),
+    ("llama", "q3_k"),
+    ("llama", "iq4_xs"),
+    ("llama", "q2_k"),
     ("mistral", "f32"),
     ("mistral", "f16"),
     ("mistral", "bf16"),
@@ -69,6 +73,8 @@ MODELS = [
     ("mistral", "q4_0"),
     ("mistral", "q4_k"),
     ("mistral", "q6_k"),
+    ("mistral", "q5_k"),
+    ("mistral", "q3_k"),
     ("qwen2", "f32"),
     ("qwen2", "f16"),
     ("qwen2", "bf16"),
@@ -76,6 +82,10 @@ MODELS = [
     ("qwen2", "q4_0"),
     ("qwen2", "q4_k"),
     ("qwen2", "q6_k"),
+    ("qwen2", "q5_k"),
+    ("qwen2", "q3_k"),
+    ("qwen2", "iq4_xs"),
+    ("qwen2", "q2_k"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.
