@@ -98,9 +98,10 @@ def find_libdir():
 
 def tensor_types(path):
     """{tensor name: ggml type name} of a GGUF file (its header only; any tensor type)."""
+    import mmap
     import struct
     with open(path, "rb") as f:
-        data = f.read(1 << 24)
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     pos = 4  # after the magic
 
@@ -143,12 +144,13 @@ def tensor_types(path):
     out = {}
     for _ in range(n_t):
         (n,) = take("<Q")
-        name = data[pos:pos + n].decode()
+        name = bytes(data[pos:pos + n]).decode()
         pos += n
         (nd,) = take("<I")
         take(f"<{nd}Q")
         tt, _ = take("<IQ")
         out[name] = GGML_TYPE_NAME.get(tt, f"type{tt}")
+    data.close()
     return out
 
 
