@@ -365,8 +365,9 @@ contains(jr_t *r, uint32_t line, const sp__jv_t *item, const sp__jv_t *in, bool 
         *out = item->k == JV_STR &&
                sp__jinja_value_dict_get(in->u.d, item->u.s.p, item->u.s.n) != NULL;
         return SP_OK;
-    case JV_UNDEF:
-        return undefined_error(r, line, in);
+    case JV_UNDEF: /* Jinja2's Undefined iterates as empty */
+        *out = false;
+        return SP_OK;
     default:
         return rfail(r, line, SP_ERR_INVALID, "argument of type '%s' is not iterable",
                      type_name(in));
@@ -1624,6 +1625,14 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
     const char *name = filter_names[id];
     sp__jv_t p[MAX_PARAMS];
 
+    if ((id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR ||
+         id == F_MAP) && !truthy(v)) {
+        /* Jinja2 iterates these only `if value`: none or undefined gives nothing */
+        sp__jlist_t *l;
+        TRY(mk_list(r, line, 0, &l));
+        *out = list_value(l);
+        return SP_OK;
+    }
     if (id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR) {
         return filter_select(r, line, id, v, a, out);
     }
@@ -1943,6 +1952,69 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
 }
 
 /* ---- methods ---------------------------------------------------------- */
+/* Python's str.format with positional fields only: "{}" (the next argument),
+ * "{N}", and "{{" / "}}" for braces; each argument as str() writes it.
+ * Names, attributes and format specs inside a field are refused. */
+static sp_status_t
+str_format(jr_t *r, uint32_t line, const sp__jv_t *fmt, const args_t *a, sp__jv_t *out)
+{
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (a->names != NULL && a->names[i].p != NULL) {
+            return rfail(r, line, SP_ERR_UNSUPPORTED, "format(): keyword fields are not supported");
+        }
+    }
+    const char *f = fmt->u.s.p;
+    size_t n = fmt->u.s.n, next = 0;
+    sp__jbuf_t b;
+    buf_init(r, &b);
+    sp_status_t st = SP_OK;
+    for (size_t i = 0; i < n && st == SP_OK;) {
+        if ((f[i] == '{' || f[i] == '}') && i + 1 < n && f[i + 1] == f[i]) {
+            st = sp__jinja_value_buf_put(&b, f + i, 1);
+            i += 2;
+            continue;
+        }
+        if (f[i] == '}') {
+            return rfail(r, line, SP_ERR_INVALID, "format(): single '}' in the format string");
+        }
+        if (f[i] != '{') {
+            size_t j = i;
+            while (j < n && f[j] != '{' && f[j] != '}') {
+                j++;
+            }
+            st = sp__jinja_value_buf_put(&b, f + i, j - i);
+            i = j;
+            continue;
+        }
+        size_t j = i + 1, idx = 0;
+        bool digits = false;
+        while (j < n && f[j] >= '0' && f[j] <= '9' && idx < 1000) {
+            idx = idx * 10 + (size_t)(f[j++] - '0');
+            digits = true;
+        }
+        if (j >= n || f[j] != '}') {
+            return rfail(r, line, SP_ERR_UNSUPPORTED,
+                         "format(): only {} and {N} fields are supported");
+        }
+        if (!digits) {
+            idx = next++;
+        }
+        if (idx >= a->n) {
+            return rfail(r, line, SP_ERR_INVALID, "format(): replacement index %zu out of range",
+                         idx);
+        }
+        sp__jv_t v;
+        TRY(to_str(r, line, &a->v[idx], &v));
+        st = sp__jinja_value_buf_put(&b, v.u.s.p, v.u.s.n);
+        i = j + 1;
+    }
+    if (st != SP_OK) {
+        return wfail(r, line, st);
+    }
+    *out = buf_value(&b);
+    return charge(r, line, b.n / 256);
+}
+
 /* obj.name(args) for a string, dict or loop. *found is false when obj has no such method. */
 static sp_status_t
 call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_t n,
@@ -1964,6 +2036,9 @@ call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_
         if (IS("strip") || IS("lstrip") || IS("rstrip")) {
             TRY(bind(r, line, mname, p_chars, 1, a, p));
             return str_strip(r, line, obj, &p[0], !IS("rstrip"), !IS("lstrip"), out);
+        }
+        if (IS("format")) {
+            return str_format(r, line, obj, a, out);
         }
         if (IS("split")) {
             TRY(bind(r, line, mname, p_split, 2, a, p));
@@ -2400,6 +2475,10 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
         return eval_call(r, n, out);
     case JN_FILTER: {
         args_t args;
+        if (n->op == SP__JINJA_FILTER_UNKNOWN) {
+            return rfail(r, n->line, SP_ERR_INVALID, "no filter named '%.*s'",
+                         (int)(n->lit.u.s.n > 40 ? 40 : n->lit.u.s.n), n->lit.u.s.p);
+        }
         TRY(eval(r, n->a, &a));
         TRY(eval_args(r, n, &args));
         return apply_filter(r, n->line, n->op, &a, &args, out);

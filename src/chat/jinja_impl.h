@@ -241,6 +241,8 @@ struct sp__jnode {
 
 /* Filters and tests, resolved by name at compile time. */
 int sp__jinja_eval_filter_id(const char *name, size_t n); /* -1 if unknown */
+/* A JN_FILTER's op for a filter we do not have: rendering it fails (at run time). */
+#define SP__JINJA_FILTER_UNKNOWN 255
 int sp__jinja_eval_test_id(const char *name, size_t n);   /* -1 if unknown */
 /* sp_jinja_render_json with the options resolved (opts is never NULL). */
 sp_status_t sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,

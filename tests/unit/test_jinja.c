@@ -307,7 +307,10 @@ TEST(jinja_methods_and_functions)
 TEST(jinja_compile_errors)
 {
     EXPECT_FAIL("{% if x %}never closed", NULL, SP_ERR_INVALID, "needs 'endif'");
-    EXPECT_FAIL("a\nb\n{{ x | no_such_filter }}", NULL, SP_ERR_INVALID, "line 3: unknown filter");
+    /* an unknown filter fails where it runs (Jinja2 >= 3.0), not where it is written */
+    EXPECT_FAIL("a\nb\n{{ x | no_such_filter }}", NULL, SP_ERR_INVALID,
+                "line 3: no filter named 'no_such_filter'");
+    EXPECT("{% if false %}{{ x | from_json }}{% endif %}ok", NULL, "ok");
     EXPECT_FAIL("{{ x is no_such_test }}", NULL, SP_ERR_INVALID, "unknown test");
     EXPECT_FAIL("{% include 'other.jinja' %}", NULL, SP_ERR_INVALID, "not supported");
     EXPECT_FAIL("{% extends 'base' %}", NULL, SP_ERR_INVALID, "not supported");
