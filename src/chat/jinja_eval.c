@@ -362,6 +362,12 @@ contains(jr_t *r, uint32_t line, const sp__jv_t *item, const sp__jv_t *in, bool 
     case JV_DICT:
     case JV_NS:
         TRY(charge(r, line, in->u.d->n / 16));
+        if (item->k == JV_INT) {
+            char k[SP__JKEY_INT_BYTES];
+            sp__jkey_put_int(k, item->u.i);
+            *out = sp__jinja_value_dict_get(in->u.d, k, sizeof k) != NULL;
+            return SP_OK;
+        }
         *out = item->k == JV_STR &&
                sp__jinja_value_dict_get(in->u.d, item->u.s.p, item->u.s.n) != NULL;
         return SP_OK;
@@ -640,6 +646,13 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
         *out = sp__jv_str(obj->u.s.p + b, e - b);
         return SP_OK;
     }
+    if ((obj->k == JV_DICT || obj->k == JV_NS) && key->k == JV_INT) {
+        char k[SP__JKEY_INT_BYTES];
+        sp__jkey_put_int(k, key->u.i);
+        const sp__jv_t *v = sp__jinja_value_dict_get(obj->u.d, k, sizeof k);
+        *out = v != NULL ? *v : sp__jv_undef("item", 4);
+        return SP_OK;
+    }
     if (key->k == JV_UNDEF) {
         return undefined_error(r, line, key);
     }
@@ -888,7 +901,7 @@ iter_list(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jlist_t **out)
         for (size_t i = 0; i < v->u.d->n; i++) {
             const sp__jentry_t *e = &v->u.d->e[i];
             if (sp__jinja_value_dict_get(v->u.d, e->k, e->kn) == &e->v) {
-                l->v[l->n++] = sp__jv_str(e->k, e->kn);
+                l->v[l->n++] = sp__jkey_value(e->k, e->kn);
             }
         }
         *out = l;
@@ -931,7 +944,7 @@ dict_items(jr_t *r, uint32_t line, const sp__jv_t *v, int which, sp__jv_t *out)
         if (sp__jinja_value_dict_get(d, e->k, e->kn) != &e->v) {
             continue; /* a repeated JSON key: the last one counts */
         }
-        sp__jv_t item = sp__jv_str(e->k, e->kn);
+        sp__jv_t item = sp__jkey_value(e->k, e->kn);
         if (which == 0) {
             sp__jlist_t *pair;
             TRY(mk_list(r, line, 2, &pair));
@@ -2584,8 +2597,16 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
         for (uint32_t i = 0; i + 1 < n->n; i += 2) {
             TRY(eval(r, n->args[i], &a));
             TRY(eval(r, n->args[i + 1], &b));
-            if (a.k != JV_STR) {
-                return rfail(r, n->line, SP_ERR_UNSUPPORTED, "dict keys must be strings here");
+            if (a.k == JV_INT) { /* kept as an int: see SP__JKEY_INT_BYTES */
+                char *k = sp__jinja_value_arena_alloc(&r->arena, SP__JKEY_INT_BYTES);
+                if (k == NULL) {
+                    return oom(r, n->line);
+                }
+                sp__jkey_put_int(k, a.u.i);
+                a = sp__jv_str(k, SP__JKEY_INT_BYTES);
+            } else if (a.k != JV_STR) {
+                return rfail(r, n->line, SP_ERR_UNSUPPORTED,
+                             "dict keys must be strings or integers here");
             }
             if (!sp__jinja_value_dict_set(&r->arena, d, a.u.s.p, a.u.s.n, b)) {
                 return oom(r, n->line);

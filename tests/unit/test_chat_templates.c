@@ -26,8 +26,6 @@
  * (docs/chat-templates.md lists them). Their differences are reported, not
  * failed; each must still differ somewhere, so the list cannot go stale. */
 static const char *const known[][2] = {
-    {"ByteDance-Seed-OSS.jinja",
-     "a dict literal with integer keys: our dicts have string keys only"},
     {"llama-cpp-deepseek-r1.jinja",
      "tojson of a map() result: Jinja2 fails on the generator, we write the list"},
     {"meetkai-functionary-medium-v3.1.jinja",

@@ -304,6 +304,17 @@ TEST(jinja_methods_and_functions)
     }
 }
 
+TEST(jinja_int_dict_keys)
+{
+    /* as Jinja2: keys stay integers through lookup, iteration, dictsort, repr and tojson */
+    EXPECT("{% set d = {512: 'b', 0: 'a', 'x': 1} %}{{ d[512] }}{{ d[0] }}{{ d['x'] }}"
+           "{{ 512 in d }}{{ 7 in d }}{{ d[7] is defined }}", NULL, "ba1TrueFalseFalse");
+    EXPECT("{% set d = {16: 1, 2: 3} %}{% for k, v in d | dictsort %}{{ k + 1 }}:{{ v }},"
+           "{% endfor %}{{ d }}{{ d | tojson }}", NULL,
+           "3:3,17:1,{16: 1, 2: 3}{\"16\": 1, \"2\": 3}");
+    EXPECT("{% for k in {3: 0} %}{{ k is number }}{% endfor %}", NULL, "True");
+}
+
 TEST(jinja_compile_errors)
 {
     EXPECT_FAIL("{% if x %}never closed", NULL, SP_ERR_INVALID, "needs 'endif'");
