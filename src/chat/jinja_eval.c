@@ -459,6 +459,8 @@ repeat(jr_t *r, uint32_t line, const sp__jv_t *seq, int64_t times, sp__jv_t *out
     return SP_OK;
 }
 
+static sp_status_t html_escape(jr_t *r, uint32_t line, const sp__jv_t *v, sp__jv_t *out);
+
 static sp_status_t
 arith(jr_t *r, uint32_t line, int op, const sp__jv_t *a, const sp__jv_t *b, sp__jv_t *out)
 {
@@ -475,7 +477,17 @@ arith(jr_t *r, uint32_t line, int op, const sp__jv_t *a, const sp__jv_t *b, sp__
         return undefined_error(r, line, b);
     }
     if (op == JOP_ADD && a->k == JV_STR && b->k == JV_STR) {
-        return concat_str(r, line, a->u.s.p, a->u.s.n, b->u.s.p, b->u.s.n, out);
+        if (a->markup == b->markup) {
+            TRY(concat_str(r, line, a->u.s.p, a->u.s.n, b->u.s.p, b->u.s.n, out));
+            out->markup = a->markup;
+            return SP_OK;
+        }
+        /* Markup + str (or str + Markup): the plain side is escaped, the sum is Markup */
+        sp__jv_t ea = *a, eb = *b;
+        TRY(a->markup ? html_escape(r, line, b, &eb) : html_escape(r, line, a, &ea));
+        TRY(concat_str(r, line, ea.u.s.p, ea.u.s.n, eb.u.s.p, eb.u.s.n, out));
+        out->markup = 1;
+        return SP_OK;
     }
     if (op == JOP_ADD && a->k == JV_LIST && b->k == JV_LIST) {
         return list_concat(r, line, a->u.l, b->u.l, out);
@@ -1874,7 +1886,13 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         }
     case F_E:
     case F_ESCAPE:
-        return html_escape(r, line, v, out);
+        if (v->k == JV_STR && v->markup) { /* Markup is escaped already */
+            *out = *v;
+            return SP_OK;
+        }
+        TRY(html_escape(r, line, v, out));
+        out->markup = 1;
+        return SP_OK;
     case F_FIRST:
     case F_LAST: {
         const sp__jlist_t *items;
@@ -1924,7 +1942,8 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         return SP_OK;
     }
     case F_SAFE:
-        *out = *v;
+        TRY(to_str(r, line, v, out));
+        out->markup = 1;
         return SP_OK;
     case F_STRING:
         return to_str(r, line, v, out);

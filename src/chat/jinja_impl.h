@@ -55,6 +55,8 @@ typedef struct sp__jnode sp__jnode_t;
 
 typedef struct sp__jv {
     uint8_t k; /* sp__jv_kind_t */
+    uint8_t markup; /* JV_STR made by |safe or |escape: Jinja2's Markup, which
+                       HTML-escapes a plain string added to it with + */
     union {
         bool b;
         int64_t i;

@@ -28,8 +28,6 @@
 static const char *const known[][2] = {
     {"llama-cpp-deepseek-r1.jinja",
      "tojson of a map() result: Jinja2 fails on the generator, we write the list"},
-    {"meetkai-functionary-medium-v3.1.jinja",
-     "Markup: in Jinja2 '...'|safe + text HTML-escapes text, we concatenate plain strings"},
 };
 
 static const char *

@@ -315,6 +315,15 @@ TEST(jinja_int_dict_keys)
     EXPECT("{% for k in {3: 0} %}{{ k is number }}{% endfor %}", NULL, "True");
 }
 
+TEST(jinja_markup)
+{
+    /* Jinja2's Markup: |safe and |e give Markup; Markup + str escapes the str, ~ does not */
+    EXPECT("{{ \"a'\"|safe + \"<b>\" }}|{{ \"x\"|safe + \"y\" + \"<\"|safe + \"\\\"\" }}|"
+           "{{ (\"<\"|safe) ~ \"<\" }}", NULL, "a'&lt;b&gt;|xy<&#34;|<<");
+    EXPECT("{{ \"<\"|e|e }}{{ (\"<\"|e) + \"&\" }}{{ (\"<\"|safe|string) + \">\" }}", NULL,
+           "&lt;&lt;&amp;<&gt;");
+}
+
 TEST(jinja_compile_errors)
 {
     EXPECT_FAIL("{% if x %}never closed", NULL, SP_ERR_INVALID, "needs 'endif'");
