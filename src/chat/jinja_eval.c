@@ -197,7 +197,7 @@ truthy(const sp__jv_t *v)
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->u.s.n > 0;
-    case JV_LIST: return v->u.l->n > 0;
+    case JV_LIST: return v->lazy || v->u.l->n > 0; /* a generator is always true */
     case JV_DICT: return v->u.d->n > 0;
     default: return true;
     }
@@ -419,6 +419,7 @@ list_concat(jr_t *r, uint32_t line, const sp__jlist_t *a, const sp__jlist_t *b, 
         l->v[l->n++] = b->v[i];
     }
     out->k = JV_LIST;
+    out->markup = out->lazy = 0;
     out->u.l = l;
     return SP_OK;
 }
@@ -455,6 +456,7 @@ repeat(jr_t *r, uint32_t line, const sp__jv_t *seq, int64_t times, sp__jv_t *out
         }
     }
     out->k = JV_LIST;
+    out->markup = out->lazy = 0;
     out->u.l = l;
     return SP_OK;
 }
@@ -634,6 +636,10 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
     if (key->k == JV_STR) {
         return get_attr(r, line, obj, key->u.s.p, key->u.s.n, out);
     }
+    if (obj->k == JV_LIST && obj->lazy) { /* Jinja2: a generator has no items: undefined */
+        *out = sp__jv_undef("item", 4);
+        return SP_OK;
+    }
     if ((obj->k == JV_LIST || obj->k == JV_STR) && (key->k == JV_INT || key->k == JV_BOOL)) {
         int64_t i = as_int(key);
         if (obj->k == JV_LIST) {
@@ -761,6 +767,7 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
             l->v[l->n++] = obj->u.l->v[start + (int64_t)i * step];
         }
         out->k = JV_LIST;
+        out->markup = out->lazy = 0;
         out->u.l = l;
         return SP_OK;
     }
@@ -881,7 +888,7 @@ mk_list(jr_t *r, uint32_t line, size_t cap, sp__jlist_t **out)
 static sp__jv_t
 list_value(sp__jlist_t *l)
 {
-    sp__jv_t v;
+    sp__jv_t v = {0};
     v.k = JV_LIST;
     v.u.l = l;
     return v;
@@ -1656,10 +1663,13 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         sp__jlist_t *l;
         TRY(mk_list(r, line, 0, &l));
         *out = list_value(l);
+        out->lazy = 1;
         return SP_OK;
     }
     if (id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR) {
-        return filter_select(r, line, id, v, a, out);
+        TRY(filter_select(r, line, id, v, a, out));
+        out->lazy = 1;
+        return SP_OK;
     }
     if (id == F_MAP) {
         const sp__jlist_t *items;
@@ -1694,7 +1704,15 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
             l->v[l->n++] = x;
         }
         *out = list_value(l);
+        out->lazy = 1;
         return SP_OK;
+    }
+    if (v->k == JV_LIST && v->lazy &&
+        (id == F_TOJSON || id == F_LENGTH || id == F_COUNT || id == F_LAST)) {
+        return rfail(r, line, SP_ERR_INVALID, id == F_TOJSON
+                     ? "Object of type generator is not JSON serializable"
+                     : id == F_LAST ? "'generator' object is not reversible"
+                                    : "object of type 'generator' has no len()");
     }
 
     switch (id) {
@@ -2254,6 +2272,7 @@ call_func(jr_t *r, uint32_t line, int fn, const args_t *a, sp__jv_t *out)
             }
         }
         out->k = fn == JF_NAMESPACE ? JV_NS : JV_DICT;
+        out->markup = out->lazy = 0;
         out->u.d = d;
         return SP_OK;
     }
@@ -2320,6 +2339,7 @@ lookup(jr_t *r, const char *name, size_t n, sp__jv_t *out)
     for (int i = 0; i < JF_COUNT; i++) {
         if (strlen(func_names[i]) == n && memcmp(func_names[i], name, n) == 0) {
             out->k = JV_FUNC;
+            out->markup = out->lazy = 0;
             out->u.fn = i;
             return SP_OK;
         }
@@ -2632,6 +2652,7 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
             }
         }
         out->k = JV_DICT;
+        out->markup = out->lazy = 0;
         out->u.d = d;
         return SP_OK;
     }
@@ -2716,7 +2737,7 @@ exec_for(jr_t *r, const sp__jnode_t *n)
     if (st == SP_OK) {
         lp->items = items;
         lp->index0 = 0;
-        sp__jv_t lv;
+        sp__jv_t lv = {0};
         lv.k = JV_LOOP;
         lv.u.lp = lp;
         st = assign(r, n->line, "loop", 4, lv);
@@ -2746,7 +2767,7 @@ exec_for(jr_t *r, const sp__jnode_t *n)
 static sp_status_t
 exec_stmt(jr_t *r, const sp__jnode_t *n)
 {
-    sp__jv_t v;
+    sp__jv_t v = {0};
     switch (n->kind) {
     case JN_TEXT: {
         sp_status_t st = sp__jinja_value_buf_put(r->out, n->lit.u.s.p, n->lit.u.s.n);
@@ -2850,7 +2871,7 @@ sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
     r.err_len = err_len;
     sp__jinja_value_arena_init(&r.arena, r.o.max_memory_bytes);
     sp_status_t st;
-    sp__jv_t ctx;
+    sp__jv_t ctx = {0};
     if (ctx_json == NULL || ctx_len == 0) {
         ctx.k = JV_DICT;
         ctx.u.d = sp__jinja_value_dict_new(&r.arena, 0);

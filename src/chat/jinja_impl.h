@@ -57,6 +57,8 @@ typedef struct sp__jv {
     uint8_t k; /* sp__jv_kind_t */
     uint8_t markup; /* JV_STR made by |safe or |escape: Jinja2's Markup, which
                        HTML-escapes a plain string added to it with + */
+    uint8_t lazy;   /* JV_LIST made by map/select/reject/selectattr/rejectattr:
+                       a generator in Jinja2 (always true, no len(), not JSON) */
     union {
         bool b;
         int64_t i;

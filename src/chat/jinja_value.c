@@ -567,7 +567,7 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
                     }
                     r->i++;
                 }
-                sp__jv_t v;
+                sp__jv_t v = {0};
                 if ((st = json_value(r, &v, depth + 1)) != SP_OK) {
                     return st;
                 }
@@ -589,6 +589,7 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
             }
         }
         out->k = obj ? JV_DICT : JV_LIST;
+        out->markup = out->lazy = 0;
         if (obj) {
             out->u.d = d;
         } else {
@@ -649,7 +650,7 @@ sp_status_t
 sp__jinja_value_json_check(const char *json, size_t len, char *err, size_t err_len)
 {
     json_rd_t r = {NULL, json, len, 0, err, err_len};
-    sp__jv_t v;
+    sp__jv_t v = {0};
     return json_doc(&r, &v);
 }
 
@@ -934,6 +935,9 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
     case JV_STR:
         return json_write_str(b, v->u.s.p, v->u.s.n);
     case JV_LIST:
+        if (v->lazy) {
+            return SP_ERR_INVALID; /* a generator (map, select, ...) is not JSON */
+        }
         if (v->u.l->n == 0) {
             return jbuf_puts(b, "[]");
         }

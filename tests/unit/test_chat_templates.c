@@ -26,15 +26,14 @@
  * (docs/chat-templates.md lists them). Their differences are reported, not
  * failed; each must still differ somewhere, so the list cannot go stale. */
 static const char *const known[][2] = {
-    {"llama-cpp-deepseek-r1.jinja",
-     "tojson of a map() result: Jinja2 fails on the generator, we write the list"},
+    {NULL, NULL}, /* none at present: the templates of the folder all render as the reference */
 };
 
 static const char *
 known_difference(const char *tname)
 {
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        if (strcmp(known[i][0], tname) == 0) {
+        if (known[i][0] != NULL && strcmp(known[i][0], tname) == 0) {
             return known[i][1];
         }
     }

@@ -324,6 +324,19 @@ TEST(jinja_markup)
            "&lt;&lt;&amp;<&gt;");
 }
 
+TEST(jinja_generators)
+{
+    /* map/select give Jinja2 generators: iterable, always true, no len(), not JSON */
+    EXPECT("{% set g = [1, 2] | select('equalto', 5) %}{{ 'yes' if g else 'no' }}"
+           "{% for x in [3, 1] | map('string') %}{{ x }}{% endfor %}"
+           "{{ [1, 2] | map('string') | list | length }}{{ [1] | select | list | tojson }}",
+           NULL, "yes312[1]");
+    EXPECT_FAIL("{{ [1] | map('string') | tojson }}", NULL, SP_ERR_INVALID,
+                "generator is not JSON serializable");
+    EXPECT_FAIL("{{ [1] | select | length }}", NULL, SP_ERR_INVALID, "has no len()");
+    EXPECT("{{ ([1] | select)[0] is defined }}", NULL, "False");
+}
+
 TEST(jinja_compile_errors)
 {
     EXPECT_FAIL("{% if x %}never closed", NULL, SP_ERR_INVALID, "needs 'endif'");
