@@ -107,7 +107,16 @@ GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/api/grpc*.c tests/fuzz/fu
 $(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h
 $(GRPC_OBJ): CPPFLAGS += -I$(BUILD)/gen
 
-unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML)
+# The newer tokenizer vocabularies ship xz-compressed (tests/data/tokenizer-2026/README.md);
+# the tests read them unpacked from build/testdata/ (one copy for every build flavour).
+TOK2026 := $(patsubst tests/data/tokenizer-2026/%.xz,build/testdata/%,\
+             $(wildcard tests/data/tokenizer-2026/*.gguf.xz))
+build/testdata/%.gguf: tests/data/tokenizer-2026/%.gguf.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+
+unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML) $(TOK2026)
+
 
 # Backends (docs/backends.md): plugins the server dlopens from $(BUILD)/backends/, never linked
 # into sampan. backends/NAME.c becomes libsampan_NAME.so, linked with BACKEND_LIBS_NAME. Each

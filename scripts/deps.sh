@@ -3,7 +3,7 @@
 # (idempotent: a machine that has them all runs no apt-get at all).
 set -euo pipefail
 need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-dev libjansson-dev
-      libssl-dev)
+      libssl-dev xz-utils)
 # The xgboost backend plugin (backends/xgboost.c; sampan itself never links it).
 need+=(libxgboost-dev)
 # The gRPC front end (src/api/grpc*.c): HTTP/2, protobuf messages and their code generator.
@@ -12,6 +12,8 @@ need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 need+=(libcurl4-openssl-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
+    # tests/py/test_chat_templates.py: the reference renderer of chat templates.
+    need+=(python3-jinja2)
     # The server tests drive it with the official openai npm client: Node from
     # Debian only when the machine has no node of its own.
     command -v node >/dev/null 2>&1 || need+=(nodejs npm)

@@ -578,10 +578,11 @@ build_context(const sp_chat_msg_t *msgs, size_t n, const sp_chat_params_t *p, cb
     put_json_str(b, p->bos_text != NULL ? p->bos_text : "");
     puts_(b, ", \"eos_token\": ");
     put_json_str(b, p->eos_text != NULL ? p->eos_text : "");
-    if (p->tools_json != NULL) {
-        puts_(b, ", \"tools\": ");
-        puts_(b, p->tools_json);
-    }
+    /* Hugging Face passes tools and documents always, None when absent:
+     * templates test `tools is not none` as often as `tools is defined` */
+    puts_(b, ", \"tools\": ");
+    puts_(b, p->tools_json != NULL ? p->tools_json : "null");
+    puts_(b, ", \"documents\": null");
     puts_(b, "}");
     if (b->bad) {
         return b->big ? sp_errf(err, err_len, SP_ERR_TOO_LARGE,

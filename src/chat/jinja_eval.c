@@ -197,7 +197,7 @@ truthy(const sp__jv_t *v)
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0.0;
     case JV_STR: return v->u.s.n > 0;
-    case JV_LIST: return v->u.l->n > 0;
+    case JV_LIST: return v->lazy || v->u.l->n > 0; /* a generator is always true */
     case JV_DICT: return v->u.d->n > 0;
     default: return true;
     }
@@ -362,11 +362,18 @@ contains(jr_t *r, uint32_t line, const sp__jv_t *item, const sp__jv_t *in, bool 
     case JV_DICT:
     case JV_NS:
         TRY(charge(r, line, in->u.d->n / 16));
+        if (item->k == JV_INT) {
+            char k[SP__JKEY_INT_BYTES];
+            sp__jkey_put_int(k, item->u.i);
+            *out = sp__jinja_value_dict_get(in->u.d, k, sizeof k) != NULL;
+            return SP_OK;
+        }
         *out = item->k == JV_STR &&
                sp__jinja_value_dict_get(in->u.d, item->u.s.p, item->u.s.n) != NULL;
         return SP_OK;
-    case JV_UNDEF:
-        return undefined_error(r, line, in);
+    case JV_UNDEF: /* Jinja2's Undefined iterates as empty */
+        *out = false;
+        return SP_OK;
     default:
         return rfail(r, line, SP_ERR_INVALID, "argument of type '%s' is not iterable",
                      type_name(in));
@@ -412,6 +419,7 @@ list_concat(jr_t *r, uint32_t line, const sp__jlist_t *a, const sp__jlist_t *b, 
         l->v[l->n++] = b->v[i];
     }
     out->k = JV_LIST;
+    out->markup = out->lazy = 0;
     out->u.l = l;
     return SP_OK;
 }
@@ -448,9 +456,12 @@ repeat(jr_t *r, uint32_t line, const sp__jv_t *seq, int64_t times, sp__jv_t *out
         }
     }
     out->k = JV_LIST;
+    out->markup = out->lazy = 0;
     out->u.l = l;
     return SP_OK;
 }
+
+static sp_status_t html_escape(jr_t *r, uint32_t line, const sp__jv_t *v, sp__jv_t *out);
 
 static sp_status_t
 arith(jr_t *r, uint32_t line, int op, const sp__jv_t *a, const sp__jv_t *b, sp__jv_t *out)
@@ -468,7 +479,17 @@ arith(jr_t *r, uint32_t line, int op, const sp__jv_t *a, const sp__jv_t *b, sp__
         return undefined_error(r, line, b);
     }
     if (op == JOP_ADD && a->k == JV_STR && b->k == JV_STR) {
-        return concat_str(r, line, a->u.s.p, a->u.s.n, b->u.s.p, b->u.s.n, out);
+        if (a->markup == b->markup) {
+            TRY(concat_str(r, line, a->u.s.p, a->u.s.n, b->u.s.p, b->u.s.n, out));
+            out->markup = a->markup;
+            return SP_OK;
+        }
+        /* Markup + str (or str + Markup): the plain side is escaped, the sum is Markup */
+        sp__jv_t ea = *a, eb = *b;
+        TRY(a->markup ? html_escape(r, line, b, &eb) : html_escape(r, line, a, &ea));
+        TRY(concat_str(r, line, ea.u.s.p, ea.u.s.n, eb.u.s.p, eb.u.s.n, out));
+        out->markup = 1;
+        return SP_OK;
     }
     if (op == JOP_ADD && a->k == JV_LIST && b->k == JV_LIST) {
         return list_concat(r, line, a->u.l, b->u.l, out);
@@ -615,6 +636,10 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
     if (key->k == JV_STR) {
         return get_attr(r, line, obj, key->u.s.p, key->u.s.n, out);
     }
+    if (obj->k == JV_LIST && obj->lazy) { /* Jinja2: a generator has no items: undefined */
+        *out = sp__jv_undef("item", 4);
+        return SP_OK;
+    }
     if ((obj->k == JV_LIST || obj->k == JV_STR) && (key->k == JV_INT || key->k == JV_BOOL)) {
         int64_t i = as_int(key);
         if (obj->k == JV_LIST) {
@@ -637,6 +662,13 @@ get_item(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t *key, sp__j
         size_t b = sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
         size_t e = sp__jinja_value_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i + 1);
         *out = sp__jv_str(obj->u.s.p + b, e - b);
+        return SP_OK;
+    }
+    if ((obj->k == JV_DICT || obj->k == JV_NS) && key->k == JV_INT) {
+        char k[SP__JKEY_INT_BYTES];
+        sp__jkey_put_int(k, key->u.i);
+        const sp__jv_t *v = sp__jinja_value_dict_get(obj->u.d, k, sizeof k);
+        *out = v != NULL ? *v : sp__jv_undef("item", 4);
         return SP_OK;
     }
     if (key->k == JV_UNDEF) {
@@ -735,6 +767,7 @@ do_slice(jr_t *r, uint32_t line, const sp__jv_t *obj, const sp__jv_t part[3], sp
             l->v[l->n++] = obj->u.l->v[start + (int64_t)i * step];
         }
         out->k = JV_LIST;
+        out->markup = out->lazy = 0;
         out->u.l = l;
         return SP_OK;
     }
@@ -855,7 +888,7 @@ mk_list(jr_t *r, uint32_t line, size_t cap, sp__jlist_t **out)
 static sp__jv_t
 list_value(sp__jlist_t *l)
 {
-    sp__jv_t v;
+    sp__jv_t v = {0};
     v.k = JV_LIST;
     v.u.l = l;
     return v;
@@ -887,7 +920,7 @@ iter_list(jr_t *r, uint32_t line, const sp__jv_t *v, const sp__jlist_t **out)
         for (size_t i = 0; i < v->u.d->n; i++) {
             const sp__jentry_t *e = &v->u.d->e[i];
             if (sp__jinja_value_dict_get(v->u.d, e->k, e->kn) == &e->v) {
-                l->v[l->n++] = sp__jv_str(e->k, e->kn);
+                l->v[l->n++] = sp__jkey_value(e->k, e->kn);
             }
         }
         *out = l;
@@ -930,7 +963,7 @@ dict_items(jr_t *r, uint32_t line, const sp__jv_t *v, int which, sp__jv_t *out)
         if (sp__jinja_value_dict_get(d, e->k, e->kn) != &e->v) {
             continue; /* a repeated JSON key: the last one counts */
         }
-        sp__jv_t item = sp__jv_str(e->k, e->kn);
+        sp__jv_t item = sp__jkey_value(e->k, e->kn);
         if (which == 0) {
             sp__jlist_t *pair;
             TRY(mk_list(r, line, 2, &pair));
@@ -1624,8 +1657,19 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
     const char *name = filter_names[id];
     sp__jv_t p[MAX_PARAMS];
 
+    if ((id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR ||
+         id == F_MAP) && !truthy(v)) {
+        /* Jinja2 iterates these only `if value`: none or undefined gives nothing */
+        sp__jlist_t *l;
+        TRY(mk_list(r, line, 0, &l));
+        *out = list_value(l);
+        out->lazy = 1;
+        return SP_OK;
+    }
     if (id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR) {
-        return filter_select(r, line, id, v, a, out);
+        TRY(filter_select(r, line, id, v, a, out));
+        out->lazy = 1;
+        return SP_OK;
     }
     if (id == F_MAP) {
         const sp__jlist_t *items;
@@ -1660,7 +1704,15 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
             l->v[l->n++] = x;
         }
         *out = list_value(l);
+        out->lazy = 1;
         return SP_OK;
+    }
+    if (v->k == JV_LIST && v->lazy &&
+        (id == F_TOJSON || id == F_LENGTH || id == F_COUNT || id == F_LAST)) {
+        return rfail(r, line, SP_ERR_INVALID, id == F_TOJSON
+                     ? "Object of type generator is not JSON serializable"
+                     : id == F_LAST ? "'generator' object is not reversible"
+                                    : "object of type 'generator' has no len()");
     }
 
     switch (id) {
@@ -1852,7 +1904,13 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         }
     case F_E:
     case F_ESCAPE:
-        return html_escape(r, line, v, out);
+        if (v->k == JV_STR && v->markup) { /* Markup is escaped already */
+            *out = *v;
+            return SP_OK;
+        }
+        TRY(html_escape(r, line, v, out));
+        out->markup = 1;
+        return SP_OK;
     case F_FIRST:
     case F_LAST: {
         const sp__jlist_t *items;
@@ -1902,7 +1960,8 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
         return SP_OK;
     }
     case F_SAFE:
-        *out = *v;
+        TRY(to_str(r, line, v, out));
+        out->markup = 1;
         return SP_OK;
     case F_STRING:
         return to_str(r, line, v, out);
@@ -1943,6 +2002,69 @@ apply_filter(jr_t *r, uint32_t line, int id, const sp__jv_t *v, const args_t *a,
 }
 
 /* ---- methods ---------------------------------------------------------- */
+/* Python's str.format with positional fields only: "{}" (the next argument),
+ * "{N}", and "{{" / "}}" for braces; each argument as str() writes it.
+ * Names, attributes and format specs inside a field are refused. */
+static sp_status_t
+str_format(jr_t *r, uint32_t line, const sp__jv_t *fmt, const args_t *a, sp__jv_t *out)
+{
+    for (uint32_t i = 0; i < a->n; i++) {
+        if (a->names != NULL && a->names[i].p != NULL) {
+            return rfail(r, line, SP_ERR_UNSUPPORTED, "format(): keyword fields are not supported");
+        }
+    }
+    const char *f = fmt->u.s.p;
+    size_t n = fmt->u.s.n, next = 0;
+    sp__jbuf_t b;
+    buf_init(r, &b);
+    sp_status_t st = SP_OK;
+    for (size_t i = 0; i < n && st == SP_OK;) {
+        if ((f[i] == '{' || f[i] == '}') && i + 1 < n && f[i + 1] == f[i]) {
+            st = sp__jinja_value_buf_put(&b, f + i, 1);
+            i += 2;
+            continue;
+        }
+        if (f[i] == '}') {
+            return rfail(r, line, SP_ERR_INVALID, "format(): single '}' in the format string");
+        }
+        if (f[i] != '{') {
+            size_t j = i;
+            while (j < n && f[j] != '{' && f[j] != '}') {
+                j++;
+            }
+            st = sp__jinja_value_buf_put(&b, f + i, j - i);
+            i = j;
+            continue;
+        }
+        size_t j = i + 1, idx = 0;
+        bool digits = false;
+        while (j < n && f[j] >= '0' && f[j] <= '9' && idx < 1000) {
+            idx = idx * 10 + (size_t)(f[j++] - '0');
+            digits = true;
+        }
+        if (j >= n || f[j] != '}') {
+            return rfail(r, line, SP_ERR_UNSUPPORTED,
+                         "format(): only {} and {N} fields are supported");
+        }
+        if (!digits) {
+            idx = next++;
+        }
+        if (idx >= a->n) {
+            return rfail(r, line, SP_ERR_INVALID, "format(): replacement index %zu out of range",
+                         idx);
+        }
+        sp__jv_t v;
+        TRY(to_str(r, line, &a->v[idx], &v));
+        st = sp__jinja_value_buf_put(&b, v.u.s.p, v.u.s.n);
+        i = j + 1;
+    }
+    if (st != SP_OK) {
+        return wfail(r, line, st);
+    }
+    *out = buf_value(&b);
+    return charge(r, line, b.n / 256);
+}
+
 /* obj.name(args) for a string, dict or loop. *found is false when obj has no such method. */
 static sp_status_t
 call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_t n,
@@ -1964,6 +2086,9 @@ call_method(jr_t *r, uint32_t line, const sp__jv_t *obj, const char *name, size_
         if (IS("strip") || IS("lstrip") || IS("rstrip")) {
             TRY(bind(r, line, mname, p_chars, 1, a, p));
             return str_strip(r, line, obj, &p[0], !IS("rstrip"), !IS("lstrip"), out);
+        }
+        if (IS("format")) {
+            return str_format(r, line, obj, a, out);
         }
         if (IS("split")) {
             TRY(bind(r, line, mname, p_split, 2, a, p));
@@ -2147,6 +2272,7 @@ call_func(jr_t *r, uint32_t line, int fn, const args_t *a, sp__jv_t *out)
             }
         }
         out->k = fn == JF_NAMESPACE ? JV_NS : JV_DICT;
+        out->markup = out->lazy = 0;
         out->u.d = d;
         return SP_OK;
     }
@@ -2213,6 +2339,7 @@ lookup(jr_t *r, const char *name, size_t n, sp__jv_t *out)
     for (int i = 0; i < JF_COUNT; i++) {
         if (strlen(func_names[i]) == n && memcmp(func_names[i], name, n) == 0) {
             out->k = JV_FUNC;
+            out->markup = out->lazy = 0;
             out->u.fn = i;
             return SP_OK;
         }
@@ -2400,6 +2527,10 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
         return eval_call(r, n, out);
     case JN_FILTER: {
         args_t args;
+        if (n->op == SP__JINJA_FILTER_UNKNOWN) {
+            return rfail(r, n->line, SP_ERR_INVALID, "no filter named '%.*s'",
+                         (int)(n->lit.u.s.n > 40 ? 40 : n->lit.u.s.n), n->lit.u.s.p);
+        }
         TRY(eval(r, n->a, &a));
         TRY(eval_args(r, n, &args));
         return apply_filter(r, n->line, n->op, &a, &args, out);
@@ -2505,14 +2636,23 @@ eval_inner(jr_t *r, const sp__jnode_t *n, sp__jv_t *out)
         for (uint32_t i = 0; i + 1 < n->n; i += 2) {
             TRY(eval(r, n->args[i], &a));
             TRY(eval(r, n->args[i + 1], &b));
-            if (a.k != JV_STR) {
-                return rfail(r, n->line, SP_ERR_UNSUPPORTED, "dict keys must be strings here");
+            if (a.k == JV_INT) { /* kept as an int: see SP__JKEY_INT_BYTES */
+                char *k = sp__jinja_value_arena_alloc(&r->arena, SP__JKEY_INT_BYTES);
+                if (k == NULL) {
+                    return oom(r, n->line);
+                }
+                sp__jkey_put_int(k, a.u.i);
+                a = sp__jv_str(k, SP__JKEY_INT_BYTES);
+            } else if (a.k != JV_STR) {
+                return rfail(r, n->line, SP_ERR_UNSUPPORTED,
+                             "dict keys must be strings or integers here");
             }
             if (!sp__jinja_value_dict_set(&r->arena, d, a.u.s.p, a.u.s.n, b)) {
                 return oom(r, n->line);
             }
         }
         out->k = JV_DICT;
+        out->markup = out->lazy = 0;
         out->u.d = d;
         return SP_OK;
     }
@@ -2597,7 +2737,7 @@ exec_for(jr_t *r, const sp__jnode_t *n)
     if (st == SP_OK) {
         lp->items = items;
         lp->index0 = 0;
-        sp__jv_t lv;
+        sp__jv_t lv = {0};
         lv.k = JV_LOOP;
         lv.u.lp = lp;
         st = assign(r, n->line, "loop", 4, lv);
@@ -2627,7 +2767,7 @@ exec_for(jr_t *r, const sp__jnode_t *n)
 static sp_status_t
 exec_stmt(jr_t *r, const sp__jnode_t *n)
 {
-    sp__jv_t v;
+    sp__jv_t v = {0};
     switch (n->kind) {
     case JN_TEXT: {
         sp_status_t st = sp__jinja_value_buf_put(r->out, n->lit.u.s.p, n->lit.u.s.n);
@@ -2731,7 +2871,7 @@ sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,
     r.err_len = err_len;
     sp__jinja_value_arena_init(&r.arena, r.o.max_memory_bytes);
     sp_status_t st;
-    sp__jv_t ctx;
+    sp__jv_t ctx = {0};
     if (ctx_json == NULL || ctx_len == 0) {
         ctx.k = JV_DICT;
         ctx.u.d = sp__jinja_value_dict_new(&r.arena, 0);

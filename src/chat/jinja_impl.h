@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "chat/jinja.h"
 
@@ -54,6 +55,10 @@ typedef struct sp__jnode sp__jnode_t;
 
 typedef struct sp__jv {
     uint8_t k; /* sp__jv_kind_t */
+    uint8_t markup; /* JV_STR made by |safe or |escape: Jinja2's Markup, which
+                       HTML-escapes a plain string added to it with + */
+    uint8_t lazy;   /* JV_LIST made by map/select/reject/selectattr/rejectattr:
+                       a generator in Jinja2 (always true, no len(), not JSON) */
     union {
         bool b;
         int64_t i;
@@ -85,6 +90,29 @@ struct sp__jdict {
     size_t n, cap;
     sp__jentry_t *e;
 };
+
+/* Integer keys (a dict literal such as {0: 0, 512: 128}) are stored as a
+ * 9-byte key: the byte 0xFF, which no UTF-8 text holds, then the int64's
+ * bytes. One spelling per integer, so lookups stay byte comparisons. */
+#define SP__JKEY_INT_BYTES 9
+static inline bool
+sp__jkey_is_int(const char *k, size_t kn)
+{
+    return kn == SP__JKEY_INT_BYTES && (unsigned char)k[0] == 0xFF;
+}
+static inline int64_t
+sp__jkey_int(const char *k)
+{
+    int64_t i;
+    memcpy(&i, k + 1, sizeof i);
+    return i;
+}
+static inline void
+sp__jkey_put_int(char buf[SP__JKEY_INT_BYTES], int64_t i)
+{
+    buf[0] = (char)0xFF;
+    memcpy(buf + 1, &i, sizeof i);
+}
 
 struct sp__jloop {
     const sp__jlist_t *items; /* what is iterated, after the `if` filter */
@@ -144,6 +172,13 @@ sp__jv_str(const char *p, size_t n)
     v.u.s.p = p;
     v.u.s.n = n;
     return v;
+}
+
+/* The key of a dict entry as a value: an int for an integer key, else the string. */
+static inline sp__jv_t
+sp__jkey_value(const char *k, size_t kn)
+{
+    return sp__jkey_is_int(k, kn) ? sp__jv_int(sp__jkey_int(k)) : sp__jv_str(k, kn);
 }
 
 /* A growable byte buffer on an arena, capped at `cap` bytes (output limit). */
@@ -241,6 +276,8 @@ struct sp__jnode {
 
 /* Filters and tests, resolved by name at compile time. */
 int sp__jinja_eval_filter_id(const char *name, size_t n); /* -1 if unknown */
+/* A JN_FILTER's op for a filter we do not have: rendering it fails (at run time). */
+#define SP__JINJA_FILTER_UNKNOWN 255
 int sp__jinja_eval_test_id(const char *name, size_t n);   /* -1 if unknown */
 /* sp_jinja_render_json with the options resolved (opts is never NULL). */
 sp_status_t sp__jinja_eval_render(const sp_jinja_t *t, const char *ctx_json, size_t ctx_len,

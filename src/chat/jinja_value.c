@@ -567,7 +567,7 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
                     }
                     r->i++;
                 }
-                sp__jv_t v;
+                sp__jv_t v = {0};
                 if ((st = json_value(r, &v, depth + 1)) != SP_OK) {
                     return st;
                 }
@@ -589,6 +589,7 @@ json_value(json_rd_t *r, sp__jv_t *out, int depth)
             }
         }
         out->k = obj ? JV_DICT : JV_LIST;
+        out->markup = out->lazy = 0;
         if (obj) {
             out->u.d = d;
         } else {
@@ -649,7 +650,7 @@ sp_status_t
 sp__jinja_value_json_check(const char *json, size_t len, char *err, size_t err_len)
 {
     json_rd_t r = {NULL, json, len, 0, err, err_len};
-    sp__jv_t v;
+    sp__jv_t v = {0};
     return json_doc(&r, &v);
 }
 
@@ -815,7 +816,11 @@ sp__jinja_value_write(sp__jbuf_t *b, const sp__jv_t *v, bool repr, int max_depth
             if (i > 0) {
                 st = jbuf_puts(b, ", ");
             }
-            if (st == SP_OK) {
+            if (st == SP_OK && sp__jkey_is_int(v->u.d->e[i].k, v->u.d->e[i].kn)) {
+                char ik[24];
+                snprintf(ik, sizeof ik, "%lld", (long long)sp__jkey_int(v->u.d->e[i].k));
+                st = jbuf_puts(b, ik);
+            } else if (st == SP_OK) {
                 st = write_str_repr(b, v->u.d->e[i].k, v->u.d->e[i].kn);
             }
             if (st == SP_OK) {
@@ -889,6 +894,14 @@ static int
 entry_cmp(const void *x, const void *y)
 {
     const sp__jentry_t *a = *(const sp__jentry_t *const *)x, *b = *(const sp__jentry_t *const *)y;
+    bool ia = sp__jkey_is_int(a->k, a->kn), ib = sp__jkey_is_int(b->k, b->kn);
+    if (ia || ib) { /* integers in their order, before strings */
+        if (ia && ib) {
+            int64_t u = sp__jkey_int(a->k), v = sp__jkey_int(b->k);
+            return u < v ? -1 : u > v;
+        }
+        return ia ? -1 : 1;
+    }
     size_t n = a->kn < b->kn ? a->kn : b->kn;
     int c = n > 0 ? memcmp(a->k, b->k, n) : 0;
     return c != 0 ? c : (a->kn < b->kn ? -1 : a->kn > b->kn);
@@ -922,6 +935,9 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
     case JV_STR:
         return json_write_str(b, v->u.s.p, v->u.s.n);
     case JV_LIST:
+        if (v->lazy) {
+            return SP_ERR_INVALID; /* a generator (map, select, ...) is not JSON */
+        }
         if (v->u.l->n == 0) {
             return jbuf_puts(b, "[]");
         }
@@ -975,7 +991,11 @@ tojson_rec(sp__jbuf_t *b, const sp__jv_t *v, int indent, bool sort_keys, int dep
             if (st == SP_OK && indent >= 0) {
                 st = json_newline(b, indent, level + 1);
             }
-            if (st == SP_OK) {
+            if (st == SP_OK && sp__jkey_is_int(order[i]->k, order[i]->kn)) {
+                char ik[26]; /* json.dumps writes an int key as a string */
+                snprintf(ik, sizeof ik, "\"%lld\"", (long long)sp__jkey_int(order[i]->k));
+                st = jbuf_puts(b, ik);
+            } else if (st == SP_OK) {
                 st = json_write_str(b, order[i]->k, order[i]->kn);
             }
             if (st == SP_OK) {

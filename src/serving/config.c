@@ -61,6 +61,8 @@ const char sp_config_usage[] =
     "      --chat-template NAME  built-in chat template for every model (default: the file's)\n"
     "      --reasoning-format F  chat answers' thinking: auto (default) or deepseek return it\n"
     "                            as reasoning_content, none keeps it in content\n"
+    "      --chat-template-file FILE  Jinja chat template for every model, instead of the\n"
+    "                            one in its GGUF file (a model's chat_template parameter wins)\n"
     "      --max-tokens N        cap on max_tokens per request (default 4096)\n"
     "      --max-n N             cap on n (default 16)\n"
     "      --max-logprobs N      cap on logprobs/top_logprobs (default 20)\n"
@@ -159,6 +161,7 @@ static const opt_t opts[] = {
     {"response-cache-bytes", 0, T_SIZE, OFF(response_cache_bytes), 0, 1099511627776.0, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"reasoning-format", 0, T_STR, OFF(reasoning_format), 0, 0, sizeof(((sp_serve_config_t *)0)->reasoning_format)},
+    {"chat-template-file", 0, T_STR, OFF(chat_template_file), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template_file)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
     {"max-logprobs", 0, T_INT, OFF(max_logprobs), 0, 20, 0},

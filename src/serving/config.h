@@ -42,6 +42,7 @@ typedef struct sp_serve_config {
     size_t response_cache_bytes; /* the response cache's bound; 0 = no cache (respcache.h) */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     char reasoning_format[16]; /* "auto"/"deepseek": thinking apart, "none": inline */
+    char chat_template_file[1024]; /* Jinja template file for every model, "" = none */
     int threads;              /* per slot context; 0 = one per core */
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */
     int parallel;             /* slots per model */

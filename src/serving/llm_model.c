@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/pool.h"
 #include "engine/gpu.h"
 #include "sampan/log.h"
@@ -30,8 +31,29 @@
 
 #define MIB (1024.0 * 1024.0)
 
+/* --chat-template-file: the file's text compiled, or an error naming the file. */
+static sp_status_t
+template_from_file(const char *path, sp_served_model_t *m, char *err, size_t err_len)
+{
+    char *src = NULL, msg[512];
+    size_t len = 0;
+    /* sp_file_read's messages name the file; the compiler's do not */
+    sp_status_t st = sp_file_read(path, path, SP_CHAT_MAX_TEMPLATE_BYTES, &src, &len, msg,
+                                  sizeof msg);
+    bool read = st == SP_OK;
+    if (read) {
+        st = sp_chat_template_compile(src, len, &m->tmpl, msg, sizeof msg);
+    }
+    sp_free(src);
+    if (st != SP_OK) {
+        return sp_errf(err, err_len, st == SP_ERR_NOMEM ? SP_ERR_NOMEM : SP_ERR_INVALID,
+                       "--chat-template-file %s%s%s", read ? path : "", read ? ": " : "", msg);
+    }
+    return SP_OK;
+}
+
 /* The config's chat_template: a built-in's name or Jinja text; else the
- * server's --chat-template, else the file's own. */
+ * server's --chat-template-file, else its --chat-template, else the file's own. */
 static sp_status_t
 load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
               size_t err_len)
@@ -49,6 +71,9 @@ load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg
                            m->tmpl_error);
         }
         return SP_OK;
+    }
+    if (s->cfg.chat_template_file[0]) {
+        return template_from_file(s->cfg.chat_template_file, m, err, err_len);
     }
     const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
     if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,

@@ -59,6 +59,10 @@
 #define RE_QWEN2                                                                        \
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"     \
                     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Qwen 3.5: Qwen2's, with combining marks (\p{M}) kept in the letter runs */
+#define RE_QWEN35                                                                       \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"                          \
+                    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* CJK ideographs (U+4E00..9FA5), U+0800..4E00 and Hangul (U+AC00..D7FF) */
 #define RE_DEEPSEEK_CJK "[\\x{4e00}-\\x{9fa5}\\x{0800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+"
 /* The letters of DeepSeek LLM's tokenizer.json, as ranges. */
@@ -89,6 +93,10 @@ typedef struct pre_def {
     bool ignore_merges;           /* a piece that is a whole token is taken as is (Llama 3) */
 } pre_def_t;
 
+/* "gemma4" (tokenizer.ggml.model): no word split, only runs of newlines are
+ * cut apart from the rest (the merges never join across a newline) */
+static const pre_def_t pre_raw = {{"gemma4"}, {"[^\\n]+|\\n+"}, false};
+
 static const pre_def_t pre_defs[] = {
     /* tokenizer.ggml.pre absent or "default": llama.cpp's generic BPE split */
     {{"default"},
@@ -99,6 +107,7 @@ static const pre_def_t pre_defs[] = {
     {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {RE_LLAMA3}, true},
     {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {RE_LLAMA3}, false},
     {{"qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"}, {RE_QWEN2}, false},
+    {{"qwen35"}, {RE_QWEN35}, false},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
      {"\\p{N}", RE_GPT2}, false},
     {{"falcon"}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false},
@@ -333,7 +342,7 @@ sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_le
     } else if (st != SP_OK) {
         return st;
     }
-    const pre_def_t *def = find_pre(pre);
+    const pre_def_t *def = t->raw_bpe ? &pre_raw : find_pre(pre);
     if (def == NULL) {
         int n = pre.len > 64 ? 64 : (int)pre.len;
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
@@ -409,6 +418,7 @@ typedef struct bpe_work {
     size_t cap;
     sp_heap_u64_t heap;        /* rank << 32 | left index */
     char *enc;                 /* (2 * cap) the piece in byte characters (ignore_merges) */
+    int32_t *off;              /* (cap) raw BPE: byte offset of each symbol in the piece */
 } bpe_work_t;
 
 static int
@@ -437,6 +447,12 @@ grow(bpe_work_t *w, size_t n)
         return -1;
     }
     w->next = a;
+    if (w->t->raw_bpe) {
+        if ((a = sp_realloc(w->off, bytes)) == NULL) {
+            return -1;
+        }
+        w->off = a;
+    }
     if (w->b->ignore_merges) {
         char *e = sp_realloc(w->enc, 2 * cap); /* cap < 2^30: no overflow */
         if (e == NULL) {
@@ -474,11 +490,98 @@ emit_or_unk(bpe_work_t *w, int32_t id)
     }
 }
 
+/* Run the queued merges over the symbols of a piece, lowest rank first. */
+static sp_status_t
+run_merges(bpe_work_t *w)
+{
+    const sp__tok_bpe_t *b = w->b;
+    while (w->heap.n > 0) {
+        uint64_t key = sp_heap_u64_pop(&w->heap);
+        int32_t i = (int32_t)(uint32_t)key;
+        int32_t j = w->next[i];
+        if (w->id[i] == DEAD || j < 0) {
+            continue;
+        }
+        /* stale unless the pair at i is still the one queued: ranks are unique per pair */
+        const merge_slot_t *m = find_merge(b, w->id[i], w->id[j]);
+        if (m == NULL || m->rank != (uint32_t)(key >> 32)) {
+            continue;
+        }
+        w->id[i] = m->result;
+        w->id[j] = DEAD;
+        w->next[i] = w->next[j];
+        if (w->next[j] >= 0) {
+            w->prev[w->next[j]] = i;
+        }
+        if (try_pair(w, w->prev[i]) || try_pair(w, i)) {
+            return SP_ERR_NOMEM;
+        }
+    }
+    return SP_OK;
+}
+
+/* Raw BPE (gemma4): one symbol per UTF-8 character of p[0..n) (spaces are
+ * already U+2581); a piece that is all newlines and a token is taken whole;
+ * a character that is no token, and so never merged, becomes its bytes'
+ * <0xNN> tokens (dropped where the vocabulary has none, as llama.cpp does). */
+static sp_status_t
+encode_piece_raw(bpe_work_t *w, const unsigned char *p, size_t n)
+{
+    const sp_tokenizer_t *t = w->t;
+    if (p[0] == '\n' && p[n - 1] == '\n') { /* the pre-tokenizer keeps newline runs apart */
+        int32_t id = sp__vocab_lookup(t, (const char *)p, n);
+        if (id >= 0) {
+            sp__tok_emit(w->o, id);
+            return SP_OK;
+        }
+    }
+    if (grow(w, n)) {
+        return SP_ERR_NOMEM;
+    }
+    int32_t ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        size_t k = sp_utf8_char_len(p + i, n - i);
+        w->id[ns] = sp__vocab_lookup(t, (const char *)p + i, k);
+        w->off[ns] = (int32_t)i;
+        w->prev[ns] = ns - 1;
+        w->next[ns] = ns + 1;
+        i += k;
+    }
+    w->next[ns - 1] = -1;
+    w->heap.n = 0;
+    for (int32_t i = 0; i + 1 < ns; i++) {
+        if (try_pair(w, i)) {
+            return SP_ERR_NOMEM;
+        }
+    }
+    sp_status_t st = run_merges(w);
+    if (st != SP_OK) {
+        return st;
+    }
+    for (int32_t i = 0; i >= 0; i = w->next[i]) {
+        if (w->id[i] >= 0) {
+            sp__tok_emit(w->o, w->id[i]);
+            continue;
+        }
+        size_t at = (size_t)w->off[i], k = sp_utf8_char_len(p + at, n - at);
+        for (size_t j = 0; j < k; j++) {
+            int32_t id = t->byte_id[p[at + j]];
+            if (id >= 0 && t->attr[id] == SP_TOKEN_TYPE_BYTE) {
+                sp__tok_emit(w->o, id);
+            }
+        }
+    }
+    return SP_OK;
+}
+
 /* BPE-encode one pre-tokenized piece p[0..n), n > 0. */
 static sp_status_t
 encode_piece(bpe_work_t *w, const unsigned char *p, size_t n)
 {
     const sp__tok_bpe_t *b = w->b;
+    if (w->t->raw_bpe) {
+        return encode_piece_raw(w, p, n);
+    }
     if (n == 1) {
         emit_or_unk(w, b->byte_tok[p[0]]);
         return SP_OK;
@@ -510,27 +613,9 @@ encode_piece(bpe_work_t *w, const unsigned char *p, size_t n)
             return SP_ERR_NOMEM;
         }
     }
-    while (w->heap.n > 0) {
-        uint64_t key = sp_heap_u64_pop(&w->heap);
-        int32_t i = (int32_t)(uint32_t)key;
-        int32_t j = w->next[i];
-        if (w->id[i] == DEAD || j < 0) {
-            continue;
-        }
-        /* stale unless the pair at i is still the one queued: ranks are unique per pair */
-        const merge_slot_t *m = find_merge(b, w->id[i], w->id[j]);
-        if (m == NULL || m->rank != (uint32_t)(key >> 32)) {
-            continue;
-        }
-        w->id[i] = m->result;
-        w->id[j] = DEAD;
-        w->next[i] = w->next[j];
-        if (w->next[j] >= 0) {
-            w->prev[w->next[j]] = i;
-        }
-        if (try_pair(w, w->prev[i]) || try_pair(w, i)) {
-            return SP_ERR_NOMEM;
-        }
+    sp_status_t st = run_merges(w);
+    if (st != SP_OK) {
+        return st;
     }
     for (int32_t i = 0; i >= 0; i = w->next[i]) {
         emit_or_unk(w, w->id[i]);
@@ -588,8 +673,30 @@ sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t len, sp__to
         return SP_OK;
     }
     bpe_work_t w = {.t = t, .b = t->bpe, .o = o};
+    char *esc = NULL;
+    if (t->raw_bpe) { /* the vocabulary spells a space U+2581 */
+        size_t spaces = 0, k = 0;
+        for (size_t i = 0; i < len; i++) {
+            spaces += text[i] == ' ';
+        }
+        if ((esc = sp_malloc(len + 2 * spaces)) == NULL) { /* len < 2^29: no overflow */
+            return SP_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < len; i++) {
+            if (text[i] == ' ') {
+                memcpy(esc + k, "\xE2\x96\x81", 3);
+                k += 3;
+            } else {
+                esc[k++] = text[i];
+            }
+        }
+        text = esc;
+        len = k;
+    }
     w.md = pcre2_match_data_create(1, t->bpe->gctx);
     sp_status_t st = w.md == NULL ? SP_ERR_NOMEM : split(&w, 0, text, len);
+    sp_free(esc);
+    sp_free(w.off);
     pcre2_match_data_free(w.md);
     sp_free(w.id);
     sp_free(w.prev);

@@ -236,7 +236,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     sp_tok_model_t kind;
     if (sp_str_eq_c(model, "llama")) {
         kind = SP_TOK_MODEL_SPM;
-    } else if (sp_str_eq_c(model, "gpt2")) {
+    } else if (sp_str_eq_c(model, "gpt2") || sp_str_eq_c(model, "gemma4")) {
         kind = SP_TOK_MODEL_BPE;
     } else if (sp_str_eq_c(model, "bert")) {
         kind = SP_TOK_MODEL_WPM;
@@ -244,7 +244,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         int n = model.len > 64 ? 64 : (int)model.len;
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "%s: tokenizer.ggml.model: model \"%.*s\" is not supported "
-                       "(\"llama\", \"gpt2\" and \"bert\" are)",
+                       "(\"llama\", \"gpt2\", \"gemma4\" and \"bert\" are)",
                        path, n, model.ptr);
     }
 
@@ -305,6 +305,7 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         goto nomem;
     }
     t->model = kind;
+    t->raw_bpe = sp_str_eq_c(model, "gemma4");
     t->n_vocab = n;
     t->text_off = sp_calloc((size_t)n + 1, sizeof(size_t));
     t->scores = sp_calloc((size_t)n, sizeof(float));
@@ -430,6 +431,11 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         (st = get_opt_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err,
                            err_len))) {
         goto fail;
+    }
+    if (t->raw_bpe) {
+        /* Gemma 4's files say add_bos_token = false, yet its tokenizer (and
+         * llama.cpp) puts <bos> in front of every prompt */
+        t->add_bos = true;
     }
     if (t->add_bos && t->bos < 0) {
         t->add_bos = false;
@@ -1013,8 +1019,10 @@ sp_tokenizer_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf,
         return attr == SP_TOKEN_TYPE_USER_DEFINED ? put_piece(s.ptr, s.len, buf, cap)
                                                   : put_spaced(s, buf, cap);
     case SP_TOK_MODEL_BPE:
-        return attr == SP_TOKEN_TYPE_USER_DEFINED ? put_piece(s.ptr, s.len, buf, cap)
-                                                  : sp__tok_bpe_text(t, s, buf, cap);
+        if (attr == SP_TOKEN_TYPE_USER_DEFINED) {
+            return put_piece(s.ptr, s.len, buf, cap);
+        }
+        return t->raw_bpe ? put_spaced(s, buf, cap) : sp__tok_bpe_text(t, s, buf, cap);
     case SP_TOK_MODEL_WPM:
         return put_spaced(s, buf, cap);
     }

@@ -19,7 +19,8 @@
 
 typedef enum sp_tok_model {
     SP_TOK_MODEL_SPM = 0, /* tokenizer.ggml.model = "llama" */
-    SP_TOK_MODEL_BPE = 1, /* "gpt2": byte-level BPE with a regex pre-tokenizer */
+    SP_TOK_MODEL_BPE = 1, /* "gpt2": byte-level BPE with a regex pre-tokenizer; "gemma4":
+                             BPE over raw UTF-8 (see raw_bpe) */
     SP_TOK_MODEL_WPM = 2, /* "bert": WordPiece */
 } sp_tok_model_t;
 
@@ -46,6 +47,9 @@ struct sp_tokenizer {
     int n_eog;
     bool add_bos, add_eos, add_sep, add_space_prefix;
     sp__tok_bpe_t *bpe; /* BPE only */
+    bool raw_bpe;       /* "gemma4": merges run on raw UTF-8 characters (no GPT-2 byte
+                           characters), a space is U+2581 in the vocabulary, a character
+                           without a token falls back to its <0xNN> byte tokens */
 };
 
 /* Counts every token but stores only the first cap (the sp_tokenizer_encode contract). */

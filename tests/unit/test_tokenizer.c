@@ -17,6 +17,10 @@
 #include "test.h"
 
 #define TOKDIR "tests/data/tokenizer/"
+/* The newer set: vectors in tests/data/tokenizer-2026/, the vocabularies
+ * shipped there xz-compressed and unpacked by `make unit` into UNPACKED. */
+#define TOKDIR2026 "tests/data/tokenizer-2026/"
+#define UNPACKED "build/testdata/"
 #define SEP "\n__ggml_vocab_test__\n"
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -167,10 +171,15 @@ check_vectors(const char *gguf, const char *inp, const char *outp, int *n_cases)
 
     int n = 0, bad = 0;
     char *cur = in, *line = out;
-    for (;;) {
+    for (bool last = false; !last;) {
+        /* each string ends with SEP; in some files the last one ends the file instead */
         char *end = strstr(cur, SEP);
         if (end == NULL) {
-            break;
+            if (*cur == '\0') {
+                break;
+            }
+            end = cur + strlen(cur);
+            last = true;
         }
         char *eol = strchr(line, '\n');
         ASSERT(eol != NULL);
@@ -207,10 +216,10 @@ check_vectors(const char *gguf, const char *inp, const char *outp, int *n_cases)
             check_round_trip(l.t, cur, len);
         }
         n++;
-        cur = end + strlen(SEP);
+        cur = last ? end : end + strlen(SEP);
         line = eol + 1;
     }
-    ASSERT_EQ(n, 46);
+    ASSERT(n > 0 && *line == '\0'); /* one line of ids per string, no more */
     *n_cases += n;
     free(in);
     free(out);
@@ -220,11 +229,23 @@ check_vectors(const char *gguf, const char *inp, const char *outp, int *n_cases)
 
 /* ---- test vectors and real vocabularies -------------------------------- */
 
-/* Every NAME.gguf.inp/.out pair in tests/data/tokenizer whose NAME.gguf is
- * there too; the ones without a vocabulary are counted and named. */
-TEST(tokenizer_vectors_all)
+/* Vocabularies whose tokenizer model is not here yet: their vectors (made
+ * with llama.cpp, see the folder's README) wait, and the test says so, while
+ * loading fails as unsupported; once it loads they run like the others. */
+static const char *const pending[][2] = {
+    {"ggml-vocab-nomic-bert-moe.gguf", "Unigram (\"t5\") tokenizer model not supported yet"},
+};
+
+typedef struct vec_totals {
+    int n_vocab, n_cases, n_bad, n_skipped;
+} vec_totals_t;
+
+/* Every NAME.gguf.inp/.out pair in dir whose NAME.gguf is in dir or in
+ * UNPACKED; the ones without a vocabulary are counted and named. */
+static void
+run_vector_dir(const char *dir, vec_totals_t *tot)
 {
-    DIR *d = opendir(TOKDIR);
+    DIR *d = opendir(dir);
     ASSERT(d != NULL);
     char names[64][128];
     int n_names = 0;
@@ -238,29 +259,65 @@ TEST(tokenizer_vectors_all)
     }
     closedir(d);
     qsort(names, (size_t)n_names, sizeof names[0], (int (*)(const void *, const void *))strcmp);
-    int n_vocab = 0, n_cases = 0, n_bad = 0;
     for (int i = 0; i < n_names; i++) {
         char gguf[256], inp[256], outp[256];
-        snprintf(gguf, sizeof gguf, TOKDIR "%.120s", names[i]);
-        snprintf(inp, sizeof inp, TOKDIR "%.120s.inp", names[i]);
-        snprintf(outp, sizeof outp, TOKDIR "%.120s.out", names[i]);
+        snprintf(gguf, sizeof gguf, "%s%.120s", dir, names[i]);
+        snprintf(inp, sizeof inp, "%s%.120s.inp", dir, names[i]);
+        snprintf(outp, sizeof outp, "%s%.120s.out", dir, names[i]);
         FILE *f = fopen(gguf, "rb");
+        if (f == NULL) {
+            snprintf(gguf, sizeof gguf, UNPACKED "%.120s", names[i]);
+            f = fopen(gguf, "rb");
+        }
         if (f == NULL) {
             fprintf(stderr, "  %-34s no vocabulary here (vectors only)\n", names[i]);
             continue;
         }
         fclose(f);
+        const char *why = NULL;
+        for (size_t k = 0; k < sizeof pending / sizeof pending[0]; k++) {
+            if (strcmp(names[i], pending[k][0]) == 0) {
+                why = pending[k][1];
+            }
+        }
+        if (why != NULL) {
+            sp_gguf_t *g = NULL;
+            sp_tokenizer_t *t = NULL;
+            char err[256] = "";
+            ASSERT_OK(sp_gguf_open(gguf, &g, err, sizeof err));
+            sp_status_t st = sp_tokenizer_from_gguf(g, &t, err, sizeof err);
+            sp_tokenizer_destroy(t);
+            sp_gguf_close(g);
+            if (st == SP_ERR_UNSUPPORTED) {
+                fprintf(stderr, "  %-34s SKIPPED: %s (%s)\n", names[i], why, err);
+                tot->n_skipped++;
+                continue;
+            }
+        }
         int cases = 0;
         int bad = check_vectors(gguf, inp, outp, &cases);
         fprintf(stderr, "  %-34s %2d vectors, %d mismatches\n", names[i], cases, bad);
-        n_vocab++;
-        n_cases += cases;
-        n_bad += bad;
+        tot->n_vocab++;
+        tot->n_cases += cases;
+        tot->n_bad += bad;
     }
-    fprintf(stderr, "  tokenizer vectors: %d vectors over %d vocabularies, %d mismatches\n",
-            n_cases, n_vocab, n_bad);
-    ASSERT_EQ(n_bad, 0);
-    ASSERT(n_vocab >= 10);
+}
+
+TEST(tokenizer_vectors_all)
+{
+    vec_totals_t tot = {0};
+    run_vector_dir(TOKDIR, &tot);
+    fprintf(stderr, "  newer set (%s, vocabularies from %s):\n", TOKDIR2026, UNPACKED);
+    int before = tot.n_vocab;
+    run_vector_dir(TOKDIR2026, &tot);
+    fprintf(stderr, "  tokenizer vectors: %d vectors over %d vocabularies, %d mismatches, "
+            "%d vocabularies skipped\n", tot.n_cases, tot.n_vocab, tot.n_bad, tot.n_skipped);
+    ASSERT_EQ(tot.n_bad, 0);
+    /* the older set's own vocabularies and the three whose vectors wait for
+     * the newer set's files (llama-bpe, qwen2, command-r) */
+    ASSERT(before >= 13);
+    /* `make unit` unpacks the newer set: all of it runs or is named as skipped */
+    ASSERT(tot.n_vocab - before + tot.n_skipped >= 7);
 }
 
 TEST(tokenizer_baichuan_round_trip)
