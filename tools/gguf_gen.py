@@ -96,6 +96,10 @@ PRESETS = {
     "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                       vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                       eps=1e-6),
+    # YaRN context extension (factor 8 over an original context of 64 positions)
+    "llama-yarn-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                           vocab=512, ctx=512, tied=False, rope_base=10000.0, yarn=8.0,
+                           yarn_orig_ctx=64),
     # the MoE families for the oracle: Mixtral (llama, 8 experts, top-2) and Qwen1.5-MoE
     # (qwen2moe: top-4 of 8, unnormalised weights, a gated shared expert)
     "mixtral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=256,
@@ -109,12 +113,13 @@ PRESETS = {
                       vocab=32000, ctx=2048, tied=False),
 }
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
-                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256"}
+                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
+                 "llama-yarn": "llama-yarn-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
                 vocab_from=None, name=None, poison=None, embd_scale=2.0, n_expert=0,
-                n_expert_used=0, ff_exp=None, ff_shexp=None)
+                n_expert_used=0, ff_exp=None, ff_shexp=None, yarn=None, yarn_orig_ctx=None)
 MOE_ARCHS = ("qwen2moe",)  # always mixture of experts (llama is with --n-expert)
 
 
@@ -460,7 +465,12 @@ def metadata(c, tok_recs):
         if c["ff_shexp"]:
             kv.append(kv_bytes(f"{a}.expert_shared_feed_forward_length", T_UINT32,
                                c["ff_shexp"]))
-    if c["rope_scale"] != 1.0:
+    if c["yarn"]:  # YaRN as llama.cpp's converter writes it
+        kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "yarn"))
+        kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["yarn"]))
+        kv.append(kv_bytes(f"{a}.rope.scaling.original_context_length", T_UINT32,
+                           c["yarn_orig_ctx"] or c["ctx"]))
+    elif c["rope_scale"] != 1.0:
         kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
         kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
     if tok_recs is not None:
@@ -557,7 +567,8 @@ def main(argv=None):
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed",
               "n-expert", "n-expert-used", "ff-exp", "ff-shexp"):
         ap.add_argument("--" + k, type=int)
-    for k in ("rope-base", "rope-scale", "eps", "embd-scale"):
+    ap.add_argument("--yarn-orig-ctx", type=int, help="YaRN original context length")
+    for k in ("rope-base", "rope-scale", "eps", "embd-scale", "yarn"):
         ap.add_argument("--" + k, type=float)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=None)

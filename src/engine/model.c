@@ -20,6 +20,7 @@
 #include "crypto/enc.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
+#include "engine/yarn.h"
 #include "kernels/kernels.h"
 
 #define MAX_HEADS 4096
@@ -180,9 +181,12 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
         return st;
     }
     bool linear = st == SP_OK && sp_str_eq_c(stype, "linear");
+    if (st == SP_OK && sp_str_eq_c(stype, "yarn")) {
+        return sp__yarn_load(g, hp, err, err_len);
+    }
     if (st == SP_OK && !linear && !sp_str_eq_c(stype, "none")) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: %s '%.*s' is not supported (none, linear)", path, key,
+                       "%s: %s '%.*s' is not supported (none, linear, yarn)", path, key,
                        (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
     }
     if (linear || st == SP_ERR_NOT_FOUND) {

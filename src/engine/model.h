@@ -48,6 +48,13 @@ typedef struct sp_hparams {
     float norm_eps;
     sp_rope_type_t rope_type;
     bool tied_output;
+    /* YaRN (rope.scaling.type "yarn", engine/yarn.h): rope_scale stays 1,
+     * each pair's frequency is blended and cos/sin scaled by rope_mscale */
+    bool rope_yarn;
+    float yarn_factor;      /* rope.scaling.factor */
+    int64_t yarn_orig_ctx;  /* rope.scaling.original_context_length */
+    float yarn_beta_fast, yarn_beta_slow;
+    float rope_mscale;
 } sp_hparams_t;
 
 typedef struct sp_model sp_model_t;

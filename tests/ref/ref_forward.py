@@ -63,8 +63,19 @@ class RefModel:
         self.eps = float(kv.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5))
         self.rope_base = float(kv.get(f"{a}.rope.freq_base", 10000.0))
         self.rope_scale = 1.0
-        if kv.get(f"{a}.rope.scaling.type", "linear") == "linear":
+        self.yarn = None
+        stype = kv.get(f"{a}.rope.scaling.type", "linear")
+        if stype == "linear":
             self.rope_scale = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
+        elif stype == "yarn":
+            # YaRN (llama.cpp's rope with ext_factor 1): pair i's frequency f_i becomes
+            # f_i (s (1 - r_i) + r_i) with s = 1 / factor and r_i a ramp from 1 (pairs below
+            # the beta_fast correction dimension: unchanged) to 0 (above beta_slow's:
+            # interpolated); cos and sin are multiplied by 1 + 0.1 ln(factor)
+            factor = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
+            orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
+                              kv[f"{a}.context_length"]))
+            self.yarn = (factor, orig, 32.0, 1.0)
         self.neox = a in ("qwen2", "qwen2moe")
         self.n_expert = int(kv.get(f"{a}.expert_count", 0)) if a != "qwen2" else 0
         if self.n_expert <= 1:
@@ -165,9 +176,20 @@ class RefModel:
         half = self.n_rot // 2
         i = np.arange(half, dtype=np.float64)
         inv_freq = self.rope_base ** (-2.0 * i / self.n_rot)
+        mscale = 1.0
+        if getattr(self, "yarn", None):
+            factor, orig, fast, slow = self.yarn
+
+            def corr(turns):
+                return self.n_rot * np.log(orig / (turns * 2 * np.pi)) / (2 * np.log(self.rope_base))
+            lo = max(0.0, np.floor(corr(fast)))
+            hi = min(self.n_rot - 1.0, np.ceil(corr(slow)))
+            ramp = 1.0 - np.clip((i - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+            inv_freq = inv_freq * ((1.0 / factor) * (1.0 - ramp) + ramp)
+            mscale = 1.0 + 0.1 * np.log(factor) if factor > 1.0 else 1.0
         theta = (pos.astype(np.float64) / self.rope_scale)[:, None] * inv_freq[None, :]
-        cos = np.cos(theta)[:, None, :].astype(self.dtype)
-        sin = np.sin(theta)[:, None, :].astype(self.dtype)
+        cos = (np.cos(theta) * mscale)[:, None, :].astype(self.dtype)
+        sin = (np.sin(theta) * mscale)[:, None, :].astype(self.dtype)
         y = x.copy()
         if self.neox:
             x0, x1 = x[..., :half], x[..., half:2 * half]
