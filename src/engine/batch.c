@@ -724,6 +724,17 @@ rope_job_run(void *arg, int64_t t, int ith)
     const float *cs = b->rope_cs + t * hp->n_rot;
     float *kt = b->kv_k + t * kv_dim;
     (void)ith;
+    const sp_layer_t *L = &b->m->layers[j->il];
+    if (L->attn_q_norm != NULL) {
+        /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
+        for (int64_t h = 0; h < hp->n_head; h++) {
+            float *qh = b->q + t * q_dim + h * hd;
+            b->k->rmsnorm(qh, qh, L->attn_q_norm, hd, hp->norm_eps);
+        }
+        for (int64_t g = 0; g < hp->n_head_kv; g++) {
+            b->k->rmsnorm(kt + g * hd, kt + g * hd, L->attn_k_norm, hd, hp->norm_eps);
+        }
+    }
     rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
     rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
     const float *vt = b->kv_v + t * kv_dim;

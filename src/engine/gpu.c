@@ -570,6 +570,13 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
                     (long long)hp->n_layer);
         return SP_OK;
     }
+    const char *feature = sp__model_cpu_only_feature(m);
+    if (feature != NULL) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "GPU: %s (architecture %s) uses %s, which the CUDA path does not "
+                       "implement: run it on the CPU (no GPU layers)",
+                       sp_gguf_path(m->gguf), hp->arch, feature);
+    }
     if (hp->head_dim > SP_CU_MAX_HEAD_DIM || hp->n_rot % 2 != 0) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "GPU: head_dim %lld is over %d (or n_rot odd)", (long long)hp->head_dim,

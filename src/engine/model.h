@@ -9,7 +9,7 @@
  * batch: nothing is allocated per token) and a thread pool.
  *
  * Supported: general.architecture llama (Llama 2/3, TinyLlama, Mistral, SmolLM),
- * mistral, qwen2 (QKV bias, NeoX RoPE). Tied or separate output matrix,
+ * mistral, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head q/k RMSNorm). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
