@@ -119,13 +119,20 @@ PRESETS = {
     "qwen2moe-256": dict(arch="qwen2moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                          vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                          eps=1e-6, n_expert=8, n_expert_used=4, ff_exp=256, ff_shexp=512),
+    "qwen3moe-tiny": dict(arch="qwen3moe", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                          head_dim=32, ff=192, vocab=300, ctx=256, n_expert=8, n_expert_used=2,
+                          ff_exp=64, tied=False, rope_base=1000000.0, eps=1e-6),
+    # Qwen3-30B-A3B's layout scaled down: 128-wide heads over a 256 model, top-2 of 8
+    "qwen3moe-256": dict(arch="qwen3moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                         head_dim=128, ff=512, vocab=512, ctx=256, tied=False,
+                         rope_base=1000000.0, eps=1e-6, n_expert=8, n_expert_used=2, ff_exp=256),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
                  "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
-                 "llama-yarn": "llama-yarn-256"}
+                 "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,

@@ -84,6 +84,9 @@ MODELS = [
     ("qwen2moe", "f32"),
     ("qwen2moe", "q8_0"),
     ("qwen2moe", "q4_k"),
+    ("qwen3moe", "f32"),
+    ("qwen3moe", "q8_0"),
+    ("qwen3moe", "q4_k"),
     # YaRN RoPE (rope.scaling.type yarn)
     ("llama-yarn", "f32"),
     ("llama-yarn", "q8_0"),
