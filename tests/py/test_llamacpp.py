@@ -62,6 +62,11 @@ MODELS = [
     ("llama", "q4_0"),
     ("llama", "q4_k"),
     ("llama", "q6_k"),
+    ("llama", "q4_1"),
+    ("llama", "q5_0"),
+    ("llama", "q5_1"),
+    ("llama", "iq4_nl"),
+    ("llama", "mxfp4"),
     ("mistral", "f32"),
     ("mistral", "f16"),
     ("mistral", "bf16"),
@@ -76,6 +81,8 @@ MODELS = [
     ("qwen2", "q4_0"),
     ("qwen2", "q4_k"),
     ("qwen2", "q6_k"),
+    ("qwen2", "q5_1"),
+    ("qwen2", "iq4_nl"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.
@@ -89,6 +96,10 @@ MIXES = [
     ("llama", "Q4_0"),
     ("llama", "Q2_K"),
     ("llama", "IQ4_XS"),
+    ("llama", "Q4_1"),
+    ("llama", "Q5_0"),
+    ("llama", "Q5_1"),
+    ("llama", "IQ4_NL"),
     ("mistral", "Q4_K_M"),
     ("qwen2", "Q4_K_M"),
     ("qwen2", "Q8_0"),
