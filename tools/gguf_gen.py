@@ -9,8 +9,8 @@ TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
         [--arch llama|qwen2|qwen2moe] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
-        [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--embd-type T]
-        [--output-type T] [--seed N] [--embd-scale F] [--vocab-from FILE.gguf]
+        [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|q4_k|q6_k]
+        [--embd-type T] [--output-type T] [--seed N] [--embd-scale F] [--vocab-from FILE.gguf]
 
 Weights: matrices are normal(0, 1/sqrt(fan_in)) so that every projection keeps
 activations O(1); the embedding / output matrix is normal(0, S/sqrt(dim)) with
@@ -66,9 +66,15 @@ TYPES = {
     "q4_k": (12, 256, 144),
     "q6_k": (14, 256, 210),
     "bf16": (30, 1, 2),
+    "q4_1": (3, 32, 20),
+    "q5_0": (6, 32, 22),
+    "q5_1": (7, 32, 24),
+    "iq4_nl": (20, 32, 18),
+    "mxfp4": (39, 32, 17),
 }
 # general.file_type (llama_ftype) for a model whose matrices are all of one type
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 15, "q6_k": 18, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 15, "q6_k": 18, "bf16": 32,
+             "q4_1": 3, "q5_0": 8, "q5_1": 9, "iq4_nl": 25, "mxfp4": 38}
 
 PRESETS = {
     # small llama with grouped-query attention; fast enough for unit tests
@@ -208,6 +214,105 @@ def quant_q4_0(x):
     return out.reshape(x.shape[0], -1)
 
 
+def _pack_nibbles(q):
+    """(nb, 32) values 0..15 -> (nb, 16) bytes: element j low nibble, j + 16 high."""
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def _pack_fifth_bits(q):
+    """(nb, 32) values 0..31 -> (nb, 4) bytes of the little-endian word whose bit j is
+    element j's bit 4."""
+    bits = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    return bits.sum(axis=1, dtype=np.uint32).astype("<u4").view(np.uint8).reshape(-1, 4)
+
+
+def _min_max_scale(b, levels):
+    """Q4_1 / Q5_1: d = (max - min) / levels, q = trunc((x - min) / d + 0.5) (ggml's rule)."""
+    lo, hi = b.min(axis=1), b.max(axis=1)
+    d = (hi - lo) / np.float32(levels)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(np.floor((b - lo[:, None]) * inv[:, None] + np.float32(0.5)), levels)
+    return d, lo, q.astype(np.uint32)
+
+
+def quant_q4_1(x):
+    """Q4_1: x = q * d + m, q in 0..15, m = the block's minimum."""
+    b = x.reshape(-1, 32)
+    d, m, q = _min_max_scale(b, 15)
+    out = np.empty((b.shape[0], 20), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = to_f16(m).view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = _pack_nibbles(q)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q5_1(x):
+    """Q5_1: x = q * d + m, q in 0..31 (low 4 bits in qs, bit 4 in the 32-bit qh)."""
+    b = x.reshape(-1, 32)
+    d, m, q = _min_max_scale(b, 31)
+    out = np.empty((b.shape[0], 24), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = to_f16(m).view(np.uint8).reshape(-1, 2)
+    out[:, 4:8] = _pack_fifth_bits(q)
+    out[:, 8:] = _pack_nibbles(q & 0xF)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q5_0(x):
+    """Q5_0: x = (q - 16) * d, q in 0..31; like Q4_0 the element of largest magnitude maps to
+    q = 0 (d = max / -16)."""
+    b = x.reshape(-1, 32)
+    idx = np.abs(b).argmax(axis=1)
+    d = b[np.arange(b.shape[0]), idx] / np.float32(-16)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.clip(np.floor(b * inv[:, None] + np.float32(16.5)), 0, 31).astype(np.uint32)
+    out = np.empty((b.shape[0], 22), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:6] = _pack_fifth_bits(q)
+    out[:, 6:] = _pack_nibbles(q & 0xF)
+    return out.reshape(x.shape[0], -1)
+
+
+IQ4_NL_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                       dtype=np.float32)
+MXFP4_GRID = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+
+def _nearest(grid, v):
+    """(nb, 32) values -> index of the nearest grid value (the first of equals)."""
+    return np.abs(v[:, :, None] - grid[None, None, :]).argmin(axis=2).astype(np.uint32)
+
+
+def quant_iq4_nl(x):
+    """IQ4_NL: x = d * grid[q] on a fixed non-linear grid of 16 values. A simple rule (not
+    llama-quantize's scale search): the element of largest magnitude on the grid's end -127,
+    every element on its nearest grid point for the stored half scale."""
+    b = x.reshape(-1, 32)
+    idx = np.abs(b).argmax(axis=1)
+    d = _f16_value(b[np.arange(b.shape[0]), idx] / np.float32(-127))
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = _nearest(IQ4_NL_GRID, b * inv[:, None])
+    out = np.empty((b.shape[0], 18), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = _pack_nibbles(q)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_mxfp4(x):
+    """MXFP4: x = 2^(e - 127) * E2M1(q); ggml's rule e = floor(log2 amax) - 2 + 127 and each
+    element on its nearest grid point (the grid in halves: 2^(e - 128) * MXFP4_GRID)."""
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    _, ex = np.frexp(amax)                      # amax = m 2^ex, m in [0.5, 1)
+    e = np.where(amax > 0, np.clip(ex.astype(np.int64) + 124, 0, 254), 0)
+    half = np.ldexp(np.float64(1), (e - 128).astype(np.int32))
+    q = _nearest(MXFP4_GRID.astype(np.float64), b.astype(np.float64) / half[:, None])
+    out = np.empty((b.shape[0], 17), dtype=np.uint8)
+    out[:, 0] = e.astype(np.uint8)
+    out[:, 1:] = _pack_nibbles(q)
+    return out.reshape(x.shape[0], -1)
+
+
 def quant_q4_k(x):
     """Q4_K: super-block of 256 = 8 sub-blocks of 32, x = d*sc*q - dmin*m, q in 0..15,
     sc and m 6-bit. Per sub-block: range [min(lo,0), hi] split in 15 steps."""
@@ -284,7 +389,9 @@ def encode(x, tname):
         return to_f16(x).astype("<f2").tobytes()
     if tname == "bf16":
         return to_bf16(x).astype("<u2").tobytes()
-    fn = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_k": quant_q4_k, "q6_k": quant_q6_k}[tname]
+    fn = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_k": quant_q4_k, "q6_k": quant_q6_k,
+          "q4_1": quant_q4_1, "q5_0": quant_q5_0, "q5_1": quant_q5_1, "iq4_nl": quant_iq4_nl,
+          "mxfp4": quant_mxfp4}[tname]
     return fn(x).tobytes()
 
 

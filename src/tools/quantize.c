@@ -2,7 +2,7 @@
  * quantize.c - `sampan quantize IN OUT TYPE`: convert a model's weights.
  *
  *   sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose]
- *   TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q6_k
+ *   TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl mxfp4 q4_k q6_k
  *
  * Which tensors change:
  *   - 2-D and larger float tensors (F32/F16/BF16), token_embd.weight and
@@ -44,6 +44,9 @@ static const target targets[] = {
     {"f32", SP_TYPE_F32, 0},   {"f16", SP_TYPE_F16, 1},   {"bf16", SP_TYPE_BF16, 32},
     {"q8_0", SP_TYPE_Q8_0, 7}, {"q4_0", SP_TYPE_Q4_0, 2}, {"q4_k", SP_TYPE_Q4_K, 15},
     {"q6_k", SP_TYPE_Q6_K, 18},
+    /* ggml's rules (as llama-quantize without an importance matrix) */
+    {"q4_1", SP_TYPE_Q4_1, 3}, {"q5_0", SP_TYPE_Q5_0, 8}, {"q5_1", SP_TYPE_Q5_1, 9},
+    {"iq4_nl", SP_TYPE_IQ4_NL, 25}, {"mxfp4", SP_TYPE_MXFP4, 38},
 };
 
 /* Shared by every tensor's fill: the pool, per-thread scratch rows and the progress line. */
@@ -208,7 +211,8 @@ human(char *buf, size_t n, double b)
 
 static const char quantize_usage[] =
     "usage: sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose]\n"
-    "  TYPE        f32, f16, bf16, q8_0, q4_0, q4_k (Q4_K_M-style) or q6_k\n"
+    "  TYPE        f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4,\n"
+    "              q4_k (Q4_K_M-style) or q6_k\n"
     "  --threads N worker threads (default: one per core)\n"
     "  --progress  progress bar on stderr even when it is not a terminal\n"
     "  --verbose   one line per tensor\n"

@@ -1,4 +1,4 @@
-"""quants.py - dequantizers for the seven tensor types, and emulation of the activation
+"""quants.py - dequantizers for the tensor types the engine computes with, and emulation of the activation
 quantization the engine applies before quantized dot products.
 
 Written from the block layouts (src/kernels/kernels.h, the GGUF/ggml format
@@ -16,6 +16,12 @@ TYPE_INFO = {
     12: ("q4_k", 256, 144),
     14: ("q6_k", 256, 210),
     30: ("bf16", 1, 2),
+    3: ("q4_1", 32, 20),
+    6: ("q5_0", 32, 22),
+    7: ("q5_1", 32, 24),
+    9: ("q8_1", 32, 36),
+    20: ("iq4_nl", 32, 18),
+    39: ("mxfp4", 32, 17),
 }
 TYPE_NUM = {v[0]: k for k, v in TYPE_INFO.items()}
 
@@ -24,6 +30,19 @@ _Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 _Q4_K = np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)])
 _Q6_K = np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")])
 assert (_Q8_0.itemsize, _Q4_0.itemsize, _Q4_K.itemsize, _Q6_K.itemsize) == (34, 18, 144, 210)
+_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
+_Q5_0 = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])
+_Q5_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])
+_Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
+_IQ4_NL = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
+_MXFP4 = np.dtype([("e", "u1"), ("qs", "u1", 16)])
+assert (_Q4_1.itemsize, _Q5_0.itemsize, _Q5_1.itemsize, _Q8_1.itemsize, _IQ4_NL.itemsize,
+        _MXFP4.itemsize) == (20, 22, 24, 36, 18, 17)
+# IQ4_NL's fixed non-linear grid; MXFP4's E2M1 values (OCP MX: sign, 2 exponent bits, 1
+# mantissa bit) in units of 0.5, the scale being 2^(e - 127)
+IQ4_NL_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                        113], dtype=np.float64)
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 
 def _f64(a):
@@ -40,6 +59,49 @@ def deq_q4_0(buf, n):
     qs = b["qs"]
     q = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32) - 8  # j, then j + 16
     return (_f64(b["d"])[:, None] * q).reshape(-1)
+
+
+def _nibbles(qs):
+    """(nb, 16) bytes -> (nb, 32) values 0..15: element j low nibble of byte j, j + 16 high."""
+    return np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32)
+
+
+def _fifth_bits(qh):
+    """(nb,) little-endian 32-bit words -> (nb, 32) bit j of word = element j's bit 4."""
+    return ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32) << 4
+
+
+def deq_q4_1(buf, n):
+    b = np.frombuffer(buf, dtype=_Q4_1, count=n // 32)
+    return (_f64(b["d"])[:, None] * _nibbles(b["qs"]) + _f64(b["m"])[:, None]).reshape(-1)
+
+
+def deq_q5_0(buf, n):
+    b = np.frombuffer(buf, dtype=_Q5_0, count=n // 32)
+    q = _nibbles(b["qs"]) | _fifth_bits(b["qh"])
+    return (_f64(b["d"])[:, None] * (q - 16)).reshape(-1)
+
+
+def deq_q5_1(buf, n):
+    b = np.frombuffer(buf, dtype=_Q5_1, count=n // 32)
+    q = _nibbles(b["qs"]) | _fifth_bits(b["qh"])
+    return (_f64(b["d"])[:, None] * q + _f64(b["m"])[:, None]).reshape(-1)
+
+
+def deq_q8_1(buf, n):
+    b = np.frombuffer(buf, dtype=_Q8_1, count=n // 32)
+    return (_f64(b["d"])[:, None] * b["qs"]).reshape(-1)
+
+
+def deq_iq4_nl(buf, n):
+    b = np.frombuffer(buf, dtype=_IQ4_NL, count=n // 32)
+    return (_f64(b["d"])[:, None] * IQ4_NL_GRID[_nibbles(b["qs"])]).reshape(-1)
+
+
+def deq_mxfp4(buf, n):
+    b = np.frombuffer(buf, dtype=_MXFP4, count=n // 32)
+    scale = np.ldexp(1.0, b["e"].astype(np.int32) - 127)
+    return (scale[:, None] * E2M1[_nibbles(b["qs"])]).reshape(-1)
 
 
 def q4_k_scales(s):
@@ -92,7 +154,8 @@ def dequantize(buf, ttype, n):
     if ttype == 30:
         u = np.frombuffer(buf, dtype="<u2", count=n).astype(np.uint32) << 16
         return u.view(np.float32).astype(np.float64)
-    fn = {2: deq_q4_0, 8: deq_q8_0, 12: deq_q4_k, 14: deq_q6_k}.get(ttype)
+    fn = {2: deq_q4_0, 8: deq_q8_0, 12: deq_q4_k, 14: deq_q6_k, 3: deq_q4_1, 6: deq_q5_0,
+          7: deq_q5_1, 9: deq_q8_1, 20: deq_iq4_nl, 39: deq_mxfp4}.get(ttype)
     if fn is None:
         raise ValueError(f"type {ttype} not supported by the reference")
     return fn(buf, n)
@@ -101,9 +164,11 @@ def dequantize(buf, ttype, n):
 # ---- activation quantization (emulated) -----------------------------------------
 #
 # Quantized weights are multiplied with activations that the engine first converts:
-# Q8_0 / Q4_0 weights with Q8_0 activations (llama.cpp's rule: blocks of 32, d = amax / 127
+# Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 weights with Q8_0 activations (llama.cpp's rule: blocks of 32, d = amax / 127
 # stored as half, q = round-half-even(x * (127 / amax)) with the unrounded scale, q = 0 where
-# the half is 0), Q4_K / Q6_K with Q8_K
+# the half is 0), Q4_1 / Q5_1 with Q8_1 (the same quants and half scale; the product's offset
+# term uses the block's s = half(d * sum q), which q8_1_s_correction supplies), Q4_K / Q6_K
+# with Q8_K
 # activations (blocks of 256, float d = amax / 127, q = round-half-even(x * (127 / amax)),
 # clamped to +-127). The functions return the values the dot product effectively sees
 # (q * d), in float64; the input is first rounded to float32, as in the engine.
@@ -128,5 +193,32 @@ def fake_q8_k(x):
     return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(shp)
 
 
+def q8_1_s_correction(x):
+    """The part of a Q4_1 / Q5_1 product the value emulation misses: per activation block the
+    engine multiplies the weight block's offset m by the stored s = half(d * sum q) (d = amax /
+    127 unrounded), the emulated values give m * half(d) * sum q. Returns s - half(d) * sum q,
+    shape (..., n / 32), in float64 (0 for blocks whose half d is 0: all-zero quants)."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = amax / np.float32(127)
+    dh = d.astype(np.float16).astype(np.float32)
+    iscale = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=dh > 0)
+    q = np.clip(np.rint(b * iscale[:, None]), -127, 127)
+    sq = q.sum(axis=1, dtype=np.float64).astype(np.float32)
+    s = np.where(dh > 0, (d * sq).astype(np.float16).astype(np.float32), np.float32(0))
+    corr = s.astype(np.float64) - dh.astype(np.float64) * sq.astype(np.float64)
+    return corr.reshape(x.shape[:-1] + (x.shape[-1] // 32,))
+
+
+def block_offsets(buf, ttype, n):
+    """The offsets m of a Q4_1 / Q5_1 tensor's blocks (n // 32 values, float64); None for
+    types without one."""
+    dt = {3: _Q4_1, 7: _Q5_1}.get(ttype)
+    if dt is None:
+        return None
+    return _f64(np.frombuffer(buf, dtype=dt, count=n // 32)["m"])
+
+
 # weight type -> activation emulation (None: activations stay float32 for F32/F16/BF16)
-ACT_QUANT = {0: None, 1: None, 30: None, 8: fake_q8_0, 2: fake_q8_0, 12: fake_q8_k, 14: fake_q8_k}
+ACT_QUANT = {0: None, 1: None, 30: None, 8: fake_q8_0, 2: fake_q8_0, 12: fake_q8_k, 14: fake_q8_k,
+             6: fake_q8_0, 20: fake_q8_0, 39: fake_q8_0, 3: fake_q8_0, 7: fake_q8_0}

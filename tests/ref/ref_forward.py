@@ -63,7 +63,7 @@ Q8_0/Q4_0 weights, Q8_K for Q4_K/Q6_K), emulated in quants.py.
 import numpy as np
 
 from gguf_read import GGUF
-from quants import ACT_QUANT
+from quants import ACT_QUANT, block_offsets, q8_1_s_correction
 
 
 class RefModel:
@@ -138,9 +138,13 @@ class RefModel:
         self.act_err2 = []  # squared relative rms error of each emulated activation quantization
         self.w = {}     # name -> float64 array (rows, ne[0])
         self.aq = {}    # name -> activation quantizer for products with that weight, or None
+        self.moff = {}  # name -> (rows, blocks) offsets m of Q4_1 / Q5_1 weights (act_quant)
         for name, t in g.tensors.items():
             self.w[name] = g.array(name, dtype)
             self.aq[name] = ACT_QUANT[t.type] if act_quant else None
+            m = block_offsets(g.raw(t), t.type, int(np.prod(t.ne))) if act_quant else None
+            if m is not None:
+                self.moff[name] = m.reshape(self.w[name].shape[0], -1)
         self.out_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
         self.n_vocab = self.w["token_embd.weight"].shape[0]
         self.tokens = kv.get("tokenizer.ggml.tokens")
@@ -198,12 +202,16 @@ class RefModel:
     def matmul(self, x, wname):
         """x (n, ne0) times the weight's rows: (n, rows)."""
         f = self.aq[wname]
+        corr = None
         if f is not None:
             xq = f(x).astype(self.dtype)
             # relative rms error this quantization injects (test tolerances are derived from it)
             self.act_err2.append(float(np.sum((xq - x) ** 2) / max(np.sum(x * x), 1e-300)))
+            if wname in self.moff:  # Q8_1's s meets the weight blocks' offsets m
+                corr = q8_1_s_correction(x) @ self.moff[wname].T
             x = xq
-        return x @ self.w[wname].T
+        y = x @ self.w[wname].T
+        return y if corr is None else y + corr
 
     def rmsnorm_heads(self, x, wname):
         """Per-head RMSNorm of x (n, heads, head_dim)."""
