@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "engine/batch.h"
+#include "engine/lora.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
@@ -564,6 +565,55 @@ TEST(moe_block_oai_swiglu_biases_softmax_weight)
     ASSERT(clamped > 0); /* the data exercised the clamps */
     sp_free(scratch);
     sp_pool_destroy(pool);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* ---- LoRA adapters on a MoE model ------------------------------------------------ */
+
+/* An adapter of layer 0's proj (n_in -> n_out, rank 2) loaded against m. */
+static sp_status_t
+adapter_on(const sp_model_t *m, const char *proj, int64_t n_in, int64_t n_out, char *err,
+           size_t err_len)
+{
+    sp_gguf_writer_t *w;
+    static float a[2 * 256], b[2 * 256];
+    char na[96], nb[96];
+    for (int i = 0; i < 512; i++) a[i] = b[i] = 0.01f * (float)(i % 7);
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "llama"));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.type", "adapter"));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "adapter.type", "lora"));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "adapter.lora.alpha", 2.0f));
+    const int64_t ne_a[2] = {n_in, 2}, ne_b[2] = {2, n_out};
+    snprintf(na, sizeof na, "blk.0.%s.weight.lora_a", proj);
+    snprintf(nb, sizeof nb, "blk.0.%s.weight.lora_b", proj);
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, na, SP_TYPE_F32, 2, ne_a, a));
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, nb, SP_TYPE_F32, 2, ne_b, b));
+    void *buf;
+    size_t len;
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &buf, &len, err, err_len));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_t *g;
+    ASSERT_OK(sp_gguf_open_mem(buf, len, "adapter.gguf", &g, err, err_len));
+    sp_lora_t *l = NULL;
+    sp_status_t st = sp_lora_load_gguf(m, g, &l, err, err_len);
+    sp_lora_release(l);
+    sp_gguf_close(g);
+    sp_free(buf);
+    return st;
+}
+
+TEST(moe_lora_ffn_adapter_refused_attention_adapter_loads)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(adapter_on(m, "ffn_up", ME, MFF, err, sizeof err) != SP_OK);
+    ASSERT(strstr(err, "mixture-of-experts") != NULL && strstr(err, "blk.0.ffn_up") != NULL);
+    if (adapter_on(m, "attn_q", ME, ME, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     sp_model_free(m);
     sp_free(buf);
 }
