@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "engine/batch.h"
+#include "engine/gpu.h"
 #include "engine/lora.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
@@ -614,6 +615,23 @@ TEST(moe_lora_ffn_adapter_refused_attention_adapter_loads)
     ASSERT(adapter_on(m, "ffn_up", ME, MFF, err, sizeof err) != SP_OK);
     ASSERT(strstr(err, "mixture-of-experts") != NULL && strstr(err, "blk.0.ffn_up") != NULL);
     if (adapter_on(m, "attn_q", ME, ME, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* GPU offload keeps a MoE model on the CPU: attach succeeds without binding
+ * a layer (the CUDA path has no MoE block), before touching the device API. */
+TEST(moe_gpu_attach_keeps_model_on_cpu)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    sp_cuda_api_t never_called;
+    memset(&never_called, 0, sizeof never_called); /* a NULL op would crash if used */
+    ASSERT_OK(sp_gpu_attach(m, &never_called, 0, -1, err, sizeof err));
+    ASSERT(m->gpu == NULL && sp_gpu_model_layers(m) == 0);
     sp_model_free(m);
     sp_free(buf);
 }
