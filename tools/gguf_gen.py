@@ -94,6 +94,17 @@ PRESETS = {
     # small llama with grouped-query attention; fast enough for unit tests
     "tiny": dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160, vocab=300,
                  ctx=256),
+    "qwen3-tiny": dict(arch="qwen3", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+                       ff=160, vocab=300, ctx=256, tied=True, rope_base=1000000.0, eps=1e-6),
+    "gemma2-tiny": dict(arch="gemma2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+                        ff=160, vocab=300, ctx=256, eps=1e-6, swa=8),
+    "gemma3-tiny": dict(arch="gemma3", dim=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=32,
+                        ff=160, vocab=300, ctx=256, eps=1e-6, swa=8, swa_pattern=3,
+                        rope_base=1000000.0, rope_scale=8.0),
+    "phi3-tiny": dict(arch="phi3", dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ff=160, vocab=300,
+                      ctx=256, tied=False, longrope=True, orig_ctx=64),
+    "smollm3-tiny": dict(arch="smollm3", dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ff=160,
+                         vocab=300, ctx=256, tied=True),
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
@@ -116,6 +127,10 @@ PRESETS = {
     "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                       vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                       eps=1e-6),
+    # YaRN context extension (factor 8 over an original context of 64 positions)
+    "llama-yarn-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                           vocab=512, ctx=512, tied=False, rope_base=10000.0, yarn=8.0,
+                           yarn_orig_ctx=64),
     # the MoE families for the oracle: Mixtral (llama, 8 experts, top-2) and Qwen1.5-MoE
     # (qwen2moe: top-4 of 8, unnormalised weights, a gated shared expert)
     "mixtral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=256,
@@ -124,21 +139,49 @@ PRESETS = {
     "qwen2moe-256": dict(arch="qwen2moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                          vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                          eps=1e-6, n_expert=8, n_expert_used=4, ff_exp=256, ff_shexp=512),
+    "qwen3moe-tiny": dict(arch="qwen3moe", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                          head_dim=32, ff=192, vocab=300, ctx=256, n_expert=8, n_expert_used=2,
+                          ff_exp=64, tied=False, rope_base=1000000.0, eps=1e-6),
+    # Qwen3-30B-A3B's layout scaled down: 128-wide heads over a 256 model, top-2 of 8
+    "qwen3moe-256": dict(arch="qwen3moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                         head_dim=128, ff=512, vocab=512, ctx=256, tied=False,
+                         rope_base=1000000.0, eps=1e-6, n_expert=8, n_expert_used=2, ff_exp=256),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
-                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256"}
+                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
+                 "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
                 vocab_from=None, name=None, poison=None, embd_scale=2.0, n_expert=0,
-                n_expert_used=0, ff_exp=None, ff_shexp=None, pooling=None, n_cls_out=1,
+                n_expert_used=0, ff_exp=None, ff_shexp=None, yarn=None, yarn_orig_ctx=None,
+                swa=None, swa_pattern=None, attn_softcap=None, final_softcap=None,
+                longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
                 n_types=2)
-MOE_ARCHS = ("qwen2moe",)  # always mixture of experts (llama is with --n-expert)
+MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+# Architectures and what their files carry beyond the llama layout (as llama.cpp's converter
+# writes them): per-head q/k norms, gemma's post-attention and post-FFN norms, phi3's fused
+# QKV and gate/up matrices, soft-capping and sliding-window keys, LongRoPE factor tensors.
+# The encoders (ENCODERS) have their own layout (write_encoder).
+ARCHS = {
+    "llama": set(),
+    "qwen2": set(),
+    "qwen3": {"qk_norm", "key_length"},
+    "gemma2": {"post_norms", "key_length", "softcap", "tied_only"},
+    "gemma3": {"post_norms", "key_length", "qk_norm"},
+    "phi3": {"fused"},
+    "smollm3": set(),
+    "qwen2moe": set(),
+    "qwen3moe": {"qk_norm", "key_length"},
+    "bert": set(),
+    "nomic-bert": set(),
+}
 
 
 # ---- half / bfloat ----------------------------------------------------------
@@ -617,8 +660,13 @@ def resolve(cfg):
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if c["head_dim"] % 2:
         raise ValueError("head_dim must be even (RoPE rotates pairs)")
-    if c["arch"] not in ("llama", "qwen2", "qwen2moe") + ENCODERS:
-        raise ValueError("arch must be llama, qwen2, qwen2moe, bert or nomic-bert")
+    if c["arch"] not in ARCHS:
+        raise ValueError("arch must be one of " + ", ".join(ARCHS))
+    if "tied_only" in ARCHS[c["arch"]]:
+        c["tied"] = True  # gemma2 has no output.weight: the embedding is the output matrix
+    if "softcap" in ARCHS[c["arch"]]:
+        c["attn_softcap"] = 50.0 if c["attn_softcap"] is None else c["attn_softcap"]
+        c["final_softcap"] = 30.0 if c["final_softcap"] is None else c["final_softcap"]
     if c["arch"] in MOE_ARCHS and c["n_expert"] < 2:
         raise ValueError(f"{c['arch']} needs --n-expert >= 2")
     if c["n_expert"]:
@@ -725,17 +773,29 @@ def tensor_list(c):
         c["vocab"]
     w = c["type"]
     ts = [("token_embd.weight", (d, nv), c["embd_type"], "embd")]
+    feat = ARCHS[c["arch"]]
+    if c["longrope"]:
+        ts.append(("rope_factors_long.weight", (hd // 2,), "f32", "ropef"))
+        ts.append(("rope_factors_short.weight", (hd // 2,), "f32", "ropef"))
     for i in range(c["n_layers"]):
         p = f"blk.{i}."
         ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
-        ts.append((p + "attn_q.weight", (d, nh * hd), w, "mat"))
-        ts.append((p + "attn_k.weight", (d, nkv * hd), w, "mat"))
-        ts.append((p + "attn_v.weight", (d, nkv * hd), w, "mat"))
+        if "fused" in feat:  # q, k and v rows stacked in one matrix
+            ts.append((p + "attn_qkv.weight", (d, (nh + 2 * nkv) * hd), w, "mat"))
+        else:
+            ts.append((p + "attn_q.weight", (d, nh * hd), w, "mat"))
+            ts.append((p + "attn_k.weight", (d, nkv * hd), w, "mat"))
+            ts.append((p + "attn_v.weight", (d, nkv * hd), w, "mat"))
         if c["qkv_bias"]:
             ts.append((p + "attn_q.bias", (nh * hd,), "f32", "bias"))
             ts.append((p + "attn_k.bias", (nkv * hd,), "f32", "bias"))
             ts.append((p + "attn_v.bias", (nkv * hd,), "f32", "bias"))
+        if "qk_norm" in feat:
+            ts.append((p + "attn_q_norm.weight", (hd,), "f32", "norm"))
+            ts.append((p + "attn_k_norm.weight", (hd,), "f32", "norm"))
         ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
+        if "post_norms" in feat:
+            ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
         ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
         if c["n_expert"]:
             ne, fe = c["n_expert"], c["ff_exp"]
@@ -750,9 +810,14 @@ def tensor_list(c):
                 ts.append((p + "ffn_up_shexp.weight", (d, fs), w, "mat"))
                 ts.append((p + "ffn_down_shexp.weight", (fs, d), w, "mat"))
             continue
-        ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
-        ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
+        if "fused" in feat:  # gate rows, then up rows
+            ts.append((p + "ffn_up.weight", (d, 2 * ff), w, "mat"))
+        else:
+            ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
+            ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
         ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
+        if "post_norms" in feat:
+            ts.append((p + "post_ffw_norm.weight", (d,), "f32", "norm"))
     ts.append(("output_norm.weight", (d,), "f32", "norm"))
     if not c["tied"]:
         ts.append(("output.weight", (d, nv), c["output_type"], "embd"))
@@ -779,7 +844,7 @@ def metadata(c, tok_recs):
         kv_bytes(f"{a}.rope.dimension_count", T_UINT32, c["head_dim"]),
         kv_bytes(f"{a}.vocab_size", T_UINT32, c["vocab"]),
     ]
-    if c["head_dim"] * c["n_heads"] != c["dim"]:
+    if c["head_dim"] * c["n_heads"] != c["dim"] or "key_length" in ARCHS[a]:
         kv.append(kv_bytes(f"{a}.attention.key_length", T_UINT32, c["head_dim"]))
         kv.append(kv_bytes(f"{a}.attention.value_length", T_UINT32, c["head_dim"]))
     if c["n_expert"]:
@@ -790,9 +855,31 @@ def metadata(c, tok_recs):
         if c["ff_shexp"]:
             kv.append(kv_bytes(f"{a}.expert_shared_feed_forward_length", T_UINT32,
                                c["ff_shexp"]))
-    if c["rope_scale"] != 1.0:
+    if c["yarn"]:  # YaRN as llama.cpp's converter writes it
+        kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "yarn"))
+        kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["yarn"]))
+        kv.append(kv_bytes(f"{a}.rope.scaling.original_context_length", T_UINT32,
+                           c["yarn_orig_ctx"] or c["ctx"]))
+    elif c["rope_scale"] != 1.0:
         kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
         kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
+    if c["attn_softcap"]:
+        kv.append(kv_bytes(f"{a}.attn_logit_softcapping", T_FLOAT32, c["attn_softcap"]))
+    if c["final_softcap"]:
+        kv.append(kv_bytes(f"{a}.final_logit_softcapping", T_FLOAT32, c["final_softcap"]))
+    if c["swa"]:
+        kv.append(kv_bytes(f"{a}.attention.sliding_window", T_UINT32, c["swa"]))
+    if c["swa_pattern"]:
+        kv.append(kv_bytes(f"{a}.attention.sliding_window_pattern", T_UINT32, c["swa_pattern"]))
+    if c["rope_base_swa"]:
+        kv.append(kv_bytes(f"{a}.rope.freq_base_swa", T_FLOAT32, c["rope_base_swa"]))
+    if c["longrope"]:
+        orig = c["orig_ctx"] or c["ctx"]
+        scale = c["ctx"] / orig
+        kv.append(kv_bytes(f"{a}.rope.scaling.original_context_length", T_UINT32, orig))
+        # the converter's LongRoPE attention factor: sqrt(1 + ln(scale) / ln(orig)), 1 unscaled
+        att = float(np.sqrt(1 + np.log(scale) / np.log(orig))) if scale > 1 else 1.0
+        kv.append(kv_bytes(f"{a}.rope.scaling.attn_factor", T_FLOAT32, att))
     if tok_recs is not None:
         kv.extend(raw for _, raw in tok_recs)
     else:
@@ -816,6 +903,8 @@ def _values(c, name, ne, kind, rng, rows):
     n = ne[0]
     if kind == "norm":
         return rng.uniform(0.8, 1.2, size=(rows, n)).astype(np.float32)
+    if kind == "ropef":  # LongRoPE frequency divisors, >= 1 as in the released models
+        return rng.uniform(1.0, 4.0, size=(rows, n)).astype(np.float32)
     if kind == "bias":
         return (rng.standard_normal((rows, n), dtype=np.float32) * np.float32(0.2))
     std = (c["embd_scale"] if kind == "embd" else 1.0) / np.sqrt(n)
@@ -882,7 +971,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Write a random-weight llama-family GGUF model.")
     ap.add_argument("out")
     ap.add_argument("--preset", choices=sorted(PRESETS))
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "bert", "nomic-bert"])
+    ap.add_argument("--arch", choices=sorted(ARCHS))
+    ap.add_argument("--swa", type=int, help="attention.sliding_window")
+    ap.add_argument("--swa-pattern", type=int, help="attention.sliding_window_pattern")
+    ap.add_argument("--longrope", action="store_true", default=None,
+                    help="rope_factors_long/short tensors and LongRoPE keys (phi3)")
+    ap.add_argument("--orig-ctx", type=int, help="rope.scaling.original_context_length")
     ap.add_argument("--pooling", choices=sorted(POOLING), help="encoders: pooling_type")
     ap.add_argument("--n-cls-out", type=int, help="rerankers: classifier outputs")
     ap.add_argument("--n-types", type=int, help="encoders: token types (0: no token_types)")
@@ -890,7 +984,8 @@ def main(argv=None):
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed",
               "n-expert", "n-expert-used", "ff-exp", "ff-shexp"):
         ap.add_argument("--" + k, type=int)
-    for k in ("rope-base", "rope-scale", "eps", "embd-scale"):
+    ap.add_argument("--yarn-orig-ctx", type=int, help="YaRN original context length")
+    for k in ("rope-base", "rope-scale", "eps", "embd-scale", "yarn"):
         ap.add_argument("--" + k, type=float)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=None)

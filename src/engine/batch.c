@@ -47,6 +47,7 @@
 #include "engine/lora.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
+#include "engine/yarn.h"
 #include "kernels/kernels.h"
 
 _Static_assert(SP_KV_BLOCK == SP_ATTN_BLOCK, "a pool block is one attention key block");
@@ -360,6 +361,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
         if (m->rope_freqs != NULL) {
             f /= m->rope_freqs[i];
         }
+        f *= sp__yarn_mix(hp, i); /* 1 without YaRN */
         b->inv_freq[i] = (float)(f / hp->rope_scale);
     }
     if (m->gpu != NULL) {
@@ -634,6 +636,11 @@ embed_job_run(void *arg, int64_t t, int ith)
     float *cs = b->rope_cs + t * hp->n_rot;
     for (int64_t i = 0; i < hp->n_rot / 2; i++) {
         double theta = (double)b->row_pos[t] * (double)b->inv_freq[i];
+        if (hp->rope_yarn) {
+            cs[2 * i] = (float)(cos(theta) * hp->rope_mscale);
+            cs[2 * i + 1] = (float)(sin(theta) * hp->rope_mscale);
+            continue;
+        }
         cs[2 * i] = (float)cos(theta);
         cs[2 * i + 1] = (float)sin(theta);
     }
@@ -717,6 +724,17 @@ rope_job_run(void *arg, int64_t t, int ith)
     const float *cs = b->rope_cs + t * hp->n_rot;
     float *kt = b->kv_k + t * kv_dim;
     (void)ith;
+    const sp_layer_t *L = &b->m->layers[j->il];
+    if (L->attn_q_norm != NULL) {
+        /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
+        for (int64_t h = 0; h < hp->n_head; h++) {
+            float *qh = b->q + t * q_dim + h * hd;
+            b->k->rmsnorm(qh, qh, L->attn_q_norm, hd, hp->norm_eps);
+        }
+        for (int64_t g = 0; g < hp->n_head_kv; g++) {
+            b->k->rmsnorm(kt + g * hd, kt + g * hd, L->attn_k_norm, hd, hp->norm_eps);
+        }
+    }
     rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
     rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
     const float *vt = b->kv_v + t * kv_dim;

@@ -565,12 +565,21 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (n_gpu == 0) {
         return SP_OK; /* nothing on the GPU: the CPU path as it is */
     }
-    if (m->moe != NULL) {
-        /* The device path has no mixture-of-experts block: the whole model
-         * stays on the CPU (engine/moe.c), which the placement then charges. */
-        SP_LOG_INFO("event=gpu_skip device=cuda:%d reason=moe_model_runs_on_cpu layers=0/%lld",
-                    ordinal, (long long)hp->n_layer);
+    if (m->moe != NULL || hp->rope_yarn) {
+        /* The device path has no mixture-of-experts block and no YaRN
+         * table: the whole model stays on the CPU (engine/moe.c), which the
+         * placement then charges. */
+        SP_LOG_INFO("event=gpu_skip device=cuda:%d reason=%s layers=0/%lld", ordinal,
+                    m->moe != NULL ? "moe_model_runs_on_cpu" : "yarn_rope_runs_on_cpu",
+                    (long long)hp->n_layer);
         return SP_OK;
+    }
+    const char *feature = sp__model_cpu_only_feature(m);
+    if (feature != NULL) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "GPU: %s (architecture %s) uses %s, which the CUDA path does not "
+                       "implement: run it on the CPU (no GPU layers)",
+                       sp_gguf_path(m->gguf), hp->arch, feature);
     }
     if (hp->head_dim > SP_CU_MAX_HEAD_DIM || hp->n_rot % 2 != 0) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,

@@ -245,6 +245,14 @@ sp_lora_load_gguf(const sp_model_t *m, const sp_gguf_t *g, sp_lora_t **out, char
             break;
         }
         const sp_weight_t *w = base_weight(m, il, p);
+        if (w->data == NULL) {
+            /* A mixture-of-experts layer (engine/moe.c) has no dense FFN matrix. */
+            st = sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                         "%s: tensor '%.*s' adapts a dense FFN matrix, which this mixture-of-"
+                         "experts model does not have (expert adapters are not supported)",
+                         path, nl, t->name.ptr);
+            break;
+        }
         const int64_t lim = w->n_in < w->n_out ? w->n_in : w->n_out;
         const int64_t max_rank = lim < SP_LORA_MAX_RANK ? lim : SP_LORA_MAX_RANK;
         /* a: [n_in, rank]; b: [rank, n_out]. */

@@ -20,6 +20,7 @@
 #include "crypto/enc.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
+#include "engine/yarn.h"
 #include "kernels/kernels.h"
 
 #define MAX_HEADS 4096
@@ -37,8 +38,10 @@ static const arch_info_t archs[] = {
     {"llama", SP_ROPE_NORMAL},
     {"mistral", SP_ROPE_NORMAL},
     {"qwen2", SP_ROPE_NEOX},
+    {"qwen3", SP_ROPE_NEOX},
     /* mixture of experts (engine/moe.c; Mixtral is llama with expert_count) */
     {"qwen2moe", SP_ROPE_NEOX},
+    {"qwen3moe", SP_ROPE_NEOX},
 };
 
 /* Read an integer hyper-parameter `<arch>.<suffix>`; dflt < 0 means required. */
@@ -111,7 +114,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     if (ai == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2, "
-                       "qwen2moe, bert, nomic-bert)",
+                       "qwen3, qwen2moe, qwen3moe, bert, nomic-bert)",
                        path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
@@ -180,9 +183,12 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
         return st;
     }
     bool linear = st == SP_OK && sp_str_eq_c(stype, "linear");
+    if (st == SP_OK && sp_str_eq_c(stype, "yarn")) {
+        return sp__yarn_load(g, hp, err, err_len);
+    }
     if (st == SP_OK && !linear && !sp_str_eq_c(stype, "none")) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: %s '%.*s' is not supported (none, linear)", path, key,
+                       "%s: %s '%.*s' is not supported (none, linear, yarn)", path, key,
                        (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
     }
     if (linear || st == SP_ERR_NOT_FOUND) {
@@ -265,6 +271,11 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         V(bq, "attn_q", "bias", q_dim, false);
         V(bk, "attn_k", "bias", kv_dim, false);
         V(bv, "attn_v", "bias", kv_dim, false);
+        const bool qk_norm = strcmp(hp->arch, "qwen3") == 0 || strcmp(hp->arch, "qwen3moe") == 0;
+        if (qk_norm) {
+            V(attn_q_norm, "attn_q_norm", "weight", hp->head_dim, true);
+            V(attn_k_norm, "attn_k_norm", "weight", hp->head_dim, true);
+        }
         V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
         if (m->moe == NULL) {
             W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
@@ -391,6 +402,17 @@ sp_model_free(sp_model_t *m)
     sp__moe_free(m->moe);
     sp_gguf_close(m->gguf);
     sp_free(m);
+}
+
+const char *
+sp__model_cpu_only_feature(const sp_model_t *m)
+{
+    for (int64_t il = 0; il < m->hp.n_layer; il++) {
+        if (m->layers[il].attn_q_norm != NULL) {
+            return "per-head q/k norms";
+        }
+    }
+    return NULL;
 }
 
 const sp_hparams_t *

@@ -9,8 +9,8 @@
  * batch: nothing is allocated per token) and a thread pool.
  *
  * Supported: general.architecture llama (Llama 2/3, TinyLlama, Mistral, SmolLM),
- * mistral, qwen2 (QKV bias, NeoX RoPE); encoders bert and nomic-bert for
- * embeddings and reranking (engine/encoder.h). Tied or separate output matrix,
+ * mistral, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head q/k RMSNorm); encoders
+ * bert and nomic-bert for embeddings and reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
@@ -49,6 +49,13 @@ typedef struct sp_hparams {
     float norm_eps;
     sp_rope_type_t rope_type;
     bool tied_output;
+    /* YaRN (rope.scaling.type "yarn", engine/yarn.h): rope_scale stays 1,
+     * each pair's frequency is blended and cos/sin scaled by rope_mscale */
+    bool rope_yarn;
+    float yarn_factor;      /* rope.scaling.factor */
+    int64_t yarn_orig_ctx;  /* rope.scaling.original_context_length */
+    float yarn_beta_fast, yarn_beta_slow;
+    float rope_mscale;
 } sp_hparams_t;
 
 typedef struct sp_model sp_model_t;

@@ -33,6 +33,8 @@ typedef struct sp_layer {
     sp_weight_t wv;         /* (n_head_kv * head_dim, n_embd) */
     sp_weight_t wo;         /* (n_embd, n_head * head_dim) */
     const float *bq, *bk, *bv; /* biases (qwen2) or NULL */
+    const float *attn_q_norm, *attn_k_norm; /* (head_dim) per-head RMSNorm of q and k
+                                                before RoPE (qwen3, gemma3) or NULL */
     const float *ffn_norm;  /* (n_embd) */
     sp_weight_t w_gate;     /* (n_ff, n_embd) */
     sp_weight_t w_up;       /* (n_ff, n_embd) */
@@ -115,6 +117,10 @@ size_t sp__enc_run_bytes(const sp_model_t *m, int64_t n_ctx, int n_threads);
 void sp__enc_run_destroy(sp_enc_run_t *r);
 sp_status_t sp__enc_run_embed(sp_enc_run_t *r, const int32_t *tokens, int64_t n, float *out);
 const char *sp__enc_run_kernels_name(const sp_enc_run_t *r);
+/* The first feature of m that the CUDA path (gpu.c) does not implement, in
+ * words ("per-head q/k norms (qwen3)"), or NULL for a plain llama-family
+ * model: sp_gpu_attach refuses a model that has one. */
+const char *sp__model_cpu_only_feature(const sp_model_t *m);
 
 #define SP_MAX_CTX (1 << 24)
 #define SP_DEFAULT_CTX_CAP 4096

@@ -18,6 +18,7 @@
 #ifndef SP_KERNELS_H
 #define SP_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -263,7 +264,16 @@ typedef void (*sp_gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t r0
  * elements apart. Both in the table index's type (F32, F16 or Q8_0, below). Every
  * operation reads a block through its id, in position order, so where the
  * blocks live never changes a bit.
- * Each o_h depends only on q_h, the cache, n_kv and scale, with a fixed order
+ * Three optional changes (zero / NULL = off), for gemma, phi3 and gpt-oss:
+ *   window > 0: a sliding window, the token (at position n_kv - 1) sees only
+ *     positions n_kv - window .. n_kv - 1 (sp_attn_first); earlier positions
+ *     are never read, so their blocks may hold anything;
+ *   softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
+ *     before the softmax (logit soft-capping);
+ *   sinks: one logit per query head of the call (sinks[h] for q row h) that
+ *     joins the softmax's max and denominator but has no value: o_h =
+ *     sum_p e^(s_p - m) v_p / (e^(sink_h - m) + sum_p e^(s_p - m)).
+ * Each o_h depends only on q_h, the cache, n_kv, scale and these, with a fixed order
  * of operations: not on n_q, the other rows of the call, or the thread (batch
  * invariance). scratch: n_q * sp_attn_scratch_stride(n_kv) floats, 64-byte
  * aligned, for the scores.
@@ -286,7 +296,24 @@ typedef struct sp_attn_args {
     float *o;           /* n_q rows of head_dim, o_stride floats apart */
     int64_t o_stride;
     float *scratch;
+    int64_t window;     /* > 0: sliding window of this many positions; 0 = all */
+    float softcap;      /* > 0: scores soft-capped at this; 0 = none */
+    const float *sinks; /* n_q per-head sink logits (q row order), or NULL */
 } sp_attn_args_t;
+
+/* The first position a token sees: n_kv - window under a sliding window. */
+static inline int64_t
+sp_attn_first(const sp_attn_args_t *a)
+{
+    return a->window > 0 && a->n_kv > a->window ? a->n_kv - a->window : 0;
+}
+
+/* The soft-capped score (the scalar rule every kernel applies, in float). */
+static inline float
+sp_attn_softcap(float s, float cap)
+{
+    return cap * tanhf(s / cap);
+}
 
 static inline int64_t
 sp_attn_k_index(int64_t p, int64_t d, int64_t head_dim)

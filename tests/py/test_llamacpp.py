@@ -66,6 +66,11 @@ MODELS = [
     ("llama", "q3_k"),
     ("llama", "iq4_xs"),
     ("llama", "q2_k"),
+    ("llama", "q4_1"),
+    ("llama", "q5_0"),
+    ("llama", "q5_1"),
+    ("llama", "iq4_nl"),
+    ("llama", "mxfp4"),
     ("mistral", "f32"),
     ("mistral", "f16"),
     ("mistral", "bf16"),
@@ -86,6 +91,8 @@ MODELS = [
     ("qwen2", "q3_k"),
     ("qwen2", "iq4_xs"),
     ("qwen2", "q2_k"),
+    ("qwen2", "q5_1"),
+    ("qwen2", "iq4_nl"),
     # mixture of experts (engine/moe.c): "mixtral" is a llama file with experts
     ("mixtral", "f32"),
     ("mixtral", "f16"),
@@ -94,6 +101,12 @@ MODELS = [
     ("qwen2moe", "f32"),
     ("qwen2moe", "q8_0"),
     ("qwen2moe", "q4_k"),
+    ("qwen3moe", "f32"),
+    ("qwen3moe", "q8_0"),
+    ("qwen3moe", "q4_k"),
+    # YaRN RoPE (rope.scaling.type yarn)
+    ("llama-yarn", "f32"),
+    ("llama-yarn", "q8_0"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.
@@ -107,6 +120,10 @@ MIXES = [
     ("llama", "Q4_0"),
     ("llama", "Q2_K"),
     ("llama", "IQ4_XS"),
+    ("llama", "Q4_1"),
+    ("llama", "Q5_0"),
+    ("llama", "Q5_1"),
+    ("llama", "IQ4_NL"),
     ("mistral", "Q4_K_M"),
     ("qwen2", "Q4_K_M"),
     ("qwen2", "Q8_0"),

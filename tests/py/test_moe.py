@@ -40,6 +40,7 @@ MODELS = {
     "mixtral": dict(preset="mixtral-tiny", seed=31),
     "mixtral-top1": dict(preset="mixtral-tiny", n_expert=4, n_expert_used=1, n_layers=3, seed=32),
     "qwen2moe": dict(preset="qwen2moe-tiny", seed=33),
+    "qwen3moe": dict(preset="qwen3moe-tiny", seed=34),
 }
 
 

@@ -18,7 +18,11 @@ Part 2 (needs build/sampan): `sampan quantize` of an F32 model to each type writ
 rules give: the same bytes as gguf_gen's NumPy version of the rule for q4_1, q5_0, q5_1 (both
 do the same float32 operations), the same exponents and nearest-point quants for mxfp4, and for
 iq4_nl quants that are the nearest grid points for the stored scale (up to the scale's half
-rounding: 254 |d| 2^-11). Then random-weight models of each type run through `sampan eval`
+rounding: 254 |d| 2^-11). Where llama.cpp's libraries are present (tests/py/llamacpp_ref.py), llama.cpp's own quantizer
+(llama_model_quantize, what llama-quantize writes) turns the same F32 model into its Q4_1, Q5_0,
+Q5_1 and IQ4_NL files, and every block of every tensor that both files store in that type
+must be byte-identical to ours (MXFP4 has no such file type outside mixture-of-experts models).
+Then random-weight models of each type run through `sampan eval`
 (prefill and decode, 1 and 2 threads, the lower CPU levels) against the reference with activation
 quantization emulated; the tolerance is test_reference.py's: 3 eps sqrt(4 L + 1), eps the
 measured relative rms noise of the activation quantization (Q8_0 rules for Q5_0 / IQ4_NL /
@@ -36,6 +40,8 @@ import gguf_gen
 from gguf_read import GGUF
 from quants import IQ4_NL_GRID, TYPE_NUM, dequantize
 from ref_forward import RefModel
+
+import llamacpp_ref as L
 
 TYPES = ("q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
 CPU_LEVELS = ("scalar", "avx2")
@@ -124,6 +130,39 @@ def check_quantize_tool(s, exe, tmp):
         s.case(f"sampan quantize {t}: ggml's rule", bool(ok), detail)
 
 
+LLAMACPP_MIX = {"q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1", "iq4_nl": "IQ4_NL"}
+
+
+def check_vs_llamacpp_quantizer(s, exe, tmp):
+    ok_lib, why = L.available()
+    if not ok_lib:
+        s.skip("sampan quantize vs llama.cpp's quantizer", why)
+        return
+    src = os.path.join(tmp, "f32-oracle.gguf")
+    gguf_gen.generate(src, dict(preset=gguf_gen.ORACLE_SHAPES["llama"], type="f32", seed=3))
+    for t, mix in LLAMACPP_MIX.items():
+        theirs = os.path.join(tmp, f"theirs-{t}.gguf")
+        ours = os.path.join(tmp, f"ours-{t}.gguf")
+        L.quantize(src, theirs, mix)
+        rc, out, errs = run([exe, "quantize", src, ours, t, "--threads", "2"], timeout=120)
+        if rc != 0:
+            s.case(f"sampan quantize {t} == llama.cpp {mix}", False, (errs or out)[-200:])
+            continue
+        a, b = GGUF(theirs), GGUF(ours)
+        size = gguf_gen.TYPES[t][2]
+        total = same = 0
+        for name, ta in a.tensors.items():
+            tb = b.tensors.get(name)
+            if tb is None or ta.type != TYPE_NUM[t] or tb.type != ta.type:
+                continue
+            ra = np.frombuffer(a.raw(ta), dtype=np.uint8).reshape(-1, size)
+            rb = np.frombuffer(b.raw(tb), dtype=np.uint8).reshape(-1, size)
+            total += ra.shape[0]
+            same += int(np.all(ra == rb, axis=1).sum())
+        s.case(f"sampan quantize {t} == llama.cpp {mix} byte for byte", total > 0 and
+               same == total, f"{same}/{total} blocks identical")
+
+
 def engine_logits(exe, path, toks, decode, threads, out, n_vocab, cpu=None):
     args = [exe, "eval", "-m", path, "--tokens", ",".join(map(str, toks)), "-t", str(threads),
             "--logits-out", out]
@@ -181,6 +220,7 @@ def main():
             s.skip("quant types vs engine", "build/sampan not built (make)")
         else:
             s.guard("sampan quantize", check_quantize_tool, s, exe, tmp)
+            s.guard("sampan quantize vs llama.cpp", check_vs_llamacpp_quantizer, s, exe, tmp)
             for t in TYPES:
                 s.guard(f"{t} vs engine", check_engine, s, exe, tmp, t)
     s.finish()

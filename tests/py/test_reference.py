@@ -78,6 +78,10 @@ SHAPES = {
     # n_heads * head_dim != dim (attention.key_length / value_length in the file)
     "e-hd32-qdim128-dim64": dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                  head_dim=32, ff=96, vocab=300, tied=False, seed=15),
+    # qwen3: per-head q/k RMSNorm before NeoX RoPE, head_dim 32 over dim 64
+    "f-qwen3-qknorm-hd32": dict(arch="qwen3", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                head_dim=32, ff=160, vocab=300, tied=True, rope_base=1000000.0,
+                                eps=1e-6, seed=16),
 }
 # 256 wide: every row length is a multiple of the K-quant super-block
 QSHAPE = dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512, vocab=320,

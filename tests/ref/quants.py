@@ -243,9 +243,9 @@ def dequantize(buf, ttype, n):
 # Quantized weights are multiplied with activations that the engine first converts:
 # Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 weights with Q8_0 activations (llama.cpp's rule: blocks of 32, d = amax / 127
 # stored as half, q = round-half-even(x * (127 / amax)) with the unrounded scale, q = 0 where
-# the half is 0), Q4_1 / Q5_1 with Q8_1 (the same quants and half scale; the product also uses
-# the block's s = half(d * sum q), which differs from the emulated half(d) * sum q by at most
-# 2^-10 of it: inside the tolerances' noise), the 256-element types (Q2_K..Q6_K, IQ4_XS) with Q8_K
+# the half is 0), Q4_1 / Q5_1 with Q8_1 (the same quants and half scale; the product's offset
+# term uses the block's s = half(d * sum q), which q8_1_s_correction supplies), the 256-element
+# types (Q2_K..Q6_K, IQ4_XS) with Q8_K
 # activations (blocks of 256, float d = amax / 127, q = round-half-even(x * (127 / amax)),
 # clamped to +-127). The functions return the values the dot product effectively sees
 # (q * d), in float64; the input is first rounded to float32, as in the engine.
@@ -268,6 +268,32 @@ def fake_q8_k(x):
     q = np.clip(np.rint(b * iscale[:, None]), -127, 127)
     d = amax / np.float32(127)
     return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(shp)
+
+
+def q8_1_s_correction(x):
+    """The part of a Q4_1 / Q5_1 product the value emulation misses: per activation block the
+    engine multiplies the weight block's offset m by the stored s = half(d * sum q) (d = amax /
+    127 unrounded), the emulated values give m * half(d) * sum q. Returns s - half(d) * sum q,
+    shape (..., n / 32), in float64 (0 for blocks whose half d is 0: all-zero quants)."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = amax / np.float32(127)
+    dh = d.astype(np.float16).astype(np.float32)
+    iscale = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=dh > 0)
+    q = np.clip(np.rint(b * iscale[:, None]), -127, 127)
+    sq = q.sum(axis=1, dtype=np.float64).astype(np.float32)
+    s = np.where(dh > 0, (d * sq).astype(np.float16).astype(np.float32), np.float32(0))
+    corr = s.astype(np.float64) - dh.astype(np.float64) * sq.astype(np.float64)
+    return corr.reshape(x.shape[:-1] + (x.shape[-1] // 32,))
+
+
+def block_offsets(buf, ttype, n):
+    """The offsets m of a Q4_1 / Q5_1 tensor's blocks (n // 32 values, float64); None for
+    types without one."""
+    dt = {3: _Q4_1, 7: _Q5_1}.get(ttype)
+    if dt is None:
+        return None
+    return _f64(np.frombuffer(buf, dtype=dt, count=n // 32)["m"])
 
 
 # weight type -> activation emulation (None: activations stay float32 for F32/F16/BF16)

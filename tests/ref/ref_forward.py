@@ -17,16 +17,39 @@ the math written from the model definition:
         x = x + Wdown (silu(Wgate h) * Wup h)
     logits = Wout (rmsnorm(x) * output_norm)   (Wout = token_embd without output.weight)
 
-Mixture of experts (llama with expert_count >= 2, i.e. Mixtral; qwen2moe), in place of the
-dense FFN, for each row h:
+Other architectures (as llama.cpp reads and computes them):
+    qwen3:   NeoX RoPE; per-head RMSNorm of q and k (attn_q_norm / attn_k_norm) before RoPE.
+    gemma2:  x = token_embd[token] * sqrt(n_embd); NeoX RoPE; q scaled by 1/sqrt(head_dim)
+             (1/sqrt(n_embd/n_head) for the 46-layer 27B); scores soft-capped s = c tanh(s/c)
+             (attn_logit_softcapping); layers il % P < P-1 (P = sliding_window_pattern, 2)
+             attend only to the last sliding_window positions; post_attention_norm after
+             attention and post_ffw_norm after the FFN, both before their residual add; FFN
+             gelu_tanh(gate) * up; logits soft-capped (final_logit_softcapping). Norm weights
+             are used as stored (the converter already added gemma's +1).
+    gemma3:  gemma2 without attention soft-capping, plus q/k norms; P defaults to 6; sliding
+             layers use rope.freq_base_swa (10000) unscaled, the others rope.freq_base with
+             the file's linear scaling; final soft-capping only when the key is present.
+    phi3:    fused attn_qkv (q rows, k rows, v rows) and ffn_up (gate rows, up rows); NeoX
+             RoPE with frequencies divided by rope_factors_long when the context exceeds
+             rope.scaling.original_context_length, else rope_factors_short, and cos/sin times
+             rope.scaling.attn_factor; a sliding window when attention.sliding_window is set.
+    smollm3: llama, except that layers il with (il + 1) % 4 == 0 use no RoPE.
+
+Mixture of experts (llama with expert_count >= 2, i.e. Mixtral; qwen2moe; qwen3moe = qwen3's
+attention with experts), in place of the dense FFN, for each row h:
     p = softmax(Wr h)                    (Wr = ffn_gate_inp, one row per expert)
     S = the k experts of largest p       (k = expert_used_count; equal p: lower id)
-    w_e = p_e for e in S, divided by their sum (llama/Mixtral; not qwen2moe)
+    w_e = p_e for e in S, divided by their sum (llama/Mixtral, qwen3moe; not qwen2moe)
     ffn(h) = sum_{e in S} w_e Wdown_e (silu(Wgate_e h) * Wup_e h)
     qwen2moe adds the shared expert: sigmoid(ws . h) Wdown_s (silu(Wgate_s h) * Wup_s h)
 RefModel.route_margin records the smallest gap between the k-th and (k+1)-th routing
 score seen (relative to the largest score): tests check it is far above float32 rounding,
 so the engine's float32 routing picks the same experts as this float64 oracle.
+
+YaRN (rope.scaling.type yarn, llama.cpp's rope with ext_factor 1): pair i's frequency f_i
+becomes f_i (s (1 - r_i) + r_i) with s = 1 / factor and r_i a ramp from 1 (pairs below the
+beta_fast = 32 correction dimension: unchanged) to 0 (above beta_slow = 1's: interpolated);
+cos and sin are multiplied by 1 + 0.1 ln(factor).
 
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). Weights are dequantized to float64 and all arithmetic
 is float64. With act_quant=True, the input of every matrix product with a quantized weight
@@ -40,18 +63,19 @@ Q8_0/Q4_0 weights, Q8_K for Q4_K/Q6_K), emulated in quants.py.
 import numpy as np
 
 from gguf_read import GGUF
-from quants import ACT_QUANT
+from quants import ACT_QUANT, block_offsets, q8_1_s_correction
 
 
 class RefModel:
-    def __init__(self, path, act_quant=False, dtype=np.float64):
+    def __init__(self, path, act_quant=False, dtype=np.float64, n_ctx=None):
         g = GGUF(path)
         self.dtype = dtype  # float64 is the oracle; float32 only to study rounding effects
         self.gguf = g
         kv = g.kv
         a = kv["general.architecture"]
         self.arch = a
-        if a not in ("llama", "mistral", "qwen2", "qwen2moe"):
+        if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
+                     "qwen2moe", "qwen3moe"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -65,25 +89,87 @@ class RefModel:
         self.rope_scale = 1.0
         if kv.get(f"{a}.rope.scaling.type", "linear") == "linear":
             self.rope_scale = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
-        self.neox = a in ("qwen2", "qwen2moe")
-        self.n_expert = int(kv.get(f"{a}.expert_count", 0)) if a != "qwen2" else 0
+        self.yarn = None
+        if kv.get(f"{a}.rope.scaling.type") == "yarn":
+            factor = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
+            orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
+                              kv[f"{a}.context_length"]))
+            self.yarn = (factor, orig, 32.0, 1.0)
+        self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
+        self.n_expert = int(kv.get(f"{a}.expert_count", 0)) \
+            if a in ("llama", "mistral", "qwen2moe", "qwen3moe") else 0
         if self.n_expert <= 1:
             self.n_expert = 0  # llama.cpp: 0 or 1 expert is a dense model
         self.n_expert_used = int(kv.get(f"{a}.expert_used_count", 0))
         self.norm_w = a != "qwen2moe"
         self.route_margin = np.inf
-        self.n_ctx = int(kv.get(f"{a}.context_length", 2048))
+        self.n_ctx_train = int(kv.get(f"{a}.context_length", 2048))
+        # the context the engine runs with (sampan eval: the trained one, capped at 4096)
+        self.n_ctx = n_ctx or min(self.n_ctx_train, 4096)
+        L = self.n_layer
+        self.embd_scale = np.sqrt(self.n_embd) if a in ("gemma2", "gemma3") else 1.0
+        self.q_scale = 1.0 / np.sqrt(self.head_dim)
+        if (a, L) in (("gemma2", 46), ("gemma3", 62)):
+            self.q_scale = 1.0 / np.sqrt(self.n_embd // self.n_head)
+        self.attn_softcap = float(kv.get(f"{a}.attn_logit_softcapping", 50.0)) \
+            if a == "gemma2" else 0.0
+        self.final_softcap = float(kv.get(f"{a}.final_logit_softcapping",
+                                          30.0 if a == "gemma2" else 0.0)) \
+            if a in ("gemma2", "gemma3") else 0.0
+        self.gelu = a in ("gemma2", "gemma3")
+        # per layer: sliding window (0 = none), RoPE base and scale, RoPE on or off
+        n_swa = int(kv.get(f"{a}.attention.sliding_window", 4096 if a == "gemma2" else 0))
+        self.swa = [0] * L
+        if a in ("gemma2", "gemma3") and n_swa > 0:
+            P = int(kv.get(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6))
+            self.swa = [n_swa if (P == 0 or il % P < P - 1) else 0 for il in range(L)]
+        elif a == "phi3" and n_swa > 0:
+            self.swa = [n_swa] * L
+        base_swa = float(kv.get(f"{a}.rope.freq_base_swa",
+                                self.rope_base if a == "gemma2" else 10000.0))
+        self.layer_rope = [(base_swa, 1.0) if (self.swa[il] and a == "gemma3")
+                           else (self.rope_base, self.rope_scale) for il in range(L)]
+        self.use_rope = [not (a == "smollm3" and (il + 1) % 4 == 0) for il in range(L)]
+        self.rope_attn_factor = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
+        self.n_ctx_orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
+                                     self.n_ctx_train))
 
         self.act_quant = act_quant
         self.act_err2 = []  # squared relative rms error of each emulated activation quantization
         self.w = {}     # name -> float64 array (rows, ne[0])
         self.aq = {}    # name -> activation quantizer for products with that weight, or None
+        self.moff = {}  # name -> (rows, blocks) offsets m of Q4_1 / Q5_1 weights (act_quant)
         for name, t in g.tensors.items():
             self.w[name] = g.array(name, dtype)
             self.aq[name] = ACT_QUANT[t.type] if act_quant else None
+            m = block_offsets(g.raw(t), t.type, int(np.prod(t.ne))) if act_quant else None
+            if m is not None:
+                self.moff[name] = m.reshape(self.w[name].shape[0], -1)
         self.out_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
         self.n_vocab = self.w["token_embd.weight"].shape[0]
         self.tokens = kv.get("tokenizer.ggml.tokens")
+        # LongRoPE: the factor set the context length picks (llama.cpp: long above the
+        # original context)
+        self.rope_factors = self.w.get("rope_freqs.weight")
+        if "rope_factors_long.weight" in self.w:
+            self.rope_factors = self.w["rope_factors_long.weight" if self.n_ctx > self.n_ctx_orig
+                                       else "rope_factors_short.weight"]
+        # fused matrices split into the separate ones
+        for L in range(self.n_layer):
+            p = f"blk.{L}."
+            if p + "attn_qkv.weight" in self.w:
+                qkv = self.w.pop(p + "attn_qkv.weight")
+                self.aq.update({p + n: self.aq[p + "attn_qkv.weight"]
+                                for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")})
+                nq, nk = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+                self.w[p + "attn_q.weight"] = qkv[:nq]
+                self.w[p + "attn_k.weight"] = qkv[nq:nq + nk]
+                self.w[p + "attn_v.weight"] = qkv[nq + nk:]
+            if p + "ffn_gate.weight" not in self.w and p + "ffn_up.weight" in self.w:
+                gu = self.w[p + "ffn_up.weight"]
+                self.aq[p + "ffn_gate.weight"] = self.aq[p + "ffn_up.weight"]
+                self.w[p + "ffn_gate.weight"] = gu[:self.n_ff]
+                self.w[p + "ffn_up.weight"] = gu[self.n_ff:]
 
     def apply_lora(self, path):
         """Merge a LoRA adapter (llama.cpp's GGUF convention) into the weights, in float64:
@@ -116,12 +202,20 @@ class RefModel:
     def matmul(self, x, wname):
         """x (n, ne0) times the weight's rows: (n, rows)."""
         f = self.aq[wname]
+        corr = None
         if f is not None:
             xq = f(x).astype(self.dtype)
             # relative rms error this quantization injects (test tolerances are derived from it)
             self.act_err2.append(float(np.sum((xq - x) ** 2) / max(np.sum(x * x), 1e-300)))
+            if wname in self.moff:  # Q8_1's s meets the weight blocks' offsets m
+                corr = q8_1_s_correction(x) @ self.moff[wname].T
             x = xq
-        return x @ self.w[wname].T
+        y = x @ self.w[wname].T
+        return y if corr is None else y + corr
+
+    def rmsnorm_heads(self, x, wname):
+        """Per-head RMSNorm of x (n, heads, head_dim)."""
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.w[wname]
 
     def moe(self, h, p):
         """The mixture-of-experts block of layer prefix p over rows h (n, n_embd)."""
@@ -160,14 +254,30 @@ class RefModel:
             x = f(x).astype(self.dtype)
         return x @ self.w[wname][e].T
 
-    def rope(self, x, pos):
+    def rope(self, x, pos, base=None, scale=None):
         """x (n, heads, head_dim), pos (n,) -> rotated copy."""
         half = self.n_rot // 2
+        base = self.rope_base if base is None else base
+        scale = self.rope_scale if scale is None else scale
         i = np.arange(half, dtype=np.float64)
-        inv_freq = self.rope_base ** (-2.0 * i / self.n_rot)
-        theta = (pos.astype(np.float64) / self.rope_scale)[:, None] * inv_freq[None, :]
-        cos = np.cos(theta)[:, None, :].astype(self.dtype)
-        sin = np.sin(theta)[:, None, :].astype(self.dtype)
+        inv_freq = base ** (-2.0 * i / self.n_rot)
+        factors = getattr(self, "rope_factors", None)
+        if factors is not None:
+            inv_freq = inv_freq / factors.astype(np.float64)
+        mscale = getattr(self, "rope_attn_factor", 1.0)
+        if getattr(self, "yarn", None):
+            factor, orig, fast, slow = self.yarn
+
+            def corr(turns):
+                return self.n_rot * np.log(orig / (turns * 2 * np.pi)) / (2 * np.log(base))
+            lo = max(0.0, np.floor(corr(fast)))
+            hi = min(self.n_rot - 1.0, np.ceil(corr(slow)))
+            ramp = 1.0 - np.clip((i - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+            inv_freq = inv_freq * ((1.0 / factor) * (1.0 - ramp) + ramp)
+            mscale = mscale * (1.0 + 0.1 * np.log(factor) if factor > 1.0 else 1.0)
+        theta = (pos.astype(np.float64) / scale)[:, None] * inv_freq[None, :]
+        cos = (np.cos(theta) * mscale)[:, None, :].astype(self.dtype)
+        sin = (np.sin(theta) * mscale)[:, None, :].astype(self.dtype)
         y = x.copy()
         if self.neox:
             x0, x1 = x[..., :half], x[..., half:2 * half]
@@ -197,7 +307,7 @@ class Session:
         if tokens.min() < 0 or tokens.max() >= m.n_vocab:
             raise ValueError("token id outside the vocabulary")
         pos = np.arange(self.pos, self.pos + n)
-        x = m.w["token_embd.weight"][tokens].copy()
+        x = m.w["token_embd.weight"][tokens] * m.dtype(m.embd_scale)
         hd, nh, nkv = m.head_dim, m.n_head, m.n_head_kv
         group = nh // nkv
         # causal mask over all keys so far: query t (position pos[t]) sees keys 0..pos[t]
@@ -213,30 +323,53 @@ class Session:
                 q = q + m.w[p + "attn_q.bias"]
                 k = k + m.w[p + "attn_k.bias"]
                 v = v + m.w[p + "attn_v.bias"]
-            q = m.rope(q.reshape(n, nh, hd), pos)
-            k = m.rope(k.reshape(n, nkv, hd), pos)
-            v = v.reshape(n, nkv, hd)
+            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+            if p + "attn_q_norm.weight" in m.w:
+                q = m.rmsnorm_heads(q, p + "attn_q_norm.weight")
+                k = m.rmsnorm_heads(k, p + "attn_k_norm.weight")
+            if m.use_rope[L]:
+                base, scale = m.layer_rope[L]
+                q = m.rope(q, pos, base, scale)
+                k = m.rope(k, pos, base, scale)
             self.k[L] = np.concatenate([self.k[L], k])
             self.v[L] = np.concatenate([self.v[L], v])
             # (keys, nh, hd): query head h reads kv head h // group
             kk = np.repeat(self.k[L], group, axis=1)
             vv = np.repeat(self.v[L], group, axis=1)
-            s = np.einsum("thd,shd->hts", q, kk) / m.dtype(np.sqrt(hd))
-            s = np.where(mask[None], -np.inf, s)
+            s = np.einsum("thd,shd->hts", q, kk) * m.dtype(m.q_scale)
+            if m.attn_softcap:
+                s = m.attn_softcap * np.tanh(s / m.attn_softcap)
+            lmask = mask
+            if m.swa[L]:  # query at p sees keys p - window + 1 .. p
+                lmask = mask | (pos[:, None] - np.arange(n_keys)[None, :] >= m.swa[L])
+            s = np.where(lmask[None], -np.inf, s)
             s = np.exp(s - s.max(axis=2, keepdims=True))
             s /= s.sum(axis=2, keepdims=True)
             att = np.einsum("hts,shd->thd", s, vv).reshape(n, nh * hd)
-            x = x + m.matmul(att, p + "attn_output.weight")
+            o = m.matmul(att, p + "attn_output.weight")
+            if p + "post_attention_norm.weight" in m.w:
+                o = m.rmsnorm(o, p + "post_attention_norm.weight")
+            x = x + o
             h = m.rmsnorm(x, p + "ffn_norm.weight")
             if m.n_expert:
                 x = x + m.moe(h, p)
                 continue
             g = m.matmul(h, p + "ffn_gate.weight")
             u = m.matmul(h, p + "ffn_up.weight")
-            x = x + m.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down.weight")
+            if m.gelu:  # the tanh approximation
+                a = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            else:
+                a = g / (1.0 + np.exp(-g))
+            o = m.matmul(a * u, p + "ffn_down.weight")
+            if p + "post_ffw_norm.weight" in m.w:
+                o = m.rmsnorm(o, p + "post_ffw_norm.weight")
+            x = x + o
         self.pos += n
         h = m.rmsnorm(x, "output_norm.weight")
-        return m.matmul(h, m.out_name)
+        logits = m.matmul(h, m.out_name)
+        if m.final_softcap:
+            logits = m.final_softcap * np.tanh(logits / m.final_softcap)
+        return logits
 
 
 def forward_all(path, tokens, act_quant=False):

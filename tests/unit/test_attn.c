@@ -130,6 +130,13 @@ TEST(attn_exp_matches_expf)
 
 /* ---- attention ------------------------------------------------------------ */
 
+/* The optional parts of the contract every case below runs with (kernels.h):
+ * a sliding window, a soft-cap, per-head sinks (g_sinks[h], at least 8 heads).
+ * Zero / NULL in the plain tests. */
+static int64_t g_window;
+static float g_softcap;
+static const float *g_sinks;
+
 typedef struct attn_case {
     int64_t hd, n_q, n_kv, v_stride, q_stride;
     sp_type_t kv_type;
@@ -246,6 +253,9 @@ case_init(attn_case_t *c, int64_t hd, int64_t n_q, int64_t n_kv, sp_type_t kv_ty
         for (int64_t d = 0; d < hd; d++) c->k_log[p * hd + d] = p < n_kv ? rnd(1.0f) : NAN;
     }
     for (int64_t i = 0; i < n_kv * hd; i++) c->v_log[i] = rnd(1.0f);
+    /* Positions before a sliding window hold NaN too: never read. */
+    const int64_t lo = g_window > 0 && n_kv > g_window ? n_kv - g_window : 0;
+    for (int64_t i = 0; i < lo * hd; i++) c->k_log[i] = c->v_log[i] = NAN;
     case_layout(c, 0);
 }
 
@@ -273,7 +283,8 @@ case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float
         .k_block_stride = c->k_block_stride, .v_block_stride = c->v_block_stride,
         .v_stride = c->v_stride,
         .scale = c->scale, .o = o + h0 * c->q_stride, .o_stride = c->q_stride,
-        .scratch = c->scratch,
+        .scratch = c->scratch, .window = g_window, .softcap = g_softcap,
+        .sinks = g_sinks != NULL ? g_sinks + h0 : NULL,
     };
     k->attn[c->kv_type](&a);
 }
@@ -371,6 +382,81 @@ TEST(attn_matches_reference_all_shapes)
             }
         }
     }
+}
+
+/* The contract's formula in double from the logical cache (F32 only):
+ * window, soft-cap and sink as kernels.h states them. */
+static double
+naive_attn(const attn_case_t *c, int64_t h, int64_t d)
+{
+    const int64_t lo = g_window > 0 && c->n_kv > g_window ? c->n_kv - g_window : 0;
+    double s[512], mx = g_sinks != NULL ? g_sinks[h] : -INFINITY;
+    ASSERT(c->n_kv <= 512);
+    for (int64_t p = lo; p < c->n_kv; p++) {
+        double dot = 0.0;
+        for (int64_t i = 0; i < c->hd; i++) dot += (double)c->q[h * c->q_stride + i] * c->k_log[p * c->hd + i];
+        s[p] = dot * c->scale;
+        if (g_softcap > 0.0f) s[p] = g_softcap * tanh(s[p] / g_softcap);
+        mx = s[p] > mx ? s[p] : mx;
+    }
+    double sum = g_sinks != NULL ? exp(g_sinks[h] - mx) : 0.0, acc = 0.0;
+    for (int64_t p = lo; p < c->n_kv; p++) {
+        sum += exp(s[p] - mx);
+        acc += exp(s[p] - mx) * c->v_log[p * c->hd + d];
+    }
+    return acc / sum;
+}
+
+/* Sliding window, soft-cap and sinks, alone and together, on every level
+ * against the reference (check_attn_case: tolerance, batch invariance, block
+ * layouts; the positions before the window hold NaN), and the reference
+ * against the formula. Reference vs formula: float scores (a few U of the
+ * score) through tanh and exp: 1e-5 absolute bounds it with |v| <= 1 for
+ * these magnitudes (scores below 8). */
+TEST(attn_window_softcap_sinks)
+{
+    const sp_cpu_kernels_t *lv[3];
+    int nl = simd_levels(lv);
+    lv[nl++] = sp_cpu_kernels_ref();
+    static const float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, 3.5f, -0.25f, 1.0f, 6.0f};
+    const int64_t windows[] = {0, 1, 5, 16, 20, 300};
+    const float caps[] = {0.0f, 2.5f};
+    const int64_t nkvs[] = {1, 16, 17, 33, 100};
+    for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
+        for (int ci = 0; ci < 2; ci++) {
+            for (int si = 0; si < 2; si++) {
+                g_window = windows[wi];
+                g_softcap = caps[ci];
+                g_sinks = si ? sinks : NULL;
+                for (size_t m = 0; m < sizeof nkvs / sizeof nkvs[0]; m++) {
+                    for (int t = 0; t < 3; t++) {
+                        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : t == 1 ? SP_TYPE_F16 : SP_TYPE_Q8_0;
+                        check_attn_case(lv, nl, t == 1 ? 13 : 64, 5, nkvs[m], kt, 3.0f);
+                    }
+                    attn_case_t c;
+                    case_init(&c, 24, 8, nkvs[m], SP_TYPE_F32, 3.0f);
+                    float *o = sp_malloc((size_t)(8 * c.q_stride) * sizeof(float));
+                    case_run(sp_cpu_kernels_ref(), &c, 0, 8, o);
+                    for (int64_t h = 0; h < 8; h++) {
+                        for (int64_t d = 0; d < 24; d++) {
+                            const double want = naive_attn(&c, h, d);
+                            if (!(fabs(o[h * c.q_stride + d] - want) <= 1e-5)) {
+                                SP_TEST_FAIL("ref window %lld cap %g sinks %d n_kv %lld: o[%lld][%lld]"
+                                             " = %.9g, formula %.9g", (long long)g_window,
+                                             (double)g_softcap, si, (long long)nkvs[m],
+                                             (long long)h, (long long)d, o[h * c.q_stride + d], want);
+                            }
+                        }
+                    }
+                    sp_free(o);
+                    case_free(&c);
+                }
+            }
+        }
+    }
+    g_window = 0;
+    g_softcap = 0.0f;
+    g_sinks = NULL;
 }
 
 /* Peaked softmax (large scores: one position dominates, most exps underflow)

@@ -577,7 +577,7 @@ TEST(gguf_g10_type_and_block)
 {
     bb b = {0};
     uint64_t ne[1] = {32};
-    uint32_t bad[] = {4, 5, 39, 40, 1000, 0xffffffffu};
+    uint32_t bad[] = {4, 5, 38, 40, 1000, 0xffffffffu};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         one_tensor(&b, 1, ne, bad[i], 0, 128);
         REJECT(&b, "unknown type");

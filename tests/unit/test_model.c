@@ -208,7 +208,7 @@ static void mut_eps(sp_gguf_writer_t *w) { sp_gguf_writer_set_f32(w, "llama.atte
 static void mut_eps_str(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "llama.attention.layer_norm_rms_epsilon", "x"); }
 static void mut_ctx(sp_gguf_writer_t *w) { sp_gguf_writer_set_u64(w, "llama.context_length", 1ull << 40); }
 static void mut_rot(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.rope.dimension_count", 7); }
-static void mut_scaling(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn"); }
+static void mut_scaling(sp_gguf_writer_t *w) { sp_gguf_writer_set_str(w, "llama.rope.scaling.type", "dynamic"); }
 static void mut_embd(sp_gguf_writer_t *w) { sp_gguf_writer_set_u32(w, "llama.embedding_length", 65); }
 
 /* RELIABILITY.md G17: hyper-parameters are checked before anything is sized. */

@@ -14,6 +14,8 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "engine/batch.h"
+#include "engine/gpu.h"
+#include "engine/lora.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
@@ -469,4 +471,167 @@ TEST(moe_load_refusals)
     /* llama with expert_count 1 is dense: it then needs the dense FFN. */
     moe_spec_t d = {"llama", SP_TYPE_F32, 1, 1, 0, 0, 0, false};
     expect_refused(&d, "blk.0.ffn_gate.weight");
+}
+
+/* ---- gpt-oss's variant: top-k then softmax, biases, clamped SwiGLU ------------- */
+
+/* The block against a double-precision loop written from the definition:
+ * logits = R x + rb; the k largest; w = softmax over those k; per expert
+ * g = G_e x + gb_e, u = U_e x + ub_e, a = min(g, 7) sigmoid(1.702 min(g, 7))
+ * (clamp(u, -7, 7) + 1), y_e = D_e a + db_e; out = sum w_e y_e. F32 weights:
+ * the block's float32 sums of 64-96 products differ from double by about
+ * 1e-6 relative, so 1e-4 of the output's largest magnitude is a safe bound
+ * (a wrong bias, clamp or gating changes the output by O(1e-1) or more). */
+TEST(moe_block_oai_swiglu_biases_softmax_weight)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 3, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    struct sp_moe_model *moe = m->moe;
+    moe->hp.gating = SP_MOE_GATING_SOFTMAX_WEIGHT;
+    moe->hp.norm_w = false;
+    moe->hp.act = SP_MOE_ACT_SWIGLU_OAI;
+    const int64_t NE = 8, K = 3, F = MFF;
+    static float rb[8], gb[8 * MFF], ub[8 * MFF], db[8 * ME];
+    rng_state = 31337;
+    for (int i = 0; i < 8; i++) rb[i] = rng_f(0.5f);
+    for (int i = 0; i < 8 * MFF; i++) gb[i] = rng_f(8.0f), ub[i] = rng_f(8.0f);
+    for (int i = 0; i < 8 * ME; i++) db[i] = rng_f(0.5f);
+    sp_moe_layer_t *L = &moe->layers[1];
+    L->router_b = rb;
+    L->gate_b = gb;
+    L->up_b = ub;
+    L->down_b = db;
+    enum { NR = 6 };
+    static float x[NR * ME], y[NR * ME];
+    for (int i = 0; i < NR * ME; i++) x[i] = rng_f(3.0f); /* large: the clamps bite */
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(2, &pool));
+    void *scratch = sp_malloc_aligned(sp__moe_scratch_bytes(m, NR), 64);
+    sp__moe_ffn(m, 1, pool, sp_cpu_kernels(), scratch, NR, x, y, NR);
+    const float *R = L->router.data, *G = L->gate.data, *U = L->up.data, *D = L->down.data;
+    int clamped = 0;
+    for (int r = 0; r < NR; r++) {
+        const float *xr = x + r * ME;
+        double lg[8], want[ME], amax = 0, dmax = 0;
+        for (int e = 0; e < NE; e++) {
+            lg[e] = rb[e];
+            for (int i = 0; i < ME; i++) lg[e] += (double)R[e * ME + i] * xr[i];
+        }
+        int ids[3];
+        bool used[8] = {false};
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < NE; e++) {
+                if (!used[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            }
+            used[best] = true;
+            ids[j] = best;
+        }
+        double w[3], z = 0;
+        for (int j = 0; j < K; j++) z += exp(lg[ids[j]] - lg[ids[0]]);
+        for (int j = 0; j < K; j++) w[j] = exp(lg[ids[j]] - lg[ids[0]]) / z;
+        memset(want, 0, sizeof want);
+        for (int j = 0; j < K; j++) {
+            const int e = ids[j];
+            double a[MFF];
+            for (int f = 0; f < F; f++) {
+                double g = gb[e * F + f], u = ub[e * F + f];
+                for (int i = 0; i < ME; i++) {
+                    g += (double)G[((size_t)e * F + f) * ME + i] * xr[i];
+                    u += (double)U[((size_t)e * F + f) * ME + i] * xr[i];
+                }
+                clamped += g > 7.0 || u > 7.0 || u < -7.0;
+                g = g < 7.0 ? g : 7.0;
+                u = u < -7.0 ? -7.0 : (u > 7.0 ? 7.0 : u);
+                a[f] = g / (1.0 + exp(-1.702 * g)) * (u + 1.0);
+            }
+            for (int o = 0; o < ME; o++) {
+                double v = db[e * ME + o];
+                for (int f = 0; f < F; f++) v += (double)D[((size_t)e * ME + o) * F + f] * a[f];
+                want[o] += w[j] * v;
+            }
+        }
+        for (int o = 0; o < ME; o++) {
+            amax = fabs(want[o]) > amax ? fabs(want[o]) : amax;
+            const double d = fabs(want[o] - y[r * ME + o]);
+            dmax = d > dmax ? d : dmax;
+        }
+        if (!(dmax <= 1e-4 * amax)) {
+            SP_TEST_FAIL("row %d: max |block - reference| %g over 1e-4 x %g", r, dmax, amax);
+        }
+    }
+    ASSERT(clamped > 0); /* the data exercised the clamps */
+    sp_free(scratch);
+    sp_pool_destroy(pool);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* ---- LoRA adapters on a MoE model ------------------------------------------------ */
+
+/* An adapter of layer 0's proj (n_in -> n_out, rank 2) loaded against m. */
+static sp_status_t
+adapter_on(const sp_model_t *m, const char *proj, int64_t n_in, int64_t n_out, char *err,
+           size_t err_len)
+{
+    sp_gguf_writer_t *w;
+    static float a[2 * 256], b[2 * 256];
+    char na[96], nb[96];
+    for (int i = 0; i < 512; i++) a[i] = b[i] = 0.01f * (float)(i % 7);
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "llama"));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.type", "adapter"));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "adapter.type", "lora"));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "adapter.lora.alpha", 2.0f));
+    const int64_t ne_a[2] = {n_in, 2}, ne_b[2] = {2, n_out};
+    snprintf(na, sizeof na, "blk.0.%s.weight.lora_a", proj);
+    snprintf(nb, sizeof nb, "blk.0.%s.weight.lora_b", proj);
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, na, SP_TYPE_F32, 2, ne_a, a));
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, nb, SP_TYPE_F32, 2, ne_b, b));
+    void *buf;
+    size_t len;
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &buf, &len, err, err_len));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_t *g;
+    ASSERT_OK(sp_gguf_open_mem(buf, len, "adapter.gguf", &g, err, err_len));
+    sp_lora_t *l = NULL;
+    sp_status_t st = sp_lora_load_gguf(m, g, &l, err, err_len);
+    sp_lora_release(l);
+    sp_gguf_close(g);
+    sp_free(buf);
+    return st;
+}
+
+TEST(moe_lora_ffn_adapter_refused_attention_adapter_loads)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(adapter_on(m, "ffn_up", ME, MFF, err, sizeof err) != SP_OK);
+    ASSERT(strstr(err, "mixture-of-experts") != NULL && strstr(err, "blk.0.ffn_up") != NULL);
+    if (adapter_on(m, "attn_q", ME, ME, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* GPU offload keeps a MoE model on the CPU: attach succeeds without binding
+ * a layer (the CUDA path has no MoE block), before touching the device API. */
+TEST(moe_gpu_attach_keeps_model_on_cpu)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    sp_cuda_api_t never_called;
+    memset(&never_called, 0, sizeof never_called); /* a NULL op would crash if used */
+    ASSERT_OK(sp_gpu_attach(m, &never_called, 0, -1, err, sizeof err));
+    ASSERT(m->gpu == NULL && sp_gpu_model_layers(m) == 0);
+    sp_model_free(m);
+    sp_free(buf);
 }

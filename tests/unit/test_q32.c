@@ -681,3 +681,70 @@ TEST(q32_extreme_values)
         }
     }
 }
+
+/* Random block bytes (any quants, any fifth bits, scales across the half range and E8M0
+ * exponents including the denormal 0 and 1), random activations in [-127, 127]: every level's
+ * vec_dot and gemm give the reference's bits. */
+TEST(q32_random_blocks)
+{
+    enum { NB = 21, R = 3, T = 5 };
+    static uint8_t w[R][NB * 24];
+    static sp_block_q8_0 x0[T][NB];
+    static sp_block_q8_1 x1[T][NB];
+    rng_seed(77);
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x0[t][b].d = x1[t][b].d = (sp_fp16_t)(0x1000 + (int)(rng_uniform() * 0x2800));
+            x1[t][b].s = (sp_fp16_t)(0x1000 + (int)(rng_uniform() * 0x2800)) |
+                         (rng_uniform() < 0.5 ? 0x8000 : 0);
+            for (int j = 0; j < 32; j++)
+                x0[t][b].qs[j] = x1[t][b].qs[j] = (int8_t)(-127 + (int)(rng_uniform() * 255));
+        }
+    for (int ti = 0; ti < 5; ti++) {
+        const sp_type_t wt = wtypes[ti];
+        const size_t bs = sp_type_traits(wt)->type_size;
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *p = w[r] + (size_t)b * bs;
+                for (size_t i = 0; i < bs; i++)
+                    p[i] = (uint8_t)(rng_uniform() * 256);
+                if (wt == SP_TYPE_MXFP4) {
+                    /* row 0: only the denormal scales (else the larger blocks hide them) */
+                    static const uint8_t es[] = {0, 1, 2, 3, 100, 127, 140};
+                    p[0] = r == 0 ? (uint8_t)(b % 2) : es[(b + r) % 7];
+                } else {
+                    /* finite halves for d (and m), sign included */
+                    const sp_fp16_t d = (sp_fp16_t)((int)(rng_uniform() * 0x5000) |
+                                                    (rng_uniform() < 0.5 ? 0x8000 : 0));
+                    memcpy(p, &d, 2);
+                    if (wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1) {
+                        const sp_fp16_t m = (sp_fp16_t)((int)(rng_uniform() * 0x5000) |
+                                                        (rng_uniform() < 0.5 ? 0x8000 : 0));
+                        memcpy(p + 2, &m, 2);
+                    }
+                }
+            }
+        const bool q81 = wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1;
+        const void *x = q81 ? (const void *)x1 : (const void *)x0;
+        const size_t xs = q81 ? sizeof(x1[0]) : sizeof(x0[0]);
+        float want[T][R];
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++)
+                sp_cpu_kernels_ref()->vec_dot[wt](32 * NB, &want[t][r], w[r],
+                                                  (const char *)x + (size_t)t * xs);
+        for (int l = SP_CPU_AVX2; l <= SP_CPU_AVX512; l++) {
+            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+            if (k == NULL)
+                continue;
+            float y[T][R];
+            k->gemm[wt](32 * NB, w, sizeof(w[0]), 0, R, x, xs, T, &y[0][0], R);
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < R; r++) {
+                    float s;
+                    k->vec_dot[wt](32 * NB, &s, w[r], (const char *)x + (size_t)t * xs);
+                    ASSERT_BITS_EQ(s, want[t][r]);
+                    ASSERT_BITS_EQ(y[t][r], want[t][r]);
+                }
+        }
+    }
+}

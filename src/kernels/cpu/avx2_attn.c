@@ -203,24 +203,43 @@ hsum8(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* Pass 2 for one head: e = exp(s - max) in place; returns 1 / sum(e). */
-SP_INLINE float
-softmax_row(float *sc, int64_t n)
+/* Lanes p + i in [lo, n). */
+SP_INLINE __m256
+range_mask(int64_t p, int64_t lo, int64_t n)
 {
+    return _mm256_castsi256_ps(_mm256_andnot_si256(tail_mask(lo - p), tail_mask(n - p)));
+}
+
+/* Pass 2 for one head over positions lo..n-1 (lo: sp_attn_first): the
+ * soft-cap (scalar, kernels.h's rule), then e = exp(s - max) in place (max
+ * and sum with the sink when there is one); returns 1 / sum. */
+SP_INLINE float
+softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
+{
+    if (softcap > 0.0f) {
+        for (int64_t p = lo; p < n; p++) {
+            sc[p] = sp_attn_softcap(sc[p], softcap);
+        }
+    }
+    const int64_t p_start = lo & ~(int64_t)15;
     __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (int64_t p = 0; p < n; p += 8) {
-        const __m256 m = _mm256_castsi256_ps(tail_mask(n - p));
+    for (int64_t p = p_start; p < n; p += 8) {
+        const __m256 m = range_mask(p, lo, n);
         mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
     }
-    const __m256 mv = _mm256_set1_ps(hmax8(mx));
+    float mxs = hmax8(mx);
+    if (sink != NULL && *sink > mxs) {
+        mxs = *sink;
+    }
+    const __m256 mv = _mm256_set1_ps(mxs);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t p = 0; p < n; p += 8) {
-        const __m256 m = _mm256_castsi256_ps(tail_mask(n - p));
+    for (int64_t p = p_start; p < n; p += 8) {
+        const __m256 m = range_mask(p, lo, n);
         const __m256 e = _mm256_and_ps(m, exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv)));
         _mm256_store_ps(sc + p, e);
         sum = _mm256_add_ps(sum, e);
     }
-    return 1.0f / hsum8(sum);
+    return 1.0f / (hsum8(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
 }
 
 /* Pass 3 for NH heads from h0 and dims d0..d0+15: o = inv * sum_p e_p v_p. */
@@ -237,11 +256,12 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     }
     /* Positions in order, block by block: the same FMA chain as one
      * contiguous cache. */
-    for (int64_t p0 = 0; p0 < a->n_kv; p0 += 16) {
+    const int64_t lo = sp_attn_first(a);
+    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
         const void *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
         const float *e = a->scratch + h0 * ss + p0;
         const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = 0; p < n; p++) {
+        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
             const int64_t row = p * a->v_stride + d0;
             const __m256 v0 = load_kv(vb, f16, row, nv0, m0);
             const __m256 v1 =
@@ -280,11 +300,12 @@ av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_
     for (int h = 0; h < NH; h++) {
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
-    for (int64_t p0 = 0; p0 < a->n_kv; p0 += 16) {
+    const int64_t lo = sp_attn_first(a);
+    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
         const char *vb = kv_ptr(a->v, 2, a->blocks[p0 / 16] * a->v_block_stride);
         const float *e = a->scratch + h0 * ss + p0;
         const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = 0; p < n; p++) {
+        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
             const char *row = vb + p * a->v_stride;
             uint16_t h16;
             memcpy(&h16, row + sc, sizeof h16);
@@ -361,10 +382,11 @@ SP_INLINE void
 attn_256(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
     for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, kind, 16 * b);
+        prefetch_block(a, kind, p_start + 16 * b);
     }
-    for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
+    for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
         prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
         for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
             switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
@@ -379,7 +401,8 @@ attn_256(const sp_attn_args_t *a, int kind)
         float inv[4];
         const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
         for (int h = 0; h < nh; h++) {
-            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, n_kv);
+            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, lo, n_kv, a->softcap,
+                                 a->sinks != NULL ? &a->sinks[h0 + h] : NULL);
         }
         for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
             switch (nh) {

@@ -178,23 +178,43 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
     }
 }
 
-/* Pass 2 for one head: e = exp(s - max) in place; returns 1 / sum(e). */
-SP_INLINE float
-softmax_row(float *sc, int64_t n)
+/* Lanes p + i in [lo, n). */
+SP_INLINE __mmask16
+range_mask(int64_t p, int64_t lo, int64_t n)
 {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t p = 0; p < n; p += 16) {
-        mx = _mm512_mask_max_ps(mx, tail_mask(n - p), mx, _mm512_load_ps(sc + p));
+    /* tail_mask takes n >= 0 only (a negative shift is undefined). */
+    return (__mmask16)(tail_mask(n - p) & ~tail_mask(lo > p ? lo - p : 0));
+}
+
+/* Pass 2 for one head over positions lo..n-1 (lo: sp_attn_first): the
+ * soft-cap (scalar, kernels.h's rule), then e = exp(s - max) in place (max
+ * and sum with the sink when there is one); returns 1 / sum. */
+SP_INLINE float
+softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
+{
+    if (softcap > 0.0f) {
+        for (int64_t p = lo; p < n; p++) {
+            sc[p] = sp_attn_softcap(sc[p], softcap);
+        }
     }
-    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    const int64_t p_start = lo & ~(int64_t)15;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t p = p_start; p < n; p += 16) {
+        mx = _mm512_mask_max_ps(mx, range_mask(p, lo, n), mx, _mm512_load_ps(sc + p));
+    }
+    float mxs = _mm512_reduce_max_ps(mx);
+    if (sink != NULL && *sink > mxs) {
+        mxs = *sink;
+    }
+    const __m512 mv = _mm512_set1_ps(mxs);
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t p = 0; p < n; p += 16) {
-        const __mmask16 m = tail_mask(n - p);
+    for (int64_t p = p_start; p < n; p += 16) {
+        const __mmask16 m = range_mask(p, lo, n);
         const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_load_ps(sc + p), mv)));
         _mm512_store_ps(sc + p, e);
         sum = _mm512_add_ps(sum, e);
     }
-    return 1.0f / _mm512_reduce_add_ps(sum);
+    return 1.0f / (_mm512_reduce_add_ps(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
 }
 
 /* Pass 3 for NH heads from h0 and dims d0..d0+63: o = inv * sum_p e_p v_p. */
@@ -219,8 +239,9 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
      * contiguous cache; the block's base is looked up once per 16 rows. */
     const float *e = a->scratch + h0 * ss;
     const void *vb = a->v;
-    for (int64_t p = 0; p < a->n_kv; p++) {
-        if ((p & 15) == 0) {
+    const int64_t lo = sp_attn_first(a);
+    for (int64_t p = lo; p < a->n_kv; p++) {
+        if ((p & 15) == 0 || p == lo) {
             vb = kv_ptr(a->v, f16, a->blocks[p >> 4] * a->v_block_stride);
         }
         const int64_t row = (p & 15) * a->v_stride + d0;
@@ -284,8 +305,9 @@ av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_
     }
     const float *e = a->scratch + h0 * ss;
     const char *vb = a->v;
-    for (int64_t p = 0; p < a->n_kv; p++) {
-        if ((p & 15) == 0) {
+    const int64_t lo = sp_attn_first(a);
+    for (int64_t p = lo; p < a->n_kv; p++) {
+        if ((p & 15) == 0 || p == lo) {
             vb = kv_ptr(a->v, 2, a->blocks[p >> 4] * a->v_block_stride);
         }
         const char *row = vb + (p & 15) * a->v_stride;
@@ -370,10 +392,11 @@ SP_INLINE void
 attn_512(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
     for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, kind, 16 * b);
+        prefetch_block(a, kind, p_start + 16 * b);
     }
-    for (int64_t p0 = 0; p0 < n_kv; p0 += 16) {
+    for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
         prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
         for (int64_t h0 = 0; h0 < a->n_q; h0 += 8) {
             /* Constant head counts let the accumulators live in registers. */
@@ -393,7 +416,8 @@ attn_512(const sp_attn_args_t *a, int kind)
         float inv[4];
         const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
         for (int h = 0; h < nh; h++) {
-            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, n_kv);
+            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, lo, n_kv, a->softcap,
+                                 a->sinks != NULL ? &a->sinks[h0 + h] : NULL);
         }
         for (int64_t d0 = 0; d0 < a->head_dim; d0 += 64) {
             switch (nh) {

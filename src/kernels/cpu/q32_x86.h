@@ -198,11 +198,13 @@ q32_wscale(int kind, const uint8_t *blk)
     return kind == Q32_MXFP4 ? sp__e8m0_half(blk[0]) : q32_half(blk);
 }
 
+_Static_assert(offsetof(sp_block_q4_1, m) == 2 && offsetof(sp_block_q5_1, m) == 2, "m at 2");
+
 Q32_INLINE float
 q32_wmin(int kind, const uint8_t *blk)
 {
-    return q32_half(blk + (kind == Q32_Q4_1 ? offsetof(sp_block_q4_1, m)
-                                            : offsetof(sp_block_q5_1, m)));
+    (void)kind;
+    return q32_half(blk + 2);
 }
 
 /* d = (weight scale) x (activation scale), in the contract's operand order */
@@ -216,6 +218,36 @@ Q32_INLINE __m256
 q32_d8(int kind, __m256 dw, __m256 dx)
 {
     return kind == Q32_MXFP4 ? _mm256_mul_ps(dx, dw) : _mm256_mul_ps(dw, dx);
+}
+
+/* The 8 halves at p, p + stride, ..., as floats (exact); built in a register from scalar loads
+ * (a vector load of 8 separate stores would stall on store forwarding). */
+Q32_INLINE __m256
+q32_halves8(const uint8_t *p, size_t stride)
+{
+    uint16_t h[8];
+    for (int k = 0; k < 8; k++) {
+        memcpy(&h[k], p + (size_t)k * stride, sizeof(uint16_t));
+    }
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+                                          (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
+}
+
+/* The weight scales of 8 consecutive blocks (q32_wscale lane-wise). */
+Q32_INLINE __m256
+q32_wscale8(int kind, const uint8_t *w)
+{
+    const size_t wb = q32_wbytes(kind);
+    if (kind == Q32_MXFP4) {
+        /* sp__e8m0_half lane-wise: e >= 2 -> (e - 1) << 23, else 0x00200000 << e */
+        const __m256i e = _mm256_setr_epi32(w[0], w[wb], w[2 * wb], w[3 * wb], w[4 * wb],
+                                            w[5 * wb], w[6 * wb], w[7 * wb]);
+        const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        const __m256i den = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        const __m256i big = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+        return _mm256_castsi256_ps(_mm256_blendv_epi8(den, norm, big));
+    }
+    return q32_halves8(w, wb);
 }
 
 /*
@@ -233,32 +265,21 @@ q32_row(int kind, int flavour, int64_t n, const uint8_t *w, const uint8_t *x, si
     for (; i + 8 <= nb; i += 8) {
         const uint8_t *wg = w + (size_t)i * wb;
         __m256i wq[8];
-        float dwa[8], ma[8];
         for (int k = 0; k < 8; k++) {
             wq[k] = q32_unpack(kind, wg + (size_t)k * wb);
-            dwa[k] = q32_wscale(kind, wg + (size_t)k * wb);
-            if (q32_asym(kind)) {
-                ma[k] = q32_wmin(kind, wg + (size_t)k * wb);
-            }
         }
-        const __m256 dw = _mm256_loadu_ps(dwa);
+        const __m256 dw = q32_wscale8(kind, wg);
+        /* the offsets m (Q4_1 / Q5_1; both at byte 2 of the block) */
+        const __m256 mw = q32_asym(kind) ? q32_halves8(wg + 2, wb) : _mm256_setzero_ps();
         for (int t = 0; t < ntok; t++) {
             const uint8_t *xg = x + (size_t)t * x_stride + (size_t)i * xb;
             const __m256i isum = q32_isum8(kind, flavour, wq, xg);
-            uint16_t dxh[8], sxh[8];
-            for (int k = 0; k < 8; k++) {
-                memcpy(&dxh[k], xg + (size_t)k * xb, sizeof(uint16_t));
-                if (q32_asym(kind)) {
-                    memcpy(&sxh[k], xg + (size_t)k * xb + offsetof(sp_block_q8_1, s),
-                           sizeof(uint16_t));
-                }
-            }
-            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dxh));
+            const __m256 dx = q32_halves8(xg, xb);
             const __m256 d = q32_d8(kind, dw, dx);
             __m256 blk = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
             if (q32_asym(kind)) {
-                const __m256 sx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sxh));
-                blk = _mm256_add_ps(blk, _mm256_mul_ps(_mm256_loadu_ps(ma), sx));
+                const __m256 sx = q32_halves8(xg + offsetof(sp_block_q8_1, s), xb);
+                blk = _mm256_add_ps(blk, _mm256_mul_ps(mw, sx));
             }
             float b[8];
             _mm256_storeu_ps(b, blk);

@@ -120,33 +120,37 @@ value_at(sp_type_t type, const sp_attn_args_t *a, int64_t p, int64_t d)
     return kv_at(type, a->v, sp_attn_v_offset(a, p) + d);
 }
 
-/* Two passes per query: scores and their max, then exp, sum and the
- * weighted sum of values. */
+/* Two passes per query: scores (soft-capped) and their max with the sink,
+ * then exp, sum and the weighted sum of values, over the positions the
+ * window leaves (kernels.h). */
 static void
 attn_ref(sp_type_t type, const sp_attn_args_t *a)
 {
-    const int64_t hd = a->head_dim, n_kv = a->n_kv;
+    const int64_t hd = a->head_dim, n_kv = a->n_kv, lo = sp_attn_first(a);
     for (int64_t h = 0; h < a->n_q; h++) {
         const float *q = a->q + h * a->q_stride;
         float *o = a->o + h * a->o_stride;
         float *sc = a->scratch + h * sp_attn_scratch_stride(n_kv);
-        float mx = -INFINITY;
-        for (int64_t p = 0; p < n_kv; p++) {
+        float mx = a->sinks != NULL ? a->sinks[h] : -INFINITY;
+        for (int64_t p = lo; p < n_kv; p++) {
             double s = 0.0;
             for (int64_t d = 0; d < hd; d++) {
                 s += (double)q[d] * key_at(type, a, p, d);
             }
             sc[p] = (float)s * a->scale;
+            if (a->softcap > 0.0f) {
+                sc[p] = sp_attn_softcap(sc[p], a->softcap);
+            }
             mx = sc[p] > mx ? sc[p] : mx;
         }
-        double sum = 0.0;
-        for (int64_t p = 0; p < n_kv; p++) {
+        double sum = a->sinks != NULL ? (double)expf(a->sinks[h] - mx) : 0.0;
+        for (int64_t p = lo; p < n_kv; p++) {
             sc[p] = expf(sc[p] - mx);
             sum += sc[p];
         }
         for (int64_t d = 0; d < hd; d++) {
             double acc = 0.0;
-            for (int64_t p = 0; p < n_kv; p++) {
+            for (int64_t p = lo; p < n_kv; p++) {
                 acc += (double)sc[p] * value_at(type, a, p, d);
             }
             o[d] = (float)(acc / sum);
