@@ -66,10 +66,15 @@ done
 
 # The official npm clients the suites drive (openai, @grpc/grpc-js, ...; tests/node's lock
 # file), installed once before any suite, so that the sanitizer suites below have them too; a
-# suite whose client is missing says so in a skipped line.
+# suite whose client is missing says so in a skipped line. node-llama-cpp is there only for
+# its prebuilt llama.cpp (tests/py/llamacpp_ref.py): NODE_LLAMA_CPP_SKIP_DOWNLOAD keeps its
+# install from downloading or building anything, and --omit=optional leaves out its GPU and
+# other-platform binaries (the linux-x64 one is a direct dependency; so is re2-wasm, the
+# kubernetes-models validator's optional regex engine, so that it stays).
 if [ ! -d tests/node/node_modules ] && command -v npm >/dev/null 2>&1; then
     echo "== npm ci (tests/node)"
-    npm ci --prefix tests/node --no-audit --no-fund --prefer-offline >"$log/npm.txt" 2>&1 ||
+    NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --prefix tests/node --omit=optional --no-audit \
+        --no-fund --prefer-offline >"$log/npm.txt" 2>&1 ||
         { tail -n 20 "$log/npm.txt"; echo "run: npm ci in tests/node failed; the suites that need it skip"; }
 fi
 

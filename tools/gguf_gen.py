@@ -7,12 +7,14 @@ TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
     tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny] [--arch llama|qwen2]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
-        [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--embd-type T]
-        [--output-type T] [--seed N] [--vocab-from FILE.gguf]
+        [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs]
+        [--embd-type T] [--output-type T] [--seed N] [--embd-scale F] [--vocab-from FILE.gguf]
 
 Weights: matrices are normal(0, 1/sqrt(fan_in)) so that every projection keeps
-activations O(1); the embedding / output matrix is normal(0, 2/sqrt(dim)) so
-logits (after the final RMSNorm) have a standard deviation of about 2; norm
+activations O(1); the embedding / output matrix is normal(0, S/sqrt(dim)) with
+S = --embd-scale (default 2) so logits (after the final RMSNorm, whose output has
+an rms of about 1) have a standard deviation of about S across the vocabulary
+(a larger S spreads the logits further apart: fewer near-ties for top-1); norm
 weights are uniform in [0.8, 1.2]; biases are normal(0, 0.2). Each tensor has
 its own generator seeded by (seed, crc32(name)), so a tensor's values do not
 depend on the order or the set of the other tensors.
@@ -50,12 +52,17 @@ TYPES = {
     "f16": (1, 1, 2),
     "q4_0": (2, 32, 18),
     "q8_0": (8, 32, 34),
+    "q2_k": (10, 256, 84),
+    "q3_k": (11, 256, 110),
     "q4_k": (12, 256, 144),
+    "q5_k": (13, 256, 176),
     "q6_k": (14, 256, 210),
+    "iq4_xs": (23, 256, 136),
     "bf16": (30, 1, 2),
 }
 # general.file_type (llama_ftype) for a model whose matrices are all of one type
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 15, "q6_k": 18, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q3_k": 11, "q4_k": 15,
+             "q5_k": 16, "q6_k": 18, "iq4_xs": 30, "bf16": 32}
 
 PRESETS = {
     # small llama with grouped-query attention; fast enough for unit tests
@@ -75,16 +82,30 @@ PRESETS = {
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
+    # One small shape per architecture for the llama.cpp oracle test (tests/py/test_llamacpp.py
+    # looks them up as ORACLE_SHAPES[arch]): every row length a multiple of 256 (the K-quant
+    # super-block, so llama.cpp's quantizer keeps its chosen types instead of falling back)
+    # and head sizes as the real families have them, scaled down.
+    "llama-256": dict(arch="llama", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                      vocab=512, ctx=256, tied=True, rope_base=500000.0),
+    # Mistral 7B's GGUF files are llama-architecture files: untied output, 4:1 grouped-query
+    # attention, RoPE base 1e6
+    "mistral-256": dict(arch="llama", dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ff=768,
+                        vocab=512, ctx=256, tied=False, rope_base=1000000.0),
+    "qwen2-256": dict(arch="qwen2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                      vocab=512, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
+                      eps=1e-6),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
+ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
                 vocab_from=None, name=None, poison=None, swa=None, swa_pattern=None,
                 attn_softcap=None, final_softcap=None, longrope=None, orig_ctx=None,
-                rope_base_swa=None)
+                rope_base_swa=None, embd_scale=2.0)
 
 # Architectures and what their files carry beyond the llama layout (as llama.cpp's converter
 # writes them): per-head q/k norms, gemma's post-attention and post-FFN norms, phi3's fused
@@ -217,6 +238,131 @@ def quant_q6_k(x):
     return out.reshape(x.shape[0], -1)
 
 
+def _inv(a):
+    return np.divide(1.0, a, out=np.zeros_like(a), where=a != 0)
+
+
+def _pack_2bit(q):
+    """(nb, 256) values 0..3 -> (nb, 64) bytes: element 128h + 32j + l at bits 2j of byte
+    32h + l (Q2_K and Q3_K)."""
+    q = q.reshape(q.shape[0], 2, 4, 32).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def quant_q2_k(x):
+    """Q2_K: 16 sub-blocks of 16, x = d*sc*q - dmin*m, q in 0..3, sc and m 4-bit (byte g: scale
+    in the low nibble, min in the high). Per sub-block: range [min(lo,0), hi] in 3 steps."""
+    b = x.reshape(-1, 16, 16)
+    nb = b.shape[0]
+    lo = np.minimum(b.min(axis=2), 0.0)
+    scale = (b.max(axis=2) - lo) / 3.0
+    mins = -lo
+    d, dmin = scale.max(axis=1) / 15.0, mins.max(axis=1) / 15.0
+    d16, dmin16 = _f16_value(d), _f16_value(dmin)
+    sc = np.clip(np.rint(scale * _inv(d16)[:, None]), 0, 15).astype(np.uint8)
+    m = np.clip(np.rint(mins * _inv(dmin16)[:, None]), 0, 15).astype(np.uint8)
+    step = d16[:, None] * sc
+    off = dmin16[:, None] * m
+    q = np.clip(np.rint((b + off[:, :, None]) * _inv(step)[:, :, None]), 0, 3)
+    out = np.empty((nb, 84), dtype=np.uint8)
+    out[:, 0:16] = sc | (m << 4)
+    out[:, 16:80] = _pack_2bit(q.reshape(nb, 256))
+    out[:, 80:82] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 82:84] = to_f16(dmin).view(np.uint8).reshape(-1, 2)
+    return out.reshape(x.shape[0], -1)
+
+
+def _signed_max(b):
+    """The element of largest magnitude along the last axis, with its sign."""
+    idx = np.abs(b).argmax(axis=-1)
+    return np.take_along_axis(b, idx[..., None], axis=-1)[..., 0]
+
+
+def quant_q3_k(x):
+    """Q3_K: 16 sub-blocks of 16, x = d*sc*q, q in -4..3 (low 2 bits in qs, bit 2 in hmask),
+    sc 6-bit signed (stored + 32). The largest-magnitude element of a sub-block maps to -4, the
+    largest-magnitude scale to -32."""
+    b = x.reshape(-1, 16, 16)
+    nb = b.shape[0]
+    scale = _signed_max(b) / -4.0
+    d = _signed_max(scale) / -32.0
+    d16 = _f16_value(d)
+    sc = np.clip(np.rint(scale * _inv(d16)[:, None]), -32, 31).astype(np.int32)
+    step = d16[:, None] * sc
+    q = (np.clip(np.rint(b * _inv(step)[:, :, None]), -4, 3) + 4).astype(np.uint8).reshape(nb, 256)
+    out = np.empty((nb, 110), dtype=np.uint8)
+    hm = (q >> 2).reshape(nb, 8, 32) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    out[:, 0:32] = np.bitwise_or.reduce(hm, axis=1)    # element e: byte e % 32, bit e // 32
+    out[:, 32:96] = _pack_2bit(q & 3)
+    u = (sc + 32).astype(np.uint8)                     # 0..63
+    s = np.zeros((nb, 12), dtype=np.uint8)
+    s[:, 0:8] = (u[:, 0:8] & 0xF) | ((u[:, 8:16] & 0xF) << 4)
+    for j in range(16):                                # top 2 bits: byte 8 + j % 4, bit 2 (j // 4)
+        s[:, 8 + j % 4] |= (u[:, j] >> 4) << (2 * (j // 4))
+    out[:, 96:108] = s
+    out[:, 108:110] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    return out.reshape(x.shape[0], -1)
+
+
+def quant_q5_k(x):
+    """Q5_K: Q4_K's layout with 31 steps per sub-block and the fifth bit of element 32j + l in
+    bit j of qh[l]."""
+    b = x.reshape(-1, 8, 32)
+    nb = b.shape[0]
+    lo = np.minimum(b.min(axis=2), 0.0)
+    scale = (b.max(axis=2) - lo) / 31.0
+    mins = -lo
+    d, dmin = scale.max(axis=1) / 63.0, mins.max(axis=1) / 63.0
+    d16, dmin16 = _f16_value(d), _f16_value(dmin)
+    sc = np.clip(np.rint(scale * _inv(d16)[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(mins * _inv(dmin16)[:, None]), 0, 63).astype(np.uint8)
+    step = d16[:, None] * sc
+    off = dmin16[:, None] * m
+    q = np.clip(np.rint((b + off[:, :, None]) * _inv(step)[:, :, None]), 0, 31).astype(np.uint8)
+    out = np.empty((nb, 176), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = to_f16(dmin).view(np.uint8).reshape(-1, 2)
+    s = np.zeros((nb, 12), dtype=np.uint8)
+    s[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    s[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    s[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    out[:, 4:16] = s
+    out[:, 16:48] = np.bitwise_or.reduce((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None],
+                                         axis=1)
+    qq = (q & 0xF).reshape(nb, 4, 2, 32)
+    out[:, 48:] = (qq[:, :, 0, :] | (qq[:, :, 1, :] << 4)).reshape(nb, 128)
+    return out.reshape(x.shape[0], -1)
+
+
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.float32)
+
+
+def quant_iq4_xs(x):
+    """IQ4_XS: 8 sub-blocks of 32, x = d * (sc - 32) * v[i] with v the 16 non-uniform IQ4_NL
+    levels (-127..113) and sc 6-bit (low 4 bits in scales_l, top 2 in scales_h). The largest-
+    magnitude element maps to -127, the largest-magnitude scale to -32; each element takes the
+    nearest level."""
+    b = x.reshape(-1, 8, 32)
+    nb = b.shape[0]
+    scale = _signed_max(b) / -127.0
+    d = _signed_max(scale) / -32.0
+    d16 = _f16_value(d)
+    sc = np.clip(np.rint(scale * _inv(d16)[:, None]), -32, 31).astype(np.int32)
+    step = d16[:, None] * sc
+    t = b * _inv(step)[:, :, None]
+    idx = np.abs(t[..., None] - IQ4_VALUES).argmin(axis=-1).astype(np.uint8)
+    out = np.empty((nb, 136), dtype=np.uint8)
+    out[:, 0:2] = to_f16(d).view(np.uint8).reshape(-1, 2)
+    u = (sc + 32).astype(np.uint16)
+    sh = np.bitwise_or.reduce((u >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1)
+    out[:, 2:4] = sh.astype("<u2").view(np.uint8).reshape(-1, 2)
+    out[:, 4:8] = ((u[:, 0::2] & 0xF) | ((u[:, 1::2] & 0xF) << 4)).astype(np.uint8)
+    # per sub-block 16 bytes: element j in the low nibble of byte j, element j + 16 in the high
+    out[:, 8:] = (idx[:, :, :16] | (idx[:, :, 16:] << 4)).reshape(nb, 128)
+    return out.reshape(x.shape[0], -1)
+
+
 def encode(x, tname):
     """(rows, n) float32 -> raw bytes of the tensor in type tname."""
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -226,7 +372,9 @@ def encode(x, tname):
         return to_f16(x).astype("<f2").tobytes()
     if tname == "bf16":
         return to_bf16(x).astype("<u2").tobytes()
-    fn = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q4_k": quant_q4_k, "q6_k": quant_q6_k}[tname]
+    fn = {"q8_0": quant_q8_0, "q4_0": quant_q4_0, "q2_k": quant_q2_k, "q3_k": quant_q3_k,
+          "q4_k": quant_q4_k, "q5_k": quant_q5_k, "q6_k": quant_q6_k,
+          "iq4_xs": quant_iq4_xs}[tname]
     return fn(x).tobytes()
 
 
@@ -343,6 +491,8 @@ def resolve(cfg):
         c["ff"] = 4 * c["dim"]
     if c["qkv_bias"] is None:
         c["qkv_bias"] = c["arch"] == "qwen2"
+    if not c["embd_scale"] > 0:
+        raise ValueError("embd_scale must be positive")
     if c["n_heads"] % c["n_kv_heads"]:
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if c["head_dim"] % 2:
@@ -475,7 +625,7 @@ def _values(c, name, ne, kind, rng, rows):
         return rng.uniform(1.0, 4.0, size=(rows, n)).astype(np.float32)
     if kind == "bias":
         return (rng.standard_normal((rows, n), dtype=np.float32) * np.float32(0.2))
-    std = (2.0 if kind == "embd" else 1.0) / np.sqrt(n)
+    std = (c["embd_scale"] if kind == "embd" else 1.0) / np.sqrt(n)
     return rng.standard_normal((rows, n), dtype=np.float32) * np.float32(std)
 
 
@@ -548,7 +698,7 @@ def main(argv=None):
     ap.add_argument("--name")
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed"):
         ap.add_argument("--" + k, type=int)
-    for k in ("rope-base", "rope-scale", "eps"):
+    for k in ("rope-base", "rope-scale", "eps", "embd-scale"):
         ap.add_argument("--" + k, type=float)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--tied", dest="tied", action="store_true", default=None)

@@ -89,6 +89,42 @@ typedef struct {
     sp_fp16_t d;
 } sp_block_q6_k;
 
+/* 16 sub-blocks of 16: scales[k] low nibble = scale, high nibble = min;
+ * x = d * sc * q - dmin * m, q in 0..3 (2 bits, four 32-element runs per 32 bytes of qs). */
+typedef struct {
+    uint8_t scales[SP_QK_K / 16];
+    uint8_t qs[SP_QK_K / 4];
+    sp_fp16_t d;
+    sp_fp16_t dmin;
+} sp_block_q2_k;
+
+/* 16 sub-blocks of 16, 6-bit scales packed in `scales` (stored + 32):
+ * x = d * (sc - 32) * q, q in -4..3 (low 2 bits in qs, bit 2 in hmask, set = no -4). */
+typedef struct {
+    uint8_t hmask[SP_QK_K / 8];
+    uint8_t qs[SP_QK_K / 4];
+    uint8_t scales[SP_K_SCALE_SIZE];
+    sp_fp16_t d;
+} sp_block_q3_k;
+
+/* Q4_K's layout plus a fifth bit per element in qh: x = d * sc * q - dmin * m, q in 0..31. */
+typedef struct {
+    sp_fp16_t d;
+    sp_fp16_t dmin;
+    uint8_t scales[SP_K_SCALE_SIZE];
+    uint8_t qh[SP_QK_K / 8];
+    uint8_t qs[SP_QK_K / 2];
+} sp_block_q5_k;
+
+/* 8 sub-blocks of 32, 6-bit scales (low 4 bits in scales_l, high 2 in scales_h, stored + 32):
+ * x = d * (sc - 32) * kv[q], q a 4-bit index into the non-linear table kv (sp_iq4nl_values). */
+typedef struct {
+    sp_fp16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[SP_QK_K / 64];
+    uint8_t qs[SP_QK_K / 2];
+} sp_block_iq4_xs;
+
 /* Activation format for K-quant dot products: x = qs * d; bsums[i] = sum of qs[16i..16i+15]. */
 typedef struct {
     float d;
@@ -101,6 +137,10 @@ _Static_assert(sizeof(sp_block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(sp_block_q4_k) == 144, "q4_k layout");
 _Static_assert(sizeof(sp_block_q6_k) == 210, "q6_k layout");
 _Static_assert(sizeof(sp_block_q8_k) == 292, "q8_k layout");
+_Static_assert(sizeof(sp_block_q2_k) == 84, "q2_k layout");
+_Static_assert(sizeof(sp_block_q3_k) == 110, "q3_k layout");
+_Static_assert(sizeof(sp_block_q5_k) == 176, "q5_k layout");
+_Static_assert(sizeof(sp_block_iq4_xs) == 136, "iq4_xs layout");
 
 /* Convert n values; n is a multiple of the type's block size. */
 typedef void (*sp_to_float_fn)(const void *src, float *dst, int64_t n);
@@ -339,7 +379,7 @@ void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const vo
 
 /* ---- reference quantizers (also used by `sampan quantize`) --------------- */
 
-/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q4_K, Q6_K);
+/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q2_K..Q6_K, IQ4_XS);
  * returns false when the type has no quantizer. Q8_0 here is the weight rule
  * (q = round(x / d) with the stored half d); the activations of Q8_0 / Q4_0
  * products go through from_float[SP_TYPE_Q8_0] instead (llama.cpp's rule,

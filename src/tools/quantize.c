@@ -1,10 +1,18 @@
 /*
  * quantize.c - `sampan quantize IN OUT TYPE`: convert a model's weights.
  *
- *   sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose]
- *   TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q6_k
+ *   sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose] [--pure] [--dry-run]
+ *   TYPE: a llama-quantize file type (Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, ..., spelled in
+ *         capitals as llama-quantize spells them; any case for the names with _S/_M/_L):
+ *         llama.cpp's per-tensor mix (quant_mix.c), or a single type
+ *         f32 f16 bf16 q8_0 q4_0 q4_k q6_k (lower case) with the rules below.
  *
- * Which tensors change:
+ * A mix gives every tensor the type llama.cpp's quantizer gives it (so the files have the
+ * same per-tensor types); --pure drops the per-tensor rules (llama-quantize --pure);
+ * --dry-run prints the plan and writes nothing. A mix that needs a type this build cannot
+ * write (q5_k, q3_k, ...) is refused before anything is written, naming the tensor.
+ *
+ * Which tensors change with a single type:
  *   - 2-D and larger float tensors (F32/F16/BF16), token_embd.weight and
  *     output.weight included, go to TYPE when ne[0] is a multiple of its block.
  *     For q4_k, output.weight goes to q6_k (as llama.cpp's Q4_K_M does: the
@@ -32,6 +40,7 @@
 #include "core/pool.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "tools/quant_mix.h"
 #include "tools/tools.h"
 
 typedef struct target {
@@ -207,19 +216,78 @@ human(char *buf, size_t n, double b)
 }
 
 static const char quantize_usage[] =
-    "usage: sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose]\n"
-    "  TYPE        f32, f16, bf16, q8_0, q4_0, q4_k (Q4_K_M-style) or q6_k\n"
+    "usage: sampan quantize IN OUT TYPE [--threads N] [--progress] [--verbose] [--pure]\n"
+    "                      [--dry-run]\n"
+    "  TYPE        a llama.cpp mix: Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q8_0, Q4_0, Q4_1,\n"
+    "              Q5_0, Q5_1, Q3_K_S, Q3_K_M, Q3_K_L, Q2_K, IQ4_NL, IQ4_XS, F16, BF16, F32\n"
+    "              (per-tensor types as llama-quantize chooses them), or one type for all\n"
+    "              weights: f32, f16, bf16, q8_0, q4_0, q4_k (output q6_k) or q6_k\n"
     "  --threads N worker threads (default: one per core)\n"
     "  --progress  progress bar on stderr even when it is not a terminal\n"
     "  --verbose   one line per tensor\n"
-    "2-D float weights take TYPE; 1-D tensors stay f32; quantized inputs are copied.\n";
+    "  --pure      a mix without its per-tensor rules: every weight in the base type\n"
+    "  --dry-run   print the per-tensor plan (as --verbose) and write nothing\n"
+    "One type: 2-D float weights take TYPE; 1-D tensors stay f32; quantized inputs are copied.\n";
+
+/* Whether this build can write type t (a float type or a quantizer it has). */
+static bool
+can_write(sp_type_t t)
+{
+    const sp_type_traits_t *tr = sp_type_traits(t);
+    if (tr == NULL || tr->blck_size > 256 || tr->type_size > 512) {
+        return false;
+    }
+    float zero[256] = {0};
+    uint8_t out[512];
+    return sp_quantize_row(t, zero, out, tr->blck_size);
+}
+
+/* The mix's plan into jobs[i].dst_type / why. `strict` (a real run, not a dry run): every
+ * type must be writable and no quantized tensor may be requantized. */
+static bool
+plan_mix(const sp_quant_mix_t *mix, bool pure, bool strict, const sp_gguf_t *g, job *jobs)
+{
+    int64_t n = sp_gguf_n_tensors(g);
+    sp_type_t *types = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *types);
+    const char **whys = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *whys);
+    char err[256];
+    bool ok = types != NULL && whys != NULL;
+    if (!ok) {
+        fprintf(stderr, "sampan quantize: out of memory\n");
+    } else if (sp_quant_mix_plan(mix, g, pure, types, whys, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan quantize: %s\n", err);
+        ok = false;
+    }
+    for (int64_t i = 0; ok && i < n; i++) {
+        const sp_gguf_tensor_t *t = sp_gguf_tensor(g, i);
+        jobs[i].dst_type = types[i];
+        jobs[i].why = whys[i];
+        if (types[i] == t->type || !strict) {
+            continue;
+        }
+        if (!is_float(t->type)) {
+            fprintf(stderr, "sampan quantize: tensor '%.*s' is already %s; %s would requantize it "
+                    "to %s (start from an f32/f16/bf16 model)\n", (int)t->name.len, t->name.ptr,
+                    sp_type_name(t->type), mix->name, sp_type_name(types[i]));
+            ok = false;
+        } else if (!can_write(types[i])) {
+            fprintf(stderr, "sampan quantize: %s puts tensor '%.*s' in %s, which this build "
+                    "cannot write\n", mix->name, (int)t->name.len, t->name.ptr,
+                    sp_type_name(types[i]));
+            ok = false;
+        }
+    }
+    sp_free(types);
+    sp_free(whys);
+    return ok;
+}
 
 int
 sp_cmd_quantize(int argc, char **argv)
 {
     const char *pos[3] = {NULL, NULL, NULL};
     int n_pos = 0, n_threads = 0;
-    bool progress = isatty(STDERR_FILENO), verbose = false;
+    bool progress = isatty(STDERR_FILENO), verbose = false, pure = false, dry_run = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
@@ -236,6 +304,10 @@ sp_cmd_quantize(int argc, char **argv)
             progress = false;
         } else if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0) {
             verbose = true;
+        } else if (strcmp(a, "--pure") == 0) {
+            pure = true;
+        } else if (strcmp(a, "--dry-run") == 0) {
+            dry_run = verbose = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(quantize_usage, stdout);
             return 0;
@@ -253,16 +325,33 @@ sp_cmd_quantize(int argc, char **argv)
         fputs(quantize_usage, stderr);
         return 2;
     }
+    /* A mix spelled exactly as llama-quantize spells it (capitals) first, then the single
+     * types in any case, then the mixes in any case. */
     const target *tg = NULL;
-    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+    const sp_quant_mix_t *mix = sp_quant_mix_find(pos[2]);
+    if (mix != NULL && strcmp(mix->name, pos[2]) != 0) {
+        mix = NULL;
+    }
+    for (size_t i = 0; mix == NULL && i < sizeof targets / sizeof targets[0]; i++) {
         if (strcasecmp(pos[2], targets[i].name) == 0) {
             tg = &targets[i];
         }
     }
-    if (tg == NULL) {
+    if (tg == NULL && mix == NULL) {
+        mix = sp_quant_mix_find(pos[2]);
+    }
+    if (tg == NULL && mix == NULL) {
         fprintf(stderr, "sampan quantize: unknown type '%s'\n%s", pos[2], quantize_usage);
         return 2;
     }
+    if (pure && mix == NULL) {
+        fprintf(stderr, "sampan quantize: --pure applies to a mix (Q4_K_M, ...), not to '%s'\n",
+                pos[2]);
+        return 2;
+    }
+    const char *out_name = mix ? mix->name : tg->name;
+    sp_type_t base = mix ? mix->base : tg->type;
+    uint32_t ftype = mix ? mix->ftype : tg->ftype;
 
     int rc = 1;
     char err[512];
@@ -290,11 +379,14 @@ sp_cmd_quantize(int argc, char **argv)
         (sp_gguf_alignment(g) != SP_GGUF_DEFAULT_ALIGNMENT &&
          (st = sp_gguf_writer_set_alignment(w, (uint32_t)sp_gguf_alignment(g))) != SP_OK) ||
         (st = sp_gguf_writer_set_u32(w, "general.quantization_version", 2)) != SP_OK ||
-        (st = sp_gguf_writer_set_u32(w, "general.file_type", tg->ftype)) != SP_OK) {
+        (st = sp_gguf_writer_set_u32(w, "general.file_type", ftype)) != SP_OK) {
         fprintf(stderr, "sampan quantize: %s: copying metadata: %s\n", pos[0], sp_status_str(st));
         goto done;
     }
 
+    if (mix != NULL && !plan_mix(mix, pure, !dry_run, g, jobs)) {
+        goto done;
+    }
     double in_bytes = 0, out_bytes = 0;
     int64_t n_converted = 0, n_kept = 0, n_other = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -302,7 +394,9 @@ sp_cmd_quantize(int argc, char **argv)
         job *j = &jobs[i];
         j->q = &q;
         j->src = t;
-        j->dst_type = choose(t, tg->type, &j->why);
+        if (mix == NULL) {
+            j->dst_type = choose(t, tg->type, &j->why);
+        }
         j->src_row_bytes = sp_row_size(t->type, t->ne[0]);
         j->dst_row_bytes = sp_row_size(j->dst_type, t->ne[0]);
         if (t->ne[0] > q.max_ne0) {
@@ -320,7 +414,7 @@ sp_cmd_quantize(int argc, char **argv)
         q.total_elems += rows * (double)t->ne[0];
         in_bytes += (double)t->nbytes;
         out_bytes += rows * (double)j->dst_row_bytes;
-        if (j->dst_type == tg->type) {
+        if (j->dst_type == base) {
             n_converted++;
         } else if (j->dst_type == t->type) {
             n_kept++;
@@ -334,6 +428,16 @@ sp_cmd_quantize(int argc, char **argv)
         }
     }
 
+    if (dry_run) {
+        char hin[32], hout[32];
+        human(hin, sizeof hin, in_bytes);
+        human(hout, sizeof hout, out_bytes);
+        printf("%s (dry run, nothing written): %" PRId64 " tensors to %s, %" PRId64
+               " to another type, %" PRId64 " unchanged; weights %s -> %s\n",
+               pos[0], n_converted, out_name, n_other, n_kept, hin, hout);
+        rc = 0;
+        goto done;
+    }
     if (sp_pool_create(n_threads, &q.pool) != SP_OK) {
         fprintf(stderr, "sampan quantize: cannot start the thread pool\n");
         goto done;
@@ -359,7 +463,7 @@ sp_cmd_quantize(int argc, char **argv)
     human(hout, sizeof hout, out_bytes);
     printf("%s -> %s: %" PRId64 " tensors to %s, %" PRId64 " to another type, %" PRId64
            " unchanged; weights %s -> %s in %.2f s (%d threads)\n",
-           pos[0], pos[1], n_converted, tg->name, n_other, n_kept, hin, hout, now_s() - q.t0,
+           pos[0], pos[1], n_converted, out_name, n_other, n_kept, hin, hout, now_s() - q.t0,
            q.n_threads);
     rc = 0;
 

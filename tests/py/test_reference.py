@@ -57,7 +57,7 @@ from common import ROOT, Suite, binary, run
 
 import gguf_gen
 from gguf_read import GGUF
-from quants import TYPE_NUM, dequantize
+from quants import ACT_QUANT, TYPE_NUM, dequantize
 from ref_forward import RefModel, detokenize, greedy
 
 N_TOKENS = 20
@@ -288,7 +288,7 @@ def check_engine_model(s, exe, tmp, name, cfg, wtype):
     rng = np.random.default_rng(cfg["seed"])
     toks = [1] + [int(t) for t in rng.integers(3, c["vocab"], N_TOKENS - 1)]
     plain = RefModel(path).session().forward(toks)
-    quant = wtype in ("q8_0", "q4_0", "q4_k", "q6_k")
+    quant = ACT_QUANT[TYPE_NUM[wtype]] is not None
     if quant:
         em = RefModel(path, act_quant=True)
         emul = em.session().forward(toks)

@@ -17,15 +17,21 @@ void sp__ref_register(sp_cpu_kernels_t *k);
 void sp__kquants_register_ref(sp_cpu_kernels_t *k);
 bool sp__kquants_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
 bool sp__kquants_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
+/* ref_kquants2.c: Q2_K, Q3_K, Q5_K, IQ4_XS x Q8_K, and their reference quantizers. */
+void sp__kquants2_register_ref(sp_cpu_kernels_t *k);
+bool sp__kquants2_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
+bool sp__kquants2_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
 
 /* avx2.c / avx2_kquants.c: built with -mavx2 -mfma -mf16c. */
 void sp__avx2_register(sp_cpu_kernels_t *k);
 void sp__kquants_register_avx2(sp_cpu_kernels_t *k);
+void sp__kquants2_register_avx2(sp_cpu_kernels_t *k);
 
 /* avx512.c / avx512_kquants.c: built with AVX-512 F/BW/VL/DQ/VNNI/BF16.
  * has_vnni / has_bf16 say which optional extensions this CPU has. */
 void sp__avx512_register(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 void sp__kquants_register_avx512(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
+void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
 

@@ -98,17 +98,20 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
     /* every level starts from the reference and overrides what it speeds up */
     sp__ref_register(k);
     sp__kquants_register_ref(k);
+    sp__kquants2_register_ref(k);
     sp__attn_register_ref(k);
     k->name = "scalar";
     if (level >= SP_CPU_AVX2) {
         sp__avx2_register(k);
         sp__kquants_register_avx2(k);
+        sp__kquants2_register_avx2(k);
         sp__attn_register_avx2(k);
         k->name = "avx2";
     }
     if (level >= SP_CPU_AVX512) {
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
+        sp__kquants2_register_avx512(k);
         sp__attn_register_avx512(k);
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");

@@ -306,6 +306,10 @@ sp_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n)
     case SP_TYPE_Q8_K:
     case SP_TYPE_Q4_K:
     case SP_TYPE_Q6_K: return sp__kquants_quantize_row(type, src, dst, n);
+    case SP_TYPE_Q2_K:
+    case SP_TYPE_Q3_K:
+    case SP_TYPE_Q5_K:
+    case SP_TYPE_IQ4_XS: return sp__kquants2_quantize_row(type, src, dst, n);
     default: return false;
     }
 }
@@ -322,6 +326,10 @@ sp_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n)
     case SP_TYPE_Q8_K:
     case SP_TYPE_Q4_K:
     case SP_TYPE_Q6_K: return sp__kquants_dequantize_row(type, src, dst, n);
+    case SP_TYPE_Q2_K:
+    case SP_TYPE_Q3_K:
+    case SP_TYPE_Q5_K:
+    case SP_TYPE_IQ4_XS: return sp__kquants2_dequantize_row(type, src, dst, n);
     default: return false;
     }
 }

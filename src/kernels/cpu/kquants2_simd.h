@@ -1,0 +1,118 @@
+/*
+ * kquants2_simd.h - AVX2 unpacking of Q2_K / Q3_K / Q5_K / IQ4_XS super-blocks, shared by
+ * avx2_kquants2.c and avx512_kquants2.c (included by both, so each compiles it with its own
+ * target flags; both are built with at least AVX2 + F16C). Pure register code, no state.
+ *
+ * Every unpack gives the super-block as the dot product of kquants2_impl.h sees it:
+ *   q[k]  (k = 0..7): the 32 signed quants of elements 32k..32k+31, one per byte;
+ *   sc16: 16 int16 scales, word g for elements 16g..16g+15;
+ *   mn16: 16 int16 mins (zero for the scale-only types).
+ */
+#ifndef SP_KERNELS_CPU_KQUANTS2_SIMD_H
+#define SP_KERNELS_CPU_KQUANTS2_SIMD_H
+
+#include <immintrin.h>
+
+#include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
+
+#define KQ2_INLINE static inline __attribute__((always_inline))
+
+/* 8 uint8 per-32 values -> 16 int16 per-16 values (each twice), minus `bias`. */
+KQ2_INLINE __m256i
+kq2_widen_pairs(uint64_t v8, int bias)
+{
+    const __m128i w = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)v8)),
+                                    _mm_set1_epi16((short)bias));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w));
+}
+
+/* The 2-bit planes of Q2_K / Q3_K: element 128h + 32j + l at byte 32h + l, bits 2j. */
+KQ2_INLINE void
+kq2_unpack_2bit(const uint8_t *qs, __m256i q[8])
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        q[4 * h + 0] = _mm256_and_si256(v, m3);
+        q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), m3);
+        q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m3);
+        q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m3);
+    }
+}
+
+KQ2_INLINE void
+kq2_unpack_q2k(const sp_block_q2_k *x, __m256i q[8], __m256i *sc16, __m256i *mn16)
+{
+    kq2_unpack_2bit(x->qs, q);
+    const __m128i s = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, m4));
+    *mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+}
+
+KQ2_INLINE void
+kq2_unpack_q3k(const sp_block_q3_k *x, __m256i q[8], __m256i *sc16, __m256i *mn16)
+{
+    kq2_unpack_2bit(x->qs, q);
+    /* element 32k + l: bit k of hmask[l] clear means q - 4 */
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+    const __m256i four = _mm256_set1_epi8(4);
+    for (int k = 0; k < 8; k++) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << k));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+        q[k] = _mm256_sub_epi8(q[k], _mm256_andnot_si256(set, four));
+    }
+    uint8_t sc[16];
+    sp__q3k_unpack_scales(x->scales, sc);
+    *sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                             _mm256_set1_epi16(32));
+    *mn16 = _mm256_setzero_si256();
+}
+
+KQ2_INLINE void
+kq2_unpack_q5k(const sp_block_q5_k *x, __m256i q[8], __m256i *sc16, __m256i *mn16)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    for (int h = 0; h < 4; h++) {
+        /* 64 elements: low nibbles are sub-block 2h, high nibbles 2h+1; bit 4 from qh bit j */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        const int j0 = 2 * h, j1 = 2 * h + 1;
+        const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0) : _mm256_srli_epi16(qh, j0 - 4);
+        const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1) : _mm256_srli_epi16(qh, j1 - 4);
+        q[j0] = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
+        q[j1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                _mm256_and_si256(h1, b4));
+    }
+    uint64_t sc, m;
+    sp__q4k_unpack_scales_u64(x->scales, &sc, &m);
+    *sc16 = kq2_widen_pairs(sc, 0);
+    *mn16 = kq2_widen_pairs(m, 0);
+}
+
+KQ2_INLINE void
+kq2_unpack_iq4xs(const sp_block_iq4_xs *x, __m256i q[8], __m256i *sc16, __m256i *mn16)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
+    for (int h = 0; h < 4; h++) {
+        /* sub-blocks 2h (bytes 0-15) and 2h+1 (bytes 16-31); per sub-block the low nibbles are
+         * elements 0-15, the high nibbles 16-31 */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        q[2 * h] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20));
+        q[2 * h + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    uint8_t sc[8];
+    uint64_t sc64;
+    sp__iq4xs_unpack_scales(x, sc);
+    memcpy(&sc64, sc, sizeof(sc64));
+    *sc16 = kq2_widen_pairs(sc64, 32);
+    *mn16 = _mm256_setzero_si256();
+}
+
+#endif /* SP_KERNELS_CPU_KQUANTS2_SIMD_H */
