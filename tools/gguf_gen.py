@@ -99,7 +99,26 @@ PRESETS = {
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
-ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256"}
+# The other architectures at the same scale, every feature on: gemma's windows (8 positions,
+# shorter than the oracle's 32 tokens), soft-caps and post-norms, gemma3's local/global
+# layers, phi3's fused matrices and LongRoPE (the short factors and the attention factor of
+# a 4x extension: contexts here stay within the original 1024), smollm3's no-RoPE layer 3.
+PRESETS.update({
+    "qwen3-256": dict(arch="qwen3", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=128,
+                      ff=512, vocab=512, ctx=256, tied=True, rope_base=1000000.0, eps=1e-6),
+    "gemma2-256": dict(arch="gemma2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                       ff=512, vocab=512, ctx=256, eps=1e-6, swa=8),
+    "gemma3-256": dict(arch="gemma3", dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64,
+                       ff=512, vocab=512, ctx=256, eps=1e-6, swa=8, swa_pattern=3,
+                       rope_base=1000000.0, rope_scale=8.0),
+    "phi3-256": dict(arch="phi3", dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ff=512,
+                     vocab=512, ctx=4096, tied=False, longrope=True, orig_ctx=1024),
+    "smollm3-256": dict(arch="smollm3", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ff=512,
+                        vocab=512, ctx=256, tied=False, rope_base=2000000.0),
+})
+ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
+                 "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
+                 "phi3": "phi3-256", "smollm3": "smollm3-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
