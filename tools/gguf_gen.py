@@ -79,6 +79,10 @@ PRESETS = {
                       ctx=256, tied=False, longrope=True, orig_ctx=64),
     "smollm3-tiny": dict(arch="smollm3", dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ff=160,
                          vocab=300, ctx=256, tied=True),
+    # granite's four scalars: embedding, attention, residual and logit scales
+    "granite-tiny": dict(arch="granite", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                         vocab=300, ctx=256, tied=True,
+                         granite_scales=(12.0, 0.2, 0.22, 8.0)),
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
@@ -113,18 +117,20 @@ PRESETS.update({
                        rope_base=1000000.0, rope_scale=8.0),
     "phi3-256": dict(arch="phi3", dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ff=512,
                      vocab=512, ctx=4096, tied=False, longrope=True, orig_ctx=1024),
+    "granite-256": dict(arch="granite", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                        vocab=512, ctx=256, tied=True, granite_scales=(6.0, 0.05, 0.5, 2.0)),
     "smollm3-256": dict(arch="smollm3", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ff=512,
                         vocab=512, ctx=256, tied=False, rope_base=2000000.0),
 })
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
                  "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
-                 "phi3": "phi3-256", "smollm3": "smollm3-256"}
+                 "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
                 vocab_from=None, name=None, poison=None, swa=None, swa_pattern=None,
                 attn_softcap=None, final_softcap=None, longrope=None, orig_ctx=None,
-                rope_base_swa=None, embd_scale=2.0)
+                rope_base_swa=None, embd_scale=2.0, granite_scales=None)
 
 # Architectures and what their files carry beyond the llama layout (as llama.cpp's converter
 # writes them): per-head q/k norms, gemma's post-attention and post-FFN norms, phi3's fused
@@ -137,6 +143,7 @@ ARCHS = {
     "gemma3": {"post_norms", "key_length", "qk_norm"},
     "phi3": {"fused"},
     "smollm3": set(),
+    "granite": set(),
 }
 
 
@@ -600,6 +607,12 @@ def metadata(c, tok_recs):
     if c["rope_scale"] != 1.0:
         kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
         kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
+    if c["granite_scales"]:
+        es, ats, rs, ls = c["granite_scales"]
+        kv.append(kv_bytes(f"{a}.embedding_scale", T_FLOAT32, es))
+        kv.append(kv_bytes(f"{a}.attention.scale", T_FLOAT32, ats))
+        kv.append(kv_bytes(f"{a}.residual_scale", T_FLOAT32, rs))
+        kv.append(kv_bytes(f"{a}.logit_scale", T_FLOAT32, ls))
     if c["attn_softcap"]:
         kv.append(kv_bytes(f"{a}.attn_logit_softcapping", T_FLOAT32, c["attn_softcap"]))
     if c["final_softcap"]:

@@ -678,6 +678,11 @@ add_norm_job_run(void *arg, int64_t t, int ith)
         if (j->post != NULL) {
             b->k->rmsnorm(p, p, j->post, E, hp->norm_eps);
         }
+        if (hp->residual_scale != 1.0f) { /* granite */
+            for (int64_t i = 0; i < E; i++) {
+                p[i] *= hp->residual_scale;
+            }
+        }
         for (int64_t i = 0; i < E; i++) {
             x[i] += p[i];
         }
@@ -882,11 +887,13 @@ attn_job_run(void *arg, int64_t chunk, int ith)
 /* Step                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Logits soft-capping, c tanh(l / c) (gemma), over n rows; per element, so
- * each row's bits are its own. */
+/* The logits' last step, over n rows: times 1 / logit_scale (granite), then
+ * soft-capped c tanh(l / c) (gemma). Per element, so each row's bits are its
+ * own. */
 typedef struct softcap_job {
     float *logits;
     int64_t n_vocab;
+    float inv_scale;
     float cap;
 } softcap_job_t;
 
@@ -896,7 +903,10 @@ softcap_job_run(void *arg, int64_t t, int ith)
     softcap_job_t *j = arg;
     float *l = j->logits + t * j->n_vocab;
     (void)ith;
-    for (int64_t i = 0; i < j->n_vocab; i++) {
+    for (int64_t i = 0; i < j->n_vocab && j->inv_scale != 1.0f; i++) {
+        l[i] *= j->inv_scale;
+    }
+    for (int64_t i = 0; i < j->n_vocab && j->cap > 0.0f; i++) {
         l[i] = j->cap * tanhf(l[i] / j->cap);
     }
 }
@@ -904,8 +914,9 @@ softcap_job_run(void *arg, int64_t t, int ith)
 static void
 final_softcap(sp_batch_t *b, float *logits, int64_t n_rows)
 {
-    if (b->m->hp.final_softcap > 0.0f) {
-        softcap_job_t j = {logits, b->m->hp.n_vocab, b->m->hp.final_softcap};
+    const sp_hparams_t *hp = &b->m->hp;
+    if (hp->final_softcap > 0.0f || hp->logit_scale != 1.0f) {
+        softcap_job_t j = {logits, hp->n_vocab, 1.0f / hp->logit_scale, hp->final_softcap};
         sp_pool_run(b->pool, softcap_job_run, &j, n_rows);
     }
 }

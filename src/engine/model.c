@@ -41,10 +41,11 @@ static const arch_info_t archs[] = {
     {"gemma3", SP_ROPE_NEOX},
     {"phi3", SP_ROPE_NEOX},
     {"smollm3", SP_ROPE_NORMAL},
+    {"granite", SP_ROPE_NORMAL},
 };
 
 /* The list the refusal of an unknown architecture names. */
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3"
+#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite"
 
 static bool
 arch_is(const sp_hparams_t *hp, const char *name)
@@ -117,6 +118,8 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
     hp->rope_scale_swa = hp->rope_scale;
     hp->n_ctx_orig = hp->n_ctx_train;
     hp->rope_attn_factor = 1.0f;
+    hp->residual_scale = 1.0f;
+    hp->logit_scale = 1.0f;
     const bool g2 = arch_is(hp, "gemma2"), g3 = arch_is(hp, "gemma3");
     if (g2 || g3) {
         hp->embd_scale = sqrtf((float)hp->n_embd);
@@ -170,6 +173,48 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
         }
         for (int64_t il = 0; il < hp->n_layer && hp->n_swa > 0; il++) {
             hp->layer_swa[il] = 1;
+        }
+    } else if (arch_is(hp, "granite")) {
+        /* logit_scale is required (as llama.cpp reads it); the others are optional, 0 in the
+         * file meaning none like an absent key. */
+        float attn_scale = 0.0f, embd_scale = 0.0f, res_scale = 0.0f;
+        int64_t n_expert;
+        bool finetuned = true;
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.finetuned", hp->arch);
+        st = sp_gguf_get_bool(g, key, &finetuned, err, err_len);
+        if (st != SP_OK && st != SP_ERR_NOT_FOUND) {
+            return st;
+        }
+        snprintf(key, sizeof key, "%s.logit_scale", hp->arch);
+        if (sp_gguf_find_key(g, key) < 0) {
+            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
+                           sp_gguf_path(g), key);
+        }
+        if ((st = get_hp_float(g, hp->arch, "logit_scale", 1.0, 1e-6, 1e6, &hp->logit_scale,
+                               err, err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "attention.scale", 0.0, 0, 1e6, &attn_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "embedding_scale", 0.0, 0, 1e6, &embd_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "residual_scale", 0.0, 0, 1e6, &res_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err,
+                             err_len)) != SP_OK) {
+            return st;
+        }
+        if (n_expert > 0) {
+            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                           "%s: granite with %s.expert_count %lld (mixture of experts) is not "
+                           "supported", sp_gguf_path(g), hp->arch, (long long)n_expert);
+        }
+        hp->attn_scale = attn_scale > 0.0f ? attn_scale : hp->attn_scale;
+        hp->embd_scale = embd_scale > 0.0f ? embd_scale : 1.0f;
+        hp->residual_scale = res_scale > 0.0f ? res_scale : 1.0f;
+        /* llama.cpp fills granite's RoPE pattern with rope.scaling.finetuned: false = no
+         * layer rotates. */
+        for (int64_t il = 0; il < hp->n_layer && !finetuned; il++) {
+            hp->layer_nope[il] = 1;
         }
     } else if (arch_is(hp, "smollm3")) {
         for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -455,6 +500,17 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         V(bq, "attn_q", "bias", q_dim, false);
         V(bk, "attn_k", "bias", kv_dim, false);
         V(bv, "attn_v", "bias", kv_dim, false);
+        if (arch_is(hp, "granite")) {
+            /* llama.cpp adds these biases when present; this engine has no place for them. */
+            static const char *const biases[] = {"attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+            for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
+                snprintf(name, sizeof name, "blk.%lld.%s.bias", (long long)il, biases[i]);
+                if (sp_gguf_find_tensor(m->gguf, name) != NULL) {
+                    return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                                   "%s: tensor '%s' (a granite bias) is not supported", path, name);
+                }
+            }
+        }
         if (qk_norm) {
             V(attn_q_norm, "attn_q_norm", "weight", hp->head_dim, true);
             V(attn_k_norm, "attn_k_norm", "weight", hp->head_dim, true);
@@ -601,6 +657,9 @@ sp__model_cpu_only_feature(const sp_model_t *m)
         if (hp->layer_swa[il] || hp->layer_nope[il]) {
             return hp->layer_swa[il] ? "sliding-window attention" : "layers without RoPE";
         }
+    }
+    if (hp->residual_scale != 1.0f || hp->logit_scale != 1.0f) {
+        return "residual and logit scales";
     }
     if (hp->attn_softcap > 0.0f || hp->final_softcap > 0.0f) {
         return "logit soft-capping";

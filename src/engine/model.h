@@ -13,7 +13,8 @@
  * (embedding scale, post-norms, GELU FFN, soft-capping, sliding window on
  * alternating layers), gemma3 (q/k norms, sliding and global layers with two
  * RoPE bases), phi3 (fused QKV and gate/up, LongRoPE), smollm3 (no RoPE on
- * every 4th layer). Tied or separate output matrix,
+ * every 4th layer), granite (embedding, attention, residual and logit
+ * scales). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
@@ -69,6 +70,9 @@ typedef struct sp_hparams {
     float rope_scale_swa;
     int64_t n_ctx_orig;    /* LongRoPE: long factors above this context, short ones up to it */
     float rope_attn_factor; /* cos and sin times this (LongRoPE's attention factor); 1 = none */
+    float residual_scale;  /* sub-layer outputs times this before the residual add (granite);
+                              1 = none */
+    float logit_scale;     /* logits divided by this (granite); 1 = none */
     uint8_t layer_swa[SP_MAX_LAYERS];  /* 1: the layer attends within n_swa positions */
     uint8_t layer_nope[SP_MAX_LAYERS]; /* 1: the layer applies no RoPE (smollm3) */
 } sp_hparams_t;

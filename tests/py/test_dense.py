@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """test_dense.py - the architectures beyond the llama family (qwen3, gemma2, gemma3, phi3,
-smollm3) against the NumPy reference, and their loading errors.
+smollm3, granite) against the NumPy reference, and their loading errors.
 
 Per architecture a random-weight model from tools/gguf_gen.py (tensor names and metadata as
 llama.cpp's converter writes them) runs through `sampan eval` (prefill with 1 and 2 threads,
@@ -47,6 +47,7 @@ CASES = {
     # context 256 > original 64: the long factors and the attention factor
     "phi3-long": dict(preset="phi3-tiny", seed=34, swa=12),
     "smollm3": dict(preset="smollm3-tiny", seed=35),
+    "granite": dict(preset="granite-tiny", seed=38),
     "gemma2-q8_0": dict(preset="gemma2-tiny", seed=36, dim=256, ff=512, type="q8_0"),
 }
 
@@ -91,6 +92,10 @@ def switched_off(path, toks, name, ctx):
         r = copy.copy(m)
         r.rope_factors = m.w["rope_factors_short.weight"]
         out.append(("the long factor set", r.session().forward(toks)))
+    if m.arch == "granite":
+        r = copy.copy(m)
+        r.residual_scale = r.logit_scale = r.embd_scale = 1.0
+        out.append(("the granite scales", r.session().forward(toks)))
     if len(set(m.layer_rope)) > 1:
         r = copy.copy(m)
         r.layer_rope = [m.layer_rope[-1]] * r.n_layer
@@ -179,6 +184,8 @@ def check_errors(s, exe, tmp):
         ("gemma3 sliding_window as a string", dict(preset="gemma3-tiny", swa=0), [],
          [gguf_gen.kv_bytes("gemma3.attention.sliding_window", gguf_gen.T_STRING, "8")],
          "gemma3.attention.sliding_window"),
+        ("granite without logit_scale", dict(preset="granite-tiny", granite_scales=()), [], [],
+         "granite.logit_scale"),
         ("gemma2 soft-cap out of range", dict(preset="gemma2-tiny", attn_softcap=-1.0), [], [],
          "gemma2.attn_logit_softcapping"),
     ]

@@ -96,6 +96,8 @@ MODELS = [
     ("phi3", "q6_k"),
     ("smollm3", "f32"),
     ("smollm3", "q4_0"),
+    ("granite", "f32"),
+    ("granite", "q8_0"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.

@@ -34,6 +34,10 @@ Other architectures (as llama.cpp reads and computes them):
              rope.scaling.original_context_length, else rope_factors_short, and cos/sin times
              rope.scaling.attn_factor; a sliding window when attention.sliding_window is set.
     smollm3: llama, except that layers il with (il + 1) % 4 == 0 use no RoPE.
+    granite: llama with x = token_embd[token] * embedding_scale, the scores' scale
+             attention.scale, each sub-layer output times residual_scale before its residual
+             add, logits divided by logit_scale (absent or 0 optional keys: no scaling); no
+             RoPE at all when rope.scaling.finetuned is false (llama.cpp's reading).
 
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). Weights are dequantized to float64 and all arithmetic
 is float64. With act_quant=True, the input of every matrix product with a quantized weight
@@ -58,7 +62,7 @@ class RefModel:
         kv = g.kv
         a = kv["general.architecture"]
         self.arch = a
-        if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"):
+        if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -100,6 +104,14 @@ class RefModel:
         self.layer_rope = [(base_swa, 1.0) if (self.swa[il] and a == "gemma3")
                            else (self.rope_base, self.rope_scale) for il in range(L)]
         self.use_rope = [not (a == "smollm3" and (il + 1) % 4 == 0) for il in range(L)]
+        self.residual_scale, self.logit_scale = 1.0, 1.0
+        if a == "granite":
+            self.embd_scale = float(kv.get(f"{a}.embedding_scale", 0.0)) or 1.0
+            self.q_scale = float(kv.get(f"{a}.attention.scale", 0.0)) or self.q_scale
+            self.residual_scale = float(kv.get(f"{a}.residual_scale", 0.0)) or 1.0
+            self.logit_scale = float(kv[f"{a}.logit_scale"])
+            if not kv.get(f"{a}.rope.scaling.finetuned", True):
+                self.use_rope = [False] * L
         self.rope_attn_factor = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
         self.n_ctx_orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
                                      self.n_ctx_train))
@@ -264,7 +276,7 @@ class Session:
             o = m.matmul(att, p + "attn_output.weight")
             if p + "post_attention_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_attention_norm.weight")
-            x = x + o
+            x = x + o * m.residual_scale
             h = m.rmsnorm(x, p + "ffn_norm.weight")
             g = m.matmul(h, p + "ffn_gate.weight")
             u = m.matmul(h, p + "ffn_up.weight")
@@ -275,10 +287,10 @@ class Session:
             o = m.matmul(a * u, p + "ffn_down.weight")
             if p + "post_ffw_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_ffw_norm.weight")
-            x = x + o
+            x = x + o * m.residual_scale
         self.pos += n
         h = m.rmsnorm(x, "output_norm.weight")
-        logits = m.matmul(h, m.out_name)
+        logits = m.matmul(h, m.out_name) / m.logit_scale
         if m.final_softcap:
             logits = m.final_softcap * np.tanh(logits / m.final_softcap)
         return logits

@@ -517,7 +517,7 @@ TEST(batch_rejects_bad_steps)
  * slides on layers 0 and 2, gemma3 slides on layers 0 and 2 (pattern 2) with
  * a local RoPE base, phi3 slides everywhere with LongRoPE's long factors
  * (the contexts here, 80 and 256, exceed its original 64), smollm3 skips RoPE
- * on layer 3. */
+ * on layer 3, granite scales embeddings, scores, residuals and logits. */
 static void
 load_dense(test_model_t *tm, const char *arch)
 {
@@ -560,6 +560,12 @@ load_dense(test_model_t *tm, const char *arch)
     if (strcmp(arch, "gemma3") == 0) {
         KU("attention.sliding_window_pattern", 2);
         KF("rope.freq_base", 1000000.0f);
+    }
+    if (strcmp(arch, "granite") == 0) {
+        KF("embedding_scale", 3.0f);
+        KF("attention.scale", 0.1f);
+        KF("residual_scale", 0.5f);
+        KF("logit_scale", 4.0f);
     }
     if (phi3) {
         KU("rope.scaling.original_context_length", 64);
@@ -619,7 +625,7 @@ load_dense(test_model_t *tm, const char *arch)
  * layers. */
 TEST(batch_matches_sequences_alone_dense_archs)
 {
-    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "smollm3"};
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         test_model_t tm;
         load_dense(&tm, archs[i]);
