@@ -83,6 +83,9 @@ PRESETS = {
     "granite-tiny": dict(arch="granite", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                          vocab=300, ctx=256, tied=True,
                          granite_scales=(12.0, 0.2, 0.22, 8.0)),
+    # no pre-norms: q/k norms over the whole projections, post-norms; untied
+    "olmo2-tiny": dict(arch="olmo2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                       vocab=300, ctx=256, tied=False, rope_base=500000.0, eps=1e-6),
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
@@ -119,12 +122,15 @@ PRESETS.update({
                      vocab=512, ctx=4096, tied=False, longrope=True, orig_ctx=1024),
     "granite-256": dict(arch="granite", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
                         vocab=512, ctx=256, tied=True, granite_scales=(6.0, 0.05, 0.5, 2.0)),
+    "olmo2-256": dict(arch="olmo2", dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ff=512,
+                      vocab=512, ctx=256, tied=False, rope_base=500000.0, eps=1e-6),
     "smollm3-256": dict(arch="smollm3", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ff=512,
                         vocab=512, ctx=256, tied=False, rope_base=2000000.0),
 })
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
                  "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
-                 "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256"}
+                 "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
+                 "olmo2": "olmo2-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
@@ -144,6 +150,7 @@ ARCHS = {
     "phi3": {"fused"},
     "smollm3": set(),
     "granite": set(),
+    "olmo2": {"post_norms", "no_pre_norms", "qk_norm_full"},
 }
 
 
@@ -551,7 +558,8 @@ def tensor_list(c):
         ts.append(("rope_factors_short.weight", (hd // 2,), "f32", "ropef"))
     for i in range(c["n_layers"]):
         p = f"blk.{i}."
-        ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
+        if "no_pre_norms" not in feat:
+            ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
         if "fused" in feat:  # q, k and v rows stacked in one matrix
             ts.append((p + "attn_qkv.weight", (d, (nh + 2 * nkv) * hd), w, "mat"))
         else:
@@ -565,10 +573,14 @@ def tensor_list(c):
         if "qk_norm" in feat:
             ts.append((p + "attn_q_norm.weight", (hd,), "f32", "norm"))
             ts.append((p + "attn_k_norm.weight", (hd,), "f32", "norm"))
+        if "qk_norm_full" in feat:  # over the whole projections
+            ts.append((p + "attn_q_norm.weight", (nh * hd,), "f32", "norm"))
+            ts.append((p + "attn_k_norm.weight", (nkv * hd,), "f32", "norm"))
         ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
         if "post_norms" in feat:
             ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
-        ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+        if "no_pre_norms" not in feat:
+            ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
         if "fused" in feat:  # gate rows, then up rows
             ts.append((p + "ffn_up.weight", (d, 2 * ff), w, "mat"))
         else:

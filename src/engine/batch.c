@@ -655,11 +655,13 @@ embed_job_run(void *arg, int64_t t, int ith)
     }
 }
 
-/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w). The
+/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w; a copy
+ * of x when only `copy`: a sub-layer without a pre-norm, olmo2). The
  * residual add and the next sub-layer's norm share one pass over the row. */
 typedef struct add_norm_job {
     sp_batch_t *b;
     bool add;
+    bool copy;
     const float *w;
     const float *post; /* (when add) proj = RMSNorm(proj) * post first (gemma), or NULL */
 } add_norm_job_t;
@@ -689,21 +691,23 @@ add_norm_job_run(void *arg, int64_t t, int ith)
     }
     if (j->w != NULL) {
         b->k->rmsnorm(b->xn + t * E, x, j->w, E, hp->norm_eps);
+    } else if (j->copy) {
+        memcpy(b->xn + t * E, x, (size_t)E * sizeof(float));
     }
 }
 
 static void
 add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
 {
-    add_norm_job_t j = {b, add, w, NULL};
+    add_norm_job_t j = {b, add, false, w, NULL};
     sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
 }
 
 /* add_norm_rows with the sub-layer output normalised by post before the add. */
 static void
-add_post_norm_rows(sp_batch_t *b, const float *post, const float *w, int64_t n_tok)
+add_post_norm_rows(sp_batch_t *b, const float *post, const float *w, bool copy, int64_t n_tok)
 {
-    add_norm_job_t j = {b, true, w, post};
+    add_norm_job_t j = {b, true, copy, w, post};
     sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
 }
 
@@ -770,7 +774,11 @@ rope_job_run(void *arg, int64_t t, int ith)
     float *kt = b->kv_k + t * kv_dim;
     (void)ith;
     const sp_layer_t *L = &b->m->layers[j->il];
-    if (L->attn_q_norm != NULL) {
+    if (L->attn_q_norm != NULL && hp->qk_norm_full) {
+        /* RMSNorm of the whole q and k projections before the rotation (olmo2). */
+        b->k->rmsnorm(b->q + t * q_dim, b->q + t * q_dim, L->attn_q_norm, q_dim, hp->norm_eps);
+        b->k->rmsnorm(kt, kt, L->attn_k_norm, kv_dim, hp->norm_eps);
+    } else if (L->attn_q_norm != NULL) {
         /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
         for (int64_t h = 0; h < hp->n_head; h++) {
             float *qh = b->q + t * q_dim + h * hd;
@@ -1081,7 +1089,8 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             return st;
         }
     }
-    add_norm_rows(b, false, m->layers[il0].attn_norm, R);
+    add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL};
+    sp_pool_run(b->pool, add_norm_job_run, &first, R);
 
     const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(b->pool);
     int64_t n_split = 1;
@@ -1112,7 +1121,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             const sp_weight_t *wo[1] = {&L->wo};
             lora_rows(b, seqs, il, SP_LORA_O, 1, &b->proj, wo, b->att, q_dim, R);
         }
-        add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, R);
+        add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, true, R);
 
         const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {b->ff_gate, b->ff_up};
@@ -1130,7 +1139,8 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         /* The residual add, and the next layer's input norm when there is one. */
         add_post_norm_rows(b, L->ffn_post_norm,
-                           il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
+                           il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL,
+                           il + 1 < hp->n_layer, R);
     }
 
     if (out == SP_BATCH_OUT_SEQ) {

@@ -42,10 +42,11 @@ static const arch_info_t archs[] = {
     {"phi3", SP_ROPE_NEOX},
     {"smollm3", SP_ROPE_NORMAL},
     {"granite", SP_ROPE_NORMAL},
+    {"olmo2", SP_ROPE_NEOX},
 };
 
 /* The list the refusal of an unknown architecture names. */
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite"
+#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2"
 
 static bool
 arch_is(const sp_hparams_t *hp, const char *name)
@@ -215,6 +216,26 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
          * layer rotates. */
         for (int64_t il = 0; il < hp->n_layer && !finetuned; il++) {
             hp->layer_nope[il] = 1;
+        }
+    } else if (arch_is(hp, "olmo2")) {
+        hp->qk_norm_full = true;
+        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
+                             &hp->n_swa, err, err_len)) != SP_OK) {
+            return st;
+        }
+        if (hp->n_swa > 0) {
+            /* olmo3: pattern 4 by default; sliding layers keep the base, unscaled. */
+            int64_t period;
+            if ((st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", 4, 0,
+                                 SP_MAX_LAYERS, &period, err, err_len)) != SP_OK ||
+                (st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
+                                   &hp->rope_base_swa, err, err_len)) != SP_OK) {
+                return st;
+            }
+            hp->rope_scale_swa = 1.0f;
+            for (int64_t il = 0; il < hp->n_layer; il++) {
+                hp->layer_swa[il] = period == 0 || il % period < period - 1;
+            }
         }
     } else if (arch_is(hp, "smollm3")) {
         for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -457,8 +478,9 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     if (st != SP_OK) {
         return st;
     }
-    const bool qk_norm = arch_is(hp, "qwen3") || arch_is(hp, "gemma3");
-    const bool post_norms = arch_is(hp, "gemma2") || arch_is(hp, "gemma3");
+    const bool olmo2 = arch_is(hp, "olmo2");
+    const bool qk_norm = arch_is(hp, "qwen3") || arch_is(hp, "gemma3") || olmo2;
+    const bool post_norms = arch_is(hp, "gemma2") || arch_is(hp, "gemma3") || olmo2;
     const bool phi3 = arch_is(hp, "phi3");
 
     m->layers = sp_calloc((size_t)hp->n_layer, sizeof(sp_layer_t));
@@ -475,7 +497,10 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     snprintf(name, sizeof name, "blk.%lld." nm "." suffix, (long long)il);               \
     if ((st = get_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK)            \
         return st;
-        V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
+        if (!olmo2) { /* olmo2 has no pre-norms */
+            V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
+            V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
+        }
         snprintf(name, sizeof name, "blk.%lld.attn_qkv.weight", (long long)il);
         if (phi3 && sp_gguf_find_tensor(m->gguf, name) != NULL) {
             /* One matrix: q rows, then k rows, then v rows. */
@@ -512,10 +537,9 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
             }
         }
         if (qk_norm) {
-            V(attn_q_norm, "attn_q_norm", "weight", hp->head_dim, true);
-            V(attn_k_norm, "attn_k_norm", "weight", hp->head_dim, true);
+            V(attn_q_norm, "attn_q_norm", "weight", olmo2 ? q_dim : hp->head_dim, true);
+            V(attn_k_norm, "attn_k_norm", "weight", olmo2 ? kv_dim : hp->head_dim, true);
         }
-        V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
         if (phi3) {
             /* ffn_up holds the gate rows, then the up rows. */
             sp_weight_t gu;
@@ -648,6 +672,9 @@ sp__model_cpu_only_feature(const sp_model_t *m)
 {
     const sp_hparams_t *hp = &m->hp;
     for (int64_t il = 0; il < hp->n_layer; il++) {
+        if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {
+            return "layers without pre-norms";
+        }
         if (m->layers[il].attn_q_norm != NULL) {
             return "per-head q/k norms";
         }

@@ -14,7 +14,8 @@
  * alternating layers), gemma3 (q/k norms, sliding and global layers with two
  * RoPE bases), phi3 (fused QKV and gate/up, LongRoPE), smollm3 (no RoPE on
  * every 4th layer), granite (embedding, attention, residual and logit
- * scales). Tied or separate output matrix,
+ * scales), olmo2 (no pre-norms: q/k norms over the whole projection and
+ * post-norms). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
@@ -73,6 +74,7 @@ typedef struct sp_hparams {
     float residual_scale;  /* sub-layer outputs times this before the residual add (granite);
                               1 = none */
     float logit_scale;     /* logits divided by this (granite); 1 = none */
+    bool qk_norm_full;     /* the q/k norms span the whole projection, not a head (olmo2) */
     uint8_t layer_swa[SP_MAX_LAYERS];  /* 1: the layer attends within n_swa positions */
     uint8_t layer_nope[SP_MAX_LAYERS]; /* 1: the layer applies no RoPE (smollm3) */
 } sp_hparams_t;

@@ -24,7 +24,7 @@ typedef struct sp_weight {
 } sp_weight_t;
 
 typedef struct sp_layer {
-    const float *attn_norm; /* (n_embd) */
+    const float *attn_norm; /* (n_embd), or NULL: the layer input as it is (olmo2) */
     sp_weight_t wq;         /* (n_head * head_dim, n_embd) */
     sp_weight_t wk;         /* (n_head_kv * head_dim, n_embd) */
     sp_weight_t wv;         /* (n_head_kv * head_dim, n_embd) */
@@ -34,7 +34,7 @@ typedef struct sp_layer {
                                                 before RoPE (qwen3, gemma3) or NULL */
     const float *attn_post_norm; /* (n_embd) RMSNorm of the attention output before the
                                     residual add (gemma), or NULL */
-    const float *ffn_norm;  /* (n_embd) */
+    const float *ffn_norm;  /* (n_embd), or NULL as attn_norm */
     sp_weight_t w_gate;     /* (n_ff, n_embd) */
     sp_weight_t w_up;       /* (n_ff, n_embd) */
     sp_weight_t w_down;     /* (n_embd, n_ff) */

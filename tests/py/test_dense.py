@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """test_dense.py - the architectures beyond the llama family (qwen3, gemma2, gemma3, phi3,
-smollm3, granite) against the NumPy reference, and their loading errors.
+smollm3, granite, olmo2) against the NumPy reference, and their loading errors.
 
 Per architecture a random-weight model from tools/gguf_gen.py (tensor names and metadata as
 llama.cpp's converter writes them) runs through `sampan eval` (prefill with 1 and 2 threads,
@@ -48,6 +48,7 @@ CASES = {
     "phi3-long": dict(preset="phi3-tiny", seed=34, swa=12),
     "smollm3": dict(preset="smollm3-tiny", seed=35),
     "granite": dict(preset="granite-tiny", seed=38),
+    "olmo2": dict(preset="olmo2-tiny", seed=39),
     "gemma2-q8_0": dict(preset="gemma2-tiny", seed=36, dim=256, ff=512, type="q8_0"),
 }
 
@@ -160,10 +161,13 @@ def load_error(exe, path):
     return rc, (se + so).strip()
 
 
-def write_variant(path, cfg, drop=(), kv_extra=()):
-    """gguf_gen's file with tensors dropped and metadata records added."""
+def write_variant(path, cfg, drop=(), kv_extra=(), shapes=None):
+    """gguf_gen's file with tensors dropped, metadata records added and tensor shapes
+    replaced (shapes: name -> ne)."""
     tl, md = gguf_gen.tensor_list, gguf_gen.metadata
-    gguf_gen.tensor_list = lambda c: [t for t in tl(c) if t[0] not in drop]
+    shapes = shapes or {}
+    gguf_gen.tensor_list = lambda c: [(t[0], shapes.get(t[0], t[1])) + tuple(t[2:])
+                                      for t in tl(c) if t[0] not in drop]
     gguf_gen.metadata = lambda c, r: md(c, r) + list(kv_extra)
     try:
         gguf_gen.generate(path, cfg)
@@ -195,6 +199,12 @@ def check_errors(s, exe, tmp):
         rc, msg = load_error(exe, path)
         ok = rc != 0 and rc < 128 and want in msg and path in msg
         s.case(f"refused: {what}", ok, msg.splitlines()[-1][:200] if msg else f"rc {rc}")
+    # olmo2's q norm spans the whole projection: a per-head one is a wrong shape
+    path = os.path.join(tmp, "olmo2-qnorm.gguf")
+    write_variant(path, dict(preset="olmo2-tiny"), shapes={"blk.0.attn_q_norm.weight": (16,)})
+    rc, msg = load_error(exe, path)
+    ok = rc != 0 and rc < 128 and "blk.0.attn_q_norm.weight" in msg and path in msg
+    s.case("refused: olmo2 with a per-head q norm", ok, msg.splitlines()[-1][:200] if msg else "")
     path = os.path.join(tmp, "unknown.gguf")
     write_variant(path, dict(preset="tiny"), (), [])
     with open(path, "r+b") as f:  # rename the architecture in place: llama -> llamb

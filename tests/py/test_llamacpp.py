@@ -98,6 +98,8 @@ MODELS = [
     ("smollm3", "q4_0"),
     ("granite", "f32"),
     ("granite", "q8_0"),
+    ("olmo2", "f32"),
+    ("olmo2", "q4_k"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.

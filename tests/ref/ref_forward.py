@@ -38,6 +38,9 @@ Other architectures (as llama.cpp reads and computes them):
              attention.scale, each sub-layer output times residual_scale before its residual
              add, logits divided by logit_scale (absent or 0 optional keys: no scaling); no
              RoPE at all when rope.scaling.finetuned is false (llama.cpp's reading).
+    olmo2:   no attn_norm / ffn_norm (the sub-layers read x itself); RMSNorm of the whole q
+             and k projections (attn_q_norm / attn_k_norm of n_head*head_dim and
+             n_head_kv*head_dim) before NeoX RoPE; post-norms as gemma.
 
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). Weights are dequantized to float64 and all arithmetic
 is float64. With act_quant=True, the input of every matrix product with a quantized weight
@@ -62,7 +65,7 @@ class RefModel:
         kv = g.kv
         a = kv["general.architecture"]
         self.arch = a
-        if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite"):
+        if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite", "olmo2"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -76,7 +79,7 @@ class RefModel:
         self.rope_scale = 1.0
         if kv.get(f"{a}.rope.scaling.type", "linear") == "linear":
             self.rope_scale = float(kv.get(f"{a}.rope.scaling.factor", 1.0)) or 1.0
-        self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+        self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2")
         self.n_ctx_train = int(kv.get(f"{a}.context_length", 2048))
         # the context the engine runs with (sampan eval: the trained one, capped at 4096)
         self.n_ctx = n_ctx or min(self.n_ctx_train, 4096)
@@ -242,7 +245,7 @@ class Session:
         mask = np.arange(n_keys)[None, :] > pos[:, None]
         for L in range(m.n_layer):
             p = f"blk.{L}."
-            h = m.rmsnorm(x, p + "attn_norm.weight")
+            h = m.rmsnorm(x, p + "attn_norm.weight") if p + "attn_norm.weight" in m.w else x
             q = m.matmul(h, p + "attn_q.weight")
             k = m.matmul(h, p + "attn_k.weight")
             v = m.matmul(h, p + "attn_v.weight")
@@ -250,8 +253,11 @@ class Session:
                 q = q + m.w[p + "attn_q.bias"]
                 k = k + m.w[p + "attn_k.bias"]
                 v = v + m.w[p + "attn_v.bias"]
+            if p + "attn_q_norm.weight" in m.w and len(m.w[p + "attn_q_norm.weight"]) == nh * hd:
+                q = m.rmsnorm(q, p + "attn_q_norm.weight")  # the whole projection (olmo2)
+                k = m.rmsnorm(k, p + "attn_k_norm.weight")
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if p + "attn_q_norm.weight" in m.w:
+            if p + "attn_q_norm.weight" in m.w and len(m.w[p + "attn_q_norm.weight"]) == hd:
                 q = m.rmsnorm_heads(q, p + "attn_q_norm.weight")
                 k = m.rmsnorm_heads(k, p + "attn_k_norm.weight")
             if m.use_rope[L]:
@@ -277,7 +283,7 @@ class Session:
             if p + "post_attention_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o * m.residual_scale
-            h = m.rmsnorm(x, p + "ffn_norm.weight")
+            h = m.rmsnorm(x, p + "ffn_norm.weight") if p + "ffn_norm.weight" in m.w else x
             g = m.matmul(h, p + "ffn_gate.weight")
             u = m.matmul(h, p + "ffn_up.weight")
             if m.gelu:  # the tanh approximation

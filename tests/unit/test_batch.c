@@ -517,7 +517,8 @@ TEST(batch_rejects_bad_steps)
  * slides on layers 0 and 2, gemma3 slides on layers 0 and 2 (pattern 2) with
  * a local RoPE base, phi3 slides everywhere with LongRoPE's long factors
  * (the contexts here, 80 and 256, exceed its original 64), smollm3 skips RoPE
- * on layer 3, granite scales embeddings, scores, residuals and logits. */
+ * on layer 3, granite scales embeddings, scores, residuals and logits,
+ * olmo2 has no pre-norms and normalises the whole q and k projections. */
 static void
 load_dense(test_model_t *tm, const char *arch)
 {
@@ -528,6 +529,7 @@ load_dense(test_model_t *tm, const char *arch)
     const int64_t H = 4, HKV = 2, HD = 32, E = 64, FF = 96, NL = 4, V = 512;
     const bool gemma = strncmp(arch, "gemma", 5) == 0, phi3 = strcmp(arch, "phi3") == 0;
     const bool qk_norm = strcmp(arch, "gemma3") == 0 || strcmp(arch, "qwen3") == 0;
+    const bool olmo2 = strcmp(arch, "olmo2") == 0; /* no pre-norms, whole-projection q/k norms */
     ASSERT_OK(sp_gguf_open(DEMO, &demo, err, sizeof err));
     ASSERT_OK(sp_gguf_writer_create(&w));
     ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
@@ -577,6 +579,9 @@ load_dense(test_model_t *tm, const char *arch)
     rng_state = 0x7654321u;
     add_random(w, "token_embd.weight", SP_TYPE_Q8_0, E, V, gemma ? 0.2f : 1.0f);
     add_random(w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+    if (olmo2) {
+        add_random(w, "output.weight", SP_TYPE_Q8_0, E, V, 0.3f);
+    }
     if (phi3) {
         add_random(w, "rope_factors_long.weight", SP_TYPE_F32, HD / 2, 1, 4.0f);
         add_random(w, "rope_factors_short.weight", SP_TYPE_F32, HD / 2, 1, 1.0f);
@@ -585,7 +590,13 @@ load_dense(test_model_t *tm, const char *arch)
 #define T(suffix, type, n_in, n_out, amp)                                     \
     snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);         \
     add_random(w, name, type, n_in, n_out, amp)
-        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        if (!olmo2) {
+            T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+            T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        } else {
+            T("attn_q_norm.weight", SP_TYPE_F32, H * HD, 1, 1.0f);
+            T("attn_k_norm.weight", SP_TYPE_F32, HKV * HD, 1, 1.0f);
+        }
         if (phi3) {
             T("attn_qkv.weight", SP_TYPE_Q8_0, E, (H + 2 * HKV) * HD, 0.2f);
             T("ffn_up.weight", SP_TYPE_Q8_0, E, 2 * FF, 0.2f);
@@ -600,12 +611,11 @@ load_dense(test_model_t *tm, const char *arch)
             T("attn_q_norm.weight", SP_TYPE_F32, HD, 1, 1.0f);
             T("attn_k_norm.weight", SP_TYPE_F32, HD, 1, 1.0f);
         }
-        if (gemma) {
+        if (gemma || olmo2) {
             T("post_attention_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
             T("post_ffw_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
         }
         T("attn_output.weight", SP_TYPE_Q8_0, H * HD, E, 0.1f);
-        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
         T("ffn_down.weight", SP_TYPE_Q8_0, FF, E, 0.1f);
 #undef T
     }
@@ -625,7 +635,7 @@ load_dense(test_model_t *tm, const char *arch)
  * layers. */
 TEST(batch_matches_sequences_alone_dense_archs)
 {
-    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite"};
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite", "olmo2"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         test_model_t tm;
         load_dense(&tm, archs[i]);
