@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "engine/batch.h"
+#include "engine/gpu.h"
 #include "gguf/gguf.h"
 #include "engine/model.h"
 #include "kernels/kernels.h"
@@ -645,6 +646,27 @@ TEST(batch_matches_sequences_alone_dense_archs)
         run_scenario(tm.m, &f16);
         scenario_t q8 = {8, true, 2, 1, SP_KV_TYPE_Q8_0};
         run_scenario(tm.m, &q8);
+        free_model(&tm);
+    }
+}
+
+/* The CUDA path runs the llama family only: attaching a model with any
+ * feature it lacks is refused with the file, the architecture and the
+ * feature named, before the device is touched (the API table here is never
+ * called: all NULL). */
+TEST(gpu_attach_refuses_dense_features)
+{
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "smollm3", "granite", "olmo2"};
+    static const sp_cuda_api_t never_called;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        test_model_t tm;
+        char err[512] = "";
+        load_dense(&tm, archs[i]);
+        ASSERT_EQ(sp_gpu_attach(tm.m, &never_called, 0, -1, err, sizeof err), SP_ERR_UNSUPPORTED);
+        if (strstr(err, "dense.gguf") == NULL || strstr(err, archs[i]) == NULL ||
+            strstr(err, "CUDA path does not implement") == NULL) {
+            SP_TEST_FAIL("%s: %s", archs[i], err);
+        }
         free_model(&tm);
     }
 }
