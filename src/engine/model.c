@@ -1,6 +1,7 @@
 /*
- * model.c - loading a llama-family GGUF model (the contexts that run one
- * sequence over it are ctx.c's).
+ * model.c - loading a GGUF model of one of the dense architectures the
+ * forward pass runs (SUPPORTED_ARCHS; the contexts that run one sequence over
+ * it are ctx.c's).
  *
  * Load: read hyper-parameters from `<arch>.*` keys, check them (RELIABILITY.md
  * G17: layer and head counts, divisibility) before sizing anything, then find
@@ -46,7 +47,8 @@ static const arch_info_t archs[] = {
 };
 
 /* The list the refusal of an unknown architecture names. */
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2"
+#define SUPPORTED_ARCHS \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2"
 
 static bool
 arch_is(const sp_hparams_t *hp, const char *name)

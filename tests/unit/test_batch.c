@@ -625,7 +625,9 @@ load_dense(test_model_t *tm, const char *arch)
     sp_gguf_close(demo);
     for (int i = 0; i < n_tensor_bufs; i++) sp_free(tensor_bufs[i]);
     ASSERT_OK(sp_gguf_open_mem(tm->buf, len, "dense.gguf", &g, err, sizeof err));
-    if (sp_model_load_gguf(g, &tm->m, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s model: %s", arch, err);
+    if (sp_model_load_gguf(g, &tm->m, err, sizeof err) != SP_OK) {
+        SP_TEST_FAIL("%s model: %s", arch, err);
+    }
     ASSERT(strcmp(sp_model_hparams(tm->m)->arch, arch) == 0);
 }
 
