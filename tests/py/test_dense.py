@@ -93,6 +93,12 @@ def switched_off(path, toks, name, ctx):
         r = copy.copy(m)
         r.rope_factors = m.w["rope_factors_short.weight"]
         out.append(("the long factor set", r.session().forward(toks)))
+    for label, part in (("q/k norms", ("attn_q_norm", "attn_k_norm")),
+                        ("post-norms", ("post_attention_norm", "post_ffw_norm"))):
+        if any(k.endswith(part[0] + ".weight") for k in m.w):
+            r = copy.copy(m)
+            r.w = {k: v for k, v in m.w.items() if not any(x in k for x in part)}
+            out.append((label, r.session().forward(toks)))
     if m.arch == "granite":
         r = copy.copy(m)
         r.residual_scale = r.logit_scale = r.embd_scale = 1.0
