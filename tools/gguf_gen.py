@@ -105,6 +105,13 @@ PRESETS = {
                       ctx=256, tied=False, longrope=True, orig_ctx=64),
     "smollm3-tiny": dict(arch="smollm3", dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ff=160,
                          vocab=300, ctx=256, tied=True),
+    # granite's four scalars: embedding, attention, residual and logit scales
+    "granite-tiny": dict(arch="granite", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                         vocab=300, ctx=256, tied=True,
+                         granite_scales=(12.0, 0.2, 0.22, 8.0)),
+    # no pre-norms: q/k norms over the whole projections, post-norms; untied
+    "olmo2-tiny": dict(arch="olmo2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
+                       vocab=300, ctx=256, tied=False, rope_base=500000.0, eps=1e-6),
     "qwen2-tiny": dict(arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ff=160,
                        vocab=300, ctx=256, qkv_bias=True, tied=False, rope_base=1000000.0,
                        eps=1e-6),
@@ -150,8 +157,31 @@ PRESETS = {
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
 }
+# The other architectures at the same scale, every feature on: gemma's windows (8 positions,
+# shorter than the oracle's 32 tokens), soft-caps and post-norms, gemma3's local/global
+# layers, phi3's fused matrices and LongRoPE (the short factors and the attention factor of
+# a 4x extension: contexts here stay within the original 1024), smollm3's no-RoPE layer 3.
+PRESETS.update({
+    "qwen3-256": dict(arch="qwen3", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=128,
+                      ff=512, vocab=512, ctx=256, tied=True, rope_base=1000000.0, eps=1e-6),
+    "gemma2-256": dict(arch="gemma2", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                       ff=512, vocab=512, ctx=256, eps=1e-6, swa=8),
+    "gemma3-256": dict(arch="gemma3", dim=256, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=64,
+                       ff=512, vocab=512, ctx=256, eps=1e-6, swa=8, swa_pattern=3,
+                       rope_base=1000000.0, rope_scale=8.0),
+    "phi3-256": dict(arch="phi3", dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ff=512,
+                     vocab=512, ctx=4096, tied=False, longrope=True, orig_ctx=1024),
+    "granite-256": dict(arch="granite", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ff=512,
+                        vocab=512, ctx=256, tied=True, granite_scales=(6.0, 0.05, 0.5, 2.0)),
+    "olmo2-256": dict(arch="olmo2", dim=256, n_layers=2, n_heads=4, n_kv_heads=4, ff=512,
+                      vocab=512, ctx=256, tied=False, rope_base=500000.0, eps=1e-6),
+    "smollm3-256": dict(arch="smollm3", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ff=512,
+                        vocab=512, ctx=256, tied=False, rope_base=2000000.0),
+})
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
-                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
+                 "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
+                 "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
+                 "olmo2": "olmo2-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
                  "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
@@ -160,7 +190,7 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 n_expert_used=0, ff_exp=None, ff_shexp=None, yarn=None, yarn_orig_ctx=None,
                 swa=None, swa_pattern=None, attn_softcap=None, final_softcap=None,
                 longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
-                n_types=2)
+                n_types=2, granite_scales=None)
 MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -177,6 +207,8 @@ ARCHS = {
     "gemma3": {"post_norms", "key_length", "qk_norm"},
     "phi3": {"fused"},
     "smollm3": set(),
+    "granite": set(),
+    "olmo2": {"post_norms", "no_pre_norms", "qk_norm_full"},
     "qwen2moe": set(),
     "qwen3moe": {"qk_norm", "key_length"},
     "bert": set(),
@@ -779,7 +811,8 @@ def tensor_list(c):
         ts.append(("rope_factors_short.weight", (hd // 2,), "f32", "ropef"))
     for i in range(c["n_layers"]):
         p = f"blk.{i}."
-        ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
+        if "no_pre_norms" not in feat:
+            ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
         if "fused" in feat:  # q, k and v rows stacked in one matrix
             ts.append((p + "attn_qkv.weight", (d, (nh + 2 * nkv) * hd), w, "mat"))
         else:
@@ -793,10 +826,14 @@ def tensor_list(c):
         if "qk_norm" in feat:
             ts.append((p + "attn_q_norm.weight", (hd,), "f32", "norm"))
             ts.append((p + "attn_k_norm.weight", (hd,), "f32", "norm"))
+        if "qk_norm_full" in feat:  # over the whole projections
+            ts.append((p + "attn_q_norm.weight", (nh * hd,), "f32", "norm"))
+            ts.append((p + "attn_k_norm.weight", (nkv * hd,), "f32", "norm"))
         ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
         if "post_norms" in feat:
             ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
-        ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+        if "no_pre_norms" not in feat:
+            ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
         if c["n_expert"]:
             ne, fe = c["n_expert"], c["ff_exp"]
             ts.append((p + "ffn_gate_inp.weight", (d, ne), "f32", "mat"))
@@ -863,6 +900,12 @@ def metadata(c, tok_recs):
     elif c["rope_scale"] != 1.0:
         kv.append(kv_bytes(f"{a}.rope.scaling.type", T_STRING, "linear"))
         kv.append(kv_bytes(f"{a}.rope.scaling.factor", T_FLOAT32, c["rope_scale"]))
+    if c["granite_scales"]:
+        es, ats, rs, ls = c["granite_scales"]
+        kv.append(kv_bytes(f"{a}.embedding_scale", T_FLOAT32, es))
+        kv.append(kv_bytes(f"{a}.attention.scale", T_FLOAT32, ats))
+        kv.append(kv_bytes(f"{a}.residual_scale", T_FLOAT32, rs))
+        kv.append(kv_bytes(f"{a}.logit_scale", T_FLOAT32, ls))
     if c["attn_softcap"]:
         kv.append(kv_bytes(f"{a}.attn_logit_softcapping", T_FLOAT32, c["attn_softcap"]))
     if c["final_softcap"]:

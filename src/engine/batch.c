@@ -82,9 +82,11 @@ struct sp_batch {
     size_t act_stride; /* bytes per row of act */
     float *scores;     /* (n_threads, scores_stride) attention scratch */
     int64_t scores_stride;
-    float attn_scale;  /* 1 / sqrt(head_dim) */
-    float *rope_cs;    /* (rows, n_rot) cos/sin pairs per row's position */
-    float *inv_freq;   /* (n_rot / 2) */
+    float attn_scale;  /* the model's query scale (1 / sqrt(head_dim) for most) */
+    float *rope_cs;    /* (rows, 2 n_rot) cos/sin pairs per row's position: the global
+                          table, then the sliding layers' when rope_swa */
+    float *inv_freq;   /* (2, n_rot / 2): global, then sliding layers */
+    bool rope_swa;     /* the sliding layers rotate with their own base or scale */
     float *logits;     /* (max_logits, n_vocab) */
     void *moe_buf;     /* the MoE block's scratch (engine/moe.h) or NULL: dense */
 
@@ -226,8 +228,8 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_PROJ] = buf_bytes(R, hp->n_embd, sizeof(float));
     B[BUF_ACT] = buf_bytes(R, (int64_t)L->act_stride, 1);
     B[BUF_SCORES] = buf_bytes(L->p.n_threads, L->scores_stride, sizeof(float));
-    B[BUF_ROPE_CS] = buf_bytes(R, hp->n_rot, sizeof(float));
-    B[BUF_INV_FREQ] = buf_bytes(1, hp->n_rot / 2, sizeof(float));
+    B[BUF_ROPE_CS] = buf_bytes(R, 2 * hp->n_rot, sizeof(float));
+    B[BUF_INV_FREQ] = buf_bytes(2, hp->n_rot / 2, sizeof(float));
     B[BUF_LOGITS] = buf_bytes(L->p.max_logits, hp->n_vocab, sizeof(float));
     B[BUF_ROW_TOK] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_ROW_POS] = buf_bytes(R, 1, sizeof(int64_t));
@@ -318,7 +320,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->max_ctx = L.p.max_ctx;
     b->act_stride = L.act_stride;
     b->scores_stride = L.scores_stride;
-    b->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    b->attn_scale = hp->attn_scale;
     /* The resolved count: the pool starts exactly the threads scores is sized for. */
     if (sp_pool_create(L.p.n_threads, &b->pool) != SP_OK) {
         goto oom;
@@ -355,14 +357,24 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
         goto oom;
     }
     /* theta_i = pos / scale * base^(-2i / n_rot) / freq_factor_i, in double
-     * so the table does not depend on float rounding of the power. */
+     * so the table does not depend on float rounding of the power. The
+     * factors: Llama 3's rope_freqs, or LongRoPE's set for this context
+     * length (long above the original context, as llama.cpp chooses). */
+    const float *factors = m->rope_freqs;
+    if (m->rope_long != NULL) {
+        factors = b->max_ctx > hp->n_ctx_orig ? m->rope_long : m->rope_short;
+    }
+    b->rope_swa = hp->rope_base_swa != hp->rope_base || hp->rope_scale_swa != hp->rope_scale;
     for (int64_t i = 0; i < hp->n_rot / 2; i++) {
-        double f = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
-        if (m->rope_freqs != NULL) {
-            f /= m->rope_freqs[i];
+        const double e = -2.0 * (double)i / (double)hp->n_rot;
+        double f = pow((double)hp->rope_base, e), fs = pow((double)hp->rope_base_swa, e);
+        if (factors != NULL) {
+            f /= factors[i];
+            fs /= factors[i];
         }
         f *= sp__yarn_mix(hp, i); /* 1 without YaRN */
         b->inv_freq[i] = (float)(f / hp->rope_scale);
+        b->inv_freq[hp->n_rot / 2 + i] = (float)(fs / hp->rope_scale_swa);
     }
     if (m->gpu != NULL) {
         b->cand_n = sp_calloc((size_t)L.p.max_seqs, sizeof(int32_t));
@@ -630,28 +642,37 @@ embed_job_run(void *arg, int64_t t, int ith)
     (void)ith;
     /* The row of the embedding matrix read below (validate checked the ids). */
     SP_ASSERT(b->row_tok[t] >= 0 && b->row_tok[t] < hp->n_vocab);
+    float *x = b->x + t * hp->n_embd;
     b->k->to_float[m->tok_embd.type]((const char *)m->tok_embd.data +
                                          (size_t)b->row_tok[t] * m->tok_embd.row_bytes,
-                                     b->x + t * hp->n_embd, hp->n_embd);
-    float *cs = b->rope_cs + t * hp->n_rot;
-    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
-        double theta = (double)b->row_pos[t] * (double)b->inv_freq[i];
-        if (hp->rope_yarn) {
-            cs[2 * i] = (float)(cos(theta) * hp->rope_mscale);
-            cs[2 * i + 1] = (float)(sin(theta) * hp->rope_mscale);
-            continue;
+                                     x, hp->n_embd);
+    if (hp->embd_scale != 1.0f) {
+        for (int64_t i = 0; i < hp->n_embd; i++) {
+            x[i] *= hp->embd_scale;
         }
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+    }
+    /* cos and sin times the attention factor (LongRoPE's, YaRN's; 1 otherwise). */
+    const double mscale = (double)hp->rope_attn_factor * (hp->rope_yarn ? hp->rope_mscale : 1.0);
+    for (int tab = 0; tab < (b->rope_swa ? 2 : 1); tab++) {
+        float *cs = b->rope_cs + (2 * t + tab) * hp->n_rot;
+        const float *inv = b->inv_freq + tab * (hp->n_rot / 2);
+        for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+            double theta = (double)b->row_pos[t] * (double)inv[i];
+            cs[2 * i] = (float)(cos(theta) * mscale);
+            cs[2 * i + 1] = (float)(sin(theta) * mscale);
+        }
     }
 }
 
-/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w). The
+/* Per row t: x += proj (when add), then xn = RMSNorm(x) * w (when w; a copy
+ * of x when only `copy`: a sub-layer without a pre-norm, olmo2). The
  * residual add and the next sub-layer's norm share one pass over the row. */
 typedef struct add_norm_job {
     sp_batch_t *b;
     bool add;
+    bool copy;
     const float *w;
+    const float *post; /* (when add) proj = RMSNorm(proj) * post first (gemma), or NULL */
 } add_norm_job_t;
 
 static void
@@ -664,20 +685,38 @@ add_norm_job_run(void *arg, int64_t t, int ith)
     float *x = b->x + t * E;
     (void)ith;
     if (j->add) {
-        const float *p = b->proj + t * E;
+        float *p = b->proj + t * E;
+        if (j->post != NULL) {
+            b->k->rmsnorm(p, p, j->post, E, hp->norm_eps);
+        }
+        if (hp->residual_scale != 1.0f) { /* granite */
+            for (int64_t i = 0; i < E; i++) {
+                p[i] *= hp->residual_scale;
+            }
+        }
         for (int64_t i = 0; i < E; i++) {
             x[i] += p[i];
         }
     }
     if (j->w != NULL) {
         b->k->rmsnorm(b->xn + t * E, x, j->w, E, hp->norm_eps);
+    } else if (j->copy) {
+        memcpy(b->xn + t * E, x, (size_t)E * sizeof(float));
     }
 }
 
 static void
 add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
 {
-    add_norm_job_t j = {b, add, w};
+    add_norm_job_t j = {b, add, false, w, NULL};
+    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+}
+
+/* add_norm_rows with the sub-layer output normalised by post before the add. */
+static void
+add_post_norm_rows(sp_batch_t *b, const float *post, const float *w, bool copy, int64_t n_tok)
+{
+    add_norm_job_t j = {b, true, copy, w, post};
     sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
 }
 
@@ -690,7 +729,21 @@ typedef struct swiglu_job {
     float *gate;
     const float *up;
     int64_t n;
+    sp_ffn_act_t act;
 } swiglu_job_t;
+
+/* gelu(g) * u with gelu's tanh approximation, gelu(g) = g/2 (1 + tanh(sqrt(2/pi)
+ * (g + 0.044715 g^3))) (gemma). Scalar: element-wise, so any split gives
+ * the same bits. */
+static void
+geglu(float *g, const float *u, int64_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
 
 static void
 swiglu_job_run(void *arg, int64_t chunk, int ith)
@@ -699,7 +752,11 @@ swiglu_job_run(void *arg, int64_t chunk, int ith)
     const int64_t lo = chunk * SWIGLU_CHUNK;
     const int64_t n = lo + SWIGLU_CHUNK < j->n ? SWIGLU_CHUNK : j->n - lo;
     (void)ith;
-    j->k->swiglu(j->gate + lo, j->up + lo, n);
+    if (j->act == SP_FFN_GELU) {
+        geglu(j->gate + lo, j->up + lo, n);
+    } else {
+        j->k->swiglu(j->gate + lo, j->up + lo, n);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -721,11 +778,16 @@ rope_job_run(void *arg, int64_t t, int ith)
     const sp_kv_pool_t *kv = b->kv;
     const sp_hparams_t *hp = &b->m->hp;
     const int64_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
-    const float *cs = b->rope_cs + t * hp->n_rot;
+    const bool swa_tab = b->rope_swa && hp->layer_swa[j->il];
+    const float *cs = b->rope_cs + (2 * t + (swa_tab ? 1 : 0)) * hp->n_rot;
     float *kt = b->kv_k + t * kv_dim;
     (void)ith;
     const sp_layer_t *L = &b->m->layers[j->il];
-    if (L->attn_q_norm != NULL) {
+    if (L->attn_q_norm != NULL && hp->qk_norm_full) {
+        /* RMSNorm of the whole q and k projections before the rotation (olmo2). */
+        b->k->rmsnorm(b->q + t * q_dim, b->q + t * q_dim, L->attn_q_norm, q_dim, hp->norm_eps);
+        b->k->rmsnorm(kt, kt, L->attn_k_norm, kv_dim, hp->norm_eps);
+    } else if (L->attn_q_norm != NULL) {
         /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
         for (int64_t h = 0; h < hp->n_head; h++) {
             float *qh = b->q + t * q_dim + h * hd;
@@ -735,8 +797,10 @@ rope_job_run(void *arg, int64_t t, int ith)
             b->k->rmsnorm(kt + g * hd, kt + g * hd, L->attn_k_norm, hd, hp->norm_eps);
         }
     }
-    rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
-    rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
+    if (!hp->layer_nope[j->il]) {
+        rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
+        rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
+    }
     const float *vt = b->kv_v + t * kv_dim;
     const int64_t pos = b->row_pos[t];
     SP_ASSERT(pos >= 0 && pos < b->max_ctx); /* the cache rows the buffers were sized for */
@@ -829,6 +893,8 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             .o = b->att + t * q_dim + h0 * hd,
             .o_stride = hd,
             .scratch = b->scores + (int64_t)ith * b->scores_stride,
+            .window = hp->layer_swa[j->il] ? hp->n_swa : 0,
+            .softcap = hp->attn_softcap,
         };
         b->k->attn[kv->type](&a);
     }
@@ -837,6 +903,40 @@ attn_job_run(void *arg, int64_t chunk, int ith)
 /* ------------------------------------------------------------------------ */
 /* Step                                                                      */
 /* ------------------------------------------------------------------------ */
+
+/* The logits' last step, over n rows: times 1 / logit_scale (granite), then
+ * soft-capped c tanh(l / c) (gemma). Per element, so each row's bits are its
+ * own. */
+typedef struct softcap_job {
+    float *logits;
+    int64_t n_vocab;
+    float inv_scale;
+    float cap;
+} softcap_job_t;
+
+static void
+softcap_job_run(void *arg, int64_t t, int ith)
+{
+    softcap_job_t *j = arg;
+    float *l = j->logits + t * j->n_vocab;
+    (void)ith;
+    for (int64_t i = 0; i < j->n_vocab && j->inv_scale != 1.0f; i++) {
+        l[i] *= j->inv_scale;
+    }
+    for (int64_t i = 0; i < j->n_vocab && j->cap > 0.0f; i++) {
+        l[i] = j->cap * tanhf(l[i] / j->cap);
+    }
+}
+
+static void
+final_softcap(sp_batch_t *b, float *logits, int64_t n_rows)
+{
+    const sp_hparams_t *hp = &b->m->hp;
+    if (hp->final_softcap > 0.0f || hp->logit_scale != 1.0f) {
+        softcap_job_t j = {logits, hp->n_vocab, 1.0f / hp->logit_scale, hp->final_softcap};
+        sp_pool_run(b->pool, softcap_job_run, &j, n_rows);
+    }
+}
 
 /* Restore the min-heap (on position) below node r of order[0..n). */
 static void
@@ -998,7 +1098,8 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             return st;
         }
     }
-    add_norm_rows(b, false, m->layers[il0].attn_norm, R);
+    add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL};
+    sp_pool_run(b->pool, add_norm_job_run, &first, R);
 
     const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(b->pool);
     int64_t n_split = 1;
@@ -1029,7 +1130,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             const sp_weight_t *wo[1] = {&L->wo};
             lora_rows(b, seqs, il, SP_LORA_O, 1, &b->proj, wo, b->att, q_dim, R);
         }
-        add_norm_rows(b, true, L->ffn_norm, R);
+        add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, true, R);
 
         if (m->moe != NULL) {
             /* Mixture of experts (engine/moe.c); LoRA adapters never carry
@@ -1045,7 +1146,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         if (lora) {
             lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
         }
-        swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff};
+        swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff, hp->ffn_act};
         sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
         matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
         if (lora) {
@@ -1053,7 +1154,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, hp->n_ff, R);
         }
         /* The residual add, and the next layer's input norm when there is one. */
-        add_norm_rows(b, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
+        add_post_norm_rows(b, L->ffn_post_norm,
+                           il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL,
+                           il + 1 < hp->n_layer, R);
     }
 
     if (out == SP_BATCH_OUT_SEQ) {
@@ -1075,11 +1178,13 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         if (n_out > 0) {
             matmul1(b, &m->output, b->logits, b->xn, E, n_out);
+            final_softcap(b, b->logits, n_out);
         }
     } else {
         add_norm_rows(b, false, m->output_norm, R);
         if (out == SP_BATCH_OUT_ALL) {
             matmul1(b, &m->output, all_logits, b->xn, E, R);
+            final_softcap(b, all_logits, R);
         }
         for (int64_t i = 0; i < n_seqs; i++) {
             b->seq_out[i] = -1;

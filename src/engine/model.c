@@ -1,6 +1,7 @@
 /*
- * model.c - loading a llama-family GGUF model (the contexts that run one
- * sequence over it are ctx.c's).
+ * model.c - loading a GGUF model of one of the dense architectures the
+ * forward pass runs (SUPPORTED_ARCHS; the contexts that run one sequence over
+ * it are ctx.c's).
  *
  * Load: read hyper-parameters from `<arch>.*` keys, check them (RELIABILITY.md
  * G17: layer and head counts, divisibility) before sizing anything, then find
@@ -42,7 +43,24 @@ static const arch_info_t archs[] = {
     /* mixture of experts (engine/moe.c; Mixtral is llama with expert_count) */
     {"qwen2moe", SP_ROPE_NEOX},
     {"qwen3moe", SP_ROPE_NEOX},
+    {"gemma2", SP_ROPE_NEOX},
+    {"gemma3", SP_ROPE_NEOX},
+    {"phi3", SP_ROPE_NEOX},
+    {"smollm3", SP_ROPE_NORMAL},
+    {"granite", SP_ROPE_NORMAL},
+    {"olmo2", SP_ROPE_NEOX},
 };
+
+/* The list the refusal of an unknown architecture names. */
+#define SUPPORTED_ARCHS \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2, qwen2moe, " \
+    "qwen3moe, bert, nomic-bert"
+
+static bool
+arch_is(const sp_hparams_t *hp, const char *name)
+{
+    return strcmp(hp->arch, name) == 0;
+}
 
 /* Read an integer hyper-parameter `<arch>.<suffix>`; dflt < 0 means required. */
 static sp_status_t
@@ -90,6 +108,151 @@ get_hp_float(const sp_gguf_t *g, const char *arch, const char *suffix, double df
     return SP_OK;
 }
 
+/*
+ * What the architectures beyond the llama family read (llama.cpp's reading of
+ * the same keys, with its defaults): the query scale, gemma's embedding
+ * scale, soft-caps and sliding-window layers (layer il slides when
+ * il % P < P - 1 for the pattern P, every layer when P is 0), gemma3's RoPE
+ * base of the sliding layers, phi3's LongRoPE keys and window, smollm3's
+ * no-RoPE layers.
+ */
+static sp_status_t
+load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
+{
+    sp_status_t st = SP_OK;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = 1.0f;
+    hp->ffn_act = SP_FFN_SILU;
+    hp->rope_base_swa = hp->rope_base;
+    hp->rope_scale_swa = hp->rope_scale;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
+    hp->residual_scale = 1.0f;
+    hp->logit_scale = 1.0f;
+    const bool g2 = arch_is(hp, "gemma2"), g3 = arch_is(hp, "gemma3");
+    if (g2 || g3) {
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        hp->ffn_act = SP_FFN_GELU;
+        /* The 27B models scale by the width per head instead of head_dim. */
+        if (hp->n_layer == (g2 ? 46 : 62)) {
+            hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        }
+        if ((st = get_hp_float(g, hp->arch, "final_logit_softcapping", g2 ? 30.0 : 0.0, 0, 1e6,
+                               &hp->final_softcap, err, err_len)) != SP_OK) {
+            return st;
+        }
+        if (g2 && (st = get_hp_float(g, hp->arch, "attn_logit_softcapping", 50.0, 0, 1e6,
+                                     &hp->attn_softcap, err, err_len)) != SP_OK) {
+            return st;
+        }
+        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", g2 ? 4096 : 0, 0,
+                             SP_MAX_CTX, &hp->n_swa, err, err_len)) != SP_OK) {
+            return st;
+        }
+        if (hp->n_swa > 0) {
+            int64_t period;
+            if ((st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", g2 ? 2 : 6, 0,
+                                 SP_MAX_LAYERS, &period, err, err_len)) != SP_OK) {
+                return st;
+            }
+            for (int64_t il = 0; il < hp->n_layer; il++) {
+                hp->layer_swa[il] = period == 0 || il % period < period - 1;
+            }
+            if (g3) {
+                /* Sliding layers: their own base (10000 unless the file says), unscaled. */
+                hp->rope_scale_swa = 1.0f;
+                if ((st = get_hp_float(g, hp->arch, "rope.freq_base_swa", 10000.0, 1e-3, 1e12,
+                                       &hp->rope_base_swa, err, err_len)) != SP_OK) {
+                    return st;
+                }
+            } else if ((st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3,
+                                          1e12, &hp->rope_base_swa, err, err_len)) != SP_OK) {
+                return st;
+            }
+        }
+    } else if (arch_is(hp, "phi3")) {
+        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
+                             &hp->n_swa, err, err_len)) != SP_OK ||
+            (st = get_hp_int(g, hp->arch, "rope.scaling.original_context_length",
+                             hp->n_ctx_train, 1, SP_MAX_CTX, &hp->n_ctx_orig, err, err_len)) !=
+                SP_OK ||
+            (st = get_hp_float(g, hp->arch, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3,
+                               &hp->rope_attn_factor, err, err_len)) != SP_OK) {
+            return st;
+        }
+        for (int64_t il = 0; il < hp->n_layer && hp->n_swa > 0; il++) {
+            hp->layer_swa[il] = 1;
+        }
+    } else if (arch_is(hp, "granite")) {
+        /* logit_scale is required (as llama.cpp reads it); the others are optional, 0 in the
+         * file meaning none like an absent key. */
+        float attn_scale = 0.0f, embd_scale = 0.0f, res_scale = 0.0f;
+        int64_t n_expert;
+        bool finetuned = true;
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.finetuned", hp->arch);
+        st = sp_gguf_get_bool(g, key, &finetuned, err, err_len);
+        if (st != SP_OK && st != SP_ERR_NOT_FOUND) {
+            return st;
+        }
+        snprintf(key, sizeof key, "%s.logit_scale", hp->arch);
+        if (sp_gguf_find_key(g, key) < 0) {
+            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
+                           sp_gguf_path(g), key);
+        }
+        if ((st = get_hp_float(g, hp->arch, "logit_scale", 1.0, 1e-6, 1e6, &hp->logit_scale,
+                               err, err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "attention.scale", 0.0, 0, 1e6, &attn_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "embedding_scale", 0.0, 0, 1e6, &embd_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "residual_scale", 0.0, 0, 1e6, &res_scale, err,
+                               err_len)) != SP_OK ||
+            (st = get_hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err,
+                             err_len)) != SP_OK) {
+            return st;
+        }
+        if (n_expert > 0) {
+            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                           "%s: granite with %s.expert_count %lld (mixture of experts) is not "
+                           "supported", sp_gguf_path(g), hp->arch, (long long)n_expert);
+        }
+        hp->attn_scale = attn_scale > 0.0f ? attn_scale : hp->attn_scale;
+        hp->embd_scale = embd_scale > 0.0f ? embd_scale : 1.0f;
+        hp->residual_scale = res_scale > 0.0f ? res_scale : 1.0f;
+        /* llama.cpp fills granite's RoPE pattern with rope.scaling.finetuned: false = no
+         * layer rotates. */
+        for (int64_t il = 0; il < hp->n_layer && !finetuned; il++) {
+            hp->layer_nope[il] = 1;
+        }
+    } else if (arch_is(hp, "olmo2")) {
+        hp->qk_norm_full = true;
+        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
+                             &hp->n_swa, err, err_len)) != SP_OK) {
+            return st;
+        }
+        if (hp->n_swa > 0) {
+            /* olmo3: pattern 4 by default; sliding layers keep the base, unscaled. */
+            int64_t period;
+            if ((st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", 4, 0,
+                                 SP_MAX_LAYERS, &period, err, err_len)) != SP_OK ||
+                (st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
+                                   &hp->rope_base_swa, err, err_len)) != SP_OK) {
+                return st;
+            }
+            hp->rope_scale_swa = 1.0f;
+            for (int64_t il = 0; il < hp->n_layer; il++) {
+                hp->layer_swa[il] = period == 0 || il % period < period - 1;
+            }
+        }
+    } else if (arch_is(hp, "smollm3")) {
+        for (int64_t il = 0; il < hp->n_layer; il++) {
+            hp->layer_nope[il] = (il + 1) % 4 == 0;
+        }
+    }
+    return SP_OK;
+}
+
 static sp_status_t
 load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
 {
@@ -113,8 +276,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
     if (ai == NULL) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: general.architecture '%.*s' is not supported (llama, mistral, qwen2, "
-                       "qwen3, qwen2moe, qwen3moe, bert, nomic-bert)",
+                       "%s: general.architecture '%.*s' is not supported (" SUPPORTED_ARCHS ")",
                        path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
@@ -202,7 +364,17 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
             hp->rope_scale = 1.0f;
         }
     }
-    return SP_OK;
+    return load_arch_hparams(g, hp, err, err_len);
+}
+
+/* Rows r0..r0+n-1 of w as a matrix of their own (a fused tensor's part). */
+static sp_weight_t
+weight_rows(const sp_weight_t *w, int64_t r0, int64_t n)
+{
+    sp_weight_t v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.n_out = n;
+    return v;
 }
 
 static sp_status_t
@@ -228,8 +400,10 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     if (st != SP_OK) {
         return st;
     }
-    st = sp__model_weight(m, "output.weight", hp->n_embd, hp->n_vocab, false, &m->output, err,
-                          err_len);
+    /* gemma2 always multiplies by the embedding (llama.cpp ignores an output.weight). */
+    st = arch_is(hp, "gemma2") ? SP_ERR_NOT_FOUND
+                               : sp__model_weight(m, "output.weight", hp->n_embd, hp->n_vocab,
+                                                  false, &m->output, err, err_len);
     if (st == SP_ERR_NOT_FOUND) {
         m->output = m->tok_embd;
         m->hp.tied_output = true;
@@ -241,9 +415,26 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
         st = sp__model_vector(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs, err,
                               err_len);
     }
+    if (st == SP_OK && arch_is(hp, "phi3")) {
+        st = sp__model_vector(m, "rope_factors_long.weight", hp->n_rot / 2, false, &m->rope_long,
+                              err, err_len);
+        if (st == SP_OK) {
+            st = sp__model_vector(m, "rope_factors_short.weight", hp->n_rot / 2, false,
+                                  &m->rope_short, err, err_len);
+        }
+        if (st == SP_OK && (m->rope_long == NULL) != (m->rope_short == NULL)) {
+            return sp_errf(err, err_len, SP_ERR_FORMAT,
+                           "%s: tensor 'rope_factors_%s.weight' is missing (LongRoPE needs both "
+                           "factor sets)", path, m->rope_long == NULL ? "long" : "short");
+        }
+    }
     if (st != SP_OK) {
         return st;
     }
+    const bool olmo2 = arch_is(hp, "olmo2");
+    const bool qk_norm = arch_is(hp, "qwen3") || arch_is(hp, "qwen3moe") || arch_is(hp, "gemma3") || olmo2;
+    const bool post_norms = arch_is(hp, "gemma2") || arch_is(hp, "gemma3") || olmo2;
+    const bool phi3 = arch_is(hp, "phi3");
 
     m->layers = sp_calloc((size_t)hp->n_layer, sizeof(sp_layer_t));
     if (m->layers == NULL) {
@@ -263,25 +454,67 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     snprintf(name, sizeof name, "blk.%lld." nm "." suffix, (long long)il);               \
     if ((st = sp__model_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK)            \
         return st;
-        V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
-        W(wq, "attn_q", hp->n_embd, q_dim);
-        W(wk, "attn_k", hp->n_embd, kv_dim);
-        W(wv, "attn_v", hp->n_embd, kv_dim);
+        if (!olmo2) { /* olmo2 has no pre-norms */
+            V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
+            V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
+        }
+        snprintf(name, sizeof name, "blk.%lld.attn_qkv.weight", (long long)il);
+        if (phi3 && sp_gguf_find_tensor(m->gguf, name) != NULL) {
+            /* One matrix: q rows, then k rows, then v rows. */
+            sp_weight_t qkv;
+            if ((st = sp__model_weight(m, name, hp->n_embd, q_dim + 2 * kv_dim, true, &qkv,
+                                       err, err_len)) != SP_OK) {
+                return st;
+            }
+            L->wq = weight_rows(&qkv, 0, q_dim);
+            L->wk = weight_rows(&qkv, q_dim, kv_dim);
+            L->wv = weight_rows(&qkv, q_dim + kv_dim, kv_dim);
+        } else {
+            W(wq, "attn_q", hp->n_embd, q_dim);
+            W(wk, "attn_k", hp->n_embd, kv_dim);
+            W(wv, "attn_v", hp->n_embd, kv_dim);
+        }
         W(wo, "attn_output", q_dim, hp->n_embd);
+        if (post_norms) {
+            V(attn_post_norm, "post_attention_norm", "weight", hp->n_embd, true);
+            V(ffn_post_norm, "post_ffw_norm", "weight", hp->n_embd, true);
+        }
         V(bq, "attn_q", "bias", q_dim, false);
         V(bk, "attn_k", "bias", kv_dim, false);
         V(bv, "attn_v", "bias", kv_dim, false);
-        const bool qk_norm = strcmp(hp->arch, "qwen3") == 0 || strcmp(hp->arch, "qwen3moe") == 0;
-        if (qk_norm) {
-            V(attn_q_norm, "attn_q_norm", "weight", hp->head_dim, true);
-            V(attn_k_norm, "attn_k_norm", "weight", hp->head_dim, true);
+        if (arch_is(hp, "granite")) {
+            /* llama.cpp adds these biases when present; this engine has no place for them. */
+            static const char *const biases[] = {"attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+            for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
+                snprintf(name, sizeof name, "blk.%lld.%s.bias", (long long)il, biases[i]);
+                if (sp_gguf_find_tensor(m->gguf, name) != NULL) {
+                    return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                                   "%s: tensor '%s' (a granite bias) is not supported", path, name);
+                }
+            }
         }
-        V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
-        if (m->moe == NULL) {
+        if (qk_norm) {
+            V(attn_q_norm, "attn_q_norm", "weight", olmo2 ? q_dim : hp->head_dim, true);
+            V(attn_k_norm, "attn_k_norm", "weight", olmo2 ? kv_dim : hp->head_dim, true);
+        }
+        if (m->moe != NULL) {
+            continue; /* the experts are moe.c's (sp__moe_load) */
+        }
+        if (phi3) {
+            /* ffn_up holds the gate rows, then the up rows. */
+            sp_weight_t gu;
+            snprintf(name, sizeof name, "blk.%lld.ffn_up.weight", (long long)il);
+            if ((st = sp__model_weight(m, name, hp->n_embd, 2 * hp->n_ff, true, &gu, err,
+                                       err_len)) != SP_OK) {
+                return st;
+            }
+            L->w_gate = weight_rows(&gu, 0, hp->n_ff);
+            L->w_up = weight_rows(&gu, hp->n_ff, hp->n_ff);
+        } else {
             W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
             W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
-            W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
         }
+        W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
 #undef W
 #undef V
     }
@@ -407,10 +640,35 @@ sp_model_free(sp_model_t *m)
 const char *
 sp__model_cpu_only_feature(const sp_model_t *m)
 {
-    for (int64_t il = 0; il < m->hp.n_layer; il++) {
+    const sp_hparams_t *hp = &m->hp;
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {
+            return "layers without pre-norms";
+        }
         if (m->layers[il].attn_q_norm != NULL) {
             return "per-head q/k norms";
         }
+        if (m->layers[il].attn_post_norm != NULL) {
+            return "post-attention and post-FFN norms";
+        }
+        if (hp->layer_swa[il] || hp->layer_nope[il]) {
+            return hp->layer_swa[il] ? "sliding-window attention" : "layers without RoPE";
+        }
+    }
+    if (hp->residual_scale != 1.0f || hp->logit_scale != 1.0f) {
+        return "residual and logit scales";
+    }
+    if (hp->attn_softcap > 0.0f || hp->final_softcap > 0.0f) {
+        return "logit soft-capping";
+    }
+    if (hp->ffn_act != SP_FFN_SILU || hp->embd_scale != 1.0f) {
+        return "a GELU feed-forward and a scaled embedding";
+    }
+    if (m->rope_long != NULL || hp->rope_attn_factor != 1.0f) {
+        return "LongRoPE";
+    }
+    if (hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim)) {
+        return "a query scale other than 1/sqrt(head_dim)";
     }
     return NULL;
 }

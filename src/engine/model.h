@@ -9,8 +9,15 @@
  * batch: nothing is allocated per token) and a thread pool.
  *
  * Supported: general.architecture llama (Llama 2/3, TinyLlama, Mistral, SmolLM),
- * mistral, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head q/k RMSNorm); encoders
- * bert and nomic-bert for embeddings and reranking (engine/encoder.h). Tied or separate output matrix,
+ * mistral, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head q/k RMSNorm), gemma2
+ * (embedding scale, post-norms, GELU FFN, soft-capping, sliding window on
+ * alternating layers), gemma3 (q/k norms, sliding and global layers with two
+ * RoPE bases), phi3 (fused QKV and gate/up, LongRoPE), smollm3 (no RoPE on
+ * every 4th layer), granite (embedding, attention, residual and logit
+ * scales), olmo2 (no pre-norms: q/k norms over the whole projection and
+ * post-norms); mixture of experts (engine/moe.h): Mixtral-style llama,
+ * qwen2moe, qwen3moe; encoders bert and nomic-bert for embeddings and
+ * reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
  */
@@ -32,6 +39,11 @@ typedef enum sp_rope_type {
     SP_ROPE_NORMAL = 0, /* rotate adjacent pairs (x[2i], x[2i+1]) */
     SP_ROPE_NEOX = 1,   /* rotate halves (x[i], x[i + n_rot/2]) */
 } sp_rope_type_t;
+
+typedef enum sp_ffn_act {
+    SP_FFN_SILU = 0, /* silu(gate) * up (SwiGLU) */
+    SP_FFN_GELU = 1, /* gelu(gate) * up, the tanh approximation (gemma) */
+} sp_ffn_act_t;
 
 typedef struct sp_hparams {
     char arch[32];
@@ -56,6 +68,24 @@ typedef struct sp_hparams {
     int64_t yarn_orig_ctx;  /* rope.scaling.original_context_length */
     float yarn_beta_fast, yarn_beta_slow;
     float rope_mscale;
+    /* Beyond the llama family (gemma2/3, phi3, smollm3; the defaults are the
+     * llama computation). */
+    float attn_scale;      /* query scale: 1/sqrt(head_dim) unless the architecture says */
+    float embd_scale;      /* embeddings times this (gemma: sqrt(n_embd)); 1 = none */
+    float attn_softcap;    /* attention scores c tanh(s / c); 0 = none */
+    float final_softcap;   /* logits likewise; 0 = none */
+    sp_ffn_act_t ffn_act;
+    int64_t n_swa;         /* sliding window of the layers marked in layer_swa; 0 = none */
+    float rope_base_swa;   /* RoPE base and linear scale of the sliding layers */
+    float rope_scale_swa;
+    int64_t n_ctx_orig;    /* LongRoPE: long factors above this context, short ones up to it */
+    float rope_attn_factor; /* cos and sin times this (LongRoPE's attention factor); 1 = none */
+    float residual_scale;  /* sub-layer outputs times this before the residual add (granite);
+                              1 = none */
+    float logit_scale;     /* logits divided by this (granite); 1 = none */
+    bool qk_norm_full;     /* the q/k norms span the whole projection, not a head (olmo2) */
+    uint8_t layer_swa[SP_MAX_LAYERS];  /* 1: the layer attends within n_swa positions */
+    uint8_t layer_nope[SP_MAX_LAYERS]; /* 1: the layer applies no RoPE (smollm3) */
 } sp_hparams_t;
 
 typedef struct sp_model sp_model_t;

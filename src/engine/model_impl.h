@@ -27,7 +27,7 @@ typedef struct sp_weight {
 } sp_weight_t;
 
 typedef struct sp_layer {
-    const float *attn_norm; /* (n_embd) */
+    const float *attn_norm; /* (n_embd), or NULL: the layer input as it is (olmo2) */
     sp_weight_t wq;         /* (n_head * head_dim, n_embd) */
     sp_weight_t wk;         /* (n_head_kv * head_dim, n_embd) */
     sp_weight_t wv;         /* (n_head_kv * head_dim, n_embd) */
@@ -35,10 +35,13 @@ typedef struct sp_layer {
     const float *bq, *bk, *bv; /* biases (qwen2) or NULL */
     const float *attn_q_norm, *attn_k_norm; /* (head_dim) per-head RMSNorm of q and k
                                                 before RoPE (qwen3, gemma3) or NULL */
-    const float *ffn_norm;  /* (n_embd) */
+    const float *attn_post_norm; /* (n_embd) RMSNorm of the attention output before the
+                                    residual add (gemma), or NULL */
+    const float *ffn_norm;  /* (n_embd), or NULL as attn_norm */
     sp_weight_t w_gate;     /* (n_ff, n_embd) */
     sp_weight_t w_up;       /* (n_ff, n_embd) */
     sp_weight_t w_down;     /* (n_embd, n_ff) */
+    const float *ffn_post_norm; /* (n_embd) likewise after the FFN (gemma), or NULL */
 } sp_layer_t;
 
 struct sp_model {
@@ -49,6 +52,8 @@ struct sp_model {
     sp_weight_t output;        /* (n_vocab, n_embd); == tok_embd when tied */
     const float *output_norm;  /* (n_embd) */
     const float *rope_freqs;   /* (n_rot / 2) frequency divisors (Llama 3) or NULL */
+    const float *rope_long;    /* (n_rot / 2) LongRoPE divisors above n_ctx_orig (phi3) */
+    const float *rope_short;   /* (n_rot / 2) ... up to n_ctx_orig; both or neither */
     sp_layer_t *layers;        /* (n_layer) */
     /* Mixture-of-experts FFN of every layer (engine/moe.h) or NULL: dense
      * (then the layers' w_gate/w_up/w_down are empty). */

@@ -34,6 +34,13 @@ Other architectures (as llama.cpp reads and computes them):
              rope.scaling.original_context_length, else rope_factors_short, and cos/sin times
              rope.scaling.attn_factor; a sliding window when attention.sliding_window is set.
     smollm3: llama, except that layers il with (il + 1) % 4 == 0 use no RoPE.
+    granite: llama with x = token_embd[token] * embedding_scale, the scores' scale
+             attention.scale, each sub-layer output times residual_scale before its residual
+             add, logits divided by logit_scale (absent or 0 optional keys: no scaling); no
+             RoPE at all when rope.scaling.finetuned is false (llama.cpp's reading).
+    olmo2:   no attn_norm / ffn_norm (the sub-layers read x itself); RMSNorm of the whole q
+             and k projections (attn_q_norm / attn_k_norm of n_head*head_dim and
+             n_head_kv*head_dim) before NeoX RoPE; post-norms as gemma.
 
 Mixture of experts (llama with expert_count >= 2, i.e. Mixtral; qwen2moe; qwen3moe = qwen3's
 attention with experts), in place of the dense FFN, for each row h:
@@ -75,7 +82,7 @@ class RefModel:
         a = kv["general.architecture"]
         self.arch = a
         if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-                     "qwen2moe", "qwen3moe"):
+                     "granite", "olmo2", "qwen2moe", "qwen3moe"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -95,7 +102,8 @@ class RefModel:
             orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
                               kv[f"{a}.context_length"]))
             self.yarn = (factor, orig, 32.0, 1.0)
-        self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
+        self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "qwen2moe",
+                          "qwen3moe")
         self.n_expert = int(kv.get(f"{a}.expert_count", 0)) \
             if a in ("llama", "mistral", "qwen2moe", "qwen3moe") else 0
         if self.n_expert <= 1:
@@ -130,6 +138,14 @@ class RefModel:
         self.layer_rope = [(base_swa, 1.0) if (self.swa[il] and a == "gemma3")
                            else (self.rope_base, self.rope_scale) for il in range(L)]
         self.use_rope = [not (a == "smollm3" and (il + 1) % 4 == 0) for il in range(L)]
+        self.residual_scale, self.logit_scale = 1.0, 1.0
+        if a == "granite":
+            self.embd_scale = float(kv.get(f"{a}.embedding_scale", 0.0)) or 1.0
+            self.q_scale = float(kv.get(f"{a}.attention.scale", 0.0)) or self.q_scale
+            self.residual_scale = float(kv.get(f"{a}.residual_scale", 0.0)) or 1.0
+            self.logit_scale = float(kv[f"{a}.logit_scale"])
+            if not kv.get(f"{a}.rope.scaling.finetuned", True):
+                self.use_rope = [False] * L
         self.rope_attn_factor = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
         self.n_ctx_orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
                                      self.n_ctx_train))
@@ -315,7 +331,7 @@ class Session:
         mask = np.arange(n_keys)[None, :] > pos[:, None]
         for L in range(m.n_layer):
             p = f"blk.{L}."
-            h = m.rmsnorm(x, p + "attn_norm.weight")
+            h = m.rmsnorm(x, p + "attn_norm.weight") if p + "attn_norm.weight" in m.w else x
             q = m.matmul(h, p + "attn_q.weight")
             k = m.matmul(h, p + "attn_k.weight")
             v = m.matmul(h, p + "attn_v.weight")
@@ -323,8 +339,11 @@ class Session:
                 q = q + m.w[p + "attn_q.bias"]
                 k = k + m.w[p + "attn_k.bias"]
                 v = v + m.w[p + "attn_v.bias"]
+            if p + "attn_q_norm.weight" in m.w and len(m.w[p + "attn_q_norm.weight"]) == nh * hd:
+                q = m.rmsnorm(q, p + "attn_q_norm.weight")  # the whole projection (olmo2)
+                k = m.rmsnorm(k, p + "attn_k_norm.weight")
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if p + "attn_q_norm.weight" in m.w:
+            if p + "attn_q_norm.weight" in m.w and len(m.w[p + "attn_q_norm.weight"]) == hd:
                 q = m.rmsnorm_heads(q, p + "attn_q_norm.weight")
                 k = m.rmsnorm_heads(k, p + "attn_k_norm.weight")
             if m.use_rope[L]:
@@ -349,8 +368,8 @@ class Session:
             o = m.matmul(att, p + "attn_output.weight")
             if p + "post_attention_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_attention_norm.weight")
-            x = x + o
-            h = m.rmsnorm(x, p + "ffn_norm.weight")
+            x = x + o * m.residual_scale
+            h = m.rmsnorm(x, p + "ffn_norm.weight") if p + "ffn_norm.weight" in m.w else x
             if m.n_expert:
                 x = x + m.moe(h, p)
                 continue
@@ -363,10 +382,10 @@ class Session:
             o = m.matmul(a * u, p + "ffn_down.weight")
             if p + "post_ffw_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_ffw_norm.weight")
-            x = x + o
+            x = x + o * m.residual_scale
         self.pos += n
         h = m.rmsnorm(x, "output_norm.weight")
-        logits = m.matmul(h, m.out_name)
+        logits = m.matmul(h, m.out_name) / m.logit_scale
         if m.final_softcap:
             logits = m.final_softcap * np.tanh(logits / m.final_softcap)
         return logits

@@ -394,7 +394,9 @@ naive_attn(const attn_case_t *c, int64_t h, int64_t d)
     ASSERT(c->n_kv <= 512);
     for (int64_t p = lo; p < c->n_kv; p++) {
         double dot = 0.0;
-        for (int64_t i = 0; i < c->hd; i++) dot += (double)c->q[h * c->q_stride + i] * c->k_log[p * c->hd + i];
+        for (int64_t i = 0; i < c->hd; i++) {
+            dot += (double)c->q[h * c->q_stride + i] * c->k_log[p * c->hd + i];
+        }
         s[p] = dot * c->scale;
         if (g_softcap > 0.0f) s[p] = g_softcap * tanh(s[p] / g_softcap);
         mx = s[p] > mx ? s[p] : mx;
@@ -430,7 +432,8 @@ TEST(attn_window_softcap_sinks)
                 g_sinks = si ? sinks : NULL;
                 for (size_t m = 0; m < sizeof nkvs / sizeof nkvs[0]; m++) {
                     for (int t = 0; t < 3; t++) {
-                        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : t == 1 ? SP_TYPE_F16 : SP_TYPE_Q8_0;
+                        const sp_type_t kt =
+                            t == 0 ? SP_TYPE_F32 : t == 1 ? SP_TYPE_F16 : SP_TYPE_Q8_0;
                         check_attn_case(lv, nl, t == 1 ? 13 : 64, 5, nkvs[m], kt, 3.0f);
                     }
                     attn_case_t c;
