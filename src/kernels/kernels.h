@@ -435,8 +435,9 @@ void sp_cpu_gemm(const sp_cpu_kernels_t *k, sp_type_t wtype, int64_t n, const vo
 
 /* ---- reference quantizers (also used by `sampan quantize`) --------------- */
 
-/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q2_K..Q6_K, IQ4_XS, and GGML's
- * rules for Q4_1, Q5_0, Q5_1, Q8_1, IQ4_NL, MXFP4);
+/* Quantize n floats to `type` (F16, BF16, Q8_0, Q4_0, Q8_K, Q2_K..Q6_K, IQ4_XS, and ggml's
+ * reference rules for Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4; Q8_1 is the activation rule of
+ * cpu/ref_q32.c);
  * returns false when the type has no quantizer. Q8_0 here is the weight rule
  * (q = round(x / d) with the stored half d); the activations of Q8_0 / Q4_0
  * products go through from_float[SP_TYPE_Q8_0] instead (llama.cpp's rule,

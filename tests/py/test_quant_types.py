@@ -21,7 +21,9 @@ iq4_nl quants that are the nearest grid points for the stored scale (up to the s
 rounding: 254 |d| 2^-11). Where llama.cpp's libraries are present (tests/py/llamacpp_ref.py), llama.cpp's own quantizer
 (llama_model_quantize, what llama-quantize writes) turns the same F32 model into its Q4_1, Q5_0,
 Q5_1 and IQ4_NL files, and every block of every tensor that both files store in that type
-must be byte-identical to ours (MXFP4 has no such file type outside mixture-of-experts models).
+must be byte-identical to ours; and ggml's quantizer entry point (ggml_quantize_chunk) on the
+same float rows must give our bytes for all five types (MXFP4 included: llama.cpp has no MXFP4
+file type outside mixture-of-experts models).
 Then random-weight models of each type run through `sampan eval`
 (prefill and decode, 1 and 2 threads, the lower CPU levels) against the reference with activation
 quantization emulated; the tolerance is test_reference.py's: 3 eps sqrt(4 L + 1), eps the
@@ -30,6 +32,8 @@ MXFP4, Q8_1 for Q4_1 / Q5_1: the same quants and scale). Decode must equal prefi
 and 2 threads must equal 1 (batch invariance).
 """
 import os
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -132,11 +136,41 @@ def check_quantize_tool(s, exe, tmp):
 
 LLAMACPP_MIX = {"q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1", "iq4_nl": "IQ4_NL"}
 
+# ggml's own quantizer entry point (libggml-base.so, ggml.h: ggml_quantize_chunk), run in a
+# child process like every llama.cpp call of llamacpp_ref.py (an abort there fails one case).
+_GGML_QUANTIZE = r"""
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1] + "/libggml-base.so")
+f = lib.ggml_quantize_chunk
+f.restype = ctypes.c_size_t
+f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+              ctypes.c_int64, ctypes.c_void_p]
+x = np.ascontiguousarray(np.load(sys.argv[3]), dtype=np.float32)
+out = np.zeros(int(sys.argv[4]), dtype=np.uint8)
+n = f(int(sys.argv[2]), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+if n != out.size:
+    sys.exit(f"ggml_quantize_chunk wrote {n} bytes, expected {out.size}")
+out.tofile(sys.argv[5])
+"""
+
+
+def ggml_quantize(libdir, t, x, tmp):
+    """ggml's bytes for the (rows, n) float32 matrix x in type t."""
+    src, dst = os.path.join(tmp, "ggml-in.npy"), os.path.join(tmp, "ggml-out.bin")
+    np.save(src, x)
+    size = x.shape[0] * gguf_gen.row_bytes(t, x.shape[1])
+    r = subprocess.run([sys.executable, "-c", _GGML_QUANTIZE, libdir, str(TYPE_NUM[t]), src,
+                        str(size), dst], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"ggml_quantize_chunk({t}): {(r.stderr or r.stdout).strip()[-300:]}")
+    return np.fromfile(dst, dtype=np.uint8)
+
 
 def check_vs_llamacpp_quantizer(s, exe, tmp):
-    ok_lib, why = L.available()
+    ok_lib, libdir = L.available()  # libdir: the reason when not ok
     if not ok_lib:
-        s.skip("sampan quantize vs llama.cpp's quantizer", why)
+        s.skip("sampan quantize vs llama.cpp's quantizer", libdir)
         return
     src = os.path.join(tmp, "f32-oracle.gguf")
     gguf_gen.generate(src, dict(preset=gguf_gen.ORACLE_SHAPES["llama"], type="f32", seed=3))
@@ -160,6 +194,28 @@ def check_vs_llamacpp_quantizer(s, exe, tmp):
             total += ra.shape[0]
             same += int(np.all(ra == rb, axis=1).sum())
         s.case(f"sampan quantize {t} == llama.cpp {mix} byte for byte", total > 0 and
+               same == total, f"{same}/{total} blocks identical")
+    # every type (MXFP4 included) against ggml_quantize_chunk on the same float rows
+    g32 = GGUF(src)
+    for t in TYPES:
+        ours = os.path.join(tmp, f"ours-{t}.gguf")
+        if not os.path.exists(ours):
+            rc, out, errs = run([exe, "quantize", src, ours, t, "--threads", "2"], timeout=120)
+            if rc != 0:
+                s.case(f"sampan quantize {t} == ggml_quantize_chunk", False, (errs or out)[-200:])
+                continue
+        b = GGUF(ours)
+        size = gguf_gen.TYPES[t][2]
+        total = same = 0
+        for name, tb in b.tensors.items():
+            if tb.type != TYPE_NUM[t]:
+                continue
+            x = g32.array(name, np.float32).astype(np.float32)
+            theirs = ggml_quantize(libdir, t, x, tmp).reshape(-1, size)
+            mine = np.frombuffer(b.raw(tb), dtype=np.uint8).reshape(-1, size)
+            total += mine.shape[0]
+            same += int(np.all(mine == theirs, axis=1).sum())
+        s.case(f"sampan quantize {t} == ggml_quantize_chunk byte for byte", total > 0 and
                same == total, f"{same}/{total} blocks identical")
 
 

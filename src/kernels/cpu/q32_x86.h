@@ -322,8 +322,12 @@ q32_gemm(int kind, int flavour, int64_t n, const void *w, size_t w_stride, int64
         for (int64_t t = 0; t < n_tok; t += 4) {
             const int nt = n_tok - t < 4 ? (int)(n_tok - t) : 4;
             float out[4];
-            q32_row(kind, flavour, n, wb + (size_t)r * w_stride, xb + (size_t)t * x_stride,
-                    x_stride, nt, out);
+            const uint8_t *wr = wb + (size_t)r * w_stride, *xt = xb + (size_t)t * x_stride;
+            if (nt == 4) { /* a constant count: the token loop unrolls, sums stay in registers */
+                q32_row(kind, flavour, n, wr, xt, x_stride, 4, out);
+            } else {
+                q32_row(kind, flavour, n, wr, xt, x_stride, nt, out);
+            }
             for (int k = 0; k < nt; k++) {
                 y[(t + k) * ldy + r] = out[k];
             }
