@@ -240,11 +240,13 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         kind = SP_TOK_MODEL_BPE;
     } else if (sp_str_eq_c(model, "bert")) {
         kind = SP_TOK_MODEL_WPM;
+    } else if (sp_str_eq_c(model, "t5")) {
+        kind = SP_TOK_MODEL_UGM;
     } else {
         int n = model.len > 64 ? 64 : (int)model.len;
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
                        "%s: tokenizer.ggml.model: model \"%.*s\" is not supported "
-                       "(\"llama\", \"gpt2\", \"gemma4\" and \"bert\" are)",
+                       "(\"llama\", \"gpt2\", \"gemma4\", \"bert\" and \"t5\" are)",
                        path, n, model.ptr);
     }
 
@@ -412,6 +414,15 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         t->add_sep = true;
         t->add_space_prefix = false;
         break;
+    case SP_TOK_MODEL_UGM: /* llama.cpp's t5 defaults: pad 0, eos 1, unk 2 */
+        t->pad = n > 0 ? 0 : -1;
+        t->eos = n > 1 ? 1 : -1;
+        t->unk = n > 2 ? 2 : -1;
+        t->bos = -1;
+        t->add_bos = false;
+        t->add_eos = true;
+        t->add_space_prefix = false; /* tokenizer.ggml.add_space_prefix, read by tok_ugm.c */
+        break;
     }
     if ((st = get_special_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err, err_len)) ||
@@ -419,8 +430,9 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         (st = get_special_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eot_token_id", n, &eot, err, err_len)) ||
         (st = get_special_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err, err_len)) ||
-        (kind == SP_TOK_MODEL_WPM &&
-         ((st = get_special_id(g, "tokenizer.ggml.cls_token_id", n, &t->bos, err, err_len)) ||
+        ((kind == SP_TOK_MODEL_WPM || kind == SP_TOK_MODEL_UGM) &&
+         ((kind == SP_TOK_MODEL_WPM &&
+           (st = get_special_id(g, "tokenizer.ggml.cls_token_id", n, &t->bos, err, err_len))) ||
           /* the GGUF key is spelled "seperator"; accept the right spelling too */
           (st = get_special_id(g, "tokenizer.ggml.seperator_token_id", n, &t->sep, err,
                                err_len)) ||
@@ -471,6 +483,16 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
     }
     if (kind == SP_TOK_MODEL_BPE && (st = sp__tok_bpe_init(t, g, err, err_len)) != SP_OK) {
         goto fail;
+    }
+    if (kind == SP_TOK_MODEL_UGM) {
+        if (t->unk < 0) {
+            st = sp_errf(err, err_len, SP_ERR_FORMAT,
+                         "%s: a t5 (Unigram) vocabulary needs an unknown token", path);
+            goto fail;
+        }
+        if ((st = sp__tok_ugm_init(t, g, err, err_len)) != SP_OK) {
+            goto fail;
+        }
     }
     for (size_t k = 0; k < sizeof(eog_texts) / sizeof(eog_texts[0]); k++) {
         int32_t id = sp__vocab_lookup(t, eog_texts[k], strlen(eog_texts[k]));
@@ -551,6 +573,7 @@ sp_tokenizer_destroy(sp_tokenizer_t *t)
     sp_free(t->map);
     sp_free(t->special);
     sp__tok_bpe_free(t->bpe);
+    sp__tok_ugm_free(t->ugm);
     sp_free(t);
 }
 
@@ -605,7 +628,7 @@ sp_tokenizer_eog(const sp_tokenizer_t *t, int *n)
 bool
 sp_tokenizer_strips_space(const sp_tokenizer_t *t)
 {
-    return t->model == SP_TOK_MODEL_SPM && t->add_space_prefix;
+    return (t->model == SP_TOK_MODEL_SPM || t->model == SP_TOK_MODEL_UGM) && t->add_space_prefix;
 }
 
 sp_str_t
@@ -939,6 +962,8 @@ sp_tokenizer_encode(const sp_tokenizer_t *t, const char *text, size_t len, bool 
                 sp__tok_emit(&o, fg->token);
             } else if (t->model == SP_TOK_MODEL_BPE) {
                 st = sp__tok_bpe_encode(t, text + fg->off, fg->len, &o);
+            } else if (t->model == SP_TOK_MODEL_UGM) {
+                st = sp__tok_ugm_encode(t, text + fg->off, fg->len, &o);
             } else {
                 st = sp__tok_wpm_encode(t, text + fg->off, fg->len, &o);
             }
@@ -1016,6 +1041,7 @@ sp_tokenizer_piece(const sp_tokenizer_t *t, int32_t id, bool special, char *buf,
      * word-initial U+2581 is the space before the word for them too. */
     switch (t->model) {
     case SP_TOK_MODEL_SPM:
+    case SP_TOK_MODEL_UGM:
         return attr == SP_TOKEN_TYPE_USER_DEFINED ? put_piece(s.ptr, s.len, buf, cap)
                                                   : put_spaced(s, buf, cap);
     case SP_TOK_MODEL_BPE:

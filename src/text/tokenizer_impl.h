@@ -3,7 +3,7 @@
  *
  * tokenizer.c owns loading, the special-token split and dispatch, and is the
  * only file that calls down into the per-model encoders: SPM in tokenizer.c,
- * byte-level BPE in tok_bpe.c, WordPiece in tok_wpm.c. The vocabulary's hash
+ * byte-level BPE in tok_bpe.c, WordPiece in tok_wpm.c, Unigram in tok_ugm.c. The vocabulary's hash
  * map (vocab.c) sits below all of them, so the calls form no circle. The tokenizer is immutable once
  * built, so one instance may be used by any number of threads at once: every
  * encoder keeps its per-call state in locals and per-call heap buffers.
@@ -22,9 +22,11 @@ typedef enum sp_tok_model {
     SP_TOK_MODEL_BPE = 1, /* "gpt2": byte-level BPE with a regex pre-tokenizer; "gemma4":
                              BPE over raw UTF-8 (see raw_bpe) */
     SP_TOK_MODEL_WPM = 2, /* "bert": WordPiece */
+    SP_TOK_MODEL_UGM = 3, /* "t5": Unigram (SentencePiece), precompiled charsmap */
 } sp_tok_model_t;
 
 typedef struct sp__tok_bpe sp__tok_bpe_t; /* tok_bpe.c */
+typedef struct sp__tok_ugm sp__tok_ugm_t; /* tok_ugm.c */
 
 struct sp_tokenizer {
     sp_tok_model_t model;
@@ -50,6 +52,7 @@ struct sp_tokenizer {
     bool raw_bpe;       /* "gemma4": merges run on raw UTF-8 characters (no GPT-2 byte
                            characters), a space is U+2581 in the vocabulary, a character
                            without a token falls back to its <0xNN> byte tokens */
+    sp__tok_ugm_t *ugm; /* UGM only */
 };
 
 /* Counts every token but stores only the first cap (the sp_tokenizer_encode contract). */
@@ -88,6 +91,13 @@ sp_status_t sp__tok_bpe_encode(const sp_tokenizer_t *t, const char *text, size_t
                                sp__tok_out_t *o);
 /* A normal token's text: byte characters back to bytes (sp_tokenizer_piece's contract). */
 int32_t sp__tok_bpe_text(const sp_tokenizer_t *t, sp_str_t s, char *buf, int32_t cap);
+
+/* Unigram (tok_ugm.c). init (after the map, scores and attributes) reads
+ * the charsmap and the whitespace flags; text has no specials. */
+sp_status_t sp__tok_ugm_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);
+void sp__tok_ugm_free(sp__tok_ugm_t *u);
+sp_status_t sp__tok_ugm_encode(const sp_tokenizer_t *t, const char *text, size_t len,
+                               sp__tok_out_t *o);
 
 /* WordPiece (tok_wpm.c). */
 sp_status_t sp__tok_wpm_encode(const sp_tokenizer_t *t, const char *text, size_t len,

@@ -260,6 +260,29 @@ try:
     ks_refused("KServe: generate on an encoder is 400", "/v2/models/nomic/generate",
                {"text_input": "x"})
 
+    # ---- llama.cpp's embeddings of the same files (node-llama-cpp's prebuilt) ------------
+    # llama.cpp is not float64-exact: on these models its vectors are 1e-4 from the float64
+    # reference (ours: 1e-7), consistent with intermediates rounded once to F16 somewhere
+    # (2^-11 = 4.9e-4 relative on O(1) values) and, for bert, its tanh GELU (3e-5 to 8e-5
+    # above). So max |sampan - llama.cpp| <= 1e-3 after both are scaled to unit length;
+    # a missing embedding, bias, RoPE or a different pooling moves entries by 1e-2 or more.
+    if shutil.which("node") is None or not os.path.isdir(
+            os.path.join(ROOT, "bench", "node_modules", "node-llama-cpp")):
+        s.skip("llama.cpp embeddings", "node or bench/node_modules/node-llama-cpp is missing")
+    else:
+        for name, path in (("nomic", nomic), ("bert-cls", bert_cls), ("bert-mean", bert_mean)):
+            r = subprocess.run(["node", os.path.join(ROOT, "bench", "llamacpp_embed.mjs"), path]
+                               + texts, capture_output=True, text=True, timeout=120, cwd=ROOT)
+            st, b = http_json(P, "POST", "/v1/embeddings", {"model": name, "input": texts})
+            try:
+                theirs = [f32(v) / np.linalg.norm(v) for v in json.loads(r.stdout)]
+                worst = max(float(np.max(np.abs(f32(d["embedding"]) - v)))
+                            for d, v in zip(b["data"], theirs))
+                s.case(f"{name}: equals llama.cpp's embedding", st == 200 and worst <= 1e-3,
+                       f"max difference {worst:.2e}")
+            except (ValueError, KeyError, TypeError) as e:
+                s.case(f"{name}: equals llama.cpp's embedding", False, f"{e}: {r.stderr[-400:]}")
+
     # ---- the official openai npm SDK -----------------------------------------------------
     node_dir = os.path.join(ROOT, "tests", "node")
     if shutil.which("node") is None or not os.path.isdir(os.path.join(node_dir, "node_modules",
