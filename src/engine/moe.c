@@ -75,10 +75,24 @@ get_experts(const sp_gguf_t *g, const char *name, int64_t n_in, int64_t n_out, i
     const char *path = sp_gguf_path(g);
     const sp_gguf_tensor_t *t = sp_gguf_find_tensor(g, name);
     memset(w, 0, sizeof *w);
+    if (t == NULL && required) {
+        /* Files converted before April 2024 keep one 2-D tensor per expert
+         * (blk.N.ffn_gate.E.weight), which llama.cpp no longer reads either. */
+        char legacy[96];
+        const char *exps = strstr(name, "_exps.weight");
+        if (exps != NULL && (size_t)(exps - name) < 64) {
+            snprintf(legacy, sizeof legacy, "%.*s.0.weight", (int)(exps - name), name);
+            if (sp_gguf_find_tensor(g, legacy) != NULL) {
+                return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                               "%s: missing tensor '%s': the file stores each expert apart "
+                               "('%s', the pre-2024 layout); convert it again with a current "
+                               "llama.cpp", path, name, legacy);
+            }
+        }
+        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing tensor '%s'", path, name);
+    }
     if (t == NULL) {
-        return required ? sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing tensor '%s'", path,
-                                  name)
-                        : SP_OK;
+        return SP_OK;
     }
     if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert || t->ne[3] != 1) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,

@@ -161,6 +161,7 @@ typedef struct moe_spec {
     int64_t used_override;    /* > 0: write this expert_used_count */
     int64_t bad_up_ne2;       /* > 0: blk.1.ffn_up_exps has this many experts */
     bool drop_router;         /* no blk.0.ffn_gate_inp */
+    bool legacy;              /* layer 0's gate experts as blk.0.ffn_gate.E.weight (pre-2024) */
 } moe_spec_t;
 
 #define ME 64
@@ -220,7 +221,15 @@ build_moe(const moe_spec_t *sp, sp_model_t **out, void **buf, char *err, size_t 
         if (!(sp->drop_router && l == 0)) {
             T("ffn_gate_inp.weight", SP_TYPE_F32, 2, ME, sp->n_expert, 1, 0.5f, 0.0f);
         }
-        T("ffn_gate_exps.weight", sp->wtype, 3, ME, FE, sp->n_expert, 0.2f, 0.0f);
+        if (sp->legacy && l == 0) {
+            for (int64_t e = 0; e < sp->n_expert; e++) {
+                char en[64];
+                snprintf(en, sizeof en, "ffn_gate.%lld.weight", (long long)e);
+                T(en, sp->wtype, 2, ME, FE, 1, 0.2f, 0.0f);
+            }
+        } else {
+            T("ffn_gate_exps.weight", sp->wtype, 3, ME, FE, sp->n_expert, 0.2f, 0.0f);
+        }
         T("ffn_up_exps.weight", sp->wtype, 3, ME, FE,
           sp->bad_up_ne2 > 0 && l == 1 ? sp->bad_up_ne2 : sp->n_expert, 0.2f, 0.0f);
         T("ffn_down_exps.weight", sp->wtype, 3, FE, ME, sp->n_expert, 0.1f, 0.0f);
@@ -274,7 +283,7 @@ TEST(moe_block_rows_alone_equal_rows_together)
     char err[512];
     void *buf;
     sp_model_t *m;
-    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false, false};
     if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     ASSERT(m->moe != NULL && m->moe->hp.n_expert == 8 && m->moe->hp.n_expert_used == 2);
     static float onehot[8 * ME];
@@ -406,13 +415,13 @@ beside_others(const moe_spec_t *spec)
 
 TEST(moe_batch_invariance_mixtral_q8_0)
 {
-    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 8, 2, 0, 0, 0, false, false};
     beside_others(&sp);
 }
 
 TEST(moe_batch_invariance_qwen2moe_shared_f32)
 {
-    moe_spec_t sp = {"qwen2moe", SP_TYPE_F32, 8, 4, 80, 0, 0, false};
+    moe_spec_t sp = {"qwen2moe", SP_TYPE_F32, 8, 4, 80, 0, 0, false, false};
     beside_others(&sp);
 }
 
@@ -423,7 +432,7 @@ TEST(moe_long_prefill_equals_decode)
     char err[512];
     void *buf;
     sp_model_t *m;
-    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 4, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_Q8_0, 4, 2, 0, 0, 0, false, false};
     if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     enum { N = 300 };
     static int32_t toks[N];
@@ -456,7 +465,7 @@ expect_refused(const moe_spec_t *sp, const char *needle)
 
 TEST(moe_load_refusals)
 {
-    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false, false};
     sp.used_override = 9;
     expect_refused(&sp, "expert_used_count");
     sp.used_override = 0;
@@ -465,11 +474,14 @@ TEST(moe_load_refusals)
     sp.bad_up_ne2 = 0;
     sp.drop_router = true;
     expect_refused(&sp, "blk.0.ffn_gate_inp.weight");
+    sp.drop_router = false;
+    sp.legacy = true;
+    expect_refused(&sp, "pre-2024 layout");
     /* qwen2moe without experts is refused (expert_count 1). */
-    moe_spec_t q = {"qwen2moe", SP_TYPE_F32, 1, 1, 80, 0, 0, false};
+    moe_spec_t q = {"qwen2moe", SP_TYPE_F32, 1, 1, 80, 0, 0, false, false};
     expect_refused(&q, "expert_count");
     /* llama with expert_count 1 is dense: it then needs the dense FFN. */
-    moe_spec_t d = {"llama", SP_TYPE_F32, 1, 1, 0, 0, 0, false};
+    moe_spec_t d = {"llama", SP_TYPE_F32, 1, 1, 0, 0, 0, false, false};
     expect_refused(&d, "blk.0.ffn_gate.weight");
 }
 
@@ -487,7 +499,7 @@ TEST(moe_block_oai_swiglu_biases_softmax_weight)
     char err[512];
     void *buf;
     sp_model_t *m;
-    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 3, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 3, 0, 0, 0, false, false};
     if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     struct sp_moe_model *moe = m->moe;
     moe->hp.gating = SP_MOE_GATING_SOFTMAX_WEIGHT;
@@ -610,7 +622,7 @@ TEST(moe_lora_ffn_adapter_refused_attention_adapter_loads)
     char err[512];
     void *buf;
     sp_model_t *m;
-    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false, false};
     if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     ASSERT(adapter_on(m, "ffn_up", ME, MFF, err, sizeof err) != SP_OK);
     ASSERT(strstr(err, "mixture-of-experts") != NULL && strstr(err, "blk.0.ffn_up") != NULL);
@@ -626,7 +638,7 @@ TEST(moe_gpu_attach_keeps_model_on_cpu)
     char err[512];
     void *buf;
     sp_model_t *m;
-    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false};
+    moe_spec_t sp = {"llama", SP_TYPE_F32, 8, 2, 0, 0, 0, false, false};
     if (build_moe(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     sp_cuda_api_t never_called;
     memset(&never_called, 0, sizeof never_called); /* a NULL op would crash if used */
