@@ -1136,22 +1136,21 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             /* Mixture of experts (engine/moe.c); LoRA adapters never carry
              * FFN matrices for such a model (lora.c checks their shapes). */
             sp__moe_ffn(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->xn, b->proj, R);
-            add_norm_rows(b, true, il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, R);
-            continue;
-        }
-        const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
-        float *ygu[2] = {b->ff_gate, b->ff_up};
-        const float *bgu[2] = {NULL, NULL};
-        matmul(b, 2, wgu, ygu, bgu, b->xn, E, R);
-        if (lora) {
-            lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
-        }
-        swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff, hp->ffn_act};
-        sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
-        matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
-        if (lora) {
-            const sp_weight_t *wd[1] = {&L->w_down};
-            lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, hp->n_ff, R);
+        } else {
+            const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
+            float *ygu[2] = {b->ff_gate, b->ff_up};
+            const float *bgu[2] = {NULL, NULL};
+            matmul(b, 2, wgu, ygu, bgu, b->xn, E, R);
+            if (lora) {
+                lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
+            }
+            swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff, hp->ffn_act};
+            sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
+            matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
+            if (lora) {
+                const sp_weight_t *wd[1] = {&L->w_down};
+                lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, hp->n_ff, R);
+            }
         }
         /* The residual add, and the next layer's input norm when there is one. */
         add_post_norm_rows(b, L->ffn_post_norm,
