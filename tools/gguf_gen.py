@@ -6,7 +6,7 @@ Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
 TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
 
     tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny|mixtral-tiny|qwen2moe-tiny]
-        [--arch llama|qwen2|qwen2moe] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
+        [--arch llama|qwen2|qwen2moe|qwen3moe|gpt-oss] [--expert-type T] [--swa N] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
         [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|q2_k|q3_k|q4_k|
@@ -38,6 +38,15 @@ router blk.N.ffn_gate_inp.weight [dim, n_expert] (kept F32, as llama.cpp's quant
 it), the experts as 3-D tensors blk.N.ffn_{gate,up}_exps.weight [dim, ff_exp, n_expert] and
 ffn_down_exps.weight [ff_exp, dim, n_expert]; qwen2moe adds ffn_gate_inp_shexp.weight [dim]
 (F32) and ffn_{gate,up,down}_shexp.weight.
+
+gpt-oss (--arch gpt-oss) as llama.cpp's converter writes it: experts in every layer with their
+width in expert_feed_forward_length (also feed_forward_length), the expert matrices in MXFP4
+(--expert-type, default mxfp4; the rest in --type), F32 biases on the router
+(ffn_gate_inp.bias [n_expert]) and the experts (ffn_{gate,up}_exps.bias [ff_exp, n_expert],
+ffn_down_exps.bias [dim, n_expert]), q/k/v and attention output biases, attn_sinks.weight
+[n_heads] (one sink logit per query head, uniform in [-1, 3]), the FFN's pre-norm under the
+name post_attention_norm.weight (no ffn_norm), attention.sliding_window (every other layer
+slides: the converter writes no pattern key, llama.cpp's default is 2) and optional YaRN keys.
 
 The file is written tensor by tensor in chunks of rows, so memory stays at a few
 hundred MB whatever the model size.
@@ -153,6 +162,14 @@ PRESETS = {
     "qwen3moe-256": dict(arch="qwen3moe", dim=256, n_layers=2, n_heads=4, n_kv_heads=2,
                          head_dim=128, ff=512, vocab=512, ctx=256, tied=False,
                          rope_base=1000000.0, eps=1e-6, n_expert=8, n_expert_used=2, ff_exp=256),
+    # gpt-oss scaled down: 32-wide heads over a 64 model (q is wider than the model, as in
+    # gpt-oss-20b), top-2 of 8 experts in MXFP4, a window of 8 on layer 0, YaRN x4 over 64
+    "gpt-oss-tiny": dict(arch="gpt-oss", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         head_dim=32, ff=64, vocab=300, ctx=256, n_expert=8, n_expert_used=2,
+                         tied=False, rope_base=150000.0, swa=8, yarn=4.0, yarn_orig_ctx=64),
+    "gpt-oss-256": dict(arch="gpt-oss", dim=256, n_layers=2, n_heads=8, n_kv_heads=2,
+                        head_dim=64, ff=256, vocab=512, ctx=256, n_expert=8, n_expert_used=4,
+                        tied=False, rope_base=150000.0, swa=8, yarn=4.0, yarn_orig_ctx=64),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
@@ -182,7 +199,8 @@ ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2
                  "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
                  "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
                  "olmo2": "olmo2-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
-                 "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256"}
+                 "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256",
+                 "gpt-oss": "gpt-oss-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
@@ -190,8 +208,8 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 n_expert_used=0, ff_exp=None, ff_shexp=None, yarn=None, yarn_orig_ctx=None,
                 swa=None, swa_pattern=None, attn_softcap=None, final_softcap=None,
                 longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
-                n_types=2, granite_scales=None)
-MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture of experts (llama is with --n-expert)
+                n_types=2, granite_scales=None, expert_type=None)
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
@@ -211,6 +229,7 @@ ARCHS = {
     "olmo2": {"post_norms", "no_pre_norms", "qk_norm_full"},
     "qwen2moe": set(),
     "qwen3moe": {"qk_norm", "key_length"},
+    "gpt-oss": {"gptoss", "key_length"},
     "bert": set(),
     "nomic-bert": set(),
 }
@@ -685,7 +704,7 @@ def resolve(cfg):
     if c["ff"] is None:
         c["ff"] = 4 * c["dim"]
     if c["qkv_bias"] is None:
-        c["qkv_bias"] = c["arch"] in ("qwen2", "qwen2moe")
+        c["qkv_bias"] = c["arch"] in ("qwen2", "qwen2moe", "gpt-oss")
     if not c["embd_scale"] > 0:
         raise ValueError("embd_scale must be positive")
     if c["n_heads"] % c["n_kv_heads"]:
@@ -708,10 +727,18 @@ def resolve(cfg):
             raise ValueError("--n-expert-used must be in 1..n_expert")
         if c["arch"] == "llama":
             c["ff_exp"] = c["ff"]  # Mixtral keeps the experts' width in feed_forward_length
+        elif c["arch"] == "gpt-oss":
+            c["ff_exp"] = c["ff"]  # the converter writes intermediate_size as both
         elif c["ff_exp"] is None:
             c["ff_exp"] = c["ff"] // c["n_expert_used"]
         if c["arch"] == "qwen2moe" and c["ff_shexp"] is None:
             c["ff_shexp"] = c["ff"]
+    if c["arch"] == "gpt-oss":
+        if not c["swa"]:
+            raise ValueError("gpt-oss needs --swa (llama.cpp requires attention.sliding_window)")
+        if not c["qkv_bias"]:
+            raise ValueError("gpt-oss always has q/k/v biases")
+        c["expert_type"] = c["expert_type"] or "mxfp4"
     if c["arch"] in ENCODERS:
         if c["n_kv_heads"] != c["n_heads"] or c["head_dim"] * c["n_heads"] != c["dim"]:
             raise ValueError("an encoder has n_kv_heads == n_heads and head_dim * n_heads == dim")
@@ -720,7 +747,8 @@ def resolve(cfg):
         c["pooling"] = c["pooling"] or ("rank" if c["n_cls_out"] > 1 else "mean")
         if c["eps"] == DEFAULTS["eps"]:
             c["eps"] = 1e-12
-    for k in ("type", "embd_type", "output_type"):
+    c["expert_type"] = c["expert_type"] or c["type"]
+    for k in ("type", "embd_type", "output_type", "expert_type"):
         if c[k] is not None and c[k] not in TYPES:
             raise ValueError(f"unknown type {c[k]}")
     c["embd_type"] = c["embd_type"] or c["type"]
@@ -830,16 +858,26 @@ def tensor_list(c):
             ts.append((p + "attn_q_norm.weight", (nh * hd,), "f32", "norm"))
             ts.append((p + "attn_k_norm.weight", (nkv * hd,), "f32", "norm"))
         ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
+        if "gptoss" in feat:
+            ts.append((p + "attn_output.bias", (d,), "f32", "bias"))
+            ts.append((p + "attn_sinks.weight", (nh,), "f32", "sink"))
+            # gpt-oss's FFN pre-norm, under llama.cpp's name for it
+            ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
         if "post_norms" in feat:
             ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
-        if "no_pre_norms" not in feat:
+        if "no_pre_norms" not in feat and "gptoss" not in feat:
             ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
         if c["n_expert"]:
-            ne, fe = c["n_expert"], c["ff_exp"]
+            ne, fe, we = c["n_expert"], c["ff_exp"], c["expert_type"]
             ts.append((p + "ffn_gate_inp.weight", (d, ne), "f32", "mat"))
-            ts.append((p + "ffn_gate_exps.weight", (d, fe, ne), w, "mat"))
-            ts.append((p + "ffn_up_exps.weight", (d, fe, ne), w, "mat"))
-            ts.append((p + "ffn_down_exps.weight", (fe, d, ne), w, "mat"))
+            ts.append((p + "ffn_gate_exps.weight", (d, fe, ne), we, "mat"))
+            ts.append((p + "ffn_up_exps.weight", (d, fe, ne), we, "mat"))
+            ts.append((p + "ffn_down_exps.weight", (fe, d, ne), we, "mat"))
+            if "gptoss" in feat:
+                ts.append((p + "ffn_gate_inp.bias", (ne,), "f32", "bias"))
+                ts.append((p + "ffn_gate_exps.bias", (fe, ne), "f32", "bias"))
+                ts.append((p + "ffn_up_exps.bias", (fe, ne), "f32", "bias"))
+                ts.append((p + "ffn_down_exps.bias", (d, ne), "f32", "bias"))
             if c["ff_shexp"]:
                 fs = c["ff_shexp"]
                 ts.append((p + "ffn_gate_inp_shexp.weight", (d,), "f32", "mat"))
@@ -948,6 +986,8 @@ def _values(c, name, ne, kind, rng, rows):
         return rng.uniform(0.8, 1.2, size=(rows, n)).astype(np.float32)
     if kind == "ropef":  # LongRoPE frequency divisors, >= 1 as in the released models
         return rng.uniform(1.0, 4.0, size=(rows, n)).astype(np.float32)
+    if kind == "sink":  # attention sink logits: of the size of the scores they join
+        return rng.uniform(-1.0, 3.0, size=(rows, n)).astype(np.float32)
     if kind == "bias":
         return (rng.standard_normal((rows, n), dtype=np.float32) * np.float32(0.2))
     std = (c["embd_scale"] if kind == "embd" else 1.0) / np.sqrt(n)
@@ -1036,6 +1076,8 @@ def main(argv=None):
     ap.add_argument("--qkv-bias", action="store_true", default=None)
     ap.add_argument("--type", choices=sorted(TYPES))
     ap.add_argument("--embd-type", choices=sorted(TYPES), help="token_embd type (default --type)")
+    ap.add_argument("--expert-type", choices=sorted(TYPES),
+                    help="expert matrices' type (default --type; gpt-oss: mxfp4)")
     ap.add_argument("--output-type", choices=sorted(TYPES), help="output.weight type")
     ap.add_argument("--vocab-from", help="copy tokenizer.* metadata from this GGUF file")
     ap.add_argument("--poison", metavar="TENSOR",

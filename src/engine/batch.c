@@ -865,6 +865,7 @@ attn_job_run(void *arg, int64_t chunk, int ith)
     const int64_t n_items = j->n_tok * hp->n_head_kv * j->n_split;
     const int64_t lo = chunk * j->per_chunk;
     const int64_t hi = lo + j->per_chunk < n_items ? lo + j->per_chunk : n_items;
+    const float *sinks = b->m->layers[j->il].attn_sinks;
 
     for (int64_t item = lo; item < hi; item++) {
         const int64_t g = item / (j->n_tok * j->n_split);
@@ -895,6 +896,7 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             .scratch = b->scores + (int64_t)ith * b->scores_stride,
             .window = hp->layer_swa[j->il] ? hp->n_swa : 0,
             .softcap = hp->attn_softcap,
+            .sinks = sinks != NULL ? sinks + h0 : NULL, /* q row i is head h0 + i */
         };
         b->k->attn[kv->type](&a);
     }
@@ -1125,7 +1127,12 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         attn_job_t aj = {b, il, R, n_split, 1 + n_items / 16384};
         sp_pool_run(b->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
-        matmul1(b, &L->wo, b->proj, b->att, q_dim, R);
+        {
+            const sp_weight_t *wo[1] = {&L->wo};
+            float *yo[1] = {b->proj};
+            const float *bo[1] = {L->bo}; /* NULL but for gpt-oss */
+            matmul(b, 1, wo, yo, bo, b->att, q_dim, R);
+        }
         if (lora) {
             const sp_weight_t *wo[1] = {&L->wo};
             lora_rows(b, seqs, il, SP_LORA_O, 1, &b->proj, wo, b->att, q_dim, R);

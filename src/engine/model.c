@@ -49,12 +49,15 @@ static const arch_info_t archs[] = {
     {"smollm3", SP_ROPE_NORMAL},
     {"granite", SP_ROPE_NORMAL},
     {"olmo2", SP_ROPE_NEOX},
+    /* gpt-oss: experts in every layer, alternating sliding window, attention
+     * sinks and output bias, YaRN */
+    {"gpt-oss", SP_ROPE_NEOX},
 };
 
 /* The list the refusal of an unknown architecture names. */
 #define SUPPORTED_ARCHS \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2, qwen2moe, " \
-    "qwen3moe, bert, nomic-bert"
+    "qwen3moe, gpt-oss, bert, nomic-bert"
 
 static bool
 arch_is(const sp_hparams_t *hp, const char *name)
@@ -169,6 +172,21 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
                                           1e12, &hp->rope_base_swa, err, err_len)) != SP_OK) {
                 return st;
             }
+        }
+    } else if (arch_is(hp, "gpt-oss")) {
+        /* A window is required; every other layer slides (pattern 2: layer il
+         * slides when il is even), both kinds with the same RoPE. */
+        int64_t period;
+        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", -1, 1, SP_MAX_CTX,
+                             &hp->n_swa, err, err_len)) != SP_OK ||
+            (st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", 2, 0,
+                             SP_MAX_LAYERS, &period, err, err_len)) != SP_OK ||
+            (st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
+                               &hp->rope_base_swa, err, err_len)) != SP_OK) {
+            return st;
+        }
+        for (int64_t il = 0; il < hp->n_layer; il++) {
+            hp->layer_swa[il] = period == 0 || il % period < period - 1;
         }
     } else if (arch_is(hp, "phi3")) {
         if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
@@ -346,7 +364,9 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
     bool linear = st == SP_OK && sp_str_eq_c(stype, "linear");
     if (st == SP_OK && sp_str_eq_c(stype, "yarn")) {
-        return sp__yarn_load(g, hp, err, err_len);
+        /* then the architecture's own keys, as for any other scaling */
+        st = sp__yarn_load(g, hp, err, err_len);
+        return st == SP_OK ? load_arch_hparams(g, hp, err, err_len) : st;
     }
     if (st == SP_OK && !linear && !sp_str_eq_c(stype, "none")) {
         return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
@@ -435,6 +455,7 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     const bool qk_norm = arch_is(hp, "qwen3") || arch_is(hp, "qwen3moe") || arch_is(hp, "gemma3") || olmo2;
     const bool post_norms = arch_is(hp, "gemma2") || arch_is(hp, "gemma3") || olmo2;
     const bool phi3 = arch_is(hp, "phi3");
+    const bool gptoss = arch_is(hp, "gpt-oss");
 
     m->layers = sp_calloc((size_t)hp->n_layer, sizeof(sp_layer_t));
     if (m->layers == NULL) {
@@ -454,7 +475,14 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     snprintf(name, sizeof name, "blk.%lld." nm "." suffix, (long long)il);               \
     if ((st = sp__model_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK)            \
         return st;
-        if (!olmo2) { /* olmo2 has no pre-norms */
+        if (gptoss) {
+            /* gpt-oss names its FFN pre-norm post_attention_norm (it normalises
+             * the sum after the attention's residual add, i.e. the FFN input). */
+            V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
+            V(ffn_norm, "post_attention_norm", "weight", hp->n_embd, true);
+            V(bo, "attn_output", "bias", hp->n_embd, true);
+            V(attn_sinks, "attn_sinks", "weight", hp->n_head, true);
+        } else if (!olmo2) { /* olmo2 has no pre-norms */
             V(attn_norm, "attn_norm", "weight", hp->n_embd, true);
             V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
         }
@@ -479,9 +507,9 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
             V(attn_post_norm, "post_attention_norm", "weight", hp->n_embd, true);
             V(ffn_post_norm, "post_ffw_norm", "weight", hp->n_embd, true);
         }
-        V(bq, "attn_q", "bias", q_dim, false);
-        V(bk, "attn_k", "bias", kv_dim, false);
-        V(bv, "attn_v", "bias", kv_dim, false);
+        V(bq, "attn_q", "bias", q_dim, gptoss);
+        V(bk, "attn_k", "bias", kv_dim, gptoss);
+        V(bv, "attn_v", "bias", kv_dim, gptoss);
         if (arch_is(hp, "granite")) {
             /* llama.cpp adds these biases when present; this engine has no place for them. */
             static const char *const biases[] = {"attn_output", "ffn_gate", "ffn_up", "ffn_down"};
@@ -653,6 +681,11 @@ sp__model_cpu_only_feature(const sp_model_t *m)
         }
         if (hp->layer_swa[il] || hp->layer_nope[il]) {
             return hp->layer_swa[il] ? "sliding-window attention" : "layers without RoPE";
+        }
+    }
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        if (m->layers[il].attn_sinks != NULL || m->layers[il].bo != NULL) {
+            return "attention sinks and an attention output bias";
         }
     }
     if (hp->residual_scale != 1.0f || hp->logit_scale != 1.0f) {

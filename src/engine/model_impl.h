@@ -32,7 +32,9 @@ typedef struct sp_layer {
     sp_weight_t wk;         /* (n_head_kv * head_dim, n_embd) */
     sp_weight_t wv;         /* (n_head_kv * head_dim, n_embd) */
     sp_weight_t wo;         /* (n_embd, n_head * head_dim) */
-    const float *bq, *bk, *bv; /* biases (qwen2) or NULL */
+    const float *bq, *bk, *bv; /* biases (qwen2, gpt-oss) or NULL */
+    const float *bo;           /* (n_embd) attention output bias (gpt-oss) or NULL */
+    const float *attn_sinks;   /* (n_head) per-query-head sink logits (gpt-oss) or NULL */
     const float *attn_q_norm, *attn_k_norm; /* (head_dim) per-head RMSNorm of q and k
                                                 before RoPE (qwen3, gemma3) or NULL */
     const float *attn_post_norm; /* (n_embd) RMSNorm of the attention output before the

@@ -64,6 +64,7 @@ static const moe_arch_t moe_archs[] = {
     {"mistral", false, false, false, SP_MOE_GATING_SOFTMAX, true, SP_MOE_ACT_SILU},
     {"qwen2moe", true, true, false, SP_MOE_GATING_SOFTMAX, false, SP_MOE_ACT_SILU},
     {"qwen3moe", true, false, false, SP_MOE_GATING_SOFTMAX, true, SP_MOE_ACT_SILU},
+    {"gpt-oss", true, false, true, SP_MOE_GATING_SOFTMAX_WEIGHT, false, SP_MOE_ACT_SWIGLU_OAI},
 };
 
 /* An n_expert x (n_out x n_in) tensor (n_expert 1: a plain matrix, which

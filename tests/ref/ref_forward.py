@@ -49,6 +49,15 @@ attention with experts), in place of the dense FFN, for each row h:
     w_e = p_e for e in S, divided by their sum (llama/Mixtral, qwen3moe; not qwen2moe)
     ffn(h) = sum_{e in S} w_e Wdown_e (silu(Wgate_e h) * Wup_e h)
     qwen2moe adds the shared expert: sigmoid(ws . h) Wdown_s (silu(Wgate_s h) * Wup_s h)
+gpt-oss (llama.cpp's build of it): NeoX RoPE (YaRN), q/k/v and attention output biases;
+each query head h has a sink logit z_h (attn_sinks) that joins the softmax's normaliser but
+has no value: o_h = sum_p e^(s_p) v_p / (e^(z_h) + sum_p e^(s_p)); layers il % P < P - 1
+(P = sliding_window_pattern, default 2: the even layers) attend only to the last
+sliding_window positions, all with the same RoPE; the FFN's pre-norm is the tensor named
+post_attention_norm (no ffn_norm); experts in every layer, routed by
+    l = Wr h + br;  S = the k largest l;  w = softmax(l_S)   (no normalisation afterwards)
+    ffn(h) = sum_{e in S} w_e (Wdown_e a_e + bdown_e), with g = Wgate_e h + bgate_e,
+    u = Wup_e h + bup_e, a_e = min(g, 7) sigmoid(1.702 min(g, 7)) (clip(u, -7, 7) + 1).
 RefModel.route_margin records the smallest gap between the k-th and (k+1)-th routing
 score seen (relative to the largest score): tests check it is far above float32 rounding,
 so the engine's float32 routing picks the same experts as this float64 oracle.
@@ -82,7 +91,7 @@ class RefModel:
         a = kv["general.architecture"]
         self.arch = a
         if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-                     "granite", "olmo2", "qwen2moe", "qwen3moe"):
+                     "granite", "olmo2", "qwen2moe", "qwen3moe", "gpt-oss"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -103,13 +112,14 @@ class RefModel:
                               kv[f"{a}.context_length"]))
             self.yarn = (factor, orig, 32.0, 1.0)
         self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "qwen2moe",
-                          "qwen3moe")
+                          "qwen3moe", "gpt-oss")
+        self.gptoss = a == "gpt-oss"
         self.n_expert = int(kv.get(f"{a}.expert_count", 0)) \
-            if a in ("llama", "mistral", "qwen2moe", "qwen3moe") else 0
+            if a in ("llama", "mistral", "qwen2moe", "qwen3moe", "gpt-oss") else 0
         if self.n_expert <= 1:
             self.n_expert = 0  # llama.cpp: 0 or 1 expert is a dense model
         self.n_expert_used = int(kv.get(f"{a}.expert_used_count", 0))
-        self.norm_w = a != "qwen2moe"
+        self.norm_w = a not in ("qwen2moe", "gpt-oss")
         self.route_margin = np.inf
         self.n_ctx_train = int(kv.get(f"{a}.context_length", 2048))
         # the context the engine runs with (sampan eval: the trained one, capped at 4096)
@@ -130,6 +140,9 @@ class RefModel:
         self.swa = [0] * L
         if a in ("gemma2", "gemma3") and n_swa > 0:
             P = int(kv.get(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6))
+            self.swa = [n_swa if (P == 0 or il % P < P - 1) else 0 for il in range(L)]
+        elif a == "gpt-oss":
+            P = int(kv.get(f"{a}.attention.sliding_window_pattern", 2))
             self.swa = [n_swa if (P == 0 or il % P < P - 1) else 0 for il in range(L)]
         elif a == "phi3" and n_swa > 0:
             self.swa = [n_swa] * L
@@ -237,6 +250,8 @@ class RefModel:
         """The mixture-of-experts block of layer prefix p over rows h (n, n_embd)."""
         k = self.n_expert_used
         logits = self.matmul(h, p + "ffn_gate_inp.weight")
+        if getattr(self, "gptoss", False):
+            return self.moe_oai(h, p, logits + self.w[p + "ffn_gate_inp.bias"])
         z = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = z / z.sum(axis=1, keepdims=True)
         out = np.zeros_like(h)
@@ -261,6 +276,32 @@ class RefModel:
             y = self.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp.weight")
             s = h @ self.w[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
             out = out + y / (1.0 + np.exp(-s))[:, None]
+        return out
+
+    def moe_oai(self, h, p, logits):
+        """gpt-oss's experts: top-k of the logits, softmax over those, biases, clamped SwiGLU."""
+        k, lim, alpha = self.n_expert_used, 7.0, 1.702
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            order = np.argsort(-logits[t], kind="stable")  # equal logits: lower id first
+            sel = order[:k]
+            if k < self.n_expert:  # gap relative to the largest logit's size
+                gap = (logits[t, order[k - 1]] - logits[t, order[k]]) / np.abs(logits[t]).max()
+                self.route_margin = min(self.route_margin, float(gap))
+            z = np.exp(logits[t, sel] - logits[t, sel].max())
+            w = z / z.sum()
+            x = h[t:t + 1]
+            for e, we in zip(sel, w):
+                g = self.matmul_e(x, p + "ffn_gate_exps.weight", e) + \
+                    self.w[p + "ffn_gate_exps.bias"][e]
+                u = self.matmul_e(x, p + "ffn_up_exps.weight", e) + \
+                    self.w[p + "ffn_up_exps.bias"][e]
+                g = np.minimum(g, lim)
+                u = np.clip(u, -lim, lim)
+                a = g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+                y = self.matmul_e(a, p + "ffn_down_exps.weight", e) + \
+                    self.w[p + "ffn_down_exps.bias"][e]
+                out[t] += we * y[0]
         return out
 
     def matmul_e(self, x, wname, e):
@@ -362,10 +403,24 @@ class Session:
             if m.swa[L]:  # query at p sees keys p - window + 1 .. p
                 lmask = mask | (pos[:, None] - np.arange(n_keys)[None, :] >= m.swa[L])
             s = np.where(lmask[None], -np.inf, s)
-            s = np.exp(s - s.max(axis=2, keepdims=True))
-            s /= s.sum(axis=2, keepdims=True)
+            sink = m.w.get(p + "attn_sinks.weight")
+            mx = s.max(axis=2, keepdims=True)
+            if sink is not None:  # (nh,) one logit per query head, in the max and the sum
+                mx = np.maximum(mx, sink[:, None, None])
+            s = np.exp(s - mx)
+            den = s.sum(axis=2, keepdims=True)
+            if sink is not None:
+                den = den + np.exp(sink[:, None, None] - mx)
+            s /= den
             att = np.einsum("hts,shd->thd", s, vv).reshape(n, nh * hd)
             o = m.matmul(att, p + "attn_output.weight")
+            if p + "attn_output.bias" in m.w:
+                o = o + m.w[p + "attn_output.bias"]
+            if m.gptoss:  # post_attention_norm is the FFN's pre-norm
+                x = x + o
+                h = m.rmsnorm(x, p + "post_attention_norm.weight")
+                x = x + m.moe(h, p)
+                continue
             if p + "post_attention_norm.weight" in m.w:
                 o = m.rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o * m.residual_scale
