@@ -308,7 +308,9 @@ class RefModel:
         """x times expert e's matrix of a 3-D expert tensor (n_expert, rows, ne0)."""
         f = self.aq[wname]
         if f is not None:
-            x = f(x).astype(self.dtype)
+            xq = f(x).astype(self.dtype)
+            self.act_err2.append(float(np.sum((xq - x) ** 2) / max(np.sum(x * x), 1e-300)))
+            x = xq
         return x @ self.w[wname][e].T
 
     def rope(self, x, pos, base=None, scale=None):
