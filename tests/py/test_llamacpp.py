@@ -121,6 +121,13 @@ MODELS = [
     ("granite", "q8_0"),
     ("olmo2", "f32"),
     ("olmo2", "q4_k"),
+    # gpt-oss: MXFP4 experts (the type is the other matrices'), sinks, a window of 8 on the
+    # even layers (shorter than N_TOKENS, so it cuts in), output bias, YaRN
+    ("gpt-oss", "f32"),
+    ("gpt-oss", "f16"),
+    ("gpt-oss", "q8_0"),
+    ("gpt-oss", "q4_k"),
+    ("gpt-oss", "mxfp4"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.
@@ -141,6 +148,9 @@ MIXES = [
     ("mistral", "Q4_K_M"),
     ("qwen2", "Q4_K_M"),
     ("qwen2", "Q8_0"),
+    ("gpt-oss", "Q8_0"),
+    ("gpt-oss", "Q4_K_M"),
+    ("gpt-oss", "MXFP4_MOE"),
 ]
 
 # (architecture, mix): `sampan quantize` of the arch's F32 model, compared with llama.cpp's.
@@ -274,7 +284,8 @@ def part_models(tmp):
 def f32_model(tmp, arch):
     path = os.path.join(tmp, f"{arch}-f32-src.gguf")
     if not os.path.exists(path):
-        gguf_gen.generate(path, model_cfg(arch, "f32", 7))
+        # experts F32 too: llama.cpp's quantizer does not requantize gpt-oss's MXFP4 experts
+        gguf_gen.generate(path, dict(model_cfg(arch, "f32", 7), expert_type="f32"))
     return path
 
 
