@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "engine/batch.h"
+#include "engine/gpu.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
@@ -190,8 +191,13 @@ TEST(gptoss_loads_its_layout)
     ASSERT(mh->act == SP_MOE_ACT_SWIGLU_OAI && mh->n_ff_shexp == 0);
     const sp_moe_layer_t *L = &m->moe->layers[1];
     ASSERT(L->gate.type == SP_TYPE_MXFP4 && L->router_b && L->gate_b && L->up_b && L->down_b);
-    /* the GPU path has neither sinks nor the output bias (nor MoE) */
+    /* the GPU path has neither sinks nor the output bias (nor MoE, nor YaRN): the
+     * whole model stays on the CPU, the device API never called */
     ASSERT(sp__model_cpu_only_feature(m) != NULL);
+    sp_cuda_api_t never_called;
+    memset(&never_called, 0, sizeof never_called); /* a NULL op would crash if used */
+    ASSERT_OK(sp_gpu_attach(m, &never_called, 0, -1, err, sizeof err));
+    ASSERT(m->gpu == NULL && sp_gpu_model_layers(m) == 0);
     sp_model_free(m);
     sp_free(buf);
 }
