@@ -16,7 +16,8 @@
  * every 4th layer), granite (embedding, attention, residual and logit
  * scales), olmo2 (no pre-norms: q/k norms over the whole projection and
  * post-norms); mixture of experts (engine/moe.h): Mixtral-style llama,
- * qwen2moe, qwen3moe; encoders bert and nomic-bert for embeddings and
+ * qwen2moe, qwen3moe, gpt-oss (attention sinks and output bias, alternating
+ * sliding window, MXFP4 experts with biases); encoders bert and nomic-bert for embeddings and
  * reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.

@@ -91,7 +91,7 @@ struct sp_moe_model {
  * Read `<arch>.expert_count` and, for a MoE model, the rest of the MoE
  * hyper-parameters and every layer's MoE tensors (shape, type, bounds) into
  * m->moe. A dense model (no expert_count, or one of 0 or 1: llama.cpp's rule)
- * keeps m->moe NULL; `required` makes that an error (qwen3moe, qwen2moe).
+ * keeps m->moe NULL; `required` makes that an error (qwen3moe, qwen2moe, gpt-oss).
  * m->hp must be loaded. Errors name the file and the key or tensor.
  */
 sp_status_t sp__moe_load(sp_model_t *m, bool required, char *err, size_t err_len);
