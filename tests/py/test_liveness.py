@@ -162,6 +162,24 @@ try:
            st == 200 and isinstance(toks, list) and len(toks) >= 4_000_000 // 27,
            f"{st} {str(b)[:300]}")
 
+    # Clients that leave while their /tokenize or /apply-template body is parsed or worked on
+    # (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan).
+    for k, wait in enumerate((0.02, 0.1, 0.3, 0.6)):
+        path, body = ("/tokenize", tok_body) if k % 2 == 0 else ("/apply-template", tmpl_body)
+        so = socket.create_connection(("127.0.0.1", P), timeout=10)
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        so.sendall(head + body)
+        time.sleep(wait)
+        reset(so)
+    s.case("clients left during /tokenize and /apply-template (logged as aborted)",
+           srv.wait_log(r"path=/(tokenize|apply-template) .*aborted=true", 10) is not None,
+           srv.text()[-600:])
+    time.sleep(0.5)
+    st, b = http_json(P, "POST", "/tokenize", {"content": "Once upon"})
+    s.case("clients that left /tokenize and /apply-template: the server still answers",
+           st == 200 and isinstance(b, dict) and len(b.get("tokens", [])) > 0, f"{st} {str(b)[:200]}")
+
     # A grammar whose start state holds more stacks than the matcher allows.
     alts = " | ".join(f'"w{i}"' for i in range(5000))
     st, b = http_json(P, "POST", "/v1/completions",
