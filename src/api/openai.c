@@ -40,6 +40,7 @@
 #include "sampan/log.h"
 #include "serving/adapters.h"
 #include "api/offload.h"
+#include "api/chat_input.h"
 #include "api/api.h"
 #include "api/rcache.h"
 #include "api/request.h"
@@ -91,10 +92,9 @@ typedef struct oai_prep {
     const char *tool_only;
     /* chat: the messages (inside body) to check, gather and render */
     const json_t *messages;
-    sp_chat_msg_t *msgs;
-    size_t n_msgs;
-    size_t *offs;
-    sp_jbuf_t store, tc;
+    sp_chat_input_t chat;        /* the gathered messages (chat_input.h) */
+    const json_t *kwargs;        /* chat_template_kwargs (inside body), or NULL */
+    const char *effort;          /* reasoning_effort (inside body), or NULL */
     char *tools_json;            /* jansson's allocator */
     char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
     char *prompt;                /* the rendered chat prompt */
@@ -200,10 +200,7 @@ oai_free(sp_api_req_t *a)
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
     json_decref(pp->own_schema);
-    sp_free(pp->msgs);
-    sp_free(pp->offs);
-    sp_jbuf_free(&pp->store);
-    sp_jbuf_free(&pp->tc);
+    sp_chat_input_free(&pp->chat);
     if (pp->tools_json) {
         sp_jfree(pp->tools_json);
     }
@@ -587,8 +584,6 @@ tokenize_text(oai_req_t *q, tok_in_t *t)
     return true;
 }
 
-static bool gather_messages(oai_prep_t *pp);
-
 /* Worker: compile the grammar, render the chat template, tokenize. Reads only
  * the request's inputs in prep (and its model, which it holds), writes only
  * prep's outputs and q->grammar. */
@@ -641,13 +636,23 @@ prep_run(sp_offload_t *job)
         }
     }
     if (pp->messages) {
-        if (!gather_messages(pp)) {
+        const char *param = NULL;
+        st = sp_chat_input_gather(&pp->chat, pp->messages, &param, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, param, NULL, "%s", err);
+            return;
+        }
+        char *extra = NULL;
+        if (sp_chat_input_extra_json(pp->kwargs, pp->effort, &extra) != SP_OK) {
+            prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
             return;
         }
         sp_chat_params_t cpar = {.add_generation_prompt = true, .bos_text = pp->bos,
-                                 .eos_text = pp->eos, .tools_json = pp->tools_json};
-        st = sp_chat_apply_ex(q->a.m->tmpl, pp->msgs, pp->n_msgs, &cpar, &pp->prompt, &pp->plen,
-                              err, sizeof err);
+                                 .eos_text = pp->eos, .tools_json = pp->tools_json,
+                                 .extra_json = extra};
+        st = sp_chat_apply_ex(q->a.m->tmpl, pp->chat.msgs, pp->chat.n, &cpar, &pp->prompt,
+                              &pp->plen, err, sizeof err);
+        sp_jfree(extra);
         if (st != SP_OK) {
             prep_fail(pp, st, "messages", NULL, "%s", err);
             return;
@@ -1800,113 +1805,6 @@ done:
     json_decref(b); /* the request keeps its own reference until it ends */
 }
 
-/* Worker: OpenAI content (a string, or a list of {"type":"text","text":...}
- * parts) appended to store as a C string at *off; false after prep_fail. */
-static bool
-message_content(oai_prep_t *pp, const json_t *c, size_t i, sp_jbuf_t *store, size_t *off)
-{
-    *off = SIZE_MAX;
-    if (c == NULL || json_is_null(c)) {
-        return true;
-    }
-    size_t start = store->len;
-    if (json_is_string(c)) {
-        sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
-    } else if (json_is_array(c)) {
-        for (size_t k = 0; k < json_array_size(c); k++) {
-            const json_t *part = json_array_get(c, k);
-            const char *type = NULL, *text = NULL;
-            size_t tl = 0;
-            sp_json_err_t e;
-            if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
-                strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
-                prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
-                          "messages[%zu].content: only parts {\"type\": \"text\", "
-                          "\"text\": ...} are supported", i);
-                return false;
-            }
-            sp_jbuf_raw(store, text, tl);
-        }
-    } else {
-        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
-                  "messages[%zu].content must be a string or a list of parts", i);
-        return false;
-    }
-    if (memchr(store->p ? store->p + start : "", '\0', store->len - start)) {
-        prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
-                  "messages[%zu].content may not contain NUL", i);
-        return false;
-    }
-    sp_jbuf_raw(store, "", 0);
-    store->len++; /* keep the NUL: contents are C strings inside store */
-    *off = start;
-    return true;
-}
-
-/* Worker: check the chat messages and gather them for the template (their
- * contents and tool calls as C strings in store and tc); false after prep_fail. */
-static bool
-gather_messages(oai_prep_t *pp)
-{
-    const json_t *ms = pp->messages;
-    size_t n = json_array_size(ms);
-    pp->msgs = sp_calloc(n, sizeof *pp->msgs);
-    pp->offs = sp_calloc(n * 2, sizeof *pp->offs);
-    if (pp->msgs == NULL || pp->offs == NULL) {
-        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
-        return false;
-    }
-    pp->n_msgs = n;
-    sp_chat_msg_t *msgs = pp->msgs;
-    size_t *offs = pp->offs;
-    sp_jbuf_t *store = &pp->store, *tc = &pp->tc;
-    for (size_t i = 0; i < n; i++) {
-        const json_t *mo = json_array_get(ms, i);
-        sp_json_err_t e;
-        const char *role = NULL;
-        if (!json_is_object(mo) || sp_json_get_str(mo, "role", &role, NULL, &e) <= 0) {
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
-                      "messages[%zu] must be an object with a string 'role'", i);
-            return false;
-        }
-        msgs[i].role = role;
-        if (!message_content(pp, json_object_get(mo, "content"), i, store, &offs[2 * i])) {
-            return false;
-        }
-        const char *name = NULL;
-        if (sp_json_get_str(mo, "name", &name, NULL, &e) < 0) {
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL, "messages[%zu].name must be a string",
-                      i);
-            return false;
-        }
-        msgs[i].name = name;
-        const char *tcid = NULL;
-        if (sp_json_get_str(mo, "tool_call_id", &tcid, NULL, &e) < 0) {
-            prep_fail(pp, SP_ERR_INVALID, "messages", NULL,
-                      "messages[%zu].tool_call_id must be a string", i);
-            return false;
-        }
-        msgs[i].tool_call_id = tcid;
-        const json_t *calls = json_object_get(mo, "tool_calls");
-        offs[2 * i + 1] = SIZE_MAX;
-        if (calls && !json_is_null(calls)) {
-            offs[2 * i + 1] = tc->len;
-            sp_jbuf_json(tc, calls);
-            sp_jbuf_raw(tc, "", 0);
-            tc->len++;
-        }
-    }
-    if (store->oom || tc->oom) {
-        prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) { /* store may have moved while growing */
-        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store->p + offs[2 * i];
-        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : tc->p + offs[2 * i + 1];
-    }
-    return true;
-}
-
 /*
  * tools and tool_choice. With tools and a choice other than "none" the
  * output is parsed for calls in the template's convention; "required" or a
@@ -2056,6 +1954,12 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         goto fail;
     }
     pp->messages = ms; /* checked, gathered and rendered by the preparation */
+    const char *param = NULL;
+    char err[256];
+    if (sp_chat_input_options(b, &pp->kwargs, &pp->effort, &param, err, sizeof err) != SP_OK) {
+        sp_api_error(r, 400, NULL, param, NULL, "%s", err);
+        goto fail;
+    }
     int32_t bid = sp_tokenizer_bos(m->tok), eid = sp_tokenizer_eos(m->tok);
     if (bid >= 0) {
         sp_str_t t = sp_tokenizer_token_text(m->tok, bid);

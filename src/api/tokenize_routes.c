@@ -2,7 +2,7 @@
  * tokenize_routes.c - llama-server's routes for seeing what a model is fed:
  *
  *   POST /apply-template  {"messages": [...], "tools"?, "add_generation_prompt"?,
- *                          "chat_template_kwargs"?} -> {"prompt": "..."}
+ *                          "chat_template_kwargs"?, "reasoning_effort"?} -> {"prompt": "..."}
  *   POST /tokenize        {"content": "...", "add_special"?, "parse_special"?,
  *                          "with_pieces"?} -> {"tokens": [...]}
  *   POST /detokenize      {"tokens": [...]} -> {"content": "..."}
@@ -10,15 +10,19 @@
  * Each takes an optional "model" (the served model's name); without it the
  * one language model served is used, and several make it a 400. The prompt
  * of /apply-template is the one /v1/chat/completions renders for the same
- * messages and tools (same template, bos/eos texts, generation prompt).
+ * messages, tools and template variables (same template, bos/eos texts,
+ * generation prompt; chat_input.h gathers both).
  *
- * Threads: handlers run on the event loop that owns the request; the work is
- * bounded (the body limit bounds the text, the template engine its steps and
- * output), so it is done there, like the other short answers. Memory: the
- * parsed body (jansson), the rendered prompt (sp_malloc) and the token arrays
- * live for the handler call only; the model reference is released before it
- * returns.
+ * Threads: the event loop that owns the request checks the fields' types,
+ * picks the model and sends the answer; the costly steps run on a
+ * preparation worker (offload.h): a body over TK_INLINE_BODY is parsed there,
+ * and the work itself (gathering and rendering the messages, tokenizing,
+ * detokenizing, writing the answer) always is. Memory: the job (tk_job_t)
+ * holds the parsed body and the model by reference, and the answer in its
+ * buffer, until the result is back on the loop; it frees them all there,
+ * whether the client is still there or not.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,15 +33,102 @@
 #include "chat/chat.h"
 #include "text/tokenizer.h"
 #include "api/api.h"
+#include "api/chat_input.h"
+#include "api/offload.h"
 
-/* The body as a JSON object, or NULL after answering 400. */
-static json_t *
-parse_body(sp_serving_t *s, sp_http_req_t *r)
+/* A refusal to queue work on a preparation worker (offload.h): 429 names
+ * the full queue, 503 the server stopping or out of memory. */
+static void
+tk_refuse(sp_http_req_t *r, int status, const char *message)
 {
+    if (status == 429) {
+        sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
+    } else {
+        sp_api_error(r, status, NULL, NULL, NULL, "%s", message);
+    }
+}
+
+/*
+ * Bodies up to TK_INLINE_BODY are parsed on the loop (well under a
+ * millisecond). A larger one is copied and parsed on a preparation worker;
+ * the handler then runs again on the loop with the parsed body, handed over
+ * through sp_offload_body_redo.
+ */
+#define TK_INLINE_BODY (64u * 1024u)
+
+typedef struct tk_body {
+    sp_offload_body_t b;
+    int json_depth;
+    json_t *root;
+    char err[512];
+} tk_body_t;
+
+static void
+body_work(sp_offload_t *job)
+{
+    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
+    if (sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
+        j->root = NULL;
+    }
+    sp_offload_body_drop(&j->b);
+}
+
+static void
+body_free(sp_offload_t *job)
+{
+    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
+    json_decref(j->root); /* NULL when the handler took it */
+    sp_offload_body_drop(&j->b);
+    sp_free(j);
+}
+
+/* Loop thread: the parsed body (or why not); run the handler with it. */
+static void
+body_done(sp_offload_t *job, sp_http_req_t *r)
+{
+    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
+    if (j->root == NULL) {
+        sp_api_error(r, 400, NULL, NULL, NULL, "%s", j->err);
+    } else if (!json_is_object(j->root)) {
+        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
+    } else {
+        sp_offload_body_rerun(&j->b); /* parse_body takes j->root */
+    }
+    body_free(job);
+}
+
+static const sp_offload_ops_t body_ops = {
+    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = tk_refuse,
+};
+
+/* The body as a JSON object, or NULL after answering 400. A large body is
+ * parsed on a worker: NULL now, and `handler` runs again with it parsed. */
+static json_t *
+parse_body(sp_serving_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
+{
+    sp_offload_body_t *redo = sp_offload_body_redo(r);
+    tk_body_t *parsed = redo != NULL ? SP_OFFLOAD_HOLDER(redo, tk_body_t, b) : NULL;
+    if (parsed != NULL && parsed->root != NULL) {
+        json_t *root = parsed->root;
+        parsed->root = NULL;
+        return root;
+    }
     sp_str_t body = sp_http_req_body(r);
     if (body.len == 0) {
         sp_api_error(r, 400, NULL, NULL, NULL,
                      "the request body is empty (a JSON object is expected)");
+        return NULL;
+    }
+    if (body.len > TK_INLINE_BODY && s->prep != NULL) {
+        tk_body_t *j = sp_calloc(1, sizeof *j);
+        if (j == NULL) {
+            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+            return NULL;
+        }
+        j->json_depth = s->cfg.json_depth;
+        if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
+            sp_free(j);
+        }
         return NULL;
     }
     json_t *root;
@@ -129,202 +220,134 @@ opt_bool(sp_http_req_t *r, const json_t *b, const char *key, bool *out)
     return true;
 }
 
-/* ---- /tokenize ---------------------------------------------------------- */
+/* ---- the work, on a preparation worker ---------------------------------- */
 
-static void
-h_tokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
-{
-    sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r);
-    if (b == NULL) {
-        return;
-    }
-    sp_served_model_t *m = NULL;
-    int32_t *ids = NULL;
+typedef enum { TK_APPLY, TK_TOKENIZE, TK_DETOKENIZE } tk_kind_t;
+
+/*
+ * A request's work: the loop fills the inputs (references to the body and
+ * the model, the options it checked) and hands the job to a worker, which
+ * reads only those and writes the outcome; the loop reads the outcome once
+ * the result is posted back (the mailbox's lock orders them).
+ */
+typedef struct tk_job {
+    sp_offload_t off;
+    sp_http_req_t *http;        /* NULL once the client left */
+    tk_kind_t kind;
+    sp_served_model_t *m;       /* a reference */
+    json_t *body;               /* a reference; the fields below point into it */
+    const json_t *arg;          /* apply: messages; tokenize: content; detokenize: tokens */
+    const json_t *tools;        /* apply: NULL or the list */
+    const json_t *kwargs;       /* apply: chat_template_kwargs, or NULL */
+    const char *effort;         /* apply: reasoning_effort, or NULL */
+    bool gen;                   /* apply: add_generation_prompt */
+    bool add_special, parse_special, with_pieces; /* tokenize */
+    /* the outcome: status 0 = out holds the answer */
+    int status;
+    const char *param;
+    char err[512];
     sp_jbuf_t out;
-    sp_jbuf_init(&out);
-    const json_t *c = json_object_get(b, "content");
-    bool add_special = false, parse_special = true, with_pieces = false;
-    if (!json_is_string(c)) {
-        sp_api_error(r, 400, NULL, "content", NULL, "'content' must be a string");
-        goto done;
-    }
-    if (!opt_bool(r, b, "add_special", &add_special) ||
-        !opt_bool(r, b, "parse_special", &parse_special) ||
-        !opt_bool(r, b, "with_pieces", &with_pieces)) {
-        goto done;
-    }
-    if ((m = pick_model(s, r, b, h_tokenize, p)) == NULL) {
-        goto done;
-    }
-    const char *text = json_string_value(c);
-    size_t len = json_string_length(c);
-    int64_t n = sp_tokenizer_encode(m->tok, text, len, add_special, parse_special, NULL, 0);
+} tk_job_t;
+
+/* Worker: record why the work failed (the loop answers it). */
+static void SP_PRINTF(4, 5)
+job_fail(tk_job_t *j, int status, const char *param, const char *fmt, ...)
+{
+    j->status = status;
+    j->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err, sizeof j->err, fmt, ap);
+    va_end(ap);
+}
+
+/* Worker: {"tokens": [...]} for the content. */
+static void
+work_tokenize(tk_job_t *j)
+{
+    const sp_tokenizer_t *tok = j->m->tok;
+    const char *text = json_string_value(j->arg);
+    size_t len = json_string_length(j->arg);
+    int32_t *ids = NULL;
+    int64_t n = sp_tokenizer_encode(tok, text, len, j->add_special, j->parse_special, NULL, 0);
     if (n >= 0) {
         ids = sp_malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
         n = ids == NULL ? SP_ERR_NOMEM
-                        : sp_tokenizer_encode(m->tok, text, len, add_special, parse_special, ids, n);
+                        : sp_tokenizer_encode(tok, text, len, j->add_special, j->parse_special, ids, n);
     }
     if (n < 0) {
-        sp_api_error(r, n == SP_ERR_NOMEM ? 503 : 400, NULL, "content", NULL,
-                     "cannot tokenize the content: %s", sp_status_str((sp_status_t)n));
-        goto done;
+        job_fail(j, n == SP_ERR_NOMEM ? 503 : 400, "content", "cannot tokenize the content: %s",
+                 sp_status_str((sp_status_t)n));
+        sp_free(ids);
+        return;
     }
-    sp_jbuf_lit(&out, "{\"tokens\":[");
+    sp_jbuf_t *out = &j->out;
+    sp_jbuf_lit(out, "{\"tokens\":[");
     for (int64_t i = 0; i < n; i++) {
         if (i > 0) {
-            sp_jbuf_lit(&out, ",");
+            sp_jbuf_lit(out, ",");
         }
-        if (!with_pieces) {
-            sp_jbuf_int(&out, ids[i]);
+        if (!j->with_pieces) {
+            sp_jbuf_int(out, ids[i]);
             continue;
         }
         /* llama-server's shape: the piece as a string when it is valid UTF-8,
          * else its bytes as a list of numbers */
         char piece[SP_TOKEN_MAX_BYTES];
-        int32_t k = sp_tokenizer_piece(m->tok, ids[i], true, piece, (int32_t)sizeof piece);
+        int32_t k = sp_tokenizer_piece(tok, ids[i], true, piece, (int32_t)sizeof piece);
         if (k < 0 || k > (int32_t)sizeof piece) {
             k = 0;
         }
-        sp_jbuf_printf(&out, "{\"id\":%d,\"piece\":", (int)ids[i]);
+        sp_jbuf_printf(out, "{\"id\":%d,\"piece\":", (int)ids[i]);
         if (sp_utf8_invalid_at(piece, (size_t)k) == (size_t)k) {
-            sp_jbuf_str(&out, piece, (size_t)k);
+            sp_jbuf_str(out, piece, (size_t)k);
         } else {
-            sp_jbuf_lit(&out, "[");
-            for (int32_t j = 0; j < k; j++) {
-                sp_jbuf_printf(&out, "%s%u", j ? "," : "", (unsigned)(unsigned char)piece[j]);
+            sp_jbuf_lit(out, "[");
+            for (int32_t b = 0; b < k; b++) {
+                sp_jbuf_printf(out, "%s%u", b ? "," : "", (unsigned)(unsigned char)piece[b]);
             }
-            sp_jbuf_lit(&out, "]");
+            sp_jbuf_lit(out, "]");
         }
-        sp_jbuf_lit(&out, "}");
+        sp_jbuf_lit(out, "}");
     }
-    sp_jbuf_lit(&out, "]}");
-    sp_api_reply_json(r, 200, &out);
-done:
+    sp_jbuf_lit(out, "]}");
     sp_free(ids);
-    sp_jbuf_free(&out);
-    if (m != NULL) {
-        sp_served_release(m);
-    }
-    json_decref(b);
 }
 
-/* ---- /detokenize -------------------------------------------------------- */
-
+/* Worker: {"content": "..."} for the token ids. */
 static void
-h_detokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+work_detokenize(tk_job_t *j)
 {
-    sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r);
-    if (b == NULL) {
-        return;
-    }
-    sp_served_model_t *m = NULL;
-    sp_jbuf_t text, out;
+    const sp_tokenizer_t *tok = j->m->tok;
+    int32_t n_vocab = sp_tokenizer_n_vocab(tok);
+    sp_jbuf_t text;
     sp_jbuf_init(&text);
-    sp_jbuf_init(&out);
-    const json_t *toks = json_object_get(b, "tokens");
-    if (!json_is_array(toks)) {
-        sp_api_error(r, 400, NULL, "tokens", NULL, "'tokens' must be a list of token ids");
-        goto done;
-    }
-    if ((m = pick_model(s, r, b, h_detokenize, p)) == NULL) {
-        goto done;
-    }
-    int32_t n_vocab = sp_tokenizer_n_vocab(m->tok);
-    for (size_t i = 0; i < json_array_size(toks); i++) {
-        const json_t *v = json_array_get(toks, i);
+    for (size_t i = 0; i < json_array_size(j->arg); i++) {
+        const json_t *v = json_array_get(j->arg, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 ||
             json_integer_value(v) >= n_vocab) {
-            sp_api_error(r, 400, NULL, "tokens", NULL,
-                         "tokens[%zu] is not a token id of the model %s (0..%d)", i, m->name,
-                         (int)n_vocab - 1);
-            goto done;
+            job_fail(j, 400, "tokens", "tokens[%zu] is not a token id of the model %s (0..%d)", i,
+                     j->m->name, (int)n_vocab - 1);
+            sp_jbuf_free(&text);
+            return;
         }
         char piece[SP_TOKEN_MAX_BYTES];
         /* control tokens are written as their text, as llama-server does */
-        int32_t k = sp_tokenizer_piece(m->tok, (int32_t)json_integer_value(v), true, piece,
+        int32_t k = sp_tokenizer_piece(tok, (int32_t)json_integer_value(v), true, piece,
                                        (int32_t)sizeof piece);
         if (k > 0 && k <= (int32_t)sizeof piece) {
             sp_jbuf_raw(&text, piece, (size_t)k);
         }
     }
     if (text.oom) {
-        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
-        goto done;
-    }
-    sp_jbuf_lit(&out, "{\"content\":");
-    /* pieces may split a character: invalid bytes are sent as U+FFFD */
-    sp_jbuf_str(&out, text.p != NULL ? text.p : "", text.len);
-    sp_jbuf_lit(&out, "}");
-    sp_api_reply_json(r, 200, &out);
-done:
-    sp_jbuf_free(&text);
-    sp_jbuf_free(&out);
-    if (m != NULL) {
-        sp_served_release(m);
-    }
-    json_decref(b);
-}
-
-/* ---- /apply-template ---------------------------------------------------- */
-
-/* messages[i].content as a C string in store (NUL-terminated; *off its start,
- * SIZE_MAX for null): a string, or a list of {"type": "text"} parts joined,
- * as /v1/chat/completions takes it. false after answering. */
-static bool
-content_of(sp_http_req_t *r, const json_t *c, size_t i, sp_jbuf_t *store, size_t *off)
-{
-    *off = SIZE_MAX;
-    if (c == NULL || json_is_null(c)) {
-        return true;
-    }
-    size_t start = store->len;
-    if (json_is_string(c)) {
-        sp_jbuf_raw(store, json_string_value(c), json_string_length(c));
-    } else if (json_is_array(c)) {
-        for (size_t k = 0; k < json_array_size(c); k++) {
-            const json_t *part = json_array_get(c, k);
-            const char *type = json_string_value(json_object_get(part, "type"));
-            const json_t *text = json_object_get(part, "text");
-            if (type == NULL || strcmp(type, "text") != 0 || !json_is_string(text)) {
-                sp_api_error(r, 400, NULL, "messages", NULL,
-                             "messages[%zu].content: only parts {\"type\": \"text\", "
-                             "\"text\": ...} are supported", i);
-                return false;
-            }
-            sp_jbuf_raw(store, json_string_value(text), json_string_length(text));
-        }
+        job_fail(j, 503, NULL, "out of memory");
     } else {
-        sp_api_error(r, 400, NULL, "messages", NULL,
-                     "messages[%zu].content must be a string or a list of parts", i);
-        return false;
+        sp_jbuf_lit(&j->out, "{\"content\":");
+        /* pieces may split a character: invalid bytes are sent as U+FFFD */
+        sp_jbuf_str(&j->out, text.p != NULL ? text.p : "", text.len);
+        sp_jbuf_lit(&j->out, "}");
     }
-    if (memchr(store->p != NULL ? store->p + start : "", '\0', store->len - start) != NULL) {
-        sp_api_error(r, 400, NULL, "messages", NULL, "messages[%zu].content may not contain NUL",
-                     i);
-        return false;
-    }
-    sp_jbuf_raw(store, "", 1); /* the NUL that ends it */
-    *off = start;
-    return true;
-}
-
-/* An optional string field of message i; false after answering. */
-static bool
-msg_str(sp_http_req_t *r, const json_t *mo, const char *key, size_t i, const char **out)
-{
-    const json_t *v = json_object_get(mo, key);
-    *out = NULL;
-    if (v == NULL || json_is_null(v)) {
-        return true;
-    }
-    if (!json_is_string(v)) {
-        sp_api_error(r, 400, NULL, "messages", NULL, "messages[%zu].%s must be a string", i, key);
-        return false;
-    }
-    *out = json_string_value(v);
-    return true;
+    sp_jbuf_free(&text);
 }
 
 /* The text of token id, or "" (NUL-terminated in buf). */
@@ -339,25 +362,195 @@ token_text(const sp_tokenizer_t *t, int32_t id, char *buf, size_t cap)
     return buf;
 }
 
+/* Worker: {"prompt": "..."}, the messages gathered and rendered. */
+static void
+work_apply(tk_job_t *j)
+{
+    sp_served_model_t *m = j->m;
+    sp_chat_input_t ci;
+    sp_chat_input_init(&ci);
+    char *tools_json = NULL, *extra_json = NULL, *prompt = NULL;
+    char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
+    const char *param = NULL;
+    sp_status_t st = sp_chat_input_gather(&ci, j->arg, &param, j->err, sizeof j->err);
+    if (st != SP_OK) {
+        job_fail(j, st == SP_ERR_NOMEM ? 503 : 400, param, "%s", j->err);
+        goto done;
+    }
+    if (j->tools != NULL && (tools_json = json_dumps(j->tools, JSON_COMPACT)) == NULL) {
+        job_fail(j, 503, NULL, "out of memory");
+        goto done;
+    }
+    if (sp_chat_input_extra_json(j->kwargs, j->effort, &extra_json) != SP_OK) {
+        job_fail(j, 503, NULL, "out of memory");
+        goto done;
+    }
+    sp_chat_params_t cp = {
+        .add_generation_prompt = j->gen,
+        .bos_text = token_text(m->tok, sp_tokenizer_bos(m->tok), bos, sizeof bos),
+        .eos_text = token_text(m->tok, sp_tokenizer_eos(m->tok), eos, sizeof eos),
+        .tools_json = tools_json,
+        .extra_json = extra_json,
+    };
+    size_t plen = 0;
+    char err[512];
+    st = sp_chat_apply_ex(m->tmpl, ci.msgs, ci.n, &cp, &prompt, &plen, err, sizeof err);
+    if (st != SP_OK) {
+        job_fail(j, st == SP_ERR_NOMEM ? 503 : 400, "messages", "%s", err);
+        goto done;
+    }
+    sp_jbuf_lit(&j->out, "{\"prompt\":");
+    sp_jbuf_str(&j->out, prompt, plen);
+    sp_jbuf_lit(&j->out, "}");
+done:
+    sp_free(prompt);
+    sp_jfree(tools_json);
+    sp_jfree(extra_json);
+    sp_chat_input_free(&ci);
+}
+
+static void
+job_work(sp_offload_t *off)
+{
+    tk_job_t *j = SP_OFFLOAD_HOLDER(off, tk_job_t, off);
+    switch (j->kind) {
+    case TK_APPLY:
+        work_apply(j);
+        break;
+    case TK_TOKENIZE:
+        work_tokenize(j);
+        break;
+    case TK_DETOKENIZE:
+        work_detokenize(j);
+        break;
+    }
+    if (j->status == 0 && j->out.oom) {
+        job_fail(j, 503, NULL, "out of memory");
+    }
+}
+
+/* Loop thread: free the job and what it holds. */
+static void
+job_free(sp_offload_t *off)
+{
+    tk_job_t *j = SP_OFFLOAD_HOLDER(off, tk_job_t, off);
+    sp_jbuf_free(&j->out);
+    json_decref(j->body);
+    sp_served_release(j->m);
+    sp_free(j);
+}
+
+/* Loop thread: send the answer. */
+static void
+job_done(sp_offload_t *off, sp_http_req_t *r)
+{
+    tk_job_t *j = SP_OFFLOAD_HOLDER(off, tk_job_t, off);
+    if (j->status == 0) {
+        sp_api_reply_json(r, 200, &j->out);
+    } else {
+        sp_api_error(r, j->status, NULL, j->param, NULL, "%s", j->err);
+    }
+    job_free(off);
+}
+
+static const sp_offload_ops_t job_ops = {
+    .stage = "prepare", .work = job_work, .done = job_done, .drop = job_free, .refuse = tk_refuse,
+};
+
+/* Loop thread: a job of kind for r, taking the references to m and b (it
+ * releases them, also on failure). NULL after answering 503. */
+static tk_job_t *
+job_new(sp_http_req_t *r, tk_kind_t kind, sp_served_model_t *m, json_t *b)
+{
+    tk_job_t *j = sp_calloc(1, sizeof *j);
+    if (j == NULL) {
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        sp_served_release(m);
+        json_decref(b);
+        return NULL;
+    }
+    j->http = r;
+    j->kind = kind;
+    j->m = m;
+    j->body = b;
+    sp_jbuf_init(&j->out);
+    return j;
+}
+
+/* Loop thread: run j on a preparation worker; its result answers r. */
+static void
+job_start(sp_serving_t *s, tk_job_t *j)
+{
+    if (!sp_offload_start(&j->off, &job_ops, s->prep, &j->http, NULL, NULL)) {
+        job_free(&j->off);
+    }
+}
+
+/* ---- the routes: checks and the model, on the loop ---------------------- */
+
+static void
+h_tokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_serving_t *s = ud;
+    json_t *b = parse_body(s, r, h_tokenize, p);
+    if (b == NULL) {
+        return;
+    }
+    const json_t *c = json_object_get(b, "content");
+    bool add_special = false, parse_special = true, with_pieces = false;
+    sp_served_model_t *m;
+    tk_job_t *j;
+    if (!json_is_string(c)) {
+        sp_api_error(r, 400, NULL, "content", NULL, "'content' must be a string");
+    } else if (opt_bool(r, b, "add_special", &add_special) &&
+               opt_bool(r, b, "parse_special", &parse_special) &&
+               opt_bool(r, b, "with_pieces", &with_pieces) &&
+               (m = pick_model(s, r, b, h_tokenize, p)) != NULL &&
+               (j = job_new(r, TK_TOKENIZE, m, json_incref(b))) != NULL) {
+        j->arg = c;
+        j->add_special = add_special;
+        j->parse_special = parse_special;
+        j->with_pieces = with_pieces;
+        job_start(s, j);
+    }
+    json_decref(b);
+}
+
+static void
+h_detokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_serving_t *s = ud;
+    json_t *b = parse_body(s, r, h_detokenize, p);
+    if (b == NULL) {
+        return;
+    }
+    const json_t *toks = json_object_get(b, "tokens");
+    sp_served_model_t *m;
+    tk_job_t *j;
+    if (!json_is_array(toks)) {
+        sp_api_error(r, 400, NULL, "tokens", NULL, "'tokens' must be a list of token ids");
+    } else if ((m = pick_model(s, r, b, h_detokenize, p)) != NULL &&
+               (j = job_new(r, TK_DETOKENIZE, m, json_incref(b))) != NULL) {
+        j->arg = toks;
+        job_start(s, j);
+    }
+    json_decref(b);
+}
+
 static void
 h_apply_template(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r);
+    json_t *b = parse_body(s, r, h_apply_template, p);
     if (b == NULL) {
         return;
     }
     sp_served_model_t *m = NULL;
-    sp_chat_msg_t *msgs = NULL;
-    size_t *offs = NULL;
-    char *tools_json = NULL, *extra_json = NULL, *prompt = NULL;
-    sp_jbuf_t store, calls, out;
-    sp_jbuf_init(&store);
-    sp_jbuf_init(&calls);
-    sp_jbuf_init(&out);
     const json_t *ms = json_object_get(b, "messages");
     const json_t *tools = json_object_get(b, "tools");
-    const json_t *kw = json_object_get(b, "chat_template_kwargs");
+    const json_t *kw = NULL;
+    const char *effort = NULL, *param = NULL;
+    char err[256];
     bool gen = true;
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
@@ -367,9 +560,8 @@ h_apply_template(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_api_error(r, 400, NULL, "tools", NULL, "'tools' must be a list");
         goto done;
     }
-    if (kw != NULL && !json_is_null(kw) && !json_is_object(kw)) {
-        sp_api_error(r, 400, NULL, "chat_template_kwargs", NULL,
-                     "'chat_template_kwargs' must be an object");
+    if (sp_chat_input_options(b, &kw, &effort, &param, err, sizeof err) != SP_OK) {
+        sp_api_error(r, 400, NULL, param, NULL, "%s", err);
         goto done;
     }
     if (!opt_bool(r, b, "add_generation_prompt", &gen)) {
@@ -381,81 +573,19 @@ h_apply_template(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (m->tmpl == NULL) {
         sp_api_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
                      m->name, m->tmpl_error);
-        goto done;
-    }
-    size_t n = json_array_size(ms);
-    msgs = sp_calloc(n, sizeof *msgs);
-    offs = sp_calloc(2 * n, sizeof *offs);
-    if (msgs == NULL || offs == NULL) {
-        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const json_t *mo = json_array_get(ms, i);
-        const json_t *role = json_object_get(mo, "role");
-        if (!json_is_object(mo) || !json_is_string(role)) {
-            sp_api_error(r, 400, NULL, "messages", NULL,
-                         "messages[%zu] must be an object with a string 'role'", i);
-            goto done;
-        }
-        msgs[i].role = json_string_value(role);
-        if (!content_of(r, json_object_get(mo, "content"), i, &store, &offs[2 * i]) ||
-            !msg_str(r, mo, "name", i, &msgs[i].name) ||
-            !msg_str(r, mo, "tool_call_id", i, &msgs[i].tool_call_id)) {
-            goto done;
-        }
-        const json_t *tc = json_object_get(mo, "tool_calls");
-        offs[2 * i + 1] = SIZE_MAX;
-        if (tc != NULL && !json_is_null(tc)) {
-            offs[2 * i + 1] = calls.len;
-            sp_jbuf_json(&calls, tc);
-            sp_jbuf_raw(&calls, "", 1);
-        }
-    }
-    if (store.oom || calls.oom) {
-        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) { /* the buffers may have moved while growing */
-        msgs[i].content = offs[2 * i] == SIZE_MAX ? NULL : store.p + offs[2 * i];
-        msgs[i].tool_calls = offs[2 * i + 1] == SIZE_MAX ? NULL : calls.p + offs[2 * i + 1];
-    }
-    if (tools != NULL && !json_is_null(tools)) {
-        tools_json = json_dumps(tools, JSON_COMPACT);
-    }
-    if (kw != NULL && json_is_object(kw)) {
-        extra_json = json_dumps(kw, JSON_COMPACT);
-    }
-    char bos[256], eos[256], err[512];
-    sp_chat_params_t cp = {
-        .add_generation_prompt = gen,
-        .bos_text = token_text(m->tok, sp_tokenizer_bos(m->tok), bos, sizeof bos),
-        .eos_text = token_text(m->tok, sp_tokenizer_eos(m->tok), eos, sizeof eos),
-        .tools_json = tools_json,
-        .extra_json = extra_json,
-    };
-    size_t plen = 0;
-    sp_status_t st = sp_chat_apply_ex(m->tmpl, msgs, n, &cp, &prompt, &plen, err, sizeof err);
-    if (st != SP_OK) {
-        sp_api_error(r, st == SP_ERR_NOMEM ? 503 : 400, NULL, "messages", NULL, "%s", err);
-        goto done;
-    }
-    sp_jbuf_lit(&out, "{\"prompt\":");
-    sp_jbuf_str(&out, prompt, plen);
-    sp_jbuf_lit(&out, "}");
-    sp_api_reply_json(r, 200, &out);
-done:
-    sp_free(prompt);
-    sp_jfree(tools_json);
-    sp_jfree(extra_json);
-    sp_free(msgs);
-    sp_free(offs);
-    sp_jbuf_free(&store);
-    sp_jbuf_free(&calls);
-    sp_jbuf_free(&out);
-    if (m != NULL) {
         sp_served_release(m);
+        goto done;
     }
+    tk_job_t *j = job_new(r, TK_APPLY, m, json_incref(b));
+    if (j != NULL) {
+        j->arg = ms;
+        j->tools = tools != NULL && !json_is_null(tools) ? tools : NULL;
+        j->kwargs = kw;
+        j->effort = effort;
+        j->gen = gen;
+        job_start(s, j);
+    }
+done:
     json_decref(b);
 }
 

@@ -5,6 +5,9 @@
   (a liveness bound, not a speed target: the work itself used to hold the loop for seconds);
 - both answer 400 naming the limit they exceed (the grammar's rules, the template's output),
   not 413 (that one is for a body over --max-body-bytes);
+- llama-server's /apply-template (the same 7.8 MB chat: 400 at the template's output limit)
+  and /tokenize (a 4 MB text) are parsed, rendered and tokenized off the loop: /live within
+  the same 100 ms while each runs;
 - a grammar over the matcher's limits answers 400 with code limit_exceeded;
 - a client that disconnects while its request is being prepared leaves the server serving
   (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan);
@@ -76,12 +79,14 @@ def post_raw(port, path, body, timeout=60):
     return post_with(port, path, body, {"Content-Type": "application/json"}, timeout)
 
 
-def post_with(port, path, body, headers, timeout=60):
+def post_with(port, path, body, headers, timeout=60, decode=True):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         c.request("POST", path, body=body, headers=headers)
         r = c.getresponse()
         raw = r.read()
+        if not decode:
+            return r.status, raw
         try:
             return r.status, json.loads(raw)
         except ValueError:
@@ -126,6 +131,54 @@ try:
     s.case("7.8 MB chat: 400 naming the template's output limit (not 413)",
            st == 400 and e.get("code") == "limit_exceeded" and "output" in e.get("message", ""),
            f"{st} {str(b)[:300]}")
+
+    # llama-server's routes: a multi-MB body is parsed, rendered and tokenized off the loop too.
+    tmpl_body = json.dumps({"model": "stories260K",
+                            "messages": big_chat_body()["messages"]}).encode()
+    (st, b), lat = probe_while(P, lambda: post_raw(P, "/apply-template", tmpl_body))
+    s.case("%.1f MB /apply-template: /live answers within %d ms while it renders"
+           % (len(tmpl_body) / 1e6, PROBE_MS),
+           len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
+    e = err_of(b)
+    s.case("%.1f MB /apply-template: 400 naming the template's output limit" % (len(tmpl_body) / 1e6),
+           st == 400 and e.get("param") == "messages" and "output over" in e.get("message", ""),
+           f"{st} {str(b)[:300]}")
+    tok_text = "lorem ipsum dolor sit amet " * (4_000_000 // 27)
+    tok_body = json.dumps({"content": tok_text}).encode()
+    # The answer (~2.5 M ids, 10 MB) is decoded after the probes: decoding it in the client's
+    # thread holds Python's lock, which would delay the probes on this side, not the server's.
+    (st, raw), lat = probe_while(P, lambda: post_with(P, "/tokenize", tok_body,
+                                                      {"Content-Type": "application/json"},
+                                                      decode=False))
+    try:
+        b = json.loads(raw)
+    except ValueError:
+        b = raw
+    s.case("%.1f MB /tokenize: /live answers within %d ms while it tokenizes"
+           % (len(tok_body) / 1e6, PROBE_MS),
+           len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
+    toks = b.get("tokens") if isinstance(b, dict) else None
+    s.case("%.1f MB /tokenize: 200 with at least one token per repeated phrase" % (len(tok_body) / 1e6),
+           st == 200 and isinstance(toks, list) and len(toks) >= 4_000_000 // 27,
+           f"{st} {str(b)[:300]}")
+
+    # Clients that leave while their /tokenize or /apply-template body is parsed or worked on
+    # (run with SAMPAN_BIN=build-san/sampan for the use-after-free check under ASan).
+    for k, wait in enumerate((0.02, 0.1, 0.3, 0.6)):
+        path, body = ("/tokenize", tok_body) if k % 2 == 0 else ("/apply-template", tmpl_body)
+        so = socket.create_connection(("127.0.0.1", P), timeout=10)
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        so.sendall(head + body)
+        time.sleep(wait)
+        reset(so)
+    s.case("clients left during /tokenize and /apply-template (logged as aborted)",
+           srv.wait_log(r"path=/(tokenize|apply-template) .*aborted=true", 10) is not None,
+           srv.text()[-600:])
+    time.sleep(0.5)
+    st, b = http_json(P, "POST", "/tokenize", {"content": "Once upon"})
+    s.case("clients that left /tokenize and /apply-template: the server still answers",
+           st == 200 and isinstance(b, dict) and len(b.get("tokens", [])) > 0, f"{st} {str(b)[:200]}")
 
     # A grammar whose start state holds more stacks than the matcher allows.
     alts = " | ".join(f'"w{i}"' for i in range(5000))

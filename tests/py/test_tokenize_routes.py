@@ -5,6 +5,9 @@ and `sampan serve --chat-template-file`, against the real server with the demo m
   with_pieces gives each id's text; /detokenize turns ids back into the text;
 - /apply-template renders the model's template; its prompt, tokenized, is the prompt that
   /v1/chat/completions counts; chat_template_kwargs reach the template;
+- chat_template_kwargs and reasoning_effort reach the real Qwen3 template (enable_thinking
+  false: the empty thinking block) and gpt-oss template (its "Reasoning:" line), through both
+  /apply-template and /v1/chat/completions (the same prompt token count); bad values are 400;
 - --chat-template-file replaces the file's template, and a missing or broken file stops the
   server with an error naming the file;
 - with two models served, `model` picks one and leaving it out is a 400;
@@ -12,10 +15,11 @@ and `sampan serve --chat-template-file`, against the real server with the demo m
 """
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
-from common import DEMO_MODEL, ROOT, Server, Suite, binary, http_json
+from common import DEMO_MODEL, ROOT, RepoServer, Server, Suite, binary, http_json
 
 s = Suite("tokenize-routes")
 exe = binary()
@@ -134,6 +138,77 @@ try:
            st == 200 and b["prompt"].endswith("[assistant]spicy"), b)
     st, b = http_json(srv.port, "POST", "/tokenize", {"content": "Hi", "model": "second"})
     s.case("/tokenize with a model picked", st == 200 and b["tokens"] == cli_tokenize("Hi", "--no-bos"), b)
+finally:
+    srv.stop()
+
+# chat_template_kwargs and reasoning_effort, through /apply-template and /v1/chat/completions:
+# the demo model served twice from a repository, with the real Qwen3 and gpt-oss templates.
+TEMPLATE_DIR = os.path.join(ROOT, "tests", "data", "chat")
+repo = os.path.join(tmp, "repo")
+for name, path in (("qwen3", os.path.join(TEMPLATE_DIR, "Qwen-Qwen3-0.6B.jinja")),
+                   ("oss", os.path.join(TEMPLATE_DIR, "templates", "openai-gpt-oss-120b.jinja"))):
+    os.makedirs(os.path.join(repo, name, "1"))
+    shutil.copy(DEMO_MODEL, os.path.join(repo, name, "1", "model.gguf"))
+    with open(path) as f:
+        tpl = f.read()
+    with open(os.path.join(repo, name, "config.json"), "w") as f:
+        json.dump({"name": name, "backend": "llm",
+                   "parameters": {"chat_template": {"string_value": tpl}}}, f)
+srv = RepoServer(repo)
+try:
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+
+    def rendered(model, **kw):
+        st, b = http_json(srv.port, "POST", "/apply-template", dict({"model": model, "messages": msgs}, **kw))
+        return b.get("prompt") if st == 200 and isinstance(b, dict) else None
+
+    def fed(prompt, model):
+        """The prompt tokens the chat route counts for this rendered prompt."""
+        st, t = http_json(srv.port, "POST", "/tokenize",
+                          {"model": model, "content": prompt, "add_special": True})
+        return len(t["tokens"]) - (1 if prompt.startswith("<s>") else 0) if st == 200 else None
+
+    def chat_prompt_tokens(model, **kw):
+        st, c = http_json(srv.port, "POST", "/v1/chat/completions",
+                          dict({"model": model, "messages": msgs, "max_tokens": 1}, **kw), timeout=60)
+        return c["usage"]["prompt_tokens"] if st == 200 else (st, c)
+
+    plain = rendered("qwen3")
+    off = rendered("qwen3", chat_template_kwargs={"enable_thinking": False})
+    s.case("Qwen3 template, enable_thinking false: the empty thinking block after the "
+           "generation prompt, as the template writes it",
+           plain is not None and plain.endswith("<|im_start|>assistant\n")
+           and off == plain + "<think>\n\n</think>\n\n", (plain, off))
+    if off is not None and plain is not None:
+        n_off, n_plain = fed(off, "qwen3"), fed(plain, "qwen3")
+        got = chat_prompt_tokens("qwen3", chat_template_kwargs={"enable_thinking": False})
+        s.case("/v1/chat/completions with chat_template_kwargs is fed the /apply-template prompt",
+               n_off != n_plain and got == n_off, (n_plain, n_off, got))
+        got = chat_prompt_tokens("qwen3")
+        s.case("/v1/chat/completions without chat_template_kwargs: the plain prompt",
+               got == n_plain, (n_plain, got))
+
+    efforts = {e: rendered("oss", reasoning_effort=e) for e in ("low", "medium", "high")}
+    default = rendered("oss")
+    s.case("gpt-oss template: reasoning_effort reaches it (Reasoning: low/medium/high)",
+           all(p is not None and f"Reasoning: {e}\n" in p for e, p in efforts.items())
+           and default is not None and "Reasoning: medium\n" in default, efforts)
+    kwfirst = rendered("oss", reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+    s.case("chat_template_kwargs.reasoning_effort wins over the top-level one",
+           kwfirst is not None and "Reasoning: low\n" in kwfirst, kwfirst)
+    if efforts["high"] is not None and efforts["medium"] is not None:
+        n_high, n_med = fed(efforts["high"], "oss"), fed(efforts["medium"], "oss")
+        got = chat_prompt_tokens("oss", reasoning_effort="high")
+        s.case("/v1/chat/completions with reasoning_effort high is fed the /apply-template prompt",
+               n_high != n_med and got == n_high, (n_med, n_high, got))
+
+    for path in ("/apply-template", "/v1/chat/completions"):
+        for key, val in (("chat_template_kwargs", [1]), ("chat_template_kwargs", "x"),
+                         ("reasoning_effort", "extreme"), ("reasoning_effort", 3)):
+            st, b = http_json(srv.port, "POST", path,
+                              {"model": "oss", "messages": msgs, "max_tokens": 1, key: val})
+            s.case(f"{path} {key}={json.dumps(val)} -> 400 naming it",
+                   is_error(st, b, 400) and b["error"].get("param") == key, (st, b))
 finally:
     srv.stop()
 
