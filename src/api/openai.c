@@ -39,6 +39,7 @@
 #include "constrain/answer.h"
 #include "sampan/log.h"
 #include "serving/adapters.h"
+#include "api/json_body.h"
 #include "api/offload.h"
 #include "api/chat_input.h"
 #include "api/api.h"
@@ -141,18 +142,6 @@ typedef struct oai_req {
 } oai_req_t;
 
 /* ------------------------------------------------------------- helpers */
-
-/* A refusal to queue work on a preparation worker (offload.h): 429 names
- * the full queue, 503 the server stopping or out of memory. */
-static void
-oai_refuse(sp_http_req_t *r, int status, const char *message)
-{
-    if (status == 429) {
-        sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
-    } else {
-        sp_api_error(r, status, NULL, NULL, NULL, "%s", message);
-    }
-}
 
 static void
 make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
@@ -677,7 +666,7 @@ prep_run(sp_offload_t *job)
 static void prep_done(sp_offload_t *job, sp_http_req_t *r);
 
 static const sp_offload_ops_t prep_ops = {
-    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = oai_refuse,
+    .stage = "prepare", .work = prep_run, .done = prep_done, .drop = prep_drop, .refuse = sp_api_refuse,
 };
 
 /* Hand the request to a preparation worker (offload.h); answers it on failure. */
@@ -1390,103 +1379,6 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
     return q;
 }
 
-/*
- * Bodies up to OAI_INLINE_BODY are parsed on the loop (well under a
- * millisecond). A larger one is copied and parsed on a preparation worker;
- * the handler then runs again on the loop with the parsed body, handed over
- * through sp_offload_body_redo (offload.h).
- */
-#define OAI_INLINE_BODY (64u * 1024u)
-
-typedef struct oai_body {
-    sp_offload_body_t b;
-    int json_depth;
-    json_t *root;
-    char err[512];
-} oai_body_t;
-
-static void
-body_work(sp_offload_t *job)
-{
-    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
-    if (sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
-        j->root = NULL;
-    }
-    sp_offload_body_drop(&j->b);
-}
-
-static void
-body_free(sp_offload_t *job)
-{
-    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
-    json_decref(j->root); /* NULL when the handler took it */
-    sp_offload_body_drop(&j->b);
-    sp_free(j);
-}
-
-/* Loop thread: the parsed body (or why not); run the handler with it. */
-static void
-body_done(sp_offload_t *job, sp_http_req_t *r)
-{
-    oai_body_t *j = SP_OFFLOAD_HOLDER(job, oai_body_t, b.job);
-    if (j->root == NULL) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "%s", j->err);
-    } else if (!json_is_object(j->root)) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-    } else {
-        sp_offload_body_rerun(&j->b); /* body_object takes j->root */
-    }
-    body_free(job);
-}
-
-static const sp_offload_ops_t body_ops = {
-    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = oai_refuse,
-};
-
-/* Parse the body as a JSON object; answers and returns NULL on failure. A
- * large body is parsed on a worker: NULL now, and `handler` runs again with
- * it parsed. */
-static json_t *
-body_object(sp_serving_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
-{
-    sp_offload_body_t *redo = sp_offload_body_redo(r);
-    oai_body_t *parsed = redo ? SP_OFFLOAD_HOLDER(redo, oai_body_t, b) : NULL;
-    if (parsed != NULL && parsed->root != NULL) {
-        json_t *root = parsed->root;
-        parsed->root = NULL;
-        return root;
-    }
-    sp_str_t body = sp_http_req_body(r);
-    if (body.len == 0) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "the request body is empty (a JSON object is expected)");
-        return NULL;
-    }
-    if (body.len > OAI_INLINE_BODY && s->prep != NULL) {
-        oai_body_t *j = sp_calloc(1, sizeof *j);
-        if (j == NULL) {
-            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
-            return NULL;
-        }
-        j->json_depth = s->cfg.json_depth;
-        if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
-            sp_free(j);
-        }
-        return NULL;
-    }
-    json_t *root;
-    char err[512];
-    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "%s", err);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
 /* Shared by completions and chat after the prompt tokens are known. */
 static void
 run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
@@ -1733,7 +1625,7 @@ static void
 h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = body_object(s, r, h_completions, p);
+    json_t *b = sp_api_json_body(s, r, h_completions, p);
     if (b == NULL) {
         return;
     }
@@ -1927,7 +1819,7 @@ static void
 h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = body_object(s, r, h_chat, p);
+    json_t *b = sp_api_json_body(s, r, h_chat, p);
     if (b == NULL) {
         return;
     }
@@ -1987,7 +1879,7 @@ static void
 h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = body_object(s, r, h_embeddings, p);
+    json_t *b = sp_api_json_body(s, r, h_embeddings, p);
     if (b == NULL) {
         return;
     }
@@ -2094,7 +1986,7 @@ static void
 h_rerank(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = body_object(s, r, h_rerank, p);
+    json_t *b = sp_api_json_body(s, r, h_rerank, p);
     if (b == NULL) {
         return;
     }

@@ -15,8 +15,8 @@
  *
  * Threads: the event loop that owns the request checks the fields' types,
  * picks the model and sends the answer; the costly steps run on a
- * preparation worker (offload.h): a body over TK_INLINE_BODY is parsed there,
- * and the work itself (gathering and rendering the messages, tokenizing,
+ * preparation worker (offload.h): a body over SP_API_INLINE_BODY is parsed
+ * there (json_body.h), and the work itself (gathering and rendering the messages, tokenizing,
  * detokenizing, writing the answer) always is. Memory: the job (tk_job_t)
  * holds the parsed body and the model by reference, and the answer in its
  * buffer, until the result is back on the loop; it frees them all there,
@@ -34,116 +34,8 @@
 #include "text/tokenizer.h"
 #include "api/api.h"
 #include "api/chat_input.h"
+#include "api/json_body.h"
 #include "api/offload.h"
-
-/* A refusal to queue work on a preparation worker (offload.h): 429 names
- * the full queue, 503 the server stopping or out of memory. */
-static void
-tk_refuse(sp_http_req_t *r, int status, const char *message)
-{
-    if (status == 429) {
-        sp_api_error(r, 429, "server_overloaded", NULL, "queue_full", "%s", message);
-    } else {
-        sp_api_error(r, status, NULL, NULL, NULL, "%s", message);
-    }
-}
-
-/*
- * Bodies up to TK_INLINE_BODY are parsed on the loop (well under a
- * millisecond). A larger one is copied and parsed on a preparation worker;
- * the handler then runs again on the loop with the parsed body, handed over
- * through sp_offload_body_redo.
- */
-#define TK_INLINE_BODY (64u * 1024u)
-
-typedef struct tk_body {
-    sp_offload_body_t b;
-    int json_depth;
-    json_t *root;
-    char err[512];
-} tk_body_t;
-
-static void
-body_work(sp_offload_t *job)
-{
-    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
-    if (sp_json_parse(j->b.copy, j->b.len, j->json_depth, &j->root, j->err, sizeof j->err) != SP_OK) {
-        j->root = NULL;
-    }
-    sp_offload_body_drop(&j->b);
-}
-
-static void
-body_free(sp_offload_t *job)
-{
-    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
-    json_decref(j->root); /* NULL when the handler took it */
-    sp_offload_body_drop(&j->b);
-    sp_free(j);
-}
-
-/* Loop thread: the parsed body (or why not); run the handler with it. */
-static void
-body_done(sp_offload_t *job, sp_http_req_t *r)
-{
-    tk_body_t *j = SP_OFFLOAD_HOLDER(job, tk_body_t, b.job);
-    if (j->root == NULL) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "%s", j->err);
-    } else if (!json_is_object(j->root)) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-    } else {
-        sp_offload_body_rerun(&j->b); /* parse_body takes j->root */
-    }
-    body_free(job);
-}
-
-static const sp_offload_ops_t body_ops = {
-    .stage = "parse", .work = body_work, .done = body_done, .drop = body_free, .refuse = tk_refuse,
-};
-
-/* The body as a JSON object, or NULL after answering 400. A large body is
- * parsed on a worker: NULL now, and `handler` runs again with it parsed. */
-static json_t *
-parse_body(sp_serving_t *s, sp_http_req_t *r, sp_route_fn handler, const sp_route_params_t *p)
-{
-    sp_offload_body_t *redo = sp_offload_body_redo(r);
-    tk_body_t *parsed = redo != NULL ? SP_OFFLOAD_HOLDER(redo, tk_body_t, b) : NULL;
-    if (parsed != NULL && parsed->root != NULL) {
-        json_t *root = parsed->root;
-        parsed->root = NULL;
-        return root;
-    }
-    sp_str_t body = sp_http_req_body(r);
-    if (body.len == 0) {
-        sp_api_error(r, 400, NULL, NULL, NULL,
-                     "the request body is empty (a JSON object is expected)");
-        return NULL;
-    }
-    if (body.len > TK_INLINE_BODY && s->prep != NULL) {
-        tk_body_t *j = sp_calloc(1, sizeof *j);
-        if (j == NULL) {
-            sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
-            return NULL;
-        }
-        j->json_depth = s->cfg.json_depth;
-        if (!sp_offload_body_start(&j->b, &body_ops, s->prep, r, handler, p, s)) {
-            sp_free(j);
-        }
-        return NULL;
-    }
-    json_t *root;
-    char err[512];
-    if (sp_json_parse(body.ptr, body.len, s->cfg.json_depth, &root, err, sizeof err) != SP_OK) {
-        sp_api_error(r, 400, NULL, NULL, NULL, "%s", err);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        sp_api_error(r, 400, NULL, NULL, NULL, "the request body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
 
 /* The language model the body names, or the only one served. NULL after
  * answering (or parking the request while the named model loads). */
@@ -454,7 +346,7 @@ job_done(sp_offload_t *off, sp_http_req_t *r)
 }
 
 static const sp_offload_ops_t job_ops = {
-    .stage = "prepare", .work = job_work, .done = job_done, .drop = job_free, .refuse = tk_refuse,
+    .stage = "prepare", .work = job_work, .done = job_done, .drop = job_free, .refuse = sp_api_refuse,
 };
 
 /* Loop thread: a job of kind for r, taking the references to m and b (it
@@ -492,7 +384,7 @@ static void
 h_tokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r, h_tokenize, p);
+    json_t *b = sp_api_json_body(s, r, h_tokenize, p);
     if (b == NULL) {
         return;
     }
@@ -520,7 +412,7 @@ static void
 h_detokenize(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r, h_detokenize, p);
+    json_t *b = sp_api_json_body(s, r, h_detokenize, p);
     if (b == NULL) {
         return;
     }
@@ -541,7 +433,7 @@ static void
 h_apply_template(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = parse_body(s, r, h_apply_template, p);
+    json_t *b = sp_api_json_body(s, r, h_apply_template, p);
     if (b == NULL) {
         return;
     }
