@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 JOBS=$(nproc)
 PY=${PYTHON:-/usr/bin/python3}
 passed=0; failed=0; skipped=0; broken=0
+times=() # "seconds suite" of each Python suite, for the time line at the end
 
 tally() { # parse the last "N passed, N failed, N skipped" line of a log
     local line
@@ -103,9 +104,13 @@ for t in tests/py/test_*.py; do
     [ -e "$t" ] || continue
     [ "${san_done:-0}" = 1 ] && [[ " ${SAN_SUITES[*]} " == *" ${t##*/} "* ]] && continue
     echo "== $t"
+    t0=$SECONDS
     "$PY" "$t" 2>&1 | tee "$log/py.txt"; tally "$log/py.txt" "$t"
+    times+=("$((SECONDS - t0)) $t")
 done
 
 rm -rf "$log"
+# The suite must stay under 30 minutes on 2 cores: the wall time, and the slowest suites.
+echo "time: $SECONDS s in all; slowest suites (s): $(printf '%s\n' "${times[@]}" | sort -rn | head -n 5 | tr '\n' ' ')"
 echo "total: $passed passed, $((failed + broken)) failed, $skipped skipped"
 [ $((failed + broken)) -eq 0 ]
