@@ -467,6 +467,23 @@ stream_send(ks_req_t *q)
     return 0;
 }
 
+/* The written infer response (q->out, with q->bin's binary tensors when
+ * asked): 200, or 500 when writing it ran out of memory. */
+static void
+send_infer_body(ks_req_t *q)
+{
+    char hl[32];
+    if (q->out.oom || q->bin.oom || !sp_tensor_infer_body(&q->out, &q->bin, hl)) {
+        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
+        return;
+    }
+    if (hl[0]) {
+        sp_http_add_header(q->a.http, "Inference-Header-Content-Length", hl);
+    }
+    sp_http_respond(q->a.http, 200, hl[0] ? "application/octet-stream" : "application/json",
+                    q->out.p, q->out.len);
+}
+
 /* An encoder's answer: the tensor "embedding", FP32 of text_input's shape
  * plus a last dimension of n_embd. */
 static void
@@ -490,16 +507,7 @@ reply_embed(ks_req_t *q)
     sp_jbuf_reset(&q->bin);
     sp_tensor_resp_write(&q->out, &q->bin, q->a.m->name, q->a.m->version_str, &q->ir, params, &out, 1);
     sp_tensor_free(&out);
-    char hl[32];
-    if (q->out.oom || q->bin.oom || !sp_tensor_infer_body(&q->out, &q->bin, hl)) {
-        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
-        return;
-    }
-    if (hl[0]) {
-        sp_http_add_header(q->a.http, "Inference-Header-Content-Length", hl);
-    }
-    sp_http_respond(q->a.http, 200, hl[0] ? "application/octet-stream" : "application/json",
-                    q->out.p, q->out.len);
+    send_infer_body(q);
 }
 
 static void
@@ -550,16 +558,7 @@ reply_infer(ks_req_t *q, int64_t completion_tokens)
     for (int k = 0; k < n_outs; k++) {
         sp_tensor_free(&outs[k]);
     }
-    char hl[32];
-    if (q->bin.oom || !sp_tensor_infer_body(&q->out, &q->bin, hl)) {
-        sp_api_error_kserve(q->a.http, 500, "out of memory while writing the response");
-        return;
-    }
-    if (hl[0]) {
-        sp_http_add_header(q->a.http, "Inference-Header-Content-Length", hl);
-    }
-    sp_http_respond(q->a.http, 200, hl[0] ? "application/octet-stream" : "application/json",
-                    q->out.p, q->out.len);
+    send_infer_body(q);
 }
 
 static void
