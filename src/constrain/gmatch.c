@@ -9,7 +9,8 @@
  * a table, so equal states are one id. Feeding byte c to a state advances
  * every top whose set holds c and expands the result with an explicit work
  * list (pop at END, push every alternative at REF) until each stack again
- * waits on a BYTES; the (state, byte) -> state result is cached. Inside a
+ * waits on a BYTES; the (state, byte class) -> state result is cached (bytes
+ * no set of the grammar tells apart are one class: grammar_impl.h). Inside a
  * loop (a string's characters, a run of digits) the state after a byte is
  * the state before it, so after the first few steps a walk over the
  * vocabulary costs a cache look-up per distinct prefix. All tables have hard
@@ -48,6 +49,7 @@ typedef struct gnode {
     uint32_t next;  /* hash chain */
     uint32_t mark;  /* epoch of the last feed that reached it */
     uint32_t tail;  /* fewest bytes after this element's alternative ends, up the stack */
+    uint32_t smark; /* state_get's epoch: this node is a top of the set being interned */
 } gnode_t;
 
 typedef struct gst {
@@ -56,10 +58,11 @@ typedef struct gst {
     uint32_t cost;
     uint32_t hash;
     uint8_t accept;
+    uint64_t live[4]; /* bytes some top takes: any other byte is DEAD without a scan */
 } gst_t;
 
 typedef struct gtrans {
-    uint64_t key;    /* (state << 8 | byte) + 1; 0 = empty */
+    uint64_t key;    /* (state << 8 | byte class) + 1; 0 = empty */
     uint32_t to;
 } gtrans_t;
 
@@ -85,6 +88,7 @@ struct sp_gmatch {
     gtrans_t *trans;
     uint32_t n_trans, trans_cap; /* power of two */
     uint32_t epoch;
+    uint32_t sepoch;       /* state_get's marks (gnode_t.smark) */
     uint32_t cur;          /* the current state */
     bool full;             /* a table hit its hard cap: maintain rebuilds */
     uint32_t live_nodes;   /* nodes right after the last rebuild (the current stacks) */
@@ -170,35 +174,50 @@ node_get(sp_gmatch_t *m, uint32_t pos, uint32_t parent)
     n->pos = pos;
     n->parent = parent;
     n->mark = 0;
+    n->smark = 0;
     n->tail = sat_add(m->g->rest[pos + 1], parent == NONE ? 0 : m->nodes[parent].tail);
     n->next = m->node_head[k];
     m->node_head[k] = id;
     return id;
 }
 
-static int
-u32_cmp(const void *x, const void *y)
-{
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return a < b ? -1 : a > b;
-}
-
-/* The interned state (sorted tops[0..n), accept); NONE when a table is full. */
+/*
+ * The interned state (the set tops[0..n), accept); NONE when a table is full.
+ * A set, not a sequence: the hash is order-free (a sum) and equality marks
+ * the new set's nodes, so an ambiguous grammar's states of thousands of tops
+ * (a bounded repetition of variable-length items: every item position at
+ * once) cost a pass, not a sort. Duplicates in tops[] are dropped in place.
+ */
 static uint32_t
 state_get(sp_gmatch_t *m, uint32_t *tops, uint32_t n, bool accept)
 {
-    if (n > 1) {
-        qsort(tops, n, sizeof(uint32_t), u32_cmp);
+    if (++m->sepoch == 0) { /* wrapped: clear the marks */
+        for (uint32_t i = 0; i < m->n_nodes; i++) {
+            m->nodes[i].smark = 0;
+        }
+        m->sepoch = 1;
     }
-    uint32_t h = accept ? 0x9E3779B9u : 0;
+    uint32_t h = accept ? 0x9E3779B9u : 0, u = 0;
     for (uint32_t i = 0; i < n; i++) {
-        h = hash2(h, tops[i]);
+        gnode_t *t = &m->nodes[tops[i]];
+        if (t->smark != m->sepoch) {
+            t->smark = m->sepoch;
+            h += hash2(tops[i], 0x85EBCA6Bu);
+            tops[u++] = tops[i];
+        }
     }
+    n = u;
     uint32_t k = h & (m->state_buckets - 1);
     for (uint32_t i = m->state_head[k]; i != NONE; i = m->states[i].next) {
         const gst_t *s = &m->states[i];
-        if (s->hash == h && s->n == n && s->accept == accept &&
-            memcmp(m->tops + s->off, tops, (size_t)n * sizeof(uint32_t)) == 0) {
+        if (s->hash != h || s->n != n || s->accept != accept) {
+            continue;
+        }
+        uint32_t j = 0;
+        while (j < n && m->nodes[m->tops[s->off + j]].smark == m->sepoch) {
+            j++;
+        }
+        if (j == n) { /* n distinct members, all in the new set: equal sets */
             return i;
         }
     }
@@ -217,9 +236,15 @@ state_get(sp_gmatch_t *m, uint32_t *tops, uint32_t n, bool accept)
     memcpy(m->tops + m->n_tops, tops, (size_t)n * sizeof(uint32_t));
     m->n_tops += n;
     uint32_t cost = accept ? 0 : LEN_INF;
-    for (uint32_t i = 0; i < n && cost > 0; i++) {
-        uint32_t c = sat_add(1, m->nodes[tops[i]].tail);
+    memset(s->live, 0, sizeof s->live);
+    for (uint32_t i = 0; i < n; i++) {
+        const gnode_t *t = &m->nodes[tops[i]];
+        uint32_t c = sat_add(1, t->tail);
         cost = c < cost ? c : cost;
+        const bset_t *set = &m->g->sets[E_ARG(m->g->elems[t->pos])];
+        for (int w = 0; w < 4; w++) {
+            s->live[w] |= set->w[w];
+        }
     }
     s->cost = cost;
     s->next = m->state_head[k];
@@ -344,7 +369,11 @@ sp_gmatch_feed(sp_gmatch_t *m, sp_gstate_t s, unsigned c)
     if (s == SP_GSTATE_DEAD || s >= m->n_states) {
         return SP_GSTATE_DEAD;
     }
-    uint64_t key = ((uint64_t)s << 8 | (c & 0xFF)) + 1;
+    c &= 0xFF;
+    if (!((m->states[s].live[c >> 6] >> (c & 63)) & 1u)) {
+        return SP_GSTATE_DEAD; /* no top takes c */
+    }
+    uint64_t key = ((uint64_t)s << 8 | m->g->byte_class[c]) + 1;
     uint32_t slot;
     uint32_t to = trans_find(m, key, &slot);
     if (to != NONE - 1) {

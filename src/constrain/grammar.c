@@ -948,6 +948,33 @@ heap_pop(heap_item_t *h, uint32_t *n)
  * only add), so rules are finalised in increasing order from a heap. O((E +
  * R) log R) for E elements and R rules.
  */
+/*
+ * Partition the 256 bytes into classes no set tells apart: refine one class
+ * by each set in turn (a class splits into its members inside and outside
+ * the set). O(sets x 256), and it stops once every byte is alone.
+ */
+static void
+byte_classes(sp_grammar_t *g)
+{
+    memset(g->byte_class, 0, sizeof g->byte_class);
+    unsigned n = 1;
+    for (uint32_t i = 0; i < g->n_sets && n < 256; i++) {
+        uint8_t split[256][2];
+        bool used[256][2];
+        memset(used, 0, sizeof used);
+        unsigned m = 0;
+        for (unsigned c = 0; c < 256; c++) {
+            unsigned k = g->byte_class[c], in = bset_has(&g->sets[i], c);
+            if (!used[k][in]) {
+                used[k][in] = true;
+                split[k][in] = (uint8_t)m++;
+            }
+            g->byte_class[c] = split[k][in];
+        }
+        n = m;
+    }
+}
+
 static sp_status_t
 min_lengths(sp_grammar_t *g, uint32_t *rule_min, char *err, size_t err_len)
 {
@@ -1159,6 +1186,7 @@ finish(builder_t *b, sp_grammar_t **out)
         memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof(bset_t));
     }
     g->n_sets = b->n_sets;
+    byte_classes(g);
     uint32_t e = 0, a = 0;
     for (uint32_t r = 0; r < b->n_rules; r++) {
         names[r] = b->rules[r].name;

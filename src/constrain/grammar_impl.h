@@ -45,6 +45,10 @@ struct sp_grammar {
     uint32_t *rest;      /* (n_elems) fewest bytes from this element to its END */
     bset_t *sets;
     uint32_t n_sets;
+    /* Bytes every set treats alike share a class: fed from one state they
+     * lead to one state, so the matcher caches transitions per class (all ten
+     * digits, all letters of a [a-z] are one feed). */
+    uint8_t byte_class[256];
     uint32_t root;
     size_t bytes;
 };
