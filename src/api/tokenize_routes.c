@@ -137,6 +137,7 @@ typedef struct tk_job {
     /* the outcome: status 0 = out holds the answer */
     int status;
     const char *param;
+    const char *code;           /* OpenAI's error code, NULL for none */
     char err[512];
     sp_jbuf_t out;
 } tk_job_t;
@@ -267,6 +268,7 @@ work_apply(tk_job_t *j)
     sp_status_t st = sp_chat_input_gather(&ci, j->arg, &param, j->err, sizeof j->err);
     if (st != SP_OK) {
         job_fail(j, st == SP_ERR_NOMEM ? 503 : 400, param, "%s", j->err);
+        j->code = st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
         goto done;
     }
     if (j->tools != NULL && (tools_json = json_dumps(j->tools, JSON_COMPACT)) == NULL) {
@@ -289,6 +291,7 @@ work_apply(tk_job_t *j)
     st = sp_chat_apply_ex(m->tmpl, ci.msgs, ci.n, &cp, &prompt, &plen, err, sizeof err);
     if (st != SP_OK) {
         job_fail(j, st == SP_ERR_NOMEM ? 503 : 400, "messages", "%s", err);
+        j->code = st == SP_ERR_TOO_LARGE ? "limit_exceeded" : NULL;
         goto done;
     }
     sp_jbuf_lit(&j->out, "{\"prompt\":");
@@ -340,7 +343,7 @@ job_done(sp_offload_t *off, sp_http_req_t *r)
     if (j->status == 0) {
         sp_api_reply_json(r, 200, &j->out);
     } else {
-        sp_api_error(r, j->status, NULL, j->param, NULL, "%s", j->err);
+        sp_api_error(r, j->status, NULL, j->param, j->code, "%s", j->err);
     }
     job_free(off);
 }

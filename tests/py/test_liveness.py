@@ -141,7 +141,8 @@ try:
            len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
     e = err_of(b)
     s.case("%.1f MB /apply-template: 400 naming the template's output limit" % (len(tmpl_body) / 1e6),
-           st == 400 and e.get("param") == "messages" and "output over" in e.get("message", ""),
+           st == 400 and e.get("param") == "messages" and e.get("code") == "limit_exceeded"
+           and "output over" in e.get("message", ""),
            f"{st} {str(b)[:300]}")
     tok_text = "lorem ipsum dolor sit amet " * (4_000_000 // 27)
     tok_body = json.dumps({"content": tok_text}).encode()
