@@ -15,6 +15,7 @@
  */
 #include "serving/llm_model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +32,11 @@
 
 #define MIB (1024.0 * 1024.0)
 
-/* --chat-template-file: the file's text compiled, or an error naming the file. */
+/* A template file (--chat-template-file, or parameters.chat_template_file as
+ * `what`): the file's text compiled, or an error naming the file. */
 static sp_status_t
-template_from_file(const char *path, sp_served_model_t *m, char *err, size_t err_len)
+template_from_file(const char *what, const char *path, sp_served_model_t *m, char *err,
+                   size_t err_len)
 {
     char *src = NULL, msg[512];
     size_t len = 0;
@@ -47,13 +50,14 @@ template_from_file(const char *path, sp_served_model_t *m, char *err, size_t err
     sp_free(src);
     if (st != SP_OK) {
         return sp_errf(err, err_len, st == SP_ERR_NOMEM ? SP_ERR_NOMEM : SP_ERR_INVALID,
-                       "--chat-template-file %s%s%s", read ? path : "", read ? ": " : "", msg);
+                       "%s %s%s%s", what, read ? path : "", read ? ": " : "", msg);
     }
     return SP_OK;
 }
 
-/* The config's chat_template: a built-in's name or Jinja text; else the
- * server's --chat-template-file, else its --chat-template, else the file's own. */
+/* The config's chat_template (a built-in's name or Jinja text) or its
+ * chat_template_file; else the server's --chat-template-file, else its
+ * --chat-template, else the file's own. */
 static sp_status_t
 load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, char *err,
               size_t err_len)
@@ -72,8 +76,18 @@ load_template(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg
         }
         return SP_OK;
     }
+    char tpath[PATH_MAX];
+    st = sp_repo_config_llm_template_path(cfg, s->cfg.model_repository, m->name, tpath,
+                                          sizeof tpath, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    if (tpath[0]) {
+        return template_from_file("parameters.chat_template_file", tpath, m, err, err_len);
+    }
     if (s->cfg.chat_template_file[0]) {
-        return template_from_file(s->cfg.chat_template_file, m, err, err_len);
+        return template_from_file("--chat-template-file", s->cfg.chat_template_file, m, err,
+                                  err_len);
     }
     const char *tname = s->cfg.chat_template[0] ? s->cfg.chat_template : NULL;
     if (sp_chat_template_from_gguf(sp_model_gguf(m->model), tname, &m->tmpl, m->tmpl_error,

@@ -510,6 +510,14 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
         l->chat_template = val;
         return SP_OK;
     }
+    if (strcmp(key, "chat_template_file") == 0) {
+        if (!val[0] || val[0] == '/') {
+            return bad(c, path, "must be a path relative to the model directory");
+        }
+        if (strlen(val) >= PATH_MAX / 2) return bad(c, path, "longer than %d bytes", PATH_MAX / 2 - 1);
+        l->chat_template_file = val;
+        return SP_OK;
+    }
     if (strcmp(key, "model_file") == 0) {
         char e[256];
         if (sp_repo_path_check_name(val, e, sizeof e) != SP_OK) return bad(c, path, "%s", e);
@@ -591,7 +599,7 @@ llm_param(const pctx_t *c, const char *path, const char *key, const char *val, s
     }
     return bad(c, path,
                "unknown parameter for backend llm (context_length, kv_blocks, chat_template, "
-               "model_file, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, "
+               "chat_template_file, model_file, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, "
                "frequency_penalty, presence_penalty, seed, encryption_key_file, "
                "encryption_key_env, gpu_layers, draft_model, num_speculative_tokens, "
                "kv_cache_type)");
@@ -635,6 +643,9 @@ parse_params(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
     if (cfg->llm.encryption_key_file && cfg->llm.encryption_key_env) {
         return bad(c, "parameters",
                    "set only one of encryption_key_file and encryption_key_env");
+    }
+    if (cfg->llm.chat_template && cfg->llm.chat_template_file) {
+        return bad(c, "parameters", "set only one of chat_template and chat_template_file");
     }
     return SP_OK;
 }
@@ -836,6 +847,32 @@ sp_repo_config_llm_keys_ex(const sp_repo_config_t *cfg, const char *root, const 
     return SP_OK;
 }
 
+sp_status_t
+sp_repo_config_llm_template_path(const sp_repo_config_t *cfg, const char *root, const char *model,
+                                 char *out, size_t out_len, char *err, size_t err_len)
+{
+    out[0] = '\0';
+    const char *tf = cfg ? cfg->llm.chat_template_file : NULL;
+    if (tf == NULL) {
+        return SP_OK;
+    }
+    char root_real[PATH_MAX], rel[PATH_MAX], e[PATH_MAX + 64];
+    if (root == NULL || root[0] == '\0' || realpath(root, root_real) == NULL) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "parameters.chat_template_file \"%s\": needs the model repository", tf);
+    }
+    int n = snprintf(rel, sizeof rel, "%s/%s", model, tf);
+    if (n < 0 || (size_t)n >= sizeof rel) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "parameters.chat_template_file: too long");
+    }
+    sp_status_t st = sp_repo_path_resolve(root_real, rel, out, out_len, e, sizeof e);
+    if (st != SP_OK) {
+        out[0] = '\0';
+        return sp_errf(err, err_len, st, "parameters.chat_template_file: %s", e);
+    }
+    return SP_OK;
+}
+
 const char *
 sp_repo_config_param(const sp_repo_config_t *c, const char *key)
 {
@@ -914,6 +951,14 @@ check_override(const json_t *ov, const char *label, bool *key_from_request, char
     const json_t *params = json_is_object(ov) ? json_object_get(ov, "parameters") : NULL;
     if (!json_is_object(params)) {
         return SP_OK;
+    }
+    const json_t *tf = json_object_get(params, "chat_template_file");
+    if (tf && !json_is_null(tf)) {
+        /* the file is compiled and its errors quote it: a client must not read
+         * the repository's files through them */
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "%s: parameters.chat_template_file: a load request may not name a file "
+                       "(give the template as parameters.chat_template)", label);
     }
     const json_t *env = json_object_get(params, "encryption_key_env");
     if (env && !json_is_null(env)) {

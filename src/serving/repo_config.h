@@ -127,6 +127,9 @@ typedef struct sp_repo_llm {
     double repeat_penalty, frequency_penalty, presence_penalty;
     int64_t seed;               /* -1 = not set */
     const char *chat_template;  /* borrowed from params; NULL = the model's own */
+    /* A Jinja template file, relative to the model directory and inside the
+     * repository (sp_repo_config_llm_template_path); borrowed; NULL = none. */
+    const char *chat_template_file;
     const char *model_file;     /* borrowed from params; NULL = find it */
     /* The key of an encrypted model file (*.gguf.enc), at most one of the two;
      * see sp_repo_config_llm_keys. Borrowed from params; NULL = not set. */
@@ -211,6 +214,12 @@ sp_status_t sp_repo_config_llm_keys(const sp_repo_config_t *cfg, const char *roo
 sp_status_t sp_repo_config_llm_keys_ex(const sp_repo_config_t *cfg, const char *root,
                                        const char *model, const char *key_dir,
                                        sp_enc_key_src_t *out, char *err, size_t err_len);
+
+/* parameters.chat_template_file resolved: <root>/<model>/FILE with realpath,
+ * refused when it leaves the repository. *out "" when the parameter is unset. */
+sp_status_t sp_repo_config_llm_template_path(const sp_repo_config_t *cfg, const char *root,
+                                             const char *model, char *out, size_t out_len,
+                                             char *err, size_t err_len);
 
 /* Look a parameter up; NULL when absent. */
 const char *sp_repo_config_param(const sp_repo_config_t *c, const char *key);

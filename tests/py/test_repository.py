@@ -294,6 +294,11 @@ def test_load_key_file(tmp):
         st, b = load(srv, env="HOME")
         s.case("keys: a load may not choose an environment variable", st == 400 and clean(b)
                and "may not choose an environment variable" in json.dumps(b), f"{st} {b}")
+        st, b = srv.req("POST", "/v2/repository/models/sealed/load",
+                        {"parameters": {"config": json.dumps(
+                            {"parameters": {"chat_template_file": {"string_value": "../secret.txt"}}})}})
+        s.case("a load may not name a chat_template_file (compile errors would quote it)",
+               st == 400 and clean(b) and "may not name a file" in json.dumps(b), f"{st} {b}")
     finally:
         s.case("keys: clean exit (no --key-dir)", srv.stop() == 0)
     srv = RepoServer(repo, "--model-control-mode", "explicit", "--key-dir", kd)

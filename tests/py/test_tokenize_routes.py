@@ -151,12 +151,41 @@ for name, path in (("qwen3", os.path.join(TEMPLATE_DIR, "Qwen-Qwen3-0.6B.jinja")
     shutil.copy(DEMO_MODEL, os.path.join(repo, name, "1", "model.gguf"))
     with open(path) as f:
         tpl = f.read()
+    # qwen3's template inline; gpt-oss's as a file beside the model (chat_template_file)
+    if name == "oss":
+        os.makedirs(os.path.join(repo, name, "templates"))
+        shutil.copy(path, os.path.join(repo, name, "templates", "chat.jinja"))
+        params = {"chat_template_file": {"string_value": "templates/chat.jinja"}}
+    else:
+        params = {"chat_template": {"string_value": tpl}}
     with open(os.path.join(repo, name, "config.json"), "w") as f:
-        json.dump({"name": name, "backend": "llm",
-                   "parameters": {"chat_template": {"string_value": tpl}}}, f)
+        json.dump({"name": name, "backend": "llm", "parameters": params}, f)
+# chat_template_file that cannot be used: the model is UNAVAILABLE with the reason, the others serve
+BAD_TEMPLATE_FILES = {
+    "escape": ({"chat_template_file": {"string_value": "../../outside.jinja"}}, "outside the repository"),
+    "absent": ({"chat_template_file": {"string_value": "none.jinja"}}, "none.jinja"),
+    "both": ({"chat_template_file": {"string_value": "t.jinja"},
+              "chat_template": {"string_value": "x"}}, "only one of chat_template and chat_template_file"),
+    "absolute": ({"chat_template_file": {"string_value": "/etc/hostname"}}, "relative"),
+}
+with open(os.path.join(tmp, "outside.jinja"), "w") as f:
+    f.write("{{ messages }}")
+for name, (params, _) in BAD_TEMPLATE_FILES.items():
+    os.makedirs(os.path.join(repo, name, "1"))
+    shutil.copy(DEMO_MODEL, os.path.join(repo, name, "1", "model.gguf"))
+    with open(os.path.join(repo, name, "config.json"), "w") as f:
+        json.dump({"name": name, "backend": "llm", "parameters": params}, f)
 srv = RepoServer(repo)
 try:
     msgs = [{"role": "user", "content": "What is 2+2?"}]
+    st, index = http_json(srv.port, "POST", "/v2/repository/index", {})
+    states = {m["name"]: m for m in index} if st == 200 else {}
+    for name, (_, why) in BAD_TEMPLATE_FILES.items():
+        m = states.get(name, {})
+        s.case(f"parameters.chat_template_file ({name}): UNAVAILABLE naming why",
+               m.get("state") == "UNAVAILABLE" and why in m.get("reason", ""), m)
+    s.case("parameters.chat_template_file: the model with a usable file is READY",
+           states.get("oss", {}).get("state") == "READY", states.get("oss"))
 
     def rendered(model, **kw):
         st, b = http_json(srv.port, "POST", "/apply-template", dict({"model": model, "messages": msgs}, **kw))
