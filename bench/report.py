@@ -107,9 +107,14 @@ def bytes_per_token(path):
     total = sum(t[3] for t in tensors)
     per_token = 0
     types = {}
+    arch = meta.get("general.architecture", "")
+    n_exp = meta.get(f"{arch}.expert_count", 0)
+    n_used = meta.get(f"{arch}.expert_used_count", 0)
     for name, dims, ttype, nbytes in tensors:
         if name == "token_embd.weight" and not tied:
             per_token += nbytes // dims[1]  # one row of [dim, vocab]
+        elif "_exps." in name and n_exp > 0:
+            per_token += nbytes * n_used // n_exp  # a token reads the experts it is routed to
         else:
             per_token += nbytes
         if len(dims) == 2:

@@ -3,12 +3,14 @@
 #
 #   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
 #                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan] [--wait-quiet SECS]
+#                [--shape tinyllama|moe-1b]
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
 #   - our engine:  $SAMPAN eval -m FILE --tokens IDS --gen G -t 2   (RUNS processes)
 #   - llama.cpp:   node bench/llamacpp.mjs -m FILE --tokens IDS --gen G -t 2 (RUNS runs)
-# on the same TinyLlama-1.1B-shaped random-weight model and the same prompt ids,
+# on the same TinyLlama-1.1B-shaped random-weight model (--shape moe-1b: a 1B-class
+# Qwen3-MoE shape, 8 experts, top-2; tools/gguf_gen.py's presets) and the same prompt ids,
 # plus bench/membw (read/copy bandwidth) before and after, and prints a markdown
 # table with the decode limit = read bandwidth (2 threads) / weight bytes read per
 # token. Results: bench/out/<stamp>/ (raw logs, results.json, table.md) and
@@ -37,10 +39,12 @@ SAMPAN_GIVEN=${SAMPAN:+1}
 SAMPAN=${SAMPAN:-$BUILD/sampan}
 PYTHON=${PYTHON:-/usr/bin/python3}
 VOCAB_FROM=${VOCAB_FROM:-}
+SHAPE=tinyllama
 
 while [ $# -gt 0 ]; do
     case "$1" in
     --types) TYPES=$2; shift 2 ;;
+    --shape) SHAPE=$2; shift 2 ;;
     --prompt) PROMPT=$2; shift 2 ;;
     --gen) GEN=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
@@ -49,7 +53,7 @@ while [ $# -gt 0 ]; do
     --no-llamacpp) DO_LLAMACPP=0; shift ;;
     --no-sampan) DO_SAMPAN=0; shift ;;
     --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -128,12 +132,16 @@ if [ -z "$VOCAB_FROM" ]; then
         if [ -f "$v" ]; then VOCAB_FROM=$v; break; fi
     done
 fi
-model_path() { echo "bench/models/tinyllama-random-$1.gguf"; }
+case "$SHAPE" in
+tinyllama|moe-1b) ;;
+*) echo "bench/run.sh: --shape must be tinyllama or moe-1b" >&2; exit 2 ;;
+esac
+model_path() { echo "bench/models/$SHAPE-random-$1.gguf"; }
 for t in $TYPES; do
     f=$(model_path "$t")
     if [ ! -s "$f" ]; then
-        say "generating $f (TinyLlama-1.1B shape, random weights, $t)"
-        args=(--preset tinyllama --type "$t" --seed 1 -q)
+        say "generating $f ($SHAPE shape, random weights, $t)"
+        args=(--preset "$SHAPE" --type "$t" --seed 1 -q)
         if [ -n "$VOCAB_FROM" ]; then args+=(--vocab-from "$VOCAB_FROM"); fi
         "$PYTHON" tools/gguf_gen.py "$f.tmp" "${args[@]}"
         mv "$f.tmp" "$f"

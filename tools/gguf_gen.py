@@ -5,7 +5,7 @@ BERT-family encoder as a GGUF v3 file.
 Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
 TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
 
-    tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|qwen2-tiny|mixtral-tiny|qwen2moe-tiny]
+    tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|moe-1b|qwen2-tiny|mixtral-tiny|qwen2moe-tiny]
         [--arch llama|qwen2|qwen2moe|qwen3moe|gpt-oss] [--expert-type T] [--swa N] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
@@ -173,6 +173,11 @@ PRESETS = {
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
+    # A 1B-class mixture of experts (the MoE benchmark model): Qwen3-MoE's layout, 8 experts,
+    # top-2, about 0.95 B parameters of which about 0.3 B are active per token
+    "moe-1b": dict(arch="qwen3moe", dim=1024, n_layers=16, n_heads=16, n_kv_heads=4,
+                   head_dim=128, ff=2816, vocab=32000, ctx=2048, tied=False,
+                   rope_base=1000000.0, eps=1e-6, n_expert=8, n_expert_used=2, ff_exp=2048),
 }
 # The other architectures at the same scale, every feature on: gemma's windows (8 positions,
 # shorter than the oracle's 32 tokens), soft-caps and post-norms, gemma3's local/global
