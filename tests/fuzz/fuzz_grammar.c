@@ -271,7 +271,9 @@ check_instance(const json_t *schema, const char *spec, size_t spec_len, const ch
  * exact (an accepting state costs 0, any other has a live byte to a state
  * costing one less), which generation relies on to finish within max_tokens.
  * Returns the length, 0 when a table limit was hit or COMPLETION bytes did
- * not end it.
+ * not end it; the completion is not walked when the cost says at its start
+ * that it cannot end in time (an ambiguous grammar's states are large and
+ * each step costs their size, so walking on would only spend the time limit).
  */
 static size_t
 guided_sentence(sp_grammar_t *g, const char *spec, size_t spec_len, const char *choice,
@@ -317,6 +319,8 @@ guided_sentence(sp_grammar_t *g, const char *spec, size_t spec_len, const char *
         } else if (acc) {
             ended = true;
             break;
+        } else if (cost > GUIDED + COMPLETION - len) {
+            break; /* the cheapest completion cannot end within COMPLETION bytes */
         } else {
             c = (unsigned char)best_c;
         }
