@@ -198,7 +198,8 @@ PRESETS.update({
 # Gemma 4 (E2B's layout scaled down): sliding layers (S) with 64-wide heads and 2 KV heads,
 # global layers (G) with 128-wide heads, 1 KV head and RoPE on a quarter of each head (the
 # converter's rope_freqs: 1e30 for the unrotated pairs), the last two layers sharing the cache
-# of the last S and G layers with a double-wide FFN, per-layer inputs of 64 per layer, a
+# of the last S and G layers with a double-wide FFN, per-layer inputs (32 per layer; 256 in
+# the oracle shape, a K-quant super-block), a
 # scalar per layer output, no attn_v on the global layers (values = keys), windows of 8
 # positions, final soft-capping.
 PRESETS.update({
@@ -208,7 +209,7 @@ PRESETS.update({
                         rope_base=1000000.0, final_softcap=30.0, tied=True),
     "gemma4-256": dict(arch="gemma4", dim=256, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=64,
                        head_dim_full=128, n_kv_heads_full=1, layer_types="SSSGSG", n_shared=2,
-                       n_pl=64, ff=512, vocab=512, ctx=256, eps=1e-6, swa=8,
+                       n_pl=256, ff=512, vocab=512, ctx=256, eps=1e-6, swa=8,
                        rope_base=1000000.0, final_softcap=30.0, tied=True),
 })
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
