@@ -200,10 +200,27 @@ PRESETS.update({
     "smollm3-256": dict(arch="smollm3", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ff=512,
                         vocab=512, ctx=256, tied=False, rope_base=2000000.0),
 })
+# Gemma 4 (E2B's layout scaled down): sliding layers (S) with 64-wide heads and 2 KV heads,
+# global layers (G) with 128-wide heads, 1 KV head and RoPE on a quarter of each head (the
+# converter's rope_freqs: 1e30 for the unrotated pairs), the last two layers sharing the cache
+# of the last S and G layers with a double-wide FFN, per-layer inputs (32 per layer; 256 in
+# the oracle shape, a K-quant super-block), a
+# scalar per layer output, no attn_v on the global layers (values = keys), windows of 8
+# positions, final soft-capping.
+PRESETS.update({
+    "gemma4-tiny": dict(arch="gemma4", dim=64, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=32,
+                        head_dim_full=64, n_kv_heads_full=1, layer_types="SSSGSG", n_shared=2,
+                        n_pl=32, ff=128, vocab=300, ctx=256, eps=1e-6, swa=8,
+                        rope_base=1000000.0, final_softcap=30.0, tied=True),
+    "gemma4-256": dict(arch="gemma4", dim=256, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=64,
+                       head_dim_full=128, n_kv_heads_full=1, layer_types="SSSGSG", n_shared=2,
+                       n_pl=256, ff=512, vocab=512, ctx=256, eps=1e-6, swa=8,
+                       rope_base=1000000.0, final_softcap=30.0, tied=True),
+})
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
                  "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
                  "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
-                 "olmo2": "olmo2-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
+                 "olmo2": "olmo2-256", "gemma4": "gemma4-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
                  "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256",
                  "gpt-oss": "gpt-oss-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
@@ -213,7 +230,9 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 n_expert_used=0, ff_exp=None, ff_shexp=None, yarn=None, yarn_orig_ctx=None,
                 swa=None, swa_pattern=None, attn_softcap=None, final_softcap=None,
                 longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
-                n_types=2, granite_scales=None, expert_type=None)
+                n_types=2, granite_scales=None, expert_type=None,
+                head_dim_full=None, n_kv_heads_full=None, layer_types=None, n_shared=0, n_pl=0,
+                rot_frac_full=0.25, no_v_global=True, double_wide=True, out_scale=True)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -232,6 +251,7 @@ ARCHS = {
     "smollm3": set(),
     "granite": set(),
     "olmo2": {"post_norms", "no_pre_norms", "qk_norm_full"},
+    "gemma4": {"gemma4"},  # its own layout: gemma4_tensor_list, gemma4_metadata
     "qwen2moe": set(),
     "qwen3moe": {"qk_norm", "key_length"},
     "gpt-oss": {"gptoss", "key_length"},
@@ -744,6 +764,23 @@ def resolve(cfg):
         if not c["qkv_bias"]:
             raise ValueError("gpt-oss always has q/k/v biases")
         c["expert_type"] = c["expert_type"] or "mxfp4"
+    if c["arch"] == "gemma4":
+        L = c["n_layers"]
+        c["layer_types"] = c["layer_types"] or ("SSSSG" * L)[:L]
+        c["head_dim_full"] = c["head_dim_full"] or c["head_dim"]
+        c["n_kv_heads_full"] = c["n_kv_heads_full"] or c["n_kv_heads"]
+        lt, nkv = c["layer_types"], L - c["n_shared"]
+        if len(lt) != L or set(lt) - {"S", "G"}:
+            raise ValueError("gemma4: layer_types needs one S (sliding) or G (global) per layer")
+        if not c["swa"]:
+            raise ValueError("gemma4 needs --swa (attention.sliding_window is required)")
+        if c["n_heads"] % c["n_kv_heads_full"] or c["head_dim_full"] % 2:
+            raise ValueError("gemma4: bad global head layout")
+        if c["n_shared"]:  # llama.cpp: shared layers read layer nkv-2 (S) or nkv-1 (G)
+            if nkv < 2 or lt[nkv - 2] != "S" or lt[nkv - 1] != "G":
+                raise ValueError("gemma4: with shared KV layers, the last two cached layers "
+                                 "must be S then G")
+        c["tied"] = True if c["tied"] is None else c["tied"]
     if c["arch"] in ENCODERS:
         if c["n_kv_heads"] != c["n_heads"] or c["head_dim"] * c["n_heads"] != c["dim"]:
             raise ValueError("an encoder has n_kv_heads == n_heads and head_dim * n_heads == dim")
@@ -830,10 +867,87 @@ def encoder_metadata(c, tok_recs):
     return kv
 
 
+def gemma4_layer(c, i):
+    """(head_dim, n_kv_heads, ff, has_kv) of gemma4 layer i."""
+    glob = c["layer_types"][i] == "G"
+    shared = i >= c["n_layers"] - c["n_shared"]
+    ff = c["ff"] * (2 if shared and c["double_wide"] else 1)
+    return (c["head_dim_full"] if glob else c["head_dim"],
+            c["n_kv_heads_full"] if glob else c["n_kv_heads"], ff, not shared)
+
+
+def gemma4_tensor_list(c):
+    """gemma4's tensors as llama.cpp's converter names them."""
+    d, nh, nv, w, P, L = c["dim"], c["n_heads"], c["vocab"], c["type"], c["n_pl"], c["n_layers"]
+    ts = [("token_embd.weight", (d, nv), c["embd_type"], "embd"),
+          ("rope_freqs.weight", (c["head_dim_full"] // 2,), "f32", "ropeprop")]
+    if P:
+        ts.append(("per_layer_token_embd.weight", (P * L, nv), c["embd_type"], "embd"))
+        ts.append(("per_layer_model_proj.weight", (d, P * L), w, "mat"))
+        ts.append(("per_layer_proj_norm.weight", (P,), "f32", "norm"))
+    for i in range(L):
+        p = f"blk.{i}."
+        hd, nkv, ff, has_kv = gemma4_layer(c, i)
+        ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "attn_q.weight", (d, nh * hd), w, "mat"))
+        ts.append((p + "attn_q_norm.weight", (hd,), "f32", "norm"))
+        if has_kv:
+            ts.append((p + "attn_k.weight", (d, nkv * hd), w, "mat"))
+            if not (c["no_v_global"] and c["layer_types"][i] == "G"):
+                ts.append((p + "attn_v.weight", (d, nkv * hd), w, "mat"))
+            ts.append((p + "attn_k_norm.weight", (hd,), "f32", "norm"))
+        ts.append((p + "attn_output.weight", (nh * hd, d), w, "mat"))
+        ts.append((p + "post_attention_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+        ts.append((p + "ffn_gate.weight", (d, ff), w, "mat"))
+        ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
+        ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
+        ts.append((p + "post_ffw_norm.weight", (d,), "f32", "norm"))
+        if c["out_scale"]:
+            ts.append((p + "layer_output_scale.weight", (1,), "f32", "oscale"))
+        if P:
+            ts.append((p + "inp_gate.weight", (d, P), w, "mat"))
+            ts.append((p + "proj.weight", (P, d), w, "mat"))
+            ts.append((p + "post_norm.weight", (d,), "f32", "norm"))
+    ts.append(("output_norm.weight", (d,), "f32", "norm"))
+    if not c["tied"]:
+        ts.append(("output.weight", (d, nv), c["output_type"], "embd"))
+    return ts
+
+
+def gemma4_metadata(c, kv):
+    """The common records kv with gemma4's per-layer keys in place of the scalar ones."""
+    a, L = c["arch"], c["n_layers"]
+    per_layer = [gemma4_layer(c, i) for i in range(L)]
+    drop = [_s(f"{a}.{k}") for k in ("feed_forward_length", "attention.head_count_kv",
+                                     "rope.dimension_count", "attention.key_length",
+                                     "attention.value_length")]
+    kv = [r for r in kv if not any(r.startswith(x) for x in drop)]
+    ffs = [f for _, _, f, _ in per_layer]
+    kv.append(kv_bytes(f"{a}.feed_forward_length", T_ARRAY, ffs, T_INT32)
+              if len(set(ffs)) > 1 else kv_bytes(f"{a}.feed_forward_length", T_UINT32, ffs[0]))
+    kv.append(kv_bytes(f"{a}.attention.head_count_kv", T_ARRAY,
+                       [n for _, n, _, _ in per_layer], T_INT32))
+    kv.append(kv_bytes(f"{a}.attention.key_length", T_UINT32, c["head_dim_full"]))
+    kv.append(kv_bytes(f"{a}.attention.value_length", T_UINT32, c["head_dim_full"]))
+    kv.append(kv_bytes(f"{a}.attention.key_length_swa", T_UINT32, c["head_dim"]))
+    kv.append(kv_bytes(f"{a}.attention.value_length_swa", T_UINT32, c["head_dim"]))
+    kv.append(kv_bytes(f"{a}.rope.dimension_count", T_UINT32, c["head_dim_full"]))
+    kv.append(kv_bytes(f"{a}.rope.dimension_count_swa", T_UINT32, c["head_dim"]))
+    kv.append(kv_bytes(f"{a}.rope.freq_base_swa", T_FLOAT32, c["rope_base_swa"] or 10000.0))
+    kv.append(kv_bytes(f"{a}.attention.sliding_window_pattern", T_ARRAY,
+                       [t == "S" for t in c["layer_types"]], T_BOOL))
+    kv.append(kv_bytes(f"{a}.attention.shared_kv_layers", T_UINT32, c["n_shared"]))
+    kv.append(kv_bytes(f"{a}.embedding_length_per_layer_input", T_UINT32, c["n_pl"]))
+    return kv
+
+
 def tensor_list(c):
     """[(name, ne (ne[0] first), type, kind)] in file order. kind picks the init."""
     if c["arch"] in ENCODERS:
         return encoder_tensor_list(c)
+    if c["arch"] == "gemma4":
+        return gemma4_tensor_list(c)
     d, hd, nh, nkv, ff, nv = c["dim"], c["head_dim"], c["n_heads"], c["n_kv_heads"], c["ff"], \
         c["vocab"]
     w = c["type"]
@@ -957,8 +1071,10 @@ def metadata(c, tok_recs):
         kv.append(kv_bytes(f"{a}.attention.sliding_window", T_UINT32, c["swa"]))
     if c["swa_pattern"]:
         kv.append(kv_bytes(f"{a}.attention.sliding_window_pattern", T_UINT32, c["swa_pattern"]))
-    if c["rope_base_swa"]:
+    if c["rope_base_swa"] and a != "gemma4":
         kv.append(kv_bytes(f"{a}.rope.freq_base_swa", T_FLOAT32, c["rope_base_swa"]))
+    if a == "gemma4":
+        kv = gemma4_metadata(c, kv)
     if c["longrope"]:
         orig = c["orig_ctx"] or c["ctx"]
         scale = c["ctx"] / orig
@@ -991,6 +1107,11 @@ def _values(c, name, ne, kind, rng, rows):
         return rng.uniform(0.8, 1.2, size=(rows, n)).astype(np.float32)
     if kind == "ropef":  # LongRoPE frequency divisors, >= 1 as in the released models
         return rng.uniform(1.0, 4.0, size=(rows, n)).astype(np.float32)
+    if kind == "ropeprop":  # gemma4's proportional RoPE: a fraction of the pairs rotates
+        n_r = int(n * c["rot_frac_full"])
+        return np.array([[1.0] * n_r + [1e30] * (n - n_r)] * rows, dtype=np.float32)
+    if kind == "oscale":  # gemma4's per-layer output scalar
+        return rng.uniform(0.5, 1.5, size=(rows, n)).astype(np.float32)
     if kind == "sink":  # attention sink logits: of the size of the scores they join
         return rng.uniform(-1.0, 3.0, size=(rows, n)).astype(np.float32)
     if kind == "bias":
@@ -1069,8 +1190,10 @@ def main(argv=None):
     ap.add_argument("--n-cls-out", type=int, help="rerankers: classifier outputs")
     ap.add_argument("--n-types", type=int, help="encoders: token types (0: no token_types)")
     ap.add_argument("--name")
+    ap.add_argument("--layer-types", help="gemma4: S (sliding) or G (global) per layer")
     for k in ("dim", "n-layers", "n-heads", "n-kv-heads", "head-dim", "ff", "vocab", "ctx", "seed",
-              "n-expert", "n-expert-used", "ff-exp", "ff-shexp"):
+              "n-expert", "n-expert-used", "ff-exp", "ff-shexp", "head-dim-full",
+              "n-kv-heads-full", "n-shared", "n-pl"):
         ap.add_argument("--" + k, type=int)
     ap.add_argument("--yarn-orig-ctx", type=int, help="YaRN original context length")
     for k in ("rope-base", "rope-scale", "eps", "embd-scale", "yarn"):

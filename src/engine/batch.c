@@ -83,9 +83,12 @@ struct sp_batch {
     float *scores;     /* (n_threads, scores_stride) attention scratch */
     int64_t scores_stride;
     float attn_scale;  /* the model's query scale (1 / sqrt(head_dim) for most) */
-    float *rope_cs;    /* (rows, 2 n_rot) cos/sin pairs per row's position: the global
+    float *rope_cs;    /* (rows, 2 rope_w) cos/sin pairs per row's position: the global
                           table, then the sliding layers' when rope_swa */
-    float *inv_freq;   /* (2, n_rot / 2): global, then sliding layers */
+    float *inv_freq;   /* (2, rope_w / 2): global, then sliding layers */
+    int64_t rope_w;    /* the widest rotation (gemma4's two kinds rotate different widths) */
+    float *pl;         /* gemma4: (rows, n_layer * n_embd_pl) per-layer inputs, or unused */
+    float *pl_tmp;     /* gemma4: (rows, n_layer * n_embd_pl) scratch: token rows, gates */
     bool rope_swa;     /* the sliding layers rotate with their own base or scale */
     float *logits;     /* (max_logits, n_vocab) */
     void *moe_buf;     /* the MoE block's scratch (engine/moe.h) or NULL: dense */
@@ -140,7 +143,7 @@ pool_bytes(int n)
  * up) read that one list, so the estimate cannot drift from create. */
 enum {
     BUF_X, BUF_XN, BUF_Q, BUF_KV_K, BUF_KV_V, BUF_ATT, BUF_FF_GATE, BUF_FF_UP, BUF_PROJ, BUF_ACT,
-    BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
+    BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_PL, BUF_PL_TMP, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
     BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_MOE, BUF_COUNT
 };
 
@@ -206,15 +209,22 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     if (st != SP_OK) {
         return st;
     }
-    const int64_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    /* The widest layer sizes (gemma4 varies them by layer; model_impl.h). */
+    const int64_t hd = sp__head_dim_max(hp);
+    const int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     const int64_t R = L->p.max_tokens, S = L->p.max_seqs;
-    int64_t max_in = hp->n_embd;
+    const int64_t pl_dim = hp->n_layer * hp->n_embd_pl;
+    int64_t max_in = hp->n_embd, min_kv = hp->n_head_kv;
     if (hp->n_ff > max_in) max_in = hp->n_ff;
     if (q_dim > max_in) max_in = q_dim;
+    if (hp->n_embd_pl > max_in) max_in = hp->n_embd_pl;
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        min_kv = sp__layer_n_head_kv(hp, il) < min_kv ? sp__layer_n_head_kv(hp, il) : min_kv;
+    }
     /* Every dot-product format takes at most 4 bytes per element (F32). */
     L->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
-    /* Scores of one (row, KV head) item: every query head of the group. */
-    L->scores_stride = hp->n_head / hp->n_head_kv * sp_attn_scratch_stride(L->p.max_ctx);
+    /* Scores of one (row, KV head) item: every query head of the largest group. */
+    L->scores_stride = hp->n_head / min_kv * sp_attn_scratch_stride(L->p.max_ctx);
 
     size_t *B = L->bytes;
     B[BUF_X] = buf_bytes(R, hp->n_embd, sizeof(float));
@@ -228,8 +238,10 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_PROJ] = buf_bytes(R, hp->n_embd, sizeof(float));
     B[BUF_ACT] = buf_bytes(R, (int64_t)L->act_stride, 1);
     B[BUF_SCORES] = buf_bytes(L->p.n_threads, L->scores_stride, sizeof(float));
-    B[BUF_ROPE_CS] = buf_bytes(R, 2 * hp->n_rot, sizeof(float));
-    B[BUF_INV_FREQ] = buf_bytes(2, hp->n_rot / 2, sizeof(float));
+    B[BUF_ROPE_CS] = buf_bytes(R, 2 * sp__n_rot_max(hp), sizeof(float));
+    B[BUF_INV_FREQ] = buf_bytes(2, sp__n_rot_max(hp) / 2, sizeof(float));
+    B[BUF_PL] = buf_bytes(pl_dim > 0 ? R : 0, pl_dim, sizeof(float));
+    B[BUF_PL_TMP] = buf_bytes(pl_dim > 0 ? R : 0, pl_dim, sizeof(float));
     B[BUF_LOGITS] = buf_bytes(L->p.max_logits, hp->n_vocab, sizeof(float));
     B[BUF_ROW_TOK] = buf_bytes(R, 1, sizeof(int32_t));
     B[BUF_ROW_POS] = buf_bytes(R, 1, sizeof(int64_t));
@@ -286,6 +298,8 @@ sp_batch_destroy(sp_batch_t *b)
     sp_free(b->scores);
     sp_free(b->rope_cs);
     sp_free(b->inv_freq);
+    sp_free(b->pl);
+    sp_free(b->pl_tmp);
     sp_free(b->logits);
     sp_free(b->row_tok);
     sp_free(b->row_pos);
@@ -341,6 +355,8 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->scores = sp_malloc_aligned(B[BUF_SCORES], 64);
     b->rope_cs = sp_malloc_aligned(B[BUF_ROPE_CS], 64);
     b->inv_freq = sp_malloc_aligned(B[BUF_INV_FREQ], 64);
+    b->pl = sp_malloc_aligned(B[BUF_PL], 64);
+    b->pl_tmp = sp_malloc_aligned(B[BUF_PL_TMP], 64);
     b->logits = sp_malloc_aligned(B[BUF_LOGITS], host_align);
     b->row_tok = sp_malloc_aligned(B[BUF_ROW_TOK], 64);
     b->row_pos = sp_malloc_aligned(B[BUF_ROW_POS], 64);
@@ -352,7 +368,7 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
         goto oom;
     }
     if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
-        !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->logits ||
+        !b->proj || !b->act || !b->scores || !b->rope_cs || !b->inv_freq || !b->pl || !b->pl_tmp || !b->logits ||
         !b->row_tok || !b->row_pos || !b->row_seq || !b->order || !b->seq_out) {
         goto oom;
     }
@@ -364,17 +380,29 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     if (m->rope_long != NULL) {
         factors = b->max_ctx > hp->n_ctx_orig ? m->rope_long : m->rope_short;
     }
-    b->rope_swa = hp->rope_base_swa != hp->rope_base || hp->rope_scale_swa != hp->rope_scale;
+    /* gemma4: the sliding layers rotate n_rot_swa dims without the factors (which
+     * are the global layers' own: their 1e30 entries leave dims unrotated). */
+    b->rope_swa = hp->rope_base_swa != hp->rope_base || hp->rope_scale_swa != hp->rope_scale ||
+                  (hp->n_rot_swa > 0 && hp->n_rot_swa != hp->n_rot) ||
+                  (hp->rope_freqs_global && factors != NULL);
+    b->rope_w = sp__n_rot_max(hp);
+    const int64_t n_rot_swa = hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
     for (int64_t i = 0; i < hp->n_rot / 2; i++) {
         const double e = -2.0 * (double)i / (double)hp->n_rot;
-        double f = pow((double)hp->rope_base, e), fs = pow((double)hp->rope_base_swa, e);
+        double f = pow((double)hp->rope_base, e);
         if (factors != NULL) {
             f /= factors[i];
-            fs /= factors[i];
         }
         f *= sp__yarn_mix(hp, i); /* 1 without YaRN */
         b->inv_freq[i] = (float)(f / hp->rope_scale);
-        b->inv_freq[hp->n_rot / 2 + i] = (float)(fs / hp->rope_scale_swa);
+    }
+    for (int64_t i = 0; i < n_rot_swa / 2; i++) {
+        const double e = -2.0 * (double)i / (double)n_rot_swa;
+        double fs = pow((double)hp->rope_base_swa, e);
+        if (factors != NULL && !hp->rope_freqs_global) {
+            fs /= factors[i];
+        }
+        b->inv_freq[b->rope_w / 2 + i] = (float)(fs / hp->rope_scale_swa);
     }
     if (m->gpu != NULL) {
         b->cand_n = sp_calloc((size_t)L.p.max_seqs, sizeof(int32_t));
@@ -654,13 +682,47 @@ embed_job_run(void *arg, int64_t t, int ith)
     /* cos and sin times the attention factor (LongRoPE's, YaRN's; 1 otherwise). */
     const double mscale = (double)hp->rope_attn_factor * (hp->rope_yarn ? hp->rope_mscale : 1.0);
     for (int tab = 0; tab < (b->rope_swa ? 2 : 1); tab++) {
-        float *cs = b->rope_cs + (2 * t + tab) * hp->n_rot;
-        const float *inv = b->inv_freq + tab * (hp->n_rot / 2);
-        for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        float *cs = b->rope_cs + (2 * t + tab) * b->rope_w;
+        const float *inv = b->inv_freq + tab * (b->rope_w / 2);
+        const int64_t n_rot = tab == 1 && hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
+        for (int64_t i = 0; i < n_rot / 2; i++) {
             double theta = (double)b->row_pos[t] * (double)inv[i];
             cs[2 * i] = (float)(cos(theta) * mscale);
             cs[2 * i + 1] = (float)(sin(theta) * mscale);
         }
+    }
+    if (hp->n_embd_pl > 0) {
+        /* gemma4: this token's row of per-layer embeddings, for pl_input_job_run */
+        const sp_weight_t *w = &m->pl_tok_embd;
+        b->k->to_float[w->type]((const char *)w->data + (size_t)b->row_tok[t] * w->row_bytes,
+                                b->pl_tmp + t * w->n_in, w->n_in);
+    }
+}
+
+/* gemma4's per-layer inputs of row t, from pl = the embedding's projection (its
+ * product with per_layer_model_proj) and pl_tmp = the token's per-layer embedding:
+ * per layer, (RMSNorm(proj / sqrt(n_embd)) * pl_proj_norm + embd * sqrt(n_embd_pl))
+ * / sqrt(2), into pl. */
+static void
+pl_input_job_run(void *arg, int64_t t, int ith)
+{
+    sp_batch_t *b = arg;
+    const sp_model_t *m = b->m;
+    const sp_hparams_t *hp = &m->hp;
+    const int64_t P = hp->n_embd_pl, W = hp->n_layer * P;
+    const float proj_scale = 1.0f / sqrtf((float)hp->n_embd);
+    const float embd_scale = sqrtf((float)P), out_scale = 1.0f / sqrtf(2.0f);
+    float *x = b->pl + t * W;
+    const float *e = b->pl_tmp + t * W;
+    (void)ith;
+    for (int64_t i = 0; i < W; i++) {
+        x[i] *= proj_scale;
+    }
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        b->k->rmsnorm(x + il * P, x + il * P, m->pl_proj_norm, P, hp->norm_eps);
+    }
+    for (int64_t i = 0; i < W; i++) {
+        x[i] = (x[i] + e[i] * embd_scale) * out_scale;
     }
 }
 
@@ -673,6 +735,7 @@ typedef struct add_norm_job {
     bool copy;
     const float *w;
     const float *post; /* (when add) proj = RMSNorm(proj) * post first (gemma), or NULL */
+    const float *scale; /* (when add) then x times *scale (gemma4's layer_output_scale), or NULL */
 } add_norm_job_t;
 
 static void
@@ -697,6 +760,9 @@ add_norm_job_run(void *arg, int64_t t, int ith)
         for (int64_t i = 0; i < E; i++) {
             x[i] += p[i];
         }
+        for (int64_t i = 0; j->scale != NULL && i < E; i++) {
+            x[i] *= *j->scale;
+        }
     }
     if (j->w != NULL) {
         b->k->rmsnorm(b->xn + t * E, x, j->w, E, hp->norm_eps);
@@ -708,7 +774,7 @@ add_norm_job_run(void *arg, int64_t t, int ith)
 static void
 add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
 {
-    add_norm_job_t j = {b, add, false, w, NULL};
+    add_norm_job_t j = {b, add, false, w, NULL, NULL};
     sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
 }
 
@@ -716,7 +782,16 @@ add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
 static void
 add_post_norm_rows(sp_batch_t *b, const float *post, const float *w, bool copy, int64_t n_tok)
 {
-    add_norm_job_t j = {b, true, copy, w, post};
+    add_norm_job_t j = {b, true, copy, w, post, NULL};
+    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+}
+
+/* add_post_norm_rows with x times *scale after the add (scale may be NULL). */
+static void
+add_post_norm_scale_rows(sp_batch_t *b, const float *post, const float *scale, const float *w,
+                         bool copy, int64_t n_tok)
+{
+    add_norm_job_t j = {b, true, copy, w, post, scale};
     sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
 }
 
@@ -759,6 +834,23 @@ swiglu_job_run(void *arg, int64_t chunk, int ith)
     }
 }
 
+/* gemma4: row t's gate (pl_tmp, n_embd_pl per row after the product) becomes
+ * gelu(gate) * the row's per-layer input of layer il. */
+typedef struct pl_gate_job {
+    sp_batch_t *b;
+    int64_t il;
+} pl_gate_job_t;
+
+static void
+pl_gate_job_run(void *arg, int64_t t, int ith)
+{
+    pl_gate_job_t *j = arg;
+    const sp_hparams_t *hp = &j->b->m->hp;
+    const int64_t P = hp->n_embd_pl;
+    (void)ith;
+    geglu(j->b->pl_tmp + t * P, j->b->pl + (t * hp->n_layer + j->il) * P, P);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Attention                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -777,12 +869,32 @@ rope_job_run(void *arg, int64_t t, int ith)
     sp_batch_t *b = j->b;
     const sp_kv_pool_t *kv = b->kv;
     const sp_hparams_t *hp = &b->m->hp;
-    const int64_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, q_dim = hp->n_head * hd;
+    const int64_t hd = sp__layer_head_dim(hp, j->il), n_kv = sp__layer_n_head_kv(hp, j->il);
+    const int64_t kv_dim = n_kv * hd, q_dim = hp->n_head * hd, n_rot = sp__layer_n_rot(hp, j->il);
     const bool swa_tab = b->rope_swa && hp->layer_swa[j->il];
-    const float *cs = b->rope_cs + (2 * t + (swa_tab ? 1 : 0)) * hp->n_rot;
+    const float *cs = b->rope_cs + (2 * t + (swa_tab ? 1 : 0)) * b->rope_w;
     float *kt = b->kv_k + t * kv_dim;
+    float *vt = b->kv_v + t * kv_dim;
     (void)ith;
     const sp_layer_t *L = &b->m->layers[j->il];
+    if (j->il >= sp__n_layer_kv(hp)) {
+        /* gemma4's shared layers: only q, attending over an earlier layer's cache. */
+        for (int64_t h = 0; h < hp->n_head; h++) {
+            float *qh = b->q + t * q_dim + h * hd;
+            b->k->rmsnorm(qh, qh, L->attn_q_norm, hd, hp->norm_eps);
+        }
+        rope(b->q + t * q_dim, hp->n_head, hd, n_rot, cs, hp->rope_type);
+        return;
+    }
+    if (L->wv.data == NULL) {
+        memcpy(vt, kt, (size_t)kv_dim * sizeof(float)); /* gemma4 without attn_v: v = k */
+    }
+    if (hp->v_norm) {
+        /* gemma4: RMSNorm of each value head, no weight (ones) */
+        for (int64_t g = 0; g < n_kv; g++) {
+            b->k->rmsnorm(vt + g * hd, vt + g * hd, b->m->ones, hd, hp->norm_eps);
+        }
+    }
     if (L->attn_q_norm != NULL && hp->qk_norm_full) {
         /* RMSNorm of the whole q and k projections before the rotation (olmo2). */
         b->k->rmsnorm(b->q + t * q_dim, b->q + t * q_dim, L->attn_q_norm, q_dim, hp->norm_eps);
@@ -793,21 +905,20 @@ rope_job_run(void *arg, int64_t t, int ith)
             float *qh = b->q + t * q_dim + h * hd;
             b->k->rmsnorm(qh, qh, L->attn_q_norm, hd, hp->norm_eps);
         }
-        for (int64_t g = 0; g < hp->n_head_kv; g++) {
+        for (int64_t g = 0; g < n_kv; g++) {
             b->k->rmsnorm(kt + g * hd, kt + g * hd, L->attn_k_norm, hd, hp->norm_eps);
         }
     }
     if (!hp->layer_nope[j->il]) {
-        rope(b->q + t * q_dim, hp->n_head, hd, hp->n_rot, cs, hp->rope_type);
-        rope(kt, hp->n_head_kv, hd, hp->n_rot, cs, hp->rope_type);
+        rope(b->q + t * q_dim, hp->n_head, hd, n_rot, cs, hp->rope_type);
+        rope(kt, n_kv, hd, n_rot, cs, hp->rope_type);
     }
-    const float *vt = b->kv_v + t * kv_dim;
     const int64_t pos = b->row_pos[t];
     SP_ASSERT(pos >= 0 && pos < b->max_ctx); /* the cache rows the buffers were sized for */
     const int64_t block = b->seqs[b->row_seq[t]].blocks[pos / SP_KV_BLOCK];
     const int64_t lane = pos % SP_KV_BLOCK;
     SP_ASSERT(block >= 0 && block < kv->n_blocks); /* the write lands inside the pool */
-    for (int64_t g = 0; g < hp->n_head_kv; g++) {
+    for (int64_t g = 0; g < n_kv; g++) {
         const int64_t tile = sp__kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
         char *vdst =
@@ -859,10 +970,11 @@ attn_job_run(void *arg, int64_t chunk, int ith)
     sp_batch_t *b = j->b;
     const sp_kv_pool_t *kv = b->kv;
     const sp_hparams_t *hp = &b->m->hp;
-    const int64_t hd = hp->head_dim, q_dim = hp->n_head * hd;
-    const int64_t group = hp->n_head / hp->n_head_kv;
+    const int64_t hd = sp__layer_head_dim(hp, j->il), q_dim = hp->n_head * hd;
+    const int64_t n_kv = sp__layer_n_head_kv(hp, j->il), group = hp->n_head / n_kv;
     const int64_t part = (group + j->n_split - 1) / j->n_split; /* query heads per item */
-    const int64_t n_items = j->n_tok * hp->n_head_kv * j->n_split;
+    const int64_t n_items = j->n_tok * n_kv * j->n_split;
+    const int64_t src = sp__layer_kv_src(hp, j->il); /* the cache it reads (gemma4 shares) */
     const int64_t lo = chunk * j->per_chunk;
     const int64_t hi = lo + j->per_chunk < n_items ? lo + j->per_chunk : n_items;
     const float *sinks = b->m->layers[j->il].attn_sinks;
@@ -876,7 +988,7 @@ attn_job_run(void *arg, int64_t chunk, int ith)
         if (n_q <= 0) {
             continue;
         }
-        const int64_t tile = sp__kv_tile(kv, 0, j->il, g, hp->n_head_kv);
+        const int64_t tile = sp__kv_tile(kv, 0, src, g, hp->n_head_kv);
         const char *base = (const char *)kv->data + (size_t)tile * kv->elt;
         sp_attn_args_t a = {
             .head_dim = hd,
@@ -1059,7 +1171,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     }
     const sp_model_t *m = b->m;
     const sp_hparams_t *hp = &m->hp;
-    const int64_t E = hp->n_embd, q_dim = hp->n_head * hp->head_dim;
+    const int64_t E = hp->n_embd;
 
     /* Rows: the sequences' tokens in order. */
     int64_t R = 0;
@@ -1100,24 +1212,36 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             return st;
         }
     }
-    add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL};
+    if (hp->n_embd_pl > 0) {
+        /* gemma4's per-layer inputs, from the scaled embeddings (before any layer) */
+        matmul1(b, &m->pl_model_proj, b->pl, b->x, E, R);
+        sp_pool_run(b->pool, pl_input_job_run, b, R);
+    }
+    add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL, NULL};
     sp_pool_run(b->pool, add_norm_job_run, &first, R);
 
-    const int64_t group = hp->n_head / hp->n_head_kv, nth = sp_pool_n_threads(b->pool);
-    int64_t n_split = 1;
-    while (R * hp->n_head_kv * n_split < 2 * nth && n_split < group) {
-        n_split++;
-    }
-    const int64_t n_items = R * hp->n_head_kv * n_split;
+    const int64_t nth = sp_pool_n_threads(b->pool);
     for (int64_t il = il0; il < hp->n_layer; il++) {
         const sp_layer_t *L = &m->layers[il];
+        /* This layer's sizes (gemma4 varies them; model_impl.h). */
+        const int64_t n_kv = sp__layer_n_head_kv(hp, il), group = hp->n_head / n_kv;
+        const int64_t q_dim = hp->n_head * sp__layer_head_dim(hp, il);
+        const int64_t n_ff = sp__layer_n_ff(hp, il);
+        int64_t n_split = 1;
+        while (R * n_kv * n_split < 2 * nth && n_split < group) {
+            n_split++;
+        }
+        const int64_t n_items = R * n_kv * n_split;
 
+        /* k and v: none for a layer that reads an earlier cache, k alone without attn_v
+         * (gemma4: the values are the keys) */
         const sp_weight_t *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {b->q, b->kv_k, b->kv_v};
         const float *bqkv[3] = {L->bq, L->bk, L->bv};
-        matmul(b, 3, wqkv, yqkv, bqkv, b->xn, E, R);
+        const int n_proj = il >= sp__n_layer_kv(hp) ? 1 : L->wv.data == NULL ? 2 : 3;
+        matmul(b, n_proj, wqkv, yqkv, bqkv, b->xn, E, R);
         if (lora) {
-            lora_rows(b, seqs, il, SP_LORA_Q, 3, yqkv, wqkv, b->xn, E, R);
+            lora_rows(b, seqs, il, SP_LORA_Q, n_proj, yqkv, wqkv, b->xn, E, R);
         }
 
         rope_job_t rj = {b, il};
@@ -1151,18 +1275,32 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             if (lora) {
                 lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
             }
-            swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * hp->n_ff, hp->ffn_act};
+            swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * n_ff, hp->ffn_act};
             sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
-            matmul1(b, &L->w_down, b->proj, b->ff_gate, hp->n_ff, R);
+            matmul1(b, &L->w_down, b->proj, b->ff_gate, n_ff, R);
             if (lora) {
                 const sp_weight_t *wd[1] = {&L->w_down};
-                lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, hp->n_ff, R);
+                lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, n_ff, R);
             }
         }
-        /* The residual add, and the next layer's input norm when there is one. */
-        add_post_norm_rows(b, L->ffn_post_norm,
-                           il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL,
-                           il + 1 < hp->n_layer, R);
+        const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL;
+        if (hp->n_embd_pl > 0) {
+            /* gemma4: the residual add, then the per-layer input's contribution
+             * RMSNorm(Wproj (gelu(Wgate x) * pl_il)) * post_norm added, x times the
+             * layer's scale, and the next layer's input norm. */
+            add_post_norm_rows(b, L->ffn_post_norm, NULL, false, R);
+            matmul1(b, &L->pl_gate, b->pl_tmp, b->x, E, R);
+            pl_gate_job_t pj = {b, il};
+            sp_pool_run(b->pool, pl_gate_job_run, &pj, R);
+            matmul1(b, &L->pl_proj, b->proj, b->pl_tmp, hp->n_embd_pl, R);
+            add_post_norm_scale_rows(b, L->pl_post_norm, L->out_scale, next_norm,
+                                     il + 1 < hp->n_layer, R);
+        } else {
+            /* The residual add (times the layer's scale, gemma4), and the next layer's
+             * input norm when there is one. */
+            add_post_norm_scale_rows(b, L->ffn_post_norm, L->out_scale, next_norm,
+                                     il + 1 < hp->n_layer, R);
+        }
     }
 
     if (out == SP_BATCH_OUT_SEQ) {

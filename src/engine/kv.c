@@ -57,8 +57,10 @@ size_t
 sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
 {
     const sp_hparams_t *hp = &m->hp;
-    /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. */
-    return (size_t)hp->n_layer * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(hp->head_dim, type);
+    /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. The
+     * layers that keep a cache (gemma4's shared layers do not), tiles of the widest head. */
+    return (size_t)sp__n_layer_kv(hp) * (size_t)hp->n_head_kv * 2 *
+           kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
 /* The sizes of a pool's two arrays (the cache and the per-block marks), for
@@ -83,8 +85,9 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, s
                        (long long)sp_gpu_model_layers(m));
     }
     /* Host memory for the CPU layers only (all of them without a GPU binding). */
-    const int64_t n_cpu = m->hp.n_layer - sp_gpu_model_layers(m);
-    const size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)m->hp.n_layer * (size_t)n_cpu;
+    const int64_t n_cpu = sp__n_layer_kv(&m->hp) - sp_gpu_model_layers(m);
+    const size_t bb =
+        sp_kv_block_bytes(m, p->type) / (size_t)sp__n_layer_kv(&m->hp) * (size_t)n_cpu;
     if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
@@ -132,10 +135,11 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     kv->type = types[p->type];
     kv->elt = elts[p->type];
     kv->n_blocks = p->n_blocks;
-    kv->tile_elems = (int64_t)(kv_tile_bytes(hp->head_dim, p->type) / kv->elt);
-    kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hp->head_dim) : hp->head_dim;
+    const int64_t hd = sp__head_dim_max(hp); /* a narrower layer uses the start of each tile */
+    kv->tile_elems = (int64_t)(kv_tile_bytes(hd, p->type) / kv->elt);
+    kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hd) : hd;
     kv->layer0 = sp_gpu_model_layers(m);
-    kv->block_elems = (hp->n_layer - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
+    kv->block_elems = (sp__n_layer_kv(hp) - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
     if (m->gpu != NULL) {
         st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
                                err_len);

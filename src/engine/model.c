@@ -45,6 +45,7 @@ static const arch_info_t archs[] = {
     {"qwen3moe", SP_ROPE_NEOX},
     {"gemma2", SP_ROPE_NEOX},
     {"gemma3", SP_ROPE_NEOX},
+    {"gemma4", SP_ROPE_NEOX}, /* dense; per-layer sizes and inputs: gemma4.c */
     {"phi3", SP_ROPE_NEOX},
     {"smollm3", SP_ROPE_NORMAL},
     {"granite", SP_ROPE_NORMAL},
@@ -56,7 +57,7 @@ static const arch_info_t archs[] = {
 
 /* The list the refusal of an unknown architecture names. */
 #define SUPPORTED_ARCHS \
-    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, smollm3, granite, olmo2, qwen2moe, " \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, gemma4, phi3, smollm3, granite, olmo2, qwen2moe, " \
     "qwen3moe, gpt-oss, bert, nomic-bert"
 
 static bool
@@ -173,6 +174,8 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
                 return st;
             }
         }
+    } else if (arch_is(hp, "gemma4")) {
+        return sp__gemma4_hparams(g, hp, err, err_len);
     } else if (arch_is(hp, "gpt-oss")) {
         /* A window is required; every other layer slides (pattern 2: layer il
          * slides when il is even), both kinds with the same RoPE. */
@@ -309,8 +312,15 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     HP_INT(n_embd, "embedding_length", -1, 1, 1 << 20);
     HP_INT(n_layer, "block_count", -1, 1, SP_MAX_LAYERS);
     HP_INT(n_head, "attention.head_count", -1, 1, MAX_HEADS);
-    HP_INT(n_head_kv, "attention.head_count_kv", hp->n_head, 1, hp->n_head);
-    HP_INT(n_ff, "feed_forward_length", -1, 1, 1 << 22);
+    if (arch_is(hp, "gemma4")) {
+        /* KV heads and FFN width may be per-layer arrays (their largest go in hp). */
+        if ((st = sp__gemma4_layer_sizes(g, hp, err, err_len)) != SP_OK) {
+            return st;
+        }
+    } else {
+        HP_INT(n_head_kv, "attention.head_count_kv", hp->n_head, 1, hp->n_head);
+        HP_INT(n_ff, "feed_forward_length", -1, 1, 1 << 22);
+    }
     HP_INT(n_ctx_train, "context_length", -1, 1, SP_MAX_CTX);
     if (hp->n_head % hp->n_head_kv != 0) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
@@ -432,8 +442,17 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     }
     st = sp__model_vector(m, "output_norm.weight", hp->n_embd, true, &m->output_norm, err, err_len);
     if (st == SP_OK) {
-        st = sp__model_vector(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freqs, err,
-                              err_len);
+        /* gemma4's factors span the global layers' whole head (n_rot may be less). */
+        st = sp__model_vector(m, "rope_freqs.weight",
+                              (arch_is(hp, "gemma4") ? hp->head_dim : hp->n_rot) / 2, false,
+                              &m->rope_freqs, err, err_len);
+    }
+    if (st == SP_OK && arch_is(hp, "gemma4")) {
+        st = sp__gemma4_load_weights(m, err, err_len);
+        for (int64_t i = 0; st == SP_OK && i < sp_gguf_n_tensors(m->gguf); i++) {
+            m->weight_bytes += sp_gguf_tensor(m->gguf, i)->nbytes;
+        }
+        return st;
     }
     if (st == SP_OK && arch_is(hp, "phi3")) {
         st = sp__model_vector(m, "rope_factors_long.weight", hp->n_rot / 2, false, &m->rope_long,
@@ -660,6 +679,7 @@ sp_model_free(sp_model_t *m)
     sp_tokenizer_destroy(m->tok);
     sp__encoder_free(m->enc);
     sp_free(m->layers);
+    sp_free(m->ones);
     sp__moe_free(m->moe);
     sp_gguf_close(m->gguf);
     sp_free(m);
@@ -669,6 +689,10 @@ const char *
 sp__model_cpu_only_feature(const sp_model_t *m)
 {
     const sp_hparams_t *hp = &m->hp;
+    if (arch_is(hp, "gemma4")) {
+        return "the gemma4 architecture (per-layer inputs, shared KV layers, per-layer head "
+               "sizes)";
+    }
     for (int64_t il = 0; il < hp->n_layer; il++) {
         if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {
             return "layers without pre-norms";

@@ -17,7 +17,9 @@
  * scales), olmo2 (no pre-norms: q/k norms over the whole projection and
  * post-norms); mixture of experts (engine/moe.h): Mixtral-style llama,
  * qwen2moe, qwen3moe, gpt-oss (attention sinks and output bias, alternating
- * sliding window, MXFP4 experts with biases); encoders bert and nomic-bert for embeddings and
+ * sliding window, MXFP4 experts with biases); gemma4 (dense: per-layer token inputs,
+ * layers sharing an earlier layer's KV cache, head sizes per layer kind, value norms;
+ * engine/gemma4.c); encoders bert and nomic-bert for embeddings and
  * reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
@@ -87,6 +89,20 @@ typedef struct sp_hparams {
     bool qk_norm_full;     /* the q/k norms span the whole projection, not a head (olmo2) */
     uint8_t layer_swa[SP_MAX_LAYERS];  /* 1: the layer attends within n_swa positions */
     uint8_t layer_nope[SP_MAX_LAYERS]; /* 1: the layer applies no RoPE (smollm3) */
+    /* gemma4 (engine/gemma4.c; 0 / false elsewhere = the uniform layout above): sliding
+     * layers with their own head width and rotated dims, KV heads and FFN width per layer
+     * (n_head_kv and n_ff are then the largest), layers from n_layer_kv on that keep no
+     * cache and read layer_kv_src's, per-layer token inputs of n_embd_pl, a weightless
+     * RMSNorm of each value head, rope_freqs on the global layers only. */
+    int64_t head_dim_swa;
+    int64_t n_rot_swa;
+    int64_t n_layer_kv;
+    int64_t n_embd_pl;
+    bool v_norm;
+    bool rope_freqs_global;
+    int32_t layer_n_head_kv[SP_MAX_LAYERS];
+    int32_t layer_n_ff[SP_MAX_LAYERS];
+    int32_t layer_kv_src[SP_MAX_LAYERS];
 } sp_hparams_t;
 
 typedef struct sp_model sp_model_t;

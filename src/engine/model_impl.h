@@ -44,6 +44,13 @@ typedef struct sp_layer {
     sp_weight_t w_up;       /* (n_ff, n_embd) */
     sp_weight_t w_down;     /* (n_embd, n_ff) */
     const float *ffn_post_norm; /* (n_embd) likewise after the FFN (gemma), or NULL */
+    /* gemma4: the per-layer input's gate (n_embd_pl, n_embd) and projection back
+     * (n_embd, n_embd_pl) with its norm (n_embd) (n_embd_pl > 0), and the scalar the
+     * layer's output is multiplied by (or NULL) */
+    sp_weight_t pl_gate;
+    sp_weight_t pl_proj;
+    const float *pl_post_norm;
+    const float *out_scale;
 } sp_layer_t;
 
 struct sp_model {
@@ -69,7 +76,73 @@ struct sp_model {
     void (*gpu_release)(struct sp_gpu_model *gpu);
     /* A bert / nomic-bert encoder (encoder.c) or NULL; layers is NULL then. */
     struct sp_encoder *enc;
+    /* gemma4 (gemma4.c): per-layer token embeddings (n_vocab, n_layer * n_embd_pl), the
+     * projection of the embedding to the same width and its norm (n_embd_pl); `ones`
+     * (the largest head width) is the weight of the value heads' RMSNorm. Owned: ones. */
+    sp_weight_t pl_tok_embd;
+    sp_weight_t pl_model_proj;
+    const float *pl_proj_norm;
+    float *ones;
 };
+
+/* Per-layer sizes (model.h: gemma4 varies them by layer; every other architecture has
+ * one value, the hparams' own). */
+static inline int64_t
+sp__layer_head_dim(const sp_hparams_t *hp, int64_t il)
+{
+    return hp->layer_swa[il] && hp->head_dim_swa > 0 ? hp->head_dim_swa : hp->head_dim;
+}
+
+static inline int64_t
+sp__layer_n_rot(const sp_hparams_t *hp, int64_t il)
+{
+    return hp->layer_swa[il] && hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
+}
+
+static inline int64_t
+sp__layer_n_head_kv(const sp_hparams_t *hp, int64_t il)
+{
+    return hp->layer_n_head_kv[il] > 0 ? hp->layer_n_head_kv[il] : hp->n_head_kv;
+}
+
+static inline int64_t
+sp__layer_n_ff(const sp_hparams_t *hp, int64_t il)
+{
+    return hp->layer_n_ff[il] > 0 ? hp->layer_n_ff[il] : hp->n_ff;
+}
+
+/* Layers with a KV cache of their own (0..n-1); a later layer reads sp__layer_kv_src's. */
+static inline int64_t
+sp__n_layer_kv(const sp_hparams_t *hp)
+{
+    return hp->n_layer_kv > 0 ? hp->n_layer_kv : hp->n_layer;
+}
+
+static inline int64_t
+sp__layer_kv_src(const sp_hparams_t *hp, int64_t il)
+{
+    return il < sp__n_layer_kv(hp) ? il : hp->layer_kv_src[il];
+}
+
+/* The widest head (the KV tiles' size) and rotation (the RoPE tables' width). */
+static inline int64_t
+sp__head_dim_max(const sp_hparams_t *hp)
+{
+    return hp->head_dim_swa > hp->head_dim ? hp->head_dim_swa : hp->head_dim;
+}
+
+static inline int64_t
+sp__n_rot_max(const sp_hparams_t *hp)
+{
+    return hp->n_rot_swa > hp->n_rot ? hp->n_rot_swa : hp->n_rot;
+}
+
+/* gemma4.c: the hyper-parameters beyond the common ones (load_hparams calls the first
+ * after n_head, the second with the architecture's other keys) and the weights. */
+sp_status_t sp__gemma4_layer_sizes(const sp_gguf_t *g, sp_hparams_t *hp, char *err,
+                                   size_t err_len);
+sp_status_t sp__gemma4_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len);
+sp_status_t sp__gemma4_load_weights(sp_model_t *m, char *err, size_t err_len);
 
 /* The KV pool (kv.c creates it, batch.c's forward pass reads and writes it;
  * the layout is batch.c's opening comment). */

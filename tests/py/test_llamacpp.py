@@ -108,6 +108,11 @@ MODELS = [
     ("granite", "q8_0"),
     ("olmo2", "f32"),
     ("olmo2", "q4_k"),
+    # gemma4: per-layer inputs, two shared-KV layers, 64/128-wide sliding/global heads
+    ("gemma4", "f32"),
+    ("gemma4", "f16"),
+    ("gemma4", "q8_0"),
+    ("gemma4", "q4_k"),
     # gpt-oss: MXFP4 experts (the type is the other matrices'), sinks, a window of 8 on the
     # even layers (shorter than N_TOKENS, so it cuts in), output bias, YaRN
     ("gpt-oss", "f32"),

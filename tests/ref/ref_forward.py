@@ -58,6 +58,23 @@ post_attention_norm (no ffn_norm); experts in every layer, routed by
     l = Wr h + br;  S = the k largest l;  w = softmax(l_S)   (no normalisation afterwards)
     ffn(h) = sum_{e in S} w_e (Wdown_e a_e + bdown_e), with g = Wgate_e h + bgate_e,
     u = Wup_e h + bup_e, a_e = min(g, 7) sigmoid(1.702 min(g, 7)) (clip(u, -7, 7) + 1).
+gemma4 (llama.cpp's build of the dense models): layers are sliding (S) or global (G) by the
+bool array attention.sliding_window_pattern; S layers have heads of key_length_swa, rotate
+rope.dimension_count_swa dims with rope.freq_base_swa (10000) unscaled; G layers have heads
+of key_length, rotate rope.dimension_count dims with rope.freq_base (linear scaling) and the
+frequencies divided by rope_freqs (1e30 entries: pairs that do not rotate); head_count_kv
+and feed_forward_length may be per-layer arrays. x = token_embd[token] * sqrt(n_embd). Per
+layer: q = RMSNorm_heads(Wq h) * q_norm, k likewise with k_norm, v = RMSNorm_heads(Wv h)
+without weight (Wv absent: v is the raw k projection), NeoX RoPE on q and k; attention
+softmax(q . k) (scale 1) over the window; post_attention_norm, residual; gemma's GELU FFN
+with post_ffw_norm, residual. The last attention.shared_kv_layers layers compute only q and
+attend over the cache of layer n_kv - 2 (S) or n_kv - 1 (G), n_kv = n_layer - shared.
+Per-layer inputs (embedding_length_per_layer_input P > 0): before the layers,
+pl = (RMSNorm((W_plproj x0) / sqrt(n_embd)) * per_layer_proj_norm (per layer slice of P)
++ per_layer_token_embd[token] * sqrt(P)) / sqrt(2), x0 the scaled embedding; after each
+layer's FFN residual x += RMSNorm(Wproj (gelu(Wgate x) * pl[layer])) * post_norm. Then x
+times layer_output_scale when the layer has one. Logits soft-capped as gemma3.
+
 RefModel.route_margin records the smallest gap between the k-th and (k+1)-th routing
 score seen (relative to the largest score): tests check it is far above float32 rounding,
 so the engine's float32 routing picks the same experts as this float64 oracle.
@@ -91,13 +108,16 @@ class RefModel:
         a = kv["general.architecture"]
         self.arch = a
         if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-                     "granite", "olmo2", "qwen2moe", "qwen3moe", "gpt-oss"):
+                     "granite", "olmo2", "qwen2moe", "qwen3moe", "gpt-oss", "gemma4"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
         self.n_head = int(kv[f"{a}.attention.head_count"])
-        self.n_head_kv = int(kv.get(f"{a}.attention.head_count_kv", self.n_head))
-        self.n_ff = int(kv[f"{a}.feed_forward_length"])
+        # gemma4 may give these per layer (arrays): the largest here, the list in g4
+        hkv = kv.get(f"{a}.attention.head_count_kv", self.n_head)
+        ffk = kv[f"{a}.feed_forward_length"]
+        self.n_head_kv = int(np.max(hkv))
+        self.n_ff = int(np.max(ffk))
         self.head_dim = int(kv.get(f"{a}.attention.key_length", self.n_embd // self.n_head))
         self.n_rot = int(kv.get(f"{a}.rope.dimension_count", self.head_dim))
         self.eps = float(kv.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5))
@@ -112,7 +132,7 @@ class RefModel:
                               kv[f"{a}.context_length"]))
             self.yarn = (factor, orig, 32.0, 1.0)
         self.neox = a in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "qwen2moe",
-                          "qwen3moe", "gpt-oss")
+                          "qwen3moe", "gpt-oss", "gemma4")
         self.gptoss = a == "gpt-oss"
         self.n_expert = int(kv.get(f"{a}.expert_count", 0)) \
             if a in ("llama", "mistral", "qwen2moe", "qwen3moe", "gpt-oss") else 0
@@ -174,6 +194,9 @@ class RefModel:
             m = block_offsets(g.raw(t), t.type, int(np.prod(t.ne))) if act_quant else None
             if m is not None:
                 self.moff[name] = m.reshape(self.w[name].shape[0], -1)
+        self.g4 = None
+        if a == "gemma4":
+            self._init_gemma4(kv, hkv, ffk)
         self.out_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
         self.n_vocab = self.w["token_embd.weight"].shape[0]
         self.tokens = kv.get("tokenizer.ggml.tokens")
@@ -199,6 +222,49 @@ class RefModel:
                 self.aq[p + "ffn_gate.weight"] = self.aq[p + "ffn_up.weight"]
                 self.w[p + "ffn_gate.weight"] = gu[:self.n_ff]
                 self.w[p + "ffn_up.weight"] = gu[self.n_ff:]
+
+    def _init_gemma4(self, kv, hkv, ffk):
+        a, L = "gemma4", self.n_layer
+        kinds = kv[f"{a}.attention.sliding_window_pattern"]
+        kinds = [bool(k) for k in (kinds if np.ndim(kinds) else [kinds] * L)]
+        n_swa = int(kv[f"{a}.attention.sliding_window"])
+        hd_s = int(kv[f"{a}.attention.key_length_swa"])
+        rot_s = int(kv.get(f"{a}.rope.dimension_count_swa", self.n_rot))
+        shared = int(kv.get(f"{a}.attention.shared_kv_layers", 0))
+        n_kv = L - shared
+        per = lambda v: [int(x) for x in (v if np.ndim(v) else [v] * L)]  # noqa: E731
+        self.g4 = dict(
+            hd=[hd_s if k else self.head_dim for k in kinds],
+            rot=[rot_s if k else self.n_rot for k in kinds],
+            nkv=per(hkv), ff=per(ffk), n_kv=n_kv,
+            src=[il if il < n_kv else n_kv - (2 if kinds[il] else 1) for il in range(L)],
+            rope=[(float(kv.get(f"{a}.rope.freq_base_swa", 10000.0)), 1.0) if k
+                  else (self.rope_base, self.rope_scale) for k in kinds],
+            n_pl=int(kv[f"{a}.embedding_length_per_layer_input"]),
+            v_norm=True, pl=True, out_scale=True, shared_kv=True)
+        self.swa = [n_swa if k else 0 for k in kinds]
+        self.embd_scale = np.sqrt(self.n_embd)
+        self.q_scale = 1.0
+        self.final_softcap = float(kv.get(f"{a}.final_logit_softcapping", 0.0))
+        self.gelu = True
+
+    def rope_g4(self, x, pos, il):
+        """gemma4's NeoX RoPE of layer il: its width, base, scale and (global layers) the
+        rope_freqs divisors."""
+        n_rot = self.g4["rot"][il]
+        base, scale = self.g4["rope"][il]
+        half = n_rot // 2
+        inv_freq = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+        if not self.swa[il] and "rope_freqs.weight" in self.w:
+            inv_freq = inv_freq / self.w["rope_freqs.weight"][:half].astype(np.float64)
+        theta = (pos.astype(np.float64) / scale)[:, None] * inv_freq[None, :]
+        cos = np.cos(theta)[:, None, :].astype(self.dtype)
+        sin = np.sin(theta)[:, None, :].astype(self.dtype)
+        y = x.copy()
+        x0, x1 = x[..., :half], x[..., half:2 * half]
+        y[..., :half] = x0 * cos - x1 * sin
+        y[..., half:2 * half] = x0 * sin + x1 * cos
+        return y
 
     def apply_lora(self, path):
         """Merge a LoRA adapter (llama.cpp's GGUF convention) into the weights, in float64:
@@ -358,9 +424,82 @@ class Session:
         self.k = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
         self.v = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
 
+    def forward_gemma4(self, tokens):
+        m, g4 = self.m, self.m.g4
+        n, L, E, P = len(tokens), m.n_layer, m.n_embd, m.g4["n_pl"]
+        pos = np.arange(self.pos, self.pos + n)
+        n_keys = self.pos + n
+        mask = np.arange(n_keys)[None, :] > pos[:, None]
+        nh = m.n_head
+
+        def gelu(g):
+            return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+
+        def rms(x):
+            return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + m.eps)
+
+        x = m.w["token_embd.weight"][tokens] * m.dtype(m.embd_scale)
+        pl = None
+        if P and g4["pl"]:
+            proj = (m.matmul(x, "per_layer_model_proj.weight") / np.sqrt(E)).reshape(n, L, P)
+            proj = rms(proj) * m.w["per_layer_proj_norm.weight"]
+            te = m.w["per_layer_token_embd.weight"][tokens].reshape(n, L, P) * np.sqrt(P)
+            pl = (proj + te) / np.sqrt(2.0)
+        for il in range(L):
+            p = f"blk.{il}."
+            hd, nkv = g4["hd"][il], g4["nkv"][il]
+            group = nh // nkv
+            h = m.rmsnorm(x, p + "attn_norm.weight")
+            q = m.rmsnorm_heads(m.matmul(h, p + "attn_q.weight").reshape(n, nh, hd),
+                                p + "attn_q_norm.weight")
+            q = m.rope_g4(q, pos, il)
+            src = g4["src"][il] if g4["shared_kv"] else il
+            if il < g4["n_kv"] or not g4["shared_kv"]:
+                k = m.matmul(h, p + "attn_k.weight").reshape(n, nkv, hd)
+                v = m.matmul(h, p + "attn_v.weight").reshape(n, nkv, hd) \
+                    if p + "attn_v.weight" in m.w else k.copy()
+                k = m.rope_g4(m.rmsnorm_heads(k, p + "attn_k_norm.weight"), pos, il)
+                if g4["v_norm"]:
+                    v = rms(v)
+                if self.k[il].shape[0] == 0:  # this layer's head layout
+                    self.k[il] = self.v[il] = np.zeros((0, nkv, hd), m.dtype)
+                self.k[il] = np.concatenate([self.k[il], k])
+                self.v[il] = np.concatenate([self.v[il], v])
+            kk = np.repeat(self.k[src], group, axis=1)
+            vv = np.repeat(self.v[src], group, axis=1)
+            sc = np.einsum("thd,shd->hts", q, kk) * m.dtype(m.q_scale)
+            lmask = mask
+            if m.swa[il]:
+                lmask = mask | (pos[:, None] - np.arange(n_keys)[None, :] >= m.swa[il])
+            sc = np.where(lmask[None], -np.inf, sc)
+            sc = np.exp(sc - sc.max(axis=2, keepdims=True))
+            sc /= sc.sum(axis=2, keepdims=True)
+            att = np.einsum("hts,shd->thd", sc, vv).reshape(n, nh * hd)
+            x = x + m.rmsnorm(m.matmul(att, p + "attn_output.weight"),
+                              p + "post_attention_norm.weight")
+            h = m.rmsnorm(x, p + "ffn_norm.weight")
+            a = gelu(m.matmul(h, p + "ffn_gate.weight")) * m.matmul(h, p + "ffn_up.weight")
+            x = x + m.rmsnorm(m.matmul(a, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+            if pl is not None:
+                gt = gelu(m.matmul(x, p + "inp_gate.weight")) * pl[:, il]
+                x = x + m.rmsnorm(m.matmul(gt, p + "proj.weight"), p + "post_norm.weight")
+            if g4["out_scale"] and p + "layer_output_scale.weight" in m.w:
+                x = x * m.w[p + "layer_output_scale.weight"][0]
+        self.pos += n
+        h = m.rmsnorm(x, "output_norm.weight")
+        logits = m.matmul(h, m.out_name)
+        if m.final_softcap:
+            logits = m.final_softcap * np.tanh(logits / m.final_softcap)
+        return logits
+
     def forward(self, tokens):
         """Logits (len(tokens), n_vocab), float64, for tokens at positions pos, pos+1, ..."""
         m = self.m
+        if m.g4 is not None:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            if tokens.min() < 0 or tokens.max() >= m.n_vocab:
+                raise ValueError("token id outside the vocabulary")
+            return self.forward_gemma4(tokens)
         tokens = np.asarray(tokens, dtype=np.int64)
         n = len(tokens)
         if tokens.min() < 0 or tokens.max() >= m.n_vocab:

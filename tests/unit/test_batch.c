@@ -46,7 +46,7 @@ load_demo(test_model_t *tm)
 }
 
 /* Tensor data kept alive until the writer has written. */
-#define MAX_TENSORS 64
+#define MAX_TENSORS 160
 static void *tensor_bufs[MAX_TENSORS];
 static int n_tensor_bufs;
 
@@ -650,6 +650,132 @@ TEST(batch_matches_sequences_alone_dense_archs)
         run_scenario(tm.m, &q8);
         free_model(&tm);
     }
+}
+
+/* gemma4 as llama.cpp's converter lays it out (F32 norms, Q8_0 matrices), the
+ * demo's tokenizer: layers S S S G S G (S: sliding, window 8, heads of 32 over
+ * 2 KV heads; G: global, heads of 64 over 1 KV head, a quarter of each head
+ * rotated through rope_freqs), the last two layers reading the caches of
+ * layers 2 and 3 with a double-wide FFN, per-layer inputs of 32, no attn_v on
+ * the global layers (values = keys), a scalar per layer output. */
+static void
+load_gemma4(test_model_t *tm)
+{
+    char err[512], name[96];
+    sp_gguf_t *demo, *g;
+    sp_gguf_writer_t *w;
+    size_t len;
+    enum { H = 4, E = 64, FF = 96, NL = 6, NKV = 4, V = 512, P = 32, HDS = 32, HDG = 64 };
+    static const bool swa[NL] = {true, true, true, false, true, false};
+    static const int32_t n_kv[NL] = {2, 2, 2, 1, 2, 1};
+    static const int32_t ff[NL] = {FF, FF, FF, FF, 2 * FF, 2 * FF};
+    static float rope_freqs[HDG / 2];
+    for (int i = 0; i < HDG / 2; i++) {
+        rope_freqs[i] = i < HDG / 8 ? 1.0f : 1e30f; /* a quarter of the pairs rotate */
+    }
+    ASSERT_OK(sp_gguf_open(DEMO, &demo, err, sizeof err));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "gemma4"));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.context_length", 512));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.embedding_length", E));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.block_count", NL));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.head_count", H));
+    ASSERT_OK(sp_gguf_writer_set_arr(w, "gemma4.attention.head_count_kv", SP_GGUF_TYPE_INT32,
+                                     NL, n_kv));
+    ASSERT_OK(sp_gguf_writer_set_arr(w, "gemma4.feed_forward_length", SP_GGUF_TYPE_INT32, NL,
+                                     ff));
+    ASSERT_OK(sp_gguf_writer_set_arr(w, "gemma4.attention.sliding_window_pattern",
+                                     SP_GGUF_TYPE_BOOL, NL, swa));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.key_length", HDG));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.value_length", HDG));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.key_length_swa", HDS));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.value_length_swa", HDS));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.rope.dimension_count", HDG));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.rope.dimension_count_swa", HDS));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.rope.freq_base", 1000000.0f));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa", 10000.0f));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.sliding_window", 8));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", 2));
+    ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", P));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.attention.layer_norm_rms_epsilon", 1e-6f));
+    ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 3.0f));
+    n_tensor_bufs = 0;
+    rng_state = 0x5eed4u;
+    add_random(w, "token_embd.weight", SP_TYPE_Q8_0, E, V, 0.2f);
+    add_random(w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, "rope_freqs.weight", SP_TYPE_F32, 1,
+                                        (const int64_t[]){HDG / 2, 1}, rope_freqs));
+    add_random(w, "per_layer_token_embd.weight", SP_TYPE_Q8_0, P * NL, V, 1.0f);
+    add_random(w, "per_layer_model_proj.weight", SP_TYPE_Q8_0, E, P * NL, 0.2f);
+    add_random(w, "per_layer_proj_norm.weight", SP_TYPE_F32, P, 1, 1.0f);
+    for (int64_t l = 0; l < NL; l++) {
+        const int64_t hd = swa[l] ? HDS : HDG;
+#define T(suffix, type, n_in, n_out, amp)                                     \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);         \
+    add_random(w, name, type, n_in, n_out, amp)
+        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("attn_q.weight", SP_TYPE_Q8_0, E, H * hd, 0.2f);
+        T("attn_q_norm.weight", SP_TYPE_F32, hd, 1, 1.0f);
+        if (l < NKV) {
+            T("attn_k.weight", SP_TYPE_Q8_0, E, n_kv[l] * hd, 0.2f);
+            if (swa[l]) {
+                T("attn_v.weight", SP_TYPE_Q8_0, E, n_kv[l] * hd, 0.2f);
+            }
+            T("attn_k_norm.weight", SP_TYPE_F32, hd, 1, 1.0f);
+        }
+        T("attn_output.weight", SP_TYPE_Q8_0, H * hd, E, 0.1f);
+        T("post_attention_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("ffn_gate.weight", SP_TYPE_Q8_0, E, ff[l], 0.2f);
+        T("ffn_up.weight", SP_TYPE_Q8_0, E, ff[l], 0.2f);
+        T("ffn_down.weight", SP_TYPE_Q8_0, ff[l], E, 0.1f);
+        T("post_ffw_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("layer_output_scale.weight", SP_TYPE_F32, 1, 1, 1.0f);
+        T("inp_gate.weight", SP_TYPE_Q8_0, E, P, 0.2f);
+        T("proj.weight", SP_TYPE_Q8_0, P, E, 0.2f);
+        T("post_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+#undef T
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, &tm->buf, &len, err, sizeof err));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < n_tensor_bufs; i++) sp_free(tensor_bufs[i]);
+    ASSERT_OK(sp_gguf_open_mem(tm->buf, len, "gemma4.gguf", &g, err, sizeof err));
+    if (sp_model_load_gguf(g, &tm->m, err, sizeof err) != SP_OK) {
+        SP_TEST_FAIL("gemma4 model: %s", err);
+    }
+    ASSERT(sp_model_hparams(tm->m)->n_layer_kv == NKV);
+}
+
+/* gemma4's per-layer sizes, shared caches and per-layer inputs keep the
+ * contract: each row's logits bit-identical to its sequence alone, beside 1
+ * to 31 others, with F32, F16 and Q8_0 caches. */
+TEST(batch_matches_sequences_alone_gemma4)
+{
+    test_model_t tm;
+    load_gemma4(&tm);
+    scenario_t big = {32, true, 2, 2, SP_KV_TYPE_F32};
+    run_scenario(tm.m, &big);
+    scenario_t f16 = {8, true, 1, 2, SP_KV_TYPE_F16};
+    run_scenario(tm.m, &f16);
+    scenario_t q8 = {8, true, 2, 1, SP_KV_TYPE_Q8_0};
+    run_scenario(tm.m, &q8);
+    free_model(&tm);
+}
+
+/* The CUDA path refuses gemma4 by name. */
+TEST(gpu_attach_refuses_gemma4)
+{
+    test_model_t tm;
+    char err[512] = "";
+    static const sp_cuda_api_t never_called;
+    load_gemma4(&tm);
+    ASSERT_EQ(sp_gpu_attach(tm.m, &never_called, 0, -1, err, sizeof err), SP_ERR_UNSUPPORTED);
+    if (strstr(err, "gemma4.gguf") == NULL || strstr(err, "gemma4 architecture") == NULL) {
+        SP_TEST_FAIL("%s", err);
+    }
+    free_model(&tm);
 }
 
 /* The CUDA path runs the llama family only: attaching a model with any
