@@ -597,6 +597,7 @@ sp_anthropic_register(sp_router_t *rt, sp_serving_t *s)
 {
     sp_router_add(rt, SP_HTTP_POST, "/v1/messages", h_messages, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/messages/count_tokens", h_count_tokens, s);
+    sp_api_dialect_claim("/v1/messages", &sp_anthropic_dialect);
 }
 
 /* ------------------------------------------------------- output dialect */

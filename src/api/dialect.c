@@ -2,28 +2,46 @@
  * dialect.c - what the output dialects (dialect.h) share: which dialect a
  * path belongs to (for the error shape), ids, and stream framing.
  *
- * Threads: any; no state but an id counter (atomic). Memory: writes only
- * into the caller's buffers.
+ * Threads: the path table is filled while the routes are registered (one
+ * thread, before the loops start) and only read after; the rest is any
+ * thread (an atomic id counter). Memory: static tables; writes only into
+ * the caller's buffers.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "core/assert.h"
 #include "core/timer.h"
 #include "api/dialect.h"
 
-/* The path prefixes of the dialects' routes: the prefix itself or anything
+/* The path prefixes the dialects claimed: the prefix itself or anything
  * under it ("/v1/messages", "/v1/messages/count_tokens"). */
-static const struct {
+#define MAX_OWNERS 8
+
+static struct {
     const char *prefix;
     const sp_api_dialect_t *d;
-} owners[] = {
-    {"/v1/messages", &sp_anthropic_dialect},
-};
+} owners[MAX_OWNERS];
+static int n_owners;
+
+void
+sp_api_dialect_claim(const char *prefix, const sp_api_dialect_t *d)
+{
+    for (int i = 0; i < n_owners; i++) {
+        if (strcmp(owners[i].prefix, prefix) == 0) {
+            owners[i].d = d; /* a server made again in the same process (tests) */
+            return;
+        }
+    }
+    SP_ASSERT(n_owners < MAX_OWNERS);
+    owners[n_owners].prefix = prefix;
+    owners[n_owners++].d = d;
+}
 
 const sp_api_dialect_t *
 sp_api_dialect_for_path(sp_str_t path)
 {
-    for (size_t i = 0; i < sizeof owners / sizeof owners[0]; i++) {
+    for (int i = 0; i < n_owners; i++) {
         size_t n = strlen(owners[i].prefix);
         if (path.len >= n && memcmp(path.ptr, owners[i].prefix, n) == 0 &&
             (path.len == n || path.ptr[n] == '/' || path.ptr[n] == '?')) {

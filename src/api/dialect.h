@@ -118,8 +118,11 @@ typedef struct sp_api_dialect {
 extern const sp_api_dialect_t sp_openai_chat_dialect;
 extern const sp_api_dialect_t sp_anthropic_dialect;
 
-/* The dialect whose routes own this path (its error shape), or NULL for
- * OpenAI's shape. */
+/* A dialect's routes own the paths under prefix (a static string): their
+ * errors take its shape. Call while registering routes (one thread, before
+ * the loops start); at most 8 prefixes. */
+void sp_api_dialect_claim(const char *prefix, const sp_api_dialect_t *d);
+/* The dialect whose routes own this path, or NULL for OpenAI's shape. */
 const sp_api_dialect_t *sp_api_dialect_for_path(sp_str_t path);
 
 /* Run a chat request (openai.c): `body` is an OpenAI chat body (the caller
