@@ -2033,7 +2033,12 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     q->dq.n = q->n;
     q->dq.include_usage = q->include_usage;
     q->dq.logprobs = q->lp_on;
-    q->dq.one_call = json_is_false(json_object_get(b, "parallel_tool_calls"));
+    const json_t *ptc = json_object_get(b, "parallel_tool_calls");
+    if (ptc != NULL && !json_is_null(ptc) && !json_is_boolean(ptc)) {
+        sp_api_error(r, 400, NULL, "parallel_tool_calls", NULL, "'parallel_tool_calls' must be a boolean");
+        goto fail;
+    }
+    q->dq.one_call = json_is_false(ptc); /* only the first call is answered */
     const json_t *ms = json_object_get(b, "messages");
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");

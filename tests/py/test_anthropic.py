@@ -190,6 +190,17 @@ def tool_checks(port, key):
     s.case("auto: the model's own calls are tool_use blocks; disable_parallel_tool_use keeps one",
            st == st2 == 200 and [b["input"]["city"] for b in r["content"]] == ["Paris", "Rome"] and
            [b["input"]["city"] for b in r2["content"]] == ["Paris"], f"{r} {r2}"[:500])
+    fn = {"type": "function", "function": {"name": WEATHER["name"],
+                                           "parameters": WEATHER["input_schema"]}}
+    oai = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "tools": [fn],
+           "grammar": lit(two), "max_tokens": 300, "temperature": 0}
+    st, _, d1 = post(port, "/v1/chat/completions", oai, key)
+    st2, _, d2 = post(port, "/v1/chat/completions", dict(oai, parallel_tool_calls=False), key)
+    st3, _, d3 = post(port, "/v1/chat/completions", dict(oai, parallel_tool_calls="no"), key)
+    n1 = len(json.loads(d1)["choices"][0]["message"]["tool_calls"]) if st == 200 else 0
+    n2 = len(json.loads(d2)["choices"][0]["message"]["tool_calls"]) if st2 == 200 else 0
+    s.case("the same hook on OpenAI's route: parallel_tool_calls false keeps one call; "
+           "a non-boolean is a 400", (n1, n2, st3) == (2, 1, 400), f"{n1} {n2} {st3} {d3[:200]}")
     st, r = msg(port, key, tools=[WEATHER], grammar=lit(two), max_tokens=300,
                 tool_choice={"type": "none"})
     s.case("tool_choice none: the markup stays text, no tool_use",
