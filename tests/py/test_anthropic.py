@@ -303,6 +303,7 @@ def node_sdk(port, key):
 with tempfile.TemporaryDirectory() as tmp:
     tenants = os.path.join(tmp, "tenants.json")
     key = keys_add(tenants, "acme", "--scopes", "infer,metrics")
+    key_tpm = keys_add(tenants, "tiny", "--tpm", "60")
     repo = os.path.join(tmp, "repo")
     os.makedirs(os.path.join(repo, "chat", "1"))
     shutil.copy(DEMO, os.path.join(repo, "chat", "1", "model.gguf"))
@@ -317,6 +318,12 @@ with tempfile.TemporaryDirectory() as tmp:
         s.guard("thinking", thinking_checks, srv.port, key)
         s.guard("errors", error_checks, srv.port, key)
         s.guard("sdk", node_sdk, srv.port, key)
+        body = {"model": "chat", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}
+        st, _, data = post(srv.port, "/v1/messages", body, key_tpm)
+        st2, _, data2 = post(srv.port, "/v1/messages", dict(body, max_tokens=4), key_tpm)
+        s.case("the tenant's token quota: 429 rate_limit_error in Anthropic's shape; within it, 200",
+               is_error(st, json.loads(data), 429, "rate_limit_error") and st2 == 200,
+               f"{st} {data[:300]} {st2}")
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
         c.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"})
         metrics = c.getresponse().read().decode()
