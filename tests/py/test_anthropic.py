@@ -133,6 +133,13 @@ def shape_checks(port, key):
     s.case("max_tokens reached: stop_reason max_tokens, output_tokens 2",
            st == 200 and r["stop_reason"] == "max_tokens" and r["usage"]["output_tokens"] == 2,
            str(r)[:200])
+    # a job that fails after the stream started (its deadline, Sampan's `timeout` in ms)
+    st, _, evs = events(port, key, max_tokens=400, timeout=5)
+    last = evs[-1] if evs else (None, None)
+    s.case("an error after the stream started: an `event: error` in Anthropic's shape ends it",
+           st == 200 and last[0] == "error" and is_error(200, last[1], 200, "overloaded_error") and
+           "deadline" in last[1]["error"]["message"] and "message_stop" not in [n for n, _ in evs],
+           str(evs[-2:])[:300])
     # system as blocks, and count_tokens against the real prompt
     conv = dict(system=[{"type": "text", "text": "Be brief."}],
                 messages=[{"role": "user", "content": [{"type": "text", "text": "One"},
