@@ -6,8 +6,9 @@ message_delta, message_stop) with each `event:` line matching its data's type, s
 tool_result round trip, thinking blocks, count_tokens against the usage of a real call, the
 error shape ({"type": "error", "error": {"type", "message"}}) from validation, from shared
 code (bad key, unknown model, malformed body) and for refused content (image, document), keys
-given as x-api-key or Bearer mapped to the tenants, and the same metrics and access log as the
-OpenAI routes. Then the official @anthropic-ai/sdk (tests/node/anthropic.test.mjs), when node
+given as x-api-key or Bearer mapped to the tenants, a tenant's token quota (429
+rate_limit_error), an error after the stream started (an `event: error`), and the same metrics
+and access log as the OpenAI routes. Then the official @anthropic-ai/sdk (tests/node/anthropic.test.mjs), when node
 is there.
 
 The demo model is a tiny story model; a GBNF `grammar` (Sampan's extension field) makes it write
