@@ -977,11 +977,15 @@ def mla_layer_tensors(c, i):
         ts.append((p + "attn_q.weight", (d, nh * qk), w, "mat"))
     ts.append((p + "attn_kv_a_mqa.weight", (d, r + ml["rope"]), w, "mat"))
     ts.append((p + "attn_kv_a_norm.weight", (r,), "f32", "norm"))
+    # the per-head up-projections have short rows (nope, kv_lora): where the type's block
+    # does not divide them, q8_0, as llama.cpp's quantizer falls back for such rows
+    def fit(t, n):
+        return t if n % TYPES[t][1] == 0 else "q8_0"
     if ml["split"]:
-        ts.append((p + "attn_k_b.weight", (nope, r, nh), w, "mat"))
-        ts.append((p + "attn_v_b.weight", (r, v, nh), w, "mat"))
+        ts.append((p + "attn_k_b.weight", (nope, r, nh), fit(w, nope), "mat"))
+        ts.append((p + "attn_v_b.weight", (r, v, nh), fit(w, r), "mat"))
     else:
-        ts.append((p + "attn_kv_b.weight", (r, nh * (nope + v)), w, "mat"))
+        ts.append((p + "attn_kv_b.weight", (r, nh * (nope + v)), fit(w, r), "mat"))
     ts.append((p + "attn_output.weight", (nh * v, d), w, "mat"))
     ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
     if i < ml["lead"]:
