@@ -62,6 +62,15 @@ RefModel.route_margin records the smallest gap between the k-th and (k+1)-th rou
 score seen (relative to the largest score): tests check it is far above float32 rounding,
 so the engine's float32 routing picks the same experts as this float64 oracle.
 
+deepseek2 (multi-head latent attention, llama.cpp's build of it, computed here in the expanded
+form): per row h, q = Wqb RMSNorm(Wqa h) (or Wq h), each head [q_nope, q_pe]; kv_a = Wkva h,
+c = RMSNorm(kv_a[:r]), k_pe = kv_a[r:] (one RoPE part for all heads, NORMAL pairs); head i's
+key [Wk_i c, k_pe] and value Wv_i c (attn_k_b / attn_v_b or the fused attn_kv_b); scores times
+kq_scale (init_deepseek2 has llama.cpp's YaRN mscale arithmetic); layers below
+leading_dense_block_count run the dense FFN, the others experts routed by softmax or sigmoid
+scores plus exp_probs_b (choice only), the best expert groups, weights normalised / scaled as
+the file says, plus the ungated shared experts.
+
 YaRN (rope.scaling.type yarn, llama.cpp's rope with ext_factor 1): pair i's frequency f_i
 becomes f_i (s (1 - r_i) + r_i) with s = 1 / factor and r_i a ramp from 1 (pairs below the
 beta_fast = 32 correction dimension: unchanged) to 0 (above beta_slow = 1's: interpolated);
