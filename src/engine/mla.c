@@ -117,6 +117,12 @@ sp__mla_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
         k_len = k_mla;
         v_len = v_mla;
     }
+    if (kv_lora + n_rot > (1 << 14)) {
+        return sp_errf(err, err_len, SP_ERR_FORMAT,
+                       "%s: '%s.attention.kv_lora_rank' %lld + rope dims %lld is over %d (the "
+                       "latent cache's width)", path, a, (long long)kv_lora, (long long)n_rot,
+                       1 << 14);
+    }
     if (n_rot % 2 != 0 || n_rot >= k_len) {
         return sp_errf(err, err_len, SP_ERR_FORMAT,
                        "%s: '%s.rope.dimension_count' %lld must be even and below the key "

@@ -242,8 +242,12 @@ deepseek_keys(const sp_model_t *m, sp_moe_hparams_t *mh, char *err, size_t err_l
     mh->n_dense_lead = v;
     KEY("expert_shared_count", 0, 64, 0, true);
     mh->n_ff_shexp = mh->n_ff_exp * v;
-    KEY("expert_gating_func", 0, 2, 0, false);
-    mh->gating = v == 2 ? SP_MOE_GATING_SIGMOID : SP_MOE_GATING_SOFTMAX; /* 0: softmax */
+    /* llama.cpp's numbers: 0 (absent) and 1 softmax, 2 sigmoid, 3 softmax over the
+     * chosen; 4 (sqrt-softplus) is refused by the range */
+    KEY("expert_gating_func", 0, 3, 0, false);
+    mh->gating = v == 2   ? SP_MOE_GATING_SIGMOID
+                 : v == 3 ? SP_MOE_GATING_SOFTMAX_WEIGHT
+                          : SP_MOE_GATING_SOFTMAX;
     KEY("expert_group_count", 0, mh->n_expert, 0, false);
     mh->n_group = v;
     KEY("expert_group_used_count", 0, mh->n_group, 0, false);

@@ -300,6 +300,8 @@ class RefModel:
         logits = self.matmul(h, p + "ffn_gate_inp.weight")
         if self.gating == 2:
             probs = 1.0 / (1.0 + np.exp(-logits))
+        elif self.gating == 3:  # softmax over the chosen logits (below)
+            probs = logits.copy()
         else:
             z = np.exp(logits - logits.max(axis=1, keepdims=True))
             probs = z / z.sum(axis=1, keepdims=True)
@@ -321,6 +323,9 @@ class RefModel:
                 gap = (sel_s[order[k - 1]] - sel_s[order[k]]) / abs(sel_s[order[0]])
                 self.route_margin = min(self.route_margin, float(gap))
             w = probs[t, sel]
+            if self.gating == 3:
+                w = np.exp(w - w.max())
+                w = w / w.sum()
             if self.norm_w:
                 w = w / max(w.sum(), 6.103515625e-5)
             if self.w_scale not in (0.0, 1.0):
