@@ -81,8 +81,15 @@ sp_status_t
 sp__mla_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
 {
     const char *path = sp_gguf_path(g), *a = hp->arch;
-    int64_t kv_lora, q_lora, k_len, v_len, k_mla, v_mla, n_rot;
+    int64_t kv_lora, q_lora, k_len, v_len, k_mla, v_mla, n_rot, nextn;
     sp_status_t st;
+    /* Multi-token-prediction blocks (nextn, for speculative decoding) are
+     * counted in block_count after the trunk; the trunk alone is the model. */
+    if ((st = key_int(g, a, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &nextn, err,
+                      err_len)) != SP_OK) {
+        return st;
+    }
+    hp->n_layer -= nextn;
     if ((st = key_int(g, a, "attention.kv_lora_rank", -1, 1, 1 << 14, &kv_lora, err,
                       err_len)) != SP_OK ||
         (st = key_int(g, a, "attention.q_lora_rank", 0, 0, 1 << 16, &q_lora, err, err_len)) !=

@@ -69,6 +69,8 @@ typedef struct mla_spec {
     bool bad_key_len;   /* key_length not kv_lora_rank + rope dims */
     bool no_kv_lora;    /* no attention.kv_lora_rank */
     int gating;         /* expert_gating_func */
+    bool nextn;         /* one multi-token-prediction block after the trunk (no tensors:
+                           a trunk-only file) */
     uint64_t seed;
 } mla_spec_t;
 
@@ -135,7 +137,10 @@ build_mla(const mla_spec_t *sp, sp_model_t **out, void **buf, char *err, size_t 
     U32("embedding_length", ME);
     U32("feed_forward_length", MFF);
     U32("expert_feed_forward_length", MFE);
-    U32("block_count", MNL);
+    U32("block_count", MNL + (sp->nextn ? 1 : 0));
+    if (sp->nextn) {
+        U32("nextn_predict_layers", 1);
+    }
     U32("attention.head_count", MH);
     U32("attention.head_count_kv", sp->legacy ? MH : 1);
     U32("attention.q_lora_rank", MQL);
@@ -389,6 +394,19 @@ TEST(mla_legacy_kv_b_matches_split)
     float *l2 = alone_logits(m2, toks, 9, SP_KV_TYPE_F32);
     const int64_t V = sp_model_hparams(m1)->n_vocab;
     ASSERT(memcmp(l1, l2, (size_t)(9 * V) * sizeof(float)) == 0);
+    /* a trunk-only file with one multi-token-prediction block counted in
+     * block_count: the trunk is the same model */
+    mla_spec_t s4 = {0};
+    s4.nextn = true;
+    void *b4;
+    sp_model_t *m4;
+    if (build_mla(&s4, &m4, &b4, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(sp_model_hparams(m4)->n_layer == MNL);
+    float *l4 = alone_logits(m4, toks, 9, SP_KV_TYPE_F32);
+    ASSERT(memcmp(l1, l4, (size_t)(9 * V) * sizeof(float)) == 0);
+    sp_free(l4);
+    sp_model_free(m4);
+    sp_free(b4);
     /* and a different gating changes them (the routing is read) */
     mla_spec_t s3 = {0};
     s3.gating = 1;
