@@ -6,7 +6,7 @@ Used by the NumPy reference tests (tests/py/test_reference.py) and to make the
 TinyLlama-1.1B-shaped benchmark model. NumPy only (Debian's python3-numpy).
 
     tools/gguf_gen.py OUT.gguf [--preset tiny|tinyllama|moe-1b|qwen2-tiny|mixtral-tiny|qwen2moe-tiny]
-        [--arch llama|qwen2|qwen2moe|qwen3moe|gpt-oss] [--expert-type T] [--swa N] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
+        [--arch llama|qwen2|qwen2moe|qwen3moe|gpt-oss|deepseek2] [--expert-type T] [--swa N] [--n-expert N --n-expert-used K] [--ff-exp N] [--ff-shexp N]
         [--dim N] [--n-layers N] [--n-heads N] [--n-kv-heads N] [--head-dim N] [--ff N]
         [--vocab N] [--ctx N] [--rope-base F] [--rope-scale F] [--eps F] [--tied|--untied]
         [--qkv-bias] [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|q2_k|q3_k|q4_k|
@@ -47,6 +47,21 @@ ffn_down_exps.bias [dim, n_expert]), q/k/v and attention output biases, attn_sin
 [n_heads] (one sink logit per query head, uniform in [-1, 3]), the FFN's pre-norm under the
 name post_attention_norm.weight (no ffn_norm), attention.sliding_window (every other layer
 slides: the converter writes no pattern key, llama.cpp's default is 2) and optional YaRN keys.
+
+deepseek2 (--arch deepseek2, presets deepseek2-*) as llama.cpp's converter writes it:
+multi-head latent attention with attention.kv_lora_rank, attention.q_lora_rank (0: one
+attn_q matrix), rope.dimension_count (the decoupled RoPE dims), per layer attn_q_a [dim,
+q_lora] + attn_q_a_norm + attn_q_b [q_lora, heads * (nope + rope)] (or attn_q),
+attn_kv_a_mqa [dim, kv_lora + rope], attn_kv_a_norm [kv_lora], and either the split
+attn_k_b [nope, kv_lora, heads] / attn_v_b [kv_lora, v, heads] of current converters
+(head_count_kv 1, key_length kv_lora + rope, value_length kv_lora, key_length_mla
+nope + rope, value_length_mla v) or, with mla_split False, the legacy fused attn_kv_b
+[kv_lora, heads * (nope + v)] (key_length nope + rope, value_length v); attn_output
+[heads * v, dim]. leading_dense_block_count dense layers, then experts with
+expert_shared_count shared experts (ffn_{gate,up,down}_shexp, ungated, ff_exp * count wide),
+expert_gating_func (1 softmax, 2 sigmoid), expert_weights_norm, expert_weights_scale,
+exp_probs_b.bias (the selection bias), expert_group_count / expert_group_used_count, and
+YaRN with rope.scaling.yarn_log_multiplier (0.1 * mscale_all_dim, as the converter writes).
 
 The file is written tensor by tensor in chunks of rows, so memory stays at a few
 hundred MB whatever the model size.
@@ -170,6 +185,44 @@ PRESETS = {
     "gpt-oss-256": dict(arch="gpt-oss", dim=256, n_layers=2, n_heads=8, n_kv_heads=2,
                         head_dim=64, ff=256, vocab=512, ctx=256, n_expert=8, n_expert_used=4,
                         tied=False, rope_base=150000.0, swa=8, yarn=4.0, yarn_orig_ctx=64),
+    # DeepSeek-V2-Lite's layout scaled down: q through wq, kv_lora 64 + 16 RoPE dims, 32-wide
+    # no-RoPE heads, v 32; one leading dense layer, then top-2 of 8 experts, 2 shared
+    "deepseek2-tiny": dict(arch="deepseek2", dim=64, n_layers=3, n_heads=4, ff=128, vocab=300,
+                           ctx=256, tied=False, n_expert=8, n_expert_used=2, ff_exp=32,
+                           mla=dict(q_lora=0, kv_lora=64, nope=32, rope=16, v=32, split=True,
+                                    lead=1, shared=2, gating=1, norm=False, scale=1.0,
+                                    probs_b=False, groups=(0, 0), log_mul=0.0)),
+    # DeepSeek-V3 / Kimi style: q through q_lora, sigmoid gating with the selection bias,
+    # normalised and scaled weights, 4 groups of 2 experts (2 used), YaRN x4 with
+    # mscale_all_dim 0.707
+    "deepseek2-v3-tiny": dict(arch="deepseek2", dim=64, n_layers=3, n_heads=4, ff=128,
+                              vocab=300, ctx=256, tied=False, n_expert=8, n_expert_used=2,
+                              ff_exp=32, yarn=4.0, yarn_orig_ctx=64,
+                              mla=dict(q_lora=48, kv_lora=64, nope=32, rope=16, v=32,
+                                       split=True, lead=1, shared=1, gating=2, norm=True,
+                                       scale=2.5, probs_b=True, groups=(4, 2),
+                                       log_mul=0.0707)),
+    # the legacy fused attn_kv_b
+    "deepseek2-legacy-tiny": dict(arch="deepseek2", dim=64, n_layers=2, n_heads=4, ff=128,
+                                  vocab=300, ctx=256, tied=False, n_expert=4, n_expert_used=2,
+                                  ff_exp=32,
+                                  mla=dict(q_lora=32, kv_lora=64, nope=32, rope=16, v=32,
+                                           split=False, lead=1, shared=1, gating=1, norm=False,
+                                           scale=1.0, probs_b=False, groups=(0, 0),
+                                           log_mul=0.0)),
+    # for llama.cpp: V3-style at 256, 128-wide latent, 64-wide heads
+    "deepseek2-256": dict(arch="deepseek2", dim=256, n_layers=3, n_heads=4, ff=512, vocab=512,
+                          ctx=256, tied=False, n_expert=8, n_expert_used=2, ff_exp=128,
+                          yarn=4.0, yarn_orig_ctx=64,
+                          mla=dict(q_lora=96, kv_lora=128, nope=64, rope=32, v=64, split=True,
+                                   lead=1, shared=1, gating=2, norm=True, scale=2.5,
+                                   probs_b=True, groups=(4, 2), log_mul=0.0707)),
+    "deepseek2-lite-256": dict(arch="deepseek2", dim=256, n_layers=2, n_heads=4, ff=512,
+                               vocab=512, ctx=256, tied=False, n_expert=8, n_expert_used=2,
+                               ff_exp=128,
+                               mla=dict(q_lora=0, kv_lora=128, nope=64, rope=32, v=64,
+                                        split=True, lead=1, shared=2, gating=1, norm=False,
+                                        scale=1.0, probs_b=False, groups=(0, 0), log_mul=0.0)),
     # TinyLlama-1.1B shape (the benchmark model)
     "tinyllama": dict(arch="llama", dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ff=5632,
                       vocab=32000, ctx=2048, tied=False),
@@ -222,7 +275,8 @@ ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2
                  "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
                  "olmo2": "olmo2-256", "gemma4": "gemma4-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
                  "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256",
-                 "gpt-oss": "gpt-oss-256"}
+                 "gpt-oss": "gpt-oss-256", "deepseek2": "deepseek2-256",
+                 "deepseek2-lite": "deepseek2-lite-256"}
 DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, head_dim=None,
                 ff=None, vocab=300, ctx=256, rope_base=10000.0, rope_scale=1.0, eps=1e-5,
                 tied=True, qkv_bias=None, type="f32", embd_type=None, output_type=None, seed=1,
@@ -232,8 +286,8 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
                 n_types=2, granite_scales=None, expert_type=None,
                 head_dim_full=None, n_kv_heads_full=None, layer_types=None, n_shared=0, n_pl=0,
-                rot_frac_full=0.25, no_v_global=True, double_wide=True, out_scale=True)
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")  # always mixture of experts (llama is with --n-expert)
+                rot_frac_full=0.25, no_v_global=True, double_wide=True, out_scale=True, mla=None)
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "deepseek2")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
@@ -255,6 +309,7 @@ ARCHS = {
     "qwen2moe": set(),
     "qwen3moe": {"qk_norm", "key_length"},
     "gpt-oss": {"gptoss", "key_length"},
+    "deepseek2": {"mla"},
     "bert": set(),
     "nomic-bert": set(),
 }
@@ -758,6 +813,12 @@ def resolve(cfg):
             c["ff_exp"] = c["ff"] // c["n_expert_used"]
         if c["arch"] == "qwen2moe" and c["ff_shexp"] is None:
             c["ff_shexp"] = c["ff"]
+    if c["arch"] == "deepseek2":
+        if not c["mla"]:
+            raise ValueError("deepseek2 needs the mla settings (use a deepseek2-* preset)")
+        c["n_kv_heads"] = c["n_heads"]
+        c["head_dim"] = c["mla"]["nope"] + c["mla"]["rope"]
+        c["qkv_bias"] = False
     if c["arch"] == "gpt-oss":
         if not c["swa"]:
             raise ValueError("gpt-oss needs --swa (llama.cpp requires attention.sliding_window)")
@@ -958,6 +1019,9 @@ def tensor_list(c):
         ts.append(("rope_factors_short.weight", (hd // 2,), "f32", "ropef"))
     for i in range(c["n_layers"]):
         p = f"blk.{i}."
+        if "mla" in feat:
+            ts += mla_layer_tensors(c, i)
+            continue
         if "no_pre_norms" not in feat:
             ts.append((p + "attn_norm.weight", (d,), "f32", "norm"))
         if "fused" in feat:  # q, k and v rows stacked in one matrix
@@ -1018,6 +1082,78 @@ def tensor_list(c):
     return ts
 
 
+def mla_layer_tensors(c, i):
+    """A deepseek2 layer's tensors, in the converter's order."""
+    d, nh, ml, w = c["dim"], c["n_heads"], c["mla"], c["type"]
+    r, qk, nope, v = ml["kv_lora"], ml["nope"] + ml["rope"], ml["nope"], ml["v"]
+    p = f"blk.{i}."
+    ts = [(p + "attn_norm.weight", (d,), "f32", "norm")]
+    if ml["q_lora"]:
+        ts.append((p + "attn_q_a.weight", (d, ml["q_lora"]), w, "mat"))
+        ts.append((p + "attn_q_a_norm.weight", (ml["q_lora"],), "f32", "norm"))
+        ts.append((p + "attn_q_b.weight", (ml["q_lora"], nh * qk), w, "mat"))
+    else:
+        ts.append((p + "attn_q.weight", (d, nh * qk), w, "mat"))
+    ts.append((p + "attn_kv_a_mqa.weight", (d, r + ml["rope"]), w, "mat"))
+    ts.append((p + "attn_kv_a_norm.weight", (r,), "f32", "norm"))
+    # the per-head up-projections have short rows (nope, kv_lora): where the type's block
+    # does not divide them, q8_0, as llama.cpp's quantizer falls back for such rows
+    def fit(t, n):
+        return t if n % TYPES[t][1] == 0 else "q8_0"
+    if ml["split"]:
+        ts.append((p + "attn_k_b.weight", (nope, r, nh), fit(w, nope), "mat"))
+        ts.append((p + "attn_v_b.weight", (r, v, nh), fit(w, r), "mat"))
+    else:
+        ts.append((p + "attn_kv_b.weight", (r, nh * (nope + v)), fit(w, r), "mat"))
+    ts.append((p + "attn_output.weight", (nh * v, d), w, "mat"))
+    ts.append((p + "ffn_norm.weight", (d,), "f32", "norm"))
+    if i < ml["lead"]:
+        ts.append((p + "ffn_gate.weight", (d, c["ff"]), w, "mat"))
+        ts.append((p + "ffn_up.weight", (d, c["ff"]), w, "mat"))
+        ts.append((p + "ffn_down.weight", (c["ff"], d), w, "mat"))
+        return ts
+    ne, fe, we = c["n_expert"], c["ff_exp"], c["expert_type"]
+    ts.append((p + "ffn_gate_inp.weight", (d, ne), "f32", "mat"))
+    if ml["probs_b"]:
+        ts.append((p + "exp_probs_b.bias", (ne,), "f32", "bias"))
+    ts.append((p + "ffn_gate_exps.weight", (d, fe, ne), we, "mat"))
+    ts.append((p + "ffn_up_exps.weight", (d, fe, ne), we, "mat"))
+    ts.append((p + "ffn_down_exps.weight", (fe, d, ne), we, "mat"))
+    if ml["shared"]:
+        fs = fe * ml["shared"]
+        ts.append((p + "ffn_gate_shexp.weight", (d, fs), w, "mat"))
+        ts.append((p + "ffn_up_shexp.weight", (d, fs), w, "mat"))
+        ts.append((p + "ffn_down_shexp.weight", (fs, d), w, "mat"))
+    return ts
+
+
+def mla_metadata(c):
+    """deepseek2's keys beyond the common ones (the converter's names)."""
+    a, ml = c["arch"], c["mla"]
+    r, rot = ml["kv_lora"], ml["rope"]
+    kv = [kv_bytes(f"{a}.attention.q_lora_rank", T_UINT32, ml["q_lora"]),
+          kv_bytes(f"{a}.attention.kv_lora_rank", T_UINT32, r)]
+    if ml["split"]:
+        kv += [kv_bytes(f"{a}.attention.key_length", T_UINT32, r + rot),
+               kv_bytes(f"{a}.attention.value_length", T_UINT32, r),
+               kv_bytes(f"{a}.attention.key_length_mla", T_UINT32, ml["nope"] + rot),
+               kv_bytes(f"{a}.attention.value_length_mla", T_UINT32, ml["v"])]
+    else:
+        kv += [kv_bytes(f"{a}.attention.key_length", T_UINT32, ml["nope"] + rot),
+               kv_bytes(f"{a}.attention.value_length", T_UINT32, ml["v"])]
+    kv += [kv_bytes(f"{a}.leading_dense_block_count", T_UINT32, ml["lead"]),
+           kv_bytes(f"{a}.expert_shared_count", T_UINT32, ml["shared"]),
+           kv_bytes(f"{a}.expert_weights_scale", T_FLOAT32, ml["scale"]),
+           kv_bytes(f"{a}.expert_weights_norm", T_BOOL, ml["norm"]),
+           kv_bytes(f"{a}.expert_gating_func", T_UINT32, ml["gating"])]
+    if ml["groups"][0]:
+        kv += [kv_bytes(f"{a}.expert_group_count", T_UINT32, ml["groups"][0]),
+               kv_bytes(f"{a}.expert_group_used_count", T_UINT32, ml["groups"][1])]
+    if c["yarn"] and ml["log_mul"]:
+        kv.append(kv_bytes(f"{a}.rope.scaling.yarn_log_multiplier", T_FLOAT32, ml["log_mul"]))
+    return kv
+
+
 def metadata(c, tok_recs):
     a = c["arch"]
     if a in ENCODERS:
@@ -1032,13 +1168,17 @@ def metadata(c, tok_recs):
         kv_bytes(f"{a}.feed_forward_length", T_UINT32, c["ff"]),
         kv_bytes(f"{a}.block_count", T_UINT32, c["n_layers"]),
         kv_bytes(f"{a}.attention.head_count", T_UINT32, c["n_heads"]),
-        kv_bytes(f"{a}.attention.head_count_kv", T_UINT32, c["n_kv_heads"]),
+        kv_bytes(f"{a}.attention.head_count_kv", T_UINT32,
+                 1 if c["mla"] and c["mla"]["split"] else c["n_kv_heads"]),
         kv_bytes(f"{a}.attention.layer_norm_rms_epsilon", T_FLOAT32, c["eps"]),
         kv_bytes(f"{a}.rope.freq_base", T_FLOAT32, c["rope_base"]),
-        kv_bytes(f"{a}.rope.dimension_count", T_UINT32, c["head_dim"]),
+        kv_bytes(f"{a}.rope.dimension_count", T_UINT32,
+                 c["mla"]["rope"] if c["mla"] else c["head_dim"]),
         kv_bytes(f"{a}.vocab_size", T_UINT32, c["vocab"]),
     ]
-    if c["head_dim"] * c["n_heads"] != c["dim"] or "key_length" in ARCHS[a]:
+    if c["mla"]:
+        kv += mla_metadata(c)
+    elif c["head_dim"] * c["n_heads"] != c["dim"] or "key_length" in ARCHS[a]:
         kv.append(kv_bytes(f"{a}.attention.key_length", T_UINT32, c["head_dim"]))
         kv.append(kv_bytes(f"{a}.attention.value_length", T_UINT32, c["head_dim"]))
     if c["n_expert"]:
@@ -1046,7 +1186,7 @@ def metadata(c, tok_recs):
         kv.append(kv_bytes(f"{a}.expert_used_count", T_UINT32, c["n_expert_used"]))
         if a != "llama":
             kv.append(kv_bytes(f"{a}.expert_feed_forward_length", T_UINT32, c["ff_exp"]))
-        if c["ff_shexp"]:
+        if c["ff_shexp"] and not c["mla"]:
             kv.append(kv_bytes(f"{a}.expert_shared_feed_forward_length", T_UINT32,
                                c["ff_shexp"]))
     if c["yarn"]:  # YaRN as llama.cpp's converter writes it

@@ -45,6 +45,7 @@
 #include "core/pool.h"
 #include "engine/gpu.h"
 #include "engine/lora.h"
+#include "engine/mla.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
 #include "engine/yarn.h"
@@ -92,6 +93,7 @@ struct sp_batch {
     bool rope_swa;     /* the sliding layers rotate with their own base or scale */
     float *logits;     /* (max_logits, n_vocab) */
     void *moe_buf;     /* the MoE block's scratch (engine/moe.h) or NULL: dense */
+    void *mla_buf;     /* latent attention's scratch (engine/mla.h) or NULL */
 
     /* the current step, rows in order of the sequences */
     int32_t *row_tok;  /* (max_tokens) */
@@ -144,7 +146,7 @@ pool_bytes(int n)
 enum {
     BUF_X, BUF_XN, BUF_Q, BUF_KV_K, BUF_KV_V, BUF_ATT, BUF_FF_GATE, BUF_FF_UP, BUF_PROJ, BUF_ACT,
     BUF_SCORES, BUF_ROPE_CS, BUF_INV_FREQ, BUF_PL, BUF_PL_TMP, BUF_LOGITS, BUF_ROW_TOK, BUF_ROW_POS, BUF_ROW_SEQ,
-    BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_MOE, BUF_COUNT
+    BUF_ORDER, BUF_SEQ_OUT, BUF_CAND_N, BUF_MOE, BUF_MLA, BUF_COUNT
 };
 
 typedef struct batch_layout {
@@ -250,6 +252,7 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     B[BUF_SEQ_OUT] = buf_bytes(S, 2, sizeof(int64_t)); /* seq_out, then seq_nl */
     B[BUF_CAND_N] = 0;
     B[BUF_MOE] = sp__moe_scratch_bytes(m, R);
+    B[BUF_MLA] = sp__mla_scratch_bytes(m, R);
     if (m->gpu != NULL) {
         /* The buffers the device copies to and from are pinned (gpu.h): whole
          * pages of their own. Candidates exist on the GPU path only. */
@@ -308,6 +311,7 @@ sp_batch_destroy(sp_batch_t *b)
     sp_free(b->seq_out);
     sp_free(b->cand_n);
     sp_free(b->moe_buf);
+    sp_free(b->mla_buf);
     sp_free(b);
 }
 
@@ -365,6 +369,9 @@ sp_batch_create(const sp_model_t *m, const sp_batch_params_t *p, sp_batch_t **ou
     b->seq_out = sp_malloc_aligned(B[BUF_SEQ_OUT], 64);
     b->seq_nl = b->seq_out ? b->seq_out + L.p.max_seqs : NULL;
     if (B[BUF_MOE] > 0 && (b->moe_buf = sp_malloc_aligned(B[BUF_MOE], 64)) == NULL) {
+        goto oom;
+    }
+    if (B[BUF_MLA] > 0 && (b->mla_buf = sp_malloc_aligned(B[BUF_MLA], 64)) == NULL) {
         goto oom;
     }
     if (!b->x || !b->xn || !b->q || !b->kv_k || !b->kv_v || !b->att || !b->ff_gate || !b->ff_up ||
@@ -1239,7 +1246,14 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         float *yqkv[3] = {b->q, b->kv_k, b->kv_v};
         const float *bqkv[3] = {L->bq, L->bk, L->bv};
         const int n_proj = il >= sp__n_layer_kv(hp) ? 1 : L->wv.data == NULL ? 2 : 3;
-        matmul(b, n_proj, wqkv, yqkv, bqkv, b->xn, E, R);
+        if (m->mla != NULL) {
+            /* Latent attention (engine/mla.h): the same rope, cache and
+             * attention below over one latent KV head (LoRA on it is refused at load). */
+            sp__mla_qkv(m, il, b->pool, b->k, b->mla_buf, b->max_tokens, b->xn, b->q, b->kv_k,
+                        b->kv_v, R);
+        } else {
+            matmul(b, n_proj, wqkv, yqkv, bqkv, b->xn, E, R);
+        }
         if (lora) {
             lora_rows(b, seqs, il, SP_LORA_Q, n_proj, yqkv, wqkv, b->xn, E, R);
         }
@@ -1251,7 +1265,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         attn_job_t aj = {b, il, R, n_split, 1 + n_items / 16384};
         sp_pool_run(b->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
-        {
+        if (m->mla != NULL) {
+            sp__mla_out(m, il, b->pool, b->k, b->mla_buf, b->max_tokens, b->att, b->proj, R);
+        } else {
             const sp_weight_t *wo[1] = {&L->wo};
             float *yo[1] = {b->proj};
             const float *bo[1] = {L->bo}; /* NULL but for gpt-oss */
@@ -1263,7 +1279,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, true, R);
 
-        if (m->moe != NULL) {
+        if (sp__moe_layer(m, il)) {
             /* Mixture of experts (engine/moe.c); LoRA adapters never carry
              * FFN matrices for such a model (lora.c checks their shapes). */
             sp__moe_ffn(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->xn, b->proj, R);

@@ -565,12 +565,14 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (n_gpu == 0) {
         return SP_OK; /* nothing on the GPU: the CPU path as it is */
     }
-    if (m->moe != NULL || hp->rope_yarn) {
-        /* The device path has no mixture-of-experts block and no YaRN
-         * table: the whole model stays on the CPU (engine/moe.c), which the
-         * placement then charges. */
+    if (m->mla != NULL || m->moe != NULL || hp->rope_yarn) {
+        /* The device path has no latent attention, no mixture-of-experts
+         * block and no YaRN table: the whole model stays on the CPU
+         * (engine/mla.c, moe.c), which the placement then charges. */
         SP_LOG_INFO("event=gpu_skip device=cuda:%d reason=%s layers=0/%lld", ordinal,
-                    m->moe != NULL ? "moe_model_runs_on_cpu" : "yarn_rope_runs_on_cpu",
+                    m->mla != NULL   ? "mla_deepseek2_runs_on_cpu"
+                    : m->moe != NULL ? "moe_model_runs_on_cpu"
+                                     : "yarn_rope_runs_on_cpu",
                     (long long)hp->n_layer);
         return SP_OK;
     }

@@ -245,6 +245,14 @@ sp_lora_load_gguf(const sp_model_t *m, const sp_gguf_t *g, sp_lora_t **out, char
             break;
         }
         const sp_weight_t *w = base_weight(m, il, p);
+        if (w->data == NULL && p <= SP_LORA_O) {
+            /* Latent attention (engine/mla.c) has no q/k/v/o matrices. */
+            st = sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                         "%s: tensor '%.*s' adapts an attention matrix, which this multi-head "
+                         "latent attention (deepseek2) model does not have", path, nl,
+                         t->name.ptr);
+            break;
+        }
         if (w->data == NULL) {
             /* A mixture-of-experts layer (engine/moe.c) has no dense FFN matrix. */
             st = sp_errf(err, err_len, SP_ERR_UNSUPPORTED,

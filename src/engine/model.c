@@ -19,6 +19,7 @@
 #include "core/alloc.h"
 #include "core/assert.h"
 #include "crypto/enc.h"
+#include "engine/mla.h"
 #include "engine/model_impl.h"
 #include "engine/moe.h"
 #include "engine/yarn.h"
@@ -53,12 +54,14 @@ static const arch_info_t archs[] = {
     /* gpt-oss: experts in every layer, alternating sliding window, attention
      * sinks and output bias, YaRN */
     {"gpt-oss", SP_ROPE_NEOX},
+    /* multi-head latent attention (engine/mla.c), dense then MoE layers */
+    {"deepseek2", SP_ROPE_NORMAL},
 };
 
 /* The list the refusal of an unknown architecture names. */
 #define SUPPORTED_ARCHS \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, gemma4, phi3, smollm3, granite, olmo2, qwen2moe, " \
-    "qwen3moe, gpt-oss, bert, nomic-bert"
+    "qwen3moe, gpt-oss, deepseek2, bert, nomic-bert"
 
 static bool
 arch_is(const sp_hparams_t *hp, const char *name)
@@ -327,6 +330,13 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
                        "%s: attention.head_count (%lld) is not a multiple of head_count_kv (%lld)",
                        path, (long long)hp->n_head, (long long)hp->n_head_kv);
     }
+    if (sp__mla_arch(hp->arch)) {
+        /* The latent cache's head; the per-head widths are hp->mla_* (mla.c). */
+        if ((st = sp__mla_hparams(g, hp, err, err_len)) != SP_OK) {
+            return st;
+        }
+        goto widths_done;
+    }
     /* Without an explicit key_length, heads must split the width evenly. */
     char kl_key[96];
     snprintf(kl_key, sizeof kl_key, "%s.attention.key_length", hp->arch);
@@ -352,6 +362,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: rope.dimension_count %lld is odd", path,
                        (long long)hp->n_rot);
     }
+widths_done:
 #undef HP_INT
     st = get_hp_float(g, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->norm_eps,
                       err, err_len);
@@ -475,6 +486,7 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     const bool post_norms = arch_is(hp, "gemma2") || arch_is(hp, "gemma3") || olmo2;
     const bool phi3 = arch_is(hp, "phi3");
     const bool gptoss = arch_is(hp, "gpt-oss");
+    const bool mla = sp__mla_arch(hp->arch);
 
     m->layers = sp_calloc((size_t)hp->n_layer, sizeof(sp_layer_t));
     if (m->layers == NULL) {
@@ -482,6 +494,10 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
     }
     /* The MoE block replaces the dense FFN where the file has experts. */
     if ((st = sp__moe_load(m, false, err, err_len)) != SP_OK) {
+        return st;
+    }
+    /* Latent attention replaces q/k/v/o (and sets the query scale). */
+    if (mla && (st = sp__mla_load(m, err, err_len)) != SP_OK) {
         return st;
     }
     for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -506,7 +522,9 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
             V(ffn_norm, "ffn_norm", "weight", hp->n_embd, true);
         }
         snprintf(name, sizeof name, "blk.%lld.attn_qkv.weight", (long long)il);
-        if (phi3 && sp_gguf_find_tensor(m->gguf, name) != NULL) {
+        if (mla) {
+            /* the attention tensors are mla.c's (sp__mla_load) */
+        } else if (phi3 && sp_gguf_find_tensor(m->gguf, name) != NULL) {
             /* One matrix: q rows, then k rows, then v rows. */
             sp_weight_t qkv;
             if ((st = sp__model_weight(m, name, hp->n_embd, q_dim + 2 * kv_dim, true, &qkv,
@@ -521,14 +539,18 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
             W(wk, "attn_k", hp->n_embd, kv_dim);
             W(wv, "attn_v", hp->n_embd, kv_dim);
         }
-        W(wo, "attn_output", q_dim, hp->n_embd);
+        if (!mla) {
+            W(wo, "attn_output", q_dim, hp->n_embd);
+        }
         if (post_norms) {
             V(attn_post_norm, "post_attention_norm", "weight", hp->n_embd, true);
             V(ffn_post_norm, "post_ffw_norm", "weight", hp->n_embd, true);
         }
-        V(bq, "attn_q", "bias", q_dim, gptoss);
-        V(bk, "attn_k", "bias", kv_dim, gptoss);
-        V(bv, "attn_v", "bias", kv_dim, gptoss);
+        if (!mla) {
+            V(bq, "attn_q", "bias", q_dim, gptoss);
+            V(bk, "attn_k", "bias", kv_dim, gptoss);
+            V(bv, "attn_v", "bias", kv_dim, gptoss);
+        }
         if (arch_is(hp, "granite")) {
             /* llama.cpp adds these biases when present; this engine has no place for them. */
             static const char *const biases[] = {"attn_output", "ffn_gate", "ffn_up", "ffn_down"};
@@ -544,7 +566,7 @@ load_weights(sp_model_t *m, char *err, size_t err_len)
             V(attn_q_norm, "attn_q_norm", "weight", olmo2 ? q_dim : hp->head_dim, true);
             V(attn_k_norm, "attn_k_norm", "weight", olmo2 ? kv_dim : hp->head_dim, true);
         }
-        if (m->moe != NULL) {
+        if (sp__moe_layer(m, il)) {
             continue; /* the experts are moe.c's (sp__moe_load) */
         }
         if (phi3) {
@@ -681,6 +703,7 @@ sp_model_free(sp_model_t *m)
     sp_free(m->layers);
     sp_free(m->ones);
     sp__moe_free(m->moe);
+    sp__mla_free(m->mla);
     sp_gguf_close(m->gguf);
     sp_free(m);
 }
@@ -692,6 +715,9 @@ sp__model_cpu_only_feature(const sp_model_t *m)
     if (arch_is(hp, "gemma4")) {
         return "the gemma4 architecture (per-layer inputs, shared KV layers, per-layer head "
                "sizes)";
+    }
+    if (m->mla != NULL) {
+        return "multi-head latent attention (deepseek2)";
     }
     for (int64_t il = 0; il < hp->n_layer; il++) {
         if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {

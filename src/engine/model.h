@@ -19,7 +19,9 @@
  * qwen2moe, qwen3moe, gpt-oss (attention sinks and output bias, alternating
  * sliding window, MXFP4 experts with biases); gemma4 (dense: per-layer token inputs,
  * layers sharing an earlier layer's KV cache, head sizes per layer kind, value norms;
- * engine/gemma4.c); encoders bert and nomic-bert for embeddings and
+ * engine/gemma4.c); deepseek2 (multi-head latent attention with a latent KV cache,
+ * engine/mla.h; leading dense layers, then experts with shared experts, sigmoid or
+ * softmax gating, selection bias and expert groups); encoders bert and nomic-bert for embeddings and
  * reranking (engine/encoder.h). Tied or separate output matrix,
  * grouped-query attention, RoPE with freq base, linear scaling and Llama 3
  * rope_freqs factors from the file.
@@ -87,6 +89,13 @@ typedef struct sp_hparams {
                               1 = none */
     float logit_scale;     /* logits divided by this (granite); 1 = none */
     bool qk_norm_full;     /* the q/k norms span the whole projection, not a head (olmo2) */
+    /* Multi-head latent attention (deepseek2, engine/mla.h); all 0 without.
+     * head_dim is then the latent cache width n_rot + mla_kv_lora and
+     * n_head_kv 1; the per-head query/key width is mla_nope + n_rot. */
+    int64_t mla_kv_lora;   /* attention.kv_lora_rank */
+    int64_t mla_q_lora;    /* attention.q_lora_rank; 0 = one query matrix */
+    int64_t mla_nope;      /* per-head query/key dims without RoPE */
+    int64_t mla_v_dim;     /* per-head value width */
     uint8_t layer_swa[SP_MAX_LAYERS];  /* 1: the layer attends within n_swa positions */
     uint8_t layer_nope[SP_MAX_LAYERS]; /* 1: the layer applies no RoPE (smollm3) */
     /* gemma4 (engine/gemma4.c; 0 / false elsewhere = the uniform layout above): sliding

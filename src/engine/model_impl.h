@@ -67,6 +67,9 @@ struct sp_model {
     /* Mixture-of-experts FFN of every layer (engine/moe.h) or NULL: dense
      * (then the layers' w_gate/w_up/w_down are empty). */
     struct sp_moe_model *moe;
+    /* Multi-head latent attention of every layer (engine/mla.h) or NULL; the
+     * layers' wq/wk/wv/wo are empty then. */
+    struct sp_mla_model *mla;
     size_t weight_bytes;
     /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
      * 0..n_gpu-1 then run on that device. Owned: sp_model_free releases it

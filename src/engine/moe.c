@@ -65,6 +65,8 @@ static const moe_arch_t moe_archs[] = {
     {"qwen2moe", true, true, false, SP_MOE_GATING_SOFTMAX, false, SP_MOE_ACT_SILU},
     {"qwen3moe", true, false, false, SP_MOE_GATING_SOFTMAX, true, SP_MOE_ACT_SILU},
     {"gpt-oss", true, false, true, SP_MOE_GATING_SOFTMAX_WEIGHT, false, SP_MOE_ACT_SWIGLU_OAI},
+    /* gating, norm and scale from the file's keys (deepseek_keys) */
+    {"deepseek2", true, true, false, SP_MOE_GATING_SOFTMAX, false, SP_MOE_ACT_SILU},
 };
 
 /* An n_expert x (n_out x n_in) tensor (n_expert 1: a plain matrix, which
@@ -173,7 +175,8 @@ load_layers(sp_model_t *m, const moe_arch_t *a, struct sp_moe_model *moe, char *
     const int64_t E = m->hp.n_embd, F = mh->n_ff_exp, NE = mh->n_expert, FS = mh->n_ff_shexp;
     char name[96];
     sp_status_t st;
-    for (int64_t il = 0; il < m->hp.n_layer; il++) {
+    const bool ds = strcmp(a->name, "deepseek2") == 0;
+    for (int64_t il = mh->n_dense_lead; il < m->hp.n_layer; il++) {
         sp_moe_layer_t *L = &moe->layers[il];
 #define X(field, nm, n_in, n_out, n_exp, req)                                             \
     snprintf(name, sizeof name, "blk.%lld." nm ".weight", (long long)il);                 \
@@ -197,12 +200,90 @@ load_layers(sp_model_t *m, const moe_arch_t *a, struct sp_moe_model *moe, char *
             X(sh_gate, "ffn_gate_shexp", E, FS, 1, true);
             X(sh_up, "ffn_up_shexp", E, FS, 1, true);
             X(sh_down, "ffn_down_shexp", FS, E, 1, true);
-            X(sh_inp, "ffn_gate_inp_shexp", E, 1, 1, true);
+            if (!ds) {
+                X(sh_inp, "ffn_gate_inp_shexp", E, 1, 1, true);
+            }
+        }
+        if (ds) {
+            snprintf(name, sizeof name, "blk.%lld.exp_probs_b.bias", (long long)il);
+            if ((st = get_bias(g, name, NE, 1, false, &L->sel_b, err, err_len)) != SP_OK) {
+                return st;
+            }
         }
 #undef X
 #undef B
     }
     return SP_OK;
+}
+
+/* deepseek2's keys: leading dense layers, shared experts (each n_ff_exp
+ * wide), gating function, weight norm and scale, expert groups; defaults as
+ * llama.cpp's (softmax gating, no norm, no scale, no groups). */
+static sp_status_t
+deepseek_keys(const sp_model_t *m, sp_moe_hparams_t *mh, char *err, size_t err_len)
+{
+    const sp_gguf_t *g = m->gguf;
+    const char *path = sp_gguf_path(g), *arch = m->hp.arch;
+    char key[128];
+    int64_t v;
+    bool found;
+    sp_status_t st;
+#define KEY(suffix, lo, hi, dflt, req)                                                        \
+    if ((st = get_key_int(g, arch, suffix, &v, &found, err, err_len)) != SP_OK) return st;   \
+    if (!found && (req))                                                                     \
+        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s.%s'", path, \
+                       arch, suffix);                                                        \
+    if (!found) v = (dflt);                                                                  \
+    if (v < (lo) || v > (hi))                                                                \
+        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s.%s' = %lld out of range "    \
+                       "[%lld, %lld]", path, arch, suffix, (long long)v, (long long)(lo),     \
+                       (long long)(hi));
+    KEY("leading_dense_block_count", 0, m->hp.n_layer, 0, false);
+    mh->n_dense_lead = v;
+    KEY("expert_shared_count", 0, 64, 0, true);
+    mh->n_ff_shexp = mh->n_ff_exp * v;
+    /* llama.cpp's numbers: 0 (absent) and 1 softmax, 2 sigmoid, 3 softmax over the
+     * chosen; 4 (sqrt-softplus) is refused by the range */
+    KEY("expert_gating_func", 0, 3, 0, false);
+    mh->gating = v == 2   ? SP_MOE_GATING_SIGMOID
+                 : v == 3 ? SP_MOE_GATING_SOFTMAX_WEIGHT
+                          : SP_MOE_GATING_SOFTMAX;
+    KEY("expert_group_count", 0, mh->n_expert, 0, false);
+    mh->n_group = v;
+    KEY("expert_group_used_count", 0, mh->n_group, 0, false);
+    mh->n_group_used = v;
+#undef KEY
+    if (mh->n_group > 1 && (mh->n_expert % mh->n_group != 0 || mh->n_expert / mh->n_group < 2 ||
+                            mh->n_group_used < 1 || mh->n_group_used >= mh->n_group)) {
+        return sp_errf(err, err_len, SP_ERR_FORMAT,
+                       "%s: '%s.expert_group_count' %lld / 'expert_group_used_count' %lld do not "
+                       "split %lld experts into groups of at least 2 with 1 <= used < groups",
+                       path, arch, (long long)mh->n_group, (long long)mh->n_group_used,
+                       (long long)mh->n_expert);
+    }
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    st = sp_gguf_get_bool(g, key, &mh->norm_w, err, err_len);
+    if (st != SP_OK && st != SP_ERR_NOT_FOUND) {
+        return st;
+    }
+    double scale = 0.0;
+    snprintf(key, sizeof key, "%s.expert_weights_scale", arch);
+    st = sp_gguf_get_float(g, key, &scale, err, err_len);
+    if (st != SP_OK && st != SP_ERR_NOT_FOUND) {
+        return st;
+    }
+    if (!isfinite(scale) || scale < 0.0 || scale > 1e6) {
+        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %g out of range [0, 1e6]",
+                       path, key, scale);
+    }
+    mh->w_scale = (float)scale;
+    return SP_OK;
+}
+
+bool
+sp__moe_layer(const sp_model_t *m, int64_t il)
+{
+    return m->moe != NULL && il >= m->moe->hp.n_dense_lead;
 }
 
 sp_status_t
@@ -277,7 +358,9 @@ sp__moe_load(sp_model_t *m, bool required, char *err, size_t err_len)
                      (long long)ff, 1 << 22);
     }
     mh->n_ff_exp = ff;
-    if (st == SP_OK && a->shared) {
+    if (st == SP_OK && strcmp(arch, "deepseek2") == 0) {
+        st = deepseek_keys(m, mh, err, err_len);
+    } else if (st == SP_OK && a->shared) {
         st = get_key_int(g, arch, "expert_shared_feed_forward_length", &ff, &found, err, err_len);
         mh->n_ff_shexp = found ? ff : m->hp.n_ff;
         if (st == SP_OK && (mh->n_ff_shexp < 1 || mh->n_ff_shexp > (1 << 22))) {
@@ -359,12 +442,48 @@ void
 sp__moe_route(const sp_moe_hparams_t *hp, const float *logits, float *probs, int32_t *ids,
               float *weights)
 {
+    sp__moe_route_ex(hp, logits, NULL, probs, ids, weights);
+}
+
+void
+sp__moe_route_ex(const sp_moe_hparams_t *hp, const float *logits, const float *sel_bias,
+                 float *probs, int32_t *ids, float *weights)
+{
     const int64_t n = hp->n_expert, k = hp->n_expert_used;
     memcpy(probs, logits, (size_t)n * sizeof(float));
     if (hp->gating == SP_MOE_GATING_SOFTMAX) {
         softmax(probs, n);
+    } else if (hp->gating == SP_MOE_GATING_SIGMOID) {
+        for (int64_t e = 0; e < n; e++) {
+            probs[e] = 1.0f / (1.0f + expf(-probs[e]));
+        }
     }
-    top_k(probs, n, k, ids);
+    /* The choice reads the scores plus the selection bias, with the groups
+     * outside the best n_group_used masked; the weights read probs. */
+    float sel[SP_MOE_MAX_EXPERTS];
+    for (int64_t e = 0; e < n; e++) {
+        sel[e] = sel_bias != NULL ? probs[e] + sel_bias[e] : probs[e];
+    }
+    if (hp->n_group > 1) {
+        const int64_t per = n / hp->n_group;
+        float gs[SP_MOE_MAX_EXPERTS];
+        int32_t two[2], keep[SP_MOE_MAX_EXPERTS];
+        for (int64_t gi = 0; gi < hp->n_group; gi++) {
+            top_k(sel + gi * per, per, 2, two);
+            gs[gi] = sel[gi * per + two[0]] + sel[gi * per + two[1]];
+        }
+        top_k(gs, hp->n_group, hp->n_group_used, keep);
+        for (int64_t gi = 0; gi < hp->n_group; gi++) {
+            bool kept = false;
+            for (int64_t j = 0; j < hp->n_group_used; j++) {
+                kept |= keep[j] == gi;
+            }
+            for (int64_t e = 0; e < per && !kept; e++) {
+                sel[gi * per + e] = -INFINITY;
+            }
+        }
+    }
+    top_k(sel, n, k, ids);
     for (int64_t j = 0; j < k; j++) {
         weights[j] = probs[ids[j]];
     }
@@ -600,6 +719,7 @@ typedef struct route_job {
     const sp_moe_hparams_t *hp;
     moe_buf_t *b;
     const float *router_b;
+    const float *sel_b;
 } route_job_t;
 
 static void
@@ -614,7 +734,8 @@ route_job_run(void *arg, int64_t r, int ith)
             lg[e] += j->router_b[e];
         }
     }
-    sp__moe_route(j->hp, lg, j->b->probs + r * NE, j->b->sel + r * K, j->b->wts + r * K);
+    sp__moe_route_ex(j->hp, lg, j->sel_b, j->b->probs + r * NE, j->b->sel + r * K,
+                     j->b->wts + r * K);
 }
 
 /* The activation of each slot, in place into yg: biases, then SwiGLU. */
@@ -720,7 +841,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
     const sp_experts_t *wr[1] = {&L->router};
     float *yr[1] = {b->logits};
     experts_apply(pool, k, b, 1, wr, yr, x, E, NULL, R, one_active, 1, all_rows);
-    route_job_t rj = {hp, b, L->router_b};
+    route_job_t rj = {hp, b, L->router_b, L->sel_b};
     sp_pool_run(pool, route_job_run, &rj, R);
 
     /* 3: bucket the slots by expert (counting sort: experts by id, rows in order). */
@@ -788,7 +909,7 @@ void
 sp__moe_ffn(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kernels_t *k,
             void *scratch, int64_t max_rows, const float *x, float *out, int64_t n_rows)
 {
-    SP_ASSERT(m->moe != NULL && il >= 0 && il < m->hp.n_layer && n_rows <= max_rows);
+    SP_ASSERT(sp__moe_layer(m, il) && il < m->hp.n_layer && n_rows <= max_rows);
     moe_buf_t b;
     carve(m, max_rows, scratch, &b); /* as sp__moe_scratch_bytes(m, max_rows) sized it */
     const sp_moe_layer_t *L = &m->moe->layers[il];

@@ -9,7 +9,8 @@
  * `<arch>.expert_shared_feed_forward_length`; tensors blk.N.ffn_gate_inp
  * (router), ffn_{gate,up,down}_exps (3-D: one matrix per expert),
  * ffn_{gate,up,down}_exps.bias, ffn_gate_inp.bias (gpt-oss),
- * ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp (shared expert, qwen2moe).
+ * ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp (shared expert, qwen2moe;
+ * deepseek2's shared experts have no gate), exp_probs_b.bias (selection bias).
  *
  * Threads: sp__moe_ffn runs its products on the caller's pool; the model part
  * is immutable after load and shared by every batch. Memory: the model part
@@ -36,6 +37,8 @@ typedef enum sp_moe_gating {
     SP_MOE_GATING_SOFTMAX = 0,        /* softmax over all experts, top-k of the
                                          probabilities, their probabilities */
     SP_MOE_GATING_SOFTMAX_WEIGHT = 1, /* top-k of the logits, softmax over those k */
+    SP_MOE_GATING_SIGMOID = 2,        /* sigmoid of each logit, top-k, their sigmoids
+                                         (deepseek2's expert_gating_func 2) */
 } sp_moe_gating_t;
 
 /* The experts' activation of (gate, up). */
@@ -56,6 +59,10 @@ typedef struct sp_moe_hparams {
     sp_moe_act_t act;
     float oai_alpha;       /* SP_MOE_ACT_SWIGLU_OAI's constants */
     float oai_limit;
+    int64_t n_dense_lead;  /* layers 0..n_dense_lead-1 run the dense FFN (deepseek2) */
+    int64_t n_group;       /* expert groups (> 1: only the n_group_used groups with the
+                              largest sum of their two best scores compete; deepseek2) */
+    int64_t n_group_used;
 } sp_moe_hparams_t;
 
 /* A 3-D expert tensor: n_expert matrices of n_out rows of n_in elements, each
@@ -73,6 +80,8 @@ typedef struct sp_experts {
 typedef struct sp_moe_layer {
     sp_experts_t router;      /* ffn_gate_inp: (n_expert, n_embd), as one "expert" */
     const float *router_b;    /* (n_expert) or NULL */
+    const float *sel_b;       /* (n_expert) exp_probs_b: added to the gated scores for the
+                                 choice only, the weights stay unbiased (deepseek2), or NULL */
     sp_experts_t gate, up;    /* (n_expert, n_ff_exp, n_embd) */
     sp_experts_t down;        /* (n_expert, n_embd, n_ff_exp) */
     const float *gate_b, *up_b; /* (n_expert, n_ff_exp) or NULL */
@@ -96,6 +105,8 @@ struct sp_moe_model {
  */
 sp_status_t sp__moe_load(sp_model_t *m, bool required, char *err, size_t err_len);
 void sp__moe_free(struct sp_moe_model *moe); /* NULL is a no-op */
+/* Whether layer il runs the MoE block (a MoE model past its leading dense layers). */
+bool sp__moe_layer(const sp_model_t *m, int64_t il);
 
 /* Bytes of scratch sp__moe_ffn needs for steps of up to max_rows rows (0 for
  * a dense model). */
@@ -118,5 +129,9 @@ void sp__moe_ffn(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_
  */
 void sp__moe_route(const sp_moe_hparams_t *hp, const float *logits, float *probs, int32_t *ids,
                    float *weights);
+/* The same with a selection bias (n_expert, or NULL) added to the gated scores
+ * for the choice only, and the expert groups of hp. */
+void sp__moe_route_ex(const sp_moe_hparams_t *hp, const float *logits, const float *sel_bias,
+                      float *probs, int32_t *ids, float *weights);
 
 #endif /* SP_ENGINE_MOE_H */

@@ -251,6 +251,12 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
     if (s->block_count > 0 && s->ctx > 0 && s->n_embd > 0 && s->n_head > 0 && s->n_head_kv >= 0) {
         /* the engine keeps K and V in F32: 2 * layers * ctx * head_dim * kv_heads * 4 bytes */
         double head_dim = (double)(s->n_embd / s->n_head);
+        /* key_length when the file has one (a deepseek2 file's is its latent width, with
+         * head_count_kv 1: the engine's latent cache, engine/mla.h) */
+        const int64_t key_len = arch_int(g, s->arch, "attention.key_length");
+        if (key_len > 0) {
+            head_dim = (double)key_len;
+        }
         s->kv_bytes = 2.0 * (double)s->block_count * (double)s->ctx * head_dim *
                       (double)s->n_head_kv * 4.0;
     }

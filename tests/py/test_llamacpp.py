@@ -120,6 +120,20 @@ MODELS = [
     ("gpt-oss", "q8_0"),
     ("gpt-oss", "q4_k"),
     ("gpt-oss", "mxfp4"),
+    # deepseek2: latent attention through q_lora, sigmoid gating with the selection bias and
+    # expert groups, normalised and scaled weights, one leading dense layer, YaRN with the
+    # deepseek2 mscale; and V2-Lite's form (q through attn_q, softmax, two shared experts).
+    # No F16 row for the V3 form: llama.cpp rounds every activation it multiplies with F16
+    # weights to F16, and on that file one such rounding flips an expert choice whose gap is
+    # 0.8% (its logits then differ from the float64 reference by 12 at that position, while
+    # the engine's differ by 3e-5), a change the F16-KV spread does not measure. Shapes of
+    # 96/128 elements rule out the 256-element K-quant blocks: Q4_0 instead.
+    ("deepseek2", "f32"),
+    ("deepseek2", "q8_0"),
+    ("deepseek2", "q4_0"),
+    ("deepseek2-lite", "f32"),
+    ("deepseek2-lite", "f16"),
+    ("deepseek2-lite", "q8_0"),
 ]
 
 # (architecture, llama-quantize file type): llama.cpp quantizes the arch's F32 model.

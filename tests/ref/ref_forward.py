@@ -79,6 +79,15 @@ RefModel.route_margin records the smallest gap between the k-th and (k+1)-th rou
 score seen (relative to the largest score): tests check it is far above float32 rounding,
 so the engine's float32 routing picks the same experts as this float64 oracle.
 
+deepseek2 (multi-head latent attention, llama.cpp's build of it, computed here in the expanded
+form): per row h, q = Wqb RMSNorm(Wqa h) (or Wq h), each head [q_nope, q_pe]; kv_a = Wkva h,
+c = RMSNorm(kv_a[:r]), k_pe = kv_a[r:] (one RoPE part for all heads, NORMAL pairs); head i's
+key [Wk_i c, k_pe] and value Wv_i c (attn_k_b / attn_v_b or the fused attn_kv_b); scores times
+kq_scale (init_deepseek2 has llama.cpp's YaRN mscale arithmetic); layers below
+leading_dense_block_count run the dense FFN, the others experts routed by softmax or sigmoid
+scores plus exp_probs_b (choice only), the best expert groups, weights normalised / scaled as
+the file says, plus the ungated shared experts.
+
 YaRN (rope.scaling.type yarn, llama.cpp's rope with ext_factor 1): pair i's frequency f_i
 becomes f_i (s (1 - r_i) + r_i) with s = 1 / factor and r_i a ramp from 1 (pairs below the
 beta_fast = 32 correction dimension: unchanged) to 0 (above beta_slow = 1's: interpolated);
@@ -108,7 +117,7 @@ class RefModel:
         a = kv["general.architecture"]
         self.arch = a
         if a not in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
-                     "granite", "olmo2", "qwen2moe", "qwen3moe", "gpt-oss", "gemma4"):
+                     "granite", "olmo2", "qwen2moe", "qwen3moe", "gpt-oss", "gemma4", "deepseek2"):
             raise ValueError(f"arch {a} not supported by the reference")
         self.n_embd = int(kv[f"{a}.embedding_length"])
         self.n_layer = int(kv[f"{a}.block_count"])
@@ -180,6 +189,9 @@ class RefModel:
             if not kv.get(f"{a}.rope.scaling.finetuned", True):
                 self.use_rope = [False] * L
         self.rope_attn_factor = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
+        self.mla = None
+        if a == "deepseek2":
+            self.init_deepseek2(kv)
         self.n_ctx_orig = int(kv.get(f"{a}.rope.scaling.original_context_length",
                                      self.n_ctx_train))
 
@@ -265,6 +277,136 @@ class RefModel:
         y[..., :half] = x0 * cos - x1 * sin
         y[..., half:2 * half] = x0 * sin + x1 * cos
         return y
+
+    def init_deepseek2(self, kv):
+        """deepseek2's hyper-parameters. The attention is computed in the expanded form
+        (per-head keys [W_k c, k_pe] and values W_v c from the latent c), not the engine's
+        absorbed one. Scales as llama.cpp sets them (llama-context.cpp's yarn_attn_factor and
+        the deepseek2 graph's kq_scale): with s the YaRN factor, L = yarn_log_multiplier / 0.1
+        and a = rope.scaling.attn_factor, A = a (L != 0 ? 1 : mscale(s)) / (1 + 0.1 ln s),
+        cos/sin times A (1 + 0.1 ln s), kq_scale = (A (1 + 0.1 ln s)(1 + 0.1 L ln s))^2 /
+        sqrt(qk)."""
+        a = self.arch
+        r = int(kv[f"{a}.attention.kv_lora_rank"])
+        k_len = int(kv[f"{a}.attention.key_length"])
+        v_len = int(kv[f"{a}.attention.value_length"])
+        if f"{a}.attention.key_length_mla" in kv:
+            k_len = int(kv[f"{a}.attention.key_length_mla"])
+            v_len = int(kv[f"{a}.attention.value_length_mla"])
+        rot = int(kv[f"{a}.rope.dimension_count"])
+        self.mla = dict(kv_lora=r, q_lora=int(kv.get(f"{a}.attention.q_lora_rank", 0)),
+                        nope=k_len - rot, v=v_len, qk=k_len)
+        self.n_rot = rot
+        self.head_dim = k_len
+        self.n_head_kv = self.n_head
+        self.neox = False
+        self.n_expert = int(kv.get(f"{a}.expert_count", 0))
+        self.n_dense_lead = int(kv.get(f"{a}.leading_dense_block_count", 0))
+        self.gating = int(kv.get(f"{a}.expert_gating_func", 1)) or 1
+        self.norm_w = bool(kv.get(f"{a}.expert_weights_norm", False))
+        self.w_scale = float(kv.get(f"{a}.expert_weights_scale", 0.0))
+        self.n_group = int(kv.get(f"{a}.expert_group_count", 0))
+        self.n_group_used = int(kv.get(f"{a}.expert_group_used_count", 0))
+        L = float(kv.get(f"{a}.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        att = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
+
+        def mscale(sc, m):
+            return 1.0 if sc <= 1.0 else 0.1 * m * np.log(sc) + 1.0
+        if self.yarn:
+            sf = self.yarn[0]
+            A = (1.0 if L != 0.0 else mscale(sf, 1.0)) / (1.0 + 0.1 * np.log(sf)) * att
+            cs = A * (1.0 + 0.1 * np.log(sf))
+            ms = cs * (1.0 + 0.1 * L * np.log(sf))
+            # self.rope multiplies by rope_attn_factor and by YaRN's 1 + 0.1 ln s
+            self.rope_attn_factor = cs / (1.0 + 0.1 * np.log(sf)) if sf > 1.0 else cs
+        else:
+            ln = np.log(self.rope_scale)
+            ms = att * (1.0 + 0.1 * ln) * (1.0 + 0.1 * L * ln)
+            self.rope_attn_factor = att
+        self.q_scale = ms * ms / np.sqrt(k_len)
+
+    def mla_attention(self, sess, L, h, pos, mask):
+        """deepseek2's attention of layer L over rows h (n, n_embd), expanded form."""
+        p, ml, n, nh = f"blk.{L}.", self.mla, h.shape[0], self.n_head
+        r, nope, rot, qk, vd = ml["kv_lora"], ml["nope"], self.n_rot, ml["qk"], ml["v"]
+        if ml["q_lora"]:
+            q = self.matmul(self.rmsnorm(self.matmul(h, p + "attn_q_a.weight"),
+                                         p + "attn_q_a_norm.weight"), p + "attn_q_b.weight")
+        else:
+            q = self.matmul(h, p + "attn_q.weight")
+        q = q.reshape(n, nh, qk)
+        kva = self.matmul(h, p + "attn_kv_a_mqa.weight")
+        c = self.rmsnorm(kva[:, :r], p + "attn_kv_a_norm.weight")
+        k_pe = self.rope(kva[:, None, r:], pos)                     # (n, 1, rot)
+        q_pe = self.rope(q[:, :, nope:], pos)                       # (n, nh, rot)
+        if p + "attn_k_b.weight" in self.w:
+            wk = self.w[p + "attn_k_b.weight"]                       # (nh, r, nope)
+            wv = self.w[p + "attn_v_b.weight"]                       # (nh, vd, r)
+            k_nope = np.einsum("tr,hrd->thd", c, wk)
+            v = np.einsum("tr,hvr->thv", c, wv)
+        else:
+            kvb = self.matmul(c, p + "attn_kv_b.weight").reshape(n, nh, nope + vd)
+            k_nope, v = kvb[:, :, :nope], kvb[:, :, nope:]
+        k = np.concatenate([k_nope, np.repeat(k_pe, nh, axis=1)], axis=2)
+        qq = np.concatenate([q[:, :, :nope], q_pe], axis=2)
+        sess.k[L] = k if sess.k[L] is None else np.concatenate([sess.k[L], k])
+        sess.v[L] = v if sess.v[L] is None else np.concatenate([sess.v[L], v])
+        sc = np.einsum("thd,shd->hts", qq, sess.k[L]) * self.dtype(self.q_scale)
+        sc = np.where(mask[None], -np.inf, sc)
+        sc = np.exp(sc - sc.max(axis=2, keepdims=True))
+        sc /= sc.sum(axis=2, keepdims=True)
+        att = np.einsum("hts,shd->thd", sc, sess.v[L]).reshape(n, nh * vd)
+        return self.matmul(att, p + "attn_output.weight")
+
+    def moe_deepseek2(self, h, p):
+        """deepseek2's experts: softmax or sigmoid scores, the selection bias and the expert
+        groups for the choice only, weights normalised and scaled as the file says, plus the
+        ungated shared experts."""
+        k, ne = self.n_expert_used, self.n_expert
+        logits = self.matmul(h, p + "ffn_gate_inp.weight")
+        if self.gating == 2:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        elif self.gating == 3:  # softmax over the chosen logits (below)
+            probs = logits.copy()
+        else:
+            z = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs = z / z.sum(axis=1, keepdims=True)
+        bias = self.w.get(p + "exp_probs_b.bias")
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            sel_s = probs[t] + (bias.reshape(-1) if bias is not None else 0.0)
+            if self.n_group > 1:
+                per = ne // self.n_group
+                grp = sel_s.reshape(self.n_group, per)
+                gsc = np.sort(grp, axis=1)[:, -2:].sum(axis=1)
+                keep = np.argsort(-gsc, kind="stable")[:self.n_group_used]
+                masked = np.full_like(grp, -np.inf)
+                masked[keep] = grp[keep]
+                sel_s = masked.reshape(-1)
+            order = np.argsort(-sel_s, kind="stable")
+            sel = order[:k]
+            if k < ne and np.isfinite(sel_s[order[k]]):
+                gap = (sel_s[order[k - 1]] - sel_s[order[k]]) / abs(sel_s[order[0]])
+                self.route_margin = min(self.route_margin, float(gap))
+            w = probs[t, sel]
+            if self.gating == 3:
+                w = np.exp(w - w.max())
+                w = w / w.sum()
+            if self.norm_w:
+                w = w / max(w.sum(), 6.103515625e-5)
+            if self.w_scale not in (0.0, 1.0):
+                w = w * self.w_scale
+            x = h[t:t + 1]
+            for e, we in zip(sel, w):
+                g = self.matmul_e(x, p + "ffn_gate_exps.weight", e)
+                u = self.matmul_e(x, p + "ffn_up_exps.weight", e)
+                y = self.matmul_e(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_exps.weight", e)
+                out[t] += we * y[0]
+        if p + "ffn_gate_shexp.weight" in self.w:
+            g = self.matmul(h, p + "ffn_gate_shexp.weight")
+            u = self.matmul(h, p + "ffn_up_shexp.weight")
+            out = out + self.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down_shexp.weight")
+        return out
 
     def apply_lora(self, path):
         """Merge a LoRA adapter (llama.cpp's GGUF convention) into the weights, in float64:
@@ -423,6 +565,9 @@ class Session:
         self.pos = 0
         self.k = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
         self.v = [np.zeros((0, m.n_head_kv, m.head_dim), m.dtype) for _ in range(m.n_layer)]
+        if m.mla:  # per-head keys and values of their own widths (mla_attention)
+            self.k = [None] * m.n_layer
+            self.v = [None] * m.n_layer
 
     def forward_gemma4(self, tokens):
         m, g4 = self.m, self.m.g4
@@ -514,6 +659,16 @@ class Session:
         for L in range(m.n_layer):
             p = f"blk.{L}."
             h = m.rmsnorm(x, p + "attn_norm.weight") if p + "attn_norm.weight" in m.w else x
+            if m.mla:
+                x = x + m.mla_attention(self, L, h, pos, mask)
+                h = m.rmsnorm(x, p + "ffn_norm.weight")
+                if L >= m.n_dense_lead:
+                    x = x + m.moe_deepseek2(h, p)
+                    continue
+                g = m.matmul(h, p + "ffn_gate.weight")
+                u = m.matmul(h, p + "ffn_up.weight")
+                x = x + m.matmul(g / (1.0 + np.exp(-g)) * u, p + "ffn_down.weight")
+                continue
             q = m.matmul(h, p + "attn_q.weight")
             k = m.matmul(h, p + "attn_k.weight")
             v = m.matmul(h, p + "attn_v.weight")

@@ -1,0 +1,477 @@
+/*
+ * test_mla.c - the deepseek2 architecture (multi-head latent attention) as the
+ * loader reads it and the batched forward pass runs it: what loads (the latent
+ * cache's head, the split and the legacy fused key/value up-projections, the
+ * leading dense layer, the routing keys), batch invariance of a whole model
+ * (a sequence alone and beside 31 others: bit-identical logits, with F32 and
+ * Q8_0 caches), the two up-projection forms giving the same model, the GPU
+ * refusal by name, and the refusals of broken files (file and tensor or key
+ * named). The logits themselves are checked against the float64 reference in
+ * tests/py/test_mla.py and against llama.cpp in tests/py/test_llamacpp.py.
+ * Single-threaded test; models are built in memory and freed by each test.
+ */
+#include "test.h"
+
+#include <math.h>
+
+#include "core/alloc.h"
+#include "engine/batch.h"
+#include "engine/gpu.h"
+#include "engine/mla.h"
+#include "engine/model.h"
+#include "engine/model_impl.h"
+#include "engine/moe.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+
+#define DEMO "models/stories260K.gguf"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t
+rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float
+rng_f(float amp)
+{
+    return amp * ((float)(rng_u32() & 0xffff) / 32768.0f - 1.0f);
+}
+
+#define ME 64    /* embedding */
+#define MH 4     /* heads */
+#define MR 64    /* kv_lora_rank */
+#define MROT 16  /* RoPE dims */
+#define MNOPE 32 /* no-RoPE dims per head */
+#define MQK (MNOPE + MROT)
+#define MVD 32   /* value width per head */
+#define MQL 32   /* q_lora_rank */
+#define MFF 64   /* dense FFN width (layer 0) */
+#define MFE 32   /* expert width */
+#define MNE 8
+#define MK 2
+#define MNL 3
+#define MV 512
+
+#define MAX_BUFS 96
+static void *bufs[MAX_BUFS];
+static int n_bufs;
+
+typedef struct mla_spec {
+    const char *drop;   /* omit this tensor */
+    const char *widen;  /* this tensor gets one more element per row */
+    bool legacy;        /* the fused attn_kv_b instead of attn_k_b / attn_v_b */
+    bool bad_key_len;   /* key_length not kv_lora_rank + rope dims */
+    bool no_kv_lora;    /* no attention.kv_lora_rank */
+    int gating;         /* expert_gating_func */
+    bool nextn;         /* one multi-token-prediction block after the trunk (no tensors:
+                           a trunk-only file) */
+    uint64_t seed;
+} mla_spec_t;
+
+/* n_mat matrices of n_out rows of n_in; `vals` (n_in * n_out * n_mat floats,
+ * or NULL for random ones) in the order of the file. */
+static void
+add_t(sp_gguf_writer_t *w, const mla_spec_t *sp, const char *name, sp_type_t type, int n_dims,
+      int64_t n_in, int64_t n_out, int64_t n_mat, float amp, float bias, const float *vals)
+{
+    if (sp->drop != NULL && strcmp(sp->drop, name) == 0) {
+        return;
+    }
+    if (sp->widen != NULL && strcmp(sp->widen, name) == 0) {
+        n_in += type == SP_TYPE_F32 ? 1 : 32;
+        vals = NULL; /* random values of the wrong width */
+    }
+    const int64_t ne[3] = {n_in, n_out, n_mat};
+    const int64_t rows = n_out * n_mat;
+    const size_t row = sp_row_size(type, n_in);
+    float *src = sp_malloc((size_t)n_in * sizeof(float));
+    char *data = sp_malloc(row * (size_t)rows);
+    ASSERT(src && data && n_bufs < MAX_BUFS);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n_in; i++) {
+            src[i] = vals != NULL ? vals[r * n_in + i] : bias + rng_f(amp);
+        }
+        if (type == SP_TYPE_F32) {
+            memcpy(data + (size_t)r * row, src, (size_t)n_in * sizeof(float));
+        } else {
+            ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
+        }
+    }
+    sp_free(src);
+    bufs[n_bufs++] = data;
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_dims, ne, data));
+}
+
+/* A deepseek2 model with the demo's tokenizer: q through q_lora, latent
+ * attention (Q8_0 projections, F32 up-projections), layer 0 dense, then 8
+ * experts (top-2, sigmoid gating by default, selection bias, 4 groups of 2
+ * with 2 used, normalised and scaled weights) and one shared expert; YaRN x4
+ * with a log multiplier. The key/value up-projections come from one set of
+ * values in either file form. *buf is the GGUF image (freed by the caller
+ * after the model). */
+static sp_status_t
+build_mla(const mla_spec_t *sp, sp_model_t **out, void **buf, char *err, size_t err_len)
+{
+    sp_gguf_t *demo, *g;
+    sp_gguf_writer_t *w;
+    size_t len;
+    ASSERT_OK(sp_gguf_open(DEMO, &demo, err, err_len));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
+    const char *a = "deepseek2";
+    char key[128];
+#define U32(suffix, v)                                                   \
+    snprintf(key, sizeof key, "%s.%s", a, suffix);                       \
+    ASSERT_OK(sp_gguf_writer_set_u32(w, key, (uint32_t)(v)))
+#define F32(suffix, v)                                                   \
+    snprintf(key, sizeof key, "%s.%s", a, suffix);                       \
+    ASSERT_OK(sp_gguf_writer_set_f32(w, key, (float)(v)))
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", a));
+    U32("context_length", 512);
+    U32("embedding_length", ME);
+    U32("feed_forward_length", MFF);
+    U32("expert_feed_forward_length", MFE);
+    U32("block_count", MNL + (sp->nextn ? 1 : 0));
+    if (sp->nextn) {
+        U32("nextn_predict_layers", 1);
+    }
+    U32("attention.head_count", MH);
+    U32("attention.head_count_kv", sp->legacy ? MH : 1);
+    U32("attention.q_lora_rank", MQL);
+    if (!sp->no_kv_lora) {
+        U32("attention.kv_lora_rank", MR);
+    }
+    if (sp->legacy) {
+        U32("attention.key_length", MQK);
+        U32("attention.value_length", MVD);
+    } else {
+        U32("attention.key_length", MR + MROT + (sp->bad_key_len ? 2 : 0));
+        U32("attention.value_length", MR);
+        U32("attention.key_length_mla", MQK);
+        U32("attention.value_length_mla", MVD);
+    }
+    U32("rope.dimension_count", MROT);
+    F32("rope.freq_base", 10000.0);
+    F32("attention.layer_norm_rms_epsilon", 1e-6);
+    U32("leading_dense_block_count", 1);
+    U32("expert_count", MNE);
+    U32("expert_used_count", MK);
+    U32("expert_shared_count", 1);
+    U32("expert_gating_func", sp->gating ? sp->gating : 2);
+    U32("expert_group_count", 4);
+    U32("expert_group_used_count", 2);
+    F32("expert_weights_scale", 2.5);
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    ASSERT_OK(sp_gguf_writer_set_bool(w, key, true));
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    ASSERT_OK(sp_gguf_writer_set_str(w, key, "yarn"));
+    F32("rope.scaling.factor", 4.0);
+    U32("rope.scaling.original_context_length", 64);
+    F32("rope.scaling.yarn_log_multiplier", 0.0707);
+#undef U32
+#undef F32
+    n_bufs = 0;
+    rng_state = sp->seed ? sp->seed : 0x5eed0d5eull;
+    add_t(w, sp, "token_embd.weight", SP_TYPE_F32, 2, ME, MV, 1, 1.0f, 0.0f, NULL);
+    add_t(w, sp, "output.weight", SP_TYPE_F32, 2, ME, MV, 1, 0.3f, 0.0f, NULL);
+    add_t(w, sp, "output_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f, NULL);
+    float *wk = sp_malloc((size_t)MH * MR * MNOPE * sizeof(float)); /* [h][j][d] */
+    float *wv = sp_malloc((size_t)MH * MVD * MR * sizeof(float));   /* [h][i][j] */
+    float *kvb = sp_malloc((size_t)MH * (MNOPE + MVD) * MR * sizeof(float));
+    ASSERT(wk && wv && kvb);
+    for (int64_t l = 0; l < MNL; l++) {
+        char name[96];
+#define T(suffix, type, nd, n_in, n_out, n_mat, amp, bias, vals)                     \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);                 \
+    add_t(w, sp, name, type, nd, n_in, n_out, n_mat, amp, bias, vals)
+        for (size_t i = 0; i < (size_t)MH * MR * MNOPE; i++) wk[i] = rng_f(0.3f);
+        for (size_t i = 0; i < (size_t)MH * MVD * MR; i++) wv[i] = rng_f(0.2f);
+        /* the fused form: per head MNOPE key rows (row d = column d of wk[h]), then
+         * MVD value rows */
+        for (int64_t h = 0; h < MH; h++) {
+            for (int64_t d = 0; d < MNOPE; d++) {
+                for (int64_t j = 0; j < MR; j++) {
+                    kvb[(h * (MNOPE + MVD) + d) * MR + j] = wk[(h * MR + j) * MNOPE + d];
+                }
+            }
+            memcpy(kvb + (h * (MNOPE + MVD) + MNOPE) * MR, wv + h * MVD * MR,
+                   (size_t)MVD * MR * sizeof(float));
+        }
+        T("attn_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f, NULL);
+        T("attn_q_a.weight", SP_TYPE_Q8_0, 2, ME, MQL, 1, 0.3f, 0.0f, NULL);
+        T("attn_q_a_norm.weight", SP_TYPE_F32, 1, MQL, 1, 1, 0.2f, 1.0f, NULL);
+        T("attn_q_b.weight", SP_TYPE_Q8_0, 2, MQL, MH * MQK, 1, 0.3f, 0.0f, NULL);
+        T("attn_kv_a_mqa.weight", SP_TYPE_Q8_0, 2, ME, MR + MROT, 1, 0.3f, 0.0f, NULL);
+        T("attn_kv_a_norm.weight", SP_TYPE_F32, 1, MR, 1, 1, 0.2f, 1.0f, NULL);
+        if (sp->legacy) {
+            T("attn_kv_b.weight", SP_TYPE_F32, 2, MR, MH * (MNOPE + MVD), 1, 0, 0, kvb);
+        } else {
+            T("attn_k_b.weight", SP_TYPE_F32, 3, MNOPE, MR, MH, 0, 0, wk);
+            T("attn_v_b.weight", SP_TYPE_F32, 3, MR, MVD, MH, 0, 0, wv);
+        }
+        T("attn_output.weight", SP_TYPE_Q8_0, 2, MH * MVD, ME, 1, 0.2f, 0.0f, NULL);
+        T("ffn_norm.weight", SP_TYPE_F32, 1, ME, 1, 1, 0.2f, 1.0f, NULL);
+        if (l == 0) {
+            T("ffn_gate.weight", SP_TYPE_Q8_0, 2, ME, MFF, 1, 0.3f, 0.0f, NULL);
+            T("ffn_up.weight", SP_TYPE_Q8_0, 2, ME, MFF, 1, 0.3f, 0.0f, NULL);
+            T("ffn_down.weight", SP_TYPE_Q8_0, 2, MFF, ME, 1, 0.2f, 0.0f, NULL);
+            continue;
+        }
+        T("ffn_gate_inp.weight", SP_TYPE_F32, 2, ME, MNE, 1, 0.5f, 0.0f, NULL);
+        T("exp_probs_b.bias", SP_TYPE_F32, 1, MNE, 1, 1, 0.3f, 0.0f, NULL);
+        T("ffn_gate_exps.weight", SP_TYPE_Q8_0, 3, ME, MFE, MNE, 0.3f, 0.0f, NULL);
+        T("ffn_up_exps.weight", SP_TYPE_Q8_0, 3, ME, MFE, MNE, 0.3f, 0.0f, NULL);
+        T("ffn_down_exps.weight", SP_TYPE_Q8_0, 3, MFE, ME, MNE, 0.2f, 0.0f, NULL);
+        T("ffn_gate_shexp.weight", SP_TYPE_Q8_0, 2, ME, MFE, 1, 0.3f, 0.0f, NULL);
+        T("ffn_up_shexp.weight", SP_TYPE_Q8_0, 2, ME, MFE, 1, 0.3f, 0.0f, NULL);
+        T("ffn_down_shexp.weight", SP_TYPE_Q8_0, 2, MFE, ME, 1, 0.2f, 0.0f, NULL);
+#undef T
+    }
+    sp_free(wk);
+    sp_free(wv);
+    sp_free(kvb);
+    ASSERT_OK(sp_gguf_writer_write_mem(w, buf, &len, err, err_len));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < n_bufs; i++) sp_free(bufs[i]);
+    ASSERT_OK(sp_gguf_open_mem(*buf, len, "mla-test.gguf", &g, err, err_len));
+    return sp_model_load_gguf(g, out, err, err_len);
+}
+
+TEST(mla_loads_its_layout)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    mla_spec_t sp = {0};
+    if (build_mla(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    const sp_hparams_t *hp = sp_model_hparams(m);
+    ASSERT(strcmp(hp->arch, "deepseek2") == 0 && hp->rope_type == SP_ROPE_NORMAL);
+    /* the cache holds one latent head of rope dims + kv_lora_rank */
+    ASSERT(hp->head_dim == MROT + MR && hp->n_head_kv == 1 && hp->n_rot == MROT);
+    ASSERT(hp->mla_kv_lora == MR && hp->mla_q_lora == MQL && hp->mla_nope == MNOPE &&
+           hp->mla_v_dim == MVD);
+    /* llama.cpp's deepseek2 scales: log multiplier 0.707, factor 4, attn_factor 1:
+     * cos/sin times 1, kq_scale (1 + 0.0707 ln 4)^2 / sqrt(48) */
+    const double ms = 1.0 + 0.1 * 0.707 * log(4.0);
+    ASSERT(fabs(hp->attn_scale - ms * ms / sqrt((double)MQK)) < 1e-5);
+    ASSERT(fabsf(hp->rope_mscale - 1.0f) < 1e-6f && hp->rope_yarn);
+    ASSERT(m->mla != NULL && m->mla->wk_owned == NULL);
+    ASSERT(m->mla->layers[1].wk_b.n_mat == MH && m->mla->layers[1].wk_b.n_in == MNOPE);
+    ASSERT(m->moe != NULL && !sp__moe_layer(m, 0) && sp__moe_layer(m, 1));
+    ASSERT(m->layers[0].w_gate.data != NULL && m->layers[1].w_gate.data == NULL);
+    const sp_moe_hparams_t *mh = &m->moe->hp;
+    ASSERT(mh->gating == SP_MOE_GATING_SIGMOID && mh->norm_w && mh->w_scale == 2.5f);
+    ASSERT(mh->n_ff_shexp == MFE && mh->n_group == 4 && mh->n_group_used == 2);
+    ASSERT(m->moe->layers[2].sel_b != NULL && m->moe->layers[2].sh_inp.data == NULL);
+    /* the GPU path refuses it by name, before touching the device API */
+    const char *why = sp__model_cpu_only_feature(m);
+    ASSERT(why != NULL && strstr(why, "latent") != NULL);
+    sp_cuda_api_t never_called;
+    memset(&never_called, 0, sizeof never_called);
+    ASSERT_OK(sp_gpu_attach(m, &never_called, 0, -1, err, sizeof err));
+    ASSERT(m->gpu == NULL && sp_gpu_model_layers(m) == 0);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+/* Logits after every position of toks, the sequence alone in an sp_ctx. */
+static float *
+alone_logits(const sp_model_t *m, const int32_t *toks, int64_t n, sp_kv_type_t kt)
+{
+    char err[512];
+    sp_ctx_t *c;
+    sp_ctx_params_t cp = sp_ctx_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = 1;
+    cp.n_threads = 1;
+    cp.logits_all = true;
+    cp.kv_type = kt;
+    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+    for (int64_t i = 0; i < n; i++) ASSERT_OK(sp_ctx_eval(c, toks + i, 1, i));
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    float *o = sp_malloc((size_t)(n * V) * sizeof(float));
+    memcpy(o, sp_ctx_logits_all(c), (size_t)(n * V) * sizeof(float));
+    sp_ctx_destroy(c);
+    return o;
+}
+
+/* 32 sequences prefilled together then decoded together (a different order
+ * of neighbours each step), with an F32 and a Q8_0 cache: every row's logits
+ * are the bits of the sequence run alone, one token at a time. */
+static void
+invariance(sp_kv_type_t kt)
+{
+    char err[512];
+    void *buf;
+    sp_model_t *m;
+    mla_spec_t sp = {0};
+    if (build_mla(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    enum { NS = 32, LEN = 20, PROMPT = 11 };
+    static int32_t toks[NS][LEN];
+    float *ref[NS];
+    rng_state = 4243;
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (uint32_t)(V - 1));
+        ref[s] = alone_logits(m, toks[s], LEN, kt);
+    }
+    sp_kv_pool_params_t kp = {NS * 2, kt};
+    sp_kv_pool_t *kv;
+    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = NS * PROMPT;
+    bp.max_seqs = NS;
+    bp.max_ctx = 32;
+    bp.n_threads = 2;
+    sp_batch_t *b;
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+    static int32_t blocks[NS][2];
+    for (int s = 0; s < NS; s++) {
+        blocks[s][0] = (int32_t)(2 * s + 1);
+        blocks[s][1] = (int32_t)(2 * s);
+    }
+    sp_batch_seq_t seqs[NS];
+    for (int s = 0; s < NS; s++) {
+        seqs[s] = (sp_batch_seq_t){toks[s], PROMPT, 0, blocks[s], 2, true, 0, NULL};
+    }
+    ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
+    for (int s = 0; s < NS; s++) {
+        if (memcmp(sp_batch_logits(b, s), ref[s] + (PROMPT - 1) * V, (size_t)V * 4) != 0) {
+            SP_TEST_FAIL("seq %d prefill beside 31 others differs from alone", s);
+        }
+    }
+    for (int p = PROMPT; p < LEN; p++) {
+        for (int s = 0; s < NS; s++) {
+            const int q = (p % 2) ? NS - 1 - s : s;
+            seqs[s] = (sp_batch_seq_t){toks[q] + p, 1, p, blocks[q], 2, true, 0, NULL};
+        }
+        ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
+        for (int s = 0; s < NS; s++) {
+            const int q = (p % 2) ? NS - 1 - s : s;
+            if (memcmp(sp_batch_logits(b, s), ref[q] + p * V, (size_t)V * 4) != 0) {
+                SP_TEST_FAIL("seq %d pos %d beside 31 others differs from alone", q, p);
+            }
+        }
+    }
+    /* The sequences differ, so their logits do (the comparison can fail). */
+    ASSERT(memcmp(ref[0] + (LEN - 1) * V, ref[1] + (LEN - 1) * V, (size_t)V * 4) != 0);
+    for (int s = 0; s < NS; s++) sp_free(ref[s]);
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
+TEST(mla_batch_invariance_beside_31_others)
+{
+    invariance(SP_KV_TYPE_F32);
+    invariance(SP_KV_TYPE_Q8_0);
+}
+
+/* The legacy fused attn_kv_b (value rows read in place, key rows transposed
+ * into an F32 copy at load) and the split attn_k_b / attn_v_b holding the
+ * same F32 values compute the same model: the products read identical rows,
+ * so the logits are bit-identical. */
+TEST(mla_legacy_kv_b_matches_split)
+{
+    char err[512];
+    void *b1, *b2;
+    sp_model_t *m1, *m2;
+    mla_spec_t s1 = {0}, s2 = {0};
+    s2.legacy = true;
+    if (build_mla(&s1, &m1, &b1, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    if (build_mla(&s2, &m2, &b2, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(m2->mla->wk_owned != NULL && m2->mla->layers[0].wk_b.type == SP_TYPE_F32);
+    int32_t toks[9] = {1, 17, 300, 45, 2, 99, 411, 7, 256};
+    float *l1 = alone_logits(m1, toks, 9, SP_KV_TYPE_F32);
+    float *l2 = alone_logits(m2, toks, 9, SP_KV_TYPE_F32);
+    const int64_t V = sp_model_hparams(m1)->n_vocab;
+    ASSERT(memcmp(l1, l2, (size_t)(9 * V) * sizeof(float)) == 0);
+    /* a trunk-only file with one multi-token-prediction block counted in
+     * block_count: the trunk is the same model */
+    mla_spec_t s4 = {0};
+    s4.nextn = true;
+    void *b4;
+    sp_model_t *m4;
+    if (build_mla(&s4, &m4, &b4, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(sp_model_hparams(m4)->n_layer == MNL);
+    float *l4 = alone_logits(m4, toks, 9, SP_KV_TYPE_F32);
+    ASSERT(memcmp(l1, l4, (size_t)(9 * V) * sizeof(float)) == 0);
+    sp_free(l4);
+    sp_model_free(m4);
+    sp_free(b4);
+    /* and a different gating changes them (the routing is read) */
+    mla_spec_t s3 = {0};
+    s3.gating = 1;
+    void *b3;
+    sp_model_t *m3;
+    if (build_mla(&s3, &m3, &b3, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
+    ASSERT(m3->moe->hp.gating == SP_MOE_GATING_SOFTMAX);
+    float *l3 = alone_logits(m3, toks, 9, SP_KV_TYPE_F32);
+    ASSERT(memcmp(l1, l3, (size_t)(9 * V) * sizeof(float)) != 0);
+    sp_free(l1);
+    sp_free(l2);
+    sp_free(l3);
+    sp_model_free(m1);
+    sp_model_free(m2);
+    sp_model_free(m3);
+    sp_free(b1);
+    sp_free(b2);
+    sp_free(b3);
+}
+
+static void
+expect_refused(const mla_spec_t *sp, const char *needle)
+{
+    char err[512] = "";
+    void *buf;
+    sp_model_t *m = NULL;
+    sp_status_t st = build_mla(sp, &m, &buf, err, sizeof err);
+    if (st == SP_OK || m != NULL || strstr(err, needle) == NULL ||
+        strstr(err, "mla-test.gguf") == NULL) {
+        SP_TEST_FAIL("expected a refusal naming '%s', got status %d: %s", needle, (int)st, err);
+    }
+    sp_free(buf);
+}
+
+TEST(mla_load_refusals)
+{
+    static const char *const required[] = {
+        "blk.1.attn_q_a.weight",      "blk.0.attn_q_a_norm.weight", "blk.2.attn_q_b.weight",
+        "blk.1.attn_kv_a_mqa.weight", "blk.0.attn_kv_a_norm.weight", "blk.2.attn_v_b.weight",
+        "blk.1.attn_output.weight",   "blk.0.ffn_gate.weight",      "blk.1.ffn_gate_shexp.weight",
+        "blk.2.ffn_down_exps.weight", "blk.1.ffn_gate_inp.weight",
+    };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        mla_spec_t sp = {0};
+        sp.drop = required[i];
+        expect_refused(&sp, required[i]);
+    }
+    /* without attn_k_b the file must carry the legacy attn_kv_b */
+    mla_spec_t nk = {0};
+    nk.drop = "blk.2.attn_k_b.weight";
+    expect_refused(&nk, "blk.2.attn_kv_b.weight");
+    static const char *const widened[] = {"blk.0.attn_k_b.weight", "blk.1.attn_kv_a_norm.weight",
+                                          "blk.2.attn_q_b.weight", "blk.1.exp_probs_b.bias"};
+    for (size_t i = 0; i < sizeof widened / sizeof widened[0]; i++) {
+        mla_spec_t sp = {0};
+        sp.widen = widened[i];
+        expect_refused(&sp, widened[i]);
+    }
+    mla_spec_t kl = {0};
+    kl.bad_key_len = true;
+    expect_refused(&kl, "deepseek2.attention.key_length");
+    mla_spec_t nl = {0};
+    nl.no_kv_lora = true;
+    expect_refused(&nl, "deepseek2.attention.kv_lora_rank");
+    mla_spec_t gf = {0};
+    gf.gating = 4;
+    expect_refused(&gf, "deepseek2.expert_gating_func");
+}
