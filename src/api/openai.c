@@ -31,6 +31,7 @@
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "api/guided.h"
 #include "constrain/grammar.h"
 #include "constrain/schema.h"
 #include "engine/encoder.h"
@@ -89,6 +90,8 @@ typedef struct oai_prep {
     json_t *own_schema;
     const char *gbnf;
     size_t gbnf_len;
+    char *own_gbnf;              /* vLLM's regex/choice/grammar as GBNF (api/guided.h) */
+    const char *con_param;       /* the field the constraint came from, when not the usual */
     const json_t *tools;
     const char *tool_only;
     /* chat: the messages (inside body) to check, gather and render */
@@ -189,6 +192,7 @@ oai_free(sp_api_req_t *a)
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
     json_decref(pp->own_schema);
+    sp_free(pp->own_gbnf);
     sp_chat_input_free(&pp->chat);
     if (pp->tools_json) {
         sp_jfree(pp->tools_json);
@@ -470,6 +474,31 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         q->prep.gbnf = json_string_value(gr); /* compiled by the preparation */
         q->prep.gbnf_len = json_string_length(gr);
     }
+    /* vLLM's structured_outputs and guided_* fields */
+    sp_guided_t gd;
+    char gerr[300];
+    int grc = sp_guided_parse(b, &gd, gerr, sizeof gerr);
+    if (grc == -2) {
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (grc < 0) {
+        sp_api_error(r, 400, NULL, gd.param, NULL, "%s", gerr);
+        return -1;
+    }
+    if (grc > 0) {
+        if (g->json_object || q->prep.schema || q->prep.gbnf) {
+            sp_api_error(r, 400, NULL, gd.param, NULL,
+                         "'%s' cannot be combined with 'response_format' or 'grammar'", gd.param);
+            sp_guided_clear(&gd);
+            return -1;
+        }
+        q->prep.con_param = gd.param;
+        g->json_object = gd.json_object;
+        q->prep.schema = q->prep.own_schema = gd.schema; /* the request owns them now */
+        q->prep.gbnf = q->prep.own_gbnf = gd.gbnf;
+        q->prep.gbnf_len = gd.gbnf_len;
+    }
     return 0;
 }
 
@@ -586,13 +615,14 @@ prep_run(sp_offload_t *job)
     if (pp->schema) {
         st = sp_schema_grammar(pp->schema, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "response_format.json_schema.schema", NULL, "%s", err);
+            prep_fail(pp, st, pp->con_param ? pp->con_param : "response_format.json_schema.schema",
+                      NULL, "%s", err);
             return;
         }
     } else if (pp->gbnf) {
         st = sp_grammar_compile(pp->gbnf, pp->gbnf_len, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "grammar", NULL, "%s", err);
+            prep_fail(pp, st, pp->con_param ? pp->con_param : "grammar", NULL, "%s", err);
             return;
         }
     } else if (pp->tools) {
@@ -619,7 +649,8 @@ prep_run(sp_offload_t *job)
         st = sp_gmatch_create(q->grammar, &gm, err, sizeof err);
         sp_gmatch_destroy(gm);
         if (st != SP_OK) {
-            prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
+            prep_fail(pp, st, pp->con_param ? pp->con_param
+                              : pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
                               : pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
             return;
         }

@@ -28,8 +28,21 @@
 typedef struct { uint32_t lo, hi; } rng_t;
 
 typedef struct {
+    int64_t lo, hi; /* characters; hi RX_INF: unbounded */
+} rlen_t;
+
+#define RX_INF ((int64_t)1 << 40)
+
+static int64_t
+sat(int64_t v)
+{
+    return v > RX_INF ? RX_INF : v;
+}
+
+typedef struct {
     const char *re, *p, *end;
     unsigned flags;
+    long rcap;  /* > 0: unbounded repetitions repeat at most this often */
     int depth;
     char *out;
     size_t n, cap;
@@ -564,7 +577,7 @@ parse_class(rx_t *x)
     sp_free(r);
 }
 
-static void parse_alt(rx_t *x, bool top);
+static rlen_t parse_alt(rx_t *x, bool top);
 
 /* Parse "{m}", "{m,}", "{m,n}" at x->p; false (x->p unchanged) when it is not one. */
 static bool
@@ -606,9 +619,10 @@ parse_braces(rx_t *x, long *m, long *n)
 }
 
 /* A sequence of atoms with quantifiers, up to '|' or ')' or the end. */
-static void
+static rlen_t
 parse_seq(rx_t *x, bool top)
 {
+    rlen_t total = {0, 0}, fail_len = {0, 0};
     bool any = false;
     bool anchored_start = false;
     if (top && !at_end(x) && *x->p == '^') {
@@ -616,9 +630,18 @@ parse_seq(rx_t *x, bool top)
         x->p++;
     }
     bool search = (x->flags & SP_REGEX_SEARCH) != 0;
+    char around[48]; /* any text before or after an unanchored match (no escapes: a subset) */
+    snprintf(around, sizeof around, "%s", x->flags & SP_REGEX_JSON ? "[^\"\\\\\\x00-\\x1F]"
+                                                                   : "[^\\x00]");
+    if (x->rcap > 0) {
+        snprintf(around + strlen(around), sizeof around - strlen(around), "{0,%ld}", x->rcap);
+    } else {
+        strcat(around, "*");
+    }
     if (top && search && !anchored_start) {
-        /* any text before the match (written without escapes: a subset) */
-        puts_(x, x->flags & SP_REGEX_JSON ? "[^\"\\\\\\x00-\\x1F]* " : "[^\\x00]* ");
+        puts_(x, around);
+        puts_(x, " ");
+        total.hi = x->rcap > 0 ? x->rcap : RX_INF;
     }
     bool anchored_end = false;
     while (x->st == SP_OK && !at_end(x) && *x->p != '|' && *x->p != ')') {
@@ -631,20 +654,21 @@ parse_seq(rx_t *x, bool top)
             }
             x->p--;
             rx_fail(x, SP_ERR_INVALID, "%s", "pattern: '$' is supported only at the end");
-            return;
+            return fail_len;
         }
         if (c == '^') {
             rx_fail(x, SP_ERR_INVALID, "%s", "pattern: '^' is supported only at the start");
-            return;
+            return fail_len;
         }
         if (c == '*' || c == '+' || c == '?') {
             rx_fail(x, SP_ERR_INVALID, "pattern: nothing to repeat before '%c'", c);
-            return;
+            return fail_len;
         }
         if (any) {
             puts_(x, " ");
         }
         any = true;
+        rlen_t a = {1, 1}; /* a character or a class */
         if (c == '(') {
             x->p++;
             if (!at_end(x) && *x->p == '?') {
@@ -656,7 +680,7 @@ parse_seq(rx_t *x, bool top)
                     const char *gt = memchr(q, '>', (size_t)(x->end - q));
                     if (gt == NULL) {
                         rx_fail(x, SP_ERR_INVALID, "%s", "pattern: unterminated group name");
-                        return;
+                        return fail_len;
                     }
                     x->p = gt + 1;
                 } else {
@@ -666,23 +690,23 @@ parse_seq(rx_t *x, bool top)
                                                                              "this group kind";
                     rx_fail(x, SP_ERR_INVALID, "pattern: %s '(?%c' is not supported", what,
                             q < x->end ? *q : ' ');
-                    return;
+                    return fail_len;
                 }
             }
             if (++x->depth > SP_REGEX_MAX_NEST) {
                 rx_fail(x, SP_ERR_TOO_LARGE, "pattern: groups nested deeper than %d",
                         SP_REGEX_MAX_NEST);
-                return;
+                return fail_len;
             }
             puts_(x, "(");
-            parse_alt(x, false);
+            a = parse_alt(x, false);
             x->depth--;
             if (x->st != SP_OK) {
-                return;
+                return fail_len;
             }
             if (at_end(x) || *x->p != ')') {
                 rx_fail(x, SP_ERR_INVALID, "%s", "pattern: missing ')'");
-                return;
+                return fail_len;
             }
             x->p++;
             puts_(x, ")");
@@ -721,7 +745,7 @@ parse_seq(rx_t *x, bool top)
             }
         }
         if (x->st != SP_OK) {
-            return;
+            return fail_len;
         }
         /* quantifier */
         if (!at_end(x)) {
@@ -729,18 +753,28 @@ parse_seq(rx_t *x, bool top)
             long m = 0, n = 0;
             if (q == '*' || q == '+' || q == '?') {
                 x->p++;
-                char s[2] = {q, 0};
-                puts_(x, s);
+                m = q == '+' ? 1 : 0;
+                n = q == '?' ? 1 : -1;
+                if (n < 0 && x->rcap > 0) {
+                    char s[48];
+                    snprintf(s, sizeof s, "{%ld,%ld}", m, x->rcap > m ? x->rcap : m);
+                    puts_(x, s);
+                } else {
+                    char s[2] = {q, 0};
+                    puts_(x, s);
+                }
             } else if (q == '{' && parse_braces(x, &m, &n)) {
                 if (m > 4096 || n > 4096 || (n >= 0 && n < m)) {
                     rx_fail(x, n >= 0 && n < m ? SP_ERR_INVALID : SP_ERR_TOO_LARGE,
                             "pattern: a repetition {%ld,%ld} (counts up to 4096, min <= max)", m,
                             n);
-                    return;
+                    return fail_len;
                 }
                 char s[48];
                 if (n == m) {
                     snprintf(s, sizeof s, "{%ld}", m);
+                } else if (n < 0 && x->rcap > 0) {
+                    snprintf(s, sizeof s, "{%ld,%ld}", m, x->rcap > m ? x->rcap : m);
                 } else if (n < 0) {
                     snprintf(s, sizeof s, "{%ld,}", m);
                 } else {
@@ -748,8 +782,12 @@ parse_seq(rx_t *x, bool top)
                 }
                 puts_(x, s);
             } else {
+                total.lo = sat(total.lo + a.lo), total.hi = sat(total.hi + a.hi);
                 continue;
             }
+            long reps = n >= 0 ? n : x->rcap > 0 ? (x->rcap > m ? x->rcap : m) : -1;
+            a.lo = sat(a.lo * m);
+            a.hi = reps < 0 ? (a.hi ? RX_INF : 0) : sat(a.hi * reps);
             if (!at_end(x) && *x->p == '?') {
                 x->p++; /* lazy: the same set of strings */
             }
@@ -758,25 +796,34 @@ parse_seq(rx_t *x, bool top)
                                                              &m, &n)))) {
                 rx_fail(x, SP_ERR_INVALID, "pattern: a quantifier after a quantifier ('%c')",
                         *x->p);
-                return;
+                return fail_len;
             }
+            total.lo = sat(total.lo + a.lo), total.hi = sat(total.hi + a.hi);
+        } else {
+            total.lo = sat(total.lo + a.lo), total.hi = sat(total.hi + a.hi);
         }
     }
     if (!any && !(top && search)) {
         puts_(x, "\"\"");
     }
     if (top && search && !anchored_end) {
-        puts_(x, x->flags & SP_REGEX_JSON ? " [^\"\\\\\\x00-\\x1F]*" : " [^\\x00]*");
+        puts_(x, " ");
+        puts_(x, around);
+        total.hi = sat(total.hi + (x->rcap > 0 ? x->rcap : RX_INF));
     }
+    return total;
 }
 
-static void
+static rlen_t
 parse_alt(rx_t *x, bool top)
 {
+    rlen_t r = {RX_INF, 0};
     for (;;) {
-        parse_seq(x, top);
+        rlen_t a = parse_seq(x, top);
+        r.lo = a.lo < r.lo ? a.lo : r.lo;
+        r.hi = a.hi > r.hi ? a.hi : r.hi;
         if (x->st != SP_OK || at_end(x) || *x->p != '|') {
-            return;
+            return r;
         }
         x->p++;
         puts_(x, " | ");
@@ -787,8 +834,15 @@ char *
 sp_regex_gbnf(const char *re, size_t len, unsigned flags, sp_status_t *st, char *err,
               size_t err_len)
 {
-    rx_t x = {.re = re, .p = re, .end = re + len, .flags = flags, .st = SP_OK, .err = err,
-              .err_len = err_len};
+    return sp_regex_gbnf_capped(re, len, flags, 0, NULL, NULL, st, err, err_len);
+}
+
+char *
+sp_regex_gbnf_capped(const char *re, size_t len, unsigned flags, long cap, int64_t *min_len,
+                     int64_t *max_len, sp_status_t *st, char *err, size_t err_len)
+{
+    rx_t x = {.re = re, .p = re, .end = re + len, .flags = flags, .rcap = cap, .st = SP_OK,
+              .err = err, .err_len = err_len};
     if (len > SP_REGEX_MAX_LEN) {
         *st = sp_errf(err, err_len, SP_ERR_TOO_LARGE, "pattern: more than %d bytes",
                       SP_REGEX_MAX_LEN);
@@ -799,7 +853,13 @@ sp_regex_gbnf(const char *re, size_t len, unsigned flags, sp_status_t *st, char 
         return NULL;
     }
     puts_(&x, "(");
-    parse_alt(&x, true);
+    rlen_t l = parse_alt(&x, true);
+    if (min_len) {
+        *min_len = l.lo;
+    }
+    if (max_len) {
+        *max_len = l.hi >= RX_INF ? -1 : l.hi;
+    }
     if (x.st == SP_OK && !at_end(&x)) {
         rx_fail(&x, SP_ERR_INVALID, "%s", "pattern: unmatched ')'");
     }

@@ -17,6 +17,7 @@
 #define SP_CONSTRAIN_REGEX_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sampan/status.h"
 
@@ -40,5 +41,13 @@ enum {
  * (SP_ERR_TOO_LARGE). */
 char *sp_regex_gbnf(const char *re, size_t len, unsigned flags, sp_status_t *st, char *err,
                     size_t err_len);
+/* The same with unbounded repetitions (*, +, {m,}, and the text around an
+ * unanchored match) capped at `cap` (> 0; 0: uncapped), so the matches are a
+ * subset of the pattern's with a finite longest length. The shortest and
+ * longest match in characters go to *min_len / *max_len (-1: unbounded);
+ * either may be NULL. */
+char *sp_regex_gbnf_capped(const char *re, size_t len, unsigned flags, long cap,
+                           int64_t *min_len, int64_t *max_len, sp_status_t *st, char *err,
+                           size_t err_len);
 
 #endif /* SP_CONSTRAIN_REGEX_H */

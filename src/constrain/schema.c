@@ -1173,18 +1173,21 @@ compile_numeric(sp_schema_gbnf_t *b, const json_t *s, bool is_int, str_t *body)
 
 static const struct {
     const char *name, *gbnf;
+    int min_len, max_len; /* characters of the shortest and longest output */
 } formats[] = {
-    {"date", F_DATE},
-    {"time", F_TIME},
-    {"date-time", F_DATE " \"T\" " F_TIME},
+    {"date", F_DATE, 10, 10},
+    {"time", F_TIME, 9, 21},
+    {"date-time", F_DATE " \"T\" " F_TIME, 20, 32},
     {"email", "[A-Za-z0-9_+\\-]{1,32} (\".\" [A-Za-z0-9_+\\-]{1,32}){0,3} \"@\" (" F_LABEL
-              " \".\"){1,3} [a-z]{2,12}"},
+              " \".\"){1,3} [a-z]{2,12}", 6, 213},
     {"uuid", "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [1-8] [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" "
-             "[0-9a-f]{12}"},
+             "[0-9a-f]{12}", 36, 36},
     {"uri", "[a-z] [a-z0-9+.\\-]{0,15} \"://\" " F_LABEL " (\".\" " F_LABEL "){0,4} "
-            "(\":\" [1-9] [0-9]{0,3})? (\"/\" " F_PCHAR "{0,32}){0,8} (\"?\" " F_PCHAR "{0,64})?"},
+            "(\":\" [1-9] [0-9]{0,3})? (\"/\" " F_PCHAR "{0,32}){0,8} (\"?\" " F_PCHAR "{0,64})?",
+            5, 1124},
     {"ipv4", "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) "
-             "(\".\" (\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])){3}"},
+             "(\".\" (\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])){3}",
+             7, 15},
 };
 
 static void
@@ -1198,24 +1201,54 @@ compile_string(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
     }
     const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
     if (pat != NULL || fmt != NULL) {
-        if (has_lo || has_hi) {
-            fail(b, "'minLength'/'maxLength' beside '%s' is not supported",
-                 pat ? "pattern" : "format");
-            return;
-        }
         if (pat != NULL) {
             /* the pattern is the exact language; a format beside it (zod writes
-             * both) names what the pattern describes */
+             * both) names what the pattern describes. With minLength/maxLength:
+             * the pattern's shortest match must reach minLength, and its
+             * unbounded repetitions are capped at the largest count that keeps
+             * every match within maxLength (a subset of its matches). */
             if (!json_is_string(pat)) {
                 fail(b, "%s", "'pattern' must be a string");
                 return;
             }
+            const char *re = json_string_value(pat);
+            size_t rlen = json_string_length(pat);
+            unsigned fl = SP_REGEX_JSON | SP_REGEX_SEARCH;
             sp_status_t st;
             char rerr[256];
-            char *g = sp_regex_gbnf(json_string_value(pat), json_string_length(pat),
-                                    SP_REGEX_JSON | SP_REGEX_SEARCH, &st, rerr, sizeof rerr);
+            int64_t mnl = 0, mxl = 0;
+            char *g = sp_regex_gbnf_capped(re, rlen, fl, 0, &mnl, &mxl, &st, rerr, sizeof rerr);
+            if (g != NULL && has_hi && (mxl < 0 || (uint64_t)mxl > hi)) {
+                long good = 0;
+                for (long c_lo = 1, c_hi = (long)hi; c_lo <= c_hi;) { /* the largest cap that fits */
+                    long c = c_lo + (c_hi - c_lo) / 2;
+                    int64_t cmax = 0;
+                    char *t = sp_regex_gbnf_capped(re, rlen, fl, c, NULL, &cmax, &st, rerr,
+                                                   sizeof rerr);
+                    sp_free(t);
+                    if (t != NULL && cmax >= 0 && (uint64_t)cmax <= hi) {
+                        good = c, c_lo = c + 1;
+                    } else {
+                        c_hi = c - 1;
+                    }
+                }
+                sp_free(g);
+                g = good > 0 ? sp_regex_gbnf_capped(re, rlen, fl, good, NULL, NULL, &st, rerr,
+                                                    sizeof rerr)
+                             : NULL;
+                if (good == 0) {
+                    fail(b, "%s", "'maxLength' is below every match of 'pattern'");
+                    return;
+                }
+            }
             if (g == NULL) {
                 fail_st(b, st, rerr);
+                return;
+            }
+            if (has_lo && (uint64_t)mnl < lo) {
+                sp_free(g);
+                fail(b, "%s", "'minLength' beside a 'pattern' that has shorter matches is not "
+                     "supported");
                 return;
             }
             str_cat(body, "\"\\\"\" ");
@@ -1227,6 +1260,15 @@ compile_string(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
         const char *name = json_is_string(fmt) ? json_string_value(fmt) : "";
         for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
             if (strcmp(formats[i].name, name) == 0) {
+                /* lengths are kept when the format's own lengths satisfy them */
+                if ((has_lo && (uint64_t)formats[i].min_len < lo) ||
+                    (has_hi && (uint64_t)formats[i].max_len > hi)) {
+                    char msg[160];
+                    snprintf(msg, sizeof msg, "minLength/maxLength beside format '%s' must allow "
+                             "%d to %d characters", name, formats[i].min_len, formats[i].max_len);
+                    fail(b, "%s", msg);
+                    return;
+                }
                 str_cat(body, "\"\\\"\" (");
                 str_cat(body, formats[i].gbnf);
                 str_cat(body, ") \"\\\"\"");

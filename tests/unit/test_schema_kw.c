@@ -233,7 +233,10 @@ TEST(schema_kw_formats)
     sp_grammar_release(g);
     sp_status_t st;
     const char *e = kw_err("{\"type\": \"string\", \"format\": \"date\", \"maxLength\": 3}", &st);
-    ASSERT(strstr(e, "beside 'format'") != NULL);
+    ASSERT(strstr(e, "beside format 'date'") != NULL);
+    /* lengths the format already keeps are fine */
+    g = kw_ok("{\"type\": \"string\", \"format\": \"uuid\", \"minLength\": 36, \"maxLength\": 40}");
+    sp_grammar_release(g);
 }
 
 TEST(schema_kw_patterns)
@@ -258,9 +261,29 @@ TEST(schema_kw_patterns)
     N(g, "\"a\"b\\\\c\\nxZ\"");
     N(g, "\"a\\\"b\\\\c\\nxz\"");
     sp_grammar_release(g);
-    /* zod's email pattern compiles */
+    /* maxLength beside a pattern: unbounded repetitions capped so every match fits */
+    g = kw_ok("{\"type\": \"string\", \"pattern\": \"^a+b*$\", \"maxLength\": 5}");
+    Y(g, "\"aab\"");
+    Y(g, "\"a\"");
+    N(g, "\"aaaaaa\"");
+    N(g, "\"aaabbb\"");
+    sp_grammar_release(g);
+    sp_status_t st;
+    const char *e = kw_err("{\"type\": \"string\", \"pattern\": \"^abc+$\", \"maxLength\": 2}", &st);
+    ASSERT(strstr(e, "maxLength") != NULL);
+    e = kw_err("{\"type\": \"string\", \"pattern\": \"^a+$\", \"minLength\": 2}", &st);
+    ASSERT(strstr(e, "minLength") != NULL);
+    g = kw_ok("{\"type\": \"string\", \"pattern\": \"^a{2,}$\", \"minLength\": 2, \"maxLength\": 3}");
+    Y(g, "\"aaa\"");
+    N(g, "\"aaaa\"");
+    sp_grammar_release(g);
+    /* zod's email pattern compiles, also under zod's .max(254) */
     g = kw_ok("{\"type\": \"string\", \"format\": \"email\", \"pattern\": "
               "\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"}");
+    sp_grammar_release(g);
+    g = kw_ok("{\"type\": \"string\", \"maxLength\": 254, \"format\": \"email\", \"pattern\": "
+              "\"^(?:[A-Za-z0-9_'+\\\\-]+\\\\.)*[A-Za-z0-9_'+\\\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\\\\-]*\\\\.)+[A-Za-z]{2,}$\"}");
+    Y(g, "\"a.b@c.de\"");
     sp_grammar_release(g);
 }
 
