@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -126,6 +127,7 @@ typedef struct oai_req {
     bool tools_on;         /* chat with tools and tool_choice != none: parse tool calls */
     sp_chat_tools_t tool_fmt;
     bool answer_on;        /* chat answers are parsed (answer.h): tools, or thinking markup */
+    bool one_call;         /* parallel_tool_calls: false: at most the first call is returned */
     sp_answer_fmt_t afmt;  /* how; think_open is set by the preparation */
     sp_answer_t ans;       /* the latest parse */
     char id[64];
@@ -377,6 +379,42 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         field_error(r, &e);
         return -1;
     }
+    /* user: an end-user id, on the request's log line as a hash (never the id
+     * itself: it may be personal). metadata: OpenAI's limits checked; nothing
+     * is stored, so it only goes to the log line as its size. */
+    const json_t *user = json_object_get(b, "user");
+    if (user && !json_is_null(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256) {
+            sp_api_error(r, 400, NULL, "user", NULL, "'user' must be a string of at most 256 bytes");
+            return -1;
+        }
+        uint64_t h = 1469598103934665603ull; /* FNV-1a */
+        for (size_t i = 0; i < json_string_length(user); i++) {
+            h = (h ^ (unsigned char)json_string_value(user)[i]) * 1099511628211ull;
+        }
+        sp_http_req_annotate(r, "user=%016llx", (unsigned long long)h);
+    }
+    const json_t *md = json_object_get(b, "metadata");
+    if (md && !json_is_null(md)) {
+        bool ok = json_is_object(md) && json_object_size(md) <= 16;
+        const char *mkey;
+        const json_t *mval;
+        json_object_foreach((json_t *)md, mkey, mval) {
+            ok = ok && strlen(mkey) <= 64 && json_is_string(mval) && json_string_length(mval) <= 512;
+        }
+        if (!ok) {
+            sp_api_error(r, 400, NULL, "metadata", NULL, "'metadata' must be an object of at most "
+                         "16 string values (keys up to 64 bytes, values up to 512)");
+            return -1;
+        }
+        sp_http_req_annotate(r, "metadata_pairs=%zu", json_object_size(md));
+    }
+    bool parallel = true;
+    if (sp_json_get_bool(b, "parallel_tool_calls", &parallel, &e) < 0) {
+        field_error(r, &e);
+        return -1;
+    }
+    q->one_call = !parallel;
     const json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
@@ -421,6 +459,53 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     q->lp_on = q->top_logprobs >= 0;
     g->top_logprobs = q->top_logprobs;
+    /* logit_bias: {"token id": bias in [-100, 100]}, added to the logits
+     * before sampling (the sampler, after the penalties) */
+    const json_t *lb = json_object_get(b, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
+        if (!json_is_object(lb) || json_object_size(lb) > SP_SAMPLER_MAX_BIAS) {
+            sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                         "'logit_bias' must be an object of at most %d token ids and biases",
+                         SP_SAMPLER_MAX_BIAS);
+            return -1;
+        }
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)lb, key, val) {
+            char *end = NULL;
+            long id = strtol(key, &end, 10);
+            double bias = json_is_number(val) ? json_number_value(val) : NAN;
+            if (end == key || *end != '\0' || id < 0 || id >= n_vocab) {
+                sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                             "logit_bias key '%.40s' is not a token id (0..%d)", key, n_vocab - 1);
+                return -1;
+            }
+            if (!(bias >= -100.0 && bias <= 100.0)) {
+                sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                             "logit_bias for token %ld must be a number in [-100, 100]", id);
+                return -1;
+            }
+            int32_t k = g->sampling.n_bias++;
+            g->sampling.bias_id[k] = (int32_t)id;
+            g->sampling.bias[k] = (float)bias;
+        }
+    }
+    /* best_of (completions): the best n of best_of; only best_of == n, which
+     * returns all of them, is served. suffix: fill-in-the-middle, not served. */
+    const json_t *bo = json_object_get(b, "best_of");
+    if (bo && !json_is_null(bo) && (!json_is_integer(bo) || json_integer_value(bo) != q->n)) {
+        sp_api_error(r, 400, NULL, "best_of", NULL,
+                     "'best_of' is not supported (other than equal to n, %d): ask for n "
+                     "completions and rank them with logprobs", q->n);
+        return -1;
+    }
+    const json_t *sfx = json_object_get(b, "suffix");
+    if (sfx && !json_is_null(sfx) && !(json_is_string(sfx) && json_string_length(sfx) == 0)) {
+        sp_api_error(r, 400, NULL, "suffix", NULL,
+                     "'suffix' (fill-in-the-middle) is not supported");
+        return -1;
+    }
     /* Constraints: response_format (json_object, json_schema) or a GBNF `grammar`. */
     const json_t *rf = json_object_get(b, "response_format");
     const json_t *gr = json_object_get(b, "grammar");
@@ -921,12 +1006,22 @@ stream_answer_text(oai_req_t *q, const sp_sched_event_t *ev)
     return stream_answer_deltas(q, ev->index, c);
 }
 
+/* parallel_tool_calls: false keeps the first call of a whole answer only. */
+static void
+limit_calls(oai_req_t *q)
+{
+    while (q->one_call && q->ans.calls != NULL && json_array_size(q->ans.calls) > 1) {
+        json_array_remove(q->ans.calls, json_array_size(q->ans.calls) - 1);
+    }
+}
+
 /* The end of a streamed parsed choice: the rest of reasoning and content, the calls. */
 static int
 stream_answer_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
     sp_answer_parse(&q->afmt, c->text.p ? c->text.p : "", c->text.len, false, &q->ans);
+    limit_calls(q);
     int rc = stream_answer_deltas(q, ev->index, c);
     const json_t *calls = q->ans.calls;
     for (size_t k = 0; calls && k < json_array_size(calls) && rc == 0; k++) {
@@ -1053,6 +1148,7 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
             const sp_answer_t *an = &q->ans;
             if (q->answer_on) {
                 sp_answer_parse(&q->afmt, text, c->text.len, false, &q->ans);
+                limit_calls(q);
                 calls = json_incref(an->calls);
                 content = an->content.p ? an->content.p : "";
                 content_len = an->content.len;
@@ -1410,12 +1506,34 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
     return q;
 }
 
+static void run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens,
+                             bool max_given, int32_t *toks, int64_t n_tok, const tok_in_t *in,
+                             int n_in);
+
 /* Shared by completions and chat after the prompt tokens are known. */
 static void
 run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
                int32_t *toks, int64_t n_tok)
 {
+    run_generation_n(q, g, max_tokens, max_given, toks, n_tok, NULL, 0);
+}
+
+/* With prompts (n_in of them, completions' list of prompts): each gets the
+ * request's n choices, choice p * n + j for prompt p; toks/n_tok unused. */
+static void
+run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
+                 int32_t *toks, int64_t n_tok, const tok_in_t *in, int n_in)
+{
     int64_t n_ctx = q->a.m->n_ctx;
+    int64_t sum_tok = n_tok;
+    if (in != NULL) {
+        n_tok = sum_tok = 0;
+        for (int i = 0; i < n_in; i++) {
+            n_tok = in[i].n > n_tok ? in[i].n : n_tok; /* the longest bounds max_tokens */
+            sum_tok += in[i].n;
+        }
+        q->n *= n_in;
+    }
     if (n_tok >= n_ctx) {
         sp_api_error(q->a.http, 400, NULL, "messages", "context_length_exceeded",
                      "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
@@ -1448,11 +1566,22 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         return;
     }
     g->max_tokens = (int32_t)max_tokens;
-    q->n_prompt = n_tok;
+    q->n_prompt = sum_tok;
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
         sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
         sp_api_finish(&q->a);
+        return;
+    }
+    if (in != NULL) {
+        const int32_t *prompts[SP_SCHED_MAX_N];
+        int64_t lens[SP_SCHED_MAX_N];
+        int per = q->n / n_in;
+        for (int i = 0; i < q->n; i++) {
+            prompts[i] = in[i / per].dst;
+            lens[i] = in[i / per].n;
+        }
+        submit(q, NULL, 0, g, prompts, lens, q->n);
         return;
     }
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
@@ -1484,6 +1613,10 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
         /* The access log keeps the end of the rendered prompt (the latest turn). */
         size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
         sp_metrics_clock_text(&q->a.clk, false, pp->prompt + pp->plen - keep, keep);
+    }
+    if (q->kind == OAI_COMPLETION && pp->n_in > 1) {
+        run_generation_n(q, &pp->g, pp->max_tokens, pp->max_given, NULL, 0, pp->in, pp->n_in);
+        return;
     }
     run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
 }
@@ -1685,43 +1818,65 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         goto done;
     }
     const json_t *pr = json_object_get(b, "prompt");
-    if (!prep_alloc(q, 1)) {
-        sp_api_finish(&q->a);
-        goto done;
-    }
-    /* prompt: "text", ["text"], [ids], [[ids]] - one prompt per request. */
-    if (json_is_array(pr) && json_array_size(pr) == 1 &&
+    /* prompt: "text", [ids], or a list of them (["a", "b"], [[ids], [ids]]):
+     * each prompt gets n completions, choice p * n + j */
+    size_t n_pr = 1;
+    if (json_is_array(pr) && json_array_size(pr) > 0 &&
         (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0)))) {
-        pr = json_array_get(pr, 0);
+        n_pr = json_array_size(pr);
+        for (size_t i = 0; i < n_pr; i++) {
+            const json_t *x = json_array_get(pr, i);
+            if (!(json_is_string(x) || (json_is_array(x) && json_array_size(x) > 0 &&
+                                        json_is_integer(json_array_get(x, 0))))) {
+                sp_api_error(r, 400, NULL, "prompt", NULL,
+                             "prompt[%zu]: a list of prompts holds strings or lists of token ids",
+                             i);
+                sp_api_finish(&q->a);
+                goto done;
+            }
+        }
+        if (n_pr * (size_t)q->n > (size_t)q->a.srv->cfg.max_n || n_pr * (size_t)q->n > SP_SCHED_MAX_N) {
+            sp_api_error(r, 400, NULL, "prompt", NULL,
+                         "%zu prompts x n=%d is more than %d completions per request", n_pr, q->n,
+                         q->a.srv->cfg.max_n < SP_SCHED_MAX_N ? q->a.srv->cfg.max_n : SP_SCHED_MAX_N);
+            sp_api_finish(&q->a);
+            goto done;
+        }
     }
-    if (json_is_string(pr)) {
-        if (json_string_length(pr) == 0) {
-            sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+    if (!prep_alloc(q, (int)n_pr)) {
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
+    pp->special = false;
+    pp->tok_param = "prompt";
+    for (size_t i = 0; i < n_pr; i++) {
+        const json_t *x = n_pr > 1 || (json_is_array(pr) && json_array_size(pr) == 1 &&
+                                        !json_is_integer(json_array_get(pr, 0)))
+                              ? json_array_get(pr, i) : pr;
+        if (json_is_string(x)) {
+            if (json_string_length(x) == 0) {
+                sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+                sp_api_finish(&q->a);
+                goto done;
+            }
+            if (i == 0) {
+                sp_metrics_clock_text(&q->a.clk, false, json_string_value(x), json_string_length(x));
+            }
+            pp->in[i].text = json_string_value(x); /* tokenized by the preparation */
+            pp->in[i].len = json_string_length(x);
+        } else if (json_is_array(x) && json_array_size(x) > 0 &&
+                   json_is_integer(json_array_get(x, 0))) {
+            if (parse_id_array(q, x, "prompt", pp->in[i].dst, pp->cap, &pp->in[i].n) != 0) {
+                sp_api_finish(&q->a);
+                goto done;
+            }
+        } else {
+            sp_api_error(r, 400, NULL, "prompt", NULL,
+                         "'prompt' must be a non-empty string or a list of token ids");
             sp_api_finish(&q->a);
             goto done;
         }
-        sp_metrics_clock_text(&q->a.clk, false, json_string_value(pr), json_string_length(pr));
-        pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
-        pp->in[0].len = json_string_length(pr);
-        pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
-        pp->special = false;
-        pp->tok_param = "prompt";
-    } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
-               json_is_integer(json_array_get(pr, 0))) {
-        if (parse_id_array(q, pr, "prompt", pp->in[0].dst, pp->cap, &pp->in[0].n) != 0) {
-            sp_api_finish(&q->a);
-            goto done;
-        }
-    } else if (json_is_array(pr) && json_array_size(pr) > 1) {
-        sp_api_error(r, 400, NULL, "prompt", NULL,
-                     "one prompt per request is supported (use n for several completions)");
-        sp_api_finish(&q->a);
-        goto done;
-    } else {
-        sp_api_error(r, 400, NULL, "prompt", NULL,
-                     "'prompt' must be a non-empty string or a list of token ids");
-        sp_api_finish(&q->a);
-        goto done;
     }
     prep_start(q);
 done:
