@@ -591,6 +591,8 @@ out:
 
 /* ---- numbers: ranges compiled into digit patterns -------------------------- */
 
+static bool string_format(const char *name);
+
 /* One alternative of a decimal range: n digit positions, each a class lo..hi. */
 typedef struct dalt {
     int n;
@@ -994,7 +996,23 @@ compile_numeric(sp_schema_gbnf_t *b, const json_t *s, bool is_int, str_t *body)
     if (json_is_true(json_object_get(s, "exclusiveMaximum"))) {
         emx = mx, mx = NULL;
     }
-    if (mn == NULL && mx == NULL && emn == NULL && emx == NULL && mo == NULL) {
+    /* the numeric formats ajv-formats knows: int32 is a range, int64 an
+     * integer (within the digit cap), float and double any number */
+    const json_t *fmt = json_object_get(s, "format");
+    bool int32 = false;
+    if (fmt != NULL) {
+        const char *f = json_is_string(fmt) ? json_string_value(fmt) : "";
+        if (strcmp(f, "int32") == 0 || strcmp(f, "int64") == 0) {
+            int32 = f[3] == '3';
+            is_int = true;
+        } else if (strcmp(f, "float") != 0 && strcmp(f, "double") != 0 &&
+                   !(json_is_array(json_object_get(s, "type")) && string_format(f))) {
+            /* (a string format in a type list says nothing about its numbers) */
+            fail(b, "format '%s' on a number is not supported (int32, int64, float, double)", f);
+            return;
+        }
+    }
+    if (mn == NULL && mx == NULL && emn == NULL && emx == NULL && mo == NULL && !int32) {
         need(b, is_int ? P_INTEGER : P_NUMBER);
         str_cat(body, is_int ? "json-integer" : "json-number");
         return;
@@ -1066,6 +1084,12 @@ compile_numeric(sp_schema_gbnf_t *b, const json_t *s, bool is_int, str_t *body)
         if (nv < hi || (nv == hi && ex)) {
             hi = nv, hi_excl = ex, hi_open = false;
         }
+    }
+    if (int32 && lo < -2147483648LL) {
+        lo = -2147483648LL, lo_open = false, lo_excl = false;
+    }
+    if (int32 && hi > 2147483647LL) {
+        hi = 2147483647LL, hi_open = false, hi_excl = false;
     }
     if (lo > hi || (lo == hi && (lo_excl || hi_excl))) {
         fail(b, "%s", "minimum/maximum leave no value (or lie beyond 16 digits)");
@@ -1287,6 +1311,17 @@ compile_string(sp_schema_gbnf_t *b, const json_t *s, str_t *body)
     str_cat(body, "\"\\\"\" json-char");
     repeat_suffix(body, lo, hi);
     str_cat(body, " \"\\\"\"");
+}
+
+static bool
+string_format(const char *name)
+{
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        if (strcmp(formats[i].name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* The rule of a $ref (queued for compiling once). */

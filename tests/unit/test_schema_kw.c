@@ -94,6 +94,26 @@ TEST(schema_kw_integer_ranges)
     N(g, "5");
     Y(g, "6");
     sp_grammar_release(g);
+    /* OpenAPI's numeric formats: int32 a range, int64 an integer, float/double any number */
+    g = kw_ok("{\"type\": \"integer\", \"format\": \"int32\", \"minimum\": -5}");
+    Y(g, "2147483647");
+    N(g, "2147483648");
+    N(g, "-6");
+    sp_grammar_release(g);
+    g = kw_ok("{\"type\": \"number\", \"format\": \"int64\"}");
+    Y(g, "-12");
+    N(g, "1.5");
+    sp_grammar_release(g);
+    g = kw_ok("{\"type\": \"number\", \"format\": \"double\"}");
+    Y(g, "1.5e3");
+    sp_grammar_release(g);
+    sp_status_t fst;
+    ASSERT(strstr(kw_err("{\"type\": \"integer\", \"format\": \"uint8\"}", &fst), "uint8") != NULL);
+    g = kw_ok("{\"type\": [\"string\", \"integer\"], \"format\": \"date\"}");
+    Y(g, "7");
+    Y(g, "\"2020-01-02\"");
+    N(g, "\"x\"");
+    sp_grammar_release(g);
     /* zod's int(): the safe-integer range */
     g = kw_ok("{\"type\": \"integer\", \"minimum\": -9007199254740991, \"maximum\": 9007199254740991}");
     Y(g, "-9007199254740991");
