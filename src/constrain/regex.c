@@ -233,8 +233,12 @@ put_set(rx_t *x, const rng_t *r, int n)
 {
     /* the code points written as themselves: no surrogates, no NUL; in JSON
      * mode no control characters, '"' or '\' (those go as escapes) */
-    rng_t plain[MAX_RANGES + 8];
+    rng_t *plain = sp_malloc(sizeof *plain * (size_t)(4 * n + 4)); /* each range splits in <= 4 */
     int np = 0;
+    if (plain == NULL) {
+        x->st = sp_errf(x->err, x->err_len, SP_ERR_NOMEM, "pattern: out of memory");
+        return;
+    }
     for (int i = 0; i < n; i++) {
         uint32_t lo = r[i].lo, hi = r[i].hi;
         uint32_t cut_lo = x->flags & SP_REGEX_JSON ? 0x20 : 1;
@@ -269,7 +273,7 @@ put_set(rx_t *x, const rng_t *r, int n)
             memcpy(parts, next, sizeof next[0] * (size_t)nn);
             nparts = nn;
         }
-        for (int q = 0; q < nparts && np < MAX_RANGES + 8; q++) {
+        for (int q = 0; q < nparts; q++) {
             plain[np++] = parts[q];
         }
     }
@@ -283,6 +287,7 @@ put_set(rx_t *x, const rng_t *r, int n)
         }
     }
     if (np == 0 && n_esc == 0) {
+        sp_free(plain);
         rx_fail(x, SP_ERR_INVALID, "pattern: a character class that matches no character the "
                 "output may hold");
         return;
@@ -315,6 +320,7 @@ put_set(rx_t *x, const rng_t *r, int n)
     if (group) {
         puts_(x, ")");
     }
+    sp_free(plain);
 }
 
 /* ---- parsing ---------------------------------------------------------------- */
