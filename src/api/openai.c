@@ -1650,7 +1650,8 @@ prep_alloc(oai_req_t *q, int n)
 static bool
 cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
 {
-    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout", NULL};
+    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout",
+                                       "metadata", "service_tier", NULL};
     if (!sp_rckey_enabled(q->a.m) || q->stream) {
         return false;
     }
