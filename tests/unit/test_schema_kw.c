@@ -56,7 +56,7 @@ TEST(schema_kw_integer_ranges)
 {
     sp_grammar_t *g = kw_ok("{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 10}");
     for (int i = 1; i <= 10; i++) {
-        char t[8];
+        char t[16];
         snprintf(t, sizeof t, "%d", i);
         Y(g, t);
     }
@@ -69,7 +69,7 @@ TEST(schema_kw_integer_ranges)
     /* every value of a range that crosses zero and digit lengths, exactly */
     g = kw_ok("{\"type\": \"integer\", \"minimum\": -123, \"exclusiveMaximum\": 1057}");
     for (int i = -200; i <= 1200; i++) {
-        char t[8];
+        char t[16];
         snprintf(t, sizeof t, "%d", i);
         if (sp_gmatch_match(g, t, strlen(t)) != (i >= -123 && i < 1057)) {
             SP_TEST_FAIL("range [-123, 1057): %d", i);
@@ -171,7 +171,7 @@ TEST(schema_kw_multiple_of)
 {
     sp_grammar_t *g = kw_ok("{\"type\": \"integer\", \"multipleOf\": 7}");
     for (int i = -100; i <= 300; i++) {
-        char t[8];
+        char t[16];
         snprintf(t, sizeof t, "%d", i);
         if (sp_gmatch_match(g, t, strlen(t)) != (i % 7 == 0)) {
             SP_TEST_FAIL("multipleOf 7: %d", i);
