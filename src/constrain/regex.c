@@ -490,17 +490,15 @@ parse_class(rx_t *x)
         return;
     }
     int n = 0;
-    bool first = true;
     while (x->st == SP_OK) {
         if (at_end(x)) {
             rx_fail(x, SP_ERR_INVALID, "%s", "pattern: unterminated character class");
             break;
         }
-        if (*x->p == ']' && !first) {
+        if (*x->p == ']') { /* as JavaScript: "[]" matches nothing, "[^]" anything */
             x->p++;
             break;
         }
-        first = false;
         if (n >= MAX_RANGES) {
             rx_fail(x, SP_ERR_TOO_LARGE, "pattern: a character class with more than %d ranges",
                     MAX_RANGES);

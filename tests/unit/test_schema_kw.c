@@ -317,6 +317,7 @@ TEST(schema_kw_patterns_refused)
         {"a^b", "'^'"},                {"a$b", "'$'"},              {"a**", "quantifier after"},
         {"(ab", "missing ')'"},        {"ab)", "unmatched ')'"},    {"[a-", "unterminated"},
         {"a{5000}", "4096"},           {"[z-a]", "backwards"},      {"*a", "nothing to repeat"},
+        {"a[]b", "matches no character"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char js[256];
@@ -338,6 +339,18 @@ TEST(schema_kw_patterns_refused)
     ASSERT_OK(sp_grammar_compile(src, strlen(src), &g, err, sizeof err));
     Y(g, "123-\"x\"");
     N(g, "a123-\"x\"");
+    sp_grammar_release(g);
+    sp_free(src);
+    sp_free(t);
+    /* "[^]" is any character, as in JavaScript */
+    t = sp_regex_gbnf("a[^]", 4, 0, &st, err, sizeof err);
+    ASSERT(t != NULL);
+    src = sp_malloc(strlen(t) + 16);
+    sprintf(src, "root ::= %s\n", t);
+    ASSERT_OK(sp_grammar_compile(src, strlen(src), &g, err, sizeof err));
+    Y(g, "a]");
+    Y(g, "a\xc3\xa9");
+    N(g, "a");
     sp_grammar_release(g);
     sp_free(src);
     sp_free(t);
