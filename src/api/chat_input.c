@@ -69,8 +69,15 @@ content_of(const json_t *c, size_t i, sp_jbuf_t *store, size_t *off, const char 
             const char *type = NULL, *text = NULL;
             size_t tl = 0;
             sp_json_err_t e;
-            if (!json_is_object(part) || sp_json_get_str(part, "type", &type, NULL, &e) <= 0 ||
-                strcmp(type, "text") != 0 || sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
+            if (json_is_object(part) && sp_json_get_str(part, "type", &type, NULL, &e) > 0 &&
+                strcmp(type, "text") != 0) {
+                return fail(param, err, cap,
+                            "messages[%zu].content[%zu]: '%.32s' parts are not supported (the "
+                            "served models take text only: parts {\"type\": \"text\", "
+                            "\"text\": ...})", i, k, type);
+            }
+            if (!json_is_object(part) || type == NULL ||
+                sp_json_get_str(part, "text", &text, &tl, &e) <= 0) {
                 return fail(param, err, cap,
                             "messages[%zu].content: only parts {\"type\": \"text\", "
                             "\"text\": ...} are supported", i);

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +36,7 @@
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "api/guided.h"
 #include "constrain/grammar.h"
 #include "constrain/schema.h"
 #include "engine/encoder.h"
@@ -95,6 +97,8 @@ typedef struct oai_prep {
     json_t *own_schema;
     const char *gbnf;
     size_t gbnf_len;
+    char *own_gbnf;              /* vLLM's regex/choice/grammar as GBNF (api/guided.h) */
+    const char *con_param;       /* the field the constraint came from, when not the usual */
     const json_t *tools;
     const char *tool_only;
     /* chat: the messages (inside body) to check, gather and render */
@@ -194,6 +198,7 @@ oai_free(sp_api_req_t *a)
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
     json_decref(pp->own_schema);
+    sp_free(pp->own_gbnf);
     sp_chat_input_free(&pp->chat);
     if (pp->tools_json) {
         sp_jfree(pp->tools_json);
@@ -379,6 +384,36 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         field_error(r, &e);
         return -1;
     }
+    /* user: an end-user id, on the request's log line as a hash (never the id
+     * itself: it may be personal). metadata: OpenAI's limits checked; nothing
+     * is stored, so it only goes to the log line as its size. */
+    const json_t *user = json_object_get(b, "user");
+    if (user && !json_is_null(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256) {
+            sp_api_error(r, 400, NULL, "user", NULL, "'user' must be a string of at most 256 bytes");
+            return -1;
+        }
+        uint64_t h = 1469598103934665603ull; /* FNV-1a */
+        for (size_t i = 0; i < json_string_length(user); i++) {
+            h = (h ^ (unsigned char)json_string_value(user)[i]) * 1099511628211ull;
+        }
+        sp_http_req_annotate(r, "user=%016llx", (unsigned long long)h);
+    }
+    const json_t *md = json_object_get(b, "metadata");
+    if (md && !json_is_null(md)) {
+        bool ok = json_is_object(md) && json_object_size(md) <= 16;
+        const char *mkey;
+        const json_t *mval;
+        json_object_foreach((json_t *)md, mkey, mval) {
+            ok = ok && strlen(mkey) <= 64 && json_is_string(mval) && json_string_length(mval) <= 512;
+        }
+        if (!ok) {
+            sp_api_error(r, 400, NULL, "metadata", NULL, "'metadata' must be an object of at most "
+                         "16 string values (keys up to 64 bytes, values up to 512)");
+            return -1;
+        }
+        sp_http_req_annotate(r, "metadata_pairs=%zu", json_object_size(md));
+    }
     const json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
@@ -423,6 +458,53 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     q->lp_on = q->top_logprobs >= 0;
     g->top_logprobs = q->top_logprobs;
+    /* logit_bias: {"token id": bias in [-100, 100]}, added to the logits
+     * before sampling (the sampler, after the penalties) */
+    const json_t *lb = json_object_get(b, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
+        if (!json_is_object(lb) || json_object_size(lb) > SP_SAMPLER_MAX_BIAS) {
+            sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                         "'logit_bias' must be an object of at most %d token ids and biases",
+                         SP_SAMPLER_MAX_BIAS);
+            return -1;
+        }
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)lb, key, val) {
+            char *end = NULL;
+            long id = strtol(key, &end, 10);
+            double bias = json_is_number(val) ? json_number_value(val) : NAN;
+            if (end == key || *end != '\0' || id < 0 || id >= n_vocab) {
+                sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                             "logit_bias key '%.40s' is not a token id (0..%d)", key, n_vocab - 1);
+                return -1;
+            }
+            if (!(bias >= -100.0 && bias <= 100.0)) {
+                sp_api_error(r, 400, NULL, "logit_bias", NULL,
+                             "logit_bias for token %ld must be a number in [-100, 100]", id);
+                return -1;
+            }
+            int32_t k = g->sampling.n_bias++;
+            g->sampling.bias_id[k] = (int32_t)id;
+            g->sampling.bias[k] = (float)bias;
+        }
+    }
+    /* best_of (completions): the best n of best_of; only best_of == n, which
+     * returns all of them, is served. suffix: fill-in-the-middle, not served. */
+    const json_t *bo = json_object_get(b, "best_of");
+    if (bo && !json_is_null(bo) && (!json_is_integer(bo) || json_integer_value(bo) != q->n)) {
+        sp_api_error(r, 400, NULL, "best_of", NULL,
+                     "'best_of' is not supported (other than equal to n, %d): ask for n "
+                     "completions and rank them with logprobs", q->n);
+        return -1;
+    }
+    const json_t *sfx = json_object_get(b, "suffix");
+    if (sfx && !json_is_null(sfx) && !(json_is_string(sfx) && json_string_length(sfx) == 0)) {
+        sp_api_error(r, 400, NULL, "suffix", NULL,
+                     "'suffix' (fill-in-the-middle) is not supported");
+        return -1;
+    }
     /* Constraints: response_format (json_object, json_schema) or a GBNF `grammar`. */
     const json_t *rf = json_object_get(b, "response_format");
     const json_t *gr = json_object_get(b, "grammar");
@@ -475,6 +557,31 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
         }
         q->prep.gbnf = json_string_value(gr); /* compiled by the preparation */
         q->prep.gbnf_len = json_string_length(gr);
+    }
+    /* vLLM's structured_outputs and guided_* fields */
+    sp_guided_t gd;
+    char gerr[300];
+    int grc = sp_guided_parse(b, &gd, gerr, sizeof gerr);
+    if (grc == -2) {
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    if (grc < 0) {
+        sp_api_error(r, 400, NULL, gd.param, NULL, "%s", gerr);
+        return -1;
+    }
+    if (grc > 0) {
+        if (g->json_object || q->prep.schema || q->prep.gbnf) {
+            sp_api_error(r, 400, NULL, gd.param, NULL,
+                         "'%s' cannot be combined with 'response_format' or 'grammar'", gd.param);
+            sp_guided_clear(&gd);
+            return -1;
+        }
+        q->prep.con_param = gd.param;
+        g->json_object = gd.json_object;
+        q->prep.schema = q->prep.own_schema = gd.schema; /* the request owns them now */
+        q->prep.gbnf = q->prep.own_gbnf = gd.gbnf;
+        q->prep.gbnf_len = gd.gbnf_len;
     }
     return 0;
 }
@@ -592,13 +699,14 @@ prep_run(sp_offload_t *job)
     if (pp->schema) {
         st = sp_schema_grammar(pp->schema, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "response_format.json_schema.schema", NULL, "%s", err);
+            prep_fail(pp, st, pp->con_param ? pp->con_param : "response_format.json_schema.schema",
+                      NULL, "%s", err);
             return;
         }
     } else if (pp->gbnf) {
         st = sp_grammar_compile(pp->gbnf, pp->gbnf_len, &q->grammar, err, sizeof err);
         if (st != SP_OK) {
-            prep_fail(pp, st, "grammar", NULL, "%s", err);
+            prep_fail(pp, st, pp->con_param ? pp->con_param : "grammar", NULL, "%s", err);
             return;
         }
     } else if (pp->tools) {
@@ -625,7 +733,8 @@ prep_run(sp_offload_t *job)
         st = sp_gmatch_create(q->grammar, &gm, err, sizeof err);
         sp_gmatch_destroy(gm);
         if (st != SP_OK) {
-            prep_fail(pp, st, pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
+            prep_fail(pp, st, pp->con_param ? pp->con_param
+                              : pp->schema ? "response_format.json_schema.schema" : pp->gbnf ? "grammar"
                               : pp->tool_only ? "tool_choice" : "tools", NULL, "%s", err);
             return;
         }
@@ -1558,12 +1667,34 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
     return q;
 }
 
+static void run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens,
+                             bool max_given, int32_t *toks, int64_t n_tok, const tok_in_t *in,
+                             int n_in);
+
 /* Shared by completions and chat after the prompt tokens are known. */
 static void
 run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
                int32_t *toks, int64_t n_tok)
 {
+    run_generation_n(q, g, max_tokens, max_given, toks, n_tok, NULL, 0);
+}
+
+/* With prompts (n_in of them, completions' list of prompts): each gets the
+ * request's n choices, choice p * n + j for prompt p; toks/n_tok unused. */
+static void
+run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_given,
+                 int32_t *toks, int64_t n_tok, const tok_in_t *in, int n_in)
+{
     int64_t n_ctx = q->a.m->n_ctx;
+    int64_t sum_tok = n_tok;
+    if (in != NULL) {
+        n_tok = sum_tok = 0;
+        for (int i = 0; i < n_in; i++) {
+            n_tok = in[i].n > n_tok ? in[i].n : n_tok; /* the longest bounds max_tokens */
+            sum_tok += in[i].n;
+        }
+        q->n *= n_in;
+    }
     if (n_tok >= n_ctx) {
         sp_api_error(q->a.http, 400, NULL, "messages", "context_length_exceeded",
                      "the prompt has %lld tokens, the context holds %lld", (long long)n_tok,
@@ -1598,8 +1729,8 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         return;
     }
     g->max_tokens = (int32_t)max_tokens;
-    q->n_prompt = n_tok;
-    q->dq.n_prompt = n_tok;
+    q->n_prompt = sum_tok;
+    q->dq.n_prompt = sum_tok;
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
         sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
@@ -1608,6 +1739,17 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
     }
     for (int i = 0; i < q->n; i++) {
         q->choices[i].stop_index = -1;
+    }
+    if (in != NULL) {
+        const int32_t *prompts[SP_SCHED_MAX_N];
+        int64_t lens[SP_SCHED_MAX_N];
+        int per = q->n / n_in;
+        for (int i = 0; i < q->n; i++) {
+            prompts[i] = in[i / per].dst;
+            lens[i] = in[i / per].n;
+        }
+        submit(q, NULL, 0, g, prompts, lens, q->n);
+        return;
     }
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
 }
@@ -1648,6 +1790,10 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
         sp_api_finish(&q->a);
         return;
     }
+    if (q->kind == OAI_COMPLETION && pp->n_in > 1) {
+        run_generation_n(q, &pp->g, pp->max_tokens, pp->max_given, NULL, 0, pp->in, pp->n_in);
+        return;
+    }
     run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
 }
 
@@ -1680,7 +1826,8 @@ prep_alloc(oai_req_t *q, int n)
 static bool
 cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
 {
-    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout", NULL};
+    static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout",
+                                       "metadata", "service_tier", NULL};
     if (!sp_rckey_enabled(q->a.m) || q->stream) {
         return false;
     }
@@ -1848,43 +1995,65 @@ h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         goto done;
     }
     const json_t *pr = json_object_get(b, "prompt");
-    if (!prep_alloc(q, 1)) {
-        sp_api_finish(&q->a);
-        goto done;
-    }
-    /* prompt: "text", ["text"], [ids], [[ids]] - one prompt per request. */
-    if (json_is_array(pr) && json_array_size(pr) == 1 &&
+    /* prompt: "text", [ids], or a list of them (["a", "b"], [[ids], [ids]]):
+     * each prompt gets n completions, choice p * n + j */
+    size_t n_pr = 1;
+    if (json_is_array(pr) && json_array_size(pr) > 0 &&
         (json_is_string(json_array_get(pr, 0)) || json_is_array(json_array_get(pr, 0)))) {
-        pr = json_array_get(pr, 0);
+        n_pr = json_array_size(pr);
+        for (size_t i = 0; i < n_pr; i++) {
+            const json_t *x = json_array_get(pr, i);
+            if (!(json_is_string(x) || (json_is_array(x) && json_array_size(x) > 0 &&
+                                        json_is_integer(json_array_get(x, 0))))) {
+                sp_api_error(r, 400, NULL, "prompt", NULL,
+                             "prompt[%zu]: a list of prompts holds strings or lists of token ids",
+                             i);
+                sp_api_finish(&q->a);
+                goto done;
+            }
+        }
+        if (n_pr * (size_t)q->n > (size_t)q->a.srv->cfg.max_n || n_pr * (size_t)q->n > SP_SCHED_MAX_N) {
+            sp_api_error(r, 400, NULL, "prompt", NULL,
+                         "%zu prompts x n=%d is more than %d completions per request", n_pr, q->n,
+                         q->a.srv->cfg.max_n < SP_SCHED_MAX_N ? q->a.srv->cfg.max_n : SP_SCHED_MAX_N);
+            sp_api_finish(&q->a);
+            goto done;
+        }
     }
-    if (json_is_string(pr)) {
-        if (json_string_length(pr) == 0) {
-            sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+    if (!prep_alloc(q, (int)n_pr)) {
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
+    pp->special = false;
+    pp->tok_param = "prompt";
+    for (size_t i = 0; i < n_pr; i++) {
+        const json_t *x = n_pr > 1 || (json_is_array(pr) && json_array_size(pr) == 1 &&
+                                        !json_is_integer(json_array_get(pr, 0)))
+                              ? json_array_get(pr, i) : pr;
+        if (json_is_string(x)) {
+            if (json_string_length(x) == 0) {
+                sp_api_error(r, 400, NULL, "prompt", NULL, "'prompt' must not be empty");
+                sp_api_finish(&q->a);
+                goto done;
+            }
+            if (i == 0) {
+                sp_metrics_clock_text(&q->a.clk, false, json_string_value(x), json_string_length(x));
+            }
+            pp->in[i].text = json_string_value(x); /* tokenized by the preparation */
+            pp->in[i].len = json_string_length(x);
+        } else if (json_is_array(x) && json_array_size(x) > 0 &&
+                   json_is_integer(json_array_get(x, 0))) {
+            if (parse_id_array(q, x, "prompt", pp->in[i].dst, pp->cap, &pp->in[i].n) != 0) {
+                sp_api_finish(&q->a);
+                goto done;
+            }
+        } else {
+            sp_api_error(r, 400, NULL, "prompt", NULL,
+                         "'prompt' must be a non-empty string or a list of token ids");
             sp_api_finish(&q->a);
             goto done;
         }
-        sp_metrics_clock_text(&q->a.clk, false, json_string_value(pr), json_string_length(pr));
-        pp->in[0].text = json_string_value(pr); /* tokenized by the preparation */
-        pp->in[0].len = json_string_length(pr);
-        pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
-        pp->special = false;
-        pp->tok_param = "prompt";
-    } else if (json_is_array(pr) && json_array_size(pr) > 0 &&
-               json_is_integer(json_array_get(pr, 0))) {
-        if (parse_id_array(q, pr, "prompt", pp->in[0].dst, pp->cap, &pp->in[0].n) != 0) {
-            sp_api_finish(&q->a);
-            goto done;
-        }
-    } else if (json_is_array(pr) && json_array_size(pr) > 1) {
-        sp_api_error(r, 400, NULL, "prompt", NULL,
-                     "one prompt per request is supported (use n for several completions)");
-        sp_api_finish(&q->a);
-        goto done;
-    } else {
-        sp_api_error(r, 400, NULL, "prompt", NULL,
-                     "'prompt' must be a non-empty string or a list of token ids");
-        sp_api_finish(&q->a);
-        goto done;
     }
     prep_start(q);
 done:

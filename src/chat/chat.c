@@ -22,6 +22,7 @@ struct sp_chat_template {
     const char *name; /* static */
     sp_chat_tools_t tools; /* how its models write tool calls (from the source) */
     sp_chat_reasoning_t reasoning; /* and their thinking */
+    bool has_developer; /* the source names a developer role; else developer goes as system */
 };
 
 /* ---- built-ins -------------------------------------------------------- */
@@ -221,6 +222,7 @@ make(const char *src, size_t len, const char *name, sp_chat_template_t **out, ch
     t->name = name;
     /* The tool-call and reasoning conventions, from what the template writes. */
     sp_chat_detect_family(src, len, &t->tools, &t->reasoning);
+    t->has_developer = memmem(src, len, "developer", 9) != NULL;
     *out = t;
     return SP_OK;
 }
@@ -453,12 +455,12 @@ check_text(const char *s)
 static sp_status_t
 check_message(const sp_chat_msg_t *m, size_t i, char *err, size_t err_len)
 {
-    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
     if (m->role == NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "message %zu: missing role", i);
     }
     bool known = false;
-    for (size_t r = 0; r < 4 && !known; r++) {
+    for (size_t r = 0; r < 5 && !known; r++) {
         known = strcmp(m->role, roles[r]) == 0;
     }
     if (!known) {
@@ -470,7 +472,7 @@ check_message(const sp_chat_msg_t *m, size_t i, char *err, size_t err_len)
             }
         }
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "message %zu: unknown role '%s' (system, user, assistant or tool)", i,
+                       "message %zu: unknown role '%s' (system, developer, user, assistant or tool)", i,
                        shown);
     }
     if (m->content == NULL && !(m->tool_calls != NULL && strcmp(m->role, "assistant") == 0)) {
@@ -524,8 +526,8 @@ check_json_arg(const char *json, char open, const char *what, char *err, size_t 
 /* {"<extra keys>", "messages": [...], "add_generation_prompt": b, "bos_token": ..., ...}
  * The extra object's keys come first, so ours win (the last copy of a key counts). */
 static sp_status_t
-build_context(const sp_chat_msg_t *msgs, size_t n, const sp_chat_params_t *p, cbuf_t *b,
-              char *err, size_t err_len)
+build_context(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t n,
+              const sp_chat_params_t *p, cbuf_t *b, char *err, size_t err_len)
 {
     puts_(b, "{");
     if (p->extra_json != NULL) {
@@ -550,7 +552,9 @@ build_context(const sp_chat_msg_t *msgs, size_t n, const sp_chat_params_t *p, cb
     for (size_t i = 0; i < n; i++) {
         const sp_chat_msg_t *m = &msgs[i];
         puts_(b, i > 0 ? ", {\"role\": " : "{\"role\": ");
-        put_json_str(b, m->role);
+        /* OpenAI's developer role is the system prompt of templates that have no
+         * developer role of their own */
+        put_json_str(b, strcmp(m->role, "developer") == 0 && !t->has_developer ? "system" : m->role);
         puts_(b, ", \"content\": ");
         if (m->content != NULL) {
             put_json_str(b, m->content);
@@ -627,7 +631,7 @@ sp_chat_apply_ex(const sp_chat_template_t *t, const sp_chat_msg_t *msgs, size_t 
         return st;
     }
     cbuf_t b = {0};
-    st = build_context(msgs, n, p, &b, err, err_len);
+    st = build_context(t, msgs, n, p, &b, err, err_len);
     if (st == SP_OK) {
         char msg[320];
         st = sp_jinja_render_json(t->j, b.p, b.n, p->opts, out, out_len, msg, sizeof msg);

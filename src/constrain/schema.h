@@ -6,19 +6,22 @@
  * a list of them), properties, required (the others optional), additional-
  * Properties (false, true or a schema; extra properties are generated only
  * for an object without `properties`), enum, const, anyOf / oneOf (as
- * alternation: oneOf's exclusivity is not enforced), allOf with one schema,
- * items, minItems / maxItems, minLength / maxLength (up to 4096),
- * `minimum: 0` on integers and numbers, $ref to "#", "#/$defs/NAME" or
- * "#/definitions/NAME" (each target becomes one rule, so recursive schemas
- * become recursive rules, never a recursive compile). Annotations (title,
+ * alternation: oneOf's exclusivity is not enforced), allOf (merged), items,
+ * minItems / maxItems, uniqueItems over finite items, minLength / maxLength
+ * (up to 4096), minimum / maximum / exclusiveMinimum / exclusiveMaximum /
+ * multipleOf on integers and numbers (ranges compiled into digit patterns),
+ * format (date-time, date, time, email, uuid, uri, ipv4), pattern (the regex
+ * subset of regex.h), $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
+ * (each target becomes one rule, so recursive schemas become recursive
+ * rules, never a recursive compile). docs/structured-output.md says which
+ * subset of the valid values each generates. Annotations (title,
  * description, default, examples, $schema, $id, $comment, ...) are ignored.
- * Anything else that constrains values (pattern, format, minimum other than
- * 0, maximum, multipleOf, if/then/else, not, prefixItems, uniqueItems,
+ * Anything else that constrains values (if/then/else, not, prefixItems,
  * patternProperties, ...) is an error naming the keyword and where it is, so
  * the server answers 400 instead of generating output that might not
  * validate. So is a constraining keyword beside $ref, const, enum, anyOf,
- * oneOf or allOf, which would be dropped (type beside const or enum is kept
- * when every value has that type). Properties are generated in the schema's order. Between tokens
+ * oneOf or allOf, which would be dropped (type beside const or enum is kept when
+ * every value has that type). Properties are generated in the schema's order. Between tokens
  * the output may have one space, or a line break and up to 20 spaces.
  * Compile work is linear in the schema (at most SP_SCHEMA_MAX_NODES nodes),
  * and the grammar's own limits apply to the result.

@@ -159,6 +159,18 @@ sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **
                        "sampler: presence_penalty %g must be in [-2, 2]",
                        (double)p->presence_penalty);
     }
+    if (p->n_bias < 0 || p->n_bias > SP_SAMPLER_MAX_BIAS) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "sampler: %d logit bias entries (at most %d)",
+                       (int)p->n_bias, SP_SAMPLER_MAX_BIAS);
+    }
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        if (p->bias_id[i] < 0 || p->bias_id[i] >= n_vocab || !isfinite(p->bias[i]) ||
+            fabsf(p->bias[i]) > 100.0f) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "sampler: logit bias %g for token %d (ids below %d, bias in [-100, 100])",
+                           (double)p->bias[i], (int)p->bias_id[i], (int)n_vocab);
+        }
+    }
     if (p->penalty_last_n < 0 || p->penalty_last_n > MAX_PENALTY_WINDOW) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "sampler: penalty_last_n %d must be in [0, %d]",
@@ -243,7 +255,7 @@ sp_sampler_accept(sp_sampler_t *s, int32_t token)
  * it is done and restored afterwards.
  */
 static void
-apply_penalties(sp_sampler_t *s, float *logits)
+apply_window(sp_sampler_t *s, float *logits)
 {
     const sp_sampler_params_t *p = &s->p;
     if (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
@@ -274,6 +286,17 @@ apply_penalties(sp_sampler_t *s, float *logits)
 }
 
 /* Candidate order: higher logit first, then lower id. NaN was mapped to -inf. */
+/* The penalties, then the logit bias: per row, the same whatever else is in
+ * the batch. */
+static void
+apply_penalties(sp_sampler_t *s, float *logits)
+{
+    apply_window(s, logits);
+    for (int32_t i = 0; i < s->p.n_bias; i++) {
+        logits[s->p.bias_id[i]] += s->p.bias[i];
+    }
+}
+
 static bool
 better(const float *logits, int32_t a, int32_t b)
 {
@@ -453,6 +476,9 @@ sp_sampler_candidates(const sp_sampler_t *s)
     if (p->penalty_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
                                   p->presence_penalty != 0.0f)) {
         return 0; /* penalties change logits outside any top k of the raw row */
+    }
+    if (p->n_bias > 0) {
+        return 0; /* so does a bias */
     }
     if (p->temperature == 0.0f || p->top_k == 1) {
         return 1;

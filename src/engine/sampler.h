@@ -2,7 +2,9 @@
  * sampler.h - picks the next token from logits.
  *
  * Order (as llama.cpp and vLLM apply them): penalties (repetition, frequency,
- * presence over the last penalty_last_n tokens), then temperature 0 = greedy
+ * presence over the last penalty_last_n tokens), then the logit bias (OpenAI's
+ * logit_bias: a value in [-100, 100] added to a token's logit; -100 in effect
+ * bans it, +100 in effect forces it), then temperature 0 = greedy
  * (argmax, lowest id on ties); otherwise top-k, temperature, softmax, top-p,
  * min-p, and a draw from a seeded PRNG that belongs to the sampler, so the same
  * seed gives the same tokens. All buffers are sized at create: sampling a
@@ -16,6 +18,8 @@
 
 #include "sampan/status.h"
 
+#define SP_SAMPLER_MAX_BIAS 300 /* logit_bias entries per request */
+
 typedef struct sp_sampler_params {
     float temperature;       /* 0 = greedy; default 0.8 */
     int32_t top_k;           /* <= 0 disables; default 40 */
@@ -26,6 +30,9 @@ typedef struct sp_sampler_params {
     float presence_penalty;  /* 0 disables */
     int32_t penalty_last_n;  /* window for the penalties; default 64 */
     uint64_t seed;           /* default 0xC0FFEE */
+    int32_t n_bias;          /* logit bias entries (distinct ids); 0 disables */
+    int32_t bias_id[SP_SAMPLER_MAX_BIAS];
+    float bias[SP_SAMPLER_MAX_BIAS]; /* each finite, in [-100, 100] */
 } sp_sampler_params_t;
 
 typedef struct sp_sampler sp_sampler_t;
@@ -56,7 +63,7 @@ int32_t sp_sampler_sample_penalized(sp_sampler_t *s, float *logits);
  * exactly the token sp_sampler_sample would: 1 for greedy (temperature 0 or
  * top_k 1), top_k for 2 <= top_k <= SP_SAMPLER_MAX_CANDIDATES (and below
  * n_vocab), whatever top_p, min_p and temperature; 0 (the whole row) without
- * such a top_k or with a penalty configured.
+ * such a top_k or with a penalty or a logit bias configured.
  * sp_sampler_sample_candidates: the token from n >= that many candidates,
  * ids[] with their logits vals[], best first (larger value, then lower id;
  * NaN ranks as -inf), as sp_sampler_sample_penalized would pick from the

@@ -1,6 +1,8 @@
 /* schedreq.c - `priority` and `timeout` of a request (schedreq.h). */
 #include "sched/schedreq.h"
 
+#include <string.h>
+
 #include "sched/sched.h"
 #include "sched/tierq.h"
 
@@ -41,6 +43,22 @@ sp_schedreq_parse(const json_t *obj, sp_schedreq_style_t style, sp_schedreq_t *o
             out->priority = v == 1 ? SP_SCHED_PRIO_PREMIUM
                             : v >= 3 ? SP_SCHED_PRIO_BATCH
                                      : SP_SCHED_PRIO_STANDARD; /* 0 = default, 2 */
+        }
+    }
+    /* OpenAI's service_tier, when no priority is given: "priority" and "scale"
+     * are the premium tier, "auto" and "default" standard, "flex" batch. */
+    const json_t *stier = triton ? NULL : json_object_get(obj, "service_tier");
+    if (stier && !json_is_null(stier) && (pr == NULL || json_is_null(pr))) {
+        const char *n = json_is_string(stier) ? json_string_value(stier) : "";
+        if (strcmp(n, "priority") == 0 || strcmp(n, "scale") == 0) {
+            out->priority = SP_SCHED_PRIO_PREMIUM;
+        } else if (strcmp(n, "auto") == 0 || strcmp(n, "default") == 0) {
+            out->priority = SP_SCHED_PRIO_STANDARD;
+        } else if (strcmp(n, "flex") == 0) {
+            out->priority = SP_SCHED_PRIO_BATCH;
+        } else {
+            return sp_json_fail(e, "service_tier", "'service_tier' must be \"auto\", "
+                                "\"default\", \"flex\", \"priority\" or \"scale\"");
         }
     }
     int64_t unit = triton ? 1 : 1000; /* microseconds per given unit */

@@ -213,11 +213,11 @@ def error_cases():
         ("grammar not a string", "/v1/completions", {"grammar": 5}, "grammar", "GBNF"),
         ("schema pattern", "/v1/chat/completions",
          {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-             "type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}},
-         "response_format.json_schema.schema", "'pattern' is not supported (at /properties/s)"),
+             "type": "object", "properties": {"s": {"type": "string", "pattern": "^(?=a)"}}}}}},
+         "response_format.json_schema.schema", "lookahead '(?=' is not supported (at offset 2 of the pattern) (at /properties/s)"),
         ("schema format", "/v1/chat/completions",
          {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-             "type": "string", "format": "email"}}}}, "response_format.json_schema.schema", "'format'"),
+             "type": "string", "format": "hostname"}}}}, "response_format.json_schema.schema", "format 'hostname'"),
         ("schema if/then", "/v1/chat/completions",
          {"response_format": {"type": "json_schema", "json_schema": {"schema": {"if": {}}}}},
          "response_format.json_schema.schema", "'if'"),
@@ -249,8 +249,8 @@ def error_cases():
          "tools[0]"),
         ("tool parameters unsupported", "/v1/chat/completions",
          {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-             "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}],
-          "tool_choice": "required"}, "tools", "'format'"),
+             "type": "object", "properties": {"d": {"type": "string", "format": "ipv6"}}}}}],
+          "tool_choice": "required"}, "tools", "format 'ipv6'"),
     ]
     for name, path, extra, param, needle in cases:
         body = dict({"model": "stories260K", "max_tokens": 8}, **extra)

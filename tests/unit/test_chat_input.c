@@ -74,7 +74,8 @@ TEST(chat_input_errors_name_the_message)
         {"[{\"role\":\"user\",\"content\":3}]",
          "messages[0].content must be a string or a list of parts"},
         {"[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]",
-         "messages[0].content: only parts {\"type\": \"text\", \"text\": ...} are supported"},
+         "messages[0].content[0]: 'image_url' parts are not supported (the served models take text "
+         "only: parts {\"type\": \"text\", \"text\": ...})"},
         {"[{\"role\":\"user\",\"content\":[\"a\"]}]",
          "messages[0].content: only parts {\"type\": \"text\", \"text\": ...} are supported"},
         {"[{\"role\":\"user\",\"content\":\"a\",\"name\":5}]", "messages[0].name must be a string"},

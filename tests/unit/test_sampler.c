@@ -439,3 +439,38 @@ TEST(sampler_degenerate_logits)
     ASSERT_EQ(sp_sampler_sample(s, l), 1);
     sp_sampler_destroy(s);
 }
+
+/* logit_bias: added after the penalties; -100 removes the greedy token, +100 makes a
+ * token the greedy one; the candidates shortcut is off (the whole row is needed). */
+TEST(sampler_logit_bias)
+{
+    enum { V = 16 };
+    float base[V];
+    for (int i = 0; i < V; i++) {
+        base[i] = (float)i * 0.5f; /* token 15 is the greedy one, 14 next */
+    }
+    sp_sampler_params_t p = sp_sampler_default_params();
+    p.temperature = 0.0f;
+    sp_sampler_t *s = NULL;
+    char err[128];
+    float l[V];
+    p.n_bias = 1;
+    p.bias_id[0] = 15;
+    p.bias[0] = -100.0f;
+    ASSERT_OK(sp_sampler_create(&p, V, &s, err, sizeof err));
+    memcpy(l, base, sizeof l);
+    ASSERT_EQ(sp_sampler_sample(s, l), 14);
+    ASSERT_EQ(sp_sampler_candidates(s), 0);
+    sp_sampler_destroy(s);
+    p.bias_id[0] = 2;
+    p.bias[0] = 100.0f;
+    ASSERT_OK(sp_sampler_create(&p, V, &s, err, sizeof err));
+    memcpy(l, base, sizeof l);
+    ASSERT_EQ(sp_sampler_sample(s, l), 2);
+    sp_sampler_destroy(s);
+    p.bias_id[0] = V;
+    ASSERT(sp_sampler_create(&p, V, &s, err, sizeof err) == SP_ERR_INVALID);
+    p.bias_id[0] = 1;
+    p.bias[0] = 101.0f;
+    ASSERT(sp_sampler_create(&p, V, &s, err, sizeof err) == SP_ERR_INVALID);
+}

@@ -84,3 +84,32 @@ TEST(schedreq_timeout_units_and_deadline)
     ASSERT_EQ(sp_schedreq_deadline_ns(&none, 0, 1000), 0);
     ASSERT_EQ(sp_schedreq_deadline_ns(&none, 3, 0), 3000000000LL);
 }
+
+TEST(schedreq_openai_service_tier)
+{
+    sp_schedreq_t r;
+    sp_json_err_t e;
+    static const struct {
+        const char *json;
+        int32_t prio;
+    } cases[] = {
+        {"{\"service_tier\": \"priority\"}", SP_SCHED_PRIO_PREMIUM},
+        {"{\"service_tier\": \"scale\"}", SP_SCHED_PRIO_PREMIUM},
+        {"{\"service_tier\": \"default\"}", SP_SCHED_PRIO_STANDARD},
+        {"{\"service_tier\": \"auto\"}", SP_SCHED_PRIO_STANDARD},
+        {"{\"service_tier\": \"flex\"}", SP_SCHED_PRIO_BATCH},
+        {"{\"service_tier\": \"flex\", \"priority\": \"premium\"}", SP_SCHED_PRIO_PREMIUM},
+        {"{\"service_tier\": null}", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&r, 0, sizeof r);
+        ASSERT_EQ(parse(cases[i].json, SP_SCHEDREQ_OPENAI, &r, &e), 0);
+        ASSERT_EQ(r.priority, cases[i].prio);
+    }
+    ASSERT_EQ(parse("{\"service_tier\": \"gold\"}", SP_SCHEDREQ_OPENAI, &r, &e), -1);
+    ASSERT(strcmp(e.param, "service_tier") == 0);
+    /* Triton's requests have no service_tier: not read there */
+    memset(&r, 0, sizeof r);
+    ASSERT_EQ(parse("{\"service_tier\": \"flex\"}", SP_SCHEDREQ_TRITON, &r, &e), 0);
+    ASSERT_EQ(r.priority, 0);
+}
