@@ -162,6 +162,7 @@ struct sp_sched {
     sp_blocks_t *swa_blocks;
     int64_t n_swa;
     uint8_t *swa_have;
+    bool swa_short;        /* a row of the step being planned was cut for sliding blocks */
     sp_ctx_t *embed_ctx;   /* embeddings (mean pooling over a private cache) */
     sp_gen_vocab_t *vocab; /* the JSON constraint's piece table, shared by all generations */
     seq_t **running;       /* admission order; max_seqs entries */
@@ -951,6 +952,7 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
         sp_swa_trim(s->swa_blocks, &sq->swa, sp_swa_first(s->n_swa, sq->n_computed));
         if (!sp_swa_cover(s->swa_blocks, &sq->swa, blocks_for(sq->n_computed + n))) {
             n = sq->swa.n * SP_KV_BLOCK - sq->n_computed;
+            s->swa_short = true;
             SP_LOG_WARN("event=kv_swa_short seq_tokens=%lld row=%lld", (long long)sq->n_tokens,
                         (long long)n);
             if (n < 1) {
@@ -1399,8 +1401,16 @@ engine_step(sp_sched_t *s)
     ensure_blocks(s);
     spec_plan(s);
     draft_propose(s);
+    s->swa_short = false;
     int64_t rows = plan_step(s);
     int64_t n_seqs = s->n_rows;
+    if (n_seqs == 0 && s->swa_short && s->n_running > 1) {
+        /* No running sequence got sliding blocks (the sizing rules this out):
+         * free some rather than wait for nothing. */
+        pthread_mutex_lock(&s->mu);
+        preempt_locked(s, pick_victim(s, SP_TIER_COUNT));
+        pthread_mutex_unlock(&s->mu);
+    }
     if (n_seqs > 0) {
         for (int64_t i = 0; i < n_seqs; i++) {
             s->cand_k[i] = s->rows[i].logits && s->rows[i].n_logits <= 1
