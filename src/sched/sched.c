@@ -18,6 +18,12 @@
  * Embedding sequences go through the same queue and run on a private
  * sp_ctx (sp_ctx_embed), at most one per step.
  *
+ * A model with sliding-window layers gets a two-part pool (docs/design-swa.md):
+ * step 3 is then the global part's, and each row also takes the sliding
+ * blocks of its positions and releases those its window left behind
+ * (plan_row, sched/swa.h); a prefix match is cut to what leaves the next
+ * token's window cached in the sliding part.
+ *
  * A sequence keeps all its tokens (prompt + generated) and its sp_gen_t for
  * its whole life. Preemption drops only its KV blocks: it goes back to the
  * head of its tier and, readmitted, recomputes its tokens (mostly from the
@@ -206,6 +212,7 @@ struct sp_sched {
     atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
     atomic_int_fast64_t st_spec_rows, st_spec_drafted, st_spec_accepted;
+    atomic_int_fast64_t st_swa_cut; /* prefix blocks not reused: their window was not cached */
     sp_drain_t drain;      /* sequences ended lately, for Retry-After */
 };
 
@@ -711,15 +718,16 @@ preempt_locked(sp_sched_t *s, seq_t *sq)
 /* Full blocks of sq's tokens in the prefix cache, without taking them; the
  * last token is always left to compute (its logits are needed). With a
  * two-part pool, only as many as leave the window of the next token cached in
- * the sliding part too (sp_swa_usable_prefix). *n_cached: how many of the
- * global blocks are unheld (their reuse takes them from the available),
- * *n_swa_cached the same for the sliding ones. */
+ * the sliding part too (sp_swa_usable_prefix); *n_global: the match in the
+ * global part alone. *n_cached: how many of the global blocks taken are
+ * unheld (their reuse takes them from the available). */
 static int64_t
-prefix_match(sp_sched_t *s, const seq_t *sq, int64_t *n_cached, int64_t *n_swa_cached)
+prefix_match(sp_sched_t *s, const seq_t *sq, int64_t *n_cached, int64_t *n_global)
 {
     int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
     uint64_t h, ser;
     chain_root(sq, &h, &ser);
+    *n_cached = 0;
     for (; k < max; k++) {
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
         uint64_t hh = sp_blocks_hash(h, t), ns = 0, sser = 0;
@@ -727,32 +735,32 @@ prefix_match(sp_sched_t *s, const seq_t *sq, int64_t *n_cached, int64_t *n_swa_c
         if (id < 0) {
             break;
         }
+        *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
         if (s->swa_blocks != NULL) {
             s->swa_have[k] = sp_blocks_probe(s->swa_blocks, hh, ser, t, &sser) >= 0;
         }
         h = hh;
         ser = ns;
     }
-    if (s->swa_blocks != NULL) {
-        k = sp_swa_usable_prefix(s->n_swa, k, s->swa_have);
+    *n_global = k;
+    if (s->swa_blocks == NULL) {
+        return k;
     }
-    /* The unheld ones among those taken. */
-    *n_cached = *n_swa_cached = 0;
-    chain_root(sq, &h, &ser);
-    const int64_t first = s->swa_blocks != NULL ? sp_swa_first(s->n_swa, k * SP_KV_BLOCK) : k;
-    for (int64_t i = 0; i < k; i++) {
-        const int32_t *t = sq->tokens + i * SP_KV_BLOCK;
-        uint64_t hh = sp_blocks_hash(h, t), ns = 0, sser = 0;
-        int32_t id = sp_blocks_probe(s->blocks, hh, ser, t, &ns);
-        *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
-        if (i >= first) {
-            int32_t sid = sp_blocks_probe(s->swa_blocks, hh, ser, t, &sser);
-            *n_swa_cached += sp_blocks_refcount(s->swa_blocks, sid) == 0;
+    const int64_t usable = sp_swa_usable_prefix(s->n_swa, k, s->swa_have);
+    if (usable < k) {
+        /* Count the unheld ones again over the shorter prefix. */
+        *n_cached = 0;
+        chain_root(sq, &h, &ser);
+        for (int64_t i = 0; i < usable; i++) {
+            const int32_t *t = sq->tokens + i * SP_KV_BLOCK;
+            uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+            int32_t id = sp_blocks_probe(s->blocks, hh, ser, t, &ns);
+            *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
+            h = hh;
+            ser = ns;
         }
-        h = hh;
-        ser = ns;
     }
-    return k;
+    return usable;
 }
 
 /* Take sq's blocks (the caller checked there are enough): the prefix cache's
@@ -761,8 +769,9 @@ prefix_match(sp_sched_t *s, const seq_t *sq, int64_t *n_cached, int64_t *n_swa_c
 static void
 seq_take_blocks(sp_sched_t *s, seq_t *sq)
 {
-    int64_t c0, c1;
-    const int64_t max = prefix_match(s, sq, &c0, &c1);
+    int64_t unheld, global;
+    const int64_t max = prefix_match(s, sq, &unheld, &global);
+    atomic_fetch_add(&s->st_swa_cut, global - max);
     const int64_t first = s->swa_blocks != NULL ? sp_swa_first(s->n_swa, max * SP_KV_BLOCK) : 0;
     int64_t k = 0;
     uint64_t h, ser;
@@ -871,10 +880,10 @@ admit_locked(sp_sched_t *s, int64_t budget, seq_t **embed)
             }
             continue;
         }
-        int64_t cached_hits = 0, swa_cached = 0;
+        int64_t cached_hits = 0, global = 0;
         /* The sliding part is sized for every slot's window (sched_plan), so
          * the slot count bounds it: only the global part is checked here. */
-        int64_t hits = prefix_match(s, sq, &cached_hits, &swa_cached);
+        int64_t hits = prefix_match(s, sq, &cached_hits, &global);
         int64_t need = blocks_for(sq->n_tokens) - hits;
         int64_t avail = sp_blocks_available(s->blocks) - cached_hits;
         if (s->n_running >= s->p.n_slots || avail < need) {
@@ -1922,6 +1931,7 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->kv_swa_blocks_total = s->swa_blocks != NULL ? s->swa_bstats.n_blocks : 0;
     o->kv_swa_blocks_used = s->swa_blocks != NULL ? s->swa_bstats.n_held : 0;
     o->kv_swa_blocks_cached = s->swa_blocks != NULL ? s->swa_bstats.n_cached : 0;
+    o->prefix_swa_cut_blocks = atomic_load(&s->st_swa_cut);
     o->steps = s->steps;
     o->last_step_seqs = s->last_step_seqs;
     o->last_step_rows = s->last_step_rows;

@@ -161,6 +161,8 @@ typedef struct sp_sched_stats {
     /* the sliding part of a two-part pool (0 without one): its blocks in all, held
        and cached (kv_blocks_* above are then the global part's) */
     int64_t kv_swa_blocks_total, kv_swa_blocks_used, kv_swa_blocks_cached;
+    int64_t prefix_swa_cut_blocks; /* cached prefix blocks not reused: the sliding part no
+                                      longer held the window after them */
     int64_t steps, last_step_seqs, last_step_rows;
     double mean_step_seqs, mean_step_rows;
     int64_t step_seqs_total;                             /* sum of sequences over steps */

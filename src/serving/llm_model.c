@@ -394,6 +394,7 @@ llm_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
         o->kv_swa_blocks_total += t.kv_swa_blocks_total;
         o->kv_swa_blocks_used += t.kv_swa_blocks_used;
         o->kv_swa_blocks_cached += t.kv_swa_blocks_cached;
+        o->prefix_swa_cut_blocks += t.prefix_swa_cut_blocks;
         o->kv_evictions += t.kv_evictions;
         o->budget_decreases += t.budget_decreases;
         o->step_seqs_total += t.step_seqs_total;

@@ -9,7 +9,9 @@ repeat one token):
   - the greedy texts are the same with and without the two-part pool, alone and four at a
     time (the sliding layers never read outside their window);
   - prefix reuse after the window has moved many times gives the same text as the first
-    run and as the full layout, with prefix hits counted; no block is left held.
+    run and as the full layout, with prefix hits counted; after other sequences reclaimed
+    the small sliding part's cached blocks, the match is cut (prefix_swa_cut_blocks in
+    GET /stats) and the text is still the same; no block is left held.
 Last line:
     swa: N passed, N failed, N skipped"""
 import http.client
@@ -136,6 +138,16 @@ def main():
                 r["prefix_prompt"] = d1["usage"]["prompt_tokens"]
                 r["hits"] = after["prefix_hits"] - before["prefix_hits"]
                 r["cached"] = after["prompt_tokens_cached"] - before["prompt_tokens_cached"]
+                # Other long sequences churn the small sliding part (its cached blocks are
+                # reclaimed oldest first) while the global part keeps the prompt's blocks:
+                # the match is cut to a prefix whose window is still cached, or to none.
+                together(srv.port, 90)
+                before = stats(srv.port)
+                st3, d3 = complete(srv.port, body(long_prompt, 40))
+                after = stats(srv.port)
+                r["prefix3"] = d3["choices"][0]["text"]
+                r["hits3"] = after["prefix_hits"] - before["prefix_hits"]
+                r["cut3"] = after.get("prefix_swa_cut_blocks", 0) - before.get("prefix_swa_cut_blocks", 0)
                 d = wait_idle(srv.port)
                 r["idle"] = (d["kv_blocks_used"], d["kv_swa_blocks_used"])
                 m = get(srv.port, "/metrics")
@@ -168,6 +180,10 @@ def main():
                w["prefix"][0] == w["prefix"][1] == f["prefix"][0],
                "" if w["prefix"][0] == w["prefix"][1] == f["prefix"][0]
                else f"{w['prefix']!r:.300} vs {f['prefix'][0]!r:.200}")
+        s.case("prefix reuse: the match is cut where the sliding part lost the window",
+               w["cut3"] > 0 and w["hits3"] + w["cut3"] == w["hits"] and f["cut3"] == 0,
+               f"swa: hits {w['hits3']} + cut {w['cut3']} of {w['hits']}; full: cut {f['cut3']}")
+        s.case("prefix reuse: same text after the cut", w["prefix3"] == f["prefix"][0])
         s.case("no block held when idle", w["idle"] == (0, 0) and f["idle"] == (0, 0),
                f"{w['idle']} {f['idle']}")
         s.case("sliding used gauge back to 0", w["used_gauge"] == 0, str(w["used_gauge"]))
