@@ -288,6 +288,149 @@ TEST(swa_two_part_pool_matches_full_cache)
     }
 }
 
+/*
+ * Prefix reuse after the window moved, as the scheduler does it: sequence A
+ * (70 positions) publishes each full block in both parts under the global
+ * chain's key and releases its sliding blocks as its window moves (the
+ * published ones stay cached); B shares A's first 64 positions then goes
+ * its own way. B takes the usable prefix - the 4 global blocks and only the
+ * sliding blocks its next token's window reads, the others -1 - and computes
+ * from position 64: its logits must equal B alone on a full cache. With the
+ * sliding block the window needs evicted, the usable prefix shrinks.
+ */
+TEST(swa_prefix_reuse_after_the_window_moved)
+{
+    char err[256];
+    void *buf = NULL;
+    sp_model_t *m = load_gemma("gemma3", &buf);
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    enum { LA = 70, LB = 90, SHARED = 64, NB = 6 };
+    int32_t a[LA], bt[LB];
+    rng = 0x452821e638d01377ull;
+    for (int i = 0; i < LB; i++) bt[i] = (int32_t)(1 + rnd() % (V - 1));
+    memcpy(a, bt, SHARED * sizeof(int32_t));
+    for (int i = SHARED; i < LA; i++) a[i] = (int32_t)(1 + rnd() % (V - 1));
+    float *ref = alone_logits(m, bt, LB, SP_KV_TYPE_F32);
+
+    sp_kv_pool_params_t kp = {2 * NB, SP_KV_TYPE_F32};
+    sp_kv_pool_t *kv;
+    ASSERT_OK(sp_kv_pool_create_split(m, &kp, 8, &kv, err, sizeof err));
+    sp_blocks_t *gb, *sb;
+    ASSERT_OK(sp_blocks_create(2 * NB, &gb, err, sizeof err));
+    ASSERT_OK(sp_blocks_create(8, &sb, err, sizeof err));
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_seqs = 1;
+    bp.max_ctx = LB;
+    bp.n_threads = 1;
+    sp_batch_t *b;
+    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
+
+    /* A: 7 positions a step, publishing full blocks, its window trimmed. */
+    int32_t ta[2 * NB];
+    sp_swa_table_t sa = {ta + NB, NB, 0, 0};
+    uint64_t h = 0, ser = SP_BLOCKS_ROOT;
+    int64_t published = 0;
+    for (int64_t i = 0; i < NB; i++) ta[i] = sp_blocks_alloc(gb);
+    for (int64_t pos = 0; pos < LA; pos += 7) {
+        sp_swa_trim(sb, &sa, sp_swa_first(WINDOW, pos));
+        ASSERT(sp_swa_cover(sb, &sa, (pos + 7 + SP_KV_BLOCK - 1) / SP_KV_BLOCK));
+        sp_batch_seq_t r = {a + pos, 7, pos, ta, NB, false, 0, NULL};
+        ASSERT_OK(sp_batch_eval(b, kv, &r, 1));
+        for (; (published + 1) * SP_KV_BLOCK <= pos + 7; published++) {
+            const int32_t *t = a + published * SP_KV_BLOCK;
+            const uint64_t hh = sp_blocks_hash(h, t);
+            ASSERT(sa.ids[published] >= 0); /* still held: published before trimming */
+            sp_blocks_publish(sb, sa.ids[published], hh, ser, t);
+            ser = sp_blocks_publish(gb, ta[published], hh, ser, t);
+            h = hh;
+        }
+    }
+    sp_swa_release(sb, &sa);
+    for (int64_t i = NB - 1; i >= 0; i--) sp_blocks_unref(gb, ta[i]);
+
+    for (int evict = 0; evict < 2; evict++) {
+        /* B: match the global chain, note which sliding blocks are cached. */
+        uint8_t have[NB];
+        int64_t k = 0;
+        h = 0;
+        ser = SP_BLOCKS_ROOT;
+        uint64_t hs[NB], ps[NB];
+        for (; k < (LB - 1) / SP_KV_BLOCK; k++) {
+            const int32_t *t = bt + k * SP_KV_BLOCK;
+            uint64_t hh = sp_blocks_hash(h, t), ns = 0, ss = 0;
+            if (sp_blocks_probe(gb, hh, ser, t, &ns) < 0) break;
+            have[k] = sp_blocks_probe(sb, hh, ser, t, &ss) >= 0;
+            hs[k] = hh;
+            ps[k] = ser;
+            h = hh;
+            ser = ns;
+        }
+        ASSERT_EQ(k, SHARED / SP_KV_BLOCK);
+        const int64_t use = sp_swa_usable_prefix(WINDOW, k, have);
+        /* Position 64's window is 57..64: sliding block 3 only. */
+        ASSERT_EQ(use, evict ? 0 : 4);
+        int32_t tb[2 * NB];
+        sp_swa_table_t sbt = {tb + NB, NB, 0, 0};
+        const int64_t first = sp_swa_first(WINDOW, use * SP_KV_BLOCK);
+        sp_swa_trim(sb, &sbt, first);
+        for (int64_t i = 0; i < use; i++) {
+            uint64_t ns = 0;
+            tb[i] = sp_blocks_lookup(gb, hs[i], ps[i], bt + i * SP_KV_BLOCK, &ns);
+            ASSERT(tb[i] >= 0);
+            if (i >= first) {
+                tb[NB + i] = sp_blocks_lookup(sb, hs[i], ps[i], bt + i * SP_KV_BLOCK, &ns);
+                ASSERT(tb[NB + i] >= 0 && sbt.n == i);
+                sbt.n++;
+            }
+        }
+        for (int64_t i = use; i < NB; i++) {
+            tb[i] = sp_blocks_alloc(gb);
+            ASSERT(tb[i] >= 0);
+        }
+        if (!evict) {
+            ASSERT(first == 3 && tb[NB] == -1 && tb[NB + 2] == -1);
+        }
+        for (int64_t pos = use * SP_KV_BLOCK; pos < LB;) {
+            const int64_t n = pos < SHARED ? 16 : 1;
+            sp_swa_trim(sb, &sbt, sp_swa_first(WINDOW, pos));
+            ASSERT(sp_swa_cover(sb, &sbt, (pos + n + SP_KV_BLOCK - 1) / SP_KV_BLOCK));
+            sp_batch_seq_t r = {bt + pos, n, pos, tb, NB, true, 0, NULL};
+            ASSERT_OK(sp_batch_eval(b, kv, &r, 1));
+            const float *lg = sp_batch_logits(b, 0);
+            if (memcmp(lg, ref + (pos + n - 1) * V, (size_t)V * sizeof(float)) != 0) {
+                SP_TEST_FAIL("evict %d: B at %lld differs from B alone", evict,
+                             (long long)(pos + n - 1));
+            }
+            pos += n;
+        }
+        sp_swa_release(sb, &sbt);
+        for (int64_t i = NB - 1; i >= 0; i--) sp_blocks_unref(gb, tb[i]);
+        if (!evict) {
+            /* Drop the cached sliding block position 64's window needs: as
+             * if other sequences had reclaimed it (its global one stays). */
+            uint64_t ns = 0;
+            const int32_t id = sp_blocks_lookup(sb, hs[3], ps[3], bt + 48, &ns);
+            ASSERT(id >= 0);
+            int32_t taken[8];
+            int n_taken = 0;
+            while (n_taken < 8 && (taken[n_taken] = sp_blocks_alloc(sb)) >= 0) {
+                n_taken++; /* every other block: the LRU is empty after */
+            }
+            sp_blocks_unref(sb, id); /* back to the LRU, alone there */
+            ASSERT_EQ(sp_blocks_alloc(sb), id); /* reclaimed: no longer cached */
+            sp_blocks_unref(sb, id);
+            while (n_taken > 0) sp_blocks_unref(sb, taken[--n_taken]);
+        }
+    }
+    sp_free(ref);
+    sp_batch_destroy(b);
+    sp_blocks_destroy(gb);
+    sp_blocks_destroy(sb);
+    sp_kv_pool_destroy(kv);
+    sp_model_free(m);
+    sp_free(buf);
+}
+
 /* The bytes of a two-part pool: the global blocks without the sliding
  * layers, the sliding blocks with them only; refusals. */
 TEST(swa_two_part_pool_sizes_and_refusals)
