@@ -19,7 +19,9 @@
 #include "engine/model.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "sampan/log.h"
 #include "sched/blocks.h"
+#include "sched/sched.h"
 #include "sched/swa.h"
 
 #define DEMO "models/stories260K.gguf"
@@ -531,4 +533,62 @@ TEST(swa_usable_prefix_and_table)
     sp_blocks_get_stats(b, &st);
     ASSERT_EQ(st.n_free, 3);
     sp_blocks_destroy(b);
+}
+
+/* The scheduler's split of a --kv-blocks budget (gemma2 here: 2 of 4 layers
+ * slide, so a sliding block and a global block are half a whole one each):
+ * per slot the window's block, 2 more and a speculative row's block, plus a
+ * step's rows; the rest of the memory in global blocks. Its estimate equals
+ * what create allocates, and --kv-swa-full or a budget too small to gain
+ * keep one part. */
+TEST(swa_sched_sizing_and_estimate)
+{
+    char err[256];
+    void *buf = NULL;
+    sp_model_t *m = load_gemma("gemma2", &buf);
+    sp_log_set_level(SP_LOG_LEVEL_WARN);
+    struct {
+        int64_t kv_blocks;
+        bool full;
+        int64_t want_blocks, want_swa;
+    } cases[] = {
+        {40, false, 80 - 20, 4 * (1 + 2 + 1) + 64 / 16}, /* 20 sliding, (40 x 2 - 20) global */
+        {40, true, 40, 0},
+        {16, false, 16, 0}, /* 20 sliding blocks would not fit in 16 whole ones */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sp_sched_params_t p = sp_sched_default_params();
+        p.n_slots = 4;
+        p.prefill_chunk = 64;
+        p.kv_blocks = cases[i].kv_blocks;
+        p.kv_swa_full = cases[i].full;
+        p.n_threads = 1;
+        sp_sched_mem_t est;
+        ASSERT_OK(sp_sched_estimate(m, &p, &est, err, sizeof err));
+        ASSERT_EQ(est.kv_blocks, cases[i].want_blocks);
+        ASSERT_EQ(est.kv_swa_blocks, cases[i].want_swa);
+        size_t before = sp_alloc_bytes_in_use();
+        sp_sched_t *s;
+        ASSERT_OK(sp_sched_create(m, &p, &s, err, sizeof err));
+        const size_t got = sp_alloc_bytes_in_use() - before;
+        sp_sched_stats_t st;
+        sp_sched_get_stats(s, &st);
+        sp_sched_destroy(s);
+        ASSERT_EQ(sp_alloc_bytes_in_use(), before);
+        ASSERT_EQ(st.kv_blocks_total, cases[i].want_blocks);
+        ASSERT_EQ(st.kv_swa_blocks_total, cases[i].want_swa);
+        /* The pool's bytes: the same memory either way, give or take a block. */
+        const size_t bb = sp_kv_block_bytes(m, SP_KV_TYPE_F32);
+        ASSERT(est.kv_bytes <= (uint64_t)(cases[i].kv_blocks + 1) * bb + 4096);
+        ASSERT(est.kv_bytes + bb >= (uint64_t)cases[i].kv_blocks * bb);
+        /* The estimate: within the bounds the scheduler's own test allows
+         * (a few private objects bounded from above). */
+        const double diff = (double)(est.kv_bytes + est.scratch_bytes) - (double)got;
+        if (diff > 0.05 * (double)got + 65536.0 || -diff > 0.05 * (double)got + 65536.0) {
+            SP_TEST_FAIL("case %zu: estimate %llu, allocated %zu", i,
+                         (unsigned long long)(est.kv_bytes + est.scratch_bytes), got);
+        }
+    }
+    sp_model_free(m);
+    sp_free(buf);
 }
