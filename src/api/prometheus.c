@@ -252,6 +252,15 @@ render_models(sp_jbuf_t *b, model_view_t *v, int n)
     family(b, "sampan_kv_cache_capacity_blocks", "gauge", "KV blocks in the pools.");
     EACH sample(b, "sampan_kv_cache_capacity_blocks", "model", M->name, M->version_str, NULL,
                 (double)ST.kv_blocks_total);
+    family(b, "sampan_kv_cache_sliding_used_blocks", "gauge",
+           "Sliding-window layers' KV blocks held by running sequences (a two-part pool; 0 "
+           "without one, the blocks above are then all of it).");
+    EACH sample(b, "sampan_kv_cache_sliding_used_blocks", "model", M->name, M->version_str, NULL,
+                (double)ST.kv_swa_blocks_used);
+    family(b, "sampan_kv_cache_sliding_capacity_blocks", "gauge",
+           "Sliding-window layers' KV blocks in the pools.");
+    EACH sample(b, "sampan_kv_cache_sliding_capacity_blocks", "model", M->name, M->version_str,
+                NULL, (double)ST.kv_swa_blocks_total);
     family(b, "sampan_kv_cache_usage_ratio", "gauge", "KV blocks used over total (0..1).");
     EACH sample(b, "sampan_kv_cache_usage_ratio", "model", M->name, M->version_str, NULL,
                 ST.kv_blocks_total ? (double)ST.kv_blocks_used / (double)ST.kv_blocks_total : 0);

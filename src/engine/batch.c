@@ -9,7 +9,10 @@
  * value tile (SP_KV_BLOCK rows of head_dim). So one (layer, head) of one block
  * is contiguous for K and for V (the kernels stream it), a block is one range
  * of memory (copying it for copy-on-write is one memcpy), and the kernels find
- * block id b of (layer, head) at base + b * block_elems.
+ * block id b of (layer, head) at base + b * block_elems. A two-part pool
+ * (kv.c) has two such arrays, the global layers' and the sliding layers',
+ * each with its own block ids; a sequence then has two block tables and the
+ * sliding one needs only the blocks of its window (docs/design-swa.md).
  *
  * A step: every row is embedded; every weight product runs over all rows at
  * once, split by weight rows across the thread pool (one weight read per step,
@@ -922,26 +925,30 @@ rope_job_run(void *arg, int64_t t, int ith)
     }
     const int64_t pos = b->row_pos[t];
     SP_ASSERT(pos >= 0 && pos < b->max_ctx); /* the cache rows the buffers were sized for */
-    const int64_t block = b->seqs[b->row_seq[t]].blocks[pos / SP_KV_BLOCK];
+    const bool in_swa = sp__kv_in_swa(kv, j->il);
+    const sp_batch_seq_t *sq = &b->seqs[b->row_seq[t]];
+    const int64_t block = (in_swa ? sq->blocks + sq->n_blocks : sq->blocks)[pos / SP_KV_BLOCK];
     const int64_t lane = pos % SP_KV_BLOCK;
-    SP_ASSERT(block >= 0 && block < kv->n_blocks); /* the write lands inside the pool */
+    /* The write lands inside the pool (its part's ids). */
+    SP_ASSERT(block >= 0 && block < (in_swa ? kv->n_swa_blocks : kv->n_blocks));
+    void *data = sp__kv_data(kv, j->il);
     for (int64_t g = 0; g < n_kv; g++) {
         const int64_t tile = sp__kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
         char *vdst =
-            (char *)kv->data + (size_t)(tile + kv->tile_elems + lane * kv->v_row) * kv->elt;
+            (char *)data + (size_t)(tile + kv->tile_elems + lane * kv->v_row) * kv->elt;
         if (kv->type == SP_TYPE_Q8_0) {
             /* Quantised as stored: keys per position into the lane (kernels.h). */
-            sp_kv_q8_store_key((char *)kv->data + tile, lane, kg, hd);
+            sp_kv_q8_store_key((char *)data + tile, lane, kg, hd);
             sp_kv_q8_store_value(vdst, vt + g * hd, hd);
         } else if (kv->type == SP_TYPE_F32) {
-            float *kc = (float *)kv->data + tile;
+            float *kc = (float *)data + tile;
             for (int64_t d = 0; d < hd; d++) {
                 kc[d * SP_KV_BLOCK + lane] = kg[d];
             }
             memcpy(vdst, vt + g * hd, (size_t)hd * sizeof(float));
         } else {
-            sp_fp16_t *kc = (sp_fp16_t *)kv->data + tile;
+            sp_fp16_t *kc = (sp_fp16_t *)data + tile;
             for (int64_t d = 0; d < hd; d++) {
                 kc[d * SP_KV_BLOCK + lane] = sp_fp32_to_fp16(kg[d]);
             }
@@ -996,7 +1003,10 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             continue;
         }
         const int64_t tile = sp__kv_tile(kv, 0, src, g, hp->n_head_kv);
-        const char *base = (const char *)kv->data + (size_t)tile * kv->elt;
+        const bool in_swa = sp__kv_in_swa(kv, src);
+        const sp_batch_seq_t *sq = &b->seqs[b->row_seq[t]];
+        const int64_t be = in_swa ? kv->swa_block_elems : kv->block_elems;
+        const char *base = (const char *)sp__kv_data(kv, src) + (size_t)tile * kv->elt;
         sp_attn_args_t a = {
             .head_dim = hd,
             .n_q = n_q,
@@ -1005,9 +1015,9 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             .q_stride = hd,
             .k = base,
             .v = base + (size_t)kv->tile_elems * kv->elt,
-            .blocks = b->seqs[b->row_seq[t]].blocks,
-            .k_block_stride = kv->block_elems,
-            .v_block_stride = kv->block_elems,
+            .blocks = in_swa ? sq->blocks + sq->n_blocks : sq->blocks,
+            .k_block_stride = be,
+            .v_block_stride = be,
             .v_stride = kv->v_row,
             .scale = b->attn_scale,
             .o = b->att + t * q_dim + h0 * hd,
@@ -1100,6 +1110,15 @@ sort_rows_by_pos(int32_t *order, const int64_t *pos, int64_t n)
     }
 }
 
+/* The first sliding-part table entry a step of s reads: the block of the
+ * window's start for its first token (batch.h). */
+static int64_t
+swa_first_block(const sp_batch_t *b, const sp_batch_seq_t *s)
+{
+    const int64_t start = s->pos + 1 - b->m->hp.n_swa;
+    return start > 0 ? start / SP_KV_BLOCK : 0;
+}
+
 /* The header's contract, checked before anything is computed. */
 static sp_status_t
 validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_seqs)
@@ -1138,10 +1157,21 @@ validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_
                 return SP_ERR_INVALID;
             }
         }
+        if (kv->n_swa_blocks > 0) {
+            const int32_t *swa = s->blocks + s->n_blocks;
+            for (int64_t k = swa_first_block(b, s); k < need; k++) {
+                if (swa[k] < 0 || swa[k] >= kv->n_swa_blocks) {
+                    return SP_ERR_INVALID;
+                }
+            }
+        }
     }
     /* No block written twice: by two sequences, or twice in one table. */
     if (++kv->epoch == 0) { /* wrapped: old marks could collide */
         memset(kv->mark, 0, (size_t)kv->n_blocks * sizeof(uint32_t));
+        if (kv->swa_mark != NULL) {
+            memset(kv->swa_mark, 0, (size_t)kv->n_swa_blocks * sizeof(uint32_t));
+        }
         kv->epoch = 1;
     }
     for (int64_t i = 0; i < n_seqs; i++) {
@@ -1153,6 +1183,13 @@ validate(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64_t n_
                 return SP_ERR_INVALID;
             }
             kv->mark[s->blocks[k]] = kv->epoch;
+            if (kv->n_swa_blocks > 0) {
+                const int32_t id = s->blocks[s->n_blocks + k];
+                if (kv->swa_mark[id] == kv->epoch) {
+                    return SP_ERR_INVALID;
+                }
+                kv->swa_mark[id] = kv->epoch;
+            }
         }
     }
     return SP_OK;

@@ -46,6 +46,10 @@ typedef struct sp_kv_pool_params {
  * the enum). Per position, layer and KV head: 2 head_dim x 4 (F32), x 2
  * (F16), 2 (head_dim + 2 ceil(head_dim / 32)) (Q8_0). */
 size_t sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type);
+/* The part of sp_kv_block_bytes that the sliding-window layers take (0 for a
+ * model without them): a two-part pool's sliding block; the global block is
+ * the difference. */
+size_t sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type);
 sp_status_t sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p,
                               sp_kv_pool_t **out, char *err, size_t err_len);
 void sp_kv_pool_destroy(sp_kv_pool_t *kv);
@@ -57,8 +61,26 @@ size_t sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p);
 sp_status_t sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err,
                              size_t err_len);
 int64_t sp_kv_pool_n_blocks(const sp_kv_pool_t *kv);
-/* Copy block src's contents to dst (copy-on-write of a shared partial block).
- * Ids outside the pool, or dst == src, do nothing. Not during a step. */
+/*
+ * A pool of two parts for a model with sliding-window layers: p->n_blocks
+ * blocks hold the global layers only and a second id space of n_swa_blocks
+ * blocks the sliding layers, so a sequence needs sliding blocks for its window
+ * only (sp_batch_seq_t.blocks). n_swa_blocks 0 is sp_kv_pool_create.
+ * SP_ERR_INVALID for a model without sliding layers, SP_ERR_UNSUPPORTED for
+ * one with GPU layers. _bytes and _check as for one part.
+ */
+sp_status_t sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p,
+                                    int64_t n_swa_blocks, sp_kv_pool_t **out, char *err,
+                                    size_t err_len);
+size_t sp_kv_pool_bytes_split(const sp_model_t *m, const sp_kv_pool_params_t *p,
+                              int64_t n_swa_blocks);
+sp_status_t sp_kv_pool_check_split(const sp_model_t *m, const sp_kv_pool_params_t *p,
+                                   int64_t n_swa_blocks, char *err, size_t err_len);
+/* The sliding part's blocks of a two-part pool; 0 for a one-part pool. */
+int64_t sp_kv_pool_n_swa_blocks(const sp_kv_pool_t *kv);
+/* Copy block src's contents to dst (copy-on-write of a shared partial block;
+ * of a two-part pool, the global part's block). Ids outside the pool, or
+ * dst == src, do nothing. Not during a step. */
 void sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src);
 
 typedef struct sp_batch sp_batch_t; /* activation buffers + thread pool for steps */
@@ -93,7 +115,16 @@ typedef struct sp_batch_seq {
     const int32_t *tokens;  /* n_tokens new tokens (>= 1) */
     int64_t n_tokens;
     int64_t pos;            /* position of tokens[0]; the blocks already hold 0..pos-1 */
-    const int32_t *blocks;  /* block ids covering positions 0..pos+n_tokens-1, in order */
+    const int32_t *blocks;  /* block ids covering positions 0..pos+n_tokens-1, in order;
+                               with a two-part pool (sp_kv_pool_create_split) 2 n_blocks
+                               ids: this table of the global part, then the sliding part's
+                               table (blocks + n_blocks, same indexing: entry i holds
+                               positions 16i..16i+15 of the sliding layers), of which only
+                               the entries the step reads or writes must be valid, from
+                               the block of position pos + 1 - n_swa (the window's start
+                               for tokens[0]; 0 when negative) to that of
+                               pos + n_tokens - 1. Earlier ones are never read (their
+                               blocks may be freed and reused elsewhere; -1 is fine). */
     int64_t n_blocks;       /* >= ceil((pos + n_tokens) / SP_KV_BLOCK) */
     bool logits;            /* keep the logits of the last token */
     int32_t n_logits;       /* with logits: of the last n_logits tokens (0 = 1), in order:

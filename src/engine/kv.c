@@ -1,8 +1,10 @@
 /*
  * kv.c - the paged KV pool: its sizes, creation, block copies (for
  * copy-on-write) and the names of its element types. The layout (block-major,
- * one block is SP_KV_BLOCK positions of every layer and KV head) is described
- * at the top of batch.c, whose forward pass reads and writes the pool through
+ * one block is SP_KV_BLOCK positions of every layer and KV head; a two-part
+ * pool has a global part for the global layers and a sliding part for the
+ * sliding-window layers, docs/design-swa.md) is described at the top of
+ * batch.c, whose forward pass reads and writes the pool through
  * model_impl.h's view of it.
  *
  * Threads: a pool is used by one step at a time (the scheduler's thread or
@@ -63,11 +65,23 @@ sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
            kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
-/* The sizes of a pool's two arrays (the cache and the per-block marks), for
- * sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
+size_t
+sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type)
+{
+    const sp_hparams_t *hp = &m->hp;
+    size_t n_swa = 0; /* sliding layers that keep a cache, in tiles of the widest head */
+    for (int64_t il = 0; il < sp__n_layer_kv(hp) && hp->n_swa > 0; il++) {
+        n_swa += hp->layer_swa[il] != 0;
+    }
+    return n_swa * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(sp__head_dim_max(hp), type);
+}
+
+/* The sizes of a pool's arrays (the cache, the per-block marks and the layer
+ * slots, both parts' of a two-part pool summed), for sp_kv_pool_create and
+ * sp_kv_pool_bytes alike; the errors are create's. */
 static sp_status_t
-kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, size_t *mark,
-              char *err, size_t err_len)
+kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
+              size_t *data, size_t *mark, char *err, size_t err_len)
 {
     if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
@@ -84,30 +98,68 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, size_t *data, s
                        "layers (use f16 or f32, or no GPU layers)",
                        (long long)sp_gpu_model_layers(m));
     }
+    if (n_swa_blocks < 0 || n_swa_blocks > INT32_MAX) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "kv pool: sliding blocks %lld out of range [0, %d]",
+                       (long long)n_swa_blocks, INT32_MAX);
+    }
+    const size_t swa_bb = sp_kv_swa_block_bytes(m, p->type);
+    if (n_swa_blocks > 0 && swa_bb == 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "kv pool: a sliding part needs a model with sliding-window layers");
+    }
+    if (n_swa_blocks > 0 && sp_gpu_model_layers(m) > 0) {
+        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
+                       "kv pool: a sliding part needs a model without GPU layers");
+    }
     /* Host memory for the CPU layers only (all of them without a GPU binding). */
     const int64_t n_cpu = sp__n_layer_kv(&m->hp) - sp_gpu_model_layers(m);
-    const size_t bb =
-        sp_kv_block_bytes(m, p->type) / (size_t)sp__n_layer_kv(&m->hp) * (size_t)n_cpu;
-    if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0) {
+    size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)sp__n_layer_kv(&m->hp) * (size_t)n_cpu;
+    size_t swa_data = 0;
+    if (n_swa_blocks > 0) {
+        bb -= swa_bb; /* the global part keeps the other layers */
+        if (sp_mul_size(swa_bb, (size_t)n_swa_blocks, &swa_data) != 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "kv pool: %lld sliding blocks of %zu bytes overflow",
+                           (long long)n_swa_blocks, swa_bb);
+        }
+    }
+    if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0 ||
+        sp_add_size(*data, swa_data, data) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
     }
-    *mark = (size_t)p->n_blocks * sizeof(uint32_t); /* n_blocks <= INT32_MAX: no overflow */
+    /* n_blocks, n_swa_blocks <= INT32_MAX, n_layer <= 512: no overflow. */
+    *mark = (size_t)(p->n_blocks + n_swa_blocks) * sizeof(uint32_t) +
+            (size_t)m->hp.n_layer * sizeof(int32_t);
     return SP_OK;
+}
+
+sp_status_t
+sp_kv_pool_check_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
+                       char *err, size_t err_len)
+{
+    size_t data, mark;
+    return kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, err, err_len);
 }
 
 sp_status_t
 sp_kv_pool_check(const sp_model_t *m, const sp_kv_pool_params_t *p, char *err, size_t err_len)
 {
-    size_t data, mark;
-    return kv_pool_sizes(m, p, &data, &mark, err, err_len);
+    return sp_kv_pool_check_split(m, p, 0, err, err_len);
 }
 
 size_t
 sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
 {
+    return sp_kv_pool_bytes_split(m, p, 0);
+}
+
+size_t
+sp_kv_pool_bytes_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks)
+{
     size_t data, mark, total;
-    if (kv_pool_sizes(m, p, &data, &mark, NULL, 0) != SP_OK ||
+    if (kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, NULL, 0) != SP_OK ||
         sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
         return 0;
     }
@@ -118,9 +170,16 @@ sp_status_t
 sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_t **out,
                   char *err, size_t err_len)
 {
+    return sp_kv_pool_create_split(m, p, 0, out, err, err_len);
+}
+
+sp_status_t
+sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
+                        sp_kv_pool_t **out, char *err, size_t err_len)
+{
     *out = NULL;
     size_t total, mark_bytes;
-    sp_status_t st = kv_pool_sizes(m, p, &total, &mark_bytes, err, err_len);
+    sp_status_t st = kv_pool_sizes(m, p, n_swa_blocks, &total, &mark_bytes, err, err_len);
     if (st != SP_OK) {
         return st;
     }
@@ -139,7 +198,16 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     kv->tile_elems = (int64_t)(kv_tile_bytes(hd, p->type) / kv->elt);
     kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hd) : hd;
     kv->layer0 = sp_gpu_model_layers(m);
-    kv->block_elems = (sp__n_layer_kv(hp) - kv->layer0) * hp->n_head_kv * 2 * kv->tile_elems;
+    kv->n_swa_blocks = n_swa_blocks;
+    /* Each layer's index within its part (layer0 is 0 for a two-part pool). */
+    int64_t n_part[2] = {0, 0};
+    kv->slot = sp_malloc((size_t)hp->n_layer * sizeof *kv->slot);
+    for (int64_t il = kv->layer0; kv->slot != NULL && il < sp__n_layer_kv(hp); il++) {
+        const int part = sp__kv_in_swa(kv, il) ? 1 : 0;
+        kv->slot[il] = (int32_t)n_part[part]++;
+    }
+    kv->block_elems = n_part[0] * hp->n_head_kv * 2 * kv->tile_elems;
+    kv->swa_block_elems = n_part[1] * hp->n_head_kv * 2 * kv->tile_elems;
     if (m->gpu != NULL) {
         st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
                                err_len);
@@ -151,9 +219,17 @@ sp_kv_pool_create(const sp_model_t *m, const sp_kv_pool_params_t *p, sp_kv_pool_
     /* Not zeroed: a position is always written before it is read, and key
      * lanes past a sequence's end are computed and ignored (kernels.h).
      * (64 bytes stand in for an empty host part: every layer on the GPU.) */
-    kv->data = sp_malloc_aligned(total > 0 ? total : 64, 64);
-    kv->mark = sp_calloc(1, mark_bytes);
-    if (kv->data == NULL || kv->mark == NULL) {
+    const size_t swa_bytes = (size_t)(kv->swa_block_elems * n_swa_blocks) * kv->elt;
+    const size_t g_bytes = total - swa_bytes;
+    kv->data = sp_malloc_aligned(g_bytes > 0 ? g_bytes : 64, 64);
+    kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
+    if (n_swa_blocks > 0) {
+        kv->swa_data = sp_malloc_aligned(swa_bytes, 64);
+        kv->swa_mark = sp_calloc((size_t)n_swa_blocks, sizeof(uint32_t));
+    }
+    (void)mark_bytes; /* the marks and the slots, allocated one by one */
+    if (kv->data == NULL || kv->mark == NULL || kv->slot == NULL ||
+        (n_swa_blocks > 0 && (kv->swa_data == NULL || kv->swa_mark == NULL))) {
         sp_kv_pool_destroy(kv);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
                        "(%zu bytes)", (long long)p->n_blocks, total);
@@ -171,6 +247,9 @@ sp_kv_pool_destroy(sp_kv_pool_t *kv)
     sp__gpu_kv_destroy(kv->gpu);
     sp_free(kv->data);
     sp_free(kv->mark);
+    sp_free(kv->swa_data);
+    sp_free(kv->swa_mark);
+    sp_free(kv->slot);
     sp_free(kv);
 }
 
@@ -178,6 +257,12 @@ int64_t
 sp_kv_pool_n_blocks(const sp_kv_pool_t *kv)
 {
     return kv->n_blocks;
+}
+
+int64_t
+sp_kv_pool_n_swa_blocks(const sp_kv_pool_t *kv)
+{
+    return kv->n_swa_blocks;
 }
 
 void

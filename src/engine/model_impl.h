@@ -168,13 +168,39 @@ struct sp_kv_pool {
      * in a step without a per-step allocation. */
     uint32_t *mark;
     uint32_t epoch;
+    /* A two-part pool (n_swa_blocks > 0; never with a GPU binding): data and
+     * block_elems are then the global layers' part, swa_data the sliding
+     * layers' (n_swa_blocks blocks of swa_block_elems, same layout), with its
+     * own marks. slot[il]: the layer's index within its part's block (il -
+     * layer0 for a one-part pool). */
+    int64_t n_swa_blocks;
+    int64_t swa_block_elems;
+    void *swa_data;
+    uint32_t *swa_mark;
+    int32_t *slot;
 };
 
-/* Element offset of (block, layer, head)'s key tile; its value tile follows. */
+/* Whether layer il lives in the sliding part of a two-part pool. */
+static inline bool
+sp__kv_in_swa(const sp_kv_pool_t *kv, int64_t il)
+{
+    return kv->n_swa_blocks > 0 && kv->m->hp.layer_swa[il];
+}
+
+/* Element offset of (block, layer, head)'s key tile in its part's data (the
+ * global or the sliding part); its value tile follows. */
 static inline int64_t
 sp__kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
 {
-    return block * kv->block_elems + ((il - kv->layer0) * n_head_kv + g) * 2 * kv->tile_elems;
+    const int64_t be = sp__kv_in_swa(kv, il) ? kv->swa_block_elems : kv->block_elems;
+    return block * be + ((int64_t)kv->slot[il] * n_head_kv + g) * 2 * kv->tile_elems;
+}
+
+/* The data of layer il's part. */
+static inline void *
+sp__kv_data(const sp_kv_pool_t *kv, int64_t il)
+{
+    return sp__kv_in_swa(kv, il) ? kv->swa_data : kv->data;
 }
 
 

@@ -18,6 +18,12 @@
  * Embedding sequences go through the same queue and run on a private
  * sp_ctx (sp_ctx_embed), at most one per step.
  *
+ * A model with sliding-window layers gets a two-part pool (docs/design-swa.md):
+ * step 3 is then the global part's, and each row also takes the sliding
+ * blocks of its positions and releases those its window left behind
+ * (plan_row, sched/swa.h); a prefix match is cut to what leaves the next
+ * token's window cached in the sliding part.
+ *
  * A sequence keeps all its tokens (prompt + generated) and its sp_gen_t for
  * its whole life. Preemption drops only its KV blocks: it goes back to the
  * head of its tier and, readmitted, recomputes its tokens (mostly from the
@@ -59,6 +65,7 @@
 #include "sched/blocks.h"
 #include "sched/drain.h"
 #include "sched/stepctl.h"
+#include "sched/swa.h"
 #include "sched/tierq.h"
 
 /* ------------------------------------------------------------------ records */
@@ -91,8 +98,10 @@ typedef struct seq {
     int32_t *tokens;       /* prompt + generated */
     int64_t n_prompt, n_tokens, cap;
     int64_t n_computed;    /* positions whose keys/values are in the blocks */
-    int32_t *blocks;       /* block table */
+    int32_t *blocks;       /* block table; with a two-part pool the sliding table's ids
+                              follow at blocks + blocks_cap (the batch's layout) */
     int64_t n_blocks, blocks_cap;
+    sp_swa_table_t swa;    /* the sliding part's table (two-part pool only) */
     int64_t n_published;   /* leading full blocks published (or found) in the prefix cache */
     uint64_t chain_hash, chain_serial;
     uint64_t admit_serial; /* admission order, for choosing preemption victims */
@@ -153,6 +162,13 @@ struct sp_sched {
     sp_kv_pool_t *kv;
     sp_batch_t *batch;
     sp_blocks_t *blocks;
+    /* A two-part pool (sliding-window layers keep their window only,
+     * docs/design-swa.md): the sliding part's block manager, the window, and
+     * per block index a scratch flag for prefix matching. NULL / 0: one part. */
+    sp_blocks_t *swa_blocks;
+    int64_t n_swa;
+    uint8_t *swa_have;
+    bool swa_short;        /* a row of the step being planned was cut for sliding blocks */
     sp_ctx_t *embed_ctx;   /* embeddings (mean pooling over a private cache) */
     sp_gen_vocab_t *vocab; /* the JSON constraint's piece table, shared by all generations */
     seq_t **running;       /* admission order; max_seqs entries */
@@ -188,7 +204,7 @@ struct sp_sched {
     bool stopped;
     /* statistics: written by the engine (running counts under mu), read by anyone */
     int64_t run_tier[SP_TIER_COUNT];
-    sp_blocks_stats_t bstats;
+    sp_blocks_stats_t bstats, swa_bstats;
     int64_t steps, step_rows_total, step_seqs_total, last_step_seqs, last_step_rows;
     int64_t batch_hist[SP_SCHED_BATCH_BUCKETS + 1]; /* steps by sequences (mu) */
     int64_t st_budget, st_p99_ns, st_decreases, st_increases; /* copies of ctl, under mu */
@@ -196,6 +212,7 @@ struct sp_sched {
     atomic_int_fast64_t outstanding; /* sequences submitted and not yet ended */
     atomic_int_fast64_t st_done, st_cancelled, st_tokens, st_prompt, st_preempt, st_prompt_cached;
     atomic_int_fast64_t st_spec_rows, st_spec_drafted, st_spec_accepted;
+    atomic_int_fast64_t st_swa_cut; /* prefix blocks not reused: their window was not cached */
     sp_drain_t drain;      /* sequences ended lately, for Retry-After */
 };
 
@@ -577,6 +594,9 @@ seq_drop_blocks(sp_sched_t *s, seq_t *sq)
         SP_ASSERT(sp_blocks_refcount(s->blocks, sq->blocks[i]) > 0);
         sp_blocks_unref(s->blocks, sq->blocks[i]);
     }
+    if (s->swa_blocks != NULL) {
+        sp_swa_release(s->swa_blocks, &sq->swa);
+    }
     sq->n_blocks = 0;
     sq->n_computed = 0;
     sq->n_published = 0;
@@ -698,10 +718,13 @@ preempt_locked(sp_sched_t *s, seq_t *sq)
 }
 
 /* Full blocks of sq's tokens in the prefix cache, without taking them; the
- * last token is always left to compute (its logits are needed). *n_cached:
- * how many of them are unheld (their reuse takes them from the available). */
+ * last token is always left to compute (its logits are needed). With a
+ * two-part pool, only as many as leave the window of the next token cached in
+ * the sliding part too (sp_swa_usable_prefix); *n_global: the match in the
+ * global part alone. *n_cached: how many of the global blocks taken are
+ * unheld (their reuse takes them from the available). */
 static int64_t
-probe_prefix(sp_sched_t *s, const seq_t *sq, int64_t *n_cached)
+prefix_match(sp_sched_t *s, const seq_t *sq, int64_t *n_cached, int64_t *n_global)
 {
     int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
     uint64_t h, ser;
@@ -709,34 +732,66 @@ probe_prefix(sp_sched_t *s, const seq_t *sq, int64_t *n_cached)
     *n_cached = 0;
     for (; k < max; k++) {
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
-        uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+        uint64_t hh = sp_blocks_hash(h, t), ns = 0, sser = 0;
         int32_t id = sp_blocks_probe(s->blocks, hh, ser, t, &ns);
         if (id < 0) {
             break;
         }
         *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
+        if (s->swa_blocks != NULL) {
+            s->swa_have[k] = sp_blocks_probe(s->swa_blocks, hh, ser, t, &sser) >= 0;
+        }
         h = hh;
         ser = ns;
     }
-    return k;
+    *n_global = k;
+    if (s->swa_blocks == NULL) {
+        return k;
+    }
+    const int64_t usable = sp_swa_usable_prefix(s->n_swa, k, s->swa_have);
+    if (usable < k) {
+        /* Count the unheld ones again over the shorter prefix. */
+        *n_cached = 0;
+        chain_root(sq, &h, &ser);
+        for (int64_t i = 0; i < usable; i++) {
+            const int32_t *t = sq->tokens + i * SP_KV_BLOCK;
+            uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+            int32_t id = sp_blocks_probe(s->blocks, hh, ser, t, &ns);
+            *n_cached += sp_blocks_refcount(s->blocks, id) == 0;
+            h = hh;
+            ser = ns;
+        }
+    }
+    return usable;
 }
 
 /* Take sq's blocks (the caller checked there are enough): the prefix cache's
- * first, then new ones for all of its tokens. */
+ * first, then new ones for all of its tokens (the sliding part's come per
+ * step, plan_row). */
 static void
 seq_take_blocks(sp_sched_t *s, seq_t *sq)
 {
-    int64_t max = (sq->n_tokens - 1) / SP_KV_BLOCK, k = 0;
+    int64_t unheld, global;
+    const int64_t max = prefix_match(s, sq, &unheld, &global);
+    atomic_fetch_add(&s->st_swa_cut, global - max);
+    const int64_t first = s->swa_blocks != NULL ? sp_swa_first(s->n_swa, max * SP_KV_BLOCK) : 0;
+    int64_t k = 0;
     uint64_t h, ser;
     chain_root(sq, &h, &ser);
+    if (s->swa_blocks != NULL) {
+        sp_swa_trim(s->swa_blocks, &sq->swa, first); /* entries 0..first-1: -1 */
+    }
     for (; k < max; k++) {
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
-        uint64_t hh = sp_blocks_hash(h, t), ns = 0;
+        uint64_t hh = sp_blocks_hash(h, t), ns = 0, sser = 0;
         int32_t id = sp_blocks_lookup(s->blocks, hh, ser, t, &ns);
-        if (id < 0) {
-            break;
-        }
+        SP_ASSERT(id >= 0); /* prefix_match just found it, and nothing ran since */
         sq->blocks[k] = id;
+        if (s->swa_blocks != NULL && k >= first) {
+            int32_t sid = sp_blocks_lookup(s->swa_blocks, hh, ser, t, &sser);
+            SP_ASSERT(sid >= 0 && sq->swa.n == k);
+            sq->swa.ids[sq->swa.n++] = sid;
+        }
         h = hh;
         ser = ns;
     }
@@ -827,8 +882,10 @@ admit_locked(sp_sched_t *s, int64_t budget, seq_t **embed)
             }
             continue;
         }
-        int64_t cached_hits = 0;
-        int64_t hits = probe_prefix(s, sq, &cached_hits);
+        int64_t cached_hits = 0, global = 0;
+        /* The sliding part is sized for every slot's window (sched_plan), so
+         * the slot count bounds it: only the global part is checked here. */
+        int64_t hits = prefix_match(s, sq, &cached_hits, &global);
         int64_t need = blocks_for(sq->n_tokens) - hits;
         int64_t avail = sp_blocks_available(s->blocks) - cached_hits;
         if (s->n_running >= s->p.n_slots || avail < need) {
@@ -890,7 +947,10 @@ restart:
     }
 }
 
-static void
+/* Plan a row of n tokens for sq (fewer when the sliding part is short of
+ * blocks, which its size rules out: then as many as its blocks cover, or no
+ * row). Returns the tokens planned. */
+static int64_t
 plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
 {
     /* At most one row per running sequence; the row's keys and values go to
@@ -898,16 +958,31 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
      * cover, or the batch would write past its blocks. */
     SP_ASSERT(s->n_rows < s->p.n_slots);
     SP_ASSERT(n >= 1 && sq->n_computed + n <= sq->n_blocks * SP_KV_BLOCK);
+    if (s->swa_blocks != NULL) {
+        /* Release what the window left behind, take what the row writes. */
+        sp_swa_trim(s->swa_blocks, &sq->swa, sp_swa_first(s->n_swa, sq->n_computed));
+        if (!sp_swa_cover(s->swa_blocks, &sq->swa, blocks_for(sq->n_computed + n))) {
+            n = sq->swa.n * SP_KV_BLOCK - sq->n_computed;
+            s->swa_short = true;
+            SP_LOG_WARN("event=kv_swa_short seq_tokens=%lld row=%lld", (long long)sq->n_tokens,
+                        (long long)n);
+            if (n < 1) {
+                return 0;
+            }
+        }
+    }
     sp_batch_seq_t *r = &s->rows[s->n_rows];
     r->tokens = sq->tokens + sq->n_computed;
     r->n_tokens = n;
     r->pos = sq->n_computed;
     r->blocks = sq->blocks;
-    r->n_blocks = sq->n_blocks;
+    /* Two parts: the table's whole length, the sliding table after it. */
+    r->n_blocks = s->swa_blocks != NULL ? sq->blocks_cap : sq->n_blocks;
     r->logits = sq->n_computed + n == sq->n_tokens;
     r->n_logits = 0;
     r->lora = sq->job->lora;
     s->step_seqs[s->n_rows++] = sq;
+    return n;
 }
 
 /* ------------------------------------------------------ speculative decoding */
@@ -1097,13 +1172,20 @@ plan_step(sp_sched_t *s)
         if (sq->n_tokens - sq->n_computed == 1 && sq->spec_k > 0) {
             /* The last token and the draft's proposals after it (already in
              * tokens[n_tokens..]), with the logits of every one. */
-            plan_row(s, sq, 1 + sq->spec_k);
-            s->rows[s->n_rows - 1].logits = true;
-            s->rows[s->n_rows - 1].n_logits = 1 + sq->spec_k;
-            budget -= 1 + sq->spec_k;
+            int64_t n = plan_row(s, sq, 1 + sq->spec_k);
+            if (n < 1 + sq->spec_k) {
+                /* Fewer proposals fit the sliding part: the draft's cache
+                 * keeps the real tokens only. */
+                sq->spec_k = (int32_t)(n > 0 ? n - 1 : 0);
+                sq->d_computed = sq->d_computed < sq->n_tokens ? sq->d_computed : sq->n_tokens;
+            }
+            if (n > 0) {
+                s->rows[s->n_rows - 1].logits = true;
+                s->rows[s->n_rows - 1].n_logits = (int32_t)n;
+                budget -= n;
+            }
         } else if (sq->n_tokens - sq->n_computed == 1) {
-            plan_row(s, sq, 1);
-            budget--;
+            budget -= plan_row(s, sq, 1);
         }
     }
     s->step_decode = s->n_rows;
@@ -1114,8 +1196,7 @@ plan_step(sp_sched_t *s)
         int64_t rem = sq->n_tokens - sq->n_computed;
         if (rem > 1) {
             int64_t n = rem < left ? rem : left;
-            plan_row(s, sq, n);
-            left -= n;
+            left -= plan_row(s, sq, n);
         }
     }
     s->step_filled = prefill > 0 && left == 0;
@@ -1130,6 +1211,11 @@ publish_blocks(sp_sched_t *s, seq_t *sq)
         int64_t k = sq->n_published;
         const int32_t *t = sq->tokens + k * SP_KV_BLOCK;
         uint64_t hh = sp_blocks_hash(sq->chain_hash, t);
+        if (s->swa_blocks != NULL && k >= sq->swa.lo && k < sq->swa.n && sq->swa.ids[k] >= 0) {
+            /* Under the same key as its global block: the global chain's
+             * serials prove the prefix for both. */
+            (void)sp_blocks_publish(s->swa_blocks, sq->swa.ids[k], hh, sq->chain_serial, t);
+        }
         sq->chain_serial = sp_blocks_publish(s->blocks, sq->blocks[k], hh, sq->chain_serial, t);
         sq->chain_hash = hh;
         sq->n_published++;
@@ -1273,6 +1359,9 @@ step_stats(sp_sched_t *s, int64_t rows, int64_t seqs)
 {
     pthread_mutex_lock(&s->mu);
     sp_blocks_get_stats(s->blocks, &s->bstats);
+    if (s->swa_blocks != NULL) {
+        sp_blocks_get_stats(s->swa_blocks, &s->swa_bstats);
+    }
     if (seqs > 0) {
         s->steps++;
         s->step_rows_total += rows;
@@ -1323,8 +1412,16 @@ engine_step(sp_sched_t *s)
     ensure_blocks(s);
     spec_plan(s);
     draft_propose(s);
+    s->swa_short = false;
     int64_t rows = plan_step(s);
     int64_t n_seqs = s->n_rows;
+    if (n_seqs == 0 && s->swa_short && s->n_running > 1) {
+        /* No running sequence got sliding blocks (the sizing rules this out):
+         * free some rather than wait for nothing. */
+        pthread_mutex_lock(&s->mu);
+        preempt_locked(s, pick_victim(s, SP_TIER_COUNT));
+        pthread_mutex_unlock(&s->mu);
+    }
     if (n_seqs > 0) {
         for (int64_t i = 0; i < n_seqs; i++) {
             s->cand_k[i] = s->rows[i].logits && s->rows[i].n_logits <= 1
@@ -1413,7 +1510,8 @@ engine_main(void *arg)
 typedef struct sched_plan {
     int prefill_chunk;      /* raised to n_slots */
     int64_t n_ctx;
-    int64_t nb;             /* KV pool blocks */
+    int64_t nb;             /* KV pool blocks (of a two-part pool: the global part) */
+    int64_t nb_swa;         /* the sliding part's blocks; 0: one part */
     sp_ctx_params_t cp;     /* the embedding context */
     sp_kv_pool_params_t kp; /* the shared KV pool */
     sp_batch_params_t bp;   /* the step batch */
@@ -1472,9 +1570,35 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
         return sp_errf(err, err_len, SP_ERR_INVALID, "scheduler: kv blocks %lld is too many",
                        (long long)nb);
     }
+    o->nb_swa = 0;
+    const size_t swa_bb = sp_kv_swa_block_bytes(m, p->kv_type);
+    if (!p->kv_swa_full && swa_bb > 0 && sp_gpu_model_layers(m) == 0 &&
+        !sp_model_is_encoder(m)) {
+        /* Two parts in the memory of nb whole blocks: per slot the window's
+         * blocks, the block a row's first position straddles, and the most
+         * positions one row can add past them (a speculative row's), plus a
+         * step's rows (--step-tokens) across all slots; the global part gets
+         * the rest. Only when that holds more positions than nb whole
+         * blocks (a window well under the context). */
+        const int64_t W = sp_model_hparams(m)->n_swa;
+        const int64_t ns = (int64_t)p->n_slots * (blocks_for(W) + 2 + blocks_for(SP_SCHED_MAX_SPEC)) +
+                           blocks_for(o->prefill_chunk);
+        const size_t g_bb = bb - swa_bb;
+        if (ns < nb) {
+            /* (nb bb - ns swa_bb) / g_bb, in doubles: nb < 2^30, bb < 2^40. */
+            double ng = g_bb > 0 ? ((double)nb * (double)bb - (double)ns * (double)swa_bb) /
+                                       (double)g_bb
+                                 : (double)(per_seq * p->n_slots);
+            ng = ng < (double)(INT32_MAX / 2) ? ng : (double)(INT32_MAX / 2);
+            if (ng > (double)nb) {
+                nb = (int64_t)ng;
+                o->nb_swa = ns;
+            }
+        }
+    }
     o->nb = nb;
     o->kp = (sp_kv_pool_params_t){.n_blocks = nb, .type = p->kv_type};
-    if (sp_kv_pool_bytes(m, &o->kp) == 0) {
+    if (sp_kv_pool_bytes_split(m, &o->kp, o->nb_swa) == 0) {
         /* The only refusal left for 1 <= nb < 2^30: sp_kv_pool_create's words. */
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)nb, bb);
@@ -1592,6 +1716,8 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
         (uint64_t)hp->n_embd * sizeof(float),  /* emb */
         sp_ctx_bytes(m, &pl.cp),
         blocks_bytes(pl.nb),
+        pl.nb_swa > 0 ? blocks_bytes(pl.nb_swa) : 0,
+        (uint64_t)(pl.nb_swa > 0 ? blocks_for(pl.n_ctx) : 0), /* swa_have */
         sp_batch_bytes(m, &pl.bp),
     };
     uint64_t scratch = 0;
@@ -1611,7 +1737,8 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     }
     out->n_ctx = pl.n_ctx;
     out->kv_blocks = pl.nb;
-    out->kv_bytes = sp_kv_pool_bytes(m, &pl.kp);
+    out->kv_swa_blocks = pl.nb_swa;
+    out->kv_bytes = sp_kv_pool_bytes_split(m, &pl.kp, pl.nb_swa);
     out->scratch_bytes = scratch;
     return SP_OK;
 }
@@ -1661,10 +1788,18 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     }
     st = sp_ctx_create(m, &pl.cp, &s->embed_ctx, err, err_len);
     if (st == SP_OK) {
-        st = sp_kv_pool_create(m, &pl.kp, &s->kv, err, err_len);
+        st = sp_kv_pool_create_split(m, &pl.kp, pl.nb_swa, &s->kv, err, err_len);
     }
     if (st == SP_OK) {
         st = sp_blocks_create(pl.nb, &s->blocks, err, err_len);
+    }
+    if (st == SP_OK && pl.nb_swa > 0) {
+        s->n_swa = hp->n_swa;
+        st = sp_blocks_create(pl.nb_swa, &s->swa_blocks, err, err_len);
+        s->swa_have = sp_calloc((size_t)blocks_for(pl.n_ctx), 1);
+        if (st == SP_OK && s->swa_have == NULL) {
+            st = sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
+        }
     }
     if (st == SP_OK) {
         st = sp_batch_create(m, &pl.bp, &s->batch, err, err_len);
@@ -1692,6 +1827,9 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     }
     s->p.kv_blocks = pl.nb;
     sp_blocks_get_stats(s->blocks, &s->bstats);
+    if (s->swa_blocks != NULL) {
+        sp_blocks_get_stats(s->swa_blocks, &s->swa_bstats);
+    }
     /* Floor: one KV block of prompt per step, so a prefill always moves. */
     sp_stepctl_init(&s->ctl, p->tpot_target_ms, SP_KV_BLOCK, s->p.prefill_chunk);
     s->st_budget = s->ctl.budget;
@@ -1700,9 +1838,12 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
         return sp_errf(err, err_len, SP_ERR_IO, "scheduler: cannot start the engine thread");
     }
     s->started = true;
-    SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu kv_type=%s step_tokens=%d "
+    const size_t swa_bb = pl.nb_swa > 0 ? sp_kv_swa_block_bytes(m, p->kv_type) : 0;
+    SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu kv_swa_blocks=%lld "
+                "kv_swa_block_bytes=%zu kv_type=%s step_tokens=%d "
                 "max_seqs=%d ctx=%lld tpot_target_ms=%g speculative_tokens=%d",
-                (long long)pl.nb, sp_kv_block_bytes(m, p->kv_type), sp_kv_type_name(p->kv_type),
+                (long long)pl.nb, sp_kv_block_bytes(m, p->kv_type) - swa_bb,
+                (long long)pl.nb_swa, swa_bb, sp_kv_type_name(p->kv_type),
                 s->p.prefill_chunk,
                 s->p.n_slots, (long long)s->n_ctx,
                 p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0, p->draft ? p->spec_k : 0);
@@ -1744,6 +1885,8 @@ sp_sched_destroy(sp_sched_t *s)
     sp_free(s->d_slot_used);
     sp_free(s->d_block_ids);
     sp_blocks_destroy(s->blocks);
+    sp_blocks_destroy(s->swa_blocks);
+    sp_free(s->swa_have);
     sp_kv_pool_destroy(s->kv);
     sp_ctx_destroy(s->embed_ctx);
     sp_gen_vocab_destroy(s->vocab);
@@ -1787,6 +1930,10 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->prefix_lookups = s->bstats.lookups;
     o->prefix_hits = s->bstats.hits;
     o->kv_evictions = s->bstats.evictions;
+    o->kv_swa_blocks_total = s->swa_blocks != NULL ? s->swa_bstats.n_blocks : 0;
+    o->kv_swa_blocks_used = s->swa_blocks != NULL ? s->swa_bstats.n_held : 0;
+    o->kv_swa_blocks_cached = s->swa_blocks != NULL ? s->swa_bstats.n_cached : 0;
+    o->prefix_swa_cut_blocks = atomic_load(&s->st_swa_cut);
     o->steps = s->steps;
     o->last_step_seqs = s->last_step_seqs;
     o->last_step_rows = s->last_step_rows;
@@ -1861,7 +2008,8 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
                            (long long)blocks_for(cap), SP_KV_BLOCK, (long long)s->p.kv_blocks);
         }
         total_tokens += cap;
-        total_blocks += r->embed ? 0 : blocks_for(cap);
+        /* Two tables with a two-part pool (the sliding one after the global). */
+        total_blocks += r->embed ? 0 : blocks_for(cap) * (s->swa_blocks != NULL ? 2 : 1);
         for (int64_t k = 0; k < n; k++) {
             if (r->prompts[i][k] < 0 || r->prompts[i][k] >= s->n_vocab) {
                 return sp_errf(err, err_len, SP_ERR_INVALID,
@@ -1920,10 +2068,14 @@ sp_sched_submit(sp_sched_t *s, const sp_sched_request_t *r, sp_sched_job_t **out
         sq->cap = cap;
         sq->blocks = j->block_store + boff;
         sq->blocks_cap = r->embed ? 0 : blocks_for(cap);
+        if (s->swa_blocks != NULL) {
+            sq->swa.ids = sq->blocks + sq->blocks_cap;
+            sq->swa.cap = sq->blocks_cap;
+        }
         chain_root(sq, &sq->chain_hash, &sq->chain_serial);
         sq->d_slot = -1;
         toff += cap;
-        boff += sq->blocks_cap;
+        boff += sq->blocks_cap * (s->swa_blocks != NULL ? 2 : 1);
     }
     j->gen = gp;
     sp_grammar_retain(j->gen.grammar); /* released in job_free: the request may end first */

@@ -130,6 +130,9 @@ typedef struct sp_sched_params {
                               running sequence's full context, within 2 GiB */
     sp_kv_type_t kv_type;  /* KV cache type (f32 default, f16, q8_0: engine/model.h);
                               q8_0 needs a model with no GPU layers */
+    bool kv_swa_full;      /* keep every position of the sliding-window layers (one-part
+                              pool, as before docs/design-swa.md); false: they keep
+                              their window only where that fits more in the same memory */
     int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
     double tpot_target_ms; /* > 0: adapt the prefill budget to keep the p99 step time (the
                               time per output token) under this (sched/stepctl.h) */
@@ -156,6 +159,11 @@ typedef struct sp_sched_stats {
     int64_t prefix_lookups, prefix_hits; /* full blocks looked up / found in the prefix cache */
     int64_t prompt_tokens_cached;        /* positions not recomputed thanks to prefix hits */
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free, kv_evictions;
+    /* the sliding part of a two-part pool (0 without one): its blocks in all, held
+       and cached (kv_blocks_* above are then the global part's) */
+    int64_t kv_swa_blocks_total, kv_swa_blocks_used, kv_swa_blocks_cached;
+    int64_t prefix_swa_cut_blocks; /* cached prefix blocks not reused: the sliding part no
+                                      longer held the window after them */
     int64_t steps, last_step_seqs, last_step_rows;
     double mean_step_seqs, mean_step_rows;
     int64_t step_seqs_total;                             /* sum of sequences over steps */
@@ -187,6 +195,7 @@ void sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *out);
 typedef struct sp_sched_mem {
     int64_t n_ctx;          /* the context the scheduler would use */
     int64_t kv_blocks;      /* KV pool size it would use (the same rule as sp_sched_create) */
+    int64_t kv_swa_blocks;  /* the sliding part's blocks (0: one part) */
     uint64_t kv_bytes;      /* the KV pool (shared cache of all running sequences) */
     uint64_t scratch_bytes; /* batch buffers, the embedding context, logits, per-slot arrays,
                                vocab tables */

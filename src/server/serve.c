@@ -147,7 +147,9 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             "\"prompt_tokens\":%lld,\"prompt_tokens_cached\":%lld,\"preemptions\":%lld,"
             "\"prefix_lookups\":%lld,\"prefix_hits\":%lld,\"prefix_hit_rate\":%.4f,"
             "\"kv_blocks_total\":%lld,\"kv_blocks_used\":%lld,\"kv_blocks_cached\":%lld,"
-            "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"steps\":%lld,"
+            "\"kv_blocks_free\":%lld,\"kv_evictions\":%lld,\"kv_swa_blocks_total\":%lld,"
+            "\"kv_swa_blocks_used\":%lld,\"kv_swa_blocks_cached\":%lld,"
+            "\"prefix_swa_cut_blocks\":%lld,\"steps\":%lld,"
             "\"last_step_seqs\":%lld,\"last_step_tokens\":%lld,\"mean_step_seqs\":%.3f,"
             "\"mean_step_tokens\":%.3f,\"step_budget\":%lld,\"step_p99_ms\":%.4f,"
             "\"tpot_target_ms\":%.4f,\"budget_decreases\":%lld,\"budget_increases\":%lld,"
@@ -163,7 +165,10 @@ h_stats(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
             st.prefix_lookups ? (double)st.prefix_hits / (double)st.prefix_lookups : 0.0,
             (long long)st.kv_blocks_total, (long long)st.kv_blocks_used,
             (long long)st.kv_blocks_cached, (long long)st.kv_blocks_free,
-            (long long)st.kv_evictions, (long long)st.steps, (long long)st.last_step_seqs,
+            (long long)st.kv_evictions, (long long)st.kv_swa_blocks_total,
+            (long long)st.kv_swa_blocks_used, (long long)st.kv_swa_blocks_cached,
+            (long long)st.prefix_swa_cut_blocks,
+            (long long)st.steps, (long long)st.last_step_seqs,
             (long long)st.last_step_rows, st.mean_step_seqs, st.mean_step_rows,
             (long long)st.step_budget, st.step_p99_ms, st.tpot_target_ms,
             (long long)st.budget_decreases, (long long)st.budget_increases,

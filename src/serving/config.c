@@ -52,6 +52,7 @@ const char sp_config_usage[] =
     "      --kv-type T           KV cache type: f32 (default, exact), f16 (half the memory)\n"
     "                            or q8_0 (about a quarter; CPU layers only)\n"
     "      --kv-f16              the same as --kv-type f16\n"
+    "      --kv-swa-full         sliding-window layers keep every position (default: their window)\n"
     "      --draft-model FILE    speculative decoding for --model: FILE (same vocabulary)\n"
     "                            proposes tokens the model verifies in one pass\n"
     "      --spec-tokens N       tokens proposed per step (1..16, default 4)\n"
@@ -144,6 +145,7 @@ static const opt_t opts[] = {
     {"step-tokens", 0, T_INT, OFF(step_tokens), 1, 65536, 0},
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
+    {"kv-swa-full", 0, T_BOOL, OFF(kv_swa_full), 0, 0, 0},
     {"kv-type", 0, T_STR, OFF(kv_type), 0, 0, sizeof(((sp_serve_config_t *)0)->kv_type)},
     {"prefix-cache-scope", 0, T_STR, OFF(prefix_cache_scope), 0, 0, sizeof(((sp_serve_config_t *)0)->prefix_cache_scope)},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */

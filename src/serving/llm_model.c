@@ -194,6 +194,7 @@ sched_params(const sp_serving_t *s, const sp_repo_config_t *cfg, int n_cpu_inst)
     sp.max_queue = s->cfg.queue;
     sp.prefill_chunk = s->cfg.step_tokens;
     sp.kv_blocks = s->cfg.kv_blocks;
+    sp.kv_swa_full = s->cfg.kv_swa_full;
     /* Checked by config.c; "" only where a config skipped it (the --kv-f16 alias then). */
     const int kv_type = sp_kv_type_from_name(s->cfg.kv_type);
     sp.kv_type = kv_type >= 0 ? (sp_kv_type_t)kv_type
@@ -404,6 +405,10 @@ llm_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
         o->kv_blocks_used += t.kv_blocks_used;
         o->kv_blocks_cached += t.kv_blocks_cached;
         o->kv_blocks_free += t.kv_blocks_free;
+        o->kv_swa_blocks_total += t.kv_swa_blocks_total;
+        o->kv_swa_blocks_used += t.kv_swa_blocks_used;
+        o->kv_swa_blocks_cached += t.kv_swa_blocks_cached;
+        o->prefix_swa_cut_blocks += t.prefix_swa_cut_blocks;
         o->kv_evictions += t.kv_evictions;
         o->budget_decreases += t.budget_decreases;
         o->step_seqs_total += t.step_seqs_total;
