@@ -37,6 +37,7 @@
 #include "sched/batcher.h"
 #include "sched/mailbox.h"
 #include "api/kserve.h"
+#include "api/ollama.h"
 #include "serving/manager.h"
 #include "serving/registry.h"
 #include "api/api.h"
@@ -601,6 +602,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, &s->sv);
     sp_tokenize_routes_register(s->router, &s->sv);
+    sp_ollama_register(s->router, &s->sv);
     sp_prometheus_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
