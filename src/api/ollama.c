@@ -196,7 +196,7 @@ strip_latest(sp_serving_t *s, const char *name, size_t len)
  */
 static sp_served_model_t *
 ol_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
-         const sp_route_params_t *p, sp_req_adapter_t *ad)
+         const sp_route_params_t *p, sp_req_adapter_t *ad, size_t *name_len)
 {
     const json_t *mv = json_object_get(body, "model");
     if (mv == NULL || json_is_null(mv)) {
@@ -208,6 +208,9 @@ ol_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retr
     }
     const char *name = json_string_value(mv);
     size_t len = strip_latest(s, name, json_string_length(mv));
+    if (name_len != NULL) {
+        *name_len = len;
+    }
     sp_served_model_t *m;
     sp_str_t none = {NULL, 0};
     if (!sp_api_model_for(s, r, name, len, none, retry, p, &m)) {
@@ -224,6 +227,18 @@ ol_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retr
     if (!sp_adapter_for(s, r, m, name, len, ad)) {
         sp_served_release(m);
         return NULL;
+    }
+    return m;
+}
+
+sp_served_model_t *
+sp_ollama_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_fn retry,
+                const sp_route_params_t *p, size_t *name_len)
+{
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = ol_model(s, r, body, retry, p, &ad, name_len);
+    if (m != NULL) {
+        sp_req_adapter_release(&ad); /* checked; the pipeline takes its own */
     }
     return m;
 }
@@ -454,7 +469,7 @@ h_show(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         return;
     }
     sp_req_adapter_t ad;
-    sp_served_model_t *m = ol_model(s, r, body, h_show, p, &ad);
+    sp_served_model_t *m = ol_model(s, r, body, h_show, p, &ad, NULL);
     if (m == NULL) {
         json_decref(body);
         return;
@@ -748,7 +763,7 @@ embed(sp_http_req_t *r, const sp_route_params_t *p, sp_serving_t *s, bool legacy
         return;
     }
     sp_req_adapter_t ad;
-    sp_served_model_t *m = ol_model(s, r, body, self, p, &ad);
+    sp_served_model_t *m = ol_model(s, r, body, self, p, &ad, NULL);
     if (m == NULL) {
         json_decref(body);
         return;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "core/json.h"
+#include "http/http.h"
 #include "http/router.h"
 #include "serving/serving.h"
 
@@ -18,6 +19,16 @@
  * set (a 400) for a bad value or a timed unload, which it does not do. */
 int sp_ollama_keep_alive(const json_t *body, char *err, size_t cap);
 
+/* The model a request names in `model` (or the older `name`), Ollama's
+ * ":latest" tag dropped (*name_len: the name's length without it), its
+ * adapter checked; with a reference. NULL: answered (404, 400) or parked
+ * until an on-demand load ends (then retry runs again). */
+sp_served_model_t *sp_ollama_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body,
+                                   sp_route_fn retry, const sp_route_params_t *p, size_t *name_len);
+
+/* GET /api/version, /api/tags, /api/ps; POST /api/show, /api/embed,
+ * /api/embeddings (ollama.c), /api/chat, /api/generate (ollama_chat.c). */
 void sp_ollama_register(sp_router_t *rt, sp_serving_t *s);
+void sp_ollama_chat_register(sp_router_t *rt, sp_serving_t *s);
 
 #endif /* SP_API_OLLAMA_H */
