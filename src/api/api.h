@@ -88,6 +88,8 @@ bool sp_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, con
 
 /* Route registration of each protocol module. */
 void sp_openai_register(sp_router_t *rt, sp_serving_t *s);
+/* POST /v1/messages and /v1/messages/count_tokens (anthropic.c). */
+void sp_anthropic_register(sp_router_t *rt, sp_serving_t *s);
 /* POST /apply-template, /tokenize and /detokenize (tokenize_routes.c). */
 void sp_tokenize_routes_register(sp_router_t *rt, sp_serving_t *s);
 void sp_prometheus_register(sp_router_t *rt, sp_serving_t *s); /* GET /metrics (prometheus.c) */

@@ -42,6 +42,7 @@
 #include "api/json_body.h"
 #include "api/offload.h"
 #include "api/chat_input.h"
+#include "api/dialect.h"
 #include "api/api.h"
 #include "api/rcache.h"
 #include "api/request.h"
@@ -60,6 +61,7 @@ typedef struct choice {
     size_t sent;         /* answer parsing, streaming: bytes of content already sent */
     size_t sent_r;       /* and of reasoning_content */
     sp_finish_t finish;
+    int stop_index;      /* the stop string that ended it, or -1 */
     bool finished;
 } choice_t;
 
@@ -116,6 +118,10 @@ typedef struct oai_prep {
 typedef struct oai_req {
     sp_api_req_t a;      /* the lifecycle (request.h): model, adapter, job, clock, cache key */
     oai_kind_t kind;
+    const sp_api_dialect_t *dialect; /* chat: how its answers are written (dialect.h) */
+    sp_dialect_req_t dq;   /* the dialect's view of the request */
+    sp_jbuf_t model_name;  /* the model as answers name it, JSON-quoted (dq.model) */
+    bool count_only;       /* chat: count the prompt's tokens, generate nothing */
     bool stream, include_usage, lp_on;
     int n;
     int top_logprobs;
@@ -146,12 +152,7 @@ typedef struct oai_req {
 static void
 make_id(char *buf, size_t cap, const char *prefix, uint64_t req_id)
 {
-    static _Atomic uint64_t ctr;
-    uint64_t x = (uint64_t)sp_time_ns() ^ (req_id * 0x9E3779B97F4A7C15ull) ^ (ctr++ << 40);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    snprintf(buf, cap, "%s-%016llx", prefix, (unsigned long long)x);
+    sp_dialect_id(buf, cap, prefix, '-', req_id);
 }
 
 static uint64_t
@@ -199,6 +200,7 @@ oai_free(sp_api_req_t *a)
     json_decref(pp->body);
     sp_grammar_release(q->grammar); /* the job holds its own reference */
     sp_jbuf_free(&q->out);
+    sp_jbuf_free(&q->model_name);
     sp_free(q);
 }
 
@@ -793,20 +795,40 @@ chunk_end(oai_req_t *q)
     return stream_send(q);
 }
 
-/* ---- tool calls ---- */
+/* ---- the OpenAI chat dialect (dialect.h) ---- */
 
-/* A call id like OpenAI's: "call_" and 16 hex digits. */
 static void
-call_id(oai_req_t *q, int k, char *buf, size_t cap)
+dq_object(const sp_dialect_req_t *d, sp_jbuf_t *b, const char *object)
 {
-    make_id(buf, cap, "call", sp_http_req_id(q->a.http) * 31u + (uint64_t)k);
-    buf[4] = '_';
+    sp_jbuf_lit(b, "{\"id\":");
+    sp_jbuf_cstr(b, d->id);
+    sp_jbuf_lit(b, ",\"object\":");
+    sp_jbuf_cstr(b, object);
+    sp_jbuf_printf(b, ",\"created\":%lld,\"model\":", (long long)d->created);
+    sp_jbuf_lit(b, d->model);
+    sp_jbuf_lit(b, ",\"system_fingerprint\":\"sampan\"");
+}
+
+static void
+chat_chunk_head(const sp_dialect_req_t *d, sp_jbuf_t *b)
+{
+    sp_dialect_sse_begin(b, NULL);
+    dq_object(d, b, "chat.completion.chunk");
+    sp_jbuf_lit(b, ",\"choices\":[");
+}
+
+static void
+chat_chunk_end(sp_jbuf_t *b)
+{
+    sp_jbuf_lit(b, "]}");
+    sp_dialect_sse_end(b);
 }
 
 /* One entry of tool_calls; part 0: all of it, 1: id, type, name and empty
- * arguments (a stream's first delta), 2: the arguments only (the second). */
+ * arguments (a stream's first delta), 2: the arguments only (the second).
+ * The id is like OpenAI's: "call_" and 16 hex digits. */
 static void
-write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
+write_call(const sp_dialect_req_t *d, sp_jbuf_t *b, const json_t *call, int k, int part)
 {
     char id[64];
     sp_jbuf_lit(b, "{");
@@ -814,7 +836,7 @@ write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
         sp_jbuf_printf(b, "\"index\":%d,", k);
     }
     if (part != 2) {
-        call_id(q, k, id, sizeof id);
+        sp_dialect_id(id, sizeof id, "call", '_', d->req_id * 31u + (uint64_t)k);
         sp_jbuf_lit(b, "\"id\":");
         sp_jbuf_cstr(b, id);
         sp_jbuf_lit(b, ",\"type\":\"function\",\"function\":{\"name\":");
@@ -833,24 +855,174 @@ write_call(oai_req_t *q, sp_jbuf_t *b, const json_t *call, int k, int part)
     sp_jbuf_lit(b, "}}");
 }
 
-static int
-stream_content(oai_req_t *q, int index, const char *text, size_t len)
+static size_t
+n_calls(const sp_dialect_req_t *d, const json_t *calls)
 {
-    chunk_head(q);
-    sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"content\":", index);
-    sp_jbuf_str(&q->out, text, len);
-    sp_jbuf_lit(&q->out, "},\"logprobs\":null,\"finish_reason\":null}");
-    return chunk_end(q);
+    size_t n = calls ? json_array_size(calls) : 0;
+    return d->one_call && n > 1 ? 1 : n;
 }
 
-static int
-stream_reasoning(oai_req_t *q, int index, const char *text, size_t len)
+static void
+chat_answer(sp_dialect_req_t *d, const sp_dialect_choice_t *cs, int n, int64_t completion,
+            sp_jbuf_t *b)
 {
-    chunk_head(q);
-    sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"reasoning_content\":", index);
-    sp_jbuf_str(&q->out, text, len);
-    sp_jbuf_lit(&q->out, "},\"logprobs\":null,\"finish_reason\":null}");
-    return chunk_end(q);
+    dq_object(d, b, "chat.completion");
+    sp_jbuf_lit(b, ",\"choices\":[");
+    for (int i = 0; i < n; i++) {
+        const sp_dialect_choice_t *c = &cs[i];
+        sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", c->index);
+        sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        if (c->calls && c->content_len == 0) {
+            sp_jbuf_lit(b, "null");
+        } else {
+            sp_jbuf_str(b, c->content ? c->content : "", c->content_len);
+        }
+        if (c->reasoning_len > 0) {
+            sp_jbuf_lit(b, ",\"reasoning_content\":");
+            sp_jbuf_str(b, c->reasoning, c->reasoning_len);
+        }
+        if (c->calls) {
+            sp_jbuf_lit(b, ",\"tool_calls\":[");
+            for (size_t k = 0; k < n_calls(d, c->calls); k++) {
+                if (k) {
+                    sp_jbuf_lit(b, ",");
+                }
+                write_call(d, b, json_array_get(c->calls, k), (int)k, 0);
+            }
+            sp_jbuf_lit(b, "]");
+        }
+        sp_jbuf_lit(b, ",\"refusal\":null},\"logprobs\":");
+        if (d->logprobs) {
+            sp_jbuf_lit(b, "{\"content\":[");
+            if (c->logprobs) {
+                sp_jbuf_raw(b, c->logprobs, c->logprobs_len);
+            }
+            sp_jbuf_lit(b, "],\"refusal\":null}");
+        } else {
+            sp_jbuf_lit(b, "null");
+        }
+        sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}",
+                       c->calls ? "tool_calls" : finish_str(c->finish));
+    }
+    sp_jbuf_lit(b, "],");
+    write_usage(b, d->n_prompt, completion);
+    sp_jbuf_lit(b, "}");
+}
+
+/* OpenAI opens every choice with the assistant role. */
+static void
+chat_stream_start(sp_dialect_req_t *d, sp_jbuf_t *b)
+{
+    for (int i = 0; i < d->n; i++) {
+        chat_chunk_head(d, b);
+        sp_jbuf_printf(b, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                       "\"logprobs\":null,\"finish_reason\":null}", i);
+        chat_chunk_end(b);
+    }
+}
+
+static void
+chat_stream_delta(sp_dialect_req_t *d, int index, sp_dialect_part_t part, const char *text,
+                  size_t len, const sp_sched_event_t *ev, sp_jbuf_t *b)
+{
+    chat_chunk_head(d, b);
+    sp_jbuf_printf(b, "{\"index\":%d,\"delta\":{%s:", index,
+                   part == SP_DIALECT_REASONING ? "\"reasoning_content\"" : "\"content\"");
+    sp_jbuf_str(b, text, len);
+    sp_jbuf_lit(b, "},\"logprobs\":");
+    if (ev != NULL && ev->has_logprobs) {
+        sp_jbuf_lit(b, "{\"content\":[");
+        write_chat_lp(b, ev);
+        sp_jbuf_lit(b, "],\"refusal\":null}");
+    } else {
+        sp_jbuf_lit(b, "null");
+    }
+    sp_jbuf_lit(b, ",\"finish_reason\":null}");
+    chat_chunk_end(b);
+}
+
+/* The calls, each in two deltas (name, then arguments), then the finish. */
+static void
+chat_stream_finish(sp_dialect_req_t *d, const sp_dialect_choice_t *c, sp_jbuf_t *b)
+{
+    for (size_t k = 0; k < n_calls(d, c->calls); k++) {
+        for (int part = 1; part <= 2; part++) {
+            chat_chunk_head(d, b);
+            sp_jbuf_printf(b, "{\"index\":%d,\"delta\":{%s\"tool_calls\":[", c->index,
+                           part == 1 && k == 0 && c->content_len == 0 ? "\"content\":null," : "");
+            write_call(d, b, json_array_get(c->calls, k), (int)k, part);
+            sp_jbuf_lit(b, "]},\"logprobs\":null,\"finish_reason\":null}");
+            chat_chunk_end(b);
+        }
+    }
+    chat_chunk_head(d, b);
+    sp_jbuf_printf(b, "{\"index\":%d,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"%s\"}",
+                   c->index, c->calls ? "tool_calls" : finish_str(c->finish));
+    chat_chunk_end(b);
+}
+
+static void
+chat_stream_end(sp_dialect_req_t *d, int64_t completion, sp_jbuf_t *b)
+{
+    if (d->include_usage) {
+        sp_dialect_sse_begin(b, NULL);
+        dq_object(d, b, "chat.completion.chunk");
+        sp_jbuf_lit(b, ",\"choices\":[],");
+        write_usage(b, d->n_prompt, completion);
+        sp_jbuf_lit(b, "}");
+        sp_dialect_sse_end(b);
+    }
+    sp_jbuf_lit(b, "data: [DONE]\n\n");
+}
+
+static void
+stream_error_frame(sp_jbuf_t *b, int status, const char *message)
+{
+    sp_dialect_sse_begin(b, NULL);
+    sp_jbuf_lit(b, "{\"error\":{\"message\":");
+    sp_jbuf_cstr(b, message);
+    sp_jbuf_printf(b, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}", status);
+    sp_dialect_sse_end(b);
+}
+
+static void
+chat_stream_error(sp_dialect_req_t *d, int status, const char *message, sp_jbuf_t *b)
+{
+    (void)d;
+    stream_error_frame(b, status, message);
+}
+
+const sp_api_dialect_t sp_openai_chat_dialect = {
+    .name = "openai/chat",
+    .stream_type = "text/event-stream",
+    .id_prefix = "chatcmpl",
+    .id_sep = '-',
+    .max_is_ceiling = false,
+    .answer = chat_answer,
+    .stream_start = chat_stream_start,
+    .stream_delta = chat_stream_delta,
+    .stream_finish = chat_stream_finish,
+    .stream_end = chat_stream_end,
+    .stream_error = chat_stream_error,
+    .count = NULL,
+    .error = NULL, /* api.h's sp_api_error writes OpenAI's shape */
+};
+
+/* ---- the pipeline's side of the dialect ---- */
+
+/* Send what the dialect wrote (nothing: nothing to send). */
+static int
+dialect_send(oai_req_t *q)
+{
+    return q->out.len == 0 && !q->out.oom ? 0 : stream_send(q);
+}
+
+static const char *
+stop_string(const oai_req_t *q, const choice_t *c)
+{
+    return c->finish == SP_FINISH_STOP && c->stop_index >= 0 && c->stop_index < q->prep.g.n_stop
+               ? q->prep.g.stop[c->stop_index]
+               : NULL;
 }
 
 /* What the reasoning and the content grew by since the last chunk. A parse
@@ -860,24 +1032,26 @@ static int
 stream_answer_deltas(oai_req_t *q, int index, choice_t *c)
 {
     const sp_answer_t *an = &q->ans;
-    int rc = 0;
     if (an->reasoning.oom || an->content.oom) {
         return -1;
     }
+    sp_jbuf_reset(&q->out);
     if (an->reasoning.len > c->sent_r) {
-        rc = stream_reasoning(q, index, an->reasoning.p + c->sent_r, an->reasoning.len - c->sent_r);
+        q->dialect->stream_delta(&q->dq, index, SP_DIALECT_REASONING, an->reasoning.p + c->sent_r,
+                                 an->reasoning.len - c->sent_r, NULL, &q->out);
         c->sent_r = an->reasoning.len;
     }
-    if (rc == 0 && an->content.len > c->sent) {
-        rc = stream_content(q, index, an->content.p + c->sent, an->content.len - c->sent);
+    if (an->content.len > c->sent) {
+        q->dialect->stream_delta(&q->dq, index, SP_DIALECT_TEXT, an->content.p + c->sent,
+                                 an->content.len - c->sent, NULL, &q->out);
         c->sent = an->content.len;
     }
-    return rc;
+    return dialect_send(q);
 }
 
-/* Streaming a parsed answer: thinking goes out as reasoning_content and the
- * rest as content while neither can be the start of markup; from a call's
- * start on, the text waits for the finish. */
+/* Streaming a parsed answer: thinking goes out as reasoning and the rest as
+ * content while neither can be the start of markup; from a call's start on,
+ * the text waits for the finish. */
 static int
 stream_answer_text(oai_req_t *q, const sp_sched_event_t *ev)
 {
@@ -890,32 +1064,29 @@ stream_answer_text(oai_req_t *q, const sp_sched_event_t *ev)
     return stream_answer_deltas(q, ev->index, c);
 }
 
-/* The end of a streamed parsed choice: the rest of reasoning and content, the calls. */
+/* The end of a streamed chat choice: the rest of a parsed answer's reasoning
+ * and content, then the dialect's finish (its calls, its end). */
 static int
-stream_answer_finish(oai_req_t *q, const sp_sched_event_t *ev)
+stream_chat_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
     choice_t *c = &q->choices[ev->index];
-    sp_answer_parse(&q->afmt, c->text.p ? c->text.p : "", c->text.len, false, &q->ans);
-    int rc = stream_answer_deltas(q, ev->index, c);
-    const json_t *calls = q->ans.calls;
-    for (size_t k = 0; calls && k < json_array_size(calls) && rc == 0; k++) {
-        for (int part = 1; part <= 2 && rc == 0; part++) {
-            chunk_head(q);
-            sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{%s\"tool_calls\":[", ev->index,
-                           part == 1 && k == 0 && c->sent == 0 ? "\"content\":null," : "");
-            write_call(q, &q->out, json_array_get(calls, k), (int)k, part);
-            sp_jbuf_lit(&q->out, "]},\"logprobs\":null,\"finish_reason\":null}");
-            rc = chunk_end(q);
+    sp_dialect_choice_t dc = {.index = ev->index, .finish = c->finish, .stop_seq = stop_string(q, c)};
+    if (q->answer_on) {
+        sp_answer_parse(&q->afmt, c->text.p ? c->text.p : "", c->text.len, false, &q->ans);
+        if (stream_answer_deltas(q, ev->index, c) != 0) {
+            return -1;
         }
+        dc.content = q->ans.content.p;
+        dc.content_len = q->ans.content.len;
+        dc.reasoning = q->ans.reasoning.p;
+        dc.reasoning_len = q->ans.reasoning.len;
+        dc.calls = q->ans.calls;
+    } else {
+        dc.content_len = c->sent;
     }
-    if (rc == 0) {
-        chunk_head(q);
-        sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{},\"logprobs\":null,"
-                       "\"finish_reason\":\"%s\"}", ev->index,
-                       calls ? "tool_calls" : finish_str(ev->finish));
-        rc = chunk_end(q);
-    }
-    return rc;
+    sp_jbuf_reset(&q->out);
+    q->dialect->stream_finish(&q->dq, &dc, &q->out);
+    return dialect_send(q);
 }
 
 static int
@@ -928,36 +1099,30 @@ stream_token(oai_req_t *q, const sp_sched_event_t *ev)
     if (ev->text_len == 0 && !ev->has_logprobs) {
         return 0;
     }
-    chunk_head(q);
     sp_jbuf_t *b = &q->out;
-    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
     if (q->kind == OAI_CHAT) {
-        sp_jbuf_lit(b, "\"delta\":{\"content\":");
-        sp_jbuf_str(b, ev->text, ev->text_len);
-        sp_jbuf_lit(b, "},\"logprobs\":");
-        if (ev->has_logprobs) {
-            sp_jbuf_lit(b, "{\"content\":[");
-            write_chat_lp(b, ev);
-            sp_jbuf_lit(b, "],\"refusal\":null}");
-        } else {
-            sp_jbuf_lit(b, "null");
-        }
+        sp_jbuf_reset(b);
+        q->dialect->stream_delta(&q->dq, ev->index, SP_DIALECT_TEXT, ev->text, ev->text_len,
+                                 q->lp_on ? ev : NULL, b);
+        c->sent += ev->text_len;
+        return dialect_send(q);
+    }
+    chunk_head(q);
+    sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
+    sp_jbuf_lit(b, "\"text\":");
+    sp_jbuf_str(b, ev->text, ev->text_len);
+    sp_jbuf_lit(b, ",\"logprobs\":");
+    if (ev->has_logprobs) {
+        sp_jbuf_lit(b, "{\"tokens\":[");
+        sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
+        sp_jbuf_lit(b, "],\"token_logprobs\":[");
+        sp_jbuf_num(b, ev->chosen.logprob);
+        sp_jbuf_lit(b, "],\"top_logprobs\":[");
+        write_top_map(b, ev);
+        sp_jbuf_printf(b, "],\"text_offset\":[%zu]}", c->text_offset);
+        c->text_offset += (size_t)ev->chosen.text_len;
     } else {
-        sp_jbuf_lit(b, "\"text\":");
-        sp_jbuf_str(b, ev->text, ev->text_len);
-        sp_jbuf_lit(b, ",\"logprobs\":");
-        if (ev->has_logprobs) {
-            sp_jbuf_lit(b, "{\"tokens\":[");
-            sp_jbuf_str(b, ev->chosen.text, (size_t)ev->chosen.text_len);
-            sp_jbuf_lit(b, "],\"token_logprobs\":[");
-            sp_jbuf_num(b, ev->chosen.logprob);
-            sp_jbuf_lit(b, "],\"top_logprobs\":[");
-            write_top_map(b, ev);
-            sp_jbuf_printf(b, "],\"text_offset\":[%zu]}", c->text_offset);
-            c->text_offset += (size_t)ev->chosen.text_len;
-        } else {
-            sp_jbuf_lit(b, "null");
-        }
+        sp_jbuf_lit(b, "null");
     }
     sp_jbuf_lit(b, ",\"finish_reason\":null}");
     return chunk_end(q);
@@ -966,13 +1131,13 @@ stream_token(oai_req_t *q, const sp_sched_event_t *ev)
 static int
 stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
-    if (q->answer_on) {
-        return stream_answer_finish(q, ev);
+    if (q->kind == OAI_CHAT) {
+        return stream_chat_finish(q, ev);
     }
     chunk_head(q);
     sp_jbuf_t *b = &q->out;
     sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
-    sp_jbuf_lit(b, q->kind == OAI_CHAT ? "\"delta\":{}," : "\"text\":\"\",");
+    sp_jbuf_lit(b, "\"text\":\"\",");
     sp_jbuf_printf(b, "\"logprobs\":null,\"finish_reason\":\"%s\"}", finish_str(ev->finish));
     return chunk_end(q);
 }
@@ -1004,80 +1169,85 @@ gather_token(oai_req_t *q, const sp_sched_event_t *ev)
     c->n_lp++;
 }
 
+/* A chat answer: each choice parsed (answer.h) and written by the dialect. */
 static void
-reply_complete(oai_req_t *q, int64_t completion_tokens)
+reply_chat(oai_req_t *q, int64_t completion_tokens)
 {
     sp_jbuf_t *b = &q->out;
     sp_jbuf_reset(b);
-    begin_object(q, b, q->kind == OAI_CHAT ? "chat.completion" : "text_completion");
+    sp_answer_t *ans = sp_calloc((size_t)q->n, sizeof *ans);
+    sp_dialect_choice_t *dc = sp_calloc((size_t)q->n, sizeof *dc);
+    if (ans == NULL || dc == NULL) {
+        b->oom = true;
+    }
+    for (int i = 0; i < q->n && !b->oom; i++) {
+        choice_t *c = &q->choices[i];
+        const char *text = c->text.p ? c->text.p : "";
+        c->finish = c->finished ? c->finish : SP_FINISH_STOP;
+        dc[i] = (sp_dialect_choice_t){.index = i, .content = text, .content_len = c->text.len,
+                                      .finish = c->finish, .stop_seq = stop_string(q, c)};
+        if (q->answer_on) {
+            sp_answer_parse(&q->afmt, text, c->text.len, false, &ans[i]);
+            b->oom |= ans[i].content.oom || ans[i].reasoning.oom;
+            dc[i].content = ans[i].content.p;
+            dc[i].content_len = ans[i].content.len;
+            dc[i].reasoning = ans[i].reasoning.p;
+            dc[i].reasoning_len = ans[i].reasoning.len;
+            dc[i].calls = ans[i].calls;
+        }
+        if (q->lp_on) {
+            dc[i].logprobs = c->lp.p ? c->lp.p : "";
+            dc[i].logprobs_len = c->lp.len;
+        }
+    }
+    if (!b->oom) {
+        q->dialect->answer(&q->dq, dc, q->n, completion_tokens, b);
+    }
+    for (int i = 0; ans && i < q->n; i++) {
+        sp_answer_free(&ans[i]);
+    }
+    sp_free(ans);
+    sp_free(dc);
+    if (!b->oom) {
+        sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len,
+                        q->n > 0 && q->choices[0].finished ? q->choices[0].finish : SP_FINISH_STOP);
+    }
+    sp_api_reply_json(q->a.http, 200, b);
+}
+
+static void
+reply_complete(oai_req_t *q, int64_t completion_tokens)
+{
+    if (q->kind == OAI_CHAT) {
+        reply_chat(q, completion_tokens);
+        return;
+    }
+    sp_jbuf_t *b = &q->out;
+    sp_jbuf_reset(b);
+    begin_object(q, b, "text_completion");
     sp_jbuf_lit(b, ",\"choices\":[");
     for (int i = 0; i < q->n; i++) {
         choice_t *c = &q->choices[i];
         const char *text = c->text.p ? c->text.p : "";
         sp_jbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
-        json_t *calls = NULL;
-        if (q->kind == OAI_CHAT) {
-            const char *content = text;
-            size_t content_len = c->text.len;
-            const sp_answer_t *an = &q->ans;
-            if (q->answer_on) {
-                sp_answer_parse(&q->afmt, text, c->text.len, false, &q->ans);
-                calls = json_incref(an->calls);
-                content = an->content.p ? an->content.p : "";
-                content_len = an->content.len;
-                b->oom |= an->content.oom || an->reasoning.oom;
-            }
-            sp_jbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            if (calls && content_len == 0) {
-                sp_jbuf_lit(b, "null");
-            } else {
-                sp_jbuf_str(b, content, content_len);
-            }
-            if (q->answer_on && an->reasoning.len > 0) {
-                sp_jbuf_lit(b, ",\"reasoning_content\":");
-                sp_jbuf_str(b, an->reasoning.p, an->reasoning.len);
-            }
-            if (calls) {
-                sp_jbuf_lit(b, ",\"tool_calls\":[");
-                for (size_t k = 0; k < json_array_size(calls); k++) {
-                    if (k) {
-                        sp_jbuf_lit(b, ",");
-                    }
-                    write_call(q, b, json_array_get(calls, k), (int)k, 0);
-                }
-                sp_jbuf_lit(b, "]");
-            }
-            sp_jbuf_lit(b, ",\"refusal\":null},\"logprobs\":");
-            if (q->lp_on) {
-                sp_jbuf_lit(b, "{\"content\":[");
-                if (c->lp.p) {
-                    sp_jbuf_raw(b, c->lp.p, c->lp.len);
-                }
-                sp_jbuf_lit(b, "],\"refusal\":null}");
-            } else {
-                sp_jbuf_lit(b, "null");
-            }
+        sp_jbuf_lit(b, "\"text\":");
+        sp_jbuf_str(b, text, c->text.len);
+        sp_jbuf_lit(b, ",\"logprobs\":");
+        if (q->lp_on) {
+            sp_jbuf_lit(b, "{\"tokens\":[");
+            sp_jbuf_raw(b, c->lp_tokens.p ? c->lp_tokens.p : "", c->lp_tokens.len);
+            sp_jbuf_lit(b, "],\"token_logprobs\":[");
+            sp_jbuf_raw(b, c->lp_values.p ? c->lp_values.p : "", c->lp_values.len);
+            sp_jbuf_lit(b, "],\"top_logprobs\":[");
+            sp_jbuf_raw(b, c->lp_top.p ? c->lp_top.p : "", c->lp_top.len);
+            sp_jbuf_lit(b, "],\"text_offset\":[");
+            sp_jbuf_raw(b, c->lp_offsets.p ? c->lp_offsets.p : "", c->lp_offsets.len);
+            sp_jbuf_lit(b, "]}");
         } else {
-            sp_jbuf_lit(b, "\"text\":");
-            sp_jbuf_str(b, text, c->text.len);
-            sp_jbuf_lit(b, ",\"logprobs\":");
-            if (q->lp_on) {
-                sp_jbuf_lit(b, "{\"tokens\":[");
-                sp_jbuf_raw(b, c->lp_tokens.p ? c->lp_tokens.p : "", c->lp_tokens.len);
-                sp_jbuf_lit(b, "],\"token_logprobs\":[");
-                sp_jbuf_raw(b, c->lp_values.p ? c->lp_values.p : "", c->lp_values.len);
-                sp_jbuf_lit(b, "],\"top_logprobs\":[");
-                sp_jbuf_raw(b, c->lp_top.p ? c->lp_top.p : "", c->lp_top.len);
-                sp_jbuf_lit(b, "],\"text_offset\":[");
-                sp_jbuf_raw(b, c->lp_offsets.p ? c->lp_offsets.p : "", c->lp_offsets.len);
-                sp_jbuf_lit(b, "]}");
-            } else {
-                sp_jbuf_lit(b, "null");
-            }
+            sp_jbuf_lit(b, "null");
         }
         sp_jbuf_printf(b, ",\"finish_reason\":\"%s\"}",
-                       calls ? "tool_calls" : finish_str(c->finished ? c->finish : SP_FINISH_STOP));
-        json_decref(calls);
+                       finish_str(c->finished ? c->finish : SP_FINISH_STOP));
     }
     sp_jbuf_lit(b, "],");
     write_usage(b, q->n_prompt, completion_tokens);
@@ -1193,6 +1363,7 @@ oai_event(sp_api_req_t *a, const sp_sched_event_t *ev)
         return 0;
     case SP_SCHED_EV_FINISH:
         q->choices[ev->index].finish = ev->finish;
+        q->choices[ev->index].stop_index = ev->stop_index;
         q->choices[ev->index].finished = true;
         return q->stream ? stream_finish(q, ev) : 0;
     case SP_SCHED_EV_EMBEDDING:
@@ -1233,10 +1404,12 @@ oai_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char
     if (st != SP_OK) {
         int http = oai_http(sp_api_server_status(st));
         if (q->stream) {
-            sse_begin(q);
-            sp_jbuf_printf(&q->out, "{\"error\":{\"message\":");
-            sp_jbuf_cstr(&q->out, msg);
-            sp_jbuf_printf(&q->out, ",\"type\":\"server_error\",\"param\":null,\"code\":%d}}\n\n", http);
+            sp_jbuf_reset(&q->out);
+            if (q->dialect != NULL) {
+                q->dialect->stream_error(&q->dq, http, msg, &q->out);
+            } else {
+                stream_error_frame(&q->out, http, msg);
+            }
             stream_send(q);
             sp_http_stream_end(r);
         } else {
@@ -1246,10 +1419,15 @@ oai_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char
         reply_embeddings(q, ev->prompt_tokens);
     } else if (q->kind == OAI_RERANK) {
         reply_rerank(q, ev->prompt_tokens);
+    } else if (q->stream && q->dialect != NULL) {
+        sp_jbuf_reset(&q->out);
+        q->dialect->stream_end(&q->dq, ev->completion_tokens, &q->out);
+        stream_send(q);
+        sp_http_stream_end(r);
     } else if (q->stream) {
         if (q->include_usage) {
             sse_begin(q);
-            begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+            begin_object(q, &q->out, "text_completion");
             sp_jbuf_lit(&q->out, ",\"choices\":[],");
             write_usage(&q->out, q->n_prompt, ev->completion_tokens);
             sp_jbuf_lit(&q->out, "}\n\n");
@@ -1325,15 +1503,11 @@ submit(oai_req_t *q, const int32_t *toks, int64_t n_tok, const sp_gen_params_t *
     if (q->stream) {
         sp_http_add_header(r, "Cache-Control", "no-cache");
         sp_http_add_header(r, "X-Accel-Buffering", "no");
-        sp_http_stream_start(r, 200, "text/event-stream");
-        if (q->kind == OAI_CHAT) {
-            /* OpenAI opens every choice with the assistant role. */
-            for (int i = 0; i < q->n; i++) {
-                chunk_head(q);
-                sp_jbuf_printf(&q->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                               "\"logprobs\":null,\"finish_reason\":null}", i);
-                chunk_end(q);
-            }
+        sp_http_stream_start(r, 200, q->dialect ? q->dialect->stream_type : "text/event-stream");
+        if (q->dialect != NULL) {
+            sp_jbuf_reset(&q->out);
+            q->dialect->stream_start(&q->dq, &q->out);
+            dialect_send(q);
         }
     }
 }
@@ -1408,6 +1582,8 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
         if (tpm > 0 && max_tokens > (tpm - n_tok) / q->n) {
             max_tokens = (tpm - n_tok) / q->n > 1 ? (tpm - n_tok) / q->n : 1;
         }
+    } else if (n_tok + max_tokens > n_ctx && q->dialect && q->dialect->max_is_ceiling) {
+        max_tokens = n_ctx - n_tok;
     } else if (n_tok + max_tokens > n_ctx) {
         sp_api_error(q->a.http, 400, NULL, "max_tokens", "context_length_exceeded",
                      "this model's context is %lld tokens; the prompt has %lld and max_tokens "
@@ -1418,11 +1594,15 @@ run_generation(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_gi
     }
     g->max_tokens = (int32_t)max_tokens;
     q->n_prompt = n_tok;
+    q->dq.n_prompt = n_tok;
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
         sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
         sp_api_finish(&q->a);
         return;
+    }
+    for (int i = 0; i < q->n; i++) {
+        q->choices[i].stop_index = -1;
     }
     submit(q, toks, n_tok, g, NULL, NULL, q->n);
 }
@@ -1453,6 +1633,15 @@ prep_done(sp_offload_t *job, sp_http_req_t *r)
         /* The access log keeps the end of the rendered prompt (the latest turn). */
         size_t keep = pp->plen > SP_REQ_TEXT_MAX ? SP_REQ_TEXT_MAX : pp->plen;
         sp_metrics_clock_text(&q->a.clk, false, pp->prompt + pp->plen - keep, keep);
+    }
+    if (q->count_only) {
+        /* Counted, not generated: accounted as a request without tokens. */
+        sp_jbuf_reset(&q->out);
+        q->dialect->count(&q->dq, pp->in[0].n, &q->out);
+        sp_api_end(&q->a, true, SP_FAIL_INVALID);
+        sp_api_reply_json(r, 200, &q->out);
+        sp_api_finish(&q->a);
+        return;
     }
     run_generation(q, &pp->g, pp->max_tokens, pp->max_given, pp->in[0].dst, pp->in[0].n);
 }
@@ -1494,7 +1683,7 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
                q->a.m->def.seed_set)) {
         return false;
     }
-    q->a.ck = sp_rckey_new(q->a.m, q->kind == OAI_CHAT    ? "openai/chat"
+    q->a.ck = sp_rckey_new(q->a.m, q->kind == OAI_CHAT    ? q->dialect->name
                                : q->kind == OAI_EMBED ? "openai/embeddings"
                                : q->kind == OAI_RERANK ? "openai/rerank"
                                                       : "openai/completions");
@@ -1815,26 +2004,36 @@ parse_answer_format(oai_req_t *q, const sp_serving_t *s, const json_t *b)
     return 0;
 }
 
-static void
-h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+void
+sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
+                json_t *b, const sp_api_dialect_t *d, bool count_only, int flags)
 {
-    sp_serving_t *s = ud;
-    json_t *b = sp_api_json_body(s, r, h_chat, p);
-    if (b == NULL) {
-        return;
-    }
     oai_req_t *q = NULL;
     sp_req_adapter_t ad;
-    sp_served_model_t *m = get_model(s, r, b, h_chat, p, &ad);
+    sp_served_model_t *m = get_model(s, r, b, retry, p, &ad);
     if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m, &ad)) == NULL) {
-        goto done;
+        return;
     }
+    q->dialect = d;
+    q->count_only = count_only;
+    sp_dialect_id(q->id, sizeof q->id, d->id_prefix, d->id_sep, sp_http_req_id(r));
+    sp_req_adapter_model_name(m, &q->a.ad, &q->model_name);
+    if (q->model_name.oom) {
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        goto fail;
+    }
+    q->dq = (sp_dialect_req_t){.id = q->id, .created = q->created, .model = q->model_name.p,
+                               .req_id = sp_http_req_id(r), .n = 1, .flags = flags};
     oai_prep_t *pp = &q->prep;
     pp->body = json_incref(b);
     if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||
-        cache_lookup(q, b, &pp->g)) {
+        (!count_only && cache_lookup(q, b, &pp->g))) {
         goto fail;
     }
+    q->dq.n = q->n;
+    q->dq.include_usage = q->include_usage;
+    q->dq.logprobs = q->lp_on;
+    q->dq.one_call = json_is_false(json_object_get(b, "parallel_tool_calls"));
     const json_t *ms = json_object_get(b, "messages");
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
@@ -1868,10 +2067,20 @@ h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     pp->special = true;
     pp->tok_param = "messages";
     prep_start(q); /* render, tokenize, then generate */
-    goto done;
+    return;
 fail:
     sp_api_finish(&q->a);
-done:
+}
+
+static void
+h_chat(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_serving_t *s = ud;
+    json_t *b = sp_api_json_body(s, r, h_chat, p);
+    if (b == NULL) {
+        return;
+    }
+    sp_api_chat_run(s, r, p, h_chat, b, &sp_openai_chat_dialect, false, 0);
     json_decref(b);
 }
 

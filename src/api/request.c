@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "api/dialect.h"
 #include "api/kserve.h"
 #include "api/trace.h"
 #include "core/alloc.h"
@@ -251,7 +252,12 @@ sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
     }
     sp_jbuf_t b;
     sp_jbuf_init(&b);
-    openai_error(&b, status, type, param, code, msg);
+    const sp_api_dialect_t *d = sp_api_dialect_for_path(sp_http_req_path(r));
+    if (d != NULL && d->error != NULL) { /* a route of another API: its shape (dialect.h) */
+        d->error(&b, status, type, param, code, msg);
+    } else {
+        openai_error(&b, status, type, param, code, msg);
+    }
     if (b.oom) {
         sp_http_respond(r, status, "application/json", "{}", 2);
     } else {

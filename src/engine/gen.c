@@ -711,6 +711,7 @@ struct sp_gen {
 
     stop_str_t stop[SP_GEN_MAX_STOP];
     int n_stop;
+    int stop_hit;       /* the stop string that ended the generation, or -1 */
 
     char piece[SP_TOKEN_MAX_BYTES + 8]; /* this step's complete text from the detokenizer */
     char held[TEXT_CAP];                /* text not released yet (a possible stop start) */
@@ -830,6 +831,7 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
         g->p.stop[i] = NULL;
     }
     g->n_stop = g->p.n_stop = n_stop;
+    g->stop_hit = -1;
     g->strip_space = sp_tokenizer_strips_space(tok);
     g->bos = sp_tokenizer_bos(tok);
     g->prev = -1;
@@ -889,6 +891,12 @@ int32_t
 sp_gen_n_generated(const sp_gen_t *g)
 {
     return g->n_gen;
+}
+
+int
+sp_gen_stop_index(const sp_gen_t *g)
+{
+    return g->stop_hit;
 }
 
 const char *
@@ -1240,6 +1248,7 @@ push_text(sp_gen_t *g, const char *p, size_t n)
              * was part of a partial match, and partial matches are held */
             release(g, g->held, g->n_held - (size_t)g->stop[done].len);
             g->n_held = 0;
+            g->stop_hit = done;
             return true;
         }
     }

@@ -133,6 +133,9 @@ int32_t sp_gen_candidates(const sp_gen_t *g);
 sp_status_t sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32_t n,
                                    sp_gen_token_t *out);
 int32_t sp_gen_n_generated(const sp_gen_t *g);
+/* The stop string that ended the generation (its index in the params' stop
+ * list), or -1: none did (yet). */
+int sp_gen_stop_index(const sp_gen_t *g);
 /* One line describing the last sp_gen_step error ("" when none). */
 const char *sp_gen_error(const sp_gen_t *g);
 

@@ -67,7 +67,7 @@ typedef struct rec {
     uint32_t size;     /* whole record, header included */
     int32_t kind, index;
     int32_t a, b, c;   /* TOKEN: token, text_len, n_top (-1 = no logprobs)
-                          FINISH: finish, n_generated; EMBEDDING: n_embd; DONE: status, msg_len */
+                          FINISH: finish, n_generated, stop_index; EMBEDDING: n_embd; DONE: status, msg_len */
     int64_t x, y;      /* DONE: prompt_tokens, completion_tokens */
     int64_t q, e;      /* DONE: queue and compute time (ns) */
 } rec_t;
@@ -282,6 +282,7 @@ deliver(sp_sched_job_t *j, const char *buf, size_t len)
         case SP_SCHED_EV_FINISH:
             ev.finish = (sp_finish_t)h.a;
             ev.n_generated = h.b;
+            ev.stop_index = h.c;
             break;
         case SP_SCHED_EV_EMBEDDING:
             ev.n_embd = h.a;
@@ -651,6 +652,7 @@ seq_finish(sp_sched_t *s, seq_t *sq, sp_finish_t finish)
     h.index = sq->index;
     h.a = finish;
     h.b = sq->gen ? sp_gen_n_generated(sq->gen) : 0;
+    h.c = sq->gen && finish == SP_FINISH_STOP ? sp_gen_stop_index(sq->gen) : -1;
     post(s, sq->job, &h, NULL, 0);
     seq_close(s, sq);
 }

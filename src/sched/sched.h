@@ -74,6 +74,7 @@ typedef struct sp_sched_event {
     /* FINISH */
     sp_finish_t finish;
     int32_t n_generated;
+    int32_t stop_index;         /* the stop string that ended it (gen.stop index), or -1 */
     /* EMBEDDING */
     const float *embedding;
     int32_t n_embd;

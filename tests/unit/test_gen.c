@@ -277,9 +277,11 @@ TEST(gen_stop_at_start_and_multiple_stops)
     p.stop[1] = "o w";
     p.stop[2] = "zzz";
     g = make_gen(v.t, &p);
+    ASSERT_EQ(sp_gen_stop_index(g), -1); /* none yet */
     ASSERT_EQ(feed_bytes(g, v.t, "hello world", got, NULL, &n), SP_FINISH_STOP);
     ASSERT_STR_EQ(got, "hell");
     ASSERT_EQ(n, 7);
+    ASSERT_EQ(sp_gen_stop_index(g), 1); /* which one ended it (Anthropic's stop_sequence) */
     sp_gen_destroy(g);
 
     /* two complete on the same byte: the longer one cuts */
@@ -290,6 +292,7 @@ TEST(gen_stop_at_start_and_multiple_stops)
     g = make_gen(v.t, &p);
     ASSERT_EQ(feed_bytes(g, v.t, "xxabc", got, NULL, &n), SP_FINISH_STOP);
     ASSERT_STR_EQ(got, "xx");
+    ASSERT_EQ(sp_gen_stop_index(g), 1);
     sp_gen_destroy(g);
 
     /* self-overlapping stop string (KMP fallback): "aab" in "aaab" */
