@@ -60,8 +60,6 @@ void sp_api_error(sp_http_req_t *r, int status, const char *type, const char *pa
                   const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* Is this a KServe v2 path ("/v2" or under "/v2/")? */
 bool sp_api_kserve_path(sp_str_t path);
-/* Is this an Ollama API path ("/api/...")? Its errors are {"error": "..."} too. */
-bool sp_api_ollama_path(sp_str_t path);
 /* KServe v2's error shape, {"error": "..."}: what sp_api_error writes on a
  * /v2 path, and what the KServe routes write directly. */
 void sp_api_error_kserve(sp_http_req_t *r, int status, const char *fmt, ...)

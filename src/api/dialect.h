@@ -49,6 +49,7 @@
 #include "engine/gen.h"
 #include "http/router.h"
 #include "sched/sched.h"
+#include "serving/metrics.h"
 #include "serving/serving.h"
 
 typedef enum sp_dialect_part {
@@ -74,6 +75,8 @@ typedef struct sp_dialect_req {
     int flags;               /* the dialect's own bits */
     const char *reason;      /* the stop reason stream_finish saw, for stream_end */
     const char *stop_seq;    /* the stop string that ended the answer, or NULL */
+    const sp_req_clock_t *clk; /* the request's clock (metrics.h), for timings: complete
+                                  (queue, compute, first token) when answer / stream_end run */
 } sp_dialect_req_t;
 
 /* One finished choice. Strings are not NUL-terminated; len 0 = none. */

@@ -6,9 +6,9 @@
  *
  * Models are the served ones under their own names; Ollama's default tag
  * ":latest" is accepted on any name (Ollama's clients add it). Errors are
- * Ollama's {"error": "..."}: sp_api_error picks that shape on an /api/ path
- * (request.c), so the shared parts (model lookup, admission, 429s) answer in
- * it too. Embeddings run through the one request lifecycle (request.h):
+ * Ollama's {"error": "..."}: the Ollama dialect (ollama_chat.c) claims the
+ * /api prefix, so sp_api_error writes that shape for the shared parts too
+ * (model lookup, admission, 429s). Embeddings run through the one request lifecycle (request.h):
  * the same scheduler, tenants, quotas, metrics, tracing and logs as
  * /v1/embeddings; tokenizing runs on a preparation worker (offload.h).
  *

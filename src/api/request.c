@@ -244,9 +244,7 @@ sp_api_error(sp_http_req_t *r, int status, const char *type, const char *param,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sp_str_t path = sp_http_req_path(r);
-    /* KServe v2's shape, {"error": "..."}, which is also Ollama's (/api/...) */
-    if (sp_api_kserve_path(path) || sp_api_ollama_path(path)) {
+    if (sp_api_kserve_path(sp_http_req_path(r))) { /* KServe v2's shape: {"error": "..."} */
         sp_api_error_kserve(r, status, "%s", msg);
         return;
     }
@@ -581,12 +579,6 @@ sp_api_redact(const sp_serving_t *s, const char *in, char *out, size_t cap)
         out[j++] = *p++;
     }
     out[j] = '\0';
-}
-
-bool
-sp_api_ollama_path(sp_str_t path)
-{
-    return path.len > 5 && memcmp(path.ptr, "/api/", 5) == 0;
 }
 
 bool

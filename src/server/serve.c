@@ -604,6 +604,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_anthropic_register(s->router, &s->sv);
     sp_tokenize_routes_register(s->router, &s->sv);
     sp_ollama_register(s->router, &s->sv);
+    sp_ollama_chat_register(s->router, &s->sv);
     sp_prometheus_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);

@@ -9,13 +9,21 @@
 - ":latest" (Ollama's default tag) names the model;
 - errors in Ollama's shape {"error": "..."} with the right status: unknown model 404,
   bad fields 400, keep_alive other than "keep loaded" refused, not ignored;
-- the tenants' model lists apply (a model outside the key's list is not listed, and is refused: 403).
+- the tenants' model lists apply (a model outside the key's list is not listed, and is refused: 403);
+- /api/chat and /api/generate: NDJSON framing (stream true by default, one object per line,
+  done false until the last, which has done_reason and the timings), the same text streamed and
+  not; each sampler option gives the answer the OpenAI route gives with the same field and seed
+  (so it reaches the sampler); num_predict and stop honoured; format json and a schema give JSON
+  that parses (and follows the schema); unsupported options, raw, template, context, images,
+  think on a model without reasoning refused with 400; the requests counted in /metrics.
 """
 import json
 import math
 import os
 import tempfile
 import time
+
+import http.client
 
 from common import DEMO_MODEL, Server, Suite, binary, http_json, keys_add, keyed_request
 
@@ -128,7 +136,6 @@ try:
         ("bad JSON", "/api/show", "{", 400),
     ]:
         if body == "{":
-            import http.client
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("POST", path, body=b"{", headers={"Content-Type": "application/json"})
             r = c.getresponse()
@@ -139,6 +146,166 @@ try:
     st, b = http_json(port, "POST", "/api/embed", {"model": "stories260K", "input": "x", "keep_alive": -1})
     st2, b2 = http_json(port, "POST", "/api/embed", {"model": "stories260K", "input": "x", "keep_alive": "-1m"})
     s.case("keep_alive negative (keep loaded): accepted", st == 200 and st2 == 200, (st, st2))
+finally:
+    srv.stop()
+
+
+def ndjson(port, path, body, timeout=60):
+    """POST body; returns (status, content type, list of parsed lines, raw bytes)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        lines = raw.split(b"\n")
+        return r.status, r.getheader("Content-Type"), [json.loads(x) for x in lines if x], raw
+    finally:
+        c.close()
+
+
+def chat(port, msgs, **kw):
+    st, b = http_json(port, "POST", "/api/chat", dict({"model": "stories260K", "messages": msgs,
+                                                       "stream": False}, **kw))
+    return st, b
+
+
+def oai_chat(port, msgs, **kw):
+    st, b = http_json(port, "POST", "/v1/chat/completions",
+                      dict({"model": "stories260K", "messages": msgs}, **kw))
+    return b["choices"][0]["message"]["content"] if st == 200 else (st, b)
+
+
+TIMINGS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+           "eval_count", "eval_duration")
+
+
+def timings_ok(b, wall_ns):
+    return all(isinstance(b.get(k), int) and b[k] >= 0 for k in TIMINGS) and \
+        0 < b["total_duration"] <= wall_ns and \
+        b["load_duration"] + b["prompt_eval_duration"] + b["eval_duration"] <= b["total_duration"]
+
+
+srv = Server()
+try:
+    port = srv.port
+    U = [{"role": "user", "content": "Once upon a time"}]
+    t0 = time.monotonic_ns()
+    st, ctype, lines, raw = ndjson(port, "/api/chat", {"model": "stories260K", "messages": U,
+                                                       "options": {"temperature": 0, "num_predict": 12}})
+    wall = time.monotonic_ns() - t0
+    last = lines[-1] if lines else {}
+    s.case("/api/chat streams by default: application/x-ndjson, one object per line",
+           st == 200 and ctype.startswith("application/x-ndjson") and raw.endswith(b"\n")
+           and len(lines) >= 3 and all(x["done"] is False for x in lines[:-1]) and last.get("done") is True,
+           (st, ctype, raw[:300]))
+    s.case("stream: each part names the model, has created_at and a message",
+           all(x["model"] == "stories260K" and x["created_at"].endswith("Z") and
+               x["message"]["role"] == "assistant" for x in lines), lines[:2])
+    s.case("stream: the last line has done_reason length, eval_count 12, the timings in ns",
+           last.get("done_reason") == "length" and last.get("eval_count") == 12 and timings_ok(last, wall),
+           last)
+    streamed = "".join(x["message"]["content"] for x in lines)
+    st, one = chat(port, U, options={"temperature": 0, "num_predict": 12})
+    s.case("stream false: one object, the same greedy text as streamed",
+           st == 200 and one["done"] is True and one["message"]["content"] == streamed
+           and one["eval_count"] == 12, (streamed, one))
+    s.case("greedy /api/chat is /v1/chat/completions' greedy answer",
+           one["message"]["content"] == oai_chat(port, U, temperature=0, max_tokens=12), one)
+
+    st, ctype, glines, _ = ndjson(port, "/api/generate", {"model": "stories260K", "prompt": "Once upon a time",
+                                                          "options": {"temperature": 0, "num_predict": 12}})
+    s.case("/api/generate streams `response` parts; the text is chat's for the same user text",
+           st == 200 and all("response" in x for x in glines) and glines[-1]["done"] is True
+           and "".join(x["response"] for x in glines) == streamed, glines[-1:])
+    st, g = http_json(port, "POST", "/api/generate", {"model": "stories260K", "prompt": "Once upon a time",
+                                                      "system": "You tell stories.", "stream": False,
+                                                      "options": {"temperature": 0, "num_predict": 12}})
+    st2, c2 = chat(port, [{"role": "system", "content": "You tell stories."}] + U,
+                   options={"temperature": 0, "num_predict": 12})
+    s.case("/api/generate system + prompt = /api/chat with a system and a user message",
+           st == 200 and st2 == 200 and g["response"] == c2["message"]["content"]
+           and g["prompt_eval_count"] == c2["prompt_eval_count"], (g, c2))
+
+    # Each sampler option reaches the sampler: the same answer as the OpenAI route's field.
+    for opt, oai, val in [("top_k", "top_k", 5), ("top_p", "top_p", 0.5), ("min_p", "min_p", 0.2),
+                          ("repeat_penalty", "repetition_penalty", 1.5),
+                          ("presence_penalty", "presence_penalty", 1.5),
+                          ("frequency_penalty", "frequency_penalty", 1.5)]:
+        st, a = chat(port, U, options={"temperature": 1, "seed": 7, "num_predict": 32, opt: val})
+        want = oai_chat(port, U, temperature=1, seed=7, max_tokens=32, **{oai: val})
+        s.case(f"options.{opt} = OpenAI's {oai} (same seed, same text)",
+               st == 200 and a["message"]["content"] == want, (a, want))
+    st, a = chat(port, U, options={"temperature": 1, "seed": 11, "num_predict": 32})
+    st2, b = chat(port, U, options={"temperature": 1, "seed": 11, "num_predict": 32})
+    others = [chat(port, U, options={"temperature": 1, "seed": k, "num_predict": 32})[1]["message"]["content"]
+              for k in (12, 13, 14)]
+    s.case("seed + temperature: reproducible, and another seed changes the text",
+           a["message"]["content"] == b["message"]["content"]
+           and any(o != a["message"]["content"] for o in others), (a, others))
+    st, k1 = chat(port, U, options={"temperature": 1, "top_k": 1, "seed": 5, "num_predict": 12})
+    s.case("top_k 1 is greedy", k1["message"]["content"] == streamed, k1)
+    word = streamed.split()[1]
+    st, cut = chat(port, U, options={"temperature": 0, "num_predict": 12, "stop": [word]})
+    s.case("options.stop: the text ends before the stop string, done_reason stop",
+           st == 200 and cut["message"]["content"] == streamed[:streamed.index(word)]
+           and cut["done_reason"] == "stop", (cut, word))
+    st, lim = chat(port, U, options={"num_predict": 3, "num_ctx": 256, "unknown_option": 1})
+    s.case("num_predict 3: eval_count 3, length; num_ctx within the context and unknown options accepted",
+           st == 200 and lim["eval_count"] == 3 and lim["done_reason"] == "length", lim)
+
+    # The tiny model may wander inside the object until num_predict: the grammar is the one the
+    # OpenAI route's json_object compiles (the same text), and a finished answer parses.
+    st, j = chat(port, U, format="json", options={"temperature": 0, "num_predict": 64})
+    want = oai_chat(port, U, temperature=0, max_tokens=64, response_format={"type": "json_object"})
+    ok = st == 200 and j["message"]["content"] == want and j["message"]["content"].lstrip().startswith("{")
+    if ok and j["done_reason"] == "stop":
+        try:
+            ok = isinstance(json.loads(j["message"]["content"]), dict)
+        except ValueError:
+            ok = False
+    s.case("format json: OpenAI's json_object grammar (the same text), an object", ok, (j, want))
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}, "name": {"type": "string"}},
+              "required": ["age", "name"]}
+    st, j = chat(port, U, format=schema, options={"temperature": 0, "num_predict": 200})
+    try:
+        v = json.loads(j["message"]["content"])
+        ok = st == 200 and isinstance(v["age"], int) and isinstance(v["name"], str)
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    s.case("format schema: the object follows it", ok, j)
+    st, ld = http_json(port, "POST", "/api/generate", {"model": "stories260K"})
+    s.case("empty prompt: the model is loaded, done_reason load",
+           st == 200 and ld["done"] is True and ld["done_reason"] == "load", ld)
+
+    for name, path, body in [
+        ("mirostat", "/api/chat", {"messages": U, "options": {"mirostat": 2}}),
+        ("typical_p", "/api/chat", {"messages": U, "options": {"typical_p": 0.5}}),
+        ("num_gpu", "/api/chat", {"messages": U, "options": {"num_gpu": 1}}),
+        ("repeat_last_n other than 64", "/api/chat", {"messages": U, "options": {"repeat_last_n": 8}}),
+        ("num_ctx over the context", "/api/chat", {"messages": U, "options": {"num_ctx": 100000}}),
+        ("options not an object", "/api/chat", {"messages": U, "options": [1]}),
+        ("num_predict below -2", "/api/chat", {"messages": U, "options": {"num_predict": -3}}),
+        ("temperature out of range", "/api/chat", {"messages": U, "options": {"temperature": 9}}),
+        ("format neither json nor a schema", "/api/chat", {"messages": U, "format": "xml"}),
+        ("think on a model without reasoning", "/api/chat", {"messages": U, "think": True}),
+        ("images", "/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
+        ("keep_alive 0", "/api/chat", {"messages": U, "keep_alive": 0}),
+        ("raw", "/api/generate", {"prompt": "x", "raw": True}),
+        ("template", "/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}),
+        ("context", "/api/generate", {"prompt": "x", "context": [1, 2]}),
+        ("suffix", "/api/generate", {"prompt": "x", "suffix": "y"}),
+        ("stream not a boolean", "/api/generate", {"prompt": "x", "stream": "yes"}),
+    ]:
+        st, b = http_json(port, "POST", path, dict({"model": "stories260K"}, **body))
+        s.case(f"refused: {name}: 400 {{\"error\"}}", ollama_error(st, b, 400), (st, b))
+    st, b = http_json(port, "POST", "/api/chat", {"model": "nope", "messages": U})
+    s.case("chat: unknown model 404 {\"error\"}", ollama_error(st, b, 404), (st, b))
+
+    st, m = http_json(port, "GET", "/metrics")
+    text = m.decode() if isinstance(m, bytes) else str(m)
+    n = sum(float(l.split()[-1]) for l in text.splitlines()
+            if l.startswith('sampan_request_success_total{model="stories260K"'))
+    s.case("the Ollama requests are counted in /metrics like the OpenAI ones", n >= 20, n)
 finally:
     srv.stop()
 
