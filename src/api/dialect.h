@@ -117,9 +117,10 @@ typedef struct sp_api_dialect {
                   const char *code, const char *message);
 } sp_api_dialect_t;
 
-/* The dialects (openai.c, anthropic.c). */
+/* The dialects (openai.c, anthropic.c, ollama_chat.c). */
 extern const sp_api_dialect_t sp_openai_chat_dialect;
 extern const sp_api_dialect_t sp_anthropic_dialect;
+extern const sp_api_dialect_t sp_ollama_dialect;
 
 /* A dialect's routes own the paths under prefix (a static string): their
  * errors take its shape. Call while registering routes (one thread, before

@@ -483,8 +483,11 @@ h_show(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     const sp_gguf_t *g = sp_model_gguf(m->model);
     sp_jbuf_t b;
     sp_jbuf_init(&b);
+    /* the template in use (the file's, a --chat-template-file, or a built-in) */
     sp_str_t tmpl = {NULL, 0};
-    sp_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL, 0);
+    if (m->tmpl != NULL) {
+        tmpl.ptr = sp_chat_template_source(m->tmpl, &tmpl.len);
+    }
     char when[40];
     rfc3339(m->created, when, sizeof when);
     sp_jbuf_lit(&b, "{\"license\":\"\",\"modelfile\":");

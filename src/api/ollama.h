@@ -14,6 +14,12 @@
 #include "http/router.h"
 #include "serving/serving.h"
 
+/* The Ollama dialect's bits in sp_dialect_req_t.flags (dialect.h); from
+ * SP_OLLAMA_LOAD_SHIFT up: the request's wait for its model, in ms. */
+#define SP_OLLAMA_GENERATE 1   /* /api/generate: "response", not "message" */
+#define SP_OLLAMA_NO_THINK 2   /* think false: the thinking is not returned */
+#define SP_OLLAMA_LOAD_SHIFT 4
+
 /* keep_alive of an Ollama request: 0 when absent or negative (keep the model
  * loaded, which this server does until its memory is needed); -1 with err
  * set (a 400) for a bad value or a timed unload, which it does not do. */

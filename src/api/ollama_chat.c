@@ -51,11 +51,11 @@
 #include "api/json_body.h"
 #include "api/ollama.h"
 
-/* The dialect's own bits in sp_dialect_req_t.flags; the bits from
- * OL_LOAD_SHIFT up hold how long the request waited for its model (ms). */
-#define OL_GENERATE 1   /* /api/generate: "response", not "message" */
-#define OL_NO_THINK 2   /* think false: the thinking is not returned */
-#define OL_LOAD_SHIFT 4
+/* The dialect's bits in sp_dialect_req_t.flags (ollama.h); the bits from
+ * SP_OLLAMA_LOAD_SHIFT up hold how long the request waited for its model (ms). */
+#define OL_GENERATE SP_OLLAMA_GENERATE
+#define OL_NO_THINK SP_OLLAMA_NO_THINK
+#define OL_LOAD_SHIFT SP_OLLAMA_LOAD_SHIFT
 #define OL_LOAD_MAX_MS ((1 << (31 - OL_LOAD_SHIFT)) - 1)
 
 /* ---------------------------------------------------------- translation */
@@ -597,7 +597,7 @@ ol_error(sp_jbuf_t *b, int status, const char *type, const char *param, const ch
     sp_jbuf_lit(b, "}");
 }
 
-static const sp_api_dialect_t sp_ollama_dialect = {
+const sp_api_dialect_t sp_ollama_dialect = {
     .name = "ollama",
     .stream_type = "application/x-ndjson",
     .id_prefix = "ollama",

@@ -15,7 +15,11 @@
   not; each sampler option gives the answer the OpenAI route gives with the same field and seed
   (so it reaches the sampler); num_predict and stop honoured; format json and a schema give JSON
   that parses (and follows the schema); unsupported options, raw, template, context, images,
-  think on a model without reasoning refused with 400; the requests counted in /metrics.
+  think on a model without reasoning refused with 400; the requests counted in /metrics;
+- with a template that has thinking markup and renders tools: /api/show lists the thinking and
+  tools capabilities, think false/true reaches the template's enable_thinking and "high" its
+  reasoning_effort, tools and a tool-call history (Ollama's object arguments, tool_name) are
+  rendered (the prompt's token count says so).
 """
 import json
 import math
@@ -306,6 +310,57 @@ try:
     n = sum(float(l.split()[-1]) for l in text.splitlines()
             if l.startswith('sampan_request_success_total{model="stories260K"'))
     s.case("the Ollama requests are counted in /metrics like the OpenAI ones", n >= 20, n)
+finally:
+    srv.stop()
+
+# A template with thinking markup that renders enable_thinking, reasoning_effort, tools and
+# tool calls: what reaches it shows in prompt_eval_count.
+tmp = tempfile.mkdtemp(prefix="sampan-ollama-tmpl-")
+tmpl = os.path.join(tmp, "think.jinja")
+with open(tmpl, "w") as f:
+    f.write("{{ bos_token }}{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}"
+            "{% endif %}{% if reasoning_effort is defined %}effort {{ reasoning_effort }} {% endif %}"
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+            "{% if m.tool_calls %}{% for c in m.tool_calls %} call {{ c.function.name }}"
+            " {{ c.function.arguments }}{% endfor %}{% endif %}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: <think>"
+            "{% if enable_thinking is defined and not enable_thinking %} nothing to think </think>"
+            "{% endif %}{% endif %}")
+srv = Server("--chat-template-file", tmpl)
+try:
+    port = srv.port
+    U = [{"role": "user", "content": "Once upon a time"}]
+    st, sh = http_json(port, "POST", "/api/show", {"model": "stories260K"})
+    s.case("/api/show: thinking and tools capabilities from the template",
+           st == 200 and "thinking" in sh["capabilities"] and "tools" in sh["capabilities"], sh.get("capabilities"))
+
+    def count(**kw):
+        st, b = http_json(port, "POST", "/api/chat", dict({"model": "stories260K", "messages": U, "stream": False,
+                                                           "options": {"num_predict": 1}}, **kw))
+        return b["prompt_eval_count"] if st == 200 else (st, b)
+
+    base, on, off, high = count(), count(think=True), count(think=False), count(think="high")
+    s.case("think false closes the thinking in the template (more prompt), think true does not",
+           isinstance(off, int) and on == base and off > base, (base, on, off))
+    s.case("think \"high\": the template's reasoning_effort", isinstance(high, int) and high > base, (base, high))
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    with_tools = count(tools=[weather])
+    s.case("tools are rendered by the template", isinstance(with_tools, int) and with_tools > base,
+           (base, with_tools))
+    hist = U + [{"role": "assistant", "content": "",
+                 "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    st, b = http_json(port, "POST", "/api/chat", {"model": "stories260K", "messages": hist, "stream": False,
+                                                  "tools": [weather], "options": {"num_predict": 1}})
+    st2, tk = http_json(port, "POST", "/apply-template", {"model": "stories260K", "messages": [
+        U[0], {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "content": "sunny"}], "tools": [weather]})
+    st3, n = http_json(port, "POST", "/tokenize", {"content": tk.get("prompt", ""), "add_special": False,
+                                                   "parse_special": True}) if st2 == 200 else (st2, {})
+    s.case("a tool-call history (object arguments, tool_name): the OpenAI rendering of it",
+           st == 200 and st3 == 200 and b["prompt_eval_count"] == len(n["tokens"]), (b, tk))
 finally:
     srv.stop()
 
