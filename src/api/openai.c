@@ -16,6 +16,10 @@
  * (its unsent output over the limit) is dropped and its job cancelled, so
  * neither holds the engine.
  *
+ * Chat answers are written by an output dialect (dialect.h): OpenAI's chat
+ * is the one defined here; other APIs (anthropic.c) translate their request
+ * into a chat body and run this same pipeline, sp_api_chat_run, with theirs.
+ *
  * Defaults follow OpenAI, not `sampan run`: temperature 1, top_p 1, top_k
  * and min_p off, a random seed; max_tokens 16 for completions and "the rest
  * of the context" (capped by --max-tokens) for chat.
@@ -780,11 +784,12 @@ sse_begin(oai_req_t *q)
     sp_jbuf_lit(&q->out, "data: ");
 }
 
+/* A text completion's chunk (chat chunks are the chat dialect's). */
 static void
 chunk_head(oai_req_t *q)
 {
     sse_begin(q);
-    begin_object(q, &q->out, q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+    begin_object(q, &q->out, "text_completion");
     sp_jbuf_lit(&q->out, ",\"choices\":[");
 }
 
@@ -2034,7 +2039,12 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     q->dq.n = q->n;
     q->dq.include_usage = q->include_usage;
     q->dq.logprobs = q->lp_on;
-    q->dq.one_call = json_is_false(json_object_get(b, "parallel_tool_calls"));
+    const json_t *ptc = json_object_get(b, "parallel_tool_calls");
+    if (ptc != NULL && !json_is_null(ptc) && !json_is_boolean(ptc)) {
+        sp_api_error(r, 400, NULL, "parallel_tool_calls", NULL, "'parallel_tool_calls' must be a boolean");
+        goto fail;
+    }
+    q->dq.one_call = json_is_false(ptc); /* only the first call is answered */
     const json_t *ms = json_object_get(b, "messages");
     if (!json_is_array(ms) || json_array_size(ms) == 0) {
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");

@@ -6,8 +6,9 @@ message_delta, message_stop) with each `event:` line matching its data's type, s
 tool_result round trip, thinking blocks, count_tokens against the usage of a real call, the
 error shape ({"type": "error", "error": {"type", "message"}}) from validation, from shared
 code (bad key, unknown model, malformed body) and for refused content (image, document), keys
-given as x-api-key or Bearer mapped to the tenants, and the same metrics and access log as the
-OpenAI routes. Then the official @anthropic-ai/sdk (tests/node/anthropic.test.mjs), when node
+given as x-api-key or Bearer mapped to the tenants, a tenant's token quota (429
+rate_limit_error), an error after the stream started (an `event: error`), and the same metrics
+and access log as the OpenAI routes. Then the official @anthropic-ai/sdk (tests/node/anthropic.test.mjs), when node
 is there.
 
 The demo model is a tiny story model; a GBNF `grammar` (Sampan's extension field) makes it write
@@ -133,6 +134,13 @@ def shape_checks(port, key):
     s.case("max_tokens reached: stop_reason max_tokens, output_tokens 2",
            st == 200 and r["stop_reason"] == "max_tokens" and r["usage"]["output_tokens"] == 2,
            str(r)[:200])
+    # a job that fails after the stream started (its deadline, Sampan's `timeout` in ms)
+    st, _, evs = events(port, key, max_tokens=400, timeout=5)
+    last = evs[-1] if evs else (None, None)
+    s.case("an error after the stream started: an `event: error` in Anthropic's shape ends it",
+           st == 200 and last[0] == "error" and is_error(200, last[1], 200, "overloaded_error") and
+           "deadline" in last[1]["error"]["message"] and "message_stop" not in [n for n, _ in evs],
+           str(evs[-2:])[:300])
     # system as blocks, and count_tokens against the real prompt
     conv = dict(system=[{"type": "text", "text": "Be brief."}],
                 messages=[{"role": "user", "content": [{"type": "text", "text": "One"},
@@ -190,6 +198,17 @@ def tool_checks(port, key):
     s.case("auto: the model's own calls are tool_use blocks; disable_parallel_tool_use keeps one",
            st == st2 == 200 and [b["input"]["city"] for b in r["content"]] == ["Paris", "Rome"] and
            [b["input"]["city"] for b in r2["content"]] == ["Paris"], f"{r} {r2}"[:500])
+    fn = {"type": "function", "function": {"name": WEATHER["name"],
+                                           "parameters": WEATHER["input_schema"]}}
+    oai = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "tools": [fn],
+           "grammar": lit(two), "max_tokens": 300, "temperature": 0}
+    st, _, d1 = post(port, "/v1/chat/completions", oai, key)
+    st2, _, d2 = post(port, "/v1/chat/completions", dict(oai, parallel_tool_calls=False), key)
+    st3, _, d3 = post(port, "/v1/chat/completions", dict(oai, parallel_tool_calls="no"), key)
+    n1 = len(json.loads(d1)["choices"][0]["message"]["tool_calls"]) if st == 200 else 0
+    n2 = len(json.loads(d2)["choices"][0]["message"]["tool_calls"]) if st2 == 200 else 0
+    s.case("the same hook on OpenAI's route: parallel_tool_calls false keeps one call; "
+           "a non-boolean is a 400", (n1, n2, st3) == (2, 1, 400), f"{n1} {n2} {st3} {d3[:200]}")
     st, r = msg(port, key, tools=[WEATHER], grammar=lit(two), max_tokens=300,
                 tool_choice={"type": "none"})
     s.case("tool_choice none: the markup stays text, no tool_use",
@@ -292,6 +311,7 @@ def node_sdk(port, key):
 with tempfile.TemporaryDirectory() as tmp:
     tenants = os.path.join(tmp, "tenants.json")
     key = keys_add(tenants, "acme", "--scopes", "infer,metrics")
+    key_tpm = keys_add(tenants, "tiny", "--tpm", "60")
     repo = os.path.join(tmp, "repo")
     os.makedirs(os.path.join(repo, "chat", "1"))
     shutil.copy(DEMO, os.path.join(repo, "chat", "1", "model.gguf"))
@@ -306,6 +326,12 @@ with tempfile.TemporaryDirectory() as tmp:
         s.guard("thinking", thinking_checks, srv.port, key)
         s.guard("errors", error_checks, srv.port, key)
         s.guard("sdk", node_sdk, srv.port, key)
+        body = {"model": "chat", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}
+        st, _, data = post(srv.port, "/v1/messages", body, key_tpm)
+        st2, _, data2 = post(srv.port, "/v1/messages", dict(body, max_tokens=4), key_tpm)
+        s.case("the tenant's token quota: 429 rate_limit_error in Anthropic's shape; within it, 200",
+               is_error(st, json.loads(data), 429, "rate_limit_error") and st2 == 200,
+               f"{st} {data[:300]} {st2}")
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=20)
         c.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"})
         metrics = c.getresponse().read().decode()
