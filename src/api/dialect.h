@@ -49,6 +49,7 @@
 #include "engine/gen.h"
 #include "http/router.h"
 #include "sched/sched.h"
+#include "serving/metrics.h"
 #include "serving/serving.h"
 
 typedef enum sp_dialect_part {
@@ -74,6 +75,8 @@ typedef struct sp_dialect_req {
     int flags;               /* the dialect's own bits */
     const char *reason;      /* the stop reason stream_finish saw, for stream_end */
     const char *stop_seq;    /* the stop string that ended the answer, or NULL */
+    const sp_req_clock_t *clk; /* the request's clock (metrics.h), for timings: complete
+                                  (queue, compute, first token) when answer / stream_end run */
 } sp_dialect_req_t;
 
 /* One finished choice. Strings are not NUL-terminated; len 0 = none. */
@@ -114,9 +117,10 @@ typedef struct sp_api_dialect {
                   const char *code, const char *message);
 } sp_api_dialect_t;
 
-/* The dialects (openai.c, anthropic.c). */
+/* The dialects (openai.c, anthropic.c, ollama_chat.c). */
 extern const sp_api_dialect_t sp_openai_chat_dialect;
 extern const sp_api_dialect_t sp_anthropic_dialect;
+extern const sp_api_dialect_t sp_ollama_dialect;
 
 /* A dialect's routes own the paths under prefix (a static string): their
  * errors take its shape. Call while registering routes (one thread, before

@@ -2197,7 +2197,8 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
         goto fail;
     }
     q->dq = (sp_dialect_req_t){.id = q->id, .created = q->created, .model = q->model_name.p,
-                               .req_id = sp_http_req_id(r), .n = 1, .flags = flags};
+                               .req_id = sp_http_req_id(r), .n = 1, .flags = flags,
+                               .clk = &q->a.clk};
     oai_prep_t *pp = &q->prep;
     pp->body = json_incref(b);
     if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||

@@ -23,6 +23,8 @@ struct sp_chat_template {
     sp_chat_tools_t tools; /* how its models write tool calls (from the source) */
     sp_chat_reasoning_t reasoning; /* and their thinking */
     bool has_developer; /* the source names a developer role; else developer goes as system */
+    char *src;        /* the source (NUL-terminated copy), for those who show it */
+    size_t src_len;
 };
 
 /* ---- built-ins -------------------------------------------------------- */
@@ -220,6 +222,15 @@ make(const char *src, size_t len, const char *name, sp_chat_template_t **out, ch
         return sp_errf(err, err_len, st, "chat template (%s): %s", name, msg);
     }
     t->name = name;
+    t->src = sp_malloc(len + 1);
+    if (t->src == NULL) {
+        sp_jinja_destroy(t->j);
+        sp_free(t);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "chat template: out of memory");
+    }
+    memcpy(t->src, src, len);
+    t->src[len] = '\0';
+    t->src_len = len;
     /* The tool-call and reasoning conventions, from what the template writes. */
     sp_chat_detect_family(src, len, &t->tools, &t->reasoning);
     t->has_developer = memmem(src, len, "developer", 9) != NULL;
@@ -370,7 +381,15 @@ sp_chat_template_destroy(sp_chat_template_t *t)
         return;
     }
     sp_jinja_destroy(t->j);
+    sp_free(t->src);
     sp_free(t);
+}
+
+const char *
+sp_chat_template_source(const sp_chat_template_t *t, size_t *len)
+{
+    *len = t != NULL ? t->src_len : 0;
+    return t != NULL ? t->src : "";
 }
 
 /* ---- the JSON context ------------------------------------------------- */

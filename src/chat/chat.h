@@ -130,6 +130,8 @@ sp_chat_reasoning_t sp_chat_reasoning_format(const sp_chat_template_t *t);
 sp_chat_tools_t sp_chat_tool_format(const sp_chat_template_t *t);
 /* The built-in's name, "gguf" (from a file) or "custom". */
 const char *sp_chat_template_name(const sp_chat_template_t *t);
+/* The Jinja source it was compiled from (*len bytes, NUL-terminated); "" for NULL. */
+const char *sp_chat_template_source(const sp_chat_template_t *t, size_t *len);
 void sp_chat_template_destroy(sp_chat_template_t *t); /* NULL is a no-op */
 
 typedef struct sp_chat_params {

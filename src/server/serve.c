@@ -37,6 +37,7 @@
 #include "sched/batcher.h"
 #include "sched/mailbox.h"
 #include "api/kserve.h"
+#include "api/ollama.h"
 #include "serving/manager.h"
 #include "serving/registry.h"
 #include "api/api.h"
@@ -607,6 +608,8 @@ sp_cmd_serve(int argc, char **argv)
     sp_openai_register(s->router, &s->sv);
     sp_anthropic_register(s->router, &s->sv);
     sp_tokenize_routes_register(s->router, &s->sv);
+    sp_ollama_register(s->router, &s->sv);
+    sp_ollama_chat_register(s->router, &s->sv);
     sp_prometheus_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
