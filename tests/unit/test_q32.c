@@ -748,3 +748,70 @@ TEST(q32_random_blocks)
         }
     }
 }
+
+/* The gemm tiles (4 rows q apart, tokens in fours, single rows and short token tiles at the
+ * edges, a last group of fewer than 8 blocks padded with zeros): every row count and first row,
+ * every batch size 1..33, give vec_dot's bits (batch invariance) and write only their own
+ * outputs. Random block bytes as above; 19 blocks = two groups of 8 and a tail of 3. */
+TEST(q32_gemm_tiles)
+{
+    enum { NB = 19, R = 11, T = 33, LDY = R + 2 };
+    static uint8_t w[R][NB * 24];
+    static sp_block_q8_0 x0[T][NB];
+    static sp_block_q8_1 x1[T][NB];
+    static float want[T][R], y[T * LDY];
+    rng_seed(4242);
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x0[t][b].d = x1[t][b].d = (sp_fp16_t)(0x1000 + (int)(rng_uniform() * 0x2800));
+            x1[t][b].s = (sp_fp16_t)(0x1000 + (int)(rng_uniform() * 0x2800)) |
+                         (rng_uniform() < 0.5 ? 0x8000 : 0);
+            for (int j = 0; j < 32; j++)
+                x0[t][b].qs[j] = x1[t][b].qs[j] = (int8_t)(-127 + (int)(rng_uniform() * 255));
+        }
+    for (int ti = 0; ti < 5; ti++) {
+        const sp_type_t wt = wtypes[ti];
+        const size_t bs = sp_type_traits(wt)->type_size;
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *p = w[r] + (size_t)b * bs;
+                for (size_t i = 0; i < bs; i++)
+                    p[i] = (uint8_t)(rng_uniform() * 256);
+                if (wt == SP_TYPE_MXFP4) {
+                    p[0] = (uint8_t)(100 + (int)(rng_uniform() * 40));
+                } else {
+                    for (int h = 0; h < (wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1 ? 2 : 1); h++) {
+                        const sp_fp16_t v = (sp_fp16_t)((int)(rng_uniform() * 0x5000) |
+                                                        (rng_uniform() < 0.5 ? 0x8000 : 0));
+                        memcpy(p + 2 * h, &v, 2); /* finite d (and m) */
+                    }
+                }
+            }
+        const bool q81 = wt == SP_TYPE_Q4_1 || wt == SP_TYPE_Q5_1;
+        const char *x = q81 ? (const char *)x1 : (const char *)x0;
+        const size_t xs = q81 ? sizeof(x1[0]) : sizeof(x0[0]);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++)
+                sp_cpu_kernels_ref()->vec_dot[wt](32 * NB, &want[t][r], w[r], x + (size_t)t * xs);
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+            if (k == NULL)
+                continue;
+            /* rows [r0, r1): 1..11 rows from several first rows (full tiles and leftovers) */
+            for (int r0 = 0; r0 <= 3; r0++)
+                for (int r1 = r0 + 1; r1 <= R; r1++)
+                    for (int nt = 1; nt <= T; nt += (r0 == 0 && r1 == R) ? 1 : 8) {
+                        for (int i = 0; i < T * LDY; i++)
+                            y[i] = -999.0f;
+                        k->gemm[wt](32 * NB, w, sizeof(w[0]), r0, r1, x, xs, nt, y, LDY);
+                        for (int t = 0; t < T; t++)
+                            for (int r = 0; r < LDY; r++) {
+                                if (t < nt && r >= r0 && r < r1)
+                                    ASSERT_BITS_EQ(y[t * LDY + r], want[t][r]);
+                                else
+                                    ASSERT_NEAR(y[t * LDY + r], -999.0, 0.0);
+                            }
+                    }
+        }
+    }
+}

@@ -16,12 +16,17 @@
  *   MXFP4:         d = fp16(x.d) * e8m0_half(w.e);  blk = d * (float)isum
  *   Q4_1, Q5_1:    d = fp16(w.d) * fp16(x.d);  a = d * (float)isum;
  *                  b = fp16(w.m) * fp16(x.s);  blk = a + b
- *   sumf = sumf + blk, blocks in ascending order from sumf = 0.
+ *   acc[i % 8] = acc[i % 8] + blk, blocks in ascending order from acc[0..7] = 0,
+ *   then sumf = sp__q32_sum_lanes(acc) (a fixed tree, below).
  *
- * The products of two halves (or a half and a power of two) are exact in float, and the SIMD
- * levels compute the per-block terms lane-wise with the same operations and then add them to
- * sumf one block at a time, so every level gives the reference's bits, and the gemm tiles give
- * vec_dot's bits (batch invariance). This is also ggml's generic order.
+ * The products of two halves (or a half and a power of two) are exact in float. The eight
+ * partial sums are the eight float lanes of a 256-bit register: the SIMD levels compute the
+ * terms of 8 consecutive blocks lane-wise with the same operations and add them to their lanes
+ * in one vector add (no serial chain through the blocks), and finish with the same tree as the
+ * reference, so every level gives the reference's bits, and the gemm tiles give vec_dot's bits
+ * (batch invariance: a (row, token) result never depends on its neighbours in the tile). A
+ * partial last group adds +0 to the lanes past the row's end, which leaves them unchanged
+ * (a lane that starts at +0 never becomes -0).
  */
 #ifndef SP_KERNELS_CPU_Q32_IMPL_H
 #define SP_KERNELS_CPU_Q32_IMPL_H
@@ -47,6 +52,19 @@ sp__e8m0_half(uint8_t e)
     float f;
     memcpy(&f, &bits, sizeof(f));
     return f;
+}
+
+/* The partial sums of a dot product (the float lanes of one AVX register). */
+#define SP_Q32_LANES 8
+
+/* sumf of the contract: lanes j and j + 4 first, then (0 + 2) and (1 + 3), then the two;
+ * the order of a 256-bit horizontal add (high half onto low half, then within 128 bits). */
+static inline float
+sp__q32_sum_lanes(const float a[SP_Q32_LANES])
+{
+    const float b0 = a[0] + a[4], b1 = a[1] + a[5], b2 = a[2] + a[6], b3 = a[3] + a[7];
+    const float c0 = b0 + b2, c1 = b1 + b3;
+    return c0 + c1;
 }
 
 /* The 32 fifth bits of a Q5_0 / Q5_1 block (bit j = element j). */

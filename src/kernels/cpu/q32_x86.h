@@ -9,8 +9,10 @@
  * VPMADDUBSW + VPMADDWD (or VPDPBUSD), and the 8 lanes of each block summed exactly into one
  * int32 (a transposing horizontal-add tree, 8 blocks -> 8 lanes). The per-block float terms of
  * q32_impl.h's contract are then computed lane-wise with the same operations as the reference
- * (multiplies and adds, never FMA) and added to the row's sum one block at a time, in order.
- * So the result is the reference's bits, for any number of tokens per call.
+ * (multiplies and adds, never FMA) and added to the contract's 8 partial sums in one vector add.
+ * So the result is the reference's bits, for any number of tokens per call. gemm works in
+ * tiles of up to 4 rows x 4 tokens: each weight group is unpacked once for the tile's tokens,
+ * each activation group's scales are read once for its rows.
  *
  * Integer ranges: the unsigned side of VPMADDUBSW is the weight's magnitude (<= 127: Q4_1 15,
  * Q5_1 31, Q5_0 16, IQ4_NL 127, MXFP4 12), the signed side an activation (|q| <= 127, the
@@ -145,15 +147,6 @@ q32_reduce8(const __m256i p[8])
                             _mm256_permute2x128_si256(s0123, s4567, 0x31));
 }
 
-Q32_INLINE int32_t
-q32_hsum_i32(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* The int32 dot products of 8 consecutive weight blocks (already unpacked) with 8 activation
  * blocks starting at x. */
 Q32_INLINE __m256i
@@ -163,6 +156,7 @@ q32_isum8(int kind, int flavour, const __m256i wq[8], const uint8_t *x)
     __m256i p[8];
 #ifdef __AVX512F__
     if (flavour != Q32_AVX2) {
+#pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
             __m256i w0 = wq[k], w1 = wq[k + 1];
             __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + (size_t)k * xb + xo));
@@ -184,34 +178,12 @@ q32_isum8(int kind, int flavour, const __m256i wq[8], const uint8_t *x)
     }
 #endif
     (void)flavour;
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         const __m256i xq = _mm256_loadu_si256((const __m256i *)(x + (size_t)k * xb + xo));
         p[k] = q32_dot_avx2(kind, wq[k], xq);
     }
     return q32_reduce8(p);
-}
-
-/* The weight's scale (and offset) of one block, as q32_impl.h's contract reads them. */
-Q32_INLINE float
-q32_wscale(int kind, const uint8_t *blk)
-{
-    return kind == Q32_MXFP4 ? sp__e8m0_half(blk[0]) : q32_half(blk);
-}
-
-_Static_assert(offsetof(sp_block_q4_1, m) == 2 && offsetof(sp_block_q5_1, m) == 2, "m at 2");
-
-Q32_INLINE float
-q32_wmin(int kind, const uint8_t *blk)
-{
-    (void)kind;
-    return q32_half(blk + 2);
-}
-
-/* d = (weight scale) x (activation scale), in the contract's operand order */
-Q32_INLINE float
-q32_d(int kind, float dw, float dx)
-{
-    return kind == Q32_MXFP4 ? dx * dw : dw * dx;
 }
 
 Q32_INLINE __m256
@@ -220,17 +192,45 @@ q32_d8(int kind, __m256 dw, __m256 dx)
     return kind == Q32_MXFP4 ? _mm256_mul_ps(dx, dw) : _mm256_mul_ps(dw, dx);
 }
 
-/* The 8 halves at p, p + stride, ..., as floats (exact); built in a register from scalar loads
- * (a vector load of 8 separate stores would stall on store forwarding). */
+/* The 8 halves at p, p + stride, ..., as floats (exact). Each comes in with a 4-byte load
+ * (every block is at least that long) and the eight are merged by unpacks: cheaper than eight
+ * word inserts, and no vector load of separately stored bytes. */
 Q32_INLINE __m256
 q32_halves8(const uint8_t *p, size_t stride)
 {
-    uint16_t h[8];
+    __m128i v[8];
+#pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        memcpy(&h[k], p + (size_t)k * stride, sizeof(uint16_t));
+        v[k] = _mm_loadu_si32(p + (size_t)k * stride);
     }
-    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
-                                          (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
+    const __m128i v01 = _mm_unpacklo_epi16(v[0], v[1]), v23 = _mm_unpacklo_epi16(v[2], v[3]);
+    const __m128i v45 = _mm_unpacklo_epi16(v[4], v[5]), v67 = _mm_unpacklo_epi16(v[6], v[7]);
+    const __m128i lo = _mm_unpacklo_epi32(v01, v23), hi = _mm_unpacklo_epi32(v45, v67);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+}
+
+_Static_assert(offsetof(sp_block_q4_1, m) == 2 && offsetof(sp_block_q5_1, m) == 2 &&
+                   offsetof(sp_block_q8_1, s) == 2,
+               "the second half of a block at byte 2");
+
+/* The halves at p + k * stride (into *a) and p + k * stride + 2 (into *b), k < 8, as floats:
+ * Q4_1 / Q5_1's d and m, Q8_1's d and s. One 4-byte load per block gives both. */
+Q32_INLINE void
+q32_halfpairs8(const uint8_t *p, size_t stride, __m256 *a, __m256 *b)
+{
+    __m128i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        v[k] = _mm_loadu_si32(p + (size_t)k * stride);
+    }
+    /* a0 b0 a1 b1 a2 b2 a3 b3 -> a0 a1 a2 a3 b0 b1 b2 b3 (and the same for blocks 4..7) */
+    const __m128i sep = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m128i lo = _mm_shuffle_epi8(
+        _mm_unpacklo_epi64(_mm_unpacklo_epi32(v[0], v[1]), _mm_unpacklo_epi32(v[2], v[3])), sep);
+    const __m128i hi = _mm_shuffle_epi8(
+        _mm_unpacklo_epi64(_mm_unpacklo_epi32(v[4], v[5]), _mm_unpacklo_epi32(v[6], v[7])), sep);
+    *a = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+    *b = _mm256_cvtph_ps(_mm_unpackhi_epi64(lo, hi));
 }
 
 /* The weight scales of 8 consecutive blocks (q32_wscale lane-wise). */
@@ -250,102 +250,181 @@ q32_wscale8(int kind, const uint8_t *w)
     return q32_halves8(w, wb);
 }
 
+/* A tile is up to Q32_RM weight rows x Q32_TM tokens; each (row, token) pair owns one vector
+ * of the contract's 8 partial sums (lane k: the blocks i with i % 8 == k). */
+#define Q32_RM 4
+#define Q32_TM 4
+
 /*
- * out[t] = dot(weight row w, activation row x + t * x_stride) for t < ntok (1..4), n / 32
- * blocks. The weight blocks are unpacked once per group of 8 and used for every token.
+ * One group of 8 blocks of a tile: the activation scales of each token are read once for all
+ * rows, each weight row is unpacked once for all tokens. Rows are ws bytes apart, tokens xs
+ * bytes apart; the 8 blocks of each are contiguous.
  */
 Q32_INLINE void
-q32_row(int kind, int flavour, int64_t n, const uint8_t *w, const uint8_t *x, size_t x_stride,
-        int ntok, float *out)
+q32_group(int kind, int flavour, int R, int T, const uint8_t *w, size_t ws, const uint8_t *x,
+          size_t xs, __m256 acc[Q32_RM][Q32_TM])
+{
+    const size_t wb = q32_wbytes(kind), xb = q32_xbytes(kind);
+    __m256 dx[Q32_TM], sx[Q32_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        if (q32_asym(kind)) {
+            q32_halfpairs8(x + (size_t)t * xs, xb, &dx[t], &sx[t]); /* Q8_1: d, s */
+        } else {
+            dx[t] = q32_halves8(x + (size_t)t * xs, xb);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const uint8_t *wr = w + (size_t)r * ws;
+        __m256i wq[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            wq[k] = q32_unpack(kind, wr + (size_t)k * wb);
+        }
+        __m256 dw, mw = _mm256_setzero_ps();
+        if (q32_asym(kind)) {
+            q32_halfpairs8(wr, wb, &dw, &mw); /* d, m */
+        } else {
+            dw = q32_wscale8(kind, wr);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256i isum = q32_isum8(kind, flavour, wq, x + (size_t)t * xs);
+            const __m256 d = q32_d8(kind, dw, dx[t]);
+            __m256 blk = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+            if (q32_asym(kind)) {
+                blk = _mm256_add_ps(blk, _mm256_mul_ps(mw, sx[t]));
+            }
+            acc[r][t] = _mm256_add_ps(acc[r][t], blk);
+        }
+    }
+}
+
+/* q32_impl.h's sp__q32_sum_lanes on a register: the same tree, the same bits */
+Q32_INLINE float
+q32_sum_lanes(__m256 v)
+{
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+/*
+ * y[t * ldy + r * ys] = dot(weight row r, token t) for r < R, t < T; n / 32 blocks. A last
+ * group of fewer than 8 blocks is copied into zeroed buffers first: the padding blocks have
+ * scale 0 (activation d = 0, so d * isum = +-0) and add nothing to their lanes.
+ */
+Q32_INLINE void
+q32_tile(int kind, int flavour, int R, int T, int64_t n, const uint8_t *w, size_t ws,
+         const uint8_t *x, size_t xs, float *y, int64_t ldy, int64_t ys)
 {
     const int64_t nb = n / SP_QK32;
     const size_t wb = q32_wbytes(kind), xb = q32_xbytes(kind);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __m256 acc[Q32_RM][Q32_TM];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+        }
+    }
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8) {
-        const uint8_t *wg = w + (size_t)i * wb;
-        __m256i wq[8];
-        for (int k = 0; k < 8; k++) {
-            wq[k] = q32_unpack(kind, wg + (size_t)k * wb);
-        }
-        const __m256 dw = q32_wscale8(kind, wg);
-        /* the offsets m (Q4_1 / Q5_1; both at byte 2 of the block) */
-        const __m256 mw = q32_asym(kind) ? q32_halves8(wg + 2, wb) : _mm256_setzero_ps();
-        for (int t = 0; t < ntok; t++) {
-            const uint8_t *xg = x + (size_t)t * x_stride + (size_t)i * xb;
-            const __m256i isum = q32_isum8(kind, flavour, wq, xg);
-            const __m256 dx = q32_halves8(xg, xb);
-            const __m256 d = q32_d8(kind, dw, dx);
-            __m256 blk = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
-            if (q32_asym(kind)) {
-                const __m256 sx = q32_halves8(xg + offsetof(sp_block_q8_1, s), xb);
-                blk = _mm256_add_ps(blk, _mm256_mul_ps(mw, sx));
-            }
-            float b[8];
-            _mm256_storeu_ps(b, blk);
-            float a = acc[t];
-            for (int k = 0; k < 8; k++) {
-                a = a + b[k];
-            }
-            acc[t] = a;
-        }
+        q32_group(kind, flavour, R, T, w + (size_t)i * wb, ws, x + (size_t)i * xb, xs, acc);
     }
-    for (; i < nb; i++) { /* the last < 8 blocks, one at a time */
-        const uint8_t *wbk = w + (size_t)i * wb;
-        const __m256i wq = q32_unpack(kind, wbk);
-        const float dw = q32_wscale(kind, wbk);
-        for (int t = 0; t < ntok; t++) {
-            const uint8_t *xbk = x + (size_t)t * x_stride + (size_t)i * xb;
-            const __m256i xq = _mm256_loadu_si256((const __m256i *)(xbk + q32_xqs_off(kind)));
-            const int32_t isum = q32_hsum_i32(q32_dot_avx2(kind, wq, xq));
-            const float d = q32_d(kind, dw, q32_half(xbk));
-            float blk = d * (float)isum;
-            if (q32_asym(kind)) {
-                const float mb = q32_wmin(kind, wbk) * q32_half(xbk + offsetof(sp_block_q8_1, s));
-                blk = blk + mb;
-            }
-            acc[t] = acc[t] + blk;
+    if (i < nb) {
+        enum { WPAD = 8 * 24, XPAD = 8 * 36 }; /* 8 of the largest blocks (Q5_1, Q8_1) */
+        _Static_assert(sizeof(sp_block_q5_1) == 24 && sizeof(sp_block_q8_1) == 36, "pads");
+        uint8_t wt[Q32_RM][WPAD], xt[Q32_TM][XPAD];
+        const size_t left = (size_t)(nb - i);
+        memset(wt, 0, sizeof(wt));
+        memset(xt, 0, sizeof(xt));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            memcpy(wt[r], w + (size_t)r * ws + (size_t)i * wb, left * wb);
         }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            memcpy(xt[t], x + (size_t)t * xs + (size_t)i * xb, left * xb);
+        }
+        q32_group(kind, flavour, R, T, wt[0], WPAD, xt[0], XPAD, acc);
     }
-    for (int t = 0; t < ntok; t++) {
-        out[t] = acc[t];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            y[t * ldy + r * ys] = q32_sum_lanes(acc[r][t]);
+        }
     }
 }
 
-/* gemm over rows [r0, r1) and n_tok tokens, 4 tokens per pass over a weight row */
+typedef void (*q32_tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x,
+                            size_t xs, float *y, int64_t ldy, int64_t ys);
+
+/* the activations of this many bytes stay in cache while a token chunk is swept by all rows */
+#define Q32_X_CHUNK_BYTES (128 * 1024)
+
+/*
+ * gemm over rows [r0, r1) and n_tok tokens. A full row tile takes rows q = (r1 - r0) / RM
+ * apart, so its RM weight streams are long runs the hardware prefetcher follows; the rows
+ * left over go one at a time. Tokens go in tiles of TM within chunks that stay in cache.
+ */
 Q32_INLINE void
-q32_gemm(int kind, int flavour, int64_t n, const void *w, size_t w_stride, int64_t r0,
-         int64_t r1, const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+q32_gemm(const q32_tile_fn *full, const q32_tile_fn *single, int64_t n, const void *w,
+         size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y,
+         int64_t ldy)
 {
-    const uint8_t *wb = w, *xb = x;
-    for (int64_t r = r0; r < r1; r++) {
-        for (int64_t t = 0; t < n_tok; t += 4) {
-            const int nt = n_tok - t < 4 ? (int)(n_tok - t) : 4;
-            float out[4];
-            const uint8_t *wr = wb + (size_t)r * w_stride, *xt = xb + (size_t)t * x_stride;
-            if (nt == 4) { /* a constant count: the token loop unrolls, sums stay in registers */
-                q32_row(kind, flavour, n, wr, xt, x_stride, 4, out);
-            } else {
-                q32_row(kind, flavour, n, wr, xt, x_stride, nt, out);
+    int64_t tc = (int64_t)(Q32_X_CHUNK_BYTES / (xs ? xs : 1)) / Q32_TM * Q32_TM;
+    if (tc < Q32_TM) {
+        tc = Q32_TM;
+    }
+    const int64_t q = (r1 - r0) / Q32_RM, rest = r0 + q * Q32_RM;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
+        for (int64_t r = r0; r < r1;) {
+            const bool tiled = r < r0 + q;
+            const q32_tile_fn *tiles = tiled ? full : single;
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * ws;
+            for (int64_t t = t0; t < t1; t += Q32_TM) {
+                const int64_t tn = t1 - t < Q32_TM ? t1 - t : Q32_TM;
+                tiles[tn](n, wr, ws * (size_t)q, (const uint8_t *)x + (size_t)t * xs, xs,
+                          y + t * ldy + r, ldy, q);
             }
-            for (int k = 0; k < nt; k++) {
-                y[(t + k) * ldy + r] = out[k];
-            }
+            r = r + 1 == r0 + q ? rest : r + 1;
         }
     }
 }
 
-/* vec_dot and gemm functions of one kind and flavour */
+#define Q32_TILE(prefix, kind, flavour, R, T)                                                 \
+    static void prefix##_tile_##R##x##T(int64_t n, const uint8_t *w, size_t ws,               \
+                                        const uint8_t *x, size_t xs, float *y, int64_t ldy,   \
+                                        int64_t ys)                                           \
+    {                                                                                         \
+        q32_tile(kind, flavour, R, T, n, w, ws, x, xs, y, ldy, ys);                           \
+    }
+
+/* vec_dot (the 1 x 1 tile) and gemm functions of one kind and flavour */
 #define Q32_DEFINE(prefix, kind, flavour)                                                     \
+    Q32_TILE(prefix, kind, flavour, 1, 1) Q32_TILE(prefix, kind, flavour, 1, 2)               \
+    Q32_TILE(prefix, kind, flavour, 1, 3) Q32_TILE(prefix, kind, flavour, 1, 4)               \
+    Q32_TILE(prefix, kind, flavour, 4, 1) Q32_TILE(prefix, kind, flavour, 4, 2)               \
+    Q32_TILE(prefix, kind, flavour, 4, 3) Q32_TILE(prefix, kind, flavour, 4, 4)               \
+    static const q32_tile_fn prefix##_tiles[2][Q32_TM + 1] = {                                \
+        {NULL, prefix##_tile_1x1, prefix##_tile_1x2, prefix##_tile_1x3, prefix##_tile_1x4},   \
+        {NULL, prefix##_tile_4x1, prefix##_tile_4x2, prefix##_tile_4x3, prefix##_tile_4x4},   \
+    };                                                                                        \
     static void prefix##_vec_dot(int64_t n, float *s, const void *w, const void *x)           \
     {                                                                                         \
-        q32_row(kind, flavour, n, w, x, 0, 1, s);                                             \
+        prefix##_tile_1x1(n, w, 0, x, 0, s, 0, 0);                                            \
     }                                                                                         \
     static void prefix##_gemm(int64_t n, const void *w, size_t w_stride, int64_t r0,          \
                               int64_t r1, const void *x, size_t x_stride, int64_t n_tok,      \
                               float *y, int64_t ldy)                                          \
     {                                                                                         \
-        q32_gemm(kind, flavour, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);          \
+        q32_gemm(prefix##_tiles[1], prefix##_tiles[0], n, w, w_stride, r0, r1, x, x_stride,   \
+                 n_tok, y, ldy);                                                              \
     }
 
 #endif /* SP_KERNELS_CPU_Q32_X86_H */

@@ -391,7 +391,7 @@ sp__q4_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
 {
     const sp_block_q4_1 *a = w;
     const sp_block_q8_1 *b = x;
-    float sumf = 0.0f;
+    float acc[SP_Q32_LANES] = {0.0f};
     for (int64_t i = 0; i < n / SP_QK32; i++) {
         int32_t isum = 0;
         for (int j = 0; j < SP_QK32 / 2; j++) {
@@ -402,9 +402,9 @@ sp__q4_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
         const float p = d * (float)isum;
         const float q = sp_fp16_to_fp32(a[i].m) * sp_fp16_to_fp32(b[i].s);
         const float blk = p + q;
-        sumf = sumf + blk;
+        acc[i % SP_Q32_LANES] = acc[i % SP_Q32_LANES] + blk;
     }
-    *s = sumf;
+    *s = sp__q32_sum_lanes(acc);
 }
 
 void
@@ -412,7 +412,7 @@ sp__q5_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
 {
     const sp_block_q5_1 *a = w;
     const sp_block_q8_1 *b = x;
-    float sumf = 0.0f;
+    float acc[SP_Q32_LANES] = {0.0f};
     for (int64_t i = 0; i < n / SP_QK32; i++) {
         const uint32_t qh = sp__q5_high_bits(a[i].qh);
         int32_t isum = 0;
@@ -426,9 +426,9 @@ sp__q5_1_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
         const float p = d * (float)isum;
         const float q = sp_fp16_to_fp32(a[i].m) * sp_fp16_to_fp32(b[i].s);
         const float blk = p + q;
-        sumf = sumf + blk;
+        acc[i % SP_Q32_LANES] = acc[i % SP_Q32_LANES] + blk;
     }
-    *s = sumf;
+    *s = sp__q32_sum_lanes(acc);
 }
 
 void
@@ -436,7 +436,7 @@ sp__q5_0_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
 {
     const sp_block_q5_0 *a = w;
     const sp_block_q8_0 *b = x;
-    float sumf = 0.0f;
+    float acc[SP_Q32_LANES] = {0.0f};
     for (int64_t i = 0; i < n / SP_QK32; i++) {
         const uint32_t qh = sp__q5_high_bits(a[i].qh);
         int32_t isum = 0;
@@ -448,9 +448,9 @@ sp__q5_0_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
         }
         const float d = sp_fp16_to_fp32(a[i].d) * sp_fp16_to_fp32(b[i].d);
         const float blk = d * (float)isum;
-        sumf = sumf + blk;
+        acc[i % SP_Q32_LANES] = acc[i % SP_Q32_LANES] + blk;
     }
-    *s = sumf;
+    *s = sp__q32_sum_lanes(acc);
 }
 
 void
@@ -458,7 +458,7 @@ sp__iq4_nl_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
 {
     const sp_block_iq4_nl *a = w;
     const sp_block_q8_0 *b = x;
-    float sumf = 0.0f;
+    float acc[SP_Q32_LANES] = {0.0f};
     for (int64_t i = 0; i < n / SP_QK32; i++) {
         int32_t isum = 0;
         for (int j = 0; j < SP_QK32 / 2; j++) {
@@ -467,9 +467,9 @@ sp__iq4_nl_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
         }
         const float d = sp_fp16_to_fp32(a[i].d) * sp_fp16_to_fp32(b[i].d);
         const float blk = d * (float)isum;
-        sumf = sumf + blk;
+        acc[i % SP_Q32_LANES] = acc[i % SP_Q32_LANES] + blk;
     }
-    *s = sumf;
+    *s = sp__q32_sum_lanes(acc);
 }
 
 void
@@ -477,7 +477,7 @@ sp__mxfp4_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
 {
     const sp_block_mxfp4 *a = w;
     const sp_block_q8_0 *b = x;
-    float sumf = 0.0f;
+    float acc[SP_Q32_LANES] = {0.0f};
     for (int64_t i = 0; i < n / SP_QK32; i++) {
         int32_t isum = 0;
         for (int j = 0; j < SP_QK32 / 2; j++) {
@@ -486,9 +486,9 @@ sp__mxfp4_vec_dot_ref(int64_t n, float *s, const void *w, const void *x)
         }
         const float d = sp_fp16_to_fp32(b[i].d) * sp__e8m0_half(a[i].e);
         const float blk = d * (float)isum;
-        sumf = sumf + blk;
+        acc[i % SP_Q32_LANES] = acc[i % SP_Q32_LANES] + blk;
     }
-    *s = sumf;
+    *s = sp__q32_sum_lanes(acc);
 }
 
 /* The batched entry: vec_dot for every (row, token); bit-identical to it by construction. */
