@@ -12,7 +12,7 @@
  * block id b of (layer, head) at base + b * block_elems. A two-part pool
  * (kv.c) has two such arrays, the global layers' and the sliding layers',
  * each with its own block ids; a sequence then has two block tables and the
- * sliding one needs only the blocks of its window (docs/design-swa.md).
+ * sliding one needs only the blocks of its window (docs/design.md, "KV cache with sliding windows").
  *
  * A step: every row is embedded; every weight product runs over all rows at
  * once, split by weight rows across the thread pool (one weight read per step,

@@ -2,7 +2,7 @@
  * gemma4.c - loading the gemma4 architecture (Gemma 4's text model, dense
  * variants) as llama.cpp names and reads it: the hyper-parameters beyond the
  * common ones and every tensor, shape-checked. The forward pass is batch.c's
- * (docs/design-gemma4.md lists what gemma4 computes differently).
+ * (docs/design.md, "gemma4" lists what gemma4 computes differently).
  *
  * What a gemma4 file adds to gemma3: sliding and global layers with their own
  * head widths (attention.key_length_swa), rotated dims

@@ -3,7 +3,7 @@
  * copy-on-write) and the names of its element types. The layout (block-major,
  * one block is SP_KV_BLOCK positions of every layer and KV head; a two-part
  * pool has a global part for the global layers and a sliding part for the
- * sliding-window layers, docs/design-swa.md) is described at the top of
+ * sliding-window layers, docs/design.md, "KV cache with sliding windows") is described at the top of
  * batch.c, whose forward pass reads and writes the pool through
  * model_impl.h's view of it.
  *

@@ -14,7 +14,7 @@
  * as in the expanded form. The attention output of a head is the weighted sum
  * of the values; its latent part (after the first n_rot lanes, which are
  * ignored) goes through wv_b_h to the head's v_dim outputs, then wo.
- * docs/design-mla.md has the layout and the memory arithmetic.
+ * docs/design.md, "Multi-head latent attention" has the layout and the memory arithmetic.
  *
  * Threads: the products run on the caller's pool; the model part is
  * immutable after load. Memory: the model part (and, for files with the

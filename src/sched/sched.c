@@ -18,7 +18,7 @@
  * Embedding sequences go through the same queue and run on a private
  * sp_ctx (sp_ctx_embed), at most one per step.
  *
- * A model with sliding-window layers gets a two-part pool (docs/design-swa.md):
+ * A model with sliding-window layers gets a two-part pool (docs/design.md, "KV cache with sliding windows"):
  * step 3 is then the global part's, and each row also takes the sliding
  * blocks of its positions and releases those its window left behind
  * (plan_row, sched/swa.h); a prefix match is cut to what leaves the next
@@ -163,7 +163,7 @@ struct sp_sched {
     sp_batch_t *batch;
     sp_blocks_t *blocks;
     /* A two-part pool (sliding-window layers keep their window only,
-     * docs/design-swa.md): the sliding part's block manager, the window, and
+     * docs/design.md, "KV cache with sliding windows"): the sliding part's block manager, the window, and
      * per block index a scratch flag for prefix matching. NULL / 0: one part. */
     sp_blocks_t *swa_blocks;
     int64_t n_swa;

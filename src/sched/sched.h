@@ -131,7 +131,7 @@ typedef struct sp_sched_params {
     sp_kv_type_t kv_type;  /* KV cache type (f32 default, f16, q8_0: engine/model.h);
                               q8_0 needs a model with no GPU layers */
     bool kv_swa_full;      /* keep every position of the sliding-window layers (one-part
-                              pool, as before docs/design-swa.md); false: they keep
+                              pool, as before docs/design.md, "KV cache with sliding windows"); false: they keep
                               their window only where that fits more in the same memory */
     int64_t tier_queue[3]; /* per-tier bound (batch, standard, premium); < 0 = max_queue */
     double tpot_target_ms; /* > 0: adapt the prefill budget to keep the p99 step time (the

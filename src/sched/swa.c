@@ -1,7 +1,7 @@
 /*
  * swa.c - per-sequence tables of sliding-part KV blocks: trim to the window,
  * extend for new positions, release, and the usable length of a cached
- * prefix (docs/design-swa.md).
+ * prefix (docs/design.md, "KV cache with sliding windows").
  *
  * Single-threaded (the engine thread); allocates nothing (the block manager
  * hands out ids, the caller owns the table's array).
