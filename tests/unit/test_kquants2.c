@@ -773,3 +773,61 @@ TEST(kquants2_quantize_matches_ggml)
                          sp_type_name(want[i].type), h, want[i].hash);
     }
 }
+
+/*
+ * Every element position on its own: one random-byte super-block (distinct d and dmin) against
+ * an activation block whose only non-zero quant is 100 at element e, for every e and every
+ * level. The SIMD kernels regroup the quants (chunks of 32 to 128 elements, IQ4_XS's nibble
+ * halves moved into the 128-bit lanes, scales broadcast per sub-block), so an element or scale
+ * taken from the wrong place shows here with its position named. Each level must give the
+ * reference's bits, and the reference d * sc * q * 100 - dmin * m * 100 = 100 w[e] (w the
+ * dequantized weight): both sides are a few float roundings of the same products, each within
+ * 2^-24 of (|w[e]| + 2 |m[e]|) * 100, so 8 2^-24 of that bounds the difference.
+ */
+TEST(kquants2_element_positions)
+{
+    for (int ti = 0; ti < NTYPES; ti++) {
+        const tdesc_t *td = &types[ti];
+        uint8_t blk[MAXB];
+        rng_seed(77 + (uint64_t)td->type);
+        for (size_t i = 0; i < td->bsize; i++)
+            blk[i] = (uint8_t)(rng_next() >> 56);
+        const sp_fp16_t d = sp_fp32_to_fp16(0.0123f), dmin = sp_fp32_to_fp16(0.0071f);
+        memcpy(blk + td->d_off, &d, 2);
+        if (td->dmin_off)
+            memcpy(blk + td->dmin_off, &dmin, 2);
+        float w[256], m[256];
+        ASSERT(sp_dequantize_row(td->type, blk, w, 256));
+        mins_of(td, blk, m);
+        for (int e = 0; e < 256; e++) {
+            sp_block_q8_k y;
+            memset(&y, 0, sizeof(y));
+            y.d = 1.0f;
+            y.qs[e] = 100;
+            y.bsums[e / 16] = 100;
+            float ref;
+            td->ref(256, &ref, blk, &y);
+            const double want = 100.0 * w[e];
+            if (!(fabs(ref - want) <= 8 * 0x1p-24 * 100.0 * (fabs(w[e]) + 2 * fabs(m[e])) + 1e-30))
+                SP_TEST_FAIL("%s element %d: reference %.9g vs 100 w = %.9g",
+                             sp_type_name(td->type), e, (double)ref, want);
+            for (int lv = SP_CPU_AVX2; lv <= SP_CPU_AVX512; lv++) {
+                const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+                if (k == NULL)
+                    continue;
+                float got, g4[4];
+                k->vec_dot[td->type](256, &got, blk, &y);
+                if (memcmp(&got, &ref, 4) != 0)
+                    SP_TEST_FAIL("%s %s element %d: %.9g != reference %.9g", k->name,
+                                 sp_type_name(td->type), e, (double)got, (double)ref);
+                /* the same activation as token 2 of a 4-token tile, the others all zero */
+                sp_block_q8_k ys[4];
+                memset(ys, 0, sizeof(ys));
+                ys[2] = y;
+                k->gemm[td->type](256, blk, td->bsize, 0, 1, ys, sizeof(y), 4, g4, 1);
+                ASSERT_BITS_EQ(g4[2], ref);
+                ASSERT(g4[0] == 0.0f && g4[1] == 0.0f && g4[3] == 0.0f);
+            }
+        }
+    }
+}
