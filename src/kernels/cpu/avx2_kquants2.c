@@ -288,21 +288,24 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        /* scale ib: nibble ib % 2 of scales_l[ib / 2] | bits 2ib..2ib+1 of scales_h << 4,
-         * minus 32, one int32 lane per sub-block */
+        /* scale ib (0..63, stored + 32): nibble ib of scales_l | bits 2ib..2ib+1 of scales_h
+         * << 4; spread to byte ib of a uint64 in GPRs (scalar ALUs, while the vector pipes do
+         * the dot products), then the int16 (scale - 32) in both halves of int32 lane ib */
         uint32_t l4;
         memcpy(&l4, x[b].scales_l, sizeof(l4));
-        const __m128i nib = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l4 & 0x0f0f0f0fu)),
-                                              _mm_cvtsi32_si128((int)((l4 >> 4) & 0x0f0f0f0fu)));
-        const __m256i hb = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_set1_epi32(x[b].scales_h),
-                              _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-            _mm256_set1_epi32(3));
+        uint64_t lo = l4, hi = x[b].scales_h;
+        lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+        lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+        lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+        hi = (hi | hi << 24) & 0x000000FF000000FFull;
+        hi = (hi | hi << 12) & 0x000F000F000F000Full;
+        hi = (hi | hi << 6) & 0x0303030303030303ull;
+        const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
         int32_t sc2[8] __attribute__((aligned(32)));
-        store_scale_pairs(_mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib),
-                                                           _mm256_slli_epi32(hb, 4)),
-                                           _mm256_set1_epi32(32)),
-                          sc2);
+        _mm256_store_si256((__m256i *)sc2,
+                           _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
+                                            _mm256_set1_epi16(32)));
+        __asm__("" : "+m"(sc2));
         __m256i acc[TILE_TOK];
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++)
