@@ -20,8 +20,10 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_impl.h"
-#include "kernels/cpu/kquants2_simd.h"
+#include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
 
+#define KQ2_INLINE static inline __attribute__((always_inline))
 #define TILE_TOK 4
 
 /* vpshufb masks: int16 word 2g of each 128-bit lane over the low lane, word 2g+1 over the high
