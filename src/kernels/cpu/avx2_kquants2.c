@@ -141,7 +141,8 @@ q2k_tile(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, int 
         for (int h = 0; h < 2; h++) {
             /* element 128h + 32j + l is bits 2j of byte 32h + l; groups 8h + 2j, 8h + 2j + 1 */
             const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
-            const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const __m256i q = _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3);
@@ -188,7 +189,8 @@ q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int 
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
-            const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 /* quant + 4 (0..7): 2 bits from qs, bit k = 4h + j of hmask moved to bit 2 */
