@@ -25,6 +25,9 @@
 
 #define KQ2_INLINE static inline __attribute__((always_inline))
 #define TILE_TOK 4
+/* IQ4_XS's decode (four vector ops per 32 quants) is shared by more tokens: its tile has eight
+ * accumulators, which with the table, masks, quants and scale still fit the 16 YMM registers */
+#define IQ4_TILE_TOK 8
 
 /* vpshufb masks: int16 word 2g of each 128-bit lane over the low lane, word 2g+1 over the high
  * lane (the scales of the two 16-element groups of one 32-byte quant vector). */
@@ -290,7 +293,7 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
     const __m256i nib_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     const __m256i table =
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
-    float sumf[TILE_TOK] = {0};
+    float sumf[IQ4_TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
         /* scale ib (0..63, stored + 32): nibble ib of scales_l | bits 2ib..2ib+1 of scales_h
          * << 4; spread to byte ib of a uint64 in GPRs (scalar ALUs, while the vector pipes do
@@ -310,8 +313,8 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
                            _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
                                             _mm256_set1_epi16(32)));
         __asm__("" : "+m"(sc2));
-        __m256i acc[TILE_TOK];
-#pragma GCC unroll 4
+        __m256i acc[IQ4_TILE_TOK];
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++)
             acc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -322,11 +325,11 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
                 _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi32(v, nib_shift), m4));
             const __m256i aq = _mm256_abs_epi8(q);
             const __m256i s = bcast_scale(&sc2[k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
                 acc[t] = _mm256_add_epi32(acc[t], dot_s(aq, q, load_y(&y[t][b], 32 * k), s));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             const float blk = finish_scale(y[t][b].d, x[b].d, hsum_i32x8(acc[t]));
             sumf[t] = sumf[t] + blk;
@@ -338,7 +341,7 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
 
 /* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of
  * TILE_TOK; the tail tile uses a smaller NT of the same microkernel. */
-#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock)                                             \
+#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock, TT)                                             \
     void vec_dot(int64_t n, float *s, const void *w, const void *x)                             \
     {                                                                                           \
         const sp_block_q8_k *y = x;                                                             \
@@ -350,14 +353,18 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         const int64_t nb = n / SP_QK_K;                                                         \
         for (int64_t r = r0; r < r1; r++) {                                                     \
             const wblock *wr = (const wblock *)((const char *)w + (size_t)r * w_stride);        \
-            for (int64_t t0 = 0; t0 < n_tok; t0 += TILE_TOK) {                                  \
-                const sp_block_q8_k *yr[TILE_TOK];                                              \
-                float out[TILE_TOK];                                                            \
-                const int nt = n_tok - t0 < TILE_TOK ? (int)(n_tok - t0) : TILE_TOK;            \
+            for (int64_t t0 = 0; t0 < n_tok; t0 += TT) {                                  \
+                const sp_block_q8_k *yr[TT];                                              \
+                float out[TT];                                                            \
+                const int nt = n_tok - t0 < TT ? (int)(n_tok - t0) : TT;            \
                 for (int t = 0; t < nt; t++)                                                    \
                     yr[t] = (const sp_block_q8_k *)((const char *)x +                           \
                                                     (size_t)(t0 + t) * x_stride);               \
                 switch (nt) {                                                                   \
+                case 8: tile(nb, wr, yr, TT > 7 ? 8 : 1, out); break;                           \
+                case 7: tile(nb, wr, yr, TT > 6 ? 7 : 1, out); break;                           \
+                case 6: tile(nb, wr, yr, TT > 5 ? 6 : 1, out); break;                           \
+                case 5: tile(nb, wr, yr, TT > 4 ? 5 : 1, out); break;                           \
                 case 4: tile(nb, wr, yr, 4, out); break;                                        \
                 case 3: tile(nb, wr, yr, 3, out); break;                                        \
                 case 2: tile(nb, wr, yr, 2, out); break;                                        \
@@ -369,10 +376,11 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         }                                                                                       \
     }
 
-DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2, q2k_tile, sp_block_q2_k)
-DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k)
-DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k)
-DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2, iq4xs_tile, sp_block_iq4_xs)
+DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2, q2k_tile, sp_block_q2_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k, TILE_TOK)
+DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2, iq4xs_tile, sp_block_iq4_xs,     \
+               IQ4_TILE_TOK)
 
 void
 sp__kquants2_register_avx2(sp_cpu_kernels_t *k)
