@@ -777,9 +777,10 @@ TEST(kquants2_quantize_matches_ggml)
 /*
  * Every element position on its own: one random-byte super-block (distinct d and dmin) against
  * an activation block whose only non-zero quant is 100 at element e, for every e and every
- * level, through vec_dot and a 9-token gemm. The SIMD kernels regroup the quants (chunks of 32 to 128 elements, IQ4_XS's nibble
- * halves moved into the 128-bit lanes, scales broadcast per sub-block), so an element or scale
- * taken from the wrong place shows here with its position named. Each level must give the
+ * level, through vec_dot and a 9-token gemm. The SIMD kernels regroup the quants (chunks of
+ * 32 to 128 elements, IQ4_XS's nibble halves moved into the 128-bit lanes, scales broadcast
+ * per sub-block), so an element or scale taken from the wrong place shows here with its
+ * position named. Each level must give the
  * reference's bits, and the reference d * sc * q * 100 - dmin * m * 100 = 100 w[e] (w the
  * dequantized weight): both sides are a few float roundings of the same products, each within
  * 2^-24 of (|w[e]| + 2 |m[e]|) * 100, so 8 2^-24 of that bounds the difference.

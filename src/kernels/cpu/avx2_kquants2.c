@@ -70,8 +70,8 @@ dot_s(__m256i aq, __m256i q, __m256i y, __m256i sc)
 KQ2_INLINE void
 store_scale_pairs(__m256i s32, int32_t out[8])
 {
-    _mm256_store_si256((__m256i *)out, _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF)),
-                                                        _mm256_slli_epi32(s32, 16)));
+    const __m256i lo = _mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF));
+    _mm256_store_si256((__m256i *)out, _mm256_or_si256(lo, _mm256_slli_epi32(s32, 16)));
     /* the compiler must read them back from memory: otherwise it turns each broadcast into an
      * extract and a register broadcast, two shuffles instead of one load */
     __asm__("" : "+m"(*(int32_t(*)[8])out));
@@ -161,8 +161,8 @@ q2k_tile(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, int 
 #pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             /* summs = sum_g m[g] * bsums[g] (exact: 15 * 16 * 16 * 127) */
-            const __m256i mm = _mm256_madd_epi16(mn16,
-                                                 _mm256_loadu_si256((const __m256i *)y[t][b].bsums));
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t][b].bsums);
+            const __m256i mm = _mm256_madd_epi16(mn16, bs);
             const float blk = finish_min(fold_i32x8(acc[t]), fold_i32x8(mm), xdd, y[t][b].d);
             sumf[t] = sumf[t] + blk;
         }
@@ -339,9 +339,10 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         out[t] = sumf[t];
 }
 
-/* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of
- * TILE_TOK; the tail tile uses a smaller NT of the same microkernel. */
-#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock, TT)                                             \
+/* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of TT
+ * (TILE_TOK, IQ4_TILE_TOK for IQ4_XS); the tail tile uses a smaller NT of the same microkernel
+ * (the `TT > n ? n : 1` cases only keep the 4-wide types from instantiating wider tiles). */
+#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock, TT)                                         \
     void vec_dot(int64_t n, float *s, const void *w, const void *x)                             \
     {                                                                                           \
         const sp_block_q8_k *y = x;                                                             \
