@@ -5,30 +5,40 @@
  *
  *   make build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/kquants2_bench.c build/libsampan.a -lm -pthread -o build/kq2bench
- *   nice ./build/kq2bench
+ *   nice ./build/kq2bench [LEVEL ...] [TYPE ...]     (e.g. avx2 iq4_xs; none: all)
  *
  * 64 rows x 4096 (the weights stay in L2: kernel speed, not memory bandwidth); gemm runs 32
  * tokens per row and reports weight bytes x tokens per second (the work vec_dot would do).
- * Timed in thread CPU time, so other processes' time slices do not count (their cache
- * pressure still does).
+ * Timed in thread CPU time (qbench.h), best of 3.
  */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include "kernels/kernels.h"
-
-static double
-now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts); /* CPU time: the machine is shared */
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "qbench.h"
 
 enum { N = 4096, TOK = 32, ROWS = 64, REPS = 160 };
+
+typedef struct {
+    const sp_cpu_kernels_t *k;
+    sp_type_t wt;
+    const char *w;
+    size_t rb;
+    const sp_block_q8_k *x;
+    float *out;
+} run_t;
+
+static void
+run_vec_dot(void *ctx)
+{
+    const run_t *c = ctx;
+    for (int r = 0; r < ROWS; r++)
+        c->k->vec_dot[c->wt](N, &c->out[r], c->w + (size_t)r * c->rb, c->x);
+}
+
+static void
+run_gemm(void *ctx)
+{
+    const run_t *c = ctx;
+    c->k->gemm[c->wt](N, c->w, c->rb, 0, ROWS, c->x, sizeof(sp_block_q8_k) * (N / SP_QK_K), TOK,
+                      c->out, ROWS);
+}
 
 static void
 bench(const sp_cpu_kernels_t *k, sp_type_t wt, const float *f, const sp_block_q8_k *x)
@@ -38,26 +48,11 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, const float *f, const sp_block_q8
     float *out = malloc(sizeof(float) * ROWS * TOK);
     for (int r = 0; r < ROWS; r++)
         sp_quantize_row(wt, f + (size_t)(r % TOK) * N, w + (size_t)r * rb, N);
-    double best = 1e30;
-    for (int t = 0; t < 3; t++) { /* best of 3: the machine is shared */
-        const double t0 = now();
-        for (int rep = 0; rep < REPS; rep++)
-            for (int r = 0; r < ROWS; r++)
-                k->vec_dot[wt](N, &out[r], w + (size_t)r * rb, x);
-        const double dt = (now() - t0) / REPS;
-        best = dt < best ? dt : best;
-    }
+    run_t c = {k, wt, w, rb, x, out};
+    double best = qbench_best(run_vec_dot, &c, REPS, 3);
     printf("%-8s %-7s vec_dot %6.1f GB/s", k->name, sp_type_name(wt), ROWS * rb / best / 1e9);
     if (k->gemm[wt] != NULL) {
-        best = 1e30;
-        for (int t = 0; t < 3; t++) {
-            const double t0 = now();
-            for (int rep = 0; rep < REPS / TOK * 2; rep++)
-                k->gemm[wt](N, w, rb, 0, ROWS, x, sizeof(sp_block_q8_k) * (N / SP_QK_K), TOK, out,
-                            ROWS);
-            const double dt = (now() - t0) / (REPS / TOK * 2);
-            best = dt < best ? dt : best;
-        }
+        best = qbench_best(run_gemm, &c, REPS / TOK * 2, 3);
         printf("   gemm(%d tok) %6.1f GB/s-equivalent", TOK, (double)ROWS * rb * TOK / best / 1e9);
     }
     printf("\n");
@@ -66,7 +61,7 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, const float *f, const sp_block_q8
 }
 
 int
-main(void)
+main(int argc, char **argv)
 {
     float *f = malloc(sizeof(float) * N * TOK);
     for (int i = 0; i < N * TOK; i++)
@@ -80,7 +75,8 @@ main(void)
         if (k == NULL)
             continue;
         for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
-            bench(k, types[i], f, x);
+            if (qbench_selected(argc, argv, k->name, sp_type_name(types[i])))
+                bench(k, types[i], f, x);
     }
     free(f);
     free(x);

@@ -456,7 +456,7 @@ TEST(kquants2_quantize_determinism_and_garbage)
 
 /* ---- dot products, per level ---------------------------------------------------------------- */
 
-enum { DN = 8 * 256, ROWS = 6, TOKS = 7, MAXB = 176 };
+enum { DN = 8 * 256, ROWS = 6, TOKS = 11, MAXB = 176 };
 
 typedef struct {
     float w[ROWS][DN], x[TOKS][DN];
@@ -556,7 +556,7 @@ check_level(const char *what, const tdesc_t *td, sp_vec_dot_fn dot, sp_gemm_fn g
         float y[TOKS * LDY];
         for (int i = 0; i < TOKS * LDY; i++)
             y[i] = -999.0f;
-        /* rows [1, ROWS), all tokens (a tile of 4 and a tail of 3), into a wider output */
+        /* rows [1, ROWS), all tokens (full tiles of 4 or 8 and a tail of 3), into a wider output */
         gemm(DN, f->wq[0], ws, 1, ROWS, f->xq, sizeof(f->xq[0]), TOKS, y, LDY);
         for (int t = 0; t < TOKS; t++)
             for (int r = 0; r < LDY; r++) {
@@ -771,5 +771,69 @@ TEST(kquants2_quantize_matches_ggml)
         if (h != want[i].hash)
             SP_TEST_FAIL("%s: bytes hash to 0x%016" PRIx64 ", ggml's to 0x%016" PRIx64,
                          sp_type_name(want[i].type), h, want[i].hash);
+    }
+}
+
+/*
+ * Every element position on its own: one random-byte super-block (distinct d and dmin) against
+ * an activation block whose only non-zero quant is 100 at element e, for every e and every
+ * level, through vec_dot and a 9-token gemm. The SIMD kernels regroup the quants (chunks of
+ * 32 to 128 elements, IQ4_XS's nibble halves moved into the 128-bit lanes, scales broadcast
+ * per sub-block), so an element or scale taken from the wrong place shows here with its
+ * position named. Each level must give the
+ * reference's bits, and the reference d * sc * q * 100 - dmin * m * 100 = 100 w[e] (w the
+ * dequantized weight): both sides are a few float roundings of the same products, each within
+ * 2^-24 of (|w[e]| + 2 |m[e]|) * 100, so 8 2^-24 of that bounds the difference.
+ */
+TEST(kquants2_element_positions)
+{
+    for (int ti = 0; ti < NTYPES; ti++) {
+        const tdesc_t *td = &types[ti];
+        uint8_t blk[MAXB];
+        rng_seed(77 + (uint64_t)td->type);
+        for (size_t i = 0; i < td->bsize; i++)
+            blk[i] = (uint8_t)(rng_next() >> 56);
+        const sp_fp16_t d = sp_fp32_to_fp16(0.0123f), dmin = sp_fp32_to_fp16(0.0071f);
+        memcpy(blk + td->d_off, &d, 2);
+        if (td->dmin_off)
+            memcpy(blk + td->dmin_off, &dmin, 2);
+        float w[256], m[256];
+        ASSERT(sp_dequantize_row(td->type, blk, w, 256));
+        mins_of(td, blk, m);
+        for (int e = 0; e < 256; e++) {
+            sp_block_q8_k y;
+            memset(&y, 0, sizeof(y));
+            y.d = 1.0f;
+            y.qs[e] = 100;
+            y.bsums[e / 16] = 100;
+            float ref;
+            td->ref(256, &ref, blk, &y);
+            const double want = 100.0 * w[e];
+            if (!(fabs(ref - want) <= 8 * 0x1p-24 * 100.0 * (fabs(w[e]) + 2 * fabs(m[e])) + 1e-30))
+                SP_TEST_FAIL("%s element %d: reference %.9g vs 100 w = %.9g",
+                             sp_type_name(td->type), e, (double)ref, want);
+            for (int lv = SP_CPU_AVX2; lv <= SP_CPU_AVX512; lv++) {
+                const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+                if (k == NULL)
+                    continue;
+                float got, g[9];
+                k->vec_dot[td->type](256, &got, blk, &y);
+                if (memcmp(&got, &ref, 4) != 0)
+                    SP_TEST_FAIL("%s %s element %d: %.9g != reference %.9g", k->name,
+                                 sp_type_name(td->type), e, (double)got, (double)ref);
+                /* the same activation as token 6 of 9 (inside a full token tile of every
+                 * kernel: 4 or 8 wide), the others all zero */
+                sp_block_q8_k ys[9];
+                memset(ys, 0, sizeof(ys));
+                ys[6] = y;
+                k->gemm[td->type](256, blk, td->bsize, 0, 1, ys, sizeof(y), 9, g, 1);
+                for (int t = 0; t < 9; t++) {
+                    if (t == 6)
+                        ASSERT_BITS_EQ(g[t], ref);
+                    else
+                        ASSERT(g[t] == 0.0f);
+                }
+            }
+        }
     }
 }

@@ -3,20 +3,31 @@
  * activations. Built with -mavx2 -mfma -mf16c; dispatch.c only registers them on CPUs that have
  * them. Pure functions, callable from any thread; a few hundred bytes of stack.
  *
- * One microkernel per weight type does 1 weight row x NT tokens (NT <= 4): the super-block is
- * unpacked once (kquants2_simd.h) into 256 signed int8 quants and 16 int16 scales, then each
- * token's 16-element group sums are maddubs (|w| x sign-adjusted q8: at most 127 * 127 * 2, no
- * int16 saturation) and madd by the group's scale, all exact in int32. vec_dot is the NT = 1
- * instance and the gemm tiles use NT = 4, so every (row, token) pair takes the same
- * instructions; the float finish is kquants2_impl.h's fixed sequence, which makes the result
+ * One microkernel per weight type does 1 weight row x NT tokens (NT <= 4). Each super-block is
+ * unpacked a chunk at a time (32 to 128 elements) right before its dot products, so the NT = 4
+ * tile keeps its quants, scales and four accumulators in the 16 YMM registers. Each 32-element
+ * quant vector against each token is maddubs (products fit int16: at most 127 * 127 * 2 with
+ * IQ4_XS's |w| x sign-adjusted q8) and madd by the scale of its groups, exact in int32. The
+ * types whose scale covers 32 elements (Q5_K, IQ4_XS) keep each sub-block's scale as an int32
+ * (the int16 scale in both halves) on the stack and broadcast it from memory, which costs a load
+ * instead of a shuffle; IQ4_XS reads each 16-byte sub-block into both 128-bit lanes and shifts
+ * the high lane by a nibble (VPSRLVD), so its quants come out in element order with no lane
+ * permute. vec_dot is the NT = 1 instance and the gemm tiles use NT = 4, so every (row, token)
+ * pair takes the same instructions; the float finish is kquants2_impl.h's fixed sequence (in
+ * SSE lanes, each lane one IEEE operation of the scalar sequence), which makes the result
  * bit-identical to the scalar reference.
  */
 #include <immintrin.h>
 
 #include "kernels/cpu/cpu_impl.h"
-#include "kernels/cpu/kquants2_simd.h"
+#include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
 
+#define KQ2_INLINE static inline __attribute__((always_inline))
 #define TILE_TOK 4
+/* IQ4_XS's decode (four vector ops per 32 quants) is shared by more tokens: its tile has eight
+ * accumulators, which with the table, masks, quants and scale still fit the 16 YMM registers */
+#define IQ4_TILE_TOK 8
 
 /* vpshufb masks: int16 word 2g of each 128-bit lane over the low lane, word 2g+1 over the high
  * lane (the scales of the two 16-element groups of one 32-byte quant vector). */
@@ -28,37 +39,85 @@ static const uint8_t word_pair[4][32] __attribute__((aligned(32))) = {
 #undef W8
 #undef W
 
+KQ2_INLINE __m256i
+pair_scale(__m256i sch, int j)
+{
+    return _mm256_shuffle_epi8(sch, _mm256_load_si256((const __m256i *)word_pair[j]));
+}
+
+KQ2_INLINE __m256i
+load_y(const sp_block_q8_k *yb, int off)
+{
+    return _mm256_loadu_si256((const __m256i *)(yb->qs + off));
+}
+
+/* int32 lanes of sc * (q . y) for one 32-element quant vector; q unsigned (0..63). */
+KQ2_INLINE __m256i
+dot_u(__m256i q, __m256i y, __m256i sc)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), sc);
+}
+
+/* The same for signed q: |q| x (y with q's sign), exact since |y| <= 127. */
+KQ2_INLINE __m256i
+dot_s(__m256i aq, __m256i q, __m256i y, __m256i sc)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), sc);
+}
+
+/* 8 uint8 sub-block scales -> 8 int32, each the int16 scale in both halves (what madd needs
+ * broadcast over a 32-element vector), stored for broadcast loads. */
+KQ2_INLINE void
+store_scale_pairs(__m256i s32, int32_t out[8])
+{
+    const __m256i lo = _mm256_and_si256(s32, _mm256_set1_epi32(0xFFFF));
+    _mm256_store_si256((__m256i *)out, _mm256_or_si256(lo, _mm256_slli_epi32(s32, 16)));
+    /* the compiler must read them back from memory: otherwise it turns each broadcast into an
+     * extract and a register broadcast, two shuffles instead of one load */
+    __asm__("" : "+m"(*(int32_t(*)[8])out));
+}
+
+KQ2_INLINE __m256i
+bcast_scale(const int32_t *p)
+{
+    return _mm256_set1_epi32(*p);
+}
+
+/* kquants2_impl.h's finish of a scale-and-min block in SSE lanes: a4 holds int32 partial sums
+ * of sumi, mm of summs (exact), xdd = (fp16 x.d, fp16 x.dmin) as floats; lane-wise IEEE
+ * operations, so exactly d = y.d * x.d, dm = y.d * x.dmin, a = d * sumi, c = dm * summs, a - c. */
+KQ2_INLINE float
+finish_min(__m128i a4, __m128i mm, __m128 xdd, float yd)
+{
+    const __m128i ii = _mm_hadd_epi32(_mm_hadd_epi32(a4, mm), _mm_setzero_si128());
+    const __m128 ac = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yd), xdd), _mm_cvtepi32_ps(ii));
+    return _mm_cvtss_f32(_mm_sub_ss(ac, _mm_movehdup_ps(ac)));
+}
+
+KQ2_INLINE __m128
+load_d_dmin(const sp_fp16_t *d)
+{
+    uint32_t dd;
+    memcpy(&dd, d, sizeof(dd)); /* d and dmin are adjacent fp16 */
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+}
+
+KQ2_INLINE __m128i
+fold_i32x8(__m256i v)
+{
+    return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
 KQ2_INLINE int32_t
 hsum_i32x8(__m256i v)
 {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    __m128i s = fold_i32x8(v);
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
 }
 
-/* int32 partial sums of sc[g] * sum(q * q8) for the two groups of quant vector q (32 elements
- * against q8[0..32)); `sgn`: q may be negative (then |q| x sign(q) q8, exact since |q8| <= 127). */
-KQ2_INLINE __m256i
-group_dot(__m256i q, const int8_t *q8, __m256i sc, int sgn)
-{
-    const __m256i y = _mm256_loadu_si256((const __m256i *)q8);
-    const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q))
-                          : _mm256_maddubs_epi16(q, y);
-    return _mm256_madd_epi16(p, sc);
-}
-
-/* The float finishes of kquants2_impl.h, one statement per rounding (no contraction in C11). */
-KQ2_INLINE float
-finish_scale_min(float yd, sp_fp16_t xd, sp_fp16_t xdmin, int32_t sumi, int32_t summs)
-{
-    const float d = yd * _cvtsh_ss(xd);
-    const float dm = yd * _cvtsh_ss(xdmin);
-    const float a = d * (float)sumi;
-    const float c = dm * (float)summs;
-    return a - c;
-}
-
+/* kquants2_impl.h's finish of a scale-only block. */
 KQ2_INLINE float
 finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
 {
@@ -66,68 +125,224 @@ finish_scale(float yd, sp_fp16_t xd, int32_t sumi)
     return d * (float)sumi;
 }
 
-/* sumi of one (super-block, token); bias: the unpacked quants are q + bias, so subtract
- * bias * sum_g sc[g] * bsums[g] (exact: |sc| <= 32, |bsums| <= 16 * 127). */
-KQ2_INLINE int32_t
-tile_sumi(__m256i acc, int bias, __m256i sc16, const sp_block_q8_k *yb)
+/* ---- Q2_K: 2-bit quants, 4-bit scale and min per 16 elements ------------------------------ */
+
+KQ2_INLINE void
+q2k_tile(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, int nt, float *out)
 {
-    int32_t sumi = hsum_i32x8(acc);
-    if (bias)
-        sumi -= bias * hsum_i32x8(_mm256_madd_epi16(
-                           sc16, _mm256_loadu_si256((const __m256i *)yb->bsums)));
-    return sumi;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float sumf[TILE_TOK] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+        __m256i acc[TILE_TOK];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            /* element 128h + 32j + l is bits 2j of byte 32h + l; groups 8h + 2j, 8h + 2j + 1 */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m256i q = _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3);
+                const __m256i s = pair_scale(sch, j);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm256_add_epi32(acc[t],
+                                              dot_u(q, load_y(&y[t][b], 128 * h + 32 * j), s));
+            }
+        }
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        const __m128 xdd = load_d_dmin(&x[b].d);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            /* summs = sum_g m[g] * bsums[g] (exact: 15 * 16 * 16 * 127) */
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[t][b].bsums);
+            const __m256i mm = _mm256_madd_epi16(mn16, bs);
+            const float blk = finish_min(fold_i32x8(acc[t]), fold_i32x8(mm), xdd, y[t][b].d);
+            sumf[t] = sumf[t] + blk;
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t] = sumf[t];
 }
 
-/* The finish of one (super-block, token): FINISH_MIN adds Q2_K's / Q5_K's min term
- * (sum_g m[g] * bsums[g], exact: 15 or 63 times |bsums| <= 16 * 127). */
-#define FINISH_MIN(yb, xb, sumi, mn16)                                                           \
-    finish_scale_min((yb)->d, (xb)->d, (xb)->dmin, sumi,                                         \
-                     hsum_i32x8(_mm256_madd_epi16(                                               \
-                         mn16, _mm256_loadu_si256((const __m256i *)(yb)->bsums))))
-#define FINISH_SCALE(yb, xb, sumi, mn16) finish_scale((yb)->d, (xb)->d, sumi)
+/* ---- Q3_K: 2-bit quants + a high bit, 6-bit signed scale per 16 elements ----------------- */
 
-/* One weight row x nt tokens. */
-#define DEFINE_TILE(name, wblock, unpack, sgn, bias, finish)                                     \
-    KQ2_INLINE void name(int64_t nb, const wblock *x, const sp_block_q8_k *const *y, int nt,     \
-                         float *out)                                                             \
-    {                                                                                            \
-        float sumf[TILE_TOK] = {0};                                                              \
-        for (int64_t b = 0; b < nb; b++) {                                                       \
-            __m256i q[8], sc16, mn16;                                                            \
-            unpack(&x[b], q, &sc16, &mn16);                                                      \
-            (void)mn16;                                                                          \
-            const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);                  \
-            const __m256i sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);                   \
-            __m256i acc[TILE_TOK];                                                               \
-            _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) acc[t] =                        \
-                _mm256_setzero_si256();                                                          \
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)                                  \
-            {                                                                                    \
-                const __m256i s = _mm256_shuffle_epi8(                                           \
-                    k < 4 ? sc_lo : sc_hi,                                                       \
-                    _mm256_load_si256((const __m256i *)word_pair[k % 4]));                       \
-                _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++) acc[t] =                    \
-                    _mm256_add_epi32(acc[t], group_dot(q[k], y[t][b].qs + 32 * k, s, sgn));      \
-            }                                                                                    \
-            _Pragma("GCC unroll 4") for (int t = 0; t < nt; t++)                                 \
-            {                                                                                    \
-                const float blk = finish(&y[t][b], &x[b], tile_sumi(acc[t], bias, sc16, &y[t][b]), \
-                                         mn16);                                                  \
-                sumf[t] = sumf[t] + blk;                                                         \
-            }                                                                                    \
-        }                                                                                        \
-        for (int t = 0; t < nt; t++)                                                             \
-            out[t] = sumf[t];                                                                    \
+KQ2_INLINE void
+q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int nt, float *out)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i four = _mm256_set1_epi8(4);
+    float sumf[TILE_TOK] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t scu[16];
+        sp__q3k_unpack_scales(x[b].scales, scu);
+        const __m256i sc16 = _mm256_sub_epi16(
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scu)), _mm256_set1_epi16(32));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
+        __m256i acc[TILE_TOK];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                /* quant + 4 (0..7): 2 bits from qs, bit k = 4h + j of hmask moved to bit 2 */
+                const int k = 4 * h + j;
+                const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k)
+                                          : _mm256_srli_epi16(hm, k - 2);
+                const __m256i q = _mm256_or_si256(
+                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3),
+                    _mm256_and_si256(hb, four));
+                const __m256i s = pair_scale(sch, j);
+#pragma GCC unroll 4
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm256_add_epi32(acc[t],
+                                              dot_u(q, load_y(&y[t][b], 128 * h + 32 * j), s));
+            }
+        }
+        const float xd = _cvtsh_ss(x[b].d);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            /* the +4 offset: subtract 4 * sum_g sc[g] * bsums[g] (exact: 32 * 16 * 127 * 16) */
+            const __m256i corr = _mm256_madd_epi16(
+                sc16, _mm256_loadu_si256((const __m256i *)y[t][b].bsums));
+            const int32_t sumi = hsum_i32x8(_mm256_sub_epi32(acc[t], _mm256_slli_epi32(corr, 2)));
+            const float d = y[t][b].d * xd;
+            const float blk = d * (float)sumi;
+            sumf[t] = sumf[t] + blk;
+        }
     }
+    for (int t = 0; t < nt; t++)
+        out[t] = sumf[t];
+}
 
-DEFINE_TILE(q2k_tile, sp_block_q2_k, kq2_unpack_q2k, 0, 0, FINISH_MIN)
-DEFINE_TILE(q3k_tile, sp_block_q3_k, kq2_unpack_q3k, 0, 4, FINISH_SCALE)
-DEFINE_TILE(q5k_tile, sp_block_q5_k, kq2_unpack_q5k, 0, 0, FINISH_MIN)
-DEFINE_TILE(iq4xs_tile, sp_block_iq4_xs, kq2_unpack_iq4xs, 1, 0, FINISH_SCALE)
+/* ---- Q5_K: 4-bit quants + a high bit, 6-bit scale and min per 32 elements ---------------- */
 
-/* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of
- * TILE_TOK; the tail tile uses a smaller NT of the same microkernel. */
-#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock)                                             \
+KQ2_INLINE void
+q5k_tile(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, int nt, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    float sumf[TILE_TOK] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        uint64_t sc64, m64;
+        sp__q4k_unpack_scales_u64(x[b].scales, &sc64, &m64);
+        int32_t sc2[8] __attribute__((aligned(32)));
+        store_scale_pairs(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc64)), sc2);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[b].qh);
+        __m256i acc[TILE_TOK];
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            /* 64 elements: low nibbles are sub-block 2h, high nibbles 2h+1; bit 4 is qh bit j */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const int j0 = 2 * h, j1 = 2 * h + 1;
+            const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0)
+                                       : _mm256_srli_epi16(qh, j0 - 4);
+            const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1)
+                                       : _mm256_srli_epi16(qh, j1 - 4);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                               _mm256_and_si256(h1, b4));
+            const __m256i s0 = bcast_scale(&sc2[j0]), s1 = bcast_scale(&sc2[j1]);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_add_epi32(
+                    acc[t], _mm256_add_epi32(dot_u(q0, load_y(&y[t][b], 64 * h), s0),
+                                             dot_u(q1, load_y(&y[t][b], 64 * h + 32), s1)));
+        }
+        /* summs = sum_j m[j] * (bsums[2j] + bsums[2j+1]) (pair sums fit int16: 32 * 127) */
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
+        const __m128 xdd = load_d_dmin(&x[b].d);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const sp_block_q8_k *yb = &y[t][b];
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums),
+                                                 _mm_loadu_si128((const __m128i *)(yb->bsums + 8)));
+            const float blk = finish_min(fold_i32x8(acc[t]), _mm_madd_epi16(mins, pairs), xdd,
+                                         yb->d);
+            sumf[t] = sumf[t] + blk;
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t] = sumf[t];
+}
+
+/* ---- IQ4_XS: 4-bit indices into a signed 16-level grid, 6-bit scale per 32 elements ------ */
+
+KQ2_INLINE void
+iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, int nt,
+           float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    /* dword shifts: low lane keeps the low nibbles (elements 0-15 of a sub-block), the high
+     * lane gets the high nibbles (elements 16-31); bits shifted in from the next byte are
+     * masked off with m4 */
+    const __m256i nib_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
+    float sumf[IQ4_TILE_TOK] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        /* scale ib (0..63, stored + 32): nibble ib of scales_l | bits 2ib..2ib+1 of scales_h
+         * << 4; spread to byte ib of a uint64 in GPRs (scalar ALUs, while the vector pipes do
+         * the dot products), then the int16 (scale - 32) in both halves of int32 lane ib */
+        uint32_t l4;
+        memcpy(&l4, x[b].scales_l, sizeof(l4));
+        uint64_t lo = l4, hi = x[b].scales_h;
+        lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+        lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+        lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+        hi = (hi | hi << 24) & 0x000000FF000000FFull;
+        hi = (hi | hi << 12) & 0x000F000F000F000Full;
+        hi = (hi | hi << 6) & 0x0303030303030303ull;
+        const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
+        int32_t sc2[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)sc2,
+                           _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
+                                            _mm256_set1_epi16(32)));
+        __asm__("" : "+m"(sc2));
+        __m256i acc[IQ4_TILE_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i v =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x[b].qs + 16 * k)));
+            const __m256i q =
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi32(v, nib_shift), m4));
+            const __m256i aq = _mm256_abs_epi8(q);
+            const __m256i s = bcast_scale(&sc2[k]);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_add_epi32(acc[t], dot_s(aq, q, load_y(&y[t][b], 32 * k), s));
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const float blk = finish_scale(y[t][b].d, x[b].d, hsum_i32x8(acc[t]));
+            sumf[t] = sumf[t] + blk;
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t] = sumf[t];
+}
+
+/* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of TT
+ * (TILE_TOK, IQ4_TILE_TOK for IQ4_XS); the tail tile uses a smaller NT of the same microkernel
+ * (the `TT > n ? n : 1` cases only keep the 4-wide types from instantiating wider tiles). */
+#define DEFINE_ENTRIES(vec_dot, gemm, tile, wblock, TT)                                         \
     void vec_dot(int64_t n, float *s, const void *w, const void *x)                             \
     {                                                                                           \
         const sp_block_q8_k *y = x;                                                             \
@@ -139,14 +354,18 @@ DEFINE_TILE(iq4xs_tile, sp_block_iq4_xs, kq2_unpack_iq4xs, 1, 0, FINISH_SCALE)
         const int64_t nb = n / SP_QK_K;                                                         \
         for (int64_t r = r0; r < r1; r++) {                                                     \
             const wblock *wr = (const wblock *)((const char *)w + (size_t)r * w_stride);        \
-            for (int64_t t0 = 0; t0 < n_tok; t0 += TILE_TOK) {                                  \
-                const sp_block_q8_k *yr[TILE_TOK];                                              \
-                float out[TILE_TOK];                                                            \
-                const int nt = n_tok - t0 < TILE_TOK ? (int)(n_tok - t0) : TILE_TOK;            \
+            for (int64_t t0 = 0; t0 < n_tok; t0 += TT) {                                  \
+                const sp_block_q8_k *yr[TT];                                              \
+                float out[TT];                                                            \
+                const int nt = n_tok - t0 < TT ? (int)(n_tok - t0) : TT;            \
                 for (int t = 0; t < nt; t++)                                                    \
                     yr[t] = (const sp_block_q8_k *)((const char *)x +                           \
                                                     (size_t)(t0 + t) * x_stride);               \
                 switch (nt) {                                                                   \
+                case 8: tile(nb, wr, yr, TT > 7 ? 8 : 1, out); break;                           \
+                case 7: tile(nb, wr, yr, TT > 6 ? 7 : 1, out); break;                           \
+                case 6: tile(nb, wr, yr, TT > 5 ? 6 : 1, out); break;                           \
+                case 5: tile(nb, wr, yr, TT > 4 ? 5 : 1, out); break;                           \
                 case 4: tile(nb, wr, yr, 4, out); break;                                        \
                 case 3: tile(nb, wr, yr, 3, out); break;                                        \
                 case 2: tile(nb, wr, yr, 2, out); break;                                        \
@@ -158,10 +377,11 @@ DEFINE_TILE(iq4xs_tile, sp_block_iq4_xs, kq2_unpack_iq4xs, 1, 0, FINISH_SCALE)
         }                                                                                       \
     }
 
-DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2, q2k_tile, sp_block_q2_k)
-DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k)
-DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k)
-DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2, iq4xs_tile, sp_block_iq4_xs)
+DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2, q2k_tile, sp_block_q2_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k, TILE_TOK)
+DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2, iq4xs_tile, sp_block_iq4_xs,     \
+               IQ4_TILE_TOK)
 
 void
 sp__kquants2_register_avx2(sp_cpu_kernels_t *k)

@@ -1,7 +1,8 @@
 /*
- * kquants2_simd.h - AVX2 unpacking of Q2_K / Q3_K / Q5_K / IQ4_XS super-blocks, shared by
- * avx2_kquants2.c and avx512_kquants2.c (included by both, so each compiles it with its own
- * target flags; both are built with at least AVX2 + F16C). Pure register code, no state.
+ * kquants2_simd.h - AVX2 unpacking of whole Q2_K / Q3_K / Q5_K / IQ4_XS super-blocks for
+ * avx512_kquants2.c (compiled with its target flags, which include AVX2 + F16C; the AVX2 kernels
+ * of avx2_kquants2.c unpack a chunk at a time in their own order instead). Pure register code,
+ * no state.
  *
  * Every unpack gives the super-block as the dot product of kquants2_impl.h sees it:
  *   q[k]  (k = 0..7): the 32 quants of elements 32k..32k+31, one per byte (signed for IQ4_XS,
