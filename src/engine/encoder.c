@@ -102,50 +102,6 @@ sp__encoder_free(struct sp_encoder *e)
 }
 
 static sp_status_t
-key_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dflt, int64_t lo,
-        int64_t hi, int64_t *out, char *err, size_t err_len)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    sp_status_t st = sp_gguf_get_int(g, key, out, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        if (dflt < 0) {
-            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
-                           sp_gguf_path(g), key);
-        }
-        *out = dflt;
-    } else if (st != SP_OK) {
-        return st;
-    }
-    if (*out < lo || *out > hi) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %lld out of range [%lld, %lld]",
-                       sp_gguf_path(g), key, (long long)*out, (long long)lo, (long long)hi);
-    }
-    return SP_OK;
-}
-
-static sp_status_t
-key_float(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt, double lo,
-          double hi, float *out, char *err, size_t err_len)
-{
-    char key[128];
-    double v;
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    sp_status_t st = sp_gguf_get_float(g, key, &v, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        v = dflt;
-    } else if (st != SP_OK) {
-        return st;
-    }
-    if (!isfinite(v) || v < lo || v > hi) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %g out of range [%g, %g]",
-                       sp_gguf_path(g), key, v, lo, hi);
-    }
-    *out = (float)v;
-    return SP_OK;
-}
-
-static sp_status_t
 load_hparams(sp_model_t *m, sp_encoder_t *e, char *err, size_t err_len)
 {
     const sp_gguf_t *g = m->gguf;
@@ -154,17 +110,16 @@ load_hparams(sp_model_t *m, sp_encoder_t *e, char *err, size_t err_len)
     const char *a = hp->arch;
     sp_status_t st;
     int64_t v;
-#define KI(field, suffix, dflt, lo, hi)                                               \
-    if ((st = key_int(g, a, suffix, dflt, lo, hi, &hp->field, err, err_len)) != SP_OK) \
-        return st;
+#define KI(field, suffix, dflt, lo, hi)                                                            \
+    if ((st = sp__hp_int(g, a, suffix, dflt, lo, hi, &hp->field, err, err_len)) != SP_OK) return st;
     KI(n_embd, "embedding_length", -1, 1, 1 << 16);
     KI(n_layer, "block_count", -1, 1, SP_MAX_LAYERS);
     KI(n_head, "attention.head_count", -1, 1, MAX_HEADS);
     KI(n_ff, "feed_forward_length", -1, 1, 1 << 20);
     KI(n_ctx_train, "context_length", -1, 1, SP_MAX_CTX);
 #undef KI
-    if ((st = key_int(g, a, "attention.head_count_kv", hp->n_head, 1, MAX_HEADS, &v, err,
-                      err_len)) != SP_OK) {
+    if ((st = sp__hp_int(g, a, "attention.head_count_kv", hp->n_head, 1, MAX_HEADS, &v, err,
+                         err_len)) != SP_OK) {
         return st;
     }
     if (v != hp->n_head) {
@@ -186,10 +141,10 @@ load_hparams(sp_model_t *m, sp_encoder_t *e, char *err, size_t err_len)
     }
     hp->rope_type = SP_ROPE_NEOX;
     hp->rope_scale = 1.0f;
-    if ((st = key_float(g, a, "attention.layer_norm_epsilon", 1e-12, 0, 1, &hp->norm_eps, err,
-                        err_len)) != SP_OK ||
-        (st = key_float(g, a, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err,
-                        err_len)) != SP_OK) {
+    if ((st = sp__hp_float(g, a, "attention.layer_norm_epsilon", 1e-12, 0, 1, &hp->norm_eps, err,
+                           err_len)) != SP_OK ||
+        (st = sp__hp_float(g, a, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err,
+                           err_len)) != SP_OK) {
         return st;
     }
     char key[128];
@@ -206,8 +161,8 @@ load_hparams(sp_model_t *m, sp_encoder_t *e, char *err, size_t err_len)
     }
     /* A file without the key gives no single vector per text (llama.cpp's
      * "unspecified" falls back to none for these architectures too). */
-    if ((st = key_int(g, a, "pooling_type", SP_POOLING_NONE, SP_POOLING_NONE, SP_POOLING_RANK, &v,
-                      err, err_len)) != SP_OK) {
+    if ((st = sp__hp_int(g, a, "pooling_type", SP_POOLING_NONE, SP_POOLING_NONE, SP_POOLING_RANK,
+                         &v, err, err_len)) != SP_OK) {
         return st;
     }
     e->pooling = (sp_pooling_t)v;

@@ -88,50 +88,6 @@ get_per_layer(const sp_gguf_t *g, const sp_hparams_t *hp, const char *suffix, in
     return SP_OK;
 }
 
-static sp_status_t
-get_int(const sp_gguf_t *g, const sp_hparams_t *hp, const char *suffix, int64_t dflt, int64_t lo,
-        int64_t hi, int64_t *out, char *err, size_t err_len)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", hp->arch, suffix);
-    sp_status_t st = sp_gguf_get_int(g, key, out, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        if (dflt < 0) {
-            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
-                           sp_gguf_path(g), key);
-        }
-        *out = dflt;
-    } else if (st != SP_OK) {
-        return st;
-    }
-    if (*out < lo || *out > hi) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %lld out of range [%lld, %lld]",
-                       sp_gguf_path(g), key, (long long)*out, (long long)lo, (long long)hi);
-    }
-    return SP_OK;
-}
-
-static sp_status_t
-get_float(const sp_gguf_t *g, const sp_hparams_t *hp, const char *suffix, double dflt, double lo,
-          double hi, float *out, char *err, size_t err_len)
-{
-    char key[128];
-    double v;
-    snprintf(key, sizeof key, "%s.%s", hp->arch, suffix);
-    sp_status_t st = sp_gguf_get_float(g, key, &v, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        v = dflt;
-    } else if (st != SP_OK) {
-        return st;
-    }
-    if (!isfinite(v) || v < lo || v > hi) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %g out of range [%g, %g]",
-                       sp_gguf_path(g), key, v, lo, hi);
-    }
-    *out = (float)v;
-    return SP_OK;
-}
-
 sp_status_t
 sp__gemma4_layer_sizes(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
 {
@@ -176,7 +132,8 @@ sp__gemma4_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_l
     if (sp_gguf_find_key(g, key) < 0) {
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'", path, key);
     }
-    if ((st = get_int(g, hp, "expert_count", 0, 0, 1 << 16, &n_expert, err, err_len)) != SP_OK) {
+    if ((st = sp__hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err, err_len)) !=
+        SP_OK) {
         return st;
     }
     if (n_expert > 0) {
@@ -185,22 +142,22 @@ sp__gemma4_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_l
                        "not supported; the dense gemma4 models are", path, hp->arch,
                        (long long)n_expert);
     }
-    if ((st = get_float(g, hp, "final_logit_softcapping", 0.0, 0, 1e6, &hp->final_softcap, err,
-                        err_len)) != SP_OK ||
-        (st = get_int(g, hp, "attention.sliding_window", -1, 1, SP_MAX_CTX, &hp->n_swa, err,
-                      err_len)) != SP_OK ||
-        (st = get_int(g, hp, "attention.key_length_swa", -1, 2, MAX_WIDTH, &hp->head_dim_swa,
-                      err, err_len)) != SP_OK ||
-        (st = get_int(g, hp, "attention.value_length_swa", -1, 1, MAX_WIDTH, &v_len_swa, err,
-                      err_len)) != SP_OK ||
-        (st = get_int(g, hp, "rope.dimension_count_swa", hp->n_rot, 2, hp->head_dim_swa,
-                      &hp->n_rot_swa, err, err_len)) != SP_OK ||
-        (st = get_float(g, hp, "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa,
-                        err, err_len)) != SP_OK ||
-        (st = get_int(g, hp, "attention.shared_kv_layers", 0, 0, hp->n_layer - 1, &n_shared, err,
-                      err_len)) != SP_OK ||
-        (st = get_int(g, hp, "embedding_length_per_layer_input", -1, 0, MAX_WIDTH, &hp->n_embd_pl,
-                      err, err_len)) != SP_OK) {
+    if ((st = sp__hp_float(g, hp->arch, "final_logit_softcapping", 0.0, 0, 1e6, &hp->final_softcap,
+                           err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "attention.sliding_window", -1, 1, SP_MAX_CTX, &hp->n_swa,
+                         err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "attention.key_length_swa", -1, 2, MAX_WIDTH,
+                         &hp->head_dim_swa, err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "attention.value_length_swa", -1, 1, MAX_WIDTH, &v_len_swa,
+                         err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "rope.dimension_count_swa", hp->n_rot, 2, hp->head_dim_swa,
+                         &hp->n_rot_swa, err, err_len)) != SP_OK ||
+        (st = sp__hp_float(g, hp->arch, "rope.freq_base_swa", 10000.0, 1e-3, 1e12,
+                           &hp->rope_base_swa, err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "attention.shared_kv_layers", 0, 0, hp->n_layer - 1,
+                         &n_shared, err, err_len)) != SP_OK ||
+        (st = sp__hp_int(g, hp->arch, "embedding_length_per_layer_input", -1, 0, MAX_WIDTH,
+                         &hp->n_embd_pl, err, err_len)) != SP_OK) {
         return st;
     }
     if (v_len_swa != hp->head_dim_swa) {

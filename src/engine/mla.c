@@ -36,47 +36,6 @@ sp__mla_arch(const char *arch)
 /* Hyper-parameters                                                          */
 /* ------------------------------------------------------------------------ */
 
-/* `<arch>.<suffix>` in [lo, hi]; dflt when absent, required when dflt < 0. */
-static sp_status_t
-key_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dflt, int64_t lo,
-        int64_t hi, int64_t *out, char *err, size_t err_len)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    sp_status_t st = sp_gguf_get_int(g, key, out, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        if (dflt < 0) {
-            return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
-                           sp_gguf_path(g), key);
-        }
-        *out = dflt;
-        return SP_OK;
-    }
-    if (st == SP_OK && (*out < lo || *out > hi)) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %lld out of range [%lld, %lld]",
-                       sp_gguf_path(g), key, (long long)*out, (long long)lo, (long long)hi);
-    }
-    return st;
-}
-
-static sp_status_t
-key_float(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt, double lo,
-          double hi, double *out, char *err, size_t err_len)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    sp_status_t st = sp_gguf_get_float(g, key, out, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        *out = dflt;
-        return SP_OK;
-    }
-    if (st == SP_OK && (!isfinite(*out) || *out < lo || *out > hi)) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %g out of range [%g, %g]",
-                       sp_gguf_path(g), key, *out, lo, hi);
-    }
-    return st;
-}
-
 sp_status_t
 sp__mla_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
 {
@@ -85,24 +44,24 @@ sp__mla_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     sp_status_t st;
     /* Multi-token-prediction blocks (nextn, for speculative decoding) are
      * counted in block_count after the trunk; the trunk alone is the model. */
-    if ((st = key_int(g, a, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &nextn, err,
-                      err_len)) != SP_OK) {
+    if ((st = sp__hp_int(g, a, "nextn_predict_layers", 0, 0, hp->n_layer - 1, &nextn, err,
+                         err_len)) != SP_OK) {
         return st;
     }
     hp->n_layer -= nextn;
-    if ((st = key_int(g, a, "attention.kv_lora_rank", -1, 1, 1 << 14, &kv_lora, err,
-                      err_len)) != SP_OK ||
-        (st = key_int(g, a, "attention.q_lora_rank", 0, 0, 1 << 16, &q_lora, err, err_len)) !=
+    if ((st = sp__hp_int(g, a, "attention.kv_lora_rank", -1, 1, 1 << 14, &kv_lora, err, err_len)) !=
             SP_OK ||
-        (st = key_int(g, a, "attention.key_length", -1, 2, 1 << 14, &k_len, err, err_len)) !=
+        (st = sp__hp_int(g, a, "attention.q_lora_rank", 0, 0, 1 << 16, &q_lora, err, err_len)) !=
             SP_OK ||
-        (st = key_int(g, a, "attention.value_length", -1, 1, 1 << 14, &v_len, err, err_len)) !=
+        (st = sp__hp_int(g, a, "attention.key_length", -1, 2, 1 << 14, &k_len, err, err_len)) !=
             SP_OK ||
-        (st = key_int(g, a, "attention.key_length_mla", 0, 0, 1 << 14, &k_mla, err, err_len)) !=
+        (st = sp__hp_int(g, a, "attention.value_length", -1, 1, 1 << 14, &v_len, err, err_len)) !=
             SP_OK ||
-        (st = key_int(g, a, "attention.value_length_mla", 0, 0, 1 << 14, &v_mla, err,
-                      err_len)) != SP_OK ||
-        (st = key_int(g, a, "rope.dimension_count", -1, 2, 1 << 14, &n_rot, err, err_len)) !=
+        (st = sp__hp_int(g, a, "attention.key_length_mla", 0, 0, 1 << 14, &k_mla, err, err_len)) !=
+            SP_OK ||
+        (st = sp__hp_int(g, a, "attention.value_length_mla", 0, 0, 1 << 14, &v_mla, err,
+                         err_len)) != SP_OK ||
+        (st = sp__hp_int(g, a, "rope.dimension_count", -1, 2, 1 << 14, &n_rot, err, err_len)) !=
             SP_OK) {
         return st;
     }
@@ -216,10 +175,10 @@ load_scales(sp_model_t *m, char *err, size_t err_len)
     sp_hparams_t *hp = &m->hp;
     double log_mul, attn;
     sp_status_t st;
-    if ((st = key_float(m->gguf, hp->arch, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 100.0,
-                        &log_mul, err, err_len)) != SP_OK ||
-        (st = key_float(m->gguf, hp->arch, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3, &attn, err,
-                        err_len)) != SP_OK) {
+    if ((st = sp__hp_double(m->gguf, hp->arch, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 100.0,
+                            &log_mul, err, err_len)) != SP_OK ||
+        (st = sp__hp_double(m->gguf, hp->arch, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3, &attn,
+                            err, err_len)) != SP_OK) {
         return st;
     }
     const double L = log_mul / 0.1;

@@ -69,9 +69,8 @@ arch_is(const sp_hparams_t *hp, const char *name)
     return strcmp(hp->arch, name) == 0;
 }
 
-/* Read an integer hyper-parameter `<arch>.<suffix>`; dflt < 0 means required. */
-static sp_status_t
-get_hp_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dflt, int64_t lo,
+sp_status_t
+sp__hp_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dflt, int64_t lo,
            int64_t hi, int64_t *out, char *err, size_t err_len)
 {
     char key[128];
@@ -94,9 +93,9 @@ get_hp_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dfl
     return SP_OK;
 }
 
-static sp_status_t
-get_hp_float(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt, double lo,
-             double hi, float *out, char *err, size_t err_len)
+sp_status_t
+sp__hp_double(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt, double lo,
+              double hi, double *out, char *err, size_t err_len)
 {
     char key[128];
     double v;
@@ -111,8 +110,20 @@ get_hp_float(const sp_gguf_t *g, const char *arch, const char *suffix, double df
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: key '%s' = %g out of range [%g, %g]",
                        sp_gguf_path(g), key, v, lo, hi);
     }
-    *out = (float)v;
+    *out = v;
     return SP_OK;
+}
+
+sp_status_t
+sp__hp_float(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt, double lo,
+             double hi, float *out, char *err, size_t err_len)
+{
+    double v;
+    sp_status_t st = sp__hp_double(g, arch, suffix, dflt, lo, hi, &v, err, err_len);
+    if (st == SP_OK) {
+        *out = (float)v;
+    }
+    return st;
 }
 
 /*
@@ -144,21 +155,22 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
         if (hp->n_layer == (g2 ? 46 : 62)) {
             hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
         }
-        if ((st = get_hp_float(g, hp->arch, "final_logit_softcapping", g2 ? 30.0 : 0.0, 0, 1e6,
+        if ((st = sp__hp_float(g, hp->arch, "final_logit_softcapping", g2 ? 30.0 : 0.0, 0, 1e6,
                                &hp->final_softcap, err, err_len)) != SP_OK) {
             return st;
         }
-        if (g2 && (st = get_hp_float(g, hp->arch, "attn_logit_softcapping", 50.0, 0, 1e6,
-                                     &hp->attn_softcap, err, err_len)) != SP_OK) {
+        if (g2 &&
+            (st = sp__hp_float(g, hp->arch, "attn_logit_softcapping", 50.0, 0, 1e6,
+                               &hp->attn_softcap, err, err_len)) != SP_OK) {
             return st;
         }
-        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", g2 ? 4096 : 0, 0,
-                             SP_MAX_CTX, &hp->n_swa, err, err_len)) != SP_OK) {
+        if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window", g2 ? 4096 : 0, 0, SP_MAX_CTX,
+                             &hp->n_swa, err, err_len)) != SP_OK) {
             return st;
         }
         if (hp->n_swa > 0) {
             int64_t period;
-            if ((st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", g2 ? 2 : 6, 0,
+            if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window_pattern", g2 ? 2 : 6, 0,
                                  SP_MAX_LAYERS, &period, err, err_len)) != SP_OK) {
                 return st;
             }
@@ -168,11 +180,11 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
             if (g3) {
                 /* Sliding layers: their own base (10000 unless the file says), unscaled. */
                 hp->rope_scale_swa = 1.0f;
-                if ((st = get_hp_float(g, hp->arch, "rope.freq_base_swa", 10000.0, 1e-3, 1e12,
+                if ((st = sp__hp_float(g, hp->arch, "rope.freq_base_swa", 10000.0, 1e-3, 1e12,
                                        &hp->rope_base_swa, err, err_len)) != SP_OK) {
                     return st;
                 }
-            } else if ((st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3,
+            } else if ((st = sp__hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3,
                                           1e12, &hp->rope_base_swa, err, err_len)) != SP_OK) {
                 return st;
             }
@@ -183,11 +195,11 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
         /* A window is required; every other layer slides (pattern 2: layer il
          * slides when il is even), both kinds with the same RoPE. */
         int64_t period;
-        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", -1, 1, SP_MAX_CTX,
-                             &hp->n_swa, err, err_len)) != SP_OK ||
-            (st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", 2, 0,
-                             SP_MAX_LAYERS, &period, err, err_len)) != SP_OK ||
-            (st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
+        if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window", -1, 1, SP_MAX_CTX, &hp->n_swa,
+                             err, err_len)) != SP_OK ||
+            (st = sp__hp_int(g, hp->arch, "attention.sliding_window_pattern", 2, 0, SP_MAX_LAYERS,
+                             &period, err, err_len)) != SP_OK ||
+            (st = sp__hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
                                &hp->rope_base_swa, err, err_len)) != SP_OK) {
             return st;
         }
@@ -195,12 +207,11 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
             hp->layer_swa[il] = period == 0 || il % period < period - 1;
         }
     } else if (arch_is(hp, "phi3")) {
-        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
-                             &hp->n_swa, err, err_len)) != SP_OK ||
-            (st = get_hp_int(g, hp->arch, "rope.scaling.original_context_length",
-                             hp->n_ctx_train, 1, SP_MAX_CTX, &hp->n_ctx_orig, err, err_len)) !=
-                SP_OK ||
-            (st = get_hp_float(g, hp->arch, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3,
+        if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX, &hp->n_swa,
+                             err, err_len)) != SP_OK ||
+            (st = sp__hp_int(g, hp->arch, "rope.scaling.original_context_length", hp->n_ctx_train,
+                             1, SP_MAX_CTX, &hp->n_ctx_orig, err, err_len)) != SP_OK ||
+            (st = sp__hp_float(g, hp->arch, "rope.scaling.attn_factor", 1.0, 1e-3, 1e3,
                                &hp->rope_attn_factor, err, err_len)) != SP_OK) {
             return st;
         }
@@ -224,15 +235,15 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
             return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'",
                            sp_gguf_path(g), key);
         }
-        if ((st = get_hp_float(g, hp->arch, "logit_scale", 1.0, 1e-6, 1e6, &hp->logit_scale,
-                               err, err_len)) != SP_OK ||
-            (st = get_hp_float(g, hp->arch, "attention.scale", 0.0, 0, 1e6, &attn_scale, err,
+        if ((st = sp__hp_float(g, hp->arch, "logit_scale", 1.0, 1e-6, 1e6, &hp->logit_scale, err,
                                err_len)) != SP_OK ||
-            (st = get_hp_float(g, hp->arch, "embedding_scale", 0.0, 0, 1e6, &embd_scale, err,
+            (st = sp__hp_float(g, hp->arch, "attention.scale", 0.0, 0, 1e6, &attn_scale, err,
                                err_len)) != SP_OK ||
-            (st = get_hp_float(g, hp->arch, "residual_scale", 0.0, 0, 1e6, &res_scale, err,
+            (st = sp__hp_float(g, hp->arch, "embedding_scale", 0.0, 0, 1e6, &embd_scale, err,
                                err_len)) != SP_OK ||
-            (st = get_hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err,
+            (st = sp__hp_float(g, hp->arch, "residual_scale", 0.0, 0, 1e6, &res_scale, err,
+                               err_len)) != SP_OK ||
+            (st = sp__hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err,
                              err_len)) != SP_OK) {
             return st;
         }
@@ -251,16 +262,16 @@ load_arch_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_le
         }
     } else if (arch_is(hp, "olmo2")) {
         hp->qk_norm_full = true;
-        if ((st = get_hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX,
-                             &hp->n_swa, err, err_len)) != SP_OK) {
+        if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window", 0, 0, SP_MAX_CTX, &hp->n_swa,
+                             err, err_len)) != SP_OK) {
             return st;
         }
         if (hp->n_swa > 0) {
             /* olmo3: pattern 4 by default; sliding layers keep the base, unscaled. */
             int64_t period;
-            if ((st = get_hp_int(g, hp->arch, "attention.sliding_window_pattern", 4, 0,
+            if ((st = sp__hp_int(g, hp->arch, "attention.sliding_window_pattern", 4, 0,
                                  SP_MAX_LAYERS, &period, err, err_len)) != SP_OK ||
-                (st = get_hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
+                (st = sp__hp_float(g, hp->arch, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12,
                                    &hp->rope_base_swa, err, err_len)) != SP_OK) {
                 return st;
             }
@@ -306,10 +317,10 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     snprintf(hp->arch, sizeof hp->arch, "%s", ai->name);
     hp->rope_type = ai->rope_type;
 
-#define HP_INT(field, suffix, dflt, lo, hi)                                             \
-    do {                                                                                \
-        st = get_hp_int(g, hp->arch, suffix, dflt, lo, hi, &hp->field, err, err_len);   \
-        if (st != SP_OK) return st;                                                     \
+#define HP_INT(field, suffix, dflt, lo, hi)                                                        \
+    do {                                                                                           \
+        st = sp__hp_int(g, hp->arch, suffix, dflt, lo, hi, &hp->field, err, err_len);              \
+        if (st != SP_OK) return st;                                                                \
     } while (0)
 
     HP_INT(n_embd, "embedding_length", -1, 1, 1 << 20);
@@ -347,7 +358,7 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
     HP_INT(head_dim, "attention.key_length", hp->n_embd / hp->n_head, 2, 1 << 14);
     int64_t v_len;
-    st = get_hp_int(g, hp->arch, "attention.value_length", hp->head_dim, 1, 1 << 14, &v_len, err,
+    st = sp__hp_int(g, hp->arch, "attention.value_length", hp->head_dim, 1, 1 << 14, &v_len, err,
                     err_len);
     if (st != SP_OK) {
         return st;
@@ -364,10 +375,10 @@ load_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_len)
     }
 widths_done:
 #undef HP_INT
-    st = get_hp_float(g, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->norm_eps,
+    st = sp__hp_float(g, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->norm_eps,
                       err, err_len);
     if (st == SP_OK) {
-        st = get_hp_float(g, hp->arch, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err,
+        st = sp__hp_float(g, hp->arch, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err,
                           err_len);
     }
     if (st != SP_OK) {
@@ -397,7 +408,7 @@ widths_done:
     if (linear || st == SP_ERR_NOT_FOUND) {
         /* Older files carry only rope.scale_linear. */
         const char *suffix = linear ? "rope.scaling.factor" : "rope.scale_linear";
-        st = get_hp_float(g, hp->arch, suffix, 1.0, 1e-3, 1e6, &hp->rope_scale, err, err_len);
+        st = sp__hp_float(g, hp->arch, suffix, 1.0, 1e-3, 1e6, &hp->rope_scale, err, err_len);
         if (st != SP_OK) {
             return st;
         }
