@@ -81,6 +81,21 @@ await test('stream: the documented event order, sequence numbers, the same text'
     completed.status === 'completed' && completed.usage.output_tokens > 0, `${text} ${JSON.stringify(completed)}`);
 });
 
+await test('responses.stream: the SDK rebuilds the response from the events (finalResponse)', async () => {
+  const think = '<think>\nCount.\n</think>\n\nThree.';
+  const stream = client.responses.stream({ model: MODEL, input: 'Hello', temperature: 0,
+    max_output_tokens: 200, grammar: lit(think) });
+  let text = '';
+  stream.on('response.output_text.delta', (e) => { text += e.delta; });
+  const r = await stream.finalResponse();
+  assert(text === 'Three.', `deltas: ${JSON.stringify(text)}`);
+  // (the SDK's stream helper adds no output_text convenience when nothing is auto-parsed)
+  const msg = r.output.find((o) => o.type === 'message');
+  assert(msg && msg.content[0].text === 'Three.' && r.status === 'completed', JSON.stringify(r));
+  assert(r.output[0].type === 'reasoning' && r.output[0].content[0].text === 'Count.',
+    JSON.stringify(r.output));
+});
+
 await test('function tools: a function_call item, then function_call_output with previous_response_id',
   async () => {
     const r = await client.responses.create({ model: MODEL, input: 'Weather in Paris?', temperature: 0,
