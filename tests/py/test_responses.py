@@ -27,7 +27,8 @@ if binary() is None:
     s.finish()
 
 DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
-CHATML = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+CHATML = ("{%- if reasoning_effort == 'high' %}Think very hard about every single word.{% endif %}"
+          "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
           "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}"
           "\n</think>\n\n{% endif %}{% if m.content %}{{ m.content }}{% endif %}"
           "{% if m.tool_calls %}{% for tc in m.tool_calls %}<tool_call>\n{{ tc.function | tojson }}"
@@ -128,6 +129,12 @@ def stream_checks(port, key):
            r["output"][0]["summary"][0]["text"] == "I add two and two." and
            r["output"][1]["content"][0]["text"] == "Four." and
            r["reasoning"] == {"effort": "low", "summary": "auto"}, str(r)[:400])
+    st, lo = create(port, key, reasoning={"effort": "low"}, max_output_tokens=1)
+    st2, hi = create(port, key, reasoning={"effort": "high"}, max_output_tokens=1)
+    s.case("reasoning.effort reaches the template as reasoning_effort (its 'high' branch adds to "
+           "the prompt)", st == st2 == 200 and
+           hi["usage"]["input_tokens"] > lo["usage"]["input_tokens"] + 5,
+           f"{lo.get('usage')} {hi.get('usage')}")
     st, evs = events(port, key, grammar=lit(think), max_output_tokens=200)
     names = [n for n, _ in evs]
     rs = "".join(d["delta"] for n, d in evs if n == "response.reasoning_text.delta")
