@@ -68,7 +68,7 @@ TEST(resp_store_byte_bound)
     big[sizeof big - 1] = '\0';
     /* room for two entries of ~1000 bytes (plus headers), not three */
     sp_resp_store_config(100, 2600);
-    char id[16];
+    char id[32];
     for (int i = 0; i < 5; i++) {
         snprintf(id, sizeof id, "resp_%d", i);
         ASSERT_OK(put(7, id, big));
