@@ -86,6 +86,8 @@ bool sp_adapter_for(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m, con
 
 /* Route registration of each protocol module. */
 void sp_openai_register(sp_router_t *rt, sp_serving_t *s);
+/* POST /v1/responses, GET and DELETE /v1/responses/{id} (responses.c). */
+void sp_responses_register(sp_router_t *rt, sp_serving_t *s);
 /* POST /v1/messages and /v1/messages/count_tokens (anthropic.c). */
 void sp_anthropic_register(sp_router_t *rt, sp_serving_t *s);
 /* POST /apply-template, /tokenize and /detokenize (tokenize_routes.c). */

@@ -75,6 +75,8 @@ typedef struct sp_dialect_req {
     int flags;               /* the dialect's own bits */
     const char *reason;      /* the stop reason stream_finish saw, for stream_end */
     const char *stop_seq;    /* the stop string that ended the answer, or NULL */
+    void *ud;                /* the dialect's own state for this request (sp_api_chat_run_ud),
+                                released by the dialect's `release` when the request ends */
     const sp_req_clock_t *clk; /* the request's clock (metrics.h), for timings: complete
                                   (queue, compute, first token) when answer / stream_end run */
 } sp_dialect_req_t;
@@ -99,6 +101,8 @@ typedef struct sp_api_dialect {
     const char *id_prefix;   /* answer ids: id_prefix, id_sep, 16 hex digits (sp_dialect_id) */
     char id_sep;
     bool max_is_ceiling;     /* max_tokens past the context's room is cut to it, not refused */
+    bool no_cache;           /* never answered from the response cache (each answer is new:
+                                the Responses API stores it under its own id) */
     void (*answer)(sp_dialect_req_t *q, const sp_dialect_choice_t *c, int n,
                    int64_t completion_tokens, sp_jbuf_t *out);
     void (*stream_start)(sp_dialect_req_t *q, sp_jbuf_t *out);
@@ -115,12 +119,16 @@ typedef struct sp_api_dialect {
     /* An error answer's body. type/param/code: OpenAI's words, or NULL. */
     void (*error)(sp_jbuf_t *out, int status, const char *type, const char *param,
                   const char *code, const char *message);
+    /* Release sp_dialect_req_t.ud (NULL: the dialect passes none). Called once,
+     * also when the request failed before any writer ran. */
+    void (*release)(void *ud);
 } sp_api_dialect_t;
 
 /* The dialects (openai.c, anthropic.c, ollama_chat.c). */
 extern const sp_api_dialect_t sp_openai_chat_dialect;
 extern const sp_api_dialect_t sp_anthropic_dialect;
 extern const sp_api_dialect_t sp_ollama_dialect;
+extern const sp_api_dialect_t sp_responses_dialect; /* responses.c */
 
 /* A dialect's routes own the paths under prefix (a static string): their
  * errors take its shape. Call while registering routes (one thread, before
@@ -137,6 +145,12 @@ const sp_api_dialect_t *sp_api_dialect_for_path(sp_str_t path);
 void sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
                      sp_route_fn retry, json_t *body, const sp_api_dialect_t *d, bool count_only,
                      int flags);
+
+/* sp_api_chat_run with the dialect's own state: ud becomes
+ * sp_dialect_req_t.ud and is released by d->release on every path. */
+void sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                        sp_route_fn retry, json_t *body, const sp_api_dialect_t *d,
+                        bool count_only, int flags, void *ud);
 
 /* An id "<prefix><sep><16 hex digits>" from seed (mixed with the clock). */
 void sp_dialect_id(char *buf, size_t cap, const char *prefix, char sep, uint64_t seed);

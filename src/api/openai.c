@@ -210,6 +210,9 @@ oai_free(sp_api_req_t *a)
     sp_grammar_release(q->grammar); /* the job holds its own reference */
     sp_jbuf_free(&q->out);
     sp_jbuf_free(&q->model_name);
+    if (q->dialect != NULL && q->dialect->release != NULL && q->dq.ud != NULL) {
+        q->dialect->release(q->dq.ud);
+    }
     sp_free(q);
 }
 
@@ -1828,7 +1831,7 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
 {
     static const char *const drop[] = {"stream", "stream_options", "user", "priority", "timeout",
                                        "metadata", "service_tier", NULL};
-    if (!sp_rckey_enabled(q->a.m) || q->stream) {
+    if (!sp_rckey_enabled(q->a.m) || q->stream || (q->dialect != NULL && q->dialect->no_cache)) {
         return false;
     }
     if (g && !(g->sampling.temperature == 0.0f || json_is_integer(json_object_get(b, "seed")) ||
@@ -2182,13 +2185,25 @@ void
 sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
                 json_t *b, const sp_api_dialect_t *d, bool count_only, int flags)
 {
+    sp_api_chat_run_ud(s, r, p, retry, b, d, count_only, flags, NULL);
+}
+
+void
+sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                   sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, bool count_only,
+                   int flags, void *ud)
+{
     oai_req_t *q = NULL;
     sp_req_adapter_t ad;
     sp_served_model_t *m = get_model(s, r, b, retry, p, &ad);
     if (m == NULL || (q = oai_new(s, r, OAI_CHAT, m, &ad)) == NULL) {
+        if (ud != NULL && d->release != NULL) {
+            d->release(ud);
+        }
         return;
     }
     q->dialect = d;
+    q->dq.ud = ud; /* released with q (oai_free) from here on */
     q->count_only = count_only;
     sp_dialect_id(q->id, sizeof q->id, d->id_prefix, d->id_sep, sp_http_req_id(r));
     sp_req_adapter_model_name(m, &q->a.ad, &q->model_name);
@@ -2198,7 +2213,7 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     }
     q->dq = (sp_dialect_req_t){.id = q->id, .created = q->created, .model = q->model_name.p,
                                .req_id = sp_http_req_id(r), .n = 1, .flags = flags,
-                               .clk = &q->a.clk};
+                               .ud = ud, .clk = &q->a.clk};
     oai_prep_t *pp = &q->prep;
     pp->body = json_incref(b);
     if (parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 ||

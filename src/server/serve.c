@@ -607,6 +607,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_router_add(s->router, SP_HTTP_GET, "/v2/health/ready", h_v2_ready, s);
     sp_openai_register(s->router, &s->sv);
     sp_anthropic_register(s->router, &s->sv);
+    sp_responses_register(s->router, &s->sv);
     sp_tokenize_routes_register(s->router, &s->sv);
     sp_ollama_register(s->router, &s->sv);
     sp_ollama_chat_register(s->router, &s->sv);

@@ -37,6 +37,9 @@ const char sp_config_usage[] =
     "      --response-cache-bytes N  cache the answers of deterministic requests in N bytes\n"
     "                            (LRU; default 0 = off): --model models, and repository\n"
     "                            models whose config.json has response_cache.enable\n"
+    "      --responses-store N   stored Responses API responses (/v1/responses), oldest\n"
+    "                            evicted past N (default 1024; 0 = none kept)\n"
+    "      --responses-store-bytes N  ... and past N bytes in all (default 67108864)\n"
     "      --config FILE         JSON file with any of these options (flags win)\n"
     "      --host ADDR           address to bind (default 127.0.0.1)\n"
     "  -p, --port N              port (default 8000; 0 = any free port, printed at start)\n"
@@ -161,6 +164,8 @@ static const opt_t opts[] = {
     {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
     {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
     {"response-cache-bytes", 0, T_SIZE, OFF(response_cache_bytes), 0, 1099511627776.0, 0},
+    {"responses-store", 0, T_I64, OFF(responses_store), 0, 1 << 24, 0},
+    {"responses-store-bytes", 0, T_SIZE, OFF(responses_store_bytes), 0, 1099511627776.0, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"reasoning-format", 0, T_STR, OFF(reasoning_format), 0, 0, sizeof(((sp_serve_config_t *)0)->reasoning_format)},
     {"chat-template-file", 0, T_STR, OFF(chat_template_file), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template_file)},
@@ -227,6 +232,8 @@ sp_config_defaults(sp_serve_config_t *c)
     c->request_timeout_s = 600;
     c->repository_poll_s = 5;
     c->load_timeout_s = 60;
+    c->responses_store = 1024;
+    c->responses_store_bytes = (size_t)64 << 20;
     c->model_copy_max = (size_t)16 << 30;
     snprintf(c->otel_service_name, sizeof c->otel_service_name, "sampan");
     c->trace_sample_ratio = 1;

@@ -40,6 +40,8 @@ typedef struct sp_serve_config {
     double load_timeout_s;    /* a request's wait for an on-demand load */
     char backends_dir[1024];  /* "" = backends/ next to the binary, then /usr/lib/sampan/backends */
     size_t response_cache_bytes; /* the response cache's bound; 0 = no cache (respcache.h) */
+    int64_t responses_store;  /* stored /v1/responses answers at most (resp_store.h) */
+    size_t responses_store_bytes; /* ... and their bytes at most */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     char reasoning_format[16]; /* "auto"/"deepseek": thinking apart, "none": inline */
     char chat_template_file[1024]; /* Jinja template file for every model, "" = none */
