@@ -2,13 +2,13 @@
 // with the demo model on 127.0.0.1:$SAMPAN_PORT (tests/py/test_structured_clients.py starts it):
 // the openai SDK's chat.completions.parse with zodResponseFormat and zodFunction (zod 4: integers
 // with min/max, positive numbers, string formats, regex, enums, nullable), the Vercel AI SDK's
-// generateObject (ai + @ai-sdk/openai-compatible), LangChain's withStructuredOutput
+// generateObject and streamText (ai + @ai-sdk/openai-compatible), LangChain's withStructuredOutput
 // (@langchain/openai). Each result is checked with zod and with ajv on the JSON schema the client
 // sent. Last line:  node-clients: N passed, N failed, N skipped
 import OpenAI from 'openai';
 import { zodFunction, zodResponseFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
-import { generateObject, jsonSchema } from 'ai';
+import { generateObject, generateText, jsonSchema, streamText } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { ChatOpenAI } from '@langchain/openai';
 import Ajv2020 from 'ajv/dist/2020.js';
@@ -109,6 +109,25 @@ await test('Vercel AI SDK generateObject (openai-compatible, structured outputs)
   const { object } = await generateObject({ model: provider.chatModel(MODEL), schema: jsonSchema(js), seed: 8,
     maxOutputTokens: 200, maxRetries: 0, prompt: 'When?' });
   ajvCheck(js, object);
+});
+
+await test('Vercel AI SDK streamText: the streamed text is the whole answer (greedy, = generateText)', async () => {
+  // includeUsage: the provider asks for stream_options.include_usage
+  const provider = createOpenAICompatible({ name: 'sampan', baseURL, apiKey: 'unused', includeUsage: true });
+  const args = { model: provider.chatModel(MODEL), prompt: 'Once upon a time', temperature: 0,
+    maxOutputTokens: 40, maxRetries: 0 };
+  const r = streamText(args);
+  let streamed = '', parts = 0;
+  for await (const t of r.textStream) {
+    streamed += t;
+    parts++;
+  }
+  const whole = await generateText(args);
+  const usage = await r.usage;
+  assert(parts > 1, `one text part only: ${parts}`);
+  assert(streamed.length > 0 && streamed === whole.text, `streamed ${JSON.stringify(streamed)} != ${JSON.stringify(whole.text)}`);
+  assert(await r.finishReason === 'length', `finish ${await r.finishReason}`);
+  assert(usage.outputTokens === 40, `usage ${JSON.stringify(usage)}`);
 });
 
 await test('LangChain ChatOpenAI.withStructuredOutput (json schema and function calling): zod-valid', async () => {
