@@ -26,7 +26,26 @@
 
 #include "kernels/cpu/q32_impl.h"
 
+/* Forced inlining and unrolling make the kinds compile-time constants and the
+ * group loops straight code. Sanitizer builds keep calls and loops as written:
+ * ASan instruments every inlined, unrolled copy, and clang took over ten
+ * minutes on avx512_q32.c with them (2 s without). Neither changes a result:
+ * the order of operations is the source's either way. */
+#if defined(__SANITIZE_ADDRESS__)
+#define Q32_PLAIN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define Q32_PLAIN 1
+#endif
+#endif
+#ifdef Q32_PLAIN
+#define Q32_INLINE static inline
+#define Q32_UNROLL(n)
+#else
 #define Q32_INLINE static inline __attribute__((always_inline))
+#define Q32_PRAGMA(x) _Pragma(#x)
+#define Q32_UNROLL(n) Q32_PRAGMA(GCC unroll n)
+#endif
 
 /* weight kinds (compile-time constants after inlining) */
 enum { Q32_Q4_1, Q32_Q5_0, Q32_Q5_1, Q32_IQ4_NL, Q32_MXFP4 };
@@ -156,7 +175,7 @@ q32_isum8(int kind, int flavour, const __m256i wq[8], const uint8_t *x)
     __m256i p[8];
 #ifdef __AVX512F__
     if (flavour != Q32_AVX2) {
-#pragma GCC unroll 4
+Q32_UNROLL(4)
         for (int k = 0; k < 8; k += 2) {
             __m256i w0 = wq[k], w1 = wq[k + 1];
             __m256i x0 = _mm256_loadu_si256((const __m256i *)(x + (size_t)k * xb + xo));
@@ -178,7 +197,7 @@ q32_isum8(int kind, int flavour, const __m256i wq[8], const uint8_t *x)
     }
 #endif
     (void)flavour;
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int k = 0; k < 8; k++) {
         const __m256i xq = _mm256_loadu_si256((const __m256i *)(x + (size_t)k * xb + xo));
         p[k] = q32_dot_avx2(kind, wq[k], xq);
@@ -199,7 +218,7 @@ Q32_INLINE __m256
 q32_halves8(const uint8_t *p, size_t stride)
 {
     __m128i v[8];
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int k = 0; k < 8; k++) {
         v[k] = _mm_loadu_si32(p + (size_t)k * stride);
     }
@@ -219,7 +238,7 @@ Q32_INLINE void
 q32_halfpairs8(const uint8_t *p, size_t stride, __m256 *a, __m256 *b)
 {
     __m128i v[8];
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int k = 0; k < 8; k++) {
         v[k] = _mm_loadu_si32(p + (size_t)k * stride);
     }
@@ -266,7 +285,7 @@ q32_group(int kind, int flavour, int R, int T, const uint8_t *w, size_t ws, cons
 {
     const size_t wb = q32_wbytes(kind), xb = q32_xbytes(kind);
     __m256 dx[Q32_TM], sx[Q32_TM];
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int t = 0; t < T; t++) {
         if (q32_asym(kind)) {
             q32_halfpairs8(x + (size_t)t * xs, xb, &dx[t], &sx[t]); /* Q8_1: d, s */
@@ -274,11 +293,11 @@ q32_group(int kind, int flavour, int R, int T, const uint8_t *w, size_t ws, cons
             dx[t] = q32_halves8(x + (size_t)t * xs, xb);
         }
     }
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int r = 0; r < R; r++) {
         const uint8_t *wr = w + (size_t)r * ws;
         __m256i wq[8];
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int k = 0; k < 8; k++) {
             wq[k] = q32_unpack(kind, wr + (size_t)k * wb);
         }
@@ -288,7 +307,7 @@ q32_group(int kind, int flavour, int R, int T, const uint8_t *w, size_t ws, cons
         } else {
             dw = q32_wscale8(kind, wr);
         }
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int t = 0; t < T; t++) {
             const __m256i isum = q32_isum8(kind, flavour, wq, x + (size_t)t * xs);
             const __m256 d = q32_d8(kind, dw, dx[t]);
@@ -323,9 +342,9 @@ q32_tile(int kind, int flavour, int R, int T, int64_t n, const uint8_t *w, size_
     const int64_t nb = n / SP_QK32;
     const size_t wb = q32_wbytes(kind), xb = q32_xbytes(kind);
     __m256 acc[Q32_RM][Q32_TM];
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int r = 0; r < R; r++) {
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int t = 0; t < T; t++) {
             acc[r][t] = _mm256_setzero_ps();
         }
@@ -341,19 +360,19 @@ q32_tile(int kind, int flavour, int R, int T, int64_t n, const uint8_t *w, size_
         const size_t left = (size_t)(nb - i);
         memset(wt, 0, sizeof(wt));
         memset(xt, 0, sizeof(xt));
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int r = 0; r < R; r++) {
             memcpy(wt[r], w + (size_t)r * ws + (size_t)i * wb, left * wb);
         }
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int t = 0; t < T; t++) {
             memcpy(xt[t], x + (size_t)t * xs + (size_t)i * xb, left * xb);
         }
         q32_group(kind, flavour, R, T, wt[0], WPAD, xt[0], XPAD, acc);
     }
-#pragma GCC unroll 8
+Q32_UNROLL(8)
     for (int r = 0; r < R; r++) {
-#pragma GCC unroll 8
+Q32_UNROLL(8)
         for (int t = 0; t < T; t++) {
             y[t * ldy + r * ys] = q32_sum_lanes(acc[r][t]);
         }
