@@ -110,7 +110,7 @@ WORD = re.compile(r"^[A-Za-z ,.!?'\"\n-]*$")
 srv = None
 try:
     srv = Server("--parallel", "32", "--step-tokens", "64", "--kv-type", "q8_0")
-    m = srv.wait_log(r"event=sched_ready kv_blocks=\d+ kv_block_bytes=(\d+) kv_type=(\w+)")
+    m = srv.wait_log(r"event=sched_ready kv_blocks=\d+ kv_block_bytes=(\d+) .*?kv_type=(\w+)")
     # stories260K: 5 layers x 4 KV heads x (K, V) x 16 rows x (8 int8 + one F16 scale).
     s.case("serve: the scheduler counts Q8_0 blocks", m is not None and m.group(2) == "q8_0" and
            int(m.group(1)) == 5 * 4 * 2 * 16 * (8 + 2), m.group(0) if m else srv.text()[-300:])

@@ -120,7 +120,8 @@ try:
            len(lat) > 0 and max(lat) < PROBE_MS, f"{len(lat)} probes, max {max(lat or [0]):.1f} ms")
     e = err_of(b)
     s.case("9,999-property schema: 400 naming the grammar's limit (not 413)",
-           st == 400 and e.get("code") == "limit_exceeded" and "more than" in e.get("message", ""),
+           st == 400 and e.get("code") == "limit_exceeded"
+           and ("more than" in e.get("message", "") or "passes 1 MiB" in e.get("message", "")),
            f"{st} {str(b)[:300]}")
 
     chat_body = json.dumps(big_chat_body()).encode()
