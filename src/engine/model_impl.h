@@ -203,9 +203,9 @@ sp__kv_data(const sp_kv_pool_t *kv, int64_t il)
     return sp__kv_in_swa(kv, il) ? kv->swa_data : kv->data;
 }
 
-/* model.c's hyper-parameter reads: `<arch>.<suffix>` in [lo, hi], dflt when
- * absent (for integers, dflt < 0 means required); an error names the file and
- * the key. Shared with encoder.c, gemma4.c and mla.c. */
+/* Hyper-parameter reads (hparams.c): `<arch>.<suffix>` in [lo, hi], dflt
+ * when absent (for integers, dflt < 0 means required); an error names the
+ * file and the key. */
 sp_status_t sp__hp_int(const sp_gguf_t *g, const char *arch, const char *suffix, int64_t dflt,
                        int64_t lo, int64_t hi, int64_t *out, char *err, size_t err_len);
 sp_status_t sp__hp_double(const sp_gguf_t *g, const char *arch, const char *suffix, double dflt,
