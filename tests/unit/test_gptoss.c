@@ -10,6 +10,7 @@
  * Single-threaded test; models are built in memory and freed by each test.
  */
 #include "test.h"
+#include "invariance.h"
 
 #include <math.h>
 
@@ -202,29 +203,8 @@ TEST(gptoss_loads_its_layout)
     sp_free(buf);
 }
 
-/* Logits after every position of toks, the sequence alone in an sp_ctx. */
-static float *
-alone_logits(const sp_model_t *m, const int32_t *toks, int64_t n)
-{
-    char err[512];
-    sp_ctx_t *c;
-    sp_ctx_params_t cp = sp_ctx_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = 1;
-    cp.n_threads = 1;
-    cp.logits_all = true;
-    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
-    for (int64_t i = 0; i < n; i++) ASSERT_OK(sp_ctx_eval(c, toks + i, 1, i));
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    float *o = sp_malloc((size_t)(n * V) * sizeof(float));
-    memcpy(o, sp_ctx_logits_all(c), (size_t)(n * V) * sizeof(float));
-    sp_ctx_destroy(c);
-    return o;
-}
-
-/* 32 sequences prefilled together then decoded together (a different set of
- * neighbours each step), past the window of 4: every row's logits are the
- * bits of the sequence run alone, one token at a time. */
+/* 32 sequences prefilled together then decoded together, past the window of 4:
+ * every row's logits are the bits of the sequence run alone (invariance.h). */
 TEST(gptoss_batch_invariance_beside_31_others)
 {
     char err[512];
@@ -232,58 +212,7 @@ TEST(gptoss_batch_invariance_beside_31_others)
     sp_model_t *m;
     gptoss_spec_t sp = {0};
     if (build_gptoss(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    enum { NS = 32, LEN = 12, PROMPT = 7 };
-    static int32_t toks[NS][LEN];
-    float *ref[NS];
-    rng_state = 4243;
-    for (int s = 0; s < NS; s++) {
-        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (uint32_t)(V - 1));
-        ref[s] = alone_logits(m, toks[s], LEN);
-    }
-    sp_kv_pool_params_t kp = {NS * 2, SP_KV_TYPE_F32};
-    sp_kv_pool_t *kv;
-    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = NS * PROMPT;
-    bp.max_seqs = NS;
-    bp.max_ctx = 32;
-    bp.n_threads = 2;
-    sp_batch_t *b;
-    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
-    static int32_t blocks[NS][2];
-    for (int s = 0; s < NS; s++) {
-        blocks[s][0] = (int32_t)(2 * s + 1);
-        blocks[s][1] = (int32_t)(2 * s);
-    }
-    sp_batch_seq_t seqs[NS];
-    for (int s = 0; s < NS; s++) {
-        seqs[s] = (sp_batch_seq_t){toks[s], PROMPT, 0, blocks[s], 2, true, 0, NULL};
-    }
-    ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-    for (int s = 0; s < NS; s++) {
-        if (memcmp(sp_batch_logits(b, s), ref[s] + (PROMPT - 1) * V, (size_t)V * 4) != 0) {
-            SP_TEST_FAIL("seq %d prefill beside 31 others differs from alone", s);
-        }
-    }
-    for (int p = PROMPT; p < LEN; p++) {
-        for (int s = 0; s < NS; s++) {
-            const int q = (p % 2) ? NS - 1 - s : s;
-            seqs[s] = (sp_batch_seq_t){toks[q] + p, 1, p, blocks[q], 2, true, 0, NULL};
-        }
-        ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-        for (int s = 0; s < NS; s++) {
-            const int q = (p % 2) ? NS - 1 - s : s;
-            if (memcmp(sp_batch_logits(b, s), ref[q] + p * V, (size_t)V * 4) != 0) {
-                SP_TEST_FAIL("seq %d pos %d beside 31 others differs from alone", q, p);
-            }
-        }
-    }
-    /* The sequences differ, so their logits do (the comparison can fail). */
-    ASSERT(memcmp(ref[0] + (LEN - 1) * V, ref[1] + (LEN - 1) * V, (size_t)V * 4) != 0);
-    for (int s = 0; s < NS; s++) sp_free(ref[s]);
-    sp_batch_destroy(b);
-    sp_kv_pool_destroy(kv);
+    sp_test_beside_others(m, SP_KV_TYPE_F32, 12, 7, 4243, "gpt-oss");
     sp_model_free(m);
     sp_free(buf);
 }

@@ -11,6 +11,7 @@
  * Single-threaded test; models are built in memory and freed by each test.
  */
 #include "test.h"
+#include "invariance.h"
 
 #include <math.h>
 
@@ -281,98 +282,18 @@ TEST(mla_loads_its_layout)
     sp_free(buf);
 }
 
-/* Logits after every position of toks, the sequence alone in an sp_ctx. */
-static float *
-alone_logits(const sp_model_t *m, const int32_t *toks, int64_t n, sp_kv_type_t kt)
-{
-    char err[512];
-    sp_ctx_t *c;
-    sp_ctx_params_t cp = sp_ctx_default_params();
-    cp.n_ctx = 512;
-    cp.n_batch = 1;
-    cp.n_threads = 1;
-    cp.logits_all = true;
-    cp.kv_type = kt;
-    ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
-    for (int64_t i = 0; i < n; i++) ASSERT_OK(sp_ctx_eval(c, toks + i, 1, i));
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    float *o = sp_malloc((size_t)(n * V) * sizeof(float));
-    memcpy(o, sp_ctx_logits_all(c), (size_t)(n * V) * sizeof(float));
-    sp_ctx_destroy(c);
-    return o;
-}
-
-/* 32 sequences prefilled together then decoded together (a different order
- * of neighbours each step), with an F32 and a Q8_0 cache: every row's logits
- * are the bits of the sequence run alone, one token at a time. */
-static void
-invariance(sp_kv_type_t kt)
+/* 32 sequences together and alone, with an F32 and a Q8_0 cache (invariance.h). */
+TEST(mla_batch_invariance_beside_31_others)
 {
     char err[512];
     void *buf;
     sp_model_t *m;
     mla_spec_t sp = {0};
     if (build_mla(&sp, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    enum { NS = 32, LEN = 20, PROMPT = 11 };
-    static int32_t toks[NS][LEN];
-    float *ref[NS];
-    rng_state = 4243;
-    for (int s = 0; s < NS; s++) {
-        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (uint32_t)(V - 1));
-        ref[s] = alone_logits(m, toks[s], LEN, kt);
-    }
-    sp_kv_pool_params_t kp = {NS * 2, kt};
-    sp_kv_pool_t *kv;
-    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = NS * PROMPT;
-    bp.max_seqs = NS;
-    bp.max_ctx = 32;
-    bp.n_threads = 2;
-    sp_batch_t *b;
-    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
-    static int32_t blocks[NS][2];
-    for (int s = 0; s < NS; s++) {
-        blocks[s][0] = (int32_t)(2 * s + 1);
-        blocks[s][1] = (int32_t)(2 * s);
-    }
-    sp_batch_seq_t seqs[NS];
-    for (int s = 0; s < NS; s++) {
-        seqs[s] = (sp_batch_seq_t){toks[s], PROMPT, 0, blocks[s], 2, true, 0, NULL};
-    }
-    ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-    for (int s = 0; s < NS; s++) {
-        if (memcmp(sp_batch_logits(b, s), ref[s] + (PROMPT - 1) * V, (size_t)V * 4) != 0) {
-            SP_TEST_FAIL("seq %d prefill beside 31 others differs from alone", s);
-        }
-    }
-    for (int p = PROMPT; p < LEN; p++) {
-        for (int s = 0; s < NS; s++) {
-            const int q = (p % 2) ? NS - 1 - s : s;
-            seqs[s] = (sp_batch_seq_t){toks[q] + p, 1, p, blocks[q], 2, true, 0, NULL};
-        }
-        ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-        for (int s = 0; s < NS; s++) {
-            const int q = (p % 2) ? NS - 1 - s : s;
-            if (memcmp(sp_batch_logits(b, s), ref[q] + p * V, (size_t)V * 4) != 0) {
-                SP_TEST_FAIL("seq %d pos %d beside 31 others differs from alone", q, p);
-            }
-        }
-    }
-    /* The sequences differ, so their logits do (the comparison can fail). */
-    ASSERT(memcmp(ref[0] + (LEN - 1) * V, ref[1] + (LEN - 1) * V, (size_t)V * 4) != 0);
-    for (int s = 0; s < NS; s++) sp_free(ref[s]);
-    sp_batch_destroy(b);
-    sp_kv_pool_destroy(kv);
+    sp_test_beside_others(m, SP_KV_TYPE_F32, 20, 11, 4243, "deepseek2 f32 cache");
+    sp_test_beside_others(m, SP_KV_TYPE_Q8_0, 20, 11, 4243, "deepseek2 q8_0 cache");
     sp_model_free(m);
     sp_free(buf);
-}
-
-TEST(mla_batch_invariance_beside_31_others)
-{
-    invariance(SP_KV_TYPE_F32);
-    invariance(SP_KV_TYPE_Q8_0);
 }
 
 /* The legacy fused attn_kv_b (value rows read in place, key rows transposed
@@ -390,8 +311,8 @@ TEST(mla_legacy_kv_b_matches_split)
     if (build_mla(&s2, &m2, &b2, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     ASSERT(m2->mla->wk_owned != NULL && m2->mla->layers[0].wk_b.type == SP_TYPE_F32);
     int32_t toks[9] = {1, 17, 300, 45, 2, 99, 411, 7, 256};
-    float *l1 = alone_logits(m1, toks, 9, SP_KV_TYPE_F32);
-    float *l2 = alone_logits(m2, toks, 9, SP_KV_TYPE_F32);
+    float *l1 = sp_test_alone_logits(m1, toks, 9, SP_KV_TYPE_F32);
+    float *l2 = sp_test_alone_logits(m2, toks, 9, SP_KV_TYPE_F32);
     const int64_t V = sp_model_hparams(m1)->n_vocab;
     ASSERT(memcmp(l1, l2, (size_t)(9 * V) * sizeof(float)) == 0);
     /* a trunk-only file with one multi-token-prediction block counted in
@@ -402,7 +323,7 @@ TEST(mla_legacy_kv_b_matches_split)
     sp_model_t *m4;
     if (build_mla(&s4, &m4, &b4, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     ASSERT(sp_model_hparams(m4)->n_layer == MNL);
-    float *l4 = alone_logits(m4, toks, 9, SP_KV_TYPE_F32);
+    float *l4 = sp_test_alone_logits(m4, toks, 9, SP_KV_TYPE_F32);
     ASSERT(memcmp(l1, l4, (size_t)(9 * V) * sizeof(float)) == 0);
     sp_free(l4);
     sp_model_free(m4);
@@ -414,7 +335,7 @@ TEST(mla_legacy_kv_b_matches_split)
     sp_model_t *m3;
     if (build_mla(&s3, &m3, &b3, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
     ASSERT(m3->moe->hp.gating == SP_MOE_GATING_SOFTMAX);
-    float *l3 = alone_logits(m3, toks, 9, SP_KV_TYPE_F32);
+    float *l3 = sp_test_alone_logits(m3, toks, 9, SP_KV_TYPE_F32);
     ASSERT(memcmp(l1, l3, (size_t)(9 * V) * sizeof(float)) != 0);
     sp_free(l1);
     sp_free(l2);

@@ -8,6 +8,7 @@
  * loader's refusals of broken MoE files.
  */
 #include "test.h"
+#include "invariance.h"
 
 #include <math.h>
 
@@ -356,59 +357,7 @@ beside_others(const moe_spec_t *spec)
     void *buf;
     sp_model_t *m;
     if (build_moe(spec, &m, &buf, err, sizeof err) != SP_OK) SP_TEST_FAIL("%s", err);
-    const int64_t V = sp_model_hparams(m)->n_vocab;
-    enum { NS = 32, LEN = 12, PROMPT = 7 };
-    static int32_t toks[NS][LEN];
-    float *ref[NS];
-    rng_state = 4242;
-    for (int s = 0; s < NS; s++) {
-        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(1 + rng_u32() % (uint32_t)(V - 1));
-        ref[s] = alone_logits(m, toks[s], LEN, 1, 1);
-    }
-    sp_kv_pool_params_t kp = {NS * 2, SP_KV_TYPE_F32};
-    sp_kv_pool_t *kv;
-    ASSERT_OK(sp_kv_pool_create(m, &kp, &kv, err, sizeof err));
-    sp_batch_params_t bp = sp_batch_default_params();
-    bp.max_tokens = NS * PROMPT;
-    bp.max_seqs = NS;
-    bp.max_ctx = 32;
-    bp.n_threads = 2;
-    sp_batch_t *b;
-    ASSERT_OK(sp_batch_create(m, &bp, &b, err, sizeof err));
-    static int32_t blocks[NS][2];
-    for (int s = 0; s < NS; s++) {
-        blocks[s][0] = (int32_t)(2 * s + 1);
-        blocks[s][1] = (int32_t)(2 * s);
-    }
-    sp_batch_seq_t seqs[NS];
-    /* Step 1: every prompt prefilled together; then decode steps, all 32 together. */
-    for (int s = 0; s < NS; s++) {
-        seqs[s] = (sp_batch_seq_t){toks[s], PROMPT, 0, blocks[s], 2, true, 0, NULL};
-    }
-    ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-    for (int s = 0; s < NS; s++) {
-        if (memcmp(sp_batch_logits(b, s), ref[s] + (PROMPT - 1) * V, (size_t)V * 4) != 0) {
-            SP_TEST_FAIL("%s: seq %d prefill beside 31 others differs from alone", spec->arch, s);
-        }
-    }
-    for (int p = PROMPT; p < LEN; p++) {
-        for (int s = 0; s < NS; s++) {
-            /* reverse order each step: a different set of neighbours per row */
-            const int q = (p % 2) ? NS - 1 - s : s;
-            seqs[s] = (sp_batch_seq_t){toks[q] + p, 1, p, blocks[q], 2, true, 0, NULL};
-        }
-        ASSERT_OK(sp_batch_eval(b, kv, seqs, NS));
-        for (int s = 0; s < NS; s++) {
-            const int q = (p % 2) ? NS - 1 - s : s;
-            if (memcmp(sp_batch_logits(b, s), ref[q] + p * V, (size_t)V * 4) != 0) {
-                SP_TEST_FAIL("%s: seq %d pos %d beside 31 others differs from alone", spec->arch,
-                             q, p);
-            }
-        }
-    }
-    for (int s = 0; s < NS; s++) sp_free(ref[s]);
-    sp_batch_destroy(b);
-    sp_kv_pool_destroy(kv);
+    sp_test_beside_others(m, SP_KV_TYPE_F32, 12, 7, 4242, spec->arch);
     sp_model_free(m);
     sp_free(buf);
 }
