@@ -10,6 +10,8 @@ need+=(libxgboost-dev)
 need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 # The OTLP trace exporter's HTTP(S) client (src/api/trace.c).
 need+=(libcurl4-openssl-dev)
+# YAML configuration files (src/core/yaml.c: --config FILE.yaml).
+need+=(libyaml-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # tests/py/test_chat_templates.py: the reference renderer of chat templates.

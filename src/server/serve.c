@@ -551,6 +551,11 @@ sp_cmd_serve(int argc, char **argv)
     }
     sp_json_init();
     sp_log_set_format(strcmp(s->sv.cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
+    if (s->sv.cfg.env_unknown[0] != '\0') {
+        /* a misspelt variable would otherwise change nothing without a word */
+        SP_LOG_WARN("event=config_env_unknown names=%s detail=%s", sp_log_str(s->sv.cfg.env_unknown),
+                    sp_log_str("these SAMPAN_ variables name no option of sampan serve"));
+    }
     s->sv.rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
     if (sp_auth_init(&s->sv.auth, s->sv.cfg.tenants_file, s->sv.cfg.api_key, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);

@@ -1,4 +1,5 @@
-/* config.c - defaults, the JSON config file and the flags of `sampan serve`. */
+/* config.c - defaults, the config file (JSON or YAML), the environment and the flags of
+ * `sampan serve`: one option table read by all three. */
 #include "serving/config.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/json.h"
+#include "core/yaml.h"
 
 const char sp_config_usage[] =
     "usage: sampan serve [--model NAME=FILE.gguf ...] [options]\n"
@@ -40,7 +42,8 @@ const char sp_config_usage[] =
     "      --responses-store N   stored Responses API responses (/v1/responses), oldest\n"
     "                            evicted past N (default 1024; 0 = none kept)\n"
     "      --responses-store-bytes N  ... and past N bytes in all (default 67108864)\n"
-    "      --config FILE         JSON file with any of these options (flags win)\n"
+    "      --config FILE         JSON or YAML (.yaml/.yml) file with any of these options\n"
+    "                            (SAMPAN_CONFIG names one when no --config is given)\n"
     "      --host ADDR           address to bind (default 127.0.0.1)\n"
     "  -p, --port N              port (default 8000; 0 = any free port, printed at start)\n"
     "  -t, --threads N           threads per sequence slot (default 0 = one per core)\n"
@@ -119,7 +122,10 @@ const char sp_config_usage[] =
     "                            with a traceparent follows its sampled flag\n"
     "      --otlp-max-queue N    spans waiting for export before new ones are dropped (2048)\n"
     "      --otlp-timeout S      seconds for one export POST (default 5)\n"
-    "  -v, --verbose             log every request (--log-requests all)\n";
+    "  -v, --verbose             log every request (--log-requests all)\n"
+    "Every option can also be set in the environment as SAMPAN_<FLAG> (--kv-blocks is\n"
+    "SAMPAN_KV_BLOCKS; booleans take true/false; SAMPAN_MODEL takes NAME=FILE[,NAME=FILE]).\n"
+    "Flags win over the environment, the environment over the file.\n";
 
 typedef enum opt_type { T_INT, T_I64, T_SIZE, T_SEC, T_MS, T_STR, T_BOOL, T_MODEL, T_CONFIG } opt_type_t;
 
@@ -345,38 +351,59 @@ find_opt(const char *name, size_t len)
     return NULL;
 }
 
-static sp_status_t
-load_file(sp_serve_config_t *c, const char *path, char *err, size_t err_len)
+/* "true"/"1"/"yes"/"on" or "false"/"0"/"no"/"off" (environment values of boolean options). */
+static int
+parse_bool_word(const char *v)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        return sp_errf(err, err_len, SP_ERR_IO, "--config %s: %s", path, strerror(errno));
+    static const char *const yes[] = {"1", "true", "yes", "on", "TRUE", "True", "YES", "Yes", "ON", "On"};
+    static const char *const no[] = {"0", "false", "no", "off", "FALSE", "False", "NO", "No", "OFF", "Off"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcmp(v, yes[i]) == 0) {
+            return 1;
+        }
+        if (strcmp(v, no[i]) == 0) {
+            return 0;
+        }
     }
-    char *buf = sp_malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
-    bool too_big = buf && n == (1 << 20);
-    fclose(f);
-    if (buf == NULL) {
-        return sp_errf(err, err_len, SP_ERR_NOMEM, "--config: out of memory");
+    return -1;
+}
+
+/* One option's value given as text (a flag's argument or an environment
+ * variable): the same checks whichever way it came. */
+static sp_status_t
+set_text(sp_serve_config_t *c, const opt_t *o, const char *val, const char *src, char *err,
+         size_t err_len)
+{
+    if (o->type == T_STR) {
+        return set_string(c, o, val, src, err, err_len);
     }
-    if (too_big) {
-        sp_free(buf);
-        return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "--config %s: larger than 1 MiB", path);
+    if (o->type == T_BOOL) {
+        int b = parse_bool_word(val);
+        if (b < 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID, "%s expects true or false, got '%s'", src, val);
+        }
+        *(bool *)(void *)((char *)c + o->off) = b == 1;
+        return SP_OK;
     }
-    json_t *root = NULL;
-    char jerr[256];
-    sp_status_t st = sp_json_parse(buf, n, 32, &root, jerr, sizeof jerr);
-    sp_free(buf);
-    if (st != SP_OK) {
-        return sp_errf(err, err_len, st, "--config %s: %s", path, jerr);
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (errno != 0 || end == val || *end != '\0') {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s expects a number, got '%s'", src, val);
     }
+    return set_number(c, o, v, src, err, err_len);
+}
+
+/* A parsed configuration document (JSON or YAML): the same keys as the flags. */
+static sp_status_t
+apply_document(sp_serve_config_t *c, const char *path, json_t *root, char *err, size_t err_len)
+{
     if (!json_is_object(root)) {
-        json_decref(root);
-        return sp_errf(err, err_len, SP_ERR_INVALID, "--config %s: expected a JSON object", path);
+        return sp_errf(err, err_len, SP_ERR_INVALID, "--config %s: expected an object of options", path);
     }
     const char *key;
     json_t *v;
-    st = SP_OK;
+    sp_status_t st = SP_OK;
     json_object_foreach(root, key, v) {
         char src[300];
         snprintf(src, sizeof src, "%s: \"%s\"", path, key);
@@ -422,8 +449,140 @@ load_file(sp_serve_config_t *c, const char *path, char *err, size_t err_len)
             break;
         }
     }
+    return st;
+}
+
+static bool
+ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* --config FILE: JSON, or YAML when the name ends in .yaml or .yml. */
+static sp_status_t
+load_file(sp_serve_config_t *c, const char *path, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return sp_errf(err, err_len, SP_ERR_IO, "--config %s: %s", path, strerror(errno));
+    }
+    char *buf = sp_malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    bool too_big = buf && n == (1 << 20);
+    fclose(f);
+    if (buf == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "--config: out of memory");
+    }
+    if (too_big) {
+        sp_free(buf);
+        return sp_errf(err, err_len, SP_ERR_TOO_LARGE, "--config %s: larger than 1 MiB", path);
+    }
+    json_t *root = NULL;
+    char perr[256];
+    bool yaml = ends_with(path, ".yaml") || ends_with(path, ".yml");
+    sp_status_t st = yaml ? sp_yaml_parse(buf, n, 32, &root, perr, sizeof perr)
+                          : sp_json_parse(buf, n, 32, &root, perr, sizeof perr);
+    sp_free(buf);
+    if (st != SP_OK) {
+        return sp_errf(err, err_len, st, "--config %s: %s", path, perr);
+    }
+    st = apply_document(c, path, root, err, err_len);
     json_decref(root);
     return st;
+}
+
+/* SAMPAN_ + the long flag in capitals with '-' as '_': --kv-blocks is SAMPAN_KV_BLOCKS. */
+static void
+env_name(const opt_t *o, char *out, size_t cap)
+{
+    size_t k = (size_t)snprintf(out, cap, "SAMPAN_");
+    for (const char *p = o->name; *p && k + 1 < cap; p++) {
+        out[k++] = *p == '-' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
+    }
+    out[k] = '\0';
+}
+
+/* SAMPAN_* variables that are not flags: read elsewhere (kernels, CUDA, the
+ * encryption key, build and test scripts), so no warning names them. */
+static const char *const env_other[] = {
+    "SAMPAN_CPU", "SAMPAN_MODEL_KEY", "SAMPAN_CUDA_LIB", "SAMPAN_CUDA_WEIGHTS",
+    "SAMPAN_CUDA_CANDIDATES", "SAMPAN_CUDA_PINNED", "SAMPAN_CUDA_GRAPHS", "SAMPAN_NVML_LIB",
+    "SAMPAN_VERSION", "SAMPAN_BIN", "SAMPAN_LLAMACPP_DIR", NULL,
+};
+
+/* The environment layer: every option as SAMPAN_<FLAG>, over the file and under
+ * the flags. SAMPAN_MODEL holds one or more NAME=FILE separated by commas (a
+ * path with a comma goes in a flag or the file). SAMPAN_* variables that name
+ * no option are listed in c->env_unknown for serve to warn about. */
+static sp_status_t
+apply_env(sp_serve_config_t *c, char *err, size_t err_len)
+{
+    extern char **environ;
+    c->env_unknown[0] = '\0';
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "SAMPAN_", 7) != 0) {
+            continue;
+        }
+        const char *eq = strchr(*e, '=');
+        if (eq == NULL) {
+            continue;
+        }
+        char name[128];
+        size_t nl = (size_t)(eq - *e);
+        if (nl >= sizeof name) {
+            nl = sizeof name - 1;
+        }
+        memcpy(name, *e, nl);
+        name[nl] = '\0';
+        const char *val = eq + 1;
+        const opt_t *o = NULL;
+        for (size_t i = 0; i < sizeof opts / sizeof opts[0] && o == NULL; i++) {
+            char en[128];
+            env_name(&opts[i], en, sizeof en);
+            if (strcmp(en, name) == 0) {
+                o = &opts[i];
+            }
+        }
+        bool other = false;
+        for (const char *const *k = env_other; *k && !other; k++) {
+            other = strcmp(*k, name) == 0;
+        }
+        if (o == NULL || o->type == T_CONFIG) {
+            if (o == NULL && !other) {
+                size_t used = strlen(c->env_unknown);
+                snprintf(c->env_unknown + used, sizeof c->env_unknown - used, "%s%s", used ? "," : "",
+                         name);
+            }
+            continue;
+        }
+        char src[160];
+        snprintf(src, sizeof src, "environment %s", name);
+        sp_status_t st = SP_OK;
+        if (o->type == T_MODEL) {
+            c->n_models = 0; /* the environment's list replaces the file's */
+            char spec[1200];
+            for (const char *p = val; *p && st == SP_OK;) {
+                const char *comma = strchr(p, ',');
+                size_t sl = comma ? (size_t)(comma - p) : strlen(p);
+                if (sl >= sizeof spec) {
+                    return sp_errf(err, err_len, SP_ERR_INVALID, "%s: an entry is too long", src);
+                }
+                memcpy(spec, p, sl);
+                spec[sl] = '\0';
+                if (sl > 0) {
+                    st = add_model(c, spec, src, err, err_len);
+                }
+                p = comma ? comma + 1 : p + sl;
+            }
+        } else {
+            st = set_text(c, o, val, src, err, err_len);
+        }
+        if (st != SP_OK) {
+            return st;
+        }
+    }
+    return SP_OK;
 }
 
 /* The demo model next to the binary (build/sampan -> ../models) when the
@@ -462,7 +621,19 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
 {
     *help = false;
     sp_config_defaults(c);
-    /* The config file first, so that flags override it wherever they are. */
+    /* The config file first (--config, else SAMPAN_CONFIG), then the environment,
+     * then the flags: each layer overrides the one before wherever it speaks. */
+    bool config_flag = false;
+    for (int i = 1; i < argc; i++) {
+        config_flag |= strncmp(argv[i], "--config=", 9) == 0 || strcmp(argv[i], "--config") == 0;
+    }
+    const char *env_config = getenv("SAMPAN_CONFIG");
+    if (!config_flag && env_config != NULL && env_config[0] != '\0') {
+        sp_status_t st = load_file(c, env_config, err, err_len);
+        if (st != SP_OK) {
+            return st;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--config=", 9) == 0) {
@@ -476,6 +647,10 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
                 return st;
             }
         }
+    }
+    sp_status_t env_st = apply_env(c, err, err_len);
+    if (env_st != SP_OK) {
+        return env_st;
     }
     int file_models = c->n_models;
     bool flag_models = false;
@@ -529,18 +704,8 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
             }
             st = add_model(c, val, src, err, err_len);
             break;
-        case T_STR:
-            st = set_string(c, o, val, src, err, err_len);
-            break;
-        default: {
-            char *end;
-            errno = 0;
-            double v = strtod(val, &end);
-            if (errno != 0 || end == val || *end != '\0') {
-                return sp_errf(err, err_len, SP_ERR_INVALID, "%s expects a number, got '%s'", src, val);
-            }
-            st = set_number(c, o, v, src, err, err_len);
-        }
+        default:
+            st = set_text(c, o, val, src, err, err_len);
         }
         if (st != SP_OK) {
             return st;

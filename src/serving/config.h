@@ -28,6 +28,7 @@ typedef struct sp_serve_model_cfg {
 
 typedef struct sp_serve_config {
     char host[256];
+    char env_unknown[512];    /* SAMPAN_* variables that name no option (comma-separated), for a warning */
     int port;
     sp_serve_model_cfg_t models[SP_SERVE_MAX_MODELS];
     int n_models;
