@@ -5,11 +5,14 @@
  * (so /live answers at once and /health says 503 while loading), then load
  * the models on a loader thread and turn ready.
  *
- * Shutdown (SIGTERM or SIGINT): stop accepting (the listening sockets close,
- * idle keep-alive connections close), report not ready, let requests in
- * flight finish until --drain-timeout, then stop the engines (what is still
- * running ends with an error event), stop the loops and exit 0. A second
- * signal exits at once with status 1. Signals are taken synchronously with
+ * Shutdown (SIGTERM or SIGINT): with --drain-delay S, a SIGTERM first turns
+ * not ready for S seconds while still accepting and serving (the endpoint
+ * leaves the load balancers before anything is refused; SIGINT or a second
+ * SIGTERM cuts the delay short). Then stop accepting (the listening sockets
+ * close, idle keep-alive connections close), let requests in flight finish
+ * until --drain-timeout, then stop the engines (what is still running ends
+ * with an error event), stop the loops and exit 0. A signal during the drain
+ * exits at once with status 1. Signals are taken synchronously with
  * sigtimedwait on the main thread (blocked everywhere else), so no handler
  * runs in signal context.
  */
@@ -59,7 +62,8 @@ typedef struct sp_server {
 static bool
 is_ready(const sp_server_t *s)
 {
-    return atomic_load(&((sp_server_t *)s)->sv.ready) && !atomic_load(&((sp_server_t *)s)->sv.draining);
+    sp_server_t *sv = (sp_server_t *)s;
+    return atomic_load(&sv->sv.ready) && !atomic_load(&sv->sv.draining) && !atomic_load(&sv->sv.leaving);
 }
 
 /* A GPU that holds a model and was marked unhealthy by a CUDA error: its
@@ -94,7 +98,9 @@ h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->sv.draining) ? "draining" : sick ? "device_unhealthy" : "loading";
+    const char *why = atomic_load(&s->sv.draining) || atomic_load(&s->sv.leaving) ? "draining"
+                      : sick                                                       ? "device_unhealthy"
+                                                                                   : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");
@@ -728,15 +734,28 @@ sp_cmd_serve(int argc, char **argv)
 
     /* Wait for a signal (or a failed load); then drain. */
     struct timespec tick = {0, 50 * 1000 * 1000};
-    int64_t drain_deadline = 0;
+    int64_t drain_deadline = 0, delay_until = 0;
+    int drain_sig = 0;
     rc = 0;
     for (;;) {
         int sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGTERM && !delay_until && !drain_deadline && s->sv.cfg.drain_delay_s > 0) {
+            SP_LOG_INFO("event=drain_delay signal=%d delay_s=%g detail=%s", sig, s->sv.cfg.drain_delay_s,
+                        sp_log_str("not ready, still serving"));
+            atomic_store(&s->sv.leaving, true);
+            delay_until = sp_time_ns() + (int64_t)(s->sv.cfg.drain_delay_s * 1e9);
+            sig = 0;
+        } else if ((sig == SIGTERM || sig == SIGINT) && drain_deadline) {
+            SP_LOG_WARN("event=forced_exit signal=%d", sig);
+            _exit(1);
+        }
         if (sig == SIGTERM || sig == SIGINT) {
-            if (drain_deadline) {
-                SP_LOG_WARN("event=forced_exit signal=%d", sig);
-                _exit(1);
-            }
+            drain_sig = sig; /* a signal, or a second one during the delay: drain now */
+        } else if (delay_until && !drain_deadline && sp_time_ns() >= delay_until) {
+            drain_sig = SIGTERM;
+        }
+        if (drain_sig && !drain_deadline) {
+            sig = drain_sig;
             SP_LOG_INFO("event=draining signal=%d inflight=%lld timeout_s=%g", sig,
                         (long long)sp_http_server_inflight(s->sv.http), s->sv.cfg.drain_timeout_s);
             atomic_store(&s->sv.draining, true);

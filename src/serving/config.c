@@ -91,6 +91,10 @@ const char sp_config_usage[] =
     "      --write-timeout S     seconds without write progress (default 30)\n"
     "      --request-timeout S   wall-clock limit of one request (default 600, 0 = none)\n"
     "      --drain-timeout S     on SIGTERM/SIGINT, seconds to finish requests (default 30)\n"
+    "      --drain-delay S       on SIGTERM, first S seconds not ready (503 on /health) but\n"
+    "                            still accepting and serving, so load balancers take the\n"
+    "                            endpoint out before it closes (default 0; the Helm chart\n"
+    "                            sets it in place of a preStop sleep)\n"
     "      --api-key KEY         require 'Authorization: Bearer KEY' (default: none)\n"
     "      --tenants FILE        API keys (hashed), scopes, QoS tiers and limits per tenant;\n"
     "                            reloaded on SIGHUP and when the file changes (`sampan keys`)\n"
@@ -194,6 +198,7 @@ static const opt_t opts[] = {
     {"write-timeout", 0, T_MS, OFF(limits.write_timeout_ms), 0.001, 3600, 0},
     {"request-timeout", 0, T_SEC, OFF(request_timeout_s), 0, 86400 * 7, 0},
     {"drain-timeout", 0, T_SEC, OFF(drain_timeout_s), 0, 86400, 0},
+    {"drain-delay", 0, T_SEC, OFF(drain_delay_s), 0, 3600, 0},
     {"api-key", 0, T_STR, OFF(api_key), 0, 0, sizeof(((sp_serve_config_t *)0)->api_key)},
     {"tenants", 0, T_STR, OFF(tenants_file), 0, 0, sizeof(((sp_serve_config_t *)0)->tenants_file)},
     {"insecure-open", 0, T_BOOL, OFF(insecure_open), 0, 0, 0},

@@ -67,6 +67,7 @@ typedef struct sp_serve_config {
     int max_embed_inputs;     /* inputs per /v1/embeddings request */
     int json_depth;           /* nesting limit of request bodies */
     double drain_timeout_s;   /* SIGTERM: time to finish requests in flight */
+    double drain_delay_s;     /* SIGTERM: seconds not ready but still serving, before the drain */
     double request_timeout_s; /* per request wall-clock limit (0 = none) */
     char api_key[256];        /* "" = no authentication (one key, tenant "default") */
     char tenants_file[1024];  /* "" = none; API keys, scopes, tiers, limits (docs/security.md) */

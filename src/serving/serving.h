@@ -41,7 +41,8 @@ typedef struct sp_serving {
     bool mgr_stop;
     sp_manager_cmd_t *cmd_head, *cmd_tail;
     atomic_bool ready;        /* start-up loads done */
-    atomic_bool draining;     /* SIGTERM seen */
+    atomic_bool draining;     /* the drain began: no new connections or requests */
+    atomic_bool leaving;      /* SIGTERM seen, --drain-delay running: not ready, still serving */
     atomic_bool load_failed;
     sp_http_server_t *http;   /* the transport: its counters, and drain state */
     sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */

@@ -9,7 +9,7 @@
 - schema checks of the rendered manifests and of deploy/kserve, deploy/gateway with
   tests/node/k8s_validate.mjs (kubernetes-models@4; the CRDs by hand);
 - what the chart promises: probes on /health and /live on the `http` port, a termination grace
-  period longer than drain timeout + preStop sleep, a non-root read-only container, the GPU
+  period longer than drain delay + drain timeout (no preStop hook), a non-root read-only container, the GPU
   resource name of the values in the limits, the GPU toleration, zone spreading, selectors that
   match, refusals of contradictory values; API keys: the tenants Secret mounted as a directory
   and named by --tenants, --api-key from a Secret, --insecure-open only when asked for,
@@ -288,12 +288,14 @@ def check_rendered(name, docs, values):
            budget == pv["periodSeconds"] * pv["failureThreshold"] and budget >= 60, str(st))
 
     drain = float(arg_after(args, "--drain-timeout") or 30)
-    pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
-    pre_s = float(pre[1]) if len(pre) == 2 and pre[0] == "sleep" else None
+    delay = arg_after(args, "--drain-delay")
+    delay_s = float(delay) if delay is not None else None
     grace = pod.get("terminationGracePeriodSeconds")
-    s.case(f"{name}: preStop sleep, grace {grace} s > drain {drain:g} + preStop {pre_s} s",
-           pre_s is not None and grace is not None and grace > drain + pre_s
-           and drain == values["server"]["drainTimeoutSeconds"], f"preStop={pre}")
+    s.case(f"{name}: no preStop hook (a minimal image has no shell); grace {grace} s > "
+           f"drain {drain:g} + drain delay {delay_s} s",
+           "lifecycle" not in c and delay_s is not None and delay_s > 0 and grace is not None
+           and grace > drain + delay_s and drain == values["server"]["drainTimeoutSeconds"]
+           and delay_s == values["server"]["drainDelaySeconds"], f"args={args}")
 
     psc = pod.get("securityContext", {})
     csc = c.get("securityContext", {})
@@ -389,6 +391,11 @@ def check_rendered(name, docs, values):
                len(sos) == 1 and any("sampan_requests_waiting" in x for x in q)
                and so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
                and "replicas" not in dep["spec"], str(q))
+        k = a["keda"]
+        to_zero = a["minReplicas"] == 0 or k.get("idleReplicaCount") == 0
+        if to_zero:
+            s.case(f"{name}: scale-to-zero has a wake trigger on a metric from outside the pods",
+                   len(q) == 2 and q[1] == k["wakeQuery"] and "sampan_" not in q[1], str(q))
     if not a["hpa"]["enabled"] and not a["keda"]["enabled"]:
         s.case(f"{name}: no autoscaler, replicas {values['replicaCount']}",
                not hpas and not sos and dep["spec"].get("replicas") == values["replicaCount"])
@@ -630,6 +637,19 @@ def serve_rendered(name, docs, image_repo=None):
             expect = sorted(os.listdir(repo))
             s.case(f"{name}: repository index lists {expect}, no config.json errors",
                    st == 200 and models == expect and not errs, f"{st} {tail(body, 400)}")
+            # --drain-delay: after SIGTERM the pod is not ready but still serves, until the
+            # delay ends (or a second SIGTERM cuts it short, as here, to keep the test quick).
+            delay = arg_after(args, "--drain-delay")
+            if delay is not None and float(delay) > 1:
+                srv.p.send_signal(signal.SIGTERM)
+                time.sleep(0.3)
+                st_h, _ = req("/health", k=None)
+                st_m, _ = req("/v1/models")
+                st_r, _ = req("/v2/health/ready", k=None)
+                s.case(f"{name}: during --drain-delay {delay}: /health and /v2/health/ready 503, "
+                       "requests still served",
+                       st_h == 503 and st_r == 503 and st_m == 200,
+                       f"/health {st_h}, ready {st_r}, /v1/models {st_m}")
         finally:
             rc = srv.stop()
             s.case(f"{name}: SIGTERM drains and exits 0", rc == 0, f"exit {rc}: {tail(srv.text(), 300)}")
@@ -1013,8 +1033,11 @@ def main():
                    "; ".join(bad)[:800])
             values = merge_values(base_values, parse_yaml_files([vf])[0])
             s.guard(f"{name}: chart checks", check_rendered, name, docs, values)
+            wake = values["autoscaling"]["keda"].get("wakeQuery")
             for so in find(docs, "ScaledObject"):
-                rendered_exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"]]
+                # the wake trigger reads a metric of the ingress or gateway, not ours
+                rendered_exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"]
+                                   if t["metadata"]["query"] != wake]
             for h in find(docs, "HorizontalPodAutoscaler"):
                 rendered_exprs += [m["pods"]["metric"]["name"] for m in h["spec"]["metrics"] if m.get("type") == "Pods"]
             if name in ("demo-values.yaml", "all-values.yaml", "hpa-values.yaml"):
@@ -1033,7 +1056,13 @@ def main():
     refusals = [
         ("hpa and keda together", demo + ["--set", "autoscaling.hpa.enabled=true",
                                           "--set", "autoscaling.keda.enabled=true"], "not both"),
-        ("grace period shorter than drain + preStop", demo + ["--set", "terminationGracePeriodSeconds=35"],
+        ("keda scale-to-zero without a wake trigger",
+         demo + ["--set", "autoscaling.keda.enabled=true", "--set", "autoscaling.keda.idleReplicaCount=0"],
+         "needs autoscaling.keda.wakeQuery"),
+        ("keda minReplicas 0 without a wake trigger",
+         demo + ["--set", "autoscaling.keda.enabled=true", "--set", "autoscaling.minReplicas=0"],
+         "needs autoscaling.keda.wakeQuery"),
+        ("grace period shorter than drain delay + timeout", demo + ["--set", "terminationGracePeriodSeconds=35"],
          "must be larger"),
         ("models without a volume", demo + ["--set", "modelRepository.models[0].name=m",
                                             "--set", "modelRepository.models[0].versions[0]=1"],

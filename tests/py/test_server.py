@@ -528,6 +528,28 @@ def second_signal():
     s.case("a second signal exits at once (status 1)", rc_ == 1 and time.time() - t0 < 2, rc_)
 
 
+def drain_delay():
+    """--drain-delay: SIGTERM first turns /health 503 while new connections and requests are
+    still served; the drain then starts by itself when the delay ends, and the server exits 0."""
+    d = Server("--drain-delay", "1.5", "--drain-timeout", "10")
+    t0 = time.time()
+    d.p.send_signal(signal.SIGTERM)
+    d.wait_log("event=drain_delay", 2)
+    st_h, _, _ = request(d.port, "GET", "/health")
+    st_c, _, body = request(d.port, "POST", "/v1/completions", json.dumps(completion(max_tokens=4)).encode())
+    drained_early = "event=draining" in d.text()
+    try:
+        rc_ = d.p.wait(8)
+    except subprocess.TimeoutExpired:
+        rc_ = None
+        d.p.kill()
+    took = time.time() - t0
+    s.case("drain delay: /health 503 while a new request is still answered 200",
+           st_h == 503 and st_c == 200 and not drained_early, (st_h, st_c, drained_early))
+    s.case("drain delay: the drain begins by itself after the delay, exit 0",
+           rc_ == 0 and 1.4 <= took < 8 and "event=draining" in d.text(), (rc_, round(took, 2)))
+
+
 def api_key():
     k = Server("--api-key", "s3cret")
     st1, h1, b1 = request(k.port, "GET", "/v1/models")
@@ -543,5 +565,6 @@ def api_key():
 
 s.guard("drain", drain)
 s.guard("second signal", second_signal)
+s.guard("drain delay", drain_delay)
 s.guard("api key", api_key)
 s.finish()

@@ -88,17 +88,17 @@ container's CPU quota).
 {{- end }}
 
 {{/*
-terminationGracePeriodSeconds: the value when given (it must exceed drain + preStop, or the
-pod would be killed mid-drain), else drain timeout + preStop sleep + 30 s.
+terminationGracePeriodSeconds: the value when given (it must exceed drain delay + drain
+timeout, or the pod would be killed mid-drain), else drain delay + drain timeout + 30 s.
 */}}
 {{- define "sampan.terminationGracePeriod" -}}
 {{- $drain := int .Values.server.drainTimeoutSeconds }}
-{{- $pre := int .Values.preStopSleepSeconds }}
+{{- $pre := int .Values.server.drainDelaySeconds }}
 {{- $v := .Values.terminationGracePeriodSeconds }}
 {{- if kindIs "invalid" $v }}
 {{- add $drain $pre 30 }}
 {{- else if le (int $v) (add $drain $pre) }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be larger than server.drainTimeoutSeconds (%d) + preStopSleepSeconds (%d)" (int $v) $drain $pre) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be larger than server.drainTimeoutSeconds (%d) + server.drainDelaySeconds (%d)" (int $v) $drain $pre) }}
 {{- else }}
 {{- int $v }}
 {{- end }}
