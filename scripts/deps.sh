@@ -24,6 +24,9 @@ if [ "${1:-}" = "--test" ]; then
     # tests/py/test_deploy.py: yamllint, promtool (prometheus), and unzip for the helm binary
     # that tests/node/get-helm.sh takes out of an npm package.
     need+=(yamllint prometheus unzip)
+    # tests/py/test_image.py: builds and runs the minimal image (deploy/Dockerfile) without a
+    # daemon; runc, since crun cannot run under this sandbox's hybrid cgroups.
+    need+=(podman runc)
     # TLS tests make their certificates with the openssl command.
     need+=(openssl)
     # tests/unit/test_device.c: NVML's structs and prototypes as Debian's Rust bindings of

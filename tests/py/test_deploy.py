@@ -776,10 +776,16 @@ def check_dockerfile():
     instr = [(l.split(None, 1)[0].upper(), l.split(None, 1)[1] if len(l.split(None, 1)) > 1 else "")
              for l in (x.strip() for x in lines) if l and not l.startswith("#")]
     args = {v.split("=", 1)[0]: v.split("=", 1)[1] for k, v in instr if k == "ARG" and "=" in v}
-    froms = [re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), v).split()[0]
+    froms = [re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), v).split()
              for k, v in instr if k == "FROM"]
-    s.case("Dockerfile: multi-stage on debian:bookworm-slim",
-           len(froms) >= 2 and all(f == "debian:bookworm-slim" for f in froms), str(froms))
+    named = {f[2]: f[0] for f in froms if len(f) == 3 and f[1].upper() == "AS"}
+    want = {"build": "debian:bookworm-slim", "rootfs": "build", "minimal": "scratch",
+            "cpu": "debian:bookworm-slim"}
+    s.case("Dockerfile: stages build and cpu on debian:bookworm-slim, minimal on scratch, "
+           "cuda on nvidia/cuda's runtime image, cpu last (the default target)",
+           all(named.get(k) == v for k, v in want.items())
+           and named.get("cuda", "").startswith("nvidia/cuda:") and "runtime" in named.get("cuda", "")
+           and froms[-1][2:] == ["cpu"], str(froms))
     stages = []
     for k, v in instr:
         if k == "FROM":
@@ -787,6 +793,12 @@ def check_dockerfile():
         if stages:
             stages[-1].append((k, v))
     build, final = stages[0], stages[-1]
+    minimal = next((st for st in stages if st[0][1].split()[-1] == "minimal"), [])
+    s.case("Dockerfile: the minimal stage is the rootfs of scripts/minimal-rootfs.sh only, "
+           "numeric user, ENTRYPOINT the binary",
+           [k for k, _ in minimal].count("COPY") == 1 and ("COPY", "--from=rootfs /rootfs/ /") in minimal
+           and ("USER", "10001:10001") in minimal
+           and ("ENTRYPOINT", '["/usr/local/bin/sampan"]') in minimal, str(minimal))
     s.case("Dockerfile: build stage installs with scripts/deps.sh and builds with make",
            any(k == "RUN" and "scripts/deps.sh" in v for k, v in build)
            and any(k == "RUN" and re.search(r"\bmake\b", v) for k, v in build))

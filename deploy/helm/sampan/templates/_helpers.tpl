@@ -174,7 +174,7 @@ else server.apiKey's Secret (that key has every scope), else "" (no token).
 {{- fail "gpu.count must be 0 (CPU only) or more" }}
 {{- end }}
 {{- if and (gt (int .Values.gpu.count) 0) (not .Values.gpu.imageHasCuda) }}
-{{- fail "gpu.count > 0: the image deploy/Dockerfile builds is CPU-only (no CUDA runtime), so the GPU would sit idle, and the CUDA backend has only run under emulation (docs/cuda.md). Set gpu.imageHasCuda=true only with an image.repository of your own built with CUDA" }}
+{{- fail "gpu.count > 0: deploy/Dockerfile's default (cpu) and minimal images are CPU-only (no CUDA runtime), so the GPU would sit idle. Build its cuda target (docker build --target cuda -t REPO:0.1.0-cuda), point image.repository/tag at it and set gpu.imageHasCuda=true; the CUDA backend has only run under emulation so far (docs/cuda.md)" }}
 {{- end }}
 {{- if and (hasPrefix "nvidia.com/mig-" (toString .Values.gpu.resourceName)) (gt (int .Values.gpu.count) 1) }}
 {{- fail "gpu.count > 1 with a MIG resource: a CUDA process uses one MIG instance, the others would sit idle; use gpu.count: 1 and scale with replicas" }}
