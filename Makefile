@@ -36,7 +36,7 @@ CPPFLAGS = -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fvisibility=hidden
 LDFLAGS  = $(SANFLAGS) -pthread
 LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl -lcrypto -lm \
-           -lnghttp2 -lprotobuf-c -lcurl -lyaml
+           -lnghttp2 -lprotobuf-c -lcurl -lyaml -lxml2
 
 # Per-ISA flags: only these files may use the instructions, the dispatcher
 # decides at run time whether they are called.
@@ -56,6 +56,10 @@ $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
 
 .PHONY: all unit test clean check-layers check-includes demo fuzz
 all: $(BUILD)/sampan
+
+# libxml2 keeps its headers in a folder of their own (the S3 repository's listings).
+XML_CFLAGS := $(shell pkg-config --cflags libxml-2.0 2>/dev/null || echo -I/usr/include/libxml2)
+$(BUILD)/src/serving/s3repo.o: CPPFLAGS += $(XML_CFLAGS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -12,6 +12,8 @@ need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 need+=(libcurl4-openssl-dev)
 # YAML configuration files (src/core/yaml.c: --config FILE.yaml).
 need+=(libyaml-dev)
+# S3 model repositories (src/serving/s3repo.c): the store's XML listings.
+need+=(libxml2-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # tests/py/test_chat_templates.py: the reference renderer of chat templates.

@@ -20,7 +20,10 @@ const char sp_config_usage[] =
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
     "  -m, --model NAME=FILE     a model to serve (repeatable; NAME defaults to the file name)\n"
     "      --model-repository DIR  serve the models of a Triton-style repository\n"
-    "      --model-control-mode M  none (load every model at start, default), poll (also\n"
+    "                            (a directory, or s3://BUCKET/PREFIX on S3, Ceph RGW or\n"
+    "                            MinIO: credentials and endpoint from AWS_* variables)\n"
+    "      --repository-cache DIR  where s3:// repositories are mirrored (default\n"
+    "                            ~/.cache/sampan/s3)\n"    "      --model-control-mode M  none (load every model at start, default), poll (also\n"
     "                            rescan every --repository-poll-secs and apply what changed)\n"
     "                            or explicit (only through /v2/repository/models/{m}/load)\n"
     "      --repository-poll-secs S  poll mode: seconds between rescans (default 5)\n"
@@ -166,6 +169,7 @@ static const opt_t opts[] = {
     {"spec-tokens", 0, T_INT, OFF(spec_tokens), 1, 16, 0},
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
+    {"repository-cache", 0, T_STR, OFF(repository_cache), 0, 0, sizeof(((sp_serve_config_t *)0)->repository_cache)},
     {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
     {"repository-poll-secs", 0, T_SEC, OFF(repository_poll_s), 0.05, 86400, 0},
     {"model-copy-max", 0, T_SIZE, OFF(model_copy_max), 0, 1099511627776.0 * 64, 0},

@@ -32,7 +32,9 @@ typedef struct sp_serve_config {
     int port;
     sp_serve_model_cfg_t models[SP_SERVE_MAX_MODELS];
     int n_models;
-    char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md) */
+    char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md),
+                                  * or s3://BUCKET/PREFIX (mirrored locally: s3repo.h) */
+    char repository_cache[1024]; /* where s3:// repositories are mirrored ("" = ~/.cache/sampan/s3) */
     char model_control_mode[16]; /* "none" (load all at start), "poll" or "explicit" (API) */
     double repository_poll_s; /* poll mode: seconds between rescans */
     size_t model_copy_max;    /* model files up to this size are served from a private copy */

@@ -39,6 +39,7 @@
 #include "serving/adapters.h"
 #include "serving/llm_model.h"
 #include "serving/repo.h"
+#include "serving/s3repo.h"
 #include "serving/serving.h"
 #include "serving/tensor_model.h"
 
@@ -398,6 +399,30 @@ unload_name(sp_serving_t *s, const char *name, const char *why)
     return known;
 }
 
+/* An object-store repository: bring the mirror to the store's state before the
+ * scanner reads it. A failed sync leaves the mirror as it was (what is loaded keeps
+ * serving); false then. */
+static bool
+s3_sync(sp_serving_t *s)
+{
+    if (s->s3 == NULL) {
+        return true;
+    }
+    char err[1024];
+    int changed = 0;
+    int64_t t0 = sp_time_ns();
+    if (sp_s3repo_sync(s->s3, &changed, err, sizeof err) != SP_OK) {
+        SP_LOG_ERROR("event=repository_sync_failed repository=%s error=%s", sp_log_str(s->repo_url),
+                     sp_log_str(err));
+        return false;
+    }
+    if (changed > 0) {
+        SP_LOG_INFO("event=repository_synced repository=%s files_changed=%d ms=%.1f",
+                    sp_log_str(s->repo_url), changed, (double)(sp_time_ns() - t0) / 1e6);
+    }
+    return true;
+}
+
 /* Rescan the whole repository and reconcile every model; false when the
  * root itself cannot be read. */
 static bool
@@ -707,6 +732,7 @@ run_cmd(sp_serving_t *s, sp_manager_cmd_t *c)
 {
     switch (c->op) {
     case SP_MANAGER_LOAD:
+        s3_sync(s); /* a load reads the store's current files (a failed sync: the mirror's) */
         run_load(s, c);
         break;
     case SP_MANAGER_UNLOAD:
@@ -760,6 +786,9 @@ startup(sp_serving_t *s)
         pthread_mutex_lock(&r->mu);
         sp_registry_publish_locked(r, e, m);
         pthread_mutex_unlock(&r->mu);
+    }
+    if (s->s3 && !s3_sync(s)) {
+        return false; /* an object store that cannot be read at start is fatal, as a root is */
     }
     if (s->cfg.model_repository[0] && !mode_is(s, "explicit")) {
         return scan_all(s, LOAD_LAZY_OK); /* an unreadable root at start is fatal */
@@ -842,7 +871,9 @@ mgr_main(void *arg)
         }
         if (poll && now >= next_poll) {
             pthread_mutex_unlock(&r->mu);
-            scan_all(s, LOAD_LAZY_OK);
+            if (s3_sync(s)) {
+                scan_all(s, LOAD_LAZY_OK);
+            }
             next_poll = sp_time_ns() + period;
             pthread_mutex_lock(&r->mu);
             continue;
@@ -874,6 +905,18 @@ sp_manager_start(sp_serving_t *s, char *err, size_t err_len)
     /* Model files up to this size are served from a private copy (gguf/gguf.h). */
     sp_gguf_set_copy_max(s->cfg.model_copy_max);
     sp_gguf_set_guard(true);
+    snprintf(s->repo_url, sizeof s->repo_url, "%s", s->cfg.model_repository);
+    if (sp_s3repo_is_url(s->cfg.model_repository)) {
+        /* the scanner and every other reader see the local mirror */
+        sp_status_t st = sp_s3repo_open(s->cfg.model_repository, s->cfg.repository_cache, &s->s3,
+                                        s->cfg.model_repository, sizeof s->cfg.model_repository, err,
+                                        err_len);
+        if (st != SP_OK) {
+            return st;
+        }
+        SP_LOG_INFO("event=repository_mirror repository=%s mirror=%s", sp_log_str(s->repo_url),
+                    sp_log_str(s->cfg.model_repository));
+    }
     if (s->cfg.model_repository[0] && realpath(s->cfg.model_repository, s->repo_real) == NULL) {
         s->repo_real[0] = '\0';
     }
@@ -896,5 +939,7 @@ sp_manager_stop(sp_serving_t *s)
     pthread_mutex_unlock(&s->reg.mu);
     pthread_join(s->mgr, NULL);
     s->mgr_started = false;
+    sp_s3repo_close(s->s3);
+    s->s3 = NULL;
 }
 

@@ -52,6 +52,10 @@ typedef struct sp_serving {
     int64_t started_unix;
     uint64_t rid_prefix;      /* per process, so request ids differ across restarts */
     char repo_real[4096];     /* the repository root resolved (adapters, redaction) */
+    /* --model-repository s3://...: the object store mirrored into cfg.model_repository
+     * (s3repo.h), synced by the manager before each scan; NULL for a local repository. */
+    struct sp_s3repo *s3;
+    char repo_url[1024];      /* the repository as given (s3://...), for logs */
 } sp_serving_t;
 
 #endif /* SP_SERVING_SERVING_H */
