@@ -269,10 +269,26 @@ def check_rendered(name, docs, values):
     args = [str(a) for a in c.get("args", [])]
     cmd = [str(a) for a in c.get("command", [])] + args
     port = values["server"]["port"]
-    s.case(f"{name}: runs sampan serve --host 0.0.0.0 --port {port} --model-repository {values['modelRepository']['path']}",
+    s3 = (values["modelRepository"].get("s3") or {}).get("url")
+    repo = s3 or values["modelRepository"]["path"]
+    s.case(f"{name}: runs sampan serve --host 0.0.0.0 --port {port} --model-repository {repo}",
            cmd[:2] == ["sampan", "serve"] and arg_after(args, "--host") == "0.0.0.0"
            and arg_after(args, "--port") == str(port)
-           and arg_after(args, "--model-repository") == values["modelRepository"]["path"], " ".join(cmd))
+           and arg_after(args, "--model-repository") == repo, " ".join(cmd))
+    if s3:
+        env = {e["name"]: e for e in c.get("env", [])}
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        cache = arg_after(args, "--repository-cache")
+        sec = values["modelRepository"]["s3"]["credentialsSecret"]
+        s.case(f"{name}: S3 repository: key pair from Secret {sec}, endpoint and region from values, "
+               "the mirror on a writable emptyDir",
+               env.get("AWS_ACCESS_KEY_ID", {}).get("valueFrom", {}).get("secretKeyRef", {}).get("name") == sec
+               and env.get("AWS_SECRET_ACCESS_KEY", {}).get("valueFrom", {}).get("secretKeyRef", {}).get("name") == sec
+               and env.get("AWS_ENDPOINT_URL", {}).get("value") == values["modelRepository"]["s3"]["endpoint"]
+               and env.get("AWS_REGION", {}).get("value") == values["modelRepository"]["s3"]["region"]
+               and mounts.get("s3-cache") == cache and "emptyDir" in vols.get("s3-cache", {})
+               and "model-files" not in vols, f"env {sorted(env)}, mounts {mounts}")
     ports = {p.get("name"): p.get("containerPort") for p in c.get("ports", [])}
     s.case(f"{name}: container port http = --port", ports.get("http") == port, str(ports))
 
@@ -1068,6 +1084,10 @@ def main():
     refusals = [
         ("hpa and keda together", demo + ["--set", "autoscaling.hpa.enabled=true",
                                           "--set", "autoscaling.keda.enabled=true"], "not both"),
+        ("an S3 repository beside a model volume",
+         demo + ["--set", "modelRepository.s3.url=s3://b/p", "--set", "modelRepository.existingClaim=pvc"],
+         "leave modelRepository.existingClaim"),
+        ("an S3 url that is not s3://", demo + ["--set", "modelRepository.s3.url=http://b/p"], "must be s3://"),
         ("keda scale-to-zero without a wake trigger",
          demo + ["--set", "autoscaling.keda.enabled=true", "--set", "autoscaling.keda.idleReplicaCount=0"],
          "needs autoscaling.keda.wakeQuery"),

@@ -167,6 +167,16 @@ else server.apiKey's Secret (that key has every scope), else "" (no token).
 {{- fail (printf "modelRepository.models[%s].versions: list the version directories to mount" .name) }}
 {{- end }}
 {{- end }}
+{{- with .Values.modelRepository.s3 }}
+{{- if .url }}
+{{- if not (hasPrefix "s3://" .url) }}
+{{- fail "modelRepository.s3.url must be s3://BUCKET/PREFIX" }}
+{{- end }}
+{{- if or $.Values.modelRepository.models (include "sampan.modelVolume" $) }}
+{{- fail "modelRepository.s3.url serves the repository from the object store: leave modelRepository.existingClaim, volume and models empty" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.modelRepository.controlMode (list "none" "poll" "explicit")) }}
 {{- fail "modelRepository.controlMode must be none, poll or explicit" }}
 {{- end }}
