@@ -29,8 +29,10 @@
  *   /api/generate: system and prompt become a system and a user message
  *                (the model's chat template); raw, template, context,
  *                suffix and images are refused with a 400 naming them.
+ *   keep_alive   the model's idle deadline (ollama.c, sp_served_keep_alive).
  *   An empty prompt (generate) or message list (chat) loads the model and
- *   answers done_reason "load", as Ollama does.
+ *   answers done_reason "load", as Ollama does; with keep_alive 0 it answers
+ *   "unload" and the model is unloaded once no request holds it.
  *
  * Threads: a loop thread (the handlers and the dialect's writers).
  * Memory: the translated body is the handler's until sp_api_chat_run takes
@@ -67,6 +69,7 @@ typedef struct ol_tx {
     const char *param; /* the field at fault */
     char msg[512];
     int flags;
+    int64_t keep_ns;   /* keep_alive (sp_ollama_keep_alive) */
 } ol_tx_t;
 
 static int SP_PRINTF(3, 4)
@@ -319,7 +322,8 @@ tx_common(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
     if (tx_set(tx, tx->out, "stream", json_boolean(st == NULL || json_is_null(st) || json_is_true(st))) != 0) {
         return -1;
     }
-    if (sp_ollama_keep_alive(b, tx->msg, sizeof tx->msg) != 0) {
+    if (sp_ollama_keep_alive(b, sp_ollama_keep_default(m->srv), &tx->keep_ns, tx->msg,
+                             sizeof tx->msg) != 0) {
         tx->param = "keep_alive";
         return -1;
     }
@@ -614,10 +618,11 @@ const sp_api_dialect_t sp_ollama_dialect = {
 
 /* ------------------------------------------------------------- handlers */
 
-/* Nothing to generate: the model is loaded (done_reason "load"), as Ollama
- * answers an empty prompt. */
+/* Nothing to generate: the model is loaded (done_reason "load"), or is
+ * unloaded (keep_alive 0: "unload"), as Ollama answers an empty prompt. */
 static void
-reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t t0, int64_t load)
+reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t t0, int64_t load,
+           bool unload)
 {
     sp_jbuf_t b;
     sp_jbuf_init(&b);
@@ -626,8 +631,9 @@ reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t 
     sp_jbuf_lit(&b, ",");
     created_at(&b);
     sp_jbuf_lit(&b, generate ? ",\"response\":\"\"" : ",\"message\":{\"role\":\"assistant\",\"content\":\"\"}");
-    sp_jbuf_printf(&b, ",\"done\":true,\"done_reason\":\"load\",\"total_duration\":%lld,"
-                   "\"load_duration\":%lld}", (long long)(sp_time_ns() - t0), (long long)load);
+    sp_jbuf_printf(&b, ",\"done\":true,\"done_reason\":\"%s\",\"total_duration\":%lld,"
+                   "\"load_duration\":%lld}", unload ? "unload" : "load",
+                   (long long)(sp_time_ns() - t0), (long long)load);
     sp_api_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
@@ -662,8 +668,12 @@ run(sp_http_req_t *r, const sp_route_params_t *p, void *ud, sp_route_fn self, bo
         }
         sp_api_error(r, tx.param ? 400 : 503, NULL, tx.param, NULL, "%s", tx.msg);
     } else if (json_array_size(json_object_get(chat, "messages")) == 0) {
-        reply_load(r, m, generate, t0, load);
+        /* Nothing to generate: load (done already), or with keep_alive 0
+         * unload once this request lets go (Ollama's documented way). */
+        sp_served_keep_alive(m, tx.keep_ns);
+        reply_load(r, m, generate, t0, load, tx.keep_ns == 0);
     } else {
+        sp_served_keep_alive(m, tx.keep_ns);
         int64_t ms = load / 1000000;
         int flags = tx.flags | (int)((ms < OL_LOAD_MAX_MS ? ms : OL_LOAD_MAX_MS) << OL_LOAD_SHIFT);
         sp_api_chat_run(s, r, p, self, chat, &sp_ollama_dialect, false, flags);
