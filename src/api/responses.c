@@ -1,6 +1,7 @@
 /*
  * responses.c - OpenAI's Responses API: POST /v1/responses, GET and DELETE
- * /v1/responses/{id}, so the `openai` SDK's client.responses works unchanged.
+ * /v1/responses/{id}, GET /v1/responses/{id}/input_items, so the `openai`
+ * SDK's client.responses works unchanged.
  *
  * A request is translated on the loop thread into the chat parameters (an
  * OpenAI chat body): `instructions` become the system message, `input` (a
@@ -38,6 +39,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -297,6 +299,52 @@ tx_items(resp_tx_t *tx, const json_t *items, const char *what)
     return 0;
 }
 
+/* An input item as it is stored (and listed by GET .../input_items): a
+ * copy with an id when it has none ("msg_", "fc_", "fco_" and 16 hex
+ * digits, kept through later responses that continue it), a message's
+ * string content as one text part. NULL: out of memory. */
+static json_t *
+stored_item(const json_t *item, uint64_t seed)
+{
+    json_t *c = json_copy((json_t *)item);
+    if (c == NULL) {
+        return NULL;
+    }
+    const char *type = json_string_value(json_object_get(c, "type"));
+    bool ok = true;
+    if (type == NULL) {
+        type = "message";
+        ok = json_object_set_new(c, "type", json_string(type)) == 0;
+    }
+    bool message = strcmp(type, "message") == 0;
+    const json_t *ct = json_object_get(c, "content");
+    if (ok && message && json_is_string(ct)) {
+        bool out = str_is(json_object_get(c, "role"), "assistant");
+        json_t *parts = out ? json_pack("[{s:s,s:O,s:[]}]", "type", "output_text", "text", ct,
+                                        "annotations")
+                            : json_pack("[{s:s,s:O}]", "type", "input_text", "text", ct);
+        ok = json_object_set_new(c, "content", parts) == 0;
+    }
+    if (ok && !json_is_string(json_object_get(c, "id"))) {
+        char id[48];
+        sp_dialect_id(id, sizeof id,
+                      message                                        ? "msg"
+                      : strcmp(type, "function_call") == 0        ? "fc"
+                      : strcmp(type, "function_call_output") == 0 ? "fco"
+                                                                  : "item",
+                      '_', seed);
+        ok = json_object_set_new(c, "id", json_string(id)) == 0;
+    }
+    if (ok && message && json_object_get(c, "status") == NULL) {
+        ok = json_object_set_new(c, "status", json_string("completed")) == 0;
+    }
+    if (!ok) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
 /* The stored conversation of previous_response_id, then the request's own
  * input: the messages, and st->items (what this response stores). */
 static int
@@ -344,8 +392,9 @@ tx_input(resp_tx_t *tx, const json_t *b)
     }
     const json_t *in = json_object_get(b, "input");
     if (json_is_string(in)) {
-        json_t *item = json_pack("{s:s,s:s,s:[{s:s,s:O}]}", "type", "message", "role", "user", "content",
-                                 "type", "input_text", "text", in);
+        json_t *given_item = json_pack("{s:s,s:s,s:O}", "type", "message", "role", "user", "content", in);
+        json_t *item = given_item ? stored_item(given_item, 0) : NULL;
+        json_decref(given_item);
         if (item == NULL || json_array_append_new(tx->st->items, item) != 0) {
             return tx_nomem(tx);
         }
@@ -361,7 +410,15 @@ tx_input(resp_tx_t *tx, const json_t *b)
     if (tx_items(tx, in, "input") != 0) {
         return -1;
     }
-    return json_array_extend(tx->st->items, (json_t *)in) == 0 ? 0 : tx_nomem(tx);
+    size_t i;
+    const json_t *item;
+    json_array_foreach(in, i, item) {
+        json_t *c = stored_item(item, i);
+        if (c == NULL || json_array_append_new(tx->st->items, c) != 0) {
+            return tx_nomem(tx);
+        }
+    }
+    return 0;
 }
 
 static int
@@ -655,6 +712,142 @@ h_get(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_free(items);
 }
 
+/* One query parameter's value, percent-decoded into buf (NUL-terminated):
+ * 1 found, 0 absent, -1 longer than cap allows. */
+static int
+query_param(sp_str_t q, const char *key, char *buf, size_t cap)
+{
+    size_t klen = strlen(key);
+    const char *p = q.ptr, *end = q.ptr + q.len;
+    while (p != NULL && p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *stop = amp ? amp : end;
+        if ((size_t)(stop - p) > klen && memcmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t n = 0;
+            for (const char *v = p + klen + 1; v < stop; v++) {
+                char ch = *v;
+                if (ch == '+') {
+                    ch = ' ';
+                } else if (ch == '%' && stop - v >= 3) {
+                    char hex[3] = {v[1], v[2], 0};
+                    char *e;
+                    long x = strtol(hex, &e, 16);
+                    if (*e == '\0') {
+                        ch = (char)x;
+                        v += 2;
+                    }
+                }
+                if (n + 1 >= cap) {
+                    return -1;
+                }
+                buf[n++] = ch;
+            }
+            buf[n] = '\0';
+            return 1;
+        }
+        p = amp ? amp + 1 : NULL;
+    }
+    return 0;
+}
+
+/*
+ * GET /v1/responses/{id}/input_items: the stored conversation's input items
+ * (those of the responses it continues, then its own), OpenAI's list shape
+ * {"object": "list", "data", "first_id", "last_id", "has_more"}; query
+ * limit (1..100, default 20), order ("desc", the default, newest first, or
+ * "asc") and after (an item id: the items past it in that order).
+ */
+static void
+h_input_items(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    (void)ud;
+    char id[RESP_ID_MAX + 1];
+    if (!route_id(r, p, id, sizeof id)) {
+        return;
+    }
+    sp_str_t q = sp_http_req_query(r);
+    char v[256], after[256] = "";
+    long limit = 20;
+    bool asc = false;
+    int rc = query_param(q, "limit", v, sizeof v);
+    if (rc != 0) {
+        char *e;
+        limit = rc > 0 ? strtol(v, &e, 10) : 0;
+        if (rc < 0 || *v == '\0' || *e != '\0' || limit < 1 || limit > 100) {
+            sp_api_error(r, 400, "invalid_request_error", "limit", NULL,
+                         "'limit' must be an integer from 1 to 100");
+            return;
+        }
+    }
+    rc = query_param(q, "order", v, sizeof v);
+    if (rc != 0) {
+        if (rc < 0 || (strcmp(v, "asc") != 0 && strcmp(v, "desc") != 0)) {
+            sp_api_error(r, 400, "invalid_request_error", "order", NULL,
+                         "'order' must be \"asc\" or \"desc\"");
+            return;
+        }
+        asc = strcmp(v, "asc") == 0;
+    }
+    if (query_param(q, "after", after, sizeof after) < 0) {
+        sp_api_error(r, 400, "invalid_request_error", "after", NULL, "'after' is not an item id");
+        return;
+    }
+    if (query_param(q, "include", v, sizeof v) != 0 || query_param(q, "include[]", v, sizeof v) != 0) {
+        sp_api_error(r, 400, "invalid_request_error", "include", NULL,
+                     "'include' is not supported: the stored items carry no image, file or search "
+                     "data to add");
+        return;
+    }
+    char *resp = NULL, *items = NULL;
+    if (!sp_resp_store_get(tenant_of(r), id, &resp, &items)) {
+        sp_api_error(r, 404, "invalid_request_error", NULL, NULL, "Response with id '%s' not found.", id);
+        return;
+    }
+    sp_free(resp);
+    json_t *all = json_loads(items, 0, NULL);
+    sp_free(items);
+    size_t n = json_array_size(all);
+    /* pos: the next item in the order asked for (k-th of n) */
+    size_t k = 0;
+    if (after[0] != '\0') {
+        for (k = 0; k < n; k++) {
+            const json_t *it = json_array_get(all, asc ? k : n - 1 - k);
+            if (str_is(json_object_get(it, "id"), after)) {
+                break;
+            }
+        }
+        if (k == n) {
+            json_decref(all);
+            sp_api_error(r, 400, "invalid_request_error", "after", NULL,
+                         "'after': no input item with id '%s' in response '%s'", after, id);
+            return;
+        }
+        k++;
+    }
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    const char *first = NULL, *last = NULL;
+    size_t taken = 0;
+    for (; k < n && taken < (size_t)limit; k++, taken++) {
+        const json_t *it = json_array_get(all, asc ? k : n - 1 - k);
+        if (taken > 0) {
+            sp_jbuf_lit(&b, ",");
+        }
+        sp_jbuf_json(&b, it);
+        last = json_string_value(json_object_get(it, "id"));
+        first = first ? first : last;
+    }
+    sp_jbuf_lit(&b, "],\"first_id\":");
+    sp_jbuf_cstr(&b, first);
+    sp_jbuf_lit(&b, ",\"last_id\":");
+    sp_jbuf_cstr(&b, last);
+    sp_jbuf_printf(&b, ",\"has_more\":%s}", k < n ? "true" : "false");
+    sp_api_reply_json(r, 200, &b);
+    sp_jbuf_free(&b);
+    json_decref(all);
+}
+
 static void
 h_delete(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -682,6 +875,7 @@ sp_responses_register(sp_router_t *rt, sp_serving_t *s)
     sp_resp_store_config(s->cfg.responses_store, s->cfg.responses_store_bytes);
     sp_router_add(rt, SP_HTTP_POST, "/v1/responses", h_create, s);
     sp_router_add(rt, SP_HTTP_GET, "/v1/responses/{id}", h_get, s);
+    sp_router_add(rt, SP_HTTP_GET, "/v1/responses/{id}/input_items", h_input_items, s);
     sp_router_add(rt, SP_HTTP_DELETE, "/v1/responses/{id}", h_delete, s);
 }
 
