@@ -16,17 +16,15 @@ import http.client
 import json
 import os
 import re
-import shutil
 import tempfile
 
-from common import ROOT, Server, Suite, binary, keys_add, run
+from common import Server, Suite, binary, chat_repository, grammar_literal, keys_add, node_suite
 
 s = Suite("responses")
 if binary() is None:
     s.skip("all", "sampan not built")
     s.finish()
 
-DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 CHATML = ("{%- if reasoning_effort == 'high' %}Think very hard about every single word.{% endif %}"
           "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
           "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}"
@@ -37,9 +35,7 @@ CHATML = ("{%- if reasoning_effort == 'high' %}Think very hard about every singl
 STORE_MAX = 4  # --responses-store: small, so the test sees the oldest evicted
 
 
-def lit(text):
-    """A GBNF grammar whose only sentence is text."""
-    return "root ::= " + json.dumps(text)
+lit = grammar_literal
 
 
 def call(port, method, path, body, key):
@@ -260,34 +256,14 @@ def error_checks(port, key):
 
 
 def node_sdk(port, key):
-    if shutil.which("node") is None:
-        s.skip("openai sdk responses", "node is not installed")
-        return
-    node_dir = os.path.join(ROOT, "tests", "node")
-    if not os.path.isdir(os.path.join(node_dir, "node_modules", "openai")):
-        s.skip("openai sdk responses", "tests/node/node_modules missing (npm ci)")
-        return
-    rc, out, err = run(["node", os.path.join(node_dir, "responses.test.mjs")], timeout=120,
-                       env={"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
-    print(out, end="")
-    m = re.search(r"node-responses: (\d+) passed, (\d+) failed", out)
-    if not m:
-        s.case("openai sdk responses suite ran", False, (out + err)[-800:])
-    else:
-        s.passed += int(m.group(1))
-        s.failed += int(m.group(2))
+    node_suite(s, "responses.test.mjs", "node-responses", "openai", {"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
 
 
 with tempfile.TemporaryDirectory() as tmp:
     tenants = os.path.join(tmp, "tenants.json")
     key = keys_add(tenants, "acme", "--scopes", "infer,metrics")
     key2 = keys_add(tenants, "other")
-    repo = os.path.join(tmp, "repo")
-    os.makedirs(os.path.join(repo, "chat", "1"))
-    shutil.copy(DEMO, os.path.join(repo, "chat", "1", "model.gguf"))
-    with open(os.path.join(repo, "chat", "config.json"), "w") as f:
-        json.dump({"name": "chat", "backend": "llm",
-                   "parameters": {"chat_template": {"string_value": CHATML}}}, f)
+    repo = chat_repository(tmp, CHATML)
     srv = Server("--tenants", tenants, "--model-repository", repo, "--parallel", "2",
                  "--log-requests", "all", "--responses-store", str(STORE_MAX), model=None)
     try:
