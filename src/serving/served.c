@@ -94,30 +94,35 @@ sp_served_release(sp_served_model_t *m)
     if (m == NULL) {
         return;
     }
-    /* A request's reference (in_use: one was taken since the model was last
-     * idle): idle from now, stored before the count drops so that the
-     * manager never sees it idle with an older time. Other references (a
-     * listing's snapshot, the manager's file check) do not count as use. */
-    bool req = atomic_load(&m->in_use);
-    if (req) {
+    if (atomic_load(&m->in_use)) {
+        /* A request's reference (in_use: one was taken since the model was
+         * last idle): idle from now. The count drops under the registry
+         * lock, which lookups and the manager's idle check also hold, so a
+         * model the entry alone holds is seen with this time, and in_use is
+         * cleared only when no lookup took it again. Other references (a
+         * listing's snapshot, the manager's file check) do not count as use.
+         * Nothing of m is touched after the lock: without a reference it may
+         * be freed at once. */
+        sp_registry_t *r = &m->srv->reg;
         atomic_store(&m->idle_ns, sp_time_ns());
+        pthread_mutex_lock(&r->mu);
+        int was = atomic_fetch_sub(&m->refs, 1);
+        SP_ASSERT(was > 0); /* released more often than referenced */
+        if (was == 2) {
+            atomic_store(&m->in_use, false);
+            if (atomic_load(&m->idle_unload)) {
+                pthread_cond_broadcast(&r->cv); /* the manager times its idle unload */
+            }
+        } else if (was == 1) {
+            m->reap_next = r->reap;
+            r->reap = m;
+            pthread_cond_broadcast(&r->cv);
+        }
+        pthread_mutex_unlock(&r->mu);
+        return;
     }
     int was = atomic_fetch_sub(&m->refs, 1);
     SP_ASSERT(was > 0); /* released more often than referenced */
-    if (was == 2 && req) {
-        /* Only the entry may hold it now: idle, unless a lookup took it again
-         * meanwhile (lookups set in_use under the same lock). The manager
-         * times its idle unload from here. */
-        sp_registry_t *r = &m->srv->reg;
-        pthread_mutex_lock(&r->mu);
-        if (atomic_load(&m->refs) == 1) {
-            atomic_store(&m->in_use, false);
-            if (atomic_load(&m->idle_unload)) {
-                pthread_cond_broadcast(&r->cv);
-            }
-        }
-        pthread_mutex_unlock(&r->mu);
-    }
     if (was != 1) {
         return;
     }

@@ -11,7 +11,8 @@
   bad fields 400, a keep_alive that is not a duration refused;
 - keep_alive: a model given "1s" shows in /api/ps with expires_at about a second ahead, is
   unloaded about a second after its request (and not before), and the next request loads it
-  again; an empty prompt with keep_alive 0 unloads it ("unload"), an empty prompt loads it;
+  again (a --model model from its file, a repository model from its directory); an empty
+  prompt with keep_alive 0 unloads it ("unload"), an empty prompt loads it;
   --keep-alive sets the default for every request, the OpenAI routes' too;
 - the tenants' model lists apply (a model outside the key's list is not listed, and is refused: 403);
 - /api/chat and /api/generate: NDJSON framing (stream true by default, one object per line,
@@ -33,7 +34,7 @@ import time
 
 import http.client
 
-from common import DEMO_MODEL, Server, Suite, binary, http_json, keys_add, keyed_request
+from common import DEMO_MODEL, Server, Suite, binary, chat_repository, http_json, keys_add, keyed_request
 
 s = Suite("ollama")
 if binary() is None:
@@ -377,6 +378,26 @@ try:
     st, c = http_json(port, "POST", "/api/chat", {"model": "stories260K", "messages": [], "keep_alive": -1})
     s.case("keep_alive -1: kept (a far expires_at)", st == 200 and
            (ps_models(port) or [{}])[0].get("expires_at", "").startswith("2318"), c)
+finally:
+    srv.stop()
+
+# A repository model: unloaded the same way, and loaded again from its directory on demand.
+tmp = tempfile.mkdtemp(prefix="sampan-ollama-repo-")
+repo = chat_repository(tmp, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+srv = Server("--model-repository", repo, model=None)
+try:
+    port = srv.port
+    st, u = http_json(port, "POST", "/api/chat", {"model": "chat", "messages": [], "keep_alive": 0})
+    gone = wait_unloaded(port, 5)
+    st2, idx = http_json(port, "POST", "/v2/repository/index", {})
+    entry = [e for e in (idx if st2 == 200 else []) if e.get("name") == "chat"]
+    s.case("repository model, keep_alive 0: unloaded (the index says why: keep_alive)",
+           st == 200 and u["done_reason"] == "unload" and gone is not None and len(entry) == 1
+           and "keep_alive" in entry[0].get("reason", ""), (u, entry))
+    st, c = http_json(port, "POST", "/api/chat", {"model": "chat", "stream": False, "messages": [
+        {"role": "user", "content": "Once"}], "options": {"num_predict": 2}})
+    s.case("repository model: the next request loads it again", st == 200 and c["load_duration"] > 0
+           and len(ps_models(port) or []) == 1, c)
 finally:
     srv.stop()
 
