@@ -37,34 +37,13 @@
 /* Anthropic allows more; the engine holds this many stop strings. */
 #define ANTH_MAX_STOP SP_GEN_MAX_STOP
 
-/* A translation: the chat body being built, or the first error. */
-typedef struct anth_tx {
-    json_t *out;
-    json_t *msgs;      /* out's "messages" */
-    const char *param; /* the top-level field at fault */
-    char msg[512];
-    int flags;         /* the dialect's bits for this request */
-} anth_tx_t;
-
-static int SP_PRINTF(3, 4)
-tx_fail(anth_tx_t *tx, const char *param, const char *fmt, ...)
-{
-    tx->param = param;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tx->msg, sizeof tx->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* A translation is the shared record (dialect.h); every refusal here is a
+ * 400 naming a top-level field. */
+#define tx_fail(tx, ...) sp_dialect_fail((tx), 400, __VA_ARGS__)
+#define tx_nomem(tx) sp_dialect_nomem(tx)
 
 static int
-tx_nomem(anth_tx_t *tx)
-{
-    return tx_fail(tx, NULL, "out of memory");
-}
-
-static int
-tx_field(anth_tx_t *tx, const sp_json_err_t *e)
+tx_field(sp_dialect_tx_t *tx, const sp_json_err_t *e)
 {
     return tx_fail(tx, e->param, "%s", e->msg);
 }
@@ -78,7 +57,7 @@ block_type(const json_t *blk)
 
 /* The refusal of a block type Sampan cannot take. */
 static int
-refuse_block(anth_tx_t *tx, const char *where, const char *type)
+refuse_block(sp_dialect_tx_t *tx, const char *where, const char *type)
 {
     if (type != NULL && (strcmp(type, "image") == 0 || strcmp(type, "document") == 0)) {
         return tx_fail(tx, "messages",
@@ -91,7 +70,7 @@ refuse_block(anth_tx_t *tx, const char *where, const char *type)
 
 /* A text block's text, or NULL after tx_fail. */
 static const json_t *
-text_of(anth_tx_t *tx, const json_t *blk, const char *where)
+text_of(sp_dialect_tx_t *tx, const json_t *blk, const char *where)
 {
     const json_t *t = json_object_get(blk, "text");
     if (!json_is_string(t)) {
@@ -104,7 +83,7 @@ text_of(anth_tx_t *tx, const json_t *blk, const char *where)
 /* Append {"role": role, "content": content} (content: a string or a list of
  * OpenAI text parts; a new reference is taken). */
 static int
-push_msg(anth_tx_t *tx, const char *role, json_t *content, json_t *tool_calls, const char *call_id)
+push_msg(sp_dialect_tx_t *tx, const char *role, json_t *content, json_t *tool_calls, const char *call_id)
 {
     json_t *m = json_pack("{s:s}", "role", role);
     if (m == NULL || (content && json_object_set(m, "content", content) != 0) ||
@@ -116,47 +95,24 @@ push_msg(anth_tx_t *tx, const char *role, json_t *content, json_t *tool_calls, c
     return 0;
 }
 
-/* Text blocks (a string or a list of {"type":"text"}) as OpenAI text parts
- * in *parts (a new list), for system and tool_result contents. */
-static int
-text_parts(anth_tx_t *tx, const json_t *c, const char *where, json_t **parts)
-{
-    *parts = json_array();
-    if (*parts == NULL) {
-        return tx_nomem(tx);
-    }
-    if (json_is_string(c)) {
-        return json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", c)) == 0
-                   ? 0
-                   : tx_nomem(tx);
-    }
-    if (!json_is_array(c)) {
-        return tx_fail(tx, "messages", "%s must be a string or a list of text blocks", where);
-    }
-    size_t k;
-    const json_t *blk;
-    json_array_foreach(c, k, blk) {
-        const char *type = block_type(blk);
-        if (type == NULL || strcmp(type, "text") != 0) {
-            char w[96];
-            snprintf(w, sizeof w, "%s[%zu]", where, k);
-            return refuse_block(tx, w, type);
-        }
-        const json_t *t = text_of(tx, blk, where);
-        if (t == NULL) {
-            return -1;
-        }
-        if (json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", t)) != 0) {
-            return tx_nomem(tx);
-        }
-    }
-    return 0;
-}
+/* Text blocks (a string or a list of {"type": "text"}): system and
+ * tool_result contents. */
+static const char *const anth_text_types[] = {"text", NULL};
+static const char *const anth_media_types[] = {"image", "document", NULL};
+static const sp_dialect_parts_t anth_parts = {
+    .param = "messages",
+    .noun = "text blocks",
+    .text = anth_text_types,
+    .refusal = NULL,
+    .media = anth_media_types,
+    .media_kinds = "images or documents",
+    .accepted = "text",
+};
 
 /* One user turn: text blocks become a user message, each tool_result a
  * "tool" message, in their order. */
 static int
-user_turn(anth_tx_t *tx, const json_t *content, size_t i)
+user_turn(sp_dialect_tx_t *tx, const json_t *content, size_t i)
 {
     char where[64];
     snprintf(where, sizeof where, "messages[%zu].content", i);
@@ -200,7 +156,7 @@ user_turn(anth_tx_t *tx, const json_t *content, size_t i)
                 rp = json_array();
                 rc = rp ? 0 : tx_nomem(tx);
             } else {
-                rc = text_parts(tx, c, where, &rp);
+                rc = sp_dialect_text_parts(tx, c, where, &anth_parts, &rp);
             }
             /* OpenAI's tool message has no error flag: the model reads it in the text */
             if (rc == 0 && json_is_true(err) &&
@@ -229,7 +185,7 @@ user_turn(anth_tx_t *tx, const json_t *content, size_t i)
 /* One assistant turn: text blocks are its content, tool_use blocks its
  * tool_calls; thinking blocks of earlier turns are not part of the prompt. */
 static int
-assistant_turn(anth_tx_t *tx, const json_t *content, size_t i)
+assistant_turn(sp_dialect_tx_t *tx, const json_t *content, size_t i)
 {
     if (json_is_string(content)) {
         return push_msg(tx, "assistant", (json_t *)content, NULL, NULL);
@@ -287,18 +243,20 @@ assistant_turn(anth_tx_t *tx, const json_t *content, size_t i)
 }
 
 static int
-tx_messages(anth_tx_t *tx, const json_t *b)
+tx_messages(sp_dialect_tx_t *tx, const json_t *b)
 {
     const json_t *sys = json_object_get(b, "system");
     if (sys != NULL && !json_is_null(sys)) {
         json_t *parts = NULL;
-        int rc = text_parts(tx, sys, "system", &parts);
+        int rc = sp_dialect_text_parts(tx, sys, "system", &anth_parts, &parts);
         if (rc == 0) {
             rc = push_msg(tx, "system", parts, NULL, NULL);
         }
         json_decref(parts);
         if (rc != 0) {
-            tx->param = "system";
+            if (tx->status == 400) {
+                tx->param = "system";
+            }
             return -1;
         }
     }
@@ -331,7 +289,7 @@ tx_messages(anth_tx_t *tx, const json_t *b)
 }
 
 static int
-tx_tools(anth_tx_t *tx, const json_t *b)
+tx_tools(sp_dialect_tx_t *tx, const json_t *b)
 {
     const json_t *tools = json_object_get(b, "tools");
     const json_t *tch = json_object_get(b, "tool_choice");
@@ -401,7 +359,7 @@ tx_tools(anth_tx_t *tx, const json_t *b)
 
 /* Sampling, limits, stop sequences, thinking, streaming. */
 static int
-tx_params(anth_tx_t *tx, const json_t *b, bool count, int64_t max_cap)
+tx_params(sp_dialect_tx_t *tx, const json_t *b, bool count, int64_t max_cap)
 {
     sp_json_err_t e = {{0}, NULL};
     int64_t max_tokens = 0, v;
@@ -502,7 +460,7 @@ tx_params(anth_tx_t *tx, const json_t *b, bool count, int64_t max_cap)
 
 /* metadata {user_id}, service_tier, and what is refused outright. */
 static int
-tx_misc(anth_tx_t *tx, sp_http_req_t *r, const json_t *b)
+tx_misc(sp_dialect_tx_t *tx, sp_http_req_t *r, const json_t *b)
 {
     static const char *const refused[] = {"mcp_servers", "container", "context_management", NULL};
     for (int i = 0; refused[i]; i++) {
@@ -542,7 +500,7 @@ tx_misc(anth_tx_t *tx, sp_http_req_t *r, const json_t *b)
 
 /* The chat body of an Anthropic request (count: a count_tokens request). */
 static json_t *
-translate(anth_tx_t *tx, sp_http_req_t *r, const json_t *b, bool count, int64_t max_cap)
+translate(sp_dialect_tx_t *tx, sp_http_req_t *r, const json_t *b, bool count, int64_t max_cap)
 {
     tx->out = json_object();
     tx->msgs = json_array();
@@ -569,10 +527,10 @@ run(sp_http_req_t *r, const sp_route_params_t *p, void *ud, sp_route_fn self, bo
         return;
     }
     /* anthropic-version: any version is answered the same (the API as of 2023-06-01) */
-    anth_tx_t tx = {0};
+    sp_dialect_tx_t tx = {0};
     json_t *chat = translate(&tx, r, b, count, s->cfg.max_tokens);
     if (chat == NULL) {
-        sp_api_error(r, tx.param ? 400 : 503, "invalid_request_error", tx.param, NULL, "%s", tx.msg);
+        sp_api_error(r, tx.status, "invalid_request_error", tx.param, NULL, "%s", tx.msg);
     } else {
         sp_api_chat_run(s, r, p, self, chat, &sp_anthropic_dialect, count, tx.flags);
         json_decref(chat);

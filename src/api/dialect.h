@@ -33,6 +33,9 @@
  * from shared code (authentication, an unknown model, a full queue, a bad
  * body) come in the client's shape too.
  *
+ * Translation (sp_dialect_tx_t, below): the record and helpers every
+ * translator of another API's request into the chat parameters shares.
+ *
  * Threads: loop threads only, on the request's own loop. Memory: the writers
  * keep nothing beyond the call but what they store in sp_dialect_req_t;
  * strings they are given live until the call returns.
@@ -47,6 +50,7 @@
 
 #include "core/jbuf.h"
 #include "engine/gen.h"
+#include "sampan/status.h"
 #include "http/router.h"
 #include "sched/sched.h"
 #include "serving/metrics.h"
@@ -154,6 +158,51 @@ void sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params
 
 /* An id "<prefix><sep><16 hex digits>" from seed (mixed with the clock). */
 void sp_dialect_id(char *buf, size_t cap, const char *prefix, char sep, uint64_t seed);
+
+/* ---- translating another API's request into the chat parameters
+ *
+ * A translator (anthropic.c, responses.c, ollama_chat.c) builds an OpenAI
+ * chat body from its API's request in one sp_dialect_tx_t, which also holds
+ * the first refusal: the status, the field at fault and why. The helpers
+ * below return 0, or -1 with the record's refusal set, so a translator's
+ * steps chain with `!= 0` checks. */
+typedef struct sp_dialect_tx {
+    json_t *out;        /* the chat body */
+    json_t *msgs;       /* its "messages", for translators that append as they go */
+    int status;         /* the refusal's HTTP status: 400 (a bad field), 404, 503 (out of memory) */
+    const char *param;  /* the field at fault, or NULL */
+    char msg[512];      /* why */
+    int flags;          /* the dialect's bits for the request (sp_dialect_req_t.flags) */
+    void *ud;           /* the translator's own state for the request */
+} sp_dialect_tx_t;
+
+/* Refuse the request: status, param and the message. Returns -1. */
+int sp_dialect_fail(sp_dialect_tx_t *tx, int status, const char *param, const char *fmt, ...)
+    SP_PRINTF(4, 5);
+/* Out of memory (503, no field). Returns -1. */
+int sp_dialect_nomem(sp_dialect_tx_t *tx);
+/* Set obj[key] to v (a new reference, taken even on failure; NULL counts as
+ * out of memory). 0 or -1. */
+int sp_dialect_set(sp_dialect_tx_t *tx, json_t *obj, const char *key, json_t *v);
+
+/* The parts one API allows in a content that is "a string or a list of text
+ * parts", for sp_dialect_text_parts. Lists end with NULL. */
+typedef struct sp_dialect_parts {
+    const char *param;          /* the request field refusals name ("messages", "input") */
+    const char *noun;           /* the API's word for such a list ("text blocks", "content parts") */
+    const char *const *text;    /* part types whose text is under "text"; the first is suggested */
+    const char *refusal;        /* a part type whose text is under its own name, or NULL */
+    const char *const *media;   /* part types refused because no served model reads them */
+    const char *media_kinds;    /* what those are, for the refusal ("images or documents") */
+    const char *accepted;       /* the accepted types, for the refusal of any other */
+} sp_dialect_parts_t;
+
+/* content (a string, or a list of the text part types in pt) as chat text
+ * parts [{"type": "text", "text": ...}] in *out (a new list, or NULL; the
+ * caller releases it on every path). where names the content in refusals
+ * ("system", "input[2].content"), which are 400s naming pt->param. */
+int sp_dialect_text_parts(sp_dialect_tx_t *tx, const json_t *content, const char *where,
+                          const sp_dialect_parts_t *pt, json_t **out);
 
 /* Framing. SSE: sp_dialect_sse_begin (event NULL: no "event:" line), the
  * JSON, sp_dialect_sse_end. NDJSON: the JSON, sp_dialect_ndjson_end. */

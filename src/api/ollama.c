@@ -12,11 +12,12 @@
  * the same scheduler, tenants, quotas, metrics, tracing and logs as
  * /v1/embeddings; tokenizing runs on a preparation worker (offload.h).
  *
- * keep_alive: this server keeps a model loaded until its memory is needed
- * (LRU eviction under the device budget, registry.h), and a --model model
- * for good. A negative keep_alive (Ollama's "keep loaded") is that; any
- * other value asks for a timed unload this server does not do, and is
- * refused with a 400 rather than ignored.
+ * keep_alive: each request sets its model's idle deadline (registry.h,
+ * sp_served_keep_alive): the manager unloads the model keep_alive after its
+ * last request ends (0: as soon as the requests on it end; negative: never),
+ * and the next request loads it again. Absent, the server's --keep-alive
+ * applies (never unless set; Ollama's own default is 5 minutes). /api/ps
+ * reports the deadline as expires_at.
  *
  * Threads: every handler runs on a loop thread; the tokenizing on a worker
  * touches only its request's holder and model.
@@ -243,9 +244,16 @@ sp_ollama_model(sp_serving_t *s, sp_http_req_t *r, const json_t *body, sp_route_
     return m;
 }
 
-int
-sp_ollama_keep_alive(const json_t *body, char *err, size_t cap)
+int64_t
+sp_ollama_keep_default(const sp_serving_t *s)
 {
+    return s->cfg.keep_alive_s < 0 ? -1 : (int64_t)(s->cfg.keep_alive_s * 1e9);
+}
+
+int
+sp_ollama_keep_alive(const json_t *body, int64_t def_ns, int64_t *keep_ns, char *err, size_t cap)
+{
+    *keep_ns = def_ns;
     const json_t *k = json_object_get(body, "keep_alive");
     if (k == NULL || json_is_null(k)) {
         return 0;
@@ -292,18 +300,13 @@ sp_ollama_keep_alive(const json_t *body, char *err, size_t cap)
         }
         secs = v;
     }
-    if (!ok) {
+    if (!ok || !isfinite(secs)) {
         snprintf(err, cap, "keep_alive must be a number of seconds or a duration such as \"5m\"");
         return -1;
     }
-    if (secs < 0) {
-        return 0; /* keep loaded: what this server does anyway */
-    }
-    snprintf(err, cap,
-             "keep_alive %g s is not supported: this server keeps a model loaded until its memory "
-             "is needed (eviction of the least recently used idle model); send a negative "
-             "keep_alive or none", secs);
-    return -1;
+    /* negative: loaded for good; past ten years: the same in practice */
+    *keep_ns = secs < 0 || secs > 315360000.0 ? -1 : (int64_t)(secs * 1e9);
+    return 0;
 }
 
 /* --------------------------------------------------------- listing routes */
@@ -396,10 +399,21 @@ list_models(sp_http_req_t *r, sp_serving_t *s, bool ps)
                         vram += m->charge[d];
                     }
                 }
-                /* loaded until evicted: no expiry (Ollama's "forever" is a far date) */
-                sp_jbuf_printf(&b, ",\"expires_at\":\"2318-01-01T00:00:00Z\",\"size_vram\":%llu,"
+                /* the idle deadline (keep_alive); none: Ollama's "forever", a far date */
+                char exp[48] = "2318-01-01T00:00:00Z";
+                int64_t now = sp_time_ns();
+                int64_t due = sp_served_expiry_locked(m, now);
+                if (due != INT64_MAX) {
+                    struct timespec wall;
+                    clock_gettime(CLOCK_REALTIME, &wall);
+                    int64_t at = (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec + (due - now);
+                    char sec[40];
+                    rfc3339(at / 1000000000LL, sec, sizeof sec);
+                    snprintf(exp, sizeof exp, "%.19s.%09lldZ", sec, (long long)(at % 1000000000LL));
+                }
+                sp_jbuf_printf(&b, ",\"expires_at\":\"%s\",\"size_vram\":%llu,"
                                "\"context_length\":%lld",
-                               (unsigned long long)vram, (long long)m->n_ctx);
+                               exp, (unsigned long long)vram, (long long)m->n_ctx);
             }
         } else {
             char when[40];
@@ -809,10 +823,12 @@ embed(sp_http_req_t *r, const sp_route_params_t *p, sp_serving_t *s, bool legacy
         sp_api_error(r, 400, NULL, e.param, NULL, "%s", e.msg);
         goto fail;
     }
-    if (sp_ollama_keep_alive(body, err, sizeof err) != 0) {
+    int64_t keep_ns;
+    if (sp_ollama_keep_alive(body, sp_ollama_keep_default(s), &keep_ns, err, sizeof err) != 0) {
         sp_api_error(r, 400, NULL, "keep_alive", NULL, "%s", err);
         goto fail;
     }
+    sp_served_keep_alive(m, keep_ns);
     /* options: num_ctx is the length inputs are cut to (or refused at);
      * the sampling options do not apply to embeddings. */
     q->cap = m->n_ctx;

@@ -8,6 +8,7 @@
 #define SP_API_OLLAMA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/json.h"
 #include "http/http.h"
@@ -20,10 +21,15 @@
 #define SP_OLLAMA_NO_THINK 2   /* think false: the thinking is not returned */
 #define SP_OLLAMA_LOAD_SHIFT 4
 
-/* keep_alive of an Ollama request: 0 when absent or negative (keep the model
- * loaded, which this server does until its memory is needed); -1 with err
- * set (a 400) for a bad value or a timed unload, which it does not do. */
-int sp_ollama_keep_alive(const json_t *body, char *err, size_t cap);
+/* keep_alive of an Ollama request, in *keep_ns: how long its model stays
+ * loaded after its last request (0: unloaded when the requests on it end;
+ * -1: for good); absent or null: def_ns (the server's --keep-alive). -1
+ * with err set (a 400) for a value that is not a number of seconds or a Go
+ * duration ("5m", "1h30m", "-1s"). */
+int sp_ollama_keep_alive(const json_t *body, int64_t def_ns, int64_t *keep_ns, char *err,
+                         size_t cap);
+/* The server's --keep-alive in ns (-1: never). */
+int64_t sp_ollama_keep_default(const sp_serving_t *s);
 
 /* The model a request names in `model` (or the older `name`), Ollama's
  * ":latest" tag dropped (*name_len: the name's length without it), its

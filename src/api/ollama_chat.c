@@ -29,8 +29,10 @@
  *   /api/generate: system and prompt become a system and a user message
  *                (the model's chat template); raw, template, context,
  *                suffix and images are refused with a 400 naming them.
+ *   keep_alive   the model's idle deadline (ollama.c, sp_served_keep_alive).
  *   An empty prompt (generate) or message list (chat) loads the model and
- *   answers done_reason "load", as Ollama does.
+ *   answers done_reason "load", as Ollama does; with keep_alive 0 it answers
+ *   "unload" and the model is unloaded once no request holds it.
  *
  * Threads: a loop thread (the handlers and the dialect's writers).
  * Memory: the translated body is the handler's until sp_api_chat_run takes
@@ -38,7 +40,6 @@
  * dialect's fields of sp_dialect_req_t.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -60,36 +61,16 @@
 
 /* ---------------------------------------------------------- translation */
 
-typedef struct ol_tx {
-    json_t *out;       /* the chat body */
+/* A translation is the shared record (dialect.h); every refusal here is a
+ * 400 naming a field. Its ud is the request's ol_req_t. */
+#define tx_fail(tx, ...) sp_dialect_fail((tx), 400, __VA_ARGS__)
+#define tx_set(tx, obj, key, v) sp_dialect_set((tx), (obj), (key), (v))
+
+typedef struct ol_req {
     const char *name;  /* the model (and adapter) as named, without ":latest" */
     size_t name_len;
-    const char *param; /* the field at fault */
-    char msg[512];
-    int flags;
-} ol_tx_t;
-
-static int SP_PRINTF(3, 4)
-tx_fail(ol_tx_t *tx, const char *param, const char *fmt, ...)
-{
-    tx->param = param;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tx->msg, sizeof tx->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int
-tx_set(ol_tx_t *tx, json_t *obj, const char *key, json_t *v)
-{
-    if (v == NULL || json_object_set_new(obj, key, v) != 0) {
-        tx->param = NULL;
-        snprintf(tx->msg, sizeof tx->msg, "out of memory");
-        return -1;
-    }
-    return 0;
-}
+    int64_t keep_ns;   /* keep_alive (sp_ollama_keep_alive) */
+} ol_req_t;
 
 /* A documented option this server does not implement: accepted only with
  * the value that leaves sampling as it is. */
@@ -119,7 +100,7 @@ static const noop_opt_t noop_opts[] = {
 
 /* options -> the chat parameters; the model's context for num_ctx. */
 static int
-tx_options(ol_tx_t *tx, const json_t *opts, int64_t n_ctx)
+tx_options(sp_dialect_tx_t *tx, const json_t *opts, int64_t n_ctx)
 {
     if (opts == NULL || json_is_null(opts)) {
         return 0;
@@ -179,7 +160,7 @@ tx_options(ol_tx_t *tx, const json_t *opts, int64_t n_ctx)
 
 /* format: "json", a JSON schema, or nothing ("" or null). */
 static int
-tx_format(ol_tx_t *tx, const json_t *f)
+tx_format(sp_dialect_tx_t *tx, const json_t *f)
 {
     if (f == NULL || json_is_null(f) || (json_is_string(f) && json_string_length(f) == 0)) {
         return 0;
@@ -198,7 +179,7 @@ tx_format(ol_tx_t *tx, const json_t *f)
 
 /* think: a boolean, or a reasoning effort. */
 static int
-tx_think(ol_tx_t *tx, const json_t *t, const sp_served_model_t *m)
+tx_think(sp_dialect_tx_t *tx, const json_t *t, const sp_served_model_t *m)
 {
     if (t == NULL || json_is_null(t)) {
         return 0;
@@ -230,7 +211,7 @@ tx_think(ol_tx_t *tx, const json_t *t, const sp_served_model_t *m)
 /* One Ollama message as an OpenAI one: images refused, tool_calls with
  * their arguments as JSON text, a tool result's tool_name kept as name. */
 static json_t *
-tx_message(ol_tx_t *tx, const json_t *mo, size_t i)
+tx_message(sp_dialect_tx_t *tx, const json_t *mo, size_t i)
 {
     if (!json_is_object(mo) || !json_is_string(json_object_get(mo, "role"))) {
         tx_fail(tx, "messages", "messages[%zu] must be an object with a string role", i);
@@ -249,13 +230,13 @@ tx_message(ol_tx_t *tx, const json_t *mo, size_t i)
     json_t *ct = content != NULL && !json_is_null(content) ? json_incref((json_t *)content) : json_string("");
     json_t *o = ct ? json_pack("{s:O,s:o}", "role", json_object_get(mo, "role"), "content", ct) : NULL;
     if (o == NULL) {
-        tx_fail(tx, NULL, "out of memory");
+        sp_dialect_nomem(tx);
         return NULL;
     }
     const json_t *tn = json_object_get(mo, "tool_name");
     if (json_is_string(tn) && json_object_set(o, "name", (json_t *)tn) != 0) {
         json_decref(o);
-        tx_fail(tx, NULL, "out of memory");
+        sp_dialect_nomem(tx);
         return NULL;
     }
     const json_t *calls = json_object_get(mo, "tool_calls");
@@ -291,13 +272,13 @@ tx_message(ol_tx_t *tx, const json_t *mo, size_t i)
             if (oc1 == NULL || json_array_append_new(oc, oc1) != 0) {
                 json_decref(oc);
                 json_decref(o);
-                tx_fail(tx, NULL, "out of memory");
+                sp_dialect_nomem(tx);
                 return NULL;
             }
         }
         if (json_object_set_new(o, "tool_calls", oc) != 0) {
             json_decref(o);
-            tx_fail(tx, NULL, "out of memory");
+            sp_dialect_nomem(tx);
             return NULL;
         }
     }
@@ -307,9 +288,10 @@ tx_message(ol_tx_t *tx, const json_t *mo, size_t i)
 /* The fields both routes share: model (":latest" dropped), stream (Ollama's
  * default: true), keep_alive, options, format, think. */
 static int
-tx_common(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
+tx_common(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 {
-    if (tx_set(tx, tx->out, "model", json_stringn(tx->name, tx->name_len)) != 0) {
+    ol_req_t *q = tx->ud;
+    if (tx_set(tx, tx->out, "model", json_stringn(q->name, q->name_len)) != 0) {
         return -1;
     }
     const json_t *st = json_object_get(b, "stream");
@@ -319,7 +301,9 @@ tx_common(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
     if (tx_set(tx, tx->out, "stream", json_boolean(st == NULL || json_is_null(st) || json_is_true(st))) != 0) {
         return -1;
     }
-    if (sp_ollama_keep_alive(b, tx->msg, sizeof tx->msg) != 0) {
+    if (sp_ollama_keep_alive(b, sp_ollama_keep_default(m->srv), &q->keep_ns, tx->msg,
+                             sizeof tx->msg) != 0) {
+        tx->status = 400;
         tx->param = "keep_alive";
         return -1;
     }
@@ -331,7 +315,7 @@ tx_common(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 }
 
 static json_t *
-tx_chat(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
+tx_chat(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 {
     const json_t *ms = json_object_get(b, "messages");
     if (ms != NULL && !json_is_null(ms) && !json_is_array(ms)) {
@@ -360,7 +344,7 @@ tx_chat(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 }
 
 static json_t *
-tx_generate(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
+tx_generate(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 {
     static const char *const refused[][2] = {
         {"context", "context (the token state of an earlier answer) is not supported: send the "
@@ -614,10 +598,11 @@ const sp_api_dialect_t sp_ollama_dialect = {
 
 /* ------------------------------------------------------------- handlers */
 
-/* Nothing to generate: the model is loaded (done_reason "load"), as Ollama
- * answers an empty prompt. */
+/* Nothing to generate: the model is loaded (done_reason "load"), or is
+ * unloaded (keep_alive 0: "unload"), as Ollama answers an empty prompt. */
 static void
-reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t t0, int64_t load)
+reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t t0, int64_t load,
+           bool unload)
 {
     sp_jbuf_t b;
     sp_jbuf_init(&b);
@@ -626,8 +611,9 @@ reply_load(sp_http_req_t *r, const sp_served_model_t *m, bool generate, int64_t 
     sp_jbuf_lit(&b, ",");
     created_at(&b);
     sp_jbuf_lit(&b, generate ? ",\"response\":\"\"" : ",\"message\":{\"role\":\"assistant\",\"content\":\"\"}");
-    sp_jbuf_printf(&b, ",\"done\":true,\"done_reason\":\"load\",\"total_duration\":%lld,"
-                   "\"load_duration\":%lld}", (long long)(sp_time_ns() - t0), (long long)load);
+    sp_jbuf_printf(&b, ",\"done\":true,\"done_reason\":\"%s\",\"total_duration\":%lld,"
+                   "\"load_duration\":%lld}", unload ? "unload" : "load",
+                   (long long)(sp_time_ns() - t0), (long long)load);
     sp_api_reply_json(r, 200, &b);
     sp_jbuf_free(&b);
 }
@@ -650,20 +636,25 @@ run(sp_http_req_t *r, const sp_route_params_t *p, void *ud, sp_route_fn self, bo
     }
     int64_t t0 = sp_http_req_start_ns(r);
     int64_t load = sp_time_ns() - t0;
-    ol_tx_t tx = {.out = json_object(), .name_len = name_len};
-    tx.name = json_string_value(json_object_get(b, "model"));
-    if (tx.name == NULL) {
-        tx.name = json_string_value(json_object_get(b, "name"));
+    ol_req_t q = {.name_len = name_len};
+    sp_dialect_tx_t tx = {.out = json_object(), .ud = &q};
+    q.name = json_string_value(json_object_get(b, "model"));
+    if (q.name == NULL) {
+        q.name = json_string_value(json_object_get(b, "name"));
     }
     json_t *chat = tx.out == NULL ? NULL : generate ? tx_generate(&tx, b, m) : tx_chat(&tx, b, m);
     if (chat == NULL) {
         if (tx.out == NULL) {
-            snprintf(tx.msg, sizeof tx.msg, "out of memory");
+            sp_dialect_nomem(&tx);
         }
-        sp_api_error(r, tx.param ? 400 : 503, NULL, tx.param, NULL, "%s", tx.msg);
+        sp_api_error(r, tx.status, NULL, tx.param, NULL, "%s", tx.msg);
     } else if (json_array_size(json_object_get(chat, "messages")) == 0) {
-        reply_load(r, m, generate, t0, load);
+        /* Nothing to generate: load (done already), or with keep_alive 0
+         * unload once this request lets go (Ollama's documented way). */
+        sp_served_keep_alive(m, q.keep_ns);
+        reply_load(r, m, generate, t0, load, q.keep_ns == 0);
     } else {
+        sp_served_keep_alive(m, q.keep_ns);
         int64_t ms = load / 1000000;
         int flags = tx.flags | (int)((ms < OL_LOAD_MAX_MS ? ms : OL_LOAD_MAX_MS) << OL_LOAD_SHIFT);
         sp_api_chat_run(s, r, p, self, chat, &sp_ollama_dialect, false, flags);

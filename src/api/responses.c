@@ -1,6 +1,7 @@
 /*
  * responses.c - OpenAI's Responses API: POST /v1/responses, GET and DELETE
- * /v1/responses/{id}, so the `openai` SDK's client.responses works unchanged.
+ * /v1/responses/{id}, GET /v1/responses/{id}/input_items, so the `openai`
+ * SDK's client.responses works unchanged.
  *
  * A request is translated on the loop thread into the chat parameters (an
  * OpenAI chat body): `instructions` become the system message, `input` (a
@@ -36,8 +37,8 @@
  * (resp_state_t) is owned by the pipeline from sp_api_chat_run_ud on and
  * freed by the dialect's release.
  */
-#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -92,31 +93,12 @@ tenant_of(sp_http_req_t *r)
 
 /* ------------------------------------------------------------ translation */
 
-typedef struct resp_tx {
-    json_t *out;          /* the chat body */
-    json_t *msgs;         /* its messages */
-    resp_state_t *st;
-    int status;           /* the refusal's HTTP status (400, 404; 503 out of memory) */
-    const char *param;
-    char msg[512];
-} resp_tx_t;
-
-static int SP_PRINTF(4, 5)
-tx_fail(resp_tx_t *tx, int status, const char *param, const char *fmt, ...)
+/* The translation record is the shared one (dialect.h); its ud is the
+ * request's resp_state_t. */
+static resp_state_t *
+tx_state(const sp_dialect_tx_t *tx)
 {
-    tx->status = status;
-    tx->param = param;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tx->msg, sizeof tx->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int
-tx_nomem(resp_tx_t *tx)
-{
-    return tx_fail(tx, 503, NULL, "out of memory");
+    return tx->ud;
 }
 
 static bool
@@ -131,58 +113,23 @@ str_is(const json_t *x, const char *s)
     return json_is_string(x) && strcmp(json_string_value(x), s) == 0;
 }
 
-/* A message's content as chat text parts (a new list), from a string or a
- * list of input_text / output_text / refusal parts. */
-static int
-content_parts(resp_tx_t *tx, const json_t *c, const char *where, json_t **parts)
-{
-    *parts = json_array();
-    if (*parts == NULL) {
-        return tx_nomem(tx);
-    }
-    if (json_is_string(c)) {
-        return json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", c)) == 0
-                   ? 0
-                   : tx_nomem(tx);
-    }
-    if (!json_is_array(c)) {
-        return tx_fail(tx, 400, "input", "%s: 'content' must be a string or a list of content parts",
-                       where);
-    }
-    size_t k;
-    const json_t *part;
-    json_array_foreach(c, k, part) {
-        const char *type = json_is_object(part) ? json_string_value(json_object_get(part, "type")) : NULL;
-        const json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
-        if (type != NULL && strcmp(type, "refusal") == 0) {
-            text = json_object_get(part, "refusal");
-        }
-        if (type != NULL && (strcmp(type, "input_image") == 0 || strcmp(type, "input_file") == 0 ||
-                             strcmp(type, "input_audio") == 0)) {
-            return tx_fail(tx, 400, "input", "%s[%zu]: '%s' parts are not supported: no model "
-                           "served here reads images, files or audio (send the text as input_text)",
-                           where, k, type);
-        }
-        if (type == NULL || (strcmp(type, "input_text") != 0 && strcmp(type, "output_text") != 0 &&
-                             strcmp(type, "text") != 0 && strcmp(type, "refusal") != 0)) {
-            return tx_fail(tx, 400, "input", "%s[%zu]: content parts of type '%s' are not supported "
-                           "(input_text, output_text, refusal)", where, k, type ? type : "(none)");
-        }
-        if (!json_is_string(text)) {
-            return tx_fail(tx, 400, "input", "%s[%zu]: a '%s' part needs a string '%s'", where, k,
-                           type, strcmp(type, "refusal") == 0 ? "refusal" : "text");
-        }
-        if (json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", text)) != 0) {
-            return tx_nomem(tx);
-        }
-    }
-    return 0;
-}
+/* What a message's content (or a function_call_output's output) may hold. */
+static const char *const resp_text_types[] = {"input_text", "output_text", "text", NULL};
+static const char *const resp_media_types[] = {"input_image", "input_file", "input_audio", NULL};
+static const sp_dialect_parts_t resp_parts = {
+    .param = "input",
+    .noun = "content parts",
+    .text = resp_text_types,
+    .refusal = "refusal",
+    .media = resp_media_types,
+    .media_kinds = "images, files or audio",
+    .accepted = "input_text, output_text, refusal",
+};
 
 /* The last chat message when it is the assistant's and may take more tool
  * calls (consecutive function_call items are one assistant turn). */
 static json_t *
-open_assistant(resp_tx_t *tx)
+open_assistant(sp_dialect_tx_t *tx)
 {
     size_t n = json_array_size(tx->msgs);
     json_t *last = n > 0 ? json_array_get(tx->msgs, n - 1) : NULL;
@@ -190,33 +137,35 @@ open_assistant(resp_tx_t *tx)
 }
 
 static int
-tx_message(resp_tx_t *tx, const json_t *item, const char *where)
+tx_message(sp_dialect_tx_t *tx, const json_t *item, const char *where)
 {
     const char *role = json_string_value(json_object_get(item, "role"));
     if (role == NULL || (strcmp(role, "user") != 0 && strcmp(role, "system") != 0 &&
                          strcmp(role, "developer") != 0 && strcmp(role, "assistant") != 0)) {
-        return tx_fail(tx, 400, "input", "%s: 'role' must be \"user\", \"system\", \"developer\" or "
+        return sp_dialect_fail(tx, 400, "input", "%s: 'role' must be \"user\", \"system\", \"developer\" or "
                        "\"assistant\"", where);
     }
     json_t *parts = NULL;
-    if (content_parts(tx, json_object_get(item, "content"), where, &parts) != 0) {
+    char w[112];
+    snprintf(w, sizeof w, "%s.content", where);
+    if (sp_dialect_text_parts(tx, json_object_get(item, "content"), w, &resp_parts, &parts) != 0) {
         json_decref(parts);
         return -1;
     }
     json_t *m = json_pack("{s:s,s:o}", "role", role, "content", parts);
     if (m == NULL || json_array_append_new(tx->msgs, m) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     return 0;
 }
 
 static int
-tx_call(resp_tx_t *tx, const json_t *item, const char *where)
+tx_call(sp_dialect_tx_t *tx, const json_t *item, const char *where)
 {
     const json_t *id = json_object_get(item, "call_id"), *name = json_object_get(item, "name");
     const json_t *args = json_object_get(item, "arguments");
     if (!json_is_string(id) || !json_is_string(name) || !json_is_string(args)) {
-        return tx_fail(tx, 400, "input", "%s: a function_call item needs string 'call_id', 'name' "
+        return sp_dialect_fail(tx, 400, "input", "%s: a function_call item needs string 'call_id', 'name' "
                        "and 'arguments'", where);
     }
     json_t *call = json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", id, "type", "function", "function",
@@ -225,44 +174,46 @@ tx_call(resp_tx_t *tx, const json_t *item, const char *where)
     if (m != NULL && json_object_get(m, "tool_calls") == NULL) {
         if (json_object_set_new(m, "tool_calls", json_array()) != 0) {
             json_decref(call);
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
     } else if (m == NULL) {
         m = json_pack("{s:s,s:[]}", "role", "assistant", "tool_calls");
         if (m == NULL || json_array_append_new(tx->msgs, m) != 0) {
             json_decref(call);
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
     }
     if (call == NULL || json_array_append_new(json_object_get(m, "tool_calls"), call) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     return 0;
 }
 
 static int
-tx_call_output(resp_tx_t *tx, const json_t *item, const char *where)
+tx_call_output(sp_dialect_tx_t *tx, const json_t *item, const char *where)
 {
     const json_t *id = json_object_get(item, "call_id"), *out = json_object_get(item, "output");
     if (!json_is_string(id) || (!json_is_string(out) && !json_is_array(out))) {
-        return tx_fail(tx, 400, "input", "%s: a function_call_output item needs a string 'call_id' "
+        return sp_dialect_fail(tx, 400, "input", "%s: a function_call_output item needs a string 'call_id' "
                        "and an 'output' (a string or a list of input_text parts)", where);
     }
     json_t *parts = NULL;
-    if (content_parts(tx, out, where, &parts) != 0) {
+    char w[112];
+    snprintf(w, sizeof w, "%s.output", where);
+    if (sp_dialect_text_parts(tx, out, w, &resp_parts, &parts) != 0) {
         json_decref(parts);
         return -1;
     }
     json_t *m = json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", id, "content", parts);
     if (m == NULL || json_array_append_new(tx->msgs, m) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     return 0;
 }
 
 /* Input items (the request's, or a stored conversation's) as chat messages. */
 static int
-tx_items(resp_tx_t *tx, const json_t *items, const char *what)
+tx_items(sp_dialect_tx_t *tx, const json_t *items, const char *what)
 {
     size_t i;
     const json_t *item;
@@ -270,13 +221,13 @@ tx_items(resp_tx_t *tx, const json_t *items, const char *what)
     json_array_foreach(items, i, item) {
         snprintf(where, sizeof where, "%s[%zu]", what, i);
         if (!json_is_object(item)) {
-            return tx_fail(tx, 400, "input", "%s must be an object", where);
+            return sp_dialect_fail(tx, 400, "input", "%s must be an object", where);
         }
         const json_t *t = json_object_get(item, "type");
         const char *type = json_string_value(t);
         int rc;
         if (given(t) && type == NULL) {
-            return tx_fail(tx, 400, "input", "%s: 'type' must be a string", where);
+            return sp_dialect_fail(tx, 400, "input", "%s: 'type' must be a string", where);
         }
         if (type == NULL || strcmp(type, "message") == 0) {
             rc = tx_message(tx, item, where);
@@ -287,7 +238,7 @@ tx_items(resp_tx_t *tx, const json_t *items, const char *what)
         } else if (strcmp(type, "reasoning") == 0) {
             rc = 0; /* earlier turns' reasoning is not part of the prompt */
         } else {
-            return tx_fail(tx, 400, "input", "%s: items of type '%s' are not supported here "
+            return sp_dialect_fail(tx, 400, "input", "%s: items of type '%s' are not supported here "
                            "(message, function_call, function_call_output, reasoning)", where, type);
         }
         if (rc != 0) {
@@ -297,34 +248,80 @@ tx_items(resp_tx_t *tx, const json_t *items, const char *what)
     return 0;
 }
 
+/* An input item as it is stored (and listed by GET .../input_items): a
+ * copy with an id when it has none ("msg_", "fc_", "fco_" and 16 hex
+ * digits, kept through later responses that continue it), a message's
+ * string content as one text part. NULL: out of memory. */
+static json_t *
+stored_item(const json_t *item, uint64_t seed)
+{
+    json_t *c = json_copy((json_t *)item);
+    if (c == NULL) {
+        return NULL;
+    }
+    const char *type = json_string_value(json_object_get(c, "type"));
+    bool ok = true;
+    if (type == NULL) {
+        type = "message";
+        ok = json_object_set_new(c, "type", json_string(type)) == 0;
+    }
+    bool message = strcmp(type, "message") == 0;
+    const json_t *ct = json_object_get(c, "content");
+    if (ok && message && json_is_string(ct)) {
+        bool out = str_is(json_object_get(c, "role"), "assistant");
+        json_t *parts = out ? json_pack("[{s:s,s:O,s:[]}]", "type", "output_text", "text", ct,
+                                        "annotations")
+                            : json_pack("[{s:s,s:O}]", "type", "input_text", "text", ct);
+        ok = json_object_set_new(c, "content", parts) == 0;
+    }
+    if (ok && !json_is_string(json_object_get(c, "id"))) {
+        char id[48];
+        sp_dialect_id(id, sizeof id,
+                      message                                        ? "msg"
+                      : strcmp(type, "function_call") == 0        ? "fc"
+                      : strcmp(type, "function_call_output") == 0 ? "fco"
+                                                                  : "item",
+                      '_', seed);
+        ok = json_object_set_new(c, "id", json_string(id)) == 0;
+    }
+    if (ok && message && json_object_get(c, "status") == NULL) {
+        ok = json_object_set_new(c, "status", json_string("completed")) == 0;
+    }
+    if (!ok) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
 /* The stored conversation of previous_response_id, then the request's own
  * input: the messages, and st->items (what this response stores). */
 static int
-tx_input(resp_tx_t *tx, const json_t *b)
+tx_input(sp_dialect_tx_t *tx, const json_t *b)
 {
     const json_t *ins = json_object_get(b, "instructions");
     if (given(ins)) {
         if (!json_is_string(ins)) {
-            return tx_fail(tx, 400, "instructions", "'instructions' must be a string");
+            return sp_dialect_fail(tx, 400, "instructions", "'instructions' must be a string");
         }
         json_t *m = json_pack("{s:s,s:O}", "role", "system", "content", ins);
         if (m == NULL || json_array_append_new(tx->msgs, m) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
     }
-    tx->st->items = json_array();
-    if (tx->st->items == NULL) {
-        return tx_nomem(tx);
+    tx_state(tx)->items = json_array();
+    if (tx_state(tx)->items == NULL) {
+        return sp_dialect_nomem(tx);
     }
     const json_t *prev = json_object_get(b, "previous_response_id");
     if (given(prev)) {
         if (!json_is_string(prev)) {
-            return tx_fail(tx, 400, "previous_response_id", "'previous_response_id' must be a string");
+            return sp_dialect_fail(tx, 400, "previous_response_id", "'previous_response_id' must be a string");
         }
         const char *pid = json_string_value(prev);
         char *resp = NULL, *items = NULL;
-        if (strlen(pid) > RESP_ID_MAX || !sp_resp_store_get(tx->st->tenant, pid, &resp, &items)) {
-            return tx_fail(tx, 404, "previous_response_id", "Previous response with id '%.*s' not found.",
+        if (strlen(pid) > RESP_ID_MAX || !sp_resp_store_get(tx_state(tx)->tenant, pid, &resp, &items)) {
+            return sp_dialect_fail(tx, 404, "previous_response_id", "Previous response with id '%.*s' not found.",
                            RESP_ID_MAX, pid);
         }
         json_t *pr = json_loads(resp, 0, NULL), *pi = json_loads(items, 0, NULL);
@@ -332,56 +329,65 @@ tx_input(resp_tx_t *tx, const json_t *b)
         sp_free(items);
         const json_t *pout = json_object_get(pr, "output");
         int rc = json_is_array(pi) && json_is_array(pout) &&
-                         json_array_extend(tx->st->items, pi) == 0 &&
-                         json_array_extend(tx->st->items, (json_t *)pout) == 0
+                         json_array_extend(tx_state(tx)->items, pi) == 0 &&
+                         json_array_extend(tx_state(tx)->items, (json_t *)pout) == 0
                      ? 0
-                     : tx_nomem(tx);
+                     : sp_dialect_nomem(tx);
         json_decref(pr);
         json_decref(pi);
-        if (rc != 0 || tx_items(tx, tx->st->items, "previous_response") != 0) {
+        if (rc != 0 || tx_items(tx, tx_state(tx)->items, "previous_response") != 0) {
             return -1;
         }
     }
     const json_t *in = json_object_get(b, "input");
     if (json_is_string(in)) {
-        json_t *item = json_pack("{s:s,s:s,s:[{s:s,s:O}]}", "type", "message", "role", "user", "content",
-                                 "type", "input_text", "text", in);
-        if (item == NULL || json_array_append_new(tx->st->items, item) != 0) {
-            return tx_nomem(tx);
+        json_t *given_item = json_pack("{s:s,s:s,s:O}", "type", "message", "role", "user", "content", in);
+        json_t *item = given_item ? stored_item(given_item, 0) : NULL;
+        json_decref(given_item);
+        if (item == NULL || json_array_append_new(tx_state(tx)->items, item) != 0) {
+            return sp_dialect_nomem(tx);
         }
         json_t *m = json_pack("{s:s,s:O}", "role", "user", "content", in);
         if (m == NULL || json_array_append_new(tx->msgs, m) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
         return 0;
     }
     if (!json_is_array(in)) {
-        return tx_fail(tx, 400, "input", "'input' must be a string or a list of input items");
+        return sp_dialect_fail(tx, 400, "input", "'input' must be a string or a list of input items");
     }
     if (tx_items(tx, in, "input") != 0) {
         return -1;
     }
-    return json_array_extend(tx->st->items, (json_t *)in) == 0 ? 0 : tx_nomem(tx);
+    size_t i;
+    const json_t *item;
+    json_array_foreach(in, i, item) {
+        json_t *c = stored_item(item, i);
+        if (c == NULL || json_array_append_new(tx_state(tx)->items, c) != 0) {
+            return sp_dialect_nomem(tx);
+        }
+    }
+    return 0;
 }
 
 static int
-tx_tools(resp_tx_t *tx, const json_t *b)
+tx_tools(sp_dialect_tx_t *tx, const json_t *b)
 {
     const json_t *tools = json_object_get(b, "tools");
     if (given(tools)) {
         if (!json_is_array(tools)) {
-            return tx_fail(tx, 400, "tools", "'tools' must be a list");
+            return sp_dialect_fail(tx, 400, "tools", "'tools' must be a list");
         }
         json_t *out = json_array();
         if (out == NULL || json_object_set_new(tx->out, "tools", out) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
         size_t i;
         const json_t *t;
         json_array_foreach(tools, i, t) {
             const char *type = json_is_object(t) ? json_string_value(json_object_get(t, "type")) : NULL;
             if (type != NULL && strcmp(type, "function") != 0) {
-                return tx_fail(tx, 400, "tools", "tools[%zu]: tools of type '%s' are not supported "
+                return sp_dialect_fail(tx, 400, "tools", "tools[%zu]: tools of type '%s' are not supported "
                                "here: only function tools ({\"type\": \"function\", \"name\", "
                                "\"parameters\"}) run on this server", i, type);
             }
@@ -389,7 +395,7 @@ tx_tools(resp_tx_t *tx, const json_t *b)
             const json_t *desc = json_object_get(t, "description"), *strict = json_object_get(t, "strict");
             if (type == NULL || !json_is_string(name) || (given(params) && !json_is_object(params)) ||
                 (given(desc) && !json_is_string(desc)) || (given(strict) && !json_is_boolean(strict))) {
-                return tx_fail(tx, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"name\": "
+                return sp_dialect_fail(tx, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"name\": "
                                "\"...\", \"description\": \"...\", \"parameters\": {JSON Schema}, "
                                "\"strict\": bool}", i);
             }
@@ -401,7 +407,7 @@ tx_tools(resp_tx_t *tx, const json_t *b)
                 (json_is_string(desc) && json_object_set(fn, "description", (json_t *)desc) != 0) ||
                 (json_is_boolean(strict) && json_object_set(fn, "strict", (json_t *)strict) != 0) ||
                 json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn)) != 0) {
-                return tx_nomem(tx);
+                return sp_dialect_nomem(tx);
             }
         }
     }
@@ -416,15 +422,15 @@ tx_tools(resp_tx_t *tx, const json_t *b)
                json_is_string(json_object_get(tch, "name"))) {
         v = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", json_object_get(tch, "name"));
     } else {
-        return tx_fail(tx, 400, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" "
+        return sp_dialect_fail(tx, 400, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" "
                        "or {\"type\": \"function\", \"name\": \"...\"}");
     }
-    return v != NULL && json_object_set_new(tx->out, "tool_choice", v) == 0 ? 0 : tx_nomem(tx);
+    return v != NULL && json_object_set_new(tx->out, "tool_choice", v) == 0 ? 0 : sp_dialect_nomem(tx);
 }
 
 /* text.format -> response_format; text.verbosity. */
 static int
-tx_text(resp_tx_t *tx, const json_t *b)
+tx_text(sp_dialect_tx_t *tx, const json_t *b)
 {
     const json_t *text = json_object_get(b, "text");
     if (!given(text)) {
@@ -433,7 +439,7 @@ tx_text(resp_tx_t *tx, const json_t *b)
     const json_t *fmt = json_is_object(text) ? json_object_get(text, "format") : NULL;
     const json_t *verb = json_is_object(text) ? json_object_get(text, "verbosity") : NULL;
     if (!json_is_object(text) || (given(verb) && !str_is(verb, "medium"))) {
-        return tx_fail(tx, 400, "text", "'text' must be {\"format\": {...}} (a verbosity, if given, "
+        return sp_dialect_fail(tx, 400, "text", "'text' must be {\"format\": {...}} (a verbosity, if given, "
                        "\"medium\": the models here have no verbosity setting)");
     }
     if (!given(fmt)) {
@@ -450,7 +456,7 @@ tx_text(resp_tx_t *tx, const json_t *b)
         const json_t *strict = json_object_get(fmt, "strict"), *desc = json_object_get(fmt, "description");
         if (!json_is_string(name) || !json_is_object(schema) || (given(strict) && !json_is_boolean(strict)) ||
             (given(desc) && !json_is_string(desc))) {
-            return tx_fail(tx, 400, "text.format", "text.format {\"type\": \"json_schema\"} needs a string "
+            return sp_dialect_fail(tx, 400, "text.format", "text.format {\"type\": \"json_schema\"} needs a string "
                            "'name' and an object 'schema' ('strict' a boolean)");
         }
         json_t *js = json_pack("{s:O,s:O}", "name", name, "schema", schema);
@@ -459,56 +465,56 @@ tx_text(resp_tx_t *tx, const json_t *b)
         }
         rf = js ? json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js) : NULL;
     } else {
-        return tx_fail(tx, 400, "text.format", "text.format 'type' must be \"text\", \"json_object\" or "
+        return sp_dialect_fail(tx, 400, "text.format", "text.format 'type' must be \"text\", \"json_object\" or "
                        "\"json_schema\"");
     }
-    return rf != NULL && json_object_set_new(tx->out, "response_format", rf) == 0 ? 0 : tx_nomem(tx);
+    return rf != NULL && json_object_set_new(tx->out, "response_format", rf) == 0 ? 0 : sp_dialect_nomem(tx);
 }
 
 static int
-tx_params(resp_tx_t *tx, const json_t *b, int64_t max_cap)
+tx_params(sp_dialect_tx_t *tx, const json_t *b, int64_t max_cap)
 {
     sp_json_err_t e = {{0}, NULL};
     static const char *const refused[] = {"background", "conversation", "prompt", "max_tool_calls", NULL};
     for (int i = 0; refused[i]; i++) {
         const json_t *x = json_object_get(b, refused[i]);
         if (given(x) && !json_is_false(x)) {
-            return tx_fail(tx, 400, refused[i], "'%s' is not supported by this server", refused[i]);
+            return sp_dialect_fail(tx, 400, refused[i], "'%s' is not supported by this server", refused[i]);
         }
     }
     const json_t *inc = json_object_get(b, "include");
     if (given(inc) && (!json_is_array(inc) || json_array_size(inc) > 0)) {
-        return tx_fail(tx, 400, "include", "'include' is not supported by this server (the output "
+        return sp_dialect_fail(tx, 400, "include", "'include' is not supported by this server (the output "
                        "items carry everything this server returns)");
     }
     const json_t *tr = json_object_get(b, "truncation");
     if (given(tr) && !str_is(tr, "disabled")) {
-        return tx_fail(tx, 400, "truncation", "'truncation' must be \"disabled\": a conversation longer "
+        return sp_dialect_fail(tx, 400, "truncation", "'truncation' must be \"disabled\": a conversation longer "
                        "than the context is refused, never cut");
     }
     int64_t v;
     int rc = sp_json_get_int(b, "top_logprobs", 0, 0, &v, &e);
     if (rc < 0) {
-        return tx_fail(tx, 400, "top_logprobs", "'top_logprobs' is not supported by this server (0 only)");
+        return sp_dialect_fail(tx, 400, "top_logprobs", "'top_logprobs' is not supported by this server (0 only)");
     }
     bool flag = false;
     if (sp_json_get_bool(b, "stream", &flag, &e) < 0) {
-        return tx_fail(tx, 400, e.param, "%s", e.msg);
+        return sp_dialect_fail(tx, 400, e.param, "%s", e.msg);
     }
     if (json_object_set_new(tx->out, "stream", json_boolean(flag)) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     flag = true;
     if (sp_json_get_bool(b, "store", &flag, &e) < 0) {
-        return tx_fail(tx, 400, e.param, "%s", e.msg);
+        return sp_dialect_fail(tx, 400, e.param, "%s", e.msg);
     }
-    tx->st->store = flag;
+    tx_state(tx)->store = flag;
     if ((rc = sp_json_get_int(b, "max_output_tokens", 1, INT32_MAX, &v, &e)) < 0) {
-        return tx_fail(tx, 400, e.param, "%s", e.msg);
+        return sp_dialect_fail(tx, 400, e.param, "%s", e.msg);
     }
     /* a ceiling (max_is_ceiling): cut to the server's --max-tokens and the context's room */
     if (rc > 0 && json_object_set_new(tx->out, "max_tokens", json_integer(v < max_cap ? v : max_cap)) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     /* the chat pipeline checks these (OpenAI's ranges and limits) */
     static const char *const pass[] = {"model", "temperature", "top_p", "user", "metadata",
@@ -517,7 +523,7 @@ tx_params(resp_tx_t *tx, const json_t *b, int64_t max_cap)
     for (int i = 0; pass[i]; i++) {
         json_t *x = json_object_get(b, pass[i]);
         if (given(x) && json_object_set(tx->out, pass[i], x) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
     }
     const json_t *rs = json_object_get(b, "reasoning");
@@ -527,32 +533,32 @@ tx_params(resp_tx_t *tx, const json_t *b, int64_t max_cap)
         if (!json_is_object(rs) ||
             (given(eff) && !str_is(eff, "low") && !str_is(eff, "medium") && !str_is(eff, "high")) ||
             (given(sum) && !str_is(sum, "auto") && !str_is(sum, "concise") && !str_is(sum, "detailed"))) {
-            return tx_fail(tx, 400, "reasoning", "'reasoning' must be {\"effort\": \"low\" | \"medium\" | "
+            return sp_dialect_fail(tx, 400, "reasoning", "'reasoning' must be {\"effort\": \"low\" | \"medium\" | "
                            "\"high\", \"summary\": \"auto\" | \"concise\" | \"detailed\"}");
         }
         if (given(eff) && json_object_set(tx->out, "reasoning_effort", (json_t *)eff) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
-        tx->st->summary = given(sum);
+        tx_state(tx)->summary = given(sum);
     }
     return 0;
 }
 
 /* The request's settings as the response object repeats them. */
 static int
-tx_echo(resp_tx_t *tx, const json_t *b)
+tx_echo(sp_dialect_tx_t *tx, const json_t *b)
 {
     json_t *e = json_object();
-    tx->st->echo = e;
+    tx_state(tx)->echo = e;
     if (e == NULL) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     static const char *const keys[] = {"instructions", "max_output_tokens", "previous_response_id",
                                        "temperature", "top_p", "user", NULL};
     for (int i = 0; keys[i]; i++) {
         const json_t *x = json_object_get(b, keys[i]);
         if (json_object_set_new(e, keys[i], x ? json_incref((json_t *)x) : json_null()) != 0) {
-            return tx_nomem(tx);
+            return sp_dialect_nomem(tx);
         }
     }
     const json_t *md = json_object_get(b, "metadata"), *tools = json_object_get(b, "tools");
@@ -568,20 +574,20 @@ tx_echo(resp_tx_t *tx, const json_t *b)
         json_object_set_new(e, "text", json_pack("{s:o}", "format", given(fmt) ? json_incref((json_t *)fmt)
                                                      : json_pack("{s:s}", "type", "text"))) != 0 ||
         json_object_set_new(e, "reasoning", r) != 0 ||
-        json_object_set_new(e, "store", json_boolean(tx->st->store)) != 0 ||
+        json_object_set_new(e, "store", json_boolean(tx_state(tx)->store)) != 0 ||
         json_object_set_new(e, "truncation", json_string("disabled")) != 0) {
-        return tx_nomem(tx);
+        return sp_dialect_nomem(tx);
     }
     return 0;
 }
 
 static json_t *
-translate(resp_tx_t *tx, const json_t *b, int64_t max_cap)
+translate(sp_dialect_tx_t *tx, const json_t *b, int64_t max_cap)
 {
     tx->out = json_object();
     tx->msgs = json_array();
     if (tx->out == NULL || tx->msgs == NULL || json_object_set(tx->out, "messages", tx->msgs) != 0) {
-        tx_nomem(tx);
+        sp_dialect_nomem(tx);
     } else if (tx_params(tx, b, max_cap) == 0 && tx_text(tx, b) == 0 && tx_tools(tx, b) == 0 &&
                tx_input(tx, b) == 0 && tx_echo(tx, b) == 0) {
         json_decref(tx->msgs);
@@ -602,21 +608,22 @@ h_create(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     if (b == NULL) {
         return;
     }
-    resp_tx_t tx = {0};
-    tx.st = sp_calloc(1, sizeof *tx.st);
+    sp_dialect_tx_t tx = {0};
+    resp_state_t *st = sp_calloc(1, sizeof *st);
+    tx.ud = st;
     json_t *chat = NULL;
-    if (tx.st == NULL) {
-        tx_nomem(&tx);
+    if (st == NULL) {
+        sp_dialect_nomem(&tx);
     } else {
-        sp_jbuf_init(&tx.st->acc);
-        tx.st->tenant = tenant_of(r);
+        sp_jbuf_init(&st->acc);
+        st->tenant = tenant_of(r);
         chat = translate(&tx, b, s->cfg.max_tokens);
     }
     if (chat == NULL) {
         sp_api_error(r, tx.status, "invalid_request_error", tx.param, NULL, "%s", tx.msg);
-        state_free(tx.st);
+        state_free(st);
     } else {
-        sp_api_chat_run_ud(s, r, p, h_create, chat, &sp_responses_dialect, false, 0, tx.st);
+        sp_api_chat_run_ud(s, r, p, h_create, chat, &sp_responses_dialect, false, 0, st);
         json_decref(chat);
     }
     json_decref(b);
@@ -655,6 +662,142 @@ h_get(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_free(items);
 }
 
+/* One query parameter's value, percent-decoded into buf (NUL-terminated):
+ * 1 found, 0 absent, -1 longer than cap allows. */
+static int
+query_param(sp_str_t q, const char *key, char *buf, size_t cap)
+{
+    size_t klen = strlen(key);
+    const char *p = q.ptr, *end = q.ptr + q.len;
+    while (p != NULL && p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *stop = amp ? amp : end;
+        if ((size_t)(stop - p) > klen && memcmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t n = 0;
+            for (const char *v = p + klen + 1; v < stop; v++) {
+                char ch = *v;
+                if (ch == '+') {
+                    ch = ' ';
+                } else if (ch == '%' && stop - v >= 3) {
+                    char hex[3] = {v[1], v[2], 0};
+                    char *e;
+                    long x = strtol(hex, &e, 16);
+                    if (*e == '\0') {
+                        ch = (char)x;
+                        v += 2;
+                    }
+                }
+                if (n + 1 >= cap) {
+                    return -1;
+                }
+                buf[n++] = ch;
+            }
+            buf[n] = '\0';
+            return 1;
+        }
+        p = amp ? amp + 1 : NULL;
+    }
+    return 0;
+}
+
+/*
+ * GET /v1/responses/{id}/input_items: the stored conversation's input items
+ * (those of the responses it continues, then its own), OpenAI's list shape
+ * {"object": "list", "data", "first_id", "last_id", "has_more"}; query
+ * limit (1..100, default 20), order ("desc", the default, newest first, or
+ * "asc") and after (an item id: the items past it in that order).
+ */
+static void
+h_input_items(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    (void)ud;
+    char id[RESP_ID_MAX + 1];
+    if (!route_id(r, p, id, sizeof id)) {
+        return;
+    }
+    sp_str_t q = sp_http_req_query(r);
+    char v[256], after[256] = "";
+    long limit = 20;
+    bool asc = false;
+    int rc = query_param(q, "limit", v, sizeof v);
+    if (rc != 0) {
+        char *e;
+        limit = rc > 0 ? strtol(v, &e, 10) : 0;
+        if (rc < 0 || *v == '\0' || *e != '\0' || limit < 1 || limit > 100) {
+            sp_api_error(r, 400, "invalid_request_error", "limit", NULL,
+                         "'limit' must be an integer from 1 to 100");
+            return;
+        }
+    }
+    rc = query_param(q, "order", v, sizeof v);
+    if (rc != 0) {
+        if (rc < 0 || (strcmp(v, "asc") != 0 && strcmp(v, "desc") != 0)) {
+            sp_api_error(r, 400, "invalid_request_error", "order", NULL,
+                         "'order' must be \"asc\" or \"desc\"");
+            return;
+        }
+        asc = strcmp(v, "asc") == 0;
+    }
+    if (query_param(q, "after", after, sizeof after) < 0) {
+        sp_api_error(r, 400, "invalid_request_error", "after", NULL, "'after' is not an item id");
+        return;
+    }
+    if (query_param(q, "include", v, sizeof v) != 0 || query_param(q, "include[]", v, sizeof v) != 0) {
+        sp_api_error(r, 400, "invalid_request_error", "include", NULL,
+                     "'include' is not supported: the stored items carry no image, file or search "
+                     "data to add");
+        return;
+    }
+    char *resp = NULL, *items = NULL;
+    if (!sp_resp_store_get(tenant_of(r), id, &resp, &items)) {
+        sp_api_error(r, 404, "invalid_request_error", NULL, NULL, "Response with id '%s' not found.", id);
+        return;
+    }
+    sp_free(resp);
+    json_t *all = json_loads(items, 0, NULL);
+    sp_free(items);
+    size_t n = json_array_size(all);
+    /* pos: the next item in the order asked for (k-th of n) */
+    size_t k = 0;
+    if (after[0] != '\0') {
+        for (k = 0; k < n; k++) {
+            const json_t *it = json_array_get(all, asc ? k : n - 1 - k);
+            if (str_is(json_object_get(it, "id"), after)) {
+                break;
+            }
+        }
+        if (k == n) {
+            json_decref(all);
+            sp_api_error(r, 400, "invalid_request_error", "after", NULL,
+                         "'after': no input item with id '%s' in response '%s'", after, id);
+            return;
+        }
+        k++;
+    }
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_jbuf_lit(&b, "{\"object\":\"list\",\"data\":[");
+    const char *first = NULL, *last = NULL;
+    size_t taken = 0;
+    for (; k < n && taken < (size_t)limit; k++, taken++) {
+        const json_t *it = json_array_get(all, asc ? k : n - 1 - k);
+        if (taken > 0) {
+            sp_jbuf_lit(&b, ",");
+        }
+        sp_jbuf_json(&b, it);
+        last = json_string_value(json_object_get(it, "id"));
+        first = first ? first : last;
+    }
+    sp_jbuf_lit(&b, "],\"first_id\":");
+    sp_jbuf_cstr(&b, first);
+    sp_jbuf_lit(&b, ",\"last_id\":");
+    sp_jbuf_cstr(&b, last);
+    sp_jbuf_printf(&b, ",\"has_more\":%s}", k < n ? "true" : "false");
+    sp_api_reply_json(r, 200, &b);
+    sp_jbuf_free(&b);
+    json_decref(all);
+}
+
 static void
 h_delete(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
@@ -682,6 +825,7 @@ sp_responses_register(sp_router_t *rt, sp_serving_t *s)
     sp_resp_store_config(s->cfg.responses_store, s->cfg.responses_store_bytes);
     sp_router_add(rt, SP_HTTP_POST, "/v1/responses", h_create, s);
     sp_router_add(rt, SP_HTTP_GET, "/v1/responses/{id}", h_get, s);
+    sp_router_add(rt, SP_HTTP_GET, "/v1/responses/{id}/input_items", h_input_items, s);
     sp_router_add(rt, SP_HTTP_DELETE, "/v1/responses/{id}", h_delete, s);
 }
 

@@ -1392,6 +1392,272 @@ resolve(sp_schema_gbnf_t *b, const char *path)
     return t;
 }
 
+/* ---- oneOf: exclusivity the grammar guarantees ---------------------------
+ * oneOf compiles to the same alternation as anyOf, which is exact when no
+ * value can match two branches. That is proved here for the forms clients
+ * emit: branches of different JSON types, branches that list their values
+ * (const / enum) with none in common with the other branch, and objects that
+ * require one property with different const / enum values (a discriminator,
+ * as pydantic's and zod's tagged unions have). Any other pair is refused. */
+
+#define OK_NULL 1u
+#define OK_BOOL 2u
+#define OK_NUM 4u /* integer and number: 1 is both */
+#define OK_STR 8u
+#define OK_ARR 16u
+#define OK_OBJ 32u
+#define OK_ANY 63u
+#define ONEOF_MAX_BRANCHES 128  /* pairwise checks stay small */
+#define ONEOF_MAX_WORK 1000000  /* value comparisons per schema */
+
+/* s with its local $refs followed (a few hops); NULL when one cannot be. */
+static const json_t *
+oneof_follow(sp_schema_gbnf_t *b, const json_t *s)
+{
+    for (int hop = 0; hop < 8 && json_is_object(s); hop++) {
+        const json_t *ref = json_object_get(s, "$ref");
+        if (!json_is_string(ref)) {
+            return s;
+        }
+        s = resolve(b, json_string_value(ref));
+    }
+    return json_is_object(s) || json_is_boolean(s) ? s : NULL;
+}
+
+static unsigned
+kind_of_value(const json_t *v)
+{
+    return json_is_null(v)      ? OK_NULL
+           : json_is_boolean(v) ? OK_BOOL
+           : json_is_number(v)  ? OK_NUM
+           : json_is_string(v)  ? OK_STR
+           : json_is_array(v)   ? OK_ARR
+                                : OK_OBJ;
+}
+
+static unsigned
+kind_of_type(const char *t)
+{
+    return strcmp(t, "null") == 0                                 ? OK_NULL
+           : strcmp(t, "boolean") == 0                            ? OK_BOOL
+           : strcmp(t, "integer") == 0 || strcmp(t, "number") == 0 ? OK_NUM
+           : strcmp(t, "string") == 0                             ? OK_STR
+           : strcmp(t, "array") == 0                              ? OK_ARR
+           : strcmp(t, "object") == 0                             ? OK_OBJ
+                                                                  : OK_ANY;
+}
+
+/* The JSON types a schema admits (a superset: OK_ANY when unsure). */
+static unsigned
+oneof_kinds(sp_schema_gbnf_t *b, const json_t *s, int depth)
+{
+    s = oneof_follow(b, s);
+    if (s == NULL || depth > 16) {
+        return OK_ANY;
+    }
+    if (json_is_boolean(s)) {
+        return json_is_true(s) ? OK_ANY : 0;
+    }
+    const json_t *v;
+    size_t i;
+    const json_t *e;
+    unsigned k = 0;
+    if ((v = json_object_get(s, "const")) != NULL) {
+        return kind_of_value(v);
+    }
+    if (json_is_array(v = json_object_get(s, "enum"))) {
+        json_array_foreach(v, i, e) {
+            k |= kind_of_value(e);
+        }
+        return k;
+    }
+    if (json_is_array(v = json_object_get(s, "anyOf")) ||
+        json_is_array(v = json_object_get(s, "oneOf"))) {
+        json_array_foreach(v, i, e) {
+            k |= oneof_kinds(b, e, depth + 1);
+        }
+        return k;
+    }
+    if (json_is_array(v = json_object_get(s, "allOf"))) {
+        k = OK_ANY;
+        json_array_foreach(v, i, e) {
+            k &= oneof_kinds(b, e, depth + 1);
+        }
+        return k;
+    }
+    const json_t *t = json_object_get(s, "type");
+    if (json_is_string(t)) {
+        return kind_of_type(json_string_value(t));
+    }
+    if (json_is_array(t)) {
+        json_array_foreach(t, i, e) {
+            k |= json_is_string(e) ? kind_of_type(json_string_value(e)) : OK_ANY;
+        }
+        return k;
+    }
+    /* no type: what compile_node infers from the keywords */
+    if (json_object_get(s, "properties") || json_object_get(s, "additionalProperties") ||
+        json_object_get(s, "required")) {
+        return OK_OBJ;
+    }
+    if (json_object_get(s, "items") || json_object_get(s, "minItems") ||
+        json_object_get(s, "maxItems")) {
+        return OK_ARR;
+    }
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
+        json_object_get(s, "pattern") || json_object_get(s, "format")) {
+        return OK_STR;
+    }
+    if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum") ||
+        json_object_get(s, "multipleOf")) {
+        return OK_NUM;
+    }
+    return OK_ANY;
+}
+
+/* The values a schema lists (its const as a one-value list is not built:
+ * *one gets it), or NULL when it does not list them. */
+static const json_t *
+oneof_values(const json_t *s, const json_t **one)
+{
+    *one = NULL;
+    if (!json_is_object(s)) {
+        return NULL;
+    }
+    const json_t *c = json_object_get(s, "const");
+    if (c != NULL) {
+        *one = c;
+        return c;
+    }
+    const json_t *e = json_object_get(s, "enum");
+    return json_is_array(e) ? e : NULL;
+}
+
+/* JSON Schema equality: numbers by value (1 and 1.0 are equal). */
+static bool
+oneof_equal(const json_t *a, const json_t *c)
+{
+    if (json_is_number(a) && json_is_number(c)) {
+        return json_number_value(a) == json_number_value(c);
+    }
+    return json_equal((json_t *)a, (json_t *)c);
+}
+
+/* No value in both lists (each a const, *one, or an enum). */
+static bool
+oneof_values_apart(sp_schema_gbnf_t *b, const json_t *va, const json_t *oa, const json_t *vb,
+                   const json_t *ob, long *work)
+{
+    size_t na = oa ? 1 : json_array_size(va), nb = ob ? 1 : json_array_size(vb);
+    for (size_t i = 0; i < na; i++) {
+        const json_t *x = oa ? oa : json_array_get(va, i);
+        for (size_t j = 0; j < nb; j++) {
+            if (++*work > ONEOF_MAX_WORK) {
+                fail(b, "%s", "'oneOf' is too large to check that its branches exclude each other");
+                return false;
+            }
+            if (oneof_equal(x, ob ? ob : json_array_get(vb, j))) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Every value a lists is outside b's kinds. */
+static bool
+oneof_values_outside(const json_t *va, const json_t *oa, unsigned kinds)
+{
+    size_t na = oa ? 1 : json_array_size(va);
+    for (size_t i = 0; i < na; i++) {
+        if (kind_of_value(oa ? oa : json_array_get(va, i)) & kinds) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A property that x and y both require, with const / enum values apart. */
+static bool
+oneof_discriminated(sp_schema_gbnf_t *b, const json_t *x, const json_t *y, long *work)
+{
+    const json_t *rx = json_object_get(x, "required"), *ry = json_object_get(y, "required");
+    const json_t *px = json_object_get(x, "properties"), *py = json_object_get(y, "properties");
+    size_t i, j;
+    const json_t *n, *m;
+    json_array_foreach(rx, i, n) {
+        if (!json_is_string(n)) {
+            continue;
+        }
+        bool in_y = false;
+        json_array_foreach(ry, j, m) {
+            in_y = in_y || (json_is_string(m) && strcmp(json_string_value(m), json_string_value(n)) == 0);
+        }
+        if (!in_y) {
+            continue;
+        }
+        const json_t *sx = oneof_follow(b, json_object_get(px, json_string_value(n)));
+        const json_t *sy = oneof_follow(b, json_object_get(py, json_string_value(n)));
+        const json_t *ox, *oy;
+        const json_t *vx = oneof_values(sx, &ox), *vy = oneof_values(sy, &oy);
+        if (vx != NULL && vy != NULL && oneof_values_apart(b, vx, ox, vy, oy, work)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Can no value match both x and y (as far as the forms above prove)? */
+static bool
+oneof_apart(sp_schema_gbnf_t *b, const json_t *x, const json_t *y, long *work)
+{
+    unsigned kx = oneof_kinds(b, x, 0), ky = oneof_kinds(b, y, 0);
+    if ((kx & ky) == 0) {
+        return true;
+    }
+    x = oneof_follow(b, x);
+    y = oneof_follow(b, y);
+    const json_t *ox, *oy;
+    const json_t *vx = oneof_values(x, &ox), *vy = oneof_values(y, &oy);
+    if (vx != NULL && vy != NULL) {
+        return oneof_values_apart(b, vx, ox, vy, oy, work);
+    }
+    if ((vx != NULL && oneof_values_outside(vx, ox, ky)) ||
+        (vy != NULL && oneof_values_outside(vy, oy, kx))) {
+        return true;
+    }
+    /* the only values both could take are objects: a discriminator tells them apart */
+    return (kx & ky) == OK_OBJ && json_is_object(x) && json_is_object(y) &&
+           oneof_discriminated(b, x, y, work);
+}
+
+/* Refuse a oneOf whose exclusivity the alternation would not keep. */
+static void
+oneof_check(sp_schema_gbnf_t *b, const json_t *alts)
+{
+    size_t n = json_array_size(alts);
+    if (n > ONEOF_MAX_BRANCHES) {
+        fail(b, "'oneOf' has more than %s branches: too many to check that they exclude each "
+             "other (use anyOf)", "128");
+        return;
+    }
+    long work = 0;
+    for (size_t i = 0; i < n && b->st == SP_OK; i++) {
+        for (size_t j = i + 1; j < n && b->st == SP_OK; j++) {
+            if (!oneof_apart(b, json_array_get(alts, i), json_array_get(alts, j), &work) &&
+                b->st == SP_OK) {
+                char msg[224];
+                snprintf(msg, sizeof msg,
+                         "'oneOf' branches %zu and %zu may both match one value (the grammar cannot "
+                         "enforce exclusivity): give them different types, const/enum values or a "
+                         "required const discriminator, or use anyOf", i, j);
+                fail(b, "%s", msg);
+            }
+        }
+    }
+}
+
 /*
  * allOf with several schemas: their keywords merged into one schema (local
  * $refs followed one level). Properties are united (a property defined in
@@ -1568,6 +1834,12 @@ compile_node(sp_schema_gbnf_t *b, const json_t *s)
         if (!json_is_array(v) || json_array_size(v) == 0) {
             fail(b, "'%s' must be a non-empty list", alt_key);
             goto done;
+        }
+        if (strcmp(alt_key, "oneOf") == 0 && json_array_size(v) > 1) {
+            oneof_check(b, v);
+            if (b->st != SP_OK) {
+                goto done;
+            }
         }
         if (strcmp(alt_key, "allOf") == 0 && json_array_size(v) != 1) {
             json_t *merged = merge_all_of(b, v);

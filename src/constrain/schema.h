@@ -5,8 +5,11 @@
  * Supported: type (object, array, string, number, integer, boolean, null, or
  * a list of them), properties, required (the others optional), additional-
  * Properties (false, true or a schema; extra properties are generated only
- * for an object without `properties`), enum, const, anyOf / oneOf (as
- * alternation: oneOf's exclusivity is not enforced), allOf (merged), items,
+ * for an object without `properties`), enum, const, anyOf (alternation),
+ * oneOf (the same alternation, exact because branches that a value could
+ * match twice are refused: only branches of different types, with different
+ * const / enum values, or objects with a required property of different
+ * const / enum values are accepted), allOf (merged), items,
  * minItems / maxItems, uniqueItems over finite items, minLength / maxLength
  * (up to 4096), minimum / maximum / exclusiveMinimum / exclusiveMaximum /
  * multipleOf on integers and numbers (ranges compiled into digit patterns),

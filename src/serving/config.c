@@ -39,6 +39,9 @@ const char sp_config_usage[] =
     "                            first (then backends/ next to the binary)\n"
     "      --load-timeout S      how long a request waits for its model to load on demand\n"
     "                            (default 60)\n"
+    "      --keep-alive S        unload a model S seconds after its last request (it loads\n"
+    "                            again on the next); Ollama's keep_alive sets it per model\n"
+    "                            (default -1: never)\n"
     "      --response-cache-bytes N  cache the answers of deterministic requests in N bytes\n"
     "                            (LRU; default 0 = off): --model models, and repository\n"
     "                            models whose config.json has response_cache.enable\n"
@@ -176,6 +179,7 @@ static const opt_t opts[] = {
     {"key-dir", 0, T_STR, OFF(key_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->key_dir)},
     {"memory-budget", 0, T_STR, OFF(memory_budget), 0, 0, sizeof(((sp_serve_config_t *)0)->memory_budget)},
     {"load-timeout", 0, T_SEC, OFF(load_timeout_s), 0, 86400, 0},
+    {"keep-alive", 0, T_SEC, OFF(keep_alive_s), -1, 86400 * 365, 0},
     {"backends-dir", 0, T_STR, OFF(backends_dir), 0, 0, sizeof(((sp_serve_config_t *)0)->backends_dir)},
     {"response-cache-bytes", 0, T_SIZE, OFF(response_cache_bytes), 0, 1099511627776.0, 0},
     {"responses-store", 0, T_I64, OFF(responses_store), 0, 1 << 24, 0},
@@ -247,6 +251,7 @@ sp_config_defaults(sp_serve_config_t *c)
     c->request_timeout_s = 600;
     c->repository_poll_s = 5;
     c->load_timeout_s = 60;
+    c->keep_alive_s = -1;
     c->responses_store = 1024;
     c->responses_store_bytes = (size_t)64 << 20;
     c->model_copy_max = (size_t)16 << 30;

@@ -41,6 +41,8 @@ typedef struct sp_serve_config {
     char key_dir[1024];       /* "" = none; where a load request's encryption_key_file is found */
     char memory_budget[256];  /* "" = 80% of every device; "60%", "2G", "cpu=2G,cuda:0=70%" */
     double load_timeout_s;    /* a request's wait for an on-demand load */
+    double keep_alive_s;      /* idle unload after this many seconds without a request
+                                 (Ollama's keep_alive default); < 0 = never (the default) */
     char backends_dir[1024];  /* "" = backends/ next to the binary, then /usr/lib/sampan/backends */
     size_t response_cache_bytes; /* the response cache's bound; 0 = no cache (respcache.h) */
     int64_t responses_store;  /* stored /v1/responses answers at most (resp_store.h) */

@@ -28,6 +28,7 @@
  */
 #include "serving/manager.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -607,6 +608,45 @@ run_load(sp_serving_t *s, sp_manager_cmd_t *c)
     wait_finish(c->wait, st == SP_ERR_NOT_FOUND ? SP_ERR_NOT_FOUND : SP_ERR_INVALID, err);
 }
 
+/* A --model model unloaded for idleness (keep_alive) and asked for again:
+ * built from its file as at start-up. */
+static void
+reload_pinned(sp_serving_t *s, const char *name)
+{
+    sp_registry_t *r = &s->reg;
+    const sp_serve_model_cfg_t *mc = NULL;
+    for (int i = 0; i < s->cfg.n_models; i++) {
+        if (strcmp(s->cfg.models[i].name, name) == 0) {
+            mc = &s->cfg.models[i];
+        }
+    }
+    char err[1024] = "no such --model";
+    sp_served_model_t *m = NULL;
+    sp_status_t st = mc == NULL ? SP_ERR_NOT_FOUND
+                                : sp_registry_build(s, &sp_llm_model_kind, mc->name, 0, false,
+                                                    mc->path, NULL, 0, &m, err, sizeof err);
+    pthread_mutex_lock(&r->mu);
+    sp_model_entry_t *e = sp_registry_entry(r, name, 0, false);
+    sp_served_model_t *old = NULL;
+    if (e != NULL && st == SP_OK) {
+        old = sp_registry_publish_locked(r, e, m);
+        e->on_demand = false;
+        m = NULL;
+    } else if (e != NULL && e->live == NULL) {
+        e->state = SP_REPO_UNAVAILABLE;
+        e->demand_failed = true;
+        snprintf(e->reason, sizeof e->reason, "%s", err);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (st == SP_OK) {
+        SP_LOG_INFO("event=model_loaded_on_demand model=%s version=0", sp_log_str(name));
+    } else {
+        SP_LOG_ERROR("event=model_load_failed model=%s error=%s", sp_log_str(name), sp_log_str(err));
+    }
+    sp_served_release(old);
+    sp_served_release(m); /* built but its entry is gone (not expected) */
+}
+
 /* Load the version a request demanded (name, version), from the files as
  * they are now. */
 static void
@@ -618,9 +658,15 @@ run_demand(sp_serving_t *s, const char *name, int64_t version)
     sp_model_entry_t *e = sp_registry_entry(r, name, version, false);
     char *ov = e && e->override_json ? sp_strndup(e->override_json, strlen(e->override_json)) : NULL;
     bool wanted = e && e->state == SP_REPO_LOADING && e->live == NULL;
+    bool pinned = e && e->pinned;
     pthread_mutex_unlock(&r->mu);
     if (!wanted) {
         sp_free(ov);
+        return;
+    }
+    if (pinned) {
+        sp_free(ov);
+        reload_pinned(s, name);
         return;
     }
     sp_repo_limits_t lim;
@@ -878,8 +924,21 @@ mgr_main(void *arg)
             pthread_mutex_lock(&r->mu);
             continue;
         }
+        /* Idle unloads (keep_alive): one at a time, released outside the lock. */
+        int64_t next_expiry = INT64_MAX;
+        sp_served_model_t *idle = sp_registry_expire_locked(r, now, &next_expiry);
+        if (idle != NULL) {
+            pthread_mutex_unlock(&r->mu);
+            SP_LOG_INFO("event=model_unloaded model=%s version=%lld reason=keep_alive "
+                        "idle_ms=%.0f", sp_log_str(idle->name), (long long)idle->version,
+                        (double)(now - atomic_load(&idle->idle_ns)) / 1e6);
+            sp_served_release(idle);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         int64_t wake = poll && next_poll < next_refresh ? next_poll : next_refresh;
         wake = next_files < wake ? next_files : wake;
+        wake = next_expiry < wake ? next_expiry : wake;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t abs_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (wake - now);

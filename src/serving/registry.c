@@ -256,6 +256,36 @@ sp_registry_unpublish_locked(sp_registry_t *r, sp_model_entry_t *e, const char *
     return old;
 }
 
+sp_served_model_t *
+sp_registry_expire_locked(sp_registry_t *r, int64_t now, int64_t *next)
+{
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        sp_model_entry_t *e = &r->entry[i];
+        sp_served_model_t *m = e->live;
+        if (!e->used || m == NULL || e->state != SP_REPO_READY) {
+            continue;
+        }
+        int64_t due = sp_served_expiry_locked(m, now);
+        /* Idle (only the entry holds it) under the lock every lookup takes:
+         * no request can pick it up between this check and the unpublish. */
+        if (due <= now && atomic_load(&m->refs) == 1) {
+            double keep_s = (double)atomic_load(&m->keep_alive_ns) / 1e9;
+            e->live = NULL;
+            e->state = SP_REPO_UNAVAILABLE;
+            e->on_demand = true;
+            e->demand_failed = false;
+            snprintf(e->reason, sizeof e->reason,
+                     "unloaded after %g s without a request (keep_alive); it loads again on its "
+                     "next request", keep_s);
+            return m;
+        }
+        if (due > now && due < *next) {
+            *next = due;
+        }
+    }
+    return NULL;
+}
+
 bool
 sp_registry_take_demand_locked(sp_registry_t *r, char *name, size_t name_len, int64_t *version)
 {
@@ -324,6 +354,7 @@ sp_registry_acquire(sp_serving_t *s, const char *name, size_t len, const char *v
     if (ready) {
         sp_served_model_t *m = ready->live;
         atomic_fetch_add(&m->refs, 1);
+        atomic_store(&m->in_use, true); /* a request's: its release ends the idle time */
         int64_t now = sp_time_ns();
         atomic_store(&m->last_used_ns, now);
         ready->last_used_ns = now;
@@ -576,6 +607,12 @@ built(sp_registry_t *r, sp_served_model_t *m, int64_t t0)
 {
     m->created = (int64_t)time(NULL);
     atomic_store(&m->last_used_ns, sp_time_ns());
+    atomic_store(&m->idle_ns, atomic_load(&m->last_used_ns));
+    if (m->srv->cfg.keep_alive_s >= 0) {
+        /* --keep-alive: every model's idle unload until a request sets its own */
+        atomic_store(&m->keep_alive_ns, (int64_t)(m->srv->cfg.keep_alive_s * 1e9));
+        atomic_store(&m->idle_unload, true);
+    }
     m->load_ms = (double)(sp_time_ns() - t0) / 1e6;
     pthread_mutex_lock(&r->mu);
     m->next = r->all;

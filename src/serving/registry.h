@@ -146,6 +146,16 @@ struct sp_served_model {
     struct stat file_id;       /* to notice the file changing on disk (sp_served_file_changed) */
     atomic_int refs;
     _Atomic int64_t last_used_ns;
+    /* Idle unload (Ollama's keep_alive): the entry lets the model go once no
+     * request has held it for keep_alive_ns when idle_unload is set (never
+     * when not: the zero state; the server's --keep-alive until a request
+     * sets it). idle_ns: when the last request let go (monotonic), or when
+     * it was built. in_use: a request took it since it was last idle (set by
+     * lookups under the registry lock). */
+    atomic_bool idle_unload;
+    atomic_bool in_use;
+    _Atomic int64_t keep_alive_ns;
+    _Atomic int64_t idle_ns;
     _Atomic uint32_t rr;       /* tie-break among equally loaded instances */
     sp_served_model_t *next;   /* every model not yet freed (registry lock) */
     sp_served_model_t *reap_next; /* waiting to be freed (registry lock) */
@@ -229,6 +239,12 @@ void sp_served_release(sp_served_model_t *m);
 void sp_served_fault(sp_served_model_t *m, const char *rid, const char *what);
 /* The scheduler figures of a model: its instances' summed (steps: the busiest one's). */
 void sp_served_stats(const sp_served_model_t *m, sp_sched_stats_t *out);
+/* Set m's idle deadline: unloaded keep_ns after its last request ends (0:
+ * as soon as the requests on it end; < 0: never). Any thread. */
+void sp_served_keep_alive(sp_served_model_t *m, int64_t keep_ns);
+/* When m will be unloaded for idleness (monotonic ns; INT64_MAX: never;
+ * while requests hold it, keep_alive after now). Registry lock held. */
+int64_t sp_served_expiry_locked(const sp_served_model_t *m, int64_t now);
 /* The instance with the least outstanding work (ties rotate). */
 sp_sched_t *sp_served_pick(sp_served_model_t *m);
 
@@ -266,6 +282,11 @@ sp_served_model_t *sp_registry_publish_locked(sp_registry_t *r, sp_model_entry_t
  * lock) or NULL. Lock held by the caller. */
 sp_served_model_t *sp_registry_unpublish_locked(sp_registry_t *r, sp_model_entry_t *e,
                                                 const char *why);
+/* Unpublish one model whose idle deadline passed (no request holds it) and
+ * return it (its entry reference, to release outside the lock); its entry
+ * loads it again on its next request. NULL when none is due; *next gets
+ * the earliest deadline still to come (unchanged when none). Lock held. */
+sp_served_model_t *sp_registry_expire_locked(sp_registry_t *r, int64_t now, int64_t *next);
 /* Take one entry a request demanded (clearing its mark): its name and
  * version in name/version. false when none is demanded. Lock held. */
 bool sp_registry_take_demand_locked(sp_registry_t *r, char *name, size_t name_len,

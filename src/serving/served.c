@@ -8,12 +8,14 @@
  * manager, which frees it: never the releasing thread, which may be a loop.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/timer.h"
 #include "sampan/log.h"
 #include "serving/registry.h"
 #include "serving/serving.h"
@@ -51,6 +53,33 @@ sp_served_ref(sp_served_model_t *m)
 }
 
 void
+sp_served_keep_alive(sp_served_model_t *m, int64_t keep_ns)
+{
+    if (keep_ns < 0) {
+        atomic_store(&m->idle_unload, false);
+        return;
+    }
+    atomic_store(&m->keep_alive_ns, keep_ns);
+    atomic_store(&m->idle_unload, true);
+    /* A nearer deadline than the one the manager waits for, maybe. */
+    sp_registry_t *r = &m->srv->reg;
+    pthread_mutex_lock(&r->mu);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int64_t
+sp_served_expiry_locked(const sp_served_model_t *m, int64_t now)
+{
+    if (!atomic_load(&m->idle_unload)) {
+        return INT64_MAX;
+    }
+    int64_t keep = atomic_load(&m->keep_alive_ns);
+    int64_t from = atomic_load(&m->refs) > 1 ? now : atomic_load(&m->idle_ns);
+    return from > INT64_MAX - keep ? INT64_MAX : from + keep;
+}
+
+void
 sp_served_fault(sp_served_model_t *m, const char *rid, const char *what)
 {
     if (m != NULL && !atomic_exchange(&m->faulty, true)) {
@@ -63,6 +92,33 @@ void
 sp_served_release(sp_served_model_t *m)
 {
     if (m == NULL) {
+        return;
+    }
+    if (atomic_load(&m->in_use)) {
+        /* A request's reference (in_use: one was taken since the model was
+         * last idle): idle from now. The count drops under the registry
+         * lock, which lookups and the manager's idle check also hold, so a
+         * model the entry alone holds is seen with this time, and in_use is
+         * cleared only when no lookup took it again. Other references (a
+         * listing's snapshot, the manager's file check) do not count as use.
+         * Nothing of m is touched after the lock: without a reference it may
+         * be freed at once. */
+        sp_registry_t *r = &m->srv->reg;
+        atomic_store(&m->idle_ns, sp_time_ns());
+        pthread_mutex_lock(&r->mu);
+        int was = atomic_fetch_sub(&m->refs, 1);
+        SP_ASSERT(was > 0); /* released more often than referenced */
+        if (was == 2) {
+            atomic_store(&m->in_use, false);
+            if (atomic_load(&m->idle_unload)) {
+                pthread_cond_broadcast(&r->cv); /* the manager times its idle unload */
+            }
+        } else if (was == 1) {
+            m->reap_next = r->reap;
+            r->reap = m;
+            pthread_cond_broadcast(&r->cv);
+        }
+        pthread_mutex_unlock(&r->mu);
         return;
     }
     int was = atomic_fetch_sub(&m->refs, 1);

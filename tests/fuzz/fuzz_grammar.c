@@ -35,7 +35,8 @@
  *    (jansson; a number too large for a double is the one exception, since
  *    the grammar bounds digits, not magnitude) that an independent validator
  *    of the supported keywords finds valid (JSON Schema's semantics: every
- *    keyword applies; oneOf as anyOf, as schema.h documents).
+ *    keyword applies; oneOf exactly one branch, which schema.h enforces by
+ *    refusing branches it cannot prove apart).
  */
 #include <jansson.h>
 #include <stdbool.h>
@@ -88,9 +89,8 @@ observe(sp_gmatch_t *m, sp_gstate_t s, view_t *v)
 }
 
 /* ---- an independent validator for the schema subset schema.h supports ----
- * Standard JSON Schema semantics (every keyword applies), except oneOf's
- * exclusivity, which schema.h says is not enforced. 1 valid, 0 not, -1 cannot
- * tell (too deep, a $ref it cannot follow). */
+ * Standard JSON Schema semantics (every keyword applies, oneOf exactly one
+ * branch). 1 valid, 0 not, -1 cannot tell (too deep, a $ref it cannot follow). */
 static int valid(const json_t *root, const json_t *s, const json_t *x, int depth);
 
 static int
@@ -174,16 +174,23 @@ valid(const json_t *root, const json_t *s, const json_t *x, int depth)
         }
         r = all_valid(r, any);
     }
-    static const char *const alts[] = {"anyOf", "oneOf"};
-    for (int a = 0; a < 2; a++) {
-        if ((v = json_object_get(s, alts[a])) != NULL) {
-            int any = 0;
-            json_array_foreach(v, i, e) {
-                int k = valid(root, e, x, depth + 1);
-                any = any == 1 || k == 1 ? 1 : any < 0 || k < 0 ? -1 : 0;
-            }
-            r = all_valid(r, any);
+    if ((v = json_object_get(s, "anyOf")) != NULL) {
+        int any = 0;
+        json_array_foreach(v, i, e) {
+            int k = valid(root, e, x, depth + 1);
+            any = any == 1 || k == 1 ? 1 : any < 0 || k < 0 ? -1 : 0;
         }
+        r = all_valid(r, any);
+    }
+    if ((v = json_object_get(s, "oneOf")) != NULL) {
+        /* exactly one branch: more than one is invalid even with some unknown */
+        int yes = 0, unknown = 0;
+        json_array_foreach(v, i, e) {
+            int k = valid(root, e, x, depth + 1);
+            yes += k == 1;
+            unknown += k < 0;
+        }
+        r = all_valid(r, yes > 1 ? 0 : unknown ? -1 : yes);
     }
     if ((v = json_object_get(s, "allOf")) != NULL) {
         json_array_foreach(v, i, e) {

@@ -157,6 +157,24 @@ await test('retrieve and delete; a deleted response is 404', async () => {
   }
 });
 
+await test('responses.inputItems.list: the chained conversation, paged by the SDK', async () => {
+  const r = await client.responses.create({ model: MODEL, input: 'First question', temperature: 0,
+    max_output_tokens: 40, grammar: lit('First answer.') });
+  const r2 = await client.responses.create({ model: MODEL, previous_response_id: r.id, temperature: 0,
+    max_output_tokens: 40, grammar: lit('Second answer.'),
+    input: [{ role: 'user', content: [{ type: 'input_text', text: 'Second question' }] }] });
+  const page = await client.responses.inputItems.list(r2.id, { order: 'asc' });
+  const texts = page.data.map((i) => `${i.role}:${i.content[0].text}`);
+  assert(JSON.stringify(texts) === JSON.stringify(['user:First question', 'assistant:First answer.',
+    'user:Second question']), JSON.stringify(page.data));
+  assert(page.data.every((i) => i.type === 'message' && typeof i.id === 'string') && !page.has_more,
+    JSON.stringify(page.data));
+  // limit 1: the SDK's auto-pagination follows after / has_more, newest first by default
+  const seen = [];
+  for await (const item of client.responses.inputItems.list(r2.id, { limit: 1 })) seen.push(item.id);
+  assert(JSON.stringify(seen) === JSON.stringify(page.data.map((i) => i.id).reverse()), JSON.stringify(seen));
+});
+
 await test('store false: nothing kept (retrieve 404, previous_response_id 404)', async () => {
   const r = await client.responses.create({ model: MODEL, input: 'Forget me', temperature: 0,
     max_output_tokens: 4, store: false });

@@ -114,6 +114,22 @@ const CORPUS = {
     type: 'object', required: ['root'], properties: { root: { $ref: '#/$defs/node' }, note: { type: 'string', maxLength: 4 } },
     additionalProperties: false,
   },
+  // oneOf whose branches exclude each other: different types, const/enum values, and a tagged
+  // union (a required const discriminator, through $defs as pydantic writes it)
+  one_of: {
+    $defs: {
+      circle: { type: 'object', additionalProperties: false, required: ['shape', 'r'],
+        properties: { shape: { const: 'circle' }, r: { type: 'integer', minimum: 1, maximum: 9 } } },
+      square: { type: 'object', additionalProperties: false, required: ['shape', 'side'],
+        properties: { shape: { type: 'string', enum: ['square'] }, side: { type: 'integer', minimum: 1, maximum: 9 } } },
+    },
+    type: 'object', additionalProperties: false, required: ['item', 'size', 'unit'],
+    properties: {
+      item: { oneOf: [{ $ref: '#/$defs/circle' }, { $ref: '#/$defs/square' }] },
+      size: { oneOf: [{ type: 'integer', minimum: 0, maximum: 5 }, { type: 'string', maxLength: 3 }, { type: 'null' }] },
+      unit: { oneOf: [{ const: 'cm' }, { enum: ['in', 'ft'] }] },
+    },
+  },
   optional_order: {
     type: 'object', required: ['z', 'a'], additionalProperties: { type: 'integer' },
     properties: { z: { type: 'integer', minimum: 1, maximum: 3 }, m: { type: 'boolean' }, a: { type: 'string', format: 'date' } },
@@ -200,6 +216,9 @@ const REFUSED = [
   [{ type: 'string', pattern: '^a+$', minLength: 3 }, "'minLength' beside a 'pattern'"],
   [{ type: 'string', pattern: '^abc+$', maxLength: 2 }, "'maxLength' is below every match"],
   [{ allOf: [{ type: 'string' }, { type: 'integer' }] }, "disagree on 'type'"],
+  [{ oneOf: [{ type: 'integer' }, { type: 'number' }] }, "'oneOf' branches 0 and 1"],
+  [{ oneOf: [{ type: 'object', properties: { k: { const: 1 } }, required: ['k'] },
+    { type: 'object', properties: { k: { const: 1 } }, required: ['k'] }] }, "'oneOf' branches 0 and 1"],
   [{ type: 'object', properties: { a: { type: 'string' } }, patternProperties: { '^x': {} } }, 'patternProperties'],
 ];
 

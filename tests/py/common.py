@@ -264,6 +264,45 @@ def grpc_client(port, calls, ca=None, timeout=90):
     return json.loads(r.stdout)
 
 
+def grammar_literal(text):
+    """A GBNF grammar whose only sentence is text (Sampan's `grammar` extension field makes the
+    tiny demo model write exactly that)."""
+    return "root ::= " + json.dumps(text)
+
+
+def chat_repository(root, template, name="chat"):
+    """A model repository under root with the demo model as `name` version 1, served with the
+    chat template `template` (a Jinja string: e.g. ChatML with <think> and <tool_call> markup,
+    so reasoning and tool calls are parsed as for a downloaded model). Returns the repository."""
+    repo = os.path.join(root, "repo")
+    os.makedirs(os.path.join(repo, name, "1"))
+    shutil.copy(DEMO_MODEL, os.path.join(repo, name, "1", "model.gguf"))
+    with open(os.path.join(repo, name, "config.json"), "w") as f:
+        json.dump({"name": name, "backend": "llm",
+                   "parameters": {"chat_template": {"string_value": template}}}, f)
+    return repo
+
+
+def node_suite(suite, script, tag, package, env, timeout=120):
+    """Run tests/node/SCRIPT (an official client's suite against a running server; env gives it
+    the port and key) and add its counts, read from its last line "TAG: N passed, N failed", to
+    suite. Skipped when node or the npm package (tests/node/node_modules/PACKAGE) is missing."""
+    if shutil.which("node") is None:
+        suite.skip(package, "node is not installed")
+        return
+    if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", package)):
+        suite.skip(package, "tests/node/node_modules missing (npm ci)")
+        return
+    rc, out, err = run(["node", os.path.join(NODE_DIR, script)], timeout=timeout, env=env)
+    print(out, end="")
+    m = re.search(tag + r": (\d+) passed, (\d+) failed", out)
+    if not m:
+        suite.case(f"{package} suite ran", False, (out + err)[-800:])
+    else:
+        suite.passed += int(m.group(1))
+        suite.failed += int(m.group(2))
+
+
 class RepoServer(Server):
     """sampan serve --model-repository REPO (and no --model) on a free port."""
 

@@ -19,17 +19,15 @@ import http.client
 import json
 import os
 import re
-import shutil
 import tempfile
 
-from common import ROOT, Server, Suite, binary, keys_add, run
+from common import Server, Suite, binary, chat_repository, grammar_literal, keys_add, node_suite
 
 s = Suite("anthropic")
 if binary() is None:
     s.skip("all", "sampan not built")
     s.finish()
 
-DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 CHATML = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n"
           "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}"
           "\n</think>\n\n{% endif %}{% if m.content %}{{ m.content }}{% endif %}"
@@ -42,9 +40,7 @@ WEATHER = {"name": "get_weather", "description": "Weather for a city",
                             "properties": {"city": {"type": "string", "maxLength": 12}}}}
 
 
-def lit(text):
-    """A GBNF grammar whose only sentence is text."""
-    return "root ::= " + json.dumps(text)
+lit = grammar_literal
 
 
 def post(port, path, body, key, header="x-api-key", raw=None):
@@ -290,34 +286,14 @@ def error_checks(port, key):
 
 
 def node_sdk(port, key):
-    if shutil.which("node") is None:
-        s.skip("@anthropic-ai/sdk", "node is not installed")
-        return
-    node_dir = os.path.join(ROOT, "tests", "node")
-    if not os.path.isdir(os.path.join(node_dir, "node_modules", "@anthropic-ai", "sdk")):
-        s.skip("@anthropic-ai/sdk", "tests/node/node_modules missing (npm ci)")
-        return
-    rc, out, err = run(["node", os.path.join(node_dir, "anthropic.test.mjs")], timeout=120,
-                       env={"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
-    print(out, end="")
-    m = re.search(r"node-anthropic: (\d+) passed, (\d+) failed", out)
-    if not m:
-        s.case("@anthropic-ai/sdk suite ran", False, (out + err)[-800:])
-    else:
-        s.passed += int(m.group(1))
-        s.failed += int(m.group(2))
+    node_suite(s, "anthropic.test.mjs", "node-anthropic", "@anthropic-ai/sdk", {"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
 
 
 with tempfile.TemporaryDirectory() as tmp:
     tenants = os.path.join(tmp, "tenants.json")
     key = keys_add(tenants, "acme", "--scopes", "infer,metrics")
     key_tpm = keys_add(tenants, "tiny", "--tpm", "60")
-    repo = os.path.join(tmp, "repo")
-    os.makedirs(os.path.join(repo, "chat", "1"))
-    shutil.copy(DEMO, os.path.join(repo, "chat", "1", "model.gguf"))
-    with open(os.path.join(repo, "chat", "config.json"), "w") as f:
-        json.dump({"name": "chat", "backend": "llm",
-                   "parameters": {"chat_template": {"string_value": CHATML}}}, f)
+    repo = chat_repository(tmp, CHATML)
     srv = Server("--tenants", tenants, "--model-repository", repo, "--parallel", "2",
                  "--log-requests", "all", model=None)
     try:

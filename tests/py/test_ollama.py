@@ -8,7 +8,12 @@
   /api/embeddings (the older route) gives the same vector;
 - ":latest" (Ollama's default tag) names the model;
 - errors in Ollama's shape {"error": "..."} with the right status: unknown model 404,
-  bad fields 400, keep_alive other than "keep loaded" refused, not ignored;
+  bad fields 400, a keep_alive that is not a duration refused;
+- keep_alive: a model given "1s" shows in /api/ps with expires_at about a second ahead, is
+  unloaded about a second after its request (and not before), and the next request loads it
+  again (a --model model from its file, a repository model from its directory); an empty
+  prompt with keep_alive 0 unloads it ("unload"), an empty prompt loads it;
+  --keep-alive sets the default for every request, the OpenAI routes' too;
 - the tenants' model lists apply (a model outside the key's list is not listed, and is refused: 403);
 - /api/chat and /api/generate: NDJSON framing (stream true by default, one object per line,
   done false until the last, which has done_reason and the timings), the same text streamed and
@@ -29,7 +34,7 @@ import time
 
 import http.client
 
-from common import DEMO_MODEL, Server, Suite, binary, http_json, keys_add, keyed_request
+from common import DEMO_MODEL, Server, Suite, binary, chat_repository, http_json, keys_add, keyed_request
 
 s = Suite("ollama")
 if binary() is None:
@@ -131,10 +136,6 @@ try:
                                                       "options": {"num_ctx": 100000}}, 400),
         ("dimensions over the model's", "/api/embed", {"model": "stories260K", "input": "x",
                                                          "dimensions": 100000}, 400),
-        ("keep_alive 5m (a timed unload)", "/api/embed", {"model": "stories260K", "input": "x",
-                                                         "keep_alive": "5m"}, 400),
-        ("keep_alive 0 (unload now)", "/api/embed", {"model": "stories260K", "input": "x",
-                                                     "keep_alive": 0}, 400),
         ("keep_alive garbage", "/api/embed", {"model": "stories260K", "input": "x",
                                               "keep_alive": "soon"}, 400),
         ("bad JSON", "/api/show", "{", 400),
@@ -293,7 +294,7 @@ try:
         ("format neither json nor a schema", "/api/chat", {"messages": U, "format": "xml"}),
         ("think on a model without reasoning", "/api/chat", {"messages": U, "think": True}),
         ("images", "/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
-        ("keep_alive 0", "/api/chat", {"messages": U, "keep_alive": 0}),
+        ("keep_alive not a duration", "/api/chat", {"messages": U, "keep_alive": "5 minutes"}),
         ("raw", "/api/generate", {"prompt": "x", "raw": True}),
         ("template", "/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}),
         ("context", "/api/generate", {"prompt": "x", "context": [1, 2]}),
@@ -310,6 +311,108 @@ try:
     n = sum(float(l.split()[-1]) for l in text.splitlines()
             if l.startswith('sampan_request_success_total{model="stories260K"'))
     s.case("the Ollama requests are counted in /metrics like the OpenAI ones", n >= 20, n)
+finally:
+    srv.stop()
+
+
+def ps_models(port):
+    st, b = http_json(port, "GET", "/api/ps")
+    return b["models"] if st == 200 else None
+
+
+def parse_time(t):
+    """Ollama's RFC 3339 time (nanoseconds, Z) as unix seconds."""
+    import datetime
+    head, _, frac = t.rstrip("Z").partition(".")
+    d = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return d.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def wait_unloaded(port, limit):
+    """Seconds until /api/ps is empty, polling every 50 ms; None past limit seconds."""
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if ps_models(port) == []:
+            return time.time() - t0
+        time.sleep(0.05)
+    return None
+
+
+# keep_alive: the model's idle unload.
+srv = Server()
+try:
+    port = srv.port
+    t0 = time.time()
+    st, g = http_json(port, "POST", "/api/generate", {"model": "stories260K", "prompt": "Once",
+                                                      "stream": False, "keep_alive": "1s",
+                                                      "options": {"num_predict": 4, "temperature": 0}})
+    done = time.time()
+    ps = ps_models(port) or [{}]
+    exp = parse_time(ps[0]["expires_at"]) if "expires_at" in ps[0] else 0
+    # The deadline is one second after the request ended: between its start + 1 s and now + 1 s.
+    s.case("keep_alive \"1s\": /api/ps lists the model, expires_at one second after the request",
+           st == 200 and len(ps) == 1 and t0 + 1 - 0.05 <= exp <= time.time() + 1 + 0.05,
+           (st, ps, t0, exp))
+    gone = wait_unloaded(port, 6)
+    since = time.time() - done
+    # Not before the second is up (from the answer's arrival, which follows the request's end).
+    s.case("keep_alive \"1s\": unloaded after about a second, not before",
+           gone is not None and 0.9 <= since, (gone, since))
+    st, tags = http_json(port, "GET", "/api/tags")
+    s.case("unloaded: still in /api/tags (it loads on its next request)",
+           st == 200 and [m["name"] for m in tags["models"]] == ["stories260K"], tags)
+    st, g2 = http_json(port, "POST", "/api/generate", {"model": "stories260K", "prompt": "Once",
+                                                       "stream": False, "options": {"num_predict": 4, "temperature": 0}})
+    ps = ps_models(port) or [{}]
+    s.case("the next request loads it again (load_duration), the same answer; no keep_alive: "
+           "the server's default (loaded for good)",
+           st == 200 and g2.get("response") == g.get("response") and g2["load_duration"] > 0
+           and len(ps) == 1 and ps[0]["expires_at"].startswith("2318"), (g2, ps))
+    st, u = http_json(port, "POST", "/api/generate", {"model": "stories260K", "keep_alive": 0})
+    s.case("empty prompt, keep_alive 0: done_reason unload, and unloaded",
+           st == 200 and u["done"] is True and u["done_reason"] == "unload"
+           and wait_unloaded(port, 5) is not None, u)
+    st, ld = http_json(port, "POST", "/api/generate", {"model": "stories260K"})
+    s.case("empty prompt: loads it again (done_reason load, listed in /api/ps)",
+           st == 200 and ld["done_reason"] == "load" and len(ps_models(port) or []) == 1, ld)
+    st, c = http_json(port, "POST", "/api/chat", {"model": "stories260K", "messages": [], "keep_alive": -1})
+    s.case("keep_alive -1: kept (a far expires_at)", st == 200 and
+           (ps_models(port) or [{}])[0].get("expires_at", "").startswith("2318"), c)
+finally:
+    srv.stop()
+
+# A repository model: unloaded the same way, and loaded again from its directory on demand.
+tmp = tempfile.mkdtemp(prefix="sampan-ollama-repo-")
+repo = chat_repository(tmp, "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+srv = Server("--model-repository", repo, model=None)
+try:
+    port = srv.port
+    st, u = http_json(port, "POST", "/api/chat", {"model": "chat", "messages": [], "keep_alive": 0})
+    gone = wait_unloaded(port, 5)
+    st2, idx = http_json(port, "POST", "/v2/repository/index", {})
+    entry = [e for e in (idx if st2 == 200 else []) if e.get("name") == "chat"]
+    s.case("repository model, keep_alive 0: unloaded (the index says why: keep_alive)",
+           st == 200 and u["done_reason"] == "unload" and gone is not None and len(entry) == 1
+           and "keep_alive" in entry[0].get("reason", ""), (u, entry))
+    st, c = http_json(port, "POST", "/api/chat", {"model": "chat", "stream": False, "messages": [
+        {"role": "user", "content": "Once"}], "options": {"num_predict": 2}})
+    s.case("repository model: the next request loads it again", st == 200 and c["load_duration"] > 0
+           and len(ps_models(port) or []) == 1, c)
+finally:
+    srv.stop()
+
+# --keep-alive: the default for every request (here an OpenAI one).
+srv = Server("--keep-alive", "0.5")
+try:
+    port = srv.port
+    st, _ = http_json(port, "POST", "/v1/completions", {"model": "stories260K", "prompt": "Once",
+                                                         "max_tokens": 2})
+    s.case("--keep-alive 0.5: a model used by /v1/completions is unloaded when idle",
+           st == 200 and wait_unloaded(port, 5) is not None, st)
+    st, b = http_json(port, "POST", "/v1/completions", {"model": "stories260K", "prompt": "Once",
+                                                         "max_tokens": 2})
+    s.case("--keep-alive: the next request loads it again", st == 200 and b["choices"][0]["text"] != "",
+           (st, b))
 finally:
     srv.stop()
 

@@ -1,5 +1,5 @@
 """test_responses.py - OpenAI's Responses API (POST /v1/responses, GET and DELETE
-/v1/responses/{id}) against the real server, raw over HTTP: the stream's events in their
+/v1/responses/{id}, GET /v1/responses/{id}/input_items with limit, order and after) against the real server, raw over HTTP: the stream's events in their
 documented order with each `event:` line matching its data's type and sequence_number counting
 from 0, a reasoning output item from <think> markup, store false (nothing kept), stored
 responses per tenant (another tenant's id is 404, for GET, DELETE and previous_response_id), the
@@ -16,17 +16,15 @@ import http.client
 import json
 import os
 import re
-import shutil
 import tempfile
 
-from common import ROOT, Server, Suite, binary, keys_add, run
+from common import Server, Suite, binary, chat_repository, grammar_literal, keys_add, node_suite
 
 s = Suite("responses")
 if binary() is None:
     s.skip("all", "sampan not built")
     s.finish()
 
-DEMO = os.path.join(ROOT, "models", "stories260K.gguf")
 CHATML = ("{%- if reasoning_effort == 'high' %}Think very hard about every single word.{% endif %}"
           "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
           "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}"
@@ -37,9 +35,7 @@ CHATML = ("{%- if reasoning_effort == 'high' %}Think very hard about every singl
 STORE_MAX = 4  # --responses-store: small, so the test sees the oldest evicted
 
 
-def lit(text):
-    """A GBNF grammar whose only sentence is text."""
-    return "root ::= " + json.dumps(text)
+lit = grammar_literal
 
 
 def call(port, method, path, body, key):
@@ -179,6 +175,37 @@ def store_checks(port, key, key2):
            st == st2 == st3 == 200 and r2["previous_response_id"] == rid and
            r3["usage"]["input_tokens"] > r2["usage"]["input_tokens"] >
            alone["usage"]["input_tokens"] + 10, f"{r2.get('usage')} {r3.get('usage')} {alone.get('usage')}")
+    # input_items: the conversation's input (the chain's earlier input and output, then its own)
+    st, li = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?order=asc&limit=100", None, key)
+    data = li.get("data", []) if st == 200 else []
+    texts = [(i.get("type"), i.get("role"), (i.get("content") or [{}])[0].get("text")) for i in data]
+    want = [("message", "user", "The cat sat on the mat and looked at the dog."),
+            ("message", "assistant", r["output"][0]["content"][0]["text"]),
+            ("message", "user", "And then?"),
+            ("message", "assistant", r2["output"][0]["content"][0]["text"]),
+            ("message", "user", "And then?")]
+    ids = [i.get("id") for i in data]
+    s.case("input_items (asc): the chain's items in order, each with an id, OpenAI's list shape",
+           st == 200 and li["object"] == "list" and texts == want and len(set(ids)) == 5
+           and all(isinstance(i, str) for i in ids) and li["first_id"] == ids[0]
+           and li["last_id"] == ids[-1] and li["has_more"] is False
+           and data[0]["content"][0]["type"] == "input_text", str(li)[:600])
+    st, d1 = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?limit=2", None, key)
+    st2, d2 = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?limit=2&after={d1.get('last_id')}",
+                   None, key)
+    st3, d3 = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?limit=2&after={d2.get('last_id')}",
+                   None, key)
+    pages = [i["id"] for d in (d1, d2, d3) for i in d.get("data", [])]
+    s.case("input_items: desc by default, limit and after page through it (has_more until the end)",
+           st == st2 == st3 == 200 and pages == ids[::-1] and d1["has_more"] and d2["has_more"]
+           and not d3["has_more"] and len(d3["data"]) == 1, f"{pages} {ids}")
+    st, o = call(port, "GET", f"/v1/responses/{r3['id']}/input_items", None, key2)
+    st2, bad = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?limit=0", None, key)
+    st3, bad2 = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?order=up", None, key)
+    st4, bad3 = call(port, "GET", f"/v1/responses/{r3['id']}/input_items?after=msg_nope", None, key)
+    s.case("input_items: another tenant's 404; limit 0, order up, an unknown after are 400",
+           is_error(st, o, 404) and is_error(st2, bad, 400, "limit") and is_error(st3, bad2, 400, "order")
+           and is_error(st4, bad3, 400, "after"), f"{o} {bad} {bad2} {bad3}"[:400])
     st, d = call(port, "DELETE", f"/v1/responses/{rid}", None, key)
     st2, g = call(port, "GET", f"/v1/responses/{rid}", None, key)
     st3, d2 = call(port, "DELETE", f"/v1/responses/{rid}", None, key)
@@ -229,34 +256,14 @@ def error_checks(port, key):
 
 
 def node_sdk(port, key):
-    if shutil.which("node") is None:
-        s.skip("openai sdk responses", "node is not installed")
-        return
-    node_dir = os.path.join(ROOT, "tests", "node")
-    if not os.path.isdir(os.path.join(node_dir, "node_modules", "openai")):
-        s.skip("openai sdk responses", "tests/node/node_modules missing (npm ci)")
-        return
-    rc, out, err = run(["node", os.path.join(node_dir, "responses.test.mjs")], timeout=120,
-                       env={"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
-    print(out, end="")
-    m = re.search(r"node-responses: (\d+) passed, (\d+) failed", out)
-    if not m:
-        s.case("openai sdk responses suite ran", False, (out + err)[-800:])
-    else:
-        s.passed += int(m.group(1))
-        s.failed += int(m.group(2))
+    node_suite(s, "responses.test.mjs", "node-responses", "openai", {"SAMPAN_PORT": str(port), "SAMPAN_KEY": key})
 
 
 with tempfile.TemporaryDirectory() as tmp:
     tenants = os.path.join(tmp, "tenants.json")
     key = keys_add(tenants, "acme", "--scopes", "infer,metrics")
     key2 = keys_add(tenants, "other")
-    repo = os.path.join(tmp, "repo")
-    os.makedirs(os.path.join(repo, "chat", "1"))
-    shutil.copy(DEMO, os.path.join(repo, "chat", "1", "model.gguf"))
-    with open(os.path.join(repo, "chat", "config.json"), "w") as f:
-        json.dump({"name": "chat", "backend": "llm",
-                   "parameters": {"chat_template": {"string_value": CHATML}}}, f)
+    repo = chat_repository(tmp, CHATML)
     srv = Server("--tenants", tenants, "--model-repository", repo, "--parallel", "2",
                  "--log-requests", "all", "--responses-store", str(STORE_MAX), model=None)
     try:

@@ -44,9 +44,10 @@ def validate(v, sc, root=None, depth=0):
         return v == sc["const"] and type(v) == type(sc["const"])
     if "enum" in sc:
         return any(v == e and type(v) == type(e) for e in sc["enum"])
-    for k in ("anyOf", "oneOf"):
-        if k in sc:
-            return any(validate(v, x, root, depth + 1) for x in sc[k])
+    if "anyOf" in sc:
+        return any(validate(v, x, root, depth + 1) for x in sc["anyOf"])
+    if "oneOf" in sc:
+        return sum(1 for x in sc["oneOf"] if validate(v, x, root, depth + 1)) == 1
     t = sc.get("type")
     types = t if isinstance(t, list) else [t] if t else None
     if types is None:

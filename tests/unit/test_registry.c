@@ -2,12 +2,15 @@
  * through registry.h with a fake model kind: the memory reserved between a
  * kind's probe and its start (and returned when the start fails), references
  * that keep a model alive after it is unpublished, LRU eviction under a
- * device budget, the on-demand mark a lookup sets and the manager takes, and
- * the entry states a lookup sees. Loading real files is covered by
+ * device budget, the idle unload (keep_alive) that waits for requests, the
+ * on-demand mark a lookup sets and the manager takes, and the entry states a
+ * lookup sees. Loading real files is covered by
  * tests/py/test_repository.py and test_tensor_models.py. */
 #include "test.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -94,6 +97,7 @@ make(const char *budget)
     sp_serving_t *s = sp_calloc(1, sizeof *s);
     ASSERT(s != NULL);
     char err[256];
+    s->cfg.keep_alive_s = -1; /* no idle unload unless a test sets one */
     ASSERT_OK(sp_registry_init(&s->reg, budget, err, sizeof err));
     ASSERT(s->reg.n_dev >= 1);
     g_need = 0;
@@ -272,6 +276,58 @@ TEST(registry_never_evicts_a_model_in_use_or_pinned)
     ASSERT(c != NULL);
     ASSERT_EQ(s->reg.evictions, 1);
     sp_served_release(held);
+    done(s);
+}
+
+/* ------------------------------------------------------------ idle unload */
+
+TEST(registry_idle_unload_waits_for_requests)
+{
+    sp_serving_t *s = make("1000000");
+    sp_served_model_t *a = serve(s, "a", 1, 100000);
+    int64_t next = INT64_MAX;
+    pthread_mutex_lock(&s->reg.mu);
+    ASSERT(sp_registry_expire_locked(&s->reg, INT64_MAX - 1, &next) == NULL); /* none set: never */
+    pthread_mutex_unlock(&s->reg.mu);
+    ASSERT_EQ(next, INT64_MAX);
+
+    sp_served_keep_alive(a, 0); /* unloaded once no request holds it */
+    sp_served_model_t *req = NULL;
+    ASSERT_EQ(acquire(s, "a", false, &req), SP_ACQ_OK);
+    int64_t later = sp_time_ns() + 1000000000LL;
+    pthread_mutex_lock(&s->reg.mu);
+    ASSERT(sp_registry_expire_locked(&s->reg, later, &next) == NULL); /* a request holds it */
+    pthread_mutex_unlock(&s->reg.mu);
+    sp_served_release(req);
+    int64_t idle = atomic_load(&a->idle_ns);
+    ASSERT(idle >= atomic_load(&a->last_used_ns)); /* idle from the request's end */
+
+    /* 5 s: due 5 s after that end; a listing's reference is not use. */
+    sp_served_keep_alive(a, 5000000000LL);
+    sp_served_model_t **all = NULL;
+    int n = sp_registry_snapshot(s, &all);
+    ASSERT_EQ(n, 1);
+    sp_served_release(all[0]);
+    sp_free(all);
+    ASSERT_EQ(atomic_load(&a->idle_ns), idle);
+    next = INT64_MAX;
+    pthread_mutex_lock(&s->reg.mu);
+    ASSERT(sp_registry_expire_locked(&s->reg, idle + 4999999999LL, &next) == NULL);
+    ASSERT_EQ(next, idle + 5000000000LL);
+    sp_served_model_t *gone = sp_registry_expire_locked(&s->reg, idle + 5000000000LL, &next);
+    pthread_mutex_unlock(&s->reg.mu);
+    ASSERT(gone == a);
+    sp_model_entry_t *e = entry(s, "a", 1);
+    ASSERT(e->live == NULL && e->on_demand && e->state == SP_REPO_UNAVAILABLE);
+    ASSERT(strstr(e->reason, "keep_alive") != NULL);
+    sp_served_release(gone);
+    sp_registry_reap(&s->reg);
+    ASSERT_EQ(g_freed, 1);
+    ASSERT_EQ(s->reg.used[0], 0);
+    /* The next request asks for it again (the manager loads it on demand). */
+    sp_served_model_t *m = NULL;
+    ASSERT_EQ(acquire(s, "a", true, &m), SP_ACQ_LOADING);
+    ASSERT(entry(s, "a", 1)->demanded);
     done(s);
 }
 

@@ -196,6 +196,57 @@ TEST(schema_keywords_beside_whole_rules)
     sp_grammar_release(g);
 }
 
+TEST(schema_oneof_exclusive)
+{
+    /* Branches no value can match twice compile (the alternation is then exactly oneOf). */
+    sp_grammar_t *g = schema_ok("{\"oneOf\": [{\"type\": \"string\"}, {\"type\": \"null\"}, "
+                                "{\"type\": [\"integer\", \"boolean\"]}]}");
+    YES(g, "\"a\"");
+    YES(g, "null");
+    YES(g, "3");
+    NO(g, "[]");
+    sp_grammar_release(g);
+    g = schema_ok("{\"oneOf\": [{\"const\": \"a\"}, {\"enum\": [\"b\", 1]}, {\"type\": \"object\"}]}");
+    YES(g, "1");
+    NO(g, "\"c\"");
+    sp_grammar_release(g);
+    /* a tagged union through $defs (pydantic's shape): a required const discriminator */
+    g = schema_ok("{\"oneOf\": [{\"$ref\": \"#/$defs/cat\"}, {\"$ref\": \"#/$defs/dog\"}], "
+                  "\"discriminator\": {\"propertyName\": \"kind\"}, \"$defs\": {"
+                  "\"cat\": {\"type\": \"object\", \"properties\": {\"kind\": {\"const\": \"cat\"}, "
+                  "\"lives\": {\"type\": \"integer\"}}, \"required\": [\"kind\", \"lives\"]}, "
+                  "\"dog\": {\"type\": \"object\", \"properties\": {\"kind\": {\"type\": \"string\", "
+                  "\"enum\": [\"dog\"]}, \"lives\": {\"type\": \"integer\"}}, \"required\": [\"kind\"]}}}");
+    YES(g, "{\"kind\":\"cat\",\"lives\":9}");
+    YES(g, "{\"kind\":\"dog\"}");
+    NO(g, "{\"kind\":\"cow\"}");
+    sp_grammar_release(g);
+
+    /* Overlapping branches are refused, naming oneOf and the branches. */
+    const char *e;
+    e = schema_err("{\"oneOf\": [{\"type\": \"integer\"}, {\"type\": \"number\"}]}");
+    ASSERT(strstr(e, "'oneOf' branches 0 and 1") != NULL);
+    e = schema_err("{\"oneOf\": [{\"enum\": [1, 2]}, {\"const\": 2.0}]}"); /* 2 = 2.0 */
+    ASSERT(strstr(e, "'oneOf'") != NULL);
+    e = schema_err("{\"oneOf\": [{\"type\": \"string\"}, {\"const\": \"x\"}]}");
+    ASSERT(strstr(e, "'oneOf' branches 0 and 1") != NULL);
+    e = schema_err("{\"type\": \"object\", \"properties\": {\"p\": {\"oneOf\": [{\"type\": \"null\"}, "
+                   "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}, {}]}}}");
+    ASSERT(strstr(e, "'oneOf' branches 0 and 2") != NULL && strstr(e, "/properties/p") != NULL);
+    /* objects: a discriminator only when both require it (else {} matches both) */
+    e = schema_err("{\"oneOf\": [{\"type\": \"object\", \"properties\": {\"k\": {\"const\": 1}}, "
+                   "\"required\": [\"k\"]}, {\"type\": \"object\", \"properties\": {\"k\": "
+                   "{\"const\": 2}}}]}");
+    ASSERT(strstr(e, "'oneOf'") != NULL);
+    e = schema_err("{\"oneOf\": [{\"type\": \"object\", \"properties\": {\"k\": {\"enum\": [1, 2]}}, "
+                   "\"required\": [\"k\"]}, {\"type\": \"object\", \"properties\": {\"k\": "
+                   "{\"enum\": [2, 3]}}, \"required\": [\"k\"]}]}");
+    ASSERT(strstr(e, "'oneOf'") != NULL);
+    /* anyOf with the same branches stays an alternation */
+    g = schema_ok("{\"anyOf\": [{\"type\": \"integer\"}, {\"type\": \"number\"}]}");
+    sp_grammar_release(g);
+}
+
 TEST(schema_bounded_compile)
 {
     /* 20000 enum values: over the node cap, refused quickly */
