@@ -31,6 +31,7 @@
 #include "cuda/loader.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
+#include "serving/hub.h"
 #include "serving/repo.h"
 #include "http/cors.h"
 #include "api/grpc.h"
@@ -551,6 +552,11 @@ sp_cmd_serve(int argc, char **argv)
     }
     sp_json_init();
     sp_log_set_format(strcmp(s->sv.cfg.log_format, "json") == 0 ? SP_LOG_FORMAT_JSON : SP_LOG_FORMAT_KV);
+    if (sp_hub_resolve_models(&s->sv.cfg, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        sp_free(s);
+        return 1;
+    }
     s->sv.rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
     if (sp_auth_init(&s->sv.auth, s->sv.cfg.tenants_file, s->sv.cfg.api_key, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan serve: %s\n", err);
