@@ -17,6 +17,8 @@ const char sp_config_usage[] =
     "Serves the OpenAI API (and health routes) over HTTP/1.1. With no --model it serves\n"
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
     "  -m, --model NAME=FILE     a model to serve (repeatable; NAME defaults to the file name)\n"
+    "                            FILE may be hf://ORG/REPO[/FILE.gguf | :QUANT]: downloaded from\n"
+    "                            Hugging Face into its cache first (see sampan pull --help)\n"
     "      --model-repository DIR  serve the models of a Triton-style repository\n"
     "      --model-control-mode M  none (load every model at start, default), poll (also\n"
     "                            rescan every --repository-poll-secs and apply what changed)\n"

@@ -579,7 +579,7 @@ typedef struct hdrs {
     char linked_size[24];
     char content_length[24];
     char content_range[96];
-    char location[2048];
+    char location[2048]; /* "" when longer */
     char error_code[64];
     char next[2048]; /* the Link header's rel="next" URL */
     bool too_long;   /* a header we read did not fit its buffer */
@@ -628,8 +628,11 @@ header_cb(char *buf, size_t size, size_t nitems, void *ud)
                  &h->too_long) ||
         hdr_take(buf, n, "Content-Range", h->content_range, sizeof h->content_range,
                  &h->too_long) ||
-        hdr_take(buf, n, "Location", h->location, sizeof h->location, &h->too_long) ||
-        hdr_take(buf, n, "X-Error-Code", h->error_code, sizeof h->error_code, &h->too_long)) {
+        hdr_take(buf, n, "Location", h->location, sizeof h->location, &tl) ||
+        hdr_take(buf, n, "X-Error-Code", h->error_code, sizeof h->error_code, &tl)) {
+        /* A long Location (a storage host's signed URL) or error code is only
+         * left empty: the HEAD follows relative redirects alone, and libcurl
+         * follows the others from its own copy. */
         return n;
     }
     if (h->etag[0] == '\0' && strncasecmp(buf, "ETag:", 5) == 0) {
@@ -932,8 +935,11 @@ head_file(const client_t *c, const sp_hub_ref_t *ref, const char *file, meta_t *
 {
     char enc[1600], what[700];
     url_path(enc, sizeof enc, file);
-    snprintf(url, url_len, "%s/%s/resolve/main/%s", c->endpoint, ref->repo, enc);
     snprintf(what, sizeof what, "%s/%s", ref->repo, file);
+    int un = snprintf(url, url_len, "%s/%s/resolve/main/%s", c->endpoint, ref->repo, enc);
+    if (un < 0 || (size_t)un >= url_len) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: the URL is too long", what);
+    }
     for (int hop = 0;; hop++) {
         hdrs_t h;
         memset(&h, 0, sizeof h);
@@ -961,7 +967,10 @@ head_file(const client_t *c, const sp_hub_ref_t *ref, const char *file, meta_t *
             if (hop >= HUB_MAX_REDIRS) {
                 return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: too many redirects", what);
             }
-            snprintf(url, url_len, "%s%s", c->endpoint, h.location);
+            un = snprintf(url, url_len, "%s%s", c->endpoint, h.location);
+            if (un < 0 || (size_t)un >= url_len) {
+                return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: a redirect too long", what);
+            }
             continue;
         }
         if (code >= 400 || code < 200) {
@@ -1209,7 +1218,7 @@ download(const client_t *c, const sp_hub_ref_t *ref, const char *url, const char
         curl_easy_getinfo(d.e, CURLINFO_RESPONSE_CODE, &code);
         curl_easy_cleanup(d.e);
         if (tty) {
-            draw_bar(&d, rc == CURLE_OK);
+            draw_bar(&d, true); /* ends the line, so a retry's log line starts clean */
         }
         if (rc == CURLE_OK && d.have + d.got == total) {
             break;
