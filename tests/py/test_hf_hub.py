@@ -232,6 +232,27 @@ def pull(ref, **kw):
     return run([binary(), "pull", ref], timeout=60, env=env(**kw))
 
 
+def pull_on_tty(ref, cache):
+    """sampan pull with stderr on a pseudo-terminal; returns (exit code, what it wrote there)."""
+    import pty
+    import subprocess
+    master, slave = pty.openpty()
+    p = subprocess.Popen([binary(), "pull", ref], stdout=subprocess.DEVNULL, stderr=slave,
+                         env=dict(os.environ, **env(HF_HUB_CACHE=cache)))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            b = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not b:
+            break
+        chunks.append(b)
+    os.close(master)
+    return p.wait(60), b"".join(chunks).decode(errors="replace")
+
+
 def repo_dir(repo):
     return os.path.join(HOME, "hub", "models--" + repo.replace("/", "--"))
 
@@ -271,6 +292,16 @@ def cases():
     s.case("an unknown repository is an error", rc == 1 and "org/nothere" in err, err[-300:])
     rc, out, err = pull("hf://org/exact/missing.gguf")
     s.case("an unknown file is an error (404)", rc == 1 and "404" in err, err[-300:])
+
+    # -- HF_HUB_CACHE, and the progress bar on a terminal (stderr a pty)
+    other = os.path.join(TMP, "othercache")
+    rc, out, err = pull("hf://org/tiny:Q2_K", HF_HUB_CACHE=other)
+    s.case("HF_HUB_CACHE places the cache",
+           rc == 0 and out.strip().startswith(other + "/models--org--tiny/snapshots/"), err[-300:])
+    rc, tty_err = pull_on_tty("hf://org/tiny:Q2_K", os.path.join(TMP, "ttycache"))
+    s.case("a progress bar on a terminal (bytes, rate, ETA)",
+           rc == 0 and "\r" in tty_err and "100%" in tty_err and "MiB" in tty_err and
+           "/s" in tty_err and "ETA" in tty_err, repr(tty_err[-300:]))
 
     # -- split model
     rc, out, err = pull("hf://org/split:Q4_K_M")
