@@ -435,6 +435,26 @@ def cases():
             srv_.stop()
     except RuntimeError as e:
         s.case("serve --model hf://org/tiny:Q4_K_M answers a completion", False, str(e)[-500:])
+    # a --config file naming an hf:// model, served offline from the cache
+    cfg = os.path.join(TMP, "serve.json")
+    with open(cfg, "w") as f:
+        json.dump({"models": {"story": "hf://org/tiny:Q4_K_M"}}, f)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    n0 = len(HUB.log)
+    try:
+        srv_ = Server("--config", cfg, model=None, start_timeout=60)
+        try:
+            st, body = http_json(srv_.port, "POST", "/v1/completions",
+                                 {"model": "story", "prompt": "Once upon a time",
+                                  "max_tokens": 4, "temperature": 0})
+            s.case("--config models: {name: hf://...} served offline from the cache",
+                   st == 200 and len(HUB.log) == n0, str(body)[:300])
+        finally:
+            srv_.stop()
+    except RuntimeError as e:
+        s.case("--config models: {name: hf://...} served offline from the cache", False,
+               str(e)[-500:])
+    os.environ["HF_HUB_OFFLINE"] = ""
     rc, out, err = run([binary(), "serve", "--model", "hf://org/split:Q4_K_M", "--port", "0"],
                        timeout=60, env=env())
     s.case("serve refuses a split model clearly", rc != 0 and "split in 2 files" in err, err[-300:])
