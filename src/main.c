@@ -25,6 +25,9 @@ static const char usage[] =
     "  decrypt   check (--check) or decrypt an encrypted model file\n"
     "  keys      manage the tenants file: API keys (hashed), scopes, tiers and limits\n"
     "  perplexity  a model's perplexity on a text file (quality of quantised weights or KV)\n"
+    "  pull      download a GGUF model from Hugging Face (hf://ORG/REPO[/FILE | :QUANT])\n"
+    "  list      the GGUF models in the Hugging Face cache\n"
+    "  rm        remove a model from the Hugging Face cache\n"
     "  version   print the version\n"
     "Run 'sampan COMMAND --help' for a command's options.\n";
 
@@ -46,6 +49,9 @@ static const command_t commands[] = {
     {"decrypt", sp_cmd_decrypt},
     {"keys", sp_cmd_keys},
     {"perplexity", sp_cmd_perplexity},
+    {"pull", sp_cmd_pull},
+    {"list", sp_cmd_list},
+    {"rm", sp_cmd_rm},
 };
 
 int

@@ -79,7 +79,7 @@ if [ ! -d tests/node/node_modules ] && command -v npm >/dev/null 2>&1; then
         { tail -n 20 "$log/npm.txt"; echo "run: npm ci in tests/node failed; the suites that need it skip"; }
 fi
 
-SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py)
+SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py test_hf_hub.py)
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "== build (ASan+UBSan)"
     make -j"$JOBS" SANITIZER=1 unit >"$log/build-san.txt" 2>&1 || { cat "$log/build-san.txt"; echo "total: 0 passed, 1 failed"; exit 1; }

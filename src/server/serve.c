@@ -34,6 +34,7 @@
 #include "cuda/loader.h"
 #include "sampan/log.h"
 #include "sampan/version.h"
+#include "serving/hub.h"
 #include "serving/repo.h"
 #include "http/cors.h"
 #include "api/grpc.h"
@@ -561,6 +562,11 @@ sp_cmd_serve(int argc, char **argv)
         /* a misspelt variable would otherwise change nothing without a word */
         SP_LOG_WARN("event=config_env_unknown names=%s detail=%s", sp_log_str(s->sv.cfg.env_unknown),
                     sp_log_str("these SAMPAN_ variables name no option of sampan serve"));
+    }
+    if (sp_hub_resolve_models(&s->sv.cfg, err, sizeof err) != SP_OK) {
+        fprintf(stderr, "sampan serve: %s\n", err);
+        sp_free(s);
+        return 1;
     }
     s->sv.rid_prefix = ((uint64_t)sp_time_ns() ^ ((uint64_t)getpid() << 32)) & 0xffffffffu;
     if (sp_auth_init(&s->sv.auth, s->sv.cfg.tenants_file, s->sv.cfg.api_key, err, sizeof err) != SP_OK) {

@@ -19,6 +19,8 @@ const char sp_config_usage[] =
     "Serves the OpenAI API (and health routes) over HTTP/1.1. With no --model it serves\n"
     "the demo model " SP_SERVE_DEMO_MODEL " as \"" SP_SERVE_DEMO_NAME "\".\n"
     "  -m, --model NAME=FILE     a model to serve (repeatable; NAME defaults to the file name)\n"
+    "                            FILE may be hf://ORG/REPO[/FILE.gguf | :QUANT]: downloaded from\n"
+    "                            Hugging Face into its cache first (see sampan pull --help)\n"
     "      --model-repository DIR  serve the models of a Triton-style repository\n"
     "                            (a directory, or s3://BUCKET/PREFIX on S3, Ceph RGW or\n"
     "                            MinIO: credentials and endpoint from AWS_* variables)\n"

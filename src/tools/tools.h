@@ -20,5 +20,11 @@ int sp_cmd_decrypt(int argc, char **argv);
 int sp_cmd_keys(int argc, char **argv);
 /* sampan perplexity -m FILE -f TEXT [-c N] [--kv-type T] [--json]: a model's perplexity on a text. */
 int sp_cmd_perplexity(int argc, char **argv);
+/* sampan pull hf://ORG/REPO[/FILE | :QUANT]: a GGUF model from Hugging Face into the hub cache. */
+int sp_cmd_pull(int argc, char **argv);
+/* sampan list [--json]: the GGUF files in the hub cache. */
+int sp_cmd_list(int argc, char **argv);
+/* sampan rm hf://ORG/REPO[/FILE | :QUANT]: remove a repository or a file from the hub cache. */
+int sp_cmd_rm(int argc, char **argv);
 
 #endif /* SP_TOOLS_TOOLS_H */
