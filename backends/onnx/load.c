@@ -430,7 +430,8 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
         const Onnx__TypeProto *ty = vi->type;
         if (ty == NULL || ty->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE ||
             ty->tensor_type == NULL) {
-            errf(err, err_len, "%s: input '%.100s' is not a tensor", path, vi->name);
+            errf(err, err_len, "%s: input '%.100s': non-tensor inputs (sequence, map, optional) are "
+                 "not supported", path, vi->name);
             goto done;
         }
         int32_t et = ty->tensor_type->elem_type;

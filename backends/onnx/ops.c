@@ -117,6 +117,42 @@ BIN_ROW(add_i, int32_t, (int32_t)((uint32_t)x + (uint32_t)z))
 BIN_ROW(sub_i, int32_t, (int32_t)((uint32_t)x - (uint32_t)z))
 BIN_ROW(mul_i, int32_t, (int32_t)((uint32_t)x * (uint32_t)z))
 BIN_ROW(div_i, int32_t, z == 0 || (z == -1 && x == INT32_MIN) ? 0 : x / z)
+BIN_ROW(add_u8, uint8_t, (uint8_t)(x + z))
+BIN_ROW(sub_u8, uint8_t, (uint8_t)(x - z))
+BIN_ROW(mul_u8, uint8_t, (uint8_t)(x * z))
+BIN_ROW(div_u8, uint8_t, z == 0 ? 0 : (uint8_t)(x / z))
+BIN_ROW(add_s8, int8_t, (int8_t)(x + z))
+BIN_ROW(sub_s8, int8_t, (int8_t)(x - z))
+BIN_ROW(mul_s8, int8_t, (int8_t)(x * z))
+BIN_ROW(div_s8, int8_t, z == 0 ? 0 : (int8_t)(x / z))
+
+static double
+num_at(const void *p, int32_t dtype, int64_t i)
+{
+    switch (dtype) {
+    case OX_FLOAT: return ((const float *)p)[i];
+    case OX_INT64: return (double)((const int64_t *)p)[i];
+    case OX_INT32: return ((const int32_t *)p)[i];
+    case OX_INT8: return ((const int8_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+/* Pow of mixed or integer types: computed in double, stored as the base's type
+ * (integer results are exact while they fit in 53 bits). */
+static void
+pow_any(void *o, const void *const *in, const int64_t *s, int64_t n, const void *c)
+{
+    const int32_t *t = c;
+    for (int64_t i = 0; i < n; i++) {
+        double v = pow(num_at(in[0], t[0], i * s[0]), num_at(in[1], t[1], i * s[1]));
+        switch (t[0]) {
+        case OX_FLOAT: ((float *)o)[i] = (float)v; break;
+        case OX_INT64: ((int64_t *)o)[i] = isfinite(v) && fabs(v) < 9.2e18 ? (int64_t)v : 0; break;
+        default: ((int32_t *)o)[i] = isfinite(v) && fabs(v) < 2.1e9 ? (int32_t)v : 0; break;
+        }
+    }
+}
 
 /* Pow with an integer exponent tensor: the exponent is read as its own type. */
 static void
@@ -144,17 +180,24 @@ run_binary(ox_run_t *r, const ox_tensor_t *const *in, ox_tensor_t *out, bop_t op
 {
     const ox_tensor_t *a = in[0], *b = in[1];
     ox_row_fn fn = NULL;
+    int32_t types[2] = {a->dtype, b->dtype};
+    bool num_b = b->dtype == OX_FLOAT || b->dtype == OX_INT64 || b->dtype == OX_INT32;
     if (op == B_POW) {
         if (a->dtype == OX_FLOAT) {
             fn = b->dtype == OX_FLOAT ? pow_f : b->dtype == OX_INT64 ? pow_fl
                : b->dtype == OX_INT32 ? pow_fi : NULL;
+        } else if ((a->dtype == OX_INT64 || a->dtype == OX_INT32) && num_b) {
+            fn = pow_any;
         }
     } else if (a->dtype == b->dtype) {
         static const ox_row_fn tf[] = {add_f, sub_f, mul_f, div_f};
         static const ox_row_fn tl[] = {add_l, sub_l, mul_l, div_l};
         static const ox_row_fn ti[] = {add_i, sub_i, mul_i, div_i};
+        static const ox_row_fn tu8[] = {add_u8, sub_u8, mul_u8, div_u8};
+        static const ox_row_fn ts8[] = {add_s8, sub_s8, mul_s8, div_s8};
         fn = a->dtype == OX_FLOAT ? tf[op] : a->dtype == OX_INT64 ? tl[op]
-           : a->dtype == OX_INT32 ? ti[op] : NULL;
+           : a->dtype == OX_INT32 ? ti[op] : a->dtype == OX_UINT8 ? tu8[op]
+           : a->dtype == OX_INT8 ? ts8[op] : NULL;
     }
     if (fn == NULL) {
         return ox_fail(r, "%s and %s operands are not supported", ox_dtype_name(a->dtype),
@@ -163,7 +206,7 @@ run_binary(ox_run_t *r, const ox_tensor_t *const *in, ox_tensor_t *out, bop_t op
     int64_t dims[OX_MAX_DIMS];
     int32_t nd;
     if (ox_bcast_shape(r, in, 2, dims, &nd) || ox_out(r, out, a->dtype, nd, dims)) return -1;
-    ox_bcast_rows(out, in, 2, fn, NULL);
+    ox_bcast_rows(out, in, 2, fn, types);
     return 0;
 }
 
@@ -190,7 +233,7 @@ typedef enum {
 static int
 run_unary(ox_run_t *r, const ox_tensor_t *x, ox_tensor_t *out, uop_t op, float p0, float p1)
 {
-    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input (FLOAT only)", ox_dtype_name(x->dtype));
+    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input is not supported (FLOAT only)", ox_dtype_name(x->dtype));
     if (ox_out(r, out, OX_FLOAT, x->nd, x->dims)) return -1;
     const float *a = x->data;
     float *y = out->data;
@@ -290,21 +333,46 @@ run_clip(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_ten
          int no)
 {
     (void)no;
-    float lo = -INFINITY, hi = INFINITY;
+    const ox_tensor_t *x = in[0];
+    double lo = -INFINITY, hi = INFINITY;
     if (n->opset < 11) {
         lo = ox_attr_f(n, "min", -INFINITY);
         hi = ox_attr_f(n, "max", INFINITY);
     } else {
         for (int k = 1; k < ni && k < 3; k++) {
             if (in[k] == NULL) continue;
-            if (in[k]->dtype != OX_FLOAT || ox_numel(in[k]) != 1) {
-                return ox_fail(r, "input %d must be a FLOAT scalar", k);
+            if (in[k]->dtype != x->dtype || ox_numel(in[k]) != 1) {
+                return ox_fail(r, "input %d must be a scalar of the input's type", k);
             }
-            float v = *(const float *)in[k]->data;
+            double v = num_at(in[k]->data, in[k]->dtype, 0);
             if (k == 1) lo = v; else hi = v;
         }
     }
-    return run_unary(r, in[0], out[0], U_CLIP, lo, hi);
+    if (x->dtype == OX_FLOAT) return run_unary(r, x, out[0], U_CLIP, (float)lo, (float)hi);
+    if (x->dtype != OX_INT64 && x->dtype != OX_INT32 && x->dtype != OX_INT8 && x->dtype != OX_UINT8) {
+        return ox_fail(r, "%s input is not supported", ox_dtype_name(x->dtype));
+    }
+    /* Integers: compared as doubles (exact for every INT32/INT8/UINT8 value, and for INT64 up
+     * to 2^53), and the original value kept when inside the bounds. */
+    if (ox_out(r, out[0], x->dtype, x->nd, x->dims)) return -1;
+    size_t es = ox_dtype_size(x->dtype);
+    int64_t cnt = ox_numel(x);
+    for (int64_t i = 0; i < cnt; i++) {
+        double v = num_at(x->data, x->dtype, i);
+        const void *src = (const char *)x->data + i * (int64_t)es;
+        if (v < lo || v > hi) {
+            int64_t c = (int64_t)(v < lo ? lo : hi); /* a bound of the input's type: finite */
+            switch (x->dtype) {
+            case OX_INT64: ((int64_t *)out[0]->data)[i] = c; break;
+            case OX_INT32: ((int32_t *)out[0]->data)[i] = (int32_t)c; break;
+            case OX_INT8: ((int8_t *)out[0]->data)[i] = (int8_t)c; break;
+            default: ((uint8_t *)out[0]->data)[i] = (uint8_t)c; break;
+            }
+        } else {
+            memcpy((char *)out[0]->data + i * (int64_t)es, src, es);
+        }
+    }
+    return 0;
 }
 
 /* ---- data movement ---- */
@@ -883,7 +951,7 @@ run_constant(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
 static int
 run_softmax_any(ox_run_t *r, ox_node_t *n, const ox_tensor_t *x, ox_tensor_t *out, bool logsm)
 {
-    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input (FLOAT only)", ox_dtype_name(x->dtype));
+    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input is not supported (FLOAT only)", ox_dtype_name(x->dtype));
     int64_t axis;
     if (norm_axis(r, ox_attr_i(n, "axis", n->opset < 13 ? 1 : -1), x->nd, &axis)) return -1;
     if (ox_out(r, out, OX_FLOAT, x->nd, x->dims)) return -1;
@@ -935,7 +1003,7 @@ run_reduce(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_t
            rop_t op, int64_t axes_input_opset)
 {
     const ox_tensor_t *x = in[0];
-    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input (FLOAT only)", ox_dtype_name(x->dtype));
+    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s input is not supported (FLOAT only)", ox_dtype_name(x->dtype));
     int64_t axes[OX_MAX_DIMS * 2], k;
     if (get_axes(r, n, in, ni, 1, axes_input_opset, axes, &k)) return -1;
     bool keep = ox_attr_i(n, "keepdims", 1) != 0;
@@ -1028,7 +1096,7 @@ run_layernorm(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
 {
     const ox_tensor_t *x = in[0], *sc = in[1], *b = ni > 2 ? in[2] : NULL;
     if (x->dtype != OX_FLOAT || sc->dtype != OX_FLOAT || (b && b->dtype != OX_FLOAT)) {
-        return ox_fail(r, "FLOAT tensors only");
+        return ox_fail(r, "non-FLOAT tensors are not supported");
     }
     int64_t axis;
     if (norm_axis(r, ox_attr_i(n, "axis", -1), x->nd, &axis)) return -1;

@@ -36,6 +36,10 @@ check_window(ox_node_t *n, char *err, size_t err_len)
         snprintf(err, err_len, "%zu-D windows are not supported (1-D and 2-D)", c);
         return -1;
     }
+    if (n->n_out > 1) {
+        snprintf(err, err_len, "the Indices output is not supported");
+        return -1;
+    }
     if (ox_attr_i(n, "storage_order", 0) != 0) {
         snprintf(err, err_len, "storage_order 1 is not supported");
         return -1;
@@ -61,7 +65,7 @@ geometry(ox_run_t *r, const ox_node_t *n, const ox_tensor_t *x, const int64_t *k
         return ox_fail(r, "strides, dilations or pads do not match the kernel's rank");
     }
     int64_t in[2] = {1, 1}, k[2] = {1, 1}, s[2] = {1, 1}, d[2] = {1, 1}, pb[2] = {0, 0},
-            pe[2] = {0, 0}, o[2];
+            pe[2] = {0, 0}, o[2] = {1, 1};
     const char *ap = ox_attr_s(n, "auto_pad", "NOTSET");
     bool ceil_mode = pool && ox_attr_i(n, "ceil_mode", 0);
     for (int i = 0; i < sp; i++) {
@@ -112,7 +116,7 @@ run_conv(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
     (void)no;
     const ox_tensor_t *x = in[0], *w = in[1], *b = ni > 2 ? in[2] : NULL;
     if (x->dtype != OX_FLOAT || w->dtype != OX_FLOAT || (b && b->dtype != OX_FLOAT)) {
-        return ox_fail(r, "FLOAT tensors only");
+        return ox_fail(r, "%s tensors are not supported (FLOAT only)", ox_dtype_name(x->dtype));
     }
     int64_t group = ox_attr_i(n, "group", 1);
     if (w->nd != x->nd || x->nd < 3) return ox_fail(r, "weights of rank %d for input of rank %d", w->nd, x->nd);
@@ -194,7 +198,7 @@ check_conv(ox_node_t *n, char *err, size_t err_len)
 static int
 run_pool(ox_run_t *r, ox_node_t *n, const ox_tensor_t *x, ox_tensor_t *out, bool is_max)
 {
-    if (x->dtype != OX_FLOAT) return ox_fail(r, "FLOAT tensors only");
+    if (x->dtype != OX_FLOAT) return ox_fail(r, "%s tensors are not supported (FLOAT only)", ox_dtype_name(x->dtype));
     size_t nk;
     const int64_t *ks = ox_attr_ints(n, "kernel_shape", &nk);
     if (ks == NULL) return ox_fail(r, "kernel_shape is required");
@@ -292,7 +296,8 @@ static int
 check_bn(ox_node_t *n, char *err, size_t err_len)
 {
     if (ox_attr_i(n, "training_mode", 0) != 0 || ox_attr_i(n, "spatial", 1) != 1 || n->n_out != 1) {
-        snprintf(err, err_len, "only inference (training_mode 0, spatial 1, one output)");
+        snprintf(err, err_len, "training mode (training_mode 1, spatial 0, running statistics "
+                 "outputs) is not supported: inference only");
         return -1;
     }
     return 0;
@@ -306,7 +311,9 @@ run_bn(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_tenso
     if (x->nd < 2) return ox_fail(r, "input of rank %d", x->nd);
     int64_t c = x->dims[1];
     for (int k = 0; k < 5; k++) {
-        if (in[k]->dtype != OX_FLOAT) return ox_fail(r, "FLOAT tensors only");
+        if (in[k]->dtype != OX_FLOAT) {
+            return ox_fail(r, "%s tensors are not supported (FLOAT only)", ox_dtype_name(in[k]->dtype));
+        }
         if (k && ox_numel(in[k]) != c) return ox_fail(r, "input %d has %lld values for %lld channels", k, (long long)ox_numel(in[k]), (long long)c);
     }
     float eps = ox_attr_f(n, "epsilon", 1e-5f);
@@ -344,7 +351,9 @@ run_gemm(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_ten
 {
     (void)no;
     const ox_tensor_t *a = in[0], *b = in[1], *c = ni > 2 ? in[2] : NULL;
-    if (a->dtype != OX_FLOAT || b->dtype != OX_FLOAT || (c && c->dtype != OX_FLOAT)) return ox_fail(r, "FLOAT tensors only");
+    if (a->dtype != OX_FLOAT || b->dtype != OX_FLOAT || (c && c->dtype != OX_FLOAT)) {
+        return ox_fail(r, "%s tensors are not supported (FLOAT only)", ox_dtype_name(a->dtype));
+    }
     if (a->nd != 2 || b->nd != 2) return ox_fail(r, "A and B must be 2-D");
     int ta = ox_attr_i(n, "transA", 0) != 0, tb = ox_attr_i(n, "transB", 0) != 0;
     float alpha = ox_attr_f(n, "alpha", 1.0f), beta = ox_attr_f(n, "beta", 1.0f);
@@ -383,7 +392,9 @@ run_matmul(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_t
 {
     (void)ni; (void)no;
     const ox_tensor_t *a = in[0], *b = in[1];
-    if (a->dtype != OX_FLOAT || b->dtype != OX_FLOAT) return ox_fail(r, "FLOAT tensors only");
+    if (a->dtype != OX_FLOAT || b->dtype != OX_FLOAT) {
+        return ox_fail(r, "%s tensors are not supported (FLOAT only)", ox_dtype_name(a->dtype));
+    }
     if (a->nd < 1 || b->nd < 1) return ox_fail(r, "scalar operands");
     /* 1-D operands are promoted to matrices and the added dimension dropped. */
     ox_tensor_t A = *a, B = *b;
@@ -459,7 +470,7 @@ static const char *const A_NONE[] = {NULL};
 
 static const ox_op_t nn_ops[] = {
     {"Conv", A_CONV, 2, 3, 1, 1, check_conv, run_conv},
-    {"MaxPool", A_MAXPOOL, 1, 1, 1, 1, check_window, run_maxpool},
+    {"MaxPool", A_MAXPOOL, 1, 1, 1, 2, check_window, run_maxpool},
     {"AveragePool", A_AVGPOOL, 1, 1, 1, 1, check_window, run_avgpool},
     {"GlobalAveragePool", A_NONE, 1, 1, 1, 1, NULL, run_gap},
     {"GlobalMaxPool", A_NONE, 1, 1, 1, 1, NULL, run_gmp},

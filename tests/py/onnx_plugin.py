@@ -110,7 +110,7 @@ class Model:
         keep = []
         ins = (Tensor * max(1, len(arrays)))()
         for i, a in enumerate(arrays):
-            a = np.ascontiguousarray(a)
+            a = np.require(a, requirements="C")  # keeps 0-d arrays 0-d
             keep.append(a)
             t = ins[i]
             t.name = self.inputs[i][0].encode()
