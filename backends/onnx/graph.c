@@ -53,21 +53,17 @@ ox_fail(ox_run_t *r, const char *fmt, ...)
     return -1;
 }
 
-/* Elements of one activation: 2^34 floats (64 GiB) is past any real model
- * and keeps byte counts far from overflow. */
-#define OX_MAX_RUN_NUMEL ((int64_t)1 << 34)
-
 int
 ox_out(ox_run_t *r, ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims)
 {
     if (nd < 0 || nd > OX_MAX_DIMS) return ox_fail(r, "result of %d dimensions", nd);
-    int64_t n = 1;
+    int64_t n = 1, max = r->g->max_numel;
     for (int i = 0; i < nd; i++) {
-        if (dims[i] < 0 || dims[i] > OX_MAX_RUN_NUMEL) {
+        if (dims[i] < 0 || dims[i] > max) {
             return ox_fail(r, "result dimension %d is %lld", i, (long long)dims[i]);
         }
         n *= dims[i];
-        if (n > OX_MAX_RUN_NUMEL) return ox_fail(r, "result of more than 2^34 elements");
+        if (n > max) return ox_fail(r, "result of more than %lld elements", (long long)max);
     }
     size_t bytes = (size_t)n * ox_dtype_size(dtype);
     if (t->data) ox_pool_put(r, t);

@@ -358,6 +358,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
         return -1;
     }
     g->proto = mp;
+    g->max_numel = OX_MAX_RUN_NUMEL;
     names_t nm = {NULL, 0};
     int rc = -1;
     if (!mp->has_ir_version || mp->ir_version < 3 || mp->ir_version > 10) {

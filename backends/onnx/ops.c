@@ -687,9 +687,9 @@ run_slice(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
         const int64_t *s = ox_attr_ints(n, "starts", &c1), *e = ox_attr_ints(n, "ends", &c2);
         const int64_t *a = ox_attr_ints(n, "axes", &c3);
         if (c1 > OX_MAX_DIMS || c2 > OX_MAX_DIMS || c3 > OX_MAX_DIMS) return ox_fail(r, "too many slice axes");
-        memcpy(starts, s, c1 * sizeof *s);
-        memcpy(ends, e, c2 * sizeof *e);
-        if (a) memcpy(axes, a, c3 * sizeof *a);
+        if (c1) memcpy(starts, s, c1 * sizeof *s);
+        if (c2) memcpy(ends, e, c2 * sizeof *e);
+        if (a && c3) memcpy(axes, a, c3 * sizeof *a);
         ns = (int64_t)c1;
         ne = (int64_t)c2;
         if (a) na = (int64_t)c3;

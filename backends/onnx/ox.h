@@ -21,6 +21,9 @@
 
 #define OX_MAX_DIMS 8
 #define OX_MAX_IO 16 /* inputs or outputs of one node */
+/* Elements of one computed tensor: 2^34 floats (64 GiB) is past any real model and keeps byte
+ * counts far from overflow. The fuzz target lowers ox_graph_t.max_numel. */
+#define OX_MAX_RUN_NUMEL ((int64_t)1 << 34)
 
 /* ONNX TensorProto.DataType values the backend computes with. */
 enum {
@@ -91,6 +94,7 @@ typedef struct ox_graph {
     int32_t outputs[OX_MAX_IO];
     uint64_t const_bytes;
     int n_folded, n_fused;
+    int64_t max_numel;        /* elements one computed tensor may have (OX_MAX_RUN_NUMEL) */
 } ox_graph_t;
 
 /* A free buffer of the pool. */
