@@ -87,8 +87,8 @@ ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float 
 #endif
     int64_t np = (n + NR - 1) / NR, mp = (m + MR - 1) / MR;
     int64_t kc_max = k < KC ? k : KC;
-    float *bpk = aligned_alloc(64, (size_t)(np * NR * kc_max) * sizeof(float) + 64);
-    float *apk = aligned_alloc(64, (size_t)(mp * MR * kc_max) * sizeof(float) + 64);
+    float *bpk = ox_aligned_alloc((size_t)(np * NR * kc_max) * sizeof(float));
+    float *apk = ox_aligned_alloc((size_t)(mp * MR * kc_max) * sizeof(float));
     if (bpk == NULL || apk == NULL) {
         /* No memory for packing: the plain triple loop needs none. */
         free(bpk);
