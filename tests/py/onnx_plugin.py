@@ -78,7 +78,8 @@ class Plugin:
         self.libc = libc
         self._alloc = ALLOC(lambda n: libc.malloc(n))
         self._free = FREE(lambda p: libc.free(p))
-        self._log = LOG(lambda lvl, line: None)
+        self.log = []  # the backend's log lines (bytes decoded), newest last
+        self._log = LOG(lambda lvl, line: self.log.append(line.decode(errors="replace")))
         self.host = Host(1, self._alloc, self._free, self._log)
 
     def load(self, version_dir, config=None, max_batch_size=0, model_file=None):
@@ -114,7 +115,8 @@ class Model:
             keep.append(a)
             t = ins[i]
             t.name = self.inputs[i][0].encode()
-            t.dtype = BT.index(self.inputs[i][1])
+            # The tensor's own type (not the declared one), so wrong types reach the backend.
+            t.dtype = BT.index(next(k for k, v in NP.items() if np.dtype(v) == a.dtype))
             t.n_dims = a.ndim
             for k, d in enumerate(a.shape):
                 t.dims[k] = d
