@@ -15,7 +15,8 @@
  *
  * Threads: one instance runs one batch at a time; each instance has its own
  * graph and pool, so nothing is shared and nothing locks. The graph runs
- * on the calling thread.
+ * on the calling thread; large GEMMs (Conv, Gemm, MatMul) split over the
+ * instance's n_threads (gemm.c).
  * Memory: per instance, the graph's constants plus the pool of activation
  * buffers (the peak of live activations of the largest batch seen).
  */
@@ -158,6 +159,7 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         goto done;
     }
     m->run.g = m->g;
+    m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
     const Onnx__GraphProto *gp = m->g->proto->graph;
     /* The graph's own inputs (fed ones only) and outputs. */
     sp_backend_tensor_desc_t gin[SP_BACKEND_MAX_TENSORS], gout[SP_BACKEND_MAX_TENSORS];
@@ -246,10 +248,10 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     }
     info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
-               "folded=%d fused=%d constant_bytes=%llu threads=1",
+               "folded=%d fused=%d constant_bytes=%llu threads=%d",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
-               m->g->n_fused, (unsigned long long)m->g->const_bytes);
+               m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads);
     *model = m;
     m = NULL;
     rc = 0;

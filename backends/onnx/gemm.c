@@ -8,8 +8,13 @@
  * version chosen at run time (__builtin_cpu_supports) and a portable one.
  * A oneDNN or other library GEMM can replace ox_sgemm behind the same call.
  *
- * Threads: none; reentrant. Memory: packing buffers malloc'd per call.
+ * Threads: ox_sgemm is reentrant and single-threaded; ox_sgemm_par splits a
+ * large product into row (or column) blocks over up to n_threads threads
+ * (pthreads started per call and joined before it returns: each block packs
+ * its own panels, so the threads share nothing they write).
+ * Memory: packing buffers malloc'd per call.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,9 +86,8 @@ ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float 
     }
     void (*micro)(int64_t, const float *, const float *, float *) = micro_c;
 #ifdef OX_HAVE_AVX2
-    static int have = -1;
-    if (have < 0) have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (have) micro = micro_avx2;
+    /* Asked each call (a read of libgcc's CPU table): no shared cache to race on. */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) micro = micro_avx2;
 #endif
     int64_t np = (n + NR - 1) / NR, mp = (m + MR - 1) / MR;
     int64_t kc_max = k < KC ? k : KC;
@@ -147,4 +151,71 @@ ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float 
     }
     free(bpk);
     free(apk);
+}
+
+/* Products under this many multiply-adds run on the calling thread: starting a thread costs
+ * tens of microseconds, about what 2^20 multiply-adds take. */
+#define PAR_MIN_MACS ((int64_t)1 << 20)
+#define PAR_MAX_THREADS 64
+
+typedef struct gemm_job {
+    int trans_a, trans_b, accumulate;
+    int64_t m, n, k, lda, ldb, ldc;
+    const float *a, *b;
+    float *c;
+} gemm_job_t;
+
+static void *
+gemm_thread(void *arg)
+{
+    const gemm_job_t *j = arg;
+    ox_sgemm(j->trans_a, j->trans_b, j->m, j->n, j->k, j->a, j->lda, j->b, j->ldb, j->c, j->ldc,
+             j->accumulate);
+    return NULL;
+}
+
+void
+ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+             const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+             int accumulate)
+{
+    if (n_threads > PAR_MAX_THREADS) n_threads = PAR_MAX_THREADS;
+    if (n_threads <= 1 || m * n * k < PAR_MIN_MACS) {
+        ox_sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+        return;
+    }
+    /* Split the larger of M and N, in whole micro-kernel panels. */
+    bool by_rows = m >= n;
+    int64_t len = by_rows ? m : n, unit = by_rows ? MR : NR;
+    int64_t units = (len + unit - 1) / unit;
+    int t_count = units < n_threads ? (int)units : n_threads;
+    gemm_job_t jobs[PAR_MAX_THREADS];
+    pthread_t tids[PAR_MAX_THREADS];
+    bool started[PAR_MAX_THREADS] = {0};
+    int64_t start = 0;
+    for (int t = 0; t < t_count; t++) {
+        int64_t u = units / t_count + (t < units % t_count ? 1 : 0);
+        int64_t end = start + u * unit < len ? start + u * unit : len;
+        gemm_job_t *j = &jobs[t];
+        *j = (gemm_job_t){trans_a, trans_b, accumulate, m, n, k, lda, ldb, ldc, a, b, c};
+        if (by_rows) {
+            j->m = end - start;
+            j->a = trans_a ? a + start : a + start * lda;
+            j->c = c + start * ldc;
+        } else {
+            j->n = end - start;
+            j->b = trans_b ? b + start * ldb : b + start;
+            j->c = c + start;
+        }
+        start = end;
+    }
+    /* Block 0 runs here; a thread that cannot start runs its block here too. */
+    for (int t = 1; t < t_count; t++) {
+        started[t] = pthread_create(&tids[t], NULL, gemm_thread, &jobs[t]) == 0;
+    }
+    gemm_thread(&jobs[0]);
+    for (int t = 1; t < t_count; t++) {
+        if (started[t]) pthread_join(tids[t], NULL);
+        else gemm_thread(&jobs[t]);
+    }
 }

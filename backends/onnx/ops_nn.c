@@ -174,7 +174,7 @@ run_conv(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
                 src = col;
             }
             float *ys = yd + (nb * m + gi * mg) * hw;
-            ox_sgemm(0, 0, mg, hw, kk, wd + gi * mg * kk, kk, src, hw, ys, hw, 0);
+            ox_sgemm_par(r->n_threads, 0, 0, mg, hw, kk, wd + gi * mg * kk, kk, src, hw, ys, hw, 0);
             for (int64_t o = 0; o < mg; o++) {
                 float bias = b ? ((const float *)b->data)[gi * mg + o] : 0.0f;
                 float *row = ys + o * hw;
@@ -363,7 +363,7 @@ run_gemm(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_ten
     int64_t d[2] = {m, nn};
     if (ox_out(r, out[0], OX_FLOAT, 2, d)) return -1;
     float *y = out[0]->data;
-    ox_sgemm(ta, tb, m, nn, k, a->data, a->dims[1], b->data, b->dims[1], y, nn, 0);
+    ox_sgemm_par(r->n_threads, ta, tb, m, nn, k, a->data, a->dims[1], b->data, b->dims[1], y, nn, 0);
     if (alpha != 1.0f) {
         for (int64_t i = 0; i < m * nn; i++) y[i] *= alpha;
     }
@@ -444,7 +444,7 @@ run_matmul(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni, ox_t
                 sb *= bb.dims[ib];
             }
         }
-        ox_sgemm(0, 0, m, nn, k, (const float *)a->data + oa * m * k, k,
+        ox_sgemm_par(r->n_threads, 0, 0, m, nn, k, (const float *)a->data + oa * m * k, k,
                  (const float *)b->data + ob * k * nn, nn, y + bi * m * nn, nn, 0);
         for (int i = bnd - 1; i >= 0; i--) {
             if (++idx[i] < d[i]) break;

@@ -112,6 +112,7 @@ typedef struct ox_run {
     int32_t n_free, cap_free;
     void *scratch;            /* im2col and packing space, grown on demand */
     size_t scratch_cap;
+    int n_threads;            /* threads a GEMM may use (0 or 1: the caller's only) */
 } ox_run_t;
 
 /* ---- load.c ---- */
@@ -161,5 +162,9 @@ const ox_op_t *ox_op_find(const char *op_type);
  * leading dimensions; A and B may be given transposed. */
 void ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
               int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate);
+/* The same over up to n_threads threads (small products stay on the caller's). */
+void ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                  const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                  int accumulate);
 
 #endif /* SP_BACKENDS_ONNX_OX_H */

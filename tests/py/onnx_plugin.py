@@ -82,10 +82,10 @@ class Plugin:
         self._log = LOG(lambda lvl, line: self.log.append(line.decode(errors="replace")))
         self.host = Host(1, self._alloc, self._free, self._log)
 
-    def load(self, version_dir, config=None, max_batch_size=0, model_file=None):
+    def load(self, version_dir, config=None, max_batch_size=0, model_file=None, n_threads=1):
         cfg = json.dumps(config or {}).encode()
         args = LoadArgs(b"m", 1, version_dir.encode(), model_file.encode() if model_file else None,
-                        cfg, max_batch_size, 1)
+                        cfg, max_batch_size, n_threads)
         handle = C.c_void_p()
         info = Info()
         err = C.create_string_buffer(1024)
