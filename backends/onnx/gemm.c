@@ -114,21 +114,30 @@ ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float 
         int64_t kc = k - pc < KC ? k - pc : KC;
         for (int64_t jp = 0; jp < np; jp++) {
             float *dst = bpk + jp * NR * kc;
+            int64_t j0 = jp * NR, cols = n - j0 < NR ? n - j0 : NR;
             for (int64_t p = 0; p < kc; p++) {
-                for (int64_t j = 0; j < NR; j++) {
-                    int64_t col = jp * NR + j;
-                    dst[p * NR + j] = col >= n ? 0.0f
-                                    : trans_b ? b[col * ldb + pc + p] : b[(pc + p) * ldb + col];
+                float *d = dst + p * NR;
+                if (!trans_b) {
+                    /* A row of B: its 16 columns are contiguous. */
+                    memcpy(d, b + (pc + p) * ldb + j0, (size_t)cols * sizeof *d);
+                } else {
+                    for (int64_t j = 0; j < cols; j++) d[j] = b[(j0 + j) * ldb + pc + p];
                 }
+                for (int64_t j = cols; j < NR; j++) d[j] = 0.0f;
             }
         }
         for (int64_t ip = 0; ip < mp; ip++) {
             float *dst = apk + ip * MR * kc;
-            for (int64_t p = 0; p < kc; p++) {
-                for (int64_t i = 0; i < MR; i++) {
-                    int64_t row = ip * MR + i;
-                    dst[p * MR + i] = row >= m ? 0.0f
-                                    : trans_a ? a[(pc + p) * lda + row] : a[row * lda + pc + p];
+            int64_t i0 = ip * MR, rows = m - i0 < MR ? m - i0 : MR;
+            for (int64_t i = 0; i < MR; i++) {
+                if (i >= rows) {
+                    for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+                } else if (!trans_a) {
+                    /* A row of A read contiguously, written every MR floats. */
+                    const float *src = a + (i0 + i) * lda + pc;
+                    for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = src[p];
+                } else {
+                    for (int64_t p = 0; p < kc; p++) dst[p * MR + i] = a[(pc + p) * lda + i0 + i];
                 }
             }
         }
