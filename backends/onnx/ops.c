@@ -636,6 +636,10 @@ run_split(ox_run_t *r, ox_node_t *n, const ox_tensor_t *const *in, int ni,
         if (ox_tensor_ints(r, in[1], sizes, OX_MAX_IO, &k)) return -1;
     }
     int64_t dim = x->dims[axis];
+    int64_t num_outputs = ox_attr_i(n, "num_outputs", no);
+    if (num_outputs != no) {
+        return ox_fail(r, "num_outputs %lld for %d outputs", (long long)num_outputs, no);
+    }
     if (k == 0) {
         /* Equal parts; from opset 18 the last may be smaller (ceil). */
         int64_t parts = no;
