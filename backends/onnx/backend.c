@@ -29,8 +29,8 @@
 
 typedef struct onnx_model {
     sp_backend_host_t host;
-    ox_graph_t *g;
-    ox_run_t run;
+    sp_ox_graph_t *g;
+    sp_ox_run_t run;
     int32_t max_batch;
     int32_t n_in;
     int32_t in_value[SP_BACKEND_MAX_TENSORS]; /* declared input i -> graph value */
@@ -128,8 +128,8 @@ onnx_unload(void *model)
 {
     onnx_model_t *m = model;
     if (m == NULL) return;
-    ox_run_free(&m->run);
-    ox_graph_free(m->g);
+    sp_ox_run_free(&m->run);
+    sp_ox_graph_free(m->g);
     free(m);
 }
 
@@ -151,8 +151,8 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     m->max_batch = args->max_batch_size;
     if (args->model_file) snprintf(path, sizeof path, "%s", args->model_file);
     else snprintf(path, sizeof path, "%s/model.onnx", args->version_dir);
-    if (ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
-    if (ox_graph_prepare(m->g, err, err_len)) {
+    if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
+    if (sp_ox_graph_prepare(m->g, err, err_len)) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%s", err);
         sp__bk_errf(err, err_len, "%s: %s", path, tmp);
@@ -266,7 +266,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
              sp_backend_tensor_t *outputs, int32_t n_outputs, char *err, size_t err_len)
 {
     onnx_model_t *m = model;
-    ox_run_t *r = &m->run;
+    sp_ox_run_t *r = &m->run;
     r->err = err;
     r->err_len = err_len;
     if (n_inputs != m->n_in) {
@@ -278,7 +278,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     for (int32_t i = 0; i < n_inputs; i++) {
         const sp_backend_tensor_t *x = &inputs[i];
         const sp_backend_tensor_desc_t *d = &m->in_desc[i];
-        ox_value_t *v = &m->g->values[m->in_value[i]];
+        sp_ox_value_t *v = &m->g->values[m->in_value[i]];
         bool ok = x->dtype == d->dtype && x->n_dims == m->in_model_nd[i] && x->n_dims >= 0 &&
                   x->n_dims <= SP_BACKEND_MAX_DIMS;
         int64_t numel = 1;
@@ -295,10 +295,10 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
                         sp__bk_dtype_name(x->dtype), a, sp__bk_dtype_name(d->dtype), b);
             goto done;
         }
-        size_t bytes = (size_t)numel * ox_dtype_size(v->t.dtype);
+        size_t bytes = (size_t)numel * sp_ox_dtype_size(v->t.dtype);
         if (x->bytes != bytes) {
             sp__bk_errf(err, err_len, "input \"%s\": %zu bytes for %lld elements of %zu bytes",
-                        d->name, x->bytes, (long long)numel, ox_dtype_size(v->t.dtype));
+                        d->name, x->bytes, (long long)numel, sp_ox_dtype_size(v->t.dtype));
             goto done;
         }
         if (m->max_batch > 0) {
@@ -309,14 +309,14 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
             }
             rows = x->dims[0];
         }
-        if (ox_out(r, &v->t, v->t.dtype, x->n_dims, x->dims)) goto done;
+        if (sp_ox_out(r, &v->t, v->t.dtype, x->n_dims, x->dims)) goto done;
         if (bytes) memcpy(v->t.data, x->data, bytes);
         if (v->t.dtype == OX_BOOL) {
             /* BOOL bytes other than 0 and 1 would break Where's tests: normalize. */
             for (size_t k = 0; k < bytes; k++) ((uint8_t *)v->t.data)[k] = ((uint8_t *)v->t.data)[k] != 0;
         }
     }
-    if (ox_graph_run(r)) goto done;
+    if (sp_ox_graph_run(r)) goto done;
     for (int32_t o = 0; o < n_outputs; o++) {
         sp_backend_tensor_t *out = &outputs[o];
         int32_t k = 0;
@@ -325,9 +325,9 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
             sp__bk_errf(err, err_len, "onnx: no output named \"%s\"", out->name);
             goto done;
         }
-        const ox_tensor_t *t = &m->g->values[m->g->outputs[k]].t;
+        const sp_ox_tensor_t *t = &m->g->values[m->g->outputs[k]].t;
         if (to_btype(t->dtype, &out->dtype)) {
-            sp__bk_errf(err, err_len, "output \"%s\": type %s", out->name, ox_dtype_name(t->dtype));
+            sp__bk_errf(err, err_len, "output \"%s\": type %s", out->name, sp_ox_dtype_name(t->dtype));
             goto done;
         }
         if (m->max_batch > 0 && (t->nd == 0 || t->dims[0] != rows)) {
@@ -335,7 +335,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
                         out->name, t->nd ? (long long)t->dims[0] : -1LL, (long long)rows);
             goto done;
         }
-        size_t bytes = (size_t)ox_numel(t) * ox_dtype_size(t->dtype);
+        size_t bytes = (size_t)sp_ox_numel(t) * sp_ox_dtype_size(t->dtype);
         out->data = m->host.alloc_fn(bytes ? bytes : 1);
         if (out->data == NULL) {
             sp__bk_errf(err, err_len, "onnx: out of memory for %zu bytes", bytes);
@@ -348,7 +348,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     }
     rc = 0;
 done:
-    ox_run_release_all(r);
+    sp_ox_run_release_all(r);
     return rc;
 }
 

@@ -6,9 +6,9 @@
  * panels of 4 rows (zero-padded at the edges), then a 4x16 micro-kernel
  * keeps its accumulators in registers. The micro-kernel has an AVX2+FMA
  * version chosen at run time (__builtin_cpu_supports) and a portable one.
- * A oneDNN or other library GEMM can replace ox_sgemm behind the same call.
+ * A oneDNN or other library GEMM can replace sp_ox_sgemm behind the same call.
  *
- * Threads: ox_sgemm is reentrant and single-threaded; ox_sgemm_par splits a
+ * Threads: sp_ox_sgemm is reentrant and single-threaded; sp_ox_sgemm_par splits a
  * large product into row (or column) blocks over up to n_threads threads
  * (pthreads started per call and joined before it returns: each block packs
  * its own panels, so the threads share nothing they write).
@@ -74,7 +74,7 @@ micro_c(int64_t kc, const float *ap, const float *bp, float *acc)
 }
 
 void
-ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+sp_ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
 {
     if (m <= 0 || n <= 0) return;
@@ -91,8 +91,8 @@ ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float 
 #endif
     int64_t np = (n + NR - 1) / NR, mp = (m + MR - 1) / MR;
     int64_t kc_max = k < KC ? k : KC;
-    float *bpk = ox_aligned_alloc((size_t)(np * NR * kc_max) * sizeof(float));
-    float *apk = ox_aligned_alloc((size_t)(mp * MR * kc_max) * sizeof(float));
+    float *bpk = sp_ox_aligned_alloc((size_t)(np * NR * kc_max) * sizeof(float));
+    float *apk = sp_ox_aligned_alloc((size_t)(mp * MR * kc_max) * sizeof(float));
     if (bpk == NULL || apk == NULL) {
         /* No memory for packing: the plain triple loop needs none. */
         free(bpk);
@@ -178,19 +178,19 @@ static void *
 gemm_thread(void *arg)
 {
     const gemm_job_t *j = arg;
-    ox_sgemm(j->trans_a, j->trans_b, j->m, j->n, j->k, j->a, j->lda, j->b, j->ldb, j->c, j->ldc,
+    sp_ox_sgemm(j->trans_a, j->trans_b, j->m, j->n, j->k, j->a, j->lda, j->b, j->ldb, j->c, j->ldc,
              j->accumulate);
     return NULL;
 }
 
 void
-ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
              const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
              int accumulate)
 {
     if (n_threads > PAR_MAX_THREADS) n_threads = PAR_MAX_THREADS;
     if (n_threads <= 1 || m * n * k < PAR_MIN_MACS) {
-        ox_sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+        sp_ox_sgemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
         return;
     }
     /* Split the larger of M and N, in whole micro-kernel panels. */

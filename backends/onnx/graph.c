@@ -14,7 +14,7 @@
  * liveness intervals, and the pool hands out the best-fitting free buffer).
  *
  * Threads: a run context belongs to one instance (never two runs at once).
- * Memory: pool buffers are kept between runs and freed by ox_run_free.
+ * Memory: pool buffers are kept between runs and freed by sp_ox_run_free.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -25,7 +25,7 @@
 #include "ox.h"
 
 int64_t
-ox_numel(const ox_tensor_t *t)
+sp_ox_numel(const sp_ox_tensor_t *t)
 {
     int64_t n = 1;
     for (int i = 0; i < t->nd; i++) n *= t->dims[i];
@@ -33,7 +33,7 @@ ox_numel(const ox_tensor_t *t)
 }
 
 void
-ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len)
+sp_ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len)
 {
     size_t o = 0;
     o += (size_t)snprintf(buf + o, len - o, "[");
@@ -44,7 +44,7 @@ ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len)
 }
 
 int
-ox_fail(ox_run_t *r, const char *fmt, ...)
+sp_ox_fail(sp_ox_run_t *r, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -54,19 +54,19 @@ ox_fail(ox_run_t *r, const char *fmt, ...)
 }
 
 int
-ox_out(ox_run_t *r, ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims)
+sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims)
 {
-    if (nd < 0 || nd > OX_MAX_DIMS) return ox_fail(r, "result of %d dimensions", nd);
+    if (nd < 0 || nd > OX_MAX_DIMS) return sp_ox_fail(r, "result of %d dimensions", nd);
     int64_t n = 1, max = r->g->max_numel;
     for (int i = 0; i < nd; i++) {
         if (dims[i] < 0 || dims[i] > max) {
-            return ox_fail(r, "result dimension %d is %lld", i, (long long)dims[i]);
+            return sp_ox_fail(r, "result dimension %d is %lld", i, (long long)dims[i]);
         }
         n *= dims[i];
-        if (n > max) return ox_fail(r, "result of more than %lld elements", (long long)max);
+        if (n > max) return sp_ox_fail(r, "result of more than %lld elements", (long long)max);
     }
-    size_t bytes = (size_t)n * ox_dtype_size(dtype);
-    if (t->data) ox_pool_put(r, t);
+    size_t bytes = (size_t)n * sp_ox_dtype_size(dtype);
+    if (t->data) sp_ox_pool_put(r, t);
     int32_t best = -1;
     for (int32_t i = 0; i < r->n_free; i++) {
         if (r->free_bufs[i].cap >= bytes && (best < 0 || r->free_bufs[i].cap < r->free_bufs[best].cap)) {
@@ -78,9 +78,9 @@ ox_out(ox_run_t *r, ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *di
         t->cap = r->free_bufs[best].cap;
         r->free_bufs[best] = r->free_bufs[--r->n_free];
     } else {
-        t->data = ox_aligned_alloc(bytes);
+        t->data = sp_ox_aligned_alloc(bytes);
         t->cap = (bytes + 63) / 64 * 64;
-        if (t->data == NULL) return ox_fail(r, "out of memory for %zu bytes", bytes);
+        if (t->data == NULL) return sp_ox_fail(r, "out of memory for %zu bytes", bytes);
     }
     t->dtype = dtype;
     t->nd = nd;
@@ -89,12 +89,12 @@ ox_out(ox_run_t *r, ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *di
 }
 
 void
-ox_pool_put(ox_run_t *r, ox_tensor_t *t)
+sp_ox_pool_put(sp_ox_run_t *r, sp_ox_tensor_t *t)
 {
     if (t->data == NULL) return;
     if (r->n_free == r->cap_free) {
         int32_t c = r->cap_free ? r->cap_free * 2 : 32;
-        ox_buf_t *nb = realloc(r->free_bufs, (size_t)c * sizeof *nb);
+        sp_ox_buf_t *nb = realloc(r->free_bufs, (size_t)c * sizeof *nb);
         if (nb == NULL) {
             free(t->data); /* cannot keep it: give it back to the system */
             t->data = NULL;
@@ -111,19 +111,19 @@ ox_pool_put(ox_run_t *r, ox_tensor_t *t)
 }
 
 void *
-ox_scratch(ox_run_t *r, size_t bytes)
+sp_ox_scratch(sp_ox_run_t *r, size_t bytes)
 {
     if (bytes > r->scratch_cap) {
         free(r->scratch);
-        r->scratch = ox_aligned_alloc(bytes);
+        r->scratch = sp_ox_aligned_alloc(bytes);
         r->scratch_cap = r->scratch ? bytes : 0;
-        if (r->scratch == NULL) ox_fail(r, "out of memory for %zu bytes of scratch", bytes);
+        if (r->scratch == NULL) sp_ox_fail(r, "out of memory for %zu bytes of scratch", bytes);
     }
     return r->scratch;
 }
 
 void
-ox_run_free(ox_run_t *r)
+sp_ox_run_free(sp_ox_run_t *r)
 {
     for (int32_t i = 0; i < r->n_free; i++) free(r->free_bufs[i].data);
     free(r->free_bufs);
@@ -132,7 +132,7 @@ ox_run_free(ox_run_t *r)
 }
 
 const Onnx__AttributeProto *
-ox_attr(const ox_node_t *n, const char *name)
+sp_ox_attr(const sp_ox_node_t *n, const char *name)
 {
     for (size_t i = 0; i < n->p->n_attribute; i++) {
         const Onnx__AttributeProto *a = n->p->attribute[i];
@@ -142,23 +142,23 @@ ox_attr(const ox_node_t *n, const char *name)
 }
 
 int64_t
-ox_attr_i(const ox_node_t *n, const char *name, int64_t def)
+sp_ox_attr_i(const sp_ox_node_t *n, const char *name, int64_t def)
 {
-    const Onnx__AttributeProto *a = ox_attr(n, name);
+    const Onnx__AttributeProto *a = sp_ox_attr(n, name);
     return a ? a->i : def;
 }
 
 float
-ox_attr_f(const ox_node_t *n, const char *name, float def)
+sp_ox_attr_f(const sp_ox_node_t *n, const char *name, float def)
 {
-    const Onnx__AttributeProto *a = ox_attr(n, name);
+    const Onnx__AttributeProto *a = sp_ox_attr(n, name);
     return a ? a->f : def;
 }
 
 const char *
-ox_attr_s(const ox_node_t *n, const char *name, const char *def)
+sp_ox_attr_s(const sp_ox_node_t *n, const char *name, const char *def)
 {
-    const Onnx__AttributeProto *a = ox_attr(n, name);
+    const Onnx__AttributeProto *a = sp_ox_attr(n, name);
     if (a == NULL || !a->has_s) return def;
     /* Strings are bytes in the proto: only NUL-free ones are compared. */
     if (memchr(a->s.data, 0, a->s.len) != NULL || a->s.len > 64) return "?";
@@ -169,20 +169,20 @@ ox_attr_s(const ox_node_t *n, const char *name, const char *def)
 }
 
 const int64_t *
-ox_attr_ints(const ox_node_t *n, const char *name, size_t *n_out)
+sp_ox_attr_ints(const sp_ox_node_t *n, const char *name, size_t *n_out)
 {
-    const Onnx__AttributeProto *a = ox_attr(n, name);
+    const Onnx__AttributeProto *a = sp_ox_attr(n, name);
     *n_out = a ? a->n_ints : 0;
     return a ? a->ints : NULL;
 }
 
 int
-ox_tensor_ints(ox_run_t *r, const ox_tensor_t *t, int64_t *vals, int64_t max, int64_t *n)
+sp_ox_tensor_ints(sp_ox_run_t *r, const sp_ox_tensor_t *t, int64_t *vals, int64_t max, int64_t *n)
 {
-    int64_t k = ox_numel(t);
-    if (k > max) return ox_fail(r, "%lld values where at most %lld are expected", (long long)k, (long long)max);
+    int64_t k = sp_ox_numel(t);
+    if (k > max) return sp_ox_fail(r, "%lld values where at most %lld are expected", (long long)k, (long long)max);
     if (t->dtype != OX_INT64 && t->dtype != OX_INT32) {
-        return ox_fail(r, "%s tensor where INT64 values are expected", ox_dtype_name(t->dtype));
+        return sp_ox_fail(r, "%s tensor where INT64 values are expected", sp_ox_dtype_name(t->dtype));
     }
     for (int64_t i = 0; i < k; i++) {
         vals[i] = t->dtype == OX_INT64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
@@ -194,15 +194,15 @@ ox_tensor_ints(ox_run_t *r, const ox_tensor_t *t, int64_t *vals, int64_t max, in
 /* ---- prepare ---- */
 
 static int
-run_node(ox_run_t *r, ox_node_t *n)
+run_node(sp_ox_run_t *r, sp_ox_node_t *n)
 {
-    ox_graph_t *g = r->g;
-    const ox_tensor_t *in[OX_MAX_IO];
-    ox_tensor_t *out[OX_MAX_IO];
+    sp_ox_graph_t *g = r->g;
+    const sp_ox_tensor_t *in[OX_MAX_IO];
+    sp_ox_tensor_t *out[OX_MAX_IO];
     for (int k = 0; k < n->n_in; k++) {
         in[k] = n->in[k] >= 0 ? &g->values[n->in[k]].t : NULL;
         if (in[k] && in[k]->data == NULL) {
-            return ox_fail(r, "input '%.60s' has no value", g->values[n->in[k]].name);
+            return sp_ox_fail(r, "input '%.60s' has no value", g->values[n->in[k]].name);
         }
     }
     for (int k = 0; k < n->n_out; k++) out[k] = &g->values[n->out[k]].t;
@@ -211,7 +211,7 @@ run_node(ox_run_t *r, ox_node_t *n)
 }
 
 static int
-topo_sort(ox_graph_t *g, char *err, size_t err_len)
+topo_sort(sp_ox_graph_t *g, char *err, size_t err_len)
 {
     int32_t *producer = malloc((size_t)g->n_values * sizeof *producer);
     int32_t *pending = calloc((size_t)g->n_nodes + 1, sizeof *pending);
@@ -289,19 +289,19 @@ done:
 }
 
 static bool
-is_float_const(const ox_graph_t *g, int32_t v)
+is_float_const(const sp_ox_graph_t *g, int32_t v)
 {
     return v >= 0 && g->values[v].is_const && g->values[v].t.dtype == OX_FLOAT;
 }
 
 /* Readers of every value among the live nodes (+1 for a graph output). */
 static int32_t *
-count_uses(const ox_graph_t *g)
+count_uses(const sp_ox_graph_t *g)
 {
     int32_t *uses = calloc((size_t)g->n_values + 1, sizeof *uses);
     if (uses == NULL) return NULL;
     for (int32_t i = 0; i < g->n_nodes; i++) {
-        const ox_node_t *n = &g->nodes[i];
+        const sp_ox_node_t *n = &g->nodes[i];
         if (n->dead) continue;
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0) uses[n->in[k]]++;
@@ -312,12 +312,12 @@ count_uses(const ox_graph_t *g)
 }
 
 /* The live node reading value v (when it has exactly one reader). */
-static ox_node_t *
-sole_reader(ox_graph_t *g, const int32_t *uses, int32_t v)
+static sp_ox_node_t *
+sole_reader(sp_ox_graph_t *g, const int32_t *uses, int32_t v)
 {
     if (uses[v] != 1 || g->values[v].is_output) return NULL;
     for (int32_t o = 0; o < g->n_order; o++) {
-        ox_node_t *n = &g->nodes[g->order[o]];
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
         if (n->dead) continue;
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] == v) return n;
@@ -331,7 +331,7 @@ sole_reader(ox_graph_t *g, const int32_t *uses, int32_t v)
  * convolution with W' = W * s and b' = (b - mean) * s + beta, s = scale /
  * sqrt(var + eps) per output channel. */
 static bool
-fuse_conv_bn(ox_graph_t *g, ox_node_t *c, ox_node_t *bn, const int32_t *uses)
+fuse_conv_bn(sp_ox_graph_t *g, sp_ox_node_t *c, sp_ox_node_t *bn, const int32_t *uses)
 {
     if (bn->n_out != 1 || c->fused_relu || !is_float_const(g, c->in[1]) || uses[c->in[1]] != 1) {
         return false;
@@ -342,27 +342,27 @@ fuse_conv_bn(ox_graph_t *g, ox_node_t *c, ox_node_t *bn, const int32_t *uses)
     for (int k = 1; k < 5; k++) {
         if (!is_float_const(g, bn->in[k])) return false;
     }
-    ox_tensor_t *w = &g->values[c->in[1]].t;
+    sp_ox_tensor_t *w = &g->values[c->in[1]].t;
     int64_t oc = w->dims[0];
     for (int k = 1; k < 5; k++) {
-        if (ox_numel(&g->values[bn->in[k]].t) != oc) return false;
+        if (sp_ox_numel(&g->values[bn->in[k]].t) != oc) return false;
     }
     const float *scale = g->values[bn->in[1]].t.data, *beta = g->values[bn->in[2]].t.data;
     const float *mean = g->values[bn->in[3]].t.data, *var = g->values[bn->in[4]].t.data;
-    float eps = ox_attr_f(bn, "epsilon", 1e-5f);
+    float eps = sp_ox_attr_f(bn, "epsilon", 1e-5f);
     int32_t bv;
     if (c->n_in > 2 && c->in[2] >= 0) {
         bv = c->in[2];
     } else {
         bv = g->n_values++;
-        ox_value_t *v = &g->values[bv];
+        sp_ox_value_t *v = &g->values[bv];
         v->name = "";
         v->is_const = true;
         v->last_use = -1;
         v->t.dtype = OX_FLOAT;
         v->t.nd = 1;
         v->t.dims[0] = oc;
-        v->t.data = ox_aligned_alloc((size_t)oc * sizeof(float));
+        v->t.data = sp_ox_aligned_alloc((size_t)oc * sizeof(float));
         v->t.cap = (size_t)oc * sizeof(float);
         if (v->t.data == NULL) {
             g->n_values--;
@@ -373,7 +373,7 @@ fuse_conv_bn(ox_graph_t *g, ox_node_t *c, ox_node_t *bn, const int32_t *uses)
         c->n_in = 3;
     }
     float *b = g->values[bv].t.data, *wd = w->data;
-    int64_t per = oc ? ox_numel(w) / oc : 0;
+    int64_t per = oc ? sp_ox_numel(w) / oc : 0;
     for (int64_t o = 0; o < oc; o++) {
         float s = scale[o] / sqrtf(var[o] + eps);
         for (int64_t i = 0; i < per; i++) wd[o * per + i] *= s;
@@ -385,14 +385,14 @@ fuse_conv_bn(ox_graph_t *g, ox_node_t *c, ox_node_t *bn, const int32_t *uses)
 }
 
 static int
-fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
+fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 {
-    ox_run_t r = {0};
+    sp_ox_run_t r = {0};
     r.g = g;
     r.err = err;
     r.err_len = err_len;
     for (int32_t o = 0; o < g->n_order; o++) {
-        ox_node_t *n = &g->nodes[g->order[o]];
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
         bool all_const = true;
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0 && !g->values[n->in[k]].is_const) all_const = false;
@@ -402,18 +402,18 @@ fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
             char tmp[512];
             snprintf(tmp, sizeof tmp, "%s", err);
             snprintf(err, err_len, "%s: %s", n->label, tmp);
-            ox_run_free(&r);
+            sp_ox_run_free(&r);
             return -1;
         }
         for (int k = 0; k < n->n_out; k++) {
-            ox_value_t *v = &g->values[n->out[k]];
+            sp_ox_value_t *v = &g->values[n->out[k]];
             v->is_const = true;
             g->const_bytes += v->t.cap;
         }
         n->dead = true;
         g->n_folded++;
     }
-    ox_run_free(&r);
+    sp_ox_run_free(&r);
 
     int32_t *uses = count_uses(g);
     if (uses == NULL) {
@@ -421,12 +421,12 @@ fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
         return -1;
     }
     for (int32_t o = 0; o < g->n_order; o++) {
-        ox_node_t *n = &g->nodes[g->order[o]];
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
         if (n->dead) continue;
         const char *t = n->op->name;
         bool conv = strcmp(t, "Conv") == 0, mm = strcmp(t, "MatMul") == 0;
         if (conv) {
-            ox_node_t *next = sole_reader(g, uses, n->out[0]);
+            sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "BatchNormalization") == 0 && next->in[0] == n->out[0] &&
                 fuse_conv_bn(g, n, next, uses)) {
                 g->n_fused++;
@@ -437,10 +437,10 @@ fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
         }
         if (mm && n->fused_bias < 0 && !n->fused_relu && g->values[n->in[1]].is_const &&
             g->values[n->in[1]].t.nd == 2 && g->values[n->in[1]].t.dtype == OX_FLOAT) {
-            ox_node_t *next = sole_reader(g, uses, n->out[0]);
+            sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Add") == 0) {
                 int32_t other = next->in[0] == n->out[0] ? next->in[1] : next->in[0];
-                const ox_tensor_t *bt = is_float_const(g, other) ? &g->values[other].t : NULL;
+                const sp_ox_tensor_t *bt = is_float_const(g, other) ? &g->values[other].t : NULL;
                 if (bt && bt->nd == 1 && bt->dims[0] == g->values[n->in[1]].t.dims[1] &&
                     next->in[0] != next->in[1]) {
                     n->fused_bias = other;
@@ -454,7 +454,7 @@ fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
             }
         }
         if (conv || mm || strcmp(t, "Gemm") == 0) {
-            ox_node_t *next = sole_reader(g, uses, n->out[0]);
+            sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Relu") == 0 && n->n_out == 1) {
                 n->fused_relu = 1;
                 n->out[0] = next->out[0];
@@ -475,7 +475,7 @@ fold_and_fuse(ox_graph_t *g, char *err, size_t err_len)
 }
 
 int
-ox_graph_prepare(ox_graph_t *g, char *err, size_t err_len)
+sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
 {
     if (topo_sort(g, err, err_len) || fold_and_fuse(g, err, err_len)) return -1;
     int32_t k = 0;
@@ -485,7 +485,7 @@ ox_graph_prepare(ox_graph_t *g, char *err, size_t err_len)
     g->n_order = k;
     for (int32_t v = 0; v < g->n_values; v++) g->values[v].last_use = -1;
     for (int32_t o = 0; o < g->n_order; o++) {
-        const ox_node_t *n = &g->nodes[g->order[o]];
+        const sp_ox_node_t *n = &g->nodes[g->order[o]];
         for (int i = 0; i < n->n_in; i++) {
             if (n->in[i] >= 0) g->values[n->in[i]].last_use = o;
         }
@@ -498,11 +498,11 @@ ox_graph_prepare(ox_graph_t *g, char *err, size_t err_len)
 }
 
 int
-ox_graph_run(ox_run_t *r)
+sp_ox_graph_run(sp_ox_run_t *r)
 {
-    ox_graph_t *g = r->g;
+    sp_ox_graph_t *g = r->g;
     for (int32_t o = 0; o < g->n_order; o++) {
-        ox_node_t *n = &g->nodes[g->order[o]];
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
         if (run_node(r, n)) {
             char tmp[512];
             snprintf(tmp, sizeof tmp, "%s", r->err);
@@ -512,17 +512,17 @@ ox_graph_run(ox_run_t *r)
         for (int i = 0; i < n->n_in + n->n_out; i++) {
             int32_t v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
             if (v < 0) continue;
-            ox_value_t *val = &g->values[v];
-            if (!val->is_const && !val->is_output && val->last_use == o) ox_pool_put(r, &val->t);
+            sp_ox_value_t *val = &g->values[v];
+            if (!val->is_const && !val->is_output && val->last_use == o) sp_ox_pool_put(r, &val->t);
         }
     }
     return 0;
 }
 
 void
-ox_run_release_all(ox_run_t *r)
+sp_ox_run_release_all(sp_ox_run_t *r)
 {
     for (int32_t v = 0; v < r->g->n_values; v++) {
-        if (!r->g->values[v].is_const) ox_pool_put(r, &r->g->values[v].t);
+        if (!r->g->values[v].is_const) sp_ox_pool_put(r, &r->g->values[v].t);
     }
 }

@@ -1,5 +1,5 @@
 /*
- * backends/onnx/load.c - reading a .onnx file into an ox_graph_t: the file
+ * backends/onnx/load.c - reading a .onnx file into an sp_ox_graph_t: the file
  * is untrusted, so its size is bounded, protobuf-c decodes it through an
  * allocator that refuses to grow past a multiple of the file size, and
  * every tensor, node and attribute is checked before anything runs on it.
@@ -64,7 +64,7 @@ errf(char *err, size_t len, const char *fmt, ...)
 }
 
 size_t
-ox_dtype_size(int32_t dtype)
+sp_ox_dtype_size(int32_t dtype)
 {
     switch (dtype) {
     case OX_FLOAT: case OX_INT32: return 4;
@@ -75,7 +75,7 @@ ox_dtype_size(int32_t dtype)
 }
 
 const char *
-ox_dtype_name(int32_t dtype)
+sp_ox_dtype_name(int32_t dtype)
 {
     static const char *const names[] = {
         "UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING",
@@ -85,7 +85,7 @@ ox_dtype_name(int32_t dtype)
 }
 
 void *
-ox_aligned_alloc(size_t bytes)
+sp_ox_aligned_alloc(size_t bytes)
 {
     size_t n = (bytes + 63) / 64 * 64;
     return aligned_alloc(64, n ? n : 64);
@@ -145,14 +145,14 @@ read_external(const char *dir, const char *loc, int64_t off, int64_t len, void *
 }
 
 int
-ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
-                     ox_tensor_t *t, char *err, size_t err_len)
+sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
+                     sp_ox_tensor_t *t, char *err, size_t err_len)
 {
     memset(t, 0, sizeof *t);
     int32_t dt = tp->has_data_type ? tp->data_type : 0;
-    size_t es = ox_dtype_size(dt);
+    size_t es = sp_ox_dtype_size(dt);
     if (es == 0 || dt == OX_DOUBLE) {
-        errf(err, err_len, "%s: data type %s (%d) not supported", what, ox_dtype_name(dt), dt);
+        errf(err, err_len, "%s: data type %s (%d) not supported", what, sp_ox_dtype_name(dt), dt);
         return -1;
     }
     if (tp->n_dims > OX_MAX_DIMS) {
@@ -179,7 +179,7 @@ ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *w
     t->nd = (int32_t)tp->n_dims;
     t->dtype = dt;
     size_t bytes = (size_t)numel * es;
-    t->data = ox_aligned_alloc(bytes);
+    t->data = sp_ox_aligned_alloc(bytes);
     t->cap = bytes;
     if (t->data == NULL) {
         errf(err, err_len, "%s: out of memory for %zu bytes", what, bytes);
@@ -215,7 +215,7 @@ ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *w
     if (tp->has_raw_data) {
         if (tp->raw_data.len != bytes) {
             errf(err, err_len, "%s: raw_data has %zu bytes, %s %lld elements need %zu", what,
-                 tp->raw_data.len, ox_dtype_name(dt), (long long)numel, bytes);
+                 tp->raw_data.len, sp_ox_dtype_name(dt), (long long)numel, bytes);
             goto fail;
         }
         if (bytes) memcpy(t->data, tp->raw_data.data, bytes);
@@ -229,7 +229,7 @@ ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *w
     }
     if (have != (size_t)numel) {
         errf(err, err_len, "%s: %zu values for %s dims of %lld elements", what, have,
-             ox_dtype_name(dt), (long long)numel);
+             sp_ox_dtype_name(dt), (long long)numel);
         goto fail;
     }
     for (int64_t i = 0; i < numel; i++) {
@@ -263,7 +263,7 @@ hash_str(const char *s)
 }
 
 static int32_t
-names_find(const names_t *nm, const ox_value_t *vals, const char *s)
+names_find(const names_t *nm, const sp_ox_value_t *vals, const char *s)
 {
     for (size_t i = hash_str(s) & (nm->cap - 1);; i = (i + 1) & (nm->cap - 1)) {
         if (nm->slot[i] < 0) return -1;
@@ -280,7 +280,7 @@ names_put(names_t *nm, const char *s, int32_t v)
 }
 
 void
-ox_graph_free(ox_graph_t *g)
+sp_ox_graph_free(sp_ox_graph_t *g)
 {
     if (g == NULL) return;
     for (int32_t i = 0; i < g->n_values; i++) {
@@ -304,7 +304,7 @@ check_name(const char *s, const char *what, const char *file, char *err, size_t 
 }
 
 int
-ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, size_t err_len)
+sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *err, size_t err_len)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -351,7 +351,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
         return -1;
     }
     /* The allocator's state lives on this stack frame: free with the default one. */
-    ox_graph_t *g = calloc(1, sizeof *g);
+    sp_ox_graph_t *g = calloc(1, sizeof *g);
     if (g == NULL) {
         onnx__model_proto__free_unpacked(mp, &alloc);
         errf(err, err_len, "%s: out of memory", path);
@@ -415,10 +415,10 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
             errf(err, err_len, "%s: defined twice", what);
             goto done;
         }
-        ox_value_t *v = &g->values[g->n_values];
+        sp_ox_value_t *v = &g->values[g->n_values];
         v->name = tp->name;
         v->last_use = -1;
-        if (ox_tensor_from_proto(tp, dir, what, &v->t, err, err_len)) goto done;
+        if (sp_ox_tensor_from_proto(tp, dir, what, &v->t, err, err_len)) goto done;
         v->is_const = true;
         g->const_bytes += v->t.cap;
         names_put(&nm, tp->name, g->n_values++);
@@ -436,9 +436,9 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
             goto done;
         }
         int32_t et = ty->tensor_type->elem_type;
-        if (ox_dtype_size(et) == 0 || et == OX_DOUBLE) {
+        if (sp_ox_dtype_size(et) == 0 || et == OX_DOUBLE) {
             errf(err, err_len, "%s: input '%.100s': element type %s not supported", path,
-                 vi->name, ox_dtype_name(et));
+                 vi->name, sp_ox_dtype_name(et));
             goto done;
         }
         if (g->n_inputs >= OX_MAX_IO) {
@@ -451,7 +451,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
                  sh->n_dim, OX_MAX_DIMS);
             goto done;
         }
-        ox_value_t *v = &g->values[g->n_values];
+        sp_ox_value_t *v = &g->values[g->n_values];
         v->name = vi->name;
         v->is_input = true;
         v->last_use = -1;
@@ -462,7 +462,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
     /* Node outputs (each name defined once), then node inputs resolved. */
     for (size_t i = 0; i < gp->n_node; i++) {
         const Onnx__NodeProto *np = gp->node[i];
-        ox_node_t *n = &g->nodes[i];
+        sp_ox_node_t *n = &g->nodes[i];
         n->p = np;
         n->opset = g->opset;
         n->fused_bias = -1;
@@ -480,7 +480,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
                 errf(err, err_len, "%s: %s: output '%.100s' is defined twice", path, n->label, o);
                 goto done;
             }
-            ox_value_t *v = &g->values[g->n_values];
+            sp_ox_value_t *v = &g->values[g->n_values];
             v->name = np->output[k];
             v->last_use = -1;
             n->out[k] = g->n_values;
@@ -490,7 +490,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
     }
     g->n_nodes = (int32_t)gp->n_node;
     for (int32_t i = 0; i < g->n_nodes; i++) {
-        ox_node_t *n = &g->nodes[i];
+        sp_ox_node_t *n = &g->nodes[i];
         const Onnx__NodeProto *np = n->p;
         n->n_in = (int32_t)np->n_input;
         for (size_t k = 0; k < np->n_input; k++) {
@@ -509,13 +509,13 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
         }
         const char *dom = np->domain ? np->domain : "";
         n->op = (dom[0] && strcmp(dom, "ai.onnx") != 0) || np->op_type == NULL
-                    ? NULL : ox_op_find(np->op_type);
+                    ? NULL : sp_ox_op_find(np->op_type);
         if (n->op == NULL) {
             errf(err, err_len, "%s: %s: operator %s%s%s is not supported", path, n->label,
                  dom[0] ? dom : "", dom[0] ? "." : "", np->op_type ? np->op_type : "(none)");
             goto done;
         }
-        const ox_op_t *op = n->op;
+        const sp_ox_op_t *op = n->op;
         if (n->n_in < op->min_in || n->n_in > op->max_in || n->n_out < op->min_out ||
             n->n_out > op->max_out) {
             errf(err, err_len, "%s: %s: %d inputs and %d outputs (the operator takes %d..%d and "
@@ -565,7 +565,7 @@ ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, si
 done:
     free(nm.slot);
     if (rc) {
-        ox_graph_free(g);
+        sp_ox_graph_free(g);
         return -1;
     }
     *out = g;

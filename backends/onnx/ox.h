@@ -2,8 +2,8 @@
  * backends/onnx/ox.h - the ONNX backend's internal types: tensors, the graph
  * (values and nodes), the operator table, the run context.
  *
- * Threads: a loaded graph (ox_graph_t) is read-only after load; one run
- * context (ox_run_t, its buffer pool) belongs to one model instance, and
+ * Threads: a loaded graph (sp_ox_graph_t) is read-only after load; one run
+ * context (sp_ox_run_t, its buffer pool) belongs to one model instance, and
  * the server never runs two batches on one instance at once, so nothing
  * here takes a lock.
  * Memory: the graph owns its constants and the decoded protobuf (attributes
@@ -22,7 +22,7 @@
 #define OX_MAX_DIMS 8
 #define OX_MAX_IO 16 /* inputs or outputs of one node */
 /* Elements of one computed tensor: 2^34 floats (64 GiB) is past any real model and keeps byte
- * counts far from overflow. The fuzz target lowers ox_graph_t.max_numel. */
+ * counts far from overflow. The fuzz target lowers sp_ox_graph_t.max_numel. */
 #define OX_MAX_RUN_NUMEL ((int64_t)1 << 34)
 
 /* ONNX TensorProto.DataType values the backend computes with. */
@@ -36,40 +36,40 @@ enum {
     OX_DOUBLE = 11,
 };
 
-typedef struct ox_tensor {
+typedef struct sp_ox_tensor {
     int32_t dtype; /* OX_FLOAT, ... */
     int32_t nd;
     int64_t dims[OX_MAX_DIMS];
     void *data;    /* 64-byte aligned; owned by the graph (constants) or the pool */
     size_t cap;    /* bytes allocated at data */
-} ox_tensor_t;
+} sp_ox_tensor_t;
 
-typedef struct ox_value {
+typedef struct sp_ox_value {
     char *name;           /* borrowed from the protobuf */
     bool is_const;        /* an initializer, a Constant, or folded at load */
     bool is_input;        /* a graph input the caller feeds */
     bool is_output;       /* a graph output */
     int32_t last_use;     /* index in order[] of the last node reading it (-1: none) */
-    ox_tensor_t t;        /* constants: the data; others: filled during a run */
-} ox_value_t;
+    sp_ox_tensor_t t;        /* constants: the data; others: filled during a run */
+} sp_ox_value_t;
 
-struct ox_node;
-struct ox_run;
+struct sp_ox_node;
+struct sp_ox_run;
 
 /* One operator. check runs at load (attributes, constant inputs); run computes
- * the outputs, allocating them with ox_out. Both return 0, or -1 with err. */
-typedef struct ox_op {
+ * the outputs, allocating them with sp_ox_out. Both return 0, or -1 with err. */
+typedef struct sp_ox_op {
     const char *name;
     const char *const *attrs; /* the attributes it understands (NULL-terminated) */
     int min_in, max_in, min_out, max_out;
-    int (*check)(struct ox_node *n, char *err, size_t err_len);
-    int (*run)(struct ox_run *r, struct ox_node *n, const ox_tensor_t *const *in, int n_in,
-               ox_tensor_t *const *out, int n_out);
-} ox_op_t;
+    int (*check)(struct sp_ox_node *n, char *err, size_t err_len);
+    int (*run)(struct sp_ox_run *r, struct sp_ox_node *n, const sp_ox_tensor_t *const *in, int n_in,
+               sp_ox_tensor_t *const *out, int n_out);
+} sp_ox_op_t;
 
-typedef struct ox_node {
+typedef struct sp_ox_node {
     const Onnx__NodeProto *p; /* attributes, name, op_type */
-    const ox_op_t *op;
+    const sp_ox_op_t *op;
     int64_t opset;
     int32_t n_in, n_out;
     int32_t in[OX_MAX_IO];    /* value indices; -1 = an omitted optional input */
@@ -79,14 +79,14 @@ typedef struct ox_node {
     int fused_relu;
     int32_t fused_bias;       /* value index of a [N] bias constant, -1 none */
     char label[96];           /* "node 'name' (Conv)" for messages */
-} ox_node_t;
+} sp_ox_node_t;
 
-typedef struct ox_graph {
+typedef struct sp_ox_graph {
     Onnx__ModelProto *proto;
     int64_t opset;            /* the default domain's */
     int32_t n_values, n_nodes;
-    ox_value_t *values;
-    ox_node_t *nodes;
+    sp_ox_value_t *values;
+    sp_ox_node_t *nodes;
     int32_t *order;           /* live nodes in execution order */
     int32_t n_order;
     int32_t n_inputs, n_outputs;
@@ -95,75 +95,75 @@ typedef struct ox_graph {
     uint64_t const_bytes;
     int n_folded, n_fused;
     int64_t max_numel;        /* elements one computed tensor may have (OX_MAX_RUN_NUMEL) */
-} ox_graph_t;
+} sp_ox_graph_t;
 
 /* A free buffer of the pool. */
-typedef struct ox_buf {
+typedef struct sp_ox_buf {
     void *data;
     size_t cap;
-} ox_buf_t;
+} sp_ox_buf_t;
 
-typedef struct ox_run {
-    ox_graph_t *g;
-    const ox_node_t *node;    /* the node being run, for messages */
+typedef struct sp_ox_run {
+    sp_ox_graph_t *g;
+    const sp_ox_node_t *node;    /* the node being run, for messages */
     char *err;
     size_t err_len;
-    ox_buf_t *free_bufs;
+    sp_ox_buf_t *free_bufs;
     int32_t n_free, cap_free;
     void *scratch;            /* im2col and packing space, grown on demand */
     size_t scratch_cap;
     int n_threads;            /* threads a GEMM may use (0 or 1: the caller's only) */
-} ox_run_t;
+} sp_ox_run_t;
 
 /* ---- load.c ---- */
 /* Read, decode and check path (a model in dir), build the graph. 0 or -1 with err. */
-int ox_graph_load(const char *path, const char *dir, ox_graph_t **out, char *err, size_t err_len);
-void ox_graph_free(ox_graph_t *g);
+int sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *err, size_t err_len);
+void sp_ox_graph_free(sp_ox_graph_t *g);
 /* Decode a TensorProto (initializer or attribute) into t (data malloc'd, aligned). */
-int ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
-                         ox_tensor_t *t, char *err, size_t err_len);
+int sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
+                         sp_ox_tensor_t *t, char *err, size_t err_len);
 
 /* ---- graph.c ---- */
 /* Order, fold, fuse and plan a loaded graph. */
-int ox_graph_prepare(ox_graph_t *g, char *err, size_t err_len);
+int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
 /* Run the whole graph: inputs already set in g->values[inputs[i]].t by the caller
- * (in pool buffers). Output values stay set until ox_run_release. */
-int ox_graph_run(ox_run_t *r);
-void ox_run_release_all(ox_run_t *r);
-void ox_run_free(ox_run_t *r);
+ * (in pool buffers). Output values stay set until sp_ox_run_release. */
+int sp_ox_graph_run(sp_ox_run_t *r);
+void sp_ox_run_release_all(sp_ox_run_t *r);
+void sp_ox_run_free(sp_ox_run_t *r);
 
 /* ---- tensor helpers (ops_util.c) ---- */
-size_t ox_dtype_size(int32_t dtype);
-const char *ox_dtype_name(int32_t dtype);
-int64_t ox_numel(const ox_tensor_t *t);
-void *ox_aligned_alloc(size_t bytes);
+size_t sp_ox_dtype_size(int32_t dtype);
+const char *sp_ox_dtype_name(int32_t dtype);
+int64_t sp_ox_numel(const sp_ox_tensor_t *t);
+void *sp_ox_aligned_alloc(size_t bytes);
 /* Give out a tensor of that type and shape from the pool (data uninitialized). */
-int ox_out(ox_run_t *r, ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims);
-void ox_pool_put(ox_run_t *r, ox_tensor_t *t);
-void *ox_scratch(ox_run_t *r, size_t bytes);
-int ox_fail(ox_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len);
+int sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims);
+void sp_ox_pool_put(sp_ox_run_t *r, sp_ox_tensor_t *t);
+void *sp_ox_scratch(sp_ox_run_t *r, size_t bytes);
+int sp_ox_fail(sp_ox_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sp_ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len);
 
 /* Attributes (absent -> default). */
-const Onnx__AttributeProto *ox_attr(const ox_node_t *n, const char *name);
-int64_t ox_attr_i(const ox_node_t *n, const char *name, int64_t def);
-float ox_attr_f(const ox_node_t *n, const char *name, float def);
-const char *ox_attr_s(const ox_node_t *n, const char *name, const char *def);
+const Onnx__AttributeProto *sp_ox_attr(const sp_ox_node_t *n, const char *name);
+int64_t sp_ox_attr_i(const sp_ox_node_t *n, const char *name, int64_t def);
+float sp_ox_attr_f(const sp_ox_node_t *n, const char *name, float def);
+const char *sp_ox_attr_s(const sp_ox_node_t *n, const char *name, const char *def);
 /* Integer list: count in *n_out (0 when absent); NULL when absent. */
-const int64_t *ox_attr_ints(const ox_node_t *n, const char *name, size_t *n_out);
+const int64_t *sp_ox_attr_ints(const sp_ox_node_t *n, const char *name, size_t *n_out);
 
 /* A constant integer tensor's values as int64 (shape inputs). -1 with err when not integer. */
-int ox_tensor_ints(ox_run_t *r, const ox_tensor_t *t, int64_t *vals, int64_t max, int64_t *n);
+int sp_ox_tensor_ints(sp_ox_run_t *r, const sp_ox_tensor_t *t, int64_t *vals, int64_t max, int64_t *n);
 
 /* The operator table (ops.c): NULL when the operator is not supported. */
-const ox_op_t *ox_op_find(const char *op_type);
+const sp_ox_op_t *sp_ox_op_find(const char *op_type);
 
 /* GEMM (gemm.c): C[M,N] = A[M,K] * B[K,N] (+ C when accumulate), row-major with
  * leading dimensions; A and B may be given transposed. */
-void ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+void sp_ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
               int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate);
 /* The same over up to n_threads threads (small products stay on the caller's). */
-void ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+void sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                   int accumulate);
 

@@ -39,20 +39,20 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fclose(f);
 
     char err[512];
-    ox_graph_t *g = NULL;
-    if (ox_graph_load(path, dir, &g, err, sizeof err) != 0) {
+    sp_ox_graph_t *g = NULL;
+    if (sp_ox_graph_load(path, dir, &g, err, sizeof err) != 0) {
         if (!err[0]) abort(); /* every refusal says why */
         return 0;
     }
     g->max_numel = (int64_t)1 << 20;
-    if (ox_graph_prepare(g, err, sizeof err) == 0) {
-        ox_run_t r = {0};
+    if (sp_ox_graph_prepare(g, err, sizeof err) == 0) {
+        sp_ox_run_t r = {0};
         r.g = g;
         r.err = err;
         r.err_len = sizeof err;
         int ok = 1;
         for (int32_t i = 0; i < g->n_inputs && ok; i++) {
-            ox_value_t *v = &g->values[g->inputs[i]];
+            sp_ox_value_t *v = &g->values[g->inputs[i]];
             const Onnx__ValueInfoProto *vi = NULL;
             const Onnx__GraphProto *gp = g->proto->graph;
             for (size_t k = 0; k < gp->n_input; k++) {
@@ -68,18 +68,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                 ? d->dim_value : 2;
                 dims[nd++] = x < 0 || x > 64 ? 2 : x;
             }
-            if (ox_out(&r, &v->t, v->t.dtype, nd, dims) != 0) {
+            if (sp_ox_out(&r, &v->t, v->t.dtype, nd, dims) != 0) {
                 ok = 0;
                 break;
             }
-            size_t bytes = (size_t)ox_numel(&v->t) * ox_dtype_size(v->t.dtype);
+            size_t bytes = (size_t)sp_ox_numel(&v->t) * sp_ox_dtype_size(v->t.dtype);
             for (size_t k = 0; k < bytes; k++) ((uint8_t *)v->t.data)[k] = (uint8_t)(k % 3);
         }
-        if (ok) (void)ox_graph_run(&r);
-        ox_run_release_all(&r);
-        ox_run_free(&r);
+        if (ok) (void)sp_ox_graph_run(&r);
+        sp_ox_run_release_all(&r);
+        sp_ox_run_free(&r);
     }
-    ox_graph_free(g);
+    sp_ox_graph_free(g);
     unlink(path);
     return 0;
 }
