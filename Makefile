@@ -143,6 +143,29 @@ $(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common
 	    $(SANFLAGS) $(BACKEND_LIBS_$*) -ljansson -lm
 all unit: $(BACKENDS)
 
+# The ONNX backend (docs/backends.md, docs/design-onnx.md): backends/onnx/*.c and the protoc-c
+# code of proto/onnx.proto (generated in $(BUILD)/gen/, never committed) in one plugin, so that
+# neither the graph runtime nor libprotobuf-c's ONNX tables are in the sampan binary.
+ONNX_SRC := $(wildcard backends/onnx/*.c)
+$(BUILD)/gen/onnx.pb-c.c: proto/onnx.proto
+	@mkdir -p $(dir $@)
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+$(BUILD)/gen/onnx.pb-c.h: $(BUILD)/gen/onnx.pb-c.c
+	@test -f $@ && touch $@
+$(BUILD)/backends/libsampan_onnx.so: $(ONNX_SRC) $(wildcard backends/onnx/*.h) backends/common.c \
+                                     backends/common.h include/sampan/backend.h \
+                                     $(BUILD)/gen/onnx.pb-c.c $(BUILD)/gen/onnx.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) -Iinclude -I$(BUILD)/gen -D_GNU_SOURCE $(BACKEND_CFLAGS) -shared -o $@ $(ONNX_SRC) \
+	    $(BUILD)/gen/onnx.pb-c.c backends/common.c $(SANFLAGS) -lprotobuf-c -ljansson -lm
+all unit: $(BUILD)/backends/libsampan_onnx.so
+# Its fuzz target compiles the runtime in (not the plugin glue) instead of linking libsampan.a.
+build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) \
+                      $(wildcard backends/onnx/*.h) $(BUILD)/gen/onnx.pb-c.c $(BUILD)/gen/onnx.pb-c.h
+	$(CC) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -O1 -g \
+	    $(WARN) -D_GNU_SOURCE -Ibackends/onnx -I$(BUILD)/gen -o $@ tests/fuzz/fuzz_onnx.c \
+	    $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
+
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
 # REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
 # and the XGBoost C API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the

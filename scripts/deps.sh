@@ -34,6 +34,10 @@ if [ "${1:-}" = "--test" ]; then
     # tests/unit/test_device.c: NVML's structs and prototypes as Debian's Rust bindings of
     # nvml.h spell them (Rust source only; NVIDIA's header itself is not in Debian main).
     need+=(librust-nvml-wrapper-sys-dev)
+    # The ONNX backend's tests: ONNX's operator test cases (tests/py/test_onnx_node.py), the
+    # python onnx helpers that build test models and fuzz seeds, and OpenCV's DNN module as the
+    # independent executor (tests/py/test_onnx_server.py).
+    need+=(libonnx-testdata python3-onnx python3-opencv)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then

@@ -659,7 +659,8 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     static const char *const keys[] = {
         "name",           "backend",          "max_batch_size", "input",
         "output",         "instance_group",   "version_policy", "dynamic_batching",
-        "parameters",     "load_on_demand",   "response_cache", NULL,
+        "parameters",     "load_on_demand",   "response_cache", "platform",
+        NULL,
     };
     pctx_t c = {file, err, err_len};
     memset(cfg, 0, sizeof *cfg);
@@ -705,7 +706,23 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
             }
             cfg->backend = SP_REPO_BACKEND_PLUGIN;
         }
-        snprintf(cfg->backend_name, sizeof cfg->backend_name, "%s", s);
+        /* Triton's name for its ONNX Runtime backend is served by the onnx plugin. */
+        snprintf(cfg->backend_name, sizeof cfg->backend_name, "%s",
+                 strcmp(s, "onnxruntime") == 0 ? "onnx" : s);
+    }
+    /* Triton's platform field: only its ONNX platform, which is the onnx backend. */
+    r = get_str(&c, root, "", "platform", 64, &s);
+    if (r < 0) return (sp_status_t)r;
+    if (r) {
+        if (strcmp(s, "onnxruntime_onnx") != 0) {
+            return bad(&c, "platform", "\"%.40s\" is not supported (onnxruntime_onnx; other "
+                       "models name a \"backend\")", s);
+        }
+        if (json_object_get(root, "backend") && strcmp(cfg->backend_name, "onnx") != 0) {
+            return bad(&c, "platform", "onnxruntime_onnx, but backend is \"%s\"", cfg->backend_name);
+        }
+        cfg->backend = SP_REPO_BACKEND_PLUGIN;
+        snprintf(cfg->backend_name, sizeof cfg->backend_name, "onnx");
     }
     int64_t v = 0;
     r = get_int(&c, root, "", "max_batch_size", 0, 65536, &v);

@@ -150,7 +150,8 @@ typedef struct sp_repo_llm {
 typedef struct sp_repo_config {
     char name[SP_REPO_NAME_MAX + 1]; /* "" when the file leaves it out */
     sp_repo_backend_t backend;       /* default llm */
-    char backend_name[33];           /* as written ("llm" when absent) */
+    char backend_name[33];           /* as written ("llm" when absent; Triton's onnxruntime
+                                      * and platform onnxruntime_onnx are "onnx") */
     int32_t max_batch_size;
     int32_t n_inputs, n_outputs;
     sp_repo_tensor_t input[SP_REPO_MAX_TENSORS];

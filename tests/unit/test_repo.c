@@ -201,6 +201,20 @@ TEST(repo_config_every_field)
     ASSERT_EQ(c.backend, SP_REPO_BACKEND_XGBOOST);
     ASSERT_EQ(c.version_policy.kind, SP_REPO_POLICY_ALL);
     sp_repo_config_free(&c);
+
+    /* Triton's ONNX Runtime names are the onnx plugin. */
+    static const char *const onnx_cfgs[] = {
+        "{\"backend\": \"onnx\"}", "{\"backend\": \"onnxruntime\"}",
+        "{\"platform\": \"onnxruntime_onnx\"}",
+        "{\"platform\": \"onnxruntime_onnx\", \"backend\": \"onnxruntime\"}",
+    };
+    for (size_t i = 0; i < sizeof onnx_cfgs / sizeof onnx_cfgs[0]; i++) {
+        st = parse_cfg(onnx_cfgs[i], &c, err, sizeof err);
+        ASSERT_OK(st);
+        ASSERT_EQ(c.backend, SP_REPO_BACKEND_PLUGIN);
+        ASSERT_STR_EQ(c.backend_name, "onnx");
+        sp_repo_config_free(&c);
+    }
 }
 
 TEST(repo_config_errors_name_file_and_field)
@@ -211,7 +225,9 @@ TEST(repo_config_errors_name_file_and_field)
         {"[1]", "models/m/config.json: must be a JSON object"},
         {"{\"name\": 1", "models/m/config.json: invalid JSON at line 1"},
         {"{\"a\": 1, \"a\": 2}", "models/m/config.json: invalid JSON"},
-        {"{\"platform\": \"x\"}", "models/m/config.json: platform: unknown field"},
+        {"{\"platform\": \"x\"}", "models/m/config.json: platform: \"x\" is not supported"},
+        {"{\"platform\": \"onnxruntime_onnx\", \"backend\": \"xgboost\"}",
+         "platform: onnxruntime_onnx, but backend is \"xgboost\""},
         {"{\"name\": 7}", "models/m/config.json: name: must be a string"},
         {"{\"name\": \"../x\"}", "models/m/config.json: name: "},
         {"{\"backend\": \"Onnx Runtime\"}", "models/m/config.json: backend: \"Onnx Runtime\" is not a backend name"},

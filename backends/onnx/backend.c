@@ -1,0 +1,367 @@
+/*
+ * backends/onnx/backend.c - the ONNX backend plugin (libsampan_onnx.so):
+ * config.json's "backend": "onnx" (the server also maps Triton's
+ * "onnxruntime"), the graph in `model.onnx` of the version folder (or
+ * parameters.model_file), run by the graph runtime of this folder on CPU.
+ *
+ * load reads and prepares the graph (load.c, graph.c) and reports its inputs
+ * and outputs: the graph's own when config.json declares none (Triton's
+ * auto-complete), else the declared ones after checking them against the
+ * graph. With max_batch_size > 0 the first dimension of every input and
+ * output is the batch, and must be a free (symbolic) dimension in the graph.
+ * execute copies each input into the instance's buffer pool (so binary HTTP
+ * tensors need not be aligned), runs the graph and copies the requested
+ * outputs into host memory.
+ *
+ * Threads: one instance runs one batch at a time; each instance has its own
+ * graph and pool, so nothing is shared and nothing locks. The graph runs
+ * on the calling thread; large GEMMs (Conv, Gemm, MatMul) split over the
+ * instance's n_threads (gemm.c).
+ * Memory: per instance, the graph's constants plus the pool of activation
+ * buffers (the peak of live activations of the largest batch seen).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common.h"
+#include "ox.h"
+
+typedef struct onnx_model {
+    sp_backend_host_t host;
+    sp_ox_graph_t *g;
+    sp_ox_run_t run;
+    int32_t max_batch;
+    int32_t n_in;
+    int32_t in_value[SP_BACKEND_MAX_TENSORS]; /* declared input i -> graph value */
+    sp_backend_tensor_desc_t in_desc[SP_BACKEND_MAX_TENSORS];
+    int64_t in_model_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS]; /* -1 free */
+    int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
+} onnx_model_t;
+
+static int
+to_btype(int32_t ox, sp_btype_t *bt)
+{
+    switch (ox) {
+    case OX_FLOAT: *bt = SP_BT_FP32; return 0;
+    case OX_UINT8: *bt = SP_BT_UINT8; return 0;
+    case OX_INT8: *bt = SP_BT_INT8; return 0;
+    case OX_INT32: *bt = SP_BT_INT32; return 0;
+    case OX_INT64: *bt = SP_BT_INT64; return 0;
+    case OX_BOOL: *bt = SP_BT_BOOL; return 0;
+    default: return -1;
+    }
+}
+
+/* A graph input or output as the server sees it: dims without the batch
+ * when max_batch > 0. */
+static int
+describe(const Onnx__ValueInfoProto *vi, int32_t max_batch, const char *file, const char *kind,
+         sp_backend_tensor_desc_t *d, int64_t *model_dims, int32_t *model_nd, char *err,
+         size_t err_len)
+{
+    memset(d, 0, sizeof *d);
+    if (strlen(vi->name) >= sizeof d->name) {
+        return sp__bk_errf(err, err_len, "%s: %s '%.80s': name longer than %zu bytes", file, kind,
+                           vi->name, sizeof d->name - 1);
+    }
+    snprintf(d->name, sizeof d->name, "%s", vi->name);
+    const Onnx__TypeProto *ty = vi->type;
+    if (ty == NULL || ty->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || ty->tensor_type == NULL ||
+        to_btype(ty->tensor_type->elem_type, &d->dtype)) {
+        return sp__bk_errf(err, err_len, "%s: %s '%s': not a tensor of a supported type", file,
+                           kind, vi->name);
+    }
+    const Onnx__TensorShapeProto *sh = ty->tensor_type->shape;
+    if (sh == NULL) {
+        return sp__bk_errf(err, err_len, "%s: %s '%s' has no shape in the graph: declare it in "
+                           "config.json", file, kind, vi->name);
+    }
+    if (sh->n_dim > SP_BACKEND_MAX_DIMS) {
+        return sp__bk_errf(err, err_len, "%s: %s '%s': %zu dimensions", file, kind, vi->name, sh->n_dim);
+    }
+    int32_t nd = (int32_t)sh->n_dim;
+    for (int32_t i = 0; i < nd; i++) {
+        const Onnx__TensorShapeProto__Dimension *dm = sh->dim[i];
+        model_dims[i] = dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE &&
+                        dm->dim_value >= 0 ? dm->dim_value : -1;
+    }
+    *model_nd = nd;
+    if (max_batch > 0) {
+        if (nd == 0 || model_dims[0] != -1) {
+            return sp__bk_errf(err, err_len, "%s: %s '%s': max_batch_size %d needs a free first "
+                               "(batch) dimension, the graph has %s", file, kind, vi->name,
+                               (int)max_batch, nd ? "a fixed one" : "a scalar");
+        }
+        d->n_dims = nd - 1;
+        for (int32_t i = 1; i < nd; i++) d->dims[i - 1] = model_dims[i];
+    } else {
+        d->n_dims = nd;
+        for (int32_t i = 0; i < nd; i++) d->dims[i] = model_dims[i];
+    }
+    return 0;
+}
+
+/* A declared input/output against the graph's: same type and rank, and
+ * every fixed dimension the graph has is the declared one. */
+static int
+check_declared(const sp_backend_tensor_desc_t *decl, const sp_backend_tensor_desc_t *mine,
+               const char *kind, int idx, char *err, size_t err_len)
+{
+    bool ok = decl->dtype == mine->dtype && decl->n_dims == mine->n_dims;
+    for (int32_t i = 0; ok && i < decl->n_dims; i++) {
+        ok = mine->dims[i] < 0 || decl->dims[i] == mine->dims[i];
+    }
+    if (!ok) {
+        char a[128], b[128];
+        sp__bk_dims_str(decl->dims, decl->n_dims, a, sizeof a);
+        sp__bk_dims_str(mine->dims, mine->n_dims, b, sizeof b);
+        return sp__bk_errf(err, err_len, "config.json %s[%d] \"%s\": %s %s, but the model has %s %s",
+                           kind, idx, decl->name, sp__bk_dtype_name(decl->dtype), a,
+                           sp__bk_dtype_name(mine->dtype), b);
+    }
+    return 0;
+}
+
+static void
+onnx_unload(void *model)
+{
+    onnx_model_t *m = model;
+    if (m == NULL) return;
+    sp_ox_run_free(&m->run);
+    sp_ox_graph_free(m->g);
+    free(m);
+}
+
+static int
+onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, void **model,
+          sp_backend_model_info_t *info, char *err, size_t err_len)
+{
+    *model = NULL;
+    sp__bk_config_t cfg;
+    if (sp__bk_config_parse(args->config_json, &cfg, err, err_len)) return -1;
+    int rc = -1;
+    onnx_model_t *m = calloc(1, sizeof *m);
+    char path[4096];
+    if (m == NULL) {
+        sp__bk_errf(err, err_len, "onnx: out of memory");
+        goto done;
+    }
+    m->host = *host;
+    m->max_batch = args->max_batch_size;
+    if (args->model_file) snprintf(path, sizeof path, "%s", args->model_file);
+    else snprintf(path, sizeof path, "%s/model.onnx", args->version_dir);
+    if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
+    if (sp_ox_graph_prepare(m->g, err, err_len)) {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "%s", err);
+        sp__bk_errf(err, err_len, "%s: %s", path, tmp);
+        goto done;
+    }
+    m->run.g = m->g;
+    m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
+    const Onnx__GraphProto *gp = m->g->proto->graph;
+    /* The graph's own inputs (fed ones only) and outputs. */
+    sp_backend_tensor_desc_t gin[SP_BACKEND_MAX_TENSORS], gout[SP_BACKEND_MAX_TENSORS];
+    int64_t gdims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS];
+    int32_t gnd[SP_BACKEND_MAX_TENSORS];
+    int32_t n_gin = 0;
+    for (size_t i = 0; i < gp->n_input; i++) {
+        bool fed = false;
+        for (int32_t k = 0; k < m->g->n_inputs; k++) {
+            fed |= strcmp(m->g->values[m->g->inputs[k]].name, gp->input[i]->name) == 0;
+        }
+        if (!fed) continue;
+        if (describe(gp->input[i], m->max_batch, path, "input", &gin[n_gin], gdims[n_gin],
+                     &gnd[n_gin], err, err_len)) goto done;
+        n_gin++;
+    }
+    for (int32_t i = 0; i < m->g->n_outputs; i++) {
+        int64_t dd[SP_BACKEND_MAX_DIMS];
+        int32_t nd;
+        const Onnx__ValueInfoProto *vi = gp->output[i];
+        bool declared = false;
+        for (int32_t k = 0; k < cfg.n_outputs; k++) declared |= strcmp(cfg.outputs[k].name, vi->name) == 0;
+        /* An output without a shape in the graph is fine when config.json declares it. */
+        if (declared && (vi->type == NULL || vi->type->tensor_type == NULL ||
+                         vi->type->tensor_type->shape == NULL)) {
+            memset(&gout[i], 0, sizeof gout[i]);
+            snprintf(gout[i].name, sizeof gout[i].name, "%s", vi->name);
+            gout[i].n_dims = -1;
+            continue;
+        }
+        if (describe(vi, m->max_batch, path, "output", &gout[i], dd, &nd, err, err_len)) goto done;
+    }
+    memset(info, 0, sizeof *info);
+    if (cfg.n_inputs == 0) {
+        for (int32_t i = 0; i < n_gin; i++) {
+            m->in_value[i] = m->g->inputs[i];
+            m->in_desc[i] = gin[i];
+            memcpy(m->in_model_dims[i], gdims[i], sizeof gdims[i]);
+            m->in_model_nd[i] = gnd[i];
+        }
+        m->n_in = n_gin;
+    } else {
+        for (int32_t i = 0; i < cfg.n_inputs; i++) {
+            int32_t k = 0;
+            while (k < n_gin && strcmp(gin[k].name, cfg.inputs[i].name) != 0) k++;
+            if (k == n_gin) {
+                sp__bk_errf(err, err_len, "config.json input[%d] \"%s\": the model has no such "
+                            "input", i, cfg.inputs[i].name);
+                goto done;
+            }
+            if (check_declared(&cfg.inputs[i], &gin[k], "input", i, err, err_len)) goto done;
+            m->in_value[i] = m->g->inputs[k];
+            m->in_desc[i] = cfg.inputs[i];
+            memcpy(m->in_model_dims[i], gdims[k], sizeof gdims[k]);
+            m->in_model_nd[i] = gnd[k];
+        }
+        m->n_in = cfg.n_inputs;
+        for (int32_t k = 0; k < n_gin; k++) {
+            bool found = false;
+            for (int32_t i = 0; i < cfg.n_inputs; i++) found |= strcmp(gin[k].name, cfg.inputs[i].name) == 0;
+            if (!found) {
+                sp__bk_errf(err, err_len, "config.json declares no input \"%s\", which the model "
+                            "needs", gin[k].name);
+                goto done;
+            }
+        }
+    }
+    info->n_inputs = m->n_in;
+    memcpy(info->inputs, m->in_desc, sizeof m->in_desc);
+    if (cfg.n_outputs == 0) {
+        info->n_outputs = m->g->n_outputs;
+        memcpy(info->outputs, gout, sizeof gout[0] * (size_t)m->g->n_outputs);
+    } else {
+        for (int32_t i = 0; i < cfg.n_outputs; i++) {
+            int32_t k = 0;
+            while (k < m->g->n_outputs && strcmp(gout[k].name, cfg.outputs[i].name) != 0) k++;
+            if (k == m->g->n_outputs) {
+                sp__bk_errf(err, err_len, "config.json output[%d] \"%s\": the model has no such "
+                            "output", i, cfg.outputs[i].name);
+                goto done;
+            }
+            if (gout[k].n_dims >= 0 && check_declared(&cfg.outputs[i], &gout[k], "output", i, err, err_len)) goto done;
+        }
+        info->n_outputs = cfg.n_outputs;
+        memcpy(info->outputs, cfg.outputs, sizeof cfg.outputs[0] * (size_t)cfg.n_outputs);
+    }
+    info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
+    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
+               "folded=%d fused=%d constant_bytes=%llu threads=%d",
+               args->model_name ? args->model_name : "", (long long)args->version, path,
+               (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
+               m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads);
+    *model = m;
+    m = NULL;
+    rc = 0;
+done:
+    onnx_unload(m);
+    sp__bk_config_free(&cfg);
+    return rc;
+}
+
+static int
+onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
+             sp_backend_tensor_t *outputs, int32_t n_outputs, char *err, size_t err_len)
+{
+    onnx_model_t *m = model;
+    sp_ox_run_t *r = &m->run;
+    r->err = err;
+    r->err_len = err_len;
+    if (n_inputs != m->n_in) {
+        return sp__bk_errf(err, err_len, "onnx: %d inputs given, the model takes %d", (int)n_inputs,
+                           (int)m->n_in);
+    }
+    int64_t rows = -1;
+    int rc = -1;
+    for (int32_t i = 0; i < n_inputs; i++) {
+        const sp_backend_tensor_t *x = &inputs[i];
+        const sp_backend_tensor_desc_t *d = &m->in_desc[i];
+        sp_ox_value_t *v = &m->g->values[m->in_value[i]];
+        bool ok = x->dtype == d->dtype && x->n_dims == m->in_model_nd[i] && x->n_dims >= 0 &&
+                  x->n_dims <= SP_BACKEND_MAX_DIMS;
+        int64_t numel = 1;
+        for (int32_t k = 0; ok && k < x->n_dims; k++) {
+            ok = x->dims[k] >= 0 && (m->in_model_dims[i][k] < 0 || m->in_model_dims[i][k] == x->dims[k]);
+            numel *= ok ? x->dims[k] : 1;
+            ok = ok && numel <= ((int64_t)1 << 34);
+        }
+        if (!ok) {
+            char a[128], b[128];
+            sp__bk_dims_str(x->dims, x->n_dims >= 0 && x->n_dims <= SP_BACKEND_MAX_DIMS ? x->n_dims : 0, a, sizeof a);
+            sp__bk_dims_str(m->in_model_dims[i], m->in_model_nd[i], b, sizeof b);
+            sp__bk_errf(err, err_len, "input \"%s\": %s %s, expected %s %s", d->name,
+                        sp__bk_dtype_name(x->dtype), a, sp__bk_dtype_name(d->dtype), b);
+            goto done;
+        }
+        size_t bytes = (size_t)numel * sp_ox_dtype_size(v->t.dtype);
+        if (x->bytes != bytes) {
+            sp__bk_errf(err, err_len, "input \"%s\": %zu bytes for %lld elements of %zu bytes",
+                        d->name, x->bytes, (long long)numel, sp_ox_dtype_size(v->t.dtype));
+            goto done;
+        }
+        if (m->max_batch > 0) {
+            if (rows >= 0 && x->dims[0] != rows) {
+                sp__bk_errf(err, err_len, "input \"%s\": %lld rows, input \"%s\" %lld", d->name,
+                            (long long)x->dims[0], m->in_desc[0].name, (long long)rows);
+                goto done;
+            }
+            rows = x->dims[0];
+        }
+        if (sp_ox_out(r, &v->t, v->t.dtype, x->n_dims, x->dims)) goto done;
+        if (bytes) memcpy(v->t.data, x->data, bytes);
+        if (v->t.dtype == OX_BOOL) {
+            /* BOOL bytes other than 0 and 1 would break Where's tests: normalize. */
+            for (size_t k = 0; k < bytes; k++) ((uint8_t *)v->t.data)[k] = ((uint8_t *)v->t.data)[k] != 0;
+        }
+    }
+    if (sp_ox_graph_run(r)) goto done;
+    for (int32_t o = 0; o < n_outputs; o++) {
+        sp_backend_tensor_t *out = &outputs[o];
+        int32_t k = 0;
+        while (k < m->g->n_outputs && strcmp(m->g->values[m->g->outputs[k]].name, out->name) != 0) k++;
+        if (k == m->g->n_outputs) {
+            sp__bk_errf(err, err_len, "onnx: no output named \"%s\"", out->name);
+            goto done;
+        }
+        const sp_ox_tensor_t *t = &m->g->values[m->g->outputs[k]].t;
+        if (to_btype(t->dtype, &out->dtype)) {
+            sp__bk_errf(err, err_len, "output \"%s\": type %s", out->name, sp_ox_dtype_name(t->dtype));
+            goto done;
+        }
+        if (m->max_batch > 0 && (t->nd == 0 || t->dims[0] != rows)) {
+            sp__bk_errf(err, err_len, "output \"%s\": first dimension %lld for a batch of %lld rows",
+                        out->name, t->nd ? (long long)t->dims[0] : -1LL, (long long)rows);
+            goto done;
+        }
+        size_t bytes = (size_t)sp_ox_numel(t) * sp_ox_dtype_size(t->dtype);
+        out->data = m->host.alloc_fn(bytes ? bytes : 1);
+        if (out->data == NULL) {
+            sp__bk_errf(err, err_len, "onnx: out of memory for %zu bytes", bytes);
+            goto done;
+        }
+        if (bytes) memcpy(out->data, t->data, bytes);
+        out->bytes = bytes;
+        out->n_dims = t->nd;
+        for (int32_t i = 0; i < t->nd; i++) out->dims[i] = t->dims[i];
+    }
+    rc = 0;
+done:
+    sp_ox_run_release_all(r);
+    return rc;
+}
+
+static const sp_backend_api_t onnx_api = {
+    .abi_version = SP_BACKEND_ABI_VERSION,
+    .name = "onnx",
+    .load = onnx_load,
+    .execute = onnx_execute,
+    .unload = onnx_unload,
+};
+
+__attribute__((visibility("default"))) const sp_backend_api_t *
+sp_backend_init(uint32_t abi_version)
+{
+    return abi_version == SP_BACKEND_ABI_VERSION ? &onnx_api : NULL;
+}

@@ -1,0 +1,170 @@
+/*
+ * backends/onnx/ox.h - the ONNX backend's internal types: tensors, the graph
+ * (values and nodes), the operator table, the run context.
+ *
+ * Threads: a loaded graph (sp_ox_graph_t) is read-only after load; one run
+ * context (sp_ox_run_t, its buffer pool) belongs to one model instance, and
+ * the server never runs two batches on one instance at once, so nothing
+ * here takes a lock.
+ * Memory: the graph owns its constants and the decoded protobuf (attributes
+ * point into it); a run context owns its pool of activation buffers, which
+ * stays allocated between batches and is freed with the instance.
+ */
+#ifndef SP_BACKENDS_ONNX_OX_H
+#define SP_BACKENDS_ONNX_OX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "onnx.pb-c.h"
+
+#define OX_MAX_DIMS 8
+#define OX_MAX_IO 16 /* inputs or outputs of one node */
+/* Elements of one computed tensor: 2^34 floats (64 GiB) is past any real model and keeps byte
+ * counts far from overflow. The fuzz target lowers sp_ox_graph_t.max_numel. */
+#define OX_MAX_RUN_NUMEL ((int64_t)1 << 34)
+
+/* ONNX TensorProto.DataType values the backend computes with. */
+enum {
+    OX_FLOAT = 1,
+    OX_UINT8 = 2,
+    OX_INT8 = 3,
+    OX_INT32 = 6,
+    OX_INT64 = 7,
+    OX_BOOL = 9,
+    OX_DOUBLE = 11,
+};
+
+typedef struct sp_ox_tensor {
+    int32_t dtype; /* OX_FLOAT, ... */
+    int32_t nd;
+    int64_t dims[OX_MAX_DIMS];
+    void *data;    /* 64-byte aligned; owned by the graph (constants) or the pool */
+    size_t cap;    /* bytes allocated at data */
+} sp_ox_tensor_t;
+
+typedef struct sp_ox_value {
+    char *name;           /* borrowed from the protobuf */
+    bool is_const;        /* an initializer, a Constant, or folded at load */
+    bool is_input;        /* a graph input the caller feeds */
+    bool is_output;       /* a graph output */
+    int32_t last_use;     /* index in order[] of the last node reading it (-1: none) */
+    sp_ox_tensor_t t;        /* constants: the data; others: filled during a run */
+} sp_ox_value_t;
+
+struct sp_ox_node;
+struct sp_ox_run;
+
+/* One operator. check runs at load (attributes, constant inputs); run computes
+ * the outputs, allocating them with sp_ox_out. Both return 0, or -1 with err. */
+typedef struct sp_ox_op {
+    const char *name;
+    const char *const *attrs; /* the attributes it understands (NULL-terminated) */
+    int min_in, max_in, min_out, max_out;
+    int (*check)(struct sp_ox_node *n, char *err, size_t err_len);
+    int (*run)(struct sp_ox_run *r, struct sp_ox_node *n, const sp_ox_tensor_t *const *in, int n_in,
+               sp_ox_tensor_t *const *out, int n_out);
+} sp_ox_op_t;
+
+typedef struct sp_ox_node {
+    const Onnx__NodeProto *p; /* attributes, name, op_type */
+    const sp_ox_op_t *op;
+    int64_t opset;
+    int32_t n_in, n_out;
+    int32_t in[OX_MAX_IO];    /* value indices; -1 = an omitted optional input */
+    int32_t out[OX_MAX_IO];
+    bool dead;                /* folded or fused away */
+    /* Fusions: Conv/Gemm/MatMul followed by Relu; MatMul followed by Add of a bias. */
+    int fused_relu;
+    int32_t fused_bias;       /* value index of a [N] bias constant, -1 none */
+    char label[96];           /* "node 'name' (Conv)" for messages */
+} sp_ox_node_t;
+
+typedef struct sp_ox_graph {
+    Onnx__ModelProto *proto;
+    int64_t opset;            /* the default domain's */
+    int32_t n_values, n_nodes;
+    sp_ox_value_t *values;
+    sp_ox_node_t *nodes;
+    int32_t *order;           /* live nodes in execution order */
+    int32_t n_order;
+    int32_t n_inputs, n_outputs;
+    int32_t inputs[OX_MAX_IO];  /* value indices of the fed inputs, graph order */
+    int32_t outputs[OX_MAX_IO];
+    uint64_t const_bytes;
+    int n_folded, n_fused;
+    int64_t max_numel;        /* elements one computed tensor may have (OX_MAX_RUN_NUMEL) */
+} sp_ox_graph_t;
+
+/* A free buffer of the pool. */
+typedef struct sp_ox_buf {
+    void *data;
+    size_t cap;
+} sp_ox_buf_t;
+
+typedef struct sp_ox_run {
+    sp_ox_graph_t *g;
+    const sp_ox_node_t *node;    /* the node being run, for messages */
+    char *err;
+    size_t err_len;
+    sp_ox_buf_t *free_bufs;
+    int32_t n_free, cap_free;
+    void *scratch;            /* im2col and packing space, grown on demand */
+    size_t scratch_cap;
+    int n_threads;            /* threads a GEMM may use (0 or 1: the caller's only) */
+} sp_ox_run_t;
+
+/* ---- load.c ---- */
+/* Read, decode and check path (a model in dir), build the graph. 0 or -1 with err. */
+int sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *err, size_t err_len);
+void sp_ox_graph_free(sp_ox_graph_t *g);
+/* Decode a TensorProto (initializer or attribute) into t (data malloc'd, aligned). */
+int sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
+                         sp_ox_tensor_t *t, char *err, size_t err_len);
+
+/* ---- graph.c ---- */
+/* Order, fold, fuse and plan a loaded graph. */
+int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
+/* Run the whole graph: inputs already set in g->values[inputs[i]].t by the caller
+ * (in pool buffers). Output values stay set until sp_ox_run_release. */
+int sp_ox_graph_run(sp_ox_run_t *r);
+void sp_ox_run_release_all(sp_ox_run_t *r);
+void sp_ox_run_free(sp_ox_run_t *r);
+
+/* ---- tensor helpers (ops_util.c) ---- */
+size_t sp_ox_dtype_size(int32_t dtype);
+const char *sp_ox_dtype_name(int32_t dtype);
+int64_t sp_ox_numel(const sp_ox_tensor_t *t);
+void *sp_ox_aligned_alloc(size_t bytes);
+/* Give out a tensor of that type and shape from the pool (data uninitialized). */
+int sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims);
+void sp_ox_pool_put(sp_ox_run_t *r, sp_ox_tensor_t *t);
+void *sp_ox_scratch(sp_ox_run_t *r, size_t bytes);
+int sp_ox_fail(sp_ox_run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sp_ox_shape_str(const int64_t *dims, int nd, char *buf, size_t len);
+
+/* Attributes (absent -> default). */
+const Onnx__AttributeProto *sp_ox_attr(const sp_ox_node_t *n, const char *name);
+int64_t sp_ox_attr_i(const sp_ox_node_t *n, const char *name, int64_t def);
+float sp_ox_attr_f(const sp_ox_node_t *n, const char *name, float def);
+const char *sp_ox_attr_s(const sp_ox_node_t *n, const char *name, const char *def);
+/* Integer list: count in *n_out (0 when absent); NULL when absent. */
+const int64_t *sp_ox_attr_ints(const sp_ox_node_t *n, const char *name, size_t *n_out);
+
+/* A constant integer tensor's values as int64 (shape inputs). -1 with err when not integer. */
+int sp_ox_tensor_ints(sp_ox_run_t *r, const sp_ox_tensor_t *t, int64_t *vals, int64_t max, int64_t *n);
+
+/* The operator table (ops.c): NULL when the operator is not supported. */
+const sp_ox_op_t *sp_ox_op_find(const char *op_type);
+
+/* GEMM (gemm.c): C[M,N] = A[M,K] * B[K,N] (+ C when accumulate), row-major with
+ * leading dimensions; A and B may be given transposed. */
+void sp_ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+              int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate);
+/* The same over up to n_threads threads (small products stay on the caller's). */
+void sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                  const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                  int accumulate);
+
+#endif /* SP_BACKENDS_ONNX_OX_H */
