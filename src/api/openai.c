@@ -47,6 +47,7 @@
 #include "serving/adapters.h"
 #include "api/json_body.h"
 #include "api/offload.h"
+#include "api/budget.h"
 #include "api/chat_input.h"
 #include "api/dialect.h"
 #include "api/api.h"
@@ -106,6 +107,7 @@ typedef struct oai_prep {
     sp_chat_input_t chat;        /* the gathered messages (chat_input.h) */
     const json_t *kwargs;        /* chat_template_kwargs (inside body), or NULL */
     const char *effort;          /* reasoning_effort (inside body), or NULL */
+    sp_budget_req_t budget;      /* the reasoning budget (api/budget.h) */
     char *tools_json;            /* jansson's allocator */
     char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
     char *prompt;                /* the rendered chat prompt */
@@ -771,6 +773,12 @@ prep_run(sp_offload_t *job)
          * client's shapes the whole text, thinking included. */
         q->afmt.think_open = pp->schema == NULL && pp->tools == NULL && !pp->g.json_object &&
                              sp_answer_opens_thinking(q->afmt.reasoning, pp->prompt, pp->plen);
+        st = sp_budget_apply(&pp->budget, q->afmt.reasoning, q->afmt.think_open, q->a.m->tok,
+                             &pp->g, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "reasoning_budget_message", NULL, "%s", err);
+            return;
+        }
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
     }
@@ -2255,8 +2263,14 @@ sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p
         sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
         snprintf(pp->eos, sizeof pp->eos, "%.*s", (int)t.len, t.ptr);
     }
-    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0 ||
-        !prep_alloc(q, 1)) {
+    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0) {
+        goto fail;
+    }
+    if (sp_budget_parse(b, q->afmt.reasoning, &pp->budget, &param, err, sizeof err) != 0) {
+        sp_api_error(r, 400, NULL, param, NULL, "%s", err);
+        goto fail;
+    }
+    if (!prep_alloc(q, 1)) {
         goto fail;
     }
     pp->special = true;
