@@ -743,7 +743,8 @@ struct sp_gen {
 enum think_state {
     TH_OUT,   /* outside thinking: watching for the open marker */
     TH_IN,    /* inside, counting the budget down, watching for the close marker */
-    TH_UTF8,  /* budget spent in the middle of a character: finishing it first */
+    TH_WAIT,  /* budget spent in the middle of a character or of the close
+                 marker: letting the model finish it first */
     TH_FORCE, /* emitting think_force */
 };
 
@@ -1370,8 +1371,8 @@ think_enter(sp_gen_t *g)
  * After a non-final token with text p[0, n) (complete UTF-8 characters; a
  * character still open stays in the detokenizer): the open marker starts a
  * part, the close marker ends it, each generated token inside counts, and
- * the part's last allowed token (or the one that finishes its character)
- * starts the forcing.
+ * the part's last allowed token (or the one that finishes its character
+ * or leaves the close marker the model had begun) starts the forcing.
  */
 static void
 think_update(sp_gen_t *g, const char *p, size_t n)
@@ -1403,11 +1404,11 @@ think_update(sp_gen_t *g, const char *p, size_t n)
     if (g->th_state == TH_IN && --g->th_left > 0) {
         return;
     }
-    if (g->detok.n_held == 0) { /* never cut a character in two */
+    if (g->detok.n_held == 0 && g->th_close.state == 0) {
         g->th_state = TH_FORCE;
         g->th_pos = 0;
-    } else {
-        g->th_state = TH_UTF8;
+    } else { /* never cut a character in two, nor a close marker the model began */
+        g->th_state = TH_WAIT;
     }
 }
 

@@ -78,7 +78,8 @@ typedef struct sp_gen_params {
      * n_think_force > 0, a thinking part - the generated text after the
      * think_open marker, or from the start with think_in_prompt, up to the
      * think_close marker - gets at most reasoning_budget generated tokens
-     * (plus at most 3 that finish a UTF-8 character the last one began); then
+     * (plus the few that finish a UTF-8 character, or the close marker,
+     * that the last one began); then
      * the think_force tokens (the close marker, maybe after a message) are
      * emitted as the next tokens, whatever the logits say, and the model goes
      * on with its answer. A later open marker starts a new part with a fresh
