@@ -112,6 +112,11 @@ typedef struct oai_prep {
     bool fim;
     sp_fim_prompt_t fimp;        /* suffix, middle, extra (strings inside body) */
     sp_fim_chunk_t *fim_extra;   /* /infill's input_extra */
+    /* a dialect's raw prompt and context ids (sp_api_chat_opts_t) */
+    const char *raw;
+    size_t raw_len;
+    int32_t *ctx_ids;
+    int64_t n_ctx_ids;
     char *tools_json;            /* jansson's allocator */
     char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
     char *prompt;                /* the rendered chat prompt */
@@ -133,6 +138,9 @@ typedef struct oai_req {
     sp_api_req_t a;      /* the lifecycle (request.h): model, adapter, job, clock, cache key */
     oai_kind_t kind;
     bool infill;         /* completion answered in llama-server's /infill shape */
+    bool keep_ids;       /* sp_api_chat_opts_t.keep_tokens: gen_ids below, for dq */
+    int32_t *gen_ids;
+    int64_t n_gen_ids, cap_gen_ids;
     const sp_api_dialect_t *dialect; /* chat: how its answers are written (dialect.h) */
     sp_dialect_req_t dq;   /* the dialect's view of the request */
     sp_jbuf_t model_name;  /* the model as answers name it, JSON-quoted (dq.model) */
@@ -205,6 +213,8 @@ oai_free(sp_api_req_t *a)
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
     sp_free(pp->fim_extra);
+    sp_free(pp->ctx_ids);
+    sp_free(q->gen_ids);
     json_decref(pp->own_schema);
     sp_free(pp->own_gbnf);
     sp_chat_input_free(&pp->chat);
@@ -862,11 +872,32 @@ prep_run(sp_offload_t *job)
         }
         pp->in[0].text = pp->prompt;
         pp->in[0].len = pp->plen;
+    } else if (pp->raw != NULL) {
+        pp->add_bos = sp_chat_add_bos(q->a.m->tok, pp->raw, pp->raw_len);
+        pp->in[0].text = pp->raw;
+        pp->in[0].len = pp->raw_len;
+    }
+    if (pp->n_ctx_ids > 0) {
+        pp->add_bos = false; /* the context began with one (and a BOS the text has is dropped) */
     }
     for (int i = 0; i < pp->n_in; i++) {
         if ((pp->in[i].text != NULL || pp->fim) && !tokenize_text(q, &pp->in[i])) {
             return;
         }
+    }
+    if (pp->n_ctx_ids > 0) { /* the context's ids, then the prompt's */
+        tok_in_t *t = &pp->in[0];
+        if (t->n + pp->n_ctx_ids > pp->cap) {
+            prep_fail(pp, SP_ERR_INVALID, "context", "context_length_exceeded",
+                      "the context and the prompt have %lld tokens, the context holds %lld",
+                      (long long)(t->n + pp->n_ctx_ids), (long long)pp->cap);
+            return;
+        }
+        /* a BOS the template wrote belongs to the context's start, not here */
+        int64_t skip = t->n > 0 && t->dst[0] == sp_tokenizer_bos(q->a.m->tok) ? 1 : 0;
+        memmove(t->dst + pp->n_ctx_ids, t->dst + skip, (size_t)(t->n - skip) * sizeof *t->dst);
+        memcpy(t->dst, pp->ctx_ids, (size_t)pp->n_ctx_ids * sizeof *t->dst);
+        t->n += pp->n_ctx_ids - skip;
     }
 }
 
@@ -1600,6 +1631,25 @@ reply_rerank(oai_req_t *q, int64_t prompt_tokens)
     sp_api_reply_json(q->a.http, 200, b);
 }
 
+/* Append a generated token id for the dialect (sp_api_chat_opts_t.keep_tokens). */
+static int
+keep_id(oai_req_t *q, int32_t id)
+{
+    if (q->n_gen_ids == q->cap_gen_ids) {
+        int64_t cap = q->cap_gen_ids ? 2 * q->cap_gen_ids : 256;
+        int32_t *p = sp_realloc(q->gen_ids, (size_t)cap * sizeof *p);
+        if (p == NULL) {
+            return -1;
+        }
+        q->gen_ids = p;
+        q->cap_gen_ids = cap;
+    }
+    q->gen_ids[q->n_gen_ids++] = id;
+    q->dq.gen_ids = q->gen_ids;
+    q->dq.n_gen_ids = q->n_gen_ids;
+    return 0;
+}
+
 /* Events of a job, on the loop thread. */
 /* A job's TOKEN, FINISH and EMBEDDING events (the lifecycle counted them). */
 static int
@@ -1608,6 +1658,10 @@ oai_event(sp_api_req_t *a, const sp_sched_event_t *ev)
     oai_req_t *q = (oai_req_t *)a;
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
+        if (q->keep_ids && ev->index == 0 && !sp_tokenizer_is_eog(q->a.m->tok, ev->token) &&
+            keep_id(q, ev->token) != 0) {
+            return -1;
+        }
         if (q->stream) {
             return stream_token(q, ev);
         }
@@ -1871,6 +1925,10 @@ run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_
     g->max_tokens = (int32_t)max_tokens;
     q->n_prompt = sum_tok;
     q->dq.n_prompt = sum_tok;
+    if (q->keep_ids) { /* chat: one prompt, toks */
+        q->dq.prompt_ids = in != NULL ? in[0].dst : toks;
+        q->dq.n_prompt_ids = in != NULL ? in[0].n : n_tok;
+    }
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
         sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
@@ -2437,10 +2495,64 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     sp_api_chat_run_ud(s, r, p, retry, b, d, count_only, flags, NULL);
 }
 
+static void chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                     sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, bool count_only,
+                     int flags, void *ud, const sp_api_chat_opts_t *o);
+
 void
 sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
                    sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, bool count_only,
                    int flags, void *ud)
+{
+    chat_run(s, r, p, retry, b, d, count_only, flags, ud, NULL);
+}
+
+void
+sp_api_chat_run_opts(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                     sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, int flags,
+                     const sp_api_chat_opts_t *o)
+{
+    chat_run(s, r, p, retry, b, d, false, flags, NULL, o);
+}
+
+/* The context ids of sp_api_chat_opts_t: integers of the vocabulary. -1 after answering. */
+static int
+parse_context(oai_req_t *q, const json_t *ctx)
+{
+    oai_prep_t *pp = &q->prep;
+    size_t n = json_array_size(ctx);
+    if (n == 0) {
+        return 0;
+    }
+    if ((int64_t)n >= q->a.m->n_ctx) {
+        sp_api_error(q->a.http, 400, NULL, "context", "context_length_exceeded",
+                     "'context' has %zu tokens, the model's context holds %lld", n,
+                     (long long)q->a.m->n_ctx);
+        return -1;
+    }
+    if ((pp->ctx_ids = sp_malloc(n * sizeof *pp->ctx_ids)) == NULL) {
+        sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(ctx, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
+            sp_api_error(q->a.http, 400, NULL, "context", NULL,
+                         "'context' must be the token ids an earlier answer returned: integers "
+                         "in 0..%d", n_vocab - 1);
+            return -1;
+        }
+        pp->ctx_ids[i] = (int32_t)json_integer_value(t);
+    }
+    pp->n_ctx_ids = (int64_t)n;
+    return 0;
+}
+
+static void
+chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
+         json_t *b, const sp_api_dialect_t *d, bool count_only, int flags, void *ud,
+         const sp_api_chat_opts_t *o)
 {
     oai_req_t *q = NULL;
     sp_req_adapter_t ad;
@@ -2483,12 +2595,20 @@ sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
         goto fail;
     }
-    if (m->tmpl == NULL) {
+    if (o != NULL && o->raw_prompt != NULL) {
+        pp->raw = o->raw_prompt; /* the prompt as is: no template */
+        pp->raw_len = o->raw_len;
+    } else if (m->tmpl == NULL) {
         sp_api_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
                      m->name, m->tmpl_error);
         goto fail;
+    } else {
+        pp->messages = ms; /* checked, gathered and rendered by the preparation */
     }
-    pp->messages = ms; /* checked, gathered and rendered by the preparation */
+    if (o != NULL && ((o->context != NULL && parse_context(q, o->context) != 0))) {
+        goto fail;
+    }
+    q->keep_ids = o != NULL && o->keep_tokens;
     const char *param = NULL;
     char err[256];
     if (sp_chat_input_options(b, &pp->kwargs, &pp->effort, &param, err, sizeof err) != SP_OK) {
