@@ -14,8 +14,8 @@
 #include "core/json.h"
 
 int
-sp_budget_parse(const json_t *body, sp_chat_reasoning_t family, sp_budget_req_t *out,
-                const char **param, char *err, size_t cap)
+sp_budget_parse(const json_t *body, sp_chat_reasoning_t family, int64_t server_default,
+                sp_budget_req_t *out, const char **param, char *err, size_t cap)
 {
     static const char *const keys[] = {"reasoning_budget", "reasoning_budget_tokens",
                                        "thinking_budget_tokens", NULL};
@@ -55,8 +55,11 @@ sp_budget_parse(const json_t *body, sp_chat_reasoning_t family, sp_budget_req_t 
         out->message_len = json_string_length(m);
     }
     const char *open, *close;
-    if (out->budget >= 0 && family != SP_CHAT_REASONING_NONE &&
-        !sp_answer_think_markers(family, &open, &close)) {
+    bool forcible = family == SP_CHAT_REASONING_NONE || sp_answer_think_markers(family, &open, &close);
+    if (out->budget < 0 && server_default >= 0 && forcible) {
+        out->budget = (int32_t)server_default;
+    }
+    if (out->budget >= 0 && !forcible) {
         *param = seen;
         snprintf(err, cap, "this model's thinking (harmony channels) has no close marker a "
                  "reasoning budget can force; leave '%s' out", seen);

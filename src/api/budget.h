@@ -37,11 +37,12 @@ typedef struct sp_budget_req {
     size_t message_len;
 } sp_budget_req_t;
 
-/* Read the fields from body into *out (budget -1 when absent). 0, or -1 with
- * *param and err set (the caller answers 400). Several budget fields given
- * must agree. */
-int sp_budget_parse(const json_t *body, sp_chat_reasoning_t family, sp_budget_req_t *out,
-                    const char **param, char *err, size_t cap);
+/* Read the fields from body into *out; absent or -1: the server's default
+ * (--reasoning-budget, -1 none), which harmony models leave out. 0, or -1
+ * with *param and err set (the caller answers 400). Several budget fields
+ * given must agree. */
+int sp_budget_parse(const json_t *body, sp_chat_reasoning_t family, int64_t server_default,
+                    sp_budget_req_t *out, const char **param, char *err, size_t cap);
 
 /* Set g's reasoning-budget fields for the family's markers: the forced
  * tokens are the message and the close marker, tokenized with special

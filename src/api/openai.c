@@ -2325,7 +2325,11 @@ infill_fields(oai_req_t *q, const json_t *b)
                      q->a.srv->cfg.max_tokens);
         return -1;
     }
-    if (rc > 0 && np > 0 && !pp->max_given) {
+    if (rc > 0 && np > 0 && pp->max_given && np != pp->max_tokens) {
+        sp_api_error(r, 400, NULL, "n_predict", NULL, "'n_predict' and 'max_tokens' disagree");
+        return -1;
+    }
+    if (rc > 0 && np > 0) {
         pp->max_tokens = np;
         pp->max_given = true;
     }
@@ -2627,7 +2631,8 @@ chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route
     if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0) {
         goto fail;
     }
-    if (sp_budget_parse(b, q->afmt.reasoning, &pp->budget, &param, err, sizeof err) != 0) {
+    if (sp_budget_parse(b, q->afmt.reasoning, s->cfg.reasoning_budget, &pp->budget, &param, err,
+                        sizeof err) != 0) {
         sp_api_error(r, 400, NULL, param, NULL, "%s", err);
         goto fail;
     }

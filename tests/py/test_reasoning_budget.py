@@ -12,7 +12,9 @@ prompt that opens one (a DeepSeek-R1-style template ends the generation prompt w
   gets the same limit from its open marker on;
 - streamed deltas add up to the same split; sequences of different budgets running in one
   batch each get what they get alone (the budget is per sequence);
-- bad values are 400s naming the field; harmony (no forcible close marker) refuses a budget.
+- bad values are 400s naming the field; harmony (no forcible close marker) refuses a budget;
+- Anthropic's thinking.budget_tokens (at least 1024: a server with a longer context) is the same
+  budget; --reasoning-budget is the default of requests that set none.
 """
 import json
 import os
@@ -176,6 +178,25 @@ def error_cases(port):
     s.case("harmony thinking: -1 (no limit) is fine", st == 200, str(r)[:300])
 
 
+def anthropic_cases(port):
+    """thinking.budget_tokens (Anthropic's minimum is 1024; this server's context is 1200) is
+    enforced: the thinking block is the first 1024 tokens (the OpenAI route's reasoning with
+    max_tokens 1024 and no budget, the same prompt), then a text block follows."""
+    body = {"model": "r1", "max_tokens": 1100, "temperature": 0, "messages": PROMPT,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    st, r = http_json(port, "POST", "/v1/messages", body, timeout=120)
+    blocks = r.get("content", []) if st == 200 else []
+    think = "".join(b.get("thinking", "") for b in blocks if b.get("type") == "thinking")
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    _, _, c = chat(port, max_tokens=1024)
+    cut, _ = parts(c)
+    s.case("anthropic thinking.budget_tokens 1024: thinking = the first 1024 tokens, then text",
+           st == 200 and think == cut and text.strip() != "", str(r)[:500])
+    _, _, c = chat(port, max_tokens=1100)
+    s.case("without the budget the same request would only think",
+           parts(c)[1] == "", str(c)[:300])
+
+
 with tempfile.TemporaryDirectory() as tmp:
     repo = make_repo(tmp)
     srv = RepoServer(repo, "--parallel", "2")
@@ -185,4 +206,23 @@ with tempfile.TemporaryDirectory() as tmp:
     finally:
         rc = srv.stop()
         s.case("server exits cleanly", rc == 0, f"exit {rc}")
+    srv = RepoServer(repo, "--parallel", "1", "--ctx-size", "1200")
+    try:
+        s.guard("anthropic_cases", lambda: anthropic_cases(srv.port))
+    finally:
+        srv.stop()
+    srv = RepoServer(repo, "--parallel", "1", "--reasoning-budget", "12")
+    try:
+        _, r, c = chat(srv.port, max_tokens=12, reasoning_budget=20)
+        cut12, _ = parts(c)
+        _, r, c = chat(srv.port)
+        s.case("--reasoning-budget 12: the default for requests that set none",
+               parts(c)[0] == cut12 and parts(c)[1].strip() != "", str(r)[:300])
+        _, r, c = chat(srv.port, reasoning_budget=20)
+        s.case("--reasoning-budget: a request's own budget wins",
+               len(parts(c)[0]) > len(cut12) and parts(c)[0].startswith(cut12), str(r)[:300])
+        st, r, _ = chat(srv.port, "oss", max_tokens=4)
+        s.case("--reasoning-budget: harmony models are left without one (no 400)", st == 200, str(r)[:300])
+    finally:
+        srv.stop()
 s.finish()
