@@ -168,6 +168,9 @@ typedef struct sp_api_chat_opts {
     const json_t *context;   /* token ids (a JSON list of integers) put before the prompt,
                                 or NULL; the prompt then starts without a BOS */
     bool keep_tokens;        /* fill sp_dialect_req_t's prompt_ids and gen_ids */
+    const char *fim_suffix;  /* non-NULL (with raw_prompt, the prefix): fill-in-the-middle,
+                                as /v1/completions' suffix (400 for a model without FIM tokens) */
+    size_t fim_suffix_len;
 } sp_api_chat_opts_t;
 
 /* sp_api_chat_run with those options (o may be NULL); the body must carry

@@ -29,8 +29,9 @@
  *   /api/generate: system and prompt become a system and a user message
  *                (the model's chat template); raw true: the prompt as is;
  *                context: token ids before the prompt, and the final line's
- *                context (prompt and answer ids, not with raw); template,
- *                suffix and images are refused with a 400 naming them.
+ *                context (prompt and answer ids, not with raw); suffix:
+ *                fill-in-the-middle with the model's FIM tokens (no template);
+ *                template and images are refused with a 400 naming them.
  *   An empty prompt (generate) or message list (chat) loads the model and
  *   answers done_reason "load", as Ollama does.
  *
@@ -367,7 +368,6 @@ tx_generate(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 {
     static const char *const refused[][2] = {
         {"template", "template (a Go template) is not supported: the model's own chat template is used"},
-        {"suffix", "suffix (fill-in-the-middle) is not supported"},
         {"images", "images are not supported (no vision model is served)"},
     };
     tx->flags |= OL_GENERATE;
@@ -400,15 +400,31 @@ tx_generate(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
         tx_fail(tx, "context", "context must be the list of token ids an earlier answer returned");
         return NULL;
     }
-    if (json_is_true(raw)) {
+    /* suffix: fill-in-the-middle (the prompt is the text before the hole), laid
+     * out with the model's FIM tokens as /v1/completions' suffix, no template */
+    const json_t *sfx = json_object_get(b, "suffix");
+    if (sfx != NULL && !json_is_null(sfx) && !json_is_string(sfx)) {
+        tx_fail(tx, "suffix", "suffix must be a string");
+        return NULL;
+    }
+    bool fim = json_is_string(sfx) && json_string_length(sfx) > 0;
+    if (fim) {
+        tx->opts.fim_suffix = json_string_value(sfx);
+        tx->opts.fim_suffix_len = json_string_length(sfx);
+        /* for the response cache's key only ("suffix" is a completions field there) */
+        if (tx_set(tx, tx->out, "ollama_suffix", json_incref((json_t *)sfx)) != 0) {
+            return NULL;
+        }
+    }
+    if (json_is_true(raw) || fim) {
         if (json_is_string(sys) && json_string_length(sys) > 0) {
-            tx_fail(tx, "system", "system is part of the template, which raw leaves out: write it "
-                    "into the prompt");
+            tx_fail(tx, "system", "system is part of the template, which raw and suffix leave out: "
+                    "write it into the prompt");
             return NULL;
         }
         tx->opts.raw_prompt = json_is_string(prompt) ? json_string_value(prompt) : "";
         tx->opts.raw_len = json_is_string(prompt) ? json_string_length(prompt) : 0;
-        if (tx_set(tx, tx->out, "raw", json_true()) != 0) {
+        if (json_is_true(raw) && tx_set(tx, tx->out, "raw", json_true()) != 0) {
             return NULL;
         }
     }
@@ -425,6 +441,8 @@ tx_generate(ol_tx_t *tx, const json_t *b, const sp_served_model_t *m)
     }
     if (json_is_string(prompt) && json_string_length(prompt) > 0) {
         json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "user", "content", prompt));
+    } else if (tx->opts.fim_suffix != NULL) { /* a hole at the start: still something to write */
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", ""));
     }
     if (tx_set(tx, tx->out, "messages", msgs) != 0 || tx_common(tx, b, m) != 0) {
         return NULL;

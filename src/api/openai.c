@@ -2609,8 +2609,14 @@ chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route
     } else {
         pp->messages = ms; /* checked, gathered and rendered by the preparation */
     }
-    if (o != NULL && ((o->context != NULL && parse_context(q, o->context) != 0))) {
+    if (o != NULL && ((o->context != NULL && parse_context(q, o->context) != 0) ||
+                      (o->fim_suffix != NULL && fim_refused(q, "suffix")))) {
         goto fail;
+    }
+    if (o != NULL && o->fim_suffix != NULL) {
+        pp->fim = true; /* the raw prompt is the prefix */
+        pp->fimp.suffix = o->fim_suffix;
+        pp->fimp.suffix_len = o->fim_suffix_len;
     }
     q->keep_ids = o != NULL && o->keep_tokens;
     const char *param = NULL;

@@ -1,4 +1,5 @@
-"""test_fim.py - fill-in-the-middle: /v1/completions `suffix` and llama-server's POST /infill.
+"""test_fim.py - fill-in-the-middle: /v1/completions `suffix`, llama-server's POST /infill and
+Ollama's /api/generate `suffix`.
 
 The demo model's GGUF is copied with FIM keys added (tokenizer.ggml.fim_pre/suf/mid_token_id,
 or the older prefix/suffix/middle_token_id; a third copy adds fim_rep/fim_sep for the
@@ -130,6 +131,20 @@ def suffix_cases(port):
            st == 400 and r["error"]["param"] == "suffix", str(r)[:300])
 
 
+def ollama_cases(port):
+    pre, suf = "Once upon a time, a girl", " and they lived happily."
+    _, c = complete(port, "fim", pre, suffix=suf)
+    st, r = http_json(port, "POST", "/api/generate",
+                      {"model": "fim", "prompt": pre, "suffix": suf, "stream": False,
+                       "options": {"temperature": 0, "num_predict": 12}}, timeout=60)
+    s.case("ollama /api/generate suffix: the same fill-in-the-middle as completions' suffix",
+           st == 200 and r["response"] == c["choices"][0]["text"]
+           and r["prompt_eval_count"] == c["usage"]["prompt_tokens"], f"{r} {c}")
+    st, r = http_json(port, "POST", "/api/generate", {"model": "plain", "prompt": pre, "suffix": suf})
+    s.case("ollama suffix on a model without FIM tokens: 400 {\"error\"} saying why",
+           st == 400 and set(r) == {"error"} and "FIM tokens" in r["error"], str(r)[:300])
+
+
 def infill(port, **kw):
     body = dict({"model": "fim", "input_prefix": "Once upon a time, a girl",
                  "input_suffix": " and they lived happily.", "n_predict": 12, "temperature": 0}, **kw)
@@ -193,7 +208,7 @@ with tempfile.TemporaryDirectory() as tmp:
     repo = make_repo(tmp)
     srv = RepoServer(repo, "--parallel", "2")
     try:
-        for fn in (suffix_cases, infill_cases):
+        for fn in (suffix_cases, infill_cases, ollama_cases):
             s.guard(fn.__name__, lambda fn=fn: fn(srv.port))
     finally:
         rc = srv.stop()

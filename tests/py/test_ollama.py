@@ -296,7 +296,7 @@ try:
         ("images", "/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
         ("keep_alive 0", "/api/chat", {"messages": U, "keep_alive": 0}),
         ("template", "/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}),
-        ("suffix", "/api/generate", {"prompt": "x", "suffix": "y"}),
+        ("suffix on a model without FIM tokens", "/api/generate", {"prompt": "x", "suffix": "y"}),
         ("stream not a boolean", "/api/generate", {"prompt": "x", "stream": "yes"}),
     ]:
         st, b = http_json(port, "POST", path, dict({"model": "stories260K"}, **body))
