@@ -445,6 +445,10 @@ tx_params(sp_dialect_tx_t *tx, const json_t *b, bool count, int64_t max_cap)
                 return tx_fail(tx, "thinking.budget_tokens",
                                "'thinking.budget_tokens' must be less than max_tokens");
             }
+            /* enforced by the engine (api/budget.h) */
+            if (json_object_set_new(tx->out, "reasoning_budget_tokens", json_integer(budget)) != 0) {
+                return tx_nomem(tx);
+            }
         }
     }
     /* The template's switch (Qwen3-style enable_thinking); the reasoning is

@@ -83,6 +83,13 @@ typedef struct sp_dialect_req {
                                 released by the dialect's `release` when the request ends */
     const sp_req_clock_t *clk; /* the request's clock (metrics.h), for timings: complete
                                   (queue, compute, first token) when answer / stream_end run */
+    /* With sp_api_chat_opts_t.keep_tokens: the prompt's token ids (as evaluated) and
+     * those choice 0 generated (an end-of-generation token left out), complete when
+     * answer / stream_end run; NULL otherwise. */
+    const int32_t *prompt_ids;
+    int64_t n_prompt_ids;
+    const int32_t *gen_ids;
+    int64_t n_gen_ids;
 } sp_dialect_req_t;
 
 /* One finished choice. Strings are not NUL-terminated; len 0 = none. */
@@ -155,6 +162,26 @@ void sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t 
 void sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
                         sp_route_fn retry, json_t *body, const sp_api_dialect_t *d,
                         bool count_only, int flags, void *ud);
+
+/* What a dialect may ask beyond an OpenAI chat body (Ollama's /api/generate). */
+typedef struct sp_api_chat_opts {
+    const char *raw_prompt;  /* non-NULL: this text is the prompt, as is (no chat template;
+                                special tokens in it are recognised); the body's messages
+                                only say whether there is one (non-empty) */
+    size_t raw_len;
+    const json_t *context;   /* token ids (a JSON list of integers) put before the prompt,
+                                or NULL; the prompt then starts without a BOS */
+    bool keep_tokens;        /* fill sp_dialect_req_t's prompt_ids and gen_ids */
+    const char *fim_suffix;  /* non-NULL (with raw_prompt, the prefix): fill-in-the-middle,
+                                as /v1/completions' suffix (400 for a model without FIM tokens) */
+    size_t fim_suffix_len;
+} sp_api_chat_opts_t;
+
+/* sp_api_chat_run with those options (o may be NULL); the body must carry
+ * what they change (raw, context) so the response cache tells requests apart. */
+void sp_api_chat_run_opts(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                          sp_route_fn retry, json_t *body, const sp_api_dialect_t *d, int flags,
+                          const sp_api_chat_opts_t *o);
 
 /* An id "<prefix><sep><16 hex digits>" from seed (mixed with the clock). */
 void sp_dialect_id(char *buf, size_t cap, const char *prefix, char sep, uint64_t seed);

@@ -27,8 +27,11 @@
  *   tools        as OpenAI's; tool_calls come back as Ollama's
  *                [{"function": {"name", "arguments": {...}}}].
  *   /api/generate: system and prompt become a system and a user message
- *                (the model's chat template); raw, template, context,
- *                suffix and images are refused with a 400 naming them.
+ *                (the model's chat template); raw true: the prompt as is;
+ *                context: token ids before the prompt, and the final line's
+ *                context (prompt and answer ids, not with raw); suffix:
+ *                fill-in-the-middle with the model's FIM tokens (no template);
+ *                template and images are refused with a 400 naming them.
  *   keep_alive   the model's idle deadline (ollama.c, sp_served_keep_alive).
  *   An empty prompt (generate) or message list (chat) loads the model and
  *   answers done_reason "load", as Ollama does; with keep_alive 0 it answers
@@ -70,6 +73,7 @@ typedef struct ol_req {
     const char *name;  /* the model (and adapter) as named, without ":latest" */
     size_t name_len;
     int64_t keep_ns;   /* keep_alive (sp_ollama_keep_alive) */
+    sp_api_chat_opts_t opts; /* /api/generate: raw, context, suffix */
 } ol_req_t;
 
 /* A documented option this server does not implement: accepted only with
@@ -346,11 +350,9 @@ tx_chat(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 static json_t *
 tx_generate(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
 {
+    ol_req_t *q = tx->ud;
     static const char *const refused[][2] = {
-        {"context", "context (the token state of an earlier answer) is not supported: send the "
-                    "conversation to /api/chat"},
         {"template", "template (a Go template) is not supported: the model's own chat template is used"},
-        {"suffix", "suffix (fill-in-the-middle) is not supported"},
         {"images", "images are not supported (no vision model is served)"},
     };
     tx->flags |= OL_GENERATE;
@@ -367,11 +369,6 @@ tx_generate(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
         tx_fail(tx, "raw", "raw must be a boolean");
         return NULL;
     }
-    if (json_is_true(raw)) {
-        tx_fail(tx, "raw", "raw (a prompt without the chat template) is not supported here: "
-                "use /v1/completions for raw text");
-        return NULL;
-    }
     const json_t *sys = json_object_get(b, "system");
     const json_t *prompt = json_object_get(b, "prompt");
     if ((sys != NULL && !json_is_null(sys) && !json_is_string(sys)) ||
@@ -379,12 +376,58 @@ tx_generate(sp_dialect_tx_t *tx, const json_t *b, const sp_served_model_t *m)
         tx_fail(tx, sys && !json_is_string(sys) ? "system" : "prompt", "system and prompt must be strings");
         return NULL;
     }
+    /* raw: the prompt as is, no template (so no system message either);
+     * context: the ids an earlier answer returned, before the prompt. The
+     * final answer carries the context (prompt and answer ids) unless raw,
+     * as Ollama's does. Both go into the body too, for the response cache. */
+    const json_t *ctx = json_object_get(b, "context");
+    if (ctx != NULL && !json_is_null(ctx) && !json_is_array(ctx)) {
+        tx_fail(tx, "context", "context must be the list of token ids an earlier answer returned");
+        return NULL;
+    }
+    /* suffix: fill-in-the-middle (the prompt is the text before the hole), laid
+     * out with the model's FIM tokens as /v1/completions' suffix, no template */
+    const json_t *sfx = json_object_get(b, "suffix");
+    if (sfx != NULL && !json_is_null(sfx) && !json_is_string(sfx)) {
+        tx_fail(tx, "suffix", "suffix must be a string");
+        return NULL;
+    }
+    bool fim = json_is_string(sfx) && json_string_length(sfx) > 0;
+    if (fim) {
+        q->opts.fim_suffix = json_string_value(sfx);
+        q->opts.fim_suffix_len = json_string_length(sfx);
+        /* for the response cache's key only ("suffix" is a completions field there) */
+        if (tx_set(tx, tx->out, "ollama_suffix", json_incref((json_t *)sfx)) != 0) {
+            return NULL;
+        }
+    }
+    if (json_is_true(raw) || fim) {
+        if (json_is_string(sys) && json_string_length(sys) > 0) {
+            tx_fail(tx, "system", "system is part of the template, which raw and suffix leave out: "
+                    "write it into the prompt");
+            return NULL;
+        }
+        q->opts.raw_prompt = json_is_string(prompt) ? json_string_value(prompt) : "";
+        q->opts.raw_len = json_is_string(prompt) ? json_string_length(prompt) : 0;
+        if (json_is_true(raw) && tx_set(tx, tx->out, "raw", json_true()) != 0) {
+            return NULL;
+        }
+    }
+    q->opts.keep_tokens = !json_is_true(raw);
+    if (json_array_size(ctx) > 0) {
+        q->opts.context = ctx;
+        if (tx_set(tx, tx->out, "context", json_incref((json_t *)ctx)) != 0) {
+            return NULL;
+        }
+    }
     json_t *msgs = json_array();
     if (json_is_string(sys) && json_string_length(sys) > 0) {
         json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "system", "content", sys));
     }
     if (json_is_string(prompt) && json_string_length(prompt) > 0) {
         json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "user", "content", prompt));
+    } else if (q->opts.fim_suffix != NULL) { /* a hole at the start: still something to write */
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", ""));
     }
     if (tx_set(tx, tx->out, "messages", msgs) != 0 || tx_common(tx, b, m) != 0) {
         return NULL;
@@ -493,6 +536,21 @@ write_done(const sp_dialect_req_t *d, const char *reason, int64_t completion, sp
                    (long long)(pe > 0 ? pe : 0), (long long)completion, (long long)(ev > 0 ? ev : 0));
 }
 
+/* /api/generate's "context": the prompt's ids and the answer's, to send back. */
+static void
+write_context(const sp_dialect_req_t *d, sp_jbuf_t *b)
+{
+    if (!(d->flags & OL_GENERATE) || d->prompt_ids == NULL) {
+        return;
+    }
+    sp_jbuf_lit(b, ",\"context\":[");
+    for (int64_t i = 0; i < d->n_prompt_ids + d->n_gen_ids; i++) {
+        int32_t id = i < d->n_prompt_ids ? d->prompt_ids[i] : d->gen_ids[i - d->n_prompt_ids];
+        sp_jbuf_printf(b, "%s%d", i ? "," : "", (int)id);
+    }
+    sp_jbuf_lit(b, "]");
+}
+
 static const char *
 done_reason(const sp_dialect_choice_t *c)
 {
@@ -505,6 +563,7 @@ ol_answer(sp_dialect_req_t *d, const sp_dialect_choice_t *c, int n, int64_t comp
     (void)n; /* Ollama has one answer per request (n is never set) */
     line_head(d, b);
     write_body(d, c->content, c->content_len, c->reasoning, c->reasoning_len, c->calls, b);
+    write_context(d, b);
     write_done(d, done_reason(c), completion, b);
 }
 
@@ -552,6 +611,7 @@ ol_stream_end(sp_dialect_req_t *d, int64_t completion, sp_jbuf_t *b)
 {
     line_head(d, b);
     write_body(d, "", 0, NULL, 0, NULL, b);
+    write_context(d, b);
     write_done(d, d->reason ? d->reason : "stop", completion, b);
     sp_dialect_ndjson_end(b);
 }
@@ -657,7 +717,7 @@ run(sp_http_req_t *r, const sp_route_params_t *p, void *ud, sp_route_fn self, bo
         sp_served_keep_alive(m, q.keep_ns);
         int64_t ms = load / 1000000;
         int flags = tx.flags | (int)((ms < OL_LOAD_MAX_MS ? ms : OL_LOAD_MAX_MS) << OL_LOAD_SHIFT);
-        sp_api_chat_run(s, r, p, self, chat, &sp_ollama_dialect, false, flags);
+        sp_api_chat_run_opts(s, r, p, self, chat, &sp_ollama_dialect, flags, &q.opts);
     }
     json_decref(tx.out);
     sp_served_release(m);

@@ -47,6 +47,7 @@
 #include "serving/adapters.h"
 #include "api/json_body.h"
 #include "api/offload.h"
+#include "api/budget.h"
 #include "api/chat_input.h"
 #include "api/dialect.h"
 #include "api/api.h"
@@ -106,6 +107,16 @@ typedef struct oai_prep {
     sp_chat_input_t chat;        /* the gathered messages (chat_input.h) */
     const json_t *kwargs;        /* chat_template_kwargs (inside body), or NULL */
     const char *effort;          /* reasoning_effort (inside body), or NULL */
+    sp_budget_req_t budget;      /* the reasoning budget (api/budget.h) */
+    /* fill-in-the-middle (completions' suffix, /infill): each prompt is the prefix */
+    bool fim;
+    sp_fim_prompt_t fimp;        /* suffix, middle, extra (strings inside body) */
+    sp_fim_chunk_t *fim_extra;   /* /infill's input_extra */
+    /* a dialect's raw prompt and context ids (sp_api_chat_opts_t) */
+    const char *raw;
+    size_t raw_len;
+    int32_t *ctx_ids;
+    int64_t n_ctx_ids;
     char *tools_json;            /* jansson's allocator */
     char bos[SP_TOKEN_MAX_BYTES + 1], eos[SP_TOKEN_MAX_BYTES + 1];
     char *prompt;                /* the rendered chat prompt */
@@ -126,6 +137,10 @@ typedef struct oai_prep {
 typedef struct oai_req {
     sp_api_req_t a;      /* the lifecycle (request.h): model, adapter, job, clock, cache key */
     oai_kind_t kind;
+    bool infill;         /* completion answered in llama-server's /infill shape */
+    bool keep_ids;       /* sp_api_chat_opts_t.keep_tokens: gen_ids below, for dq */
+    int32_t *gen_ids;
+    int64_t n_gen_ids, cap_gen_ids;
     const sp_api_dialect_t *dialect; /* chat: how its answers are written (dialect.h) */
     sp_dialect_req_t dq;   /* the dialect's view of the request */
     sp_jbuf_t model_name;  /* the model as answers name it, JSON-quoted (dq.model) */
@@ -197,6 +212,9 @@ oai_free(sp_api_req_t *a)
     sp_answer_free(&q->ans);
     sp_free(q->emb);
     oai_prep_t *pp = &q->prep;
+    sp_free(pp->fim_extra);
+    sp_free(pp->ctx_ids);
+    sp_free(q->gen_ids);
     json_decref(pp->own_schema);
     sp_free(pp->own_gbnf);
     sp_chat_input_free(&pp->chat);
@@ -266,6 +284,23 @@ field_error(sp_http_req_t *r, const sp_json_err_t *e)
 }
 
 /* ------------------------------------------------------ parameter parsing */
+
+
+/* Fill-in-the-middle needs the model's prefix, suffix and middle tokens:
+ * true after answering 400 when it has none. */
+static bool
+fim_refused(oai_req_t *q, const char *param)
+{
+    sp_fim_ids_t f = sp_tokenizer_fim(q->a.m->tok);
+    if (f.pre >= 0 && f.suf >= 0 && f.mid >= 0) {
+        return false;
+    }
+    sp_api_error(q->a.http, 400, NULL, param, NULL,
+                 "'%s' (fill-in-the-middle) needs a model with FIM tokens "
+                 "(tokenizer.ggml.fim_pre_token_id, fim_suf_token_id, fim_mid_token_id); the "
+                 "model %s has none", param, q->a.m->name);
+    return true;
+}
 
 /* Sampling, limits, stop, logprobs, response_format. Returns -1 after answering. */
 static int
@@ -504,9 +539,19 @@ parse_gen(oai_req_t *q, const json_t *b, sp_gen_params_t *g, int64_t *max_tokens
     }
     const json_t *sfx = json_object_get(b, "suffix");
     if (sfx && !json_is_null(sfx) && !(json_is_string(sfx) && json_string_length(sfx) == 0)) {
-        sp_api_error(r, 400, NULL, "suffix", NULL,
-                     "'suffix' (fill-in-the-middle) is not supported");
-        return -1;
+        if (q->kind != OAI_COMPLETION || !json_is_string(sfx)) {
+            sp_api_error(r, 400, NULL, "suffix", NULL,
+                         q->kind != OAI_COMPLETION
+                             ? "'suffix' (fill-in-the-middle) is served on /v1/completions"
+                             : "'suffix' must be a string");
+            return -1;
+        }
+        if (fim_refused(q, "suffix")) {
+            return -1;
+        }
+        q->prep.fim = true;
+        q->prep.fimp.suffix = json_string_value(sfx);
+        q->prep.fimp.suffix_len = json_string_length(sfx);
     }
     /* Constraints: response_format (json_object, json_schema) or a GBNF `grammar`. */
     const json_t *rf = json_object_get(b, "response_format");
@@ -638,10 +683,58 @@ prep_fail(oai_prep_t *pp, sp_status_t st, const char *param, const char *code, c
 
 /* Worker: tokenize one prompt into t->dst (cap entries); false after prep_fail. */
 static bool
+tokenize_fim(oai_req_t *q, tok_in_t *t)
+{
+    oai_prep_t *pp = &q->prep;
+    sp_fim_prompt_t fp = pp->fimp;
+    size_t bytes = t->len + fp.suffix_len + fp.middle_len;
+    for (int i = 0; i < fp.n_extra; i++) {
+        bytes += fp.extra[i].text_len;
+    }
+    if (bytes / 64 > (size_t)pp->cap) { /* as tokenize_text */
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt is too long for the context of %lld tokens", (long long)pp->cap);
+        return false;
+    }
+    int32_t *ids = NULL;
+    if (t->text != NULL) {
+        fp.prefix = t->text;
+        fp.prefix_len = t->len;
+    } else { /* given as ids, in dst: the prefix's tokens */
+        ids = sp_malloc((size_t)(t->n > 0 ? t->n : 1) * sizeof *ids);
+        if (ids == NULL) {
+            prep_fail(pp, SP_ERR_NOMEM, NULL, NULL, "out of memory");
+            return false;
+        }
+        memcpy(ids, t->dst, (size_t)t->n * sizeof *ids);
+        fp.prefix_ids = ids;
+        fp.n_prefix_ids = t->n;
+    }
+    int64_t n = sp_fim_encode(q->a.m->tok, &fp, t->dst, pp->cap);
+    sp_free(ids);
+    if (n < 0) {
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, NULL,
+                  "cannot tokenize the fill-in-the-middle prompt: %s", sp_status_str((sp_status_t)n));
+        return false;
+    }
+    if (n > pp->cap) {
+        prep_fail(pp, SP_ERR_INVALID, pp->tok_param, "context_length_exceeded",
+                  "the prompt has %lld tokens, the context holds %lld", (long long)n,
+                  (long long)pp->cap);
+        return false;
+    }
+    t->n = n;
+    return true;
+}
+
+static bool
 tokenize_text(oai_req_t *q, tok_in_t *t)
 {
     oai_prep_t *pp = &q->prep;
     int64_t cap = pp->cap;
+    if (pp->fim) {
+        return tokenize_fim(q, t);
+    }
     /* No vocabulary spends 64 bytes per token on average: longer text cannot
      * fit, and is refused before the tokenizer spends time on it. */
     if (t->len / 64 > (size_t)cap) {
@@ -771,13 +864,40 @@ prep_run(sp_offload_t *job)
          * client's shapes the whole text, thinking included. */
         q->afmt.think_open = pp->schema == NULL && pp->tools == NULL && !pp->g.json_object &&
                              sp_answer_opens_thinking(q->afmt.reasoning, pp->prompt, pp->plen);
-        pp->in[0].text = pp->prompt;
-        pp->in[0].len = pp->plen;
-    }
-    for (int i = 0; i < pp->n_in; i++) {
-        if (pp->in[i].text != NULL && !tokenize_text(q, &pp->in[i])) {
+        st = sp_budget_apply(&pp->budget, q->afmt.reasoning, q->afmt.think_open, q->a.m->tok,
+                             &pp->g, err, sizeof err);
+        if (st != SP_OK) {
+            prep_fail(pp, st, "reasoning_budget_message", NULL, "%s", err);
             return;
         }
+        pp->in[0].text = pp->prompt;
+        pp->in[0].len = pp->plen;
+    } else if (pp->raw != NULL) {
+        pp->add_bos = sp_chat_add_bos(q->a.m->tok, pp->raw, pp->raw_len);
+        pp->in[0].text = pp->raw;
+        pp->in[0].len = pp->raw_len;
+    }
+    if (pp->n_ctx_ids > 0) {
+        pp->add_bos = false; /* the context began with one (and a BOS the text has is dropped) */
+    }
+    for (int i = 0; i < pp->n_in; i++) {
+        if ((pp->in[i].text != NULL || pp->fim) && !tokenize_text(q, &pp->in[i])) {
+            return;
+        }
+    }
+    if (pp->n_ctx_ids > 0) { /* the context's ids, then the prompt's */
+        tok_in_t *t = &pp->in[0];
+        if (t->n + pp->n_ctx_ids > pp->cap) {
+            prep_fail(pp, SP_ERR_INVALID, "context", "context_length_exceeded",
+                      "the context and the prompt have %lld tokens, the context holds %lld",
+                      (long long)(t->n + pp->n_ctx_ids), (long long)pp->cap);
+            return;
+        }
+        /* a BOS the template wrote belongs to the context's start, not here */
+        int64_t skip = t->n > 0 && t->dst[0] == sp_tokenizer_bos(q->a.m->tok) ? 1 : 0;
+        memmove(t->dst + pp->n_ctx_ids, t->dst + skip, (size_t)(t->n - skip) * sizeof *t->dst);
+        memcpy(t->dst, pp->ctx_ids, (size_t)pp->n_ctx_ids * sizeof *t->dst);
+        t->n += pp->n_ctx_ids - skip;
     }
 }
 
@@ -910,6 +1030,30 @@ chunk_end(oai_req_t *q)
 {
     sp_jbuf_lit(&q->out, "]}\n\n");
     return stream_send(q);
+}
+
+/* llama-server's /infill answer (its /completion shape): the text as
+ * "content", "stop", and at the end how and why it stopped (stop_type "eos":
+ * an end-of-generation token, "word": a stop string, "limit": n_predict). */
+static void
+infill_object(oai_req_t *q, sp_jbuf_t *b, const char *text, size_t len, const choice_t *c,
+              int64_t n_gen)
+{
+    sp_jbuf_lit(b, "{\"index\":0,\"content\":");
+    sp_jbuf_str(b, text, len);
+    if (c == NULL) {
+        sp_jbuf_lit(b, ",\"stop\":false}");
+        return;
+    }
+    bool word = c->finish == SP_FINISH_STOP && c->stop_index >= 0;
+    const char *why = c->finish == SP_FINISH_LENGTH ? "limit" : word ? "word" : "eos";
+    sp_jbuf_lit(b, ",\"stop\":true,\"model\":");
+    sp_req_adapter_model_name(q->a.m, &q->a.ad, b);
+    sp_jbuf_printf(b, ",\"tokens_predicted\":%lld,\"tokens_evaluated\":%lld,\"stop_type\":\"%s\","
+                   "\"stopping_word\":", (long long)n_gen, (long long)q->n_prompt, why);
+    const char *sw = word ? q->prep.g.stop[c->stop_index] : "";
+    sp_jbuf_str(b, sw, strlen(sw));
+    sp_jbuf_lit(b, "}");
 }
 
 /* ---- the OpenAI chat dialect (dialect.h) ---- */
@@ -1224,6 +1368,12 @@ stream_token(oai_req_t *q, const sp_sched_event_t *ev)
         c->sent += ev->text_len;
         return dialect_send(q);
     }
+    if (q->infill) {
+        sse_begin(q);
+        infill_object(q, b, ev->text, ev->text_len, NULL, 0);
+        sp_jbuf_lit(b, "\n\n");
+        return stream_send(q);
+    }
     chunk_head(q);
     sp_jbuf_printf(b, "{\"index\":%d,", ev->index);
     sp_jbuf_lit(b, "\"text\":");
@@ -1250,6 +1400,12 @@ stream_finish(oai_req_t *q, const sp_sched_event_t *ev)
 {
     if (q->kind == OAI_CHAT) {
         return stream_chat_finish(q, ev);
+    }
+    if (q->infill) {
+        sse_begin(q);
+        infill_object(q, &q->out, "", 0, &q->choices[ev->index], ev->n_generated);
+        sp_jbuf_lit(&q->out, "\n\n");
+        return stream_send(q);
     }
     chunk_head(q);
     sp_jbuf_t *b = &q->out;
@@ -1341,6 +1497,16 @@ reply_complete(oai_req_t *q, int64_t completion_tokens)
     }
     sp_jbuf_t *b = &q->out;
     sp_jbuf_reset(b);
+    if (q->infill) {
+        const choice_t *c = &q->choices[0];
+        infill_object(q, b, c->text.p ? c->text.p : "", c->text.len, c, completion_tokens);
+        if (!b->oom) {
+            sp_rcache_store(q->a.m, q->a.ck, "application/json", NULL, NULL, b->p, b->len,
+                            c->finished ? c->finish : SP_FINISH_STOP);
+        }
+        sp_api_reply_json(q->a.http, 200, b);
+        return;
+    }
     begin_object(q, b, "text_completion");
     sp_jbuf_lit(b, ",\"choices\":[");
     for (int i = 0; i < q->n; i++) {
@@ -1465,6 +1631,25 @@ reply_rerank(oai_req_t *q, int64_t prompt_tokens)
     sp_api_reply_json(q->a.http, 200, b);
 }
 
+/* Append a generated token id for the dialect (sp_api_chat_opts_t.keep_tokens). */
+static int
+keep_id(oai_req_t *q, int32_t id)
+{
+    if (q->n_gen_ids == q->cap_gen_ids) {
+        int64_t cap = q->cap_gen_ids ? 2 * q->cap_gen_ids : 256;
+        int32_t *p = sp_realloc(q->gen_ids, (size_t)cap * sizeof *p);
+        if (p == NULL) {
+            return -1;
+        }
+        q->gen_ids = p;
+        q->cap_gen_ids = cap;
+    }
+    q->gen_ids[q->n_gen_ids++] = id;
+    q->dq.gen_ids = q->gen_ids;
+    q->dq.n_gen_ids = q->n_gen_ids;
+    return 0;
+}
+
 /* Events of a job, on the loop thread. */
 /* A job's TOKEN, FINISH and EMBEDDING events (the lifecycle counted them). */
 static int
@@ -1473,6 +1658,10 @@ oai_event(sp_api_req_t *a, const sp_sched_event_t *ev)
     oai_req_t *q = (oai_req_t *)a;
     switch (ev->kind) {
     case SP_SCHED_EV_TOKEN:
+        if (q->keep_ids && ev->index == 0 && !sp_tokenizer_is_eog(q->a.m->tok, ev->token) &&
+            keep_id(q, ev->token) != 0) {
+            return -1;
+        }
         if (q->stream) {
             return stream_token(q, ev);
         }
@@ -1541,6 +1730,8 @@ oai_done(sp_api_req_t *a, const sp_sched_event_t *ev, sp_status_t st, const char
         q->dialect->stream_end(&q->dq, ev->completion_tokens, &q->out);
         stream_send(q);
         sp_http_stream_end(r);
+    } else if (q->stream && q->infill) {
+        sp_http_stream_end(r); /* llama-server's streams end without [DONE] */
     } else if (q->stream) {
         if (q->include_usage) {
             sse_begin(q);
@@ -1707,7 +1898,7 @@ run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_
     }
     if (!max_given) {
         max_tokens = q->a.m->def.max_tokens > 0 ? q->a.m->def.max_tokens
-                     : q->kind == OAI_CHAT    ? n_ctx - n_tok
+                     : q->kind == OAI_CHAT || q->infill ? n_ctx - n_tok
                                               : 16;
         if (max_tokens > q->a.srv->cfg.max_tokens) {
             max_tokens = q->a.srv->cfg.max_tokens;
@@ -1734,6 +1925,10 @@ run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens, bool max_
     g->max_tokens = (int32_t)max_tokens;
     q->n_prompt = sum_tok;
     q->dq.n_prompt = sum_tok;
+    if (q->keep_ids) { /* chat: one prompt, toks */
+        q->dq.prompt_ids = in != NULL ? in[0].dst : toks;
+        q->dq.n_prompt_ids = in != NULL ? in[0].n : n_tok;
+    }
     q->choices = sp_calloc((size_t)q->n, sizeof *q->choices);
     if (q->choices == NULL) {
         sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
@@ -1841,6 +2036,7 @@ cache_lookup(oai_req_t *q, const json_t *b, const sp_gen_params_t *g)
     q->a.ck = sp_rckey_new(q->a.m, q->kind == OAI_CHAT    ? q->dialect->name
                                : q->kind == OAI_EMBED ? "openai/embeddings"
                                : q->kind == OAI_RERANK ? "openai/rerank"
+                               : q->infill             ? "llama/infill"
                                                       : "openai/completions");
     sp_rckey_add_json(q->a.ck, b, drop);
     if (q->a.ad.lora != NULL) {
@@ -2064,6 +2260,121 @@ done:
 }
 
 /*
+ * llama-server's POST /infill: input_prefix and input_suffix (required
+ * strings), input_extra (optional [{"text", "filename"?}], other files of the
+ * project), prompt (optional: text the middle starts with), n_predict (-1 or
+ * absent: until the context is full), the /v1/completions sampling fields;
+ * the prompt is laid out as sp_fim_encode says and answered in llama-server's
+ * shape (infill_object).
+ */
+static int
+infill_fields(oai_req_t *q, const json_t *b)
+{
+    oai_prep_t *pp = &q->prep;
+    sp_http_req_t *r = q->a.http;
+    const json_t *pre = json_object_get(b, "input_prefix"), *suf = json_object_get(b, "input_suffix");
+    const json_t *mid = json_object_get(b, "prompt"), *extra = json_object_get(b, "input_extra");
+    const char *bad = !json_is_string(pre) ? "input_prefix" : !json_is_string(suf) ? "input_suffix"
+                      : mid != NULL && !json_is_null(mid) && !json_is_string(mid) ? "prompt" : NULL;
+    if (bad != NULL) {
+        sp_api_error(r, 400, NULL, bad, NULL, strcmp(bad, "prompt") == 0 ? "'prompt' must be a string"
+                     : "'%s' is required, a string", bad);
+        return -1;
+    }
+    if (pp->fim) {
+        sp_api_error(r, 400, NULL, "suffix", NULL, "/infill takes 'input_suffix', not 'suffix'");
+        return -1;
+    }
+    if (q->lp_on || q->n != 1 || (json_is_integer(json_object_get(b, "n_probs")) &&
+                                  json_integer_value(json_object_get(b, "n_probs")) != 0)) {
+        const char *param = q->n != 1 ? "n" : q->lp_on ? "logprobs" : "n_probs";
+        sp_api_error(r, 400, NULL, param, NULL, "'%s' is not served on /infill: use /v1/completions "
+                     "with 'suffix'", param);
+        return -1;
+    }
+    size_t n_extra = json_is_array(extra) ? json_array_size(extra) : 0;
+    if (extra != NULL && !json_is_null(extra) && !json_is_array(extra)) {
+        sp_api_error(r, 400, NULL, "input_extra", NULL,
+                     "'input_extra' must be a list of {\"text\": string, \"filename\": string}");
+        return -1;
+    }
+    if (n_extra > 0 && (pp->fim_extra = sp_calloc(n_extra, sizeof *pp->fim_extra)) == NULL) {
+        sp_api_error(r, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n_extra; i++) {
+        const json_t *c = json_array_get(extra, i);
+        const json_t *t = json_object_get(c, "text"), *f = json_object_get(c, "filename");
+        if (!json_is_string(t) || (f != NULL && !json_is_null(f) && !json_is_string(f)) ||
+            (json_is_string(f) && json_string_length(f) > SP_FIM_MAX_FILENAME)) {
+            sp_api_error(r, 400, NULL, "input_extra", NULL,
+                         "input_extra[%zu] must be {\"text\": string, \"filename\": string of at "
+                         "most %d bytes}", i, SP_FIM_MAX_FILENAME);
+            return -1;
+        }
+        pp->fim_extra[i] = (sp_fim_chunk_t){.text = json_string_value(t), .text_len = json_string_length(t),
+                                            .filename = json_is_string(f) ? json_string_value(f) : NULL,
+                                            .filename_len = json_is_string(f) ? json_string_length(f) : 0};
+    }
+    sp_json_err_t e = {{0}, NULL};
+    int64_t np;
+    int rc = sp_json_get_int(b, "n_predict", -1, q->a.srv->cfg.max_tokens, &np, &e);
+    if (rc < 0 || (rc > 0 && np == 0)) {
+        sp_api_error(r, 400, NULL, "n_predict", NULL,
+                     "'n_predict' must be -1 (until the context is full) or 1..%d",
+                     q->a.srv->cfg.max_tokens);
+        return -1;
+    }
+    if (rc > 0 && np > 0 && pp->max_given && np != pp->max_tokens) {
+        sp_api_error(r, 400, NULL, "n_predict", NULL, "'n_predict' and 'max_tokens' disagree");
+        return -1;
+    }
+    if (rc > 0 && np > 0) {
+        pp->max_tokens = np;
+        pp->max_given = true;
+    }
+    pp->fim = true;
+    pp->fimp = (sp_fim_prompt_t){.suffix = json_string_value(suf), .suffix_len = json_string_length(suf),
+                                 .middle = json_is_string(mid) ? json_string_value(mid) : NULL,
+                                 .middle_len = json_is_string(mid) ? json_string_length(mid) : 0,
+                                 .repo = true, .extra = pp->fim_extra, .n_extra = (int)n_extra};
+    pp->in[0].text = json_string_value(pre);
+    pp->in[0].len = json_string_length(pre);
+    return 0;
+}
+
+static void
+h_infill(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
+{
+    sp_serving_t *s = ud;
+    json_t *b = sp_api_json_body(s, r, h_infill, p);
+    if (b == NULL) {
+        return;
+    }
+    oai_req_t *q = NULL;
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, b, h_infill, p, &ad);
+    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
+        goto done;
+    }
+    q->infill = true;
+    oai_prep_t *pp = &q->prep;
+    pp->body = json_incref(b);
+    if (fim_refused(q, "input_prefix") ||
+        parse_gen(q, b, &pp->g, &pp->max_tokens, &pp->max_given) != 0 || !prep_alloc(q, 1) ||
+        infill_fields(q, b) != 0 || cache_lookup(q, b, &pp->g)) {
+        sp_api_finish(&q->a);
+        goto done;
+    }
+    pp->add_bos = sp_chat_add_bos(m->tok, NULL, 0);
+    pp->special = false;
+    pp->tok_param = "input_prefix";
+    prep_start(q);
+done:
+    json_decref(b);
+}
+
+/*
  * tools and tool_choice. With tools and a choice other than "none" the
  * output is parsed for calls in the template's convention; "required" or a
  * named function also constrain decoding to one call whose arguments follow
@@ -2188,10 +2499,64 @@ sp_api_chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, s
     sp_api_chat_run_ud(s, r, p, retry, b, d, count_only, flags, NULL);
 }
 
+static void chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                     sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, bool count_only,
+                     int flags, void *ud, const sp_api_chat_opts_t *o);
+
 void
 sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
                    sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, bool count_only,
                    int flags, void *ud)
+{
+    chat_run(s, r, p, retry, b, d, count_only, flags, ud, NULL);
+}
+
+void
+sp_api_chat_run_opts(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p,
+                     sp_route_fn retry, json_t *b, const sp_api_dialect_t *d, int flags,
+                     const sp_api_chat_opts_t *o)
+{
+    chat_run(s, r, p, retry, b, d, false, flags, NULL, o);
+}
+
+/* The context ids of sp_api_chat_opts_t: integers of the vocabulary. -1 after answering. */
+static int
+parse_context(oai_req_t *q, const json_t *ctx)
+{
+    oai_prep_t *pp = &q->prep;
+    size_t n = json_array_size(ctx);
+    if (n == 0) {
+        return 0;
+    }
+    if ((int64_t)n >= q->a.m->n_ctx) {
+        sp_api_error(q->a.http, 400, NULL, "context", "context_length_exceeded",
+                     "'context' has %zu tokens, the model's context holds %lld", n,
+                     (long long)q->a.m->n_ctx);
+        return -1;
+    }
+    if ((pp->ctx_ids = sp_malloc(n * sizeof *pp->ctx_ids)) == NULL) {
+        sp_api_error(q->a.http, 503, NULL, NULL, NULL, "out of memory");
+        return -1;
+    }
+    int32_t n_vocab = sp_tokenizer_n_vocab(q->a.m->tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(ctx, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab) {
+            sp_api_error(q->a.http, 400, NULL, "context", NULL,
+                         "'context' must be the token ids an earlier answer returned: integers "
+                         "in 0..%d", n_vocab - 1);
+            return -1;
+        }
+        pp->ctx_ids[i] = (int32_t)json_integer_value(t);
+    }
+    pp->n_ctx_ids = (int64_t)n;
+    return 0;
+}
+
+static void
+chat_run(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn retry,
+         json_t *b, const sp_api_dialect_t *d, bool count_only, int flags, void *ud,
+         const sp_api_chat_opts_t *o)
 {
     oai_req_t *q = NULL;
     sp_req_adapter_t ad;
@@ -2234,12 +2599,26 @@ sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p
         sp_api_error(r, 400, NULL, "messages", NULL, "'messages' must be a non-empty list");
         goto fail;
     }
-    if (m->tmpl == NULL) {
+    if (o != NULL && o->raw_prompt != NULL) {
+        pp->raw = o->raw_prompt; /* the prompt as is: no template */
+        pp->raw_len = o->raw_len;
+    } else if (m->tmpl == NULL) {
         sp_api_error(r, 400, NULL, "messages", NULL, "the model %s has no usable chat template: %s",
                      m->name, m->tmpl_error);
         goto fail;
+    } else {
+        pp->messages = ms; /* checked, gathered and rendered by the preparation */
     }
-    pp->messages = ms; /* checked, gathered and rendered by the preparation */
+    if (o != NULL && ((o->context != NULL && parse_context(q, o->context) != 0) ||
+                      (o->fim_suffix != NULL && fim_refused(q, "suffix")))) {
+        goto fail;
+    }
+    if (o != NULL && o->fim_suffix != NULL) {
+        pp->fim = true; /* the raw prompt is the prefix */
+        pp->fimp.suffix = o->fim_suffix;
+        pp->fimp.suffix_len = o->fim_suffix_len;
+    }
+    q->keep_ids = o != NULL && o->keep_tokens;
     const char *param = NULL;
     char err[256];
     if (sp_chat_input_options(b, &pp->kwargs, &pp->effort, &param, err, sizeof err) != SP_OK) {
@@ -2255,8 +2634,15 @@ sp_api_chat_run_ud(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p
         sp_str_t t = sp_tokenizer_token_text(m->tok, eid);
         snprintf(pp->eos, sizeof pp->eos, "%.*s", (int)t.len, t.ptr);
     }
-    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0 ||
-        !prep_alloc(q, 1)) {
+    if (parse_tools(q, b, &pp->g, &pp->tools_json) != 0 || parse_answer_format(q, s, b) != 0) {
+        goto fail;
+    }
+    if (sp_budget_parse(b, q->afmt.reasoning, s->cfg.reasoning_budget, &pp->budget, &param, err,
+                        sizeof err) != 0) {
+        sp_api_error(r, 400, NULL, param, NULL, "%s", err);
+        goto fail;
+    }
+    if (!prep_alloc(q, 1)) {
         goto fail;
     }
     pp->special = true;
@@ -2477,6 +2863,7 @@ sp_openai_register(sp_router_t *rt, sp_serving_t *s)
     sp_router_add(rt, SP_HTTP_GET, "/v1/models", h_models, s);
     sp_router_add(rt, SP_HTTP_GET, "/v1/models/{model}", h_models, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/completions", h_completions, s);
+    sp_router_add(rt, SP_HTTP_POST, "/infill", h_infill, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/chat/completions", h_chat, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/embeddings", h_embeddings, s);
     sp_router_add(rt, SP_HTTP_POST, "/v1/rerank", h_rerank, s);

@@ -487,7 +487,7 @@ sp_trace_finish(sp_trace_t *t, bool error, const char *error_type)
  * matches none gets no http.route and a span named after its method only,
  * as the semantic conventions ask. */
 static const char *const routes[] = {
-    "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions",
+    "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions", "/infill",
     "/v1/embeddings", "/v1/rerank", "/v1/reranking", "/rerank", "/v2", "/v2/models/{model}", "/v2/models/{model}/ready",
     "/v2/models/{model}/infer", "/v2/models/{model}/generate",
     "/v2/models/{model}/generate_stream", "/v2/models/{model}/versions/{version}",

@@ -340,3 +340,12 @@ sp_answer_opens_thinking(sp_chat_reasoning_t r, const char *prompt, size_t len)
     size_t n = strlen(tg->open);
     return len >= n && memcmp(prompt + len - n, tg->open, n) == 0;
 }
+
+bool
+sp_answer_think_markers(sp_chat_reasoning_t r, const char **open, const char **close)
+{
+    const tags_t *tg = think_tags(r);
+    *open = tg ? tg->open : NULL;
+    *close = tg ? tg->close : NULL;
+    return tg != NULL;
+}

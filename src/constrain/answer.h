@@ -53,4 +53,8 @@ void sp_answer_free(sp_answer_t *a);
  * end the generation prompt with "<think>\n"). */
 bool sp_answer_opens_thinking(sp_chat_reasoning_t r, const char *prompt, size_t len);
 
+/* Format r's thinking markers as the parser reads them (static strings);
+ * false when r wraps no thinking in a pair of markers (none, harmony). */
+bool sp_answer_think_markers(sp_chat_reasoning_t r, const char **open, const char **close);
+
 #endif /* SP_CONSTRAIN_ANSWER_H */

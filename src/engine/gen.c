@@ -730,6 +730,22 @@ struct sp_gen {
     uint64_t *g_bits;   /* (n_vocab bits) the valid tokens of a state, while walking */
     bool g_can_close;   /* every byte set of the grammar has a single-byte token */
     bool g_strip;       /* this step's pieces lose a leading space (the dummy prefix) */
+
+    /* reasoning budget (th_on): where the text is, relative to thinking parts */
+    bool th_on;
+    int th_state;       /* enum think_state */
+    int32_t th_left;    /* TH_IN: generated tokens the part may still take */
+    int32_t th_pos;     /* TH_FORCE: the next think_force token */
+    int32_t th_forced;  /* tokens forced in all */
+    stop_str_t th_open, th_close; /* the markers' text matchers (the stop-string automaton) */
+};
+
+enum think_state {
+    TH_OUT,   /* outside thinking: watching for the open marker */
+    TH_IN,    /* inside, counting the budget down, watching for the close marker */
+    TH_WAIT,  /* budget spent in the middle of a character or of the close
+                 marker: letting the model finish it first */
+    TH_FORCE, /* emitting think_force */
 };
 
 sp_gen_params_t
@@ -740,6 +756,7 @@ sp_gen_default_params(void)
     p.sampling = sp_sampler_default_params();
     p.max_tokens = 16;
     p.top_logprobs = -1;
+    p.reasoning_budget = -1;
     return p;
 }
 
@@ -806,6 +823,30 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "gen: json_object and a grammar cannot be used together");
     }
+    bool th_on = p->reasoning_budget >= 0 && p->n_think_force > 0;
+    if (p->n_think_force < 0 || p->n_think_force > SP_GEN_MAX_THINK_FORCE) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "gen: n_think_force %d must be in [0, %d]",
+                       (int)p->n_think_force, SP_GEN_MAX_THINK_FORCE);
+    }
+    if (th_on) {
+        int32_t nv = sp_tokenizer_n_vocab(tok);
+        for (int32_t i = 0; i < p->n_think_force; i++) {
+            if (p->think_force[i] < 0 || p->think_force[i] >= nv) {
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "gen: think_force[%d] = %d is outside the vocabulary", (int)i,
+                               (int)p->think_force[i]);
+            }
+        }
+        size_t lo = strnlen(p->think_open, sizeof p->think_open);
+        size_t lc = strnlen(p->think_close, sizeof p->think_close);
+        if (lo > SP_GEN_MAX_THINK_TAG || lc > SP_GEN_MAX_THINK_TAG || lc == 0 ||
+            (lo == 0 && !p->think_in_prompt)) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "gen: a reasoning budget needs its close marker (and an open one unless "
+                           "the prompt opens the part), each at most %d bytes",
+                           SP_GEN_MAX_THINK_TAG);
+        }
+    }
     if (p->vocab != NULL && p->vocab->tok != tok) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "gen: vocab was built for another tokenizer");
@@ -835,6 +876,16 @@ sp_gen_create(const sp_tokenizer_t *tok, const sp_gen_params_t *p, sp_gen_t **ou
     g->strip_space = sp_tokenizer_strips_space(tok);
     g->bos = sp_tokenizer_bos(tok);
     g->prev = -1;
+    g->th_on = th_on;
+    if (th_on) {
+        stop_init(&g->th_open, p->think_open, strlen(p->think_open));
+        stop_init(&g->th_close, p->think_close, strlen(p->think_close));
+        g->th_state = TH_OUT;
+        if (p->think_in_prompt) {
+            g->th_state = p->reasoning_budget > 0 ? TH_IN : TH_FORCE;
+            g->th_left = p->reasoning_budget;
+        }
+    }
     if (p->json_object || p->grammar != NULL) {
         g->vocab = p->vocab;
         if (g->vocab == NULL) {
@@ -891,6 +942,12 @@ int32_t
 sp_gen_n_generated(const sp_gen_t *g)
 {
     return g->n_gen;
+}
+
+int32_t
+sp_gen_n_forced(const sp_gen_t *g)
+{
+    return g->th_forced;
 }
 
 int
@@ -1273,6 +1330,88 @@ release_all(sp_gen_t *g)
     g->n_text += k > 0 ? (size_t)k : 0;
 }
 
+/* ---- step: reasoning budget ---------------------------------------------- */
+
+/* One byte through a marker's automaton: true when the marker just completed
+ * (the automaton starts over). An empty marker never completes. */
+static bool
+marker_feed(stop_str_t *st, char c)
+{
+    if (st->len == 0) {
+        return false;
+    }
+    int k = st->state;
+    while (k > 0 && st->text[k] != c) {
+        k = st->fail[k - 1];
+    }
+    if (st->text[k] == c) {
+        k++;
+    }
+    st->state = k == st->len ? 0 : k;
+    return k == st->len;
+}
+
+/* The token the budget forces at this step, or -1. */
+static int32_t
+think_forcing(const sp_gen_t *g)
+{
+    return g->th_on && g->th_state == TH_FORCE ? g->p.think_force[g->th_pos] : -1;
+}
+
+static void
+think_enter(sp_gen_t *g)
+{
+    g->th_close.state = 0;
+    g->th_left = g->p.reasoning_budget;
+    g->th_state = g->th_left > 0 ? TH_IN : TH_FORCE;
+    g->th_pos = 0;
+}
+
+/*
+ * After a non-final token with text p[0, n) (complete UTF-8 characters; a
+ * character still open stays in the detokenizer): the open marker starts a
+ * part, the close marker ends it, each generated token inside counts, and
+ * the part's last allowed token (or the one that finishes its character
+ * or leaves the close marker the model had begun) starts the forcing.
+ */
+static void
+think_update(sp_gen_t *g, const char *p, size_t n)
+{
+    if (g->th_state == TH_FORCE) {
+        g->th_forced++;
+        if (++g->th_pos >= g->p.n_think_force) {
+            g->th_state = TH_OUT;
+            g->th_open.state = 0;
+        }
+        return;
+    }
+    if (g->th_state == TH_OUT) {
+        for (size_t i = 0; i < n; i++) {
+            if (marker_feed(&g->th_open, p[i])) {
+                think_enter(g); /* the open marker's own token does not count */
+                return;
+            }
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (marker_feed(&g->th_close, p[i])) { /* the model ended the part itself */
+            g->th_state = TH_OUT;
+            g->th_open.state = 0;
+            return;
+        }
+    }
+    if (g->th_state == TH_IN && --g->th_left > 0) {
+        return;
+    }
+    if (g->detok.n_held == 0 && g->th_close.state == 0) {
+        g->th_state = TH_FORCE;
+        g->th_pos = 0;
+    } else { /* never cut a character in two, nor a close marker the model began */
+        g->th_state = TH_WAIT;
+    }
+}
+
 /* ---- step ---------------------------------------------------------------- */
 
 static sp_status_t emit(sp_gen_t *g, int32_t id, sp_gen_token_t *out);
@@ -1388,7 +1527,17 @@ sp_gen_step(sp_gen_t *g, float *logits, sp_gen_token_t *out)
     if (g->p.top_logprobs >= 0) {
         z = log_softmax_top(logits, n, g->p.top_logprobs, out->top, &out->n_top);
     }
-    int32_t id = sp_sampler_sample_penalized(g->smp, logits); /* reads the logits only */
+    int32_t id = think_forcing(g);
+    if (id >= 0 && logits[id] == -INFINITY) {
+        /* the constraint rules out the marker here: it shapes the text, the
+         * budget gives way (gen.h) */
+        g->th_state = TH_OUT;
+        g->th_open.state = 0;
+        id = -1;
+    }
+    if (id < 0) {
+        id = sp_sampler_sample_penalized(g->smp, logits); /* reads the logits only */
+    }
     SP_ASSERT(id >= 0 && id < n); /* it indexes the logits row and the vocabulary */
     if (logits[id] == -INFINITY) { /* the sampler's answer when every logit is -inf */
         return fail(g, SP_ERR_UNSUPPORTED,
@@ -1433,7 +1582,8 @@ sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32
     if (!(vals[0] > -INFINITY) || vals[0] == INFINITY) {
         return fail(g, SP_ERR_MODEL_FAULT, "the model produced NaN or infinite logits");
     }
-    const int32_t id = sp_sampler_sample_candidates(g->smp, ids, vals, n);
+    const int32_t forced = think_forcing(g);
+    const int32_t id = forced >= 0 ? forced : sp_sampler_sample_candidates(g->smp, ids, vals, n);
     if (id < 0 || id >= g->n_vocab) {
         return fail(g, SP_ERR_INVALID, "a candidate id is outside the vocabulary");
     }
@@ -1464,6 +1614,9 @@ emit(sp_gen_t *g, int32_t id, sp_gen_token_t *out)
             p++, k--; /* as llama2.c and llama.cpp print the first word after BOS */
         }
         stop = push_text(g, p, (size_t)k);
+        if (g->th_on) {
+            think_update(g, p, (size_t)k);
+        }
         if (g->p.json_object) {
             const sp_gen_vocab_t *v = g->vocab;
             json_feed_all(&g->json, v->bytes + v->off[id], v->off[id + 1] - v->off[id]);

@@ -28,6 +28,8 @@
 #define SP_GEN_MAX_STOP 16         /* stop strings per request (OpenAI allows 4) */
 #define SP_GEN_MAX_STOP_LEN 256    /* bytes per stop string */
 #define SP_GEN_MAX_TOP_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
+#define SP_GEN_MAX_THINK_TAG 64    /* bytes of a thinking part's open or close marker */
+#define SP_GEN_MAX_THINK_FORCE 128 /* tokens forced to end a thinking part */
 
 typedef enum sp_finish {
     SP_FINISH_NONE = 0, /* still generating */
@@ -72,6 +74,25 @@ typedef struct sp_gen_params {
                                  pass (as for json_object). sp_gen_create takes a reference.
                                  Unlike the rest of a step, the matcher's tables may grow
                                  (bounded; docs/structured-output.md). */
+    /* Reasoning budget (docs/design-budget.md): with reasoning_budget >= 0 and
+     * n_think_force > 0, a thinking part - the generated text after the
+     * think_open marker, or from the start with think_in_prompt, up to the
+     * think_close marker - gets at most reasoning_budget generated tokens
+     * (plus the few that finish a UTF-8 character, or the close marker,
+     * that the last one began); then
+     * the think_force tokens (the close marker, maybe after a message) are
+     * emitted as the next tokens, whatever the logits say, and the model goes
+     * on with its answer. A later open marker starts a new part with a fresh
+     * budget. Markers are matched in the text (as the answer parser sees
+     * it), so special_text must be on where they are control tokens. Where
+     * json_object or a grammar masks a forced token, the constraint wins. */
+    int32_t reasoning_budget;  /* < 0: no budget (the default) */
+    char think_open[SP_GEN_MAX_THINK_TAG + 1];  /* NUL-terminated; "" with think_in_prompt
+                                                   only: a part cannot reopen */
+    char think_close[SP_GEN_MAX_THINK_TAG + 1]; /* non-empty when the budget is on */
+    bool think_in_prompt;      /* the prompt ends inside a thinking part */
+    int32_t think_force[SP_GEN_MAX_THINK_FORCE];
+    int32_t n_think_force;
 } sp_gen_params_t;
 
 typedef struct sp_gen_logprob {
@@ -133,6 +154,8 @@ int32_t sp_gen_candidates(const sp_gen_t *g);
 sp_status_t sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32_t n,
                                    sp_gen_token_t *out);
 int32_t sp_gen_n_generated(const sp_gen_t *g);
+/* Tokens the reasoning budget forced so far (0 without a budget). */
+int32_t sp_gen_n_forced(const sp_gen_t *g);
 /* The stop string that ended the generation (its index in the params' stop
  * list), or -1: none did (yet). */
 int sp_gen_stop_index(const sp_gen_t *g);

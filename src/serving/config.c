@@ -76,6 +76,8 @@ const char sp_config_usage[] =
     "      --chat-template NAME  built-in chat template for every model (default: the file's)\n"
     "      --reasoning-format F  chat answers' thinking: auto (default) or deepseek return it\n"
     "                            as reasoning_content, none keeps it in content\n"
+    "      --reasoning-budget N  thinking tokens per part when a chat request sets none\n"
+    "                            (-1 default: no limit, 0: no thinking)\n"
     "      --chat-template-file FILE  Jinja chat template for every model, instead of the\n"
     "                            one in its GGUF file (a model's chat_template parameter wins)\n"
     "      --max-tokens N        cap on max_tokens per request (default 4096)\n"
@@ -188,6 +190,7 @@ static const opt_t opts[] = {
     {"responses-store-bytes", 0, T_SIZE, OFF(responses_store_bytes), 0, 1099511627776.0, 0},
     {"chat-template", 0, T_STR, OFF(chat_template), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template)},
     {"reasoning-format", 0, T_STR, OFF(reasoning_format), 0, 0, sizeof(((sp_serve_config_t *)0)->reasoning_format)},
+    {"reasoning-budget", 0, T_I64, OFF(reasoning_budget), -1, 2147483647, 0},
     {"chat-template-file", 0, T_STR, OFF(chat_template_file), 0, 0, sizeof(((sp_serve_config_t *)0)->chat_template_file)},
     {"max-tokens", 0, T_INT, OFF(max_tokens), 1, 1 << 20, 0},
     {"max-n", 0, T_INT, OFF(max_n), 1, 128, 0},
@@ -241,6 +244,7 @@ sp_config_defaults(sp_serve_config_t *c)
     c->parallel = 4;
     c->queue = 64;
     c->queue_premium = c->queue_standard = c->queue_batch = -1;
+    c->reasoning_budget = -1;
     c->step_tokens = 256;
     c->http_threads = 1;
     c->spec_tokens = 4;

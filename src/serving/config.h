@@ -49,6 +49,7 @@ typedef struct sp_serve_config {
     size_t responses_store_bytes; /* ... and their bytes at most */
     char chat_template[64];   /* built-in template name for every model, "" = the file's */
     char reasoning_format[16]; /* "auto"/"deepseek": thinking apart, "none": inline */
+    int64_t reasoning_budget; /* chat requests' default reasoning budget (api/budget.h); -1 none */
     char chat_template_file[1024]; /* Jinja template file for every model, "" = none */
     int threads;              /* per slot context; 0 = one per core */
     int64_t ctx_size;         /* per slot; 0 = the model's, at most 4096 */

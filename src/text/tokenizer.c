@@ -501,6 +501,9 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         }
     }
     harmony_eog(t);
+    if ((st = sp__tok_read_fim(t, g, err, err_len)) != SP_OK) {
+        goto fail;
+    }
 
     /* Byte fallback table: BYTE tokens (first one wins), else a token whose text
      * is that single byte (llama.cpp's second choice), else none (unk). */

@@ -49,6 +49,50 @@ int32_t sp_tokenizer_n_vocab(const sp_tokenizer_t *t);
 int32_t sp_tokenizer_bos(const sp_tokenizer_t *t); /* -1 when none */
 int32_t sp_tokenizer_eos(const sp_tokenizer_t *t); /* -1 when none */
 int32_t sp_tokenizer_sep(const sp_tokenizer_t *t); /* [SEP] (WordPiece, Unigram); -1 when none */
+
+/* Fill-in-the-middle tokens (code models), each -1 when the vocabulary has
+ * none: prefix, suffix, middle, and the repository / file separators of the
+ * repository-level layout. */
+typedef struct sp_fim_ids {
+    int32_t pre, suf, mid, rep, sep;
+} sp_fim_ids_t;
+sp_fim_ids_t sp_tokenizer_fim(const sp_tokenizer_t *t);
+
+/* A fill-in-the-middle prompt's parts (fim.c). */
+#define SP_FIM_MAX_FILENAME 1024 /* bytes of an extra chunk's file name */
+typedef struct sp_fim_chunk {
+    const char *filename; /* NULL: "tmp" */
+    size_t filename_len;
+    const char *text;
+    size_t text_len;
+} sp_fim_chunk_t;
+
+typedef struct sp_fim_prompt {
+    const char *prefix;         /* the text before the hole, or (prefix NULL) */
+    size_t prefix_len;
+    const int32_t *prefix_ids;  /* its tokens */
+    int64_t n_prefix_ids;
+    const char *middle;         /* text the middle starts with, after the prefix (or NULL) */
+    size_t middle_len;
+    const char *suffix;         /* the text after the hole */
+    size_t suffix_len;
+    bool repo;                  /* the repository-level layout, with extra files (/infill) */
+    const sp_fim_chunk_t *extra;
+    int n_extra;
+} sp_fim_prompt_t;
+
+/*
+ * Tokens of a fill-in-the-middle prompt, in llama-server's /infill order:
+ *   [repo: REP "myproject\n", per extra chunk SEP "<filename>\n" <text> (no
+ *   SEP token: "\n\n--- snippet ---\n\n" <text>), SEP "filename\n"]
+ *   [BOS where the vocabulary adds one] PRE <prefix><middle> SUF <suffix> MID
+ * Texts are tokenized without special tokens. Writes at most cap ids and
+ * returns the total (more than cap: call again with more room), or
+ * SP_ERR_UNSUPPORTED when the vocabulary has no prefix, suffix or middle
+ * token, SP_ERR_INVALID for a file name over SP_FIM_MAX_FILENAME bytes, or
+ * another negative status from the tokenizer.
+ */
+int64_t sp_fim_encode(const sp_tokenizer_t *t, const sp_fim_prompt_t *p, int32_t *out, int64_t cap);
 bool sp_tokenizer_add_bos(const sp_tokenizer_t *t);
 bool sp_tokenizer_is_eog(const sp_tokenizer_t *t, int32_t id); /* end of generation (eos, eot, ...) */
 /* All end-of-generation ids (at most SP_TOKENIZER_MAX_EOG, each < n_vocab): *n gets

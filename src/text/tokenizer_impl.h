@@ -45,6 +45,7 @@ struct sp_tokenizer {
     int32_t *special;   /* (n_special) ids split out of the text, longest text first */
     int32_t n_special;
     int32_t bos, eos, unk, pad, sep; /* -1 when none; bert: bos is [CLS], sep [SEP] */
+    sp_fim_ids_t fim;   /* fill-in-the-middle tokens (fim.c), -1 when none */
     int32_t eog[SP_TOKENIZER_MAX_EOG];
     int n_eog;
     bool add_bos, add_eos, add_sep, add_space_prefix;
@@ -83,6 +84,9 @@ sp__vocab_text(const sp_tokenizer_t *t, int32_t id)
  * id of the token whose text is exactly p[0..n), or -1. */
 sp_status_t sp__vocab_build_map(sp_tokenizer_t *t);
 int32_t sp__vocab_lookup(const sp_tokenizer_t *t, const char *p, size_t n);
+/* fim.c: t->fim from the GGUF's keys, else from the token texts code models
+ * use (after the vocabulary map is built). SP_ERR_FORMAT for an id out of range. */
+sp_status_t sp__tok_read_fim(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);
 
 /* BPE (tok_bpe.c). init reads tokenizer.ggml.pre and .merges; text has no specials. */
 sp_status_t sp__tok_bpe_init(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);

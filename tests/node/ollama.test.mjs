@@ -1,7 +1,7 @@
 // The `ollama` npm client (pinned in package-lock.json) against the real `sampan serve`.
 //
 // Starts the server on a free port with the demo model and uses the client as an
-// application would: chat (one answer and streamed), generate, embed, list, show, ps,
+// application would: chat (one answer and streamed), generate (with context, raw), embed, list, show, ps,
 // version; checks each answer field by field (greedy text against `sampan run`'s,
 // token counts against options.num_predict, the timing fields' units) and that the
 // client raises Ollama's error message. Last line:
@@ -210,9 +210,29 @@ async function main() {
     assert(err && err.status_code === 404 && /nope/.test(err.error), `404 with the name (${err})`);
     err = null;
     try {
-      await ollama.generate({ model: MODEL, prompt: 'x', context: [1, 2, 3] });
+      await ollama.generate({ model: MODEL, prompt: 'x', context: [1, 2.5] });
     } catch (e) { err = e; }
-    assert(err && err.status_code === 400 && /context/.test(err.error), `context refused (${err})`);
+    assert(err && err.status_code === 400 && /context/.test(err.error), `bad context refused (${err})`);
+  });
+
+  await test('generate context: sent back, the next answer continues it', async () => {
+    const r = await ollama.generate({ model: MODEL, prompt: PROMPT, options: greedy });
+    assert(Array.isArray(r.context) && r.context.length === r.prompt_eval_count + r.eval_count,
+      `context: prompt and answer ids (${r.context && r.context.length})`);
+    const r2 = await ollama.generate({ model: MODEL, prompt: 'The end', context: r.context, options: greedy });
+    assert(r2.prompt_eval_count > r.context.length, 'the context is part of the prompt');
+    eq(JSON.stringify(r2.context.slice(0, r.context.length)), JSON.stringify(r.context), 'context prefix');
+  });
+
+  await test('generate raw: the prompt as is (sampan run\'s continuation), no context back', async () => {
+    const r = await ollama.generate({ model: MODEL, prompt: PROMPT, raw: true, options: greedy });
+    eq(r.response, gold, 'raw greedy response');
+    assert(r.context === undefined, 'no context with raw');
+    let err = null;
+    try {
+      await ollama.generate({ model: MODEL, prompt: PROMPT, raw: true, system: 'Be brief.' });
+    } catch (e) { err = e; }
+    assert(err && err.status_code === 400 && /system/.test(err.error), `raw with system refused (${err})`);
   });
 
   srv.kill('SIGTERM');

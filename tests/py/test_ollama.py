@@ -19,8 +19,9 @@
   done false until the last, which has done_reason and the timings), the same text streamed and
   not; each sampler option gives the answer the OpenAI route gives with the same field and seed
   (so it reaches the sampler); num_predict and stop honoured; format json and a schema give JSON
-  that parses (and follows the schema); unsupported options, raw, template, context, images,
-  think on a model without reasoning refused with 400; the requests counted in /metrics;
+  that parses (and follows the schema); unsupported options, template, images,
+  think on a model without reasoning refused with 400 (raw and context: test_ollama_generate.py);
+  the requests counted in /metrics;
 - with a template that has thinking markup and renders tools: /api/show lists the thinking and
   tools capabilities, think false/true reaches the template's enable_thinking and "high" its
   reasoning_effort, tools and a tool-call history (Ollama's object arguments, tool_name) are
@@ -295,10 +296,8 @@ try:
         ("think on a model without reasoning", "/api/chat", {"messages": U, "think": True}),
         ("images", "/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
         ("keep_alive not a duration", "/api/chat", {"messages": U, "keep_alive": "5 minutes"}),
-        ("raw", "/api/generate", {"prompt": "x", "raw": True}),
         ("template", "/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}),
-        ("context", "/api/generate", {"prompt": "x", "context": [1, 2]}),
-        ("suffix", "/api/generate", {"prompt": "x", "suffix": "y"}),
+        ("suffix on a model without FIM tokens", "/api/generate", {"prompt": "x", "suffix": "y"}),
         ("stream not a boolean", "/api/generate", {"prompt": "x", "stream": "yes"}),
     ]:
         st, b = http_json(port, "POST", path, dict({"model": "stories260K"}, **body))

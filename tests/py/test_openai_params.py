@@ -3,7 +3,7 @@ real `sampan serve` with the demo model:
 
 - logit_bias: -100 on the greedy token removes it, +100 on another token forces it, and a biased
   request gives the same tokens alone and in a batch of concurrent requests;
-- best_of (other than n) and suffix: 400 saying so; best_of == n works;
+- best_of (other than n), and suffix on a model without FIM tokens: 400 saying so; best_of == n works;
 - developer role: rendered as the system prompt (the same prompt tokens and greedy answer);
 - content as a list of text parts; an image part is a 400 naming it;
 - a list of prompts (texts or token arrays) in one completions request: choice p*n+j is prompt
@@ -102,7 +102,7 @@ def refused_and_simple():
     st, r = comp({"prompt": "Once", "max_tokens": 2, "best_of": 2, "n": 2})
     s.case("best_of == n: served", st == 200 and len(r["choices"]) == 2, str(r)[:200])
     st, r = comp({"prompt": "Once", "max_tokens": 2, "suffix": "The end."})
-    s.case("suffix: 400 (no fill-in-the-middle)", st == 400 and r["error"]["param"] == "suffix", str(r))
+    s.case("suffix on a model without FIM tokens: 400", st == 400 and r["error"]["param"] == "suffix", str(r))
     st, r = chat({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
                   "max_tokens": 50})
     s.case("max_completion_tokens wins over max_tokens", st == 200 and r["usage"]["completion_tokens"] <= 3,
