@@ -1299,7 +1299,8 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
     }
     if (!st) {
         st = sp_repo_config_from_json(j, label, out, err, err_len);
-        if (st && pbtxt) sp_repo_pbtxt_locate(&pos, label, err, err_len);
+        /* Located in the file only when nothing was merged over it. */
+        if (st && pbtxt && !override_json) sp_repo_pbtxt_locate(&pos, label, err, err_len);
     }
     sp_pbtxt_posmap_free(&pos);
     if (!st) out->llm.key_from_request = key_from_request;

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "serving/pbtxt.h"
+#include "serving/repo.h"
 #include "serving/repo_config.h"
 #include "serving/repo_pbtxt.h"
 #include "test.h"
@@ -270,4 +271,53 @@ TEST(pbtxt_triton_json_round_trip)
     ASSERT_STR_EQ(json_string_value(json_object_get(j, "backend")), "llm");
     ASSERT_STR_EQ(json_string_value(json_object_get(j, "name")), "stories260K");
     json_decref(j);
+}
+
+static void
+put_file(const char *root, const char *rel, const char *text)
+{
+    char path[PATH_MAX + 64], dir[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+    }
+    FILE *f = fopen(path, "wb");
+    ASSERT(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+TEST(pbtxt_repository_scan)
+{
+    char root[PATH_MAX];
+    snprintf(root, sizeof root, "%s/repo", sp_test_tmpdir());
+    mkdir(root, 0755);
+    put_file(root, "tp/config.pbtxt", "backend: \"llm\"\nparameters { key: \"model_file\" value { string_value: \"m.gguf\" } }\n");
+    put_file(root, "tp/1/m.gguf", "x");
+    put_file(root, "both/config.pbtxt", "");
+    put_file(root, "both/config.json", "{}");
+    put_file(root, "none/1/m.gguf", "x");
+    put_file(root, "badline/config.pbtxt", "\n\nmax_batch_size: -1\n");
+    sp_repo_scan_t *s = NULL;
+    char err[512] = "";
+    ASSERT_OK(sp_repo_scan(root, NULL, &s, err, sizeof err));
+    ASSERT_EQ(s->n_models, 4);
+    const sp_repo_model_t *m = sp_repo_find(s, "tp");
+    ASSERT(m && m->ok && m->n_versions == 1 && m->versions[0].model_path);
+    ASSERT_HAS(m->versions[0].model_path, "/tp/1/m.gguf");
+    m = sp_repo_find(s, "both");
+    ASSERT(m && !m->ok);
+    ASSERT_HAS(m->reason, "/both: both config.json and config.pbtxt: keep one");
+    m = sp_repo_find(s, "none");
+    ASSERT(m && !m->ok);
+    ASSERT_HAS(m->reason, "/none: no config.pbtxt or config.json");
+    m = sp_repo_find(s, "badline");
+    ASSERT(m && !m->ok);
+    ASSERT_HAS(m->reason, "/badline/config.pbtxt:3:1: max_batch_size: must be in [0, 65536], got -1");
+    sp_repo_scan_free(s);
 }
