@@ -268,12 +268,27 @@ put_utf8(char *o, uint32_t cp)
     return 4;
 }
 
+/* Room for 4 more bytes (one escape's output) and the NUL in *o. The output
+ * is never longer than the input, which the caller bounds. */
+static bool
+grow(char **o, size_t *cap, size_t k)
+{
+    if (k + 5 <= *cap) return true;
+    size_t nc = *cap * 2 > k + 5 ? *cap * 2 : k + 5;
+    char *p = sp_realloc(*o, nc);
+    if (!p) return false;
+    *o = p;
+    *cap = nc;
+    return true;
+}
+
 /* One or more adjacent quoted strings, joined, into *out (sp_malloc, *out_len
- * bytes plus a NUL). The output is never longer than the input. */
+ * bytes plus a NUL). */
 static sp_status_t
 read_string(lx_t *x, const char *path, char **out, size_t *out_len)
 {
-    char *o = sp_malloc(x->n + 8);
+    size_t cap = 64;
+    char *o = sp_malloc(cap);
     if (!o) return SP_ERR_NOMEM;
     size_t k = 0;
     int c = peek(x);
@@ -290,6 +305,10 @@ read_string(lx_t *x, const char *path, char **out, size_t *out_len)
             if (ch == q) {
                 adv(x);
                 break;
+            }
+            if (!grow(&o, &cap, k)) {
+                sp_free(o);
+                return SP_ERR_NOMEM;
             }
             if (ch != '\\') {
                 o[k++] = (char)ch;

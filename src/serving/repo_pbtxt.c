@@ -79,7 +79,13 @@ sp_repo_config_to_msg(const char *config_json, const char *name, ProtobufCMessag
         json_decref(j);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
-    /* Printed as served: an instance group's count defaults to 1 (proto3 would say 0). */
+    /* Printed as served: the default version policy (the latest one), and an
+     * instance group's count defaulting to 1 (proto3 would say 0). */
+    if (!json_object_get(j, "version_policy") &&
+        json_object_set_new(j, "version_policy", json_pack("{s:{s:i}}", "latest", "num_versions", 1))) {
+        json_decref(j);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(j, "instance_group"), i, g) {

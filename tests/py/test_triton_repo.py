@@ -98,6 +98,7 @@ def check_config(cfg, where):
            cfg["output"][0]["dims"] == [1] and
            cfg["instance_group"][0]["kind"] == "KIND_AUTO" and
            cfg["instance_group"][0]["count"] == 1 and
+           cfg["version_policy"] == {"latest": {"num_versions": 1}} and
            cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 2000 and
            cfg["parameters"]["model_file"]["string_value"] == "xgboost.json",
            json.dumps(cfg)[:600])
@@ -119,6 +120,10 @@ def main():
         put(repo, "broken/config.pbtxt", BROKEN_PBTXT)
         os.makedirs(os.path.join(repo, "broken", "1"))
         os.makedirs(os.path.join(repo, "noconfig", "1"))
+        put(repo, "resnet/config.pbtxt", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
+        put(repo, "resnet/1/model.onnx", "not read: the backend is missing")
+        put(repo, "pymodel/config.pbtxt", 'backend: "python"\n')
+        put(repo, "pymodel/1/model.py", "print('never run')\n")
 
         gport = free_port()
         srv = Server("--model-repository", repo, "--grpc-port", str(gport), model=None)
@@ -136,6 +141,15 @@ def main():
             s.case("a directory without a config is listed with the reason (not ignored)",
                    nc.get("state") == "UNAVAILABLE" and
                    "no config.pbtxt or config.json" in nc.get("reason", ""), str(nc))
+            on = ix.get("resnet", {})
+            s.case("platform onnxruntime_onnx: a load error saying the onnx backend is not built",
+                   on.get("state") == "UNAVAILABLE" and "onnx backend not built" in on.get("reason", ""),
+                   str(on))
+            py = ix.get("pymodel", {})
+            s.case("backend python: refused with the reason, naming the file and line",
+                   py.get("state") == "UNAVAILABLE" and
+                   "pymodel/config.pbtxt:1:1: backend: \"python\": Python models" in py.get("reason", ""),
+                   str(py))
             st_h, b_h = http_json(srv.port, "GET", "/health")
             st_r, _ = http_json(srv.port, "GET", "/v2/health/ready")
             s.case("strict readiness (default): /health and /v2/health/ready both 503",
@@ -200,7 +214,9 @@ def main():
                 if have_xgb:
                     c3 = (r[3].get("response") or {}).get("config") or {}
                     if c3:
-                        c3["max_batch_size"] = int(c3.get("max_batch_size", 0))
+                        # proto-loader (oneofs: true) adds the oneof's name and its unset members
+                        vp = c3.get("version_policy") or {}
+                        c3["version_policy"] = {"latest": vp.get("latest")}
                     check_config(c3, "gRPC ModelConfig")
             else:
                 s.skip("gRPC ModelConfig", "node or @grpc/grpc-js missing (npm ci in tests/node)")
@@ -218,7 +234,8 @@ def main():
 
         # Only good models: ready under the default.
         shutil.rmtree(os.path.join(repo, "broken"))
-        shutil.rmtree(os.path.join(repo, "noconfig"))
+        for d in ("noconfig", "resnet", "pymodel"):
+            shutil.rmtree(os.path.join(repo, d))
         srv = Server("--model-repository", repo, model=None)
         try:
             st_h, _ = http_json(srv.port, "GET", "/health")

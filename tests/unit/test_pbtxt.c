@@ -253,7 +253,11 @@ TEST(pbtxt_triton_json_round_trip)
     const json_t *pf = json_object_get(json_object_get(json_object_get(j, "parameters"), "model_file"),
                                        "string_value");
     ASSERT_STR_EQ(json_string_value(pf), "xgboost.json");
-    ASSERT(json_object_get(j, "version_policy") == NULL); /* unset messages are left out */
+    /* the default version policy printed as served; unset messages are left out */
+    ASSERT_EQ(json_integer_value(json_object_get(json_object_get(json_object_get(j, "version_policy"),
+                                                                 "latest"), "num_versions")), 1);
+    ASSERT(json_object_get(j, "model_transaction_policy") == NULL);
+    ASSERT(json_object_get(in, "reshape") == NULL);
 
     /* and back: Triton's JSON is a valid config.json for the same model */
     sp_repo_config_t c2;
