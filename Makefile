@@ -98,17 +98,27 @@ $(BUILD)/src/api/status_page.o: CPPFLAGS += -I$(BUILD)/gen
 # The gRPC front end (src/api/grpc*.c, docs/grpc.md): protoc-c (Debian's
 # protobuf-c-compiler) turns proto/grpc_service.proto into C in $(BUILD)/gen/
 # on every clean build; the generated code is never committed.
-PROTO_OBJ := $(BUILD)/gen/grpc_service.pb-c.o
+# proto/model_config.proto (a model's config, config.pbtxt) is compiled the same way;
+# grpc_service.proto imports it.
+PROTO_OBJ := $(BUILD)/gen/grpc_service.pb-c.o $(BUILD)/gen/model_config.pb-c.o
 $(BUILD)/libsampan.a: $(PROTO_OBJ)
-$(BUILD)/gen/grpc_service.pb-c.c: proto/grpc_service.proto
+$(BUILD)/gen/grpc_service.pb-c.c: proto/grpc_service.proto proto/model_config.proto
 	@mkdir -p $(dir $@)
 	protoc-c --c_out=$(BUILD)/gen -Iproto $<
-$(BUILD)/gen/grpc_service.pb-c.h: $(BUILD)/gen/grpc_service.pb-c.c
+$(BUILD)/gen/model_config.pb-c.c: proto/model_config.proto
+	@mkdir -p $(dir $@)
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+$(BUILD)/gen/%.pb-c.h: $(BUILD)/gen/%.pb-c.c
 	@test -f $@ && touch $@
-$(PROTO_OBJ): $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
+$(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h $(BUILD)/gen/model_config.pb-c.h
 	$(CC) $(CPPFLAGS) -I$(BUILD)/gen $(CFLAGS) -c $< -o $@
+PBTXT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/serving/pbtxt*.c src/serving/repo_pbtxt*.c \
+                                                    src/api/model_config*.c tests/unit/test_pbtxt*.c \
+                                                    tests/fuzz/fuzz_pbtxt*.c))
+$(PBTXT_OBJ): $(BUILD)/gen/model_config.pb-c.h
+$(PBTXT_OBJ): CPPFLAGS += -I$(BUILD)/gen
 GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/api/grpc*.c tests/fuzz/fuzz_grpc*.c))
-$(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h
+$(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h $(BUILD)/gen/model_config.pb-c.h
 $(GRPC_OBJ): CPPFLAGS += -I$(BUILD)/gen
 
 # The newer tokenizer vocabularies ship xz-compressed (tests/data/tokenizer-2026/README.md);
@@ -173,10 +183,11 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 .PHONY: bench-tools
 bench-tools: $(BUILD)/kserve_load $(BUILD)/grpc_load $(BUILD)/tcp_floor \
              $(if $(wildcard /usr/include/xgboost/c_api.h),$(BUILD)/xgb_floor)
-$(BUILD)/grpc_load: bench/grpc_load.c bench/loadgen.h $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h
+$(BUILD)/grpc_load: bench/grpc_load.c bench/loadgen.h $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/grpc_service.pb-c.h \
+                    $(BUILD)/gen/model_config.pb-c.c $(BUILD)/gen/model_config.pb-c.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -I$(BUILD)/gen -o $@ $< \
-	    $(BUILD)/gen/grpc_service.pb-c.c -lnghttp2 -lprotobuf-c -lm
+	    $(BUILD)/gen/grpc_service.pb-c.c $(BUILD)/gen/model_config.pb-c.c -lnghttp2 -lprotobuf-c -lm
 $(BUILD)/kserve_load: bench/kserve_load.c bench/loadgen.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -o $@ $< -lm

@@ -23,13 +23,14 @@
 #include "core/jfree.h"
 #include "core/alloc.h"
 #include "grpc_service.pb-c.h"
+#include "serving/repo_pbtxt.h"
 #include "api/tensor.h"
 
 /* ------------------------------------------------------------- methods */
 
 static const char *const method_names[SP_GRPC_METHOD_COUNT] = {
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-    "ModelMetadata", "ModelInfer", "ModelStreamInfer",
+    "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
 };
 
 #define SERVICE_PREFIX "/inference.GRPCInferenceService/"
@@ -913,6 +914,7 @@ sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is
     case SP_GRPC_MODEL_READY: desc = &inference__model_ready_request__descriptor; break;
     case SP_GRPC_SERVER_METADATA: desc = &inference__server_metadata_request__descriptor; break;
     case SP_GRPC_MODEL_METADATA: desc = &inference__model_metadata_request__descriptor; break;
+    case SP_GRPC_MODEL_CONFIG: desc = &inference__model_config_request__descriptor; break;
     default: desc = &inference__model_infer_request__descriptor; break;
     }
     /* protobuf-c hands strings over as C strings: a NUL inside a name would
@@ -921,7 +923,8 @@ sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is
      * is ModelInferRequest's id. */
     static const char *const model_fields[] = {NULL, "name", "version"};
     static const char *const infer_fields[] = {NULL, "model_name", "model_version", "id"};
-    bool model_q = m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA;
+    bool model_q = m == SP_GRPC_MODEL_READY || m == SP_GRPC_MODEL_METADATA ||
+                   m == SP_GRPC_MODEL_CONFIG;
     bool server_q = m == SP_GRPC_SERVER_LIVE || m == SP_GRPC_SERVER_READY ||
                     m == SP_GRPC_SERVER_METADATA;
     int nul_field = string_with_nul(msg, len, server_q ? 0u : model_q ? 0x6u : 0xEu);
@@ -957,6 +960,12 @@ sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is
         const Inference__ModelMetadataRequest *q = (const void *)pm;
         out->kind = SP_GRPC_K_MODEL_META;
         code = model_path(out, q->name, q->version, "", err, err_len);
+        break;
+    }
+    case SP_GRPC_MODEL_CONFIG: {
+        const Inference__ModelConfigRequest *q = (const void *)pm;
+        out->kind = SP_GRPC_K_MODEL_CONFIG;
+        code = model_path(out, q->name, q->version, "/config", err, err_len);
         break;
     }
     default: {
@@ -1504,6 +1513,19 @@ sp__grpc_msg_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char 
         Inference__ModelMetadataResponse r;
         rc = meta_reply(a, body, len, &r);
         ok = rc == SP_GRPC_OK && pack(&r.base, out, out_len);
+        break;
+    }
+    case SP_GRPC_K_MODEL_CONFIG: {
+        /* The REST answer is the ModelConfig in JSON: read back over its descriptor. */
+        Inference__ModelConfigResponse r = INFERENCE__MODEL_CONFIG_RESPONSE__INIT;
+        json_t *j = json_loadb(body, len, 0, NULL);
+        ProtobufCMessage *cfg = NULL;
+        rc = j && sp_pbtxt_json_to_msg(j, sp_repo_model_config_descriptor(), &cfg, err,
+                                       err_len) == SP_OK ? SP_GRPC_OK : SP_GRPC_INTERNAL;
+        json_decref(j);
+        r.config = (Inference__ModelConfig *)cfg;
+        ok = rc == SP_GRPC_OK && pack(&r.base, out, out_len);
+        sp_pbtxt_msg_free(cfg);
         break;
     }
     default: {

@@ -53,6 +53,7 @@ typedef enum sp_grpc_method {
     SP_GRPC_MODEL_METADATA,
     SP_GRPC_MODEL_INFER,
     SP_GRPC_MODEL_STREAM_INFER, /* bidirectional: many requests, many responses */
+    SP_GRPC_MODEL_CONFIG,
     SP_GRPC_METHOD_COUNT
 } sp_grpc_method_t;
 
@@ -69,6 +70,7 @@ typedef enum sp_grpc_kind {
     SP_GRPC_K_MODEL_META,
     SP_GRPC_K_INFER,      /* .../infer: one ModelInferResponse */
     SP_GRPC_K_GENERATE,   /* .../generate_stream: SSE events, one response each */
+    SP_GRPC_K_MODEL_CONFIG, /* .../config: Triton's ModelConfig JSON */
 } sp_grpc_kind_t;
 
 /* A call as a REST request. */

@@ -40,6 +40,7 @@
 #include "sampan/version.h"
 #include "serving/adapters.h"
 #include "api/kserve.h"
+#include "api/model_config.h"
 #include "api/offload.h"
 #include "api/rcache.h"
 #include "api/request.h"
@@ -1401,6 +1402,7 @@ sp_kserve_register(sp_router_t *rt, sp_serving_t *s)
 {
     static const char *const bases[] = {"/v2/models/{model}", "/v2/models/{model}/versions/{version}"};
     sp_router_add(rt, SP_HTTP_GET, "/v2", h_server_meta, s);
+    sp_model_config_register(rt, s); /* .../config (model_config.c) */
     for (int i = 0; i < 2; i++) {
         char pat[128];
         sp_router_add(rt, SP_HTTP_GET, bases[i], h_model_meta, s);

@@ -262,7 +262,7 @@ adapter_route(sp_serving_t *s, sp_http_req_t *r, sp_str_t name, sp_manager_op_t 
         return false;
     }
     char rel[SP_REPO_NAME_MAX + 16], path[4096], err[256];
-    snprintf(rel, sizeof rel, "%.*s/config.json", (int)name.len, name.ptr);
+    snprintf(rel, sizeof rel, "%.*s", (int)name.len, name.ptr); /* its model directory */
     if (sp_repo_path_check_name_n(name.ptr, name.len, err, sizeof err) == SP_OK &&
         sp_repo_path_resolve(s->repo_real, rel, path, sizeof path, err, sizeof err) == SP_OK) {
         return false; /* a model with a ':' in its name */

@@ -496,6 +496,7 @@ static const char *const routes[] = {
     "/v2/models/{model}/versions/{version}/generate_stream", "/v2/repository/index",
     "/v2/repository/models/{model}/load", "/v2/repository/models/{model}/unload", "/metrics",
     "/stats", "/live", "/health", "/v2/health/live", "/v2/health/ready", "/",
+    "/v2/models/{model}/config", "/v2/models/{model}/versions/{version}/config",
 };
 
 static const char *

@@ -60,13 +60,6 @@ typedef struct sp_server {
 
 /* ----------------------------------------------------------------- health */
 
-static bool
-is_ready(const sp_server_t *s)
-{
-    sp_server_t *sv = (sp_server_t *)s;
-    return atomic_load(&sv->sv.ready) && !atomic_load(&sv->sv.draining) && !atomic_load(&sv->sv.leaving);
-}
-
 /* A GPU that holds a model and was marked unhealthy by a CUDA error: its
  * models cannot answer, so the server is not ready (readiness takes it out of
  * the load balancer; docs/cuda.md). */
@@ -90,18 +83,45 @@ h_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
 }
 
+/* Repository models that should serve and do not: a selected version that is
+ * loading or whose last load failed (on-demand and unloaded ones do not
+ * count), plus the models whose config or directory cannot be read. */
+static int
+models_not_ready(sp_server_t *s)
+{
+    sp_registry_t *reg = &s->sv.reg;
+    int n = atomic_load(&s->sv.repo_bad_models);
+    pthread_mutex_lock(&reg->mu);
+    for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {
+        const sp_model_entry_t *e = &reg->entry[i];
+        if (!e->used || !e->from_repo || e->on_demand || e->state == SP_REPO_READY) continue;
+        n += e->state == SP_REPO_LOADING || e->demand_failed;
+    }
+    pthread_mutex_unlock(&reg->mu);
+    return n;
+}
+
+/* Why the server is not ready, or NULL: /health, /v2/health/ready and gRPC
+ * ServerReady all answer from this, so they agree. */
+static const char *
+not_ready_why(sp_server_t *s)
+{
+    if (atomic_load(&s->sv.draining) || atomic_load(&s->sv.leaving)) return "draining";
+    if (!atomic_load(&s->sv.ready)) return "loading";
+    if (gpu_unhealthy(s)) return "device_unhealthy";
+    if (s->sv.cfg.strict_readiness && models_not_ready(s) > 0) return "models_not_ready";
+    return NULL;
+}
+
 static void
 h_health(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_server_t *s = ud;
-    bool sick = gpu_unhealthy(s);
-    if (is_ready(s) && !sick) {
+    const char *why = not_ready_why(s);
+    if (why == NULL) {
         sp_http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
     }
-    const char *why = atomic_load(&s->sv.draining) || atomic_load(&s->sv.leaving) ? "draining"
-                      : sick                                                       ? "device_unhealthy"
-                                                                                   : "loading";
     char body[96];
     int n = snprintf(body, sizeof body, "{\"status\":\"%s\"}", why);
     sp_http_add_header(r, "Retry-After", "1");
@@ -117,7 +137,7 @@ h_v2_live(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 static void
 h_v2_ready(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
-    sp_http_respond(r, is_ready(ud) ? 200 : 503, NULL, "", 0);
+    sp_http_respond(r, not_ready_why(ud) == NULL ? 200 : 503, NULL, "", 0);
 }
 
 /* GET /stats: per loaded model (the newest version under its name, older

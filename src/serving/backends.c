@@ -154,9 +154,12 @@ sp_backends_find(const char *name, const char *dir, const sp_backend_api_t **out
         }
     }
     pthread_mutex_unlock(&mu);
+    /* onnx is what Triton's onnxruntime names map to (repo_config.c): say
+     * plainly that this server has no such backend built. */
     return sp_errf(err, err_len, SP_ERR_NOT_FOUND,
-                   "backend \"%s\" not found (looked for libsampan_%s.so in %s%s%s%s%s; "
+                   "%s%s%s%s not found (looked for libsampan_%s.so in %s%s%s%s%s; "
                    "--backends-dir sets the first place)",
-                   name, name, dirs[0], nd > 1 ? ", " : "", nd > 1 ? dirs[1] : "",
-                   nd > 2 ? ", " : "", nd > 2 ? dirs[2] : "");
+                   strcmp(name, "onnx") == 0 ? "onnx backend not built: " : "",
+                   "backend \"", name, "\"", name, dirs[0], nd > 1 ? ", " : "",
+                   nd > 1 ? dirs[1] : "", nd > 2 ? ", " : "", nd > 2 ? dirs[2] : "");
 }

@@ -29,6 +29,9 @@ const char sp_config_usage[] =
     "                            rescan every --repository-poll-secs and apply what changed)\n"
     "                            or explicit (only through /v2/repository/models/{m}/load)\n"
     "      --repository-poll-secs S  poll mode: seconds between rescans (default 5)\n"
+    "      --strict-readiness B  true (default, as Triton): /health and /v2/health/ready\n"
+    "                            say 503 while a repository model that should serve is\n"
+    "                            not ready or failed to load; false: ready once started\n"
     "      --model-copy-max B    model files up to B bytes are served from a private copy in\n"
     "                            memory that no change to the file reaches; larger ones are\n"
     "                            mapped and guarded (default 17179869184, 16 GiB; 0 maps all)\n"
@@ -177,6 +180,7 @@ static const opt_t opts[] = {
     {"http-threads", 0, T_INT, OFF(http_threads), 1, 64, 0},
     {"model-repository", 0, T_STR, OFF(model_repository), 0, 0, sizeof(((sp_serve_config_t *)0)->model_repository)},
     {"repository-cache", 0, T_STR, OFF(repository_cache), 0, 0, sizeof(((sp_serve_config_t *)0)->repository_cache)},
+    {"strict-readiness", 0, T_STR, OFF(strict_readiness_str), 0, 0, sizeof(((sp_serve_config_t *)0)->strict_readiness_str)},
     {"model-control-mode", 0, T_STR, OFF(model_control_mode), 0, 0, sizeof(((sp_serve_config_t *)0)->model_control_mode)},
     {"repository-poll-secs", 0, T_SEC, OFF(repository_poll_s), 0.05, 86400, 0},
     {"model-copy-max", 0, T_SIZE, OFF(model_copy_max), 0, 1099511627776.0 * 64, 0},
@@ -730,6 +734,14 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
         if (st != SP_OK) {
             return st;
         }
+    }
+    if (c->strict_readiness_str[0] == '\0' || strcmp(c->strict_readiness_str, "true") == 0) {
+        c->strict_readiness = true;
+    } else if (strcmp(c->strict_readiness_str, "false") == 0) {
+        c->strict_readiness = false;
+    } else {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "--strict-readiness must be true or false, "
+                       "got '%s'", c->strict_readiness_str);
     }
     if (c->model_control_mode[0] == '\0') {
         snprintf(c->model_control_mode, sizeof c->model_control_mode, "none");

@@ -35,6 +35,8 @@ typedef struct sp_serve_config {
     char model_repository[1024]; /* "" = none; <repo>/<model>/<version>/ (docs/repository.md),
                                   * or s3://BUCKET/PREFIX (mirrored locally: s3repo.h) */
     char repository_cache[1024]; /* where s3:// repositories are mirrored ("" = ~/.cache/sampan/s3) */
+    char strict_readiness_str[8]; /* --strict-readiness true|false ("" = true) */
+    bool strict_readiness;        /* resolved from it */
     char model_control_mode[16]; /* "none" (load all at start), "poll" or "explicit" (API) */
     double repository_poll_s; /* poll mode: seconds between rescans */
     size_t model_copy_max;    /* model files up to this size are served from a private copy */

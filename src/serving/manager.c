@@ -437,12 +437,16 @@ scan_all(sp_serving_t *s, int flags)
         SP_LOG_ERROR("event=repository_unusable error=%s", sp_log_str(err));
         return false;
     }
+    int bad = 0;
     for (int32_t i = 0; i < scan->n_models; i++) {
+        const sp_repo_model_t *rm = &scan->models[i];
+        bad += !rm->ok || rm->n_versions == 0 || is_pinned_name(s, rm->name);
         if (reconcile(s, &scan->models[i], NULL, flags, err, sizeof err) != SP_OK) {
             SP_LOG_WARN("event=repository_model_unavailable model=%s error=%s",
                         sp_log_str(scan->models[i].name), sp_log_str(err));
         }
     }
+    atomic_store(&s->repo_bad_models, bad);
     /* Models gone from the repository. */
     sp_registry_t *r = &s->reg;
     for (int i = 0; i < SP_SERVE_MAX_ENTRIES; i++) {

@@ -654,6 +654,13 @@ sp_registry_build(sp_serving_t *s, const sp_model_kind_t *kind, const char *name
      * response_cache.enable; a --model model (no config) whenever the server
      * has a cache (--response-cache-bytes). */
     m->response_cache = s->rcache != NULL && (cfg ? cfg->response_cache : true);
+    if (cfg && cfg->json) {
+        m->config_json = sp_strndup(cfg->json, strlen(cfg->json));
+        if (m->config_json == NULL) {
+            sp_registry_free(r, m);
+            return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+        }
+    }
     sp_status_t st = kind->probe(s, m, cfg, err, err_len);
     if (st == SP_OK) {
         /* The probe placed the instances: inst[] and inst_dev[] are that long. */
@@ -702,6 +709,7 @@ sp_registry_free(sp_registry_t *r, sp_served_model_t *m)
         SP_LOG_INFO("event=model_freed model=%s version=%lld memory_mib=%.1f",
                     sp_log_str(m->name), (long long)m->version, (double)m->mem_bytes / MIB);
     }
+    sp_free(m->config_json);
     sp_free(m);
 }
 

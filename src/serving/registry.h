@@ -127,6 +127,7 @@ struct sp_served_model {
     double load_ms;
     sp_model_metrics_t metrics; /* request counters and latency histograms */
     bool response_cache;       /* its answers may be cached (respcache.h) */
+    char *config_json;         /* its config as loaded (sp_repo_config_t.json); NULL: --model */
     /* LoRA adapters served as "<name>:<adapter>" (adapters.h): changed by the
      * manager under the registry lock, read under it. NULL: none. */
     struct sp_adapter_set *adapters;

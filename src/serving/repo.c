@@ -239,8 +239,28 @@ scan_one(const char *root_real, const char *label, const char *name, const sp_re
     char rel[PATH_MAX], path[PATH_MAX], clabel[PATH_MAX + 32], e[600];
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", name);
-    snprintf(rel, sizeof rel, "%s/config.json", name);
-    snprintf(clabel, sizeof clabel, "%s/%s/config.json", label, name);
+    /* config.pbtxt (Triton's text format) or config.json: one of them, so that
+     * no file is silently ignored. */
+    const char *cfile = "config.json";
+    {
+        char pj[PATH_MAX], pt[PATH_MAX];
+        struct stat ls;
+        snprintf(pj, sizeof pj, "%s/%s/config.json", root_real, name);
+        snprintf(pt, sizeof pt, "%s/%s/config.pbtxt", root_real, name);
+        bool hj = lstat(pj, &ls) == 0, ht = lstat(pt, &ls) == 0;
+        if (hj && ht) {
+            say(m->reason, sizeof m->reason, "%s/%s: both config.json and config.pbtxt: keep one",
+                label, name);
+            return SP_OK;
+        }
+        if (!hj && !ht) {
+            say(m->reason, sizeof m->reason, "%s/%s: no config.pbtxt or config.json", label, name);
+            return SP_OK;
+        }
+        if (ht) cfile = "config.pbtxt";
+    }
+    snprintf(rel, sizeof rel, "%s/%s", name, cfile);
+    snprintf(clabel, sizeof clabel, "%s/%s/%s", label, name, cfile);
     sp_status_t st = sp_repo_path_resolve(root_real, rel, path, sizeof path, e, sizeof e);
     if (st) {
         say(m->reason, sizeof m->reason, "%s/%s", label, e);
@@ -460,13 +480,9 @@ sp_repo_scan(const char *root, const sp_repo_limits_t *lim, sp_repo_scan_t **out
         bool link = fstatat(dirfd(d), de->d_name, &lsb, AT_SYMLINK_NOFOLLOW) == 0 &&
                     S_ISLNK(lsb.st_mode);
         bool dir = fstatat(dirfd(d), de->d_name, &sb, 0) == 0 && S_ISDIR(sb.st_mode);
+        /* Every directory is a model, as in Triton: one without a config is
+         * listed with that reason, never skipped in silence. */
         if (!dir && !link) continue;
-        if (dir) {
-            /* Only directories holding a config.json (or a link to one) are models. */
-            char cp[PATH_MAX];
-            snprintf(cp, sizeof cp, "%s/config.json", de->d_name);
-            if (fstatat(dirfd(d), cp, &lsb, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        }
         if (n == lim->max_models) {
             st = sp_errf(err, err_len, SP_ERR_TOO_LARGE, "model repository %s: more than %d models",
                          root, lim->max_models);

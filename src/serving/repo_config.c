@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/file.h"
 #include "serving/repo_path.h"
+#include "serving/repo_pbtxt.h"
 
 static const char *const dtype_names[SP_REPO_TYPE_COUNT_] = {
     "TYPE_BOOL",  "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
@@ -127,12 +128,56 @@ get_str(const pctx_t *c, const json_t *obj, const char *path, const char *key, s
 
 /* ---- input / output */
 
+/* Triton's fields that Sampan's backends have no use for, accepted only where
+ * they change nothing: format FORMAT_NONE, a reshape to the dims themselves. */
+static sp_status_t
+tensor_triton_fields(const pctx_t *c, const json_t *e, const char *p, const sp_repo_tensor_t *t)
+{
+    char fp[112];
+    const json_t *f = json_object_get(e, "format");
+    if (f) {
+        snprintf(fp, sizeof fp, "%s.format", p);
+        if (!json_is_string(f)) return bad(c, fp, "must be a string");
+        if (strcmp(json_string_value(f), "FORMAT_NONE") != 0) {
+            return bad(c, fp, "\"%.40s\": image layouts are not supported (FORMAT_NONE only)",
+                       json_string_value(f));
+        }
+    }
+    const json_t *r = json_object_get(e, "reshape");
+    if (r) {
+        static const char *const rkeys[] = {"shape", NULL};
+        snprintf(fp, sizeof fp, "%s.reshape", p);
+        if (!json_is_object(r)) return bad(c, fp, "must be an object");
+        sp_status_t st = check_keys(c, fp, r, rkeys);
+        if (st) return st;
+        const json_t *sh = json_object_get(r, "shape");
+        size_t n = json_is_array(sh) ? json_array_size(sh) : 0;
+        bool same = sh == NULL ? t->n_dims == 0 : json_is_array(sh) && n == (size_t)t->n_dims;
+        for (size_t i = 0; same && i < n; i++) {
+            const json_t *x = json_array_get(sh, i);
+            same = json_is_integer(x) && json_integer_value(x) == t->dims[i];
+        }
+        if (!same) {
+            return bad(c, fp, "a reshape to another shape than dims is not supported (the "
+                       "backends see the tensor as the request sends it)");
+        }
+    }
+    const json_t *lf = json_object_get(e, "label_filename");
+    if (lf && !(json_is_string(lf) && json_string_length(lf) == 0)) { /* "": Triton's printed default */
+        snprintf(fp, sizeof fp, "%s.label_filename", p);
+        return bad(c, fp, "classification labels are not supported (remove label_filename)");
+    }
+    return SP_OK;
+}
+
 static sp_status_t
 parse_tensors(const pctx_t *c, const json_t *arr, const char *key, bool is_input,
               sp_repo_tensor_t *t, int32_t *n_out)
 {
-    static const char *const in_keys[] = {"name", "data_type", "dims", "optional", NULL};
-    static const char *const out_keys[] = {"name", "data_type", "dims", NULL};
+    static const char *const in_keys[] = {"name", "data_type", "dims", "optional", "format",
+                                          "reshape", NULL};
+    static const char *const out_keys[] = {"name", "data_type", "dims", "reshape",
+                                           "label_filename", NULL};
     if (!json_is_array(arr)) return bad(c, key, "must be an array");
     size_t n = json_array_size(arr);
     if (n > SP_REPO_MAX_TENSORS) return bad(c, key, "more than %d entries", SP_REPO_MAX_TENSORS);
@@ -184,6 +229,8 @@ parse_tensors(const pctx_t *c, const json_t *arr, const char *key, bool is_input
             t[i].dims[d] = (int64_t)v;
         }
         t[i].n_dims = (int32_t)nd;
+        st = tensor_triton_fields(c, e, p, &t[i]);
+        if (st) return st;
         if (is_input) {
             const json_t *o = json_object_get(e, "optional");
             if (o) {
@@ -229,16 +276,18 @@ parse_groups(const pctx_t *c, const json_t *arr, sp_repo_config_t *cfg)
         const json_t *k = json_object_get(e, "kind");
         if (k) {
             const char *ks = json_is_string(k) ? json_string_value(k) : "";
-            if (strcmp(ks, "KIND_CPU") == 0) {
+            if (strcmp(ks, "KIND_CPU") == 0 || strcmp(ks, "KIND_AUTO") == 0) {
+                /* KIND_AUTO (Triton's default) is a group without a kind:
+                 * the server's own placement (--gpu-layers, --devices). */
                 g->kind = SP_REPO_KIND_CPU;
             } else if (strcmp(ks, "KIND_GPU") == 0) {
                 g->kind = SP_REPO_KIND_GPU;
             } else {
-                return bad(c, fp, "must be KIND_CPU or KIND_GPU");
+                return bad(c, fp, "must be KIND_CPU, KIND_GPU or KIND_AUTO");
             }
         }
         const json_t *gpus = json_object_get(e, "gpus");
-        if (gpus) {
+        if (gpus && !(json_is_array(gpus) && json_array_size(gpus) == 0)) { /* []: none */
             snprintf(fp, sizeof fp, "%s.gpus", p);
             if (!json_is_array(gpus)) return bad(c, fp, "must be an array");
             if (g->kind != SP_REPO_KIND_GPU) return bad(c, fp, "needs kind KIND_GPU");
@@ -650,17 +699,243 @@ parse_params(const pctx_t *c, const json_t *o, sp_repo_config_t *cfg)
     return SP_OK;
 }
 
+/* ---- Triton's platform and backend names */
+
+/* Triton's platforms and backends that have no Sampan backend, with why. */
+static const struct {
+    const char *name;
+    const char *why;
+} refused_names[] = {
+    {"python", "Python models (model.py) are not run by Sampan: serve the model with the llm or "
+               "xgboost backend, or a C backend plugin (docs/backends.md)"},
+    {"tensorrt", "TensorRT engines are not supported (the CUDA backend runs GGUF models)"},
+    {"tensorrt_plan", "TensorRT engines are not supported (the CUDA backend runs GGUF models)"},
+    {"tensorflow_graphdef", "TensorFlow models have no Sampan backend"},
+    {"tensorflow_savedmodel", "TensorFlow models have no Sampan backend"},
+    {"pytorch_libtorch", "TorchScript models have no Sampan backend"},
+    {"ensemble", "ensembles are not supported (ensemble_scheduling)"},
+};
+
+/* A backend or platform name as Sampan's backend name; NULL (with *why) when refused. */
+static const char *
+map_backend_name(const char *s, bool platform, const char **why)
+{
+    *why = NULL;
+    for (size_t i = 0; i < sizeof refused_names / sizeof refused_names[0]; i++) {
+        if (strcmp(s, refused_names[i].name) == 0) {
+            *why = refused_names[i].why;
+            return NULL;
+        }
+    }
+    if (strcmp(s, "onnxruntime_onnx") == 0 || (!platform && strcmp(s, "onnxruntime") == 0)) {
+        return "onnx";
+    }
+    if (!platform && strcmp(s, "fil") == 0) return "xgboost";
+    if (platform) {
+        *why = "unknown platform (Sampan maps onnxruntime_onnx; give the backend instead: llm, "
+               "xgboost, fil, or a plugin's name)";
+        return NULL;
+    }
+    return s;
+}
+
+static sp_status_t
+set_param(const pctx_t *c, json_t *params, const char *key, const char *value)
+{
+    json_t *v = json_pack("{s:s}", "string_value", value);
+    if (!v || json_object_set_new(params, key, v)) {
+        return sp_errf(c->err, c->err_len, SP_ERR_NOMEM, "%s: out of memory", c->file);
+    }
+    return SP_OK;
+}
+
+static const char *
+param_str(const json_t *params, const char *key)
+{
+    const json_t *sv = json_object_get(json_object_get(params, key), "string_value");
+    return json_is_string(sv) ? json_string_value(sv) : NULL;
+}
+
+/* Triton FIL's parameters, for the xgboost backend: model_type names the file
+ * Triton's FIL would read; output_class / predict_proba must ask for what the
+ * xgboost backend returns (the objective's output: scores, or probabilities);
+ * storage_type and algo are accepted with their AUTO values, which leave the
+ * choice to the backend, as the xgboost backend does. Each mapped key is
+ * removed; anything else stays for the backend to check. */
+static sp_status_t
+map_fil_params(const pctx_t *c, json_t *root)
+{
+    json_t *params = json_object_get(root, "parameters");
+    if (params && !json_is_object(params)) return SP_OK; /* the checks below say so */
+    if (!params) {
+        params = json_object();
+        if (!params || json_object_set_new(root, "parameters", params)) {
+            return sp_errf(c->err, c->err_len, SP_ERR_NOMEM, "%s: out of memory", c->file);
+        }
+    }
+    const char *mt = param_str(params, "model_type");
+    const char *file = NULL;
+    if (mt == NULL || strcmp(mt, "xgboost") == 0) {
+        file = "xgboost.model";
+    } else if (strcmp(mt, "xgboost_json") == 0) {
+        file = "xgboost.json";
+    } else if (strcmp(mt, "xgboost_ubj") == 0) {
+        file = "xgboost.ubj";
+    } else {
+        return bad(c, "parameters.model_type", "\"%.40s\": the fil backend maps to Sampan's xgboost "
+                   "backend, which reads xgboost, xgboost_json and xgboost_ubj models only", mt);
+    }
+    sp_status_t st = SP_OK;
+    if (!param_str(params, "model_file")) st = set_param(c, params, "model_file", file);
+    if (st) return st;
+    json_object_del(params, "model_type");
+    const char *oc = param_str(params, "output_class"), *pp = param_str(params, "predict_proba");
+    bool cls = oc && strcmp(oc, "true") == 0, proba = pp && strcmp(pp, "true") == 0;
+    if (oc && !cls && strcmp(oc, "false") != 0) {
+        return bad(c, "parameters.output_class", "must be \"true\" or \"false\"");
+    }
+    if (pp && !proba && strcmp(pp, "false") != 0) {
+        return bad(c, "parameters.predict_proba", "must be \"true\" or \"false\"");
+    }
+    if (cls && !proba) {
+        return bad(c, "parameters.output_class", "FIL's class-index output (output_class without "
+                   "predict_proba) is not produced by the xgboost backend: set predict_proba "
+                   "\"true\" for the probabilities");
+    }
+    if (proba && !cls) {
+        return bad(c, "parameters.predict_proba", "needs output_class \"true\"");
+    }
+    if (param_str(params, "threshold")) {
+        return bad(c, "parameters.threshold", "applies to FIL's class-index output only, which "
+                   "the xgboost backend does not produce");
+    }
+    static const struct {
+        const char *key, *value;
+    } autos[] = {{"storage_type", "AUTO"}, {"algo", "ALGO_AUTO"}};
+    for (size_t i = 0; i < 2; i++) {
+        const char *v = param_str(params, autos[i].key);
+        if (!v) continue;
+        if (strcmp(v, autos[i].value) != 0) {
+            char p[64];
+            snprintf(p, sizeof p, "parameters.%s", autos[i].key);
+            return bad(c, p, "\"%.40s\": a FIL GPU layout choice; only %s (the backend's own "
+                       "choice) is accepted", v, autos[i].value);
+        }
+        json_object_del(params, autos[i].key);
+    }
+    json_object_del(params, "output_class");
+    json_object_del(params, "predict_proba");
+    return SP_OK;
+}
+
+/* platform / backend as Triton writes them, onto Sampan's backend (in root). */
+static sp_status_t
+map_triton_names(const pctx_t *c, json_t *root)
+{
+    static const struct {
+        const char *key, *why;
+    } refused_keys[] = {
+        {"sequence_batching", "stateful models (the sequence batcher) are not supported: Sampan's "
+                              "LLM backend keeps its own per-request state"},
+        {"ensemble_scheduling", "ensembles are not supported (chain the models in the client)"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        if (json_object_get(root, refused_keys[i].key)) {
+            return bad(c, refused_keys[i].key, "%s", refused_keys[i].why);
+        }
+    }
+    const json_t *pj = json_object_get(root, "platform"), *bj = json_object_get(root, "backend");
+    const char *why = NULL, *from_platform = NULL, *from_backend = NULL;
+    if (pj) {
+        if (!json_is_string(pj)) return bad(c, "platform", "must be a string");
+        const char *ps = json_string_value(pj);
+        if (ps[0]) {
+            from_platform = map_backend_name(ps, true, &why);
+            if (!from_platform) return bad(c, "platform", "\"%.40s\": %s", ps, why);
+        }
+    }
+    if (bj && json_is_string(bj) && json_string_value(bj)[0]) {
+        const char *bs = json_string_value(bj);
+        bool fil = strcmp(bs, "fil") == 0;
+        from_backend = map_backend_name(bs, false, &why);
+        if (!from_backend) return bad(c, "backend", "\"%.40s\": %s", bs, why);
+        if (from_platform && strcmp(from_platform, from_backend) != 0) {
+            return bad(c, "backend", "\"%.40s\" does not match platform \"%s\"", bs,
+                       json_string_value(pj));
+        }
+        if (fil) {
+            sp_status_t st = map_fil_params(c, root);
+            if (st) return st;
+        }
+    }
+    const char *b = from_backend ? from_backend : from_platform;
+    if (b && (!bj || strcmp(json_string_value(bj), b) != 0)) {
+        json_t *v = json_string(b);
+        if (!v || json_object_set_new(root, "backend", v)) {
+            return sp_errf(c->err, c->err_len, SP_ERR_NOMEM, "%s: out of memory", c->file);
+        }
+    }
+    return SP_OK;
+}
+
+/* model_transaction_policy.decoupled: whether a request may get several
+ * responses. The llm backend always is (streaming); the others never are. */
+static sp_status_t
+parse_transaction(const pctx_t *c, const json_t *o, const sp_repo_config_t *cfg)
+{
+    static const char *const keys[] = {"decoupled", NULL};
+    if (!json_is_object(o)) return bad(c, "model_transaction_policy", "must be an object");
+    sp_status_t st = check_keys(c, "model_transaction_policy", o, keys);
+    if (st) return st;
+    const json_t *d = json_object_get(o, "decoupled");
+    if (d && !json_is_boolean(d)) {
+        return bad(c, "model_transaction_policy.decoupled", "must be true or false");
+    }
+    bool dec = json_is_true(d);
+    if (cfg->backend == SP_REPO_BACKEND_LLM && d && !dec) {
+        return bad(c, "model_transaction_policy.decoupled", "an llm model is decoupled (its "
+                   "tokens stream as several responses): leave this out or set it true");
+    }
+    if (cfg->backend != SP_REPO_BACKEND_LLM && dec) {
+        return bad(c, "model_transaction_policy.decoupled", "the %s backend answers each request "
+                   "with one response: leave this out or set it false", cfg->backend_name);
+    }
+    return SP_OK;
+}
+
 /* ---- top level */
+
+static sp_status_t from_json_mapped(const json_t *root, const char *file, sp_repo_config_t *cfg,
+                                    char *err, size_t err_len);
 
 sp_status_t
 sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t *cfg, char *err,
                          size_t err_len)
 {
+    memset(cfg, 0, sizeof *cfg);
+    if (!json_is_object(root)) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: must be a JSON object", file);
+    }
+    /* Triton's names are mapped on a copy, so that cfg->json (what backends and
+     * /v2/models/{m}/config see) holds the backend that runs the model. */
+    json_t *copy = json_deep_copy(root);
+    if (!copy) return sp_errf(err, err_len, SP_ERR_NOMEM, "%s: out of memory", file);
+    pctx_t c = {file, err, err_len};
+    sp_status_t st = map_triton_names(&c, copy);
+    if (!st) st = from_json_mapped(copy, file, cfg, err, err_len);
+    json_decref(copy);
+    return st;
+}
+
+static sp_status_t
+from_json_mapped(const json_t *root, const char *file, sp_repo_config_t *cfg, char *err,
+                 size_t err_len)
+{
     static const char *const keys[] = {
         "name",           "backend",          "max_batch_size", "input",
         "output",         "instance_group",   "version_policy", "dynamic_batching",
         "parameters",     "load_on_demand",   "response_cache", "platform",
-        NULL,
+        "model_transaction_policy", NULL,
     };
     pctx_t c = {file, err, err_len};
     memset(cfg, 0, sizeof *cfg);
@@ -689,7 +964,7 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     }
     r = get_str(&c, root, "", "backend", 32, &s);
     if (r < 0) return (sp_status_t)r;
-    if (r) {
+    if (r && s[0]) { /* "" is Triton's printed default: none */
         if (strcmp(s, "llm") == 0) {
             cfg->backend = SP_REPO_BACKEND_LLM;
         } else if (strcmp(s, "xgboost") == 0) {
@@ -706,23 +981,8 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
             }
             cfg->backend = SP_REPO_BACKEND_PLUGIN;
         }
-        /* Triton's name for its ONNX Runtime backend is served by the onnx plugin. */
-        snprintf(cfg->backend_name, sizeof cfg->backend_name, "%s",
-                 strcmp(s, "onnxruntime") == 0 ? "onnx" : s);
-    }
-    /* Triton's platform field: only its ONNX platform, which is the onnx backend. */
-    r = get_str(&c, root, "", "platform", 64, &s);
-    if (r < 0) return (sp_status_t)r;
-    if (r) {
-        if (strcmp(s, "onnxruntime_onnx") != 0) {
-            return bad(&c, "platform", "\"%.40s\" is not supported (onnxruntime_onnx; other "
-                       "models name a \"backend\")", s);
-        }
-        if (json_object_get(root, "backend") && strcmp(cfg->backend_name, "onnx") != 0) {
-            return bad(&c, "platform", "onnxruntime_onnx, but backend is \"%s\"", cfg->backend_name);
-        }
-        cfg->backend = SP_REPO_BACKEND_PLUGIN;
-        snprintf(cfg->backend_name, sizeof cfg->backend_name, "onnx");
+        /* Triton's names (onnxruntime, fil, the platforms) were mapped before: map_triton_names. */
+        snprintf(cfg->backend_name, sizeof cfg->backend_name, "%s", s);
     }
     int64_t v = 0;
     r = get_int(&c, root, "", "max_batch_size", 0, 65536, &v);
@@ -752,6 +1012,10 @@ sp_repo_config_from_json(const json_t *root, const char *file, sp_repo_config_t 
     }
     if ((o = json_object_get(root, "parameters"))) {
         st = parse_params(&c, o, cfg);
+        if (st) return st;
+    }
+    if ((o = json_object_get(root, "model_transaction_policy"))) {
+        st = parse_transaction(&c, o, cfg);
         if (st) return st;
     }
     if ((o = json_object_get(root, "load_on_demand"))) {
@@ -1011,9 +1275,21 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
     sp_status_t st = sp_file_read(path, label, SP_REPO_CONFIG_MAX, &text, &len, err, err_len);
     if (st) return st;
     json_t *j = NULL, *ov = NULL;
-    st = sp_repo_config_parse_text(text, len, label, &j, err, err_len);
+    /* config.pbtxt: the text format, read into the same JSON (repo_pbtxt.h);
+     * its positions let a check below name the line. */
+    size_t pl = strlen(path);
+    bool pbtxt = pl >= 6 && strcmp(path + pl - 6, ".pbtxt") == 0;
+    sp_pbtxt_posmap_t pos = {0};
+    if (pbtxt) {
+        st = sp_repo_pbtxt_parse(text, len, label, &j, &pos, err, err_len);
+    } else {
+        st = sp_repo_config_parse_text(text, len, label, &j, err, err_len);
+    }
     sp_free(text);
-    if (st) return st;
+    if (st) {
+        sp_pbtxt_posmap_free(&pos);
+        return st;
+    }
     bool key_from_request = false;
     if (override_json) {
         char ol[300];
@@ -1022,7 +1298,12 @@ sp_repo_config_load(const char *path, const char *label, const char *override_js
         if (!st) st = check_override(ov, ol, &key_from_request, err, err_len);
         if (!st) st = sp_repo_config_merge(j, ov, label, err, err_len);
     }
-    if (!st) st = sp_repo_config_from_json(j, label, out, err, err_len);
+    if (!st) {
+        st = sp_repo_config_from_json(j, label, out, err, err_len);
+        /* Located in the file only when nothing was merged over it. */
+        if (st && pbtxt && !override_json) sp_repo_pbtxt_locate(&pos, label, err, err_len);
+    }
+    sp_pbtxt_posmap_free(&pos);
     if (!st) out->llm.key_from_request = key_from_request;
     json_decref(ov);
     json_decref(j);

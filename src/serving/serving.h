@@ -44,6 +44,9 @@ typedef struct sp_serving {
     atomic_bool draining;     /* the drain began: no new connections or requests */
     atomic_bool leaving;      /* SIGTERM seen, --drain-delay running: not ready, still serving */
     atomic_bool load_failed;
+    /* Repository models whose config or directory could not be read at the
+     * last full scan (strict readiness counts them as not ready). */
+    atomic_int repo_bad_models;
     sp_http_server_t *http;   /* the transport: its counters, and drain state */
     sp_respcache_t *rcache;   /* --response-cache-bytes; NULL = off (respcache.h) */
     /* Workers that prepare requests off the loops (grammar and schema

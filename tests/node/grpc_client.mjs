@@ -26,6 +26,7 @@ import protoLoader from '@grpc/proto-loader';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const protoPath = path.join(here, '..', '..', 'proto', 'grpc_service.proto');
 const def = protoLoader.loadSync(protoPath, {
+  includeDirs: [path.dirname(protoPath)], // model_config.proto, imported
   keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true, bytes: String,
 });
 const pkg = grpc.loadPackageDefinition(def).inference;

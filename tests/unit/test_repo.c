@@ -225,9 +225,9 @@ TEST(repo_config_errors_name_file_and_field)
         {"[1]", "models/m/config.json: must be a JSON object"},
         {"{\"name\": 1", "models/m/config.json: invalid JSON at line 1"},
         {"{\"a\": 1, \"a\": 2}", "models/m/config.json: invalid JSON"},
-        {"{\"platform\": \"x\"}", "models/m/config.json: platform: \"x\" is not supported"},
+        {"{\"platform\": \"x\"}", "models/m/config.json: platform: \"x\": unknown platform"},
         {"{\"platform\": \"onnxruntime_onnx\", \"backend\": \"xgboost\"}",
-         "platform: onnxruntime_onnx, but backend is \"xgboost\""},
+         "backend: \"xgboost\" does not match platform \"onnxruntime_onnx\""},
         {"{\"name\": 7}", "models/m/config.json: name: must be a string"},
         {"{\"name\": \"../x\"}", "models/m/config.json: name: "},
         {"{\"backend\": \"Onnx Runtime\"}", "models/m/config.json: backend: \"Onnx Runtime\" is not a backend name"},
@@ -244,8 +244,8 @@ TEST(repo_config_errors_name_file_and_field)
          "input[0].dims[1]: must be -1 (variable) or a positive size"},
         {"{\"input\": [{\"name\": \"a\", \"data_type\": \"TYPE_FP32\", \"dims\": [1,1,1,1,1,1,1,1,1]}]}",
          "input[0].dims: more than 8 dimensions"},
-        {"{\"input\": [{\"name\": \"a\", \"data_type\": \"TYPE_FP32\", \"dims\": [1], \"format\": 1}]}",
-         "input[0].format: unknown field"},
+        {"{\"input\": [{\"name\": \"a\", \"data_type\": \"TYPE_FP32\", \"dims\": [1], \"formats\": 1}]}",
+         "input[0].formats: unknown field"},
         {"{\"input\": [{\"name\": \"a\", \"data_type\": \"TYPE_FP32\", \"dims\": [1], \"optional\": 1}]}",
          "input[0].optional: must be true or false"},
         {"{\"input\": [{\"name\": \"a\", \"data_type\": \"TYPE_FP32\", \"dims\": [1]},"
@@ -254,7 +254,7 @@ TEST(repo_config_errors_name_file_and_field)
         {"{\"output\": [{\"name\": \"o\", \"data_type\": \"TYPE_FP32\", \"dims\": [1], \"optional\": true}]}",
          "output[0].optional: unknown field"},
         {"{\"instance_group\": [{\"kind\": \"KIND_TPU\"}]}",
-         "models/m/config.json: instance_group[0].kind: must be KIND_CPU or KIND_GPU"},
+         "models/m/config.json: instance_group[0].kind: must be KIND_CPU, KIND_GPU or KIND_AUTO"},
         {"{\"instance_group\": [{}, {\"count\": 0}]}", "instance_group[1].count: must be in [1, 64]"},
         {"{\"instance_group\": [{\"gpus\": [0]}]}", "instance_group[0].gpus: needs kind KIND_GPU"},
         {"{\"instance_group\": [{\"kind\": \"KIND_GPU\", \"gpus\": [0, -1]}]}",
@@ -368,7 +368,7 @@ TEST(repo_config_load_file_and_override)
     ov = "{\"instance_group\": [{\"kind\": \"GPU\"}]}";
     st = sp_repo_config_load(path, "models/m/config.json", ov, strlen(ov), &c, err, sizeof err);
     ASSERT_EQ(st, SP_ERR_INVALID);
-    ASSERT_HAS(err, "models/m/config.json: instance_group[0].kind: must be KIND_CPU or KIND_GPU");
+    ASSERT_HAS(err, "models/m/config.json: instance_group[0].kind: must be KIND_CPU, KIND_GPU or KIND_AUTO");
     sp_repo_config_free(&c);
     ov = "{\"name\": \"other\"}";
     st = sp_repo_config_load(path, "models/m/config.json", ov, strlen(ov), &c, err, sizeof err);
@@ -593,23 +593,26 @@ TEST(repo_scan_broken_models_beside_good_ones)
     put(root, "missingnamed/config.json",
         "{\"parameters\": {\"model_file\": {\"string_value\": \"c.gguf\"}}}");
     put(root, "missingnamed/1/a.gguf", "x");
-    put(root, "notamodel/1/a.gguf", "no config.json: ignored");
+    put(root, "notamodel/1/a.gguf", "no config: listed with the reason, as Triton does");
     put(root, ".hidden/config.json", "{}");
     put(root, "README.md", "a file at the top level");
 
     sp_repo_scan_t *s = NULL;
     char err[512] = "", label[PATH_MAX + 64];
     ASSERT_OK(sp_repo_scan(root, NULL, &s, err, sizeof err));
-    ASSERT_EQ(s->n_models, 9);
+    ASSERT_EQ(s->n_models, 10);
     ASSERT_STR_EQ(s->models[0].name, "badjson"); /* sorted */
 
     const sp_repo_model_t *m = sp_repo_find(s, "good");
     ASSERT(m->ok && m->n_versions == 1 && m->versions[0].model_path);
-    ASSERT(sp_repo_find(s, "notamodel") == NULL && sp_repo_find(s, ".hidden") == NULL);
+    ASSERT(sp_repo_find(s, ".hidden") == NULL);
+    m = sp_repo_find(s, "notamodel");
+    ASSERT(m && !m->ok);
+    ASSERT_HAS(m->reason, "/notamodel: no config.pbtxt or config.json");
 
     m = sp_repo_find(s, "badkind");
     ASSERT(!m->ok);
-    spf(label, sizeof label, "%s/badkind/config.json: instance_group[0].kind: must be KIND_CPU or KIND_GPU", root);
+    spf(label, sizeof label, "%s/badkind/config.json: instance_group[0].kind: must be KIND_CPU, KIND_GPU or KIND_AUTO", root);
     ASSERT_STR_EQ(m->reason, label);
     m = sp_repo_find(s, "badjson");
     ASSERT(!m->ok);
@@ -634,7 +637,7 @@ TEST(repo_scan_broken_models_beside_good_ones)
     sp_repo_index_entry_t *ix = NULL;
     int32_t n = 0;
     ASSERT_OK(sp_repo_index(s, &ix, &n));
-    ASSERT_EQ(n, 9);
+    ASSERT_EQ(n, 10);
     int seen_good = 0;
     for (int32_t i = 0; i < n; i++) {
         ASSERT_EQ(ix[i].state, SP_REPO_UNAVAILABLE); /* nothing loads in a scan */
@@ -728,6 +731,8 @@ TEST(repo_diff_added_changed_removed)
     ASSERT_OK(rmdir(path));
     spf(path, sizeof path, "%s/c/config.json", root);
     ASSERT_OK(unlink(path));
+    spf(path, sizeof path, "%s/c", root);
+    ASSERT_OK(rmdir(path)); /* a directory left without a config would be a broken model */
     put(root, "d/config.json", "{}");
     put(root, "d/4/m.gguf", "d4");
 
