@@ -3,7 +3,8 @@
  * models' counters and histograms (serving/metrics.h), the schedulers' and
  * batchers' figures, the devices and their budgets, the response cache,
  * tenants, the HTTP transport's counters, tracing and the process (names in
- * docs/metrics.md; with --metrics-compat vllm, vLLM's names too).
+ * docs/metrics.md; with --metrics-compat vllm, vLLM's names too, with
+ * --metrics-compat triton Triton's nv_inference_* names).
  *
  * Threads: the route runs on a loop thread. It takes a snapshot of the READY
  * models (each with a reference) and reads every counter as it is at that
@@ -21,7 +22,9 @@
 #include "core/alloc.h"
 #include "cuda/loader.h"
 #include "sampan/version.h"
+#include "sched/batcher.h"
 #include "serving/metrics.h"
+#include "serving/registry.h"
 #include "serving/serving.h"
 
 
@@ -379,6 +382,10 @@ render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
         {"vllm:request_queue_time_seconds", offsetof(sp_model_metrics_t, queue)},
         {"vllm:inter_token_latency_seconds", offsetof(sp_model_metrics_t, tpot)},
         {"vllm:time_per_output_token_seconds", offsetof(sp_model_metrics_t, tpot)},
+        {"vllm:request_prefill_time_seconds", offsetof(sp_model_metrics_t, prefill)},
+        {"vllm:request_decode_time_seconds", offsetof(sp_model_metrics_t, decode)},
+        {"vllm:request_prompt_tokens", offsetof(sp_model_metrics_t, prompt_tokens)},
+        {"vllm:request_generation_tokens", offsetof(sp_model_metrics_t, gen_tokens)},
     };
     const sp_hist_t **hs = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *hs);
     for (size_t k = 0; hs && k < sizeof hists / sizeof hists[0]; k++) {
@@ -403,6 +410,67 @@ render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
     }
     sp_free(hs);
     sp_free(ag);
+}
+
+/* Triton's names (--metrics-compat triton), one series per model version
+ * with Triton's labels (model, version), from the same counters as GET
+ * /v2/models/{m}/stats. Durations are cumulative microseconds, as Triton's. */
+static void
+render_triton(sp_jbuf_t *b, model_view_t *v, int n)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off; /* of the sp_tstat_dur_t in sp_tstats_t */
+        bool ns;    /* its nanoseconds (as us), else its count */
+    } fam[] = {
+        {"nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+         offsetof(sp_tstats_t, success), false},
+        {"nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+         offsetof(sp_tstats_t, fail), false},
+        {"nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds (includes cached requests)",
+         offsetof(sp_tstats_t, success), true},
+        {"nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+         offsetof(sp_tstats_t, queue), true},
+        {"nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
+         offsetof(sp_tstats_t, compute_input), true},
+        {"nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
+         offsetof(sp_tstats_t, compute_infer), true},
+        {"nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in microseconds",
+         offsetof(sp_tstats_t, compute_output), true},
+    };
+    for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+        family(b, fam[k].name, fam[k].type, fam[k].help);
+        for (int i = 0; i < n; i++) {
+            sp_tstat_dur_t *d = (sp_tstat_dur_t *)((char *)&v[i].m->metrics.tstats + fam[k].off);
+            uint64_t x = fam[k].ns ? atomic_load_explicit(&d->ns, memory_order_relaxed) / 1000
+                                   : atomic_load_explicit(&d->count, memory_order_relaxed);
+            sample(b, fam[k].name, "model", v[i].m->name, v[i].m->version_str, NULL, (double)x);
+        }
+    }
+    family(b, "nv_inference_count", "counter",
+           "Number of inferences performed (does not include cached requests)");
+    for (int i = 0; i < n; i++) {
+        sample(b, "nv_inference_count", "model", v[i].m->name, v[i].m->version_str, NULL,
+               (double)atomic_load(&v[i].m->metrics.tstats.inference_count));
+    }
+    family(b, "nv_inference_exec_count", "counter",
+           "Number of model executions performed (does not include cached requests)");
+    for (int i = 0; i < n; i++) {
+        sample(b, "nv_inference_exec_count", "model", v[i].m->name, v[i].m->version_str, NULL,
+               (double)atomic_load(&v[i].m->metrics.tstats.execution_count));
+    }
+    family(b, "nv_inference_pending_request_count", "gauge",
+           "Instantaneous number of pending requests awaiting execution per-model.");
+    for (int i = 0; i < n; i++) {
+        double pending = (double)v[i].st.queued;
+        if (v[i].m->batcher != NULL) {
+            sp_batcher_stats_t bs;
+            sp_batcher_get_stats(v[i].m->batcher, &bs);
+            pending += (double)bs.queued;
+        }
+        sample(b, "nv_inference_pending_request_count", "model", v[i].m->name,
+               v[i].m->version_str, NULL, pending);
+    }
 }
 
 typedef struct tenant_pass {
@@ -581,8 +649,11 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     family(&b, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch.");
     sp_jbuf_printf(&b, "process_start_time_seconds %lld\n", (long long)s->started_unix);
 
-    if (strcmp(s->cfg.metrics_compat, "vllm") == 0) {
+    if (strstr(s->cfg.metrics_compat, "vllm") != NULL) {
         render_vllm(&b, v, n);
+    }
+    if (strstr(s->cfg.metrics_compat, "triton") != NULL) {
+        render_triton(&b, v, n);
     }
     for (int i = 0; i < n; i++) {
         sp_served_release(ms[i]);
