@@ -60,6 +60,7 @@
 #include "http/tls.h"
 
 #define TICK_MS 250
+#define WATCH_POLL_MS 1000         /* Health.Watch: how often the readiness is read again */
 #define CONN_MAX_BUFFERED_FACTOR 2 /* request bytes buffered per connection: 2 x a message */
 #define STREAM_WINDOW (1 << 20)    /* per-stream receive window */
 #define CONN_WINDOW (16 << 20)     /* connection receive window */
@@ -130,6 +131,13 @@ struct gstream {
     char traceparent[64]; /* the server span's W3C traceparent, "" when not traced */
     gcall_t *calls;
     int n_calls;
+    /* Health.Watch: the request, run again every WATCH_POLL_MS, and the
+     * last status sent (a new one only goes out when it differs). */
+    uint8_t *watch_msg;
+    size_t watch_len;
+    int64_t watch_next_ns;
+    uint8_t *watch_last;
+    size_t watch_last_len;
 };
 
 struct gcall {
@@ -387,6 +395,20 @@ sink_respond(void *ud, int status, const char *ctype, const char *hdrs, size_t h
     int code = sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len, k->id, &msg,
                                   &ml, err, sizeof err);
     call_done(k);
+    if (code == SP_GRPC_OK && st->method == SP_GRPC_HEALTH_WATCH) {
+        /* A status, sent when it changed; the stream stays open. */
+        st->watch_next_ns = sp_time_ns() + (int64_t)WATCH_POLL_MS * 1000000;
+        if (st->watch_last == NULL || st->watch_last_len != ml ||
+            memcmp(st->watch_last, msg, ml) != 0) {
+            stream_send(st, msg, ml);
+            sp_free(st->watch_last);
+            st->watch_last = msg;
+            st->watch_last_len = ml;
+            msg = NULL;
+        }
+        sp_free(msg);
+        return;
+    }
     if (code != SP_GRPC_OK) {
         stream_finish(st, code, "%s", err);
     } else {
@@ -657,6 +679,11 @@ stream_eof(gstream_t *st)
     uint8_t *msg = st->msg;
     st->msg = NULL;
     call_start(st, msg, st->msg_len);
+    if (st->method == SP_GRPC_HEALTH_WATCH && !st->finished) {
+        st->watch_msg = msg; /* asked again by tick_cb */
+        st->watch_len = st->msg_len;
+        return;
+    }
     sp_free(msg);
 }
 
@@ -684,6 +711,8 @@ stream_free(gstream_t *st)
         sp_free((void *)st->hval[i].ptr);
     }
     sp_free(st->msg);
+    sp_free(st->watch_msg);
+    sp_free(st->watch_last);
     sp_free(st);
 }
 
@@ -789,7 +818,9 @@ stream_head(gstream_t *st)
         stream_finish(st, SP_GRPC_UNIMPLEMENTED,
                       "unknown method: this server implements inference.GRPCInferenceService's "
                       "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, "
-                      "ModelInfer and ModelStreamInfer");
+                      "ModelInfer, ModelStreamInfer, ModelStatistics, RepositoryIndex, "
+                      "RepositoryModelLoad and RepositoryModelUnload, and "
+                      "grpc.health.v1.Health's Check and Watch");
     } else if (!st->ctype_ok) {
         stream_finish(st, SP_GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
     }
@@ -1174,6 +1205,15 @@ tick_cb(evutil_socket_t fd, short what, void *arg)
                 stream_finish(st, SP_GRPC_DEADLINE_EXCEEDED,
                               "the request message did not arrive within %g s "
                               "(--header-timeout + --body-timeout)", (double)msg_ns / 1e9);
+            }
+            if (!st->finished && st->method == SP_GRPC_HEALTH_WATCH && st->watch_msg &&
+                st->calls == NULL) {
+                if (draining) {
+                    stream_finish(st, SP_GRPC_UNAVAILABLE, "the server is shutting down");
+                } else if (now >= st->watch_next_ns) {
+                    st->watch_next_ns = now + (int64_t)WATCH_POLL_MS * 1000000;
+                    call_start(st, st->watch_msg, st->watch_len);
+                }
             }
         }
         if (!c->dead && (draining || (c->streams == NULL && now - c->active_ns > idle_ns)) &&

@@ -27,7 +27,7 @@
 
 /* ------------------------------------------------------------- methods */
 
-static const char *const method_names[SP_GRPC_METHOD_COUNT] = {
+static const char *const method_names[SP_GRPC_EXT_FIRST] = {
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
     "ModelMetadata", "ModelInfer", "ModelStreamInfer",
 };
@@ -39,20 +39,20 @@ sp__grpc_msg_method_find(const char *path, size_t len)
 {
     size_t pl = sizeof SERVICE_PREFIX - 1;
     if (len <= pl || memcmp(path, SERVICE_PREFIX, pl) != 0) {
-        return -1;
+        return sp__grpc_ext_method_find(path, len);
     }
-    for (int m = 0; m < SP_GRPC_METHOD_COUNT; m++) {
+    for (int m = 0; m < SP_GRPC_EXT_FIRST; m++) {
         if (strlen(method_names[m]) == len - pl && memcmp(path + pl, method_names[m], len - pl) == 0) {
             return m;
         }
     }
-    return -1;
+    return sp__grpc_ext_method_find(path, len);
 }
 
 const char *
 sp__grpc_msg_method_name(int m)
 {
-    return m >= 0 && m < SP_GRPC_METHOD_COUNT ? method_names[m] : "?";
+    return m >= 0 && m < SP_GRPC_EXT_FIRST ? method_names[m] : sp__grpc_ext_method_name(m);
 }
 
 int
@@ -901,6 +901,9 @@ int
 sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
                  sp_grpc_rest_t *out, char *err, size_t err_len)
 {
+    if (m >= SP_GRPC_EXT_FIRST) {
+        return sp__grpc_ext_to_rest(m, msg, len, out, err, err_len);
+    }
     memset(out, 0, sizeof *out);
     out->method = SP_HTTP_GET;
     err[0] = '\0';
@@ -1456,6 +1459,9 @@ sp__grpc_msg_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char 
     *out = NULL;
     *out_len = 0;
     err[0] = '\0';
+    if (kind >= SP_GRPC_K_STATS && (status == 200 || kind >= SP_GRPC_K_HEALTH)) {
+        return sp__grpc_ext_from_rest(kind, status, body, len, out, out_len, err, err_len);
+    }
     /* Readiness is an answer, not an error: 503 (server) and 400 (model) say "not ready". */
     bool ready = status == 200;
     bool is_answer = status == 200 || (kind == SP_GRPC_K_READY && status == 503) ||
@@ -1622,4 +1628,39 @@ sp__grpc_msg_from_event(const char *json, size_t len, const char *id, uint8_t **
     sp_free(a);
     json_decref(root);
     return ok;
+}
+
+/* ------------------------------------------------ shared with grpc_ext.c */
+
+int
+sp__grpc_msg_decoded(const ProtobufCMessageDescriptor *desc, const uint8_t *msg, size_t len,
+                     unsigned nul_mask, const char *const *names, sp_grpc_decoded_fn fn, void *ud,
+                     char *err, size_t err_len)
+{
+    int nul_field = string_with_nul(msg, len, nul_mask);
+    if (nul_field > 0) {
+        snprintf(err, err_len, "%s: must not contain NUL", names[nul_field]);
+        return SP_GRPC_INVALID_ARGUMENT;
+    }
+    decoder_t d;
+    int code = SP_GRPC_OK;
+    ProtobufCMessage *pm = decode(&d, desc, msg, len, &code, err, err_len);
+    if (pm == NULL) {
+        return code;
+    }
+    code = fn(pm, ud, err, err_len);
+    protobuf_c_message_free_unpacked(pm, &d.a);
+    return code;
+}
+
+bool
+sp__grpc_msg_pack(const ProtobufCMessage *m, uint8_t **out, size_t *out_len)
+{
+    return pack(m, out, out_len);
+}
+
+void
+sp__grpc_msg_error_of(const char *body, size_t len, int status, char *err, size_t err_len)
+{
+    error_message(body, len, status, err, err_len);
 }
