@@ -13,8 +13,10 @@
  * growing buffer, freed when it is sent.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api/api.h"
@@ -23,6 +25,7 @@
 #include "cuda/loader.h"
 #include "sampan/version.h"
 #include "sched/batcher.h"
+#include "serving/adapters.h"
 #include "serving/metrics.h"
 #include "serving/registry.h"
 #include "serving/serving.h"
@@ -304,6 +307,99 @@ typedef struct name_agg {
     double running, waiting, kv_used, kv_total, prompt, gen, preempt, ok_stop, ok_length, queries,
         hits;
 } name_agg_t;
+
+/* The names of the adapters whose ids are in ids (comma-separated, in the
+ * order of m's set), into out. Registry lock held (the set's guard). */
+static void
+lora_names_locked(const sp_served_model_t *m, const uint64_t *ids, int n, char *out, size_t cap)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (int i = 0; m->adapters != NULL && i < m->adapters->n; i++) {
+        uint64_t id = sp_lora_id(m->adapters->a[i].lora);
+        bool in = false;
+        for (int k = 0; k < n && !in; k++) {
+            in = ids[k] == id;
+        }
+        if (in) {
+            int w = snprintf(out + o, cap - o, "%s%s", o ? "," : "", m->adapters->a[i].name);
+            if (w < 0 || (size_t)w >= cap - o) {
+                out[o] = '\0';
+                return;
+            }
+            o += (size_t)w;
+        }
+    }
+}
+
+/* vllm:lora_requests_info, which the Gateway API inference extension reads to
+ * route adapter requests: per LLM model name, the adapters with requests
+ * running and waiting now (summed over versions) and the most adapters it
+ * runs at once, valued at the scrape time as vLLM does (the newest wins). */
+static void
+render_lora_info(sp_jbuf_t *b, model_view_t *v, int n, pthread_mutex_t *mu)
+{
+    family(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    for (int i = 0; i < n;) {
+        int end = i + 1;
+        while (end < n && strcmp(v[end].m->name, v[i].m->name) == 0) {
+            end++;
+        }
+        if (v[i].m->be == NULL) { /* LLMs only: tensor models have no adapters */
+            uint64_t run[SP_SCHED_STATS_LORAS], wait[SP_SCHED_STATS_LORAS];
+            int nr = 0, nw = 0;
+            char rn[2048], wn[2048], all_r[2048] = "", all_w[2048] = "";
+            pthread_mutex_lock(mu);
+            for (int k = i; k < end; k++) {
+                nr = v[k].st.n_lora_running;
+                nw = v[k].st.n_lora_waiting;
+                memcpy(run, v[k].st.lora_running, sizeof run);
+                memcpy(wait, v[k].st.lora_waiting, sizeof wait);
+                lora_names_locked(v[k].m, run, nr, rn, sizeof rn);
+                lora_names_locked(v[k].m, wait, nw, wn, sizeof wn);
+                /* versions: their lists joined (a name once) */
+                const char *src[2] = {rn, wn};
+                char *dst[2] = {all_r, all_w};
+                for (int d = 0; d < 2; d++) {
+                    char tmp[2048];
+                    snprintf(tmp, sizeof tmp, "%s", src[d]);
+                    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t;
+                         t = strtok_r(NULL, ",", &save)) {
+                        size_t dl = strlen(dst[d]), tl = strlen(t);
+                        bool dup = false;
+                        for (const char *q = dst[d]; (q = strstr(q, t)) != NULL; q += tl) {
+                            if ((q == dst[d] || q[-1] == ',') && (q[tl] == ',' || q[tl] == '\0')) {
+                                dup = true;
+                                break;
+                            }
+                        }
+                        if (!dup && dl + tl + 2 < sizeof all_r) {
+                            snprintf(dst[d] + dl, sizeof all_r - dl, "%s%s", dl ? "," : "", t);
+                        }
+                    }
+                }
+            }
+            pthread_mutex_unlock(mu);
+            sp_jbuf_t ex;
+            sp_jbuf_init(&ex);
+            sp_jbuf_printf(&ex, "max_lora=\"%d\",running_lora_adapters=\"", SP_ADAPTERS_MAX);
+            label_value(&ex, all_r);
+            sp_jbuf_lit(&ex, "\",waiting_lora_adapters=\"");
+            label_value(&ex, all_w);
+            sp_jbuf_lit(&ex, "\"");
+            if (ex.oom) {
+                b->oom = true;
+            } else {
+                sample(b, "vllm:lora_requests_info", "model_name", v[i].m->name, NULL, ex.p, now);
+            }
+            sp_jbuf_free(&ex);
+        }
+        i = end;
+    }
+}
 
 /* vLLM's names, one series per model name (versions summed). */
 static void
@@ -651,6 +747,7 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 
     if (strstr(s->cfg.metrics_compat, "vllm") != NULL) {
         render_vllm(&b, v, n);
+        render_lora_info(&b, v, n, &s->reg.mu);
     }
     if (strstr(s->cfg.metrics_compat, "triton") != NULL) {
         render_triton(&b, v, n);
