@@ -153,6 +153,21 @@ static void flush(gconn_t *c);
 static void stream_finish(gstream_t *st, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The methods: grpc_msg.c's (inference and metadata) and grpc_ext.c's
+ * (statistics, repository, health) behind one set of calls. */
+static int
+method_find(const char *path, size_t len)
+{
+    int m = sp__grpc_msg_method_find(path, len);
+    return m >= 0 ? m : sp__grpc_ext_method_find(path, len);
+}
+
+static const char *
+method_name(int m)
+{
+    return m >= SP_GRPC_EXT_FIRST ? sp__grpc_ext_method_name(m) : sp__grpc_msg_method_name(m);
+}
+
 /* ------------------------------------------------------------- helpers */
 
 static size_t
@@ -392,8 +407,10 @@ sink_respond(void *ud, int status, const char *ctype, const char *hdrs, size_t h
     uint8_t *msg = NULL;
     size_t ml = 0;
     char err[1024];
-    int code = sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len, k->id, &msg,
-                                  &ml, err, sizeof err);
+    int code = k->kind >= SP_GRPC_K_STATS && (status == 200 || k->kind >= SP_GRPC_K_HEALTH)
+                   ? sp__grpc_ext_from_rest(k->kind, status, body, len, &msg, &ml, err, sizeof err)
+                   : sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len,
+                                            k->id, &msg, &ml, err, sizeof err);
     call_done(k);
     if (code == SP_GRPC_OK && st->method == SP_GRPC_HEALTH_WATCH) {
         /* A status, sent when it changed; the stream stays open. */
@@ -520,7 +537,10 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     sp_grpc_rest_t rest;
     char err[1024];
     bool stream = st->method == SP_GRPC_MODEL_STREAM_INFER;
-    int code = sp__grpc_msg_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err, sizeof err);
+    int code = st->method >= SP_GRPC_EXT_FIRST
+                   ? sp__grpc_ext_to_rest(st->method, msg, len, &rest, err, sizeof err)
+                   : sp__grpc_msg_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err,
+                                          sizeof err);
     if (code != SP_GRPC_OK) {
         if (stream && code != SP_GRPC_RESOURCE_EXHAUSTED) {
             /* One bad request on a stream is that request's error (Triton). */
@@ -595,7 +615,7 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     st->calls = k;
     st->n_calls++;
     st->dispatched = true;
-    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", sp__grpc_msg_method_name(st->method));
+    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", method_name(st->method));
     sp_http_vreq_run(r); /* may answer at once: k is not used after this */
 }
 
@@ -644,7 +664,7 @@ stream_frame(gstream_t *st)
         if (st->have_msg) {
             sp_free(msg);
             stream_finish(st, SP_GRPC_UNIMPLEMENTED, "%s takes one request message, got more",
-                          sp__grpc_msg_method_name(st->method));
+                          method_name(st->method));
             return;
         }
         st->msg = msg;
@@ -673,7 +693,7 @@ stream_eof(gstream_t *st)
     }
     if (!st->have_msg) {
         stream_finish(st, SP_GRPC_INVALID_ARGUMENT, "%s: the request has no message",
-                      sp__grpc_msg_method_name(st->method));
+                      method_name(st->method));
         return;
     }
     uint8_t *msg = st->msg;
@@ -776,7 +796,7 @@ on_header(nghttp2_session *h2, const nghttp2_frame *f, const uint8_t *name, size
     if (name_is(name, nl, ":method")) {
         st->is_post = vl == 4 && memcmp(value, "POST", 4) == 0;
     } else if (name_is(name, nl, ":path")) {
-        st->method = sp__grpc_msg_method_find((const char *)value, vl);
+        st->method = method_find((const char *)value, vl);
     } else if (name_is(name, nl, "content-type")) {
         st->ctype_ok = vl >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
                        (vl == 16 || value[16] == '+' || value[16] == ';');

@@ -39,20 +39,20 @@ sp__grpc_msg_method_find(const char *path, size_t len)
 {
     size_t pl = sizeof SERVICE_PREFIX - 1;
     if (len <= pl || memcmp(path, SERVICE_PREFIX, pl) != 0) {
-        return sp__grpc_ext_method_find(path, len);
+        return -1;
     }
     for (int m = 0; m < SP_GRPC_EXT_FIRST; m++) {
         if (strlen(method_names[m]) == len - pl && memcmp(path + pl, method_names[m], len - pl) == 0) {
             return m;
         }
     }
-    return sp__grpc_ext_method_find(path, len);
+    return -1;
 }
 
 const char *
 sp__grpc_msg_method_name(int m)
 {
-    return m >= 0 && m < SP_GRPC_EXT_FIRST ? method_names[m] : sp__grpc_ext_method_name(m);
+    return m >= 0 && m < SP_GRPC_EXT_FIRST ? method_names[m] : "?";
 }
 
 int
@@ -901,9 +901,6 @@ int
 sp__grpc_msg_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_is_llm_fn is_llm, void *ud,
                  sp_grpc_rest_t *out, char *err, size_t err_len)
 {
-    if (m >= SP_GRPC_EXT_FIRST) {
-        return sp__grpc_ext_to_rest(m, msg, len, out, err, err_len);
-    }
     memset(out, 0, sizeof *out);
     out->method = SP_HTTP_GET;
     err[0] = '\0';
@@ -1459,9 +1456,6 @@ sp__grpc_msg_from_rest(sp_grpc_kind_t kind, bool stream, int status, const char 
     *out = NULL;
     *out_len = 0;
     err[0] = '\0';
-    if (kind >= SP_GRPC_K_STATS && (status == 200 || kind >= SP_GRPC_K_HEALTH)) {
-        return sp__grpc_ext_from_rest(kind, status, body, len, out, out_len, err, err_len);
-    }
     /* Readiness is an answer, not an error: 503 (server) and 400 (model) say "not ready". */
     bool ready = status == 200;
     bool is_answer = status == 200 || (kind == SP_GRPC_K_READY && status == 503) ||

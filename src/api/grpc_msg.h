@@ -64,7 +64,8 @@ typedef enum sp_grpc_method {
     SP_GRPC_METHOD_COUNT
 } sp_grpc_method_t;
 
-/* The method of ":path" ("/inference.GRPCInferenceService/ModelInfer"), or -1. */
+/* The method of ":path" ("/inference.GRPCInferenceService/ModelInfer"), or -1
+ * (the methods from SP_GRPC_EXT_FIRST on are grpc_ext.c's). */
 int sp__grpc_msg_method_find(const char *path, size_t len);
 const char *sp__grpc_msg_method_name(int m);
 
@@ -159,14 +160,16 @@ bool sp__grpc_msg_pack(const struct ProtobufCMessage *m, uint8_t **out, size_t *
 /* The message of a REST error body ({"error": "..."}), or a generic one. */
 void sp__grpc_msg_error_of(const char *body, size_t len, int status, char *err, size_t err_len);
 
-/* grpc_ext.c: the method of a :path outside inference.GRPCInferenceService's
- * first methods (-1: none), its name, its REST request and its reply. */
+/* grpc_ext.c (grpc.c dispatches to it; it uses the helpers above): the
+ * method of a :path among SP_GRPC_EXT_FIRST.. (-1: none), its name, its REST
+ * request and its reply. */
 int sp__grpc_ext_method_find(const char *path, size_t len);
 const char *sp__grpc_ext_method_name(int m);
 int sp__grpc_ext_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_rest_t *out, char *err,
                          size_t err_len);
-/* kind from SP_GRPC_K_STATS on; status is the REST answer's (any, for the
- * health kinds; 200 for the others). */
+/* kind from SP_GRPC_K_STATS on; status is the REST answer's: any for the
+ * health kinds (readiness answers are replies), 200 for the others (an error
+ * answer is sp__grpc_msg_from_rest's to translate). */
 int sp__grpc_ext_from_rest(sp_grpc_kind_t kind, int status, const char *body, size_t len,
                            uint8_t **out, size_t *out_len, char *err, size_t err_len);
 
