@@ -17,7 +17,10 @@
  * unary call runs when the client half-closes, each ModelStreamInfer
  * message runs as it completes. A call is a virtual request whose sink
  * (the sp_http_sink_t below) turns the REST answer into messages and the
- * final grpc-status trailer (grpc_msg.c). Cancelling (RST_STREAM, a closed
+ * final grpc-status trailer (grpc_msg.c; grpc_ext.c for the statistics,
+ * repository and health methods). A grpc.health.v1.Health/Watch stream keeps
+ * its request and runs it again from the loop's tick every WATCH_POLL_MS,
+ * sending a status only when it changed. Cancelling (RST_STREAM, a closed
  * connection) cancels the virtual requests, which cancels their jobs.
  *
  * Untrusted input, bounded: SETTINGS_MAX_CONCURRENT_STREAMS, a header list

@@ -349,17 +349,13 @@ render_lora_info(sp_jbuf_t *b, model_view_t *v, int n, pthread_mutex_t *mu)
             end++;
         }
         if (v[i].m->be == NULL) { /* LLMs only: tensor models have no adapters */
-            uint64_t run[SP_SCHED_STATS_LORAS], wait[SP_SCHED_STATS_LORAS];
-            int nr = 0, nw = 0;
             char rn[2048], wn[2048], all_r[2048] = "", all_w[2048] = "";
             pthread_mutex_lock(mu);
             for (int k = i; k < end; k++) {
-                nr = v[k].st.n_lora_running;
-                nw = v[k].st.n_lora_waiting;
-                memcpy(run, v[k].st.lora_running, sizeof run);
-                memcpy(wait, v[k].st.lora_waiting, sizeof wait);
-                lora_names_locked(v[k].m, run, nr, rn, sizeof rn);
-                lora_names_locked(v[k].m, wait, nw, wn, sizeof wn);
+                lora_names_locked(v[k].m, v[k].st.lora_running, v[k].st.n_lora_running, rn,
+                                  sizeof rn);
+                lora_names_locked(v[k].m, v[k].st.lora_waiting, v[k].st.n_lora_waiting, wn,
+                                  sizeof wn);
                 /* versions: their lists joined (a name once) */
                 const char *src[2] = {rn, wn};
                 char *dst[2] = {all_r, all_w};
