@@ -10,7 +10,7 @@ LoRA adapter made by tools/lora_gen.py), tenants from `sampan keys add`:
     batch_size and the three compute durations), the counts exactly those of the requests sent
     (N successes of known batch sizes, 1 failure; LLM requests too), durations consistent (the
     phases of a request inside its success time), unknown model/version 404, a tenant sees only
-    its models;
+    its models; with the response cache, a miss and a hit counted as Triton counts them;
   - gRPC ModelStatistics, RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload through
     @grpc/grpc-js (tests/node/grpc_client.mjs): the same numbers as REST, the admin scope as on
     REST (an infer key is refused on both), bad parameters refused;
@@ -151,7 +151,8 @@ def test_rest(srv, admin, tenant_key):
            lm["inference_count"] == 2 and lm["execution_count"] == 2, json.dumps(lm)[:600])
     st, b = stat(port, admin, "/v2/models/stats")
     names = [m["name"] for m in (b or {}).get("model_stats", [])]
-    s.case("GET /v2/models/stats: every ready model version", st == 200 and names == ["ident", "stories"],
+    s.case("GET /v2/models/stats: every ready model version",
+           st == 200 and names == ["ident", "identc", "stories"],
            f"{st} {names}")
     st, b = stat(port, admin, "/v2/models/ident/versions/7/stats")
     s.case("an unknown version: 404 with an error", st == 404 and "error" in (b or {}), f"{st} {b}")
@@ -166,6 +167,23 @@ def test_rest(srv, admin, tenant_key):
     s.case("server metadata lists the statistics extension",
            st == 200 and "statistics" in b.get("extensions", []), f"{b}")
     return ms
+
+
+def test_cache(srv, admin):
+    """The same request twice to a model whose answers are cached: a miss that ran, then a hit
+    that did not (Triton: successes both, inferences and phases only for the one that ran)."""
+    codes = [keyed_request(srv.port, "POST", "/v2/models/identc/infer", infer_body(2), key=admin)[0]
+             for _ in range(2)]
+    st, b = stat(srv.port, admin, "/v2/models/identc/stats")
+    ms = b["model_stats"][0] if st == 200 and b.get("model_stats") else {}
+    ist = ms.get("inference_stats", {})
+    s.case("response cache: cache_miss 1, cache_hit 1, success 2; inference_count 2 (rows of the "
+           "one that ran), execution_count 1, queue/compute counted once",
+           codes == [200, 200] and shape_ok(ms) and ist["cache_miss"]["count"] == 1 and
+           ist["cache_hit"]["count"] == 1 and ist["success"]["count"] == 2 and
+           ms["inference_count"] == 2 and ms["execution_count"] == 1 and
+           ist["queue"]["count"] == 1 and ist["compute_infer"]["count"] == 1 and
+           ist["cache_miss"]["ns"] > 0 and ist["cache_hit"]["ns"] > 0, f"{codes} {json.dumps(ms)[:500]}")
 
 
 def test_grpc(srv, gport, admin, infer_key, rest_ms):
@@ -200,7 +218,8 @@ def test_grpc(srv, gport, admin, infer_key, rest_ms):
            [(x["batch_size"], x["compute_infer"]) for x in rest_ms.get("batch_stats", [])],
            f"{r[0]}"[:800])
     allm = [m["name"] for m in r[1].get("response", {}).get("model_stats", [])]
-    s.case("ModelStatistics without a name: every model", allm == ["ident", "stories"], str(r[1])[:300])
+    s.case("ModelStatistics without a name: every model", allm == ["ident", "identc", "stories"],
+           str(r[1])[:300])
     s.case("ModelStatistics of an unknown model: NOT_FOUND", r[2].get("code") == 5, str(r[2]))
     s.case("ModelStatistics with a version but no name: INVALID_ARGUMENT", r[3].get("code") == 3,
            str(r[3]))
@@ -218,11 +237,11 @@ def test_grpc(srv, gport, admin, infer_key, rest_ms):
     s.case("RepositoryModelUnload with an infer key: PERMISSION_DENIED", r[8].get("code") == 7, str(r[8]))
     ready1 = [m["name"] for m in r[10].get("response", {}).get("models", [])]
     ready2 = [m["name"] for m in r[12].get("response", {}).get("models", [])]
-    s.case("RepositoryModelUnload, then RepositoryIndex(ready) lists stories only",
-           r[9].get("code") == 0 and r[9].get("response") == {} and ready1 == ["stories"],
+    s.case("RepositoryModelUnload, then RepositoryIndex(ready) lists the others only",
+           r[9].get("code") == 0 and r[9].get("response") == {} and ready1 == ["identc", "stories"],
            f"{r[9]} {ready1}")
     s.case("RepositoryModelLoad brings it back (ready again)",
-           r[11].get("code") == 0 and ready2 == ["ident", "stories"], f"{r[11]} {ready2}")
+           r[11].get("code") == 0 and ready2 == ["ident", "identc", "stories"], f"{r[11]} {ready2}")
     g2 = r[13].get("response", {}).get("model_stats", [{}])[0] if r[13].get("code") == 0 else {}
     s.case("a reloaded version's statistics start from zero (as Triton's)",
            g2.get("inference_count") == 0 and
@@ -387,6 +406,9 @@ def main():
         os.makedirs(os.path.join(repo, "ident", "1"))
         with open(os.path.join(repo, "ident", "config.json"), "w") as f:
             json.dump(IDENT, f)
+        os.makedirs(os.path.join(repo, "identc", "1"))
+        with open(os.path.join(repo, "identc", "config.json"), "w") as f:
+            json.dump(dict(IDENT, name="identc", response_cache={"enable": True}), f)
         os.makedirs(os.path.join(repo, "stories", "1"))
         os.makedirs(os.path.join(repo, "stories", "adapters"))
         shutil.copy(DEMO_MODEL, os.path.join(repo, "stories", "1", "model.gguf"))
@@ -403,13 +425,15 @@ def main():
         gport = free_port()
         srv = Server("--model-repository", repo, "--model-control-mode", "explicit",
                      "--tenants", tenants, "--grpc-port", str(gport), "--metrics-compat",
-                     "vllm,triton", "--parallel", "4", model=None)
+                     "vllm,triton", "--parallel", "4", "--response-cache-bytes", "1048576",
+                     model=None)
         try:
-            for name in ("ident", "stories"):
+            for name in ("ident", "identc", "stories"):
                 st, _, b = keyed_request(srv.port, "POST", f"/v2/repository/models/{name}/load", {},
                                          key=admin)
                 s.case(f"load {name} (explicit mode)", st == 200, f"{st} {b}")
             ms = s.guard("rest", test_rest, srv, admin, tenant_key) or {}
+            s.guard("cache", test_cache, srv, admin)
             if have_grpc_client() and os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@grpc",
                                                                  "proto-loader")):
                 s.guard("grpc", test_grpc, srv, gport, admin, infer_key, ms)
