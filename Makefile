@@ -96,29 +96,28 @@ $(BUILD)/src/api/status_page.o: $(BUILD)/gen/status_page_html.h
 $(BUILD)/src/api/status_page.o: CPPFLAGS += -I$(BUILD)/gen
 
 # The gRPC front end (src/api/grpc*.c, docs/grpc.md): protoc-c (Debian's
-# protobuf-c-compiler) turns proto/grpc_service.proto into C in $(BUILD)/gen/
-# on every clean build; the generated code is never committed.
-# proto/model_config.proto (a model's config, config.pbtxt) is compiled the same way;
-# grpc_service.proto imports it.
-PROTO_OBJ := $(BUILD)/gen/grpc_service.pb-c.o $(BUILD)/gen/model_config.pb-c.o
+# protobuf-c-compiler) turns proto/grpc_service.proto, proto/health.proto and
+# proto/model_config.proto (a model's config, config.pbtxt; grpc_service.proto imports it)
+# into C in $(BUILD)/gen/ on every clean build; the generated code is never committed.
+PROTOS    := grpc_service health model_config
+PROTO_OBJ := $(PROTOS:%=$(BUILD)/gen/%.pb-c.o)
 $(BUILD)/libsampan.a: $(PROTO_OBJ)
-$(BUILD)/gen/grpc_service.pb-c.c: proto/grpc_service.proto proto/model_config.proto
+$(BUILD)/gen/%.pb-c.c: proto/%.proto
 	@mkdir -p $(dir $@)
 	protoc-c --c_out=$(BUILD)/gen -Iproto $<
-$(BUILD)/gen/model_config.pb-c.c: proto/model_config.proto
-	@mkdir -p $(dir $@)
-	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+$(BUILD)/gen/grpc_service.pb-c.c: proto/model_config.proto
 $(BUILD)/gen/%.pb-c.h: $(BUILD)/gen/%.pb-c.c
 	@test -f $@ && touch $@
 $(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h $(BUILD)/gen/model_config.pb-c.h
 	$(CC) $(CPPFLAGS) -I$(BUILD)/gen $(CFLAGS) -c $< -o $@
+.PRECIOUS: $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h
 PBTXT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/serving/pbtxt*.c src/serving/repo_pbtxt*.c \
                                                     src/api/model_config*.c tests/unit/test_pbtxt*.c \
                                                     tests/fuzz/fuzz_pbtxt*.c))
 $(PBTXT_OBJ): $(BUILD)/gen/model_config.pb-c.h
 $(PBTXT_OBJ): CPPFLAGS += -I$(BUILD)/gen
 GRPC_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/api/grpc*.c tests/fuzz/fuzz_grpc*.c))
-$(GRPC_OBJ): $(BUILD)/gen/grpc_service.pb-c.h $(BUILD)/gen/model_config.pb-c.h
+$(GRPC_OBJ): $(PROTOS:%=$(BUILD)/gen/%.pb-c.h)
 $(GRPC_OBJ): CPPFLAGS += -I$(BUILD)/gen
 
 # The newer tokenizer vocabularies ship xz-compressed (tests/data/tokenizer-2026/README.md);

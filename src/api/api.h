@@ -97,5 +97,8 @@ void sp_prometheus_register(sp_router_t *rt, sp_serving_t *s); /* GET /metrics (
  * 431, 503, ...): OpenAI's shape, the type picked from the status. */
 size_t sp_api_error_body(int status, const char *message, char *buf, size_t cap);
 void sp_repository_register(sp_router_t *rt, sp_serving_t *s); /* /v2/repository */
+/* GET /v2/models[/{m}[/versions/{v}]]/stats (tstats.c): before the KServe
+ * routes, whose /v2/models/{model} would take /v2/models/stats. */
+void sp_tstats_register(sp_router_t *rt, sp_serving_t *s);
 
 #endif /* SP_API_API_H */

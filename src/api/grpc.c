@@ -17,7 +17,10 @@
  * unary call runs when the client half-closes, each ModelStreamInfer
  * message runs as it completes. A call is a virtual request whose sink
  * (the sp_http_sink_t below) turns the REST answer into messages and the
- * final grpc-status trailer (grpc_msg.c). Cancelling (RST_STREAM, a closed
+ * final grpc-status trailer (grpc_msg.c; grpc_ext.c for the statistics,
+ * repository and health methods). A grpc.health.v1.Health/Watch stream keeps
+ * its request and runs it again from the loop's tick every WATCH_POLL_MS,
+ * sending a status only when it changed. Cancelling (RST_STREAM, a closed
  * connection) cancels the virtual requests, which cancels their jobs.
  *
  * Untrusted input, bounded: SETTINGS_MAX_CONCURRENT_STREAMS, a header list
@@ -60,6 +63,7 @@
 #include "http/tls.h"
 
 #define TICK_MS 250
+#define WATCH_POLL_MS 1000         /* Health.Watch: how often the readiness is read again */
 #define CONN_MAX_BUFFERED_FACTOR 2 /* request bytes buffered per connection: 2 x a message */
 #define STREAM_WINDOW (1 << 20)    /* per-stream receive window */
 #define CONN_WINDOW (16 << 20)     /* connection receive window */
@@ -130,6 +134,13 @@ struct gstream {
     char traceparent[64]; /* the server span's W3C traceparent, "" when not traced */
     gcall_t *calls;
     int n_calls;
+    /* Health.Watch: the request, run again every WATCH_POLL_MS, and the
+     * last status sent (a new one only goes out when it differs). */
+    uint8_t *watch_msg;
+    size_t watch_len;
+    int64_t watch_next_ns;
+    uint8_t *watch_last;
+    size_t watch_last_len;
 };
 
 struct gcall {
@@ -144,6 +155,21 @@ struct gcall {
 static void flush(gconn_t *c);
 static void stream_finish(gstream_t *st, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The methods: grpc_msg.c's (inference and metadata) and grpc_ext.c's
+ * (statistics, repository, health) behind one set of calls. */
+static int
+method_find(const char *path, size_t len)
+{
+    int m = sp__grpc_msg_method_find(path, len);
+    return m >= 0 ? m : sp__grpc_ext_method_find(path, len);
+}
+
+static const char *
+method_name(int m)
+{
+    return m >= SP_GRPC_EXT_FIRST ? sp__grpc_ext_method_name(m) : sp__grpc_msg_method_name(m);
+}
 
 /* ------------------------------------------------------------- helpers */
 
@@ -384,9 +410,25 @@ sink_respond(void *ud, int status, const char *ctype, const char *hdrs, size_t h
     uint8_t *msg = NULL;
     size_t ml = 0;
     char err[1024];
-    int code = sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len, k->id, &msg,
-                                  &ml, err, sizeof err);
+    int code = k->kind >= SP_GRPC_K_STATS && (status == 200 || k->kind >= SP_GRPC_K_HEALTH)
+                   ? sp__grpc_ext_from_rest(k->kind, status, body, len, &msg, &ml, err, sizeof err)
+                   : sp__grpc_msg_from_rest(k->kind, stream, status, hdrs, hdrs_len, body, len,
+                                            k->id, &msg, &ml, err, sizeof err);
     call_done(k);
+    if (code == SP_GRPC_OK && st->method == SP_GRPC_HEALTH_WATCH) {
+        /* A status, sent when it changed; the stream stays open. */
+        st->watch_next_ns = sp_time_ns() + (int64_t)WATCH_POLL_MS * 1000000;
+        if (st->watch_last == NULL || st->watch_last_len != ml ||
+            memcmp(st->watch_last, msg, ml) != 0) {
+            stream_send(st, msg, ml);
+            sp_free(st->watch_last);
+            st->watch_last = msg;
+            st->watch_last_len = ml;
+            msg = NULL;
+        }
+        sp_free(msg);
+        return;
+    }
     if (code != SP_GRPC_OK) {
         stream_finish(st, code, "%s", err);
     } else {
@@ -498,7 +540,10 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     sp_grpc_rest_t rest;
     char err[1024];
     bool stream = st->method == SP_GRPC_MODEL_STREAM_INFER;
-    int code = sp__grpc_msg_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err, sizeof err);
+    int code = st->method >= SP_GRPC_EXT_FIRST
+                   ? sp__grpc_ext_to_rest(st->method, msg, len, &rest, err, sizeof err)
+                   : sp__grpc_msg_to_rest(st->method, msg, len, is_llm, g->p.srv, &rest, err,
+                                          sizeof err);
     if (code != SP_GRPC_OK) {
         if (stream && code != SP_GRPC_RESOURCE_EXHAUSTED) {
             /* One bad request on a stream is that request's error (Triton). */
@@ -573,7 +618,7 @@ call_start(gstream_t *st, const uint8_t *msg, size_t len)
     st->calls = k;
     st->n_calls++;
     st->dispatched = true;
-    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", sp__grpc_msg_method_name(st->method));
+    sp_http_req_annotate(r, "proto=grpc grpc_method=%s", method_name(st->method));
     sp_http_vreq_run(r); /* may answer at once: k is not used after this */
 }
 
@@ -622,7 +667,7 @@ stream_frame(gstream_t *st)
         if (st->have_msg) {
             sp_free(msg);
             stream_finish(st, SP_GRPC_UNIMPLEMENTED, "%s takes one request message, got more",
-                          sp__grpc_msg_method_name(st->method));
+                          method_name(st->method));
             return;
         }
         st->msg = msg;
@@ -651,12 +696,17 @@ stream_eof(gstream_t *st)
     }
     if (!st->have_msg) {
         stream_finish(st, SP_GRPC_INVALID_ARGUMENT, "%s: the request has no message",
-                      sp__grpc_msg_method_name(st->method));
+                      method_name(st->method));
         return;
     }
     uint8_t *msg = st->msg;
     st->msg = NULL;
     call_start(st, msg, st->msg_len);
+    if (st->method == SP_GRPC_HEALTH_WATCH && !st->finished) {
+        st->watch_msg = msg; /* asked again by tick_cb */
+        st->watch_len = st->msg_len;
+        return;
+    }
     sp_free(msg);
 }
 
@@ -684,6 +734,8 @@ stream_free(gstream_t *st)
         sp_free((void *)st->hval[i].ptr);
     }
     sp_free(st->msg);
+    sp_free(st->watch_msg);
+    sp_free(st->watch_last);
     sp_free(st);
 }
 
@@ -747,7 +799,7 @@ on_header(nghttp2_session *h2, const nghttp2_frame *f, const uint8_t *name, size
     if (name_is(name, nl, ":method")) {
         st->is_post = vl == 4 && memcmp(value, "POST", 4) == 0;
     } else if (name_is(name, nl, ":path")) {
-        st->method = sp__grpc_msg_method_find((const char *)value, vl);
+        st->method = method_find((const char *)value, vl);
     } else if (name_is(name, nl, "content-type")) {
         st->ctype_ok = vl >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
                        (vl == 16 || value[16] == '+' || value[16] == ';');
@@ -789,7 +841,9 @@ stream_head(gstream_t *st)
         stream_finish(st, SP_GRPC_UNIMPLEMENTED,
                       "unknown method: this server implements inference.GRPCInferenceService's "
                       "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, "
-                      "ModelInfer and ModelStreamInfer");
+                      "ModelInfer, ModelStreamInfer, ModelStatistics, RepositoryIndex, "
+                      "RepositoryModelLoad and RepositoryModelUnload, and "
+                      "grpc.health.v1.Health's Check and Watch");
     } else if (!st->ctype_ok) {
         stream_finish(st, SP_GRPC_INVALID_ARGUMENT, "content-type must be application/grpc");
     }
@@ -1174,6 +1228,15 @@ tick_cb(evutil_socket_t fd, short what, void *arg)
                 stream_finish(st, SP_GRPC_DEADLINE_EXCEEDED,
                               "the request message did not arrive within %g s "
                               "(--header-timeout + --body-timeout)", (double)msg_ns / 1e9);
+            }
+            if (!st->finished && st->method == SP_GRPC_HEALTH_WATCH && st->watch_msg &&
+                st->calls == NULL) {
+                if (draining) {
+                    stream_finish(st, SP_GRPC_UNAVAILABLE, "the server is shutting down");
+                } else if (now >= st->watch_next_ns) {
+                    st->watch_next_ns = now + (int64_t)WATCH_POLL_MS * 1000000;
+                    call_start(st, st->watch_msg, st->watch_len);
+                }
             }
         }
         if (!c->dead && (draining || (c->streams == NULL && now - c->active_ns > idle_ns)) &&

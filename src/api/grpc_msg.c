@@ -28,7 +28,7 @@
 
 /* ------------------------------------------------------------- methods */
 
-static const char *const method_names[SP_GRPC_METHOD_COUNT] = {
+static const char *const method_names[SP_GRPC_EXT_FIRST] = {
     "ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
     "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
 };
@@ -42,7 +42,7 @@ sp__grpc_msg_method_find(const char *path, size_t len)
     if (len <= pl || memcmp(path, SERVICE_PREFIX, pl) != 0) {
         return -1;
     }
-    for (int m = 0; m < SP_GRPC_METHOD_COUNT; m++) {
+    for (int m = 0; m < SP_GRPC_EXT_FIRST; m++) {
         if (strlen(method_names[m]) == len - pl && memcmp(path + pl, method_names[m], len - pl) == 0) {
             return m;
         }
@@ -53,7 +53,7 @@ sp__grpc_msg_method_find(const char *path, size_t len)
 const char *
 sp__grpc_msg_method_name(int m)
 {
-    return m >= 0 && m < SP_GRPC_METHOD_COUNT ? method_names[m] : "?";
+    return m >= 0 && m < SP_GRPC_EXT_FIRST ? method_names[m] : "?";
 }
 
 int
@@ -1644,4 +1644,39 @@ sp__grpc_msg_from_event(const char *json, size_t len, const char *id, uint8_t **
     sp_free(a);
     json_decref(root);
     return ok;
+}
+
+/* ------------------------------------------------ shared with grpc_ext.c */
+
+int
+sp__grpc_msg_decoded(const ProtobufCMessageDescriptor *desc, const uint8_t *msg, size_t len,
+                     unsigned nul_mask, const char *const *names, sp_grpc_decoded_fn fn, void *ud,
+                     char *err, size_t err_len)
+{
+    int nul_field = string_with_nul(msg, len, nul_mask);
+    if (nul_field > 0) {
+        snprintf(err, err_len, "%s: must not contain NUL", names[nul_field]);
+        return SP_GRPC_INVALID_ARGUMENT;
+    }
+    decoder_t d;
+    int code = SP_GRPC_OK;
+    ProtobufCMessage *pm = decode(&d, desc, msg, len, &code, err, err_len);
+    if (pm == NULL) {
+        return code;
+    }
+    code = fn(pm, ud, err, err_len);
+    protobuf_c_message_free_unpacked(pm, &d.a);
+    return code;
+}
+
+bool
+sp__grpc_msg_pack(const ProtobufCMessage *m, uint8_t **out, size_t *out_len)
+{
+    return pack(m, out, out_len);
+}
+
+void
+sp__grpc_msg_error_of(const char *body, size_t len, int status, char *err, size_t err_len)
+{
+    error_message(body, len, status, err, err_len);
 }

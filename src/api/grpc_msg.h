@@ -54,10 +54,19 @@ typedef enum sp_grpc_method {
     SP_GRPC_MODEL_INFER,
     SP_GRPC_MODEL_STREAM_INFER, /* bidirectional: many requests, many responses */
     SP_GRPC_MODEL_CONFIG,
+    /* Triton's statistics and repository methods, and grpc.health.v1.Health
+     * (grpc_ext.c): from SP_GRPC_EXT_FIRST on. */
+    SP_GRPC_MODEL_STATISTICS,
+    SP_GRPC_REPOSITORY_INDEX,
+    SP_GRPC_REPOSITORY_MODEL_LOAD,
+    SP_GRPC_REPOSITORY_MODEL_UNLOAD,
+    SP_GRPC_HEALTH_CHECK,
+    SP_GRPC_HEALTH_WATCH,       /* server streaming: the status, then each change */
     SP_GRPC_METHOD_COUNT
 } sp_grpc_method_t;
 
-/* The method of ":path" ("/inference.GRPCInferenceService/ModelInfer"), or -1. */
+/* The method of ":path" ("/inference.GRPCInferenceService/ModelInfer"), or -1
+ * (the methods from SP_GRPC_EXT_FIRST on are grpc_ext.c's). */
 int sp__grpc_msg_method_find(const char *path, size_t len);
 const char *sp__grpc_msg_method_name(int m);
 
@@ -71,6 +80,12 @@ typedef enum sp_grpc_kind {
     SP_GRPC_K_INFER,      /* .../infer: one ModelInferResponse */
     SP_GRPC_K_GENERATE,   /* .../generate_stream: SSE events, one response each */
     SP_GRPC_K_MODEL_CONFIG, /* .../config: Triton's ModelConfig JSON */
+    SP_GRPC_K_STATS,      /* the rest: grpc_ext.c */
+    SP_GRPC_K_REPO_INDEX,
+    SP_GRPC_K_REPO_LOAD,
+    SP_GRPC_K_REPO_UNLOAD,
+    SP_GRPC_K_HEALTH,       /* a readiness route as a HealthCheckResponse */
+    SP_GRPC_K_HEALTH_WATCH, /* the same; an unknown service is SERVICE_UNKNOWN, not an error */
 } sp_grpc_kind_t;
 
 /* A call as a REST request. */
@@ -127,5 +142,37 @@ bool sp__grpc_msg_stream_error(const char *msg, const char *id, uint8_t **out, s
 
 /* The HTTP status of a REST answer as a gRPC status code. */
 int sp__grpc_msg_code_of_http(int status);
+
+/* ---- shared with grpc_ext.c (the methods from SP_GRPC_MODEL_STATISTICS on) */
+
+#define SP_GRPC_EXT_FIRST SP_GRPC_MODEL_STATISTICS
+
+struct ProtobufCMessage;
+struct ProtobufCMessageDescriptor;
+/* Decode msg under the allocation budget, refusing a NUL in the top-level
+ * string fields of nul_mask (bit f: field f, named names[f]), call fn with
+ * the message and free it. Returns fn's status or the decoding's. */
+typedef int (*sp_grpc_decoded_fn)(const struct ProtobufCMessage *m, void *ud, char *err,
+                                  size_t err_len);
+int sp__grpc_msg_decoded(const struct ProtobufCMessageDescriptor *desc, const uint8_t *msg,
+                         size_t len, unsigned nul_mask, const char *const *names,
+                         sp_grpc_decoded_fn fn, void *ud, char *err, size_t err_len);
+/* A message packed with its 5-byte gRPC prefix into *out (sp_malloc). */
+bool sp__grpc_msg_pack(const struct ProtobufCMessage *m, uint8_t **out, size_t *out_len);
+/* The message of a REST error body ({"error": "..."}), or a generic one. */
+void sp__grpc_msg_error_of(const char *body, size_t len, int status, char *err, size_t err_len);
+
+/* grpc_ext.c (grpc.c dispatches to it; it uses the helpers above): the
+ * method of a :path among SP_GRPC_EXT_FIRST.. (-1: none), its name, its REST
+ * request and its reply. */
+int sp__grpc_ext_method_find(const char *path, size_t len);
+const char *sp__grpc_ext_method_name(int m);
+int sp__grpc_ext_to_rest(int m, const uint8_t *msg, size_t len, sp_grpc_rest_t *out, char *err,
+                         size_t err_len);
+/* kind from SP_GRPC_K_STATS on; status is the REST answer's: any for the
+ * health kinds (readiness answers are replies), 200 for the others (an error
+ * answer is sp__grpc_msg_from_rest's to translate). */
+int sp__grpc_ext_from_rest(sp_grpc_kind_t kind, int status, const char *body, size_t len,
+                           uint8_t **out, size_t *out_len, char *err, size_t err_len);
 
 #endif /* SP_API_GRPC_MSG_H */

@@ -3,7 +3,8 @@
  * models' counters and histograms (serving/metrics.h), the schedulers' and
  * batchers' figures, the devices and their budgets, the response cache,
  * tenants, the HTTP transport's counters, tracing and the process (names in
- * docs/metrics.md; with --metrics-compat vllm, vLLM's names too).
+ * docs/metrics.md; with --metrics-compat vllm, vLLM's names too, with
+ * --metrics-compat triton Triton's nv_inference_* names).
  *
  * Threads: the route runs on a loop thread. It takes a snapshot of the READY
  * models (each with a reference) and reads every counter as it is at that
@@ -12,8 +13,10 @@
  * growing buffer, freed when it is sent.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api/api.h"
@@ -21,7 +24,10 @@
 #include "core/alloc.h"
 #include "cuda/loader.h"
 #include "sampan/version.h"
+#include "sched/batcher.h"
+#include "serving/adapters.h"
 #include "serving/metrics.h"
+#include "serving/registry.h"
 #include "serving/serving.h"
 
 
@@ -302,6 +308,95 @@ typedef struct name_agg {
         hits;
 } name_agg_t;
 
+/* The names of the adapters whose ids are in ids (comma-separated, in the
+ * order of m's set), into out. Registry lock held (the set's guard). */
+static void
+lora_names_locked(const sp_served_model_t *m, const uint64_t *ids, int n, char *out, size_t cap)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (int i = 0; m->adapters != NULL && i < m->adapters->n; i++) {
+        uint64_t id = sp_lora_id(m->adapters->a[i].lora);
+        bool in = false;
+        for (int k = 0; k < n && !in; k++) {
+            in = ids[k] == id;
+        }
+        if (in) {
+            int w = snprintf(out + o, cap - o, "%s%s", o ? "," : "", m->adapters->a[i].name);
+            if (w < 0 || (size_t)w >= cap - o) {
+                out[o] = '\0';
+                return;
+            }
+            o += (size_t)w;
+        }
+    }
+}
+
+/* vllm:lora_requests_info, which the Gateway API inference extension reads to
+ * route adapter requests: per LLM model name, the adapters with requests
+ * running and waiting now (summed over versions) and the most adapters it
+ * runs at once, valued at the scrape time as vLLM does (the newest wins). */
+static void
+render_lora_info(sp_jbuf_t *b, model_view_t *v, int n, pthread_mutex_t *mu)
+{
+    family(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    for (int i = 0; i < n;) {
+        int end = i + 1;
+        while (end < n && strcmp(v[end].m->name, v[i].m->name) == 0) {
+            end++;
+        }
+        if (v[i].m->be == NULL) { /* LLMs only: tensor models have no adapters */
+            char rn[2048], wn[2048], all_r[2048] = "", all_w[2048] = "";
+            pthread_mutex_lock(mu);
+            for (int k = i; k < end; k++) {
+                lora_names_locked(v[k].m, v[k].st.lora_running, v[k].st.n_lora_running, rn,
+                                  sizeof rn);
+                lora_names_locked(v[k].m, v[k].st.lora_waiting, v[k].st.n_lora_waiting, wn,
+                                  sizeof wn);
+                /* versions: their lists joined (a name once) */
+                const char *src[2] = {rn, wn};
+                char *dst[2] = {all_r, all_w};
+                for (int d = 0; d < 2; d++) {
+                    char tmp[2048];
+                    snprintf(tmp, sizeof tmp, "%s", src[d]);
+                    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t;
+                         t = strtok_r(NULL, ",", &save)) {
+                        size_t dl = strlen(dst[d]), tl = strlen(t);
+                        bool dup = false;
+                        for (const char *q = dst[d]; (q = strstr(q, t)) != NULL; q += tl) {
+                            if ((q == dst[d] || q[-1] == ',') && (q[tl] == ',' || q[tl] == '\0')) {
+                                dup = true;
+                                break;
+                            }
+                        }
+                        if (!dup && dl + tl + 2 < sizeof all_r) {
+                            snprintf(dst[d] + dl, sizeof all_r - dl, "%s%s", dl ? "," : "", t);
+                        }
+                    }
+                }
+            }
+            pthread_mutex_unlock(mu);
+            sp_jbuf_t ex;
+            sp_jbuf_init(&ex);
+            sp_jbuf_printf(&ex, "max_lora=\"%d\",running_lora_adapters=\"", SP_ADAPTERS_MAX);
+            label_value(&ex, all_r);
+            sp_jbuf_lit(&ex, "\",waiting_lora_adapters=\"");
+            label_value(&ex, all_w);
+            sp_jbuf_lit(&ex, "\"");
+            if (ex.oom) {
+                b->oom = true;
+            } else {
+                sample(b, "vllm:lora_requests_info", "model_name", v[i].m->name, NULL, ex.p, now);
+            }
+            sp_jbuf_free(&ex);
+        }
+        i = end;
+    }
+}
+
 /* vLLM's names, one series per model name (versions summed). */
 static void
 render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
@@ -379,6 +474,10 @@ render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
         {"vllm:request_queue_time_seconds", offsetof(sp_model_metrics_t, queue)},
         {"vllm:inter_token_latency_seconds", offsetof(sp_model_metrics_t, tpot)},
         {"vllm:time_per_output_token_seconds", offsetof(sp_model_metrics_t, tpot)},
+        {"vllm:request_prefill_time_seconds", offsetof(sp_model_metrics_t, prefill)},
+        {"vllm:request_decode_time_seconds", offsetof(sp_model_metrics_t, decode)},
+        {"vllm:request_prompt_tokens", offsetof(sp_model_metrics_t, prompt_tokens)},
+        {"vllm:request_generation_tokens", offsetof(sp_model_metrics_t, gen_tokens)},
     };
     const sp_hist_t **hs = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *hs);
     for (size_t k = 0; hs && k < sizeof hists / sizeof hists[0]; k++) {
@@ -403,6 +502,67 @@ render_vllm(sp_jbuf_t *b, model_view_t *v, int n)
     }
     sp_free(hs);
     sp_free(ag);
+}
+
+/* Triton's names (--metrics-compat triton), one series per model version
+ * with Triton's labels (model, version), from the same counters as GET
+ * /v2/models/{m}/stats. Durations are cumulative microseconds, as Triton's. */
+static void
+render_triton(sp_jbuf_t *b, model_view_t *v, int n)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off; /* of the sp_tstat_dur_t in sp_tstats_t */
+        bool ns;    /* its nanoseconds (as us), else its count */
+    } fam[] = {
+        {"nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+         offsetof(sp_tstats_t, success), false},
+        {"nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+         offsetof(sp_tstats_t, fail), false},
+        {"nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds (includes cached requests)",
+         offsetof(sp_tstats_t, success), true},
+        {"nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+         offsetof(sp_tstats_t, queue), true},
+        {"nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
+         offsetof(sp_tstats_t, compute_input), true},
+        {"nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
+         offsetof(sp_tstats_t, compute_infer), true},
+        {"nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in microseconds",
+         offsetof(sp_tstats_t, compute_output), true},
+    };
+    for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+        family(b, fam[k].name, fam[k].type, fam[k].help);
+        for (int i = 0; i < n; i++) {
+            sp_tstat_dur_t *d = (sp_tstat_dur_t *)((char *)&v[i].m->metrics.tstats + fam[k].off);
+            uint64_t x = fam[k].ns ? atomic_load_explicit(&d->ns, memory_order_relaxed) / 1000
+                                   : atomic_load_explicit(&d->count, memory_order_relaxed);
+            sample(b, fam[k].name, "model", v[i].m->name, v[i].m->version_str, NULL, (double)x);
+        }
+    }
+    family(b, "nv_inference_count", "counter",
+           "Number of inferences performed (does not include cached requests)");
+    for (int i = 0; i < n; i++) {
+        sample(b, "nv_inference_count", "model", v[i].m->name, v[i].m->version_str, NULL,
+               (double)atomic_load(&v[i].m->metrics.tstats.inference_count));
+    }
+    family(b, "nv_inference_exec_count", "counter",
+           "Number of model executions performed (does not include cached requests)");
+    for (int i = 0; i < n; i++) {
+        sample(b, "nv_inference_exec_count", "model", v[i].m->name, v[i].m->version_str, NULL,
+               (double)atomic_load(&v[i].m->metrics.tstats.execution_count));
+    }
+    family(b, "nv_inference_pending_request_count", "gauge",
+           "Instantaneous number of pending requests awaiting execution per-model.");
+    for (int i = 0; i < n; i++) {
+        double pending = (double)v[i].st.queued;
+        if (v[i].m->batcher != NULL) {
+            sp_batcher_stats_t bs;
+            sp_batcher_get_stats(v[i].m->batcher, &bs);
+            pending += (double)bs.queued;
+        }
+        sample(b, "nv_inference_pending_request_count", "model", v[i].m->name,
+               v[i].m->version_str, NULL, pending);
+    }
 }
 
 typedef struct tenant_pass {
@@ -581,8 +741,12 @@ h_metrics(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     family(&b, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch.");
     sp_jbuf_printf(&b, "process_start_time_seconds %lld\n", (long long)s->started_unix);
 
-    if (strcmp(s->cfg.metrics_compat, "vllm") == 0) {
+    if (strstr(s->cfg.metrics_compat, "vllm") != NULL) {
         render_vllm(&b, v, n);
+        render_lora_info(&b, v, n, &s->reg.mu);
+    }
+    if (strstr(s->cfg.metrics_compat, "triton") != NULL) {
+        render_triton(&b, v, n);
     }
     for (int i = 0; i < n; i++) {
         sp_served_release(ms[i]);

@@ -50,6 +50,7 @@ typedef struct tq {
     int32_t n_out;
     sp_backend_tensor_t out[SP_BACKEND_MAX_TENSORS];
     char out_names[SP_BACKEND_MAX_TENSORS][64];
+    int64_t rows;              /* the request's rows (1 without a batch dimension) */
 } tq_t;
 
 /* The lifecycle's last call (ops->free): the outputs, the request, q. */
@@ -237,6 +238,13 @@ on_done(void *ud, const sp_batch_result_t *res)
     snprintf(q->message, sizeof q->message, "%s", res->message ? res->message : "");
     q->a.clk.queue_ns = res->queue_us * 1000;
     q->a.clk.compute_ns = res->compute_us * 1000;
+    q->a.clk.input_ns = res->input_us * 1000;
+    q->a.clk.output_ns = res->output_us * 1000;
+    q->a.clk.rows = res->batch_rows > 0 ? q->rows : 0;
+    if (res->status == SP_OK && res->batch_first) { /* Triton's per-batch statistics, once a batch */
+        sp_tstats_batch(&q->a.m->metrics.tstats, res->batch_rows, res->input_us * 1000,
+                        res->compute_us * 1000, res->output_us * 1000);
+    }
     q->n_out = 0;
     for (int32_t i = 0; res->status == SP_OK && i < res->n_outputs && i < SP_BACKEND_MAX_TENSORS; i++) {
         q->out[i] = res->outputs[i];
@@ -405,6 +413,7 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
         }
         it.inputs = in;
         it.n_inputs = info->n_inputs;
+        q->rows = m->max_batch_size > 0 && info->n_inputs > 0 ? in[0].dims[0] : 1;
         it.outputs = wanted;
         it.n_outputs = n_want;
         int64_t v;

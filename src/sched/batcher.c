@@ -963,6 +963,7 @@ run_batch(worker_t *w, const plan_t *pl)
     char msg[512];
 
     /* Inputs: a lone request's own copy, else every request's rows concatenated. */
+    int64_t t_in = sp_time_ns();
     sp_backend_tensor_t in[MAX_T];
     memcpy(in, first->in, sizeof(sp_backend_tensor_t) * (size_t)info->n_inputs);
     if (pl->n > 1) {
@@ -1137,6 +1138,9 @@ run_batch(worker_t *w, const plan_t *pl)
         rp.pub.compute_us = (t1 - t0) / 1000;
         rp.pub.batch_rows = (int32_t)pl->rows;
         rp.pub.batch_requests = pl->n;
+        rp.pub.input_us = (t0 - t_in) / 1000;
+        rp.pub.output_us = (t_done - t1) / 1000;
+        rp.pub.batch_first = r == first;
         if (r->res_nomem) {
             snprintf(msg, sizeof msg, "out of memory copying the request's outputs");
             rp.pub.status = SP_ERR_NOMEM;

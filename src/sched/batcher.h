@@ -215,6 +215,10 @@ typedef struct sp_batch_result {
     int64_t compute_us;       /* execute() of its batch, 0 when it did not run */
     int32_t batch_rows;       /* rows of the batch it ran in, 0 when it did not run */
     int32_t batch_requests;   /* requests in that batch */
+    /* Inside queue_us: merging the batch's inputs (0 for a lone request);
+     * after compute_us: splitting and copying its outputs. */
+    int64_t input_us, output_us;
+    bool batch_first;         /* the first request of its batch (count a batch once) */
 } sp_batch_result_t;
 
 /* Take ownership of outputs[i].data (free it with host->free_fn); the batcher

@@ -1912,6 +1912,25 @@ sp_sched_outstanding(const sp_sched_t *s)
     return (int64_t)atomic_load_explicit(&s->outstanding, memory_order_relaxed);
 }
 
+/* Add a sequence's adapter to a set of ids (each once, bounded). */
+static void
+lora_note(const seq_t *sq, uint64_t *ids, int *n)
+{
+    const sp_lora_t *l = sq->job ? sq->job->lora : NULL;
+    if (l == NULL) {
+        return;
+    }
+    uint64_t id = sp_lora_id(l);
+    for (int i = 0; i < *n; i++) {
+        if (ids[i] == id) {
+            return;
+        }
+    }
+    if (*n < SP_SCHED_STATS_LORAS) {
+        ids[(*n)++] = id;
+    }
+}
+
 void
 sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
 {
@@ -1946,6 +1965,14 @@ sp_sched_get_stats(sp_sched_t *s, sp_sched_stats_t *o)
     o->budget_decreases = s->st_decreases;
     o->budget_increases = s->st_increases;
     o->tpot_target_ms = s->ctl.target_ns > 0 ? (double)s->ctl.target_ns / 1e6 : 0;
+    for (int i = 0; i < s->n_running; i++) {
+        lora_note(s->running[i], o->lora_running, &o->n_lora_running);
+    }
+    for (int t = 0; t < SP_TIER_COUNT; t++) {
+        for (const sp_tierq_node_t *n = s->queue.head[t]; n; n = n->next) {
+            lora_note((const seq_t *)n, o->lora_waiting, &o->n_lora_waiting);
+        }
+    }
     pthread_mutex_unlock(&s->mu);
     o->jobs_done = atomic_load(&s->st_done);
     o->jobs_cancelled = atomic_load(&s->st_cancelled);

@@ -148,6 +148,7 @@ typedef struct sp_sched_params {
 /* Steps by batch size: bucket b counts steps with at most 2^b sequences (and
  * more than 2^(b-1)); the last one, more than 2^(SP_SCHED_BATCH_BUCKETS-1). */
 #define SP_SCHED_BATCH_BUCKETS 9 /* 1, 2, 4, ..., 256 */
+#define SP_SCHED_STATS_LORAS 64  /* adapters listed per stats snapshot (a model's most) */
 
 typedef struct sp_sched_stats {
     int64_t active;        /* sequences running */
@@ -175,6 +176,10 @@ typedef struct sp_sched_stats {
     /* speculative decoding: verification rows, draft tokens proposed and accepted
        (tokens per verification = (accepted + rows) / rows, the speed-up's upper bound) */
     int64_t spec_rows, spec_drafted, spec_accepted;
+    /* LoRA adapters (sp_lora_id) of the running and of the waiting sequences,
+       each once, at most SP_SCHED_STATS_LORAS of each (vllm:lora_requests_info) */
+    uint64_t lora_running[SP_SCHED_STATS_LORAS], lora_waiting[SP_SCHED_STATS_LORAS];
+    int n_lora_running, n_lora_waiting;
 } sp_sched_stats_t;
 
 sp_sched_params_t sp_sched_default_params(void);

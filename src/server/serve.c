@@ -307,6 +307,13 @@ set_route_access(sp_server_t *s)
     }
     sp_router_set_access(s->router, "/v2/repository", true, SP_SCOPE_ADMIN);
     sp_router_set_access(s->router, "/stats", false, SP_SCOPE_METRICS);
+    /* Triton's statistics: monitoring (metrics keys) and the clients that
+     * infer (perf_analyzer reads them); a tenant sees its own models only. */
+    sp_router_set_access(s->router, "/v2/models/stats", false, SP_SCOPE_METRICS | SP_SCOPE_INFER);
+    sp_router_set_access(s->router, "/v2/models/{model}/stats", false,
+                         SP_SCOPE_METRICS | SP_SCOPE_INFER);
+    sp_router_set_access(s->router, "/v2/models/{model}/versions/{version}/stats", false,
+                         SP_SCOPE_METRICS | SP_SCOPE_INFER);
     sp_router_set_access(s->router, "/metrics", false,
                          s->sv.cfg.metrics_open ? ACCESS_OPEN : SP_SCOPE_METRICS);
 }
@@ -649,6 +656,7 @@ sp_cmd_serve(int argc, char **argv)
     sp_ollama_register(s->router, &s->sv);
     sp_ollama_chat_register(s->router, &s->sv);
     sp_prometheus_register(s->router, &s->sv);
+    sp_tstats_register(s->router, &s->sv);
     sp_kserve_register(s->router, &s->sv);
     sp_repository_register(s->router, &s->sv);
     sp_status_page_register(s->router, &s->sv);

@@ -131,7 +131,8 @@ const char sp_config_usage[] =
     "      --log-prompts         also log prompts and outputs, masked (e-mail addresses,\n"
     "                            card and phone numbers), cut at 256 bytes\n"
     "      --metrics-compat vllm also export vLLM's metric names (vllm:num_requests_waiting,\n"
-    "                            ...) for autoscalers, the inference gateway and dashboards\n"
+    "                            ...) for autoscalers, the inference gateway and dashboards;\n"
+    "                            triton: Triton's nv_inference_* names; vllm,triton: both\n"
     "      --otlp-endpoint URL   export OpenTelemetry traces to this OTLP/HTTP collector\n"
     "                            (http://host:port; POST URL/v1/traces; default: tracing off)\n"
     "      --otel-service-name N the spans' service.name (default sampan)\n"
@@ -754,7 +755,7 @@ sp_config_parse(int argc, char **argv, sp_serve_config_t *c, bool *help, char *e
     }
     static const char *const formats[] = {"kv", "json", NULL};
     static const char *const requests[] = {"all", "models", "errors", "none", NULL};
-    static const char *const compat[] = {"none", "vllm", NULL};
+    static const char *const compat[] = {"none", "vllm", "triton", "vllm,triton", "triton,vllm", NULL};
     static const char *const kv_types[] = {"f32", "f16", "q8_0", NULL};
     static const char *const scopes[] = {"tenant", "global", NULL};
     static const char *const reasoning[] = {"auto", "deepseek", "none", NULL};

@@ -92,7 +92,7 @@ typedef struct sp_serve_config {
     char log_format[8];       /* "kv" or "json" */
     char log_requests[8];     /* "all", "models", "errors", "none" */
     bool log_prompts;         /* log prompts and outputs, masked */
-    char metrics_compat[8];   /* "none" or "vllm" */
+    char metrics_compat[16];  /* "none", "vllm", "triton" or "vllm,triton" */
     char otlp_endpoint[512];  /* "" = tracing off; OTLP/HTTP collector (docs/tracing.md) */
     char otel_service_name[128]; /* resource service.name of the spans (default "sampan") */
     double trace_sample_ratio; /* new traces (no incoming traceparent) sampled: 0..1 (default 1) */

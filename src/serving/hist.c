@@ -21,6 +21,10 @@ static const double le_tpot[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
 static const double le_latency[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,  0.3,   0.5,   0.8,
                                     1.0,   1.5,   2.0,  2.5,   5.0,  10.0, 15.0,  20.0,  30.0,
                                     40.0,  50.0,  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+/* vLLM's 1-2-5 series for token counts, up to a million. */
+static const double le_tokens[] = {1,     2,     5,     10,     20,     50,     100,
+                                   200,   500,   1000,  2000,   5000,   10000,  20000,
+                                   50000, 100000, 200000, 500000, 1000000};
 
 void
 sp_hist_init(sp_hist_t *h, sp_hist_kind_t kind)
@@ -38,6 +42,10 @@ sp_hist_init(sp_hist_t *h, sp_hist_kind_t kind)
     case SP_HIST_LATENCY:
         h->le = le_latency;
         h->n = (int)(sizeof le_latency / sizeof le_latency[0]);
+        break;
+    case SP_HIST_TOKENS:
+        h->le = le_tokens;
+        h->n = (int)(sizeof le_tokens / sizeof le_tokens[0]);
         break;
     }
     double zero = 0.0;

@@ -379,6 +379,21 @@ llm_free(sp_served_model_t *m)
     m->kind_data = NULL;
 }
 
+/* The union of two sets of adapter ids (bounded as sp_sched_stats_t's). */
+static void
+ids_merge(uint64_t *ids, int *n, const uint64_t *add, int n_add)
+{
+    for (int i = 0; i < n_add; i++) {
+        bool have = false;
+        for (int j = 0; j < *n && !have; j++) {
+            have = ids[j] == add[i];
+        }
+        if (!have && *n < SP_SCHED_STATS_LORAS) {
+            ids[(*n)++] = add[i];
+        }
+    }
+}
+
 /* The instances' figures summed (steps and step timings: the busiest one's). */
 static void
 llm_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
@@ -427,6 +442,8 @@ llm_stats(const sp_served_model_t *m, sp_sched_stats_t *o)
         if (t.step_p99_ms > o->step_p99_ms) {
             o->step_p99_ms = t.step_p99_ms;
         }
+        ids_merge(o->lora_running, &o->n_lora_running, t.lora_running, t.n_lora_running);
+        ids_merge(o->lora_waiting, &o->n_lora_waiting, t.lora_waiting, t.n_lora_waiting);
     }
 }
 

@@ -18,6 +18,7 @@
 #include "engine/gen.h"
 #include "sampan/status.h"
 #include "serving/auth.h"
+#include "serving/tstats.h"
 
 #define SP_HIST_MAX_BUCKETS 32
 
@@ -32,6 +33,7 @@ typedef enum sp_hist_kind {
     SP_HIST_TTFT = 0,  /* time to first token */
     SP_HIST_TPOT,      /* time per output token */
     SP_HIST_LATENCY,   /* e2e, queue and compute times */
+    SP_HIST_TOKENS,    /* prompt and generated lengths (1, 2, 5, 10, ... tokens) */
 } sp_hist_kind_t;
 
 void sp_hist_init(sp_hist_t *h, sp_hist_kind_t kind);
@@ -58,6 +60,9 @@ typedef struct sp_model_metrics {
     _Atomic uint64_t failure[SP_FAIL_COUNT_];
     _Atomic uint64_t cache_hits, cache_misses; /* response cache lookups (respcache.h) */
     sp_hist_t queue, compute, e2e, ttft, tpot;
+    sp_hist_t prefill, decode;               /* admission to first token, first token to end */
+    sp_hist_t prompt_tokens, gen_tokens;     /* per successful request */
+    sp_tstats_t tstats;                      /* Triton's statistics (tstats.h) */
 } sp_model_metrics_t;
 
 void sp_metrics_model_init(sp_model_metrics_t *mm);
@@ -70,6 +75,9 @@ typedef struct sp_req_clock {
     int64_t t0_ns;
     int64_t first_ns;   /* 0 until the first token */
     int64_t queue_ns, compute_ns; /* from the scheduler's DONE (-1 = none) */
+    /* A tensor model's batch (0 otherwise): merging inputs and splitting
+     * outputs, inside compute_ns's neighbours; rows = the request's rows. */
+    int64_t input_ns, output_ns, rows;
     int64_t prompt_tokens, completion_tokens;
     sp_tenant_charge_t charge; /* its tokens-per-minute reservation, settled at its end */
     bool ended;

@@ -9,7 +9,10 @@
  * ModelStreamInfer, in turn as an LLM and as a tensor model, from bit 7);
  * 7-13 read the rest as a REST answer body (JSON and binary tail; the first
  * 2 bytes are its Inference-Header-Content-Length modulo the length) for
- * each answer kind; 14 as a generate_stream event. Everything is copied into
+ * each answer kind; 14 as a generate_stream event; 15-20 as the request of
+ * grpc_ext.c's methods (statistics, repository, health); 21-26 as a REST
+ * answer of grpc_ext.c's kinds (bit 0 of byte 1: status 200, else 400, 404
+ * or 503 from bits 1-2). Everything is copied into
  * an exact-size heap buffer so ASan sees any read past its end; every
  * failure must come with a message, and every built message must parse back
  * as a gRPC frame of the right length.
@@ -58,7 +61,42 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     memcpy(buf, data + 1, len);
     char err[1024];
-    if (mode < SP_GRPC_METHOD_COUNT) {
+    if (mode >= 15 && mode < 15 + (SP_GRPC_METHOD_COUNT - SP_GRPC_EXT_FIRST)) {
+        sp_grpc_rest_t r;
+        int code = sp__grpc_ext_to_rest(SP_GRPC_EXT_FIRST + (mode - 15), buf, len, &r, err,
+                                        sizeof err);
+        if (code != SP_GRPC_OK) {
+            if (err[0] == '\0') {
+                abort();
+            }
+        } else {
+            if (r.path_len == 0 || r.path[0] != '/' || (r.method == SP_HTTP_POST && r.body == NULL &&
+                                                        r.kind != SP_GRPC_K_REPO_UNLOAD)) {
+                abort();
+            }
+            sp__grpc_msg_rest_free(&r);
+        }
+    } else if (mode >= 21 && mode <= 21 + (SP_GRPC_K_HEALTH_WATCH - SP_GRPC_K_STATS) && len >= 2) {
+        static const int statuses[] = {400, 404, 503, 401};
+        int status = (buf[1] & 1) ? 200 : statuses[(buf[1] >> 1) & 3];
+        sp_grpc_kind_t kind = (sp_grpc_kind_t)(SP_GRPC_K_STATS + (mode - 21));
+        uint8_t *out = NULL;
+        size_t out_len = 0;
+        char *body = malloc(len - 2 ? len - 2 : 1);
+        if (body && (status == 200 || kind >= SP_GRPC_K_HEALTH)) {
+            memcpy(body, buf + 2, len - 2);
+            int code = sp__grpc_ext_from_rest(kind, status, body, len - 2, &out, &out_len, err,
+                                              sizeof err);
+            if ((code == SP_GRPC_OK) != (out != NULL) || (code != SP_GRPC_OK && err[0] == '\0')) {
+                abort();
+            }
+            if (out) {
+                check_frame(out, out_len);
+            }
+            sp_free(out);
+        }
+        free(body);
+    } else if (mode < SP_GRPC_EXT_FIRST) {
         sp_grpc_rest_t r;
         int code = sp__grpc_msg_to_rest(mode, buf, len, is_llm, NULL, &r, err, sizeof err);
         if (code != SP_GRPC_OK) {
@@ -96,7 +134,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sp_free(out);
             free(body);
         }
-    } else {
+    } else if (mode == 14) {
         uint8_t *out = NULL;
         size_t out_len = 0;
         bool final = false;
