@@ -3,7 +3,7 @@
  * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
  * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
  * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
- * memory). Single thread, thread CPU time, best of 5 runs that alternate old and new so both
+ * memory, or L3 where it fits). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
  *
  *   make BUILD=build build/libsampan.a
@@ -73,7 +73,7 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
             const double s = qbench_best(run, &c[v], reps, 1);
             best[v] = s < best[v] ? s : best[v];
         }
-    const double bytes = (double)wrow * (double)rows;
+    const double bytes = (double)wrow * (double)rows * (double)toks; /* weight bytes x tokens */
     printf("%-6s %-7s %-22s old %8.3f ms (%6.2f GB/s)  packed %8.3f ms (%6.2f GB/s)  x%.2f\n",
            k->name, sp_type_name(wt), what, best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3,
            bytes / best[1] / 1e9, best[0] / best[1]);
