@@ -267,7 +267,9 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
         s->type_count[t->type]++;
         s->type_bytes[t->type] += (double)t->nbytes;
         if (repacked_at_load(g, t)) {
-            s->repack_bytes += (double)sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1]);
+            /* each copy starts 64-byte aligned, as the loader lays them out */
+            s->repack_bytes +=
+                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1]) + 63) & ~(size_t)63);
         }
     }
     s->block_count = s->context_length = s->n_embd = s->n_head = s->n_head_kv = -1;
