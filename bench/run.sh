@@ -3,7 +3,7 @@
 #
 #   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
 #                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan] [--wait-quiet SECS]
-#                [--shape tinyllama|moe-1b]
+#                [--shape tinyllama|moe-1b] [--no-repack]
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
@@ -34,6 +34,7 @@ THREADS=2
 DO_LLAMACPP=1
 DO_SAMPAN=1
 WAIT_QUIET=0
+REPACK_ARG=            # --no-repack: the engine keeps the file's weight layout (A/B)
 BUILD=${BUILD:-build}
 SAMPAN_GIVEN=${SAMPAN:+1}
 SAMPAN=${SAMPAN:-$BUILD/sampan}
@@ -52,6 +53,7 @@ while [ $# -gt 0 ]; do
     --quick) PROMPT=128; GEN=16; RUNS=1; shift ;;
     --no-llamacpp) DO_LLAMACPP=0; shift ;;
     --no-sampan) DO_SAMPAN=0; shift ;;
+    --no-repack) REPACK_ARG=--no-repack; shift ;;
     --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
     -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
@@ -184,7 +186,7 @@ for t in $TYPES; do
         for r in $(seq 1 "$RUNS"); do
             say "sampan $t run $r/$RUNS"
             measured "$RAW/$t.sampan.$r" \
-                "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" > /dev/null || {
+                "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" $REPACK_ARG > /dev/null || {
                 say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
             grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
         done

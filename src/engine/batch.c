@@ -547,8 +547,13 @@ mm_job_run(void *arg, int64_t item, int ith)
     const sp_weight_t *w = j->w[wi];
     const int64_t r0 = item * j->chunk;
     const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
-    sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride, j->n_tok,
-                j->y[wi], w->n_out);
+    if (w->packed != NULL && j->k->repack_gemm[w->type] != NULL) { /* load-time packed copy */
+        j->k->repack_gemm[w->type](w->n_in, w->packed, w->packed_stride, r0, r1, j->x,
+                                   j->x_stride, j->n_tok, j->y[wi], w->n_out);
+    } else {
+        sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride,
+                    j->n_tok, j->y[wi], w->n_out);
+    }
     if (j->bias[wi] != NULL) {
         for (int64_t t = 0; t < j->n_tok; t++) {
             float *yt = j->y[wi] + t * w->n_out;

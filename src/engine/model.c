@@ -572,6 +572,9 @@ sp_model_load_gguf(sp_gguf_t *g, sp_model_t **out, char *err, size_t err_len)
         sp__encoder_set_sep(m->enc, sp_tokenizer_sep(m->tok));
     }
     sp_gguf_prefault(g);
+    if ((st = sp__model_repack(m, err, err_len)) != SP_OK) {
+        goto fail;
+    }
     if (sp_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
         st = sp_errf(err, err_len, SP_ERR_FORMAT,
                      "%s: tokenizer has %d tokens but token_embd.weight only %lld rows",
@@ -658,6 +661,7 @@ sp_model_free(sp_model_t *m)
     sp_free(m->ones);
     sp__moe_free(m->moe);
     sp__mla_free(m->mla);
+    sp_free(m->packed_mem);
     sp_gguf_close(m->gguf);
     sp_free(m);
 }

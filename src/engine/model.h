@@ -136,6 +136,13 @@ const sp_hparams_t *sp_model_hparams(const sp_model_t *m);
 const sp_tokenizer_t *sp_model_tokenizer(const sp_model_t *m);
 const sp_gguf_t *sp_model_gguf(const sp_model_t *m);
 size_t sp_model_weight_bytes(const sp_model_t *m);
+/* Load-time weight repacking (engine/repack_weights.c): on by default; off for the
+ * whole process with sp_model_set_repack(false) (sampan --no-repack) or the environment
+ * SAMPAN_REPACK=0. Applies to models loaded afterwards. The bytes the packed copies of a
+ * model take (0 when none), on top of the file's mapping. */
+void sp_model_set_repack(bool on);
+bool sp_model_repack_enabled(void);
+size_t sp_model_repack_bytes(const sp_model_t *m);
 
 /* The KV cache's element type (engine/batch.h; layouts in kernels/kernels.h).
  * SP_KV_TYPE_F16 is 1, so a boolean "half precision" flag converts to the right type. */

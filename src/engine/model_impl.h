@@ -24,6 +24,10 @@ typedef struct sp_weight {
     int64_t n_in;      /* ne[0] */
     int64_t n_out;     /* ne[1] */
     size_t row_bytes;
+    /* The load-time packed copy (engine/repack_weights.c) or NULL: only the matrix
+     * products read it; everything else reads data. */
+    const void *packed;
+    size_t packed_stride; /* bytes of one packed group of rows */
 } sp_weight_t;
 
 typedef struct sp_layer {
@@ -71,6 +75,8 @@ struct sp_model {
      * layers' wq/wk/wv/wo are empty then. */
     struct sp_mla_model *mla;
     size_t weight_bytes;
+    void *packed_mem;    /* the packed weights, one allocation (owned) or NULL */
+    size_t packed_bytes;
     /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
      * 0..n_gpu-1 then run on that device. Owned: sp_model_free releases it
      * through gpu_release, the hook the binder installed with it, so model.c
@@ -87,6 +93,10 @@ struct sp_model {
     const float *pl_proj_norm;
     float *ones;
 };
+
+/* Pack the model's packable projection weights for the current kernel table
+ * (repack_weights.c); a no-op when repacking is off or nothing is packable. */
+sp_status_t sp__model_repack(sp_model_t *m, char *err, size_t err_len);
 
 /* Per-layer sizes (model.h: gemma4 varies them by layer; every other architecture has
  * one value, the hparams' own). */

@@ -401,6 +401,35 @@ typedef void (*sp_rmsnorm_fn)(float *out, const float *x, const float *w, int64_
 /* g[i] = silu(g[i]) * u[i], silu(g) = g / (1 + e^-g). */
 typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
 
+/*
+ * Load-time repacked weights (cpu/repack.c, docs/design-repack.md). A packed matrix keeps
+ * the GGUF numbers of its type but interleaves SP_REPACK_ROWS rows per group, so one load
+ * feeds that many output rows: group g, block b starts at
+ *   g * sp_repack_group_bytes(type, n) + b * SP_REPACK_ROWS * type_size
+ * and holds the 8 rows' scales (F16, row order) then their 8 x 16 quant bytes in four
+ * 32-byte chunks: chunk c holds bytes 8 * (c / 2) .. + 7 of rows {0,1,4,5} (c even) or
+ * {2,3,6,7} (c odd), 8 bytes per row in that order. The row count is padded up to a
+ * whole group with zero rows (scale 0). Q4_0 and IQ4_NL have packed forms; the
+ * table's repack_gemm[type] computes from the packed base (w = group 0, w_stride =
+ * the group bytes) the scalar reference's bits: IQ4_NL's are every level's (q32_impl.h),
+ * Q4_0's are the reference's serial block sum (as the AVX-512 VNNI gemm), which the
+ * AVX2 row kernel's per-lane FMA order is not (it differs from both in the last bits).
+ */
+#define SP_REPACK_ROWS 8
+#define SP_REPACK_MAX_N 65536 /* longest row a packed form takes (the kernels' scratch) */
+
+/* Bytes of one packed group of rows of n elements, and of a whole packed matrix of
+ * n_rows rows; 0 when the type has no packed form or n is out of range. */
+size_t sp_repack_group_bytes(sp_type_t type, int64_t n);
+size_t sp_repack_bytes(sp_type_t type, int64_t n, int64_t n_rows);
+/* Pack groups [g0, g1) of the n_rows rows at src (rows src_stride bytes apart) into the
+ * packed matrix dst (whole groups; rows past n_rows become zero rows). Groups are
+ * independent, so threads may pack disjoint ranges. */
+void sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride,
+                    int64_t n_rows, int64_t g0, int64_t g1, void *dst);
+/* Row r of a packed matrix back in the GGUF layout (sp_row_size bytes at dst). */
+void sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst);
+
 typedef struct sp_cpu_kernels {
     const char *name;         /* "scalar", "avx2", "avx512", "avx512-vnni" ... */
     sp_cpu_level_t level;
@@ -412,6 +441,9 @@ typedef struct sp_cpu_kernels {
     sp_to_float_fn to_float[SP_TYPE_COUNT];     /* dequantize, indexed by type */
     /* (optional) tiled product, indexed by weight type; NULL = loop vec_dot. */
     sp_gemm_fn gemm[SP_TYPE_COUNT];
+    /* (optional) gemm over the packed form above, indexed by weight type; NULL = this
+     * level does not use packed weights for the type (keep the rows as they are). */
+    sp_gemm_fn repack_gemm[SP_TYPE_COUNT];
     /* Attention, indexed by the KV cache type (F32, F16, Q8_0); element-wise ops. */
     sp_attn_fn attn[SP_TYPE_COUNT];
     sp_exp_fn exp_f32;

@@ -70,6 +70,8 @@ const char sp_config_usage[] =
     "                            or q8_0 (about a quarter; CPU layers only)\n"
     "      --kv-f16              the same as --kv-type f16\n"
     "      --kv-swa-full         sliding-window layers keep every position (default: their window)\n"
+    "      --no-repack           keep the file's weight layout: no load-time interleaving of\n"
+    "                            Q4_0 / IQ4_NL rows for the AVX2 kernels (SAMPAN_REPACK=0)\n"
     "      --draft-model FILE    speculative decoding for --model: FILE (same vocabulary)\n"
     "                            proposes tokens the model verifies in one pass\n"
     "      --spec-tokens N       tokens proposed per step (1..16, default 4)\n"
@@ -173,6 +175,7 @@ static const opt_t opts[] = {
     {"kv-blocks", 0, T_I64, OFF(kv_blocks), 1, 1 << 26, 0},
     {"kv-f16", 0, T_BOOL, OFF(kv_f16), 0, 0, 0},
     {"kv-swa-full", 0, T_BOOL, OFF(kv_swa_full), 0, 0, 0},
+    {"no-repack", 0, T_BOOL, OFF(no_repack), 0, 0, 0},
     {"kv-type", 0, T_STR, OFF(kv_type), 0, 0, sizeof(((sp_serve_config_t *)0)->kv_type)},
     {"prefix-cache-scope", 0, T_STR, OFF(prefix_cache_scope), 0, 0, sizeof(((sp_serve_config_t *)0)->prefix_cache_scope)},
     {"tpot-target-ms", 0, T_SEC, OFF(tpot_target_ms), 0, 600000, 0}, /* a double, as seconds are */

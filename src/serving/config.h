@@ -63,6 +63,7 @@ typedef struct sp_serve_config {
     int64_t kv_blocks;        /* KV pool blocks of 16 positions; 0 = sized from parallel x ctx */
     bool kv_f16;              /* --kv-f16: the old spelling of --kv-type f16 */
     bool kv_swa_full;         /* --kv-swa-full: sliding-window layers keep every position */
+    bool no_repack;           /* --no-repack: no load-time weight repack (A/B) */
     char kv_type[8];          /* --kv-type f32|f16|q8_0 (validated; "" = f32, or f16 with
                                  --kv-f16); repository models: parameters.kv_cache_type */
     double tpot_target_ms;    /* adaptive step budget: p99 time per output token target; 0 = off */

@@ -286,6 +286,7 @@ llm_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, ch
     /* The file as it is before it is read: a change from here on (also to an
      * encrypted file, whose plaintext handle knows no file) reloads it. */
     m->has_file_id = stat(m->path, &m->file_id) == 0;
+    sp_model_set_repack(!s->cfg.no_repack); /* this model's and its draft's loads */
     if (st == SP_OK) st = sp_model_load_ex(m->path, &keys, &m->model, err, err_len);
     if (st != SP_OK) {
         return st;
@@ -321,7 +322,8 @@ llm_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, ch
         return st;
     }
     struct stat fst;
-    uint64_t weights = (stat(m->path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes;
+    uint64_t weights = (stat(m->path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes +
+                       sp_model_repack_bytes(m->model);
     int gd;
     if ((st = gpu_place(r, m, cfg, &mem, weights, &gd, err, err_len)) != SP_OK) {
         return st;

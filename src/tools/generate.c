@@ -69,7 +69,7 @@ static const char run_usage[] =
 enum {
     OPT_TEMP = 256, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_FREQ, OPT_PRES, OPT_SEED,
     OPT_NO_BOS, OPT_IGNORE_EOS, OPT_TOKENS, OPT_LOGITS_OUT, OPT_DECODE, OPT_RANDOM, OPT_GEN,
-    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16, OPT_KV_TYPE,
+    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16, OPT_KV_TYPE, OPT_NO_REPACK,
 };
 
 /* --kv-type / --kv-f16 (eval): the KV cache type (see sp_ctx_params_t). */
@@ -125,11 +125,12 @@ open_model(const char *path, int64_t n_ctx, int64_t n_batch, int n_threads, bool
     const sp_hparams_t *hp = sp_model_hparams(*m);
     fprintf(stderr,
             "model: %s arch=%s layers=%lld embd=%lld heads=%lld/%lld vocab=%lld weights=%.1f MiB "
-            "ctx=%lld kernels=%s load=%.1f ms\n",
+            "ctx=%lld kernels=%s repacked=%.1f MiB load=%.1f ms\n",
             path, hp->arch, (long long)hp->n_layer, (long long)hp->n_embd, (long long)hp->n_head,
             (long long)hp->n_head_kv, (long long)hp->n_vocab,
             (double)sp_model_weight_bytes(*m) / (1 << 20), (long long)sp_ctx_n_ctx(*c),
-            sp_ctx_kernels_name(*c), (double)(sp_time_ns() - t0) / 1e6);
+            sp_ctx_kernels_name(*c), (double)sp_model_repack_bytes(*m) / (1 << 20),
+            (double)(sp_time_ns() - t0) / 1e6);
     return 0;
 }
 
@@ -303,6 +304,7 @@ static const char eval_usage[] =
     "  -c, --ctx-size N   context size\n"
     "  --kv-type T        KV cache type: f32 (default), f16 (half the cache) or q8_0\n"
     "                     (about a quarter); --kv-f16 is --kv-type f16\n"
+    "  --no-repack        keep the file's weight layout (no load-time repack; A/B runs)\n"
     "Prints 'prefill: ...' and 'decode: ...' timing lines to stderr.\n";
 
 static const struct option eval_opts[] = {
@@ -318,6 +320,7 @@ static const struct option eval_opts[] = {
     {"ctx-size", required_argument, 0, 'c'},
     {"kv-f16", no_argument, 0, OPT_KV_F16},
     {"kv-type", required_argument, 0, OPT_KV_TYPE},
+    {"no-repack", no_argument, 0, OPT_NO_REPACK},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -341,6 +344,7 @@ sp_cmd_eval(int argc, char **argv)
         case OPT_DECODE: decode = true; break;
         case OPT_GEN: bad = parse_i64(optarg, "--gen", 0, 1 << 24, &n_gen); break;
         case OPT_LOGITS_OUT: logits_out = optarg; break;
+        case OPT_NO_REPACK: sp_model_set_repack(false); break;
         case OPT_KV_F16: opt_kv_type = SP_KV_TYPE_F16; break;
         case OPT_KV_TYPE:
             if (sp_kv_type_from_name(optarg) < 0) {

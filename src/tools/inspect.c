@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/model.h"
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
 #include "tools/tools.h"
 
 #define PREVIEW_ELEMS 6   /* array elements shown */
@@ -203,7 +205,38 @@ typedef struct summary {
     double kv_bytes;      /* -1 = cannot tell */
     int64_t type_count[SP_TYPE_COUNT];
     double type_bytes[SP_TYPE_COUNT];
+    double repack_bytes;  /* the packed copies a load makes (engine/repack_weights.c) */
 } summary;
+
+/* Whether a load packs this tensor: the projections the engine repacks (attention,
+ * dense FFN, output) in a type the current kernel table has a packed gemm for. */
+static bool
+repacked_at_load(const sp_gguf_t *g, const sp_gguf_tensor_t *t)
+{
+    static const char *const names[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                                        ".attn_output.weight", ".ffn_gate.weight",
+                                        ".ffn_up.weight", ".ffn_down.weight"};
+    sp_str_t arch;
+    if (!sp_model_repack_enabled() || t->n_dims != 2 || t->type >= SP_TYPE_COUNT ||
+        sp_cpu_kernels()->repack_gemm[t->type] == NULL ||
+        (sp_gguf_get_str(g, "general.architecture", &arch, NULL, 0) == SP_OK &&
+         ((arch.len == 4 && memcmp(arch.ptr, "bert", 4) == 0) ||
+          (arch.len == 10 && memcmp(arch.ptr, "nomic-bert", 10) == 0)))) {
+        return false;
+    }
+    const char *nm = t->name.ptr;
+    const size_t len = t->name.len;
+    if (len == 13 && memcmp(nm, "output.weight", 13) == 0) {
+        return true;
+    }
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const size_t k = strlen(names[i]);
+        if (len > k + 4 && memcmp(nm, "blk.", 4) == 0 && memcmp(nm + len - k, names[i], k) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
 
 static int64_t
 arch_int(const sp_gguf_t *g, const char *arch, const char *suffix)
@@ -233,6 +266,11 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
         s->weight_bytes += (double)t->nbytes;
         s->type_count[t->type]++;
         s->type_bytes[t->type] += (double)t->nbytes;
+        if (repacked_at_load(g, t)) {
+            /* each copy starts 64-byte aligned, as the loader lays them out */
+            s->repack_bytes +=
+                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1]) + 63) & ~(size_t)63);
+        }
     }
     s->block_count = s->context_length = s->n_embd = s->n_head = s->n_head_kv = -1;
     s->kv_bytes = -1;
@@ -324,6 +362,12 @@ print_text(FILE *f, const sp_gguf_t *g, const opts *o, const summary *s)
     fprintf(f, ")\n  weight bytes:  %.0f (", s->weight_bytes);
     put_human_bytes(f, s->weight_bytes);
     fprintf(f, ")\n");
+    if (s->repack_bytes > 0) {
+        fprintf(f, "  repacked:      %.0f (", s->repack_bytes);
+        put_human_bytes(f, s->repack_bytes);
+        fprintf(f, ") more at load: rows interleaved for the %s kernels (--no-repack: none)\n",
+                sp_cpu_kernels()->name);
+    }
     if (s->block_count >= 0) {
         fprintf(f, "  layers:        %" PRId64 "\n", s->block_count);
     }
@@ -380,8 +424,8 @@ print_json(FILE *f, const sp_gguf_t *g, const opts *o, const summary *s)
     } else {
         fputs("null", f);
     }
-    fprintf(f, ",\n  \"n_params\": %.0f,\n  \"weight_bytes\": %.0f,\n", s->n_params,
-            s->weight_bytes);
+    fprintf(f, ",\n  \"n_params\": %.0f,\n  \"weight_bytes\": %.0f,\n"
+               "  \"repack_bytes\": %.0f,\n", s->n_params, s->weight_bytes, s->repack_bytes);
     if (s->kv_bytes >= 0) {
         fprintf(f, "  \"kv_context\": %" PRId64 ",\n  \"kv_cache_bytes\": %.0f,\n"
                    "  \"memory_bytes\": %.0f\n}\n",

@@ -8,6 +8,7 @@
  * SAMPAN_CPU=scalar|avx2|avx512 is read once and can only lower the level.
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/repack_impl.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -108,9 +109,12 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__q32_register_avx2(k);
         sp__kquants2_register_avx2(k);
         sp__attn_register_avx2(k);
+        sp__repack_register_avx2(k);
         k->name = "avx2";
     }
     if (level >= SP_CPU_AVX512) {
+        /* the AVX-512 panels unpack row-major blocks themselves: no packed weights there */
+        memset(k->repack_gemm, 0, sizeof k->repack_gemm);
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);

@@ -1,0 +1,115 @@
+/*
+ * repack_bench.c - A/B in one process: the row-major gemm of the kernel table (gemm[type])
+ * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
+ * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
+ * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
+ * memory, or L3 where it fits). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
+ * see the same machine load. Not a test: numbers depend on the machine and its load.
+ *
+ *   make BUILD=build build/libsampan.a
+ *   cc -O2 -Iinclude -Isrc bench/repack_bench.c build/libsampan.a -lm -pthread -o build/repackbench
+ *   nice ./build/repackbench [q4_0|iq4_nl]
+ */
+#include "qbench.h"
+
+#include "kernels/cpu/cpu_impl.h"
+
+typedef struct {
+    const sp_cpu_kernels_t *k;
+    sp_type_t wt;
+    int packed;
+    int64_t n, rows, toks;
+    const uint8_t *w, *wp, *x;
+    size_t wrow, gb, xrow;
+    float *out;
+} run_t;
+
+static void
+run(void *ctx)
+{
+    const run_t *c = ctx;
+    if (c->packed)
+        c->k->repack_gemm[c->wt](c->n, c->wp, c->gb, 0, c->rows, c->x, c->xrow, c->toks, c->out,
+                                 c->rows);
+    else
+        sp_cpu_gemm(c->k, c->wt, c->n, c->w, c->wrow, 0, c->rows, c->x, c->xrow, c->toks, c->out,
+                    c->rows);
+}
+
+static uint64_t seed = 12345;
+
+static float
+rnd(void)
+{
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((int64_t)(seed >> 33) % 2001 - 1000) * 1e-3f;
+}
+
+/* old and new seconds per call, best of 5 alternating runs */
+static void
+ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int64_t n,
+   int64_t toks, int reps)
+{
+    const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(SP_TYPE_Q8_0, n);
+    uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * (size_t)toks);
+    uint8_t *wp = malloc(sp_repack_bytes(wt, n, rows));
+    float *f = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)(rows * toks));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = 0.05f * rnd();
+        sp_quantize_row(wt, f, w + (size_t)r * wrow, n);
+    }
+    for (int64_t t = 0; t < toks; t++) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = rnd();
+        k->from_float[SP_TYPE_Q8_0](f, x + (size_t)t * xrow, n);
+    }
+    sp_repack_pack(wt, n, w, wrow, rows, 0, (rows + 7) / 8, wp);
+    run_t c[2] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
+                  {k, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out}};
+    double best[2] = {1e30, 1e30};
+    for (int tr = 0; tr < 5; tr++)
+        for (int v = 0; v < 2; v++) {
+            const double s = qbench_best(run, &c[v], reps, 1);
+            best[v] = s < best[v] ? s : best[v];
+        }
+    const double bytes = (double)wrow * (double)rows * (double)toks; /* weight bytes x tokens */
+    printf("%-6s %-7s %-22s old %8.3f ms (%6.2f GB/s)  packed %8.3f ms (%6.2f GB/s)  x%.2f\n",
+           k->name, sp_type_name(wt), what, best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3,
+           bytes / best[1] / 1e9, best[0] / best[1]);
+    free(w);
+    free(x);
+    free(wp);
+    free(f);
+    free(out);
+}
+
+int
+main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        int64_t rows, n;
+    } shapes[] = {{"attn_q/o 2048x2048", 2048, 2048},
+                  {"attn_k/v 256x2048", 256, 2048},
+                  {"ffn_gate/up 5632x2048", 5632, 2048},
+                  {"ffn_down 2048x5632", 2048, 5632}};
+    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL};
+    const sp_cpu_kernels_t *k = sp_cpu_kernels();
+    for (size_t ti = 0; ti < 2; ti++) {
+        if (!qbench_selected(argc, argv, k->name, sp_type_name(types[ti])))
+            continue;
+        if (k->repack_gemm[types[ti]] == NULL) {
+            printf("%s: no packed %s kernel at this level\n", k->name, sp_type_name(types[ti]));
+            continue;
+        }
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s prefill", shapes[s].name);
+            ab(k, types[ti], what, 128, shapes[s].n, 512, 1); /* 128 rows: one work item */
+            snprintf(what, sizeof what, "%s decode", shapes[s].name);
+            ab(k, types[ti], what, shapes[s].rows, shapes[s].n, 1, 5);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,179 @@
+/*
+ * repack_weights.c - the load-time repack of a model's dense projection weights (attention
+ * q/k/v/o, FFN gate/up/down, the output matrix) into the kernel table's packed form
+ * (kernels/kernels.h, SP_REPACK_ROWS rows interleaved), for the products batch.c runs.
+ *
+ * The GGUF rows stay where they are (the file mapping): every other reader of the weight
+ * bytes (token embedding rows, GPU upload, LoRA, the encoder, quantize / inspect) reads
+ * them as before, and only the matrix products of batch.c read the packed copy. The copy
+ * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
+ * the load log line and the memory estimate count it). A type is packed only when the
+ * current kernel table has a packed gemm for it (AVX2: Q4_0 and IQ4_NL).
+ *
+ * Threads: the packing runs on a few threads of its own while the model loads (groups of
+ * rows are independent); afterwards the copy is read-only and shared by every context.
+ * Process-wide switch: sp_model_set_repack (sampan --no-repack) or SAMPAN_REPACK=0.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "engine/model_impl.h"
+#include "kernels/kernels.h"
+#include "sampan/log.h"
+
+static atomic_int repack_disabled; /* 0: on (default), 1: off */
+
+void
+sp_model_set_repack(bool on)
+{
+    atomic_store(&repack_disabled, on ? 0 : 1);
+}
+
+bool
+sp_model_repack_enabled(void)
+{
+    const char *env = getenv("SAMPAN_REPACK");
+    if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0)) {
+        return false;
+    }
+    return atomic_load(&repack_disabled) == 0;
+}
+
+size_t
+sp_model_repack_bytes(const sp_model_t *m)
+{
+    return m->packed_bytes;
+}
+
+#define GROUPS_PER_ITEM 64
+
+typedef struct pack_work {
+    sp_weight_t **w;
+    int n_w;
+    atomic_llong next; /* work item: weight index * 2^32 + group chunk */
+    int64_t *chunks_before; /* prefix sums of each weight's chunk count */
+    int64_t total;
+} pack_work_t;
+
+static void *
+pack_thread(void *arg)
+{
+    pack_work_t *pw = arg;
+    for (;;) {
+        const int64_t item = atomic_fetch_add(&pw->next, 1);
+        if (item >= pw->total) {
+            return NULL;
+        }
+        int wi = 0;
+        while (item >= pw->chunks_before[wi + 1]) {
+            wi++;
+        }
+        sp_weight_t *w = pw->w[wi];
+        const int64_t n_groups = (w->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+        const int64_t g0 = (item - pw->chunks_before[wi]) * GROUPS_PER_ITEM;
+        const int64_t g1 = g0 + GROUPS_PER_ITEM < n_groups ? g0 + GROUPS_PER_ITEM : n_groups;
+        sp_repack_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, g0, g1,
+                       (void *)w->packed);
+    }
+}
+
+/* Collect the packable weights (in a fixed order) into list; returns how many. */
+static int
+collect(sp_model_t *m, const sp_cpu_kernels_t *k, sp_weight_t **list, int cap)
+{
+    int n = 0;
+#define ADD(wp)                                                                               \
+    do {                                                                                      \
+        sp_weight_t *w_ = (wp);                                                               \
+        if (n < cap && w_->data != NULL && k->repack_gemm[w_->type] != NULL &&                 \
+            sp_repack_bytes(w_->type, w_->n_in, w_->n_out) > 0) {                             \
+            list[n++] = w_;                                                                   \
+        }                                                                                     \
+    } while (0)
+    if (m->layers != NULL) {
+        for (int64_t il = 0; il < m->hp.n_layer; il++) {
+            sp_layer_t *L = &m->layers[il];
+            ADD(&L->wq);
+            ADD(&L->wk);
+            ADD(&L->wv);
+            ADD(&L->wo);
+            ADD(&L->w_gate);
+            ADD(&L->w_up);
+            ADD(&L->w_down);
+        }
+    }
+    ADD(&m->output);
+#undef ADD
+    return n;
+}
+
+sp_status_t
+sp__model_repack(sp_model_t *m, char *err, size_t err_len)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels();
+    if (!sp_model_repack_enabled() || m->enc != NULL) {
+        return SP_OK;
+    }
+    const int cap = (int)(m->hp.n_layer * 7 + 1);
+    sp_weight_t **list = sp_malloc(sizeof(*list) * (size_t)cap);
+    int64_t *before = sp_malloc(sizeof(*before) * (size_t)(cap + 1));
+    if (list == NULL || before == NULL) {
+        sp_free(list);
+        sp_free(before);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    const int n = collect(m, k, list, cap);
+    size_t total = 0;
+    before[0] = 0;
+    for (int i = 0; i < n; i++) {
+        total += (sp_repack_bytes(list[i]->type, list[i]->n_in, list[i]->n_out) + 63) & ~(size_t)63;
+        const int64_t groups = (list[i]->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+        before[i + 1] = before[i] + (groups + GROUPS_PER_ITEM - 1) / GROUPS_PER_ITEM;
+    }
+    if (n == 0) {
+        sp_free(list);
+        sp_free(before);
+        return SP_OK;
+    }
+    uint8_t *mem = sp_malloc_aligned(total, 64);
+    if (mem == NULL) {
+        sp_free(list);
+        sp_free(before);
+        return sp_errf(err, err_len, SP_ERR_NOMEM,
+                       "%s: out of memory for the packed weights (%zu bytes; SAMPAN_REPACK=0 "
+                       "or --no-repack keeps the file's layout)",
+                       sp_gguf_path(m->gguf), total);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        sp_weight_t *w = list[i];
+        w->packed = mem + off;
+        w->packed_stride = sp_repack_group_bytes(w->type, w->n_in);
+        off += (sp_repack_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
+    }
+    pack_work_t pw = {list, n, 0, before, before[n]};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nth = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
+    pthread_t th[16];
+    int started = 0;
+    for (int i = 1; i < nth; i++) {
+        if (pthread_create(&th[started], NULL, pack_thread, &pw) == 0) {
+            started++;
+        }
+    }
+    pack_thread(&pw); /* this thread works too, so a failed create only slows it down */
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+    }
+    m->packed_mem = mem;
+    m->packed_bytes = total;
+    SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d",
+                sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1);
+    sp_free(list);
+    sp_free(before);
+    return SP_OK;
+}

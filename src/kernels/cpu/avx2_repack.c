@@ -1,0 +1,254 @@
+/*
+ * avx2_repack.c - AVX2 gemm (prefill) and gemv (decode, one token) of Q4_0 and IQ4_NL
+ * weights in the packed form of kernels.h: 8 rows interleaved per group.
+ *
+ * One 32-byte load holds 8 quant bytes of 4 rows; it meets the same 8 activation bytes
+ * broadcast to its four 64-bit lanes, so VPMADDUBSW + VPMADDWD give 2 int32 per row, and
+ * one VPHADDD of the chunks of rows {0,1,4,5} and {2,3,6,7} leaves the exact block sum of
+ * rows 0..7 in lanes 0..7. The float work of a block (scale, convert, add) is then one
+ * vector op for 8 rows, where the row kernels spend one per row and block: that, and
+ * one contiguous weight stream per group, is what the layout buys.
+ *
+ * Numerics: the scalar reference's, lane r being row r. Q4_0: d = w.d * x.d (exact),
+ * sum = sum + (float)isum * d per block in order (ref.c). IQ4_NL: q32_impl.h's eight
+ * partial sums acc[b % 8] and its final tree, lane-wise. Multiplies and adds stay separate
+ * (C11 mode compiles intrinsics without FMA contraction), so the results are the
+ * reference's bits for any number of tokens per call (batch invariance).
+ *
+ * Integer ranges: Q4_0 keeps the nibble unsigned (0..15) and subtracts 8 * sum(x) per
+ * block (computed once per token and block); four VPMADDUBSW pair sums add in int16 to at
+ * most 4 * 2 * 15 * 127 = 15240. IQ4_NL's grid is signed, so it goes through the sign
+ * trick (|w| against x carrying w's sign, |w| <= 127, |x| <= 127: a pair sum is at most
+ * 32258) and each VPMADDUBSW is widened by VPMADDWD before the adds.
+ *
+ * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
+ * (8 * sum(x) and x's scale per block of the tokens in flight).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/q32_impl.h"
+#include "kernels/cpu/repack_impl.h"
+
+#define RP_INLINE static inline __attribute__((always_inline))
+
+/* tokens per tile, and the scratch entries (token x block) of one token chunk */
+#define RP_TM 4
+#define RP_SCRATCH 8192
+#define RP_X_CHUNK_BYTES (128 * 1024)
+
+_Static_assert(RP_SCRATCH >= RP_TM * (SP_REPACK_MAX_N / 32), "a tile's tokens fit the scratch");
+
+enum { RP_Q4_0, RP_IQ4_NL };
+
+RP_INLINE __m256i
+bcast8(const int8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi64x(v);
+}
+
+/*
+ * One group (8 rows) x T tokens over all nb blocks. xsum[t * nb + b] = 8 * sum of token t's
+ * block b quants (Q4_0 only), xd[t * nb + b] = its scale. Out: the 8 rows' results of each
+ * token (lane r = row r).
+ */
+RP_INLINE void
+rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+        const int32_t *xsum, const float *xd, __m256 out[RP_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    __m256 acc[RP_TM][SP_Q32_LANES];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+#pragma GCC unroll 8
+        for (int l = 0; l < SP_Q32_LANES; l++) {
+            acc[t][l] = _mm256_setzero_ps();
+        }
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        /* q[c][0]: low nibbles of chunk c, q[c][1]: high nibbles. Chunk 0 / 2 hold rows
+         * {0,1,4,5} bytes 0..7 / 8..15, chunk 1 / 3 rows {2,3,6,7}; a byte's low nibble is
+         * element j, its high nibble element j + 16. */
+        __m256i q[4][2];
+#pragma GCC unroll 8
+        for (int c = 0; c < 4; c++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
+            q[c][0] = _mm256_and_si256(raw, m4);
+            q[c][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (kind == RP_IQ4_NL) {
+                q[c][0] = _mm256_shuffle_epi8(lut, q[c][0]);
+                q[c][1] = _mm256_shuffle_epi8(lut, q[c][1]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
+            /* elements 0..7, 8..15, 16..23, 24..31 of the token, in every 64-bit lane */
+            const __m256i X[4] = {bcast8(xq), bcast8(xq + 8), bcast8(xq + 16), bcast8(xq + 24)};
+            __m256i isum;
+            if (kind == RP_Q4_0) {
+                __m256i p[2];
+#pragma GCC unroll 8
+                for (int s = 0; s < 2; s++) { /* s = 0: rows {0,1,4,5}, 1: {2,3,6,7} */
+                    __m256i v = _mm256_maddubs_epi16(q[s][0], X[0]);
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][0], X[1]));
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s][1], X[2]));
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][1], X[3]));
+                    p[s] = _mm256_madd_epi16(v, ones16);
+                }
+                isum = _mm256_sub_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                        _mm256_set1_epi32(xsum[t * nb + b]));
+            } else {
+                __m256i p[2];
+#pragma GCC unroll 8
+                for (int s = 0; s < 2; s++) {
+                    const __m256i *w4[4] = {&q[s][0], &q[s + 2][0], &q[s][1], &q[s + 2][1]};
+                    __m256i v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i w = *w4[k];
+                        const __m256i pr = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                                _mm256_sign_epi8(X[k], w));
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
+                    }
+                    p[s] = v;
+                }
+                isum = _mm256_hadd_epi32(p[0], p[1]);
+            }
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+            if (kind == RP_Q4_0) {
+                acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+            } else {
+                const int l = (int)(b % SP_Q32_LANES);
+                acc[t][l] = _mm256_add_ps(acc[t][l], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        if (kind == RP_Q4_0) {
+            out[t] = acc[t][0];
+        } else { /* sp__q32_sum_lanes, lane-wise */
+            const __m256 b0 = _mm256_add_ps(acc[t][0], acc[t][4]);
+            const __m256 b1 = _mm256_add_ps(acc[t][1], acc[t][5]);
+            const __m256 b2 = _mm256_add_ps(acc[t][2], acc[t][6]);
+            const __m256 b3 = _mm256_add_ps(acc[t][3], acc[t][7]);
+            out[t] = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
+        }
+    }
+}
+
+typedef void (*rp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                           const int32_t *xsum, const float *xd, __m256 out[RP_TM]);
+
+#define RP_TILE(name, kind, T)                                                                 \
+    static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
+                           const int32_t *xsum, const float *xd, __m256 out[RP_TM])            \
+    {                                                                                          \
+        rp_tile(kind, T, nb, g, x, xs, xsum, xd, out);                                         \
+    }
+
+RP_TILE(q4_0_tile, RP_Q4_0, 1)
+RP_TILE(q4_0_tile, RP_Q4_0, 2)
+RP_TILE(q4_0_tile, RP_Q4_0, 3)
+RP_TILE(q4_0_tile, RP_Q4_0, 4)
+RP_TILE(iq4_nl_tile, RP_IQ4_NL, 1)
+RP_TILE(iq4_nl_tile, RP_IQ4_NL, 2)
+RP_TILE(iq4_nl_tile, RP_IQ4_NL, 3)
+RP_TILE(iq4_nl_tile, RP_IQ4_NL, 4)
+
+static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
+                                                 q4_0_tile_4};
+static const rp_tile_fn iq4_nl_tiles[RP_TM + 1] = {NULL, iq4_nl_tile_1, iq4_nl_tile_2,
+                                                   iq4_nl_tile_3, iq4_nl_tile_4};
+
+/*
+ * Rows [r0, r1): the groups that cover them, each computed whole and stored only where the
+ * row is asked for. Tokens go in chunks whose activations stay in cache while the groups
+ * sweep them; each chunk's per-block sums and scales are computed once into the scratch.
+ */
+static void
+rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0,
+        int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    const int64_t nb = n / 32;
+    int32_t xsum[RP_SCRATCH];
+    float xd[RP_SCRATCH];
+    int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
+    if (tc > RP_SCRATCH / nb) {
+        tc = RP_SCRATCH / nb;
+    }
+    tc = tc / RP_TM * RP_TM;
+    if (tc < RP_TM) {
+        tc = RP_TM; /* n <= SP_REPACK_MAX_N: RP_TM tokens always fit */
+    }
+    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
+        for (int64_t t = t0; t < t1; t++) {
+            const sp_block_q8_0 *xb =
+                (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
+            for (int64_t b = 0; b < nb; b++) {
+                xd[(t - t0) * nb + b] = _cvtsh_ss(xb[b].d);
+                if (kind == RP_Q4_0) {
+                    int32_t s = 0;
+                    for (int j = 0; j < 32; j++) {
+                        s += xb[b].qs[j];
+                    }
+                    xsum[(t - t0) * nb + b] = 8 * s;
+                }
+            }
+        }
+        for (int64_t g = g0; g < g1; g++) {
+            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
+            for (int64_t t = t0; t < t1; t += RP_TM) {
+                const int T = (int)(t1 - t < RP_TM ? t1 - t : RP_TM);
+                __m256 out[RP_TM];
+                tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
+                         xsum + (t - t0) * nb, xd + (t - t0) * nb, out);
+                for (int tt = 0; tt < T; tt++) {
+                    float o[SP_REPACK_ROWS];
+                    _mm256_storeu_ps(o, out[tt]);
+                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
+                        const int64_t row = g * SP_REPACK_ROWS + r;
+                        if (row >= r0 && row < r1) {
+                            y[(t + tt) * ldy + row] = o[r];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void
+q4_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_Q4_0, q4_0_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+static void
+iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+void
+sp__repack_register_avx2(sp_cpu_kernels_t *k)
+{
+    k->repack_gemm[SP_TYPE_Q4_0] = q4_0_gemm;
+    k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
+}

@@ -1,0 +1,268 @@
+/*
+ * test_repack.c - the packed (8-row interleaved) form of Q4_0 and IQ4_NL weights: the byte
+ * layout against kernels.h's description, pack / unpack round trips with row counts that
+ * are not a multiple of 8 (zero padding rows), and every level's packed gemm against the
+ * scalar reference vec_dot on the original rows, bit for bit (the packed kernels keep the
+ * reference's order of operations), for row ranges that start and end inside a group,
+ * 1..9 tokens (decode and prefill tiles) and the extreme integer ranges.
+ */
+#include "test.h"
+
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/repack_impl.h"
+#include "kernels/kernels.h"
+
+static uint64_t rp_rng;
+
+static double
+rp_uniform(void) /* (0, 1) */
+{
+    rp_rng ^= rp_rng << 13;
+    rp_rng ^= rp_rng >> 7;
+    rp_rng ^= rp_rng << 17;
+    return ((double)(rp_rng >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static float
+rp_gauss(void)
+{
+    return (float)(sqrt(-2.0 * log(rp_uniform())) * cos(6.283185307179586 * rp_uniform()));
+}
+
+#define ASSERT_BITS(a, b, ...)                                                                \
+    do {                                                                                      \
+        float a_ = (a), b_ = (b);                                                             \
+        if (memcmp(&a_, &b_, sizeof(float)) != 0)                                             \
+            SP_TEST_FAIL(__VA_ARGS__);                                                        \
+    } while (0)
+
+static const sp_type_t rp_types[2] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL};
+
+/* The layout as kernels.h states it, spelled out independently of sp__repack_qs_off. */
+TEST(repack_layout)
+{
+    const int64_t n = 64, rows = 13;
+    const size_t rb = 18 * 2;
+    uint8_t src[13 * 36];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    ASSERT_EQ(sp_repack_group_bytes(SP_TYPE_Q4_0, n), 2 * 144);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_NL, n, rows), 2 * 2 * 144);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q8_0, n, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, 48, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, SP_REPACK_MAX_N + 32, rows), 0);
+    uint8_t dst[4 * 144];
+    memset(dst, 0xEE, sizeof dst);
+    sp_repack_pack(SP_TYPE_Q4_0, n, src, rb, rows, 0, 2, dst);
+    static const int set[2][4] = {{0, 1, 4, 5}, {2, 3, 6, 7}};
+    for (int g = 0; g < 2; g++) {
+        for (int b = 0; b < 2; b++) {
+            const uint8_t *pb = dst + g * 288 + b * 144;
+            for (int r = 0; r < 8; r++) {
+                const int row = g * 8 + r;
+                const uint8_t *blk = row < rows ? src + row * rb + b * 18 : NULL;
+                for (int i = 0; i < 2; i++)
+                    ASSERT_EQ(pb[2 * r + i], blk ? blk[i] : 0);
+            }
+            for (int c = 0; c < 4; c++) {
+                for (int l = 0; l < 4; l++) {
+                    const int row = g * 8 + set[c % 2][l];
+                    for (int j = 0; j < 8; j++) {
+                        const int byte = 8 * (c / 2) + j;
+                        const int want = row < rows ? src[row * rb + b * 18 + 2 + byte] : 0;
+                        ASSERT_EQ(pb[16 + 32 * c + 8 * l + j], want);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        uint8_t back[36];
+        sp_repack_unpack_row(SP_TYPE_Q4_0, n, dst, r, back);
+        ASSERT(memcmp(back, src + r * rb, rb) == 0);
+    }
+}
+
+/* Random quantised rows of one type, their packed form, Q8_0 activations (some blocks all
+ * zero, one with an outlier), and the reference results. */
+typedef struct {
+    int64_t n, rows, toks;
+    uint8_t *w, *packed, *x;
+    size_t rb, gb, xs;
+    float *want;
+} rp_case_t;
+
+static void
+rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks, uint64_t seed)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    c->n = n;
+    c->rows = rows;
+    c->toks = toks;
+    c->rb = sp_row_size(type, n);
+    c->gb = sp_repack_group_bytes(type, n);
+    c->xs = sp_row_size(SP_TYPE_Q8_0, n);
+    c->w = malloc(c->rb * (size_t)rows);
+    c->packed = malloc(sp_repack_bytes(type, n, rows));
+    c->x = malloc(c->xs * (size_t)toks);
+    c->want = malloc(sizeof(float) * (size_t)(rows * toks));
+    float *f = malloc(sizeof(float) * (size_t)n);
+    ASSERT(c->w && c->packed && c->x && c->want && f);
+    rp_rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = (0.02f + 0.03f * (float)((i / 32 + r) % 5)) * rp_gauss();
+        ASSERT(sp_quantize_row(type, f, c->w + (size_t)r * c->rb, n));
+    }
+    for (int64_t t = 0; t < toks; t++) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = ((i / 32 + t) % 11 == 4) ? 0.0f : rp_gauss();
+        if (t == 1)
+            f[n / 2] = 50.0f;
+        ref->from_float[SP_TYPE_Q8_0](f, c->x + (size_t)t * c->xs, n);
+    }
+    free(f);
+    sp_repack_pack(type, n, c->w, c->rb, rows, 0, (rows + 7) / 8, c->packed);
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t r = 0; r < rows; r++)
+            ref->vec_dot[type](n, &c->want[t * rows + r], c->w + (size_t)r * c->rb,
+                               c->x + (size_t)t * c->xs);
+}
+
+static void
+rp_case_free(rp_case_t *c)
+{
+    free(c->w);
+    free(c->packed);
+    free(c->x);
+    free(c->want);
+}
+
+/* gemm over rows [r0, r1) and tokens [0, nt) (nt <= toks): the reference's bits there, and
+ * the rest of y untouched. */
+static void
+rp_check_gemm(const char *what, sp_type_t type, sp_gemm_fn gemm, const rp_case_t *c, int64_t r0,
+              int64_t r1, int64_t nt)
+{
+    const int64_t ldy = c->rows + 3;
+    float *y = malloc(sizeof(float) * (size_t)(ldy * nt));
+    ASSERT(y != NULL);
+    for (int64_t i = 0; i < ldy * nt; i++)
+        y[i] = -1234.5f;
+    gemm(c->n, c->packed, c->gb, r0, r1, c->x, c->xs, nt, y, ldy);
+    for (int64_t t = 0; t < nt; t++) {
+        for (int64_t r = 0; r < ldy; r++) {
+            const float got = y[t * ldy + r];
+            const float want = r >= r0 && r < r1 ? c->want[t * c->rows + r] : -1234.5f;
+            ASSERT_BITS(got, want, "%s %s n=%lld rows [%lld,%lld) of %lld, %lld tokens: y[t%lld]"
+                        "[r%lld] = %.9g, want %.9g", what, sp_type_name(type), (long long)c->n,
+                        (long long)r0, (long long)r1, (long long)c->rows, (long long)nt,
+                        (long long)t, (long long)r, (double)got, (double)want);
+        }
+    }
+    free(y);
+}
+
+static void
+rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
+{
+    static const int64_t ns[] = {32, 96, 288, 2048};
+    static const int64_t rowss[] = {1, 7, 8, 13, 37};
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+        for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
+            rp_case_t c;
+            const int64_t rows = rowss[ir];
+            rp_case_make(&c, type, ns[in], rows, 9, 17 * in + ir);
+            for (int64_t nt = 1; nt <= 9; nt += (nt < 5 ? 1 : 4))
+                rp_check_gemm(what, type, gemm, &c, 0, rows, nt);
+            if (rows > 3) { /* ranges that start and end inside a group */
+                rp_check_gemm(what, type, gemm, &c, 3, rows - 1, 5);
+                rp_check_gemm(what, type, gemm, &c, rows / 2, rows / 2 + 1, 2);
+            }
+            rp_case_free(&c);
+        }
+    }
+}
+
+TEST(repack_gemm_scalar)
+{
+    rp_check_kernel("scalar packed", SP_TYPE_Q4_0, sp__repack_q4_0_gemm_ref);
+    rp_check_kernel("scalar packed", SP_TYPE_IQ4_NL, sp__repack_iq4_nl_gemm_ref);
+}
+
+static void
+rp_check_level(sp_cpu_level_t level)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(level);
+    int n = 0;
+    for (int i = 0; i < 2; i++) {
+        if (k->repack_gemm[rp_types[i]] != NULL) {
+            rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]]);
+            n++;
+        }
+    }
+    if (level == SP_CPU_AVX2)
+        ASSERT_EQ(n, 2); /* the AVX2 table packs both types */
+}
+
+TEST(repack_gemm_avx2)
+{
+    if (sp_cpu_kernels_for(SP_CPU_AVX2) == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 packed kernels not tested");
+    rp_check_level(SP_CPU_AVX2);
+}
+
+TEST(repack_gemm_avx512)
+{
+    if (sp_cpu_kernels_for(SP_CPU_AVX512) == NULL)
+        SKIP("this CPU has no AVX-512: nothing packed at that level to test");
+    rp_check_level(SP_CPU_AVX512);
+}
+
+/* The widest integer sums: every quant at the grid's end (Q4_0 nibble 0 = -8, IQ4_NL
+ * nibble 0 = -127) against activations of +-127, which is where int16 or saturating
+ * arithmetic would show (a pair sum 2 * 127 * 127 = 32258, a block sum 32 * 8 * 127). */
+TEST(repack_extreme_values)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    const int64_t n = 256, rows = 11;
+    for (int ti = 0; ti < 2; ti++) {
+        const sp_type_t type = rp_types[ti];
+        uint8_t w[11 * 8 * 18], packed[2 * 8 * 144];
+        sp_block_q8_0 x[3][8];
+        for (int r = 0; r < rows; r++) {
+            for (int b = 0; b < 8; b++) {
+                uint8_t *blk = w + (r * 8 + b) * 18;
+                const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b); /* 1.0 and up */
+                memcpy(blk, &d, 2);
+                memset(blk + 2, r % 3 == 0 ? 0x00 : r % 3 == 1 ? 0xFF : 0x0F, 16);
+            }
+        }
+        for (int t = 0; t < 3; t++) {
+            for (int b = 0; b < 8; b++) {
+                x[t][b].d = (uint16_t)(0x3800 + b);
+                for (int j = 0; j < 32; j++)
+                    x[t][b].qs[j] = (int8_t)(t == 0 ? 127 : t == 1 ? -127 : (j % 2 ? 127 : -127));
+            }
+        }
+        sp_repack_pack(type, n, w, 8 * 18, rows, 0, 2, packed);
+        float want[3][11];
+        for (int t = 0; t < 3; t++)
+            for (int r = 0; r < rows; r++)
+                ref->vec_dot[type](n, &want[t][r], w + r * 8 * 18, x[t]);
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+            sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
+            if (l == SP_CPU_SCALAR)
+                gemm = type == SP_TYPE_Q4_0 ? sp__repack_q4_0_gemm_ref : sp__repack_iq4_nl_gemm_ref;
+            if (gemm == NULL)
+                continue;
+            float y[3][11];
+            gemm(n, packed, 8 * 144, 0, rows, x, sizeof x[0], 3, &y[0][0], rows);
+            for (int t = 0; t < 3; t++)
+                for (int r = 0; r < rows; r++)
+                    ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
+                                sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);
+        }
+    }
+}
