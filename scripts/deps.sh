@@ -27,6 +27,10 @@ if [ "${1:-}" = "--test" ]; then
     # tests/unit/test_device.c: NVML's structs and prototypes as Debian's Rust bindings of
     # nvml.h spell them (Rust source only; NVIDIA's header itself is not in Debian main).
     need+=(librust-nvml-wrapper-sys-dev)
+    # tests/arm64.sh: the arm64 cross build (NEON kernels) and qemu user mode to run its unit
+    # tests; the engine's tokenizer and model decryption link arm64 PCRE2 and libcrypto
+    # (Debian multiarch: the arm64 architecture is added to dpkg first, below).
+    need+=(gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libssl-dev:arm64)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then
@@ -39,6 +43,9 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    if [[ " ${missing[*]} " == *":arm64 "* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        $SUDO dpkg --add-architecture arm64
+    fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
