@@ -12,8 +12,8 @@
 #                            circle of objects (scripts/check-includes.sh, check-cycles.py)
 #   make ARCH=arm64 unit-arm64
 #                            arm64 cross build (CROSS=aarch64-linux-gnu-): NEON kernels,
-#                            build-arm64/test_unit_arm64 (kernel and engine suites; run it
-#                            under qemu-aarch64 -L /usr/aarch64-linux-gnu)
+#                            build-arm64/test_unit_arm64 (kernel and engine suites; run by
+#                            tests/arm64.sh under qemu-aarch64)
 #   make clean
 
 CC      ?= cc
