@@ -10,10 +10,21 @@
 #                            units, NumPy reference, CLI checks)
 #   make check-layers        the layers of docs/design.md: the include table and no
 #                            circle of objects (scripts/check-includes.sh, check-cycles.py)
+#   make ARCH=arm64 unit-arm64
+#                            arm64 cross build (CROSS=aarch64-linux-gnu-): NEON kernels,
+#                            build-arm64/test_unit_arm64 (kernel and engine suites; run by
+#                            tests/arm64.sh under qemu-aarch64)
 #   make clean
 
 CC      ?= cc
 PYTHON  ?= /usr/bin/python3
+
+# arm64 cross build: Debian's gcc-aarch64-linux-gnu (and two arm64 libraries, see unit-arm64).
+ifeq ($(ARCH),arm64)
+CROSS   ?= aarch64-linux-gnu-
+CC       = $(CROSS)gcc
+BUILD   ?= build-arm64
+endif
 
 ifeq ($(FUZZ),1)
 # libFuzzer builds (clang): every object instrumented, the targets linked with the fuzzer main.
@@ -44,7 +55,13 @@ AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                -mavx512vnni -mavx512bf16
 
-LIB_SRC  := $(sort $(shell find src -name '*.c' ! -path 'src/main.c'))
+# The SIMD files of the other architecture are never compiled.
+ifeq ($(ARCH),arm64)
+SIMD_SKIP := src/kernels/cpu/avx%
+else
+SIMD_SKIP := src/kernels/cpu/neon%
+endif
+LIB_SRC  := $(filter-out $(SIMD_SKIP),$(sort $(shell find src -name '*.c' ! -path 'src/main.c')))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(sort $(wildcard tests/unit/*.c))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
@@ -53,6 +70,13 @@ AVX2_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx2*.c))
 AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
 $(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
 $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
+# arm64: neon.c is base ARMv8-A; the SDOT file alone may use the dot-product extension.
+$(BUILD)/src/kernels/cpu/neon_dotprod.o: ISA_FLAGS = -march=armv8.2-a+dotprod
+ifeq ($(ARCH),arm64)
+# Debian's aarch64 gcc 12 stops with an internal compiler error (vect_transform_reduction) in
+# reduction loops of several tests (test_kernels.c, test_q32.c); tests need no vectorising.
+$(BUILD)/tests/unit/%.o: ISA_FLAGS = -fno-tree-vectorize
+endif
 
 .PHONY: all unit test clean check-layers check-includes demo fuzz
 all: $(BUILD)/sampan
@@ -129,6 +153,26 @@ build/testdata/%.gguf: tests/data/tokenizer-2026/%.gguf.xz
 	xz -dc $< > $@.tmp && mv $@.tmp $@
 
 unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML) $(TOK2026)
+
+# The arm64 unit runner (`make ARCH=arm64 unit-arm64`): the kernel and engine suites only,
+# linked against the floors below the server (core, kernels, gguf, text, chat, constrain,
+# engine, and the model-file decryption and GPU loader the engine calls) in an archive of their
+# own. The engine's tokenizer and decryption need arm64 PCRE2 and libcrypto (Debian multiarch:
+# libpcre2-dev:arm64, libssl-dev:arm64, which scripts/deps.sh --test installs); the HTTP, JSON
+# and gRPC libraries of the server are not needed (statically, only the objects the tests reach
+# are linked), so no other arm64 package is.
+ARM64_FLOORS := core kernels gguf text chat constrain engine crypto cuda
+ARM64_LIB_OBJ := $(filter $(foreach f,$(ARM64_FLOORS),$(BUILD)/src/$(f)/%),$(LIB_OBJ))
+ARM64_TESTS := runner kernels kquants q32 attn model forward
+ARM64_TEST_OBJ := $(patsubst %,$(BUILD)/tests/unit/test_%.o,$(filter-out runner,$(ARM64_TESTS))) \
+                  $(BUILD)/tests/unit/runner.o
+$(BUILD)/libsampan_floors.a: $(ARM64_LIB_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+$(BUILD)/test_unit_arm64: $(ARM64_TEST_OBJ) $(BUILD)/libsampan_floors.a
+	$(CC) $(LDFLAGS) -o $@ $^ -lpcre2-8 -lcrypto -lm
+.PHONY: unit-arm64
+unit-arm64: $(BUILD)/test_unit_arm64
 
 
 # Backends (docs/backends.md): plugins the server dlopens from $(BUILD)/backends/, never linked
@@ -259,7 +303,7 @@ check-includes:
 	./scripts/check-includes.sh
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-fuzz build-arm64
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/src/main.d
 # The fuzz targets' objects are intermediate (deleted after linking); their

@@ -38,6 +38,10 @@ if [ "${1:-}" = "--test" ]; then
     # python onnx helpers that build test models and fuzz seeds, and OpenCV's DNN module as the
     # independent executor (tests/py/test_onnx_server.py).
     need+=(libonnx-testdata python3-onnx python3-opencv)
+    # tests/arm64.sh: the arm64 cross build (NEON kernels) and qemu user mode to run its unit
+    # tests; the engine's tokenizer and model decryption link arm64 PCRE2 and libcrypto
+    # (Debian multiarch: the arm64 architecture is added to dpkg first, below).
+    need+=(gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libssl-dev:arm64)
 fi
 # bench/http.sh only (not the build or the tests): wrk and nginx `return 200` as the peer.
 if [ "${1:-}" = "--bench" ]; then
@@ -50,6 +54,9 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    if [[ " ${missing[*]} " == *":arm64 "* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        $SUDO dpkg --add-architecture arm64
+    fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

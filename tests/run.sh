@@ -9,6 +9,8 @@
 #   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input, HTTP
 #      security and liveness suites (SAN_SUITES) against build-san/sampan
 #   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
+#   4. arm64: the cross build's kernel and engine tests under qemu-aarch64 (tests/arm64.sh;
+#      one skipped line without the cross compiler or qemu)
 # Each suite prints "<suite>: N passed, N failed, N skipped" as its last line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -110,6 +112,11 @@ for t in tests/py/test_*.py; do
     "$PY" "$t" 2>&1 | tee "$log/py.txt"; tally "$log/py.txt" "$t"
     times+=("$((SECONDS - t0)) $t")
 done
+
+echo "== arm64 (cross build, qemu-aarch64)"
+t0=$SECONDS
+./tests/arm64.sh 2>&1 | tee "$log/arm64.txt"; tally "$log/arm64.txt" arm64
+times+=("$((SECONDS - t0)) arm64")
 
 rm -rf "$log"
 # The suite must stay under 30 minutes on 2 cores: the wall time, and the slowest suites.

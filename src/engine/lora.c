@@ -440,7 +440,12 @@ row_mat(const sp_lora_apply_t *a, int64_t t)
  * runs in 16 / 8 lanes where the CPU has them. Every lane sums its own output
  * in the same order and C11 mode contracts no multiply-add, so every clone
  * gives the same bits. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+#if defined(__x86_64__)
+#define SP_LORA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SP_LORA_CLONES /* arm64: NEON is the base ISA, one version */
+#endif
+SP_LORA_CLONES static void
 apply_job_run(void *arg, int64_t c, int ith)
 {
     apply_job_t *j = arg;

@@ -8,7 +8,8 @@
  * Kernels are pure math on (pointer, length): no I/O, no model, no logging.
  * The scalar reference (cpu/ref*.c) exists for every op and is the oracle for
  * the SIMD versions (cpu/avx2*.c, cpu/avx512*.c), which cpu/dispatch.c picks at
- * run time from cpuid. SAMPAN_CPU=scalar|avx2|avx512 forces a lower level.
+ * run time from cpuid (arm64: NEON, and getauxval for the dot-product extension).
+ * SAMPAN_CPU=scalar|avx2|avx512 (arm64: scalar|neon|dotprod) forces a lower level.
  *
  * Batch invariance: every kernel that produces a dot product must give the
  * bit-identical result for a given (weight row, activation row) whatever the
@@ -229,10 +230,14 @@ sp_bf16_t sp_fp32_to_bf16(float f);
 
 /* ---- the CPU kernel table ---------------------------------------------- */
 
+/* Levels are ordinal per architecture: an arm64 build has NEON at 1 and NEON
+ * with the dot-product extension at 2 (the x86 files are not built there). */
 typedef enum sp_cpu_level {
     SP_CPU_SCALAR = 0,
     SP_CPU_AVX2 = 1,   /* AVX2 + FMA + F16C */
     SP_CPU_AVX512 = 2, /* AVX-512 F/BW/VL (+ VNNI, BF16 where the CPU has them) */
+    SP_CPU_NEON = 1,   /* arm64: Advanced SIMD */
+    SP_CPU_DOTPROD = 2, /* arm64: Advanced SIMD + SDOT (armv8.2-a dotprod) */
 } sp_cpu_level_t;
 
 /*

@@ -750,6 +750,42 @@ TEST(kernels_q_gemm_avx512_vnni_is_the_reference)
     }
 }
 
+/* The arm64 quantised products (neon.c, neon_dotprod.c) keep the reference's operation order
+ * (exact integer sums, then the reference's float statements block by block), so Q8_0, Q4_0,
+ * Q4_K and Q6_K must give its bits at both levels, in vec_dot and in every gemm shape. */
+TEST(kernels_q_neon_is_the_reference)
+{
+#if defined(__aarch64__)
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    static const sp_type_t qt[] = {SP_TYPE_Q8_0, SP_TYPE_Q4_0, SP_TYPE_Q4_K, SP_TYPE_Q6_K};
+    int tested = 0;
+    for (int l = SP_CPU_NEON; l <= SP_CPU_DOTPROD; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL) {
+            fprintf(stderr, "  skipped level %d: this CPU lacks it\n", l);
+            continue;
+        }
+        tested++;
+        for (int i = 0; i < 4; i++) {
+            ASSERT(k->gemm[qt[i]] != NULL && k->vec_dot[qt[i]] != ref->vec_dot[qt[i]]);
+            check_gemm_shapes(k->name, k, ref, qt[i], 2560, 13, 11, 80 + (uint64_t)i);
+            problem p;
+            problem_make(&p, k, qt[i], 4352, 2, 2, 90 + (uint64_t)i);
+            for (int r = 0; r < 2; r++) {
+                float got, want;
+                k->vec_dot[qt[i]](4352, &got, p.w + r * p.w_stride, p.x + r * p.x_stride);
+                ref->vec_dot[qt[i]](4352, &want, p.w + r * p.w_stride, p.x + r * p.x_stride);
+                ASSERT(memcmp(&got, &want, sizeof got) == 0);
+            }
+            problem_free(&p);
+        }
+    }
+    ASSERT(tested > 0);
+#else
+    SKIP("not an arm64 build");
+#endif
+}
+
 /* ---- dispatcher ----------------------------------------------------------- */
 
 TEST(kernels_dispatch)
@@ -760,8 +796,15 @@ TEST(kernels_dispatch)
     ASSERT_STR_EQ(sp_cpu_kernels_ref()->name, "scalar");
     ASSERT(sp_cpu_kernels_for(best->level) == best || getenv("SAMPAN_CPU") != NULL);
     const sp_cpu_features_t *f = sp__cpu_features();
+#if defined(__aarch64__)
+    ASSERT(f->neon && !f->avx2 && !f->avx512);
+    ASSERT(sp_cpu_kernels_for(SP_CPU_NEON) != NULL);
+    ASSERT((sp_cpu_kernels_for(SP_CPU_DOTPROD) != NULL) == f->dotprod);
+#else
     ASSERT((sp_cpu_kernels_for(SP_CPU_AVX2) != NULL) == f->avx2);
     ASSERT((sp_cpu_kernels_for(SP_CPU_AVX512) != NULL) == f->avx512);
+    ASSERT(!f->neon && !f->dotprod);
+#endif
     ASSERT(sp_cpu_kernels_for((sp_cpu_level_t)7) == NULL);
     fprintf(stderr, "  best table: %s\n", best->name);
     for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
@@ -780,6 +823,16 @@ TEST(kernels_dispatch)
 
 TEST(kernels_env_level)
 {
+#if defined(__aarch64__)
+    ASSERT_EQ(sp__cpu_level_from_env(NULL, SP_CPU_DOTPROD), SP_CPU_DOTPROD);
+    ASSERT_EQ(sp__cpu_level_from_env("scalar", SP_CPU_DOTPROD), SP_CPU_SCALAR);
+    ASSERT_EQ(sp__cpu_level_from_env("neon", SP_CPU_DOTPROD), SP_CPU_NEON);
+    ASSERT_EQ(sp__cpu_level_from_env("dotprod", SP_CPU_DOTPROD), SP_CPU_DOTPROD);
+    ASSERT_EQ(sp__cpu_level_from_env("dotprod", SP_CPU_NEON), SP_CPU_NEON);
+    /* the x86 names mean nothing here: the best level */
+    ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_DOTPROD), SP_CPU_DOTPROD);
+    return;
+#endif
     ASSERT_EQ(sp__cpu_level_from_env(NULL, SP_CPU_AVX512), SP_CPU_AVX512);
     ASSERT_EQ(sp__cpu_level_from_env("", SP_CPU_AVX2), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("scalar", SP_CPU_AVX512), SP_CPU_SCALAR);
@@ -800,7 +853,11 @@ TEST(kernels_cpu_levels)
 {
     char line[64] = "";
     sp_cpu_level_t best = SP_CPU_SCALAR;
+#if defined(__aarch64__)
+    static const char *names[] = {"scalar", "neon", "dotprod"};
+#else
     static const char *names[] = {"scalar", "avx2", "avx512"};
+#endif
     for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
         if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
             best = (sp_cpu_level_t)l;

@@ -521,6 +521,7 @@ TEST(kquants_level_scalar)
     check_table(SP_CPU_SCALAR);
 }
 
+#if defined(__x86_64__)
 TEST(kquants_level_avx2)
 {
     if (sp_cpu_kernels_for(SP_CPU_AVX2) == NULL)
@@ -547,6 +548,19 @@ TEST(kquants_level_avx512_vnni)
                   sp__q6k_vec_dot_avx512_vnni, sp__q4k_gemm_avx512_vnni,
                   sp__q6k_gemm_avx512_vnni);
 }
+#elif defined(__aarch64__)
+TEST(kquants_level_neon)
+{
+    check_table(SP_CPU_NEON);
+}
+
+TEST(kquants_level_dotprod)
+{
+    if (sp_cpu_kernels_for(SP_CPU_DOTPROD) == NULL)
+        SKIP("this CPU has no dot-product extension: SDOT K-quant kernels not tested");
+    check_table(SP_CPU_DOTPROD);
+}
+#endif
 
 /* Extreme integer ranges: every Q4_K quant 15 with scale 63, every Q8_K quant -127 (and +127),
  * Q6_K quants at 0 and 63 with scales -128 / 127: the int16 pair sums and int32 block sums

@@ -577,6 +577,7 @@ TEST(q32_level_scalar)
     check_table(SP_CPU_SCALAR);
 }
 
+#if defined(__x86_64__)
 TEST(q32_level_avx2)
 {
     if (sp_cpu_kernels_for(SP_CPU_AVX2) == NULL)
@@ -605,6 +606,19 @@ TEST(q32_level_avx512_vnni)
     sp__q32_level_avx512(&lv, true);
     check_level("avx512-vnni", &lv);
 }
+#elif defined(__aarch64__)
+TEST(q32_level_neon)
+{
+    check_table(SP_CPU_NEON);
+}
+
+TEST(q32_level_dotprod)
+{
+    if (sp_cpu_kernels_for(SP_CPU_DOTPROD) == NULL)
+        SKIP("this CPU has no dot-product extension");
+    check_table(SP_CPU_DOTPROD);
+}
+#endif
 
 /* Extreme integer ranges: every weight quant at its largest magnitude (Q4_1 15, Q5_1 31, Q5_0
  * -16, IQ4_NL -127, MXFP4 -12) against activations of all -127 and all +127, 9 blocks: every

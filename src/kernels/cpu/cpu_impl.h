@@ -43,6 +43,12 @@ void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
 
+/* neon.c (F32/F16/BF16, Q8_0/Q4_0, Q4_K/Q6_K with widening multiplies) and
+ * neon_dotprod.c (the integer products again with SDOT, built with
+ * -march=armv8.2-a+dotprod): arm64 only, the level-1 and level-2 tables. */
+void sp__neon_register(sp_cpu_kernels_t *k);
+void sp__neon_dotprod_register(sp_cpu_kernels_t *k);
+
 /* ref_attn.c, avx2_attn.c, avx512_attn.c: attention and element-wise ops. */
 void sp__attn_register_ref(sp_cpu_kernels_t *k);
 void sp__attn_register_avx2(sp_cpu_kernels_t *k);
@@ -70,12 +76,15 @@ void sp__attn_register_avx512(sp_cpu_kernels_t *k);
 #define SP_EXP_P4 0x1.6d8cf8p-10f
 #define SP_EXP_P5 0x1.9f08cp-13f
 
-/* dispatch.c: what cpuid and XGETBV report (OS support for YMM/ZMM state included). */
+/* dispatch.c: what cpuid and XGETBV report (OS support for YMM/ZMM state included), or
+ * on arm64 what getauxval(AT_HWCAP) reports. */
 typedef struct sp_cpu_features {
     bool avx2;       /* AVX2 + FMA + F16C, YMM state enabled */
     bool avx512;     /* AVX-512 F/BW/VL/DQ, ZMM state enabled */
     bool avx512_vnni;
     bool avx512_bf16;
+    bool neon;       /* arm64: Advanced SIMD (always there) */
+    bool dotprod;    /* arm64: SDOT/UDOT (HWCAP_ASIMDDP) */
 } sp_cpu_features_t;
 
 const sp_cpu_features_t *sp__cpu_features(void);

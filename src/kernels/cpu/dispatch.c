@@ -1,11 +1,16 @@
 /*
  * dispatch.c - picks the CPU kernel table at run time.
  *
- * cpuid says what the CPU can do and XGETBV says whether the OS saves the
- * YMM/ZMM registers on a context switch; a level is usable only when both do.
+ * x86-64: cpuid says what the CPU can do and XGETBV says whether the OS saves
+ * the YMM/ZMM registers on a context switch; a level is usable only when both
+ * do. AArch64: NEON (Advanced SIMD) is part of the base architecture, the
+ * dot-product extension is read from getauxval(AT_HWCAP) (HWCAP_ASIMDDP).
+ * Which SIMD files exist is fixed at compile time (the x86 files are never
+ * built for arm64, nor the NEON files for x86), which of them run at run time.
  * One table per level is built on first use (pthread_once) and never changes
  * afterwards, so callers may keep the pointer and share it between threads.
- * SAMPAN_CPU=scalar|avx2|avx512 is read once and can only lower the level.
+ * SAMPAN_CPU=scalar|avx2|avx512 (x86) or scalar|neon|dotprod (arm64) is read
+ * once and can only lower the level.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -21,6 +26,21 @@
 #define SP_X86 1
 #else
 #define SP_X86 0
+#endif
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20) /* the kernel's value, for old headers */
+#endif
+#endif
+
+/* The names SAMPAN_CPU accepts, indexed by level: the two SIMD levels mean
+ * AVX2 / AVX-512 on x86 and NEON / NEON with dot product on arm64. */
+#if defined(__aarch64__)
+static const char *const level_names[3] = {"scalar", "neon", "dotprod"};
+#else
+static const char *const level_names[3] = {"scalar", "avx2", "avx512"};
 #endif
 
 static sp_cpu_features_t features;
@@ -71,6 +91,9 @@ detect(sp_cpu_features_t *f)
     f->avx512 = f->avx2 && f512 && dq && bw && vl && zmm_os;
     f->avx512_vnni = f->avx512 && vnni;
     f->avx512_bf16 = f->avx512 && bf16;
+#elif defined(__aarch64__)
+    f->neon = true; /* Advanced SIMD is mandatory in AArch64 */
+    f->dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
 }
 
@@ -81,12 +104,10 @@ sp__cpu_level_from_env(const char *value, sp_cpu_level_t best)
     if (value == NULL || value[0] == '\0') {
         return best;
     }
-    if (strcmp(value, "scalar") == 0) {
-        want = SP_CPU_SCALAR;
-    } else if (strcmp(value, "avx2") == 0) {
-        want = SP_CPU_AVX2;
-    } else if (strcmp(value, "avx512") == 0) {
-        want = SP_CPU_AVX512;
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        if (strcmp(value, level_names[l]) == 0) {
+            want = (sp_cpu_level_t)l;
+        }
     }
     return want < best ? want : best;
 }
@@ -103,6 +124,18 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
     sp__kquants2_register_ref(k);
     sp__attn_register_ref(k);
     k->name = "scalar";
+#if defined(__aarch64__)
+    (void)has_vnni;
+    (void)has_bf16;
+    if (level >= SP_CPU_NEON) {
+        sp__neon_register(k);
+        k->name = "neon";
+    }
+    if (level >= SP_CPU_DOTPROD) {
+        sp__neon_dotprod_register(k);
+        k->name = "dotprod";
+    }
+#else
     if (level >= SP_CPU_AVX2) {
         sp__avx2_register(k);
         sp__kquants_register_avx2(k);
@@ -123,6 +156,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");
     }
+#endif
 }
 
 static void
@@ -130,10 +164,10 @@ init_once(void)
 {
     detect(&features);
     sp_cpu_level_t best = SP_CPU_SCALAR;
-    if (features.avx2) {
+    if (features.avx2 || features.neon) {
         best = SP_CPU_AVX2;
     }
-    if (features.avx512) {
+    if (features.avx512 || features.dotprod) {
         best = SP_CPU_AVX512;
     }
     for (int l = SP_CPU_SCALAR; l <= (int)best; l++) {
@@ -143,10 +177,13 @@ init_once(void)
     }
     const char *env = getenv("SAMPAN_CPU");
     chosen = sp__cpu_level_from_env(env, best);
-    if (env != NULL && env[0] != '\0' && strcmp(env, "scalar") != 0 && strcmp(env, "avx2") != 0 &&
-        strcmp(env, "avx512") != 0) {
-        SP_LOG_WARN("SAMPAN_CPU=%s is not scalar, avx2 or avx512; using %s", env,
-                    tables[chosen].name);
+    bool known = false;
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512 && env != NULL; l++) {
+        known = known || strcmp(env, level_names[l]) == 0;
+    }
+    if (env != NULL && env[0] != '\0' && !known) {
+        SP_LOG_WARN("SAMPAN_CPU=%s is not %s, %s or %s; using %s", env, level_names[0],
+                    level_names[1], level_names[2], tables[chosen].name);
     } else if (env != NULL && sp__cpu_level_from_env(env, SP_CPU_AVX512) > best) {
         /* a level above what this CPU (or its OS) runs: capped, and said so */
         SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, tables[chosen].name);
