@@ -69,23 +69,6 @@ sp__grpc_ext_method_name(int m)
 
 /* ------------------------------------------------------------ requests */
 
-/* A name that can stand in a REST path segment (as grpc_msg.c's). */
-static bool
-segment_ok(const char *s, size_t max)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > max) {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c <= 0x20 || c == 0x7f || c == '/' || c == '?' || c == '#' || c == '%' || c == '\\') {
-            return false;
-        }
-    }
-    return true;
-}
-
 static int
 set_path(sp_grpc_rest_t *r, char *err, size_t err_len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -108,7 +91,7 @@ set_path(sp_grpc_rest_t *r, char *err, size_t err_len, const char *fmt, ...)
 static int
 name_arg(const char *field, const char *v, size_t max, char *err, size_t err_len)
 {
-    if (!segment_ok(v, max)) {
+    if (!sp__grpc_msg_segment_ok(v, max)) {
         snprintf(err, err_len, "%s: %s (1 to %zu bytes, no spaces, slashes, '?', '#' or '%%')",
                  field, v[0] ? "not a valid name" : "required", max);
         return SP_GRPC_INVALID_ARGUMENT;
@@ -192,6 +175,18 @@ index_req(const ProtobufCMessage *pm, void *ud, char *err, size_t err_len)
     return set_path(r, err, err_len, "/v2/repository/index");
 }
 
+/* The common part of a repository load or unload: a POST, the repository
+ * name checked, the model name one that can stand in the REST path. */
+static int
+repo_model_req(sp_grpc_rest_t *r, sp_grpc_kind_t kind, const char *repository, const char *model,
+               char *err, size_t err_len)
+{
+    r->kind = kind;
+    r->method = SP_HTTP_POST;
+    int rc = repository_arg(repository, err, err_len);
+    return rc == SP_GRPC_OK ? name_arg("model_name", model, 255, err, err_len) : rc;
+}
+
 /* The parameters of a load: "config" (a JSON configuration, as REST's
  * parameters.config) only; anything else is refused, not ignored. */
 static int
@@ -199,12 +194,8 @@ load_req(const ProtobufCMessage *pm, void *ud, char *err, size_t err_len)
 {
     const Inference__RepositoryModelLoadRequest *q = (const void *)pm;
     sp_grpc_rest_t *r = ud;
-    r->kind = SP_GRPC_K_REPO_LOAD;
-    r->method = SP_HTTP_POST;
-    int rc = repository_arg(q->repository_name, err, err_len);
-    if (rc == SP_GRPC_OK) {
-        rc = name_arg("model_name", q->model_name, 255, err, err_len);
-    }
+    int rc = repo_model_req(r, SP_GRPC_K_REPO_LOAD, q->repository_name, q->model_name, err,
+                            err_len);
     if (rc != SP_GRPC_OK) {
         return rc;
     }
@@ -247,12 +238,8 @@ unload_req(const ProtobufCMessage *pm, void *ud, char *err, size_t err_len)
 {
     const Inference__RepositoryModelUnloadRequest *q = (const void *)pm;
     sp_grpc_rest_t *r = ud;
-    r->kind = SP_GRPC_K_REPO_UNLOAD;
-    r->method = SP_HTTP_POST;
-    int rc = repository_arg(q->repository_name, err, err_len);
-    if (rc == SP_GRPC_OK) {
-        rc = name_arg("model_name", q->model_name, 255, err, err_len);
-    }
+    int rc = repo_model_req(r, SP_GRPC_K_REPO_UNLOAD, q->repository_name, q->model_name, err,
+                            err_len);
     if (rc != SP_GRPC_OK) {
         return rc;
     }

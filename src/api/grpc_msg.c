@@ -177,9 +177,8 @@ quote(const char *s, char buf[80])
     return buf;
 }
 
-/* A model name or version that can stand in a REST path segment. */
-static bool
-segment_ok(const char *s, size_t max)
+bool
+sp__grpc_msg_segment_ok(const char *s, size_t max)
 {
     size_t n = strlen(s);
     if (n == 0 || n > max) {
@@ -203,12 +202,12 @@ model_path(sp_grpc_rest_t *r, const char *name, const char *version, const char 
         snprintf(err, err_len, "name: the model name is required");
         return SP_GRPC_INVALID_ARGUMENT;
     }
-    if (!segment_ok(name, 255)) {
+    if (!sp__grpc_msg_segment_ok(name, 255)) {
         snprintf(err, err_len, "name: %s is not a model name (1 to 255 bytes, no spaces, "
                  "slashes, '?', '#' or '%%')", quote(name, q));
         return SP_GRPC_INVALID_ARGUMENT;
     }
-    if (version[0] && !segment_ok(version, 32)) {
+    if (version[0] && !sp__grpc_msg_segment_ok(version, 32)) {
         snprintf(err, err_len, "version: %s is not a version", quote(version, q));
         return SP_GRPC_INVALID_ARGUMENT;
     }

@@ -157,6 +157,9 @@ typedef int (*sp_grpc_decoded_fn)(const struct ProtobufCMessage *m, void *ud, ch
 int sp__grpc_msg_decoded(const struct ProtobufCMessageDescriptor *desc, const uint8_t *msg,
                          size_t len, unsigned nul_mask, const char *const *names,
                          sp_grpc_decoded_fn fn, void *ud, char *err, size_t err_len);
+/* A model name or version that can stand in a REST path segment: 1..max
+ * bytes, no control character, space, '/', '?', '#', '%' or '\\'. */
+bool sp__grpc_msg_segment_ok(const char *s, size_t max);
 /* A message packed with its 5-byte gRPC prefix into *out (sp_malloc). */
 bool sp__grpc_msg_pack(const struct ProtobufCMessage *m, uint8_t **out, size_t *out_len);
 /* The message of a REST error body ({"error": "..."}), or a generic one. */

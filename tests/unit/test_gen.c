@@ -5,6 +5,7 @@
  * synthetic logits, and on the demo model itself.
  */
 #include "test.h"
+#include "vocab.h"
 
 #include "core/alloc.h"
 #include "core/timer.h"
@@ -13,44 +14,6 @@
 
 #define DEMO "models/stories260K.gguf"
 #define SPM32K "tests/data/tokenizer/ggml-vocab-llama-spm.gguf"
-
-typedef struct vocab_file {
-    sp_gguf_t *g;
-    sp_tokenizer_t *t;
-} vocab_file_t;
-
-static vocab_file_t
-open_vocab(const char *path)
-{
-    vocab_file_t v;
-    char err[256];
-    ASSERT_OK(sp_gguf_open(path, &v.g, err, sizeof err));
-    ASSERT_OK(sp_tokenizer_from_gguf(v.g, &v.t, err, sizeof err));
-    return v;
-}
-
-static void
-close_vocab(vocab_file_t *v)
-{
-    sp_tokenizer_destroy(v->t);
-    sp_gguf_close(v->g);
-}
-
-/* The byte-fallback token <0xNN> of byte b. */
-static int32_t
-byte_token(const sp_tokenizer_t *t, unsigned b)
-{
-    char want[8];
-    snprintf(want, sizeof want, "<0x%02X>", b);
-    for (int32_t id = 0; id < sp_tokenizer_n_vocab(t); id++) {
-        sp_str_t s = sp_tokenizer_token_text(t, id);
-        if (sp_str_eq_c(s, want)) {
-            return id;
-        }
-    }
-    SP_TEST_FAIL("no token %s", want);
-    return -1;
-}
 
 static sp_gen_params_t
 greedy_params(int32_t max_tokens)
@@ -102,7 +65,7 @@ feed_bytes(sp_gen_t *g, const sp_tokenizer_t *t, const char *text, char *got, ch
     int k = 0;
     sp_finish_t f = SP_FINISH_NONE;
     for (const char *p = text; *p && f == SP_FINISH_NONE; p++, k++) {
-        int32_t id = byte_token(t, (unsigned char)*p);
+        int32_t id = sp_test_byte_token(t, (unsigned char)*p);
         ASSERT_OK(force(g, t, id, &o));
         ASSERT_EQ(o.token, id);
         ASSERT_EQ(strlen(o.text), o.text_len);
@@ -121,7 +84,7 @@ feed_bytes(sp_gen_t *g, const sp_tokenizer_t *t, const char *text, char *got, ch
 
 TEST(gen_create_rejects_bad_params)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char err[256], long_stop[SP_GEN_MAX_STOP_LEN + 2];
     memset(long_stop, 'x', sizeof long_stop - 1);
     long_stop[sizeof long_stop - 1] = '\0';
@@ -164,7 +127,7 @@ TEST(gen_create_rejects_bad_params)
         }
     }
     /* a table built for another tokenizer */
-    vocab_file_t w = open_vocab(DEMO);
+    sp_test_vocab_t w = sp_test_vocab_open(DEMO);
     sp_gen_vocab_t *table = NULL;
     ASSERT_OK(sp_gen_vocab_create(w.t, &table, err, sizeof err));
     sp_gen_params_t p = sp_gen_default_params();
@@ -183,13 +146,13 @@ TEST(gen_create_rejects_bad_params)
     sp_gen_destroy(g);
     sp_gen_destroy(NULL);
     sp_gen_vocab_destroy(table);
-    close_vocab(&w);
-    close_vocab(&v);
+    sp_test_vocab_close(&w);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_create_cleans_up_after_oom)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_params_t p = sp_gen_default_params();
     p.json_object = true;
     p.stop[0] = "x";
@@ -211,14 +174,14 @@ TEST(gen_create_cleans_up_after_oom)
         ASSERT_EQ(sp_alloc_bytes_in_use(), before);
     }
     ASSERT(ok_at > 0);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 /* ---- stop strings and text ------------------------------------------------ */
 
 TEST(gen_stop_across_token_boundaries)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[512], steps[1024];
     int n;
     sp_gen_params_t p = greedy_params(100);
@@ -230,7 +193,7 @@ TEST(gen_stop_across_token_boundaries)
     ASSERT_EQ(n, 8);
     ASSERT_EQ(sp_gen_n_generated(g), 8);
     sp_gen_token_t o;
-    ASSERT_EQ(force(g, v.t, byte_token(v.t, 'x'), &o), SP_ERR_INVALID); /* over */
+    ASSERT_EQ(force(g, v.t, sp_test_byte_token(v.t, 'x'), &o), SP_ERR_INVALID); /* over */
     ASSERT(strstr(sp_gen_error(g), "ended") != NULL);
     sp_gen_destroy(g);
 
@@ -255,12 +218,12 @@ TEST(gen_stop_across_token_boundaries)
         ASSERT_STR_EQ(got, want[s]);
         sp_gen_destroy(g);
     }
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_stop_at_start_and_multiple_stops)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[512], steps[1024];
     int n;
     sp_gen_params_t p = greedy_params(100);
@@ -303,12 +266,12 @@ TEST(gen_stop_at_start_and_multiple_stops)
     ASSERT_STR_EQ(got, "ca");
     ASSERT_STR_EQ(steps, "c|||a|");
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_hold_back_then_release)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[512], steps[1024];
     int n;
     sp_gen_params_t p = greedy_params(100);
@@ -343,12 +306,12 @@ TEST(gen_hold_back_then_release)
     ASSERT_EQ(o.finish, SP_FINISH_STOP);
     ASSERT_STR_EQ(o.text, "lo");
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_utf8_hold_back)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[512], steps[1024];
     int n;
     sp_gen_params_t p = greedy_params(100);
@@ -373,12 +336,12 @@ TEST(gen_utf8_hold_back)
     ASSERT_EQ(feed_bytes(g, v.t, "ab\xE2\x82", got, steps, &n), SP_FINISH_LENGTH);
     ASSERT_STR_EQ(steps, "a|b|\xE2");
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_max_tokens_eog_and_dummy_prefix)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_token_t o;
     int32_t toks[16];
     int64_t nt = sp_tokenizer_encode(v.t, "Once upon", 9, true, false, toks, 16);
@@ -444,7 +407,7 @@ TEST(gen_max_tokens_eog_and_dummy_prefix)
         ASSERT(strstr(sp_gen_error(g), "NaN") != NULL);
         sp_gen_destroy(g);
     }
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 /* ---- log-probabilities and seeds ------------------------------------------- */
@@ -468,7 +431,7 @@ random_logits(float *l, int32_t n, uint64_t *seed)
 
 TEST(gen_logprobs_match_direct_computation)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     enum { V = 512 };
     static float l[V], ref[V];
     sp_gen_params_t p = sp_gen_default_params();
@@ -541,12 +504,12 @@ TEST(gen_logprobs_match_direct_computation)
     ASSERT_EQ(o.chosen.token, o.token);
     ASSERT(o.chosen.logprob < 0.0f);
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_seed_determinism)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     enum { V = 512, N = 40 };
     static float l[V];
     int32_t runs[3][N];
@@ -572,7 +535,7 @@ TEST(gen_seed_determinism)
     }
     ASSERT(memcmp(runs[0], runs[1], sizeof runs[0]) == 0);
     ASSERT(memcmp(runs[0], runs[2], sizeof runs[0]) != 0);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 /* ---- JSON ------------------------------------------------------------------ */
@@ -772,7 +735,7 @@ json_takes(const sp_tokenizer_t *t, const sp_gen_vocab_t *table, const char *pre
         sp_gen_t *g = make_gen(t, &p);
         sp_gen_token_t o;
         for (size_t i = 0; i < plen; i++) {
-            int32_t id = byte_token(t, (unsigned char)prefix[i]);
+            int32_t id = sp_test_byte_token(t, (unsigned char)prefix[i]);
             ASSERT_OK(force(g, t, id, &o));
             if (o.token != id) {
                 SP_TEST_FAIL("prefix '%.*s': byte %zu (0x%02x) refused", (int)plen, prefix, i,
@@ -783,7 +746,7 @@ json_takes(const sp_tokenizer_t *t, const sp_gen_vocab_t *table, const char *pre
         if (plen > 0 && o.finish != SP_FINISH_NONE) {
             taken[full] = false; /* the object is complete: nothing more comes */
         } else {
-            int32_t want = byte_token(t, next);
+            int32_t want = sp_test_byte_token(t, next);
             ASSERT_OK(force(g, t, want, &o));
             taken[full] = o.token == want;
         }
@@ -798,7 +761,7 @@ json_takes(const sp_tokenizer_t *t, const sp_gen_vocab_t *table, const char *pre
 
 TEST(gen_json_recogniser)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_vocab_t *table = NULL;
     char err[256];
     ASSERT_OK(sp_gen_vocab_create(v.t, &table, err, sizeof err));
@@ -861,12 +824,12 @@ TEST(gen_json_recogniser)
     ASSERT(!json_takes(v.t, table, num, nn, '1'));
     ASSERT(json_takes(v.t, table, num, nn, '}'));
     sp_gen_vocab_destroy(table);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_json_finish_and_eog)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_token_t o;
     char got[256];
     /* the object closing ends the generation with STOP, trailing whitespace allowed */
@@ -892,9 +855,9 @@ TEST(gen_json_finish_and_eog)
     p.json_object = true;
     g = make_gen(v.t, &p);
     static float l[512];
-    int32_t open = byte_token(v.t, '{');
+    int32_t open = sp_test_byte_token(v.t, '{');
     for (int i = 0; i < 512; i++) l[i] = -INFINITY;
-    l[byte_token(v.t, 'x')] = 1.0f; /* only invalid tokens are possible */
+    l[sp_test_byte_token(v.t, 'x')] = 1.0f; /* only invalid tokens are possible */
     ASSERT_EQ(sp_gen_step(g, l, &o), SP_ERR_UNSUPPORTED);
     ASSERT(strstr(sp_gen_error(g), "JSON") != NULL);
     sp_gen_destroy(g);
@@ -914,15 +877,15 @@ TEST(gen_json_finish_and_eog)
                (o.text[i] == '{' && i == o.text_len - 1));
     }
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_json_budget_closes_the_object)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     static float l[512];
     /* a model that only ever wants to open things and write 'a' */
-    int32_t want[3] = {byte_token(v.t, '['), byte_token(v.t, 'a'), byte_token(v.t, '{')};
+    int32_t want[3] = {sp_test_byte_token(v.t, '['), sp_test_byte_token(v.t, 'a'), sp_test_byte_token(v.t, '{')};
     for (int32_t max = 2; max <= 40; max += 3) {
         sp_gen_params_t p = greedy_params(max);
         p.json_object = true;
@@ -933,7 +896,7 @@ TEST(gen_json_budget_closes_the_object)
         do {
             for (int i = 0; i < 512; i++) l[i] = -1.0f;
             l[want[0]] = 3.0f, l[want[1]] = 2.0f, l[want[2]] = 1.0f;
-            l[byte_token(v.t, '"')] = 0.5f;
+            l[sp_test_byte_token(v.t, '"')] = 0.5f;
             ASSERT_OK(sp_gen_step(g, l, &o));
             strncat(text, o.text, o.text_len);
             steps++;
@@ -945,13 +908,13 @@ TEST(gen_json_budget_closes_the_object)
         }
         sp_gen_destroy(g);
     }
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_json_random_logits_always_close)
 {
     /* any model at all: random logits, sampled, every budget from 2 up */
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_vocab_t *table = NULL;
     char err[256];
     ASSERT_OK(sp_gen_vocab_create(v.t, &table, err, sizeof err));
@@ -991,7 +954,7 @@ TEST(gen_json_random_logits_always_close)
         sp_gen_destroy(g);
     }
     sp_gen_vocab_destroy(table);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 /* Generate with the demo model under json_object; returns the finish reason. */
@@ -1062,7 +1025,7 @@ TEST(gen_json_demo_model_output_parses)
 
 TEST(gen_step_allocates_nothing)
 {
-    vocab_file_t v = open_vocab(DEMO);
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     enum { V = 512 };
     static float l[V];
     for (int mode = 0; mode < 3; mode++) {
@@ -1087,7 +1050,7 @@ TEST(gen_step_allocates_nothing)
         ASSERT_EQ(sp_alloc_bytes_in_use(), before);
         sp_gen_destroy(g);
     }
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 /* Time steps on a 32000-token vocabulary, with and without the JSON mask. */
@@ -1110,7 +1073,7 @@ time_steps(const sp_tokenizer_t *t, const sp_gen_vocab_t *table, bool json, floa
         sp_gen_t *g = make_gen(t, &p);
         sp_gen_token_t o;
         for (const char *c = prefix; *c; c++) { /* put the recogniser in the state to measure */
-            ASSERT_OK(force(g, t, byte_token(t, (unsigned char)*c), &o));
+            ASSERT_OK(force(g, t, sp_test_byte_token(t, (unsigned char)*c), &o));
         }
         random_logits(l, V, &seed);
         int64_t t0 = sp_time_ns();
@@ -1129,7 +1092,7 @@ TEST(gen_json_mask_cost_32k_vocab)
 #else
     const int runs = 30;
 #endif
-    vocab_file_t v = open_vocab(SPM32K);
+    sp_test_vocab_t v = sp_test_vocab_open(SPM32K);
     char err[256];
     int64_t t0 = sp_time_ns();
     sp_gen_vocab_t *table = NULL;
@@ -1147,5 +1110,5 @@ TEST(gen_json_mask_cost_32k_vocab)
             "json in a string %.1f us\n",
             sp_tokenizer_n_vocab(v.t), build_ms, runs, plain, str, start, after, plain_greedy, greedy);
     sp_gen_vocab_destroy(table);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }

@@ -8,46 +8,11 @@
  * every test text is spelled one byte per token) with synthetic logits.
  */
 #include "test.h"
+#include "vocab.h"
 
 #include "engine/gen.h"
 
 #define DEMO "models/stories260K.gguf"
-
-typedef struct vocab_file {
-    sp_gguf_t *g;
-    sp_tokenizer_t *t;
-} vocab_file_t;
-
-static vocab_file_t
-open_vocab(void)
-{
-    vocab_file_t v;
-    char err[256];
-    ASSERT_OK(sp_gguf_open(DEMO, &v.g, err, sizeof err));
-    ASSERT_OK(sp_tokenizer_from_gguf(v.g, &v.t, err, sizeof err));
-    return v;
-}
-
-static void
-close_vocab(vocab_file_t *v)
-{
-    sp_tokenizer_destroy(v->t);
-    sp_gguf_close(v->g);
-}
-
-static int32_t
-byte_token(const sp_tokenizer_t *t, unsigned b)
-{
-    char want[8];
-    snprintf(want, sizeof want, "<0x%02X>", b);
-    for (int32_t id = 0; id < sp_tokenizer_n_vocab(t); id++) {
-        if (sp_str_eq_c(sp_tokenizer_token_text(t, id), want)) {
-            return id;
-        }
-    }
-    SP_TEST_FAIL("no token %s", want);
-    return -1;
-}
 
 /* Greedy, a budget of `budget` with markers "<t>" / "</t>", the close
  * marker's bytes as the forced tokens. */
@@ -63,7 +28,7 @@ budget_params(const sp_tokenizer_t *t, int32_t budget, bool in_prompt)
     p.think_in_prompt = in_prompt;
     const char *close = "</t>";
     for (int i = 0; close[i]; i++) {
-        p.think_force[i] = byte_token(t, (unsigned char)close[i]);
+        p.think_force[i] = sp_test_byte_token(t, (unsigned char)close[i]);
     }
     p.n_think_force = 4;
     return p;
@@ -95,7 +60,7 @@ run_bytes(sp_gen_t *g, const sp_tokenizer_t *t, const char *want, char *got, siz
         for (int32_t i = 0; i < n; i++) {
             l[i] = (float)(i % 7) * 0.01f;
         }
-        l[byte_token(t, (unsigned char)*p)] = 30.0f;
+        l[sp_test_byte_token(t, (unsigned char)*p)] = 30.0f;
         sp_gen_token_t o;
         ASSERT_OK(sp_gen_step(g, l, &o));
         ASSERT(strlen(got) + o.text_len < cap);
@@ -105,7 +70,7 @@ run_bytes(sp_gen_t *g, const sp_tokenizer_t *t, const char *want, char *got, siz
 
 TEST(gen_budget_forces_the_close_marker)
 {
-    vocab_file_t v = open_vocab();
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[256];
     /* the prompt opened the part: 3 tokens, then "</t>" however the logits
      * lean, then the model again */
@@ -149,12 +114,12 @@ TEST(gen_budget_forces_the_close_marker)
     ASSERT_STR_EQ(got, "abcdefg");
     ASSERT_EQ(sp_gen_n_forced(g), 0);
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_budget_never_cuts_a_character)
 {
-    vocab_file_t v = open_vocab();
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char got[256];
     /* the budget's last token begins é (C3 A9): its second byte still comes */
     sp_gen_params_t p = budget_params(v.t, 2, true);
@@ -162,16 +127,16 @@ TEST(gen_budget_never_cuts_a_character)
     run_bytes(g, v.t, "a\xC3\xA9xyzwq", got, sizeof got);
     ASSERT_STR_EQ(got, "a\xC3\xA9</t>q");
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_budget_candidates_path)
 {
-    vocab_file_t v = open_vocab();
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     sp_gen_params_t p = budget_params(v.t, 1, true);
     sp_gen_t *g = make_gen(v.t, &p);
     ASSERT_EQ(sp_gen_candidates(g), 1); /* greedy: the best logit only */
-    int32_t ids[1] = {byte_token(v.t, 'a')}; /* never one of the close marker's */
+    int32_t ids[1] = {sp_test_byte_token(v.t, 'a')}; /* never one of the close marker's */
     float vals[1] = {10.0f};
     char got[64] = "";
     for (int k = 0; k < 5; k++) {
@@ -181,12 +146,12 @@ TEST(gen_budget_candidates_path)
     }
     ASSERT_STR_EQ(got, "a</t>");
     sp_gen_destroy(g);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
 
 TEST(gen_budget_rejects_bad_params)
 {
-    vocab_file_t v = open_vocab();
+    sp_test_vocab_t v = sp_test_vocab_open(DEMO);
     char err[256];
     sp_gen_t *g = NULL;
     sp_gen_params_t p = budget_params(v.t, 3, false);
@@ -201,5 +166,5 @@ TEST(gen_budget_rejects_bad_params)
     p.n_think_force = SP_GEN_MAX_THINK_FORCE + 1;
     ASSERT_EQ(sp_gen_create(v.t, &p, &g, err, sizeof err), SP_ERR_INVALID);
     ASSERT(g == NULL);
-    close_vocab(&v);
+    sp_test_vocab_close(&v);
 }
