@@ -775,26 +775,7 @@ report(run_t *r, double cpu_s)
             (unsigned long long)r->n_unfinished, (unsigned long long)r->n_dropped,
             (unsigned long long)r->n_backlogged, r->bl_max, r->max_busy,
             (unsigned long long)r->n_retries, cpu_s, 100.0 * cpu_s / (o->warmup_s + o->duration_s));
-    lg_put_dist_ms(f, "latency_ms", &r->lat, 1e-6);
-    fputc(',', f);
-    lg_put_dist_ms(f, "latency_from_send_ms", &r->lat_send, 1e-6);
-    fputc(',', f);
-    lg_put_dist_ms(f, "send_lag_ms", &r->lag, 1e-6);
-    fputc(',', f);
-    lg_put_dist_ms(f, "server_queue_ms", &r->q_us, 1e-3);
-    fputc(',', f);
-    lg_put_dist_ms(f, "server_compute_ms", &r->c_us, 1e-3);
-    fprintf(f, ",\"last_error\":\"");
-    for (const char *p = r->last_err; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            fputc('\\', f);
-        }
-        fputc((unsigned char)*p < 0x20 ? ' ' : *p, f);
-    }
-    fprintf(f, "\"}\n");
-    if (f != stdout) {
-        fclose(f);
-    }
+    lg_put_tail(f, &r->lat, &r->lat_send, &r->lag, &r->q_us, &r->c_us, r->last_err);
 
     fprintf(stderr, "%s%s%s%s", o->label ? "[" : "", o->label ? o->label : "",
             o->label ? "] " : "", o->closed ? "closed loop" : "open loop");

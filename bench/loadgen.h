@@ -153,6 +153,35 @@ lg_put_dist_ms(FILE *f, const char *name, samples_t *s, double scale)
 }
 
 /* The number v given to flag, within [lo, hi], or exit 2 saying why. */
+/* The end of a result line, shared by the load generators: the latency
+ * distributions (client ns, server us, each printed in ms), the last error
+ * as a JSON string, the closing brace; closes f unless it is stdout. */
+static inline void
+lg_put_tail(FILE *f, samples_t *lat, samples_t *lat_send, samples_t *lag, samples_t *q_us,
+            samples_t *c_us, const char *last_err)
+{
+    lg_put_dist_ms(f, "latency_ms", lat, 1e-6);
+    fputc(',', f);
+    lg_put_dist_ms(f, "latency_from_send_ms", lat_send, 1e-6);
+    fputc(',', f);
+    lg_put_dist_ms(f, "send_lag_ms", lag, 1e-6);
+    fputc(',', f);
+    lg_put_dist_ms(f, "server_queue_ms", q_us, 1e-3);
+    fputc(',', f);
+    lg_put_dist_ms(f, "server_compute_ms", c_us, 1e-3);
+    fprintf(f, ",\"last_error\":\"");
+    for (const char *p = last_err; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            fputc('\\', f);
+        }
+        fputc((unsigned char)*p < 0x20 ? ' ' : *p, f);
+    }
+    fprintf(f, "\"}\n");
+    if (f != stdout) {
+        fclose(f);
+    }
+}
+
 static inline double
 lg_num_arg(const char *flag, const char *v, double lo, double hi)
 {
