@@ -1861,6 +1861,23 @@ oai_new(sp_serving_t *s, sp_http_req_t *r, oai_kind_t kind, sp_served_model_t *m
     return q;
 }
 
+/* The start of a handler over a JSON body and a model: the body (NULL when
+ * it is still arriving or was refused), the model it names and a request of
+ * `kind` on it. NULL when any step answered the request already; *body is
+ * then NULL or the caller's to release. */
+static oai_req_t *
+oai_begin(sp_serving_t *s, sp_http_req_t *r, const sp_route_params_t *p, sp_route_fn self,
+          oai_kind_t kind, json_t **body)
+{
+    *body = sp_api_json_body(s, r, self, p);
+    if (*body == NULL) {
+        return NULL;
+    }
+    sp_req_adapter_t ad;
+    sp_served_model_t *m = get_model(s, r, *body, self, p, &ad);
+    return m == NULL ? NULL : oai_new(s, r, kind, m, &ad);
+}
+
 static void run_generation_n(oai_req_t *q, sp_gen_params_t *g, int64_t max_tokens,
                              bool max_given, int32_t *toks, int64_t n_tok, const tok_in_t *in,
                              int n_in);
@@ -2165,16 +2182,12 @@ static void
 h_completions(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = sp_api_json_body(s, r, h_completions, p);
-    if (b == NULL) {
-        return;
-    }
-    oai_req_t *q = NULL;
-    sp_req_adapter_t ad;
-    sp_served_model_t *m = get_model(s, r, b, h_completions, p, &ad);
-    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
+    json_t *b = NULL;
+    oai_req_t *q = oai_begin(s, r, p, h_completions, OAI_COMPLETION, &b);
+    if (q == NULL) {
         goto done;
     }
+    sp_served_model_t *m = q->a.m;
     oai_prep_t *pp = &q->prep;
     pp->body = json_incref(b);
     pp->max_tokens = 16;
@@ -2347,16 +2360,12 @@ static void
 h_infill(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = sp_api_json_body(s, r, h_infill, p);
-    if (b == NULL) {
-        return;
-    }
-    oai_req_t *q = NULL;
-    sp_req_adapter_t ad;
-    sp_served_model_t *m = get_model(s, r, b, h_infill, p, &ad);
-    if (m == NULL || (q = oai_new(s, r, OAI_COMPLETION, m, &ad)) == NULL) {
+    json_t *b = NULL;
+    oai_req_t *q = oai_begin(s, r, p, h_infill, OAI_COMPLETION, &b);
+    if (q == NULL) {
         goto done;
     }
+    sp_served_model_t *m = q->a.m;
     q->infill = true;
     oai_prep_t *pp = &q->prep;
     pp->body = json_incref(b);
@@ -2669,16 +2678,12 @@ static void
 h_embeddings(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = sp_api_json_body(s, r, h_embeddings, p);
-    if (b == NULL) {
-        return;
-    }
-    oai_req_t *q = NULL;
-    sp_req_adapter_t ad;
-    sp_served_model_t *m = get_model(s, r, b, h_embeddings, p, &ad);
-    if (m == NULL || (q = oai_new(s, r, OAI_EMBED, m, &ad)) == NULL) {
+    json_t *b = NULL;
+    oai_req_t *q = oai_begin(s, r, p, h_embeddings, OAI_EMBED, &b);
+    if (q == NULL) {
         goto done;
     }
+    sp_served_model_t *m = q->a.m;
     q->prep.body = json_incref(b);
     const char *fmt = "float";
     sp_json_err_t e = {{0}, NULL};
@@ -2776,16 +2781,12 @@ static void
 h_rerank(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     sp_serving_t *s = ud;
-    json_t *b = sp_api_json_body(s, r, h_rerank, p);
-    if (b == NULL) {
-        return;
-    }
-    oai_req_t *q = NULL;
-    sp_req_adapter_t ad;
-    sp_served_model_t *m = get_model(s, r, b, h_rerank, p, &ad);
-    if (m == NULL || (q = oai_new(s, r, OAI_RERANK, m, &ad)) == NULL) {
+    json_t *b = NULL;
+    oai_req_t *q = oai_begin(s, r, p, h_rerank, OAI_RERANK, &b);
+    if (q == NULL) {
         goto done;
     }
+    sp_served_model_t *m = q->a.m;
     q->prep.body = json_incref(b);
     q->n_embd = (int)sp_model_hparams(m->model)->n_embd;
     const json_t *query = json_object_get(b, "query");
