@@ -48,6 +48,8 @@ void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
  * -march=armv8.2-a+dotprod): arm64 only, the level-1 and level-2 tables. */
 void sp__neon_register(sp_cpu_kernels_t *k);
 void sp__neon_dotprod_register(sp_cpu_kernels_t *k);
+/* neon_attn.c: attention (F32/F16/Q8_0 caches), exp, RMSNorm, SwiGLU; base ARMv8-A. */
+void sp__attn_register_neon(sp_cpu_kernels_t *k);
 
 /* ref_attn.c, avx2_attn.c, avx512_attn.c: attention and element-wise ops. */
 void sp__attn_register_ref(sp_cpu_kernels_t *k);
