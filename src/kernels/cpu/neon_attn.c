@@ -222,7 +222,7 @@ na_value16(const char *row, int kind, int64_t d0, int64_t nv, float32x4_t v[4])
     }
     const size_t esz = kind == 0 ? 4 : 2;
     const char *src = row + (size_t)d0 * esz;
-    uint8_t tmp[64];
+    float tmp[16]; /* float storage: F32 lanes are read as floats, F16 ones as bytes */
     if (nv < 16) {
         memset(tmp, 0, sizeof tmp);
         memcpy(tmp, src, (size_t)nv * esz);
