@@ -163,7 +163,7 @@ unit: $(BUILD)/test_unit $(BUILD)/sampan $(FAKE_NVML) $(TOK2026)
 # are linked), so no other arm64 package is.
 ARM64_FLOORS := core kernels gguf text chat constrain engine crypto cuda
 ARM64_LIB_OBJ := $(filter $(foreach f,$(ARM64_FLOORS),$(BUILD)/src/$(f)/%),$(LIB_OBJ))
-ARM64_TESTS := runner kernels kquants q32 attn model forward
+ARM64_TESTS := runner kernels kquants kquants2 q32 attn model forward
 ARM64_TEST_OBJ := $(patsubst %,$(BUILD)/tests/unit/test_%.o,$(filter-out runner,$(ARM64_TESTS))) \
                   $(BUILD)/tests/unit/runner.o
 $(BUILD)/libsampan_floors.a: $(ARM64_LIB_OBJ)

@@ -39,13 +39,20 @@ run() { # label, env..., -- test selections...
         sed "s/^/[$label] /" | tee -a "$log/all.txt"
 }
 # Kernels: the dispatcher, every product against the reference (the quantised ones bit for
-# bit), batch invariance of the gemms, the K-quant and 32-element block types, the element-wise
-# ops. The big-shape and attention sweeps are left to the native suites (minutes under qemu).
+# bit), batch invariance of the gemms, both K-quant families and the 32-element block types,
+# the NEON attention over F32 / F16 / Q8_0 caches (head_dim tails, sliding window, soft-cap,
+# sinks, a 4097-position context, paged block layouts, batch invariance) and the element-wise
+# ops. The big-shape sweeps (kernels_gemm_large_shapes, attn_matches_reference_all_shapes: half a
+# minute and more under qemu) are left to the native suites; attn_matches_reference_tails
+# is the shape sweep's tails at a tenth of its cost.
 KERNEL_TESTS=(kernels_fp16 kernels_bf16 kernels_q4_0_layout kernels_quantize_round_trip
               kernels_q8_0 kernels_q_products kernels_vec_dot_vs_reference
-              kernels_gemm_is_batch_invariant kernels_q_neon_is_the_reference kernels_dispatch
-              kernels_env_level kernels_cpu_levels test_kquants.c test_q32.c
-              attn_q8_0_cache_layout attn_rmsnorm_and_swiglu)
+              kernels_gemm_is_batch_invariant kernels_q_neon_is_the_reference
+              kernels_neon_covers_every_type kernels_dispatch
+              kernels_env_level kernels_cpu_levels test_kquants.c test_kquants2.c test_q32.c
+              attn_exp_matches_expf attn_matches_reference_tails attn_window_softcap_sinks
+              attn_matches_reference_peaked_and_long attn_q8_0_cache_layout
+              attn_rmsnorm_and_swiglu)
 run kernels SP_TEST_TIMEOUT=600 -- "${KERNEL_TESTS[@]}"
 # The engine on the demo model at each level: the greedy text against llama2.c's reference,
 # prefill / decode / threads bit identity, a context ending inside a KV block (the F16-cache
@@ -55,7 +62,8 @@ for lvl in scalar neon dotprod; do
 done
 # A CPU without the dot-product extension (qemu's cortex-a53): the dispatcher must not pick
 # the SDOT table there (it would die of SIGILL), and the NEON products still match.
-run a53 QEMU_CPU=cortex-a53 -- kernels_dispatch kernels_cpu_levels kernels_q_neon_is_the_reference
+run a53 QEMU_CPU=cortex-a53 -- kernels_dispatch kernels_cpu_levels kernels_q_neon_is_the_reference \
+    kernels_neon_covers_every_type
 grep -q '^\[a53\]   cpu levels: scalar neon$' "$log/all.txt" || {
     echo "[a53] the dispatcher did not report exactly scalar and neon"
     echo "[a53] unit: 0 passed, 1 failed, 0 skipped" >>"$log/all.txt"

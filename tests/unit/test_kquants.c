@@ -257,6 +257,49 @@ TEST(kquants_q8k_quantize)
     ASSERT(!sp__kquants_dequantize_row(SP_TYPE_F16, b, x, 256));
 }
 
+/* Every level's Q8_K activation quantizer gives the reference's bytes on the awkward blocks:
+ * .5 ties after the scaling (amax 127: iscale 1), all zero, tiny, ordinary random values, and
+ * on arm64 also a NaN among finite values and an infinity (iscale 0, inf * 0 = NaN). The AVX2
+ * and AVX-512 quantizers differ from the reference on those two (a NaN lane converts to
+ * INT_MIN before the pack, so its bsums wrap; docs/design-neon.md): compared there only on
+ * the finite blocks. */
+TEST(kquants_q8k_every_level_equal_reference)
+{
+    enum { NB = 6 };
+    static float x[NB * 256];
+    rng_seed(4242);
+    for (int i = 0; i < NB * 256; i++)
+        x[i] = (float)(rng_uniform() * 8.0 - 4.0);
+    for (int i = 0; i < 256; i++) {
+        x[i] = (float)(i % 254 - 127) + (i % 254 == 0 || i % 254 == 253 ? 0.0f : 0.5f);
+        x[256 + i] = 0.0f;
+        x[512 + i] = 1e-38f * (float)(i - 128);
+    }
+    x[0] = -127.0f;
+    x[768 + 17] = NAN;
+    x[1024 + 200] = INFINITY;
+    sp_block_q8_k want[NB], got[NB];
+    sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_K](x, want, NB * 256);
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+        if (k == NULL)
+            continue;
+        memset(got, 0x5a, sizeof got);
+        k->from_float[SP_TYPE_Q8_K](x, got, NB * 256);
+        for (int b = 0; b < NB; b++) {
+#if defined(__x86_64__)
+            if (lv > SP_CPU_SCALAR && (b == 3 || b == 4))
+                continue;
+#endif
+            if (memcmp(&got[b], &want[b], sizeof got[b]) != 0)
+                SP_TEST_FAIL("%s: Q8_K block %d differs from the reference", k->name, b);
+        }
+    }
+#if defined(__x86_64__)
+    fprintf(stderr, "  x86 levels: the NaN and infinity blocks not compared (known divergence)\n");
+#endif
+}
+
 /* ---- quantizer error bounds ----------------------------------------------------------------- */
 
 /* Independent decode of one Q4_K sub-block's (d*sc, dmin*m), from the format description. */

@@ -363,6 +363,38 @@ TEST(q32_q8_1_activations)
     }
 }
 
+/* Every level's Q8_1 activations on awkward blocks give the reference's bytes: .5 ties after
+ * the scaling (amax 127), all zero, below half's range, a NaN among finite values, an
+ * infinity (127 / inf = 0, inf * 0 = NaN), and negative-heavy sums. */
+TEST(q32_q8_1_every_level_edge_blocks)
+{
+    enum { NB = 6 };
+    float x[NB * 32];
+    for (int j = 0; j < 32; j++) {
+        x[j] = (float)(j * 8 - 127) + (j == 0 ? 0.0f : 0.5f);
+        x[32 + j] = 0.0f;
+        x[64 + j] = 1e-9f * (float)(j - 16);
+        x[96 + j] = (float)j * 0.25f - 3.0f;
+        x[128 + j] = (float)(31 - j) * 0.5f;
+        x[160 + j] = -(float)j;
+    }
+    x[0] = -127.0f;
+    x[96 + 9] = NAN;
+    x[128 + 4] = INFINITY;
+    sp_block_q8_1 want[NB], got[NB];
+    sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_1](x, want, NB * 32);
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL)
+            continue;
+        memset(got, 0x5a, sizeof(got));
+        k->from_float[SP_TYPE_Q8_1](x, got, NB * 32);
+        for (int b = 0; b < NB; b++)
+            if (memcmp(&got[b], &want[b], sizeof(got[b])) != 0)
+                SP_TEST_FAIL("%s: Q8_1 block %d differs from the reference", k->name, b);
+    }
+}
+
 /* Odd and hostile inputs: zeros, constants, NaN and infinities must give some block without
  * undefined behaviour (UBSan checks the conversions) and a zero block must stay zero. */
 TEST(q32_quantize_edge_cases)

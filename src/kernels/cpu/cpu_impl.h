@@ -43,11 +43,13 @@ void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
 
-/* neon.c (F32/F16/BF16, Q8_0/Q4_0, Q4_K/Q6_K with widening multiplies) and
- * neon_dotprod.c (the integer products again with SDOT, built with
- * -march=armv8.2-a+dotprod): arm64 only, the level-1 and level-2 tables. */
+/* neon.c (F32/F16/BF16, every quantised weight type with widening multiplies, the Q8_0 /
+ * Q8_1 / Q8_K activation quantizers) and neon_dotprod.c (the integer products again with
+ * SDOT, built with -march=armv8.2-a+dotprod): arm64 only, the level-1 and level-2 tables. */
 void sp__neon_register(sp_cpu_kernels_t *k);
 void sp__neon_dotprod_register(sp_cpu_kernels_t *k);
+/* neon_attn.c: attention (F32/F16/Q8_0 caches), exp, RMSNorm, SwiGLU; base ARMv8-A. */
+void sp__attn_register_neon(sp_cpu_kernels_t *k);
 
 /* ref_attn.c, avx2_attn.c, avx512_attn.c: attention and element-wise ops. */
 void sp__attn_register_ref(sp_cpu_kernels_t *k);

@@ -129,6 +129,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
     (void)has_bf16;
     if (level >= SP_CPU_NEON) {
         sp__neon_register(k);
+        sp__attn_register_neon(k);
         k->name = "neon";
     }
     if (level >= SP_CPU_DOTPROD) {

@@ -1,6 +1,6 @@
 /*
  * neon_impl.h - the arm64 integer kernels (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 x Q8_0; Q4_1, Q5_1 x
- * Q8_1; Q4_K, Q6_K x Q8_K), written once
+ * Q8_1; Q4_K, Q6_K, Q2_K, Q3_K, Q5_K, IQ4_XS x Q8_K), written once
  * and compiled twice: neon.c defines SP_NEON_DOT with widening multiplies (vmull_s8 + vpadalq_s16,
  * base ARMv8-A) and neon_dotprod.c with SDOT (vdotq_s32, built with -march=armv8.2-a+dotprod),
  * each with its own SP_NEON_NAME suffix. Pure functions of their arguments: any thread, no heap.
@@ -9,10 +9,12 @@
  * sums at most 32 * 127 * 128 in int32, a K-quant super-block at most 256 * 63 * 127 * 128),
  * so where the lanes add up does not matter. The float part then repeats the scalar reference
  * statement by statement: Q8_0 / Q4_0 do sum = sum + (float)isum * (d_w * d_x) block by block
- * (cpu/ref.c), Q4_K / Q6_K the fixed sequence of kquants_impl.h, the 32-element types that of
- * q32_impl.h (eight partial sums, block i into i % 8, the same final tree). The results therefore equal the
- * reference bit for bit (the build uses -std=c11, so no multiply-add is contracted into an FMA),
- * and the gemm's (row, token) pairs run exactly vec_dot's operations (batch invariance).
+ * (cpu/ref.c), Q4_K / Q6_K the fixed sequence of kquants_impl.h, Q2_K / Q3_K / Q5_K / IQ4_XS
+ * that of kquants2_impl.h (per 16-element group sc * dot, summed in int32), the 32-element
+ * types that of q32_impl.h (eight partial sums, block i into i % 8, the same final tree). The
+ * results therefore equal the reference bit for bit (the build uses -std=c11, so no
+ * multiply-add is contracted into an FMA), and the gemm's (row, token) pairs run exactly
+ * vec_dot's operations (batch invariance).
  *
  * The gemm takes one weight row against up to NE_T tokens at a time: the row's blocks are
  * loaded and unpacked once and dotted with each token.
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/kquants2_impl.h"
 #include "kernels/cpu/kquants_impl.h"
 #include "kernels/cpu/q32_impl.h"
 
@@ -296,6 +299,153 @@ ne_q32_row(const int wt, const int T, int64_t nb, const uint8_t *w, const uint8_
     }
 }
 
+/* ---- Q2_K, Q3_K, Q5_K, IQ4_XS weights, Q8_K activations (kquants2_impl.h's contract) ------- */
+
+enum { NE_Q2_K, NE_Q3_K, NE_Q5_K, NE_IQ4_XS };
+
+/* One super-block as the contract sees it: q[g] the 16 signed quants of elements 16g..16g+15
+ * (Q3_K's -4..3, IQ4_XS's grid values), sc[g] / mn[g] the group's integer scale and min (mn
+ * zero for the scale-only types). */
+NE_INLINE void
+ne_k2_unpack(const int wt, const uint8_t *blk, int8x16_t q[16], int32_t sc[16], int32_t mn[16])
+{
+    const uint8x16_t m3 = vdupq_n_u8(3), m4 = vdupq_n_u8(0x0f);
+    if (wt == NE_Q2_K || wt == NE_Q3_K) {
+        /* element 128h + 32j + 16l + e: bits 2j of qs[32h + 16l + e] (group 8h + 2j + l) */
+        const uint8_t *qs = wt == NE_Q2_K ? ((const sp_block_q2_k *)blk)->qs
+                                          : ((const sp_block_q3_k *)blk)->qs;
+        uint8x16_t hm[2] = {vdupq_n_u8(0), vdupq_n_u8(0)};
+        if (wt == NE_Q3_K) {
+            hm[0] = vld1q_u8(((const sp_block_q3_k *)blk)->hmask);
+            hm[1] = vld1q_u8(((const sp_block_q3_k *)blk)->hmask + 16);
+        }
+        for (int h = 0; h < 2; h++) {
+            for (int l = 0; l < 2; l++) {
+                const uint8x16_t v = vld1q_u8(qs + 32 * h + 16 * l);
+                const uint8x16_t lo[4] = {vandq_u8(v, m3), vandq_u8(vshrq_n_u8(v, 2), m3),
+                                          vandq_u8(vshrq_n_u8(v, 4), m3), vshrq_n_u8(v, 6)};
+                for (int j = 0; j < 4; j++) {
+                    if (wt == NE_Q2_K) {
+                        q[8 * h + 2 * j + l] = vreinterpretq_s8_u8(lo[j]);
+                    } else {
+                        /* hmask[16l + e] bit 4h + j set: no -4; so q = lo + 4 * bit - 4 */
+                        const uint8x16_t bit =
+                            vtstq_u8(hm[l], vdupq_n_u8((uint8_t)(1u << (4 * h + j))));
+                        const uint8x16_t u = vorrq_u8(lo[j], vandq_u8(bit, vdupq_n_u8(4)));
+                        q[8 * h + 2 * j + l] = vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(4));
+                    }
+                }
+            }
+        }
+        if (wt == NE_Q2_K) {
+            const uint8_t *s = ((const sp_block_q2_k *)blk)->scales;
+            for (int g = 0; g < 16; g++) {
+                sc[g] = s[g] & 0xF;
+                mn[g] = s[g] >> 4;
+            }
+        } else {
+            uint8_t s[16];
+            sp__q3k_unpack_scales(((const sp_block_q3_k *)blk)->scales, s);
+            for (int g = 0; g < 16; g++) {
+                sc[g] = (int32_t)s[g] - 32;
+                mn[g] = 0;
+            }
+        }
+    } else if (wt == NE_Q5_K) {
+        /* element 32j + 16l + e: nibble j & 1 of qs[32 (j / 2) + 16l + e], bit j of qh[16l + e] */
+        const sp_block_q5_k *p = (const sp_block_q5_k *)blk;
+        const uint8x16_t b4 = vdupq_n_u8(0x10);
+        for (int l = 0; l < 2; l++) {
+            const uint8x16_t qh = vld1q_u8(p->qh + 16 * l);
+            for (int j = 0; j < 8; j++) {
+                const uint8x16_t v = vld1q_u8(p->qs + 32 * (j / 2) + 16 * l);
+                const uint8x16_t nib = (j & 1) ? vshrq_n_u8(v, 4) : vandq_u8(v, m4);
+                const uint8x16_t hb = vandq_u8(vtstq_u8(qh, vdupq_n_u8((uint8_t)(1u << j))), b4);
+                q[2 * j + l] = vreinterpretq_s8_u8(vorrq_u8(nib, hb));
+            }
+        }
+        uint8_t s8[8], m8[8];
+        sp__q4k_unpack_scales(p->scales, s8, m8);
+        for (int g = 0; g < 16; g++) {
+            sc[g] = s8[g / 2];
+            mn[g] = m8[g / 2];
+        }
+    } else {
+        /* sub-block ib: low nibbles of qs[16 ib ..] are elements 32 ib + 0..15, high 16..31 */
+        const sp_block_iq4_xs *p = (const sp_block_iq4_xs *)blk;
+        const int8x16_t grid = vld1q_s8(sp_iq4nl_values);
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8x16_t v = vld1q_u8(p->qs + 16 * ib);
+            q[2 * ib] = vqtbl1q_s8(grid, vandq_u8(v, m4));
+            q[2 * ib + 1] = vqtbl1q_s8(grid, vshrq_n_u8(v, 4));
+        }
+        uint8_t s8[8];
+        sp__iq4xs_unpack_scales(p, s8);
+        for (int g = 0; g < 16; g++) {
+            sc[g] = (int32_t)s8[g / 2] - 32;
+            mn[g] = 0;
+        }
+    }
+}
+
+/* One weight row against T tokens: per super-block the exact sumi (and summs), then the
+ * contract's float finish, super-blocks in order. */
+NE_INLINE void
+ne_k2_row(const int wt, const int T, int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs,
+          float *y, int64_t ys)
+{
+    static const size_t bsz[4] = {sizeof(sp_block_q2_k), sizeof(sp_block_q3_k),
+                                  sizeof(sp_block_q5_k), sizeof(sp_block_iq4_xs)};
+    static const size_t doff[4] = {offsetof(sp_block_q2_k, d), offsetof(sp_block_q3_k, d),
+                                   offsetof(sp_block_q5_k, d), offsetof(sp_block_iq4_xs, d)};
+    const bool has_min = wt == NE_Q2_K || wt == NE_Q5_K;
+    float sum[NE_T] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bsz[wt];
+        int8x16_t q[16];
+        int32_t sc[16], mn[16];
+        ne_k2_unpack(wt, blk, q, sc, mn);
+        sp_fp16_t hd, hdm = 0;
+        memcpy(&hd, blk + doff[wt], sizeof hd);
+        if (wt == NE_Q2_K) {
+            hdm = ((const sp_block_q2_k *)blk)->dmin;
+        } else if (wt == NE_Q5_K) {
+            hdm = ((const sp_block_q5_k *)blk)->dmin;
+        }
+        const float dw = ne_h2f(hd), dmw = ne_h2f(hdm);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const sp_block_q8_k *xb = (const sp_block_q8_k *)(x + (size_t)t * xs) + b;
+            int32x4_t acc = vdupq_n_s32(0);
+            int32_t summs = 0;
+            for (int g = 0; g < 16; g++) {
+                const int32x4_t dg = SP_NEON_DOT(vdupq_n_s32(0), q[g], vld1q_s8(xb->qs + 16 * g));
+                acc = vmlaq_n_s32(acc, dg, sc[g]);
+                if (has_min) {
+                    summs += mn[g] * xb->bsums[g];
+                }
+            }
+            const int32_t sumi = vaddvq_s32(acc);
+            /* kquants2_impl.h's finish, one statement per rounding */
+            const float d = xb->d * dw;
+            float blk_sum;
+            if (has_min) {
+                const float dm = xb->d * dmw;
+                const float a = d * (float)sumi;
+                const float c = dm * (float)summs;
+                blk_sum = a - c;
+            } else {
+                blk_sum = d * (float)sumi;
+            }
+            sum[t] = sum[t] + blk_sum;
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        y[t * ys] = sum[t];
+    }
+}
+
 /* ---- vec_dot, gemm and the table ---------------------------------------------------------- */
 
 typedef void (*ne_row_fn)(int64_t nb, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
@@ -368,6 +518,14 @@ NE_GEMM_AND_DOT(q8_0, SP_QK8_0)
 NE_GEMM_AND_DOT(q4_0, SP_QK4_0)
 NE_GEMM_AND_DOT(q4_k, SP_QK_K)
 NE_GEMM_AND_DOT(q6_k, SP_QK_K)
+NE_ROWS(q2_k, ne_k2_row, NE_Q2_K)
+NE_ROWS(q3_k, ne_k2_row, NE_Q3_K)
+NE_ROWS(q5_k, ne_k2_row, NE_Q5_K)
+NE_ROWS(iq4_xs, ne_k2_row, NE_IQ4_XS)
+NE_GEMM_AND_DOT(q2_k, SP_QK_K)
+NE_GEMM_AND_DOT(q3_k, SP_QK_K)
+NE_GEMM_AND_DOT(q5_k, SP_QK_K)
+NE_GEMM_AND_DOT(iq4_xs, SP_QK_K)
 
 /* The integer products of this file; the activation formats stay the reference's. */
 static void
@@ -391,6 +549,14 @@ SP_NEON_NAME(register_int)(sp_cpu_kernels_t *k)
     k->gemm[SP_TYPE_IQ4_NL] = gemm_iq4_nl;
     k->vec_dot[SP_TYPE_MXFP4] = vec_dot_mxfp4;
     k->gemm[SP_TYPE_MXFP4] = gemm_mxfp4;
+    k->vec_dot[SP_TYPE_Q2_K] = vec_dot_q2_k;
+    k->gemm[SP_TYPE_Q2_K] = gemm_q2_k;
+    k->vec_dot[SP_TYPE_Q3_K] = vec_dot_q3_k;
+    k->gemm[SP_TYPE_Q3_K] = gemm_q3_k;
+    k->vec_dot[SP_TYPE_Q5_K] = vec_dot_q5_k;
+    k->gemm[SP_TYPE_Q5_K] = gemm_q5_k;
+    k->vec_dot[SP_TYPE_IQ4_XS] = vec_dot_iq4_xs;
+    k->gemm[SP_TYPE_IQ4_XS] = gemm_iq4_xs;
 }
 
 #endif /* SP_KERNELS_CPU_NEON_IMPL_H */
