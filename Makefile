@@ -281,6 +281,30 @@ $(BUILD)/libfake_cuda.so: tests/gpu/fake_cuda.c src/cuda/cuda_api.h src/cuda/cud
 	@mkdir -p $(dir $@)
 	$(CC) -Iinclude -Isrc -std=c11 -O1 -g $(WARN) -fPIC -shared -o $@ $< -lm
 
+# The ONNX backend's GPU executor (docs/onnx-gpu.md): backends/onnx/cuda/exec.c (host C: shapes,
+# memory pool, convolution plans) with dev.cu (kernels, cuDNN, cuBLAS) in
+# $(CUDA_BUILD)/libsampan_onnx_cuda.so, which the ONNX plugin dlopens for KIND_GPU models; the same
+# exec.c with the host emulation tests/gpu/fake_onnx_dev.c in $(BUILD)/libfake_onnx_cuda.so, built
+# with the plugin, so the suite runs the plugin's GPU path without a GPU (tests/py/test_onnx_gpu.py).
+ONNX_CUDA_HDR := backends/onnx/gpu_api.h backends/onnx/cuda/dev.h backends/onnx/cuda/half.h
+cuda: $(CUDA_BUILD)/libsampan_onnx_cuda.so
+cuda-check: $(CUDA_BUILD)/onnx_cuda/dev.o
+$(CUDA_BUILD)/onnx_cuda/dev.o: backends/onnx/cuda/dev.cu $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(CUDA_BUILD)/onnx_cuda/exec.o: backends/onnx/cuda/exec.c $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -fPIC -fvisibility=hidden -c $< -o $@
+$(CUDA_BUILD)/libsampan_onnx_cuda.so: $(CUDA_BUILD)/onnx_cuda/dev.o $(CUDA_BUILD)/onnx_cuda/exec.o
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 \
+	    -Xlinker -rpath,$(CUDA_HOME)/lib -lcudnn -lcublas -lcudart
+# The host emulation (never instrumented: it stands in for a vendor library, as libfake_cuda.so).
+$(BUILD)/libfake_onnx_cuda.so: tests/gpu/fake_onnx_dev.c backends/onnx/cuda/exec.c $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g $(WARN) -D_GNU_SOURCE -fPIC -shared -fvisibility=hidden -o $@ \
+	    tests/gpu/fake_onnx_dev.c backends/onnx/cuda/exec.c -lm
+all unit: $(BUILD)/libfake_onnx_cuda.so
+
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 fuzz:
