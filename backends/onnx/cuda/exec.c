@@ -827,7 +827,7 @@ run_view(exec_t *e)
         break;
     }
     case SP_OXG_FLATTEN: {
-        int axis;
+        int axis = 0;
         if (n->i[0] < -x->nd || n->i[0] > x->nd) return fail(e, "axis %lld for rank %d", (long long)n->i[0], x->nd);
         axis = (int)(n->i[0] < 0 ? n->i[0] + x->nd : n->i[0]);
         od[0] = od[1] = 1;
@@ -838,7 +838,7 @@ run_view(exec_t *e)
     case SP_OXG_SQUEEZE: {
         bool drop[SP_OXG_MAX_DIMS] = {0};
         for (int i = 0; i < n->i[0]; i++) {
-            int a;
+            int a = 0;
             if (norm_axis(e, n->i[1 + i], x->nd, &a)) return -1;
             if (x->dims[a] != 1) return fail(e, "dimension %d is %lld, not 1", a, (long long)x->dims[a]);
             drop[a] = true;
@@ -853,7 +853,7 @@ run_view(exec_t *e)
         if (n->i[0] < 0 || r > SP_OXG_MAX_DIMS) return fail(e, "result of rank %d", r);
         bool ins[SP_OXG_MAX_DIMS] = {0};
         for (int i = 0; i < n->i[0]; i++) {
-            int a;
+            int a = 0;
             if (norm_axis(e, n->i[1 + i], r, &a)) return -1;
             if (ins[a]) return fail(e, "axis %d given twice", a);
             ins[a] = true;
@@ -925,7 +925,7 @@ run_concat(exec_t *e)
 {
     const sp_oxg_node_t *n = e->node;
     const xval_t *x0 = in_val(e, 0);
-    int axis;
+    int axis = 0;
     if (x0->nd == 0) return fail(e, "Concat of scalars");
     if (norm_axis(e, n->i[0], x0->nd, &axis)) return -1;
     int64_t od[SP_OXG_MAX_DIMS];
@@ -969,7 +969,7 @@ run_softmax(exec_t *e)
 {
     const sp_oxg_node_t *n = e->node;
     const xval_t *x = in_val(e, 0);
-    int axis;
+    int axis = 0;
     if (norm_axis(e, n->i[0], x->nd, &axis)) return -1;
     int64_t outer = 1, mid = 1, inner = 1;
     for (int i = 0; i < x->nd; i++) {
@@ -990,7 +990,7 @@ run_reduce(exec_t *e)
     bool red[SP_OXG_MAX_DIMS] = {0};
     if (n->i[0] < 0 || n->i[0] > SP_OXG_MAX_DIMS) return fail(e, "%lld axes", (long long)n->i[0]);
     for (int i = 0; i < n->i[0]; i++) {
-        int a;
+        int a = 0;
         if (norm_axis(e, n->i[1 + i], x->nd, &a)) return -1;
         red[a] = true;
     }
@@ -1027,7 +1027,7 @@ run_layernorm(exec_t *e)
 {
     const sp_oxg_node_t *n = e->node;
     const xval_t *x = in_val(e, 0), *s = in_val(e, 1), *b = n->n_in > 2 ? in_val(e, 2) : NULL;
-    int axis;
+    int axis = 0;
     if (norm_axis(e, n->i[0], x->nd, &axis)) return -1;
     int64_t rows = 1, cols = 1;
     for (int i = 0; i < x->nd; i++) *(i < axis ? &rows : &cols) *= x->dims[i];
@@ -1044,7 +1044,7 @@ run_gather(exec_t *e)
 {
     const sp_oxg_node_t *n = e->node;
     const xval_t *x = in_val(e, 0), *ix = in_val(e, 1);
-    int axis;
+    int axis = 0;
     if (x->nd == 0) return fail(e, "Gather from a scalar");
     if (norm_axis(e, n->i[0], x->nd, &axis)) return -1;
     if (x->nd - 1 + ix->nd > SP_OXG_MAX_DIMS) return fail(e, "result of rank %d", x->nd - 1 + ix->nd);
