@@ -39,6 +39,7 @@ typedef struct xval {
     void *p;               /* device data */
     int32_t owner;         /* value whose buffer p lies in (itself unless a view); -1 none */
     int32_t refs;          /* as an owner: live values using its buffer */
+    void *buf;             /* as an owner: its buffer (p may be cleared before the views die) */
     size_t cap;            /* as an owner: bytes of its buffer */
     const int64_t *host;   /* INT64 constants and inputs: the host copy (Gather's bounds) */
 } xval_t;
@@ -195,6 +196,7 @@ out_alloc(exec_t *e, int32_t v, int dt, int nd, const int64_t *dims)
     x->nd = nd;
     for (int i = 0; i < nd; i++) x->dims[i] = dims[i];
     if (pool_get(e, (size_t)n * dt_size(dt), &x->p, &x->cap)) return -1;
+    x->buf = x->p;
     x->owner = v;
     x->refs = 1;
     return 0;
@@ -207,7 +209,10 @@ release(exec_t *e, int32_t v)
     xval_t *x = &e->v[v];
     if (x->owner < 0 || e->vdesc[v].kind == SP_OXG_CONST) return;
     xval_t *o = &e->v[x->owner];
-    if (--o->refs == 0) pool_put(e, o->p, o->cap);
+    if (--o->refs == 0) {
+        pool_put(e, o->buf, o->cap);
+        o->buf = NULL;
+    }
     x->owner = -1;
     x->p = NULL;
 }
@@ -332,9 +337,11 @@ check_node(exec_t *e, int32_t k, int *vdt)
     bool float_in = true;
     switch (n->op) {
     case SP_OXG_CONV:
-        if (n->n_in < 2 || !is_const(e, n->in[1])) return fail(e, "Conv with weights computed at run time is not supported on the GPU");
-        if (n->n_in > 2 && n->in[2] >= 0 && !is_const(e, n->in[2])) return fail(e, "Conv with a bias computed at run time is not supported on the GPU");
-        if (e->vdesc[n->in[1]].nd != 4) return fail(e, "%d-D convolution is not supported on the GPU (2-D only)", e->vdesc[n->in[1]].nd - 2);
+        /* weights and bias may be computed (or fed) at run time: cuDNN reads them as any tensor */
+        if (n->n_in < 2 || n->in[1] < 0) return fail(e, "Conv without weights");
+        if (is_const(e, n->in[1]) && e->vdesc[n->in[1]].nd != 4) {
+            return fail(e, "%d-D convolution is not supported on the GPU (2-D only)", e->vdesc[n->in[1]].nd - 2);
+        }
         if (n->i[0] != n->i[2] || n->i[1] != n->i[3]) {
             return fail(e, "asymmetric pads [%lld, %lld, %lld, %lld] are not supported on the GPU (cuDNN)",
                         (long long)n->i[0], (long long)n->i[1], (long long)n->i[2], (long long)n->i[3]);
@@ -538,7 +545,9 @@ run_conv(exec_t *e, int32_t k)
 {
     const sp_oxg_node_t *n = e->node;
     const xval_t *x = in_val(e, 0), *w = in_val(e, 1), *b = n->n_in > 2 ? in_val(e, 2) : NULL;
-    if (x->nd != 4) return fail(e, "input of rank %d (the GPU runs 2-D convolutions, rank 4)", x->nd);
+    if (x->nd != 4 || w->nd != 4) {
+        return fail(e, "input of rank %d, weights of rank %d: 2-D convolutions (rank 4) only are supported on the GPU", x->nd, w->nd);
+    }
     int64_t c = x->dims[1], m = w->dims[0], group = n->i[8] ? n->i[8] : 1;
     if (group < 1 || c % group || m % group || w->dims[1] != c / group) {
         return fail(e, "%lld input channels, weights [%lld, %lld, ...], group %lld", (long long)c, (long long)m,
