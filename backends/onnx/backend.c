@@ -259,7 +259,10 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     }
     info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
     if (m->gpu) {
-        sp__bk_log(host, 1, "backend=onnx model=%s event=gpu_placement device=cuda:%d precision=%s "
+        /* the constants on the device plus the workspace bound; the activation pool grows with
+         * the batch and is not known before the first one */
+        info->device_bytes = sp_ox_gpu_device_bytes(m->gpu) + SP_OX_GPU_WORKSPACE;
+        sp__bk_log(host, 1, "backend=onnx model=%s placement=gpu device=cuda:%d precision=%s "
                    "device_bytes=%llu lib=%s", args->model_name ? args->model_name : "", (int)gc.device,
                    gc.fp16 ? "fp16" : "fp32", (unsigned long long)sp_ox_gpu_device_bytes(m->gpu),
                    sp_ox_gpu_lib_path(m->gpu));

@@ -393,7 +393,7 @@ sp_ox_gpu_load(const sp_ox_graph_t *g, const sp_ox_gpu_cfg_t *gc, sp_ox_gpu_t **
         if (lower_node(g, &g->nodes[g->order[o]], &nodes[o], err, err_len)) goto done;
     }
     sp_oxg_graph_t desc = {.n_values = g->n_values, .n_nodes = g->n_order, .values = vals, .nodes = nodes};
-    sp_oxg_options_t opt = {.device = gc->device, .fp16 = gc->fp16, .workspace_limit = (uint64_t)256 << 20};
+    sp_oxg_options_t opt = {.device = gc->device, .fp16 = gc->fp16, .workspace_limit = SP_OX_GPU_WORKSPACE};
     if (gpu->api->load(&desc, &opt, &gpu->exec, err, err_len)) goto done;
     *out = gpu;
     gpu = NULL;

@@ -18,6 +18,9 @@
 #include "../common.h"
 #include "ox.h"
 
+/* Workspace bytes a convolution's algorithm may use (cuDNN picks the fastest within it). */
+#define SP_OX_GPU_WORKSPACE ((uint64_t)256 << 20)
+
 typedef struct sp_ox_gpu_cfg {
     bool on;          /* every instance group is KIND_GPU */
     int32_t device;   /* CUDA ordinal (instance_group[].gpus[0], else 0) */

@@ -194,7 +194,7 @@ def fake_checks(plugin, dirs, rng):
     x = lambda b: [rng.standard_normal((b, 3, 32, 32)).astype(np.float32)]  # noqa: E731
     base = fake.fake_oxd_live()
     m = plugin.load(dirs["resnet"], config=GPU, max_batch_size=16)
-    s.case("load logs event=gpu_placement", any("event=gpu_placement" in line and "precision=fp32" in line
+    s.case("load logs placement=gpu", any("placement=gpu device=cuda:0" in line and "precision=fp32" in line
                                                  for line in plugin.log[-3:]), plugin.log[-1][:200])
     after_load = fake.fake_oxd_live()
     # plan cache: one algorithm search per convolution and input shape
@@ -306,6 +306,25 @@ def fake_checks(plugin, dirs, rng):
     s.case("nothing left allocated on the emulated device", fake.fake_oxd_live() == base, f"{fake.fake_oxd_live() - base} left")
 
 
+def bench_dry_run():
+    """bench/gpu/onnx_bench.py --emulate: every step of the GPU benchmark, on the host emulation and
+    a fake NVML GPU, through `sampan serve` too, so the one GPU run does not stop on a setup error."""
+    nvml = os.path.join(BUILD, "libfake_nvml.so")
+    sampan = os.path.join(BUILD, "sampan")
+    if not os.path.isfile(nvml):
+        subprocess.run(["make", f"BUILD={BUILD}", nvml], cwd=ROOT, capture_output=True, timeout=120)
+    if not (os.path.isfile(nvml) and os.path.isfile(sampan)):
+        s.skip("bench/gpu/onnx_bench.py on the emulation", f"{nvml} or {sampan} not built (make all cuda-tests)")
+        return
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "onnx_bench.py"), BUILD, "0.05", "--emulate"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out = r.stdout + r.stderr
+    n = out.count("RESULT onnx ")
+    n_serve = out.count("RESULT onnx-serve ")
+    s.case("bench/gpu/onnx_bench.py runs on the emulation (6 points, 2 served)", r.returncode == 0 and n == 6 and n_serve == 2,
+           out[-1500:])
+
+
 def real_library(plugin, dirs, bounds, rng):
     """The real libsampan_onnx_cuda.so: built here for one architecture unless given."""
     from onnx_plugin import BackendError
@@ -374,6 +393,7 @@ def main():
                 s.skip("emulation: ONNX node cases", f"{DATA} missing (apt-get install libonnx-testdata)")
             s.guard("emulation vs CPU", against_cpu, plugin, "emulation", dirs, bounds, rng)
             s.guard("emulation host logic", fake_checks, plugin, dirs, rng)
+            s.guard("bench on the emulation", bench_dry_run)
         s.guard("real library", real_library, plugin, dirs, bounds, rng)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
