@@ -59,6 +59,20 @@ ck_dnn(oxd_t *d, cudnnStatus_t s, const char *op)
     return s == CUDNN_STATUS_SUCCESS ? 0 : set_err(d, op, cudnnGetErrorString(s), 1);
 }
 
+/* A planning failure: a shape or parameter cuDNN does not take is the model's limit, not a
+ * broken device, so it does not poison the context. */
+static int
+ck_dnn_plan(oxd_t *d, cudnnStatus_t s, const char *op)
+{
+    if (s == CUDNN_STATUS_SUCCESS) return 0;
+    if (s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s: this convolution is not supported by cuDNN", cudnnGetErrorString(s));
+        return set_err(d, op, msg, 0);
+    }
+    return set_err(d, op, cudnnGetErrorString(s), 1);
+}
+
 static int
 ck_blas(oxd_t *d, cublasStatus_t s, const char *op)
 {
@@ -624,30 +638,30 @@ oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size
     c->cv = *cv;
     cudnnDataType_t t = cv->dt == OXD_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
     int on, oc, oh, ow;
-    if (ck_dnn(d, cudnnCreateTensorDescriptor(&c->x), "conv descriptor") ||
-        ck_dnn(d, cudnnCreateTensorDescriptor(&c->y), "conv descriptor") ||
-        ck_dnn(d, cudnnCreateTensorDescriptor(&c->b), "conv descriptor") ||
-        ck_dnn(d, cudnnCreateFilterDescriptor(&c->w), "conv descriptor") ||
-        ck_dnn(d, cudnnCreateConvolutionDescriptor(&c->conv), "conv descriptor") ||
-        ck_dnn(d, cudnnCreateActivationDescriptor(&c->relu), "conv descriptor") ||
-        ck_dnn(d, cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, t, (int)cv->n, (int)cv->c, (int)cv->h, (int)cv->w), "conv input") ||
-        ck_dnn(d, cudnnSetFilter4dDescriptor(c->w, t, CUDNN_TENSOR_NCHW, (int)cv->k, (int)(cv->c / cv->group), (int)cv->r, (int)cv->s), "conv filter") ||
-        ck_dnn(d, cudnnSetConvolution2dDescriptor(c->conv, (int)cv->pad_h, (int)cv->pad_w, (int)cv->sh, (int)cv->sw, (int)cv->dh, (int)cv->dw,
+    if (ck_dnn_plan(d, cudnnCreateTensorDescriptor(&c->x), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnCreateTensorDescriptor(&c->y), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnCreateTensorDescriptor(&c->b), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnCreateFilterDescriptor(&c->w), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnCreateConvolutionDescriptor(&c->conv), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnCreateActivationDescriptor(&c->relu), "conv descriptor") ||
+        ck_dnn_plan(d, cudnnSetTensor4dDescriptor(c->x, CUDNN_TENSOR_NCHW, t, (int)cv->n, (int)cv->c, (int)cv->h, (int)cv->w), "conv input") ||
+        ck_dnn_plan(d, cudnnSetFilter4dDescriptor(c->w, t, CUDNN_TENSOR_NCHW, (int)cv->k, (int)(cv->c / cv->group), (int)cv->r, (int)cv->s), "conv filter") ||
+        ck_dnn_plan(d, cudnnSetConvolution2dDescriptor(c->conv, (int)cv->pad_h, (int)cv->pad_w, (int)cv->sh, (int)cv->sw, (int)cv->dh, (int)cv->dw,
                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "conv descriptor") ||
-        ck_dnn(d, cudnnSetConvolutionGroupCount(c->conv, (int)cv->group), "conv group") ||
+        ck_dnn_plan(d, cudnnSetConvolutionGroupCount(c->conv, (int)cv->group), "conv group") ||
         /* FP32 stays FP32 (no TF32); FP16 may use tensor cores */
-        ck_dnn(d, cudnnSetConvolutionMathType(c->conv, cv->dt == OXD_F16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "conv math") ||
-        ck_dnn(d, cudnnGetConvolution2dForwardOutputDim(c->conv, c->x, c->w, &on, &oc, &oh, &ow), "conv output") ||
-        ck_dnn(d, cudnnSetActivationDescriptor(c->relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "conv relu")) {
+        ck_dnn_plan(d, cudnnSetConvolutionMathType(c->conv, cv->dt == OXD_F16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), "conv math") ||
+        ck_dnn_plan(d, cudnnGetConvolution2dForwardOutputDim(c->conv, c->x, c->w, &on, &oc, &oh, &ow), "conv output") ||
+        ck_dnn_plan(d, cudnnSetActivationDescriptor(c->relu, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "conv relu")) {
         oxd_conv_plan_free(d, c);
         return -1;
     }
     if (on != cv->n || oc != cv->k || oh != cv->oh || ow != cv->ow) {
         oxd_conv_plan_free(d, c);
-        return set_err(d, "conv", "cuDNN's output shape differs from the ONNX one", 1);
+        return set_err(d, "conv", "cuDNN's output shape differs from the ONNX one (not supported)", 0);
     }
-    if (ck_dnn(d, cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, t, on, oc, oh, ow), "conv output") ||
-        ck_dnn(d, cudnnSetTensor4dDescriptor(c->b, CUDNN_TENSOR_NCHW, t, 1, oc, 1, 1), "conv bias")) {
+    if (ck_dnn_plan(d, cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NCHW, t, on, oc, oh, ow), "conv output") ||
+        ck_dnn_plan(d, cudnnSetTensor4dDescriptor(c->b, CUDNN_TENSOR_NCHW, t, 1, oc, 1, 1), "conv bias")) {
         oxd_conv_plan_free(d, c);
         return -1;
     }
@@ -655,7 +669,7 @@ oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size
      * workspace fits the limit. */
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int got = 0;
-    if (ck_dnn(d, cudnnFindConvolutionForwardAlgorithm(d->dnn, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf),
+    if (ck_dnn_plan(d, cudnnFindConvolutionForwardAlgorithm(d->dnn, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf),
                "cudnnFindConvolutionForwardAlgorithm")) {
         oxd_conv_plan_free(d, c);
         return -1;
