@@ -213,11 +213,11 @@ $(BUILD)/backends/libsampan_onnx.so: $(ONNX_SRC) $(wildcard backends/onnx/*.h) b
 	    $(BUILD)/gen/onnx.pb-c.c backends/common.c $(SANFLAGS) -lprotobuf-c -ljansson -lm
 all unit: $(BUILD)/backends/libsampan_onnx.so
 # Its fuzz target compiles the runtime in (not the plugin glue) instead of linking libsampan.a.
-build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) \
+build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) \
                       $(wildcard backends/onnx/*.h) $(BUILD)/gen/onnx.pb-c.c $(BUILD)/gen/onnx.pb-c.h
 	$(CC) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -O1 -g \
 	    $(WARN) -D_GNU_SOURCE -Ibackends/onnx -I$(BUILD)/gen -o $@ tests/fuzz/fuzz_onnx.c \
-	    $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
+	    $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
 
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
 # REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
@@ -281,7 +281,7 @@ $(BUILD)/libfake_cuda.so: tests/gpu/fake_cuda.c src/cuda/cuda_api.h src/cuda/cud
 	@mkdir -p $(dir $@)
 	$(CC) -Iinclude -Isrc -std=c11 -O1 -g $(WARN) -fPIC -shared -o $@ $< -lm
 
-# The ONNX backend's GPU executor (docs/onnx-gpu.md): backends/onnx/cuda/exec.c (host C: shapes,
+# The ONNX backend's GPU executor (docs/cuda.md "ONNX models on the GPU"): backends/onnx/cuda/exec.c (host C: shapes,
 # memory pool, convolution plans) with dev.cu (kernels, cuDNN, cuBLAS) in
 # $(CUDA_BUILD)/libsampan_onnx_cuda.so, which the ONNX plugin dlopens for KIND_GPU models; the same
 # exec.c with the host emulation tests/gpu/fake_onnx_dev.c in $(BUILD)/libfake_onnx_cuda.so, built

@@ -181,7 +181,7 @@ def main():
             cfg["dynamic_batching"] = {"max_queue_delay_microseconds": 2000}
         with open(os.path.join(repo, "resnet", "config.json"), "w") as f:
             json.dump(cfg, f)
-        ok &= serve_bench(build, repo, label, 2 * seconds)
+        ok &= serve_bench(build, repo, label, max(1.5, 2 * seconds))
     print(f"onnx-bench: {'ok' if ok else 'FAILED'}")
     sys.exit(0 if ok else 1)
 

@@ -20,7 +20,7 @@
 #      with the D2D copy bandwidth and each decode's share of it (the weight bytes a step
 #      reads: quantised where gemv_q runs), then the targets: batch 1 within 70% of the
 #      bandwidth limit, batch 64 >= 32x batch 1 (in at least one configuration; all printed)
-#   5b. the ONNX backend on the GPU (libsampan_onnx_cuda.so: cuDNN, cuBLAS; docs/onnx-gpu.md),
+#   5b. the ONNX backend on the GPU (libsampan_onnx_cuda.so: cuDNN, cuBLAS; docs/cuda.md "ONNX models on the GPU"),
 #      about 2.5 minutes: tests/py/test_onnx_gpu.py on the real library (ONNX's node cases, a
 #      narrow ResNet-50 and a BERT-style encoder at FP32 and FP16 against the CPU runtime, and
 #      ResNet-50 itself at 224x224), then bench/gpu/onnx_bench.py: ResNet-50 images/s and

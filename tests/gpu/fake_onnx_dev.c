@@ -91,6 +91,7 @@ oxd_open(int device, oxd_t **d, char *err, size_t err_len)
 }
 
 void oxd_close(oxd_t *d) { free(d); }
+int oxd_bind(oxd_t *d) { return d->poisoned ? -1 : 0; }
 const char *oxd_error(const oxd_t *d) { return d->err[0] ? d->err : "fake device: no error"; }
 
 /* Allocations carry their size in front, for the accounting. */

@@ -1,4 +1,4 @@
-"""test_onnx_gpu.py - the ONNX backend's GPU path (docs/onnx-gpu.md): the plugin with a KIND_GPU
+"""test_onnx_gpu.py - the ONNX backend's GPU path (docs/cuda.md "ONNX models on the GPU"): the plugin with a KIND_GPU
 config.json, in-process over the backend ABI (onnx_plugin.py), on two executor libraries:
 
 - build/libfake_onnx_cuda.so, the host emulation of the device operations (tests/gpu/

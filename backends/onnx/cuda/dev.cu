@@ -149,6 +149,13 @@ oxd_close(oxd_t *d)
     free(d);
 }
 
+extern "C" int
+oxd_bind(oxd_t *d)
+{
+    LIVE(d);
+    return ck_cuda(d, cudaSetDevice(d->device), "cudaSetDevice");
+}
+
 extern "C" const char *
 oxd_error(const oxd_t *d)
 {
@@ -695,7 +702,10 @@ oxd_conv(oxd_t *d, void *p, const void *x, const void *w, const void *bias, int 
     cplan_t *c = (cplan_t *)p;
     float one = 1.0f, zero = 0.0f;
     if (bias && relu) {
-        /* y = relu(conv(x) + bias) in one call (z = y with weight 0) */
+        /* y = relu(conv(x) + bias) in one call; z = y with weight 0, cleared first so that no
+         * stale NaN in the pool buffer can leak through 0 * NaN */
+        size_t bytes = (size_t)(c->cv.n * c->cv.k * c->cv.oh * c->cv.ow) * (c->cv.dt == OXD_F16 ? 2 : 4);
+        if (ck_cuda(d, cudaMemsetAsync(y, 0, bytes, d->stream), "conv clear")) return -1;
         return ck_dnn(d, cudnnConvolutionBiasActivationForward(d->dnn, &one, c->x, x, c->w, w, c->conv, c->algo, ws, ws_bytes, &zero,
                                                                c->y, y, c->b, bias, c->relu, c->y, y),
                       "conv+bias+relu");

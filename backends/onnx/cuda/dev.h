@@ -31,6 +31,8 @@ typedef struct oxd oxd_t;
 int oxd_probe(int device, char *err, size_t err_len);
 int oxd_open(int device, oxd_t **d, char *err, size_t err_len);
 void oxd_close(oxd_t *d);
+/* Make the context's device current on the calling thread (a batch may run on any thread). */
+int oxd_bind(oxd_t *d);
 const char *oxd_error(const oxd_t *d);
 
 int oxd_alloc(oxd_t *d, size_t bytes, void **p);

@@ -401,6 +401,7 @@ exec_free(void *p)
     exec_t *e = p;
     if (e == NULL) return;
     if (e->d) {
+        oxd_bind(e->d); /* frees go to the executor's device, whichever thread unloads */
         for (int32_t k = 0; e->nx && k < e->g.n_nodes; k++) {
             for (int i = 0; i < e->nx[k].n_plans; i++) oxd_conv_plan_free(e->d, e->nx[k].plans[i].p);
             oxd_free(e->d, e->nx[k].bn_scale);
@@ -1171,6 +1172,7 @@ exec_run(void *p, const sp_oxg_io_t *in, int32_t n_in, sp_oxg_io_t *out, int32_t
     e->node = NULL;
     int rc = -1;
     for (int32_t i = 0; i < n_out; i++) out[i].data = NULL;
+    if (oxd_bind(e->d)) return dev_fail(e);
     for (int32_t i = 0; i < n_in; i++) {
         if (upload_input(e, &in[i])) goto done;
     }
