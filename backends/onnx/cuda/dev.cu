@@ -632,7 +632,7 @@ oxd_conv_plan_free(oxd_t *d, void *p)
 }
 
 extern "C" int
-oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size_t *ws_bytes)
+oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, int *algo, void **plan, size_t *ws_bytes)
 {
     LIVE(d);
     *plan = NULL;
@@ -672,6 +672,35 @@ oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size
         oxd_conv_plan_free(d, c);
         return -1;
     }
+    if (*algo >= 0) {
+        /* the algorithm measured for a similar shape (same layer, batch in the same bucket) */
+        size_t ws = 0;
+        c->algo = (cudnnConvolutionFwdAlgo_t)*algo;
+        if (cudnnGetConvolutionForwardWorkspaceSize(d->dnn, c->x, c->w, c->conv, c->y, c->algo, &ws) == CUDNN_STATUS_SUCCESS &&
+            ws <= ws_limit) {
+            *ws_bytes = ws;
+            *plan = c;
+            return 0;
+        }
+        cudnnConvolutionFwdAlgoPerf_t h[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        int got = 0;
+        if (ck_dnn_plan(d, cudnnGetConvolutionForwardAlgorithm_v7(d->dnn, c->x, c->w, c->conv, c->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, h),
+                        "cudnnGetConvolutionForwardAlgorithm_v7")) {
+            oxd_conv_plan_free(d, c);
+            return -1;
+        }
+        for (int i = 0; i < got; i++) {
+            if (h[i].status == CUDNN_STATUS_SUCCESS && h[i].memory <= ws_limit) {
+                c->algo = h[i].algo;
+                *algo = (int)h[i].algo;
+                *ws_bytes = h[i].memory;
+                *plan = c;
+                return 0;
+            }
+        }
+        oxd_conv_plan_free(d, c);
+        return set_err(d, "conv", "no cuDNN algorithm fits the workspace limit (not supported)", 0);
+    }
     /* Measure every algorithm once for this shape (cuDNN runs them) and keep the fastest whose
      * workspace fits the limit. */
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -687,9 +716,10 @@ oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size
     }
     if (pick < 0) {
         oxd_conv_plan_free(d, c);
-        return set_err(d, "conv", "no cuDNN algorithm fits the workspace limit", 0);
+        return set_err(d, "conv", "no cuDNN algorithm fits the workspace limit (not supported)", 0);
     }
     c->algo = perf[pick].algo;
+    *algo = (int)perf[pick].algo;
     *ws_bytes = perf[pick].memory;
     *plan = c;
     return 0;

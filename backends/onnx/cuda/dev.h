@@ -81,13 +81,16 @@ int oxd_gemm(oxd_t *d, int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, 
              int64_t stride_b, float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
 /* Convolution, NCHW, symmetric pads (pad_h, pad_w). A plan holds the descriptors and the
- * algorithm chosen for one shape (cuDNN: measured once, the fastest within ws_limit). */
+ * algorithm for one shape. *algo < 0: measure (cuDNN runs every algorithm once; the fastest
+ * within ws_limit) and return the choice in *algo; *algo >= 0: use that algorithm (chosen for
+ * a similar shape) unless its workspace for this shape passes ws_limit, then ask cuDNN's
+ * heuristics (no measuring) and return what was used. */
 typedef struct oxd_conv {
     int dt;
     int64_t n, c, h, w, k, r, s, oh, ow;
     int64_t pad_h, pad_w, sh, sw, dh, dw, group;
 } oxd_conv_t;
-int oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, void **plan, size_t *ws_bytes);
+int oxd_conv_plan(oxd_t *d, const oxd_conv_t *cv, size_t ws_limit, int *algo, void **plan, size_t *ws_bytes);
 void oxd_conv_plan_free(oxd_t *d, void *plan);
 /* y = conv(x, w) (+ bias[k]) (then Relu); ws: the plan's workspace (or NULL when 0 bytes). */
 int oxd_conv(oxd_t *d, void *plan, const void *x, const void *w, const void *bias, int relu,

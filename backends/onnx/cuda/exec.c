@@ -30,7 +30,8 @@
 #include "dev.h"
 #include "half.h"
 
-#define PLANS_PER_NODE 16 /* conv shapes remembered per node (batch sizes the batcher forms) */
+#define PLANS_PER_NODE 64 /* conv shapes remembered per node (batch sizes the batcher forms) */
+#define ALGO_BUCKETS 16   /* batch buckets 1, 2, 3-4, 5-8, ... 2^15: one measured algorithm each */
 
 typedef struct xval {
     int dt;                /* OXD_F32 / OXD_F16 / OXD_I64 */
@@ -51,6 +52,11 @@ typedef struct plan {
 } plan_t;
 
 typedef struct nodex {
+    /* The algorithm cuDNN measured for this node per bucket of batch sizes (and the spatial size
+     * it was measured at; zeros: none yet): the dynamic batcher forms every size from 1 to
+     * max_batch_size, and measuring each would stall the first batches of every size. */
+    int algo[ALGO_BUCKETS];
+    int64_t algo_hw[ALGO_BUCKETS][3];
     plan_t plans[PLANS_PER_NODE];
     int n_plans, next_plan;
     void *bn_scale, *bn_shift; /* BatchNormalization folded at load (device, compute type) */
@@ -587,12 +593,22 @@ run_conv(exec_t *e, int32_t k)
         pl->c = cv.c;
         pl->h = cv.h;
         pl->w = cv.w;
-        if (oxd_conv_plan(e->d, &cv, e->ws_limit, &pl->p, &pl->ws)) {
+        int bucket = 0;
+        while (bucket < ALGO_BUCKETS - 1 && ((int64_t)1 << bucket) < cv.n) bucket++;
+        int algo = -1;
+        if (nx->algo_hw[bucket][0] == cv.c && nx->algo_hw[bucket][1] == cv.h && nx->algo_hw[bucket][2] == cv.w) {
+            algo = nx->algo[bucket];
+        }
+        if (oxd_conv_plan(e->d, &cv, e->ws_limit, &algo, &pl->p, &pl->ws)) {
             int rc = dev_fail(e);
             *pl = nx->plans[--nx->n_plans];
             if (nx->next_plan >= nx->n_plans) nx->next_plan = 0;
             return rc;
         }
+        nx->algo[bucket] = algo;
+        nx->algo_hw[bucket][0] = cv.c;
+        nx->algo_hw[bucket][1] = cv.h;
+        nx->algo_hw[bucket][2] = cv.w;
     }
     if (pl->ws > e->ws_cap) {
         oxd_free(e->d, e->ws);
