@@ -336,8 +336,8 @@ oxd_reduce(oxd_t *d, int dt, int op, const void *x, void *y, int64_t outer, int6
 }
 
 int
-oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, const void *bias, void *y, int64_t rows,
-              int64_t cols, float eps)
+oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, int64_t sstep, const void *bias, int64_t bstep,
+              void *y, void *mean_out, void *inv_out, int64_t rows, int64_t cols, float eps)
 {
     if (injected(d, "layernorm")) return -1;
     for (int64_t r = 0; r < rows; r++) {
@@ -350,9 +350,11 @@ oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, const void *bi
         }
         double inv = 1.0 / sqrt(q / (double)cols + eps);
         for (int64_t j = 0; j < cols; j++) {
-            double v = (ld(dt, x, r * cols + j) - mean) * inv * ld(dt, scale, j) + (bias ? ld(dt, bias, j) : 0);
+            double v = (ld(dt, x, r * cols + j) - mean) * inv * ld(dt, scale, j * sstep) + (bias ? ld(dt, bias, j * bstep) : 0);
             st(dt, y, r * cols + j, (float)v);
         }
+        if (mean_out) st(dt, mean_out, r, (float)mean);
+        if (inv_out) st(dt, inv_out, r, (float)inv);
     }
     return 0;
 }

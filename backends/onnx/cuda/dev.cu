@@ -521,7 +521,8 @@ oxd_reduce(oxd_t *d, int dt, int op, const void *x, void *y, int64_t outer, int6
 
 /* One warp per row; mean first, then the centred variance (two passes, as the CPU). */
 template <typename T>
-__global__ void k_layernorm(const T *x, const T *scale, const T *bias, T *y, int64_t rows, int64_t cols, float eps)
+__global__ void k_layernorm(const T *x, const T *scale, int64_t sstep, const T *bias, int64_t bstep, T *y, T *mo, T *io,
+                            int64_t rows, int64_t cols, float eps)
 {
     int lane = threadIdx.x & 31;
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
@@ -537,21 +538,28 @@ __global__ void k_layernorm(const T *x, const T *scale, const T *bias, T *y, int
         }
         float inv = rsqrtf(warp_sum(q) / (float)cols + eps);
         for (int64_t j = lane; j < cols; j += 32) {
-            float v = (ldv(x, base + j) - mean) * inv * ldv(scale, j) + (bias ? ldv(bias, j) : 0.0f);
+            float v = (ldv(x, base + j) - mean) * inv * ldv(scale, j * sstep) + (bias ? ldv(bias, j * bstep) : 0.0f);
             stv(y, base + j, v);
         }
+        if (lane == 0 && mo) stv(mo, r, mean);
+        if (lane == 0 && io) stv(io, r, inv);
     }
 }
 
 extern "C" int
-oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, const void *bias, void *y, int64_t rows,
-              int64_t cols, float eps)
+oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, int64_t sstep, const void *bias, int64_t bstep,
+              void *y, void *mean, void *inv, int64_t rows, int64_t cols, float eps)
 {
     LIVE(d);
     if (rows * cols == 0) return 0;
     unsigned g = warp_blocks(rows);
-    if (dt == OXD_F16) k_layernorm<__half><<<g, 256, 0, d->stream>>>((const __half *)x, (const __half *)scale, (const __half *)bias, (__half *)y, rows, cols, eps);
-    else k_layernorm<float><<<g, 256, 0, d->stream>>>((const float *)x, (const float *)scale, (const float *)bias, (float *)y, rows, cols, eps);
+    if (dt == OXD_F16) {
+        k_layernorm<__half><<<g, 256, 0, d->stream>>>((const __half *)x, (const __half *)scale, sstep, (const __half *)bias, bstep,
+                                                       (__half *)y, (__half *)mean, (__half *)inv, rows, cols, eps);
+    } else {
+        k_layernorm<float><<<g, 256, 0, d->stream>>>((const float *)x, (const float *)scale, sstep, (const float *)bias, bstep,
+                                                      (float *)y, (float *)mean, (float *)inv, rows, cols, eps);
+    }
     return ck_launch(d, "layernorm");
 }
 

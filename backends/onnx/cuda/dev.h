@@ -68,9 +68,11 @@ int oxd_softmax(oxd_t *d, int dt, const void *x, void *y, int64_t outer, int64_t
                 int log);
 int oxd_reduce(oxd_t *d, int dt, int op, const void *x, void *y, int64_t outer, int64_t n,
                int64_t inner);
-/* Rows of cols: (x - mean) / sqrt(var + eps) * scale + bias (bias may be NULL). */
-int oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, const void *bias, void *y,
-                  int64_t rows, int64_t cols, float eps);
+/* Rows of cols: (x - mean) / sqrt(var + eps) * scale + bias (bias may be NULL); scale[j * sstep],
+ * bias[j * bstep] (step 0: one value for all). mean and inv (NULL: not wanted) get each row's
+ * mean and 1 / sqrt(var + eps). */
+int oxd_layernorm(oxd_t *d, int dt, const void *x, const void *scale, int64_t sstep, const void *bias,
+                  int64_t bstep, void *y, void *mean, void *inv, int64_t rows, int64_t cols, float eps);
 /* y[o, j, i] = x[o, idx[j], i]; idx already checked to lie in [0, n_axis). */
 int oxd_gather(oxd_t *d, size_t elem, const void *x, const int64_t *idx, void *y, int64_t outer,
                int64_t n_axis, int64_t inner, int64_t n_idx);

@@ -383,8 +383,9 @@ check_node(exec_t *e, int32_t k, int *vdt)
         out_dt = in0;
         break;
     case SP_OXG_LAYERNORM:
-        if (n->n_out > 1) return fail(e, "LayerNormalization's Mean and InvStdDev outputs are not supported on the GPU");
+        if (n->n_out > 3) return fail(e, "LayerNormalization with %d outputs", (int)n->n_out);
         if (n->n_in < 2 || n->in[1] < 0) return fail(e, "LayerNormalization needs a scale");
+        for (int i = 1; i < n->n_out; i++) vdt[n->out[i]] = SP_OXG_FLOAT; /* Mean, InvStdDev */
         break;
     case SP_OXG_POOL: case SP_OXG_GLOBAL_POOL: case SP_OXG_SOFTMAX: case SP_OXG_REDUCE:
         break;
@@ -396,7 +397,7 @@ check_node(exec_t *e, int32_t k, int *vdt)
             if (n->in[i] >= 0 && vdt[n->in[i]] != SP_OXG_FLOAT) return fail(e, "INT64 input %d is not supported on the GPU", i);
         }
     }
-    if (n->n_out != 1) return fail(e, "%d outputs are not supported on the GPU", (int)n->n_out);
+    if (n->n_out != 1 && n->op != SP_OXG_LAYERNORM) return fail(e, "%d outputs are not supported on the GPU", (int)n->n_out);
     vdt[n->out[0]] = out_dt;
     return 0;
 }
@@ -1057,12 +1058,21 @@ run_layernorm(exec_t *e)
     if (norm_axis(e, n->i[0], x->nd, &axis)) return -1;
     int64_t rows = 1, cols = 1;
     for (int i = 0; i < x->nd; i++) *(i < axis ? &rows : &cols) *= x->dims[i];
-    if (numel(s) != cols || (b && numel(b) != cols)) {
-        return fail(e, "scale or bias of other than %lld values (broadcasting them is not supported on the GPU)", (long long)cols);
+    int64_t ns = numel(s), nb = b ? numel(b) : 0;
+    if ((ns != cols && ns != 1) || (b && nb != cols && nb != 1)) {
+        return fail(e, "Scale/B have %lld/%lld values for %lld normalized elements", (long long)ns, (long long)nb, (long long)cols);
     }
     if (out_alloc(e, n->out[0], e->fdt, x->nd, x->dims)) return -1;
+    /* Mean and InvStdDev: the input's shape with the normalized dimensions 1 */
+    int64_t sd[SP_OXG_MAX_DIMS];
+    for (int i = 0; i < x->nd; i++) sd[i] = i < axis ? x->dims[i] : 1;
+    for (int k = 1; k < n->n_out; k++) {
+        if (out_alloc(e, n->out[k], e->fdt, x->nd, sd)) return -1;
+    }
     if (rows * cols == 0) return 0;
-    return oxd_layernorm(e->d, e->fdt, x->p, s->p, b ? b->p : NULL, e->v[n->out[0]].p, rows, cols, n->f[0]) ? dev_fail(e) : 0;
+    return oxd_layernorm(e->d, e->fdt, x->p, s->p, ns == 1 ? 0 : 1, b ? b->p : NULL, nb == 1 ? 0 : 1, e->v[n->out[0]].p,
+                         n->n_out > 1 ? e->v[n->out[1]].p : NULL, n->n_out > 2 ? e->v[n->out[2]].p : NULL, rows, cols,
+                         n->f[0]) ? dev_fail(e) : 0;
 }
 
 static int
