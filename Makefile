@@ -213,11 +213,11 @@ $(BUILD)/backends/libsampan_onnx.so: $(ONNX_SRC) $(wildcard backends/onnx/*.h) b
 	    $(BUILD)/gen/onnx.pb-c.c backends/common.c $(SANFLAGS) -lprotobuf-c -ljansson -lm
 all unit: $(BUILD)/backends/libsampan_onnx.so
 # Its fuzz target compiles the runtime in (not the plugin glue) instead of linking libsampan.a.
-build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) \
+build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) \
                       $(wildcard backends/onnx/*.h) $(BUILD)/gen/onnx.pb-c.c $(BUILD)/gen/onnx.pb-c.h
 	$(CC) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -O1 -g \
 	    $(WARN) -D_GNU_SOURCE -Ibackends/onnx -I$(BUILD)/gen -o $@ tests/fuzz/fuzz_onnx.c \
-	    $(filter-out backends/onnx/backend.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
+	    $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
 
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
 # REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
@@ -280,6 +280,38 @@ $(BUILD)/gpu_bench: bench/gpu/gpu_bench.c $(BUILD)/libsampan.a
 $(BUILD)/libfake_cuda.so: tests/gpu/fake_cuda.c src/cuda/cuda_api.h src/cuda/cuda_common.h
 	@mkdir -p $(dir $@)
 	$(CC) -Iinclude -Isrc -std=c11 -O1 -g $(WARN) -fPIC -shared -o $@ $< -lm
+
+# The ONNX backend's GPU executor (docs/cuda.md "ONNX models on the GPU"): backends/onnx/cuda/exec.c (host C: shapes,
+# memory pool, convolution plans) with dev.cu (kernels, cuDNN, cuBLAS) in
+# $(CUDA_BUILD)/libsampan_onnx_cuda.so, which the ONNX plugin dlopens for KIND_GPU models; the same
+# exec.c with the host emulation tests/gpu/fake_onnx_dev.c in $(BUILD)/libfake_onnx_cuda.so, built
+# with the plugin, so the suite runs the plugin's GPU path without a GPU (tests/py/test_onnx_gpu.py).
+# Without cuDNN (it ships apart from the toolkit) `make cuda` still builds the LLM library and says
+# that this one was left out.
+ONNX_CUDA_HDR := backends/onnx/gpu_api.h backends/onnx/cuda/dev.h backends/onnx/cuda/half.h
+CUDNN_H := $(firstword $(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h \
+                                  /usr/include/x86_64-linux-gnu/cudnn.h))
+.PHONY: onnx-cuda-no-cudnn
+cuda: $(if $(CUDNN_H),$(CUDA_BUILD)/libsampan_onnx_cuda.so,onnx-cuda-no-cudnn)
+cuda-check: $(if $(CUDNN_H),$(CUDA_BUILD)/onnx_cuda/dev.o,onnx-cuda-no-cudnn)
+onnx-cuda-no-cudnn:
+	@echo "libsampan_onnx_cuda.so left out: no cudnn.h in $(CUDA_HOME)/include or /usr/include" \
+	      "(ONNX KIND_GPU models will fail to load with the reason)"
+$(CUDA_BUILD)/onnx_cuda/dev.o: backends/onnx/cuda/dev.cu $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(CUDA_BUILD)/onnx_cuda/exec.o: backends/onnx/cuda/exec.c $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g $(WARN) -D_GNU_SOURCE -fPIC -fvisibility=hidden -c $< -o $@
+$(CUDA_BUILD)/libsampan_onnx_cuda.so: $(CUDA_BUILD)/onnx_cuda/dev.o $(CUDA_BUILD)/onnx_cuda/exec.o
+	$(NVCC) -shared -o $@ $^ -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 \
+	    -Xlinker -rpath,$(CUDA_HOME)/lib -lcudnn -lcublas -lcudart
+# The host emulation (never instrumented: it stands in for a vendor library, as libfake_cuda.so).
+$(BUILD)/libfake_onnx_cuda.so: tests/gpu/fake_onnx_dev.c backends/onnx/cuda/exec.c $(ONNX_CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g $(WARN) -D_GNU_SOURCE -fPIC -shared -fvisibility=hidden -o $@ \
+	    tests/gpu/fake_onnx_dev.c backends/onnx/cuda/exec.c -lm
+all unit: $(BUILD)/libfake_onnx_cuda.so
 
 # `make fuzz` builds the libFuzzer targets in build-fuzz/ (see docs/operations.md).
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

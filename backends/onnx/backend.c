@@ -25,12 +25,14 @@
 #include <string.h>
 
 #include "../common.h"
+#include "gpu.h"
 #include "ox.h"
 
 typedef struct onnx_model {
     sp_backend_host_t host;
     sp_ox_graph_t *g;
     sp_ox_run_t run;
+    sp_ox_gpu_t *gpu;         /* KIND_GPU: the GPU executor runs the graph (gpu.c) */
     int32_t max_batch;
     int32_t n_in;
     int32_t in_value[SP_BACKEND_MAX_TENSORS]; /* declared input i -> graph value */
@@ -128,6 +130,7 @@ onnx_unload(void *model)
 {
     onnx_model_t *m = model;
     if (m == NULL) return;
+    sp_ox_gpu_free(m->gpu);
     sp_ox_run_free(&m->run);
     sp_ox_graph_free(m->g);
     free(m);
@@ -153,6 +156,14 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     else snprintf(path, sizeof path, "%s/model.onnx", args->version_dir);
     if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
     if (sp_ox_graph_prepare(m->g, err, err_len)) {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "%s", err);
+        sp__bk_errf(err, err_len, "%s: %s", path, tmp);
+        goto done;
+    }
+    sp_ox_gpu_cfg_t gc;
+    if (sp_ox_gpu_config(&cfg, &gc, err, err_len)) goto done;
+    if (gc.on && sp_ox_gpu_load(m->g, &gc, &m->gpu, err, err_len)) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%s", err);
         sp__bk_errf(err, err_len, "%s: %s", path, tmp);
@@ -247,6 +258,15 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         memcpy(info->outputs, cfg.outputs, sizeof cfg.outputs[0] * (size_t)cfg.n_outputs);
     }
     info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
+    if (m->gpu) {
+        /* the constants on the device plus the workspace bound; the activation pool grows with
+         * the batch and is not known before the first one */
+        info->device_bytes = sp_ox_gpu_device_bytes(m->gpu) + SP_OX_GPU_WORKSPACE;
+        sp__bk_log(host, 1, "backend=onnx model=%s placement=gpu device=cuda:%d precision=%s "
+                   "device_bytes=%llu lib=%s", args->model_name ? args->model_name : "", (int)gc.device,
+                   gc.fp16 ? "fp16" : "fp32", (unsigned long long)sp_ox_gpu_device_bytes(m->gpu),
+                   sp_ox_gpu_lib_path(m->gpu));
+    }
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d",
                args->model_name ? args->model_name : "", (long long)args->version, path,
@@ -309,6 +329,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
             }
             rows = x->dims[0];
         }
+        if (m->gpu) continue; /* the executor uploads the caller's data itself */
         if (sp_ox_out(r, &v->t, v->t.dtype, x->n_dims, x->dims)) goto done;
         if (bytes) memcpy(v->t.data, x->data, bytes);
         if (v->t.dtype == OX_BOOL) {
@@ -316,8 +337,22 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
             for (size_t k = 0; k < bytes; k++) ((uint8_t *)v->t.data)[k] = ((uint8_t *)v->t.data)[k] != 0;
         }
     }
-    if (sp_ox_graph_run(r)) goto done;
+    if (m->gpu) {
+        if (sp_ox_gpu_execute(m->gpu, m->g, m->in_value, inputs, n_inputs, outputs, n_outputs,
+                              m->host.alloc_fn, err, err_len)) goto done;
+        for (int32_t o = 0; o < n_outputs && m->max_batch > 0; o++) {
+            if (outputs[o].n_dims == 0 || outputs[o].dims[0] != rows) {
+                sp__bk_errf(err, err_len, "output \"%s\": first dimension %lld for a batch of %lld rows",
+                            outputs[o].name, outputs[o].n_dims ? (long long)outputs[o].dims[0] : -1LL,
+                            (long long)rows);
+                goto done;
+            }
+        }
+    } else if (sp_ox_graph_run(r)) {
+        goto done;
+    }
     for (int32_t o = 0; o < n_outputs; o++) {
+        if (m->gpu) break; /* filled by the executor; the batch check follows */
         sp_backend_tensor_t *out = &outputs[o];
         int32_t k = 0;
         while (k < m->g->n_outputs && strcmp(m->g->values[m->g->outputs[k]].name, out->name) != 0) k++;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh - the one GPU check, for a machine with an NVIDIA GPU (written for an
-# H200, sm_90, 16 cores), within about 9 minutes. Every step has its own timeout, and a
+# H200, sm_90, 16 cores), within about 11.5 minutes (9 for the LLM path, 2.5 for ONNX). Every step has its own timeout, and a
 # failed step does not stop the others (only a failed build does). Prints PASS/FAIL lines,
 # a table of the decode timings, and ends with
 #   gpu-run: N passed, N failed
@@ -20,6 +20,12 @@
 #      with the D2D copy bandwidth and each decode's share of it (the weight bytes a step
 #      reads: quantised where gemv_q runs), then the targets: batch 1 within 70% of the
 #      bandwidth limit, batch 64 >= 32x batch 1 (in at least one configuration; all printed)
+#   5b. the ONNX backend on the GPU (libsampan_onnx_cuda.so: cuDNN, cuBLAS; docs/cuda.md "ONNX models on the GPU"),
+#      about 2.5 minutes: tests/py/test_onnx_gpu.py on the real library (ONNX's node cases, a
+#      narrow ResNet-50 and a BERT-style encoder at FP32 and FP16 against the CPU runtime, and
+#      ResNet-50 itself at 224x224), then bench/gpu/onnx_bench.py: ResNet-50 images/s and
+#      latency at batch 1, 8, 32 in FP32 and FP16, and through `sampan serve` with the dynamic
+#      batcher and without (RESULT onnx lines, printed as a table at the end)
 #   8. (between the perf runs of 7) greedy decode at batch 1, 8, 64 with the token taken on
 #      the host each step, in one process: pageable copies with whole logits rows (as before),
 #      pinned copies with whole rows, pinned copies with candidates (topk on the device);
@@ -35,7 +41,7 @@ B=${1:-build-gpu}
 PY=${PYTHON:-/usr/bin/python3}
 J=$(nproc)
 T0=$(date +%s)
-BUDGET=${GPU_RUN_BUDGET:-540} # seconds: later steps are skipped (and say so) past it
+BUDGET=${GPU_RUN_BUDGET:-690} # seconds: later steps are skipped (and say so) past it
 LOG=/tmp/gpu-run-$$
 mkdir -p "$LOG"
 pass=0; fail=0
@@ -59,6 +65,10 @@ finish() {
               printf "  %-22s weights %-6s graphs %-3s batch %2s  %8s ms/step %8s tok/s  %4s%%\n",
                      v["label"], v["weights"], v["graphs"], v["batch"], v["ms_step"], v["tok_s"], v["share"] }'
     fi
+    if ls "$LOG"/onnx-*.log >/dev/null 2>&1 && grep -qh '^RESULT onnx' "$LOG"/onnx-*.log; then
+        echo "ONNX ResNet-50 224x224 (random weights) on the GPU executor:"
+        grep -h '^RESULT onnx' "$LOG"/onnx-*.log | sed 's/^RESULT /  /'
+    fi
     echo "gpu-run: $pass passed, $fail failed"
     exit $(( fail > 0 ))
 }
@@ -72,7 +82,7 @@ nvcc --version 2>&1 | tail -n 2
 elapsed "1. build"
 if timeout 420 make BUILD="$B" -j"$J" all >"$LOG/build.log" 2>&1 &&
    timeout 420 make BUILD="$B" -j"$J" cuda >>"$LOG/build.log" 2>&1; then
-    ok "build (sampan, libsampan_cuda.so for sm_80/89/90, tests)"
+    ok "build (sampan, libsampan_cuda.so and libsampan_onnx_cuda.so for sm_80/89/90, tests)"
 else
     tail -n 30 "$LOG/build.log"; ko "build"; finish
 fi
@@ -157,6 +167,20 @@ then
     ok "serve KIND_GPU completion equals the CPU's"
 else
     ko "serve KIND_GPU"
+fi
+
+elapsed "5b. ONNX on the GPU (cuDNN, cuBLAS)"
+if late "ONNX GPU tests"; then :; elif ONNX_GPU_LIB="$PWD/$B/libsampan_onnx_cuda.so" ONNX_GPU_FULL=1 SAMPAN_BIN="$PWD/$B/sampan" \
+        timeout "$(cap 100)" "$PY" tests/py/test_onnx_gpu.py >"$LOG/onnx-test.log" 2>&1 &&
+     tail -n 1 "$LOG/onnx-test.log" | grep -q " 0 failed, 0 skipped"; then
+    grep -E '^onnx-gpu|^FAIL' "$LOG/onnx-test.log"; ok "ONNX GPU executor: node cases, ResNet-50, encoder vs the CPU runtime"
+else
+    grep -E '^(FAIL|skip|onnx-gpu)' "$LOG/onnx-test.log" | head -n 30; ko "ONNX GPU executor tests"
+fi
+if late "ONNX GPU bench"; then :; elif timeout "$(cap 110)" "$PY" bench/gpu/onnx_bench.py "$B" 2 >"$LOG/onnx-bench.log" 2>&1; then
+    ok "ONNX ResNet-50 bench (table at the end)"
+else
+    grep -E '^(FAIL|RESULT)' "$LOG/onnx-bench.log"; tail -n 5 "$LOG/onnx-bench.log"; ko "ONNX ResNet-50 bench"
 fi
 
 elapsed "6. random-weight 1.1B llama: F16 and Q8_0"

@@ -104,6 +104,11 @@ typedef struct sp_backend_model_info {
     sp_backend_tensor_desc_t inputs[SP_BACKEND_MAX_TENSORS];
     sp_backend_tensor_desc_t outputs[SP_BACKEND_MAX_TENSORS];
     uint64_t memory_bytes;    /* held by one loaded instance */
+    /* GPU bytes one instance holds when the backend placed it on the GPU that config.json's
+     * instance_group (KIND_GPU) names; 0 for a backend that runs on the CPU, and the server then
+     * refuses KIND_GPU for it. Appended: the server zeroes info before load, so a backend built
+     * before this member reports 0. */
+    uint64_t device_bytes;
 } sp_backend_model_info_t;
 
 typedef struct sp_backend_api {

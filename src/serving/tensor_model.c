@@ -161,17 +161,27 @@ tensor_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
     if (st != SP_OK) {
         return st;
     }
+    int gpu_dev = 0; /* the GPU the instances are on (the backend reads instance_group itself) */
     for (int k = 0; k < m->n_inst; k++) {
-        if (m->inst_dev[k] != 0) {
+        if (m->inst_dev[k] != 0 && gpu_dev != 0 && m->inst_dev[k] != gpu_dev) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
-                           "instance_group: backend %s runs on the CPU (KIND_CPU)", m->be->name);
+                           "instance_group: a tensor model's instances on several devices are not "
+                           "supported; place them on one");
+        }
+        if (m->inst_dev[k] != 0) {
+            gpu_dev = m->inst_dev[k];
         }
     }
     char dir[1024];
     sp_backend_load_args_t a = load_args(m, cfg, dir, sizeof dir);
+    memset(&m->be_info, 0, sizeof m->be_info);
     if (m->be->load(sp_backends_host(), &a, &m->be_inst[0], &m->be_info, err, err_len) != 0) {
         m->be_inst[0] = NULL;
         return SP_ERR_INVALID;
+    }
+    if (gpu_dev != 0 && m->be_info.device_bytes == 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "instance_group: backend %s runs on the CPU (KIND_CPU)", m->be->name);
     }
     if ((st = check_decl("input", cfg->input, cfg->n_inputs, m->be_info.inputs,
                          m->be_info.n_inputs, err, err_len)) != SP_OK ||
@@ -181,6 +191,9 @@ tensor_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
     }
     uint64_t per = m->be_info.memory_bytes + (64u << 10); /* + the batcher's queue and buffers */
     m->charge[0] = per * (uint64_t)m->n_inst;
+    if (gpu_dev != 0) {
+        m->charge[gpu_dev] = m->be_info.device_bytes * (uint64_t)m->n_inst;
+    }
     return SP_OK;
 }
 

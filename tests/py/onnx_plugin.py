@@ -46,7 +46,7 @@ class LoadArgs(C.Structure):
 class Info(C.Structure):
     _fields_ = [("n_inputs", C.c_int32), ("n_outputs", C.c_int32),
                 ("inputs", Desc * MAX_TENSORS), ("outputs", Desc * MAX_TENSORS),
-                ("memory_bytes", C.c_uint64)]
+                ("memory_bytes", C.c_uint64), ("device_bytes", C.c_uint64)]
 
 
 LOADF = C.CFUNCTYPE(C.c_int, C.POINTER(Host), C.POINTER(LoadArgs), C.POINTER(C.c_void_p),
