@@ -1321,7 +1321,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, true, R);
 
-        if (sp__moe_layer(m, il)) {
+        /* gemma4's experts run beside its dense MLP (sp__moe_ffn_gemma4 below) */
+        const bool g4_moe = L->ffn_pre_norm_2 != NULL;
+        if (sp__moe_layer(m, il) && !g4_moe) {
             /* Mixture of experts (engine/moe.c); LoRA adapters never carry
              * FFN matrices for such a model (lora.c checks their shapes). */
             sp__moe_ffn(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->xn, b->proj, R);
@@ -1339,6 +1341,12 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             if (lora) {
                 const sp_weight_t *wd[1] = {&L->w_down};
                 lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, n_ff, R);
+            }
+            if (g4_moe) {
+                /* proj = RMSNorm(mlp) * post_ffw_norm_1 + RMSNorm(experts) * post_ffw_norm_2,
+                 * the experts over x (the residual after attention), normed their own way */
+                sp__moe_ffn_gemma4(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->x,
+                                   b->proj, R);
             }
         }
         const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL;

@@ -55,6 +55,9 @@ typedef struct sp_layer {
     sp_weight_t pl_proj;
     const float *pl_post_norm;
     const float *out_scale;
+    /* gemma4 with experts (n_embd each, NULL elsewhere): the experts' input norm, and
+     * the norms of the shared MLP's and of the experts' outputs (moe.c) */
+    const float *ffn_pre_norm_2, *ffn_post_norm_1, *ffn_post_norm_2;
 } sp_layer_t;
 
 struct sp_model {
