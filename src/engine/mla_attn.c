@@ -1,0 +1,181 @@
+/*
+ * mla_attn.c - attention over the latent cache stored once (deepseek2).
+ *
+ * A latent layer has one KV head whose value is its key: [k_pe (R), c (r)]
+ * (engine/mla.h). The cache keeps only the key tile of each block (keys
+ * transposed: element (lane, d) at d * 16 + lane, F32, F16 or Q8_0 as
+ * kernels.h lays them out), half of what a key tile plus a value tile took.
+ * This kernel reads the values from that tile: for a block, the weights of
+ * its 16 positions times the tile's row d is a 16-lane product, so the
+ * value pass is a small product per block, (heads x 16) times (16 x D).
+ *
+ * Order of work, per group of up to 16 query heads (HB):
+ *   1. scores: per block, the tile in float, then for each dimension d and
+ *      head h the 16 lanes' q[h][d] * key[d][lane] (fixed 16-lane loops the
+ *      compiler vectorises at -O2); scaled, soft-capped, their maximum;
+ *   2. exp and sum per head (the kernel table's exp), as the other kernels;
+ *   3. values: per block, acc[d][h] += sum over lanes w[lane][h] key[d][lane]
+ *      for d >= v_lo (the first R lanes of the output are the rotated part,
+ *      which no one reads: set to 0), then divided by the sum.
+ * Every head's result depends on its own query row and the sequence's cache
+ * alone, in a fixed order (blocks in position order, d, lanes): the same
+ * bits whatever other heads or rows share the call, so batch invariance holds
+ * as with the other kernels. It is not bit-identical to the two-tile path
+ * (that path's kernels sum in their own order): the difference is float
+ * rounding (tests/py/test_mla.py bounds it against the float64 reference).
+ *
+ * Threads: one call per work item, on the caller's thread. Memory: the
+ * caller's scratch (sp__mla_attn_scratch_floats), nothing allocated.
+ */
+#include "engine/mla.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/assert.h"
+
+#define LN SP_ATTN_BLOCK /* positions per block: the tile's lanes */
+#define HB 16            /* query heads per pass */
+
+int64_t
+sp__mla_attn_scratch_floats(int64_t head_dim)
+{
+    /* tile in float, value accumulators, scores and weights of one head group */
+    return 2 * head_dim * HB + 2 * HB * LN;
+}
+
+static float
+half_at(const char *p)
+{
+    sp_fp16_t h;
+    memcpy(&h, p, sizeof h);
+    return sp_fp16_to_fp32(h);
+}
+
+/* The key tile of block id `id` in float (hd rows of 16 lanes): the cache
+ * itself for F32, else converted into buf. */
+static const float *
+tile_f32(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int32_t id,
+         float *buf)
+{
+    const int64_t hd = a->head_dim;
+    if (type == SP_TYPE_F32) {
+        return (const float *)a->k + (int64_t)id * a->k_block_stride;
+    }
+    if (type == SP_TYPE_F16) {
+        k->to_float[SP_TYPE_F16]((const sp_fp16_t *)a->k + (int64_t)id * a->k_block_stride, buf,
+                                 hd * LN);
+        return buf;
+    }
+    /* Q8_0 (kernels.h): int8 q[d][lane], then F16 scales [d / 32][lane] */
+    const char *t = (const char *)a->k + (int64_t)id * a->k_block_stride;
+    const int8_t *q = (const int8_t *)t;
+    const char *s = t + LN * hd;
+    for (int64_t d = 0; d < hd; d++) {
+        const char *sd = s + 2 * ((d / SP_QK8_0) * LN);
+        for (int64_t l = 0; l < LN; l++) {
+            buf[d * LN + l] = (float)q[d * LN + l] * half_at(sd + 2 * l);
+        }
+    }
+    return buf;
+}
+
+void
+sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
+{
+    const int64_t hd = a->head_dim, n_kv = a->n_kv, lo = sp_attn_first(a);
+    const int64_t stride = sp_attn_scratch_stride(n_kv);
+    const int64_t b0 = lo / LN, b1 = (n_kv + LN - 1) / LN;
+    SP_ASSERT(v_lo >= 0 && v_lo <= hd && n_kv >= 1);
+    /* scratch: scores (n_q x stride), then the tile, the accumulators, s and w */
+    float *buf = a->scratch + a->n_q * stride;
+    float *acc = buf + hd * LN;
+    float *s = acc + hd * HB;
+    float *w = s + HB * LN;
+
+    for (int64_t h0 = 0; h0 < a->n_q; h0 += HB) {
+        const int64_t nh = a->n_q - h0 < HB ? a->n_q - h0 : HB;
+        float mx[HB], sum[HB];
+        for (int64_t h = 0; h < HB; h++) {
+            mx[h] = h < nh && a->sinks != NULL ? a->sinks[h0 + h] : -INFINITY;
+        }
+        /* 1. scores */
+        for (int64_t bi = b0; bi < b1; bi++) {
+            const float *kt = tile_f32(k, type, a, a->blocks[bi], buf);
+            memset(s, 0, sizeof(float) * HB * LN);
+            for (int64_t d = 0; d < hd; d++) {
+                const float *kr = kt + d * LN;
+                for (int64_t h = 0; h < nh; h++) {
+                    const float qd = a->q[(h0 + h) * a->q_stride + d];
+                    float *sh = s + h * LN;
+                    for (int64_t l = 0; l < LN; l++) {
+                        sh[l] += qd * kr[l];
+                    }
+                }
+            }
+            const int64_t p0 = bi * LN > lo ? bi * LN : lo;
+            const int64_t p1 = bi * LN + LN < n_kv ? bi * LN + LN : n_kv;
+            for (int64_t h = 0; h < nh; h++) {
+                float *sc = a->scratch + (h0 + h) * stride;
+                for (int64_t p = p0; p < p1; p++) {
+                    float v = s[h * LN + p - bi * LN] * a->scale;
+                    if (a->softcap > 0.0f) {
+                        v = sp_attn_softcap(v, a->softcap);
+                    }
+                    sc[p] = v;
+                    mx[h] = v > mx[h] ? v : mx[h];
+                }
+            }
+        }
+        /* 2. exp and sum */
+        for (int64_t h = 0; h < nh; h++) {
+            float *sc = a->scratch + (h0 + h) * stride;
+            for (int64_t p = lo; p < n_kv; p++) {
+                sc[p] -= mx[h];
+            }
+            k->exp_f32(sc + lo, sc + lo, n_kv - lo);
+            float t = a->sinks != NULL ? expf(a->sinks[h0 + h] - mx[h]) : 0.0f;
+            for (int64_t p = lo; p < n_kv; p++) {
+                t += sc[p];
+            }
+            sum[h] = t;
+        }
+        /* 3. values from the key tile: acc[d][h] over the lanes of each block */
+        memset(acc, 0, sizeof(float) * (size_t)(hd * HB));
+        for (int64_t bi = b0; bi < b1; bi++) {
+            const float *kt = tile_f32(k, type, a, a->blocks[bi], buf);
+            memset(w, 0, sizeof(float) * HB * LN);
+            const int64_t p0 = bi * LN > lo ? bi * LN : lo;
+            const int64_t p1 = bi * LN + LN < n_kv ? bi * LN + LN : n_kv;
+            for (int64_t h = 0; h < nh; h++) {
+                const float *sc = a->scratch + (h0 + h) * stride;
+                for (int64_t p = p0; p < p1; p++) {
+                    w[(p - bi * LN) * HB + h] = sc[p];
+                }
+            }
+            /* only the lanes of positions the row sees: the others may hold anything
+             * (another sequence's rows, never-written memory), even a NaN */
+            const int64_t l0 = p0 - bi * LN, l1 = p1 - bi * LN;
+            for (int64_t d = v_lo; d < hd; d++) {
+                const float *kr = kt + d * LN;
+                float *ad = acc + d * HB;
+                for (int64_t l = l0; l < l1; l++) {
+                    const float kl = kr[l];
+                    const float *wl = w + l * HB;
+                    for (int64_t h = 0; h < HB; h++) {
+                        ad[h] += wl[h] * kl;
+                    }
+                }
+            }
+        }
+        for (int64_t h = 0; h < nh; h++) {
+            float *o = a->o + (h0 + h) * a->o_stride;
+            for (int64_t d = 0; d < v_lo; d++) {
+                o[d] = 0.0f; /* the rotated lanes: no value reads them */
+            }
+            for (int64_t d = v_lo; d < hd; d++) {
+                o[d] = acc[d * HB + h] / sum[h];
+            }
+        }
+    }
+}
