@@ -40,8 +40,8 @@
 int64_t
 sp__mla_attn_scratch_floats(int64_t head_dim)
 {
-    /* tile in float, value accumulators, scores and weights of one head group */
-    return 2 * head_dim * HB + 2 * HB * LN;
+    /* tile in float, value accumulators, weights of one head group */
+    return 2 * head_dim * HB + HB * LN;
 }
 
 static float
@@ -80,18 +80,27 @@ tile_f32(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int
     return buf;
 }
 
-void
-sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
+/* 16 floats: one block's lanes (scores) or one group's heads (values). GCC's
+ * vector extension: the baseline build lowers it to SSE, the AVX2 copy below to
+ * 8-wide registers, arm64 to NEON. */
+typedef float v16 __attribute__((vector_size(64)));
+
+/* Unaligned moves (macros: a function returning a vector wider than the
+ * baseline's registers changes the ABI). */
+#define LOAD16(v, p) memcpy(&(v), (p), sizeof(v16))
+#define STORE16(p, v) memcpy((p), &(v), sizeof(v16))
+
+/* The kernel's body, inlined into a baseline and an AVX2 copy (mla_attn_run). */
+static inline __attribute__((always_inline)) void
+mla_attn_body(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
 {
     const int64_t hd = a->head_dim, n_kv = a->n_kv, lo = sp_attn_first(a);
     const int64_t stride = sp_attn_scratch_stride(n_kv);
     const int64_t b0 = lo / LN, b1 = (n_kv + LN - 1) / LN;
-    SP_ASSERT(v_lo >= 0 && v_lo <= hd && n_kv >= 1);
-    /* scratch: scores (n_q x stride), then the tile, the accumulators, s and w */
+    /* scratch: scores (n_q x stride), then the tile, the accumulators and the weights */
     float *buf = a->scratch + a->n_q * stride;
     float *acc = buf + hd * LN;
-    float *s = acc + hd * HB;
-    float *w = s + HB * LN;
+    float *w = acc + hd * HB;
 
     for (int64_t h0 = 0; h0 < a->n_q; h0 += HB) {
         const int64_t nh = a->n_q - h0 < HB ? a->n_q - h0 : HB;
@@ -99,26 +108,28 @@ sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
         for (int64_t h = 0; h < HB; h++) {
             mx[h] = h < nh && a->sinks != NULL ? a->sinks[h0 + h] : -INFINITY;
         }
-        /* 1. scores */
+        /* 1. scores: s[h] (16 lanes) += q[h][d] key[d] */
         for (int64_t bi = b0; bi < b1; bi++) {
             const float *kt = tile_f32(k, type, a, a->blocks[bi], buf);
-            memset(s, 0, sizeof(float) * HB * LN);
+            v16 s[HB];
+            for (int64_t h = 0; h < HB; h++) {
+                s[h] = (v16){0};
+            }
             for (int64_t d = 0; d < hd; d++) {
-                const float *kr = kt + d * LN;
+                v16 kd;
+                LOAD16(kd, kt + d * LN);
                 for (int64_t h = 0; h < nh; h++) {
-                    const float qd = a->q[(h0 + h) * a->q_stride + d];
-                    float *sh = s + h * LN;
-                    for (int64_t l = 0; l < LN; l++) {
-                        sh[l] += qd * kr[l];
-                    }
+                    s[h] += a->q[(h0 + h) * a->q_stride + d] * kd;
                 }
             }
             const int64_t p0 = bi * LN > lo ? bi * LN : lo;
             const int64_t p1 = bi * LN + LN < n_kv ? bi * LN + LN : n_kv;
             for (int64_t h = 0; h < nh; h++) {
+                float sl[LN];
+                STORE16(sl, s[h]);
                 float *sc = a->scratch + (h0 + h) * stride;
                 for (int64_t p = p0; p < p1; p++) {
-                    float v = s[h * LN + p - bi * LN] * a->scale;
+                    float v = sl[p - bi * LN] * a->scale;
                     if (a->softcap > 0.0f) {
                         v = sp_attn_softcap(v, a->softcap);
                     }
@@ -140,7 +151,7 @@ sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
             }
             sum[h] = t;
         }
-        /* 3. values from the key tile: acc[d][h] over the lanes of each block */
+        /* 3. values from the key tile: acc[d] (16 heads) += w[lane] key[d][lane] */
         memset(acc, 0, sizeof(float) * (size_t)(hd * HB));
         for (int64_t bi = b0; bi < b1; bi++) {
             const float *kt = tile_f32(k, type, a, a->blocks[bi], buf);
@@ -156,16 +167,18 @@ sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
             /* only the lanes of positions the row sees: the others may hold anything
              * (another sequence's rows, never-written memory), even a NaN */
             const int64_t l0 = p0 - bi * LN, l1 = p1 - bi * LN;
+            v16 wl[LN];
+            for (int64_t l = l0; l < l1; l++) {
+                LOAD16(wl[l], w + l * HB);
+            }
             for (int64_t d = v_lo; d < hd; d++) {
                 const float *kr = kt + d * LN;
-                float *ad = acc + d * HB;
+                v16 ad;
+                LOAD16(ad, acc + d * HB);
                 for (int64_t l = l0; l < l1; l++) {
-                    const float kl = kr[l];
-                    const float *wl = w + l * HB;
-                    for (int64_t h = 0; h < HB; h++) {
-                        ad[h] += wl[h] * kl;
-                    }
+                    ad += wl[l] * kr[l];
                 }
+                STORE16(acc + d * HB, ad);
             }
         }
         for (int64_t h = 0; h < nh; h++) {
@@ -178,4 +191,45 @@ sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
             }
         }
     }
+}
+
+static void
+mla_attn_base(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
+{
+    mla_attn_body(k, type, a, v_lo);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same code for the AVX2 and AVX-512 levels (8- and 16-wide registers):
+ * picked by the kernel table's level, so SAMPAN_CPU=scalar runs the baseline
+ * copy and each level computes the same bits wherever it runs. */
+__attribute__((target("avx2,fma"))) static void
+mla_attn_avx2(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
+{
+    mla_attn_body(k, type, a, v_lo);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) static void
+mla_attn_avx512(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
+                int64_t v_lo)
+{
+    mla_attn_body(k, type, a, v_lo);
+}
+#endif
+
+void
+sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
+{
+    SP_ASSERT(v_lo >= 0 && v_lo <= a->head_dim && a->n_kv >= 1);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (k->level >= SP_CPU_AVX512) {
+        mla_attn_avx512(k, type, a, v_lo);
+        return;
+    }
+    if (k->level >= SP_CPU_AVX2) {
+        mla_attn_avx2(k, type, a, v_lo);
+        return;
+    }
+#endif
+    mla_attn_base(k, type, a, v_lo);
 }
