@@ -19,6 +19,10 @@
  *      then the shared expert (a dense FFN every row runs, gated by a sigmoid)
  *      when the architecture has one.
  *
+ * gemma4 (sp__moe_ffn_gemma4) wraps the same pass: the experts read their own
+ * normed input, the router another (its own norm and scale), and the result
+ * is normed and added to the dense MLP's output that batch.c computed.
+ *
  * Batch invariance: every product element is one vec_dot of a weight row and
  * the slot's own activation row (the gemm contract in kernels.h), the routing
  * and the activation of a row read only that row, and the weighted sum runs in

@@ -30,8 +30,14 @@ alone and beside up to 31 others in tests/unit/test_batch.c
 (batch_matches_sequences_alone_gemma4). llama.cpp itself: tests/py/test_llamacpp.py's gemma4
 rows.
 
+The mixture-of-experts variant (26B-A4B's layout, preset gemma4-moe-tiny: 8 experts, top 2,
+beside the dense MLP; docs/design-arch.md): F32 with gate/up fused and apart, and Q8_0 (two
+more quantized product inputs per layer in the tolerance), the routing margin checked far
+above float32 rounding, and the experts, per-expert scales, router input scale and experts'
+input norm each shown to matter.
+
 Loading: missing tensors and keys, malformed per-layer arrays, mismatched shared layers and
-the mixture-of-experts variant are refused with the file and the tensor or key named.
+broken expert layouts are refused with the file and the tensor or key named.
 """
 import copy
 import os
