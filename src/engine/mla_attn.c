@@ -11,8 +11,9 @@
  *
  * Order of work, per group of up to 16 query heads (HB):
  *   1. scores: per block, the tile in float, then for each dimension d and
- *      head h the 16 lanes' q[h][d] * key[d][lane] (fixed 16-lane loops the
- *      compiler vectorises at -O2); scaled, soft-capped, their maximum;
+ *      head h the 16 lanes' q[h][d] * key[d][lane] (GCC vector types, four
+ *      heads' sums held in registers over the tile); scaled, soft-capped,
+ *      their maximum;
  *   2. exp and sum per head (the kernel table's exp), as the other kernels;
  *   3. values: per block, acc[d][h] += sum over lanes w[lane][h] key[d][lane]
  *      for d >= v_lo (the first R lanes of the output are the rotated part,
@@ -239,16 +240,25 @@ mla_attn_base(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+/* Products and sums contracted into FMAs in these copies (GCC's ISO mode
+ * keeps them apart; clang has no optimize attribute and contracts within a
+ * statement by default). */
+#if defined(__clang__)
+#define MLA_CONTRACT
+#else
+#define MLA_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#endif
+
 /* The same code for the AVX2 and AVX-512 levels (8- and 16-wide registers):
  * picked by the kernel table's level, so SAMPAN_CPU=scalar runs the baseline
  * copy and each level computes the same bits wherever it runs. */
-__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) static void
+__attribute__((target("avx2,fma"))) MLA_CONTRACT static void
 mla_attn_avx2(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int64_t v_lo)
 {
     mla_attn_body(k, type, a, v_lo);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), optimize("fp-contract=fast"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) MLA_CONTRACT static void
 mla_attn_avx512(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
                 int64_t v_lo)
 {
