@@ -270,10 +270,27 @@ PRESETS.update({
                        n_pl=256, ff=512, vocab=512, ctx=256, eps=1e-6, swa=8,
                        rope_base=1000000.0, final_softcap=30.0, tied=True),
 })
+# gemma4's mixture-of-experts variant (26B-A4B's layout, scaled down): no per-layer inputs
+# and no shared KV layers (as 26B-A4B), every layer's dense MLP beside 8 experts (top 2)
+# with their router (F32), the router input's scale, the per-expert output scale, the
+# experts' gate and up fused in ffn_gate_up_exps (the converter's layout), three more norms.
+PRESETS.update({
+    "gemma4-moe-tiny": dict(arch="gemma4", dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                            head_dim=32, head_dim_full=64, n_kv_heads_full=1, layer_types="SSSG",
+                            n_pl=0, ff=96, vocab=300, ctx=256, eps=1e-6, swa=8,
+                            rope_base=1000000.0, final_softcap=30.0, tied=True, n_expert=8,
+                            n_expert_used=2, ff_exp=32),
+    "gemma4-moe-256": dict(arch="gemma4", dim=256, n_layers=4, n_heads=4, n_kv_heads=2,
+                           head_dim=64, head_dim_full=128, n_kv_heads_full=1, layer_types="SSSG",
+                           n_pl=0, ff=512, vocab=512, ctx=256, eps=1e-6, swa=8,
+                           rope_base=1000000.0, final_softcap=30.0, tied=True, n_expert=8,
+                           n_expert_used=2, ff_exp=256),
+})
 ORACLE_SHAPES = {"llama": "llama-256", "mistral": "mistral-256", "qwen2": "qwen2-256",
                  "qwen3": "qwen3-256", "gemma2": "gemma2-256", "gemma3": "gemma3-256",
                  "phi3": "phi3-256", "smollm3": "smollm3-256", "granite": "granite-256",
-                 "olmo2": "olmo2-256", "gemma4": "gemma4-256", "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
+                 "olmo2": "olmo2-256", "gemma4": "gemma4-256", "gemma4-moe": "gemma4-moe-256",
+                 "mixtral": "mixtral-256", "qwen2moe": "qwen2moe-256",
                  "llama-yarn": "llama-yarn-256", "qwen3moe": "qwen3moe-256",
                  "gpt-oss": "gpt-oss-256", "deepseek2": "deepseek2-256",
                  "deepseek2-lite": "deepseek2-lite-256"}
@@ -286,7 +303,8 @@ DEFAULTS = dict(arch="llama", dim=64, n_layers=2, n_heads=4, n_kv_heads=None, he
                 longrope=None, orig_ctx=None, rope_base_swa=None, pooling=None, n_cls_out=1,
                 n_types=2, granite_scales=None, expert_type=None,
                 head_dim_full=None, n_kv_heads_full=None, layer_types=None, n_shared=0, n_pl=0,
-                rot_frac_full=0.25, no_v_global=True, double_wide=True, out_scale=True, mla=None)
+                rot_frac_full=0.25, no_v_global=True, double_wide=True, out_scale=True, mla=None,
+                split_exps=False)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "deepseek2")  # always mixture of experts (llama is with --n-expert)
 ENCODERS = ("bert", "nomic-bert")
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
@@ -801,7 +819,7 @@ def resolve(cfg):
     if c["arch"] in MOE_ARCHS and c["n_expert"] < 2:
         raise ValueError(f"{c['arch']} needs --n-expert >= 2")
     if c["n_expert"]:
-        if c["arch"] not in ("llama",) + MOE_ARCHS:
+        if c["arch"] not in ("llama", "gemma4") + MOE_ARCHS:
             raise ValueError(f"{c['arch']} has no experts")
         if not 1 <= c["n_expert_used"] <= c["n_expert"]:
             raise ValueError("--n-expert-used must be in 1..n_expert")
@@ -964,6 +982,20 @@ def gemma4_tensor_list(c):
         ts.append((p + "ffn_up.weight", (d, ff), w, "mat"))
         ts.append((p + "ffn_down.weight", (ff, d), w, "mat"))
         ts.append((p + "post_ffw_norm.weight", (d,), "f32", "norm"))
+        if c["n_expert"]:  # the experts beside the dense MLP (26B-A4B)
+            ne, fe, we = c["n_expert"], c["ff_exp"], c["expert_type"]
+            ts.append((p + "ffn_gate_inp.weight", (d, ne), "f32", "mat"))
+            ts.append((p + "ffn_gate_inp.scale", (d,), "f32", "rscale"))
+            ts.append((p + "pre_ffw_norm_2.weight", (d,), "f32", "norm"))
+            ts.append((p + "post_ffw_norm_1.weight", (d,), "f32", "norm"))
+            ts.append((p + "post_ffw_norm_2.weight", (d,), "f32", "norm"))
+            if c["split_exps"]:
+                ts.append((p + "ffn_gate_exps.weight", (d, fe, ne), we, "mat"))
+                ts.append((p + "ffn_up_exps.weight", (d, fe, ne), we, "mat"))
+            else:  # each expert's gate rows, then its up rows
+                ts.append((p + "ffn_gate_up_exps.weight", (d, 2 * fe, ne), we, "mat"))
+            ts.append((p + "ffn_down_exps.weight", (fe, d, ne), we, "mat"))
+            ts.append((p + "ffn_down_exps.scale", (ne,), "f32", "oscale"))
         if c["out_scale"]:
             ts.append((p + "layer_output_scale.weight", (1,), "f32", "oscale"))
         if P:
@@ -1250,6 +1282,9 @@ def _values(c, name, ne, kind, rng, rows):
     if kind == "ropeprop":  # gemma4's proportional RoPE: a fraction of the pairs rotates
         n_r = int(n * c["rot_frac_full"])
         return np.array([[1.0] * n_r + [1e30] * (n - n_r)] * rows, dtype=np.float32)
+    if kind == "rscale":  # gemma4's router input scale: RMSNorm(x) / sqrt(dim) times it,
+        # near sqrt(dim) so the router logits spread about 1 (clear expert choices)
+        return rng.uniform(0.5, 1.5, size=(rows, n)).astype(np.float32) * np.float32(np.sqrt(n))
     if kind == "oscale":  # gemma4's per-layer output scalar
         return rng.uniform(0.5, 1.5, size=(rows, n)).astype(np.float32)
     if kind == "sink":  # attention sink logits: of the size of the scores they join

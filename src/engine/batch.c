@@ -230,6 +230,9 @@ batch_layout(const sp_model_t *m, const sp_batch_params_t *p, batch_layout_t *L,
     L->act_stride = ((size_t)max_in * 4 + 63) & ~(size_t)63;
     /* Scores of one (row, KV head) item: every query head of the largest group. */
     L->scores_stride = hp->n_head / min_kv * sp_attn_scratch_stride(L->p.max_ctx);
+    if (m->mla != NULL) {
+        L->scores_stride += sp__mla_attn_scratch_floats(sp__head_dim_max(hp)); /* mla_attn.c */
+    }
 
     size_t *B = L->bytes;
     B[BUF_X] = buf_bytes(R, hp->n_embd, sizeof(float));
@@ -940,24 +943,32 @@ rope_job_run(void *arg, int64_t t, int ith)
     for (int64_t g = 0; g < n_kv; g++) {
         const int64_t tile = sp__kv_tile(kv, block, j->il, g, hp->n_head_kv); /* elements */
         const float *kg = kt + g * hd;
+        /* a latent cache (one tile) keeps no value: it is the key (mla_attn.c) */
+        const bool val = kv->n_tiles == 2;
         char *vdst =
             (char *)data + (size_t)(tile + kv->tile_elems + lane * kv->v_row) * kv->elt;
         if (kv->type == SP_TYPE_Q8_0) {
             /* Quantised as stored: keys per position into the lane (kernels.h). */
             sp_kv_q8_store_key((char *)data + tile, lane, kg, hd);
-            sp_kv_q8_store_value(vdst, vt + g * hd, hd);
+            if (val) {
+                sp_kv_q8_store_value(vdst, vt + g * hd, hd);
+            }
         } else if (kv->type == SP_TYPE_F32) {
             float *kc = (float *)data + tile;
             for (int64_t d = 0; d < hd; d++) {
                 kc[d * SP_KV_BLOCK + lane] = kg[d];
             }
-            memcpy(vdst, vt + g * hd, (size_t)hd * sizeof(float));
+            if (val) {
+                memcpy(vdst, vt + g * hd, (size_t)hd * sizeof(float));
+            }
         } else {
             sp_fp16_t *kc = (sp_fp16_t *)data + tile;
             for (int64_t d = 0; d < hd; d++) {
                 kc[d * SP_KV_BLOCK + lane] = sp_fp32_to_fp16(kg[d]);
             }
-            b->k->from_float[SP_TYPE_F16](vt + g * hd, vdst, hd);
+            if (val) {
+                b->k->from_float[SP_TYPE_F16](vt + g * hd, vdst, hd);
+            }
         }
     }
 }
@@ -1032,7 +1043,12 @@ attn_job_run(void *arg, int64_t chunk, int ith)
             .softcap = hp->attn_softcap,
             .sinks = sinks != NULL ? sinks + h0 : NULL, /* q row i is head h0 + i */
         };
-        b->k->attn[kv->type](&a);
+        if (kv->n_tiles == 1) {
+            /* the latent cache: values read from the key tile, the rotated lanes skipped */
+            sp__mla_attn(b->k, kv->type, &a, hp->n_rot);
+        } else {
+            b->k->attn[kv->type](&a);
+        }
     }
 }
 
@@ -1321,7 +1337,9 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
         }
         add_post_norm_rows(b, L->attn_post_norm, L->ffn_norm, true, R);
 
-        if (sp__moe_layer(m, il)) {
+        /* gemma4's experts run beside its dense MLP (sp__moe_ffn_gemma4 below) */
+        const bool g4_moe = L->ffn_pre_norm_2 != NULL;
+        if (sp__moe_layer(m, il) && !g4_moe) {
             /* Mixture of experts (engine/moe.c); LoRA adapters never carry
              * FFN matrices for such a model (lora.c checks their shapes). */
             sp__moe_ffn(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->xn, b->proj, R);
@@ -1339,6 +1357,12 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             if (lora) {
                 const sp_weight_t *wd[1] = {&L->w_down};
                 lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, n_ff, R);
+            }
+            if (g4_moe) {
+                /* proj = RMSNorm(mlp) * post_ffw_norm_1 + RMSNorm(experts) * post_ffw_norm_2,
+                 * the experts over x (the residual after attention), normed their own way */
+                sp__moe_ffn_gemma4(m, il, b->pool, b->k, b->moe_buf, b->max_tokens, b->x,
+                                   b->proj, R);
             }
         }
         const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL;

@@ -8,6 +8,15 @@
  * batch.c explains) whether a position was computed in a prefill chunk, a
  * decode step, or with any thread count.
  *
+ * A model with sliding-window layers gets a two-part pool (kv.c) when that
+ * is smaller: the global layers keep n_ctx positions, the sliding layers a
+ * ring of n_ring blocks, enough for one step's rows and their window. Entry
+ * i of the sliding table (positions 16 i .. 16 i + 15) lives in ring block
+ * i % n_ring; ring_entry records which entry each ring block holds, so a
+ * step that would read an entry a later one has overwritten (a rewind far
+ * behind the window) is refused (SP_ERR_INVALID) instead of reading another
+ * position's keys. Logits are bit-identical to the one-part pool's (batch.c).
+ *
  * Threads: one context is used by one thread at a time (its batch owns a
  * thread pool for the step's products); any number of contexts may share a
  * model. Memory: every buffer is allocated at create, nothing per call.
@@ -17,6 +26,7 @@
 
 #include "core/alloc.h"
 #include "core/assert.h"
+#include "engine/gpu.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 
@@ -24,8 +34,11 @@ struct sp_ctx {
     const sp_model_t *m;
     sp_batch_t *b;       /* activations and threads, n_batch rows */
     sp_kv_pool_t *kv;    /* the sequence's cache */
-    int32_t *blocks;     /* 0, 1, 2, ...: the identity block table */
+    int32_t *blocks;     /* 0, 1, 2, ...: the identity block table; with a ring, the
+                            sliding table (n_blocks entries) follows */
     int64_t n_blocks;
+    int64_t n_ring;      /* sliding blocks of a two-part pool, or 0: one part */
+    int64_t *ring_entry; /* (n_ring) the sliding entry each ring block holds, or -1 */
     int64_t n_ctx;
     int64_t n_batch;
     bool logits_all;
@@ -51,6 +64,7 @@ sp_ctx_destroy(sp_ctx_t *c)
     sp_batch_destroy(c->b);
     sp_kv_pool_destroy(c->kv);
     sp_free(c->blocks);
+    sp_free(c->ring_entry);
     sp_free(c->logits);
     sp_free(c->embd_sum);
     sp_free(c);
@@ -84,6 +98,7 @@ sp_ctx_resolve(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_params_t *o
 typedef struct ctx_layout {
     sp_ctx_params_t p;       /* resolved */
     int64_t n_blocks;        /* of the private pool: n_ctx positions */
+    int64_t n_ring;          /* sliding ring blocks (two-part pool), or 0 */
     sp_batch_params_t bp;    /* one sequence of up to n_batch rows */
     sp_kv_pool_params_t kp;
     size_t blocks_bytes, logits_bytes, embd_sum_bytes; /* SIZE_MAX on overflow */
@@ -101,11 +116,20 @@ ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char 
     L->n_blocks = (L->p.n_ctx + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
     L->bp = (sp_batch_params_t){L->p.n_batch, 1, L->p.n_ctx, p->n_threads, 0};
     L->kp = (sp_kv_pool_params_t){L->n_blocks, p->kv_type};
-    if ((st = sp_kv_pool_check(m, &L->kp, err, err_len)) != SP_OK) {
+    /* Sliding layers keep a ring of blocks: one step's rows (n_batch) and the window
+     * of its first row, plus the block that row straddles; used when smaller. */
+    L->n_ring = 0;
+    if (m->enc == NULL && sp_kv_swa_block_bytes(m, p->kv_type) > 0 &&
+        sp_gpu_model_layers(m) == 0) {
+        const int64_t ring = (L->p.n_batch + hp->n_swa + SP_KV_BLOCK - 1) / SP_KV_BLOCK + 2;
+        L->n_ring = ring < L->n_blocks ? ring : 0;
+    }
+    if ((st = sp_kv_pool_check_split(m, &L->kp, L->n_ring, err, err_len)) != SP_OK) {
         return st; /* e.g. a Q8_0 cache asked of a model with GPU layers */
     }
     /* n_ctx <= SP_MAX_CTX and n_embd is bounded at load: only the logits can overflow. */
-    L->blocks_bytes = (size_t)L->n_blocks * sizeof(int32_t);
+    L->blocks_bytes = (size_t)L->n_blocks * (L->n_ring > 0 ? 2 : 1) * sizeof(int32_t) +
+                      (size_t)L->n_ring * sizeof(int64_t);
     L->logits_bytes = 0;
     if (L->p.logits_all && (sp_mul_size((size_t)L->p.n_ctx, (size_t)hp->n_vocab,
                                         &L->logits_bytes) != 0 ||
@@ -126,7 +150,8 @@ sp_ctx_bytes(const sp_model_t *m, const sp_ctx_params_t *p)
     if (m->enc != NULL) {
         return sizeof(sp_ctx_t) + sp__enc_run_bytes(m, L.p.n_ctx, p->n_threads);
     }
-    const size_t batch = sp_batch_bytes(m, &L.bp), pool = sp_kv_pool_bytes(m, &L.kp);
+    const size_t batch = sp_batch_bytes(m, &L.bp);
+    const size_t pool = sp_kv_pool_bytes_split(m, &L.kp, L.n_ring);
     if (batch == 0 || pool == 0) {
         return 0; /* create would fail on them */
     }
@@ -173,11 +198,19 @@ sp_ctx_create(const sp_model_t *m, const sp_ctx_params_t *p, sp_ctx_t **out, cha
     }
     char sub[256];
     if (sp_batch_create(m, &L.bp, &c->b, sub, sizeof sub) != SP_OK ||
-        sp_kv_pool_create(m, &L.kp, &c->kv, sub, sizeof sub) != SP_OK) {
+        sp_kv_pool_create_split(m, &L.kp, L.n_ring, &c->kv, sub, sizeof sub) != SP_OK) {
         goto oom;
     }
     /* calloc(1, SIZE_MAX) fails like the overflow it stands for. */
-    c->blocks = sp_calloc(1, L.blocks_bytes);
+    c->n_ring = L.n_ring;
+    c->blocks = sp_calloc(1, (size_t)c->n_blocks * (c->n_ring > 0 ? 2 : 1) * sizeof(int32_t));
+    c->ring_entry = c->n_ring > 0 ? sp_malloc((size_t)c->n_ring * sizeof(int64_t)) : NULL;
+    if (c->n_ring > 0 && c->ring_entry == NULL) {
+        goto oom;
+    }
+    for (int64_t r = 0; r < c->n_ring; r++) {
+        c->ring_entry[r] = -1;
+    }
     c->logits = c->logits_all ? sp_calloc(1, L.logits_bytes) : NULL;
     c->embd_sum = sp_calloc(1, L.embd_sum_bytes);
     if (c->blocks == NULL || (c->logits_all && c->logits == NULL) || c->embd_sum == NULL) {
@@ -225,6 +258,28 @@ ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_ou
          bool logits)
 {
     SP_ASSERT(n >= 1 && n <= c->n_batch && pos >= 0 && pos + n <= c->n_ctx); /* the private pool */
+    if (c->n_ring > 0) {
+        /* The sliding entries this step reads or writes: from the first row's window
+         * to the last row (fewer than n_ring by the ring's size), in ring blocks. */
+        const int64_t swa = c->m->hp.n_swa;
+        const int64_t lo = (pos + 1 - swa > 0 ? pos + 1 - swa : 0) / SP_KV_BLOCK;
+        const int64_t hi = (pos + n - 1) / SP_KV_BLOCK;
+        int32_t *tab = c->blocks + c->n_blocks;
+        SP_ASSERT(hi - lo + 1 <= c->n_ring);
+        for (int64_t i = lo; i <= hi; i++) {
+            /* an entry holding positions before pos must still be in its ring block */
+            if (i * SP_KV_BLOCK < pos && c->ring_entry[i % c->n_ring] != i) {
+                return SP_ERR_INVALID;
+            }
+        }
+        for (int64_t i = 0; i < c->n_blocks; i++) {
+            tab[i] = -1; /* outside the step's range: never read (batch.c checks) */
+        }
+        for (int64_t i = lo; i <= hi; i++) {
+            c->ring_entry[i % c->n_ring] = i;
+            tab[i] = (int32_t)(i % c->n_ring);
+        }
+    }
     sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0, NULL};
     float *all = out == SP_BATCH_OUT_ALL ? c->logits + pos * c->m->hp.n_vocab : NULL;
     return sp__batch_run(c->b, c->kv, &s, 1, out, all);

@@ -15,9 +15,11 @@
  * an optional value projection (absent: v = k), an optional scalar per layer
  * output, and rope_freqs applied to the global layers only.
  *
- * Not loaded: the experts of the MoE variant (26B-A4B, ffn_gate_inp present),
- * refused by name; the vision and audio encoders, which llama.cpp's converter
- * writes to a separate mmproj file that this loader never reads.
+ * The mixture-of-experts variant (26B-A4B, expert_count >= 2): moe.c loads
+ * the router and experts, this file the dense MLP beside them and the three
+ * extra norms (the block: sp__moe_ffn_gemma4). Not loaded: the vision and
+ * audio encoders, which llama.cpp's converter writes to a separate mmproj
+ * file that this loader never reads.
  *
  * Threads: called once at load, by the loading thread. Memory: the model's
  * `ones` vector (freed by sp_model_free); the weights stay in the mapping.
@@ -28,6 +30,7 @@
 
 #include "core/alloc.h"
 #include "engine/model_impl.h"
+#include "engine/moe.h"
 
 #define MAX_WIDTH (1 << 14)
 
@@ -120,7 +123,7 @@ sp__gemma4_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_l
     const char *path = sp_gguf_path(g);
     char key[128];
     sp_status_t st;
-    int64_t n_expert, n_shared, v_len_swa;
+    int64_t n_shared, v_len_swa;
 
     /* No query scale (the q norm does it), gemma's embedding scale and GELU. */
     hp->attn_scale = 1.0f;
@@ -131,16 +134,6 @@ sp__gemma4_hparams(const sp_gguf_t *g, sp_hparams_t *hp, char *err, size_t err_l
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", hp->arch);
     if (sp_gguf_find_key(g, key) < 0) {
         return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s'", path, key);
-    }
-    if ((st = sp__hp_int(g, hp->arch, "expert_count", 0, 0, 1 << 16, &n_expert, err, err_len)) !=
-        SP_OK) {
-        return st;
-    }
-    if (n_expert > 0) {
-        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "%s: gemma4 with %s.expert_count %lld (the mixture-of-experts variant) is "
-                       "not supported; the dense gemma4 models are", path, hp->arch,
-                       (long long)n_expert);
     }
     if ((st = sp__hp_float(g, hp->arch, "final_logit_softcapping", 0.0, 0, 1e6, &hp->final_softcap,
                            err, err_len)) != SP_OK ||
@@ -260,6 +253,11 @@ sp__gemma4_load_weights(sp_model_t *m, char *err, size_t err_len)
                        "%s: missing tensor 'rope_freqs.weight' (the global layers' RoPE factors)",
                        path);
     }
+    /* The mixture-of-experts variant (26B-A4B: expert_count >= 2): every layer's
+     * experts and router, beside its dense MLP (engine/moe.c). */
+    if ((st = sp__moe_load(m, false, err, err_len)) != SP_OK) {
+        return st;
+    }
     m->ones = sp_malloc((size_t)sp__head_dim_max(hp) * sizeof(float));
     m->layers = sp_calloc((size_t)hp->n_layer, sizeof(sp_layer_t));
     if (m->ones == NULL || m->layers == NULL) {
@@ -280,10 +278,10 @@ sp__gemma4_load_weights(sp_model_t *m, char *err, size_t err_len)
     snprintf(name, sizeof name, "blk.%lld." nm ".weight", (long long)il);                    \
     if ((st = sp__model_vector(m, name, n, req, &L->field, err, err_len)) != SP_OK) return st;
         snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.weight", (long long)il);
-        if (sp_gguf_find_tensor(m->gguf, name) != NULL) {
-            return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                           "%s: tensor '%s': gemma4 with experts (the mixture-of-experts "
-                           "variant) is not supported", path, name);
+        if (m->moe == NULL && sp_gguf_find_tensor(m->gguf, name) != NULL) {
+            return sp_errf(err, err_len, SP_ERR_FORMAT,
+                           "%s: tensor '%s' (a router) in a file without %s.expert_count >= 2",
+                           path, name, hp->arch);
         }
         V(attn_norm, "attn_norm", E, true);
         W(wq, "attn_q", E, q_dim, true);
@@ -302,6 +300,12 @@ sp__gemma4_load_weights(sp_model_t *m, char *err, size_t err_len)
         W(w_up, "ffn_up", E, ff, true);
         W(w_down, "ffn_down", ff, E, true);
         V(ffn_post_norm, "post_ffw_norm", E, true);
+        if (sp__moe_layer(m, il)) {
+            /* the experts themselves are moe.c's (sp__moe_load) */
+            V(ffn_pre_norm_2, "pre_ffw_norm_2", E, true);
+            V(ffn_post_norm_1, "post_ffw_norm_1", E, true);
+            V(ffn_post_norm_2, "post_ffw_norm_2", E, true);
+        }
         V(out_scale, "layer_output_scale", 1, false);
         if (P > 0) {
             W(pl_gate, "inp_gate", E, P, true);

@@ -61,7 +61,7 @@ sp_kv_block_bytes(const sp_model_t *m, sp_kv_type_t type)
     const sp_hparams_t *hp = &m->hp;
     /* Bounded by load (layers <= 512, heads <= 4096, head_dim <= 16384): no overflow. The
      * layers that keep a cache (gemma4's shared layers do not), tiles of the widest head. */
-    return (size_t)sp__n_layer_kv(hp) * (size_t)hp->n_head_kv * 2 *
+    return (size_t)sp__n_layer_kv(hp) * (size_t)hp->n_head_kv * (size_t)sp__kv_n_tiles(m) *
            kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
@@ -73,7 +73,8 @@ sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type)
     for (int64_t il = 0; il < sp__n_layer_kv(hp) && hp->n_swa > 0; il++) {
         n_swa += hp->layer_swa[il] != 0;
     }
-    return n_swa * (size_t)hp->n_head_kv * 2 * kv_tile_bytes(sp__head_dim_max(hp), type);
+    return n_swa * (size_t)hp->n_head_kv * (size_t)sp__kv_n_tiles(m) *
+           kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
 /* The sizes of a pool's arrays (the cache, the per-block marks and the layer
@@ -206,8 +207,9 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
         const int part = sp__kv_in_swa(kv, il) ? 1 : 0;
         kv->slot[il] = (int32_t)n_part[part]++;
     }
-    kv->block_elems = n_part[0] * hp->n_head_kv * 2 * kv->tile_elems;
-    kv->swa_block_elems = n_part[1] * hp->n_head_kv * 2 * kv->tile_elems;
+    kv->n_tiles = sp__kv_n_tiles(m);
+    kv->block_elems = n_part[0] * hp->n_head_kv * kv->n_tiles * kv->tile_elems;
+    kv->swa_block_elems = n_part[1] * hp->n_head_kv * kv->n_tiles * kv->tile_elems;
     if (m->gpu != NULL) {
         st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
                                err_len);

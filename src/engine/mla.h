@@ -91,4 +91,16 @@ void sp__mla_qkv(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_
 void sp__mla_out(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kernels_t *k,
                  void *scratch, int64_t max_rows, const float *att, float *proj, int64_t n_rows);
 
+/*
+ * mla_attn.c: attention over the latent cache kept once per position (the
+ * pool's latent layers have a key tile and no value tile: the value is the
+ * key). a as for the kernels (kernels.h) with v, v_block_stride and v_stride
+ * unused; output lanes below v_lo (the rotated part) are set to 0. a->scratch
+ * holds n_q * sp_attn_scratch_stride(n_kv) + sp__mla_attn_scratch_floats(head_dim)
+ * floats.
+ */
+int64_t sp__mla_attn_scratch_floats(int64_t head_dim);
+void sp__mla_attn(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a,
+                  int64_t v_lo);
+
 #endif /* SP_ENGINE_MLA_H */

@@ -671,8 +671,10 @@ sp__model_cpu_only_feature(const sp_model_t *m)
 {
     const sp_hparams_t *hp = &m->hp;
     if (arch_is(hp, "gemma4")) {
-        return "the gemma4 architecture (per-layer inputs, shared KV layers, per-layer head "
-               "sizes)";
+        return m->moe != NULL ? "the gemma4 architecture with mixture of experts (experts "
+                                "beside a dense MLP, per-layer head sizes)"
+                              : "the gemma4 architecture (per-layer inputs, shared KV layers, "
+                                "per-layer head sizes)";
     }
     if (m->mla != NULL) {
         return "multi-head latent attention (deepseek2)";

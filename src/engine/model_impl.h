@@ -55,6 +55,9 @@ typedef struct sp_layer {
     sp_weight_t pl_proj;
     const float *pl_post_norm;
     const float *out_scale;
+    /* gemma4 with experts (n_embd each, NULL elsewhere): the experts' input norm, and
+     * the norms of the shared MLP's and of the experts' outputs (moe.c) */
+    const float *ffn_pre_norm_2, *ffn_post_norm_1, *ffn_post_norm_2;
 } sp_layer_t;
 
 struct sp_model {
@@ -167,7 +170,9 @@ struct sp_kv_pool {
     int64_t tile_elems;  /* one (layer, head) key or value tile: SP_KV_BLOCK * head_dim
                             (Q8_0: sp_kv_q8_tile_bytes, kernels.h) */
     int64_t v_row;       /* elements from one value row to the next (Q8_0: bytes) */
-    int64_t block_elems; /* (n_layer - layer0) * n_head_kv * 2 tiles */
+    int64_t block_elems; /* (n_layer - layer0) * n_head_kv * n_tiles tiles */
+    int64_t n_tiles;     /* tiles per (layer, head): 2 (key, value), or 1 for a latent cache
+                            (deepseek2: the value is the key, engine/mla_attn.c) */
     /* A model with a GPU binding keeps layers 0..layer0-1 of every block in
      * the device pool `gpu` (same block ids, same layout) and only the CPU
      * layers here. */
@@ -198,12 +203,20 @@ sp__kv_in_swa(const sp_kv_pool_t *kv, int64_t il)
 }
 
 /* Element offset of (block, layer, head)'s key tile in its part's data (the
- * global or the sliding part); its value tile follows. */
+ * global or the sliding part); its value tile follows (none in a latent cache). */
 static inline int64_t
 sp__kv_tile(const sp_kv_pool_t *kv, int64_t block, int64_t il, int64_t g, int64_t n_head_kv)
 {
     const int64_t be = sp__kv_in_swa(kv, il) ? kv->swa_block_elems : kv->block_elems;
-    return block * be + ((int64_t)kv->slot[il] * n_head_kv + g) * 2 * kv->tile_elems;
+    return block * be + ((int64_t)kv->slot[il] * n_head_kv + g) * kv->n_tiles * kv->tile_elems;
+}
+
+/* Tiles per (layer, KV head) of a block: the latent cache (multi-head latent
+ * attention) keeps its key tile only, since its value is the same vector. */
+static inline int64_t
+sp__kv_n_tiles(const sp_model_t *m)
+{
+    return m->mla != NULL ? 1 : 2;
 }
 
 /* The data of layer il's part. */

@@ -19,6 +19,10 @@
  *      then the shared expert (a dense FFN every row runs, gated by a sigmoid)
  *      when the architecture has one.
  *
+ * gemma4 (sp__moe_ffn_gemma4) wraps the same pass: the experts read their own
+ * normed input, the router another (its own norm and scale), and the result
+ * is normed and added to the dense MLP's output that batch.c computed.
+ *
  * Batch invariance: every product element is one vec_dot of a weight row and
  * the slot's own activation row (the gemm contract in kernels.h), the routing
  * and the activation of a row read only that row, and the weighted sum runs in
@@ -67,6 +71,9 @@ static const moe_arch_t moe_archs[] = {
     {"gpt-oss", true, false, true, SP_MOE_GATING_SOFTMAX_WEIGHT, false, SP_MOE_ACT_SWIGLU_OAI},
     /* gating, norm and scale from the file's keys (deepseek_keys) */
     {"deepseek2", true, true, false, SP_MOE_GATING_SOFTMAX, false, SP_MOE_ACT_SILU},
+    /* gemma4 26B-A4B: experts beside a shared dense MLP that batch.c runs, a router
+     * input of its own and a per-expert output scale (sp__moe_ffn_gemma4) */
+    {"gemma4", false, false, false, SP_MOE_GATING_SOFTMAX, true, SP_MOE_ACT_GELU},
 };
 
 /* An n_expert x (n_out x n_in) tensor (n_expert 1: a plain matrix, which
@@ -175,7 +182,7 @@ load_layers(sp_model_t *m, const moe_arch_t *a, struct sp_moe_model *moe, char *
     const int64_t E = m->hp.n_embd, F = mh->n_ff_exp, NE = mh->n_expert, FS = mh->n_ff_shexp;
     char name[96];
     sp_status_t st;
-    const bool ds = strcmp(a->name, "deepseek2") == 0;
+    const bool ds = strcmp(a->name, "deepseek2") == 0, g4 = strcmp(a->name, "gemma4") == 0;
     for (int64_t il = mh->n_dense_lead; il < m->hp.n_layer; il++) {
         sp_moe_layer_t *L = &moe->layers[il];
 #define X(field, nm, n_in, n_out, n_exp, req)                                             \
@@ -187,9 +194,29 @@ load_layers(sp_model_t *m, const moe_arch_t *a, struct sp_moe_model *moe, char *
     if ((st = get_bias(g, name, n, rows, req, &L->field, err, err_len)) != SP_OK)         \
         return st;
         X(router, "ffn_gate_inp", E, NE, 1, true);
-        X(gate, "ffn_gate_exps", E, F, NE, true);
-        X(up, "ffn_up_exps", E, F, NE, true);
+        snprintf(name, sizeof name, "blk.%lld.ffn_gate_up_exps.weight", (long long)il);
+        if (g4 && sp_gguf_find_tensor(g, name) != NULL) {
+            /* One tensor per layer, each expert's gate rows then its up rows (the
+             * converter's fused gate_up_proj; llama.cpp splits the product the same way). */
+            X(gate, "ffn_gate_up_exps", E, 2 * F, NE, true);
+            L->gate.n_out = F;
+            L->up = L->gate;
+            L->up.data = (const char *)L->gate.data + (size_t)F * L->gate.row_bytes;
+        } else {
+            X(gate, "ffn_gate_exps", E, F, NE, true);
+            X(up, "ffn_up_exps", E, F, NE, true);
+        }
         X(down, "ffn_down_exps", F, E, NE, true);
+        if (g4) {
+            snprintf(name, sizeof name, "blk.%lld.ffn_gate_inp.scale", (long long)il);
+            if ((st = get_bias(g, name, E, 1, true, &L->router_s, err, err_len)) != SP_OK) {
+                return st;
+            }
+            snprintf(name, sizeof name, "blk.%lld.ffn_down_exps.scale", (long long)il);
+            if ((st = get_bias(g, name, NE, 1, false, &L->down_s, err, err_len)) != SP_OK) {
+                return st;
+            }
+        }
         if (a->biases) {
             B(router_b, "ffn_gate_inp", NE, 1, true);
             B(gate_b, "ffn_gate_exps", F, NE, true);
@@ -347,9 +374,13 @@ sp__moe_load(sp_model_t *m, bool required, char *err, size_t err_len)
     mh->oai_limit = 7.0f;
     /* An expert's width: its own key, else the dense width (Mixtral under
      * llama keeps it in feed_forward_length; qwen2moe's fallback is llama.cpp's). */
-    int64_t ff;
+    int64_t ff = 0;
     st = get_key_int(g, arch, "expert_feed_forward_length", &ff, &found, err, err_len);
-    if (st == SP_OK && !found) {
+    if (st == SP_OK && !found && strcmp(arch, "gemma4") == 0) {
+        /* its dense width is the shared MLP's, not the experts' */
+        st = sp_errf(err, err_len, SP_ERR_FORMAT, "%s: missing required key '%s.%s'", path,
+                     arch, "expert_feed_forward_length");
+    } else if (st == SP_OK && !found) {
         ff = strcmp(arch, "qwen2moe") == 0 ? m->hp.n_ff / n_used : m->hp.n_ff;
     }
     if (st == SP_OK && (ff < 1 || ff > (1 << 22))) {
@@ -528,6 +559,8 @@ typedef struct moe_buf {
     float *yg, *yu;    /* (rows * k, n_ff_exp) or (rows, n_ff_shexp), the larger */
     float *yd;         /* (rows * k, n_embd) expert outputs */
     float *sh;         /* (rows) shared expert gate logits */
+    float *g4_x, *g4_r, *g4_y; /* gemma4: (rows, n_embd) the experts' input, the router's
+                                  input, the experts' output; NULL elsewhere */
 } moe_buf_t;
 
 static size_t
@@ -574,6 +607,10 @@ carve(const sp_model_t *m, int64_t max_rows, char *base, moe_buf_t *b)
     TAKE(yu, (size_t)ff_rows * sizeof(float));
     TAKE(yd, (size_t)S * (size_t)E * sizeof(float));
     TAKE(sh, (size_t)R * sizeof(float));
+    const bool g4 = strcmp(m->hp.arch, "gemma4") == 0;
+    TAKE(g4_x, g4 ? (size_t)(R * E) * sizeof(float) : 0);
+    TAKE(g4_r, g4 ? (size_t)(R * E) * sizeof(float) : 0);
+    TAKE(g4_y, g4 ? (size_t)(R * E) * sizeof(float) : 0);
 #undef TAKE
     return off;
 }
@@ -770,6 +807,12 @@ act_job_run(void *arg, int64_t s, int ith)
             const float y = u[i] < -lim ? -lim : (u[i] > lim ? lim : u[i]);
             g[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
         }
+    } else if (j->hp->act == SP_MOE_ACT_GELU) {
+        const float c = 0.7978845608028654f; /* sqrt(2 / pi), as batch.c's dense geglu */
+        for (int64_t i = 0; i < j->n; i++) {
+            const float x = g[i];
+            g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+        }
     } else {
         j->k->swiglu(g, u, j->n);
     }
@@ -782,6 +825,7 @@ typedef struct combine_job {
     const sp_moe_hparams_t *hp;
     const moe_buf_t *b;
     const float *down_b;
+    const float *down_s; /* (n_expert) or NULL */
     const float *shared; /* (rows, n_embd) or NULL */
     bool shared_gate;
     float *out;
@@ -811,7 +855,13 @@ combine_job_run(void *arg, int64_t r, int ith)
         const int64_t s = b->slot_of[r * K + q];
         const float w = b->wts[r * K + q];
         const float *y = b->yd + s * E;
-        if (j->down_b != NULL) {
+        if (j->down_s != NULL) {
+            /* llama.cpp scales the expert's output, then weighs it */
+            const float ds = j->down_s[b->sel[r * K + q]];
+            for (int64_t i = 0; i < E; i++) {
+                o[i] += w * (y[i] * ds);
+            }
+        } else if (j->down_b != NULL) {
             const float *db = j->down_b + b->sel[r * K + q] * E;
             for (int64_t i = 0; i < E; i++) {
                 o[i] += w * (y[i] + db[i]);
@@ -828,9 +878,11 @@ combine_job_run(void *arg, int64_t r, int ith)
 /* The block                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* xr: the router's input rows (gemma4), or NULL: x. */
 static void
 moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
-         const sp_cpu_kernels_t *k, moe_buf_t *b, const float *x, float *out, int64_t R)
+         const sp_cpu_kernels_t *k, moe_buf_t *b, const float *x, const float *xr, float *out,
+         int64_t R)
 {
     const sp_moe_hparams_t *hp = &m->moe->hp;
     const int64_t E = m->hp.n_embd, NE = hp->n_expert, K = hp->n_expert_used, S = R * K;
@@ -840,7 +892,8 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
     /* 1-2: router logits, then each row's experts and weights. */
     const sp_experts_t *wr[1] = {&L->router};
     float *yr[1] = {b->logits};
-    experts_apply(pool, k, b, 1, wr, yr, x, E, NULL, R, one_active, 1, all_rows);
+    experts_apply(pool, k, b, 1, wr, yr, xr != NULL ? xr : x, E, NULL, R, one_active, 1,
+                  all_rows);
     route_job_t rj = {hp, b, L->router_b, L->sel_b};
     sp_pool_run(pool, route_job_run, &rj, R);
 
@@ -879,7 +932,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
     experts_apply(pool, k, b, 1, wd, yd, b->yg, hp->n_ff_exp, NULL, S, b->active, n_active,
                   b->off);
 
-    combine_job_t cj = {hp, b, L->down_b, NULL, false, out, E};
+    combine_job_t cj = {hp, b, L->down_b, L->down_s, NULL, false, out, E};
     sp_pool_run(pool, combine_job_run, &cj, R);
 
     /* 5: the shared expert over all rows, into yd (the experts' outputs are
@@ -900,7 +953,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
             float *ysi[1] = {b->sh};
             experts_apply(pool, k, b, 1, si, ysi, x, E, NULL, R, one_active, 1, all_rows);
         }
-        combine_job_t sj = {hp, b, NULL, b->yd, gated, out, E};
+        combine_job_t sj = {hp, b, NULL, NULL, b->yd, gated, out, E};
         sp_pool_run(pool, combine_job_run, &sj, R);
     }
 }
@@ -916,6 +969,68 @@ sp__moe_ffn(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kerne
     const int64_t E = m->hp.n_embd;
     for (int64_t r0 = 0; r0 < n_rows; r0 += b.rows) {
         const int64_t R = n_rows - r0 < b.rows ? n_rows - r0 : b.rows;
-        moe_pass(m, L, pool, k, &b, x + r0 * E, out + r0 * E, R);
+        moe_pass(m, L, pool, k, &b, x + r0 * E, NULL, out + r0 * E, R);
+    }
+}
+
+/* gemma4, before the experts: row r's expert input, router input, and the
+ * shared MLP's output normed in place. */
+typedef struct g4_job {
+    const sp_model_t *m;
+    const sp_layer_t *L;
+    const sp_moe_layer_t *ML;
+    const sp_cpu_kernels_t *k;
+    const moe_buf_t *b;
+    const float *res;
+    float *ffn;
+} g4_job_t;
+
+static void
+g4_pre_job_run(void *arg, int64_t r, int ith)
+{
+    g4_job_t *j = arg;
+    const int64_t E = j->m->hp.n_embd;
+    const float eps = j->m->hp.norm_eps, inv = 1.0f / sqrtf((float)E);
+    const float *x = j->res + r * E;
+    float *xr = j->b->g4_r + r * E;
+    (void)ith;
+    j->k->rmsnorm(j->b->g4_x + r * E, x, j->L->ffn_pre_norm_2, E, eps);
+    j->k->rmsnorm(xr, x, j->ML->router_s, E, eps);
+    for (int64_t i = 0; i < E; i++) {
+        xr[i] *= inv;
+    }
+    j->k->rmsnorm(j->ffn + r * E, j->ffn + r * E, j->L->ffn_post_norm_1, E, eps);
+}
+
+/* After the experts: ffn row r += RMSNorm(experts' row r) * post_ffw_norm_2. */
+static void
+g4_post_job_run(void *arg, int64_t r, int ith)
+{
+    g4_job_t *j = arg;
+    const int64_t E = j->m->hp.n_embd;
+    float *y = j->b->g4_y + r * E, *o = j->ffn + r * E;
+    (void)ith;
+    j->k->rmsnorm(y, y, j->L->ffn_post_norm_2, E, j->m->hp.norm_eps);
+    for (int64_t i = 0; i < E; i++) {
+        o[i] += y[i];
+    }
+}
+
+void
+sp__moe_ffn_gemma4(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kernels_t *k,
+                   void *scratch, int64_t max_rows, const float *res, float *ffn, int64_t n_rows)
+{
+    SP_ASSERT(sp__moe_layer(m, il) && il < m->hp.n_layer && n_rows <= max_rows);
+    moe_buf_t b;
+    carve(m, max_rows, scratch, &b);
+    SP_ASSERT(b.g4_x != NULL);
+    const sp_moe_layer_t *ML = &m->moe->layers[il];
+    const int64_t E = m->hp.n_embd;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += b.rows) {
+        const int64_t R = n_rows - r0 < b.rows ? n_rows - r0 : b.rows;
+        g4_job_t j = {m, &m->layers[il], ML, k, &b, res + r0 * E, ffn + r0 * E};
+        sp_pool_run(pool, g4_pre_job_run, &j, R);
+        moe_pass(m, ML, pool, k, &b, b.g4_x, b.g4_r, b.g4_y, R);
+        sp_pool_run(pool, g4_post_job_run, &j, R);
     }
 }

@@ -46,6 +46,7 @@ typedef enum sp_moe_act {
     SP_MOE_ACT_SILU = 0,       /* silu(gate) * up */
     SP_MOE_ACT_SWIGLU_OAI = 1, /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
                                   g * sigmoid(alpha g) * (u + 1) */
+    SP_MOE_ACT_GELU = 2,       /* gelu(gate) * up, gelu's tanh form (gemma4) */
 } sp_moe_act_t;
 
 typedef struct sp_moe_hparams {
@@ -82,10 +83,15 @@ typedef struct sp_moe_layer {
     const float *router_b;    /* (n_expert) or NULL */
     const float *sel_b;       /* (n_expert) exp_probs_b: added to the gated scores for the
                                  choice only, the weights stay unbiased (deepseek2), or NULL */
-    sp_experts_t gate, up;    /* (n_expert, n_ff_exp, n_embd) */
+    sp_experts_t gate, up;    /* (n_expert, n_ff_exp, n_embd); from a fused ffn_gate_up_exps
+                                 (gemma4) two views of it: expert_bytes spans both halves */
     sp_experts_t down;        /* (n_expert, n_embd, n_ff_exp) */
     const float *gate_b, *up_b; /* (n_expert, n_ff_exp) or NULL */
     const float *down_b;        /* (n_expert, n_embd) or NULL */
+    const float *down_s;        /* (n_expert) ffn_down_exps.scale: expert e's output times
+                                   down_s[e] (gemma4's per-expert scale) or NULL */
+    const float *router_s;      /* (n_embd) ffn_gate_inp.scale (gemma4: the router reads
+                                   RMSNorm(x) / sqrt(n_embd) * router_s), or NULL */
     /* the shared expert (n_ff_shexp > 0): a dense SwiGLU FFN every row runs,
      * scaled by sigmoid(sh_inp . x) when sh_inp is present */
     sp_experts_t sh_gate, sh_up, sh_down, sh_inp;
@@ -120,6 +126,19 @@ size_t sp__moe_scratch_bytes(const sp_model_t *m, int64_t max_rows);
  */
 void sp__moe_ffn(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kernels_t *k,
                  void *scratch, int64_t max_rows, const float *x, float *out, int64_t n_rows);
+
+/*
+ * gemma4's feed-forward block of a layer with experts (llama.cpp's gemma4 graph):
+ * `res` (n_rows of n_embd) is the residual stream after attention, `ffn` holds
+ * on entry the shared dense MLP's output (batch.c ran it on RMSNorm(res) *
+ * ffn_norm) and on return RMSNorm(ffn) * post_ffw_norm_1 + RMSNorm(moe) *
+ * post_ffw_norm_2, where moe is the experts' block over RMSNorm(res) *
+ * pre_ffw_norm_2, routed by RMSNorm(res) / sqrt(n_embd) * ffn_gate_inp.scale.
+ * Per row, so batch invariant as sp__moe_ffn.
+ */
+void sp__moe_ffn_gemma4(const sp_model_t *m, int64_t il, sp_pool_t *pool,
+                        const sp_cpu_kernels_t *k, void *scratch, int64_t max_rows,
+                        const float *res, float *ffn, int64_t n_rows);
 
 /*
  * The routing of one row, exposed for tests: from the router's n_expert

@@ -30,8 +30,14 @@ alone and beside up to 31 others in tests/unit/test_batch.c
 (batch_matches_sequences_alone_gemma4). llama.cpp itself: tests/py/test_llamacpp.py's gemma4
 rows.
 
+The mixture-of-experts variant (26B-A4B's layout, preset gemma4-moe-tiny: 8 experts, top 2,
+beside the dense MLP; docs/design-arch.md): F32 with gate/up fused and apart, and Q8_0 (two
+more quantized product inputs per layer in the tolerance), the routing margin checked far
+above float32 rounding, and the experts, per-expert scales, router input scale and experts'
+input norm each shown to matter.
+
 Loading: missing tensors and keys, malformed per-layer arrays, mismatched shared layers and
-the mixture-of-experts variant are refused with the file and the tensor or key named.
+broken expert layouts are refused with the file and the tensor or key named.
 """
 import copy
 import os
@@ -70,6 +76,22 @@ def switched_off(m, toks):
     return out
 
 
+def switched_off_moe(m, toks):
+    """[(feature, reference logits with it off)] for the mixture-of-experts variant."""
+    out = []
+    for label, key in (("experts", "moe"), ("per-expert scales", "exp_scale")):
+        r = copy.copy(m)
+        r.g4 = dict(m.g4, **{key: False})
+        out.append((label, r.session().forward(toks)))
+    for label, name in (("router input scale", "ffn_gate_inp.scale"),
+                        ("experts' input norm", "pre_ffw_norm_2.weight")):
+        r = copy.copy(m)
+        r.w = {k: (np.ones_like(v) * (np.sqrt(m.n_embd) if "scale" in name else 1.0)
+                   if k.endswith(name) else v) for k, v in m.w.items()}
+        out.append((label, r.session().forward(toks)))
+    return out
+
+
 def check_model(s, exe, tmp, name, cfg):
     path = os.path.join(tmp, name + ".gguf")
     c = gguf_gen.generate(path, cfg)
@@ -81,9 +103,14 @@ def check_model(s, exe, tmp, name, cfg):
     tol = TOL
     if quant:
         eps = float(np.sqrt(np.mean(m.act_err2)))
-        tol = 3 * eps * np.sqrt(6 * c["n_layers"] + 2)
+        # with experts, two more quantized inputs per layer (experts' input, gated activation)
+        tol = 3 * eps * np.sqrt((8 if c["n_expert"] else 6) * c["n_layers"] + 2)
     spread = float(ref.std(axis=1).min())
     s.case(f"{name} reference logits well spread", spread >= 1.0, f"min std {spread:.2f}")
+    if c["n_expert"]:
+        # float32 routing picks the float64 reference's experts only with a clear gap
+        s.case(f"{name} routing margin far above float32 rounding", m.route_margin > 1e-4,
+               f"smallest top-k gap {m.route_margin:.1e} > 1e-04")
     out = os.path.join(tmp, name + ".logits")
     pre = engine(exe, path, toks, out, c["vocab"])
     e = err(pre, ref)
@@ -100,7 +127,7 @@ def check_model(s, exe, tmp, name, cfg):
     same = np.array_equal(two, pre)
     s.case(f"{name} threads 1 vs 2 bit-identical", same, "" if same else f"{err(two, pre):.1e}")
     if not quant:
-        for feat, alt in switched_off(m, toks):
+        for feat, alt in (switched_off_moe if c["n_expert"] else switched_off)(m, toks):
             e = err(pre, alt)
             s.case(f"{name} {feat} matters", e >= FEATURE_MIN,
                    f"engine vs reference without it: {e:.2e} >= {FEATURE_MIN:.0e}")
@@ -163,12 +190,27 @@ def check_errors(s, exe, tmp):
         ("a shared layer reading a layer of the other kind", [],
          {"gemma4.attention.shared_kv_layers": kvb("gemma4.attention.shared_kv_layers", U32, 3)},
          "layer 3 shares the KV cache of layer 2"),
-        ("the mixture-of-experts variant", [],
-         {"gemma4.expert_count": kvb("gemma4.expert_count", U32, 8)}, "gemma4.expert_count"),
+        ("a router without expert_count", [], {"gemma4.expert_count": None,
+                                               "gemma4.expert_used_count": None},
+         "blk.0.ffn_gate_inp.weight"),
+        ("experts without expert_feed_forward_length", [],
+         {"gemma4.expert_feed_forward_length": None}, "gemma4.expert_feed_forward_length"),
+        ("experts without the router input scale", ["blk.1.ffn_gate_inp.scale"], {},
+         "blk.1.ffn_gate_inp.scale"),
+        ("experts without pre_ffw_norm_2", ["blk.2.pre_ffw_norm_2.weight"], {},
+         "blk.2.pre_ffw_norm_2.weight"),
+        ("experts without post_ffw_norm_1", ["blk.0.post_ffw_norm_1.weight"], {},
+         "blk.0.post_ffw_norm_1.weight"),
+        ("experts without their down matrices", ["blk.3.ffn_down_exps.weight"], {},
+         "blk.3.ffn_down_exps.weight"),
+        ("expert_used_count over expert_count", [],
+         {"gemma4.expert_used_count": kvb("gemma4.expert_used_count", U32, 9)},
+         "gemma4.expert_used_count"),
     ]
     for i, (what, drop, repl, want) in enumerate(cases):
         path = os.path.join(tmp, f"bad{i}.gguf")
-        write_variant(path, cfg, drop, repl)
+        moe = "expert" in what or "router" in what
+        write_variant(path, dict(preset="gemma4-moe-tiny") if moe else cfg, drop, repl)
         rc, msg = load_error(exe, path)
         ok = rc != 0 and rc < 128 and want in msg and path in msg
         s.case(f"refused: gemma4 {what}", ok, msg.splitlines()[-1][:200] if msg else f"rc {rc}")
@@ -185,6 +227,13 @@ def main():
                     dict(preset="gemma4-tiny", seed=41))
             s.guard("gemma4 q8_0 vs engine", check_model, s, exe, tmp, "gemma4-q8_0",
                     dict(preset="gemma4-tiny", seed=42, dim=128, ff=256, type="q8_0"))
+            s.guard("gemma4 moe f32 vs engine", check_model, s, exe, tmp, "gemma4-moe",
+                    dict(preset="gemma4-moe-tiny", seed=49))
+            s.guard("gemma4 moe gate/up apart f32 vs engine", check_model, s, exe, tmp,
+                    "gemma4-moe-split", dict(preset="gemma4-moe-tiny", seed=44, split_exps=True))
+            s.guard("gemma4 moe q8_0 vs engine", check_model, s, exe, tmp, "gemma4-moe-q8_0",
+                    dict(preset="gemma4-moe-tiny", seed=45, dim=128, ff=256, ff_exp=64,
+                         type="q8_0"))
             s.guard("loading errors", check_errors, s, exe, tmp)
     s.finish()
 

@@ -113,6 +113,12 @@ MODELS = [
     ("gemma4", "f16"),
     ("gemma4", "q8_0"),
     ("gemma4", "q4_k"),
+    # gemma4's mixture-of-experts variant (26B-A4B's layout): router on its own normed input,
+    # experts (gate/up fused) beside the dense MLP, per-expert output scales, three more norms
+    ("gemma4-moe", "f32"),
+    ("gemma4-moe", "f16"),
+    ("gemma4-moe", "q8_0"),
+    ("gemma4-moe", "q4_k"),
     # gpt-oss: MXFP4 experts (the type is the other matrices'), sinks, a window of 8 on the
     # even layers (shorter than N_TOKENS, so it cuts in), output bias, YaRN
     ("gpt-oss", "f32"),

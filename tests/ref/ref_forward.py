@@ -74,6 +74,11 @@ pl = (RMSNorm((W_plproj x0) / sqrt(n_embd)) * per_layer_proj_norm (per layer sli
 + per_layer_token_embd[token] * sqrt(P)) / sqrt(2), x0 the scaled embedding; after each
 layer's FFN residual x += RMSNorm(Wproj (gelu(Wgate x) * pl[layer])) * post_norm. Then x
 times layer_output_scale when the layer has one. Logits soft-capped as gemma3.
+gemma4 with experts (expert_count >= 2, 26B-A4B): the FFN residual adds
+RMSNorm(RMSNorm(mlp) * post_ffw_norm_1 + RMSNorm(moe) * post_ffw_norm_2) * post_ffw_norm, mlp
+the dense GELU MLP above, moe = sum_{e in S} w_e s_e Wdown_e (gelu(Wgate_e h2) * Wup_e h2),
+h2 = RMSNorm(x) * pre_ffw_norm_2, routed by l = Wr (RMSNorm(x) / sqrt(n_embd) * r) with
+r = ffn_gate_inp.scale: softmax, the k largest, normalised; s_e = ffn_down_exps.scale[e].
 
 RefModel.route_margin records the smallest gap between the k-th and (k+1)-th routing
 score seen (relative to the largest score): tests check it is far above float32 rounding,
@@ -144,7 +149,7 @@ class RefModel:
                           "qwen3moe", "gpt-oss", "gemma4")
         self.gptoss = a == "gpt-oss"
         self.n_expert = int(kv.get(f"{a}.expert_count", 0)) \
-            if a in ("llama", "mistral", "qwen2moe", "qwen3moe", "gpt-oss") else 0
+            if a in ("llama", "mistral", "qwen2moe", "qwen3moe", "gpt-oss", "gemma4") else 0
         if self.n_expert <= 1:
             self.n_expert = 0  # llama.cpp: 0 or 1 expert is a dense model
         self.n_expert_used = int(kv.get(f"{a}.expert_used_count", 0))
@@ -253,7 +258,8 @@ class RefModel:
             rope=[(float(kv.get(f"{a}.rope.freq_base_swa", 10000.0)), 1.0) if k
                   else (self.rope_base, self.rope_scale) for k in kinds],
             n_pl=int(kv[f"{a}.embedding_length_per_layer_input"]),
-            v_norm=True, pl=True, out_scale=True, shared_kv=True)
+            v_norm=True, pl=True, out_scale=True, shared_kv=True,
+            moe=self.n_expert > 0, exp_scale=True)
         self.swa = [n_swa if k else 0 for k in kinds]
         self.embd_scale = np.sqrt(self.n_embd)
         self.q_scale = 1.0
@@ -486,6 +492,43 @@ class RefModel:
             out = out + y / (1.0 + np.exp(-s))[:, None]
         return out
 
+    def moe_gemma4(self, x, p):
+        """gemma4's experts over the residual rows x (n, n_embd): the router reads
+        RMSNorm(x) / sqrt(n_embd) * ffn_gate_inp.scale, the experts RMSNorm(x) * pre_ffw_norm_2;
+        softmax, top-k, weights normalised; gelu(gate) * up (gate and up fused or apart),
+        down, times the expert's ffn_down_exps.scale."""
+        k, E = self.n_expert_used, self.n_embd
+        xr = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        xr = xr / np.sqrt(E) * self.w[p + "ffn_gate_inp.scale"]
+        logits = self.matmul(xr, p + "ffn_gate_inp.weight")
+        h = self.rmsnorm(x, p + "pre_ffw_norm_2.weight")
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = z / z.sum(axis=1, keepdims=True)
+        fused = p + "ffn_gate_up_exps.weight" in self.w
+        dscale = self.w.get(p + "ffn_down_exps.scale") if self.g4["exp_scale"] else None
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            order = np.argsort(-probs[t], kind="stable")
+            sel = order[:k]
+            if k < self.n_expert:
+                gap = (probs[t, order[k - 1]] - probs[t, order[k]]) / probs[t, order[0]]
+                self.route_margin = min(self.route_margin, float(gap))
+            w = probs[t, sel] / max(probs[t, sel].sum(), 6.103515625e-5)
+            r = h[t:t + 1]
+            for e, we in zip(sel, w):
+                if fused:
+                    gu = self.matmul_e(r, p + "ffn_gate_up_exps.weight", e)
+                    g, u = np.split(gu, 2, axis=1)
+                else:
+                    g = self.matmul_e(r, p + "ffn_gate_exps.weight", e)
+                    u = self.matmul_e(r, p + "ffn_up_exps.weight", e)
+                a = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))) * u
+                y = self.matmul_e(a, p + "ffn_down_exps.weight", e)[0]
+                if dscale is not None:
+                    y = y * dscale[e]
+                out[t] += we * y
+        return out
+
     def moe_oai(self, h, p, logits):
         """gpt-oss's experts: top-k of the logits, softmax over those, biases, clamped SwiGLU."""
         k, lim, alpha = self.n_expert_used, 7.0, 1.702
@@ -624,7 +667,11 @@ class Session:
                               p + "post_attention_norm.weight")
             h = m.rmsnorm(x, p + "ffn_norm.weight")
             a = gelu(m.matmul(h, p + "ffn_gate.weight")) * m.matmul(h, p + "ffn_up.weight")
-            x = x + m.rmsnorm(m.matmul(a, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+            y = m.matmul(a, p + "ffn_down.weight")
+            if g4["moe"]:  # the dense MLP and the experts, each normed, summed
+                y = m.rmsnorm(y, p + "post_ffw_norm_1.weight") + \
+                    m.rmsnorm(m.moe_gemma4(x, p), p + "post_ffw_norm_2.weight")
+            x = x + m.rmsnorm(y, p + "post_ffw_norm.weight")
             if pl is not None:
                 gt = gelu(m.matmul(x, p + "inp_gate.weight")) * pl[:, il]
                 x = x + m.rmsnorm(m.matmul(gt, p + "proj.weight"), p + "post_norm.weight")

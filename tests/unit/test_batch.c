@@ -15,6 +15,7 @@
 #include "engine/gpu.h"
 #include "gguf/gguf.h"
 #include "engine/model.h"
+#include "engine/model_impl.h"
 #include "kernels/kernels.h"
 
 #define DEMO "models/stories260K.gguf"
@@ -46,7 +47,7 @@ load_demo(test_model_t *tm)
 }
 
 /* Tensor data kept alive until the writer has written. */
-#define MAX_TENSORS 160
+#define MAX_TENSORS 256
 static void *tensor_bufs[MAX_TENSORS];
 static int n_tensor_bufs;
 
@@ -72,6 +73,27 @@ add_random(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in, 
     sp_free(src);
     tensor_bufs[n_tensor_bufs++] = data;
     ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
+}
+
+/* A 3-D tensor of random values: n_exp matrices of n_out rows of n_in (experts). */
+static void
+add_random3(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in, int64_t n_out,
+            int64_t n_exp, float amp)
+{
+    const int64_t ne[3] = {n_in, n_out, n_exp};
+    const size_t row = sp_row_size(type, n_in);
+    float *src = sp_malloc((size_t)n_in * sizeof(float));
+    char *data = sp_malloc(row * (size_t)(n_out * n_exp));
+    ASSERT(src && data && n_tensor_bufs < MAX_TENSORS);
+    for (int64_t r = 0; r < n_out * n_exp; r++) {
+        for (int64_t i = 0; i < n_in; i++) {
+            src[i] = amp * ((float)(rng_u32() & 0xffff) / 32768.0f - 1.0f);
+        }
+        ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
+    }
+    sp_free(src);
+    tensor_bufs[n_tensor_bufs++] = data;
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, 3, ne, data));
 }
 
 /* The head size load_gqa uses, n_embd = 8 of them (the Q8_0 KV cache test
@@ -659,13 +681,14 @@ TEST(batch_matches_sequences_alone_dense_archs)
  * layers 2 and 3 with a double-wide FFN, per-layer inputs of 32, no attn_v on
  * the global layers (values = keys), a scalar per layer output. */
 static void
-load_gemma4(test_model_t *tm)
+load_gemma4_ex(test_model_t *tm, bool moe)
 {
     char err[512], name[96];
     sp_gguf_t *demo, *g;
     sp_gguf_writer_t *w;
     size_t len;
     enum { H = 4, E = 64, FF = 96, NL = 6, NKV = 4, V = 512, P = 32, HDS = 32, HDG = 64 };
+    enum { NEXP = 8, FFE = 32 };
     static const bool swa[NL] = {true, true, true, false, true, false};
     static const int32_t n_kv[NL] = {2, 2, 2, 1, 2, 1};
     static const int32_t ff[NL] = {FF, FF, FF, FF, 2 * FF, 2 * FF};
@@ -700,6 +723,11 @@ load_gemma4(test_model_t *tm)
     ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", P));
     ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.attention.layer_norm_rms_epsilon", 1e-6f));
     ASSERT_OK(sp_gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 3.0f));
+    if (moe) {
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.expert_count", NEXP));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.expert_used_count", 2));
+        ASSERT_OK(sp_gguf_writer_set_u32(w, "gemma4.expert_feed_forward_length", FFE));
+    }
     n_tensor_bufs = 0;
     rng_state = 0x5eed4u;
     add_random(w, "token_embd.weight", SP_TYPE_Q8_0, E, V, 0.2f);
@@ -731,6 +759,27 @@ load_gemma4(test_model_t *tm)
         T("ffn_up.weight", SP_TYPE_Q8_0, E, ff[l], 0.2f);
         T("ffn_down.weight", SP_TYPE_Q8_0, ff[l], E, 0.1f);
         T("post_ffw_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        if (moe) {
+            /* the experts beside the MLP: layers 0, 2, 4 with gate and up fused (the
+             * converter's layout), the others apart */
+            T("ffn_gate_inp.weight", SP_TYPE_F32, E, NEXP, 1.0f);
+            T("ffn_gate_inp.scale", SP_TYPE_F32, E, 1, 8.0f);
+            T("pre_ffw_norm_2.weight", SP_TYPE_F32, E, 1, 1.0f);
+            T("post_ffw_norm_1.weight", SP_TYPE_F32, E, 1, 1.0f);
+            T("post_ffw_norm_2.weight", SP_TYPE_F32, E, 1, 1.0f);
+            T("ffn_down_exps.scale", SP_TYPE_F32, NEXP, 1, 1.0f);
+            snprintf(name, sizeof name, "blk.%lld.ffn_down_exps.weight", (long long)l);
+            add_random3(w, name, SP_TYPE_Q8_0, FFE, E, NEXP, 0.2f);
+            if (l % 2 == 0) {
+                snprintf(name, sizeof name, "blk.%lld.ffn_gate_up_exps.weight", (long long)l);
+                add_random3(w, name, SP_TYPE_Q8_0, E, 2 * FFE, NEXP, 0.2f);
+            } else {
+                snprintf(name, sizeof name, "blk.%lld.ffn_gate_exps.weight", (long long)l);
+                add_random3(w, name, SP_TYPE_Q8_0, E, FFE, NEXP, 0.2f);
+                snprintf(name, sizeof name, "blk.%lld.ffn_up_exps.weight", (long long)l);
+                add_random3(w, name, SP_TYPE_Q8_0, E, FFE, NEXP, 0.2f);
+            }
+        }
         T("layer_output_scale.weight", SP_TYPE_F32, 1, 1, 1.0f);
         T("inp_gate.weight", SP_TYPE_Q8_0, E, P, 0.2f);
         T("proj.weight", SP_TYPE_Q8_0, P, E, 0.2f);
@@ -748,6 +797,12 @@ load_gemma4(test_model_t *tm)
     ASSERT(sp_model_hparams(tm->m)->n_layer_kv == NKV);
 }
 
+static void
+load_gemma4(test_model_t *tm)
+{
+    load_gemma4_ex(tm, false);
+}
+
 /* gemma4's per-layer sizes, shared caches and per-layer inputs keep the
  * contract: each row's logits bit-identical to its sequence alone, beside 1
  * to 31 others, with F32, F16 and Q8_0 caches. */
@@ -761,6 +816,37 @@ TEST(batch_matches_sequences_alone_gemma4)
     run_scenario(tm.m, &f16);
     scenario_t q8 = {8, true, 2, 1, SP_KV_TYPE_Q8_0};
     run_scenario(tm.m, &q8);
+    free_model(&tm);
+}
+
+/* gemma4's mixture-of-experts variant (experts beside the dense MLP, the router
+ * on its own normed input, per-expert scales, gate/up fused or apart, here with
+ * the per-layer inputs and shared caches too): the same contract. */
+TEST(batch_matches_sequences_alone_gemma4_moe)
+{
+    test_model_t tm;
+    load_gemma4_ex(&tm, true);
+    scenario_t big = {32, true, 2, 2, SP_KV_TYPE_F32};
+    run_scenario(tm.m, &big);
+    scenario_t q8 = {8, true, 2, 1, SP_KV_TYPE_Q8_0};
+    run_scenario(tm.m, &q8);
+    free_model(&tm);
+}
+
+/* The CUDA path keeps gemma4 with experts on the CPU (as every MoE model: no
+ * layer on the device, the API never called), and names the feature. */
+TEST(gpu_attach_keeps_gemma4_moe_on_cpu)
+{
+    test_model_t tm;
+    char err[512] = "";
+    static const sp_cuda_api_t never_called;
+    load_gemma4_ex(&tm, true);
+    ASSERT_OK(sp_gpu_attach(tm.m, &never_called, 0, -1, err, sizeof err));
+    ASSERT_EQ(sp_gpu_model_layers(tm.m), 0);
+    const char *f = sp__model_cpu_only_feature(tm.m);
+    if (f == NULL || strstr(f, "gemma4") == NULL || strstr(f, "mixture of experts") == NULL) {
+        SP_TEST_FAIL("%s", f != NULL ? f : "(no feature named)");
+    }
     free_model(&tm);
 }
 

@@ -592,3 +592,69 @@ TEST(swa_sched_sizing_and_estimate)
     sp_model_free(m);
     sp_free(buf);
 }
+
+/*
+ * sp_ctx keeps the window only too: with n_ctx 512 and steps of 5 rows the
+ * sliding layers get a ring of 3 blocks (the step's rows, the window of 8,
+ * the block the first row straddles) instead of 32. 90 positions fed in
+ * steps of 5, then one at a time, give logits bit-identical to the one-part
+ * cache; a rewind whose window is still in the ring works, one whose window
+ * was overwritten is refused; the context's size grows with n_ctx by the
+ * global layers' blocks only.
+ */
+TEST(swa_ctx_ring_matches_full_cache)
+{
+    char err[256];
+    const char *archs[] = {"gemma2", "gemma3"};
+    for (int a = 0; a < 2; a++) {
+        void *buf = NULL;
+        sp_model_t *m = load_gemma(archs[a], &buf);
+        const int64_t V = sp_model_hparams(m)->n_vocab, n = 90;
+        int32_t toks[90];
+        for (int64_t i = 0; i < n; i++) {
+            toks[i] = (int32_t)(1 + (i * 37 + a) % (V - 1));
+        }
+        float *want = alone_logits(m, toks, n, SP_KV_TYPE_F32);
+        sp_ctx_params_t cp = sp_ctx_default_params();
+        cp.n_ctx = 512;
+        cp.n_batch = 5;
+        cp.n_threads = 1;
+        cp.logits_all = true;
+        sp_ctx_t *c;
+        ASSERT_OK(sp_ctx_create(m, &cp, &c, err, sizeof err));
+        ASSERT_OK(sp_ctx_eval(c, toks, n, 0));
+        if (memcmp(sp_ctx_logits_all(c), want, (size_t)(n * V) * sizeof(float)) != 0) {
+            SP_TEST_FAIL("%s: ring prefill differs from the full cache", archs[a]);
+        }
+        for (int64_t i = 0; i < n; i++) { /* again, one position per step */
+            ASSERT_OK(sp_ctx_eval(c, &toks[i], 1, i));
+        }
+        if (memcmp(sp_ctx_logits_all(c), want, (size_t)(n * V) * sizeof(float)) != 0) {
+            SP_TEST_FAIL("%s: ring decode differs from the full cache", archs[a]);
+        }
+        /* rewind to 85: its window (78..85) is still in the ring; to 40: overwritten */
+        ASSERT_OK(sp_ctx_eval(c, &toks[85], 5, 85));
+        if (memcmp(sp_ctx_logits_all(c) + 85 * V, want + 85 * V, (size_t)(5 * V) * sizeof(float)) !=
+            0) {
+            SP_TEST_FAIL("%s: rewind within the ring differs", archs[a]);
+        }
+        ASSERT_EQ(sp_ctx_eval(c, &toks[40], 1, 40), SP_ERR_INVALID);
+        sp_ctx_destroy(c);
+        /* 2048 more positions cost the global layers' blocks, not whole blocks */
+        sp_ctx_params_t big = cp;
+        big.logits_all = false;
+        big.n_ctx = 2048;
+        const size_t s1 = sp_ctx_bytes(m, &big);
+        big.n_ctx = 4096;
+        const size_t s2 = sp_ctx_bytes(m, &big);
+        const size_t whole = 128 * sp_kv_block_bytes(m, SP_KV_TYPE_F32);
+        const size_t global = whole - 128 * sp_kv_swa_block_bytes(m, SP_KV_TYPE_F32);
+        if (!(s2 > s1 && s2 - s1 < whole && s2 - s1 >= global)) {
+            SP_TEST_FAIL("%s: sizes %zu -> %zu (whole blocks %zu, global %zu)", archs[a], s1, s2,
+                         whole, global);
+        }
+        sp_free(want);
+        sp_model_free(m);
+        sp_free(buf);
+    }
+}
