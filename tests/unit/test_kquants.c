@@ -259,10 +259,7 @@ TEST(kquants_q8k_quantize)
 
 /* Every level's Q8_K activation quantizer gives the reference's bytes on the awkward blocks:
  * .5 ties after the scaling (amax 127: iscale 1), all zero, tiny, ordinary random values, and
- * on arm64 also a NaN among finite values and an infinity (iscale 0, inf * 0 = NaN). The AVX2
- * and AVX-512 quantizers differ from the reference on those two (a NaN lane converts to
- * INT_MIN before the pack, so its bsums wrap; docs/design-neon.md): compared there only on
- * the finite blocks. */
+ * a NaN among finite values and an infinity (iscale 0, inf * 0 = NaN), at every level. */
 TEST(kquants_q8k_every_level_equal_reference)
 {
     enum { NB = 6 };
@@ -287,17 +284,10 @@ TEST(kquants_q8k_every_level_equal_reference)
         memset(got, 0x5a, sizeof got);
         k->from_float[SP_TYPE_Q8_K](x, got, NB * 256);
         for (int b = 0; b < NB; b++) {
-#if defined(__x86_64__)
-            if (lv > SP_CPU_SCALAR && (b == 3 || b == 4))
-                continue;
-#endif
             if (memcmp(&got[b], &want[b], sizeof got[b]) != 0)
                 SP_TEST_FAIL("%s: Q8_K block %d differs from the reference", k->name, b);
         }
     }
-#if defined(__x86_64__)
-    fprintf(stderr, "  x86 levels: the NaN and infinity blocks not compared (known divergence)\n");
-#endif
 }
 
 /* ---- quantizer error bounds ----------------------------------------------------------------- */

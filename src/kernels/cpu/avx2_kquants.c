@@ -28,6 +28,17 @@ hsum_i32x8(__m256i v)
 
 /* ---- F32 -> Q8_K ---------------------------------------------------------------------------- */
 
+/* v rounded half to even into [-127, 127], as the reference's clamp(round(v)): clamping
+ * first gives the same integers (a value in (127, 127.5] rounds to 127 or 128 and is clamped to
+ * 127 either way), and max/min return their second operand for a NaN lane, so NaN becomes
+ * -127 as the reference's fmaxf makes it, instead of INT_MIN, which would wrap the bsums. */
+static inline __m256i
+q8k_round(__m256 v)
+{
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_cvtps_epi32(v);
+}
+
 void
 sp__q8k_from_float_avx2(const float *src, void *dst, int64_t n)
 {
@@ -35,11 +46,12 @@ sp__q8k_from_float_avx2(const float *src, void *dst, int64_t n)
     const __m256 sign = _mm256_set1_ps(-0.0f);
     /* packs_epi32/packs_epi16 interleave the 128-bit lanes; this puts the dwords back. */
     const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i lo_clamp = _mm256_set1_epi8(-127);
     for (int64_t b = 0; b < n / SP_QK_K; b++, src += SP_QK_K) {
         __m256 vmax = _mm256_setzero_ps();
         for (int i = 0; i < SP_QK_K; i += 8)
-            vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + i)));
+            /* max returns its second operand when either is NaN: the running max, so a
+             * NaN is dropped as the reference's `a > amax` drops it. */
+            vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(src + i)), vmax);
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -48,14 +60,14 @@ sp__q8k_from_float_avx2(const float *src, void *dst, int64_t n)
         y[b].d = sp__q8k_d(amax);
         for (int i = 0; i < SP_QK_K; i += 32) {
             /* x * iscale then round-half-even: the same two roundings as the reference. */
-            __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), is));
-            __m256i v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), is));
-            __m256i v2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 16), is));
-            __m256i v3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 24), is));
+            __m256i v0 = q8k_round(_mm256_mul_ps(_mm256_loadu_ps(src + i), is));
+            __m256i v1 = q8k_round(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), is));
+            __m256i v2 = q8k_round(_mm256_mul_ps(_mm256_loadu_ps(src + i + 16), is));
+            __m256i v3 = q8k_round(_mm256_mul_ps(_mm256_loadu_ps(src + i + 24), is));
             y[b].bsums[i / 16] = (int16_t)hsum_i32x8(_mm256_add_epi32(v0, v1));
             y[b].bsums[i / 16 + 1] = (int16_t)hsum_i32x8(_mm256_add_epi32(v2, v3));
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
-            p = _mm256_max_epi8(_mm256_permutevar8x32_epi32(p, unshuffle), lo_clamp);
+            p = _mm256_permutevar8x32_epi32(p, unshuffle);
             _mm256_storeu_si256((__m256i *)(y[b].qs + i), p);
         }
     }

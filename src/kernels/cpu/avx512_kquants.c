@@ -47,19 +47,20 @@ void
 sp__q8k_from_float_avx512(const float *src, void *dst, int64_t n)
 {
     sp_block_q8_k *y = dst;
-    const __m128i lo_clamp = _mm_set1_epi8(-127);
     for (int64_t b = 0; b < n / SP_QK_K; b++, src += SP_QK_K) {
         __m512 vmax = _mm512_setzero_ps();
         for (int i = 0; i < SP_QK_K; i += 16)
-            vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(src + i)));
+            vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(src + i)), vmax); /* NaN dropped */
         const float amax = _mm512_reduce_max_ps(vmax); /* max is exact in any order */
         const __m512 is = _mm512_set1_ps(sp__q8k_iscale(amax));
         y[b].d = sp__q8k_d(amax);
         for (int i = 0; i < SP_QK_K; i += 16) {
-            const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), is));
+            /* clamped before the rounding, NaN to -127 (avx2_kquants.c, q8k_round) */
+            __m512 f = _mm512_mul_ps(_mm512_loadu_ps(src + i), is);
+            f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+            const __m512i v = _mm512_cvtps_epi32(f);
             y[b].bsums[i / 16] = (int16_t)_mm512_reduce_add_epi32(v);
-            const __m128i q = _mm_max_epi8(_mm512_cvtsepi32_epi8(v), lo_clamp);
-            _mm_storeu_si128((__m128i *)(y[b].qs + i), q);
+            _mm_storeu_si128((__m128i *)(y[b].qs + i), _mm512_cvtepi32_epi8(v));
         }
     }
 }
