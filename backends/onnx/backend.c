@@ -50,6 +50,7 @@ to_btype(int32_t ox, sp_btype_t *bt)
     case OX_INT64: *bt = SP_BT_INT64; return 0;
     case OX_BOOL: *bt = SP_BT_BOOL; return 0;
     case OX_FLOAT16: *bt = SP_BT_FP16; return 0;
+    case OX_DOUBLE: *bt = SP_BT_FP64; return 0;
     default: return -1;
     }
 }

@@ -68,6 +68,21 @@ sp_ox_float_to_half(float f)
     return (uint16_t)(sign | (r >> 13));
 }
 
+uint16_t
+sp_ox_double_to_half(double d)
+{
+    /* Rounding to float first could round twice: round the double to the half grid directly
+     * (a half has 11 significant bits; its spacing at |d| is 2^(e-10), at least 2^-24). */
+    if (isnan(d)) return 0x7e00;
+    float f = (float)d;
+    if (fabs(d) >= 65520.0 || fabs(d) < 0x1p-26 || (double)f == d) return sp_ox_float_to_half(f);
+    int e;
+    frexp(fabs(d), &e); /* |d| in [2^(e-1), 2^e) */
+    double ulp = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10);
+    double q = nearbyint(d / ulp) * ulp; /* default rounding: half to even */
+    return sp_ox_float_to_half((float)q); /* exact: q is on the half grid */
+}
+
 /* ---- helpers ---- */
 
 static bool

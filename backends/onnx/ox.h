@@ -173,6 +173,7 @@ void sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t
 const sp_ox_op_t *sp_ox_quant_op_find(const char *op_type);
 float sp_ox_half_to_float(uint16_t h);
 uint16_t sp_ox_float_to_half(float f); /* round half to even; past 65504 -> inf */
+uint16_t sp_ox_double_to_half(double d); /* the same from double, rounded once */
 /* A scale (FLOAT, nonzero, finite; 1 value or ch per-axis values) and its zero point
  * (UINT8/INT8, or INT32 when zp_int32_ok; as many values). 0, or -1 with err. */
 int sp_ox_check_qparams(const sp_ox_tensor_t *s, const sp_ox_tensor_t *z, int64_t ch, bool zp_int32_ok,
