@@ -173,6 +173,45 @@ norm_axis(sp_ox_run_t *r, int64_t axis, int32_t nd, int64_t *out)
     return 0;
 }
 
+/* y[i] = (float)acc[i] * mult + bias (two roundings, as written), then max(y, 0) with relu
+ * (NaN -> 0). The AVX2 version does the same operations 8 at a time. */
+static void
+dequant_scalar(const int32_t *acc, int64_t n, float mult, float bias, int relu, float *y)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = (float)acc[i] * mult + bias;
+        y[i] = relu && !(v > 0.0f) ? 0.0f : v;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void
+dequant_avx2(const int32_t *acc, int64_t n, float mult, float bias, int relu, float *y)
+{
+    __m256 m = _mm256_set1_ps(mult), b = _mm256_set1_ps(bias), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(acc + i))), m), b);
+        if (relu) v = _mm256_max_ps(v, zero); /* max(NaN, 0) = 0: the second operand */
+        _mm256_storeu_ps(y + i, v);
+    }
+    dequant_scalar(acc + i, n - i, mult, bias, relu, y + i);
+}
+#endif
+
+void
+sp_ox_dequant_row(const int32_t *acc, int64_t n, float mult, float bias, int relu, float *y)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (strcmp(sp_ox_qgemm_kernel(), "avx2") == 0) {
+        dequant_avx2(acc, n, mult, bias, relu, y);
+        return;
+    }
+#endif
+    dequant_scalar(acc, n, mult, bias, relu, y);
+}
+
 /* ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear ---- */
 
 static int
@@ -309,9 +348,10 @@ int_matmul(sp_ox_run_t *r, const sp_ox_tensor_t *a, const sp_ox_tensor_t *b, con
     }
     int64_t kp = pad16(k);
     int16_t *aw = calloc((size_t)(m * kp + 1), sizeof *aw), *bw = calloc((size_t)(n * kp + 1), sizeof *bw);
+    int16_t *bp = malloc((sp_ox_qpanel_elems(n, kp) + 1) * sizeof *bp);
     int32_t *acc = malloc((size_t)(batch * m * n + 1) * sizeof *acc);
-    if (!aw || !bw || !acc) {
-        free(aw); free(bw); free(acc);
+    if (!aw || !bw || !acc || !bp) {
+        free(aw); free(bw); free(acc); free(bp);
         return sp_ox_fail(r, "out of memory");
     }
     int64_t idx[OX_MAX_DIMS] = {0};
@@ -338,7 +378,8 @@ int_matmul(sp_ox_run_t *r, const sp_ox_tensor_t *a, const sp_ox_tensor_t *b, con
                 bw[j * kp + kk] = (int16_t)(q8_at(b, (ob * k + kk) * n + j) - z);
             }
         }
-        sp_ox_qgemm(r->n_threads, m, n, kp, aw, bw, acc + t * m * n, n);
+        sp_ox_qpack_rows(bw, n, kp, bp);
+        sp_ox_qgemm(r->n_threads, m, n, kp, aw, bp, acc + t * m * n, n);
         for (int d = nb - 1; d >= 0; d--) {
             if (++idx[d] < dims[d]) break;
             idx[d] = 0;
@@ -346,6 +387,7 @@ int_matmul(sp_ox_run_t *r, const sp_ox_tensor_t *a, const sp_ox_tensor_t *b, con
     }
     free(aw);
     free(bw);
+    free(bp);
     *acc_out = acc;
     return 0;
 }
@@ -453,37 +495,53 @@ sp_ox_qconv_geom(sp_ox_run_t *r, const sp_ox_node_t *n, const int64_t *xdims, in
  * of kp = pad16(C/group * kh * kw) per output channel. */
 int
 sp_ox_qconv_acc(sp_ox_run_t *r, const int16_t *x16, int64_t batch, int64_t c, const int16_t *w16,
-                int64_t m, int64_t group, int64_t kp, const sp_ox_qgeom_t *g, int32_t *acc)
+                int64_t m, int64_t group, int64_t kp, const sp_ox_qgeom_t *g, int32_t *acc,
+                const sp_ox_qepi_t *epi)
 {
     int64_t cg = c / group, mg = m / group, kk = cg * g->kh * g->kw, hw = g->oh * g->ow;
-    int16_t *colt = sp_ox_scratch(r, (size_t)(hw * kp + 1) * sizeof *colt);
-    if (colt == NULL) return -1;
-    for (int64_t nb = 0; nb < batch; nb++) {
-        for (int64_t gi = 0; gi < group; gi++) {
+    /* all images' columns in one product (one thread split per node, not per image) */
+    int64_t cols = batch * hw;
+    if (cols > r->g->max_numel || mg * cols > r->g->max_numel) return sp_ox_fail(r, "product too large");
+    size_t pe = sp_ox_qpanel_elems(cols, kp);
+    int16_t *colp = sp_ox_scratch(r, (pe + 1) * sizeof *colp);
+    if (colp == NULL) return -1;
+    int32_t *tmp = malloc((size_t)(mg * cols + 1) * sizeof *tmp);
+    if (tmp == NULL) return sp_ox_fail(r, "out of memory");
+    for (int64_t gi = 0; gi < group; gi++) {
+        /* im2col straight into qgemm's panels: column (n, oy, ox), row q = (ci, ky, kx) at
+         * ((col / 16) * 16 * kp + (q / 2) * 32 + (col % 16) * 2 + q % 2); padding rows
+         * (kk..kp) and columns (cols..) stay zero */
+        if (kp > kk || cols % 16) memset(colp, 0, pe * sizeof *colp);
+        for (int64_t nb = 0; nb < batch; nb++) {
             const int16_t *xs = x16 + (nb * c + gi * cg) * g->ih * g->iw;
-            /* transposed im2col: row (oy, ox), column (ci, ky, kx), zero padded to kp */
-            for (int64_t oy = 0; oy < g->oh; oy++) {
-                for (int64_t xo = 0; xo < g->ow; xo++) {
-                    int16_t *row = colt + (oy * g->ow + xo) * kp;
-                    int64_t q = 0;
-                    for (int64_t ci = 0; ci < cg; ci++) {
-                        for (int64_t ky = 0; ky < g->kh; ky++) {
-                            int64_t iy = oy * g->sh - g->pt + ky * g->dh;
-                            const int16_t *srow = xs + (ci * g->ih + iy) * g->iw;
-                            bool rowok = iy >= 0 && iy < g->ih;
-                            for (int64_t kx = 0; kx < g->kw; kx++) {
-                                int64_t ix = xo * g->sw - g->pl + kx * g->dw;
-                                row[q++] = rowok && ix >= 0 && ix < g->iw ? srow[ix] : 0;
-                            }
-                        }
+            for (int64_t q = 0; q < kk; q++) {
+                int64_t ci = q / (g->kh * g->kw), ky = q / g->kw % g->kh, kx = q % g->kw;
+                int16_t *dq = colp + (q >> 1) * 32 + (q & 1);
+                for (int64_t oy = 0; oy < g->oh; oy++) {
+                    int64_t iy = oy * g->sh - g->pt + ky * g->dh;
+                    int64_t col = nb * hw + oy * g->ow;
+                    if (iy < 0 || iy >= g->ih) {
+                        for (int64_t xo = 0; xo < g->ow; xo++, col++) dq[(col >> 4) * 16 * kp + (col & 15) * 2] = 0;
+                        continue;
                     }
-                    for (; q < kp; q++) row[q] = 0;
+                    const int16_t *srow = xs + (ci * g->ih + iy) * g->iw;
+                    for (int64_t xo = 0; xo < g->ow; xo++, col++) {
+                        int64_t ix = xo * g->sw - g->pl + kx * g->dw;
+                        dq[(col >> 4) * 16 * kp + (col & 15) * 2] = ix >= 0 && ix < g->iw ? srow[ix] : 0;
+                    }
                 }
             }
-            (void)kk;
-            sp_ox_qgemm(r->n_threads, mg, hw, kp, w16 + gi * mg * kp, colt, acc + (nb * m + gi * mg) * hw, hw);
+        }
+        sp_ox_qgemm(r->n_threads, mg, cols, kp, w16 + gi * mg * kp, colp, tmp, cols);
+        for (int64_t nb = 0; nb < batch; nb++) {
+            for (int64_t o = 0; o < mg; o++) {
+                int64_t ch = gi * mg + o, at = (nb * m + ch) * hw;
+                if (epi) sp_ox_dequant_row(tmp + o * cols + nb * hw, hw, epi->mult[ch], epi->bias[ch], epi->relu, epi->out + at);
+                else memcpy(acc + at, tmp + o * cols + nb * hw, (size_t)hw * sizeof *tmp);
+            }
         }
     }
+    free(tmp);
     return 0;
 }
 
@@ -531,7 +589,7 @@ int_conv(sp_ox_run_t *r, const sp_ox_node_t *n, const sp_ox_tensor_t *x, const s
     widen(x, zx, x16);
     widen(w, zw, wt);
     for (int64_t o = 0; o < m; o++) memcpy(w16 + o * kp, wt + o * kk, (size_t)kk * sizeof *wt);
-    rc = sp_ox_qconv_acc(r, x16, x->dims[0], c, w16, m, group, kp, g, acc);
+    rc = sp_ox_qconv_acc(r, x16, x->dims[0], c, w16, m, group, kp, g, acc, NULL);
 done:
     free(x16);
     free(w16);

@@ -303,8 +303,12 @@ fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
     } else {
         qp[4] = (float)k;
     }
-    int64_t dw[2] = {m, kp}, dm = m, dq8 = 8;
-    int32_t vw = new_const(g, OX_INT16, 2, dw), vm = new_const(g, OX_FLOAT, 1, &dm);
+    /* Conv: weight rows (A of the product); MatMul/Gemm: B's panels, one more copy of
+     * the rows, packed below (its dims still say [m, kp]) */
+    int64_t dm = m, dq8 = 8;
+    int64_t prows = conv ? m : (int64_t)(sp_ox_qpanel_elems(m, kp) / (size_t)kp);
+    int64_t dwp[2] = {prows, kp};
+    int32_t vw = new_const(g, OX_INT16, 2, dwp), vm = new_const(g, OX_FLOAT, 1, &dm);
     int32_t vb = new_const(g, OX_FLOAT, 1, &dm), vq = new_const(g, OX_FLOAT, 1, &dq8);
     if (vw < 0 || vm < 0 || vb < 0 || vq < 0) {
         snprintf(err, err_len, "%s: out of memory packing the weights", n->label);
@@ -313,16 +317,29 @@ fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
     int16_t *pw = g->values[vw].t.data;
     float *mult = g->values[vm].t.data, *bias = g->values[vb].t.data;
     memcpy(g->values[vq].t.data, qp, sizeof qp);
+    int16_t *rows = pw;
+    if (!conv) {
+        rows = calloc((size_t)(m * kp + 1), sizeof *rows);
+        if (rows == NULL) {
+            snprintf(err, err_len, "%s: out of memory packing the weights", n->label);
+            return -1;
+        }
+    }
     for (int64_t o = 0; o < m; o++) {
         int32_t z = zp_at(zw, o);
         for (int64_t i = 0; i < k; i++) {
             /* element (o, i) of the rows-along-K view */
             int64_t src = waxis == 0 ? o * k + i : i * m + o;
             int32_t q = w->dtype == OX_UINT8 ? ((const uint8_t *)w->data)[src] : ((const int8_t *)w->data)[src];
-            pw[o * kp + i] = (int16_t)(q - z);
+            rows[o * kp + i] = (int16_t)(q - z);
         }
         mult[o] = qp[0] * f32_at(sw, o);
         bias[o] = b ? ((const float *)b->data)[o] : 0.0f;
+    }
+    if (!conv) {
+        sp_ox_qpack_rows(rows, m, kp, pw);
+        free(rows);
+        g->values[vw].t.dims[0] = m;
     }
     int32_t ins[4] = {xf, vw, vm, vq};
     set_inputs(c, n, ins, 4);
@@ -422,9 +439,10 @@ done:
 
 /* ---- the fused operators ---- */
 
-/* Quantize x to int16 (minus the zero point): q = clamp(rint(x / sx) + zx, lo, hi) - zx. */
+/* Quantize x to int16 (minus the zero point): q = clamp(rint(x / sx) + zx, lo, hi) - zx,
+ * QuantizeLinear's arithmetic (a true division, round half to even). */
 static void
-quantize16(const float *x, int64_t n, const float *qp, int16_t *dst)
+quantize16_scalar(const float *x, int64_t n, const float *qp, int16_t *dst)
 {
     float s = qp[0], z = qp[1], lo = qp[2], hi = qp[3];
     for (int64_t i = 0; i < n; i++) {
@@ -435,22 +453,40 @@ quantize16(const float *x, int64_t n, const float *qp, int16_t *dst)
     }
 }
 
-/* In place: acc (int32) -> acc * mult[c] + bias[c] (float), channel c = (i / inner) % m. */
-static void
-dequant_rows(void *data, int64_t outer, int64_t m, int64_t inner, const float *mult, const float *bias, int relu)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* The same, 8 at a time: vdivps and vroundps are the IEEE operations rintf and / are. */
+__attribute__((target("avx2"))) static void
+quantize16_avx2(const float *x, int64_t n, const float *qp, int16_t *dst)
 {
-    char *p = data;
-    for (int64_t o = 0; o < outer; o++) {
-        for (int64_t c = 0; c < m; c++) {
-            for (int64_t i = 0; i < inner; i++, p += 4) {
-                int32_t a;
-                memcpy(&a, p, 4);
-                float y = (float)a * mult[c] + bias[c];
-                if (relu && !(y > 0.0f)) y = 0.0f;
-                memcpy(p, &y, 4);
-            }
-        }
+    __m256 s = _mm256_set1_ps(qp[0]), z = _mm256_set1_ps(qp[1]), lo = _mm256_set1_ps(qp[2]),
+           hi = _mm256_set1_ps(qp[3]);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 q = _mm256_add_ps(_mm256_round_ps(_mm256_div_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+        /* max/min return the second operand for NaN: lo then... order chosen so NaN -> z */
+        __m256 nan = _mm256_cmp_ps(q, q, _CMP_UNORD_Q);
+        q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+        q = _mm256_blendv_ps(q, z, nan);
+        __m256i k = _mm256_cvtps_epi32(_mm256_sub_ps(q, z));
+        __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+        _mm_storeu_si128((__m128i *)(dst + i), p);
     }
+    quantize16_scalar(x + i, n - i, qp, dst + i);
+}
+#endif
+
+static void
+quantize16(const float *x, int64_t n, const float *qp, int16_t *dst)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (strcmp(sp_ox_qgemm_kernel(), "avx2") == 0) {
+        quantize16_avx2(x, n, qp, dst);
+        return;
+    }
+#endif
+    quantize16_scalar(x, n, qp, dst);
 }
 
 static int
@@ -477,11 +513,10 @@ run_qconv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int 
     sp_ox_tensor_t x16 = {0};
     if (sp_ox_out(r, &x16, OX_INT16, x->nd, x->dims)) return -1;
     quantize16(x->data, sp_ox_numel(x), qp, x16.data);
-    int rc = sp_ox_qconv_acc(r, x16.data, x->dims[0], x->dims[1], w->data, m, group, kp, &g, out[0]->data);
+    sp_ox_qepi_t epi = {mult, bias, n->fused_relu, out[0]->data};
+    int rc = sp_ox_qconv_acc(r, x16.data, x->dims[0], x->dims[1], w->data, m, group, kp, &g, NULL, &epi);
     sp_ox_pool_put(r, &x16);
-    if (rc) return -1;
-    dequant_rows(out[0]->data, x->dims[0], m, g.oh * g.ow, mult, bias, n->fused_relu);
-    return 0;
+    return rc;
 }
 
 static int
@@ -509,8 +544,17 @@ run_qmm(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int ni
         quantize16(xd + i * k, k, qp, x16 + i * kp);
         memset(x16 + i * kp + k, 0, (size_t)(kp - k) * sizeof *x16);
     }
-    sp_ox_qgemm(r->n_threads, rows, m, kp, x16, w->data, out[0]->data, m);
-    dequant_rows(out[0]->data, rows, m, 1, mult, bias, n->fused_relu);
+    int32_t *acc = malloc((size_t)(rows * m + 1) * sizeof *acc);
+    if (acc == NULL) return sp_ox_fail(r, "out of memory");
+    sp_ox_qgemm(r->n_threads, rows, m, kp, x16, w->data, acc, m);
+    float *y = out[0]->data;
+    for (int64_t i = 0; i < rows; i++) {
+        for (int64_t j = 0; j < m; j++) {
+            float v = (float)acc[i * m + j] * mult[j] + bias[j];
+            y[i * m + j] = n->fused_relu && !(v > 0.0f) ? 0.0f : v;
+        }
+    }
+    free(acc);
     return 0;
 }
 

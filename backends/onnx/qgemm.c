@@ -4,10 +4,13 @@
  * QDQ-fused Conv/MatMul/Gemm of ops_quant.c):
  *     C[i][j] = sum_k A[i][k] * B[j][k]        (int32, wrapping like ONNX's int32)
  * where A and B hold 8-bit values with their zero point already subtracted,
- * widened to int16 (range [-255, 255]), rows of kp elements (kp a multiple
- * of 16, zero padded). Both operands are "rows along K" so one dot-product
- * kernel serves Conv (A = weights, B = im2col transposed) and MatMul
- * (A = activations, B = weights transposed once at load).
+ * widened to int16 (range [-255, 255]); A is rows of kp elements (kp a
+ * multiple of 16, zero padded), B is packed in panels of 16 columns: for
+ * each pair of k, the 16 columns' two values side by side, so one 32-bit
+ * broadcast of A's pair times one load of B gives 8 columns' partial sums
+ * with vpmaddwd (no horizontal sums). Conv packs its im2col straight into
+ * panels (A = weights); MatMul packs its constant weights once at load
+ * (A = activations).
  *
  * Why int16 pairs (vpmaddwd) and not vpmaddubsw: u8*s8 pairs saturate int16
  * (2*255*127 > 32767), which breaks exactness; after widening, vpmaddwd
@@ -31,18 +34,50 @@
 #include "ox.h"
 
 #define QG_MAX_THREADS 64
+#define QG_NR 16
+
+size_t
+sp_ox_qpanel_elems(int64_t n, int64_t kp)
+{
+    return (size_t)((n + QG_NR - 1) / QG_NR * QG_NR * kp);
+}
+
+void
+sp_ox_qpack_rows(const int16_t *rows, int64_t n, int64_t kp, int16_t *panel)
+{
+    int64_t nb = (n + QG_NR - 1) / QG_NR;
+    for (int64_t jb = 0; jb < nb; jb++) {
+        int16_t *dst = panel + jb * QG_NR * kp;
+        for (int64_t p = 0; p < kp / 2; p++) {
+            for (int64_t j = 0; j < QG_NR; j++) {
+                int64_t col = jb * QG_NR + j;
+                dst[(p * QG_NR + j) * 2] = col < n ? rows[col * kp + 2 * p] : 0;
+                dst[(p * QG_NR + j) * 2 + 1] = col < n ? rows[col * kp + 2 * p + 1] : 0;
+            }
+        }
+    }
+}
+
+/* Rows [m0, m1) of A times column panels [jb0, jb1). */
+typedef void (*block_fn)(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const int16_t *a,
+                         const int16_t *b, int32_t *c, int64_t ldc, const int16_t *zero);
 
 static void
-dot_scalar(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t kp, const int16_t *a,
-           const int16_t *b, int32_t *c, int64_t ldc)
+block_scalar(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const int16_t *a, const int16_t *b,
+             int32_t *c, int64_t ldc, const int16_t *zero)
 {
-    for (int64_t i = m0; i < m1; i++) {
-        const int16_t *ar = a + i * kp;
-        for (int64_t j = n0; j < n1; j++) {
-            const int16_t *br = b + j * kp;
-            uint32_t s = 0; /* unsigned: wraps like the vector lanes, no UB */
-            for (int64_t k = 0; k < kp; k++) s += (uint32_t)((int32_t)ar[k] * (int32_t)br[k]);
-            c[i * ldc + j] = (int32_t)s;
+    (void)zero;
+    for (int64_t jb = jb0; jb < jb1; jb++) {
+        const int16_t *bp = b + jb * QG_NR * kp;
+        for (int64_t i = 0; i < m; i++) {
+            const int16_t *ar = a + i * kp;
+            uint32_t acc[QG_NR] = {0}; /* unsigned: wraps like the vector lanes, no UB */
+            for (int64_t p = 0; p < kp / 2; p++) {
+                int32_t a0 = ar[2 * p], a1 = ar[2 * p + 1];
+                const int16_t *bq = bp + p * QG_NR * 2;
+                for (int j = 0; j < QG_NR; j++) acc[j] += (uint32_t)(a0 * bq[2 * j]) + (uint32_t)(a1 * bq[2 * j + 1]);
+            }
+            for (int j = 0; j < QG_NR && jb * QG_NR + j < n; j++) c[i * ldc + jb * QG_NR + j] = (int32_t)acc[j];
         }
     }
 }
@@ -51,98 +86,77 @@ dot_scalar(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t kp, const int
 #include <immintrin.h>
 #define QG_HAVE_AVX2 1
 
-__attribute__((target("avx2"))) static inline int32_t
-hsum(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-/* 2 rows of A against 4 rows of B: 6 loads feed 8 vpmaddwd per 16 k. */
+/* 4 rows x 16 columns: per pair of k, 2 loads of B and 4 broadcasts of A feed 8 vpmaddwd. */
 __attribute__((target("avx2"))) static void
-dot_avx2(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t kp, const int16_t *a,
-         const int16_t *b, int32_t *c, int64_t ldc)
+block_avx2(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const int16_t *a, const int16_t *b,
+           int32_t *c, int64_t ldc, const int16_t *zero)
 {
-    int64_t i = m0;
-    for (; i + 2 <= m1; i += 2) {
-        const int16_t *a0 = a + i * kp, *a1 = a0 + kp;
-        int64_t j = n0;
-        for (; j + 4 <= n1; j += 4) {
-            const int16_t *b0 = b + j * kp, *b1 = b0 + kp, *b2 = b1 + kp, *b3 = b2 + kp;
-            __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s03 = s00;
-            __m256i s10 = s00, s11 = s00, s12 = s00, s13 = s00;
-            for (int64_t k = 0; k < kp; k += 16) {
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)(a0 + k));
-                __m256i x1 = _mm256_loadu_si256((const __m256i *)(a1 + k));
-                __m256i y = _mm256_loadu_si256((const __m256i *)(b0 + k));
-                s00 = _mm256_add_epi32(s00, _mm256_madd_epi16(x0, y));
-                s10 = _mm256_add_epi32(s10, _mm256_madd_epi16(x1, y));
-                y = _mm256_loadu_si256((const __m256i *)(b1 + k));
-                s01 = _mm256_add_epi32(s01, _mm256_madd_epi16(x0, y));
-                s11 = _mm256_add_epi32(s11, _mm256_madd_epi16(x1, y));
-                y = _mm256_loadu_si256((const __m256i *)(b2 + k));
-                s02 = _mm256_add_epi32(s02, _mm256_madd_epi16(x0, y));
-                s12 = _mm256_add_epi32(s12, _mm256_madd_epi16(x1, y));
-                y = _mm256_loadu_si256((const __m256i *)(b3 + k));
-                s03 = _mm256_add_epi32(s03, _mm256_madd_epi16(x0, y));
-                s13 = _mm256_add_epi32(s13, _mm256_madd_epi16(x1, y));
+    for (int64_t jb = jb0; jb < jb1; jb++) {
+        const int16_t *bp = b + jb * QG_NR * kp;
+        for (int64_t i = 0; i < m; i += 4) {
+            const int16_t *ar[4];
+            for (int r = 0; r < 4; r++) ar[r] = i + r < m ? a + (i + r) * kp : zero;
+            __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00;
+            __m256i c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+            for (int64_t p = 0; p < kp / 2; p++) {
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)(bp + p * 32));
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + p * 32 + 16));
+                int32_t v;
+                memcpy(&v, ar[0] + 2 * p, 4);
+                __m256i x = _mm256_set1_epi32(v);
+                c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(x, b0));
+                c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(x, b1));
+                memcpy(&v, ar[1] + 2 * p, 4);
+                x = _mm256_set1_epi32(v);
+                c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(x, b0));
+                c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(x, b1));
+                memcpy(&v, ar[2] + 2 * p, 4);
+                x = _mm256_set1_epi32(v);
+                c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(x, b0));
+                c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(x, b1));
+                memcpy(&v, ar[3] + 2 * p, 4);
+                x = _mm256_set1_epi32(v);
+                c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(x, b0));
+                c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(x, b1));
             }
-            int32_t *c0 = c + i * ldc + j, *c1 = c0 + ldc;
-            c0[0] = hsum(s00); c0[1] = hsum(s01); c0[2] = hsum(s02); c0[3] = hsum(s03);
-            c1[0] = hsum(s10); c1[1] = hsum(s11); c1[2] = hsum(s12); c1[3] = hsum(s13);
-        }
-        for (; j < n1; j++) {
-            const int16_t *b0 = b + j * kp;
-            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
-            for (int64_t k = 0; k < kp; k += 16) {
-                __m256i y = _mm256_loadu_si256((const __m256i *)(b0 + k));
-                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a0 + k)), y));
-                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a1 + k)), y));
+            int32_t out[4][QG_NR];
+            _mm256_storeu_si256((__m256i *)out[0], c00);
+            _mm256_storeu_si256((__m256i *)(out[0] + 8), c01);
+            _mm256_storeu_si256((__m256i *)out[1], c10);
+            _mm256_storeu_si256((__m256i *)(out[1] + 8), c11);
+            _mm256_storeu_si256((__m256i *)out[2], c20);
+            _mm256_storeu_si256((__m256i *)(out[2] + 8), c21);
+            _mm256_storeu_si256((__m256i *)out[3], c30);
+            _mm256_storeu_si256((__m256i *)(out[3] + 8), c31);
+            int64_t cols = n - jb * QG_NR < QG_NR ? n - jb * QG_NR : QG_NR;
+            for (int r = 0; r < 4 && i + r < m; r++) {
+                memcpy(c + (i + r) * ldc + jb * QG_NR, out[r], (size_t)cols * sizeof(int32_t));
             }
-            c[i * ldc + j] = hsum(s0);
-            c[(i + 1) * ldc + j] = hsum(s1);
-        }
-    }
-    for (; i < m1; i++) {
-        const int16_t *a0 = a + i * kp;
-        for (int64_t j = n0; j < n1; j++) {
-            const int16_t *b0 = b + j * kp;
-            __m256i s0 = _mm256_setzero_si256();
-            for (int64_t k = 0; k < kp; k += 16) {
-                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a0 + k)),
-                                                            _mm256_loadu_si256((const __m256i *)(b0 + k))));
-            }
-            c[i * ldc + j] = hsum(s0);
         }
     }
 }
 #endif
 
-typedef void (*dot_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, const int16_t *, const int16_t *,
-                       int32_t *, int64_t);
-
-static dot_fn
+static block_fn
 pick(void)
 {
 #ifdef QG_HAVE_AVX2
     const char *env = getenv("SAMPAN_CPU");
-    if (!(env && strcmp(env, "scalar") == 0) && __builtin_cpu_supports("avx2")) return dot_avx2;
+    if (!(env && strcmp(env, "scalar") == 0) && __builtin_cpu_supports("avx2")) return block_avx2;
 #endif
-    return dot_scalar;
+    return block_scalar;
 }
 
 const char *
 sp_ox_qgemm_kernel(void)
 {
-    return pick() == dot_scalar ? "scalar" : "avx2";
+    return pick() == block_scalar ? "scalar" : "avx2";
 }
 
 typedef struct qjob {
-    dot_fn fn;
-    int64_t m, n0, n1, kp, ldc;
-    const int16_t *a, *b;
+    block_fn fn;
+    int64_t m, jb0, jb1, n, kp, ldc;
+    const int16_t *a, *b, *zero;
     int32_t *c;
 } qjob_t;
 
@@ -150,7 +164,7 @@ static void *
 qjob_run(void *p)
 {
     const qjob_t *j = p;
-    j->fn(0, j->m, j->n0, j->n1, j->kp, j->a, j->b, j->c, j->ldc);
+    j->fn(j->m, j->jb0, j->jb1, j->n, j->kp, j->a, j->b, j->c, j->ldc, j->zero);
     return NULL;
 }
 
@@ -158,23 +172,25 @@ void
 sp_ox_qgemm(int n_threads, int64_t m, int64_t n, int64_t kp, const int16_t *a, const int16_t *b,
             int32_t *c, int64_t ldc)
 {
-    dot_fn fn = pick();
-    int t_count = n_threads < 1 ? 1 : n_threads > QG_MAX_THREADS ? QG_MAX_THREADS : n_threads;
-    /* A thread costs tens of microseconds: only products of ~1M multiply-adds per thread split. */
-    int64_t work = m * n * kp;
-    while (t_count > 1 && (work / t_count < ((int64_t)1 << 20) || n < 4 * t_count)) t_count--;
-    if (t_count == 1) {
-        fn(0, m, 0, n, kp, a, b, c, ldc);
+    block_fn fn = pick();
+    int16_t *zero = calloc((size_t)kp + 16, sizeof *zero);
+    if (zero == NULL) {
+        /* no spare row: the scalar blocks need none */
+        block_scalar(m, 0, (n + QG_NR - 1) / QG_NR, n, kp, a, b, c, ldc, NULL);
         return;
     }
+    int64_t nb = (n + QG_NR - 1) / QG_NR;
+    int t_count = n_threads < 1 ? 1 : n_threads > QG_MAX_THREADS ? QG_MAX_THREADS : n_threads;
+    /* A thread costs tens of microseconds: split only products of 256K+ multiply-adds a thread. */
+    int64_t work = m * n * kp;
+    while (t_count > 1 && (work / t_count < ((int64_t)1 << 18) || nb < t_count)) t_count--;
     qjob_t jobs[QG_MAX_THREADS];
     pthread_t tids[QG_MAX_THREADS];
     bool started[QG_MAX_THREADS] = {0};
-    int64_t per = (n + t_count - 1) / t_count;
-    per = (per + 3) / 4 * 4;
+    int64_t per = (nb + t_count - 1) / t_count;
     for (int t = 0; t < t_count; t++) {
-        int64_t n0 = t * per < n ? t * per : n, n1 = n0 + per < n ? n0 + per : n;
-        jobs[t] = (qjob_t){fn, m, n0, n1, kp, ldc, a, b, c};
+        int64_t j0 = t * per < nb ? t * per : nb, j1 = j0 + per < nb ? j0 + per : nb;
+        jobs[t] = (qjob_t){fn, m, j0, j1, n, kp, ldc, a, b, zero, c};
         if (t > 0) started[t] = pthread_create(&tids[t], NULL, qjob_run, &jobs[t]) == 0;
     }
     qjob_run(&jobs[0]);
@@ -182,4 +198,5 @@ sp_ox_qgemm(int n_threads, int64_t m, int64_t n, int64_t kp, const int16_t *a, c
         if (started[t]) pthread_join(tids[t], NULL);
         else qjob_run(&jobs[t]);
     }
+    free(zero);
 }
