@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common.h"
 #include "ox.h"
@@ -153,6 +154,28 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     m->max_batch = args->max_batch_size;
     if (args->model_file) snprintf(path, sizeof path, "%s", args->model_file);
     else snprintf(path, sizeof path, "%s/model.onnx", args->version_dir);
+    /* parameters.precision: fp32 (the file itself), fp16 / int8 (`sampan optimize`'s
+     * MODEL_fp16.onnx / MODEL_int8.onnx beside it). A missing file is a load error, never a
+     * silent fall back to FP32. */
+    const char *prec = sp__bk_config_param(&cfg, "precision");
+    if (prec && strcmp(prec, "fp32") != 0) {
+        if (strcmp(prec, "fp16") != 0 && strcmp(prec, "int8") != 0) {
+            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%.40s\": fp32, fp16 or int8%s", prec,
+                        strcmp(prec, "bf16") == 0 ? " (bf16 needs the oneDNN executor, not in this build)" : "");
+            goto done;
+        }
+        size_t pl = strlen(path);
+        if (pl > 5 && strcmp(path + pl - 5, ".onnx") == 0) path[pl - 5] = 0;
+        char base[4096];
+        snprintf(base, sizeof base, "%s", path);
+        snprintf(path, sizeof path, "%.4080s_%s.onnx", base, prec);
+        if (access(path, R_OK) != 0) {
+            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%s\": %s is missing (write it with "
+                        "`sampan optimize %s.onnx%s`)", prec, path, base,
+                        strcmp(prec, "int8") == 0 ? " --calib CALIB.npy" : "");
+            goto done;
+        }
+    }
     if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
     if (sp_ox_graph_prepare(m->g, err, err_len)) {
         char tmp[512];
@@ -249,9 +272,9 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         memcpy(info->outputs, cfg.outputs, sizeof cfg.outputs[0] * (size_t)cfg.n_outputs);
     }
     info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
-    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
+    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s precision=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d",
-               args->model_name ? args->model_name : "", (long long)args->version, path,
+               args->model_name ? args->model_name : "", (long long)args->version, path, prec ? prec : "fp32",
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads);
     *model = m;

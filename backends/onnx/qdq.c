@@ -68,6 +68,27 @@ check_pair(const sp_ox_graph_t *g, const sp_ox_node_t *n, int si, int ch, const 
     return 0;
 }
 
+/* A fed graph input's fixed dimension (from the file's declared shape), -1 when unknown. */
+static int64_t
+input_dim(const sp_ox_graph_t *g, int32_t v, int64_t axis, int32_t *rank)
+{
+    *rank = -1;
+    if (v < 0 || !g->values[v].is_input) return -1;
+    const Onnx__GraphProto *gp = g->proto->graph;
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = gp->input[i];
+        if (strcmp(vi->name, g->values[v].name) != 0 || !vi->type || !vi->type->tensor_type ||
+            !vi->type->tensor_type->shape) continue;
+        const Onnx__TensorShapeProto *sh = vi->type->tensor_type->shape;
+        *rank = (int32_t)sh->n_dim;
+        if (axis < 0) axis += (int64_t)sh->n_dim;
+        if (axis < 0 || axis >= (int64_t)sh->n_dim) return -1;
+        const Onnx__TensorShapeProto__Dimension *d = sh->dim[axis];
+        return d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE ? d->dim_value : -1;
+    }
+    return -1;
+}
+
 static int
 check_params(const sp_ox_graph_t *g, char *err, size_t err_len)
 {
@@ -85,6 +106,14 @@ check_params(const sp_ox_graph_t *g, char *err, size_t err_len)
                              (long long)sp_ox_numel(s), (long long)sp_ox_attr_i(n, "axis", 1), x->nd);
                     return -1;
                 }
+            }
+            int32_t rank;
+            int64_t dim = s && sp_ox_numel(s) > 1 ? input_dim(g, n->in[0], sp_ox_attr_i(n, "axis", 1), &rank) : -1;
+            if (dim > 0 && dim != sp_ox_numel(s)) {
+                snprintf(err, err_len, "%s: %lld scales for axis %lld of %lld elements (input '%.60s')", n->label,
+                         (long long)sp_ox_numel(s), (long long)sp_ox_attr_i(n, "axis", 1), (long long)dim,
+                         g->values[n->in[0]].name);
+                return -1;
             }
             const sp_ox_tensor_t *z = n->n_in > 2 ? cval(g, n->in[2]) : NULL;
             if (x && z && strcmp(t, "DequantizeLinear") == 0 && z->dtype != x->dtype) {
