@@ -204,7 +204,7 @@ void
 sp_ox_dequant_row(const int32_t *acc, int64_t n, float mult, float bias, int relu, float *y)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (strcmp(sp_ox_qgemm_kernel(), "avx2") == 0) {
+    if (strcmp(sp_ox_qgemm_kernel(), "scalar") != 0) {
         dequant_avx2(acc, n, mult, bias, relu, y);
         return;
     }

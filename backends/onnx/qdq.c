@@ -510,7 +510,7 @@ static void
 quantize16(const float *x, int64_t n, const float *qp, int16_t *dst)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (strcmp(sp_ox_qgemm_kernel(), "avx2") == 0) {
+    if (strcmp(sp_ox_qgemm_kernel(), "scalar") != 0) {
         quantize16_avx2(x, n, qp, dst);
         return;
     }

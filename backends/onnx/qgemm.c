@@ -18,9 +18,9 @@
  * vpmaddubsw+vpmaddwd without VNNI. Products <= 65025, pair sums <= 130050:
  * no lane overflows before the int32 accumulation.
  *
- * AVX2 kernel chosen at run time (__builtin_cpu_supports, SAMPAN_CPU=scalar
- * forces the portable one); both give bit-identical results (integer sums,
- * wrapping modulo 2^32 in both).
+ * AVX-512 VNNI (vpdpwssd) and AVX2 kernels chosen at run time
+ * (__builtin_cpu_supports; SAMPAN_CPU=avx2 or scalar caps the level); all
+ * give bit-identical results (integer sums, wrapping modulo 2^32).
  *
  * Threads: sp_ox_qgemm splits the columns j over up to n_threads pthreads
  * (started per call, joined before it returns; each writes its own columns).
@@ -135,14 +135,51 @@ block_avx2(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const int
         }
     }
 }
+
+/* AVX-512 VNNI: one panel row pair is exactly one zmm (16 columns x 2 int16), and vpdpwssd
+ * multiplies the pairs and adds them into the int32 accumulator in one instruction (exact:
+ * no saturation in the non-"s" form). 8 rows x 16 columns: 1 load of B, 8 broadcasts of A. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+block_avx512(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const int16_t *a, const int16_t *b,
+             int32_t *c, int64_t ldc, const int16_t *zero)
+{
+    for (int64_t jb = jb0; jb < jb1; jb++) {
+        const int16_t *bp = b + jb * QG_NR * kp;
+        int64_t cols = n - jb * QG_NR < QG_NR ? n - jb * QG_NR : QG_NR;
+        for (int64_t i = 0; i < m; i += 8) {
+            const int16_t *ar[8];
+            for (int r = 0; r < 8; r++) ar[r] = i + r < m ? a + (i + r) * kp : zero;
+            __m512i acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_si512();
+            for (int64_t p = 0; p < kp / 2; p++) {
+                __m512i bv = _mm512_loadu_si512((const void *)(bp + p * 32));
+                for (int r = 0; r < 8; r++) {
+                    int32_t v;
+                    memcpy(&v, ar[r] + 2 * p, 4);
+                    acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_set1_epi32(v), bv);
+                }
+            }
+            for (int r = 0; r < 8 && i + r < m; r++) {
+                int32_t out[QG_NR];
+                _mm512_storeu_si512((void *)out, acc[r]);
+                memcpy(c + (i + r) * ldc + jb * QG_NR, out, (size_t)cols * sizeof(int32_t));
+            }
+        }
+    }
+}
 #endif
 
+/* SAMPAN_CPU=scalar or avx2 caps the level (tests compare them); otherwise the best this CPU has. */
 static block_fn
 pick(void)
 {
 #ifdef QG_HAVE_AVX2
     const char *env = getenv("SAMPAN_CPU");
-    if (!(env && strcmp(env, "scalar") == 0) && __builtin_cpu_supports("avx2")) return block_avx2;
+    if (env && strcmp(env, "scalar") == 0) return block_scalar;
+    bool cap2 = env && strcmp(env, "avx2") == 0;
+    if (!cap2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni")) return block_avx512;
+    if (__builtin_cpu_supports("avx2")) return block_avx2;
 #endif
     return block_scalar;
 }
@@ -150,7 +187,13 @@ pick(void)
 const char *
 sp_ox_qgemm_kernel(void)
 {
-    return pick() == block_scalar ? "scalar" : "avx2";
+    block_fn f = pick();
+#ifdef QG_HAVE_AVX2
+    if (f == block_avx512) return "avx512vnni";
+    if (f == block_avx2) return "avx2";
+#endif
+    (void)f;
+    return "scalar";
 }
 
 typedef struct qjob {
