@@ -149,16 +149,19 @@ block_avx512(int64_t m, int64_t jb0, int64_t jb1, int64_t n, int64_t kp, const i
         for (int64_t i = 0; i < m; i += 8) {
             const int16_t *ar[8];
             for (int r = 0; r < 8; r++) ar[r] = i + r < m ? a + (i + r) * kp : zero;
-            __m512i acc[8];
-            for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_si512();
+            const int16_t *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5],
+                          *a6 = ar[6], *a7 = ar[7];
+            __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+            /* spelled out: kept in registers (an indexed array of accumulators was spilled) */
+#define QG_DP(cr, ap) do { int32_t v_; memcpy(&v_, (ap) + 2 * p, 4); \
+                           cr = _mm512_dpwssd_epi32(cr, _mm512_set1_epi32(v_), bv); } while (0)
             for (int64_t p = 0; p < kp / 2; p++) {
                 __m512i bv = _mm512_loadu_si512((const void *)(bp + p * 32));
-                for (int r = 0; r < 8; r++) {
-                    int32_t v;
-                    memcpy(&v, ar[r] + 2 * p, 4);
-                    acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_set1_epi32(v), bv);
-                }
+                QG_DP(c0, a0); QG_DP(c1, a1); QG_DP(c2, a2); QG_DP(c3, a3);
+                QG_DP(c4, a4); QG_DP(c5, a5); QG_DP(c6, a6); QG_DP(c7, a7);
             }
+#undef QG_DP
+            __m512i acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
             for (int r = 0; r < 8 && i + r < m; r++) {
                 int32_t out[QG_NR];
                 _mm512_storeu_si512((void *)out, acc[r]);
