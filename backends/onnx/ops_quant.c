@@ -679,5 +679,5 @@ sp_ox_quant_op_find(const char *op_type)
     for (size_t i = 0; i < sizeof quant_ops / sizeof quant_ops[0]; i++) {
         if (strcmp(quant_ops[i].name, op_type) == 0) return &quant_ops[i];
     }
-    return NULL;
+    return sp_ox_more_op_find(op_type); /* ops_more.c: ConvTranspose, Resize */
 }

@@ -170,7 +170,8 @@ void sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t
                   int accumulate);
 
 /* ---- quantized operators (ops_quant.c, qgemm.c, qdq.c) ---- */
-const sp_ox_op_t *sp_ox_quant_op_find(const char *op_type);
+const sp_ox_op_t *sp_ox_quant_op_find(const char *op_type); /* also ops_more.c's */
+const sp_ox_op_t *sp_ox_more_op_find(const char *op_type);  /* ConvTranspose, Resize */
 float sp_ox_half_to_float(uint16_t h);
 uint16_t sp_ox_float_to_half(float f); /* round half to even; past 65504 -> inf */
 uint16_t sp_ox_double_to_half(double d); /* the same from double, rounded once */

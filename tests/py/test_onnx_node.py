@@ -36,6 +36,8 @@ SUPPORTED = {
     # ops_quant.c
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul",
     "ConvInteger", "QLinearConv",
+    # ops_more.c
+    "ConvTranspose", "Resize",
 }
 TOL = 2.0 ** -13
 
