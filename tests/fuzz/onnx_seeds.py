@@ -130,3 +130,13 @@ save("dynquant_matmulinteger_fp16", [
 ], [vi("x", F, ["N", 4])], [vi("y", F, ["N", 3])],
     [c("w", rng.integers(0, 256, (4, 3)).astype(np.uint8)), c("wz", np.uint8(128)),
      c("h16", rng.standard_normal(3).astype(np.float16))])
+save("convtranspose_resize", [
+    helper.make_node("ConvTranspose", ["x", "w", "b"], ["ct"], strides=[2, 2], pads=[1, 0, 1, 0],
+                     output_padding=[1, 1]),
+    helper.make_node("Resize", ["ct", "", "sc"], ["rl"], mode="linear",
+                     coordinate_transformation_mode="align_corners"),
+    helper.make_node("Resize", ["rl", "", "", "sz"], ["y"], mode="nearest",
+                     coordinate_transformation_mode="asymmetric", nearest_mode="round_prefer_ceil"),
+], [vi("x", F, [2, 2, 3, 3])], [vi("y", F, [2, 2, 5, 7])],
+    [t("w", (2, 2, 3, 3)), t("b", (2,)), c("sc", np.array([1, 1, 1.5, 0.75], np.float32)),
+     c("sz", np.array([2, 2, 5, 7], np.int64))])
