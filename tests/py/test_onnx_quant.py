@@ -188,10 +188,74 @@ def main():
                 s.case(f"precision {prec} refused", False, "loaded")
             except BackendError as e:
                 s.case(f"precision {prec} refused", want in str(e), str(e))
+        qdq_conv(p, tmp)
         bad_params(p, tmp, BackendError)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()
+
+
+def qdq_conv(p, tmp):
+    """A QDQ convolution of awkward sizes (20 output channels in 2 groups: partial row blocks;
+    7x9 output: partial column panels; K = 10*3*3 = 90, padded to 96), with BatchNormalization
+    and Relu fused in: equal to its QDQ meaning in float64 numpy, at every kernel level."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 20, 7, 9)).astype(np.float32)
+    wq = rng.integers(-127, 128, (20, 10, 3, 3)).astype(np.int8)
+    ws = (0.001 + 0.01 * rng.random(20)).astype(np.float32)
+    sx, zx = np.float32(0.03), np.uint8(131)
+    b = rng.standard_normal(20).astype(np.float32)
+    bn = [(1 + 0.1 * rng.standard_normal(20)).astype(np.float32), rng.standard_normal(20).astype(np.float32),
+          rng.standard_normal(20).astype(np.float32) * 0.1, (1 + rng.random(20)).astype(np.float32)]
+    nodes = [h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             h.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             h.make_node("Conv", ["xd", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=2),
+             h.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["n"]),
+             h.make_node("Relu", ["n"], ["y"])]
+    inits = [nh.from_array(a, n) for a, n in [(sx, "sx"), (zx, "zx"), (wq, "wq"), (ws, "ws"),
+                                              (np.zeros(20, np.int8), "wz"), (b, "b"), (bn[0], "g"),
+                                              (bn[1], "be"), (bn[2], "mu"), (bn[3], "var")]]
+    g = h.make_graph(nodes, "qconv", [h.make_tensor_value_info("x", T.FLOAT, ["N", 20, 7, 9])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["N", 20, 7, 9])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    d = os.path.join(tmp, "qconv")
+    os.makedirs(d)
+    onnx.save(m, os.path.join(d, "model.onnx"))
+    # numpy: the QDQ meaning in float64
+    xd = (np.clip(np.rint(x / sx) + int(zx), 0, 255) - int(zx)) * np.float64(sx)
+    wd = wq.astype(np.float64) * ws.astype(np.float64)[:, None, None, None]
+    xp = np.pad(xd, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((3, 20, 7, 9))
+    for gi in range(2):
+        for ky in range(3):
+            for kx in range(3):
+                patch = xp[:, gi * 10:(gi + 1) * 10, ky:ky + 7, kx:kx + 9]
+                ref[:, gi * 10:(gi + 1) * 10] += np.einsum("nchw,oc->nohw", patch, wd[gi * 10:(gi + 1) * 10, :, ky, kx])
+    ref += b[None, :, None, None]
+    sc = bn[0] / np.sqrt(bn[3] + 1e-5)
+    ref = np.maximum((ref - bn[2][None, :, None, None]) * sc[None, :, None, None] + bn[1][None, :, None, None], 0)
+    outs = {}
+    for level in ["", "avx2", "scalar"]:
+        if level:
+            os.environ["SAMPAN_CPU"] = level
+        try:
+            mm = p.load(d, n_threads=2)
+            outs[level or "best"] = mm.run([x])["y"].astype(np.float64)
+            log = p.log[-1]
+            mm.close()
+        finally:
+            os.environ.pop("SAMPAN_CPU", None)
+    scale = float(np.abs(ref).max())
+    diff = float(np.abs(outs["best"] - ref).max())
+    s.case("QDQ Conv+BN+Relu fused: equal to its float64 meaning", diff <= 1e-5 * scale, f"max diff {diff:.3g} of {scale:.3g}")
+    s.case("QDQ Conv fused at load (one node runs)", "run=1 " in log, log[-120:])
+    s.case("QDQ Conv: scalar, AVX2 and best kernels bit-identical",
+           np.array_equal(outs["best"], outs["avx2"]) and np.array_equal(outs["best"], outs["scalar"]))
 
 
 def bad_params(p, tmp, BackendError):
