@@ -180,6 +180,7 @@ def main():
         s.case("percentile calibration", rc == 0 and os.path.isfile(os.path.join(tmp, "pct.onnx")), err2[-300:])
         rc, _, err3 = run([binary(), "optimize", model, "--precision", "int8"])
         s.case("int8 without --calib is a usage error", rc == 2 and "--calib" in err3, err3[-200:])
+        serve(tmp, ver, xt[:5], z8[:5])
         # precision whose file is missing, and an unknown precision: load errors
         os.remove(os.path.join(ver, "model_fp16.onnx"))
         for prec, want in [("fp16", "model_fp16.onnx is missing"), ("fp64", "fp32, fp16 or int8")]:
@@ -193,6 +194,49 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()
+
+
+def serve(tmp, ver, x, want):
+    """Through `sampan serve`: config.json's precision int8 serves model_int8.onnx (KServe v2
+    JSON, the same logits as in-process), and fp16 without its file is UNAVAILABLE with the reason."""
+    import http.client
+    import numpy as np
+    from common import Server
+    repo = os.path.join(tmp, "repo")
+    for name, prec, files in [("digits8", "int8", ["model.onnx", "model_int8.onnx"]),
+                              ("digits16", "fp16", ["model.onnx"])]:
+        os.makedirs(os.path.join(repo, name, "1"))
+        for f in files:
+            shutil.copy(os.path.join(ver, f), os.path.join(repo, name, "1", f))
+        with open(os.path.join(repo, name, "config.json"), "w") as f:
+            json.dump({"name": name, "backend": "onnx", "max_batch_size": 16,
+                       "parameters": {"precision": {"string_value": prec}}}, f)
+    srv = Server("--model-repository", repo, model=None)
+    try:
+        def req(method, path, body=None):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            try:
+                c.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                return r.status, r.read()
+            finally:
+                c.close()
+        st, b = req("POST", "/v2/repository/index")
+        ix = {e["name"]: e for e in json.loads(b)} if st == 200 else {}
+        why = ix.get("digits16", {}).get("reason", "")
+        s.case("serve: precision fp16 without model_fp16.onnx is UNAVAILABLE, reason given",
+               ix.get("digits16", {}).get("state") == "UNAVAILABLE" and "model_fp16.onnx is missing" in why, why)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+        st, b = req("POST", "/v2/models/digits8/infer", body)
+        got = np.array(json.loads(b)["outputs"][0]["data"]).reshape(want.shape) if st == 200 else None
+        s.case("serve: precision int8 answers with the INT8 model's logits",
+               got is not None and np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max())),
+               f"status {st} {b[:200]!r}")
+        s.case("serve: the load log names the file and precision",
+               srv.wait_log(r"file=\S*model_int8\.onnx precision=int8", timeout=3.0) is not None, srv.text()[-300:])
+    finally:
+        srv.stop()
 
 
 def qdq_conv(p, tmp):
