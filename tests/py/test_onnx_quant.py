@@ -180,6 +180,22 @@ def main():
         s.case("percentile calibration", rc == 0 and os.path.isfile(os.path.join(tmp, "pct.onnx")), err2[-300:])
         rc, _, err3 = run([binary(), "optimize", model, "--precision", "int8"])
         s.case("int8 without --calib is a usage error", rc == 2 and "--calib" in err3, err3[-200:])
+        # bad calibration / held-out files: clear errors, exit 1
+        np.save(os.path.join(tmp, "f64.npy"), x[:10].astype(np.float64))
+        with open(os.path.join(tmp, "cut.npy"), "wb") as f:
+            f.write(open(os.path.join(tmp, "calib.npy"), "rb").read()[:300])
+        np.save(os.path.join(tmp, "narrow.npy"), x[:10, :63])
+        np.save(os.path.join(tmp, "short.npy"), y[:10])
+        for name, args, want in [
+                ("float64 calibration", ["--calib", "f64.npy"], "float32, int64 or int32"),
+                ("truncated calibration", ["--calib", "cut.npy"], "shorter than its header"),
+                ("held-out of the wrong width", ["--calib", "calib.npy", "--eval", "narrow.npy"], "cannot multiply"),
+                ("labels of another length", ["--calib", "calib.npy", "--eval", "test.npy", "--labels", "short.npy"],
+                 "one integer label per sample")]:
+            full = [a if not a.endswith(".npy") else os.path.join(tmp, a) for a in args]
+            rc, _, e = run([binary(), "optimize", model, "--precision", "int8", "--int8-out",
+                            os.path.join(tmp, "bad.onnx"), "--repeat", "1"] + full)
+            s.case(f"optimize: {name} is an error", rc == 1 and want in e, e[-300:])
         serve(tmp, ver, xt[:5], z8[:5])
         # precision whose file is missing, and an unknown precision: load errors
         os.remove(os.path.join(ver, "model_fp16.onnx"))
