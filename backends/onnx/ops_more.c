@@ -1,12 +1,13 @@
 /*
  * backends/onnx/ops_more.c - ConvTranspose (1-D to 3-D, groups, dilations, pads, auto_pad,
  * output_padding, output_shape) and Resize (nearest and linear, 1-D to 4-D, scales or sizes,
- * every coordinate_transformation_mode and nearest_mode of opsets 10 to 19; cubic is refused).
+ * every coordinate_transformation_mode and nearest_mode of opsets 10 to 19; cubic with
+ * cubic_coeff_a and exclude_outside).
  *
  * ConvTranspose is computed as the scatter that defines it: each input element times each
  * kernel tap added at stride * i - pad + dilation * k; sums in float, in the order of the loops.
  * Resize: per output coordinate, the input coordinate of the mode, then the nearest element or
- * the product of 1-D linear weights over the resized axes (an N-linear interpolation).
+ * the separable product of 1-D weights (2 linear taps or 4 cubic taps per axis) summed in double.
  *
  * Threads: none. Memory: outputs from the run's pool.
  */
@@ -123,8 +124,8 @@ static int
 check_resize(sp_ox_node_t *n, char *err, size_t err_len)
 {
     const char *mode = sp_ox_attr_s(n, "mode", "nearest");
-    if (strcmp(mode, "nearest") && strcmp(mode, "linear")) {
-        snprintf(err, err_len, "mode \"%s\" is not supported (nearest, linear)", mode);
+    if (strcmp(mode, "nearest") && strcmp(mode, "linear") && strcmp(mode, "cubic")) {
+        snprintf(err, err_len, "mode \"%s\" is not supported (nearest, linear, cubic)", mode);
         return -1;
     }
     const char *ct = sp_ox_attr_s(n, "coordinate_transformation_mode", "half_pixel");
@@ -149,8 +150,8 @@ check_resize(sp_ox_node_t *n, char *err, size_t err_len)
 }
 
 typedef struct rs_axis {
-    int64_t lo, hi;   /* the two input indices (nearest: lo only) */
-    float wlo, whi;   /* their weights */
+    int64_t at[4];    /* input indices of the taps: nearest 1, linear 2, cubic 4 */
+    double w[4];      /* their weights */
     bool outside;     /* tf_crop_and_resize: the extrapolation value */
 } rs_axis_t;
 
@@ -195,7 +196,9 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
         }
     }
     const char *mode = sp_ox_attr_s(n, "mode", "nearest");
-    bool linear = strcmp(mode, "linear") == 0;
+    bool linear = strcmp(mode, "linear") == 0, cubic = strcmp(mode, "cubic") == 0;
+    double ca = sp_ox_attr_f(n, "cubic_coeff_a", -0.75f);
+    bool excl = sp_ox_attr_i(n, "exclude_outside", 0) != 0;
     char ct[40], nm[24];
     snprintf(ct, sizeof ct, "%s", sp_ox_attr_s(n, "coordinate_transformation_mode", n->opset < 11 ? "asymmetric" : "half_pixel"));
     snprintf(nm, sizeof nm, "%s", sp_ox_attr_s(n, "nearest_mode", n->opset < 11 ? "floor" : "round_prefer_floor"));
@@ -236,15 +239,36 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
             } else xo = o / s; /* asymmetric */
             rs_axis_t *a = &axp[i][o];
             a->outside = crop && (xo < 0 || xo > (double)(len - 1));
-            if (linear) {
-                double c = xo < 0 ? 0 : xo > (double)(len - 1) ? (double)(len - 1) : xo;
-                int64_t lo = (int64_t)floor(c);
+            if (cubic) {
+                /* ONNX's cubic convolution (Keys, coefficient A): taps floor(x)-1 .. floor(x)+2,
+                 * edge-clamped; exclude_outside drops taps outside the input and renormalizes */
+                double f = floor(xo), t = xo - f, ta = t + 1, tb = 1 - t, tc = 2 - t;
+                double c4[4] = {((ca * ta - 5 * ca) * ta + 8 * ca) * ta - 4 * ca,
+                                ((ca + 2) * t - (ca + 3)) * t * t + 1,
+                                ((ca + 2) * tb - (ca + 3)) * tb * tb + 1,
+                                ((ca * tc - 5 * ca) * tc + 8 * ca) * tc - 4 * ca};
+                double sum = 0;
+                for (int q = 0; q < 4; q++) {
+                    int64_t k = (int64_t)f - 1 + q;
+                    bool in_range = k >= 0 && k < len;
+                    a->w[q] = excl && !in_range ? 0 : c4[q];
+                    a->at[q] = k < 0 ? 0 : k >= len ? len - 1 : k;
+                    sum += a->w[q];
+                }
+                if (excl && sum != 0) {
+                    for (int q = 0; q < 4; q++) a->w[q] /= sum;
+                }
+            } else if (linear) {
+                double cc = xo < 0 ? 0 : xo > (double)(len - 1) ? (double)(len - 1) : xo;
+                int64_t lo = (int64_t)floor(cc);
                 if (lo > len - 1) lo = len - 1;
                 if (lo < 0) lo = 0;
-                a->lo = lo;
-                a->hi = lo + 1 < len ? lo + 1 : lo;
-                a->whi = (float)(c - (double)lo);
-                a->wlo = 1.0f - a->whi;
+                a->at[0] = lo;
+                a->at[1] = lo + 1 < len ? lo + 1 : lo;
+                a->w[1] = cc - (double)lo;
+                a->w[0] = 1.0 - a->w[1];
+                a->w[2] = a->w[3] = 0;
+                a->at[2] = a->at[3] = lo;
             } else {
                 double v;
                 if (strcmp(nm, "floor") == 0) v = floor(xo);
@@ -252,9 +276,10 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
                 else if (strcmp(nm, "round_prefer_ceil") == 0) v = floor(xo + 0.5);
                 else v = xo == floor(xo) + 0.5 ? floor(xo) : floor(xo + 0.5); /* round_prefer_floor */
                 int64_t k = (int64_t)(v < 0 ? 0 : v > (double)(len - 1) ? (double)(len - 1) : v);
-                a->lo = a->hi = k;
-                a->wlo = 1.0f;
-                a->whi = 0.0f;
+                for (int q = 0; q < 4; q++) {
+                    a->at[q] = k;
+                    a->w[q] = q == 0 ? 1 : 0;
+                }
             }
         }
     }
@@ -268,16 +293,21 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
         if (outside) {
             y[e] = extrap;
         } else {
-            /* sum over the 2^nd corners (weights 0 skipped) */
+            /* sum over the 4^nd tap combinations (weight 0 skipped) */
             double acc = 0;
-            for (int corner = 0; corner < (1 << nd); corner++) {
+            int ntap = cubic ? 4 : linear ? 2 : 1;
+            int combos = 1;
+            for (int i = 0; i < nd; i++) combos *= ntap;
+            for (int cmb = 0; cmb < combos; cmb++) {
                 double wgt = 1;
                 int64_t p = 0;
+                int rest = cmb;
                 for (int i = 0; i < nd && wgt != 0; i++) {
                     const rs_axis_t *a = &axp[i][idx[i]];
-                    bool hi = (corner >> i) & 1;
-                    wgt *= hi ? a->whi : a->wlo;
-                    p += (hi ? a->hi : a->lo) * xs[i];
+                    int q = rest % ntap;
+                    rest /= ntap;
+                    wgt *= a->w[q];
+                    p += a->at[q] * xs[i];
                 }
                 if (wgt != 0) acc += wgt * xd[p];
             }
