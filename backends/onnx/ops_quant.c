@@ -517,18 +517,35 @@ sp_ox_qconv_acc(sp_ox_run_t *r, const int16_t *x16, int64_t batch, int64_t c, co
             for (int64_t q = 0; q < kk; q++) {
                 int64_t ci = q / (g->kh * g->kw), ky = q / g->kw % g->kh, kx = q % g->kw;
                 int16_t *dq = colp + (q >> 1) * 32 + (q & 1);
+                /* the columns whose ix = xo * sw - pl + kx * dw falls inside [0, iw): [x0, x1) */
+                int64_t base = kx * g->dw - g->pl, x0 = 0, x1 = g->ow;
+                while (x0 < g->ow && x0 * g->sw + base < 0) x0++;
+                while (x1 > x0 && (x1 - 1) * g->sw + base >= g->iw) x1--;
                 for (int64_t oy = 0; oy < g->oh; oy++) {
                     int64_t iy = oy * g->sh - g->pt + ky * g->dh;
                     int64_t col = nb * hw + oy * g->ow;
-                    if (iy < 0 || iy >= g->ih) {
-                        for (int64_t xo = 0; xo < g->ow; xo++, col++) dq[(col >> 4) * 16 * kp + (col & 15) * 2] = 0;
-                        continue;
+                    bool rowok = iy >= 0 && iy < g->ih;
+                    int64_t a0 = rowok ? x0 : g->ow, a1 = rowok ? x1 : g->ow;
+                    for (int64_t xo = 0; xo < a0; xo++, col++) dq[(col >> 4) * 16 * kp + (col & 15) * 2] = 0;
+                    if (a1 > a0) {
+                        const int16_t *src = xs + (ci * g->ih + iy) * g->iw + a0 * g->sw + base;
+                        /* within one panel the destination steps by 2; across panels it jumps */
+                        int64_t xo = a0;
+                        while (xo < a1) {
+                            int16_t *d = dq + (col >> 4) * 16 * kp + (col & 15) * 2;
+                            int64_t run = 16 - (col & 15);
+                            if (run > a1 - xo) run = a1 - xo;
+                            if (g->sw == 1) {
+                                for (int64_t t = 0; t < run; t++) d[2 * t] = src[t];
+                            } else {
+                                for (int64_t t = 0; t < run; t++) d[2 * t] = src[t * g->sw];
+                            }
+                            src += run * g->sw;
+                            col += run;
+                            xo += run;
+                        }
                     }
-                    const int16_t *srow = xs + (ci * g->ih + iy) * g->iw;
-                    for (int64_t xo = 0; xo < g->ow; xo++, col++) {
-                        int64_t ix = xo * g->sw - g->pl + kx * g->dw;
-                        dq[(col >> 4) * 16 * kp + (col & 15) * 2] = ix >= 0 && ix < g->iw ? srow[ix] : 0;
-                    }
+                    for (int64_t xo = a1 > a0 ? a1 : a0; xo < g->ow; xo++, col++) dq[(col >> 4) * 16 * kp + (col & 15) * 2] = 0;
                 }
             }
         }
