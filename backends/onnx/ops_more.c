@@ -207,6 +207,11 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
     if (crop && (roi == NULL || roi->dtype != OX_FLOAT || sp_ox_numel(roi) != 2 * nd)) return sp_ox_fail(r, "tf_crop_and_resize needs a FLOAT roi of %d values", 2 * nd);
     float extrap = sp_ox_attr_f(n, "extrapolation_value", 0.0f);
     if (sp_ox_out(r, out[0], OX_FLOAT, nd, od)) return -1;
+    if (sp_ox_numel(out[0]) > 0) {
+        for (int i = 0; i < nd; i++) {
+            if (x->dims[i] == 0) return sp_ox_fail(r, "resizing an empty dimension (%d) to %lld", i, (long long)od[i]);
+        }
+    }
     /* per axis, per output index: the input indices and weights */
     int64_t tot = 0;
     for (int i = 0; i < nd; i++) tot += od[i];
@@ -238,7 +243,15 @@ run_resize(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int
                                : 0.5 * (st + en) * (len - 1);
             } else xo = o / s; /* asymmetric */
             rs_axis_t *a = &axp[i][o];
+            if (!isfinite(xo)) {
+                free(ax);
+                return sp_ox_fail(r, "axis %d: input coordinate %g (scales or roi)", i, xo);
+            }
             a->outside = crop && (xo < 0 || xo > (double)(len - 1));
+            /* only crop mode reaches far outside, and there the extrapolation value is used:
+             * bounding the coordinate keeps every index computation in range */
+            if (xo < -4) xo = -4;
+            if (xo > (double)len + 4) xo = (double)len + 4;
             if (cubic) {
                 /* ONNX's cubic convolution (Keys, coefficient A): taps floor(x)-1 .. floor(x)+2,
                  * edge-clamped; exclude_outside drops taps outside the input and renormalizes */
