@@ -60,7 +60,9 @@ run_convt(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int 
             return sp_ox_fail(r, "stride %lld, dilation %lld, output_padding %lld", (long long)s[i], (long long)d[i], (long long)opad);
         }
         int64_t full = s[i] * (in_[i] - 1) + opad + (k[i] - 1) * d[i] + 1;
+        if (k[i] > 1 << 20 || in_[i] > r->g->max_numel) return sp_ox_fail(r, "kernel %lld for input %lld", (long long)k[i], (long long)in_[i]);
         if (os || same) {
+            if (os && (os[i] < 0 || os[i] > r->g->max_numel)) return sp_ox_fail(r, "output_shape %lld", (long long)os[i]);
             o[i] = os ? os[i] : in_[i] * s[i];
             int64_t tot = full - o[i];
             /* ONNX: SAME_UPPER puts the extra padding at the end (begin = total / 2); an output
@@ -71,6 +73,7 @@ run_convt(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int 
             if (pd && strcmp(ap, "NOTSET") == 0) {
                 pb[i] = pd[i];
                 pe = pd[i + sp];
+                if (pb[i] < 0 || pe < 0 || pb[i] > 1 << 20 || pe > 1 << 20) return sp_ox_fail(r, "pads out of range");
             }
             o[i] = full - pb[i] - pe;
         }

@@ -115,6 +115,7 @@ q8_put(sp_ox_tensor_t *t, int64_t i, double v)
 {
     int32_t lo, hi;
     qrange(t->dtype, &lo, &hi);
+    if (v != v) v = 0; /* NaN (an infinite scale ratio times 0): converting it is undefined */
     double q = v < lo ? lo : v > hi ? hi : v;
     if (t->dtype == OX_UINT8) ((uint8_t *)t->data)[i] = (uint8_t)q;
     else if (t->dtype == OX_INT8) ((int8_t *)t->data)[i] = (int8_t)q;
