@@ -38,6 +38,9 @@ if [ "${1:-}" = "--test" ]; then
     # python onnx helpers that build test models and fuzz seeds, and OpenCV's DNN module as the
     # independent executor (tests/py/test_onnx_server.py).
     need+=(libonnx-testdata python3-onnx python3-opencv)
+    # tests/py/test_onnx_quant.py: scikit-learn's bundled digits set and MLPClassifier (real data,
+    # offline) for the FP16 and INT8 accuracy of `sampan optimize`.
+    need+=(python3-sklearn)
     # tests/arm64.sh: the arm64 cross build (NEON kernels) and qemu user mode to run its unit
     # tests; the engine's tokenizer and model decryption link arm64 PCRE2 and libcrypto
     # (Debian multiarch: the arm64 architecture is added to dpkg first, below).

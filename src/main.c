@@ -18,6 +18,7 @@ static const char usage[] =
     "  eval      evaluate token ids: logits and timings (tests, benchmarks)\n"
     "  inspect   describe a GGUF file: metadata, tensors, memory estimate\n"
     "  quantize  convert a GGUF model's weights to f16, bf16, q8_0, q4_0, q4_k or q6_k\n"
+    "  optimize  FP16 and calibrated INT8 copies of an ONNX model, with accuracy and speed\n"
     "  tokenize  text on stdin to token ids (or ids back to text) with a GGUF vocabulary\n"
     "  bench     serving benchmark: concurrent streamed requests to an OpenAI-compatible server\n"
     "  devices   list the CPU, GPUs and MIG instances with total, budget, used and free memory\n"
@@ -42,6 +43,7 @@ static const command_t commands[] = {
     {"eval", sp_cmd_eval},
     {"inspect", sp_cmd_inspect},
     {"quantize", sp_cmd_quantize},
+    {"optimize", sp_cmd_optimize},
     {"tokenize", sp_cmd_tokenize},
     {"bench", sp_cmd_bench},
     {"devices", sp_cmd_devices},

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common.h"
 #include "gpu.h"
@@ -51,6 +52,8 @@ to_btype(int32_t ox, sp_btype_t *bt)
     case OX_INT32: *bt = SP_BT_INT32; return 0;
     case OX_INT64: *bt = SP_BT_INT64; return 0;
     case OX_BOOL: *bt = SP_BT_BOOL; return 0;
+    case OX_FLOAT16: *bt = SP_BT_FP16; return 0;
+    case OX_DOUBLE: *bt = SP_BT_FP64; return 0;
     default: return -1;
     }
 }
@@ -154,6 +157,31 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     m->max_batch = args->max_batch_size;
     if (args->model_file) snprintf(path, sizeof path, "%s", args->model_file);
     else snprintf(path, sizeof path, "%s/model.onnx", args->version_dir);
+    /* parameters.precision. On the GPU it is the executor's arithmetic (fp16: the FP32 file's
+     * weights converted at upload; gpu.c checks the value). On the CPU it picks the file: fp32
+     * the file itself, fp16 / int8 `sampan optimize`'s MODEL_fp16.onnx / MODEL_int8.onnx beside
+     * it. A missing file is a load error, never a silent fall back to FP32. */
+    sp_ox_gpu_cfg_t gc;
+    if (sp_ox_gpu_config(&cfg, &gc, err, err_len)) goto done;
+    const char *prec = sp__bk_config_param(&cfg, "precision");
+    if (!gc.on && prec && strcmp(prec, "fp32") != 0) {
+        if (strcmp(prec, "fp16") != 0 && strcmp(prec, "int8") != 0) {
+            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%.40s\": fp32, fp16 or int8%s", prec,
+                        strcmp(prec, "bf16") == 0 ? " (bf16 needs the oneDNN executor, not in this build)" : "");
+            goto done;
+        }
+        size_t pl = strlen(path);
+        if (pl > 5 && strcmp(path + pl - 5, ".onnx") == 0) path[pl - 5] = 0;
+        char base[4096];
+        snprintf(base, sizeof base, "%s", path);
+        snprintf(path, sizeof path, "%.4080s_%s.onnx", base, prec);
+        if (access(path, R_OK) != 0) {
+            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%s\": %s is missing (write it with "
+                        "`sampan optimize %s.onnx%s`)", prec, path, base,
+                        strcmp(prec, "int8") == 0 ? " --calib CALIB.npy" : "");
+            goto done;
+        }
+    }
     if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
     if (sp_ox_graph_prepare(m->g, err, err_len)) {
         char tmp[512];
@@ -161,8 +189,6 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         sp__bk_errf(err, err_len, "%s: %s", path, tmp);
         goto done;
     }
-    sp_ox_gpu_cfg_t gc;
-    if (sp_ox_gpu_config(&cfg, &gc, err, err_len)) goto done;
     if (gc.on && sp_ox_gpu_load(m->g, &gc, &m->gpu, err, err_len)) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%s", err);
@@ -267,9 +293,9 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
                    gc.fp16 ? "fp16" : "fp32", (unsigned long long)sp_ox_gpu_device_bytes(m->gpu),
                    sp_ox_gpu_lib_path(m->gpu));
     }
-    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
+    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s precision=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d",
-               args->model_name ? args->model_name : "", (long long)args->version, path,
+               args->model_name ? args->model_name : "", (long long)args->version, path, prec ? prec : "fp32",
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads);
     *model = m;

@@ -393,6 +393,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
     r.err_len = err_len;
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead) continue; /* fused away before folding (qdq.c) */
         bool all_const = true;
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0 && !g->values[n->in[k]].is_const) all_const = false;
@@ -477,7 +478,9 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 int
 sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
 {
-    if (topo_sort(g, err, err_len) || fold_and_fuse(g, err, err_len)) return -1;
+    if (topo_sort(g, err, err_len) || sp_ox_qdq_prepare(g, err, err_len) || fold_and_fuse(g, err, err_len)) {
+        return -1;
+    }
     int32_t k = 0;
     for (int32_t o = 0; o < g->n_order; o++) {
         if (!g->nodes[g->order[o]].dead) g->order[k++] = g->order[o];

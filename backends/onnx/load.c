@@ -70,6 +70,7 @@ sp_ox_dtype_size(int32_t dtype)
     case OX_FLOAT: case OX_INT32: return 4;
     case OX_INT64: case OX_DOUBLE: return 8;
     case OX_UINT8: case OX_INT8: case OX_BOOL: return 1;
+    case OX_FLOAT16: case OX_INT16: return 2;
     default: return 0;
     }
 }
@@ -151,7 +152,7 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
     memset(t, 0, sizeof *t);
     int32_t dt = tp->has_data_type ? tp->data_type : 0;
     size_t es = sp_ox_dtype_size(dt);
-    if (es == 0 || dt == OX_DOUBLE) {
+    if (es == 0 || dt == OX_INT16) {
         errf(err, err_len, "%s: data type %s (%d) not supported", what, sp_ox_dtype_name(dt), dt);
         return -1;
     }
@@ -225,6 +226,7 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
     switch (dt) {
     case OX_FLOAT: have = tp->n_float_data; break;
     case OX_INT64: have = tp->n_int64_data; break;
+    case OX_DOUBLE: have = tp->n_double_data; break;
     default: have = tp->n_int32_data; break;
     }
     if (have != (size_t)numel) {
@@ -236,8 +238,10 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
         switch (dt) {
         case OX_FLOAT: ((float *)t->data)[i] = tp->float_data[i]; break;
         case OX_INT64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+        case OX_DOUBLE: ((double *)t->data)[i] = tp->double_data[i]; break;
         case OX_INT32: ((int32_t *)t->data)[i] = tp->int32_data[i]; break;
         case OX_BOOL: ((uint8_t *)t->data)[i] = tp->int32_data[i] != 0; break;
+        case OX_FLOAT16: case OX_INT16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
         default: ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; break;
         }
     }
@@ -436,7 +440,7 @@ sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *e
             goto done;
         }
         int32_t et = ty->tensor_type->elem_type;
-        if (sp_ox_dtype_size(et) == 0 || et == OX_DOUBLE) {
+        if (sp_ox_dtype_size(et) == 0 || et == OX_INT16) {
             errf(err, err_len, "%s: input '%.100s': element type %s not supported", path,
                  vi->name, sp_ox_dtype_name(et));
             goto done;

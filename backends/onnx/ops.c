@@ -862,6 +862,8 @@ get_num(const sp_ox_tensor_t *t, int64_t i)
     case OX_INT64: return (double)((const int64_t *)t->data)[i];
     case OX_INT32: return ((const int32_t *)t->data)[i];
     case OX_INT8: return ((const int8_t *)t->data)[i];
+    case OX_FLOAT16: return sp_ox_half_to_float(((const uint16_t *)t->data)[i]);
+    case OX_DOUBLE: return ((const double *)t->data)[i];
     default: return ((const uint8_t *)t->data)[i];
     }
 }
@@ -870,7 +872,7 @@ static int
 check_cast(sp_ox_node_t *n, char *err, size_t err_len)
 {
     int64_t to = sp_ox_attr_i(n, "to", 0);
-    if (sp_ox_dtype_size((int32_t)to) == 0 || to == OX_DOUBLE || to > 16) {
+    if (sp_ox_dtype_size((int32_t)to) == 0 || to == OX_INT16 || to > 16) {
         snprintf(err, err_len, "cast to %s (%lld) is not supported", sp_ox_dtype_name((int32_t)to), (long long)to);
         return -1;
     }
@@ -895,6 +897,8 @@ run_cast(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int n
         /* Out-of-range float to integer is undefined in C: saturate (ONNX leaves it undefined). */
         switch (to) {
         case OX_FLOAT: ((float *)out[0]->data)[i] = (float)v; break;
+        case OX_FLOAT16: ((uint16_t *)out[0]->data)[i] = sp_ox_double_to_half(v); break;
+        case OX_DOUBLE: ((double *)out[0]->data)[i] = v; break;
         case OX_BOOL: ((uint8_t *)out[0]->data)[i] = v != 0; break;
         case OX_INT64:
             ((int64_t *)out[0]->data)[i] = isnan(v) ? 0 : v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : (int64_t)v;
@@ -1207,6 +1211,8 @@ run_pad(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int ni
     case OX_FLOAT: *(float *)cbuf = (float)cval; break;
     case OX_INT64: *(int64_t *)cbuf = (int64_t)cval; break;
     case OX_INT32: *(int32_t *)cbuf = (int32_t)cval; break;
+    case OX_DOUBLE: *(double *)cbuf = cval; break;
+    case OX_FLOAT16: *(uint16_t *)cbuf = sp_ox_float_to_half((float)cval); break;
     default: cbuf[0] = (char)(int)cval; break;
     }
     int64_t total = sp_ox_numel(out[0]), idx[OX_MAX_DIMS] = {0};
@@ -1312,5 +1318,6 @@ sp_ox_op_find(const char *op_type)
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         if (strcmp(ops[i].name, op_type) == 0) return &ops[i];
     }
-    return sp_ox_nn_op_find(op_type);
+    const sp_ox_op_t *q = sp_ox_quant_op_find(op_type);
+    return q ? q : sp_ox_nn_op_find(op_type);
 }

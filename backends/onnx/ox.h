@@ -30,9 +30,11 @@ enum {
     OX_FLOAT = 1,
     OX_UINT8 = 2,
     OX_INT8 = 3,
+    OX_INT16 = 5,   /* internal: widened quantized weights (ops_quant.c, qdq.c) */
     OX_INT32 = 6,
     OX_INT64 = 7,
     OX_BOOL = 9,
+    OX_FLOAT16 = 10,
     OX_DOUBLE = 11,
 };
 
@@ -166,5 +168,45 @@ void sp_ox_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, cons
 void sp_ox_sgemm_par(int n_threads, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                   const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                   int accumulate);
+
+/* ---- quantized operators (ops_quant.c, qgemm.c, qdq.c) ---- */
+const sp_ox_op_t *sp_ox_quant_op_find(const char *op_type); /* also ops_more.c's */
+const sp_ox_op_t *sp_ox_more_op_find(const char *op_type);  /* ConvTranspose, Resize */
+float sp_ox_half_to_float(uint16_t h);
+uint16_t sp_ox_float_to_half(float f); /* round half to even; past 65504 -> inf */
+uint16_t sp_ox_double_to_half(double d); /* the same from double, rounded once */
+/* A scale (FLOAT, nonzero, finite; 1 value or ch per-axis values) and its zero point
+ * (UINT8/INT8, or INT32 when zp_int32_ok; as many values). 0, or -1 with err. */
+int sp_ox_check_qparams(const sp_ox_tensor_t *s, const sp_ox_tensor_t *z, int64_t ch, bool zp_int32_ok,
+                        char *err, size_t err_len);
+/* C[i][j] = sum_k A[i][k] B[k][j], exact int32: A int16 rows of kp (a multiple of 16) elements,
+ * B packed in panels of 16 columns (sp_ox_qpack_rows; element (k, j) of panel jb at
+ * ((jb * kp/2 + k/2) * 16 + j % 16) * 2 + k % 2). */
+size_t sp_ox_qpanel_elems(int64_t n, int64_t kp); /* int16 elements of B's panels */
+void sp_ox_qpack_rows(const int16_t *rows, int64_t n, int64_t kp, int16_t *panel); /* rows [n][kp] */
+void sp_ox_qgemm(int n_threads, int64_t m, int64_t n, int64_t kp, const int16_t *a, const int16_t *b,
+                 int32_t *c, int64_t ldc);
+const char *sp_ox_qgemm_kernel(void); /* "avx2" or "scalar": the one sp_ox_qgemm uses */
+typedef struct sp_ox_qgeom {
+    int64_t ih, iw, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+} sp_ox_qgeom_t;
+int sp_ox_qconv_geom(sp_ox_run_t *r, const sp_ox_node_t *n, const int64_t *xdims, int32_t xnd,
+                     const int64_t *wdims, sp_ox_qgeom_t *g);
+/* The float epilogue of a fused convolution: out = acc * mult[c] + bias[c] (relu). */
+typedef struct sp_ox_qepi {
+    const float *mult, *bias;
+    int relu;
+    float *out;
+} sp_ox_qepi_t;
+/* Integer convolution of x16 [batch, c, ih, iw] (zero point subtracted) with weight rows w16
+ * [m][kp]: into acc [batch, m, oh*ow] as int32, or with epi, straight into epi->out as float. */
+int sp_ox_qconv_acc(sp_ox_run_t *r, const int16_t *x16, int64_t batch, int64_t c, const int16_t *w16,
+                    int64_t m, int64_t group, int64_t kp, const sp_ox_qgeom_t *g, int32_t *acc,
+                    const sp_ox_qepi_t *epi);
+void sp_ox_dequant_row(const int32_t *acc, int64_t n, float mult, float bias, int relu, float *y);
+/* Before folding: check the constant scales and zero points of the quantized operators (load
+ * errors naming the node) and fuse QuantizeLinear->DequantizeLinear->Conv/MatMul/Gemm with
+ * DequantizeLinear'd constant weights into integer operators (qdq.c). */
+int sp_ox_qdq_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
 
 #endif /* SP_BACKENDS_ONNX_OX_H */

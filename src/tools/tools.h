@@ -26,5 +26,8 @@ int sp_cmd_pull(int argc, char **argv);
 int sp_cmd_list(int argc, char **argv);
 /* sampan rm hf://ORG/REPO[/FILE | :QUANT]: remove a repository or a file from the hub cache. */
 int sp_cmd_rm(int argc, char **argv);
+/* sampan optimize MODEL.onnx [--calib X.npy] [--eval X.npy --labels Y.npy] ...: FP16 and calibrated
+ * INT8 copies of an ONNX model (the work is in the ONNX backend plugin, loaded at run time). */
+int sp_cmd_optimize(int argc, char **argv);
 
 #endif /* SP_TOOLS_TOOLS_H */

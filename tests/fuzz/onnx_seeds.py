@@ -77,3 +77,66 @@ save("gemm_typed_fields", [
 ], [vi("x", F, ["N", 3])], [vi("y", F, ["N", 2])],
     [helper.make_tensor("w", F, [2, 3], [0.1, 0.2, 0.3, -0.1, -0.2, -0.3]),
      helper.make_tensor("c", F, [2], [1.0, -1.0])])
+
+# Quantized graphs (backends/onnx/ops_quant.c, qdq.c): the QDQ form `sampan optimize` writes
+# (fused into integer Conv/MatMul at load), QLinear operators with constant parameters (checked
+# at load), DynamicQuantizeLinear + MatMulInteger, FLOAT16 weights widened by Cast.
+U8, I8 = TensorProto.UINT8, TensorProto.INT8
+
+
+def c(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+save("qdq_conv_bn_relu", [
+    helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+    helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+    helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+    helper.make_node("Conv", ["xd", "w", "b"], ["cv"], pads=[1, 1, 1, 1]),
+    helper.make_node("BatchNormalization", ["cv", "s", "bb", "m", "v"], ["n"]),
+    helper.make_node("Relu", ["n"], ["r"]),
+    helper.make_node("Flatten", ["r"], ["f"]),
+    helper.make_node("QuantizeLinear", ["f", "fs", "fz"], ["fq"]),
+    helper.make_node("DequantizeLinear", ["fq", "fs", "fz"], ["fd"]),
+    helper.make_node("DequantizeLinear", ["mq", "ms"], ["mw"], axis=1),
+    helper.make_node("MatMul", ["fd", "mw"], ["mm"]),
+    helper.make_node("Add", ["mm", "mb"], ["y"]),
+], [vi("x", F, ["N", 2, 4, 4])], [vi("y", F, ["N", 5])],
+    [c("xs", np.float32(0.05)), c("xz", np.uint8(128)),
+     c("wq", rng.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8)), c("ws", np.full(3, 0.01, np.float32)),
+     c("wz", np.zeros(3, np.int8)), t("b", (3,)), t("s", (3,)), t("bb", (3,)), t("m", (3,)),
+     c("v", np.ones(3, np.float32)), c("fs", np.float32(0.02)), c("fz", np.int8(0)),
+     c("mq", rng.integers(-127, 128, (48, 5)).astype(np.int8)), c("ms", np.full(5, 0.01, np.float32)),
+     t("mb", (5,))])
+save("qlinear_ops", [
+    helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+    helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"], ["cq"],
+                     pads=[0, 1, 0, 1], strides=[1, 2]),
+    helper.make_node("Flatten", ["cq"], ["fq"]),
+    helper.make_node("QLinearMatMul", ["fq", "ys", "yz", "w2", "w2s", "w2z", "y2s", "y2z"], ["mq"]),
+    helper.make_node("DequantizeLinear", ["mq", "y2s", "y2z"], ["y"]),
+], [vi("x", F, ["N", 2, 3, 4])], [vi("y", F, ["N", 3])],
+    [c("xs", np.float32(0.1)), c("xz", np.uint8(10)),
+     c("w", rng.integers(0, 256, (2, 2, 2, 3)).astype(np.uint8)), c("ws", np.array([0.01, 0.02], np.float32)),
+     c("wz", np.array([120, 130], np.uint8)), c("ys", np.float32(0.5)), c("yz", np.uint8(100)),
+     c("bias", np.array([5, -5], np.int32)), c("w2", rng.integers(0, 256, (8, 3)).astype(np.uint8)),
+     c("w2s", np.float32(0.03)), c("w2z", np.uint8(127)), c("y2s", np.float32(0.2)), c("y2z", np.uint8(50))])
+save("dynquant_matmulinteger_fp16", [
+    helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+    helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+    helper.make_node("Cast", ["acc"], ["accf"], to=F),
+    helper.make_node("Cast", ["h16"], ["h"], to=F),
+    helper.make_node("Mul", ["accf", "h"], ["y"]),
+], [vi("x", F, ["N", 4])], [vi("y", F, ["N", 3])],
+    [c("w", rng.integers(0, 256, (4, 3)).astype(np.uint8)), c("wz", np.uint8(128)),
+     c("h16", rng.standard_normal(3).astype(np.float16))])
+save("convtranspose_resize", [
+    helper.make_node("ConvTranspose", ["x", "w", "b"], ["ct"], strides=[2, 2], pads=[1, 0, 1, 0],
+                     output_padding=[1, 1]),
+    helper.make_node("Resize", ["ct", "", "sc"], ["rl"], mode="linear",
+                     coordinate_transformation_mode="align_corners"),
+    helper.make_node("Resize", ["rl", "", "", "sz"], ["y"], mode="nearest",
+                     coordinate_transformation_mode="asymmetric", nearest_mode="round_prefer_ceil"),
+], [vi("x", F, [2, 2, 3, 3])], [vi("y", F, [2, 2, 5, 7])],
+    [t("w", (2, 2, 3, 3)), t("b", (2,)), c("sc", np.array([1, 1, 1.5, 0.75], np.float32)),
+     c("sz", np.array([2, 2, 5, 7], np.int64))])

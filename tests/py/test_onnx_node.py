@@ -33,6 +33,11 @@ SUPPORTED = {
     "Slice", "Gather", "Shape", "Expand", "Where", "Cast", "Constant", "Softmax", "LogSoftmax",
     "ReduceMean", "ReduceSum", "ReduceMax", "LayerNormalization", "Pad", "Conv", "MaxPool",
     "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "Gemm", "MatMul",
+    # ops_quant.c
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul",
+    "ConvInteger", "QLinearConv",
+    # ops_more.c
+    "ConvTranspose", "Resize",
 }
 TOL = 2.0 ** -13
 

@@ -1,0 +1,354 @@
+"""test_onnx_quant.py - FP16 and calibrated INT8 ONNX models (`sampan optimize`), the QDQ fusion
+into integer Conv/MatMul/Gemm, parameters.precision, and malformed quantization parameters.
+
+Real accuracy: scikit-learn's bundled digits set (1797 8x8 images, python3-sklearn), an MLP
+(64-64-10, ReLU) trained by sklearn's MLPClassifier, exported as an ONNX graph built from its
+weights with python3-onnx's helpers. 1000 images train it, 200 of those calibrate, 797 are held out.
+
+Bounds, from the arithmetic:
+- FP32 through Sampan vs the numpy forward pass: float32 sums of 64 terms, |err| <= 2^-16 (scale).
+- FP16 model: every weight w becomes w(1+d), |d| <= u = 2^-11 (FLOAT16's unit roundoff). With
+  h = relu(W1 x + b1) and z = W2 h + b2, relu being 1-Lipschitz:
+      |dh| <= u (|W1| |x| + |b1|),   |dz| <= u (|W2| |h| + |b2|) + |W2| |dh|   (first order)
+  computed per element in float64 and doubled (second-order terms and float32 rounding are far
+  smaller). Sampan's FP16 logits must also equal the numpy pass with FP16-rounded weights.
+- INT8: the fused integer MatMul must equal, within float32 rounding, the QDQ graph's own
+  meaning computed in numpy from the scales stored in model_int8.onnx (an independent reference
+  of the integer kernels and the fusion). The accuracy bound: 8-bit activations and per-channel
+  8-bit weights change each logit by well under 1% of its range on this model; a drop of more
+  than 2 points (12 of 597 images changing to wrong) would mean a broken calibration, not
+  quantization noise; top-1 agreement with FP32 must be >= 97%.
+- The scalar, AVX2 and AVX-512 VNNI integer kernels give bit-identical outputs (integer sums).
+Last line: "onnx-quant: N passed, N failed, N skipped"."""
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+from common import ROOT, Suite, binary, run
+
+s = Suite("onnx-quant")
+PLUGIN = os.path.join(os.path.dirname(binary() or os.path.join(ROOT, "build", "sampan")), "backends",
+                      "libsampan_onnx.so")
+
+
+def export_mlp(clf, path):
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    (w1, w2), (b1, b2) = clf.coefs_, clf.intercepts_
+    inits = [nh.from_array(np.asarray(a, np.float32), n) for a, n in
+             [(w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2")]]
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["m1"], name="fc1"),
+             h.make_node("Add", ["m1", "b1"], ["a1"], name="fc1_bias"),
+             h.make_node("Relu", ["a1"], ["h1"], name="relu1"),
+             h.make_node("MatMul", ["h1", "w2"], ["m2"], name="fc2"),
+             h.make_node("Add", ["m2", "b2"], ["logits"], name="fc2_bias")]
+    g = h.make_graph(nodes, "digits_mlp", [h.make_tensor_value_info("x", T.FLOAT, ["N", 64])],
+                     [h.make_tensor_value_info("logits", T.FLOAT, ["N", 10])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+
+
+def forward(x, w1, b1, w2, b2):
+    import numpy as np
+    x, w1, b1, w2, b2 = (np.asarray(a, np.float64) for a in (x, w1, b1, w2, b2))
+    hid = np.maximum(x @ w1 + b1, 0)
+    return hid @ w2 + b2, hid
+
+
+def qdq_reference(x, path):
+    """The QDQ graph's meaning in float64 numpy: x quantized with its stored scale, weights
+    dequantized per column, relu between."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper as nh
+    m = onnx.load(path)
+    t = {i.name: nh.to_array(i) for i in m.graph.initializer}
+
+    def qx(v, name):
+        sc, zp = float(t[name + "__act_scale"]), t[name + "__act_zp"]
+        lo, hi = (0, 255) if zp.dtype == np.uint8 else (-128, 127)
+        q = np.clip(np.rint(v.astype(np.float32) / np.float32(sc)) + int(zp), lo, hi)
+        return (q - int(zp)) * sc
+
+    def dqw(name):
+        return t[name + "__int8"].astype(np.float64) * t[name + "__scale"].astype(np.float64)[None, :]
+    h1 = np.maximum(qx(x, "x") @ dqw("w1") + t["b1"], 0).astype(np.float32)
+    return qx(h1, "h1") @ dqw("w2") + t["b2"]
+
+
+def main():
+    try:
+        import numpy as np
+        import onnx  # noqa: F401
+        from sklearn.datasets import load_digits
+        from sklearn.neural_network import MLPClassifier
+    except ImportError as e:
+        s.skip("onnx quantization", f"{e} (apt-get install python3-sklearn python3-onnx python3-numpy)")
+        s.finish()
+    if not binary() or not os.path.isfile(PLUGIN):
+        s.skip("onnx quantization", "build/sampan or the ONNX plugin is not built")
+        s.finish()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from onnx_plugin import BackendError, Plugin
+    import warnings
+    tmp = tempfile.mkdtemp(prefix="sampan-quant-")
+    try:
+        d = load_digits()
+        x = (d.data / 16.0).astype(np.float32)
+        y = d.target.astype(np.int64)
+        perm = np.random.default_rng(0).permutation(len(x))
+        tr, te = perm[:1000], perm[1000:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, random_state=0).fit(x[tr], y[tr])
+        ver = os.path.join(tmp, "1")
+        os.makedirs(ver)
+        model = os.path.join(ver, "model.onnx")
+        export_mlp(clf, model)
+        np.save(os.path.join(tmp, "calib.npy"), x[tr[:200]])
+        np.save(os.path.join(tmp, "test.npy"), x[te])
+        np.save(os.path.join(tmp, "labels.npy"), y[te])
+        rc, out, err = run([binary(), "optimize", model, "--calib", os.path.join(tmp, "calib.npy"),
+                            "--method", "entropy", "--eval", os.path.join(tmp, "test.npy"),
+                            "--labels", os.path.join(tmp, "labels.npy"), "--repeat", "1"])
+        s.case("sampan optimize writes both models and a report", rc == 0 and "int8:" in out and
+               re.search(r"int8\s+[\d.]+\s+[\d.]+x", out) is not None, err[-400:] or out[-400:])
+        m16 = re.search(r"(\d+) -> (\d+) bytes \((0\.\d+)x\)", out)
+        s.case("the FP16 file is about half the size", m16 is not None and float(m16.group(3)) < 0.56,
+               m16.group(0) if m16 else out[:300])
+        p = Plugin(PLUGIN)
+        w1, w2 = (np.asarray(a, np.float32) for a in clf.coefs_)
+        b1, b2 = (np.asarray(a, np.float32) for a in clf.intercepts_)
+        xt = x[te]
+        ref32, hid = forward(xt, w1, b1, w2, b2)
+
+        def logits(precision):
+            cfg = {"parameters": {"precision": {"string_value": precision}}}
+            mm = p.load(ver, config=cfg, n_threads=2)
+            try:
+                return mm.run([xt])["logits"].astype(np.float64)
+            finally:
+                mm.close()
+        z32, z16, z8 = logits("fp32"), logits("fp16"), logits("int8")
+        scale = max(1.0, float(np.abs(ref32).max()))
+        s.case("fp32 logits match numpy", np.abs(z32 - ref32).max() <= 2.0 ** -16 * scale * 64,
+               f"max diff {np.abs(z32 - ref32).max():.3g}")
+        r16 = [np.asarray(a, np.float16).astype(np.float32) for a in (w1, b1, w2, b2)]
+        ref16, _ = forward(xt, *r16)
+        s.case("fp16 logits equal the pass with FP16-rounded weights",
+               np.abs(z16 - ref16).max() <= 2.0 ** -16 * scale * 64, f"max diff {np.abs(z16 - ref16).max():.3g}")
+        u = 2.0 ** -11
+        dh = u * (np.abs(xt) @ np.abs(w1) + np.abs(b1))
+        bound = 2 * (u * (hid @ np.abs(w2) + np.abs(b2)) + dh @ np.abs(w2))
+        s.case("fp16 logits within FP16 rounding of fp32", bool((np.abs(z16 - z32) <= bound + 1e-6).all()),
+               f"worst ratio {(np.abs(z16 - z32) / (bound + 1e-12)).max():.3f}")
+        ref8 = qdq_reference(xt, os.path.join(ver, "model_int8.onnx"))
+        s.case("int8 logits equal the QDQ graph's meaning (numpy)",
+               np.abs(z8 - ref8).max() <= 2.0 ** -18 * scale * 64, f"max diff {np.abs(z8 - ref8).max():.3g}")
+        acc32 = float((z32.argmax(1) == y[te]).mean())
+        acc8 = float((z8.argmax(1) == y[te]).mean())
+        agree = float((z8.argmax(1) == z32.argmax(1)).mean())
+        print(f"digits: fp32 accuracy {acc32:.4f}, fp16 {float((z16.argmax(1) == y[te]).mean()):.4f}, "
+              f"int8 {acc8:.4f}, int8 top-1 agreement {agree:.4f}", flush=True)
+        s.case("fp32 model learned the digits", acc32 > 0.9, f"{acc32:.4f}")
+        s.case("int8 accuracy drop <= 2 points", acc32 - acc8 <= 0.02, f"{acc32:.4f} -> {acc8:.4f}")
+        s.case("int8 top-1 agreement >= 97%", agree >= 0.97, f"{agree:.4f}")
+        # the report's own numbers agree with these
+        rep = re.search(r"int8\s+[\d.]+\s+[\d.]+x\s+([\d.]+)\s+([\d.]+)", out)
+        s.case("the report's int8 accuracy is the measured one", rep is not None and
+               abs(float(rep.group(2)) - acc8) < 1e-3 and abs(float(rep.group(1)) - agree) < 1e-3,
+               rep.group(0) if rep else out[-300:])
+        # every integer kernel level (the best, AVX2, scalar): identical (integer sums). A level
+        # the CPU lacks falls back to a lower one, which still must agree.
+        for level in ["avx2", "scalar"]:
+            os.environ["SAMPAN_CPU"] = level
+            try:
+                z8s = logits("int8")
+            finally:
+                del os.environ["SAMPAN_CPU"]
+            s.case(f"int8 {level} kernel agrees exactly with the best level", np.array_equal(z8s, z8))
+        # percentile calibration works too (a different file)
+        rc, out2, err2 = run([binary(), "optimize", model, "--precision", "int8", "--calib",
+                              os.path.join(tmp, "calib.npy"), "--method", "percentile",
+                              "--percentile", "99.9", "--int8-out", os.path.join(tmp, "pct.onnx")])
+        s.case("percentile calibration", rc == 0 and os.path.isfile(os.path.join(tmp, "pct.onnx")), err2[-300:])
+        rc, _, err3 = run([binary(), "optimize", model, "--precision", "int8"])
+        s.case("int8 without --calib is a usage error", rc == 2 and "--calib" in err3, err3[-200:])
+        # bad calibration / held-out files: clear errors, exit 1
+        np.save(os.path.join(tmp, "f64.npy"), x[:10].astype(np.float64))
+        with open(os.path.join(tmp, "cut.npy"), "wb") as f:
+            f.write(open(os.path.join(tmp, "calib.npy"), "rb").read()[:300])
+        np.save(os.path.join(tmp, "narrow.npy"), x[:10, :63])
+        np.save(os.path.join(tmp, "short.npy"), y[:10])
+        for name, args, want in [
+                ("float64 calibration", ["--calib", "f64.npy"], "float32, int64 or int32"),
+                ("truncated calibration", ["--calib", "cut.npy"], "shorter than its header"),
+                ("held-out of the wrong width", ["--calib", "calib.npy", "--eval", "narrow.npy"], "cannot multiply"),
+                ("labels of another length", ["--calib", "calib.npy", "--eval", "test.npy", "--labels", "short.npy"],
+                 "one integer label per sample")]:
+            full = [a if not a.endswith(".npy") else os.path.join(tmp, a) for a in args]
+            rc, _, e = run([binary(), "optimize", model, "--precision", "int8", "--int8-out",
+                            os.path.join(tmp, "bad.onnx"), "--repeat", "1"] + full)
+            s.case(f"optimize: {name} is an error", rc == 1 and want in e, e[-300:])
+        serve(tmp, ver, xt[:5], z8[:5])
+        # precision whose file is missing, and an unknown precision: load errors
+        os.remove(os.path.join(ver, "model_fp16.onnx"))
+        for prec, want in [("fp16", "model_fp16.onnx is missing"), ("fp64", "fp32, fp16 or int8")]:
+            try:
+                p.load(ver, config={"parameters": {"precision": {"string_value": prec}}}).close()
+                s.case(f"precision {prec} refused", False, "loaded")
+            except BackendError as e:
+                s.case(f"precision {prec} refused", want in str(e), str(e))
+        qdq_conv(p, tmp)
+        bad_params(p, tmp, BackendError)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    s.finish()
+
+
+def serve(tmp, ver, x, want):
+    """Through `sampan serve`: config.json's precision int8 serves model_int8.onnx (KServe v2
+    JSON, the same logits as in-process), and fp16 without its file is UNAVAILABLE with the reason."""
+    import http.client
+    import numpy as np
+    from common import Server
+    repo = os.path.join(tmp, "repo")
+    for name, prec, files in [("digits8", "int8", ["model.onnx", "model_int8.onnx"]),
+                              ("digits16", "fp16", ["model.onnx"])]:
+        os.makedirs(os.path.join(repo, name, "1"))
+        for f in files:
+            shutil.copy(os.path.join(ver, f), os.path.join(repo, name, "1", f))
+        with open(os.path.join(repo, name, "config.json"), "w") as f:
+            json.dump({"name": name, "backend": "onnx", "max_batch_size": 16,
+                       "parameters": {"precision": {"string_value": prec}}}, f)
+    srv = Server("--model-repository", repo, model=None)
+    try:
+        def req(method, path, body=None):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            try:
+                c.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                return r.status, r.read()
+            finally:
+                c.close()
+        st, b = req("POST", "/v2/repository/index")
+        ix = {e["name"]: e for e in json.loads(b)} if st == 200 else {}
+        why = ix.get("digits16", {}).get("reason", "")
+        s.case("serve: precision fp16 without model_fp16.onnx is UNAVAILABLE, reason given",
+               ix.get("digits16", {}).get("state") == "UNAVAILABLE" and "model_fp16.onnx is missing" in why, why)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+        st, b = req("POST", "/v2/models/digits8/infer", body)
+        got = np.array(json.loads(b)["outputs"][0]["data"]).reshape(want.shape) if st == 200 else None
+        s.case("serve: precision int8 answers with the INT8 model's logits",
+               got is not None and np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max())),
+               f"status {st} {b[:200]!r}")
+        s.case("serve: the load log names the file and precision",
+               srv.wait_log(r"file=\S*model_int8\.onnx precision=int8", timeout=3.0) is not None, srv.text()[-300:])
+    finally:
+        srv.stop()
+
+
+def qdq_conv(p, tmp):
+    """A QDQ convolution of awkward sizes (20 output channels in 2 groups: partial row blocks;
+    7x9 output: partial column panels; K = 10*3*3 = 90, padded to 96), with BatchNormalization
+    and Relu fused in: equal to its QDQ meaning in float64 numpy, at every kernel level."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 20, 7, 9)).astype(np.float32)
+    wq = rng.integers(-127, 128, (20, 10, 3, 3)).astype(np.int8)
+    ws = (0.001 + 0.01 * rng.random(20)).astype(np.float32)
+    sx, zx = np.float32(0.03), np.uint8(131)
+    b = rng.standard_normal(20).astype(np.float32)
+    bn = [(1 + 0.1 * rng.standard_normal(20)).astype(np.float32), rng.standard_normal(20).astype(np.float32),
+          rng.standard_normal(20).astype(np.float32) * 0.1, (1 + rng.random(20)).astype(np.float32)]
+    nodes = [h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             h.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             h.make_node("Conv", ["xd", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=2),
+             h.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["n"]),
+             h.make_node("Relu", ["n"], ["y"])]
+    inits = [nh.from_array(a, n) for a, n in [(sx, "sx"), (zx, "zx"), (wq, "wq"), (ws, "ws"),
+                                              (np.zeros(20, np.int8), "wz"), (b, "b"), (bn[0], "g"),
+                                              (bn[1], "be"), (bn[2], "mu"), (bn[3], "var")]]
+    g = h.make_graph(nodes, "qconv", [h.make_tensor_value_info("x", T.FLOAT, ["N", 20, 7, 9])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["N", 20, 7, 9])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    d = os.path.join(tmp, "qconv")
+    os.makedirs(d)
+    onnx.save(m, os.path.join(d, "model.onnx"))
+    # numpy: the QDQ meaning in float64
+    xd = (np.clip(np.rint(x / sx) + int(zx), 0, 255) - int(zx)) * np.float64(sx)
+    wd = wq.astype(np.float64) * ws.astype(np.float64)[:, None, None, None]
+    xp = np.pad(xd, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((3, 20, 7, 9))
+    for gi in range(2):
+        for ky in range(3):
+            for kx in range(3):
+                patch = xp[:, gi * 10:(gi + 1) * 10, ky:ky + 7, kx:kx + 9]
+                ref[:, gi * 10:(gi + 1) * 10] += np.einsum("nchw,oc->nohw", patch, wd[gi * 10:(gi + 1) * 10, :, ky, kx])
+    ref += b[None, :, None, None]
+    sc = bn[0] / np.sqrt(bn[3] + 1e-5)
+    ref = np.maximum((ref - bn[2][None, :, None, None]) * sc[None, :, None, None] + bn[1][None, :, None, None], 0)
+    outs = {}
+    for level in ["", "avx2", "scalar"]:
+        if level:
+            os.environ["SAMPAN_CPU"] = level
+        try:
+            mm = p.load(d, n_threads=2)
+            outs[level or "best"] = mm.run([x])["y"].astype(np.float64)
+            log = p.log[-1]
+            mm.close()
+        finally:
+            os.environ.pop("SAMPAN_CPU", None)
+    scale = float(np.abs(ref).max())
+    diff = float(np.abs(outs["best"] - ref).max())
+    s.case("QDQ Conv+BN+Relu fused: equal to its float64 meaning", diff <= 1e-5 * scale, f"max diff {diff:.3g} of {scale:.3g}")
+    s.case("QDQ Conv fused at load (one node runs)", "run=1 " in log, log[-120:])
+    s.case("QDQ Conv: scalar, AVX2 and best kernels bit-identical",
+           np.array_equal(outs["best"], outs["avx2"]) and np.array_equal(outs["best"], outs["scalar"]))
+
+
+def bad_params(p, tmp, BackendError):
+    """Malformed scales and zero points: load errors naming the node."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    cases = [
+        ("zero scale", np.array(0.0, np.float32), np.array(0, np.uint8), "scale[0] is 0"),
+        ("scale shape", np.array([0.1, 0.2, 0.3], np.float32), np.array([0, 0, 0], np.uint8), "scales for axis"),
+        ("zero point shape", np.array(0.1, np.float32), np.array([0, 0], np.uint8), "zero point of 2 values"),
+        ("zero point type", np.array(0.1, np.float32), np.array(0, np.int64), "zero point of type INT64"),
+        ("scale type", np.array(1, np.int64), np.array(0, np.uint8), "scale of type INT64"),
+    ]
+    for name, sc, zp, want in cases:
+        d = os.path.join(tmp, "bad", name.replace(" ", "_"))
+        os.makedirs(d)
+        w = nh.from_array(np.ones((2, 4), np.float32), "w")
+        nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant_x"),
+                 h.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dequant_x"),
+                 h.make_node("MatMul", ["dq", "w"], ["y"], name="mm")]
+        g = h.make_graph(nodes, "bad", [h.make_tensor_value_info("x", T.FLOAT, ["N", 2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["N", 4])],
+                         [w, nh.from_array(sc, "s"), nh.from_array(zp, "z")])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        m.ir_version = 8
+        onnx.save(m, os.path.join(d, "model.onnx"))
+        try:
+            p.load(d).close()
+            s.case(f"malformed {name}: load error", False, "loaded")
+        except BackendError as e:
+            s.case(f"malformed {name}: load error", want in str(e) and "quant_x" in str(e), str(e))
+
+
+if __name__ == "__main__":
+    main()
