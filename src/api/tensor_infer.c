@@ -722,12 +722,18 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
 
 /* ------------------------------------------------------------------ metadata */
 
+/* image: which tensors are image inputs (BYTES [-1, 1] to the client), or NULL. */
 static void
-tensor_list(sp_jbuf_t *b, const sp_backend_tensor_desc_t *d, int32_t n, int32_t max_batch)
+tensor_list(sp_jbuf_t *b, const sp_backend_tensor_desc_t *d, int32_t n, int32_t max_batch,
+            const bool *image)
 {
     for (int32_t i = 0; i < n; i++) {
         sp_jbuf_lit(b, i ? ",{\"name\":" : "{\"name\":");
         sp_jbuf_cstr(b, d[i].name);
+        if (image != NULL && image[i]) {
+            sp_jbuf_lit(b, ",\"datatype\":\"BYTES\",\"shape\":[-1,1]}");
+            continue;
+        }
         sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[", sp_batcher_btype_name(d[i].dtype));
         int w = 0;
         if (max_batch > 0) {
@@ -753,9 +759,10 @@ sp_tensor_infer_metadata(sp_http_req_t *r, const sp_served_model_t *m)
     sp_jbuf_lit(&b, "],\"platform\":");
     sp_jbuf_cstr(&b, m->be->name);
     sp_jbuf_lit(&b, ",\"inputs\":[");
-    tensor_list(&b, m->be_info.inputs, m->be_info.n_inputs, m->max_batch_size);
+    tensor_list(&b, m->be_info.inputs, m->be_info.n_inputs, m->max_batch_size,
+                m->io ? m->io->has_image : NULL);
     sp_jbuf_lit(&b, "],\"outputs\":[");
-    tensor_list(&b, m->be_info.outputs, m->be_info.n_outputs, m->max_batch_size);
+    tensor_list(&b, m->be_info.outputs, m->be_info.n_outputs, m->max_batch_size, NULL);
     sp_jbuf_lit(&b, "]}");
     if (b.oom) {
         sp_api_error_kserve(r, 500, "out of memory while writing the response");

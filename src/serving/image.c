@@ -54,6 +54,53 @@ sp_img_sniff(const void *buf, size_t len)
     return NULL;
 }
 
+static int
+b64_val(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62; /* standard or URL-safe alphabet */
+    if (c == '/' || c == '_') return 63;
+    return -1;
+}
+
+sp_status_t
+sp_img_b64_decode(const char *in, size_t len, uint8_t **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    while (len > 0 && in[len - 1] == '=') {
+        len--;
+    }
+    if (len % 4 == 1) {
+        return SP_ERR_INVALID;
+    }
+    uint8_t *o = sp_malloc(len / 4 * 3 + 3);
+    if (o == NULL) {
+        return SP_ERR_NOMEM;
+    }
+    size_t n = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < len; i++) {
+        int v = b64_val((unsigned char)in[i]);
+        if (v < 0) {
+            sp_free(o);
+            return SP_ERR_INVALID;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            o[n++] = (uint8_t)(acc >> bits);
+        }
+    }
+    *out = o;
+    *out_len = n;
+    return SP_OK;
+}
+
 /* The area bound, before a pixel buffer is allocated. */
 static sp_status_t
 check_dims(const char *kind, uint64_t w, uint64_t h, const sp_img_spec_t *s, char *err,
@@ -318,8 +365,20 @@ sp_img_decode(const void *buf, size_t len, const sp_img_spec_t *s, uint8_t **pix
     const char *kind = sp_img_sniff(buf, len);
     sp_status_t st;
     if (kind == NULL) {
+        /* JSON tensors carry bytes as strings: base64 of an image (a raw JPEG
+         * or PNG cannot be a JSON string, its first byte is not UTF-8). */
+        uint8_t *raw;
+        size_t n;
+        if (len > 0 && sp_img_b64_decode(buf, len, &raw, &n) == SP_OK) {
+            if (sp_img_sniff(raw, n) != NULL) {
+                st = sp_img_decode(raw, n, s, pix, w, h, err, err_len);
+                sp_free(raw);
+                return st;
+            }
+            sp_free(raw);
+        }
         return sp_errf(err, err_len, SP_ERR_INVALID,
-                       "not a JPEG or PNG image (%zu bytes without either signature)", len);
+                       "not a JPEG or PNG image, nor base64 of one (%zu bytes)", len);
     } else if (kind[0] == 'j') {
         st = decode_jpeg(buf, len, s, pix, w, h, err, err_len);
     } else {

@@ -68,8 +68,13 @@ int sp_img_channels(const sp_img_spec_t *s);
 /* The kind of data in buf: "jpeg", "png" or NULL (neither). */
 const char *sp_img_sniff(const void *buf, size_t len);
 
+/* Base64 (standard or URL-safe alphabet, padding optional) into *out
+ * (sp_free). SP_ERR_INVALID for any other character. */
+sp_status_t sp_img_b64_decode(const char *in, size_t len, uint8_t **out, size_t *out_len);
+
 /*
- * Decode buf (JPEG or PNG, by its signature) into 8-bit pixels in the
+ * Decode buf (JPEG or PNG, by its signature, or base64 text of one: JSON
+ * tensors carry BYTES as strings) into 8-bit pixels in the
  * spec's colour (interleaved, sp_img_channels of them per pixel): *pix
  * (sp_free), *w, *h. SP_ERR_INVALID with err saying why (not an image, a
  * truncated or corrupt file, too large), SP_ERR_NOMEM. Never longjmps out.
