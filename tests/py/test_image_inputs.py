@@ -221,6 +221,17 @@ def main():
                    meta.get("inputs") == [{"name": "image", "datatype": "BYTES", "shape": [-1, 1]}],
                    str(meta))
 
+            st, b = req(srv, "GET", "/v2/models/crop/config")
+            cfg = json.loads(b) if st == 200 else {}
+            pre = cfg.get("parameters", {}).get("image_preprocess.image", {}).get("string_value", "")
+            s.case("Triton's config view carries preprocess as the image_preprocess.NAME parameter",
+                   st == 200 and cfg["input"][0].get("format") == "FORMAT_NHWC" and
+                   json.loads(pre or "{}").get("shorter_side") == 20, f"{st} {str(cfg)[:400]}")
+            st, b = req(srv, "GET", "/v2/models/avg/config")
+            cfg = json.loads(b) if st == 200 else {}
+            s.case("label_filename in the config view",
+                   st == 200 and cfg["output"][0].get("label_filename") == "labels.txt", f"{st}")
+
             tol = 1e-4
             lvl = 1.0 / 255 / min(STD) * 1.01  # one 8-bit level after normalisation
             # PNG, RGB, stretch (not square: both axes resample), JSON base64, batch of 2.
