@@ -189,6 +189,85 @@ jerr_output(j_common_ptr ci)
     (void)ci; /* never to stderr */
 }
 
+/* EXIF orientation (tag 0x0112 of IFD0 in an APP1 "Exif" marker): 1..8, or
+ * 1 when absent or unreadable. Every offset is checked against the marker. */
+static int
+exif_orientation(j_decompress_ptr ci)
+{
+    for (jpeg_saved_marker_ptr mk = ci->marker_list; mk != NULL; mk = mk->next) {
+        const unsigned char *p = mk->data;
+        size_t n = mk->data_length;
+        if (mk->marker != JPEG_APP0 + 1 || n < 14 || memcmp(p, "Exif\0\0", 6) != 0) {
+            continue;
+        }
+        p += 6;
+        n -= 6;
+        bool le = p[0] == 'I' && p[1] == 'I';
+        if (!le && !(p[0] == 'M' && p[1] == 'M')) {
+            return 1;
+        }
+#define RD16(q) (le ? (unsigned)(q)[0] | (unsigned)(q)[1] << 8 : (unsigned)(q)[0] << 8 | (unsigned)(q)[1])
+#define RD32(q) (le ? (uint32_t)RD16(q) | (uint32_t)RD16((q) + 2) << 16 \
+                    : (uint32_t)RD16(q) << 16 | (uint32_t)RD16((q) + 2))
+        uint32_t ifd = RD32(p + 4);
+        if (ifd > n - 2) {
+            return 1;
+        }
+        unsigned count = RD16(p + ifd);
+        for (unsigned e = 0; e < count; e++) {
+            size_t at = (size_t)ifd + 2 + (size_t)e * 12;
+            if (at + 12 > n) {
+                return 1;
+            }
+            if (RD16(p + at) == 0x0112 && RD16(p + at + 2) == 3) {
+                unsigned v = RD16(p + at + 8);
+                return v >= 1 && v <= 8 ? (int)v : 1;
+            }
+        }
+#undef RD16
+#undef RD32
+        return 1;
+    }
+    return 1;
+}
+
+/* The picture as EXIF orientation o says it is to be shown (OpenCV and
+ * browsers do the same): a new buffer for o in 2..8 (sides swapped for
+ * 5..8), *pix replaced; false when memory ran out. */
+static bool
+apply_orientation(uint8_t **pix, int *w, int *h, int o)
+{
+    if (o <= 1) {
+        return true;
+    }
+    const int sw = *w, sh = *h;
+    const int dw = o >= 5 ? sh : sw, dh = o >= 5 ? sw : sh;
+    uint8_t *src = *pix, *dst = sp_malloc((size_t)sw * sh * 3);
+    if (dst == NULL) {
+        return false;
+    }
+    for (int y = 0; y < dh; y++) {
+        for (int x = 0; x < dw; x++) {
+            int sx, sy;
+            switch (o) {
+            case 2: sx = sw - 1 - x; sy = y; break;
+            case 3: sx = sw - 1 - x; sy = sh - 1 - y; break;
+            case 4: sx = x; sy = sh - 1 - y; break;
+            case 5: sx = y; sy = x; break;
+            case 6: sx = y; sy = sh - 1 - x; break;
+            case 7: sx = sw - 1 - y; sy = sh - 1 - x; break;
+            default: sx = sw - 1 - y; sy = x; break; /* 8 */
+            }
+            memcpy(dst + ((size_t)y * dw + x) * 3, src + ((size_t)sy * sw + sx) * 3, 3);
+        }
+    }
+    sp_free(src);
+    *pix = dst;
+    *w = dw;
+    *h = dh;
+    return true;
+}
+
 static sp_status_t
 decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_t **pix, int *w,
             int *h, char *err, size_t err_len)
@@ -211,7 +290,9 @@ decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_
     struct jpeg_progress_mgr prog = {.progress_monitor = jpeg_progress};
     ci.progress = &prog;
     jpeg_mem_src(&ci, buf, (unsigned long)len);
+    jpeg_save_markers(&ci, JPEG_APP0 + 1, 0xFFFF); /* EXIF, for the orientation */
     jpeg_read_header(&ci, TRUE);
+    const int orient = exif_orientation(&ci); /* the markers live until finish_decompress */
     sp_status_t st = check_dims("jpeg", ci.image_width, ci.image_height, s, err, err_len);
     if (st == SP_OK && ci.jpeg_color_space != JCS_GRAYSCALE && ci.jpeg_color_space != JCS_YCbCr &&
         ci.jpeg_color_space != JCS_RGB) {
@@ -242,6 +323,11 @@ decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_
     *h = (int)ci.output_height;
     jpeg_destroy_decompress(&ci);
     *pix = out;
+    if (!apply_orientation(pix, w, h, orient)) {
+        sp_free(*pix);
+        *pix = NULL;
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory rotating a jpeg");
+    }
     return SP_OK;
 }
 

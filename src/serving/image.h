@@ -8,7 +8,9 @@
  * pipeline, per image:
  *   1. decode (libjpeg-turbo, libpng) to 8-bit RGB; alpha is dropped, a
  *      palette expanded, 16-bit samples scaled to 8 bits with rounding
- *      (v * 255 / 65535), grey replicated. Bounded before any pixel buffer
+ *      (v * 255 / 65535), grey replicated; a JPEG's EXIF orientation applied
+ *      (rotated or mirrored as cameras tag it, as OpenCV and browsers show
+ *      it). Bounded before any pixel buffer
  *      is allocated: max_bytes of encoded data, max_pixels of decoded area.
  *      A corrupt, truncated (libjpeg's "premature end" warning included) or
  *      unsupported file is an error with the reason; libjpeg's and libpng's

@@ -156,6 +156,14 @@ def image_input(fmt, dims, **pre):
             "preprocess": {"image": pre}}
 
 
+def with_exif_orientation(jpg, o):
+    """The JPEG with an APP1 EXIF marker (big-endian TIFF) whose IFD0 says orientation o."""
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + struct.pack(">H", 1) + \
+        struct.pack(">HHIHH", 0x0112, 3, 1, o, 0) + struct.pack(">I", 0)
+    app1 = b"Exif\x00\x00" + tiff
+    return jpg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpg[2:]
+
+
 def png_bomb():
     """A valid 1x1 PNG whose IHDR claims 60000 x 60000 pixels (3.6 gigapixels, 70 bytes)."""
     b = bytearray(png(__import__("numpy").zeros((1, 1, 3), dtype="uint8")))
@@ -275,6 +283,15 @@ def main():
             got, _ = out_of(b) if st == 200 else (None, None)
             ok, d = close(got, reference(dec)[None], lvl)
             s.case("JPEG matches OpenCV's decode through the NumPy pipeline", ok, f"status {st} {d}")
+            for o in (3, 6, 8):
+                jo = with_exif_orientation(jpg, o)
+                deco = cv2.imdecode(np.frombuffer(jo, np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1]
+                st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([jo]))
+                got, _ = out_of(b) if st == 200 else (None, None)
+                ok, d = close(got, reference(deco)[None], lvl)
+                s.case(f"JPEG with EXIF orientation {o}: turned as OpenCV turns it",
+                       ok and deco.shape[:2] == (smooth.shape[:2] if o == 3 else smooth.shape[1::-1]),
+                       f"status {st} {d}")
 
             # Shorter side + centre crop, BGR, NHWC, raw scale with mean/std in 0..255 units.
             c = rng.integers(0, 256, (30, 45, 3), dtype=np.uint8)
