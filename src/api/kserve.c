@@ -944,7 +944,7 @@ static void
 h_server_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     static const char body[] = "{\"name\":\"sampan\",\"version\":\"" SAMPAN_VERSION "\","
-                               "\"extensions\":[\"binary_tensor_data\",\"parameters\",\"generate\",\"schedule_policy\",\"statistics\"]}";
+                               "\"extensions\":[\"binary_tensor_data\",\"classification\",\"parameters\",\"generate\",\"schedule_policy\",\"statistics\"]}";
     sp_http_respond(r, 200, "application/json", body, sizeof body - 1);
 }
 
