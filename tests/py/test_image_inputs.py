@@ -23,7 +23,9 @@ import tempfile
 import threading
 import zlib
 
-from common import Server, Suite, binary
+import base64
+
+from common import Server, Suite, binary, free_port, grpc_client, have_grpc_client
 
 s = Suite("image-inputs")
 PLUGINS = os.path.join(os.path.dirname(binary() or ""), "backends")
@@ -213,7 +215,8 @@ def main():
         write_model(repo, "badcfg", {
             "max_batch_size": 4, "input": [image_input("FORMAT_NCHW", [3, H, W], color="GRAY")]},
             build_echo, 3, H, W, True)
-        srv = Server("--model-repository", repo, model=None)
+        gport = free_port()
+        srv = Server("--model-repository", repo, "--grpc-port", str(gport), model=None)
         try:
             st, b = req(srv, "POST", "/v2/repository/index")
             ix = {e["name"]: e for e in json.loads(b)} if st == 200 else {}
@@ -337,6 +340,26 @@ def main():
             st, b = req(srv, "POST", "/v2/models/avg/infer", infer_json(
                 [png(imgs[0])], outputs=[{"name": "scores", "parameters": {"classification": 0}}]))
             s.case("classification 0 is a 400", st == 400 and b"classification" in b, b[:200])
+
+            # The same over gRPC: the image as bytes_contents, classification as an int64_param.
+            if not have_grpc_client():
+                s.skip("gRPC: image in, classification out", "node or @grpc/grpc-js missing (npm ci in tests/node)")
+            else:
+                rq = {"model_name": "avg", "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1],
+                                                       "contents": {"bytes_contents": [base64.b64encode(png(imgs[1])).decode()]}}],
+                      "outputs": [{"name": "scores", "parameters": {"classification": {"int64_param": 2}}}]}
+                r = grpc_client(gport, [{"method": "ModelInfer", "request": rq}])[0]
+                raw = base64.b64decode((r.get("response", {}).get("raw_output_contents") or [""])[0])
+                els, off = [], 0
+                while off + 4 <= len(raw):
+                    n = struct.unpack_from("<I", raw, off)[0]
+                    els.append(raw[off + 4:off + 4 + n].decode())
+                    off += 4 + n
+                m = imgs[1].reshape(-1, 3).astype(np.float64).mean(0)
+                want = np.argsort(-m, kind="stable")[:2]
+                s.case("gRPC: image in, classification out ('value:index:label')",
+                       r.get("code") == 0 and [e.split(":")[1:] for e in els] ==
+                       [[str(i), labels[i]] for i in want], f"{str(r)[:300]} {els}")
 
             # The dynamic batcher merges decoded images (preferred size 4, long delay).
             res = [None] * 4
