@@ -406,7 +406,7 @@ decode_png(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_t
     if (depth == 16) {
         png_set_scale_16(png);
     }
-    if (ctype & PNG_COLOR_MASK_ALPHA) {
+    if ((ctype & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS)) {
         png_set_strip_alpha(png);
     }
     if (!(ctype & PNG_COLOR_MASK_COLOR)) {
@@ -414,8 +414,11 @@ decode_png(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_t
     }
     png_set_interlace_handling(png);
     png_read_update_info(png, info);
+    /* 3 channels, or 4 where libpng's expansion made an alpha channel of a
+     * tRNS chunk after the strip was decided: dropped below. */
     size_t stride = png_get_rowbytes(png, info);
-    if (stride != (size_t)pw * 3) {
+    int chans = png_get_channels(png, info);
+    if ((chans != 3 && chans != 4) || stride != (size_t)pw * (size_t)chans) {
         png_error(png, "unexpected row layout after conversion");
     }
     out = sp_malloc(stride * ph);
@@ -431,6 +434,11 @@ decode_png(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_t
     png_read_end(png, NULL);
     png_destroy_read_struct(&png, &info, NULL);
     sp_free(rows);
+    if (chans == 4) {
+        for (size_t i = 0; i < (size_t)pw * ph; i++) {
+            memmove(out + 3 * i, out + 4 * i, 3);
+        }
+    }
     *pix = out;
     *w = (int)pw;
     *h = (int)ph;

@@ -3,7 +3,8 @@
  * resize/normalise step of image inputs (src/serving/image.c).
  *
  * Seeds: tests/fuzz/corpus/image (small JPEGs - baseline, progressive, grey -
- * and PNGs - RGB, RGBA, grey, 1-bit grey, palette, 16-bit - written by
+ * and PNGs - RGB, RGBA, grey, grey+alpha, 1-bit grey, palette with and
+ * without tRNS, 16-bit - written by
  * tests/fuzz/image_seeds.py). Input: byte 0 picks the
  * spec (bits 0-1 colour, bit 2 layout, bit 3 resize mode, bits 4-7 the
  * output side 1..16); the rest is the encoded image, copied into an

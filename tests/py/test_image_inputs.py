@@ -166,6 +166,17 @@ def with_exif_orientation(jpg, o):
     return jpg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpg[2:]
 
 
+def png_palette_trns(idx, plte, trns):
+    """A palette PNG with a tRNS chunk, written by hand (OpenCV writes no palettes)."""
+    def chunk(k, b):
+        return struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b) & 0xFFFFFFFF)
+    h, w = idx.shape
+    raw = b"".join(b"\0" + bytes(r) for r in idx.astype("uint8"))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 3, 0, 0, 0))
+            + chunk(b"PLTE", bytes(plte.astype("uint8").ravel())) + chunk(b"tRNS", bytes(trns))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
 def png_bomb():
     """A valid 1x1 PNG whose IHDR claims 60000 x 60000 pixels (3.6 gigapixels, 70 bytes)."""
     b = bytearray(png(__import__("numpy").zeros((1, 1, 3), dtype="uint8")))
@@ -271,6 +282,13 @@ def main():
             got, _ = out_of(b) if st == 200 else (None, None)
             ok, d = close(got, reference(np.repeat(g[:, :, None], 3, 2))[None], tol)
             s.case("grey PNG into an RGB model: replicated", ok, f"status {st} {d}")
+            plte = rng.integers(0, 256, (8, 3), dtype=np.uint8)
+            idx = rng.integers(0, 8, (14, 21))
+            st, b = req(srv, "POST", "/v2/models/echo/infer",
+                        infer_json([png_palette_trns(idx, plte, [0, 64, 128])]))
+            got, _ = out_of(b) if st == 200 else (None, None)
+            ok, d = close(got, reference(plte[idx])[None], tol)
+            s.case("palette PNG with tRNS: expanded, alpha dropped", ok, f"status {st} {d}")
             p16 = rng.integers(0, 65536, (17, 19, 3), dtype=np.uint16)
             st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([png(p16)]))
             got, _ = out_of(b) if st == 200 else (None, None)
