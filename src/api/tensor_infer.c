@@ -48,7 +48,7 @@ typedef struct tq {
     /* filled by the batcher's callback */
     sp_status_t status;
     sp_batch_reason_t reason;
-    char message[256];
+    char message[512];
     int32_t n_out;
     sp_backend_tensor_t out[SP_BACKEND_MAX_TENSORS];
     char out_names[SP_BACKEND_MAX_TENSORS][64];
