@@ -9,8 +9,17 @@
  * mailbox (sp_mailbox_post), so the loop never waits for a backend; a client
  * that goes away meanwhile is simply not answered.
  *
+ * A model with image inputs (serving/tensor_model.h's sp_tensor_io_t) takes
+ * encoded JPEG/PNG files there: the request is checked on the loop, then a
+ * preparation worker (the server's workq) decodes them into the FP32 tensor
+ * the backend takes (serving/image.h) and submits to the batcher itself; a
+ * picture it cannot decode comes back through the mailbox as a 400. Outputs
+ * asked with parameters.classification become Triton's "value:index:label"
+ * BYTES (classify()).
+ *
  * Threads: sp_tensor_infer and the answer run on the request's loop thread;
- * on_done runs on a batcher worker and only copies the result and posts it.
+ * prep_images on a preparation worker; on_done runs on a batcher worker and
+ * only copies the result and posts it.
  * Memory: one tq_t per request, owned by the request until it is submitted,
  * then by the batcher's callback, freed on the loop after the answer (or
  * after the client left).
