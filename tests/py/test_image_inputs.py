@@ -45,9 +45,9 @@ def req(srv, method, path, body=None, headers=None):
         c.close()
 
 
-def build_echo(path, c, h, w, nchw):
+def build_echo(path, c, h, w, nchw, batch=True):
     from onnx import TensorProto, helper, save
-    shape = ["N", c, h, w] if nchw else ["N", h, w, c]
+    shape = (["N"] if batch else []) + ([c, h, w] if nchw else [h, w, c])
     g = helper.make_graph([helper.make_node("Identity", ["image"], ["out"])], "echo",
                           [helper.make_tensor_value_info("image", TensorProto.FLOAT, shape)],
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)])
@@ -226,6 +226,13 @@ def main():
         write_model(repo, "badcfg", {
             "max_batch_size": 4, "input": [image_input("FORMAT_NCHW", [3, H, W], color="GRAY")]},
             build_echo, 3, H, W, True)
+        write_model(repo, "nobatch", {
+            "max_batch_size": 0, "input": [image_input("FORMAT_NCHW", [3, H, W])]},
+            build_echo, 3, H, W, True, False)
+        write_model(repo, "nolabels", {
+            "max_batch_size": 4, "input": [image_input("FORMAT_NCHW", [3, H, W])],
+            "output": [{"name": "scores", "data_type": "TYPE_FP32", "dims": [3],
+                        "label_filename": "missing.txt"}]}, build_avg)
         gport = free_port()
         srv = Server("--model-repository", repo, "--grpc-port", str(gport), model=None)
         try:
@@ -237,6 +244,12 @@ def main():
             s.case("GRAY with 3 channels in dims is a load error naming the field",
                    ix.get("badcfg", {}).get("state") == "UNAVAILABLE" and
                    "input[0].preprocess.image" in why and "channel" in why, why)
+            why = ix.get("nobatch", {}).get("reason", "")
+            s.case("an image input without a batch dimension is a load error",
+                   ix.get("nobatch", {}).get("state") == "UNAVAILABLE" and "max_batch_size" in why, why)
+            why = ix.get("nolabels", {}).get("reason", "")
+            s.case("a missing label_filename is a load error naming it",
+                   ix.get("nolabels", {}).get("state") == "UNAVAILABLE" and "missing.txt" in why, why)
             st, b = req(srv, "GET", "/v2/models/echo")
             meta = json.loads(b) if st == 200 else {}
             s.case("metadata: the image input is BYTES [-1, 1]",
