@@ -707,12 +707,20 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
         if (images) {
             /* Decoding is CPU work of milliseconds: a preparation worker does it
              * and submits; the answer comes back through the mailbox. */
-            st = sp_workq_submit(s->prep, prep_images, q);
+            st = s->prep ? sp_workq_submit(s->prep, prep_images, q) : SP_OK;
             if (st == SP_OK) {
+                if (s->prep == NULL) { /* a server without preparation workers: here */
+                    prep_images(q);
+                }
                 sp_http_req_on_abort(r, on_abort, q);
                 return;
             }
-            snprintf(err, sizeof err, "the image decoding queue is full");
+            if (st == SP_ERR_BUSY) {
+                snprintf(err, sizeof err, "too many images are being decoded; retry later");
+            } else {
+                st = SP_ERR_SHUTDOWN;
+                snprintf(err, sizeof err, "the server is stopping");
+            }
         } else {
             st = sp_batcher_submit(m->batcher, it, err, sizeof err);
         }
