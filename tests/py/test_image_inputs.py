@@ -21,6 +21,7 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 import zlib
 
 import base64
@@ -437,6 +438,11 @@ def main():
             s.case("[1, 2] BYTES: 400 on the shape", st == 400 and b"shape" in b, f"{st} {b[:300]}")
             st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([png(a)]))
             s.case("still serving after the bad inputs", st == 200, f"{st}")
+            rc = srv.stop()
+            time.sleep(0.3)  # the stderr reader's last lines (a report comes before the exit)
+            san = [l for l in srv.log if "Sanitizer" in l or "runtime error" in l]
+            s.case("the server exits 0 on SIGTERM with no sanitizer report (ASan builds: no leak)",
+                   rc == 0 and not san, f"rc {rc} {''.join(san[:5])[:600]}")
         finally:
             srv.stop()
     finally:
