@@ -546,7 +546,8 @@ refuse(tq_t *q, sp_status_t st, const char *msg)
 }
 
 /* Floats of one decoded image input: its rows times C * H * W, bounded so
- * that a batch of large images cannot ask for unbounded memory. */
+ * that a batch of large images cannot ask for unbounded memory (one image
+ * is always allowed: its size is the model's, bounded by the config). */
 #define IMAGE_MAX_FLOATS ((int64_t)1 << 28) /* 1 GiB of FP32 per input per request */
 
 /*
@@ -571,7 +572,7 @@ prep_images(void *arg)
         const sp_img_spec_t *spec = &io->image[i];
         const sp_tensor_t *t = sp_tensor_req_input(&q->ir, m->be_info.inputs[i].name);
         int64_t C = sp_img_channels(spec), per = C * spec->height * spec->width;
-        if (t->n < 1 || t->n > IMAGE_MAX_FLOATS / per) {
+        if (t->n < 1 || (t->n > 1 && t->n > IMAGE_MAX_FLOATS / per)) { /* one always fits */
             st = sp_errf(err, sizeof err, SP_ERR_INVALID,
                          "inputs '%s': %lld images of %dx%d are more than one request may decode",
                          t->name, (long long)t->n, (int)spec->width, (int)spec->height);
