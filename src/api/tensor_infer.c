@@ -447,6 +447,12 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
                 return sp_errf(err, err_len, SP_ERR_INVALID,
                                "inputs '%s'.shape: images are [batch] or [batch, 1] BYTES", t->name);
             }
+            if (t->shape[0] < 1 || t->shape[0] > q->a.m->max_batch_size) {
+                /* before decoding any of them */
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "inputs '%s'.shape: %lld images, the model takes 1 to %d per request",
+                               t->name, (long long)t->shape[0], (int)q->a.m->max_batch_size);
+            }
         } else if ((int)t->dtype != (int)info->inputs[i].dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.datatype: the model takes %s, got %s",
                            t->name, sp_batcher_btype_name(info->inputs[i].dtype), sp_tensor_dtype_name(t->dtype));

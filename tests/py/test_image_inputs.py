@@ -429,6 +429,8 @@ def main():
             st, b = req(srv, "POST", "/v2/models/gray/infer", infer_json([png(big)]))
             s.case("an image over the model's max_bytes: 400", st == 400 and b"max_bytes" in b,
                    f"{st} {b[:300]}")
+            st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([png(a)] * 9))
+            s.case("9 images for max_batch_size 8: 400", st == 400 and b"image" in b, f"{st} {b[:300]}")
             x = np.zeros((1, 3, H, W), dtype=np.float32)
             st, b = req(srv, "POST", "/v2/models/echo/infer", {"inputs": [{
                 "name": "image", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]})
