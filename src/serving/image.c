@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 #include <png.h>
 
 #include "core/alloc.h"
@@ -156,15 +157,24 @@ jerr_exit(j_common_ptr ci)
     longjmp(e->jb, 1);
 }
 
-/* Warnings (level -1: corrupt data, premature end of file) are errors here:
- * libjpeg would fill the rest of the picture with grey and carry on, and a
- * model would classify the grey. Trace messages (level >= 0) are ignored. */
+/* Warnings (level -1) are errors here: a bad Huffman code, a premature end
+ * of file or a lost restart marker leave libjpeg filling the rest with grey,
+ * and stray bytes between markers are how a damaged file usually shows (a
+ * zeroed stretch of tables decodes "fine" into noise); a model would classify
+ * the grey or the noise. Only the two notes that say nothing about the data
+ * (a newer JFIF version, an Adobe transform flag) pass. Trace messages
+ * (level >= 0) are ignored. */
 static void
 jerr_emit(j_common_ptr ci, int level)
 {
-    if (level < 0) {
-        jerr_exit(ci);
+    if (level >= 0) {
+        return;
     }
+    int code = ci->err->msg_code;
+    if (code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM) {
+        return;
+    }
+    jerr_exit(ci);
 }
 
 /* A progressive JPEG may hold thousands of tiny scans, each a full pass over
