@@ -47,7 +47,7 @@ CPPFLAGS = -Iinclude -Isrc -D_GNU_SOURCE
 CFLAGS   = -std=c11 $(OPT) $(WARN) $(SANFLAGS) -pthread -fvisibility=hidden
 LDFLAGS  = $(SANFLAGS) -pthread
 LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl -lcrypto -lm \
-           -lnghttp2 -lprotobuf-c -lcurl -lyaml -lxml2
+           -lnghttp2 -lprotobuf-c -lcurl -lyaml -lxml2 -ljpeg -lpng16
 
 # Per-ISA flags: only these files may use the instructions, the dispatcher
 # decides at run time whether they are called.

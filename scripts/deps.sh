@@ -14,6 +14,9 @@ need+=(libcurl4-openssl-dev)
 need+=(libyaml-dev)
 # S3 model repositories (src/serving/s3repo.c): the store's XML listings.
 need+=(libxml2-dev)
+# Image inputs of tensor models (src/serving/image.c): JPEG (libjpeg-dev: libjpeg-turbo on Debian
+# and Ubuntu) and PNG decoding.
+need+=(libjpeg-dev libpng-dev)
 if [ "${1:-}" = "--test" ]; then
     need+=(clang)
     # tests/py/test_chat_templates.py: the reference renderer of chat templates.

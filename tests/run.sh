@@ -83,7 +83,9 @@ fi
 
 # test_hf_hub.py: the hub client against a hostile stand-in; test_onnx_server.py: the ONNX
 # plugin (ASan build) parsing files and requests in the server.
-SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py test_hf_hub.py test_onnx_server.py)
+# test_image_inputs.py: the JPEG and PNG decoders fed truncated, corrupt and oversized images.
+SAN_SUITES=(test_bad_inputs.py test_http_security.py test_liveness.py test_hf_hub.py test_onnx_server.py
+            test_image_inputs.py)
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
     echo "== build (ASan+UBSan)"
     make -j"$JOBS" SANITIZER=1 unit >"$log/build-san.txt" 2>&1 || { cat "$log/build-san.txt"; echo "total: 0 passed, 1 failed"; exit 1; }

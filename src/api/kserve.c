@@ -944,7 +944,7 @@ static void
 h_server_meta(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
 {
     static const char body[] = "{\"name\":\"sampan\",\"version\":\"" SAMPAN_VERSION "\","
-                               "\"extensions\":[\"binary_tensor_data\",\"parameters\",\"generate\",\"schedule_policy\",\"statistics\"]}";
+                               "\"extensions\":[\"binary_tensor_data\",\"classification\",\"parameters\",\"generate\",\"schedule_policy\",\"statistics\"]}";
     sp_http_respond(r, 200, "application/json", body, sizeof body - 1);
 }
 
@@ -1184,6 +1184,11 @@ h_infer(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
     gvals_t gv;
     memset(&gv, 0, sizeof gv);
     const sp_model_t *mm = m->model;
+    if (sp_tensor_req_no_classification(&q->ir, err, sizeof err) != SP_OK) {
+        sp_api_error_kserve(r, 400, "%s", err);
+        sp_api_finish(&q->a);
+        return;
+    }
     if (sp_model_is_encoder(mm)) {
         /* An encoder: text_input in, the output "embedding"; nothing to generate. */
         const sp_pooling_t pool = sp_model_pooling(mm);

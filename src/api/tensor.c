@@ -847,6 +847,18 @@ parse_full(const char *body, size_t len, size_t json_len, bool have_header, int 
                 }
                 ro->binary = json_is_true(bd) ? 1 : 0;
             }
+            /* Triton's classification extension: the top K entries instead of the tensor. */
+            const json_t *cl = op ? json_object_get(op, "classification") : NULL;
+            if (cl && !json_is_null(cl)) {
+                if (!json_is_integer(cl) || json_integer_value(cl) < 1 ||
+                    json_integer_value(cl) > SP_INFER_MAX_CLASSES) {
+                    sp_tensor_req_free(out);
+                    return sp_errf(err, err_len, SP_ERR_INVALID,
+                                   "outputs[%zu].parameters.classification: must be an integer in "
+                                   "[1, %d]", i, SP_INFER_MAX_CLASSES);
+                }
+                ro->classification = (int32_t)json_integer_value(cl);
+            }
             for (size_t k = 0; k < i; k++) {
                 if (strcmp(out->outputs[k].name, ro->name) == 0) {
                     st = sp_errf(err, err_len, SP_ERR_INVALID, "outputs[%zu].name: duplicate output '%.64s'",
@@ -1122,6 +1134,20 @@ sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names,
                            r->outputs[i].name, list);
         }
         want[k] = true;
+    }
+    return SP_OK;
+}
+
+sp_status_t
+sp_tensor_req_no_classification(const sp_tensor_req_t *r, char *err, size_t err_len)
+{
+    for (int i = 0; i < r->n_outputs; i++) {
+        if (r->outputs[i].classification > 0) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "outputs[%d].parameters.classification: output '%.64s' is not a tensor "
+                           "of scores (classification applies to tensor models)", i,
+                           r->outputs[i].name);
+        }
     }
     return SP_OK;
 }

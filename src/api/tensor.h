@@ -91,9 +91,12 @@ sp_str_t sp_tensor_str(const sp_tensor_t *t, int64_t i);
 
 /* ---- inference requests */
 
+#define SP_INFER_MAX_CLASSES 65536 /* parameters.classification */
+
 typedef struct sp_infer_output {
     char name[SP_TENSOR_MAX_NAME];
     int binary; /* parameters.binary_data: -1 not given, 0, 1 */
+    int32_t classification; /* parameters.classification: top K as BYTES; 0 = not asked */
 } sp_infer_output_t;
 
 typedef struct sp_tensor_req {
@@ -139,6 +142,9 @@ const sp_tensor_t *sp_tensor_req_input(const sp_tensor_req_t *r, const char *nam
  */
 sp_status_t sp_tensor_req_select_outputs(const sp_tensor_req_t *r, const char *const *names,
                                          int n_names, bool *want, char *err, size_t err_len);
+/* SP_ERR_INVALID naming the first output that asks for parameters.classification
+ * (for models whose outputs are text, not scores). */
+sp_status_t sp_tensor_req_no_classification(const sp_tensor_req_t *r, char *err, size_t err_len);
 /* Whether output `name` goes to the binary tail (its binary_data, else the
  * request's binary_data_output). */
 bool sp_tensor_req_output_binary(const sp_tensor_req_t *r, const char *name);

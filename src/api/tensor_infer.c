@@ -9,8 +9,17 @@
  * mailbox (sp_mailbox_post), so the loop never waits for a backend; a client
  * that goes away meanwhile is simply not answered.
  *
+ * A model with image inputs (serving/tensor_model.h's sp_tensor_io_t) takes
+ * encoded JPEG/PNG files there: the request is checked on the loop, then a
+ * preparation worker (the server's workq) decodes them into the FP32 tensor
+ * the backend takes (serving/image.h) and submits to the batcher itself; a
+ * picture it cannot decode comes back through the mailbox as a 400. Outputs
+ * asked with parameters.classification become Triton's "value:index:label"
+ * BYTES (classify()).
+ *
  * Threads: sp_tensor_infer and the answer run on the request's loop thread;
- * on_done runs on a batcher worker and only copies the result and posts it.
+ * prep_images on a preparation worker; on_done runs on a batcher worker and
+ * only copies the result and posts it.
  * Memory: one tq_t per request, owned by the request until it is submitted,
  * then by the batcher's callback, freed on the loop after the answer (or
  * after the client left).
@@ -22,11 +31,13 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/workq.h"
 #include "core/timer.h"
 #include "sampan/log.h"
 #include "serving/backends.h"
 #include "serving/metrics.h"
 #include "serving/respcache.h"
+#include "serving/tensor_model.h"
 #include "serving/auth.h"
 #include "sched/batcher.h"
 #include "api/kserve.h"
@@ -46,11 +57,18 @@ typedef struct tq {
     /* filled by the batcher's callback */
     sp_status_t status;
     sp_batch_reason_t reason;
-    char message[256];
+    char message[512];
     int32_t n_out;
     sp_backend_tensor_t out[SP_BACKEND_MAX_TENSORS];
     char out_names[SP_BACKEND_MAX_TENSORS][64];
     int64_t rows;              /* the request's rows (1 without a batch dimension) */
+    /* The batcher item, built on the loop; with image inputs it is completed
+     * (the images decoded) and submitted by a preparation worker. */
+    sp_batch_item_t it;
+    sp_backend_tensor_t in[SP_BACKEND_MAX_TENSORS];
+    void *bufs[SP_BACKEND_MAX_TENSORS]; /* BYTES inputs re-encoded (gather_inputs) */
+    const char *wanted[SP_BACKEND_MAX_TENSORS];
+    bool refused;              /* the worker refused it before the batcher (status, message) */
 } tq_t;
 
 /* The lifecycle's last call (ops->free): the outputs, the request, q. */
@@ -60,6 +78,9 @@ tq_free(sp_api_req_t *a)
     tq_t *q = (tq_t *)a;
     for (int32_t i = 0; i < q->n_out; i++) {
         sp_backends_host()->free_fn(q->out[i].data);
+    }
+    for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
+        sp_free(q->bufs[i]);
     }
     sp_tensor_req_free(&q->ir);
     sp_free(q);
@@ -128,6 +149,128 @@ to_tensor(const sp_backend_tensor_t *b, sp_tensor_t *t, char *err, size_t err_le
     return st;
 }
 
+/* ------------------------------------------------------------------ classification */
+
+static int
+by_value_desc(const void *a, const void *b, void *vals)
+{
+    const double *v = vals;
+    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+    double x = v[i], y = v[j];
+    bool xn = x != x, yn = y != y; /* NaN ranks last */
+    if (xn != yn) {
+        return xn ? 1 : -1;
+    }
+    if (!xn && x != y) {
+        return x > y ? -1 : 1;
+    }
+    return i < j ? -1 : i > j; /* ties: the lower index first */
+}
+
+/*
+ * Triton's classification extension: *t (a numeric output) replaced by a
+ * BYTES tensor of its K highest entries per batch row, "value:index" or
+ * "value:index:label" (label when the labels file has line `index`), shape
+ * [rows, K] (K: at most the row's entries) or [K] without a batch dimension.
+ * Values as Triton prints them: floats with six decimals, integers whole.
+ */
+static sp_status_t
+classify(sp_tensor_t *t, int32_t k, bool batched, const char *const *labels, int32_t n_labels,
+         char *err, size_t err_len)
+{
+    if (t->dtype == SP_DT_BYTES) {
+        return sp_errf(err, err_len, SP_ERR_INVALID,
+                       "outputs '%.64s'.parameters.classification: the output is BYTES, not scores",
+                       t->name);
+    }
+    int64_t rows = batched && t->ndim > 0 ? t->shape[0] : 1;
+    int64_t per = rows > 0 ? t->n / rows : 0;
+    int64_t K = k < per ? k : per;
+    bool fp = t->dtype == SP_DT_FP16 || t->dtype == SP_DT_FP32 || t->dtype == SP_DT_FP64;
+    double *vals = sp_malloc(sizeof *vals * (size_t)(per > 0 ? per : 1));
+    int64_t *idx = sp_malloc(sizeof *idx * (size_t)(per > 0 ? per : 1));
+    size_t *off = sp_malloc(sizeof *off * (size_t)(rows * K + 1));
+    sp_str_t *el = sp_calloc((size_t)(rows * K > 0 ? rows * K : 1), sizeof *el);
+    sp_jbuf_t b;
+    sp_jbuf_init(&b);
+    sp_status_t st = SP_OK;
+    if (vals == NULL || idx == NULL || off == NULL || el == NULL) {
+        st = sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t r = 0; st == SP_OK && r < rows; r++) {
+        for (int64_t i = 0; i < per; i++) {
+            vals[i] = sp_tensor_f64(t, r * per + i);
+            idx[i] = i;
+        }
+        qsort_r(idx, (size_t)per, sizeof *idx, by_value_desc, vals);
+        for (int64_t j = 0; j < K; j++) {
+            int64_t c = idx[j];
+            off[r * K + j] = b.len;
+            if (fp) {
+                sp_jbuf_printf(&b, "%f:%lld", vals[c], (long long)c);
+            } else {
+                sp_jbuf_printf(&b, "%lld:%lld", (long long)sp_tensor_i64(t, r * per + c), (long long)c);
+            }
+            if (labels != NULL && c < n_labels) {
+                sp_jbuf_lit(&b, ":");
+                sp_jbuf_raw(&b, labels[c], strlen(labels[c]));
+            }
+        }
+    }
+    if (st == SP_OK && b.oom) {
+        st = sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    if (st == SP_OK) {
+        off[rows * K] = b.len;
+        for (int64_t e = 0; e < rows * K; e++) {
+            el[e].ptr = b.p + off[e];
+            el[e].len = off[e + 1] - off[e];
+        }
+        int64_t shape[2] = {rows, K};
+        sp_tensor_t ct;
+        char name[SP_TENSOR_MAX_NAME];
+        snprintf(name, sizeof name, "%s", t->name);
+        st = batched ? sp_tensor_from_strs(&ct, name, 2, shape, el, err, err_len)
+                     : sp_tensor_from_strs(&ct, name, 1, shape + 1, el, err, err_len);
+        if (st == SP_OK) {
+            sp_tensor_free(t);
+            *t = ct;
+        }
+    }
+    sp_jbuf_free(&b);
+    sp_free(vals);
+    sp_free(idx);
+    sp_free(off);
+    sp_free(el);
+    return st;
+}
+
+/* The classification count the request asks of output `name` (0: none). */
+static int32_t
+class_count(const sp_tensor_req_t *r, const char *name)
+{
+    for (int i = 0; i < r->n_outputs; i++) {
+        if (strcmp(r->outputs[i].name, name) == 0) {
+            return r->outputs[i].classification;
+        }
+    }
+    return 0;
+}
+
+/* Labels of the model's output `name`, or NULL. */
+static const char *const *
+labels_of(const sp_served_model_t *m, const char *name, int32_t *n)
+{
+    *n = 0;
+    for (int32_t k = 0; m->io != NULL && k < m->be_info.n_outputs; k++) {
+        if (strcmp(m->be_info.outputs[k].name, name) == 0) {
+            *n = m->io->n_labels[k];
+            return m->io->labels[k];
+        }
+    }
+    return NULL;
+}
+
 static void
 respond(tq_t *q)
 {
@@ -140,6 +283,12 @@ respond(tq_t *q)
         q->out[i].name = q->out_names[i];
         st = to_tensor(&q->out[i], &outs[n], err, sizeof err);
         n += st == SP_OK;
+        int32_t k = st == SP_OK ? class_count(&q->ir, q->out_names[i]) : 0;
+        if (k > 0) {
+            int32_t nl;
+            const char *const *lab = labels_of(q->a.m, q->out_names[i], &nl);
+            st = classify(&outs[n - 1], k, q->a.m->max_batch_size > 0, lab, nl, err, sizeof err);
+        }
     }
     sp_jbuf_t json, bin;
     sp_jbuf_init(&json);
@@ -198,6 +347,8 @@ result_status(sp_batch_reason_t reason)
                                                : SP_ERR_IO;
 }
 
+static void refuse(tq_t *q, sp_status_t st, const char *msg);
+
 /* On the request's loop: answer (unless the client left) and free. */
 static void
 deliver(void *arg)
@@ -206,7 +357,9 @@ deliver(void *arg)
     sp_http_req_t *r = q->a.http;
     if (r != NULL) {
         sp_http_req_on_abort(r, NULL, NULL);
-        if (q->status == SP_OK) {
+        if (q->refused) {
+            refuse(q, q->status, q->message);
+        } else if (q->status == SP_OK) {
             respond(q);
         } else {
             sp_fail_reason_t why = q->reason == SP_BATCH_REASON_TIMEOUT   ? SP_FAIL_TIMEOUT
@@ -280,7 +433,27 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs: '%s' is required (%s)",
                            info->inputs[i].name, sp_batcher_btype_name(info->inputs[i].dtype));
         }
-        if ((int)t->dtype != (int)info->inputs[i].dtype) {
+        const sp_tensor_io_t *io = q->a.m->io;
+        bool image = io != NULL && io->has_image[i];
+        if (image) {
+            /* One encoded image per batch row: [N] or [N, 1] BYTES, decoded later. */
+            if (t->dtype != SP_DT_BYTES) {
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "inputs '%s'.datatype: the model takes images as BYTES (one encoded "
+                               "JPEG or PNG per batch row), got %s", t->name,
+                               sp_tensor_dtype_name(t->dtype));
+            }
+            if (t->ndim < 1 || t->ndim > 2 || (t->ndim == 2 && t->shape[1] != 1)) {
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "inputs '%s'.shape: images are [batch] or [batch, 1] BYTES", t->name);
+            }
+            if (t->shape[0] < 1 || t->shape[0] > q->a.m->max_batch_size) {
+                /* before decoding any of them */
+                return sp_errf(err, err_len, SP_ERR_INVALID,
+                               "inputs '%s'.shape: %lld images, the model takes 1 to %d per request",
+                               t->name, (long long)t->shape[0], (int)q->a.m->max_batch_size);
+            }
+        } else if ((int)t->dtype != (int)info->inputs[i].dtype) {
             return sp_errf(err, err_len, SP_ERR_INVALID, "inputs '%s'.datatype: the model takes %s, got %s",
                            t->name, sp_batcher_btype_name(info->inputs[i].dtype), sp_tensor_dtype_name(t->dtype));
         }
@@ -290,9 +463,9 @@ gather_inputs(const tq_t *q, sp_backend_tensor_t *in, void **bufs, char *err, si
         }
         sp_backend_tensor_t *b = &in[i];
         b->name = info->inputs[i].name;
-        b->dtype = info->inputs[i].dtype;
-        b->n_dims = t->ndim;
-        for (int d = 0; d < t->ndim; d++) {
+        b->dtype = image ? SP_BT_BYTES : info->inputs[i].dtype;
+        b->n_dims = image ? 1 : t->ndim;
+        for (int d = 0; d < b->n_dims; d++) {
             b->dims[d] = t->shape[d];
         }
         if (t->dtype != SP_DT_BYTES) {
@@ -359,6 +532,108 @@ cache_key(const tq_t *q, const sp_backend_tensor_t *in)
     return k;
 }
 
+/* A request refused before it reached the batcher: the server's own refusals
+ * (a full queue, a stopping batcher, no memory) keep their status; anything
+ * else the decoder, the checks or the batcher refused is the request's to
+ * fix: 400. */
+static void
+refuse(tq_t *q, sp_status_t st, const char *msg)
+{
+    sp_http_req_t *r = q->a.http;
+    sp_api_end(&q->a, false, st == SP_ERR_BUSY ? SP_FAIL_QUEUE_FULL : SP_FAIL_INVALID);
+    st = sp_api_server_status(st);
+    if (st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", st == SP_ERR_BUSY ? retry_after_s(q->a.m) : 1);
+        sp_http_add_header(r, "Retry-After", ra);
+    }
+    bool server = st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN || st == SP_ERR_NOMEM;
+    sp_api_error_kserve(r, server ? sp_status_http(st) : 400, "%s", msg);
+}
+
+/* Floats of one decoded image input: its rows times C * H * W, bounded so
+ * that a batch of large images cannot ask for unbounded memory (one image
+ * is always allowed: its size is the model's, bounded by the config). */
+#define IMAGE_MAX_FLOATS ((int64_t)1 << 28) /* 1 GiB of FP32 per input per request */
+
+/*
+ * On a preparation worker (never a loop): decode the request's image inputs
+ * into the FP32 tensors the backend takes and submit the item to the
+ * batcher. On any failure the refusal is posted to the loop. Once submit
+ * succeeded q belongs to the batcher's callback and is not touched here.
+ */
+static void
+prep_images(void *arg)
+{
+    tq_t *q = arg;
+    const sp_served_model_t *m = q->a.m;
+    const sp_tensor_io_t *io = m->io;
+    char err[512] = "";
+    float *imgs[SP_BACKEND_MAX_TENSORS] = {0};
+    sp_status_t st = SP_OK;
+    for (int32_t i = 0; st == SP_OK && i < m->be_info.n_inputs; i++) {
+        if (!io->has_image[i]) {
+            continue;
+        }
+        const sp_img_spec_t *spec = &io->image[i];
+        const sp_tensor_t *t = sp_tensor_req_input(&q->ir, m->be_info.inputs[i].name);
+        int64_t C = sp_img_channels(spec), per = C * spec->height * spec->width;
+        if (t->n < 1 || (t->n > 1 && t->n > IMAGE_MAX_FLOATS / per)) { /* one always fits */
+            st = sp_errf(err, sizeof err, SP_ERR_INVALID,
+                         "inputs '%s': %lld images of %dx%d are more than one request may decode",
+                         t->name, (long long)t->n, (int)spec->width, (int)spec->height);
+            break;
+        }
+        imgs[i] = sp_malloc(sizeof(float) * (size_t)(per * t->n));
+        if (imgs[i] == NULL) {
+            st = sp_errf(err, sizeof err, SP_ERR_NOMEM, "out of memory for the decoded images");
+            break;
+        }
+        for (int64_t e = 0; st == SP_OK && e < t->n; e++) {
+            sp_str_t el = sp_tensor_str(t, e);
+            char why[400];
+            st = sp_img_preprocess(el.ptr, el.len, spec, imgs[i] + per * e, why, sizeof why);
+            if (st != SP_OK) {
+                sp_errf(err, sizeof err, st, "inputs '%s'[%lld]: %s", t->name, (long long)e, why);
+            }
+        }
+        sp_backend_tensor_t *b = &q->in[i];
+        b->dtype = SP_BT_FP32;
+        b->n_dims = 4;
+        b->dims[0] = t->n;
+        bool nchw = spec->layout == SP_IMG_NCHW;
+        b->dims[1] = nchw ? C : spec->height;
+        b->dims[2] = nchw ? spec->height : spec->width;
+        b->dims[3] = nchw ? spec->width : C;
+        b->data = imgs[i];
+        b->bytes = sizeof(float) * (size_t)(per * t->n);
+    }
+    /* After a successful submit q may be gone: what is freed below is held here. */
+    void *bufs[SP_BACKEND_MAX_TENSORS];
+    memcpy(bufs, q->bufs, sizeof bufs);
+    if (st == SP_OK) {
+        memset(q->bufs, 0, sizeof q->bufs);
+        st = sp_batcher_submit(m->batcher, &q->it, err, sizeof err);
+        if (st != SP_OK) {
+            memcpy(q->bufs, bufs, sizeof bufs); /* still q's to free */
+        }
+    }
+    for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
+        sp_free(imgs[i]);
+        if (st == SP_OK) {
+            sp_free(bufs[i]); /* the batcher copied the inputs */
+        }
+    }
+    if (st != SP_OK) {
+        q->refused = true;
+        q->status = st;
+        snprintf(q->message, sizeof q->message, "%s", err);
+        if (sp_mailbox_post(q->mb, deliver, q) != SP_OK) {
+            SP_LOG_ERROR("event=tensor_result_lost model=%s reason=out_of_memory", sp_log_str(m->name));
+        }
+    }
+}
+
 void
 sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
 {
@@ -374,8 +649,7 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
     char err[768];
     sp_str_t body = sp_http_req_body(r);
     sp_str_t hl = sp_http_req_header(r, "inference-header-content-length");
-    sp_backend_tensor_t in[SP_BACKEND_MAX_TENSORS];
-    void *bufs[SP_BACKEND_MAX_TENSORS] = {0};
+    sp_backend_tensor_t *in = q->in;
     const sp_backend_model_info_t *info = &m->be_info;
     const char *names[SP_BACKEND_MAX_TENSORS];
     bool want[SP_BACKEND_MAX_TENSORS];
@@ -388,83 +662,102 @@ sp_tensor_infer(sp_serving_t *s, sp_http_req_t *r, sp_served_model_t *m)
         }
         st = sp_tensor_req_select_outputs(&q->ir, names, info->n_outputs, want, err, sizeof err);
     }
+    for (int32_t i = 0; st == SP_OK && i < info->n_outputs; i++) {
+        if (want[i] && info->outputs[i].dtype == SP_BT_BYTES &&
+            class_count(&q->ir, names[i]) > 0) {
+            st = sp_errf(err, sizeof err, SP_ERR_INVALID,
+                         "outputs '%s'.parameters.classification: the output is BYTES, not scores",
+                         names[i]);
+        }
+    }
     if (st == SP_OK) {
-        st = gather_inputs(q, in, bufs, err, sizeof err);
+        st = gather_inputs(q, in, q->bufs, err, sizeof err);
     }
     if (st == SP_OK && sp_rckey_enabled(m)) {
         /* A stored answer to the same request skips the batcher and the backend. */
         q->a.ck = cache_key(q, in);
         if (sp_rcache_lookup(r, m, q->a.ck, &q->a.clk)) {
-            for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
-                sp_free(bufs[i]);
-            }
             sp_api_finish(&q->a);
             return;
         }
     }
-    sp_batch_item_t it;
-    memset(&it, 0, sizeof it);
-    const char *wanted[SP_BACKEND_MAX_TENSORS];
+    sp_batch_item_t *it = &q->it;
+    bool images = m->io != NULL && m->io->any_image;
     if (st == SP_OK) {
         for (int32_t i = 0; i < info->n_outputs; i++) {
             if (want[i]) {
-                wanted[n_want++] = names[i];
+                q->wanted[n_want++] = names[i];
             }
         }
-        it.inputs = in;
-        it.n_inputs = info->n_inputs;
+        it->inputs = in;
+        it->n_inputs = info->n_inputs;
         q->rows = m->max_batch_size > 0 && info->n_inputs > 0 ? in[0].dims[0] : 1;
-        it.outputs = wanted;
-        it.n_outputs = n_want;
+        it->outputs = q->wanted;
+        it->n_outputs = n_want;
         int64_t v;
         if (q->ir.params) {
             const json_t *pr = json_object_get(q->ir.params, "priority");
             const json_t *to = json_object_get(q->ir.params, "timeout");
             if (json_is_integer(pr) && (v = json_integer_value(pr)) >= 0 && v <= 1000) {
-                it.priority = (uint32_t)v;
+                it->priority = (uint32_t)v;
             }
             if (json_is_integer(to) && (v = json_integer_value(to)) >= 0) {
-                it.timeout_us = (uint64_t)v;
+                it->timeout_us = (uint64_t)v;
             }
         }
         /* The tenant's tier caps the level: a batch-tier key cannot buy the top queue. */
-        it.priority = sp_auth_tensor_priority(sp_http_req_user(r), it.priority, m->prio_levels,
-                                              m->prio_default);
-        it.done = on_done;
-        it.ud = q;
-        sp_trace_http_submit(r); /* the queue span starts here */
-        st = sp_batcher_submit(m->batcher, &it, err, sizeof err);
-    }
-    for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
-        sp_free(bufs[i]); /* the batcher copied the inputs */
+        it->priority = sp_auth_tensor_priority(sp_http_req_user(r), it->priority, m->prio_levels,
+                                               m->prio_default);
+        it->done = on_done;
+        it->ud = q;
+        sp_trace_http_submit(r); /* the queue span starts here (decoding included) */
+        if (images) {
+            /* Decoding is CPU work of milliseconds: a preparation worker does it
+             * and submits; the answer comes back through the mailbox. */
+            st = s->prep ? sp_workq_submit(s->prep, prep_images, q) : SP_OK;
+            if (st == SP_OK) {
+                if (s->prep == NULL) { /* a server without preparation workers: here */
+                    prep_images(q);
+                }
+                sp_http_req_on_abort(r, on_abort, q);
+                return;
+            }
+            if (st == SP_ERR_BUSY) {
+                snprintf(err, sizeof err, "too many images are being decoded; retry later");
+            } else {
+                st = SP_ERR_SHUTDOWN;
+                snprintf(err, sizeof err, "the server is stopping");
+            }
+        } else {
+            st = sp_batcher_submit(m->batcher, it, err, sizeof err);
+        }
     }
     if (st != SP_OK) {
-        sp_api_end(&q->a, false, st == SP_ERR_BUSY ? SP_FAIL_QUEUE_FULL : SP_FAIL_INVALID);
-        /* The server's own refusals (a full queue, a stopping batcher, no
-         * memory) keep their status; anything else the decoder, the checks
-         * or the batcher refused is the request's to fix: 400. */
-        st = sp_api_server_status(st);
-        if (st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN) {
-            char ra[16];
-            snprintf(ra, sizeof ra, "%d", st == SP_ERR_BUSY ? retry_after_s(m) : 1);
-            sp_http_add_header(r, "Retry-After", ra);
-        }
-        bool server = st == SP_ERR_BUSY || st == SP_ERR_SHUTDOWN || st == SP_ERR_NOMEM;
-        sp_api_error_kserve(r, server ? sp_status_http(st) : 400, "%s", err);
+        refuse(q, st, err);
         sp_api_finish(&q->a);
         return;
+    }
+    for (int i = 0; i < SP_BACKEND_MAX_TENSORS; i++) {
+        sp_free(q->bufs[i]); /* the batcher copied the inputs */
+        q->bufs[i] = NULL;
     }
     sp_http_req_on_abort(r, on_abort, q);
 }
 
 /* ------------------------------------------------------------------ metadata */
 
+/* image: which tensors are image inputs (BYTES [-1, 1] to the client), or NULL. */
 static void
-tensor_list(sp_jbuf_t *b, const sp_backend_tensor_desc_t *d, int32_t n, int32_t max_batch)
+tensor_list(sp_jbuf_t *b, const sp_backend_tensor_desc_t *d, int32_t n, int32_t max_batch,
+            const bool *image)
 {
     for (int32_t i = 0; i < n; i++) {
         sp_jbuf_lit(b, i ? ",{\"name\":" : "{\"name\":");
         sp_jbuf_cstr(b, d[i].name);
+        if (image != NULL && image[i]) {
+            sp_jbuf_lit(b, ",\"datatype\":\"BYTES\",\"shape\":[-1,1]}");
+            continue;
+        }
         sp_jbuf_printf(b, ",\"datatype\":\"%s\",\"shape\":[", sp_batcher_btype_name(d[i].dtype));
         int w = 0;
         if (max_batch > 0) {
@@ -490,9 +783,10 @@ sp_tensor_infer_metadata(sp_http_req_t *r, const sp_served_model_t *m)
     sp_jbuf_lit(&b, "],\"platform\":");
     sp_jbuf_cstr(&b, m->be->name);
     sp_jbuf_lit(&b, ",\"inputs\":[");
-    tensor_list(&b, m->be_info.inputs, m->be_info.n_inputs, m->max_batch_size);
+    tensor_list(&b, m->be_info.inputs, m->be_info.n_inputs, m->max_batch_size,
+                m->io ? m->io->has_image : NULL);
     sp_jbuf_lit(&b, "],\"outputs\":[");
-    tensor_list(&b, m->be_info.outputs, m->be_info.n_outputs, m->max_batch_size);
+    tensor_list(&b, m->be_info.outputs, m->be_info.n_outputs, m->max_batch_size, NULL);
     sp_jbuf_lit(&b, "]}");
     if (b.oom) {
         sp_api_error_kserve(r, 500, "out of memory while writing the response");

@@ -138,6 +138,7 @@ struct sp_served_model {
     int32_t max_batch_size;
     struct sp_batcher *batcher;
     uint32_t prio_levels, prio_default; /* its batcher's priority levels (1-based default) */
+    struct sp_tensor_io *io;   /* image inputs and class labels (tensor_model.h), or NULL */
     sp_drain_t drain;          /* requests its batcher completed lately, for Retry-After */
     bool reserved;             /* its charge is taken from the budgets */
     /* It produced NaN or infinite logits or embeddings (SP_ERR_MODEL_FAULT):

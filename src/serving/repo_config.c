@@ -128,19 +128,168 @@ get_str(const pctx_t *c, const json_t *obj, const char *path, const char *key, s
 
 /* ---- input / output */
 
-/* Triton's fields that Sampan's backends have no use for, accepted only where
- * they change nothing: format FORMAT_NONE, a reshape to the dims themselves. */
+/* A number field (0 absent, 1 set). */
+static int
+get_num(const pctx_t *c, const json_t *obj, const char *path, const char *key, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v) return 0;
+    char p[320];
+    join(p, sizeof p, path, key);
+    if (!json_is_number(v)) return bad(c, p, "must be a number");
+    *out = json_number_value(v);
+    if (!isfinite(*out)) return bad(c, p, "must be finite");
+    return 1;
+}
+
+/* mean / std: one number per channel. */
 static sp_status_t
-tensor_triton_fields(const pctx_t *c, const json_t *e, const char *p, const sp_repo_tensor_t *t)
+get_chan(const pctx_t *c, const json_t *obj, const char *path, const char *key, int ch, bool pos,
+         float *out)
+{
+    const json_t *a = json_object_get(obj, key);
+    if (!a) return SP_OK;
+    char p[320];
+    join(p, sizeof p, path, key);
+    if (!json_is_array(a) || json_array_size(a) != (size_t)ch) {
+        return bad(c, p, "must be an array of %d numbers (one per channel)", ch);
+    }
+    for (int i = 0; i < ch; i++) {
+        const json_t *x = json_array_get(a, (size_t)i);
+        double v = json_is_number(x) ? json_number_value(x) : NAN;
+        if (!isfinite(v) || (pos && !(v > 0))) {
+            return bad(c, p, "[%d] must be a finite%s number", i, pos ? " positive" : "");
+        }
+        out[i] = (float)v;
+    }
+    return SP_OK;
+}
+
+/* The "image" object of an input's preprocess (image.h), for tensor t (its
+ * format, data type and dims already parsed). */
+static sp_status_t
+parse_image(const pctx_t *c, const json_t *o, const char *p, sp_repo_tensor_t *t)
+{
+    static const char *const keys[] = {"size", "color", "resize", "shorter_side", "scale", "mean",
+                                       "std", "max_pixels", "max_bytes", NULL};
+    if (!json_is_object(o)) return bad(c, p, "must be an object");
+    sp_status_t st = check_keys(c, p, o, keys);
+    if (st) return st;
+    if (t->format == 0) {
+        return bad(c, p, "an image input needs \"format\": FORMAT_NCHW or FORMAT_NHWC");
+    }
+    if (t->data_type != SP_REPO_TYPE_FP32) return bad(c, p, "an image input must be TYPE_FP32");
+    sp_img_spec_t s = sp_img_spec_default();
+    bool nchw = t->format == 2;
+    int64_t C = t->dims[nchw ? 0 : 2], H = t->dims[nchw ? 1 : 0], W = t->dims[nchw ? 2 : 1];
+    s.layout = nchw ? SP_IMG_NCHW : SP_IMG_NHWC;
+    s.color = C == 1 ? SP_IMG_GRAY : SP_IMG_RGB;
+    char fp[320];
+    const char *str = NULL;
+    int r = get_str(c, o, p, "color", 16, &str);
+    if (r < 0) return (sp_status_t)r;
+    if (r) {
+        join(fp, sizeof fp, p, "color");
+        if (strcmp(str, "RGB") == 0) s.color = SP_IMG_RGB;
+        else if (strcmp(str, "BGR") == 0) s.color = SP_IMG_BGR;
+        else if (strcmp(str, "GRAY") == 0) s.color = SP_IMG_GRAY;
+        else return bad(c, fp, "must be \"RGB\", \"BGR\" or \"GRAY\"");
+    }
+    int ch = sp_img_channels(&s);
+    if (C != -1 && C != ch) {
+        return bad(c, p, "%s has %d channel%s, the dims say %lld", ch == 1 ? "GRAY" : "colour", ch,
+                   ch == 1 ? "" : "s", (long long)C);
+    }
+    const json_t *sz = json_object_get(o, "size");
+    if (sz) {
+        join(fp, sizeof fp, p, "size");
+        const json_t *h = json_array_get(sz, 0), *w = json_array_get(sz, 1);
+        if (!json_is_array(sz) || json_array_size(sz) != 2 || !json_is_integer(h) ||
+            !json_is_integer(w) || json_integer_value(h) < 1 || json_integer_value(w) < 1 ||
+            json_integer_value(h) > 16384 || json_integer_value(w) > 16384) {
+            return bad(c, fp, "must be [height, width], each in [1, 16384]");
+        }
+        if ((H != -1 && H != json_integer_value(h)) || (W != -1 && W != json_integer_value(w))) {
+            return bad(c, fp, "[%lld, %lld] differs from the dims' height and width",
+                       (long long)json_integer_value(h), (long long)json_integer_value(w));
+        }
+        H = json_integer_value(h);
+        W = json_integer_value(w);
+    }
+    if (H == -1 || W == -1) return bad(c, p, "variable height or width in dims: give \"size\"");
+    if (H > 16384 || W > 16384) return bad(c, p, "height and width must be at most 16384");
+    s.height = (int32_t)H;
+    s.width = (int32_t)W;
+    r = get_str(c, o, p, "resize", 16, &str);
+    if (r < 0) return (sp_status_t)r;
+    if (r) {
+        join(fp, sizeof fp, p, "resize");
+        if (strcmp(str, "stretch") == 0) s.resize = SP_IMG_STRETCH;
+        else if (strcmp(str, "shorter_crop") == 0) s.resize = SP_IMG_SHORTER_CROP;
+        else return bad(c, fp, "must be \"stretch\" or \"shorter_crop\"");
+    }
+    int64_t v = 0;
+    r = get_int(c, o, p, "shorter_side", 1, 16384, &v);
+    if (r < 0) return (sp_status_t)r;
+    if (r && s.resize != SP_IMG_SHORTER_CROP) {
+        join(fp, sizeof fp, p, "shorter_side");
+        return bad(c, fp, "applies to \"resize\": \"shorter_crop\" only");
+    }
+    s.shorter_side = r ? (int32_t)v : (int32_t)(H > W ? H : W);
+    if (s.shorter_side < (H < W ? H : W)) {
+        join(fp, sizeof fp, p, "shorter_side");
+        return bad(c, fp, "%d is smaller than the crop", (int)s.shorter_side);
+    }
+    double d = 0;
+    r = get_num(c, o, p, "scale", &d);
+    if (r < 0) return (sp_status_t)r;
+    if (r) {
+        if (!(d > 0)) {
+            join(fp, sizeof fp, p, "scale");
+            return bad(c, fp, "must be positive");
+        }
+        s.scale = (float)d;
+    }
+    if ((st = get_chan(c, o, p, "mean", ch, false, s.mean)) ||
+        (st = get_chan(c, o, p, "std", ch, true, s.std))) {
+        return st;
+    }
+    r = get_int(c, o, p, "max_pixels", 1, (int64_t)SP_IMG_MAX_SIDE * SP_IMG_MAX_SIDE, &v);
+    if (r < 0) return (sp_status_t)r;
+    if (r) s.max_pixels = v;
+    r = get_int(c, o, p, "max_bytes", 1, (int64_t)1 << 32, &v);
+    if (r < 0) return (sp_status_t)r;
+    if (r) s.max_bytes = (size_t)v;
+    t->has_image = true;
+    t->image = s;
+    return SP_OK;
+}
+
+/* Triton's format, reshape and label_filename; Sampan's preprocess. */
+static sp_status_t
+tensor_triton_fields(const pctx_t *c, const json_t *e, const char *p, sp_repo_tensor_t *t)
 {
     char fp[112];
     const json_t *f = json_object_get(e, "format");
     if (f) {
+        static const char *const fmts[] = {"FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"};
         snprintf(fp, sizeof fp, "%s.format", p);
         if (!json_is_string(f)) return bad(c, fp, "must be a string");
-        if (strcmp(json_string_value(f), "FORMAT_NONE") != 0) {
-            return bad(c, fp, "\"%.40s\": image layouts are not supported (FORMAT_NONE only)",
+        t->format = -1;
+        for (int k = 0; k < 3; k++) {
+            if (strcmp(json_string_value(f), fmts[k]) == 0) t->format = k;
+        }
+        if (t->format < 0) {
+            return bad(c, fp, "\"%.40s\": must be FORMAT_NONE, FORMAT_NHWC or FORMAT_NCHW",
                        json_string_value(f));
+        }
+        if (t->format > 0) {
+            /* Triton's rule: an image format has three dims, C being 1 or 3. */
+            int64_t ch = t->n_dims == 3 ? t->dims[t->format == 2 ? 0 : 2] : 0;
+            if (t->n_dims != 3 || (ch != 1 && ch != 3 && ch != -1)) {
+                return bad(c, fp, "%s needs dims of three sizes with 1 or 3 channels",
+                           json_string_value(f));
+            }
         }
     }
     const json_t *r = json_object_get(e, "reshape");
@@ -165,7 +314,56 @@ tensor_triton_fields(const pctx_t *c, const json_t *e, const char *p, const sp_r
     const json_t *lf = json_object_get(e, "label_filename");
     if (lf && !(json_is_string(lf) && json_string_length(lf) == 0)) { /* "": Triton's printed default */
         snprintf(fp, sizeof fp, "%s.label_filename", p);
-        return bad(c, fp, "classification labels are not supported (remove label_filename)");
+        char e2[256];
+        if (!json_is_string(lf) ||
+            sp_repo_path_check_name_n(json_string_value(lf), json_string_length(lf), e2,
+                                      sizeof e2) != SP_OK ||
+            json_string_length(lf) > SP_REPO_NAME_MAX) {
+            return bad(c, fp, "must be a file name in the model directory (no '/')");
+        }
+        snprintf(t->label_filename, sizeof t->label_filename, "%s", json_string_value(lf));
+    }
+    const json_t *pre = json_object_get(e, "preprocess");
+    if (pre) {
+        static const char *const pkeys[] = {"image", NULL};
+        snprintf(fp, sizeof fp, "%s.preprocess", p);
+        if (!json_is_object(pre)) return bad(c, fp, "must be an object");
+        sp_status_t st = check_keys(c, fp, pre, pkeys);
+        if (st) return st;
+        const json_t *im = json_object_get(pre, "image");
+        if (im) {
+            snprintf(fp, sizeof fp, "%s.preprocess.image", p);
+            return parse_image(c, im, fp, t);
+        }
+    }
+    return SP_OK;
+}
+
+/* config.pbtxt cannot extend ModelInput: there the preprocessing is the
+ * model parameter image_preprocess.NAME, whose string_value is the JSON of
+ * the "image" object. */
+static sp_status_t
+params_image(const pctx_t *c, sp_repo_config_t *cfg)
+{
+    static const char pfx[] = "image_preprocess.";
+    for (int32_t i = 0; i < cfg->n_params; i++) {
+        const char *k = cfg->param[i].key;
+        if (strncmp(k, pfx, sizeof pfx - 1) != 0) continue;
+        char p[200];
+        snprintf(p, sizeof p, "parameters.%.140s", k);
+        sp_repo_tensor_t *t = NULL;
+        for (int32_t j = 0; j < cfg->n_inputs && !t; j++) {
+            t = strcmp(cfg->input[j].name, k + sizeof pfx - 1) == 0 ? &cfg->input[j] : NULL;
+        }
+        if (t == NULL) return bad(c, p, "no input named \"%.128s\"", k + sizeof pfx - 1);
+        if (t->has_image) return bad(c, p, "the input has a preprocess object already");
+        json_error_t je;
+        json_t *o = json_loads(cfg->param[i].value, JSON_REJECT_DUPLICATES, &je);
+        if (o == NULL) return bad(c, p, "string_value is not JSON: %s", je.text);
+        snprintf(p, sizeof p, "parameters.%.140s.string_value", k);
+        sp_status_t st = parse_image(c, o, p, t);
+        json_decref(o);
+        if (st) return st;
     }
     return SP_OK;
 }
@@ -175,7 +373,7 @@ parse_tensors(const pctx_t *c, const json_t *arr, const char *key, bool is_input
               sp_repo_tensor_t *t, int32_t *n_out)
 {
     static const char *const in_keys[] = {"name", "data_type", "dims", "optional", "format",
-                                          "reshape", NULL};
+                                          "reshape", "preprocess", NULL};
     static const char *const out_keys[] = {"name", "data_type", "dims", "reshape",
                                            "label_filename", NULL};
     if (!json_is_array(arr)) return bad(c, key, "must be an array");
@@ -1012,6 +1210,8 @@ from_json_mapped(const json_t *root, const char *file, sp_repo_config_t *cfg, ch
     }
     if ((o = json_object_get(root, "parameters"))) {
         st = parse_params(&c, o, cfg);
+        if (st) return st;
+        st = params_image(&c, cfg);
         if (st) return st;
     }
     if ((o = json_object_get(root, "model_transaction_policy"))) {

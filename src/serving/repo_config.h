@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "crypto/enc.h"
+#include "serving/image.h"
 #include "sampan/status.h"
 
 #define SP_REPO_NAME_MAX        128      /* model, tensor and parameter names (bytes) */
@@ -67,6 +68,15 @@ typedef struct sp_repo_tensor {
     int32_t n_dims;
     int64_t dims[SP_REPO_MAX_DIMS]; /* -1 = variable */
     bool optional;                  /* inputs only */
+    /* Inputs: Triton's format (0 FORMAT_NONE, 1 FORMAT_NHWC, 2 FORMAT_NCHW: dims
+     * are then [H, W, C] or [C, H, W], C 1 or 3), and an image input's
+     * preprocessing ("preprocess": {"image": {...}} or the parameter
+     * image_preprocess.NAME; image.h). */
+    int32_t format;
+    bool has_image;
+    sp_img_spec_t image;
+    /* Outputs: the class labels file in the model directory ("" = none). */
+    char label_filename[SP_REPO_NAME_MAX + 1];
 } sp_repo_tensor_t;
 
 typedef enum sp_repo_kind { SP_REPO_KIND_CPU = 0, SP_REPO_KIND_GPU } sp_repo_kind_t;

@@ -93,6 +93,38 @@ sp_repo_config_to_msg(const char *config_json, const char *name, ProtobufCMessag
             json_object_set_new(g, "count", json_integer(1));
         }
     }
+    /* An input's preprocess object is Sampan's: ModelInput has no such field,
+     * so Triton's view carries it as the parameter config.pbtxt would use
+     * (image_preprocess.NAME, the image object as JSON text). */
+    json_array_foreach(json_object_get(j, "input"), i, g) {
+        json_t *pre = json_object_get(g, "preprocess");
+        json_t *img = json_object_get(pre, "image");
+        const char *in = json_string_value(json_object_get(g, "name"));
+        if (img == NULL || in == NULL) {
+            continue;
+        }
+        json_t *params = json_object_get(j, "parameters");
+        if (params == NULL) {
+            params = json_object();
+            json_object_set_new(j, "parameters", params);
+        }
+        char key[300], *txt = json_dumps(img, JSON_COMPACT | JSON_SORT_KEYS);
+        snprintf(key, sizeof key, "image_preprocess.%s", in);
+        if (txt == NULL || params == NULL ||
+            json_object_set_new(params, key, json_pack("{s:s}", "string_value", txt))) {
+            if (txt) {
+                json_free_t jfree = NULL;
+                json_get_alloc_funcs(NULL, &jfree);
+                jfree(txt);
+            }
+            json_decref(j);
+            return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+        }
+        json_free_t jfree = NULL;
+        json_get_alloc_funcs(NULL, &jfree);
+        jfree(txt);
+        json_object_del(g, "preprocess");
+    }
     sp_status_t st = sp_pbtxt_json_to_msg(j, &inference__model_config__descriptor, out, err, err_len);
     json_decref(j);
     return st;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/file.h"
 #include "core/pool.h"
 #include "core/timer.h"
 #include "sampan/log.h"
@@ -146,6 +147,126 @@ load_args(const sp_served_model_t *m, const sp_repo_config_t *cfg, char *dir, si
     return a;
 }
 
+/* The labels file of an output: one label per line (class i on line i),
+ * "\r\n" or "\n". The name was checked to be a plain file name. */
+static sp_status_t
+load_labels(sp_tensor_io_t *io, int32_t k, const char *model_dir, const char *file, char *err,
+            size_t err_len)
+{
+    char path[1400], label[400];
+    snprintf(path, sizeof path, "%s/%s", model_dir, file);
+    snprintf(label, sizeof label, "label_filename \"%s\"", file);
+    char *text = NULL;
+    size_t len = 0;
+    sp_status_t st = sp_file_read(path, label, SP_TENSOR_LABELS_MAX_BYTES, &text, &len, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    int32_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        n += text[i] == '\n';
+    }
+    n += len > 0 && text[len - 1] != '\n';
+    const char **lines = sp_calloc(n > 0 ? (size_t)n : 1, sizeof *lines);
+    if (lines == NULL) {
+        sp_free(text);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory reading %s", label);
+    }
+    int32_t at = 0;
+    char *p = text, *end = text + len;
+    while (p < end && at < n) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        char *e = nl ? nl : end;
+        if (e > p && e[-1] == '\r') {
+            e[-1] = '\0';
+        }
+        if (nl) {
+            *nl = '\0';
+        }
+        lines[at++] = p;
+        p = nl ? nl + 1 : end;
+    }
+    io->label_store[k] = text; /* sp_file_read leaves a NUL after the bytes */
+    io->labels[k] = lines;
+    io->n_labels[k] = at;
+    return SP_OK;
+}
+
+static void
+io_free(sp_tensor_io_t *io)
+{
+    if (io == NULL) {
+        return;
+    }
+    for (int k = 0; k < SP_BACKEND_MAX_TENSORS; k++) {
+        sp_free(io->label_store[k]);
+        sp_free((void *)io->labels[k]);
+    }
+    sp_free(io);
+}
+
+/* Image inputs and labels from the config, matched to the backend's tensors
+ * by name. dir: the version directory (the model directory is its parent). */
+static sp_status_t
+build_io(sp_served_model_t *m, const sp_repo_config_t *cfg, const char *dir, char *err,
+         size_t err_len)
+{
+    bool any = false;
+    for (int32_t i = 0; i < cfg->n_inputs; i++) {
+        any |= cfg->input[i].has_image;
+    }
+    for (int32_t i = 0; i < cfg->n_outputs; i++) {
+        any |= cfg->output[i].label_filename[0] != '\0';
+    }
+    if (!any) {
+        return SP_OK;
+    }
+    sp_tensor_io_t *io = sp_calloc(1, sizeof *io);
+    if (io == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    m->io = io;
+    const sp_backend_model_info_t *info = &m->be_info;
+    for (int32_t i = 0; i < cfg->n_inputs; i++) {
+        if (!cfg->input[i].has_image) {
+            continue;
+        }
+        if (cfg->max_batch_size < 1) {
+            return sp_errf(err, err_len, SP_ERR_INVALID,
+                           "config.json: input[%d].preprocess: image inputs need max_batch_size "
+                           ">= 1 (one image per batch row)", (int)i);
+        }
+        for (int32_t k = 0; k < info->n_inputs; k++) {
+            if (strcmp(info->inputs[k].name, cfg->input[i].name) == 0) {
+                io->has_image[k] = true;
+                io->image[k] = cfg->input[i].image;
+                io->any_image = true;
+            }
+        }
+    }
+    char model_dir[1024];
+    snprintf(model_dir, sizeof model_dir, "%s", dir);
+    char *slash = strrchr(model_dir, '/');
+    if (slash) {
+        *slash = '\0';
+    }
+    for (int32_t i = 0; i < cfg->n_outputs; i++) {
+        if (!cfg->output[i].label_filename[0]) {
+            continue;
+        }
+        for (int32_t k = 0; k < info->n_outputs; k++) {
+            if (strcmp(info->outputs[k].name, cfg->output[i].name) == 0) {
+                sp_status_t st = load_labels(io, k, model_dir, cfg->output[i].label_filename, err,
+                                             err_len);
+                if (st != SP_OK) {
+                    return st;
+                }
+            }
+        }
+    }
+    return SP_OK;
+}
+
 /* Place the instances, find the backend and load one instance: its info
  * sizes the charge of all of them. */
 static sp_status_t
@@ -186,7 +307,8 @@ tensor_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg,
     if ((st = check_decl("input", cfg->input, cfg->n_inputs, m->be_info.inputs,
                          m->be_info.n_inputs, err, err_len)) != SP_OK ||
         (st = check_decl("output", cfg->output, cfg->n_outputs, m->be_info.outputs,
-                         m->be_info.n_outputs, err, err_len)) != SP_OK) {
+                         m->be_info.n_outputs, err, err_len)) != SP_OK ||
+        (st = build_io(m, cfg, dir, err, err_len)) != SP_OK) {
         return st;
     }
     uint64_t per = m->be_info.memory_bytes + (64u << 10); /* + the batcher's queue and buffers */
@@ -243,6 +365,8 @@ tensor_free(sp_served_model_t *m)
 {
     sp_batcher_destroy(m->batcher);
     m->batcher = NULL;
+    io_free(m->io);
+    m->io = NULL;
     for (int k = 0; k < m->n_inst; k++) {
         if (m->be && m->be_inst[k]) {
             m->be->unload(m->be_inst[k]);

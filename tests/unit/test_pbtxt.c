@@ -191,8 +191,14 @@ TEST(pbtxt_bad_files_name_line_and_field)
          "config.pbtxt:2:28: model_transaction_policy.decoupled: an llm model is decoupled"},
         {"backend: \"xgboost\"\ninput { name: \"x\" data_type: TYPE_FP32 dims: [2] format: FORMAT_NHWC }\n",
          "config.pbtxt:2:"},
-        {"backend: \"xgboost\"\noutput { name: \"y\" data_type: TYPE_FP32 dims: [1] label_filename: \"l.txt\" }\n",
-         "output[0].label_filename: classification labels are not supported"},
+        {"backend: \"xgboost\"\noutput { name: \"y\" data_type: TYPE_FP32 dims: [1] label_filename: \"../l.txt\" }\n",
+         "output[0].label_filename: must be a file name in the model directory"},
+        {"backend: \"onnx\"\ninput { name: \"x\" data_type: TYPE_FP32 dims: [3, 8, 8] format: FORMAT_NCHW }\n"
+         "parameters { key: \"image_preprocess.y\" value { string_value: \"{}\" } }\n",
+         "parameters.image_preprocess.y: no input named \"y\""},
+        {"backend: \"onnx\"\ninput { name: \"x\" data_type: TYPE_FP32 dims: [3, 8, 8] format: FORMAT_NCHW }\n"
+         "parameters { key: \"image_preprocess.x\" value { string_value: \"{\\\"colour\\\": 1}\" } }\n",
+         "parameters.image_preprocess.x.string_value.colour: unknown field"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         sp_repo_config_t c;
@@ -324,4 +330,29 @@ TEST(pbtxt_repository_scan)
     ASSERT(m && !m->ok);
     ASSERT_HAS(m->reason, "/badline/config.pbtxt:3:1: max_batch_size: must be in [0, 65536], got -1");
     sp_repo_scan_free(s);
+}
+
+TEST(pbtxt_image_preprocess_parameter)
+{
+    /* config.pbtxt cannot extend ModelInput: the preprocess object rides in a parameter. */
+    sp_repo_config_t c;
+    char err[512] = "";
+    ASSERT_OK(load_text("img", "backend: \"onnx\"\nmax_batch_size: 8\n"
+                        "input { name: \"x\" data_type: TYPE_FP32 dims: [224, 224, 3] format: FORMAT_NHWC }\n"
+                        "output { name: \"p\" data_type: TYPE_FP32 dims: [10] label_filename: \"labels.txt\" }\n"
+                        "parameters { key: \"image_preprocess.x\" value { string_value: "
+                        "\"{\\\"color\\\": \\\"BGR\\\", \\\"resize\\\": \\\"shorter_crop\\\", "
+                        "\\\"shorter_side\\\": 256, \\\"mean\\\": [1, 2, 3], \\\"std\\\": [4, 5, 6]}\" } }\n",
+                        &c, err, sizeof err));
+    ASSERT(c.input[0].has_image);
+    ASSERT_EQ(c.input[0].format, 1);
+    ASSERT_EQ(c.input[0].image.layout, SP_IMG_NHWC);
+    ASSERT_EQ(c.input[0].image.color, SP_IMG_BGR);
+    ASSERT_EQ(c.input[0].image.resize, SP_IMG_SHORTER_CROP);
+    ASSERT_EQ(c.input[0].image.height, 224);
+    ASSERT_EQ(c.input[0].image.shorter_side, 256);
+    ASSERT(c.input[0].image.mean[2] == 3.0f && c.input[0].image.std[0] == 4.0f);
+    ASSERT(fabsf(c.input[0].image.scale - 1.0f / 255.0f) < 1e-9f);
+    ASSERT_STR_EQ(c.output[0].label_filename, "labels.txt");
+    sp_repo_config_free(&c);
 }
