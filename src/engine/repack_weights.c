@@ -10,6 +10,13 @@
  * the load log line and the memory estimate count it). A type is packed only when the
  * current kernel table has a packed gemm for it (AVX2: Q4_0 and IQ4_NL).
  *
+ * Once packed, the file's copy of those tensors is given back (whole pages): a file mapping's
+ * pages leave the process and the page cache (a later reader faults them back), and anonymous
+ * memory (the file read into memory, a decrypted model) is freed; it reads as zeros until
+ * sp__model_refill_originals unpacks the packed copy into it, which the GPU upload calls
+ * first. Nothing else reads those bytes: batch.c's products read the packed copy, and the
+ * output matrix is kept when it is the token embedding as well (tied).
+ *
  * Threads: the packing runs on a few threads of its own while the model loads (groups of
  * rows are independent); afterwards the copy is read-only and shared by every context.
  * Process-wide switch: sp_model_set_repack (sampan --no-repack) or SAMPAN_REPACK=0.
@@ -47,6 +54,12 @@ size_t
 sp_model_repack_bytes(const sp_model_t *m)
 {
     return m->packed_bytes;
+}
+
+size_t
+sp_model_repack_released_bytes(const sp_model_t *m)
+{
+    return m->released_bytes;
 }
 
 #define GROUPS_PER_ITEM 64
@@ -171,9 +184,82 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     }
     m->packed_mem = mem;
     m->packed_bytes = total;
-    SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d",
-                sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1);
+    /* Give the file's copy back; the tied output matrix is also the token embedding. */
+    const char *how_name = "kept";
+    for (int i = 0; i < n; i++) {
+        sp_weight_t *w = list[i];
+        if (w == &m->output && m->hp.tied_output) {
+            continue;
+        }
+        sp_gguf_release_t how;
+        m->released_bytes += sp_gguf_release_range(m->gguf, w->data,
+                                                   w->row_bytes * (size_t)w->n_out, &how);
+        if (how == SP_GGUF_ZEROED) {
+            m->originals_zeroed = true;
+            how_name = "freed";
+        } else if (how == SP_GGUF_REFAULTS) {
+            how_name = "unmapped";
+        }
+    }
+    SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d "
+                "original_released_bytes=%zu original=%s",
+                sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1,
+                m->released_bytes, how_name);
     sp_free(list);
     sp_free(before);
     return SP_OK;
+}
+
+typedef struct refill {
+    const sp_weight_t *w;
+} refill_t;
+
+/* The packed rows back to the GGUF layout, in place (the range is writable now). */
+static void
+refill_rows(void *user)
+{
+    const sp_weight_t *w = ((refill_t *)user)->w;
+    for (int64_t r = 0; r < w->n_out; r++) {
+        sp_repack_unpack_row(w->type, w->n_in, w->packed, r,
+                             (char *)(uintptr_t)w->data + (size_t)r * w->row_bytes);
+    }
+}
+
+sp_status_t
+sp__model_refill_originals(sp_model_t *m, char *err, size_t err_len)
+{
+    if (!m->originals_zeroed) {
+        return SP_OK;
+    }
+    const int cap = (int)(m->hp.n_layer * 7 + 1);
+    sp_weight_t **list = sp_malloc(sizeof(*list) * (size_t)cap);
+    if (list == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    int n = 0;
+    for (int64_t il = 0; m->layers != NULL && il < m->hp.n_layer; il++) {
+        sp_layer_t *L = &m->layers[il];
+        sp_weight_t *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            list[n++] = ws[i];
+        }
+    }
+    list[n++] = &m->output;
+    sp_status_t st = SP_OK;
+    for (int i = 0; i < n && st == SP_OK; i++) {
+        refill_t rf = {list[i]};
+        if (list[i]->packed == NULL || (list[i] == &m->output && m->hp.tied_output)) {
+            continue;
+        }
+        st = sp_gguf_refill_range(m->gguf, list[i]->data, list[i]->row_bytes * (size_t)list[i]->n_out,
+                                  refill_rows, &rf, err, err_len);
+    }
+    sp_free(list);
+    if (st == SP_OK) {
+        m->originals_zeroed = false;
+        m->released_bytes = 0;
+        SP_LOG_INFO("event=weights_refilled model=%s reason=\"the GPU upload reads the file's layout\"",
+                    sp_log_str(sp_gguf_path(m->gguf)));
+    }
+    return st;
 }

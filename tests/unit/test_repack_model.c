@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "engine/model.h"
+#include "engine/model_impl.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
@@ -210,4 +211,87 @@ TEST(repack_model_q8_0)
 TEST(repack_model_q4_k)
 {
     rm_check(SP_TYPE_Q4_K);
+}
+
+/* Bytes of the whole pages of [p, p + len) mapped in this process now (/proc/self/pagemap's
+ * present bit: what RSS counts, for file and anonymous pages alike). */
+static size_t
+rm_resident(const void *p, size_t len)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + len) / page * page;
+    FILE *pm = fopen("/proc/self/pagemap", "rb");
+    ASSERT(pm != NULL);
+    size_t res = 0;
+    for (uintptr_t a = lo; a < hi; a += page) {
+        uint64_t e = 0;
+        ASSERT(fseeko(pm, (off_t)(a / page * 8), SEEK_SET) == 0 && fread(&e, 8, 1, pm) == 1);
+        res += (e >> 63) & 1 ? page : 0;
+    }
+    fclose(pm);
+    return res;
+}
+
+/* After the repack the file's copy of the packed tensors is given back, for a mapped file
+ * (pages out of the process and the page cache; a read faults the file's bytes back) and for
+ * one read into memory (freed; sp__model_refill_originals unpacks them back before the GPU
+ * upload would read them). The model computes the same logits either way, and the refilled
+ * bytes are the file's. Where the level packs nothing, nothing is released. */
+TEST(repack_releases_original_copy)
+{
+    void *buf;
+    size_t len;
+    char path[512], err[512];
+    rm_build(SP_TYPE_Q8_0, &buf, &len);
+    snprintf(path, sizeof path, "%s/release.gguf", sp_test_tmpdir());
+    FILE *f = fopen(path, "wb");
+    ASSERT(f != NULL && fwrite(buf, 1, len, f) == len);
+    fclose(f);
+    const bool packs = sp_cpu_kernels()->repack_gemm[SP_TYPE_Q8_0] != NULL;
+    sp_model_t *ref = rm_load(buf, len, false);
+    const int64_t V = sp_model_hparams(ref)->n_vocab;
+    float *la = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
+    float *lb = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
+    int32_t ga[RM_GEN], gb[RM_GEN];
+    rm_run(ref, false, la, ga);
+    for (int copy = 0; copy < 2; copy++) {
+        sp_gguf_set_copy_max(copy ? (size_t)1 << 30 : 0);
+        sp_model_t *m;
+        ASSERT_OK(sp_model_load(path, &m, err, sizeof err));
+        sp_gguf_set_copy_max(0);
+        ASSERT_EQ(sp_gguf_is_copy(sp_model_gguf(m)), copy == 1);
+        const size_t rel = sp_model_repack_released_bytes(m);
+        /* the projections and the output matrix of this model, less partial pages */
+        if (!packs) {
+            ASSERT_EQ(rel, 0);
+        } else if (rel < sp_model_repack_bytes(m) / 2) {
+            SP_TEST_FAIL("%s: %zu bytes released of %zu packed", copy ? "copy" : "mapping", rel,
+                         sp_model_repack_bytes(m));
+        }
+        const sp_weight_t *wq = &m->layers[0].wq, *out = &m->output;
+        const size_t out_bytes = out->row_bytes * (size_t)out->n_out;
+        if (packs) /* nothing read them since: still out of memory */
+            ASSERT_EQ(rm_resident(out->data, out_bytes), 0);
+        rm_run(m, false, lb, gb);
+        ASSERT(memcmp(ga, gb, sizeof ga) == 0);
+        if (packs)
+            ASSERT_EQ(rm_resident(out->data, out_bytes), 0); /* the products read the packed copy */
+        ASSERT_OK(sp__model_refill_originals(m, err, sizeof err));
+        /* the GGUF bytes are the file's again (refaulted from the file, or refilled) */
+        const sp_gguf_t *g = sp_model_gguf(m);
+        const sp_gguf_t *gr = sp_model_gguf(ref);
+        for (int64_t i = 0; i < sp_gguf_n_tensors(g); i++) {
+            const sp_gguf_tensor_t *t = sp_gguf_tensor(g, i), *tr = sp_gguf_tensor(gr, i);
+            ASSERT_EQ(t->nbytes, tr->nbytes);
+            if (memcmp(t->data, tr->data, t->nbytes) != 0)
+                SP_TEST_FAIL("%s: tensor %lld differs from the file after the release",
+                             copy ? "copy" : "mapping", (long long)i);
+        }
+        ASSERT(wq->data != NULL);
+        sp_model_free(m);
+    }
+    sp_free(la);
+    sp_free(lb);
+    sp_model_free(ref);
+    sp_free(buf);
 }
