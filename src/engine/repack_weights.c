@@ -70,7 +70,29 @@ typedef struct pack_work {
     atomic_llong next; /* work item: weight index * 2^32 + group chunk */
     int64_t *chunks_before; /* prefix sums of each weight's chunk count */
     int64_t total;
+    /* Each weight's file copy is given back as soon as its last chunk is packed, so the load
+     * holds the file and the packed copy together for a few tensors only, not all of them. */
+    sp_model_t *m;
+    atomic_llong *left;       /* chunks of each weight still to pack */
+    atomic_size_t released;   /* bytes given back */
+    atomic_int zeroed, unmapped;
 } pack_work_t;
+
+static void
+release_original(pack_work_t *pw, sp_weight_t *w)
+{
+    if (w == &pw->m->output && pw->m->hp.tied_output) {
+        return; /* also the token embedding */
+    }
+    sp_gguf_release_t how;
+    atomic_fetch_add(&pw->released, sp_gguf_release_range(pw->m->gguf, w->data,
+                                                          w->row_bytes * (size_t)w->n_out, &how));
+    if (how == SP_GGUF_ZEROED) {
+        atomic_store(&pw->zeroed, 1);
+    } else if (how == SP_GGUF_REFAULTS) {
+        atomic_store(&pw->unmapped, 1);
+    }
+}
 
 static void *
 pack_thread(void *arg)
@@ -91,6 +113,9 @@ pack_thread(void *arg)
         const int64_t g1 = g0 + GROUPS_PER_ITEM < n_groups ? g0 + GROUPS_PER_ITEM : n_groups;
         sp_repack_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, g0, g1,
                        (void *)w->packed);
+        if (atomic_fetch_sub(&pw->left[wi], 1) == 1) {
+            release_original(pw, w);
+        }
     }
 }
 
@@ -161,6 +186,13 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
                        "or --no-repack keeps the file's layout)",
                        sp_gguf_path(m->gguf), total);
     }
+    atomic_llong *left = sp_malloc(sizeof(*left) * (size_t)n);
+    if (left == NULL) {
+        sp_free(mem);
+        sp_free(list);
+        sp_free(before);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         sp_weight_t *w = list[i];
@@ -168,7 +200,15 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
         w->packed_stride = sp_repack_group_bytes(w->type, w->n_in);
         off += (sp_repack_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
     }
-    pack_work_t pw = {list, n, 0, before, before[n]};
+    for (int i = 0; i < n; i++) {
+        atomic_init(&left[i], before[i + 1] - before[i]);
+    }
+    pack_work_t pw = {.w = list, .n_w = n, .chunks_before = before, .total = before[n], .m = m,
+                      .left = left};
+    atomic_init(&pw.next, 0);
+    atomic_init(&pw.released, 0);
+    atomic_init(&pw.zeroed, 0);
+    atomic_init(&pw.unmapped, 0);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nth = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     pthread_t th[16];
@@ -182,25 +222,14 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     for (int i = 0; i < started; i++) {
         pthread_join(th[i], NULL);
     }
+    sp_free(left);
     m->packed_mem = mem;
     m->packed_bytes = total;
-    /* Give the file's copy back; the tied output matrix is also the token embedding. */
-    const char *how_name = "kept";
-    for (int i = 0; i < n; i++) {
-        sp_weight_t *w = list[i];
-        if (w == &m->output && m->hp.tied_output) {
-            continue;
-        }
-        sp_gguf_release_t how;
-        m->released_bytes += sp_gguf_release_range(m->gguf, w->data,
-                                                   w->row_bytes * (size_t)w->n_out, &how);
-        if (how == SP_GGUF_ZEROED) {
-            m->originals_zeroed = true;
-            how_name = "freed";
-        } else if (how == SP_GGUF_REFAULTS) {
-            how_name = "unmapped";
-        }
-    }
+    m->released_bytes = atomic_load(&pw.released);
+    m->originals_zeroed = atomic_load(&pw.zeroed) != 0;
+    const char *how_name = m->originals_zeroed     ? "freed"
+                           : atomic_load(&pw.unmapped) ? "unmapped"
+                                                       : "kept";
     SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d "
                 "original_released_bytes=%zu original=%s",
                 sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1,
