@@ -8,7 +8,7 @@
  *
  *   make BUILD=build build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/repack_bench.c build/libsampan.a -lm -pthread -o build/repackbench
- *   nice ./build/repackbench [q4_0|iq4_nl|q8_0|q4_k]   (SAMPAN_CPU=avx2 on an AVX-512
+ *   nice ./build/repackbench [q4_0|iq4_nl|q8_0|q4_k|iq4_xs]   (SAMPAN_CPU=avx2 on an AVX-512
  *   machine: that level has no packed kernels yet)
  */
 #include "qbench.h"
@@ -96,7 +96,8 @@ main(int argc, char **argv)
                   {"attn_k/v 256x2048", 256, 2048},
                   {"ffn_gate/up 5632x2048", 5632, 2048},
                   {"ffn_down 2048x5632", 2048, 5632}};
-    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0, SP_TYPE_Q4_K};
+    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0, SP_TYPE_Q4_K,
+                                      SP_TYPE_IQ4_XS};
     const sp_cpu_kernels_t *k = sp_cpu_kernels();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         if (!qbench_selected(argc, argv, k->name, sp_type_name(types[ti])))

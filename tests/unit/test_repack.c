@@ -37,9 +37,9 @@ rp_gauss(void)
             SP_TEST_FAIL(__VA_ARGS__);                                                        \
     } while (0)
 
-#define RP_NTYPES 4
+#define RP_NTYPES 5
 static const sp_type_t rp_types[RP_NTYPES] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0,
-                                              SP_TYPE_Q4_K};
+                                              SP_TYPE_Q4_K, SP_TYPE_IQ4_XS};
 
 /* The layout as kernels.h states it, spelled out independently of sp__repack_qs_off. */
 TEST(repack_layout)
@@ -54,6 +54,7 @@ TEST(repack_layout)
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q8_0, n, rows), 2 * 2 * 272);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 512, rows), 2 * 2 * 1184);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 288, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_XS, 256, rows), 2 * 1104);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 256, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, 48, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, SP_REPACK_MAX_N + 32, rows), 0);
@@ -174,7 +175,7 @@ static void
 rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
 {
     static const int64_t ns32[] = {32, 96, 288, 2048}, nsk[] = {256, 768, 2048};
-    const bool k = type == SP_TYPE_Q4_K;
+    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
     const int64_t *ns = k ? nsk : ns32;
     const size_t n_ns = k ? sizeof nsk / sizeof nsk[0] : sizeof ns32 / sizeof ns32[0];
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
@@ -213,7 +214,7 @@ rp_check_level(sp_cpu_level_t level)
         }
     }
     if (level == SP_CPU_AVX2)
-        ASSERT_EQ(n, RP_NTYPES); /* the AVX2 table packs all four types */
+        ASSERT_EQ(n, RP_NTYPES); /* the AVX2 table packs all five types */
 }
 
 TEST(repack_gemm_avx2)
@@ -285,7 +286,8 @@ TEST(repack_roundtrip_bytes)
 {
     for (int ti = 0; ti < RP_NTYPES; ti++) {
         const sp_type_t type = rp_types[ti];
-        const int64_t n = type == SP_TYPE_Q4_K ? 512 : 96, rows = 19;
+        const bool super = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+        const int64_t n = super ? 512 : 96, rows = 19;
         const size_t rb = sp_row_size(type, n), pb = sp_repack_bytes(type, n, rows);
         ASSERT(pb > 0 && pb >= rb * (size_t)rows);
         uint8_t *src = malloc(rb * (size_t)rows), *packed = malloc(pb), *back = malloc(rb);
@@ -315,14 +317,14 @@ TEST(repack_roundtrip_bytes)
 }
 
 /* Q8_0 weights at -128 and 127 against activations of +-127 (the sign trick's widest pair
- * sum, 2 * 128 * 127), and Q4_K with every nibble 15 and the 6-bit scales and mins at 63
- * (int16 sums of 4 * 2 * 15 * 127, scaled sums of 63 times that): every level, the
- * reference's bits. */
+ * sum, 2 * 128 * 127), Q4_K with every nibble 15 and the 6-bit scales and mins at 63
+ * (int16 sums of 4 * 2 * 15 * 127, scaled sums of 63 times that), IQ4_XS at the grid's ends
+ * with scales -32 and 31: every level, the reference's bits. */
 TEST(repack_extreme_q8_0_q4_k)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
-    for (int ti = 0; ti < 2; ti++) {
-        const sp_type_t type = ti == 0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_K;
+    for (int ti = 0; ti < 3; ti++) {
+        const sp_type_t type = ti == 0 ? SP_TYPE_Q8_0 : ti == 1 ? SP_TYPE_Q4_K : SP_TYPE_IQ4_XS;
         const sp_type_t at = ref->vec_dot_type[type];
         const int64_t n = 512, rows = 11;
         const size_t rb = sp_row_size(type, n), xs = sp_row_size(at, n);
@@ -337,6 +339,14 @@ TEST(repack_extreme_q8_0_q4_k)
                     const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b);
                     memcpy(row + b * 34, &d, 2);
                     memset(row + b * 34 + 2, r % 3 == 0 ? 0x80 : r % 3 == 1 ? 0x7F : 0x81, 32);
+                }
+            } else if (type == SP_TYPE_IQ4_XS) { /* grid ends -127 / 113, scales -32 / 31 */
+                for (int64_t b = 0; b < n / 256; b++) {
+                    uint8_t *blk = row + b * 136;
+                    const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b);
+                    memcpy(blk, &d, 2);
+                    memset(blk + 2, r % 2 ? 0xFF : 0x00, 6);
+                    memset(blk + 8, r % 3 == 0 ? 0x00 : r % 3 == 1 ? 0xFF : 0x0F, 128);
                 }
             } else {
                 for (int64_t b = 0; b < n / 256; b++) {

@@ -35,6 +35,12 @@
  * is four VPMADDWD of the rows' mins against the token's pair sums. Both are exact integer
  * sums, and the float finish is kquants_impl.h's sequence lane-wise: the reference's bits.
  *
+ * IQ4_XS x Q8_K: per sub-block the grid lookup (VPSHUFB) and the sign trick as IQ4_NL's, and
+ * the VPMADDWD that widens each VPMADDUBSW (pair sums <= 32258) multiplies by the rows' signed
+ * sub-block scale (ls - 32, |.| <= 32): <= 2.07e6 per lane and step, the super-block's sum
+ * sum_j (ls_j - 32) dot_j exact in int32 (<= 256 * 127 * 127 * 32). Float finish lane-wise as
+ * ref_kquants2.c's: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk.
+ *
  * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
  * (8 * sum(x) and x's scale per block of the tokens in flight).
  */
@@ -53,7 +59,7 @@
 
 _Static_assert(RP_SCRATCH >= RP_TM * (SP_REPACK_MAX_N / 32), "a tile's tokens fit the scratch");
 
-enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K };
+enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
 
 RP_INLINE __m256i
 bcast8(const int8_t *p)
@@ -292,6 +298,85 @@ rp_tile_q4k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     }
 }
 
+/*
+ * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
+ */
+RP_INLINE void
+rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+              __m256 out[RP_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i bias = _mm256_set1_epi16(32);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    const __m256i spread[2] = {
+        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
+        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
+    };
+    __m256 acc[RP_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        __m256i ai[RP_TM][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 8; j++) {
+            int64_t scj;
+            memcpy(&scj, pb + SP_REPACK_IQ4XS_SC + 8 * j, sizeof scj);
+            const __m256i scv = _mm256_set1_epi64x(scj);
+            const uint8_t *qp = pb + SP_REPACK_IQ4XS_QS + 128 * j;
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const __m256i S = _mm256_sub_epi16(_mm256_shuffle_epi8(scv, spread[s]), bias);
+                /* elements 0..7, 8..15 (low nibbles of bytes 0..7, 8..15), 16..23, 24..31 */
+                const __m256i raw0 = _mm256_loadu_si256((const __m256i *)(qp + 32 * s));
+                const __m256i raw1 = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2)));
+                __m256i w[4], aw[4];
+                w[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw0, m4));
+                w[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw1, m4));
+                w[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw0, 4), m4));
+                w[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw1, 4), m4));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    aw[k] = _mm256_sign_epi8(w[k], w[k]);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
+                                                        (size_t)b * sizeof(sp_block_q8_k) + 4) +
+                                       32 * j;
+                    __m256i v = ai[t][s];
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            aw[k], _mm256_sign_epi8(bcast8(xq + 8 * k), w[k]));
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, S));
+                    }
+                    ai[t][s] = v;
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float yd;
+            memcpy(&yd, x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k), sizeof yd);
+            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd), dw);
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = acc[t];
+    }
+}
+
 typedef void (*rp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                            const int32_t *xsum, const float *xd, __m256 out[RP_TM]);
 
@@ -329,12 +414,27 @@ RP_TILE_Q4K(2)
 RP_TILE_Q4K(3)
 RP_TILE_Q4K(4)
 
+#define RP_TILE_IQ4XS(T)                                                                       \
+    static void iq4_xs_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 out[RP_TM])       \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        rp_tile_iq4xs(T, nb, g, x, xs, out);                                                   \
+    }
+RP_TILE_IQ4XS(1)
+RP_TILE_IQ4XS(2)
+RP_TILE_IQ4XS(3)
+RP_TILE_IQ4XS(4)
+
 static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
                                                  q4_0_tile_4};
 static const rp_tile_fn q8_0_tiles[RP_TM + 1] = {NULL, q8_0_tile_1, q8_0_tile_2, q8_0_tile_3,
                                                  q8_0_tile_4};
 static const rp_tile_fn q4_k_tiles[RP_TM + 1] = {NULL, q4_k_tile_1, q4_k_tile_2, q4_k_tile_3,
                                                  q4_k_tile_4};
+static const rp_tile_fn iq4_xs_tiles[RP_TM + 1] = {NULL, iq4_xs_tile_1, iq4_xs_tile_2,
+                                                   iq4_xs_tile_3, iq4_xs_tile_4};
 static const rp_tile_fn iq4_nl_tiles[RP_TM + 1] = {NULL, iq4_nl_tile_1, iq4_nl_tile_2,
                                                    iq4_nl_tile_3, iq4_nl_tile_4};
 
@@ -347,7 +447,8 @@ static void
 rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0,
         int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    const int64_t nb = n / (kind == RP_Q4_K ? SP_QK_K : 32);
+    const bool super = kind == RP_Q4_K || kind == RP_IQ4_XS; /* Q8_K: no scratch */
+    const int64_t nb = n / (super ? SP_QK_K : 32);
     int32_t xsum[RP_SCRATCH];
     float xd[RP_SCRATCH];
     int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
@@ -361,7 +462,7 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, 
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t t = t0; t < t1 && kind != RP_Q4_K; t++) {
+        for (int64_t t = t0; t < t1 && !super; t++) {
             const sp_block_q8_0 *xb =
                 (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
             for (int64_t b = 0; b < nb; b++) {
@@ -433,6 +534,15 @@ q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
     }
 }
 
+static void
+iq4_xs_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
 void
 sp__repack_register_avx2(sp_cpu_kernels_t *k)
 {
@@ -440,4 +550,5 @@ sp__repack_register_avx2(sp_cpu_kernels_t *k)
     k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
     k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
     k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;
+    k->repack_gemm[SP_TYPE_IQ4_XS] = iq4_xs_gemm;
 }

@@ -1,5 +1,5 @@
 /*
- * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, Q8_0 and Q4_K weights:
+ * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS weights:
  * sizes, packing and unpacking (level-independent: the layouts are kernels.h's and
  * repack_impl.h's), and the scalar gemms over it that the unit tests use as the oracle of
  * the SIMD ones.
@@ -34,6 +34,10 @@ shape_of(sp_type_t type, rp_shape_t *s)
         *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q4_k), SP_REPACK_Q4K_BLOCK_BYTES, 128,
                           (int)offsetof(sp_block_q4_k, qs), SP_REPACK_Q4K_QS};
         return true;
+    case SP_TYPE_IQ4_XS:
+        *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_iq4_xs), SP_REPACK_IQ4XS_BLOCK_BYTES, 128,
+                          (int)offsetof(sp_block_iq4_xs, qs), SP_REPACK_IQ4XS_QS};
+        return true;
     default:
         return false;
     }
@@ -47,6 +51,18 @@ _Static_assert(SP_REPACK_Q8_0_BLOCK_BYTES == SP_REPACK_ROWS * 34, "a packed bloc
 _Static_assert(offsetof(sp_block_q4_k, d) == 0 && offsetof(sp_block_q4_k, dmin) == 2 &&
                    offsetof(sp_block_q4_k, scales) == 4 && offsetof(sp_block_q4_k, qs) == 16,
                "the Q4_K block layout the packing assumes");
+_Static_assert(offsetof(sp_block_iq4_xs, d) == 0 && offsetof(sp_block_iq4_xs, scales_h) == 2 &&
+                   offsetof(sp_block_iq4_xs, scales_l) == 4 && offsetof(sp_block_iq4_xs, qs) == 8,
+               "the IQ4_XS block layout the packing assumes");
+
+/* IQ4_XS's sub-block scale j (0..63, biased by 32): low 4 bits in scales_l, nibble j % 2 of
+ * byte j / 2; high 2 bits in bits 2j, 2j+1 of scales_h (little-endian). */
+static uint8_t
+iq4xs_scale(const uint8_t *blk, int j)
+{
+    const unsigned h = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+    return (uint8_t)(((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((h >> (2 * j)) & 3) << 4));
+}
 
 size_t
 sp_repack_group_bytes(sp_type_t type, int64_t n)
@@ -85,6 +101,13 @@ q4k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[SP_K_SCALE_
 static void
 put_header(sp_type_t type, int r, const uint8_t *blk, uint8_t *pb)
 {
+    if (type == SP_TYPE_IQ4_XS) {
+        memcpy(pb + 2 * r, blk, 2);
+        for (int j = 0; j < 8; j++) {
+            pb[SP_REPACK_IQ4XS_SC + 8 * j + r] = iq4xs_scale(blk, j);
+        }
+        return;
+    }
     if (type != SP_TYPE_Q4_K) {
         memcpy(pb + 2 * r, blk, 2);
         return;
@@ -102,6 +125,19 @@ put_header(sp_type_t type, int r, const uint8_t *blk, uint8_t *pb)
 static void
 get_header(sp_type_t type, int r, const uint8_t *pb, uint8_t *blk)
 {
+    if (type == SP_TYPE_IQ4_XS) {
+        unsigned h = 0;
+        memcpy(blk, pb + 2 * r, 2);
+        memset(blk + 4, 0, 4);
+        for (int j = 0; j < 8; j++) {
+            const unsigned ls = pb[SP_REPACK_IQ4XS_SC + 8 * j + r];
+            blk[4 + j / 2] |= (uint8_t)((ls & 0x0f) << (4 * (j % 2)));
+            h |= ((ls >> 4) & 3) << (2 * j);
+        }
+        blk[2] = (uint8_t)(h & 0xff);
+        blk[3] = (uint8_t)(h >> 8);
+        return;
+    }
     if (type != SP_TYPE_Q4_K) {
         memcpy(blk, pb + 2 * r, 2);
         return;
@@ -240,6 +276,34 @@ packed_row_dot_q4k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y)
     return sumf;
 }
 
+/* IQ4_XS row r of a packed group against one Q8_K row: sumi = sum_j (ls_j - 32) dot_j, then
+ * d = y.d * x.d; blk = d * sumi; sumf = sumf + blk (ref_kquants2.c's finish_scale). */
+static float
+packed_row_dot_iq4xs(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y)
+{
+    float sumf = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK_K; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        const uint8_t *qs = pb + SP_REPACK_IQ4XS_QS;
+        int32_t sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++) {
+                const uint8_t q = qs[sp__repack_chunk_off(r, 16 * j + l)];
+                dot += sp__kvalues_iq4nl[q & 0x0f] * y[b].qs[32 * j + l] +
+                       sp__kvalues_iq4nl[q >> 4] * y[b].qs[32 * j + 16 + l];
+            }
+            sumi += ((int32_t)pb[SP_REPACK_IQ4XS_SC + 8 * j + r] - 32) * dot;
+        }
+        sp_fp16_t wd;
+        memcpy(&wd, pb + 2 * r, sizeof wd);
+        const float d = y[b].d * sp_fp16_to_fp32(wd);
+        const float blk = d * (float)sumi;
+        sumf = sumf + blk;
+    }
+    return sumf;
+}
+
 static void
 packed_gemm_ref(sp_type_t type, int64_t n, const void *w, size_t w_stride, int64_t r0,
                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
@@ -249,8 +313,9 @@ packed_gemm_ref(sp_type_t type, int64_t n, const void *w, size_t w_stride, int64
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_REPACK_ROWS) * w_stride;
             const int rr = (int)(r % SP_REPACK_ROWS);
-            y[t * ldy + r] = type == SP_TYPE_Q4_K ? packed_row_dot_q4k(n, g, rr, xt)
-                                                  : packed_row_dot(type, n, g, rr, xt);
+            y[t * ldy + r] = type == SP_TYPE_Q4_K     ? packed_row_dot_q4k(n, g, rr, xt)
+                             : type == SP_TYPE_IQ4_XS ? packed_row_dot_iq4xs(n, g, rr, xt)
+                                                      : packed_row_dot(type, n, g, rr, xt);
         }
     }
 }
@@ -283,6 +348,13 @@ sp__repack_q4_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, 
     packed_gemm_ref(SP_TYPE_Q4_K, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
 }
 
+void
+sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                           const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_IQ4_XS, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
 sp_gemm_fn
 sp__repack_gemm_ref(sp_type_t type)
 {
@@ -291,6 +363,7 @@ sp__repack_gemm_ref(sp_type_t type)
     case SP_TYPE_IQ4_NL: return sp__repack_iq4_nl_gemm_ref;
     case SP_TYPE_Q8_0: return sp__repack_q8_0_gemm_ref;
     case SP_TYPE_Q4_K: return sp__repack_q4_k_gemm_ref;
+    case SP_TYPE_IQ4_XS: return sp__repack_iq4_xs_gemm_ref;
     default: return NULL;
     }
 }

@@ -28,6 +28,14 @@
 #define SP_REPACK_Q4K_QS 160
 #define SP_REPACK_Q4K_BLOCK_BYTES (SP_REPACK_Q4K_QS + SP_REPACK_ROWS * 128)
 
+/* IQ4_XS, per super-block: 8 F16 d, the 6-bit sub-block scales (unbiased, 0..63) as bytes
+ * sc[j][r] (the file's scales_h / scales_l hold exactly these 48 bits), then 8 x 128 quant
+ * bytes (sub-block j's 16 bytes are the row's bytes 16 j .. 16 j + 15, as IQ4_NL's blocks).
+ * 1104 bytes for the file's 8 x 136 (+1.5%). */
+#define SP_REPACK_IQ4XS_SC 16
+#define SP_REPACK_IQ4XS_QS 80
+#define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
+
 /* Offset, from the start of a packed block's quant bytes, of quant byte j of row r (0..7)
  * of the group: chunk (r >> 1 & 1) + 2 (j >> 3) (32 bytes each), 64-bit lane
  * (r & 1) | (r >> 2) << 1 within it. Rows {0,1,4,5} and {2,3,6,7} share chunks so that one
@@ -63,10 +71,14 @@ void sp__repack_q8_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t
 void sp__repack_q4_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                               const void *x, size_t x_stride, int64_t n_tok, float *y,
                               int64_t ldy);
+/* IQ4_XS x Q8_K: sp__iq4xs_vec_dot_ref's integer sums and float sequence. */
+void sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                float *y, int64_t ldy);
 /* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
 sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
-/* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0 and Q4_K. */
+/* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
