@@ -176,8 +176,8 @@ sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, in
                     memset(blk, 0, (size_t)s.blk); /* a zero row: scales 0 */
                 }
                 put_header(type, r, blk, pb);
-                for (int j = 0; j < s.qs_bytes; j++) {
-                    pb[s.qs_dst + sp__repack_chunk_off(r, j)] = blk[s.qs_src + j];
+                for (int j = 0; j < s.qs_bytes; j += 8) { /* 8 bytes share a 64-bit lane */
+                    memcpy(pb + s.qs_dst + sp__repack_chunk_off(r, j), blk + s.qs_src + j, 8);
                 }
             }
         }
@@ -199,8 +199,8 @@ sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, v
         const uint8_t *pb = g + (size_t)b * (size_t)s.pblk;
         uint8_t *o = (uint8_t *)dst + (size_t)b * (size_t)s.blk;
         get_header(type, rr, pb, o);
-        for (int j = 0; j < s.qs_bytes; j++) {
-            o[s.qs_src + j] = pb[s.qs_dst + sp__repack_chunk_off(rr, j)];
+        for (int j = 0; j < s.qs_bytes; j += 8) {
+            memcpy(o + s.qs_src + j, pb + s.qs_dst + sp__repack_chunk_off(rr, j), 8);
         }
     }
 }
