@@ -8,7 +8,7 @@
  * them as before, and only the matrix products of batch.c read the packed copy. The copy
  * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
  * the load log line and the memory estimate count it). A type is packed only when the
- * current kernel table has a packed gemm for it (AVX2: Q4_0 and IQ4_NL).
+ * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS).
  *
  * Once packed, the file's copy of those tensors is given back (whole pages): a file mapping's
  * pages leave the process and the page cache (a later reader faults them back), and anonymous
