@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
+#include "crypto/enc.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
@@ -233,8 +234,8 @@ rm_resident(const void *p, size_t len)
 }
 
 /* After the repack the file's copy of the packed tensors is given back, for a mapped file
- * (pages out of the process and the page cache; a read faults the file's bytes back) and for
- * one read into memory (freed; sp__model_refill_originals unpacks them back before the GPU
+ * (pages out of the process and the page cache; a read faults the file's bytes back), for
+ * one read into memory and for a decrypted one (freed; sp__model_refill_originals unpacks them back before the GPU
  * upload would read them). The model computes the same logits either way, and the refilled
  * bytes are the file's. Where the level packs nothing, nothing is released. */
 TEST(repack_releases_original_copy)
@@ -254,10 +255,27 @@ TEST(repack_releases_original_copy)
     float *lb = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
     int32_t ga[RM_GEN], gb[RM_GEN];
     rm_run(ref, false, la, ga);
-    for (int copy = 0; copy < 2; copy++) {
-        sp_gguf_set_copy_max(copy ? (size_t)1 << 30 : 0);
+    /* 0: the mapped file, 1: its private copy, 2: an encrypted file (locked plaintext) */
+    char enc_path[600], key_path[600];
+    snprintf(enc_path, sizeof enc_path, "%s.enc", path);
+    snprintf(key_path, sizeof key_path, "%s/release.key", sp_test_tmpdir());
+    sp_enc_key_t key;
+    for (int i = 0; i < SP_ENC_KEY_BYTES; i++)
+        key.bytes[i] = (uint8_t)(i * 13 + 5);
+    ASSERT_OK(sp_enc_encrypt_file(path, enc_path, &key, 64 << 10, err, sizeof err));
+    unlink(key_path);
+    ASSERT_OK(sp_enc_key_write_file(key_path, &key, err, sizeof err));
+    for (int copy = 0; copy < 3; copy++) {
+        static const char *const what[3] = {"mapping", "copy", "encrypted"};
+        sp_gguf_set_copy_max(copy == 1 ? (size_t)1 << 30 : 0);
         sp_model_t *m;
-        ASSERT_OK(sp_model_load(path, &m, err, sizeof err));
+        if (copy == 2) {
+            sp_enc_key_src_t src = {0};
+            snprintf(src.file, sizeof src.file, "%s", key_path);
+            ASSERT_OK(sp_model_load_ex(enc_path, &src, &m, err, sizeof err));
+        } else {
+            ASSERT_OK(sp_model_load(path, &m, err, sizeof err));
+        }
         sp_gguf_set_copy_max(0);
         ASSERT_EQ(sp_gguf_is_copy(sp_model_gguf(m)), copy == 1);
         const size_t rel = sp_model_repack_released_bytes(m);
@@ -265,7 +283,7 @@ TEST(repack_releases_original_copy)
         if (!packs) {
             ASSERT_EQ(rel, 0);
         } else if (rel < sp_model_repack_bytes(m) / 2) {
-            SP_TEST_FAIL("%s: %zu bytes released of %zu packed", copy ? "copy" : "mapping", rel,
+            SP_TEST_FAIL("%s: %zu bytes released of %zu packed", what[copy], rel,
                          sp_model_repack_bytes(m));
         }
         const sp_weight_t *wq = &m->layers[0].wq, *out = &m->output;
@@ -285,7 +303,7 @@ TEST(repack_releases_original_copy)
             ASSERT_EQ(t->nbytes, tr->nbytes);
             if (memcmp(t->data, tr->data, t->nbytes) != 0)
                 SP_TEST_FAIL("%s: tensor %lld differs from the file after the release",
-                             copy ? "copy" : "mapping", (long long)i);
+                             what[copy], (long long)i);
         }
         ASSERT(wq->data != NULL);
         sp_model_free(m);
