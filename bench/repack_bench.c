@@ -8,7 +8,8 @@
  *
  *   make BUILD=build build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/repack_bench.c build/libsampan.a -lm -pthread -o build/repackbench
- *   nice ./build/repackbench [q4_0|iq4_nl]
+ *   nice ./build/repackbench [q4_0|iq4_nl|q8_0|q4_k|iq4_xs]   (SAMPAN_CPU=avx2 on an AVX-512
+ *   machine: that level has no packed kernels yet)
  */
 #include "qbench.h"
 
@@ -50,7 +51,8 @@ static void
 ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int64_t n,
    int64_t toks, int reps)
 {
-    const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(SP_TYPE_Q8_0, n);
+    const sp_type_t at = k->vec_dot_type[wt];
+    const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(at, n);
     uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * (size_t)toks);
     uint8_t *wp = malloc(sp_repack_bytes(wt, n, rows));
     float *f = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)(rows * toks));
@@ -62,7 +64,7 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     for (int64_t t = 0; t < toks; t++) {
         for (int64_t i = 0; i < n; i++)
             f[i] = rnd();
-        k->from_float[SP_TYPE_Q8_0](f, x + (size_t)t * xrow, n);
+        k->from_float[at](f, x + (size_t)t * xrow, n);
     }
     sp_repack_pack(wt, n, w, wrow, rows, 0, (rows + 7) / 8, wp);
     run_t c[2] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
@@ -94,9 +96,10 @@ main(int argc, char **argv)
                   {"attn_k/v 256x2048", 256, 2048},
                   {"ffn_gate/up 5632x2048", 5632, 2048},
                   {"ffn_down 2048x5632", 2048, 5632}};
-    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL};
+    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0, SP_TYPE_Q4_K,
+                                      SP_TYPE_IQ4_XS};
     const sp_cpu_kernels_t *k = sp_cpu_kernels();
-    for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         if (!qbench_selected(argc, argv, k->name, sp_type_name(types[ti])))
             continue;
         if (k->repack_gemm[types[ti]] == NULL) {
@@ -110,6 +113,10 @@ main(int argc, char **argv)
             snprintf(what, sizeof what, "%s decode", shapes[s].name);
             ab(k, types[ti], what, shapes[s].rows, shapes[s].n, 1, 5);
         }
+        /* decode over 192 MiB of weights, far more than any cache: GB/s against
+         * bench/membw's single-thread read bandwidth */
+        const int64_t big_rows = (int64_t)((192u << 20) / sp_row_size(types[ti], 2048)) / 8 * 8;
+        ab(k, types[ti], "2048-wide 192 MiB decode", big_rows, 2048, 1, 2);
     }
     return 0;
 }

@@ -559,6 +559,11 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (bad != NULL) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "%s: '%s' is not 0 or 1", bad, getenv(bad));
     }
+    /* The upload reads the file's layout, which the repack may have given back. */
+    sp_status_t rst = sp__model_refill_originals(m, err, err_len);
+    if (rst != SP_OK) {
+        return rst;
+    }
     if (n_gpu < 0 || n_gpu > hp->n_layer) {
         n_gpu = hp->n_layer;
     }

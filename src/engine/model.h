@@ -143,6 +143,10 @@ size_t sp_model_weight_bytes(const sp_model_t *m);
 void sp_model_set_repack(bool on);
 bool sp_model_repack_enabled(void);
 size_t sp_model_repack_bytes(const sp_model_t *m);
+/* The bytes of the file's copy of the packed tensors given back after packing (whole pages:
+ * dropped from the mapping and the page cache, or freed where the file was read into memory
+ * or decrypted); 0 when nothing was packed or the weights are a caller's buffer. */
+size_t sp_model_repack_released_bytes(const sp_model_t *m);
 
 /* The KV cache's element type (engine/batch.h; layouts in kernels/kernels.h).
  * SP_KV_TYPE_F16 is 1, so a boolean "half precision" flag converts to the right type. */

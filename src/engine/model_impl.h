@@ -80,6 +80,11 @@ struct sp_model {
     size_t weight_bytes;
     void *packed_mem;    /* the packed weights, one allocation (owned) or NULL */
     size_t packed_bytes;
+    /* The file's pages of the packed tensors given back after packing (repack_weights.c);
+     * originals_zeroed: some were anonymous memory and read as zeros until
+     * sp__model_refill_originals writes them back from the packed copy. */
+    size_t released_bytes;
+    bool originals_zeroed;
     /* The GPU binding (engine/gpu.h: sp_gpu_attach) or NULL: layers
      * 0..n_gpu-1 then run on that device. Owned: sp_model_free releases it
      * through gpu_release, the hook the binder installed with it, so model.c
@@ -100,6 +105,10 @@ struct sp_model {
 /* Pack the model's packable projection weights for the current kernel table
  * (repack_weights.c); a no-op when repacking is off or nothing is packable. */
 sp_status_t sp__model_repack(sp_model_t *m, char *err, size_t err_len);
+/* Before anything but batch.c's packed products reads the GGUF bytes of packed weights again
+ * (the GPU upload): rewrite those the repack released from anonymous memory (unpacking the
+ * packed copy, which is exactly invertible). A no-op when none were. Not thread-safe. */
+sp_status_t sp__model_refill_originals(sp_model_t *m, char *err, size_t err_len);
 
 /* Per-layer sizes (model.h: gemma4 varies them by layer; every other architecture has
  * one value, the hparams' own). */

@@ -8,7 +8,14 @@
  * them as before, and only the matrix products of batch.c read the packed copy. The copy
  * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
  * the load log line and the memory estimate count it). A type is packed only when the
- * current kernel table has a packed gemm for it (AVX2: Q4_0 and IQ4_NL).
+ * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS).
+ *
+ * Once packed, the file's copy of those tensors is given back (whole pages): a file mapping's
+ * pages leave the process and the page cache (a later reader faults them back), and anonymous
+ * memory (the file read into memory, a decrypted model) is freed; it reads as zeros until
+ * sp__model_refill_originals unpacks the packed copy into it, which the GPU upload calls
+ * first. Nothing else reads those bytes: batch.c's products read the packed copy, and the
+ * output matrix is kept when it is the token embedding as well (tied).
  *
  * Threads: the packing runs on a few threads of its own while the model loads (groups of
  * rows are independent); afterwards the copy is read-only and shared by every context.
@@ -49,6 +56,12 @@ sp_model_repack_bytes(const sp_model_t *m)
     return m->packed_bytes;
 }
 
+size_t
+sp_model_repack_released_bytes(const sp_model_t *m)
+{
+    return m->released_bytes;
+}
+
 #define GROUPS_PER_ITEM 64
 
 typedef struct pack_work {
@@ -57,7 +70,29 @@ typedef struct pack_work {
     atomic_llong next; /* work item: weight index * 2^32 + group chunk */
     int64_t *chunks_before; /* prefix sums of each weight's chunk count */
     int64_t total;
+    /* Each weight's file copy is given back as soon as its last chunk is packed, so the load
+     * holds the file and the packed copy together for a few tensors only, not all of them. */
+    sp_model_t *m;
+    atomic_llong *left;       /* chunks of each weight still to pack */
+    atomic_size_t released;   /* bytes given back */
+    atomic_int zeroed, unmapped;
 } pack_work_t;
+
+static void
+release_original(pack_work_t *pw, sp_weight_t *w)
+{
+    if (w == &pw->m->output && pw->m->hp.tied_output) {
+        return; /* also the token embedding */
+    }
+    sp_gguf_release_t how;
+    atomic_fetch_add(&pw->released, sp_gguf_release_range(pw->m->gguf, w->data,
+                                                          w->row_bytes * (size_t)w->n_out, &how));
+    if (how == SP_GGUF_ZEROED) {
+        atomic_store(&pw->zeroed, 1);
+    } else if (how == SP_GGUF_REFAULTS) {
+        atomic_store(&pw->unmapped, 1);
+    }
+}
 
 static void *
 pack_thread(void *arg)
@@ -78,6 +113,9 @@ pack_thread(void *arg)
         const int64_t g1 = g0 + GROUPS_PER_ITEM < n_groups ? g0 + GROUPS_PER_ITEM : n_groups;
         sp_repack_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, g0, g1,
                        (void *)w->packed);
+        if (atomic_fetch_sub(&pw->left[wi], 1) == 1) {
+            release_original(pw, w);
+        }
     }
 }
 
@@ -148,6 +186,13 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
                        "or --no-repack keeps the file's layout)",
                        sp_gguf_path(m->gguf), total);
     }
+    atomic_llong *left = sp_malloc(sizeof(*left) * (size_t)n);
+    if (left == NULL) {
+        sp_free(mem);
+        sp_free(list);
+        sp_free(before);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         sp_weight_t *w = list[i];
@@ -155,7 +200,15 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
         w->packed_stride = sp_repack_group_bytes(w->type, w->n_in);
         off += (sp_repack_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
     }
-    pack_work_t pw = {list, n, 0, before, before[n]};
+    for (int i = 0; i < n; i++) {
+        atomic_init(&left[i], before[i + 1] - before[i]);
+    }
+    pack_work_t pw = {.w = list, .n_w = n, .chunks_before = before, .total = before[n], .m = m,
+                      .left = left};
+    atomic_init(&pw.next, 0);
+    atomic_init(&pw.released, 0);
+    atomic_init(&pw.zeroed, 0);
+    atomic_init(&pw.unmapped, 0);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nth = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     pthread_t th[16];
@@ -169,11 +222,73 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     for (int i = 0; i < started; i++) {
         pthread_join(th[i], NULL);
     }
+    sp_free(left);
     m->packed_mem = mem;
     m->packed_bytes = total;
-    SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d",
-                sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1);
+    m->released_bytes = atomic_load(&pw.released);
+    m->originals_zeroed = atomic_load(&pw.zeroed) != 0;
+    const char *how_name = m->originals_zeroed     ? "freed"
+                           : atomic_load(&pw.unmapped) ? "unmapped"
+                                                       : "kept";
+    SP_LOG_INFO("event=weights_repacked model=%s kernels=%s tensors=%d bytes=%zu threads=%d "
+                "original_released_bytes=%zu original=%s",
+                sp_log_str(sp_gguf_path(m->gguf)), k->name, n, total, started + 1,
+                m->released_bytes, how_name);
     sp_free(list);
     sp_free(before);
     return SP_OK;
+}
+
+typedef struct refill {
+    const sp_weight_t *w;
+} refill_t;
+
+/* The packed rows back to the GGUF layout, in place (the range is writable now). */
+static void
+refill_rows(void *user)
+{
+    const sp_weight_t *w = ((refill_t *)user)->w;
+    for (int64_t r = 0; r < w->n_out; r++) {
+        sp_repack_unpack_row(w->type, w->n_in, w->packed, r,
+                             (char *)(uintptr_t)w->data + (size_t)r * w->row_bytes);
+    }
+}
+
+sp_status_t
+sp__model_refill_originals(sp_model_t *m, char *err, size_t err_len)
+{
+    if (!m->originals_zeroed) {
+        return SP_OK;
+    }
+    const int cap = (int)(m->hp.n_layer * 7 + 1);
+    sp_weight_t **list = sp_malloc(sizeof(*list) * (size_t)cap);
+    if (list == NULL) {
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    int n = 0;
+    for (int64_t il = 0; m->layers != NULL && il < m->hp.n_layer; il++) {
+        sp_layer_t *L = &m->layers[il];
+        sp_weight_t *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            list[n++] = ws[i];
+        }
+    }
+    list[n++] = &m->output;
+    sp_status_t st = SP_OK;
+    for (int i = 0; i < n && st == SP_OK; i++) {
+        refill_t rf = {list[i]};
+        if (list[i]->packed == NULL || (list[i] == &m->output && m->hp.tied_output)) {
+            continue;
+        }
+        st = sp_gguf_refill_range(m->gguf, list[i]->data, list[i]->row_bytes * (size_t)list[i]->n_out,
+                                  refill_rows, &rf, err, err_len);
+    }
+    sp_free(list);
+    if (st == SP_OK) {
+        m->originals_zeroed = false;
+        m->released_bytes = 0;
+        SP_LOG_INFO("event=weights_refilled model=%s reason=\"the GPU upload reads the file's layout\"",
+                    sp_log_str(sp_gguf_path(m->gguf)));
+    }
+    return st;
 }

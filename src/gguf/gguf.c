@@ -1050,6 +1050,86 @@ sp_gguf_prefault(const sp_gguf_t *g)
     }
 }
 
+/* [p, p + len) lies in g's own memory (the mapping, the copy or an owned buffer). */
+static bool
+own_range(const sp_gguf_t *g, const void *p, size_t len)
+{
+    const bool own = g->map != NULL || g->release != NULL;
+    const uintptr_t b = (uintptr_t)g->base, a = (uintptr_t)p;
+    return own && len > 0 && a >= b && a - b <= g->size && len <= g->size - (a - b);
+}
+
+/* The whole pages inside [p, p + len), if the range is g's own memory; false otherwise. */
+static bool
+own_pages(const sp_gguf_t *g, const void *p, size_t len, uintptr_t *lo, uintptr_t *hi)
+{
+    if (!own_range(g, p, len)) {
+        return false;
+    }
+    const uintptr_t a = (uintptr_t)p;
+    long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    *lo = (a + page - 1) / page * page;
+    *hi = (a + len) / page * page;
+    return *hi > *lo;
+}
+
+size_t
+sp_gguf_release_range(sp_gguf_t *g, const void *p, size_t len, sp_gguf_release_t *how)
+{
+    uintptr_t lo, hi;
+    *how = SP_GGUF_KEPT;
+    if (!own_pages(g, p, len, &lo, &hi)) {
+        return 0;
+    }
+    const size_t n = hi - lo;
+    if (g->fd >= 0 && !g->copied) { /* the file mapping */
+        if (madvise((void *)lo, n, MADV_DONTNEED) != 0) {
+            return 0;
+        }
+        (void)posix_fadvise(g->fd, (off_t)(lo - (uintptr_t)g->base), (off_t)n,
+                            POSIX_FADV_DONTNEED);
+        *how = SP_GGUF_REFAULTS;
+        return n;
+    }
+    /* Anonymous: a decrypted model's pages are locked (no swap), which MADV_DONTNEED refuses;
+     * unlocked pages are unaffected by munlock. */
+    (void)munlock((void *)lo, n);
+    if (madvise((void *)lo, n, MADV_DONTNEED) != 0) {
+        if (g->release != NULL) {
+            (void)mlock((void *)lo, n);
+        }
+        return 0;
+    }
+    *how = SP_GGUF_ZEROED;
+    return n;
+}
+
+sp_status_t
+sp_gguf_refill_range(sp_gguf_t *g, const void *p, size_t len, void (*fill)(void *user),
+                     void *user, char *err, size_t err_len)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    if (!own_range(g, p, len) || g->fd >= 0) {
+        return sp_errf(err, err_len, SP_ERR_INVALID, "%s: no released anonymous range to refill",
+                       g->name);
+    }
+    /* the partial pages at both ends were kept; they are rewritten with their own bytes */
+    const uintptr_t lo = (uintptr_t)p / page * page;
+    const uintptr_t hi = ((uintptr_t)p + len + page - 1) / page * page;
+    if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) {
+        return sp_errf(err, err_len, SP_ERR_IO, "%s: cannot rewrite the released weights: %s",
+                       g->name, strerror(errno));
+    }
+    fill(user);
+    if (g->release != NULL) {
+        (void)mlock((void *)lo, hi - lo); /* best effort, as at decryption */
+    }
+    (void)mprotect((void *)lo, hi - lo, PROT_READ);
+    return SP_OK;
+}
+
 const char *
 sp_gguf_path(const sp_gguf_t *g)
 {

@@ -109,6 +109,25 @@ bool sp_gguf_file_changed(const sp_gguf_t *g);
 /* Fault the whole mapping in now (model load), instead of page by page on first use. */
 void sp_gguf_prefault(const sp_gguf_t *g);
 
+/*
+ * Give back the memory of the whole pages inside [p, p + len) of the tensor data (the
+ * load-time repack keeps its own copy of those weights). How the range reads afterwards:
+ *   SP_GGUF_KEPT      nothing released: a caller's buffer (not ours to drop), or no whole page
+ *   SP_GGUF_REFAULTS  a file mapping: the pages leave the process (MADV_DONTNEED) and the page
+ *                     cache (POSIX_FADV_DONTNEED); a later read faults the file's bytes back
+ *   SP_GGUF_ZEROED    anonymous memory (the file's private copy, a decrypted model): the
+ *                     pages are freed and read as zeros until sp_gguf_refill_range rewrites
+ *                     them, so the caller must do that before anything reads them again
+ * Returns the bytes released (whole pages). Not thread-safe against readers of the range.
+ */
+typedef enum { SP_GGUF_KEPT, SP_GGUF_REFAULTS, SP_GGUF_ZEROED } sp_gguf_release_t;
+size_t sp_gguf_release_range(sp_gguf_t *g, const void *p, size_t len, sp_gguf_release_t *how);
+/* Rewrite [p, p + len) of an anonymous tensor data range that sp_gguf_release_range zeroed:
+ * the pages are made writable, fill(user) writes the bytes, and they are made read-only
+ * (and locked again, for a decrypted model) afterwards. */
+sp_status_t sp_gguf_refill_range(sp_gguf_t *g, const void *p, size_t len, void (*fill)(void *user),
+                                 void *user, char *err, size_t err_len);
+
 const char *sp_gguf_path(const sp_gguf_t *g);
 uint32_t sp_gguf_version(const sp_gguf_t *g);
 size_t sp_gguf_file_size(const sp_gguf_t *g);

@@ -414,11 +414,14 @@ typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
  * and holds the 8 rows' scales (F16, row order) then their 8 x 16 quant bytes in four
  * 32-byte chunks: chunk c holds bytes 8 * (c / 2) .. + 7 of rows {0,1,4,5} (c even) or
  * {2,3,6,7} (c odd), 8 bytes per row in that order. The row count is padded up to a
- * whole group with zero rows (scale 0). Q4_0 and IQ4_NL have packed forms; the
+ * whole group with zero rows (scale 0). Q4_0 and IQ4_NL have this packed form; Q8_0
+ * (eight chunks per block), Q4_K and IQ4_XS (per 256-element super-block, their 6-bit
+ * sub-block scales stored unpacked as bytes) follow the same chunk rule, laid out in
+ * cpu/repack_impl.h. Every packed form unpacks to the file's bytes exactly. The
  * table's repack_gemm[type] computes from the packed base (w = group 0, w_stride =
- * the group bytes) the scalar reference's bits: IQ4_NL's are every level's (q32_impl.h),
- * Q4_0's are the reference's serial block sum (as the AVX-512 VNNI gemm), which the
- * AVX2 row kernel's per-lane FMA order is not (it differs from both in the last bits).
+ * the group bytes) the scalar reference's bits: IQ4_NL's, Q4_K's and IQ4_XS's are every
+ * level's, Q4_0's and Q8_0's are the reference's serial block sum (as the AVX-512 VNNI
+ * gemm), which the AVX2 row kernels' per-lane FMA order is not (last-bit differences).
  */
 #define SP_REPACK_ROWS 8
 #define SP_REPACK_MAX_N 65536 /* longest row a packed form takes (the kernels' scratch) */

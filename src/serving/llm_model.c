@@ -322,8 +322,10 @@ llm_probe(sp_serving_t *s, sp_served_model_t *m, const sp_repo_config_t *cfg, ch
         return st;
     }
     struct stat fst;
+    /* the packed copies are extra, less the file's pages of them the load gave back */
     uint64_t weights = (stat(m->path, &fst) == 0 ? (uint64_t)fst.st_size : 0) + draft_bytes +
-                       sp_model_repack_bytes(m->model);
+                       sp_model_repack_bytes(m->model) -
+                       sp_model_repack_released_bytes(m->model);
     int gd;
     if ((st = gpu_place(r, m, cfg, &mem, weights, &gd, err, err_len)) != SP_OK) {
         return st;

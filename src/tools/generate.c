@@ -125,11 +125,12 @@ open_model(const char *path, int64_t n_ctx, int64_t n_batch, int n_threads, bool
     const sp_hparams_t *hp = sp_model_hparams(*m);
     fprintf(stderr,
             "model: %s arch=%s layers=%lld embd=%lld heads=%lld/%lld vocab=%lld weights=%.1f MiB "
-            "ctx=%lld kernels=%s repacked=%.1f MiB load=%.1f ms\n",
+            "ctx=%lld kernels=%s repacked=%.1f MiB (file pages released %.1f MiB) load=%.1f ms\n",
             path, hp->arch, (long long)hp->n_layer, (long long)hp->n_embd, (long long)hp->n_head,
             (long long)hp->n_head_kv, (long long)hp->n_vocab,
             (double)sp_model_weight_bytes(*m) / (1 << 20), (long long)sp_ctx_n_ctx(*c),
             sp_ctx_kernels_name(*c), (double)sp_model_repack_bytes(*m) / (1 << 20),
+            (double)sp_model_repack_released_bytes(*m) / (1 << 20),
             (double)(sp_time_ns() - t0) / 1e6);
     return 0;
 }

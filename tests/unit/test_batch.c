@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
+#include "testmodel.h"
 
 #define DEMO "models/stories260K.gguf"
 
@@ -101,55 +102,19 @@ add_random3(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in,
 static int64_t gqa_head_dim = 16;
 
 /* qwen2, n_embd 128, 8 heads of 16 over 2 KV heads, 2 layers, n_ff 160,
- * Q8_0 matrices, the demo's tokenizer (512 tokens). */
+ * Q8_0 matrices, the demo's tokenizer (512 tokens); testmodel.c builds it. */
 static void
 load_gqa(test_model_t *tm)
 {
     char err[512];
-    sp_gguf_t *demo, *g;
-    sp_gguf_writer_t *w;
+    sp_gguf_t *g;
     size_t len;
-    const int64_t H = 8, HKV = 2, HD = gqa_head_dim, E = H * HD, FF = 160, NL = 2, V = 512;
-    ASSERT_OK(sp_gguf_open(DEMO, &demo, err, sizeof err));
-    ASSERT_OK(sp_gguf_writer_create(&w));
-    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
-    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "qwen2"));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.context_length", 512));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.embedding_length", (uint32_t)E));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.feed_forward_length", (uint32_t)FF));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.block_count", (uint32_t)NL));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.attention.head_count", (uint32_t)H));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "qwen2.attention.head_count_kv", (uint32_t)HKV));
-    ASSERT_OK(sp_gguf_writer_set_f32(w, "qwen2.rope.freq_base", 10000.0f));
-    ASSERT_OK(sp_gguf_writer_set_f32(w, "qwen2.attention.layer_norm_rms_epsilon", 1e-6f));
-    n_tensor_bufs = 0;
-    rng_state = 0x1234567u;
-    add_random(w, "token_embd.weight", SP_TYPE_Q8_0, E, V, 1.0f);
-    add_random(w, "output.weight", SP_TYPE_Q8_0, E, V, 0.3f);
-    add_random(w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-    for (int64_t l = 0; l < NL; l++) {
-        char name[96];
-#define T(suffix, type, n_in, n_out, amp)                                     \
-    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);         \
-    add_random(w, name, type, n_in, n_out, amp)
-        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-        T("attn_q.weight", SP_TYPE_Q8_0, E, H * HD, 0.2f);
-        T("attn_k.weight", SP_TYPE_Q8_0, E, HKV * HD, 0.2f);
-        T("attn_v.weight", SP_TYPE_Q8_0, E, HKV * HD, 0.2f);
-        T("attn_q.bias", SP_TYPE_F32, H * HD, 1, 0.1f);
-        T("attn_k.bias", SP_TYPE_F32, HKV * HD, 1, 0.1f);
-        T("attn_v.bias", SP_TYPE_F32, HKV * HD, 1, 0.1f);
-        T("attn_output.weight", SP_TYPE_Q8_0, H * HD, E, 0.1f);
-        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-        T("ffn_gate.weight", SP_TYPE_Q8_0, E, FF, 0.2f);
-        T("ffn_up.weight", SP_TYPE_Q8_0, E, FF, 0.2f);
-        T("ffn_down.weight", SP_TYPE_Q8_0, FF, E, 0.1f);
-#undef T
-    }
-    ASSERT_OK(sp_gguf_writer_write_mem(w, &tm->buf, &len, err, sizeof err));
-    sp_gguf_writer_destroy(w);
-    sp_gguf_close(demo);
-    for (int i = 0; i < n_tensor_bufs; i++) sp_free(tensor_bufs[i]);
+    const sp_test_llama_t spec = {
+        .arch = "qwen2", .type = SP_TYPE_Q8_0, .n_embd = 8 * gqa_head_dim, .n_head = 8,
+        .n_head_kv = 2, .head_dim = gqa_head_dim, .n_ff = 160, .n_layer = 2, .n_ctx = 512,
+        .rms_eps = 1e-6f, .qkv_bias = true, .amp_output = 0.3f, .amp_in = 0.2f,
+        .amp_out = 0.1f, .seed = 0x1234567u};
+    sp_test_llama_gguf(&spec, &tm->buf, &len);
     ASSERT_OK(sp_gguf_open_mem(tm->buf, len, "gqa.gguf", &g, err, sizeof err));
     if (sp_model_load_gguf(g, &tm->m, err, sizeof err) != SP_OK) SP_TEST_FAIL("gqa model: %s", err);
     const sp_hparams_t *hp = sp_model_hparams(tm->m);

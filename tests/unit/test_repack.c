@@ -1,10 +1,11 @@
 /*
- * test_repack.c - the packed (8-row interleaved) form of Q4_0 and IQ4_NL weights: the byte
- * layout against kernels.h's description, pack / unpack round trips with row counts that
- * are not a multiple of 8 (zero padding rows), and every level's packed gemm against the
- * scalar reference vec_dot on the original rows, bit for bit (the packed kernels keep the
- * reference's order of operations), for row ranges that start and end inside a group,
- * 1..9 tokens (decode and prefill tiles) and the extreme integer ranges.
+ * test_repack.c - the packed (8-row interleaved) form of Q4_0, IQ4_NL, Q8_0 and Q4_K weights:
+ * the byte layout against kernels.h's description, pack / unpack round trips of arbitrary
+ * bytes with row counts that are not a multiple of 8 (zero padding rows), and every level's
+ * packed gemm against the scalar reference vec_dot on the original rows, bit for bit (the
+ * packed kernels keep the reference's order of operations), for row ranges that start and
+ * end inside a group, 1..33 tokens (decode and prefill tiles, token-chunk tails) and the
+ * extreme integer ranges.
  */
 #include "test.h"
 
@@ -36,7 +37,9 @@ rp_gauss(void)
             SP_TEST_FAIL(__VA_ARGS__);                                                        \
     } while (0)
 
-static const sp_type_t rp_types[2] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL};
+#define RP_NTYPES 5
+static const sp_type_t rp_types[RP_NTYPES] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0,
+                                              SP_TYPE_Q4_K, SP_TYPE_IQ4_XS};
 
 /* The layout as kernels.h states it, spelled out independently of sp__repack_qs_off. */
 TEST(repack_layout)
@@ -48,7 +51,11 @@ TEST(repack_layout)
         src[i] = (uint8_t)(i * 7 + 3);
     ASSERT_EQ(sp_repack_group_bytes(SP_TYPE_Q4_0, n), 2 * 144);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_NL, n, rows), 2 * 2 * 144);
-    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q8_0, n, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q8_0, n, rows), 2 * 2 * 272);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 512, rows), 2 * 2 * 1184);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 288, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_XS, 256, rows), 2 * 1104);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 256, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, 48, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, SP_REPACK_MAX_N + 32, rows), 0);
     uint8_t dst[4 * 144];
@@ -101,7 +108,8 @@ rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks
     c->toks = toks;
     c->rb = sp_row_size(type, n);
     c->gb = sp_repack_group_bytes(type, n);
-    c->xs = sp_row_size(SP_TYPE_Q8_0, n);
+    const sp_type_t at = ref->vec_dot_type[type];
+    c->xs = sp_row_size(at, n);
     c->w = malloc(c->rb * (size_t)rows);
     c->packed = malloc(sp_repack_bytes(type, n, rows));
     c->x = malloc(c->xs * (size_t)toks);
@@ -119,7 +127,7 @@ rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks
             f[i] = ((i / 32 + t) % 11 == 4) ? 0.0f : rp_gauss();
         if (t == 1)
             f[n / 2] = 50.0f;
-        ref->from_float[SP_TYPE_Q8_0](f, c->x + (size_t)t * c->xs, n);
+        ref->from_float[at](f, c->x + (size_t)t * c->xs, n);
     }
     free(f);
     sp_repack_pack(type, n, c->w, c->rb, rows, 0, (rows + 7) / 8, c->packed);
@@ -166,15 +174,19 @@ rp_check_gemm(const char *what, sp_type_t type, sp_gemm_fn gemm, const rp_case_t
 static void
 rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
 {
-    static const int64_t ns[] = {32, 96, 288, 2048};
+    static const int64_t ns32[] = {32, 96, 288, 2048}, nsk[] = {256, 768, 2048};
+    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+    const int64_t *ns = k ? nsk : ns32;
+    const size_t n_ns = k ? sizeof nsk / sizeof nsk[0] : sizeof ns32 / sizeof ns32[0];
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
-    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+    static const int64_t nts[] = {1, 2, 3, 4, 5, 9, 17, 33};
+    for (size_t in = 0; in < n_ns; in++) {
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
             rp_case_t c;
             const int64_t rows = rowss[ir];
-            rp_case_make(&c, type, ns[in], rows, 9, 17 * in + ir);
-            for (int64_t nt = 1; nt <= 9; nt += (nt < 5 ? 1 : 4))
-                rp_check_gemm(what, type, gemm, &c, 0, rows, nt);
+            rp_case_make(&c, type, ns[in], rows, 33, 17 * in + ir);
+            for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++)
+                rp_check_gemm(what, type, gemm, &c, 0, rows, nts[it]);
             if (rows > 3) { /* ranges that start and end inside a group */
                 rp_check_gemm(what, type, gemm, &c, 3, rows - 1, 5);
                 rp_check_gemm(what, type, gemm, &c, rows / 2, rows / 2 + 1, 2);
@@ -186,8 +198,8 @@ rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
 
 TEST(repack_gemm_scalar)
 {
-    rp_check_kernel("scalar packed", SP_TYPE_Q4_0, sp__repack_q4_0_gemm_ref);
-    rp_check_kernel("scalar packed", SP_TYPE_IQ4_NL, sp__repack_iq4_nl_gemm_ref);
+    for (int i = 0; i < RP_NTYPES; i++)
+        rp_check_kernel("scalar packed", rp_types[i], sp__repack_gemm_ref(rp_types[i]));
 }
 
 static void
@@ -195,14 +207,14 @@ rp_check_level(sp_cpu_level_t level)
 {
     const sp_cpu_kernels_t *k = sp_cpu_kernels_for(level);
     int n = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < RP_NTYPES; i++) {
         if (k->repack_gemm[rp_types[i]] != NULL) {
             rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]]);
             n++;
         }
     }
     if (level == SP_CPU_AVX2)
-        ASSERT_EQ(n, 2); /* the AVX2 table packs both types */
+        ASSERT_EQ(n, RP_NTYPES); /* the AVX2 table packs all five types */
 }
 
 TEST(repack_gemm_avx2)
@@ -254,7 +266,7 @@ TEST(repack_extreme_values)
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
             if (l == SP_CPU_SCALAR)
-                gemm = type == SP_TYPE_Q4_0 ? sp__repack_q4_0_gemm_ref : sp__repack_iq4_nl_gemm_ref;
+                gemm = sp__repack_gemm_ref(type);
             if (gemm == NULL)
                 continue;
             float y[3][11];
@@ -264,5 +276,116 @@ TEST(repack_extreme_values)
                     ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
                                 sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);
         }
+    }
+}
+
+/* Pack then unpack arbitrary bytes (not only what a quantiser writes: every bit of a block,
+ * Q4_K's packed 6-bit scales included, must survive) for each type, rows not a multiple of 8;
+ * the padding rows of the last group are zero. */
+TEST(repack_roundtrip_bytes)
+{
+    for (int ti = 0; ti < RP_NTYPES; ti++) {
+        const sp_type_t type = rp_types[ti];
+        const bool super = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+        const int64_t n = super ? 512 : 96, rows = 19;
+        const size_t rb = sp_row_size(type, n), pb = sp_repack_bytes(type, n, rows);
+        ASSERT(pb > 0 && pb >= rb * (size_t)rows);
+        uint8_t *src = malloc(rb * (size_t)rows), *packed = malloc(pb), *back = malloc(rb);
+        ASSERT(src && packed && back);
+        rp_rng = 0xABCDEFull + (uint64_t)ti;
+        for (size_t i = 0; i < rb * (size_t)rows; i++)
+            src[i] = (uint8_t)(rp_uniform() * 256.0);
+        memset(packed, 0x5A, pb);
+        sp_repack_pack(type, n, src, rb, rows, 0, (rows + 7) / 8, packed);
+        for (int64_t r = 0; r < rows; r++) {
+            sp_repack_unpack_row(type, n, packed, r, back);
+            if (memcmp(back, src + (size_t)r * rb, rb) != 0)
+                SP_TEST_FAIL("%s: row %lld does not survive pack / unpack", sp_type_name(type),
+                             (long long)r);
+        }
+        uint8_t *zero = calloc(1, rb);
+        ASSERT(zero != NULL);
+        for (int64_t r = rows; r < 24; r++) {
+            sp_repack_unpack_row(type, n, packed, r, back);
+            ASSERT(memcmp(back, zero, rb) == 0);
+        }
+        free(zero);
+        free(src);
+        free(packed);
+        free(back);
+    }
+}
+
+/* Q8_0 weights at -128 and 127 against activations of +-127 (the sign trick's widest pair
+ * sum, 2 * 128 * 127), Q4_K with every nibble 15 and the 6-bit scales and mins at 63
+ * (int16 sums of 4 * 2 * 15 * 127, scaled sums of 63 times that), IQ4_XS at the grid's ends
+ * with scales -32 and 31: every level, the reference's bits. */
+TEST(repack_extreme_q8_0_q4_k)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    for (int ti = 0; ti < 3; ti++) {
+        const sp_type_t type = ti == 0 ? SP_TYPE_Q8_0 : ti == 1 ? SP_TYPE_Q4_K : SP_TYPE_IQ4_XS;
+        const sp_type_t at = ref->vec_dot_type[type];
+        const int64_t n = 512, rows = 11;
+        const size_t rb = sp_row_size(type, n), xs = sp_row_size(at, n);
+        uint8_t *w = malloc(rb * (size_t)rows), *packed = malloc(sp_repack_bytes(type, n, rows));
+        uint8_t *x = malloc(xs * 3);
+        float *f = malloc(sizeof(float) * (size_t)n);
+        ASSERT(w && packed && x && f);
+        for (int r = 0; r < rows; r++) {
+            uint8_t *row = w + (size_t)r * rb;
+            if (type == SP_TYPE_Q8_0) {
+                for (int64_t b = 0; b < n / 32; b++) {
+                    const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b);
+                    memcpy(row + b * 34, &d, 2);
+                    memset(row + b * 34 + 2, r % 3 == 0 ? 0x80 : r % 3 == 1 ? 0x7F : 0x81, 32);
+                }
+            } else if (type == SP_TYPE_IQ4_XS) { /* grid ends -127 / 113, scales -32 / 31 */
+                for (int64_t b = 0; b < n / 256; b++) {
+                    uint8_t *blk = row + b * 136;
+                    const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b);
+                    memcpy(blk, &d, 2);
+                    memset(blk + 2, r % 2 ? 0xFF : 0x00, 6);
+                    memset(blk + 8, r % 3 == 0 ? 0x00 : r % 3 == 1 ? 0xFF : 0x0F, 128);
+                }
+            } else {
+                for (int64_t b = 0; b < n / 256; b++) {
+                    uint8_t *blk = row + b * 144;
+                    const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b), dm = (uint16_t)(0x3800 + r);
+                    memcpy(blk, &d, 2);
+                    memcpy(blk + 2, &dm, 2);
+                    memset(blk + 4, r % 2 ? 0xFF : 0x3F, 12); /* all 6-bit fields 63 or mixed */
+                    memset(blk + 16, r % 3 == 0 ? 0xFF : r % 3 == 1 ? 0x0F : 0xF0, 128);
+                }
+            }
+        }
+        for (int t = 0; t < 3; t++) {
+            for (int64_t i = 0; i < n; i++)
+                f[i] = t == 0 ? 1.0f : t == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
+            ref->from_float[at](f, x + (size_t)t * xs, n);
+        }
+        sp_repack_pack(type, n, w, rb, rows, 0, 2, packed);
+        float want[3][11];
+        for (int t = 0; t < 3; t++)
+            for (int r = 0; r < rows; r++)
+                ref->vec_dot[type](n, &want[t][r], w + (size_t)r * rb, x + (size_t)t * xs);
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+            sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
+            if (l == SP_CPU_SCALAR)
+                gemm = sp__repack_gemm_ref(type);
+            if (gemm == NULL)
+                continue;
+            float y[3][11];
+            gemm(n, packed, sp_repack_group_bytes(type, n), 0, rows, x, xs, 3, &y[0][0], rows);
+            for (int t = 0; t < 3; t++)
+                for (int r = 0; r < rows; r++)
+                    ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
+                                sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);
+        }
+        free(w);
+        free(packed);
+        free(x);
+        free(f);
     }
 }

@@ -1,110 +1,58 @@
 /*
- * test_repack_model.c - load-time weight repacking at the model level: a random-weight
- * llama-shaped model with Q4_0 (and one with IQ4_NL) projections, loaded with and without
- * the repack. The packed copy exists exactly when the kernel table has a packed gemm; the
- * greedy tokens are the same either way; IQ4_NL's logits are the same bits (the packed and
- * row kernels share q32_impl.h's order of operations); and with the repack on, one prefill
- * of all positions gives the bits of evaluating them one at a time (batch invariance of the
- * packed gemm, decode tiles against prefill tiles).
+ * test_repack_model.c - load-time weight repacking at the model level: random-weight
+ * llama-shaped models (testmodel.c) with Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS projections, loaded with
+ * and without the repack. The packed copy exists exactly when the kernel table has a packed
+ * gemm, with the size the layouts give; the greedy tokens are the same either way; IQ4_NL's,
+ * Q4_K's and IQ4_XS's logits are the same bits (packed and row kernels share one order of operations);
+ * with the repack on, one prefill of all positions gives the bits of evaluating them one at a
+ * time, and sequences batched beside others (sp_batch) the bits of each alone.
+ * Run at SAMPAN_CPU=avx2 too (tests/run.sh's engine tests): AVX-512 packs nothing yet.
  */
 #include "test.h"
 
 #include "core/alloc.h"
 #include "engine/model.h"
+#include "engine/model_impl.h"
+#include "crypto/enc.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
+#include "invariance.h"
+#include "testmodel.h"
 
 #include <unistd.h>
 
-#define RM_DEMO "models/stories260K.gguf"
-#define RM_MAX_T 40
-
-static uint64_t rm_rng = 0x9e3779b97f4a7c15ull;
-
-static float
-rm_rand(void)
-{
-    rm_rng ^= rm_rng << 13;
-    rm_rng ^= rm_rng >> 7;
-    rm_rng ^= rm_rng << 17;
-    return (float)((rm_rng >> 16) & 0xffff) / 32768.0f - 1.0f;
-}
-
-static void *rm_bufs[RM_MAX_T];
-static int rm_nbufs;
-
-static void
-rm_add(sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in, int64_t n_out,
-       float amp)
-{
-    const int64_t ne[2] = {n_in, n_out};
-    const size_t row = sp_row_size(type, n_in);
-    float *src = sp_malloc((size_t)n_in * sizeof(float));
-    char *data = sp_malloc(row * (size_t)n_out);
-    ASSERT(src && data && rm_nbufs < RM_MAX_T);
-    for (int64_t r = 0; r < n_out; r++) {
-        for (int64_t i = 0; i < n_in; i++)
-            src[i] = amp * rm_rand();
-        if (type == SP_TYPE_F32)
-            memcpy(data + (size_t)r * row, src, (size_t)n_in * sizeof(float));
-        else
-            ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
-    }
-    sp_free(src);
-    rm_bufs[rm_nbufs++] = data;
-    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
-}
-
-/* llama, n_embd 128, 4 heads of 32 over 2 KV heads (k/v: 64 rows), 2 layers, n_ff 224
- * (28 groups of 8 rows), the output 512 x 128, all projections in `type`; weights large
- * enough that the logits are well spread. The GGUF bytes go to *buf. */
+/* llama, n_embd E, 4 heads over 2 KV heads, 2 layers, all projections in `type`; weights large
+ * enough that the logits are well spread. E = 128, head 32, n_ff 224 (28 groups of 8 rows) for
+ * the 32-element types; Q4_K's rows must be whole 256-element super-blocks: E = 256, head 64,
+ * n_ff 512. The GGUF bytes go to *buf (testmodel.c). */
 static void
 rm_build(sp_type_t type, void **buf, size_t *len)
 {
-    char err[512];
-    sp_gguf_t *demo;
-    sp_gguf_writer_t *w;
-    const int64_t E = 128, H = 4, HKV = 2, HD = 32, FF = 224, NL = 2, V = 512;
-    ASSERT_OK(sp_gguf_open(RM_DEMO, &demo, err, sizeof err));
-    ASSERT_OK(sp_gguf_writer_create(&w));
-    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
-    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", "llama"));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.context_length", 256));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)E));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)FF));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)NL));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)H));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)HKV));
-    ASSERT_OK(sp_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)HD));
-    ASSERT_OK(sp_gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f));
-    ASSERT_OK(sp_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f));
-    rm_nbufs = 0;
-    rm_rng = 0x5151u;
-    rm_add(w, "token_embd.weight", type, E, V, 1.0f);
-    rm_add(w, "output.weight", type, E, V, 0.5f);
-    rm_add(w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-    for (int64_t l = 0; l < NL; l++) {
-        char name[96];
-#define T(suffix, ty, n_in, n_out, amp)                                                        \
-    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);                          \
-    rm_add(w, name, ty, n_in, n_out, amp)
-        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-        T("attn_q.weight", type, E, H * HD, 0.3f);
-        T("attn_k.weight", type, E, HKV * HD, 0.3f);
-        T("attn_v.weight", type, E, HKV * HD, 0.3f);
-        T("attn_output.weight", type, H * HD, E, 0.2f);
-        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-        T("ffn_gate.weight", type, E, FF, 0.3f);
-        T("ffn_up.weight", type, E, FF, 0.3f);
-        T("ffn_down.weight", type, FF, E, 0.2f);
-#undef T
-    }
-    ASSERT_OK(sp_gguf_writer_write_mem(w, buf, len, err, sizeof err));
-    sp_gguf_writer_destroy(w);
-    sp_gguf_close(demo);
-    for (int i = 0; i < rm_nbufs; i++)
-        sp_free(rm_bufs[i]);
+    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+    const sp_test_llama_t spec = {
+        .arch = "llama", .type = type, .n_embd = k ? 256 : 128, .n_head = 4, .n_head_kv = 2,
+        .head_dim = k ? 64 : 32, .n_ff = k ? 512 : 224, .n_layer = 2, .n_ctx = 256,
+        .rms_eps = 1e-5f, .rope_dim = true, .amp_output = 0.5f, .amp_in = 0.3f,
+        .amp_out = 0.2f, .seed = 0x5151u};
+    sp_test_llama_gguf(&spec, buf, len);
+}
+
+/* The packed bytes the load must report: every projection and the output matrix, each
+ * packed tensor 64-byte aligned in the one allocation. */
+static size_t
+rm_want_bytes(const sp_model_t *m, sp_type_t type)
+{
+    const sp_hparams_t *hp = sp_model_hparams(m);
+    const int64_t E = hp->n_embd, QD = hp->n_head * hp->head_dim,
+                  KVD = hp->n_head_kv * hp->head_dim;
+    const int64_t shapes[7][2] = {{E, QD},         {E, KVD},   {E, KVD}, {QD, E},
+                                  {E, hp->n_ff}, {E, hp->n_ff}, {hp->n_ff, E}};
+    size_t total = (sp_repack_bytes(type, E, hp->n_vocab) + 63) & ~(size_t)63;
+    for (int64_t l = 0; l < hp->n_layer; l++)
+        for (int i = 0; i < 7; i++)
+            total += (sp_repack_bytes(type, shapes[i][0], shapes[i][1]) + 63) & ~(size_t)63;
+    return total;
 }
 
 static sp_model_t *
@@ -202,12 +150,11 @@ rm_check(sp_type_t type)
     rm_build(type, &buf, &len);
     sp_model_t *plain = rm_load(buf, len, false), *packed = rm_load(buf, len, true);
     ASSERT_EQ(sp_model_repack_bytes(plain), 0);
-    if (sp_cpu_kernels()->repack_gemm[type] == NULL) {
-        ASSERT_EQ(sp_model_repack_bytes(packed), 0);
-    } else { /* 2 layers x (q 128 + k 64 + v 64 + o 128 + gate/up/down 224, 224, 128 rows)
-              * + output 512 rows, each 16 + 4 x 18 bytes of a group per 8 rows, 64-aligned */
-        ASSERT(sp_model_repack_bytes(packed) >= (size_t)(2 * (128 + 64 + 64 + 128 + 224 * 2 + 128) + 512) / 8 * 4 * 144);
-    }
+    const bool packs = sp_cpu_kernels()->repack_gemm[type] != NULL;
+    ASSERT_EQ(sp_model_repack_bytes(packed), packs ? rm_want_bytes(packed, type) : 0);
+    if (packs) /* sequences beside others in sp_batch: the packed gemm is batch invariant */
+        sp_test_beside_others(packed, SP_KV_TYPE_F32, 10, 6, 0x77 + (uint64_t)type,
+                              sp_type_name(type));
     rm_check_inspect(buf, len, sp_model_repack_bytes(packed));
     const int64_t V = sp_model_hparams(plain)->n_vocab;
     float *la = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
@@ -225,8 +172,13 @@ rm_check(sp_type_t type)
     if (memcmp(lb, lc, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
         SP_TEST_FAIL("%s repacked: prefill logits differ from one-by-one evaluation",
                      sp_type_name(type));
-    if (type == SP_TYPE_IQ4_NL && memcmp(la, lb, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
-        SP_TEST_FAIL("iq4_nl: logits with and without repack differ");
+    /* IQ4_NL, Q4_K and IQ4_XS: the packed kernels and the row kernels of every level share one order
+     * of operations (q32_impl.h, kquants_impl.h), so the logits are the same bits. Q4_0 and
+     * Q8_0: the AVX2 row kernels keep per-lane FMA chains, the packed ones the reference's
+     * serial sum, so only the greedy tokens are compared (above). */
+    if ((type == SP_TYPE_IQ4_NL || type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS) &&
+        memcmp(la, lb, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
+        SP_TEST_FAIL("%s: logits with and without repack differ", sp_type_name(type));
     /* spread check: a flat distribution could not tell the kernels apart */
     double mean = 0, var = 0;
     for (int64_t v = 0; v < V; v++)
@@ -250,4 +202,119 @@ TEST(repack_model_q4_0)
 TEST(repack_model_iq4_nl)
 {
     rm_check(SP_TYPE_IQ4_NL);
+}
+
+TEST(repack_model_q8_0)
+{
+    rm_check(SP_TYPE_Q8_0);
+}
+
+TEST(repack_model_q4_k)
+{
+    rm_check(SP_TYPE_Q4_K);
+}
+
+/* Bytes of the whole pages of [p, p + len) mapped in this process now (/proc/self/pagemap's
+ * present bit: what RSS counts, for file and anonymous pages alike). */
+static size_t
+rm_resident(const void *p, size_t len)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + len) / page * page;
+    FILE *pm = fopen("/proc/self/pagemap", "rb");
+    ASSERT(pm != NULL);
+    size_t res = 0;
+    for (uintptr_t a = lo; a < hi; a += page) {
+        uint64_t e = 0;
+        ASSERT(fseeko(pm, (off_t)(a / page * 8), SEEK_SET) == 0 && fread(&e, 8, 1, pm) == 1);
+        res += (e >> 63) & 1 ? page : 0;
+    }
+    fclose(pm);
+    return res;
+}
+
+/* After the repack the file's copy of the packed tensors is given back, for a mapped file
+ * (pages out of the process and the page cache; a read faults the file's bytes back), for
+ * one read into memory and for a decrypted one (freed; sp__model_refill_originals unpacks them back before the GPU
+ * upload would read them). The model computes the same logits either way, and the refilled
+ * bytes are the file's. Where the level packs nothing, nothing is released. */
+TEST(repack_releases_original_copy)
+{
+    void *buf;
+    size_t len;
+    char path[512], err[512];
+    rm_build(SP_TYPE_Q8_0, &buf, &len);
+    snprintf(path, sizeof path, "%s/release.gguf", sp_test_tmpdir());
+    FILE *f = fopen(path, "wb");
+    ASSERT(f != NULL && fwrite(buf, 1, len, f) == len);
+    fclose(f);
+    const bool packs = sp_cpu_kernels()->repack_gemm[SP_TYPE_Q8_0] != NULL;
+    sp_model_t *ref = rm_load(buf, len, false);
+    const int64_t V = sp_model_hparams(ref)->n_vocab;
+    float *la = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
+    float *lb = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
+    int32_t ga[RM_GEN], gb[RM_GEN];
+    rm_run(ref, false, la, ga);
+    /* 0: the mapped file, 1: its private copy, 2: an encrypted file (locked plaintext) */
+    char enc_path[600], key_path[600];
+    snprintf(enc_path, sizeof enc_path, "%s.enc", path);
+    snprintf(key_path, sizeof key_path, "%s/release.key", sp_test_tmpdir());
+    sp_enc_key_t key;
+    for (int i = 0; i < SP_ENC_KEY_BYTES; i++)
+        key.bytes[i] = (uint8_t)(i * 13 + 5);
+    ASSERT_OK(sp_enc_encrypt_file(path, enc_path, &key, 64 << 10, err, sizeof err));
+    unlink(key_path);
+    ASSERT_OK(sp_enc_key_write_file(key_path, &key, err, sizeof err));
+    for (int copy = 0; copy < 3; copy++) {
+        static const char *const what[3] = {"mapping", "copy", "encrypted"};
+        sp_gguf_set_copy_max(copy == 1 ? (size_t)1 << 30 : 0);
+        sp_model_t *m;
+        if (copy == 2) {
+            sp_enc_key_src_t src = {0};
+            snprintf(src.file, sizeof src.file, "%s", key_path);
+            ASSERT_OK(sp_model_load_ex(enc_path, &src, &m, err, sizeof err));
+        } else {
+            ASSERT_OK(sp_model_load(path, &m, err, sizeof err));
+        }
+        sp_gguf_set_copy_max(0);
+        ASSERT_EQ(sp_gguf_is_copy(sp_model_gguf(m)), copy == 1);
+        const size_t rel = sp_model_repack_released_bytes(m);
+        /* the projections and the output matrix of this model, less partial pages */
+        if (!packs) {
+            ASSERT_EQ(rel, 0);
+        } else if (rel < sp_model_repack_bytes(m) / 2) {
+            SP_TEST_FAIL("%s: %zu bytes released of %zu packed", what[copy], rel,
+                         sp_model_repack_bytes(m));
+        }
+        const sp_weight_t *wq = &m->layers[0].wq, *out = &m->output;
+        const size_t out_bytes = out->row_bytes * (size_t)out->n_out;
+        if (packs) /* nothing read them since: still out of memory */
+            ASSERT_EQ(rm_resident(out->data, out_bytes), 0);
+        rm_run(m, false, lb, gb);
+        ASSERT(memcmp(ga, gb, sizeof ga) == 0);
+        if (packs)
+            ASSERT_EQ(rm_resident(out->data, out_bytes), 0); /* the products read the packed copy */
+        ASSERT_OK(sp__model_refill_originals(m, err, sizeof err));
+        /* the GGUF bytes are the file's again (refaulted from the file, or refilled) */
+        const sp_gguf_t *g = sp_model_gguf(m);
+        const sp_gguf_t *gr = sp_model_gguf(ref);
+        for (int64_t i = 0; i < sp_gguf_n_tensors(g); i++) {
+            const sp_gguf_tensor_t *t = sp_gguf_tensor(g, i), *tr = sp_gguf_tensor(gr, i);
+            ASSERT_EQ(t->nbytes, tr->nbytes);
+            if (memcmp(t->data, tr->data, t->nbytes) != 0)
+                SP_TEST_FAIL("%s: tensor %lld differs from the file after the release",
+                             what[copy], (long long)i);
+        }
+        ASSERT(wq->data != NULL);
+        sp_model_free(m);
+    }
+    sp_free(la);
+    sp_free(lb);
+    sp_model_free(ref);
+    sp_free(buf);
+}
+
+TEST(repack_model_iq4_xs)
+{
+    rm_check(SP_TYPE_IQ4_XS);
 }

@@ -1,6 +1,7 @@
 /*
- * avx2_repack.c - AVX2 gemm (prefill) and gemv (decode, one token) of Q4_0 and IQ4_NL
- * weights in the packed form of kernels.h: 8 rows interleaved per group.
+ * avx2_repack.c - AVX2 gemm (prefill) and gemv (decode, one token) of Q4_0, IQ4_NL, Q8_0
+ * and Q4_K weights in the packed forms of kernels.h / repack_impl.h: 8 rows interleaved per
+ * group.
  *
  * One 32-byte load holds 8 quant bytes of 4 rows; it meets the same 8 activation bytes
  * broadcast to its four 64-bit lanes, so VPMADDUBSW + VPMADDWD give 2 int32 per row, and
@@ -21,6 +22,25 @@
  * trick (|w| against x carrying w's sign, |w| <= 127, |x| <= 127: a pair sum is at most
  * 32258) and each VPMADDUBSW is widened by VPMADDWD before the adds.
  *
+ * Q8_0: the weight bytes are signed (-128 included), so the sign trick again (|w| <= 128
+ * as unsigned, x carrying w's sign, |x| <= 127 from the activation quantiser: a pair sum
+ * is at most 2 * 128 * 127 = 32512), each VPMADDUBSW widened by VPMADDWD. Numerics as Q4_0's
+ * (ref.c's serial block sum), so the results are the reference's bits.
+ *
+ * Q4_K x Q8_K: per sub-block j (32 elements) the four VPMADDUBSW of a row set add in int16
+ * (at most 4 * 2 * 15 * 127 = 15240), and the VPMADDWD that widens them multiplies by the
+ * rows' 6-bit sub-block scales at the same time (at most 2 * 15240 * 63 per lane), so the
+ * scaled sum sum_j sc[j] dot_j accumulates in int32 over the super-block and one VPHADDD at
+ * its end puts rows 0..7 in lanes 0..7. The mins term sum_j m[j] (bsums[2j] + bsums[2j+1])
+ * is four VPMADDWD of the rows' mins against the token's pair sums. Both are exact integer
+ * sums, and the float finish is kquants_impl.h's sequence lane-wise: the reference's bits.
+ *
+ * IQ4_XS x Q8_K: per sub-block the grid lookup (VPSHUFB) and the sign trick as IQ4_NL's, and
+ * the VPMADDWD that widens each VPMADDUBSW (pair sums <= 32258) multiplies by the rows' signed
+ * sub-block scale (ls - 32, |.| <= 32): <= 2.07e6 per lane and step, the super-block's sum
+ * sum_j (ls_j - 32) dot_j exact in int32 (<= 256 * 127 * 127 * 32). Float finish lane-wise as
+ * ref_kquants2.c's: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk.
+ *
  * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
  * (8 * sum(x) and x's scale per block of the tokens in flight).
  */
@@ -39,7 +59,7 @@
 
 _Static_assert(RP_SCRATCH >= RP_TM * (SP_REPACK_MAX_N / 32), "a tile's tokens fit the scratch");
 
-enum { RP_Q4_0, RP_IQ4_NL };
+enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
 
 RP_INLINE __m256i
 bcast8(const int8_t *p)
@@ -70,9 +90,40 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
             acc[t][l] = _mm256_setzero_ps();
         }
     }
+    const size_t pblk = kind == RP_Q8_0 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        const uint8_t *pb = g + (size_t)b * pblk;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        if (kind == RP_Q8_0) {
+            /* chunk c: bytes 8 (c / 2) .. + 7 of rows {0,1,4,5} (c even) or {2,3,6,7} */
+            __m256i wq[8], aw[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                wq[c] = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
+                aw[c] = _mm256_sign_epi8(wq[c], wq[c]);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
+                __m256i p[2];
+#pragma GCC unroll 8
+                for (int s = 0; s < 2; s++) {
+                    __m256i v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int k = 0; k < 4; k++) {
+                        const int c = s + 2 * k;
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            aw[c], _mm256_sign_epi8(bcast8(xq + 8 * k), wq[c]));
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
+                    }
+                    p[s] = v;
+                }
+                const __m256i isum = _mm256_hadd_epi32(p[0], p[1]);
+                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+                acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+            }
+            continue;
+        }
         /* q[c][0]: low nibbles of chunk c, q[c][1]: high nibbles. Chunk 0 / 2 hold rows
          * {0,1,4,5} bytes 0..7 / 8..15, chunk 1 / 3 rows {2,3,6,7}; a byte's low nibble is
          * element j, its high nibble element j + 16. */
@@ -133,7 +184,7 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        if (kind == RP_Q4_0) {
+        if (kind != RP_IQ4_NL) {
             out[t] = acc[t][0];
         } else { /* sp__q32_sum_lanes, lane-wise */
             const __m256 b0 = _mm256_add_ps(acc[t][0], acc[t][4]);
@@ -142,6 +193,187 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
             const __m256 b3 = _mm256_add_ps(acc[t][3], acc[t][7]);
             out[t] = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
         }
+    }
+}
+
+
+/* VPSHUFB patterns that spread the 8 rows' sub-block scales (bytes 0..7 of each 128-bit
+ * lane) to the int16 lanes of a row set's chunk: rows {0,1,4,5} or {2,3,6,7}, each row's
+ * scale in the four int16 of its 64-bit lane. */
+#define RP_SC4(r) (r), -1, (r), -1, (r), -1, (r), -1
+
+/*
+ * Q4_K: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K (xs bytes per
+ * token). Out: the 8 rows' results of each token (lane r = row r).
+ */
+RP_INLINE void
+rp_tile_q4k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+            __m256 out[RP_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i spread[2] = {
+        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
+        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
+    };
+    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 acc[RP_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
+        __m256i ai[RP_TM][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 8; j++) {
+            int64_t scj;
+            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
+            const __m256i scv = _mm256_set1_epi64x(scj);
+            const uint8_t *qp = pb + SP_REPACK_Q4K_QS + 256 * (j >> 1);
+            const int shift = 4 * (j & 1);
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
+                __m256i q[4];
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
+                    q[k] = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(shift)), m4);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
+                                                        (size_t)b * sizeof(sp_block_q8_k) + 4) +
+                                       32 * j;
+                    __m256i v = _mm256_maddubs_epi16(q[0], bcast8(xq));
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[2], bcast8(xq + 16)));
+                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
+                    ai[t][s] = _mm256_add_epi32(ai[t][s], _mm256_madd_epi16(v, S));
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
+        const __m256 dmw =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
+        __m256i M[4]; /* rows 2i (low lane) and 2i + 1 (high lane), the 8 mins as int16 */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            M[i] = _mm256_cvtepu8_epi16(
+                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_M + 16 * i)));
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
+            float yd;
+            memcpy(&yd, xb, sizeof yd);
+            /* bsums pairs p_j = bsums[2j] + bsums[2j+1] (|p_j| <= 32 * 127), p_0..p_7 in each
+             * 128-bit lane */
+            const __m256i bs = _mm256_loadu_si256(
+                (const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
+            const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
+            const __m256i h0 = _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs),
+                                                 _mm256_madd_epi16(M[1], pairs));
+            const __m256i h1 = _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs),
+                                                 _mm256_madd_epi16(M[3], pairs));
+            const __m256i summs =
+                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
+            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
+            /* kquants_impl.h: d = y.d * x.d; dm = y.d * x.dmin; a = d * sumi; c = dm * summs;
+             * blk = a - c; sumf = sumf + blk */
+            const __m256 ydv = _mm256_set1_ps(yd);
+            const __m256 d = _mm256_mul_ps(ydv, dw);
+            const __m256 dm = _mm256_mul_ps(ydv, dmw);
+            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
+            const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, c));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = acc[t];
+    }
+}
+
+/*
+ * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
+ */
+RP_INLINE void
+rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+              __m256 out[RP_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i bias = _mm256_set1_epi16(32);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    const __m256i spread[2] = {
+        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
+        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
+    };
+    __m256 acc[RP_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        __m256i ai[RP_TM][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 8; j++) {
+            int64_t scj;
+            memcpy(&scj, pb + SP_REPACK_IQ4XS_SC + 8 * j, sizeof scj);
+            const __m256i scv = _mm256_set1_epi64x(scj);
+            const uint8_t *qp = pb + SP_REPACK_IQ4XS_QS + 128 * j;
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const __m256i S = _mm256_sub_epi16(_mm256_shuffle_epi8(scv, spread[s]), bias);
+                /* elements 0..7, 8..15 (low nibbles of bytes 0..7, 8..15), 16..23, 24..31 */
+                const __m256i raw0 = _mm256_loadu_si256((const __m256i *)(qp + 32 * s));
+                const __m256i raw1 = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2)));
+                __m256i w[4], aw[4];
+                w[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw0, m4));
+                w[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw1, m4));
+                w[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw0, 4), m4));
+                w[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(raw1, 4), m4));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    aw[k] = _mm256_sign_epi8(w[k], w[k]);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
+                                                        (size_t)b * sizeof(sp_block_q8_k) + 4) +
+                                       32 * j;
+                    __m256i v = ai[t][s];
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            aw[k], _mm256_sign_epi8(bcast8(xq + 8 * k), w[k]));
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, S));
+                    }
+                    ai[t][s] = v;
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float yd;
+            memcpy(&yd, x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k), sizeof yd);
+            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd), dw);
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = acc[t];
     }
 }
 
@@ -163,9 +395,46 @@ RP_TILE(iq4_nl_tile, RP_IQ4_NL, 1)
 RP_TILE(iq4_nl_tile, RP_IQ4_NL, 2)
 RP_TILE(iq4_nl_tile, RP_IQ4_NL, 3)
 RP_TILE(iq4_nl_tile, RP_IQ4_NL, 4)
+RP_TILE(q8_0_tile, RP_Q8_0, 1)
+RP_TILE(q8_0_tile, RP_Q8_0, 2)
+RP_TILE(q8_0_tile, RP_Q8_0, 3)
+RP_TILE(q8_0_tile, RP_Q8_0, 4)
+
+/* Q4_K tiles: the Q8_K rows carry their own scale and block sums, no scratch */
+#define RP_TILE_Q4K(T)                                                                         \
+    static void q4_k_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,       \
+                              const int32_t *xsum, const float *xd, __m256 out[RP_TM])         \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        rp_tile_q4k(T, nb, g, x, xs, out);                                                     \
+    }
+RP_TILE_Q4K(1)
+RP_TILE_Q4K(2)
+RP_TILE_Q4K(3)
+RP_TILE_Q4K(4)
+
+#define RP_TILE_IQ4XS(T)                                                                       \
+    static void iq4_xs_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 out[RP_TM])       \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        rp_tile_iq4xs(T, nb, g, x, xs, out);                                                   \
+    }
+RP_TILE_IQ4XS(1)
+RP_TILE_IQ4XS(2)
+RP_TILE_IQ4XS(3)
+RP_TILE_IQ4XS(4)
 
 static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
                                                  q4_0_tile_4};
+static const rp_tile_fn q8_0_tiles[RP_TM + 1] = {NULL, q8_0_tile_1, q8_0_tile_2, q8_0_tile_3,
+                                                 q8_0_tile_4};
+static const rp_tile_fn q4_k_tiles[RP_TM + 1] = {NULL, q4_k_tile_1, q4_k_tile_2, q4_k_tile_3,
+                                                 q4_k_tile_4};
+static const rp_tile_fn iq4_xs_tiles[RP_TM + 1] = {NULL, iq4_xs_tile_1, iq4_xs_tile_2,
+                                                   iq4_xs_tile_3, iq4_xs_tile_4};
 static const rp_tile_fn iq4_nl_tiles[RP_TM + 1] = {NULL, iq4_nl_tile_1, iq4_nl_tile_2,
                                                    iq4_nl_tile_3, iq4_nl_tile_4};
 
@@ -178,7 +447,8 @@ static void
 rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0,
         int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    const int64_t nb = n / 32;
+    const bool super = kind == RP_Q4_K || kind == RP_IQ4_XS; /* Q8_K: no scratch */
+    const int64_t nb = n / (super ? SP_QK_K : 32);
     int32_t xsum[RP_SCRATCH];
     float xd[RP_SCRATCH];
     int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
@@ -192,7 +462,7 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, 
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t t = t0; t < t1; t++) {
+        for (int64_t t = t0; t < t1 && !super; t++) {
             const sp_block_q8_0 *xb =
                 (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
             for (int64_t b = 0; b < nb; b++) {
@@ -246,9 +516,39 @@ iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const v
     }
 }
 
+static void
+q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_Q8_0, q8_0_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+static void
+q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_Q4_K, q4_k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+static void
+iq4_xs_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
 void
 sp__repack_register_avx2(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q4_0] = q4_0_gemm;
     k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
+    k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
+    k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;
+    k->repack_gemm[SP_TYPE_IQ4_XS] = iq4_xs_gemm;
 }

@@ -1,7 +1,8 @@
 /*
- * repack.c - the packed (row-interleaved) form of Q4_0 and IQ4_NL weights: sizes, packing
- * and unpacking (level-independent: the layout is kernels.h's), and the scalar gemms over
- * it that the unit tests use as the oracle of the SIMD ones.
+ * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS weights:
+ * sizes, packing and unpacking (level-independent: the layouts are kernels.h's and
+ * repack_impl.h's), and the scalar gemms over it that the unit tests use as the oracle of
+ * the SIMD ones.
  *
  * Pure functions on caller memory, any thread, no heap.
  */
@@ -9,27 +10,68 @@
 
 #include <string.h>
 
+#include "kernels/cpu/kquants_impl.h"
 #include "kernels/cpu/q32_impl.h"
 
-/* Both packed types are a 2-byte F16 scale and 16 quant bytes per 32 elements. */
+/* One packed type: elements per block, bytes of a file block, of a packed block of 8 rows,
+ * and where a block's quant bytes start in the file's block and in the packed one. */
+typedef struct {
+    int qk, blk, pblk, qs_bytes, qs_src, qs_dst;
+} rp_shape_t;
+
 static bool
-packable(sp_type_t type)
+shape_of(sp_type_t type, rp_shape_t *s)
 {
-    return type == SP_TYPE_Q4_0 || type == SP_TYPE_IQ4_NL;
+    switch (type) {
+    case SP_TYPE_Q4_0:
+    case SP_TYPE_IQ4_NL:
+        *s = (rp_shape_t){32, 18, SP_REPACK_BLOCK_BYTES, 16, 2, SP_REPACK_ROWS * 2};
+        return true;
+    case SP_TYPE_Q8_0:
+        *s = (rp_shape_t){32, 34, SP_REPACK_Q8_0_BLOCK_BYTES, 32, 2, SP_REPACK_ROWS * 2};
+        return true;
+    case SP_TYPE_Q4_K:
+        *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q4_k), SP_REPACK_Q4K_BLOCK_BYTES, 128,
+                          (int)offsetof(sp_block_q4_k, qs), SP_REPACK_Q4K_QS};
+        return true;
+    case SP_TYPE_IQ4_XS:
+        *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_iq4_xs), SP_REPACK_IQ4XS_BLOCK_BYTES, 128,
+                          (int)offsetof(sp_block_iq4_xs, qs), SP_REPACK_IQ4XS_QS};
+        return true;
+    default:
+        return false;
+    }
 }
 
 _Static_assert(sizeof(sp_block_q4_0) == 18 && sizeof(sp_block_iq4_nl) == 18 &&
                    offsetof(sp_block_q4_0, qs) == 2 && offsetof(sp_block_iq4_nl, qs) == 2,
                "Q4_0 and IQ4_NL share one block shape");
 _Static_assert(SP_REPACK_BLOCK_BYTES == SP_REPACK_ROWS * 18, "a packed block is 8 blocks");
+_Static_assert(SP_REPACK_Q8_0_BLOCK_BYTES == SP_REPACK_ROWS * 34, "a packed block is 8 blocks");
+_Static_assert(offsetof(sp_block_q4_k, d) == 0 && offsetof(sp_block_q4_k, dmin) == 2 &&
+                   offsetof(sp_block_q4_k, scales) == 4 && offsetof(sp_block_q4_k, qs) == 16,
+               "the Q4_K block layout the packing assumes");
+_Static_assert(offsetof(sp_block_iq4_xs, d) == 0 && offsetof(sp_block_iq4_xs, scales_h) == 2 &&
+                   offsetof(sp_block_iq4_xs, scales_l) == 4 && offsetof(sp_block_iq4_xs, qs) == 8,
+               "the IQ4_XS block layout the packing assumes");
+
+/* IQ4_XS's sub-block scale j (0..63, biased by 32): low 4 bits in scales_l, nibble j % 2 of
+ * byte j / 2; high 2 bits in bits 2j, 2j+1 of scales_h (little-endian). */
+static uint8_t
+iq4xs_scale(const uint8_t *blk, int j)
+{
+    const unsigned h = (unsigned)blk[2] | (unsigned)blk[3] << 8;
+    return (uint8_t)(((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((h >> (2 * j)) & 3) << 4));
+}
 
 size_t
 sp_repack_group_bytes(sp_type_t type, int64_t n)
 {
-    if (!packable(type) || n <= 0 || n % 32 != 0 || n > SP_REPACK_MAX_N) {
+    rp_shape_t s;
+    if (!shape_of(type, &s) || n <= 0 || n % s.qk != 0 || n > SP_REPACK_MAX_N) {
         return 0;
     }
-    return (size_t)(n / 32) * SP_REPACK_BLOCK_BYTES;
+    return (size_t)(n / s.qk) * (size_t)s.pblk;
 }
 
 size_t
@@ -42,28 +84,100 @@ sp_repack_bytes(sp_type_t type, int64_t n, int64_t n_rows)
     return gb * (size_t)((n_rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS);
 }
 
+/* The inverse of sp__q4k_unpack_scales (kquants_impl.h): 8 six-bit scales and mins back to
+ * the GGUF's 12 bytes. Every one of the 96 bits is one of the 16 fields, so this and the
+ * unpacking are inverse bijections. */
+static void
+q4k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[SP_K_SCALE_SIZE])
+{
+    for (int i = 0; i < 4; i++) {
+        out[i] = (uint8_t)((sc[i] & 0x3f) | ((sc[4 + i] >> 4) << 6));
+        out[4 + i] = (uint8_t)((m[i] & 0x3f) | ((m[4 + i] >> 4) << 6));
+        out[8 + i] = (uint8_t)((sc[4 + i] & 0x0f) | ((m[4 + i] & 0x0f) << 4));
+    }
+}
+
+/* The non-quant part of row r's block: scales (and Q4_K's mins) to / from a packed block. */
+static void
+put_header(sp_type_t type, int r, const uint8_t *blk, uint8_t *pb)
+{
+    if (type == SP_TYPE_IQ4_XS) {
+        memcpy(pb + 2 * r, blk, 2);
+        for (int j = 0; j < 8; j++) {
+            pb[SP_REPACK_IQ4XS_SC + 8 * j + r] = iq4xs_scale(blk, j);
+        }
+        return;
+    }
+    if (type != SP_TYPE_Q4_K) {
+        memcpy(pb + 2 * r, blk, 2);
+        return;
+    }
+    uint8_t sc[8], m[8];
+    memcpy(pb + SP_REPACK_Q4K_D + 2 * r, blk, 2);
+    memcpy(pb + SP_REPACK_Q4K_DMIN + 2 * r, blk + 2, 2);
+    sp__q4k_unpack_scales(blk + 4, sc, m);
+    for (int j = 0; j < 8; j++) {
+        pb[SP_REPACK_Q4K_SC + 8 * j + r] = sc[j];
+        pb[SP_REPACK_Q4K_M + 8 * r + j] = m[j];
+    }
+}
+
+static void
+get_header(sp_type_t type, int r, const uint8_t *pb, uint8_t *blk)
+{
+    if (type == SP_TYPE_IQ4_XS) {
+        unsigned h = 0;
+        memcpy(blk, pb + 2 * r, 2);
+        memset(blk + 4, 0, 4);
+        for (int j = 0; j < 8; j++) {
+            const unsigned ls = pb[SP_REPACK_IQ4XS_SC + 8 * j + r];
+            blk[4 + j / 2] |= (uint8_t)((ls & 0x0f) << (4 * (j % 2)));
+            h |= ((ls >> 4) & 3) << (2 * j);
+        }
+        blk[2] = (uint8_t)(h & 0xff);
+        blk[3] = (uint8_t)(h >> 8);
+        return;
+    }
+    if (type != SP_TYPE_Q4_K) {
+        memcpy(blk, pb + 2 * r, 2);
+        return;
+    }
+    uint8_t sc[8], m[8];
+    memcpy(blk, pb + SP_REPACK_Q4K_D + 2 * r, 2);
+    memcpy(blk + 2, pb + SP_REPACK_Q4K_DMIN + 2 * r, 2);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = pb[SP_REPACK_Q4K_SC + 8 * j + r];
+        m[j] = pb[SP_REPACK_Q4K_M + 8 * r + j];
+    }
+    q4k_pack_scales(sc, m, blk + 4);
+}
+
 void
 sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t n_rows,
                int64_t g0, int64_t g1, void *dst)
 {
+    rp_shape_t s;
     const size_t gb = sp_repack_group_bytes(type, n);
-    const int64_t nb = n / 32;
+    if (gb == 0 || !shape_of(type, &s)) {
+        return;
+    }
+    const int64_t nb = n / s.qk;
+    uint8_t blk[sizeof(sp_block_q4_k)];
     for (int64_t g = g0; g < g1; g++) {
         uint8_t *out = (uint8_t *)dst + (size_t)g * gb;
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *pb = out + (size_t)b * SP_REPACK_BLOCK_BYTES;
+            uint8_t *pb = out + (size_t)b * (size_t)s.pblk;
             for (int r = 0; r < SP_REPACK_ROWS; r++) {
                 const int64_t row = g * SP_REPACK_ROWS + r;
-                uint8_t blk[18];
                 if (row < n_rows) {
-                    memcpy(blk, (const uint8_t *)src + (size_t)row * src_stride + (size_t)b * 18,
-                           18);
+                    memcpy(blk, (const uint8_t *)src + (size_t)row * src_stride + (size_t)b * s.blk,
+                           (size_t)s.blk);
                 } else {
-                    memset(blk, 0, sizeof blk); /* a zero row: scale 0 */
+                    memset(blk, 0, (size_t)s.blk); /* a zero row: scales 0 */
                 }
-                memcpy(pb + 2 * r, blk, 2);
-                for (int j = 0; j < 16; j++) {
-                    pb[sp__repack_qs_off(r, j)] = blk[2 + j];
+                put_header(type, r, blk, pb);
+                for (int j = 0; j < s.qs_bytes; j += 8) { /* 8 bytes share a 64-bit lane */
+                    memcpy(pb + s.qs_dst + sp__repack_chunk_off(r, j), blk + s.qs_src + j, 8);
                 }
             }
         }
@@ -73,35 +187,48 @@ sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, in
 void
 sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst)
 {
+    rp_shape_t s;
     const size_t gb = sp_repack_group_bytes(type, n);
-    const int64_t nb = n / 32;
+    if (gb == 0 || !shape_of(type, &s)) {
+        return;
+    }
+    const int64_t nb = n / s.qk;
     const uint8_t *g = (const uint8_t *)packed + (size_t)(r / SP_REPACK_ROWS) * gb;
     const int rr = (int)(r % SP_REPACK_ROWS);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
-        uint8_t *o = (uint8_t *)dst + (size_t)b * 18;
-        memcpy(o, pb + 2 * rr, 2);
-        for (int j = 0; j < 16; j++) {
-            o[2 + j] = pb[sp__repack_qs_off(rr, j)];
+        const uint8_t *pb = g + (size_t)b * (size_t)s.pblk;
+        uint8_t *o = (uint8_t *)dst + (size_t)b * (size_t)s.blk;
+        get_header(type, rr, pb, o);
+        for (int j = 0; j < s.qs_bytes; j += 8) {
+            memcpy(o + s.qs_src + j, pb + s.qs_dst + sp__repack_chunk_off(rr, j), 8);
         }
     }
 }
 
-/* One row's dot product with one Q8_0 activation row, in the reference's order: Q4_0 as
- * ref.c's vec_dot (one serial float sum over the blocks), IQ4_NL as q32_impl.h's contract
- * (eight partial sums by block index mod 8, then the fixed tree). */
+/* One row's dot product with one Q8_0 activation row, in the reference's order: Q4_0 and
+ * Q8_0 as ref.c's vec_dot (one serial float sum over the blocks), IQ4_NL as q32_impl.h's
+ * contract (eight partial sums by block index mod 8, then the fixed tree). */
 static float
-packed_row_dot(bool nl, int64_t n, const uint8_t *g, int r, const sp_block_q8_0 *x)
+packed_row_dot(sp_type_t type, int64_t n, const uint8_t *g, int r, const sp_block_q8_0 *x)
 {
+    const bool nl = type == SP_TYPE_IQ4_NL, q8 = type == SP_TYPE_Q8_0;
+    const size_t pblk = q8 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
     float sum = 0.0f, acc[SP_Q32_LANES] = {0.0f};
     for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        const uint8_t *pb = g + (size_t)b * pblk;
+        const uint8_t *qs = pb + SP_REPACK_ROWS * 2;
         int32_t isum = 0;
-        for (int j = 0; j < 16; j++) {
-            const uint8_t q = pb[sp__repack_qs_off(r, j)];
-            const int32_t lo = nl ? sp__kvalues_iq4nl[q & 0x0f] : (q & 0x0f) - 8;
-            const int32_t hi = nl ? sp__kvalues_iq4nl[q >> 4] : (q >> 4) - 8;
-            isum += lo * (int32_t)x[b].qs[j] + hi * (int32_t)x[b].qs[j + 16];
+        if (q8) {
+            for (int j = 0; j < 32; j++) {
+                isum += (int32_t)(int8_t)qs[sp__repack_chunk_off(r, j)] * (int32_t)x[b].qs[j];
+            }
+        } else {
+            for (int j = 0; j < 16; j++) {
+                const uint8_t q = qs[sp__repack_chunk_off(r, j)];
+                const int32_t lo = nl ? sp__kvalues_iq4nl[q & 0x0f] : (q & 0x0f) - 8;
+                const int32_t hi = nl ? sp__kvalues_iq4nl[q >> 4] : (q >> 4) - 8;
+                isum += lo * (int32_t)x[b].qs[j] + hi * (int32_t)x[b].qs[j + 16];
+            }
         }
         sp_fp16_t wd;
         memcpy(&wd, pb + 2 * r, sizeof wd);
@@ -116,16 +243,79 @@ packed_row_dot(bool nl, int64_t n, const uint8_t *g, int r, const sp_block_q8_0 
     return nl ? sp__q32_sum_lanes(acc) : sum;
 }
 
+/* Q4_K row r of a packed group against one Q8_K row: sp__q4k_vec_dot_ref's integer sums and
+ * its float sequence, read through the packed layout. */
+static float
+packed_row_dot_q4k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y)
+{
+    float sumf = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK_K; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
+        const uint8_t *qs = pb + SP_REPACK_Q4K_QS;
+        int32_t sumi = 0, summs = 0;
+        for (int j = 0; j < 8; j++) {
+            const int shift = 4 * (j & 1);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) {
+                const uint8_t q = qs[sp__repack_chunk_off(r, 32 * (j / 2) + l)];
+                dot += ((q >> shift) & 0xF) * y[b].qs[32 * j + l];
+            }
+            sumi += pb[SP_REPACK_Q4K_SC + 8 * j + r] * dot;
+            summs += pb[SP_REPACK_Q4K_M + 8 * r + j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
+        }
+        sp_fp16_t wd, wm;
+        memcpy(&wd, pb + SP_REPACK_Q4K_D + 2 * r, sizeof wd);
+        memcpy(&wm, pb + SP_REPACK_Q4K_DMIN + 2 * r, sizeof wm);
+        const float d = y[b].d * sp_fp16_to_fp32(wd);
+        const float dm = y[b].d * sp_fp16_to_fp32(wm);
+        const float a = d * (float)sumi;
+        const float c = dm * (float)summs;
+        const float blk = a - c;
+        sumf = sumf + blk;
+    }
+    return sumf;
+}
+
+/* IQ4_XS row r of a packed group against one Q8_K row: sumi = sum_j (ls_j - 32) dot_j, then
+ * d = y.d * x.d; blk = d * sumi; sumf = sumf + blk (ref_kquants2.c's finish_scale). */
+static float
+packed_row_dot_iq4xs(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y)
+{
+    float sumf = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK_K; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        const uint8_t *qs = pb + SP_REPACK_IQ4XS_QS;
+        int32_t sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++) {
+                const uint8_t q = qs[sp__repack_chunk_off(r, 16 * j + l)];
+                dot += sp__kvalues_iq4nl[q & 0x0f] * y[b].qs[32 * j + l] +
+                       sp__kvalues_iq4nl[q >> 4] * y[b].qs[32 * j + 16 + l];
+            }
+            sumi += ((int32_t)pb[SP_REPACK_IQ4XS_SC + 8 * j + r] - 32) * dot;
+        }
+        sp_fp16_t wd;
+        memcpy(&wd, pb + 2 * r, sizeof wd);
+        const float d = y[b].d * sp_fp16_to_fp32(wd);
+        const float blk = d * (float)sumi;
+        sumf = sumf + blk;
+    }
+    return sumf;
+}
+
 static void
-packed_gemm_ref(bool nl, int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
-                const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+packed_gemm_ref(sp_type_t type, int64_t n, const void *w, size_t w_stride, int64_t r0,
+                int64_t r1, const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
 {
     for (int64_t t = 0; t < n_tok; t++) {
-        const sp_block_q8_0 *xt =
-            (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * x_stride);
+        const void *xt = (const uint8_t *)x + (size_t)t * x_stride;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_REPACK_ROWS) * w_stride;
-            y[t * ldy + r] = packed_row_dot(nl, n, g, (int)(r % SP_REPACK_ROWS), xt);
+            const int rr = (int)(r % SP_REPACK_ROWS);
+            y[t * ldy + r] = type == SP_TYPE_Q4_K     ? packed_row_dot_q4k(n, g, rr, xt)
+                             : type == SP_TYPE_IQ4_XS ? packed_row_dot_iq4xs(n, g, rr, xt)
+                                                      : packed_row_dot(type, n, g, rr, xt);
         }
     }
 }
@@ -134,12 +324,46 @@ void
 sp__repack_q4_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                          const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    packed_gemm_ref(false, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+    packed_gemm_ref(SP_TYPE_Q4_0, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
 }
 
 void
 sp__repack_iq4_nl_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                            const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    packed_gemm_ref(true, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+    packed_gemm_ref(SP_TYPE_IQ4_NL, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
+sp__repack_q8_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                         const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_Q8_0, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
+sp__repack_q4_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                         const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_Q4_K, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
+sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                           const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_IQ4_XS, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+sp_gemm_fn
+sp__repack_gemm_ref(sp_type_t type)
+{
+    switch (type) {
+    case SP_TYPE_Q4_0: return sp__repack_q4_0_gemm_ref;
+    case SP_TYPE_IQ4_NL: return sp__repack_iq4_nl_gemm_ref;
+    case SP_TYPE_Q8_0: return sp__repack_q8_0_gemm_ref;
+    case SP_TYPE_Q4_K: return sp__repack_q4_k_gemm_ref;
+    case SP_TYPE_IQ4_XS: return sp__repack_iq4_xs_gemm_ref;
+    default: return NULL;
+    }
 }

@@ -11,19 +11,49 @@
 
 #include "kernels/cpu/cpu_impl.h"
 
-/* Bytes of one block of a packed group: 8 F16 scales, then 8 x 16 quant bytes. */
+/* Bytes of one block of a packed Q4_0 / IQ4_NL group: 8 F16 scales, then 8 x 16 quant bytes. */
 #define SP_REPACK_BLOCK_BYTES (SP_REPACK_ROWS * 2 + SP_REPACK_ROWS * 16)
+/* Q8_0: 8 F16 scales, then 8 x 32 quant bytes (eight 32-byte chunks). */
+#define SP_REPACK_Q8_0_BLOCK_BYTES (SP_REPACK_ROWS * 2 + SP_REPACK_ROWS * 32)
+/* Q4_K, per 256-element super-block: 8 F16 d, 8 F16 dmin, the 6-bit scales unpacked to
+ * bytes sc[j][r] (sub-block major: one 8-byte load gives sub-block j of the 8 rows), the
+ * mins m[r][j] (row major: the rows' min vectors for VPMADDWD against the token's sub-block
+ * sums), then 8 x 128 quant bytes. 1184 bytes for the 8 x 144 of the file (+2.8%): the
+ * 96 bits of a row's packed scales are 16 six-bit fields, so unpacking them is a bijection
+ * and the repack stays exactly invertible. */
+#define SP_REPACK_Q4K_D 0
+#define SP_REPACK_Q4K_DMIN 16
+#define SP_REPACK_Q4K_SC 32
+#define SP_REPACK_Q4K_M 96
+#define SP_REPACK_Q4K_QS 160
+#define SP_REPACK_Q4K_BLOCK_BYTES (SP_REPACK_Q4K_QS + SP_REPACK_ROWS * 128)
 
-/* Offset, within a packed block, of quant byte j (0..15) of row r (0..7) of the group:
- * chunk (r >> 1 & 1) + 2 (j >> 3), 64-bit lane (r & 1) | (r >> 2) << 1 within it. Rows
- * {0,1,4,5} and {2,3,6,7} share chunks so that one VPHADDD of the two chunks' sums puts
- * rows 0..7 in lane order (avx2_repack.c). */
+/* IQ4_XS, per super-block: 8 F16 d, the 6-bit sub-block scales (unbiased, 0..63) as bytes
+ * sc[j][r] (the file's scales_h / scales_l hold exactly these 48 bits), then 8 x 128 quant
+ * bytes (sub-block j's 16 bytes are the row's bytes 16 j .. 16 j + 15, as IQ4_NL's blocks).
+ * 1104 bytes for the file's 8 x 136 (+1.5%). */
+#define SP_REPACK_IQ4XS_SC 16
+#define SP_REPACK_IQ4XS_QS 80
+#define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
+
+/* Offset, from the start of a packed block's quant bytes, of quant byte j of row r (0..7)
+ * of the group: chunk (r >> 1 & 1) + 2 (j >> 3) (32 bytes each), 64-bit lane
+ * (r & 1) | (r >> 2) << 1 within it. Rows {0,1,4,5} and {2,3,6,7} share chunks so that one
+ * VPHADDD of the two chunks' sums puts rows 0..7 in lane order (avx2_repack.c). The same
+ * rule for every packed type: a row's 8 consecutive quant bytes sit in one 64-bit lane. */
 static inline size_t
-sp__repack_qs_off(int r, int j)
+sp__repack_chunk_off(int r, int j)
 {
     const int chunk = ((r >> 1) & 1) + 2 * (j >> 3);
     const int lane = (r & 1) | ((r >> 2) << 1);
-    return (size_t)(SP_REPACK_ROWS * 2 + 32 * chunk + 8 * lane + (j & 7));
+    return (size_t)(32 * chunk + 8 * lane + (j & 7));
+}
+
+/* Q4_0 / IQ4_NL: offset of quant byte j (0..15) of row r within a packed block. */
+static inline size_t
+sp__repack_qs_off(int r, int j)
+{
+    return SP_REPACK_ROWS * 2 + sp__repack_chunk_off(r, j);
 }
 
 /* The scalar gemms over the packed form: the reference's order of operations, so their
@@ -34,8 +64,21 @@ void sp__repack_q4_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t
 void sp__repack_iq4_nl_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                 float *y, int64_t ldy);
+void sp__repack_q8_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
+/* Q4_K x Q8_K: kquants_impl.h's fixed float sequence per super-block. */
+void sp__repack_q4_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
+/* IQ4_XS x Q8_K: sp__iq4xs_vec_dot_ref's integer sums and float sequence. */
+void sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                float *y, int64_t ldy);
+/* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
+sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
-/* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0 and IQ4_NL. */
+/* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */

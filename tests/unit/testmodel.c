@@ -1,0 +1,113 @@
+/* testmodel.c - random-weight llama-shaped models for the whole-model tests (testmodel.h). */
+#include "testmodel.h"
+
+#include "test.h"
+
+#include "core/alloc.h"
+#include "gguf/gguf.h"
+
+#define TM_DEMO "models/stories260K.gguf"
+#define TM_MAX_TENSORS 160
+
+typedef struct {
+    uint64_t rng;
+    void *bufs[TM_MAX_TENSORS];
+    int n_bufs;
+} tm_state_t;
+
+static float
+tm_rand(tm_state_t *s)
+{
+    s->rng ^= s->rng << 13;
+    s->rng ^= s->rng >> 7;
+    s->rng ^= s->rng << 17;
+    return (float)((s->rng >> 16) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void
+tm_add(tm_state_t *s, sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in,
+       int64_t n_out, float amp)
+{
+    const int64_t ne[2] = {n_in, n_out};
+    const size_t row = sp_row_size(type, n_in);
+    float *src = sp_malloc((size_t)n_in * sizeof(float));
+    char *data = sp_malloc(row * (size_t)n_out);
+    ASSERT(src && data && s->n_bufs < TM_MAX_TENSORS);
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int64_t i = 0; i < n_in; i++)
+            src[i] = amp * tm_rand(s);
+        if (type == SP_TYPE_F32)
+            memcpy(data + (size_t)r * row, src, (size_t)n_in * sizeof(float));
+        else
+            ASSERT(sp_quantize_row(type, src, data + (size_t)r * row, n_in));
+    }
+    sp_free(src);
+    s->bufs[s->n_bufs++] = data;
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
+}
+
+void
+sp_test_llama_gguf(const sp_test_llama_t *sp, void **buf, size_t *len)
+{
+    char err[512], key[128];
+    sp_gguf_t *demo;
+    sp_gguf_writer_t *w;
+    tm_state_t *s = sp_calloc(1, sizeof *s);
+    ASSERT(s != NULL);
+    const int64_t E = sp->n_embd, V = 512, QD = sp->n_head * sp->head_dim,
+                  KVD = sp->n_head_kv * sp->head_dim;
+    ASSERT_OK(sp_gguf_open(TM_DEMO, &demo, err, sizeof err));
+    ASSERT_OK(sp_gguf_writer_create(&w));
+    ASSERT_OK(sp_gguf_writer_copy_kv(w, demo));
+    ASSERT_OK(sp_gguf_writer_set_str(w, "general.architecture", sp->arch));
+#define U32(suffix, v)                                                                         \
+    snprintf(key, sizeof key, "%s.%s", sp->arch, suffix);                                      \
+    ASSERT_OK(sp_gguf_writer_set_u32(w, key, (uint32_t)(v)))
+#define F32(suffix, v)                                                                         \
+    snprintf(key, sizeof key, "%s.%s", sp->arch, suffix);                                      \
+    ASSERT_OK(sp_gguf_writer_set_f32(w, key, (v)))
+    U32("context_length", sp->n_ctx);
+    U32("embedding_length", E);
+    U32("feed_forward_length", sp->n_ff);
+    U32("block_count", sp->n_layer);
+    U32("attention.head_count", sp->n_head);
+    U32("attention.head_count_kv", sp->n_head_kv);
+    if (sp->rope_dim) {
+        U32("rope.dimension_count", sp->head_dim);
+    }
+    F32("rope.freq_base", 10000.0f);
+    F32("attention.layer_norm_rms_epsilon", sp->rms_eps);
+#undef U32
+#undef F32
+    s->rng = sp->seed;
+    tm_add(s, w, "token_embd.weight", sp->type, E, V, 1.0f);
+    tm_add(s, w, "output.weight", sp->type, E, V, sp->amp_output);
+    tm_add(s, w, "output_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+    for (int64_t l = 0; l < sp->n_layer; l++) {
+        char name[96];
+#define T(suffix, ty, n_in, n_out, amp)                                                        \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);                          \
+    tm_add(s, w, name, ty, n_in, n_out, amp)
+        T("attn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("attn_q.weight", sp->type, E, QD, sp->amp_in);
+        T("attn_k.weight", sp->type, E, KVD, sp->amp_in);
+        T("attn_v.weight", sp->type, E, KVD, sp->amp_in);
+        if (sp->qkv_bias) {
+            T("attn_q.bias", SP_TYPE_F32, QD, 1, 0.1f);
+            T("attn_k.bias", SP_TYPE_F32, KVD, 1, 0.1f);
+            T("attn_v.bias", SP_TYPE_F32, KVD, 1, 0.1f);
+        }
+        T("attn_output.weight", sp->type, QD, E, sp->amp_out);
+        T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
+        T("ffn_gate.weight", sp->type, E, sp->n_ff, sp->amp_in);
+        T("ffn_up.weight", sp->type, E, sp->n_ff, sp->amp_in);
+        T("ffn_down.weight", sp->type, sp->n_ff, E, sp->amp_out);
+#undef T
+    }
+    ASSERT_OK(sp_gguf_writer_write_mem(w, buf, len, err, sizeof err));
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < s->n_bufs; i++)
+        sp_free(s->bufs[i]);
+    sp_free(s);
+}
