@@ -67,6 +67,9 @@ class BackendError(Exception):
 
 class Plugin:
     def __init__(self, path):
+        # As `sampan` does in main(): oneDNN's OpenMP threads wait passively (libgomp reads this
+        # once, when the plugin pulls it in).
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
         self.lib = C.CDLL(path)
         self.lib.sp_backend_init.restype = C.POINTER(Api)
         self.lib.sp_backend_init.argtypes = [C.c_uint32]
