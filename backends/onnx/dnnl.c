@@ -446,8 +446,17 @@ make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float
     dnnl_primitive_attr_set_post_ops(attr, po);
     dnnl_post_ops_destroy(po);
     if (scale != 1.0f) dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale);
-    if (r->dnnl->bf16) dnnl_primitive_attr_set_fpmath_mode(attr, dnnl_fpmath_mode_bf16);
     return attr;
+}
+
+/* The type oneDNN's operands are in: FP32, or BF16 (precision "bf16": activations and weights
+ * rounded to bfloat16, products accumulated in FP32, bias in FP32). BF16 activations stay BF16
+ * between oneDNN nodes and come back to FP32 with the plain reorder (set_layout: a BF16 layout
+ * is never plain). */
+static dnnl_data_type_t
+act_type(const struct sp_ox_dnnl *d)
+{
+    return d->bf16 ? dnnl_bf16 : dnnl_f32;
 }
 
 static bool
@@ -497,10 +506,11 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
         dnnl_memory_desc_t smd, wmd, bmd, dmd;
         dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
         dnnl_dims_t bd = {m};
-        dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, dnnl_format_tag_any);
-        dnnl_memory_desc_init_by_tag(&wmd, wnd, wd, dnnl_f32, dnnl_format_tag_any);
+        dnnl_data_type_t dt = act_type(d);
+        dnnl_memory_desc_init_by_tag(&smd, 4, sd, dt, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&wmd, wnd, wd, dt, dnnl_format_tag_any);
         dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
-        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dnnl_f32, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dt, dnnl_format_tag_any);
         dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
                     pr = {gm.pb_end, gm.pr_end};
         dnnl_convolution_desc_t cd;
@@ -597,7 +607,7 @@ run_pool(sp_ox_run_t *r, sp_ox_node_t *n, bool global, bool is_max)
     if (e == NULL) {
         dnnl_memory_desc_t dmd;
         dnnl_dims_t ddm = {od[0], od[1], od[2], od[3]};
-        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dnnl_f32, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, have.data_type, dnnl_format_tag_any);
         dnnl_dims_t strides = {gm.sh, gm.sw}, kern = {gm.kh, gm.kw}, dil = {gm.dh - 1, gm.dw - 1},
                     pl = {gm.pt, gm.pl}, pr = {prh, prw};
         dnnl_alg_kind_t alg = is_max ? dnnl_pooling_max
@@ -745,11 +755,15 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
         return 0;
     }
     if (nd == 2) dnnl_memory_desc_init_by_tag(&biasmd, 2, bsd, dnnl_f32, dnnl_ab);
+    /* BF16: A and a non-constant B are rounded into BF16 copies (plain layout) per run. */
+    dnnl_memory_desc_t amd_run = amd;
+    if (d->bf16) dnnl_memory_desc_init_by_tag(&amd_run, nd, dsa, dnnl_bf16, plain_tag(nd));
     if (e == NULL) {
         dnnl_memory_desc_t wmd = bmd_plain;
-        if (wconst) dnnl_memory_desc_init_by_tag(&wmd, 2, dsb, dnnl_f32, dnnl_format_tag_any);
+        if (wconst) dnnl_memory_desc_init_by_tag(&wmd, 2, dsb, act_type(d), dnnl_format_tag_any);
+        else if (d->bf16) dnnl_memory_desc_init_by_tag(&wmd, nd, dsb, dnnl_bf16, plain_tag(nd));
         dnnl_matmul_desc_t md;
-        if (dnnl_matmul_desc_init(&md, &amd, &wmd, bias ? &biasmd : NULL, &dmd) != dnnl_success) {
+        if (dnnl_matmul_desc_init(&md, &amd_run, &wmd, bias ? &biasmd : NULL, &dmd) != dnnl_success) {
             d->st.fallbacks++;
             return 0;
         }
@@ -760,18 +774,27 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
         dnnl_primitive_attr_destroy(attr);
         if (rc <= 0) return rc;
     }
-    sp_ox_tensor_t tw = {0};
+    sp_ox_tensor_t tw = {0}, ta16 = {0};
     sp_ox_tensor_t *out = &g->values[n->out[0]].t;
-    void *wp;
+    void *wp, *ap = a->data;
     int rc = -1;
-    if (weights(r, nc, e, n->in[1], &bmd_plain, &tw, &wp) || sp_ox_out(r, out, OX_FLOAT, ond, od)) goto done;
+    if (weights(r, nc, e, n->in[1], &bmd_plain, &tw, &wp)) goto done;
+    if (!dnnl_memory_desc_equal(&amd, &e->src_md)) {
+        if (out_bytes(r, &ta16, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &amd, a->data, &e->src_md, ta16.data)) {
+            goto done;
+        }
+        ap = ta16.data;
+    }
+    if (sp_ox_out(r, out, OX_FLOAT, ond, od)) goto done;
     int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    const dnnl_memory_desc_t *mds[4] = {&amd, &e->w_md, &e->dst_md, &biasmd};
-    void *ptrs[4] = {a->data, wp, out->data, bias ? bias->data : NULL};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &biasmd};
+    void *ptrs[4] = {ap, wp, out->data, bias ? bias->data : NULL};
     if (execute(r, e->p, bias ? 4 : 3, ids, mds, ptrs)) goto done;
     rc = 1;
 done:
     sp_ox_pool_put(r, &tw);
+    sp_ox_pool_put(r, &ta16);
     return rc;
 }
 
