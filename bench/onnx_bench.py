@@ -8,7 +8,8 @@ executor once, in turn), so a burst of other work on the host lands on all of th
     /usr/bin/python3 bench/onnx_bench.py [--threads 2] [--batches 1,8,32] [--rounds 3]
                                    [--models resnet50,bert] [--own-max-batch 8] [--dir DIR]
 
-Prints one line per (model, batch, executor): the median latency of one batch over the rounds,
+Executors: "onednn" (FP32), "bf16" (oneDNN with precision bf16, when the CPU has AVX512-BF16 or
+AMX), "own" (our runtime), "opencv". Prints one line per (model, batch, executor): the median latency of one batch over the rounds,
 the range, and items (images or sequences) per second from the median; then each executor's
 throughput relative to OpenCV's. Outputs are compared once per model and batch: oneDNN and our
 own runtime against OpenCV (ResNet) or numpy in float64 (BERT: OpenCV 4.6 cannot run it, see
@@ -72,6 +73,12 @@ def main():
         cfg = {"parameters": {"engine": {"string_value": "onednn"}}}
         own_cfg = {"parameters": {"engine": {"string_value": "own"}}}
         m_dnnl = plugin.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads)
+        try:
+            bf_cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "bf16"}}}
+            m_bf16 = plugin.load(vd, config=bf_cfg, max_batch_size=max(batches), n_threads=a.threads)
+        except Exception as e:  # a CPU without BF16: said, and left out
+            print(f"{model}: bf16 left out: {e}")
+            m_bf16 = None
         m_own = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
         net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" else None
         if net is not None:
@@ -79,6 +86,8 @@ def main():
         for b in batches:
             x = rng.standard_normal((b,) + shape).astype(np.float32)
             runs = {"onednn": lambda: m_dnnl.run([x])[out]}
+            if m_bf16 is not None:
+                runs["bf16"] = lambda: m_bf16.run([x])[out]
             if b <= a.own_max_batch:
                 runs["own"] = lambda: m_own.run([x])[out]
             if net is not None:
@@ -115,10 +124,14 @@ def main():
                       + (f"  own/opencv {med['opencv'] / med['own']:.2f}x" if "own" in med else ""), flush=True)
             if "own" in med:
                 print(f"{model} batch {b:>2} ratio onednn/own {med['own'] / med['onednn']:.2f}x", flush=True)
+            if "bf16" in med:
+                print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
             if b > a.own_max_batch:
                 print(f"{model} batch {b:>2} own: left out (above --own-max-batch {a.own_max_batch})")
         m_dnnl.close()
         m_own.close()
+        if m_bf16 is not None:
+            m_bf16.close()
     print(f"# load at the end {os.getloadavg()[0]:.1f}")
 
 

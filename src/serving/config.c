@@ -536,7 +536,7 @@ env_name(const opt_t *o, char *out, size_t cap)
 static const char *const env_other[] = {
     "SAMPAN_CPU", "SAMPAN_MODEL_KEY", "SAMPAN_CUDA_LIB", "SAMPAN_CUDA_WEIGHTS",
     "SAMPAN_CUDA_CANDIDATES", "SAMPAN_CUDA_PINNED", "SAMPAN_CUDA_GRAPHS", "SAMPAN_NVML_LIB",
-    "SAMPAN_VERSION", "SAMPAN_BIN", "SAMPAN_LLAMACPP_DIR", NULL,
+    "SAMPAN_VERSION", "SAMPAN_BIN", "SAMPAN_LLAMACPP_DIR", "SAMPAN_ONNX_ENGINE", NULL,
 };
 
 /* The environment layer: every option as SAMPAN_<FLAG>, over the file and under
