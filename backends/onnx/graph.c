@@ -346,6 +346,7 @@ count_uses(const sp_ox_graph_t *g)
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0) uses[n->in[k]]++;
         }
+        if (n->fused_add >= 0) uses[n->fused_add]++;
     }
     for (int32_t i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
     return uses;
@@ -441,7 +442,7 @@ ready_before(const sp_ox_graph_t *g, int32_t v, int32_t o)
 }
 
 static int
-fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
+fold_consts(sp_ox_graph_t *g, char *err, size_t err_len)
 {
     sp_ox_run_t r = {0};
     r.g = g;
@@ -449,6 +450,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
     r.err_len = err_len;
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead) continue;
         bool all_const = true;
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0 && !g->values[n->in[k]].is_const) all_const = false;
@@ -470,7 +472,45 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
         g->n_folded++;
     }
     sp_ox_run_free(&r);
+    return 0;
+}
 
+/* Nodes none of whose outputs is read (by a live node or as a graph output), until none is
+ * left: what shape inference leaves of Shape chains. */
+static int
+remove_unread(sp_ox_graph_t *g, char *err, size_t err_len)
+{
+    for (bool changed = true; changed;) {
+        changed = false;
+        int32_t *uses = count_uses(g);
+        if (uses == NULL) {
+            snprintf(err, err_len, "out of memory");
+            return -1;
+        }
+        for (int32_t o = g->n_order - 1; o >= 0; o--) {
+            sp_ox_node_t *n = &g->nodes[g->order[o]];
+            if (n->dead) continue;
+            bool read = false;
+            for (int k = 0; k < n->n_out; k++) read = read || uses[n->out[k]] > 0;
+            if (read) continue;
+            n->dead = true;
+            changed = true;
+            for (int k = 0; k < n->n_in; k++) {
+                if (n->in[k] >= 0) uses[n->in[k]]--;
+            }
+            if (n->fused_add >= 0) uses[n->fused_add]--;
+        }
+        free(uses);
+    }
+    return 0;
+}
+
+static int
+fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
+{
+    if (fold_consts(g, err, err_len) || sp_ox_infer_shapes(g, err, err_len) || fold_consts(g, err, err_len)) {
+        return -1;
+    }
     int32_t *uses = count_uses(g);
     if (uses == NULL) {
         snprintf(err, err_len, "out of memory");
@@ -550,7 +590,9 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 int
 sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
 {
-    if (topo_sort(g, err, err_len) || fold_and_fuse(g, err, err_len)) return -1;
+    if (topo_sort(g, err, err_len) || fold_and_fuse(g, err, err_len) || remove_unread(g, err, err_len)) {
+        return -1;
+    }
     int32_t k = 0;
     for (int32_t o = 0; o < g->n_order; o++) {
         if (!g->nodes[g->order[o]].dead) g->order[k++] = g->order[o];

@@ -130,6 +130,12 @@ void sp_ox_graph_free(sp_ox_graph_t *g);
 int sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
                          sp_ox_tensor_t *t, char *err, size_t err_len);
 
+/* ---- shape.c ---- */
+/* Static shape inference over the ordered graph (symbolic batch): folds Shape chains to
+ * constants, gives single-symbol Reshape targets a constant -1 form, checks MatMul/Gemm and
+ * broadcasting where sizes are known. 0, or -1 with err naming the node. */
+int sp_ox_infer_shapes(sp_ox_graph_t *g, char *err, size_t err_len);
+
 /* ---- graph.c ---- */
 /* Order, fold, fuse and plan a loaded graph. */
 int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);

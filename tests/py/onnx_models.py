@@ -3,7 +3,8 @@ helpers, for bench/onnx.py and tests/py/test_onnx_models.py. Both are written th
 write them at opset 13 (torchvision's ResNet: Conv, BatchNormalization, Relu, MaxPool, the
 residual Add, GlobalAveragePool, Flatten, Gemm; a BERT encoder as PyTorch exported it before
 opset 17: LayerNormalization spelled out as ReduceMean/Sub/Pow/Sqrt/Div, GELU as Erf, attention
-as Reshape/Transpose/MatMul/Softmax). OpenCV 4.6's DNN module runs the ResNet file; it cannot
+as Reshape/Transpose/MatMul/Softmax, the reshape targets computed from Shape(x) per call as
+PyTorch writes x.view(x.size(0), x.size(1), heads, -1)). OpenCV 4.6's DNN module runs the ResNet file; it cannot
 run the BERT one (it mis-shapes ReduceMean over the last axis of a 3-D tensor and refuses the
 broadcasting Sub of LayerNormalization), so numpy_run below, a plain numpy evaluation of the
 graph's nodes in float64, is the independent reference for it.
@@ -108,18 +109,25 @@ def build_bert(path, rng, layers=12, hidden=768, heads=12, seq=128, ffn=None):
     g = _G(rng)
     hd = hidden // heads
     x = g.node("Reshape", ["hidden", g.const(np.array([0, seq, hidden], np.int64), "shape")])
-    split = g.const(np.array([0, -1, heads, hd], np.int64), "shape")
-    merge = g.const(np.array([0, -1, hidden], np.int64), "shape")
+
+    def dims_of(t, tail):
+        # x.view(x.size(0), x.size(1), *tail) as PyTorch exports it: Shape, Gather, Unsqueeze,
+        # Concat (the batch size is known only per call; Sampan folds the chain at load).
+        sh = g.node("Shape", [t])
+        parts = [g.node("Unsqueeze", [g.node("Gather", [sh, g.const(np.array(i, np.int64), "i")], axis=0),
+                                      g.const(np.array([0], np.int64), "axes")]) for i in (0, 1)]
+        return g.node("Concat", parts + [g.const(np.array(tail, np.int64), "tail")], axis=0)
+
     for _ in range(layers):
-        def heads_of(t):
-            return g.node("Transpose", [g.node("Reshape", [t, split])], perm=[0, 2, 1, 3])
+        def heads_of(t, perm=(0, 2, 1, 3)):
+            return g.node("Transpose", [g.node("Reshape", [t, dims_of(t, [heads, hd])])], perm=list(perm))
         q = heads_of(_dense(g, x, hidden, hidden))
-        k = g.node("Transpose", [g.node("Reshape", [_dense(g, x, hidden, hidden), split])], perm=[0, 2, 3, 1])
+        k = heads_of(_dense(g, x, hidden, hidden), (0, 2, 3, 1))
         v = heads_of(_dense(g, x, hidden, hidden))
         s = g.node("Div", [g.node("MatMul", [q, k]), g.const(np.float32(np.sqrt(hd)))])
         p = g.node("Softmax", [s], axis=-1)
         a = g.node("Transpose", [g.node("MatMul", [p, v])], perm=[0, 2, 1, 3])
-        a = _dense(g, g.node("Reshape", [a, merge]), hidden, hidden)
+        a = _dense(g, g.node("Reshape", [a, dims_of(x, [hidden])]), hidden, hidden)
         x = _layer_norm(g, g.node("Add", [a, x]), hidden)
         f = _dense(g, x, hidden, ffn)
         # GELU (erf form): 0.5 * f * (1 + erf(f / sqrt(2)))
@@ -159,6 +167,14 @@ def numpy_run(path, feeds):
             y = np.maximum(i[0], 0)
         elif op in ("Sqrt", "Erf"):
             y = np.sqrt(i[0]) if op == "Sqrt" else erf(i[0])
+        elif op == "Shape":
+            y = np.array(i[0].shape, np.int64)
+        elif op == "Gather":
+            y = np.take(i[0], i[1], axis=a.get("axis", 0))
+        elif op == "Unsqueeze":
+            y = np.expand_dims(i[0], tuple(i[1].tolist()))
+        elif op == "Concat":
+            y = np.concatenate(i, axis=a["axis"])
         elif op == "Reshape":
             shape = [i[0].shape[k] if d == 0 else d for k, d in enumerate(i[1].tolist())]
             y = i[0].reshape(shape)
