@@ -5,7 +5,9 @@ the convolution as oneDNN's sum post-op) compared with OpenCV's DNN module, and 
 encoder compared with a float64 numpy evaluation of the same graph (OpenCV 4.6 cannot run it:
 onnx_models.py). Batch sizes change between calls (new primitives), the per-node primitive cache
 stays bounded (OX_DNNL_CACHE = 4 input shapes per node), BF16 runs where the CPU has it (else a
-clear load error, and the case is skipped), and bad engine/precision parameters are load errors.
+clear load error, and the case is skipped), bad engine/precision parameters are load errors, the
+BERT graph's Shape chains fold at load (static shape inference with a symbolic batch), and shapes
+that cannot match are load errors naming the node.
 
 Tolerances. FP32: both engines compute in float32 with other summation orders than the
 references; with u = 2^-24 a K-term dot product differs by at most K*u*sum|terms|, K <= 4608 here
@@ -106,6 +108,15 @@ def main():
     build_bert(bpath, rng, layers=2, hidden=64, heads=4, seq=16)
     h = rng.standard_normal((3, 1, 16, 64)).astype(np.float32)
     bref = numpy_run(bpath, {"hidden": h})["encoded"]
+    # Static shape inference: the BERT graph's Shape/Gather/Unsqueeze/Concat chains (6 nodes
+    # per Reshape, 4 Reshapes per layer) fold at load, so the nodes that run are the graph's
+    # less those chains and the fused ones.
+    plugin.log.clear()
+    plugin.load(bdir, config=eng("own"), max_batch_size=4).close()
+    info = {k: int(v) for k, v in re.findall(r"\b(nodes|run|fused)=(\d+)", plugin.log[0])}
+    want = info["nodes"] - 6 * 4 * 2 - info["fused"]
+    s.case("BERT's Shape chains fold at load (symbolic batch)", info["run"] == want,
+           f"{info}, expected run={want}")
     for e in engines:
         m = plugin.load(bdir, config=eng(e), max_batch_size=4, n_threads=2)
         try:
@@ -167,6 +178,29 @@ def main():
                        f"worst {w:.2e} of scale (tolerance {TOL_BF16:.1e})")
             finally:
                 m.close()
+
+    # Shapes known at load are checked at load, the error naming the node.
+    from onnx import TensorProto, helper
+    for name, nodes, inits, msg in (
+            ("matmul_k", [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
+             [helper.make_tensor("w", TensorProto.FLOAT, [5, 3], [0.0] * 15)],
+             "node 'proj' (MatMul): cannot multiply [?, 4] by [5, 3]"),
+            ("broadcast", [helper.make_node("Add", ["x", "b"], ["y"], name="bias")],
+             [helper.make_tensor("b", TensorProto.FLOAT, [3], [0.0] * 3)],
+             "node 'bias' (Add): shapes [?, 4] and [3] do not broadcast")):
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        mp.ir_version = 7
+        with open(os.path.join(d, "model.onnx"), "wb") as f:
+            f.write(mp.SerializeToString())
+        try:
+            plugin.load(d).close()
+            s.case(f"load-time shape check: {name}", False, "loaded")
+        except BackendError as err:
+            s.case(f"load-time shape check: {name}", msg in str(err), str(err))
 
     for cfg, want in ((eng("gpu"), "expected \"onednn\" or \"own\""),
                       (eng("own", precision="int4"), "expected \"fp32\" or \"bf16\""),
