@@ -296,6 +296,9 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         memcpy(info->outputs, cfg.outputs, sizeof cfg.outputs[0] * (size_t)cfg.n_outputs);
     }
     info->memory_bytes = m->g->const_bytes + sizeof *m + (1u << 20);
+    /* oneDNN keeps its own copy of the weights, reordered into its layouts (once per node and
+     * layout: one copy in the usual case). */
+    if (use_dnnl) info->memory_bytes += m->g->const_bytes;
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
