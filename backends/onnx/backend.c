@@ -208,7 +208,8 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
     bool use_dnnl = false, bf16 = false;
     if (pick_engine(&cfg, &use_dnnl, &bf16, err, err_len)) goto done;
-    if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, err, err_len)) goto done;
+    /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
+    if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;
     const Onnx__GraphProto *gp = m->g->proto->graph;
     /* The graph's own inputs (fed ones only) and outputs. */
     sp_backend_tensor_desc_t gin[SP_BACKEND_MAX_TENSORS], gout[SP_BACKEND_MAX_TENSORS];

@@ -17,8 +17,10 @@
 
 #include "ox.h"
 
-/* Primitives kept per node: the input shapes (batch sizes) seen most recently. */
+/* Primitives kept per node (input shapes, i.e. batch sizes, seen most recently): the model's
+ * max_batch_size, within these bounds. */
 #define OX_DNNL_CACHE 4
+#define OX_DNNL_CACHE_MAX 64
 
 typedef struct sp_ox_dnnl_stats {
     uint64_t created;   /* primitives created */
@@ -31,8 +33,9 @@ typedef struct sp_ox_dnnl_stats {
 bool sp_ox_dnnl_built(void);
 /* Whether the CPU has BF16 arithmetic oneDNN uses (AVX512-BF16 or AMX). */
 bool sp_ox_dnnl_has_bf16(void);
-/* Attach a oneDNN state to r (after the graph is prepared). 0, or -1 with err. */
-int sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, char *err, size_t err_len);
+/* Attach a oneDNN state to r (after the graph is prepared), keeping cache_cap primitives per
+ * node (clamped to OX_DNNL_CACHE..OX_DNNL_CACHE_MAX). 0, or -1 with err. */
+int sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len);
 void sp_ox_dnnl_free(sp_ox_run_t *r);
 /* At the start of a run: every value plain, oneDNN's threads bounded. */
 void sp_ox_dnnl_begin(sp_ox_run_t *r);

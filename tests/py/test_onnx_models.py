@@ -4,7 +4,7 @@ structure of ResNet-50: stride-2 downsampling, projection shortcuts, the residua
 the convolution as oneDNN's sum post-op) compared with OpenCV's DNN module, and a small BERT
 encoder compared with a float64 numpy evaluation of the same graph (OpenCV 4.6 cannot run it:
 onnx_models.py). Batch sizes change between calls (new primitives), the per-node primitive cache
-stays bounded (OX_DNNL_CACHE = 4 input shapes per node), BF16 runs where the CPU has it (else a
+stays bounded (max_batch_size input shapes per node, at least 4), BF16 runs where the CPU has it (else a
 clear load error, and the case is skipped), bad engine/precision parameters are load errors, the
 BERT graph's Shape chains fold at load (static shape inference with a symbolic batch), and shapes
 that cannot match are load errors naming the node.
@@ -129,11 +129,11 @@ def main():
             m.close()
 
     if have_dnnl:
-        # The primitive cache: one entry per input shape per node, at most 4; six batch sizes
-        # fill it (cached stops growing, evictions start), results stay right throughout, and a
-        # batch size still cached creates nothing.
+        # The primitive cache: one entry per input shape per node, max_batch_size of them (at
+        # least 4): at max_batch_size 4, four batch sizes fill it, a fifth evicts (cached stops
+        # growing), results stay right throughout, and a batch size still cached creates nothing.
         plugin.log.clear()
-        m = plugin.load(rdir, config=eng("onednn"), max_batch_size=8, n_threads=1)
+        m = plugin.load(rdir, config=eng("onednn"), max_batch_size=4, n_threads=1)
         try:
             seen, ok = [], True
             for b in (1, 2, 3, 4, 5, 1, 2):
