@@ -200,6 +200,12 @@ all unit: $(BACKENDS)
 # code of proto/onnx.proto (generated in $(BUILD)/gen/, never committed) in one plugin, so that
 # neither the graph runtime nor libprotobuf-c's ONNX tables are in the sampan binary.
 ONNX_SRC := $(wildcard backends/onnx/*.c)
+# oneDNN (Debian's libdnnl-dev, built on OpenMP) runs the heavy operators when it is installed
+# (backends/onnx/dnnl.c); without it the plugin is our own runtime only.
+ifneq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+ONNX_DNNL_CFLAGS := -DSP_HAVE_DNNL
+ONNX_DNNL_LIBS := -ldnnl -lgomp
+endif
 $(BUILD)/gen/onnx.pb-c.c: proto/onnx.proto
 	@mkdir -p $(dir $@)
 	protoc-c --c_out=$(BUILD)/gen -Iproto $<
@@ -209,8 +215,9 @@ $(BUILD)/backends/libsampan_onnx.so: $(ONNX_SRC) $(wildcard backends/onnx/*.h) b
                                      backends/common.h include/sampan/backend.h \
                                      $(BUILD)/gen/onnx.pb-c.c $(BUILD)/gen/onnx.pb-c.h
 	@mkdir -p $(dir $@)
-	$(CC) -Iinclude -I$(BUILD)/gen -D_GNU_SOURCE $(BACKEND_CFLAGS) -shared -o $@ $(ONNX_SRC) \
-	    $(BUILD)/gen/onnx.pb-c.c backends/common.c $(SANFLAGS) -lprotobuf-c -ljansson -lm
+	$(CC) -Iinclude -I$(BUILD)/gen -D_GNU_SOURCE $(BACKEND_CFLAGS) $(ONNX_DNNL_CFLAGS) -shared -o $@ \
+	    $(ONNX_SRC) $(BUILD)/gen/onnx.pb-c.c backends/common.c $(SANFLAGS) -lprotobuf-c -ljansson \
+	    $(ONNX_DNNL_LIBS) -lm
 all unit: $(BUILD)/backends/libsampan_onnx.so
 # Its fuzz target compiles the runtime in (not the plugin glue) instead of linking libsampan.a.
 build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) \

@@ -6,6 +6,9 @@ need=(gcc make python3 python3-numpy libpcre2-dev libevent-dev libhttp-parser-de
       libssl-dev xz-utils)
 # The xgboost backend plugin (backends/xgboost.c; sampan itself never links it).
 need+=(libxgboost-dev)
+# The ONNX backend plugin's CPU engine (backends/onnx/dnnl.c): oneDNN, built on OpenMP. Without
+# it the plugin builds with its own runtime only.
+need+=(libdnnl-dev)
 # The gRPC front end (src/api/grpc*.c): HTTP/2, protobuf messages and their code generator.
 need+=(libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 # The OTLP trace exporter's HTTP(S) client (src/api/trace.c).

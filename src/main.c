@@ -2,6 +2,7 @@
  * main.c - the `sampan` binary: one subcommand per job.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "server/server.h"
@@ -59,6 +60,12 @@ static const command_t commands[] = {
 int
 main(int argc, char **argv)
 {
+    /* The ONNX plugin's oneDNN runs on OpenMP (libgomp), which reads its settings once when it
+     * loads. Its default, workers spinning between parallel regions, takes whole cores from the
+     * server's other threads and collapses when the host is shared (a ResNet-50 8x slower on a
+     * loaded 2-core machine); waiting passively costs a wake-up per region. Set before any
+     * thread starts; an operator's own OMP_WAIT_POLICY wins. */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
         strcmp(argv[1], "-h") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);

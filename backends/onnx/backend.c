@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "../common.h"
+#include "dnnl.h"
 #include "gpu.h"
 #include "ox.h"
 
@@ -40,7 +41,50 @@ typedef struct onnx_model {
     sp_backend_tensor_desc_t in_desc[SP_BACKEND_MAX_TENSORS];
     int64_t in_model_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS]; /* -1 free */
     int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
+    uint64_t dnnl_created;    /* primitives created when last logged */
 } onnx_model_t;
+
+/* The engine: parameters.engine ("onednn" or "own"), else SAMPAN_ONNX_ENGINE, else oneDNN
+ * when this build has it. The precision: parameters.precision, "fp32" (default) or "bf16"
+ * (oneDNN computing FP32 models in BF16, on CPUs with AVX512-BF16 or AMX only). */
+static int
+pick_engine(const sp__bk_config_t *cfg, bool *use_dnnl, bool *bf16, char *err, size_t err_len)
+{
+    const char *eng = sp__bk_config_param(cfg, "engine");
+    const char *from = "parameters.engine";
+    if (eng == NULL) {
+        eng = getenv("SAMPAN_ONNX_ENGINE");
+        from = "SAMPAN_ONNX_ENGINE";
+    }
+    if (eng == NULL || *eng == 0) {
+        *use_dnnl = sp_ox_dnnl_built();
+    } else if (strcmp(eng, "onednn") == 0) {
+        if (!sp_ox_dnnl_built()) {
+            return sp__bk_errf(err, err_len, "%s \"onednn\": this build has no oneDNN "
+                               "(libdnnl-dev was missing when it was built)", from);
+        }
+        *use_dnnl = true;
+    } else if (strcmp(eng, "own") == 0) {
+        *use_dnnl = false;
+    } else {
+        return sp__bk_errf(err, err_len, "%s \"%.40s\": expected \"onednn\" or \"own\"", from, eng);
+    }
+    /* precision: bf16 is the engine's arithmetic; fp32, fp16 and int8 pick the file
+     * (onnx_load), and the GPU checks its own (gpu.c). */
+    const char *prec = sp__bk_config_param(cfg, "precision");
+    *bf16 = false;
+    if (prec == NULL || strcmp(prec, "bf16") != 0) return 0;
+    if (!*use_dnnl) {
+        return sp__bk_errf(err, err_len, "parameters.precision \"bf16\" needs the oneDNN engine, "
+                           "not \"own\"");
+    }
+    if (!sp_ox_dnnl_has_bf16()) {
+        return sp__bk_errf(err, err_len, "parameters.precision \"bf16\": this CPU has no BF16 "
+                           "arithmetic (AVX512-BF16 or AMX); use \"fp32\"");
+    }
+    *bf16 = true;
+    return 0;
+}
 
 static int
 to_btype(int32_t ox, sp_btype_t *bt)
@@ -164,10 +208,10 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     sp_ox_gpu_cfg_t gc;
     if (sp_ox_gpu_config(&cfg, &gc, err, err_len)) goto done;
     const char *prec = sp__bk_config_param(&cfg, "precision");
-    if (!gc.on && prec && strcmp(prec, "fp32") != 0) {
+    if (!gc.on && prec && strcmp(prec, "fp32") != 0 && strcmp(prec, "bf16") != 0) {
         if (strcmp(prec, "fp16") != 0 && strcmp(prec, "int8") != 0) {
-            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%.40s\": fp32, fp16 or int8%s", prec,
-                        strcmp(prec, "bf16") == 0 ? " (bf16 needs the oneDNN executor, not in this build)" : "");
+            sp__bk_errf(err, err_len, "onnx: parameters.precision \"%.40s\": fp32, fp16, int8 or bf16",
+                        prec);
             goto done;
         }
         size_t pl = strlen(path);
@@ -197,6 +241,10 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     }
     m->run.g = m->g;
     m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
+    bool use_dnnl = false, bf16 = false;
+    if (!m->gpu && pick_engine(&cfg, &use_dnnl, &bf16, err, err_len)) goto done;
+    /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
+    if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;
     const Onnx__GraphProto *gp = m->g->proto->graph;
     /* The graph's own inputs (fed ones only) and outputs. */
     sp_backend_tensor_desc_t gin[SP_BACKEND_MAX_TENSORS], gout[SP_BACKEND_MAX_TENSORS];
@@ -293,11 +341,15 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
                    gc.fp16 ? "fp16" : "fp32", (unsigned long long)sp_ox_gpu_device_bytes(m->gpu),
                    sp_ox_gpu_lib_path(m->gpu));
     }
-    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s precision=%s opset=%lld nodes=%d run=%d "
-               "folded=%d fused=%d constant_bytes=%llu threads=%d",
-               args->model_name ? args->model_name : "", (long long)args->version, path, prec ? prec : "fp32",
+    /* oneDNN keeps its own copy of the weights, reordered into its layouts (once per node and
+     * layout: one copy in the usual case). */
+    if (use_dnnl) info->memory_bytes += m->g->const_bytes;
+    sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
+               "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s",
+               args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
-               m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads);
+               m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
+               m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32");
     *model = m;
     m = NULL;
     rc = 0;
@@ -410,6 +462,18 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     rc = 0;
 done:
     sp_ox_run_release_all(r);
+    if (r->dnnl) {
+        /* New primitives (a new batch size) are worth a debug line; steady state is quiet. */
+        sp_ox_dnnl_stats_t st;
+        sp_ox_dnnl_get_stats(r, &st);
+        if (st.created != m->dnnl_created) {
+            m->dnnl_created = st.created;
+            sp__bk_log(&m->host, 0, "backend=onnx onednn_primitives created=%llu cached=%llu "
+                       "evicted=%llu fallbacks=%llu", (unsigned long long)st.created,
+                       (unsigned long long)st.cached, (unsigned long long)st.evicted,
+                       (unsigned long long)st.fallbacks);
+        }
+    }
     return rc;
 }
 

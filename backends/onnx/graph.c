@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dnnl.h"
 #include "ox.h"
 
 int64_t
@@ -125,6 +126,7 @@ sp_ox_scratch(sp_ox_run_t *r, size_t bytes)
 void
 sp_ox_run_free(sp_ox_run_t *r)
 {
+    sp_ox_dnnl_free(r);
     for (int32_t i = 0; i < r->n_free; i++) free(r->free_bufs[i].data);
     free(r->free_bufs);
     free(r->scratch);
@@ -193,8 +195,8 @@ sp_ox_tensor_ints(sp_ox_run_t *r, const sp_ox_tensor_t *t, int64_t *vals, int64_
 
 /* ---- prepare ---- */
 
-static int
-run_node(sp_ox_run_t *r, sp_ox_node_t *n)
+int
+sp_ox_run_node_own(sp_ox_run_t *r, sp_ox_node_t *n)
 {
     sp_ox_graph_t *g = r->g;
     const sp_ox_tensor_t *in[OX_MAX_IO];
@@ -205,9 +207,47 @@ run_node(sp_ox_run_t *r, sp_ox_node_t *n)
             return sp_ox_fail(r, "input '%.60s' has no value", g->values[n->in[k]].name);
         }
     }
+    if (n->fused_add >= 0 && g->values[n->fused_add].t.data == NULL) {
+        return sp_ox_fail(r, "input '%.60s' has no value", g->values[n->fused_add].name);
+    }
     for (int k = 0; k < n->n_out; k++) out[k] = &g->values[n->out[k]].t;
     r->node = n;
     return n->op->run(r, n, in, n->n_in, out, n->n_out);
+}
+
+int
+sp_ox_fused_add(sp_ox_run_t *r, const sp_ox_node_t *n, sp_ox_tensor_t *out)
+{
+    const sp_ox_tensor_t *y = &r->g->values[n->fused_add].t;
+    bool same = y->dtype == out->dtype && y->nd == out->nd;
+    for (int i = 0; same && i < y->nd; i++) same = y->dims[i] == out->dims[i];
+    float *o = out->data;
+    int64_t cnt = sp_ox_numel(out);
+    if (same) {
+        const float *yd = y->data;
+        for (int64_t i = 0; i < cnt; i++) o[i] += yd[i];
+    } else {
+        /* A broadcasting Add: the fused-away node runs on its own, inputs in its order. */
+        sp_ox_node_t *add = &r->g->nodes[n->fused_add_node];
+        sp_ox_tensor_t conv = *out;
+        out->data = NULL;
+        out->cap = 0;
+        const sp_ox_tensor_t *in[2] = {&conv, y};
+        if (add->in[0] == n->fused_add) {
+            in[0] = y;
+            in[1] = &conv;
+        }
+        sp_ox_tensor_t *outs[1] = {out};
+        int rc = add->op->run(r, add, in, 2, outs, 1);
+        sp_ox_pool_put(r, &conv);
+        if (rc) return -1;
+        o = out->data;
+        cnt = sp_ox_numel(out);
+    }
+    if (n->fused_relu) {
+        for (int64_t i = 0; i < cnt; i++) o[i] = fmaxf(o[i], 0.0f);
+    }
+    return 0;
 }
 
 static int
@@ -306,6 +346,7 @@ count_uses(const sp_ox_graph_t *g)
         for (int k = 0; k < n->n_in; k++) {
             if (n->in[k] >= 0) uses[n->in[k]]++;
         }
+        if (n->fused_add >= 0) uses[n->fused_add]++;
     }
     for (int32_t i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
     return uses;
@@ -384,8 +425,24 @@ fuse_conv_bn(sp_ox_graph_t *g, sp_ox_node_t *c, sp_ox_node_t *bn, const int32_t 
     return true;
 }
 
+/* Whether value v is set before the node at order position o runs: a graph input, or the
+ * output of a live node earlier in the order. */
+static bool
+ready_before(const sp_ox_graph_t *g, int32_t v, int32_t o)
+{
+    if (g->values[v].is_input) return true;
+    for (int32_t p = 0; p < o; p++) {
+        const sp_ox_node_t *m = &g->nodes[g->order[p]];
+        if (m->dead) continue;
+        for (int k = 0; k < m->n_out; k++) {
+            if (m->out[k] == v) return true;
+        }
+    }
+    return false;
+}
+
 static int
-fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
+fold_consts(sp_ox_graph_t *g, char *err, size_t err_len)
 {
     sp_ox_run_t r = {0};
     r.g = g;
@@ -399,7 +456,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
             if (n->in[k] >= 0 && !g->values[n->in[k]].is_const) all_const = false;
         }
         if (!all_const) continue;
-        if (run_node(&r, n)) {
+        if (sp_ox_run_node_own(&r, n)) {
             char tmp[512];
             snprintf(tmp, sizeof tmp, "%s", err);
             snprintf(err, err_len, "%s: %s", n->label, tmp);
@@ -415,7 +472,45 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
         g->n_folded++;
     }
     sp_ox_run_free(&r);
+    return 0;
+}
 
+/* Nodes none of whose outputs is read (by a live node or as a graph output), until none is
+ * left: what shape inference leaves of Shape chains. */
+static int
+remove_unread(sp_ox_graph_t *g, char *err, size_t err_len)
+{
+    for (bool changed = true; changed;) {
+        changed = false;
+        int32_t *uses = count_uses(g);
+        if (uses == NULL) {
+            snprintf(err, err_len, "out of memory");
+            return -1;
+        }
+        for (int32_t o = g->n_order - 1; o >= 0; o--) {
+            sp_ox_node_t *n = &g->nodes[g->order[o]];
+            if (n->dead) continue;
+            bool read = false;
+            for (int k = 0; k < n->n_out; k++) read = read || uses[n->out[k]] > 0;
+            if (read) continue;
+            n->dead = true;
+            changed = true;
+            for (int k = 0; k < n->n_in; k++) {
+                if (n->in[k] >= 0) uses[n->in[k]]--;
+            }
+            if (n->fused_add >= 0) uses[n->fused_add]--;
+        }
+        free(uses);
+    }
+    return 0;
+}
+
+static int
+fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
+{
+    if (fold_consts(g, err, err_len) || sp_ox_infer_shapes(g, err, err_len) || fold_consts(g, err, err_len)) {
+        return -1;
+    }
     int32_t *uses = count_uses(g);
     if (uses == NULL) {
         snprintf(err, err_len, "out of memory");
@@ -434,6 +529,23 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 free(uses);
                 uses = count_uses(g);
                 if (uses == NULL) break;
+            }
+        }
+        if (conv && !n->fused_relu && n->fused_add < 0 && n->n_out == 1) {
+            sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
+            if (next && strcmp(next->op->name, "Add") == 0 && next->n_in == 2 && next->n_out == 1 &&
+                next->in[0] != next->in[1]) {
+                int32_t y = next->in[0] == n->out[0] ? next->in[1] : next->in[0];
+                if (y >= 0 && !g->values[y].is_const && ready_before(g, y, o)) {
+                    n->fused_add = y;
+                    n->fused_add_node = (int32_t)(next - g->nodes);
+                    n->out[0] = next->out[0];
+                    next->dead = true;
+                    g->n_fused++;
+                    free(uses);
+                    uses = count_uses(g);
+                    if (uses == NULL) break;
+                }
             }
         }
         if (mm && n->fused_bias < 0 && !n->fused_relu && g->values[n->in[1]].is_const &&
@@ -478,7 +590,8 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 int
 sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
 {
-    if (topo_sort(g, err, err_len) || sp_ox_qdq_prepare(g, err, err_len) || fold_and_fuse(g, err, err_len)) {
+    if (topo_sort(g, err, err_len) || sp_ox_qdq_prepare(g, err, err_len) ||
+        fold_and_fuse(g, err, err_len) || remove_unread(g, err, err_len)) {
         return -1;
     }
     int32_t k = 0;
@@ -492,6 +605,7 @@ sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
         for (int i = 0; i < n->n_in; i++) {
             if (n->in[i] >= 0) g->values[n->in[i]].last_use = o;
         }
+        if (n->fused_add >= 0) g->values[n->fused_add].last_use = o;
         /* An output nobody reads goes back to the pool right after its node. */
         for (int i = 0; i < n->n_out; i++) {
             if (g->values[n->out[i]].last_use < o) g->values[n->out[i]].last_use = o;
@@ -504,20 +618,28 @@ int
 sp_ox_graph_run(sp_ox_run_t *r)
 {
     sp_ox_graph_t *g = r->g;
+    if (r->dnnl) sp_ox_dnnl_begin(r);
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
-        if (run_node(r, n)) {
+        /* oneDNN first (1: done, 0: not an operator or shape it takes); our own operators read
+         * plain layouts, so oneDNN's blocked activations are reordered back before them. */
+        int rc = r->dnnl ? sp_ox_dnnl_run(r, n, o) : 0;
+        if (rc == 0) rc = (r->dnnl && sp_ox_dnnl_plain_inputs(r, n)) || sp_ox_run_node_own(r, n) ? -1 : 1;
+        if (rc < 0) {
             char tmp[512];
             snprintf(tmp, sizeof tmp, "%s", r->err);
             snprintf(r->err, r->err_len, "%s: %s", n->label, tmp);
             return -1;
         }
-        for (int i = 0; i < n->n_in + n->n_out; i++) {
-            int32_t v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
+        for (int i = 0; i < n->n_in + n->n_out + 1; i++) {
+            int32_t v = i < n->n_in ? n->in[i] : i < n->n_in + n->n_out ? n->out[i - n->n_in] : n->fused_add;
             if (v < 0) continue;
             sp_ox_value_t *val = &g->values[v];
             if (!val->is_const && !val->is_output && val->last_use == o) sp_ox_pool_put(r, &val->t);
         }
+    }
+    for (int32_t i = 0; r->dnnl && i < g->n_outputs; i++) {
+        if (sp_ox_dnnl_plain(r, g->outputs[i])) return -1;
     }
     return 0;
 }

@@ -470,6 +470,8 @@ sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *e
         n->p = np;
         n->opset = g->opset;
         n->fused_bias = -1;
+        n->fused_add = -1;
+        n->fused_add_node = -1;
         snprintf(n->label, sizeof n->label, "node '%.40s' (%.30s)", np->name ? np->name : "",
                  np->op_type ? np->op_type : "");
         if (np->n_input > OX_MAX_IO || np->n_output > OX_MAX_IO) {

@@ -18,6 +18,17 @@ int sp_ox_bcast_shape(sp_ox_run_t *r, const sp_ox_tensor_t *const *in, int n, in
 void sp_ox_bcast_rows(const sp_ox_tensor_t *out, const sp_ox_tensor_t *const *in, int n, sp_ox_row_fn row,
                    const void *ctx);
 
+/* Spatial geometry of Conv and the pools, with 1-D as 2-D of height 1. */
+typedef struct geom {
+    int64_t ih, iw, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+    int64_t pb_end, pr_end; /* bottom and right padding */
+} geom_t;
+
+/* Fill g from x's spatial dims (rank 3 or 4), the kernel dims and the node's strides,
+ * dilations, pads and auto_pad (ceil_mode for pools): 0, or -1 with the error. */
+int sp_ox_geometry(sp_ox_run_t *r, const sp_ox_node_t *n, const sp_ox_tensor_t *x, const int64_t *kern,
+                   int nk, bool pool, geom_t *g);
+
 /* Conv, pools, BatchNormalization, Gemm, MatMul: NULL for other names. */
 const sp_ox_op_t *sp_ox_nn_op_find(const char *op_type);
 

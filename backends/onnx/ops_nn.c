@@ -15,12 +15,6 @@
 
 #include "ops.h"
 
-/* Spatial geometry of Conv and the pools, with 1-D as 2-D of height 1. */
-typedef struct geom {
-    int64_t ih, iw, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
-    int64_t pb_end, pr_end; /* bottom and right padding */
-} geom_t;
-
 static int
 check_window(sp_ox_node_t *n, char *err, size_t err_len)
 {
@@ -49,8 +43,8 @@ check_window(sp_ox_node_t *n, char *err, size_t err_len)
 
 /* Fill g from x's spatial dims (rank 3 or 4), kernel dims and the node's
  * strides/dilations/pads/auto_pad; ceil_mode for pools. */
-static int
-geometry(sp_ox_run_t *r, const sp_ox_node_t *n, const sp_ox_tensor_t *x, const int64_t *kern, int nk,
+int
+sp_ox_geometry(sp_ox_run_t *r, const sp_ox_node_t *n, const sp_ox_tensor_t *x, const int64_t *kern, int nk,
          bool pool, geom_t *g)
 {
     int sp = x->nd - 2;
@@ -134,7 +128,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int n
         if (ks && (nk != (size_t)(x->nd - 2) || ks[i] != kern[i])) return sp_ox_fail(r, "kernel_shape differs from the weights");
     }
     geom_t g;
-    if (geometry(r, n, x, kern, x->nd - 2, false, &g) || out_nchw(r, x, m, &g, out[0])) return -1;
+    if (sp_ox_geometry(r, n, x, kern, x->nd - 2, false, &g) || out_nchw(r, x, m, &g, out[0])) return -1;
     int64_t cg = c / group, mg = m / group, kk = cg * g.kh * g.kw, hw = g.oh * g.ow;
     bool direct = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
                   g.oh == g.ih && g.ow == g.iw;
@@ -178,7 +172,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int n
             for (int64_t o = 0; o < mg; o++) {
                 float bias = b ? ((const float *)b->data)[gi * mg + o] : 0.0f;
                 float *row = ys + o * hw;
-                if (n->fused_relu) {
+                if (n->fused_relu && n->fused_add < 0) {
                     for (int64_t i = 0; i < hw; i++) row[i] = fmaxf(row[i] + bias, 0.0f);
                 } else if (b) {
                     for (int64_t i = 0; i < hw; i++) row[i] += bias;
@@ -186,7 +180,8 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int n
             }
         }
     }
-    return 0;
+    /* The residual Add, then the Relu after it (graph.c's Conv+Add fusion). */
+    return n->fused_add >= 0 ? sp_ox_fused_add(r, n, out[0]) : 0;
 }
 
 static int
@@ -203,7 +198,7 @@ run_pool(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *x, sp_ox_tensor_
     const int64_t *ks = sp_ox_attr_ints(n, "kernel_shape", &nk);
     if (ks == NULL) return sp_ox_fail(r, "kernel_shape is required");
     geom_t g;
-    if (geometry(r, n, x, ks, (int)nk, true, &g) || out_nchw(r, x, x->dims[1], &g, out)) return -1;
+    if (sp_ox_geometry(r, n, x, ks, (int)nk, true, &g) || out_nchw(r, x, x->dims[1], &g, out)) return -1;
     bool incl = sp_ox_attr_i(n, "count_include_pad", 0) != 0;
     int64_t planes = x->dims[0] * x->dims[1];
     const float *xd = x->data;

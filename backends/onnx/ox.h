@@ -80,6 +80,12 @@ typedef struct sp_ox_node {
     /* Fusions: Conv/Gemm/MatMul followed by Relu; MatMul followed by Add of a bias. */
     int fused_relu;
     int32_t fused_bias;       /* value index of a [N] bias constant, -1 none */
+    /* Conv followed by Add of another activation (ResNet's residual): the Add's other input
+     * (value index, -1 none) is added after the bias and before fused_relu, which then stands
+     * for a Relu after the Add. fused_add_node is the dead Add (node index), run on its own
+     * when the shapes turn out not to match at run time (a broadcasting Add). */
+    int32_t fused_add;
+    int32_t fused_add_node;
     char label[96];           /* "node 'name' (Conv)" for messages */
 } sp_ox_node_t;
 
@@ -115,6 +121,7 @@ typedef struct sp_ox_run {
     void *scratch;            /* im2col and packing space, grown on demand */
     size_t scratch_cap;
     int n_threads;            /* threads a GEMM may use (0 or 1: the caller's only) */
+    struct sp_ox_dnnl *dnnl;  /* the oneDNN engine's state (dnnl.c), NULL: our own runtime */
 } sp_ox_run_t;
 
 /* ---- load.c ---- */
@@ -125,6 +132,12 @@ void sp_ox_graph_free(sp_ox_graph_t *g);
 int sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char *what,
                          sp_ox_tensor_t *t, char *err, size_t err_len);
 
+/* ---- shape.c ---- */
+/* Static shape inference over the ordered graph (symbolic batch): folds Shape chains to
+ * constants, gives single-symbol Reshape targets a constant -1 form, checks MatMul/Gemm and
+ * broadcasting where sizes are known. 0, or -1 with err naming the node. */
+int sp_ox_infer_shapes(sp_ox_graph_t *g, char *err, size_t err_len);
+
 /* ---- graph.c ---- */
 /* Order, fold, fuse and plan a loaded graph. */
 int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
@@ -133,6 +146,10 @@ int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
 int sp_ox_graph_run(sp_ox_run_t *r);
 void sp_ox_run_release_all(sp_ox_run_t *r);
 void sp_ox_run_free(sp_ox_run_t *r);
+/* Run one node with our own operators (the reference; dnnl.c falls back to it). */
+int sp_ox_run_node_own(sp_ox_run_t *r, sp_ox_node_t *n);
+/* A Conv's fused residual Add and the Relu after it, on the plain conv(+bias) result in out. */
+int sp_ox_fused_add(sp_ox_run_t *r, const sp_ox_node_t *n, sp_ox_tensor_t *out);
 
 /* ---- tensor helpers (ops_util.c) ---- */
 size_t sp_ox_dtype_size(int32_t dtype);

@@ -7,6 +7,11 @@ import os
 
 import numpy as np
 
+# As `sampan` does in main(): oneDNN's OpenMP threads wait passively. libgomp reads this once, when
+# it is first loaded (by the plugin, or by another library imported before it: import this module
+# first).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 MAX_DIMS = 8
 MAX_TENSORS = 16
 # sp_btype_t order

@@ -1,0 +1,900 @@
+/*
+ * backends/onnx/dnnl.c - the oneDNN engine of the ONNX backend (see dnnl.h).
+ *
+ * Conv (2-D, groups, dilations, fused bias, Relu, and the residual Add as oneDNN's sum
+ * post-op), MaxPool/AveragePool (2-D) and GlobalAveragePool (4-D), Gemm (bias [N], alpha)
+ * and MatMul (a constant 2-D B with the fused bias, or two activations of one rank with
+ * broadcast batch dimensions). Anything else, or a shape these do not cover, returns 0 and
+ * runs on our own operators.
+ *
+ * Primitives: one per (node, input shapes), created on first use and kept in the node's
+ * cache (max_batch_size entries, at least OX_DNNL_CACHE and at most OX_DNNL_CACHE_MAX, least
+ * recently used dropped): every batch size the dynamic batcher forms keeps its primitives (a
+ * smaller cache made the batcher recreate them all the time: 0.78x the unbatched throughput),
+ * and the cache stays bounded whatever the traffic. Constant weights are
+ * reordered once into the layout the primitive prefers (oneDNN's blocked formats) and shared
+ * by the node's primitives that want the same layout.
+ * Layouts: Conv and the pools write their outputs in the layout oneDNN picks (blocked, e.g.
+ * nChw8c on AVX2); the value remembers it, the next oneDNN node reads it as is, and our own
+ * operators (and the graph outputs) get it reordered back to plain first (graph.c).
+ * Errors: oneDNN refusing a shape (unimplemented, invalid arguments) at creation is a
+ * fallback to our own runtime, counted in the stats; any other failure (memory, execution)
+ * is the request's error, naming the node (graph.c adds the label).
+ */
+#include "dnnl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef SP_HAVE_DNNL
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "ops.h"
+
+#define KEY_MAX (2 * OX_MAX_DIMS + 4)
+
+typedef struct prim {
+    bool used;
+    uint64_t stamp;           /* last use, for eviction */
+    int64_t key[KEY_MAX];
+    int nkey;
+    dnnl_primitive_t p;
+    dnnl_memory_desc_t src_md, w_md, dst_md;
+    void *w;                  /* packed constant weights (NULL: reordered per run) */
+    bool w_own;               /* w is this entry's (else the node's) */
+} prim_t;
+
+typedef struct node_cache {
+    prim_t *e;                /* cache_cap entries */
+    void *w;                  /* the node's packed weights, in layout w_md */
+    dnnl_memory_desc_t w_md;
+} node_cache_t;
+
+struct sp_ox_dnnl {
+    dnnl_stream_t stream;
+    bool bf16;
+    node_cache_t *nodes;      /* per graph node */
+    int32_t n_nodes;
+    bool *blocked;            /* per value: t.data is in layout md[v], not plain */
+    dnnl_memory_desc_t *md;
+    int32_t n_values;
+    uint64_t clock;
+    int cache_cap;            /* primitives kept per node */
+    sp_ox_dnnl_stats_t st;
+};
+
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t engine;
+static dnnl_status_t engine_status;
+
+static void
+make_engine(void)
+{
+    engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
+}
+
+bool
+sp_ox_dnnl_built(void)
+{
+    return true;
+}
+
+bool
+sp_ox_dnnl_has_bf16(void)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    /* The ISA values are bit sets: each level includes the ones below it. */
+    return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16 ||
+           (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+}
+
+static int
+fail_st(sp_ox_run_t *r, dnnl_status_t st, const char *what)
+{
+    return sp_ox_fail(r, "oneDNN %s failed (status %d)", what, (int)st);
+}
+
+int
+sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len)
+{
+    pthread_once(&engine_once, make_engine);
+    if (engine_status != dnnl_success) {
+        snprintf(err, err_len, "oneDNN: no CPU engine (status %d)", (int)engine_status);
+        return -1;
+    }
+    struct sp_ox_dnnl *d = calloc(1, sizeof *d);
+    if (d == NULL) goto oom;
+    r->dnnl = d;
+    d->bf16 = bf16;
+    d->n_nodes = r->g->n_nodes;
+    d->n_values = r->g->n_values;
+    d->cache_cap = cache_cap < OX_DNNL_CACHE ? OX_DNNL_CACHE : cache_cap > OX_DNNL_CACHE_MAX ? OX_DNNL_CACHE_MAX : cache_cap;
+    d->nodes = calloc((size_t)d->n_nodes + 1, sizeof *d->nodes);
+    d->blocked = calloc((size_t)d->n_values + 1, sizeof *d->blocked);
+    d->md = calloc((size_t)d->n_values + 1, sizeof *d->md);
+    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL) goto oom;
+    for (int32_t i = 0; i < d->n_nodes; i++) {
+        if (strcmp(r->g->nodes[i].p->op_type, "Conv") && strcmp(r->g->nodes[i].p->op_type, "MatMul") &&
+            strcmp(r->g->nodes[i].p->op_type, "Gemm") && !strstr(r->g->nodes[i].p->op_type, "Pool")) {
+            continue; /* only oneDNN's operators have a cache */
+        }
+        d->nodes[i].e = calloc((size_t)d->cache_cap, sizeof *d->nodes[i].e);
+        if (d->nodes[i].e == NULL) goto oom;
+    }
+    dnnl_status_t st = dnnl_stream_create(&d->stream, engine, dnnl_stream_default_flags);
+    if (st != dnnl_success) {
+        d->stream = NULL;
+        sp_ox_dnnl_free(r);
+        snprintf(err, err_len, "oneDNN: no stream (status %d)", (int)st);
+        return -1;
+    }
+    return 0;
+oom:
+    sp_ox_dnnl_free(r);
+    snprintf(err, err_len, "oneDNN: out of memory");
+    return -1;
+}
+
+static void
+entry_drop(node_cache_t *nc, prim_t *e, sp_ox_dnnl_stats_t *st)
+{
+    if (!e->used) return;
+    if (e->p) dnnl_primitive_destroy(e->p);
+    if (e->w_own) free(e->w);
+    (void)nc;
+    memset(e, 0, sizeof *e);
+    st->cached--;
+}
+
+void
+sp_ox_dnnl_free(sp_ox_run_t *r)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    if (d == NULL) return;
+    for (int32_t i = 0; d->nodes && i < d->n_nodes; i++) {
+        for (int k = 0; d->nodes[i].e && k < d->cache_cap; k++) entry_drop(&d->nodes[i], &d->nodes[i].e[k], &d->st);
+        free(d->nodes[i].e);
+        free(d->nodes[i].w);
+    }
+    if (d->stream) dnnl_stream_destroy(d->stream);
+    free(d->nodes);
+    free(d->blocked);
+    free(d->md);
+    free(d);
+    r->dnnl = NULL;
+}
+
+void
+sp_ox_dnnl_begin(sp_ox_run_t *r)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    memset(d->blocked, 0, (size_t)d->n_values * sizeof *d->blocked);
+    /* OpenMP's thread count is per calling thread: this instance's runs only. */
+    omp_set_num_threads(r->n_threads > 0 ? r->n_threads : 1);
+}
+
+void
+sp_ox_dnnl_get_stats(const sp_ox_run_t *r, sp_ox_dnnl_stats_t *s)
+{
+    if (r->dnnl) *s = r->dnnl->st;
+    else memset(s, 0, sizeof *s);
+}
+
+static dnnl_format_tag_t
+plain_tag(int nd)
+{
+    static const dnnl_format_tag_t tags[] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
+                                             dnnl_abcd, dnnl_abcde, dnnl_abcdef};
+    return nd >= 1 && nd <= 6 ? tags[nd] : dnnl_format_tag_undef;
+}
+
+static dnnl_status_t
+md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims)
+{
+    dnnl_dims_t dd;
+    for (int i = 0; i < nd; i++) dd[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, nd, dd, dnnl_f32, plain_tag(nd));
+}
+
+/* The layout value v's data is in now. */
+static int
+md_of(sp_ox_run_t *r, int32_t v, dnnl_memory_desc_t *md)
+{
+    if (r->dnnl->blocked[v]) {
+        *md = r->dnnl->md[v];
+        return 0;
+    }
+    const sp_ox_tensor_t *t = &r->g->values[v].t;
+    dnnl_status_t st = md_plain(md, t->nd, t->dims);
+    return st == dnnl_success ? 0 : fail_st(r, st, "memory descriptor");
+}
+
+static int
+execute(sp_ox_run_t *r, dnnl_primitive_t p, int n, const int *arg_ids, const dnnl_memory_desc_t *const *mds,
+        void *const *ptrs)
+{
+    dnnl_exec_arg_t args[6];
+    int made = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        dnnl_status_t st = dnnl_memory_create(&args[i].memory, mds[i], engine, ptrs[i]);
+        if (st != dnnl_success) {
+            rc = fail_st(r, st, "memory creation");
+            break;
+        }
+        args[i].arg = arg_ids[i];
+        made++;
+    }
+    if (rc == 0) {
+        dnnl_status_t st = dnnl_primitive_execute(p, r->dnnl->stream, n, args);
+        if (st == dnnl_success) st = dnnl_stream_wait(r->dnnl->stream);
+        if (st != dnnl_success) rc = fail_st(r, st, "execution");
+    }
+    for (int i = 0; i < made; i++) dnnl_memory_destroy(args[i].memory);
+    return rc;
+}
+
+/* Copy src (layout smd) into dst (layout dmd), one logical tensor. */
+static int
+reorder(sp_ox_run_t *r, const dnnl_memory_desc_t *smd, void *src, const dnnl_memory_desc_t *dmd, void *dst)
+{
+    if (dnnl_memory_desc_equal(smd, dmd)) {
+        if (src != dst) memcpy(dst, src, dnnl_memory_desc_get_size(smd));
+        return 0;
+    }
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    dnnl_status_t st = dnnl_reorder_primitive_desc_create(&pd, smd, engine, dmd, engine, NULL);
+    if (st != dnnl_success) return fail_st(r, st, "reorder creation");
+    st = dnnl_primitive_create(&p, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (st != dnnl_success) return fail_st(r, st, "reorder creation");
+    int ids[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    const dnnl_memory_desc_t *mds[2] = {smd, dmd};
+    void *ptrs[2] = {src, dst};
+    int rc = execute(r, p, 2, ids, mds, ptrs);
+    dnnl_primitive_destroy(p);
+    return rc;
+}
+
+/* A pool buffer of at least bytes for tensor t, which then has the logical shape dims. */
+static int
+out_bytes(sp_ox_run_t *r, sp_ox_tensor_t *t, size_t bytes, int nd, const int64_t *dims)
+{
+    int64_t n = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
+    if (n < 1) n = 1;
+    if (sp_ox_out(r, t, OX_FLOAT, 1, &n)) return -1;
+    t->nd = nd;
+    for (int i = 0; i < nd; i++) t->dims[i] = dims[i];
+    return 0;
+}
+
+int
+sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    if (d == NULL || v < 0 || !d->blocked[v]) return 0;
+    sp_ox_tensor_t *t = &r->g->values[v].t;
+    sp_ox_tensor_t nt = {0};
+    dnnl_memory_desc_t pmd;
+    dnnl_status_t st = md_plain(&pmd, t->nd, t->dims);
+    if (st != dnnl_success) return fail_st(r, st, "memory descriptor");
+    if (sp_ox_out(r, &nt, OX_FLOAT, t->nd, t->dims)) return -1;
+    if (reorder(r, &d->md[v], t->data, &pmd, nt.data)) {
+        sp_ox_pool_put(r, &nt);
+        return -1;
+    }
+    sp_ox_pool_put(r, t);
+    *t = nt;
+    d->blocked[v] = false;
+    return 0;
+}
+
+int
+sp_ox_dnnl_plain_inputs(sp_ox_run_t *r, const sp_ox_node_t *n)
+{
+    for (int k = 0; k < n->n_in; k++) {
+        if (sp_ox_dnnl_plain(r, n->in[k])) return -1;
+    }
+    return sp_ox_dnnl_plain(r, n->fused_add);
+}
+
+/* Record the layout of value v just written in layout md. */
+static void
+set_layout(sp_ox_run_t *r, int32_t v, const dnnl_memory_desc_t *md)
+{
+    const sp_ox_tensor_t *t = &r->g->values[v].t;
+    dnnl_memory_desc_t pmd;
+    bool plain = md_plain(&pmd, t->nd, t->dims) == dnnl_success && dnnl_memory_desc_equal(&pmd, md);
+    r->dnnl->blocked[v] = !plain;
+    if (!plain) r->dnnl->md[v] = *md;
+}
+
+static prim_t *
+cache_find(struct sp_ox_dnnl *d, node_cache_t *nc, const int64_t *key, int nkey)
+{
+    for (int k = 0; k < d->cache_cap; k++) {
+        prim_t *e = &nc->e[k];
+        if (e->used && e->nkey == nkey && memcmp(e->key, key, (size_t)nkey * sizeof *key) == 0) {
+            e->stamp = ++d->clock;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* A free entry for key, dropping the least recently used one when all are taken. */
+static prim_t *
+cache_slot(struct sp_ox_dnnl *d, node_cache_t *nc, const int64_t *key, int nkey)
+{
+    prim_t *e = &nc->e[0];
+    for (int k = 0; k < d->cache_cap; k++) {
+        if (!nc->e[k].used) {
+            e = &nc->e[k];
+            break;
+        }
+        if (nc->e[k].stamp < e->stamp) e = &nc->e[k];
+    }
+    if (e->used) {
+        entry_drop(nc, e, &d->st);
+        d->st.evicted++;
+    }
+    e->nkey = nkey;
+    memcpy(e->key, key, (size_t)nkey * sizeof *key);
+    return e;
+}
+
+/* Create the primitive of entry e from op_desc; fills the layouts it wants. 1: created,
+ * 0: oneDNN has no implementation for it (fallback), -1: error. */
+static int
+create(sp_ox_run_t *r, prim_t *e, const void *op_desc, const dnnl_primitive_attr_t attr, bool has_w)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, op_desc, attr, engine, NULL);
+    if (st == dnnl_unimplemented || st == dnnl_invalid_arguments) {
+        memset(e, 0, sizeof *e);
+        d->st.fallbacks++;
+        return 0;
+    }
+    if (st != dnnl_success) {
+        memset(e, 0, sizeof *e);
+        return fail_st(r, st, "primitive descriptor creation");
+    }
+    e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    if (has_w) e->w_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    e->dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    st = dnnl_primitive_create(&e->p, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (st != dnnl_success) {
+        memset(e, 0, sizeof *e);
+        return fail_st(r, st, "primitive creation");
+    }
+    e->used = true;
+    e->stamp = ++d->clock;
+    d->st.created++;
+    d->st.cached++;
+    return 1;
+}
+
+/* The weights of entry e in the layout it wants: constants packed once (shared with the
+ * node's other entries of that layout), others reordered into a pool tensor tmp per run. */
+static int
+weights(sp_ox_run_t *r, node_cache_t *nc, prim_t *e, int32_t wv, const dnnl_memory_desc_t *wmd_plain,
+        sp_ox_tensor_t *tmp, void **out)
+{
+    const sp_ox_value_t *wval = &r->g->values[wv];
+    if (wval->is_const) {
+        if (e->w == NULL) {
+            if (nc->w && dnnl_memory_desc_equal(&nc->w_md, &e->w_md)) {
+                e->w = nc->w;
+            } else {
+                size_t bytes = dnnl_memory_desc_get_size(&e->w_md);
+                void *buf = sp_ox_aligned_alloc(bytes ? bytes : 64);
+                if (buf == NULL) return sp_ox_fail(r, "out of memory for %zu bytes of weights", bytes);
+                if (reorder(r, wmd_plain, wval->t.data, &e->w_md, buf)) {
+                    free(buf);
+                    return -1;
+                }
+                if (nc->w == NULL) {
+                    nc->w = buf;
+                    nc->w_md = e->w_md;
+                } else {
+                    e->w_own = true;
+                }
+                e->w = buf;
+            }
+        }
+        *out = e->w;
+        return 0;
+    }
+    if (dnnl_memory_desc_equal(wmd_plain, &e->w_md)) {
+        *out = wval->t.data;
+        return 0;
+    }
+    if (out_bytes(r, tmp, dnnl_memory_desc_get_size(&e->w_md), 1, (int64_t[]){1}) ||
+        reorder(r, wmd_plain, wval->t.data, &e->w_md, tmp->data)) {
+        return -1;
+    }
+    *out = tmp->data;
+    return 0;
+}
+
+/* The source of entry e: value v as is when it has the wanted layout, else reordered into
+ * the pool tensor tmp. */
+static int
+source(sp_ox_run_t *r, prim_t *e, int32_t v, sp_ox_tensor_t *tmp, void **out)
+{
+    dnnl_memory_desc_t have;
+    if (md_of(r, v, &have)) return -1;
+    void *data = r->g->values[v].t.data;
+    if (dnnl_memory_desc_equal(&have, &e->src_md)) {
+        *out = data;
+        return 0;
+    }
+    if (out_bytes(r, tmp, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+        reorder(r, &have, data, &e->src_md, tmp->data)) {
+        return -1;
+    }
+    *out = tmp->data;
+    return 0;
+}
+
+static dnnl_primitive_attr_t
+make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float scale)
+{
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    if (dnnl_post_ops_create(&po) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    if (relu_before_sum) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (sum) dnnl_post_ops_append_sum(po, 1.0f);
+    if (relu_after) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    dnnl_primitive_attr_set_post_ops(attr, po);
+    dnnl_post_ops_destroy(po);
+    if (scale != 1.0f) dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale);
+    return attr;
+}
+
+/* The type oneDNN's operands are in: FP32, or BF16 (precision "bf16": activations and weights
+ * rounded to bfloat16, products accumulated in FP32, bias in FP32). BF16 activations stay BF16
+ * between oneDNN nodes and come back to FP32 with the plain reorder (set_layout: a BF16 layout
+ * is never plain). */
+static dnnl_data_type_t
+act_type(const struct sp_ox_dnnl *d)
+{
+    return d->bf16 ? dnnl_bf16 : dnnl_f32;
+}
+
+static bool
+is_float(const sp_ox_tensor_t *t)
+{
+    return t && t->dtype == OX_FLOAT && t->data;
+}
+
+static int
+run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    const sp_ox_tensor_t *x = &g->values[n->in[0]].t, *w = &g->values[n->in[1]].t;
+    const sp_ox_tensor_t *b = n->n_in > 2 && n->in[2] >= 0 ? &g->values[n->in[2]].t : NULL;
+    if (!is_float(x) || !is_float(w) || (b && !is_float(b)) || x->nd != 4 || w->nd != 4) return 0;
+    int64_t group = sp_ox_attr_i(n, "group", 1), c = x->dims[1], m = w->dims[0];
+    if (group < 1 || c % group || m % group || w->dims[1] != c / group || (b && sp_ox_numel(b) != m)) return 0;
+    size_t nk;
+    const int64_t *ks = sp_ox_attr_ints(n, "kernel_shape", &nk);
+    if (ks && (nk != 2 || ks[0] != w->dims[2] || ks[1] != w->dims[3])) return 0;
+    geom_t gm;
+    if (sp_ox_geometry(r, n, x, w->dims + 2, 2, false, &gm)) return 0;
+    int64_t od[4] = {x->dims[0], m, gm.oh, gm.ow};
+    const sp_ox_tensor_t *y = n->fused_add >= 0 ? &g->values[n->fused_add].t : NULL;
+    if (y) {
+        if (!is_float(y) || y->nd != 4) return 0;
+        for (int i = 0; i < 4; i++) {
+            if (y->dims[i] != od[i]) return 0; /* a broadcasting Add: our own runtime */
+        }
+    }
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[9] = {x->dims[0], x->dims[1], x->dims[2], x->dims[3], y != NULL,
+                      w->dims[0], w->dims[1], w->dims[2], w->dims[3]};
+    prim_t *e = cache_find(d, nc, key, 9);
+    dnnl_memory_desc_t wplain;
+    dnnl_dims_t wd;
+    int wnd = group > 1 ? 5 : 4;
+    if (group > 1) {
+        int64_t gd[5] = {group, m / group, c / group, w->dims[2], w->dims[3]};
+        for (int i = 0; i < 5; i++) wd[i] = gd[i];
+    } else {
+        for (int i = 0; i < 4; i++) wd[i] = w->dims[i];
+    }
+    if (dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, wnd == 5 ? dnnl_goihw : dnnl_oihw) != dnnl_success) return 0;
+    if (e == NULL) {
+        dnnl_memory_desc_t smd, wmd, bmd, dmd;
+        dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
+        dnnl_dims_t bd = {m};
+        dnnl_data_type_t dt = act_type(d);
+        dnnl_memory_desc_init_by_tag(&smd, 4, sd, dt, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&wmd, wnd, wd, dt, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dt, dnnl_format_tag_any);
+        dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
+                    pr = {gm.pb_end, gm.pr_end};
+        dnnl_convolution_desc_t cd;
+        if (dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct,
+                                                       &smd, &wmd, b ? &bmd : NULL, &dmd, strides, dil,
+                                                       pl, pr) != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = make_attr(r, false, y != NULL, n->fused_relu != 0, 1.0f);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, 9);
+        int rc = create(r, e, &cd, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tx = {0}, tw = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    void *src, *wp;
+    int rc = -1;
+    if (source(r, e, n->in[0], &tx, &src) || weights(r, nc, e, n->in[1], &wplain, &tw, &wp)) goto done;
+    size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
+    if (y) {
+        sp_ox_value_t *yv = &g->values[n->fused_add];
+        dnnl_memory_desc_t ymd;
+        if (md_of(r, n->fused_add, &ymd)) goto done;
+        if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output &&
+            yv->t.cap >= dbytes) {
+            /* The residual is read for the last time: accumulate into its buffer. */
+            if (out->data) sp_ox_pool_put(r, out);
+            out->data = yv->t.data;
+            out->cap = yv->t.cap;
+            yv->t.data = NULL;
+            yv->t.cap = 0;
+            out->dtype = OX_FLOAT;
+            out->nd = 4;
+            for (int i = 0; i < 4; i++) out->dims[i] = od[i];
+        } else if (out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data)) {
+            goto done;
+        }
+    } else if (out_bytes(r, out, dbytes, 4, od)) {
+        goto done;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    dnnl_memory_desc_t bmd;
+    dnnl_dims_t bd = {m};
+    dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
+    void *ptrs[4] = {src, wp, out->data, b ? b->data : NULL};
+    if (execute(r, e->p, b ? 4 : 3, ids, mds, ptrs)) goto done;
+    set_layout(r, n->out[0], &e->dst_md);
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tx);
+    sp_ox_pool_put(r, &tw);
+    return rc;
+}
+
+/* MaxPool, AveragePool (2-D) and GlobalAveragePool (4-D). */
+static int
+run_pool(sp_ox_run_t *r, sp_ox_node_t *n, bool global, bool is_max)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    int32_t xv = n->in[0];
+    const sp_ox_tensor_t *x = &g->values[xv].t;
+    if (!is_float(x) || x->nd != 4 || n->n_out != 1) return 0;
+    geom_t gm;
+    if (global) {
+        gm = (geom_t){x->dims[2], x->dims[3], x->dims[2], x->dims[3], 1, 1, 1, 1, 0, 0, 1, 1, 0, 0};
+    } else {
+        size_t nk;
+        const int64_t *ks = sp_ox_attr_ints(n, "kernel_shape", &nk);
+        if (ks == NULL || nk != 2 || sp_ox_geometry(r, n, x, ks, 2, true, &gm)) return 0;
+    }
+    if (gm.ih < 1 || gm.iw < 1) return 0;
+    /* ceil_mode: the last window may run past the padding; oneDNN sees that as more right
+     * padding, which max ignores, and average counts only when count_include_pad is set, where
+     * ONNX counts only the given pads: that case stays ours. */
+    int64_t prh = (gm.oh - 1) * gm.sh + (gm.kh - 1) * gm.dh + 1 - gm.ih - gm.pt;
+    int64_t prw = (gm.ow - 1) * gm.sw + (gm.kw - 1) * gm.dw + 1 - gm.iw - gm.pl;
+    bool incl = !global && !is_max && sp_ox_attr_i(n, "count_include_pad", 0) != 0;
+    if (prh < 0) prh = 0;
+    if (prw < 0) prw = 0;
+    if (incl && (prh > gm.pb_end || prw > gm.pr_end)) return 0;
+    /* A window entirely in the padding has no value in ONNX's definition: ours. */
+    if (gm.pt >= gm.kh || gm.pl >= gm.kw || prh >= gm.kh || prw >= gm.kw) return 0;
+    dnnl_memory_desc_t have;
+    if (md_of(r, xv, &have)) return -1;
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[5] = {x->dims[0], x->dims[1], x->dims[2], x->dims[3], d->blocked[xv]};
+    prim_t *e = cache_find(d, nc, key, 5);
+    int64_t od[4] = {x->dims[0], x->dims[1], gm.oh, gm.ow};
+    if (e == NULL) {
+        dnnl_memory_desc_t dmd;
+        dnnl_dims_t ddm = {od[0], od[1], od[2], od[3]};
+        dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, have.data_type, dnnl_format_tag_any);
+        dnnl_dims_t strides = {gm.sh, gm.sw}, kern = {gm.kh, gm.kw}, dil = {gm.dh - 1, gm.dw - 1},
+                    pl = {gm.pt, gm.pl}, pr = {prh, prw};
+        dnnl_alg_kind_t alg = is_max ? dnnl_pooling_max
+                              : incl ? dnnl_pooling_avg_include_padding
+                                     : dnnl_pooling_avg_exclude_padding;
+        dnnl_pooling_v2_desc_t pd;
+        if (dnnl_pooling_v2_forward_desc_init(&pd, dnnl_forward_inference, alg, &have, &dmd, strides, kern,
+                                              dil, pl, pr) != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = make_attr(r, false, false, false, 1.0f);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, 5);
+        int rc = create(r, e, &pd, attr, false);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tx = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    void *src;
+    int rc = -1;
+    if (source(r, e, xv, &tx, &src) || out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od)) goto done;
+    int ids[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+    const dnnl_memory_desc_t *mds[2] = {&e->src_md, &e->dst_md};
+    void *ptrs[2] = {src, out->data};
+    if (execute(r, e->p, 2, ids, mds, ptrs)) goto done;
+    set_layout(r, n->out[0], &e->dst_md);
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tx);
+    return rc;
+}
+
+/* Gemm (bias [N] or [1, N] at beta 1, any alpha, transposes as strides) and MatMul. */
+static int
+run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    if (sp_ox_dnnl_plain(r, n->in[0]) || sp_ox_dnnl_plain(r, n->in[1])) return -1;
+    const sp_ox_tensor_t *a = &g->values[n->in[0]].t, *b = &g->values[n->in[1]].t;
+    const sp_ox_tensor_t *bias = NULL;
+    if (!is_float(a) || !is_float(b) || a->nd < 2 || b->nd < 2 || a->nd > 5 || b->nd > 5) return 0;
+    float alpha = 1.0f;
+    bool ta = false, tb = false, wconst = g->values[n->in[1]].is_const && b->nd == 2;
+    int64_t mrows, k, nn;
+    if (gemm) {
+        if (a->nd != 2 || b->nd != 2) return 0;
+        ta = sp_ox_attr_i(n, "transA", 0) != 0;
+        tb = sp_ox_attr_i(n, "transB", 0) != 0;
+        alpha = sp_ox_attr_f(n, "alpha", 1.0f);
+        if (n->n_in > 2 && n->in[2] >= 0) {
+            if (sp_ox_dnnl_plain(r, n->in[2])) return -1;
+            bias = &g->values[n->in[2]].t;
+            if (!is_float(bias) || sp_ox_attr_f(n, "beta", 1.0f) != 1.0f || bias->nd < 1 || bias->nd > 2 ||
+                (bias->nd == 2 && bias->dims[0] != 1)) {
+                return 0;
+            }
+        }
+    } else if (n->fused_bias >= 0) {
+        bias = &g->values[n->fused_bias].t;
+    }
+    mrows = ta ? a->dims[1] : a->dims[a->nd - 2];
+    k = ta ? a->dims[0] : a->dims[a->nd - 1];
+    int64_t kb = tb ? b->dims[1] : b->dims[b->nd - 2];
+    nn = tb ? b->dims[0] : b->dims[b->nd - 1];
+    if (k != kb || (bias && sp_ox_numel(bias) != nn)) return 0;
+    /* Shapes: a constant 2-D B flattens A's leading dimensions into rows; else both operands
+     * have one rank and the batch dimensions broadcast (equal, or 1). */
+    int nd;
+    int64_t sa[5], sb[5], sd[5], od[OX_MAX_DIMS];
+    int ond;
+    if (wconst) {
+        int64_t rows = 1;
+        for (int i = 0; i < a->nd - 1; i++) rows *= a->dims[i];
+        if (gemm) rows = mrows;
+        nd = 2;
+        sa[0] = rows;
+        sa[1] = k;
+        sb[0] = k;
+        sb[1] = nn;
+        sd[0] = rows;
+        sd[1] = nn;
+        ond = a->nd;
+        for (int i = 0; i < a->nd - 1; i++) od[i] = a->dims[i];
+        if (gemm) od[0] = mrows;
+        od[ond - 1] = nn;
+    } else {
+        if (a->nd != b->nd || (bias && a->nd != 2)) return 0;
+        nd = a->nd;
+        for (int i = 0; i < nd - 2; i++) {
+            if (a->dims[i] != b->dims[i] && a->dims[i] != 1 && b->dims[i] != 1) return 0;
+            sa[i] = a->dims[i];
+            sb[i] = b->dims[i];
+            sd[i] = a->dims[i] > b->dims[i] ? a->dims[i] : b->dims[i];
+        }
+        sa[nd - 2] = mrows;
+        sa[nd - 1] = k;
+        sb[nd - 2] = k;
+        sb[nd - 1] = nn;
+        sd[nd - 2] = mrows;
+        sd[nd - 1] = nn;
+        ond = nd;
+        for (int i = 0; i < nd; i++) od[i] = sd[i];
+    }
+    for (int i = 0; i < nd; i++) {
+        if (sa[i] < 1 || sb[i] < 1) return 0; /* empty products: ours */
+    }
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < a->nd; i++) key[nkey++] = a->dims[i];
+    for (int i = 0; i < b->nd; i++) key[nkey++] = b->dims[i];
+    prim_t *e = cache_find(d, nc, key, nkey);
+    /* The operands as they are stored: row-major, transposes as swapped strides. */
+    dnnl_memory_desc_t amd, bmd_plain, biasmd, dmd;
+    dnnl_dims_t dsa, dsb, dsd, st_a, st_b, bsd = {1, nn};
+    for (int i = 0; i < nd; i++) {
+        dsa[i] = sa[i];
+        dsb[i] = sb[i];
+        dsd[i] = sd[i];
+    }
+    int64_t s = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        st_a[i] = s;
+        s *= sa[i];
+    }
+    if (ta) {
+        st_a[0] = 1;
+        st_a[1] = mrows;
+    }
+    s = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        st_b[i] = s;
+        s *= sb[i];
+    }
+    if (tb) {
+        st_b[0] = 1;
+        st_b[1] = k;
+    }
+    if (dnnl_memory_desc_init_by_strides(&amd, nd, dsa, dnnl_f32, st_a) != dnnl_success ||
+        dnnl_memory_desc_init_by_strides(&bmd_plain, nd, dsb, dnnl_f32, st_b) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&dmd, nd, dsd, dnnl_f32, plain_tag(nd)) != dnnl_success) {
+        return 0;
+    }
+    if (nd == 2) dnnl_memory_desc_init_by_tag(&biasmd, 2, bsd, dnnl_f32, dnnl_ab);
+    /* BF16: A and a non-constant B are rounded into BF16 copies (plain layout) per run. */
+    dnnl_memory_desc_t amd_run = amd;
+    if (d->bf16) dnnl_memory_desc_init_by_tag(&amd_run, nd, dsa, dnnl_bf16, plain_tag(nd));
+    if (e == NULL) {
+        dnnl_memory_desc_t wmd = bmd_plain;
+        if (wconst) dnnl_memory_desc_init_by_tag(&wmd, 2, dsb, act_type(d), dnnl_format_tag_any);
+        else if (d->bf16) dnnl_memory_desc_init_by_tag(&wmd, nd, dsb, dnnl_bf16, plain_tag(nd));
+        dnnl_matmul_desc_t md;
+        if (dnnl_matmul_desc_init(&md, &amd_run, &wmd, bias ? &biasmd : NULL, &dmd) != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = make_attr(r, n->fused_relu != 0, false, false, alpha);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &md, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tw = {0}, ta16 = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    void *wp, *ap = a->data;
+    int rc = -1;
+    if (weights(r, nc, e, n->in[1], &bmd_plain, &tw, &wp)) goto done;
+    if (!dnnl_memory_desc_equal(&amd, &e->src_md)) {
+        if (out_bytes(r, &ta16, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &amd, a->data, &e->src_md, ta16.data)) {
+            goto done;
+        }
+        ap = ta16.data;
+    }
+    if (sp_ox_out(r, out, OX_FLOAT, ond, od)) goto done;
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &biasmd};
+    void *ptrs[4] = {ap, wp, out->data, bias ? bias->data : NULL};
+    if (execute(r, e->p, bias ? 4 : 3, ids, mds, ptrs)) goto done;
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tw);
+    sp_ox_pool_put(r, &ta16);
+    return rc;
+}
+
+int
+sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
+{
+    const char *t = n->op->name;
+    for (int k = 0; k < n->n_in; k++) {
+        if (n->in[k] >= 0 && r->g->values[n->in[k]].t.data == NULL) return 0; /* ours reports it */
+    }
+    if (n->fused_add >= 0 && r->g->values[n->fused_add].t.data == NULL) return 0;
+    r->node = n;
+    if (r->dnnl->nodes[n - r->g->nodes].e == NULL) return 0;
+    if (strcmp(t, "Conv") == 0) return run_conv(r, n, o);
+    if (strcmp(t, "MaxPool") == 0) return run_pool(r, n, false, true);
+    if (strcmp(t, "AveragePool") == 0) return run_pool(r, n, false, false);
+    if (strcmp(t, "GlobalAveragePool") == 0) return run_pool(r, n, true, false);
+    if (strcmp(t, "Gemm") == 0) return run_matmul(r, n, true);
+    if (strcmp(t, "MatMul") == 0) return run_matmul(r, n, false);
+    return 0;
+}
+
+#else /* !SP_HAVE_DNNL: built without oneDNN, our own runtime only */
+
+bool
+sp_ox_dnnl_built(void)
+{
+    return false;
+}
+
+bool
+sp_ox_dnnl_has_bf16(void)
+{
+    return false;
+}
+
+int
+sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len)
+{
+    (void)r;
+    (void)bf16;
+    snprintf(err, err_len, "this build has no oneDNN (libdnnl-dev was missing)");
+    return -1;
+}
+
+void
+sp_ox_dnnl_free(sp_ox_run_t *r)
+{
+    (void)r;
+}
+
+void
+sp_ox_dnnl_begin(sp_ox_run_t *r)
+{
+    (void)r;
+}
+
+int
+sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
+{
+    (void)r;
+    (void)n;
+    (void)o;
+    return 0;
+}
+
+int
+sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
+{
+    (void)r;
+    (void)v;
+    return 0;
+}
+
+int
+sp_ox_dnnl_plain_inputs(sp_ox_run_t *r, const sp_ox_node_t *n)
+{
+    (void)r;
+    (void)n;
+    return 0;
+}
+
+void
+sp_ox_dnnl_get_stats(const sp_ox_run_t *r, sp_ox_dnnl_stats_t *s)
+{
+    (void)r;
+    memset(s, 0, sizeof *s);
+}
+
+#endif

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""bench/onnx_bench.py - ONNX backend throughput: ResNet-50 (224x224) and a BERT-base encoder (12 layers,
+hidden 768, 128 tokens), random weights (tests/py/onnx_models.py), at batch 1, 8 and 32 on N
+threads: Sampan's plugin on oneDNN and on its own runtime, and OpenCV's DNN module (cv2.dnn, same
+file, cv2.setNumThreads(N)), all in this one process, interleaved (each round times every
+executor once, in turn), so a burst of other work on the host lands on all of them alike.
+
+    /usr/bin/python3 bench/onnx_bench.py [--threads 2] [--batches 1,8,32] [--rounds 3]
+                                   [--models resnet50,bert] [--own-max-batch 8] [--dir DIR]
+
+Executors: "onednn" (FP32), "bf16" (oneDNN with precision bf16, when the CPU has AVX512-BF16 or
+AMX), "own" (our runtime), "opencv". Prints one line per (model, batch, executor): the median latency of one batch over the rounds,
+the range, and items (images or sequences) per second from the median; then each executor's
+throughput relative to OpenCV's. Outputs are compared once per model and batch: oneDNN and our
+own runtime against OpenCV (ResNet) or numpy in float64 (BERT: OpenCV 4.6 cannot run it, see
+onnx_models.py), and the worst difference printed.
+--own-max-batch: our own runtime is slow at large batches (minutes for BERT at 32); above this
+batch it is left out (and said so)."""
+import os
+
+# libgomp (oneDNN's threads; also pulled in by cv2) reads this once when it loads: as `sampan`
+# sets it in main(), before anything else.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import argparse  # noqa: E402
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+
+import numpy as np  # noqa: E402
+
+from onnx_models import build_bert, build_resnet, numpy_run  # noqa: E402
+from onnx_plugin import Plugin  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default="resnet50,bert")
+    ap.add_argument("--own-max-batch", type=int, default=8)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    import cv2
+    cv2.setNumThreads(a.threads)
+    plugin = Plugin(os.path.join(ROOT, "build", "backends", "libsampan_onnx.so"))
+    work = a.dir or tempfile.mkdtemp(prefix="sampan-onnx-bench-")
+    rng = np.random.default_rng(1)
+    batches = [int(b) for b in a.batches.split(",")]
+    print(f"# bench/onnx_bench.py threads={a.threads} rounds={a.rounds} cpu="
+          f"{open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}"
+          f" load={os.getloadavg()[0]:.1f}", flush=True)
+    for model in a.models.split(","):
+        vd = os.path.join(work, model, "1")
+        os.makedirs(vd, exist_ok=True)
+        path = os.path.join(vd, "model.onnx")
+        if model == "resnet50":
+            shape, out, unit = (3, 224, 224), "logits", "images"
+            if not os.path.exists(path):
+                build_resnet(path, rng)
+        elif model == "bert":
+            shape, out, unit = (1, 128, 768), "encoded", "sequences"
+            if not os.path.exists(path):
+                build_bert(path, rng)
+        else:
+            sys.exit(f"unknown model {model}")
+        cfg = {"parameters": {"engine": {"string_value": "onednn"}}}
+        own_cfg = {"parameters": {"engine": {"string_value": "own"}}}
+        m_dnnl = plugin.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads)
+        try:
+            bf_cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "bf16"}}}
+            m_bf16 = plugin.load(vd, config=bf_cfg, max_batch_size=max(batches), n_threads=a.threads)
+        except Exception as e:  # a CPU without BF16: said, and left out
+            print(f"{model}: bf16 left out: {e}")
+            m_bf16 = None
+        m_own = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
+        net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" else None
+        if net is not None:
+            net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+        for b in batches:
+            x = rng.standard_normal((b,) + shape).astype(np.float32)
+            runs = {"onednn": lambda: m_dnnl.run([x])[out]}
+            if m_bf16 is not None:
+                runs["bf16"] = lambda: m_bf16.run([x])[out]
+            if b <= a.own_max_batch:
+                runs["own"] = lambda: m_own.run([x])[out]
+            if net is not None:
+                def cv_run():
+                    net.setInput(x)
+                    return net.forward()
+                runs["opencv"] = cv_run
+            # Warm-up (primitive creation, weight packing, OpenCV's first-run setup) and outputs.
+            res = {k: f() for k, f in runs.items()}
+            if net is not None:
+                ref = res["opencv"].astype(np.float64)
+                rname = "opencv"
+            else:
+                ref = numpy_run(path, {"hidden": x})[out] if b <= 8 else None
+                rname = "numpy-f64"
+            if ref is not None:
+                scale = max(1.0, float(np.abs(ref).max()))
+                for k, v in res.items():
+                    if k != rname:
+                        print(f"{model} batch {b}: {k} vs {rname} max |diff| "
+                              f"{float(np.abs(v - ref).max()):.2e} (scale {scale:.2f})", flush=True)
+            times = {k: [] for k in runs}
+            for _ in range(a.rounds):
+                for k, f in runs.items():
+                    t = time.perf_counter()
+                    f()
+                    times[k].append(time.perf_counter() - t)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            for k, v in times.items():
+                print(f"{model} batch {b:>2} {k:<7} {med[k] * 1000:9.1f} ms/batch "
+                      f"[{min(v) * 1000:.1f}-{max(v) * 1000:.1f}]  {b / med[k]:8.2f} {unit}/s", flush=True)
+            if "opencv" in med:
+                print(f"{model} batch {b:>2} ratio onednn/opencv {med['opencv'] / med['onednn']:.2f}x"
+                      + (f"  own/opencv {med['opencv'] / med['own']:.2f}x" if "own" in med else ""), flush=True)
+            if "own" in med:
+                print(f"{model} batch {b:>2} ratio onednn/own {med['own'] / med['onednn']:.2f}x", flush=True)
+            if "bf16" in med:
+                print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
+            if b > a.own_max_batch:
+                print(f"{model} batch {b:>2} own: left out (above --own-max-batch {a.own_max_batch})")
+        m_dnnl.close()
+        m_own.close()
+        if m_bf16 is not None:
+            m_bf16.close()
+    print(f"# load at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
