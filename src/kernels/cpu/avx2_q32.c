@@ -13,6 +13,15 @@ Q32_DEFINE(q5_1, Q32_Q5_1, Q32_AVX2)
 Q32_DEFINE(iq4_nl, Q32_IQ4_NL, Q32_AVX2)
 Q32_DEFINE(mxfp4, Q32_MXFP4, Q32_AVX2)
 
+/* The previous MXFP4 gemm (4 x 4 tiles), kept for the A/B bench (bench/qgemm_shape_bench.c). */
+void
+sp__q32_mxfp4_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                             const void *x, size_t x_stride, int64_t n_tok, float *y,
+                             int64_t ldy)
+{
+    mxfp4_gemm(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
 void
 sp__q32_level_avx2(sp_q32_level_t *l)
 {
