@@ -13,7 +13,8 @@ Q32_DEFINE(q5_1, Q32_Q5_1, Q32_AVX2)
 Q32_DEFINE(iq4_nl, Q32_IQ4_NL, Q32_AVX2)
 Q32_DEFINE(mxfp4, Q32_MXFP4, Q32_AVX2)
 
-/* The previous MXFP4 gemm (4 x 4 tiles), kept for the A/B bench (bench/qgemm_shape_bench.c). */
+/* MXFP4's row-tile gemm: the panel gemm's fallback (decode, rows past the last panel) and
+ * the A/B bench's baseline. */
 void
 sp__q32_mxfp4_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                              const void *x, size_t x_stride, int64_t n_tok, float *y,
@@ -34,7 +35,7 @@ sp__q32_level_avx2(sp_q32_level_t *l)
     l->gemm[SP_TYPE_Q5_0] = q5_0_gemm;
     l->gemm[SP_TYPE_Q5_1] = q5_1_gemm;
     l->gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
-    l->gemm[SP_TYPE_MXFP4] = mxfp4_gemm;
+    l->gemm[SP_TYPE_MXFP4] = sp__q32_mxfp4_gemm_avx2_panel;
 }
 
 void
