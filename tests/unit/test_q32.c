@@ -829,3 +829,53 @@ TEST(q32_gemm_tiles)
         }
     }
 }
+
+/*
+ * The AVX2 MXFP4 row panels (avx2_q32panel.c) at their integer limits: 8 + 1 rows of every
+ * quant at +-12 (the unsigned offset form 24 and 0) or a mix, against 6 tokens of activations
+ * +-127, mixed signs, and -128 (outside the quantizer's range, inside the panel's int16 bound:
+ * four pair sums of 2 * 24 * 128): the gemm gives the reference's bits, and the reference the
+ * exact value (powers-of-two scales).
+ */
+TEST(q32_mxfp4_panel_extremes)
+{
+    enum { NB = 10, R = 9, T = 6 };
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 MXFP4 panels not tested");
+    static sp_block_mxfp4 w[R][NB];
+    static const uint8_t pat[4] = {0x77, 0xff, 0x7f, 0x08}; /* +12 +12, -12 -12, -12 +12, -0 0 */
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            w[r][b].e = (uint8_t)(126 + (r + b) % 3); /* half scales 1/4, 1/2, 1 */
+            memset(w[r][b].qs, pat[(r + b) % 4], sizeof(w[r][b].qs));
+        }
+    static sp_block_q8_0 x[T][NB];
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x[t][b].d = FP16_ONE;
+            for (int j = 0; j < 32; j++) {
+                const int v = t == 0 ? 127 : t == 1 ? -127 : t == 2 ? -128
+                              : t == 3 ? (j & 1 ? 127 : -127) : (j % 3 ? -127 : 127);
+                x[t][b].qs[j] = (int8_t)v;
+            }
+        }
+    float y[T][R];
+    k->gemm[SP_TYPE_MXFP4](32 * NB, w, sizeof(w[0]), 0, R, x, sizeof(x[0]), T, &y[0][0], R);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            float ref;
+            sp_cpu_kernels_ref()->vec_dot[SP_TYPE_MXFP4](32 * NB, &ref, w[r], x[t]);
+            ASSERT_BITS_EQ(y[t][r], ref);
+            double want = 0;
+            for (int b = 0; b < NB; b++) {
+                const double half = (double)(1 << ((r + b) % 3)) / 4.0;
+                for (int j = 0; j < 32; j++) {
+                    const uint8_t byte = w[r][b].qs[j % 16];
+                    const int nib = j < 16 ? byte & 0xf : byte >> 4;
+                    want += half * sp__kvalues_mxfp4[nib] * x[t][b].qs[j];
+                }
+            }
+            ASSERT_NEAR(ref, want, 0.0);
+        }
+}
