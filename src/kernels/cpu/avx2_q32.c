@@ -13,15 +13,17 @@ Q32_DEFINE(q5_1, Q32_Q5_1, Q32_AVX2)
 Q32_DEFINE(iq4_nl, Q32_IQ4_NL, Q32_AVX2)
 Q32_DEFINE(mxfp4, Q32_MXFP4, Q32_AVX2)
 
-/* MXFP4's row-tile gemm: the panel gemm's fallback (decode, rows past the last panel) and
- * the A/B bench's baseline. */
-void
-sp__q32_mxfp4_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
-                             const void *x, size_t x_stride, int64_t n_tok, float *y,
-                             int64_t ldy)
-{
-    mxfp4_gemm(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
-}
+/* The row-tile gemms of MXFP4, Q4_1 and Q5_0: the panel gemms' fallback (decode, rows past
+ * the last panel) and the A/B bench's baseline. */
+#define Q32_PREV(name, gemm)                                                                   \
+    void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
+              size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
+    {                                                                                           \
+        gemm(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);                               \
+    }
+Q32_PREV(sp__q32_mxfp4_gemm_avx2_prev, mxfp4_gemm)
+Q32_PREV(sp__q32_q4_1_gemm_avx2_prev, q4_1_gemm)
+Q32_PREV(sp__q32_q5_0_gemm_avx2_prev, q5_0_gemm)
 
 void
 sp__q32_level_avx2(sp_q32_level_t *l)
@@ -31,8 +33,8 @@ sp__q32_level_avx2(sp_q32_level_t *l)
     l->vec_dot[SP_TYPE_Q5_1] = q5_1_vec_dot;
     l->vec_dot[SP_TYPE_IQ4_NL] = iq4_nl_vec_dot;
     l->vec_dot[SP_TYPE_MXFP4] = mxfp4_vec_dot;
-    l->gemm[SP_TYPE_Q4_1] = q4_1_gemm;
-    l->gemm[SP_TYPE_Q5_0] = q5_0_gemm;
+    l->gemm[SP_TYPE_Q4_1] = sp__q32_q4_1_gemm_avx2_panel;
+    l->gemm[SP_TYPE_Q5_0] = sp__q32_q5_0_gemm_avx2_panel;
     l->gemm[SP_TYPE_Q5_1] = q5_1_gemm;
     l->gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
     l->gemm[SP_TYPE_MXFP4] = sp__q32_mxfp4_gemm_avx2_panel;

@@ -35,7 +35,46 @@
 #define PN_TC 32        /* tokens per chunk: their accumulators (8 KiB) stay in L1 */
 #define PN_SCRATCH 4096 /* (token, block) entries of the per-chunk sums and scales */
 #define PN_MIN_TOK 4    /* fewer tokens: the row tiles (decode keeps its streaming kernel) */
-#define PN_OFFSET 12    /* |w| <= 12 on the doubled E2M1 grid */
+
+/* weight kinds (compile-time constants after inlining) */
+enum { PN_MXFP4, PN_Q4_1, PN_Q5_0 };
+
+/* The unsigned offset of a kind's values: u = w + offset, isum = sum(u x) - offset sum(x).
+ * MXFP4: |w| <= 12 on the doubled E2M1 grid; Q5_0: w = q - 16, u = q (0..31); Q4_1: w = q. */
+PN_INLINE int
+pn_offset(int kind)
+{
+    return kind == PN_MXFP4 ? 12 : kind == PN_Q5_0 ? 16 : 0;
+}
+
+PN_INLINE size_t
+pn_wbytes(int kind)
+{
+    return kind == PN_MXFP4 ? sizeof(sp_block_mxfp4)
+           : kind == PN_Q4_1 ? sizeof(sp_block_q4_1)
+                             : sizeof(sp_block_q5_0);
+}
+
+PN_INLINE size_t
+pn_qs_off(int kind)
+{
+    return kind == PN_MXFP4 ? offsetof(sp_block_mxfp4, qs)
+           : kind == PN_Q4_1 ? offsetof(sp_block_q4_1, qs)
+                             : offsetof(sp_block_q5_0, qs);
+}
+
+/* Q4_1 pairs with Q8_1 activations (d, s, qs), the others with Q8_0 (d, qs) */
+PN_INLINE size_t
+pn_xbytes(int kind)
+{
+    return kind == PN_Q4_1 ? sizeof(sp_block_q8_1) : sizeof(sp_block_q8_0);
+}
+
+PN_INLINE size_t
+pn_xqs_off(int kind)
+{
+    return kind == PN_Q4_1 ? offsetof(sp_block_q8_1, qs) : offsetof(sp_block_q8_0, qs);
+}
 
 PN_INLINE __m256i
 pn_bcast8(const int8_t *p)
@@ -45,10 +84,31 @@ pn_bcast8(const int8_t *p)
     return _mm256_set1_epi64x(v);
 }
 
-/* e8m0_half of the exponent bytes of 8 rows (lane r = row r), as q32_x86.h's q32_wscale8 */
-PN_INLINE __m256
-pn_wscale(const uint8_t *w, size_t ws)
+PN_INLINE float
+pn_half(const uint8_t *p)
 {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+/* The halves at p, p + ws, ..., p + 7 ws as floats (lane r = row r; exact). */
+PN_INLINE __m256
+pn_halves(const uint8_t *p, size_t ws)
+{
+    uint16_t h[PN_ROWS];
+    for (int r = 0; r < PN_ROWS; r++)
+        memcpy(&h[r], p + (size_t)r * ws, sizeof h[r]);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* The weight scale of 8 rows (lane r = row r): e8m0_half(e) as q32_x86.h's q32_wscale8 for
+ * MXFP4, the fp16 d otherwise. */
+PN_INLINE __m256
+pn_wscale(int kind, const uint8_t *w, size_t ws)
+{
+    if (kind != PN_MXFP4)
+        return pn_halves(w, ws); /* d at byte 0 of Q4_1 and Q5_0 */
     const __m256i e = _mm256_setr_epi32(w[0], w[ws], w[2 * ws], w[3 * ws], w[4 * ws], w[5 * ws],
                                         w[6 * ws], w[7 * ws]);
     const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
@@ -57,15 +117,31 @@ pn_wscale(const uint8_t *w, size_t ws)
     return _mm256_castsi256_ps(_mm256_blendv_epi8(den, norm, big));
 }
 
+/* Q5_0's fifth bits for one chunk half: byte j of 64-bit lane l gets bit j of byte sel of the
+ * qh word of the lane's row (qv: the 8 rows' qh words, rows 0..3 in the low 128-bit lane, 4..7
+ * in the high one), as 0x10 or 0. */
+PN_INLINE __m256i
+pn_q5_bits(__m256i qv, int b0, int b1)
+{
+    const __m256i sel = _mm256_setr_epi64x((int64_t)0x0101010101010101ll * b0,
+                                           (int64_t)0x0101010101010101ll * b1,
+                                           (int64_t)0x0101010101010101ll * b0,
+                                           (int64_t)0x0101010101010101ll * b1);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(qv, sel), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), _mm256_set1_epi8(0x10));
+}
+
 /*
  * One panel (8 rows from w, ws bytes apart) x nt tokens (x, xs bytes apart), all nb blocks.
- * corr[t * nb + b] = 12 * sum of token t's block b quants, xd[t * nb + b] = its scale. Writes
- * y[t * ldy + 0..7].
+ * Per (token, block) entry e = t * nb + b: corr[e] = offset * the block's sum of quants, xd[e]
+ * its scale, xs_[e] (Q4_1) the Q8_1 block's s. Writes y[t * ldy + 0..7].
  */
-static void
-pn_panel(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, int nt,
-         const int32_t *corr, const float *xd, float *y, int64_t ldy)
+PN_INLINE void
+pn_panel(int kind, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+         int nt, const int32_t *corr, const float *xd, const float *xsv, float *y, int64_t ldy)
 {
+    const size_t wbs = pn_wbytes(kind), xbs = pn_xbytes(kind);
     __m256 acc[PN_TC][SP_Q32_LANES];
     for (int t = 0; t < nt; t++)
         for (int l = 0; l < SP_Q32_LANES; l++)
@@ -74,54 +150,75 @@ pn_panel(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, i
     const __m256i ones = _mm256_set1_epi16(1);
     int8_t ut[16];
     for (int i = 0; i < 16; i++)
-        ut[i] = (int8_t)(sp__kvalues_mxfp4[i] + PN_OFFSET);
+        ut[i] = (int8_t)(sp__kvalues_mxfp4[i] + pn_offset(PN_MXFP4));
     const __m128i lut128 = _mm_loadu_si128((const __m128i *)ut);
     const __m256i lut = _mm256_set_m128i(lut128, lut128);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * sizeof(sp_block_mxfp4);
+        const uint8_t *wb = w + (size_t)b * wbs;
         __m128i q[PN_ROWS];
 #pragma GCC unroll 8
         for (int r = 0; r < PN_ROWS; r++)
-            q[r] = _mm_loadu_si128(
-                (const __m128i *)(wb + (size_t)r * ws + offsetof(sp_block_mxfp4, qs)));
-        const __m256i ca = _mm256_set_m128i(_mm_unpacklo_epi64(q[4], q[5]),
-                                            _mm_unpacklo_epi64(q[0], q[1]));
-        const __m256i cb = _mm256_set_m128i(_mm_unpacklo_epi64(q[6], q[7]),
-                                            _mm_unpacklo_epi64(q[2], q[3]));
-        const __m256i cc = _mm256_set_m128i(_mm_unpackhi_epi64(q[4], q[5]),
-                                            _mm_unpackhi_epi64(q[0], q[1]));
-        const __m256i cd = _mm256_set_m128i(_mm_unpackhi_epi64(q[6], q[7]),
-                                            _mm_unpackhi_epi64(q[2], q[3]));
-        /* unsigned values: lo = elements j, hi = elements j + 16 */
-        const __m256i alo = _mm256_shuffle_epi8(lut, _mm256_and_si256(ca, m4));
-        const __m256i ahi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(ca, 4), m4));
-        const __m256i blo = _mm256_shuffle_epi8(lut, _mm256_and_si256(cb, m4));
-        const __m256i bhi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(cb, 4), m4));
-        const __m256i clo = _mm256_shuffle_epi8(lut, _mm256_and_si256(cc, m4));
-        const __m256i chi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(cc, 4), m4));
-        const __m256i dlo = _mm256_shuffle_epi8(lut, _mm256_and_si256(cd, m4));
-        const __m256i dhi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(cd, 4), m4));
-        const __m256 dw = pn_wscale(wb, ws);
+            q[r] = _mm_loadu_si128((const __m128i *)(wb + (size_t)r * ws + pn_qs_off(kind)));
+        /* chunk c of the 4, half h: u[2 c + h]; A = rows 0,1,4,5 bytes 0..7, B = rows 2,3,6,7
+         * bytes 0..7, C and D = the same rows, bytes 8..15; low nibbles are elements j (A, B)
+         * or 8 + j (C, D), high nibbles 16 more */
+        const __m256i ch[4] = {
+            _mm256_set_m128i(_mm_unpacklo_epi64(q[4], q[5]), _mm_unpacklo_epi64(q[0], q[1])),
+            _mm256_set_m128i(_mm_unpacklo_epi64(q[6], q[7]), _mm_unpacklo_epi64(q[2], q[3])),
+            _mm256_set_m128i(_mm_unpackhi_epi64(q[4], q[5]), _mm_unpackhi_epi64(q[0], q[1])),
+            _mm256_set_m128i(_mm_unpackhi_epi64(q[6], q[7]), _mm_unpackhi_epi64(q[2], q[3])),
+        };
+        __m256i u[8];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            u[2 * c] = _mm256_and_si256(ch[c], m4);
+            u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(ch[c], 4), m4);
+        }
+        if (kind == PN_MXFP4) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                u[i] = _mm256_shuffle_epi8(lut, u[i]);
+        } else if (kind == PN_Q5_0) {
+            uint32_t qh[PN_ROWS];
+            for (int r = 0; r < PN_ROWS; r++)
+                memcpy(&qh[r], wb + (size_t)r * ws + offsetof(sp_block_q5_0, qh), 4);
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)qh);
+            /* qh byte k of row r sits at byte 4 (r % 4) + k of its 128-bit lane; elements
+             * 0..7 / 8..15 / 16..23 / 24..31 are qh bytes 0 / 1 / 2 / 3 */
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const int row0 = c % 2 ? 8 : 0, k0 = c / 2; /* B, D: rows 2, 3 (6, 7) */
+                u[2 * c] = _mm256_or_si256(u[2 * c], pn_q5_bits(qv, row0 + k0, row0 + 4 + k0));
+                u[2 * c + 1] = _mm256_or_si256(u[2 * c + 1],
+                                               pn_q5_bits(qv, row0 + k0 + 2, row0 + 6 + k0));
+            }
+        }
+        const __m256 dw = pn_wscale(kind, wb, ws);
+        const __m256 mw = kind == PN_Q4_1 ? pn_halves(wb + offsetof(sp_block_q4_1, m), ws)
+                                          : _mm256_setzero_ps();
         const int lane = (int)(b % SP_Q32_LANES);
         for (int t = 0; t < nt; t++) {
-            const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
-                                                (size_t)b * sizeof(sp_block_q8_0) +
-                                                offsetof(sp_block_q8_0, qs));
+            const int8_t *xq =
+                (const int8_t *)(x + (size_t)t * xs + (size_t)b * xbs + pn_xqs_off(kind));
             const __m256i x0 = pn_bcast8(xq), x1 = pn_bcast8(xq + 8);
             const __m256i x2 = pn_bcast8(xq + 16), x3 = pn_bcast8(xq + 24);
             const __m256i sa = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(alo, x0), _mm256_maddubs_epi16(ahi, x2)),
-                _mm256_add_epi16(_mm256_maddubs_epi16(clo, x1), _mm256_maddubs_epi16(chi, x3)));
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[0], x0), _mm256_maddubs_epi16(u[1], x2)),
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[4], x1), _mm256_maddubs_epi16(u[5], x3)));
             const __m256i sb = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(blo, x0), _mm256_maddubs_epi16(bhi, x2)),
-                _mm256_add_epi16(_mm256_maddubs_epi16(dlo, x1), _mm256_maddubs_epi16(dhi, x3)));
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[2], x0), _mm256_maddubs_epi16(u[3], x2)),
+                _mm256_add_epi16(_mm256_maddubs_epi16(u[6], x1), _mm256_maddubs_epi16(u[7], x3)));
             /* lanes: rows 0..3 in the low half, 4..7 in the high half */
-            const __m256i h = _mm256_hadd_epi32(_mm256_madd_epi16(sa, ones),
-                                                _mm256_madd_epi16(sb, ones));
+            __m256i isum = _mm256_hadd_epi32(_mm256_madd_epi16(sa, ones),
+                                             _mm256_madd_epi16(sb, ones));
             const int64_t e = (int64_t)t * nb + b;
-            const __m256i isum = _mm256_sub_epi32(h, _mm256_set1_epi32(corr[e]));
+            if (pn_offset(kind) != 0)
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[e]));
+            /* q32_impl.h: MXFP4 d = x.d * w; the others d = w.d * x.d (the same product) */
             const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd[e]), dw);
-            const __m256 blk = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+            __m256 blk = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+            if (kind == PN_Q4_1)
+                blk = _mm256_add_ps(blk, _mm256_mul_ps(mw, _mm256_set1_ps(xsv[e])));
             acc[t][lane] = _mm256_add_ps(acc[t][lane], blk);
         }
     }
@@ -134,54 +231,70 @@ pn_panel(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, i
     }
 }
 
-/* 12 * sum(q) and the scale of every block of nt tokens (the panels' per-token inputs) */
-static void
-pn_token_sums(int64_t nb, const uint8_t *x, size_t xs, int nt, int32_t *corr, float *xd)
+/* offset * sum(q), the scale (and Q8_1's s) of every block of nt tokens: the panels'
+ * per-token inputs, computed once for all the panels of a chunk */
+PN_INLINE void
+pn_token_sums(int kind, int64_t nb, const uint8_t *x, size_t xs, int nt, int32_t *corr,
+              float *xd, float *xsv)
 {
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (int t = 0; t < nt; t++) {
         for (int64_t b = 0; b < nb; b++) {
-            const sp_block_q8_0 *blk =
-                (const sp_block_q8_0 *)(x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_0));
-            const __m256i v = _mm256_loadu_si256((const __m256i *)blk->qs);
+            const uint8_t *blk = x + (size_t)t * xs + (size_t)b * pn_xbytes(kind);
+            const int64_t e = (int64_t)t * nb + b;
+            xd[e] = pn_half(blk); /* d first in Q8_0 and Q8_1 */
+            if (kind == PN_Q4_1) {
+                xsv[e] = pn_half(blk + offsetof(sp_block_q8_1, s));
+                continue;
+            }
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + pn_xqs_off(kind)));
             const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
             __m128i f = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             f = _mm_add_epi32(f, _mm_shuffle_epi32(f, 0x4E));
             f = _mm_add_epi32(f, _mm_shuffle_epi32(f, 0xB1));
-            corr[(int64_t)t * nb + b] = PN_OFFSET * _mm_cvtsi128_si32(f);
-            xd[(int64_t)t * nb + b] = _cvtsh_ss(blk->d);
+            corr[e] = pn_offset(kind) * _mm_cvtsi128_si32(f);
         }
     }
 }
 
-void
-sp__q32_mxfp4_gemm_avx2_panel(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
-                              const void *x, size_t x_stride, int64_t n_tok, float *y,
-                              int64_t ldy)
+PN_INLINE void
+pn_gemm(int kind, sp_gemm_fn rows, int64_t n, const void *w, size_t w_stride, int64_t r0,
+        int64_t r1, const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
 {
     const int64_t nb = n / SP_QK32;
     const int64_t np = (r1 - r0) / PN_ROWS;
     if (n_tok < PN_MIN_TOK || np == 0 || nb == 0 || nb > PN_SCRATCH) {
-        sp__q32_mxfp4_gemm_avx2_prev(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        rows(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
         return;
     }
     int32_t corr[PN_SCRATCH];
-    float xd[PN_SCRATCH];
+    float xd[PN_SCRATCH], xsv[PN_SCRATCH];
     const int64_t tcap = PN_SCRATCH / nb;
     const int tc = (int)(tcap < PN_TC ? tcap : PN_TC);
     const uint8_t *wb = w, *xb = x;
     for (int64_t c0 = 0; c0 < n_tok; c0 += tc) {
         const int nt = n_tok - c0 < tc ? (int)(n_tok - c0) : tc;
         const uint8_t *xc = xb + (size_t)c0 * x_stride;
-        pn_token_sums(nb, xc, x_stride, nt, corr, xd);
+        pn_token_sums(kind, nb, xc, x_stride, nt, corr, xd, xsv);
         for (int64_t p = 0; p < np; p++) {
             const int64_t r = r0 + p * PN_ROWS;
-            pn_panel(nb, wb + (size_t)r * w_stride, w_stride, xc, x_stride, nt, corr, xd,
-                     y + c0 * ldy + r, ldy);
+            pn_panel(kind, nb, wb + (size_t)r * w_stride, w_stride, xc, x_stride, nt, corr, xd,
+                     xsv, y + c0 * ldy + r, ldy);
         }
     }
     const int64_t rp = r0 + np * PN_ROWS;
     if (rp < r1)
-        sp__q32_mxfp4_gemm_avx2_prev(n, w, w_stride, rp, r1, x, x_stride, n_tok, y, ldy);
+        rows(n, w, w_stride, rp, r1, x, x_stride, n_tok, y, ldy);
 }
+
+#define PN_DEFINE(name, kind, rows)                                                             \
+    void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
+              size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
+    {                                                                                           \
+        pn_gemm(kind, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);                \
+    }
+
+PN_DEFINE(sp__q32_mxfp4_gemm_avx2_panel, PN_MXFP4, sp__q32_mxfp4_gemm_avx2_prev)
+PN_DEFINE(sp__q32_q4_1_gemm_avx2_panel, PN_Q4_1, sp__q32_q4_1_gemm_avx2_prev)
+PN_DEFINE(sp__q32_q5_0_gemm_avx2_panel, PN_Q5_0, sp__q32_q5_0_gemm_avx2_prev)
