@@ -1,28 +1,32 @@
 /*
- * avx2_q32panel.c - AVX2 gemm of MXFP4 weights x Q8_0 activations (prefill and batched decode)
- * as row panels: 8 weight rows side by side, so that the exact block sums of the 8 rows come out
- * in the 8 int32 lanes of one register and the float work of a block (scale, convert, add) is one
- * vector operation for 8 rows. The row tiles of q32_x86.h instead fold each (row, token)'s 8
- * block sums with a horizontal-add tree; this layout needs one VPHADDD per 8 rows and block.
+ * avx2_q32panel.c - AVX2 gemm of MXFP4, Q5_0 (x Q8_0) and Q4_1 (x Q8_1) weights for prefill and
+ * batched decode, as row panels: 8 weight rows side by side, so that the exact block sums of the
+ * 8 rows come out in the 8 int32 lanes of one register and the float work of a block (scale,
+ * convert, add) is one vector operation for 8 rows. The row tiles of q32_x86.h instead fold each
+ * (row, token)'s 8 block sums with a horizontal-add tree; this layout needs one VPHADDD per 8
+ * rows and block.
  *
  * A panel block is unpacked once into registers and used for every token of a chunk: 8 rows'
  * 16 quant bytes are interleaved into four 32-byte chunks (A: rows 0,1,4,5 bytes 0..7; B: rows
  * 2,3,6,7 bytes 0..7; C and D: the same rows, bytes 8..15); the low nibbles of a chunk are
  * elements 0..7 (or 8..15) of its rows, the high nibbles elements 16..23 (or 24..31), and they
- * meet the token's activation bytes broadcast to the four 64-bit lanes. The E2M1 values are
- * made unsigned by an offset: u = w + 12 (0..24, w the doubled grid of q32_impl.h), and the
- * block sum is  sum(u * x) - 12 * sum(x),  sum(x) computed once per token and block. VPMADDUBSW
- * pair sums are then at most 2 * 24 * 128 = 6144, so the four products of one row group (A lo,
- * A hi, C lo, C hi) add in int16 (<= 24576 < 2^15) before one VPMADDWD: per 8 rows, token and
- * block, 8 VPMADDUBSW, 2 VPMADDWD and 1 VPHADDD, no sign operations.
+ * meet the token's activation bytes broadcast to the four 64-bit lanes. The weight values are
+ * made unsigned by an offset, u = w + off, and the block sum is  sum(u * x) - off * sum(x),
+ * sum(x) computed once per token and block: MXFP4 u = doubled E2M1 value + 12 (0..24, a table
+ * lookup), Q5_0 u = the stored 5-bit q (0..31, w = q - 16), Q4_1 u = q (0..15, no offset: its
+ * minimum meets the Q8_1 block's s in float). VPMADDUBSW pair sums are then at most
+ * 2 * 31 * 128 = 7936, so the four products of one row group (A lo, A hi, C lo, C hi) add in
+ * int16 (<= 31744 < 2^15) before one VPMADDWD: per 8 rows, token and block, 8 VPMADDUBSW,
+ * 2 VPMADDWD and 1 VPHADDD, no sign operations.
  *
  * Numerics: q32_impl.h's contract exactly. The block sum is the exact int32; then, lane-wise for
- * the 8 rows, d = fp16(x.d) * e8m0_half(w.e), blk = d * (float)isum, acc[i % 8] = acc[i % 8] +
- * blk in block order from +0, and the contract's lane tree at the end: the reference's bits for
- * any token count, chunking or row split (batch invariance). Rows past the last full panel, and
- * calls with fewer than PN_MIN_TOK tokens (decode), go to the row tiles (the same bits).
+ * the 8 rows, the contract's float terms (MXFP4 / Q5_0: d = x.d * w's scale, blk = d * isum;
+ * Q4_1: plus m * s), acc[i % 8] = acc[i % 8] + blk in block order from +0, and the contract's
+ * lane tree at the end: the reference's bits for any token count, chunking or row split (batch
+ * invariance). Rows past the last full panel, and calls with fewer tokens than pn_min_tok
+ * (decode), go to the row tiles (the same bits).
  *
- * Pure function, any thread, no heap; about 40 KiB of stack (per-token sums and scales of a
+ * Pure functions, any thread, no heap; about 56 KiB of stack (per-token sums and scales of a
  * token chunk, and its accumulators).
  */
 #include <immintrin.h>
@@ -34,10 +38,18 @@
 #define PN_ROWS 8
 #define PN_TC 32        /* tokens per chunk: their accumulators (8 KiB) stay in L1 */
 #define PN_SCRATCH 4096 /* (token, block) entries of the per-chunk sums and scales */
-#define PN_MIN_TOK 4    /* fewer tokens: the row tiles (decode keeps its streaming kernel) */
 
 /* weight kinds (compile-time constants after inlining) */
 enum { PN_MXFP4, PN_Q4_1, PN_Q5_0 };
+
+/* Fewer tokens than this go to the row tiles: the panel's unpacking (per block, for all
+ * tokens) pays from here on (bench/qgemm_shape_bench.c, K = 2048, on an AVX-512 Zen host at
+ * the AVX2 level; MXFP4's grid lookup is the dearest row-tile unpack, so it gains first). */
+PN_INLINE int
+pn_min_tok(int kind)
+{
+    return kind == PN_MXFP4 ? 2 : kind == PN_Q5_0 ? 5 : 6;
+}
 
 /* The unsigned offset of a kind's values: u = w + offset, isum = sum(u x) - offset sum(x).
  * MXFP4: |w| <= 12 on the doubled E2M1 grid; Q5_0: w = q - 16, u = q (0..31); Q4_1: w = q. */
@@ -264,7 +276,7 @@ pn_gemm(int kind, sp_gemm_fn rows, int64_t n, const void *w, size_t w_stride, in
 {
     const int64_t nb = n / SP_QK32;
     const int64_t np = (r1 - r0) / PN_ROWS;
-    if (n_tok < PN_MIN_TOK || np == 0 || nb == 0 || nb > PN_SCRATCH) {
+    if (n_tok < pn_min_tok(kind) || np == 0 || nb == 0 || nb > PN_SCRATCH) {
         rows(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
         return;
     }
