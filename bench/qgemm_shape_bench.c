@@ -44,6 +44,8 @@ prev_gemm(sp_type_t wt)
     switch (wt) {
     case SP_TYPE_Q2_K: return sp__q2k_gemm_avx2_prev;
     case SP_TYPE_IQ4_XS: return sp__iq4xs_gemm_avx2_prev;
+    case SP_TYPE_Q3_K: return sp__q3k_gemm_avx2_prev;
+    case SP_TYPE_Q5_K: return sp__q5k_gemm_avx2_prev;
     case SP_TYPE_MXFP4: return sp__q32_mxfp4_gemm_avx2_prev;
     case SP_TYPE_Q4_1: return sp__q32_q4_1_gemm_avx2_prev;
     case SP_TYPE_Q5_0: return sp__q32_q5_0_gemm_avx2_prev;

@@ -838,7 +838,7 @@ TEST(kquants2_element_positions)
     }
 }
 
-/* ---- the AVX2 panel gemms (Q2_K, IQ4_XS): 8-token tiles, token chunks that stay in L2 -------- */
+/* ---- the AVX2 panel gemms (Q2_K, Q3_K, Q5_K, IQ4_XS): 8-token tiles, token chunks that stay in L2 -------- */
 
 /*
  * Every batch size 1..33 and several row ranges: the gemm gives the reference's bits for every
@@ -862,8 +862,8 @@ TEST(kquants2_gemm_panels)
             f[i] = rng_gauss() * (t == 5 && i == 77 ? 30.0f : 1.0f);
         ASSERT(sp_quantize_row(SP_TYPE_Q8_K, f, x + (size_t)t * XS, NB * 256));
     }
-    static const sp_type_t pts[] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS};
-    for (size_t pi = 0; pi < 2; pi++) {
+    static const sp_type_t pts[] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS, SP_TYPE_Q3_K, SP_TYPE_Q5_K};
+    for (size_t pi = 0; pi < sizeof(pts) / sizeof(pts[0]); pi++) {
         const tdesc_t *td = NULL;
         for (int ti = 0; ti < NTYPES; ti++)
             if (types[ti].type == pts[pi])

@@ -435,6 +435,136 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
 }
 
 /*
+ * Q3_K panel: q3k_tile at 8 tokens (each super-block's quants and scales unpacked once for all
+ * of them), the +4 correction and the float finish of 4 tokens at a time in SSE lanes (lane t:
+ * d = y.d * x.d, blk = d * sumi, sumf = sumf + blk): the reference's bits.
+ */
+KQ2_INLINE void
+q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i four = _mm256_set1_epi8(4);
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t scu[16];
+        sp__q3k_unpack_scales(x[b].scales, scu);
+        const __m256i sc16 = _mm256_sub_epi16(
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scu)), _mm256_set1_epi16(32));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int k = 4 * h + j;
+                const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k)
+                                          : _mm256_srli_epi16(hm, k - 2);
+                const __m256i q = _mm256_or_si256(
+                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3),
+                    _mm256_and_si256(hb, four));
+                const __m256i sc = pair_scale(sch, j);
+#pragma GCC unroll 8
+                for (int t = 0; t < PANEL_TOK; t++)
+                    acc[t] = _mm256_add_epi32(acc[t],
+                                              dot_u(q, load_y(&y[t][b], 128 * h + 32 * j), sc));
+            }
+        }
+        const __m128 xd = _mm_set1_ps(_cvtsh_ss(x[b].d));
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const sp_block_q8_k *const *yg = y + 4 * g;
+            __m256i v[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) /* minus 4 * sum_g sc[g] * bsums[g] (the +4 offset) */
+                v[t] = _mm256_sub_epi32(
+                    acc[4 * g + t],
+                    _mm256_slli_epi32(
+                        _mm256_madd_epi16(sc16,
+                                          _mm256_loadu_si256((const __m256i *)yg[t][b].bsums)),
+                        2));
+            const __m128i sumi = hsum4_i32x8(v[0], v[1], v[2], v[3]);
+            const __m128 d = _mm_mul_ps(yd4(yg, b), xd);
+            sumf[g] = _mm_add_ps(sumf[g], _mm_mul_ps(d, _mm_cvtepi32_ps(sumi)));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
+/*
+ * Q5_K panel: q5k_tile at 8 tokens, with the float finish of 4 tokens at a time in SSE lanes
+ * (kquants2_impl.h's scale-and-min sequence lane-wise, as q2k_panel8): the reference's bits.
+ */
+KQ2_INLINE void
+q5k_panel8(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        uint64_t sc64, m64;
+        sp__q4k_unpack_scales_u64(x[b].scales, &sc64, &m64);
+        int32_t sc2[8] __attribute__((aligned(32)));
+        store_scale_pairs(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc64)), sc2);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[b].qh);
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const int j0 = 2 * h, j1 = 2 * h + 1;
+            const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0)
+                                       : _mm256_srli_epi16(qh, j0 - 4);
+            const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1)
+                                       : _mm256_srli_epi16(qh, j1 - 4);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                               _mm256_and_si256(h1, b4));
+            const __m256i s0 = bcast_scale(&sc2[j0]), s1 = bcast_scale(&sc2[j1]);
+#pragma GCC unroll 8
+            for (int t = 0; t < PANEL_TOK; t++)
+                acc[t] = _mm256_add_epi32(
+                    acc[t], _mm256_add_epi32(dot_u(q0, load_y(&y[t][b], 64 * h), s0),
+                                             dot_u(q1, load_y(&y[t][b], 64 * h + 32), s1)));
+        }
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
+        const __m128 xdd = load_d_dmin(&x[b].d);
+        const __m128 xd = _mm_shuffle_ps(xdd, xdd, 0x00), xm = _mm_shuffle_ps(xdd, xdd, 0x55);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const sp_block_q8_k *const *yg = y + 4 * g;
+            __m128i mm[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) { /* summs = sum_j m[j] * (bsums[2j] + bsums[2j+1]) */
+                const __m128i pairs =
+                    _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yg[t][b].bsums),
+                                   _mm_loadu_si128((const __m128i *)(yg[t][b].bsums + 8)));
+                mm[t] = _mm_madd_epi16(mins, pairs);
+            }
+            const __m128i summs =
+                _mm_hadd_epi32(_mm_hadd_epi32(mm[0], mm[1]), _mm_hadd_epi32(mm[2], mm[3]));
+            const __m128i sumi = hsum4_i32x8(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2],
+                                             acc[4 * g + 3]);
+            const __m128 ydv = yd4(yg, b);
+            const __m128 d = _mm_mul_ps(ydv, xd), dm = _mm_mul_ps(ydv, xm);
+            const __m128 a = _mm_mul_ps(d, _mm_cvtepi32_ps(sumi));
+            const __m128 c = _mm_mul_ps(dm, _mm_cvtepi32_ps(summs));
+            sumf[g] = _mm_add_ps(sumf[g], _mm_sub_ps(a, c));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
+/*
  * IQ4_XS panel: the row tile above at 8 tokens (its quants decoded once for all of them), with
  * the float finish of 4 tokens at a time in SSE lanes (lane t: d = y.d * x.d, blk = d * sumi,
  * sumf = sumf + blk): the reference's bits, and a quarter of the per-token horizontal sums.
@@ -581,12 +711,14 @@ iq4xs_panel8(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y
     }
 
 DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2_prev, q2k_tile, sp_block_q2_k, TILE_TOK)
-DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k, TILE_TOK)
-DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2_prev, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2_prev, q5k_tile, sp_block_q5_k, TILE_TOK)
 DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2_prev, iq4xs_tile, sp_block_iq4_xs,\
                IQ4_TILE_TOK)
 DEFINE_PANEL_GEMM(sp__q2k_gemm_avx2, q2k_panel8, q2k_tile, sp_block_q2_k, TILE_TOK)
 DEFINE_PANEL_GEMM(sp__iq4xs_gemm_avx2, iq4xs_panel8, iq4xs_tile, sp_block_iq4_xs, IQ4_TILE_TOK)
+DEFINE_PANEL_GEMM(sp__q3k_gemm_avx2, q3k_panel8, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_PANEL_GEMM(sp__q5k_gemm_avx2, q5k_panel8, q5k_tile, sp_block_q5_k, TILE_TOK)
 
 void
 sp__kquants2_register_avx2(sp_cpu_kernels_t *k)
