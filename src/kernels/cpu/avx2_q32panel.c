@@ -300,13 +300,34 @@ pn_gemm(int kind, sp_gemm_fn rows, int64_t n, const void *w, size_t w_stride, in
         rows(n, w, w_stride, rp, r1, x, x_stride, n_tok, y, ldy);
 }
 
-#define PN_DEFINE(name, kind, rows)                                                             \
+void
+sp__q32_panel_gemm_avx2(sp_type_t type, sp_gemm_fn rows, int64_t n, const void *w,
+                        size_t w_stride, int64_t r0, int64_t r1, const void *x, size_t x_stride,
+                        int64_t n_tok, float *y, int64_t ldy)
+{
+    switch (type) {
+    case SP_TYPE_MXFP4:
+        pn_gemm(PN_MXFP4, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        break;
+    case SP_TYPE_Q4_1:
+        pn_gemm(PN_Q4_1, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        break;
+    case SP_TYPE_Q5_0:
+        pn_gemm(PN_Q5_0, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        break;
+    default: /* no panel for this type: the row tiles do it all */
+        rows(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        break;
+    }
+}
+
+#define PN_DEFINE(name, type, rows)                                                             \
     void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
               size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
     {                                                                                           \
-        pn_gemm(kind, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);                \
+        sp__q32_panel_gemm_avx2(type, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy); \
     }
 
-PN_DEFINE(sp__q32_mxfp4_gemm_avx2_panel, PN_MXFP4, sp__q32_mxfp4_gemm_avx2_prev)
-PN_DEFINE(sp__q32_q4_1_gemm_avx2_panel, PN_Q4_1, sp__q32_q4_1_gemm_avx2_prev)
-PN_DEFINE(sp__q32_q5_0_gemm_avx2_panel, PN_Q5_0, sp__q32_q5_0_gemm_avx2_prev)
+PN_DEFINE(sp__q32_mxfp4_gemm_avx2_panel, SP_TYPE_MXFP4, sp__q32_mxfp4_gemm_avx2_prev)
+PN_DEFINE(sp__q32_q4_1_gemm_avx2_panel, SP_TYPE_Q4_1, sp__q32_q4_1_gemm_avx2_prev)
+PN_DEFINE(sp__q32_q5_0_gemm_avx2_panel, SP_TYPE_Q5_0, sp__q32_q5_0_gemm_avx2_prev)
