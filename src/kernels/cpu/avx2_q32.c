@@ -13,8 +13,9 @@ Q32_DEFINE(q5_1, Q32_Q5_1, Q32_AVX2)
 Q32_DEFINE(iq4_nl, Q32_IQ4_NL, Q32_AVX2)
 Q32_DEFINE(mxfp4, Q32_MXFP4, Q32_AVX2)
 
-/* The row-tile gemms of MXFP4, Q4_1 and Q5_0: the panel gemms' fallback (decode, rows past
- * the last panel) and the A/B bench's baseline. */
+/* The row-tile gemms of MXFP4, Q4_1 and Q5_0, exported: the panel gemms' fallback (decode,
+ * rows past the last panel) and the A/B bench's baseline. The table's gemm entries of these
+ * types are the panels, which avx2_q32panel.c registers over the row tiles (dispatch.c). */
 #define Q32_PREV(name, gemm)                                                                   \
     void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
               size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
@@ -33,11 +34,11 @@ sp__q32_level_avx2(sp_q32_level_t *l)
     l->vec_dot[SP_TYPE_Q5_1] = q5_1_vec_dot;
     l->vec_dot[SP_TYPE_IQ4_NL] = iq4_nl_vec_dot;
     l->vec_dot[SP_TYPE_MXFP4] = mxfp4_vec_dot;
-    l->gemm[SP_TYPE_Q4_1] = sp__q32_q4_1_gemm_avx2_panel;
-    l->gemm[SP_TYPE_Q5_0] = sp__q32_q5_0_gemm_avx2_panel;
+    l->gemm[SP_TYPE_Q4_1] = q4_1_gemm;
+    l->gemm[SP_TYPE_Q5_0] = q5_0_gemm;
     l->gemm[SP_TYPE_Q5_1] = q5_1_gemm;
     l->gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
-    l->gemm[SP_TYPE_MXFP4] = sp__q32_mxfp4_gemm_avx2_panel;
+    l->gemm[SP_TYPE_MXFP4] = mxfp4_gemm;
 }
 
 void

@@ -331,3 +331,11 @@ sp__q32_panel_gemm_avx2(sp_type_t type, sp_gemm_fn rows, int64_t n, const void *
 PN_DEFINE(sp__q32_mxfp4_gemm_avx2_panel, SP_TYPE_MXFP4, sp__q32_mxfp4_gemm_avx2_prev)
 PN_DEFINE(sp__q32_q4_1_gemm_avx2_panel, SP_TYPE_Q4_1, sp__q32_q4_1_gemm_avx2_prev)
 PN_DEFINE(sp__q32_q5_0_gemm_avx2_panel, SP_TYPE_Q5_0, sp__q32_q5_0_gemm_avx2_prev)
+
+void
+sp__q32_panels_register_avx2(sp_cpu_kernels_t *k)
+{
+    k->gemm[SP_TYPE_MXFP4] = sp__q32_mxfp4_gemm_avx2_panel;
+    k->gemm[SP_TYPE_Q4_1] = sp__q32_q4_1_gemm_avx2_panel;
+    k->gemm[SP_TYPE_Q5_0] = sp__q32_q5_0_gemm_avx2_panel;
+}
