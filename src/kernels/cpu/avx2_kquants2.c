@@ -16,6 +16,12 @@
  * pair takes the same instructions; the float finish is kquants2_impl.h's fixed sequence (in
  * SSE lanes, each lane one IEEE operation of the scalar sequence), which makes the result
  * bit-identical to the scalar reference.
+ *
+ * The gemm entries (prefill, batched decode) use 8-token panels of the same integer work
+ * (q2k_panel8 ... iq4xs_panel8, DEFINE_PANEL_GEMM): token chunks that stay in L2, the float
+ * finish of 4 tokens per SSE register, and for Q2_K the quants premultiplied by their scales;
+ * the row tiles above do vec_dot, calls under 8 tokens and the tails (docs/design-qkern.md). The
+ * previous row-tile gemms stay exported as sp__*_gemm_avx2_prev for the A/B bench.
  */
 #include <immintrin.h>
 
