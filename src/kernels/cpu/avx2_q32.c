@@ -4,7 +4,8 @@
  * Built with -mavx2 -mfma -mf16c and called only where the dispatcher found AVX2. The body is
  * q32_x86.h's (VPMADDUBSW + VPMADDWD per block); the results are the scalar reference's bits
  * (q32_impl.h's contract). The gemm entries of MXFP4, Q4_1 and Q5_0 are replaced by the row
- * panels of avx2_q32panel.c (dispatch.c); their row tiles here stay as the panels' fallback. Pure functions, any thread, no heap, a few hundred bytes of stack.
+ * panels of avx2_q32panel.c (dispatch.c); their row tiles here stay as the panels' fallback.
+ * Pure functions, any thread, no heap, a few hundred bytes of stack.
  */
 #include "kernels/cpu/q32_x86.h"
 
