@@ -838,7 +838,7 @@ TEST(kquants2_element_positions)
     }
 }
 
-/* ---- the AVX2 panel gemms (Q2_K, Q3_K, Q5_K, IQ4_XS): 8-token tiles, token chunks that stay in L2 -------- */
+/* ---- the AVX2 panel gemms (Q2_K, Q3_K, Q5_K, IQ4_XS): 8-token tiles, chunks that stay in L2 -- */
 
 /*
  * Every batch size 1..33 and several row ranges: the gemm gives the reference's bits for every
