@@ -274,6 +274,21 @@ q2k_panel8(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, fl
 
 /* ---- Q3_K: 2-bit quants + a high bit, 6-bit signed scale per 16 elements ----------------- */
 
+/* The 16 six-bit scales (sp__q3k_unpack_scales' arithmetic) built in general-purpose registers
+ * and moved into a vector: going through a byte array on the stack made the vector load wait
+ * for four narrower stores (a failed store-to-load forward), the largest cost of vec_dot. */
+KQ2_INLINE __m128i
+q3k_scales(const uint8_t packed[SP_K_SCALE_SIZE])
+{
+    uint32_t a[3];
+    memcpy(a, packed, sizeof(a));
+    const uint32_t o0 = (a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4);
+    const uint32_t o1 = (a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4);
+    const uint32_t o2 = ((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4);
+    const uint32_t o3 = ((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)o0, (int)o1, (int)o2, (int)o3);
+}
+
 KQ2_INLINE void
 q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int nt, float *out)
 {
@@ -281,10 +296,8 @@ q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int 
     const __m256i four = _mm256_set1_epi8(4);
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t scu[16];
-        sp__q3k_unpack_scales(x[b].scales, scu);
-        const __m256i sc16 = _mm256_sub_epi16(
-            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scu)), _mm256_set1_epi16(32));
+        const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
+                                              _mm256_set1_epi16(32));
         const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
         __m256i acc[TILE_TOK];
 #pragma GCC unroll 4
@@ -452,10 +465,8 @@ q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, fl
     const __m256i four = _mm256_set1_epi8(4);
     __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t scu[16];
-        sp__q3k_unpack_scales(x[b].scales, scu);
-        const __m256i sc16 = _mm256_sub_epi16(
-            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scu)), _mm256_set1_epi16(32));
+        const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
+                                              _mm256_set1_epi16(32));
         const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
         __m256i acc[PANEL_TOK];
 #pragma GCC unroll 8
