@@ -873,3 +873,128 @@ TEST(kquants2_element_positions)
         }
     }
 }
+
+/* ---- the AVX2 panel gemms (Q2_K, Q3_K, Q5_K, IQ4_XS): 8-token tiles, chunks that stay in L2 -- */
+
+/*
+ * Every batch size 1..33 and several row ranges: the gemm gives the reference's bits for every
+ * (row, token) and writes nothing else. The activations are laid out 40 KiB apart, so a token
+ * chunk holds only 8 tokens and the 33 tokens cross four chunk boundaries (the chunk loop, the
+ * 8-token panel and the 1..7-token tails all run). Random weight bytes (every quant pattern),
+ * 3 super-blocks.
+ */
+TEST(kquants2_gemm_panels)
+{
+    enum { NB = 3, R = 5, T = 33, LDY = R + 2, XS = 40 * 1024 };
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
+    uint8_t *x = malloc((size_t)T * XS);
+    ASSERT(x != NULL);
+    rng_seed(991);
+    for (int t = 0; t < T; t++) {
+        float f[NB * 256];
+        for (int i = 0; i < NB * 256; i++)
+            f[i] = rng_gauss() * (t == 5 && i == 77 ? 30.0f : 1.0f);
+        ASSERT(sp_quantize_row(SP_TYPE_Q8_K, f, x + (size_t)t * XS, NB * 256));
+    }
+    static const sp_type_t pts[] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS, SP_TYPE_Q3_K, SP_TYPE_Q5_K};
+    for (size_t pi = 0; pi < sizeof(pts) / sizeof(pts[0]); pi++) {
+        const tdesc_t *td = NULL;
+        for (int ti = 0; ti < NTYPES; ti++)
+            if (types[ti].type == pts[pi])
+                td = &types[ti];
+        ASSERT(td != NULL);
+        static uint8_t w[R][NB * MAXB];
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *blk = w[r] + b * td->bsize;
+                for (size_t i = 0; i < td->bsize; i++)
+                    blk[i] = (uint8_t)(rng_next() >> 56);
+                const sp_fp16_t d = sp_fp32_to_fp16((float)(0.001 + 0.01 * rng_uniform()));
+                memcpy(blk + td->d_off, &d, 2);
+                if (td->dmin_off)
+                    memcpy(blk + td->dmin_off, &d, 2);
+            }
+        /* the panel rows are w[r] packed NB blocks apart: w_stride = NB * bsize */
+        static uint8_t wp[R * NB * MAXB];
+        const size_t ws = NB * td->bsize;
+        for (int r = 0; r < R; r++)
+            memcpy(wp + r * ws, w[r], ws);
+        float want[T][R];
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++)
+                td->ref(NB * 256, &want[t][r], wp + r * ws, x + (size_t)t * XS);
+        for (int r0 = 0; r0 <= 1; r0++)
+            for (int r1 = r0 + 1; r1 <= R; r1 += 2)
+                for (int nt = 1; nt <= T; nt++) {
+                    float y[T * LDY];
+                    for (int i = 0; i < T * LDY; i++)
+                        y[i] = -999.0f;
+                    k->gemm[td->type](NB * 256, wp, ws, r0, r1, x, XS, nt, y, LDY);
+                    for (int t = 0; t < T; t++)
+                        for (int r = 0; r < LDY; r++) {
+                            if (t < nt && r >= r0 && r < r1)
+                                ASSERT_BITS_EQ(y[t * LDY + r], want[t][r]);
+                            else
+                                ASSERT_FEQ(y[t * LDY + r], -999.0f);
+                        }
+                }
+    }
+    free(x);
+}
+
+/*
+ * The panels' int16 sums at their limits: Q2_K with every quant 3 and every scale 15 (q * sc =
+ * 45, two pair sums of 2 * 45 * 127 added in int16: 22860), IQ4_XS at -127 and 113 with the
+ * largest scales, against activations of +-127 in 9 tokens (one panel and one token of tail):
+ * the reference's bits, which kquants2_extreme_values ties to the exact value.
+ */
+TEST(kquants2_gemm_panel_extremes)
+{
+    enum { T = 9 };
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
+    sp_block_q2_k q2;
+    sp_block_iq4_xs iq;
+    int q[256], sc[16], m[16], idx[256], ls[8];
+    for (int e = 0; e < 256; e++) {
+        q[e] = 3;
+        idx[e] = e & 1 ? 15 : 0;
+    }
+    for (int g = 0; g < 16; g++) {
+        sc[g] = 15;
+        m[g] = g & 1 ? 15 : 0;
+    }
+    for (int j = 0; j < 8; j++)
+        ls[j] = j & 1 ? 63 : 0;
+    pack_q2k(&q2, q, sc, m);
+    pack_iq4xs(&iq, idx, ls);
+    q2.d = q2.dmin = iq.d = FP16_ONE;
+    sp_block_q8_k x[T];
+    for (int t = 0; t < T; t++) {
+        x[t].d = 1.0f;
+        for (int i = 0; i < 256; i++) {
+            const int sign = t % 3 == 0 ? 1 : t % 3 == 1 ? -1 : (i & 1 ? 1 : -1);
+            x[t].qs[i] = (int8_t)(127 * sign * ((i % 5 == 4 && t >= 6) ? -1 : 1));
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += x[t].qs[16 * g + i];
+            x[t].bsums[g] = (int16_t)s;
+        }
+    }
+    const void *ws[2] = {&q2, &iq};
+    const sp_type_t wt[2] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS};
+    for (int i = 0; i < 2; i++) {
+        float y[T];
+        k->gemm[wt[i]](256, ws[i], 0, 0, 1, x, sizeof(x[0]), T, y, 1);
+        for (int t = 0; t < T; t++) {
+            float ref;
+            sp_cpu_kernels_ref()->vec_dot[wt[i]](256, &ref, ws[i], &x[t]);
+            ASSERT_BITS_EQ(y[t], ref);
+        }
+    }
+}

@@ -861,3 +861,119 @@ TEST(q32_gemm_tiles)
         }
     }
 }
+
+/*
+ * The AVX2 MXFP4 row panels (avx2_q32panel.c) at their integer limits: 8 + 1 rows of every
+ * quant at +-12 (the unsigned offset form 24 and 0) or a mix, against 6 tokens of activations
+ * +-127, mixed signs, and -128 (outside the quantizer's range, inside the panel's int16 bound:
+ * four pair sums of 2 * 24 * 128): the gemm gives the reference's bits, and the reference the
+ * exact value (powers-of-two scales).
+ */
+TEST(q32_mxfp4_panel_extremes)
+{
+    enum { NB = 10, R = 9, T = 6 };
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 MXFP4 panels not tested");
+    static sp_block_mxfp4 w[R][NB];
+    static const uint8_t pat[4] = {0x77, 0xff, 0x7f, 0x08}; /* +12 +12, -12 -12, -12 +12, -0 0 */
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            w[r][b].e = (uint8_t)(126 + (r + b) % 3); /* half scales 1/4, 1/2, 1 */
+            memset(w[r][b].qs, pat[(r + b) % 4], sizeof(w[r][b].qs));
+        }
+    static sp_block_q8_0 x[T][NB];
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x[t][b].d = FP16_ONE;
+            for (int j = 0; j < 32; j++) {
+                const int v = t == 0 ? 127 : t == 1 ? -127 : t == 2 ? -128
+                              : t == 3 ? (j & 1 ? 127 : -127) : (j % 3 ? -127 : 127);
+                x[t][b].qs[j] = (int8_t)v;
+            }
+        }
+    float y[T][R];
+    k->gemm[SP_TYPE_MXFP4](32 * NB, w, sizeof(w[0]), 0, R, x, sizeof(x[0]), T, &y[0][0], R);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            if (t == 2 && r == 8)
+                continue; /* the leftover row goes to the row tiles, whose sign trick needs
+                           * |x| <= 127 (what the quantizer writes) */
+            float ref;
+            sp_cpu_kernels_ref()->vec_dot[SP_TYPE_MXFP4](32 * NB, &ref, w[r], x[t]);
+            if (memcmp(&y[t][r], &ref, sizeof ref) != 0)
+                SP_TEST_FAIL("token %d row %d: %.9g != reference %.9g", t, r, (double)y[t][r],
+                             (double)ref);
+            double want = 0;
+            for (int b = 0; b < NB; b++) {
+                const double half = (double)(1 << ((r + b) % 3)) / 4.0;
+                for (int j = 0; j < 32; j++) {
+                    const uint8_t byte = w[r][b].qs[j % 16];
+                    const int nib = j < 16 ? byte & 0xf : byte >> 4;
+                    want += half * sp__kvalues_mxfp4[nib] * x[t][b].qs[j];
+                }
+            }
+            ASSERT_NEAR(ref, want, 0.0);
+        }
+}
+
+/*
+ * The Q5_0 and Q4_1 row panels at their int16 limits: Q5_0 quants of 31 (fifth bit set, the
+ * panel's unsigned value 31) and 0, Q4_1 quants of 15, against activations of +-127 and -128
+ * (four pair sums of 2 * 31 * 128 = 31744 < 2^15): the reference's bits. 9 rows (one panel
+ * and a leftover row, which the -128 token skips: the row tiles need |x| <= 127).
+ */
+TEST(q32_panel_extremes_q5_0_q4_1)
+{
+    enum { NB = 10, R = 9, T = 6 };
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 Q5_0 / Q4_1 panels not tested");
+    static sp_block_q5_0 w5[R][NB];
+    static sp_block_q4_1 w4[R][NB];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            const int hi = (r + b) % 3 != 0; /* all 31 (or 15), else all 0 */
+            w5[r][b].d = FP16_ONE;
+            memset(w5[r][b].qs, hi ? 0xff : 0x00, sizeof(w5[r][b].qs));
+            memset(w5[r][b].qh, hi ? 0xff : 0x00, sizeof(w5[r][b].qh));
+            w4[r][b].d = FP16_ONE;
+            w4[r][b].m = FP16_HALF;
+            memset(w4[r][b].qs, (r + b) % 2 ? 0xff : 0xf0, sizeof(w4[r][b].qs));
+        }
+    static sp_block_q8_0 x0[T][NB];
+    static sp_block_q8_1 x1[T][NB];
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x0[t][b].d = x1[t][b].d = FP16_ONE;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                const int v = t == 0 ? 127 : t == 1 ? -127 : t == 2 ? -128
+                              : t == 3 ? (j & 1 ? 127 : -127) : (j % 3 ? -127 : 127);
+                x0[t][b].qs[j] = x1[t][b].qs[j] = (int8_t)v;
+                sum += v;
+            }
+            x1[t][b].s = sp_fp32_to_fp16((float)sum);
+        }
+    const sp_type_t wt[2] = {SP_TYPE_Q5_0, SP_TYPE_Q4_1};
+    const void *ws[2] = {w5, w4};
+    const size_t wrow[2] = {sizeof(w5[0]), sizeof(w4[0])};
+    const void *xs[2] = {x0, x1};
+    const size_t xrow[2] = {sizeof(x0[0]), sizeof(x1[0])};
+    for (int i = 0; i < 2; i++) {
+        float y[T][R];
+        k->gemm[wt[i]](32 * NB, ws[i], wrow[i], 0, R, xs[i], xrow[i], T, &y[0][0], R);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) {
+                if (t == 2 && r == 8)
+                    continue;
+                float ref;
+                sp_cpu_kernels_ref()->vec_dot[wt[i]](
+                    32 * NB, &ref, (const char *)ws[i] + (size_t)r * wrow[i],
+                    (const char *)xs[i] + (size_t)t * xrow[i]);
+                if (memcmp(&y[t][r], &ref, sizeof ref) != 0)
+                    SP_TEST_FAIL("%s token %d row %d: %.9g != reference %.9g",
+                                 sp_type_name(wt[i]), t, r, (double)y[t][r], (double)ref);
+            }
+    }
+}

@@ -16,6 +16,12 @@
  * pair takes the same instructions; the float finish is kquants2_impl.h's fixed sequence (in
  * SSE lanes, each lane one IEEE operation of the scalar sequence), which makes the result
  * bit-identical to the scalar reference.
+ *
+ * The gemm entries (prefill, batched decode) use 8-token panels of the same integer work
+ * (q2k_panel8 ... iq4xs_panel8, DEFINE_PANEL_GEMM): token chunks that stay in L2, the float
+ * finish of 4 tokens per SSE register, and for Q2_K the quants premultiplied by their scales;
+ * the row tiles above do vec_dot, calls under 8 tokens and the tails (docs/design-qkern.md). The
+ * previous row-tile gemms stay exported as sp__*_gemm_avx2_prev for the A/B bench.
  */
 #include <immintrin.h>
 
@@ -171,7 +177,117 @@ q2k_tile(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, int 
         out[t] = sumf[t];
 }
 
+/* ---- gemm token tiles: the float finish of 4 tokens in the 4 lanes of an SSE register ------ */
+
+/* Lane t of the result = the sum of the 8 int32 lanes of a[t] (exact). */
+KQ2_INLINE __m128i
+hsum4_i32x8(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return fold_i32x8(h);
+}
+
+/* The Q8_K scales of 4 tokens' super-block b, lane t = token t. */
+KQ2_INLINE __m128
+yd4(const sp_block_q8_k *const *y, int64_t b)
+{
+    return _mm_setr_ps(y[0][b].d, y[1][b].d, y[2][b].d, y[3][b].d);
+}
+
+/* Tokens of one gemm tile (the panel kernels below), and the activation bytes a token chunk
+ * may take so that it stays in L2 while every row of a work item sweeps it. */
+#define PANEL_TOK 8
+#define PANEL_X_CHUNK_BYTES (192 * 1024)
+
+/* ---- Q2_K panel gemm ---------------------------------------------------------------------- */
+
+/*
+ * One Q2_K row x 8 tokens. A super-block's quants are unpacked once for the 8 tokens and
+ * multiplied by their 4-bit scale right away: q * sc <= 3 * 15 = 45 fits a byte, and one
+ * VPMULLW does it, the scale being the same for both bytes of a word (elements 2i, 2i+1 of one
+ * 16-element group) and neither byte product carrying into the other. Per token, two such
+ * 32-element vectors meet the activations in VPMADDUBSW (pair sums <= 2 * 45 * 127 = 11430),
+ * add in int16 (<= 22860 < 2^15) and widen with one VPMADDWD by 1: three multiplies per 64
+ * products where the row kernel spends four. The integer sums are the reference's (exact), and
+ * the float finish is kquants2_impl.h's sequence with four tokens in the four lanes of an SSE
+ * register (d = y.d * x.d, dm = y.d * x.dmin, a = d * sumi, c = dm * summs, blk = a - c,
+ * sumf = sumf + blk, each lane one IEEE operation): the reference's bits, whatever the batch.
+ */
+KQ2_INLINE void
+q2k_panel8(int64_t nb, const sp_block_q2_k *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+#pragma GCC unroll 2
+            for (int j = 0; j < 4; j += 2) {
+                const __m256i q0 = _mm256_mullo_epi16(
+                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3), pair_scale(sch, j));
+                const __m256i q1 = _mm256_mullo_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(v, 2 * j + 2), m3), pair_scale(sch, j + 1));
+#pragma GCC unroll 8
+                for (int t = 0; t < PANEL_TOK; t++) {
+                    const __m256i p = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(q0, load_y(&y[t][b], 128 * h + 32 * j)),
+                        _mm256_maddubs_epi16(q1, load_y(&y[t][b], 128 * h + 32 * j + 32)));
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        const __m128 xdd = load_d_dmin(&x[b].d);
+        const __m128 xd = _mm_shuffle_ps(xdd, xdd, 0x00), xm = _mm_shuffle_ps(xdd, xdd, 0x55);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const sp_block_q8_k *const *yg = y + 4 * g;
+            __m256i mm[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) /* summs = sum_g m[g] * bsums[g] */
+                mm[t] = _mm256_madd_epi16(
+                    mn16, _mm256_loadu_si256((const __m256i *)yg[t][b].bsums));
+            const __m128i sumi = hsum4_i32x8(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2],
+                                             acc[4 * g + 3]);
+            const __m128i summs = hsum4_i32x8(mm[0], mm[1], mm[2], mm[3]);
+            const __m128 ydv = yd4(yg, b);
+            const __m128 d = _mm_mul_ps(ydv, xd), dm = _mm_mul_ps(ydv, xm);
+            const __m128 a = _mm_mul_ps(d, _mm_cvtepi32_ps(sumi));
+            const __m128 c = _mm_mul_ps(dm, _mm_cvtepi32_ps(summs));
+            sumf[g] = _mm_add_ps(sumf[g], _mm_sub_ps(a, c));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
 /* ---- Q3_K: 2-bit quants + a high bit, 6-bit signed scale per 16 elements ----------------- */
+
+/* The 16 six-bit scales (sp__q3k_unpack_scales' arithmetic) built in general-purpose registers
+ * and moved into a vector: going through a byte array on the stack made the vector load wait
+ * for four narrower stores (a failed store-to-load forward), the largest cost of vec_dot. */
+KQ2_INLINE __m128i
+q3k_scales(const uint8_t packed[SP_K_SCALE_SIZE])
+{
+    uint32_t a[3];
+    memcpy(a, packed, sizeof(a));
+    const uint32_t o0 = (a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4);
+    const uint32_t o1 = (a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4);
+    const uint32_t o2 = ((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4);
+    const uint32_t o3 = ((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)o0, (int)o1, (int)o2, (int)o3);
+}
 
 KQ2_INLINE void
 q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int nt, float *out)
@@ -180,10 +296,8 @@ q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int 
     const __m256i four = _mm256_set1_epi8(4);
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t scu[16];
-        sp__q3k_unpack_scales(x[b].scales, scu);
-        const __m256i sc16 = _mm256_sub_epi16(
-            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)scu)), _mm256_set1_epi16(32));
+        const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
+                                              _mm256_set1_epi16(32));
         const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
         __m256i acc[TILE_TOK];
 #pragma GCC unroll 4
@@ -339,6 +453,193 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         out[t] = sumf[t];
 }
 
+/*
+ * Q3_K panel: q3k_tile at 8 tokens (each super-block's quants and scales unpacked once for all
+ * of them), the +4 correction and the float finish of 4 tokens at a time in SSE lanes (lane t:
+ * d = y.d * x.d, blk = d * sumi, sumf = sumf + blk): the reference's bits.
+ */
+KQ2_INLINE void
+q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i four = _mm256_set1_epi8(4);
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
+                                              _mm256_set1_epi16(32));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int k = 4 * h + j;
+                const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k)
+                                          : _mm256_srli_epi16(hm, k - 2);
+                const __m256i q = _mm256_or_si256(
+                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3),
+                    _mm256_and_si256(hb, four));
+                const __m256i sc = pair_scale(sch, j);
+#pragma GCC unroll 8
+                for (int t = 0; t < PANEL_TOK; t++)
+                    acc[t] = _mm256_add_epi32(acc[t],
+                                              dot_u(q, load_y(&y[t][b], 128 * h + 32 * j), sc));
+            }
+        }
+        const __m128 xd = _mm_set1_ps(_cvtsh_ss(x[b].d));
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const sp_block_q8_k *const *yg = y + 4 * g;
+            __m256i v[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) /* minus 4 * sum_g sc[g] * bsums[g] (the +4 offset) */
+                v[t] = _mm256_sub_epi32(
+                    acc[4 * g + t],
+                    _mm256_slli_epi32(
+                        _mm256_madd_epi16(sc16,
+                                          _mm256_loadu_si256((const __m256i *)yg[t][b].bsums)),
+                        2));
+            const __m128i sumi = hsum4_i32x8(v[0], v[1], v[2], v[3]);
+            const __m128 d = _mm_mul_ps(yd4(yg, b), xd);
+            sumf[g] = _mm_add_ps(sumf[g], _mm_mul_ps(d, _mm_cvtepi32_ps(sumi)));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
+/*
+ * Q5_K panel: q5k_tile at 8 tokens, with the float finish of 4 tokens at a time in SSE lanes
+ * (kquants2_impl.h's scale-and-min sequence lane-wise, as q2k_panel8): the reference's bits.
+ */
+KQ2_INLINE void
+q5k_panel8(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        uint64_t sc64, m64;
+        sp__q4k_unpack_scales_u64(x[b].scales, &sc64, &m64);
+        int32_t sc2[8] __attribute__((aligned(32)));
+        store_scale_pairs(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc64)), sc2);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[b].qh);
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            const int j0 = 2 * h, j1 = 2 * h + 1;
+            const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0)
+                                       : _mm256_srli_epi16(qh, j0 - 4);
+            const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1)
+                                       : _mm256_srli_epi16(qh, j1 - 4);
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                               _mm256_and_si256(h1, b4));
+            const __m256i s0 = bcast_scale(&sc2[j0]), s1 = bcast_scale(&sc2[j1]);
+#pragma GCC unroll 8
+            for (int t = 0; t < PANEL_TOK; t++)
+                acc[t] = _mm256_add_epi32(
+                    acc[t], _mm256_add_epi32(dot_u(q0, load_y(&y[t][b], 64 * h), s0),
+                                             dot_u(q1, load_y(&y[t][b], 64 * h + 32), s1)));
+        }
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64));
+        const __m128 xdd = load_d_dmin(&x[b].d);
+        const __m128 xd = _mm_shuffle_ps(xdd, xdd, 0x00), xm = _mm_shuffle_ps(xdd, xdd, 0x55);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const sp_block_q8_k *const *yg = y + 4 * g;
+            __m128i mm[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) { /* summs = sum_j m[j] * (bsums[2j] + bsums[2j+1]) */
+                const __m128i pairs =
+                    _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yg[t][b].bsums),
+                                   _mm_loadu_si128((const __m128i *)(yg[t][b].bsums + 8)));
+                mm[t] = _mm_madd_epi16(mins, pairs);
+            }
+            const __m128i summs =
+                _mm_hadd_epi32(_mm_hadd_epi32(mm[0], mm[1]), _mm_hadd_epi32(mm[2], mm[3]));
+            const __m128i sumi = hsum4_i32x8(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2],
+                                             acc[4 * g + 3]);
+            const __m128 ydv = yd4(yg, b);
+            const __m128 d = _mm_mul_ps(ydv, xd), dm = _mm_mul_ps(ydv, xm);
+            const __m128 a = _mm_mul_ps(d, _mm_cvtepi32_ps(sumi));
+            const __m128 c = _mm_mul_ps(dm, _mm_cvtepi32_ps(summs));
+            sumf[g] = _mm_add_ps(sumf[g], _mm_sub_ps(a, c));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
+/*
+ * IQ4_XS panel: the row tile above at 8 tokens (its quants decoded once for all of them), with
+ * the float finish of 4 tokens at a time in SSE lanes (lane t: d = y.d * x.d, blk = d * sumi,
+ * sumf = sumf + blk): the reference's bits, and a quarter of the per-token horizontal sums.
+ */
+KQ2_INLINE void
+iq4xs_panel8(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i nib_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
+    __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        /* the scales as in iq4xs_tile */
+        uint32_t l4;
+        memcpy(&l4, x[b].scales_l, sizeof(l4));
+        uint64_t lo = l4, hi = x[b].scales_h;
+        lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+        lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+        lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+        hi = (hi | hi << 24) & 0x000000FF000000FFull;
+        hi = (hi | hi << 12) & 0x000F000F000F000Full;
+        hi = (hi | hi << 6) & 0x0303030303030303ull;
+        const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
+        int32_t sc2[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)sc2,
+                           _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
+                                            _mm256_set1_epi16(32)));
+        __asm__("" : "+m"(sc2));
+        __m256i acc[PANEL_TOK];
+#pragma GCC unroll 8
+        for (int t = 0; t < PANEL_TOK; t++)
+            acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i v =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x[b].qs + 16 * k)));
+            const __m256i q =
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi32(v, nib_shift), m4));
+            const __m256i aq = _mm256_abs_epi8(q);
+            const __m256i s = bcast_scale(&sc2[k]);
+#pragma GCC unroll 8
+            for (int t = 0; t < PANEL_TOK; t++)
+                acc[t] = _mm256_add_epi32(acc[t], dot_s(aq, q, load_y(&y[t][b], 32 * k), s));
+        }
+        const __m128 xd = _mm_set1_ps(_cvtsh_ss(x[b].d));
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const __m128i sumi = hsum4_i32x8(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2],
+                                             acc[4 * g + 3]);
+            const __m128 d = _mm_mul_ps(yd4(y + 4 * g, b), xd);
+            sumf[g] = _mm_add_ps(sumf[g], _mm_mul_ps(d, _mm_cvtepi32_ps(sumi)));
+        }
+    }
+    _mm_storeu_ps(out, sumf[0]);
+    _mm_storeu_ps(out + 4, sumf[1]);
+}
+
 /* Rows outer (one weight row stays in L1 while the tokens sweep it), tokens in tiles of TT
  * (TILE_TOK, IQ4_TILE_TOK for IQ4_XS); the tail tile uses a smaller NT of the same microkernel
  * (the `TT > n ? n : 1` cases only keep the 4-wide types from instantiating wider tiles). */
@@ -377,11 +678,64 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         }                                                                                       \
     }
 
-DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2, q2k_tile, sp_block_q2_k, TILE_TOK)
-DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2, q3k_tile, sp_block_q3_k, TILE_TOK)
-DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2, q5k_tile, sp_block_q5_k, TILE_TOK)
-DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2, iq4xs_tile, sp_block_iq4_xs,     \
+/*
+ * The panel gemms: tokens in chunks whose activations stay in L2 (PANEL_X_CHUNK_BYTES), every
+ * row of [r0, r1) swept over a chunk before the next (so the activations are read from L2, not
+ * from memory, once per row), full tiles of PANEL_TOK tokens through the panel kernel and the
+ * chunk's last few tokens through the row tile (same bits: both are the reference's).
+ */
+#define DEFINE_PANEL_GEMM(gemm, panel, tile, wblock, TT)                                        \
+    void gemm(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
+              size_t x_stride, int64_t n_tok, float *y, int64_t ldy)                            \
+    {                                                                                           \
+        const int64_t nb = n / SP_QK_K;                                                         \
+        int64_t tc = (int64_t)(PANEL_X_CHUNK_BYTES / (x_stride ? x_stride : 1));                \
+        tc = tc < PANEL_TOK ? PANEL_TOK : tc / PANEL_TOK * PANEL_TOK;                           \
+        for (int64_t c0 = 0; c0 < n_tok; c0 += tc) {                                            \
+            const int64_t c1 = c0 + tc < n_tok ? c0 + tc : n_tok;                               \
+            for (int64_t r = r0; r < r1; r++) {                                                 \
+                const wblock *wr = (const wblock *)((const char *)w + (size_t)r * w_stride);    \
+                for (int64_t t0 = c0; t0 < c1;) {                                               \
+                    const sp_block_q8_k *yr[PANEL_TOK];                                         \
+                    float out[PANEL_TOK];                                                       \
+                    const int nt = c1 - t0 < PANEL_TOK ? (int)(c1 - t0) : PANEL_TOK;            \
+                    for (int t = 0; t < nt; t++)                                                \
+                        yr[t] = (const sp_block_q8_k *)((const char *)x +                       \
+                                                        (size_t)(t0 + t) * x_stride);           \
+                    if (nt == PANEL_TOK) {                                                      \
+                        panel(nb, wr, yr, out);                                                 \
+                        for (int t = 0; t < nt; t++)                                            \
+                            y[(t0 + t) * ldy + r] = out[t];                                     \
+                        t0 += PANEL_TOK;                                                        \
+                        continue;                                                               \
+                    }                                                                           \
+                    const int nr = nt < TT ? nt : TT;                                           \
+                    switch (nr) {                                                               \
+                    case 7: tile(nb, wr, yr, TT > 6 ? 7 : 1, out); break;                       \
+                    case 6: tile(nb, wr, yr, TT > 5 ? 6 : 1, out); break;                       \
+                    case 5: tile(nb, wr, yr, TT > 4 ? 5 : 1, out); break;                       \
+                    case 4: tile(nb, wr, yr, 4, out); break;                                    \
+                    case 3: tile(nb, wr, yr, 3, out); break;                                    \
+                    case 2: tile(nb, wr, yr, 2, out); break;                                    \
+                    default: tile(nb, wr, yr, 1, out); break;                                   \
+                    }                                                                           \
+                    for (int t = 0; t < nr; t++)                                                \
+                        y[(t0 + t) * ldy + r] = out[t];                                         \
+                    t0 += nr;                                                                   \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DEFINE_ENTRIES(sp__q2k_vec_dot_avx2, sp__q2k_gemm_avx2_prev, q2k_tile, sp_block_q2_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q3k_vec_dot_avx2, sp__q3k_gemm_avx2_prev, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_ENTRIES(sp__q5k_vec_dot_avx2, sp__q5k_gemm_avx2_prev, q5k_tile, sp_block_q5_k, TILE_TOK)
+DEFINE_ENTRIES(sp__iq4xs_vec_dot_avx2, sp__iq4xs_gemm_avx2_prev, iq4xs_tile, sp_block_iq4_xs,\
                IQ4_TILE_TOK)
+DEFINE_PANEL_GEMM(sp__q2k_gemm_avx2, q2k_panel8, q2k_tile, sp_block_q2_k, TILE_TOK)
+DEFINE_PANEL_GEMM(sp__iq4xs_gemm_avx2, iq4xs_panel8, iq4xs_tile, sp_block_iq4_xs, IQ4_TILE_TOK)
+DEFINE_PANEL_GEMM(sp__q3k_gemm_avx2, q3k_panel8, q3k_tile, sp_block_q3_k, TILE_TOK)
+DEFINE_PANEL_GEMM(sp__q5k_gemm_avx2, q5k_panel8, q5k_tile, sp_block_q5_k, TILE_TOK)
 
 void
 sp__kquants2_register_avx2(sp_cpu_kernels_t *k)

@@ -20,6 +20,23 @@ Q32_DEFINE(q5_1_vnni, Q32_Q5_1, Q32_AVX512_VNNI)
 Q32_DEFINE(iq4_nl_vnni, Q32_IQ4_NL, Q32_AVX512_VNNI)
 Q32_DEFINE(mxfp4_vnni, Q32_MXFP4, Q32_AVX512_VNNI)
 
+/* Prefill and batched decode of MXFP4, Q4_1 and Q5_0 go through the AVX2 row panels
+ * (avx2_q32panel.c: 8 rows in the lanes, no horizontal sums; 2-2.6x these row tiles on an
+ * AVX-512 Zen host, docs/design-qkern.md), with these tiles for decode and leftover rows. */
+#define Q32_PANEL(name, type, rows)                                                            \
+    static void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,       \
+                     const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)    \
+    {                                                                                         \
+        sp__q32_panel_gemm_avx2(type, rows, n, w, w_stride, r0, r1, x, x_stride, n_tok, y,    \
+                                ldy);                                                         \
+    }
+Q32_PANEL(mxfp4_panel, SP_TYPE_MXFP4, mxfp4_gemm)
+Q32_PANEL(mxfp4_vnni_panel, SP_TYPE_MXFP4, mxfp4_vnni_gemm)
+Q32_PANEL(q4_1_panel, SP_TYPE_Q4_1, q4_1_gemm)
+Q32_PANEL(q4_1_vnni_panel, SP_TYPE_Q4_1, q4_1_vnni_gemm)
+Q32_PANEL(q5_0_panel, SP_TYPE_Q5_0, q5_0_gemm)
+Q32_PANEL(q5_0_vnni_panel, SP_TYPE_Q5_0, q5_0_vnni_gemm)
+
 void
 sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
 {
@@ -28,11 +45,11 @@ sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
     l->vec_dot[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_vec_dot : q5_1_vec_dot;
     l->vec_dot[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_vec_dot : iq4_nl_vec_dot;
     l->vec_dot[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_vec_dot : mxfp4_vec_dot;
-    l->gemm[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_gemm : q4_1_gemm;
-    l->gemm[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_gemm : q5_0_gemm;
+    l->gemm[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_panel : q4_1_panel;
+    l->gemm[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_panel : q5_0_panel;
     l->gemm[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_gemm : q5_1_gemm;
     l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_gemm : iq4_nl_gemm;
-    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_gemm : mxfp4_gemm;
+    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_panel : mxfp4_panel;
 }
 
 void

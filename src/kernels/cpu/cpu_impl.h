@@ -27,6 +27,9 @@ bool sp__kquants2_dequantize_row(sp_type_t type, const void *src, float *dst, in
 void sp__q32_register_ref(sp_cpu_kernels_t *k);
 void sp__q32_register_avx2(sp_cpu_kernels_t *k);
 void sp__q32_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
+/* avx2_q32panel.c: the row-panel gemms of MXFP4, Q4_1, Q5_0 over the AVX2 row tiles (after
+ * sp__q32_register_avx2). */
+void sp__q32_panels_register_avx2(sp_cpu_kernels_t *k);
 bool sp__q32_quantize_row(sp_type_t type, const float *src, void *dst, int64_t n);
 bool sp__q32_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t n);
 

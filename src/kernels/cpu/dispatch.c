@@ -141,6 +141,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__avx2_register(k);
         sp__kquants_register_avx2(k);
         sp__q32_register_avx2(k);
+        sp__q32_panels_register_avx2(k);
         sp__kquants2_register_avx2(k);
         sp__attn_register_avx2(k);
         sp__repack_register_avx2(k);

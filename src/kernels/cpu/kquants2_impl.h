@@ -89,4 +89,18 @@ SP__KQ2_DECL(avx2)
 SP__KQ2_DECL(avx512)
 #undef SP__KQ2_DECL
 
+/* AVX2: the row-at-a-time gemms before the 8-token panel kernels (bench A/B only) */
+void sp__q3k_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                            const void *x, size_t x_stride, int64_t n_tok, float *y,
+                            int64_t ldy);
+void sp__q5k_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                            const void *x, size_t x_stride, int64_t n_tok, float *y,
+                            int64_t ldy);
+void sp__q2k_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                            const void *x, size_t x_stride, int64_t n_tok, float *y,
+                            int64_t ldy);
+void sp__iq4xs_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                              int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                              float *y, int64_t ldy);
+
 #endif /* SP_KERNELS_CPU_KQUANTS2_IMPL_H */

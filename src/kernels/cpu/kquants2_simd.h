@@ -68,10 +68,16 @@ kq2_unpack_q3k(const sp_block_q3_k *x, __m256i q[8], __m256i *sc16, __m256i *mn1
         const __m256i h = k <= 2 ? _mm256_slli_epi16(hm, 2 - k) : _mm256_srli_epi16(hm, k - 2);
         q[k] = _mm256_or_si256(q[k], _mm256_and_si256(h, four));
     }
-    uint8_t sc[16];
-    sp__q3k_unpack_scales(x->scales, sc);
-    *sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc)),
-                             _mm256_set1_epi16(32));
+    /* the scales of sp__q3k_unpack_scales built in registers: through a byte array on the
+     * stack the vector load waited on four narrower stores (a failed store forward) */
+    uint32_t a[3];
+    memcpy(a, x->scales, sizeof(a));
+    const __m128i sc = _mm_setr_epi32(
+        (int)((a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4)),
+        (int)((a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4)),
+        (int)(((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4)),
+        (int)(((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4)));
+    *sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
     *mn16 = _mm256_setzero_si256();
 }
 

@@ -100,4 +100,23 @@ void sp__q32_level_avx2(sp_q32_level_t *l);
 /* has_vnni: use VPDPBUSD (only where cpuid reports AVX-512 VNNI). */
 void sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni);
 
+/* AVX2 gemms of MXFP4, Q4_1 and Q5_0: the row tiles of q32_x86.h ("prev": decode, rows past
+ * the last panel, and the A/B bench's baseline) and the 8-row panels of avx2_q32panel.c (the
+ * table's entries). */
+#define SP__Q32_GEMM_DECL(name)                                                                 \
+    void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1, const void *x, \
+              size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
+/* The panel gemm of MXFP4, Q4_1 or Q5_0 with `rows` (a row-tile gemm of the same type, any
+ * level) for what the panels leave: decode-sized calls and the rows past the last panel. The
+ * AVX-512 table uses it too (the panels outrun its row tiles; AVX-512 CPUs have AVX2). */
+void sp__q32_panel_gemm_avx2(sp_type_t type, sp_gemm_fn rows, int64_t n, const void *w,
+                             size_t w_stride, int64_t r0, int64_t r1, const void *x,
+                             size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
+SP__Q32_GEMM_DECL(sp__q32_mxfp4_gemm_avx2_panel)
+SP__Q32_GEMM_DECL(sp__q32_mxfp4_gemm_avx2_prev)
+SP__Q32_GEMM_DECL(sp__q32_q4_1_gemm_avx2_panel)
+SP__Q32_GEMM_DECL(sp__q32_q4_1_gemm_avx2_prev)
+SP__Q32_GEMM_DECL(sp__q32_q5_0_gemm_avx2_panel)
+SP__Q32_GEMM_DECL(sp__q32_q5_0_gemm_avx2_prev)
+
 #endif /* SP_KERNELS_CPU_Q32_IMPL_H */

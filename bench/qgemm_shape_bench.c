@@ -1,0 +1,140 @@
+/*
+ * qgemm_shape_bench.c - the quantized gemms at the shape a prefill step gives them: one work
+ * item of the engine's matmul (ROWS weight rows, as batch.c's split of a 2048-row matrix over 2
+ * threads gives) times a whole prompt chunk of tokens, K = 2048 and 5632 (TinyLlama's widths).
+ * Reports GMAC/s per thread (thread CPU time, best of 3). With a second kernel table entry for
+ * the same type (the `_prev` gemm a kernel file keeps for A/B), the two are timed interleaved
+ * in the same process and their ratio printed: the host may be loaded, ratios are what count.
+ *
+ *   make build/libsampan.a
+ *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
+ *      -o build/qgemm_shape_bench
+ *   nice ./build/qgemm_shape_bench [TYPE ...] [TOKENS]
+ */
+#include "qbench.h"
+
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/q32_impl.h"
+
+enum { ROWS = 128 };
+
+typedef struct {
+    sp_gemm_fn gemm;
+    int64_t n;
+    const uint8_t *w;
+    size_t wrow;
+    const uint8_t *x;
+    size_t xrow;
+    int64_t tok;
+    float *out;
+} run_t;
+
+static void
+run_gemm(void *ctx)
+{
+    const run_t *c = ctx;
+    c->gemm(c->n, c->w, c->wrow, 0, ROWS, c->x, c->xrow, c->tok, c->out, ROWS);
+}
+
+/* the previous kernel of a type, kept by its file for this comparison (NULL: none) */
+static sp_gemm_fn
+prev_gemm(sp_type_t wt)
+{
+    switch (wt) {
+    case SP_TYPE_Q2_K: return sp__q2k_gemm_avx2_prev;
+    case SP_TYPE_IQ4_XS: return sp__iq4xs_gemm_avx2_prev;
+    case SP_TYPE_Q3_K: return sp__q3k_gemm_avx2_prev;
+    case SP_TYPE_Q5_K: return sp__q5k_gemm_avx2_prev;
+    case SP_TYPE_MXFP4: return sp__q32_mxfp4_gemm_avx2_prev;
+    case SP_TYPE_Q4_1: return sp__q32_q4_1_gemm_avx2_prev;
+    case SP_TYPE_Q5_0: return sp__q32_q5_0_gemm_avx2_prev;
+    default: return NULL;
+    }
+}
+
+static void
+bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
+{
+    const sp_type_t at = k->vec_dot_type[wt];
+    const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(at, n);
+    float *f = malloc(sizeof(float) * (size_t)n);
+    uint8_t *w = malloc(wrow * ROWS), *x = malloc(xrow * (size_t)tok);
+    float *out = malloc(sizeof(float) * ROWS * (size_t)tok);
+    float *out2 = malloc(sizeof(float) * ROWS * (size_t)tok);
+    uint64_t s = 12345;
+    for (int r = 0; r < ROWS; r++) {
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            f[i] = (float)((int64_t)(s >> 33) % 2001 - 1000) * 1e-4f;
+        }
+        sp_quantize_row(wt, f, w + (size_t)r * wrow, n);
+    }
+    for (int64_t t = 0; t < tok; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            f[i] = (float)((int64_t)(s >> 33) % 2001 - 1000) * 1e-3f;
+        }
+        k->from_float[at](f, x + (size_t)t * xrow, n);
+    }
+    const double macs = (double)ROWS * (double)n * (double)tok;
+    run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
+    sp_gemm_fn pg = prev_gemm(wt);
+    if (cur.gemm == NULL) {
+        printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);
+        goto done;
+    }
+    if (pg != NULL && k->level == SP_CPU_AVX2) {
+        run_t prev = {pg, n, w, wrow, x, xrow, tok, out2};
+        double bc = 1e30, bp = 1e30;
+        for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
+            const double a = qbench_best(run_gemm, &prev, 1, 2);
+            const double b = qbench_best(run_gemm, &cur, 1, 2);
+            bp = a < bp ? a : bp;
+            bc = b < bc ? b : bc;
+        }
+        const int same = memcmp(out, out2, sizeof(float) * ROWS * (size_t)tok) == 0;
+        printf("%-8s %-7s K=%-5lld %4lld tok  prev %6.1f  new %6.1f GMAC/s  new/prev %.2fx  %s\n",
+               k->name, sp_type_name(wt), (long long)n, (long long)tok, macs / bp / 1e9,
+               macs / bc / 1e9, bp / bc, same ? "same bits" : "RESULTS DIFFER");
+    } else {
+        const double b = qbench_best(run_gemm, &cur, 1, 3);
+        printf("%-8s %-7s K=%-5lld %4lld tok  %6.1f GMAC/s\n", k->name, sp_type_name(wt),
+               (long long)n, (long long)tok, macs / b / 1e9);
+    }
+done:
+    free(f);
+    free(w);
+    free(x);
+    free(out);
+    free(out2);
+}
+
+int
+main(int argc, char **argv)
+{
+    static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_Q8_0, SP_TYPE_Q4_K,  SP_TYPE_Q2_K,
+                                      SP_TYPE_IQ4_XS, SP_TYPE_MXFP4, SP_TYPE_Q3_K, SP_TYPE_Q5_K,
+                                      SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_IQ4_NL};
+    int64_t tok = 256;
+    int nargs = 0;
+    char *args[32];
+    args[nargs++] = argv[0];
+    for (int i = 1; i < argc && nargs < 32; i++) {
+        if (atoi(argv[i]) > 0)
+            tok = atoi(argv[i]);
+        else
+            args[nargs++] = argv[i];
+    }
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL) {
+        printf("skipped: no AVX2 on this CPU\n");
+        return 0;
+    }
+    static const int64_t widths[] = {2048, 5632};
+    for (size_t wi = 0; wi < 2; wi++)
+        for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+            if (qbench_selected(nargs, args, k->name, sp_type_name(types[ti])))
+                bench(k, types[ti], widths[wi], tok);
+    return 0;
+}
