@@ -196,7 +196,7 @@ $(BUILD)/backends/libsampan_%.so: backends/%.c backends/common.c backends/common
 	    $(SANFLAGS) $(BACKEND_LIBS_$*) -ljansson -lm
 all unit: $(BACKENDS)
 
-# The ONNX backend (docs/backends.md, docs/design-onnx.md): backends/onnx/*.c and the protoc-c
+# The ONNX backend (docs/backends.md, docs/design.md): backends/onnx/*.c and the protoc-c
 # code of proto/onnx.proto (generated in $(BUILD)/gen/, never committed) in one plugin, so that
 # neither the graph runtime nor libprotobuf-c's ONNX tables are in the sampan binary.
 ONNX_SRC := $(wildcard backends/onnx/*.c)

@@ -74,7 +74,7 @@ typedef struct sp_gen_params {
                                  pass (as for json_object). sp_gen_create takes a reference.
                                  Unlike the rest of a step, the matcher's tables may grow
                                  (bounded; docs/structured-output.md). */
-    /* Reasoning budget (docs/design-budget.md): with reasoning_budget >= 0 and
+    /* Reasoning budget (docs/design.md): with reasoning_budget >= 0 and
      * n_think_force > 0, a thinking part - the generated text after the
      * think_open marker, or from the start with think_in_prompt, up to the
      * think_close marker - gets at most reasoning_budget generated tokens

@@ -407,7 +407,7 @@ typedef void (*sp_rmsnorm_fn)(float *out, const float *x, const float *w, int64_
 typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
 
 /*
- * Load-time repacked weights (cpu/repack.c, docs/design-repack.md). A packed matrix keeps
+ * Load-time repacked weights (cpu/repack.c, docs/design.md). A packed matrix keeps
  * the GGUF numbers of its type but interleaves SP_REPACK_ROWS rows per group, so one load
  * feeds that many output rows: group g, block b starts at
  *   g * sp_repack_group_bytes(type, n) + b * SP_REPACK_ROWS * type_size

@@ -1,6 +1,6 @@
 /*
  * hub.c - the Hugging Face hub client behind `sampan pull`, `list`, `rm` and
- * `serve --model hf://...` (hub.h; the design is in docs/design-hf.md).
+ * `serve --model hf://...` (hub.h; the design is in docs/design.md).
  *
  * Resolution: an exact path is taken as given; otherwise the repository's
  * file list (GET {endpoint}/api/models/ORG/REPO/tree/main?recursive=true,

@@ -31,7 +31,7 @@ alone and beside up to 31 others in tests/unit/test_batch.c
 rows.
 
 The mixture-of-experts variant (26B-A4B's layout, preset gemma4-moe-tiny: 8 experts, top 2,
-beside the dense MLP; docs/design-arch.md): F32 with gate/up fused and apart, and Q8_0 (two
+beside the dense MLP; docs/design.md): F32 with gate/up fused and apart, and Q8_0 (two
 more quantized product inputs per layer in the tolerance), the routing margin checked far
 above float32 rounding, and the experts, per-expert scales, router input scale and experts'
 input norm each shown to matter.

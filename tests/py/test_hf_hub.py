@@ -1,5 +1,5 @@
 """test_hf_hub.py - models by name from Hugging Face (`sampan pull`, `list`, `rm`,
-`serve --model hf://...`; docs/design-hf.md) against a hub stand-in on loopback: a Python
+`serve --model hf://...`; docs/design.md) against a hub stand-in on loopback: a Python
 http.server that answers the tree API and the resolve URLs with the hub's headers
 (X-Repo-Commit, X-Linked-Etag, X-Linked-Size) and a redirect to a /blob URL on another
 host name (localhost), which honours Range. Checked:

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test_tstats.py - Triton's statistics, repository and health surface (docs/design-tstats.md)
+"""test_tstats.py - Triton's statistics, repository and health surface (docs/design.md)
 against `sampan serve --model-repository` with the identity backend and the demo LLM (with a
 LoRA adapter made by tools/lora_gen.py), tenants from `sampan keys add`:
 

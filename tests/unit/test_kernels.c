@@ -790,7 +790,7 @@ TEST(kernels_q_neon_is_the_reference)
 
 /* Every product the reference table computes has its own NEON (and SDOT) kernel, as have
  * attention for each cache type, the element-wise ops and the Q8_0 / Q8_1 / Q8_K activation
- * quantizers; what stays the reference's on arm64 is listed in docs/design-neon.md: the
+ * quantizers; what stays the reference's on arm64 is listed in docs/design.md: the
  * dequantizers other than F16 and the packed-weight gemms (no repacked layout on arm64). */
 TEST(kernels_neon_covers_every_type)
 {

@@ -20,7 +20,7 @@
  * The gemm entries (prefill, batched decode) use 8-token panels of the same integer work
  * (q2k_panel8 ... iq4xs_panel8, DEFINE_PANEL_GEMM): token chunks that stay in L2, the float
  * finish of 4 tokens per SSE register, and for Q2_K the quants premultiplied by their scales;
- * the row tiles above do vec_dot, calls under 8 tokens and the tails (docs/design-qkern.md). The
+ * the row tiles above do vec_dot, calls under 8 tokens and the tails (docs/design.md). The
  * previous row-tile gemms stay exported as sp__*_gemm_avx2_prev for the A/B bench.
  */
 #include <immintrin.h>
