@@ -227,6 +227,7 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         }
     }
     if (sp_ox_graph_load(path, args->version_dir, &m->g, err, err_len)) goto done;
+    m->g->keep_residual_add = gc.on; /* the GPU executor has no fused residual Add */
     if (sp_ox_graph_prepare(m->g, err, err_len)) {
         char tmp[512];
         snprintf(tmp, sizeof tmp, "%s", err);

@@ -102,6 +102,8 @@ typedef struct sp_ox_graph {
     int32_t outputs[OX_MAX_IO];
     uint64_t const_bytes;
     int n_folded, n_fused;
+    bool keep_residual_add;   /* set before prepare: no Conv+Add fusion (the GPU executor runs
+                               * the Add itself) */
     int64_t max_numel;        /* elements one computed tensor may have (OX_MAX_RUN_NUMEL) */
 } sp_ox_graph_t;
 

@@ -203,7 +203,7 @@ def main():
             s.case(f"load-time shape check: {name}", msg in str(err), str(err))
 
     for cfg, want in ((eng("gpu"), "expected \"onednn\" or \"own\""),
-                      (eng("own", precision="int4"), "expected \"fp32\" or \"bf16\""),
+                      (eng("own", precision="int4"), "fp32, fp16, int8 or bf16"),
                       (eng("own", precision="bf16"), "needs the oneDNN engine")):
         try:
             plugin.load(rdir, config=cfg, max_batch_size=8).close()
