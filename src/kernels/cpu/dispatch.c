@@ -148,8 +148,13 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         k->name = "avx2";
     }
     if (level >= SP_CPU_AVX512) {
-        /* the AVX-512 panels unpack row-major blocks themselves: no packed weights there */
-        memset(k->repack_gemm, 0, sizeof k->repack_gemm);
+        /* The AVX-512 panels unpack row-major Q4_0, IQ4_NL and Q8_0 blocks themselves, faster
+         * than the AVX2 packed kernels; Q4_K and IQ4_XS stay packed, where the AVX2 packed
+         * kernels beat the AVX-512 row-major ones (prefill 1.5-1.7x on a Zen 5: BENCHMARKS.md,
+         * "Eight types on an AVX-512 host"). */
+        k->repack_gemm[SP_TYPE_Q4_0] = NULL;
+        k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
+        k->repack_gemm[SP_TYPE_Q8_0] = NULL;
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);
