@@ -180,6 +180,6 @@ sp__kquants2_register_avx512(sp_cpu_kernels_t *k)
     /* The gemms stay the AVX2 8-token panels registered before (the same bits as these vec_dots,
      * so batch invariance holds): on a Zen 5 the engine's 512-token prefill ran 1.3-1.6x faster
      * with them than with sp__*_gemm_avx512 (Q2_K 124 vs 77 tok/s, Q3_K 104 vs 73, Q5_K 95 vs 73;
-     * BENCHMARKS.md, "Eight types on an AVX-512 host"). The AVX-512 gemms stay, tested
+     * BENCHMARKS.md, "Ten types on an AVX-512 host"). The AVX-512 gemms stay, tested
      * (test_kquants2.c), until a 512-bit panel beats the AVX2 one. */
 }
