@@ -98,6 +98,8 @@ typedef struct tjob {
     int n_tokens;
     int first_event; /* delivery number of its first token (0: none) */
     int done_event;  /* of its DONE (0: not yet) */
+    int64_t submit_ns;  /* sp_time_ns() at submit */
+    int64_t queue_ns;   /* from its DONE */
     sp_status_t status;
     char message[256];
     int64_t completion_tokens, compute_ns;
@@ -131,6 +133,7 @@ on_event(const sp_sched_event_t *ev, void *ud)
         snprintf(t->message, sizeof t->message, "%s", ev->message ? ev->message : "");
         t->completion_tokens = ev->completion_tokens;
         t->compute_ns = ev->compute_ns;
+        t->queue_ns = ev->queue_ns;
         break;
     default:
         break;
@@ -144,6 +147,7 @@ submit(sp_sched_t *s, sp_mailbox_t *mb, tjob_t *t, const int32_t *prompt, int64_
        size_t err_len)
 {
     memset(t, 0, sizeof *t);
+    t->submit_ns = sp_time_ns();
     const int32_t *prompts[4];
     int64_t lens[4];
     ASSERT(n >= 1 && n <= 4);
@@ -175,6 +179,15 @@ submit_ok(sp_sched_t *s, sp_mailbox_t *mb, tjob_t *t, const int32_t *prompt, int
     if (submit(s, mb, t, prompt, n_prompt, max_tokens, priority, 0, 1, err, sizeof err) != SP_OK) {
         SP_TEST_FAIL("submit: %s", err);
     }
+}
+
+/* When the scheduler ended a job, on its clock: the order of the DONE deliveries is not the
+ * order of the ends (a job's events ride one mailbox message until the test thread drains it,
+ * and a loaded host may not drain for a whole run). */
+static int64_t
+done_at(const tjob_t *t)
+{
+    return t->submit_ns + t->queue_ns + t->compute_ns;
 }
 
 /* Drain the mailbox until every job's DONE was delivered (60 s at most). */
@@ -421,6 +434,11 @@ TEST(sched_preempt_lower_tier_at_admission)
     gate_arm();
     submit_ok(s, mb, &l, pl, 3, 40, SP_SCHED_PRIO_BATCH);
     gate_wait_held();
+    /* Deliver L's first token now: a job's events ride one mailbox message until it is drained,
+     * so a test thread that slept through the whole run (a loaded host) would otherwise get L's
+     * DONE with that early message, ahead of P's. Drained, L's later events queue after P's. */
+    sp_mailbox_drain(mb);
+    ASSERT(l.first_event > 0);
     submit_ok(s, mb, &p, pp, 120, 4, SP_SCHED_PRIO_PREMIUM);
     gate_open();
     tjob_t *jobs[2] = {&l, &p};
@@ -432,7 +450,7 @@ TEST(sched_preempt_lower_tier_at_admission)
     ASSERT_EQ(st.preemptions, 1);
     /* L started first, P ran and ended while L waited, then L ended. */
     ASSERT(l.first_event < p.first_event);
-    ASSERT(p.done_event < l.done_event);
+    ASSERT(done_at(&p) < done_at(&l));
     assert_same_tokens("preempted L", &l, &l_alone);
     assert_same_tokens("premium P", &p, &p_alone);
     ASSERT_EQ(l.completion_tokens, 40);
@@ -476,7 +494,7 @@ TEST(sched_preempt_lower_tier_when_pool_fills)
     /* Once: L cannot come back while H runs (H's blocks plus L's leave none
      * over), and H is never the victim. */
     ASSERT_EQ(st.preemptions, 1);
-    ASSERT(h.done_event < l.done_event);
+    ASSERT(done_at(&h) < done_at(&l));
     /* L's first full block outlived it in the prefix cache (released last
      * first, so H reclaimed L's tail): its recompute started from there. */
     ASSERT(st.prompt_tokens_cached >= 16);
