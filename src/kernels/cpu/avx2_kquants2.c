@@ -289,11 +289,20 @@ q3k_scales(const uint8_t packed[SP_K_SCALE_SIZE])
     return _mm_setr_epi32((int)o0, (int)o1, (int)o2, (int)o3);
 }
 
+/* Sub-block 4h + j of a Q3_K super-block's half h as quant + 4 (0..7): 2 bits of v (qs[32h..])
+ * shifted by 2j, bit k = 4h + j of hmask moved to bit 2. */
+KQ2_INLINE __m256i
+q3k_quant(__m256i v, __m256i hm, int h, int j)
+{
+    const int k = 4 * h + j;
+    const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k) : _mm256_srli_epi16(hm, k - 2);
+    return _mm256_or_si256(_mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, _mm256_set1_epi8(3)),
+                           _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+}
+
 KQ2_INLINE void
 q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int nt, float *out)
 {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i four = _mm256_set1_epi8(4);
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
@@ -310,13 +319,7 @@ q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int 
                                   : _mm256_permute2x128_si256(sc16, sc16, 0x00);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                /* quant + 4 (0..7): 2 bits from qs, bit k = 4h + j of hmask moved to bit 2 */
-                const int k = 4 * h + j;
-                const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k)
-                                          : _mm256_srli_epi16(hm, k - 2);
-                const __m256i q = _mm256_or_si256(
-                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3),
-                    _mm256_and_si256(hb, four));
+                const __m256i q = q3k_quant(v, hm, h, j);
                 const __m256i s = pair_scale(sch, j);
 #pragma GCC unroll 4
                 for (int t = 0; t < nt; t++)
@@ -342,11 +345,24 @@ q3k_tile(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, int 
 
 /* ---- Q5_K: 4-bit quants + a high bit, 6-bit scale and min per 32 elements ---------------- */
 
+/* Sub-blocks 2h and 2h+1 of a Q5_K super-block (64 elements) as bytes 0..31: the low and high
+ * nibbles of qs[32h..32h+31], bit 4 from qh bit j. */
 KQ2_INLINE void
-q5k_tile(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, int nt, float *out)
+q5k_quants(const uint8_t *qs, __m256i qh, int h, __m256i *q0, __m256i *q1)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i b4 = _mm256_set1_epi8(0x10);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+    const int j0 = 2 * h, j1 = 2 * h + 1;
+    const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0) : _mm256_srli_epi16(qh, j0 - 4);
+    const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1) : _mm256_srli_epi16(qh, j1 - 4);
+    *q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
+    *q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(h1, b4));
+}
+
+KQ2_INLINE void
+q5k_tile(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, int nt, float *out)
+{
     float sumf[TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
         uint64_t sc64, m64;
@@ -360,16 +376,9 @@ q5k_tile(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, int 
             acc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
-            /* 64 elements: low nibbles are sub-block 2h, high nibbles 2h+1; bit 4 is qh bit j */
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
             const int j0 = 2 * h, j1 = 2 * h + 1;
-            const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0)
-                                       : _mm256_srli_epi16(qh, j0 - 4);
-            const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1)
-                                       : _mm256_srli_epi16(qh, j1 - 4);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                               _mm256_and_si256(h1, b4));
+            __m256i q0, q1;
+            q5k_quants(x[b].qs, qh, h, &q0, &q1);
             const __m256i s0 = bcast_scale(&sc2[j0]), s1 = bcast_scale(&sc2[j1]);
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++)
@@ -396,6 +405,27 @@ q5k_tile(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, int 
 
 /* ---- IQ4_XS: 4-bit indices into a signed 16-level grid, 6-bit scale per 32 elements ------ */
 
+/* The eight 6-bit scales of an IQ4_XS super-block as int16 (scale - 32) in both halves of int32
+ * lane ib of sc2. Scale ib (stored + 32) is nibble ib of scales_l | bits 2ib..2ib+1 of scales_h
+ * << 4, spread to byte ib of a uint64 in GPRs (scalar ALUs, while the vector pipes do the dot
+ * products). */
+KQ2_INLINE void
+iq4xs_scale_pairs(const sp_block_iq4_xs *xb, int32_t sc2[8])
+{
+    uint32_t l4;
+    memcpy(&l4, xb->scales_l, sizeof(l4));
+    uint64_t lo = l4, hi = xb->scales_h;
+    lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+    lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+    lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+    hi = (hi | hi << 24) & 0x000000FF000000FFull;
+    hi = (hi | hi << 12) & 0x000F000F000F000Full;
+    hi = (hi | hi << 6) & 0x0303030303030303ull;
+    const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
+    _mm256_store_si256((__m256i *)sc2, _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
+                                                        _mm256_set1_epi16(32)));
+}
+
 KQ2_INLINE void
 iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, int nt,
            float *out)
@@ -409,23 +439,8 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
     float sumf[IQ4_TILE_TOK] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        /* scale ib (0..63, stored + 32): nibble ib of scales_l | bits 2ib..2ib+1 of scales_h
-         * << 4; spread to byte ib of a uint64 in GPRs (scalar ALUs, while the vector pipes do
-         * the dot products), then the int16 (scale - 32) in both halves of int32 lane ib */
-        uint32_t l4;
-        memcpy(&l4, x[b].scales_l, sizeof(l4));
-        uint64_t lo = l4, hi = x[b].scales_h;
-        lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
-        lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
-        lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
-        hi = (hi | hi << 24) & 0x000000FF000000FFull;
-        hi = (hi | hi << 12) & 0x000F000F000F000Full;
-        hi = (hi | hi << 6) & 0x0303030303030303ull;
-        const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
         int32_t sc2[8] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)sc2,
-                           _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
-                                            _mm256_set1_epi16(32)));
+        iq4xs_scale_pairs(&x[b], sc2);
         __asm__("" : "+m"(sc2));
         __m256i acc[IQ4_TILE_TOK];
 #pragma GCC unroll 8
@@ -461,8 +476,6 @@ iq4xs_tile(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y, 
 KQ2_INLINE void
 q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, float *out)
 {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i four = _mm256_set1_epi8(4);
     __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q3k_scales(x[b].scales)),
@@ -479,12 +492,7 @@ q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, fl
                                   : _mm256_permute2x128_si256(sc16, sc16, 0x00);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                const int k = 4 * h + j;
-                const __m256i hb = k <= 2 ? _mm256_slli_epi16(hm, 2 - k)
-                                          : _mm256_srli_epi16(hm, k - 2);
-                const __m256i q = _mm256_or_si256(
-                    _mm256_and_si256(j ? _mm256_srli_epi16(v, 2 * j) : v, m3),
-                    _mm256_and_si256(hb, four));
+                const __m256i q = q3k_quant(v, hm, h, j);
                 const __m256i sc = pair_scale(sch, j);
 #pragma GCC unroll 8
                 for (int t = 0; t < PANEL_TOK; t++)
@@ -521,8 +529,6 @@ q3k_panel8(int64_t nb, const sp_block_q3_k *x, const sp_block_q8_k *const *y, fl
 KQ2_INLINE void
 q5k_panel8(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i b4 = _mm256_set1_epi8(0x10);
     __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         uint64_t sc64, m64;
@@ -536,15 +542,9 @@ q5k_panel8(int64_t nb, const sp_block_q5_k *x, const sp_block_q8_k *const *y, fl
             acc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
             const int j0 = 2 * h, j1 = 2 * h + 1;
-            const __m256i h0 = j0 <= 4 ? _mm256_slli_epi16(qh, 4 - j0)
-                                       : _mm256_srli_epi16(qh, j0 - 4);
-            const __m256i h1 = j1 <= 4 ? _mm256_slli_epi16(qh, 4 - j1)
-                                       : _mm256_srli_epi16(qh, j1 - 4);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h0, b4));
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                               _mm256_and_si256(h1, b4));
+            __m256i q0, q1;
+            q5k_quants(x[b].qs, qh, h, &q0, &q1);
             const __m256i s0 = bcast_scale(&sc2[j0]), s1 = bcast_scale(&sc2[j1]);
 #pragma GCC unroll 8
             for (int t = 0; t < PANEL_TOK; t++)
@@ -595,21 +595,8 @@ iq4xs_panel8(int64_t nb, const sp_block_iq4_xs *x, const sp_block_q8_k *const *y
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sp_iq4nl_values));
     __m128 sumf[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
-        /* the scales as in iq4xs_tile */
-        uint32_t l4;
-        memcpy(&l4, x[b].scales_l, sizeof(l4));
-        uint64_t lo = l4, hi = x[b].scales_h;
-        lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
-        lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
-        lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
-        hi = (hi | hi << 24) & 0x000000FF000000FFull;
-        hi = (hi | hi << 12) & 0x000F000F000F000Full;
-        hi = (hi | hi << 6) & 0x0303030303030303ull;
-        const __m256i u = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(lo | hi << 4)));
         int32_t sc2[8] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)sc2,
-                           _mm256_sub_epi16(_mm256_or_si256(u, _mm256_slli_epi32(u, 16)),
-                                            _mm256_set1_epi16(32)));
+        iq4xs_scale_pairs(&x[b], sc2);
         __asm__("" : "+m"(sc2));
         __m256i acc[PANEL_TOK];
 #pragma GCC unroll 8
