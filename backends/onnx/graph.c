@@ -505,6 +505,24 @@ remove_unread(sp_ox_graph_t *g, char *err, size_t err_len)
     return 0;
 }
 
+/* One more fusion done: the count, and the use counts again (NULL when memory ran out). */
+static bool
+fused(sp_ox_graph_t *g, int32_t **uses)
+{
+    g->n_fused++;
+    free(*uses);
+    *uses = count_uses(g);
+    return *uses != NULL;
+}
+
+/* n takes over next's output and next no longer runs (fused into n). */
+static void
+absorb(sp_ox_node_t *n, sp_ox_node_t *next)
+{
+    n->out[0] = next->out[0];
+    next->dead = true;
+}
+
 static int
 fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 {
@@ -525,10 +543,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "BatchNormalization") == 0 && next->in[0] == n->out[0] &&
                 fuse_conv_bn(g, n, next, uses)) {
-                g->n_fused++;
-                free(uses);
-                uses = count_uses(g);
-                if (uses == NULL) break;
+                if (!fused(g, &uses)) break;
             }
         }
         if (conv && !g->keep_residual_add && !n->fused_relu && n->fused_add < 0 && n->n_out == 1) {
@@ -539,12 +554,8 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 if (y >= 0 && !g->values[y].is_const && ready_before(g, y, o)) {
                     n->fused_add = y;
                     n->fused_add_node = (int32_t)(next - g->nodes);
-                    n->out[0] = next->out[0];
-                    next->dead = true;
-                    g->n_fused++;
-                    free(uses);
-                    uses = count_uses(g);
-                    if (uses == NULL) break;
+                    absorb(n, next);
+                    if (!fused(g, &uses)) break;
                 }
             }
         }
@@ -557,12 +568,8 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 if (bt && bt->nd == 1 && bt->dims[0] == g->values[n->in[1]].t.dims[1] &&
                     next->in[0] != next->in[1]) {
                     n->fused_bias = other;
-                    n->out[0] = next->out[0];
-                    next->dead = true;
-                    g->n_fused++;
-                    free(uses);
-                    uses = count_uses(g);
-                    if (uses == NULL) break;
+                    absorb(n, next);
+                    if (!fused(g, &uses)) break;
                 }
             }
         }
@@ -570,12 +577,8 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Relu") == 0 && n->n_out == 1) {
                 n->fused_relu = 1;
-                n->out[0] = next->out[0];
-                next->dead = true;
-                g->n_fused++;
-                free(uses);
-                uses = count_uses(g);
-                if (uses == NULL) break;
+                absorb(n, next);
+                if (!fused(g, &uses)) break;
             }
         }
     }
