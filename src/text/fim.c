@@ -12,31 +12,6 @@
 
 #include "text/tokenizer_impl.h"
 
-/* key -> *id when present; -1 (as INT32 or UINT32) means none. */
-static sp_status_t
-read_id(sp_tokenizer_t *t, const sp_gguf_t *g, const char *key, int32_t *id, char *err,
-        size_t err_len)
-{
-    int64_t v;
-    sp_status_t st = sp_gguf_get_int(g, key, &v, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        return SP_OK;
-    }
-    if (st != SP_OK) {
-        return st;
-    }
-    if (v == -1 || v == (int64_t)UINT32_MAX) {
-        *id = -1;
-        return SP_OK;
-    }
-    if (v < 0 || v >= t->n_vocab) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: %s: token id %lld out of range [0, %d)",
-                       sp_gguf_path(g), key, (long long)v, (int)t->n_vocab);
-    }
-    *id = (int32_t)v;
-    return SP_OK;
-}
-
 /* The first of texts (NULL-terminated) the vocabulary has, or -1. */
 static int32_t
 by_text(const sp_tokenizer_t *t, const char *const *texts)
@@ -67,15 +42,16 @@ sp__tok_read_fim(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_le
     static const char *const sep[] = {"<|file_sep|>", NULL};
     sp_fim_ids_t *f = &t->fim;
     f->pre = f->suf = f->mid = f->rep = f->sep = -1;
+    const int32_t n = t->n_vocab;
     sp_status_t st;
-    if ((st = read_id(t, g, "tokenizer.ggml.prefix_token_id", &f->pre, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.suffix_token_id", &f->suf, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.middle_token_id", &f->mid, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.fim_pre_token_id", &f->pre, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.fim_suf_token_id", &f->suf, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.fim_mid_token_id", &f->mid, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.fim_rep_token_id", &f->rep, err, err_len)) ||
-        (st = read_id(t, g, "tokenizer.ggml.fim_sep_token_id", &f->sep, err, err_len))) {
+    if ((st = sp__tok_special_id(g, "tokenizer.ggml.prefix_token_id", n, &f->pre, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.suffix_token_id", n, &f->suf, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.middle_token_id", n, &f->mid, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.fim_pre_token_id", n, &f->pre, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.fim_suf_token_id", n, &f->suf, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.fim_mid_token_id", n, &f->mid, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.fim_rep_token_id", n, &f->rep, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.fim_sep_token_id", n, &f->sep, err, err_len))) {
         return st;
     }
     f->pre = f->pre >= 0 ? f->pre : by_text(t, pre);

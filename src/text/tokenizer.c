@@ -66,32 +66,6 @@ parse_byte_token(sp_str_t s)
 
 /* ---- loading ----------------------------------------------------------- */
 
-/* Optional special id: absent keeps *id; -1 stored means "none"; anything else must be
- * < n_vocab. */
-static sp_status_t
-get_special_id(const sp_gguf_t *g, const char *key, int32_t n_vocab, int32_t *id, char *err,
-               size_t err_len)
-{
-    int64_t v;
-    sp_status_t st = sp_gguf_get_int(g, key, &v, err, err_len);
-    if (st == SP_ERR_NOT_FOUND) {
-        return SP_OK;
-    }
-    if (st != SP_OK) {
-        return st;
-    }
-    if (v == -1 || v == (int64_t)UINT32_MAX) { /* -1 written as INT32 or as UINT32 */
-        *id = -1;
-        return SP_OK;
-    }
-    if (v < 0 || v >= n_vocab) {
-        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: %s: token id %lld out of range [0, %d)",
-                       sp_gguf_path(g), key, (long long)v, (int)n_vocab);
-    }
-    *id = (int32_t)v;
-    return SP_OK;
-}
-
 static sp_status_t
 get_opt_bool(const sp_gguf_t *g, const char *key, bool *out, char *err, size_t err_len)
 {
@@ -424,19 +398,19 @@ sp_tokenizer_from_gguf(const sp_gguf_t *g, sp_tokenizer_t **out, char *err, size
         t->add_space_prefix = false; /* tokenizer.ggml.add_space_prefix, read by tok_ugm.c */
         break;
     }
-    if ((st = get_special_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err, err_len)) ||
-        (st = get_special_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err, err_len)) ||
-        (st = get_special_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err, err_len)) ||
-        (st = get_special_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err, err_len)) ||
-        (st = get_special_id(g, "tokenizer.ggml.eot_token_id", n, &eot, err, err_len)) ||
-        (st = get_special_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err, err_len)) ||
+    if ((st = sp__tok_special_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.eot_token_id", n, &eot, err, err_len)) ||
+        (st = sp__tok_special_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err, err_len)) ||
         ((kind == SP_TOK_MODEL_WPM || kind == SP_TOK_MODEL_UGM) &&
          ((kind == SP_TOK_MODEL_WPM &&
-           (st = get_special_id(g, "tokenizer.ggml.cls_token_id", n, &t->bos, err, err_len))) ||
+           (st = sp__tok_special_id(g, "tokenizer.ggml.cls_token_id", n, &t->bos, err, err_len))) ||
           /* the GGUF key is spelled "seperator"; accept the right spelling too */
-          (st = get_special_id(g, "tokenizer.ggml.seperator_token_id", n, &t->sep, err,
+          (st = sp__tok_special_id(g, "tokenizer.ggml.seperator_token_id", n, &t->sep, err,
                                err_len)) ||
-          (st = get_special_id(g, "tokenizer.ggml.separator_token_id", n, &t->sep, err,
+          (st = sp__tok_special_id(g, "tokenizer.ggml.separator_token_id", n, &t->sep, err,
                                err_len)))) ||
         (st = get_opt_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err, err_len)) ||
         (st = get_opt_bool(g, "tokenizer.ggml.add_eos_token", &t->add_eos, err, err_len)) ||

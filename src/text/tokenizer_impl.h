@@ -86,6 +86,10 @@ sp_status_t sp__vocab_build_map(sp_tokenizer_t *t);
 int32_t sp__vocab_lookup(const sp_tokenizer_t *t, const char *p, size_t n);
 /* fim.c: t->fim from the GGUF's keys, else from the token texts code models
  * use (after the vocabulary map is built). SP_ERR_FORMAT for an id out of range. */
+/* An optional special token id from key: absent keeps *id, -1 stored (as INT32 or UINT32)
+ * means "none", anything else must be in [0, n_vocab) (a format error naming the key). */
+sp_status_t sp__tok_special_id(const sp_gguf_t *g, const char *key, int32_t n_vocab, int32_t *id,
+                               char *err, size_t err_len);
 sp_status_t sp__tok_read_fim(sp_tokenizer_t *t, const sp_gguf_t *g, char *err, size_t err_len);
 
 /* BPE (tok_bpe.c). init reads tokenizer.ggml.pre and .merges; text has no specials. */

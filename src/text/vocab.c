@@ -5,7 +5,8 @@
  * encoder there, byte-level BPE (tok_bpe.c) and WordPiece (tok_wpm.c) look
  * token texts up in it (sp__vocab_lookup). Keeping it in its own file lets the
  * encoders depend on the vocabulary without depending on tokenizer.c, which is
- * the only file that calls down into them.
+ * the only file that calls down into them. The special token ids of the GGUF keys are read
+ * here too (sp__tok_special_id), for tokenizer.c and fim.c alike.
  *
  * Threads: the map is written only while the tokenizer is being built; after
  * that lookups are read-only and may run on any number of threads at once.
@@ -78,4 +79,29 @@ sp__vocab_lookup(const sp_tokenizer_t *t, const char *p, size_t n)
         }
         i = (i + 1) & t->map_mask;
     }
+}
+
+/* Special token ids from the GGUF (tokenizer.c, fim.c): see tokenizer_impl.h. */
+sp_status_t
+sp__tok_special_id(const sp_gguf_t *g, const char *key, int32_t n_vocab, int32_t *id, char *err,
+                   size_t err_len)
+{
+    int64_t v;
+    sp_status_t st = sp_gguf_get_int(g, key, &v, err, err_len);
+    if (st == SP_ERR_NOT_FOUND) {
+        return SP_OK;
+    }
+    if (st != SP_OK) {
+        return st;
+    }
+    if (v == -1 || v == (int64_t)UINT32_MAX) { /* -1 written as INT32 or as UINT32 */
+        *id = -1;
+        return SP_OK;
+    }
+    if (v < 0 || v >= n_vocab) {
+        return sp_errf(err, err_len, SP_ERR_FORMAT, "%s: %s: token id %lld out of range [0, %d)",
+                       sp_gguf_path(g), key, (long long)v, (int)n_vocab);
+    }
+    *id = (int32_t)v;
+    return SP_OK;
 }
