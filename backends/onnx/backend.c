@@ -243,6 +243,12 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     m->run.g = m->g;
     m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
     bool use_dnnl = false, bf16 = false;
+    if (m->gpu && sp__bk_config_param(&cfg, "engine") != NULL) {
+        /* the CPU engines' choice: refused rather than ignored on the GPU executor */
+        sp__bk_errf(err, err_len, "%s: parameters.engine chooses a CPU engine; a KIND_GPU model runs "
+                    "on the GPU executor", path);
+        goto done;
+    }
     if (!m->gpu && pick_engine(&cfg, &use_dnnl, &bf16, err, err_len)) goto done;
     /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
     if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;

@@ -287,6 +287,8 @@ def fake_checks(plugin, dirs, rng):
     load_error("two GPUs: load error", ["several GPUs"], config={"instance_group": [{"kind": "KIND_GPU", "gpus": [0, 1]}]})
     load_error("precision int3: load error", ["parameters.precision", "int3"],
                config=dict(GPU, parameters={"precision": {"string_value": "int3"}}))
+    load_error("parameters.engine on a GPU model: load error", ["parameters.engine", "KIND_GPU"],
+               config=dict(GPU, parameters={"engine": {"string_value": "onednn"}}))
     load_error("GPU 1 of one: load error", ["device 1 does not exist"], config={"instance_group": [{"kind": "KIND_GPU", "gpus": [1]}]})
     # an operator the executor lacks (the CPU runs it): a load error naming node and operator
     from onnx import TensorProto, helper
