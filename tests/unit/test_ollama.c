@@ -11,6 +11,8 @@
 #include "api/dialect.h"
 #include "api/ollama.h"
 
+#define NS_PER_S INT64_C(1000000000)
+
 /* A JSON string's text, or "(null)" when it is not one. */
 static const char *
 jstr(const json_t *v)
@@ -29,15 +31,17 @@ parse(const sp_jbuf_t *b)
     return v;
 }
 
-/* A request 50 ms old whose job ran 40 ms and wrote its first token 10 ms ago. */
+/* A request 50 s old whose job ran 40 s and wrote its first token 10 s ago: seconds, so that
+ * the time the test itself takes (e, below: ASan on a loaded host took over 30 ms) stays far
+ * inside the bounds. */
 static void
 req_init(sp_dialect_req_t *d, sp_req_clock_t *c, int flags)
 {
     int64_t now = sp_time_ns();
     memset(c, 0, sizeof *c);
-    c->t0_ns = now - 50000000;
-    c->compute_ns = 40000000;
-    c->first_ns = now - 10000000;
+    c->t0_ns = now - 50 * NS_PER_S;
+    c->compute_ns = 40 * NS_PER_S;
+    c->first_ns = now - 10 * NS_PER_S;
     memset(d, 0, sizeof *d);
     d->model = "\"m\"";
     d->n = 1;
@@ -75,16 +79,16 @@ TEST(ollama_answer_chat_thinking_calls_timings)
     ASSERT_EQ(json_integer_value(json_object_get(v, "prompt_eval_count")), 7);
     ASSERT_EQ(json_integer_value(json_object_get(v, "eval_count")), 9);
     /* the clock's parts, all from one "now" (the write's), e the time since req_init:
-     * total 50 ms + e, load 2 ms, admission (now - 40 ms) to the first token (start - 10 ms)
-     * 30 ms - e, the first token to now 10 ms + e: exact sums */
+     * total 50 s + e, load 2 ms, admission (now - 40 s) to the first token (start - 10 s)
+     * 30 s - e, the first token to now 10 s + e: exact sums */
     int64_t total = json_integer_value(json_object_get(v, "total_duration"));
     int64_t load = json_integer_value(json_object_get(v, "load_duration"));
     int64_t pe = json_integer_value(json_object_get(v, "prompt_eval_duration"));
     int64_t ev = json_integer_value(json_object_get(v, "eval_duration"));
-    ASSERT(total >= 50000000 && total < 80000000); /* e < 30 ms keeps pe positive */
+    ASSERT(total >= 50 * NS_PER_S && total < 80 * NS_PER_S); /* e < 30 s keeps pe positive */
     ASSERT_EQ(load, 2000000);
-    ASSERT_EQ(pe + total, 80000000);
-    ASSERT_EQ(ev, total - 40000000);
+    ASSERT_EQ(pe + total, 80 * NS_PER_S);
+    ASSERT_EQ(ev, total - 40 * NS_PER_S);
     json_decref(v);
     json_decref(calls);
     sp_jbuf_free(&b);
