@@ -91,7 +91,7 @@ typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
 /*
  * Pass 1 for one block: sl[h][lane] = sum_d qt[d][h] kt[d][lane] for the
  * group's heads 0..nh-1 (kt: the tile's rows in float). Heads go 4 (8-wide)
- * or 8 (16-wide) per sweep of the tile, their sums held in registers; heads
+ * or 16 (16-wide) per sweep of the tile, their sums held in registers; heads
  * past nh read zero query rows and are not stored.
  */
 SP_AI void
@@ -134,24 +134,21 @@ scores_w8(int64_t hd, int64_t nh, const float *qt, const float *kt, float *sl)
 SP_AI void
 scores_w16(int64_t hd, int64_t nh, const float *qt, const float *kt, float *sl)
 {
-    for (int64_t hh = 0; hh < nh; hh += 8) {
-        v16 c[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            c[j] = (v16){0};
+    v16 c[HB]; /* all 16 heads in one sweep: 16 of the 32 zmm registers */
+#pragma GCC unroll 16
+    for (int j = 0; j < HB; j++) {
+        c[j] = (v16){0};
+    }
+    for (int64_t d = 0; d < hd; d++) {
+        const v16 kr = LD16(kt + d * LN);
+        const float *qd = qt + d * HB;
+#pragma GCC unroll 16
+        for (int j = 0; j < HB; j++) {
+            c[j] += qd[j] * kr;
         }
-        for (int64_t d = 0; d < hd; d++) {
-            const v16 kr = LD16(kt + d * LN);
-            const float *qd = qt + d * HB + hh;
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                c[j] += qd[j] * kr;
-            }
-        }
-        const int64_t n8 = nh - hh < 8 ? nh - hh : 8;
-        for (int64_t j = 0; j < n8; j++) {
-            ST16(sl + (hh + j) * LN, c[j]);
-        }
+    }
+    for (int64_t j = 0; j < nh; j++) {
+        ST16(sl + j * LN, c[j]);
     }
 }
 
@@ -289,6 +286,67 @@ widen_avx512(const int8_t *q, const float *sf, int64_t d0, int64_t d1, float *ou
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/*
+ * Pass 1 over a Q8_0 block at the AVX-512 level: each int8 row widened and
+ * times its group's scales in a register (the exact dequantised key, as
+ * widen_avx512 writes it), then the 16 heads' FMAs: the same operations in
+ * the same order as scores_w16 over the dequantised tile, so the same bits,
+ * without writing and reading the tile in float.
+ */
+__attribute__((target("avx512f"))) static void
+scores_q8_avx512(int64_t hd, int64_t nh, const float *qt, const int8_t *q8, const float *sf,
+                 float *sl)
+{
+    __m512 c[HB];
+#pragma GCC unroll 16
+    for (int j = 0; j < HB; j++) {
+        c[j] = _mm512_setzero_ps();
+    }
+    for (int64_t g0 = 0; g0 < hd; g0 += GQ) {
+        const int64_t g1 = g0 + GQ < hd ? g0 + GQ : hd;
+        const __m512 sv = _mm512_loadu_ps(sf + g0 / GQ * LN);
+        for (int64_t d = g0; d < g1; d++) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(q8 + d * LN));
+            const __m512 kr = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), sv);
+            const float *qd = qt + d * HB;
+#pragma GCC unroll 16
+            for (int j = 0; j < HB; j++) {
+                c[j] = _mm512_fmadd_ps(_mm512_set1_ps(qd[j]), kr, c[j]);
+            }
+        }
+    }
+    for (int64_t j = 0; j < nh; j++) {
+        _mm512_storeu_ps(sl + j * LN, c[j]);
+    }
+}
+
+/* Pass 1 over an F16 block at the AVX-512 level: each row converted in a
+ * register (exact), then scores_q8_avx512's FMAs: the bits of scores_w16 over
+ * the tile converted to float. */
+__attribute__((target("avx512f"))) static void
+scores_f16_avx512(int64_t hd, int64_t nh, const float *qt, const sp_fp16_t *kt, float *sl)
+{
+    __m512 c[HB];
+#pragma GCC unroll 16
+    for (int j = 0; j < HB; j++) {
+        c[j] = _mm512_setzero_ps();
+    }
+    for (int64_t d = 0; d < hd; d++) {
+        const __m512 kr =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(kt + d * LN)));
+        const float *qd = qt + d * HB;
+#pragma GCC unroll 16
+        for (int j = 0; j < HB; j++) {
+            c[j] = _mm512_fmadd_ps(_mm512_set1_ps(qd[j]), kr, c[j]);
+        }
+    }
+    for (int64_t j = 0; j < nh; j++) {
+        _mm512_storeu_ps(sl + j * LN, c[j]);
+    }
+}
+#endif
+
 /* The level's widen (lvl: 0 baseline, 1 AVX2, 2 AVX-512; a constant in each copy). */
 SP_AI void
 widen(int lvl, const int8_t *q, const float *sf, int64_t d0, int64_t d1, float *out)
@@ -312,7 +370,7 @@ widen(int lvl, const int8_t *q, const float *sf, int64_t d0, int64_t d1, float *
  * int8 rows and s->sf holds every group's 16 scales in float. */
 SP_AI const float *
 block_tile(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int32_t id,
-           const mla_scratch_t *s, const int8_t **q8, int lvl)
+           const mla_scratch_t *s, const int8_t **q8)
 {
     const int64_t hd = a->head_dim;
     if (type == SP_TYPE_F32) {
@@ -328,6 +386,38 @@ block_tile(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, i
     k->to_float[SP_TYPE_F16](t + LN * hd, s->sf, sp_kv_q8_groups(hd) * LN);
     *q8 = (const int8_t *)t;
     return NULL;
+}
+
+/* Pass 1 for block id: the group's scores sl[h][lane], h < nh. */
+SP_AI void
+block_scores(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a, int32_t id,
+             const mla_scratch_t *s, int64_t nh, int lvl, float *sl)
+{
+    const int64_t hd = a->head_dim;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (lvl == 2 && type == SP_TYPE_F16) {
+        scores_f16_avx512(hd, nh, s->qt, (const sp_fp16_t *)a->k + (int64_t)id * a->k_block_stride,
+                          sl);
+        return;
+    }
+#endif
+    const int8_t *q8 = NULL;
+    const float *kt = block_tile(k, type, a, id, s, &q8);
+    if (type == SP_TYPE_Q8_0) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (lvl == 2) {
+            scores_q8_avx512(hd, nh, s->qt, q8, s->sf, sl);
+            return;
+        }
+#endif
+        widen(lvl, q8, s->sf, 0, hd, s->buf); /* the dequantised tile */
+        kt = s->buf;
+    }
+    if (lvl == 2) {
+        scores_w16(hd, nh, s->qt, kt, sl);
+    } else {
+        scores_w8(hd, nh, s->qt, kt, sl);
+    }
 }
 
 /*
@@ -389,18 +479,8 @@ mla_attn_body(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a
         }
         /* 1. scores: s[h] (16 lanes) += q[h][d] key[d] */
         for (int64_t bi = b0; bi < b1; bi++) {
-            const int8_t *q8p = NULL;
-            const float *kt = block_tile(k, type, a, a->blocks[bi], &s, &q8p, lvl);
-            if (q8) { /* the dequantised tile: the same products as a float cache */
-                widen(lvl, q8p, s.sf, 0, hd, s.buf);
-                kt = s.buf;
-            }
             float sl[HB * LN]; /* the group's 16 scores of this block */
-            if (lvl == 2) {
-                scores_w16(hd, nh, s.qt, kt, sl);
-            } else {
-                scores_w8(hd, nh, s.qt, kt, sl);
-            }
+            block_scores(k, type, a, a->blocks[bi], &s, nh, lvl, sl);
             const int64_t p0 = bi * LN > lo ? bi * LN : lo;
             const int64_t p1 = bi * LN + LN < n_kv ? bi * LN + LN : n_kv;
             for (int64_t h = 0; h < nh; h++) {
@@ -432,7 +512,7 @@ mla_attn_body(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a
         memset(s.acc, 0, sizeof(float) * (size_t)(hd * HB));
         for (int64_t bi = b0; bi < b1; bi++) {
             const int8_t *q8p = NULL;
-            const float *kt = block_tile(k, type, a, a->blocks[bi], &s, &q8p, lvl);
+            const float *kt = block_tile(k, type, a, a->blocks[bi], &s, &q8p);
             memset(s.w, 0, sizeof(float) * HB * LN);
             const int64_t p0 = bi * LN > lo ? bi * LN : lo;
             const int64_t p1 = bi * LN + LN < n_kv ? bi * LN + LN : n_kv;
