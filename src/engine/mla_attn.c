@@ -554,11 +554,14 @@ mla_attn_base(const sp_cpu_kernels_t *k, sp_type_t type, const sp_attn_args_t *a
 #if defined(__x86_64__) && defined(__GNUC__)
 /* Products and sums contracted into FMAs in these copies (GCC's ISO mode
  * keeps them apart; clang has no optimize attribute and contracts within a
- * statement by default). */
+ * statement by default). GCC forms FMAs in a pass that -O1 skips (the
+ * sanitizer build's level): expensive-optimizations keeps it on there, so
+ * every build fuses the same operations and the AVX2 copy's vector-extension
+ * FMAs match the AVX-512 copy's explicit ones. */
 #if defined(__clang__)
 #define MLA_CONTRACT
 #else
-#define MLA_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#define MLA_CONTRACT __attribute__((optimize("fp-contract=fast", "expensive-optimizations")))
 #endif
 
 /* Picked by the kernel table's level, so SAMPAN_CPU=scalar runs the baseline
