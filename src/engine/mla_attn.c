@@ -9,15 +9,24 @@
  * its 16 positions times the tile's row d is a 16-lane product, so the
  * value pass is a small product per block, (heads x 16) times (16 x D).
  *
- * Order of work, per group of up to 16 query heads (HB):
- *   1. scores: per block, the tile in float, then for each dimension d and
- *      head h the 16 lanes' q[h][d] * key[d][lane] (GCC vector types, four
- *      heads' sums held in registers over the tile); scaled, soft-capped,
- *      their maximum;
+ * Order of work, per group of up to 16 query heads (HB), whose query rows
+ * are first transposed (qt[d][h]: a dimension's heads side by side):
+ *   1. scores: per block, for each dimension d and head h the 16 lanes'
+ *      q[h][d] * key[d][lane] (4 heads' sums in registers per sweep of the
+ *      tile at 8 lanes a vector, all 16 at the AVX-512 level); a Q8_0 row is
+ *      the int8 row widened times its group's 16 scales (exact), in a
+ *      register at the AVX-512 level, through an L1 buffer once per block
+ *      below it; then scaled, soft-capped, their maximum;
  *   2. exp and sum per head (the kernel table's exp), as the other kernels;
  *   3. values: per block, acc[d][h] += sum over lanes w[lane][h] key[d][lane]
  *      for d >= v_lo (the first R lanes of the output are the rotated part,
- *      which no one reads: set to 0), then divided by the sum.
+ *      which no one reads: set to 0), then divided by the sum. For Q8_0 the
+ *      weights are multiplied by a group's scales once (per group and lane)
+ *      and the sum runs over the widened integers.
+ * Numerics: pass 1 over Q8_0 gives the bits of an F32 cache holding the
+ * dequantised values; pass 3 differs from it by at most (n_kv + 2) 2^-24
+ * max|v| (docs/design-mla.md; test_mla.c: mla_attn_levels_agree). The AVX2
+ * and AVX-512 copies give the same bits (same FMAs, same order).
  * Every head's result depends on its own query row and the sequence's cache
  * alone, in a fixed order (blocks in position order, d, lanes): the same
  * bits whatever other heads or rows share the call, so batch invariance holds
