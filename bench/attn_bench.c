@@ -6,6 +6,9 @@
  *      -o build/attn_bench
  *   ./build/attn_bench [n_kv [head_dim [n_q [level]]]]   (default 512 64 8: TinyLlama at 512;
  *                                                          level scalar|avx2|avx512: only that one)
+ *   ./build/attn_bench mla [n_kv [level]]   the latent shape of DeepSeek-V2-Lite (16 heads,
+ *                                           576 = 64 rotated + 512 latent): the two-tile
+ *                                           kernel (k->attn) vs engine/mla_attn.c
  *
  * One call = one token, the n_q query heads of one KV head, over n_kv cache
  * rows (F32, F16 and Q8_0 cache). Prints ns per call, ns per (query head, row) and
@@ -20,6 +23,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "engine/mla.h"
 #include "kernels/kernels.h"
 
 static int64_t
@@ -30,9 +34,108 @@ cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/*
+ * The latent layout (engine/mla_attn.c): one tile per block, the value read
+ * from the key, against the two-tile layout the shared kernels need (a value
+ * tile repeating the key). Same numbers in both; cold (blocks from memory, as
+ * in decode) only: the warm case of the main mode measures the same compute.
+ * Per level and cache type, the two kernels alternate within each repetition.
+ */
+static int
+mla_main(int64_t n_kv, const char *only)
+{
+    enum { HD = 576, VLO = 64, NQ = 16 };
+    const char *level_names[3] = {"scalar", "avx2", "avx512"};
+    if (n_kv < 1 || n_kv > (1 << 20)) {
+        fprintf(stderr, "usage: attn_bench mla [n_kv [level]]\n");
+        return 2;
+    }
+    const int64_t nblk = (n_kv + 15) / 16;
+    /* per copy: nblk blocks of (key tile, value tile), F32 / F16 / Q8_0 */
+    const int64_t t32 = 16 * HD, t8 = sp_kv_q8_tile_bytes(HD), row8 = sp_kv_q8_row_bytes(HD);
+    const int64_t copy_bytes = nblk * 2 * t32 * 4;
+    const int64_t n_copies = ((int64_t)256 << 20) / copy_bytes + 1;
+    float *q = sp_malloc(sizeof(float) * NQ * HD), *o = sp_malloc(sizeof(float) * NQ * HD);
+    float *c32 = sp_malloc((size_t)(n_copies * nblk * 2 * t32) * sizeof(float));
+    sp_fp16_t *c16 = sp_malloc((size_t)(n_copies * nblk * 2 * t32) * sizeof(sp_fp16_t));
+    char *c8 = sp_malloc((size_t)(n_copies * nblk * 2 * t8));
+    const int64_t sc_n = NQ * sp_attn_scratch_stride(n_kv) + sp__mla_attn_scratch_floats(HD);
+    float *scratch = sp_malloc_aligned((size_t)sc_n * sizeof(float), 64);
+    int32_t *blocks = sp_malloc((size_t)nblk * sizeof(int32_t));
+    if (!q || !o || !c32 || !c16 || !c8 || !scratch || !blocks) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    srand(1);
+    for (int64_t i = 0; i < NQ * HD; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    /* block ids 0, 2, 4, ...: each block's key tile, then its value tile */
+    for (int64_t i = 0; i < nblk; i++) blocks[i] = (int32_t)(2 * i);
+    float row[HD];
+    for (int64_t c = 0; c < n_copies; c++) {
+        for (int64_t p = 0; p < nblk * 16; p++) {
+            const int64_t b = c * nblk + p / 16, l = p % 16;
+            for (int64_t d = 0; d < HD; d++) row[d] = (float)((p * 7 + d * 13 + c) % 1013) / 1013.0f - 0.5f;
+            for (int64_t d = 0; d < HD; d++) {
+                c32[2 * b * t32 + d * 16 + l] = row[d];
+                c32[(2 * b + 1) * t32 + l * HD + d] = row[d];
+                c16[2 * b * t32 + d * 16 + l] = sp_fp32_to_fp16(row[d]);
+                c16[(2 * b + 1) * t32 + l * HD + d] = sp_fp32_to_fp16(row[d]);
+            }
+            sp_kv_q8_store_key(c8 + 2 * b * t8, l, row, HD);
+            sp_kv_q8_store_value(c8 + (2 * b + 1) * t8 + l * row8, row, HD);
+        }
+    }
+    printf("mla: n_kv %lld, %d heads, head_dim %d (values from %d), cold (%lld copies), "
+           "ns per call, best of 5\n",
+           (long long)n_kv, NQ, HD, VLO, (long long)n_copies);
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+        if (k == NULL || (only != NULL && strcmp(only, level_names[lv]) != 0)) continue;
+        for (int kind = 0; kind < 3; kind++) {
+            const sp_type_t kt = kind == 2 ? SP_TYPE_Q8_0 : kind == 1 ? SP_TYPE_F16 : SP_TYPE_F32;
+            const int64_t reps = lv == SP_CPU_SCALAR ? 2 : n_copies;
+            int64_t best[2] = {INT64_MAX, INT64_MAX};
+            for (int r = 0; r < 5; r++) {
+                for (int which = 0; which < 2; which++) {
+                    int64_t t0 = cpu_ns();
+                    for (int64_t i = 0; i < reps; i++) {
+                        const int64_t c = i % n_copies;
+                        const void *base = kind == 2   ? (const void *)(c8 + c * nblk * 2 * t8)
+                                           : kind == 1 ? (const void *)(c16 + c * nblk * 2 * t32)
+                                                       : (const void *)(c32 + c * nblk * 2 * t32);
+                        const int64_t tile = kind == 2 ? t8 : t32;
+                        const size_t elt = kind == 2 ? 1 : kind == 1 ? 2 : 4;
+                        sp_attn_args_t a = {
+                            .head_dim = HD, .n_q = NQ, .n_kv = n_kv, .q = q, .q_stride = HD,
+                            .k = base, .v = (const char *)base + tile * (int64_t)elt,
+                            .blocks = blocks, .k_block_stride = tile, .v_block_stride = tile,
+                            .v_stride = kind == 2 ? row8 : HD, .scale = 0.07f, .o = o,
+                            .o_stride = HD, .scratch = scratch,
+                        };
+                        if (which == 0) {
+                            k->attn[kt](&a);
+                        } else {
+                            sp__mla_attn(k, kt, &a, VLO);
+                        }
+                    }
+                    const int64_t dt = (cpu_ns() - t0) / reps;
+                    best[which] = dt < best[which] ? dt : best[which];
+                }
+            }
+            printf("%-18s %-4s two-tile %10lld  latent %10lld  latent/two-tile time %.2f\n",
+                   k->name, kind == 2 ? "q8_0" : kind == 1 ? "f16" : "f32", (long long)best[0],
+                   (long long)best[1], (double)best[1] / (double)best[0]);
+        }
+    }
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "mla") == 0) {
+        return mla_main(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? argv[3] : NULL);
+    }
     const int64_t n_kv = argc > 1 ? atoll(argv[1]) : 512;
     const int64_t hd = argc > 2 ? atoll(argv[2]) : 64;
     const int64_t n_q = argc > 3 ? atoll(argv[3]) : 8;

@@ -78,6 +78,25 @@ sp_status_t sp_kv_pool_check_split(const sp_model_t *m, const sp_kv_pool_params_
                                    int64_t n_swa_blocks, char *err, size_t err_len);
 /* The sliding part's blocks of a two-part pool; 0 for a one-part pool. */
 int64_t sp_kv_pool_n_swa_blocks(const sp_kv_pool_t *kv);
+/*
+ * One sequence's sliding blocks kept as a ring (a private cache that only
+ * moves forward or goes back a little: sp_ctx, the scheduler's draft slots):
+ * sliding entry i (positions 16 i .. 16 i + 15) lives in ring block
+ * base + i % n_ring, and ring_entry[r] (n_ring of them, -1 at first) records
+ * which entry ring block base + r holds. The smallest ring for steps of up to
+ * n_rows rows: sp_kv_ring_blocks(n_swa, n_rows).
+ *
+ * sp_kv_ring_step prepares the sliding table tab (n_tab entries, the second
+ * half of sp_batch_seq_t.blocks) for a step writing positions pos..pos+n-1:
+ * the entries from the window of pos to the block of pos + n - 1 are the
+ * ring's, every other one -1 (never read). false, and nothing changed, when
+ * that range is longer than the ring or an entry holding positions before pos
+ * was overwritten by a later one (a rewind further back than the ring
+ * reaches): the caller recomputes from an earlier position (0 always works).
+ */
+int64_t sp_kv_ring_blocks(int64_t n_swa, int64_t n_rows);
+bool sp_kv_ring_step(int64_t n_swa, int64_t n_ring, int32_t base, int64_t *ring_entry,
+                     int32_t *tab, int64_t n_tab, int64_t pos, int64_t n);
 /* Copy block src's contents to dst (copy-on-write of a shared partial block;
  * of a two-part pool, the global part's block). Ids outside the pool, or
  * dst == src, do nothing. Not during a step. */

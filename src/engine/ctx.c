@@ -121,7 +121,7 @@ ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char 
     L->n_ring = 0;
     if (m->enc == NULL && sp_kv_swa_block_bytes(m, p->kv_type) > 0 &&
         sp_gpu_model_layers(m) == 0) {
-        const int64_t ring = (L->p.n_batch + hp->n_swa + SP_KV_BLOCK - 1) / SP_KV_BLOCK + 2;
+        const int64_t ring = sp_kv_ring_blocks(hp->n_swa, L->p.n_batch);
         L->n_ring = ring < L->n_blocks ? ring : 0;
     }
     if ((st = sp_kv_pool_check_split(m, &L->kp, L->n_ring, err, err_len)) != SP_OK) {
@@ -258,27 +258,9 @@ ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_ou
          bool logits)
 {
     SP_ASSERT(n >= 1 && n <= c->n_batch && pos >= 0 && pos + n <= c->n_ctx); /* the private pool */
-    if (c->n_ring > 0) {
-        /* The sliding entries this step reads or writes: from the first row's window
-         * to the last row (fewer than n_ring by the ring's size), in ring blocks. */
-        const int64_t swa = c->m->hp.n_swa;
-        const int64_t lo = (pos + 1 - swa > 0 ? pos + 1 - swa : 0) / SP_KV_BLOCK;
-        const int64_t hi = (pos + n - 1) / SP_KV_BLOCK;
-        int32_t *tab = c->blocks + c->n_blocks;
-        SP_ASSERT(hi - lo + 1 <= c->n_ring);
-        for (int64_t i = lo; i <= hi; i++) {
-            /* an entry holding positions before pos must still be in its ring block */
-            if (i * SP_KV_BLOCK < pos && c->ring_entry[i % c->n_ring] != i) {
-                return SP_ERR_INVALID;
-            }
-        }
-        for (int64_t i = 0; i < c->n_blocks; i++) {
-            tab[i] = -1; /* outside the step's range: never read (batch.c checks) */
-        }
-        for (int64_t i = lo; i <= hi; i++) {
-            c->ring_entry[i % c->n_ring] = i;
-            tab[i] = (int32_t)(i % c->n_ring);
-        }
+    if (c->n_ring > 0 && !sp_kv_ring_step(c->m->hp.n_swa, c->n_ring, 0, c->ring_entry,
+                                           c->blocks + c->n_blocks, c->n_blocks, pos, n)) {
+        return SP_ERR_INVALID; /* a rewind further back than the ring reaches */
     }
     sp_batch_seq_t s = {tokens, n, pos, c->blocks, c->n_blocks, logits, 0, NULL};
     float *all = out == SP_BATCH_OUT_ALL ? c->logits + pos * c->m->hp.n_vocab : NULL;

@@ -16,6 +16,7 @@
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "core/assert.h"
 #include "engine/batch.h"
 #include "engine/gpu.h"
 #include "engine/model_impl.h"
@@ -281,3 +282,37 @@ sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
     }
 }
 
+
+int64_t
+sp_kv_ring_blocks(int64_t n_swa, int64_t n_rows)
+{
+    /* the rows, the window of the first one, the block that window's start
+     * straddles and the one the last row's block may start past a boundary */
+    return (n_rows + n_swa + SP_KV_BLOCK - 1) / SP_KV_BLOCK + 2;
+}
+
+bool
+sp_kv_ring_step(int64_t n_swa, int64_t n_ring, int32_t base, int64_t *ring_entry, int32_t *tab,
+                int64_t n_tab, int64_t pos, int64_t n)
+{
+    SP_ASSERT(n_ring >= 1 && n >= 1 && pos >= 0 && (pos + n - 1) / SP_KV_BLOCK < n_tab);
+    const int64_t lo = (pos + 1 - n_swa > 0 ? pos + 1 - n_swa : 0) / SP_KV_BLOCK;
+    const int64_t hi = (pos + n - 1) / SP_KV_BLOCK;
+    if (hi - lo + 1 > n_ring) {
+        return false;
+    }
+    for (int64_t i = lo; i <= hi; i++) {
+        /* an entry holding positions before pos must still be in its ring block */
+        if (i * SP_KV_BLOCK < pos && ring_entry[i % n_ring] != i) {
+            return false;
+        }
+    }
+    for (int64_t i = 0; i < n_tab; i++) {
+        tab[i] = -1; /* outside the step's range: never read (batch.c checks) */
+    }
+    for (int64_t i = lo; i <= hi; i++) {
+        ring_entry[i % n_ring] = i;
+        tab[i] = base + (int32_t)(i % n_ring);
+    }
+    return true;
+}

@@ -183,13 +183,20 @@ struct sp_sched {
     bool step_filled;      /* its prefill used the whole budget */
     /* Speculative decoding (p.draft): the draft's own cache, one slot of
      * d_per_slot blocks per running sequence (no prefix sharing: the draft is
-     * small and cheap to catch up), its batch and rows. */
+     * small and cheap to catch up), its batch and rows. A draft with
+     * sliding-window layers has a two-part cache: its sliding layers keep a
+     * ring of d_ring blocks per slot (sp_kv_ring_step), not d_per_slot. */
     sp_kv_pool_t *d_kv;
     sp_batch_t *d_batch;
     sp_batch_seq_t *d_rows;
     seq_t **d_seqs;
-    int32_t *d_block_ids; /* slot i: ids i * d_per_slot .. */
+    int32_t *d_block_ids; /* slot i's table at i * d_tab: global ids i * d_per_slot ..,
+                             then (with a ring) d_per_slot sliding entries */
     int64_t d_per_slot;
+    int64_t d_tab;        /* d_per_slot, or 2 d_per_slot with a ring */
+    int64_t d_ring;       /* sliding ring blocks per slot; 0: a one-part cache */
+    int64_t d_swa;        /* the draft's window (with a ring) */
+    int64_t *d_ring_entry; /* (n_slots x d_ring) the entry each ring block holds */
     bool *d_slot_used;
     float *logits;   /* n_vocab scratch for sampling */
     float *emb;      /* n_embd scratch for embeddings */
@@ -615,6 +622,9 @@ running_add(sp_sched_t *s, seq_t *sq)
         if (!s->d_slot_used[i]) {
             s->d_slot_used[i] = true;
             sq->d_slot = i;
+            for (int64_t r = 0; r < s->d_ring; r++) {
+                s->d_ring_entry[i * s->d_ring + r] = -1; /* nothing of this sequence yet */
+            }
             break;
         }
     }
@@ -1016,7 +1026,25 @@ plan_row(sp_sched_t *s, seq_t *sq, int64_t n)
 static const int32_t *
 draft_blocks(const sp_sched_t *s, const seq_t *sq)
 {
-    return s->d_block_ids + (int64_t)sq->d_slot * s->d_per_slot;
+    return s->d_block_ids + (int64_t)sq->d_slot * s->d_tab;
+}
+
+/* Before a draft step writing positions pos..pos+n-1 of sq: its ring's
+ * sliding entries for that step (nothing to do without a ring). false when
+ * the ring no longer holds the window of pos (a rewind further back than it
+ * reaches; its size makes that impossible for the rewinds speculative
+ * decoding does, this is the guard). */
+static bool
+draft_ring_step(sp_sched_t *s, const seq_t *sq, int64_t pos, int64_t n)
+{
+    if (s->d_ring == 0) {
+        return true;
+    }
+    const int64_t slot = sq->d_slot;
+    return sp_kv_ring_step(s->d_swa, s->d_ring, (int32_t)(slot * s->d_ring),
+                           s->d_ring_entry + slot * s->d_ring,
+                           s->d_block_ids + slot * s->d_tab + s->d_per_slot, s->d_per_slot, pos,
+                           n);
 }
 
 /* Proposals per decoding sequence for this step: at most spec_k, within its
@@ -1110,6 +1138,16 @@ draft_propose(sp_sched_t *s)
                 continue;
             }
             int64_t take = rem < max_rows - rows ? rem : max_rows - rows;
+            if (!draft_ring_step(s, sq, sq->d_computed, take)) {
+                /* the ring lost the window: the draft starts this sequence over */
+                sq->d_computed = 0;
+                rem = sq->n_tokens;
+                take = rem < max_rows - rows ? rem : max_rows - rows;
+                if (!draft_ring_step(s, sq, 0, take)) {
+                    sq->spec_k = 0; /* not reached (the ring holds max_rows rows) */
+                    continue;
+                }
+            }
             s->d_rows[n] = (sp_batch_seq_t){sq->tokens + sq->d_computed, take, sq->d_computed,
                                             draft_blocks(s, sq), s->d_per_slot,
                                             take == rem, 0, NULL};
@@ -1141,6 +1179,10 @@ draft_propose(sp_sched_t *s)
                 continue;
             }
             int64_t at = sq->n_tokens + j - 1; /* proposal j - 1's index and position */
+            if (!draft_ring_step(s, sq, at, 1)) {
+                sq->spec_k = j; /* not reached: the proposals so far stand */
+                continue;
+            }
             s->d_rows[n] = (sp_batch_seq_t){sq->tokens + at, 1, at, draft_blocks(s, sq),
                                             s->d_per_slot, true, 0, NULL};
             s->d_seqs[n++] = sq;
@@ -1517,6 +1559,7 @@ typedef struct sched_plan {
     sp_batch_params_t bp;   /* the step batch */
     /* speculative decoding: the draft's cache (a slot per sequence) and batch */
     int64_t d_per_slot;
+    int64_t d_ring; /* sliding ring blocks per slot (a two-part draft cache), or 0 */
     sp_kv_pool_params_t dkp;
     sp_batch_params_t dbp;
 } sched_plan_t;
@@ -1644,6 +1687,15 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     }
     o->d_per_slot = per_seq;
     o->dkp = (sp_kv_pool_params_t){.n_blocks = per_seq * p->n_slots, .type = p->kv_type};
+    /* A draft with sliding-window layers keeps a ring per slot for them (as
+     * sp_ctx does: the rows of one draft step and the window of its first),
+     * when that is smaller than a whole slot; --kv-swa-full keeps whole slots. */
+    o->d_ring = 0;
+    if (!p->kv_swa_full && !sp_model_is_encoder(p->draft) &&
+        sp_kv_swa_block_bytes(p->draft, p->kv_type) > 0) {
+        const int64_t ring = sp_kv_ring_blocks(sp_model_hparams(p->draft)->n_swa, o->prefill_chunk);
+        o->d_ring = ring < per_seq ? ring : 0;
+    }
     o->dbp = sp_batch_default_params();
     o->dbp.max_tokens = o->prefill_chunk;
     o->dbp.max_seqs = p->n_slots;
@@ -1726,10 +1778,11 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     }
     if (p->draft != NULL) {
         const uint64_t dparts[] = {
-            sp_kv_pool_bytes(p->draft, &pl.dkp),
+            sp_kv_pool_bytes_split(p->draft, &pl.dkp, pl.d_ring * p->n_slots),
             sp_batch_bytes(p->draft, &pl.dbp),
             (uint64_t)p->n_slots * (sizeof(sp_batch_seq_t) + sizeof(seq_t *) + sizeof(bool)),
-            (uint64_t)(pl.d_per_slot * p->n_slots) * sizeof(int32_t),
+            (uint64_t)(pl.d_per_slot * (pl.d_ring > 0 ? 2 : 1) * p->n_slots) * sizeof(int32_t),
+            (uint64_t)(pl.d_ring * p->n_slots) * sizeof(int64_t),
         };
         for (size_t i = 0; i < sizeof dparts / sizeof dparts[0]; i++) {
             scratch = add_sat(scratch, dparts[i] == SIZE_MAX ? UINT64_MAX : dparts[i]);
@@ -1805,20 +1858,33 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
         st = sp_batch_create(m, &pl.bp, &s->batch, err, err_len);
     }
     if (st == SP_OK && p->draft != NULL) {
-        st = sp_kv_pool_create(p->draft, &pl.dkp, &s->d_kv, err, err_len);
+        st = sp_kv_pool_create_split(p->draft, &pl.dkp, pl.d_ring * p->n_slots, &s->d_kv, err,
+                                     err_len);
         if (st == SP_OK) {
             st = sp_batch_create(p->draft, &pl.dbp, &s->d_batch, err, err_len);
         }
         s->d_per_slot = pl.d_per_slot;
+        s->d_ring = pl.d_ring;
+        s->d_swa = sp_model_hparams(p->draft)->n_swa;
+        s->d_tab = pl.d_per_slot * (pl.d_ring > 0 ? 2 : 1);
         s->d_rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_rows);
         s->d_seqs = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_seqs);
         s->d_slot_used = sp_calloc((size_t)s->p.n_slots, sizeof *s->d_slot_used);
-        s->d_block_ids = sp_malloc((size_t)(pl.d_per_slot * s->p.n_slots) * sizeof(int32_t));
-        if (st == SP_OK && (!s->d_rows || !s->d_seqs || !s->d_slot_used || !s->d_block_ids)) {
+        s->d_block_ids = sp_malloc((size_t)(s->d_tab * s->p.n_slots) * sizeof(int32_t));
+        s->d_ring_entry =
+            pl.d_ring > 0 ? sp_malloc((size_t)(pl.d_ring * s->p.n_slots) * sizeof(int64_t)) : NULL;
+        if (st == SP_OK && (!s->d_rows || !s->d_seqs || !s->d_slot_used || !s->d_block_ids ||
+                            (pl.d_ring > 0 && s->d_ring_entry == NULL))) {
             st = sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
         }
-        for (int64_t b = 0; st == SP_OK && b < pl.d_per_slot * s->p.n_slots; b++) {
-            s->d_block_ids[b] = (int32_t)b;
+        for (int64_t i = 0; st == SP_OK && i < s->p.n_slots; i++) {
+            int32_t *tab = s->d_block_ids + i * s->d_tab;
+            for (int64_t b = 0; b < pl.d_per_slot; b++) {
+                tab[b] = (int32_t)(i * pl.d_per_slot + b); /* the slot's global blocks */
+            }
+            for (int64_t b = pl.d_per_slot; b < s->d_tab; b++) {
+                tab[b] = -1; /* sliding entries: set per step (draft_ring_step) */
+            }
         }
     }
     if (st != SP_OK) {
@@ -1841,12 +1907,14 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     const size_t swa_bb = pl.nb_swa > 0 ? sp_kv_swa_block_bytes(m, p->kv_type) : 0;
     SP_LOG_INFO("event=sched_ready kv_blocks=%lld kv_block_bytes=%zu kv_swa_blocks=%lld "
                 "kv_swa_block_bytes=%zu kv_type=%s step_tokens=%d "
-                "max_seqs=%d ctx=%lld tpot_target_ms=%g speculative_tokens=%d",
+                "max_seqs=%d ctx=%lld tpot_target_ms=%g speculative_tokens=%d "
+                "draft_swa_ring_blocks=%lld",
                 (long long)pl.nb, sp_kv_block_bytes(m, p->kv_type) - swa_bb,
                 (long long)pl.nb_swa, swa_bb, sp_kv_type_name(p->kv_type),
                 s->p.prefill_chunk,
                 s->p.n_slots, (long long)s->n_ctx,
-                p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0, p->draft ? p->spec_k : 0);
+                p->tpot_target_ms > 0 ? p->tpot_target_ms : 0.0, p->draft ? p->spec_k : 0,
+                (long long)(p->draft ? pl.d_ring : 0));
     *out = s;
     return SP_OK;
 }
@@ -1884,6 +1952,7 @@ sp_sched_destroy(sp_sched_t *s)
     sp_free(s->d_seqs);
     sp_free(s->d_slot_used);
     sp_free(s->d_block_ids);
+    sp_free(s->d_ring_entry);
     sp_blocks_destroy(s->blocks);
     sp_blocks_destroy(s->swa_blocks);
     sp_free(s->swa_have);

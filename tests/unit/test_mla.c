@@ -490,3 +490,132 @@ TEST(mla_attn_matches_two_tile_kernel)
     sp_free(o2);
     sp_free(sc);
 }
+
+/*
+ * The latent kernel at every level this CPU has (the baseline copy, AVX2,
+ * AVX-512), on a 37-head call (two groups of 16 and a partial one), head_dim
+ * 80 (two Q8_0 groups and a partial one, values from lane 16), 70 positions
+ * over 5 scattered blocks, unwritten lanes holding NaN (F32/F16) or NaN
+ * scales (Q8_0):
+ *  - each level against the reference kernel on the two-tile layout (1e-5);
+ *  - the AVX2 and AVX-512 copies give the same bits (each output element is
+ *    the same FMAs in the same order at both widths; the only level-specific
+ *    step, the table's exp, agrees on these arguments);
+ *  - a Q8_0 cache against an F32 cache holding its dequantised values, same
+ *    level: pass 1 is identical (the dequantised key is exact), pass 3
+ *    rounds w * s once per (group, lane) before the FMA with the integer,
+ *    where the F32 path fuses w * (q s): each term moves by at most
+ *    u |w s q| (u = 2^-24), and the n_kv accumulations after it by at most
+ *    u |acc| each, so |difference| <= (n_kv + 2) u max|v| (weights over
+ *    their sum: the division keeps it relative, one more u).
+ */
+TEST(mla_attn_levels_agree)
+{
+    enum { HD = 80, VLO = 16, NQ = 37, NKV = 70, NB = 6 };
+    static const sp_type_t types[3] = {SP_TYPE_F32, SP_TYPE_F16, SP_TYPE_Q8_0};
+    const int32_t blocks[5] = {4, 1, 5, 0, 2};
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    const sp_cpu_kernels_t *lv[3] = {sp_cpu_kernels_for(SP_CPU_SCALAR),
+                                     sp_cpu_kernels_for(SP_CPU_AVX2),
+                                     sp_cpu_kernels_for(SP_CPU_AVX512)};
+    float *x = sp_malloc(sizeof(float) * NKV * HD), *q = sp_malloc(sizeof(float) * NQ * HD);
+    /* out[type][level] (NQ x HD), the reference's, and the F32 path over the dequantised cache */
+    float *out = sp_malloc(sizeof(float) * 3 * 3 * NQ * HD);
+    float *want = sp_malloc(sizeof(float) * NQ * HD), *deq = sp_malloc(sizeof(float) * NQ * HD);
+    const int64_t sc_n = NQ * sp_attn_scratch_stride(NKV) + sp__mla_attn_scratch_floats(HD);
+    float *sc = sp_malloc(sizeof(float) * (size_t)sc_n);
+    ASSERT(x && q && out && want && deq && sc && lv[0] != NULL);
+    for (int64_t i = 0; i < NQ * HD; i++) {
+        q[i] = rng_f(0.5f);
+    }
+    float vmax = 0.0f;
+    for (int64_t i = 0; i < NKV * HD; i++) {
+        x[i] = rng_f(2.0f);
+        vmax = fabsf(x[i]) > vmax ? fabsf(x[i]) : vmax;
+    }
+    const int64_t t8 = sp_kv_q8_tile_bytes(HD), r8 = sp_kv_q8_row_bytes(HD);
+    const int64_t t32 = (int64_t)SP_KV_BLOCK * HD;
+    /* per block: key tile then value tile; F32, F16, Q8_0, and F32 of the Q8_0 values */
+    char *p32 = sp_malloc((size_t)(NB * 2 * t32) * 4), *p16 = sp_malloc((size_t)(NB * 2 * t32) * 2);
+    char *p8 = sp_malloc((size_t)(NB * 2 * t8)), *pd = sp_malloc((size_t)(NB * 2 * t32) * 4);
+    ASSERT(p32 && p16 && p8 && pd);
+    memset(p32, 0xff, (size_t)(NB * 2 * t32) * 4);
+    memset(p16, 0xff, (size_t)(NB * 2 * t32) * 2);
+    memset(p8, 0xff, (size_t)(NB * 2 * t8));
+    memset(pd, 0xff, (size_t)(NB * 2 * t32) * 4);
+    for (int64_t p = 0; p < NKV; p++) {
+        const int64_t b = blocks[p / SP_KV_BLOCK], l = p % SP_KV_BLOCK;
+        const float *v = x + p * HD;
+        char *k8 = p8 + 2 * b * t8;
+        sp_kv_q8_store_key(k8, l, v, HD);
+        sp_kv_q8_store_value(k8 + t8 + l * r8, v, HD);
+        for (int64_t d = 0; d < HD; d++) {
+            float *k32 = (float *)p32 + 2 * b * t32, *kd = (float *)pd + 2 * b * t32;
+            sp_fp16_t *k16 = (sp_fp16_t *)p16 + 2 * b * t32;
+            k32[d * SP_KV_BLOCK + l] = k32[t32 + l * HD + d] = v[d];
+            k16[d * SP_KV_BLOCK + l] = k16[t32 + l * HD + d] = sp_fp32_to_fp16(v[d]);
+            kd[d * SP_KV_BLOCK + l] = kd[t32 + l * HD + d] = sp_kv_q8_key(k8, l, d, HD);
+        }
+    }
+    const float tol_q8 = (float)(NKV + 2) * 0x1p-24f * vmax;
+    for (int ti = 0; ti < 3; ti++) {
+        const sp_type_t t = types[ti];
+        const size_t elt = t == SP_TYPE_F32 ? 4 : t == SP_TYPE_F16 ? 2 : 1;
+        const int64_t tile = t == SP_TYPE_Q8_0 ? t8 : t32;
+        char *pool = t == SP_TYPE_F32 ? p32 : t == SP_TYPE_F16 ? p16 : p8;
+        sp_attn_args_t a = {
+            .head_dim = HD, .n_q = NQ, .n_kv = NKV, .q = q, .q_stride = HD, .k = pool,
+            .v = pool + (size_t)tile * elt, .blocks = blocks, .k_block_stride = 2 * tile,
+            .v_block_stride = 2 * tile, .v_stride = t == SP_TYPE_Q8_0 ? r8 : HD,
+            .scale = 0.3f, .o = want, .o_stride = HD, .scratch = sc,
+        };
+        ref->attn[t](&a);
+        for (int l = 0; l < 3; l++) {
+            if (lv[l] == NULL) {
+                printf("skipped: mla_attn_levels_agree: no %s level on this CPU\n",
+                       l == 1 ? "AVX2" : "AVX-512");
+                continue;
+            }
+            float *o = out + (ti * 3 + l) * NQ * HD;
+            a.o = o;
+            sp__mla_attn(lv[l], t, &a, VLO);
+            for (int64_t i = 0; i < NQ * HD; i++) {
+                const float w = i % HD < VLO ? 0.0f : want[i];
+                if (!(fabsf(o[i] - w) <= 1e-5f)) {
+                    SP_TEST_FAIL("type %d level %d head %lld lane %lld: %g vs reference %g", ti,
+                                 l, (long long)(i / HD), (long long)(i % HD), o[i], w);
+                }
+            }
+            if (l == 2 && lv[1] != NULL &&
+                memcmp(o, out + (ti * 3 + 1) * NQ * HD, sizeof(float) * NQ * HD) != 0) {
+                SP_TEST_FAIL("type %d: the AVX-512 copy's bits differ from the AVX2 copy's", ti);
+            }
+            if (t == SP_TYPE_Q8_0) {
+                sp_attn_args_t ad = a;
+                ad.k = pd;
+                ad.v = pd + (size_t)t32 * 4;
+                ad.k_block_stride = ad.v_block_stride = 2 * t32;
+                ad.v_stride = HD;
+                ad.o = deq;
+                sp__mla_attn(lv[l], SP_TYPE_F32, &ad, VLO);
+                for (int64_t i = 0; i < NQ * HD; i++) {
+                    if (!(fabsf(o[i] - deq[i]) <= tol_q8)) {
+                        SP_TEST_FAIL("level %d head %lld lane %lld: q8_0 %g vs f32 of its values "
+                                     "%g (bound %g)", l, (long long)(i / HD), (long long)(i % HD),
+                                     o[i], deq[i], tol_q8);
+                    }
+                }
+            }
+        }
+    }
+    sp_free(p32);
+    sp_free(p16);
+    sp_free(p8);
+    sp_free(pd);
+    sp_free(x);
+    sp_free(q);
+    sp_free(out);
+    sp_free(want);
+    sp_free(deq);
+    sp_free(sc);
+}
