@@ -42,6 +42,8 @@ typedef struct onnx_model {
     int64_t in_model_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS]; /* -1 free */
     int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
     uint64_t dnnl_created;    /* primitives created when last logged */
+    uint64_t plans_logged;    /* arena plans made when last logged */
+    char name[128];           /* for log lines */
 } onnx_model_t;
 
 /* The engine: parameters.engine ("onednn" or "own"), else SAMPAN_ONNX_ENGINE, else oneDNN
@@ -241,6 +243,7 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         goto done;
     }
     m->run.g = m->g;
+    snprintf(m->name, sizeof m->name, "%s", args->model_name ? args->model_name : "");
     m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
     bool use_dnnl = false, bf16 = false;
     if (m->gpu && sp__bk_config_param(&cfg, "engine") != NULL) {
@@ -468,6 +471,20 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     }
     rc = 0;
 done:
+    if (r->plans_made != m->plans_logged && r->last_made) {
+        /* A new arena plan (a new batch size): its peak against all activations side by side. */
+        const sp_ox_plan_t *p = r->last_made;
+        char shp[160] = "";
+        size_t o = 0;
+        for (int32_t i = 0; i < m->g->n_inputs && o < sizeof shp - 40; i++) {
+            char d[96];
+            sp_ox_shape_str(p->dims[i], p->nd[i], d, sizeof d);
+            o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%s", i ? "," : "", d);
+        }
+        m->plans_logged = r->plans_made;
+        sp__bk_log(&m->host, 1, "backend=onnx model=%s activation_plan inputs=%s activation_arena_bytes=%zu "
+                   "activation_sum_bytes=%zu plans=%d", m->name, shp, p->peak, p->sum, (int)r->n_plans);
+    }
     sp_ox_run_release_all(r);
     if (r->dnnl) {
         /* New primitives (a new batch size) are worth a debug line; steady state is quiet. */
