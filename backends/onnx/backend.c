@@ -253,6 +253,14 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         goto done;
     }
     if (!m->gpu && pick_engine(&cfg, &use_dnnl, &bf16, err, err_len)) goto done;
+    /* SAMPAN_ONNX_ARENA=0: activations from the buffer pool only, no arena plan (plan.c), for
+     * comparing the two; the oneDNN engine never plans. */
+    const char *arena = getenv("SAMPAN_ONNX_ARENA");
+    if (arena && strcmp(arena, "0") != 0 && strcmp(arena, "1") != 0) {
+        sp__bk_errf(err, err_len, "onnx: SAMPAN_ONNX_ARENA=\"%.20s\": 0 or 1", arena);
+        goto done;
+    }
+    m->run.no_arena = use_dnnl || (arena && strcmp(arena, "0") == 0);
     /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
     if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;
     const Onnx__GraphProto *gp = m->g->proto->graph;
@@ -355,11 +363,13 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
      * layout: one copy in the usual case). */
     if (use_dnnl) info->memory_bytes += m->g->const_bytes;
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
-               "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s",
+               "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s "
+               "activation_arena=%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
-               m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32");
+               m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32",
+               m->gpu || m->run.no_arena ? "off" : "per_input_shape");
     *model = m;
     m = NULL;
     rc = 0;
