@@ -158,6 +158,10 @@ def main():
                 print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
             if b > a.own_max_batch:
                 print(f"{model} batch {b:>2} own: left out (above --own-max-batch {a.own_max_batch})")
+        # The resident set with the models still loaded, after their last batch (steady state;
+        # the peak below includes each new shape's first run, which plans the arena).
+        rss = [ln for ln in open("/proc/self/status") if ln.startswith(("VmRSS", "VmHWM"))]
+        print(f"# {model}: " + ", ".join(" ".join(ln.split()) for ln in rss), flush=True)
         for mm in (m_dnnl, m_own, m_pool, m_bf16):
             if mm is not None:
                 mm.close()

@@ -125,6 +125,7 @@ typedef struct sp_ox_plan {
     size_t peak;              /* arena bytes the plan needs */
     size_t sum;               /* bytes of all its activations side by side */
     uint64_t used;            /* run counter when last used */
+    uint64_t outs_sig;        /* which values were kept to the end (is_output) when made */
 } sp_ox_plan_t;
 
 typedef struct sp_ox_run {

@@ -40,6 +40,18 @@ same_inputs(const sp_ox_graph_t *g, const sp_ox_plan_t *p)
     return true;
 }
 
+/* A signature of the values kept to the end of a run: a caller that marks more of them
+ * (optimize.c's calibration keeps activations) gets new plans. */
+static uint64_t
+outs_sig(const sp_ox_graph_t *g)
+{
+    uint64_t h = 0;
+    for (int32_t v = 0; v < g->n_values; v++) {
+        if (g->values[v].is_output) h = (h ^ (uint64_t)(v + 1)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
 void
 sp_ox_plan_begin(sp_ox_run_t *r)
 {
@@ -53,8 +65,9 @@ sp_ox_plan_begin(sp_ox_run_t *r)
         if (r->handed == NULL) return; /* the pool alone still works */
     }
     sp_ox_plan_t *p = NULL;
+    uint64_t sig = outs_sig(g);
     for (int32_t i = 0; i < r->n_plans && p == NULL; i++) {
-        if (same_inputs(g, &r->plans[i])) p = &r->plans[i];
+        if (r->plans[i].outs_sig == sig && same_inputs(g, &r->plans[i])) p = &r->plans[i];
     }
     if (p == NULL) {
         r->rec = calloc((size_t)g->n_values + 1, sizeof *r->rec); /* NULL: a run without a plan */
@@ -170,6 +183,7 @@ make_plan(sp_ox_run_t *r)
     p->peak = peak;
     p->sum = sum;
     p->used = r->runs;
+    p->outs_sig = outs_sig(g);
     off = size = NULL;
     r->trim_pool = true;
     r->plans_made++;
