@@ -73,18 +73,19 @@ sp_ox_plan_begin(sp_ox_run_t *r)
         r->rec = calloc((size_t)g->n_values + 1, sizeof *r->rec); /* NULL: a run without a plan */
         return;
     }
+    if (r->trim_pool) {
+        /* The pool's buffers of the recording runs are the arena's job now (inputs and
+         * temporaries take from the pool again, and keep what they need); freed before the
+         * arena grows, so that both are not held at once. */
+        for (int32_t i = 0; i < r->n_free; i++) free(r->free_bufs[i].data);
+        r->n_free = 0;
+        r->trim_pool = false;
+    }
     if (r->arena_cap < p->peak) {
         free(r->arena);
         r->arena = sp_ox_aligned_alloc(p->peak);
         r->arena_cap = r->arena ? p->peak : 0;
         if (r->arena == NULL) return;
-    }
-    if (r->trim_pool) {
-        /* The pool's buffers of the recording runs are the arena's job now (inputs and
-         * temporaries take from the pool again, and keep what they need). */
-        for (int32_t i = 0; i < r->n_free; i++) free(r->free_bufs[i].data);
-        r->n_free = 0;
-        r->trim_pool = false;
     }
     p->used = r->runs;
     r->plan = p;
