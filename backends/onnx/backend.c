@@ -493,7 +493,8 @@ done:
         }
         m->plans_logged = r->plans_made;
         sp__bk_log(&m->host, 1, "backend=onnx model=%s activation_plan inputs=%s activation_arena_bytes=%zu "
-                   "activation_sum_bytes=%zu plans=%d", m->name, shp, p->peak, p->sum, (int)r->n_plans);
+                   "activation_sum_bytes=%zu pool_bytes=%zu plans=%d", m->name, shp, p->peak, p->sum,
+                   p->pool, (int)r->n_plans);
     }
     sp_ox_run_release_all(r);
     if (r->dnnl) {

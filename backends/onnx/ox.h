@@ -124,6 +124,8 @@ typedef struct sp_ox_plan {
     size_t *off, *size;       /* per value; size 0: not in the arena */
     size_t peak;              /* arena bytes the plan needs */
     size_t sum;               /* bytes of all its activations side by side */
+    size_t pool;              /* bytes the pool held after the recording run (inputs, activations
+                               * and temporaries of every shape so far): what it kept before */
     uint64_t used;            /* run counter when last used */
     uint64_t outs_sig;        /* which values were kept to the end (is_output) when made */
 } sp_ox_plan_t;

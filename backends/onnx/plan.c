@@ -162,6 +162,11 @@ make_plan(sp_ox_run_t *r)
         off[it[i].v] = it[i].off;
         size[it[i].v] = it[i].size;
     }
+    size_t pool = 0;
+    for (int32_t i = 0; i < r->n_free; i++) pool += r->free_bufs[i].cap;
+    for (int32_t v = 0; v < nv; v++) {
+        if (!g->values[v].is_const && g->values[v].t.data) pool += g->values[v].t.cap;
+    }
     sp_ox_plan_t *p = NULL;
     if (r->n_plans < OX_MAX_PLANS) {
         p = &r->plans[r->n_plans++];
@@ -183,6 +188,7 @@ make_plan(sp_ox_run_t *r)
     p->size = size;
     p->peak = peak;
     p->sum = sum;
+    p->pool = pool;
     p->used = r->runs;
     p->outs_sig = outs_sig(g);
     off = size = NULL;
