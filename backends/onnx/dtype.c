@@ -71,6 +71,7 @@ static int
 one_of(tctx_t *c, int k, int32_t a, int32_t b, const char *what)
 {
     int32_t t = in_t(c, k);
+    if (b == a) b = 0;
     if (t == 0 || t == a || (b && t == b)) return 0;
     snprintf(c->err, c->err_len, "%s: %s '%.60s' is %s where %s%s%s is expected", c->n->label, what,
              in_name(c, k), sp_ox_dtype_name(t), sp_ox_dtype_name(a), b ? " or " : "",
