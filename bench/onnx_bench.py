@@ -7,9 +7,13 @@ executor once, in turn), so a burst of other work on the host lands on all of th
 
     /usr/bin/python3 bench/onnx_bench.py [--threads 2] [--batches 1,8,32] [--rounds 3]
                                    [--models resnet50,bert] [--own-max-batch 8] [--dir DIR]
+                                   [--engines onednn,bf16,own,own-pool,opencv]
 
 Executors: "onednn" (FP32), "bf16" (oneDNN with precision bf16, when the CPU has AVX512-BF16 or
-AMX), "own" (our runtime), "opencv". Prints one line per (model, batch, executor): the median latency of one batch over the rounds,
+AMX), "own" (our runtime, its activations in the arena plan of backends/onnx/plan.c), "own-pool"
+(our runtime with SAMPAN_ONNX_ARENA=0: activations from the buffer pool, as before the plan; not
+run unless --engines names it), "opencv". --engines picks (and only loads) some of them; the
+last line gives the process's peak RSS, so one engine per process compares memory. Prints one line per (model, batch, executor): the median latency of one batch over the rounds,
 the range, and items (images or sequences) per second from the median; then each executor's
 throughput relative to OpenCV's. Outputs are compared once per model and batch: oneDNN and our
 own runtime against OpenCV (ResNet) or numpy in float64 (BERT: OpenCV 4.6 cannot run it, see
@@ -46,7 +50,12 @@ def main():
     ap.add_argument("--models", default="resnet50,bert")
     ap.add_argument("--own-max-batch", type=int, default=8)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--engines", default="onednn,bf16,own,opencv")
     a = ap.parse_args()
+    engines = set(a.engines.split(","))
+    unknown = engines - {"onednn", "bf16", "own", "own-pool", "opencv"}
+    if unknown:
+        sys.exit(f"unknown engines {sorted(unknown)}")
     import cv2
     cv2.setNumThreads(a.threads)
     plugin = Plugin(os.path.join(ROOT, "build", "backends", "libsampan_onnx.so"))
@@ -72,36 +81,54 @@ def main():
             sys.exit(f"unknown model {model}")
         cfg = {"parameters": {"engine": {"string_value": "onednn"}}}
         own_cfg = {"parameters": {"engine": {"string_value": "own"}}}
-        m_dnnl = plugin.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads)
+        m_dnnl = m_bf16 = m_own = m_pool = None
+        if "onednn" in engines:
+            m_dnnl = plugin.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads)
         try:
             bf_cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "bf16"}}}
-            m_bf16 = plugin.load(vd, config=bf_cfg, max_batch_size=max(batches), n_threads=a.threads)
+            if "bf16" in engines:
+                m_bf16 = plugin.load(vd, config=bf_cfg, max_batch_size=max(batches), n_threads=a.threads)
         except Exception as e:  # a CPU without BF16: said, and left out
             print(f"{model}: bf16 left out: {e}")
             m_bf16 = None
-        m_own = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
-        net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" else None
+        if "own" in engines:
+            m_own = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
+        if "own-pool" in engines:
+            os.environ["SAMPAN_ONNX_ARENA"] = "0"  # read at load
+            m_pool = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
+            del os.environ["SAMPAN_ONNX_ARENA"]
+        net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" and "opencv" in engines else None
         if net is not None:
             net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
         for b in batches:
             x = rng.standard_normal((b,) + shape).astype(np.float32)
-            runs = {"onednn": lambda: m_dnnl.run([x])[out]}
+            runs = {}
+            if m_dnnl is not None:
+                runs["onednn"] = lambda: m_dnnl.run([x])[out]
             if m_bf16 is not None:
                 runs["bf16"] = lambda: m_bf16.run([x])[out]
-            if b <= a.own_max_batch:
+            if b <= a.own_max_batch and m_own is not None:
                 runs["own"] = lambda: m_own.run([x])[out]
+            if b <= a.own_max_batch and m_pool is not None:
+                runs["own-pool"] = lambda: m_pool.run([x])[out]
             if net is not None:
                 def cv_run():
                     net.setInput(x)
                     return net.forward()
                 runs["opencv"] = cv_run
-            # Warm-up (primitive creation, weight packing, OpenCV's first-run setup) and outputs.
+            # Warm-up (primitive creation, weight packing, OpenCV's first-run setup, the arena
+            # plan's recording run) and outputs.
             res = {k: f() for k, f in runs.items()}
+            if "own" in res and "own-pool" in res:
+                print(f"{model} batch {b}: own (arena) and own-pool outputs identical: "
+                      f"{bool(np.array_equal(res['own'], res['own-pool']))}", flush=True)
+            if not runs:
+                continue
             if net is not None:
                 ref = res["opencv"].astype(np.float64)
                 rname = "opencv"
             else:
-                ref = numpy_run(path, {"hidden": x})[out] if b <= 8 else None
+                ref = numpy_run(path, {"hidden": x})[out] if b <= 8 and model == "bert" else None
                 rname = "numpy-f64"
             if ref is not None:
                 scale = max(1.0, float(np.abs(ref).max()))
@@ -119,20 +146,32 @@ def main():
             for k, v in times.items():
                 print(f"{model} batch {b:>2} {k:<7} {med[k] * 1000:9.1f} ms/batch "
                       f"[{min(v) * 1000:.1f}-{max(v) * 1000:.1f}]  {b / med[k]:8.2f} {unit}/s", flush=True)
-            if "opencv" in med:
+            if "opencv" in med and "onednn" in med:
                 print(f"{model} batch {b:>2} ratio onednn/opencv {med['opencv'] / med['onednn']:.2f}x"
                       + (f"  own/opencv {med['opencv'] / med['own']:.2f}x" if "own" in med else ""), flush=True)
-            if "own" in med:
+            if "own" in med and "own-pool" in med:
+                print(f"{model} batch {b:>2} ratio own(arena)/own-pool {med['own-pool'] / med['own']:.3f}x",
+                      flush=True)
+            if "own" in med and "onednn" in med:
                 print(f"{model} batch {b:>2} ratio onednn/own {med['own'] / med['onednn']:.2f}x", flush=True)
-            if "bf16" in med:
+            if "bf16" in med and "onednn" in med:
                 print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
             if b > a.own_max_batch:
                 print(f"{model} batch {b:>2} own: left out (above --own-max-batch {a.own_max_batch})")
-        m_dnnl.close()
-        m_own.close()
-        if m_bf16 is not None:
-            m_bf16.close()
-    print(f"# load at the end {os.getloadavg()[0]:.1f}")
+        # The resident set with the models still loaded, after their last batch (steady state;
+        # the peak below includes each new shape's first run, which plans the arena).
+        rss = [ln for ln in open("/proc/self/status") if ln.startswith(("VmRSS", "VmHWM"))]
+        print(f"# {model}: " + ", ".join(" ".join(ln.split()) for ln in rss), flush=True)
+        for mm in (m_dnnl, m_own, m_pool, m_bf16):
+            if mm is not None:
+                mm.close()
+        for ln in plugin.log:
+            if "activation_plan" in ln:
+                print(f"# {ln}")
+        plugin.log.clear()
+    import resource
+    print(f"# load at the end {os.getloadavg()[0]:.1f}; peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ if [ "${1:-}" = "--test" ]; then
     # python onnx helpers that build test models and fuzz seeds, and OpenCV's DNN module as the
     # independent executor (tests/py/test_onnx_server.py).
     need+=(libonnx-testdata python3-onnx python3-opencv)
+    # tests/py/test_image_inputs.py: CMYK JPEGs and grey+alpha PNGs as clients send them (OpenCV
+    # writes neither); the cases skip visibly without it.
+    need+=(python3-pil)
     # tests/py/test_onnx_quant.py: scikit-learn's bundled digits set and MLPClassifier (real data,
     # offline) for the FP16 and INT8 accuracy of `sampan optimize`.
     need+=(python3-sklearn)

@@ -42,6 +42,8 @@ typedef struct onnx_model {
     int64_t in_model_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS]; /* -1 free */
     int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
     uint64_t dnnl_created;    /* primitives created when last logged */
+    uint64_t plans_logged;    /* arena plans made when last logged */
+    char name[128];           /* for log lines */
 } onnx_model_t;
 
 /* The engine: parameters.engine ("onednn" or "own"), else SAMPAN_ONNX_ENGINE, else oneDNN
@@ -241,6 +243,7 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         goto done;
     }
     m->run.g = m->g;
+    snprintf(m->name, sizeof m->name, "%s", args->model_name ? args->model_name : "");
     m->run.n_threads = args->n_threads > 0 ? args->n_threads : 1;
     bool use_dnnl = false, bf16 = false;
     if (m->gpu && sp__bk_config_param(&cfg, "engine") != NULL) {
@@ -250,6 +253,14 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         goto done;
     }
     if (!m->gpu && pick_engine(&cfg, &use_dnnl, &bf16, err, err_len)) goto done;
+    /* SAMPAN_ONNX_ARENA=0: activations from the buffer pool only, no arena plan (plan.c), for
+     * comparing the two; the oneDNN engine never plans. */
+    const char *arena = getenv("SAMPAN_ONNX_ARENA");
+    if (arena && strcmp(arena, "0") != 0 && strcmp(arena, "1") != 0) {
+        sp__bk_errf(err, err_len, "onnx: SAMPAN_ONNX_ARENA=\"%.20s\": 0 or 1", arena);
+        goto done;
+    }
+    m->run.no_arena = use_dnnl || (arena && strcmp(arena, "0") == 0);
     /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
     if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;
     const Onnx__GraphProto *gp = m->g->proto->graph;
@@ -352,11 +363,13 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
      * layout: one copy in the usual case). */
     if (use_dnnl) info->memory_bytes += m->g->const_bytes;
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
-               "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s",
+               "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s "
+               "activation_arena=%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
-               m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32");
+               m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32",
+               m->gpu || m->run.no_arena ? "off" : "per_input_shape");
     *model = m;
     m = NULL;
     rc = 0;
@@ -468,6 +481,21 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     }
     rc = 0;
 done:
+    if (r->plans_made != m->plans_logged && r->last_made) {
+        /* A new arena plan (a new batch size): its peak against all activations side by side. */
+        const sp_ox_plan_t *p = r->last_made;
+        char shp[160] = "";
+        size_t o = 0;
+        for (int32_t i = 0; i < m->g->n_inputs && o < sizeof shp - 40; i++) {
+            char d[96];
+            sp_ox_shape_str(p->dims[i], p->nd[i], d, sizeof d);
+            o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%s", i ? "," : "", d);
+        }
+        m->plans_logged = r->plans_made;
+        sp__bk_log(&m->host, 1, "backend=onnx model=%s activation_plan inputs=%s activation_arena_bytes=%zu "
+                   "activation_sum_bytes=%zu pool_bytes=%zu plans=%d", m->name, shp, p->peak, p->sum,
+                   p->pool, (int)r->n_plans);
+    }
     sp_ox_run_release_all(r);
     if (r->dnnl) {
         /* New primitives (a new batch size) are worth a debug line; steady state is quiet. */

@@ -8,10 +8,11 @@
  * folded into the convolution's weights and bias, Conv/Gemm/MatMul+Relu,
  * MatMul+Add of a [N] bias computed as one GEMM with bias), then liveness:
  * for each value the last node that reads it.
- * Run: nodes in order; each output comes from the instance's buffer pool
- * and goes back to it right after its last reader ran, so activations
- * reuse each other's memory (sizes depend on the batch, so the plan is the
- * liveness intervals, and the pool hands out the best-fitting free buffer).
+ * Run: nodes in order. The first run at a set of input shapes takes each
+ * output from the instance's buffer pool (back to it right after its last
+ * reader ran) and records the sizes; later runs at those shapes give each
+ * activation its offset in one arena (plan.c). Either way the element type
+ * a node computes must be the one inferred at load (dtype.c).
  *
  * Threads: a run context belongs to one instance (never two runs at once).
  * Memory: pool buffers are kept between runs and freed by sp_ox_run_free.
@@ -54,6 +55,25 @@ sp_ox_fail(sp_ox_run_t *r, const char *fmt, ...)
     return -1;
 }
 
+/* The value whose tensor t is (-1: a temporary of an operator). */
+static int32_t
+value_of(const sp_ox_run_t *r, const sp_ox_tensor_t *t)
+{
+    const sp_ox_graph_t *g = r->g;
+    uintptr_t base = (uintptr_t)&g->values[0].t, p = (uintptr_t)t;
+    if (g->n_values == 0 || p < base) return -1;
+    uintptr_t k = (p - base) / sizeof(sp_ox_value_t);
+    if (k >= (uintptr_t)g->n_values || &g->values[k].t != t) return -1;
+    return (int32_t)k;
+}
+
+static bool
+in_arena(const sp_ox_run_t *r, const void *p)
+{
+    uintptr_t a = (uintptr_t)r->arena, q = (uintptr_t)p;
+    return r->arena && q >= a && q < a + r->arena_cap;
+}
+
 int
 sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const int64_t *dims)
 {
@@ -68,6 +88,17 @@ sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const in
     }
     size_t bytes = (size_t)n * sp_ox_dtype_size(dtype);
     if (t->data) sp_ox_pool_put(r, t);
+    int32_t v = r->plan || r->rec ? value_of(r, t) : -1;
+    if (v >= 0 && r->rec) {
+        if (bytes > r->rec[v]) r->rec[v] = bytes;
+    } else if (v >= 0 && r->plan->size[v] >= bytes && r->handed[v] != (uint32_t)r->runs) {
+        /* The value's slot in the arena (once per run: a second result for the same value,
+         * while the first may still be read, comes from the pool). */
+        r->handed[v] = (uint32_t)r->runs;
+        t->data = (char *)r->arena + r->plan->off[v];
+        t->cap = r->plan->size[v];
+        goto set;
+    }
     int32_t best = -1;
     for (int32_t i = 0; i < r->n_free; i++) {
         if (r->free_bufs[i].cap >= bytes && (best < 0 || r->free_bufs[i].cap < r->free_bufs[best].cap)) {
@@ -83,6 +114,7 @@ sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const in
         t->cap = (bytes + 63) / 64 * 64;
         if (t->data == NULL) return sp_ox_fail(r, "out of memory for %zu bytes", bytes);
     }
+set:
     t->dtype = dtype;
     t->nd = nd;
     for (int i = 0; i < nd; i++) t->dims[i] = dims[i];
@@ -93,6 +125,12 @@ void
 sp_ox_pool_put(sp_ox_run_t *r, sp_ox_tensor_t *t)
 {
     if (t->data == NULL) return;
+    if (in_arena(r, t->data)) {
+        /* an arena slot: nothing to give back */
+        t->data = NULL;
+        t->cap = 0;
+        return;
+    }
     if (r->n_free == r->cap_free) {
         int32_t c = r->cap_free ? r->cap_free * 2 : 32;
         sp_ox_buf_t *nb = realloc(r->free_bufs, (size_t)c * sizeof *nb);
@@ -130,6 +168,13 @@ sp_ox_run_free(sp_ox_run_t *r)
     for (int32_t i = 0; i < r->n_free; i++) free(r->free_bufs[i].data);
     free(r->free_bufs);
     free(r->scratch);
+    for (int32_t i = 0; i < r->n_plans; i++) {
+        free(r->plans[i].off);
+        free(r->plans[i].size);
+    }
+    free(r->rec);
+    free(r->handed);
+    free(r->arena);
     memset(r, 0, sizeof *r);
 }
 
@@ -465,6 +510,12 @@ fold_consts(sp_ox_graph_t *g, char *err, size_t err_len)
         }
         for (int k = 0; k < n->n_out; k++) {
             sp_ox_value_t *v = &g->values[n->out[k]];
+            if (v->etype && v->t.dtype != v->etype) {
+                snprintf(err, err_len, "%s: output %d is %s where %s was inferred", n->label, k,
+                         sp_ox_dtype_name(v->t.dtype), sp_ox_dtype_name(v->etype));
+                sp_ox_run_free(&r);
+                return -1;
+            }
             v->is_const = true;
             g->const_bytes += v->t.cap;
         }
@@ -593,7 +644,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 int
 sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
 {
-    if (topo_sort(g, err, err_len) || sp_ox_qdq_prepare(g, err, err_len) ||
+    if (topo_sort(g, err, err_len) || sp_ox_infer_types(g, err, err_len) || sp_ox_qdq_prepare(g, err, err_len) ||
         fold_and_fuse(g, err, err_len) || remove_unread(g, err, err_len)) {
         return -1;
     }
@@ -602,9 +653,10 @@ sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
         if (!g->nodes[g->order[o]].dead) g->order[k++] = g->order[o];
     }
     g->n_order = k;
-    for (int32_t v = 0; v < g->n_values; v++) g->values[v].last_use = -1;
+    for (int32_t v = 0; v < g->n_values; v++) g->values[v].last_use = g->values[v].def = -1;
     for (int32_t o = 0; o < g->n_order; o++) {
         const sp_ox_node_t *n = &g->nodes[g->order[o]];
+        for (int i = 0; i < n->n_out; i++) g->values[n->out[i]].def = o;
         for (int i = 0; i < n->n_in; i++) {
             if (n->in[i] >= 0) g->values[n->in[i]].last_use = o;
         }
@@ -617,8 +669,8 @@ sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len)
     return 0;
 }
 
-int
-sp_ox_graph_run(sp_ox_run_t *r)
+static int
+run_nodes(sp_ox_run_t *r)
 {
     sp_ox_graph_t *g = r->g;
     if (r->dnnl) sp_ox_dnnl_begin(r);
@@ -634,6 +686,14 @@ sp_ox_graph_run(sp_ox_run_t *r)
             snprintf(r->err, r->err_len, "%s: %s", n->label, tmp);
             return -1;
         }
+        for (int k = 0; k < n->n_out; k++) {
+            /* the type inferred at load (dtype.c) is the one computed */
+            const sp_ox_value_t *ov = &g->values[n->out[k]];
+            if (ov->etype && ov->t.data && ov->t.dtype != ov->etype) {
+                return sp_ox_fail(r, "%s: output %d is %s where %s was inferred at load", n->label, k,
+                                  sp_ox_dtype_name(ov->t.dtype), sp_ox_dtype_name(ov->etype));
+            }
+        }
         for (int i = 0; i < n->n_in + n->n_out + 1; i++) {
             int32_t v = i < n->n_in ? n->in[i] : i < n->n_in + n->n_out ? n->out[i - n->n_in] : n->fused_add;
             if (v < 0) continue;
@@ -645,6 +705,15 @@ sp_ox_graph_run(sp_ox_run_t *r)
         if (sp_ox_dnnl_plain(r, g->outputs[i])) return -1;
     }
     return 0;
+}
+
+int
+sp_ox_graph_run(sp_ox_run_t *r)
+{
+    sp_ox_plan_begin(r);
+    int rc = run_nodes(r);
+    sp_ox_plan_end(r, rc == 0);
+    return rc;
 }
 
 void

@@ -52,6 +52,8 @@ typedef struct sp_ox_value {
     bool is_input;        /* a graph input the caller feeds */
     bool is_output;       /* a graph output */
     int32_t last_use;     /* index in order[] of the last node reading it (-1: none) */
+    int32_t etype;        /* element type inferred at load (dtype.c); 0: a value made later */
+    int32_t def;          /* index in order[] of the node computing it (-1: none) */
     sp_ox_tensor_t t;        /* constants: the data; others: filled during a run */
 } sp_ox_value_t;
 
@@ -113,6 +115,21 @@ typedef struct sp_ox_buf {
     size_t cap;
 } sp_ox_buf_t;
 
+/* An arena memory plan for one set of input shapes (graph.c): each activation's offset in the
+ * run's arena, from its liveness interval and its size at those shapes. */
+#define OX_MAX_PLANS 8 /* plans kept per run context (least recently used one replaced) */
+typedef struct sp_ox_plan {
+    int32_t nd[OX_MAX_IO];
+    int64_t dims[OX_MAX_IO][OX_MAX_DIMS]; /* the fed inputs' shapes (the key) */
+    size_t *off, *size;       /* per value; size 0: not in the arena */
+    size_t peak;              /* arena bytes the plan needs */
+    size_t sum;               /* bytes of all its activations side by side */
+    size_t pool;              /* bytes the pool held after the recording run (inputs, activations
+                               * and temporaries of every shape so far): what it kept before */
+    uint64_t used;            /* run counter when last used */
+    uint64_t outs_sig;        /* which values were kept to the end (is_output) when made */
+} sp_ox_plan_t;
+
 typedef struct sp_ox_run {
     sp_ox_graph_t *g;
     const sp_ox_node_t *node;    /* the node being run, for messages */
@@ -124,6 +141,20 @@ typedef struct sp_ox_run {
     size_t scratch_cap;
     int n_threads;            /* threads a GEMM may use (0 or 1: the caller's only) */
     struct sp_ox_dnnl *dnnl;  /* the oneDNN engine's state (dnnl.c), NULL: our own runtime */
+    /* The arena plan (graph.c; our own runtime only: oneDNN's convolution takes over its
+     * residual input's buffer, which a fixed-offset plan cannot express). */
+    bool no_arena;            /* set by the owner: the pool only */
+    sp_ox_plan_t plans[OX_MAX_PLANS];
+    int32_t n_plans;
+    const sp_ox_plan_t *plan; /* during a run that follows a plan, else NULL */
+    size_t *rec;              /* during a run that records sizes: bytes per value, else NULL */
+    uint32_t *handed;         /* per value: the run counter when its slot was handed out */
+    uint64_t runs;            /* run counter */
+    void *arena;
+    size_t arena_cap;
+    bool trim_pool;           /* a plan was made: free the pool's idle buffers once */
+    uint64_t plans_made;      /* for the owner's log line */
+    const sp_ox_plan_t *last_made;
 } sp_ox_run_t;
 
 /* ---- load.c ---- */
@@ -140,6 +171,13 @@ int sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const 
  * broadcasting where sizes are known. 0, or -1 with err naming the node. */
 int sp_ox_infer_shapes(sp_ox_graph_t *g, char *err, size_t err_len);
 
+/* ---- dtype.c ---- */
+/* Element types of every value from the inputs, the initializers and each operator's type rule,
+ * over the ordered graph (before fusion); sets sp_ox_value_t.etype. A rule broken (inputs of two
+ * types where the operator takes one, a zero point of the wrong type, an output declared with
+ * another type) is -1 with err naming the node, the operator and both types. */
+int sp_ox_infer_types(sp_ox_graph_t *g, char *err, size_t err_len);
+
 /* ---- graph.c ---- */
 /* Order, fold, fuse and plan a loaded graph. */
 int sp_ox_graph_prepare(sp_ox_graph_t *g, char *err, size_t err_len);
@@ -152,6 +190,13 @@ void sp_ox_run_free(sp_ox_run_t *r);
 int sp_ox_run_node_own(sp_ox_run_t *r, sp_ox_node_t *n);
 /* A Conv's fused residual Add and the Relu after it, on the plain conv(+bias) result in out. */
 int sp_ox_fused_add(sp_ox_run_t *r, const sp_ox_node_t *n, sp_ox_tensor_t *out);
+
+/* ---- plan.c ---- */
+/* Before a run's nodes (inputs set): follow the plan of these input shapes, or record the sizes
+ * for one (none for oneDNN runs or no_arena). After them: make the plan of a recorded run that
+ * succeeded; no plan is followed outside a run. */
+void sp_ox_plan_begin(sp_ox_run_t *r);
+void sp_ox_plan_end(sp_ox_run_t *r, bool ok);
 
 /* ---- tensor helpers (ops_util.c) ---- */
 size_t sp_ox_dtype_size(int32_t dtype);

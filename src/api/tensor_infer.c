@@ -569,7 +569,7 @@ prep_images(void *arg)
     const sp_served_model_t *m = q->a.m;
     const sp_tensor_io_t *io = m->io;
     char err[512] = "";
-    float *imgs[SP_BACKEND_MAX_TENSORS] = {0};
+    uint8_t *imgs[SP_BACKEND_MAX_TENSORS] = {0}; /* floats, or bytes for a UINT8 input */
     sp_status_t st = SP_OK;
     for (int32_t i = 0; st == SP_OK && i < m->be_info.n_inputs; i++) {
         if (!io->has_image[i]) {
@@ -584,7 +584,8 @@ prep_images(void *arg)
                          t->name, (long long)t->n, (int)spec->width, (int)spec->height);
             break;
         }
-        imgs[i] = sp_malloc(sizeof(float) * (size_t)(per * t->n));
+        const size_t es = sp_img_elem_size(spec);
+        imgs[i] = sp_malloc(es * (size_t)(per * t->n));
         if (imgs[i] == NULL) {
             st = sp_errf(err, sizeof err, SP_ERR_NOMEM, "out of memory for the decoded images");
             break;
@@ -592,13 +593,13 @@ prep_images(void *arg)
         for (int64_t e = 0; st == SP_OK && e < t->n; e++) {
             sp_str_t el = sp_tensor_str(t, e);
             char why[400];
-            st = sp_img_preprocess(el.ptr, el.len, spec, imgs[i] + per * e, why, sizeof why);
+            st = sp_img_preprocess(el.ptr, el.len, spec, imgs[i] + es * (size_t)(per * e), why, sizeof why);
             if (st != SP_OK) {
                 sp_errf(err, sizeof err, st, "inputs '%s'[%lld]: %s", t->name, (long long)e, why);
             }
         }
         sp_backend_tensor_t *b = &q->in[i];
-        b->dtype = SP_BT_FP32;
+        b->dtype = spec->u8 ? SP_BT_UINT8 : SP_BT_FP32;
         b->n_dims = 4;
         b->dims[0] = t->n;
         bool nchw = spec->layout == SP_IMG_NCHW;
@@ -606,7 +607,7 @@ prep_images(void *arg)
         b->dims[2] = nchw ? spec->height : spec->width;
         b->dims[3] = nchw ? spec->width : C;
         b->data = imgs[i];
-        b->bytes = sizeof(float) * (size_t)(per * t->n);
+        b->bytes = es * (size_t)(per * t->n);
     }
     /* After a successful submit q may be gone: what is freed below is held here. */
     void *bufs[SP_BACKEND_MAX_TENSORS];

@@ -285,6 +285,7 @@ decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_
     struct jpeg_decompress_struct ci;
     jerr_t je;
     uint8_t *volatile out = NULL;
+    uint8_t *volatile row4 = NULL; /* a CMYK decode's row, before conversion */
     memset(&ci, 0, sizeof ci);
     ci.err = jpeg_std_error(&je.pub);
     je.pub.error_exit = jerr_exit;
@@ -293,6 +294,7 @@ decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_
     je.msg[0] = '\0';
     if (setjmp(je.jb)) {
         jpeg_destroy_decompress(&ci);
+        sp_free(row4);
         sp_free(out);
         return sp_errf(err, err_len, SP_ERR_INVALID, "jpeg: %s", je.msg);
     }
@@ -304,30 +306,51 @@ decode_jpeg(const unsigned char *buf, size_t len, const sp_img_spec_t *s, uint8_
     jpeg_read_header(&ci, TRUE);
     const int orient = exif_orientation(&ci); /* the markers live until finish_decompress */
     sp_status_t st = check_dims("jpeg", ci.image_width, ci.image_height, s, err, err_len);
-    if (st == SP_OK && ci.jpeg_color_space != JCS_GRAYSCALE && ci.jpeg_color_space != JCS_YCbCr &&
-        ci.jpeg_color_space != JCS_RGB) {
-        st = sp_errf(err, err_len, SP_ERR_INVALID,
-                     "jpeg: colour space %d (CMYK or YCCK) is not supported; send RGB or grey",
+    const bool cmyk = ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK;
+    if (st == SP_OK && !cmyk && ci.jpeg_color_space != JCS_GRAYSCALE &&
+        ci.jpeg_color_space != JCS_YCbCr && ci.jpeg_color_space != JCS_RGB) {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "jpeg: colour space %d is not supported",
                      (int)ci.jpeg_color_space);
     }
     if (st != SP_OK) {
         jpeg_destroy_decompress(&ci);
         return st;
     }
-    ci.out_color_space = JCS_RGB;
+    /* CMYK and YCCK come out as CMYK (libjpeg undoes YCCK's transform); Adobe's files (an
+     * APP14 marker: Photoshop's and libjpeg's own CMYK output) store the inks inverted. */
+    const bool inverted = cmyk && ci.saw_Adobe_marker;
+    ci.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
     ci.dct_method = JDCT_ISLOW; /* libjpeg's default and OpenCV's: the exact IDCT */
     jpeg_start_decompress(&ci);
     size_t stride = (size_t)ci.output_width * 3;
     out = sp_malloc(stride * ci.output_height);
-    if (out == NULL) {
+    row4 = cmyk ? sp_malloc((size_t)ci.output_width * 4) : NULL;
+    if (out == NULL || (cmyk && row4 == NULL)) {
+        sp_free(row4);
+        row4 = NULL;
         jpeg_destroy_decompress(&ci);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory decoding a %ux%u jpeg",
                        ci.output_width, ci.output_height);
     }
     while (ci.output_scanline < ci.output_height) {
-        JSAMPROW row = out + stride * ci.output_scanline;
-        jpeg_read_scanlines(&ci, &row, 1);
+        uint8_t *dst = out + stride * ci.output_scanline;
+        JSAMPROW row = cmyk ? row4 : dst;
+        if (jpeg_read_scanlines(&ci, &row, 1) != 1 || !cmyk) {
+            continue;
+        }
+        /* R = C'K'/255 with C' = 255 - C (the ink's complement), rounded: no colour profile,
+         * as OpenCV and browsers without one. */
+        for (size_t x = 0; x < ci.output_width; x++) {
+            const uint8_t *q = row4 + 4 * x;
+            unsigned k = inverted ? q[3] : 255u - q[3];
+            for (int c = 0; c < 3; c++) {
+                unsigned v = inverted ? q[c] : 255u - q[c];
+                dst[3 * x + c] = (uint8_t)((v * k + 127u) / 255u);
+            }
+        }
     }
+    sp_free(row4);
+    row4 = NULL;
     jpeg_finish_decompress(&ci);
     *w = (int)ci.output_width;
     *h = (int)ci.output_height;
@@ -525,8 +548,14 @@ axis_taps(int src_len, int resized_len, int offset, int n, taps_t *t)
     }
 }
 
+size_t
+sp_img_elem_size(const sp_img_spec_t *s)
+{
+    return s->u8 ? 1 : sizeof(float);
+}
+
 sp_status_t
-sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, float *out)
+sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, void *out)
 {
     const int C = sp_img_channels(s), H = s->height, W = s->width;
     int rw = W, rh = H, ox = 0, oy = 0;
@@ -562,11 +591,14 @@ sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, float
                 float top = r0[x0 + c] + fx * (float)(r0[x1 + c] - r0[x0 + c]);
                 float bot = r1[x0 + c] + fx * (float)(r1[x1 + c] - r1[x0 + c]);
                 float v = top + fy * (bot - top);
-                float o = v * a[c] + b[c];
-                if (s->layout == SP_IMG_NCHW) {
-                    out[(size_t)c * plane + (size_t)y * W + x] = o;
+                size_t at = s->layout == SP_IMG_NCHW ? (size_t)c * plane + (size_t)y * W + x
+                                                     : ((size_t)y * W + x) * C + c;
+                if (s->u8) {
+                    /* v is a convex mix of bytes: within [0, 255] up to rounding */
+                    float q = floorf(v + 0.5f);
+                    ((uint8_t *)out)[at] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
                 } else {
-                    out[((size_t)y * W + x) * C + c] = o;
+                    ((float *)out)[at] = v * a[c] + b[c];
                 }
             }
         }
@@ -576,7 +608,7 @@ sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, float
 }
 
 sp_status_t
-sp_img_preprocess(const void *buf, size_t len, const sp_img_spec_t *s, float *out, char *err,
+sp_img_preprocess(const void *buf, size_t len, const sp_img_spec_t *s, void *out, char *err,
                   size_t err_len)
 {
     uint8_t *pix;

@@ -8,7 +8,10 @@
  * pipeline, per image:
  *   1. decode (libjpeg-turbo, libpng) to 8-bit RGB; alpha is dropped, a
  *      palette expanded, 16-bit samples scaled to 8 bits with rounding
- *      (v * 255 / 65535), grey replicated; a JPEG's EXIF orientation applied
+ *      (v * 255 / 65535), grey replicated; a CMYK or YCCK JPEG (libjpeg
+ *      gives CMYK; Adobe's files store the inks inverted) converted with
+ *      R = C'K'/255 on the inverted values C' = 255 - C, K' = 255 - K
+ *      (as OpenCV and browsers do, no colour profile); a JPEG's EXIF orientation applied
  *      (rotated or mirrored as cameras tag it, as OpenCV and browsers show
  *      it). Bounded before any pixel buffer
  *      is allocated: max_bytes of encoded data, max_pixels of decoded area.
@@ -25,7 +28,9 @@
  *      src = (dst + 0.5) * (src_len / resized_len) - 0.5, clamped at the
  *      edges. Computed in float, not rounded back to 8 bits.
  *   4. value = (v * scale - mean[c]) / std[c], per channel (c in the
- *      model's colour order), written NCHW or NHWC.
+ *      model's colour order), written NCHW or NHWC; for a UINT8 input
+ *      (u8) the value is v rounded half up to a byte (0..255), as
+ *      uint8 NHWC image models (TF/TFLite exports) take it.
  *
  * Threads: everything here is re-entrant; decoding runs on the request
  * preparation workers, never on an event loop. Memory: the decoded pixels
@@ -56,6 +61,8 @@ typedef struct sp_img_spec {
     int32_t shorter_side;   /* SHORTER_CROP: the shorter side before the crop */
     float scale;            /* applied to 0..255 before mean/std (1/255 by default) */
     float mean[3], std[3];  /* per channel, in the colour order; std > 0 */
+    bool u8;                /* a UINT8 model input: the resized values rounded to 0..255, one
+                             * byte each; no scale, mean or std (repo_config.c refuses them) */
     int64_t max_pixels;     /* decoded width * height */
     size_t max_bytes;       /* encoded bytes */
 } sp_img_spec_t;
@@ -85,12 +92,15 @@ sp_status_t sp_img_decode(const void *buf, size_t len, const sp_img_spec_t *s, u
                           int *w, int *h, char *err, size_t err_len);
 
 /* Resize, crop and normalise pixels (w x h, sp_img_channels(s) interleaved)
- * into out: s->height * s->width * channels floats in s->layout.
- * SP_ERR_NOMEM (its tap tables) leaves out unwritten. */
-sp_status_t sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, float *out);
+ * into out: s->height * s->width * channels floats (bytes when s->u8) in
+ * s->layout. SP_ERR_NOMEM (its tap tables) leaves out unwritten. */
+sp_status_t sp_img_to_tensor(const uint8_t *pix, int w, int h, const sp_img_spec_t *s, void *out);
+
+/* Bytes of one element of the tensor: 1 (u8) or 4 (float). */
+size_t sp_img_elem_size(const sp_img_spec_t *s);
 
 /* decode + to_tensor. */
-sp_status_t sp_img_preprocess(const void *buf, size_t len, const sp_img_spec_t *s, float *out,
+sp_status_t sp_img_preprocess(const void *buf, size_t len, const sp_img_spec_t *s, void *out,
                               char *err, size_t err_len);
 
 #endif /* SP_SERVING_IMAGE_H */

@@ -178,8 +178,19 @@ parse_image(const pctx_t *c, const json_t *o, const char *p, sp_repo_tensor_t *t
     if (t->format == 0) {
         return bad(c, p, "an image input needs \"format\": FORMAT_NCHW or FORMAT_NHWC");
     }
-    if (t->data_type != SP_REPO_TYPE_FP32) return bad(c, p, "an image input must be TYPE_FP32");
+    if (t->data_type != SP_REPO_TYPE_FP32 && t->data_type != SP_REPO_TYPE_UINT8) {
+        return bad(c, p, "an image input must be TYPE_FP32 or TYPE_UINT8");
+    }
     sp_img_spec_t s = sp_img_spec_default();
+    s.u8 = t->data_type == SP_REPO_TYPE_UINT8;
+    for (const char *const *k = (const char *const[]){"scale", "mean", "std", NULL}; s.u8 && *k; k++) {
+        if (json_object_get(o, *k)) {
+            char kp[320];
+            join(kp, sizeof kp, p, *k);
+            return bad(c, kp, "a TYPE_UINT8 image input takes the pixels as they are (0..255): no "
+                       "scale, mean or std");
+        }
+    }
     bool nchw = t->format == 2;
     int64_t C = t->dims[nchw ? 0 : 2], H = t->dims[nchw ? 1 : 0], W = t->dims[nchw ? 2 : 1];
     s.layout = nchw ? SP_IMG_NCHW : SP_IMG_NHWC;

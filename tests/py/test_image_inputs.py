@@ -46,12 +46,13 @@ def req(srv, method, path, body=None, headers=None):
         c.close()
 
 
-def build_echo(path, c, h, w, nchw, batch=True):
+def build_echo(path, c, h, w, nchw, batch=True, elem="FLOAT"):
     from onnx import TensorProto, helper, save
     shape = (["N"] if batch else []) + ([c, h, w] if nchw else [h, w, c])
+    et = getattr(TensorProto, elem)
     g = helper.make_graph([helper.make_node("Identity", ["image"], ["out"])], "echo",
-                          [helper.make_tensor_value_info("image", TensorProto.FLOAT, shape)],
-                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)])
+                          [helper.make_tensor_value_info("image", et, shape)],
+                          [helper.make_tensor_value_info("out", et, shape)])
     save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
@@ -224,6 +225,16 @@ def main():
                         "label_filename": "labels.txt"}]}, build_avg)
         with open(os.path.join(repo, "avg", "labels.txt"), "w") as f:
             f.write("red\r\ngreen\nblue\n")
+        # A UINT8 NHWC model (TF-style): the pixels as they are, resized and rounded.
+        write_model(repo, "u8", {
+            "max_batch_size": 4, "input": [dict(image_input("FORMAT_NHWC", [H, W, 3]),
+                                                data_type="TYPE_UINT8")],
+            "output": [{"name": "out", "data_type": "TYPE_UINT8", "dims": [H, W, 3]}]},
+            build_echo, 3, H, W, False, True, "UINT8")
+        write_model(repo, "u8mean", {
+            "max_batch_size": 4, "input": [dict(image_input("FORMAT_NHWC", [H, W, 3], mean=[1, 2, 3]),
+                                                data_type="TYPE_UINT8")]},
+            build_echo, 3, H, W, False, True, "UINT8")
         write_model(repo, "badcfg", {
             "max_batch_size": 4, "input": [image_input("FORMAT_NCHW", [3, H, W], color="GRAY")]},
             build_echo, 3, H, W, True)
@@ -240,7 +251,11 @@ def main():
             st, b = req(srv, "POST", "/v2/repository/index")
             ix = {e["name"]: e for e in json.loads(b)} if st == 200 else {}
             s.case("image models load", all(ix.get(n, {}).get("state") == "READY"
-                                            for n in ("echo", "crop", "gray", "avg")), str(ix)[:600])
+                                            for n in ("echo", "crop", "gray", "avg", "u8")), str(ix)[:600])
+            why = ix.get("u8mean", {}).get("reason", "")
+            s.case("a TYPE_UINT8 image input with mean is a load error naming the field",
+                   ix.get("u8mean", {}).get("state") == "UNAVAILABLE" and
+                   "input[0].preprocess.image.mean" in why and "UINT8" in why, why)
             why = ix.get("badcfg", {}).get("reason", "")
             s.case("GRAY with 3 channels in dims is a load error naming the field",
                    ix.get("badcfg", {}).get("state") == "UNAVAILABLE" and
@@ -308,6 +323,60 @@ def main():
             got, _ = out_of(b) if st == 200 else (None, None)
             ok, d = close(got, reference(np.round(p16 / 257.0).astype(np.uint8))[None], lvl)
             s.case("16-bit PNG scaled to 8 bits", ok, f"status {st} {d}")
+
+            # Grey with alpha (8 and 16 bits) and 16-bit grey: alpha dropped, scaled, replicated.
+            g16 = rng.integers(0, 65536, (15, 17), dtype=np.uint16)
+            st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([png(g16)]))
+            got, _ = out_of(b) if st == 200 else (None, None)
+            g8 = np.round(g16 / 257.0).astype(np.uint8)
+            ok, d = close(got, reference(np.repeat(g8[:, :, None], 3, 2))[None], lvl)
+            s.case("16-bit grey PNG: scaled and replicated", ok, f"status {st} {d}")
+            try:
+                import io
+                from PIL import Image
+            except ImportError as e:
+                Image = None
+                s.skip("grey+alpha PNG and CMYK JPEG", f"python3-pil missing: {e}")
+            if Image is not None:
+                la = rng.integers(0, 256, (13, 19, 2), dtype=np.uint8)
+                bio = io.BytesIO()
+                Image.fromarray(la, "LA").save(bio, "PNG")
+                st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([bio.getvalue()]))
+                got, _ = out_of(b) if st == 200 else (None, None)
+                ok, d = close(got, reference(np.repeat(la[:, :, :1], 3, 2))[None], tol)
+                s.case("grey+alpha PNG: alpha dropped, grey replicated", ok, f"status {st} {d}")
+                # CMYK JPEG (PIL writes Adobe's inverted convention, with the APP14 marker)
+                # against OpenCV's decode of the same bytes. OpenCV converts with
+                # R = K' - ((255 - C') K' >> 8), we with round(C' K' / 255): the two differ by
+                # (255 - C') K' / 65280 < 1 plus one rounding step, so 2 levels are allowed.
+                cm = cv2.GaussianBlur(rng.integers(0, 256, (24, 30, 4), dtype=np.uint8), (5, 5), 2)
+                bio = io.BytesIO()
+                Image.fromarray(cm, "CMYK").save(bio, "JPEG", quality=95)
+                cj = bio.getvalue()
+                decc = cv2.imdecode(np.frombuffer(cj, np.uint8), cv2.IMREAD_COLOR)
+                st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([cj]))
+                got, _ = out_of(b) if st == 200 else (None, None)
+                ok, d = close(got, reference(decc[:, :, ::-1])[None], 2 * lvl)
+                s.case("CMYK JPEG (Adobe, inverted) matches OpenCV's decode", ok and b"\xff\xee" in cj,
+                       f"status {st} {d}")
+                st, b = req(srv, "POST", "/v2/models/echo/infer", infer_json([cj[:len(cj) // 2]]))
+                s.case("truncated CMYK JPEG: 400 with a JSON error",
+                       st == 400 and "error" in json.loads(b), f"{st} {b[:200]}")
+
+            # UINT8 model: the resized pixels rounded (the float pipeline with scale 1, no
+            # normalisation: |float - rounded| <= 0.5, plus float32 noise); same size: exact.
+            u = rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)
+            st, b = req(srv, "POST", "/v2/models/u8/infer", infer_json([png(u)]))
+            got, o = out_of(b) if st == 200 else (None, None)
+            ok, d = close(got, reference(u, scale=1.0, mean=[0, 0, 0], std=[1, 1, 1], nchw=False)[None],
+                          0.5 + 1e-3)
+            s.case("UINT8 NHWC model: resized pixels rounded, datatype UINT8",
+                   ok and o is not None and o["datatype"] == "UINT8", f"status {st} {d}")
+            u16 = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+            st, b = req(srv, "POST", "/v2/models/u8/infer", infer_json([png(u16)]))
+            got, _ = out_of(b) if st == 200 else (None, None)
+            s.case("UINT8 model, image of the model's size: the pixels exactly",
+                   got is not None and np.array_equal(got[0], u16), f"status {st}")
 
             # JPEG against OpenCV's decode of the same bytes.
             smooth = cv2.GaussianBlur(rng.integers(0, 256, (40, 52, 3), dtype=np.uint8), (7, 7), 2)

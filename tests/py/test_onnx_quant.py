@@ -327,8 +327,9 @@ def bad_params(p, tmp, BackendError):
         ("zero scale", np.array(0.0, np.float32), np.array(0, np.uint8), "scale[0] is 0"),
         ("scale shape", np.array([0.1, 0.2, 0.3], np.float32), np.array([0, 0, 0], np.uint8), "scales for axis"),
         ("zero point shape", np.array(0.1, np.float32), np.array([0, 0], np.uint8), "zero point of 2 values"),
-        ("zero point type", np.array(0.1, np.float32), np.array(0, np.int64), "zero point of type INT64"),
-        ("scale type", np.array(1, np.int64), np.array(0, np.uint8), "scale of type INT64"),
+        # refused by the load-time type rules (backends/onnx/dtype.c), before qdq.c's checks
+        ("zero point type", np.array(0.1, np.float32), np.array(0, np.int64), "zero point 'z' is INT64"),
+        ("scale type", np.array(1, np.int64), np.array(0, np.uint8), "scale 's' is INT64"),
     ]
     for name, sc, zp, want in cases:
         d = os.path.join(tmp, "bad", name.replace(" ", "_"))

@@ -191,6 +191,9 @@ def main():
             "platform": "onnxruntime_onnx", "max_batch_size": 16,
             "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [20]}],
             "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]}, build_mlp, rng)
+        # The same graph on our own runtime: the arena plan (backends/onnx/plan.c) under ASan.
+        cnn_own = write_model(repo, "cnn_own", {"backend": "onnx", "max_batch_size": 8, "parameters": {
+            "engine": {"string_value": "own"}}}, build_cnn, np.random.default_rng(7))
         write_model(repo, "unsup", {"backend": "onnxruntime", "max_batch_size": 4}, build_unsupported)
         trunc = write_model(repo, "trunc", {"backend": "onnx", "max_batch_size": 4}, build_mlp, rng)
         with open(trunc, "r+b") as f:
@@ -228,6 +231,30 @@ def main():
                 ok, err = close(res[name]["data"], ref[name]) if name in res else (False, None)
                 s.case(f"cnn {name} (JSON, 3 images) matches OpenCV DNN",
                        ok and res[name]["shape"] == [3, 10], f"status {st}, max diff {err}")
+
+            # Our own runtime: the first request at a batch size records sizes and makes the arena
+            # plan, the next ones follow it; every answer matches OpenCV, and a repeat is identical.
+            ref_own = {}
+            answers = {}
+            ok_all, detail = True, ""
+            for b in (3, 3, 1, 3, 1):
+                st, _, rb = req(srv, "POST", "/v2/models/cnn_own/infer", {
+                    "inputs": [{"name": "image", "datatype": "FP32", "shape": [b, 3, 16, 16],
+                                "data": x[:b].ravel().tolist()}], "outputs": [{"name": "probs"}]})
+                if st != 200:
+                    ok_all, detail = False, f"batch {b}: {st} {rb[:200]}"
+                    break
+                got = json.loads(rb)["outputs"][0]["data"]
+                if b not in ref_own:
+                    ref_own[b] = opencv(cnn_own, x[:b])["probs"]
+                    answers[b] = got
+                ok, err = close(got, ref_own[b])
+                if not ok or got != answers[b]:
+                    ok_all, detail = False, f"batch {b}: max diff {err}, repeat identical {got == answers[b]}"
+            s.case("cnn_own (own runtime, arena plan): batches 3 and 1 repeated match OpenCV and repeat "
+                   "identically", ok_all, detail)
+            s.case("cnn_own: the plan's log line gives activation_arena_bytes",
+                   srv.wait_log(r"activation_plan .*activation_arena_bytes=\d+", 5.0) is not None)
 
             # Binary tensors in and out, batch of 5.
             xm = rng.standard_normal((5, 20)).astype(np.float32)

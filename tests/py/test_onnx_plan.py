@@ -1,0 +1,246 @@
+"""test_onnx_plan.py - the ONNX backend's load-time element types (backends/onnx/dtype.c) and its
+arena memory plan (backends/onnx/plan.c), in-process through the backend ABI (onnx_plugin.py).
+
+Types: graphs that break an operator's type rule (Add of FLOAT and INT64, MatMul of FLOAT16 and
+FLOAT, a QuantizeLinear zero point of INT32, Slice starts and ends of two types, an output
+declared with another type than computed, Where with a FLOAT condition) fail to load with an
+error naming the node, the operator and both types; type-correct mixes (Cast, Shape, Where,
+Gather with INT32 indices, QuantizeLinear/DequantizeLinear) load and run.
+
+Plan: a branching CNN (a residual Add, Concat, Split, MatMul with a bias, Softmax) on our own
+runtime. The first run at an input shape records sizes and makes a plan (a log line with
+activation_arena_bytes <= activation_sum_bytes); later runs follow it. Outputs at every batch size
+must be bit-identical to the first (recording) run's: the same kernels on the same inputs, only
+the addresses differ. More batch sizes than the plans kept (8) replace the least recently used,
+and the results stay identical. The oneDNN engine makes no plan (its convolution takes its
+residual's buffer). Last line: onnx-plan: N passed, N failed, N skipped"""
+import os
+import re
+import sys
+import tempfile
+
+from common import Suite, binary
+
+s = Suite("onnx-plan")
+PLUGIN = os.path.join(os.path.dirname(binary() or "build/sampan"), "backends", "libsampan_onnx.so")
+OWN = {"parameters": {"engine": {"string_value": "own"}}}
+
+
+def save(d, nodes, inputs, outputs, inits=(), opset=17):
+    from onnx import helper
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "model.onnx"), "wb") as f:
+        f.write(m.SerializeToString())
+    return d
+
+
+def type_cases(plugin, root):
+    import numpy as np
+    from onnx import TensorProto as TP, helper, numpy_helper
+    from onnx_plugin import BackendError
+    vi = helper.make_tensor_value_info
+    bad = {
+        "add_float_int64": ([helper.make_node("Add", ["x", "k"], ["y"], name="mix")],
+                            [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])],
+                            [numpy_helper.from_array(np.array([1, 2], np.int64), "k")],
+                            ["'mix' (Add)", "FLOAT", "INT64"]),
+        "matmul_half_float": ([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                              [vi("x", TP.FLOAT16, [1, 2])], [vi("y", TP.FLOAT16, [1, 2])],
+                              [numpy_helper.from_array(np.ones((2, 2), np.float32), "w")],
+                              ["'mm' (MatMul)", "FLOAT16", "FLOAT"]),
+        "quantize_zp_int32": ([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q")],
+                              [vi("x", TP.FLOAT, [2])], [vi("y", TP.INT32, [2])],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+                               numpy_helper.from_array(np.array(0, np.int32), "z")],
+                              ["'q' (QuantizeLinear)", "zero point", "INT32"]),
+        "slice_index_types": ([helper.make_node("Slice", ["x", "b", "e"], ["y"], name="sl")],
+                              [vi("x", TP.FLOAT, [4])], [vi("y", TP.FLOAT, [2])],
+                              [numpy_helper.from_array(np.array([1], np.int32), "b"),
+                               numpy_helper.from_array(np.array([3], np.int64), "e")],
+                              ["'sl' (Slice)", "INT32", "INT64"]),
+        "output_declared_other": ([helper.make_node("Relu", ["x"], ["y"], name="r")],
+                                  [vi("x", TP.FLOAT, [2])], [vi("y", TP.INT64, [2])], [],
+                                  ["output 'y'", "declared INT64", "'r' (Relu)", "FLOAT"]),
+        "where_float_condition": ([helper.make_node("Where", ["c", "x", "x"], ["y"], name="w")],
+                                  [vi("c", TP.FLOAT, [2]), vi("x", TP.FLOAT, [2])],
+                                  [vi("y", TP.FLOAT, [2])], [], ["'w' (Where)", "FLOAT", "BOOL"]),
+        "concat_types": ([helper.make_node("Concat", ["x", "k"], ["y"], axis=0, name="cat")],
+                         [vi("x", TP.INT32, [2])], [vi("y", TP.INT32, [4])],
+                         [numpy_helper.from_array(np.array([1, 2], np.int64), "k")],
+                         ["'cat' (Concat)", "INT32", "INT64"]),
+    }
+    for name, (nodes, ins, outs, inits, want) in bad.items():
+        d = save(os.path.join(root, name), nodes, ins, outs, inits)
+        try:
+            plugin.load(d).close()
+            s.case(f"types: {name} is a load error", False, "it loaded")
+        except BackendError as e:
+            msg = str(e)
+            s.case(f"types: {name} is a load error naming node, operator and types",
+                   all(w in msg for w in want), msg)
+    # Type-correct mixes load and compute the inferred types.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"], name="shape"),
+        helper.make_node("Cast", ["shp"], ["shpf"], to=TP.FLOAT, name="cast"),
+        helper.make_node("ReduceSum", ["shpf"], ["n"], keepdims=0, name="count"),
+        helper.make_node("Gather", ["x", "idx"], ["g"], axis=0, name="gather"),
+        helper.make_node("Cast", ["g"], ["gb"], to=TP.BOOL, name="tobool"),
+        helper.make_node("Where", ["gb", "g", "n"], ["w"], name="where"),
+        helper.make_node("QuantizeLinear", ["w", "qs", "qz"], ["q"], name="quant"),
+        helper.make_node("DequantizeLinear", ["q", "qs", "qz"], ["y"], name="dequant"),
+    ]
+    d = save(os.path.join(root, "mix_ok"), nodes, [vi("x", TP.FLOAT, [3])], [vi("y", TP.FLOAT, [2])],
+             [numpy_helper.from_array(np.array([2, 0], np.int32), "idx"),
+              numpy_helper.from_array(np.array(0.25, np.float32), "qs"),
+              numpy_helper.from_array(np.array(3, np.int8), "qz")])
+    try:
+        m = plugin.load(d)
+        y = m.run([np.array([1.5, 0.0, 0.0], np.float32)])["y"]
+        m.close()
+        # Gather [x[2], x[0]] = [0, 1.5]; Where(g != 0, g, 3) = [3, 1.5]; both on the 0.25 grid
+        s.case("types: Shape/Cast/Gather(INT32)/Where/Quantize(INT8) load and run",
+               y.dtype == np.float32 and np.array_equal(y, np.array([3.0, 1.5], np.float32)), repr(y))
+    except BackendError as e:
+        s.case("types: Shape/Cast/Gather(INT32)/Where/Quantize(INT8) load and run", False, str(e))
+
+
+def build_net(d, rng):
+    import numpy as np
+    from onnx import TensorProto as TP, helper, numpy_helper
+    inits = []
+
+    def w(name, shape):
+        inits.append(numpy_helper.from_array(rng.uniform(-0.5, 0.5, shape).astype(np.float32), name))
+        return name
+
+    nodes = [
+        helper.make_node("Conv", ["x", w("w1", (8, 3, 3, 3)), w("b1", (8,))], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", w("w2", (8, 8, 3, 3))], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["r1", w("w3", (8, 8, 1, 1))], ["c3"]),
+        helper.make_node("Add", ["c2", "c3"], ["sum"]),
+        helper.make_node("Relu", ["sum"], ["r2"]),
+        helper.make_node("Split", ["r2"], ["sa", "sb"], axis=1, num_outputs=2),
+        helper.make_node("Sigmoid", ["sa"], ["ga"]),
+        helper.make_node("Mul", ["ga", "sb"], ["gated"]),
+        helper.make_node("Concat", ["gated", "r1"], ["cat"], axis=1),
+        helper.make_node("MaxPool", ["cat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", w("fc", (12, 5))], ["mm"]),
+        helper.make_node("Add", ["mm", w("fcb", (5,))], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1),
+    ]
+    vi = helper.make_tensor_value_info
+    return save(d, nodes, [vi("x", TP.FLOAT, ["N", 3, 16, 16])],
+                [vi("prob", TP.FLOAT, ["N", 5]), vi("r1", TP.FLOAT, ["N", 8, 16, 16])], inits, opset=18)
+
+
+def plan_cases(plugin, root):
+    import numpy as np
+    rng = np.random.default_rng(7)
+    d = build_net(os.path.join(root, "net"), rng)
+    m = plugin.load(d, config=OWN, max_batch_size=16)
+    xs = {b: rng.standard_normal((b, 3, 16, 16)).astype(np.float32) for b in range(1, 11)}
+    first = {}
+    plan_lines = []
+    identical = True
+    detail = ""
+    # batch 1, 2 twice each; then 3..10 (10 shapes > 8 plans kept), then 1 and 2 again (evicted
+    # and planned anew)
+    for b in [1, 1, 2, 2, 1] + list(range(3, 11)) + [1, 2, 1]:
+        n_log = len(plugin.log)
+        out = m.run([xs[b]])
+        plan_lines += [ln for ln in plugin.log[n_log:] if "activation_plan" in ln]
+        if b not in first:
+            first[b] = out
+            continue
+        for k in out:
+            if not np.array_equal(out[k], first[b][k]):
+                identical = False
+                detail = f"batch {b} output {k} differs by {np.abs(out[k] - first[b][k]).max()}"
+    s.case("plan: outputs bit-identical between the recording run and the planned runs", identical,
+           detail)
+    peaks_ok = bool(plan_lines)
+    for ln in plan_lines:
+        mt = re.search(r"activation_arena_bytes=(\d+) activation_sum_bytes=(\d+)", ln)
+        peaks_ok = peaks_ok and mt is not None and 0 < int(mt.group(1)) <= int(mt.group(2))
+    s.case("plan: a log line per plan with activation_arena_bytes <= activation_sum_bytes", peaks_ok,
+           plan_lines[0] if plan_lines else "no activation_plan line")
+    # 10 shapes and 8 kept: 1 and 2 come back after eviction, so 12 plans are made in all
+    s.case("plan: one plan per new input shape, the least recently used replaced past 8",
+           len(plan_lines) == 12, f"{len(plan_lines)} plans made")
+    # Against numpy for one batch: the plan did not change what is computed (float tolerance: a
+    # sum of at most 72 products of values below 4, u = 2^-24, and the softmax's exp: 1e-5).
+    x = xs[2]
+    ref = reference(x, d)
+    got = m.run([x])["prob"]
+    s.case("plan: batch 2 matches numpy within 1e-5", np.abs(got - ref).max() < 1e-5,
+           f"max diff {np.abs(got - ref).max():.3g}")
+    m.close()
+    from onnx_plugin import BackendError
+    try:
+        m = plugin.load(d, config={"parameters": {"engine": {"string_value": "onednn"}}})
+    except BackendError as e:
+        s.skip("plan: the oneDNN engine makes no plan", str(e))
+        return
+    n_log = len(plugin.log)
+    m.run([xs[1]])
+    m.run([xs[1]])
+    s.case("plan: the oneDNN engine makes no plan",
+           not any("activation_plan" in ln for ln in plugin.log[n_log:]))
+    m.close()
+
+
+def reference(x, d):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    mp = onnx.load(os.path.join(d, "model.onnx"))
+    W = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in mp.graph.initializer}
+    x = x.astype(np.float64)
+
+    def conv(x, w, b=None, pad=0):
+        n, c, h, wd = x.shape
+        o, _, kh, kw = w.shape
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        y = np.zeros((n, o, h, wd))
+        for i in range(kh):
+            for j in range(kw):
+                y += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j])
+        return y + (b[None, :, None, None] if b is not None else 0)
+
+    r1 = np.maximum(conv(x, W["w1"], W["b1"], 1), 0)
+    r2 = np.maximum(conv(r1, W["w2"], None, 1) + conv(r1, W["w3"]), 0)
+    gated = 1 / (1 + np.exp(-r2[:, :4])) * r2[:, 4:]
+    cat = np.concatenate([gated, r1], axis=1)
+    n, c, h, wd = cat.shape
+    p = cat.reshape(n, c, h // 2, 2, wd // 2, 2).max(axis=(3, 5))
+    logits = p.mean(axis=(2, 3)) @ W["fc"] + W["fcb"]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def main():
+    if not os.path.exists(PLUGIN):
+        s.skip("onnx plan", f"{PLUGIN} is not built")
+        s.finish()
+    try:
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+    except ImportError as e:
+        s.skip("onnx plan", f"python3 onnx/numpy missing: {e}")
+        s.finish()
+    sys.path.insert(0, os.path.dirname(__file__))
+    from onnx_plugin import Plugin
+    plugin = Plugin(PLUGIN)
+    with tempfile.TemporaryDirectory() as root:
+        s.guard("types", type_cases, plugin, root)
+        s.guard("plan", plan_cases, plugin, root)
+    s.finish()
+
+
+main()
