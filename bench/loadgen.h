@@ -333,39 +333,50 @@ lg_opts_defaults(lg_opts_t *o, int connections)
 static inline bool
 lg_parse_opt(lg_opts_t *o, const char *a, const char *v, int max_conns, int max_closed)
 {
-    if (strcmp(a, "--model") == 0) {
-        o->model = v;
-    } else if (strcmp(a, "--csv") == 0) {
-        o->csv = v;
-    } else if (strcmp(a, "--expect") == 0) {
-        o->expect = v;
-    } else if (strcmp(a, "--input") == 0) {
-        o->input = v;
-    } else if (strcmp(a, "--label") == 0) {
-        o->label = v;
-    } else if (strcmp(a, "--json") == 0) {
-        o->json_path = v;
-    } else if (strcmp(a, "--schedule") == 0) {
+    const struct {
+        const char *flag, **to;
+    } strs[] = {
+        {"--model", &o->model}, {"--csv", &o->csv},     {"--expect", &o->expect},
+        {"--input", &o->input}, {"--label", &o->label}, {"--json", &o->json_path},
+    };
+    /* Numbers within [lo, hi], into an int (i) or a double (d). */
+    const struct {
+        const char *flag;
+        double lo, hi;
+        int *i;
+        double *d;
+    } nums[] = {
+        {"--first-col", 0, MAX_COLS - 1, &o->first_col, NULL},
+        {"--n-cols", 1, MAX_COLS - 1, &o->n_cols, NULL},
+        {"--connections", 1, max_conns, &o->connections, NULL},
+        {"--closed", 1, max_closed, &o->closed, NULL},
+        {"--rate", 0.1, 1e7, NULL, &o->rate},
+        {"--duration", 0.1, 3600, NULL, &o->duration_s},
+        {"--warmup", 0, 3600, NULL, &o->warmup_s},
+        {"--drain", 0, 600, NULL, &o->drain_s},
+    };
+    for (size_t k = 0; k < sizeof strs / sizeof *strs; k++) {
+        if (strcmp(a, strs[k].flag) == 0) {
+            *strs[k].to = v;
+            return true;
+        }
+    }
+    for (size_t k = 0; k < sizeof nums / sizeof *nums; k++) {
+        if (strcmp(a, nums[k].flag) == 0) {
+            double x = lg_num_arg(a, v, nums[k].lo, nums[k].hi);
+            if (nums[k].i) {
+                *nums[k].i = (int)x;
+            } else {
+                *nums[k].d = x;
+            }
+            return true;
+        }
+    }
+    if (strcmp(a, "--schedule") == 0) {
         if (strcmp(v, "poisson") != 0 && strcmp(v, "uniform") != 0) {
             die("--schedule: poisson or uniform");
         }
         o->schedule = v;
-    } else if (strcmp(a, "--first-col") == 0) {
-        o->first_col = (int)lg_num_arg(a, v, 0, MAX_COLS - 1);
-    } else if (strcmp(a, "--n-cols") == 0) {
-        o->n_cols = (int)lg_num_arg(a, v, 1, MAX_COLS - 1);
-    } else if (strcmp(a, "--connections") == 0) {
-        o->connections = (int)lg_num_arg(a, v, 1, max_conns);
-    } else if (strcmp(a, "--closed") == 0) {
-        o->closed = (int)lg_num_arg(a, v, 1, max_closed);
-    } else if (strcmp(a, "--rate") == 0) {
-        o->rate = lg_num_arg(a, v, 0.1, 1e7);
-    } else if (strcmp(a, "--duration") == 0) {
-        o->duration_s = lg_num_arg(a, v, 0.1, 3600);
-    } else if (strcmp(a, "--warmup") == 0) {
-        o->warmup_s = lg_num_arg(a, v, 0, 3600);
-    } else if (strcmp(a, "--drain") == 0) {
-        o->drain_s = lg_num_arg(a, v, 0, 600);
     } else if (strcmp(a, "--seed") == 0) {
         o->seed = (uint64_t)lg_num_arg(a, v, 0, 1e15);
     } else {
