@@ -52,12 +52,6 @@
  * Results: a summary on stderr, JSON on stdout (or --json FILE). Exit 0 when no call failed, 1
  * on errors, 2 on bad usage or when the server cannot be reached.
  */
-#include <errno.h>
-#include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -65,11 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <nghttp2/nghttp2.h>
@@ -81,7 +71,6 @@ static const char *const lg_prog = "grpc_load";
 
 #define MAX_CONNS 1024
 #define MAX_ANSWER (1 << 20)      /* one answer's message bytes; more is an error */
-#define BACKLOG_CAP (1 << 20)     /* scheduled calls waiting for a stream slot */
 #define MAX_RECONNECTS 1000       /* a server that keeps dropping us ends the run */
 #define OUT_GATHER (64 << 10)     /* bytes gathered from a session before one send() */
 #define RECV_BUF (256 << 10)
@@ -90,14 +79,13 @@ static const char *const lg_prog = "grpc_load";
 
 /* ------------------------------------------------------------------ options, data */
 
-typedef struct opts {
-    char host[256], port[16], authority[280];
-    const char *model, *version, *csv, *expect, *input, *label, *json_path, *schedule, *api_key;
-    int first_col, n_cols, connections, closed, max_streams;
-    double rate, duration_s, warmup_s, drain_s;
+/* The options of gRPC alone (lg_opts_t holds the shared ones). */
+typedef struct grpc_opts {
+    char authority[280];
+    const char *version, *api_key;
+    int max_streams;
     bool typed;
-    uint64_t seed;
-} opts_t;
+} grpc_opts_t;
 
 typedef struct req {
     uint8_t *msg;  /* the framed gRPC message: flag, 4-byte big-endian length, protobuf */
@@ -138,7 +126,8 @@ struct conn {
 
 
 typedef struct run {
-    opts_t o;
+    lg_opts_t o;
+    grpc_opts_t g;
     req_t *reqs;
     int n_reqs, next_row;
     conn_t *conns;
@@ -153,10 +142,8 @@ typedef struct run {
     int ep, tfd;
     struct sockaddr_storage addr;
     socklen_t addr_len;
-    int64_t *bl_sched; /* backlog ring: scheduled times, FIFO */
-    size_t bl_head, bl_n, bl_max;
-    uint64_t n_backlogged, n_dropped;
-    int64_t t0, warm_end, end, drain_end;
+    lg_backlog_t bl;
+    lg_window_t w;
     bool scheduling, capped_warned;
     int n_busy, max_busy;
     uint64_t rng;
@@ -170,8 +157,9 @@ typedef struct run {
 
 /* One row as a framed ModelInferRequest. */
 static void
-build_request(const opts_t *o, req_t *q, const float *x)
+build_request(const run_t *r, req_t *q, const float *x)
 {
+    const lg_opts_t *o = &r->o;
     Inference__ModelInferRequest m = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor in =
         INFERENCE__MODEL_INFER_REQUEST__INFER_INPUT_TENSOR__INIT;
@@ -181,8 +169,8 @@ build_request(const opts_t *o, req_t *q, const float *x)
     ProtobufCBinaryData raw = {.len = (size_t)o->n_cols * sizeof(float), .data = (uint8_t *)(uintptr_t)x}; /* only read: packed below */
     /* protobuf-c's fields are char *; packing only reads them. */
     m.model_name = (char *)o->model;
-    if (o->version) {
-        m.model_version = (char *)o->version;
+    if (r->g.version) {
+        m.model_version = (char *)r->g.version;
     }
     m.n_inputs = 1;
     m.inputs = ins;
@@ -190,7 +178,7 @@ build_request(const opts_t *o, req_t *q, const float *x)
     in.datatype = (char *)"FP32";
     in.n_shape = 2;
     in.shape = shape;
-    if (o->typed) {
+    if (r->g.typed) {
         tc.n_fp32_contents = (size_t)o->n_cols;
         tc.fp32_contents = (float *)(uintptr_t)x; /* protobuf-c reads it to pack */
         in.contents = &tc;
@@ -219,7 +207,7 @@ static void
 add_row(void *ud, int i, const float *x, double expect)
 {
     run_t *r = ud;
-    build_request(&r->o, &r->reqs[i], x);
+    build_request(r, &r->reqs[i], x);
     r->reqs[i].expect = expect;
 }
 
@@ -238,10 +226,7 @@ load_rows(run_t *r)
 static bool
 in_window(const run_t *r, const stream_t *st, int64_t done)
 {
-    /* Open loop: by scheduled time (what was offered in the window); closed loop: by
-     * completion time (what was served in the window). */
-    int64_t t = r->o.closed ? done : st->sched_ns;
-    return t >= r->warm_end && t < r->end;
+    return lg_counts(&r->w, &r->o, st->sched_ns, done);
 }
 
 static void
@@ -516,7 +501,7 @@ on_frame_recv(nghttp2_session *h2, const nghttp2_frame *f, void *ud)
     if (f->hd.type == NGHTTP2_SETTINGS && !(f->hd.flags & NGHTTP2_FLAG_ACK)) {
         uint32_t m = nghttp2_session_get_remote_settings(h2,
                                                          NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
-        int lim = the_run->o.max_streams;
+        int lim = the_run->g.max_streams;
         c->max_streams = m < (uint32_t)lim ? (int)m : lim;
         if (c->state == C_HANDSHAKE) {
             c->state = C_READY;
@@ -592,7 +577,7 @@ conn_fail(run_t *r, conn_t *c, const char *why)
         fprintf(stderr, "grpc_load: more than %d reconnects (last: %s); stopping\n",
                 MAX_RECONNECTS, why);
         r->scheduling = false;
-        r->drain_end = now_ns();
+        r->w.drain_end = now_ns();
         return;
     }
     conn_open(r, c);
@@ -612,24 +597,12 @@ want_write(run_t *r, conn_t *c, bool on)
 static void
 conn_open(run_t *r, conn_t *c)
 {
-    c->fd = socket(r->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0) {
-        die("socket: %s", strerror(errno));
-    }
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = lg_connect(&r->o, &r->addr, r->addr_len, r->ep, c);
+    c->want_out = true; /* lg_connect asked for EPOLLOUT */
     c->state = C_CONNECTING;
     c->goaway = c->broken = false;
     c->max_streams = 0;
     c->out_len = c->out_off = 0;
-    if (connect(c->fd, (struct sockaddr *)&r->addr, r->addr_len) != 0 && errno != EINPROGRESS) {
-        die("connect %s:%s: %s", r->o.host, r->o.port, strerror(errno));
-    }
-    c->want_out = true;
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
-    if (epoll_ctl(r->ep, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-        die("epoll_ctl: %s", strerror(errno));
-    }
     if (nghttp2_session_client_new2(&c->h2, r->cbs, c, r->h2opt) != 0) {
         die("nghttp2_session_client_new2 failed");
     }
@@ -746,7 +719,7 @@ call_start(run_t *r, conn_t *c, int64_t sched)
     if (++r->n_busy > r->max_busy) {
         r->max_busy = r->n_busy;
     }
-    if (sched >= r->warm_end && sched < r->end) {
+    if (lg_in_window(&r->w, sched)) {
         r->n_sent++;
     }
     mark_dirty(r, c);
@@ -765,17 +738,7 @@ issue(run_t *r, int64_t t)
             return;
         }
     }
-    if (t >= r->warm_end && t < r->end) {
-        r->n_backlogged++;
-    }
-    if (r->bl_n == BACKLOG_CAP) {
-        r->n_dropped++;
-        return;
-    }
-    r->bl_sched[(r->bl_head + r->bl_n) % BACKLOG_CAP] = t;
-    if (++r->bl_n > r->bl_max) {
-        r->bl_max = r->bl_n;
-    }
+    lg_backlog_push(&r->bl, t, lg_in_window(&r->w, t));
 }
 
 /* After events on c: reopen it when it is done with, refill its slots (closed loop: up to its
@@ -806,11 +769,8 @@ conn_service(run_t *r, conn_t *c)
             call_start(r, c, now_ns());
         }
     } else if (!r->o.closed) {
-        while (r->bl_n > 0 && conn_has_room(c)) {
-            int64_t s = r->bl_sched[r->bl_head];
-            r->bl_head = (r->bl_head + 1) % BACKLOG_CAP;
-            r->bl_n--;
-            call_start(r, c, s);
+        while (r->bl.n > 0 && conn_has_room(c)) {
+            call_start(r, c, lg_backlog_pop(&r->bl));
         }
     }
     conn_flush(r, c);
@@ -823,12 +783,7 @@ on_conn_event(run_t *r, conn_t *c, uint32_t ev)
         return;
     }
     if (c->state == C_CONNECTING) {
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err != 0) {
-            die("connect %s:%s: %s", r->o.host, r->o.port, strerror(err));
-        }
+        lg_check_connected(&r->o, c->fd);
         if (!(ev & EPOLLOUT)) {
             return;
         }
@@ -913,24 +868,19 @@ poll_events(run_t *r, int timeout_ms)
 static void
 run_load(run_t *r)
 {
-    const opts_t *o = &r->o;
+    const lg_opts_t *o = &r->o;
     int n_conns = o->connections;
     r->conns = calloc((size_t)n_conns, sizeof *r->conns);
     r->dirty = calloc((size_t)n_conns, sizeof *r->dirty);
     r->rbuf = malloc(RECV_BUF);
     r->n_conns = n_conns;
-    r->bl_sched = o->closed ? NULL : malloc(BACKLOG_CAP * sizeof *r->bl_sched);
-    if (r->conns == NULL || r->dirty == NULL || r->rbuf == NULL ||
-        (!o->closed && r->bl_sched == NULL)) {
+    if (r->conns == NULL || r->dirty == NULL || r->rbuf == NULL) {
         die("out of memory");
     }
-    r->ep = epoll_create1(EPOLL_CLOEXEC);
-    r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (r->ep < 0 || r->tfd < 0) {
-        die("epoll/timerfd: %s", strerror(errno));
+    if (!o->closed) {
+        lg_backlog_alloc(&r->bl);
     }
-    struct epoll_event tev = {.events = EPOLLIN, .data.ptr = NULL};
-    epoll_ctl(r->ep, EPOLL_CTL_ADD, r->tfd, &tev);
+    lg_open_epoll(&r->ep, &r->tfd);
     for (int i = 0; i < n_conns; i++) {
         conn_t *c = &r->conns[i];
         c->idx = i;
@@ -969,12 +919,9 @@ run_load(run_t *r)
         }
     }
 
-    r->t0 = now_ns() + NS / 100;
-    r->warm_end = r->t0 + (int64_t)(o->warmup_s * NS);
-    r->end = r->warm_end + (int64_t)(o->duration_s * NS);
-    r->drain_end = r->end + (int64_t)(o->drain_s * NS);
+    lg_window_start(&r->w, o);
     r->scheduling = true;
-    int64_t next = r->t0, armed = -1;
+    int64_t next = r->w.t0, armed = -1;
     if (o->closed) {
         for (int i = 0; i < n_conns; i++) {
             mark_dirty(r, &r->conns[i]); /* conn_service fills each to its quota */
@@ -983,27 +930,27 @@ run_load(run_t *r)
     while (!lg_interrupted) {
         int64_t t = now_ns();
         if (r->scheduling && !o->closed) {
-            while (next <= t && next < r->end) {
+            while (next <= t && next < r->w.end) {
                 issue(r, next);
                 next += lg_next_gap_ns(&r->rng, r->o.rate, r->o.schedule);
             }
-            if (next >= r->end) {
+            if (next >= r->w.end) {
                 r->scheduling = false;
             }
         }
-        if (r->scheduling && o->closed && t >= r->end) {
+        if (r->scheduling && o->closed && t >= r->w.end) {
             r->scheduling = false;
         }
         service_dirty(r);
-        if (!r->scheduling && r->n_busy == 0 && r->bl_n == 0) {
+        if (!r->scheduling && r->n_busy == 0 && r->bl.n == 0) {
             break;
         }
-        if (t >= r->drain_end) {
+        if (t >= r->w.drain_end) {
             break;
         }
-        int64_t wake = r->drain_end;
+        int64_t wake = r->w.drain_end;
         if (r->scheduling) {
-            wake = o->closed ? r->end : next;
+            wake = o->closed ? r->w.end : next;
         }
         if (wake != armed) {
             lg_arm_timer(r->tfd, wake);
@@ -1017,13 +964,10 @@ run_load(run_t *r)
     if (!o->closed) {
         for (int i = 0; i < n_conns; i++) {
             for (stream_t *st = r->conns[i].streams; st; st = st->next) {
-                r->n_unfinished += st->sched_ns >= r->warm_end && st->sched_ns < r->end;
+                r->n_unfinished += lg_in_window(&r->w, st->sched_ns);
             }
         }
-        for (size_t k = 0; k < r->bl_n; k++) {
-            int64_t s = r->bl_sched[(r->bl_head + k) % BACKLOG_CAP];
-            r->n_unfinished += s >= r->warm_end && s < r->end;
-        }
+        r->n_unfinished += lg_backlog_in_window(&r->bl, &r->w);
     }
     for (int i = 0; i < n_conns; i++) {
         conn_t *c = &r->conns[i];
@@ -1041,22 +985,20 @@ static uint64_t
 n_errors(const run_t *r)
 {
     return r->n_grpc_err + r->n_http_err + r->n_conn_err + r->n_reset + r->n_proto_err +
-           r->n_mismatch + r->n_unfinished + r->n_dropped;
+           r->n_mismatch + r->n_unfinished + r->bl.n_dropped;
 }
 
 static void
 report(run_t *r, double cpu_s)
 {
-    const opts_t *o = &r->o;
-    FILE *f = stdout;
-    if (o->json_path && (f = fopen(o->json_path, "w")) == NULL) {
-        die("%s: %s", o->json_path, strerror(errno));
-    }
+    const lg_opts_t *o = &r->o;
+    FILE *f = lg_open_json(o->json_path);
     uint64_t errors = n_errors(r);
     double achieved = (double)r->n_ok / o->duration_s;
     fprintf(f, "{\"label\":\"%s\",\"protocol\":\"grpc\",\"mode\":\"%s\",\"model\":\"%s\","
             "\"encoding\":\"%s\",\"connections\":%d,", o->label ? o->label : "",
-            o->closed ? "closed" : "open", o->model, o->typed ? "typed" : "raw", o->connections);
+            o->closed ? "closed" : "open", o->model, r->g.typed ? "typed" : "raw",
+            o->connections);
     if (o->closed) {
         fprintf(f, "\"concurrency\":%d,", o->closed);
     } else {
@@ -1074,29 +1016,22 @@ report(run_t *r, double cpu_s)
             (unsigned long long)r->n_http_err, (unsigned long long)r->n_conn_err,
             (unsigned long long)r->n_reset, (unsigned long long)r->n_proto_err,
             (unsigned long long)r->n_mismatch, (unsigned long long)r->n_unfinished,
-            (unsigned long long)r->n_dropped, (unsigned long long)r->n_backlogged, r->bl_max,
-            r->max_busy, (unsigned long long)r->n_reconnects, cpu_s,
+            (unsigned long long)r->bl.n_dropped, (unsigned long long)r->bl.n_backlogged,
+            r->bl.max, r->max_busy, (unsigned long long)r->n_reconnects, cpu_s,
             100.0 * cpu_s / (o->warmup_s + o->duration_s));
     lg_put_tail(f, &r->lat, &r->lat_send, &r->lag, &r->q_us, &r->c_us, r->last_err);
 
-    fprintf(stderr, "%s%s%s%s", o->label ? "[" : "", o->label ? o->label : "",
-            o->label ? "] " : "", o->closed ? "gRPC closed loop" : "gRPC open loop");
+    lg_summary_head(o, o->closed ? "gRPC closed loop" : "gRPC open loop");
     if (o->closed) {
         fprintf(stderr, " c=%d over %d conns", o->closed, o->connections);
     } else {
         fprintf(stderr, " %.0f req/s (%s, %d conns)", o->rate, o->schedule, o->connections);
     }
-    fprintf(stderr, " %.1fs: %.1f ok/s, %llu errors; latency ms p50 %.3f p90 %.3f p99 %.3f "
-            "p99.9 %.3f max %.3f (p99 from the actual send %.3f); send lag p50 %.3f p99 %.3f ms; "
-            "server queue p99 %.3f compute p99 %.3f ms; backlogged %llu (max %zu), max in "
-            "flight %d; generator cpu %.0f%%\n",
-            o->duration_s, achieved, (unsigned long long)errors,
-            (double)pct(&r->lat, 0.5) * 1e-6, (double)pct(&r->lat, 0.9) * 1e-6,
-            (double)pct(&r->lat, 0.99) * 1e-6, (double)pct(&r->lat, 0.999) * 1e-6,
-            (double)pct(&r->lat, 1.0) * 1e-6, (double)pct(&r->lat_send, 0.99) * 1e-6,
-            (double)pct(&r->lag, 0.5) * 1e-6, (double)pct(&r->lag, 0.99) * 1e-6,
-            (double)pct(&r->q_us, 0.99) * 1e-3, (double)pct(&r->c_us, 0.99) * 1e-3,
-            (unsigned long long)r->n_backlogged, r->bl_max, r->max_busy,
+    fprintf(stderr, " %.1fs: %.1f ok/s, %llu errors; ", o->duration_s, achieved,
+            (unsigned long long)errors);
+    lg_summary_latency(&r->lat, &r->lat_send, &r->lag, &r->q_us, &r->c_us);
+    fprintf(stderr, "backlogged %llu (max %zu), max in flight %d; generator cpu %.0f%%\n",
+            (unsigned long long)r->bl.n_backlogged, r->bl.max, r->max_busy,
             100.0 * cpu_s / (o->warmup_s + o->duration_s));
     if (errors) {
         fprintf(stderr, "  errors: grpc %llu, http %llu, connection %llu, reset %llu, "
@@ -1104,7 +1039,7 @@ report(run_t *r, double cpu_s)
                 (unsigned long long)r->n_grpc_err, (unsigned long long)r->n_http_err,
                 (unsigned long long)r->n_conn_err, (unsigned long long)r->n_reset,
                 (unsigned long long)r->n_proto_err, (unsigned long long)r->n_mismatch,
-                (unsigned long long)r->n_unfinished, (unsigned long long)r->n_dropped,
+                (unsigned long long)r->n_unfinished, (unsigned long long)r->bl.n_dropped,
                 r->last_err);
     }
 }
@@ -1117,9 +1052,7 @@ static const char usage[] =
     "  --model NAME       model to call (ModelInferRequest.model_name)\n"
     "  --version V        model_version (default: the server's choice)\n"
     "  --csv FILE         one call per row (header skipped), cycled\n"
-    "  --first-col N      first feature column, 0-based (default 1)\n"
-    "  --n-cols N         features per row (default 30)\n"
-    "  --input NAME       input tensor name (default input__0)\n"
+    LG_USAGE_COLUMNS
     "  --typed            contents.fp32_contents instead of raw_input_contents\n"
     "  --api-key KEY      send authorization: Bearer KEY\n"
     "  --expect FILE      CSV, last column = expected first output value per row\n"
@@ -1129,15 +1062,10 @@ static const char usage[] =
     "  --connections N    HTTP/2 connections (default 4; closed loop: at most C)\n"
     "  --max-streams S    streams in flight per connection at most (default 100; the server's\n"
     "                     SETTINGS_MAX_CONCURRENT_STREAMS caps it too)\n"
-    "  --duration S       measured seconds (default 10)\n"
-    "  --warmup S         unmeasured seconds first (default 2)\n"
-    "  --drain S          wait at most S s for answers after the end (default 2)\n"
-    "  --seed N           arrival schedule seed (default 1)\n"
-    "  --label NAME       name of the run in the output\n"
-    "  --json FILE        write the JSON result there (default stdout)\n";
+    LG_USAGE_RUN;
 
 static void
-parse_addr(opts_t *o, const char *a)
+parse_addr(lg_opts_t *o, grpc_opts_t *g, const char *a)
 {
     if (strncmp(a, "grpc://", 7) == 0) {
         a += 7;
@@ -1159,7 +1087,7 @@ parse_addr(opts_t *o, const char *a)
     o->host[hl] = '\0';
     memcpy(o->port, colon + 1, pl);
     o->port[pl] = '\0';
-    snprintf(o->authority, sizeof o->authority, "%s:%s", o->host, o->port);
+    snprintf(g->authority, sizeof g->authority, "%s:%s", o->host, o->port);
 }
 
 static void
@@ -1179,18 +1107,11 @@ main(int argc, char **argv)
 {
     static run_t r;
     the_run = &r;
-    opts_t *o = &r.o;
-    parse_addr(o, "127.0.0.1:8001");
-    o->input = "input__0";
-    o->schedule = "poisson";
-    o->first_col = 1;
-    o->n_cols = 30;
-    o->connections = 4;
-    o->max_streams = 100;
-    o->duration_s = 10;
-    o->warmup_s = 2;
-    o->drain_s = 2;
-    o->seed = 1;
+    lg_opts_t *o = &r.o;
+    grpc_opts_t *g = &r.g;
+    parse_addr(o, g, "127.0.0.1:8001");
+    lg_opts_defaults(o, 4);
+    g->max_streams = 100;
     bool conns_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1199,7 +1120,7 @@ main(int argc, char **argv)
             return 0;
         }
         if (strcmp(a, "--typed") == 0) {
-            o->typed = true;
+            g->typed = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -1208,59 +1129,21 @@ main(int argc, char **argv)
         }
         const char *v = argv[++i];
         if (strcmp(a, "--addr") == 0 || strcmp(a, "--url") == 0) {
-            parse_addr(o, v);
-        } else if (strcmp(a, "--model") == 0) {
-            o->model = v;
+            parse_addr(o, g, v);
         } else if (strcmp(a, "--version") == 0) {
-            o->version = v;
-        } else if (strcmp(a, "--csv") == 0) {
-            o->csv = v;
-        } else if (strcmp(a, "--expect") == 0) {
-            o->expect = v;
-        } else if (strcmp(a, "--input") == 0) {
-            o->input = v;
+            g->version = v;
         } else if (strcmp(a, "--api-key") == 0) {
-            o->api_key = v;
-        } else if (strcmp(a, "--label") == 0) {
-            o->label = v;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json_path = v;
-        } else if (strcmp(a, "--schedule") == 0) {
-            if (strcmp(v, "poisson") != 0 && strcmp(v, "uniform") != 0) {
-                die("--schedule: poisson or uniform");
-            }
-            o->schedule = v;
-        } else if (strcmp(a, "--first-col") == 0) {
-            o->first_col = (int)lg_num_arg(a, v, 0, MAX_COLS - 1);
-        } else if (strcmp(a, "--n-cols") == 0) {
-            o->n_cols = (int)lg_num_arg(a, v, 1, MAX_COLS - 1);
-        } else if (strcmp(a, "--connections") == 0) {
-            o->connections = (int)lg_num_arg(a, v, 1, MAX_CONNS);
-            conns_set = true;
+            g->api_key = v;
         } else if (strcmp(a, "--max-streams") == 0) {
-            o->max_streams = (int)lg_num_arg(a, v, 1, 1 << 20);
-        } else if (strcmp(a, "--closed") == 0) {
-            o->closed = (int)lg_num_arg(a, v, 1, 1 << 20);
-        } else if (strcmp(a, "--rate") == 0) {
-            o->rate = lg_num_arg(a, v, 0.1, 1e7);
-        } else if (strcmp(a, "--duration") == 0) {
-            o->duration_s = lg_num_arg(a, v, 0.1, 3600);
-        } else if (strcmp(a, "--warmup") == 0) {
-            o->warmup_s = lg_num_arg(a, v, 0, 3600);
-        } else if (strcmp(a, "--drain") == 0) {
-            o->drain_s = lg_num_arg(a, v, 0, 600);
-        } else if (strcmp(a, "--seed") == 0) {
-            o->seed = (uint64_t)lg_num_arg(a, v, 0, 1e15);
+            g->max_streams = (int)lg_num_arg(a, v, 1, 1 << 20);
+        } else if (lg_parse_opt(o, a, v, MAX_CONNS, 1 << 20)) {
+            conns_set |= strcmp(a, "--connections") == 0;
         } else {
             fprintf(stderr, "grpc_load: unknown option %s\n%s", a, usage);
             return 2;
         }
     }
-    if (o->model == NULL || o->csv == NULL || (o->rate > 0) == (o->closed > 0)) {
-        fprintf(stderr, "grpc_load: --model, --csv and one of --rate / --closed are needed\n%s",
-                usage);
-        return 2;
-    }
+    lg_check_opts(o, usage);
     if (o->closed && o->connections > o->closed) {
         if (conns_set) {
             fprintf(stderr, "grpc_load: %d connections for %d streams: using %d\n",
@@ -1270,26 +1153,19 @@ main(int argc, char **argv)
     }
     r.rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
 
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai;
-    int gai = getaddrinfo(o->host, o->port, &hints, &ai);
-    if (gai != 0) {
-        die("%s:%s: %s", o->host, o->port, gai_strerror(gai));
-    }
-    memcpy(&r.addr, ai->ai_addr, ai->ai_addrlen);
-    r.addr_len = ai->ai_addrlen;
-    freeaddrinfo(ai);
+    lg_resolve(o, &r.addr, &r.addr_len);
 
     /* Request headers, the same for every call (grpc-js and Triton's clients send these). */
     static char bearer[1024];
     add_nv(&r, ":method", "POST");
     add_nv(&r, ":scheme", "http");
     add_nv(&r, ":path", METHOD_PATH);
-    add_nv(&r, ":authority", o->authority);
+    add_nv(&r, ":authority", g->authority);
     add_nv(&r, "content-type", "application/grpc");
     add_nv(&r, "te", "trailers");
     add_nv(&r, "user-agent", "sampan-grpc-load");
-    if (o->api_key) {
-        snprintf(bearer, sizeof bearer, "Bearer %s", o->api_key);
+    if (g->api_key) {
+        snprintf(bearer, sizeof bearer, "Bearer %s", g->api_key);
         add_nv(&r, "authorization", bearer);
     }
     if (nghttp2_session_callbacks_new(&r.cbs) != 0 || nghttp2_option_new(&r.h2opt) != 0) {
@@ -1301,20 +1177,10 @@ main(int argc, char **argv)
     nghttp2_session_callbacks_set_on_frame_recv_callback(r.cbs, on_frame_recv);
 
     load_rows(&r);
-    /* The default 50 us timer slack would add up to 50 us to every scheduled send. */
-    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-    signal(SIGINT, lg_on_sigint);
-    signal(SIGPIPE, SIG_IGN);
-
-    struct rusage u0, u1;
-    getrusage(RUSAGE_SELF, &u0);
+    lg_prepare_run();
+    double cpu0 = lg_cpu_s();
     run_load(&r);
-    getrusage(RUSAGE_SELF, &u1);
-    double cpu = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec) +
-                 (double)(u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) +
-                 1e-6 * (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec +
-                                 u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
-    report(&r, cpu);
+    report(&r, lg_cpu_s() - cpu0);
     nghttp2_option_del(r.h2opt);
     nghttp2_session_callbacks_del(r.cbs);
     return lg_interrupted ? 1 : n_errors(&r) ? 1 : 0;

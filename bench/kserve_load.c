@@ -46,12 +46,6 @@
  * next scheduled time. Results: a summary on stderr, JSON on stdout (or --json FILE). Exit 0 when
  * no request failed, 1 on errors, 2 on bad usage or when the server cannot be reached.
  */
-#include <errno.h>
-#include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -60,11 +54,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/timerfd.h>
-#include <time.h>
 #include <unistd.h>
 
 static const char *const lg_prog = "kserve_load";
@@ -72,19 +61,9 @@ static const char *const lg_prog = "kserve_load";
 
 #define MAX_CONNS 4096
 #define RBUF_MAX (1 << 20)       /* one answer; more is a protocol error */
-#define BACKLOG_CAP (1 << 20)    /* scheduled requests waiting for a connection */
 #define MAX_RECONNECTS 1000      /* a server that keeps dropping us ends the run */
 
 /* ------------------------------------------------------------------ options, data */
-
-typedef struct opts {
-    char host[256], port[16];
-    const char *model, *csv, *expect, *input, *label, *json_path, *schedule;
-    int first_col, n_cols, connections, closed;
-    double rate, duration_s, warmup_s, drain_s;
-    bool binary;
-    uint64_t seed;
-} opts_t;
 
 typedef struct req {
     char *buf; /* the whole HTTP request: head and body */
@@ -110,7 +89,8 @@ typedef struct conn {
 
 
 typedef struct run {
-    opts_t o;
+    lg_opts_t o;
+    bool binary; /* --binary */
     req_t *reqs;
     int n_reqs;
     conn_t *conns;
@@ -123,10 +103,8 @@ typedef struct run {
     int idle_head, n_idle, n_conns;
     uint64_t n_retries;
     int n_retry_pending; /* connections reopening to resend a request */
-    int64_t *bl_sched; /* backlog ring: scheduled times, FIFO */
-    size_t bl_head, bl_n, bl_max;
-    uint64_t n_backlogged, n_dropped;
-    int64_t t0, warm_end, end, drain_end;
+    lg_backlog_t bl;
+    lg_window_t w;
     bool scheduling;
     int next_row;
     int n_busy, max_busy;
@@ -166,7 +144,7 @@ bprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
 static void
 build_request(run_t *r, req_t *q, const float *x)
 {
-    const opts_t *o = &r->o;
+    const lg_opts_t *o = &r->o;
     size_t cap = 1024, len = 0, blen = 0, bcap = 1024;
     char *body = malloc(bcap), *head = malloc(cap);
     if (body == NULL || head == NULL) {
@@ -176,7 +154,7 @@ build_request(run_t *r, req_t *q, const float *x)
             "{\"inputs\":[{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[1,%d],", o->input,
             o->n_cols);
     size_t json_len = 0;
-    if (o->binary) {
+    if (r->binary) {
         bprintf(&body, &blen, &bcap, "\"parameters\":{\"binary_data_size\":%zu}}]}",
                 (size_t)o->n_cols * sizeof(float));
         json_len = blen;
@@ -203,8 +181,8 @@ build_request(run_t *r, req_t *q, const float *x)
     }
     bprintf(&head, &len, &cap, "POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s:%s\r\n"
             "Content-Type: %s\r\nContent-Length: %zu\r\n", o->model, o->host, o->port,
-            o->binary ? "application/octet-stream" : "application/json", blen);
-    if (o->binary) {
+            r->binary ? "application/octet-stream" : "application/json", blen);
+    if (r->binary) {
         bprintf(&head, &len, &cap, "Inference-Header-Content-Length: %zu\r\n", json_len);
     }
     bprintf(&head, &len, &cap, "\r\n");
@@ -260,10 +238,7 @@ conn_close(run_t *r, conn_t *c)
 static bool
 in_window(const run_t *r, const conn_t *c, int64_t done)
 {
-    /* Open loop: by scheduled time (what was offered in the window); closed loop: by
-     * completion time (what was served in the window). */
-    int64_t t = r->o.closed ? done : c->sched_ns;
-    return t >= r->warm_end && t < r->end;
+    return lg_counts(&r->w, &r->o, c->sched_ns, done);
 }
 
 /* A request failed on c (connection error or protocol error): count it, reconnect. A request
@@ -291,7 +266,7 @@ conn_fail(run_t *r, conn_t *c, const char *why, bool retryable)
         fprintf(stderr, "kserve_load: more than %d reconnects (last: %s); stopping\n",
                 MAX_RECONNECTS, why);
         r->scheduling = false;
-        r->drain_end = now_ns();
+        r->w.drain_end = now_ns();
         return;
     }
     conn_open(r, c);
@@ -300,22 +275,10 @@ conn_fail(run_t *r, conn_t *c, const char *why, bool retryable)
 static void
 conn_open(run_t *r, conn_t *c)
 {
-    c->fd = socket(r->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0) {
-        die("socket: %s", strerror(errno));
-    }
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = lg_connect(&r->o, &r->addr, r->addr_len, r->ep, c);
     c->state = C_CONNECTING;
     c->reused = false;
     c->rlen = 0;
-    if (connect(c->fd, (struct sockaddr *)&r->addr, r->addr_len) != 0 && errno != EINPROGRESS) {
-        die("connect %s:%s: %s", r->o.host, r->o.port, strerror(errno));
-    }
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
-    if (epoll_ctl(r->ep, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-        die("epoll_ctl: %s", strerror(errno));
-    }
 }
 
 static void
@@ -337,7 +300,7 @@ conn_send(run_t *r, conn_t *c, int64_t sched)
     if (++r->n_busy > r->max_busy) {
         r->max_busy = r->n_busy;
     }
-    if (sched >= r->warm_end && sched < r->end && !c->retry) {
+    if (lg_in_window(&r->w, sched) && !c->retry) {
         r->n_sent++;
     }
     if (c->retry) {
@@ -383,11 +346,8 @@ conn_free(run_t *r, conn_t *c)
         }
         return;
     }
-    if (r->bl_n > 0) {
-        int64_t s = r->bl_sched[r->bl_head];
-        r->bl_head = (r->bl_head + 1) % BACKLOG_CAP;
-        r->bl_n--;
-        conn_send(r, c, s);
+    if (r->bl.n > 0) {
+        conn_send(r, c, lg_backlog_pop(&r->bl));
         return;
     }
     if (!c->listed) {
@@ -410,17 +370,7 @@ issue(run_t *r, int64_t t)
             return;
         }
     }
-    if (t >= r->warm_end && t < r->end) {
-        r->n_backlogged++;
-    }
-    if (r->bl_n == BACKLOG_CAP) {
-        r->n_dropped++;
-        return;
-    }
-    r->bl_sched[(r->bl_head + r->bl_n) % BACKLOG_CAP] = t;
-    if (++r->bl_n > r->bl_max) {
-        r->bl_max = r->bl_n;
-    }
+    lg_backlog_push(&r->bl, t, lg_in_window(&r->w, t));
 }
 
 /* The integer after "key": in body, or -1. */
@@ -546,12 +496,7 @@ static void
 on_conn_event(run_t *r, conn_t *c, uint32_t ev)
 {
     if (c->state == C_CONNECTING) {
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err != 0) {
-            die("connect %s:%s: %s", r->o.host, r->o.port, strerror(err));
-        }
+        lg_check_connected(&r->o, c->fd);
         if (!(ev & EPOLLOUT)) {
             return;
         }
@@ -610,22 +555,18 @@ on_conn_event(run_t *r, conn_t *c, uint32_t ev)
 static void
 run_load(run_t *r)
 {
-    const opts_t *o = &r->o;
+    const lg_opts_t *o = &r->o;
     int n_conns = o->closed ? o->closed : o->connections;
     r->conns = calloc((size_t)n_conns, sizeof *r->conns);
     r->idle = calloc((size_t)n_conns, sizeof *r->idle);
     r->n_conns = n_conns;
-    r->bl_sched = o->closed ? NULL : malloc(BACKLOG_CAP * sizeof *r->bl_sched);
-    if (r->conns == NULL || r->idle == NULL || (!o->closed && r->bl_sched == NULL)) {
+    if (r->conns == NULL || r->idle == NULL) {
         die("out of memory");
     }
-    r->ep = epoll_create1(EPOLL_CLOEXEC);
-    r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (r->ep < 0 || r->tfd < 0) {
-        die("epoll/timerfd: %s", strerror(errno));
+    if (!o->closed) {
+        lg_backlog_alloc(&r->bl);
     }
-    struct epoll_event tev = {.events = EPOLLIN, .data.ptr = NULL};
-    epoll_ctl(r->ep, EPOLL_CTL_ADD, r->tfd, &tev);
+    lg_open_epoll(&r->ep, &r->tfd);
 
     /* Connect everything first (up to 5 s), outside the measured time. The closed loop must not
      * start sending while connecting, so scheduling is off until then. */
@@ -665,40 +606,37 @@ run_load(run_t *r)
         die("only %d of %d connections opened in 5 s", r->n_idle, n_conns);
     }
 
-    r->t0 = now_ns() + NS / 100;
-    r->warm_end = r->t0 + (int64_t)(o->warmup_s * NS);
-    r->end = r->warm_end + (int64_t)(o->duration_s * NS);
-    r->drain_end = r->end + (int64_t)(o->drain_s * NS);
+    lg_window_start(&r->w, o);
     r->scheduling = true;
-    int64_t next = r->t0, armed = -1;
+    int64_t next = r->w.t0, armed = -1;
     if (o->closed) {
         for (int i = 0; i < n_conns; i++) {
-            conn_send(r, &r->conns[i], r->t0);
+            conn_send(r, &r->conns[i], r->w.t0);
         }
     }
     while (!lg_interrupted) {
         int64_t t = now_ns();
         if (r->scheduling && !o->closed) {
-            while (next <= t && next < r->end) {
+            while (next <= t && next < r->w.end) {
                 issue(r, next);
                 next += lg_next_gap_ns(&r->rng, r->o.rate, r->o.schedule);
             }
-            if (next >= r->end) {
+            if (next >= r->w.end) {
                 r->scheduling = false;
             }
         }
-        if (r->scheduling && o->closed && t >= r->end) {
+        if (r->scheduling && o->closed && t >= r->w.end) {
             r->scheduling = false;
         }
-        if (!r->scheduling && r->n_busy == 0 && r->bl_n == 0 && r->n_retry_pending == 0) {
+        if (!r->scheduling && r->n_busy == 0 && r->bl.n == 0 && r->n_retry_pending == 0) {
             break;
         }
-        if (t >= r->drain_end) {
+        if (t >= r->w.drain_end) {
             break;
         }
-        int64_t wake = r->drain_end;
+        int64_t wake = r->w.drain_end;
         if (r->scheduling) {
-            wake = o->closed ? r->end : next;
+            wake = o->closed ? r->w.end : next;
         }
         if (wake != armed) {
             lg_arm_timer(r->tfd, wake);
@@ -724,17 +662,14 @@ run_load(run_t *r)
     if (!o->closed) {
         for (int i = 0; i < n_conns; i++) {
             conn_t *c = &r->conns[i];
-            if (c->state == C_BUSY && c->sched_ns >= r->warm_end && c->sched_ns < r->end) {
+            if (c->state == C_BUSY && lg_in_window(&r->w, c->sched_ns)) {
                 r->n_unfinished++;
             }
-            if (c->retry && c->retry_sched >= r->warm_end && c->retry_sched < r->end) {
+            if (c->retry && lg_in_window(&r->w, c->retry_sched)) {
                 r->n_unfinished++;
             }
         }
-        for (size_t k = 0; k < r->bl_n; k++) {
-            int64_t s = r->bl_sched[(r->bl_head + k) % BACKLOG_CAP];
-            r->n_unfinished += s >= r->warm_end && s < r->end;
-        }
+        r->n_unfinished += lg_backlog_in_window(&r->bl, &r->w);
     }
     for (int i = 0; i < n_conns; i++) {
         conn_close(r, &r->conns[i]);
@@ -744,20 +679,22 @@ run_load(run_t *r)
 
 /* ------------------------------------------------------------------ report */
 
+static uint64_t
+n_errors(const run_t *r)
+{
+    return r->n_http_err + r->n_conn_err + r->n_mismatch + r->n_unfinished + r->bl.n_dropped;
+}
+
 static void
 report(run_t *r, double cpu_s)
 {
-    const opts_t *o = &r->o;
-    FILE *f = stdout;
-    if (o->json_path && (f = fopen(o->json_path, "w")) == NULL) {
-        die("%s: %s", o->json_path, strerror(errno));
-    }
-    uint64_t errors = r->n_http_err + r->n_conn_err + r->n_mismatch + r->n_unfinished +
-                      r->n_dropped;
+    const lg_opts_t *o = &r->o;
+    FILE *f = lg_open_json(o->json_path);
+    uint64_t errors = n_errors(r);
     double achieved = (double)r->n_ok / o->duration_s;
     fprintf(f, "{\"label\":\"%s\",\"mode\":\"%s\",\"model\":\"%s\",\"binary\":%s,",
             o->label ? o->label : "", o->closed ? "closed" : "open", o->model,
-            o->binary ? "true" : "false");
+            r->binary ? "true" : "false");
     if (o->closed) {
         fprintf(f, "\"concurrency\":%d,", o->closed);
     } else {
@@ -772,35 +709,29 @@ report(run_t *r, double cpu_s)
             (unsigned long long)r->n_sent, (unsigned long long)r->n_ok, achieved,
             (unsigned long long)errors, (unsigned long long)r->n_http_err,
             (unsigned long long)r->n_conn_err, (unsigned long long)r->n_mismatch,
-            (unsigned long long)r->n_unfinished, (unsigned long long)r->n_dropped,
-            (unsigned long long)r->n_backlogged, r->bl_max, r->max_busy,
+            (unsigned long long)r->n_unfinished, (unsigned long long)r->bl.n_dropped,
+            (unsigned long long)r->bl.n_backlogged, r->bl.max, r->max_busy,
             (unsigned long long)r->n_retries, cpu_s, 100.0 * cpu_s / (o->warmup_s + o->duration_s));
     lg_put_tail(f, &r->lat, &r->lat_send, &r->lag, &r->q_us, &r->c_us, r->last_err);
 
-    fprintf(stderr, "%s%s%s%s", o->label ? "[" : "", o->label ? o->label : "",
-            o->label ? "] " : "", o->closed ? "closed loop" : "open loop");
+    lg_summary_head(o, o->closed ? "closed loop" : "open loop");
     if (o->closed) {
         fprintf(stderr, " c=%d", o->closed);
     } else {
         fprintf(stderr, " %.0f req/s (%s, %d conns)", o->rate, o->schedule, o->connections);
     }
-    fprintf(stderr, " %.1fs: %.1f ok/s, %llu errors; latency ms p50 %.3f p90 %.3f p99 %.3f "
-            "p99.9 %.3f max %.3f (p99 from the actual send %.3f); send lag p50 %.3f p99 %.3f ms; "
-            "server queue p99 %.3f compute p99 %.3f ms; "
-            "backlogged %llu (max %zu), max in flight %d, retries %llu; generator cpu %.0f%%\n",
-            o->duration_s, achieved, (unsigned long long)errors,
-            (double)pct(&r->lat, 0.5) * 1e-6, (double)pct(&r->lat, 0.9) * 1e-6,
-            (double)pct(&r->lat, 0.99) * 1e-6, (double)pct(&r->lat, 0.999) * 1e-6,
-            (double)pct(&r->lat, 1.0) * 1e-6, (double)pct(&r->lat_send, 0.99) * 1e-6,
-            (double)pct(&r->lag, 0.5) * 1e-6, (double)pct(&r->lag, 0.99) * 1e-6,
-            (double)pct(&r->q_us, 0.99) * 1e-3, (double)pct(&r->c_us, 0.99) * 1e-3,
-            (unsigned long long)r->n_backlogged, r->bl_max, r->max_busy,
+    fprintf(stderr, " %.1fs: %.1f ok/s, %llu errors; ", o->duration_s, achieved,
+            (unsigned long long)errors);
+    lg_summary_latency(&r->lat, &r->lat_send, &r->lag, &r->q_us, &r->c_us);
+    fprintf(stderr, "backlogged %llu (max %zu), max in flight %d, retries %llu; generator cpu "
+            "%.0f%%\n", (unsigned long long)r->bl.n_backlogged, r->bl.max, r->max_busy,
             (unsigned long long)r->n_retries, 100.0 * cpu_s / (o->warmup_s + o->duration_s));
     if (errors) {
         fprintf(stderr, "  errors: http %llu, connection %llu, mismatch %llu, unfinished %llu, "
                 "dropped %llu; last: %s\n", (unsigned long long)r->n_http_err,
                 (unsigned long long)r->n_conn_err, (unsigned long long)r->n_mismatch,
-                (unsigned long long)r->n_unfinished, (unsigned long long)r->n_dropped, r->last_err);
+                (unsigned long long)r->n_unfinished, (unsigned long long)r->bl.n_dropped,
+                r->last_err);
     }
 }
 
@@ -811,24 +742,17 @@ static const char usage[] =
     "  --url URL          http://HOST:PORT (default http://127.0.0.1:8000)\n"
     "  --model NAME       model to call: POST /v2/models/NAME/infer\n"
     "  --csv FILE         one request per row (header skipped), cycled\n"
-    "  --first-col N      first feature column, 0-based (default 1)\n"
-    "  --n-cols N         features per row (default 30)\n"
-    "  --input NAME       input tensor name (default input__0)\n"
+    LG_USAGE_COLUMNS
     "  --binary           binary tensor extension instead of JSON data\n"
     "  --expect FILE      CSV, last column = expected first output value per row\n"
     "  --rate R           open loop: R requests/s\n"
     "  --schedule S       poisson (default) or uniform arrivals\n"
     "  --connections N    open loop: keep-alive connections (default 64)\n"
     "  --closed C         closed loop: C connections, back to back\n"
-    "  --duration S       measured seconds (default 10)\n"
-    "  --warmup S         unmeasured seconds first (default 2)\n"
-    "  --drain S          wait at most S s for answers after the end (default 2)\n"
-    "  --seed N           arrival schedule seed (default 1)\n"
-    "  --label NAME       name of the run in the output\n"
-    "  --json FILE        write the JSON result there (default stdout)\n";
+    LG_USAGE_RUN;
 
 static void
-parse_url(opts_t *o, const char *url)
+parse_url(lg_opts_t *o, const char *url)
 {
     if (strncmp(url, "http://", 7) != 0) {
         die("--url: only http://HOST:PORT is supported");
@@ -858,17 +782,9 @@ main(int argc, char **argv)
 {
     run_t r;
     memset(&r, 0, sizeof r);
-    opts_t *o = &r.o;
+    lg_opts_t *o = &r.o;
     parse_url(o, "http://127.0.0.1:8000");
-    o->input = "input__0";
-    o->schedule = "poisson";
-    o->first_col = 1;
-    o->n_cols = 30;
-    o->connections = 64;
-    o->duration_s = 10;
-    o->warmup_s = 2;
-    o->drain_s = 2;
-    o->seed = 1;
+    lg_opts_defaults(o, 64);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -876,7 +792,7 @@ main(int argc, char **argv)
             return 0;
         }
         if (strcmp(a, "--binary") == 0) {
-            o->binary = true;
+            r.binary = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -886,77 +802,19 @@ main(int argc, char **argv)
         const char *v = argv[++i];
         if (strcmp(a, "--url") == 0) {
             parse_url(o, v);
-        } else if (strcmp(a, "--model") == 0) {
-            o->model = v;
-        } else if (strcmp(a, "--csv") == 0) {
-            o->csv = v;
-        } else if (strcmp(a, "--expect") == 0) {
-            o->expect = v;
-        } else if (strcmp(a, "--input") == 0) {
-            o->input = v;
-        } else if (strcmp(a, "--label") == 0) {
-            o->label = v;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json_path = v;
-        } else if (strcmp(a, "--schedule") == 0) {
-            if (strcmp(v, "poisson") != 0 && strcmp(v, "uniform") != 0) {
-                die("--schedule: poisson or uniform");
-            }
-            o->schedule = v;
-        } else if (strcmp(a, "--first-col") == 0) {
-            o->first_col = (int)lg_num_arg(a, v, 0, MAX_COLS - 1);
-        } else if (strcmp(a, "--n-cols") == 0) {
-            o->n_cols = (int)lg_num_arg(a, v, 1, MAX_COLS - 1);
-        } else if (strcmp(a, "--connections") == 0) {
-            o->connections = (int)lg_num_arg(a, v, 1, MAX_CONNS);
-        } else if (strcmp(a, "--closed") == 0) {
-            o->closed = (int)lg_num_arg(a, v, 1, MAX_CONNS);
-        } else if (strcmp(a, "--rate") == 0) {
-            o->rate = lg_num_arg(a, v, 0.1, 1e7);
-        } else if (strcmp(a, "--duration") == 0) {
-            o->duration_s = lg_num_arg(a, v, 0.1, 3600);
-        } else if (strcmp(a, "--warmup") == 0) {
-            o->warmup_s = lg_num_arg(a, v, 0, 3600);
-        } else if (strcmp(a, "--drain") == 0) {
-            o->drain_s = lg_num_arg(a, v, 0, 600);
-        } else if (strcmp(a, "--seed") == 0) {
-            o->seed = (uint64_t)lg_num_arg(a, v, 0, 1e15);
-        } else {
+        } else if (!lg_parse_opt(o, a, v, MAX_CONNS, MAX_CONNS)) {
             fprintf(stderr, "kserve_load: unknown option %s\n%s", a, usage);
             return 2;
         }
     }
-    if (o->model == NULL || o->csv == NULL || (o->rate > 0) == (o->closed > 0)) {
-        fprintf(stderr, "kserve_load: --model, --csv and one of --rate / --closed are needed\n%s",
-                usage);
-        return 2;
-    }
+    lg_check_opts(o, usage);
     r.rng = o->seed * 0x9E3779B97F4A7C15ULL + 1;
-
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai;
-    int gai = getaddrinfo(o->host, o->port, &hints, &ai);
-    if (gai != 0) {
-        die("%s:%s: %s", o->host, o->port, gai_strerror(gai));
-    }
-    memcpy(&r.addr, ai->ai_addr, ai->ai_addrlen);
-    r.addr_len = ai->ai_addrlen;
-    freeaddrinfo(ai);
+    lg_resolve(o, &r.addr, &r.addr_len);
 
     load_rows(&r);
-    /* The default 50 us timer slack would add up to 50 us to every scheduled send. */
-    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-    signal(SIGINT, lg_on_sigint);
-    signal(SIGPIPE, SIG_IGN);
-
-    struct rusage u0, u1;
-    getrusage(RUSAGE_SELF, &u0);
+    lg_prepare_run();
+    double cpu0 = lg_cpu_s();
     run_load(&r);
-    getrusage(RUSAGE_SELF, &u1);
-    double cpu = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec) +
-                 (double)(u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) +
-                 1e-6 * (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec +
-                                 u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
-    report(&r, cpu);
-    uint64_t errors = r.n_http_err + r.n_conn_err + r.n_mismatch + r.n_unfinished + r.n_dropped;
-    return lg_interrupted ? 1 : errors ? 1 : 0;
+    report(&r, lg_cpu_s() - cpu0);
+    return lg_interrupted ? 1 : n_errors(&r) ? 1 : 0;
 }

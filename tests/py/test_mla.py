@@ -29,12 +29,13 @@ import tempfile
 
 import numpy as np
 
-from common import Suite, binary, run
+from common import Suite, binary
 
 import gguf_gen
 from gguf_read import GGUF
 from ref_forward import RefModel
-from test_reference import engine_logits, err
+from engine_check import check_refused, check_runs, first_dim_set, quant_tol, renamed_away
+from test_reference import err
 
 N_TOKENS = 24
 FLOAT_TOL = 1e-4
@@ -90,35 +91,17 @@ def check_engine(s, exe, tmp, name, cfg):
     ref = RefModel(path, act_quant=quant)
     want = ref.session().forward(toks)
     label = f"deepseek2 {name}"
-    if quant:
-        eps = float(np.sqrt(np.mean(ref.act_err2)))
-        tol = 3 * eps * np.sqrt(4 * c["n_layers"] + 1)
-    else:
-        tol = FLOAT_TOL
+    tol = quant_tol(ref, c["n_layers"]) if quant else FLOAT_TOL
     s.case(f"{label} logits well spread", float(want.std(axis=1).min()) >= 1.0,
            f"min std {float(want.std(axis=1).min()):.2f} >= 1")
     s.case(f"{label} routing margin far above float32 rounding", ref.route_margin > MARGIN,
            f"smallest top-k gap {ref.route_margin:.1e} > {MARGIN:.0e}")
     out = os.path.join(tmp, f"{name}.logits")
-    runs = {}
-    for decode in (False, True):
-        for th in (1, 2):
-            runs[decode, th] = engine_logits(exe, path, toks, decode, th, out, c["vocab"])
-    e = err(runs[False, 1], want)
-    s.case(f"{label} prefill vs {'emulating ' if quant else ''}reference", e <= tol,
-           f"err {e:.2e} <= {tol:.1e}")
-    for cpu in ("scalar", "avx2"):
-        lv = engine_logits(exe, path, toks, False, 2, out, c["vocab"], cpu)
-        e = err(lv, want)
-        s.case(f"{label} prefill SAMPAN_CPU={cpu} vs reference", e <= tol,
-               f"err {e:.2e} <= {tol:.1e}")
-    same = all(np.array_equal(runs[k], runs[False, 1]) for k in runs)
-    s.case(f"{label} prefill/decode x 1/2 threads bit-identical", same)
+    got = check_runs(s, exe, path, toks, want, tol, out, c["vocab"], label, quant)
     if name != "v3-f32":
         return
     # Each feature changes the logits by far more than the tolerance: the reference with it
     # taken away no longer matches the engine.
-    got = runs[False, 1]
     for what in ("selection bias", "expert groups", "shared experts", "deepseek2 YaRN scales",
                  "sigmoid gating"):
         r = RefModel(path)
@@ -149,33 +132,20 @@ def check_refusals(s, exe, tmp):
     for tname in (b"blk.1.attn_kv_a_mqa.weight", b"blk.0.attn_q_a_norm.weight",
                   b"blk.2.attn_v_b.weight", b"blk.0.ffn_up.weight",
                   b"blk.2.ffn_down_shexp.weight"):
-        j = raw.index(tname)
-        bad = raw[:j] + tname[:-1] + b"X" + raw[j + len(tname):]  # the tensor renamed away
-        cases.append((f"missing {tname.decode()}", bad, tname.decode()))
+        cases.append((f"missing {tname.decode()}", renamed_away(raw, tname), tname.decode()))
     # attn_k_b renamed away: then the file must carry the legacy attn_kv_b
     tname = b"blk.1.attn_k_b.weight"
-    j = raw.index(tname)
-    bad = raw[:j] + tname[:-1] + b"X" + raw[j + len(tname):]
+    bad = renamed_away(raw, tname)
     cases.append(("missing attn_k_b and attn_kv_b", bad, "blk.1.attn_kv_b.weight"))
     key = b"deepseek2.attention.kv_lora_rank"
-    j = raw.index(key)
-    bad = raw[:j] + key[:-1] + b"X" + raw[j + len(key):]
+    bad = renamed_away(raw, key)
     cases.append(("no kv_lora_rank key", bad, key.decode()))
     # the selection bias of layer 2 claiming 7 experts (the padding keeps the layout valid):
     # its first dimension is the u64 after the name and the u32 dimension count
     tname = b"blk.2.exp_probs_b.bias"
-    j = raw.index(tname) + len(tname) + 4
-    bad = raw[:j] + (7).to_bytes(8, "little") + raw[j + 8:]
+    bad = first_dim_set(raw, tname, 7)
     cases.append(("selection bias of the wrong size", bad, tname.decode()))
-    for what, data, needle in cases:
-        q = os.path.join(tmp, "bad-case.gguf")
-        with open(q, "wb") as f:
-            f.write(data)
-        rc, so, se = run([exe, "eval", "-m", q, "--tokens", "1,2", "--logits-out",
-                          os.path.join(tmp, "x.logits")], timeout=60)
-        msg = (se + so).strip()
-        ok = rc != 0 and needle in msg and "bad-case.gguf" in msg and rc != -11 and rc < 128
-        s.case(f"refuses {what}", ok, msg.splitlines()[-1] if msg else f"rc {rc}")
+    check_refused(s, exe, tmp, cases)
 
 
 def main():

@@ -25,12 +25,13 @@ import tempfile
 
 import numpy as np
 
-from common import Suite, binary, run
+from common import Suite, binary
 
 import gguf_gen
 from gguf_read import GGUF
 from ref_forward import RefModel
-from test_reference import engine_logits, err
+from engine_check import check_refused, check_runs, quant_tol, renamed_away
+from test_reference import err
 
 N_TOKENS = 24
 FLOAT_TOL = 1e-4
@@ -103,29 +104,12 @@ def check_engine(s, exe, tmp, name, cfg, wtype):
     ref = RefModel(path, act_quant=wtype == "q8_0")
     want = ref.session().forward(toks)
     label = f"{name} {wtype}"
-    if wtype == "q8_0":
-        eps = float(np.sqrt(np.mean(ref.act_err2)))
-        tol = 3 * eps * np.sqrt(4 * c["n_layers"] + 1)
-    else:
-        tol = FLOAT_TOL
+    tol = quant_tol(ref, c["n_layers"]) if wtype == "q8_0" else FLOAT_TOL
     margin_ok = ref.route_margin > MARGIN
     s.case(f"{label} routing margin far above float32 rounding", margin_ok,
            f"smallest top-k gap {ref.route_margin:.1e} > {MARGIN:.0e}")
     out = os.path.join(tmp, f"{name}-{wtype}.logits")
-    runs = {}
-    for decode in (False, True):
-        for th in (1, 2):
-            runs[decode, th] = engine_logits(exe, path, toks, decode, th, out, c["vocab"])
-    e = err(runs[False, 1], want)
-    s.case(f"{label} prefill vs {'emulating ' if wtype == 'q8_0' else ''}reference", e <= tol,
-           f"err {e:.2e} <= {tol:.1e}")
-    for cpu in ("scalar", "avx2"):
-        lv = engine_logits(exe, path, toks, False, 2, out, c["vocab"], cpu)
-        e = err(lv, want)
-        s.case(f"{label} prefill SAMPAN_CPU={cpu} vs reference", e <= tol,
-               f"err {e:.2e} <= {tol:.1e}")
-    same = all(np.array_equal(runs[k], runs[False, 1]) for k in runs)
-    s.case(f"{label} prefill/decode x 1/2 threads bit-identical", same)
+    check_runs(s, exe, path, toks, want, tol, out, c["vocab"], label, wtype == "q8_0")
 
 
 def check_refusals(s, exe, tmp):
@@ -142,19 +126,10 @@ def check_refusals(s, exe, tmp):
     bad = raw[:i] + (9).to_bytes(4, "little") + raw[i + 4:]
     cases.append(("expert_used_count 9 > 8", bad, "expert_used_count"))
     # a missing expert tensor: rename blk.1.ffn_up_exps
-    j = raw.index(b"blk.1.ffn_up_exps.weight")
-    bad2 = raw[:j] + b"blk.1.ffn_up_expX.weight" + raw[j + 24:]
+    bad2 = renamed_away(raw, b"blk.1.ffn_up_exps.weight")  # ffn_up_expX
     cases.append(("missing blk.1.ffn_up_exps", bad2, "blk.1.ffn_up_exps.weight"))
     g.close()
-    for what, data, needle in cases:
-        q = os.path.join(tmp, "bad-case.gguf")
-        with open(q, "wb") as f:
-            f.write(data)
-        rc, so, se = run([exe, "eval", "-m", q, "--tokens", "1,2", "--logits-out",
-                          os.path.join(tmp, "x.logits")], timeout=60)
-        msg = (se + so).strip()
-        ok = rc != 0 and needle in msg and "bad-case.gguf" in msg and rc != -11 and rc < 128
-        s.case(f"refuses {what}", ok, msg.splitlines()[-1] if msg else f"rc {rc}")
+    check_refused(s, exe, tmp, cases)
 
 
 def main():

@@ -63,6 +63,12 @@ sleep_us(int64_t us)
 
 #define MAX_CALLS 4096
 
+typedef struct inst {
+    struct fake *f;
+    int id;
+    atomic_int busy;
+} inst_t;
+
 typedef struct fake {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -76,13 +82,8 @@ typedef struct fake {
     int inst[MAX_CALLS];
     int running, max_running;
     bool overlap;            /* an instance was entered twice at once */
+    inst_t one;              /* the instance of make_one */
 } fake_t;
-
-typedef struct inst {
-    fake_t *f;
-    int id;
-    atomic_int busy;
-} inst_t;
 
 static void
 fake_init(fake_t *f)
@@ -460,6 +461,16 @@ make(const sp_batcher_params_t *p, fake_t *f, inst_t *insts, int n,
     return b;
 }
 
+/* The set-up most tests share: f (initialised here: set its fields after this, before the
+ * first submit) with one instance, serving a model with input x[width]. */
+static sp_batcher_t *
+make_one(const sp_batcher_params_t *p, fake_t *f, int64_t width)
+{
+    fake_init(f);
+    sp_backend_model_info_t m = info_x(width);
+    return make(p, f, &f->one, 1, &m);
+}
+
 static sp_batcher_params_t
 params(int32_t max_batch, uint64_t delay_us)
 {
@@ -491,11 +502,8 @@ finish(sp_batcher_t *b)
 TEST(batcher_merges_and_splits_rows_in_order)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(8, 300000);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t g[4] = {0};
     ASSERT_OK(submit_x(b, 1, 1, 4, 0, 0, &g[0], NULL));
     ASSERT_OK(submit_x(b, 2, 2, 4, 0, 0, &g[1], NULL));
@@ -533,11 +541,8 @@ TEST(batcher_merges_and_splits_rows_in_order)
 TEST(batcher_outputs_subset_order_and_take)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(2);
     sp_batcher_params_t p = params(8, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 2);
     got_t g = {0};
     float x[2] = {1, 2};
     sp_backend_tensor_t t = {.name = "x", .dtype = SP_BT_FP32, .n_dims = 2, .dims = {1, 2},
@@ -578,11 +583,8 @@ on_done_take(void *ud, const sp_batch_result_t *res)
 TEST(batcher_take_keeps_an_output_alive)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(2);
     sp_batcher_params_t p = params(8, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 2);
     float x[2] = {1, 2};
     sp_backend_tensor_t t = {.name = "x", .dtype = SP_BT_FP32, .n_dims = 2, .dims = {1, 2},
                              .data = x, .bytes = sizeof x};
@@ -599,14 +601,11 @@ TEST(batcher_take_keeps_an_output_alive)
 TEST(batcher_preferred_sizes_send_the_largest_at_once)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(8, 200000);
     p.preferred_batch_size[0] = 2;
     p.preferred_batch_size[1] = 4;
     p.n_preferred = 2;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[5] = {0};
     fake_hold(&f);
     ASSERT_OK(submit_x(b, 99, 2, 4, 0, 0, &blocker, NULL)); /* preferred 2: runs at once */
@@ -634,11 +633,8 @@ TEST(batcher_preferred_sizes_send_the_largest_at_once)
 TEST(batcher_lone_request_waits_at_most_the_delay)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(8, 30000);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t g = {0};
     ASSERT_OK(submit_x(b, 1, 1, 4, 0, 0, &g, NULL));
     wait_done(1);
@@ -662,11 +658,8 @@ TEST(batcher_lone_request_waits_at_most_the_delay)
 TEST(batcher_max_batch_size_caps_batches)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(4, 50000);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[12] = {0};
     block(b, &f, &blocker);
     for (int i = 0; i < 10; i++) {
@@ -696,13 +689,10 @@ TEST(batcher_max_batch_size_caps_batches)
 TEST(batcher_priority_levels_order)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(1, 0);
     p.priority_levels = 3;
     p.default_priority_level = 2;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[6] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 4, 3, 0, &g[0], NULL));  /* level 3 */
@@ -724,13 +714,10 @@ TEST(batcher_lower_levels_fill_a_batch)
 {
     /* A batch starts with the highest level and fills up from lower ones (Triton's cursor). */
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(4, 0);
     p.priority_levels = 2;
     p.default_priority_level = 2;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[3] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 4, 2, 0, &g[0], NULL));
@@ -748,15 +735,12 @@ TEST(batcher_lower_levels_fill_a_batch)
 TEST(batcher_queue_full_is_busy_per_level)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(1, 0);
     p.priority_levels = 2;
     p.default_priority_level = 2;
     p.default_queue_policy.max_queue_size = 2;
     p.has_level_policy[0] = true; /* level 1: unbounded */
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[4] = {0};
     block(b, &f, &blocker); /* running, so no longer queued */
     ASSERT_OK(submit_x(b, 1, 1, 4, 2, 0, &g[0], NULL));
@@ -779,13 +763,10 @@ TEST(batcher_queue_full_is_busy_per_level)
 TEST(batcher_timeout_reject_fires_while_the_instance_is_busy)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(4, 0);
     p.default_queue_policy.default_timeout_us = 20000;
     p.default_queue_policy.timeout_action = SP_BATCHER_TIMEOUT_REJECT;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[2] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 4, 0, 0, &g[0], NULL));
@@ -813,13 +794,10 @@ TEST(batcher_timeout_reject_fires_while_the_instance_is_busy)
 TEST(batcher_timeout_override_only_shortens)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(4, 0);
     p.default_queue_policy.default_timeout_us = 10000000; /* 10 s */
     p.default_queue_policy.allow_timeout_override = true;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[2] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 4, 0, 20000, &g[0], NULL));    /* 20 ms: applies */
@@ -836,15 +814,12 @@ TEST(batcher_timeout_override_only_shortens)
 TEST(batcher_timeout_delay_runs_behind)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(1, 0);
     p.priority_levels = 2;
     p.default_priority_level = 1;
     p.default_queue_policy.timeout_action = SP_BATCHER_TIMEOUT_DELAY;
     p.default_queue_policy.allow_timeout_override = true;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[3] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 4, 1, 10000, &g[0], NULL)); /* expires in 10 ms */
@@ -872,11 +847,8 @@ TEST(batcher_timeout_delay_runs_behind)
 TEST(batcher_different_variable_shapes_are_not_merged)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(-1);
     sp_batcher_params_t p = params(8, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, -1);
     got_t blocker = {0}, g[4] = {0};
     block(b, &f, &blocker);
     ASSERT_OK(submit_x(b, 1, 1, 2, 0, 0, &g[0], NULL));
@@ -907,11 +879,8 @@ submit_t(sp_batcher_t *b, sp_backend_tensor_t *t, int n, char *err)
 TEST(batcher_validation_is_per_request)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(8, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     char err[256];
     float x[64] = {0};
     sp_backend_tensor_t ok = {.name = "x", .dtype = SP_BT_FP32, .n_dims = 2, .dims = {2, 4},
@@ -1020,11 +989,8 @@ TEST(batcher_validation_two_inputs_and_bytes)
 TEST(batcher_execute_failure_fails_only_that_batch)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(3, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0};
     float x[4] = {1, 666, 1, 1};
     sp_backend_tensor_t t = {.name = "x", .dtype = SP_BT_FP32, .n_dims = 2, .dims = {1, 4},
@@ -1056,12 +1022,9 @@ TEST(batcher_execute_failure_fails_only_that_batch)
 TEST(batcher_bad_backend_outputs_are_an_error)
 {
     fake_t f;
-    fake_init(&f);
-    f.bad_rows = true;
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(4, 0);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
+    f.bad_rows = true; /* read at the first execute */
     got_t g = {0};
     ASSERT_OK(submit_x(b, 1, 2, 4, 0, 0, &g, NULL));
     wait_done(1);
@@ -1237,12 +1200,9 @@ TEST(batcher_instances_run_in_parallel)
 TEST(batcher_disabled_runs_every_request_alone_at_once)
 {
     fake_t f;
-    fake_init(&f);
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(8, 500000);
     p.enabled = false;
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
     got_t blocker = {0}, g[4] = {0};
     block(b, &f, &blocker);
     for (int i = 0; i < 4; i++) {
@@ -1266,12 +1226,9 @@ TEST(batcher_disabled_runs_every_request_alone_at_once)
 TEST(batcher_max_batch_size_zero_has_no_batch_dimension)
 {
     fake_t f;
-    fake_init(&f);
-    f.nobatch = true;
-    inst_t in[1];
-    sp_backend_model_info_t m = info_x(4);
     sp_batcher_params_t p = params(0, 100000);
-    sp_batcher_t *b = make(&p, &f, in, 1, &m);
+    sp_batcher_t *b = make_one(&p, &f, 4);
+    f.nobatch = true; /* read at the first execute */
     char err[256];
     float x[4] = {1, 2, 3, 4};
     sp_backend_tensor_t t = {.name = "x", .dtype = SP_BT_FP32, .n_dims = 1, .dims = {4},
