@@ -28,6 +28,7 @@
 
 #ifdef SP_HAVE_DNNL
 
+#include <math.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
@@ -52,6 +53,11 @@ typedef struct node_cache {
     prim_t *e;                /* cache_cap entries */
     void *w;                  /* the node's packed weights, in layout w_md */
     dnnl_memory_desc_t w_md;
+    /* QDQConv / QDQMatMul (qdq.c's fused INT8 nodes): their INT8 weights in the plain layout
+     * oneDNN reads (s8, zero point already subtracted), made once from the node's int16 rows;
+     * q8 is 1 once made, -1 when the weights do not fit s8 (the node stays ours). */
+    int8_t *q8w;
+    int q8;
 } node_cache_t;
 
 struct sp_ox_dnnl {
@@ -159,6 +165,7 @@ sp_ox_dnnl_free(sp_ox_run_t *r)
         for (int k = 0; d->nodes[i].e && k < d->cache_cap; k++) entry_drop(&d->nodes[i], &d->nodes[i].e[k], &d->st);
         free(d->nodes[i].e);
         free(d->nodes[i].w);
+        free(d->nodes[i].q8w);
     }
     if (d->stream) dnnl_stream_destroy(d->stream);
     free(d->nodes);
@@ -383,34 +390,39 @@ create(sp_ox_run_t *r, prim_t *e, const void *op_desc, const dnnl_primitive_attr
 /* The weights of entry e in the layout it wants: constants packed once (shared with the
  * node's other entries of that layout), others reordered into a pool tensor tmp per run. */
 static int
+pack_const(sp_ox_run_t *r, node_cache_t *nc, prim_t *e, const dnnl_memory_desc_t *wmd_plain, void *data,
+           void **out)
+{
+    if (e->w == NULL) {
+        if (nc->w && dnnl_memory_desc_equal(&nc->w_md, &e->w_md)) {
+            e->w = nc->w;
+        } else {
+            size_t bytes = dnnl_memory_desc_get_size(&e->w_md);
+            void *buf = sp_ox_aligned_alloc(bytes ? bytes : 64);
+            if (buf == NULL) return sp_ox_fail(r, "out of memory for %zu bytes of weights", bytes);
+            if (reorder(r, wmd_plain, data, &e->w_md, buf)) {
+                free(buf);
+                return -1;
+            }
+            if (nc->w == NULL) {
+                nc->w = buf;
+                nc->w_md = e->w_md;
+            } else {
+                e->w_own = true;
+            }
+            e->w = buf;
+        }
+    }
+    *out = e->w;
+    return 0;
+}
+
+static int
 weights(sp_ox_run_t *r, node_cache_t *nc, prim_t *e, int32_t wv, const dnnl_memory_desc_t *wmd_plain,
         sp_ox_tensor_t *tmp, void **out)
 {
     const sp_ox_value_t *wval = &r->g->values[wv];
-    if (wval->is_const) {
-        if (e->w == NULL) {
-            if (nc->w && dnnl_memory_desc_equal(&nc->w_md, &e->w_md)) {
-                e->w = nc->w;
-            } else {
-                size_t bytes = dnnl_memory_desc_get_size(&e->w_md);
-                void *buf = sp_ox_aligned_alloc(bytes ? bytes : 64);
-                if (buf == NULL) return sp_ox_fail(r, "out of memory for %zu bytes of weights", bytes);
-                if (reorder(r, wmd_plain, wval->t.data, &e->w_md, buf)) {
-                    free(buf);
-                    return -1;
-                }
-                if (nc->w == NULL) {
-                    nc->w = buf;
-                    nc->w_md = e->w_md;
-                } else {
-                    e->w_own = true;
-                }
-                e->w = buf;
-            }
-        }
-        *out = e->w;
-        return 0;
-    }
+    if (wval->is_const) return pack_const(r, nc, e, wmd_plain, wval->t.data, out);
     if (dnnl_memory_desc_equal(wmd_plain, &e->w_md)) {
         *out = wval->t.data;
         return 0;
@@ -811,6 +823,262 @@ done:
     return rc;
 }
 
+/* ---- INT8: qdq.c's fused QDQConv / QDQMatMul as oneDNN int8 primitives ----
+ *
+ * The node computes y[c] = mult[c] * sum((xq - zx) * wq[c]) + bias[c] (Relu), xq =
+ * clamp(rint(x / sx) + zx) in u8 or s8 (qdq.c). Here xq is made by quantize8 with exactly
+ * qdq.c's arithmetic (a true division, round half to even, NaN -> zx), in whatever dense
+ * layout x is in (quantizing is elementwise), so oneDNN sees the same integers as our own
+ * kernels; the weights are the node's int16 rows narrowed to s8 (they fit whenever the model's
+ * weights are INT8 with zero point 0, what `sampan optimize` writes); the product is exact
+ * int32 on both sides; oneDNN applies mult[c] as per-channel output scales, zx as the source
+ * zero point (padding counts as zx, i.e. real 0, as in ours), the bias as a per-channel binary
+ * add and the Relu as an eltwise post-op, writing f32: float(acc) * mult[c] + bias[c], the same
+ * two roundings as sp_ox_dequant_row, so results agree to an ulp or two of |acc * mult| + |bias|
+ * (oneDNN may contract the multiply and add). */
+
+static void
+quantize8_scalar(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+    float s = qp[0], z = qp[1], lo = qp[2], hi = qp[3];
+    for (int64_t i = 0; i < n; i++) {
+        float q = rintf(x[i] / s) + z;
+        q = q < lo ? lo : q > hi ? hi : q;
+        if (q != q) q = z;
+        if (u8) ((uint8_t *)dst)[i] = (uint8_t)(int)q;
+        else ((int8_t *)dst)[i] = (int8_t)(int)q;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* 16 at a time: vdivps and vroundps are the IEEE division and rint; the clamped values fit
+ * 8 bits, so the saturating packs are exact. */
+__attribute__((target("avx2"))) static void
+quantize8_avx2(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+    __m256 s = _mm256_set1_ps(qp[0]), z = _mm256_set1_ps(qp[1]), lo = _mm256_set1_ps(qp[2]),
+           hi = _mm256_set1_ps(qp[3]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i k[2];
+        for (int h = 0; h < 2; h++) {
+            __m256 q = _mm256_add_ps(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * h), s),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+            __m256 nan = _mm256_cmp_ps(q, q, _CMP_UNORD_Q);
+            q = _mm256_blendv_ps(_mm256_min_ps(_mm256_max_ps(q, lo), hi), z, nan);
+            k[h] = _mm256_cvtps_epi32(q);
+        }
+        __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(k[0]), _mm256_extracti128_si256(k[0], 1));
+        __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(k[1]), _mm256_extracti128_si256(k[1], 1));
+        _mm_storeu_si128((__m128i *)((char *)dst + i), u8 ? _mm_packus_epi16(a, b) : _mm_packs_epi16(a, b));
+    }
+    quantize8_scalar(x + i, n - i, qp, (char *)dst + i, u8);
+}
+#endif
+
+static void
+quantize8(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (strcmp(sp_ox_qgemm_kernel(), "scalar") != 0) {
+        quantize8_avx2(x, n, qp, dst, u8);
+        return;
+    }
+#endif
+    quantize8_scalar(x, n, qp, dst, u8);
+}
+
+/* The node's s8 weights, made once: conv rows [m][kp] as [m][k] (oihw order); matmul panels
+ * (sp_ox_qpack_rows) unpacked to B [k][m]. false when a weight is outside s8. */
+static bool
+q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
+{
+    if (nc->q8) return nc->q8 > 0;
+    int64_t m = w16->dims[0], kp = w16->dims[1];
+    const int16_t *src = w16->data;
+    nc->q8 = -1;
+    nc->q8w = malloc((size_t)(m * k + 1));
+    if (nc->q8w == NULL) return false;
+    for (int64_t o = 0; o < m; o++) {
+        for (int64_t i = 0; i < k; i++) {
+            int16_t v = conv ? src[o * kp + i] : src[((o / 16 * (kp / 2) + i / 2) * 16 + o % 16) * 2 + i % 2];
+            if (v < -128 || v > 127) {
+                free(nc->q8w);
+                nc->q8w = NULL;
+                return false;
+            }
+            nc->q8w[conv ? o * k + i : i * m + o] = (int8_t)v;
+        }
+    }
+    nc->q8 = 1;
+    return true;
+}
+
+/* Output scales mult[m] per channel (axis 1 of dst), the source zero point, and the post-ops:
+ * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), Relu. */
+static dnnl_primitive_attr_t
+q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias_md, bool relu)
+{
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    if (dnnl_post_ops_create(&po) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    dnnl_post_ops_append_binary(po, dnnl_binary_add, bias_md);
+    if (relu) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    dnnl_primitive_attr_set_post_ops(attr, po);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, mult);
+    if (zx != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &zx);
+    return attr;
+}
+
+/* x (value v, f32 in its current layout, dense) quantized into tq, in the same layout with the
+ * 8-bit type: *qmd. */
+static int
+q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *tq, dnnl_memory_desc_t *qmd)
+{
+    const sp_ox_tensor_t *x = &r->g->values[v].t;
+    int64_t n = sp_ox_numel(x);
+    dnnl_memory_desc_t have;
+    if (md_of(r, v, &have)) return -1;
+    if (have.data_type != dnnl_f32 || dnnl_memory_desc_get_size(&have) != (size_t)n * sizeof(float)) {
+        /* padded blocks or BF16: back to plain f32 first */
+        if (sp_ox_dnnl_plain(r, v) || md_of(r, v, &have)) return -1;
+        x = &r->g->values[v].t;
+    }
+    *qmd = have;
+    qmd->data_type = u8 ? dnnl_u8 : dnnl_s8;
+    int64_t one = n > 0 ? n : 1;
+    if (sp_ox_out(r, tq, OX_UINT8, 1, &one)) return -1;
+    quantize8(x->data, n, qp, tq->data, u8);
+    return 0;
+}
+
+static int
+run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    const sp_ox_tensor_t *x = &g->values[n->in[0]].t, *w16 = &g->values[n->in[1]].t;
+    const float *mult = g->values[n->in[2]].t.data, *qp = g->values[n->in[3]].t.data;
+    const float *bias = g->values[n->in[4]].t.data;
+    if (d->bf16 || x->dtype != OX_FLOAT) return 0; /* bf16: its own precision choice; others: ours */
+    bool u8 = qp[2] == 0.0f;
+    int32_t zx = (int32_t)qp[1];
+    int64_t m = w16->dims[0];
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd && i < OX_MAX_DIMS; i++) key[nkey++] = x->dims[i];
+    int64_t od[OX_MAX_DIMS];
+    int ond = x->nd;
+    dnnl_memory_desc_t wplain, bmd, dmd_plain;
+    dnnl_dims_t wd, bd, dd;
+    geom_t gm;
+    int64_t rows = 0, k;
+    if (conv) {
+        int64_t cg = (int64_t)qp[4], kh = (int64_t)qp[5], kw = (int64_t)qp[6], group = (int64_t)qp[7];
+        k = cg * kh * kw;
+        if (x->nd != 4 || x->dims[1] != cg * group) return 0;
+        int64_t kern[2] = {kh, kw};
+        if (sp_ox_geometry(r, n, x, kern, 2, false, &gm) || gm.pb_end < 0 || gm.pr_end < 0) return 0;
+        od[0] = x->dims[0];
+        od[1] = m;
+        od[2] = gm.oh;
+        od[3] = gm.ow;
+        int64_t w5[5] = {group, m / group, cg, kh, kw}, w4[4] = {m, cg, kh, kw};
+        for (int i = 0; i < (group > 1 ? 5 : 4); i++) wd[i] = group > 1 ? w5[i] : w4[i];
+        if (dnnl_memory_desc_init_by_tag(&wplain, group > 1 ? 5 : 4, wd, dnnl_s8, group > 1 ? dnnl_goihw : dnnl_oihw) !=
+            dnnl_success) return 0;
+        bd[0] = 1, bd[1] = m, bd[2] = 1, bd[3] = 1;
+        dnnl_memory_desc_init_by_tag(&bmd, 4, bd, dnnl_f32, dnnl_abcd);
+    } else {
+        k = (int64_t)qp[4];
+        if (x->nd < 1 || k < 1 || x->dims[x->nd - 1] != k) return 0;
+        rows = sp_ox_numel(x) / k;
+        if (rows < 1) return 0;
+        for (int i = 0; i < x->nd; i++) od[i] = x->dims[i];
+        od[ond - 1] = m;
+        wd[0] = k, wd[1] = m;
+        dnnl_memory_desc_init_by_tag(&wplain, 2, wd, dnnl_s8, dnnl_ab);
+        bd[0] = 1, bd[1] = m;
+        dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_f32, dnnl_ab);
+        dd[0] = rows, dd[1] = m;
+        dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
+    }
+    if (!q8_weights(nc, w16, k, conv)) return 0;
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        dnnl_memory_desc_t smd, wmd, dmd;
+        dnnl_data_type_t st8 = u8 ? dnnl_u8 : dnnl_s8;
+        int wnd = wplain.ndims;
+        dnnl_memory_desc_init_by_tag(&wmd, wnd, wd, dnnl_s8, dnnl_format_tag_any);
+        union {
+            dnnl_convolution_desc_t c;
+            dnnl_matmul_desc_t mm;
+        } op;
+        dnnl_status_t st;
+        if (conv) {
+            dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
+            dnnl_memory_desc_init_by_tag(&smd, 4, sd, st8, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dnnl_f32, dnnl_format_tag_any);
+            dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
+                        pr = {gm.pb_end, gm.pr_end};
+            st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
+                                                            &smd, &wmd, NULL, &dmd, strides, dil, pl, pr);
+        } else {
+            dnnl_dims_t sd = {rows, k};
+            dnnl_memory_desc_init_by_tag(&smd, 2, sd, st8, dnnl_ab);
+            st = dnnl_matmul_desc_init(&op.mm, &smd, &wmd, NULL, &dmd_plain);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = q8_attr(mult, m, zx, &bmd, n->fused_relu != 0);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tq = {0}, tx = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    dnnl_memory_desc_t qmd;
+    void *wp, *src;
+    int rc = -1;
+    if (!conv && sp_ox_dnnl_plain(r, n->in[0])) return -1;
+    if (q8_source(r, n->in[0], qp, u8, &tq, &qmd) || pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    src = tq.data;
+    if (!conv) {
+        /* the rows [rows, k], whatever the rank */
+        qmd = e->src_md;
+    } else if (!dnnl_memory_desc_equal(&qmd, &e->src_md)) {
+        if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &qmd, tq.data, &e->src_md, tx.data)) {
+            goto done;
+        }
+        src = tx.data;
+    }
+    if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od) : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
+        goto done;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
+    void *ptrs[4] = {src, wp, out->data, (void *)bias};
+    if (execute(r, e->p, 4, ids, mds, ptrs)) goto done;
+    if (conv) set_layout(r, n->out[0], &e->dst_md);
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tq);
+    sp_ox_pool_put(r, &tx);
+    return rc;
+}
+
 int
 sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
 {
@@ -827,6 +1095,8 @@ sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     if (strcmp(t, "GlobalAveragePool") == 0) return run_pool(r, n, true, false);
     if (strcmp(t, "Gemm") == 0) return run_matmul(r, n, true);
     if (strcmp(t, "MatMul") == 0) return run_matmul(r, n, false);
+    if (strcmp(t, "QDQConv") == 0) return run_q8(r, n, true);
+    if (strcmp(t, "QDQMatMul") == 0) return run_q8(r, n, false);
     return 0;
 }
 
