@@ -490,6 +490,33 @@ is_float(const sp_ox_tensor_t *t)
     return t && t->dtype == OX_FLOAT && t->data;
 }
 
+/* The destination of a Conv with a fused residual Add (oneDNN's sum post-op adds into dst):
+ * the residual itself in the layout dst has, taking over its buffer when this is its last
+ * reader, else a copy. */
+static int
+residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, const int64_t *od)
+{
+    sp_ox_graph_t *g = r->g;
+    sp_ox_value_t *yv = &g->values[n->fused_add];
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
+    dnnl_memory_desc_t ymd;
+    if (md_of(r, n->fused_add, &ymd)) return -1;
+    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes) {
+        /* The residual is read for the last time: accumulate into its buffer. */
+        if (out->data) sp_ox_pool_put(r, out);
+        out->data = yv->t.data;
+        out->cap = yv->t.cap;
+        yv->t.data = NULL;
+        yv->t.cap = 0;
+        out->dtype = OX_FLOAT;
+        out->nd = 4;
+        for (int i = 0; i < 4; i++) out->dims[i] = od[i];
+        return 0;
+    }
+    return out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data) ? -1 : 0;
+}
+
 static int
 run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
 {
@@ -559,23 +586,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     if (source(r, e, n->in[0], &tx, &src) || weights(r, nc, e, n->in[1], &wplain, &tw, &wp)) goto done;
     size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
     if (y) {
-        sp_ox_value_t *yv = &g->values[n->fused_add];
-        dnnl_memory_desc_t ymd;
-        if (md_of(r, n->fused_add, &ymd)) goto done;
-        if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output &&
-            yv->t.cap >= dbytes) {
-            /* The residual is read for the last time: accumulate into its buffer. */
-            if (out->data) sp_ox_pool_put(r, out);
-            out->data = yv->t.data;
-            out->cap = yv->t.cap;
-            yv->t.data = NULL;
-            yv->t.cap = 0;
-            out->dtype = OX_FLOAT;
-            out->nd = 4;
-            for (int i = 0; i < 4; i++) out->dims[i] = od[i];
-        } else if (out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data)) {
-            goto done;
-        }
+        if (residual_dst(r, n, o, e, od)) goto done;
     } else if (out_bytes(r, out, dbytes, 4, od)) {
         goto done;
     }
@@ -916,9 +927,10 @@ q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
 }
 
 /* Output scales mult[m] per channel (axis 1 of dst), the source zero point, and the post-ops:
- * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), Relu. */
+ * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (sum: graph.c's fused Add,
+ * already in dst), Relu: sp_ox_fused_add's order. */
 static dnnl_primitive_attr_t
-q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias_md, bool relu)
+q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -928,6 +940,7 @@ q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias
         return NULL;
     }
     dnnl_post_ops_append_binary(po, dnnl_binary_add, bias_md);
+    if (sum) dnnl_post_ops_append_sum(po, 1.0f);
     if (relu) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
     dnnl_primitive_attr_set_post_ops(attr, po);
     dnnl_post_ops_destroy(po);
@@ -959,7 +972,7 @@ q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *t
 }
 
 static int
-run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
+run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
 {
     struct sp_ox_dnnl *d = r->dnnl;
     sp_ox_graph_t *g = r->g;
@@ -967,6 +980,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
     const float *mult = g->values[n->in[2]].t.data, *qp = g->values[n->in[3]].t.data;
     const float *bias = g->values[n->in[4]].t.data;
     if (d->bf16 || x->dtype != OX_FLOAT) return 0; /* bf16: its own precision choice; others: ours */
+    const sp_ox_tensor_t *y = conv && n->fused_add >= 0 ? &g->values[n->fused_add].t : NULL;
     bool u8 = qp[2] == 0.0f;
     int32_t zx = (int32_t)qp[1];
     int64_t m = w16->dims[0];
@@ -996,6 +1010,12 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
             dnnl_success) return 0;
         bd[0] = 1, bd[1] = m, bd[2] = 1, bd[3] = 1;
         dnnl_memory_desc_init_by_tag(&bmd, 4, bd, dnnl_f32, dnnl_abcd);
+        if (y) {
+            if (!is_float(y) || y->nd != 4) return 0;
+            for (int i = 0; i < 4; i++) {
+                if (y->dims[i] != od[i]) return 0; /* a broadcasting Add: our own runtime */
+            }
+        }
     } else {
         k = (int64_t)qp[4];
         if (x->nd < 1 || k < 1 || x->dims[x->nd - 1] != k) return 0;
@@ -1039,7 +1059,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = q8_attr(mult, m, zx, &bmd, n->fused_relu != 0);
+        dnnl_primitive_attr_t attr = q8_attr(mult, m, zx, &bmd, y != NULL, n->fused_relu != 0);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
@@ -1064,7 +1084,10 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, bool conv)
         }
         src = tx.data;
     }
-    if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od) : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
+    if (y) {
+        if (residual_dst(r, n, o, e, od)) goto done;
+    } else if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od)
+                    : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
         goto done;
     }
     int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
@@ -1095,8 +1118,8 @@ sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     if (strcmp(t, "GlobalAveragePool") == 0) return run_pool(r, n, true, false);
     if (strcmp(t, "Gemm") == 0) return run_matmul(r, n, true);
     if (strcmp(t, "MatMul") == 0) return run_matmul(r, n, false);
-    if (strcmp(t, "QDQConv") == 0) return run_q8(r, n, true);
-    if (strcmp(t, "QDQMatMul") == 0) return run_q8(r, n, false);
+    if (strcmp(t, "QDQConv") == 0) return run_q8(r, n, o, true);
+    if (strcmp(t, "QDQMatMul") == 0) return run_q8(r, n, o, false);
     return 0;
 }
 
