@@ -576,7 +576,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 }
             }
         }
-        if (conv || mm || strcmp(t, "Gemm") == 0) {
+        if (conv || qconv || mm || strcmp(t, "Gemm") == 0) {
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Relu") == 0 && n->n_out == 1) {
                 n->fused_relu = 1;
