@@ -60,10 +60,21 @@ typedef struct node_cache {
     int q8;
 } node_cache_t;
 
+/* A chain of elementary operators run as one primitive (LayerNorm, GELU: see find_groups). */
+typedef struct fuse {
+    int kind;         /* on the chain's first node (its head): FZ_LN or FZ_GELU; else FZ_NONE */
+    int32_t head;     /* on the other members: the head's node index; -1 otherwise */
+    int32_t x, out;   /* the chain's input and output values */
+    int32_t gamma, beta;
+    float eps;
+    bool ran;         /* this run: the head computed the chain, the members are skipped */
+} fuse_t;
+
 struct sp_ox_dnnl {
     dnnl_stream_t stream;
     bool bf16;
     node_cache_t *nodes;      /* per graph node */
+    fuse_t *fz;               /* per graph node */
     int32_t n_nodes;
     bool *blocked;            /* per value: t.data is in layout md[v], not plain */
     dnnl_memory_desc_t *md;
@@ -104,6 +115,21 @@ fail_st(sp_ox_run_t *r, dnnl_status_t st, const char *what)
     return sp_ox_fail(r, "oneDNN %s failed (status %d)", what, (int)st);
 }
 
+static void find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g);
+
+/* Whether node i gets a primitive cache: oneDNN's operators and the chains' heads. */
+static bool
+has_cache(const struct sp_ox_dnnl *d, const sp_ox_graph_t *g, int32_t i)
+{
+    static const char *const ops[] = {"Conv", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                      "Softmax", "LayerNormalization", "Gelu", NULL};
+    if (d->fz[i].kind != 0) return true;
+    for (int k = 0; ops[k]; k++) {
+        if (strcmp(g->nodes[i].p->op_type, ops[k]) == 0) return true;
+    }
+    return false;
+}
+
 int
 sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len)
 {
@@ -122,12 +148,11 @@ sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t er
     d->nodes = calloc((size_t)d->n_nodes + 1, sizeof *d->nodes);
     d->blocked = calloc((size_t)d->n_values + 1, sizeof *d->blocked);
     d->md = calloc((size_t)d->n_values + 1, sizeof *d->md);
-    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL) goto oom;
+    d->fz = calloc((size_t)d->n_nodes + 1, sizeof *d->fz);
+    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL || d->fz == NULL) goto oom;
+    find_groups(d, r->g);
     for (int32_t i = 0; i < d->n_nodes; i++) {
-        if (strcmp(r->g->nodes[i].p->op_type, "Conv") && strcmp(r->g->nodes[i].p->op_type, "MatMul") &&
-            strcmp(r->g->nodes[i].p->op_type, "Gemm") && !strstr(r->g->nodes[i].p->op_type, "Pool")) {
-            continue; /* only oneDNN's operators have a cache */
-        }
+        if (!has_cache(d, r->g, i)) continue; /* only oneDNN's operators have a cache */
         d->nodes[i].e = calloc((size_t)d->cache_cap, sizeof *d->nodes[i].e);
         if (d->nodes[i].e == NULL) goto oom;
     }
@@ -169,6 +194,7 @@ sp_ox_dnnl_free(sp_ox_run_t *r)
     }
     if (d->stream) dnnl_stream_destroy(d->stream);
     free(d->nodes);
+    free(d->fz);
     free(d->blocked);
     free(d->md);
     free(d);
@@ -180,6 +206,7 @@ sp_ox_dnnl_begin(sp_ox_run_t *r)
 {
     struct sp_ox_dnnl *d = r->dnnl;
     memset(d->blocked, 0, (size_t)d->n_values * sizeof *d->blocked);
+    for (int32_t i = 0; i < d->n_nodes; i++) d->fz[i].ran = false;
     /* OpenMP's thread count is per calling thread: this instance's runs only. */
     omp_set_num_threads(r->n_threads > 0 ? r->n_threads : 1);
 }
@@ -1102,17 +1129,273 @@ done:
     return rc;
 }
 
+/* ---- BERT's LayerNorm, Softmax and GELU ----
+ *
+ * Softmax over the last axis, LayerNormalization over the last axis (Scale and B of that
+ * length) and Gelu run as oneDNN's softmax, layer normalization and eltwise (gelu_erf,
+ * gelu_tanh) primitives on plain FP32 tensors, at precision fp32 and bf16 alike (they are
+ * memory-bound: BF16 would add a conversion pass and lose the statistics' precision).
+ * BERT exports written before opset 17 spell LayerNorm and GELU out in elementary operators;
+ * at attach, those chains are found (find_groups) and run as one primitive at the chain's
+ * first node, the rest of the chain skipped in that run:
+ *   LN:   m = ReduceMean(x, -1); d = x - m; v = ReduceMean(d ^ 2, -1);
+ *         y = d / Sqrt(v + eps) * gamma + beta
+ *   GELU: y = x * (Erf(x / sqrt(2)) + 1) * 0.5      (x * (1/sqrt(2)) also)
+ * Every intermediate must be read only inside its chain and not be a graph output. */
+
+enum { FZ_NONE, FZ_LN, FZ_GELU };
+
+/* Live readers of value v: count, and up to max of them in rd. */
+static int
+readers(const sp_ox_graph_t *g, int32_t v, sp_ox_node_t **rd, int max)
+{
+    int cnt = 0;
+    if (g->values[v].is_output) return 99;
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        bool reads = n->fused_add == v;
+        for (int k = 0; k < n->n_in; k++) reads |= n->in[k] == v;
+        if (!reads) continue;
+        if (cnt < max) rd[cnt] = n;
+        cnt++;
+    }
+    return cnt;
+}
+
+/* The one live reader of v with operator op, when v has exactly one reader. */
+static sp_ox_node_t *
+only_reader(const sp_ox_graph_t *g, int32_t v, const char *op)
+{
+    sp_ox_node_t *rd[1];
+    if (readers(g, v, rd, 1) != 1 || strcmp(rd[0]->op->name, op) != 0) return NULL;
+    return rd[0];
+}
+
+/* v is a constant FLOAT scalar: its value. */
+static bool
+scalar_val(const sp_ox_graph_t *g, int32_t v, float *out)
+{
+    if (v < 0 || !g->values[v].is_const) return false;
+    const sp_ox_tensor_t *t = &g->values[v].t;
+    if (t->dtype != OX_FLOAT || sp_ox_numel(t) != 1 || t->data == NULL) return false;
+    *out = *(const float *)t->data;
+    return true;
+}
+
+/* v is a constant FLOAT scalar within rel of want. */
+static bool
+scalar_is(const sp_ox_graph_t *g, int32_t v, float want, float rel)
+{
+    float x;
+    return scalar_val(g, v, &x) && fabsf(x - want) <= rel * fabsf(want);
+}
+
+/* n's other input than v (binary operators), -1 when n does not read v once. */
+static int32_t
+other_in(const sp_ox_node_t *n, int32_t v)
+{
+    if (n->n_in != 2 || n->in[0] == n->in[1]) return -1;
+    return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
+}
+
+static bool
+mean_last(const sp_ox_graph_t *g, const sp_ox_node_t *n)
+{
+    if (strcmp(n->op->name, "ReduceMean") || sp_ox_attr_i(n, "keepdims", 1) != 1 || n->n_out != 1) return false;
+    size_t na;
+    const int64_t *ax = sp_ox_attr_ints(n, "axes", &na);
+    if (ax == NULL && n->n_in > 1 && n->in[1] >= 0 && g->values[n->in[1]].is_const) {
+        const sp_ox_tensor_t *t = &g->values[n->in[1]].t;
+        if (t->dtype != OX_INT64) return false;
+        ax = t->data;
+        na = (size_t)sp_ox_numel(t);
+    } else if (n->n_in > 1 && n->in[1] >= 0) {
+        return false;
+    }
+    return ax != NULL && na == 1 && ax[0] == -1;
+}
+
+static bool
+const_vec(const sp_ox_graph_t *g, int32_t v)
+{
+    return v >= 0 && g->values[v].is_const && g->values[v].t.dtype == OX_FLOAT && g->values[v].t.nd == 1;
+}
+
+/* LN chain from its first ReduceMean r1; members get head index h. */
+static bool
+match_ln(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *r1)
+{
+    if (!mean_last(g, r1)) return false;
+    int32_t x = r1->in[0];
+    sp_ox_node_t *sub = only_reader(g, r1->out[0], "Sub");
+    if (!sub || sub->in[0] != x || sub->in[1] != r1->out[0]) return false;
+    sp_ox_node_t *rd[2];
+    if (readers(g, sub->out[0], rd, 2) != 2) return false;
+    sp_ox_node_t *pw = strcmp(rd[0]->op->name, "Pow") == 0 ? rd[0] : rd[1];
+    sp_ox_node_t *dv = pw == rd[0] ? rd[1] : rd[0];
+    if (strcmp(pw->op->name, "Pow") || strcmp(dv->op->name, "Div") || pw->in[0] != sub->out[0] ||
+        !scalar_is(g, pw->in[1], 2.0f, 0.0f) || dv->in[0] != sub->out[0]) return false;
+    sp_ox_node_t *r2 = only_reader(g, pw->out[0], "ReduceMean");
+    if (!r2 || !mean_last(g, r2)) return false;
+    sp_ox_node_t *ae = only_reader(g, r2->out[0], "Add");
+    float eps;
+    if (!ae || !scalar_val(g, other_in(ae, r2->out[0]), &eps)) return false;
+    sp_ox_node_t *sq = only_reader(g, ae->out[0], "Sqrt");
+    if (!sq || only_reader(g, sq->out[0], "Div") != dv || dv->in[1] != sq->out[0]) return false;
+    sp_ox_node_t *mu = only_reader(g, dv->out[0], "Mul");
+    int32_t gv = mu ? other_in(mu, dv->out[0]) : -1;
+    if (!const_vec(g, gv)) return false;
+    sp_ox_node_t *ad = only_reader(g, mu->out[0], "Add");
+    int32_t bv = ad ? other_in(ad, mu->out[0]) : -1;
+    if (!const_vec(g, bv) || ad->n_out != 1 || !(eps >= 0.0f)) return false;
+    int32_t h = (int32_t)(r1 - g->nodes);
+    sp_ox_node_t *members[] = {sub, pw, dv, r2, ae, sq, mu, ad};
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
+    d->fz[h] = (fuse_t){FZ_LN, -1, x, ad->out[0], gv, bv, eps, false};
+    return true;
+}
+
+/* GELU chain from its first node (x / sqrt(2) or x * (1/sqrt(2))). */
+static bool
+match_gelu(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *dv)
+{
+    bool div = strcmp(dv->op->name, "Div") == 0;
+    if ((!div && strcmp(dv->op->name, "Mul")) || dv->n_in != 2 || dv->n_out != 1) return false;
+    int32_t x = dv->in[0];
+    if (!scalar_is(g, dv->in[1], div ? 1.41421356f : 0.70710678f, 1e-6f)) return false;
+    sp_ox_node_t *er = only_reader(g, dv->out[0], "Erf");
+    sp_ox_node_t *a1 = er ? only_reader(g, er->out[0], "Add") : NULL;
+    if (!a1 || !scalar_is(g, other_in(a1, er->out[0]), 1.0f, 0.0f)) return false;
+    sp_ox_node_t *m1 = only_reader(g, a1->out[0], "Mul");
+    if (!m1 || other_in(m1, a1->out[0]) != x) return false;
+    sp_ox_node_t *m2 = only_reader(g, m1->out[0], "Mul");
+    if (!m2 || !scalar_is(g, other_in(m2, m1->out[0]), 0.5f, 0.0f)) return false;
+    int32_t h = (int32_t)(dv - g->nodes);
+    sp_ox_node_t *members[] = {er, a1, m1, m2};
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
+    d->fz[h] = (fuse_t){FZ_GELU, -1, x, m2->out[0], -1, -1, 0.0f, false};
+    return true;
+}
+
+static void
+find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
+{
+    for (int32_t i = 0; i < g->n_nodes; i++) d->fz[i] = (fuse_t){FZ_NONE, -1, -1, -1, -1, -1, 0.0f, false};
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead || d->fz[n - g->nodes].head >= 0) continue;
+        if (match_ln(d, g, n) || match_gelu(d, g, n)) d->st.groups++;
+    }
+}
+
+/* One oneDNN primitive over plain FP32 x into a new plain output: softmax (last axis), layer
+ * normalization (last axis, scale and shift of that length) or eltwise GELU. 1 done, 0 ours. */
+static int
+run_simple(sp_ox_run_t *r, sp_ox_node_t *n, int kind, int32_t xv, int32_t ov, int32_t gv, int32_t bv, float eps,
+           dnnl_alg_kind_t alg)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    if (sp_ox_dnnl_plain(r, xv)) return -1;
+    const sp_ox_tensor_t *x = &g->values[xv].t;
+    if (!is_float(x) || x->nd < 1 || x->nd > 6 || sp_ox_numel(x) < 1) return 0;
+    int64_t c = x->dims[x->nd - 1];
+    const sp_ox_tensor_t *gt = gv >= 0 ? &g->values[gv].t : NULL, *bt = bv >= 0 ? &g->values[bv].t : NULL;
+    if (kind == FZ_LN && (!is_float(gt) || sp_ox_numel(gt) != c || (bt && (!is_float(bt) || sp_ox_numel(bt) != c)))) {
+        return 0;
+    }
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
+    dnnl_memory_desc_t xmd, cmd;
+    if (md_plain(&xmd, x->nd, x->dims) != dnnl_success) return 0;
+    dnnl_dims_t cd = {c};
+    dnnl_memory_desc_init_by_tag(&cmd, 1, cd, dnnl_f32, dnnl_a);
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        union {
+            dnnl_softmax_v2_desc_t sm;
+            dnnl_layer_normalization_desc_t ln;
+            dnnl_eltwise_desc_t el;
+        } op;
+        dnnl_status_t st;
+        if (kind == FZ_LN) {
+            unsigned flags = dnnl_use_scale | (bt ? dnnl_use_shift : 0);
+            st = dnnl_layer_normalization_forward_desc_init(&op.ln, dnnl_forward_inference, &xmd, NULL, eps, flags);
+        } else if (kind == FZ_GELU) {
+            st = dnnl_eltwise_forward_desc_init(&op.el, dnnl_forward_inference, alg, &xmd, 0.0f, 0.0f);
+        } else {
+            st = dnnl_softmax_v2_forward_desc_init(&op.sm, dnnl_forward_inference, dnnl_softmax_accurate, &xmd, &xmd,
+                                                   x->nd - 1);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = make_attr(r, false, false, false, 1.0f);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, false);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t *out = &g->values[ov].t;
+    if (sp_ox_out(r, out, OX_FLOAT, x->nd, x->dims)) return -1;
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_SCALE, DNNL_ARG_SHIFT};
+    const dnnl_memory_desc_t *mds[4] = {&xmd, &xmd, &cmd, &cmd};
+    void *ptrs[4] = {x->data, out->data, gt ? gt->data : NULL, bt ? bt->data : NULL};
+    int na = kind == FZ_LN ? (bt ? 4 : 3) : 2;
+    if (execute(r, e->p, na, ids, mds, ptrs)) return -1;
+    return 1;
+}
+
+/* The native operators: Softmax (last axis), LayerNormalization (last axis, one output), Gelu. */
+static int
+run_native(sp_ox_run_t *r, sp_ox_node_t *n)
+{
+    const char *t = n->op->name;
+    const sp_ox_tensor_t *x = &r->g->values[n->in[0]].t;
+    if (n->n_out != 1) return 0;
+    if (strcmp(t, "Softmax") == 0) {
+        int64_t axis = sp_ox_attr_i(n, "axis", n->opset < 13 ? 1 : -1);
+        if (axis < 0) axis += x->nd;
+        if (axis != x->nd - 1) return 0;
+        return run_simple(r, n, FZ_NONE, n->in[0], n->out[0], -1, -1, 0.0f, dnnl_alg_kind_undef);
+    }
+    if (strcmp(t, "LayerNormalization") == 0) {
+        int64_t axis = sp_ox_attr_i(n, "axis", -1);
+        if (axis < 0) axis += x->nd;
+        if (axis != x->nd - 1) return 0;
+        return run_simple(r, n, FZ_LN, n->in[0], n->out[0], n->in[1], n->n_in > 2 ? n->in[2] : -1,
+                          sp_ox_attr_f(n, "epsilon", 1e-5f), dnnl_alg_kind_undef);
+    }
+    bool tanh_form = strcmp(sp_ox_attr_s(n, "approximate", "none"), "tanh") == 0;
+    return run_simple(r, n, FZ_GELU, n->in[0], n->out[0], -1, -1, 0.0f,
+                      tanh_form ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf);
+}
+
 int
 sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
 {
     const char *t = n->op->name;
+    fuse_t *f = &r->dnnl->fz[n - r->g->nodes];
+    if (f->head >= 0) return r->dnnl->fz[f->head].ran ? 1 : 0; /* a chain member: done at its head */
     for (int k = 0; k < n->n_in; k++) {
         if (n->in[k] >= 0 && r->g->values[n->in[k]].t.data == NULL) return 0; /* ours reports it */
     }
     if (n->fused_add >= 0 && r->g->values[n->fused_add].t.data == NULL) return 0;
     r->node = n;
     if (r->dnnl->nodes[n - r->g->nodes].e == NULL) return 0;
+    if (f->kind != FZ_NONE) {
+        int rc = run_simple(r, n, f->kind, f->x, f->out, f->gamma, f->beta, f->eps, dnnl_eltwise_gelu_erf);
+        f->ran = rc == 1;
+        return rc;
+    }
     if (strcmp(t, "Conv") == 0) return run_conv(r, n, o);
+    if (strcmp(t, "Softmax") == 0 || strcmp(t, "LayerNormalization") == 0 || strcmp(t, "Gelu") == 0) {
+        return run_native(r, n);
+    }
     if (strcmp(t, "MaxPool") == 0) return run_pool(r, n, false, true);
     if (strcmp(t, "AveragePool") == 0) return run_pool(r, n, false, false);
     if (strcmp(t, "GlobalAveragePool") == 0) return run_pool(r, n, true, false);
