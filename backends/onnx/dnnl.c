@@ -58,7 +58,19 @@ typedef struct node_cache {
      * q8 is 1 once made, -1 when the weights do not fit s8 (the node stays ours). */
     int8_t *q8w;
     int q8;
+    /* A QDQConv whose every reader is a QDQConv quantizing with the same [sx, zx, lo, hi]
+     * (find_chains): it writes its output quantized for them (u8/s8, scales mult[c] / sx, bias
+     * bias[c] / sx, zero point zx), the readers skip their quantization. NULL: f32 output. */
+    const float *chain;
+    float *cmult, *cbias;
 } node_cache_t;
+
+/* A value oneDNN left quantized (a chained QDQConv's output): real = s * (q - z). */
+typedef struct vq {
+    bool on;
+    float s;
+    int32_t z;
+} vq_t;
 
 /* A chain of elementary operators run as one primitive (LayerNorm, GELU: see find_groups). */
 typedef struct fuse {
@@ -77,6 +89,7 @@ struct sp_ox_dnnl {
     fuse_t *fz;               /* per graph node */
     int32_t n_nodes;
     bool *blocked;            /* per value: t.data is in layout md[v], not plain */
+    vq_t *vq;                 /* per value: quantized (8-bit md[v]) rather than f32 */
     dnnl_memory_desc_t *md;
     int32_t n_values;
     uint64_t clock;
@@ -116,6 +129,7 @@ fail_st(sp_ox_run_t *r, dnnl_status_t st, const char *what)
 }
 
 static void find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g);
+static void find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g);
 
 /* Whether node i gets a primitive cache: oneDNN's operators and the chains' heads. */
 static bool
@@ -149,13 +163,15 @@ sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t er
     d->blocked = calloc((size_t)d->n_values + 1, sizeof *d->blocked);
     d->md = calloc((size_t)d->n_values + 1, sizeof *d->md);
     d->fz = calloc((size_t)d->n_nodes + 1, sizeof *d->fz);
-    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL || d->fz == NULL) goto oom;
+    d->vq = calloc((size_t)d->n_values + 1, sizeof *d->vq);
+    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL || d->fz == NULL || d->vq == NULL) goto oom;
     find_groups(d, r->g);
     for (int32_t i = 0; i < d->n_nodes; i++) {
         if (!has_cache(d, r->g, i)) continue; /* only oneDNN's operators have a cache */
         d->nodes[i].e = calloc((size_t)d->cache_cap, sizeof *d->nodes[i].e);
         if (d->nodes[i].e == NULL) goto oom;
     }
+    if (!bf16) find_chains(d, r->g);
     dnnl_status_t st = dnnl_stream_create(&d->stream, engine, dnnl_stream_default_flags);
     if (st != dnnl_success) {
         d->stream = NULL;
@@ -191,10 +207,13 @@ sp_ox_dnnl_free(sp_ox_run_t *r)
         free(d->nodes[i].e);
         free(d->nodes[i].w);
         free(d->nodes[i].q8w);
+        free(d->nodes[i].cmult);
+        free(d->nodes[i].cbias);
     }
     if (d->stream) dnnl_stream_destroy(d->stream);
     free(d->nodes);
     free(d->fz);
+    free(d->vq);
     free(d->blocked);
     free(d->md);
     free(d);
@@ -207,6 +226,7 @@ sp_ox_dnnl_begin(sp_ox_run_t *r)
     struct sp_ox_dnnl *d = r->dnnl;
     memset(d->blocked, 0, (size_t)d->n_values * sizeof *d->blocked);
     for (int32_t i = 0; i < d->n_nodes; i++) d->fz[i].ran = false;
+    memset(d->vq, 0, (size_t)d->n_values * sizeof *d->vq);
     /* OpenMP's thread count is per calling thread: this instance's runs only. */
     omp_set_num_threads(r->n_threads > 0 ? r->n_threads : 1);
 }
@@ -306,6 +326,32 @@ out_bytes(sp_ox_run_t *r, sp_ox_tensor_t *t, size_t bytes, int nd, const int64_t
     return 0;
 }
 
+/* A quantized tensor (layout smd, 8-bit) to real values (layout dmd, f32): s * (q - z), a
+ * reorder with an output scale and a source zero point. Exact for |q - z| < 2^24. */
+static int
+dequant(sp_ox_run_t *r, const dnnl_memory_desc_t *smd, void *src, float s, int32_t z, const dnnl_memory_desc_t *dmd,
+        void *dst)
+{
+    dnnl_primitive_attr_t attr;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+    dnnl_primitive_attr_set_output_scales(attr, 1, 0, &s);
+    if (z != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &z);
+    dnnl_status_t st = dnnl_reorder_primitive_desc_create(&pd, smd, engine, dmd, engine, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return fail_st(r, st, "dequantizing reorder creation");
+    st = dnnl_primitive_create(&p, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (st != dnnl_success) return fail_st(r, st, "dequantizing reorder creation");
+    int ids[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    const dnnl_memory_desc_t *mds[2] = {smd, dmd};
+    void *ptrs[2] = {src, dst};
+    int rc = execute(r, p, 2, ids, mds, ptrs);
+    dnnl_primitive_destroy(p);
+    return rc;
+}
+
 int
 sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
 {
@@ -317,13 +363,15 @@ sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
     dnnl_status_t st = md_plain(&pmd, t->nd, t->dims);
     if (st != dnnl_success) return fail_st(r, st, "memory descriptor");
     if (sp_ox_out(r, &nt, OX_FLOAT, t->nd, t->dims)) return -1;
-    if (reorder(r, &d->md[v], t->data, &pmd, nt.data)) {
+    if (d->vq[v].on ? dequant(r, &d->md[v], t->data, d->vq[v].s, d->vq[v].z, &pmd, nt.data)
+                    : reorder(r, &d->md[v], t->data, &pmd, nt.data)) {
         sp_ox_pool_put(r, &nt);
         return -1;
     }
     sp_ox_pool_put(r, t);
     *t = nt;
     d->blocked[v] = false;
+    d->vq[v].on = false;
     return 0;
 }
 
@@ -957,7 +1005,7 @@ q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
  * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (sum: graph.c's fused Add,
  * already in dst), Relu: sp_ox_fused_add's order. */
 static dnnl_primitive_attr_t
-q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
+q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -973,14 +1021,24 @@ q8_attr(const float *mult, int64_t m, int32_t zx, const dnnl_memory_desc_t *bias
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, mult);
     if (zx != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &zx);
+    if (zy != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &zy);
     return attr;
 }
 
 /* x (value v, f32 in its current layout, dense) quantized into tq, in the same layout with the
- * 8-bit type: *qmd. */
+ * 8-bit type: *qmd, data at *src. A value a chained QDQConv already wrote quantized with these
+ * parameters is used as it is. */
 static int
-q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *tq, dnnl_memory_desc_t *qmd)
+q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *tq, dnnl_memory_desc_t *qmd,
+          void **src)
 {
+    const vq_t *q = &r->dnnl->vq[v];
+    if (q->on && q->s == qp[0] && q->z == (int32_t)qp[1] && r->dnnl->md[v].data_type == (u8 ? dnnl_u8 : dnnl_s8)) {
+        *qmd = r->dnnl->md[v];
+        *src = r->g->values[v].t.data;
+        return 0;
+    }
+    if (q->on && sp_ox_dnnl_plain(r, v)) return -1;
     const sp_ox_tensor_t *x = &r->g->values[v].t;
     int64_t n = sp_ox_numel(x);
     dnnl_memory_desc_t have;
@@ -995,6 +1053,7 @@ q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *t
     int64_t one = n > 0 ? n : 1;
     if (sp_ox_out(r, tq, OX_UINT8, 1, &one)) return -1;
     quantize8(x->data, n, qp, tq->data, u8);
+    *src = tq->data;
     return 0;
 }
 
@@ -1058,6 +1117,17 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
     }
     if (!q8_weights(nc, w16, k, conv)) return 0;
+    const float *ch = conv && !y ? nc->chain : NULL;
+    if (ch && nc->cmult == NULL) {
+        /* y / sy = acc * (mult / sy) + bias / sy: the readers' quantization folded in */
+        nc->cmult = malloc((size_t)m * sizeof(float));
+        nc->cbias = malloc((size_t)m * sizeof(float));
+        if (nc->cmult == NULL || nc->cbias == NULL) return sp_ox_fail(r, "out of memory");
+        for (int64_t c = 0; c < m; c++) {
+            nc->cmult[c] = mult[c] / ch[0];
+            nc->cbias[c] = bias[c] / ch[0];
+        }
+    }
     prim_t *e = cache_find(d, nc, key, nkey);
     if (e == NULL) {
         dnnl_memory_desc_t smd, wmd, dmd;
@@ -1072,7 +1142,8 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         if (conv) {
             dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
             dnnl_memory_desc_init_by_tag(&smd, 4, sd, st8, dnnl_format_tag_any);
-            dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, dnnl_f32, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, !ch ? dnnl_f32 : ch[2] == 0.0f ? dnnl_u8 : dnnl_s8,
+                                         dnnl_format_tag_any);
             dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
                         pr = {gm.pb_end, gm.pr_end};
             st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
@@ -1086,7 +1157,8 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = q8_attr(mult, m, zx, &bmd, y != NULL, n->fused_relu != 0);
+        dnnl_primitive_attr_t attr = ch ? q8_attr(nc->cmult, m, zx, (int32_t)ch[1], &bmd, false, n->fused_relu != 0)
+                                        : q8_attr(mult, m, zx, 0, &bmd, y != NULL, n->fused_relu != 0);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
@@ -1099,14 +1171,13 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
     void *wp, *src;
     int rc = -1;
     if (!conv && sp_ox_dnnl_plain(r, n->in[0])) return -1;
-    if (q8_source(r, n->in[0], qp, u8, &tq, &qmd) || pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
-    src = tq.data;
+    if (q8_source(r, n->in[0], qp, u8, &tq, &qmd, &src) || pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
     if (!conv) {
         /* the rows [rows, k], whatever the rank */
         qmd = e->src_md;
     } else if (!dnnl_memory_desc_equal(&qmd, &e->src_md)) {
         if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
-            reorder(r, &qmd, tq.data, &e->src_md, tx.data)) {
+            reorder(r, &qmd, src, &e->src_md, tx.data)) {
             goto done;
         }
         src = tx.data;
@@ -1119,9 +1190,10 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
     }
     int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
     const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
-    void *ptrs[4] = {src, wp, out->data, (void *)bias};
+    void *ptrs[4] = {src, wp, out->data, ch ? nc->cbias : (void *)bias};
     if (execute(r, e->p, 4, ids, mds, ptrs)) goto done;
     if (conv) set_layout(r, n->out[0], &e->dst_md);
+    if (ch) d->vq[n->out[0]] = (vq_t){true, ch[0], (int32_t)ch[1]};
     rc = 1;
 done:
     sp_ox_pool_put(r, &tq);
@@ -1285,6 +1357,32 @@ find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
         sp_ox_node_t *n = &g->nodes[g->order[o]];
         if (n->dead || d->fz[n - g->nodes].head >= 0) continue;
         if (match_ln(d, g, n) || match_gelu(d, g, n)) d->st.groups++;
+    }
+}
+
+/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization): the
+ * producer writes it quantized (node_cache_t.chain). Its value then differs from our own
+ * runtime's by at most 1 in the quantized output: both round y / sy to the nearest integer,
+ * ours from y = acc * mult + bias rounded to float, oneDNN's from acc * (mult / sy) + bias / sy,
+ * which differ by a few float roundings, enough to cross a .5 boundary and nothing more. */
+static void
+find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
+{
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead || strcmp(n->op->name, "QDQConv") || n->fused_add >= 0 || n->n_out != 1) continue;
+        sp_ox_node_t *rd[OX_MAX_IO];
+        int cnt = readers(g, n->out[0], rd, OX_MAX_IO);
+        if (cnt < 1 || cnt > OX_MAX_IO) continue;
+        const float *qp = NULL;
+        bool ok = true;
+        for (int i = 0; ok && i < cnt; i++) {
+            const float *q = g->values[rd[i]->in[3]].t.data;
+            ok = strcmp(rd[i]->op->name, "QDQConv") == 0 && rd[i]->in[0] == n->out[0] && rd[i]->fused_add != n->out[0] &&
+                 (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
+            qp = q;
+        }
+        if (ok) d->nodes[n - g->nodes].chain = qp;
     }
 }
 
