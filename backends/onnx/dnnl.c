@@ -1382,7 +1382,10 @@ find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
                  (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
             qp = q;
         }
-        if (ok) d->nodes[n - g->nodes].chain = qp;
+        if (ok) {
+            d->nodes[n - g->nodes].chain = qp;
+            d->st.chained++;
+        }
     }
 }
 
