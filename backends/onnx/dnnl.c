@@ -136,7 +136,8 @@ static bool
 has_cache(const struct sp_ox_dnnl *d, const sp_ox_graph_t *g, int32_t i)
 {
     static const char *const ops[] = {"Conv", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
-                                      "Softmax", "LayerNormalization", "Gelu", NULL};
+                                      "Softmax", "LayerNormalization", "Gelu", "QLinearConv", "ConvInteger",
+                                      "QLinearMatMul", "MatMulInteger", NULL};
     if (d->fz[i].kind != 0) return true;
     for (int k = 0; ops[k]; k++) {
         if (strcmp(g->nodes[i].p->op_type, ops[k]) == 0) return true;
@@ -1201,6 +1202,210 @@ done:
     return rc;
 }
 
+/* ---- QLinearConv, ConvInteger, QLinearMatMul, MatMulInteger ----
+ *
+ * The ONNX integer operators on 8-bit tensors (plain, as our own operators keep them), with
+ * constant weights and constant quantization parameters: x's zero point one value (the
+ * primitive's source zero point), the weights minus their zero points (per tensor, or per output
+ * channel / B column) narrowed to s8 once. QLinear*: scales fl(fl(sx * sw[c]) / sy) as our own
+ * operator forms them, the int32 bias B added to the sum before them (oneDNN 2.x's int8 bias),
+ * the destination zero point and saturation to y's type: ours rounds (acc + B) * scale in double,
+ * oneDNN in float, so the quantized output may differ by 1 where the product lies within a float
+ * rounding of a .5 boundary, never more. *Integer: the exact int32 sums, equal. Anything else
+ * (a per-row zero point of A, weights that do not fit s8, non-constant parameters, ranks other
+ * than 4-D convolution input or 2-D B) stays ours, which also reports every malformed input. */
+
+static bool
+q8_type(const sp_ox_tensor_t *t)
+{
+    return t && t->data && (t->dtype == OX_UINT8 || t->dtype == OX_INT8);
+}
+
+static int32_t
+q8_val(const sp_ox_tensor_t *t, int64_t i)
+{
+    return t->dtype == OX_UINT8 ? ((const uint8_t *)t->data)[i] : ((const int8_t *)t->data)[i];
+}
+
+/* in[k] when it is a constant (NULL when absent; *ok false when present and not constant) */
+static const sp_ox_tensor_t *
+const_in(const sp_ox_graph_t *g, const sp_ox_node_t *n, int k, bool *ok)
+{
+    if (k >= n->n_in || n->in[k] < 0) return NULL;
+    if (!g->values[n->in[k]].is_const) *ok = false;
+    return &g->values[n->in[k]].t;
+}
+
+/* The s8 weights w - zw (conv [m][k] rows per output channel, matmul [k][m] per column). */
+static bool
+q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv)
+{
+    if (nc->q8) return nc->q8 > 0;
+    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
+    nc->q8 = -1;
+    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
+    nc->q8w = malloc((size_t)total + 1);
+    if (nc->q8w == NULL) return false;
+    for (int64_t i = 0; i < total; i++) {
+        int64_t c = conv ? i / (total / m) : i % m;
+        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
+        if (v < -128 || v > 127) {
+            free(nc->q8w);
+            nc->q8w = NULL;
+            return false;
+        }
+        nc->q8w[i] = (int8_t)v;
+    }
+    nc->q8 = 1;
+    return true;
+}
+
+static int
+run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    bool ok = true;
+    const sp_ox_tensor_t *x = &g->values[n->in[0]].t;
+    const sp_ox_tensor_t *sx = linear ? const_in(g, n, 1, &ok) : NULL;
+    const sp_ox_tensor_t *zx = const_in(g, n, 2, &ok);
+    const sp_ox_tensor_t *w = const_in(g, n, linear ? 3 : 1, &ok);
+    const sp_ox_tensor_t *sw = linear ? const_in(g, n, 4, &ok) : NULL;
+    const sp_ox_tensor_t *zw = const_in(g, n, linear ? 5 : 3, &ok);
+    const sp_ox_tensor_t *sy = linear ? const_in(g, n, 6, &ok) : NULL;
+    const sp_ox_tensor_t *zy = linear ? const_in(g, n, 7, &ok) : NULL;
+    const sp_ox_tensor_t *b = linear && conv ? const_in(g, n, 8, &ok) : NULL;
+    if (!ok || d->blocked[n->in[0]] || !q8_type(x) || !q8_type(w) || n->n_out != 1) return 0;
+    if (zx && (sp_ox_numel(zx) != 1 || zx->dtype != x->dtype)) return 0;
+    if (linear && (!sx || !sw || !sy || !zy || !q8_type(zy) || sp_ox_numel(zy) != 1 || sx->dtype != OX_FLOAT ||
+                   sw->dtype != OX_FLOAT || sy->dtype != OX_FLOAT || sp_ox_numel(sx) != 1 || sp_ox_numel(sy) != 1)) {
+        return 0;
+    }
+    int64_t m, k, rows = 0, od[OX_MAX_DIMS];
+    int ond = x->nd;
+    geom_t gm;
+    dnnl_dims_t wd;
+    dnnl_memory_desc_t wplain, xmd, opmd;
+    dnnl_data_type_t xt = x->dtype == OX_UINT8 ? dnnl_u8 : dnnl_s8;
+    dnnl_data_type_t yt = linear ? (zy->dtype == OX_UINT8 ? dnnl_u8 : dnnl_s8) : dnnl_s32;
+    int64_t group = conv ? sp_ox_attr_i(n, "group", 1) : 1;
+    if (conv) {
+        m = w->dims[0];
+        if (x->nd != 4 || w->nd != 4 || group < 1 || x->dims[1] % group || m % group ||
+            w->dims[1] != x->dims[1] / group) return 0;
+        k = w->dims[1] * w->dims[2] * w->dims[3];
+        if (sp_ox_geometry(r, n, x, w->dims + 2, 2, false, &gm) || gm.pb_end < 0 || gm.pr_end < 0) return 0;
+        int64_t o4[4] = {x->dims[0], m, gm.oh, gm.ow};
+        for (int i = 0; i < 4; i++) od[i] = o4[i];
+        int64_t w5[5] = {group, m / group, w->dims[1], w->dims[2], w->dims[3]};
+        for (int i = 0; i < (group > 1 ? 5 : 4); i++) wd[i] = group > 1 ? w5[i] : w->dims[i];
+        if (dnnl_memory_desc_init_by_tag(&wplain, group > 1 ? 5 : 4, wd, dnnl_s8, group > 1 ? dnnl_goihw : dnnl_oihw) !=
+            dnnl_success || md_plain(&xmd, 4, x->dims) != dnnl_success) return 0;
+        xmd.data_type = xt;
+        if (b && (b->dtype != OX_INT32 || sp_ox_numel(b) != m)) return 0;
+    } else {
+        if (x->nd < 2 || w->nd != 2 || x->dims[x->nd - 1] != w->dims[0]) return 0;
+        k = w->dims[0];
+        m = w->dims[1];
+        rows = sp_ox_numel(x) / k;
+        if (rows < 1) return 0;
+        for (int i = 0; i < x->nd; i++) od[i] = x->dims[i];
+        od[ond - 1] = m;
+        wd[0] = k, wd[1] = m;
+        dnnl_dims_t xd = {rows, k};
+        dnnl_memory_desc_init_by_tag(&wplain, 2, wd, dnnl_s8, dnnl_ab);
+        dnnl_memory_desc_init_by_tag(&xmd, 2, xd, xt, dnnl_ab);
+    }
+    if (linear && sp_ox_numel(sw) != 1 && sp_ox_numel(sw) != m) return 0;
+    if (m < 1 || k < 1) return 0;
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    if (!q8_int_weights(nc, w, zw, m, conv)) return 0;
+    if (linear && nc->cmult == NULL) {
+        nc->cmult = malloc((size_t)m * sizeof(float));
+        if (nc->cmult == NULL) return sp_ox_fail(r, "out of memory");
+        float fx = *(const float *)sx->data, fy = *(const float *)sy->data;
+        for (int64_t c = 0; c < m; c++) nc->cmult[c] = fx * ((const float *)sw->data)[sp_ox_numel(sw) == 1 ? 0 : c] / fy;
+    }
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
+    dnnl_memory_desc_t bmd;
+    dnnl_dims_t bd = {m};
+    dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_s32, dnnl_a);
+    if (conv) {
+        dnnl_dims_t ddm = {od[0], od[1], od[2], od[3]};
+        dnnl_memory_desc_init_by_tag(&opmd, 4, ddm, yt, dnnl_abcd);
+    } else {
+        dnnl_dims_t ddm = {rows, m};
+        dnnl_memory_desc_init_by_tag(&opmd, 2, ddm, yt, dnnl_ab);
+    }
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        dnnl_memory_desc_t smd = xmd, wmd, dmd = opmd;
+        dnnl_memory_desc_init_by_tag(&wmd, wplain.ndims, wd, dnnl_s8, dnnl_format_tag_any);
+        union {
+            dnnl_convolution_desc_t c;
+            dnnl_matmul_desc_t mm;
+        } op;
+        dnnl_status_t st;
+        if (conv) {
+            dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+            dnnl_memory_desc_init_by_tag(&smd, 4, sd, xt, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&dmd, 4, opmd.dims, yt, dnnl_format_tag_any);
+            dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
+                        pr = {gm.pb_end, gm.pr_end};
+            st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
+                                                            &smd, &wmd, b ? &bmd : NULL, &dmd, strides, dil, pl, pr);
+        } else {
+            st = dnnl_matmul_desc_init(&op.mm, &smd, &wmd, NULL, &dmd);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr;
+        if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+        int32_t z0 = zx ? q8_val(zx, 0) : 0, y0 = linear ? q8_val(zy, 0) : 0;
+        if (linear) dnnl_primitive_attr_set_output_scales(attr, sp_ox_numel(sw) == 1 ? 1 : m,
+                                                          sp_ox_numel(sw) == 1 ? 0 : 1 << 1, nc->cmult);
+        if (z0 != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &z0);
+        if (y0 != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &y0);
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tx = {0}, ty = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    void *wp, *src = x->data, *dst;
+    int rc = -1;
+    if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    if (!dnnl_memory_desc_equal(&xmd, &e->src_md)) {
+        if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &xmd, x->data, &e->src_md, tx.data)) {
+            goto done;
+        }
+        src = tx.data;
+    }
+    if (sp_ox_out(r, out, linear ? zy->dtype : OX_INT32, ond, od)) goto done;
+    dst = out->data;
+    bool dplain = dnnl_memory_desc_equal(&opmd, &e->dst_md);
+    if (!dplain) {
+        if (out_bytes(r, &ty, dnnl_memory_desc_get_size(&e->dst_md), 1, (int64_t[]){1})) goto done;
+        dst = ty.data;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
+    void *ptrs[4] = {src, wp, dst, b ? b->data : NULL};
+    if (execute(r, e->p, b ? 4 : 3, ids, mds, ptrs)) goto done;
+    if (!dplain && reorder(r, &e->dst_md, ty.data, &opmd, out->data)) goto done;
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tx);
+    sp_ox_pool_put(r, &ty);
+    return rc;
+}
+
 /* ---- BERT's LayerNorm, Softmax and GELU ----
  *
  * Softmax over the last axis, LayerNormalization over the last axis (Scale and B of that
@@ -1503,6 +1708,10 @@ sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     if (strcmp(t, "Gemm") == 0) return run_matmul(r, n, true);
     if (strcmp(t, "MatMul") == 0) return run_matmul(r, n, false);
     if (strcmp(t, "QDQConv") == 0) return run_q8(r, n, o, true);
+    if (strcmp(t, "QLinearConv") == 0) return run_qlinear(r, n, true, true);
+    if (strcmp(t, "ConvInteger") == 0) return run_qlinear(r, n, true, false);
+    if (strcmp(t, "QLinearMatMul") == 0) return run_qlinear(r, n, false, true);
+    if (strcmp(t, "MatMulInteger") == 0) return run_qlinear(r, n, false, false);
     if (strcmp(t, "QDQMatMul") == 0) return run_q8(r, n, o, false);
     return 0;
 }
