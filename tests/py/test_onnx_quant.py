@@ -449,6 +449,8 @@ def int8_onednn(p, tmp, BackendError):
              ("matmul s8 zp -7 per-tensor", "mm", False, -7, False, False, False, None),
              ("conv chain u8 (quantized between the convs)", "conv", True, 0, True, True, False, "s8"),
              ("conv chain s8 zp 5, the second one ours (uint8 weights)", "conv", False, 5, True, False, False, "u8")]
+    if have_dnnl:
+        qlinear_onednn(p, tmp)
     for name, kind, u8, zx, perch, relu, residual, chain in cases:
         if not have_dnnl:
             break
@@ -503,6 +505,69 @@ def int8_onednn(p, tmp, BackendError):
         except BackendError as e:
             s.case(f"int8 conv: {name} is a load error naming the node", want in str(e) and "dq_weights" in str(e),
                    str(e))
+
+
+def qlinear_onednn(p, tmp):
+    """QLinearConv, ConvInteger, QLinearMatMul and MatMulInteger (constant weights and
+    parameters) on oneDNN's int8 primitives against our own operators, batch 1 and 3, u8 and s8,
+    zero points, per-tensor and per-channel weight scales, QLinearConv's int32 bias. Bounds: the
+    int32 sums are exact on both sides (the *Integer outputs equal); QLinear* then round
+    (acc + B) * fl(fl(sx * sw) / sy): ours in double, oneDNN in float, so a quantized output
+    differs by at most 1 (a product within a float rounding of a .5 boundary)."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(4)
+
+    def case(name, op, q8, perch, bias, zx, zw, zy):
+        d = os.path.join(tmp, "qlinear_dnnl", op + "_" + name.replace(" ", "_").replace(",", ""))
+        os.makedirs(d)
+        conv, lin, m = "Conv" in op, op.startswith("QLinear"), 12
+        shape = (m, 6, 3, 3) if conv else (20, m)
+        w = (rng.integers(-100, 100, shape) + (128 if q8 == np.uint8 else 0)).astype(q8)
+        xs, ys = (["N", 6, 7, 9], ["N", m, 7, 9]) if conv else (["N", 5, 20], ["N", 5, m])
+        zwv = np.full(m if perch else (), zw, q8)
+        inits = [nh.from_array(w, "w"), nh.from_array(np.array(zx, q8), "zx"), nh.from_array(zwv, "zw")]
+        if lin:
+            sw = (0.001 + 0.01 * rng.random(m)).astype(np.float32) if perch else np.float32(0.005)
+            inits += [nh.from_array(np.float32(0.02), "sx"), nh.from_array(np.asarray(sw), "sw"),
+                      nh.from_array(np.float32(0.3), "sy"), nh.from_array(np.array(zy, q8), "zy")]
+            ins = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"]
+            if bias:
+                inits.append(nh.from_array(rng.integers(-5000, 5000, m).astype(np.int32), "b"))
+                ins.append("b")
+            yt = T.UINT8 if q8 == np.uint8 else T.INT8
+        else:
+            ins, yt = ["x", "w", "zx", "zw"], T.INT32
+        node = h.make_node(op, ins, ["y"], **({"pads": [1, 1, 1, 1]} if conv else {}))
+        g = h.make_graph([node], name, [h.make_tensor_value_info("x", T.UINT8 if q8 == np.uint8 else T.INT8, xs)],
+                         [h.make_tensor_value_info("y", yt, ys)], inits)
+        mp = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        mp.ir_version = 8
+        onnx.save(mp, os.path.join(d, "model.onnx"))
+        lo, hi = (0, 256) if q8 == np.uint8 else (-128, 128)
+        xb = {b: rng.integers(lo, hi, [b] + xs[1:]).astype(q8) for b in (1, 3)}
+        res = {}
+        for e in ("own", "onednn"):
+            p.log.clear()
+            mm = p.load(d, config={"parameters": {"engine": {"string_value": e}}}, n_threads=2, max_batch_size=3)
+            try:
+                res[e] = {b: mm.run([xb[b]])["y"].astype(np.int64) for b in (1, 3)}
+            finally:
+                mm.close()
+        st = [ln for ln in p.log if "onednn_primitives" in ln]
+        for b in (1, 3):
+            diff = int(np.abs(res["onednn"][b] - res["own"][b]).max())
+            s.case(f"{op} on oneDNN = own: {name}, batch {b}",
+                   bool(st) and "fallbacks=0" in st[-1] and diff <= (1 if lin else 0),
+                   f"max diff {diff}; {st[-1:]}")
+
+    case("u8 per-channel, bias, zero points", "QLinearConv", np.uint8, True, True, 7, 128, 3)
+    case("s8 per-tensor", "QLinearConv", np.int8, False, False, -3, 0, 0)
+    case("u8 per-channel zero points", "ConvInteger", np.uint8, True, False, 7, 128, 0)
+    case("u8 per-column, zero points", "QLinearMatMul", np.uint8, True, False, 7, 128, 3)
+    case("s8 per-tensor", "QLinearMatMul", np.int8, False, False, -3, 0, 0)
+    case("u8 per-column zero points", "MatMulInteger", np.uint8, True, False, 7, 128, 0)
 
 
 if __name__ == "__main__":
