@@ -80,6 +80,8 @@ typedef struct fuse {
     int32_t gamma, beta;
     float eps;
     bool ran;         /* this run: the head computed the chain, the members are skipped */
+    int32_t gelu_of;  /* on a MatMul read only by a GELU chain: the chain's head (its GELU is the
+                       * matmul's post-op, written to the chain's output), -1 none */
 } fuse_t;
 
 struct sp_ox_dnnl {
@@ -532,7 +534,7 @@ source(sp_ox_run_t *r, prim_t *e, int32_t v, sp_ox_tensor_t *tmp, void **out)
 }
 
 static dnnl_primitive_attr_t
-make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float scale)
+make_attr(sp_ox_run_t *r, dnnl_alg_kind_t first, bool sum, bool relu_after, float scale)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -541,7 +543,7 @@ make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float
         dnnl_primitive_attr_destroy(attr);
         return NULL;
     }
-    if (relu_before_sum) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (first != dnnl_alg_kind_undef) dnnl_post_ops_append_eltwise(po, 1.0f, first, 0.0f, 0.0f);
     if (sum) dnnl_post_ops_append_sum(po, 1.0f);
     if (relu_after) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
     dnnl_primitive_attr_set_post_ops(attr, po);
@@ -648,7 +650,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, false, y != NULL, n->fused_relu != 0, 1.0f);
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, y != NULL, n->fused_relu != 0, 1.0f);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, 9);
         int rc = create(r, e, &cd, attr, true);
@@ -731,7 +733,7 @@ run_pool(sp_ox_run_t *r, sp_ox_node_t *n, bool global, bool is_max)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, false, false, false, 1.0f);
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, false, false, 1.0f);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, 5);
         int rc = create(r, e, &pd, attr, false);
@@ -761,6 +763,9 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
     struct sp_ox_dnnl *d = r->dnnl;
     sp_ox_graph_t *g = r->g;
     if (sp_ox_dnnl_plain(r, n->in[0]) || sp_ox_dnnl_plain(r, n->in[1])) return -1;
+    /* a GELU chain reading only this product: computed here as the post-op, into its output */
+    int32_t gh = gemm ? -1 : d->fz[n - g->nodes].gelu_of;
+    bool gelu = gh >= 0;
     const sp_ox_tensor_t *a = &g->values[n->in[0]].t, *b = &g->values[n->in[1]].t;
     const sp_ox_tensor_t *bias = NULL;
     if (!is_float(a) || !is_float(b) || a->nd < 2 || b->nd < 2 || a->nd > 5 || b->nd > 5) return 0;
@@ -879,7 +884,8 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, n->fused_relu != 0, false, false, alpha);
+        dnnl_primitive_attr_t attr = make_attr(r, n->fused_relu ? dnnl_eltwise_relu : gelu ? dnnl_eltwise_gelu_erf : dnnl_alg_kind_undef, false,
+                                               false, alpha);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &md, attr, true);
@@ -887,7 +893,7 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
         if (rc <= 0) return rc;
     }
     sp_ox_tensor_t tw = {0}, ta16 = {0};
-    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    sp_ox_tensor_t *out = &g->values[gelu ? d->fz[gh].out : n->out[0]].t;
     void *wp, *ap = a->data;
     int rc = -1;
     if (weights(r, nc, e, n->in[1], &bmd_plain, &tw, &wp)) goto done;
@@ -903,6 +909,7 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
     const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &biasmd};
     void *ptrs[4] = {ap, wp, out->data, bias ? bias->data : NULL};
     if (execute(r, e->p, bias ? 4 : 3, ids, mds, ptrs)) goto done;
+    if (gelu) d->fz[gh].ran = true;
     rc = 1;
 done:
     sp_ox_pool_put(r, &tw);
@@ -1528,7 +1535,7 @@ match_ln(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *r1)
     int32_t h = (int32_t)(r1 - g->nodes);
     sp_ox_node_t *members[] = {sub, pw, dv, r2, ae, sq, mu, ad};
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
-    d->fz[h] = (fuse_t){FZ_LN, -1, x, ad->out[0], gv, bv, eps, false};
+    d->fz[h] = (fuse_t){FZ_LN, -1, x, ad->out[0], gv, bv, eps, false, -1};
     return true;
 }
 
@@ -1550,14 +1557,25 @@ match_gelu(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *dv)
     int32_t h = (int32_t)(dv - g->nodes);
     sp_ox_node_t *members[] = {er, a1, m1, m2};
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
-    d->fz[h] = (fuse_t){FZ_GELU, -1, x, m2->out[0], -1, -1, 0.0f, false};
+    d->fz[h] = (fuse_t){FZ_GELU, -1, x, m2->out[0], -1, -1, 0.0f, false, -1};
+    /* x made by a MatMul and read only by this chain (x / sqrt2 and x * (...)): the GELU becomes
+     * that matmul's post-op */
+    sp_ox_node_t *rd[3];
+    if (readers(g, x, rd, 3) != 2) return true;
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *p = &g->nodes[g->order[o]];
+        if (p->n_out >= 1 && p->out[0] == x) {
+            if (strcmp(p->op->name, "MatMul") == 0 && p->n_out == 1 && !p->fused_relu) d->fz[p - g->nodes].gelu_of = h;
+            break;
+        }
+    }
     return true;
 }
 
 static void
 find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
 {
-    for (int32_t i = 0; i < g->n_nodes; i++) d->fz[i] = (fuse_t){FZ_NONE, -1, -1, -1, -1, -1, 0.0f, false};
+    for (int32_t i = 0; i < g->n_nodes; i++) d->fz[i] = (fuse_t){FZ_NONE, -1, -1, -1, -1, -1, 0.0f, false, -1};
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
         if (n->dead || d->fz[n - g->nodes].head >= 0) continue;
@@ -1639,7 +1657,7 @@ run_simple(sp_ox_run_t *r, sp_ox_node_t *n, int kind, int32_t xv, int32_t ov, in
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, false, false, false, 1.0f);
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, false, false, 1.0f);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, false);
@@ -1687,6 +1705,7 @@ sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     const char *t = n->op->name;
     fuse_t *f = &r->dnnl->fz[n - r->g->nodes];
     if (f->head >= 0) return r->dnnl->fz[f->head].ran ? 1 : 0; /* a chain member: done at its head */
+    if (f->kind != FZ_NONE && f->ran) return 1; /* done by the MatMul before it (gelu_of) */
     for (int k = 0; k < n->n_in; k++) {
         if (n->in[k] >= 0 && r->g->values[n->in[k]].t.data == NULL) return 0; /* ours reports it */
     }
