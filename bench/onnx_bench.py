@@ -8,6 +8,7 @@ executor once, in turn), so a burst of other work on the host lands on all of th
     /usr/bin/python3 bench/onnx_bench.py [--threads 2] [--batches 1,8,32] [--rounds 3]
                                    [--models resnet50,bert] [--own-max-batch 8] [--dir DIR]
                                    [--engines onednn,bf16,own,own-pool,opencv]
+                                   [--int8] [--base-plugin PATH]
 
 Executors: "onednn" (FP32), "bf16" (oneDNN with precision bf16, when the CPU has AVX512-BF16 or
 AMX), "own" (our runtime, its activations in the arena plan of backends/onnx/plan.c), "own-pool"
@@ -19,7 +20,13 @@ throughput relative to OpenCV's. Outputs are compared once per model and batch: 
 own runtime against OpenCV (ResNet) or numpy in float64 (BERT: OpenCV 4.6 cannot run it, see
 onnx_models.py), and the worst difference printed.
 --own-max-batch: our own runtime is slow at large batches (minutes for BERT at 32); above this
-batch it is left out (and said so)."""
+batch it is left out (and said so).
+--int8: ResNet-50 also as `sampan optimize`'s INT8 model (calibrated on 16 random images, percentile):
+executors "int8" (oneDNN's int8 primitives) and "int8-own" (our integer kernels, up to
+--own-max-batch), each with its top-1 agreement with FP32 oneDNN (random weights: agreement is
+the only accuracy there is; bench/onnx_quant.py's digits model has real labels).
+--base-plugin: another build's libsampan_onnx.so (e.g. the commit before a change) as executor
+"base" (oneDNN, FP32), loaded beside this build's: before/after in one process."""
 import os
 
 # libgomp (oneDNN's threads; also pulled in by cv2) reads this once when it loads: as `sampan`
@@ -28,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +59,8 @@ def main():
     ap.add_argument("--own-max-batch", type=int, default=8)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--engines", default="onednn,bf16,own,opencv")
+    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--base-plugin", default=None)
     a = ap.parse_args()
     engines = set(a.engines.split(","))
     unknown = engines - {"onednn", "bf16", "own", "own-pool", "opencv"}
@@ -59,6 +69,7 @@ def main():
     import cv2
     cv2.setNumThreads(a.threads)
     plugin = Plugin(os.path.join(ROOT, "build", "backends", "libsampan_onnx.so"))
+    base = Plugin(a.base_plugin) if a.base_plugin else None
     work = a.dir or tempfile.mkdtemp(prefix="sampan-onnx-bench-")
     rng = np.random.default_rng(1)
     batches = [int(b) for b in a.batches.split(",")]
@@ -97,6 +108,18 @@ def main():
             os.environ["SAMPAN_ONNX_ARENA"] = "0"  # read at load
             m_pool = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
             del os.environ["SAMPAN_ONNX_ARENA"]
+        m_base = base.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads) if base else None
+        m_int8 = m_int8own = None
+        if a.int8 and model == "resnet50":
+            if not os.path.exists(os.path.join(vd, "model_int8.onnx")):
+                calib = os.path.join(work, "calib.npy")
+                np.save(calib, np.random.default_rng(7).standard_normal((16,) + shape).astype(np.float32))
+                subprocess.run([os.path.join(ROOT, "build", "sampan"), "optimize", path, "--precision", "int8",
+                                "--calib", calib, "--batch", "8", "--threads", str(a.threads)], check=True)
+            q_cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "int8"}}}
+            qo_cfg = {"parameters": {"engine": {"string_value": "own"}, "precision": {"string_value": "int8"}}}
+            m_int8 = plugin.load(vd, config=q_cfg, max_batch_size=max(batches), n_threads=a.threads)
+            m_int8own = plugin.load(vd, config=qo_cfg, max_batch_size=max(batches), n_threads=a.threads)
         net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" and "opencv" in engines else None
         if net is not None:
             net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
@@ -105,6 +128,12 @@ def main():
             runs = {}
             if m_dnnl is not None:
                 runs["onednn"] = lambda: m_dnnl.run([x])[out]
+            if m_base is not None:
+                runs["base"] = lambda: m_base.run([x])[out]
+            if m_int8 is not None:
+                runs["int8"] = lambda: m_int8.run([x])[out]
+                if b <= a.own_max_batch:
+                    runs["int8-own"] = lambda: m_int8own.run([x])[out]
             if m_bf16 is not None:
                 runs["bf16"] = lambda: m_bf16.run([x])[out]
             if b <= a.own_max_batch and m_own is not None:
@@ -130,9 +159,19 @@ def main():
             else:
                 ref = numpy_run(path, {"hidden": x})[out] if b <= 8 and model == "bert" else None
                 rname = "numpy-f64"
+            for k in ("int8", "int8-own"):
+                if k in res and "onednn" in res:
+                    agree = float((res[k].argmax(-1) == res["onednn"].argmax(-1)).mean())
+                    print(f"{model} batch {b}: {k} top-1 agreement with fp32 {agree:.3f}, max |diff| "
+                          f"{float(np.abs(res[k] - res['onednn']).max()):.2e}", flush=True)
+            if "int8" in res and "int8-own" in res:
+                print(f"{model} batch {b}: int8 oneDNN vs int8 own max |diff| "
+                      f"{float(np.abs(res['int8'] - res['int8-own']).max()):.2e}", flush=True)
             if ref is not None:
                 scale = max(1.0, float(np.abs(ref).max()))
                 for k, v in res.items():
+                    if k.startswith("int8"):
+                        continue
                     if k != rname:
                         print(f"{model} batch {b}: {k} vs {rname} max |diff| "
                               f"{float(np.abs(v - ref).max()):.2e} (scale {scale:.2f})", flush=True)
@@ -156,13 +195,20 @@ def main():
                 print(f"{model} batch {b:>2} ratio onednn/own {med['own'] / med['onednn']:.2f}x", flush=True)
             if "bf16" in med and "onednn" in med:
                 print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
+            if "base" in med:
+                print(f"{model} batch {b:>2} ratio onednn/base {med['base'] / med['onednn']:.2f}x", flush=True)
+            if "int8" in med and "onednn" in med:
+                print(f"{model} batch {b:>2} ratio int8/onednn(fp32) {med['onednn'] / med['int8']:.2f}x"
+                      + (f"  int8/opencv {med['opencv'] / med['int8']:.2f}x" if "opencv" in med else "")
+                      + (f"  int8/int8-own {med['int8-own'] / med['int8']:.2f}x" if "int8-own" in med else ""),
+                      flush=True)
             if b > a.own_max_batch:
                 print(f"{model} batch {b:>2} own: left out (above --own-max-batch {a.own_max_batch})")
         # The resident set with the models still loaded, after their last batch (steady state;
         # the peak below includes each new shape's first run, which plans the arena).
         rss = [ln for ln in open("/proc/self/status") if ln.startswith(("VmRSS", "VmHWM"))]
         print(f"# {model}: " + ", ".join(" ".join(ln.split()) for ln in rss), flush=True)
-        for mm in (m_dnnl, m_own, m_pool, m_bf16):
+        for mm in (m_dnnl, m_own, m_pool, m_bf16, m_base, m_int8, m_int8own):
             if mm is not None:
                 mm.close()
         for ln in plugin.log:

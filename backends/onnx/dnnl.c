@@ -28,6 +28,7 @@
 
 #ifdef SP_HAVE_DNNL
 
+#include <math.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
@@ -52,14 +53,45 @@ typedef struct node_cache {
     prim_t *e;                /* cache_cap entries */
     void *w;                  /* the node's packed weights, in layout w_md */
     dnnl_memory_desc_t w_md;
+    /* QDQConv / QDQMatMul (qdq.c's fused INT8 nodes): their INT8 weights in the plain layout
+     * oneDNN reads (s8, zero point already subtracted), made once from the node's int16 rows;
+     * q8 is 1 once made, -1 when the weights do not fit s8 (the node stays ours). */
+    int8_t *q8w;
+    int q8;
+    /* A QDQConv whose every reader is a QDQConv quantizing with the same [sx, zx, lo, hi]
+     * (find_chains): it writes its output quantized for them (u8/s8, scales mult[c] / sx, bias
+     * bias[c] / sx, zero point zx), the readers skip their quantization. NULL: f32 output. */
+    const float *chain;
+    float *cmult, *cbias;
 } node_cache_t;
+
+/* A value oneDNN left quantized (a chained QDQConv's output): real = s * (q - z). */
+typedef struct vq {
+    bool on;
+    float s;
+    int32_t z;
+} vq_t;
+
+/* A chain of elementary operators run as one primitive (LayerNorm, GELU: see find_groups). */
+typedef struct fuse {
+    int kind;         /* on the chain's first node (its head): FZ_LN or FZ_GELU; else FZ_NONE */
+    int32_t head;     /* on the other members: the head's node index; -1 otherwise */
+    int32_t x, out;   /* the chain's input and output values */
+    int32_t gamma, beta;
+    float eps;
+    bool ran;         /* this run: the head computed the chain, the members are skipped */
+    int32_t gelu_of;  /* on a MatMul read only by a GELU chain: the chain's head (its GELU is the
+                       * matmul's post-op, written to the chain's output), -1 none */
+} fuse_t;
 
 struct sp_ox_dnnl {
     dnnl_stream_t stream;
     bool bf16;
     node_cache_t *nodes;      /* per graph node */
+    fuse_t *fz;               /* per graph node */
     int32_t n_nodes;
     bool *blocked;            /* per value: t.data is in layout md[v], not plain */
+    vq_t *vq;                 /* per value: quantized (8-bit md[v]) rather than f32 */
     dnnl_memory_desc_t *md;
     int32_t n_values;
     uint64_t clock;
@@ -98,6 +130,23 @@ fail_st(sp_ox_run_t *r, dnnl_status_t st, const char *what)
     return sp_ox_fail(r, "oneDNN %s failed (status %d)", what, (int)st);
 }
 
+static void find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g);
+static void find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g);
+
+/* Whether node i gets a primitive cache: oneDNN's operators and the chains' heads. */
+static bool
+has_cache(const struct sp_ox_dnnl *d, const sp_ox_graph_t *g, int32_t i)
+{
+    static const char *const ops[] = {"Conv", "MatMul", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                      "Softmax", "LayerNormalization", "Gelu", "QLinearConv", "ConvInteger",
+                                      "QLinearMatMul", "MatMulInteger", NULL};
+    if (d->fz[i].kind != 0) return true;
+    for (int k = 0; ops[k]; k++) {
+        if (strcmp(g->nodes[i].p->op_type, ops[k]) == 0) return true;
+    }
+    return false;
+}
+
 int
 sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len)
 {
@@ -116,15 +165,16 @@ sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t er
     d->nodes = calloc((size_t)d->n_nodes + 1, sizeof *d->nodes);
     d->blocked = calloc((size_t)d->n_values + 1, sizeof *d->blocked);
     d->md = calloc((size_t)d->n_values + 1, sizeof *d->md);
-    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL) goto oom;
+    d->fz = calloc((size_t)d->n_nodes + 1, sizeof *d->fz);
+    d->vq = calloc((size_t)d->n_values + 1, sizeof *d->vq);
+    if (d->nodes == NULL || d->blocked == NULL || d->md == NULL || d->fz == NULL || d->vq == NULL) goto oom;
+    find_groups(d, r->g);
     for (int32_t i = 0; i < d->n_nodes; i++) {
-        if (strcmp(r->g->nodes[i].p->op_type, "Conv") && strcmp(r->g->nodes[i].p->op_type, "MatMul") &&
-            strcmp(r->g->nodes[i].p->op_type, "Gemm") && !strstr(r->g->nodes[i].p->op_type, "Pool")) {
-            continue; /* only oneDNN's operators have a cache */
-        }
+        if (!has_cache(d, r->g, i)) continue; /* only oneDNN's operators have a cache */
         d->nodes[i].e = calloc((size_t)d->cache_cap, sizeof *d->nodes[i].e);
         if (d->nodes[i].e == NULL) goto oom;
     }
+    if (!bf16) find_chains(d, r->g);
     dnnl_status_t st = dnnl_stream_create(&d->stream, engine, dnnl_stream_default_flags);
     if (st != dnnl_success) {
         d->stream = NULL;
@@ -159,9 +209,14 @@ sp_ox_dnnl_free(sp_ox_run_t *r)
         for (int k = 0; d->nodes[i].e && k < d->cache_cap; k++) entry_drop(&d->nodes[i], &d->nodes[i].e[k], &d->st);
         free(d->nodes[i].e);
         free(d->nodes[i].w);
+        free(d->nodes[i].q8w);
+        free(d->nodes[i].cmult);
+        free(d->nodes[i].cbias);
     }
     if (d->stream) dnnl_stream_destroy(d->stream);
     free(d->nodes);
+    free(d->fz);
+    free(d->vq);
     free(d->blocked);
     free(d->md);
     free(d);
@@ -173,6 +228,8 @@ sp_ox_dnnl_begin(sp_ox_run_t *r)
 {
     struct sp_ox_dnnl *d = r->dnnl;
     memset(d->blocked, 0, (size_t)d->n_values * sizeof *d->blocked);
+    for (int32_t i = 0; i < d->n_nodes; i++) d->fz[i].ran = false;
+    memset(d->vq, 0, (size_t)d->n_values * sizeof *d->vq);
     /* OpenMP's thread count is per calling thread: this instance's runs only. */
     omp_set_num_threads(r->n_threads > 0 ? r->n_threads : 1);
 }
@@ -272,6 +329,32 @@ out_bytes(sp_ox_run_t *r, sp_ox_tensor_t *t, size_t bytes, int nd, const int64_t
     return 0;
 }
 
+/* A quantized tensor (layout smd, 8-bit) to real values (layout dmd, f32): s * (q - z), a
+ * reorder with an output scale and a source zero point. Exact for |q - z| < 2^24. */
+static int
+dequant(sp_ox_run_t *r, const dnnl_memory_desc_t *smd, void *src, float s, int32_t z, const dnnl_memory_desc_t *dmd,
+        void *dst)
+{
+    dnnl_primitive_attr_t attr;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+    dnnl_primitive_attr_set_output_scales(attr, 1, 0, &s);
+    if (z != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &z);
+    dnnl_status_t st = dnnl_reorder_primitive_desc_create(&pd, smd, engine, dmd, engine, attr);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return fail_st(r, st, "dequantizing reorder creation");
+    st = dnnl_primitive_create(&p, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (st != dnnl_success) return fail_st(r, st, "dequantizing reorder creation");
+    int ids[2] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    const dnnl_memory_desc_t *mds[2] = {smd, dmd};
+    void *ptrs[2] = {src, dst};
+    int rc = execute(r, p, 2, ids, mds, ptrs);
+    dnnl_primitive_destroy(p);
+    return rc;
+}
+
 int
 sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
 {
@@ -283,13 +366,15 @@ sp_ox_dnnl_plain(sp_ox_run_t *r, int32_t v)
     dnnl_status_t st = md_plain(&pmd, t->nd, t->dims);
     if (st != dnnl_success) return fail_st(r, st, "memory descriptor");
     if (sp_ox_out(r, &nt, OX_FLOAT, t->nd, t->dims)) return -1;
-    if (reorder(r, &d->md[v], t->data, &pmd, nt.data)) {
+    if (d->vq[v].on ? dequant(r, &d->md[v], t->data, d->vq[v].s, d->vq[v].z, &pmd, nt.data)
+                    : reorder(r, &d->md[v], t->data, &pmd, nt.data)) {
         sp_ox_pool_put(r, &nt);
         return -1;
     }
     sp_ox_pool_put(r, t);
     *t = nt;
     d->blocked[v] = false;
+    d->vq[v].on = false;
     return 0;
 }
 
@@ -383,34 +468,39 @@ create(sp_ox_run_t *r, prim_t *e, const void *op_desc, const dnnl_primitive_attr
 /* The weights of entry e in the layout it wants: constants packed once (shared with the
  * node's other entries of that layout), others reordered into a pool tensor tmp per run. */
 static int
+pack_const(sp_ox_run_t *r, node_cache_t *nc, prim_t *e, const dnnl_memory_desc_t *wmd_plain, void *data,
+           void **out)
+{
+    if (e->w == NULL) {
+        if (nc->w && dnnl_memory_desc_equal(&nc->w_md, &e->w_md)) {
+            e->w = nc->w;
+        } else {
+            size_t bytes = dnnl_memory_desc_get_size(&e->w_md);
+            void *buf = sp_ox_aligned_alloc(bytes ? bytes : 64);
+            if (buf == NULL) return sp_ox_fail(r, "out of memory for %zu bytes of weights", bytes);
+            if (reorder(r, wmd_plain, data, &e->w_md, buf)) {
+                free(buf);
+                return -1;
+            }
+            if (nc->w == NULL) {
+                nc->w = buf;
+                nc->w_md = e->w_md;
+            } else {
+                e->w_own = true;
+            }
+            e->w = buf;
+        }
+    }
+    *out = e->w;
+    return 0;
+}
+
+static int
 weights(sp_ox_run_t *r, node_cache_t *nc, prim_t *e, int32_t wv, const dnnl_memory_desc_t *wmd_plain,
         sp_ox_tensor_t *tmp, void **out)
 {
     const sp_ox_value_t *wval = &r->g->values[wv];
-    if (wval->is_const) {
-        if (e->w == NULL) {
-            if (nc->w && dnnl_memory_desc_equal(&nc->w_md, &e->w_md)) {
-                e->w = nc->w;
-            } else {
-                size_t bytes = dnnl_memory_desc_get_size(&e->w_md);
-                void *buf = sp_ox_aligned_alloc(bytes ? bytes : 64);
-                if (buf == NULL) return sp_ox_fail(r, "out of memory for %zu bytes of weights", bytes);
-                if (reorder(r, wmd_plain, wval->t.data, &e->w_md, buf)) {
-                    free(buf);
-                    return -1;
-                }
-                if (nc->w == NULL) {
-                    nc->w = buf;
-                    nc->w_md = e->w_md;
-                } else {
-                    e->w_own = true;
-                }
-                e->w = buf;
-            }
-        }
-        *out = e->w;
-        return 0;
-    }
+    if (wval->is_const) return pack_const(r, nc, e, wmd_plain, wval->t.data, out);
     if (dnnl_memory_desc_equal(wmd_plain, &e->w_md)) {
         *out = wval->t.data;
         return 0;
@@ -444,7 +534,7 @@ source(sp_ox_run_t *r, prim_t *e, int32_t v, sp_ox_tensor_t *tmp, void **out)
 }
 
 static dnnl_primitive_attr_t
-make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float scale)
+make_attr(sp_ox_run_t *r, dnnl_alg_kind_t first, bool sum, bool relu_after, float scale)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -453,7 +543,7 @@ make_attr(sp_ox_run_t *r, bool relu_before_sum, bool sum, bool relu_after, float
         dnnl_primitive_attr_destroy(attr);
         return NULL;
     }
-    if (relu_before_sum) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (first != dnnl_alg_kind_undef) dnnl_post_ops_append_eltwise(po, 1.0f, first, 0.0f, 0.0f);
     if (sum) dnnl_post_ops_append_sum(po, 1.0f);
     if (relu_after) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
     dnnl_primitive_attr_set_post_ops(attr, po);
@@ -476,6 +566,33 @@ static bool
 is_float(const sp_ox_tensor_t *t)
 {
     return t && t->dtype == OX_FLOAT && t->data;
+}
+
+/* The destination of a Conv with a fused residual Add (oneDNN's sum post-op adds into dst):
+ * the residual itself in the layout dst has, taking over its buffer when this is its last
+ * reader, else a copy. */
+static int
+residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, const int64_t *od)
+{
+    sp_ox_graph_t *g = r->g;
+    sp_ox_value_t *yv = &g->values[n->fused_add];
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
+    dnnl_memory_desc_t ymd;
+    if (md_of(r, n->fused_add, &ymd)) return -1;
+    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes) {
+        /* The residual is read for the last time: accumulate into its buffer. */
+        if (out->data) sp_ox_pool_put(r, out);
+        out->data = yv->t.data;
+        out->cap = yv->t.cap;
+        yv->t.data = NULL;
+        yv->t.cap = 0;
+        out->dtype = OX_FLOAT;
+        out->nd = 4;
+        for (int i = 0; i < 4; i++) out->dims[i] = od[i];
+        return 0;
+    }
+    return out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data) ? -1 : 0;
 }
 
 static int
@@ -533,7 +650,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, false, y != NULL, n->fused_relu != 0, 1.0f);
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, y != NULL, n->fused_relu != 0, 1.0f);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, 9);
         int rc = create(r, e, &cd, attr, true);
@@ -547,23 +664,7 @@ run_conv(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
     if (source(r, e, n->in[0], &tx, &src) || weights(r, nc, e, n->in[1], &wplain, &tw, &wp)) goto done;
     size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
     if (y) {
-        sp_ox_value_t *yv = &g->values[n->fused_add];
-        dnnl_memory_desc_t ymd;
-        if (md_of(r, n->fused_add, &ymd)) goto done;
-        if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output &&
-            yv->t.cap >= dbytes) {
-            /* The residual is read for the last time: accumulate into its buffer. */
-            if (out->data) sp_ox_pool_put(r, out);
-            out->data = yv->t.data;
-            out->cap = yv->t.cap;
-            yv->t.data = NULL;
-            yv->t.cap = 0;
-            out->dtype = OX_FLOAT;
-            out->nd = 4;
-            for (int i = 0; i < 4; i++) out->dims[i] = od[i];
-        } else if (out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data)) {
-            goto done;
-        }
+        if (residual_dst(r, n, o, e, od)) goto done;
     } else if (out_bytes(r, out, dbytes, 4, od)) {
         goto done;
     }
@@ -632,7 +733,7 @@ run_pool(sp_ox_run_t *r, sp_ox_node_t *n, bool global, bool is_max)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, false, false, false, 1.0f);
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, false, false, 1.0f);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, 5);
         int rc = create(r, e, &pd, attr, false);
@@ -662,6 +763,9 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
     struct sp_ox_dnnl *d = r->dnnl;
     sp_ox_graph_t *g = r->g;
     if (sp_ox_dnnl_plain(r, n->in[0]) || sp_ox_dnnl_plain(r, n->in[1])) return -1;
+    /* a GELU chain reading only this product: computed here as the post-op, into its output */
+    int32_t gh = gemm ? -1 : d->fz[n - g->nodes].gelu_of;
+    bool gelu = gh >= 0;
     const sp_ox_tensor_t *a = &g->values[n->in[0]].t, *b = &g->values[n->in[1]].t;
     const sp_ox_tensor_t *bias = NULL;
     if (!is_float(a) || !is_float(b) || a->nd < 2 || b->nd < 2 || a->nd > 5 || b->nd > 5) return 0;
@@ -780,7 +884,8 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = make_attr(r, n->fused_relu != 0, false, false, alpha);
+        dnnl_primitive_attr_t attr = make_attr(r, n->fused_relu ? dnnl_eltwise_relu : gelu ? dnnl_eltwise_gelu_erf : dnnl_alg_kind_undef, false,
+                                               false, alpha);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &md, attr, true);
@@ -788,7 +893,7 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
         if (rc <= 0) return rc;
     }
     sp_ox_tensor_t tw = {0}, ta16 = {0};
-    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    sp_ox_tensor_t *out = &g->values[gelu ? d->fz[gh].out : n->out[0]].t;
     void *wp, *ap = a->data;
     int rc = -1;
     if (weights(r, nc, e, n->in[1], &bmd_plain, &tw, &wp)) goto done;
@@ -804,6 +909,7 @@ run_matmul(sp_ox_run_t *r, sp_ox_node_t *n, bool gemm)
     const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &biasmd};
     void *ptrs[4] = {ap, wp, out->data, bias ? bias->data : NULL};
     if (execute(r, e->p, bias ? 4 : 3, ids, mds, ptrs)) goto done;
+    if (gelu) d->fz[gh].ran = true;
     rc = 1;
 done:
     sp_ox_pool_put(r, &tw);
@@ -811,22 +917,821 @@ done:
     return rc;
 }
 
+/* ---- INT8: qdq.c's fused QDQConv / QDQMatMul as oneDNN int8 primitives ----
+ *
+ * The node computes y[c] = mult[c] * sum((xq - zx) * wq[c]) + bias[c] (Relu), xq =
+ * clamp(rint(x / sx) + zx) in u8 or s8 (qdq.c). Here xq is made by quantize8 with exactly
+ * qdq.c's arithmetic (a true division, round half to even, NaN -> zx), in whatever dense
+ * layout x is in (quantizing is elementwise), so oneDNN sees the same integers as our own
+ * kernels; the weights are the node's int16 rows narrowed to s8 (they fit whenever the model's
+ * weights are INT8 with zero point 0, what `sampan optimize` writes); the product is exact
+ * int32 on both sides; oneDNN applies mult[c] as per-channel output scales, zx as the source
+ * zero point (padding counts as zx, i.e. real 0, as in ours), the bias as a per-channel binary
+ * add and the Relu as an eltwise post-op, writing f32: float(acc) * mult[c] + bias[c], the same
+ * two roundings as sp_ox_dequant_row, so results agree to an ulp or two of |acc * mult| + |bias|
+ * (oneDNN may contract the multiply and add). */
+
+static void
+quantize8_scalar(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+    float s = qp[0], z = qp[1], lo = qp[2], hi = qp[3];
+    for (int64_t i = 0; i < n; i++) {
+        float q = rintf(x[i] / s) + z;
+        q = q < lo ? lo : q > hi ? hi : q;
+        if (q != q) q = z;
+        if (u8) ((uint8_t *)dst)[i] = (uint8_t)(int)q;
+        else ((int8_t *)dst)[i] = (int8_t)(int)q;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* 16 at a time: vdivps and vroundps are the IEEE division and rint; the clamped values fit
+ * 8 bits, so the saturating packs are exact. */
+__attribute__((target("avx2"))) static void
+quantize8_avx2(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+    __m256 s = _mm256_set1_ps(qp[0]), z = _mm256_set1_ps(qp[1]), lo = _mm256_set1_ps(qp[2]),
+           hi = _mm256_set1_ps(qp[3]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i k[2];
+        for (int h = 0; h < 2; h++) {
+            __m256 q = _mm256_add_ps(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * h), s),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), z);
+            __m256 nan = _mm256_cmp_ps(q, q, _CMP_UNORD_Q);
+            q = _mm256_blendv_ps(_mm256_min_ps(_mm256_max_ps(q, lo), hi), z, nan);
+            k[h] = _mm256_cvtps_epi32(q);
+        }
+        __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(k[0]), _mm256_extracti128_si256(k[0], 1));
+        __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(k[1]), _mm256_extracti128_si256(k[1], 1));
+        _mm_storeu_si128((__m128i *)((char *)dst + i), u8 ? _mm_packus_epi16(a, b) : _mm_packs_epi16(a, b));
+    }
+    quantize8_scalar(x + i, n - i, qp, (char *)dst + i, u8);
+}
+#endif
+
+static void
+quantize8(const float *x, int64_t n, const float *qp, void *dst, bool u8)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (strcmp(sp_ox_qgemm_kernel(), "scalar") != 0) {
+        quantize8_avx2(x, n, qp, dst, u8);
+        return;
+    }
+#endif
+    quantize8_scalar(x, n, qp, dst, u8);
+}
+
+/* The node's s8 weights, made once: conv rows [m][kp] as [m][k] (oihw order); matmul panels
+ * (sp_ox_qpack_rows) unpacked to B [k][m]. false when a weight is outside s8. */
+static bool
+q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
+{
+    if (nc->q8) return nc->q8 > 0;
+    int64_t m = w16->dims[0], kp = w16->dims[1];
+    const int16_t *src = w16->data;
+    nc->q8 = -1;
+    nc->q8w = malloc((size_t)(m * k + 1));
+    if (nc->q8w == NULL) return false;
+    for (int64_t o = 0; o < m; o++) {
+        for (int64_t i = 0; i < k; i++) {
+            int16_t v = conv ? src[o * kp + i] : src[((o / 16 * (kp / 2) + i / 2) * 16 + o % 16) * 2 + i % 2];
+            if (v < -128 || v > 127) {
+                free(nc->q8w);
+                nc->q8w = NULL;
+                return false;
+            }
+            nc->q8w[conv ? o * k + i : i * m + o] = (int8_t)v;
+        }
+    }
+    nc->q8 = 1;
+    return true;
+}
+
+/* Output scales mult[m] per channel (axis 1 of dst), the source zero point, and the post-ops:
+ * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (sum: graph.c's fused Add,
+ * already in dst), Relu: sp_ox_fused_add's order. */
+static dnnl_primitive_attr_t
+q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
+{
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    if (dnnl_post_ops_create(&po) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    dnnl_post_ops_append_binary(po, dnnl_binary_add, bias_md);
+    if (sum) dnnl_post_ops_append_sum(po, 1.0f);
+    if (relu) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    dnnl_primitive_attr_set_post_ops(attr, po);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, mult);
+    if (zx != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &zx);
+    if (zy != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &zy);
+    return attr;
+}
+
+/* x (value v, f32 in its current layout, dense) quantized into tq, in the same layout with the
+ * 8-bit type: *qmd, data at *src. A value a chained QDQConv already wrote quantized with these
+ * parameters is used as it is. */
+static int
+q8_source(sp_ox_run_t *r, int32_t v, const float *qp, bool u8, sp_ox_tensor_t *tq, dnnl_memory_desc_t *qmd,
+          void **src)
+{
+    const vq_t *q = &r->dnnl->vq[v];
+    if (q->on && q->s == qp[0] && q->z == (int32_t)qp[1] && r->dnnl->md[v].data_type == (u8 ? dnnl_u8 : dnnl_s8)) {
+        *qmd = r->dnnl->md[v];
+        *src = r->g->values[v].t.data;
+        return 0;
+    }
+    if (q->on && sp_ox_dnnl_plain(r, v)) return -1;
+    const sp_ox_tensor_t *x = &r->g->values[v].t;
+    int64_t n = sp_ox_numel(x);
+    dnnl_memory_desc_t have;
+    if (md_of(r, v, &have)) return -1;
+    if (have.data_type != dnnl_f32 || dnnl_memory_desc_get_size(&have) != (size_t)n * sizeof(float)) {
+        /* padded blocks or BF16: back to plain f32 first */
+        if (sp_ox_dnnl_plain(r, v) || md_of(r, v, &have)) return -1;
+        x = &r->g->values[v].t;
+    }
+    *qmd = have;
+    qmd->data_type = u8 ? dnnl_u8 : dnnl_s8;
+    int64_t one = n > 0 ? n : 1;
+    if (sp_ox_out(r, tq, OX_UINT8, 1, &one)) return -1;
+    quantize8(x->data, n, qp, tq->data, u8);
+    *src = tq->data;
+    return 0;
+}
+
+static int
+run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    const sp_ox_tensor_t *x = &g->values[n->in[0]].t, *w16 = &g->values[n->in[1]].t;
+    const float *mult = g->values[n->in[2]].t.data, *qp = g->values[n->in[3]].t.data;
+    const float *bias = g->values[n->in[4]].t.data;
+    if (d->bf16 || x->dtype != OX_FLOAT) return 0; /* bf16: its own precision choice; others: ours */
+    const sp_ox_tensor_t *y = conv && n->fused_add >= 0 ? &g->values[n->fused_add].t : NULL;
+    bool u8 = qp[2] == 0.0f;
+    int32_t zx = (int32_t)qp[1];
+    int64_t m = w16->dims[0];
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd && i < OX_MAX_DIMS; i++) key[nkey++] = x->dims[i];
+    int64_t od[OX_MAX_DIMS];
+    int ond = x->nd;
+    dnnl_memory_desc_t wplain, bmd, dmd_plain;
+    dnnl_dims_t wd, bd, dd;
+    geom_t gm;
+    int64_t rows = 0, k;
+    if (conv) {
+        int64_t cg = (int64_t)qp[4], kh = (int64_t)qp[5], kw = (int64_t)qp[6], group = (int64_t)qp[7];
+        k = cg * kh * kw;
+        if (x->nd != 4 || x->dims[1] != cg * group) return 0;
+        int64_t kern[2] = {kh, kw};
+        if (sp_ox_geometry(r, n, x, kern, 2, false, &gm) || gm.pb_end < 0 || gm.pr_end < 0) return 0;
+        od[0] = x->dims[0];
+        od[1] = m;
+        od[2] = gm.oh;
+        od[3] = gm.ow;
+        int64_t w5[5] = {group, m / group, cg, kh, kw}, w4[4] = {m, cg, kh, kw};
+        for (int i = 0; i < (group > 1 ? 5 : 4); i++) wd[i] = group > 1 ? w5[i] : w4[i];
+        if (dnnl_memory_desc_init_by_tag(&wplain, group > 1 ? 5 : 4, wd, dnnl_s8, group > 1 ? dnnl_goihw : dnnl_oihw) !=
+            dnnl_success) return 0;
+        bd[0] = 1, bd[1] = m, bd[2] = 1, bd[3] = 1;
+        dnnl_memory_desc_init_by_tag(&bmd, 4, bd, dnnl_f32, dnnl_abcd);
+        if (y) {
+            if (!is_float(y) || y->nd != 4) return 0;
+            for (int i = 0; i < 4; i++) {
+                if (y->dims[i] != od[i]) return 0; /* a broadcasting Add: our own runtime */
+            }
+        }
+    } else {
+        k = (int64_t)qp[4];
+        if (x->nd < 1 || k < 1 || x->dims[x->nd - 1] != k) return 0;
+        rows = sp_ox_numel(x) / k;
+        if (rows < 1) return 0;
+        for (int i = 0; i < x->nd; i++) od[i] = x->dims[i];
+        od[ond - 1] = m;
+        wd[0] = k, wd[1] = m;
+        dnnl_memory_desc_init_by_tag(&wplain, 2, wd, dnnl_s8, dnnl_ab);
+        bd[0] = 1, bd[1] = m;
+        dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_f32, dnnl_ab);
+        dd[0] = rows, dd[1] = m;
+        dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
+    }
+    if (!q8_weights(nc, w16, k, conv)) return 0;
+    const float *ch = conv && !y ? nc->chain : NULL;
+    if (ch && nc->cmult == NULL) {
+        /* y / sy = acc * (mult / sy) + bias / sy: the readers' quantization folded in */
+        nc->cmult = malloc((size_t)m * sizeof(float));
+        nc->cbias = malloc((size_t)m * sizeof(float));
+        if (nc->cmult == NULL || nc->cbias == NULL) return sp_ox_fail(r, "out of memory");
+        for (int64_t c = 0; c < m; c++) {
+            nc->cmult[c] = mult[c] / ch[0];
+            nc->cbias[c] = bias[c] / ch[0];
+        }
+    }
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        dnnl_memory_desc_t smd, wmd, dmd;
+        dnnl_data_type_t st8 = u8 ? dnnl_u8 : dnnl_s8;
+        int wnd = wplain.ndims;
+        dnnl_memory_desc_init_by_tag(&wmd, wnd, wd, dnnl_s8, dnnl_format_tag_any);
+        union {
+            dnnl_convolution_desc_t c;
+            dnnl_matmul_desc_t mm;
+        } op;
+        dnnl_status_t st;
+        if (conv) {
+            dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
+            dnnl_memory_desc_init_by_tag(&smd, 4, sd, st8, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, !ch ? dnnl_f32 : ch[2] == 0.0f ? dnnl_u8 : dnnl_s8,
+                                         dnnl_format_tag_any);
+            dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
+                        pr = {gm.pb_end, gm.pr_end};
+            st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
+                                                            &smd, &wmd, NULL, &dmd, strides, dil, pl, pr);
+        } else {
+            dnnl_dims_t sd = {rows, k};
+            dnnl_memory_desc_init_by_tag(&smd, 2, sd, st8, dnnl_ab);
+            st = dnnl_matmul_desc_init(&op.mm, &smd, &wmd, NULL, &dmd_plain);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = ch ? q8_attr(nc->cmult, m, zx, (int32_t)ch[1], &bmd, false, n->fused_relu != 0)
+                                        : q8_attr(mult, m, zx, 0, &bmd, y != NULL, n->fused_relu != 0);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tq = {0}, tx = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    dnnl_memory_desc_t qmd;
+    void *wp, *src;
+    int rc = -1;
+    if (!conv && sp_ox_dnnl_plain(r, n->in[0])) return -1;
+    if (q8_source(r, n->in[0], qp, u8, &tq, &qmd, &src) || pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    if (!conv) {
+        /* the rows [rows, k], whatever the rank */
+        qmd = e->src_md;
+    } else if (!dnnl_memory_desc_equal(&qmd, &e->src_md)) {
+        if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &qmd, src, &e->src_md, tx.data)) {
+            goto done;
+        }
+        src = tx.data;
+    }
+    if (y) {
+        if (residual_dst(r, n, o, e, od)) goto done;
+    } else if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od)
+                    : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
+        goto done;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
+    void *ptrs[4] = {src, wp, out->data, ch ? nc->cbias : (void *)bias};
+    if (execute(r, e->p, 4, ids, mds, ptrs)) goto done;
+    if (conv) set_layout(r, n->out[0], &e->dst_md);
+    if (ch) d->vq[n->out[0]] = (vq_t){true, ch[0], (int32_t)ch[1]};
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tq);
+    sp_ox_pool_put(r, &tx);
+    return rc;
+}
+
+/* ---- QLinearConv, ConvInteger, QLinearMatMul, MatMulInteger ----
+ *
+ * The ONNX integer operators on 8-bit tensors (plain, as our own operators keep them), with
+ * constant weights and constant quantization parameters: x's zero point one value (the
+ * primitive's source zero point), the weights minus their zero points (per tensor, or per output
+ * channel / B column) narrowed to s8 once. QLinear*: scales fl(fl(sx * sw[c]) / sy) as our own
+ * operator forms them, the int32 bias B added to the sum before them (oneDNN 2.x's int8 bias),
+ * the destination zero point and saturation to y's type: ours rounds (acc + B) * scale in double,
+ * oneDNN in float, so the quantized output may differ by 1 where the product lies within a float
+ * rounding of a .5 boundary, never more. *Integer: the exact int32 sums, equal. Anything else
+ * (a per-row zero point of A, weights that do not fit s8, non-constant parameters, ranks other
+ * than 4-D convolution input or 2-D B) stays ours, which also reports every malformed input. */
+
+static bool
+q8_type(const sp_ox_tensor_t *t)
+{
+    return t && t->data && (t->dtype == OX_UINT8 || t->dtype == OX_INT8);
+}
+
+static int32_t
+q8_val(const sp_ox_tensor_t *t, int64_t i)
+{
+    return t->dtype == OX_UINT8 ? ((const uint8_t *)t->data)[i] : ((const int8_t *)t->data)[i];
+}
+
+/* in[k] when it is a constant (NULL when absent; *ok false when present and not constant) */
+static const sp_ox_tensor_t *
+const_in(const sp_ox_graph_t *g, const sp_ox_node_t *n, int k, bool *ok)
+{
+    if (k >= n->n_in || n->in[k] < 0) return NULL;
+    if (!g->values[n->in[k]].is_const) *ok = false;
+    return &g->values[n->in[k]].t;
+}
+
+/* The s8 weights w - zw (conv [m][k] rows per output channel, matmul [k][m] per column). */
+static bool
+q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv)
+{
+    if (nc->q8) return nc->q8 > 0;
+    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
+    nc->q8 = -1;
+    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
+    nc->q8w = malloc((size_t)total + 1);
+    if (nc->q8w == NULL) return false;
+    for (int64_t i = 0; i < total; i++) {
+        int64_t c = conv ? i / (total / m) : i % m;
+        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
+        if (v < -128 || v > 127) {
+            free(nc->q8w);
+            nc->q8w = NULL;
+            return false;
+        }
+        nc->q8w[i] = (int8_t)v;
+    }
+    nc->q8 = 1;
+    return true;
+}
+
+static int
+run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    bool ok = true;
+    const sp_ox_tensor_t *x = &g->values[n->in[0]].t;
+    const sp_ox_tensor_t *sx = linear ? const_in(g, n, 1, &ok) : NULL;
+    const sp_ox_tensor_t *zx = const_in(g, n, 2, &ok);
+    const sp_ox_tensor_t *w = const_in(g, n, linear ? 3 : 1, &ok);
+    const sp_ox_tensor_t *sw = linear ? const_in(g, n, 4, &ok) : NULL;
+    const sp_ox_tensor_t *zw = const_in(g, n, linear ? 5 : 3, &ok);
+    const sp_ox_tensor_t *sy = linear ? const_in(g, n, 6, &ok) : NULL;
+    const sp_ox_tensor_t *zy = linear ? const_in(g, n, 7, &ok) : NULL;
+    const sp_ox_tensor_t *b = linear && conv ? const_in(g, n, 8, &ok) : NULL;
+    if (!ok || d->blocked[n->in[0]] || !q8_type(x) || !q8_type(w) || n->n_out != 1) return 0;
+    if (zx && (sp_ox_numel(zx) != 1 || zx->dtype != x->dtype)) return 0;
+    if (linear && (!sx || !sw || !sy || !zy || !q8_type(zy) || sp_ox_numel(zy) != 1 || sx->dtype != OX_FLOAT ||
+                   sw->dtype != OX_FLOAT || sy->dtype != OX_FLOAT || sp_ox_numel(sx) != 1 || sp_ox_numel(sy) != 1)) {
+        return 0;
+    }
+    int64_t m, k, rows = 0, od[OX_MAX_DIMS];
+    int ond = x->nd;
+    geom_t gm;
+    dnnl_dims_t wd;
+    dnnl_memory_desc_t wplain, xmd, opmd;
+    dnnl_data_type_t xt = x->dtype == OX_UINT8 ? dnnl_u8 : dnnl_s8;
+    dnnl_data_type_t yt = linear ? (zy->dtype == OX_UINT8 ? dnnl_u8 : dnnl_s8) : dnnl_s32;
+    int64_t group = conv ? sp_ox_attr_i(n, "group", 1) : 1;
+    if (conv) {
+        m = w->dims[0];
+        if (x->nd != 4 || w->nd != 4 || group < 1 || x->dims[1] % group || m % group ||
+            w->dims[1] != x->dims[1] / group) return 0;
+        k = w->dims[1] * w->dims[2] * w->dims[3];
+        if (sp_ox_geometry(r, n, x, w->dims + 2, 2, false, &gm) || gm.pb_end < 0 || gm.pr_end < 0) return 0;
+        int64_t o4[4] = {x->dims[0], m, gm.oh, gm.ow};
+        for (int i = 0; i < 4; i++) od[i] = o4[i];
+        int64_t w5[5] = {group, m / group, w->dims[1], w->dims[2], w->dims[3]};
+        for (int i = 0; i < (group > 1 ? 5 : 4); i++) wd[i] = group > 1 ? w5[i] : w->dims[i];
+        if (dnnl_memory_desc_init_by_tag(&wplain, group > 1 ? 5 : 4, wd, dnnl_s8, group > 1 ? dnnl_goihw : dnnl_oihw) !=
+            dnnl_success || md_plain(&xmd, 4, x->dims) != dnnl_success) return 0;
+        xmd.data_type = xt;
+        if (b && (b->dtype != OX_INT32 || sp_ox_numel(b) != m)) return 0;
+    } else {
+        if (x->nd < 2 || w->nd != 2 || x->dims[x->nd - 1] != w->dims[0]) return 0;
+        k = w->dims[0];
+        m = w->dims[1];
+        rows = sp_ox_numel(x) / k;
+        if (rows < 1) return 0;
+        for (int i = 0; i < x->nd; i++) od[i] = x->dims[i];
+        od[ond - 1] = m;
+        wd[0] = k, wd[1] = m;
+        dnnl_dims_t xd = {rows, k};
+        dnnl_memory_desc_init_by_tag(&wplain, 2, wd, dnnl_s8, dnnl_ab);
+        dnnl_memory_desc_init_by_tag(&xmd, 2, xd, xt, dnnl_ab);
+    }
+    if (linear && sp_ox_numel(sw) != 1 && sp_ox_numel(sw) != m) return 0;
+    if (m < 1 || k < 1) return 0;
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    if (!q8_int_weights(nc, w, zw, m, conv)) return 0;
+    if (linear && nc->cmult == NULL) {
+        nc->cmult = malloc((size_t)m * sizeof(float));
+        if (nc->cmult == NULL) return sp_ox_fail(r, "out of memory");
+        float fx = *(const float *)sx->data, fy = *(const float *)sy->data;
+        for (int64_t c = 0; c < m; c++) nc->cmult[c] = fx * ((const float *)sw->data)[sp_ox_numel(sw) == 1 ? 0 : c] / fy;
+    }
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
+    dnnl_memory_desc_t bmd;
+    dnnl_dims_t bd = {m};
+    dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_s32, dnnl_a);
+    if (conv) {
+        dnnl_dims_t ddm = {od[0], od[1], od[2], od[3]};
+        dnnl_memory_desc_init_by_tag(&opmd, 4, ddm, yt, dnnl_abcd);
+    } else {
+        dnnl_dims_t ddm = {rows, m};
+        dnnl_memory_desc_init_by_tag(&opmd, 2, ddm, yt, dnnl_ab);
+    }
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        dnnl_memory_desc_t smd = xmd, wmd, dmd = opmd;
+        dnnl_memory_desc_init_by_tag(&wmd, wplain.ndims, wd, dnnl_s8, dnnl_format_tag_any);
+        union {
+            dnnl_convolution_desc_t c;
+            dnnl_matmul_desc_t mm;
+        } op;
+        dnnl_status_t st;
+        if (conv) {
+            dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+            dnnl_memory_desc_init_by_tag(&smd, 4, sd, xt, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&dmd, 4, opmd.dims, yt, dnnl_format_tag_any);
+            dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
+                        pr = {gm.pb_end, gm.pr_end};
+            st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
+                                                            &smd, &wmd, b ? &bmd : NULL, &dmd, strides, dil, pl, pr);
+        } else {
+            st = dnnl_matmul_desc_init(&op.mm, &smd, &wmd, NULL, &dmd);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr;
+        if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+        int32_t z0 = zx ? q8_val(zx, 0) : 0, y0 = linear ? q8_val(zy, 0) : 0;
+        if (linear) dnnl_primitive_attr_set_output_scales(attr, sp_ox_numel(sw) == 1 ? 1 : m,
+                                                          sp_ox_numel(sw) == 1 ? 0 : 1 << 1, nc->cmult);
+        if (z0 != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &z0);
+        if (y0 != 0) dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &y0);
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, true);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t tx = {0}, ty = {0};
+    sp_ox_tensor_t *out = &g->values[n->out[0]].t;
+    void *wp, *src = x->data, *dst;
+    int rc = -1;
+    if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    if (!dnnl_memory_desc_equal(&xmd, &e->src_md)) {
+        if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
+            reorder(r, &xmd, x->data, &e->src_md, tx.data)) {
+            goto done;
+        }
+        src = tx.data;
+    }
+    if (sp_ox_out(r, out, linear ? zy->dtype : OX_INT32, ond, od)) goto done;
+    dst = out->data;
+    bool dplain = dnnl_memory_desc_equal(&opmd, &e->dst_md);
+    if (!dplain) {
+        if (out_bytes(r, &ty, dnnl_memory_desc_get_size(&e->dst_md), 1, (int64_t[]){1})) goto done;
+        dst = ty.data;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
+    void *ptrs[4] = {src, wp, dst, b ? b->data : NULL};
+    if (execute(r, e->p, b ? 4 : 3, ids, mds, ptrs)) goto done;
+    if (!dplain && reorder(r, &e->dst_md, ty.data, &opmd, out->data)) goto done;
+    rc = 1;
+done:
+    sp_ox_pool_put(r, &tx);
+    sp_ox_pool_put(r, &ty);
+    return rc;
+}
+
+/* ---- BERT's LayerNorm, Softmax and GELU ----
+ *
+ * Softmax over the last axis, LayerNormalization over the last axis (Scale and B of that
+ * length) and Gelu run as oneDNN's softmax, layer normalization and eltwise (gelu_erf,
+ * gelu_tanh) primitives on plain FP32 tensors, at precision fp32 and bf16 alike (they are
+ * memory-bound: BF16 would add a conversion pass and lose the statistics' precision).
+ * BERT exports written before opset 17 spell LayerNorm and GELU out in elementary operators;
+ * at attach, those chains are found (find_groups) and run as one primitive at the chain's
+ * first node, the rest of the chain skipped in that run:
+ *   LN:   m = ReduceMean(x, -1); d = x - m; v = ReduceMean(d ^ 2, -1);
+ *         y = d / Sqrt(v + eps) * gamma + beta
+ *   GELU: y = x * (Erf(x / sqrt(2)) + 1) * 0.5      (x * (1/sqrt(2)) also)
+ * Every intermediate must be read only inside its chain and not be a graph output. */
+
+enum { FZ_NONE, FZ_LN, FZ_GELU };
+
+/* Live readers of value v: count, and up to max of them in rd. */
+static int
+readers(const sp_ox_graph_t *g, int32_t v, sp_ox_node_t **rd, int max)
+{
+    int cnt = 0;
+    if (g->values[v].is_output) return 99;
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        bool reads = n->fused_add == v;
+        for (int k = 0; k < n->n_in; k++) reads |= n->in[k] == v;
+        if (!reads) continue;
+        if (cnt < max) rd[cnt] = n;
+        cnt++;
+    }
+    return cnt;
+}
+
+/* The one live reader of v with operator op, when v has exactly one reader. */
+static sp_ox_node_t *
+only_reader(const sp_ox_graph_t *g, int32_t v, const char *op)
+{
+    sp_ox_node_t *rd[1];
+    if (readers(g, v, rd, 1) != 1 || strcmp(rd[0]->op->name, op) != 0) return NULL;
+    return rd[0];
+}
+
+/* v is a constant FLOAT scalar: its value. */
+static bool
+scalar_val(const sp_ox_graph_t *g, int32_t v, float *out)
+{
+    if (v < 0 || !g->values[v].is_const) return false;
+    const sp_ox_tensor_t *t = &g->values[v].t;
+    if (t->dtype != OX_FLOAT || sp_ox_numel(t) != 1 || t->data == NULL) return false;
+    *out = *(const float *)t->data;
+    return true;
+}
+
+/* v is a constant FLOAT scalar within rel of want. */
+static bool
+scalar_is(const sp_ox_graph_t *g, int32_t v, float want, float rel)
+{
+    float x;
+    return scalar_val(g, v, &x) && fabsf(x - want) <= rel * fabsf(want);
+}
+
+/* n's other input than v (binary operators), -1 when n does not read v once. */
+static int32_t
+other_in(const sp_ox_node_t *n, int32_t v)
+{
+    if (n->n_in != 2 || n->in[0] == n->in[1]) return -1;
+    return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
+}
+
+static bool
+mean_last(const sp_ox_graph_t *g, const sp_ox_node_t *n)
+{
+    if (strcmp(n->op->name, "ReduceMean") || sp_ox_attr_i(n, "keepdims", 1) != 1 || n->n_out != 1) return false;
+    size_t na;
+    const int64_t *ax = sp_ox_attr_ints(n, "axes", &na);
+    if (ax == NULL && n->n_in > 1 && n->in[1] >= 0 && g->values[n->in[1]].is_const) {
+        const sp_ox_tensor_t *t = &g->values[n->in[1]].t;
+        if (t->dtype != OX_INT64) return false;
+        ax = t->data;
+        na = (size_t)sp_ox_numel(t);
+    } else if (n->n_in > 1 && n->in[1] >= 0) {
+        return false;
+    }
+    return ax != NULL && na == 1 && ax[0] == -1;
+}
+
+static bool
+const_vec(const sp_ox_graph_t *g, int32_t v)
+{
+    return v >= 0 && g->values[v].is_const && g->values[v].t.dtype == OX_FLOAT && g->values[v].t.nd == 1;
+}
+
+/* LN chain from its first ReduceMean r1; members get head index h. */
+static bool
+match_ln(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *r1)
+{
+    if (!mean_last(g, r1)) return false;
+    int32_t x = r1->in[0];
+    sp_ox_node_t *sub = only_reader(g, r1->out[0], "Sub");
+    if (!sub || sub->in[0] != x || sub->in[1] != r1->out[0]) return false;
+    sp_ox_node_t *rd[2];
+    if (readers(g, sub->out[0], rd, 2) != 2) return false;
+    sp_ox_node_t *pw = strcmp(rd[0]->op->name, "Pow") == 0 ? rd[0] : rd[1];
+    sp_ox_node_t *dv = pw == rd[0] ? rd[1] : rd[0];
+    if (strcmp(pw->op->name, "Pow") || strcmp(dv->op->name, "Div") || pw->in[0] != sub->out[0] ||
+        !scalar_is(g, pw->in[1], 2.0f, 0.0f) || dv->in[0] != sub->out[0]) return false;
+    sp_ox_node_t *r2 = only_reader(g, pw->out[0], "ReduceMean");
+    if (!r2 || !mean_last(g, r2)) return false;
+    sp_ox_node_t *ae = only_reader(g, r2->out[0], "Add");
+    float eps;
+    if (!ae || !scalar_val(g, other_in(ae, r2->out[0]), &eps)) return false;
+    sp_ox_node_t *sq = only_reader(g, ae->out[0], "Sqrt");
+    if (!sq || only_reader(g, sq->out[0], "Div") != dv || dv->in[1] != sq->out[0]) return false;
+    sp_ox_node_t *mu = only_reader(g, dv->out[0], "Mul");
+    int32_t gv = mu ? other_in(mu, dv->out[0]) : -1;
+    if (!const_vec(g, gv)) return false;
+    sp_ox_node_t *ad = only_reader(g, mu->out[0], "Add");
+    int32_t bv = ad ? other_in(ad, mu->out[0]) : -1;
+    if (!const_vec(g, bv) || ad->n_out != 1 || !(eps >= 0.0f)) return false;
+    int32_t h = (int32_t)(r1 - g->nodes);
+    sp_ox_node_t *members[] = {sub, pw, dv, r2, ae, sq, mu, ad};
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
+    d->fz[h] = (fuse_t){FZ_LN, -1, x, ad->out[0], gv, bv, eps, false, -1};
+    return true;
+}
+
+/* GELU chain from its first node (x / sqrt(2) or x * (1/sqrt(2))). */
+static bool
+match_gelu(struct sp_ox_dnnl *d, const sp_ox_graph_t *g, sp_ox_node_t *dv)
+{
+    bool div = strcmp(dv->op->name, "Div") == 0;
+    if ((!div && strcmp(dv->op->name, "Mul")) || dv->n_in != 2 || dv->n_out != 1) return false;
+    int32_t x = dv->in[0];
+    if (!scalar_is(g, dv->in[1], div ? 1.41421356f : 0.70710678f, 1e-6f)) return false;
+    sp_ox_node_t *er = only_reader(g, dv->out[0], "Erf");
+    sp_ox_node_t *a1 = er ? only_reader(g, er->out[0], "Add") : NULL;
+    if (!a1 || !scalar_is(g, other_in(a1, er->out[0]), 1.0f, 0.0f)) return false;
+    sp_ox_node_t *m1 = only_reader(g, a1->out[0], "Mul");
+    if (!m1 || other_in(m1, a1->out[0]) != x) return false;
+    sp_ox_node_t *m2 = only_reader(g, m1->out[0], "Mul");
+    if (!m2 || !scalar_is(g, other_in(m2, m1->out[0]), 0.5f, 0.0f)) return false;
+    int32_t h = (int32_t)(dv - g->nodes);
+    sp_ox_node_t *members[] = {er, a1, m1, m2};
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) d->fz[members[i] - g->nodes].head = h;
+    d->fz[h] = (fuse_t){FZ_GELU, -1, x, m2->out[0], -1, -1, 0.0f, false, -1};
+    /* x made by a MatMul and read only by this chain (x / sqrt2 and x * (...)): the GELU becomes
+     * that matmul's post-op */
+    sp_ox_node_t *rd[3];
+    if (readers(g, x, rd, 3) != 2) return true;
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *p = &g->nodes[g->order[o]];
+        if (p->n_out >= 1 && p->out[0] == x) {
+            if (strcmp(p->op->name, "MatMul") == 0 && p->n_out == 1 && !p->fused_relu) d->fz[p - g->nodes].gelu_of = h;
+            break;
+        }
+    }
+    return true;
+}
+
+static void
+find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
+{
+    for (int32_t i = 0; i < g->n_nodes; i++) d->fz[i] = (fuse_t){FZ_NONE, -1, -1, -1, -1, -1, 0.0f, false, -1};
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead || d->fz[n - g->nodes].head >= 0) continue;
+        if (match_ln(d, g, n) || match_gelu(d, g, n)) d->st.groups++;
+    }
+}
+
+/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization): the
+ * producer writes it quantized (node_cache_t.chain). Its value then differs from our own
+ * runtime's by at most 1 in the quantized output: both round y / sy to the nearest integer,
+ * ours from y = acc * mult + bias rounded to float, oneDNN's from acc * (mult / sy) + bias / sy,
+ * which differ by a few float roundings, enough to cross a .5 boundary and nothing more. */
+static void
+find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
+{
+    for (int32_t o = 0; o < g->n_order; o++) {
+        sp_ox_node_t *n = &g->nodes[g->order[o]];
+        if (n->dead || strcmp(n->op->name, "QDQConv") || n->fused_add >= 0 || n->n_out != 1) continue;
+        sp_ox_node_t *rd[OX_MAX_IO];
+        int cnt = readers(g, n->out[0], rd, OX_MAX_IO);
+        if (cnt < 1 || cnt > OX_MAX_IO) continue;
+        const float *qp = NULL;
+        bool ok = true;
+        for (int i = 0; ok && i < cnt; i++) {
+            const float *q = g->values[rd[i]->in[3]].t.data;
+            ok = strcmp(rd[i]->op->name, "QDQConv") == 0 && rd[i]->in[0] == n->out[0] && rd[i]->fused_add != n->out[0] &&
+                 (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
+            qp = q;
+        }
+        if (ok) {
+            d->nodes[n - g->nodes].chain = qp;
+            d->st.chained++;
+        }
+    }
+}
+
+/* One oneDNN primitive over plain FP32 x into a new plain output: softmax (last axis), layer
+ * normalization (last axis, scale and shift of that length) or eltwise GELU. 1 done, 0 ours. */
+static int
+run_simple(sp_ox_run_t *r, sp_ox_node_t *n, int kind, int32_t xv, int32_t ov, int32_t gv, int32_t bv, float eps,
+           dnnl_alg_kind_t alg)
+{
+    struct sp_ox_dnnl *d = r->dnnl;
+    sp_ox_graph_t *g = r->g;
+    if (sp_ox_dnnl_plain(r, xv)) return -1;
+    const sp_ox_tensor_t *x = &g->values[xv].t;
+    if (!is_float(x) || x->nd < 1 || x->nd > 6 || sp_ox_numel(x) < 1) return 0;
+    int64_t c = x->dims[x->nd - 1];
+    const sp_ox_tensor_t *gt = gv >= 0 ? &g->values[gv].t : NULL, *bt = bv >= 0 ? &g->values[bv].t : NULL;
+    if (kind == FZ_LN && (!is_float(gt) || sp_ox_numel(gt) != c || (bt && (!is_float(bt) || sp_ox_numel(bt) != c)))) {
+        return 0;
+    }
+    node_cache_t *nc = &d->nodes[n - g->nodes];
+    int64_t key[KEY_MAX];
+    int nkey = 0;
+    for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
+    dnnl_memory_desc_t xmd, cmd;
+    if (md_plain(&xmd, x->nd, x->dims) != dnnl_success) return 0;
+    dnnl_dims_t cd = {c};
+    dnnl_memory_desc_init_by_tag(&cmd, 1, cd, dnnl_f32, dnnl_a);
+    prim_t *e = cache_find(d, nc, key, nkey);
+    if (e == NULL) {
+        union {
+            dnnl_softmax_v2_desc_t sm;
+            dnnl_layer_normalization_desc_t ln;
+            dnnl_eltwise_desc_t el;
+        } op;
+        dnnl_status_t st;
+        if (kind == FZ_LN) {
+            unsigned flags = dnnl_use_scale | (bt ? dnnl_use_shift : 0);
+            st = dnnl_layer_normalization_forward_desc_init(&op.ln, dnnl_forward_inference, &xmd, NULL, eps, flags);
+        } else if (kind == FZ_GELU) {
+            st = dnnl_eltwise_forward_desc_init(&op.el, dnnl_forward_inference, alg, &xmd, 0.0f, 0.0f);
+        } else {
+            st = dnnl_softmax_v2_forward_desc_init(&op.sm, dnnl_forward_inference, dnnl_softmax_accurate, &xmd, &xmd,
+                                                   x->nd - 1);
+        }
+        if (st != dnnl_success) {
+            d->st.fallbacks++;
+            return 0;
+        }
+        dnnl_primitive_attr_t attr = make_attr(r, dnnl_alg_kind_undef, false, false, 1.0f);
+        if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
+        e = cache_slot(d, nc, key, nkey);
+        int rc = create(r, e, &op, attr, false);
+        dnnl_primitive_attr_destroy(attr);
+        if (rc <= 0) return rc;
+    }
+    sp_ox_tensor_t *out = &g->values[ov].t;
+    if (sp_ox_out(r, out, OX_FLOAT, x->nd, x->dims)) return -1;
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_SCALE, DNNL_ARG_SHIFT};
+    const dnnl_memory_desc_t *mds[4] = {&xmd, &xmd, &cmd, &cmd};
+    void *ptrs[4] = {x->data, out->data, gt ? gt->data : NULL, bt ? bt->data : NULL};
+    int na = kind == FZ_LN ? (bt ? 4 : 3) : 2;
+    if (execute(r, e->p, na, ids, mds, ptrs)) return -1;
+    return 1;
+}
+
+/* The native operators: Softmax (last axis), LayerNormalization (last axis, one output), Gelu. */
+static int
+run_native(sp_ox_run_t *r, sp_ox_node_t *n)
+{
+    const char *t = n->op->name;
+    const sp_ox_tensor_t *x = &r->g->values[n->in[0]].t;
+    if (n->n_out != 1) return 0;
+    if (strcmp(t, "Softmax") == 0) {
+        int64_t axis = sp_ox_attr_i(n, "axis", n->opset < 13 ? 1 : -1);
+        if (axis < 0) axis += x->nd;
+        if (axis != x->nd - 1) return 0;
+        return run_simple(r, n, FZ_NONE, n->in[0], n->out[0], -1, -1, 0.0f, dnnl_alg_kind_undef);
+    }
+    if (strcmp(t, "LayerNormalization") == 0) {
+        int64_t axis = sp_ox_attr_i(n, "axis", -1);
+        if (axis < 0) axis += x->nd;
+        if (axis != x->nd - 1) return 0;
+        return run_simple(r, n, FZ_LN, n->in[0], n->out[0], n->in[1], n->n_in > 2 ? n->in[2] : -1,
+                          sp_ox_attr_f(n, "epsilon", 1e-5f), dnnl_alg_kind_undef);
+    }
+    bool tanh_form = strcmp(sp_ox_attr_s(n, "approximate", "none"), "tanh") == 0;
+    return run_simple(r, n, FZ_GELU, n->in[0], n->out[0], -1, -1, 0.0f,
+                      tanh_form ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf);
+}
+
 int
 sp_ox_dnnl_run(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o)
 {
     const char *t = n->op->name;
+    fuse_t *f = &r->dnnl->fz[n - r->g->nodes];
+    if (f->head >= 0) return r->dnnl->fz[f->head].ran ? 1 : 0; /* a chain member: done at its head */
+    if (f->kind != FZ_NONE && f->ran) return 1; /* done by the MatMul before it (gelu_of) */
     for (int k = 0; k < n->n_in; k++) {
         if (n->in[k] >= 0 && r->g->values[n->in[k]].t.data == NULL) return 0; /* ours reports it */
     }
     if (n->fused_add >= 0 && r->g->values[n->fused_add].t.data == NULL) return 0;
     r->node = n;
     if (r->dnnl->nodes[n - r->g->nodes].e == NULL) return 0;
+    if (f->kind != FZ_NONE) {
+        int rc = run_simple(r, n, f->kind, f->x, f->out, f->gamma, f->beta, f->eps, dnnl_eltwise_gelu_erf);
+        f->ran = rc == 1;
+        return rc;
+    }
     if (strcmp(t, "Conv") == 0) return run_conv(r, n, o);
+    if (strcmp(t, "Softmax") == 0 || strcmp(t, "LayerNormalization") == 0 || strcmp(t, "Gelu") == 0) {
+        return run_native(r, n);
+    }
     if (strcmp(t, "MaxPool") == 0) return run_pool(r, n, false, true);
     if (strcmp(t, "AveragePool") == 0) return run_pool(r, n, false, false);
     if (strcmp(t, "GlobalAveragePool") == 0) return run_pool(r, n, true, false);
     if (strcmp(t, "Gemm") == 0) return run_matmul(r, n, true);
     if (strcmp(t, "MatMul") == 0) return run_matmul(r, n, false);
+    if (strcmp(t, "QDQConv") == 0) return run_q8(r, n, o, true);
+    if (strcmp(t, "QLinearConv") == 0) return run_qlinear(r, n, true, true);
+    if (strcmp(t, "ConvInteger") == 0) return run_qlinear(r, n, true, false);
+    if (strcmp(t, "QLinearMatMul") == 0) return run_qlinear(r, n, false, true);
+    if (strcmp(t, "MatMulInteger") == 0) return run_qlinear(r, n, false, false);
+    if (strcmp(t, "QDQMatMul") == 0) return run_q8(r, n, o, false);
     return 0;
 }
 

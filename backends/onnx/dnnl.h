@@ -1,7 +1,9 @@
 /*
  * backends/onnx/dnnl.h - the ONNX backend's oneDNN engine (dnnl.c): Conv, MaxPool,
- * AveragePool, GlobalAveragePool, Gemm and MatMul run as oneDNN primitives on the CPU, every
- * other operator on our own runtime (graph.c, ops*.c), which stays the reference.
+ * AveragePool, GlobalAveragePool, Gemm, MatMul, qdq.c's INT8 QDQConv/QDQMatMul, Softmax,
+ * LayerNormalization, Gelu (and LayerNorm/GELU spelled out in elementary operators) run as
+ * oneDNN primitives on the CPU, every other operator on our own runtime (graph.c, ops*.c),
+ * which stays the reference.
  *
  * Threads: one state per instance (its stream and primitive cache), used by one run at a time
  * like the run context it hangs on. oneDNN's threads (Debian builds it on OpenMP) are bounded
@@ -27,6 +29,8 @@ typedef struct sp_ox_dnnl_stats {
     uint64_t evicted;   /* dropped from a full per-node cache */
     uint64_t cached;    /* alive now */
     uint64_t fallbacks; /* node runs oneDNN had no implementation for (run by our own) */
+    uint64_t groups;    /* LayerNorm / GELU chains of elementary operators found at attach */
+    uint64_t chained;   /* INT8 convolutions writing their output quantized for the next ones */
 } sp_ox_dnnl_stats_t;
 
 /* Whether this build has oneDNN (SP_HAVE_DNNL). */

@@ -597,7 +597,10 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 if (!fused(g, &uses)) break;
             }
         }
-        if (conv && !g->keep_residual_add && !n->fused_relu && n->fused_add < 0 && n->n_out == 1) {
+        /* qdq.c's fused INT8 convolution takes the residual Add the same way (its Relu, when it
+         * had one right after it, is already inside: then no Add is fused). */
+        bool qconv = strcmp(t, "QDQConv") == 0;
+        if ((conv || qconv) && !g->keep_residual_add && !n->fused_relu && n->fused_add < 0 && n->n_out == 1) {
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Add") == 0 && next->n_in == 2 && next->n_out == 1 &&
                 next->in[0] != next->in[1]) {
@@ -624,7 +627,7 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
                 }
             }
         }
-        if (conv || mm || strcmp(t, "Gemm") == 0) {
+        if (conv || qconv || mm || strcmp(t, "Gemm") == 0) {
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Relu") == 0 && n->n_out == 1) {
                 n->fused_relu = 1;

@@ -542,9 +542,11 @@ run_qconv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int 
     sp_ox_tensor_t x16 = {0};
     if (sp_ox_out(r, &x16, OX_INT16, x->nd, x->dims)) return -1;
     quantize16(x->data, sp_ox_numel(x), qp, x16.data);
-    sp_ox_qepi_t epi = {mult, bias, n->fused_relu, out[0]->data};
+    /* With a fused residual Add (graph.c), fused_relu is the Relu after that Add. */
+    sp_ox_qepi_t epi = {mult, bias, n->fused_relu && n->fused_add < 0, out[0]->data};
     int rc = sp_ox_qconv_acc(r, x16.data, x->dims[0], x->dims[1], w->data, m, group, kp, &g, NULL, &epi);
     sp_ox_pool_put(r, &x16);
+    if (rc == 0 && n->fused_add >= 0) rc = sp_ox_fused_add(r, n, out[0]);
     return rc;
 }
 

@@ -125,8 +125,15 @@ def main():
                 w = worst(got, bref[:b])
                 s.case(f"bert {e} batch {b} vs numpy", got.shape == (b, 16, 64) and w <= TOL,
                        f"shape {got.shape}, worst {w:.2e} of scale")
+            if e == "onednn":
+                # 2 layers: 2 LayerNorms and 1 GELU each, spelled out in elementary operators
+                st = stats(plugin)
+                s.case("bert on oneDNN: its LayerNorm and GELU chains run as primitives",
+                       st is not None and st.get("groups") == 6, f"{st}")
         finally:
             m.close()
+    if have_dnnl:
+        native_norms(plugin, work)
 
     if have_dnnl:
         # The primitive cache: one entry per input shape per node, max_batch_size of them (at
@@ -211,6 +218,45 @@ def main():
         except BackendError as err:
             s.case(f"refused: {cfg['parameters']}", want in str(err), str(err))
     s.finish()
+
+
+def native_norms(plugin, work):
+    """LayerNormalization (opset 17), Gelu (erf and tanh forms) and Softmax (last axis) as single
+    operators: oneDNN's layer normalization, eltwise and softmax primitives against our own
+    operators (float64 statistics), within TOL of the scale: FP32 sums of 48 terms and exp/erf
+    evaluations agree far closer than 2^-12."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(9)
+    d = os.path.join(work, "norms")
+    os.makedirs(d)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], epsilon=1e-5, axis=-1),
+             helper.make_node("Gelu", ["ln"], ["ge"]),
+             helper.make_node("Gelu", ["ge"], ["gt"], approximate="tanh"),
+             helper.make_node("Softmax", ["gt"], ["y"], axis=-1)]
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 48).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.uniform(-0.5, 0.5, 48).astype(np.float32), "b")]
+    g = helper.make_graph(nodes, "norms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 48])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 48])], inits)
+    mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    mp.ir_version = 9
+    with open(os.path.join(d, "model.onnx"), "wb") as f:
+        f.write(mp.SerializeToString())
+    x = (rng.standard_normal((3, 5, 48)) * 3).astype(np.float32)
+    outs = {}
+    for e in ("own", "onednn"):
+        plugin.log.clear()
+        m = plugin.load(d, config=eng(e), max_batch_size=4, n_threads=2)
+        try:
+            outs[e] = m.run([x])["y"].astype(np.float64)
+            if e == "onednn":
+                st = stats(plugin)
+                s.case("LayerNormalization, Gelu, Softmax run as oneDNN primitives",
+                       st is not None and st["created"] == 4 and st["fallbacks"] == 0, f"{st}")
+        finally:
+            m.close()
+    w = worst(outs["onednn"], outs["own"])
+    s.case("LayerNormalization/Gelu/Softmax: oneDNN = own", w <= TOL, f"worst {w:.2e} of scale")
 
 
 if __name__ == "__main__":

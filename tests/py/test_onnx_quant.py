@@ -207,6 +207,7 @@ def main():
                 s.case(f"precision {prec} refused", want in str(e), str(e))
         qdq_conv(p, tmp)
         bad_params(p, tmp, BackendError)
+        int8_onednn(p, tmp, BackendError)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()
@@ -306,7 +307,7 @@ def qdq_conv(p, tmp):
         try:
             mm = p.load(d, n_threads=2)
             outs[level or "best"] = mm.run([x])["y"].astype(np.float64)
-            log = p.log[-1]
+            log = [ln for ln in p.log if "run=" in ln][-1]
             mm.close()
         finally:
             os.environ.pop("SAMPAN_CPU", None)
@@ -349,6 +350,225 @@ def bad_params(p, tmp, BackendError):
             s.case(f"malformed {name}: load error", False, "loaded")
         except BackendError as e:
             s.case(f"malformed {name}: load error", want in str(e) and "quant_x" in str(e), str(e))
+
+
+def int8_onednn(p, tmp, BackendError):
+    """qdq.c's fused INT8 Conv/MatMul on oneDNN's int8 primitives against our own integer kernels
+    (the reference), at batch 1 and 3: u8 and s8 activations, zero points 0 and not, per-tensor
+    and per-channel weight scales, Relu, a residual Add.
+    Bounds: both sides quantize x with the same arithmetic (rint(x / sx) + zx, clamped) and sum
+    the same integer products exactly (int32); each then computes float(acc) * mult[c] + bias[c]
+    (+ residual), Relu: at most one rounding apart per operation, so |diff| <= 2^-22 (|y| +
+    |bias| + |residual|) (measured: 0).
+    A chain (a QDQConv read only by a QDQConv): oneDNN writes the first one's output already
+    quantized, rounding acc * (mult / sy) + bias / sy where ours rounds (acc * mult + bias) / sy:
+    the quantized value differs by at most 1, so the second output by at most
+    sy * sw[c] * sum|w[c]| per channel (plus the rounding above)."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(11)
+
+    def model(name, kind, u8, zx, perch, relu, residual=False, chain=None):
+        """chain: None, or the second conv's weights: "s8", or "u8" (uint8 weights, zero point
+        0: values up to 255 do not fit oneDNN's s8 weights, so that conv stays ours and reads the
+        first one's quantized output dequantized)."""
+        ch = 12 if kind == "conv" else 24
+        cin = 8 if kind == "conv" else 40
+        sx = np.float32(0.03)
+        z = np.uint8(zx) if u8 else np.int8(zx)
+        inits = [nh.from_array(sx, "sx"), nh.from_array(np.array(z), "zx")]
+        if kind == "conv":
+            wq = rng.integers(-127, 128, (ch, cin, 3, 3)).astype(np.int8)
+        else:
+            wq = rng.integers(-127, 128, (cin, ch)).astype(np.int8)
+        ws = (0.001 + 0.01 * rng.random(ch)).astype(np.float32) if perch else np.float32(0.004)
+        b = rng.standard_normal(ch).astype(np.float32)
+        inits += [nh.from_array(wq, "wq"), nh.from_array(np.asarray(ws), "ws"), nh.from_array(b, "b")]
+        nodes = [h.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+                 h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+                 h.make_node("DequantizeLinear", ["wq", "ws"], ["w"], axis=0 if kind == "conv" else 1)]
+        if kind == "conv":
+            nodes.append(h.make_node("Conv", ["xd", "w", "b"], ["c"], pads=[1, 1, 1, 1]))
+            xs, ys = ["N", cin, 7, 9], ["N", ch, 7, 9]
+        else:
+            nodes += [h.make_node("MatMul", ["xd", "w"], ["mm"]), h.make_node("Add", ["mm", "b"], ["c"])]
+            xs, ys = ["N", 5, cin], ["N", 5, ch]
+        last = "c"
+        if residual:
+            inits.append(nh.from_array(rng.standard_normal((1, ch, 7, 9)).astype(np.float32), "res_w"))
+            nodes += [h.make_node("Mul", ["x", "res_w"], ["res"]) if cin == ch else
+                      h.make_node("Identity", ["res_w"], ["res"]),
+                      h.make_node("Add", ["c", "res"], ["sum"])]
+            last = "sum"
+        if relu:
+            nodes.append(h.make_node("Relu", [last], ["r"]))
+            last = "r"
+        if chain:
+            s2 = np.float32(0.05)
+            inits += [nh.from_array(s2, "s2"), nh.from_array(np.array(z), "z2")]
+            if chain == "s8":
+                w2 = rng.integers(-127, 128, (ch, ch, 3, 3)).astype(np.int8)
+                wz2 = np.zeros(ch, np.int8)
+            else:
+                w2 = rng.integers(0, 256, (ch, ch, 3, 3)).astype(np.uint8)
+                wz2 = np.zeros(ch, np.uint8)
+            ws2 = (0.001 + 0.01 * rng.random(ch)).astype(np.float32)
+            inits += [nh.from_array(w2, "w2q"), nh.from_array(ws2, "ws2"), nh.from_array(wz2, "wz2")]
+            nodes += [h.make_node("QuantizeLinear", [last, "s2", "z2"], ["q2"]),
+                      h.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["d2"]),
+                      h.make_node("DequantizeLinear", ["w2q", "ws2", "wz2"], ["w2"], axis=0),
+                      h.make_node("Conv", ["d2", "w2"], ["c2"], pads=[1, 1, 1, 1])]
+            last = "c2"
+            per = (w2.astype(np.int64) - wz2.astype(np.int64)[:, None, None, None]).reshape(ch, -1)
+            unit = (s2 * ws2 * np.abs(per).sum(1))[None, :, None, None]
+        else:
+            unit = 0.0
+        nodes.append(h.make_node("Identity", [last], ["y"]))
+        g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.FLOAT, xs)],
+                         [h.make_tensor_value_info("y", T.FLOAT, ys)], inits)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        m.ir_version = 8
+        d = os.path.join(tmp, "int8_dnnl", name)
+        os.makedirs(d)
+        onnx.save(m, os.path.join(d, "model.onnx"))
+        return d, xs, np.abs(b).max(), unit
+
+    have_dnnl = True
+    try:
+        p.load(os.path.join(tmp, "qconv"), config={"parameters": {"engine": {"string_value": "onednn"}}}).close()
+    except BackendError as e:
+        if "no oneDNN" not in str(e):
+            raise
+        s.skip("int8 on oneDNN", str(e))
+        have_dnnl = False
+    cases = [("conv u8 per-channel relu", "conv", True, 0, True, True, False, None),
+             ("conv u8 zp 131 per-tensor", "conv", True, 131, False, False, False, None),
+             ("conv s8 zp -7 per-channel relu", "conv", False, -7, True, True, False, None),
+             ("conv s8 per-tensor + residual add + relu", "conv", False, 0, False, True, True, None),
+             ("matmul u8 zp 131 per-channel relu", "mm", True, 131, True, True, False, None),
+             ("matmul s8 zp -7 per-tensor", "mm", False, -7, False, False, False, None),
+             ("conv chain u8 (quantized between the convs)", "conv", True, 0, True, True, False, "s8"),
+             ("conv chain s8 zp 5, the second one ours (uint8 weights)", "conv", False, 5, True, False, False, "u8")]
+    if have_dnnl:
+        qlinear_onednn(p, tmp)
+    for name, kind, u8, zx, perch, relu, residual, chain in cases:
+        if not have_dnnl:
+            break
+        d, xs, bmax, unit = model(name.replace(" ", "_"), kind, u8, zx, perch, relu, residual, chain)
+        outs = {}
+        for e in ("own", "onednn"):
+            p.log.clear()
+            mm = p.load(d, config={"parameters": {"engine": {"string_value": e}}}, n_threads=2, max_batch_size=3)
+            try:
+                for bsz in (1, 3):
+                    x = (rng.standard_normal([bsz] + xs[1:]) * 2).astype(np.float32)
+                    if e == "own":
+                        outs[bsz] = (x, mm.run([x])["y"].astype(np.float64))
+                    else:
+                        got = mm.run([outs[bsz][0]])["y"].astype(np.float64)
+                        ref = outs[bsz][1]
+                        bound = 2.0 ** -22 * (np.abs(ref) + bmax + (4 if residual else 0) * np.abs(ref).max()) + unit
+                        worst = float((np.abs(got - ref) / bound).max())
+                        st = [ln for ln in p.log if "onednn_primitives" in ln]
+                        took = bool(st) and "fallbacks=0" in st[-1] and "created=0 " not in st[-1]
+                        chained = bool(st) and ("chained=1" in st[-1]) == (chain is not None)
+                        # the second conv of a "u8" chain stays ours: one primitive per batch size
+                        took = took and (chain != "u8" or f"created={1 if bsz == 1 else 2} " in st[-1])
+                        s.case(f"int8 on oneDNN = own kernels: {name}, batch {bsz}",
+                               took and chained and worst <= 1.0 and
+                               (chain is not None or np.array_equal(got, ref)),
+                               f"worst {worst:.3g} of the bound; {st[-1:] if st else 'no oneDNN line'}")
+            finally:
+                mm.close()
+    # malformed weight quantization on a Conv: load errors naming the node, whatever the engine
+    for name, ws, wz, want in [("per-channel scales of the wrong length", np.full(5, 0.01, np.float32), None,
+                                "5 scales for axis 0"),
+                               ("zero point type mismatch", np.full(6, 0.01, np.float32), np.zeros(6, np.int8),
+                                "zero point INT8 for input UINT8")]:
+        d = os.path.join(tmp, "int8_dnnl_bad", name.replace(" ", "_"))
+        os.makedirs(d)
+        inits = [nh.from_array(rng.integers(0, 255, (6, 4, 3, 3)).astype(np.uint8), "wq"), nh.from_array(ws, "ws")]
+        dq_in = ["wq", "ws"]
+        if wz is not None:
+            inits.append(nh.from_array(wz, "wz"))
+            dq_in.append("wz")
+        nodes = [h.make_node("DequantizeLinear", dq_in, ["w"], axis=0, name="dq_weights"),
+                 h.make_node("Conv", ["x", "w"], ["y"], name="conv")]
+        g = h.make_graph(nodes, "bad", [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 5, 5])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["N", 6, 3, 3])], inits)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        m.ir_version = 8
+        onnx.save(m, os.path.join(d, "model.onnx"))
+        try:
+            p.load(d, config={"parameters": {"engine": {"string_value": "onednn"}}}).close()
+            s.case(f"int8 conv: {name} is a load error", False, "loaded")
+        except BackendError as e:
+            s.case(f"int8 conv: {name} is a load error naming the node", want in str(e) and "dq_weights" in str(e),
+                   str(e))
+
+
+def qlinear_onednn(p, tmp):
+    """QLinearConv, ConvInteger, QLinearMatMul and MatMulInteger (constant weights and
+    parameters) on oneDNN's int8 primitives against our own operators, batch 1 and 3, u8 and s8,
+    zero points, per-tensor and per-channel weight scales, QLinearConv's int32 bias. Bounds: the
+    int32 sums are exact on both sides (the *Integer outputs equal); QLinear* then round
+    (acc + B) * fl(fl(sx * sw) / sy): ours in double, oneDNN in float, so a quantized output
+    differs by at most 1 (a product within a float rounding of a .5 boundary)."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(4)
+
+    def case(name, op, q8, perch, bias, zx, zw, zy):
+        d = os.path.join(tmp, "qlinear_dnnl", op + "_" + name.replace(" ", "_").replace(",", ""))
+        os.makedirs(d)
+        conv, lin, m = "Conv" in op, op.startswith("QLinear"), 12
+        shape = (m, 6, 3, 3) if conv else (20, m)
+        w = (rng.integers(-100, 100, shape) + (128 if q8 == np.uint8 else 0)).astype(q8)
+        xs, ys = (["N", 6, 7, 9], ["N", m, 7, 9]) if conv else (["N", 5, 20], ["N", 5, m])
+        zwv = np.full(m if perch else (), zw, q8)
+        inits = [nh.from_array(w, "w"), nh.from_array(np.array(zx, q8), "zx"), nh.from_array(zwv, "zw")]
+        if lin:
+            sw = (0.001 + 0.01 * rng.random(m)).astype(np.float32) if perch else np.float32(0.005)
+            inits += [nh.from_array(np.float32(0.02), "sx"), nh.from_array(np.asarray(sw), "sw"),
+                      nh.from_array(np.float32(0.3), "sy"), nh.from_array(np.array(zy, q8), "zy")]
+            ins = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"]
+            if bias:
+                inits.append(nh.from_array(rng.integers(-5000, 5000, m).astype(np.int32), "b"))
+                ins.append("b")
+            yt = T.UINT8 if q8 == np.uint8 else T.INT8
+        else:
+            ins, yt = ["x", "w", "zx", "zw"], T.INT32
+        node = h.make_node(op, ins, ["y"], **({"pads": [1, 1, 1, 1]} if conv else {}))
+        g = h.make_graph([node], name, [h.make_tensor_value_info("x", T.UINT8 if q8 == np.uint8 else T.INT8, xs)],
+                         [h.make_tensor_value_info("y", yt, ys)], inits)
+        mp = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        mp.ir_version = 8
+        onnx.save(mp, os.path.join(d, "model.onnx"))
+        lo, hi = (0, 256) if q8 == np.uint8 else (-128, 128)
+        xb = {b: rng.integers(lo, hi, [b] + xs[1:]).astype(q8) for b in (1, 3)}
+        res = {}
+        for e in ("own", "onednn"):
+            p.log.clear()
+            mm = p.load(d, config={"parameters": {"engine": {"string_value": e}}}, n_threads=2, max_batch_size=3)
+            try:
+                res[e] = {b: mm.run([xb[b]])["y"].astype(np.int64) for b in (1, 3)}
+            finally:
+                mm.close()
+        st = [ln for ln in p.log if "onednn_primitives" in ln]
+        for b in (1, 3):
+            diff = int(np.abs(res["onednn"][b] - res["own"][b]).max())
+            s.case(f"{op} on oneDNN = own: {name}, batch {b}",
+                   bool(st) and "fallbacks=0" in st[-1] and diff <= (1 if lin else 0),
+                   f"max diff {diff}; {st[-1:]}")
+
+    case("u8 per-channel, bias, zero points", "QLinearConv", np.uint8, True, True, 7, 128, 3)
+    case("s8 per-tensor", "QLinearConv", np.int8, False, False, -3, 0, 0)
+    case("u8 per-channel zero points", "ConvInteger", np.uint8, True, False, 7, 128, 0)
+    case("u8 per-column, zero points", "QLinearMatMul", np.uint8, True, False, 7, 128, 3)
+    case("s8 per-tensor", "QLinearMatMul", np.int8, False, False, -3, 0, 0)
+    case("u8 per-column zero points", "MatMulInteger", np.uint8, True, False, 7, 128, 0)
 
 
 if __name__ == "__main__":
