@@ -977,3 +977,86 @@ TEST(q32_panel_extremes_q5_0_q4_1)
             }
     }
 }
+
+/*
+ * The AVX-512 VNNI 16-row panels of MXFP4 and IQ4_NL (avx512_q4panel.c) where their structure
+ * has edges: 200 blocks (three packed K chunks of 64 and a tail of 8, the lane sums carried
+ * across chunks), 37 rows (two panels and a masked one of 5) and row ranges starting and ending
+ * inside a panel, 1..33 tokens (the small-batch fallback, full 8-token tiles and tails; the
+ * records of 200 blocks hold 16 tokens, so 33 tokens are three token chunks). Random block
+ * bytes, E8M0 exponents over the whole range (denormal 0 and 1, and 254 / 255 whose products
+ * overflow to inf and, against a zero sum, NaN), activations in [-127, 127]: every level's
+ * gemm gives the reference vec_dot's bits (NaN: both NaN).
+ */
+TEST(q32_vnni_panels)
+{
+    enum { NB = 200, R = 37, T = 33, LDY = R + 3 };
+    static uint8_t w[R][NB * 18];
+    static sp_block_q8_0 x[T][NB];
+    static float want[T][R], y[T * LDY];
+    rng_seed(9191);
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < NB; b++) {
+            x[t][b].d = (sp_fp16_t)(0x0400 + (int)(rng_uniform() * 0x3000));
+            for (int j = 0; j < 32; j++)
+                x[t][b].qs[j] = (int8_t)(t == 5 && b % 7 == 0 ? 0 : -127 + (int)(rng_uniform() * 255));
+        }
+    static const sp_type_t types[2] = {SP_TYPE_MXFP4, SP_TYPE_IQ4_NL};
+    for (int ti = 0; ti < 2; ti++) {
+        const sp_type_t wt = types[ti];
+        const size_t bs = sp_type_traits(wt)->type_size;
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *p = w[r] + (size_t)b * bs;
+                for (size_t i = 0; i < bs; i++)
+                    p[i] = (uint8_t)(rng_uniform() * 256);
+                if (wt == SP_TYPE_MXFP4) {
+                    static const uint8_t es[] = {0, 1, 2, 100, 127, 130, 254, 255};
+                    p[0] = r == 3 ? es[b % 8] : (uint8_t)(110 + (b + r) % 30);
+                } else {
+                    const sp_fp16_t d = (sp_fp16_t)((int)(rng_uniform() * 0x7800) |
+                                                    (rng_uniform() < 0.5 ? 0x8000 : 0));
+                    memcpy(p, &d, 2);
+                }
+            }
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++)
+                sp_cpu_kernels_ref()->vec_dot[wt](32 * NB, &want[t][r], w[r], x[t]);
+        sp_q32_level_t direct = {0};
+        const bool vnni = sp_cpu_kernels_for(SP_CPU_AVX512) != NULL &&
+                          __builtin_cpu_supports("avx512vnni");
+#if defined(__x86_64__)
+        if (vnni)
+            sp__q32_level_avx512(&direct, true);
+#endif
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512 + 1; l++) {
+            const sp_cpu_kernels_t *k =
+                l <= SP_CPU_AVX512 ? sp_cpu_kernels_for((sp_cpu_level_t)l) : NULL;
+            const sp_gemm_fn gemm = k != NULL ? k->gemm[wt] : direct.gemm[wt];
+            if (gemm == NULL)
+                continue;
+            static const int ranges[3][2] = {{0, R}, {5, 20}, {17, 35}};
+            for (int ri = 0; ri < 3; ri++)
+                for (int nt = 1; nt <= T; nt += (ri == 0 ? (nt < 10 ? 1 : 7) : 8)) {
+                    const int r0 = ranges[ri][0], r1 = ranges[ri][1];
+                    for (int i = 0; i < T * LDY; i++)
+                        y[i] = -999.0f;
+                    gemm(32 * NB, w, sizeof(w[0]), r0, r1, x, sizeof(x[0]), nt, y, LDY);
+                    for (int t = 0; t < T; t++)
+                        for (int r = 0; r < LDY; r++) {
+                            const float got = y[t * LDY + r];
+                            if (t < nt && r >= r0 && r < r1) {
+                                const float ref = want[t][r];
+                                if (memcmp(&got, &ref, sizeof ref) != 0 &&
+                                    !(isnan(got) && isnan(ref)))
+                                    SP_TEST_FAIL("%s level %d rows [%d,%d) %d tokens: t%d r%d "
+                                                 "%.9g != %.9g", sp_type_name(wt), l, r0, r1,
+                                                 nt, t, r, (double)got, (double)ref);
+                            } else {
+                                ASSERT_NEAR(got, -999.0, 0.0);
+                            }
+                        }
+                }
+        }
+    }
+}

@@ -37,6 +37,18 @@ Q32_PANEL(q4_1_vnni_panel, SP_TYPE_Q4_1, q4_1_vnni_gemm)
 Q32_PANEL(q5_0_panel, SP_TYPE_Q5_0, q5_0_gemm)
 Q32_PANEL(q5_0_vnni_panel, SP_TYPE_Q5_0, q5_0_vnni_gemm)
 
+/* With VNNI, prefill and batched decode of MXFP4 and IQ4_NL take the 16-row VPDPBUSD panels
+ * (avx512_q4panel.c); few tokens go to the kernels above (the same bits). */
+#define Q4_PANEL(name, type, small)                                                            \
+    static void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,       \
+                     const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)    \
+    {                                                                                         \
+        sp__q4panel_gemm_avx512(type, small, n, w, w_stride, r0, r1, x, x_stride, n_tok, y,   \
+                                ldy);                                                         \
+    }
+Q4_PANEL(mxfp4_vnni_q4panel, SP_TYPE_MXFP4, mxfp4_vnni_panel)
+Q4_PANEL(iq4_nl_vnni_q4panel, SP_TYPE_IQ4_NL, iq4_nl_vnni_gemm)
+
 void
 sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
 {
@@ -48,8 +60,8 @@ sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
     l->gemm[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_panel : q4_1_panel;
     l->gemm[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_panel : q5_0_panel;
     l->gemm[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_gemm : q5_1_gemm;
-    l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_gemm : iq4_nl_gemm;
-    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_panel : mxfp4_panel;
+    l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_q4panel : iq4_nl_gemm;
+    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_q4panel : mxfp4_panel;
 }
 
 void

@@ -158,6 +158,9 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);
+        if (has_vnni) {
+            sp__q4panel_register_avx512(k); /* IQ4_XS packed: VNNI panels for prefill */
+        }
         sp__kquants2_register_avx512(k);
         sp__attn_register_avx512(k);
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
