@@ -49,6 +49,12 @@ Q32_PANEL(q5_0_vnni_panel, SP_TYPE_Q5_0, q5_0_vnni_gemm)
 Q4_PANEL(mxfp4_vnni_q4panel, SP_TYPE_MXFP4, mxfp4_vnni_panel)
 Q4_PANEL(iq4_nl_vnni_q4panel, SP_TYPE_IQ4_NL, iq4_nl_vnni_gemm)
 
+sp_gemm_fn
+sp__q32_avx512_vnni_prev_gemm(sp_type_t type)
+{
+    return type == SP_TYPE_MXFP4 ? mxfp4_vnni_panel : type == SP_TYPE_IQ4_NL ? iq4_nl_vnni_gemm : NULL;
+}
+
 void
 sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
 {

@@ -54,8 +54,8 @@
 #define QP_TC 128            /* most tokens per token chunk */
 #define QP_KC 64             /* 32-element blocks per packed K chunk (MXFP4, IQ4_NL) */
 #define QP_XBUF (160 * 1024) /* activation record bytes of one token chunk */
-/* (tile, block) record of the 32-element types: the 8 tokens' 32 quants, int32 seeds, scales */
-#define QP_XREC (QP_T * 40)
+/* (tile, block) record of the 32-element types: the 8 tokens' int32 seeds and scales */
+#define QP_XREC (QP_T * 8)
 /* (tile, super-block) record of IQ4_XS: 8 x 256 quants, seeds [sub-block][token], scales */
 #define QP_SREC (QP_T * 256 + 8 * QP_T * 4 + QP_T * 4)
 #define QP_SKC 4 /* IQ4_XS super-blocks per K chunk: QP_TC tokens' records fit QP_XBUF */
@@ -161,9 +161,10 @@ qp_off(int kind)
     } while (0)
 
 /*
- * Tokens [0, nt) of x (Q8_0 rows xs bytes apart), all nb blocks, as records: tile u (tokens
- * 8u..8u+7), K chunk c, visiting position p at xr + ((u * nb) + c * QP_KC + p) * QP_XREC, each
- * holding the tile's 32 quants per token, then the int32 seeds -off * sum(x), then the scales.
+ * The per-block terms of tokens [0, nt) of x (Q8_0 rows xs bytes apart), all nb blocks, as
+ * records: tile u (tokens 8u..8u+7), K chunk from block b0, visiting position p at
+ * xr + (u * nb + b0 + p) * QP_XREC, each one cache line: the tile's int32 seeds -off * sum(x),
+ * then its scales as floats. The quants themselves are read from the rows.
  */
 static void
 qp_prep_q8_0(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8_t *xr)
@@ -176,11 +177,10 @@ qp_prep_q8_0(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8
             uint8_t *o = xr + ((size_t)(t / QP_T) * (size_t)nb + (size_t)b0) * QP_XREC;
             QP_FOR_VISIT(b0, nbk, p, b, {
                 uint8_t *r = o + (size_t)p * QP_XREC;
-                memcpy(r + lane * 32, xb[b].qs, 32);
                 const int32_t seed = -off * qp_sum32(xb[b].qs);
                 const float d = _cvtsh_ss(xb[b].d);
-                memcpy(r + QP_T * 32 + lane * 4, &seed, 4);
-                memcpy(r + QP_T * 36 + lane * 4, &d, 4);
+                memcpy(r + lane * 4, &seed, 4);
+                memcpy(r + QP_T * 4 + lane * 4, &d, 4);
             });
         }
     }
@@ -245,12 +245,13 @@ qp_pack32(int kind, const uint8_t *const rp[QP_ROWS], __m512i idx, int64_t b0, i
 }
 
 /*
- * T tokens (a tile's records from xr, visiting order) x one packed K chunk of nbk blocks, lane
- * by lane: carry[k][t] holds lane k's partial sums of the 16 rows (zero before the first chunk).
+ * T tokens (quants at xq[t] + b * 34, per-block records from xr in visiting order) x one
+ * packed K chunk of nbk blocks from b0, lane by lane: carry[k][t] holds lane k's partial sums
+ * of the 16 rows (zero before the first chunk).
  */
 QP_INLINE void
-qp_tile32(const int T, int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr,
-          __m512 *carry)
+qp_tile32(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
+          const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry)
 {
     int64_t p = 0;
     for (int k = 0; k < 8; k++) {
@@ -261,23 +262,24 @@ qp_tile32(const int T, int64_t nbk, const uint8_t *pw, const float *pd, const ui
         for (int64_t b = k; b < nbk; b += 8, p++) {
             const uint8_t *r = xr + (size_t)p * QP_XREC;
             const uint8_t *wp = pw + (size_t)p * 512;
+            const size_t xo = (size_t)(b0 + b) * sizeof(sp_block_q8_0);
             __m512i ia[QP_T];
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
-                ia[t] = _mm512_set1_epi32(qp_i32(r + QP_T * 32 + t * 4));
+                ia[t] = _mm512_set1_epi32(qp_i32(r + t * 4));
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const __m512i g = _mm512_load_si512((const void *)(wp + i * 64));
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++)
-                    ia[t] = qp_dpbusd(ia[t], g, r + t * 32 + 4 * i);
+                    ia[t] = qp_dpbusd(ia[t], g, xq[t] + xo + 4 * i);
             }
             const __m512 dw = _mm512_load_ps(pd + p * 16);
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 /* d = x.d * w's scale (MXFP4) or w.d * x.d: one exact-order product either
                  * way (multiplication commutes); blk = d * isum; acc + blk */
-                const __m512 d = _mm512_mul_ps(_mm512_set1_ps(qp_f32(r + QP_T * 36 + t * 4)), dw);
+                const __m512 d = _mm512_mul_ps(_mm512_set1_ps(qp_f32(r + QP_T * 4 + t * 4)), dw);
                 acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(ia[t])));
             }
         }
@@ -287,13 +289,13 @@ qp_tile32(const int T, int64_t nbk, const uint8_t *pw, const float *pd, const ui
     }
 }
 
-typedef void (*qp_tile32_fn)(int64_t nbk, const uint8_t *pw, const float *pd, const uint8_t *xr,
-                             __m512 *carry);
+typedef void (*qp_tile32_fn)(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
+                             const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry);
 #define QP_TILE32(T)                                                                           \
-    static void qp_tile32_##T(int64_t nbk, const uint8_t *pw, const float *pd,                 \
-                              const uint8_t *xr, __m512 *carry)                                \
+    static void qp_tile32_##T(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,     \
+                              const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry) \
     {                                                                                          \
-        qp_tile32(T, nbk, pw, pd, xr, carry);                                                  \
+        qp_tile32(T, b0, nbk, pw, pd, xr, xq, carry);                                          \
     }
 QP_TILE32(1)
 QP_TILE32(2)
@@ -325,7 +327,6 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
     _Alignas(64) __m512 carry[QP_TC / QP_T][8 * QP_T];
     const int64_t nb = n / SP_QK32;
     const int64_t tc = qp_chunk32(nb);
-    const size_t bsz = qp_bsz(kind);
     const uint8_t *wb = w, *xb = x;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
@@ -350,8 +351,12 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                 qp_pack32(kind, rp, vidx, b0, nbk, pw, pd);
                 for (int u = 0; u < ntiles; u++) {
                     const int64_t tn = nt - u * QP_T < QP_T ? nt - u * QP_T : QP_T;
-                    qp_tiles32[tn](nbk, pw, pd,
-                                   xr + ((size_t)u * (size_t)nb + (size_t)b0) * QP_XREC,
+                    const uint8_t *xq[QP_T];
+                    for (int t = 0; t < QP_T; t++)
+                        xq[t] = xb + (size_t)(t0 + u * QP_T + (t < tn ? t : 0)) * xs +
+                                offsetof(sp_block_q8_0, qs);
+                    qp_tiles32[tn](b0, nbk, pw, pd,
+                                   xr + ((size_t)u * (size_t)nb + (size_t)b0) * QP_XREC, xq,
                                    carry[u]);
                 }
             }
@@ -370,7 +375,6 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
             }
         }
     }
-    (void)bsz;
 }
 
 /* ---- IQ4_XS: the packed form (8-row groups) x Q8_K -------------------------------------- */
@@ -563,9 +567,16 @@ qp_gemm_xs(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const vo
 
 /* ---- entries ------------------------------------------------------------------------------ */
 
-/* The fewest tokens a call needs to take the panels (bench/qgemm_shape_bench.c); fewer go to
- * the caller's fallback. */
-#define QP_MIN_TOK 4
+/* The fewest tokens a call needs to take the panels; fewer go to the caller's fallback. From
+ * bench/qgemm_shape_bench.c (K = 2048, 128 rows, AVX-512 Zen host, loaded): with 2 tokens the
+ * panels gain 1.4-1.6x on IQ4_NL / IQ4_XS and tie on MXFP4 (whose fallback, the AVX2 row
+ * panels, is the quicker one), 1.1x on MXFP4 at 3. One token (decode) keeps the old kernels:
+ * there the weights stream from memory once and the panel packing is pure overhead. */
+QP_INLINE int64_t
+qp_min_tok(sp_type_t type)
+{
+    return type == SP_TYPE_MXFP4 ? 3 : 2;
+}
 
 void
 sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const void *w, size_t ws,
@@ -575,7 +586,7 @@ sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const void 
     if (r1 <= r0 || n_tok <= 0)
         return;
     if (type == SP_TYPE_IQ4_XS) {
-        if (n_tok < QP_MIN_TOK || n % SP_QK_K != 0 || n <= 0)
+        if (n_tok < qp_min_tok(type) || n % SP_QK_K != 0 || n <= 0)
             small(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
         else
             qp_gemm_xs(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
@@ -584,7 +595,7 @@ sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const void 
     const int64_t nb = n / SP_QK32;
     /* too few tokens, an empty or too long row (its records would not fit QP_XBUF), rows too
      * far apart for the scale gathers' int32 offsets: the fallback (the same bits) */
-    if (n_tok < QP_MIN_TOK || nb <= 0 || qp_chunk32(nb) < QP_T ||
+    if (n_tok < qp_min_tok(type) || nb <= 0 || qp_chunk32(nb) < QP_T ||
         ws > (size_t)INT32_MAX / QP_ROWS ||
         (type != SP_TYPE_MXFP4 && type != SP_TYPE_IQ4_NL)) {
         small(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);

@@ -126,4 +126,8 @@ void sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const 
                              size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
                              int64_t n_tok, float *y, int64_t ldy);
 
+/* The AVX-512 VNNI table's MXFP4 / IQ4_NL gemm before those panels (their fallback; the A/B
+ * bench's baseline); NULL for other types. */
+sp_gemm_fn sp__q32_avx512_vnni_prev_gemm(sp_type_t type);
+
 #endif /* SP_KERNELS_CPU_Q32_IMPL_H */
