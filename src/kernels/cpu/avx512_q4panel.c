@@ -170,18 +170,23 @@ static void
 qp_prep_q8_0(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8_t *xr)
 {
     for (int64_t t = 0; t < nt; t++) {
+        /* the row in memory order (a sequential read), each block's record at its visiting
+         * position: in the chunk of nbk = 8 full + rem blocks, lane k starts after
+         * k * full + min(k, rem) blocks of the lanes before it */
         const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
         const int lane = (int)(t % QP_T);
+        uint8_t *o = xr + (size_t)(t / QP_T) * (size_t)nb * QP_XREC;
         for (int64_t b0 = 0; b0 < nb; b0 += QP_KC) {
             const int64_t nbk = nb - b0 < QP_KC ? nb - b0 : QP_KC;
-            uint8_t *o = xr + ((size_t)(t / QP_T) * (size_t)nb + (size_t)b0) * QP_XREC;
-            QP_FOR_VISIT(b0, nbk, p, b, {
-                uint8_t *r = o + (size_t)p * QP_XREC;
-                const int32_t seed = -off * qp_sum32(xb[b].qs);
-                const float d = _cvtsh_ss(xb[b].d);
+            const int64_t full = nbk / 8, rem = nbk % 8;
+            for (int64_t w = 0; w < nbk; w++) {
+                const int64_t k = w % 8, p = k * full + (k < rem ? k : rem) + w / 8;
+                uint8_t *r = o + (size_t)(b0 + p) * QP_XREC;
+                const int32_t seed = -off * qp_sum32(xb[b0 + w].qs);
+                const float d = _cvtsh_ss(xb[b0 + w].d);
                 memcpy(r + lane * 4, &seed, 4);
                 memcpy(r + QP_T * 4 + lane * 4, &d, 4);
-            });
+            }
         }
     }
 }
@@ -244,6 +249,16 @@ qp_pack32(int kind, const uint8_t *const rp[QP_ROWS], __m512i idx, int64_t b0, i
     });
 }
 
+/* Weight rows of the panel chunk packed next, which a tile fetches while it computes (the
+ * packing would otherwise wait on memory for each of its 16 row streams): row[i] at that
+ * chunk's first block, one prefetch per row and block step, for nbk steps. */
+typedef struct {
+    const uint8_t *row[QP_ROWS];
+    int n;
+    int64_t nbk;
+    size_t bsz;
+} qp_pf_t;
+
 /*
  * T tokens (quants at xq[t] + b * 34, per-block records from xr in visiting order) x one
  * packed K chunk of nbk blocks from b0, lane by lane: carry[k][t] holds lane k's partial sums
@@ -251,15 +266,17 @@ qp_pack32(int kind, const uint8_t *const rp[QP_ROWS], __m512i idx, int64_t b0, i
  */
 QP_INLINE void
 qp_tile32(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
-          const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry)
+          const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry, const qp_pf_t *pf)
 {
     int64_t p = 0;
     for (int k = 0; k < 8; k++) {
         __m512 acc[QP_T];
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++)
-            acc[t] = carry[k * QP_T + t];
+            acc[t] = b0 > 0 ? carry[k * QP_T + t] : _mm512_setzero_ps();
         for (int64_t b = k; b < nbk; b += 8, p++) {
+            for (int i = 0; i < pf->n && p < pf->nbk; i++)
+                _mm_prefetch((const char *)pf->row[i] + (size_t)p * pf->bsz, _MM_HINT_T0);
             const uint8_t *r = xr + (size_t)p * QP_XREC;
             const uint8_t *wp = pw + (size_t)p * 512;
             const size_t xo = (size_t)(b0 + b) * sizeof(sp_block_q8_0);
@@ -290,12 +307,14 @@ qp_tile32(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float *
 }
 
 typedef void (*qp_tile32_fn)(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
-                             const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry);
+                             const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry,
+                             const qp_pf_t *pf);
 #define QP_TILE32(T)                                                                           \
     static void qp_tile32_##T(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,     \
-                              const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry) \
+                              const uint8_t *xr, const uint8_t *const xq[QP_T], __m512 *carry, \
+                              const qp_pf_t *pf)                                               \
     {                                                                                          \
-        qp_tile32(T, b0, nbk, pw, pd, xr, xq, carry);                                          \
+        qp_tile32(T, b0, nbk, pw, pd, xr, xq, carry, pf);                                      \
     }
 QP_TILE32(1)
 QP_TILE32(2)
@@ -327,6 +346,7 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
     _Alignas(64) __m512 carry[QP_TC / QP_T][8 * QP_T];
     const int64_t nb = n / SP_QK32;
     const int64_t tc = qp_chunk32(nb);
+    const size_t bsz = qp_bsz(kind);
     const uint8_t *wb = w, *xb = x;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
@@ -343,13 +363,22 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                 idx[i] = (int32_t)((size_t)ri * ws);
             }
             const __m512i vidx = _mm512_loadu_si512(idx);
-            for (int u = 0; u < ntiles; u++)
-                for (int i = 0; i < 8 * QP_T; i++)
-                    carry[u][i] = _mm512_setzero_ps();
             for (int64_t b0 = 0; b0 < nb; b0 += QP_KC) {
                 const int64_t nbk = nb - b0 < QP_KC ? nb - b0 : QP_KC;
                 qp_pack32(kind, rp, vidx, b0, nbk, pw, pd);
+                /* packed next: this panel's next K chunk, else the next panel's first one
+                 * (none after the last panel: the next token chunk finds them in cache) */
+                int64_t nr0 = r, nb0 = b0 + QP_KC;
+                if (nb0 >= nb) {
+                    nr0 = r + QP_ROWS;
+                    nb0 = 0;
+                }
+                const int pn = nr0 >= r1 ? 0 : r1 - nr0 < QP_ROWS ? (int)(r1 - nr0) : QP_ROWS;
                 for (int u = 0; u < ntiles; u++) {
+                    qp_pf_t pf = {.n = 0, .bsz = bsz};
+                    pf.nbk = nb - nb0 < QP_KC ? nb - nb0 : QP_KC;
+                    for (int i = u; i < pn; i += ntiles)
+                        pf.row[pf.n++] = wb + (size_t)(nr0 + i) * ws + (size_t)nb0 * bsz;
                     const int64_t tn = nt - u * QP_T < QP_T ? nt - u * QP_T : QP_T;
                     const uint8_t *xq[QP_T];
                     for (int t = 0; t < QP_T; t++)
@@ -357,7 +386,7 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                                 offsetof(sp_block_q8_0, qs);
                     qp_tiles32[tn](b0, nbk, pw, pd,
                                    xr + ((size_t)u * (size_t)nb + (size_t)b0) * QP_XREC, xq,
-                                   carry[u]);
+                                   carry[u], &pf);
                 }
             }
             /* q32_impl.h's lane tree: (0 + 4, 1 + 5, 2 + 6, 3 + 7), then (0 + 2, 1 + 3), then
