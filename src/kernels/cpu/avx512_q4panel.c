@@ -374,10 +374,13 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                     nb0 = 0;
                 }
                 const int pn = nr0 >= r1 ? 0 : r1 - nr0 < QP_ROWS ? (int)(r1 - nr0) : QP_ROWS;
+                /* the rows go to the first tiles (all but the last quarter), so that the
+                 * last prefetches are issued well before the packing reads them */
+                const int npf = ntiles > 3 ? ntiles - ntiles / 4 : ntiles;
                 for (int u = 0; u < ntiles; u++) {
                     qp_pf_t pf = {.n = 0, .bsz = bsz};
                     pf.nbk = nb - nb0 < QP_KC ? nb - nb0 : QP_KC;
-                    for (int i = u; i < pn; i += ntiles)
+                    for (int i = u; u < npf && i < pn; i += npf)
                         pf.row[pf.n++] = wb + (size_t)(nr0 + i) * ws + (size_t)nb0 * bsz;
                     const int64_t tn = nt - u * QP_T < QP_T ? nt - u * QP_T : QP_T;
                     const uint8_t *xq[QP_T];
