@@ -149,16 +149,6 @@ qp_off(int kind)
     return kind == QP_MXFP4 ? 12 : 128;
 }
 
-/* The blocks of a K chunk in visiting order: pos = start + the blocks of lanes < k, + m, for
- * block b = b0 + k + 8 m. Runs the body with pos and b, pos increasing. */
-#define QP_FOR_VISIT(b0, nbk, pos, b, ...)                                                     \
-    do {                                                                                       \
-        int64_t pos = 0;                                                                       \
-        for (int64_t k_ = 0; k_ < 8; k_++)                                                     \
-            for (int64_t b = (b0) + k_; b < (b0) + (nbk); b += 8, pos++) {                     \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-    } while (0)
 
 /*
  * The per-block terms of tokens [0, nt) of x (Q8_0 rows xs bytes apart), all nb blocks, as
@@ -238,15 +228,19 @@ qp_pack32(int kind, const uint8_t *const rp[QP_ROWS], __m512i idx, int64_t b0, i
     const __m512i lut = qp_lut(kind == QP_MXFP4 ? sp__kvalues_mxfp4 : sp__kvalues_iq4nl,
                                qp_off(kind));
     const size_t bsz = qp_bsz(kind);
-    QP_FOR_VISIT(b0, nbk, p, b, {
-        __m512i v[4], g[8];
-        qp_transpose(rp, (size_t)b * bsz + qp_qs(kind), v);
-        qp_decode(v, lut, g);
+    /* visiting order: lane k = 0..7, then its blocks b0 + k, b0 + k + 8, ... */
+    int64_t p = 0;
+    for (int64_t k = 0; k < 8; k++) {
+        for (int64_t b = b0 + k; b < b0 + nbk; b += 8, p++) {
+            __m512i v[4], g[8];
+            qp_transpose(rp, (size_t)b * bsz + qp_qs(kind), v);
+            qp_decode(v, lut, g);
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
-            _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
-        _mm512_store_ps(pd + p * 16, qp_wscale(kind, rp[0] + (size_t)b * bsz, idx));
-    });
+            for (int i = 0; i < 8; i++)
+                _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
+            _mm512_store_ps(pd + p * 16, qp_wscale(kind, rp[0] + (size_t)b * bsz, idx));
+        }
+    }
 }
 
 /* Weight rows of the panel chunk packed next, which a tile fetches while it computes (the
