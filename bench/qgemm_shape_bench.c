@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants2_impl.h"
 #include "kernels/cpu/q32_impl.h"
+#include "kernels/cpu/repack_impl.h"
 
 enum { ROWS = 128 };
 
@@ -37,10 +38,19 @@ run_gemm(void *ctx)
     c->gemm(c->n, c->w, c->wrow, 0, ROWS, c->x, c->xrow, c->tok, c->out, ROWS);
 }
 
-/* the previous kernel of a type, kept by its file for this comparison (NULL: none) */
+/* the previous kernel of a type at a level, kept by its file for this comparison (NULL: none).
+ * AVX-512 VNNI: MXFP4 and IQ4_NL before the 16-row panels (row-major), IQ4_XS's AVX2 packed
+ * gemm (the new one is the table's repack_gemm; both run on the packed weights). */
 static sp_gemm_fn
-prev_gemm(sp_type_t wt)
+prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
 {
+    if (k->level == SP_CPU_AVX512) {
+        if (!__builtin_cpu_supports("avx512vnni"))
+            return NULL;
+        if (wt == SP_TYPE_IQ4_XS)
+            return sp__repack_iq4_xs_gemm_avx2;
+        return sp__q32_avx512_vnni_prev_gemm(wt);
+    }
     switch (wt) {
     case SP_TYPE_Q2_K: return sp__q2k_gemm_avx2_prev;
     case SP_TYPE_IQ4_XS: return sp__iq4xs_gemm_avx2_prev;
@@ -79,13 +89,22 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     }
     const double macs = (double)ROWS * (double)n * (double)tok;
     run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
-    sp_gemm_fn pg = prev_gemm(wt);
+    sp_gemm_fn pg = prev_gemm(k, wt);
+    uint8_t *wp = NULL;
+    if (k->level == SP_CPU_AVX512 && k->repack_gemm[wt] != NULL) {
+        /* the AVX-512 table runs this type on packed weights (the engine's path) */
+        wp = malloc(sp_repack_bytes(wt, n, ROWS));
+        sp_repack_pack(wt, n, w, wrow, ROWS, 0, ROWS / SP_REPACK_ROWS, wp);
+        cur.gemm = k->repack_gemm[wt];
+        cur.w = wp;
+        cur.wrow = sp_repack_group_bytes(wt, n);
+    }
     if (cur.gemm == NULL) {
         printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);
         goto done;
     }
-    if (pg != NULL && k->level == SP_CPU_AVX2) {
-        run_t prev = {pg, n, w, wrow, x, xrow, tok, out2};
+    if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level == SP_CPU_AVX512)) {
+        run_t prev = {pg, n, cur.w, cur.wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
             const double a = qbench_best(run_gemm, &prev, 1, 2);
@@ -103,6 +122,7 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
                (long long)n, (long long)tok, macs / b / 1e9);
     }
 done:
+    free(wp);
     free(f);
     free(w);
     free(x);

@@ -977,3 +977,113 @@ TEST(q32_panel_extremes_q5_0_q4_1)
             }
     }
 }
+
+/*
+ * The AVX-512 VNNI 16-row panels of MXFP4 and IQ4_NL (avx512_q4panel.c) where their structure
+ * has edges. Random block bytes, E8M0 exponents over the whole range (denormal 0 and 1, and
+ * 254 / 255 whose products overflow to inf and, against a zero sum, NaN), activations in
+ * [-127, 127], a zero block: every level's gemm over rows [r0, r1) and nt tokens gives the
+ * reference vec_dot's bits (NaN: both NaN) and writes nothing else.
+ */
+static void
+check_q4panels(int nb, int rows, int toks, const int (*ranges)[2], int n_ranges,
+               const int *nts, int n_nts, uint64_t seed)
+{
+    const int ldy = rows + 3;
+    uint8_t *w = malloc((size_t)rows * (size_t)nb * 18);
+    sp_block_q8_0 *x = malloc(sizeof(sp_block_q8_0) * (size_t)toks * (size_t)nb);
+    float *want = malloc(sizeof(float) * (size_t)toks * (size_t)rows);
+    float *y = malloc(sizeof(float) * (size_t)toks * (size_t)ldy);
+    ASSERT(w && x && want && y);
+    rng_seed(seed);
+    for (int t = 0; t < toks; t++)
+        for (int b = 0; b < nb; b++) {
+            sp_block_q8_0 *xb = &x[(size_t)t * nb + b];
+            xb->d = (sp_fp16_t)(0x0400 + (int)(rng_uniform() * 0x3000));
+            for (int j = 0; j < 32; j++)
+                xb->qs[j] = (int8_t)(t == 5 && b % 7 == 0 ? 0 : -127 + (int)(rng_uniform() * 255));
+        }
+    static const sp_type_t types[2] = {SP_TYPE_MXFP4, SP_TYPE_IQ4_NL};
+    for (int ti = 0; ti < 2; ti++) {
+        const sp_type_t wt = types[ti];
+        const size_t bs = sp_type_traits(wt)->type_size, ws = bs * (size_t)nb;
+        for (int r = 0; r < rows; r++)
+            for (int b = 0; b < nb; b++) {
+                uint8_t *p = w + (size_t)r * ws + (size_t)b * bs;
+                for (size_t i = 0; i < bs; i++)
+                    p[i] = (uint8_t)(rng_uniform() * 256);
+                if (wt == SP_TYPE_MXFP4) {
+                    static const uint8_t es[] = {0, 1, 2, 100, 127, 130, 254, 255};
+                    p[0] = r == 3 ? es[b % 8] : (uint8_t)(110 + (b + r) % 30);
+                } else {
+                    const sp_fp16_t d = (sp_fp16_t)((int)(rng_uniform() * 0x7800) |
+                                                    (rng_uniform() < 0.5 ? 0x8000 : 0));
+                    memcpy(p, &d, 2);
+                }
+            }
+        for (int t = 0; t < toks; t++)
+            for (int r = 0; r < rows; r++)
+                sp_cpu_kernels_ref()->vec_dot[wt](32 * nb, &want[t * rows + r], w + (size_t)r * ws,
+                                                  &x[(size_t)t * nb]);
+        sp_q32_level_t direct = {0};
+#if defined(__x86_64__)
+        if (sp_cpu_kernels_for(SP_CPU_AVX512) != NULL && __builtin_cpu_supports("avx512vnni"))
+            sp__q32_level_avx512(&direct, true);
+#endif
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512 + 1; l++) {
+            const sp_cpu_kernels_t *k =
+                l <= SP_CPU_AVX512 ? sp_cpu_kernels_for((sp_cpu_level_t)l) : NULL;
+            const sp_gemm_fn gemm = k != NULL ? k->gemm[wt] : direct.gemm[wt];
+            if (gemm == NULL || (l <= SP_CPU_AVX512 && k == NULL))
+                continue;
+            for (int ri = 0; ri < n_ranges; ri++)
+                for (int ni = 0; ni < n_nts; ni++) {
+                    const int r0 = ranges[ri][0], r1 = ranges[ri][1], nt = nts[ni];
+                    for (int i = 0; i < toks * ldy; i++)
+                        y[i] = -999.0f;
+                    gemm(32 * nb, w, ws, r0, r1, x, sizeof(sp_block_q8_0) * (size_t)nb, nt, y,
+                         ldy);
+                    for (int t = 0; t < toks; t++)
+                        for (int r = 0; r < ldy; r++) {
+                            const float got = y[t * ldy + r];
+                            if (t < nt && r >= r0 && r < r1) {
+                                const float ref = want[t * rows + r];
+                                if (memcmp(&got, &ref, sizeof ref) != 0 &&
+                                    !(isnan(got) && isnan(ref)))
+                                    SP_TEST_FAIL("%s level %d K=%d rows [%d,%d) %d tokens: t%d "
+                                                 "r%d %.9g != %.9g", sp_type_name(wt), l,
+                                                 32 * nb, r0, r1, nt, t, r, (double)got,
+                                                 (double)ref);
+                            } else {
+                                ASSERT_NEAR(got, -999.0, 0.0);
+                            }
+                        }
+                }
+        }
+    }
+    free(w);
+    free(x);
+    free(want);
+    free(y);
+}
+
+/* 200 blocks: three packed K chunks of 64 and a tail of 8 (the lane sums carried across
+ * chunks); 37 rows: two panels and a masked one of 5, and ranges starting and ending inside a
+ * panel; 1..33 tokens: the small-batch fallback, full 8-token tiles and tails. */
+TEST(q32_vnni_panels)
+{
+    static const int ranges[3][2] = {{0, 37}, {5, 20}, {17, 35}};
+    static const int nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 25, 33};
+    check_q4panels(200, 37, 33, ranges, 3, nts, (int)(sizeof nts / sizeof nts[0]), 9191);
+}
+
+/* Rows so long that a token chunk is one tile (1300 blocks: 8 tokens' records fill the
+ * scratch), so 9 and 17 tokens are two and three chunks; and rows longer than the scratch
+ * takes at all (2600 blocks), which go to the fallback. */
+TEST(q32_vnni_panels_long_rows)
+{
+    static const int ranges[2][2] = {{0, 17}, {3, 16}};
+    static const int nts[] = {9, 17};
+    check_q4panels(1300, 17, 17, ranges, 2, nts, 2, 77);
+    check_q4panels(2600, 17, 9, ranges, 1, nts, 1, 78);
+}

@@ -389,3 +389,88 @@ TEST(repack_extreme_q8_0_q4_k)
         free(f);
     }
 }
+
+/*
+ * IQ4_XS's packed gemm of every level where the AVX-512 VNNI panels (avx512_q4panel.c) have
+ * edges: 6 super-blocks (packed K chunks of 4 and 2, partial sums through y), 37 rows (two
+ * 16-row panels of two groups and a lone group), ranges starting and ending inside a group,
+ * 1..140 tokens (the small-batch fallback, 8-token tiles and tails, and two token chunks of
+ * 128 and 12). Raw random blocks (any code, any 6-bit scale, 0 and 63 included, random finite
+ * d) and a row of extremes (every code the grid's -127, scale 0 = -32, against activations of
+ * +-127: the largest block sums) against random Q8_K activations: the reference's bits.
+ */
+TEST(repack_iq4_xs_panels)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    const int64_t n = 6 * 256, rows = 37, toks = 140;
+    const size_t rb = sp_row_size(SP_TYPE_IQ4_XS, n), gb = sp_repack_group_bytes(SP_TYPE_IQ4_XS, n);
+    const size_t xs = sp_row_size(SP_TYPE_Q8_K, n);
+    uint8_t *w = malloc(rb * (size_t)rows), *packed = malloc(sp_repack_bytes(SP_TYPE_IQ4_XS, n, rows));
+    uint8_t *x = malloc(xs * (size_t)toks);
+    float *want = malloc(sizeof(float) * (size_t)(rows * toks));
+    float *y = malloc(sizeof(float) * (size_t)((rows + 3) * toks));
+    ASSERT(w && packed && x && want && y);
+    rp_rng = 0x1234567ull;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < n / 256; b++) {
+            sp_block_iq4_xs *blk = (sp_block_iq4_xs *)(w + (size_t)r * rb) + b;
+            uint8_t *p = (uint8_t *)blk;
+            for (size_t i = 0; i < sizeof *blk; i++)
+                p[i] = (uint8_t)(rp_uniform() * 256.0);
+            blk->d = (sp_fp16_t)((int)(rp_uniform() * 0x7800) | (rp_uniform() < 0.5 ? 0x8000 : 0));
+            if (r == 9) { /* extremes: code 0 (-127), scale 0 (-32) */
+                memset(blk->qs, 0, sizeof blk->qs);
+                memset(blk->scales_l, 0, sizeof blk->scales_l);
+                blk->scales_h = 0;
+                blk->d = 0x3C00;
+            }
+        }
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t b = 0; b < n / 256; b++) {
+            sp_block_q8_k *xb = (sp_block_q8_k *)(x + (size_t)t * xs) + b;
+            xb->d = (float)(0.001 + rp_uniform());
+            for (int j = 0; j < 256; j++)
+                xb->qs[j] = (int8_t)(t == 0 ? 127 : t == 1 ? -127 : -127 + (int)(rp_uniform() * 255));
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++)
+                    s += xb->qs[16 * j + i];
+                xb->bsums[j] = (int16_t)s;
+            }
+        }
+    sp_repack_pack(SP_TYPE_IQ4_XS, n, w, rb, rows, 0, (rows + 7) / 8, packed);
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t r = 0; r < rows; r++)
+            ref->vec_dot[SP_TYPE_IQ4_XS](n, &want[t * rows + r], w + (size_t)r * rb,
+                                         x + (size_t)t * xs);
+    static const int64_t ranges[3][2] = {{0, 37}, {3, 30}, {17, 35}};
+    static const int64_t nts[] = {1, 2, 3, 8, 9, 17, 140};
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[SP_TYPE_IQ4_XS];
+        if (l == SP_CPU_SCALAR)
+            gemm = sp__repack_gemm_ref(SP_TYPE_IQ4_XS);
+        if (gemm == NULL)
+            continue;
+        for (int ri = 0; ri < 3; ri++)
+            for (size_t ni = 0; ni < sizeof nts / sizeof nts[0]; ni++) {
+                const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1], nt = nts[ni], ldy = rows + 3;
+                for (int64_t i = 0; i < ldy * nt; i++)
+                    y[i] = -1234.5f;
+                gemm(n, packed, gb, r0, r1, x, xs, nt, y, ldy);
+                for (int64_t t = 0; t < nt; t++)
+                    for (int64_t r = 0; r < ldy; r++) {
+                        const float got = y[t * ldy + r];
+                        const float wnt = r >= r0 && r < r1 ? want[t * rows + r] : -1234.5f;
+                        ASSERT_BITS(got, wnt, "level %d rows [%lld,%lld) %lld tokens: t%lld r%lld "
+                                    "%.9g != %.9g", l, (long long)r0, (long long)r1, (long long)nt,
+                                    (long long)t, (long long)r, (double)got, (double)wnt);
+                    }
+            }
+    }
+    free(w);
+    free(packed);
+    free(x);
+    free(want);
+    free(y);
+}

@@ -534,9 +534,9 @@ q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
     }
 }
 
-static void
-iq4_xs_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+void
+sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                            const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
         rp_gemm(RP_IQ4_XS, iq4_xs_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
@@ -550,5 +550,5 @@ sp__repack_register_avx2(sp_cpu_kernels_t *k)
     k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
     k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
     k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;
-    k->repack_gemm[SP_TYPE_IQ4_XS] = iq4_xs_gemm;
+    k->repack_gemm[SP_TYPE_IQ4_XS] = sp__repack_iq4_xs_gemm_avx2;
 }

@@ -22,7 +22,9 @@ Q32_DEFINE(mxfp4_vnni, Q32_MXFP4, Q32_AVX512_VNNI)
 
 /* Prefill and batched decode of MXFP4, Q4_1 and Q5_0 go through the AVX2 row panels
  * (avx2_q32panel.c: 8 rows in the lanes, no horizontal sums; 2-2.6x these row tiles on an
- * AVX-512 Zen host, docs/design.md), with these tiles for decode and leftover rows. */
+ * AVX-512 Zen host, docs/design.md), with these tiles for decode and leftover rows. With VNNI,
+ * MXFP4 and IQ4_NL take the 16-row VPDPBUSD panels of avx512_q4panel.c instead (2.1x and 5x
+ * the kernels before on that host, docs/design-q512.md), these for one token. */
 #define Q32_PANEL(name, type, rows)                                                            \
     static void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,       \
                      const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)    \
@@ -37,6 +39,24 @@ Q32_PANEL(q4_1_vnni_panel, SP_TYPE_Q4_1, q4_1_vnni_gemm)
 Q32_PANEL(q5_0_panel, SP_TYPE_Q5_0, q5_0_gemm)
 Q32_PANEL(q5_0_vnni_panel, SP_TYPE_Q5_0, q5_0_vnni_gemm)
 
+/* With VNNI, prefill and batched decode of MXFP4 and IQ4_NL take the 16-row VPDPBUSD panels
+ * (avx512_q4panel.c); few tokens go to the kernels above (the same bits). */
+#define Q4_PANEL(name, type, small)                                                            \
+    static void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,       \
+                     const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)    \
+    {                                                                                         \
+        sp__q4panel_gemm_avx512(type, small, n, w, w_stride, r0, r1, x, x_stride, n_tok, y,   \
+                                ldy);                                                         \
+    }
+Q4_PANEL(mxfp4_vnni_q4panel, SP_TYPE_MXFP4, mxfp4_vnni_panel)
+Q4_PANEL(iq4_nl_vnni_q4panel, SP_TYPE_IQ4_NL, iq4_nl_vnni_gemm)
+
+sp_gemm_fn
+sp__q32_avx512_vnni_prev_gemm(sp_type_t type)
+{
+    return type == SP_TYPE_MXFP4 ? mxfp4_vnni_panel : type == SP_TYPE_IQ4_NL ? iq4_nl_vnni_gemm : NULL;
+}
+
 void
 sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
 {
@@ -48,8 +68,8 @@ sp__q32_level_avx512(sp_q32_level_t *l, bool has_vnni)
     l->gemm[SP_TYPE_Q4_1] = has_vnni ? q4_1_vnni_panel : q4_1_panel;
     l->gemm[SP_TYPE_Q5_0] = has_vnni ? q5_0_vnni_panel : q5_0_panel;
     l->gemm[SP_TYPE_Q5_1] = has_vnni ? q5_1_vnni_gemm : q5_1_gemm;
-    l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_gemm : iq4_nl_gemm;
-    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_panel : mxfp4_panel;
+    l->gemm[SP_TYPE_IQ4_NL] = has_vnni ? iq4_nl_vnni_q4panel : iq4_nl_gemm;
+    l->gemm[SP_TYPE_MXFP4] = has_vnni ? mxfp4_vnni_q4panel : mxfp4_panel;
 }
 
 void

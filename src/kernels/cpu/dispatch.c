@@ -151,13 +151,17 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         /* The AVX-512 panels unpack row-major Q4_0, IQ4_NL and Q8_0 blocks themselves, faster
          * than the AVX2 packed kernels; Q4_K and IQ4_XS stay packed, where the AVX2 packed
          * kernels beat the AVX-512 row-major ones (prefill 1.5-1.7x on a Zen 5: BENCHMARKS.md,
-         * "Ten types on an AVX-512 host"). */
+         * "Ten types on an AVX-512 host"). With VNNI, IQ4_XS's packed prefill takes the 16-row
+         * VPDPBUSD panels (avx512_q4panel.c; one token stays on the AVX2 packed kernel). */
         k->repack_gemm[SP_TYPE_Q4_0] = NULL;
         k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
         k->repack_gemm[SP_TYPE_Q8_0] = NULL;
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);
+        if (has_vnni) {
+            sp__q4panel_register_avx512(k); /* IQ4_XS packed: VNNI panels for prefill */
+        }
         sp__kquants2_register_avx512(k);
         sp__attn_register_avx512(k);
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")

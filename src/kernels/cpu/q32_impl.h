@@ -119,4 +119,15 @@ SP__Q32_GEMM_DECL(sp__q32_q4_1_gemm_avx2_prev)
 SP__Q32_GEMM_DECL(sp__q32_q5_0_gemm_avx2_panel)
 SP__Q32_GEMM_DECL(sp__q32_q5_0_gemm_avx2_prev)
 
+/* AVX-512 VNNI 16-row panels (avx512_q4panel.c) of MXFP4 and IQ4_NL (row-major, x Q8_0) and
+ * IQ4_XS (the packed form, x Q8_K): the reference's bits; calls with few tokens (or rows too
+ * long for its scratch) go to `small`, a gemm of the same type and form. */
+void sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const void *w,
+                             size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+                             int64_t n_tok, float *y, int64_t ldy);
+
+/* The AVX-512 VNNI table's MXFP4 / IQ4_NL gemm before those panels (their fallback; the A/B
+ * bench's baseline); NULL for other types. */
+sp_gemm_fn sp__q32_avx512_vnni_prev_gemm(sp_type_t type);
+
 #endif /* SP_KERNELS_CPU_Q32_IMPL_H */

@@ -80,5 +80,11 @@ sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
 /* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
+/* Its IQ4_XS gemm (the AVX-512 VNNI panels' fallback for few tokens). */
+void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                 float *y, int64_t ldy);
+/* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, 16-row panels for prefill. */
+void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
