@@ -25,6 +25,9 @@
  *   hot-gemv  GB/s of the kernel alone, one thread, on a 256-row matrix that stays in
  *          L2 (what the kernel's instructions allow: below the read rate means the
  *          kernel, not memory, is the limit)
+ *   old-gemv, old-hot  the same with the kernel that a one-token kernel of
+ *          cpu/avx512_gemv.c replaced (the panels), in the same passes (A/B); 0 when the
+ *          type and level have none
  * Weights are random quantized rows (the kernels' speed does not depend on the values).
  * Not a test: nothing here asserts; the numbers depend on the machine and its load.
  */
@@ -36,6 +39,7 @@
 
 #include "core/pool.h"
 #include "engine/model_impl.h"
+#include "kernels/cpu/cpu_impl.h"
 #include "kernels/kernels.h"
 
 #define E 2048
@@ -408,8 +412,9 @@ main(int argc, char **argv)
     }
     printf("decode_bench: kernels=%s layers=%d pages=%s best of %d, GB = 1e9 B\n", k->name,
            layers, huge ? "thp" : "4k", runs);
-    printf("%-6s %-7s %3s %9s %9s %9s %7s %6s %8s %9s\n", "type", "layout", "thr", "MB/pass",
-           "read", "gemv", "share", "jobs", "us/job", "hot-gemv");
+    printf("%-6s %-7s %3s %9s %9s %9s %7s %6s %8s %9s %9s %9s\n", "type", "layout", "thr",
+           "MB/pass", "read", "gemv", "share", "jobs", "us/job", "hot-gemv", "old-gemv",
+           "old-hot");
     for (int ti = 0; ti < n_types; ti++) {
         model_t md;
         if (build_model(&md, types[ti], layers, huge, repack, k) != 0) {
@@ -417,28 +422,48 @@ main(int argc, char **argv)
                     sp_type_name(types[ti]));
             return 1;
         }
-        const double hot = hot_gbs(k, &md, x, xq, y);
+        /* The table as it was before this type's one-token kernel (avx512_gemv.c), when
+         * it has one: measured in the same passes, interleaved (A/B). */
+        sp_cpu_kernels_t old = *k;
+        const sp_gemm_fn prev = sp__avx512_gemv_replaced(types[ti]);
+        const bool ab = prev != NULL && k->gemm[types[ti]] != prev &&
+                        k->level == SP_CPU_AVX512;
+        if (ab) {
+            old.gemm[types[ti]] = prev;
+        }
+        double hot = 0, hot_old = 0;
+        for (int r = 0; r < 3; r++) {
+            double h = hot_gbs(k, &md, x, xq, y);
+            hot = h > hot ? h : hot;
+            if (ab) {
+                h = hot_gbs(&old, &md, x, xq, y);
+                hot_old = h > hot_old ? h : hot_old;
+            }
+        }
         for (int nt = 1; nt <= tmax; nt++) {
             sp_pool_t *pool;
             if (sp_pool_create(nt, &pool) != SP_OK) {
                 return 1;
             }
-            double best_r = 1e30, best_g = 1e30;
-            int jobs_r = 0, jobs_g = 0;
-            /* read and gemv interleaved, so load changes hit both alike */
+            double best_r = 1e30, best_g = 1e30, best_o = 1e30;
+            int jobs_r = 0, jobs_g = 0, jobs_o = 0;
+            /* read, gemv (and the old gemv) interleaved, so load changes hit all alike */
             for (int r = 0; r < runs + 1; r++) {
                 double tr = pass(pool, k, &md, 1, x, xq, y, &jobs_r);
                 double tg = pass(pool, k, &md, 0, x, xq, y, &jobs_g);
+                double to = ab ? pass(pool, &old, &md, 0, x, xq, y, &jobs_o) : 1e30;
                 if (r > 0) { /* the first pass warms the pool and faults nothing */
                     best_r = tr < best_r ? tr : best_r;
                     best_g = tg < best_g ? tg : best_g;
+                    best_o = to < best_o ? to : best_o;
                 }
             }
             double gr = (double)md.bytes / best_r / 1e9, gg = (double)md.bytes / best_g / 1e9;
-            printf("%-6s %-7s %3d %9.1f %9.2f %9.2f %6.0f%% %6d %8.2f %9.2f\n",
+            double go = ab ? (double)md.bytes / best_o / 1e9 : 0;
+            printf("%-6s %-7s %3d %9.1f %9.2f %9.2f %6.0f%% %6d %8.2f %9.2f %9.2f %9.2f\n",
                    sp_type_name(types[ti]), md.pbase ? "packed" : "rows", nt,
                    (double)md.bytes / 1e6, gr, gg, 100.0 * gg / gr, jobs_g,
-                   (best_g - best_r) / jobs_g * 1e6, hot);
+                   (best_g - best_r) / jobs_g * 1e6, hot, go, hot_old);
             fflush(stdout);
             sp_pool_destroy(pool);
         }
