@@ -226,6 +226,11 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 	    $(WARN) -D_GNU_SOURCE -Ibackends/onnx -I$(BUILD)/gen -o $@ tests/fuzz/fuzz_onnx.c \
 	    $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
 
+# Batch-1 products against the memory read limit through the engine's pool and split
+# (bench/decode_bench.c; docs/design-decode.md). A bench tool, not part of `all`.
+$(BUILD)/decode_bench: bench/decode_bench.c $(BUILD)/libsampan.a
+	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -march=native -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
 # REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
 # and the XGBoost C API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the

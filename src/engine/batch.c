@@ -567,6 +567,16 @@ mm_job_run(void *arg, int64_t item, int ith)
     }
 }
 
+int64_t
+sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok)
+{
+    (void)n_tok;
+    /* About 8 items per thread balances load; at least 16 rows per item keeps
+     * tiles full. Any split gives the same bits (kernel contract). */
+    int64_t chunk = rows / ((int64_t)n_threads * 8);
+    return chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
+}
+
 /*
  * y_i = x W_i^T (+ b_i) for n_w weights that share the input x (n_tok rows of
  * n_in floats, x_stride floats apart). Outputs are dense (n_tok, n_out_i).
@@ -610,10 +620,7 @@ matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
     for (int i = 0; i < n_w; i++) {
         rows += w[i]->n_out;
     }
-    /* About 8 items per thread balances load; at least 16 rows per item keeps
-     * tiles full. Any split gives the same bits (kernel contract). */
-    int64_t chunk = rows / ((int64_t)nth * 8);
-    chunk = chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
+    const int64_t chunk = sp__batch_mm_chunk(rows, nth, n_tok);
     j.chunk = chunk;
     for (int i = 0; i < n_w; i++) {
         j.w[i] = w[i];

@@ -11,6 +11,7 @@
 #include "test.h"
 
 #include "core/alloc.h"
+#include "core/pool.h"
 #include "engine/batch.h"
 #include "engine/gpu.h"
 #include "gguf/gguf.h"
@@ -847,5 +848,32 @@ TEST(gpu_attach_refuses_dense_features)
             SP_TEST_FAIL("%s: %s", archs[i], err);
         }
         free_model(&tm);
+    }
+}
+
+/* The row split of a product (sp__batch_mm_chunk): whole tiles of 16 rows, at least one
+ * item per 16 rows however few rows or many threads, about 8 items per thread otherwise,
+ * and never more than SP_POOL_MAX_CHUNKS items. */
+TEST(batch_mm_chunk_split)
+{
+    static const int64_t rows[] = {1, 15, 16, 17, 100, 256, 2560, 11264, 32000, 152064,
+                                   (int64_t)1 << 26};
+    static const int threads[] = {1, 2, 3, 8, 64, 512};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            for (int64_t n_tok = 1; n_tok <= 64; n_tok *= 64) {
+                const int64_t c = sp__batch_mm_chunk(rows[i], threads[t], n_tok);
+                const int64_t items = (rows[i] + c - 1) / c;
+                ASSERT(c >= 16 && c % 16 == 0);
+                ASSERT(items >= 1 && items <= SP_POOL_MAX_CHUNKS);
+                if (rows[i] <= 16 * threads[t]) {
+                    ASSERT(c == 16); /* fewer rows than threads' worth of tiles: finest split */
+                } else {
+                    /* enough items to keep every thread busy, not so many that claiming costs */
+                    ASSERT(items >= (int64_t)threads[t] || c == 16);
+                    ASSERT(items <= 9 * (int64_t)threads[t] + 1);
+                }
+            }
+        }
     }
 }

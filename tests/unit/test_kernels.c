@@ -738,6 +738,10 @@ TEST(kernels_q_gemm_avx512_vnni_is_the_reference)
         check_gemm_shapes(k->name, k, ref, qt[i], 96, 17, 9, 62 + (uint64_t)i);
         /* few tokens over more than one K chunk of the decode path */
         check_gemm_shapes(k->name, k, ref, qt[i], 32 * 2049, 17, 4, 64 + (uint64_t)i);
+        /* the one-token kernel (avx512_gemv.c): steps of 4 blocks with 2 left over, rows
+         * in 8s with 3 left over; a K chunk (1024 blocks) and a last one of 2 blocks */
+        check_gemm_shapes(k->name, k, ref, qt[i], 32 * 6, 19, 2, 68 + (uint64_t)i);
+        check_gemm_shapes(k->name, k, ref, qt[i], 32 * 1026, 11, 1, 70 + (uint64_t)i);
         problem p;
         problem_make(&p, k, qt[i], 4160, 2, 2, 66 + (uint64_t)i);
         for (int r = 0; r < 2; r++) {

@@ -45,6 +45,12 @@ void sp__kquants_register_avx512(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf
 void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
+/* avx512_gemv.c: one-token (decode) Q4_0 x Q8_0 products from the row layout, VNNI only;
+ * registered after the panels, which keep every call with more tokens. */
+void sp__avx512_gemv_register(sp_cpu_kernels_t *k);
+/* The gemm the one-token path of `type` wraps (the panels), NULL when none: for A/B runs
+ * of bench/decode_bench.c in one process. */
+sp_gemm_fn sp__avx512_gemv_replaced(sp_type_t type);
 
 /* neon.c (F32/F16/BF16, every quantised weight type with widening multiplies, the Q8_0 /
  * Q8_1 / Q8_K activation quantizers) and neon_dotprod.c (the integer products again with
