@@ -227,7 +227,7 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 	    $(filter-out backends/onnx/backend.c backends/onnx/gpu.c,$(ONNX_SRC)) $(BUILD)/gen/onnx.pb-c.c -lprotobuf-c -lm
 
 # Batch-1 products against the memory read limit through the engine's pool and split
-# (bench/decode_bench.c; docs/design-decode.md). A bench tool, not part of `all`.
+# (bench/decode_bench.c; docs/design.md). A bench tool, not part of `all`.
 $(BUILD)/decode_bench: bench/decode_bench.c $(BUILD)/libsampan.a
 	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -march=native -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
 

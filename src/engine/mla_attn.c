@@ -25,7 +25,7 @@
  *      and the sum runs over the widened integers.
  * Numerics: pass 1 over Q8_0 gives the bits of an F32 cache holding the
  * dequantised values; pass 3 differs from it by at most (n_kv + 2) 2^-24
- * max|v| (docs/design-mla.md; test_mla.c: mla_attn_levels_agree). The AVX2
+ * max|v| (docs/design.md; test_mla.c: mla_attn_levels_agree). The AVX2
  * and AVX-512 copies give the same bits (same FMAs, same order).
  * Every head's result depends on its own query row and the sequence's cache
  * alone, in a fixed order (blocks in position order, d, lanes): the same

@@ -6,7 +6,7 @@
  * of a register, which costs a 16 x 4-byte transpose and a scale gather per block; with one
  * token nothing amortises them and the kernel ran at about 34 GB/s per core on cached
  * weights, under the 40 GB/s per core that two threads need to follow the memory of a
- * Zen 5 (bench/decode_bench.c, docs/design-decode.md). Here each row is read as it lies:
+ * Zen 5 (bench/decode_bench.c, docs/design.md). Here each row is read as it lies:
  *
  *   one step = 4 blocks (72 bytes) of each of 4 rows. Per row a 64-byte load and an 8-byte
  *   load hold the 4 blocks; one vpermt2w moves their 4 x 16 quant bytes (at even offsets:

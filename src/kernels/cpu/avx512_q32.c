@@ -24,7 +24,7 @@ Q32_DEFINE(mxfp4_vnni, Q32_MXFP4, Q32_AVX512_VNNI)
  * (avx2_q32panel.c: 8 rows in the lanes, no horizontal sums; 2-2.6x these row tiles on an
  * AVX-512 Zen host, docs/design.md), with these tiles for decode and leftover rows. With VNNI,
  * MXFP4 and IQ4_NL take the 16-row VPDPBUSD panels of avx512_q4panel.c instead (2.1x and 5x
- * the kernels before on that host, docs/design-q512.md), these for one token. */
+ * the kernels before on that host, docs/design.md), these for one token. */
 #define Q32_PANEL(name, type, rows)                                                            \
     static void name(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,       \
                      const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)    \
