@@ -80,5 +80,8 @@ sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
 /* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
+/* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
+ * AVX2 one stays). */
+void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
