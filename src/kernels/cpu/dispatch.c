@@ -161,6 +161,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__kquants2_register_avx512(k);
         sp__attn_register_avx512(k);
         sp__repack_register_avx512(k, has_vnni);
+        sp__kpanels_register_avx512(k, has_vnni);
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");
     }

@@ -1,0 +1,265 @@
+/*
+ * avx512_kpanel.c - AVX-512 VNNI gemm of Q2_K weights (the GGUF's row-major blocks) x Q8_K
+ * activations, for prefill chunks and many-row decode steps.
+ *
+ * A panel is 8 weight rows x up to KP_KB super-blocks. It is decoded once into an L1/L2
+ * scratch in the layout the VNNI tile wants, then every token of the chunk sweeps it:
+ *
+ *   - quants: octet o of a super-block (elements 8 o .. 8 o + 7) of the 8 rows is one
+ *     64-byte vector, row r in 64-bit lane r. Q2_K's 4-bit scale is folded into the quant
+ *     (sc * q <= 15 * 3 = 45 fits a byte), so one VPDPBUSD against the token's 8 signed Q8_K
+ *     bytes (a 64-bit broadcast) adds sum(sc * q * x) of four elements into int32 lane
+ *     (row, e), e the octet's half: sumi = sum_g sc[g] sum(q * x) exactly, with no
+ *     per-group multiply (|sumi| <= 256 * 45 * 127);
+ *   - mins: four vectors of int16 pairs (m[r][4s + 2e], m[r][4s + 2e + 1]) in dword (r, e),
+ *     met by VPDPWSSD with the token's bsums (one 64-bit broadcast of bsums[4s .. 4s + 3]):
+ *     summs = sum_g m[g] bsums[g] exactly;
+ *   - d and dmin of the 8 rows as floats.
+ *
+ * The two dword halves of a row are added, one VPERMT2D puts [sumi, summs] in row order, and
+ * the float finish is kquants2_impl.h's scale-and-min sequence lane-wise (d = y.d * x.d,
+ * dm = y.d * x.dmin, a = d * sumi, c = dm * summs, blk = a - c, sumf = sumf + blk, super-blocks
+ * ascending), the running sums kept in a per-chunk float buffer between panels (a float
+ * store and reload is exact): the scalar reference's bits, so vec_dot's at every level.
+ * Calls with few tokens (decode of a handful of rows) go to the AVX2 8-token panels, which
+ * give the same bits without the decode cost.
+ *
+ * Pure functions, any thread, no heap; about 48 KiB of stack.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/kquants2_impl.h"
+
+#define KP_INLINE static inline __attribute__((always_inline))
+
+enum {
+    KP_ROWS = 8,           /* rows per panel: one 64-bit lane each */
+    KP_TM = 8,             /* tokens per tile */
+    KP_TC = 64,            /* tokens per chunk (their activations stay in L2) */
+    KP_KB = 16,            /* super-blocks per panel */
+    KP_MIN_TOK = 8,        /* fewer tokens: the AVX2 panels */
+    KP_QS = 0,             /* panel block: 32 octet vectors */
+    KP_M = 32 * 64,        /* 4 min-pair vectors */
+    KP_D = KP_M + 4 * 64,  /* 8 d, then 8 dmin, as float */
+    KP_BLK = KP_D + 64,    /* bytes of one decoded super-block of the panel */
+};
+
+/* VPERMT2D: the row sums sit in dword 2r of both sources (after folding the halves) */
+static const int32_t kp_rows_idx[16] __attribute__((aligned(64))) = {
+    0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+
+KP_INLINE __m512i
+bcast8(const uint8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi64(v);
+}
+
+/* ---- Q2_K panel decode -------------------------------------------------------------------- */
+
+/* Row r (0..7) of the panel: super-blocks [0, nb) of blocks x (NULL: a zero row). */
+static void
+q2k_decode_row(uint8_t *pan, int r, const sp_block_q2_k *x, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = pan + (size_t)b * KP_BLK;
+        if (x == NULL) {
+            for (int o = 0; o < 32; o++) {
+                memset(pb + KP_QS + 64 * o + 8 * r, 0, 8);
+            }
+            for (int s = 0; s < 4; s++) {
+                memset(pb + KP_M + 64 * s + 8 * r, 0, 8);
+            }
+            memset(pb + KP_D + 4 * r, 0, 4);
+            memset(pb + KP_D + 32 + 4 * r, 0, 4);
+            continue;
+        }
+        const sp_block_q2_k *xb = &x[b];
+        for (int half = 0; half < 2; half++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * half));
+            for (int sh = 0; sh < 4; sh++) {
+                /* elements 128 half + 32 sh .. + 31: groups 2k, 2k + 1 (k = 4 half + sh) */
+                const int k = 4 * half + sh;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * sh), m3);
+                /* q * sc per byte with one 16-bit multiply: both bytes of a word share the
+                 * scale and each product is < 256, so nothing carries across bytes */
+                const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(xb->scales[2 * k + 1] & 0xF),
+                                                    _mm_set1_epi16(xb->scales[2 * k] & 0xF));
+                uint8_t v[32];
+                _mm256_storeu_si256((__m256i *)v, _mm256_mullo_epi16(q, sc));
+                for (int i = 0; i < 4; i++) {
+                    memcpy(pb + KP_QS + 64 * (4 * k + i) + 8 * r, v + 8 * i, 8);
+                }
+            }
+        }
+        for (int s = 0; s < 4; s++) { /* words 4r .. 4r + 3 of vector s: m[4s .. 4s + 3] */
+            int16_t m4[4];
+            for (int i = 0; i < 4; i++) {
+                m4[i] = (int16_t)(xb->scales[4 * s + i] >> 4);
+            }
+            memcpy(pb + KP_M + 64 * s + 8 * r, m4, sizeof m4);
+        }
+        const float dd[2] = {_cvtsh_ss(xb->d), _cvtsh_ss(xb->dmin)};
+        memcpy(pb + KP_D + 4 * r, &dd[0], 4);
+        memcpy(pb + KP_D + 32 + 4 * r, &dd[1], 4);
+    }
+}
+
+/* ---- the VNNI tile ------------------------------------------------------------------------ */
+
+/* T tokens x the panel's 8 rows over nb decoded super-blocks; acc[t] (8 floats, row order) is
+ * read and written back. x: the tokens' Q8_K blocks of the panel's first super-block. */
+KP_INLINE void
+q2k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, float *acc)
+{
+    const __m512i rows_idx = _mm512_load_si512((const void *)kp_rows_idx);
+    __m256 a[KP_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        a[t] = _mm256_loadu_ps(acc + KP_ROWS * t);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = pan + (size_t)b * KP_BLK;
+        const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
+        __m512i si[KP_TM];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            si[t] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int o = 0; o < 32; o++) {
+            const __m512i wv = _mm512_load_si512((const void *)(pb + KP_QS + 64 * o));
+            const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 8 * o;
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                si[t] = _mm512_dpbusd_epi32(si[t], wv, bcast8(xq + (size_t)t * xs));
+            }
+        }
+        const __m512 dw = _mm512_load_ps((const void *)(pb + KP_D));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xt = xb + (size_t)t * xs;
+            const uint8_t *bs = xt + offsetof(sp_block_q8_k, bsums);
+            __m512i mm = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                mm = _mm512_dpwssd_epi32(
+                    mm, _mm512_load_si512((const void *)(pb + KP_M + 64 * s)), bcast8(bs + 8 * s));
+            }
+            const __m512i s2 = _mm512_add_epi32(si[t], _mm512_shuffle_epi32(si[t], 0xB1));
+            mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(s2, rows_idx, mm));
+            float yd;
+            memcpy(&yd, xt, sizeof yd);
+            const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(yd), dw), f);
+            const __m256 blk =
+                _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
+            a[t] = _mm256_add_ps(a[t], blk);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(acc + KP_ROWS * t, a[t]);
+    }
+}
+
+typedef void (*kp_tile_fn)(int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs,
+                           float *acc);
+typedef void (*kp_decode_fn)(uint8_t *pan, int r, const void *x, int64_t nb);
+
+#define KP_TILES(name, tile)                                                                   \
+    static void name##_1(int64_t nb, const uint8_t *p, const uint8_t *x, size_t xs, float *a)  \
+    {                                                                                          \
+        tile(1, nb, p, x, xs, a);                                                              \
+    }                                                                                          \
+    static void name##_2(int64_t nb, const uint8_t *p, const uint8_t *x, size_t xs, float *a)  \
+    {                                                                                          \
+        tile(2, nb, p, x, xs, a);                                                              \
+    }                                                                                          \
+    static void name##_4(int64_t nb, const uint8_t *p, const uint8_t *x, size_t xs, float *a)  \
+    {                                                                                          \
+        tile(4, nb, p, x, xs, a);                                                              \
+    }                                                                                          \
+    static void name##_8(int64_t nb, const uint8_t *p, const uint8_t *x, size_t xs, float *a)  \
+    {                                                                                          \
+        tile(8, nb, p, x, xs, a);                                                              \
+    }                                                                                          \
+    static const kp_tile_fn name[4] = {name##_1, name##_2, name##_4, name##_8};
+
+KP_TILES(q2k_tiles, q2k_tile)
+
+static void
+q2k_decode(uint8_t *pan, int r, const void *x, int64_t nb)
+{
+    q2k_decode_row(pan, r, x, nb);
+}
+
+/*
+ * Rows [r0, r1) x tokens [0, n_tok): token chunks of KP_TC; per chunk, each panel of 8 rows and
+ * KP_KB super-blocks is decoded once and swept by the chunk's tokens (tiles of 8, then 4, 2, 1
+ * for the tail), the running float sums in `acc` between panels.
+ */
+static void
+kp_gemm(const kp_tile_fn tiles[4], kp_decode_fn decode, size_t wblk, int64_t n, const void *w,
+        size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y,
+        int64_t ldy)
+{
+    _Alignas(64) uint8_t pan[KP_KB * KP_BLK];
+    _Alignas(64) float acc[KP_TC * KP_ROWS];
+    const int64_t nb = n / SP_QK_K;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += KP_TC) {
+        const int64_t tn = n_tok - t0 < KP_TC ? n_tok - t0 : KP_TC;
+        const uint8_t *xc = (const uint8_t *)x + (size_t)t0 * xs;
+        for (int64_t g = r0; g < r1; g += KP_ROWS) {
+            const int nr = r1 - g < KP_ROWS ? (int)(r1 - g) : KP_ROWS;
+            memset(acc, 0, sizeof(float) * (size_t)(tn * KP_ROWS));
+            for (int64_t b0 = 0; b0 < nb; b0 += KP_KB) {
+                const int64_t kb = nb - b0 < KP_KB ? nb - b0 : KP_KB;
+                for (int r = 0; r < KP_ROWS; r++) {
+                    const uint8_t *wr = r < nr ? (const uint8_t *)w + (size_t)(g + r) * ws +
+                                                     (size_t)b0 * wblk
+                                               : NULL;
+                    decode(pan, r, wr, kb);
+                }
+                const uint8_t *xk = xc + (size_t)b0 * sizeof(sp_block_q8_k);
+                int64_t t = 0;
+                for (int ti = 3; ti >= 0; ti--) {
+                    const int T = 1 << ti;
+                    for (; tn - t >= T; t += T) {
+                        tiles[ti](kb, pan, xk + (size_t)t * xs, xs, acc + KP_ROWS * t);
+                    }
+                }
+            }
+            for (int64_t t = 0; t < tn; t++) {
+                memcpy(y + (t0 + t) * ldy + g, acc + KP_ROWS * t, sizeof(float) * (size_t)nr);
+            }
+        }
+    }
+}
+
+void
+sp__q2k_gemm_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                         const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    if (n_tok < KP_MIN_TOK) {
+        sp__q2k_gemm_avx2(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        return;
+    }
+    kp_gemm(q2k_tiles, q2k_decode, sizeof(sp_block_q2_k), n, w, w_stride, r0, r1, x, x_stride,
+            n_tok, y, ldy);
+}
+
+void
+sp__kpanels_register_avx512(sp_cpu_kernels_t *k, bool has_vnni)
+{
+    if (has_vnni) { /* without VNNI the AVX2 8-token panels stay */
+        k->gemm[SP_TYPE_Q2_K] = sp__q2k_gemm_avx512_vnni;
+    }
+}
