@@ -5,6 +5,8 @@
  * Reports GMAC/s per thread (thread CPU time, best of 3). With a second kernel table entry for
  * the same type (the `_prev` gemm a kernel file keeps for A/B), the two are timed interleaved
  * in the same process and their ratio printed: the host may be loaded, ratios are what count.
+ * At the AVX-512 level "prev" is the AVX2 table's gemm wherever the AVX-512 table has another
+ * (the VNNI panels of avx512_kpanel.c).
  *
  *   make build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
@@ -80,11 +82,15 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     const double macs = (double)ROWS * (double)n * (double)tok;
     run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
     sp_gemm_fn pg = prev_gemm(wt);
+    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k->level == SP_CPU_AVX512) { /* an AVX-512 gemm of its own: against the AVX2 table's */
+        pg = k2->gemm[wt] != k->gemm[wt] ? k2->gemm[wt] : NULL;
+    }
     if (cur.gemm == NULL) {
         printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);
         goto done;
     }
-    if (pg != NULL && k->level == SP_CPU_AVX2) {
+    if (pg != NULL) {
         run_t prev = {pg, n, w, wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */

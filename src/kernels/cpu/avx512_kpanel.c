@@ -39,7 +39,7 @@ enum {
     KP_TM = 8,             /* tokens per tile */
     KP_TC = 64,            /* tokens per chunk (their activations stay in L2) */
     KP_KB = 16,            /* super-blocks per panel */
-    KP_MIN_TOK = 8,        /* fewer tokens: the AVX2 panels */
+    KP_MIN_TOK = 12,       /* fewer tokens: the AVX2 panels (faster below ~12: bench) */
     KP_QS = 0,             /* panel block: 32 octet vectors */
     KP_M = 32 * 64,        /* 4 min-pair vectors */
     KP_D = KP_M + 4 * 64,  /* 8 d, then 8 dmin, as float */
