@@ -31,6 +31,7 @@
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
 
 #define KP_INLINE static inline __attribute__((always_inline))
 
@@ -40,10 +41,16 @@ enum {
     KP_TC = 64,            /* tokens per chunk (their activations stay in L2) */
     KP_KB = 16,            /* super-blocks per panel */
     KP_MIN_TOK = 12,       /* fewer tokens: the AVX2 panels (faster below ~12: bench) */
-    KP_QS = 0,             /* panel block: 32 octet vectors */
+    KP_QS = 0,             /* Q2_K panel block: 32 octet vectors */
     KP_M = 32 * 64,        /* 4 min-pair vectors */
     KP_D = KP_M + 4 * 64,  /* 8 d, then 8 dmin, as float */
-    KP_BLK = KP_D + 64,    /* bytes of one decoded super-block of the panel */
+    KP_BLK = KP_D + 64,    /* bytes of one decoded Q2_K super-block of the panel */
+    K6_QS = 0,             /* Q6_K panel block: 32 octet vectors of q (0..63) */
+    K6_SC = 32 * 64,       /* 16 scale vectors: group g's scale in the 4 words of row r */
+    K6_CR = K6_SC + 16 * 64, /* 4 scale-pair vectors for the -32 correction (as KP_M) */
+    K6_D = K6_CR + 4 * 64, /* 8 d as float */
+    K6_BLK = K6_D + 64,
+    KP_PAN = KP_KB * (K6_BLK > KP_BLK ? K6_BLK : KP_BLK), /* the panel scratch */
 };
 
 /* VPERMT2D: the row sums sit in dword 2r of both sources (after folding the halves) */
@@ -167,6 +174,129 @@ q2k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
     }
 }
 
+/* ---- Q6_K panel decode and tile ----------------------------------------------------------- */
+
+/* Row r (0..7) of a Q6_K panel: q (0..63) of super-blocks [0, nb), the int8 group scales as
+ * int16, d as float (x NULL: a zero row). */
+static void
+q6k_decode_row(uint8_t *pan, int r, const sp_block_q6_k *x, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *pb = pan + (size_t)b * K6_BLK;
+        if (x == NULL) {
+            for (int o = 0; o < 32; o++) {
+                memset(pb + K6_QS + 64 * o + 8 * r, 0, 8);
+            }
+            for (int v = 0; v < 20; v++) { /* the 16 scale and 4 pair vectors */
+                memset(pb + K6_SC + 64 * v + 8 * r, 0, 8);
+            }
+            memset(pb + K6_D + 4 * r, 0, 4);
+            continue;
+        }
+        const sp_block_q6_k *xb = &x[b];
+        for (int h = 0; h < 2; h++) {
+            /* kernels.h's Q6_K: elements 128 h + l, + 32, + 64, + 96 take the low / high
+             * nibbles of ql[64 h + l], ql[64 h + 32 + l] and bit pairs 0, 2, 4, 6 of qh[32 h + l] */
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(xb->ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(xb->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(xb->qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int j = 0; j < 4; j++) {
+                uint8_t v[32];
+                _mm256_storeu_si256((__m256i *)v, q[j]);
+                for (int i = 0; i < 4; i++) { /* octets 4 (4h + j) + i */
+                    memcpy(pb + K6_QS + 64 * (16 * h + 4 * j + i) + 8 * r, v + 8 * i, 8);
+                }
+            }
+        }
+        for (int g = 0; g < 16; g++) {
+            const int16_t s4[4] = {xb->scales[g], xb->scales[g], xb->scales[g], xb->scales[g]};
+            memcpy(pb + K6_SC + 64 * g + 8 * r, s4, sizeof s4);
+        }
+        for (int s = 0; s < 4; s++) {
+            const int16_t p4[4] = {xb->scales[4 * s], xb->scales[4 * s + 1],
+                                   xb->scales[4 * s + 2], xb->scales[4 * s + 3]};
+            memcpy(pb + K6_CR + 64 * s + 8 * r, p4, sizeof p4);
+        }
+        const float d = _cvtsh_ss(xb->d);
+        memcpy(pb + K6_D + 4 * r, &d, 4);
+    }
+}
+
+/*
+ * Q6_K: VPMADDUBSW of the unsigned q (0..63) against the token's 8 signed bytes gives int16
+ * pair sums (at most 2 * 63 * 128 = 16128: no saturation), and VPDPWSSD multiplies them by
+ * the group's scale and adds into int32 lane (row, e): sum_g sc[g] sum(q * x), exact
+ * (<= 256 * 63 * 128 * 128). The -32 is sum_g sc[g] bsums[g], four VPDPWSSD of scale pairs
+ * against the bsums as Q2_K's mins, times 32 (a shift): sumi = main - 32 corr, exact. Float
+ * finish kquants_impl.h's: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk.
+ */
+KP_INLINE void
+q6k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, float *acc)
+{
+    __m256 a[KP_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        a[t] = _mm256_loadu_ps(acc + KP_ROWS * t);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = pan + (size_t)b * K6_BLK;
+        const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
+        __m512i s0[KP_TM], s1[KP_TM]; /* even and odd octets: two dependency chains */
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            s0[t] = s1[t] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < 16; g++) {
+            const __m512i S = _mm512_load_si512((const void *)(pb + K6_SC + 64 * g));
+            const __m512i w0 = _mm512_load_si512((const void *)(pb + K6_QS + 128 * g));
+            const __m512i w1 = _mm512_load_si512((const void *)(pb + K6_QS + 128 * g + 64));
+            const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 16 * g;
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                s0[t] = _mm512_dpwssd_epi32(
+                    s0[t], _mm512_maddubs_epi16(w0, bcast8(xq + (size_t)t * xs)), S);
+                s1[t] = _mm512_dpwssd_epi32(
+                    s1[t], _mm512_maddubs_epi16(w1, bcast8(xq + (size_t)t * xs + 8)), S);
+            }
+        }
+        const __m256 dw = _mm256_load_ps((const float *)(const void *)(pb + K6_D));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xt = xb + (size_t)t * xs;
+            const uint8_t *bs = xt + offsetof(sp_block_q8_k, bsums);
+            __m512i cr = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                cr = _mm512_dpwssd_epi32(
+                    cr, _mm512_load_si512((const void *)(pb + K6_CR + 64 * s)), bcast8(bs + 8 * s));
+            }
+            __m512i si = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), _mm512_slli_epi32(cr, 5));
+            si = _mm512_add_epi32(si, _mm512_shuffle_epi32(si, 0xB1));
+            /* dword 2r holds row r: VPMOVQD takes the low dword of each 64-bit lane */
+            const __m256 f = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(si));
+            float yd;
+            memcpy(&yd, xt, sizeof yd);
+            const __m256 blk = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yd), dw), f);
+            a[t] = _mm256_add_ps(a[t], blk);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(acc + KP_ROWS * t, a[t]);
+    }
+}
+
 typedef void (*kp_tile_fn)(int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs,
                            float *acc);
 typedef void (*kp_decode_fn)(uint8_t *pan, int r, const void *x, int64_t nb);
@@ -191,11 +321,18 @@ typedef void (*kp_decode_fn)(uint8_t *pan, int r, const void *x, int64_t nb);
     static const kp_tile_fn name[4] = {name##_1, name##_2, name##_4, name##_8};
 
 KP_TILES(q2k_tiles, q2k_tile)
+KP_TILES(q6k_tiles, q6k_tile)
 
 static void
 q2k_decode(uint8_t *pan, int r, const void *x, int64_t nb)
 {
     q2k_decode_row(pan, r, x, nb);
+}
+
+static void
+q6k_decode(uint8_t *pan, int r, const void *x, int64_t nb)
+{
+    q6k_decode_row(pan, r, x, nb);
 }
 
 /*
@@ -208,7 +345,7 @@ kp_gemm(const kp_tile_fn tiles[4], kp_decode_fn decode, size_t wblk, int64_t n, 
         size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y,
         int64_t ldy)
 {
-    _Alignas(64) uint8_t pan[KP_KB * KP_BLK];
+    _Alignas(64) uint8_t pan[KP_PAN];
     _Alignas(64) float acc[KP_TC * KP_ROWS];
     const int64_t nb = n / SP_QK_K;
     for (int64_t t0 = 0; t0 < n_tok; t0 += KP_TC) {
@@ -257,9 +394,26 @@ sp__q2k_gemm_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t r0, 
 }
 
 void
+sp__q6k_gemm_panel_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                               const void *x, size_t x_stride, int64_t n_tok, float *y,
+                               int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    if (n_tok < KP_MIN_TOK) {
+        sp__q6k_gemm_avx512_vnni(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+        return;
+    }
+    kp_gemm(q6k_tiles, q6k_decode, sizeof(sp_block_q6_k), n, w, w_stride, r0, r1, x, x_stride,
+            n_tok, y, ldy);
+}
+
+void
 sp__kpanels_register_avx512(sp_cpu_kernels_t *k, bool has_vnni)
 {
-    if (has_vnni) { /* without VNNI the AVX2 8-token panels stay */
+    if (has_vnni) { /* without VNNI the AVX2 8-token panels / the row tiles stay */
         k->gemm[SP_TYPE_Q2_K] = sp__q2k_gemm_avx512_vnni;
+        k->gemm[SP_TYPE_Q6_K] = sp__q6k_gemm_panel_avx512_vnni;
     }
 }
