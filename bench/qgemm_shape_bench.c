@@ -5,8 +5,8 @@
  * Reports GMAC/s per thread (thread CPU time, best of 3). With a second kernel table entry for
  * the same type (the `_prev` gemm a kernel file keeps for A/B), the two are timed interleaved
  * in the same process and their ratio printed: the host may be loaded, ratios are what count.
- * At the AVX-512 level "prev" is the AVX2 table's gemm wherever the AVX-512 table has another
- * (the VNNI panels of avx512_kpanel.c).
+ * At the AVX-512 level "prev" is the gemm the table had before the VNNI panels of
+ * avx512_kpanel.c: the AVX2 table's for Q2_K, the 1-row x 4-token VNNI tiles for Q6_K.
  *
  *   make build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
 #include "kernels/cpu/q32_impl.h"
 
 enum { ROWS = 128 };
@@ -83,8 +84,10 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
     sp_gemm_fn pg = prev_gemm(wt);
     const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
-    if (k->level == SP_CPU_AVX512) { /* an AVX-512 gemm of its own: against the AVX2 table's */
-        pg = k2->gemm[wt] != k->gemm[wt] ? k2->gemm[wt] : NULL;
+    if (k->level == SP_CPU_AVX512) { /* the VNNI panels against the gemm the table had before */
+        pg = wt == SP_TYPE_Q6_K && k->gemm[wt] == sp__q6k_gemm_panel_avx512_vnni
+                 ? sp__q6k_gemm_avx512_vnni
+                 : k2->gemm[wt] != k->gemm[wt] ? k2->gemm[wt] : NULL;
     }
     if (cur.gemm == NULL) {
         printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);
@@ -121,7 +124,7 @@ main(int argc, char **argv)
 {
     static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_Q8_0, SP_TYPE_Q4_K,  SP_TYPE_Q2_K,
                                       SP_TYPE_IQ4_XS, SP_TYPE_MXFP4, SP_TYPE_Q3_K, SP_TYPE_Q5_K,
-                                      SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_IQ4_NL};
+                                      SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_IQ4_NL, SP_TYPE_Q6_K};
     int64_t tok = 256;
     int nargs = 0;
     char *args[32];

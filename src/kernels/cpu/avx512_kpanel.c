@@ -40,7 +40,8 @@ enum {
     KP_TM = 8,             /* tokens per tile */
     KP_TC = 64,            /* tokens per chunk (their activations stay in L2) */
     KP_KB = 16,            /* super-blocks per panel */
-    KP_MIN_TOK = 12,       /* fewer tokens: the AVX2 panels (faster below ~12: bench) */
+    KP_MIN_TOK = 12,       /* Q2_K: fewer tokens go to the AVX2 panels (qgemm_shape_bench) */
+    K6_MIN_TOK = 20,       /* Q6_K: fewer go to the 1-row x 4-token VNNI tiles */
     KP_QS = 0,             /* Q2_K panel block: 32 octet vectors */
     KP_M = 32 * 64,        /* 4 min-pair vectors */
     KP_D = KP_M + 4 * 64,  /* 8 d, then 8 dmin, as float */
@@ -401,7 +402,7 @@ sp__q6k_gemm_panel_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_
     if (r1 <= r0 || n_tok <= 0) {
         return;
     }
-    if (n_tok < KP_MIN_TOK) {
+    if (n_tok < K6_MIN_TOK) {
         sp__q6k_gemm_avx512_vnni(n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
         return;
     }
