@@ -1,6 +1,14 @@
 /*
- * avx512_kpanel.c - AVX-512 VNNI gemm of Q2_K weights (the GGUF's row-major blocks) x Q8_K
- * activations, for prefill chunks and many-row decode steps.
+ * avx512_kpanel.c - AVX-512 VNNI gemms of Q2_K and Q6_K weights (the GGUF's row-major blocks)
+ * x Q8_K activations, for prefill chunks and batched decode steps of 12 (Q2_K) or 20 (Q6_K)
+ * tokens and more; fewer tokens go to the kernels the table had before (same bits).
+ *
+ * Why panels: the 1-row x 4-token AVX-512 tiles of avx512_kquants.c spend most of their time,
+ * per (row, token, super-block), on the horizontal sum, the scalar float finish and its serial
+ * add, and decode each row's weights again for every 4 tokens (perf annotate of a Q4_K
+ * prefill: vphaddw / vcvtdq2ps / vmovshdup / vaddss on the bsums and the finish hold the top
+ * samples). Here the finish is one vector op for 8 rows and the decode is paid once per 64
+ * tokens.
  *
  * A panel is 8 weight rows x up to KP_KB super-blocks. It is decoded once into an L1/L2
  * scratch in the layout the VNNI tile wants, then every token of the chunk sweeps it:
@@ -21,10 +29,10 @@
  * dm = y.d * x.dmin, a = d * sumi, c = dm * summs, blk = a - c, sumf = sumf + blk, super-blocks
  * ascending), the running sums kept in a per-chunk float buffer between panels (a float
  * store and reload is exact): the scalar reference's bits, so vec_dot's at every level.
- * Calls with few tokens (decode of a handful of rows) go to the AVX2 8-token panels, which
- * give the same bits without the decode cost.
+ * Calls with few tokens go to the AVX2 8-token panels, which give the same bits without the
+ * decode cost. Q6_K's numerics are at q6k_tile.
  *
- * Pure functions, any thread, no heap; about 48 KiB of stack.
+ * Pure functions, any thread, no heap; about 56 KiB of stack (the Q6_K panel and the sums).
  */
 #include <immintrin.h>
 #include <string.h>

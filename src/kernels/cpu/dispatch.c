@@ -151,7 +151,8 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         /* The AVX-512 panels unpack row-major Q4_0, IQ4_NL and Q8_0 blocks themselves, faster
          * than the AVX2 packed kernels; Q4_K and IQ4_XS stay packed, where the AVX2 packed
          * kernels beat the AVX-512 row-major ones (prefill 1.5-1.7x on a Zen 5: BENCHMARKS.md,
-         * "Ten types on an AVX-512 host"). */
+         * "Ten types on an AVX-512 host"), and with VNNI Q4_K's packed gemm is avx512_repack.c's
+         * and the Q2_K / Q6_K gemms avx512_kpanel.c's (docs/design-kq512.md). */
         k->repack_gemm[SP_TYPE_Q4_0] = NULL;
         k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
         k->repack_gemm[SP_TYPE_Q8_0] = NULL;
