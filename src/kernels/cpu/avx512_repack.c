@@ -183,10 +183,9 @@ static const r5_tile_fn q4k_tiles[R5_TM + 1] = {NULL,        q4k_tile_1, q4k_til
  * sweep them.
  */
 static void
-r5_gemm(const r5_tile_fn *tiles, int64_t nb, size_t pblk, const void *w, size_t ws, int64_t r0,
-        int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+r5_gemm(const r5_tile_fn *tiles, int64_t nb, const void *w, size_t ws, int64_t r0, int64_t r1,
+        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    (void)pblk;
     int64_t tc = (int64_t)(R5_X_CHUNK_BYTES / (xs ? xs : 1));
     tc = tc / R5_TM * R5_TM;
     if (tc < R5_TM) {
@@ -221,8 +220,7 @@ q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        r5_gemm(q4k_tiles, n / SP_QK_K, SP_REPACK_Q4K_BLOCK_BYTES, w, ws, r0, r1, x, xs, n_tok, y,
-                ldy);
+        r5_gemm(q4k_tiles, n / SP_QK_K, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
