@@ -651,9 +651,10 @@ TEST(kquants_extreme_values)
 /*
  * The gemm of every x86 level (Q6_K's AVX-512 VNNI panels, avx512_kpanel.c, run from 12 tokens;
  * Q4_K's row tiles) against the reference vec_dot, bit for bit: random weight bytes (every
- * quant and scale pattern, including -128), 3 and 37 super-blocks (the panels decode 16 at a
- * time: two boundaries and a short last panel), 1..33 and 70 tokens (tiles of 8, 4, 2, 1 and
- * the 64-token chunk), row ranges starting and ending inside an 8-row panel; then the extreme
+ * quant and scale pattern, including -128), 3 and 37 super-blocks (the panels decode 8 at a
+ * time: four boundaries and a short last panel), 1..33 and 70 tokens (tiles of 8, 4, 2, 1), at
+ * AVX-512 also 11 super-blocks x 260 tokens (past the 256-token chunk), row ranges starting and
+ * ending inside an 8-row panel; then the extreme
  * block of kquants_extreme_values through the gemm with 13 tokens of +-127.
  */
 static void
@@ -723,6 +724,8 @@ TEST(kquants_gemm_long_rows_many_tokens)
                 continue;
             check_gemm_long(k, type, 3, 40);
             check_gemm_long(k, type, 37, 70);
+            if (lv == SP_CPU_AVX512)
+                check_gemm_long(k, type, 11, 260);
         }
     }
 }

@@ -881,10 +881,18 @@ TEST(kquants2_element_positions)
  * every (row, token) and writes nothing else. The activations are laid out 40 KiB apart, so an
  * AVX2 token chunk holds only 8 tokens and 33 tokens cross four chunk boundaries (the chunk
  * loop, the 8-token panel and the 1..7-token tails all run). Random weight bytes (every quant
- * pattern), nb super-blocks: 3, and 37 for the AVX-512 panels (which decode 16 super-blocks
- * at a time: two panel boundaries and a short last panel), with 70 tokens there (past their
- * 64-token chunk).
+ * pattern), nb super-blocks: 3, and 37 for the AVX-512 panels (which decode 8 super-blocks
+ * at a time: four panel boundaries and a short last panel) with 70 tokens, and 11 with 260
+ * tokens (past their 256-token chunk).
  */
+/* Token counts to try: 1..34, then steps of 12, and t_max itself. */
+static int
+next_nt(int nt, int t_max)
+{
+    const int next = nt < 34 ? nt + 1 : nt + 12;
+    return next > t_max && nt < t_max ? t_max : next;
+}
+
 static void
 check_panels(const sp_cpu_kernels_t *k, int nb, int t_max, const sp_type_t *pts, size_t n_pts)
 {
@@ -925,7 +933,7 @@ check_panels(const sp_cpu_kernels_t *k, int nb, int t_max, const sp_type_t *pts,
                 td->ref(nb * 256, &want[t * R + r], wp + r * ws, x + (size_t)t * XS);
         for (int r0 = 0; r0 <= 1; r0++)
             for (int r1 = r0 + 1; r1 <= R; r1 += 2)
-                for (int nt = 1; nt <= t_max; nt += nt < 34 ? 1 : 12) {
+                for (int nt = 1; nt <= t_max; nt = next_nt(nt, t_max)) {
                     for (int i = 0; i < t_max * LDY; i++)
                         y[i] = -999.0f;
                     k->gemm[td->type](nb * 256, wp, ws, r0, r1, x, XS, nt, y, LDY);
@@ -964,6 +972,7 @@ TEST(kquants2_gemm_panels_avx512)
     static const sp_type_t pts[] = {SP_TYPE_Q2_K};
     check_panels(k, 3, 33, pts, 1);
     check_panels(k, 37, 70, pts, 1);
+    check_panels(k, 11, 260, pts, 1);
 }
 
 /*

@@ -7,7 +7,7 @@
  * per (row, token, super-block), on the horizontal sum, the scalar float finish and its serial
  * add, and decode each row's weights again for every 4 tokens (perf annotate of a Q4_K
  * prefill: vphaddw / vcvtdq2ps / vmovshdup / vaddss on the bsums and the finish hold the top
- * samples). Here the finish is one vector op for 8 rows and the decode is paid once per 64
+ * samples). Here the finish is one vector op for 8 rows and the decode is paid once per 256
  * tokens.
  *
  * A panel is 8 weight rows x up to KP_KB super-blocks. It is decoded once into an L1/L2
@@ -32,7 +32,7 @@
  * Calls with few tokens go to the AVX2 8-token panels, which give the same bits without the
  * decode cost. Q6_K's numerics are at q6k_tile.
  *
- * Pure functions, any thread, no heap; about 56 KiB of stack (the Q6_K panel and the sums).
+ * Pure functions, any thread, no heap; about 36 KiB of stack (a Q6_K panel and the sums).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -46,8 +46,8 @@
 enum {
     KP_ROWS = 8,           /* rows per panel: one 64-bit lane each */
     KP_TM = 8,             /* tokens per tile */
-    KP_TC = 64,            /* tokens per chunk (their activations stay in L2) */
-    KP_KB = 16,            /* super-blocks per panel */
+    KP_TC = 256,           /* tokens per chunk: their activations (600 KiB) stay in L2 */
+    KP_KB = 8,             /* super-blocks per panel: a Q6_K panel (27 KiB) stays in L1 */
     KP_MIN_TOK = 12,       /* Q2_K: fewer tokens go to the AVX2 panels (qgemm_shape_bench) */
     K6_MIN_TOK = 20,       /* Q6_K: fewer go to the 1-row x 4-token VNNI tiles */
     KP_QS = 0,             /* Q2_K panel block: 32 octet vectors */
