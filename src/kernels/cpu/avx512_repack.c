@@ -31,9 +31,10 @@
 
 #define R5_INLINE static inline __attribute__((always_inline))
 
-/* tokens per tile, and the activation bytes a token chunk keeps in cache while groups sweep it */
+/* tokens per tile, and the activation bytes a token chunk keeps in L2 while groups sweep it
+ * (512 KiB: 5-15% faster than 192 KiB in repack_bench on a 1 MiB-L2 Zen 5) */
 #define R5_TM 8
-#define R5_X_CHUNK_BYTES (192 * 1024)
+#define R5_X_CHUNK_BYTES (512 * 1024)
 
 /* VPSHUFB patterns (0x80: a zero byte, so every index is zero-extended to int16). The scale
  * vector of chunk h is its two sub-blocks' 16 scale bytes sc[2h + i][r] (byte 8 i + r),
