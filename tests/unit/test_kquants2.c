@@ -110,6 +110,7 @@ fill_gauss(float *x, int64_t n, uint64_t seed)
 #define sp__q2k_vec_dot_avx512 NULL
 #define sp__q2k_gemm_avx2 NULL
 #define sp__q2k_gemm_avx512 NULL
+#define sp__q2k_gemm_avx512_vnni NULL
 #endif
 
 typedef struct {
