@@ -5,6 +5,8 @@
  * Reports GMAC/s per thread (thread CPU time, best of 3). With a second kernel table entry for
  * the same type (the `_prev` gemm a kernel file keeps for A/B), the two are timed interleaved
  * in the same process and their ratio printed: the host may be loaded, ratios are what count.
+ * At the AVX-512 level "prev" is the gemm the table had before the VNNI panels of
+ * avx512_kpanel.c: the AVX2 table's for Q2_K, the 1-row x 4-token VNNI tiles for Q6_K.
  *
  *   make build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
@@ -15,6 +17,7 @@
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants2_impl.h"
+#include "kernels/cpu/kquants_impl.h"
 #include "kernels/cpu/q32_impl.h"
 #include "kernels/cpu/repack_impl.h"
 
@@ -47,9 +50,18 @@ prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
     if (k->level == SP_CPU_AVX512) {
         if (!__builtin_cpu_supports("avx512vnni"))
             return NULL;
-        if (wt == SP_TYPE_IQ4_XS)
-            return sp__repack_iq4_xs_gemm_avx2;
-        return sp__q32_avx512_vnni_prev_gemm(wt);
+        /* the VNNI kernels against what the table had before them: the AVX2 packed gemm of a
+         * packed type (IQ4_XS, Q4_K), the 512-bit Q6_K gemm, the q32 previous panels, else the
+         * AVX2 table's gemm where it differs */
+        const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+        if (k->repack_gemm[wt] != NULL)
+            return k2->repack_gemm[wt] != k->repack_gemm[wt] ? k2->repack_gemm[wt] : NULL;
+        if (wt == SP_TYPE_Q6_K && k->gemm[wt] == sp__q6k_gemm_panel_avx512_vnni)
+            return sp__q6k_gemm_avx512_vnni;
+        sp_gemm_fn q = sp__q32_avx512_vnni_prev_gemm(wt);
+        if (q != NULL)
+            return q;
+        return k2->gemm[wt] != k->gemm[wt] ? k2->gemm[wt] : NULL;
     }
     switch (wt) {
     case SP_TYPE_Q2_K: return sp__q2k_gemm_avx2_prev;
@@ -135,7 +147,7 @@ main(int argc, char **argv)
 {
     static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_Q8_0, SP_TYPE_Q4_K,  SP_TYPE_Q2_K,
                                       SP_TYPE_IQ4_XS, SP_TYPE_MXFP4, SP_TYPE_Q3_K, SP_TYPE_Q5_K,
-                                      SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_IQ4_NL};
+                                      SP_TYPE_Q4_1, SP_TYPE_Q5_0, SP_TYPE_IQ4_NL, SP_TYPE_Q6_K};
     int64_t tok = 256;
     int nargs = 0;
     char *args[32];

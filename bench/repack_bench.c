@@ -3,7 +3,9 @@
  * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
  * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
  * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
- * memory, or L3 where it fits). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
+ * memory, or L3 where it fits). At the AVX-512 level, where a packed gemm of its own replaces
+ * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
+ * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
  *
  *   make BUILD=build build/libsampan.a
@@ -67,18 +69,28 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
         k->from_float[at](f, x + (size_t)t * xrow, n);
     }
     sp_repack_pack(wt, n, w, wrow, rows, 0, (rows + 7) / 8, wp);
-    run_t c[2] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
-                  {k, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out}};
-    double best[2] = {1e30, 1e30};
+    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    const int nv = k->level == SP_CPU_AVX512 && k2 != NULL && k2->repack_gemm[wt] != NULL &&
+                           k2->repack_gemm[wt] != k->repack_gemm[wt]
+                       ? 3
+                       : 2;
+    run_t c[3] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
+                  {k, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
+                  {k2, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow,
+                   out}};
+    double best[3] = {1e30, 1e30, 1e30};
     for (int tr = 0; tr < 5; tr++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < nv; v++) {
             const double s = qbench_best(run, &c[v], reps, 1);
             best[v] = s < best[v] ? s : best[v];
         }
     const double bytes = (double)wrow * (double)rows * (double)toks; /* weight bytes x tokens */
-    printf("%-6s %-7s %-22s old %8.3f ms (%6.2f GB/s)  packed %8.3f ms (%6.2f GB/s)  x%.2f\n",
+    printf("%-6s %-7s %-22s old %8.3f ms (%6.2f GB/s)  packed %8.3f ms (%6.2f GB/s)  x%.2f",
            k->name, sp_type_name(wt), what, best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3,
            bytes / best[1] / 1e9, best[0] / best[1]);
+    if (nv == 3)
+        printf("  vs avx2 packed x%.2f", best[2] / best[1]);
+    printf("\n");
     free(w);
     free(x);
     free(wp);

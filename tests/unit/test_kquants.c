@@ -647,3 +647,126 @@ TEST(kquants_extreme_values)
         }
     }
 }
+
+/*
+ * The gemm of every x86 level (Q6_K's AVX-512 VNNI panels, avx512_kpanel.c, run from 12 tokens;
+ * Q4_K's row tiles) against the reference vec_dot, bit for bit: random weight bytes (every
+ * quant and scale pattern, including -128), 3 and 37 super-blocks (the panels decode 8 at a
+ * time: four boundaries and a short last panel), 1..33 and 70 tokens (tiles of 8, 4, 2, 1), at
+ * AVX-512 also 11 super-blocks x 260 tokens (past the 256-token chunk), row ranges starting and
+ * ending inside an 8-row panel; then the extreme
+ * block of kquants_extreme_values through the gemm with 13 tokens of +-127.
+ */
+static void
+check_gemm_long(const sp_cpu_kernels_t *k, sp_type_t type, int nb, int t_max)
+{
+    enum { R = 11, LDY = R + 2 };
+    const size_t bs = type == SP_TYPE_Q6_K ? sizeof(sp_block_q6_k) : sizeof(sp_block_q4_k);
+    const size_t ws = (size_t)nb * bs, xs = (size_t)nb * sizeof(sp_block_q8_k);
+    uint8_t *w = malloc(ws * R), *x = malloc(xs * (size_t)t_max);
+    float *f = malloc(sizeof(float) * (size_t)nb * 256);
+    float *want = malloc(sizeof(float) * (size_t)(R * t_max));
+    float *y = malloc(sizeof(float) * (size_t)(LDY * t_max));
+    ASSERT(w && x && f && want && y);
+    rng_seed(4242 + (uint64_t)nb);
+    for (size_t i = 0; i < ws * R; i++)
+        w[i] = (uint8_t)(rng_uniform() * 256.0);
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < nb; b++) { /* finite scales */
+            const sp_fp16_t d = sp_fp32_to_fp16((float)(0.001 + 0.01 * rng_uniform()));
+            uint8_t *blk = w + (size_t)r * ws + (size_t)b * bs;
+            memcpy(blk + (type == SP_TYPE_Q6_K ? offsetof(sp_block_q6_k, d) : 0), &d, 2);
+            if (type == SP_TYPE_Q4_K)
+                memcpy(blk + 2, &d, 2);
+        }
+    for (int t = 0; t < t_max; t++) {
+        for (int i = 0; i < nb * 256; i++)
+            f[i] = (float)rng_gauss() * (t == 3 && i == 100 ? 40.0f : 1.0f);
+        sp__q8k_from_float_ref(f, x + (size_t)t * xs, nb * 256);
+    }
+    for (int t = 0; t < t_max; t++)
+        for (int r = 0; r < R; r++)
+            sp_cpu_kernels_ref()->vec_dot[type](nb * 256, &want[t * R + r], w + (size_t)r * ws,
+                                                x + (size_t)t * xs);
+    static const int ranges[3][2] = {{0, R}, {3, 10}, {5, 6}};
+    for (int ri = 0; ri < 3; ri++)
+        for (int nt = 1; nt <= t_max; nt += nt < 33 ? 1 : t_max - 33) {
+            const int r0 = ranges[ri][0], r1 = ranges[ri][1];
+            for (int i = 0; i < LDY * t_max; i++)
+                y[i] = -999.0f;
+            k->gemm[type](nb * 256, w, ws, r0, r1, x, xs, nt, y, LDY);
+            for (int t = 0; t < t_max; t++)
+                for (int r = 0; r < LDY; r++) {
+                    if (t < nt && r >= r0 && r < r1)
+                        ASSERT_BITS_EQ(y[t * LDY + r], want[t * R + r]);
+                    else
+                        ASSERT_FEQ(y[t * LDY + r], -999.0f);
+                }
+        }
+    free(w);
+    free(x);
+    free(f);
+    free(want);
+    free(y);
+}
+
+TEST(kquants_gemm_long_rows_many_tokens)
+{
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+        if (k == NULL) {
+            printf("skipped: level %d not on this CPU\n", lv);
+            continue;
+        }
+        for (int ti = 0; ti < 2; ti++) {
+            const sp_type_t type = ti ? SP_TYPE_Q6_K : SP_TYPE_Q4_K;
+            if (k->gemm[type] == NULL)
+                continue;
+            check_gemm_long(k, type, 3, 40);
+            check_gemm_long(k, type, 37, 70);
+            if (lv == SP_CPU_AVX512)
+                check_gemm_long(k, type, 11, 260);
+        }
+    }
+}
+
+TEST(kquants_gemm_extremes_many_tokens)
+{
+    enum { T = 13 };
+    sp_block_q6_k w6[3];
+    int q[256];
+    for (int e = 0; e < 256; e++)
+        q[e] = (e & 1) ? 63 : 0;
+    for (int r = 0; r < 3; r++) {
+        pack_q6k_quants(w6[r].ql, w6[r].qh, q);
+        for (int g = 0; g < 16; g++)
+            w6[r].scales[g] = (int8_t)((g + r) & 1 ? 127 : -128);
+        w6[r].d = FP16_ONE;
+    }
+    sp_block_q8_k x[T];
+    for (int t = 0; t < T; t++) {
+        x[t].d = 1.0f;
+        for (int i = 0; i < 256; i++)
+            x[t].qs[i] = (int8_t)((t & 1 ? 1 : -1) * ((i & 1) ? 127 : -127) *
+                                  (i % 3 == 2 && t > 6 ? -1 : 1));
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += x[t].qs[16 * g + i];
+            x[t].bsums[g] = (int16_t)s;
+        }
+    }
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
+        if (k == NULL || k->gemm[SP_TYPE_Q6_K] == NULL)
+            continue;
+        float y[T * 3];
+        k->gemm[SP_TYPE_Q6_K](256, w6, sizeof(w6[0]), 0, 3, x, sizeof(x[0]), T, y, 3);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < 3; r++) {
+                float ref;
+                sp_cpu_kernels_ref()->vec_dot[SP_TYPE_Q6_K](256, &ref, &w6[r], &x[t]);
+                ASSERT_BITS_EQ(y[t * 3 + r], ref);
+            }
+    }
+}

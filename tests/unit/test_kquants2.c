@@ -110,6 +110,7 @@ fill_gauss(float *x, int64_t n, uint64_t seed)
 #define sp__q2k_vec_dot_avx512 NULL
 #define sp__q2k_gemm_avx2 NULL
 #define sp__q2k_gemm_avx512 NULL
+#define sp__q2k_gemm_avx512_vnni NULL
 #endif
 
 typedef struct {
@@ -877,38 +878,50 @@ TEST(kquants2_element_positions)
 /* ---- the AVX2 panel gemms (Q2_K, Q3_K, Q5_K, IQ4_XS): 8-token tiles, chunks that stay in L2 -- */
 
 /*
- * Every batch size 1..33 and several row ranges: the gemm gives the reference's bits for every
- * (row, token) and writes nothing else. The activations are laid out 40 KiB apart, so a token
- * chunk holds only 8 tokens and the 33 tokens cross four chunk boundaries (the chunk loop, the
- * 8-token panel and the 1..7-token tails all run). Random weight bytes (every quant pattern),
- * 3 super-blocks.
+ * Every batch size 1..nt_max and several row ranges: the gemm gives the reference's bits for
+ * every (row, token) and writes nothing else. The activations are laid out 40 KiB apart, so an
+ * AVX2 token chunk holds only 8 tokens and 33 tokens cross four chunk boundaries (the chunk
+ * loop, the 8-token panel and the 1..7-token tails all run). Random weight bytes (every quant
+ * pattern), nb super-blocks: 3, and 37 for the AVX-512 panels (which decode 8 super-blocks
+ * at a time: four panel boundaries and a short last panel) with 70 tokens, and 11 with 260
+ * tokens (past their 256-token chunk).
  */
-TEST(kquants2_gemm_panels)
+/* Token counts to try: 1..34, then steps of 12, and t_max itself. */
+static int
+next_nt(int nt, int t_max)
 {
-    enum { NB = 3, R = 5, T = 33, LDY = R + 2, XS = 40 * 1024 };
-    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
-    if (k == NULL)
-        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
-    uint8_t *x = malloc((size_t)T * XS);
-    ASSERT(x != NULL);
+    const int next = nt < 34 ? nt + 1 : nt + 12;
+    return next > t_max && nt < t_max ? t_max : next;
+}
+
+static void
+check_panels(const sp_cpu_kernels_t *k, int nb, int t_max, const sp_type_t *pts, size_t n_pts)
+{
+    enum { R = 5, LDY = R + 2, XS = 40 * 1024 };
+    ASSERT(nb * 292 <= XS);
+    uint8_t *x = malloc((size_t)t_max * XS);
+    float *f = malloc(sizeof(float) * (size_t)nb * 256);
+    uint8_t *wp = malloc((size_t)R * (size_t)nb * MAXB);
+    float *want = malloc(sizeof(float) * (size_t)(t_max * R));
+    float *y = malloc(sizeof(float) * (size_t)(t_max * LDY));
+    ASSERT(x != NULL && f != NULL && wp != NULL && want != NULL && y != NULL);
     rng_seed(991);
-    for (int t = 0; t < T; t++) {
-        float f[NB * 256];
-        for (int i = 0; i < NB * 256; i++)
+    for (int t = 0; t < t_max; t++) {
+        for (int i = 0; i < nb * 256; i++)
             f[i] = rng_gauss() * (t == 5 && i == 77 ? 30.0f : 1.0f);
-        ASSERT(sp_quantize_row(SP_TYPE_Q8_K, f, x + (size_t)t * XS, NB * 256));
+        ASSERT(sp_quantize_row(SP_TYPE_Q8_K, f, x + (size_t)t * XS, nb * 256));
     }
-    static const sp_type_t pts[] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS, SP_TYPE_Q3_K, SP_TYPE_Q5_K};
-    for (size_t pi = 0; pi < sizeof(pts) / sizeof(pts[0]); pi++) {
+    for (size_t pi = 0; pi < n_pts; pi++) {
         const tdesc_t *td = NULL;
         for (int ti = 0; ti < NTYPES; ti++)
             if (types[ti].type == pts[pi])
                 td = &types[ti];
         ASSERT(td != NULL);
-        static uint8_t w[R][NB * MAXB];
+        /* the panel rows nb blocks apart: w_stride = nb * bsize */
+        const size_t ws = (size_t)nb * td->bsize;
         for (int r = 0; r < R; r++)
-            for (int b = 0; b < NB; b++) {
-                uint8_t *blk = w[r] + b * td->bsize;
+            for (int b = 0; b < nb; b++) {
+                uint8_t *blk = wp + r * ws + b * td->bsize;
                 for (size_t i = 0; i < td->bsize; i++)
                     blk[i] = (uint8_t)(rng_next() >> 56);
                 const sp_fp16_t d = sp_fp32_to_fp16((float)(0.001 + 0.01 * rng_uniform()));
@@ -916,32 +929,51 @@ TEST(kquants2_gemm_panels)
                 if (td->dmin_off)
                     memcpy(blk + td->dmin_off, &d, 2);
             }
-        /* the panel rows are w[r] packed NB blocks apart: w_stride = NB * bsize */
-        static uint8_t wp[R * NB * MAXB];
-        const size_t ws = NB * td->bsize;
-        for (int r = 0; r < R; r++)
-            memcpy(wp + r * ws, w[r], ws);
-        float want[T][R];
-        for (int t = 0; t < T; t++)
+        for (int t = 0; t < t_max; t++)
             for (int r = 0; r < R; r++)
-                td->ref(NB * 256, &want[t][r], wp + r * ws, x + (size_t)t * XS);
+                td->ref(nb * 256, &want[t * R + r], wp + r * ws, x + (size_t)t * XS);
         for (int r0 = 0; r0 <= 1; r0++)
             for (int r1 = r0 + 1; r1 <= R; r1 += 2)
-                for (int nt = 1; nt <= T; nt++) {
-                    float y[T * LDY];
-                    for (int i = 0; i < T * LDY; i++)
+                for (int nt = 1; nt <= t_max; nt = next_nt(nt, t_max)) {
+                    for (int i = 0; i < t_max * LDY; i++)
                         y[i] = -999.0f;
-                    k->gemm[td->type](NB * 256, wp, ws, r0, r1, x, XS, nt, y, LDY);
-                    for (int t = 0; t < T; t++)
+                    k->gemm[td->type](nb * 256, wp, ws, r0, r1, x, XS, nt, y, LDY);
+                    for (int t = 0; t < t_max; t++)
                         for (int r = 0; r < LDY; r++) {
                             if (t < nt && r >= r0 && r < r1)
-                                ASSERT_BITS_EQ(y[t * LDY + r], want[t][r]);
+                                ASSERT_BITS_EQ(y[t * LDY + r], want[t * R + r]);
                             else
                                 ASSERT_FEQ(y[t * LDY + r], -999.0f);
                         }
                 }
     }
     free(x);
+    free(f);
+    free(wp);
+    free(want);
+    free(y);
+}
+
+TEST(kquants2_gemm_panels)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
+    static const sp_type_t pts[] = {SP_TYPE_Q2_K, SP_TYPE_IQ4_XS, SP_TYPE_Q3_K, SP_TYPE_Q5_K};
+    check_panels(k, 3, 33, pts, sizeof pts / sizeof pts[0]);
+}
+
+/* The AVX-512 VNNI panels (avx512_kpanel.c: Q2_K): long rows, many tokens. */
+TEST(kquants2_gemm_panels_avx512)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX512);
+    if (k == NULL || !sp__cpu_features()->avx512_vnni)
+        SKIP("this CPU has no AVX-512 VNNI: the VNNI panel gemms not tested");
+    ASSERT(k->gemm[SP_TYPE_Q2_K] == sp__q2k_gemm_avx512_vnni);
+    static const sp_type_t pts[] = {SP_TYPE_Q2_K};
+    check_panels(k, 3, 33, pts, 1);
+    check_panels(k, 37, 70, pts, 1);
+    check_panels(k, 11, 260, pts, 1);
 }
 
 /*
@@ -950,12 +982,10 @@ TEST(kquants2_gemm_panels)
  * largest scales, against activations of +-127 in 9 tokens (one panel and one token of tail):
  * the reference's bits, which kquants2_extreme_values ties to the exact value.
  */
-TEST(kquants2_gemm_panel_extremes)
+static void
+check_panel_extremes(const sp_cpu_kernels_t *k)
 {
     enum { T = 9 };
-    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
-    if (k == NULL)
-        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
     sp_block_q2_k q2;
     sp_block_iq4_xs iq;
     int q[256], sc[16], m[16], idx[256], ls[8];
@@ -997,4 +1027,20 @@ TEST(kquants2_gemm_panel_extremes)
             ASSERT_BITS_EQ(y[t], ref);
         }
     }
+}
+
+TEST(kquants2_gemm_panel_extremes)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
+    if (k == NULL)
+        SKIP("this CPU has no AVX2/FMA/F16C: AVX2 panel gemms not tested");
+    check_panel_extremes(k);
+}
+
+TEST(kquants2_gemm_panel_extremes_avx512)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX512);
+    if (k == NULL || !sp__cpu_features()->avx512_vnni)
+        SKIP("this CPU has no AVX-512 VNNI: the VNNI panel gemms not tested");
+    check_panel_extremes(k);
 }

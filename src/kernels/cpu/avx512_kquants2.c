@@ -181,5 +181,6 @@ sp__kquants2_register_avx512(sp_cpu_kernels_t *k)
      * so batch invariance holds): on a Zen 5 the engine's 512-token prefill ran 1.3-1.6x faster
      * with them than with sp__*_gemm_avx512 (Q2_K 124 vs 77 tok/s, Q3_K 104 vs 73, Q5_K 95 vs 73;
      * BENCHMARKS.md, "Ten types on an AVX-512 host"). The AVX-512 gemms stay, tested
-     * (test_kquants2.c), until a 512-bit panel beats the AVX2 one. */
+     * (test_kquants2.c), until a 512-bit panel beats the AVX2 one. With VNNI, Q2_K's gemm is then
+     * avx512_kpanel.c's (sp__kpanels_register_avx512, after this). */
 }

@@ -43,6 +43,9 @@ void sp__kquants2_register_avx2(sp_cpu_kernels_t *k);
 void sp__avx512_register(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 void sp__kquants_register_avx512(sp_cpu_kernels_t *k, bool has_vnni, bool has_bf16);
 void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
+/* avx512_kpanel.c: the VNNI row-panel gemm of Q2_K (decoded panels swept by the tokens);
+ * registers nothing without VNNI. */
+void sp__kpanels_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
 /* avx512_gemv.c: one-token (decode) Q4_0 x Q8_0 products from the row layout, VNNI only;

@@ -103,4 +103,9 @@ void sp__iq4xs_gemm_avx2_prev(int64_t n, const void *w, size_t w_stride, int64_t
                               int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                               float *y, int64_t ldy);
 
+/* AVX-512 VNNI row panels (avx512_kpanel.c): only where cpuid reports VNNI. */
+void sp__q2k_gemm_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
+
 #endif /* SP_KERNELS_CPU_KQUANTS2_IMPL_H */

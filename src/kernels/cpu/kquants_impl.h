@@ -106,4 +106,10 @@ void sp__q6k_gemm_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t
                               const void *x, size_t x_stride, int64_t n_tok, float *y,
                               int64_t ldy);
 
+/* avx512_kpanel.c: the VNNI row panels of Q6_K (decoded 8-row panels swept by the tokens;
+ * fewer than 20 tokens go to sp__q6k_gemm_avx512_vnni). */
+void sp__q6k_gemm_panel_avx512_vnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                    int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                    float *y, int64_t ldy);
+
 #endif /* SP_KERNELS_CPU_KQUANTS_IMPL_H */

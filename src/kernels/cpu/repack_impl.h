@@ -86,5 +86,8 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
                                  float *y, int64_t ldy);
 /* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, 16-row panels for prefill. */
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
+/* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
+ * AVX2 one stays). */
+void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
