@@ -485,7 +485,7 @@ def int8_onednn(p, tmp, BackendError):
     for name, ws, wz, want in [("per-channel scales of the wrong length", np.full(5, 0.01, np.float32), None,
                                 "5 scales for axis 0"),
                                ("zero point type mismatch", np.full(6, 0.01, np.float32), np.zeros(6, np.int8),
-                                "zero point INT8 for input UINT8")]:
+                                "input 0 'wq' is UINT8 and input 2 'wz' is INT8")]:
         d = os.path.join(tmp, "int8_dnnl_bad", name.replace(" ", "_"))
         os.makedirs(d)
         inits = [nh.from_array(rng.integers(0, 255, (6, 4, 3, 3)).astype(np.uint8), "wq"), nh.from_array(ws, "ws")]
