@@ -22,9 +22,11 @@ times=() # "seconds suite" of each Python suite, for the time line at the end
 tally() { # parse the last "N passed, N failed, N skipped" line of a log
     local line
     line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1)
-    # Each failing test's line and the lines just before it (its assertion messages), kept for
-    # the end: CI shows only the tail of the output, and the summary must say which test failed.
-    grep -E -B 4 '^(\[[^]]*\] )*FAIL' "$1" | sed "s|^|$2: |" | head -n 40 >>"$log/failures.txt"
+    # Each failing test's line and the lines just before it that are not passing tests or log
+    # lines (its assertion messages), kept for the end: CI shows only the tail of the output,
+    # and the summary must say which test failed.
+    grep -E -B 4 '^(\[[^]]*\] )*FAIL' "$1" | grep -v -E '^(\[[^]]*\] )*(ok |ts=)|^--$' |
+        sed "s|^|$2: |" | head -n 40 >>"$log/failures.txt"
     if [ -z "$line" ]; then broken=$((broken + 1)); echo "run: $2 printed no summary"; return; fi
     passed=$((passed + $(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")))
     failed=$((failed + $(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")))
@@ -124,7 +126,7 @@ t0=$SECONDS
 times+=("$((SECONDS - t0)) arm64")
 
 if [ -s "$log/failures.txt" ]; then
-    echo "failures (each failing line with the 4 lines before it, per suite):"
+    echo "failures (each failing line and the messages just before it, per suite):"
     head -n 200 "$log/failures.txt"
 fi
 rm -rf "$log"
