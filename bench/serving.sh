@@ -11,6 +11,7 @@
 # Options (defaults are the scheduler issue's serving benchmark):
 #   --concurrency "1 8 32"   the sweep            --prompts-per-stream 4   num_prompts = c x this
 #   --prompt-tokens 64       --shared-prefix 32    --output-tokens 128      --max-seconds 600
+#   --timeout 60             a request silent this long fails (sampan bench --timeout)
 #   --model FILE --threads N --parallel N --ctx-size N (sampan serve; --parallel defaults to
 #                                                    the largest concurrency, --ctx-size to 1024)
 #   --kv-blocks N                                   sampan serve's KV pool (default: its own)
@@ -36,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 MODEL=models/stories260K.gguf THREADS=2 PARALLEL="" CTX=1024
+CONC="1 8 32" PPS=4 PT=64 SP=32 OT=128 MAXS=600 TMO=60 MODEL=models/stories260K.gguf THREADS=2 PARALLEL="" CTX=1024
 URL="" LABEL="" EP=completions OUT="" BUILD=${BUILD:-build} KVB="" SERVER=sampan
 LLAMA_SERVER=${LLAMA_SERVER:-} SERVER_ARGS=""
 while [ $# -gt 0 ]; do
@@ -47,6 +48,7 @@ while [ $# -gt 0 ]; do
         --shared-prefix) SP=$2; shift 2 ;;
         --output-tokens) OT=$2; shift 2 ;;
         --max-seconds) MAXS=$2; shift 2 ;;
+        --timeout) TMO=$2; shift 2 ;;
         --model) MODEL=$2; shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --parallel) PARALLEL=$2; shift 2 ;;
@@ -124,7 +126,7 @@ for c in $CONC; do
     before=$(server_tokens)
     "$SAMPAN" bench --url "$URL" --endpoint "$EP" --concurrency "$c" --num-prompts $((c * PPS)) \
         --prompt-tokens "$PT" --shared-prefix "$SP" --output-tokens "$OT" --max-seconds "$MAXS" \
-        --seed 1 --label "$LABEL" --no-progress --save-result "$OUT/$LABEL-c$c.json" \
+        --timeout "$TMO" --seed 1 --label "$LABEL" --no-progress --save-result "$OUT/$LABEL-c$c.json" \
         2> >(tee "$OUT/$LABEL-c$c.txt" >&2) || rc=1
     after=$(server_tokens)
     if [ -n "$before" ] && [ -n "$after" ]; then
