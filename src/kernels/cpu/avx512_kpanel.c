@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/avx512_simd.h"
 #include "kernels/cpu/kquants2_impl.h"
 #include "kernels/cpu/kquants_impl.h"
 
@@ -65,14 +66,6 @@ enum {
 /* VPERMT2D: the row sums sit in dword 2r of both sources (after folding the halves) */
 static const int32_t kp_rows_idx[16] __attribute__((aligned(64))) = {
     0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-
-KP_INLINE __m512i
-bcast8(const uint8_t *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi64(v);
-}
 
 /* ---- Q2_K panel decode -------------------------------------------------------------------- */
 
@@ -152,7 +145,7 @@ q2k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
             const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 8 * o;
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
-                si[t] = _mm512_dpbusd_epi32(si[t], wv, bcast8(xq + (size_t)t * xs));
+                si[t] = _mm512_dpbusd_epi32(si[t], wv, sp512_bcast8(xq + (size_t)t * xs));
             }
         }
         const __m512 dw = _mm512_load_ps((const void *)(pb + KP_D));
@@ -163,8 +156,8 @@ q2k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
             __m512i mm = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
-                mm = _mm512_dpwssd_epi32(
-                    mm, _mm512_load_si512((const void *)(pb + KP_M + 64 * s)), bcast8(bs + 8 * s));
+                mm = _mm512_dpwssd_epi32(mm, _mm512_load_si512((const void *)(pb + KP_M + 64 * s)),
+                                         sp512_bcast8(bs + 8 * s));
             }
             const __m512i s2 = _mm512_add_epi32(si[t], _mm512_shuffle_epi32(si[t], 0xB1));
             mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
@@ -274,9 +267,9 @@ q6k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 s0[t] = _mm512_dpwssd_epi32(
-                    s0[t], _mm512_maddubs_epi16(w0, bcast8(xq + (size_t)t * xs)), S);
+                    s0[t], _mm512_maddubs_epi16(w0, sp512_bcast8(xq + (size_t)t * xs)), S);
                 s1[t] = _mm512_dpwssd_epi32(
-                    s1[t], _mm512_maddubs_epi16(w1, bcast8(xq + (size_t)t * xs + 8)), S);
+                    s1[t], _mm512_maddubs_epi16(w1, sp512_bcast8(xq + (size_t)t * xs + 8)), S);
             }
         }
         const __m256 dw = _mm256_load_ps((const float *)(const void *)(pb + K6_D));
@@ -287,8 +280,8 @@ q6k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
             __m512i cr = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
-                cr = _mm512_dpwssd_epi32(
-                    cr, _mm512_load_si512((const void *)(pb + K6_CR + 64 * s)), bcast8(bs + 8 * s));
+                cr = _mm512_dpwssd_epi32(cr, _mm512_load_si512((const void *)(pb + K6_CR + 64 * s)),
+                                         sp512_bcast8(bs + 8 * s));
             }
             __m512i si = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), _mm512_slli_epi32(cr, 5));
             si = _mm512_add_epi32(si, _mm512_shuffle_epi32(si, 0xB1));

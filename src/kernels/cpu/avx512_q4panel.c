@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "kernels/cpu/q32_impl.h"
+#include "kernels/cpu/avx512_simd.h"
 #include "kernels/cpu/repack_impl.h"
 
 #define QP_INLINE static inline __attribute__((always_inline))
@@ -66,33 +67,6 @@ _Static_assert((QP_TC / QP_T) * QP_SKC * QP_SREC <= QP_XBUF, "IQ4_XS records fit
 _Static_assert(QP_KC % 8 == 0, "K chunks hold whole lane rounds");
 
 enum { QP_MXFP4, QP_IQ4_NL };
-
-/* acc += w (unsigned bytes) . the 4 signed bytes at p broadcast to every lane (the embedded
- * {1to16} operand: compilers emit a separate VPBROADCASTD otherwise). */
-QP_INLINE __m512i
-qp_dpbusd(__m512i acc, __m512i w, const uint8_t *p)
-{
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-            : "+v"(acc)
-            : "v"(w), "m"(*(const uint8_t(*)[4])p));
-    return acc;
-}
-
-QP_INLINE int32_t
-qp_i32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-QP_INLINE float
-qp_f32(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* sum of the 32 signed bytes at p: sum of (x + 128) by VPSADBW, less 32 * 128 */
 QP_INLINE int32_t
@@ -181,28 +155,6 @@ qp_prep_q8_0(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8
     }
 }
 
-/* Four 16-byte pieces of each of 16 rows -> v[0..3], Vg lane i = dword g of row i. Register
- * m collects rows m, 4 + m, 8 + m, 12 + m in its 128-bit lanes, so the two unpack levels leave
- * the rows in order. */
-QP_INLINE void
-qp_transpose(const uint8_t *const rp[QP_ROWS], size_t off, __m512i v[4])
-{
-    __m512i z[4];
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) {
-        __m512i a = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[m] + off)));
-        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[4 + m] + off)), 1);
-        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[8 + m] + off)), 2);
-        z[m] = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[12 + m] + off)), 3);
-    }
-    const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
-    const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
-    v[0] = _mm512_unpacklo_epi64(u0, u2);
-    v[1] = _mm512_unpackhi_epi64(u0, u2);
-    v[2] = _mm512_unpacklo_epi64(u1, u3);
-    v[3] = _mm512_unpackhi_epi64(u1, u3);
-}
-
 /* The 16 rows' weight scales of block b as floats: MXFP4 e8m0_half(e) (q32_impl.h, lane-wise:
  * e >= 2 -> (e - 1) << 23, else 0x00200000 << e), IQ4_NL the F16 d. */
 QP_INLINE __m512
@@ -233,7 +185,7 @@ qp_pack32(int kind, const uint8_t *const rp[QP_ROWS], __m512i idx, int64_t b0, i
     for (int64_t k = 0; k < 8; k++) {
         for (int64_t b = b0 + k; b < b0 + nbk; b += 8, p++) {
             __m512i v[4], g[8];
-            qp_transpose(rp, (size_t)b * bsz + qp_qs(kind), v);
+            sp512_transpose16x4(rp, (size_t)b * bsz + qp_qs(kind), v);
             qp_decode(v, lut, g);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
@@ -277,20 +229,21 @@ qp_tile32(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float *
             __m512i ia[QP_T];
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
-                ia[t] = _mm512_set1_epi32(qp_i32(r + t * 4));
+                ia[t] = _mm512_set1_epi32(sp512_ld_i32(r + t * 4));
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const __m512i g = _mm512_load_si512((const void *)(wp + i * 64));
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++)
-                    ia[t] = qp_dpbusd(ia[t], g, xq[t] + xo + 4 * i);
+                    ia[t] = sp512_dpbusd_bcast(ia[t], g, xq[t] + xo + 4 * i);
             }
             const __m512 dw = _mm512_load_ps(pd + p * 16);
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 /* d = x.d * w's scale (MXFP4) or w.d * x.d: one exact-order product either
                  * way (multiplication commutes); blk = d * isum; acc + blk */
-                const __m512 d = _mm512_mul_ps(_mm512_set1_ps(qp_f32(r + QP_T * 4 + t * 4)), dw);
+                const __m512 d =
+                    _mm512_mul_ps(_mm512_set1_ps(sp512_ld_f32(r + QP_T * 4 + t * 4)), dw);
                 acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(ia[t])));
             }
         }
@@ -506,13 +459,13 @@ qp_tile_xs(const int T, int64_t nsk, const uint8_t *pw, const uint8_t *xr, float
             __m512i ia[QP_T];
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
-                ia[t] = _mm512_set1_epi32(qp_i32(r + QP_T * 256 + (s * QP_T + t) * 4));
+                ia[t] = _mm512_set1_epi32(sp512_ld_i32(r + QP_T * 256 + (s * QP_T + t) * 4));
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const __m512i g = _mm512_load_si512((const void *)(o + s * 512 + i * 64));
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++)
-                    ia[t] = qp_dpbusd(ia[t], g, r + t * 256 + 32 * s + 4 * i);
+                    ia[t] = sp512_dpbusd_bcast(ia[t], g, r + t * 256 + 32 * s + 4 * i);
             }
             const __m512i sc = _mm512_load_si512((const void *)(o + 8 * 512 + s * 64));
 #pragma GCC unroll 8
@@ -522,7 +475,7 @@ qp_tile_xs(const int T, int64_t nsk, const uint8_t *pw, const uint8_t *xr, float
         const __m512 dw = _mm512_load_ps((const float *)(o + 8 * 512 + 8 * 64));
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            const float yd = qp_f32(r + QP_T * 256 + 8 * QP_T * 4 + t * 4);
+            const float yd = sp512_ld_f32(r + QP_T * 256 + 8 * QP_T * 4 + t * 4);
             const __m512 d = _mm512_mul_ps(_mm512_set1_ps(yd), dw);
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi[t])));
         }

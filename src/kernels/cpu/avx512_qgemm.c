@@ -31,6 +31,7 @@
  * Stack: about 180 KiB per call (see QG_* below); pool threads have 8 MiB.
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/avx512_simd.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -48,39 +49,10 @@
 
 enum { WT_Q8_0, WT_Q4_0 };
 
-SP_INLINE int32_t
-ld_i32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-SP_INLINE float
-ld_f32(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 SP_INLINE size_t
 wblock_size(int wt)
 {
     return wt == WT_Q8_0 ? sizeof(sp_block_q8_0) : sizeof(sp_block_q4_0);
-}
-
-/* acc += w (unsigned bytes) . the 4 signed bytes at p broadcast to every lane.
- * Written as asm so the broadcast is the instruction's embedded {1to16} memory
- * operand: compilers emit a separate vpbroadcastd, one more op per vpdpbusd,
- * and the prefill loop is limited by how many ops the core can issue. */
-SP_INLINE __m512i
-dpbusd_bcast(__m512i acc, __m512i w, const uint8_t *p)
-{
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-            : "+v"(acc)
-            : "v"(w), "m"(*(const uint8_t(*)[4])p));
-    return acc;
 }
 
 /* ---- activation records ------------------------------------------------------ */
@@ -119,30 +91,6 @@ prep_x(int wt, const uint8_t *x, size_t xs, int64_t nt, int64_t b0, int64_t nbk,
 
 /* ---- panel unpacking ---------------------------------------------------------- */
 
-/*
- * Four 16-byte pieces of each of 16 rows -> V0..V3, Vg lane i = dword g of row i.
- * Register m collects rows m, 4 + m, 8 + m, 12 + m in its 128-bit lanes, so the
- * two unpack levels leave the rows in order.
- */
-SP_INLINE void
-transpose16x4(const uint8_t *const rp[QG_ROWS], size_t off, __m512i v[4])
-{
-    __m512i z[4];
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; m++) {
-        __m512i a = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[m] + off)));
-        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[4 + m] + off)), 1);
-        a = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[8 + m] + off)), 2);
-        z[m] = _mm512_inserti32x4(a, _mm_loadu_si128((const __m128i *)(rp[12 + m] + off)), 3);
-    }
-    const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
-    const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
-    v[0] = _mm512_unpacklo_epi64(u0, u2);
-    v[1] = _mm512_unpackhi_epi64(u0, u2);
-    v[2] = _mm512_unpacklo_epi64(u1, u3);
-    v[3] = _mm512_unpackhi_epi64(u1, u3);
-}
-
 /* Block b of the 16 rows rp[] as G0..G7 (unsigned bytes) and the 16 scales. */
 SP_INLINE void
 unpack_block(int wt, const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b, __m512i g[8],
@@ -151,8 +99,8 @@ unpack_block(int wt, const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b,
     const size_t off = (size_t)b * wblock_size(wt);
     if (wt == WT_Q8_0) {
         const __m512i flip = _mm512_set1_epi8((char)0x80);
-        transpose16x4(rp, off + 2, g);
-        transpose16x4(rp, off + 18, g + 4);
+        sp512_transpose16x4(rp, off + 2, g);
+        sp512_transpose16x4(rp, off + 18, g + 4);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             g[i] = _mm512_xor_si512(g[i], flip);
@@ -161,7 +109,7 @@ unpack_block(int wt, const uint8_t *const rp[QG_ROWS], __m512i d_idx, int64_t b,
         /* low nibbles are elements 0..15 (x bytes 0..15), high ones 16..31 */
         const __m512i m4 = _mm512_set1_epi8(0x0f);
         __m512i v[4];
-        transpose16x4(rp, off + 2, v);
+        sp512_transpose16x4(rp, off + 2, v);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             g[i] = _mm512_and_si512(v[i], m4);
@@ -216,31 +164,31 @@ block_step(const int T, const int tw, const __m512i g[8], __m512 dw, const uint8
     if (T <= 2) {
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
-            __m512i a = _mm512_set1_epi32(ld_i32(r + tw * 32 + t * 4));
+            __m512i a = _mm512_set1_epi32(sp512_ld_i32(r + tw * 32 + t * 4));
             __m512i b = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                a = dpbusd_bcast(a, g[i], r + t * 32 + 4 * i);
-                b = dpbusd_bcast(b, g[4 + i], r + t * 32 + 16 + 4 * i);
+                a = sp512_dpbusd_bcast(a, g[i], r + t * 32 + 4 * i);
+                b = sp512_dpbusd_bcast(b, g[4 + i], r + t * 32 + 16 + 4 * i);
             }
             ia[t] = _mm512_add_epi32(a, b);
         }
     } else {
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            ia[t] = _mm512_set1_epi32(ld_i32(r + tw * 32 + t * 4));
+            ia[t] = _mm512_set1_epi32(sp512_ld_i32(r + tw * 32 + t * 4));
         }
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
-                ia[t] = dpbusd_bcast(ia[t], g[i], r + t * 32 + 4 * i);
+                ia[t] = sp512_dpbusd_bcast(ia[t], g[i], r + t * 32 + 4 * i);
             }
         }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(r + tw * 36 + t * 4)));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(sp512_ld_f32(r + tw * 36 + t * 4)));
         acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia[t]), d));
     }
 }
@@ -363,8 +311,8 @@ fused_q8_0_one(int64_t b0, int64_t nbk, const uint8_t *const rp[QG_ROWS], size_t
         const __m512i dd = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(hd[0], hd[1]),
                                                  _mm512_unpacklo_epi32(hd[2], hd[3]));
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-        const __m512i isum = _mm512_add_epi32(sum, _mm512_set1_epi32(ld_i32(r + 32)));
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(ld_f32(r + 36)));
+        const __m512i isum = _mm512_add_epi32(sum, _mm512_set1_epi32(sp512_ld_i32(r + 32)));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(sp512_ld_f32(r + 36)));
         acc[0] = _mm512_add_ps(acc[0], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d));
     }
     acc_store(1, acc, o);

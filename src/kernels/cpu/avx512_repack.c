@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/cpu/repack_impl.h"
+#include "kernels/cpu/avx512_simd.h"
 
 #define R5_INLINE static inline __attribute__((always_inline))
 
@@ -59,14 +60,6 @@ static const uint8_t q4k_m_idx[64] __attribute__((aligned(64))) = {
  * (row r in dword 2r of the second source). */
 static const int32_t q4k_rows_idx[16] __attribute__((aligned(64))) = {
     0, 1, 8, 9, 4, 5, 12, 13, 16, 18, 20, 22, 24, 26, 28, 30};
-
-R5_INLINE __m512i
-bcast8(const uint8_t *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi64(v);
-}
 
 /* One group (8 rows) x T tokens over nb super-blocks; x is Q8_K, xs bytes per token. Out:
  * each token's 8 results in row order. */
@@ -106,8 +99,8 @@ q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m25
                 const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 64 * h + 8 * q;
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
-                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, bcast8(xq + (size_t)t * xs));
-                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, bcast8(xq + (size_t)t * xs + 32));
+                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, sp512_bcast8(xq + (size_t)t * xs));
+                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, sp512_bcast8(xq + (size_t)t * xs + 32));
                 }
             }
             const __m512i S = _mm512_shuffle_epi8(
@@ -135,7 +128,7 @@ q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m25
             __m512i mm = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
-                mm = _mm512_dpwssd_epi32(mm, M[s], bcast8(bs + 8 * s));
+                mm = _mm512_dpwssd_epi32(mm, M[s], sp512_bcast8(bs + 8 * s));
             }
             const __m512i si = _mm512_add_epi32(sumi[t], _mm512_shuffle_epi32(sumi[t], 0x4E));
             mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
