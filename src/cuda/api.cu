@@ -580,21 +580,23 @@ op_kv_write(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *k
 
 static int
 op_attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64_t n_head,
-        float scale, const sp_cuda_rows_t *rows, void *out)
+        float scale, int64_t window, float softcap, const sp_cuda_rows_t *rows, void *out)
 {
     ENTER(c);
     if (il < 0 || il >= kv->n_layer || kv->head_dim > SP_CU_MAX_HEAD_DIM || kv->n_head_kv < 1 ||
-        n_head % kv->n_head_kv != 0 || n_head > 65535) {
-        return fail(c, SP_ERR_INVALID, "attn: layer %lld, head_dim %lld or heads %lld/%lld "
-                    "not supported", (long long)il, (long long)kv->head_dim, (long long)n_head,
-                    (long long)kv->n_head_kv);
+        n_head % kv->n_head_kv != 0 || n_head > 65535 || window < 0 || !(softcap >= 0.0f)) {
+        return fail(c, SP_ERR_INVALID, "attn: layer %lld, head_dim %lld, heads %lld/%lld, "
+                    "window %lld or softcap %g not supported", (long long)il,
+                    (long long)kv->head_dim, (long long)n_head, (long long)kv->n_head_kv,
+                    (long long)window, (double)softcap);
     }
     if (rows->n_rows <= 0) {
         return SP_OK;
     }
     sp_cu_kv_args_t a = kv_args(kv);
     sp_cu_rows_args_t r = rows_args(rows);
-    LAUNCHED(c, "attn", sp_cu_attn(c->stream, &a, il, q, n_head, scale, &r, out));
+    LAUNCHED(c, "attn",
+             sp_cu_attn(c->stream, &a, il, q, n_head, scale, window, softcap, &r, out));
 }
 
 static int
@@ -605,6 +607,45 @@ op_swiglu(sp_cuda_ctx_t *c, const float *g, const float *u, int64_t n, void *out
         return SP_OK;
     }
     LAUNCHED(c, "swiglu", sp_cu_swiglu(c->stream, g, u, n, out));
+}
+
+static int
+op_head_rmsnorm(sp_cuda_ctx_t *c, float *v, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+                const float *w, float eps)
+{
+    ENTER(c);
+    if (n_heads < 1 || head_dim < 1 || w == NULL) {
+        return fail(c, SP_ERR_INVALID, "head_rmsnorm: %lld heads of %lld, or no weight",
+                    (long long)n_heads, (long long)head_dim);
+    }
+    if (n_rows <= 0) {
+        return SP_OK;
+    }
+    LAUNCHED(c, "head_rmsnorm",
+             sp_cu_head_rmsnorm(c->stream, v, n_rows, n_heads, head_dim, w, eps));
+}
+
+static int
+op_gelu_mul(sp_cuda_ctx_t *c, const float *g, const float *u, int64_t n, void *out)
+{
+    ENTER(c);
+    if (n <= 0) {
+        return SP_OK;
+    }
+    LAUNCHED(c, "gelu_mul", sp_cu_gelu_mul(c->stream, g, u, n, out));
+}
+
+static int
+op_softcap(sp_cuda_ctx_t *c, float *x, int64_t n, float cap)
+{
+    ENTER(c);
+    if (!(cap > 0.0f)) {
+        return fail(c, SP_ERR_INVALID, "softcap: cap %g is not positive", (double)cap);
+    }
+    if (n <= 0) {
+        return SP_OK;
+    }
+    LAUNCHED(c, "softcap", sp_cu_softcap(c->stream, x, n, cap));
 }
 
 static int
@@ -793,6 +834,9 @@ static const sp_cuda_api_t api = {
     host_register,
     host_unregister,
     pinned_bytes,
+    op_head_rmsnorm,
+    op_gelu_mul,
+    op_softcap,
 };
 
 SP_EXPORT const sp_cuda_api_t *

@@ -54,7 +54,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SP_CUDA_ABI_VERSION 1u
+/* 2: attn takes a sliding window and a soft-cap; head_rmsnorm, gelu_mul and
+ * softcap appended. */
+#define SP_CUDA_ABI_VERSION 2u
 #define SP_CUDA_SYMBOL "sp_cuda_get_api"
 #define SP_CUDA_LIB_NAME "libsampan_cuda.so"
 
@@ -126,7 +128,8 @@ typedef struct sp_cuda_api {
     /* For each output row i: (x[src] += add[src] when d_add), then, when d_w,
      * out[i] = x[src] / rms(x[src]) * w with src = d_rows ? d_rows[i] : i,
      * out in F16 (out_f16) or F32. rms = sqrt(mean(x^2) + eps). d_add and
-     * d_rows are never given together. */
+     * d_rows are never given together. out may be x itself (F32, no rows):
+     * an in-place norm (gemma's post-norms). */
     int (*add_rmsnorm)(sp_cuda_ctx_t *c, float *d_x, const float *d_add, const float *d_w,
                        const int32_t *d_rows, int64_t n_rows, int64_t n, float eps, void *d_out,
                        int out_f16);
@@ -144,10 +147,15 @@ typedef struct sp_cuda_api {
      * block d_btab[d_bt[t] + pos / SP_KV_BLOCK], lane pos % SP_KV_BLOCK. */
     int (*kv_write)(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *d_k,
                     const float *d_v, const sp_cuda_rows_t *rows);
-    /* Causal paged attention of every row over positions 0..pos of its sequence
-     * in layer il: q (n_rows, n_head * head_dim) F32, out the same shape in F16. */
+    /* Causal paged attention of every row over positions first..pos of its
+     * sequence in layer il: q (n_rows, n_head * head_dim) F32, out the same
+     * shape in F16. first = max(0, pos + 1 - window) for window > 0 (a sliding
+     * window, as the CPU's sp_attn_first; earlier positions are never read),
+     * else 0. softcap > 0: each score s = scale q.k becomes softcap
+     * tanh(s / softcap) before the softmax (gemma2). */
     int (*attn)(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *d_q,
-                int64_t n_head, float scale, const sp_cuda_rows_t *rows, void *d_out_f16);
+                int64_t n_head, float scale, int64_t window, float softcap,
+                const sp_cuda_rows_t *rows, void *d_out_f16);
     /* out[i] = F16(silu(g[i]) * u[i]). */
     int (*swiglu)(sp_cuda_ctx_t *c, const float *d_g, const float *d_u, int64_t n, void *d_out_f16);
     /* Row-wise softmax in place, n_rows of n. */
@@ -207,6 +215,21 @@ typedef struct sp_cuda_api {
     void (*host_unregister)(sp_cuda_ctx_t *c, void *ptr);
     /* Bytes registered through c and not yet unregistered. */
     uint64_t (*pinned_bytes)(const sp_cuda_ctx_t *c);
+
+    /* ---- the architectures past the llama family (ABI 2) ---- */
+    /* In place, each of the n_heads heads of head_dim in each row of v (row
+     * stride n_heads * head_dim): h = h / rms(h) * w, w (head_dim) F32, rms =
+     * sqrt(mean(h^2) + eps) (qwen3's and gemma3's q/k norms; n_heads = 1 with
+     * head_dim the whole row is olmo2's). */
+    int (*head_rmsnorm)(sp_cuda_ctx_t *c, float *d_v, int64_t n_rows, int64_t n_heads,
+                        int64_t head_dim, const float *d_w, float eps);
+    /* out[i] = F16(gelu(g[i]) * u[i]), gelu's tanh form as the CPU's (gemma):
+     * gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+    int (*gelu_mul)(sp_cuda_ctx_t *c, const float *d_g, const float *d_u, int64_t n,
+                    void *d_out_f16);
+    /* In place over n floats: x = cap tanh(x / cap), cap > 0 (gemma's final
+     * logit soft-capping). */
+    int (*softcap)(sp_cuda_ctx_t *c, float *d_x, int64_t n, float cap);
 } sp_cuda_api_t;
 
 typedef const sp_cuda_api_t *(*sp_cuda_get_api_fn)(uint32_t abi_version);

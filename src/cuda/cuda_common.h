@@ -246,4 +246,26 @@ sp_cu_silu_mul(float g, float u, float e_neg_g)
     return g / (1.0f + e_neg_g) * u;
 }
 
+/* gelu(g) * u in the CPU's tanh form (engine/batch.c geglu), with t =
+ * tanh(sp_cu_gelu_arg(g)) passed in so each side uses its own tanhf. */
+SP_HD float
+sp_cu_gelu_arg(float g)
+{
+    return 0.7978845608028654f * (g + 0.044715f * g * g * g); /* sqrt(2 / pi) (...) */
+}
+
+SP_HD float
+sp_cu_gelu_mul(float g, float u, float t)
+{
+    return 0.5f * g * (1.0f + t) * u;
+}
+
+/* The first position a row at pos sees through a sliding window (0: none):
+ * kernels.h sp_attn_first with n_kv = pos + 1. */
+SP_HD int64_t
+sp_cu_attn_first(int64_t pos, int64_t window)
+{
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
 #endif /* SP_CUDA_COMMON_H */

@@ -175,6 +175,42 @@ sp_cu_add_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, co
     return cudaGetLastError();
 }
 
+/* ---------------------------------------------------------- head_rmsnorm */
+
+/* One warp per (row, head): heads are short (64..256), a warp's shuffles
+ * sum them without shared memory. */
+#define HN_WARPS 4
+
+__global__ void
+head_rmsnorm_kernel(float *v, int64_t n_total, int64_t head_dim, const float *w, float eps)
+{
+    const int64_t hidx = (int64_t)blockIdx.x * HN_WARPS + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (hidx >= n_total) {
+        return; /* the whole warp leaves together */
+    }
+    float *x = v + hidx * head_dim;
+    float ss = 0.0f;
+    for (int64_t k = lane; k < head_dim; k += WARP) {
+        ss += x[k] * x[k];
+    }
+    ss = warp_sum(ss);
+    const float scale = rsqrtf(ss / (float)head_dim + eps);
+    for (int64_t k = lane; k < head_dim; k += WARP) {
+        x[k] = x[k] * scale * w[k];
+    }
+}
+
+cudaError_t
+sp_cu_head_rmsnorm(cudaStream_t s, float *v, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+                   const float *w, float eps)
+{
+    const int64_t n_total = n_rows * n_heads;
+    head_rmsnorm_kernel<<<blocks_for(n_total, HN_WARPS), HN_WARPS * WARP, 0, s>>>(
+        v, n_total, head_dim, w, eps);
+    return cudaGetLastError();
+}
+
 /* ------------------------------------------------------------------ bias */
 
 __global__ void
@@ -340,7 +376,7 @@ sp_cu_kv_write(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const floa
 template <typename T>
 __global__ void __launch_bounds__(ATTN_WARPS *WARP)
 attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, float scale,
-            sp_cu_rows_args_t r, uint16_t *out)
+            int64_t window, float softcap, sp_cu_rows_args_t r, uint16_t *out)
 {
     __shared__ float sq[SP_CU_MAX_HEAD_DIM];
     __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
@@ -351,6 +387,10 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
     const int64_t g = h / (n_head / kv.n_head_kv);
     const int64_t n_kv = (int64_t)r.pos[t] + 1;
     const int64_t n_blk = (n_kv + SP_CU_KV_BLOCK - 1) / SP_CU_KV_BLOCK;
+    /* A sliding window: positions before lo are never read (their blocks
+     * may hold anything), the blocks before lo's not even visited. */
+    const int64_t lo = sp_cu_attn_first(n_kv - 1, window);
+    const int64_t blk0 = lo / SP_CU_KV_BLOCK;
     const int32_t *table = r.btab + r.bt[t];
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
 
@@ -366,7 +406,7 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
         acc[i] = 0.0f;
     }
     const int p_lane = lane % SP_CU_KV_BLOCK;
-    for (int64_t jb = w; jb < n_blk; jb += ATTN_WARPS) {
+    for (int64_t jb = blk0 + w; jb < n_blk; jb += ATTN_WARPS) {
         const T *tile = (const T *)kv.data + sp_cu_kv_tile(table[jb], il, g, kv.n_head_kv,
                                                            kv.tile_elems, kv.block_elems);
         float s = 0.0f;
@@ -375,11 +415,16 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
         }
         s += __shfl_xor_sync(FULL_MASK, s, 16);
         s *= scale;
-        const bool valid = jb * SP_CU_KV_BLOCK + p_lane < n_kv;
+        if (softcap > 0.0f) {
+            s = softcap * tanhf(s / softcap); /* kernels.h sp_attn_softcap */
+        }
+        const int64_t p_here = jb * SP_CU_KV_BLOCK + p_lane;
+        const bool valid = p_here >= lo && p_here < n_kv;
         if (!valid) {
             s = -INFINITY;
         }
-        /* Position jb * 16 is always valid, so the block max is finite. */
+        /* Every visited block holds a valid position (lo's block holds lo, a
+         * later one its first), so the block max is finite. */
         const float m_new = fmaxf(m, warp_max(s));
         const float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
         const float e = valid ? expf(s - m_new) : 0.0f;
@@ -392,7 +437,8 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
         const int64_t n_here = n_kv - jb * SP_CU_KV_BLOCK < SP_CU_KV_BLOCK
                                    ? n_kv - jb * SP_CU_KV_BLOCK
                                    : SP_CU_KV_BLOCK;
-        for (int pp = 0; pp < n_here; pp++) {
+        const int p_lo = jb == blk0 ? (int)(lo - blk0 * SP_CU_KV_BLOCK) : 0;
+        for (int pp = p_lo; pp < n_here; pp++) {
             const float wgt = __shfl_sync(FULL_MASK, e, pp);
 #pragma unroll
             for (int i = 0; i < ATTN_DPL; i++) {
@@ -435,15 +481,15 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
 
 cudaError_t
 sp_cu_attn(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const float *q, int64_t n_head,
-           float scale, const sp_cu_rows_args_t *r, void *out)
+           float scale, int64_t window, float softcap, const sp_cu_rows_args_t *r, void *out)
 {
     dim3 grid((unsigned)r->n_rows, (unsigned)n_head);
     if (kv->f16) {
-        attn_kernel<uint16_t><<<grid, ATTN_WARPS * WARP, 0, s>>>(*kv, il, q, n_head, scale, *r,
-                                                                  (uint16_t *)out);
+        attn_kernel<uint16_t><<<grid, ATTN_WARPS * WARP, 0, s>>>(
+            *kv, il, q, n_head, scale, window, softcap, *r, (uint16_t *)out);
     } else {
-        attn_kernel<float><<<grid, ATTN_WARPS * WARP, 0, s>>>(*kv, il, q, n_head, scale, *r,
-                                                               (uint16_t *)out);
+        attn_kernel<float><<<grid, ATTN_WARPS * WARP, 0, s>>>(
+            *kv, il, q, n_head, scale, window, softcap, *r, (uint16_t *)out);
     }
     return cudaGetLastError();
 }
@@ -463,6 +509,42 @@ cudaError_t
 sp_cu_swiglu(cudaStream_t s, const float *g, const float *u, int64_t n, void *out)
 {
     swiglu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(g, u, n, (uint16_t *)out);
+    return cudaGetLastError();
+}
+
+/* -------------------------------------------------------------- gelu_mul */
+
+__global__ void
+gelu_mul_kernel(const float *g, const float *u, int64_t n, uint16_t *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = f2h(sp_cu_gelu_mul(g[i], u[i], tanhf(sp_cu_gelu_arg(g[i]))));
+    }
+}
+
+cudaError_t
+sp_cu_gelu_mul(cudaStream_t s, const float *g, const float *u, int64_t n, void *out)
+{
+    gelu_mul_kernel<<<blocks_for(n, 256), 256, 0, s>>>(g, u, n, (uint16_t *)out);
+    return cudaGetLastError();
+}
+
+/* --------------------------------------------------------------- softcap */
+
+__global__ void
+softcap_kernel(float *x, int64_t n, float cap)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        x[i] = cap * tanhf(x[i] / cap);
+    }
+}
+
+cudaError_t
+sp_cu_softcap(cudaStream_t s, float *x, int64_t n, float cap)
+{
+    softcap_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, cap);
     return cudaGetLastError();
 }
 

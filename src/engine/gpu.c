@@ -103,6 +103,8 @@ typedef struct gpu_mat {
 typedef struct gpu_layer {
     gpu_mat_t wq, wk, wv, wo, gate, up, down;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* F32; biases may be NULL */
+    float *q_norm, *k_norm;       /* (head_dim) per-head q/k norms (qwen3, gemma3) or NULL */
+    float *post_attn, *post_ffn;  /* (n_embd) gemma's post-norms or NULL */
 } gpu_layer_t;
 
 struct sp_gpu_model {
@@ -117,6 +119,9 @@ struct sp_gpu_model {
     gpu_mat_t output; /* (n_vocab, n_embd), full only */
     float *output_norm;
     float *inv_freq; /* (n_rot / 2) */
+    /* The sliding layers' own RoPE table (gemma3: another base, unscaled),
+     * or NULL when they rotate as the others. */
+    float *inv_freq_swa;
     bool logged;     /* the first error has been logged */
 };
 
@@ -133,7 +138,7 @@ struct sp_gpu_batch {
     sp_gpu_model_t *g;
     int64_t max_tokens, max_seqs, max_bt;
     /* device */
-    float *x, *q, *k, *v, *gate, *up, *proj, *cs, *logits;
+    float *x, *q, *k, *v, *gate, *up, *proj, *cs, *cs_swa, *logits;
     void *xn, *att, *ff; /* F16 */
     int32_t *ints;       /* pos (R) | bt (R) | rows (R) | btab (max_bt + 1) */
     float *zeros;        /* (max_seqs, n_embd) zeros: the x of graph pad rows */
@@ -266,6 +271,12 @@ layer_bytes(const sp_model_t *m, int64_t il)
     uint64_t b = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
                  mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
     b += 2 * (uint64_t)hp->n_embd * sizeof(float);
+    if (L->attn_q_norm) {
+        b += 2 * (uint64_t)hp->head_dim * sizeof(float);
+    }
+    if (L->attn_post_norm) {
+        b += 2 * (uint64_t)hp->n_embd * sizeof(float);
+    }
     if (L->bq) {
         b += (uint64_t)(L->wq.n_out + L->wk.n_out + L->wv.n_out) * sizeof(float);
     }
@@ -279,7 +290,7 @@ sp_gpu_weight_bytes(const sp_model_t *m, int64_t n_gpu)
     if (n_gpu < 0 || n_gpu > hp->n_layer) {
         n_gpu = hp->n_layer;
     }
-    uint64_t b = (uint64_t)(hp->n_rot / 2 + 1) * sizeof(float);
+    uint64_t b = (uint64_t)(hp->n_rot + 2) * sizeof(float); /* both RoPE tables */
     for (int64_t il = 0; il < n_gpu; il++) {
         b += layer_bytes(m, il);
     }
@@ -298,9 +309,23 @@ sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16)
            (f16 ? 2u : 4u) * (uint64_t)(n_blocks + 1);
 }
 
+/* Whether the sliding layers rotate with a table of their own: gemma3's
+ * second base (batch.c's rope_swa, less what only gemma4 has, refused at
+ * attach). */
+static bool
+rope_swa(const sp_model_t *m)
+{
+    const sp_hparams_t *hp = &m->hp;
+    bool any = false;
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        any |= hp->layer_swa[il] != 0;
+    }
+    return any && (hp->rope_base_swa != hp->rope_base || hp->rope_scale_swa != hp->rope_scale);
+}
+
 /* The device buffers of a batch, in one list for create and for the estimate. */
-enum { GB_X, GB_Q, GB_K, GB_V, GB_GATE, GB_UP, GB_PROJ, GB_CS, GB_LOGITS, GB_XN, GB_ATT, GB_FF,
-       GB_INTS, GB_ZEROS, GB_WSCRATCH, GB_CAND, GB_COUNT };
+enum { GB_X, GB_Q, GB_K, GB_V, GB_GATE, GB_UP, GB_PROJ, GB_CS, GB_CS_SWA, GB_LOGITS, GB_XN,
+       GB_ATT, GB_FF, GB_INTS, GB_ZEROS, GB_WSCRATCH, GB_CAND, GB_COUNT };
 
 /* F16 bytes of the largest matrix native mode keeps only quantised (every
  * layer and the output: an upper bound for a partial offload). */
@@ -347,6 +372,7 @@ batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, int mode, uint64_t 
     B[GB_UP] = R * F * 4;
     B[GB_PROJ] = R * E * 4;
     B[GB_CS] = R * (uint64_t)(hp->n_rot > 0 ? hp->n_rot : 1) * 4;
+    B[GB_CS_SWA] = rope_swa(m) ? B[GB_CS] : 0;
     B[GB_LOGITS] = S * (uint64_t)hp->n_vocab * 4;
     B[GB_XN] = R * E * F16;
     B[GB_ATT] = R * qd * F16;
@@ -378,7 +404,7 @@ sp_gpu_fit_layers(const sp_model_t *m, uint64_t budget, uint64_t fixed, uint64_t
         return n;
     }
     /* Partial: the output stays on the CPU; layers go on in order while they fit. */
-    uint64_t used = fixed + (uint64_t)(m->hp.n_rot / 2 + 1) * sizeof(float);
+    uint64_t used = fixed + (uint64_t)(m->hp.n_rot + 2) * sizeof(float);
     int64_t k = 0;
     while (k < n) {
         const uint64_t more = layer_bytes(m, k) + per_layer;
@@ -636,7 +662,11 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
             (st = upload_vec(g, L->ffn_norm, hp->n_embd, &D->ffn_norm)) != SP_OK ||
             (st = upload_vec(g, L->bq, L->wq.n_out, &D->bq)) != SP_OK ||
             (st = upload_vec(g, L->bk, L->wk.n_out, &D->bk)) != SP_OK ||
-            (st = upload_vec(g, L->bv, L->wv.n_out, &D->bv)) != SP_OK) {
+            (st = upload_vec(g, L->bv, L->wv.n_out, &D->bv)) != SP_OK ||
+            (st = upload_vec(g, L->attn_q_norm, hp->head_dim, &D->q_norm)) != SP_OK ||
+            (st = upload_vec(g, L->attn_k_norm, hp->head_dim, &D->k_norm)) != SP_OK ||
+            (st = upload_vec(g, L->attn_post_norm, hp->n_embd, &D->post_attn)) != SP_OK ||
+            (st = upload_vec(g, L->ffn_post_norm, hp->n_embd, &D->post_ffn)) != SP_OK) {
             break;
         }
     }
@@ -657,6 +687,19 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
             f[i] = (float)(v / hp->rope_scale);
         }
         st = upload_vec(g, f, half > 0 ? half : 1, &g->inv_freq);
+    }
+    if (st == SP_OK && rope_swa(m)) {
+        /* The sliding layers': their base and scale, the same factors (batch.c). */
+        const int64_t half = hp->n_rot / 2;
+        float *f = u.h_f32;
+        for (int64_t i = 0; i < half; i++) {
+            double v = pow((double)hp->rope_base_swa, -2.0 * (double)i / (double)hp->n_rot);
+            if (m->rope_freqs != NULL) {
+                v /= m->rope_freqs[i];
+            }
+            f[i] = (float)(v / hp->rope_scale_swa);
+        }
+        st = upload_vec(g, f, half > 0 ? half : 1, &g->inv_freq_swa);
     }
     if (st == SP_OK) {
         st = (sp_status_t)api->sync(g->ctx);
@@ -823,8 +866,8 @@ sp__gpu_batch_destroy(sp_gpu_batch_t *b)
     drop_graphs(b); /* before the buffers they reference */
     const sp_cuda_api_t *api = b->g->api;
     sp_cuda_ctx_t *c = b->g->ctx;
-    void *bufs[] = {b->x, b->q, b->k, b->v, b->gate, b->up, b->proj, b->cs, b->logits,
-                    b->xn, b->att, b->ff, b->ints, b->zeros, b->wscratch, b->cand};
+    void *bufs[] = {b->x, b->q, b->k, b->v, b->gate, b->up, b->proj, b->cs, b->cs_swa,
+                    b->logits, b->xn, b->att, b->ff, b->ints, b->zeros, b->wscratch, b->cand};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         api->free(c, bufs[i]);
     }
@@ -932,7 +975,7 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     void **dst[GB_COUNT] = {
         (void **)&b->x,    (void **)&b->q,      (void **)&b->k,  (void **)&b->v,
         (void **)&b->gate, (void **)&b->up,     (void **)&b->proj, (void **)&b->cs,
-        (void **)&b->logits, &b->xn,            &b->att,         &b->ff,
+        (void **)&b->cs_swa, (void **)&b->logits, &b->xn,        &b->att,         &b->ff,
         (void **)&b->ints, (void **)&b->zeros,  &b->wscratch,      (void **)&b->cand,
     };
     int st = SP_OK;
@@ -1013,26 +1056,51 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw)
     const sp_hparams_t *hp = &g->m->hp;
     const int64_t R = rw->n_rows, E = hp->n_embd, hd = hp->head_dim;
     OP(b, "rope_cs", api->rope_cs(c, rw->d_pos, R, g->inv_freq, hp->n_rot, b->cs));
+    if (g->inv_freq_swa != NULL) {
+        OP(b, "rope_cs swa",
+           api->rope_cs(c, rw->d_pos, R, g->inv_freq_swa, hp->n_rot, b->cs_swa));
+    }
     OP(b, "attn norm", api->add_rmsnorm(c, b->x, NULL, g->L[0].attn_norm, NULL, R, E,
                                         hp->norm_eps, b->xn, 1));
-    const float scale = 1.0f / sqrtf((float)hd);
     const int neox = hp->rope_type == SP_ROPE_NEOX;
+    const float eps = hp->norm_eps;
     for (int64_t il = 0; il < g->n_gpu; il++) {
         const gpu_layer_t *L = &g->L[il];
+        const bool swa = hp->layer_swa[il] != 0;
+        const float *cs = swa && g->inv_freq_swa != NULL ? b->cs_swa : b->cs;
         OP(b, "gemm q", mat_mul(b, &L->wq, b->xn, R, b->q, L->bq));
         OP(b, "gemm k", mat_mul(b, &L->wk, b->xn, R, b->k, L->bk));
         OP(b, "gemm v", mat_mul(b, &L->wv, b->xn, R, b->v, L->bv));
-        OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, b->cs, neox));
-        OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, b->cs, neox));
+        if (L->q_norm != NULL) {
+            /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
+            OP(b, "q norm", api->head_rmsnorm(c, b->q, R, hp->n_head, hd, L->q_norm, eps));
+            OP(b, "k norm", api->head_rmsnorm(c, b->k, R, hp->n_head_kv, hd, L->k_norm, eps));
+        }
+        OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, cs, neox));
+        OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, cs, neox));
         OP(b, "kv write", api->kv_write(c, &kv->desc, il, b->k, b->v, rw));
-        OP(b, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, scale, rw, b->att));
+        OP(b, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, hp->attn_scale,
+                                     swa ? hp->n_swa : 0, hp->attn_softcap, rw, b->att));
         OP(b, "gemm o", mat_mul(b, &L->wo, b->att, R, b->proj, NULL));
+        if (L->post_attn != NULL) {
+            /* gemma: the attention output normalised before the residual add */
+            OP(b, "post-attention norm", api->add_rmsnorm(c, b->proj, NULL, L->post_attn, NULL,
+                                                          R, E, eps, b->proj, 0));
+        }
         OP(b, "ffn norm", api->add_rmsnorm(c, b->x, b->proj, L->ffn_norm, NULL, R, E,
                                            hp->norm_eps, b->xn, 1));
         OP(b, "gemm gate", mat_mul(b, &L->gate, b->xn, R, b->gate, NULL));
         OP(b, "gemm up", mat_mul(b, &L->up, b->xn, R, b->up, NULL));
-        OP(b, "swiglu", api->swiglu(c, b->gate, b->up, R * hp->n_ff, b->ff));
+        if (hp->ffn_act == SP_FFN_GELU) {
+            OP(b, "gelu", api->gelu_mul(c, b->gate, b->up, R * hp->n_ff, b->ff));
+        } else {
+            OP(b, "swiglu", api->swiglu(c, b->gate, b->up, R * hp->n_ff, b->ff));
+        }
         OP(b, "gemm down", mat_mul(b, &L->down, b->ff, R, b->proj, NULL));
+        if (L->post_ffn != NULL) {
+            OP(b, "post-FFN norm", api->add_rmsnorm(c, b->proj, NULL, L->post_ffn, NULL, R, E,
+                                                    eps, b->proj, 0));
+        }
         const float *next = il + 1 < g->n_gpu ? g->L[il + 1].attn_norm : NULL;
         OP(b, "residual", api->add_rmsnorm(c, b->x, b->proj, next, NULL, R, E, hp->norm_eps,
                                            b->xn, 1));
@@ -1049,6 +1117,10 @@ step_output(sp_gpu_batch_t *b, const int32_t *d_rows, int64_t k)
     OP(b, "output norm", g->api->add_rmsnorm(g->ctx, b->x, NULL, g->output_norm, d_rows, k,
                                              hp->n_embd, hp->norm_eps, b->xn, 1));
     OP(b, "output gemm", mat_mul(b, &g->output, b->xn, k, b->logits, NULL));
+    if (hp->final_softcap > 0.0f) {
+        OP(b, "final softcap",
+           g->api->softcap(g->ctx, b->logits, k * hp->n_vocab, hp->final_softcap));
+    }
     return SP_OK;
 }
 

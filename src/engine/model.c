@@ -669,6 +669,10 @@ sp_model_free(sp_model_t *m)
 const char *
 sp__model_cpu_only_feature(const sp_model_t *m)
 {
+    /* What the CUDA path (gpu.c) runs besides the llama family: per-head q/k
+     * norms, post-norms, sliding windows (every block kept on the device),
+     * attention and final soft-capping, GELU, embedding and query scales,
+     * the sliding layers' own RoPE base. Everything else is named here. */
     const sp_hparams_t *hp = &m->hp;
     if (arch_is(hp, "gemma4")) {
         return m->moe != NULL ? "the gemma4 architecture with mixture of experts (experts "
@@ -679,18 +683,25 @@ sp__model_cpu_only_feature(const sp_model_t *m)
     if (m->mla != NULL) {
         return "multi-head latent attention (deepseek2)";
     }
+    if (hp->head_dim_swa > 0 || hp->n_rot_swa > 0 || hp->n_layer_kv > 0 || hp->v_norm ||
+        hp->n_embd_pl > 0) {
+        return "per-layer head sizes, shared KV layers or value norms";
+    }
     for (int64_t il = 0; il < hp->n_layer; il++) {
         if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {
             return "layers without pre-norms";
         }
-        if (m->layers[il].attn_q_norm != NULL) {
-            return "per-head q/k norms";
+        if (m->layers[il].attn_q_norm != NULL && hp->qk_norm_full) {
+            return "q/k norms over the whole projection";
         }
-        if (m->layers[il].attn_post_norm != NULL) {
-            return "post-attention and post-FFN norms";
+        if ((m->layers[il].attn_post_norm == NULL) != (m->layers[il].ffn_post_norm == NULL)) {
+            return "a post-norm on one sub-layer only";
         }
-        if (hp->layer_swa[il] || hp->layer_nope[il]) {
-            return hp->layer_swa[il] ? "sliding-window attention" : "layers without RoPE";
+        if (hp->layer_nope[il]) {
+            return "layers without RoPE";
+        }
+        if (hp->layer_n_head_kv[il] > 0 || hp->layer_n_ff[il] > 0) {
+            return "per-layer head sizes, shared KV layers or value norms";
         }
     }
     for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -701,17 +712,11 @@ sp__model_cpu_only_feature(const sp_model_t *m)
     if (hp->residual_scale != 1.0f || hp->logit_scale != 1.0f) {
         return "residual and logit scales";
     }
-    if (hp->attn_softcap > 0.0f || hp->final_softcap > 0.0f) {
-        return "logit soft-capping";
-    }
-    if (hp->ffn_act != SP_FFN_SILU || hp->embd_scale != 1.0f) {
-        return "a GELU feed-forward and a scaled embedding";
+    if (hp->ffn_act != SP_FFN_SILU && hp->ffn_act != SP_FFN_GELU) {
+        return "a feed-forward activation other than SiLU and GELU";
     }
     if (m->rope_long != NULL || hp->rope_attn_factor != 1.0f) {
         return "LongRoPE";
-    }
-    if (hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim)) {
-        return "a query scale other than 1/sqrt(head_dim)";
     }
     return NULL;
 }

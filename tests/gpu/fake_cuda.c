@@ -60,13 +60,14 @@ typedef struct hdr hdr_t;
 /* One captured op: which, and its arguments by value (the structs too, as a
  * kernel launch copies them). */
 enum { OP_D2D, OP_TO_F16, OP_EMBED, OP_ADD_RMSNORM, OP_GEMM, OP_ROPE_CS, OP_ROPE, OP_KV_WRITE,
-       OP_ATTN, OP_SWIGLU, OP_SOFTMAX, OP_TOPK, OP_QSPLIT_TO_F16, OP_GEMV_Q };
+       OP_ATTN, OP_SWIGLU, OP_SOFTMAX, OP_TOPK, OP_QSPLIT_TO_F16, OP_GEMV_Q, OP_HEAD_RMSNORM,
+       OP_GELU_MUL, OP_SOFTCAP };
 
 typedef struct rec {
     int op;
     void *p[6];
     int64_t i[6];
-    float f;
+    float f, f2;
     sp_cuda_kv_t kv;
     sp_cuda_rows_t rows;
 } rec_t;
@@ -726,17 +727,25 @@ kv_write(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *k, c
 
 static int
 attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64_t n_head,
-     float scale, const sp_cuda_rows_t *r, void *out)
+     float scale, int64_t window, float softcap, const sp_cuda_rows_t *r, void *out)
 {
     ENTER(c, "attn");
+    if (il < 0 || il >= kv->n_layer || kv->n_head_kv < 1 || n_head % kv->n_head_kv != 0 ||
+        window < 0 || !(softcap >= 0.0f)) {
+        return fail(c, SP_ERR_INVALID, "attn: layer %lld, heads %lld/%lld, window %lld or "
+                    "softcap %g", (long long)il, (long long)n_head, (long long)kv->n_head_kv,
+                    (long long)window, (double)softcap);
+    }
     if (c->capturing) {
-        const rec_t rc = {.op = OP_ATTN, .p = {(void *)q, out}, .i = {il, n_head}, .f = scale,
-                          .kv = *kv, .rows = *r};
+        const rec_t rc = {.op = OP_ATTN, .p = {(void *)q, out}, .i = {il, n_head, window},
+                          .f = scale, .f2 = softcap, .kv = *kv, .rows = *r};
         return record(c, "attn", &rc, PTRS(q, out, kv->d_data, r->d_pos, r->d_bt, r->d_btab));
     }
     const int64_t hd = kv->head_dim, group = n_head / kv->n_head_kv;
     for (int64_t t = 0; t < r->n_rows; t++) {
         const int64_t n_kv = (int64_t)r->d_pos[t] + 1;
+        /* A sliding window: positions before lo are never read. */
+        const int64_t lo = sp_cu_attn_first(n_kv - 1, window);
         const int32_t *table = r->d_btab + r->d_bt[t];
         float *sc = malloc((size_t)n_kv * sizeof(float));
         if (sc == NULL) {
@@ -746,7 +755,7 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
             const int64_t g = h / group;
             const float *qh = q + (t * n_head + h) * hd;
             float mx = -INFINITY;
-            for (int64_t p = 0; p < n_kv; p++) {
+            for (int64_t p = lo; p < n_kv; p++) {
                 const int64_t tile = sp_cu_kv_tile(table[p / SP_CU_KV_BLOCK], il, g,
                                                    kv->n_head_kv, kv->tile_elems, kv->block_elems);
                 double s = 0.0;
@@ -754,16 +763,19 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
                     s += (double)qh[d] * kv_get(kv, tile + sp_cu_key_in_tile(p % 16, d));
                 }
                 sc[p] = (float)s * scale;
+                if (softcap > 0.0f) {
+                    sc[p] = softcap * tanhf(sc[p] / softcap);
+                }
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             double sum = 0.0;
-            for (int64_t p = 0; p < n_kv; p++) {
+            for (int64_t p = lo; p < n_kv; p++) {
                 sc[p] = expf(sc[p] - mx);
                 sum += sc[p];
             }
             for (int64_t d = 0; d < hd; d++) {
                 double acc = 0.0;
-                for (int64_t p = 0; p < n_kv; p++) {
+                for (int64_t p = lo; p < n_kv; p++) {
                     const int64_t tile = sp_cu_kv_tile(table[p / SP_CU_KV_BLOCK], il, g,
                                                        kv->n_head_kv, kv->tile_elems,
                                                        kv->block_elems);
@@ -788,6 +800,66 @@ swiglu(sp_cuda_ctx_t *c, const float *g, const float *u, int64_t n, void *out)
     }
     for (int64_t i = 0; i < n; i++) {
         ((uint16_t *)out)[i] = sp_cu_f32_to_f16(sp_cu_silu_mul(g[i], u[i], expf(-g[i])));
+    }
+    return SP_OK;
+}
+
+static int
+head_rmsnorm(sp_cuda_ctx_t *c, float *v, int64_t R, int64_t n_heads, int64_t hd, const float *w,
+             float eps)
+{
+    ENTER(c, "head_rmsnorm");
+    if (n_heads < 1 || hd < 1 || w == NULL) {
+        return fail(c, SP_ERR_INVALID, "head_rmsnorm: %lld heads of %lld, or no weight",
+                    (long long)n_heads, (long long)hd);
+    }
+    if (c->capturing) {
+        const rec_t r = {.op = OP_HEAD_RMSNORM, .p = {v, (void *)w}, .i = {R, n_heads, hd},
+                         .f = eps};
+        return record(c, "head_rmsnorm", &r, PTRS(v, w));
+    }
+    for (int64_t k = 0; k < R * n_heads; k++) {
+        float *x = v + k * hd;
+        double ss = 0.0;
+        for (int64_t d = 0; d < hd; d++) {
+            ss += (double)x[d] * x[d];
+        }
+        const float scale = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+        for (int64_t d = 0; d < hd; d++) {
+            x[d] = x[d] * scale * w[d];
+        }
+    }
+    return SP_OK;
+}
+
+static int
+gelu_mul(sp_cuda_ctx_t *c, const float *g, const float *u, int64_t n, void *out)
+{
+    ENTER(c, "gelu_mul");
+    if (c->capturing) {
+        const rec_t r = {.op = OP_GELU_MUL, .p = {(void *)g, (void *)u, out}, .i = {n}};
+        return record(c, "gelu_mul", &r, PTRS(g, u, out));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        ((uint16_t *)out)[i] =
+            sp_cu_f32_to_f16(sp_cu_gelu_mul(g[i], u[i], tanhf(sp_cu_gelu_arg(g[i]))));
+    }
+    return SP_OK;
+}
+
+static int
+softcap_op(sp_cuda_ctx_t *c, float *x, int64_t n, float cap)
+{
+    ENTER(c, "softcap");
+    if (!(cap > 0.0f)) {
+        return fail(c, SP_ERR_INVALID, "softcap: cap %g is not positive", (double)cap);
+    }
+    if (c->capturing) {
+        const rec_t r = {.op = OP_SOFTCAP, .p = {x}, .i = {n}, .f = cap};
+        return record(c, "softcap", &r, PTRS(x));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = cap * tanhf(x[i] / cap);
     }
     return SP_OK;
 }
@@ -989,7 +1061,12 @@ graph_launch(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
         case OP_ROPE_CS: st = rope_cs(c, p[0], i[0], p[1], i[1], p[2]); break;
         case OP_ROPE: st = rope(c, p[0], i[0], i[1], i[2], i[3], p[1], (int)i[4]); break;
         case OP_KV_WRITE: st = kv_write(c, &r->kv, i[0], p[0], p[1], &r->rows); break;
-        case OP_ATTN: st = attn(c, &r->kv, i[0], p[0], i[1], r->f, &r->rows, p[1]); break;
+        case OP_ATTN:
+            st = attn(c, &r->kv, i[0], p[0], i[1], r->f, i[2], r->f2, &r->rows, p[1]);
+            break;
+        case OP_HEAD_RMSNORM: st = head_rmsnorm(c, p[0], i[0], i[1], i[2], p[1], r->f); break;
+        case OP_GELU_MUL: st = gelu_mul(c, p[0], p[1], i[0], p[2]); break;
+        case OP_SOFTCAP: st = softcap_op(c, p[0], i[0], r->f); break;
         case OP_SWIGLU: st = swiglu(c, p[0], p[1], i[0], p[2]); break;
         case OP_SOFTMAX: st = softmax(c, p[0], i[0], i[1]); break;
         case OP_TOPK: st = topk(c, p[0], i[0], i[1], (int)i[2], p[1], p[2]); break;
@@ -1019,7 +1096,7 @@ static const sp_cuda_api_t api = {
     dev_alloc, dev_free, h2d, d2h, d2d, dev_sync,
     to_f16, embed, add_rmsnorm, gemm, rope_cs, rope, kv_write, attn, swiglu, softmax, topk,
     graph_begin, graph_end, graph_launch, graph_destroy, qsplit_to_f16, gemv_q,
-    host_register, host_unregister, pinned_bytes,
+    host_register, host_unregister, pinned_bytes, head_rmsnorm, gelu_mul, softcap_op,
 };
 
 static sp_cuda_api_t api_other;

@@ -29,12 +29,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/alloc.h"
 #include "cuda/cuda_common.h"
 #include "engine/gpu.h"
 #include "engine/batch.h"
 #include "engine/gen.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "sampan/log.h"
 #include "tools/tools.h"
@@ -586,6 +588,284 @@ test_embed(void)
     sp_model_free(cpu);
     sp_model_free(g);
     end();
+}
+
+/* ---------------------------------------------------------- architectures */
+
+/*
+ * qwen3, gemma2 and gemma3 shaped random models (F32 weights, the demo's
+ * tokenizer of 512 tokens), built in memory: 4 layers, n_embd 64, 4 heads of
+ * 32 over 2 KV heads (GQA), n_ff 96. qwen3: per-head q/k norms, its own
+ * output matrix. gemma2: every other layer slides over a window of 8
+ * (the runs below reach position 58), attention scores soft-capped at 5,
+ * post-attention and post-FFN norms, GELU, the embedding times sqrt(n_embd),
+ * final logits soft-capped at 10, output tied to the embedding. gemma3: as
+ * gemma2 without the attention cap, with per-head q/k norms and the global
+ * layers on base 1e6, the sliding ones on 10000 (two RoPE tables).
+ * Amplitudes: the output (or tied embedding) rows uniform in [-0.4, 0.4]
+ * give logits of std about sqrt(64) 0.4 / sqrt(3) = 1.8 over the vocabulary
+ * (checked >= 1 below: flat logits could not tell a wrong engine from a
+ * right one); norms' weights in [0.5, 1.5].
+ */
+static void set_graphs(bool on);
+
+typedef struct arch_model {
+    const char *arch;
+    void *buf;
+    size_t len;
+} arch_model_t;
+
+#define ARCH_MAX_T 64
+static void *arch_bufs[ARCH_MAX_T];
+static int n_arch_bufs;
+
+/* A tensor of n_out rows of n_in F32 values base + amp * uniform(-1, 1). */
+static int
+arch_tensor(sp_gguf_writer_t *w, const char *name, int64_t n_in, int64_t n_out, float base,
+            float amp)
+{
+    const int64_t ne[2] = {n_in, n_out};
+    float *d = malloc((size_t)(n_in * n_out) * sizeof(float));
+    if (d == NULL || n_arch_bufs == ARCH_MAX_T) {
+        free(d);
+        return -1;
+    }
+    for (int64_t i = 0; i < n_in * n_out; i++) {
+        d[i] = base + amp * rndf();
+    }
+    arch_bufs[n_arch_bufs++] = d;
+    return sp_gguf_writer_add_tensor(w, name, SP_TYPE_F32, n_out == 1 ? 1 : 2, ne, d) == SP_OK
+               ? 0
+               : -1;
+}
+
+static sp_status_t
+arch_build(arch_model_t *am, const char *arch, char *err, size_t err_len)
+{
+    enum { H = 4, HKV = 2, HD = 32, E = 64, FF = 96, NL = 4, V = 512 };
+    const bool gemma = strncmp(arch, "gemma", 5) == 0;
+    const bool qk_norm = strcmp(arch, "gemma2") != 0;
+    char key[128], name[96];
+    sp_gguf_t *demo = NULL;
+    sp_gguf_writer_t *w = NULL;
+    am->arch = arch;
+    am->buf = NULL;
+    sp_status_t st = sp_gguf_open(MODEL, &demo, err, err_len);
+    if (st != SP_OK) {
+        return st;
+    }
+    int bad = sp_gguf_writer_create(&w) != SP_OK || sp_gguf_writer_copy_kv(w, demo) != SP_OK ||
+              sp_gguf_writer_set_str(w, "general.architecture", arch) != SP_OK;
+#define KU(suffix, v)                                                                           \
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);                                           \
+    bad |= sp_gguf_writer_set_u32(w, key, (uint32_t)(v)) != SP_OK
+#define KF(suffix, v)                                                                           \
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);                                           \
+    bad |= sp_gguf_writer_set_f32(w, key, v) != SP_OK
+    KU("context_length", 512);
+    KU("embedding_length", E);
+    KU("feed_forward_length", FF);
+    KU("block_count", NL);
+    KU("attention.head_count", H);
+    KU("attention.head_count_kv", HKV);
+    KU("attention.key_length", HD);
+    KU("attention.value_length", HD);
+    KF("rope.freq_base", strcmp(arch, "gemma3") == 0 ? 1000000.0f : 10000.0f);
+    KF("attention.layer_norm_rms_epsilon", 1e-6f);
+    if (gemma) {
+        KU("attention.sliding_window", 8);
+        KU("attention.sliding_window_pattern", 2);
+        KF("final_logit_softcapping", 10.0f);
+    }
+    if (strcmp(arch, "gemma2") == 0) {
+        KF("attn_logit_softcapping", 5.0f);
+    }
+#undef KU
+#undef KF
+    n_arch_bufs = 0;
+    bad |= arch_tensor(w, "token_embd.weight", E, V, 0.0f, gemma ? 0.4f : 1.0f);
+    bad |= arch_tensor(w, "output_norm.weight", E, 1, 1.0f, 0.5f);
+    if (!gemma) {
+        bad |= arch_tensor(w, "output.weight", E, V, 0.0f, 0.4f);
+    }
+    for (int l = 0; l < NL && !bad; l++) {
+#define T(suffix, n_in, n_out, base, amp)                                                      \
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                        \
+    bad |= arch_tensor(w, name, n_in, n_out, base, amp)
+        T("attn_norm.weight", E, 1, 1.0f, 0.5f);
+        T("ffn_norm.weight", E, 1, 1.0f, 0.5f);
+        T("attn_q.weight", E, H * HD, 0.0f, 0.2f);
+        T("attn_k.weight", E, HKV * HD, 0.0f, 0.2f);
+        T("attn_v.weight", E, HKV * HD, 0.0f, 0.2f);
+        T("attn_output.weight", H * HD, E, 0.0f, 0.1f);
+        T("ffn_gate.weight", E, FF, 0.0f, 0.2f);
+        T("ffn_up.weight", E, FF, 0.0f, 0.2f);
+        T("ffn_down.weight", FF, E, 0.0f, 0.1f);
+        if (qk_norm) {
+            T("attn_q_norm.weight", HD, 1, 1.0f, 0.5f);
+            T("attn_k_norm.weight", HD, 1, 1.0f, 0.5f);
+        }
+        if (gemma) {
+            T("post_attention_norm.weight", E, 1, 1.0f, 0.5f);
+            T("post_ffw_norm.weight", E, 1, 1.0f, 0.5f);
+        }
+#undef T
+    }
+    if (!bad) {
+        st = sp_gguf_writer_write_mem(w, &am->buf, &am->len, err, err_len);
+    } else {
+        st = sp_errf(err, err_len, SP_ERR_INVALID, "building the %s model failed", arch);
+    }
+    sp_gguf_writer_destroy(w);
+    sp_gguf_close(demo);
+    for (int i = 0; i < n_arch_bufs; i++) {
+        free(arch_bufs[i]);
+    }
+    return st;
+}
+
+/* The model of am, layers 0..n_gpu-1 on the fake device (0: CPU only). */
+static sp_model_t *
+arch_load(const arch_model_t *am, int64_t n_gpu, char *err, size_t err_len)
+{
+    sp_gguf_t *g;
+    sp_model_t *m;
+    if (sp_gguf_open_mem(am->buf, am->len, "arch.gguf", &g, err, err_len) != SP_OK ||
+        sp_model_load_gguf(g, &m, err, err_len) != SP_OK) {
+        return NULL;
+    }
+    if (n_gpu != 0 && sp_gpu_attach(m, fake, 0, n_gpu, err, err_len) != SP_OK) {
+        sp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static double
+stddev(const float *x, int64_t n)
+{
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
+    const double mean = s / (double)n;
+    return sqrt(fmax(s2 / (double)n - mean * mean, 0.0));
+}
+
+#define ARCH_GEN 32
+
+/* One architecture against the CPU engine: full and partial offload, F32 and
+ * F16 caches, teacher-forced decode (check_steps); the same with graphs off,
+ * whose logits the replayed graphs must give bit for bit; three sequences in
+ * one step with a copied block (batch_run), full and partial. */
+static void
+test_arch(const char *arch)
+{
+    char err[512], name[96];
+    arch_model_t am;
+    if (arch_build(&am, arch, err, sizeof err) != SP_OK) {
+        snprintf(name, sizeof name, "arch_%s", arch);
+        skip(name, err);
+        return;
+    }
+    sp_model_t *cpu = arch_load(&am, 0, err, sizeof err);
+    snprintf(name, sizeof name, "arch_%s_model", arch);
+    begin(name);
+    CHECK(cpu != NULL, "load: %s", err);
+    if (cpu == NULL) {
+        end();
+        sp_free(am.buf);
+        return;
+    }
+    const sp_hparams_t *hp = sp_model_hparams(cpu);
+    const int64_t V = hp->n_vocab, L = hp->n_layer;
+    CHECK(V == 512, "vocabulary %lld", (long long)V);
+    const size_t bytes = sizeof(float) * (size_t)((ARCH_GEN + 1) * V);
+    float *ref = malloc(bytes), *out = malloc(bytes), *eager = malloc(bytes);
+    int32_t gref[ARCH_GEN], gout[ARCH_GEN], geager[ARCH_GEN];
+    const bool have = ref && out && eager &&
+                      run_steps(cpu, false, ARCH_GEN, NULL, ref, gref) == SP_OK;
+    CHECK(have, "cpu run");
+    double sd = 1e30;
+    for (int i = 0; have && i <= ARCH_GEN; i++) {
+        sd = fmin(sd, stddev(ref + (size_t)i * V, V));
+    }
+    printf("  %s: logits std over the vocabulary >= %.2f at every step\n", arch, sd);
+    CHECK(sd >= 1.0, "flat logits (std %.3f): the comparison could not tell engines apart", sd);
+    end();
+    const double tol = logit_tol(cpu, false); /* F32 weights: the GPU's F16 */
+    for (int f16 = 0; have && f16 <= 1; f16++) {
+        float *r = ref;
+        int32_t *gr = gref;
+        if (f16 && run_steps(cpu, true, ARCH_GEN, NULL, out, gout) == SP_OK) {
+            memcpy(eager, out, bytes); /* the CPU's own F16-cache run is the reference */
+            r = eager;
+            gr = gout;
+        }
+        static float rf[(ARCH_GEN + 1) * 512];
+        static int32_t grf[ARCH_GEN];
+        memcpy(rf, r, bytes);
+        memcpy(grf, gr, sizeof grf);
+        const int64_t splits[] = {-1, 2, 1};
+        for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+            snprintf(name, sizeof name, "arch_%s_%s_kv_%s", arch,
+                     splits[k] < 0 ? "full" : splits[k] == 2 ? "partial2" : "partial1",
+                     f16 ? "f16" : "f32");
+            begin(name);
+            sp_model_t *g = arch_load(&am, splits[k], err, sizeof err);
+            CHECK(g != NULL, "attach: %s", err);
+            if (g != NULL) {
+                CHECK(sp_gpu_model_layers(g) == (splits[k] < 0 ? L : splits[k]), "layers %lld",
+                      (long long)sp_gpu_model_layers(g));
+                set_graphs(true);
+                sp_status_t st = run_steps(g, f16, ARCH_GEN, grf, out, gout);
+                CHECK(st == SP_OK, "status %d", st);
+                if (st == SP_OK) {
+                    check_steps(rf, out, ARCH_GEN, V, tol);
+                }
+                if (splits[k] < 0) {
+                    /* eager: the replayed graphs' logits bit for bit */
+                    set_graphs(false);
+                    st = run_steps(g, f16, ARCH_GEN, grf, eager, geager);
+                    set_graphs(true);
+                    CHECK(st == SP_OK, "eager status %d", st);
+                    CHECK(st != SP_OK || memcmp(eager, out, bytes) == 0,
+                          "graphs and eager steps differ");
+                }
+                sp_model_free(g);
+            }
+            end();
+        }
+    }
+    snprintf(name, sizeof name, "arch_%s_three_sequences_cow", arch);
+    begin(name);
+    sp_model_t *g = arch_load(&am, -1, err, sizeof err), *p = arch_load(&am, 2, err, sizeof err);
+    CHECK(g && p, "attach: %s", err);
+    if (g && p && V == 512) {
+        static float a[3 * 512], b[3 * 512], c[3 * 512];
+        CHECK(batch_run(cpu, a) == SP_OK, "cpu");
+        CHECK(batch_run(g, b) == SP_OK, "gpu");
+        CHECK(batch_run(p, c) == SP_OK, "partial");
+        for (int i = 0; i < 3; i++) {
+            const double d1 = rel_diff(a + i * 512, b + i * 512, 512);
+            const double d2 = rel_diff(a + i * 512, c + i * 512, 512);
+            double gap1, gap2;
+            printf("  seq %d: full %.2e partial %.2e (tolerance %.2e)\n", i, d1, d2, tol);
+            CHECK(d1 < tol && d2 < tol, "seq %d differs", i);
+            CHECK(same_or_near_tie(a + i * 512, b + i * 512, 512, tol, &gap1) &&
+                      same_or_near_tie(a + i * 512, c + i * 512, 512, tol, &gap2),
+                  "seq %d argmax parts with no near tie", i);
+        }
+    }
+    sp_model_free(g);
+    sp_model_free(p);
+    end();
+    free(ref);
+    free(out);
+    free(eager);
+    sp_model_free(cpu);
+    sp_free(am.buf);
 }
 
 /* ---------------------------------------------------------- graphs */
@@ -1725,6 +2005,9 @@ main(int argc, char **argv)
         test_kv_q8_refused();
         test_pinned();
         test_candidates();
+        test_arch("qwen3");
+        test_arch("gemma2");
+        test_arch("gemma3");
     }
     test_sampler_candidates();
     printf("test_cuda_host: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

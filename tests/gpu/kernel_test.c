@@ -21,6 +21,10 @@
  *   kv_write                     exact (F32 cache) / F16 rounding (F16 cache)
  *   attention                    2e-3 relative to max |v| (F16 output, expf vs
  *                                the reference's double sums)
+ *   attention, window / softcap  the same (positions before the window never read)
+ *   head_rmsnorm                 1e-5 relative to the head's max |out| (F32)
+ *   gelu_mul                     1e-3 relative (F16 out)
+ *   softcap                      4e-6 of the cap absolute (float tanh)
  *   softmax                      1e-6 absolute + 1e-5 relative
  *   topk                         exact indices and values
  *   qsplit_to_f16                exact
@@ -333,8 +337,9 @@ test_rope(void)
 /* Paged attention: fill a device pool through kv_write (random block table,
  * several layers), download it, and run the CPU reference attention over the
  * downloaded pool through the same block tables. */
+/* window > 0: a sliding window (gemma, phi3); softcap > 0: soft-capped scores (gemma2). */
 static void
-test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv)
+test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window, float softcap)
 {
     const int64_t n_layer = 2, il = 1, n_blocks = 48, max_pos = 400;
     const int64_t tile = SP_CU_KV_BLOCK * hd, block_elems = n_layer * n_head_kv * 2 * tile;
@@ -374,7 +379,7 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv)
     void *d_o = dev(NULL, (size_t)(R * qd) * 2);
     sp_cuda_rows_t rows = {R, d_qpos, d_qbt, d_tab};
     const float scale = 1.0f / sqrtf((float)hd);
-    ok_or_die(A->attn(C, &kv, il, d_q, n_head, scale, &rows, d_o), "attn");
+    ok_or_die(A->attn(C, &kv, il, d_q, n_head, scale, window, softcap, &rows, d_o), "attn");
     uint16_t *o = malloc((size_t)(R * qd) * 2);
     get(o, d_o, (size_t)(R * qd) * 2);
     char *pool = malloc((size_t)(n_blocks * block_elems) * elt);
@@ -415,6 +420,7 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv)
                 .v = pool + (size_t)(t0 + tile) * elt, .blocks = table,
                 .k_block_stride = block_elems, .v_block_stride = block_elems, .v_stride = hd,
                 .scale = scale, .o = want, .o_stride = hd, .scratch = scratch,
+                .window = window, .softcap = softcap,
             };
             ref->attn[f16 ? SP_TYPE_F16 : SP_TYPE_F32](&a);
             for (int64_t d = 0; d < hd; d++) {
@@ -422,8 +428,9 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv)
             }
         }
     }
-    snprintf(name, sizeof name, "attn %s hd%lld heads %lld/%lld", f16 ? "f16" : "f32",
-             (long long)hd, (long long)n_head, (long long)n_head_kv);
+    snprintf(name, sizeof name, "attn %s hd%lld heads %lld/%lld%s%s", f16 ? "f16" : "f32",
+             (long long)hd, (long long)n_head, (long long)n_head_kv, window > 0 ? " window" : "",
+             softcap > 0.0f ? " softcap" : "");
     report(name, err <= 2e-3, err, 2e-3); /* |v| <= 1 */
     void *bufs[] = {d_pool, d_pos, d_bt, d_tab, d_k, d_v, d_qpos, d_qbt, d_q, d_o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -520,6 +527,94 @@ test_swiglu_softmax_topk(void)
     A->free(C, d_x);
     A->free(C, d_idx);
     A->free(C, d_val);
+    free(x);
+    free(y);
+}
+
+/* Per-head q/k norms (qwen3, gemma3), GELU (gemma) and the final soft-cap. */
+static void
+test_arch_ops(void)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    /* head_rmsnorm: 7 rows of 16 heads of 128, and one row of 3 heads of 256 */
+    const int64_t shapes[][3] = {{7, 16, 128}, {1, 3, 256}, {5, 2, 64}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int64_t R = shapes[k][0], H = shapes[k][1], hd = shapes[k][2], n = R * H * hd;
+        float *x = malloc((size_t)n * 4), *w = malloc((size_t)hd * 4);
+        float *got = malloc((size_t)n * 4), *want = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = rndf() * 4 * (float)(1 + i / hd % 3); /* heads of different scales */
+        }
+        for (int64_t i = 0; i < hd; i++) {
+            w[i] = 0.5f + (rndf() + 1) / 2;
+        }
+        float *d_x = dev(x, (size_t)n * 4), *d_w = dev(w, (size_t)hd * 4);
+        ok_or_die(A->head_rmsnorm(C, d_x, R, H, hd, d_w, 1e-6f), "head_rmsnorm");
+        get(got, d_x, (size_t)n * 4);
+        double err = 0;
+        for (int64_t h = 0; h < R * H; h++) {
+            ref->rmsnorm(want + h * hd, x + h * hd, w, hd, 1e-6f);
+            double mx = 0, e = 0;
+            for (int64_t i = 0; i < hd; i++) {
+                mx = fmax(mx, fabs(want[h * hd + i]));
+                e = fmax(e, fabs(want[h * hd + i] - got[h * hd + i]));
+            }
+            err = fmax(err, e / mx);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "head_rmsnorm %lldx%lld of %lld", (long long)R, (long long)H,
+                 (long long)hd);
+        report(name, err <= 1e-5, err, 1e-5);
+        A->free(C, d_x);
+        A->free(C, d_w);
+        free(x);
+        free(w);
+        free(got);
+        free(want);
+    }
+
+    /* gelu_mul against double tanh, F16 out */
+    const int64_t n = 9216 * 2 + 5;
+    float *g = malloc((size_t)n * 4), *u = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        g[i] = rndf() * 6;
+        u[i] = rndf() * 2;
+    }
+    float *d_g = dev(g, (size_t)n * 4), *d_u = dev(u, (size_t)n * 4);
+    void *d_o = dev(NULL, (size_t)n * 2);
+    ok_or_die(A->gelu_mul(C, d_g, d_u, n, d_o), "gelu_mul");
+    uint16_t *o = malloc((size_t)n * 2);
+    get(o, d_o, (size_t)n * 2);
+    double err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double x = g[i];
+        const double want =
+            0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * u[i];
+        err = fmax(err, fabs(want - h2f(o[i])) / fmax(fabs(want), 1e-2));
+    }
+    report("gelu_mul", err <= 1e-3, err, 1e-3);
+
+    /* softcap in place over logits-sized rows */
+    const float cap = 30.0f;
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = rndf() * 100;
+    }
+    float *d_x = dev(x, (size_t)n * 4);
+    ok_or_die(A->softcap(C, d_x, n, cap), "softcap");
+    get(y, d_x, (size_t)n * 4);
+    err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        err = fmax(err, fabs(cap * tanh((double)x[i] / cap) - y[i]));
+    }
+    report("softcap", err <= 4e-6 * cap, err, 4e-6 * cap); /* float tanh: a few ulp of cap */
+    A->free(C, d_g);
+    A->free(C, d_u);
+    A->free(C, d_o);
+    A->free(C, d_x);
+    free(g);
+    free(u);
+    free(o);
     free(x);
     free(y);
 }
@@ -783,12 +878,18 @@ main(int argc, char **argv)
     test_gemm();
     test_rope();
     for (int f16 = 0; f16 <= 1; f16++) {
-        test_attn(f16, 64, 32, 4);  /* TinyLlama: GQA 8 */
-        test_attn(f16, 128, 8, 8);  /* MHA, wide heads */
+        test_attn(f16, 64, 32, 4, 0, 0.0f);  /* TinyLlama: GQA 8 */
+        test_attn(f16, 128, 8, 8, 0, 0.0f);  /* MHA, wide heads */
+        /* gemma2-like: windows that start inside a block, on a block edge,
+         * and wider than most positions; scores soft-capped */
+        test_attn(f16, 256, 8, 4, 37, 50.0f);
+        test_attn(f16, 128, 8, 2, 64, 0.0f);
+        test_attn(f16, 64, 4, 4, 300, 2.0f);
     }
-    test_attn(1, 8, 8, 4);          /* stories260K */
-    test_attn(0, 256, 4, 1);        /* the widest head, MQA */
+    test_attn(1, 8, 8, 4, 0, 0.0f);          /* stories260K */
+    test_attn(0, 256, 4, 1, 0, 0.0f);        /* the widest head, MQA */
     test_swiglu_softmax_topk();
+    test_arch_ops();
     test_qsplit_gemv();
     test_graph();
     test_pinned();
