@@ -1076,8 +1076,10 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw)
             OP(b, "q norm", api->head_rmsnorm(c, b->q, R, hp->n_head, hd, L->q_norm, eps));
             OP(b, "k norm", api->head_rmsnorm(c, b->k, R, hp->n_head_kv, hd, L->k_norm, eps));
         }
-        OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, cs, neox));
-        OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, cs, neox));
+        if (!hp->layer_nope[il]) { /* smollm3's every fourth layer has no rotation */
+            OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, cs, neox));
+            OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, cs, neox));
+        }
         OP(b, "kv write", api->kv_write(c, &kv->desc, il, b->k, b->v, rw));
         OP(b, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, hp->attn_scale,
                                      swa ? hp->n_swa : 0, hp->attn_softcap, rw, b->att));

@@ -672,7 +672,8 @@ sp__model_cpu_only_feature(const sp_model_t *m)
     /* What the CUDA path (gpu.c) runs besides the llama family: per-head q/k
      * norms, post-norms, sliding windows (every block kept on the device),
      * attention and final soft-capping, GELU, embedding and query scales,
-     * the sliding layers' own RoPE base. Everything else is named here. */
+     * the sliding layers' own RoPE base, layers without RoPE. Everything
+     * else is named here. */
     const sp_hparams_t *hp = &m->hp;
     if (arch_is(hp, "gemma4")) {
         return m->moe != NULL ? "the gemma4 architecture with mixture of experts (experts "
@@ -696,9 +697,6 @@ sp__model_cpu_only_feature(const sp_model_t *m)
         }
         if ((m->layers[il].attn_post_norm == NULL) != (m->layers[il].ffn_post_norm == NULL)) {
             return "a post-norm on one sub-layer only";
-        }
-        if (hp->layer_nope[il]) {
-            return "layers without RoPE";
         }
         if (hp->layer_n_head_kv[il] > 0 || hp->layer_n_ff[il] > 0) {
             return "per-layer head sizes, shared KV layers or value norms";

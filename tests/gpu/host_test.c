@@ -593,7 +593,7 @@ test_embed(void)
 /* ---------------------------------------------------------- architectures */
 
 /*
- * qwen3, gemma2 and gemma3 shaped random models (F32 weights, the demo's
+ * qwen3, gemma2, gemma3 and smollm3 shaped random models (F32 weights, the demo's
  * tokenizer of 512 tokens), built in memory: 4 layers, n_embd 64, 4 heads of
  * 32 over 2 KV heads (GQA), n_ff 96. qwen3: per-head q/k norms, its own
  * output matrix. gemma2: every other layer slides over a window of 8
@@ -601,7 +601,8 @@ test_embed(void)
  * post-attention and post-FFN norms, GELU, the embedding times sqrt(n_embd),
  * final logits soft-capped at 10, output tied to the embedding. gemma3: as
  * gemma2 without the attention cap, with per-head q/k norms and the global
- * layers on base 1e6, the sliding ones on 10000 (two RoPE tables).
+ * layers on base 1e6, the sliding ones on 10000 (two RoPE tables). smollm3:
+ * llama-like, layer 3 without RoPE.
  * Amplitudes: the output (or tied embedding) rows uniform in [-0.4, 0.4]
  * give logits of std about sqrt(64) 0.4 / sqrt(3) = 1.8 over the vocabulary
  * (checked >= 1 below: flat logits could not tell a wrong engine from a
@@ -644,7 +645,7 @@ arch_build(arch_model_t *am, const char *arch, char *err, size_t err_len)
 {
     enum { H = 4, HKV = 2, HD = 32, E = 64, FF = 96, NL = 4, V = 512 };
     const bool gemma = strncmp(arch, "gemma", 5) == 0;
-    const bool qk_norm = strcmp(arch, "gemma2") != 0;
+    const bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
     char key[128], name[96];
     sp_gguf_t *demo = NULL;
     sp_gguf_writer_t *w = NULL;
@@ -2008,6 +2009,7 @@ main(int argc, char **argv)
         test_arch("qwen3");
         test_arch("gemma2");
         test_arch("gemma3");
+        test_arch("smollm3");
     }
     test_sampler_candidates();
     printf("test_cuda_host: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
