@@ -883,7 +883,8 @@ TEST(batch_mm_chunk_split)
  * from the pool) on a 64-thread pool, far more threads than this machine's cores, must give
  * each row vec_dot's bits: the one-token tiles group rows by the item's size (the AVX2 float
  * tile takes 8 rows (r1 - r0) / 8 apart), so every split must give each row the same
- * operations, and every row of every item must be written once. Rows: fewer than the threads, 1, tile edges, several items per thread.
+ * operations, and every row of every item must be written once. Rows: fewer than the
+ * threads, 1, tile edges, several items per thread.
  * Row-layout F16 and Q4_0 through the table's gemm and, where the level has one, the packed
  * Q4_0 and Q4_K gemms; run at every level by tests/run.sh (SAMPAN_CPU).
  */
