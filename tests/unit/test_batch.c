@@ -888,3 +888,118 @@ TEST(batch_mm_chunk_split)
         }
     }
 }
+
+/*
+ * One-token products split the way batch.c splits them (sp__batch_mm_chunk items claimed
+ * from the pool) on a 64-thread pool, far more threads than this machine's cores, must give
+ * each row vec_dot's bits: the one-token tiles group rows by the item's size (the AVX2 float
+ * tile takes 8 rows (r1 - r0) / 8 apart), so every split must give each row the same
+ * operations, and every row of every item must be written once. Rows: fewer than the
+ * threads, 1, tile edges, several items per thread.
+ * Row-layout F16 and Q4_0 through the table's gemm and, where the level has one, the packed
+ * Q4_0 and Q4_K gemms; run at every level by tests/run.sh (SAMPAN_CPU).
+ */
+typedef struct split_job {
+    const sp_cpu_kernels_t *k;
+    sp_type_t type;
+    int64_t n, rows, chunk;
+    const void *w;
+    size_t ws;
+    bool packed;
+    const void *x;
+    float *y;
+} split_job;
+
+static void
+split_job_run(void *arg, int64_t item, int ith)
+{
+    split_job *j = arg;
+    (void)ith;
+    const int64_t r0 = item * j->chunk;
+    const int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+    if (j->packed) {
+        j->k->repack_gemm[j->type](j->n, j->w, j->ws, r0, r1, j->x, 0, 1, j->y, j->rows);
+    } else {
+        sp_cpu_gemm(j->k, j->type, j->n, j->w, j->ws, r0, r1, j->x, 0, 1, j->y, j->rows);
+    }
+}
+
+TEST(batch_one_token_split_64_threads)
+{
+    static const int64_t row_counts[] = {1, 7, 16, 17, 63, 300, 1100};
+    static const sp_type_t types[] = {SP_TYPE_F16, SP_TYPE_Q4_0, SP_TYPE_Q4_K};
+    const sp_cpu_kernels_t *k = sp_cpu_kernels();
+    const int64_t n = 512, max_rows = 1100;
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(64, &pool));
+    float *wf = sp_malloc(sizeof(float) * (size_t)(n * max_rows));
+    float *xf = sp_malloc(sizeof(float) * (size_t)n);
+    float *want = sp_malloc(sizeof(float) * (size_t)max_rows);
+    float *got = sp_malloc(sizeof(float) * (size_t)max_rows);
+    ASSERT(wf && xf && want && got);
+    for (int64_t i = 0; i < n * max_rows; i++) {
+        wf[i] = (float)((int32_t)(rng_u32() % 2001) - 1000) * 1e-3f;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        xf[i] = (float)((int32_t)(rng_u32() % 2001) - 1000) * 1e-3f;
+    }
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const sp_type_t type = types[ti];
+        const size_t rs = sp_row_size(type, n);
+        uint8_t *w = sp_malloc(rs * (size_t)max_rows);
+        ASSERT(w);
+        for (int64_t r = 0; r < max_rows; r++) {
+            ASSERT(sp_quantize_row(type, wf + r * n, w + (size_t)r * rs, n));
+        }
+        const sp_type_t xt = k->vec_dot_type[type];
+        uint8_t *x = sp_malloc(sp_row_size(xt, n));
+        ASSERT(x);
+        k->from_float[xt](xf, x, n);
+        for (int packed = 0; packed < 2; packed++) {
+            if (packed ? k->repack_gemm[type] == NULL : k->gemm[type] == NULL) {
+                continue; /* Q4_K goes only packed here; a level without a packed form */
+            }
+            for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+                const int64_t rows = row_counts[ri];
+                split_job j = {k, type, n, rows, sp__batch_mm_chunk(rows, 64, 1), w, rs,
+                               packed != 0, x, got};
+                uint8_t *pw = NULL;
+                if (packed) {
+                    pw = sp_malloc(sp_repack_bytes(type, n, rows));
+                    ASSERT(pw);
+                    const int64_t groups = (rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+                    sp_repack_pack(type, n, w, rs, rows, 0, groups, pw);
+                    j.w = pw;
+                    j.ws = sp_repack_group_bytes(type, n);
+                }
+                /* each row alone: vec_dot (the packed gemms give the reference's bits) */
+                const sp_cpu_kernels_t *dk = packed ? sp_cpu_kernels_ref() : k;
+                for (int64_t r = 0; r < rows; r++) {
+                    dk->vec_dot[type](n, &want[r], w + (size_t)r * rs, x);
+                }
+                for (int rep = 0; rep < 3; rep++) {
+                    for (int64_t r = 0; r < rows; r++) {
+                        got[r] = -12345.0f;
+                    }
+                    sp_pool_run(pool, split_job_run, &j, (rows + j.chunk - 1) / j.chunk);
+                    for (int64_t r = 0; r < rows; r++) {
+                        if (memcmp(&got[r], &want[r], sizeof(float)) != 0) {
+                            SP_TEST_FAIL("%s %s%s rows %" PRId64 " item %" PRId64
+                                         ": y[%" PRId64 "] = %.9g, vec_dot %.9g",
+                                         k->name, sp_type_name(type), packed ? " packed" : "",
+                                         rows, j.chunk, r, got[r], want[r]);
+                        }
+                    }
+                }
+                sp_free(pw);
+            }
+        }
+        sp_free(x);
+        sp_free(w);
+    }
+    sp_free(wf);
+    sp_free(xf);
+    sp_free(want);
+    sp_free(got);
+    sp_pool_destroy(pool);
+}

@@ -722,6 +722,56 @@ TEST(kernels_gemm_large_shapes)
     }
 }
 
+/*
+ * One token (the decode path: wide one-token tiles such as AVX2's 8-row float tile and the
+ * AVX-512 one-token Q4_0 / Q8_0 kernels) over row counts around the tile sizes and row ranges
+ * that start and end inside a tile, 1 row included: each result must be vec_dot's bits, and
+ * nothing outside the range may be written. The float lengths leave an 8- and a 16-lane tail.
+ */
+TEST(kernels_one_token_row_ranges)
+{
+    static const int64_t row_counts[] = {1, 2, 7, 8, 9, 15, 17, 33, 67};
+    level_entry lv[4];
+    int nl = levels(lv);
+    for (int l = 0; l < nl; l++) {
+        const sp_cpu_kernels_t *k = lv[l].k;
+        for (int ti = 0; ti < N_WTYPES; ti++) {
+            const sp_type_t wt = wtypes[ti];
+            const int64_t n = is_quant(wt) ? 160 : 203;
+            problem p;
+            problem_make(&p, k, wt, n, 67, 1, 70 + (uint64_t)ti);
+            float dots[67], y[70];
+            for (int64_t r = 0; r < 67; r++) {
+                k->vec_dot[wt](n, &dots[r], p.w + r * p.w_stride, p.x);
+            }
+            for (size_t ci = 0; ci < sizeof row_counts / sizeof row_counts[0]; ci++) {
+                const int64_t rows = row_counts[ci];
+                const int64_t rg[][2] = {{0, rows},
+                                         {rows / 2, rows},
+                                         {rows - 1, rows},
+                                         {rows > 2 ? 1 : 0, rows > 2 ? rows - 1 : rows}};
+                for (int ri = 0; ri < 4; ri++) {
+                    const int64_t r0 = rg[ri][0], r1 = rg[ri][1];
+                    for (int i = 0; i < 70; i++) {
+                        y[i] = -12345.0f;
+                    }
+                    sp_cpu_gemm(k, wt, n, p.w, p.w_stride, r0, r1, p.x, p.x_stride, 1, y, 70);
+                    for (int64_t r = 0; r < 70; r++) {
+                        const float want = r >= r0 && r < r1 ? dots[r] : -12345.0f;
+                        if (memcmp(&y[r], &want, sizeof(float)) != 0) {
+                            SP_TEST_FAIL("%s %s rows [%" PRId64 ",%" PRId64 ") of %" PRId64
+                                         ": y[%" PRId64 "] = %.9g, want %.9g",
+                                         lv[l].label, sp_type_name(wt), r0, r1, rows, r,
+                                         y[r], want);
+                        }
+                    }
+                }
+            }
+            problem_free(&p);
+        }
+    }
+}
+
 /* The AVX-512 VNNI Q8_0 / Q4_0 products keep the reference's operation order
  * (exact block sums, then sum + isum * (d_w * d_x) block by block), so they
  * must give its bits, not just come within the tolerance. */
