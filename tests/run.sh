@@ -53,7 +53,7 @@ echo "== unit tests (release)"
 # The engine-level tests at the lower kernel levels too, so a machine with AVX-512 also runs
 # the AVX2 and scalar paths through the whole engine (about 10 s of CPU time a level). The
 # levels come from the dispatcher itself (cpuid and XGETBV), through kernels_cpu_levels.
-ENGINE_TESTS=(test_kernels.c test_kquants.c test_attn.c test_forward.c test_batch.c test_repack_model.c)
+ENGINE_TESTS=(test_kernels.c test_kquants.c test_attn.c test_forward.c test_batch.c test_repack_model.c test_moe_pack.c)
 levels=$(./build/test_unit kernels_cpu_levels 2>&1 | sed -n 's/^ *cpu levels: *//p' | tail -n 1)
 if [ -z "$levels" ]; then
     broken=$((broken + 1)); echo "run: kernels_cpu_levels printed no levels"

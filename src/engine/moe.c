@@ -693,9 +693,16 @@ xmm_job_run(void *arg, int64_t item, int ith)
     const int64_t r0 = (item % j->n_chunks[wi]) * j->chunk;
     const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
     const int64_t s0 = j->off[e], n_tok = j->off[e + 1] - s0;
+    const void *x = (const char *)j->x + (size_t)s0 * j->x_stride;
+    if (w->packed != NULL && j->k->repack_gemm[w->type] != NULL) {
+        /* expert e's load-time packed copy (the scalar reference's bits: kernels.h) */
+        const char *pe = (const char *)w->packed + (size_t)e * w->packed_expert_bytes;
+        j->k->repack_gemm[w->type](w->n_in, pe, w->packed_stride, r0, r1, x, j->x_stride,
+                                   n_tok, j->y[wi] + s0 * w->n_out, w->n_out);
+        return;
+    }
     sp_cpu_gemm(j->k, w->type, w->n_in, (const char *)w->data + (size_t)e * w->expert_bytes,
-                w->row_bytes, r0, r1, (const char *)j->x + (size_t)s0 * j->x_stride, j->x_stride,
-                n_tok, j->y[wi] + s0 * w->n_out, w->n_out);
+                w->row_bytes, r0, r1, x, j->x_stride, n_tok, j->y[wi] + s0 * w->n_out, w->n_out);
 }
 
 static void

@@ -209,15 +209,20 @@ typedef struct summary {
 } summary;
 
 /* Whether a load packs this tensor: the projections the engine repacks (attention,
- * dense FFN, output) in a type the current kernel table has a packed gemm for. */
+ * dense FFN, output; the MoE router, experts and shared expert, engine/moe.c) in a type the
+ * current kernel table has a packed gemm for. */
 static bool
 repacked_at_load(const sp_gguf_t *g, const sp_gguf_tensor_t *t)
 {
-    static const char *const names[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
-                                        ".attn_output.weight", ".ffn_gate.weight",
-                                        ".ffn_up.weight", ".ffn_down.weight"};
+    static const char *const names[] = {
+        ".attn_q.weight",         ".attn_k.weight",         ".attn_v.weight",
+        ".attn_output.weight",    ".ffn_gate.weight",       ".ffn_up.weight",
+        ".ffn_down.weight",       ".ffn_gate_inp.weight",   ".ffn_gate_exps.weight",
+        ".ffn_up_exps.weight",    ".ffn_down_exps.weight",  ".ffn_gate_up_exps.weight",
+        ".ffn_gate_shexp.weight", ".ffn_up_shexp.weight",   ".ffn_down_shexp.weight",
+        ".ffn_gate_inp_shexp.weight"};
     sp_str_t arch;
-    if (!sp_model_repack_enabled() || t->n_dims != 2 || t->type >= SP_TYPE_COUNT ||
+    if (!sp_model_repack_enabled() || t->n_dims < 1 || t->n_dims > 3 || t->type >= SP_TYPE_COUNT ||
         sp_cpu_kernels()->repack_gemm[t->type] == NULL ||
         (sp_gguf_get_str(g, "general.architecture", &arch, NULL, 0) == SP_OK &&
          ((arch.len == 4 && memcmp(arch.ptr, "bert", 4) == 0) ||
@@ -267,9 +272,19 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
         s->type_count[t->type]++;
         s->type_bytes[t->type] += (double)t->nbytes;
         if (repacked_at_load(g, t)) {
-            /* each copy starts 64-byte aligned, as the loader lays them out */
+            /* each copy starts 64-byte aligned, as the loader lays them out: a 3-D expert
+             * tensor one copy per expert, a fused gate_up tensor (gemma4) two views of half
+             * the rows each */
+            static const char fused_name[] = ".ffn_gate_up_exps.weight";
+            const size_t fl = sizeof fused_name - 1;
+            const int64_t views =
+                t->name.len > fl && memcmp(t->name.ptr + t->name.len - fl, fused_name, fl) == 0
+                    ? 2
+                    : 1;
             s->repack_bytes +=
-                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1]) + 63) & ~(size_t)63);
+                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1] / views) + 63) &
+                         ~(size_t)63) *
+                (double)(t->ne[2] * views);
         }
     }
     s->block_count = s->context_length = s->n_embd = s->n_head = s->n_head_kv = -1;

@@ -25,15 +25,15 @@ tm_rand(tm_state_t *s)
 }
 
 static void
-tm_add(tm_state_t *s, sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in,
-       int64_t n_out, float amp)
+tm_add_x(tm_state_t *s, sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in,
+         int64_t n_out, int64_t n_exp, float amp)
 {
-    const int64_t ne[2] = {n_in, n_out};
+    const int64_t ne[3] = {n_in, n_out, n_exp};
     const size_t row = sp_row_size(type, n_in);
     float *src = sp_malloc((size_t)n_in * sizeof(float));
-    char *data = sp_malloc(row * (size_t)n_out);
+    char *data = sp_malloc(row * (size_t)(n_out * n_exp));
     ASSERT(src && data && s->n_bufs < TM_MAX_TENSORS);
-    for (int64_t r = 0; r < n_out; r++) {
+    for (int64_t r = 0; r < n_out * n_exp; r++) {
         for (int64_t i = 0; i < n_in; i++)
             src[i] = amp * tm_rand(s);
         if (type == SP_TYPE_F32)
@@ -43,7 +43,15 @@ tm_add(tm_state_t *s, sp_gguf_writer_t *w, const char *name, sp_type_t type, int
     }
     sp_free(src);
     s->bufs[s->n_bufs++] = data;
-    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data));
+    ASSERT_OK(sp_gguf_writer_add_tensor(w, name, type, n_exp > 1 ? 3 : n_out == 1 ? 1 : 2, ne,
+                                        data));
+}
+
+static void
+tm_add(tm_state_t *s, sp_gguf_writer_t *w, const char *name, sp_type_t type, int64_t n_in,
+       int64_t n_out, float amp)
+{
+    tm_add_x(s, w, name, type, n_in, n_out, 1, amp);
 }
 
 void
@@ -77,6 +85,14 @@ sp_test_llama_gguf(const sp_test_llama_t *sp, void **buf, size_t *len)
     }
     F32("rope.freq_base", 10000.0f);
     F32("attention.layer_norm_rms_epsilon", sp->rms_eps);
+    if (sp->n_expert >= 2) {
+        U32("expert_count", sp->n_expert);
+        U32("expert_used_count", sp->n_expert_used);
+        U32("expert_feed_forward_length", sp->n_ff_exp);
+        if (sp->n_ff_shexp > 0) {
+            U32("expert_shared_feed_forward_length", sp->n_ff_shexp);
+        }
+    }
 #undef U32
 #undef F32
     s->rng = sp->seed;
@@ -99,9 +115,27 @@ sp_test_llama_gguf(const sp_test_llama_t *sp, void **buf, size_t *len)
         }
         T("attn_output.weight", sp->type, QD, E, sp->amp_out);
         T("ffn_norm.weight", SP_TYPE_F32, E, 1, 1.0f);
-        T("ffn_gate.weight", sp->type, E, sp->n_ff, sp->amp_in);
-        T("ffn_up.weight", sp->type, E, sp->n_ff, sp->amp_in);
-        T("ffn_down.weight", sp->type, sp->n_ff, E, sp->amp_out);
+        if (sp->n_expert >= 2) {
+            const int64_t NE = sp->n_expert, F = sp->n_ff_exp, FS = sp->n_ff_shexp;
+#define TX(suffix, ty, n_in, n_out, n_exp, amp)                                                \
+    snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, suffix);                          \
+    tm_add_x(s, w, name, ty, n_in, n_out, n_exp, amp)
+            TX("ffn_gate_inp.weight", SP_TYPE_F32, E, NE, 1, 1.0f);
+            TX("ffn_gate_exps.weight", sp->type, E, F, NE, sp->amp_in);
+            TX("ffn_up_exps.weight", sp->type, E, F, NE, sp->amp_in);
+            TX("ffn_down_exps.weight", sp->type, F, E, NE, sp->amp_out);
+            if (FS > 0) {
+                TX("ffn_gate_inp_shexp.weight", SP_TYPE_F32, E, 1, 1, 0.3f);
+                TX("ffn_gate_shexp.weight", sp->type, E, FS, 1, sp->amp_in);
+                TX("ffn_up_shexp.weight", sp->type, E, FS, 1, sp->amp_in);
+                TX("ffn_down_shexp.weight", sp->type, FS, E, 1, sp->amp_out);
+            }
+#undef TX
+        } else {
+            T("ffn_gate.weight", sp->type, E, sp->n_ff, sp->amp_in);
+            T("ffn_up.weight", sp->type, E, sp->n_ff, sp->amp_in);
+            T("ffn_down.weight", sp->type, sp->n_ff, E, sp->amp_out);
+        }
 #undef T
     }
     ASSERT_OK(sp_gguf_writer_write_mem(w, buf, len, err, sizeof err));

@@ -1,6 +1,6 @@
 /*
  * testmodel.h - random-weight, llama-shaped GGUF models built in memory for the whole-model
- * tests (test_batch.c, test_repack_model.c): the demo model's tokenizer and metadata, the
+ * tests (test_batch.c, test_repack_model.c, test_moe_pack.c): the demo model's tokenizer and metadata, the
  * shapes and weight type of a spec, weights drawn uniform in [-amp, amp) from one xorshift
  * stream in tensor order (so a spec and seed always give the same bytes).
  */
@@ -25,6 +25,11 @@ typedef struct sp_test_llama {
     float amp_in;           /* q, k, v, gate, up */
     float amp_out;          /* attn_output, ffn_down */
     uint64_t seed;
+    /* Mixture of experts (n_expert >= 2): the FFN of every layer is an F32 router
+     * ffn_gate_inp (amplitude 1) and 3-D ffn_{gate,up,down}_exps of n_ff_exp rows in `type`
+     * instead of the dense ffn_gate/up/down; n_ff_shexp > 0 adds qwen2moe's shared expert
+     * (arch "qwen2moe"; its F32 gate ffn_gate_inp_shexp). */
+    int64_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 } sp_test_llama_t;
 
 /* The GGUF bytes of the spec's model (n_vocab: the demo's 512) into *buf (sp_free). */
