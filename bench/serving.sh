@@ -36,8 +36,7 @@
 # (sampan_generation_tokens_total, llama-server's llamacpp:tokens_predicted_total) into
 # DIR/<label>-c<N>.server and the table's "server tok/s" column: llama-server answers many
 # random-weight streams with a 500 after generating them, which the client counts as failed.
-# For llama-server, DIR/llama-server.cpu lists the ggml libraries it mapped and its system_info line
-# (which CPU features its libggml-cpu was built for).
+# For llama-server, DIR/llama-server.cpu lists the ggml libraries it mapped (which libggml-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -116,9 +115,8 @@ if [ -z "$URL" ]; then
     done
     if [ "$SERVER" = llama-server ]; then
         # Which ggml libraries it runs (LD_LIBRARY_PATH can put another libggml-cpu first,
-        # e.g. an AVX2-only build on an AVX-512 host) and the CPU features ggml reports.
-        { grep -o '/[^ ]*libggml[^ ]*' "/proc/$spid/maps" 2>/dev/null | sort -u
-          grep -m1 -o 'system_info:.*' "$OUT/serve.log" || true; } > "$OUT/llama-server.cpu"
+        # e.g. an AVX2-only build on an AVX-512 host; its log does not say).
+        grep -o '/[^ ]*libggml[^ ]*' "/proc/$spid/maps" 2>/dev/null | sort -u > "$OUT/llama-server.cpu" || true
         sed 's/^/serving.sh: llama-server uses /' "$OUT/llama-server.cpu" >&2
     fi
 fi
