@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
     --no-repack) REPACK_ARG=--no-repack; shift ;;
     --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
     --llamacpp-cpu) LLAMACPP_CPU=$2; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
