@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/llamacpp_cpu.sh - run node-llama-cpp's prebuilt llama.cpp with ONE chosen CPU backend
 # variant (sourced by bench/run.sh; the caller defines say()).
 #
@@ -16,7 +17,7 @@ LLAMACPP_BINS_REL=$LLAMACPP_PKG_REL/bins/linux-x64
 # The variants the package ships, one per line.
 llamacpp_cpu_variants() {
     local f
-    for f in "$1"/$LLAMACPP_BINS_REL/libggml-cpu-*.so; do
+    for f in "$1/$LLAMACPP_BINS_REL"/libggml-cpu-*.so; do
         f=${f##*/libggml-cpu-}; echo "${f%.so}"
     done
 }
@@ -28,7 +29,7 @@ llamacpp_cpu_mirror() {
     nm=$(cd "$nm" && pwd -P)
     if [ ! -f "$nm/$LLAMACPP_BINS_REL/libggml-cpu-$variant.so" ]; then
         echo "llama.cpp CPU variant '$variant' is not shipped; the package has:" \
-             $(llamacpp_cpu_variants "$nm") >&2
+             "$(llamacpp_cpu_variants "$nm" | tr '\n' ' ')" >&2
         return 2
     fi
     rm -rf "$out"
