@@ -12,6 +12,12 @@
 //
 //   node bench/llamacpp.mjs -m FILE [--prompt 512] [--gen 64] [--threads 2]
 //        [--runs 3] [--seed 1] [--tokens 1,2,3|@FILE] [--flash-attn auto|on|off]
+//        [--cpu-variant NAME]
+//
+// Prints on stderr which CPU backend variant ggml loaded (libggml-cpu-NAME.so, the one
+// that scores best on this CPU among those in the addon's folder); --cpu-variant NAME
+// fails unless it is exactly that one (bench/run.sh --llamacpp-cpu runs this script
+// from a mirror of the package in which only that variant is present).
 //
 // Never builds or downloads anything: build "never", skipDownload, prebuilt
 // binaries only (set NODE_LLAMA_CPP_SKIP_DOWNLOAD=true for `npm install` too).
@@ -28,14 +34,15 @@ function usage(msg)
     if (msg)
         process.stderr.write(`llamacpp.mjs: ${msg}\n`);
     process.stderr.write("usage: node bench/llamacpp.mjs -m FILE [--prompt N] [--gen N] " +
-        "[--threads N] [--runs N] [--seed N] [--tokens 1,2,3|@FILE] [--flash-attn auto|on|off]\n");
+        "[--threads N] [--runs N] [--seed N] [--tokens 1,2,3|@FILE] [--flash-attn auto|on|off] " +
+        "[--cpu-variant NAME]\n");
     process.exit(2);
 }
 
 function parseArgs(argv)
 {
     const o = { model: null, prompt: 512, gen: 64, threads: 2, runs: 3, seed: 1, tokens: null,
-                flashAttn: "auto" };
+                flashAttn: "auto", cpuVariant: null };
     for (let i = 0; i < argv.length; i++) {
         const a = argv[i];
         const next = () => {
@@ -58,6 +65,7 @@ function parseArgs(argv)
         case "--seed": o.seed = int(); break;
         case "--tokens": o.tokens = next(); break;
         case "--flash-attn": o.flashAttn = next(); break;
+        case "--cpu-variant": o.cpuVariant = next(); break;
         case "-h": case "--help": usage(); break;
         default: usage(`unknown argument ${a}`);
         }
@@ -80,6 +88,13 @@ function machineBusySeconds()
     const f = readFileSync("/proc/stat", "utf8").split("\n")[0].trim().split(/\s+/).map(Number);
     // user nice system idle iowait irq softirq steal
     return (f[1] + f[2] + f[3] + f[6] + f[7] + f[8]) / 100;
+}
+
+// The libggml-cpu-*.so files mapped into this process.
+function loadedCpuBackends()
+{
+    return [...new Set(readFileSync("/proc/self/maps", "utf8").split("\n")
+        .map(l => l.match(/(libggml-cpu-[\w-]+\.so)/)?.[1]).filter(Boolean))];
 }
 
 function randomTokens(n, vocab, seed)
@@ -114,6 +129,12 @@ async function main()
     });
     if (llama.gpu !== false)
         throw new Error(`expected a CPU-only llama, got gpu=${llama.gpu}`);
+    // Which of the shipped CPU backend variants ggml picked (the backends are loaded by now).
+    const cpuBackends = loadedCpuBackends();
+    process.stderr.write(`llama.cpp CPU backend: ${cpuBackends.join(", ") || "none found"}\n`);
+    if (o.cpuVariant !== null &&
+        (cpuBackends.length !== 1 || cpuBackends[0] !== `libggml-cpu-${o.cpuVariant}.so`))
+        throw new Error(`--cpu-variant ${o.cpuVariant}: ggml loaded ${cpuBackends.join(", ") || "none"}`);
 
     const model = await llama.loadModel({ modelPath: o.model, gpuLayers: 0, useMmap: true });
     if (model.gpuLayers !== 0)
@@ -190,9 +211,6 @@ async function main()
         prefill_tok_s: Math.max(...runs.map(r => r.prefill_tok_s)),
         decode_tok_s: Math.max(...runs.map(r => r.decode_tok_s)),
     };
-    // Which of the shipped CPU backend variants ggml picked for this CPU.
-    const cpuBackends = [...new Set(readFileSync("/proc/self/maps", "utf8").split("\n")
-        .map(l => l.match(/(libggml-cpu-[\w-]+\.so)/)?.[1]).filter(Boolean))];
     const result = {
         engine: "llama.cpp",
         node_llama_cpp: pkgVersion,
@@ -202,6 +220,7 @@ async function main()
         gpu_layers: model.gpuLayers,
         system_info: llama.systemInfo,
         cpu_backend: cpuBackends,
+        cpu_variant_requested: o.cpuVariant,
         threads: [...threadsSeen],
         flash_attention: context.flashAttention,
         model: o.model,

@@ -2,8 +2,9 @@
  * repack_bench.c - A/B in one process: the row-major gemm of the kernel table (gemm[type])
  * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
  * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
- * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
- * memory, or L3 where it fits). At the AVX-512 level, where a packed gemm of its own replaces
+ * a work item of batch.c's split does), decode (1 token over the whole matrix, read from
+ * memory, or L3 where it fits) and the decode rows of 8 and 32 sequences (one step of
+ * batched decode over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
  * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
  * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
@@ -124,6 +125,11 @@ main(int argc, char **argv)
             ab(k, types[ti], what, 128, shapes[s].n, 512, 1); /* 128 rows: one work item */
             snprintf(what, sizeof what, "%s decode", shapes[s].name);
             ab(k, types[ti], what, shapes[s].rows, shapes[s].n, 1, 5);
+            /* the decode rows of 8 and 32 running sequences (one step of batched decode) */
+            for (int64_t seqs = 8; seqs <= 32; seqs *= 4) {
+                snprintf(what, sizeof what, "%s %d seqs", shapes[s].name, (int)seqs);
+                ab(k, types[ti], what, shapes[s].rows, shapes[s].n, seqs, 1);
+            }
         }
         /* decode over 192 MiB of weights, far more than any cache: GB/s against
          * bench/membw's single-thread read bandwidth */

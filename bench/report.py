@@ -242,6 +242,14 @@ def table(result):
                  ", ".join(f"{r['type'].upper()} {r['read_bw_2t_gb_s_before_runs']:.1f}"
                            for r in result["results"] if r.get("read_bw_2t_gb_s_before_runs"))
                  + ")")
+    meta = result.get("meta", {})
+    backends = sorted({b for r in result["results"]
+                       for b in (r.get("llamacpp", {}).get("cpu_backend") or [])})
+    lines.append("Levels: Sampan " + (f"SAMPAN_CPU={meta['sampan_cpu_env']}"
+                                      if meta.get("sampan_cpu_env") else "its best for this CPU") +
+                 "; llama.cpp " + (", ".join(backends) if backends else "-") +
+                 (f" (--llamacpp-cpu {meta['llamacpp_cpu_variant']})"
+                  if meta.get("llamacpp_cpu_variant") else ""))
     lines.append("")
     lines.append("| type | weights read/token | decode limit | sampan decode | llama.cpp decode "
                  "| sampan prefill | llama.cpp prefill | decode vs llama.cpp "

@@ -3,7 +3,7 @@
 #
 #   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
 #                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan] [--wait-quiet SECS]
-#                [--shape tinyllama|moe-1b] [--no-repack]
+#                [--shape tinyllama|moe-1b] [--no-repack] [--llamacpp-cpu VARIANT]
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
@@ -11,7 +11,12 @@
 #   - llama.cpp:   node bench/llamacpp.mjs -m FILE --tokens IDS --gen G -t 2 (RUNS runs)
 # on the same TinyLlama-1.1B-shaped random-weight model (--shape moe-1b: a 1B-class
 # Qwen3-MoE shape, 8 experts, top-2; tools/gguf_gen.py's presets) and the same prompt ids,
-# plus bench/membw (read/copy bandwidth) before and after, and prints a markdown
+# --llamacpp-cpu VARIANT runs llama.cpp with only that one of the prebuilt package's CPU backend
+# variants (haswell = AVX2+FMA+F16C, skylakex / icelake / zen4 = AVX-512 kinds, sse42, x64, ...;
+# bench/llamacpp_cpu.sh) instead of the best one for this CPU: with SAMPAN_CPU=avx2 in the
+# environment, both engines at the AVX2 level on an AVX-512 host. The table says which variant
+# ggml loaded and at which level our engine ran.
+# Plus bench/membw (read/copy bandwidth) before and after, and prints a markdown
 # table with the decode limit = read bandwidth (2 threads) / weight bytes read per
 # token. Results: bench/out/<stamp>/ (raw logs, results.json, table.md) and
 # bench/out/latest -> that folder.
@@ -41,6 +46,7 @@ SAMPAN=${SAMPAN:-$BUILD/sampan}
 PYTHON=${PYTHON:-/usr/bin/python3}
 VOCAB_FROM=${VOCAB_FROM:-}
 SHAPE=tinyllama
+LLAMACPP_CPU=          # --llamacpp-cpu: one of the prebuilt's libggml-cpu-VARIANT.so only
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,7 +61,8 @@ while [ $# -gt 0 ]; do
     --no-sampan) DO_SAMPAN=0; shift ;;
     --no-repack) REPACK_ARG=--no-repack; shift ;;
     --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --llamacpp-cpu) LLAMACPP_CPU=$2; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -126,6 +133,16 @@ if [ "$DO_LLAMACPP" = 1 ] && [ ! -d bench/node_modules/@node-llama-cpp/linux-x64
     (cd bench && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm ci --omit=optional --no-audit --no-fund >&2)
 fi
 export NODE_LLAMA_CPP_SKIP_DOWNLOAD=true
+LLAMACPP_MJS=bench/llamacpp.mjs
+LLAMACPP_NODE_OPTS=()
+if [ "$DO_LLAMACPP" = 1 ] && [ -n "$LLAMACPP_CPU" ]; then
+    . "$ROOT/bench/llamacpp_cpu.sh"
+    llamacpp_cpu_mirror bench/node_modules "$LLAMACPP_CPU" "bench/out/llamacpp-cpu-$LLAMACPP_CPU" ||
+        exit 2
+    LLAMACPP_MJS=bench/out/llamacpp-cpu-$LLAMACPP_CPU/llamacpp.mjs
+    LLAMACPP_NODE_OPTS=(--preserve-symlinks --preserve-symlinks-main)
+    say "llama.cpp with only its $LLAMACPP_CPU CPU backend ($LLAMACPP_MJS)"
+fi
 
 # ---- models -----------------------------------------------------------------
 if [ -z "$VOCAB_FROM" ]; then
@@ -194,10 +211,11 @@ for t in $TYPES; do
     if [ "$DO_LLAMACPP" = 1 ]; then
         say "llama.cpp $t ($RUNS runs in one process)"
         measured "$RAW/$t.llamacpp" \
-            node bench/llamacpp.mjs -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" \
-            --runs "$RUNS" > "$RAW/$t.llamacpp.json" || {
+            node "${LLAMACPP_NODE_OPTS[@]}" "$LLAMACPP_MJS" -m "$f" --tokens "$IDS" \
+            --gen "$GEN" -t "$THREADS" --runs "$RUNS" ${LLAMACPP_CPU:+--cpu-variant "$LLAMACPP_CPU"} \
+            > "$RAW/$t.llamacpp.json" || {
             say "llama.cpp failed on $t (see $RAW/$t.llamacpp.log)"; rm -f "$RAW/$t.llamacpp.json"; }
-        grep -E '^llama.cpp run' "$RAW/$t.llamacpp.log" >&2 || true
+        grep -E '^llama.cpp (run|CPU backend)' "$RAW/$t.llamacpp.log" >&2 || true
     fi
 done
 
@@ -230,6 +248,7 @@ meta = {
     "sampan": sh("$SAMPAN --version 2>&1 | head -1") if $DO_SAMPAN else None,
     "sampan_commit": sh("git rev-parse --short HEAD") + ("+dirty" if sh("git status --porcelain --untracked-files=no") else ""),
     "peer": json.loads('''$NODE_LLAMA'''),
+    "sampan_cpu_env": "${SAMPAN_CPU:-}" or None, "llamacpp_cpu_variant": "$LLAMACPP_CPU" or None,
 }
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 EOF

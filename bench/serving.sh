@@ -7,6 +7,8 @@
 #   bench/serving.sh --server llamacpp --model FILE --threads 2     # the node-llama-cpp peer
 #   bench/serving.sh --server llama-server --llama-server /tmp/llama-build/bin/llama-server \
 #       --model FILE --threads 2 --ctx-size 256                      # a llama-server you built
+#   LD_LIBRARY_PATH=/tmp/llama-build-avx2/bin bench/serving.sh --server llama-server ...
+#       # the same binary on an AVX2-only libggml-cpu built beside it (BENCHMARKS.md "AVX2 level")
 #
 # Options (defaults are the scheduler issue's serving benchmark):
 #   --concurrency "1 8 32"   the sweep            --prompts-per-stream 4   num_prompts = c x this
@@ -34,6 +36,7 @@
 # (sampan_generation_tokens_total, llama-server's llamacpp:tokens_predicted_total) into
 # DIR/<label>-c<N>.server and the table's "server tok/s" column: llama-server answers many
 # random-weight streams with a 500 after generating them, which the client counts as failed.
+# For llama-server, DIR/llama-server.cpu lists the ggml libraries it mapped (which libggml-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -110,6 +113,12 @@ if [ -z "$URL" ]; then
         kill -0 "$spid" 2>/dev/null || { cat "$OUT/serve.log" >&2; exit 1; }
         sleep 0.1
     done
+    if [ "$SERVER" = llama-server ]; then
+        # Which ggml libraries it runs (LD_LIBRARY_PATH can put another libggml-cpu first,
+        # e.g. an AVX2-only build on an AVX-512 host; its log does not say).
+        grep -o '/[^ ]*libggml[^ ]*' "/proc/$spid/maps" 2>/dev/null | sort -u > "$OUT/llama-server.cpu" || true
+        sed 's/^/serving.sh: llama-server uses /' "$OUT/llama-server.cpu" >&2
+    fi
 fi
 LABEL=${LABEL:-server}
 
