@@ -8,7 +8,11 @@
  * them as before, and only the matrix products of batch.c read the packed copy. The copy
  * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
  * the load log line and the memory estimate count it). A type is packed only when the
- * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS).
+ * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS;
+ * AVX-512 VNNI: Q8_0, Q4_K, IQ4_XS), in the form that table reads (its repack_layout: the
+ * 8-row groups, or Q8_0's 16-row panels at AVX-512). The table is the process's one
+ * (sp_cpu_kernels(), fixed once chosen), so the products and the refill read the form
+ * that was packed.
  *
  * Once packed, the file's copy of those tensors is given back (whole pages): a file mapping's
  * pages leave the process and the page cache (a later reader faults them back), and anonymous
@@ -65,6 +69,7 @@ sp_model_repack_released_bytes(const sp_model_t *m)
 #define GROUPS_PER_ITEM 64
 
 typedef struct pack_work {
+    const sp_cpu_kernels_t *k;
     sp_weight_t **w;
     int n_w;
     atomic_llong next; /* work item: weight index * 2^32 + group chunk */
@@ -108,11 +113,13 @@ pack_thread(void *arg)
             wi++;
         }
         sp_weight_t *w = pw->w[wi];
-        const int64_t n_groups = (w->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+        const sp_repack_layout_t lay = pw->k->repack_layout[w->type];
+        const int rows = sp_repack_layout_rows(lay);
+        const int64_t n_groups = (w->n_out + rows - 1) / rows;
         const int64_t g0 = (item - pw->chunks_before[wi]) * GROUPS_PER_ITEM;
         const int64_t g1 = g0 + GROUPS_PER_ITEM < n_groups ? g0 + GROUPS_PER_ITEM : n_groups;
-        sp_repack_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, g0, g1,
-                       (void *)w->packed);
+        sp_repack_pack_in(lay, w->type, w->n_in, w->data, w->row_bytes, w->n_out, g0, g1,
+                          (void *)w->packed);
         if (atomic_fetch_sub(&pw->left[wi], 1) == 1) {
             release_original(pw, w);
         }
@@ -128,7 +135,7 @@ collect(sp_model_t *m, const sp_cpu_kernels_t *k, sp_weight_t **list, int cap)
     do {                                                                                      \
         sp_weight_t *w_ = (wp);                                                               \
         if (n < cap && w_->data != NULL && k->repack_gemm[w_->type] != NULL &&                 \
-            sp_repack_bytes(w_->type, w_->n_in, w_->n_out) > 0) {                             \
+            sp_repack_bytes_in(k->repack_layout[w_->type], w_->type, w_->n_in, w_->n_out) > 0) { \
             list[n++] = w_;                                                                   \
         }                                                                                     \
     } while (0)
@@ -168,8 +175,11 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     size_t total = 0;
     before[0] = 0;
     for (int i = 0; i < n; i++) {
-        total += (sp_repack_bytes(list[i]->type, list[i]->n_in, list[i]->n_out) + 63) & ~(size_t)63;
-        const int64_t groups = (list[i]->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+        const sp_repack_layout_t lay = k->repack_layout[list[i]->type];
+        const int rows = sp_repack_layout_rows(lay);
+        total += (sp_repack_bytes_in(lay, list[i]->type, list[i]->n_in, list[i]->n_out) + 63) &
+                 ~(size_t)63;
+        const int64_t groups = (list[i]->n_out + rows - 1) / rows;
         before[i + 1] = before[i] + (groups + GROUPS_PER_ITEM - 1) / GROUPS_PER_ITEM;
     }
     if (n == 0) {
@@ -196,14 +206,15 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         sp_weight_t *w = list[i];
+        const sp_repack_layout_t lay = k->repack_layout[w->type];
         w->packed = mem + off;
-        w->packed_stride = sp_repack_group_bytes(w->type, w->n_in);
-        off += (sp_repack_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
+        w->packed_stride = sp_repack_group_bytes_in(lay, w->type, w->n_in);
+        off += (sp_repack_bytes_in(lay, w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
     }
     for (int i = 0; i < n; i++) {
         atomic_init(&left[i], before[i + 1] - before[i]);
     }
-    pack_work_t pw = {.w = list, .n_w = n, .chunks_before = before, .total = before[n], .m = m,
+    pack_work_t pw = {.k = k, .w = list, .n_w = n, .chunks_before = before, .total = before[n], .m = m,
                       .left = left};
     atomic_init(&pw.next, 0);
     atomic_init(&pw.released, 0);
@@ -248,8 +259,9 @@ static void
 refill_rows(void *user)
 {
     const sp_weight_t *w = ((refill_t *)user)->w;
+    const sp_repack_layout_t lay = sp_cpu_kernels()->repack_layout[w->type];
     for (int64_t r = 0; r < w->n_out; r++) {
-        sp_repack_unpack_row(w->type, w->n_in, w->packed, r,
+        sp_repack_unpack_row_in(lay, w->type, w->n_in, w->packed, r,
                              (char *)(uintptr_t)w->data + (size_t)r * w->row_bytes);
     }
 }

@@ -269,7 +269,10 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
         if (repacked_at_load(g, t)) {
             /* each copy starts 64-byte aligned, as the loader lays them out */
             s->repack_bytes +=
-                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1]) + 63) & ~(size_t)63);
+                (double)((sp_repack_bytes_in(sp_cpu_kernels()->repack_layout[t->type], (sp_type_t)t->type,
+                                             t->ne[0], t->ne[1]) +
+                          63) &
+                         ~(size_t)63);
         }
     }
     s->block_count = s->context_length = s->n_embd = s->n_head = s->n_head_kv = -1;
