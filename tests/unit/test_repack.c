@@ -8,6 +8,7 @@
  * extreme integer ranges.
  */
 #include "test.h"
+#include "gemm_check.h"
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -157,19 +158,11 @@ rp_check_gemm(const char *what, sp_type_t type, sp_gemm_fn gemm, const rp_case_t
     const int64_t ldy = c->rows + 3;
     float *y = malloc(sizeof(float) * (size_t)(ldy * nt));
     ASSERT(y != NULL);
-    for (int64_t i = 0; i < ldy * nt; i++)
-        y[i] = -1234.5f;
-    gemm(c->n, c->packed, c->gb, r0, r1, c->x, c->xs, nt, y, ldy);
-    for (int64_t t = 0; t < nt; t++) {
-        for (int64_t r = 0; r < ldy; r++) {
-            const float got = y[t * ldy + r];
-            const float want = r >= r0 && r < r1 ? c->want[t * c->rows + r] : -1234.5f;
-            ASSERT_BITS(got, want, "%s %s n=%lld rows [%lld,%lld) of %lld, %lld tokens: y[t%lld]"
-                        "[r%lld] = %.9g, want %.9g", what, sp_type_name(type), (long long)c->n,
-                        (long long)r0, (long long)r1, (long long)c->rows, (long long)nt,
-                        (long long)t, (long long)r, (double)got, (double)want);
-        }
-    }
+    const gemm_case_t gc = {gemm, c->n, c->packed, c->gb, c->x, c->xs, c->want, c->rows, 1, false};
+    GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, ldy, nt),
+                      "%s %s n=%lld rows [%lld,%lld) of %lld, %lld tokens", what,
+                      sp_type_name(type), (long long)c->n, (long long)r0, (long long)r1,
+                      (long long)c->rows, (long long)nt);
     free(y);
 }
 
