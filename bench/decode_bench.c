@@ -62,6 +62,7 @@ typedef struct mat {
     size_t row_bytes;
     const uint8_t *packed; /* the packed form, or NULL */
     size_t packed_stride;
+    int64_t group_rows; /* rows per packed group (the table's layout) */
     size_t bytes; /* what a product reads */
 } mat_t;
 
@@ -118,8 +119,8 @@ job_run(void *arg, int64_t item, int ith)
         /* The same bytes the product reads: whole packed groups or rows. */
         size_t a, b;
         if (w->packed != NULL) {
-            a = (size_t)(r0 / SP_REPACK_ROWS) * w->packed_stride;
-            b = (size_t)((r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS) * w->packed_stride;
+            a = (size_t)(r0 / w->group_rows) * w->packed_stride;
+            b = (size_t)((r1 + w->group_rows - 1) / w->group_rows) * w->packed_stride;
             j->sink[ith] += read_sum(w->packed + a, b - a);
         } else {
             a = (size_t)r0 * w->row_bytes;
@@ -259,6 +260,7 @@ build_model(model_t *md, sp_type_t type, int layers, int huge, int repack,
                               md->pbase + po);
             m->packed = md->pbase + po;
             m->packed_stride = sp_repack_group_bytes_in(lay, type, m->n);
+            m->group_rows = sp_repack_layout_rows(lay);
             m->bytes = sp_repack_bytes_in(lay, type, m->n, m->rows);
             po += m->bytes;
             md->bytes += m->bytes;
