@@ -3,7 +3,7 @@
  * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
  * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
  * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
- * memory, or L3 where it fits). At the AVX-512 level, where a packed gemm of its own replaces
+ * memory, or L3 where it fits), and batched decode (8 and 32 tokens over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
  * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
  * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
@@ -130,6 +130,11 @@ main(int argc, char **argv)
             ab(k, types[ti], what, 128, shapes[s].n, 512, 1); /* 128 rows: one work item */
             snprintf(what, sizeof what, "%s decode", shapes[s].name);
             ab(k, types[ti], what, shapes[s].rows, shapes[s].n, 1, 5);
+            /* batched decode: the rows of 8 and 32 running sequences in one product */
+            for (int64_t bt = 8; bt <= 32; bt *= 4) {
+                snprintf(what, sizeof what, "%s batch %d", shapes[s].name, (int)bt);
+                ab(k, types[ti], what, shapes[s].rows, shapes[s].n, bt, 2);
+            }
         }
         /* decode over 192 MiB of weights, far more than any cache: GB/s against
          * bench/membw's single-thread read bandwidth */

@@ -659,8 +659,13 @@ packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, co
                 const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
                 const uint8_t *gw = wb + (size_t)g * gs;
                 /* the panel computed next: the next group, else the first one at the next
-                 * K chunk (shifted so that its blocks line up with this chunk's) */
-                const uint8_t *pf = g + 1 < g1 ? gw + gs
+                 * K chunk (shifted so that its blocks line up with this chunk's). Not with
+                 * one token: there the hardware's stream over the contiguous groups is
+                 * enough and the extra prefetches cost (repack_bench, one thread: decode from
+                 * DRAM 1.16-1.31x the old kernel without them, 1.05-1.14x with; 8 tokens
+                 * 0.9-1.2x without, 1.4-1.6x with) */
+                const uint8_t *pf = n_tok == 1 ? NULL
+                                    : g + 1 < g1 ? gw + gs
                                     : b0 + nbk < nb
                                         ? wb + (size_t)g0 * gs + (size_t)nbk * (SP_P16_PAIR_BYTES / 2)
                                         : NULL;
