@@ -62,6 +62,7 @@ typedef struct mat {
     size_t row_bytes;
     const uint8_t *packed; /* the packed form, or NULL */
     size_t packed_stride;
+    int64_t group_rows; /* rows per packed group (the table's layout) */
     size_t bytes; /* what a product reads */
 } mat_t;
 
@@ -118,8 +119,8 @@ job_run(void *arg, int64_t item, int ith)
         /* The same bytes the product reads: whole packed groups or rows. */
         size_t a, b;
         if (w->packed != NULL) {
-            a = (size_t)(r0 / SP_REPACK_ROWS) * w->packed_stride;
-            b = (size_t)((r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS) * w->packed_stride;
+            a = (size_t)(r0 / w->group_rows) * w->packed_stride;
+            b = (size_t)((r1 + w->group_rows - 1) / w->group_rows) * w->packed_stride;
             j->sink[ith] += read_sum(w->packed + a, b - a);
         } else {
             a = (size_t)r0 * w->row_bytes;
@@ -241,7 +242,7 @@ build_model(model_t *md, sp_type_t type, int layers, int huge, int repack,
     if (repack && k->repack_gemm[type] != NULL) {
         size_t pt = 0;
         for (int i = 0; i < md->n_m; i++) {
-            pt += sp_repack_bytes(type, md->m[i].n, md->m[i].rows);
+            pt += sp_repack_bytes_in(k->repack_layout[type], type, md->m[i].n, md->m[i].rows);
         }
         md->pbase = alloc_map(pt, huge);
         md->pbase_bytes = pt;
@@ -252,11 +253,15 @@ build_model(model_t *md, sp_type_t type, int layers, int huge, int repack,
         md->bytes = 0;
         for (int i = 0; i < md->n_m; i++) {
             mat_t *m = &md->m[i];
-            int64_t groups = (m->rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-            sp_repack_pack(type, m->n, m->data, m->row_bytes, m->rows, 0, groups, md->pbase + po);
+            const sp_repack_layout_t lay = k->repack_layout[type];
+            const int64_t groups =
+                (m->rows + sp_repack_layout_rows(lay) - 1) / sp_repack_layout_rows(lay);
+            sp_repack_pack_in(lay, type, m->n, m->data, m->row_bytes, m->rows, 0, groups,
+                              md->pbase + po);
             m->packed = md->pbase + po;
-            m->packed_stride = sp_repack_group_bytes(type, m->n);
-            m->bytes = sp_repack_bytes(type, m->n, m->rows);
+            m->packed_stride = sp_repack_group_bytes_in(lay, type, m->n);
+            m->group_rows = sp_repack_layout_rows(lay);
+            m->bytes = sp_repack_bytes_in(lay, type, m->n, m->rows);
             po += m->bytes;
             md->bytes += m->bytes;
         }
@@ -422,10 +427,12 @@ main(int argc, char **argv)
                     sp_type_name(types[ti]));
             return 1;
         }
-        /* The table as it was before this type's one-token kernel (avx512_gemv.c), when
-         * it has one: measured in the same passes, interleaved (A/B). */
+        /* The table as it was before this type's one-token kernel (avx512_gemv.c, called
+         * from avx512_qgemm.c's entries), when it has one: the panels alone, measured in the
+         * same passes, interleaved (A/B). */
         sp_cpu_kernels_t old = *k;
-        const sp_gemm_fn prev = sp__avx512_gemv_replaced(types[ti]);
+        const sp_gemm_fn prev = k->level == SP_CPU_AVX512 ? sp__avx512_qgemm_panels(types[ti])
+                                                          : NULL;
         const bool ab = prev != NULL && k->gemm[types[ti]] != prev &&
                         k->level == SP_CPU_AVX512;
         if (ab) {

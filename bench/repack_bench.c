@@ -2,9 +2,8 @@
  * repack_bench.c - A/B in one process: the row-major gemm of the kernel table (gemm[type])
  * against the packed-weight gemm (repack_gemm[type], kernels.h) on the TinyLlama-1.1B
  * projection shapes, for prefill (512 tokens; a slice of the rows, which stay in L2 the way
- * a work item of batch.c's split does), decode (1 token over the whole matrix, read from
- * memory, or L3 where it fits) and the decode rows of 8 and 32 sequences (one step of
- * batched decode over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
+ * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
+ * memory, or L3 where it fits), and batched decode (8 and 32 tokens over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
  * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
  * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
@@ -57,7 +56,11 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     const sp_type_t at = k->vec_dot_type[wt];
     const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(at, n);
     uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * (size_t)toks);
-    uint8_t *wp = malloc(sp_repack_bytes(wt, n, rows));
+    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    /* each table's own packed form (Q8_0: 16-row panels at AVX-512 VNNI, 8-row groups at AVX2) */
+    const sp_repack_layout_t l1 = k->repack_layout[wt], l2 = k2 != NULL ? k2->repack_layout[wt] : l1;
+    uint8_t *wp = aligned_alloc(64, (sp_repack_bytes_in(l1, wt, n, rows) + 63) & ~(size_t)63);
+    uint8_t *wp2 = aligned_alloc(64, (sp_repack_bytes_in(l2, wt, n, rows) + 63) & ~(size_t)63);
     float *f = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)(rows * toks));
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < n; i++)
@@ -69,16 +72,17 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
             f[i] = rnd();
         k->from_float[at](f, x + (size_t)t * xrow, n);
     }
-    sp_repack_pack(wt, n, w, wrow, rows, 0, (rows + 7) / 8, wp);
-    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    const int gr1 = sp_repack_layout_rows(l1), gr2 = sp_repack_layout_rows(l2);
+    sp_repack_pack_in(l1, wt, n, w, wrow, rows, 0, (rows + gr1 - 1) / gr1, wp);
+    sp_repack_pack_in(l2, wt, n, w, wrow, rows, 0, (rows + gr2 - 1) / gr2, wp2);
     const int nv = k->level == SP_CPU_AVX512 && k2 != NULL && k2->repack_gemm[wt] != NULL &&
                            k2->repack_gemm[wt] != k->repack_gemm[wt]
                        ? 3
                        : 2;
-    run_t c[3] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
-                  {k, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow, out},
-                  {k2, wt, 1, n, rows, toks, w, wp, x, wrow, sp_repack_group_bytes(wt, n), xrow,
-                   out}};
+    const size_t gb1 = sp_repack_group_bytes_in(l1, wt, n), gb2 = sp_repack_group_bytes_in(l2, wt, n);
+    run_t c[3] = {{k, wt, 0, n, rows, toks, w, wp, x, wrow, gb1, xrow, out},
+                  {k, wt, 1, n, rows, toks, w, wp, x, wrow, gb1, xrow, out},
+                  {k2, wt, 1, n, rows, toks, w, wp2, x, wrow, gb2, xrow, out}};
     double best[3] = {1e30, 1e30, 1e30};
     for (int tr = 0; tr < 5; tr++)
         for (int v = 0; v < nv; v++) {
@@ -95,6 +99,7 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     free(w);
     free(x);
     free(wp);
+    free(wp2);
     free(f);
     free(out);
 }
@@ -125,10 +130,10 @@ main(int argc, char **argv)
             ab(k, types[ti], what, 128, shapes[s].n, 512, 1); /* 128 rows: one work item */
             snprintf(what, sizeof what, "%s decode", shapes[s].name);
             ab(k, types[ti], what, shapes[s].rows, shapes[s].n, 1, 5);
-            /* the decode rows of 8 and 32 running sequences (one step of batched decode) */
-            for (int64_t seqs = 8; seqs <= 32; seqs *= 4) {
-                snprintf(what, sizeof what, "%s %d seqs", shapes[s].name, (int)seqs);
-                ab(k, types[ti], what, shapes[s].rows, shapes[s].n, seqs, 1);
+            /* batched decode: the rows of 8 and 32 running sequences in one product */
+            for (int64_t bt = 8; bt <= 32; bt *= 4) {
+                snprintf(what, sizeof what, "%s batch %d", shapes[s].name, (int)bt);
+                ab(k, types[ti], what, shapes[s].rows, shapes[s].n, bt, 2);
             }
         }
         /* decode over 192 MiB of weights, far more than any cache: GB/s against

@@ -2,7 +2,8 @@
  * repack_weights.c - the load-time repack of a model's dense projection weights (attention
  * q/k/v/o, FFN gate/up/down, the output matrix) and of its mixture-of-experts tensors (router,
  * each expert's slice of gate/up/down, the shared expert) into the kernel table's packed form
- * (kernels/kernels.h, SP_REPACK_ROWS rows interleaved), for the products batch.c and moe.c run.
+ * (kernels/kernels.h: the layout the table names in repack_layout[type], 8 or 16 rows
+ * interleaved), for the products batch.c and moe.c run.
  * An expert tensor is packed expert by expert: each expert is a matrix of its own (64-byte
  * aligned, sp_experts_t.packed_expert_bytes apart), so moe.c's product of one expert over the
  * rows that chose it runs the same packed kernels as a dense matrix.
@@ -12,7 +13,11 @@
  * them as before, and only the matrix products of batch.c and moe.c read the packed copy. The copy
  * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
  * the load log line and the memory estimate count it). A type is packed only when the
- * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS).
+ * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS;
+ * AVX-512 VNNI: Q8_0, Q4_K, IQ4_XS), in the form that table reads (its repack_layout: the
+ * 8-row groups, or Q8_0's 16-row panels at AVX-512). The table is the process's one
+ * (sp_cpu_kernels(), fixed once chosen), so the products and the refill read the form
+ * that was packed.
  *
  * Once packed, the file's copy of those tensors is given back (whole pages): a file mapping's
  * pages leave the process and the page cache (a later reader faults them back), and anonymous
@@ -79,13 +84,15 @@ typedef struct pack_mat {
     const char *src;
     size_t row_bytes, src_mat, dst_mat;
     bool keep; /* the tied output matrix: also the token embedding */
+    sp_repack_layout_t lay; /* the form the process's kernel table reads for this type */
 } pack_mat_t;
 
 static pack_mat_t
 mat_of_weight(sp_model_t *m, sp_weight_t *w)
 {
-    const size_t bytes = (sp_repack_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
-    return (pack_mat_t){.w = w, .type = w->type, .n_in = w->n_in, .n_out = w->n_out, .n_mat = 1,
+    const sp_repack_layout_t lay = sp_cpu_kernels()->repack_layout[w->type];
+    const size_t bytes = (sp_repack_bytes_in(lay, w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
+    return (pack_mat_t){.w = w, .lay = lay, .type = w->type, .n_in = w->n_in, .n_out = w->n_out, .n_mat = 1,
                         .src = w->data, .row_bytes = w->row_bytes,
                         .src_mat = w->row_bytes * (size_t)w->n_out, .dst_mat = bytes,
                         .keep = w == &m->output && m->hp.tied_output};
@@ -95,8 +102,9 @@ static pack_mat_t
 mat_of_experts(sp_experts_t *x)
 {
     /* each expert's packed matrix starts 64-byte aligned, as every dense one does */
-    const size_t bytes = (sp_repack_bytes(x->type, x->n_in, x->n_out) + 63) & ~(size_t)63;
-    return (pack_mat_t){.x = x, .type = x->type, .n_in = x->n_in, .n_out = x->n_out,
+    const sp_repack_layout_t lay = sp_cpu_kernels()->repack_layout[x->type];
+    const size_t bytes = (sp_repack_bytes_in(lay, x->type, x->n_in, x->n_out) + 63) & ~(size_t)63;
+    return (pack_mat_t){.x = x, .lay = lay, .type = x->type, .n_in = x->n_in, .n_out = x->n_out,
                         .n_mat = x->n_expert, .src = x->data, .row_bytes = x->row_bytes,
                         .src_mat = x->expert_bytes, .dst_mat = bytes};
 }
@@ -154,7 +162,8 @@ release_original(pack_work_t *pw, const pack_mat_t *p)
 static int64_t
 chunks_per_mat(const pack_mat_t *p)
 {
-    const int64_t groups = (p->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+    const int rows = sp_repack_layout_rows(p->lay);
+    const int64_t groups = (p->n_out + rows - 1) / rows;
     return (groups + GROUPS_PER_ITEM - 1) / GROUPS_PER_ITEM;
 }
 
@@ -172,12 +181,13 @@ pack_thread(void *arg)
             wi++;
         }
         const pack_mat_t *p = &pw->mats[wi];
-        const int64_t n_groups = (p->n_out + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+        const int rows = sp_repack_layout_rows(p->lay);
+        const int64_t n_groups = (p->n_out + rows - 1) / rows;
         const int64_t cpm = chunks_per_mat(p), local = item - pw->chunks_before[wi];
         const int64_t e = local / cpm, g0 = (local % cpm) * GROUPS_PER_ITEM;
         const int64_t g1 = g0 + GROUPS_PER_ITEM < n_groups ? g0 + GROUPS_PER_ITEM : n_groups;
-        sp_repack_pack(p->type, p->n_in, p->src + (size_t)e * p->src_mat, p->row_bytes, p->n_out,
-                       g0, g1, mat_packed(p) + (size_t)e * p->dst_mat);
+        sp_repack_pack_in(p->lay, p->type, p->n_in, p->src + (size_t)e * p->src_mat, p->row_bytes,
+                          p->n_out, g0, g1, mat_packed(p) + (size_t)e * p->dst_mat);
         if (atomic_fetch_sub(&pw->left[wi], 1) == 1) {
             release_original(pw, p);
         }
@@ -199,7 +209,8 @@ collect(sp_model_t *m, const sp_cpu_kernels_t *k, pack_mat_t *list, int cap)
 {
     int n = 0;
 #define WANT(type_, n_in_, n_out_, packed_)                                                   \
-    (k != NULL ? k->repack_gemm[(type_)] != NULL && sp_repack_bytes((type_), (n_in_), (n_out_)) > 0 \
+    (k != NULL ? k->repack_gemm[(type_)] != NULL &&                                          \
+                     sp_repack_bytes_in(k->repack_layout[(type_)], (type_), (n_in_), (n_out_)) > 0 \
                : (packed_) != NULL)
 #define ADD(wp)                                                                               \
     do {                                                                                      \
@@ -294,7 +305,7 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         pack_mat_t *p = &list[i];
-        const size_t stride = sp_repack_group_bytes(p->type, p->n_in);
+        const size_t stride = sp_repack_group_bytes_in(p->lay, p->type, p->n_in);
         if (p->w != NULL) {
             p->w->packed = mem + off;
             p->w->packed_stride = stride;
@@ -353,8 +364,8 @@ refill_rows(void *user)
     const uint8_t *packed = mat_packed(p);
     for (int64_t e = 0; e < p->n_mat; e++) {
         for (int64_t r = 0; r < p->n_out; r++) {
-            sp_repack_unpack_row(p->type, p->n_in, packed + (size_t)e * p->dst_mat, r,
-                                 (char *)(uintptr_t)p->src + (size_t)e * p->src_mat +
+            sp_repack_unpack_row_in(p->lay, p->type, p->n_in, packed + (size_t)e * p->dst_mat, r,
+                                    (char *)(uintptr_t)p->src + (size_t)e * p->src_mat +
                                      (size_t)r * p->row_bytes);
         }
     }

@@ -426,6 +426,24 @@ typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
 #define SP_REPACK_ROWS 8
 #define SP_REPACK_MAX_N 65536 /* longest row a packed form takes (the kernels' scratch) */
 
+/*
+ * Which packed form a kernel table reads (its repack_layout[type]); a load packs each type
+ * in the form of the table it runs with (sp_cpu_kernels(), fixed for the process).
+ *   SP_REPACK_ROW8     the 8-row form above (every type above; the AVX2 kernels').
+ *   SP_REPACK_PANEL16  Q8_0 only, the AVX-512 VNNI panels' form: groups of 16 rows; per
+ *     pair of blocks (2p, 2p + 1) 1088 bytes (17 cache lines): block 2p's 8 x 64 quant
+ *     bytes, block 2p + 1's, then the two blocks' 16 F16 scales each (row order). Quant
+ *     byte 64 g + 4 i + e of a block is element 4 g + e of row i, stored as q ^ 0x80
+ *     (= q + 128, the unsigned operand of VPDPBUSD: the sign handling done once). An odd
+ *     last block is padded to a pair with zero rows' bytes (quants 0x80, scales 0). The
+ *     same bytes as the file (34 per row and block) when the block count is even.
+ *     cpu/repack.c packs and unpacks it; avx512_qgemm.c computes from it.
+ */
+typedef enum {
+    SP_REPACK_ROW8 = 0,
+    SP_REPACK_PANEL16 = 1,
+} sp_repack_layout_t;
+
 /* Bytes of one packed group of rows of n elements, and of a whole packed matrix of
  * n_rows rows; 0 when the type has no packed form or n is out of range. */
 size_t sp_repack_group_bytes(sp_type_t type, int64_t n);
@@ -437,6 +455,15 @@ void sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_strid
                     int64_t n_rows, int64_t g0, int64_t g1, void *dst);
 /* Row r of a packed matrix back in the GGUF layout (sp_row_size bytes at dst). */
 void sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst);
+/* The same for any layout (the functions above are the SP_REPACK_ROW8 ones); a layout
+ * groups sp_repack_layout_rows(layout) rows (0 for an unknown layout). */
+int sp_repack_layout_rows(sp_repack_layout_t layout);
+size_t sp_repack_group_bytes_in(sp_repack_layout_t layout, sp_type_t type, int64_t n);
+size_t sp_repack_bytes_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, int64_t n_rows);
+void sp_repack_pack_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, const void *src,
+                       size_t src_stride, int64_t n_rows, int64_t g0, int64_t g1, void *dst);
+void sp_repack_unpack_row_in(sp_repack_layout_t layout, sp_type_t type, int64_t n,
+                             const void *packed, int64_t r, void *dst);
 
 typedef struct sp_cpu_kernels {
     const char *name;         /* "scalar", "avx2", "avx512", "avx512-vnni" ... */
@@ -452,6 +479,8 @@ typedef struct sp_cpu_kernels {
     /* (optional) gemm over the packed form above, indexed by weight type; NULL = this
      * level does not use packed weights for the type (keep the rows as they are). */
     sp_gemm_fn repack_gemm[SP_TYPE_COUNT];
+    /* the packed form repack_gemm reads (zero: SP_REPACK_ROW8) */
+    sp_repack_layout_t repack_layout[SP_TYPE_COUNT];
     /* Attention, indexed by the KV cache type (F32, F16, Q8_0); element-wise ops. */
     sp_attn_fn attn[SP_TYPE_COUNT];
     sp_exp_fn exp_f32;

@@ -282,7 +282,9 @@ summarize(const sp_gguf_t *g, const opts *o, summary *s)
                     ? 2
                     : 1;
             s->repack_bytes +=
-                (double)((sp_repack_bytes((sp_type_t)t->type, t->ne[0], t->ne[1] / views) + 63) &
+                (double)((sp_repack_bytes_in(sp_cpu_kernels()->repack_layout[t->type],
+                                             (sp_type_t)t->type, t->ne[0], t->ne[1] / views) +
+                          63) &
                          ~(size_t)63) *
                 (double)(t->ne[2] * views);
         }

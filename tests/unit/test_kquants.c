@@ -8,6 +8,7 @@
  * packing code written for the test, never by calling the kernels' own unpack helpers.
  */
 #include "test.h"
+#include "gemm_check.h"
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants_impl.h"
@@ -500,17 +501,11 @@ check_kernels(const char *what, sp_from_float_fn from_float, sp_vec_dot_fn dot4,
         /* rows [1, ROWS), all tokens (4 + a tail of 3), into a wider output */
         enum { LDY = ROWS + 3 };
         float y[TOKS * LDY];
-        for (int i = 0; i < TOKS * LDY; i++)
-            y[i] = -999.0f;
         const size_t ws = type ? sizeof(f->w6[0]) : sizeof(f->w4[0]);
-        gemm(DN, wrow[0], ws, 1, ROWS, f->xq, sizeof(f->xq[0]), TOKS, y, LDY);
-        for (int t = 0; t < TOKS; t++)
-            for (int r = 0; r < LDY; r++) {
-                if (r >= 1 && r < ROWS)
-                    ASSERT_BITS_EQ(y[t * LDY + r], s[r][t]);
-                else
-                    ASSERT_FEQ(y[t * LDY + r], -999.0f);
-            }
+        const gemm_case_t gc = {gemm, DN, wrow[0], ws, f->xq, sizeof(f->xq[0]), &s[0][0], 1, TOKS,
+                                false};
+        GEMM_CHECK_ASSERT(gemm_check_range(&gc, 1, ROWS, TOKS, y, LDY, TOKS), "%s %s rows [1,%d)",
+                          what, sp_type_name(wt), ROWS);
         /* one token at a time gives the same bits as the batch */
         for (int t = 0; t < TOKS; t++) {
             float one[ROWS];
@@ -692,16 +687,10 @@ check_gemm_long(const sp_cpu_kernels_t *k, sp_type_t type, int nb, int t_max)
     for (int ri = 0; ri < 3; ri++)
         for (int nt = 1; nt <= t_max; nt += nt < 33 ? 1 : t_max - 33) {
             const int r0 = ranges[ri][0], r1 = ranges[ri][1];
-            for (int i = 0; i < LDY * t_max; i++)
-                y[i] = -999.0f;
-            k->gemm[type](nb * 256, w, ws, r0, r1, x, xs, nt, y, LDY);
-            for (int t = 0; t < t_max; t++)
-                for (int r = 0; r < LDY; r++) {
-                    if (t < nt && r >= r0 && r < r1)
-                        ASSERT_BITS_EQ(y[t * LDY + r], want[t * R + r]);
-                    else
-                        ASSERT_FEQ(y[t * LDY + r], -999.0f);
-                }
+            const gemm_case_t gc = {k->gemm[type], nb * 256, w, ws, x, xs, want, R, 1, false};
+            GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, LDY, t_max),
+                              "%s %s rows [%d,%d) %d tokens", k->name, sp_type_name(type), r0, r1,
+                              nt);
         }
     free(w);
     free(x);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "test.h"
+#include "gemm_check.h"
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/kquants2_impl.h"
@@ -577,17 +578,11 @@ check_level(const char *what, const tdesc_t *td, sp_vec_dot_fn dot, sp_gemm_fn g
     if (gemm != NULL) {
         enum { LDY = ROWS + 3 };
         float y[TOKS * LDY];
-        for (int i = 0; i < TOKS * LDY; i++)
-            y[i] = -999.0f;
         /* rows [1, ROWS), all tokens (full tiles of 4 or 8 and a tail of 3), into a wider output */
-        gemm(DN, f->wq[0], ws, 1, ROWS, f->xq, sizeof(f->xq[0]), TOKS, y, LDY);
-        for (int t = 0; t < TOKS; t++)
-            for (int r = 0; r < LDY; r++) {
-                if (r >= 1 && r < ROWS)
-                    ASSERT_BITS_EQ(y[t * LDY + r], s[r][t]);
-                else
-                    ASSERT_FEQ(y[t * LDY + r], -999.0f);
-            }
+        const gemm_case_t gc = {gemm, DN, f->wq[0], ws, f->xq, sizeof(f->xq[0]), &s[0][0], 1, TOKS,
+                                false};
+        GEMM_CHECK_ASSERT(gemm_check_range(&gc, 1, ROWS, TOKS, y, LDY, TOKS), "%s %s rows [1,%d)",
+                          what, sp_type_name(td->type), ROWS);
         /* every batch size 1..TOKS from every start gives the same bits (batch invariance) */
         for (int t0 = 0; t0 < TOKS; t0++)
             for (int nt = 1; t0 + nt <= TOKS; nt++) {
@@ -935,16 +930,11 @@ check_panels(const sp_cpu_kernels_t *k, int nb, int t_max, const sp_type_t *pts,
         for (int r0 = 0; r0 <= 1; r0++)
             for (int r1 = r0 + 1; r1 <= R; r1 += 2)
                 for (int nt = 1; nt <= t_max; nt = next_nt(nt, t_max)) {
-                    for (int i = 0; i < t_max * LDY; i++)
-                        y[i] = -999.0f;
-                    k->gemm[td->type](nb * 256, wp, ws, r0, r1, x, XS, nt, y, LDY);
-                    for (int t = 0; t < t_max; t++)
-                        for (int r = 0; r < LDY; r++) {
-                            if (t < nt && r >= r0 && r < r1)
-                                ASSERT_BITS_EQ(y[t * LDY + r], want[t * R + r]);
-                            else
-                                ASSERT_FEQ(y[t * LDY + r], -999.0f);
-                        }
+                    const gemm_case_t gc = {k->gemm[td->type], nb * 256, wp, ws, x, XS, want, R, 1,
+                                            false};
+                    GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, LDY, t_max),
+                                      "%s %s rows [%d,%d) %d tokens", k->name,
+                                      sp_type_name(td->type), r0, r1, nt);
                 }
     }
     free(x);

@@ -81,9 +81,11 @@ mp_check_packed_flags(const sp_model_t *m, sp_type_t type)
                 SP_TEST_FAIL("%s layer %lld tensor %d: packed %d, the table packs %d",
                              sp_type_name(type), (long long)l, i, xs[i]->packed != NULL, packs);
             if (packs) {
-                ASSERT_EQ(xs[i]->packed_stride, sp_repack_group_bytes(type, xs[i]->n_in));
+                const sp_repack_layout_t lay = sp_cpu_kernels()->repack_layout[type];
+                ASSERT_EQ(xs[i]->packed_stride, sp_repack_group_bytes_in(lay, type, xs[i]->n_in));
                 ASSERT_EQ(xs[i]->packed_expert_bytes,
-                          (sp_repack_bytes(type, xs[i]->n_in, xs[i]->n_out) + 63) & ~(size_t)63);
+                          (sp_repack_bytes_in(lay, type, xs[i]->n_in, xs[i]->n_out) + 63) &
+                              ~(size_t)63);
             }
         }
         ASSERT(L->router.packed == NULL); /* F32: no packed form */
@@ -169,6 +171,12 @@ mp_block_check(sp_type_t type)
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lvl);
         if (k == NULL)
             continue;
+        /* the experts were packed in the form the process's table reads; a level whose table
+         * reads another form (Q8_0: 16-row panels at AVX-512, 8-row groups at AVX2) cannot run
+         * them, and the engine never mixes tables within a process */
+        if (packs && k->repack_gemm[type] != NULL &&
+            k->repack_layout[type] != sp_cpu_kernels()->repack_layout[type])
+            continue;
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
             const int64_t n = counts[c];
             mp_block(packed, k, x, n, y);
@@ -241,7 +249,9 @@ mp_want_bytes(const sp_model_t *m, sp_type_t type)
     const sp_moe_hparams_t *mh = &m->moe->hp;
     const int64_t E = hp->n_embd, QD = hp->n_head * hp->head_dim,
                   KVD = hp->n_head_kv * hp->head_dim, F = mh->n_ff_exp, FS = mh->n_ff_shexp;
-#define AL(n_in, n_out) ((sp_repack_bytes(type, (n_in), (n_out)) + 63) & ~(size_t)63)
+#define AL(n_in, n_out)                                                                        \
+    ((sp_repack_bytes_in(sp_cpu_kernels()->repack_layout[type], type, (n_in), (n_out)) + 63) &    \
+     ~(size_t)63)
     size_t total = AL(E, hp->n_vocab);
     for (int64_t l = 0; l < hp->n_layer; l++) {
         total += AL(E, QD) + 2 * AL(E, KVD) + AL(QD, E);

@@ -6,6 +6,7 @@
  * bit: batch invariance), and extreme integer ranges.
  */
 #include "test.h"
+#include "gemm_check.h"
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/q32_impl.h"
@@ -545,18 +546,12 @@ check_level(const char *what, const sp_q32_level_t *lv)
         /* gemm: rows [1, ROWS), all tokens (4 + a tail of 3), into a wider output */
         enum { LDY = ROWS + 3 };
         float y[TOKS * LDY];
-        for (int i = 0; i < TOKS * LDY; i++)
-            y[i] = -999.0f;
         size_t xs;
         const void *x0 = act_row(f, wt, 0, &xs);
-        lv->gemm[wt](DN, f->wq[ti][0], sizeof(f->wq[ti][0]), 1, ROWS, x0, xs, TOKS, y, LDY);
-        for (int t = 0; t < TOKS; t++)
-            for (int r = 0; r < LDY; r++) {
-                if (r >= 1 && r < ROWS)
-                    ASSERT_BITS_EQ(y[t * LDY + r], s[r][t]);
-                else
-                    ASSERT_NEAR(y[t * LDY + r], -999.0, 0.0);
-            }
+        const gemm_case_t gc = {lv->gemm[wt], DN, f->wq[ti][0], sizeof(f->wq[ti][0]), x0, xs,
+                                &s[0][0], 1, TOKS, false};
+        GEMM_CHECK_ASSERT(gemm_check_range(&gc, 1, ROWS, TOKS, y, LDY, TOKS), "%s %s rows [1,%d)",
+                          what, sp_type_name(wt), ROWS);
         /* one token at a time (and tokens 2..6 as a batch) give the same bits */
         for (int t = 0; t < TOKS; t++) {
             float one[ROWS];
@@ -847,16 +842,11 @@ TEST(q32_gemm_tiles)
             for (int r0 = 0; r0 <= 3; r0++)
                 for (int r1 = r0 + 1; r1 <= R; r1++)
                     for (int nt = 1; nt <= T; nt += (r0 == 0 && r1 == R) ? 1 : 8) {
-                        for (int i = 0; i < T * LDY; i++)
-                            y[i] = -999.0f;
-                        k->gemm[wt](32 * NB, w, sizeof(w[0]), r0, r1, x, xs, nt, y, LDY);
-                        for (int t = 0; t < T; t++)
-                            for (int r = 0; r < LDY; r++) {
-                                if (t < nt && r >= r0 && r < r1)
-                                    ASSERT_BITS_EQ(y[t * LDY + r], want[t][r]);
-                                else
-                                    ASSERT_NEAR(y[t * LDY + r], -999.0, 0.0);
-                            }
+                        const gemm_case_t gc = {k->gemm[wt], 32 * NB, w, sizeof(w[0]), x, xs,
+                                                &want[0][0], R, 1, false};
+                        GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, LDY, T),
+                                          "%s %s rows [%d,%d) %d tokens", k->name,
+                                          sp_type_name(wt), r0, r1, nt);
                     }
         }
     }
@@ -1039,25 +1029,12 @@ check_q4panels(int nb, int rows, int toks, const int (*ranges)[2], int n_ranges,
             for (int ri = 0; ri < n_ranges; ri++)
                 for (int ni = 0; ni < n_nts; ni++) {
                     const int r0 = ranges[ri][0], r1 = ranges[ri][1], nt = nts[ni];
-                    for (int i = 0; i < toks * ldy; i++)
-                        y[i] = -999.0f;
-                    gemm(32 * nb, w, ws, r0, r1, x, sizeof(sp_block_q8_0) * (size_t)nb, nt, y,
-                         ldy);
-                    for (int t = 0; t < toks; t++)
-                        for (int r = 0; r < ldy; r++) {
-                            const float got = y[t * ldy + r];
-                            if (t < nt && r >= r0 && r < r1) {
-                                const float ref = want[t * rows + r];
-                                if (memcmp(&got, &ref, sizeof ref) != 0 &&
-                                    !(isnan(got) && isnan(ref)))
-                                    SP_TEST_FAIL("%s level %d K=%d rows [%d,%d) %d tokens: t%d "
-                                                 "r%d %.9g != %.9g", sp_type_name(wt), l,
-                                                 32 * nb, r0, r1, nt, t, r, (double)got,
-                                                 (double)ref);
-                            } else {
-                                ASSERT_NEAR(got, -999.0, 0.0);
-                            }
-                        }
+                    const gemm_case_t gc = {gemm, 32 * nb, w, ws, x,
+                                            sizeof(sp_block_q8_0) * (size_t)nb, want, rows, 1,
+                                            true};
+                    GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, ldy, toks),
+                                      "%s level %d K=%d rows [%d,%d) %d tokens", sp_type_name(wt),
+                                      l, 32 * nb, r0, r1, nt);
                 }
         }
     }

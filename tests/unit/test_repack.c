@@ -8,6 +8,7 @@
  * extreme integer ranges.
  */
 #include "test.h"
+#include "gemm_check.h"
 
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -100,18 +101,19 @@ typedef struct {
 } rp_case_t;
 
 static void
-rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks, uint64_t seed)
+rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks, uint64_t seed,
+             sp_repack_layout_t lay)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
     c->n = n;
     c->rows = rows;
     c->toks = toks;
     c->rb = sp_row_size(type, n);
-    c->gb = sp_repack_group_bytes(type, n);
+    c->gb = sp_repack_group_bytes_in(lay, type, n);
     const sp_type_t at = ref->vec_dot_type[type];
     c->xs = sp_row_size(at, n);
     c->w = malloc(c->rb * (size_t)rows);
-    c->packed = malloc(sp_repack_bytes(type, n, rows));
+    c->packed = malloc(sp_repack_bytes_in(lay, type, n, rows));
     c->x = malloc(c->xs * (size_t)toks);
     c->want = malloc(sizeof(float) * (size_t)(rows * toks));
     float *f = malloc(sizeof(float) * (size_t)n);
@@ -130,7 +132,8 @@ rp_case_make(rp_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks
         ref->from_float[at](f, c->x + (size_t)t * c->xs, n);
     }
     free(f);
-    sp_repack_pack(type, n, c->w, c->rb, rows, 0, (rows + 7) / 8, c->packed);
+    const int gr = sp_repack_layout_rows(lay);
+    sp_repack_pack_in(lay, type, n, c->w, c->rb, rows, 0, (rows + gr - 1) / gr, c->packed);
     for (int64_t t = 0; t < toks; t++)
         for (int64_t r = 0; r < rows; r++)
             ref->vec_dot[type](n, &c->want[t * rows + r], c->w + (size_t)r * c->rb,
@@ -155,24 +158,16 @@ rp_check_gemm(const char *what, sp_type_t type, sp_gemm_fn gemm, const rp_case_t
     const int64_t ldy = c->rows + 3;
     float *y = malloc(sizeof(float) * (size_t)(ldy * nt));
     ASSERT(y != NULL);
-    for (int64_t i = 0; i < ldy * nt; i++)
-        y[i] = -1234.5f;
-    gemm(c->n, c->packed, c->gb, r0, r1, c->x, c->xs, nt, y, ldy);
-    for (int64_t t = 0; t < nt; t++) {
-        for (int64_t r = 0; r < ldy; r++) {
-            const float got = y[t * ldy + r];
-            const float want = r >= r0 && r < r1 ? c->want[t * c->rows + r] : -1234.5f;
-            ASSERT_BITS(got, want, "%s %s n=%lld rows [%lld,%lld) of %lld, %lld tokens: y[t%lld]"
-                        "[r%lld] = %.9g, want %.9g", what, sp_type_name(type), (long long)c->n,
-                        (long long)r0, (long long)r1, (long long)c->rows, (long long)nt,
-                        (long long)t, (long long)r, (double)got, (double)want);
-        }
-    }
+    const gemm_case_t gc = {gemm, c->n, c->packed, c->gb, c->x, c->xs, c->want, c->rows, 1, false};
+    GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, ldy, nt),
+                      "%s %s n=%lld rows [%lld,%lld) of %lld, %lld tokens", what,
+                      sp_type_name(type), (long long)c->n, (long long)r0, (long long)r1,
+                      (long long)c->rows, (long long)nt);
     free(y);
 }
 
 static void
-rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
+rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm, sp_repack_layout_t lay)
 {
     static const int64_t ns32[] = {32, 96, 288, 2048}, nsk[] = {256, 768, 2048};
     const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
@@ -184,7 +179,7 @@ rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
             rp_case_t c;
             const int64_t rows = rowss[ir];
-            rp_case_make(&c, type, ns[in], rows, 33, 17 * in + ir);
+            rp_case_make(&c, type, ns[in], rows, 33, 17 * in + ir, lay);
             for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++)
                 rp_check_gemm(what, type, gemm, &c, 0, rows, nts[it]);
             if (rows > 3) { /* ranges that start and end inside a group */
@@ -199,7 +194,10 @@ rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm)
 TEST(repack_gemm_scalar)
 {
     for (int i = 0; i < RP_NTYPES; i++)
-        rp_check_kernel("scalar packed", rp_types[i], sp__repack_gemm_ref(rp_types[i]));
+        rp_check_kernel("scalar packed", rp_types[i], sp__repack_gemm_ref(rp_types[i]),
+                        SP_REPACK_ROW8);
+    rp_check_kernel("scalar panel16", SP_TYPE_Q8_0, sp__repack_q8_0_p16_gemm_ref,
+                    SP_REPACK_PANEL16);
 }
 
 static void
@@ -209,7 +207,8 @@ rp_check_level(sp_cpu_level_t level)
     int n = 0;
     for (int i = 0; i < RP_NTYPES; i++) {
         if (k->repack_gemm[rp_types[i]] != NULL) {
-            rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]]);
+            rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]],
+                            k->repack_layout[rp_types[i]]);
             n++;
         }
     }
@@ -328,7 +327,9 @@ TEST(repack_extreme_q8_0_q4_k)
         const sp_type_t at = ref->vec_dot_type[type];
         const int64_t n = 512, rows = 11;
         const size_t rb = sp_row_size(type, n), xs = sp_row_size(at, n);
-        uint8_t *w = malloc(rb * (size_t)rows), *packed = malloc(sp_repack_bytes(type, n, rows));
+        uint8_t *w = malloc(rb * (size_t)rows);
+        uint8_t *packed = malloc(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, n, 16) +
+                                 sp_repack_bytes(type, n, rows)); /* room for either form */
         uint8_t *x = malloc(xs * 3);
         float *f = malloc(sizeof(float) * (size_t)n);
         ASSERT(w && packed && x && f);
@@ -364,7 +365,6 @@ TEST(repack_extreme_q8_0_q4_k)
                 f[i] = t == 0 ? 1.0f : t == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
             ref->from_float[at](f, x + (size_t)t * xs, n);
         }
-        sp_repack_pack(type, n, w, rb, rows, 0, 2, packed);
         float want[3][11];
         for (int t = 0; t < 3; t++)
             for (int r = 0; r < rows; r++)
@@ -376,8 +376,13 @@ TEST(repack_extreme_q8_0_q4_k)
                 gemm = sp__repack_gemm_ref(type);
             if (gemm == NULL)
                 continue;
+            /* each level's own packed form (Q8_0: 16-row panels at AVX-512 VNNI) */
+            const sp_repack_layout_t lay = l == SP_CPU_SCALAR ? SP_REPACK_ROW8 : k->repack_layout[type];
+            const int gr = sp_repack_layout_rows(lay);
+            sp_repack_pack_in(lay, type, n, w, rb, rows, 0, (rows + gr - 1) / gr, packed);
             float y[3][11];
-            gemm(n, packed, sp_repack_group_bytes(type, n), 0, rows, x, xs, 3, &y[0][0], rows);
+            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, xs, 3, &y[0][0],
+                 rows);
             for (int t = 0; t < 3; t++)
                 for (int r = 0; r < rows; r++)
                     ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",

@@ -48,10 +48,11 @@ rm_want_bytes(const sp_model_t *m, sp_type_t type)
                   KVD = hp->n_head_kv * hp->head_dim;
     const int64_t shapes[7][2] = {{E, QD},         {E, KVD},   {E, KVD}, {QD, E},
                                   {E, hp->n_ff}, {E, hp->n_ff}, {hp->n_ff, E}};
-    size_t total = (sp_repack_bytes(type, E, hp->n_vocab) + 63) & ~(size_t)63;
+    const sp_repack_layout_t lay = sp_cpu_kernels()->repack_layout[type];
+    size_t total = (sp_repack_bytes_in(lay, type, E, hp->n_vocab) + 63) & ~(size_t)63;
     for (int64_t l = 0; l < hp->n_layer; l++)
         for (int i = 0; i < 7; i++)
-            total += (sp_repack_bytes(type, shapes[i][0], shapes[i][1]) + 63) & ~(size_t)63;
+            total += (sp_repack_bytes_in(lay, type, shapes[i][0], shapes[i][1]) + 63) & ~(size_t)63;
     return total;
 }
 

@@ -27,7 +27,8 @@
  * dependent scalar-lane adds per step, one per block; a K chunk's partial sums go through y,
  * a float store and reload being exact). No FMA anywhere.
  *
- * Only n_tok == 1 takes this path; more tokens go to the panels registered before.
+ * Only n_tok == 1 takes this path: avx512_qgemm.c's gemm entries call it for one token and
+ * keep every call with more tokens on their panels (no table state of its own here).
  * Prefetch: while 8 rows are computed, the next 8 rows' bytes are fetched, one line per
  * prefetch spread evenly over the steps (one panel ahead, as the panels' decode path did).
  */
@@ -44,10 +45,6 @@
 #define GV_ROWS 8    /* rows per step: two groups of 4 */
 
 enum { WT_Q4_0, WT_Q8_0 };
-
-/* The panels' gemms this one falls back to for more than one token (set at registration,
- * before any table is handed out). */
-static sp_gemm_fn q4_0_panels, q8_0_panels;
 
 /*
  * Blocks [b0, b0 + nbk) of the token as records of 4 blocks: 128 bytes of quants (Q4_0:
@@ -372,43 +369,20 @@ gemv(int wt, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r1, con
     }
 }
 
-static void
-gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
-          int64_t n_tok, float *y, int64_t ldy)
+void
+sp__avx512_gemv_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+                     float *y)
 {
-    if (n_tok == 1 && r1 > r0) {
+    if (r1 > r0) {
         gemv(WT_Q4_0, n, w, ws, r0, r1, x, y);
-        return;
     }
-    q4_0_panels(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-}
-
-static void
-gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
-          int64_t n_tok, float *y, int64_t ldy)
-{
-    if (n_tok == 1 && r1 > r0) {
-        gemv(WT_Q8_0, n, w, ws, r0, r1, x, y);
-        return;
-    }
-    q8_0_panels(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-}
-
-sp_gemm_fn
-sp__avx512_gemv_replaced(sp_type_t type)
-{
-    return type == SP_TYPE_Q4_0 ? q4_0_panels : type == SP_TYPE_Q8_0 ? q8_0_panels : NULL;
 }
 
 void
-sp__avx512_gemv_register(sp_cpu_kernels_t *k)
+sp__avx512_gemv_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+                     float *y)
 {
-    if (k->gemm[SP_TYPE_Q4_0] != gemm_q4_0) {
-        q4_0_panels = k->gemm[SP_TYPE_Q4_0];
-        k->gemm[SP_TYPE_Q4_0] = gemm_q4_0;
-    }
-    if (k->gemm[SP_TYPE_Q8_0] != gemm_q8_0) {
-        q8_0_panels = k->gemm[SP_TYPE_Q8_0];
-        k->gemm[SP_TYPE_Q8_0] = gemm_q8_0;
+    if (r1 > r0) {
+        gemv(WT_Q8_0, n, w, ws, r0, r1, x, y);
     }
 }

@@ -32,6 +32,7 @@
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/avx512_simd.h"
+#include "kernels/cpu/repack_impl.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -520,10 +521,39 @@ qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     }
 }
 
+/* The panels for any token count (one included): the gemm before the one-token kernel,
+ * kept callable for bench/decode_bench.c's A/B runs. */
+static void
+panels_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    qgemm(WT_Q8_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+static void
+panels_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    qgemm(WT_Q4_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+sp_gemm_fn
+sp__avx512_qgemm_panels(sp_type_t type)
+{
+    return type == SP_TYPE_Q8_0 ? panels_q8_0 : type == SP_TYPE_Q4_0 ? panels_q4_0 : NULL;
+}
+
+/* The table's entries: one token (batch-1 decode) goes to avx512_gemv.c's kernel, which
+ * reads the row layout at the memory's rate where a panel's transpose would not; more
+ * tokens to the panels. Both give the reference's bits, so the split is invisible. */
 static void
 gemm_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
           int64_t n_tok, float *y, int64_t ldy)
 {
+    if (n_tok == 1) {
+        sp__avx512_gemv_q8_0(n, w, ws, r0, r1, x, y);
+        return;
+    }
     qgemm(WT_Q8_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
@@ -531,7 +561,130 @@ static void
 gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
           int64_t n_tok, float *y, int64_t ldy)
 {
+    if (n_tok == 1) {
+        sp__avx512_gemv_q4_0(n, w, ws, r0, r1, x, y);
+        return;
+    }
     qgemm(WT_Q4_0, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+/* ---- the load-time packed form (SP_REPACK_PANEL16, kernels.h) ---------------------- */
+
+/*
+ * The packed Q8_0 weights hold exactly what pack_panel makes per call (G0..G7 already
+ * + 128, the 16 scales in row order, as F16), for every panel of the matrix, so prefill,
+ * batched decode and one token all run tile_packed's arithmetic straight from them: no
+ * transpose, no gather, no per-call packing. A tile of T tokens reads a panel's K chunk as
+ * one contiguous stream (pairs of blocks, 17 cache lines each) and, when pf is set,
+ * fetches the same stretch of the panel computed next, spread over its blocks.
+ */
+SP_INLINE void
+tile_p16(const int T, int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr,
+         const tile_out_t *o, const uint8_t *pf)
+{
+    __m512 acc[QG_T];
+    acc_init(T, acc, o);
+    for (int64_t j = 0; j < nbk; j++) {
+        const int64_t b = b0 + j;
+        if (pf != NULL) {
+            /* blocks b of a group cover bytes [b, b + 1) * half a pair: the pair, whole */
+            const uintptr_t p = (uintptr_t)pf + (size_t)b * (SP_P16_PAIR_BYTES / 2);
+            for (size_t l = 0; l < SP_P16_PAIR_BYTES / 2; l += 64) {
+                _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
+            }
+        }
+        const uint8_t *q = gw + sp__p16_qs_off(b);
+        __m512i g[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
+        }
+        const __m512 dw =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off(b))));
+        block_step(T, tw, g, dw, xr + j * tw * QG_XREC, acc);
+    }
+    acc_store(T, acc, o);
+}
+
+typedef void (*p16_fn)(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr,
+                       const tile_out_t *o, const uint8_t *pf);
+#define P16(T)                                                                                 \
+    static void p16_##T(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr, \
+                        const tile_out_t *o, const uint8_t *pf)                                \
+    {                                                                                          \
+        tile_p16(T, tw, b0, nbk, gw, xr, o, pf);                                               \
+    }
+P16(1)
+P16(2)
+P16(3)
+P16(4)
+P16(5)
+P16(6)
+P16(7)
+P16(8)
+static const p16_fn p16_tiles[QG_T + 1] = {NULL, p16_1, p16_2, p16_3, p16_4,
+                                           p16_5, p16_6, p16_7, p16_8};
+
+/* repack_gemm[Q8_0]: w = group 0 of the packed matrix, gs its group bytes. Rows [r0, r1)
+ * may start and end inside a group (the lanes outside are masked off, never stored). */
+static void
+packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
+                 size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    _Alignas(64) uint8_t xr[QG_XBUF];
+    const int64_t nb = n / SP_QK8_0;
+    if (nb == 0) { /* an empty dot product is 0, as in the reference */
+        for (int64_t t = 0; t < n_tok; t++) {
+            memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        }
+        return;
+    }
+    /* Up to QG_T tokens: one tile, records of exactly those tokens, K chunks as long as the
+     * record buffer allows (each panel is read once anyway). More: tiles of QG_T sweep a
+     * panel's K chunk of QG_KC blocks (17 KiB) while it sits in L1. Chunks start on even
+     * blocks, so a chunk's panel bytes are whole pairs, contiguous. */
+    const int tw = n_tok < QG_T ? (int)n_tok : QG_T;
+    const int64_t tc = n_tok <= QG_T ? n_tok : QG_TC;
+    const int64_t kc = n_tok <= QG_T ? (QG_XBUF / (tw * QG_XREC)) & ~(int64_t)1 : QG_KC;
+    const int64_t g0 = r0 / SP_P16_ROWS, g1 = (r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
+    const uint8_t *wb = w, *xb = x;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
+        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+            const int64_t nbk = nb - b0 < kc ? nb - b0 : kc;
+            prep_x(WT_Q8_0, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
+            for (int64_t g = g0; g < g1; g++) {
+                const int64_t lo = r0 > g * SP_P16_ROWS ? r0 - g * SP_P16_ROWS : 0;
+                const int64_t hi = r1 < (g + 1) * SP_P16_ROWS ? r1 - g * SP_P16_ROWS : SP_P16_ROWS;
+                const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                const uint8_t *gw = wb + (size_t)g * gs;
+                /* the panel computed next: the next group, else the first one at the next
+                 * K chunk (shifted so that its blocks line up with this chunk's). Not with
+                 * one token: there the hardware's stream over the contiguous groups is
+                 * enough and the extra prefetches cost (repack_bench, one thread: decode from
+                 * DRAM 1.16-1.31x the old kernel without them, 1.05-1.14x with; 8 tokens
+                 * 0.9-1.2x without, 1.4-1.6x with) */
+                const uint8_t *pf = n_tok == 1 ? NULL
+                                    : g + 1 < g1 ? gw + gs
+                                    : b0 + nbk < nb
+                                        ? wb + (size_t)g0 * gs + (size_t)nbk * (SP_P16_PAIR_BYTES / 2)
+                                        : NULL;
+                for (int64_t t = 0, u = 0; t < nt; t += QG_T, u++) {
+                    const int64_t tn = nt - t < QG_T ? nt - t : QG_T;
+                    const tile_out_t o = {y + (t0 + t) * ldy + g * SP_P16_ROWS, ldy, m, b0 > 0};
+                    p16_tiles[tn](tw, b0, nbk, gw, xr + (size_t)u * (size_t)nbk * tw * QG_XREC, &o,
+                                  u == 0 ? pf : NULL);
+                }
+            }
+        }
+    }
+}
+
+void
+sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k)
+{
+    k->repack_gemm[SP_TYPE_Q8_0] = packed_gemm_q8_0;
+    k->repack_layout[SP_TYPE_Q8_0] = SP_REPACK_PANEL16;
 }
 
 static void

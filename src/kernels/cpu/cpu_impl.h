@@ -48,12 +48,16 @@ void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 void sp__kpanels_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
-/* avx512_gemv.c: one-token (decode) Q4_0 x Q8_0 products from the row layout, VNNI only;
- * registered after the panels, which keep every call with more tokens. */
-void sp__avx512_gemv_register(sp_cpu_kernels_t *k);
-/* The gemm the one-token path of `type` wraps (the panels), NULL when none: for A/B runs
- * of bench/decode_bench.c in one process. */
-sp_gemm_fn sp__avx512_gemv_replaced(sp_type_t type);
+/* avx512_gemv.c: one-token (decode) Q4_0 / Q8_0 x Q8_0 products from the row layout, VNNI
+ * only: y[r] = dot(row r, x) for r in [r0, r1). avx512_qgemm.c's gemm entries call them when
+ * n_tok == 1. */
+void sp__avx512_gemv_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                          const void *x, float *y);
+void sp__avx512_gemv_q8_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                          const void *x, float *y);
+/* The panels alone (avx512_qgemm.c), one token included, NULL for other types: the gemm
+ * before the one-token kernel, for A/B runs of bench/decode_bench.c in one process. */
+sp_gemm_fn sp__avx512_qgemm_panels(sp_type_t type);
 
 /* neon.c (F32/F16/BF16, every quantised weight type with widening multiplies, the Q8_0 /
  * Q8_1 / Q8_K activation quantizers) and neon_dotprod.c (the integer products again with

@@ -168,7 +168,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__repack_register_avx512(k, has_vnni);
         sp__kpanels_register_avx512(k, has_vnni);
         if (has_vnni) {
-            sp__avx512_gemv_register(k); /* one-token Q4_0 products, after the panels */
+            sp__avx512_qgemm_packed_register(k); /* Q8_0 packed at load in 16-row panels */
         }
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");

@@ -64,8 +64,8 @@ iq4xs_scale(const uint8_t *blk, int j)
     return (uint8_t)(((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((h >> (2 * j)) & 3) << 4));
 }
 
-size_t
-sp_repack_group_bytes(sp_type_t type, int64_t n)
+static size_t
+row8_group_bytes(sp_type_t type, int64_t n)
 {
     rp_shape_t s;
     if (!shape_of(type, &s) || n <= 0 || n % s.qk != 0 || n > SP_REPACK_MAX_N) {
@@ -74,15 +74,6 @@ sp_repack_group_bytes(sp_type_t type, int64_t n)
     return (size_t)(n / s.qk) * (size_t)s.pblk;
 }
 
-size_t
-sp_repack_bytes(sp_type_t type, int64_t n, int64_t n_rows)
-{
-    const size_t gb = sp_repack_group_bytes(type, n);
-    if (gb == 0 || n_rows <= 0) {
-        return 0;
-    }
-    return gb * (size_t)((n_rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS);
-}
 
 /* The inverse of sp__q4k_unpack_scales (kquants_impl.h): 8 six-bit scales and mins back to
  * the GGUF's 12 bytes. Every one of the 96 bits is one of the 16 fields, so this and the
@@ -152,12 +143,12 @@ get_header(sp_type_t type, int r, const uint8_t *pb, uint8_t *blk)
     q4k_pack_scales(sc, m, blk + 4);
 }
 
-void
-sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t n_rows,
+static void
+row8_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t n_rows,
                int64_t g0, int64_t g1, void *dst)
 {
     rp_shape_t s;
-    const size_t gb = sp_repack_group_bytes(type, n);
+    const size_t gb = row8_group_bytes(type, n);
     if (gb == 0 || !shape_of(type, &s)) {
         return;
     }
@@ -184,11 +175,11 @@ sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, in
     }
 }
 
-void
-sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst)
+static void
+row8_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst)
 {
     rp_shape_t s;
-    const size_t gb = sp_repack_group_bytes(type, n);
+    const size_t gb = row8_group_bytes(type, n);
     if (gb == 0 || !shape_of(type, &s)) {
         return;
     }
@@ -201,6 +192,175 @@ sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, v
         get_header(type, rr, pb, o);
         for (int j = 0; j < s.qs_bytes; j += 8) {
             memcpy(o + s.qs_src + j, pb + s.qs_dst + sp__repack_chunk_off(rr, j), 8);
+        }
+    }
+}
+
+/* ---- SP_REPACK_PANEL16 (Q8_0) ---------------------------------------------------------- */
+
+static size_t
+p16_group_bytes(sp_type_t type, int64_t n)
+{
+    if (type != SP_TYPE_Q8_0 || n <= 0 || n % SP_QK8_0 != 0 || n > SP_REPACK_MAX_N) {
+        return 0;
+    }
+    return (size_t)((n / SP_QK8_0 + 1) / 2) * SP_P16_PAIR_BYTES;
+}
+
+static void
+p16_pack(int64_t n, const void *src, size_t src_stride, int64_t n_rows, int64_t g0, int64_t g1,
+         void *dst)
+{
+    const size_t gb = p16_group_bytes(SP_TYPE_Q8_0, n);
+    const int64_t nb = n / SP_QK8_0, nb_pad = (nb + 1) / 2 * 2;
+    for (int64_t g = g0; g < g1; g++) {
+        uint8_t *out = (uint8_t *)dst + (size_t)g * gb;
+        for (int64_t b = 0; b < nb_pad; b++) {
+            uint8_t *qs = out + sp__p16_qs_off(b), *d = out + sp__p16_d_off(b);
+            for (int i = 0; i < SP_P16_ROWS; i++) {
+                const int64_t row = g * SP_P16_ROWS + i;
+                sp_block_q8_0 blk;
+                if (row < n_rows && b < nb) {
+                    memcpy(&blk, (const uint8_t *)src + (size_t)row * src_stride +
+                                     (size_t)b * sizeof blk,
+                           sizeof blk);
+                } else {
+                    memset(&blk, 0, sizeof blk); /* a zero row or the pad block: scale 0 */
+                }
+                memcpy(d + 2 * i, &blk.d, 2);
+                for (int j = 0; j < SP_QK8_0; j++) {
+                    qs[64 * (j / 4) + 4 * i + j % 4] = (uint8_t)blk.qs[j] ^ 0x80;
+                }
+            }
+        }
+    }
+}
+
+static void
+p16_unpack_row(int64_t n, const void *packed, int64_t r, void *dst)
+{
+    const size_t gb = p16_group_bytes(SP_TYPE_Q8_0, n);
+    const uint8_t *g = (const uint8_t *)packed + (size_t)(r / SP_P16_ROWS) * gb;
+    const int i = (int)(r % SP_P16_ROWS);
+    for (int64_t b = 0; b < n / SP_QK8_0; b++) {
+        sp_block_q8_0 blk;
+        memcpy(&blk.d, g + sp__p16_d_off(b) + 2 * i, 2);
+        for (int j = 0; j < SP_QK8_0; j++) {
+            blk.qs[j] = (int8_t)(g[sp__p16_qs_off(b) + 64 * (j / 4) + 4 * i + j % 4] ^ 0x80);
+        }
+        memcpy((uint8_t *)dst + (size_t)b * sizeof blk, &blk, sizeof blk);
+    }
+}
+
+/* ---- either layout ------------------------------------------------------------------- */
+
+int
+sp_repack_layout_rows(sp_repack_layout_t layout)
+{
+    return layout == SP_REPACK_ROW8 ? SP_REPACK_ROWS : layout == SP_REPACK_PANEL16 ? SP_P16_ROWS : 0;
+}
+
+size_t
+sp_repack_group_bytes_in(sp_repack_layout_t layout, sp_type_t type, int64_t n)
+{
+    return layout == SP_REPACK_ROW8      ? row8_group_bytes(type, n)
+           : layout == SP_REPACK_PANEL16 ? p16_group_bytes(type, n)
+                                         : 0;
+}
+
+size_t
+sp_repack_bytes_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, int64_t n_rows)
+{
+    const size_t gb = sp_repack_group_bytes_in(layout, type, n);
+    const int rows = sp_repack_layout_rows(layout);
+    if (gb == 0 || n_rows <= 0) {
+        return 0;
+    }
+    return gb * (size_t)((n_rows + rows - 1) / rows);
+}
+
+void
+sp_repack_pack_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, const void *src,
+                  size_t src_stride, int64_t n_rows, int64_t g0, int64_t g1, void *dst)
+{
+    if (sp_repack_group_bytes_in(layout, type, n) == 0) {
+        return;
+    }
+    if (layout == SP_REPACK_PANEL16) {
+        p16_pack(n, src, src_stride, n_rows, g0, g1, dst);
+    } else {
+        row8_pack(type, n, src, src_stride, n_rows, g0, g1, dst);
+    }
+}
+
+void
+sp_repack_unpack_row_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, const void *packed,
+                        int64_t r, void *dst)
+{
+    if (sp_repack_group_bytes_in(layout, type, n) == 0) {
+        return;
+    }
+    if (layout == SP_REPACK_PANEL16) {
+        p16_unpack_row(n, packed, r, dst);
+    } else {
+        row8_unpack_row(type, n, packed, r, dst);
+    }
+}
+
+size_t
+sp_repack_group_bytes(sp_type_t type, int64_t n)
+{
+    return sp_repack_group_bytes_in(SP_REPACK_ROW8, type, n);
+}
+
+size_t
+sp_repack_bytes(sp_type_t type, int64_t n, int64_t n_rows)
+{
+    return sp_repack_bytes_in(SP_REPACK_ROW8, type, n, n_rows);
+}
+
+void
+sp_repack_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t n_rows,
+               int64_t g0, int64_t g1, void *dst)
+{
+    sp_repack_pack_in(SP_REPACK_ROW8, type, n, src, src_stride, n_rows, g0, g1, dst);
+}
+
+void
+sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst)
+{
+    sp_repack_unpack_row_in(SP_REPACK_ROW8, type, n, packed, r, dst);
+}
+
+/* Q8_0 row i of a panel group against one Q8_0 activation row: ref.c's vec_dot order. */
+static float
+p16_row_dot(int64_t n, const uint8_t *g, int i, const sp_block_q8_0 *x)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / SP_QK8_0; b++) {
+        const uint8_t *qs = g + sp__p16_qs_off(b);
+        int32_t isum = 0;
+        for (int j = 0; j < SP_QK8_0; j++) {
+            isum += ((int32_t)qs[64 * (j / 4) + 4 * i + j % 4] - 128) * (int32_t)x[b].qs[j];
+        }
+        sp_fp16_t wd;
+        memcpy(&wd, g + sp__p16_d_off(b) + 2 * i, sizeof wd);
+        const float d = sp_fp16_to_fp32(wd) * sp_fp16_to_fp32(x[b].d);
+        sum += (float)isum * d;
+    }
+    return sum;
+}
+
+void
+sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                             const void *x, size_t x_stride, int64_t n_tok, float *y,
+                             int64_t ldy)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        const void *xt = (const uint8_t *)x + (size_t)t * x_stride;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_P16_ROWS) * w_stride;
+            y[t * ldy + r] = p16_row_dot(n, g, (int)(r % SP_P16_ROWS), xt);
         }
     }
 }

@@ -36,6 +36,24 @@
 #define SP_REPACK_IQ4XS_QS 80
 #define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
 
+/* SP_REPACK_PANEL16 (kernels.h): rows per group, bytes per pair of blocks, and where block b's
+ * quant bytes and F16 scales start within a group. */
+#define SP_P16_ROWS 16
+#define SP_P16_PAIR_BYTES (2 * SP_P16_ROWS * 32 + 2 * SP_P16_ROWS * 2)
+
+static inline size_t
+sp__p16_qs_off(int64_t b)
+{
+    return (size_t)(b / 2) * SP_P16_PAIR_BYTES + (size_t)(b & 1) * (SP_P16_ROWS * 32);
+}
+
+static inline size_t
+sp__p16_d_off(int64_t b)
+{
+    return (size_t)(b / 2) * SP_P16_PAIR_BYTES + 2 * SP_P16_ROWS * 32 +
+           (size_t)(b & 1) * (SP_P16_ROWS * 2);
+}
+
 /* Offset, from the start of a packed block's quant bytes, of quant byte j of row r (0..7)
  * of the group: chunk (r >> 1 & 1) + 2 (j >> 3) (32 bytes each), 64-bit lane
  * (r & 1) | (r >> 2) << 1 within it. Rows {0,1,4,5} and {2,3,6,7} share chunks so that one
@@ -75,6 +93,11 @@ void sp__repack_q4_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t
 void sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                 float *y, int64_t ldy);
+/* Q8_0 in SP_REPACK_PANEL16 (w = group 0, w_stride = the group bytes): ref.c's serial block
+ * sum read through the panel form. */
+void sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                  float *y, int64_t ldy);
 /* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
 sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
@@ -86,6 +109,8 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
                                  float *y, int64_t ldy);
 /* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, 16-row panels for prefill. */
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
+/* AVX-512 VNNI (avx512_qgemm.c): repack_gemm of Q8_0 in SP_REPACK_PANEL16. */
+void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
 /* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
  * AVX2 one stays). */
 void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);

@@ -1,0 +1,271 @@
+/*
+ * test_q8layout.c - Q8_0's 16-row panel form (SP_REPACK_PANEL16, kernels.h): its bytes, the
+ * exact round trip to the file's rows, and the packed gemm of every level that reads it
+ * (AVX-512 VNNI's, avx512_qgemm.c; the scalar oracle of cpu/repack.c at every level) giving
+ * the reference vec_dot's bits for every (row, token): rows not a multiple of 16, ranges
+ * inside a group, 1..140 tokens (one token, decode tiles, prefill tiles and two token
+ * chunks), odd block counts (the pad block) and K chunks, extreme quants and scales. A
+ * planted bug (one packed byte changed, or the wrong layout read) must be caught.
+ */
+#include "test.h"
+#include "gemm_check.h"
+
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/repack_impl.h"
+#include "kernels/kernels.h"
+
+static uint64_t ql_rng;
+
+static uint32_t
+ql_next(void)
+{
+    ql_rng = ql_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(ql_rng >> 33);
+}
+
+static float
+ql_uniform(void)
+{
+    return (float)(ql_next() % 20001) * 1e-4f - 1.0f;
+}
+
+/* A Q8_0 matrix, its activations, the reference's products and a packed copy. */
+typedef struct {
+    int64_t n, rows, toks;
+    size_t rb, xs;
+    uint8_t *w, *x, *packed;
+    float *want; /* want[t * rows + r] */
+} ql_case_t;
+
+static void
+ql_make(ql_case_t *c, int64_t n, int64_t rows, int64_t toks, uint64_t seed, bool extreme)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    c->n = n;
+    c->rows = rows;
+    c->toks = toks;
+    c->rb = sp_row_size(SP_TYPE_Q8_0, n);
+    c->xs = sp_row_size(SP_TYPE_Q8_0, n);
+    c->w = malloc(c->rb * (size_t)rows);
+    c->x = malloc(c->xs * (size_t)toks);
+    c->want = malloc(sizeof(float) * (size_t)(rows * toks));
+    /* room for either form, 64-byte aligned as the loader's copy */
+    const size_t pb = sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, n, rows) +
+                      sp_repack_bytes(SP_TYPE_Q8_0, n, rows);
+    c->packed = aligned_alloc(64, (pb + 63) & ~(size_t)63);
+    float *f = malloc(sizeof(float) * (size_t)n);
+    ASSERT(c->w && c->x && c->want && c->packed && f);
+    ql_rng = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = c->w + (size_t)r * c->rb;
+        if (!extreme) {
+            for (int64_t i = 0; i < n; i++)
+                f[i] = (0.01f + 0.02f * (float)((i / 32 + r) % 7)) * ql_uniform();
+            ASSERT(sp_quantize_row(SP_TYPE_Q8_0, f, row, n));
+            continue;
+        }
+        /* raw blocks: quants at -128 / 127 / random, scales from the largest finite half
+         * (65504) down to subnormals and zero */
+        static const uint16_t ds[] = {0x7BFF, 0x0001, 0x0000, 0x3C00, 0xBC00, 0x03FF};
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t *blk = row + b * 34;
+            const uint16_t d = ds[(r + b) % 6];
+            memcpy(blk, &d, 2);
+            for (int j = 0; j < 32; j++)
+                blk[2 + j] = r % 3 == 0 ? 0x80 : r % 3 == 1 ? 0x7F : (uint8_t)ql_next();
+        }
+    }
+    for (int64_t t = 0; t < toks; t++) {
+        for (int64_t i = 0; i < n; i++)
+            f[i] = extreme ? (t % 2 ? -1.0f : 1.0f) * (i % 3 ? 1.0f : -1.0f) : ql_uniform();
+        ref->from_float[SP_TYPE_Q8_0](f, c->x + (size_t)t * c->xs, n);
+    }
+    free(f);
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t r = 0; r < rows; r++)
+            ref->vec_dot[SP_TYPE_Q8_0](n, &c->want[t * rows + r], c->w + (size_t)r * c->rb,
+                                       c->x + (size_t)t * c->xs);
+}
+
+static void
+ql_pack(ql_case_t *c, sp_repack_layout_t lay)
+{
+    const int gr = sp_repack_layout_rows(lay);
+    sp_repack_pack_in(lay, SP_TYPE_Q8_0, c->n, c->w, c->rb, c->rows, 0, (c->rows + gr - 1) / gr,
+                      c->packed);
+}
+
+static void
+ql_free(ql_case_t *c)
+{
+    free(c->w);
+    free(c->x);
+    free(c->packed);
+    free(c->want);
+}
+
+static gemm_verdict_t
+ql_run(const ql_case_t *c, sp_gemm_fn gemm, sp_repack_layout_t lay, int64_t r0, int64_t r1,
+       int64_t nt)
+{
+    const int64_t ldy = c->rows + 2;
+    float *y = malloc(sizeof(float) * (size_t)(ldy * nt));
+    ASSERT(y != NULL);
+    const gemm_case_t gc = {gemm, c->n, c->packed, sp_repack_group_bytes_in(lay, SP_TYPE_Q8_0, c->n),
+                            c->x, c->xs, c->want, c->rows, 1, false};
+    const gemm_verdict_t v = gemm_check_range(&gc, r0, r1, nt, y, ldy, nt);
+    free(y);
+    return v;
+}
+
+TEST(q8layout_bytes_and_roundtrip)
+{
+    /* sizes: pairs of blocks of 16 rows, the odd last block padded, 34 bytes per row-block */
+    ASSERT_EQ(sp_repack_layout_rows(SP_REPACK_PANEL16), 16);
+    ASSERT_EQ(sp_repack_layout_rows(SP_REPACK_ROW8), 8);
+    ASSERT_EQ(sp_repack_group_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 64), 1088);
+    ASSERT_EQ(sp_repack_group_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 96), 2 * 1088);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 2048, 17), 2 * 32 * 1088);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 2048, 32), 64 * 34 * 32);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q4_0, 2048, 32), 0);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 48, 32), 0);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, SP_REPACK_MAX_N + 32, 32), 0);
+    ASSERT_EQ(sp_repack_bytes_in((sp_repack_layout_t)7, SP_TYPE_Q8_0, 64, 32), 0);
+    ASSERT_EQ(sp_repack_bytes_in(SP_REPACK_ROW8, SP_TYPE_Q8_0, 64, 17), sp_repack_bytes(SP_TYPE_Q8_0, 64, 17));
+
+    ql_case_t c;
+    const int64_t n = 96, rows = 21; /* 3 blocks (one pad block), 2 groups (11 zero rows) */
+    ql_make(&c, n, rows, 1, 3, true);
+    ql_pack(&c, SP_REPACK_PANEL16);
+    const size_t gb = sp_repack_group_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, n);
+    for (int64_t r = 0; r < 32; r++)
+        for (int64_t b = 0; b < 4; b++) {
+            const uint8_t *g = c.packed + (size_t)(r / 16) * gb;
+            const int i = (int)(r % 16);
+            const bool real = r < rows && b < 3;
+            const uint8_t *blk = c.w + (size_t)r * c.rb + b * 34;
+            uint16_t d;
+            memcpy(&d, g + sp__p16_d_off(b) + 2 * i, 2);
+            ASSERT_EQ(d, real ? (uint16_t)(blk[0] | blk[1] << 8) : 0);
+            for (int j = 0; j < 32; j++)
+                ASSERT_EQ(g[sp__p16_qs_off(b) + 64 * (j / 4) + 4 * i + j % 4],
+                          real ? (uint8_t)(blk[2 + j] ^ 0x80) : 0x80);
+        }
+    uint8_t back[3 * 34];
+    for (int64_t r = 0; r < rows; r++) {
+        sp_repack_unpack_row_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, n, c.packed, r, back);
+        ASSERT(memcmp(back, c.w + (size_t)r * c.rb, c.rb) == 0);
+    }
+    ql_free(&c);
+}
+
+/* The packed gemm of each level's table that reads the panel form, and the scalar oracle. */
+static int
+ql_kernels(sp_gemm_fn gemm[4], const char *names[4])
+{
+    int nk = 0;
+    gemm[nk] = sp__repack_q8_0_p16_gemm_ref;
+    names[nk++] = "scalar panel16";
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        if (k == NULL) {
+            printf("  skipped: level %d not on this CPU\n", l);
+            continue;
+        }
+        if (k->repack_layout[SP_TYPE_Q8_0] != SP_REPACK_PANEL16) {
+            /* avx2 and scalar (and AVX-512 without VNNI) keep the 8-row form */
+            ASSERT(k->repack_gemm[SP_TYPE_Q8_0] == NULL || l < SP_CPU_AVX512 ||
+                   k->repack_layout[SP_TYPE_Q8_0] == SP_REPACK_ROW8);
+            continue;
+        }
+        ASSERT(k->repack_gemm[SP_TYPE_Q8_0] != NULL);
+        gemm[nk] = k->repack_gemm[SP_TYPE_Q8_0];
+        names[nk++] = k->name;
+    }
+    if (nk == 1)
+        printf("  skipped: no AVX-512 VNNI on this CPU: only the scalar panel kernel tested\n");
+    return nk;
+}
+
+TEST(q8layout_gemm_every_level)
+{
+    sp_gemm_fn gemm[4];
+    const char *names[4];
+    const int nk = ql_kernels(gemm, names);
+    /* n: one block (pad), three (pad), 64 (two prefill K chunks of 32), 514 (two decode K
+     * chunks at 8 tokens: 512 blocks of records) */
+    static const int64_t ns[] = {32, 96, 2048, 16448};
+    static const int64_t rowss[] = {1, 15, 16, 17, 40};
+    static const int64_t nts[] = {1, 2, 7, 8, 9, 33, 64, 140};
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
+        for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
+            const int64_t n = ns[in], rows = rowss[ir];
+            if (n > 2048 && rows != 40)
+                continue; /* the long rows once: they only add K chunks */
+            const int64_t toks = n > 2048 ? 9 : 140;
+            ql_case_t c;
+            ql_make(&c, n, rows, toks, 31 * in + ir, false);
+            ql_pack(&c, SP_REPACK_PANEL16);
+            for (int ki = 0; ki < nk; ki++) {
+                for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++) {
+                    if (nts[it] > toks || (ki == 0 && nts[it] > 9))
+                        continue; /* the scalar oracle: its arithmetic has no tiles */
+                    GEMM_CHECK_ASSERT(ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 0, rows, nts[it]),
+                                      "%s n=%lld rows %lld, %lld tokens", names[ki],
+                                      (long long)n, (long long)rows, (long long)nts[it]);
+                }
+                if (rows > 3) /* ranges that start and end inside a group */
+                    for (int64_t nt = 1; nt <= 9; nt += 8)
+                        GEMM_CHECK_ASSERT(ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 3, rows - 1, nt),
+                                          "%s n=%lld rows [3,%lld), %lld tokens", names[ki],
+                                          (long long)n, (long long)rows - 1, (long long)nt);
+                if (rows == 40)
+                    GEMM_CHECK_ASSERT(ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 17, 33, 2),
+                                      "%s n=%lld rows [17,33)", names[ki], (long long)n);
+            }
+            ql_free(&c);
+        }
+}
+
+/* Quants at -128 and 127 against activations of +-127 (block sums up to 32 * 128 * 127),
+ * scales from 65504 to subnormals and zero: the reference's bits, infinities included. */
+TEST(q8layout_extremes)
+{
+    sp_gemm_fn gemm[4];
+    const char *names[4];
+    const int nk = ql_kernels(gemm, names);
+    ql_case_t c;
+    ql_make(&c, 512, 19, 9, 5, true);
+    ql_pack(&c, SP_REPACK_PANEL16);
+    for (int ki = 0; ki < nk; ki++)
+        for (int64_t nt = 1; nt <= 9; nt++)
+            GEMM_CHECK_ASSERT(ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 0, 19, nt),
+                              "%s extremes, %lld tokens", names[ki], (long long)nt);
+    ql_free(&c);
+}
+
+/* The check catches what it should: one packed quant changed moves exactly that row's
+ * result, and the 8-row form read as panels fails. */
+TEST(q8layout_planted_bug)
+{
+    sp_gemm_fn gemm[4];
+    const char *names[4];
+    const int nk = ql_kernels(gemm, names);
+    ql_case_t c;
+    ql_make(&c, 256, 20, 3, 9, false);
+    for (int ki = 0; ki < nk; ki++) {
+        ql_pack(&c, SP_REPACK_PANEL16);
+        ASSERT(ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 0, 20, 3).ok);
+        /* row 18 (group 1, lane 2), block 5, element 9: +1 */
+        uint8_t *q = c.packed + sp_repack_group_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, 256) +
+                     sp__p16_qs_off(5) + 64 * 2 + 4 * 2 + 1;
+        *q = (uint8_t)(*q == 0xFF ? 0xFE : *q + 1);
+        const gemm_verdict_t v = ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 0, 20, 3);
+        if (v.ok || v.r != 18 || v.outside)
+            SP_TEST_FAIL("%s: a changed quant of row 18 gave verdict ok=%d r=%lld", names[ki],
+                         (int)v.ok, (long long)v.r);
+        ql_pack(&c, SP_REPACK_ROW8);
+        ASSERT(!ql_run(&c, gemm[ki], SP_REPACK_PANEL16, 0, 20, 3).ok);
+    }
+    ql_free(&c);
+}
