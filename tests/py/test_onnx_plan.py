@@ -26,9 +26,9 @@ PLUGIN = os.path.join(os.path.dirname(binary() or "build/sampan"), "backends", "
 OWN = {"parameters": {"engine": {"string_value": "own"}}}
 
 
-def save(d, nodes, inputs, outputs, inits=(), opset=17):
+def save(d, nodes, inputs, outputs, inits=(), opset=17, value_info=()):
     from onnx import helper
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits), value_info=list(value_info))
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     os.makedirs(d, exist_ok=True)
@@ -81,6 +81,30 @@ def type_cases(plugin, root):
             msg = str(e)
             s.case(f"types: {name} is a load error naming node, operator and types",
                    all(w in msg for w in want), msg)
+    # value_info: an intermediate declared with another type than computed is refused, naming the
+    # value, the producing node and both types; a right declaration (and one for a value the
+    # graph does not have: an exporter's leftover) loads.
+    chain = [helper.make_node("Relu", ["x"], ["h"], name="r1"), helper.make_node("Neg", ["h"], ["y"], name="n")]
+    d = save(os.path.join(root, "value_info_bad"), chain, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])],
+             value_info=[vi("h", TP.INT64, [2])])
+    try:
+        plugin.load(d).close()
+        s.case("types: value_info declaring INT64 for a FLOAT intermediate is a load error", False, "it loaded")
+    except BackendError as e:
+        msg = str(e)
+        s.case("types: value_info declaring INT64 for a FLOAT intermediate is a load error naming "
+               "file, value, node and types",
+               all(w in msg for w in ["model.onnx", "value_info 'h'", "INT64", "'r1' (Relu)", "FLOAT"]), msg)
+    d = save(os.path.join(root, "value_info_ok"), chain, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])],
+             value_info=[vi("h", TP.FLOAT, [2]), vi("gone", TP.INT64, [2])])
+    try:
+        m = plugin.load(d)
+        y = m.run([np.array([1.5, -2.0], np.float32)])["y"]
+        m.close()
+        s.case("types: right value_info (and one for a missing value) loads and runs",
+               np.array_equal(y, np.array([-1.5, 0.0], np.float32)), repr(y))
+    except BackendError as e:
+        s.case("types: right value_info (and one for a missing value) loads and runs", False, str(e))
     # Type-correct mixes load and compute the inferred types.
     nodes = [
         helper.make_node("Shape", ["x"], ["shp"], name="shape"),
