@@ -580,7 +580,8 @@ residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, 
     size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
     dnnl_memory_desc_t ymd;
     if (md_of(r, n->fused_add, &ymd)) return -1;
-    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes) {
+    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes &&
+        sp_ox_plan_take(r, n->fused_add, n->out[0])) {
         /* The residual is read for the last time: accumulate into its buffer. */
         if (out->data) sp_ox_pool_put(r, out);
         out->data = yv->t.data;
