@@ -577,10 +577,11 @@ done:
         if (st.created != m->dnnl_created) {
             m->dnnl_created = st.created;
             sp__bk_log(&m->host, 0, "backend=onnx onednn_primitives created=%llu cached=%llu "
-                       "evicted=%llu fallbacks=%llu groups=%llu chained=%llu", (unsigned long long)st.created,
+                       "evicted=%llu fallbacks=%llu groups=%llu chained=%llu scratchpad_bytes=%llu",
+                       (unsigned long long)st.created,
                        (unsigned long long)st.cached, (unsigned long long)st.evicted,
                        (unsigned long long)st.fallbacks, (unsigned long long)st.groups,
-                       (unsigned long long)st.chained);
+                       (unsigned long long)st.chained, (unsigned long long)st.scratchpad_bytes);
         }
     }
     return rc;

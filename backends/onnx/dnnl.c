@@ -274,8 +274,27 @@ static int
 execute(sp_ox_run_t *r, dnnl_primitive_t p, int n, const int *arg_ids, const dnnl_memory_desc_t *const *mds,
         void *const *ptrs)
 {
-    dnnl_exec_arg_t args[6];
+    dnnl_exec_arg_t args[7];
     int made = 0, rc = 0;
+    /* The primitive's scratchpad: the cached primitives are made in user-managed mode (create),
+     * so their workspace is the run context's scratch buffer, grown to the largest and kept,
+     * instead of memory oneDNN holds per thread; a reorder (library mode) reports none. */
+    const_dnnl_primitive_desc_t pd = NULL;
+    const dnnl_memory_desc_t *spmd = NULL;
+    if (dnnl_primitive_get_primitive_desc(p, &pd) == dnnl_success && pd != NULL) {
+        spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    }
+    size_t sp_bytes = spmd ? dnnl_memory_desc_get_size(spmd) : 0;
+    if (sp_bytes > 0 && n < 7) {
+        void *buf = sp_ox_scratch(r, sp_bytes);
+        if (buf == NULL) return -1;
+        if (sp_bytes > r->dnnl->st.scratchpad_bytes) r->dnnl->st.scratchpad_bytes = sp_bytes;
+        dnnl_status_t st = dnnl_memory_create(&args[n].memory, spmd, engine, buf);
+        if (st != dnnl_success) return fail_st(r, st, "scratchpad memory creation");
+        args[n].arg = DNNL_ARG_SCRATCHPAD;
+    } else {
+        sp_bytes = 0;
+    }
     for (int i = 0; i < n; i++) {
         dnnl_status_t st = dnnl_memory_create(&args[i].memory, mds[i], engine, ptrs[i]);
         if (st != dnnl_success) {
@@ -286,11 +305,12 @@ execute(sp_ox_run_t *r, dnnl_primitive_t p, int n, const int *arg_ids, const dnn
         made++;
     }
     if (rc == 0) {
-        dnnl_status_t st = dnnl_primitive_execute(p, r->dnnl->stream, n, args);
+        dnnl_status_t st = dnnl_primitive_execute(p, r->dnnl->stream, n + (sp_bytes > 0), args);
         if (st == dnnl_success) st = dnnl_stream_wait(r->dnnl->stream);
         if (st != dnnl_success) rc = fail_st(r, st, "execution");
     }
     for (int i = 0; i < made; i++) dnnl_memory_destroy(args[i].memory);
+    if (sp_bytes > 0) dnnl_memory_destroy(args[n].memory);
     return rc;
 }
 
@@ -439,7 +459,15 @@ create(sp_ox_run_t *r, prim_t *e, const void *op_desc, const dnnl_primitive_attr
 {
     struct sp_ox_dnnl *d = r->dnnl;
     dnnl_primitive_desc_t pd;
-    dnnl_status_t st = dnnl_primitive_desc_create(&pd, op_desc, attr, engine, NULL);
+    /* user-managed scratchpad (execute hands it the run context's scratch buffer) */
+    dnnl_primitive_attr_t a = attr, own = NULL;
+    if (a == NULL) {
+        if (dnnl_primitive_attr_create(&own) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+        a = own;
+    }
+    dnnl_primitive_attr_set_scratchpad_mode(a, dnnl_scratchpad_mode_user);
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, op_desc, a, engine, NULL);
+    if (own) dnnl_primitive_attr_destroy(own);
     if (st == dnnl_unimplemented || st == dnnl_invalid_arguments) {
         memset(e, 0, sizeof *e);
         d->st.fallbacks++;
