@@ -37,6 +37,8 @@
 #include "ops.h"
 
 #define KEY_MAX (2 * OX_MAX_DIMS + 4)
+/* Rows of A from which a MatMulInteger / QLinearMatMul with a run-time B runs on oneDNN. */
+#define OX_DNNL_RUN_B_ROWS 1
 
 typedef struct prim {
     bool used;
@@ -1272,25 +1274,56 @@ const_in(const sp_ox_graph_t *g, const sp_ox_node_t *n, int k, bool *ok)
     return &g->values[n->in[k]].t;
 }
 
-/* The s8 weights w - zw (conv [m][k] rows per output channel, matmul [k][m] per column). */
+/* w - zw into dst as s8 (conv [m][k] rows per output channel, matmul [k][m] per column); false
+ * when a zero point has another count or type, or a difference is outside s8. */
+static bool
+q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv, int8_t *dst)
+{
+    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
+    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
+    if (nz <= 1) {
+        /* one zero point: a loop the compiler vectorizes (run-time B narrows on every run) */
+        int32_t z = zw ? q8_val(zw, 0) : 0, lo = 0, hi = 0;
+        if (w->dtype == OX_UINT8) {
+            const uint8_t *src = w->data;
+            for (int64_t i = 0; i < total; i++) {
+                int32_t v = (int32_t)src[i] - z;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                dst[i] = (int8_t)v;
+            }
+        } else {
+            const int8_t *src = w->data;
+            for (int64_t i = 0; i < total; i++) {
+                int32_t v = (int32_t)src[i] - z;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                dst[i] = (int8_t)v;
+            }
+        }
+        return lo >= -128 && hi <= 127;
+    }
+    for (int64_t i = 0; i < total; i++) {
+        int64_t c = conv ? i / (total / m) : i % m;
+        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
+        if (v < -128 || v > 127) return false;
+        dst[i] = (int8_t)v;
+    }
+    return true;
+}
+
+/* The constant weights w - zw as s8, made once per node. */
 static bool
 q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv)
 {
     if (nc->q8) return nc->q8 > 0;
-    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
     nc->q8 = -1;
-    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
-    nc->q8w = malloc((size_t)total + 1);
+    nc->q8w = malloc((size_t)sp_ox_numel(w) + 1);
     if (nc->q8w == NULL) return false;
-    for (int64_t i = 0; i < total; i++) {
-        int64_t c = conv ? i / (total / m) : i % m;
-        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
-        if (v < -128 || v > 127) {
-            free(nc->q8w);
-            nc->q8w = NULL;
-            return false;
-        }
-        nc->q8w[i] = (int8_t)v;
+    if (!q8_narrow(w, zw, m, conv, nc->q8w)) {
+        free(nc->q8w);
+        nc->q8w = NULL;
+        return false;
     }
     nc->q8 = 1;
     return true;
@@ -1305,7 +1338,15 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     const sp_ox_tensor_t *x = &g->values[n->in[0]].t;
     const sp_ox_tensor_t *sx = linear ? const_in(g, n, 1, &ok) : NULL;
     const sp_ox_tensor_t *zx = const_in(g, n, 2, &ok);
-    const sp_ox_tensor_t *w = const_in(g, n, linear ? 3 : 1, &ok);
+    /* MatMulInteger / QLinearMatMul's B may be computed at run time (attention on dynamically
+     * quantized activations): narrowed to s8 and reordered into the primitive's layout per run,
+     * when A has at least OX_DNNL_RUN_B_ROWS rows (below, our kernel, which packs B per run
+     * too, is as fast: see docs/design.md). A convolution's weights stay constant-only. */
+    int32_t wv = n->n_in > (linear ? 3 : 1) ? n->in[linear ? 3 : 1] : -1;
+    if (wv < 0) return 0;
+    const sp_ox_tensor_t *w = &g->values[wv].t;
+    bool w_run = !g->values[wv].is_const;
+    if (w_run && (conv || d->blocked[wv])) return 0;
     const sp_ox_tensor_t *sw = linear ? const_in(g, n, 4, &ok) : NULL;
     const sp_ox_tensor_t *zw = const_in(g, n, linear ? 5 : 3, &ok);
     const sp_ox_tensor_t *sy = linear ? const_in(g, n, 6, &ok) : NULL;
@@ -1354,8 +1395,19 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     }
     if (linear && sp_ox_numel(sw) != 1 && sp_ox_numel(sw) != m) return 0;
     if (m < 1 || k < 1) return 0;
+    if (w_run && rows < OX_DNNL_RUN_B_ROWS) return 0;
     node_cache_t *nc = &d->nodes[n - g->nodes];
-    if (!q8_int_weights(nc, w, zw, m, conv)) return 0;
+    sp_ox_tensor_t tw8 = {0}, tw = {0};
+    if (w_run) {
+        int64_t total = k * m;
+        if (sp_ox_out(r, &tw8, OX_INT8, 1, &total)) return -1;
+        if (!q8_narrow(w, zw, m, false, tw8.data)) {
+            sp_ox_pool_put(r, &tw8);
+            return 0;
+        }
+    } else if (!q8_int_weights(nc, w, zw, m, conv)) {
+        return 0;
+    }
     if (linear && nc->cmult == NULL) {
         nc->cmult = malloc((size_t)m * sizeof(float));
         if (nc->cmult == NULL) return sp_ox_fail(r, "out of memory");
@@ -1365,6 +1417,7 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     int64_t key[KEY_MAX];
     int nkey = 0;
     for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
+    key[nkey++] = m; /* a run-time B's columns may change between runs */
     dnnl_memory_desc_t bmd;
     dnnl_dims_t bd = {m};
     dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_s32, dnnl_a);
@@ -1397,10 +1450,14 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
         }
         if (st != dnnl_success) {
             d->st.fallbacks++;
+            sp_ox_pool_put(r, &tw8);
             return 0;
         }
         dnnl_primitive_attr_t attr;
-        if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+        if (dnnl_primitive_attr_create(&attr) != dnnl_success) {
+            sp_ox_pool_put(r, &tw8);
+            return sp_ox_fail(r, "oneDNN: out of memory");
+        }
         int32_t z0 = zx ? q8_val(zx, 0) : 0, y0 = linear ? q8_val(zy, 0) : 0;
         if (linear) dnnl_primitive_attr_set_output_scales(attr, sp_ox_numel(sw) == 1 ? 1 : m,
                                                           sp_ox_numel(sw) == 1 ? 0 : 1 << 1, nc->cmult);
@@ -1409,13 +1466,24 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
         dnnl_primitive_attr_destroy(attr);
-        if (rc <= 0) return rc;
+        if (rc <= 0) {
+            sp_ox_pool_put(r, &tw8);
+            return rc;
+        }
     }
     sp_ox_tensor_t tx = {0}, ty = {0};
     sp_ox_tensor_t *out = &g->values[n->out[0]].t;
-    void *wp, *src = x->data, *dst;
+    void *wp = tw8.data, *src = x->data, *dst;
     int rc = -1;
-    if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    if (!w_run) {
+        if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
+    } else if (!dnnl_memory_desc_equal(&wplain, &e->w_md)) {
+        if (out_bytes(r, &tw, dnnl_memory_desc_get_size(&e->w_md), 1, (int64_t[]){1}) ||
+            reorder(r, &wplain, tw8.data, &e->w_md, tw.data)) {
+            goto done;
+        }
+        wp = tw.data;
+    }
     if (!dnnl_memory_desc_equal(&xmd, &e->src_md)) {
         if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
             reorder(r, &xmd, x->data, &e->src_md, tx.data)) {
@@ -1439,6 +1507,8 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
 done:
     sp_ox_pool_put(r, &tx);
     sp_ox_pool_put(r, &ty);
+    sp_ox_pool_put(r, &tw8);
+    sp_ox_pool_put(r, &tw);
     return rc;
 }
 
