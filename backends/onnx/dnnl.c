@@ -37,8 +37,6 @@
 #include "ops.h"
 
 #define KEY_MAX (2 * OX_MAX_DIMS + 4)
-/* Rows of A from which a MatMulInteger / QLinearMatMul with a run-time B runs on oneDNN. */
-#define OX_DNNL_RUN_B_ROWS 1
 
 typedef struct prim {
     bool used;
@@ -1338,15 +1336,10 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     const sp_ox_tensor_t *x = &g->values[n->in[0]].t;
     const sp_ox_tensor_t *sx = linear ? const_in(g, n, 1, &ok) : NULL;
     const sp_ox_tensor_t *zx = const_in(g, n, 2, &ok);
-    /* MatMulInteger / QLinearMatMul's B may be computed at run time (attention on dynamically
-     * quantized activations): narrowed to s8 and reordered into the primitive's layout per run,
-     * when A has at least OX_DNNL_RUN_B_ROWS rows (below, our kernel, which packs B per run
-     * too, is as fast: see docs/design.md). A convolution's weights stay constant-only. */
-    int32_t wv = n->n_in > (linear ? 3 : 1) ? n->in[linear ? 3 : 1] : -1;
-    if (wv < 0) return 0;
-    const sp_ox_tensor_t *w = &g->values[wv].t;
-    bool w_run = !g->values[wv].is_const;
-    if (w_run && (conv || d->blocked[wv])) return 0;
+    /* B computed at run time (attention on dynamically quantized activations) stays ours: our
+     * kernel packs B per run, and oneDNN with B narrowed and reordered per run was no faster at
+     * 1 to 1024 rows of A (measured: docs/design.md, "run-time B"). */
+    const sp_ox_tensor_t *w = const_in(g, n, linear ? 3 : 1, &ok);
     const sp_ox_tensor_t *sw = linear ? const_in(g, n, 4, &ok) : NULL;
     const sp_ox_tensor_t *zw = const_in(g, n, linear ? 5 : 3, &ok);
     const sp_ox_tensor_t *sy = linear ? const_in(g, n, 6, &ok) : NULL;
@@ -1395,19 +1388,8 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     }
     if (linear && sp_ox_numel(sw) != 1 && sp_ox_numel(sw) != m) return 0;
     if (m < 1 || k < 1) return 0;
-    if (w_run && rows < OX_DNNL_RUN_B_ROWS) return 0;
     node_cache_t *nc = &d->nodes[n - g->nodes];
-    sp_ox_tensor_t tw8 = {0}, tw = {0};
-    if (w_run) {
-        int64_t total = k * m;
-        if (sp_ox_out(r, &tw8, OX_INT8, 1, &total)) return -1;
-        if (!q8_narrow(w, zw, m, false, tw8.data)) {
-            sp_ox_pool_put(r, &tw8);
-            return 0;
-        }
-    } else if (!q8_int_weights(nc, w, zw, m, conv)) {
-        return 0;
-    }
+    if (!q8_int_weights(nc, w, zw, m, conv)) return 0;
     if (linear && nc->cmult == NULL) {
         nc->cmult = malloc((size_t)m * sizeof(float));
         if (nc->cmult == NULL) return sp_ox_fail(r, "out of memory");
@@ -1417,7 +1399,6 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     int64_t key[KEY_MAX];
     int nkey = 0;
     for (int i = 0; i < x->nd; i++) key[nkey++] = x->dims[i];
-    key[nkey++] = m; /* a run-time B's columns may change between runs */
     dnnl_memory_desc_t bmd;
     dnnl_dims_t bd = {m};
     dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_s32, dnnl_a);
@@ -1450,14 +1431,10 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
         }
         if (st != dnnl_success) {
             d->st.fallbacks++;
-            sp_ox_pool_put(r, &tw8);
             return 0;
         }
         dnnl_primitive_attr_t attr;
-        if (dnnl_primitive_attr_create(&attr) != dnnl_success) {
-            sp_ox_pool_put(r, &tw8);
-            return sp_ox_fail(r, "oneDNN: out of memory");
-        }
+        if (dnnl_primitive_attr_create(&attr) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
         int32_t z0 = zx ? q8_val(zx, 0) : 0, y0 = linear ? q8_val(zy, 0) : 0;
         if (linear) dnnl_primitive_attr_set_output_scales(attr, sp_ox_numel(sw) == 1 ? 1 : m,
                                                           sp_ox_numel(sw) == 1 ? 0 : 1 << 1, nc->cmult);
@@ -1466,24 +1443,13 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
         dnnl_primitive_attr_destroy(attr);
-        if (rc <= 0) {
-            sp_ox_pool_put(r, &tw8);
-            return rc;
-        }
+        if (rc <= 0) return rc;
     }
     sp_ox_tensor_t tx = {0}, ty = {0};
     sp_ox_tensor_t *out = &g->values[n->out[0]].t;
-    void *wp = tw8.data, *src = x->data, *dst;
+    void *wp, *src = x->data, *dst;
     int rc = -1;
-    if (!w_run) {
-        if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
-    } else if (!dnnl_memory_desc_equal(&wplain, &e->w_md)) {
-        if (out_bytes(r, &tw, dnnl_memory_desc_get_size(&e->w_md), 1, (int64_t[]){1}) ||
-            reorder(r, &wplain, tw8.data, &e->w_md, tw.data)) {
-            goto done;
-        }
-        wp = tw.data;
-    }
+    if (pack_const(r, nc, e, &wplain, nc->q8w, &wp)) goto done;
     if (!dnnl_memory_desc_equal(&xmd, &e->src_md)) {
         if (out_bytes(r, &tx, dnnl_memory_desc_get_size(&e->src_md), 1, (int64_t[]){1}) ||
             reorder(r, &xmd, x->data, &e->src_md, tx.data)) {
@@ -1507,8 +1473,6 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
 done:
     sp_ox_pool_put(r, &tx);
     sp_ox_pool_put(r, &ty);
-    sp_ox_pool_put(r, &tw8);
-    sp_ox_pool_put(r, &tw);
     return rc;
 }
 
