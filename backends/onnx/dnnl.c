@@ -608,6 +608,13 @@ residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, 
     size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
     dnnl_memory_desc_t ymd;
     if (md_of(r, n->fused_add, &ymd)) return -1;
+    const vq_t *q = &r->dnnl->vq[n->fused_add];
+    if (q->on && ymd.data_type != e->dst_md.data_type) {
+        /* a residual a chained QDQConv left quantized, read by an f32 destination: its real
+         * values s * (q - z), in dst's layout */
+        return out_bytes(r, out, dbytes, 4, od) || dequant(r, &ymd, yv->t.data, q->s, q->z, &e->dst_md, out->data)
+                   ? -1 : 0;
+    }
     if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes &&
         sp_ox_plan_take(r, n->fused_add, n->out[0])) {
         /* The residual is read for the last time: accumulate into its buffer. */
@@ -1038,11 +1045,29 @@ q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
     return true;
 }
 
+/* How a QDQConv with a fused residual Add gets the residual (run_q8). */
+enum {
+    RES_NONE,   /* no residual */
+    RES_SUM,    /* already in dst, in dst's type: sum post-op (sum_scale, sum_zp: a quantized one) */
+    RES_BINARY, /* f32 tensor res_md added before the Relu, dst quantized afterwards (out_scale) */
+};
+
+typedef struct q8_post {
+    int res;
+    float sum_scale;
+    int32_t sum_zp;
+    dnnl_data_type_t sum_dt;
+    const dnnl_memory_desc_t *res_md;
+    float out_scale; /* RES_BINARY: 1 / sy, applied after the Relu */
+} q8_post_t;
+
 /* Output scales mult[m] per channel (axis 1 of dst), the source zero point, and the post-ops:
- * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (sum: graph.c's fused Add,
- * already in dst), Relu: sp_ox_fused_add's order. */
+ * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (graph.c's fused Add: a
+ * sum of dst, or a binary add of an f32 tensor, see q8_post_t), Relu: sp_ox_fused_add's order;
+ * RES_BINARY then scales by 1 / sy (eltwise linear) before dst's zero point and rounding. */
 static dnnl_primitive_attr_t
-q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
+q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md,
+        const q8_post_t *post, bool relu)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -1052,8 +1077,10 @@ q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_
         return NULL;
     }
     dnnl_post_ops_append_binary(po, dnnl_binary_add, bias_md);
-    if (sum) dnnl_post_ops_append_sum(po, 1.0f);
+    if (post->res == RES_SUM) dnnl_post_ops_append_sum_v3(po, post->sum_scale, post->sum_zp, post->sum_dt);
+    if (post->res == RES_BINARY) dnnl_post_ops_append_binary(po, dnnl_binary_add, post->res_md);
     if (relu) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (post->res == RES_BINARY) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, post->out_scale, 0.0f);
     dnnl_primitive_attr_set_post_ops(attr, po);
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, mult);
@@ -1154,7 +1181,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
     }
     if (!q8_weights(nc, w16, k, conv)) return 0;
-    const float *ch = conv && !y ? nc->chain : NULL;
+    const float *ch = conv ? nc->chain : NULL;
     if (ch && nc->cmult == NULL) {
         /* y / sy = acc * (mult / sy) + bias / sy: the readers' quantization folded in */
         nc->cmult = malloc((size_t)m * sizeof(float));
@@ -1165,6 +1192,42 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             nc->cbias[c] = bias[c] / ch[0];
         }
     }
+    /* The residual of a chained QDQConv (its dst quantized): a residual its producer left
+     * quantized in dst's type is summed into dst with its scale and zero point,
+     * dst = relu(acc * mult / sy + bias / sy + (sr / sy) (r - zr)) + zy; any other one is
+     * added in f32 before the Relu, dst = relu(acc * mult + bias + res) / sy + zy. */
+    q8_post_t post = {y ? RES_SUM : RES_NONE, 1.0f, 0, dnnl_data_type_undef, NULL, 1.0f};
+    dnnl_memory_desc_t rmd;
+    memset(&rmd, 0, sizeof rmd);
+    if (y && ch) {
+        dnnl_data_type_t odt = ch[2] == 0.0f ? dnnl_u8 : dnnl_s8;
+        const vq_t *rq = &d->vq[n->fused_add];
+        if (rq->on && d->md[n->fused_add].data_type == odt) {
+            post.sum_scale = rq->s / ch[0];
+            post.sum_zp = rq->z;
+            post.sum_dt = odt;
+        } else {
+            /* plain f32: a binary post-op's tensor in the layout of a blocked dst would tie the
+             * primitive to the producer's choice of layout */
+            if ((rq->on || d->blocked[n->fused_add]) && sp_ox_dnnl_plain(r, n->fused_add)) return -1;
+            if (md_of(r, n->fused_add, &rmd)) return -1;
+            post.res = RES_BINARY;
+            post.res_md = &rmd;
+            post.out_scale = 1.0f / ch[0];
+        }
+    }
+    if (conv) {
+        key[nkey++] = post.res;
+        if (post.res == RES_SUM) {
+            uint32_t bits;
+            memcpy(&bits, &post.sum_scale, sizeof bits);
+            key[nkey++] = bits;
+            key[nkey++] = post.sum_zp;
+        }
+    }
+    /* the multipliers and bias the primitive scales by: divided by sy where dst is quantized
+     * straight from the sum */
+    bool cscaled = ch && post.res != RES_BINARY;
     prim_t *e = cache_find(d, nc, key, nkey);
     if (e == NULL) {
         dnnl_memory_desc_t smd, wmd, dmd;
@@ -1194,8 +1257,8 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = ch ? q8_attr(nc->cmult, m, zx, (int32_t)ch[1], &bmd, false, n->fused_relu != 0)
-                                        : q8_attr(mult, m, zx, 0, &bmd, y != NULL, n->fused_relu != 0);
+        dnnl_primitive_attr_t attr = q8_attr(cscaled ? nc->cmult : mult, m, zx, ch ? (int32_t)ch[1] : 0, &bmd, &post,
+                                             n->fused_relu != 0);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
@@ -1219,16 +1282,18 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         }
         src = tx.data;
     }
-    if (y) {
+    if (post.res == RES_SUM) {
         if (residual_dst(r, n, o, e, od)) goto done;
     } else if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od)
                     : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
         goto done;
     }
-    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
-    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
-    void *ptrs[4] = {src, wp, out->data, ch ? nc->cbias : (void *)bias};
-    if (execute(r, e->p, 4, ids, mds, ptrs)) goto done;
+    int ids[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                  DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1};
+    const dnnl_memory_desc_t *mds[5] = {&e->src_md, &e->w_md, &e->dst_md, &bmd, &rmd};
+    void *ptrs[5] = {src, wp, out->data, cscaled ? nc->cbias : (void *)bias,
+                     post.res == RES_BINARY ? g->values[n->fused_add].t.data : NULL};
+    if (execute(r, e->p, post.res == RES_BINARY ? 5 : 4, ids, mds, ptrs)) goto done;
     if (conv) set_layout(r, n->out[0], &e->dst_md);
     if (ch) d->vq[n->out[0]] = (vq_t){true, ch[0], (int32_t)ch[1]};
     rc = 1;
@@ -1646,29 +1711,40 @@ find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
     }
 }
 
-/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization): the
- * producer writes it quantized (node_cache_t.chain). Its value then differs from our own
- * runtime's by at most 1 in the quantized output: both round y / sy to the nearest integer,
- * ours from y = acc * mult + bias rounded to float, oneDNN's from acc * (mult / sy) + bias / sy,
- * which differ by a few float roundings, enough to cross a .5 boundary and nothing more. */
+/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization, or as
+ * their fused residual Add, at least one as input): the producer writes it quantized
+ * (node_cache_t.chain), a QDQConv with a fused residual too (ResNet's block outputs). Its value
+ * then differs from our own runtime's by at most 1 in the quantized output: both round y / sy
+ * to the nearest integer, ours from y = acc * mult + bias (+ res) rounded to float, oneDNN's
+ * from acc * (mult / sy) + bias / sy (+ ...), which differ by a few float roundings, enough to
+ * cross a .5 boundary and nothing more. A residual reader takes the value quantized, where our
+ * runtime adds it in f32: that residual is off by the rounding of its readers' quantization,
+ * at most sy / 2 (sy the residual's scale) when it is within the quantized range (a clipped
+ * value is off by more: percentile calibration clips the top 0.01%). run_q8 sums it into a
+ * quantized dst (RES_SUM), residual_dst dequantizes it for an f32 one. */
 static void
 find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
 {
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
-        if (n->dead || strcmp(n->op->name, "QDQConv") || n->fused_add >= 0 || n->n_out != 1) continue;
+        if (n->dead || strcmp(n->op->name, "QDQConv") || n->n_out != 1) continue;
         sp_ox_node_t *rd[OX_MAX_IO];
         int cnt = readers(g, n->out[0], rd, OX_MAX_IO);
         if (cnt < 1 || cnt > OX_MAX_IO) continue;
         const float *qp = NULL;
         bool ok = true;
         for (int i = 0; ok && i < cnt; i++) {
-            const float *q = g->values[rd[i]->in[3]].t.data;
-            ok = strcmp(rd[i]->op->name, "QDQConv") == 0 && rd[i]->in[0] == n->out[0] && rd[i]->fused_add != n->out[0] &&
-                 (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
-            qp = q;
+            if (strcmp(rd[i]->op->name, "QDQConv") != 0) {
+                ok = false;
+            } else if (rd[i]->in[0] != n->out[0]) {
+                ok = rd[i]->fused_add == n->out[0]; /* a residual reader: takes it quantized */
+            } else {
+                const float *q = g->values[rd[i]->in[3]].t.data;
+                ok = rd[i]->fused_add != n->out[0] && (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
+                qp = q;
+            }
         }
-        if (ok) {
+        if (ok && qp != NULL) {
             d->nodes[n - g->nodes].chain = qp;
             d->st.chained++;
         }

@@ -208,6 +208,7 @@ def main():
         qdq_conv(p, tmp)
         bad_params(p, tmp, BackendError)
         int8_onednn(p, tmp, BackendError)
+        int8_residual(p, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()
@@ -585,6 +586,112 @@ def qlinear_onednn(p, tmp):
     case("u8 run-time B, per-column zero points", "MatMulInteger", np.uint8, True, False, 7, 128, 0, True)
     case("s8 run-time B", "MatMulInteger", np.int8, False, False, -3, 0, 0, True)
     case("u8 run-time B, per-column, zero points", "QLinearMatMul", np.uint8, True, False, 7, 128, 3, True)
+
+
+def int8_residual(p, tmp):
+    """A residual block in the QDQ form `sampan optimize` writes (QDQ pairs before each Conv, the
+    Add and its Relu in f32) on oneDNN, where the block stays INT8 (dnnl.c find_chains): conv0
+    (Relu) -> h0; convA(h0) (Relu) -> convB (+ residual, Relu) -> h1 -> convO -> y, with
+    - "identity": the residual is h0, which oneDNN keeps quantized (its readers' scale s1) and
+      sums into convB's quantized output (sum post-op, scale s1 / s3);
+    - "projection": the residual is convD(h0), f32, added before the Relu (binary post-op);
+    - "f32 reader": identity, but h1 is the graph's output: convB's dst is f32 and the quantized
+      h0 is dequantized into it.
+    Reference: our own kernels on the same file (the unfused INT8 path: the residual in f32).
+    Bound, in quantization steps, from the arithmetic: a chained output rounds acc * (mult / s)
+    + bias / s where ours rounds (acc * mult + bias) / s: the same value up to a few float
+    roundings, so at most 1 step apart (D0 = 1 for conv0). A difference of D steps (scale s_in)
+    in a conv's input changes its output by at most s_in * sw[c] * sum|w[c]| * D (Relu is
+    1-Lipschitz), which after rounding to scale s is at most floor(that / s) + 1 steps. The
+    quantized residual adds one rounding, s1 / 2 (h0 is inside the u8 range here, no clipping),
+    plus its own D0 steps. Weight scales are set so each conv's gain s_in * sw * sum|w| / s_out is
+    0.45: differences stay a few steps and a wrong residual scale would be far outside."""
+    import numpy as np
+    import onnx
+    from onnx import helper as h, numpy_helper as nh, TensorProto as T
+    rng = np.random.default_rng(23)
+    ch, hh, ww = 16, 5, 6
+    s0, s1, s2, s3 = np.float32(0.03), np.float32(0.02), np.float32(0.015), np.float32(0.025)
+
+    def conv(name, x, s_in, z_in, s_out, cin, relu, out, inits, nodes, amp=0.45):
+        wq = rng.integers(-127, 128, (ch, cin, 1, 1)).astype(np.int8)
+        tot = np.abs(wq.astype(np.int64)).reshape(ch, -1).sum(1)
+        sw = (amp * s_out / (s_in * tot)).astype(np.float32)
+        b = (0.5 * s_out * rng.standard_normal(ch)).astype(np.float32)
+        inits += [nh.from_array(np.float32(s_in), name + "_s"), nh.from_array(z_in, name + "_z"),
+                  nh.from_array(wq, name + "_wq"), nh.from_array(sw, name + "_ws"), nh.from_array(b, name + "_b")]
+        nodes += [h.make_node("QuantizeLinear", [x, name + "_s", name + "_z"], [name + "_xq"]),
+                  h.make_node("DequantizeLinear", [name + "_xq", name + "_s", name + "_z"], [name + "_xd"]),
+                  h.make_node("DequantizeLinear", [name + "_wq", name + "_ws"], [name + "_w"], axis=0),
+                  h.make_node("Conv", [name + "_xd", name + "_w", name + "_b"], [name + "_c" if relu else out])]
+        if relu:
+            nodes.append(h.make_node("Relu", [name + "_c"], [out]))
+        gain = (s_in * sw * tot / s_out).astype(np.float64)  # per channel, output steps per input step
+        return float(gain.max()), gain
+
+    def build(kind):
+        inits, nodes = [], []
+        u8z, s8z = np.array(np.uint8(0)), np.array(np.int8(0))
+        conv("c0", "x", s0, s8z, s1, 8, True, "h0", inits, nodes)
+        g_a, _ = conv("ca", "h0", s1, u8z, s2, ch, True, "a", inits, nodes)
+        g_b, gain_b = conv("cb", "a", s2, u8z, s3, ch, False, "b", inits, nodes)
+        g_d = 0.0
+        if kind == "projection":
+            g_d, _ = conv("cd", "h0", s1, u8z, s3, ch, False, "res", inits, nodes)
+        res = "res" if kind == "projection" else "h0"
+        nodes += [h.make_node("Add", ["b", res], ["sum"]), h.make_node("Relu", ["sum"], ["h1"])]
+        gain_o = None
+        if kind == "f32 reader":
+            nodes.append(h.make_node("Identity", ["h1"], ["y"]))
+        else:
+            _, gain_o = conv("co", "h1", s3, u8z, s3, ch, False, "y", inits, nodes)
+        g = h.make_graph(nodes, "res", [h.make_tensor_value_info("x", T.FLOAT, ["N", 8, hh, ww])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["N", ch, hh, ww])], inits)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+        m.ir_version = 8
+        d = os.path.join(tmp, "int8_res", kind.replace(" ", "_"))
+        os.makedirs(d)
+        onnx.save(m, os.path.join(d, "model.onnx"))
+        # the bound, in steps, then in y's units per channel
+        d0 = 1.0
+        da = np.floor(g_a * d0) + 1
+        if kind == "projection":
+            extra = g_d * d0                    # f32 residual: only convD's input differs
+        else:
+            extra = s1 * (d0 + 0.5) / s3        # quantized residual: flips + one rounding
+        if kind == "f32 reader":               # h1 not rounded: real units directly
+            bound = s3 * (gain_b * da + extra) + 1e-5
+        else:
+            dh1 = np.floor(g_b * da + extra) + 1
+            bound = s3 * gain_o * dh1 + 1e-5
+        return d, bound[None, :, None, None]
+
+    want_chained = {"identity": 3, "projection": 3, "f32 reader": 2}
+    for kind in ("identity", "projection", "f32 reader"):
+        d, bound = build(kind)
+        outs = {}
+        for e in ("own", "onednn"):
+            p.log.clear()
+            mm = p.load(d, config={"parameters": {"engine": {"string_value": e},
+                                                  "plan_at_load": {"string_value": "false"}}},
+                        n_threads=2, max_batch_size=4)
+            try:
+                for bsz in (1, 4):
+                    if e == "own":
+                        x = (rng.standard_normal((bsz, 8, hh, ww)) * 1.5).astype(np.float32)
+                        outs[bsz] = (x, mm.run([x])["y"].astype(np.float64))
+                        continue
+                    x, ref = outs[bsz]
+                    got = mm.run([x])["y"].astype(np.float64)
+                    worst = float((np.abs(got - ref) / bound).max())
+                    st = [ln for ln in p.log if "onednn_primitives" in ln]
+                    ok_st = bool(st) and "fallbacks=0" in st[-1] and f"chained={want_chained[kind]} " in st[-1]
+                    s.case(f"int8 residual block on oneDNN ({kind}) within the derived bound of own kernels, "
+                           f"batch {bsz}", ok_st and worst <= 1.0 and np.abs(ref).max() > 0,
+                           f"worst {worst:.3g} of the bound, max |diff| {np.abs(got - ref).max():.3g}, "
+                           f"max |y| {np.abs(ref).max():.3g}; {st[-1:] if st else 'no oneDNN line'}")
+            finally:
+                mm.close()
 
 
 if __name__ == "__main__":
