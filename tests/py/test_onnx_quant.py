@@ -611,7 +611,7 @@ def int8_residual(p, tmp):
     from onnx import helper as h, numpy_helper as nh, TensorProto as T
     rng = np.random.default_rng(23)
     ch, hh, ww = 16, 5, 6
-    s0, s1, s2, s3 = np.float32(0.03), np.float32(0.02), np.float32(0.015), np.float32(0.025)
+    s0, s1, s2, s3 = np.float32(0.03), np.float32(0.02), np.float32(0.015), np.float32(0.06)
 
     def conv(name, x, s_in, z_in, s_out, cin, relu, out, inits, nodes, amp=0.45):
         wq = rng.integers(-127, 128, (ch, cin, 1, 1)).astype(np.int8)
