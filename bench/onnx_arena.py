@@ -68,6 +68,23 @@ def main():
     outs = {k: next(iter(m.run([x]).values())) for k, m in ms.items()}
     print("bit-identical to arena: " + ", ".join(f"{k} {np.array_equal(v, outs['arena'])}" for k, v in outs.items()
                                                  if k != "arena"), flush=True)
+    refs = dict(outs)
+    if a.precision != "fp32":
+        # the FP32 model on this build: how far each build's quantized output is from it
+        fcfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "fp32"}}}
+        fm = new.load(a.dir, config=fcfg, max_batch_size=a.max_batch, n_threads=a.threads)
+        refs["fp32"] = next(iter(fm.run([x]).values()))
+        fm.close()
+    for k, v in refs.items():
+        if k == "arena" or np.array_equal(v, outs["arena"]):
+            continue
+        d = np.abs(v.astype(np.float64) - outs["arena"]).max() / max(np.abs(v).max(), 1e-30)
+        top1 = np.mean(v.reshape(v.shape[0], -1).argmax(1) == outs["arena"].reshape(v.shape[0], -1).argmax(1))
+        print(f"arena vs {k}: max |diff| / max |{k}| {d:.4f}, top-1 agreement {top1:.3f}", flush=True)
+    if "base" in refs and "fp32" in refs:
+        v, f = refs["base"], refs["fp32"]
+        d = np.abs(v.astype(np.float64) - f).max() / max(np.abs(f).max(), 1e-30)
+        print(f"base vs fp32: max |diff| / max |fp32| {d:.4f}", flush=True)
     t = {k: [] for k in ms}
     for _ in range(a.rounds):
         for k, m in ms.items():
