@@ -26,7 +26,8 @@ executors "int8" (oneDNN's int8 primitives) and "int8-own" (our integer kernels,
 --own-max-batch), each with its top-1 agreement with FP32 oneDNN (random weights: agreement is
 the only accuracy there is; bench/onnx_quant.py's digits model has real labels).
 --base-plugin: another build's libsampan_onnx.so (e.g. the commit before a change) as executor
-"base" (oneDNN, FP32), loaded beside this build's: before/after in one process."""
+"base" (oneDNN, FP32; with --int8 also "base-int8"), loaded beside this build's: before/after in one
+process."""
 import os
 
 # libgomp (oneDNN's threads; also pulled in by cv2) reads this once when it loads: as `sampan`
@@ -91,7 +92,8 @@ def main():
         else:
             sys.exit(f"unknown model {model}")
         cfg = {"parameters": {"engine": {"string_value": "onednn"}}}
-        own_cfg = {"parameters": {"engine": {"string_value": "own"}}}
+        # plan_at_load false: a load-time run of our own runtime at the largest batch takes minutes
+        own_cfg = {"parameters": {"engine": {"string_value": "own"}, "plan_at_load": {"string_value": "false"}}}
         m_dnnl = m_bf16 = m_own = m_pool = None
         if "onednn" in engines:
             m_dnnl = plugin.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads)
@@ -109,7 +111,7 @@ def main():
             m_pool = plugin.load(vd, config=own_cfg, max_batch_size=max(batches), n_threads=a.threads)
             del os.environ["SAMPAN_ONNX_ARENA"]
         m_base = base.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads) if base else None
-        m_int8 = m_int8own = None
+        m_int8 = m_int8own = m_base8 = None
         if a.int8 and model == "resnet50":
             if not os.path.exists(os.path.join(vd, "model_int8.onnx")):
                 calib = os.path.join(work, "calib.npy")
@@ -117,9 +119,14 @@ def main():
                 subprocess.run([os.path.join(ROOT, "build", "sampan"), "optimize", path, "--precision", "int8",
                                 "--calib", calib, "--batch", "8", "--threads", str(a.threads)], check=True)
             q_cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "int8"}}}
-            qo_cfg = {"parameters": {"engine": {"string_value": "own"}, "precision": {"string_value": "int8"}}}
+            # plan_at_load false for our own kernels: their load-time run at the largest batch
+            # would take minutes, and they are timed only up to --own-max-batch
+            qo_cfg = {"parameters": {"engine": {"string_value": "own"}, "precision": {"string_value": "int8"},
+                                     "plan_at_load": {"string_value": "false"}}}
             m_int8 = plugin.load(vd, config=q_cfg, max_batch_size=max(batches), n_threads=a.threads)
             m_int8own = plugin.load(vd, config=qo_cfg, max_batch_size=max(batches), n_threads=a.threads)
+            if base is not None:
+                m_base8 = base.load(vd, config=q_cfg, max_batch_size=max(batches), n_threads=a.threads)
         net = cv2.dnn.readNetFromONNX(path) if model == "resnet50" and "opencv" in engines else None
         if net is not None:
             net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
@@ -132,6 +139,8 @@ def main():
                 runs["base"] = lambda: m_base.run([x])[out]
             if m_int8 is not None:
                 runs["int8"] = lambda: m_int8.run([x])[out]
+                if m_base8 is not None:
+                    runs["base-int8"] = lambda: m_base8.run([x])[out]
                 if b <= a.own_max_batch:
                     runs["int8-own"] = lambda: m_int8own.run([x])[out]
             if m_bf16 is not None:
@@ -197,6 +206,8 @@ def main():
                 print(f"{model} batch {b:>2} ratio bf16/onednn(fp32) {med['onednn'] / med['bf16']:.2f}x", flush=True)
             if "base" in med:
                 print(f"{model} batch {b:>2} ratio onednn/base {med['base'] / med['onednn']:.2f}x", flush=True)
+            if "base-int8" in med:
+                print(f"{model} batch {b:>2} ratio int8/base-int8 {med['base-int8'] / med['int8']:.2f}x", flush=True)
             if "int8" in med and "onednn" in med:
                 print(f"{model} batch {b:>2} ratio int8/onednn(fp32) {med['onednn'] / med['int8']:.2f}x"
                       + (f"  int8/opencv {med['opencv'] / med['int8']:.2f}x" if "opencv" in med else "")
@@ -208,7 +219,7 @@ def main():
         # the peak below includes each new shape's first run, which plans the arena).
         rss = [ln for ln in open("/proc/self/status") if ln.startswith(("VmRSS", "VmHWM"))]
         print(f"# {model}: " + ", ".join(" ".join(ln.split()) for ln in rss), flush=True)
-        for mm in (m_dnnl, m_own, m_pool, m_bf16, m_base, m_int8, m_int8own):
+        for mm in (m_dnnl, m_own, m_pool, m_bf16, m_base, m_int8, m_int8own, m_base8):
             if mm is not None:
                 mm.close()
         for ln in plugin.log:

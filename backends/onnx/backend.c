@@ -43,6 +43,7 @@ typedef struct onnx_model {
     int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
     uint64_t dnnl_created;    /* primitives created when last logged */
     uint64_t plans_logged;    /* arena plans made when last logged */
+    bool loading;             /* plan_declared's runs: the load line reports their plans */
     char name[128];           /* for log lines */
 } onnx_model_t;
 
@@ -185,6 +186,65 @@ onnx_unload(void *model)
     free(m);
 }
 
+static int onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
+                        sp_backend_tensor_t *outputs, int32_t n_outputs, char *err, size_t err_len);
+
+/* The arena plans of the declared input shapes, made at load: one run of zeros at each (batch 1
+ * and max_batch_size for a free batch dimension, the fixed shape otherwise), which records the
+ * sizes and makes the plan (plan.c), and on the oneDNN engine creates the primitives and packs
+ * the weights those shapes use, so the first requests find both. An input with another free
+ * dimension (a sequence length) has no declared shape to plan: its plans come with the first
+ * batches, as for any other shape. A run that fails on zeros (a model whose shapes depend on
+ * the data) is logged and leaves planning to the first batches; it is not a load error.
+ * Returns the largest plan's arena bytes; `note` gets " planned_at_load=[shapes] bytes=N". */
+static size_t
+plan_declared(onnx_model_t *m, char *note, size_t note_len)
+{
+    int32_t batches[2] = {1, m->max_batch};
+    int32_t n_batches = m->max_batch > 1 ? 2 : 1;
+    if (m->max_batch <= 0) batches[0] = 0;
+    sp_backend_tensor_t in[SP_BACKEND_MAX_TENSORS];
+    memset(in, 0, sizeof in);
+    size_t peak = 0;
+    int made = 0;
+    m->loading = true;
+    for (int32_t b = 0; b < n_batches; b++) {
+        bool ok = true;
+        for (int32_t i = 0; i < m->n_in && ok; i++) {
+            sp_backend_tensor_t *t = &in[i];
+            t->dtype = m->in_desc[i].dtype;
+            t->n_dims = m->in_model_nd[i];
+            int64_t numel = 1;
+            for (int32_t k = 0; k < t->n_dims; k++) {
+                t->dims[k] = k == 0 && m->max_batch > 0 ? batches[b] : m->in_model_dims[i][k];
+                ok = ok && t->dims[k] >= 0;
+                numel *= t->dims[k] > 0 ? t->dims[k] : 1;
+            }
+            t->name = m->in_desc[i].name;
+            t->bytes = (size_t)numel * sp_ox_dtype_size(m->g->values[m->in_value[i]].t.dtype);
+            free(t->data);
+            t->data = ok ? calloc(1, t->bytes ? t->bytes : 1) : NULL;
+            ok = ok && t->data != NULL;
+        }
+        if (!ok) break; /* a free dimension past the batch: nothing declared to plan */
+        char err[512] = "";
+        uint64_t before = m->run.plans_made;
+        if (onnx_execute(m, in, m->n_in, NULL, 0, err, sizeof err)) {
+            sp__bk_log(&m->host, 1, "backend=onnx model=%s plan_at_load=skipped reason=\"%s\"", m->name, err);
+            break;
+        }
+        if (m->run.plans_made != before && m->run.last_made) {
+            if (m->run.last_made->peak > peak) peak = m->run.last_made->peak;
+            made++;
+        }
+    }
+    m->loading = false;
+    for (int32_t i = 0; i < m->n_in; i++) free(in[i].data);
+    m->plans_logged = m->run.plans_made;
+    if (made) snprintf(note, note_len, " planned_at_load=%d activation_arena_bytes=%zu", made, peak);
+    return peak;
+}
+
 static int
 onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, void **model,
           sp_backend_model_info_t *info, char *err, size_t err_len)
@@ -260,7 +320,15 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
         sp__bk_errf(err, err_len, "onnx: SAMPAN_ONNX_ARENA=\"%.20s\": 0 or 1", arena);
         goto done;
     }
-    m->run.no_arena = use_dnnl || (arena && strcmp(arena, "0") == 0);
+    m->run.no_arena = arena && strcmp(arena, "0") == 0;
+    /* parameters.plan_at_load: "true" (default) runs the declared shapes once at load to make
+     * their arena plans (and oneDNN primitives); "false" leaves that to the first batches. */
+    const char *pal = sp__bk_config_param(&cfg, "plan_at_load");
+    if (pal && strcmp(pal, "true") != 0 && strcmp(pal, "false") != 0) {
+        sp__bk_errf(err, err_len, "onnx: parameters.plan_at_load \"%.20s\": true or false", pal);
+        goto done;
+    }
+    bool plan_at_load = pal == NULL || strcmp(pal, "true") == 0;
     /* One primitive per batch size the batcher may form (1..max_batch_size) per node. */
     if (use_dnnl && sp_ox_dnnl_attach(&m->run, bf16, m->max_batch, err, err_len)) goto done;
     const Onnx__GraphProto *gp = m->g->proto->graph;
@@ -362,14 +430,19 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     /* oneDNN keeps its own copy of the weights, reordered into its layouts (once per node and
      * layout: one copy in the usual case). */
     if (use_dnnl) info->memory_bytes += m->g->const_bytes;
+    char planned[160] = "";
+    if (!m->gpu && !m->run.no_arena && plan_at_load) {
+        size_t peak = plan_declared(m, planned, sizeof planned);
+        info->memory_bytes += peak;
+    }
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s "
-               "activation_arena=%s",
+               "activation_arena=%s%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
                m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32",
-               m->gpu || m->run.no_arena ? "off" : "per_input_shape");
+               m->gpu || m->run.no_arena ? "off" : "per_input_shape", planned);
     *model = m;
     m = NULL;
     rc = 0;
@@ -481,7 +554,7 @@ onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
     }
     rc = 0;
 done:
-    if (r->plans_made != m->plans_logged && r->last_made) {
+    if (r->plans_made != m->plans_logged && r->last_made && !m->loading) {
         /* A new arena plan (a new batch size): its peak against all activations side by side. */
         const sp_ox_plan_t *p = r->last_made;
         char shp[160] = "";
@@ -493,8 +566,8 @@ done:
         }
         m->plans_logged = r->plans_made;
         sp__bk_log(&m->host, 1, "backend=onnx model=%s activation_plan inputs=%s activation_arena_bytes=%zu "
-                   "activation_sum_bytes=%zu pool_bytes=%zu plans=%d", m->name, shp, p->peak, p->sum,
-                   p->pool, (int)r->n_plans);
+                   "activation_sum_bytes=%zu pool_bytes=%zu shared_buffers=%d plans=%d", m->name, shp, p->peak,
+                   p->sum, p->pool, p->n_shared, (int)r->n_plans);
     }
     sp_ox_run_release_all(r);
     if (r->dnnl) {
@@ -504,10 +577,11 @@ done:
         if (st.created != m->dnnl_created) {
             m->dnnl_created = st.created;
             sp__bk_log(&m->host, 0, "backend=onnx onednn_primitives created=%llu cached=%llu "
-                       "evicted=%llu fallbacks=%llu groups=%llu chained=%llu", (unsigned long long)st.created,
+                       "evicted=%llu fallbacks=%llu groups=%llu chained=%llu scratchpad_bytes=%llu",
+                       (unsigned long long)st.created,
                        (unsigned long long)st.cached, (unsigned long long)st.evicted,
                        (unsigned long long)st.fallbacks, (unsigned long long)st.groups,
-                       (unsigned long long)st.chained);
+                       (unsigned long long)st.chained, (unsigned long long)st.scratchpad_bytes);
         }
     }
     return rc;

@@ -274,8 +274,27 @@ static int
 execute(sp_ox_run_t *r, dnnl_primitive_t p, int n, const int *arg_ids, const dnnl_memory_desc_t *const *mds,
         void *const *ptrs)
 {
-    dnnl_exec_arg_t args[6];
+    dnnl_exec_arg_t args[7];
     int made = 0, rc = 0;
+    /* The primitive's scratchpad: the cached primitives are made in user-managed mode (create),
+     * so their workspace is the run context's scratch buffer, grown to the largest and kept,
+     * instead of memory oneDNN holds per thread; a reorder (library mode) reports none. */
+    const_dnnl_primitive_desc_t pd = NULL;
+    const dnnl_memory_desc_t *spmd = NULL;
+    if (dnnl_primitive_get_primitive_desc(p, &pd) == dnnl_success && pd != NULL) {
+        spmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    }
+    size_t sp_bytes = spmd ? dnnl_memory_desc_get_size(spmd) : 0;
+    if (sp_bytes > 0 && n < 7) {
+        void *buf = sp_ox_scratch(r, sp_bytes);
+        if (buf == NULL) return -1;
+        if (sp_bytes > r->dnnl->st.scratchpad_bytes) r->dnnl->st.scratchpad_bytes = sp_bytes;
+        dnnl_status_t st = dnnl_memory_create(&args[n].memory, spmd, engine, buf);
+        if (st != dnnl_success) return fail_st(r, st, "scratchpad memory creation");
+        args[n].arg = DNNL_ARG_SCRATCHPAD;
+    } else {
+        sp_bytes = 0;
+    }
     for (int i = 0; i < n; i++) {
         dnnl_status_t st = dnnl_memory_create(&args[i].memory, mds[i], engine, ptrs[i]);
         if (st != dnnl_success) {
@@ -286,11 +305,12 @@ execute(sp_ox_run_t *r, dnnl_primitive_t p, int n, const int *arg_ids, const dnn
         made++;
     }
     if (rc == 0) {
-        dnnl_status_t st = dnnl_primitive_execute(p, r->dnnl->stream, n, args);
+        dnnl_status_t st = dnnl_primitive_execute(p, r->dnnl->stream, n + (sp_bytes > 0), args);
         if (st == dnnl_success) st = dnnl_stream_wait(r->dnnl->stream);
         if (st != dnnl_success) rc = fail_st(r, st, "execution");
     }
     for (int i = 0; i < made; i++) dnnl_memory_destroy(args[i].memory);
+    if (sp_bytes > 0) dnnl_memory_destroy(args[n].memory);
     return rc;
 }
 
@@ -439,7 +459,15 @@ create(sp_ox_run_t *r, prim_t *e, const void *op_desc, const dnnl_primitive_attr
 {
     struct sp_ox_dnnl *d = r->dnnl;
     dnnl_primitive_desc_t pd;
-    dnnl_status_t st = dnnl_primitive_desc_create(&pd, op_desc, attr, engine, NULL);
+    /* user-managed scratchpad (execute hands it the run context's scratch buffer) */
+    dnnl_primitive_attr_t a = attr, own = NULL;
+    if (a == NULL) {
+        if (dnnl_primitive_attr_create(&own) != dnnl_success) return sp_ox_fail(r, "oneDNN: out of memory");
+        a = own;
+    }
+    dnnl_primitive_attr_set_scratchpad_mode(a, dnnl_scratchpad_mode_user);
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, op_desc, a, engine, NULL);
+    if (own) dnnl_primitive_attr_destroy(own);
     if (st == dnnl_unimplemented || st == dnnl_invalid_arguments) {
         memset(e, 0, sizeof *e);
         d->st.fallbacks++;
@@ -580,7 +608,15 @@ residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, 
     size_t dbytes = dnnl_memory_desc_get_size(&e->dst_md);
     dnnl_memory_desc_t ymd;
     if (md_of(r, n->fused_add, &ymd)) return -1;
-    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes) {
+    const vq_t *q = &r->dnnl->vq[n->fused_add];
+    if (q->on && ymd.data_type != e->dst_md.data_type) {
+        /* a residual a chained QDQConv left quantized, read by an f32 destination: its real
+         * values s * (q - z), in dst's layout */
+        return out_bytes(r, out, dbytes, 4, od) || dequant(r, &ymd, yv->t.data, q->s, q->z, &e->dst_md, out->data)
+                   ? -1 : 0;
+    }
+    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes &&
+        sp_ox_plan_take(r, n->fused_add, n->out[0])) {
         /* The residual is read for the last time: accumulate into its buffer. */
         if (out->data) sp_ox_pool_put(r, out);
         out->data = yv->t.data;
@@ -1009,11 +1045,29 @@ q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
     return true;
 }
 
+/* How a QDQConv with a fused residual Add gets the residual (run_q8). */
+enum {
+    RES_NONE,   /* no residual */
+    RES_SUM,    /* already in dst, in dst's type: sum post-op (sum_scale, sum_zp: a quantized one) */
+    RES_BINARY, /* f32 tensor res_md added before the Relu, dst quantized afterwards (out_scale) */
+};
+
+typedef struct q8_post {
+    int res;
+    float sum_scale;
+    int32_t sum_zp;
+    dnnl_data_type_t sum_dt;
+    const dnnl_memory_desc_t *res_md;
+    float out_scale; /* RES_BINARY: 1 / sy, applied after the Relu */
+} q8_post_t;
+
 /* Output scales mult[m] per channel (axis 1 of dst), the source zero point, and the post-ops:
- * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (sum: graph.c's fused Add,
- * already in dst), Relu: sp_ox_fused_add's order. */
+ * + bias[c] (binary add of a [1, m(, 1, 1)] tensor), + the residual (graph.c's fused Add: a
+ * sum of dst, or a binary add of an f32 tensor, see q8_post_t), Relu: sp_ox_fused_add's order;
+ * RES_BINARY then scales by 1 / sy (eltwise linear) before dst's zero point and rounding. */
 static dnnl_primitive_attr_t
-q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md, bool sum, bool relu)
+q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_desc_t *bias_md,
+        const q8_post_t *post, bool relu)
 {
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
@@ -1023,8 +1077,10 @@ q8_attr(const float *mult, int64_t m, int32_t zx, int32_t zy, const dnnl_memory_
         return NULL;
     }
     dnnl_post_ops_append_binary(po, dnnl_binary_add, bias_md);
-    if (sum) dnnl_post_ops_append_sum(po, 1.0f);
+    if (post->res == RES_SUM) dnnl_post_ops_append_sum_v3(po, post->sum_scale, post->sum_zp, post->sum_dt);
+    if (post->res == RES_BINARY) dnnl_post_ops_append_binary(po, dnnl_binary_add, post->res_md);
     if (relu) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (post->res == RES_BINARY) dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, post->out_scale, 0.0f);
     dnnl_primitive_attr_set_post_ops(attr, po);
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_set_output_scales(attr, m, 1 << 1, mult);
@@ -1125,7 +1181,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
     }
     if (!q8_weights(nc, w16, k, conv)) return 0;
-    const float *ch = conv && !y ? nc->chain : NULL;
+    const float *ch = conv ? nc->chain : NULL;
     if (ch && nc->cmult == NULL) {
         /* y / sy = acc * (mult / sy) + bias / sy: the readers' quantization folded in */
         nc->cmult = malloc((size_t)m * sizeof(float));
@@ -1136,6 +1192,45 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             nc->cbias[c] = bias[c] / ch[0];
         }
     }
+    /* The residual of a chained QDQConv (its dst quantized): a residual its producer left
+     * quantized in dst's type is summed into dst with its scale and zero point,
+     * dst = relu(acc * mult / sy + bias / sy + (sr / sy) (r - zr)) + zy; any other one is
+     * added in f32 before the Relu, dst = relu(acc * mult + bias + res) / sy + zy. */
+    q8_post_t post = {y ? RES_SUM : RES_NONE, 1.0f, 0, dnnl_data_type_undef, NULL, 1.0f};
+    dnnl_memory_desc_t rmd;
+    memset(&rmd, 0, sizeof rmd);
+    if (y && ch) {
+        dnnl_data_type_t odt = ch[2] == 0.0f ? dnnl_u8 : dnnl_s8;
+        const vq_t *rq = &d->vq[n->fused_add];
+        if (rq->on && d->md[n->fused_add].data_type == odt) {
+            post.sum_scale = rq->s / ch[0];
+            post.sum_zp = rq->z;
+            post.sum_dt = odt;
+        } else {
+            /* f32 (dequantized when quantized otherwise), given to the primitive as f32 NHWC
+             * with dst NHWC too: oneDNN 2.6's int8 JIT convolutions take a full-tensor binary
+             * post-op only in dst's own layout (a plain NCHW one ran on ref_int8: 20x slower
+             * on ResNet-50's projection blocks) */
+            if (rq->on && sp_ox_dnnl_plain(r, n->fused_add)) return -1;
+            dnnl_dims_t rd = {od[0], od[1], od[2], od[3]};
+            if (dnnl_memory_desc_init_by_tag(&rmd, 4, rd, dnnl_f32, dnnl_acdb) != dnnl_success) return 0;
+            post.res = RES_BINARY;
+            post.res_md = &rmd;
+            post.out_scale = 1.0f / ch[0];
+        }
+    }
+    if (conv) {
+        key[nkey++] = post.res;
+        if (post.res == RES_SUM) {
+            uint32_t bits;
+            memcpy(&bits, &post.sum_scale, sizeof bits);
+            key[nkey++] = bits;
+            key[nkey++] = post.sum_zp;
+        }
+    }
+    /* the multipliers and bias the primitive scales by: divided by sy where dst is quantized
+     * straight from the sum */
+    bool cscaled = ch && post.res != RES_BINARY;
     prim_t *e = cache_find(d, nc, key, nkey);
     if (e == NULL) {
         dnnl_memory_desc_t smd, wmd, dmd;
@@ -1151,7 +1246,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]}, ddm = {od[0], od[1], od[2], od[3]};
             dnnl_memory_desc_init_by_tag(&smd, 4, sd, st8, dnnl_format_tag_any);
             dnnl_memory_desc_init_by_tag(&dmd, 4, ddm, !ch ? dnnl_f32 : ch[2] == 0.0f ? dnnl_u8 : dnnl_s8,
-                                         dnnl_format_tag_any);
+                                         post.res == RES_BINARY ? dnnl_acdb : dnnl_format_tag_any);
             dnnl_dims_t strides = {gm.sh, gm.sw}, dil = {gm.dh - 1, gm.dw - 1}, pl = {gm.pt, gm.pl},
                         pr = {gm.pb_end, gm.pr_end};
             st = dnnl_dilated_convolution_forward_desc_init(&op.c, dnnl_forward_inference, dnnl_convolution_direct,
@@ -1165,17 +1260,32 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             d->st.fallbacks++;
             return 0;
         }
-        dnnl_primitive_attr_t attr = ch ? q8_attr(nc->cmult, m, zx, (int32_t)ch[1], &bmd, false, n->fused_relu != 0)
-                                        : q8_attr(mult, m, zx, 0, &bmd, y != NULL, n->fused_relu != 0);
+        dnnl_primitive_attr_t attr = q8_attr(cscaled ? nc->cmult : mult, m, zx, ch ? (int32_t)ch[1] : 0, &bmd, &post,
+                                             n->fused_relu != 0);
         if (attr == NULL) return sp_ox_fail(r, "oneDNN: out of memory");
         e = cache_slot(d, nc, key, nkey);
         int rc = create(r, e, &op, attr, true);
         dnnl_primitive_attr_destroy(attr);
         if (rc <= 0) return rc;
     }
-    sp_ox_tensor_t tq = {0}, tx = {0};
+    sp_ox_tensor_t tq = {0}, tx = {0}, tr = {0};
     sp_ox_tensor_t *out = &g->values[n->out[0]].t;
     dnnl_memory_desc_t qmd;
+    void *res = NULL;
+    if (post.res == RES_BINARY) {
+        /* the f32 residual in NHWC (rmd), reordered from the layout its producer left */
+        dnnl_memory_desc_t have;
+        res = g->values[n->fused_add].t.data;
+        if (md_of(r, n->fused_add, &have)) return -1;
+        if (!dnnl_memory_desc_equal(&have, &rmd)) {
+            if (out_bytes(r, &tr, dnnl_memory_desc_get_size(&rmd), 1, (int64_t[]){1})) return -1;
+            if (reorder(r, &have, res, &rmd, tr.data)) {
+                sp_ox_pool_put(r, &tr);
+                return -1;
+            }
+            res = tr.data;
+        }
+    }
     void *wp, *src;
     int rc = -1;
     if (!conv && sp_ox_dnnl_plain(r, n->in[0])) return -1;
@@ -1190,22 +1300,25 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         }
         src = tx.data;
     }
-    if (y) {
+    if (post.res == RES_SUM) {
         if (residual_dst(r, n, o, e, od)) goto done;
     } else if (conv ? out_bytes(r, out, dnnl_memory_desc_get_size(&e->dst_md), 4, od)
                     : sp_ox_out(r, out, OX_FLOAT, ond, od)) {
         goto done;
     }
-    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1};
-    const dnnl_memory_desc_t *mds[4] = {&e->src_md, &e->w_md, &e->dst_md, &bmd};
-    void *ptrs[4] = {src, wp, out->data, ch ? nc->cbias : (void *)bias};
-    if (execute(r, e->p, 4, ids, mds, ptrs)) goto done;
+    int ids[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                  DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1};
+    const dnnl_memory_desc_t *mds[5] = {&e->src_md, &e->w_md, &e->dst_md, &bmd, &rmd};
+    void *ptrs[5] = {src, wp, out->data, cscaled ? nc->cbias : (void *)bias,
+                     res};
+    if (execute(r, e->p, post.res == RES_BINARY ? 5 : 4, ids, mds, ptrs)) goto done;
     if (conv) set_layout(r, n->out[0], &e->dst_md);
     if (ch) d->vq[n->out[0]] = (vq_t){true, ch[0], (int32_t)ch[1]};
     rc = 1;
 done:
     sp_ox_pool_put(r, &tq);
     sp_ox_pool_put(r, &tx);
+    sp_ox_pool_put(r, &tr);
     return rc;
 }
 
@@ -1243,25 +1356,56 @@ const_in(const sp_ox_graph_t *g, const sp_ox_node_t *n, int k, bool *ok)
     return &g->values[n->in[k]].t;
 }
 
-/* The s8 weights w - zw (conv [m][k] rows per output channel, matmul [k][m] per column). */
+/* w - zw into dst as s8 (conv [m][k] rows per output channel, matmul [k][m] per column); false
+ * when a zero point has another count or type, or a difference is outside s8. */
+static bool
+q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv, int8_t *dst)
+{
+    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
+    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
+    if (nz <= 1) {
+        /* one zero point: a loop the compiler vectorizes (run-time B narrows on every run) */
+        int32_t z = zw ? q8_val(zw, 0) : 0, lo = 0, hi = 0;
+        if (w->dtype == OX_UINT8) {
+            const uint8_t *src = w->data;
+            for (int64_t i = 0; i < total; i++) {
+                int32_t v = (int32_t)src[i] - z;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                dst[i] = (int8_t)v;
+            }
+        } else {
+            const int8_t *src = w->data;
+            for (int64_t i = 0; i < total; i++) {
+                int32_t v = (int32_t)src[i] - z;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                dst[i] = (int8_t)v;
+            }
+        }
+        return lo >= -128 && hi <= 127;
+    }
+    for (int64_t i = 0; i < total; i++) {
+        int64_t c = conv ? i / (total / m) : i % m;
+        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
+        if (v < -128 || v > 127) return false;
+        dst[i] = (int8_t)v;
+    }
+    return true;
+}
+
+/* The constant weights w - zw as s8, made once per node. */
 static bool
 q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv)
 {
     if (nc->q8) return nc->q8 > 0;
-    int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
     nc->q8 = -1;
-    if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
-    nc->q8w = malloc((size_t)total + 1);
+    nc->q8w = malloc((size_t)sp_ox_numel(w) + 1);
     if (nc->q8w == NULL) return false;
-    for (int64_t i = 0; i < total; i++) {
-        int64_t c = conv ? i / (total / m) : i % m;
-        int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
-        if (v < -128 || v > 127) {
-            free(nc->q8w);
-            nc->q8w = NULL;
-            return false;
-        }
-        nc->q8w[i] = (int8_t)v;
+    if (!q8_narrow(w, zw, m, conv, nc->q8w)) {
+        free(nc->q8w);
+        nc->q8w = NULL;
+        return false;
     }
     nc->q8 = 1;
     return true;
@@ -1276,6 +1420,9 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     const sp_ox_tensor_t *x = &g->values[n->in[0]].t;
     const sp_ox_tensor_t *sx = linear ? const_in(g, n, 1, &ok) : NULL;
     const sp_ox_tensor_t *zx = const_in(g, n, 2, &ok);
+    /* B computed at run time (attention on dynamically quantized activations) stays ours: our
+     * kernel packs B per run, and oneDNN with B narrowed and reordered per run was no faster at
+     * 1 to 1024 rows of A (measured: docs/design.md, "run-time B"). */
     const sp_ox_tensor_t *w = const_in(g, n, linear ? 3 : 1, &ok);
     const sp_ox_tensor_t *sw = linear ? const_in(g, n, 4, &ok) : NULL;
     const sp_ox_tensor_t *zw = const_in(g, n, linear ? 5 : 3, &ok);
@@ -1583,29 +1730,40 @@ find_groups(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
     }
 }
 
-/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization): the
- * producer writes it quantized (node_cache_t.chain). Its value then differs from our own
- * runtime's by at most 1 in the quantized output: both round y / sy to the nearest integer,
- * ours from y = acc * mult + bias rounded to float, oneDNN's from acc * (mult / sy) + bias / sy,
- * which differ by a few float roundings, enough to cross a .5 boundary and nothing more. */
+/* QDQConvs whose output only QDQConvs read (as their input, all with one quantization, or as
+ * their fused residual Add, at least one as input): the producer writes it quantized
+ * (node_cache_t.chain), a QDQConv with a fused residual too (ResNet's block outputs). Its value
+ * then differs from our own runtime's by at most 1 in the quantized output: both round y / sy
+ * to the nearest integer, ours from y = acc * mult + bias (+ res) rounded to float, oneDNN's
+ * from acc * (mult / sy) + bias / sy (+ ...), which differ by a few float roundings, enough to
+ * cross a .5 boundary and nothing more. A residual reader takes the value quantized, where our
+ * runtime adds it in f32: that residual is off by the rounding of its readers' quantization,
+ * at most sy / 2 (sy the residual's scale) when it is within the quantized range (a clipped
+ * value is off by more: percentile calibration clips the top 0.01%). run_q8 sums it into a
+ * quantized dst (RES_SUM), residual_dst dequantizes it for an f32 one. */
 static void
 find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
 {
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
-        if (n->dead || strcmp(n->op->name, "QDQConv") || n->fused_add >= 0 || n->n_out != 1) continue;
+        if (n->dead || strcmp(n->op->name, "QDQConv") || n->n_out != 1) continue;
         sp_ox_node_t *rd[OX_MAX_IO];
         int cnt = readers(g, n->out[0], rd, OX_MAX_IO);
         if (cnt < 1 || cnt > OX_MAX_IO) continue;
         const float *qp = NULL;
         bool ok = true;
         for (int i = 0; ok && i < cnt; i++) {
-            const float *q = g->values[rd[i]->in[3]].t.data;
-            ok = strcmp(rd[i]->op->name, "QDQConv") == 0 && rd[i]->in[0] == n->out[0] && rd[i]->fused_add != n->out[0] &&
-                 (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
-            qp = q;
+            if (strcmp(rd[i]->op->name, "QDQConv") != 0) {
+                ok = false;
+            } else if (rd[i]->in[0] != n->out[0]) {
+                ok = rd[i]->fused_add == n->out[0]; /* a residual reader: takes it quantized */
+            } else {
+                const float *q = g->values[rd[i]->in[3]].t.data;
+                ok = rd[i]->fused_add != n->out[0] && (qp == NULL || memcmp(q, qp, 4 * sizeof *q) == 0);
+                qp = q;
+            }
         }
-        if (ok) {
+        if (ok && qp != NULL) {
             d->nodes[n - g->nodes].chain = qp;
             d->st.chained++;
         }

@@ -31,6 +31,8 @@ typedef struct sp_ox_dnnl_stats {
     uint64_t fallbacks; /* node runs oneDNN had no implementation for (run by our own) */
     uint64_t groups;    /* LayerNorm / GELU chains of elementary operators found at attach */
     uint64_t chained;   /* INT8 convolutions writing their output quantized for the next ones */
+    uint64_t scratchpad_bytes; /* the largest scratchpad a primitive asked for (user-managed: the
+                                * run context's scratch buffer, one for all primitives) */
 } sp_ox_dnnl_stats_t;
 
 /* Whether this build has oneDNN (SP_HAVE_DNNL). */

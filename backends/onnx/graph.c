@@ -91,6 +91,7 @@ sp_ox_out(sp_ox_run_t *r, sp_ox_tensor_t *t, int32_t dtype, int32_t nd, const in
     int32_t v = r->plan || r->rec ? value_of(r, t) : -1;
     if (v >= 0 && r->rec) {
         if (bytes > r->rec[v]) r->rec[v] = bytes;
+        if (r->rec_first[v] == 0) r->rec_first[v] = r->at + 1;
     } else if (v >= 0 && r->plan->size[v] >= bytes && r->handed[v] != (uint32_t)r->runs) {
         /* The value's slot in the arena (once per run: a second result for the same value,
          * while the first may still be read, comes from the pool). */
@@ -171,8 +172,11 @@ sp_ox_run_free(sp_ox_run_t *r)
     for (int32_t i = 0; i < r->n_plans; i++) {
         free(r->plans[i].off);
         free(r->plans[i].size);
+        free(r->plans[i].alias);
     }
     free(r->rec);
+    free(r->rec_first);
+    free(r->rec_alias);
     free(r->handed);
     free(r->arena);
     memset(r, 0, sizeof *r);
@@ -679,6 +683,7 @@ run_nodes(sp_ox_run_t *r)
     if (r->dnnl) sp_ox_dnnl_begin(r);
     for (int32_t o = 0; o < g->n_order; o++) {
         sp_ox_node_t *n = &g->nodes[g->order[o]];
+        r->at = o;
         /* oneDNN first (1: done, 0: not an operator or shape it takes); our own operators read
          * plain layouts, so oneDNN's blocked activations are reordered back before them. */
         int rc = r->dnnl ? sp_ox_dnnl_run(r, n, o) : 0;

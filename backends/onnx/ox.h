@@ -122,6 +122,9 @@ typedef struct sp_ox_plan {
     int32_t nd[OX_MAX_IO];
     int64_t dims[OX_MAX_IO][OX_MAX_DIMS]; /* the fed inputs' shapes (the key) */
     size_t *off, *size;       /* per value; size 0: not in the arena */
+    int32_t *alias;           /* per value: 1 + the value whose buffer it took over in the
+                               * recording run (oneDNN's residual accumulation), 0 none */
+    int n_shared;             /* values with an alias */
     size_t peak;              /* arena bytes the plan needs */
     size_t sum;               /* bytes of all its activations side by side */
     size_t pool;              /* bytes the pool held after the recording run (inputs, activations
@@ -148,6 +151,10 @@ typedef struct sp_ox_run {
     int32_t n_plans;
     const sp_ox_plan_t *plan; /* during a run that follows a plan, else NULL */
     size_t *rec;              /* during a run that records sizes: bytes per value, else NULL */
+    int32_t *rec_first;       /* ... and per value: 1 + the order index of its first buffer (a
+                               * fused group's head writes the group's last value early) */
+    int32_t *rec_alias;       /* ... and per value: 1 + the value whose buffer it took over */
+    int32_t at;               /* order index of the node being run */
     uint32_t *handed;         /* per value: the run counter when its slot was handed out */
     uint64_t runs;            /* run counter */
     void *arena;
@@ -197,6 +204,11 @@ int sp_ox_fused_add(sp_ox_run_t *r, const sp_ox_node_t *n, sp_ox_tensor_t *out);
  * succeeded; no plan is followed outside a run. */
 void sp_ox_plan_begin(sp_ox_run_t *r);
 void sp_ox_plan_end(sp_ox_run_t *r, bool ok);
+/* Whether value `to` may take over value `from`'s buffer (from is read for the last time by the
+ * node computing to, as oneDNN's residual accumulation does): always outside plans (pool
+ * buffers) and in a recording run (which notes it, so that the plan gives from's slot the
+ * lifetime of both); in a planned run only when the plan was made with that take-over. */
+bool sp_ox_plan_take(sp_ox_run_t *r, int32_t from, int32_t to);
 
 /* ---- tensor helpers (ops_util.c) ---- */
 size_t sp_ox_dtype_size(int32_t dtype);

@@ -52,6 +52,27 @@ outs_sig(const sp_ox_graph_t *g)
     return h;
 }
 
+static void
+rec_free(sp_ox_run_t *r)
+{
+    free(r->rec);
+    free(r->rec_first);
+    free(r->rec_alias);
+    r->rec = NULL;
+    r->rec_first = r->rec_alias = NULL;
+}
+
+bool
+sp_ox_plan_take(sp_ox_run_t *r, int32_t from, int32_t to)
+{
+    if (r->rec) {
+        r->rec_alias[to] = from + 1;
+        return true;
+    }
+    if (r->plan) return r->plan->alias[to] == from + 1;
+    return true;
+}
+
 void
 sp_ox_plan_begin(sp_ox_run_t *r)
 {
@@ -59,7 +80,7 @@ sp_ox_plan_begin(sp_ox_run_t *r)
     r->runs++;
     r->plan = NULL;
     r->rec = NULL;
-    if (r->no_arena || r->dnnl) return;
+    if (r->no_arena) return;
     if (r->handed == NULL) {
         r->handed = calloc((size_t)g->n_values + 1, sizeof *r->handed);
         if (r->handed == NULL) return; /* the pool alone still works */
@@ -70,7 +91,11 @@ sp_ox_plan_begin(sp_ox_run_t *r)
         if (r->plans[i].outs_sig == sig && same_inputs(g, &r->plans[i])) p = &r->plans[i];
     }
     if (p == NULL) {
-        r->rec = calloc((size_t)g->n_values + 1, sizeof *r->rec); /* NULL: a run without a plan */
+        /* all three or none: a run without a plan */
+        r->rec = calloc((size_t)g->n_values + 1, sizeof *r->rec);
+        r->rec_first = calloc((size_t)g->n_values + 1, sizeof *r->rec_first);
+        r->rec_alias = calloc((size_t)g->n_values + 1, sizeof *r->rec_alias);
+        if (r->rec == NULL || r->rec_first == NULL || r->rec_alias == NULL) rec_free(r);
         return;
     }
     if (r->trim_pool) {
@@ -145,13 +170,42 @@ make_plan(sp_ox_run_t *r)
     item_t *it = malloc(((size_t)nv + 1) * sizeof *it);
     int32_t *placed = malloc(((size_t)nv + 1) * sizeof *placed);
     size_t *off = calloc((size_t)nv + 1, sizeof *off), *size = calloc((size_t)nv + 1, sizeof *size);
-    if (it == NULL || placed == NULL || off == NULL || size == NULL) goto done;
+    int32_t *alias = calloc((size_t)nv + 1, sizeof *alias), *root = malloc(((size_t)nv + 1) * sizeof *root);
+    int32_t *last = malloc(((size_t)nv + 1) * sizeof *last);
+    if (it == NULL || placed == NULL || off == NULL || size == NULL || alias == NULL || root == NULL ||
+        last == NULL) {
+        goto done;
+    }
+    /* A value whose buffer another value took over (oneDNN's convolution accumulating into its
+     * residual) keeps its slot until the last of them is read: chains (ResNet's identity
+     * shortcuts pass one buffer down several blocks) end at the first value of the chain. */
+    for (int32_t v = 0; v < nv; v++) {
+        const sp_ox_value_t *val = &g->values[v];
+        root[v] = v;
+        last[v] = val->is_output ? g->n_order : val->last_use;
+    }
+    int n_shared = 0;
+    for (int32_t o = 0; o < g->n_order; o++) {
+        const sp_ox_node_t *nd = &g->nodes[g->order[o]];
+        for (int k = 0; k < nd->n_out; k++) {
+            int32_t v = nd->out[k];
+            if (r->rec_alias[v] == 0) continue;
+            alias[v] = r->rec_alias[v];
+            n_shared++;
+            int32_t from = root[r->rec_alias[v] - 1];
+            root[v] = from;
+            if (last[v] > last[from]) last[from] = last[v];
+        }
+    }
     size_t sum = 0;
     for (int32_t v = 0; v < nv; v++) {
         const sp_ox_value_t *val = &g->values[v];
         if (r->rec[v] == 0 || val->is_const || val->is_input || val->def < 0) continue;
         size_t b = (r->rec[v] + 63) / 64 * 64;
-        it[n] = (item_t){v, val->def, val->is_output ? g->n_order : val->last_use, b, 0};
+        /* from the first buffer it got (a fused group's head writes the group's last value
+         * before the last member's turn) to its last reader */
+        int32_t first = r->rec_first[v] > 0 && r->rec_first[v] - 1 < val->def ? r->rec_first[v] - 1 : val->def;
+        it[n] = (item_t){v, first, last[v], b, 0};
         if (it[n].last < it[n].first) it[n].last = it[n].first;
         sum += b;
         n++;
@@ -177,6 +231,7 @@ make_plan(sp_ox_run_t *r)
         }
         free(p->off);
         free(p->size);
+        free(p->alias);
     }
     memset(p, 0, sizeof *p);
     for (int32_t i = 0; i < g->n_inputs; i++) {
@@ -186,12 +241,15 @@ make_plan(sp_ox_run_t *r)
     }
     p->off = off;
     p->size = size;
+    p->alias = alias;
+    p->n_shared = n_shared;
     p->peak = peak;
     p->sum = sum;
     p->pool = pool;
     p->used = r->runs;
     p->outs_sig = outs_sig(g);
     off = size = NULL;
+    alias = NULL;
     r->trim_pool = true;
     r->plans_made++;
     r->last_made = p;
@@ -200,13 +258,15 @@ done:
     free(placed);
     free(off);
     free(size);
+    free(alias);
+    free(root);
+    free(last);
 }
 
 void
 sp_ox_plan_end(sp_ox_run_t *r, bool ok)
 {
     if (r->rec && ok) make_plan(r);
-    free(r->rec);
-    r->rec = NULL;
+    rec_free(r);
     r->plan = NULL;
 }

@@ -26,9 +26,9 @@ PLUGIN = os.path.join(os.path.dirname(binary() or "build/sampan"), "backends", "
 OWN = {"parameters": {"engine": {"string_value": "own"}}}
 
 
-def save(d, nodes, inputs, outputs, inits=(), opset=17):
+def save(d, nodes, inputs, outputs, inits=(), opset=17, value_info=()):
     from onnx import helper
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits), value_info=list(value_info))
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     os.makedirs(d, exist_ok=True)
@@ -81,6 +81,30 @@ def type_cases(plugin, root):
             msg = str(e)
             s.case(f"types: {name} is a load error naming node, operator and types",
                    all(w in msg for w in want), msg)
+    # value_info: an intermediate declared with another type than computed is refused, naming the
+    # value, the producing node and both types; a right declaration (and one for a value the
+    # graph does not have: an exporter's leftover) loads.
+    chain = [helper.make_node("Relu", ["x"], ["h"], name="r1"), helper.make_node("Neg", ["h"], ["y"], name="n")]
+    d = save(os.path.join(root, "value_info_bad"), chain, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])],
+             value_info=[vi("h", TP.INT64, [2])])
+    try:
+        plugin.load(d).close()
+        s.case("types: value_info declaring INT64 for a FLOAT intermediate is a load error", False, "it loaded")
+    except BackendError as e:
+        msg = str(e)
+        s.case("types: value_info declaring INT64 for a FLOAT intermediate is a load error naming "
+               "file, value, node and types",
+               all(w in msg for w in ["model.onnx", "value_info 'h'", "INT64", "'r1' (Relu)", "FLOAT"]), msg)
+    d = save(os.path.join(root, "value_info_ok"), chain, [vi("x", TP.FLOAT, [2])], [vi("y", TP.FLOAT, [2])],
+             value_info=[vi("h", TP.FLOAT, [2]), vi("gone", TP.INT64, [2])])
+    try:
+        m = plugin.load(d)
+        y = m.run([np.array([1.5, -2.0], np.float32)])["y"]
+        m.close()
+        s.case("types: right value_info (and one for a missing value) loads and runs",
+               np.array_equal(y, np.array([-1.5, 0.0], np.float32)), repr(y))
+    except BackendError as e:
+        s.case("types: right value_info (and one for a missing value) loads and runs", False, str(e))
     # Type-correct mixes load and compute the inferred types.
     nodes = [
         helper.make_node("Shape", ["x"], ["shp"], name="shape"),
@@ -143,7 +167,9 @@ def plan_cases(plugin, root):
     import numpy as np
     rng = np.random.default_rng(7)
     d = build_net(os.path.join(root, "net"), rng)
-    m = plugin.load(d, config=OWN, max_batch_size=16)
+    # plan_at_load false: the plans are made by these runs alone (counted below)
+    m = plugin.load(d, config={"parameters": dict(OWN["parameters"], plan_at_load={"string_value": "false"})},
+                    max_batch_size=16)
     xs = {b: rng.standard_normal((b, 3, 16, 16)).astype(np.float32) for b in range(1, 11)}
     first = {}
     plan_lines = []
@@ -181,17 +207,62 @@ def plan_cases(plugin, root):
     s.case("plan: batch 2 matches numpy within 1e-5", np.abs(got - ref).max() < 1e-5,
            f"max diff {np.abs(got - ref).max():.3g}")
     m.close()
+
+    # At load (the default): the declared shapes, batch 1 and max_batch_size, are planned by a run
+    # of zeros each; the load line reports them, and requests at those batch sizes make no plan.
+    n_log = len(plugin.log)
+    m = plugin.load(d, config=OWN, max_batch_size=6)
+    load_line = next((ln for ln in plugin.log[n_log:] if "activation_arena=" in ln), "")
+    mt = re.search(r"planned_at_load=(\d+) activation_arena_bytes=(\d+)", load_line)
+    s.case("plan at load: the load line reports 2 plans (batch 1 and max_batch_size) and their bytes",
+           mt is not None and mt.group(1) == "2" and int(mt.group(2)) > 0, load_line)
+    n_log = len(plugin.log)
+    got = {}
+    got[6] = m.run([np.concatenate([xs[3], xs[3]])])["prob"]
+    got[1] = m.run([xs[1]])["prob"]
+    s.case("plan at load: batch 1 and 6 requests make no new plan",
+           not any("activation_plan" in ln for ln in plugin.log[n_log:]), str(plugin.log[n_log:]))
+    ref6 = reference(np.concatenate([xs[3], xs[3]]), d)
+    s.case("plan at load: batch 6 on the load-time plan matches numpy within 1e-5",
+           np.abs(got[6] - ref6).max() < 1e-5, f"max diff {np.abs(got[6] - ref6).max():.3g}")
+    m.close()
     from onnx_plugin import BackendError
     try:
-        m = plugin.load(d, config={"parameters": {"engine": {"string_value": "onednn"}}})
+        bad = dict(OWN["parameters"], plan_at_load={"string_value": "maybe"})
+        plugin.load(d, config={"parameters": bad}).close()
+        s.case("plan at load: plan_at_load \"maybe\" is a load error", False, "it loaded")
     except BackendError as e:
-        s.skip("plan: the oneDNN engine makes no plan", str(e))
+        s.case("plan at load: plan_at_load \"maybe\" is a load error", "plan_at_load" in str(e), str(e))
+
+    # The oneDNN engine plans too (its outputs, reorders and the residual's buffer, which its
+    # convolution takes over: the plan gives that slot the life of both values). Outputs of the
+    # planned runs are bit-identical to the recording run's and match numpy: oneDNN's sums in
+    # another order than numpy's float64, bounded as for our own runtime (72 products of values
+    # below 4 in float: 1e-5 on the probabilities), with a margin for its blocked summation: 1e-4.
+    try:
+        m = plugin.load(d, config={"parameters": {"engine": {"string_value": "onednn"},
+                                                  "plan_at_load": {"string_value": "false"}}},
+                        max_batch_size=16)
+    except BackendError as e:
+        s.skip("plan: the oneDNN engine plans", str(e))
         return
     n_log = len(plugin.log)
-    m.run([xs[1]])
-    m.run([xs[1]])
-    s.case("plan: the oneDNN engine makes no plan",
-           not any("activation_plan" in ln for ln in plugin.log[n_log:]))
+    first, identical, detail = {}, True, ""
+    for b in (1, 1, 4, 4, 1, 4):
+        out = m.run([xs[b]])["prob"]
+        if b not in first:
+            first[b] = out
+        elif not np.array_equal(out, first[b]):
+            identical, detail = False, f"batch {b} differs by {np.abs(out - first[b]).max()}"
+    lines = [ln for ln in plugin.log[n_log:] if "activation_plan" in ln]
+    s.case("plan: the oneDNN engine makes one plan per shape", len(lines) == 2, str(lines))
+    shared = [int(x) for ln in lines for x in re.findall(r"shared_buffers=(\d+)", ln)]
+    s.case("plan: on oneDNN the residual Add's buffer is taken over and planned (shared_buffers >= 1)",
+           len(shared) == 2 and min(shared) >= 1, str(lines))
+    s.case("plan: oneDNN planned runs are bit-identical to the recording run", identical, detail)
+    ref4 = reference(xs[4], d)
+    s.case("plan: oneDNN batch 4 on its plan matches numpy within 1e-4",
+           np.abs(first[4] - ref4).max() < 1e-4, f"max diff {np.abs(first[4] - ref4).max():.3g}")
     m.close()
 
 
