@@ -375,7 +375,15 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
 #define QP_PREC (QP_T * 32 + QP_T * 4 + QP_T * 4)
 /* record bytes of one token chunk: the whole K of up to QP_TC tokens for K <= 2048, about 48
  * tokens at K = 5632, held in L2 while every panel sweeps them */
+#ifndef QP_PBUF
 #define QP_PBUF (384 * 1024)
+#endif
+/* blocks per packed K chunk: the panel scratch (16 KiB) stays in L1 beside the records (32 and
+ * 64 within noise in qgemm_shape_bench, 32 ahead at K = 5632) */
+#ifndef QP_PKC
+#define QP_PKC 32
+#endif
+_Static_assert(QP_PKC % 8 == 0, "K chunks hold whole lane rounds");
 
 QP_INLINE size_t
 qp_pblk(int kind)
@@ -410,8 +418,8 @@ qp_prep_pk(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8_t
         const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
         const int lane = (int)(t % QP_T);
         uint8_t *o = xr + (size_t)(t / QP_T) * (size_t)nb * QP_PREC;
-        for (int64_t b0 = 0; b0 < nb; b0 += QP_KC) {
-            const int64_t nbk = nb - b0 < QP_KC ? nb - b0 : QP_KC;
+        for (int64_t b0 = 0; b0 < nb; b0 += QP_PKC) {
+            const int64_t nbk = nb - b0 < QP_PKC ? nb - b0 : QP_PKC;
             const int64_t full = nbk / 8, rem = nbk % 8;
             for (int64_t w = 0; w < nbk; w++) {
                 const int64_t k = w % 8, p = k * full + (k < rem ? k : rem) + w / 8;
@@ -575,8 +583,8 @@ static void
 qp_gemm_pk(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
            const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    _Alignas(64) uint8_t pw[QP_KC * 512];
-    _Alignas(64) float pd[QP_KC * QP_ROWS];
+    _Alignas(64) uint8_t pw[QP_PKC * 512];
+    _Alignas(64) float pd[QP_PKC * QP_ROWS];
     _Alignas(64) uint8_t xr[QP_PBUF];
     _Alignas(64) __m512 carry[QP_TC / QP_T][8 * QP_T];
     const int64_t nb = n / SP_QK32;
@@ -599,18 +607,18 @@ qp_gemm_pk(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1
                 if (row >= r0 && row < r1 && (i < 8 || g + 1 < g1))
                     mask |= 1u << i;
             }
-            for (int64_t b0 = 0; b0 < nb; b0 += QP_KC) {
-                const int64_t nbk = nb - b0 < QP_KC ? nb - b0 : QP_KC;
+            for (int64_t b0 = 0; b0 < nb; b0 += QP_PKC) {
+                const int64_t nbk = nb - b0 < QP_PKC ? nb - b0 : QP_PKC;
                 qp_pack_pk(kind, ga, gb, b0, nbk, pw, pd);
                 /* fetched next: this panel's next K chunk, else the next panel's first */
                 qp_pfk_t pf = {.a = NULL, .ntiles = ntiles};
-                if (b0 + QP_KC < nb) {
-                    const int64_t nn = nb - b0 - QP_KC < QP_KC ? nb - b0 - QP_KC : QP_KC;
-                    pf.a = ga + (size_t)(b0 + QP_KC) * pblk;
-                    pf.b = gb + (size_t)(b0 + QP_KC) * pblk;
+                if (b0 + QP_PKC < nb) {
+                    const int64_t nn = nb - b0 - QP_PKC < QP_PKC ? nb - b0 - QP_PKC : QP_PKC;
+                    pf.a = ga + (size_t)(b0 + QP_PKC) * pblk;
+                    pf.b = gb + (size_t)(b0 + QP_PKC) * pblk;
                     pf.lines = (int64_t)(((size_t)nn * pblk + 63) / 64);
                 } else if (g + 2 < g1) {
-                    const int64_t nn = nb < QP_KC ? nb : QP_KC;
+                    const int64_t nn = nb < QP_PKC ? nb : QP_PKC;
                     pf.a = ga + 2 * ws;
                     pf.b = g + 3 < g1 ? pf.a + ws : pf.a;
                     pf.lines = (int64_t)(((size_t)nn * pblk + 63) / 64);
