@@ -1,7 +1,8 @@
 /*
  * avx512_q4panel.c - AVX-512 VNNI prefill (and batched decode) of the 4-bit table types:
- * MXFP4 and IQ4_NL (row-major blocks of 32 x Q8_0) and IQ4_XS (the load-time packed form of
- * repack_impl.h x Q8_K), as 16-row panels: the 16 rows of a panel sit in the 16 int32 / float
+ * MXFP4 and IQ4_NL (row-major blocks of 32 x Q8_0, and their load-time packed form: the
+ * engine's path, decode included) and IQ4_XS (the packed form of repack_impl.h x Q8_K), as
+ * 16-row panels: the 16 rows of a panel sit in the 16 int32 / float
  * lanes of a register, so a block's float work (convert, scale, add) is one instruction for 16
  * rows and no horizontal sums are needed.
  *
@@ -38,7 +39,8 @@
  * packing a panel pays only when several token tiles share it (bench/qgemm_shape_bench.c).
  *
  * Pure functions, any thread, no heap; about 260 KiB of stack per call (activation records
- * 160 KiB, one packed panel chunk, the lane carries): pool threads have 8 MiB.
+ * 160 KiB, one packed panel chunk, the lane carries), about 470 KiB for the packed MXFP4 /
+ * IQ4_NL path (records 384 KiB): pool threads have 8 MiB.
  */
 #include <immintrin.h>
 #include <stdint.h>
