@@ -459,53 +459,57 @@ qp_pack_pk(int kind, const uint8_t *ga, const uint8_t *gb, int64_t b0, int64_t n
             ix[h][i] = 8 * ((r >> 1) & 1) + 2 * ((r & 1) | ((r >> 2) << 1)) + h + (i >= 8 ? 16 : 0);
         }
     const __m512i sel0 = _mm512_loadu_si512(ix[0]), sel1 = _mm512_loadu_si512(ix[1]);
-    int64_t p = 0;
-    for (int64_t k = 0; k < 8; k++) {
-        for (int64_t b = b0 + k; b < b0 + nbk; b += 8, p++) {
-            const uint8_t *pa = ga + (size_t)b * pblk, *pb = gb + (size_t)b * pblk;
-            const uint8_t *qa = pa + SP_REPACK_ROWS * hdr, *qb = pb + SP_REPACK_ROWS * hdr;
-            const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
-            const __m512i c0 = _mm512_loadu_si512(qb), c1 = _mm512_loadu_si512(qb + 64);
-            const __m512i v[4] = {
-                _mm512_permutex2var_epi32(a0, sel0, c0),
-                _mm512_permutex2var_epi32(a0, sel1, c0),
-                _mm512_permutex2var_epi32(a1, sel0, c1),
-                _mm512_permutex2var_epi32(a1, sel1, c1),
-            };
-            __m512i g[8];
-            qp_decode(v, lut, g);
+    /* the blocks in memory order (two sequential streams for the hardware prefetcher: with one
+     * token the unpack waits on memory), each stored at its visiting position (qp_prep_pk) */
+    const int64_t full = nbk / 8, rem = nbk % 8;
+    for (int64_t w = 0; w < nbk; w++) {
+        const int64_t k = w % 8, p = k * full + (k < rem ? k : rem) + w / 8;
+        const int64_t b = b0 + w;
+        const uint8_t *pa = ga + (size_t)b * pblk, *pb = gb + (size_t)b * pblk;
+        const uint8_t *qa = pa + SP_REPACK_ROWS * hdr, *qb = pb + SP_REPACK_ROWS * hdr;
+        const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
+        const __m512i c0 = _mm512_loadu_si512(qb), c1 = _mm512_loadu_si512(qb + 64);
+        const __m512i v[4] = {
+            _mm512_permutex2var_epi32(a0, sel0, c0),
+            _mm512_permutex2var_epi32(a0, sel1, c0),
+            _mm512_permutex2var_epi32(a1, sel0, c1),
+            _mm512_permutex2var_epi32(a1, sel1, c1),
+        };
+        __m512i g[8];
+        qp_decode(v, lut, g);
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++)
-                _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
-            __m512 dw;
-            if (kind == QP_MXFP4) {
-                /* e8m0_half(e) lane-wise (q32_impl.h): e >= 2 -> (e - 1) << 23, else
-                 * 0x00200000 << e */
-                int64_t ea, eb;
-                memcpy(&ea, pa, 8);
-                memcpy(&eb, pb, 8);
-                const __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x(eb, ea));
-                const __m512i norm =
-                    _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-                const __m512i den = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-                const __mmask16 big = _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1));
-                dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(big, den, norm));
-            } else {
-                const __m256i d16 = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
-                    _mm_loadu_si128((const __m128i *)pb), 1);
-                dw = _mm512_cvtph_ps(d16);
-            }
-            _mm512_store_ps(pd + p * 16, dw);
+        for (int i = 0; i < 8; i++)
+            _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
+        __m512 dw;
+        if (kind == QP_MXFP4) {
+            /* e8m0_half(e) lane-wise (q32_impl.h): e >= 2 -> (e - 1) << 23, else
+             * 0x00200000 << e */
+            int64_t ea, eb;
+            memcpy(&ea, pa, 8);
+            memcpy(&eb, pb, 8);
+            const __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x(eb, ea));
+            const __m512i norm =
+                _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i den = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            const __mmask16 big = _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1));
+            dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(big, den, norm));
+        } else {
+            const __m256i d16 = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                _mm_loadu_si128((const __m128i *)pb), 1);
+            dw = _mm512_cvtph_ps(d16);
         }
+        _mm512_store_ps(pd + p * 16, dw);
     }
 }
 
-/* The panel chunk packed next, which the tiles fetch while they compute: tile u fetches the
- * lines u, u + ntiles, ... of both groups' byte ranges, one line of each a block step. */
+/* The panel chunk packed next, which the tiles fetch while they compute: at block step p,
+ * tile u fetches `per` lines of both groups' byte ranges from line (p * ntiles + u) * per, so
+ * the tiles together cover the chunk whatever their number (one, with one token). */
 typedef struct {
     const uint8_t *a, *b; /* NULL: nothing to fetch */
     int64_t lines, u, ntiles;
+    int64_t per; /* lines of each group a block step fetches: all of them by the last step */
 } qp_pfk_t;
 
 /*
@@ -524,8 +528,8 @@ qp_tile_pk(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float 
         for (int t = 0; t < T; t++)
             acc[t] = b0 > 0 ? carry[k * QP_T + t] : _mm512_setzero_ps();
         for (int64_t b = k; b < nbk; b += 8, p++) {
-            const int64_t li = p * pf->ntiles + pf->u;
-            if (pf->a != NULL && li < pf->lines) {
+            for (int64_t li = (p * pf->ntiles + pf->u) * pf->per, j = 0;
+                 pf->a != NULL && j < pf->per && li < pf->lines; j++, li++) {
                 _mm_prefetch((const char *)pf->a + 64 * li, _MM_HINT_T0);
                 _mm_prefetch((const char *)pf->b + 64 * li, _MM_HINT_T0);
             }
@@ -625,6 +629,8 @@ qp_gemm_pk(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1
                     pf.b = g + 3 < g1 ? pf.a + ws : pf.a;
                     pf.lines = (int64_t)(((size_t)nn * pblk + 63) / 64);
                 }
+                const int64_t steps = nbk * ntiles;
+                pf.per = pf.a != NULL ? (pf.lines + steps - 1) / steps : 0;
                 for (int u = 0; u < ntiles; u++) {
                     const int64_t tn = nt - u * QP_T < QP_T ? nt - u * QP_T : QP_T;
                     pf.u = u;
