@@ -42,8 +42,9 @@ run_gemm(void *ctx)
 }
 
 /* the previous kernel of a type at a level, kept by its file for this comparison (NULL: none).
- * AVX-512 VNNI: MXFP4 and IQ4_NL before the 16-row panels (row-major), IQ4_XS's AVX2 packed
- * gemm (the new one is the table's repack_gemm; both run on the packed weights). */
+ * AVX-512 VNNI: MXFP4 and IQ4_NL packed against the row-major 16-row panels before the load-time
+ * packing (on the file's rows), IQ4_XS's AVX2 packed gemm (the new one is the table's
+ * repack_gemm; both run on the packed weights). */
 static sp_gemm_fn
 prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
 {
@@ -54,6 +55,9 @@ prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
          * packed type (IQ4_XS, Q4_K), the 512-bit Q6_K gemm, the q32 previous panels, else the
          * AVX2 table's gemm where it differs */
         const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+        /* MXFP4 / IQ4_NL packed: the row-major 16-row panels of the same table (on the rows) */
+        if (k->repack_gemm[wt] != NULL && (wt == SP_TYPE_MXFP4 || wt == SP_TYPE_IQ4_NL))
+            return k->gemm[wt];
         if (k->repack_gemm[wt] != NULL)
             return k2->repack_gemm[wt] != k->repack_gemm[wt] ? k2->repack_gemm[wt] : NULL;
         if (wt == SP_TYPE_Q6_K && k->gemm[wt] == sp__q6k_gemm_panel_avx512_vnni)
@@ -116,7 +120,8 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
         goto done;
     }
     if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level == SP_CPU_AVX512)) {
-        run_t prev = {pg, n, cur.w, cur.wrow, x, xrow, tok, out2};
+        const bool rows = k->level == SP_CPU_AVX512 && pg == k->gemm[wt]; /* on the rows */
+        run_t prev = {pg, n, rows ? w : cur.w, rows ? wrow : cur.wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
             const double a = qbench_best(run_gemm, &prev, 1, 2);

@@ -245,7 +245,7 @@ typedef enum sp_cpu_level {
  *   y[t * ldy + r] = dot(w row r, x row t)   for r in [r0, r1), t in [0, n_tok)
  * w rows are w_stride bytes apart, x rows (already in vec_dot_type) x_stride
  * bytes apart. Each result must equal vec_dot's bit for bit (batch invariance).
- * Implementations may use up to about 200 KiB of stack for packed weight panels
+ * Implementations may use up to about 512 KiB of stack for packed weight panels
  * and activation scratch (no heap, no per-thread state); call them on threads
  * with ordinary (>= 1 MiB) stacks. The AVX-512 VNNI Q8_0 / Q4_0 gemms also
  * equal the scalar reference bit for bit (they keep its order of operations).
@@ -414,12 +414,13 @@ typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
  * and holds the 8 rows' scales (F16, row order) then their 8 x 16 quant bytes in four
  * 32-byte chunks: chunk c holds bytes 8 * (c / 2) .. + 7 of rows {0,1,4,5} (c even) or
  * {2,3,6,7} (c odd), 8 bytes per row in that order. The row count is padded up to a
- * whole group with zero rows (scale 0). Q4_0 and IQ4_NL have this packed form; Q8_0
+ * whole group with zero rows (scale 0). Q4_0 and IQ4_NL have this packed form, MXFP4 too
+ * with its 8 E8M0 bytes (one a row) in place of the F16 scales; Q8_0
  * (eight chunks per block), Q4_K and IQ4_XS (per 256-element super-block, their 6-bit
  * sub-block scales stored unpacked as bytes) follow the same chunk rule, laid out in
  * cpu/repack_impl.h. Every packed form unpacks to the file's bytes exactly. The
  * table's repack_gemm[type] computes from the packed base (w = group 0, w_stride =
- * the group bytes) the scalar reference's bits: IQ4_NL's, Q4_K's and IQ4_XS's are every
+ * the group bytes) the scalar reference's bits: IQ4_NL's, MXFP4's, Q4_K's and IQ4_XS's are every
  * level's, Q4_0's and Q8_0's are the reference's serial block sum (as the AVX-512 VNNI
  * gemm), which the AVX2 row kernels' per-lane FMA order is not (last-bit differences).
  */

@@ -38,9 +38,9 @@ rp_gauss(void)
             SP_TEST_FAIL(__VA_ARGS__);                                                        \
     } while (0)
 
-#define RP_NTYPES 5
+#define RP_NTYPES 6
 static const sp_type_t rp_types[RP_NTYPES] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0,
-                                              SP_TYPE_Q4_K, SP_TYPE_IQ4_XS};
+                                              SP_TYPE_Q4_K, SP_TYPE_IQ4_XS, SP_TYPE_MXFP4};
 
 /* The layout as kernels.h states it, spelled out independently of sp__repack_qs_off. */
 TEST(repack_layout)
@@ -56,6 +56,7 @@ TEST(repack_layout)
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 512, rows), 2 * 2 * 1184);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 288, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_XS, 256, rows), 2 * 1104);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_MXFP4, n, rows), 2 * 2 * 136);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 256, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, 48, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, SP_REPACK_MAX_N + 32, rows), 0);
@@ -212,8 +213,10 @@ rp_check_level(sp_cpu_level_t level)
             n++;
         }
     }
-    if (level == SP_CPU_AVX2)
-        ASSERT_EQ(n, RP_NTYPES); /* the AVX2 table packs all five types */
+    if (level == SP_CPU_AVX2) /* the AVX2 table packs all but MXFP4 (AVX-512 VNNI only) */
+        ASSERT_EQ(n, RP_NTYPES - 1);
+    if (level == SP_CPU_AVX512 && __builtin_cpu_supports("avx512vnni"))
+        ASSERT(k->repack_gemm[SP_TYPE_MXFP4] != NULL && k->repack_gemm[SP_TYPE_IQ4_NL] != NULL);
 }
 
 TEST(repack_gemm_avx2)
@@ -478,4 +481,114 @@ TEST(repack_iq4_xs_panels)
     free(x);
     free(want);
     free(y);
+}
+
+/*
+ * The AVX-512 VNNI 16-row panels of packed MXFP4 and IQ4_NL (avx512_q4panel.c) at their edges,
+ * against the reference vec_dot on the rows (and the scalar packed gemm): K = 200 blocks (packed
+ * K chunks of 32 and a tail of 8, a lane round cut short), 37 rows (two panels of two groups and
+ * a lone group), ranges starting and ending inside a group, 1..140 tokens (one tile, tails, and
+ * token chunks: the records of 48 tokens fill the buffer at this K). Raw random blocks (any
+ * code, any E8M0 byte 0..255 or finite F16 d of either sign) and rows of extremes: row 9 every
+ * code the grid's most negative value at the largest scale (E8M0 254, F16 65504), row 10 the
+ * smallest (E8M0 0 and 1: the denormal halves; the smallest F16 denormal), against activations
+ * of +-127 (the largest block sums). One more shape has rows too long for the records (the
+ * scalar packed gemm takes them): K = 1300 blocks, a few tokens.
+ */
+static void
+rp_check_q32_panels(sp_type_t type, int64_t n, int64_t rows, int64_t toks, const int64_t *nts,
+                    size_t n_nts)
+{
+    const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    const bool mx = type == SP_TYPE_MXFP4;
+    const size_t bs = mx ? 17 : 18;
+    const size_t rb = sp_row_size(type, n), gb = sp_repack_group_bytes(type, n);
+    const size_t xs = sp_row_size(SP_TYPE_Q8_0, n);
+    ASSERT(rb == bs * (size_t)(n / 32) && gb > 0);
+    uint8_t *w = malloc(rb * (size_t)rows), *packed = malloc(sp_repack_bytes(type, n, rows));
+    uint8_t *x = malloc(xs * (size_t)toks);
+    float *want = malloc(sizeof(float) * (size_t)(rows * toks));
+    float *y = malloc(sizeof(float) * (size_t)((rows + 3) * toks));
+    ASSERT(w && packed && x && want && y);
+    rp_rng = 0x7654321ull + (uint64_t)type;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t *blk = w + (size_t)r * rb + (size_t)b * bs;
+            for (size_t i = 0; i < bs; i++)
+                blk[i] = (uint8_t)(rp_uniform() * 256.0);
+            const uint16_t d = (uint16_t)((int)(rp_uniform() * 0x7800) | (rp_uniform() < 0.5 ? 0x8000 : 0));
+            if (!mx)
+                memcpy(blk, &d, 2);
+            if (r == 9 || r == 10) { /* code 0 or 8: the grid's -127 / MXFP4's 0 and 8 (-0) */
+                memset(blk + (mx ? 1 : 2), mx ? 0xFF : 0x00, 16); /* MXFP4 code 15: -12 */
+                const uint16_t dd = r == 9 ? 0x7BFF : 0x0001;
+                if (mx)
+                    blk[0] = r == 9 ? 254 : (uint8_t)(b % 2);
+                else
+                    memcpy(blk, &dd, 2);
+            }
+        }
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t b = 0; b < n / 32; b++) {
+            sp_block_q8_0 *xb = (sp_block_q8_0 *)(x + (size_t)t * xs) + b;
+            /* F16 d in [2^-14, 1): small enough that the row-9 sums stay finite */
+            xb->d = (uint16_t)(0x0400 + (int)(rp_uniform() * (0x3C00 - 0x0400)));
+            for (int j = 0; j < 32; j++)
+                xb->qs[j] = (int8_t)(t == 0 ? 127 : t == 1 ? -127 : -127 + (int)(rp_uniform() * 255));
+        }
+    sp_repack_pack(type, n, w, rb, rows, 0, (rows + 7) / 8, packed);
+    for (int64_t t = 0; t < toks; t++)
+        for (int64_t r = 0; r < rows; r++)
+            ref->vec_dot[type](n, &want[t * rows + r], w + (size_t)r * rb, x + (size_t)t * xs);
+    static const int64_t ranges[3][2] = {{0, 37}, {3, 30}, {17, 35}};
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
+        if (l == SP_CPU_SCALAR)
+            gemm = sp__repack_gemm_ref(type);
+        if (gemm == NULL)
+            continue;
+        for (int ri = 0; ri < 3; ri++)
+            for (size_t ni = 0; ni < n_nts; ni++) {
+                const int64_t r0 = ranges[ri][0] < rows ? ranges[ri][0] : 0;
+                const int64_t r1 = ranges[ri][1] < rows ? ranges[ri][1] : rows;
+                const int64_t nt = nts[ni], ldy = rows + 3;
+                for (int64_t i = 0; i < ldy * nt; i++)
+                    y[i] = -1234.5f;
+                gemm(n, packed, gb, r0, r1, x, xs, nt, y, ldy);
+                for (int64_t t = 0; t < nt; t++)
+                    for (int64_t r = 0; r < ldy; r++) {
+                        const float got = y[t * ldy + r];
+                        const float wnt = r >= r0 && r < r1 ? want[t * rows + r] : -1234.5f;
+                        ASSERT_BITS(got, wnt, "%s level %d K=%lld rows [%lld,%lld) %lld tokens: "
+                                    "t%lld r%lld %.9g != %.9g", sp_type_name(type), l,
+                                    (long long)n, (long long)r0, (long long)r1, (long long)nt,
+                                    (long long)t, (long long)r, (double)got, (double)wnt);
+                    }
+            }
+    }
+    /* the extremes are what they should be: row 9 huge (MXFP4's 2^126 scale overflows to inf,
+     * in every level alike), row 10 finite */
+    for (int64_t t = 0; t < 2; t++) {
+        ASSERT(isfinite(want[t * rows + 10]));
+        ASSERT(fabsf(want[t * rows + 9]) > 1e6f);
+        ASSERT(!mx || isinf(want[t * rows + 9]));
+    }
+    free(w);
+    free(packed);
+    free(x);
+    free(want);
+    free(y);
+}
+
+TEST(repack_q32_panels)
+{
+    static const int64_t nts[] = {1, 2, 3, 8, 9, 17, 49, 140};
+    static const int64_t nts_long[] = {1, 3, 9};
+    const sp_type_t types[2] = {SP_TYPE_MXFP4, SP_TYPE_IQ4_NL};
+    for (int i = 0; i < 2; i++) {
+        rp_check_q32_panels(types[i], 200 * 32, 37, 140, nts, sizeof nts / sizeof nts[0]);
+        rp_check_q32_panels(types[i], 1300 * 32, 11, 9, nts_long,
+                            sizeof nts_long / sizeof nts_long[0]);
+    }
 }

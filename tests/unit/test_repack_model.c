@@ -1,12 +1,12 @@
 /*
  * test_repack_model.c - load-time weight repacking at the model level: random-weight
- * llama-shaped models (testmodel.c) with Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS projections, loaded with
+ * llama-shaped models (testmodel.c) with Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K and IQ4_XS projections, loaded with
  * and without the repack. The packed copy exists exactly when the kernel table has a packed
  * gemm, with the size the layouts give; the greedy tokens are the same either way; IQ4_NL's,
  * Q4_K's and IQ4_XS's logits are the same bits (packed and row kernels share one order of operations);
  * with the repack on, one prefill of all positions gives the bits of evaluating them one at a
  * time, and sequences batched beside others (sp_batch) the bits of each alone.
- * Run at SAMPAN_CPU=avx2 too (tests/run.sh's engine tests): AVX-512 packs nothing yet.
+ * Run at SAMPAN_CPU=avx2 too (tests/run.sh's engine tests; MXFP4 is packed at AVX-512 VNNI only).
  */
 #include "test.h"
 
@@ -173,11 +173,12 @@ rm_check(sp_type_t type)
     if (memcmp(lb, lc, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
         SP_TEST_FAIL("%s repacked: prefill logits differ from one-by-one evaluation",
                      sp_type_name(type));
-    /* IQ4_NL, Q4_K and IQ4_XS: the packed kernels and the row kernels of every level share one order
+    /* IQ4_NL, MXFP4, Q4_K and IQ4_XS: the packed kernels and the row kernels of every level share one order
      * of operations (q32_impl.h, kquants_impl.h), so the logits are the same bits. Q4_0 and
      * Q8_0: the AVX2 row kernels keep per-lane FMA chains, the packed ones the reference's
      * serial sum, so only the greedy tokens are compared (above). */
-    if ((type == SP_TYPE_IQ4_NL || type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS) &&
+    if ((type == SP_TYPE_IQ4_NL || type == SP_TYPE_MXFP4 || type == SP_TYPE_Q4_K ||
+         type == SP_TYPE_IQ4_XS) &&
         memcmp(la, lb, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
         SP_TEST_FAIL("%s: logits with and without repack differ", sp_type_name(type));
     /* spread check: a flat distribution could not tell the kernels apart */
@@ -203,6 +204,11 @@ TEST(repack_model_q4_0)
 TEST(repack_model_iq4_nl)
 {
     rm_check(SP_TYPE_IQ4_NL);
+}
+
+TEST(repack_model_mxfp4)
+{
+    rm_check(SP_TYPE_MXFP4);
 }
 
 TEST(repack_model_q8_0)

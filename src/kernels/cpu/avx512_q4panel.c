@@ -1,7 +1,8 @@
 /*
  * avx512_q4panel.c - AVX-512 VNNI prefill (and batched decode) of the 4-bit table types:
- * MXFP4 and IQ4_NL (row-major blocks of 32 x Q8_0) and IQ4_XS (the load-time packed form of
- * repack_impl.h x Q8_K), as 16-row panels: the 16 rows of a panel sit in the 16 int32 / float
+ * MXFP4 and IQ4_NL (row-major blocks of 32 x Q8_0, and their load-time packed form: the
+ * engine's path, decode included) and IQ4_XS (the packed form of repack_impl.h x Q8_K), as
+ * 16-row panels: the 16 rows of a panel sit in the 16 int32 / float
  * lanes of a register, so a block's float work (convert, scale, add) is one instruction for 16
  * rows and no horizontal sums are needed.
  *
@@ -38,7 +39,8 @@
  * packing a panel pays only when several token tiles share it (bench/qgemm_shape_bench.c).
  *
  * Pure functions, any thread, no heap; about 260 KiB of stack per call (activation records
- * 160 KiB, one packed panel chunk, the lane carries): pool threads have 8 MiB.
+ * 160 KiB, one packed panel chunk, the lane carries), about 470 KiB for the packed MXFP4 /
+ * IQ4_NL path (records 384 KiB): pool threads have 8 MiB.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -356,6 +358,302 @@ qp_gemm32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
     }
 }
 
+/* ---- MXFP4 and IQ4_NL: the packed form (8-row groups) x Q8_0 ----------------------------- */
+
+/*
+ * The load-time packed form (repack_impl.h: per block the 8 rows' scales, F16 d or E8M0 byte,
+ * then their 16 quant bytes in four 32-byte chunks) read as panels of two groups. Against the
+ * row-major panels above: a panel block is 4 contiguous 64-byte loads and 4 VPERMT2D instead of
+ * 16 row loads, 12 inserts and 8 unpacks; the 16 scales are two 8-byte or 16-byte loads instead
+ * of a gather; the panel's weights are two sequential streams instead of 16. The activations'
+ * quants are copied into the records with their seeds and scales, so a tile reads one
+ * sequential stream through one pointer (the row-major tile kept 8 token pointers, more than
+ * the free registers: spills and moves in the inner loop). The numerics are the same as above
+ * (q32_impl.h's 8 lanes, carried across K chunks, the fixed tree at the end).
+ */
+
+/* (tile, block) record: the 8 tokens' 32 quants, their int32 seeds -off * sum(x), their
+ * scales as floats (5 cache lines) */
+#define QP_PREC (QP_T * 32 + QP_T * 4 + QP_T * 4)
+/* record bytes of one token chunk: the whole K of up to QP_TC tokens for K <= 2048, about 48
+ * tokens at K = 5632, held in L2 while every panel sweeps them */
+#ifndef QP_PBUF
+#define QP_PBUF (384 * 1024)
+#endif
+/* blocks per packed K chunk: the panel scratch (16 KiB) stays in L1 beside the records (32 and
+ * 64 within noise in qgemm_shape_bench, 32 ahead at K = 5632) */
+#ifndef QP_PKC
+#define QP_PKC 32
+#endif
+_Static_assert(QP_PKC % 8 == 0, "K chunks hold whole lane rounds");
+
+QP_INLINE size_t
+qp_pblk(int kind)
+{
+    return kind == QP_MXFP4 ? SP_REPACK_MXFP4_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
+}
+
+/* header bytes a row (the scale) before a packed block's quants */
+QP_INLINE int
+qp_hdr(int kind)
+{
+    return kind == QP_MXFP4 ? 1 : 2;
+}
+
+/* The tokens of one chunk: QP_TC at most, and their records of the whole K within QP_PBUF
+ * (0: not one tile's records fit, K > QP_PBUF / QP_PREC * 32, about 39000). */
+static int64_t
+qp_chunk_pk(int64_t nb)
+{
+    const int64_t tc = QP_PBUF / (nb * QP_PREC) * QP_T;
+    return tc > QP_TC ? QP_TC : tc;
+}
+
+/*
+ * Tokens [0, nt) of x (Q8_0 rows xs bytes apart), all nb blocks, as records: tile u, K chunk
+ * from b0, visiting position p (qp_prep_q8_0's order) at xr + (u * nb + b0 + p) * QP_PREC.
+ */
+static void
+qp_prep_pk(int off, const uint8_t *x, size_t xs, int64_t nt, int64_t nb, uint8_t *xr)
+{
+    for (int64_t t = 0; t < nt; t++) {
+        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
+        const int lane = (int)(t % QP_T);
+        uint8_t *o = xr + (size_t)(t / QP_T) * (size_t)nb * QP_PREC;
+        for (int64_t b0 = 0; b0 < nb; b0 += QP_PKC) {
+            const int64_t nbk = nb - b0 < QP_PKC ? nb - b0 : QP_PKC;
+            const int64_t full = nbk / 8, rem = nbk % 8;
+            for (int64_t w = 0; w < nbk; w++) {
+                const int64_t k = w % 8, p = k * full + (k < rem ? k : rem) + w / 8;
+                uint8_t *r = o + (size_t)(b0 + p) * QP_PREC;
+                const __m256i q = _mm256_loadu_si256((const __m256i *)xb[b0 + w].qs);
+                _mm256_storeu_si256((__m256i *)(r + lane * 32), q);
+                const int32_t seed = -off * qp_sum32(xb[b0 + w].qs);
+                const float d = _cvtsh_ss(xb[b0 + w].d);
+                memcpy(r + QP_T * 32 + lane * 4, &seed, 4);
+                memcpy(r + QP_T * 36 + lane * 4, &d, 4);
+            }
+        }
+    }
+}
+
+/*
+ * Blocks [b0, b0 + nbk) of the panel of packed groups ga (rows 0..7) and gb (rows 8..15), in
+ * visiting order, into pw (G0..G7, 512 bytes a block) and pd (the 16 rows' scales as floats).
+ * A block's 128 quant bytes: the first 64 are bytes 0..7 of every row (dwords 0 and 1), the
+ * next 64 bytes 8..15 (dwords 2 and 3), a row's 8 bytes in 64-bit lane (r & 1) | (r >> 2) << 1
+ * of chunk (r >> 1) & 1; VPERMT2D gathers one dword of the 16 rows into the 16 lanes.
+ */
+QP_INLINE void
+qp_pack_pk(int kind, const uint8_t *ga, const uint8_t *gb, int64_t b0, int64_t nbk, uint8_t *pw,
+           float *pd)
+{
+    const __m512i lut = qp_lut(kind == QP_MXFP4 ? sp__kvalues_mxfp4 : sp__kvalues_iq4nl,
+                               qp_off(kind));
+    const size_t pblk = qp_pblk(kind);
+    const int hdr = qp_hdr(kind);
+    int32_t ix[2][QP_ROWS];
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < QP_ROWS; i++) {
+            const int r = i & 7;
+            ix[h][i] = 8 * ((r >> 1) & 1) + 2 * ((r & 1) | ((r >> 2) << 1)) + h + (i >= 8 ? 16 : 0);
+        }
+    const __m512i sel0 = _mm512_loadu_si512(ix[0]), sel1 = _mm512_loadu_si512(ix[1]);
+    /* the blocks in memory order (two sequential streams for the hardware prefetcher: with one
+     * token the unpack waits on memory), each stored at its visiting position (qp_prep_pk) */
+    const int64_t full = nbk / 8, rem = nbk % 8;
+    for (int64_t w = 0; w < nbk; w++) {
+        const int64_t k = w % 8, p = k * full + (k < rem ? k : rem) + w / 8;
+        const int64_t b = b0 + w;
+        const uint8_t *pa = ga + (size_t)b * pblk, *pb = gb + (size_t)b * pblk;
+        const uint8_t *qa = pa + SP_REPACK_ROWS * hdr, *qb = pb + SP_REPACK_ROWS * hdr;
+        const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
+        const __m512i c0 = _mm512_loadu_si512(qb), c1 = _mm512_loadu_si512(qb + 64);
+        const __m512i v[4] = {
+            _mm512_permutex2var_epi32(a0, sel0, c0),
+            _mm512_permutex2var_epi32(a0, sel1, c0),
+            _mm512_permutex2var_epi32(a1, sel0, c1),
+            _mm512_permutex2var_epi32(a1, sel1, c1),
+        };
+        __m512i g[8];
+        qp_decode(v, lut, g);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
+        __m512 dw;
+        if (kind == QP_MXFP4) {
+            /* e8m0_half(e) lane-wise (q32_impl.h): e >= 2 -> (e - 1) << 23, else
+             * 0x00200000 << e */
+            int64_t ea, eb;
+            memcpy(&ea, pa, 8);
+            memcpy(&eb, pb, 8);
+            const __m512i e = _mm512_cvtepu8_epi32(_mm_set_epi64x(eb, ea));
+            const __m512i norm =
+                _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i den = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            const __mmask16 big = _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1));
+            dw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(big, den, norm));
+        } else {
+            const __m256i d16 = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                _mm_loadu_si128((const __m128i *)pb), 1);
+            dw = _mm512_cvtph_ps(d16);
+        }
+        _mm512_store_ps(pd + p * 16, dw);
+    }
+}
+
+/* The panel chunk packed next, which the tiles fetch while they compute: at block step p,
+ * tile u fetches `per` lines of both groups' byte ranges from line (p * ntiles + u) * per, so
+ * the tiles together cover the chunk whatever their number (one, with one token). */
+typedef struct {
+    const uint8_t *a, *b; /* NULL: nothing to fetch */
+    int64_t lines, u, ntiles;
+    int64_t per; /* lines of each group a block step fetches: all of them by the last step */
+} qp_pfk_t;
+
+/*
+ * T tokens (records in visiting order from xr) x one packed K chunk of nbk blocks from b0,
+ * lane by lane: carry[k][t] holds lane k's partial sums of the 16 rows (zero before the first
+ * chunk).
+ */
+QP_INLINE void
+qp_tile_pk(const int T, int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
+           const uint8_t *xr, __m512 *carry, const qp_pfk_t *pf)
+{
+    int64_t p = 0;
+    for (int k = 0; k < 8; k++) {
+        __m512 acc[QP_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[t] = b0 > 0 ? carry[k * QP_T + t] : _mm512_setzero_ps();
+        for (int64_t b = k; b < nbk; b += 8, p++) {
+            for (int64_t li = (p * pf->ntiles + pf->u) * pf->per, j = 0;
+                 pf->a != NULL && j < pf->per && li < pf->lines; j++, li++) {
+                _mm_prefetch((const char *)pf->a + 64 * li, _MM_HINT_T0);
+                _mm_prefetch((const char *)pf->b + 64 * li, _MM_HINT_T0);
+            }
+            const uint8_t *r = xr + (size_t)p * QP_PREC;
+            const uint8_t *wp = pw + (size_t)p * 512;
+            __m512i ia[QP_T];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                ia[t] = _mm512_set1_epi32(sp512_ld_i32(r + QP_T * 32 + t * 4));
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m512i g = _mm512_load_si512((const void *)(wp + i * 64));
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++)
+                    ia[t] = sp512_dpbusd_bcast(ia[t], g, r + t * 32 + 4 * i);
+            }
+            const __m512 dw = _mm512_load_ps(pd + p * 16);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                /* d = x.d * w's scale (MXFP4) or w.d * x.d (one exact-order product either
+                 * way); blk = d * isum; acc + blk */
+                const __m512 d =
+                    _mm512_mul_ps(_mm512_set1_ps(sp512_ld_f32(r + QP_T * 36 + t * 4)), dw);
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(ia[t])));
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            carry[k * QP_T + t] = acc[t];
+    }
+}
+
+typedef void (*qp_tile_pk_fn)(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,
+                              const uint8_t *xr, __m512 *carry, const qp_pfk_t *pf);
+#define QP_TILE_PK(T)                                                                          \
+    static void qp_tile_pk_##T(int64_t b0, int64_t nbk, const uint8_t *pw, const float *pd,    \
+                               const uint8_t *xr, __m512 *carry, const qp_pfk_t *pf)           \
+    {                                                                                          \
+        qp_tile_pk(T, b0, nbk, pw, pd, xr, carry, pf);                                         \
+    }
+QP_TILE_PK(1)
+QP_TILE_PK(2)
+QP_TILE_PK(3)
+QP_TILE_PK(4)
+QP_TILE_PK(5)
+QP_TILE_PK(6)
+QP_TILE_PK(7)
+QP_TILE_PK(8)
+static const qp_tile_pk_fn qp_tiles_pk[QP_T + 1] = {NULL,         qp_tile_pk_1, qp_tile_pk_2,
+                                                    qp_tile_pk_3, qp_tile_pk_4, qp_tile_pk_5,
+                                                    qp_tile_pk_6, qp_tile_pk_7, qp_tile_pk_8};
+
+/* Rows [r0, r1) of a packed MXFP4 / IQ4_NL matrix (w = group 0, ws = the group bytes): panels
+ * of two groups (the last one alone when the group count is odd: its second half repeats it
+ * and is never stored). nb * QP_PREC <= QP_PBUF (the caller checks). */
+static void
+qp_gemm_pk(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+           const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    _Alignas(64) uint8_t pw[QP_PKC * 512];
+    _Alignas(64) float pd[QP_PKC * QP_ROWS];
+    _Alignas(64) uint8_t xr[QP_PBUF];
+    _Alignas(64) __m512 carry[QP_TC / QP_T][8 * QP_T];
+    const int64_t nb = n / SP_QK32;
+    const int64_t tc = qp_chunk_pk(nb);
+    const size_t pblk = qp_pblk(kind);
+    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+    const uint8_t *wb = w, *xb = x;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
+        const int ntiles = (int)((nt + QP_T - 1) / QP_T);
+        qp_prep_pk(qp_off(kind), xb + (size_t)t0 * xs, xs, nt, nb, xr);
+        for (int64_t g = g0; g < g1; g += 2) {
+            const uint8_t *ga = wb + (size_t)g * ws;
+            const uint8_t *gb = g + 1 < g1 ? ga + ws : ga;
+            /* lanes of rows outside [r0, r1) are computed and not stored */
+            const int64_t base = g * SP_REPACK_ROWS;
+            uint32_t mask = 0;
+            for (int i = 0; i < QP_ROWS; i++) {
+                const int64_t row = base + i;
+                if (row >= r0 && row < r1 && (i < 8 || g + 1 < g1))
+                    mask |= 1u << i;
+            }
+            for (int64_t b0 = 0; b0 < nb; b0 += QP_PKC) {
+                const int64_t nbk = nb - b0 < QP_PKC ? nb - b0 : QP_PKC;
+                qp_pack_pk(kind, ga, gb, b0, nbk, pw, pd);
+                /* fetched next: this panel's next K chunk, else the next panel's first */
+                qp_pfk_t pf = {.a = NULL, .ntiles = ntiles};
+                if (b0 + QP_PKC < nb) {
+                    const int64_t nn = nb - b0 - QP_PKC < QP_PKC ? nb - b0 - QP_PKC : QP_PKC;
+                    pf.a = ga + (size_t)(b0 + QP_PKC) * pblk;
+                    pf.b = gb + (size_t)(b0 + QP_PKC) * pblk;
+                    pf.lines = (int64_t)(((size_t)nn * pblk + 63) / 64);
+                } else if (g + 2 < g1) {
+                    const int64_t nn = nb < QP_PKC ? nb : QP_PKC;
+                    pf.a = ga + 2 * ws;
+                    pf.b = g + 3 < g1 ? pf.a + ws : pf.a;
+                    pf.lines = (int64_t)(((size_t)nn * pblk + 63) / 64);
+                }
+                const int64_t steps = nbk * ntiles;
+                pf.per = pf.a != NULL ? (pf.lines + steps - 1) / steps : 0;
+                for (int u = 0; u < ntiles; u++) {
+                    const int64_t tn = nt - u * QP_T < QP_T ? nt - u * QP_T : QP_T;
+                    pf.u = u;
+                    qp_tiles_pk[tn](b0, nbk, pw, pd,
+                                    xr + ((size_t)u * (size_t)nb + (size_t)b0) * QP_PREC,
+                                    carry[u], &pf);
+                }
+            }
+            /* q32_impl.h's lane tree, 16 rows at a time (as qp_gemm32) */
+            for (int64_t t = 0; t < nt; t++) {
+                const __m512 *a = carry[t / QP_T];
+                const int tt = (int)(t % QP_T);
+                const __m512 b0v = _mm512_add_ps(a[0 * QP_T + tt], a[4 * QP_T + tt]);
+                const __m512 b1v = _mm512_add_ps(a[1 * QP_T + tt], a[5 * QP_T + tt]);
+                const __m512 b2v = _mm512_add_ps(a[2 * QP_T + tt], a[6 * QP_T + tt]);
+                const __m512 b3v = _mm512_add_ps(a[3 * QP_T + tt], a[7 * QP_T + tt]);
+                const __m512 s = _mm512_add_ps(_mm512_add_ps(b0v, b2v), _mm512_add_ps(b1v, b3v));
+                _mm512_mask_storeu_ps(y + (t0 + t) * ldy + base, (__mmask16)mask, s);
+            }
+        }
+    }
+}
+
 /* ---- IQ4_XS: the packed form (8-row groups) x Q8_K -------------------------------------- */
 
 /*
@@ -584,6 +882,39 @@ sp__q4panel_gemm_avx512(sp_type_t type, sp_gemm_fn small, int64_t n, const void 
               ldy);
 }
 
+/* The packed MXFP4 / IQ4_NL gemm, any token count (one token included: a block's unpack is a
+ * few instructions and the weights stream once, so decode keeps its memory-bound speed). Rows
+ * too long for one tile's records (K > about 39000) take the scalar packed gemm (the same
+ * bits). */
+static void
+qp_packed32(int kind, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+            const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    const int64_t nb = n / SP_QK32;
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    if (nb <= 0 || qp_chunk_pk(nb) < QP_T) {
+        (kind == QP_MXFP4 ? sp__repack_mxfp4_gemm_ref : sp__repack_iq4_nl_gemm_ref)(
+            n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        return;
+    }
+    qp_gemm_pk(kind, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+static void
+mxfp4_packed_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+                  size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    qp_packed32(QP_MXFP4, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+static void
+iq4_nl_packed_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+                   size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    qp_packed32(QP_IQ4_NL, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
 static void
 iq4_xs_packed_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
                    size_t xs, int64_t n_tok, float *y, int64_t ldy)
@@ -596,4 +927,6 @@ void
 sp__q4panel_register_avx512(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_IQ4_XS] = iq4_xs_packed_gemm;
+    k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_packed_gemm;
+    k->repack_gemm[SP_TYPE_MXFP4] = mxfp4_packed_gemm;
 }

@@ -152,7 +152,8 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
          * than the AVX2 packed kernels; Q4_K and IQ4_XS stay packed, where the AVX2 packed
          * kernels beat the AVX-512 row-major ones (prefill 1.5-1.7x on a Zen 5: BENCHMARKS.md,
          * "Ten types on an AVX-512 host"). With VNNI: IQ4_XS's packed prefill takes the 16-row
-         * VPDPBUSD panels (avx512_q4panel.c; one token stays on the AVX2 packed kernel), Q4_K's
+         * VPDPBUSD panels (avx512_q4panel.c; one token stays on the AVX2 packed kernel), IQ4_NL
+         * and MXFP4 are packed again and read as those panels at any token count, Q4_K's
          * packed gemm is avx512_repack.c's and the Q2_K / Q6_K gemms avx512_kpanel.c's. */
         k->repack_gemm[SP_TYPE_Q4_0] = NULL;
         k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
@@ -161,7 +162,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);
         if (has_vnni) {
-            sp__q4panel_register_avx512(k); /* IQ4_XS packed: VNNI panels for prefill */
+            sp__q4panel_register_avx512(k); /* IQ4_XS, IQ4_NL, MXFP4 packed: VNNI panels */
         }
         sp__kquants2_register_avx512(k);
         sp__attn_register_avx512(k);

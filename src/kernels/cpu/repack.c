@@ -1,5 +1,5 @@
 /*
- * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS weights:
+ * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K and IQ4_XS weights:
  * sizes, packing and unpacking (level-independent: the layouts are kernels.h's and
  * repack_impl.h's), and the scalar gemms over it that the unit tests use as the oracle of
  * the SIMD ones.
@@ -14,7 +14,8 @@
 #include "kernels/cpu/q32_impl.h"
 
 /* One packed type: elements per block, bytes of a file block, of a packed block of 8 rows,
- * and where a block's quant bytes start in the file's block and in the packed one. */
+ * and where a block's quant bytes start in the file's block and in the packed one (the
+ * header before them, hdr bytes a row: F16 d, or MXFP4's one E8M0 byte). */
 typedef struct {
     int qk, blk, pblk, qs_bytes, qs_src, qs_dst;
 } rp_shape_t;
@@ -26,6 +27,9 @@ shape_of(sp_type_t type, rp_shape_t *s)
     case SP_TYPE_Q4_0:
     case SP_TYPE_IQ4_NL:
         *s = (rp_shape_t){32, 18, SP_REPACK_BLOCK_BYTES, 16, 2, SP_REPACK_ROWS * 2};
+        return true;
+    case SP_TYPE_MXFP4:
+        *s = (rp_shape_t){32, 17, SP_REPACK_MXFP4_BLOCK_BYTES, 16, 1, SP_REPACK_ROWS};
         return true;
     case SP_TYPE_Q8_0:
         *s = (rp_shape_t){32, 34, SP_REPACK_Q8_0_BLOCK_BYTES, 32, 2, SP_REPACK_ROWS * 2};
@@ -47,6 +51,10 @@ _Static_assert(sizeof(sp_block_q4_0) == 18 && sizeof(sp_block_iq4_nl) == 18 &&
                    offsetof(sp_block_q4_0, qs) == 2 && offsetof(sp_block_iq4_nl, qs) == 2,
                "Q4_0 and IQ4_NL share one block shape");
 _Static_assert(SP_REPACK_BLOCK_BYTES == SP_REPACK_ROWS * 18, "a packed block is 8 blocks");
+_Static_assert(sizeof(sp_block_mxfp4) == 17 && offsetof(sp_block_mxfp4, e) == 0 &&
+                   offsetof(sp_block_mxfp4, qs) == 1 &&
+                   SP_REPACK_MXFP4_BLOCK_BYTES == SP_REPACK_ROWS * 17,
+               "MXFP4: one E8M0 byte, then IQ4_NL's 16 quant bytes");
 _Static_assert(SP_REPACK_Q8_0_BLOCK_BYTES == SP_REPACK_ROWS * 34, "a packed block is 8 blocks");
 _Static_assert(offsetof(sp_block_q4_k, d) == 0 && offsetof(sp_block_q4_k, dmin) == 2 &&
                    offsetof(sp_block_q4_k, scales) == 4 && offsetof(sp_block_q4_k, qs) == 16,
@@ -99,6 +107,10 @@ put_header(sp_type_t type, int r, const uint8_t *blk, uint8_t *pb)
         }
         return;
     }
+    if (type == SP_TYPE_MXFP4) {
+        pb[r] = blk[0];
+        return;
+    }
     if (type != SP_TYPE_Q4_K) {
         memcpy(pb + 2 * r, blk, 2);
         return;
@@ -127,6 +139,10 @@ get_header(sp_type_t type, int r, const uint8_t *pb, uint8_t *blk)
         }
         blk[2] = (uint8_t)(h & 0xff);
         blk[3] = (uint8_t)(h >> 8);
+        return;
+    }
+    if (type == SP_TYPE_MXFP4) {
+        blk[0] = pb[r];
         return;
     }
     if (type != SP_TYPE_Q4_K) {
@@ -366,17 +382,21 @@ sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t 
 }
 
 /* One row's dot product with one Q8_0 activation row, in the reference's order: Q4_0 and
- * Q8_0 as ref.c's vec_dot (one serial float sum over the blocks), IQ4_NL as q32_impl.h's
- * contract (eight partial sums by block index mod 8, then the fixed tree). */
+ * Q8_0 as ref.c's vec_dot (one serial float sum over the blocks), IQ4_NL and MXFP4 as
+ * q32_impl.h's contract (eight partial sums by block index mod 8, then the fixed tree). */
 static float
 packed_row_dot(sp_type_t type, int64_t n, const uint8_t *g, int r, const sp_block_q8_0 *x)
 {
-    const bool nl = type == SP_TYPE_IQ4_NL, q8 = type == SP_TYPE_Q8_0;
-    const size_t pblk = q8 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
+    const bool mx = type == SP_TYPE_MXFP4, nl = type == SP_TYPE_IQ4_NL || mx;
+    const bool q8 = type == SP_TYPE_Q8_0;
+    const int8_t *grid = mx ? sp__kvalues_mxfp4 : sp__kvalues_iq4nl;
+    const size_t pblk = q8   ? SP_REPACK_Q8_0_BLOCK_BYTES
+                        : mx ? SP_REPACK_MXFP4_BLOCK_BYTES
+                             : SP_REPACK_BLOCK_BYTES;
     float sum = 0.0f, acc[SP_Q32_LANES] = {0.0f};
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *pb = g + (size_t)b * pblk;
-        const uint8_t *qs = pb + SP_REPACK_ROWS * 2;
+        const uint8_t *qs = pb + SP_REPACK_ROWS * (mx ? 1 : 2);
         int32_t isum = 0;
         if (q8) {
             for (int j = 0; j < 32; j++) {
@@ -385,14 +405,19 @@ packed_row_dot(sp_type_t type, int64_t n, const uint8_t *g, int r, const sp_bloc
         } else {
             for (int j = 0; j < 16; j++) {
                 const uint8_t q = qs[sp__repack_chunk_off(r, j)];
-                const int32_t lo = nl ? sp__kvalues_iq4nl[q & 0x0f] : (q & 0x0f) - 8;
-                const int32_t hi = nl ? sp__kvalues_iq4nl[q >> 4] : (q >> 4) - 8;
+                const int32_t lo = nl ? grid[q & 0x0f] : (q & 0x0f) - 8;
+                const int32_t hi = nl ? grid[q >> 4] : (q >> 4) - 8;
                 isum += lo * (int32_t)x[b].qs[j] + hi * (int32_t)x[b].qs[j + 16];
             }
         }
-        sp_fp16_t wd;
-        memcpy(&wd, pb + 2 * r, sizeof wd);
-        const float d = sp_fp16_to_fp32(wd) * sp_fp16_to_fp32(x[b].d);
+        float d;
+        if (mx) { /* d = x.d * e8m0_half(e) */
+            d = sp_fp16_to_fp32(x[b].d) * sp__e8m0_half(pb[r]);
+        } else {
+            sp_fp16_t wd;
+            memcpy(&wd, pb + 2 * r, sizeof wd);
+            d = sp_fp16_to_fp32(wd) * sp_fp16_to_fp32(x[b].d);
+        }
         if (nl) {
             const float blk = d * (float)isum;
             acc[b % SP_Q32_LANES] = acc[b % SP_Q32_LANES] + blk;
@@ -495,6 +520,13 @@ sp__repack_iq4_nl_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0
 }
 
 void
+sp__repack_mxfp4_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                          const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_MXFP4, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
 sp__repack_q8_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                          const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
 {
@@ -521,6 +553,7 @@ sp__repack_gemm_ref(sp_type_t type)
     switch (type) {
     case SP_TYPE_Q4_0: return sp__repack_q4_0_gemm_ref;
     case SP_TYPE_IQ4_NL: return sp__repack_iq4_nl_gemm_ref;
+    case SP_TYPE_MXFP4: return sp__repack_mxfp4_gemm_ref;
     case SP_TYPE_Q8_0: return sp__repack_q8_0_gemm_ref;
     case SP_TYPE_Q4_K: return sp__repack_q4_k_gemm_ref;
     case SP_TYPE_IQ4_XS: return sp__repack_iq4_xs_gemm_ref;

@@ -13,6 +13,9 @@
 
 /* Bytes of one block of a packed Q4_0 / IQ4_NL group: 8 F16 scales, then 8 x 16 quant bytes. */
 #define SP_REPACK_BLOCK_BYTES (SP_REPACK_ROWS * 2 + SP_REPACK_ROWS * 16)
+/* MXFP4: the 8 rows' E8M0 bytes, then 8 x 16 quant bytes as IQ4_NL's (136 bytes, the 8 x 17 of
+ * the file). Only the AVX-512 VNNI level packs it (avx512_q4panel.c). */
+#define SP_REPACK_MXFP4_BLOCK_BYTES (SP_REPACK_ROWS + SP_REPACK_ROWS * 16)
 /* Q8_0: 8 F16 scales, then 8 x 32 quant bytes (eight 32-byte chunks). */
 #define SP_REPACK_Q8_0_BLOCK_BYTES (SP_REPACK_ROWS * 2 + SP_REPACK_ROWS * 32)
 /* Q4_K, per 256-element super-block: 8 F16 d, 8 F16 dmin, the 6-bit scales unpacked to
@@ -82,6 +85,9 @@ void sp__repack_q4_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t
 void sp__repack_iq4_nl_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                 float *y, int64_t ldy);
+void sp__repack_mxfp4_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                               int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                               float *y, int64_t ldy);
 void sp__repack_q8_0_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
                               const void *x, size_t x_stride, int64_t n_tok, float *y,
                               int64_t ldy);
@@ -107,7 +113,8 @@ void sp__repack_register_avx2(sp_cpu_kernels_t *k);
 void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                  float *y, int64_t ldy);
-/* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, 16-row panels for prefill. */
+/* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, IQ4_NL and MXFP4, 16-row panels
+ * (two packed groups) for prefill and decode. */
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
 /* AVX-512 VNNI (avx512_qgemm.c): repack_gemm of Q8_0 in SP_REPACK_PANEL16. */
 void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
