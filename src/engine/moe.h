@@ -77,9 +77,9 @@ typedef struct sp_experts {
     size_t row_bytes;
     size_t expert_bytes;
     /* The load-time packed copy (engine/repack_weights.c) or NULL: expert e's matrix in the
-     * kernel table's packed form (kernels.h) at packed + e * packed_expert_bytes, groups of
-     * SP_REPACK_ROWS rows packed_stride bytes apart. Only moe.c's products read it; data
-     * stays the file's rows. */
+     * kernel table's packed form (kernels.h, repack_layout[type]) at packed + e *
+     * packed_expert_bytes, groups of sp_repack_layout_rows(layout) rows packed_stride bytes
+     * apart. Only moe.c's products read it; data stays the file's rows. */
     const void *packed;
     size_t packed_stride;
     size_t packed_expert_bytes;
