@@ -1615,8 +1615,7 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     }
     o->nb_swa = 0;
     const size_t swa_bb = sp_kv_swa_block_bytes(m, p->kv_type);
-    if (!p->kv_swa_full && swa_bb > 0 && sp_gpu_model_layers(m) == 0 &&
-        !sp_model_is_encoder(m)) {
+    if (!p->kv_swa_full && swa_bb > 0 && !sp_model_is_encoder(m)) {
         /* Two parts in the memory of nb whole blocks: per slot the window's
          * blocks, the block a row's first position straddles, and the most
          * positions one row can add past them (a speculative row's), plus a
