@@ -1791,6 +1791,8 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     out->kv_blocks = pl.nb;
     out->kv_swa_blocks = pl.nb_swa;
     out->kv_bytes = sp_kv_pool_bytes_split(m, &pl.kp, pl.nb_swa);
+    out->kv_gpu_bytes = sp_gpu_kv_bytes_split(m, sp_gpu_model_layers(m), pl.nb, pl.nb_swa,
+                                              p->kv_type == SP_KV_TYPE_F16);
     out->scratch_bytes = scratch;
     return SP_OK;
 }
