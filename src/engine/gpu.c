@@ -1299,7 +1299,8 @@ fetch_out(sp_gpu_batch_t *b, const sp_gpu_step_t *s, int64_t n_out)
 /* The ops a decode graph holds: the layers and, with full offload, the
  * logits of every (padded) row gathered through d_rows. */
 static sp_status_t
-graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw[2], const int32_t *d_rows)
+graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw[2],
+          const int32_t *d_rows)
 {
     sp_status_t st = step_layers(b, kv, rw);
     if (st == SP_OK && b->g->full) {
@@ -1503,7 +1504,8 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     TRY(g, "upload x", api->h2d(c, b->x, s->x, (size_t)(R * E) * sizeof(float)));
     const int32_t *d_pos = b->ints, *d_bt = b->ints + b->max_tokens;
     const int32_t *d_rows = d_bt + b->max_tokens, *d_btab = d_rows + b->max_tokens;
-    const sp_cuda_rows_t rw[2] = {{R, d_pos, d_bt, d_btab}, {R, d_pos, d_bt, d_btab + b->max_bt + 1}};
+    const sp_cuda_rows_t rw[2] = {{R, d_pos, d_bt, d_btab},
+                                  {R, d_pos, d_bt, d_btab + b->max_bt + 1}};
     sp_status_t st = step_layers(b, kv, rw);
     if (st != SP_OK) {
         return dev_fail(g, st, b->fail_op);
