@@ -376,10 +376,15 @@ try:
                     for _ in range(2):  # the second run takes the first's cached blocks
                         st, doc = http_json(srv.port, "POST", "/v1/completions",
                                             {"model": "g3", "prompt": long_prompt,
-                                             "max_tokens": 60, "temperature": 0}, timeout=60)
-                        r["texts"].append(doc["choices"][0]["text"] if st == 200 else st)
+                                             "max_tokens": 60, "temperature": 0,
+                                             "ignore_eos": True, "logprobs": 1}, timeout=60)
+                        # the text and its log-probabilities: the device's logits bit for bit
+                        r["texts"].append((doc["choices"][0]["text"],
+                                           doc["choices"][0]["logprobs"]["token_logprobs"])
+                                          if st == 200 else st)
                     st, doc = http_json(srv.port, "GET", "/stats", None, timeout=10)
-                    r["hits"] = (doc or {}).get("prefix_hits", 0) if st == 200 else -1
+                    g3_stats = (doc or {}).get("models", {}).get("g3", {}) if st == 200 else {}
+                    r["hits"] = g3_stats.get("prefix_hits", -1)
                     r["graphs"] = srv.wait_log(r"event=gpu_graph_captured", timeout=1) is not None
                     swa[(layers, full)] = r
                 finally:
@@ -389,12 +394,13 @@ try:
             ok = rc == 0 and f is not None and w is not None
             s.case(f"gemma3 gpu_layers {layers}: a sliding part with GPU layers "
                    "(one part with --kv-swa-full)",
-                   ok and f["nswa"] == 0 and w["nswa"] > 0, f"{f} {w} {err[-300:]}")
-            s.case(f"gemma3 gpu_layers {layers}: same greedy text as every position kept, "
-                   "prefix reuse (hits) giving the same text, decode graphs",
+                   ok and f["nswa"] == 0 and w["nswa"] > 0,
+                   f"{f and f['nswa']} {w and w['nswa']} {err[-300:]}")
+            s.case(f"gemma3 gpu_layers {layers}: same greedy text and log-probabilities as every "
+                   "position kept, prefix reuse (hits) giving the same, decode graphs",
                    ok and w["texts"] == f["texts"] and w["texts"][0] == w["texts"][1] and
-                   isinstance(w["texts"][0], str) and len(set(w["texts"][0])) > 5 and
-                   w["hits"] > 0 and w["graphs"], f"{f} {w}")
+                   isinstance(w["texts"][0], tuple) and len(w["texts"][0][1]) == 60 and
+                   w["hits"] > 0 and w["graphs"], f"{f} {w}"[:3000])
 finally:
     setenv(**saved)
 
