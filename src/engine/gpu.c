@@ -34,11 +34,12 @@
  * partial offload) runs padded to a bucket of rows (1, 2, 4, ... up to
  * max_seqs), and the bucket's ops are captured once and replayed. What
  * changes per step lives in fixed device buffers uploaded before the launch
- * (x, positions, block-table offsets, block tables, output rows); no op
+ * (x, positions, block-table offsets, block tables, with a two-part pool
+ * the sliding tables at a fixed offset past them, output rows); no op
  * takes a per-step host value (attention and kv_write read each row's
  * position from the device). Pad rows have x = 0, position 0 and a table of
- * one entry: the KV pool's pad block, a block past the scheduler's ids that
- * nothing else reads; their logits rows gather row 0 and are never
+ * one entry: the KV pool's pad block (each part's own), a block past the
+ * scheduler's ids that nothing else reads; their logits rows gather row 0 and are never
  * downloaded. The first step of a bucket runs its padded ops eagerly (so
  * cuBLAS and lazily loaded kernels are initialised outside the capture),
  * the second captures. Graphs are dropped and recaptured when the step
