@@ -101,6 +101,9 @@ bool sp_kv_ring_step(int64_t n_swa, int64_t n_ring, int32_t base, int64_t *ring_
  * of a two-part pool, the global part's block). Ids outside the pool, or
  * dst == src, do nothing. Not during a step. */
 void sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src);
+/* The same in the sliding part of a two-part pool (host and device layers);
+ * nothing for a one-part pool or ids outside the sliding part. */
+void sp_kv_pool_copy_swa_block(sp_kv_pool_t *kv, int32_t dst, int32_t src);
 
 typedef struct sp_batch sp_batch_t; /* activation buffers + thread pool for steps */
 

@@ -119,8 +119,7 @@ ctx_layout(const sp_model_t *m, const sp_ctx_params_t *p, ctx_layout_t *L, char 
     /* Sliding layers keep a ring of blocks: one step's rows (n_batch) and the window
      * of its first row, plus the block that row straddles; used when smaller. */
     L->n_ring = 0;
-    if (m->enc == NULL && sp_kv_swa_block_bytes(m, p->kv_type) > 0 &&
-        sp_gpu_model_layers(m) == 0) {
+    if (m->enc == NULL && sp_kv_swa_block_bytes(m, p->kv_type) > 0) {
         const int64_t ring = sp_kv_ring_blocks(hp->n_swa, L->p.n_batch);
         L->n_ring = ring < L->n_blocks ? ring : 0;
     }

@@ -34,11 +34,12 @@
  * partial offload) runs padded to a bucket of rows (1, 2, 4, ... up to
  * max_seqs), and the bucket's ops are captured once and replayed. What
  * changes per step lives in fixed device buffers uploaded before the launch
- * (x, positions, block-table offsets, block tables, output rows); no op
+ * (x, positions, block-table offsets, block tables, with a two-part pool
+ * the sliding tables at a fixed offset past them, output rows); no op
  * takes a per-step host value (attention and kv_write read each row's
  * position from the device). Pad rows have x = 0, position 0 and a table of
- * one entry: the KV pool's pad block, a block past the scheduler's ids that
- * nothing else reads; their logits rows gather row 0 and are never
+ * one entry: the KV pool's pad block (each part's own), a block past the
+ * scheduler's ids that nothing else reads; their logits rows gather row 0 and are never
  * downloaded. The first step of a bucket runs its padded ops eagerly (so
  * cuBLAS and lazily loaded kernels are initialised outside the capture),
  * the second captures. Graphs are dropped and recaptured when the step
@@ -125,11 +126,23 @@ struct sp_gpu_model {
     bool logged;     /* the first error has been logged */
 };
 
-struct sp_gpu_kv {
-    sp_gpu_model_t *g;
+/* The device part of a KV pool. One part: every GPU layer in desc. Two parts
+ * (a sliding part, kv.c): desc holds the global GPU layers and swa the
+ * sliding ones, each with its own block ids (the host pool's) and its own pad
+ * block; slot[il] is layer il's index within its part. A part with no GPU
+ * layer has no device memory (d_data NULL). */
+typedef struct gpu_kv_part {
     sp_cuda_kv_t desc; /* n_blocks counts the pad block */
     int32_t pad_block; /* the block past the scheduler's: graph pad rows write here */
     size_t block_bytes;
+} gpu_kv_part_t;
+
+struct sp_gpu_kv {
+    sp_gpu_model_t *g;
+    gpu_kv_part_t part[2]; /* global (or every layer), sliding */
+    bool split;            /* two parts: the step uploads the sliding tables too */
+    int32_t *slot;         /* (n_gpu) a layer's index within its part */
+    bool *in_swa;          /* (n_gpu) the layer is in the sliding part */
 };
 
 #define MAX_BUCKETS 40
@@ -140,7 +153,9 @@ struct sp_gpu_batch {
     /* device */
     float *x, *q, *k, *v, *gate, *up, *proj, *cs, *cs_swa, *logits;
     void *xn, *att, *ff; /* F16 */
-    int32_t *ints;       /* pos (R) | bt (R) | rows (R) | btab (max_bt + 1) */
+    int32_t *ints;       /* pos (R) | bt (R) | rows (R) | btab (max_bt + 1)
+                            [| sliding btab (max_bt + 1), when swa_tab] */
+    bool swa_tab;        /* room for the sliding tables of a two-part pool */
     float *zeros;        /* (max_seqs, n_embd) zeros: the x of graph pad rows */
     void *wscratch;      /* F16 of the largest native-only matrix (native mode), or NULL */
     /* host staging of ints */
@@ -164,7 +179,7 @@ struct sp_gpu_batch {
     int64_t bucket[MAX_BUCKETS];
     bool warm[MAX_BUCKETS]; /* ran eagerly once at this size */
     sp_cuda_graph_t *graph[MAX_BUCKETS];
-    sp_cuda_kv_t graph_kv;  /* the pool the graphs were captured with */
+    sp_cuda_kv_t graph_kv[2]; /* the pool (both parts) the graphs were captured with */
     bool graph_kv_set;
 };
 
@@ -300,13 +315,36 @@ sp_gpu_weight_bytes(const sp_model_t *m, int64_t n_gpu)
     return b;
 }
 
+/* GPU layers [0, n_gpu) that go to the sliding part of a two-part pool. */
+static int64_t
+gpu_swa_layers(const sp_model_t *m, int64_t n_gpu)
+{
+    int64_t n = 0;
+    for (int64_t il = 0; il < n_gpu && m->hp.n_swa > 0; il++) {
+        n += m->hp.layer_swa[il] != 0;
+    }
+    return n;
+}
+
 uint64_t
 sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16)
 {
+    return sp_gpu_kv_bytes_split(m, n_gpu, n_blocks, 0, f16);
+}
+
+uint64_t
+sp_gpu_kv_bytes_split(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks,
+                      int64_t n_swa_blocks, bool f16)
+{
     const sp_hparams_t *hp = &m->hp;
-    /* + 1: the pad block of graph pad rows */
-    return (uint64_t)n_gpu * (uint64_t)hp->n_head_kv * 2 * SP_KV_BLOCK * (uint64_t)hp->head_dim *
-           (f16 ? 2u : 4u) * (uint64_t)(n_blocks + 1);
+    const uint64_t layer = (uint64_t)hp->n_head_kv * 2 * SP_KV_BLOCK * (uint64_t)hp->head_dim *
+                           (f16 ? 2u : 4u); /* one layer of one block */
+    const int64_t n_s = n_swa_blocks > 0 ? gpu_swa_layers(m, n_gpu) : 0;
+    /* + 1: each part's pad block of graph pad rows (none for a part without layers) */
+    const uint64_t g = n_gpu > n_s ? (uint64_t)(n_gpu - n_s) * layer * (uint64_t)(n_blocks + 1)
+                                   : 0;
+    const uint64_t s = n_s > 0 ? (uint64_t)n_s * layer * (uint64_t)(n_swa_blocks + 1) : 0;
+    return g + s;
 }
 
 /* Whether the sliding layers rotate with a table of their own: gemma3's
@@ -377,7 +415,10 @@ batch_sizes(const sp_model_t *m, const sp_batch_params_t *p, int mode, uint64_t 
     B[GB_XN] = R * E * F16;
     B[GB_ATT] = R * qd * F16;
     B[GB_FF] = R * F * F16;
-    B[GB_INTS] = (3 * R + (uint64_t)*max_bt + 1) * sizeof(int32_t);
+    /* A model with sliding layers may get a two-part pool: room for the
+     * sliding tables too, at the same offsets one table area further. */
+    B[GB_INTS] = (3 * R + (gpu_swa_layers(m, hp->n_layer) > 0 ? 2 : 1) *
+                              ((uint64_t)*max_bt + 1)) * sizeof(int32_t);
     B[GB_ZEROS] = S * E * 4;
     B[GB_WSCRATCH] = native_scratch_bytes(m, mode);
     B[GB_CAND] = S * SP_CU_MAX_TOPK * (sizeof(int32_t) + sizeof(float));
@@ -787,9 +828,41 @@ sp_gpu_model_step_bytes(const sp_model_t *m, int64_t n_rows)
 
 /* ------------------------------------------------------------- KV pool */
 
+/* Allocate one part: n_layer GPU layers of n_blocks blocks and a pad block. */
+static sp_status_t
+gpu_kv_part_alloc(sp_gpu_model_t *g, gpu_kv_part_t *pt, int64_t n_layer, int64_t n_blocks,
+                  bool f16, const char *what, char *err, size_t err_len)
+{
+    const sp_hparams_t *hp = &g->m->hp;
+    sp_cuda_kv_t *d = &pt->desc;
+    d->f16 = f16;
+    d->n_layer = n_layer;
+    d->n_head_kv = hp->n_head_kv;
+    d->head_dim = hp->head_dim;
+    d->tile_elems = SP_KV_BLOCK * hp->head_dim;
+    d->block_elems = n_layer * hp->n_head_kv * 2 * d->tile_elems;
+    pt->block_bytes = (size_t)d->block_elems * (f16 ? 2 : 4);
+    /* One block more than the scheduler's ids: the pad rows of a graph step
+     * write their (unused) keys and values there and attend to them alone. */
+    pt->pad_block = (int32_t)n_blocks;
+    d->n_blocks = n_blocks + 1;
+    if (n_layer == 0) {
+        return SP_OK; /* no GPU layer in this part: nothing on the device */
+    }
+    const size_t bytes = pt->block_bytes * (size_t)d->n_blocks;
+    int st = g->api->alloc(g->ctx, bytes, &d->d_data);
+    if (st != SP_OK) {
+        d->d_data = NULL;
+        dev_fail(g, st, "alloc kv pool");
+        return sp_errf(err, err_len, (sp_status_t)st, "GPU cuda:%d: KV pool (%s part) of %zu "
+                       "bytes: %s", g->ordinal, what, bytes, g->api->last_error(g->ctx));
+    }
+    return SP_OK;
+}
+
 sp_status_t
-sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, bool f16, sp_gpu_kv_t **out, char *err,
-                  size_t err_len)
+sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, int64_t n_swa_blocks, bool f16,
+                  sp_gpu_kv_t **out, char *err, size_t err_len)
 {
     *out = NULL;
     const sp_hparams_t *hp = &g->m->hp;
@@ -798,26 +871,27 @@ sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, bool f16, sp_gpu_kv_t **o
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
     }
     kv->g = g;
-    sp_cuda_kv_t *d = &kv->desc;
-    d->f16 = f16;
-    d->n_blocks = n_blocks;
-    d->n_layer = g->n_gpu;
-    d->n_head_kv = hp->n_head_kv;
-    d->head_dim = hp->head_dim;
-    d->tile_elems = SP_KV_BLOCK * hp->head_dim;
-    d->block_elems = g->n_gpu * hp->n_head_kv * 2 * d->tile_elems;
-    kv->block_bytes = (size_t)d->block_elems * (f16 ? 2 : 4);
-    /* One block more than the scheduler's ids: the pad rows of a graph step
-     * write their (unused) keys and values there and attend to them alone. */
-    kv->pad_block = (int32_t)n_blocks;
-    d->n_blocks = n_blocks + 1;
-    const size_t bytes = kv->block_bytes * (size_t)d->n_blocks;
-    int st = g->api->alloc(g->ctx, bytes, &d->d_data);
+    kv->split = n_swa_blocks > 0;
+    kv->slot = sp_malloc((size_t)g->n_gpu * sizeof *kv->slot);
+    kv->in_swa = sp_malloc((size_t)g->n_gpu * sizeof *kv->in_swa);
+    if (kv->slot == NULL || kv->in_swa == NULL) {
+        sp__gpu_kv_destroy(kv);
+        return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory");
+    }
+    int64_t n_part[2] = {0, 0};
+    for (int64_t il = 0; il < g->n_gpu; il++) {
+        kv->in_swa[il] = kv->split && hp->layer_swa[il] != 0;
+        kv->slot[il] = (int32_t)n_part[kv->in_swa[il] ? 1 : 0]++;
+    }
+    sp_status_t st = gpu_kv_part_alloc(g, &kv->part[0], n_part[0], n_blocks, f16, "global",
+                                       err, err_len);
+    if (st == SP_OK && kv->split) {
+        st = gpu_kv_part_alloc(g, &kv->part[1], n_part[1], n_swa_blocks, f16, "sliding", err,
+                               err_len);
+    }
     if (st != SP_OK) {
-        sp_free(kv);
-        dev_fail(g, st, "alloc kv pool");
-        return sp_errf(err, err_len, (sp_status_t)st, "GPU cuda:%d: KV pool of %zu bytes: %s",
-                       g->ordinal, bytes, g->api->last_error(g->ctx));
+        sp__gpu_kv_destroy(kv);
+        return st;
     }
     *out = kv;
     return SP_OK;
@@ -829,17 +903,24 @@ sp__gpu_kv_destroy(sp_gpu_kv_t *kv)
     if (kv == NULL) {
         return;
     }
-    kv->g->api->free(kv->g->ctx, kv->desc.d_data);
+    kv->g->api->free(kv->g->ctx, kv->part[0].desc.d_data);
+    kv->g->api->free(kv->g->ctx, kv->part[1].desc.d_data);
+    sp_free(kv->slot);
+    sp_free(kv->in_swa);
     sp_free(kv);
 }
 
 void
-sp__gpu_kv_copy_block(sp_gpu_kv_t *kv, int32_t dst, int32_t src)
+sp__gpu_kv_copy_block(sp_gpu_kv_t *kv, bool swa, int32_t dst, int32_t src)
 {
     sp_gpu_model_t *g = kv->g;
-    int st = g->api->d2d(g->ctx, (char *)kv->desc.d_data + (size_t)dst * kv->block_bytes,
-                         (const char *)kv->desc.d_data + (size_t)src * kv->block_bytes,
-                         kv->block_bytes);
+    const gpu_kv_part_t *pt = &kv->part[swa ? 1 : 0];
+    if ((swa && !kv->split) || pt->desc.d_data == NULL) {
+        return; /* no such part on the device, or none of its layers */
+    }
+    int st = g->api->d2d(g->ctx, (char *)pt->desc.d_data + (size_t)dst * pt->block_bytes,
+                         (const char *)pt->desc.d_data + (size_t)src * pt->block_bytes,
+                         pt->block_bytes);
     if (st != SP_OK) {
         dev_fail(g, st, "kv copy block"); /* the next step fails on the poisoned context */
     }
@@ -972,6 +1053,7 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     b->bucket[b->n_buckets++] = p->max_seqs;
     uint64_t B[GB_COUNT];
     batch_sizes(g->m, p, g->mode, B, &b->max_bt);
+    b->swa_tab = gpu_swa_layers(g->m, g->m->hp.n_layer) > 0;
     void **dst[GB_COUNT] = {
         (void **)&b->x,    (void **)&b->q,      (void **)&b->k,  (void **)&b->v,
         (void **)&b->gate, (void **)&b->up,     (void **)&b->proj, (void **)&b->cs,
@@ -987,6 +1069,9 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     b->h_ints = host_buf((size_t)B[GB_INTS]);
     b->h_cand = host_buf((size_t)B[GB_CAND]);
     if (st == SP_OK && b->h_ints != NULL && b->h_cand != NULL) {
+        /* Zeroed: a step with a sliding part uploads the unused tail of the
+         * global tables' area too (one copy). */
+        memset(b->h_ints, 0, (size_t)B[GB_INTS]);
         sp__gpu_batch_pin(b, b->h_ints, sp_gpu_host_round((size_t)B[GB_INTS]), "ints");
         sp__gpu_batch_pin(b, b->h_cand, sp_gpu_host_round((size_t)B[GB_CAND]), "candidates");
         /* The pad rows' zeros, through the (pinned) candidate buffer. */
@@ -1048,8 +1133,9 @@ mat_mul(sp_gpu_batch_t *b, const gpu_mat_t *w, const void *x, int64_t R, float *
 /* The GPU layers for R rows whose x, positions and tables are on the device:
  * enqueued ops only (no copy from or to the host), so a graph can capture it. */
 static sp_status_t
-step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw)
+step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw2[2])
 {
+    const sp_cuda_rows_t *rw = &rw2[0];
     sp_gpu_model_t *g = b->g;
     const sp_cuda_api_t *api = g->api;
     sp_cuda_ctx_t *c = g->ctx;
@@ -1080,9 +1166,14 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw)
             OP(b, "rope q", api->rope(c, b->q, R, hp->n_head, hd, hp->n_rot, cs, neox));
             OP(b, "rope k", api->rope(c, b->k, R, hp->n_head_kv, hd, hp->n_rot, cs, neox));
         }
-        OP(b, "kv write", api->kv_write(c, &kv->desc, il, b->k, b->v, rw));
-        OP(b, "attention", api->attn(c, &kv->desc, il, b->q, hp->n_head, hp->attn_scale,
-                                     swa ? hp->n_swa : 0, hp->attn_softcap, rw, b->att));
+        /* A layer of the sliding part: its tiles, its slot, the sliding tables
+         * (-1 before the window, which neither op reads). */
+        const int part = kv->in_swa[il] ? 1 : 0;
+        const sp_cuda_kv_t *kd = &kv->part[part].desc;
+        OP(b, "kv write", api->kv_write(c, kd, kv->slot[il], b->k, b->v, &rw2[part]));
+        OP(b, "attention", api->attn(c, kd, kv->slot[il], b->q, hp->n_head, hp->attn_scale,
+                                     swa ? hp->n_swa : 0, hp->attn_softcap, &rw2[part],
+                                     b->att));
         OP(b, "gemm o", mat_mul(b, &L->wo, b->att, R, b->proj, NULL));
         if (L->post_attn != NULL) {
             /* gemma: the attention output normalised before the residual add */
@@ -1209,11 +1300,12 @@ fetch_out(sp_gpu_batch_t *b, const sp_gpu_step_t *s, int64_t n_out)
 /* The ops a decode graph holds: the layers and, with full offload, the
  * logits of every (padded) row gathered through d_rows. */
 static sp_status_t
-graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const int32_t *d_rows)
+graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw[2],
+          const int32_t *d_rows)
 {
     sp_status_t st = step_layers(b, kv, rw);
     if (st == SP_OK && b->g->full) {
-        st = step_output(b, d_rows, rw->n_rows);
+        st = step_output(b, d_rows, rw[0].n_rows);
     }
     return st;
 }
@@ -1221,7 +1313,7 @@ graph_ops(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const in
 /* Capture graph_ops into *out. The capture is always ended, also when an op
  * failed in it. */
 static sp_status_t
-capture(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const int32_t *d_rows,
+capture(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw[2], const int32_t *d_rows,
         sp_cuda_graph_t **out)
 {
     const sp_cuda_api_t *api = b->g->api;
@@ -1246,6 +1338,14 @@ capture(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t *rw, const int3
     return SP_OK;
 }
 
+/* Integers to upload for n table entries: the three row arrays, the global
+ * tables and, with a sliding part, the sliding tables' area up to the same n. */
+static int64_t
+ints_count(const sp_gpu_batch_t *b, const sp_gpu_kv_t *kv, int64_t n)
+{
+    return 3 * b->max_tokens + (kv->split ? b->max_bt + 1 : 0) + n;
+}
+
 /* A decode step (R rows = R sequences) through the graph of its bucket; the
  * integers are staged in b->h_ints by the caller with n_bt table entries and
  * n_out output rows. */
@@ -1265,7 +1365,10 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
     /* Pad rows: position 0 through a one-entry table holding the pad block. */
     int32_t *pos = b->h_ints, *bt = pos + b->max_tokens, *rows = bt + b->max_tokens;
     int32_t *btab = rows + b->max_tokens;
-    btab[n_bt] = kv->pad_block;
+    btab[n_bt] = kv->part[0].pad_block;
+    if (kv->split) {
+        btab[b->max_bt + 1 + n_bt] = kv->part[1].pad_block; /* the sliding part's */
+    }
     for (int64_t t = R; t < Rb; t++) {
         pos[t] = 0;
         bt[t] = (int32_t)n_bt;
@@ -1274,7 +1377,7 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
         rows[t] = 0; /* computed, never downloaded */
     }
     TRY(g, "upload rows", api->h2d(c, b->ints, b->h_ints,
-                                   (size_t)(3 * b->max_tokens + n_bt + 1) * sizeof(int32_t)));
+                                   (size_t)ints_count(b, kv, n_bt + 1) * sizeof(int32_t)));
     TRY(g, "upload x", api->h2d(c, b->x, s->x, (size_t)(R * E) * sizeof(float)));
     if (Rb > R) {
         TRY(g, "pad rows", api->d2d(c, b->x + R * E, b->zeros,
@@ -1282,22 +1385,29 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
     }
     const int32_t *d_pos = b->ints, *d_bt = b->ints + b->max_tokens;
     const int32_t *d_rows = d_bt + b->max_tokens, *d_btab = d_rows + b->max_tokens;
-    const sp_cuda_rows_t rw = {Rb, d_pos, d_bt, d_btab};
+    /* The sliding tables at a fixed address too: graph inputs like the others. */
+    const sp_cuda_rows_t rw[2] = {{Rb, d_pos, d_bt, d_btab},
+                                  {Rb, d_pos, d_bt, d_btab + b->max_bt + 1}};
 
     /* The graphs hold the pool's address and layout: another pool, new graphs. */
-    const sp_cuda_kv_t *d = &kv->desc;
-    const sp_cuda_kv_t *o = &b->graph_kv;
-    if (b->graph_kv_set && (o->d_data != d->d_data || o->f16 != d->f16 ||
-                            o->n_blocks != d->n_blocks || o->n_layer != d->n_layer ||
-                            o->block_elems != d->block_elems || o->tile_elems != d->tile_elems)) {
+    bool same = b->graph_kv_set;
+    for (int k = 0; k < 2 && same; k++) {
+        const sp_cuda_kv_t *d = &kv->part[k].desc;
+        const sp_cuda_kv_t *o = &b->graph_kv[k];
+        same = o->d_data == d->d_data && o->f16 == d->f16 && o->n_blocks == d->n_blocks &&
+               o->n_layer == d->n_layer && o->block_elems == d->block_elems &&
+               o->tile_elems == d->tile_elems;
+    }
+    if (b->graph_kv_set && !same) {
         drop_graphs(b);
     }
     if (!b->graph_kv_set) {
-        b->graph_kv = *d;
+        b->graph_kv[0] = kv->part[0].desc;
+        b->graph_kv[1] = kv->part[1].desc;
         b->graph_kv_set = true;
     }
     if (b->graph[kb] == NULL && b->warm[kb]) {
-        sp_status_t st = capture(b, kv, &rw, d_rows, &b->graph[kb]);
+        sp_status_t st = capture(b, kv, rw, d_rows, &b->graph[kb]);
         if (st == SP_ERR_DEVICE || !api->healthy(c)) {
             return dev_fail(g, st, b->fail_op);
         }
@@ -1316,7 +1426,7 @@ run_graph(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s, int64_t n_
     } else {
         /* First step at this size (or no graphs after a failed capture): the
          * same padded ops, eagerly. */
-        sp_status_t st = graph_ops(b, kv, &rw, d_rows);
+        sp_status_t st = graph_ops(b, kv, rw, d_rows);
         if (st != SP_OK) {
             return dev_fail(g, st, b->fail_op);
         }
@@ -1338,7 +1448,8 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     sp_cuda_ctx_t *c = g->ctx;
     const sp_hparams_t *hp = &g->m->hp;
     const int64_t R = s->n_rows, E = hp->n_embd;
-    if (kv == NULL || kv->g != g || R < 1 || R > b->max_tokens || s->n_seqs > b->max_seqs) {
+    if (kv == NULL || kv->g != g || R < 1 || R > b->max_tokens || s->n_seqs > b->max_seqs ||
+        (kv->split && !b->swa_tab)) {
         return SP_ERR_INVALID;
     }
     if (!api->healthy(c)) {
@@ -1362,6 +1473,13 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
             bt[row] = (int32_t)n_bt;
         }
         memcpy(btab + n_bt, q->blocks, (size_t)need * sizeof(int32_t));
+        if (kv->split) {
+            /* The sliding table (batch.h: after the global one's n_blocks
+             * entries), at the same offset in the second area; batch.c checked
+             * the entries a step reads. */
+            memcpy(btab + b->max_bt + 1 + n_bt, q->blocks + q->n_blocks,
+                   (size_t)need * sizeof(int32_t));
+        }
         n_bt += need;
         if (s->out == SP_BATCH_OUT_SEQ) {
             s->seq_out[i] = q->logits ? n_out : -1;
@@ -1383,12 +1501,13 @@ sp__gpu_batch_run(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_gpu_step_t *s)
     }
     /* Upload what is used: the three row arrays keep their max_tokens slots. */
     TRY(g, "upload rows", api->h2d(c, b->ints, b->h_ints,
-                                   (size_t)(3 * b->max_tokens + n_bt) * sizeof(int32_t)));
+                                   (size_t)ints_count(b, kv, n_bt) * sizeof(int32_t)));
     TRY(g, "upload x", api->h2d(c, b->x, s->x, (size_t)(R * E) * sizeof(float)));
     const int32_t *d_pos = b->ints, *d_bt = b->ints + b->max_tokens;
     const int32_t *d_rows = d_bt + b->max_tokens, *d_btab = d_rows + b->max_tokens;
-    const sp_cuda_rows_t rw = {R, d_pos, d_bt, d_btab};
-    sp_status_t st = step_layers(b, kv, &rw);
+    const sp_cuda_rows_t rw[2] = {{R, d_pos, d_bt, d_btab},
+                                  {R, d_pos, d_bt, d_btab + b->max_bt + 1}};
+    sp_status_t st = step_layers(b, kv, rw);
     if (st != SP_OK) {
         return dev_fail(g, st, b->fail_op);
     }

@@ -43,6 +43,11 @@
 uint64_t sp_gpu_weight_bytes(const sp_model_t *m, int64_t n_gpu);
 /* Device bytes of a KV pool of n_blocks for n_gpu layers (and its pad block). */
 uint64_t sp_gpu_kv_bytes(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks, bool f16);
+/* The same for a two-part pool (n_swa_blocks > 0, kv.c): the global GPU
+ * layers' n_blocks and the sliding GPU layers' n_swa_blocks, each part with
+ * its pad block (none for a part without a GPU layer). */
+uint64_t sp_gpu_kv_bytes_split(const sp_model_t *m, int64_t n_gpu, int64_t n_blocks,
+                               int64_t n_swa_blocks, bool f16);
 /* Device bytes of a batch's buffers (p resolved, as sp_batch_resolve gives). */
 uint64_t sp_gpu_batch_bytes(const sp_model_t *m, const sp_batch_params_t *p);
 /* The most layers (0..n_layer) whose weights plus `per_layer` bytes each
@@ -81,10 +86,13 @@ typedef struct sp_gpu_model sp_gpu_model_t;
 typedef struct sp_gpu_kv sp_gpu_kv_t;
 typedef struct sp_gpu_batch sp_gpu_batch_t;
 
-sp_status_t sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, bool f16, sp_gpu_kv_t **out,
-                              char *err, size_t err_len);
+/* n_swa_blocks > 0: a two-part pool (the sliding GPU layers in a part of
+ * their own, with its own block ids). */
+sp_status_t sp__gpu_kv_create(sp_gpu_model_t *g, int64_t n_blocks, int64_t n_swa_blocks, bool f16,
+                              sp_gpu_kv_t **out, char *err, size_t err_len);
 void sp__gpu_kv_destroy(sp_gpu_kv_t *kv);
-void sp__gpu_kv_copy_block(sp_gpu_kv_t *kv, int32_t dst, int32_t src);
+/* Copy block src to dst within the global part, or the sliding one (swa). */
+void sp__gpu_kv_copy_block(sp_gpu_kv_t *kv, bool swa, int32_t dst, int32_t src);
 sp_status_t sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p,
                                  sp_gpu_batch_t **out, char *err, size_t err_len);
 void sp__gpu_batch_destroy(sp_gpu_batch_t *b);

@@ -105,20 +105,23 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_b
                        "kv pool: sliding blocks %lld out of range [0, %d]",
                        (long long)n_swa_blocks, INT32_MAX);
     }
-    const size_t swa_bb = sp_kv_swa_block_bytes(m, p->type);
-    if (n_swa_blocks > 0 && swa_bb == 0) {
+    if (n_swa_blocks > 0 && sp_kv_swa_block_bytes(m, p->type) == 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID,
                        "kv pool: a sliding part needs a model with sliding-window layers");
     }
-    if (n_swa_blocks > 0 && sp_gpu_model_layers(m) > 0) {
-        return sp_errf(err, err_len, SP_ERR_UNSUPPORTED,
-                       "kv pool: a sliding part needs a model without GPU layers");
-    }
-    /* Host memory for the CPU layers only (all of them without a GPU binding). */
-    const int64_t n_cpu = sp__n_layer_kv(&m->hp) - sp_gpu_model_layers(m);
-    size_t bb = sp_kv_block_bytes(m, p->type) / (size_t)sp__n_layer_kv(&m->hp) * (size_t)n_cpu;
+    /* Host memory for the CPU layers only (all of them without a GPU binding;
+     * the GPU layers' parts are on the device, gpu.c). */
+    const int64_t n_gpu = sp_gpu_model_layers(m);
+    const int64_t n_cpu = sp__n_layer_kv(&m->hp) - n_gpu;
+    const size_t layer_bb = sp_kv_block_bytes(m, p->type) / (size_t)sp__n_layer_kv(&m->hp);
+    size_t bb = layer_bb * (size_t)n_cpu;
     size_t swa_data = 0;
     if (n_swa_blocks > 0) {
+        size_t n_swa_cpu = 0; /* the sliding layers among the CPU ones */
+        for (int64_t il = n_gpu; il < sp__n_layer_kv(&m->hp); il++) {
+            n_swa_cpu += m->hp.layer_swa[il] != 0;
+        }
+        const size_t swa_bb = layer_bb * n_swa_cpu;
         bb -= swa_bb; /* the global part keeps the other layers */
         if (sp_mul_size(swa_bb, (size_t)n_swa_blocks, &swa_data) != 0) {
             return sp_errf(err, err_len, SP_ERR_INVALID,
@@ -201,7 +204,7 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
     kv->v_row = p->type == SP_KV_TYPE_Q8_0 ? sp_kv_q8_row_bytes(hd) : hd;
     kv->layer0 = sp_gpu_model_layers(m);
     kv->n_swa_blocks = n_swa_blocks;
-    /* Each layer's index within its part (layer0 is 0 for a two-part pool). */
+    /* Each CPU layer's index within its part (the GPU layers' are gpu.c's). */
     int64_t n_part[2] = {0, 0};
     kv->slot = sp_malloc((size_t)hp->n_layer * sizeof *kv->slot);
     for (int64_t il = kv->layer0; kv->slot != NULL && il < sp__n_layer_kv(hp); il++) {
@@ -212,8 +215,8 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
     kv->block_elems = n_part[0] * hp->n_head_kv * kv->n_tiles * kv->tile_elems;
     kv->swa_block_elems = n_part[1] * hp->n_head_kv * kv->n_tiles * kv->tile_elems;
     if (m->gpu != NULL) {
-        st = sp__gpu_kv_create(m->gpu, p->n_blocks, p->type == SP_KV_TYPE_F16, &kv->gpu, err,
-                               err_len);
+        st = sp__gpu_kv_create(m->gpu, p->n_blocks, n_swa_blocks, p->type == SP_KV_TYPE_F16,
+                               &kv->gpu, err, err_len);
         if (st != SP_OK) {
             sp_kv_pool_destroy(kv);
             return st;
@@ -227,7 +230,8 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
     kv->data = sp_malloc_aligned(g_bytes > 0 ? g_bytes : 64, 64);
     kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
     if (n_swa_blocks > 0) {
-        kv->swa_data = sp_malloc_aligned(swa_bytes, 64);
+        /* (64 bytes for a host sliding part without layers: all on the GPU) */
+        kv->swa_data = sp_malloc_aligned(swa_bytes > 0 ? swa_bytes : 64, 64);
         kv->swa_mark = sp_calloc((size_t)n_swa_blocks, sizeof(uint32_t));
     }
     (void)mark_bytes; /* the marks and the slots, allocated one by one */
@@ -278,7 +282,23 @@ sp_kv_pool_copy_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
     memcpy((char *)kv->data + (size_t)dst * bytes, (const char *)kv->data + (size_t)src * bytes,
            bytes);
     if (kv->gpu != NULL) {
-        sp__gpu_kv_copy_block(kv->gpu, dst, src);
+        sp__gpu_kv_copy_block(kv->gpu, false, dst, src);
+    }
+}
+
+void
+sp_kv_pool_copy_swa_block(sp_kv_pool_t *kv, int32_t dst, int32_t src)
+{
+    if (dst < 0 || src < 0 || dst >= kv->n_swa_blocks || src >= kv->n_swa_blocks || dst == src) {
+        return;
+    }
+    const size_t bytes = (size_t)kv->swa_block_elems * kv->elt;
+    if (bytes > 0) {
+        memcpy((char *)kv->swa_data + (size_t)dst * bytes,
+               (const char *)kv->swa_data + (size_t)src * bytes, bytes);
+    }
+    if (kv->gpu != NULL) {
+        sp__gpu_kv_copy_block(kv->gpu, true, dst, src);
     }
 }
 

@@ -192,7 +192,8 @@ struct sp_kv_pool {
      * in a step without a per-step allocation. */
     uint32_t *mark;
     uint32_t epoch;
-    /* A two-part pool (n_swa_blocks > 0; never with a GPU binding): data and
+    /* A two-part pool (n_swa_blocks > 0; with a GPU binding the GPU layers'
+     * two parts are on the device, gpu.c, and these hold the CPU layers'): data and
      * block_elems are then the global layers' part, swa_data the sliding
      * layers' (n_swa_blocks blocks of swa_block_elems, same layout), with its
      * own marks. slot[il]: the layer's index within its part's block (il -

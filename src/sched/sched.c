@@ -1615,8 +1615,7 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     }
     o->nb_swa = 0;
     const size_t swa_bb = sp_kv_swa_block_bytes(m, p->kv_type);
-    if (!p->kv_swa_full && swa_bb > 0 && sp_gpu_model_layers(m) == 0 &&
-        !sp_model_is_encoder(m)) {
+    if (!p->kv_swa_full && swa_bb > 0 && !sp_model_is_encoder(m)) {
         /* Two parts in the memory of nb whole blocks: per slot the window's
          * blocks, the block a row's first position straddles, and the most
          * positions one row can add past them (a speculative row's), plus a
@@ -1792,6 +1791,8 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
     out->kv_blocks = pl.nb;
     out->kv_swa_blocks = pl.nb_swa;
     out->kv_bytes = sp_kv_pool_bytes_split(m, &pl.kp, pl.nb_swa);
+    out->kv_gpu_bytes = sp_gpu_kv_bytes_split(m, sp_gpu_model_layers(m), pl.nb, pl.nb_swa,
+                                              p->kv_type == SP_KV_TYPE_F16);
     out->scratch_bytes = scratch;
     return SP_OK;
 }

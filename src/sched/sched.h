@@ -201,7 +201,10 @@ typedef struct sp_sched_mem {
     int64_t n_ctx;          /* the context the scheduler would use */
     int64_t kv_blocks;      /* KV pool size it would use (the same rule as sp_sched_create) */
     int64_t kv_swa_blocks;  /* the sliding part's blocks (0: one part) */
-    uint64_t kv_bytes;      /* the KV pool (shared cache of all running sequences) */
+    uint64_t kv_bytes;      /* the KV pool (shared cache of all running sequences): host
+                               memory, the CPU layers' (every layer without a GPU binding) */
+    uint64_t kv_gpu_bytes;  /* device memory of the GPU layers' pool, both parts of a
+                               two-part pool each at its own size (0 without GPU layers) */
     uint64_t scratch_bytes; /* batch buffers, the embedding context, logits, per-slot arrays,
                                vocab tables */
 } sp_sched_mem_t;

@@ -747,6 +747,15 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
         /* A sliding window: positions before lo are never read. */
         const int64_t lo = sp_cu_attn_first(n_kv - 1, window);
         const int32_t *table = r->d_btab + r->d_bt[t];
+        /* Every block the window reads must be in the pool: a table entry of
+         * a freed sliding block is -1 (an illegal address on a GPU). */
+        for (int64_t jb = lo / SP_CU_KV_BLOCK; jb <= (n_kv - 1) / SP_CU_KV_BLOCK; jb++) {
+            if (table[jb] < 0 || table[jb] >= kv->n_blocks) {
+                return fail(c, SP_ERR_DEVICE, "fake attn: block %lld (table entry %lld) out "
+                            "of the pool (an illegal address on a GPU)",
+                            (long long)table[jb], (long long)jb);
+            }
+        }
         float *sc = malloc((size_t)n_kv * sizeof(float));
         if (sc == NULL) {
             return fail(c, SP_ERR_NOMEM, "fake: host out of memory");

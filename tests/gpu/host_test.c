@@ -1959,6 +1959,353 @@ test_candidates(void)
     sp_model_free(p);
 }
 
+/* ---------------------------------------------------- two-part pool on the device */
+
+/*
+ * The sliding layers' own part of the KV pool on the device (kv.c, gpu.c):
+ * gemma2/gemma3-shaped models (window 8) run five sequences to position 70,
+ * far past the window, with a sliding part of GP_SWA blocks where every
+ * position would need about 25. The test plays the scheduler: per step it
+ * releases the sliding blocks before each row's window (-1 in the table) and
+ * assigns the ones the rows write, from a LIFO free list with reference
+ * counts, so freed blocks are reused at once by other sequences. Along the
+ * way: a copy-on-write fork (sequence 3 from 1 mid-block: global and sliding
+ * partial blocks copied), prefix reuse while the window's block is still held
+ * (sequence 4 takes sequence 0's first 32 positions), and the same reuse once
+ * the window moved on (refused: its sliding block was freed). Every row's
+ * logits must equal the one-part pool's bit for bit (same ops, other block
+ * ids) and the CPU's within logit_tol.
+ */
+#define GP_SEQS 5
+#define GP_MAXB 8 /* blocks per sequence table: 128 positions */
+#define GP_SWA 12
+#define GP_STEPS 48
+#define GP_ROWS (GP_STEPS * GP_SEQS + 8)
+
+typedef struct gp_counts {
+    int64_t freed;    /* sliding blocks released as windows moved */
+    int64_t assigned; /* sliding blocks taken from the free list */
+    int64_t max_held; /* most sliding entries one sequence held at once */
+    int refused;      /* the reuse after the window moved was refused */
+    int64_t rows;     /* logits rows written */
+} gp_counts_t;
+
+typedef struct gp_state {
+    int64_t W, nswa; /* window; sliding blocks (0: one-part pool) */
+    int bug;         /* release the window's first block too early (planted bug) */
+    int32_t tab[GP_SEQS][2 * GP_MAXB]; /* global | sliding */
+    bool gone[GP_SEQS][GP_MAXB];       /* (bug) released but left in the table */
+    int64_t pos[GP_SEQS];
+    bool live[GP_SEQS];
+    int32_t ref[GP_SWA], freel[GP_SWA];
+    int n_free;
+    gp_counts_t c;
+} gp_state_t;
+
+static int64_t
+gp_lo(const gp_state_t *s, int64_t pos)
+{
+    return (pos + 1 - s->W > 0 ? pos + 1 - s->W : 0) / SP_KV_BLOCK;
+}
+
+static void
+gp_release(gp_state_t *s, int32_t id)
+{
+    if (--s->ref[id] == 0) {
+        s->freel[s->n_free++] = id;
+        s->c.freed++;
+    }
+}
+
+/* The sliding entries of sequence q for a row of n tokens at its position:
+ * those before the window released, the window's and the new ones held. */
+static bool
+gp_cover(gp_state_t *s, sp_kv_pool_t *kv, int q, int64_t n)
+{
+    if (s->nswa == 0) {
+        return true;
+    }
+    int32_t *sw = s->tab[q] + GP_MAXB;
+    const int64_t lo = gp_lo(s, s->pos[q]), hi = (s->pos[q] + n - 1) / SP_KV_BLOCK;
+    for (int64_t k = 0; k < lo; k++) {
+        if (sw[k] >= 0 && !s->gone[q][k]) {
+            gp_release(s, sw[k]);
+            sw[k] = -1;
+        }
+    }
+    for (int64_t k = lo; k <= hi; k++) {
+        if (sw[k] < 0) {
+            if (s->n_free == 0) {
+                return false;
+            }
+            sw[k] = s->freel[--s->n_free];
+            s->ref[sw[k]] = 1;
+            s->c.assigned++;
+        }
+    }
+    if (s->bug && lo < s->pos[q] / SP_KV_BLOCK && sw[lo] >= 0 && !s->gone[q][lo]) {
+        /* The planted bug: the window's first block released while the
+         * window still reads it, left in the table. Its contents are then
+         * anyone's: the copy stands for another sequence's writes (which at
+         * one token a step would only reach the lanes the window no longer
+         * reads). Not written by this sequence, so the step's checks cannot
+         * see it; only what is read can. */
+        gp_release(s, sw[lo]);
+        s->gone[q][lo] = true;
+        sp_kv_pool_copy_swa_block(kv, sw[lo], sw[hi]);
+    }
+    int64_t held = 0;
+    for (int64_t k = 0; k < GP_MAXB; k++) {
+        held += sw[k] >= 0 && !s->gone[q][k];
+    }
+    s->c.max_held = held > s->c.max_held ? held : s->c.max_held;
+    return true;
+}
+
+static int32_t gp_toks[GP_SEQS][GP_MAXB * SP_KV_BLOCK];
+
+/* One step of the sequences with n[q] > 0 tokens; their logits appended to out. */
+static sp_status_t
+gp_step(gp_state_t *s, sp_batch_t *b, sp_kv_pool_t *kv, const int64_t n[GP_SEQS], float *out,
+        int64_t V)
+{
+    sp_batch_seq_t seq[GP_SEQS];
+    int ns = 0;
+    for (int q = 0; q < GP_SEQS; q++) {
+        if (n[q] == 0) {
+            continue;
+        }
+        if (!gp_cover(s, kv, q, n[q])) {
+            return SP_ERR_NOMEM;
+        }
+        seq[ns++] = (sp_batch_seq_t){gp_toks[q] + s->pos[q], n[q], s->pos[q], s->tab[q],
+                                     GP_MAXB, true, 0, NULL};
+    }
+    sp_status_t st = sp_batch_eval(b, kv, seq, ns);
+    for (int i = 0; st == SP_OK && i < ns && s->c.rows < GP_ROWS; i++) {
+        memcpy(out + s->c.rows++ * V, sp_batch_logits(b, i), (size_t)V * sizeof(float));
+    }
+    for (int q = 0; st == SP_OK && q < GP_SEQS; q++) {
+        s->pos[q] += n[q];
+    }
+    return st;
+}
+
+/* The whole script on m with a pool of nswa sliding blocks (0: one part). */
+static sp_status_t
+gp_run(sp_model_t *m, int64_t nswa, int bug, float *out, gp_counts_t *cnt)
+{
+    const int64_t V = sp_model_hparams(m)->n_vocab;
+    static gp_state_t s;
+    memset(&s, 0, sizeof s);
+    s.W = sp_model_hparams(m)->n_swa;
+    s.nswa = nswa;
+    s.bug = bug;
+    for (int q = 0; q < GP_SEQS; q++) {
+        for (int k = 0; k < GP_MAXB; k++) {
+            s.tab[q][k] = q * GP_MAXB + k;
+            s.tab[q][GP_MAXB + k] = -1;
+        }
+        for (int i = 0; i < GP_MAXB * SP_KV_BLOCK; i++) {
+            gp_toks[q][i] = (int32_t)((q * 131 + i * 17 + 7) % V);
+        }
+    }
+    for (int i = 0; i < nswa; i++) {
+        s.freel[s.n_free++] = (int32_t)(nswa - 1 - i);
+    }
+    sp_kv_pool_params_t kp = {GP_SEQS * GP_MAXB + 1, SP_KV_TYPE_F32};
+    sp_batch_params_t bp = sp_batch_default_params();
+    bp.max_tokens = 40; /* the first step's 37 rows */
+    bp.max_seqs = GP_SEQS;
+    bp.max_ctx = GP_MAXB * SP_KV_BLOCK;
+    bp.n_threads = 1;
+    sp_kv_pool_t *kv = NULL;
+    sp_batch_t *b = NULL;
+    char err[256] = "";
+    sp_status_t st = sp_kv_pool_create_split(m, &kp, nswa, &kv, err, sizeof err);
+    if (st == SP_OK) {
+        st = sp_batch_create(m, &bp, &b, err, sizeof err);
+    }
+    int64_t n[GP_SEQS] = {12, 20, 5, 0, 0};
+    s.live[0] = s.live[1] = s.live[2] = true;
+    if (st == SP_OK) {
+        st = gp_step(&s, b, kv, n, out, V);
+    }
+    int32_t extra_g = GP_SEQS * GP_MAXB; /* the pool's last global block: the fork's copy */
+    for (int t = 1; st == SP_OK && t <= GP_STEPS; t++) {
+        if (t == 10) {
+            /* Fork 3 from 1 (position 29: block 1 is partial). Full blocks
+             * shared, the partial one copied, in both parts. */
+            const int64_t p = s.pos[1], kb = p / SP_KV_BLOCK;
+            s.pos[3] = p;
+            memcpy(gp_toks[3], gp_toks[1], (size_t)p * sizeof(int32_t));
+            for (int64_t k = 0; k < kb; k++) {
+                s.tab[3][k] = s.tab[1][k];
+            }
+            s.tab[3][kb] = extra_g;
+            sp_kv_pool_copy_block(kv, extra_g, s.tab[1][kb]);
+            for (int64_t k = gp_lo(&s, p); nswa > 0 && k <= kb; k++) {
+                const int32_t src = s.tab[1][GP_MAXB + k];
+                if (k < kb) {
+                    s.tab[3][GP_MAXB + k] = src; /* full: shared, read only */
+                    s.ref[src]++;
+                } else if (s.n_free > 0) {
+                    const int32_t id = s.freel[--s.n_free];
+                    s.ref[id] = 1;
+                    s.c.assigned++;
+                    sp_kv_pool_copy_swa_block(kv, id, src);
+                    s.tab[3][GP_MAXB + k] = id;
+                }
+            }
+            s.live[3] = true;
+        }
+        if (!s.live[4] && s.pos[0] >= 32) {
+            /* Prefix reuse of 0's first 32 positions while the window of
+             * position 32 (25..31, sliding block 1) is still held. */
+            s.pos[4] = 32;
+            memcpy(gp_toks[4], gp_toks[0], 32 * sizeof(int32_t));
+            s.tab[4][0] = s.tab[0][0];
+            s.tab[4][1] = s.tab[0][1];
+            const int32_t sid = s.tab[0][GP_MAXB + 1];
+            if (nswa > 0 && sid >= 0) {
+                s.tab[4][GP_MAXB + 1] = sid;
+                s.ref[sid]++;
+            }
+            s.live[4] = true;
+        }
+        if (nswa > 0 && s.pos[0] >= 48 && !s.c.refused) {
+            /* The same reuse now: 0's sliding block 1 was released (-1), so a
+             * step reading it must be refused before anything runs. */
+            int32_t tab[2 * GP_MAXB];
+            memcpy(tab, s.tab[0], sizeof tab);
+            const sp_batch_seq_t e = {gp_toks[0] + 32, 1, 32, tab, GP_MAXB, true, 0, NULL};
+            s.c.refused = tab[GP_MAXB + 1] < 0 && sp_batch_eval(b, kv, &e, 1) == SP_ERR_INVALID;
+        }
+        for (int q = 0; q < GP_SEQS; q++) {
+            /* Decode steps (graphs), with a 3-token chunk of 0 every 10th (eager). */
+            n[q] = !s.live[q] || s.pos[q] + 3 > GP_MAXB * SP_KV_BLOCK ? 0
+                   : (q == 0 && t % 10 == 5)                           ? 3
+                                                                       : 1;
+        }
+        st = gp_step(&s, b, kv, n, out, V);
+    }
+    if (st != SP_OK && !bug) {
+        printf("  gpupool: status %d %s\n", st, err);
+    }
+    sp_batch_destroy(b);
+    sp_kv_pool_destroy(kv);
+    *cnt = s.c;
+    return st;
+}
+
+static void
+test_gpupool(const char *arch)
+{
+    char err[512], name[96];
+    arch_model_t am;
+    if (arch_build(&am, arch, err, sizeof err) != SP_OK) {
+        snprintf(name, sizeof name, "gpupool_%s", arch);
+        skip(name, err);
+        return;
+    }
+    const size_t bytes = (size_t)GP_ROWS * 512 * sizeof(float);
+    float *ref = calloc(1, bytes), *one = calloc(1, bytes), *two = calloc(1, bytes);
+    sp_model_t *cpu = arch_load(&am, 0, err, sizeof err);
+    gp_counts_t cr, c1, c2;
+    snprintf(name, sizeof name, "gpupool_%s_cpu", arch);
+    begin(name);
+    const bool have = ref && one && two && cpu != NULL && gp_run(cpu, 0, 0, ref, &cr) == SP_OK;
+    CHECK(have, "cpu run: %s", err);
+    /* The CPU's own two-part pool (done before this work) as a sanity check of the script. */
+    CHECK(have && gp_run(cpu, GP_SWA, 0, two, &c2) == SP_OK &&
+              memcmp(ref, two, (size_t)cr.rows * 512 * sizeof(float)) == 0,
+          "the CPU's two-part pool differs from its one-part pool");
+    end();
+    const double tol = have ? logit_tol(cpu, false) : 0;
+    const int64_t splits[] = {-1, 2, 1};
+    for (size_t k = 0; have && k < sizeof splits / sizeof splits[0]; k++) {
+        for (int graphs = 1; graphs >= 0; graphs--) {
+            snprintf(name, sizeof name, "gpupool_%s_%s_graphs_%s", arch,
+                     splits[k] < 0 ? "full" : splits[k] == 2 ? "partial2" : "partial1",
+                     graphs ? "on" : "off");
+            begin(name);
+            set_graphs(graphs != 0);
+            sp_model_t *g = arch_load(&am, splits[k], err, sizeof err);
+            CHECK(g != NULL, "attach: %s", err);
+            if (g != NULL && graphs) {
+                /* Device bytes: each part at its own size, as the estimate counts them. */
+                const sp_kv_pool_params_t kp = {GP_SEQS * GP_MAXB + 1, SP_KV_TYPE_F16};
+                const int64_t L = sp_gpu_model_layers(g);
+                for (int split = 0; split <= 1; split++) {
+                    sp_kv_pool_t *kv = NULL;
+                    const uint64_t before = sp_gpu_model_device_bytes(g);
+                    CHECK(sp_kv_pool_create_split(g, &kp, split ? GP_SWA : 0, &kv, err,
+                                                  sizeof err) == SP_OK, "pool: %s", err);
+                    const uint64_t got = sp_gpu_model_device_bytes(g) - before;
+                    const uint64_t want = sp_gpu_kv_bytes_split(g, L, kp.n_blocks,
+                                                                split ? GP_SWA : 0, true);
+                    CHECK(got == want, "device bytes %llu, estimate %llu",
+                          (unsigned long long)got, (unsigned long long)want);
+                    CHECK(!split || want < sp_gpu_kv_bytes(g, L, kp.n_blocks, true),
+                          "the sliding part saves no device memory");
+                    sp_kv_pool_destroy(kv);
+                }
+            }
+            const fstats_t f0 = fstats();
+            sp_status_t s1 = g ? gp_run(g, 0, 0, one, &c1) : SP_ERR_INVALID;
+            sp_status_t s2 = g ? gp_run(g, GP_SWA, 0, two, &c2) : SP_ERR_INVALID;
+            const fstats_t f1 = fstats();
+            CHECK(s1 == SP_OK && s2 == SP_OK, "status one-part %d two-part %d", s1, s2);
+            CHECK(c1.rows == cr.rows && c2.rows == cr.rows, "rows %lld %lld of %lld",
+                  (long long)c1.rows, (long long)c2.rows, (long long)cr.rows);
+            CHECK(s2 != SP_OK || memcmp(one, two, (size_t)cr.rows * 512 * sizeof(float)) == 0,
+                  "two-part logits differ from the one-part pool's");
+            double worst = 0;
+            for (int64_t r = 0; s2 == SP_OK && r < cr.rows; r++) {
+                worst = fmax(worst, rel_diff(ref + r * 512, two + r * 512, 512));
+            }
+            CHECK(worst < tol, "vs the CPU: %.3e (tolerance %.3e)", worst, tol);
+            /* Every position of the run would need about 25 sliding blocks. */
+            CHECK(c2.freed >= 10 && c2.assigned > GP_SWA && c2.max_held <= 3 && c2.refused,
+                  "sliding blocks: freed %lld assigned %lld max held %lld refused %d",
+                  (long long)c2.freed, (long long)c2.assigned, (long long)c2.max_held,
+                  c2.refused);
+            if (graphs) {
+                CHECK(f1.launches > f0.launches, "no graph launched");
+            }
+            if (k == 0 && graphs) {
+                printf("  %s: %lld rows, vs CPU %.2e (tolerance %.2e); sliding blocks freed %lld, "
+                       "assigned %lld from %d, at most %lld held by a sequence\n",
+                       arch, (long long)cr.rows, worst, tol, (long long)c2.freed,
+                       (long long)c2.assigned, GP_SWA, (long long)c2.max_held);
+                /* The planted bug: a block released one step early and reused by
+                 * another sequence while still read. */
+                gp_counts_t cb;
+                float *bug = calloc(1, bytes);
+                const sp_status_t sb = bug ? gp_run(g, GP_SWA, 1, bug, &cb) : SP_ERR_NOMEM;
+                int64_t first = -1; /* the first row that differs */
+                for (int64_t r = 0; sb == SP_OK && r < cr.rows && first < 0; r++) {
+                    first = memcmp(one + r * 512, bug + r * 512, 512 * sizeof(float)) ? r : -1;
+                }
+                printf("  planted bug (a sliding block freed while its window reads it): "
+                       "status %d, first differing row %lld of %lld\n", sb, (long long)first,
+                       (long long)cr.rows);
+                CHECK(bug != NULL && sb == SP_OK && first >= 0,
+                      "a read of a freed sliding block went unnoticed");
+                free(bug);
+            }
+            sp_model_free(g);
+            set_graphs(true);
+            end();
+        }
+    }
+    free(ref);
+    free(one);
+    free(two);
+    sp_model_free(cpu);
+    sp_free(am.buf);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -2025,6 +2372,8 @@ main(int argc, char **argv)
         test_arch("gemma2");
         test_arch("gemma3");
         test_arch("smollm3");
+        test_gpupool("gemma2");
+        test_gpupool("gemma3");
     }
     test_sampler_candidates();
     printf("test_cuda_host: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

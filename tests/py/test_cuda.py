@@ -351,6 +351,56 @@ try:
                    srv.text()[-2000:])
         finally:
             srv.stop()
+        # Sliding-window layers on the device keep only their window (the two-part pool,
+        # docs/design-gpupool.md): a gemma3-tiny model (window 8), full and partial offload,
+        # answers as with --kv-swa-full (every position kept), prefix reuse included.
+        g3 = os.path.join(tmp, "g3repo", "g3", "1", "model.gguf")
+        os.makedirs(os.path.dirname(g3), exist_ok=True)
+        rc, out, err = run(["/usr/bin/python3", os.path.join(ROOT, "tools", "gguf_gen.py"), g3,
+                            "--preset", "gemma3-tiny", "--ctx", "512", "--untied", "--seed", "7",
+                            "-q"], timeout=60)
+        long_prompt = " ".join(f"word{i}" for i in range(40))
+        swa = {}
+        for layers in ("-1", "1"):
+            for full in (True, False):
+                with open(os.path.join(tmp, "g3repo", "g3", "config.json"), "w") as f:
+                    json.dump(dict(gpu_cfg, parameters={"gpu_layers": {"string_value": layers}}),
+                              f)
+                setenv(SAMPAN_NVML_LIB=fake_nvml, CUDA_VISIBLE_DEVICES=None, SAMPAN_CUDA_LIB=fake)
+                srv = RepoServer(os.path.join(tmp, "g3repo"), "--parallel", "2", "--kv-blocks",
+                                 "40", "--step-tokens", "64",
+                                 *(["--kv-swa-full"] if full else []))
+                try:
+                    m = srv.wait_log(r"event=sched_ready[^\n]*kv_swa_blocks=(\d+)", timeout=10)
+                    r = {"nswa": int(m.group(1)) if m else -1, "texts": []}
+                    for _ in range(2):  # the second run takes the first's cached blocks
+                        st, doc = http_json(srv.port, "POST", "/v1/completions",
+                                            {"model": "g3", "prompt": long_prompt,
+                                             "max_tokens": 60, "temperature": 0,
+                                             "ignore_eos": True, "logprobs": 1}, timeout=60)
+                        # the text and its log-probabilities: the device's logits bit for bit
+                        r["texts"].append((doc["choices"][0]["text"],
+                                           doc["choices"][0]["logprobs"]["token_logprobs"])
+                                          if st == 200 else st)
+                    st, doc = http_json(srv.port, "GET", "/stats", None, timeout=10)
+                    g3_stats = (doc or {}).get("models", {}).get("g3", {}) if st == 200 else {}
+                    r["hits"] = g3_stats.get("prefix_hits", -1)
+                    r["graphs"] = srv.wait_log(r"event=gpu_graph_captured", timeout=1) is not None
+                    swa[(layers, full)] = r
+                finally:
+                    srv.stop()
+        for layers in ("-1", "1"):
+            f, w = swa.get((layers, True)), swa.get((layers, False))
+            ok = rc == 0 and f is not None and w is not None
+            s.case(f"gemma3 gpu_layers {layers}: a sliding part with GPU layers "
+                   "(one part with --kv-swa-full)",
+                   ok and f["nswa"] == 0 and w["nswa"] > 0,
+                   f"{f and f['nswa']} {w and w['nswa']} {err[-300:]}")
+            s.case(f"gemma3 gpu_layers {layers}: same greedy text and log-probabilities as every "
+                   "position kept, prefix reuse (hits) giving the same, decode graphs",
+                   ok and w["texts"] == f["texts"] and w["texts"][0] == w["texts"][1] and
+                   isinstance(w["texts"][0], tuple) and len(w["texts"][0][1]) == 60 and
+                   w["hits"] > 0 and w["graphs"], f"{f} {w}"[:3000])
 finally:
     setenv(**saved)
 
