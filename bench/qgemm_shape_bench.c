@@ -109,11 +109,14 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     uint8_t *wp = NULL;
     if (k->level == SP_CPU_AVX512 && k->repack_gemm[wt] != NULL) {
         /* the AVX-512 table runs this type on packed weights (the engine's path) */
-        wp = malloc(sp_repack_bytes(wt, n, ROWS));
-        sp_repack_pack(wt, n, w, wrow, ROWS, 0, ROWS / SP_REPACK_ROWS, wp);
+        /* in the table's own form (Q8_0 / Q4_0: 16-row panels) */
+        const sp_repack_layout_t lay = k->repack_layout[wt];
+        const int gr = sp_repack_layout_rows(lay);
+        wp = aligned_alloc(64, (sp_repack_bytes_in(lay, wt, n, ROWS) + 63) & ~(size_t)63);
+        sp_repack_pack_in(lay, wt, n, w, wrow, ROWS, 0, (ROWS + gr - 1) / gr, wp);
         cur.gemm = k->repack_gemm[wt];
         cur.w = wp;
-        cur.wrow = sp_repack_group_bytes(wt, n);
+        cur.wrow = sp_repack_group_bytes_in(lay, wt, n);
     }
     if (cur.gemm == NULL) {
         printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);

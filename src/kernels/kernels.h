@@ -431,13 +431,20 @@ typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
  * Which packed form a kernel table reads (its repack_layout[type]); a load packs each type
  * in the form of the table it runs with (sp_cpu_kernels(), fixed for the process).
  *   SP_REPACK_ROW8     the 8-row form above (every type above; the AVX2 kernels').
- *   SP_REPACK_PANEL16  Q8_0 only, the AVX-512 VNNI panels' form: groups of 16 rows; per
- *     pair of blocks (2p, 2p + 1) 1088 bytes (17 cache lines): block 2p's 8 x 64 quant
- *     bytes, block 2p + 1's, then the two blocks' 16 F16 scales each (row order). Quant
- *     byte 64 g + 4 i + e of a block is element 4 g + e of row i, stored as q ^ 0x80
- *     (= q + 128, the unsigned operand of VPDPBUSD: the sign handling done once). An odd
- *     last block is padded to a pair with zero rows' bytes (quants 0x80, scales 0). The
- *     same bytes as the file (34 per row and block) when the block count is even.
+ *   SP_REPACK_PANEL16  Q8_0 and Q4_0, the AVX-512 VNNI panels' form: groups of 16 rows;
+ *     per pair of blocks (2p, 2p + 1): block 2p's quant bytes, block 2p + 1's, then the two
+ *     blocks' 16 F16 scales each (row order).
+ *     Q8_0: 1088 bytes a pair (17 cache lines), 8 x 64 quant bytes a block; byte
+ *     64 g + 4 i + e is element 4 g + e of row i, stored as q ^ 0x80 (= q + 128, the
+ *     unsigned operand of VPDPBUSD: the sign handling done once).
+ *     Q4_0: 576 bytes a pair (9 cache lines), 4 x 64 quant bytes a block; byte
+ *     64 m + 4 i + e is the file's quant byte 4 m + e of row i, unchanged: its low nibble
+ *     is element 4 m + e (+ 8, already unsigned), its high nibble element 16 + 4 m + e, so
+ *     one AND 0x0f of register m gives the panel operand G_m and a shift by 4 and an AND
+ *     give G_{m+4}.
+ *     An odd last block is padded to a pair with a zero block (Q8_0 quants 0x80, Q4_0 0x00,
+ *     scales 0) and the rows to 16 with zero rows. The same bytes as the file (34 / 18 per
+ *     row and block) when the block count is even and the rows a multiple of 16.
  *     cpu/repack.c packs and unpacks it; avx512_qgemm.c computes from it.
  */
 typedef enum {

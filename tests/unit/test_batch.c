@@ -965,12 +965,14 @@ TEST(batch_one_token_split_64_threads)
                                packed != 0, x, got};
                 uint8_t *pw = NULL;
                 if (packed) {
-                    pw = sp_malloc(sp_repack_bytes(type, n, rows));
+                    /* the table's own packed form (Q4_0: 16-row panels at AVX-512 VNNI) */
+                    const sp_repack_layout_t lay = k->repack_layout[type];
+                    const int gr = sp_repack_layout_rows(lay);
+                    pw = sp_malloc(sp_repack_bytes_in(lay, type, n, rows));
                     ASSERT(pw);
-                    const int64_t groups = (rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-                    sp_repack_pack(type, n, w, rs, rows, 0, groups, pw);
+                    sp_repack_pack_in(lay, type, n, w, rs, rows, 0, (rows + gr - 1) / gr, pw);
                     j.w = pw;
-                    j.ws = sp_repack_group_bytes(type, n);
+                    j.ws = sp_repack_group_bytes_in(lay, type, n);
                 }
                 /* each row alone: vec_dot (the packed gemms give the reference's bits) */
                 const sp_cpu_kernels_t *dk = packed ? sp_cpu_kernels_ref() : k;

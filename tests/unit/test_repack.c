@@ -199,6 +199,8 @@ TEST(repack_gemm_scalar)
                         SP_REPACK_ROW8);
     rp_check_kernel("scalar panel16", SP_TYPE_Q8_0, sp__repack_q8_0_p16_gemm_ref,
                     SP_REPACK_PANEL16);
+    rp_check_kernel("scalar panel16", SP_TYPE_Q4_0, sp__repack_q4_0_p16_gemm_ref,
+                    SP_REPACK_PANEL16);
 }
 
 static void
@@ -242,7 +244,7 @@ TEST(repack_extreme_values)
     const int64_t n = 256, rows = 11;
     for (int ti = 0; ti < 2; ti++) {
         const sp_type_t type = rp_types[ti];
-        uint8_t w[11 * 8 * 18], packed[2 * 8 * 144];
+        uint8_t w[11 * 8 * 18], packed[2 * 8 * 144]; /* either form: 16 rows x 8 x 18 */
         sp_block_q8_0 x[3][8];
         for (int r = 0; r < rows; r++) {
             for (int b = 0; b < 8; b++) {
@@ -259,7 +261,6 @@ TEST(repack_extreme_values)
                     x[t][b].qs[j] = (int8_t)(t == 0 ? 127 : t == 1 ? -127 : (j % 2 ? 127 : -127));
             }
         }
-        sp_repack_pack(type, n, w, 8 * 18, rows, 0, 2, packed);
         float want[3][11];
         for (int t = 0; t < 3; t++)
             for (int r = 0; r < rows; r++)
@@ -271,8 +272,14 @@ TEST(repack_extreme_values)
                 gemm = sp__repack_gemm_ref(type);
             if (gemm == NULL)
                 continue;
+            /* each level's own packed form (Q4_0: 16-row panels at AVX-512 VNNI) */
+            const sp_repack_layout_t lay = l == SP_CPU_SCALAR ? SP_REPACK_ROW8 : k->repack_layout[type];
+            const int gr = sp_repack_layout_rows(lay);
+            ASSERT(sp_repack_bytes_in(lay, type, n, rows) <= sizeof packed);
+            sp_repack_pack_in(lay, type, n, w, 8 * 18, rows, 0, (rows + gr - 1) / gr, packed);
             float y[3][11];
-            gemm(n, packed, 8 * 144, 0, rows, x, sizeof x[0], 3, &y[0][0], rows);
+            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, sizeof x[0], 3,
+                 &y[0][0], rows);
             for (int t = 0; t < 3; t++)
                 for (int r = 0; r < rows; r++)
                     ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",

@@ -571,36 +571,51 @@ gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
 /* ---- the load-time packed form (SP_REPACK_PANEL16, kernels.h) ---------------------- */
 
 /*
- * The packed Q8_0 weights hold exactly what pack_panel makes per call (G0..G7 already
- * + 128, the 16 scales in row order, as F16), for every panel of the matrix, so prefill,
- * batched decode and one token all run tile_packed's arithmetic straight from them: no
- * transpose, no gather, no per-call packing. A tile of T tokens reads a panel's K chunk as
- * one contiguous stream (pairs of blocks, 17 cache lines each) and, when pf is set,
- * fetches the same stretch of the panel computed next, spread over its blocks.
+ * The packed weights hold, for every panel of the matrix, what pack_panel makes per call:
+ * Q8_0 as G0..G7 already + 128 (8 x 64 bytes a block), Q4_0 as the four registers whose
+ * AND 0x0f gives G0..G3 and whose shift by 4 then AND gives G4..G7 (4 x 64 bytes a block:
+ * dword i of register m is row i's quant bytes 4m..4m+3, the file's nibbles moved, not
+ * changed), then the 16 scales in row order as F16. So prefill, batched decode and one
+ * token all run tile_packed's arithmetic straight from them: no transpose, no gather, no
+ * per-call packing. A tile of T tokens reads a panel's K chunk as one contiguous stream
+ * (pairs of blocks: 17 cache lines for Q8_0, 9 for Q4_0) and, when pf is set, fetches the
+ * same stretch of the panel computed next, spread over its blocks.
  */
 SP_INLINE void
-tile_p16(const int T, int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr,
-         const tile_out_t *o, const uint8_t *pf)
+tile_p16(const int wt, const int T, int tw, int64_t b0, int64_t nbk, const uint8_t *gw,
+         const uint8_t *xr, const tile_out_t *o, const uint8_t *pf)
 {
+    const sp_type_t type = wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0;
+    const size_t half_pair = sp__p16_pair_bytes_of(type) / 2;
     __m512 acc[QG_T];
     acc_init(T, acc, o);
     for (int64_t j = 0; j < nbk; j++) {
         const int64_t b = b0 + j;
         if (pf != NULL) {
             /* blocks b of a group cover bytes [b, b + 1) * half a pair: the pair, whole */
-            const uintptr_t p = (uintptr_t)pf + (size_t)b * (SP_P16_PAIR_BYTES / 2);
-            for (size_t l = 0; l < SP_P16_PAIR_BYTES / 2; l += 64) {
+            const uintptr_t p = (uintptr_t)pf + (size_t)b * half_pair;
+            for (size_t l = 0; l < half_pair; l += 64) {
                 _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
             }
         }
-        const uint8_t *q = gw + sp__p16_qs_off(b);
+        const uint8_t *q = gw + sp__p16_qs_off_of(type, b);
         __m512i g[8];
+        if (wt == WT_Q8_0) {
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
+            for (int i = 0; i < 8; i++) {
+                g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
+            }
+        } else {
+            const __m512i m4 = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
+                g[i] = _mm512_and_si512(v, m4);
+                g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+            }
         }
-        const __m512 dw =
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off(b))));
+        const __m512 dw = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off_of(type, b))));
         block_step(T, tw, g, dw, xr + j * tw * QG_XREC, acc);
     }
     acc_store(T, acc, o);
@@ -608,31 +623,31 @@ tile_p16(const int T, int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const 
 
 typedef void (*p16_fn)(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr,
                        const tile_out_t *o, const uint8_t *pf);
-#define P16(T)                                                                                 \
-    static void p16_##T(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr, \
-                        const tile_out_t *o, const uint8_t *pf)                                \
-    {                                                                                          \
-        tile_p16(T, tw, b0, nbk, gw, xr, o, pf);                                               \
+#define P16(W, T)                                                                          \
+    static void p16_##W##_##T(int tw, int64_t b0, int64_t nbk, const uint8_t *gw,          \
+                              const uint8_t *xr, const tile_out_t *o, const uint8_t *pf)   \
+    {                                                                                      \
+        tile_p16(WT_##W, T, tw, b0, nbk, gw, xr, o, pf);                                   \
     }
-P16(1)
-P16(2)
-P16(3)
-P16(4)
-P16(5)
-P16(6)
-P16(7)
-P16(8)
-static const p16_fn p16_tiles[QG_T + 1] = {NULL, p16_1, p16_2, p16_3, p16_4,
-                                           p16_5, p16_6, p16_7, p16_8};
+#define P16_ALL(W)                                                                         \
+    P16(W, 1) P16(W, 2) P16(W, 3) P16(W, 4) P16(W, 5) P16(W, 6) P16(W, 7) P16(W, 8)         \
+    static const p16_fn p16_tiles_##W[QG_T + 1] = {NULL,          p16_##W##_1, p16_##W##_2, \
+                                                   p16_##W##_3,   p16_##W##_4, p16_##W##_5, \
+                                                   p16_##W##_6,   p16_##W##_7, p16_##W##_8};
+P16_ALL(Q8_0)
+P16_ALL(Q4_0)
 
-/* repack_gemm[Q8_0]: w = group 0 of the packed matrix, gs its group bytes. Rows [r0, r1)
- * may start and end inside a group (the lanes outside are masked off, never stored). */
+/* repack_gemm[Q8_0 / Q4_0]: w = group 0 of the packed matrix, gs its group bytes. Rows
+ * [r0, r1) may start and end inside a group (the lanes outside are masked off, never
+ * stored). */
 static void
-packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
-                 size_t xs, int64_t n_tok, float *y, int64_t ldy)
+packed_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
+            size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(64) uint8_t xr[QG_XBUF];
     const int64_t nb = n / SP_QK8_0;
+    const size_t half_pair = sp__p16_pair_bytes_of(wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0) / 2;
+    const p16_fn *tiles = wt == WT_Q8_0 ? p16_tiles_Q8_0 : p16_tiles_Q4_0;
     if (nb == 0) { /* an empty dot product is 0, as in the reference */
         for (int64_t t = 0; t < n_tok; t++) {
             memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
@@ -641,8 +656,8 @@ packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, co
     }
     /* Up to QG_T tokens: one tile, records of exactly those tokens, K chunks as long as the
      * record buffer allows (each panel is read once anyway). More: tiles of QG_T sweep a
-     * panel's K chunk of QG_KC blocks (17 KiB) while it sits in L1. Chunks start on even
-     * blocks, so a chunk's panel bytes are whole pairs, contiguous. */
+     * panel's K chunk of QG_KC blocks (17 KiB of Q8_0, 9 KiB of Q4_0) while it sits in L1.
+     * Chunks start on even blocks, so a chunk's panel bytes are whole pairs, contiguous. */
     const int tw = n_tok < QG_T ? (int)n_tok : QG_T;
     const int64_t tc = n_tok <= QG_T ? n_tok : QG_TC;
     const int64_t kc = n_tok <= QG_T ? (QG_XBUF / (tw * QG_XREC)) & ~(int64_t)1 : QG_KC;
@@ -652,7 +667,7 @@ packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, co
         const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
             const int64_t nbk = nb - b0 < kc ? nb - b0 : kc;
-            prep_x(WT_Q8_0, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
+            prep_x(wt, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
             for (int64_t g = g0; g < g1; g++) {
                 const int64_t lo = r0 > g * SP_P16_ROWS ? r0 - g * SP_P16_ROWS : 0;
                 const int64_t hi = r1 < (g + 1) * SP_P16_ROWS ? r1 - g * SP_P16_ROWS : SP_P16_ROWS;
@@ -661,23 +676,36 @@ packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, co
                 /* the panel computed next: the next group, else the first one at the next
                  * K chunk (shifted so that its blocks line up with this chunk's). Not with
                  * one token: there the hardware's stream over the contiguous groups is
-                 * enough and the extra prefetches cost (repack_bench, one thread: decode from
-                 * DRAM 1.16-1.31x the old kernel without them, 1.05-1.14x with; 8 tokens
+                 * enough and the extra prefetches cost (repack_bench q8_0, one thread: decode
+                 * from DRAM 1.16-1.31x the old kernel without them, 1.05-1.14x with; 8 tokens
                  * 0.9-1.2x without, 1.4-1.6x with) */
                 const uint8_t *pf = n_tok == 1 ? NULL
                                     : g + 1 < g1 ? gw + gs
-                                    : b0 + nbk < nb
-                                        ? wb + (size_t)g0 * gs + (size_t)nbk * (SP_P16_PAIR_BYTES / 2)
-                                        : NULL;
+                                    : b0 + nbk < nb ? wb + (size_t)g0 * gs + (size_t)nbk * half_pair
+                                                    : NULL;
                 for (int64_t t = 0, u = 0; t < nt; t += QG_T, u++) {
                     const int64_t tn = nt - t < QG_T ? nt - t : QG_T;
                     const tile_out_t o = {y + (t0 + t) * ldy + g * SP_P16_ROWS, ldy, m, b0 > 0};
-                    p16_tiles[tn](tw, b0, nbk, gw, xr + (size_t)u * (size_t)nbk * tw * QG_XREC, &o,
-                                  u == 0 ? pf : NULL);
+                    tiles[tn](tw, b0, nbk, gw, xr + (size_t)u * (size_t)nbk * tw * QG_XREC, &o,
+                              u == 0 ? pf : NULL);
                 }
             }
         }
     }
+}
+
+static void
+packed_gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
+                 size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm(WT_Q8_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+static void
+packed_gemm_q4_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
+                 size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm(WT_Q4_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void
@@ -685,6 +713,8 @@ sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q8_0] = packed_gemm_q8_0;
     k->repack_layout[SP_TYPE_Q8_0] = SP_REPACK_PANEL16;
+    k->repack_gemm[SP_TYPE_Q4_0] = packed_gemm_q4_0;
+    k->repack_layout[SP_TYPE_Q4_0] = SP_REPACK_PANEL16;
 }
 
 static void

@@ -154,7 +154,9 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
          * "Ten types on an AVX-512 host"). With VNNI: IQ4_XS's packed prefill takes the 16-row
          * VPDPBUSD panels (avx512_q4panel.c; one token stays on the AVX2 packed kernel), IQ4_NL
          * and MXFP4 are packed again and read as those panels at any token count, Q4_K's
-         * packed gemm is avx512_repack.c's and the Q2_K / Q6_K gemms avx512_kpanel.c's. */
+         * packed gemm is avx512_repack.c's and the Q2_K / Q6_K gemms avx512_kpanel.c's; Q8_0
+         * and Q4_0 are packed again, in 16-row VNNI panels (SP_REPACK_PANEL16) read by
+         * avx512_qgemm.c at any token count. */
         k->repack_gemm[SP_TYPE_Q4_0] = NULL;
         k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
         k->repack_gemm[SP_TYPE_Q8_0] = NULL;
@@ -169,7 +171,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__repack_register_avx512(k, has_vnni);
         sp__kpanels_register_avx512(k, has_vnni);
         if (has_vnni) {
-            sp__avx512_qgemm_packed_register(k); /* Q8_0 packed at load in 16-row panels */
+            sp__avx512_qgemm_packed_register(k); /* Q8_0, Q4_0 packed at load: 16-row panels */
         }
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");

@@ -212,40 +212,56 @@ row8_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *
     }
 }
 
-/* ---- SP_REPACK_PANEL16 (Q8_0) ---------------------------------------------------------- */
+/* ---- SP_REPACK_PANEL16 (Q8_0, Q4_0) ------------------------------------------------------ */
+
+/* Bytes of one row's block in the file (34 for Q8_0, 18 for Q4_0): the F16 scale, then the
+ * quant bytes. */
+static size_t
+p16_file_block(sp_type_t type)
+{
+    return 2 + sp__p16_row_qs(type);
+}
 
 static size_t
 p16_group_bytes(sp_type_t type, int64_t n)
 {
-    if (type != SP_TYPE_Q8_0 || n <= 0 || n % SP_QK8_0 != 0 || n > SP_REPACK_MAX_N) {
+    if ((type != SP_TYPE_Q8_0 && type != SP_TYPE_Q4_0) || n <= 0 || n % SP_QK8_0 != 0 ||
+        n > SP_REPACK_MAX_N) {
         return 0;
     }
-    return (size_t)((n / SP_QK8_0 + 1) / 2) * SP_P16_PAIR_BYTES;
+    return (size_t)((n / SP_QK8_0 + 1) / 2) * sp__p16_pair_bytes_of(type);
+}
+
+/* Q8_0's quants are stored + 128 (q ^ 0x80), the unsigned operand of VPDPBUSD; Q4_0's raw
+ * nibbles already are (q + 8), so its bytes are the file's, only moved. */
+static uint8_t
+p16_code(sp_type_t type, uint8_t file_byte)
+{
+    return type == SP_TYPE_Q8_0 ? (uint8_t)(file_byte ^ 0x80) : file_byte;
 }
 
 static void
-p16_pack(int64_t n, const void *src, size_t src_stride, int64_t n_rows, int64_t g0, int64_t g1,
-         void *dst)
+p16_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t n_rows,
+         int64_t g0, int64_t g1, void *dst)
 {
-    const size_t gb = p16_group_bytes(SP_TYPE_Q8_0, n);
+    const size_t gb = p16_group_bytes(type, n), fb = p16_file_block(type);
+    const int qb = (int)sp__p16_row_qs(type);
     const int64_t nb = n / SP_QK8_0, nb_pad = (nb + 1) / 2 * 2;
     for (int64_t g = g0; g < g1; g++) {
         uint8_t *out = (uint8_t *)dst + (size_t)g * gb;
         for (int64_t b = 0; b < nb_pad; b++) {
-            uint8_t *qs = out + sp__p16_qs_off(b), *d = out + sp__p16_d_off(b);
+            uint8_t *qs = out + sp__p16_qs_off_of(type, b), *d = out + sp__p16_d_off_of(type, b);
             for (int i = 0; i < SP_P16_ROWS; i++) {
                 const int64_t row = g * SP_P16_ROWS + i;
-                sp_block_q8_0 blk;
+                uint8_t blk[34];
                 if (row < n_rows && b < nb) {
-                    memcpy(&blk, (const uint8_t *)src + (size_t)row * src_stride +
-                                     (size_t)b * sizeof blk,
-                           sizeof blk);
+                    memcpy(blk, (const uint8_t *)src + (size_t)row * src_stride + (size_t)b * fb, fb);
                 } else {
-                    memset(&blk, 0, sizeof blk); /* a zero row or the pad block: scale 0 */
+                    memset(blk, 0, fb); /* a zero row or the pad block: scale 0 */
                 }
-                memcpy(d + 2 * i, &blk.d, 2);
-                for (int j = 0; j < SP_QK8_0; j++) {
-                    qs[64 * (j / 4) + 4 * i + j % 4] = (uint8_t)blk.qs[j] ^ 0x80;
+                memcpy(d + 2 * i, blk, 2);
+                for (int j = 0; j < qb; j++) {
+                    qs[sp__p16_elem_off(type, i, j)] = p16_code(type, blk[2 + j]);
                 }
             }
         }
@@ -253,18 +269,19 @@ p16_pack(int64_t n, const void *src, size_t src_stride, int64_t n_rows, int64_t 
 }
 
 static void
-p16_unpack_row(int64_t n, const void *packed, int64_t r, void *dst)
+p16_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *dst)
 {
-    const size_t gb = p16_group_bytes(SP_TYPE_Q8_0, n);
+    const size_t gb = p16_group_bytes(type, n), fb = p16_file_block(type);
+    const int qb = (int)sp__p16_row_qs(type);
     const uint8_t *g = (const uint8_t *)packed + (size_t)(r / SP_P16_ROWS) * gb;
     const int i = (int)(r % SP_P16_ROWS);
     for (int64_t b = 0; b < n / SP_QK8_0; b++) {
-        sp_block_q8_0 blk;
-        memcpy(&blk.d, g + sp__p16_d_off(b) + 2 * i, 2);
-        for (int j = 0; j < SP_QK8_0; j++) {
-            blk.qs[j] = (int8_t)(g[sp__p16_qs_off(b) + 64 * (j / 4) + 4 * i + j % 4] ^ 0x80);
+        uint8_t *o = (uint8_t *)dst + (size_t)b * fb;
+        memcpy(o, g + sp__p16_d_off_of(type, b) + 2 * i, 2);
+        for (int j = 0; j < qb; j++) {
+            /* the code is its own inverse (XOR, or none) */
+            o[2 + j] = p16_code(type, g[sp__p16_qs_off_of(type, b) + sp__p16_elem_off(type, i, j)]);
         }
-        memcpy((uint8_t *)dst + (size_t)b * sizeof blk, &blk, sizeof blk);
     }
 }
 
@@ -303,7 +320,7 @@ sp_repack_pack_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, const vo
         return;
     }
     if (layout == SP_REPACK_PANEL16) {
-        p16_pack(n, src, src_stride, n_rows, g0, g1, dst);
+        p16_pack(type, n, src, src_stride, n_rows, g0, g1, dst);
     } else {
         row8_pack(type, n, src, src_stride, n_rows, g0, g1, dst);
     }
@@ -317,7 +334,7 @@ sp_repack_unpack_row_in(sp_repack_layout_t layout, sp_type_t type, int64_t n, co
         return;
     }
     if (layout == SP_REPACK_PANEL16) {
-        p16_unpack_row(n, packed, r, dst);
+        p16_unpack_row(type, n, packed, r, dst);
     } else {
         row8_unpack_row(type, n, packed, r, dst);
     }
@@ -348,23 +365,41 @@ sp_repack_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, v
     sp_repack_unpack_row_in(SP_REPACK_ROW8, type, n, packed, r, dst);
 }
 
-/* Q8_0 row i of a panel group against one Q8_0 activation row: ref.c's vec_dot order. */
+/* Row i of a panel group against one Q8_0 activation row: ref.c's vec_dot order (Q8_0 or
+ * Q4_0, whose element j sits in the low nibble for j < 16, else the high one). */
 static float
-p16_row_dot(int64_t n, const uint8_t *g, int i, const sp_block_q8_0 *x)
+p16_row_dot(sp_type_t type, int64_t n, const uint8_t *g, int i, const sp_block_q8_0 *x)
 {
     float sum = 0.0f;
     for (int64_t b = 0; b < n / SP_QK8_0; b++) {
-        const uint8_t *qs = g + sp__p16_qs_off(b);
+        const uint8_t *qs = g + sp__p16_qs_off_of(type, b);
         int32_t isum = 0;
         for (int j = 0; j < SP_QK8_0; j++) {
-            isum += ((int32_t)qs[64 * (j / 4) + 4 * i + j % 4] - 128) * (int32_t)x[b].qs[j];
+            const uint8_t c = qs[sp__p16_elem_off(type, i, j)];
+            const int32_t q = type == SP_TYPE_Q8_0 ? (int32_t)c - 128
+                              : j < 16            ? (int32_t)(c & 0x0f) - 8
+                                                  : (int32_t)(c >> 4) - 8;
+            isum += q * (int32_t)x[b].qs[j];
         }
         sp_fp16_t wd;
-        memcpy(&wd, g + sp__p16_d_off(b) + 2 * i, sizeof wd);
+        memcpy(&wd, g + sp__p16_d_off_of(type, b) + 2 * i, sizeof wd);
         const float d = sp_fp16_to_fp32(wd) * sp_fp16_to_fp32(x[b].d);
         sum += (float)isum * d;
     }
     return sum;
+}
+
+static void
+p16_gemm_ref(sp_type_t type, int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+             const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        const void *xt = (const uint8_t *)x + (size_t)t * x_stride;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_P16_ROWS) * w_stride;
+            y[t * ldy + r] = p16_row_dot(type, n, g, (int)(r % SP_P16_ROWS), xt);
+        }
+    }
 }
 
 void
@@ -372,13 +407,15 @@ sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t 
                              const void *x, size_t x_stride, int64_t n_tok, float *y,
                              int64_t ldy)
 {
-    for (int64_t t = 0; t < n_tok; t++) {
-        const void *xt = (const uint8_t *)x + (size_t)t * x_stride;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_P16_ROWS) * w_stride;
-            y[t * ldy + r] = p16_row_dot(n, g, (int)(r % SP_P16_ROWS), xt);
-        }
-    }
+    p16_gemm_ref(SP_TYPE_Q8_0, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
+sp__repack_q4_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                             const void *x, size_t x_stride, int64_t n_tok, float *y,
+                             int64_t ldy)
+{
+    p16_gemm_ref(SP_TYPE_Q4_0, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
 }
 
 /* One row's dot product with one Q8_0 activation row, in the reference's order: Q4_0 and

@@ -40,21 +40,61 @@
 #define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
 
 /* SP_REPACK_PANEL16 (kernels.h): rows per group, bytes per pair of blocks, and where block b's
- * quant bytes and F16 scales start within a group. */
+ * quant bytes and F16 scales start within a group. Q8_0 has 32 quant bytes per row and block
+ * (pairs of 1088 bytes), Q4_0 16 (pairs of 576 bytes: 9 cache lines); the _of forms take the
+ * type, the plain ones are Q8_0's. */
 #define SP_P16_ROWS 16
 #define SP_P16_PAIR_BYTES (2 * SP_P16_ROWS * 32 + 2 * SP_P16_ROWS * 2)
+#define SP_P16_Q4_PAIR_BYTES (2 * SP_P16_ROWS * 16 + 2 * SP_P16_ROWS * 2)
+
+/* quant bytes per row and block: 16 for Q4_0 (two nibbles a byte), else 32 (Q8_0) */
+static inline size_t
+sp__p16_row_qs(sp_type_t type)
+{
+    return type == SP_TYPE_Q4_0 ? 16 : 32;
+}
+
+static inline size_t
+sp__p16_pair_bytes_of(sp_type_t type)
+{
+    return 2 * SP_P16_ROWS * (sp__p16_row_qs(type) + 2);
+}
+
+static inline size_t
+sp__p16_qs_off_of(sp_type_t type, int64_t b)
+{
+    return (size_t)(b / 2) * sp__p16_pair_bytes_of(type) +
+           (size_t)(b & 1) * (SP_P16_ROWS * sp__p16_row_qs(type));
+}
+
+static inline size_t
+sp__p16_d_off_of(sp_type_t type, int64_t b)
+{
+    return (size_t)(b / 2) * sp__p16_pair_bytes_of(type) + 2 * SP_P16_ROWS * sp__p16_row_qs(type) +
+           (size_t)(b & 1) * (SP_P16_ROWS * 2);
+}
 
 static inline size_t
 sp__p16_qs_off(int64_t b)
 {
-    return (size_t)(b / 2) * SP_P16_PAIR_BYTES + (size_t)(b & 1) * (SP_P16_ROWS * 32);
+    return sp__p16_qs_off_of(SP_TYPE_Q8_0, b);
 }
 
 static inline size_t
 sp__p16_d_off(int64_t b)
 {
-    return (size_t)(b / 2) * SP_P16_PAIR_BYTES + 2 * SP_P16_ROWS * 32 +
-           (size_t)(b & 1) * (SP_P16_ROWS * 2);
+    return sp__p16_d_off_of(SP_TYPE_Q8_0, b);
+}
+
+/* Offset, within a block's quant bytes of the panel form, of the byte that holds element j of
+ * row i: Q8_0 byte 64 (j / 4) + 4 i + j % 4 (one byte an element); Q4_0 the file's byte
+ * j % 16 of the row at 64 ((j % 16) / 4) + 4 i + j % 4, its low nibble for j < 16, high
+ * nibble for j >= 16 (the AND / shift of one register gives G_m and G_{m+4}). */
+static inline size_t
+sp__p16_elem_off(sp_type_t type, int i, int j)
+{
+    const int jj = type == SP_TYPE_Q4_0 ? j % 16 : j;
+    return (size_t)(64 * (jj / 4) + 4 * i + jj % 4);
 }
 
 /* Offset, from the start of a packed block's quant bytes, of quant byte j of row r (0..7)
@@ -104,6 +144,10 @@ void sp__repack_iq4_xs_gemm_ref(int64_t n, const void *w, size_t w_stride, int64
 void sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                   int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                   float *y, int64_t ldy);
+/* Q4_0 in SP_REPACK_PANEL16: the same, ref.c's Q4_0 serial block sum. */
+void sp__repack_q4_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                  float *y, int64_t ldy);
 /* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
 sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
@@ -116,7 +160,7 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
 /* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, IQ4_NL and MXFP4, 16-row panels
  * (two packed groups) for prefill and decode. */
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
-/* AVX-512 VNNI (avx512_qgemm.c): repack_gemm of Q8_0 in SP_REPACK_PANEL16. */
+/* AVX-512 VNNI (avx512_qgemm.c): repack_gemm of Q8_0 and Q4_0 in SP_REPACK_PANEL16. */
 void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
 /* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
  * AVX2 one stays). */
