@@ -8,7 +8,11 @@ commit before the change, "base"); outputs compared bit for bit, then --rounds i
 --batch, the median and the fastest of each and their ratios.
 
     /usr/bin/python3 bench/onnx_arena.py DIR [--batch 1] [--rounds 40] [--precision fp32|int8]
-                                         [--base-plugin PATH] [--max-batch 8] [--input image]
+                                         [--base-plugin PATH] [--base-dir DIR2] [--no-pool] [--time-fp32]
+                                         [--max-batch 8] [--input image]
+--base-dir: the base build loads DIR2 instead (e.g. an INT8 file from an older `sampan optimize`);
+--no-pool: no SAMPAN_ONNX_ARENA=0 load; --time-fp32: the FP32 model on this build is timed in the
+same interleaved rounds ("fp32"), for INT8 / FP32 ratios measured in one process.
 Memory (--rss PLUGIN): that plugin alone in this process, the model loaded (max_batch_size
 --max-batch), then batches 1, max, 1, max: VmRSS and VmHWM after each step (one process per
 plugin: run it once per build)."""
@@ -44,6 +48,9 @@ def main():
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rss", default=None)
+    ap.add_argument("--base-dir", default=None)
+    ap.add_argument("--no-pool", action="store_true")
+    ap.add_argument("--time-fp32", action="store_true")
     a = ap.parse_args()
     cfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": a.precision}}}
     rng = np.random.default_rng(0)
@@ -59,11 +66,13 @@ def main():
         return
     new = Plugin(PLUGIN)
     ms = {"arena": new.load(a.dir, config=cfg, max_batch_size=a.max_batch, n_threads=a.threads)}
-    os.environ["SAMPAN_ONNX_ARENA"] = "0"  # read at load
-    ms["pool"] = new.load(a.dir, config=cfg, max_batch_size=a.max_batch, n_threads=a.threads)
-    del os.environ["SAMPAN_ONNX_ARENA"]
+    if not a.no_pool:
+        os.environ["SAMPAN_ONNX_ARENA"] = "0"  # read at load
+        ms["pool"] = new.load(a.dir, config=cfg, max_batch_size=a.max_batch, n_threads=a.threads)
+        del os.environ["SAMPAN_ONNX_ARENA"]
     if a.base_plugin:
-        ms["base"] = Plugin(a.base_plugin).load(a.dir, config=cfg, max_batch_size=a.max_batch, n_threads=a.threads)
+        ms["base"] = Plugin(a.base_plugin).load(a.base_dir or a.dir, config=cfg, max_batch_size=a.max_batch,
+                                                n_threads=a.threads)
     x = rng.standard_normal((a.batch, 3, 224, 224)).astype(np.float32)
     outs = {k: next(iter(m.run([x]).values())) for k, m in ms.items()}
     print("bit-identical to arena: " + ", ".join(f"{k} {np.array_equal(v, outs['arena'])}" for k, v in outs.items()
@@ -74,7 +83,10 @@ def main():
         fcfg = {"parameters": {"engine": {"string_value": "onednn"}, "precision": {"string_value": "fp32"}}}
         fm = new.load(a.dir, config=fcfg, max_batch_size=a.max_batch, n_threads=a.threads)
         refs["fp32"] = next(iter(fm.run([x]).values()))
-        fm.close()
+        if a.time_fp32:
+            ms["fp32"] = fm
+        else:
+            fm.close()
     for k, v in refs.items():
         if k == "arena" or np.array_equal(v, outs["arena"]):
             continue
@@ -94,7 +106,7 @@ def main():
     med = {k: statistics.median(v) for k, v in t.items()}
     best = {k: min(v) for k, v in t.items()}
     for k in ms:
-        print(f"{a.precision} batch {a.batch} {k:6} median {med[k] * 1000:8.1f} ms  min {best[k] * 1000:8.1f} ms")
+        print(f"{'fp32' if k == 'fp32' else a.precision} batch {a.batch} {k:6} median {med[k] * 1000:8.1f} ms  min {best[k] * 1000:8.1f} ms")
     for k in ms:
         if k != "arena":
             print(f"{k}/arena (time ratio, >1: arena faster) median {med[k] / med['arena']:.2f}x "

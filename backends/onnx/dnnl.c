@@ -609,13 +609,17 @@ residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, 
     dnnl_memory_desc_t ymd;
     if (md_of(r, n->fused_add, &ymd)) return -1;
     const vq_t *q = &r->dnnl->vq[n->fused_add];
-    if (q->on && ymd.data_type != e->dst_md.data_type) {
+    dnnl_memory_desc_t dmd = e->dst_md;
+    if (q->on && dmd.data_type == dnnl_f32) {
         /* a residual a chained QDQConv left quantized, read by an f32 destination: its real
          * values s * (q - z), in dst's layout */
         return out_bytes(r, out, dbytes, 4, od) || dequant(r, &ymd, yv->t.data, q->s, q->z, &e->dst_md, out->data)
                    ? -1 : 0;
     }
-    if (dnnl_memory_desc_equal(&ymd, &e->dst_md) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes &&
+    /* a quantized residual into a quantized dst: its bytes as they are (the sum post-op reads
+     * them with the residual's own type, u8 or s8), in dst's layout */
+    if (q->on) dmd.data_type = ymd.data_type;
+    if (dnnl_memory_desc_equal(&ymd, &dmd) && yv->last_use == o && !yv->is_output && yv->t.cap >= dbytes &&
         sp_ox_plan_take(r, n->fused_add, n->out[0])) {
         /* The residual is read for the last time: accumulate into its buffer. */
         if (out->data) sp_ox_pool_put(r, out);
@@ -628,7 +632,7 @@ residual_dst(sp_ox_run_t *r, const sp_ox_node_t *n, int32_t o, const prim_t *e, 
         for (int i = 0; i < 4; i++) out->dims[i] = od[i];
         return 0;
     }
-    return out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &e->dst_md, out->data) ? -1 : 0;
+    return out_bytes(r, out, dbytes, 4, od) || reorder(r, &ymd, yv->t.data, &dmd, out->data) ? -1 : 0;
 }
 
 static int
@@ -1182,6 +1186,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
     }
     if (!q8_weights(nc, w16, k, conv)) return 0;
     const float *ch = conv ? nc->chain : NULL;
+    if (conv && qp[8] > 0.0f && ch == NULL) return 0; /* its output pair unchained: ours rounds it */
     if (ch && nc->cmult == NULL) {
         /* y / sy = acc * (mult / sy) + bias / sy: the readers' quantization folded in */
         nc->cmult = malloc((size_t)m * sizeof(float));
@@ -1200,12 +1205,14 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
     dnnl_memory_desc_t rmd;
     memset(&rmd, 0, sizeof rmd);
     if (y && ch) {
-        dnnl_data_type_t odt = ch[2] == 0.0f ? dnnl_u8 : dnnl_s8;
         const vq_t *rq = &d->vq[n->fused_add];
-        if (rq->on && d->md[n->fused_add].data_type == odt) {
+        dnnl_data_type_t rdt = d->md[n->fused_add].data_type;
+        if (rq->on && (rdt == dnnl_u8 || rdt == dnnl_s8)) {
+            /* an s8 residual (a projection's output pair) into a u8 dst: the sum reads dst's
+             * bytes as s8 (sum_v3's data type, same size) */
             post.sum_scale = rq->s / ch[0];
             post.sum_zp = rq->z;
-            post.sum_dt = odt;
+            post.sum_dt = rdt;
         } else {
             /* f32 (dequantized when quantized otherwise), given to the primitive as f32 NHWC
              * with dst NHWC too: oneDNN 2.6's int8 JIT convolutions take a full-tensor binary
@@ -1226,6 +1233,7 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
             memcpy(&bits, &post.sum_scale, sizeof bits);
             key[nkey++] = bits;
             key[nkey++] = post.sum_zp;
+            key[nkey++] = post.sum_dt;
         }
     }
     /* the multipliers and bias the primitive scales by: divided by sy where dst is quantized
@@ -1750,10 +1758,15 @@ find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
         sp_ox_node_t *rd[OX_MAX_IO];
         int cnt = readers(g, n->out[0], rd, OX_MAX_IO);
         if (cnt < 1 || cnt > OX_MAX_IO) continue;
-        const float *qp = NULL;
+        /* an output Q -> DQ pair of its own (qdq.c): its grid, whoever reads it (q8_source
+         * requantizes for an input reader of another grid) */
+        const float *own = g->values[n->in[3]].t.data;
+        const float *qp = own[8] > 0.0f ? own + 8 : NULL;
         bool ok = true;
         for (int i = 0; ok && i < cnt; i++) {
-            if (strcmp(rd[i]->op->name, "QDQConv") != 0) {
+            if (qp == own + 8) {
+                ok = strcmp(rd[i]->op->name, "QDQConv") == 0;
+            } else if (strcmp(rd[i]->op->name, "QDQConv") != 0) {
                 ok = false;
             } else if (rd[i]->in[0] != n->out[0]) {
                 ok = rd[i]->fused_add == n->out[0]; /* a residual reader: takes it quantized */
@@ -1763,7 +1776,7 @@ find_chains(struct sp_ox_dnnl *d, const sp_ox_graph_t *g)
                 qp = q;
             }
         }
-        if (ok && qp != NULL) {
+        if (ok && qp != NULL && !g->values[n->out[0]].is_output) {
             d->nodes[n - g->nodes].chain = qp;
             d->st.chained++;
         }

@@ -578,6 +578,20 @@ absorb(sp_ox_node_t *n, sp_ox_node_t *next)
     next->dead = true;
 }
 
+/* The order position (after o) of the live QDQConv with an output Q -> DQ pair (qdq.c) making
+ * v, else -1. */
+static int32_t
+qout_producer_at(const sp_ox_graph_t *g, int32_t v, int32_t o)
+{
+    for (int32_t p = o + 1; p < g->n_order; p++) {
+        const sp_ox_node_t *m = &g->nodes[g->order[p]];
+        if (m->dead || m->n_out != 1 || m->out[0] != v) continue;
+        bool q = strcmp(m->op->name, "QDQConv") == 0 && ((const float *)g->values[m->in[3]].t.data)[8] > 0.0f;
+        return q ? p : -1;
+    }
+    return -1;
+}
+
 static int
 fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
 {
@@ -604,11 +618,26 @@ fold_and_fuse(sp_ox_graph_t *g, char *err, size_t err_len)
         /* qdq.c's fused INT8 convolution takes the residual Add the same way (its Relu, when it
          * had one right after it, is already inside: then no Add is fused). */
         bool qconv = strcmp(t, "QDQConv") == 0;
-        if ((conv || qconv) && !g->keep_residual_add && !n->fused_relu && n->fused_add < 0 && n->n_out == 1) {
+        /* (not one with an output Q -> DQ pair: that rounding comes before the Add) */
+        bool qout = qconv && ((const float *)g->values[n->in[3]].t.data)[8] > 0.0f;
+        if ((conv || qconv) && !qout && !g->keep_residual_add && !n->fused_relu && n->fused_add < 0 &&
+            n->n_out == 1) {
             sp_ox_node_t *next = sole_reader(g, uses, n->out[0]);
             if (next && strcmp(next->op->name, "Add") == 0 && next->n_in == 2 && next->n_out == 1 &&
                 next->in[0] != next->in[1]) {
                 int32_t y = next->in[0] == n->out[0] ? next->in[1] : next->in[0];
+                int32_t q = qconv && y >= 0 ? qout_producer_at(g, y, o) : -1;
+                if (q > o) {
+                    /* The other branch ends in an output pair (sampan optimize's projection
+                     * residual) and comes later in the order: this convolution runs after it
+                     * instead (its inputs are ready earlier, its only reader is the Add, after
+                     * both), and is fused when the loop reaches it there. */
+                    int32_t me = g->order[o];
+                    memmove(g->order + o, g->order + o + 1, (size_t)(q - o) * sizeof *g->order);
+                    g->order[q] = me;
+                    o--;
+                    continue;
+                }
                 if (y >= 0 && !g->values[y].is_const && ready_before(g, y, o)) {
                     n->fused_add = y;
                     n->fused_add_node = (int32_t)(next - g->nodes);

@@ -135,11 +135,34 @@ typedef struct model {
     char err[1024];
 } model_t;
 
+typedef struct act {
+    char *name;
+    int32_t value;      /* in the FP32 graph */
+    float amax, amin;
+    uint64_t hist[HBINS];
+    float thr;
+    bool seen;          /* written by a calibration run */
+} act_t;
+
 static int
-model_open(model_t *m, const char *path, const char *dir, int threads, char *err, size_t err_len)
+model_open(model_t *m, const char *path, const char *dir, int threads, act_t *keep, int n_keep, char *err,
+           size_t err_len)
 {
     memset(m, 0, sizeof *m);
     if (sp_ox_graph_load(path, dir, &m->g, err, err_len)) return -1;
+    /* calibration: the activations are kept as outputs before the graph is prepared, so that no
+     * fusion writes over them or skips them (a projection residual is an Add's input, which the
+     * Conv+Add fusion would never write) */
+    for (int a = 0; a < n_keep; a++) {
+        keep[a].value = -1;
+        for (int32_t v = 0; v < m->g->n_values; v++) {
+            if (m->g->values[v].name && strcmp(m->g->values[v].name, keep[a].name) == 0) {
+                keep[a].value = v;
+                if (!m->g->values[v].is_const) m->g->values[v].is_output = true;
+                break;
+            }
+        }
+    }
     if (sp_ox_graph_prepare(m->g, err, err_len)) {
         char tmp[900];
         snprintf(tmp, sizeof tmp, "%s", err);
@@ -436,14 +459,11 @@ typedef struct qnode {
     int64_t waxis;      /* weight axis of the output channels */
 } qnode_t;
 
-typedef struct act {
-    char *name;
-    int32_t value;      /* in the FP32 graph */
-    float amax, amin;
-    uint64_t hist[HBINS];
-    float thr;
-    bool done_pass1;
-} act_t;
+
+typedef struct respair {
+    size_t node, add; /* the earlier branch's last node (Conv or its BatchNormalization), the Add */
+    int side, act;    /* which Add input; its activation */
+} respair_t;
 
 static int64_t
 node_int(const Onnx__NodeProto *n, const char *name, int64_t def)
@@ -563,22 +583,13 @@ static int
 calibrate(const opts_t *o, const char *dir, act_t *acts, int n_acts, const npy_t *cx, char *err, size_t err_len)
 {
     model_t m;
-    if (model_open(&m, o->model, dir, o->threads, err, err_len)) return -1;
+    if (model_open(&m, o->model, dir, o->threads, acts, n_acts, err, err_len)) return -1;
     int rc = -1;
     for (int a = 0; a < n_acts; a++) {
-        acts[a].value = -1;
-        for (int32_t v = 0; v < m.g->n_values; v++) {
-            if (m.g->values[v].name && strcmp(m.g->values[v].name, acts[a].name) == 0) {
-                acts[a].value = v;
-                break;
-            }
-        }
         if (acts[a].value < 0) {
             errf(err, err_len, "calibration: activation '%s' is not computed by the prepared graph", acts[a].name);
             goto done;
         }
-        /* keep it after the run (outputs are not returned to the pool) */
-        if (!m.g->values[acts[a].value].is_const) m.g->values[acts[a].value].is_output = true;
         acts[a].amax = 0;
         acts[a].amin = 0;
     }
@@ -591,6 +602,7 @@ calibrate(const opts_t *o, const char *dir, act_t *acts, int n_acts, const npy_t
             for (int a = 0; a < n_acts; a++) {
                 const sp_ox_tensor_t *t = &m.g->values[acts[a].value].t;
                 if (t->data == NULL || t->dtype != OX_FLOAT) continue;
+                acts[a].seen = true;
                 const float *x = t->data;
                 int64_t cnt = sp_ox_numel(t);
                 if (pass == 0) {
@@ -606,6 +618,11 @@ calibrate(const opts_t *o, const char *dir, act_t *acts, int n_acts, const npy_t
         }
         if (pass == 0) {
             for (int a = 0; a < n_acts; a++) {
+                if (!acts[a].seen) {
+                    errf(err, err_len, "calibration: activation '%s' was not computed as FLOAT by any run",
+                         acts[a].name);
+                    goto done;
+                }
                 float mx = fmaxf(acts[a].amax, -acts[a].amin);
                 acts[a].amax = mx; /* the histogram range: [0, max|x|] */
                 acts[a].amin = acts[a].amin < 0 ? -1.0f : 0.0f; /* only the sign matters from here */
@@ -637,6 +654,66 @@ done:
     return rc;
 }
 
+/* Readers of value v: node inputs plus graph outputs. */
+static size_t
+readers_of(const Onnx__GraphProto *gp, const char *v)
+{
+    size_t cnt = 0;
+    for (size_t i = 0; i < gp->n_node; i++) {
+        for (size_t k = 0; k < gp->node[i]->n_input; k++) cnt += strcmp(gp->node[i]->input[k], v) == 0;
+    }
+    for (size_t i = 0; i < gp->n_output; i++) cnt += strcmp(gp->output[i]->name, v) == 0;
+    return cnt;
+}
+
+static long
+producer_idx(const Onnx__GraphProto *gp, const char *v)
+{
+    for (size_t i = 0; i < gp->n_node; i++) {
+        if (gp->node[i]->n_output >= 1 && strcmp(gp->node[i]->output[0], v) == 0) return (long)i;
+    }
+    return -1;
+}
+
+/* The node making v, read only once, when it is a quantized Conv or a BatchNormalization of one
+ * (a Conv output read only by it): the branch of a residual Add the runtime fuses; else -1. */
+static long
+conv_branch(const Onnx__GraphProto *gp, const char *v, const qnode_t *qn, int nq)
+{
+    long p = producer_idx(gp, v);
+    if (p < 0 || readers_of(gp, v) != 1) return -1;
+    long c = p;
+    if (strcmp(gp->node[p]->op_type, "BatchNormalization") == 0) {
+        if (gp->node[p]->n_input < 1 || readers_of(gp, gp->node[p]->input[0]) != 1) return -1;
+        c = producer_idx(gp, gp->node[p]->input[0]);
+    }
+    if (c < 0 || strcmp(gp->node[c]->op_type, "Conv") != 0) return -1;
+    for (int q = 0; q < nq; q++) {
+        if (qn[q].node == (size_t)c) return p;
+    }
+    return -1;
+}
+
+/* Q -> DQ of activation a (its calibrated threshold; u8 when it was never negative); returns
+ * the DQ output's name. */
+static char *
+emit_pair(Onnx__GraphProto *gp, nodelist_t *nl, const act_t *a)
+{
+    bool u8 = a->amin >= 0;
+    float s = a->thr / (u8 ? 255.0f : 127.0f);
+    int64_t one = 1;
+    uint8_t z = 0;
+    char *ns = cat2(a->name, "__act_scale"), *nz = cat2(a->name, "__act_zp");
+    char *nqv = cat2(a->name, "__q"), *dq = cat2(a->name, "__dq");
+    push_init(gp, new_tensor(ns, OX_FLOAT, 0, &one, &s, 4));
+    push_init(gp, new_tensor(nz, u8 ? OX_UINT8 : OX_INT8, 0, &one, &z, 1));
+    const char *qin[3] = {a->name, ns, nz}, *dqin[3] = {nqv, ns, nz};
+    push_node(nl, new_node("QuantizeLinear", nqv, 3, qin, nqv));
+    push_node(nl, new_node("DequantizeLinear", dq, 3, dqin, dq));
+    free(ns); free(nz); free(nqv);
+    return dq;
+}
+
 static int
 write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int *n_q, int *n_acts_out,
            char *err, size_t err_len)
@@ -646,8 +723,9 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
     Onnx__GraphProto *gp = mp->graph;
     int rc = -1;
     qnode_t *qn = xmalloc((gp->n_node + 1) * sizeof *qn);
-    act_t *acts = xmalloc((gp->n_node + 1) * sizeof *acts);
-    int nq = 0, na = 0;
+    act_t *acts = xmalloc((2 * gp->n_node + 1) * sizeof *acts);
+    respair_t *rp = xmalloc((gp->n_node + 1) * sizeof *rp);
+    int nq = 0, na = 0, nr = 0;
     nodelist_t nl = {0};
     for (size_t i = 0; i < mp->n_opset_import; i++) {
         const char *d = mp->opset_import[i]->domain;
@@ -669,6 +747,20 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
     if (nq == 0) {
         errf(err, err_len, "%s: no Conv, MatMul or Gemm with constant weights to quantize", o->model);
         goto done;
+    }
+    /* Projection residuals: an Add of two convolution branches (ResNet's downsample blocks; an
+     * identity block adds an activation that already has a pair, its next convolution's input).
+     * The earlier branch gets a calibrated pair of its own, so that both of the Add's inputs
+     * have a scale: the runtime fuses the Add into the later convolution (graph.c) and keeps the
+     * block INT8 (qdq.c absorbs the pair into the earlier one; dnnl.c sums it quantized). */
+    for (size_t i = 0; i < gp->n_node; i++) {
+        Onnx__NodeProto *n = gp->node[i];
+        if (strcmp(n->op_type, "Add") != 0 || n->n_input != 2 || strcmp(n->input[0], n->input[1]) == 0) continue;
+        long pa = conv_branch(gp, n->input[0], qn, nq), pb = conv_branch(gp, n->input[1], qn, nq);
+        if (pa < 0 || pb < 0) continue;
+        int side = pa < pb ? 0 : 1;
+        rp[nr++] = (respair_t){(size_t)(pa < pb ? pa : pb), i, side, na};
+        acts[na++].name = xstrdup(n->input[side]);
     }
     if (calibrate(o, dir, acts, na, cx, err, err_len)) goto done;
     /* weights: per-channel symmetric INT8 behind DequantizeLinear(axis) */
@@ -719,26 +811,23 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             int k = 0;
             while (k < na && strcmp(acts[k].name, n->input[0]) != 0) k++;
             if (!emitted[k]) {
-                act_t *a = &acts[k];
-                bool u8 = a->amin >= 0;
-                float s = a->thr / (u8 ? 255.0f : 127.0f);
-                int64_t one = 1;
-                uint8_t z = 0;
-                char *ns = cat2(a->name, "__act_scale"), *nz = cat2(a->name, "__act_zp");
-                char *nqv = cat2(a->name, "__q");
-                dqname[k] = cat2(a->name, "__dq");
-                push_init(gp, new_tensor(ns, OX_FLOAT, 0, &one, &s, 4));
-                push_init(gp, new_tensor(nz, u8 ? OX_UINT8 : OX_INT8, 0, &one, &z, 1));
-                const char *qin[3] = {a->name, ns, nz}, *dqin[3] = {nqv, ns, nz};
-                push_node(&nl, new_node("QuantizeLinear", nqv, 3, qin, nqv));
-                push_node(&nl, new_node("DequantizeLinear", dqname[k], 3, dqin, dqname[k]));
+                dqname[k] = emit_pair(gp, &nl, &acts[k]);
                 emitted[k] = true;
-                free(ns); free(nz); free(nqv);
             }
             free(n->input[0]);
             n->input[0] = xstrdup(dqname[k]);
         }
         push_node(&nl, n);
+        for (int j = 0; j < nr; j++) {
+            if (rp[j].node != i) continue;
+            /* right after the branch's last node; the Add (later) reads the DQ output */
+            int k = rp[j].act;
+            dqname[k] = emit_pair(gp, &nl, &acts[k]);
+            emitted[k] = true;
+            Onnx__NodeProto *add = gp->node[rp[j].add];
+            free(add->input[rp[j].side]);
+            add->input[rp[j].side] = xstrdup(dqname[k]);
+        }
     }
     for (int k = 0; k < na; k++) {
         if (emitted[k]) free(dqname[k]);
@@ -755,6 +844,7 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
 done:
     free(nl.v);
     free(qn);
+    free(rp);
     for (int k = 0; k < na; k++) free(acts[k].name);
     free(acts);
     onnx__model_proto__free_unpacked(mp, NULL);
@@ -835,7 +925,7 @@ evaluate(const opts_t *o, const char *dir, char *err, size_t err_len)
     double *times[3] = {0};
     for (int i = 0; i < 3; i++) {
         if (!paths[i]) continue;
-        if (model_open(&m[i], paths[i], dir, o->threads, err, err_len)) goto close;
+        if (model_open(&m[i], paths[i], dir, o->threads, NULL, 0, err, err_len)) goto close;
         cls[i] = xmalloc((size_t)rows * sizeof *cls[i]);
         times[i] = xmalloc((size_t)o->repeat * sizeof *times[i]);
     }
@@ -989,7 +1079,7 @@ sp_onnx_optimize_main(int argc, char **argv)
     char err[2048];
     /* the FP32 model must load in this runtime first: everything below trusts its structure */
     model_t m0;
-    if (model_open(&m0, o.model, dir, o.threads, err, sizeof err)) {
+    if (model_open(&m0, o.model, dir, o.threads, NULL, 0, err, sizeof err)) {
         fprintf(stderr, "sampan optimize: %s\n", err);
         return 1;
     }

@@ -21,6 +21,8 @@
 
 #define OX_MAX_DIMS 8
 #define OX_MAX_IO 16 /* inputs or outputs of one node */
+/* floats of a QDQConv / QDQMatMul's quantization parameters (qdq.c fuse_one) */
+#define OX_QP_LEN 12
 /* Elements of one computed tensor: 2^34 floats (64 GiB) is past any real model and keeps byte
  * counts far from overflow. The fuzz target lowers sp_ox_graph_t.max_numel. */
 #define OX_MAX_RUN_NUMEL ((int64_t)1 << 34)

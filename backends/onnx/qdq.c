@@ -287,6 +287,22 @@ absorb(fuse_ctx_t *c, sp_ox_node_t *n, sp_ox_node_t *next)
     c->g->n_fused++;
 }
 
+/* Whether v is read, and only by Add nodes: an output pair before a residual Add, not the input
+ * pair of the next Conv / MatMul (which that node's own fusion takes). */
+static bool
+only_adds_read(const fuse_ctx_t *c, int32_t v)
+{
+    if (c->uses[v] < 1 || c->g->values[v].is_output) return false;
+    for (int32_t i = 0; i < c->g->n_nodes; i++) {
+        const sp_ox_node_t *n = &c->g->nodes[i];
+        if (n->dead) continue;
+        for (int k = 0; k < n->n_in; k++) {
+            if (n->in[k] == v && strcmp(n->op->name, "Add") != 0) return false;
+        }
+    }
+    return true;
+}
+
 static int
 fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
 {
@@ -301,7 +317,9 @@ fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
         return 0;
     }
     int32_t xf;
-    float qp[8] = {0};
+    /* [sx, zx, lo, hi, K or C/group, kh, kw, group, so, zo, lo_o, hi_o]: the last four, an
+     * output Q -> DQ pair absorbed below (so 0: none) */
+    float qp[OX_QP_LEN] = {0};
     sp_ox_node_t *dqx, *qx;
     if (!match_act(c, n->in[0], &xf, qp, &dqx, &qx)) return 0;
     int32_t wnd = conv ? -1 : 2;
@@ -334,7 +352,7 @@ fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
     }
     /* Conv: weight rows (A of the product); MatMul/Gemm: B's panels, one more copy of
      * the rows, packed below (its dims still say [m, kp]) */
-    int64_t dm = m, dq8 = 8;
+    int64_t dm = m, dq8 = OX_QP_LEN;
     int64_t prows = conv ? m : (int64_t)(sp_ox_qpanel_elems(m, kp) / (size_t)kp);
     int64_t dwp[2] = {prows, kp};
     int32_t vw = new_const(g, OX_INT16, 2, dwp), vm = new_const(g, OX_FLOAT, 1, &dm);
@@ -413,6 +431,23 @@ fuse_one(fuse_ctx_t *c, sp_ox_node_t *n, char *err, size_t err_len)
     if (is_op(next, "Relu")) {
         n->fused_relu = 1;
         absorb(c, n, next);
+        next = sole_reader(c, n->out[0]);
+    }
+    /* An output Q -> DQ pair (sampan optimize writes one on a projection block's residual, so
+     * that the Add can stay INT8): the node rounds its output to that grid, and on oneDNN writes
+     * it quantized (dnnl.c find_chains). Conv only: QDQMatMul's readers do not chain. */
+    sp_ox_node_t *dqo = conv && is_op(next, "QuantizeLinear") && next->in[0] == n->out[0] && next->n_out == 1
+                            ? sole_reader(c, next->out[0]) : NULL;
+    int32_t yf;
+    float qo[4];
+    sp_ox_node_t *dq2, *q2;
+    if (is_op(dqo, "DequantizeLinear") && dqo->in[0] == next->out[0] && dqo->n_out == 1 &&
+        only_adds_read(c, dqo->out[0]) &&
+        match_act(c, dqo->out[0], &yf, qo, &dq2, &q2) && yf == n->out[0] && q2 == next && qo[0] > 0.0f) {
+        float *vqp = g->values[vq].t.data;
+        memcpy(vqp + 8, qo, sizeof qo);
+        absorb(c, n, next);
+        absorb(c, n, dqo);
     }
     return 0;
 }
@@ -547,6 +582,14 @@ run_qconv(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int 
     int rc = sp_ox_qconv_acc(r, x16.data, x->dims[0], x->dims[1], w->data, m, group, kp, &g, NULL, &epi);
     sp_ox_pool_put(r, &x16);
     if (rc == 0 && n->fused_add >= 0) rc = sp_ox_fused_add(r, n, out[0]);
+    if (rc == 0 && qp[8] > 0.0f) {
+        /* the absorbed output pair: DQ(Q(y)) = so * (clamp(rint(y / so) + zo, lo, hi) - zo) */
+        float *o = out[0]->data;
+        for (int64_t i = 0, cnt = sp_ox_numel(out[0]); i < cnt; i++) {
+            float q = fminf(fmaxf(rintf(o[i] / qp[8]) + qp[9], qp[10]), qp[11]);
+            o[i] = (q - qp[9]) * qp[8];
+        }
+    }
     return rc;
 }
 

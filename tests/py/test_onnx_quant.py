@@ -596,7 +596,10 @@ def int8_residual(p, tmp):
       sums into convB's quantized output (sum post-op, scale s1 / s3);
     - "projection": the residual is convD(h0), f32, added before the Relu (binary post-op);
     - "f32 reader": identity, but h1 is the graph's output: convB's dst is f32 and the quantized
-      h0 is dequantized into it.
+      h0 is dequantized into it;
+    - "projection pair": projection, with the output Q -> DQ pair (scale sb, s8) `sampan optimize`
+      now puts on the earlier branch (convB's output): convB writes it quantized and convD sums
+      it, s8 into its u8 dst (the other branch runs after convB, graph.c).
     Reference: our own kernels on the same file (the unfused INT8 path: the residual in f32).
     Bound, in quantization steps, from the arithmetic: a chained output rounds acc * (mult / s)
     + bias / s where ours rounds (acc * mult + bias) / s: the same value up to a few float
@@ -604,7 +607,8 @@ def int8_residual(p, tmp):
     in a conv's input changes its output by at most s_in * sw[c] * sum|w[c]| * D (Relu is
     1-Lipschitz), which after rounding to scale s is at most floor(that / s) + 1 steps. The
     quantized residual adds one rounding, s1 / 2 (h0 is inside the u8 range here, no clipping),
-    plus its own D0 steps. Weight scales are set so each conv's gain s_in * sw * sum|w| / s_out is
+    plus its own D0 steps. An output pair is rounded by both engines: D steps of its input give
+    floor(gain * D) + 1 steps of sb, each sb / s3 of h1's steps. Weight scales are set so each conv's gain s_in * sw * sum|w| / s_out is
     0.45: differences stay a few steps and a wrong residual scale would be far outside."""
     import numpy as np
     import onnx
@@ -612,6 +616,7 @@ def int8_residual(p, tmp):
     rng = np.random.default_rng(23)
     ch, hh, ww = 16, 5, 6
     s0, s1, s2, s3 = np.float32(0.03), np.float32(0.02), np.float32(0.015), np.float32(0.06)
+    sb = np.float32(0.04)  # the projection pair's scale (s8: convB's output has no Relu)
 
     def conv(name, x, s_in, z_in, s_out, cin, relu, out, inits, nodes, amp=0.45):
         wq = rng.integers(-127, 128, (ch, cin, 1, 1)).astype(np.int8)
@@ -634,12 +639,17 @@ def int8_residual(p, tmp):
         u8z, s8z = np.array(np.uint8(0)), np.array(np.int8(0))
         conv("c0", "x", s0, s8z, s1, 8, True, "h0", inits, nodes)
         g_a, _ = conv("ca", "h0", s1, u8z, s2, ch, True, "a", inits, nodes)
-        g_b, gain_b = conv("cb", "a", s2, u8z, s3, ch, False, "b", inits, nodes)
+        pair = kind == "projection pair"
+        g_b, gain_b = conv("cb", "a", s2, u8z, sb if pair else s3, ch, False, "b", inits, nodes)
+        if pair:
+            inits += [nh.from_array(sb, "b_s"), nh.from_array(s8z, "b_z")]
+            nodes += [h.make_node("QuantizeLinear", ["b", "b_s", "b_z"], ["b_q"]),
+                      h.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b_d"])]
         g_d = 0.0
-        if kind == "projection":
+        if kind.startswith("projection"):
             g_d, _ = conv("cd", "h0", s1, u8z, s3, ch, False, "res", inits, nodes)
-        res = "res" if kind == "projection" else "h0"
-        nodes += [h.make_node("Add", ["b", res], ["sum"]), h.make_node("Relu", ["sum"], ["h1"])]
+        res = "res" if kind.startswith("projection") else "h0"
+        nodes += [h.make_node("Add", ["b_d" if pair else "b", res], ["sum"]), h.make_node("Relu", ["sum"], ["h1"])]
         gain_o = None
         if kind == "f32 reader":
             nodes.append(h.make_node("Identity", ["h1"], ["y"]))
@@ -655,19 +665,21 @@ def int8_residual(p, tmp):
         # the bound, in steps, then in y's units per channel
         d0 = 1.0
         da = np.floor(g_a * d0) + 1
-        if kind == "projection":
+        if pair:                                # convB's rounded output, then convD's input
+            extra = g_d * d0 + (np.floor(g_b * da) + 1) * sb / s3
+        elif kind == "projection":
             extra = g_d * d0                    # f32 residual: only convD's input differs
         else:
             extra = s1 * (d0 + 0.5) / s3        # quantized residual: flips + one rounding
         if kind == "f32 reader":               # h1 not rounded: real units directly
             bound = s3 * (gain_b * da + extra) + 1e-5
         else:
-            dh1 = np.floor(g_b * da + extra) + 1
+            dh1 = np.floor((0.0 if pair else g_b * da) + extra) + 1
             bound = s3 * gain_o * dh1 + 1e-5
         return d, bound[None, :, None, None]
 
-    want_chained = {"identity": 3, "projection": 3, "f32 reader": 2}
-    for kind in ("identity", "projection", "f32 reader"):
+    want_chained = {"identity": 3, "projection": 3, "f32 reader": 2, "projection pair": 4}
+    for kind in ("identity", "projection", "f32 reader", "projection pair"):
         d, bound = build(kind)
         outs = {}
         for e in ("own", "onednn"):
