@@ -352,7 +352,7 @@ try:
         finally:
             srv.stop()
         # Sliding-window layers on the device keep only their window (the two-part pool,
-        # docs/design-gpupool.md): a gemma3-tiny model (window 8), full and partial offload,
+        # docs/design.md): a gemma3-tiny model (window 8), full and partial offload,
         # answers as with --kv-swa-full (every position kept), prefix reuse included.
         g3 = os.path.join(tmp, "g3repo", "g3", "1", "model.gguf")
         os.makedirs(os.path.dirname(g3), exist_ok=True)
