@@ -92,10 +92,25 @@ sp_ox_aligned_alloc(size_t bytes)
     return aligned_alloc(64, n ? n : 64);
 }
 
-/* Read `len` bytes at `off` of the external file `loc`, which must stay
- * inside dir (no absolute path, no "..", no symlink leading out). */
+/* t->data for bytes bytes, allocated only once the source is known to hold them: a file's
+ * dims alone must not make the loader allocate (a few bytes could ask for gigabytes). */
 static int
-read_external(const char *dir, const char *loc, int64_t off, int64_t len, void *dst,
+alloc_data(sp_ox_tensor_t *t, size_t bytes, const char *what, char *err, size_t err_len)
+{
+    t->data = sp_ox_aligned_alloc(bytes);
+    t->cap = bytes;
+    if (t->data == NULL) {
+        errf(err, err_len, "%s: out of memory for %zu bytes", what, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* Read `len` bytes at `off` of the external file `loc`, which must stay
+ * inside dir (no absolute path, no "..", no symlink leading out), into t->data
+ * (allocated here, once the file is known to hold them). */
+static int
+read_external(const char *dir, const char *loc, int64_t off, int64_t len, sp_ox_tensor_t *t,
               const char *what, char *err, size_t err_len)
 {
     if (loc == NULL || !loc[0] || loc[0] == '/' || strstr(loc, "..") != NULL) {
@@ -131,9 +146,14 @@ read_external(const char *dir, const char *loc, int64_t off, int64_t len, void *
         close(fd);
         return -1;
     }
+    if (alloc_data(t, (size_t)len, what, err, err_len)) {
+        close(fd);
+        return -1;
+    }
+    char *dst = t->data;
     int64_t done = 0;
     while (done < len) {
-        ssize_t k = pread(fd, (char *)dst + done, (size_t)(len - done), off + done);
+        ssize_t k = pread(fd, dst + done, (size_t)(len - done), off + done);
         if (k <= 0) {
             errf(err, err_len, "%s: external data \"%s\": short read", what, loc);
             close(fd);
@@ -180,12 +200,6 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
     t->nd = (int32_t)tp->n_dims;
     t->dtype = dt;
     size_t bytes = (size_t)numel * es;
-    t->data = sp_ox_aligned_alloc(bytes);
-    t->cap = bytes;
-    if (t->data == NULL) {
-        errf(err, err_len, "%s: out of memory for %zu bytes", what, bytes);
-        return -1;
-    }
     bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
     if (external) {
         const char *loc = NULL;
@@ -210,7 +224,7 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
                  (long long)len, bytes);
             goto fail;
         }
-        if (read_external(dir, loc, off, len, t->data, what, err, err_len)) goto fail;
+        if (read_external(dir, loc, off, len, t, what, err, err_len)) goto fail;
         return 0;
     }
     if (tp->has_raw_data) {
@@ -219,6 +233,7 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
                  tp->raw_data.len, sp_ox_dtype_name(dt), (long long)numel, bytes);
             goto fail;
         }
+        if (alloc_data(t, bytes, what, err, err_len)) goto fail;
         if (bytes) memcpy(t->data, tp->raw_data.data, bytes);
         return 0;
     }
@@ -234,6 +249,7 @@ sp_ox_tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, const char
              sp_ox_dtype_name(dt), (long long)numel);
         goto fail;
     }
+    if (alloc_data(t, bytes, what, err, err_len)) goto fail;
     for (int64_t i = 0; i < numel; i++) {
         switch (dt) {
         case OX_FLOAT: ((float *)t->data)[i] = tp->float_data[i]; break;
@@ -528,6 +544,13 @@ sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *e
                  "gives %d..%d)", path, n->label, n->n_in, n->n_out, op->min_in, op->max_in,
                  op->min_out, op->max_out);
             goto done;
+        }
+        for (int32_t k = 0; k < op->min_in; k++) {
+            if (n->in[k] < 0) { /* "" marks an omitted optional input; these are required */
+                errf(err, err_len, "%s: %s: input %d is required but its name is empty", path,
+                     n->label, k);
+                goto done;
+            }
         }
         for (size_t a = 0; a < np->n_attribute; a++) {
             const Onnx__AttributeProto *ap = np->attribute[a];

@@ -1196,7 +1196,11 @@ run_pad(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *const *in, int ni
     int kind = strcmp(mode, "reflect") == 0 ? 1 : strcmp(mode, "edge") == 0 ? 2 : 0;
     int64_t d[OX_MAX_DIMS], st[OX_MAX_DIMS];
     for (int i = 0; i < x->nd; i++) {
-        d[i] = x->dims[i] + pb[i] + pe[i];
+        /* pads come from the file or a computed tensor: any int64, so the sum is checked */
+        int64_t grown;
+        if (__builtin_add_overflow(x->dims[i], pb[i], &grown) || __builtin_add_overflow(grown, pe[i], &d[i])) {
+            return sp_ox_fail(r, "pads of dimension %d (%lld, %lld) overflow", i, (long long)pb[i], (long long)pe[i]);
+        }
         if (d[i] < 0) return sp_ox_fail(r, "pads make dimension %d negative", i);
         if (kind && x->dims[i] == 0 && d[i] > 0) return sp_ox_fail(r, "%s padding of an empty dimension", mode);
         if (kind == 1 && (pb[i] >= x->dims[i] || pe[i] >= x->dims[i]) && (pb[i] > 0 || pe[i] > 0)) {
