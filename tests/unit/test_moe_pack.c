@@ -263,37 +263,6 @@ mp_want_bytes(const sp_model_t *m, sp_type_t type)
     return total;
 }
 
-/* `sampan inspect --json` on the file reports the bytes the load packed. */
-static void
-mp_check_inspect(const void *buf, size_t len, size_t want)
-{
-    char path[512], out[512];
-    snprintf(path, sizeof path, "%s/moe-pack.gguf", sp_test_tmpdir());
-    snprintf(out, sizeof out, "%s/moe-pack.json", sp_test_tmpdir());
-    FILE *f = fopen(path, "wb");
-    ASSERT(f != NULL && fwrite(buf, 1, len, f) == len);
-    fclose(f);
-    fflush(stdout);
-    FILE *saved = fdopen(dup(fileno(stdout)), "w");
-    ASSERT(freopen(out, "w", stdout) != NULL);
-    char *argv[] = {"inspect", path, "--json", NULL};
-    const int rc = sp_cmd_inspect(3, argv);
-    fflush(stdout);
-    ASSERT(dup2(fileno(saved), fileno(stdout)) >= 0);
-    fclose(saved);
-    ASSERT_EQ(rc, 0);
-    static char text[1 << 16];
-    f = fopen(out, "r");
-    ASSERT(f != NULL);
-    const size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    char key[64];
-    snprintf(key, sizeof key, "\"repack_bytes\": %zu,", want);
-    if (strstr(text, key) == NULL)
-        SP_TEST_FAIL("inspect does not report %s", key);
-}
-
 #define MP_PROMPT 24
 
 /* Logits of MP_PROMPT tokens, one prefill or one token at a time. */
@@ -331,7 +300,7 @@ mp_model_check(sp_type_t type, int64_t shexp, int64_t n_layer)
     const bool packs = mp_check_packed_flags(packed, type);
     ASSERT_EQ(sp_model_repack_bytes(plain), 0);
     ASSERT_EQ(sp_model_repack_bytes(packed), packs ? mp_want_bytes(packed, type) : 0);
-    mp_check_inspect(buf, len, sp_model_repack_bytes(packed));
+    sp_test_check_inspect_repack("moe-pack", buf, len, sp_model_repack_bytes(packed));
     const int64_t V = sp_model_hparams(plain)->n_vocab;
     float *la = sp_malloc(sizeof(float) * (size_t)(MP_PROMPT * V));
     float *lb = sp_malloc(sizeof(float) * (size_t)(MP_PROMPT * V));

@@ -112,37 +112,6 @@ rm_run(const sp_model_t *m, bool one_by_one, float *logits, int32_t *gen)
     sp_ctx_destroy(c);
 }
 
-/* `sampan inspect --json` on the file reports the bytes the load packed. */
-static void
-rm_check_inspect(const void *buf, size_t len, size_t want)
-{
-    char path[512], out[512];
-    snprintf(path, sizeof path, "%s/repack.gguf", sp_test_tmpdir());
-    snprintf(out, sizeof out, "%s/repack.json", sp_test_tmpdir());
-    FILE *f = fopen(path, "wb");
-    ASSERT(f != NULL && fwrite(buf, 1, len, f) == len);
-    fclose(f);
-    fflush(stdout);
-    FILE *saved = fdopen(dup(fileno(stdout)), "w");
-    ASSERT(freopen(out, "w", stdout) != NULL);
-    char *argv[] = {"inspect", path, "--json", NULL};
-    const int rc = sp_cmd_inspect(3, argv);
-    fflush(stdout);
-    ASSERT(dup2(fileno(saved), fileno(stdout)) >= 0);
-    fclose(saved);
-    ASSERT_EQ(rc, 0);
-    static char text[1 << 16];
-    f = fopen(out, "r");
-    ASSERT(f != NULL);
-    const size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    char key[64];
-    snprintf(key, sizeof key, "\"repack_bytes\": %zu,", want);
-    if (strstr(text, key) == NULL)
-        SP_TEST_FAIL("inspect does not report %s", key);
-}
-
 static void
 rm_check(sp_type_t type)
 {
@@ -156,7 +125,7 @@ rm_check(sp_type_t type)
     if (packs) /* sequences beside others in sp_batch: the packed gemm is batch invariant */
         sp_test_beside_others(packed, SP_KV_TYPE_F32, 10, 6, 0x77 + (uint64_t)type,
                               sp_type_name(type));
-    rm_check_inspect(buf, len, sp_model_repack_bytes(packed));
+    sp_test_check_inspect_repack("repack", buf, len, sp_model_repack_bytes(packed));
     const int64_t V = sp_model_hparams(plain)->n_vocab;
     float *la = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));
     float *lb = sp_malloc(sizeof(float) * (size_t)(RM_PROMPT * V));

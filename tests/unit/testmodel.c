@@ -5,6 +5,11 @@
 
 #include "core/alloc.h"
 #include "gguf/gguf.h"
+#include "tools/tools.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #define TM_DEMO "models/stories260K.gguf"
 #define TM_MAX_TENSORS 160
@@ -144,4 +149,34 @@ sp_test_llama_gguf(const sp_test_llama_t *sp, void **buf, size_t *len)
     for (int i = 0; i < s->n_bufs; i++)
         sp_free(s->bufs[i]);
     sp_free(s);
+}
+
+void
+sp_test_check_inspect_repack(const char *name, const void *buf, size_t len, size_t want)
+{
+    char path[512], out[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", sp_test_tmpdir(), name);
+    snprintf(out, sizeof out, "%s/%s.json", sp_test_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    ASSERT(f != NULL && fwrite(buf, 1, len, f) == len);
+    fclose(f);
+    fflush(stdout);
+    FILE *saved = fdopen(dup(fileno(stdout)), "w");
+    ASSERT(freopen(out, "w", stdout) != NULL);
+    char *argv[] = {"inspect", path, "--json", NULL};
+    const int rc = sp_cmd_inspect(3, argv);
+    fflush(stdout);
+    ASSERT(dup2(fileno(saved), fileno(stdout)) >= 0);
+    fclose(saved);
+    ASSERT_EQ(rc, 0);
+    static char text[1 << 16];
+    f = fopen(out, "r");
+    ASSERT(f != NULL);
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char key[64];
+    snprintf(key, sizeof key, "\"repack_bytes\": %zu,", want);
+    if (strstr(text, key) == NULL)
+        SP_TEST_FAIL("inspect does not report %s", key);
 }

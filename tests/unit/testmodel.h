@@ -35,4 +35,9 @@ typedef struct sp_test_llama {
 /* The GGUF bytes of the spec's model (n_vocab: the demo's 512) into *buf (sp_free). */
 void sp_test_llama_gguf(const sp_test_llama_t *spec, void **buf, size_t *len);
 
+/* Writes the GGUF bytes to NAME.gguf in the test's temporary folder, runs
+ * `sampan inspect --json` on it and fails the test unless it reports repack_bytes == want
+ * (the bytes the load packed). */
+void sp_test_check_inspect_repack(const char *name, const void *buf, size_t len, size_t want);
+
 #endif /* SP_TEST_TESTMODEL_H */
