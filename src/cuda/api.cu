@@ -18,6 +18,7 @@
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,10 +525,10 @@ op_gemm(sp_cuda_ctx_t *c, const void *w, int64_t n_out, int64_t n_in, const void
 
 static int
 op_rope_cs(sp_cuda_ctx_t *c, const int32_t *pos, int64_t n_rows, const float *inv_freq,
-           int64_t n_rot, float *cs)
+           int64_t n_rot, double mscale, float *cs)
 {
     ENTER(c);
-    LAUNCHED(c, "rope_cs", sp_cu_rope_cs(c->stream, pos, n_rows, inv_freq, n_rot, cs));
+    LAUNCHED(c, "rope_cs", sp_cu_rope_cs(c->stream, pos, n_rows, inv_freq, n_rot, mscale, cs));
 }
 
 static int
@@ -580,7 +581,8 @@ op_kv_write(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *k
 
 static int
 op_attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64_t n_head,
-        float scale, int64_t window, float softcap, const sp_cuda_rows_t *rows, void *out)
+        float scale, int64_t window, float softcap, const float *sinks,
+        const sp_cuda_rows_t *rows, void *out)
 {
     ENTER(c);
     if (il < 0 || il >= kv->n_layer || kv->head_dim > SP_CU_MAX_HEAD_DIM || kv->n_head_kv < 1 ||
@@ -596,7 +598,7 @@ op_attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, in
     sp_cu_kv_args_t a = kv_args(kv);
     sp_cu_rows_args_t r = rows_args(rows);
     LAUNCHED(c, "attn",
-             sp_cu_attn(c->stream, &a, il, q, n_head, scale, window, softcap, &r, out));
+             sp_cu_attn(c->stream, &a, il, q, n_head, scale, window, softcap, sinks, &r, out));
 }
 
 static int
@@ -646,6 +648,19 @@ op_softcap(sp_cuda_ctx_t *c, float *x, int64_t n, float cap)
         return SP_OK;
     }
     LAUNCHED(c, "softcap", sp_cu_softcap(c->stream, x, n, cap));
+}
+
+static int
+op_scale(sp_cuda_ctx_t *c, float *x, int64_t n, float f)
+{
+    ENTER(c);
+    if (!isfinite(f)) {
+        return fail(c, SP_ERR_INVALID, "scale: factor %g is not finite", (double)f);
+    }
+    if (n <= 0) {
+        return SP_OK;
+    }
+    LAUNCHED(c, "scale", sp_cu_scale(c->stream, x, n, f));
 }
 
 static int
@@ -837,6 +852,7 @@ static const sp_cuda_api_t api = {
     op_head_rmsnorm,
     op_gelu_mul,
     op_softcap,
+    op_scale,
 };
 
 SP_EXPORT const sp_cuda_api_t *

@@ -55,8 +55,10 @@
 #include <stdint.h>
 
 /* 2: attn takes a sliding window and a soft-cap; head_rmsnorm, gelu_mul and
- * softcap appended. */
-#define SP_CUDA_ABI_VERSION 2u
+ * softcap appended.
+ * 3: rope_cs takes the attention factor (LongRoPE's, YaRN's), attn per-head
+ * sink logits (gpt-oss); scale appended (granite). */
+#define SP_CUDA_ABI_VERSION 3u
 #define SP_CUDA_SYMBOL "sp_cuda_get_api"
 #define SP_CUDA_LIB_NAME "libsampan_cuda.so"
 
@@ -137,9 +139,11 @@ typedef struct sp_cuda_api {
      * transposed, F32 accumulation (cublasGemmEx), plus bias (n_out) F32 when given. */
     int (*gemm)(sp_cuda_ctx_t *c, const void *d_w, int64_t n_out, int64_t n_in, const void *d_x,
                 int64_t n_rows, float *d_y, const float *d_bias);
-    /* cs (n_rows, n_rot) = (cos, sin) of pos * inv_freq[i] (computed in double). */
+    /* cs (n_rows, n_rot) = (cos, sin) of pos * inv_freq[i] times mscale, in
+     * double and rounded once, as the CPU's table (mscale: the attention
+     * factor of LongRoPE and YaRN, 1 for none). */
     int (*rope_cs)(sp_cuda_ctx_t *c, const int32_t *d_pos, int64_t n_rows, const float *d_inv_freq,
-                   int64_t n_rot, float *d_cs);
+                   int64_t n_rot, double mscale, float *d_cs);
     /* Rotate n_heads heads of head_dim in each row of v (row stride n_heads * head_dim). */
     int (*rope)(sp_cuda_ctx_t *c, float *d_v, int64_t n_rows, int64_t n_heads, int64_t head_dim,
                 int64_t n_rot, const float *d_cs, int neox);
@@ -152,10 +156,12 @@ typedef struct sp_cuda_api {
      * shape in F16. first = max(0, pos + 1 - window) for window > 0 (a sliding
      * window, as the CPU's sp_attn_first; earlier positions are never read),
      * else 0. softcap > 0: each score s = scale q.k becomes softcap
-     * tanh(s / softcap) before the softmax (gemma2). */
+     * tanh(s / softcap) before the softmax (gemma2). d_sinks (n_head) F32 or
+     * NULL: head h's sink logit joins the softmax's max and denominator with
+     * no value (gpt-oss; kernels.h sp_attn_args_t). */
     int (*attn)(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *d_q,
                 int64_t n_head, float scale, int64_t window, float softcap,
-                const sp_cuda_rows_t *rows, void *d_out_f16);
+                const float *d_sinks, const sp_cuda_rows_t *rows, void *d_out_f16);
     /* out[i] = F16(silu(g[i]) * u[i]). */
     int (*swiglu)(sp_cuda_ctx_t *c, const float *d_g, const float *d_u, int64_t n, void *d_out_f16);
     /* Row-wise softmax in place, n_rows of n. */
@@ -230,6 +236,11 @@ typedef struct sp_cuda_api {
     /* In place over n floats: x = cap tanh(x / cap), cap > 0 (gemma's final
      * logit soft-capping). */
     int (*softcap)(sp_cuda_ctx_t *c, float *d_x, int64_t n, float cap);
+
+    /* ---- ABI 3 ---- */
+    /* In place over n floats: x = x * s, one rounding (granite's residual
+     * scale on a sub-layer's output, 1 / logit_scale on the logits). */
+    int (*scale)(sp_cuda_ctx_t *c, float *d_x, int64_t n, float s);
 } sp_cuda_api_t;
 
 typedef const sp_cuda_api_t *(*sp_cuda_get_api_fn)(uint32_t abi_version);

@@ -233,7 +233,8 @@ sp_cu_bias(cudaStream_t s, float *y, const float *bias, int64_t n_rows, int64_t 
 /* ------------------------------------------------------------------ rope */
 
 __global__ void
-rope_cs_kernel(const int32_t *pos, const float *inv_freq, int64_t half, float *cs, int64_t total)
+rope_cs_kernel(const int32_t *pos, const float *inv_freq, int64_t half, double mscale, float *cs,
+               int64_t total)
 {
     const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= total) {
@@ -241,21 +242,23 @@ rope_cs_kernel(const int32_t *pos, const float *inv_freq, int64_t half, float *c
     }
     const int64_t t = k / half, i = k % half;
     /* In double as on the CPU (batch.c): the angle of a long position must
-     * not depend on float rounding. */
+     * not depend on float rounding; the attention factor multiplies before
+     * the one rounding to float, as there. */
     const double theta = (double)pos[t] * (double)inv_freq[i];
-    cs[t * 2 * half + 2 * i] = (float)cos(theta);
-    cs[t * 2 * half + 2 * i + 1] = (float)sin(theta);
+    cs[t * 2 * half + 2 * i] = (float)(cos(theta) * mscale);
+    cs[t * 2 * half + 2 * i + 1] = (float)(sin(theta) * mscale);
 }
 
 cudaError_t
 sp_cu_rope_cs(cudaStream_t s, const int32_t *pos, int64_t n_rows, const float *inv_freq,
-              int64_t n_rot, float *cs)
+              int64_t n_rot, double mscale, float *cs)
 {
     const int64_t total = n_rows * (n_rot / 2);
     if (total == 0) {
         return cudaSuccess;
     }
-    rope_cs_kernel<<<blocks_for(total, 256), 256, 0, s>>>(pos, inv_freq, n_rot / 2, cs, total);
+    rope_cs_kernel<<<blocks_for(total, 256), 256, 0, s>>>(pos, inv_freq, n_rot / 2, mscale, cs,
+                                                          total);
     return cudaGetLastError();
 }
 
@@ -376,7 +379,8 @@ sp_cu_kv_write(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const floa
 template <typename T>
 __global__ void __launch_bounds__(ATTN_WARPS *WARP)
 attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, float scale,
-            int64_t window, float softcap, sp_cu_rows_args_t r, uint16_t *out)
+            int64_t window, float softcap, const float *sinks, sp_cu_rows_args_t r,
+            uint16_t *out)
 {
     __shared__ float sq[SP_CU_MAX_HEAD_DIM];
     __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
@@ -462,12 +466,14 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
         }
     }
     __syncthreads();
-    float mx = -INFINITY;
+    /* A sink (gpt-oss) joins the max and the denominator, with no value. */
+    const float sink = sinks != NULL ? sinks[h] : -INFINITY;
+    float mx = sink;
     for (int k = 0; k < ATTN_WARPS; k++) {
         mx = fmaxf(mx, sm[k]);
     }
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
+        float num = 0.0f, den = sinks != NULL ? expf(sink - mx) : 0.0f;
         for (int k = 0; k < ATTN_WARPS; k++) {
             if (sm[k] != -INFINITY) { /* a warp that had no block */
                 const float c = expf(sm[k] - mx);
@@ -481,15 +487,16 @@ attn_kernel(sp_cu_kv_args_t kv, int64_t il, const float *q, int64_t n_head, floa
 
 cudaError_t
 sp_cu_attn(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const float *q, int64_t n_head,
-           float scale, int64_t window, float softcap, const sp_cu_rows_args_t *r, void *out)
+           float scale, int64_t window, float softcap, const float *sinks,
+           const sp_cu_rows_args_t *r, void *out)
 {
     dim3 grid((unsigned)r->n_rows, (unsigned)n_head);
     if (kv->f16) {
         attn_kernel<uint16_t><<<grid, ATTN_WARPS * WARP, 0, s>>>(
-            *kv, il, q, n_head, scale, window, softcap, *r, (uint16_t *)out);
+            *kv, il, q, n_head, scale, window, softcap, sinks, *r, (uint16_t *)out);
     } else {
         attn_kernel<float><<<grid, ATTN_WARPS * WARP, 0, s>>>(
-            *kv, il, q, n_head, scale, window, softcap, *r, (uint16_t *)out);
+            *kv, il, q, n_head, scale, window, softcap, sinks, *r, (uint16_t *)out);
     }
     return cudaGetLastError();
 }
@@ -545,6 +552,24 @@ cudaError_t
 sp_cu_softcap(cudaStream_t s, float *x, int64_t n, float cap)
 {
     softcap_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, cap);
+    return cudaGetLastError();
+}
+
+/* ----------------------------------------------------------------- scale */
+
+__global__ void
+scale_kernel(float *x, int64_t n, float f)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        x[i] *= f;
+    }
+}
+
+cudaError_t
+sp_cu_scale(cudaStream_t s, float *x, int64_t n, float f)
+{
+    scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, f);
     return cudaGetLastError();
 }
 

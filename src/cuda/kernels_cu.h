@@ -31,18 +31,19 @@ cudaError_t sp_cu_add_rmsnorm(cudaStream_t s, float *x, const float *add, const 
                               int out_f16);
 cudaError_t sp_cu_bias(cudaStream_t s, float *y, const float *bias, int64_t n_rows, int64_t n_out);
 cudaError_t sp_cu_rope_cs(cudaStream_t s, const int32_t *pos, int64_t n_rows,
-                          const float *inv_freq, int64_t n_rot, float *cs);
+                          const float *inv_freq, int64_t n_rot, double mscale, float *cs);
 cudaError_t sp_cu_rope(cudaStream_t s, float *v, int64_t n_rows, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, const float *cs, int neox);
 cudaError_t sp_cu_kv_write(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const float *k,
                            const float *v, const sp_cu_rows_args_t *r);
 cudaError_t sp_cu_attn(cudaStream_t s, const sp_cu_kv_args_t *kv, int64_t il, const float *q,
                        int64_t n_head, float scale, int64_t window, float softcap,
-                       const sp_cu_rows_args_t *r, void *out);
+                       const float *sinks, const sp_cu_rows_args_t *r, void *out);
 cudaError_t sp_cu_head_rmsnorm(cudaStream_t s, float *v, int64_t n_rows, int64_t n_heads,
                                int64_t head_dim, const float *w, float eps);
 cudaError_t sp_cu_gelu_mul(cudaStream_t s, const float *g, const float *u, int64_t n, void *out);
 cudaError_t sp_cu_softcap(cudaStream_t s, float *x, int64_t n, float cap);
+cudaError_t sp_cu_scale(cudaStream_t s, float *x, int64_t n, float f);
 cudaError_t sp_cu_swiglu(cudaStream_t s, const float *g, const float *u, int64_t n, void *out);
 cudaError_t sp_cu_softmax(cudaStream_t s, float *x, int64_t n_rows, int64_t n);
 cudaError_t sp_cu_qsplit_to_f16(cudaStream_t s, int type, const void *src, void *dst, int64_t n);

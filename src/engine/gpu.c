@@ -78,6 +78,7 @@
 #include "cuda/cuda_common.h"
 #include "engine/model_impl.h"
 #include "engine/sampler.h"
+#include "engine/yarn.h"
 #include "kernels/kernels.h"
 #include "sampan/log.h"
 
@@ -104,8 +105,12 @@ typedef struct gpu_mat {
 typedef struct gpu_layer {
     gpu_mat_t wq, wk, wv, wo, gate, up, down;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* F32; biases may be NULL */
-    float *q_norm, *k_norm;       /* (head_dim) per-head q/k norms (qwen3, gemma3) or NULL */
-    float *post_attn, *post_ffn;  /* (n_embd) gemma's post-norms or NULL */
+    float *q_norm, *k_norm;       /* (head_dim) per-head q/k norms (qwen3, gemma3), or
+                                     (q_dim), (kv_dim) over the whole projection (olmo2),
+                                     or NULL */
+    float *post_attn, *post_ffn;  /* (n_embd) gemma's and olmo2's post-norms or NULL */
+    float *bo;                    /* (n_embd) attention output bias (gpt-oss) or NULL */
+    float *sinks;                 /* (n_head) attention sink logits (gpt-oss) or NULL */
 } gpu_layer_t;
 
 struct sp_gpu_model {
@@ -119,10 +124,14 @@ struct sp_gpu_model {
     gpu_layer_t *L;  /* (n_gpu) */
     gpu_mat_t output; /* (n_vocab, n_embd), full only */
     float *output_norm;
-    float *inv_freq; /* (n_rot / 2) */
+    float *inv_freq; /* (n_rot / 2): the file's factors (LongRoPE: the short set), YaRN's mix */
+    /* LongRoPE's table with the long factors, for batches whose context is
+     * past the original one (as batch.c chooses), or NULL. */
+    float *inv_freq_long;
     /* The sliding layers' own RoPE table (gemma3: another base, unscaled),
      * or NULL when they rotate as the others. */
     float *inv_freq_swa;
+    double mscale;   /* cos and sin times this: LongRoPE's and YaRN's attention factor */
     bool logged;     /* the first error has been logged */
 };
 
@@ -150,6 +159,7 @@ struct sp_gpu_kv {
 struct sp_gpu_batch {
     sp_gpu_model_t *g;
     int64_t max_tokens, max_seqs, max_bt;
+    const float *inv_freq; /* the model's table for this batch's context (LongRoPE) */
     /* device */
     float *x, *q, *k, *v, *gate, *up, *proj, *cs, *cs_swa, *logits;
     void *xn, *att, *ff; /* F16 */
@@ -278,6 +288,17 @@ mat_bytes(const sp_weight_t *w)
     return mat_bytes_mode(w, mode < 0 ? W_F16 : mode);
 }
 
+/* Floats of a layer's q (q) or k norm: a head's, or the whole projection's
+ * (olmo2, hp->qk_norm_full). */
+static int64_t
+qk_norm_len(const sp_hparams_t *hp, bool q)
+{
+    if (!hp->qk_norm_full) {
+        return hp->head_dim;
+    }
+    return (q ? hp->n_head : hp->n_head_kv) * hp->head_dim;
+}
+
 static uint64_t
 layer_bytes(const sp_model_t *m, int64_t il)
 {
@@ -285,15 +306,25 @@ layer_bytes(const sp_model_t *m, int64_t il)
     const sp_hparams_t *hp = &m->hp;
     uint64_t b = mat_bytes(&L->wq) + mat_bytes(&L->wk) + mat_bytes(&L->wv) + mat_bytes(&L->wo) +
                  mat_bytes(&L->w_gate) + mat_bytes(&L->w_up) + mat_bytes(&L->w_down);
-    b += 2 * (uint64_t)hp->n_embd * sizeof(float);
+    b += (uint64_t)((L->attn_norm != NULL) + (L->ffn_norm != NULL)) * (uint64_t)hp->n_embd *
+         sizeof(float);
     if (L->attn_q_norm) {
-        b += 2 * (uint64_t)hp->head_dim * sizeof(float);
+        b += (uint64_t)(qk_norm_len(hp, true) + qk_norm_len(hp, false)) * sizeof(float);
     }
     if (L->attn_post_norm) {
-        b += 2 * (uint64_t)hp->n_embd * sizeof(float);
+        b += (uint64_t)hp->n_embd * sizeof(float);
+    }
+    if (L->ffn_post_norm) {
+        b += (uint64_t)hp->n_embd * sizeof(float);
     }
     if (L->bq) {
         b += (uint64_t)(L->wq.n_out + L->wk.n_out + L->wv.n_out) * sizeof(float);
+    }
+    if (L->bo) {
+        b += (uint64_t)hp->n_embd * sizeof(float);
+    }
+    if (L->attn_sinks) {
+        b += (uint64_t)hp->n_head * sizeof(float);
     }
     return b;
 }
@@ -305,7 +336,7 @@ sp_gpu_weight_bytes(const sp_model_t *m, int64_t n_gpu)
     if (n_gpu < 0 || n_gpu > hp->n_layer) {
         n_gpu = hp->n_layer;
     }
-    uint64_t b = (uint64_t)(hp->n_rot + 2) * sizeof(float); /* both RoPE tables */
+    uint64_t b = (uint64_t)(3 * (hp->n_rot / 2) + 3) * sizeof(float); /* the RoPE tables */
     for (int64_t il = 0; il < n_gpu; il++) {
         b += layer_bytes(m, il);
     }
@@ -445,7 +476,7 @@ sp_gpu_fit_layers(const sp_model_t *m, uint64_t budget, uint64_t fixed, uint64_t
         return n;
     }
     /* Partial: the output stays on the CPU; layers go on in order while they fit. */
-    uint64_t used = fixed + (uint64_t)(m->hp.n_rot + 2) * sizeof(float);
+    uint64_t used = fixed + (uint64_t)(3 * (m->hp.n_rot / 2) + 3) * sizeof(float);
     int64_t k = 0;
     while (k < n) {
         const uint64_t more = layer_bytes(m, k) + per_layer;
@@ -596,6 +627,25 @@ gpu_model_free(sp_gpu_model_t *g)
     sp_free(g);
 }
 
+/* One RoPE frequency table to the device, as batch.c computes its own:
+ * theta_i = pos / scale * base^(-2i / n_rot) / factor_i, times YaRN's mix of
+ * pair i (1 without YaRN), in double. f: n_rot / 2 floats of host scratch. */
+static sp_status_t
+upload_rope_table(sp_gpu_model_t *g, const float *factors, float *f, float **out)
+{
+    const sp_hparams_t *hp = &g->m->hp;
+    const int64_t half = hp->n_rot / 2;
+    for (int64_t i = 0; i < half; i++) {
+        double v = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
+        if (factors != NULL) {
+            v /= factors[i];
+        }
+        v *= sp__yarn_mix(hp, i);
+        f[i] = (float)(v / hp->rope_scale);
+    }
+    return upload_vec(g, f, half > 0 ? half : 1, out);
+}
+
 sp_status_t
 sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gpu, char *err,
               size_t err_len)
@@ -637,14 +687,12 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     if (n_gpu == 0) {
         return SP_OK; /* nothing on the GPU: the CPU path as it is */
     }
-    if (m->mla != NULL || m->moe != NULL || hp->rope_yarn) {
-        /* The device path has no latent attention, no mixture-of-experts
-         * block and no YaRN table: the whole model stays on the CPU
-         * (engine/mla.c, moe.c), which the placement then charges. */
+    if (m->mla != NULL || m->moe != NULL) {
+        /* The device path has no latent attention and no mixture-of-experts
+         * block: the whole model stays on the CPU (engine/mla.c, moe.c),
+         * which the placement then charges. */
         SP_LOG_INFO("event=gpu_skip device=cuda:%d reason=%s layers=0/%lld", ordinal,
-                    m->mla != NULL   ? "mla_deepseek2_runs_on_cpu"
-                    : m->moe != NULL ? "moe_model_runs_on_cpu"
-                                     : "yarn_rope_runs_on_cpu",
+                    m->mla != NULL ? "mla_deepseek2_runs_on_cpu" : "moe_model_runs_on_cpu",
                     (long long)hp->n_layer);
         return SP_OK;
     }
@@ -704,10 +752,12 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
             (st = upload_vec(g, L->bq, L->wq.n_out, &D->bq)) != SP_OK ||
             (st = upload_vec(g, L->bk, L->wk.n_out, &D->bk)) != SP_OK ||
             (st = upload_vec(g, L->bv, L->wv.n_out, &D->bv)) != SP_OK ||
-            (st = upload_vec(g, L->attn_q_norm, hp->head_dim, &D->q_norm)) != SP_OK ||
-            (st = upload_vec(g, L->attn_k_norm, hp->head_dim, &D->k_norm)) != SP_OK ||
+            (st = upload_vec(g, L->attn_q_norm, qk_norm_len(hp, true), &D->q_norm)) != SP_OK ||
+            (st = upload_vec(g, L->attn_k_norm, qk_norm_len(hp, false), &D->k_norm)) != SP_OK ||
             (st = upload_vec(g, L->attn_post_norm, hp->n_embd, &D->post_attn)) != SP_OK ||
-            (st = upload_vec(g, L->ffn_post_norm, hp->n_embd, &D->post_ffn)) != SP_OK) {
+            (st = upload_vec(g, L->ffn_post_norm, hp->n_embd, &D->post_ffn)) != SP_OK ||
+            (st = upload_vec(g, L->bo, hp->n_embd, &D->bo)) != SP_OK ||
+            (st = upload_vec(g, L->attn_sinks, hp->n_head, &D->sinks)) != SP_OK) {
             break;
         }
     }
@@ -717,18 +767,16 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
         }
     }
     if (st == SP_OK) {
-        /* theta_i = pos / scale * base^(-2i / n_rot) / freq_factor_i, as batch.c. */
-        const int64_t half = hp->n_rot / 2;
-        float *f = u.h_f32;
-        for (int64_t i = 0; i < half; i++) {
-            double v = pow((double)hp->rope_base, -2.0 * (double)i / (double)hp->n_rot);
-            if (m->rope_freqs != NULL) {
-                v /= m->rope_freqs[i];
-            }
-            f[i] = (float)(v / hp->rope_scale);
-        }
-        st = upload_vec(g, f, half > 0 ? half : 1, &g->inv_freq);
+        /* LongRoPE: the short factors here, the long ones in a second table
+         * that batches past the original context use (batch_inv_freq). */
+        st = upload_rope_table(g, m->rope_long != NULL ? m->rope_short : m->rope_freqs, u.h_f32,
+                               &g->inv_freq);
     }
+    if (st == SP_OK && m->rope_long != NULL) {
+        st = upload_rope_table(g, m->rope_long, u.h_f32, &g->inv_freq_long);
+    }
+    /* cos and sin times the attention factor, as batch.c's embed_job_run. */
+    g->mscale = (double)hp->rope_attn_factor * (hp->rope_yarn ? hp->rope_mscale : 1.0);
     if (st == SP_OK && rope_swa(m)) {
         /* The sliding layers': their base and scale, the same factors (batch.c). */
         const int64_t half = hp->n_rot / 2;
@@ -1043,6 +1091,11 @@ sp__gpu_batch_create(sp_gpu_model_t *g, const sp_batch_params_t *p, sp_gpu_batch
     b->g = g;
     b->max_tokens = p->max_tokens;
     b->max_seqs = p->max_seqs;
+    /* LongRoPE: the long factors for a context past the original one, as
+     * batch.c picks them from the same max_ctx. */
+    b->inv_freq = g->inv_freq_long != NULL && p->max_ctx > g->m->hp.n_ctx_orig
+                      ? g->inv_freq_long
+                      : g->inv_freq;
     b->graphs = switch_env("SAMPAN_CUDA_GRAPHS") == 1;
     b->pin_on = switch_env("SAMPAN_CUDA_PINNED") == 1;
     b->cand_on = switch_env("SAMPAN_CUDA_CANDIDATES") == 1;
@@ -1130,6 +1183,31 @@ mat_mul(sp_gpu_batch_t *b, const gpu_mat_t *w, const void *x, int64_t R, float *
     return api->gemm(c, wf, w->n_out, w->n_in, x, R, y, bias);
 }
 
+/* For R rows: x += add (a sub-layer's output, or NULL for none), add first
+ * times the residual scale (granite; add is the batch's scratch, scaled in
+ * place as batch.c does), then, when xn is wanted, xn = F16(RMSNorm(x) w)
+ * for the next sub-layer, or with no pre-norm (w NULL: olmo2) xn = F16(x),
+ * as batch.c's copy. */
+static int
+add_norm(sp_gpu_batch_t *b, float *add, const float *w, int64_t R, bool xn)
+{
+    const sp_cuda_api_t *api = b->g->api;
+    sp_cuda_ctx_t *c = b->g->ctx;
+    const sp_hparams_t *hp = &b->g->m->hp;
+    const int64_t E = hp->n_embd;
+    int st = SP_OK;
+    if (add != NULL && hp->residual_scale != 1.0f) {
+        st = api->scale(c, add, R * E, hp->residual_scale);
+    }
+    if (st == SP_OK && (add != NULL || (xn && w != NULL))) {
+        st = api->add_rmsnorm(c, b->x, add, xn ? w : NULL, NULL, R, E, hp->norm_eps, b->xn, 1);
+    }
+    if (st == SP_OK && xn && w == NULL) {
+        st = api->to_f16(c, SP_TYPE_F32, b->x, b->xn, R * E);
+    }
+    return st;
+}
+
 /* The GPU layers for R rows whose x, positions and tables are on the device:
  * enqueued ops only (no copy from or to the host), so a graph can capture it. */
 static sp_status_t
@@ -1141,13 +1219,12 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw2[2])
     sp_cuda_ctx_t *c = g->ctx;
     const sp_hparams_t *hp = &g->m->hp;
     const int64_t R = rw->n_rows, E = hp->n_embd, hd = hp->head_dim;
-    OP(b, "rope_cs", api->rope_cs(c, rw->d_pos, R, g->inv_freq, hp->n_rot, b->cs));
+    OP(b, "rope_cs", api->rope_cs(c, rw->d_pos, R, b->inv_freq, hp->n_rot, g->mscale, b->cs));
     if (g->inv_freq_swa != NULL) {
-        OP(b, "rope_cs swa",
-           api->rope_cs(c, rw->d_pos, R, g->inv_freq_swa, hp->n_rot, b->cs_swa));
+        OP(b, "rope_cs swa", api->rope_cs(c, rw->d_pos, R, g->inv_freq_swa, hp->n_rot, g->mscale,
+                                          b->cs_swa));
     }
-    OP(b, "attn norm", api->add_rmsnorm(c, b->x, NULL, g->L[0].attn_norm, NULL, R, E,
-                                        hp->norm_eps, b->xn, 1));
+    OP(b, "attn norm", add_norm(b, NULL, g->L[0].attn_norm, R, true));
     const int neox = hp->rope_type == SP_ROPE_NEOX;
     const float eps = hp->norm_eps;
     for (int64_t il = 0; il < g->n_gpu; il++) {
@@ -1157,7 +1234,12 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw2[2])
         OP(b, "gemm q", mat_mul(b, &L->wq, b->xn, R, b->q, L->bq));
         OP(b, "gemm k", mat_mul(b, &L->wk, b->xn, R, b->k, L->bk));
         OP(b, "gemm v", mat_mul(b, &L->wv, b->xn, R, b->v, L->bv));
-        if (L->q_norm != NULL) {
+        if (L->q_norm != NULL && hp->qk_norm_full) {
+            /* RMSNorm of the whole q and k projections before the rotation
+             * (olmo2): one "head" as wide as the row. */
+            OP(b, "q norm", api->head_rmsnorm(c, b->q, R, 1, hp->n_head * hd, L->q_norm, eps));
+            OP(b, "k norm", api->head_rmsnorm(c, b->k, R, 1, hp->n_head_kv * hd, L->k_norm, eps));
+        } else if (L->q_norm != NULL) {
             /* Per-head RMSNorm of q and k before the rotation (qwen3, gemma3). */
             OP(b, "q norm", api->head_rmsnorm(c, b->q, R, hp->n_head, hd, L->q_norm, eps));
             OP(b, "k norm", api->head_rmsnorm(c, b->k, R, hp->n_head_kv, hd, L->k_norm, eps));
@@ -1172,16 +1254,15 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw2[2])
         const sp_cuda_kv_t *kd = &kv->part[part].desc;
         OP(b, "kv write", api->kv_write(c, kd, kv->slot[il], b->k, b->v, &rw2[part]));
         OP(b, "attention", api->attn(c, kd, kv->slot[il], b->q, hp->n_head, hp->attn_scale,
-                                     swa ? hp->n_swa : 0, hp->attn_softcap, &rw2[part],
-                                     b->att));
-        OP(b, "gemm o", mat_mul(b, &L->wo, b->att, R, b->proj, NULL));
+                                     swa ? hp->n_swa : 0, hp->attn_softcap, L->sinks,
+                                     &rw2[part], b->att));
+        OP(b, "gemm o", mat_mul(b, &L->wo, b->att, R, b->proj, L->bo));
         if (L->post_attn != NULL) {
-            /* gemma: the attention output normalised before the residual add */
+            /* gemma, olmo2: the attention output normalised before the residual add */
             OP(b, "post-attention norm", api->add_rmsnorm(c, b->proj, NULL, L->post_attn, NULL,
                                                           R, E, eps, b->proj, 0));
         }
-        OP(b, "ffn norm", api->add_rmsnorm(c, b->x, b->proj, L->ffn_norm, NULL, R, E,
-                                           hp->norm_eps, b->xn, 1));
+        OP(b, "ffn norm", add_norm(b, b->proj, L->ffn_norm, R, true));
         OP(b, "gemm gate", mat_mul(b, &L->gate, b->xn, R, b->gate, NULL));
         OP(b, "gemm up", mat_mul(b, &L->up, b->xn, R, b->up, NULL));
         if (hp->ffn_act == SP_FFN_GELU) {
@@ -1194,9 +1275,12 @@ step_layers(sp_gpu_batch_t *b, sp_gpu_kv_t *kv, const sp_cuda_rows_t rw2[2])
             OP(b, "post-FFN norm", api->add_rmsnorm(c, b->proj, NULL, L->post_ffn, NULL, R, E,
                                                     eps, b->proj, 0));
         }
-        const float *next = il + 1 < g->n_gpu ? g->L[il + 1].attn_norm : NULL;
-        OP(b, "residual", api->add_rmsnorm(c, b->x, b->proj, next, NULL, R, E, hp->norm_eps,
-                                           b->xn, 1));
+        if (il + 1 < g->n_gpu) {
+            OP(b, "residual", add_norm(b, b->proj, g->L[il + 1].attn_norm, R, true));
+        } else {
+            /* The last GPU layer: the output norm (or the CPU's next layer) reads x. */
+            OP(b, "residual", add_norm(b, b->proj, NULL, R, false));
+        }
     }
     return SP_OK;
 }
@@ -1210,6 +1294,12 @@ step_output(sp_gpu_batch_t *b, const int32_t *d_rows, int64_t k)
     OP(b, "output norm", g->api->add_rmsnorm(g->ctx, b->x, NULL, g->output_norm, d_rows, k,
                                              hp->n_embd, hp->norm_eps, b->xn, 1));
     OP(b, "output gemm", mat_mul(b, &g->output, b->xn, k, b->logits, NULL));
+    if (hp->logit_scale != 1.0f) {
+        /* granite: the logits divided by its scale, as batch.c's softcap_job (times
+         * the same float reciprocal) */
+        OP(b, "logit scale",
+           g->api->scale(g->ctx, b->logits, k * hp->n_vocab, 1.0f / hp->logit_scale));
+    }
     if (hp->final_softcap > 0.0f) {
         OP(b, "final softcap",
            g->api->softcap(g->ctx, b->logits, k * hp->n_vocab, hp->final_softcap));

@@ -669,11 +669,13 @@ sp_model_free(sp_model_t *m)
 const char *
 sp__model_cpu_only_feature(const sp_model_t *m)
 {
-    /* What the CUDA path (gpu.c) runs besides the llama family: per-head q/k
-     * norms, post-norms, sliding windows (every block kept on the device),
-     * attention and final soft-capping, GELU, embedding and query scales,
-     * the sliding layers' own RoPE base, layers without RoPE. Everything
-     * else is named here. */
+    /* What the CUDA path (gpu.c) runs besides the llama family: per-head and
+     * whole-projection q/k norms, pre- and post-norms each optional (olmo2
+     * has post-norms only), sliding windows (every block kept on the device),
+     * attention and final soft-capping, GELU, the embedding, query, residual
+     * and logit scales, the sliding layers' own RoPE base, layers without
+     * RoPE, LongRoPE and YaRN tables with their attention factor, attention
+     * sinks and an output bias. Everything else is named here. */
     const sp_hparams_t *hp = &m->hp;
     if (arch_is(hp, "gemma4")) {
         return m->moe != NULL ? "the gemma4 architecture with mixture of experts (experts "
@@ -689,32 +691,12 @@ sp__model_cpu_only_feature(const sp_model_t *m)
         return "per-layer head sizes, shared KV layers or value norms";
     }
     for (int64_t il = 0; il < hp->n_layer; il++) {
-        if (m->layers[il].attn_norm == NULL || m->layers[il].ffn_norm == NULL) {
-            return "layers without pre-norms";
-        }
-        if (m->layers[il].attn_q_norm != NULL && hp->qk_norm_full) {
-            return "q/k norms over the whole projection";
-        }
-        if ((m->layers[il].attn_post_norm == NULL) != (m->layers[il].ffn_post_norm == NULL)) {
-            return "a post-norm on one sub-layer only";
-        }
         if (hp->layer_n_head_kv[il] > 0 || hp->layer_n_ff[il] > 0) {
             return "per-layer head sizes, shared KV layers or value norms";
         }
     }
-    for (int64_t il = 0; il < hp->n_layer; il++) {
-        if (m->layers[il].attn_sinks != NULL || m->layers[il].bo != NULL) {
-            return "attention sinks and an attention output bias";
-        }
-    }
-    if (hp->residual_scale != 1.0f || hp->logit_scale != 1.0f) {
-        return "residual and logit scales";
-    }
     if (hp->ffn_act != SP_FFN_SILU && hp->ffn_act != SP_FFN_GELU) {
         return "a feed-forward activation other than SiLU and GELU";
-    }
-    if (m->rope_long != NULL || hp->rope_attn_factor != 1.0f) {
-        return "LongRoPE";
     }
     return NULL;
 }

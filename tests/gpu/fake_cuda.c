@@ -61,13 +61,14 @@ typedef struct hdr hdr_t;
  * kernel launch copies them). */
 enum { OP_D2D, OP_TO_F16, OP_EMBED, OP_ADD_RMSNORM, OP_GEMM, OP_ROPE_CS, OP_ROPE, OP_KV_WRITE,
        OP_ATTN, OP_SWIGLU, OP_SOFTMAX, OP_TOPK, OP_QSPLIT_TO_F16, OP_GEMV_Q, OP_HEAD_RMSNORM,
-       OP_GELU_MUL, OP_SOFTCAP };
+       OP_GELU_MUL, OP_SOFTCAP, OP_SCALE };
 
 typedef struct rec {
     int op;
     void *p[6];
     int64_t i[6];
     float f, f2;
+    double d;
     sp_cuda_kv_t kv;
     sp_cuda_rows_t rows;
 } rec_t;
@@ -630,19 +631,19 @@ gemm(sp_cuda_ctx_t *c, const void *w, int64_t n_out, int64_t n_in, const void *x
 
 static int
 rope_cs(sp_cuda_ctx_t *c, const int32_t *pos, int64_t R, const float *inv_freq, int64_t n_rot,
-        float *cs)
+        double mscale, float *cs)
 {
     ENTER(c, "rope_cs");
     if (c->capturing) {
         const rec_t r = {.op = OP_ROPE_CS, .p = {(void *)pos, (void *)inv_freq, cs},
-                         .i = {R, n_rot}};
+                         .i = {R, n_rot}, .d = mscale};
         return record(c, "rope_cs", &r, PTRS(pos, inv_freq, cs));
     }
     for (int64_t t = 0; t < R; t++) {
         for (int64_t i = 0; i < n_rot / 2; i++) {
             const double th = (double)pos[t] * (double)inv_freq[i];
-            cs[t * n_rot + 2 * i] = (float)cos(th);
-            cs[t * n_rot + 2 * i + 1] = (float)sin(th);
+            cs[t * n_rot + 2 * i] = (float)(cos(th) * mscale);
+            cs[t * n_rot + 2 * i + 1] = (float)(sin(th) * mscale);
         }
     }
     return SP_OK;
@@ -727,7 +728,8 @@ kv_write(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *k, c
 
 static int
 attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64_t n_head,
-     float scale, int64_t window, float softcap, const sp_cuda_rows_t *r, void *out)
+     float scale, int64_t window, float softcap, const float *sinks, const sp_cuda_rows_t *r,
+     void *out)
 {
     ENTER(c, "attn");
     if (il < 0 || il >= kv->n_layer || kv->n_head_kv < 1 || n_head % kv->n_head_kv != 0 ||
@@ -737,9 +739,11 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
                     (long long)window, (double)softcap);
     }
     if (c->capturing) {
-        const rec_t rc = {.op = OP_ATTN, .p = {(void *)q, out}, .i = {il, n_head, window},
-                          .f = scale, .f2 = softcap, .kv = *kv, .rows = *r};
-        return record(c, "attn", &rc, PTRS(q, out, kv->d_data, r->d_pos, r->d_bt, r->d_btab));
+        const rec_t rc = {.op = OP_ATTN, .p = {(void *)q, out, (void *)sinks},
+                          .i = {il, n_head, window}, .f = scale, .f2 = softcap, .kv = *kv,
+                          .rows = *r};
+        return record(c, "attn", &rc,
+                      PTRS(q, out, sinks, kv->d_data, r->d_pos, r->d_bt, r->d_btab));
     }
     const int64_t hd = kv->head_dim, group = n_head / kv->n_head_kv;
     for (int64_t t = 0; t < r->n_rows; t++) {
@@ -763,7 +767,8 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
         for (int64_t h = 0; h < n_head; h++) {
             const int64_t g = h / group;
             const float *qh = q + (t * n_head + h) * hd;
-            float mx = -INFINITY;
+            /* A sink joins the max and the denominator, with no value. */
+            float mx = sinks != NULL ? sinks[h] : -INFINITY;
             for (int64_t p = lo; p < n_kv; p++) {
                 const int64_t tile = sp_cu_kv_tile(table[p / SP_CU_KV_BLOCK], il, g,
                                                    kv->n_head_kv, kv->tile_elems, kv->block_elems);
@@ -777,7 +782,7 @@ attn(sp_cuda_ctx_t *c, const sp_cuda_kv_t *kv, int64_t il, const float *q, int64
                 }
                 mx = sc[p] > mx ? sc[p] : mx;
             }
-            double sum = 0.0;
+            double sum = sinks != NULL ? (double)expf(sinks[h] - mx) : 0.0;
             for (int64_t p = lo; p < n_kv; p++) {
                 sc[p] = expf(sc[p] - mx);
                 sum += sc[p];
@@ -869,6 +874,23 @@ softcap_op(sp_cuda_ctx_t *c, float *x, int64_t n, float cap)
     }
     for (int64_t i = 0; i < n; i++) {
         x[i] = cap * tanhf(x[i] / cap);
+    }
+    return SP_OK;
+}
+
+static int
+scale_op(sp_cuda_ctx_t *c, float *x, int64_t n, float f)
+{
+    ENTER(c, "scale");
+    if (!isfinite(f)) {
+        return fail(c, SP_ERR_INVALID, "scale: factor %g is not finite", (double)f);
+    }
+    if (c->capturing) {
+        const rec_t r = {.op = OP_SCALE, .p = {x}, .i = {n}, .f = f};
+        return record(c, "scale", &r, PTRS(x));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= f;
     }
     return SP_OK;
 }
@@ -1067,15 +1089,16 @@ graph_launch(sp_cuda_ctx_t *c, sp_cuda_graph_t *g)
             st = add_rmsnorm(c, p[0], p[1], p[2], p[3], i[0], i[1], r->f, p[4], (int)i[2]);
             break;
         case OP_GEMM: st = gemm(c, p[0], i[0], i[1], p[1], i[2], p[2], p[3]); break;
-        case OP_ROPE_CS: st = rope_cs(c, p[0], i[0], p[1], i[1], p[2]); break;
+        case OP_ROPE_CS: st = rope_cs(c, p[0], i[0], p[1], i[1], r->d, p[2]); break;
         case OP_ROPE: st = rope(c, p[0], i[0], i[1], i[2], i[3], p[1], (int)i[4]); break;
         case OP_KV_WRITE: st = kv_write(c, &r->kv, i[0], p[0], p[1], &r->rows); break;
         case OP_ATTN:
-            st = attn(c, &r->kv, i[0], p[0], i[1], r->f, i[2], r->f2, &r->rows, p[1]);
+            st = attn(c, &r->kv, i[0], p[0], i[1], r->f, i[2], r->f2, p[2], &r->rows, p[1]);
             break;
         case OP_HEAD_RMSNORM: st = head_rmsnorm(c, p[0], i[0], i[1], i[2], p[1], r->f); break;
         case OP_GELU_MUL: st = gelu_mul(c, p[0], p[1], i[0], p[2]); break;
         case OP_SOFTCAP: st = softcap_op(c, p[0], i[0], r->f); break;
+        case OP_SCALE: st = scale_op(c, p[0], i[0], r->f); break;
         case OP_SWIGLU: st = swiglu(c, p[0], p[1], i[0], p[2]); break;
         case OP_SOFTMAX: st = softmax(c, p[0], i[0], i[1]); break;
         case OP_TOPK: st = topk(c, p[0], i[0], i[1], (int)i[2], p[1], p[2]); break;
@@ -1105,7 +1128,7 @@ static const sp_cuda_api_t api = {
     dev_alloc, dev_free, h2d, d2h, d2d, dev_sync,
     to_f16, embed, add_rmsnorm, gemm, rope_cs, rope, kv_write, attn, swiglu, softmax, topk,
     graph_begin, graph_end, graph_launch, graph_destroy, qsplit_to_f16, gemv_q,
-    host_register, host_unregister, pinned_bytes, head_rmsnorm, gelu_mul, softcap_op,
+    host_register, host_unregister, pinned_bytes, head_rmsnorm, gelu_mul, softcap_op, scale_op,
 };
 
 static sp_cuda_api_t api_other;

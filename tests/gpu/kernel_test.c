@@ -17,11 +17,14 @@
  *   rmsnorm F16 out, swiglu      1e-3 relative (F16 has 11 bits: 4.9e-4 half ulp)
  *   gemm                         1e-3 of sum |w||x| per element (F32 accumulation
  *                                over F16 products, any summation order)
- *   rope_cs, rope                2e-6 absolute / 1e-5 (double angle, float rotation)
+ *   rope_cs, rope                2e-6 absolute / 1e-5 (double angle, float rotation;
+ *                                the attention factor 1 and 1.2 times the table)
  *   kv_write                     exact (F32 cache) / F16 rounding (F16 cache)
  *   attention                    2e-3 relative to max |v| (F16 output, expf vs
  *                                the reference's double sums)
  *   attention, window / softcap  the same (positions before the window never read)
+ *   attention, sinks             the same (a per-head logit in the denominator)
+ *   scale                        exact (one float product per element)
  *   head_rmsnorm                 1e-5 relative to the head's max |out| (F32)
  *   gelu_mul                     1e-3 relative (F16 out)
  *   softcap                      4e-6 of the cap absolute (float tanh)
@@ -293,12 +296,14 @@ test_rope(void)
         v[i] = want[i] = rndf();
     }
     for (int neox = 0; neox <= 1; neox++) {
+        /* LongRoPE's and YaRN's attention factor scales the table (batch.c): on with NeoX */
+        const double mscale = neox ? 1.2 : 1.0;
         memcpy(want, v, sizeof v);
         for (int64_t t = 0; t < R; t++) {
             for (int64_t i = 0; i < n_rot / 2; i++) {
                 const double th = (double)pos[t] * (double)inv[i];
-                cs[t * n_rot + 2 * i] = (float)cos(th);
-                cs[t * n_rot + 2 * i + 1] = (float)sin(th);
+                cs[t * n_rot + 2 * i] = (float)(cos(th) * mscale);
+                cs[t * n_rot + 2 * i + 1] = (float)(sin(th) * mscale);
             }
             for (int64_t h = 0; h < H; h++) {
                 float *x = want + (t * H + h) * hd;
@@ -313,7 +318,7 @@ test_rope(void)
         }
         int32_t *d_pos = dev(pos, sizeof pos);
         float *d_inv = dev(inv, sizeof inv), *d_cs = dev(NULL, sizeof cs), *d_v = dev(v, sizeof v);
-        ok_or_die(A->rope_cs(C, d_pos, R, d_inv, n_rot, d_cs), "rope_cs");
+        ok_or_die(A->rope_cs(C, d_pos, R, d_inv, n_rot, mscale, d_cs), "rope_cs");
         ok_or_die(A->rope(C, d_v, R, H, hd, n_rot, d_cs, neox), "rope");
         float got[6 * 4 * 64];
         get(got_cs, d_cs, sizeof got_cs);
@@ -325,7 +330,8 @@ test_rope(void)
         for (int64_t i = 0; i < R * H * hd; i++) {
             e2 = fmax(e2, fabs(want[i] - got[i]));
         }
-        report(neox ? "rope_cs + rope neox" : "rope_cs + rope normal", e1 <= 2e-6 && e2 <= 1e-5,
+        report(neox ? "rope_cs + rope neox, attention factor 1.2" : "rope_cs + rope normal",
+               e1 <= 2e-6 && e2 <= 1e-5,
                fmax(e1, e2), 1e-5);
         A->free(C, d_pos);
         A->free(C, d_inv);
@@ -337,9 +343,12 @@ test_rope(void)
 /* Paged attention: fill a device pool through kv_write (random block table,
  * several layers), download it, and run the CPU reference attention over the
  * downloaded pool through the same block tables. */
-/* window > 0: a sliding window (gemma, phi3); softcap > 0: soft-capped scores (gemma2). */
+/* window > 0: a sliding window (gemma, phi3); softcap > 0: soft-capped scores (gemma2);
+ * sinks: a per-head sink logit (gpt-oss), drawn in [-2, 6] so that some heads' sinks
+ * outweigh every score and others hardly count. */
 static void
-test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window, float softcap)
+test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window, float softcap,
+          bool sinks)
 {
     const int64_t n_layer = 2, il = 1, n_blocks = 48, max_pos = 400;
     const int64_t tile = SP_CU_KV_BLOCK * hd, block_elems = n_layer * n_head_kv * 2 * tile;
@@ -379,7 +388,13 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window
     void *d_o = dev(NULL, (size_t)(R * qd) * 2);
     sp_cuda_rows_t rows = {R, d_qpos, d_qbt, d_tab};
     const float scale = 1.0f / sqrtf((float)hd);
-    ok_or_die(A->attn(C, &kv, il, d_q, n_head, scale, window, softcap, &rows, d_o), "attn");
+    float *sink = malloc((size_t)n_head * 4);
+    for (int64_t h = 0; h < n_head; h++) {
+        sink[h] = 2.0f + 4.0f * rndf();
+    }
+    float *d_sink = sinks ? dev(sink, (size_t)n_head * 4) : NULL;
+    ok_or_die(A->attn(C, &kv, il, d_q, n_head, scale, window, softcap, d_sink, &rows, d_o),
+              "attn");
     uint16_t *o = malloc((size_t)(R * qd) * 2);
     get(o, d_o, (size_t)(R * qd) * 2);
     char *pool = malloc((size_t)(n_blocks * block_elems) * elt);
@@ -420,7 +435,7 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window
                 .v = pool + (size_t)(t0 + tile) * elt, .blocks = table,
                 .k_block_stride = block_elems, .v_block_stride = block_elems, .v_stride = hd,
                 .scale = scale, .o = want, .o_stride = hd, .scratch = scratch,
-                .window = window, .softcap = softcap,
+                .window = window, .softcap = softcap, .sinks = sinks ? sink + h : NULL,
             };
             ref->attn[f16 ? SP_TYPE_F16 : SP_TYPE_F32](&a);
             for (int64_t d = 0; d < hd; d++) {
@@ -428,14 +443,15 @@ test_attn(int f16, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t window
             }
         }
     }
-    snprintf(name, sizeof name, "attn %s hd%lld heads %lld/%lld%s%s", f16 ? "f16" : "f32",
+    snprintf(name, sizeof name, "attn %s hd%lld heads %lld/%lld%s%s%s", f16 ? "f16" : "f32",
              (long long)hd, (long long)n_head, (long long)n_head_kv, window > 0 ? " window" : "",
-             softcap > 0.0f ? " softcap" : "");
+             softcap > 0.0f ? " softcap" : "", sinks ? " sinks" : "");
     report(name, err <= 2e-3, err, 2e-3); /* |v| <= 1 */
-    void *bufs[] = {d_pool, d_pos, d_bt, d_tab, d_k, d_v, d_qpos, d_qbt, d_q, d_o};
+    void *bufs[] = {d_pool, d_pos, d_bt, d_tab, d_k, d_v, d_qpos, d_qbt, d_q, d_o, d_sink};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         A->free(C, bufs[i]);
     }
+    free(sink);
     free(k);
     free(v);
     free(pos);
@@ -608,6 +624,16 @@ test_arch_ops(void)
         err = fmax(err, fabs(cap * tanh((double)x[i] / cap) - y[i]));
     }
     report("softcap", err <= 4e-6 * cap, err, 4e-6 * cap); /* float tanh: a few ulp of cap */
+
+    /* scale in place (granite's residual and logit scales): one float product, exact */
+    A->h2d(C, d_x, x, (size_t)n * 4);
+    ok_or_die(A->scale(C, d_x, n, 0.22f), "scale");
+    get(y, d_x, (size_t)n * 4);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad += y[i] != x[i] * 0.22f;
+    }
+    report("scale", bad == 0, bad, 0);
     A->free(C, d_g);
     A->free(C, d_u);
     A->free(C, d_o);
@@ -757,7 +783,7 @@ test_graph(void)
     float *d_v = dev(NULL, (size_t)(R * H * hd) * 4);
     sp_cuda_graph_t *gr = NULL;
     ok_or_die(A->graph_begin(C), "graph_begin");
-    int st = A->rope_cs(C, d_pos, R, d_inv, n_rot, d_cs);
+    int st = A->rope_cs(C, d_pos, R, d_inv, n_rot, 1.0, d_cs);
     if (st == SP_OK) {
         st = A->rope(C, d_v, R, H, hd, n_rot, d_cs, 0);
     }
@@ -878,16 +904,19 @@ main(int argc, char **argv)
     test_gemm();
     test_rope();
     for (int f16 = 0; f16 <= 1; f16++) {
-        test_attn(f16, 64, 32, 4, 0, 0.0f);  /* TinyLlama: GQA 8 */
-        test_attn(f16, 128, 8, 8, 0, 0.0f);  /* MHA, wide heads */
+        test_attn(f16, 64, 32, 4, 0, 0.0f, false);  /* TinyLlama: GQA 8 */
+        test_attn(f16, 128, 8, 8, 0, 0.0f, false);  /* MHA, wide heads */
         /* gemma2-like: windows that start inside a block, on a block edge,
          * and wider than most positions; scores soft-capped */
-        test_attn(f16, 256, 8, 4, 37, 50.0f);
-        test_attn(f16, 128, 8, 2, 64, 0.0f);
-        test_attn(f16, 64, 4, 4, 300, 2.0f);
+        test_attn(f16, 256, 8, 4, 37, 50.0f, false);
+        test_attn(f16, 128, 8, 2, 64, 0.0f, false);
+        test_attn(f16, 64, 4, 4, 300, 2.0f, false);
+        /* gpt-oss-like: sinks, with and without a window */
+        test_attn(f16, 64, 8, 2, 0, 0.0f, true);
+        test_attn(f16, 64, 8, 2, 37, 0.0f, true);
     }
-    test_attn(1, 8, 8, 4, 0, 0.0f);          /* stories260K */
-    test_attn(0, 256, 4, 1, 0, 0.0f);        /* the widest head, MQA */
+    test_attn(1, 8, 8, 4, 0, 0.0f, false);          /* stories260K */
+    test_attn(0, 256, 4, 1, 0, 0.0f, false);        /* the widest head, MQA */
     test_swiglu_softmax_topk();
     test_arch_ops();
     test_qsplit_gemv();
