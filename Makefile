@@ -284,8 +284,11 @@ cuda-tests: $(BUILD)/gpu_kernel_test $(BUILD)/gpu_bench $(BUILD)/test_cuda_host 
             $(BUILD)/libfake_cuda.so
 $(BUILD)/gpu_kernel_test: tests/gpu/kernel_test.c $(BUILD)/libsampan.a
 	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
-$(BUILD)/test_cuda_host: tests/gpu/host_test.c $(BUILD)/libsampan.a
-	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+# The host test builds its random models with the unit tests' shared writer (testmodel.c).
+$(BUILD)/test_cuda_host: tests/gpu/host_test.c tests/unit/testmodel.c tests/unit/testmodel.h \
+                         $(BUILD)/libsampan.a
+	$(CC) $(GPU_TEST_FLAGS) -Itests/unit -o $@ tests/gpu/host_test.c tests/unit/testmodel.c \
+	    $(BUILD)/libsampan.a $(LDLIBS)
 $(BUILD)/gpu_bench: bench/gpu/gpu_bench.c $(BUILD)/libsampan.a
 	$(CC) $(GPU_TEST_FLAGS) -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
 # The host emulation of the CUDA library (never instrumented: it stands in for a vendor library).
