@@ -9,9 +9,12 @@
 #   2. the kernel test: every CUDA op against the CPU reference kernels, quantised GEMV,
 #      graph capture and replay (tests/gpu/kernel_test.c)
 #   3. the host tests (the GPU path on the host emulation; sanity that the build is the same)
-#   3b. test_cuda_host --arch-only on the real library: qwen3, gemma2, gemma3 and smollm3 shaped
-#      random models (q/k norms, sliding windows, soft-caps, post-norms, GELU, two RoPE bases,
-#      no-RoPE layers) teacher-forced against the CPU engine within the F16 tolerance (~5 s)
+#   3b. test_cuda_host --arch-only on the real library: qwen3, gemma2, gemma3, smollm3, phi3,
+#      granite, olmo2 and YaRN-llama shaped random models (q/k norms per head and over the
+#      whole projection, sliding windows, soft-caps, post-norms with and without pre-norms,
+#      GELU, two RoPE bases, no-RoPE layers, LongRoPE's long factors and YaRN's table with
+#      their attention factors, granite's residual and logit scales) teacher-forced against
+#      the CPU engine within the F16 tolerance (~10 s)
 #   4. the demo model (stories260K) greedy on the GPU == on the CPU, 200 tokens; graphs off
 #      == graphs on
 #   5. `sampan serve` with a repository model placed KIND_GPU: the same completion as on the CPU
@@ -106,7 +109,7 @@ else
     tail -n 20 "$LOG/host.log"; ko "host tests"
 fi
 
-elapsed "3b. qwen3/gemma2/gemma3/smollm3 forward passes on the GPU vs the CPU"
+elapsed "3b. qwen3/gemma2/gemma3/smollm3/phi3/granite/olmo2/yarn forward passes on the GPU vs the CPU"
 if timeout 120 "$B/test_cuda_host" "$B/libsampan_cuda.so" --arch-only >"$LOG/arch.log" 2>&1 &&
    tail -n 1 "$LOG/arch.log" | grep -q " 0 failed"; then
     ok "architectures on the GPU"

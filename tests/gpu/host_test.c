@@ -18,7 +18,7 @@
  *
  *     build/test_cuda_host [build/libfake_cuda.so]
  *     build/test_cuda_host build/libsampan_cuda.so --arch-only   (on a GPU: the
- *         qwen3/gemma2/gemma3/smollm3 forward passes against the CPU engine)
+ *         forward passes of every architecture against the CPU engine)
  *
  * Ends with "test_cuda_host: N passed, N failed, N skipped". What it cannot
  * check: the CUDA kernels themselves (tests/gpu/kernel_test.c does, on a GPU).
