@@ -768,7 +768,7 @@ sp_gpu_attach(sp_model_t *m, const sp_cuda_api_t *api, int ordinal, int64_t n_gp
     }
     if (st == SP_OK) {
         /* LongRoPE: the short factors here, the long ones in a second table
-         * that batches past the original context use (batch_inv_freq). */
+         * that batches past the original context use (sp__gpu_batch_create). */
         st = upload_rope_table(g, m->rope_long != NULL ? m->rope_short : m->rope_freqs, u.h_f32,
                                &g->inv_freq);
     }
