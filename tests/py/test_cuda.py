@@ -60,7 +60,7 @@ else:
 fake = os.path.join(bdir, "libfake_cuda.so")
 
 # ---- the GPU path on the host emulation
-rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=60)
+rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=180)
 last = out.strip().splitlines()[-1] if out.strip() else ""
 s.case("host tests (shared math, loader, forward vs CPU, errors)",
        rc == 0 and " 0 failed" in last and " 0 skipped" in last, out[-3000:] + err[-1000:])
@@ -76,7 +76,7 @@ for lvl in ("scalar", "avx2", "avx512"):
     if lvl not in levels:
         s.skip(f"host tests at SAMPAN_CPU={lvl}", f"this CPU has no {lvl}")
         continue
-    rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=60,
+    rc, out, err = run([os.path.join(bdir, "test_cuda_host"), fake], timeout=180,
                        env={"SAMPAN_CPU": lvl})
     last = out.strip().splitlines()[-1] if out.strip() else ""
     s.case(f"host tests at SAMPAN_CPU={lvl} (the CPU engine's {lvl} kernels as reference)",
