@@ -192,9 +192,9 @@ TEST(gptoss_loads_its_layout)
     ASSERT(mh->act == SP_MOE_ACT_SWIGLU_OAI && mh->n_ff_shexp == 0);
     const sp_moe_layer_t *L = &m->moe->layers[1];
     ASSERT(L->gate.type == SP_TYPE_MXFP4 && L->router_b && L->gate_b && L->up_b && L->down_b);
-    /* the GPU path has neither sinks nor the output bias (nor MoE, nor YaRN): the
+    /* the GPU path has the sinks, the output bias and YaRN, but no MoE block: the
      * whole model stays on the CPU, the device API never called */
-    ASSERT(sp__model_cpu_only_feature(m) != NULL);
+    ASSERT(sp__model_cpu_only_feature(m) == NULL);
     sp_cuda_api_t never_called;
     memset(&never_called, 0, sizeof never_called); /* a NULL op would crash if used */
     ASSERT_OK(sp_gpu_attach(m, &never_called, 0, -1, err, sizeof err));
