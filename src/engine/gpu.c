@@ -26,6 +26,12 @@
  *           proj = ff Wdown; x += proj (and the next layer's RMSNorm)
  *   full offload: output RMSNorm of the rows wanted, logits = xn Wout, download
  *   partial: download x, the CPU runs the remaining layers
+ * The architectures' variations (docs/cuda.md has the table) slot into this
+ * sequence as batch.c has them: q/k norms after their GEMMs, post-norms on
+ * proj before the add, proj times the residual scale before the add, a
+ * missing pre-norm as xn = F16(x), the logits times 1 / logit_scale and
+ * soft-capped, cos/sin from the batch's RoPE table (LongRoPE: short or long
+ * by its context) times the attention factor.
  * Nothing is allocated per step. All ops of one model go to one stream, so
  * they run in order; the downloads synchronise.
  *
