@@ -12,7 +12,8 @@ Checks: REST JSON and gRPC (raw_input_contents, with the key in metadata) answer
 missing key is 401 (REST) / UNAUTHENTICATED (gRPC); a tenant whose model list excludes the model
 gets 403; four concurrent requests run as one batch of 4 (batch_stats); a repeated request is a
 response-cache hit (hits +1, executions unchanged, the same bytes); nv_inference_count counts rows;
-per-tenant counters name the tenant; a wrong shape is 400 / INVALID_ARGUMENT naming the input.
+per-tenant counters name the tenant; the config view lists the graph's tensors (Triton's
+auto-complete); a wrong shape is 400 / INVALID_ARGUMENT naming the input.
 Last line: onnx-serving: N passed, N failed, N skipped"""
 import base64
 import json
@@ -146,6 +147,17 @@ def main():
             s.case("metrics: nv_inference_count counts the rows computed (3 + 4)", rows == 7, str(rows))
             treq = metric(srv, k_acme, "sampan_tenant_requests_total", tenant="acme")
             s.case("metrics: per-tenant requests name the tenant", treq is not None and treq >= 7, str(treq))
+
+            # Triton's auto-complete: config.json declares no tensors; the config view gives the
+            # graph's, as Triton prints a config after auto-completing it.
+            st, _, b = keyed_request(srv.port, "GET", "/v2/models/mlp/config", key=k_acme)
+            ins = [(t.get("name"), t.get("data_type"), t.get("dims")) for t in (b or {}).get("input", [])] \
+                if st == 200 else None
+            outs = [(t.get("name"), t.get("data_type"), t.get("dims")) for t in (b or {}).get("output", [])] \
+                if st == 200 else None
+            s.case("config view: inputs and outputs auto-completed from the graph",
+                   ins == [("x", "TYPE_FP32", [20])] and outs == [("y", "TYPE_FP32", [4])] and
+                   b.get("max_batch_size") == 8 and b.get("backend") == "onnx", f"{st} {str(b)[:300]}")
 
             st, _, b = keyed_request(srv.port, "POST", "/v2/models/mlp/infer", {"inputs": [
                 {"name": "x", "datatype": "FP32", "shape": [1, 19], "data": [0.0] * 19}]}, key=k_acme)
