@@ -178,6 +178,36 @@ def main():
                               os.path.join(tmp, "calib.npy"), "--method", "percentile",
                               "--percentile", "99.9", "--int8-out", os.path.join(tmp, "pct.onnx")])
         s.case("percentile calibration", rc == 0 and os.path.isfile(os.path.join(tmp, "pct.onnx")), err2[-300:])
+        # Its threshold for the hidden activation (Relu's output, >= 0: UINT8, scale = T / 255) is
+        # the 99.9th percentile of its values over the calibration set as optimize.c takes it (2048
+        # bins over [0, max], the upper edge of the bin where the cumulative count reaches
+        # ceil(p * total)): numpy's float64 hidden values may fall into the neighbouring bin of the
+        # runtime's float32 ones at an edge, so within one bin. The entropy file (KL threshold) has
+        # another scale. (The input x is no test: many pixels are exactly 1, its max.)
+        def act_scale(path):
+            import onnx
+            from onnx import numpy_helper
+            g = onnx.load(path).graph
+            inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+            q = next((n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] != "x"), None)
+            return float(inits[q.input[1]]) if q is not None and q.input[1] in inits else None
+        cal = forward(x[tr[:200]], w1, b1, w2, b2)[1].astype(np.float64).ravel()
+        wbin = float(cal.max()) / 2048
+        hist = np.bincount(np.minimum((cal / wbin).astype(np.int64), 2047), minlength=2048)
+        want_i = int(np.searchsorted(np.cumsum(hist), int(np.ceil(99.9 / 100 * len(cal)))))
+        want = (want_i + 1) * wbin / 255
+        got_p, got_e = act_scale(os.path.join(tmp, "pct.onnx")), act_scale(os.path.join(ver, "model_int8.onnx"))
+        s.case("percentile: the hidden activation's scale is its 99.9th percentile / 255 (within a bin)",
+               got_p is not None and abs(got_p - want) <= 1.01 * wbin / 255 and got_e is not None and
+               abs(got_e - got_p) > 2 * wbin / 255, f"percentile {got_p} want {want} (bin {wbin / 255:.3g}), "
+               f"entropy {got_e}")
+        mp = p.load(ver, model_file=os.path.join(tmp, "pct.onnx"), n_threads=2)
+        try:
+            zp = mp.run([xt])["logits"].astype(np.float64)
+        finally:
+            mp.close()
+        accp = float((zp.argmax(1) == y[te]).mean())
+        s.case("percentile: int8 accuracy drop <= 2 points", acc32 - accp <= 0.02, f"{acc32:.4f} -> {accp:.4f}")
         rc, _, err3 = run([binary(), "optimize", model, "--precision", "int8"])
         s.case("int8 without --calib is a usage error", rc == 2 and "--calib" in err3, err3[-200:])
         # bad calibration / held-out files: clear errors, exit 1
