@@ -535,12 +535,15 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     }
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s "
-               "activation_arena=%s%s",
+               "activation_arena=%s%s%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
                m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32",
-               m->gpu || m->run.no_arena ? "off" : "per_input_shape", planned);
+               m->gpu || m->run.no_arena ? "off" : "per_input_shape", planned,
+               /* INT8 on oneDNN: exact for every node (VNNI), or only for u8 sources with 7-bit
+                * weights (the rest on the own kernels: dnnl.c isa_vnni) */
+               !use_dnnl ? "" : sp_ox_dnnl_int8_vnni() ? " onednn_int8=vnni" : " onednn_int8=u8_w7");
     *model = m;
     m = NULL;
     rc = 0;

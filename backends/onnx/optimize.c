@@ -576,6 +576,7 @@ typedef struct opts {
     const char *method;
     double percentile;
     int threads, repeat, batch;
+    int weight_bits; /* 8, or 7 (weights in [-63, 63]) */
     bool fp16, int8;
 } opts_t;
 
@@ -780,10 +781,14 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             int64_t c = (i / inner) % ch;
             sc[c] = fmaxf(sc[c], fabsf(v[i]));
         }
-        for (int64_t c = 0; c < ch; c++) sc[c] = sc[c] > 0 ? sc[c] / 127.0f : 1.0f;
+        /* --weight-bits 7: [-63, 63], so that two u8 x s8 products fit the int16 that
+         * oneDNN's int8 kernels pair them in on CPUs without VNNI (2 * 255 * 63 < 32767): exact
+         * and on oneDNN there, at one bit of weight precision (docs/backends.md) */
+        float wmax = o->weight_bits == 7 ? 63.0f : 127.0f;
+        for (int64_t c = 0; c < ch; c++) sc[c] = sc[c] > 0 ? sc[c] / wmax : 1.0f;
         for (int64_t i = 0; i < numel; i++) {
             float r = rintf(v[i] / sc[(i / inner) % ch]);
-            wq[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+            wq[i] = (int8_t)(r > wmax ? wmax : r < -wmax ? -wmax : r);
         }
         char *orig = xstrdup(w->name);
         char *nq8 = cat2(orig, "__int8"), *nsc = cat2(orig, "__scale"), *nzp = cat2(orig, "__zp");
@@ -984,6 +989,8 @@ static const char usage[] =
     "  --calib FILE.npy     calibration inputs, float32, samples along the first dimension\n"
     "  --method NAME        percentile (default), entropy (KL divergence) or max\n"
     "  --percentile P       the percentile of |x| kept (default 99.99)\n"
+    "  --weight-bits 8|7    INT8 weights in [-127, 127] (default) or [-63, 63]: exact on oneDNN's\n"
+    "                       int8 kernels of CPUs without VNNI (AVX2), one bit less precise\n"
     "  --eval FILE.npy      held-out inputs: accuracy and speed of each model in this process\n"
     "  --labels FILE.npy    their integer labels (int64 or int32): accuracy next to agreement\n"
     "  --threads N          GEMM threads (default 2)\n"
@@ -994,7 +1001,8 @@ static const char usage[] =
 __attribute__((visibility("default"))) int
 sp_onnx_optimize_main(int argc, char **argv)
 {
-    opts_t o = {.method = "percentile", .percentile = 99.99, .threads = 2, .repeat = 5, .batch = 64};
+    opts_t o = {.method = "percentile", .percentile = 99.99, .threads = 2, .repeat = 5, .batch = 64,
+                .weight_bits = 8};
     const char *prec = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1011,6 +1019,7 @@ sp_onnx_optimize_main(int argc, char **argv)
         else if (strcmp(a, "--calib") == 0) o.calib = v;
         else if (strcmp(a, "--method") == 0) o.method = v;
         else if (strcmp(a, "--percentile") == 0) o.percentile = atof(v);
+        else if (strcmp(a, "--weight-bits") == 0) o.weight_bits = atoi(v);
         else if (strcmp(a, "--eval") == 0) o.eval = v;
         else if (strcmp(a, "--labels") == 0) o.labels = v;
         else if (strcmp(a, "--threads") == 0) o.threads = atoi(v);
@@ -1042,6 +1051,10 @@ sp_onnx_optimize_main(int argc, char **argv)
         o.batch < 1 || o.repeat < 1 || o.repeat > 1000) {
         fprintf(stderr, "sampan optimize: --percentile in (50, 100], --threads 1..64, --batch >= 1, "
                 "--repeat 1..1000\n");
+        return 2;
+    }
+    if (o.weight_bits != 7 && o.weight_bits != 8) {
+        fprintf(stderr, "sampan optimize: --weight-bits 8 or 7\n");
         return 2;
     }
     if (prec) {
