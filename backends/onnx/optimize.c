@@ -696,14 +696,16 @@ conv_branch(const Onnx__GraphProto *gp, const char *v, const qnode_t *qn, int nq
 }
 
 /* Q -> DQ of activation a (its calibrated threshold; u8 when it was never negative); returns
- * the DQ output's name. */
+ * the DQ output's name. A signed activation is symmetric INT8, or with u8_signed (--weight-bits
+ * 7) UINT8 with zero point 128 and the same step: an s8 source would make oneDNN halve the
+ * weights on CPUs without VNNI, a u8 one with 7-bit weights is exact there (dnnl.c isa_vnni). */
 static char *
-emit_pair(Onnx__GraphProto *gp, nodelist_t *nl, const act_t *a)
+emit_pair(Onnx__GraphProto *gp, nodelist_t *nl, const act_t *a, bool u8_signed)
 {
-    bool u8 = a->amin >= 0;
-    float s = a->thr / (u8 ? 255.0f : 127.0f);
+    bool nonneg = a->amin >= 0, u8 = nonneg || u8_signed;
+    float s = a->thr / (nonneg ? 255.0f : 127.0f);
     int64_t one = 1;
-    uint8_t z = 0;
+    uint8_t z = nonneg ? 0 : u8 ? 128 : 0;
     char *ns = cat2(a->name, "__act_scale"), *nz = cat2(a->name, "__act_zp");
     char *nqv = cat2(a->name, "__q"), *dq = cat2(a->name, "__dq");
     push_init(gp, new_tensor(ns, OX_FLOAT, 0, &one, &s, 4));
@@ -816,7 +818,7 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             int k = 0;
             while (k < na && strcmp(acts[k].name, n->input[0]) != 0) k++;
             if (!emitted[k]) {
-                dqname[k] = emit_pair(gp, &nl, &acts[k]);
+                dqname[k] = emit_pair(gp, &nl, &acts[k], o->weight_bits == 7);
                 emitted[k] = true;
             }
             free(n->input[0]);
@@ -827,7 +829,7 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             if (rp[j].node != i) continue;
             /* right after the branch's last node; the Add (later) reads the DQ output */
             int k = rp[j].act;
-            dqname[k] = emit_pair(gp, &nl, &acts[k]);
+            dqname[k] = emit_pair(gp, &nl, &acts[k], o->weight_bits == 7);
             emitted[k] = true;
             Onnx__NodeProto *add = gp->node[rp[j].add];
             free(add->input[rp[j].side]);

@@ -228,6 +228,31 @@ def main():
             mp.close()
         accp = float((zp.argmax(1) == y[te]).mean())
         s.case("percentile: int8 accuracy drop <= 2 points", acc32 - accp <= 0.02, f"{acc32:.4f} -> {accp:.4f}")
+        # --weight-bits 7 (weights in [-63, 63]): exact on oneDNN's int8 kernels on every CPU, VNNI
+        # or not, so the oneDNN engine equals the own kernels bit for bit (the same integer sums,
+        # the same two float roundings after them); accuracy within 2 points of FP32
+        rc, out7, err7 = run([binary(), "optimize", model, "--precision", "int8", "--calib",
+                              os.path.join(tmp, "calib.npy"), "--weight-bits", "7",
+                              "--int8-out", os.path.join(tmp, "w7.onnx")])
+        z7 = {}
+        for e in ("own", "onednn") if rc == 0 else ():
+            p.log.clear()
+            mw = p.load(ver, model_file=os.path.join(tmp, "w7.onnx"), n_threads=2,
+                        config={"parameters": {"engine": {"string_value": e}}})
+            try:
+                z7[e] = mw.run([xt])["logits"].astype(np.float64)
+            finally:
+                mw.close()
+            st7 = [ln for ln in p.log if "onednn_primitives" in ln]
+        acc7 = float((z7["own"].argmax(1) == y[te]).mean()) if z7 else 0.0
+        s.case("--weight-bits 7: oneDNN (every ISA) equals the own kernels, accuracy drop <= 2 points",
+               len(z7) == 2 and np.array_equal(z7["own"], z7["onednn"]) and acc32 - acc7 <= 0.02 and
+               bool(st7) and "fallbacks=0" in st7[-1] and "created=0 " not in st7[-1],
+               f"{err7[-200:]} acc {acc7:.4f}; {st7[-1:] if z7 else ''}; max diff "
+               f"{np.abs(z7['own'] - z7['onednn']).max() if len(z7) == 2 else None}")
+        rc, _, err8 = run([binary(), "optimize", model, "--precision", "int8", "--calib",
+                           os.path.join(tmp, "calib.npy"), "--weight-bits", "6"])
+        s.case("--weight-bits 6 is a usage error", rc == 2 and "--weight-bits" in err8, err8[-200:])
         rc, _, err3 = run([binary(), "optimize", model, "--precision", "int8"])
         s.case("int8 without --calib is a usage error", rc == 2 and "--calib" in err3, err3[-200:])
         # bad calibration / held-out files: clear errors, exit 1
