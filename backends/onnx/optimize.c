@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "dnnl.h"
 #include "ox.h"
 
 #define HBINS 2048
@@ -1135,6 +1136,12 @@ sp_onnx_optimize_main(int argc, char **argv)
                "calibrated (%s%s) on %lld samples, %zu -> %zu bytes (%.2fx)\n", o.out_int8, nq, na,
                o.method, strcmp(o.method, "percentile") == 0 ? " of |x|" : "", (long long)cx.dims[0],
                in_bytes, b, in_bytes ? (double)b / (double)in_bytes : 0.0);
+        if (o.weight_bits == 8 && sp_ox_dnnl_built() && !sp_ox_dnnl_int8_vnni()) {
+            /* what the user would otherwise find out from --eval's speed-up alone */
+            printf("int8: note: this CPU has no VNNI, where oneDNN's int8 kernels are exact only for "
+                   "weights in [-64, 64]: served here, this file's Conv/MatMul run on the own integer "
+                   "kernels; --weight-bits 7 keeps them on oneDNN (docs/backends.md)\n");
+        }
         free(cx.data);
     }
     if (o.eval && evaluate(&o, dir, err, sizeof err)) {

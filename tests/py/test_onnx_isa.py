@@ -94,6 +94,16 @@ def main():
                rc == 0 and w7 and max(int(np.abs(w.astype(np.int32)).max()) for w in w7) == 63 and zps and
                all(z.dtype == np.uint8 for z in zps) and any(int(z) == 128 for z in zps),
                err[-300:] or f"{len(w7)} weights, zero points {[(z.dtype.name, int(z)) for z in zps]}")
+        # without VNNI (the AVX2 cap) an 8-bit file gets a note saying where it will run; a 7-bit one not
+        if "avx2" in open("/proc/cpuinfo").read().split():
+            cap = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+            rc8, out8, _ = run([binary(), "optimize", path, "--precision", "int8", "--calib", calib, "--threads", "2",
+                                "--int8-out", os.path.join(tmp, "cap8.onnx")], env=cap)
+            rc7, out7, _ = run([binary(), "optimize", path, "--precision", "int8", "--calib", calib, "--threads", "2",
+                                "--weight-bits", "7", "--int8-out", os.path.join(tmp, "cap7.onnx")], env=cap)
+            s.case("optimize at the AVX2 cap: a note for the 8-bit file (own kernels there), none for --weight-bits 7",
+                   rc8 == 0 and rc7 == 0 and "no VNNI" in out8 and "--weight-bits 7" in out8 and "no VNNI" not in out7,
+                   out8[-300:])
         here = os.path.abspath(__file__)
         cpu_avx2 = "avx2" in open("/proc/cpuinfo").read().split()
         for isa in ("default", "AVX2"):
