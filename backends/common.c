@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -165,4 +166,22 @@ sp__bk_config_param(const sp__bk_config_t *cfg, const char *key)
     const json_t *params = json_object_get((const json_t *)cfg->root, "parameters");
     const json_t *p = json_object_get(params, key);
     return json_string_value(json_object_get(p, "string_value"));
+}
+
+const char *
+sp__bk_config_unknown_param(const sp__bk_config_t *cfg, const char *const *known,
+                            const char *const *prefixes)
+{
+    json_t *params = json_object_get((const json_t *)cfg->root, "parameters");
+    const char *key;
+    json_t *v;
+    json_object_foreach(params, key, v) {
+        bool ok = false;
+        for (size_t i = 0; !ok && known[i]; i++) ok = strcmp(key, known[i]) == 0;
+        for (size_t i = 0; !ok && prefixes && prefixes[i]; i++) {
+            ok = strncmp(key, prefixes[i], strlen(prefixes[i])) == 0;
+        }
+        if (!ok) return key;
+    }
+    return NULL;
 }

@@ -34,6 +34,12 @@ void sp__bk_config_free(sp__bk_config_t *cfg);
 /* parameters.<key>.string_value, borrowed from cfg; NULL when absent. */
 const char *sp__bk_config_param(const sp__bk_config_t *cfg, const char *key);
 
+/* The first key of `parameters` that is neither one of `known` (NULL-terminated) nor starts
+ * with one of `prefixes` (NULL-terminated; may be NULL): borrowed from cfg, NULL when every key
+ * is known. A backend refuses such a key rather than ignore a setting the user believes in. */
+const char *sp__bk_config_unknown_param(const sp__bk_config_t *cfg, const char *const *known,
+                                        const char *const *prefixes);
+
 /* "TYPE_FP32" for SP_BT_FP32 ("TYPE_STRING" for BYTES, as config.json spells it). */
 const char *sp__bk_dtype_name(sp_btype_t t);
 

@@ -41,6 +41,10 @@ typedef struct onnx_model {
     sp_backend_tensor_desc_t in_desc[SP_BACKEND_MAX_TENSORS];
     int64_t in_model_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS]; /* -1 free */
     int32_t in_model_nd[SP_BACKEND_MAX_TENSORS];
+    /* The shape planned at load for an input's free non-batch dimensions (a sequence length):
+     * parameters.plan_dims.NAME, or config.json's fixed dims; -1 where none was given. */
+    int64_t in_plan_dims[SP_BACKEND_MAX_TENSORS][SP_BACKEND_MAX_DIMS];
+    uint64_t plans_at_load;   /* arena plans made by plan_declared */
     uint64_t dnnl_created;    /* primitives created when last logged */
     uint64_t plans_logged;    /* arena plans made when last logged */
     bool loading;             /* plan_declared's runs: the load line reports their plans */
@@ -186,6 +190,84 @@ onnx_unload(void *model)
     free(m);
 }
 
+/* parameters.plan_dims.NAME: "d1,d2,...", the dims of input NAME past the batch dimension (all
+ * of them without a batch), each a positive size; where the graph or config.json fixes a
+ * dimension it must be that size. It gives plan_declared the shape to plan at load for an input
+ * with a free dimension besides the batch (a sequence length); requests of other sizes still run
+ * (their plans are made on their first batch). Without it, a free dimension that config.json
+ * fixes is planned at that size (in_model_dims already holds it). */
+static int
+read_plan_dims(onnx_model_t *m, const sp__bk_config_t *cfg, char *err, size_t err_len)
+{
+    int32_t off = m->max_batch > 0 ? 1 : 0;
+    for (int32_t i = 0; i < m->n_in; i++) {
+        int32_t nd = m->in_model_nd[i];
+        for (int32_t k = 0; k < nd; k++) m->in_plan_dims[i][k] = m->in_model_dims[i][k];
+        char key[96];
+        snprintf(key, sizeof key, "plan_dims.%s", m->in_desc[i].name);
+        const char *v = sp__bk_config_param(cfg, key);
+        if (v == NULL) continue;
+        int64_t want[SP_BACKEND_MAX_DIMS + 1];
+        int32_t n = 0;
+        for (const char *p = v;;) {
+            char *end;
+            long long d = strtoll(p, &end, 10);
+            if (end == p || d <= 0 || d > ((long long)1 << 31) || (*end != ',' && *end != 0) ||
+                n > SP_BACKEND_MAX_DIMS) {
+                return sp__bk_errf(err, err_len, "onnx: parameters.%s \"%.60s\": positive sizes "
+                                   "separated by commas, e.g. \"128\"", key, v);
+            }
+            want[n++] = d;
+            if (*end == 0) break;
+            p = end + 1;
+        }
+        if (n != nd - off) {
+            return sp__bk_errf(err, err_len, "onnx: parameters.%s \"%.60s\": input \"%s\" has %d "
+                               "dimensions%s, the value gives %d", key, v, m->in_desc[i].name,
+                               (int)(nd - off), off ? " past the batch" : "", (int)n);
+        }
+        for (int32_t k = off; k < nd; k++) {
+            if (m->in_model_dims[i][k] >= 0 && m->in_model_dims[i][k] != want[k - off]) {
+                return sp__bk_errf(err, err_len, "onnx: parameters.%s \"%.60s\": dimension %d of "
+                                   "input \"%s\" is %lld, not %lld", key, v, (int)k,
+                                   m->in_desc[i].name, (long long)m->in_model_dims[i][k],
+                                   (long long)want[k - off]);
+            }
+            m->in_plan_dims[i][k] = want[k - off];
+        }
+    }
+    return 0;
+}
+
+/* Every key of parameters is one this backend reads, plan_dims.NAME of an input, or one the
+ * server reads for tensor models (model_file, target_p99_ms, image_preprocess.NAME); any other
+ * (a typo, an onnxruntime option) is a load error rather than a setting silently ignored. */
+static int
+check_params(const onnx_model_t *m, const sp__bk_config_t *cfg, char *err, size_t err_len)
+{
+    static const char *const base[] = {"engine", "precision", "plan_at_load", "model_file",
+                                       "target_p99_ms"};
+    static const char *const prefixes[] = {"image_preprocess.", NULL};
+    char names[SP_BACKEND_MAX_TENSORS][96];
+    const char *known[sizeof base / sizeof base[0] + SP_BACKEND_MAX_TENSORS + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) known[n++] = base[i];
+    for (int32_t i = 0; i < m->n_in; i++) {
+        snprintf(names[i], sizeof names[i], "plan_dims.%s", m->in_desc[i].name);
+        known[n++] = names[i];
+    }
+    known[n] = NULL;
+    const char *bad = sp__bk_config_unknown_param(cfg, known, prefixes);
+    if (bad == NULL) return 0;
+    if (strncmp(bad, "plan_dims.", 10) == 0) {
+        return sp__bk_errf(err, err_len, "onnx: parameters.%.100s: the model has no input \"%.80s\"",
+                           bad, bad + 10);
+    }
+    return sp__bk_errf(err, err_len, "onnx: parameters.%.100s is not a setting of the onnx backend "
+                       "(engine, precision, plan_at_load, plan_dims.INPUT, model_file, "
+                       "target_p99_ms, image_preprocess.INPUT)", bad);
+}
+
 static int onnx_execute(void *model, const sp_backend_tensor_t *inputs, int32_t n_inputs,
                         sp_backend_tensor_t *outputs, int32_t n_outputs, char *err, size_t err_len);
 
@@ -216,7 +298,13 @@ plan_declared(onnx_model_t *m, char *note, size_t note_len)
             t->n_dims = m->in_model_nd[i];
             int64_t numel = 1;
             for (int32_t k = 0; k < t->n_dims; k++) {
-                t->dims[k] = k == 0 && m->max_batch > 0 ? batches[b] : m->in_model_dims[i][k];
+                t->dims[k] = k == 0 && m->max_batch > 0 ? batches[b] : m->in_plan_dims[i][k];
+                if (t->dims[k] < 0 && ok) {
+                    sp__bk_log(&m->host, 1, "backend=onnx model=%s plan_at_load=skipped reason=\"input "
+                               "'%s' dimension %d is free: give parameters.plan_dims.%s (or fixed "
+                               "dims in config.json) to plan it at load\"", m->name, m->in_desc[i].name,
+                               (int)k, m->in_desc[i].name);
+                }
                 ok = ok && t->dims[k] >= 0;
                 numel *= t->dims[k] > 0 ? t->dims[k] : 1;
             }
@@ -226,7 +314,7 @@ plan_declared(onnx_model_t *m, char *note, size_t note_len)
             t->data = ok ? calloc(1, t->bytes ? t->bytes : 1) : NULL;
             ok = ok && t->data != NULL;
         }
-        if (!ok) break; /* a free dimension past the batch: nothing declared to plan */
+        if (!ok) break; /* a free dimension past the batch with no planning size (logged) */
         char err[512] = "";
         uint64_t before = m->run.plans_made;
         if (onnx_execute(m, in, m->n_in, NULL, 0, err, sizeof err)) {
@@ -241,6 +329,7 @@ plan_declared(onnx_model_t *m, char *note, size_t note_len)
     m->loading = false;
     for (int32_t i = 0; i < m->n_in; i++) free(in[i].data);
     m->plans_logged = m->run.plans_made;
+    m->plans_at_load = m->run.plans_made;
     if (made) snprintf(note, note_len, " planned_at_load=%d activation_arena_bytes=%zu", made, peak);
     return peak;
 }
@@ -386,6 +475,14 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
             m->in_desc[i] = cfg.inputs[i];
             memcpy(m->in_model_dims[i], gdims[k], sizeof gdims[k]);
             m->in_model_nd[i] = gnd[k];
+            /* A dimension free in the graph that config.json fixes (a sequence length of 128):
+             * the server admits only that size, so it is this model's size (planned at load). */
+            int32_t off = m->max_batch > 0 ? 1 : 0;
+            for (int32_t d = off; d < gnd[k]; d++) {
+                if (m->in_model_dims[i][d] < 0 && cfg.inputs[i].dims[d - off] > 0) {
+                    m->in_model_dims[i][d] = cfg.inputs[i].dims[d - off];
+                }
+            }
         }
         m->n_in = cfg.n_inputs;
         for (int32_t k = 0; k < n_gin; k++) {
@@ -398,6 +495,7 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
             }
         }
     }
+    if (check_params(m, &cfg, err, err_len) || read_plan_dims(m, &cfg, err, err_len)) goto done;
     info->n_inputs = m->n_in;
     memcpy(info->inputs, m->in_desc, sizeof m->in_desc);
     if (cfg.n_outputs == 0) {
@@ -437,12 +535,15 @@ onnx_load(const sp_backend_host_t *host, const sp_backend_load_args_t *args, voi
     }
     sp__bk_log(host, 1, "backend=onnx model=%s version=%lld file=%s opset=%lld nodes=%d run=%d "
                "folded=%d fused=%d constant_bytes=%llu threads=%d engine=%s precision=%s "
-               "activation_arena=%s%s",
+               "activation_arena=%s%s%s",
                args->model_name ? args->model_name : "", (long long)args->version, path,
                (long long)m->g->opset, (int)m->g->n_nodes, (int)m->g->n_order, m->g->n_folded,
                m->g->n_fused, (unsigned long long)m->g->const_bytes, m->run.n_threads,
                m->gpu ? "cuda" : use_dnnl ? "onednn" : "own", prec ? prec : "fp32",
-               m->gpu || m->run.no_arena ? "off" : "per_input_shape", planned);
+               m->gpu || m->run.no_arena ? "off" : "per_input_shape", planned,
+               /* INT8 on oneDNN: exact for every node (VNNI), or only for u8 sources with 7-bit
+                * weights (the rest on the own kernels: dnnl.c isa_vnni) */
+               !use_dnnl ? "" : sp_ox_dnnl_int8_vnni() ? " onednn_int8=vnni" : " onednn_int8=u8_w7");
     *model = m;
     m = NULL;
     rc = 0;
@@ -566,8 +667,9 @@ done:
         }
         m->plans_logged = r->plans_made;
         sp__bk_log(&m->host, 1, "backend=onnx model=%s activation_plan inputs=%s activation_arena_bytes=%zu "
-                   "activation_sum_bytes=%zu pool_bytes=%zu shared_buffers=%d plans=%d", m->name, shp, p->peak,
-                   p->sum, p->pool, p->n_shared, (int)r->n_plans);
+                   "activation_sum_bytes=%zu pool_bytes=%zu shared_buffers=%d plans=%d made_after_load=%llu", m->name,
+                   shp, p->peak, p->sum, p->pool, p->n_shared, (int)r->n_plans,
+                   (unsigned long long)(r->plans_made - m->plans_at_load));
     }
     sp_ox_run_release_all(r);
     if (r->dnnl) {

@@ -87,6 +87,9 @@ typedef struct fuse {
 struct sp_ox_dnnl {
     dnnl_stream_t stream;
     bool bf16;
+    /* oneDNN's int8 kernels on this CPU compute our exact int32 sums for any 8-bit operands
+     * (VNNI), else only for u8 sources and weights within [-64, 64] (q8_limit). */
+    bool vnni;
     node_cache_t *nodes;      /* per graph node */
     fuse_t *fz;               /* per graph node */
     int32_t n_nodes;
@@ -124,6 +127,37 @@ sp_ox_dnnl_has_bf16(void)
            (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
 }
 
+/* Whether oneDNN's int8 convolutions and matmuls sum u8 x s8 products in int32 on this CPU:
+ * with VNNI (vpdpbusd: AVX512-VNNI, or AVX-VNNI on AVX2 cores) they do. Without it (an AVX2 CPU
+ * such as Zen 2/3 or Haswell to Skylake client, or AVX-512 without VNNI) oneDNN 2.6's kernels pair
+ * the products with vpmaddubsw, which adds two u8 x s8 products in a *saturating* int16 (2 * 255
+ * * 127 > 32767), and for an s8 source add 128 and halve the weights (ONEDNN_VERBOSE's "sa0.5"),
+ * dropping each weight's last bit. Found by running test_onnx_quant.py at
+ * ONEDNN_MAX_CPU_ISA=AVX2: ConvInteger off by 16955 of an int32 sum, the digits MLP's logits by
+ * 2.2. So there a node runs on oneDNN only when its products cannot saturate: a u8 source and
+ * weights within [-64, 64] (255 * 128 = 32640 <= 32767), e.g. `sampan optimize --weight-bits 7`;
+ * the rest run on our exact kernels (counted as fallbacks). */
+static bool
+isa_vnni(void)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+           (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+}
+
+bool
+sp_ox_dnnl_int8_vnni(void)
+{
+    return isa_vnni();
+}
+
+/* The largest |weight| (after its zero point) oneDNN computes exactly here (isa_vnni). */
+static int32_t
+q8_limit(const struct sp_ox_dnnl *d)
+{
+    return d->vnni ? 128 : 64;
+}
+
 static int
 fail_st(sp_ox_run_t *r, dnnl_status_t st, const char *what)
 {
@@ -159,6 +193,7 @@ sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t er
     if (d == NULL) goto oom;
     r->dnnl = d;
     d->bf16 = bf16;
+    d->vnni = isa_vnni();
     d->n_nodes = r->g->n_nodes;
     d->n_values = r->g->n_values;
     d->cache_cap = cache_cap < OX_DNNL_CACHE ? OX_DNNL_CACHE : cache_cap > OX_DNNL_CACHE_MAX ? OX_DNNL_CACHE_MAX : cache_cap;
@@ -1026,7 +1061,7 @@ quantize8(const float *x, int64_t n, const float *qp, void *dst, bool u8)
 /* The node's s8 weights, made once: conv rows [m][kp] as [m][k] (oihw order); matmul panels
  * (sp_ox_qpack_rows) unpacked to B [k][m]. false when a weight is outside s8. */
 static bool
-q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
+q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv, int32_t lim)
 {
     if (nc->q8) return nc->q8 > 0;
     int64_t m = w16->dims[0], kp = w16->dims[1];
@@ -1037,7 +1072,7 @@ q8_weights(node_cache_t *nc, const sp_ox_tensor_t *w16, int64_t k, bool conv)
     for (int64_t o = 0; o < m; o++) {
         for (int64_t i = 0; i < k; i++) {
             int16_t v = conv ? src[o * kp + i] : src[((o / 16 * (kp / 2) + i / 2) * 16 + o % 16) * 2 + i % 2];
-            if (v < -128 || v > 127) {
+            if (v < -lim || v > (lim < 128 ? lim : 127)) {
                 free(nc->q8w);
                 nc->q8w = NULL;
                 return false;
@@ -1184,7 +1219,14 @@ run_q8(sp_ox_run_t *r, sp_ox_node_t *n, int32_t o, bool conv)
         dd[0] = rows, dd[1] = m;
         dnnl_memory_desc_init_by_tag(&dmd_plain, 2, dd, dnnl_f32, dnnl_ab);
     }
-    if (!q8_weights(nc, w16, k, conv)) return 0;
+    if (!d->vnni && !u8) {
+        d->st.fallbacks++; /* an s8 source: oneDNN would halve the weights (isa_vnni) */
+        return 0;
+    }
+    if (!q8_weights(nc, w16, k, conv, q8_limit(d))) {
+        if (!d->vnni) d->st.fallbacks++;
+        return 0;
+    }
     const float *ch = conv ? nc->chain : NULL;
     if (conv && qp[8] > 0.0f && ch == NULL) return 0; /* its output pair unchained: ours rounds it */
     if (ch && nc->cmult == NULL) {
@@ -1367,8 +1409,9 @@ const_in(const sp_ox_graph_t *g, const sp_ox_node_t *n, int k, bool *ok)
 /* w - zw into dst as s8 (conv [m][k] rows per output channel, matmul [k][m] per column); false
  * when a zero point has another count or type, or a difference is outside s8. */
 static bool
-q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv, int8_t *dst)
+q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv, int8_t *dst, int32_t lim)
 {
+    int32_t hi_lim = lim < 128 ? lim : 127;
     int64_t total = sp_ox_numel(w), nz = zw ? sp_ox_numel(zw) : 0;
     if (zw && ((nz != 1 && nz != m) || zw->dtype != w->dtype)) return false;
     if (nz <= 1) {
@@ -1391,12 +1434,12 @@ q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool con
                 dst[i] = (int8_t)v;
             }
         }
-        return lo >= -128 && hi <= 127;
+        return lo >= -lim && hi <= hi_lim;
     }
     for (int64_t i = 0; i < total; i++) {
         int64_t c = conv ? i / (total / m) : i % m;
         int32_t v = q8_val(w, i) - (zw ? q8_val(zw, nz == 1 ? 0 : c) : 0);
-        if (v < -128 || v > 127) return false;
+        if (v < -lim || v > hi_lim) return false;
         dst[i] = (int8_t)v;
     }
     return true;
@@ -1404,13 +1447,14 @@ q8_narrow(const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool con
 
 /* The constant weights w - zw as s8, made once per node. */
 static bool
-q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv)
+q8_int_weights(node_cache_t *nc, const sp_ox_tensor_t *w, const sp_ox_tensor_t *zw, int64_t m, bool conv,
+               int32_t lim)
 {
     if (nc->q8) return nc->q8 > 0;
     nc->q8 = -1;
     nc->q8w = malloc((size_t)sp_ox_numel(w) + 1);
     if (nc->q8w == NULL) return false;
-    if (!q8_narrow(w, zw, m, conv, nc->q8w)) {
+    if (!q8_narrow(w, zw, m, conv, nc->q8w, lim)) {
         free(nc->q8w);
         nc->q8w = NULL;
         return false;
@@ -1481,7 +1525,14 @@ run_qlinear(sp_ox_run_t *r, sp_ox_node_t *n, bool conv, bool linear)
     if (linear && sp_ox_numel(sw) != 1 && sp_ox_numel(sw) != m) return 0;
     if (m < 1 || k < 1) return 0;
     node_cache_t *nc = &d->nodes[n - g->nodes];
-    if (!q8_int_weights(nc, w, zw, m, conv)) return 0;
+    if (!d->vnni && x->dtype != OX_UINT8) {
+        d->st.fallbacks++; /* an s8 source: oneDNN would halve the weights (isa_vnni) */
+        return 0;
+    }
+    if (!q8_int_weights(nc, w, zw, m, conv, q8_limit(d))) {
+        if (!d->vnni) d->st.fallbacks++;
+        return 0;
+    }
     if (linear && nc->cmult == NULL) {
         nc->cmult = malloc((size_t)m * sizeof(float));
         if (nc->cmult == NULL) return sp_ox_fail(r, "out of memory");
@@ -1916,6 +1967,12 @@ sp_ox_dnnl_built(void)
 
 bool
 sp_ox_dnnl_has_bf16(void)
+{
+    return false;
+}
+
+bool
+sp_ox_dnnl_int8_vnni(void)
 {
     return false;
 }

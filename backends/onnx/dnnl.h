@@ -39,6 +39,9 @@ typedef struct sp_ox_dnnl_stats {
 bool sp_ox_dnnl_built(void);
 /* Whether the CPU has BF16 arithmetic oneDNN uses (AVX512-BF16 or AMX). */
 bool sp_ox_dnnl_has_bf16(void);
+/* Whether oneDNN's int8 kernels are exact for any 8-bit operands on this CPU (VNNI); without
+ * it only u8 sources with weights in [-64, 64] run there (dnnl.c isa_vnni). */
+bool sp_ox_dnnl_int8_vnni(void);
 /* Attach a oneDNN state to r (after the graph is prepared), keeping cache_cap primitives per
  * node (clamped to OX_DNNL_CACHE..OX_DNNL_CACHE_MAX). 0, or -1 with err. */
 int sp_ox_dnnl_attach(sp_ox_run_t *r, bool bf16, int cache_cap, char *err, size_t err_len);

@@ -28,6 +28,33 @@
 #define OX_MAX_NUMEL ((int64_t)1 << 36)
 #define OX_OPSET_MIN 7
 #define OX_OPSET_MAX 21
+/* Files of opsets 1 to 6 are read when every node is an operator whose version at that opset
+ * is the one this runtime implements for opset 7 (old_opset_ok): before 7, Add/Sub/Mul/Div and
+ * Gemm took a `broadcast` attribute, BatchNormalization `is_test`/`spatial`, and the version-1
+ * unary operators `consumed_inputs`, which the runtime does not implement. */
+#define OX_OPSET_OLDEST 1
+
+/* The operators whose version in force at opsets `since`..6 is unchanged at 7 (ONNX's
+ * operator changelog): a node of a file with an opset below 7 must be one of them. */
+static bool
+old_opset_ok(const char *op, int64_t opset)
+{
+    static const struct {
+        const char *op;
+        int since;
+    } ok[] = {
+        {"GlobalAveragePool", 1}, {"GlobalMaxPool", 1}, {"Identity", 1}, {"MatMul", 1},
+        {"Flatten", 1}, {"Transpose", 1}, {"Shape", 1}, {"Squeeze", 1}, {"Unsqueeze", 1},
+        {"Gather", 1}, {"Softmax", 1}, {"LogSoftmax", 1}, {"Conv", 1}, {"Concat", 4},
+        {"Reshape", 5}, {"HardSigmoid", 6}, {"Relu", 6}, {"LeakyRelu", 6}, {"Sigmoid", 6},
+        {"Tanh", 6}, {"Sqrt", 6}, {"Exp", 6}, {"Log", 6}, {"Neg", 6}, {"Abs", 6},
+        {"Reciprocal", 6}, {"Cast", 6},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        if (strcmp(ok[i].op, op) == 0) return opset >= ok[i].since;
+    }
+    return false;
+}
 
 typedef struct bounded {
     size_t used, limit;
@@ -391,7 +418,7 @@ sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *e
         const Onnx__OperatorSetIdProto *os = mp->opset_import[i];
         const char *d = os->domain ? os->domain : "";
         if (d[0] == 0 || strcmp(d, "ai.onnx") == 0) {
-            if (!os->has_version || os->version < OX_OPSET_MIN || os->version > OX_OPSET_MAX) {
+            if (!os->has_version || os->version < OX_OPSET_OLDEST || os->version > OX_OPSET_MAX) {
                 errf(err, err_len, "%s: opset_import[%zu]: default-domain opset %lld not supported "
                      "(%d to %d)", path, i, (long long)os->version, OX_OPSET_MIN, OX_OPSET_MAX);
                 goto done;
@@ -535,6 +562,12 @@ sp_ox_graph_load(const char *path, const char *dir, sp_ox_graph_t **out, char *e
         if (n->op == NULL) {
             errf(err, err_len, "%s: %s: operator %s%s%s is not supported", path, n->label,
                  dom[0] ? dom : "", dom[0] ? "." : "", np->op_type ? np->op_type : "(none)");
+            goto done;
+        }
+        if (g->opset < OX_OPSET_MIN && !old_opset_ok(np->op_type, g->opset)) {
+            errf(err, err_len, "%s: %s: operator %s at opset %lld is not supported (opsets %d to %d; "
+                 "below %d only operators unchanged since, e.g. GlobalAveragePool, Relu from 6)", path,
+                 n->label, np->op_type, (long long)g->opset, OX_OPSET_MIN, OX_OPSET_MAX, OX_OPSET_MIN);
             goto done;
         }
         const sp_ox_op_t *op = n->op;

@@ -96,11 +96,18 @@ sp_ox_geometry(sp_ox_run_t *r, const sp_ox_node_t *n, const sp_ox_tensor_t *x, c
 }
 
 static int
-out_nchw(sp_ox_run_t *r, const sp_ox_tensor_t *x, int64_t c, const geom_t *g, sp_ox_tensor_t *out)
+out_nchw_typed(sp_ox_run_t *r, const sp_ox_tensor_t *x, int64_t c, const geom_t *g, sp_ox_tensor_t *out,
+               int32_t dtype)
 {
     int64_t d[4] = {x->dims[0], c, g->oh, g->ow};
     if (x->nd == 3) d[2] = g->ow;
-    return sp_ox_out(r, out, OX_FLOAT, x->nd, d);
+    return sp_ox_out(r, out, dtype, x->nd, d);
+}
+
+static int
+out_nchw(sp_ox_run_t *r, const sp_ox_tensor_t *x, int64_t c, const geom_t *g, sp_ox_tensor_t *out)
+{
+    return out_nchw_typed(r, x, c, g, out, OX_FLOAT);
 }
 
 static int
@@ -193,21 +200,31 @@ check_conv(sp_ox_node_t *n, char *err, size_t err_len)
 static int
 run_pool(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *x, sp_ox_tensor_t *out, bool is_max)
 {
-    if (x->dtype != OX_FLOAT) return sp_ox_fail(r, "%s tensors are not supported (FLOAT only)", sp_ox_dtype_name(x->dtype));
+    /* MaxPool of UINT8/INT8 (opset 12; onnxruntime's QOperator models pool quantized tensors):
+     * the maximum of 8-bit values is one of them, so it is computed on their exact float values
+     * and stored back in the input's type. */
+    bool q8 = is_max && (x->dtype == OX_UINT8 || x->dtype == OX_INT8);
+    if (x->dtype != OX_FLOAT && !q8) {
+        return sp_ox_fail(r, "%s tensors are not supported (FLOAT%s)", sp_ox_dtype_name(x->dtype),
+                          is_max ? ", UINT8 or INT8" : " only");
+    }
     size_t nk;
     const int64_t *ks = sp_ox_attr_ints(n, "kernel_shape", &nk);
     if (ks == NULL) return sp_ox_fail(r, "kernel_shape is required");
     geom_t g;
-    if (sp_ox_geometry(r, n, x, ks, (int)nk, true, &g) || out_nchw(r, x, x->dims[1], &g, out)) return -1;
+    if (sp_ox_geometry(r, n, x, ks, (int)nk, true, &g) || out_nchw_typed(r, x, x->dims[1], &g, out, x->dtype)) {
+        return -1;
+    }
     bool incl = sp_ox_attr_i(n, "count_include_pad", 0) != 0;
     int64_t planes = x->dims[0] * x->dims[1];
     const float *xd = x->data;
     float *yd = out->data;
+    const uint8_t *xu = x->data;
+    const int8_t *xi = x->data;
     /* count_include_pad counts the window's cells inside the padded input. */
     int64_t pbh = g.pt, pbw = g.pl, peh = g.pb_end, pew = g.pr_end;
     for (int64_t p = 0; p < planes; p++) {
-        const float *xs = xd + p * g.ih * g.iw;
-        float *ys = yd + p * g.oh * g.ow;
+        int64_t xo0 = p * g.ih * g.iw, yo0 = p * g.oh * g.ow;
         for (int64_t oy = 0; oy < g.oh; oy++) {
             for (int64_t xo = 0; xo < g.ow; xo++) {
                 float mx = -INFINITY;
@@ -219,14 +236,22 @@ run_pool(sp_ox_run_t *r, sp_ox_node_t *n, const sp_ox_tensor_t *x, sp_ox_tensor_
                         int64_t ix = xo * g.sw - g.pl + kx * g.dw;
                         if (iy >= -pbh && iy < g.ih + peh && ix >= -pbw && ix < g.iw + pew) cnt_pad++;
                         if (iy < 0 || iy >= g.ih || ix < 0 || ix >= g.iw) continue;
-                        float v = xs[iy * g.iw + ix];
+                        int64_t at = xo0 + iy * g.iw + ix;
+                        float v = !q8 ? xd[at] : x->dtype == OX_UINT8 ? (float)xu[at] : (float)xi[at];
                         mx = v > mx ? v : mx;
                         sum += v;
                         cnt++;
                     }
                 }
-                ys[oy * g.ow + xo] = is_max ? mx
-                                    : (float)(sum / (double)((incl ? cnt_pad : cnt) ? (incl ? cnt_pad : cnt) : 1));
+                int64_t yat = yo0 + oy * g.ow + xo;
+                if (q8) {
+                    /* a window with no cell inside the input (only padding): the type's minimum */
+                    if (x->dtype == OX_UINT8) ((uint8_t *)out->data)[yat] = cnt ? (uint8_t)mx : 0;
+                    else ((int8_t *)out->data)[yat] = cnt ? (int8_t)mx : INT8_MIN;
+                    continue;
+                }
+                yd[yat] = is_max ? mx
+                                 : (float)(sum / (double)((incl ? cnt_pad : cnt) ? (incl ? cnt_pad : cnt) : 1));
             }
         }
     }

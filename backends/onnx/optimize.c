@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "dnnl.h"
 #include "ox.h"
 
 #define HBINS 2048
@@ -576,6 +577,7 @@ typedef struct opts {
     const char *method;
     double percentile;
     int threads, repeat, batch;
+    int weight_bits; /* 8, or 7 (weights in [-63, 63]) */
     bool fp16, int8;
 } opts_t;
 
@@ -695,14 +697,16 @@ conv_branch(const Onnx__GraphProto *gp, const char *v, const qnode_t *qn, int nq
 }
 
 /* Q -> DQ of activation a (its calibrated threshold; u8 when it was never negative); returns
- * the DQ output's name. */
+ * the DQ output's name. A signed activation is symmetric INT8, or with u8_signed (--weight-bits
+ * 7) UINT8 with zero point 128 and the same step: an s8 source would make oneDNN halve the
+ * weights on CPUs without VNNI, a u8 one with 7-bit weights is exact there (dnnl.c isa_vnni). */
 static char *
-emit_pair(Onnx__GraphProto *gp, nodelist_t *nl, const act_t *a)
+emit_pair(Onnx__GraphProto *gp, nodelist_t *nl, const act_t *a, bool u8_signed)
 {
-    bool u8 = a->amin >= 0;
-    float s = a->thr / (u8 ? 255.0f : 127.0f);
+    bool nonneg = a->amin >= 0, u8 = nonneg || u8_signed;
+    float s = a->thr / (nonneg ? 255.0f : 127.0f);
     int64_t one = 1;
-    uint8_t z = 0;
+    uint8_t z = nonneg ? 0 : u8 ? 128 : 0;
     char *ns = cat2(a->name, "__act_scale"), *nz = cat2(a->name, "__act_zp");
     char *nqv = cat2(a->name, "__q"), *dq = cat2(a->name, "__dq");
     push_init(gp, new_tensor(ns, OX_FLOAT, 0, &one, &s, 4));
@@ -780,10 +784,14 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             int64_t c = (i / inner) % ch;
             sc[c] = fmaxf(sc[c], fabsf(v[i]));
         }
-        for (int64_t c = 0; c < ch; c++) sc[c] = sc[c] > 0 ? sc[c] / 127.0f : 1.0f;
+        /* --weight-bits 7: [-63, 63], so that two u8 x s8 products fit the int16 that
+         * oneDNN's int8 kernels pair them in on CPUs without VNNI (2 * 255 * 63 < 32767): exact
+         * and on oneDNN there, at one bit of weight precision (docs/backends.md) */
+        float wmax = o->weight_bits == 7 ? 63.0f : 127.0f;
+        for (int64_t c = 0; c < ch; c++) sc[c] = sc[c] > 0 ? sc[c] / wmax : 1.0f;
         for (int64_t i = 0; i < numel; i++) {
             float r = rintf(v[i] / sc[(i / inner) % ch]);
-            wq[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+            wq[i] = (int8_t)(r > wmax ? wmax : r < -wmax ? -wmax : r);
         }
         char *orig = xstrdup(w->name);
         char *nq8 = cat2(orig, "__int8"), *nsc = cat2(orig, "__scale"), *nzp = cat2(orig, "__zp");
@@ -811,7 +819,7 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             int k = 0;
             while (k < na && strcmp(acts[k].name, n->input[0]) != 0) k++;
             if (!emitted[k]) {
-                dqname[k] = emit_pair(gp, &nl, &acts[k]);
+                dqname[k] = emit_pair(gp, &nl, &acts[k], o->weight_bits == 7);
                 emitted[k] = true;
             }
             free(n->input[0]);
@@ -822,7 +830,7 @@ write_int8(const opts_t *o, const char *dir, const npy_t *cx, size_t *bytes, int
             if (rp[j].node != i) continue;
             /* right after the branch's last node; the Add (later) reads the DQ output */
             int k = rp[j].act;
-            dqname[k] = emit_pair(gp, &nl, &acts[k]);
+            dqname[k] = emit_pair(gp, &nl, &acts[k], o->weight_bits == 7);
             emitted[k] = true;
             Onnx__NodeProto *add = gp->node[rp[j].add];
             free(add->input[rp[j].side]);
@@ -984,6 +992,8 @@ static const char usage[] =
     "  --calib FILE.npy     calibration inputs, float32, samples along the first dimension\n"
     "  --method NAME        percentile (default), entropy (KL divergence) or max\n"
     "  --percentile P       the percentile of |x| kept (default 99.99)\n"
+    "  --weight-bits 8|7    INT8 weights in [-127, 127] (default) or [-63, 63]: exact on oneDNN's\n"
+    "                       int8 kernels of CPUs without VNNI (AVX2), one bit less precise\n"
     "  --eval FILE.npy      held-out inputs: accuracy and speed of each model in this process\n"
     "  --labels FILE.npy    their integer labels (int64 or int32): accuracy next to agreement\n"
     "  --threads N          GEMM threads (default 2)\n"
@@ -994,7 +1004,8 @@ static const char usage[] =
 __attribute__((visibility("default"))) int
 sp_onnx_optimize_main(int argc, char **argv)
 {
-    opts_t o = {.method = "percentile", .percentile = 99.99, .threads = 2, .repeat = 5, .batch = 64};
+    opts_t o = {.method = "percentile", .percentile = 99.99, .threads = 2, .repeat = 5, .batch = 64,
+                .weight_bits = 8};
     const char *prec = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1011,6 +1022,7 @@ sp_onnx_optimize_main(int argc, char **argv)
         else if (strcmp(a, "--calib") == 0) o.calib = v;
         else if (strcmp(a, "--method") == 0) o.method = v;
         else if (strcmp(a, "--percentile") == 0) o.percentile = atof(v);
+        else if (strcmp(a, "--weight-bits") == 0) o.weight_bits = atoi(v);
         else if (strcmp(a, "--eval") == 0) o.eval = v;
         else if (strcmp(a, "--labels") == 0) o.labels = v;
         else if (strcmp(a, "--threads") == 0) o.threads = atoi(v);
@@ -1042,6 +1054,10 @@ sp_onnx_optimize_main(int argc, char **argv)
         o.batch < 1 || o.repeat < 1 || o.repeat > 1000) {
         fprintf(stderr, "sampan optimize: --percentile in (50, 100], --threads 1..64, --batch >= 1, "
                 "--repeat 1..1000\n");
+        return 2;
+    }
+    if (o.weight_bits != 7 && o.weight_bits != 8) {
+        fprintf(stderr, "sampan optimize: --weight-bits 8 or 7\n");
         return 2;
     }
     if (prec) {
@@ -1120,6 +1136,12 @@ sp_onnx_optimize_main(int argc, char **argv)
                "calibrated (%s%s) on %lld samples, %zu -> %zu bytes (%.2fx)\n", o.out_int8, nq, na,
                o.method, strcmp(o.method, "percentile") == 0 ? " of |x|" : "", (long long)cx.dims[0],
                in_bytes, b, in_bytes ? (double)b / (double)in_bytes : 0.0);
+        if (o.weight_bits == 8 && sp_ox_dnnl_built() && !sp_ox_dnnl_int8_vnni()) {
+            /* what the user would otherwise find out from --eval's speed-up alone */
+            printf("int8: note: this CPU has no VNNI, where oneDNN's int8 kernels are exact only for "
+                   "weights in [-64, 64]: served here, this file's Conv/MatMul run on the own integer "
+                   "kernels; --weight-bits 7 keeps them on oneDNN (docs/backends.md)\n");
+        }
         free(cx.data);
     }
     if (o.eval && evaluate(&o, dir, err, sizeof err)) {

@@ -18,8 +18,49 @@
 #include "core/alloc.h"
 #include "core/jbuf.h"
 #include "serving/auth.h"
+#include "sched/batcher.h"
 #include "serving/registry.h"
 #include "serving/repo_pbtxt.h"
+
+/* Triton's auto-complete: a tensor model whose config declares no inputs (or no outputs) is
+ * served with the ones its backend reported at load (the ONNX graph's, XGBoost's features), and
+ * its config says so as Triton's does after auto-completing; a declared list is left as it is.
+ * Returns the config JSON to print: config_json itself, or a new string (freed by the caller). */
+static char *
+autocomplete(const sp_served_model_t *m, bool *fresh)
+{
+    *fresh = false;
+    if (m->be == NULL || m->config_json == NULL) return m->config_json;
+    json_t *root = json_loads(m->config_json, 0, NULL);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return m->config_json;
+    }
+    bool changed = false;
+    for (int io = 0; io < 2; io++) {
+        const char *key = io ? "output" : "input";
+        const json_t *have = json_object_get(root, key);
+        const sp_backend_tensor_desc_t *d = io ? m->be_info.outputs : m->be_info.inputs;
+        int32_t n = io ? m->be_info.n_outputs : m->be_info.n_inputs;
+        if ((have && json_array_size(have) > 0) || n <= 0) continue;
+        json_t *arr = json_array();
+        for (int32_t i = 0; arr && i < n; i++) {
+            char dt[32];
+            const char *bt = sp_batcher_btype_name(d[i].dtype);
+            snprintf(dt, sizeof dt, "TYPE_%s", strcmp(bt, "BYTES") == 0 ? "STRING" : bt);
+            json_t *dims = json_array();
+            for (int32_t k = 0; dims && k < d[i].n_dims; k++) json_array_append_new(dims, json_integer(d[i].dims[k]));
+            json_array_append_new(arr, json_pack("{s:s,s:s,s:o}", "name", d[i].name, "data_type", dt,
+                                                 "dims", dims ? dims : json_array()));
+        }
+        if (arr && json_object_set_new(root, key, arr) == 0) changed = true;
+    }
+    char *txt = changed ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (txt == NULL) return m->config_json;
+    *fresh = true;
+    return txt;
+}
 
 static void
 h_config(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
@@ -46,7 +87,14 @@ h_config(sp_http_req_t *r, const sp_route_params_t *p, void *ud)
                             a == SP_ACQ_LOADING ? "loading" : reason);
         return;
     }
-    json_t *j = sp_repo_config_triton_json(m->config_json, m->name, err, sizeof err);
+    bool fresh;
+    char *cj = autocomplete(m, &fresh);
+    json_t *j = sp_repo_config_triton_json(cj, m->name, err, sizeof err);
+    if (fresh) {
+        json_free_t jf = NULL;
+        json_get_alloc_funcs(NULL, &jf);
+        jf(cj);
+    }
     sp_served_release(m);
     char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (j && !txt) snprintf(err, sizeof err, "out of memory");

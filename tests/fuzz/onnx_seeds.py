@@ -140,3 +140,14 @@ save("convtranspose_resize", [
 ], [vi("x", F, [2, 2, 3, 3])], [vi("y", F, [2, 2, 5, 7])],
     [t("w", (2, 2, 3, 3)), t("b", (2,)), c("sc", np.array([1, 1, 1.5, 0.75], np.float32)),
      c("sz", np.array([2, 2, 5, 7], np.int64))])
+save("maxpool_u8_opset6", [
+    helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+    helper.make_node("MaxPool", ["q"], ["p"], kernel_shape=[2, 2], pads=[1, 1, 0, 0], strides=[2, 1]),
+    helper.make_node("DequantizeLinear", ["p", "s", "z"], ["y"]),
+], [vi("x", F, ["N", 2, 4, 4])], [vi("y", F, ["N", 2, 2, 4])],
+    [c("s", np.float32(0.05)), c("z", np.uint8(128))])
+save("opset6_unchanged", [
+    helper.make_node("Relu", ["x"], ["r"]),
+    helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+    helper.make_node("Flatten", ["g"], ["y"]),
+], [vi("x", F, ["N", 3, 2, 2])], [vi("y", F, ["N", 3])], [], opset=6)

@@ -118,6 +118,17 @@ def main():
            e is not None and "'add'" in e and "'nope'" in e, str(e))
     e = load_error(write("opset", [helper.make_node("Relu", ["x"], ["y"])], [], opset=99))
     s.case("an unsupported opset is refused", e is not None and "opset 99" in e, str(e))
+    # Below opset 7 only operators unchanged since are read: Add-6 (broadcast attribute) is
+    # refused naming the node, Relu-6 loads; Relu at opset 5 is Relu-1 (consumed_inputs): refused.
+    e = load_error(write("opset6add", [helper.make_node("Add", ["x", "x"], ["y"], name="a6")], [], opset=6))
+    s.case("opset 6: Add (broadcast attribute before 7) is refused naming the node",
+           e is not None and "'a6'" in e and "Add at opset 6" in e, str(e))
+    e = load_error(write("opset6relu", [helper.make_node("Relu", ["x"], ["y"], name="r6")], [], opset=6))
+    s.case("opset 6: Relu (unchanged since 6) loads", e is None, str(e))
+    e = load_error(write("opset5relu", [helper.make_node("Relu", ["x"], ["y"], name="r5")], [], opset=5))
+    s.case("opset 5: Relu-1 is refused", e is not None and "Relu at opset 5" in e, str(e))
+    e = load_error(write("opset0", [helper.make_node("Relu", ["x"], ["y"])], [], opset=0))
+    s.case("opset 0 is refused", e is not None and "opset 0" in e, str(e))
     e = load_error(write("attr", [helper.make_node("Relu", ["x"], ["y"], name="r", bogus=1)], []))
     s.case("an attribute the operator does not read is refused",
            e is not None and "'r'" in e and "attribute 'bogus' is not supported" in e, str(e))

@@ -44,7 +44,8 @@ def child(d):
         finally:
             m.close()
         st = [ln for ln in p.log if "onednn_primitives" in ln]
-        print(f"STATS {prec} {st[-1] if st else 'none'}", flush=True)
+        mode = next((ln.split("onednn_int8=")[1].split()[0] for ln in p.log if "onednn_int8=" in ln), "?")
+        print(f"STATS {prec} int8={mode} {st[-1] if st else 'none'}", flush=True)
 
 
 def main():
@@ -78,6 +79,31 @@ def main():
         pairs = [n for n in g.node if n.op_type == "QuantizeLinear" and dq_of.get(n.output[0]) in adds]
         s.case("optimize: a calibrated pair on each projection residual (2 blocks)", len(pairs) == 2,
                f"{len(pairs)} pairs")
+        # --weight-bits 7: weights in [-63, 63] and every activation UINT8 (signed ones with zero
+        # point 128): what oneDNN computes exactly without VNNI (dnnl.c isa_vnni)
+        d7 = os.path.join(tmp, "w7", "1")
+        os.makedirs(d7)
+        shutil.copy(path, os.path.join(d7, "model.onnx"))
+        rc, out, err = run([binary(), "optimize", path, "--precision", "int8", "--calib", calib, "--threads", "2",
+                            "--weight-bits", "7", "--int8-out", os.path.join(d7, "model_int8.onnx")])
+        from onnx import numpy_helper
+        g7 = onnx.load(os.path.join(d7, "model_int8.onnx")).graph
+        w7 = [numpy_helper.to_array(t) for t in g7.initializer if t.name.endswith("__int8")]
+        zps = [numpy_helper.to_array(t) for t in g7.initializer if t.name.endswith("__act_zp")]
+        s.case("optimize --weight-bits 7: weights within [-63, 63] (63 reached), activations UINT8",
+               rc == 0 and w7 and max(int(np.abs(w.astype(np.int32)).max()) for w in w7) == 63 and zps and
+               all(z.dtype == np.uint8 for z in zps) and any(int(z) == 128 for z in zps),
+               err[-300:] or f"{len(w7)} weights, zero points {[(z.dtype.name, int(z)) for z in zps]}")
+        # without VNNI (the AVX2 cap) an 8-bit file gets a note saying where it will run; a 7-bit one not
+        if "avx2" in open("/proc/cpuinfo").read().split():
+            cap = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+            rc8, out8, _ = run([binary(), "optimize", path, "--precision", "int8", "--calib", calib, "--threads", "2",
+                                "--int8-out", os.path.join(tmp, "cap8.onnx")], env=cap)
+            rc7, out7, _ = run([binary(), "optimize", path, "--precision", "int8", "--calib", calib, "--threads", "2",
+                                "--weight-bits", "7", "--int8-out", os.path.join(tmp, "cap7.onnx")], env=cap)
+            s.case("optimize at the AVX2 cap: a note for the 8-bit file (own kernels there), none for --weight-bits 7",
+                   rc8 == 0 and rc7 == 0 and "no VNNI" in out8 and "--weight-bits 7" in out8 and "no VNNI" not in out7,
+                   out8[-300:])
         here = os.path.abspath(__file__)
         cpu_avx2 = "avx2" in open("/proc/cpuinfo").read().split()
         for isa in ("default", "AVX2"):
@@ -88,31 +114,43 @@ def main():
                     s.skip("oneDNN capped at AVX2", "this CPU has no AVX2")
                     continue
                 env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
-            p = subprocess.run([sys.executable, here, "--child", d], env=env, capture_output=True, text=True,
-                               timeout=300)
-            lines = p.stdout.splitlines()
-            isa_line = next((ln for ln in lines if ln.startswith("onednn_verbose,info,cpu,isa:")), "")
-            if p.returncode != 0:
-                s.case(f"oneDNN {isa}: the child ran", False, p.stderr[-500:])
-                continue
-            if isa == "AVX2" and ("AVX2" not in isa_line or "512" in isa_line):
-                s.skip("oneDNN capped at AVX2", f"oneDNN ignored ONEDNN_MAX_CPU_ISA ({isa_line or 'no ISA line'})")
-                continue
-            impls = {}
-            for ln in lines:
-                f = ln.split(",")
-                if ln.startswith("onednn_verbose,exec,cpu,") and len(f) > 4 and f[3] in CHECKED:
-                    impls.setdefault(f"{f[3]} {f[4]}", 0)
-                    impls[f"{f[3]} {f[4]}"] += 1
-            # ref*: the reference kernels; simple_*: plain C++ loops (pooling on NCHW)
-            refs = {k: v for k, v in impls.items() if k.split()[1].startswith(("ref", "simple"))}
-            s.case(f"oneDNN {isa}: no reference (ref:, simple_) convolution, matmul or pooling", bool(impls) and not refs,
-                   f"{isa_line.split(':', 1)[-1]}; {impls}")
-            st = {k: (int(c), int(f)) for k, c, f in
-                  re.findall(r"STATS (\w+) .*?created=(\d+) .*?fallbacks=(\d+)", p.stdout)}
-            ok = "fp32" in st and "int8" in st and st["int8"] == st["fp32"] and st["int8"][1] == 0
-            s.case(f"oneDNN {isa}: every INT8 convolution a oneDNN primitive (projection pairs included)", ok,
-                   str(st))
+            for bits, dd in (("8-bit", d), ("7-bit", d7)):
+                p = subprocess.run([sys.executable, here, "--child", dd], env=env, capture_output=True, text=True,
+                                   timeout=300)
+                lines = p.stdout.splitlines()
+                isa_line = next((ln for ln in lines if ln.startswith("onednn_verbose,info,cpu,isa:")), "")
+                if p.returncode != 0:
+                    s.case(f"oneDNN {isa}, {bits} weights: the child ran", False, p.stderr[-500:])
+                    continue
+                if isa == "AVX2" and ("AVX2" not in isa_line or "512" in isa_line):
+                    s.skip("oneDNN capped at AVX2", f"oneDNN ignored ONEDNN_MAX_CPU_ISA ({isa_line or 'no ISA line'})")
+                    break
+                impls = {}
+                for ln in lines:
+                    f = ln.split(",")
+                    if ln.startswith("onednn_verbose,exec,cpu,") and len(f) > 4 and f[3] in CHECKED:
+                        impls.setdefault(f"{f[3]} {f[4]}", 0)
+                        impls[f"{f[3]} {f[4]}"] += 1
+                st = {k: (int(c), int(f)) for k, c, f in
+                      re.findall(r"STATS (\w+) .*?created=(\d+) .*?fallbacks=(\d+)", p.stdout)}
+                mode = (re.findall(r"STATS int8 int8=(\S+)", p.stdout) or ["?"])[0]
+                # 8-bit weights without VNNI (int8=u8_w7): the own exact kernels run the INT8
+                # convolutions (oneDNN's would saturate), so the pools read plain NCHW and may take
+                # oneDNN's simple_nchw: speed, not correctness; the 7-bit file stays on oneDNN
+                own8 = bits == "8-bit" and mode != "vnni"
+                # ref*: the reference kernels; simple_*: plain C++ loops (pooling on NCHW)
+                refs = {k: v for k, v in impls.items() if k.split()[1].startswith(("ref", "simple"))}
+                if own8:
+                    refs = {k: v for k, v in refs.items() if not k.startswith("pooling")}
+                s.case(f"oneDNN {isa}, {bits} weights: no reference (ref:, simple_) convolution, matmul or pooling",
+                       bool(impls) and not refs, f"{isa_line.split(':', 1)[-1]}; {impls}")
+                if own8:
+                    ok = "int8" in st and st["int8"][1] > 0
+                    what = "the INT8 convolutions on the own exact kernels (no VNNI: fallbacks counted)"
+                else:
+                    ok = "fp32" in st and "int8" in st and st["int8"] == st["fp32"] and st["int8"][1] == 0
+                    what = "every INT8 convolution a oneDNN primitive (projection pairs included)"
+                s.case(f"oneDNN {isa}, {bits} weights (int8={mode}): {what}", ok, str(st))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     s.finish()

@@ -295,6 +295,111 @@ def reference(x, d):
     return e / e.sum(axis=1, keepdims=True)
 
 
+def seq_cases(plugin, root):
+    """An encoder-like graph with a free sequence dimension besides the batch: x [N, S, 8] ->
+    MatMul [8, 6] + bias -> Relu -> Softmax over the last axis -> y [N, S, 6]. Planned at load at
+    the sequence length config.json fixes, or at parameters.plan_dims.x; a request of another
+    length still runs (its plan is made on its first batch, counted by made_after_load=)."""
+    import numpy as np
+    from onnx import TensorProto as TP, helper, numpy_helper
+    from onnx_plugin import BackendError
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    vi = helper.make_tensor_value_info
+    d = save(os.path.join(root, "seq"), [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Add", ["h", "b"], ["hb"], name="bias"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["y"], name="sm", axis=-1)],
+        [vi("x", TP.FLOAT, ["N", "S", 8])], [vi("y", TP.FLOAT, ["N", "S", 6])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+
+    def ref(x):
+        h = np.maximum(x.astype(np.float64) @ w + b, 0)
+        e = np.exp(h - h.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def load_line(n_log):
+        return next((ln for ln in plugin.log[n_log:] if "activation_arena=" in ln), "")
+
+    for engine in ("own", "onednn"):
+        base = {"engine": {"string_value": engine}}
+        # Without a planning size: the load says how to give one and plans nothing.
+        n_log = len(plugin.log)
+        try:
+            m = plugin.load(d, config={"parameters": base}, max_batch_size=4)
+        except BackendError as e:
+            s.skip(f"seq plan ({engine})", str(e))
+            continue
+        skipped = [ln for ln in plugin.log[n_log:] if "plan_at_load=skipped" in ln]
+        s.case(f"seq plan ({engine}): without a size the load logs plan_dims.x and plans nothing",
+               len(skipped) == 1 and "plan_dims.x" in skipped[0] and
+               "planned_at_load" not in load_line(n_log), str(plugin.log[n_log:]))
+        m.close()
+        # parameters.plan_dims.x "16,8": batch 1 and 4 at 16 tokens planned at load; requests at
+        # 16 make no plan, a request at 5 tokens runs and makes one (made_after_load=1).
+        n_log = len(plugin.log)
+        m = plugin.load(d, config={"parameters": dict(base, **{"plan_dims.x": {"string_value": "16,8"}})},
+                        max_batch_size=4)
+        ll = load_line(n_log)
+        s.case(f"seq plan ({engine}): plan_dims.x \"16,8\" plans batch 1 and 4 at load",
+               "planned_at_load=2" in ll, ll)
+        n_log = len(plugin.log)
+        x16 = rng.standard_normal((4, 16, 8)).astype(np.float32)
+        got16 = m.run([x16])["y"]
+        got16b = m.run([x16[:1]])["y"]
+        s.case(f"seq plan ({engine}): requests of the planned shapes make no plan",
+               not any("activation_plan" in ln for ln in plugin.log[n_log:]), str(plugin.log[n_log:]))
+        x5 = rng.standard_normal((2, 5, 8)).astype(np.float32)
+        got5 = m.run([x5])["y"]
+        lines = [ln for ln in plugin.log[n_log:] if "activation_plan" in ln]
+        s.case(f"seq plan ({engine}): another length runs and is planned then (made_after_load=1)",
+               len(lines) == 1 and "made_after_load=1" in lines[0] and "[2, 5, 8]" in lines[0], str(lines))
+        # float: 8 products of values below ~4 and the softmax's exp: 1e-5 of probabilities <= 1
+        err = max(np.abs(got16 - ref(x16)).max(), np.abs(got16b - ref(x16[:1])).max(),
+                  np.abs(got5 - ref(x5)).max())
+        s.case(f"seq plan ({engine}): outputs at 16 and 5 tokens match numpy within 1e-5", err < 1e-5,
+               f"max diff {err:.3g}")
+        m.close()
+
+    # config.json fixing the length (dims [12, 8] for the graph's [N, S, 8]) plans it at load.
+    n_log = len(plugin.log)
+    cfg = {"parameters": OWN["parameters"],
+           "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [12, 8]}]}
+    m = plugin.load(d, config=cfg, max_batch_size=2)
+    ll = load_line(n_log)
+    s.case("seq plan: a length fixed in config.json dims is planned at load", "planned_at_load=2" in ll, ll)
+    n_log = len(plugin.log)
+    x12 = rng.standard_normal((2, 12, 8)).astype(np.float32)
+    got = m.run([x12])["y"]
+    s.case("seq plan: a request at the fixed length makes no plan and matches numpy",
+           not any("activation_plan" in ln for ln in plugin.log[n_log:]) and
+           np.abs(got - ref(x12)).max() < 1e-5, str(plugin.log[n_log:]))
+    try:
+        m.run([x12[:, :5]])
+        s.case("seq plan: another length than config.json fixes is an error", False, "it ran")
+    except BackendError as e:
+        s.case("seq plan: another length than config.json fixes is an error", "[-1,12,8]" in
+               str(e).replace(" ", "") or "12" in str(e), str(e))
+    m.close()
+
+    # Bad plan_dims and unknown parameters: load errors naming them.
+    bad = [("plan_dims.x", "16", "has 2 dimensions past the batch"),
+           ("plan_dims.x", "16,9", "dimension 2 of input \"x\" is 8, not 9"),
+           ("plan_dims.x", "0,8", "positive sizes"),
+           ("plan_dims.x", "16,,8", "positive sizes"),
+           ("plan_dims.z", "16,8", "the model has no input \"z\""),
+           ("precison", "int8", "parameters.precison is not a setting of the onnx backend"),
+           ("intra_op_thread_count", "2", "parameters.intra_op_thread_count is not a setting")]
+    for key, val, want in bad:
+        try:
+            plugin.load(d, config={"parameters": {key: {"string_value": val}}}, max_batch_size=4).close()
+            s.case(f"parameters.{key} \"{val}\" is a load error", False, "it loaded")
+        except BackendError as e:
+            s.case(f"parameters.{key} \"{val}\" is a load error", want in str(e), str(e))
+
+
 def main():
     if not os.path.exists(PLUGIN):
         s.skip("onnx plan", f"{PLUGIN} is not built")
@@ -311,6 +416,7 @@ def main():
     with tempfile.TemporaryDirectory() as root:
         s.guard("types", type_cases, plugin, root)
         s.guard("plan", plan_cases, plugin, root)
+        s.guard("seq plan", seq_cases, plugin, root)
     s.finish()
 
 
