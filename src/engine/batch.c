@@ -482,6 +482,18 @@ sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j)
     return l + j * b->m->hp.n_vocab;
 }
 
+void
+sp_batch_parallel(sp_batch_t *b, sp_pool_fn fn, void *ctx, int64_t n_items)
+{
+    sp_pool_run(b->pool, fn, ctx, n_items);
+}
+
+int
+sp_batch_n_threads(const sp_batch_t *b)
+{
+    return sp_pool_n_threads(b->pool);
+}
+
 const float *
 sp__batch_hidden(const sp_batch_t *b)
 {

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/pool.h"
 #include "engine/model.h"
 #include "sampan/status.h"
 
@@ -196,5 +197,15 @@ int32_t sp_batch_candidates(const sp_batch_t *b, int64_t i, const int32_t **ids,
                             const float **vals);
 /* With n_logits > 1: the logits of the row's j-th kept token (j < n_logits). */
 const float *sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j);
+
+/*
+ * fn(ctx, item, ith) for every item in [0, n_items) on the batch's threads
+ * (core/pool.h: the caller is thread 0, ith < sp_batch_n_threads indexes
+ * per-thread scratch). For the work between steps that is per sequence,
+ * such as sampling each row's logits, so it does not run on one core while
+ * the others wait. Not during a step (one caller at a time, as the step).
+ */
+void sp_batch_parallel(sp_batch_t *b, sp_pool_fn fn, void *ctx, int64_t n_items);
+int sp_batch_n_threads(const sp_batch_t *b);
 
 #endif /* SP_ENGINE_BATCH_H */

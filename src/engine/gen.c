@@ -938,6 +938,12 @@ sp_gen_accept_prompt(sp_gen_t *g, const int32_t *tokens, int64_t n)
     }
 }
 
+bool
+sp_gen_step_is_private(const sp_gen_t *g)
+{
+    return !g->p.json_object && g->gm == NULL;
+}
+
 int32_t
 sp_gen_n_generated(const sp_gen_t *g)
 {

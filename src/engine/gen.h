@@ -154,6 +154,12 @@ int32_t sp_gen_candidates(const sp_gen_t *g);
 sp_status_t sp_gen_step_candidates(sp_gen_t *g, const int32_t *ids, const float *vals, int32_t n,
                                    sp_gen_token_t *out);
 int32_t sp_gen_n_generated(const sp_gen_t *g);
+/* Whether sp_gen_step on g reads and writes only g's own state and the
+ * shared immutable tokenizer, so steps of different generations may run at
+ * the same time on different threads (the scheduler samples a step's rows in
+ * parallel). False with a JSON or grammar constraint: their shared vocabulary
+ * tables and matchers are kept to one thread. */
+bool sp_gen_step_is_private(const sp_gen_t *g);
 /* Tokens the reasoning budget forced so far (0 without a budget). */
 int32_t sp_gen_n_forced(const sp_gen_t *g);
 /* The stop string that ended the generation (its index in the params' stop

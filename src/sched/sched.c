@@ -176,6 +176,15 @@ struct sp_sched {
     seq_t **step_seqs;     /* sequences of the step being planned, parallel to rows */
     sp_batch_seq_t *rows;
     int32_t *cand_k;       /* per row: the best logits its sampler needs (0: the whole row) */
+    /* Sampling the step's rows on the batch's threads (presample): the rows
+     * taken, and per row its token and status; logits holds one row of
+     * scratch per thread (n_threads rows: sp_gen_step changes its input). */
+    int32_t *pre_rows;
+    int32_t n_pre;
+    sp_gen_token_t *pre_tok;
+    sp_status_t *pre_st;
+    bool *pre_done;
+    int n_threads;
     int n_rows;
     uint64_t admit_counter;
     sp_stepctl_t ctl;      /* adaptive prefill budget (engine thread) */
@@ -1328,6 +1337,53 @@ finish_spec_row(sp_sched_t *s, int64_t i)
     publish_blocks(s, sq);
 }
 
+/*
+ * Sampling a step's rows in parallel. Each row with logits belongs to its
+ * own sequence and sp_gen_t, and sp_gen_step of a plain generation touches
+ * only that (sp_gen_step_is_private), so the rows' sp_gen_step calls - the
+ * penalties, the max, the softmax over the whole vocabulary, the draw, the
+ * detokenising and the stop strings - run on the batch's threads instead of
+ * on the engine thread alone while the others wait (at 32 rows and a 32k
+ * vocabulary that serial part was several ms a step). Each generation's
+ * state and random stream see exactly the calls they saw in row order, so
+ * every token is the one the serial loop gave. Posting the tokens, the
+ * blocks and the finishing stay serial, in row order, in finish_row.
+ */
+static void
+presample_job(void *arg, int64_t item, int ith)
+{
+    sp_sched_t *s = arg;
+    const int32_t i = s->pre_rows[item];
+    float *scratch = s->logits + (size_t)ith * (size_t)s->n_vocab;
+    memcpy(scratch, sp_batch_logits(s->batch, i), (size_t)s->n_vocab * sizeof(float));
+    s->pre_st[i] = sp_gen_step(s->step_seqs[i]->gen, scratch, &s->pre_tok[i]);
+    s->pre_done[i] = true;
+}
+
+/* The rows finish_row would sample from the whole row of logits with a
+ * private generation, sampled now on the batch's threads (when two or more). */
+static void
+presample(sp_sched_t *s, int64_t n_seqs)
+{
+    s->n_pre = 0;
+    for (int64_t i = 0; i < n_seqs; i++) {
+        s->pre_done[i] = false;
+        const sp_batch_seq_t *r = &s->rows[i];
+        const int32_t *ids;
+        const float *vals;
+        /* finish_row's conditions for its sp_gen_step path: logits kept for
+         * one position, the whole row (no candidates from the device) */
+        if (r->logits && r->n_logits <= 1 && sp_batch_candidates(s->batch, i, &ids, &vals) == 0 &&
+            sp_gen_step_is_private(s->step_seqs[i]->gen)) {
+            s->pre_rows[s->n_pre++] = (int32_t)i;
+        }
+    }
+    SP_ASSERT(sp_batch_n_threads(s->batch) <= s->n_threads); /* a scratch row each */
+    if (s->n_pre >= 2 && sp_batch_n_threads(s->batch) > 1) {
+        sp_batch_parallel(s->batch, presample_job, s, s->n_pre);
+    }
+}
+
 /* After the step: publish newly full blocks, sample where the logits are. */
 static void
 finish_row(sp_sched_t *s, int64_t i)
@@ -1347,7 +1403,10 @@ finish_row(sp_sched_t *s, int64_t i)
     const int32_t k = sp_batch_candidates(s->batch, i, &ids, &vals);
     sp_gen_token_t t;
     sp_status_t st;
-    if (k > 0) { /* the GPU sent its best logits only (docs/cuda.md "Candidates") */
+    if (s->pre_done[i]) { /* sampled on the batch's threads (presample) */
+        t = s->pre_tok[i];
+        st = s->pre_st[i];
+    } else if (k > 0) { /* the GPU sent its best logits only (docs/cuda.md "Candidates") */
         st = sp_gen_step_candidates(sq->gen, ids, vals, k, &t);
     } else {
         memcpy(s->logits, sp_batch_logits(s->batch, i), (size_t)s->n_vocab * sizeof(float));
@@ -1494,6 +1553,7 @@ engine_step(sp_sched_t *s)
             SP_LOG_ERROR("event=step_failed status=%d rows=%lld seqs=%lld", (int)st,
                          (long long)rows, (long long)n_seqs);
         } else {
+            presample(s, n_seqs);
             for (int64_t i = 0; i < n_seqs; i++) {
                 finish_row(s, i);
             }
@@ -1557,6 +1617,7 @@ typedef struct sched_plan {
     sp_ctx_params_t cp;     /* the embedding context */
     sp_kv_pool_params_t kp; /* the shared KV pool */
     sp_batch_params_t bp;   /* the step batch */
+    int n_threads;          /* its threads, resolved */
     /* speculative decoding: the draft's cache (a slot per sequence) and batch */
     int64_t d_per_slot;
     int64_t d_ring; /* sliding ring blocks per slot (a two-part draft cache), or 0 */
@@ -1652,7 +1713,9 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     o->bp.n_threads = p->n_threads;
     sp_batch_params_t rb;
     if (p->draft == NULL) {
-        return sp_batch_resolve(m, &o->bp, &rb, err, err_len);
+        st = sp_batch_resolve(m, &o->bp, &rb, err, err_len);
+        o->n_threads = rb.n_threads;
+        return st;
     }
     /* Speculative decoding: room for every kept logit row of a step, a draft
      * that speaks the same vocabulary, CPU layers. */
@@ -1684,6 +1747,7 @@ sched_plan(const sp_model_t *m, const sp_sched_params_t *p, sched_plan_t *o, cha
     if ((st = sp_batch_resolve(m, &o->bp, &rb, err, err_len)) != SP_OK) {
         return st;
     }
+    o->n_threads = rb.n_threads;
     o->d_per_slot = per_seq;
     o->dkp = (sp_kv_pool_params_t){.n_blocks = per_seq * p->n_slots, .type = p->kv_type};
     /* A draft with sliding-window layers keeps a ring per slot for them (as
@@ -1763,7 +1827,9 @@ sp_sched_estimate(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_mem_
         vocab_bytes(sp_model_tokenizer(m)),
         (uint64_t)p->n_slots * (2 * sizeof(seq_t *) + sizeof(sp_batch_seq_t) +
                                 sizeof(int32_t)), /* running, step_seqs, rows, cand_k */
-        (uint64_t)hp->n_vocab * sizeof(float), /* logits */
+        (uint64_t)p->n_slots * (sizeof(int32_t) + sizeof(sp_gen_token_t) + sizeof(sp_status_t) +
+                                sizeof(bool)), /* pre_rows, pre_tok, pre_st, pre_done */
+        (uint64_t)pl.n_threads * (uint64_t)hp->n_vocab * sizeof(float), /* logits */
         (uint64_t)hp->n_embd * sizeof(float),  /* emb */
         sp_ctx_bytes(m, &pl.cp),
         blocks_bytes(pl.nb),
@@ -1834,9 +1900,15 @@ sp_sched_create(const sp_model_t *m, const sp_sched_params_t *p, sp_sched_t **ou
     s->step_seqs = sp_calloc((size_t)s->p.n_slots, sizeof *s->step_seqs);
     s->rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->rows);
     s->cand_k = sp_calloc((size_t)s->p.n_slots, sizeof *s->cand_k);
-    s->logits = sp_malloc((size_t)s->n_vocab * sizeof(float));
+    s->pre_rows = sp_calloc((size_t)s->p.n_slots, sizeof *s->pre_rows);
+    s->pre_tok = sp_calloc((size_t)s->p.n_slots, sizeof *s->pre_tok);
+    s->pre_st = sp_calloc((size_t)s->p.n_slots, sizeof *s->pre_st);
+    s->pre_done = sp_calloc((size_t)s->p.n_slots, sizeof *s->pre_done);
+    s->n_threads = pl.n_threads > 0 ? pl.n_threads : 1;
+    s->logits = sp_malloc((size_t)s->n_threads * (size_t)s->n_vocab * sizeof(float));
     s->emb = sp_malloc((size_t)s->n_embd * sizeof(float));
-    if (!s->running || !s->step_seqs || !s->rows || !s->cand_k || !s->logits || !s->emb) {
+    if (!s->running || !s->step_seqs || !s->rows || !s->cand_k || !s->pre_rows || !s->pre_tok ||
+        !s->pre_st || !s->pre_done || !s->logits || !s->emb) {
         sp_sched_destroy(s);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "scheduler: out of memory");
     }
@@ -1964,6 +2036,10 @@ sp_sched_destroy(sp_sched_t *s)
     sp_free(s->step_seqs);
     sp_free(s->rows);
     sp_free(s->cand_k);
+    sp_free(s->pre_rows);
+    sp_free(s->pre_tok);
+    sp_free(s->pre_st);
+    sp_free(s->pre_done);
     sp_free(s->logits);
     sp_free(s->emb);
     sp_free(s->scratch);
