@@ -145,6 +145,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__kquants2_register_avx2(k);
         sp__attn_register_avx2(k);
         sp__repack_register_avx2(k);
+        sp__kpack_register_avx2(k); /* Q6_K, Q5_K packed (avx2_kpack.c) */
         k->name = "avx2";
     }
     if (level >= SP_CPU_AVX512) {
