@@ -10,7 +10,7 @@
  *
  *   make BUILD=build build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/repack_bench.c build/libsampan.a -lm -pthread -o build/repackbench
- *   nice ./build/repackbench [q4_0|iq4_nl|q8_0|q4_k|iq4_xs]   (SAMPAN_CPU=avx2 on an AVX-512
+ *   nice ./build/repackbench [q4_0|iq4_nl|q8_0|q4_k|iq4_xs|q6_k|q5_k]   (SAMPAN_CPU=avx2 on an AVX-512
  *   machine: that level has no packed kernels yet)
  */
 #include "qbench.h"
@@ -115,7 +115,7 @@ main(int argc, char **argv)
                   {"ffn_gate/up 5632x2048", 5632, 2048},
                   {"ffn_down 2048x5632", 2048, 5632}};
     static const sp_type_t types[] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0, SP_TYPE_Q4_K,
-                                      SP_TYPE_IQ4_XS};
+                                      SP_TYPE_IQ4_XS, SP_TYPE_Q6_K,   SP_TYPE_Q5_K};
     const sp_cpu_kernels_t *k = sp_cpu_kernels();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         if (!qbench_selected(argc, argv, k->name, sp_type_name(types[ti])))

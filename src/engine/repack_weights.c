@@ -13,8 +13,8 @@
  * them as before, and only the matrix products of batch.c and moe.c read the packed copy. The copy
  * is one allocation of sp_model_repack_bytes() (about the size of the packed tensors;
  * the load log line and the memory estimate count it). A type is packed only when the
- * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS;
- * AVX-512 VNNI: Q8_0, Q4_0, Q4_K, IQ4_XS, IQ4_NL, MXFP4), in the form that table reads (its
+ * current kernel table has a packed gemm for it (AVX2: Q4_0, IQ4_NL, Q8_0, Q4_K, IQ4_XS,
+ * Q6_K, Q5_K; AVX-512 VNNI: Q8_0, Q4_0, Q4_K, IQ4_XS, IQ4_NL, MXFP4), in the form that table reads (its
  * repack_layout: the 8-row groups, or Q8_0's and Q4_0's 16-row panels at AVX-512). The table is the process's one
  * (sp_cpu_kernels(), fixed once chosen), so the products and the refill read the form
  * that was packed.

@@ -38,9 +38,18 @@ rp_gauss(void)
             SP_TEST_FAIL(__VA_ARGS__);                                                        \
     } while (0)
 
-#define RP_NTYPES 6
-static const sp_type_t rp_types[RP_NTYPES] = {SP_TYPE_Q4_0, SP_TYPE_IQ4_NL, SP_TYPE_Q8_0,
-                                              SP_TYPE_Q4_K, SP_TYPE_IQ4_XS, SP_TYPE_MXFP4};
+#define RP_NTYPES 8
+static const sp_type_t rp_types[RP_NTYPES] = {SP_TYPE_Q4_0,   SP_TYPE_IQ4_NL, SP_TYPE_Q8_0,
+                                              SP_TYPE_Q4_K,   SP_TYPE_IQ4_XS, SP_TYPE_MXFP4,
+                                              SP_TYPE_Q6_K,   SP_TYPE_Q5_K};
+
+/* the 256-element super-block types */
+static bool
+rp_super(sp_type_t type)
+{
+    return type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS || type == SP_TYPE_Q6_K ||
+           type == SP_TYPE_Q5_K;
+}
 
 /* The layout as kernels.h states it, spelled out independently of sp__repack_qs_off. */
 TEST(repack_layout)
@@ -57,7 +66,10 @@ TEST(repack_layout)
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_K, 288, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_IQ4_XS, 256, rows), 2 * 1104);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_MXFP4, n, rows), 2 * 2 * 136);
-    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 256, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 512, rows), 2 * 2 * 1680);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q5_K, 256, rows), 2 * 1440);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q6_K, 288, rows), 0);
+    ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q2_K, 256, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, 48, rows), 0);
     ASSERT_EQ(sp_repack_bytes(SP_TYPE_Q4_0, SP_REPACK_MAX_N + 32, rows), 0);
     uint8_t dst[4 * 144];
@@ -171,7 +183,7 @@ static void
 rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm, sp_repack_layout_t lay)
 {
     static const int64_t ns32[] = {32, 96, 288, 2048}, nsk[] = {256, 768, 2048};
-    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+    const bool k = rp_super(type);
     const int64_t *ns = k ? nsk : ns32;
     const size_t n_ns = k ? sizeof nsk / sizeof nsk[0] : sizeof ns32 / sizeof ns32[0];
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
@@ -295,7 +307,7 @@ TEST(repack_roundtrip_bytes)
 {
     for (int ti = 0; ti < RP_NTYPES; ti++) {
         const sp_type_t type = rp_types[ti];
-        const bool super = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+        const bool super = rp_super(type);
         const int64_t n = super ? 512 : 96, rows = 19;
         const size_t rb = sp_row_size(type, n), pb = sp_repack_bytes(type, n, rows);
         ASSERT(pb > 0 && pb >= rb * (size_t)rows);

@@ -1,6 +1,7 @@
 /*
  * test_repack_model.c - load-time weight repacking at the model level: random-weight
- * llama-shaped models (testmodel.c) with Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K and IQ4_XS projections, loaded with
+ * llama-shaped models (testmodel.c) with Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K, IQ4_XS, Q6_K and Q5_K
+ * projections, loaded with
  * and without the repack. The packed copy exists exactly when the kernel table has a packed
  * gemm, with the size the layouts give; the greedy tokens are the same either way; IQ4_NL's,
  * Q4_K's and IQ4_XS's logits are the same bits (packed and row kernels share one order of operations);
@@ -29,7 +30,8 @@
 static void
 rm_build(sp_type_t type, void **buf, size_t *len)
 {
-    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS;
+    const bool k = type == SP_TYPE_Q4_K || type == SP_TYPE_IQ4_XS || type == SP_TYPE_Q6_K ||
+                   type == SP_TYPE_Q5_K;
     const sp_test_llama_t spec = {
         .arch = "llama", .type = type, .n_embd = k ? 256 : 128, .n_head = 4, .n_head_kv = 2,
         .head_dim = k ? 64 : 32, .n_ff = k ? 512 : 224, .n_layer = 2, .n_ctx = 256,
@@ -142,12 +144,12 @@ rm_check(sp_type_t type)
     if (memcmp(lb, lc, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
         SP_TEST_FAIL("%s repacked: prefill logits differ from one-by-one evaluation",
                      sp_type_name(type));
-    /* IQ4_NL, MXFP4, Q4_K and IQ4_XS: the packed kernels and the row kernels of every level share one order
+    /* IQ4_NL, MXFP4, Q4_K, IQ4_XS, Q6_K and Q5_K: the packed kernels and the row kernels of every level share one order
      * of operations (q32_impl.h, kquants_impl.h), so the logits are the same bits. Q4_0 and
      * Q8_0: the AVX2 row kernels keep per-lane FMA chains, the packed ones the reference's
      * serial sum, so only the greedy tokens are compared (above). */
     if ((type == SP_TYPE_IQ4_NL || type == SP_TYPE_MXFP4 || type == SP_TYPE_Q4_K ||
-         type == SP_TYPE_IQ4_XS) &&
+         type == SP_TYPE_IQ4_XS || type == SP_TYPE_Q6_K || type == SP_TYPE_Q5_K) &&
         memcmp(la, lb, sizeof(float) * (size_t)(RM_PROMPT * V)) != 0)
         SP_TEST_FAIL("%s: logits with and without repack differ", sp_type_name(type));
     /* spread check: a flat distribution could not tell the kernels apart */
@@ -293,4 +295,14 @@ TEST(repack_releases_original_copy)
 TEST(repack_model_iq4_xs)
 {
     rm_check(SP_TYPE_IQ4_XS);
+}
+
+TEST(repack_model_q6_k)
+{
+    rm_check(SP_TYPE_Q6_K);
+}
+
+TEST(repack_model_q5_k)
+{
+    rm_check(SP_TYPE_Q5_K);
 }

@@ -145,6 +145,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         sp__kquants2_register_avx2(k);
         sp__attn_register_avx2(k);
         sp__repack_register_avx2(k);
+        sp__kpack_register_avx2(k); /* Q6_K, Q5_K packed (avx2_kpack.c) */
         k->name = "avx2";
     }
     if (level >= SP_CPU_AVX512) {
@@ -160,6 +161,10 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         k->repack_gemm[SP_TYPE_Q4_0] = NULL;
         k->repack_gemm[SP_TYPE_IQ4_NL] = NULL;
         k->repack_gemm[SP_TYPE_Q8_0] = NULL;
+        /* Q6_K stays row-major: its VNNI row panels (avx512_kpanel.c) prefill at 2x the AVX2
+         * packed kernel. Q5_K, with no VNNI panel, keeps the AVX2 packed one (1.4x the
+         * AVX-512 row kernel): docs/design-kpack.md */
+        k->repack_gemm[SP_TYPE_Q6_K] = NULL;
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);
         sp__q32_register_avx512(k, has_vnni);

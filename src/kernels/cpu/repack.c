@@ -1,5 +1,6 @@
 /*
- * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K and IQ4_XS weights:
+ * repack.c - the packed (row-interleaved) form of Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_K, IQ4_XS, Q6_K and
+ * Q5_K weights (the last two's scalar gemms in repack_k56.c):
  * sizes, packing and unpacking (level-independent: the layouts are kernels.h's and
  * repack_impl.h's), and the scalar gemms over it that the unit tests use as the oracle of
  * the SIMD ones.
@@ -42,6 +43,14 @@ shape_of(sp_type_t type, rp_shape_t *s)
         *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_iq4_xs), SP_REPACK_IQ4XS_BLOCK_BYTES, 128,
                           (int)offsetof(sp_block_iq4_xs, qs), SP_REPACK_IQ4XS_QS};
         return true;
+    case SP_TYPE_Q6_K: /* "quant bytes": ql then qh, 192 a row */
+        *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q6_k), SP_REPACK_Q6K_BLOCK_BYTES, 192,
+                          (int)offsetof(sp_block_q6_k, ql), SP_REPACK_Q6K_QL};
+        return true;
+    case SP_TYPE_Q5_K: /* "quant bytes": qh then qs, 160 a row */
+        *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q5_k), SP_REPACK_Q5K_BLOCK_BYTES, 160,
+                          (int)offsetof(sp_block_q5_k, qh), SP_REPACK_Q5K_QH};
+        return true;
     default:
         return false;
     }
@@ -59,6 +68,13 @@ _Static_assert(SP_REPACK_Q8_0_BLOCK_BYTES == SP_REPACK_ROWS * 34, "a packed bloc
 _Static_assert(offsetof(sp_block_q4_k, d) == 0 && offsetof(sp_block_q4_k, dmin) == 2 &&
                    offsetof(sp_block_q4_k, scales) == 4 && offsetof(sp_block_q4_k, qs) == 16,
                "the Q4_K block layout the packing assumes");
+_Static_assert(offsetof(sp_block_q6_k, ql) == 0 && offsetof(sp_block_q6_k, qh) == 128 &&
+                   offsetof(sp_block_q6_k, scales) == 192 && offsetof(sp_block_q6_k, d) == 208 &&
+                   SP_REPACK_Q6K_BLOCK_BYTES == SP_REPACK_ROWS * 210,
+               "the Q6_K block layout the packing assumes");
+_Static_assert(offsetof(sp_block_q5_k, scales) == 4 && offsetof(sp_block_q5_k, qh) == 16 &&
+                   offsetof(sp_block_q5_k, qs) == 48,
+               "Q5_K: Q4_K's header, then qh and qs");
 _Static_assert(offsetof(sp_block_iq4_xs, d) == 0 && offsetof(sp_block_iq4_xs, scales_h) == 2 &&
                    offsetof(sp_block_iq4_xs, scales_l) == 4 && offsetof(sp_block_iq4_xs, qs) == 8,
                "the IQ4_XS block layout the packing assumes");
@@ -111,7 +127,15 @@ put_header(sp_type_t type, int r, const uint8_t *blk, uint8_t *pb)
         pb[r] = blk[0];
         return;
     }
-    if (type != SP_TYPE_Q4_K) {
+    if (type == SP_TYPE_Q6_K) {
+        memcpy(pb + SP_REPACK_Q6K_D + 2 * r, blk + offsetof(sp_block_q6_k, d), 2);
+        for (int k = 0; k < 16; k++) {
+            pb[SP_REPACK_Q6K_SC + 16 * (k / 2) + 2 * r + k % 2] =
+                blk[offsetof(sp_block_q6_k, scales) + (size_t)k];
+        }
+        return;
+    }
+    if (type != SP_TYPE_Q4_K && type != SP_TYPE_Q5_K) { /* Q5_K: Q4_K's header */
         memcpy(pb + 2 * r, blk, 2);
         return;
     }
@@ -145,7 +169,15 @@ get_header(sp_type_t type, int r, const uint8_t *pb, uint8_t *blk)
         blk[0] = pb[r];
         return;
     }
-    if (type != SP_TYPE_Q4_K) {
+    if (type == SP_TYPE_Q6_K) {
+        memcpy(blk + offsetof(sp_block_q6_k, d), pb + SP_REPACK_Q6K_D + 2 * r, 2);
+        for (int k = 0; k < 16; k++) {
+            blk[offsetof(sp_block_q6_k, scales) + (size_t)k] =
+                pb[SP_REPACK_Q6K_SC + 16 * (k / 2) + 2 * r + k % 2];
+        }
+        return;
+    }
+    if (type != SP_TYPE_Q4_K && type != SP_TYPE_Q5_K) {
         memcpy(blk, pb + 2 * r, 2);
         return;
     }
@@ -169,7 +201,7 @@ row8_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t
         return;
     }
     const int64_t nb = n / s.qk;
-    uint8_t blk[sizeof(sp_block_q4_k)];
+    uint8_t blk[sizeof(sp_block_q6_k)]; /* the largest block of a packed type */
     for (int64_t g = g0; g < g1; g++) {
         uint8_t *out = (uint8_t *)dst + (size_t)g * gb;
         for (int64_t b = 0; b < nb; b++) {
@@ -594,6 +626,8 @@ sp__repack_gemm_ref(sp_type_t type)
     case SP_TYPE_Q8_0: return sp__repack_q8_0_gemm_ref;
     case SP_TYPE_Q4_K: return sp__repack_q4_k_gemm_ref;
     case SP_TYPE_IQ4_XS: return sp__repack_iq4_xs_gemm_ref;
+    case SP_TYPE_Q6_K: return sp__repack_q6_k_gemm_ref;
+    case SP_TYPE_Q5_K: return sp__repack_q5_k_gemm_ref;
     default: return NULL;
     }
 }

@@ -39,6 +39,27 @@
 #define SP_REPACK_IQ4XS_QS 80
 #define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
 
+/* Q6_K, per super-block (repack_k56.c; docs/design-kpack.md): 8 F16 d, the signed 8-bit
+ * sub-block scales as bytes sc[p][r][e] (byte 16 p + 2 r + e is the scale of sub-block 2 p + e
+ * of row r: one 16-byte load and VPMOVSXBW give the int16 scales of sub-blocks 2p, 2p + 1 of the
+ * 8 rows, the VPMADDWD operand against the token's bsums pair and, spread by one VPSHUFB, the
+ * one that widens a row set's pair sums), then the 8 x 128 ql bytes and the 8 x 64 qh bytes,
+ * both by the chunk rule (sp__repack_chunk_off; the qh bytes as the row's bytes 128..191).
+ * The file's bits only moved: 1680 bytes, the 8 x 210 of the file. */
+#define SP_REPACK_Q6K_D 0
+#define SP_REPACK_Q6K_SC 16
+#define SP_REPACK_Q6K_QL 144
+#define SP_REPACK_Q6K_QH (SP_REPACK_Q6K_QL + SP_REPACK_ROWS * 128)
+#define SP_REPACK_Q6K_BLOCK_BYTES (SP_REPACK_Q6K_QH + SP_REPACK_ROWS * 64)
+
+/* Q5_K, per super-block: Q4_K's header (8 F16 d, 8 F16 dmin, the unpacked 6-bit scales
+ * sc[j][r] and mins m[r][j]), then the 8 x 32 qh bytes and the 8 x 128 qs bytes by the chunk
+ * rule (the row's qh then qs, as the file's bytes 16..175). 1440 bytes for the file's 8 x 176
+ * (+2.3%, the scales unpacked as Q4_K's). */
+#define SP_REPACK_Q5K_QH SP_REPACK_Q4K_QS
+#define SP_REPACK_Q5K_QS (SP_REPACK_Q5K_QH + SP_REPACK_ROWS * 32)
+#define SP_REPACK_Q5K_BLOCK_BYTES (SP_REPACK_Q5K_QS + SP_REPACK_ROWS * 128)
+
 /* SP_REPACK_PANEL16 (kernels.h): rows per group, bytes per pair of blocks, and where block b's
  * quant bytes and F16 scales start within a group. Q8_0 has 32 quant bytes per row and block
  * (pairs of 1088 bytes), Q4_0 16 (pairs of 576 bytes: 9 cache lines); the _of forms take the
@@ -148,11 +169,21 @@ void sp__repack_q8_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int
 void sp__repack_q4_0_p16_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                   int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                   float *y, int64_t ldy);
+/* Q6_K / Q5_K x Q8_K (repack_k56.c): kquants_impl.h's / kquants2_impl.h's integer sums and
+ * float sequence read through the packed layouts above. */
+void sp__repack_q6_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
+void sp__repack_q5_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
 /* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
 sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
 
 /* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
+/* AVX2 (avx2_kpack.c): fills repack_gemm of Q6_K and Q5_K (the packed forms above). */
+void sp__kpack_register_avx2(sp_cpu_kernels_t *k);
 /* Its IQ4_XS gemm (the AVX-512 VNNI panels' fallback for few tokens). */
 void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
