@@ -474,6 +474,82 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
     }
 }
 
+/*
+ * IQ4_NL, the wide tile of the batched product: one group x T <= RP_XS_TM tokens, the loop
+ * order of rp_tile_iq4xs_wide (per row set and 8-element slice one lookup, then every token)
+ * within each 32-element block. The int32 sums go through VPMADDWD by ones (pair sums
+ * <= 32258, no int16 adds), and each token's eight partial sums acc[b % 8] (q32_impl.h's
+ * order) live in memory: touched once per block and token, where the 4-token tile's 32
+ * accumulator registers spilled anyway. Same sums, same float sequence: the same bits.
+ */
+RP_INLINE void
+rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                   const float *xd, __m256 out[RP_XS_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    __m256 acc[RP_XS_TM][SP_Q32_LANES];
+    const int8_t *xt[RP_XS_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        for (int l = 0; l < SP_Q32_LANES; l++) {
+            acc[t][l] = _mm256_setzero_ps();
+        }
+        xt[t] = (const int8_t *)(x + (size_t)t * xs + 2);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        const size_t xb = (size_t)b * 34;
+        __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            __m256i ai[RP_XS_TM];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                ai[t] = _mm256_setzero_si256();
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i raw = _mm256_loadu_si256(
+                    (const __m256i *)(pb + 2 * SP_REPACK_ROWS + 32 * (s + 2 * (k & 1))));
+                if (k >= 2) {
+                    raw = _mm256_srli_epi16(raw, 4);
+                }
+                const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+                const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const __m256i pr = _mm256_maddubs_epi16(
+                        aw, _mm256_sign_epi8(bcast8(xt[t] + xb + 8 * k), w));
+                    ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, ones16));
+                    __asm__("" : "+x"(ai[t])); /* a running sum (rp_tile_iq4xs_wide) */
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                half[t] = s == 0 ? ai[t] : _mm256_hadd_epi32(half[t], ai[t]);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        const int l = (int)(b % SP_Q32_LANES);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+            acc[t][l] = _mm256_add_ps(acc[t][l], _mm256_mul_ps(d, _mm256_cvtepi32_ps(half[t])));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) { /* sp__q32_sum_lanes, lane-wise */
+        const __m256 b0 = _mm256_add_ps(acc[t][0], acc[t][4]);
+        const __m256 b1 = _mm256_add_ps(acc[t][1], acc[t][5]);
+        const __m256 b2 = _mm256_add_ps(acc[t][2], acc[t][6]);
+        const __m256 b3 = _mm256_add_ps(acc[t][3], acc[t][7]);
+        out[t] = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
+    }
+}
+
 typedef void (*rp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                            const int32_t *xsum, const float *xd, __m256 *out);
 
@@ -489,9 +565,6 @@ RP_TILE(q4_0_tile, RP_Q4_0, 2)
 RP_TILE(q4_0_tile, RP_Q4_0, 3)
 RP_TILE(q4_0_tile, RP_Q4_0, 4)
 RP_TILE(iq4_nl_tile, RP_IQ4_NL, 1)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 2)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 3)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 4)
 RP_TILE(q8_0_tile, RP_Q8_0, 1)
 RP_TILE(q8_0_tile, RP_Q8_0, 2)
 RP_TILE(q8_0_tile, RP_Q8_0, 3)
@@ -537,6 +610,21 @@ RP_TILE_IQ4XS_WIDE(6)
 RP_TILE_IQ4XS_WIDE(7)
 RP_TILE_IQ4XS_WIDE(8)
 
+#define RP_TILE_IQ4NL_WIDE(T)                                                                  \
+    static void iq4_nl_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 *out)             \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        rp_tile_iq4nl_wide(T, nb, g, x, xs, xd, out);                                          \
+    }
+RP_TILE_IQ4NL_WIDE(2)
+RP_TILE_IQ4NL_WIDE(3)
+RP_TILE_IQ4NL_WIDE(4)
+RP_TILE_IQ4NL_WIDE(5)
+RP_TILE_IQ4NL_WIDE(6)
+RP_TILE_IQ4NL_WIDE(7)
+RP_TILE_IQ4NL_WIDE(8)
+
 static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
                                                  q4_0_tile_4};
 static const rp_tile_fn q8_0_tiles[RP_TM + 1] = {NULL, q8_0_tile_1, q8_0_tile_2, q8_0_tile_3,
@@ -548,8 +636,9 @@ static const rp_tile_fn q4_k_tiles[RP_TM + 1] = {NULL, q4_k_tile_1, q4_k_tile_2,
 static const rp_tile_fn iq4_xs_tiles[RP_XS_TM + 1] = {
     NULL,           iq4_xs_tile_1,  iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4,
     iq4_xs_wide_5, iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8};
-static const rp_tile_fn iq4_nl_tiles[RP_TM + 1] = {NULL, iq4_nl_tile_1, iq4_nl_tile_2,
-                                                   iq4_nl_tile_3, iq4_nl_tile_4};
+static const rp_tile_fn iq4_nl_tiles[RP_XS_TM + 1] = {
+    NULL,           iq4_nl_tile_1,  iq4_nl_wide_2, iq4_nl_wide_3, iq4_nl_wide_4,
+    iq4_nl_wide_5, iq4_nl_wide_6, iq4_nl_wide_7, iq4_nl_wide_8};
 
 /* The sum of a Q8_0 block's 32 signed quants: VPSADBW of q + 128 (x ^ 0x80) less 32 * 128.
  * Exact; runs once per token, block and call, and a one-token call covers only a few groups
@@ -578,6 +667,9 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, siz
     const int64_t nb = n / (super ? SP_QK_K : 32);
     int32_t xsum[RP_SCRATCH];
     float xd[RP_SCRATCH];
+    if (!super && (int64_t)tm * nb > RP_SCRATCH) {
+        tm = (int)(RP_SCRATCH / nb); /* >= RP_TM (the assert above): narrower tiles of long rows */
+    }
     int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
     if (tc > RP_SCRATCH / nb) {
         tc = RP_SCRATCH / nb;
@@ -635,7 +727,7 @@ iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const v
             size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
