@@ -187,12 +187,12 @@ rp_check_kernel(const char *what, sp_type_t type, sp_gemm_fn gemm, sp_repack_lay
     const int64_t *ns = k ? nsk : ns32;
     const size_t n_ns = k ? sizeof nsk / sizeof nsk[0] : sizeof ns32 / sizeof ns32[0];
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
-    static const int64_t nts[] = {1, 2, 3, 4, 5, 9, 17, 33};
+    static const int64_t nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 33, 64};
     for (size_t in = 0; in < n_ns; in++) {
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
             rp_case_t c;
             const int64_t rows = rowss[ir];
-            rp_case_make(&c, type, ns[in], rows, 33, 17 * in + ir, lay);
+            rp_case_make(&c, type, ns[in], rows, 64, 17 * in + ir, lay);
             for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++)
                 rp_check_gemm(what, type, gemm, &c, 0, rows, nts[it]);
             if (rows > 3) { /* ranges that start and end inside a group */

@@ -41,6 +41,12 @@
  * sum_j (ls_j - 32) dot_j exact in int32 (<= 256 * 127 * 127 * 32). Float finish lane-wise as
  * ref_kquants2.c's: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk.
  *
+ * Token tiles: Q4_0, Q8_0 and Q4_K run 4 tokens per weight pass. IQ4_NL and IQ4_XS, whose
+ * decode is a table lookup per 8-element slice, run up to 8 (RP_XS_TM) in a loop order that
+ * decodes one slice of one row set and then runs every token against it, so only the tokens'
+ * int32 sums, the slice (w, |w|) and the scale are live: no spills in the hot loop. One token
+ * keeps the 4-token tile's code (the decode path). docs/design-iq4xs2.md has the measurements.
+ *
  * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
  * (8 * sum(x) and x's scale per block of the tokens in flight).
  */
@@ -54,10 +60,13 @@
 
 /* tokens per tile, and the scratch entries (token x block) of one token chunk */
 #define RP_TM 4
+/* IQ4_XS's wide tile (rp_tile_iq4xs_wide): tokens per tile */
+#define RP_XS_TM 8
 #define RP_SCRATCH 8192
 #define RP_X_CHUNK_BYTES (128 * 1024)
 
 _Static_assert(RP_SCRATCH >= RP_TM * (SP_REPACK_MAX_N / 32), "a tile's tokens fit the scratch");
+_Static_assert(RP_XS_TM >= RP_TM, "the tiles' out arrays are RP_XS_TM long");
 
 enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
 
@@ -383,8 +392,172 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     }
 }
 
+/*
+ * IQ4_XS, the wide tile of the batched product: one group (8 rows) x T <= RP_XS_TM tokens.
+ * The loop order keeps the token work in registers: per row set s (rows {0,1,4,5} or
+ * {2,3,6,7}), sub-block j and 8-element slice k, one grid lookup (VPSHUFB) and one VPABSB give
+ * the slice's signed weights w and |w|, and then every token of the tile runs VPSIGNB +
+ * VPMADDUBSW + VPMADDWD (by the rows' sub-block scale) + VPADDD into its own accumulator. So
+ * the weights are decoded once per T tokens and only T int32 accumulators, w, |w| and the
+ * scale are live (the 4-token tile kept 8 decoded slices and 8 accumulators, more than the 16
+ * YMM registers, and spilled). Integer ranges and the float finish as rp_tile_iq4xs's: the
+ * same exact sums, so the same bits for any T.
+ */
+RP_INLINE void
+rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                   __m256 out[RP_XS_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i bias = _mm256_set1_epi16(32);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    const __m256i spread[2] = {
+        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
+        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
+    };
+    const int8_t *xt[RP_XS_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = _mm256_setzero_ps();
+        xt[t] = (const int8_t *)(x + (size_t)t * xs + offsetof(sp_block_q8_k, qs));
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        const size_t xb = (size_t)b * sizeof(sp_block_q8_k);
+        __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            __m256i ai[RP_XS_TM];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                ai[t] = _mm256_setzero_si256();
+            }
+#pragma GCC unroll 1
+            for (int j = 0; j < 8; j++) {
+                int64_t scj;
+                memcpy(&scj, pb + SP_REPACK_IQ4XS_SC + 8 * j, sizeof scj);
+                const __m256i S =
+                    _mm256_sub_epi16(_mm256_shuffle_epi8(_mm256_set1_epi64x(scj), spread[s]), bias);
+                const uint8_t *qp = pb + SP_REPACK_IQ4XS_QS + 128 * j;
+                /* k = 0..3: elements 8k .. 8k + 7 of the sub-block: the low nibbles of the row
+                 * set's bytes 0..7 (chunk s) and 8..15 (chunk s + 2), then their high ones */
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * (k & 1))));
+                    if (k >= 2) {
+                        raw = _mm256_srli_epi16(raw, 4);
+                    }
+                    const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+                    const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 8
+                    for (int t = 0; t < T; t++) {
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            aw, _mm256_sign_epi8(bcast8(xt[t] + xb + 32 * j + 8 * k), w));
+                        ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, S));
+                        /* keeps the sum a running one: GCC otherwise reassociates it into
+                         * a tree of 32 products per sub-block, which spill */
+                        __asm__("" : "+x"(ai[t]));
+                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                if (s == 0) {
+                    half[t] = ai[t];
+                } else {
+                    half[t] = _mm256_hadd_epi32(half[t], ai[t]);
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float yd;
+            memcpy(&yd, x + (size_t)t * xs + xb, sizeof yd);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd), dw);
+            out[t] = _mm256_add_ps(out[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(half[t])));
+        }
+    }
+}
+
+/*
+ * IQ4_NL, the wide tile of the batched product: one group x T <= RP_XS_TM tokens, the loop
+ * order of rp_tile_iq4xs_wide (per row set and 8-element slice one lookup, then every token)
+ * within each 32-element block. The int32 sums go through VPMADDWD by ones (pair sums
+ * <= 32258, no int16 adds), and each token's eight partial sums acc[b % 8] (q32_impl.h's
+ * order) live in memory: touched once per block and token, where the 4-token tile's 32
+ * accumulator registers spilled anyway. Same sums, same float sequence: the same bits.
+ */
+RP_INLINE void
+rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                   const float *xd, __m256 out[RP_XS_TM])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
+    const __m256i lut = _mm256_set_m128i(grid, grid);
+    __m256 acc[RP_XS_TM][SP_Q32_LANES];
+    const int8_t *xt[RP_XS_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        for (int l = 0; l < SP_Q32_LANES; l++) {
+            acc[t][l] = _mm256_setzero_ps();
+        }
+        xt[t] = (const int8_t *)(x + (size_t)t * xs + 2);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        const size_t xb = (size_t)b * 34;
+        __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            __m256i ai[RP_XS_TM];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                ai[t] = _mm256_setzero_si256();
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i raw = _mm256_loadu_si256(
+                    (const __m256i *)(pb + 2 * SP_REPACK_ROWS + 32 * (s + 2 * (k & 1))));
+                if (k >= 2) {
+                    raw = _mm256_srli_epi16(raw, 4);
+                }
+                const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+                const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const __m256i pr = _mm256_maddubs_epi16(
+                        aw, _mm256_sign_epi8(bcast8(xt[t] + xb + 8 * k), w));
+                    ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, ones16));
+                    __asm__("" : "+x"(ai[t])); /* a running sum (rp_tile_iq4xs_wide) */
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                half[t] = s == 0 ? ai[t] : _mm256_hadd_epi32(half[t], ai[t]);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        const int l = (int)(b % SP_Q32_LANES);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+            acc[t][l] = _mm256_add_ps(acc[t][l], _mm256_mul_ps(d, _mm256_cvtepi32_ps(half[t])));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) { /* sp__q32_sum_lanes, lane-wise */
+        const __m256 b0 = _mm256_add_ps(acc[t][0], acc[t][4]);
+        const __m256 b1 = _mm256_add_ps(acc[t][1], acc[t][5]);
+        const __m256 b2 = _mm256_add_ps(acc[t][2], acc[t][6]);
+        const __m256 b3 = _mm256_add_ps(acc[t][3], acc[t][7]);
+        out[t] = _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3));
+    }
+}
+
 typedef void (*rp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                           const int32_t *xsum, const float *xd, __m256 out[RP_TM]);
+                           const int32_t *xsum, const float *xd, __m256 *out);
 
 #define RP_TILE(name, kind, T)                                                                 \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
@@ -398,9 +571,6 @@ RP_TILE(q4_0_tile, RP_Q4_0, 2)
 RP_TILE(q4_0_tile, RP_Q4_0, 3)
 RP_TILE(q4_0_tile, RP_Q4_0, 4)
 RP_TILE(iq4_nl_tile, RP_IQ4_NL, 1)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 2)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 3)
-RP_TILE(iq4_nl_tile, RP_IQ4_NL, 4)
 RP_TILE(q8_0_tile, RP_Q8_0, 1)
 RP_TILE(q8_0_tile, RP_Q8_0, 2)
 RP_TILE(q8_0_tile, RP_Q8_0, 3)
@@ -429,9 +599,37 @@ RP_TILE_Q4K(4)
         rp_tile_iq4xs(T, nb, g, x, xs, out);                                                   \
     }
 RP_TILE_IQ4XS(1)
-RP_TILE_IQ4XS(2)
-RP_TILE_IQ4XS(3)
-RP_TILE_IQ4XS(4)
+
+#define RP_TILE_IQ4XS_WIDE(T)                                                                  \
+    static void iq4_xs_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 *out)             \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        rp_tile_iq4xs_wide(T, nb, g, x, xs, out);                                              \
+    }
+RP_TILE_IQ4XS_WIDE(2)
+RP_TILE_IQ4XS_WIDE(3)
+RP_TILE_IQ4XS_WIDE(4)
+RP_TILE_IQ4XS_WIDE(5)
+RP_TILE_IQ4XS_WIDE(6)
+RP_TILE_IQ4XS_WIDE(7)
+RP_TILE_IQ4XS_WIDE(8)
+
+#define RP_TILE_IQ4NL_WIDE(T)                                                                  \
+    static void iq4_nl_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 *out)             \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        rp_tile_iq4nl_wide(T, nb, g, x, xs, xd, out);                                          \
+    }
+RP_TILE_IQ4NL_WIDE(2)
+RP_TILE_IQ4NL_WIDE(3)
+RP_TILE_IQ4NL_WIDE(4)
+RP_TILE_IQ4NL_WIDE(5)
+RP_TILE_IQ4NL_WIDE(6)
+RP_TILE_IQ4NL_WIDE(7)
+RP_TILE_IQ4NL_WIDE(8)
 
 static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
                                                  q4_0_tile_4};
@@ -439,10 +637,14 @@ static const rp_tile_fn q8_0_tiles[RP_TM + 1] = {NULL, q8_0_tile_1, q8_0_tile_2,
                                                  q8_0_tile_4};
 static const rp_tile_fn q4_k_tiles[RP_TM + 1] = {NULL, q4_k_tile_1, q4_k_tile_2, q4_k_tile_3,
                                                  q4_k_tile_4};
-static const rp_tile_fn iq4_xs_tiles[RP_TM + 1] = {NULL, iq4_xs_tile_1, iq4_xs_tile_2,
-                                                   iq4_xs_tile_3, iq4_xs_tile_4};
-static const rp_tile_fn iq4_nl_tiles[RP_TM + 1] = {NULL, iq4_nl_tile_1, iq4_nl_tile_2,
-                                                   iq4_nl_tile_3, iq4_nl_tile_4};
+/* one token: the 4-token tile's code (the decode path's; its decoded slices fit the
+ * registers at T = 1); two or more: the wide tile */
+static const rp_tile_fn iq4_xs_tiles[RP_XS_TM + 1] = {
+    NULL,           iq4_xs_tile_1,  iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4,
+    iq4_xs_wide_5, iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8};
+static const rp_tile_fn iq4_nl_tiles[RP_XS_TM + 1] = {
+    NULL,           iq4_nl_tile_1,  iq4_nl_wide_2, iq4_nl_wide_3, iq4_nl_wide_4,
+    iq4_nl_wide_5, iq4_nl_wide_6, iq4_nl_wide_7, iq4_nl_wide_8};
 
 /* The sum of a Q8_0 block's 32 signed quants: VPSADBW of q + 128 (x ^ 0x80) less 32 * 128.
  * Exact; runs once per token, block and call, and a one-token call covers only a few groups
@@ -464,20 +666,23 @@ q8_block_sum(const int8_t *qs)
  * sweep them; each chunk's per-block sums and scales are computed once into the scratch.
  */
 static void
-rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0,
+rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, size_t ws, int64_t r0,
         int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     const bool super = kind == RP_Q4_K || kind == RP_IQ4_XS; /* Q8_K: no scratch */
     const int64_t nb = n / (super ? SP_QK_K : 32);
     int32_t xsum[RP_SCRATCH];
     float xd[RP_SCRATCH];
+    if (!super && (int64_t)tm * nb > RP_SCRATCH) {
+        tm = (int)(RP_SCRATCH / nb); /* >= RP_TM (the assert above): narrower tiles of long rows */
+    }
     int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
     if (tc > RP_SCRATCH / nb) {
         tc = RP_SCRATCH / nb;
     }
-    tc = tc / RP_TM * RP_TM;
-    if (tc < RP_TM) {
-        tc = RP_TM; /* n <= SP_REPACK_MAX_N: RP_TM tokens always fit */
+    tc = tc / tm * tm;
+    if (tc < tm) {
+        tc = tm; /* n <= SP_REPACK_MAX_N: tm tokens always fit */
     }
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
@@ -494,9 +699,9 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int64_t n, const void *w, size_t ws, 
         }
         for (int64_t g = g0; g < g1; g++) {
             const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
-            for (int64_t t = t0; t < t1; t += RP_TM) {
-                const int T = (int)(t1 - t < RP_TM ? t1 - t : RP_TM);
-                __m256 out[RP_TM];
+            for (int64_t t = t0; t < t1; t += tm) {
+                const int T = (int)(t1 - t < tm ? t1 - t : tm);
+                __m256 out[RP_XS_TM];
                 tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
                          xsum + (t - t0) * nb, xd + (t - t0) * nb, out);
                 for (int tt = 0; tt < T; tt++) {
@@ -519,7 +724,7 @@ q4_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q4_0, q4_0_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q4_0, q4_0_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -528,7 +733,7 @@ iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const v
             size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -537,7 +742,7 @@ q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q8_0, q8_0_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q8_0, q8_0_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -546,7 +751,7 @@ q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q4_K, q4_k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q4_K, q4_k_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -555,7 +760,7 @@ sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int
                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
