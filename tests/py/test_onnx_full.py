@@ -158,7 +158,10 @@ def main():
         run_all(plugin, work, cv2, np, build_resnet, build_bert, numpy_run, BackendError)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"onnx-full: {time.perf_counter() - t0:.1f} s in all", flush=True)
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"onnx-full: {time.perf_counter() - t0:.1f} s in all ({ru.ru_utime + ru.ru_stime:.1f} s of CPU), "
+          f"peak RSS {ru.ru_maxrss / 1024:.0f} MiB", flush=True)
     s.finish()
 
 
