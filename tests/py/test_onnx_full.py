@@ -38,11 +38,14 @@ batch 1, and check that its difference from the (unchanged) reference is above t
 ResNet-50 with one weight of the first convolution doubled; BERT-base with one weight of the last
 FFN projection moved by one standard deviation (1/sqrt(3072)), and with the last LayerNorm's
 epsilon 1e-3 instead of 1e-12 (a change of about 5e-4 of the output: eps / (2 var) x |y|).
-Smaller bugs (an epsilon of 1e-5, PyTorch's default, changes the output by ~1e-6) are below what
-a float32 executor can be told apart from float64 by at these depths.
+Smaller bugs (an epsilon of 1e-5, PyTorch's default, would change it by about 5e-6, estimated the
+same way; one query weight doubled changed it by 8e-6, measured) are below the derived bound;
+they are above the errors measured here (about 1e-6), but a tolerance set from those would be
+tuned to this machine's summation order, not derived.
 
-Time: both files are built and the references computed once; about 40 s of CPU time in all
-(240 s of wall time on 2 cores under a load average of 15)."""
+Time: both files are built and the references computed once: 42-44 s of CPU time in all (about
+a third of it system time: writing and re-reading the files), 104 s of wall time on 2 cores
+shared at a load average of 7-10 (220-240 s at 15); peak RSS 2.3 GB (the float64 reference)."""
 
 import os
 import shutil
