@@ -149,30 +149,16 @@ def numpy_run(path, feeds):
 
     import onnx
     m = onnx.load(path)
-    # Initializers stay as stored and are widened to float64 when a node reads them, and each
-    # intermediate is dropped after its last reader: BERT-base's weights in float64 and every
-    # activation kept would double the memory (2.3 GB peak for batch 2 before).
-    env = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    env = {t.name: numpy_helper.to_array(t).astype(np.float64) if numpy_helper.to_array(t).dtype.kind == "f"
+           else numpy_helper.to_array(t) for t in m.graph.initializer}
     env.update({k: v.astype(np.float64) for k, v in feeds.items()})
-    last = {}
-    for k, n in enumerate(m.graph.node):
-        for x in n.input:
-            last[x] = k
-    keep = {o.name for o in m.graph.output}
-
-    def read(name):
-        v = env[name]
-        return v.astype(np.float64) if v.dtype.kind == "f" and v.dtype != np.float64 else v
     try:  # SciPy's erf is float64-exact and vectorised (BERT-base has 9.4M GELUs per sequence pair)
         from scipy.special import erf
     except ImportError:
         erf = np.vectorize(math.erf)
-    for k, n in enumerate(m.graph.node):
+    for n in m.graph.node:
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
-        i = [read(x) for x in n.input]
-        for x in set(n.input):
-            if last[x] == k and x not in keep:
-                del env[x]
+        i = [env[x] for x in n.input]
         op = n.op_type
         if op in ("Add", "Sub", "Mul", "Div", "Pow"):
             y = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}[op](*i)
