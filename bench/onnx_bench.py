@@ -21,10 +21,13 @@ own runtime against OpenCV (ResNet) or numpy in float64 (BERT: OpenCV 4.6 cannot
 onnx_models.py), and the worst difference printed.
 --own-max-batch: our own runtime is slow at large batches (minutes for BERT at 32); above this
 batch it is left out (and said so).
---int8: ResNet-50 also as `sampan optimize`'s INT8 model (calibrated on 16 random images, percentile):
-executors "int8" (oneDNN's int8 primitives) and "int8-own" (our integer kernels, up to
---own-max-batch), each with its top-1 agreement with FP32 oneDNN (random weights: agreement is
-the only accuracy there is; bench/onnx_quant.py's digits model has real labels).
+--int8: each model also as `sampan optimize --precision int8`'s INT8 file (calibrated on 16 random
+inputs of the model's shape: images for ResNet-50, hidden states N(0, 1) for BERT; the tool's
+default method): executors "int8" (oneDNN's int8 primitives) and "int8-own" (our integer kernels,
+up to --own-max-batch), each with its accuracy change against FP32 oneDNN on the same input: the
+max relative difference (max |int8 - fp32| / max |fp32|), the cosine of the flattened outputs and,
+for ResNet-50, the top-1 agreement (random weights: there are no labels; bench/onnx_quant.py's
+digits model has real ones).
 --base-plugin: another build's libsampan_onnx.so (e.g. the commit before a change) as executor
 "base" (oneDNN, FP32; with --int8 also "base-int8"), loaded beside this build's: before/after in one
 process."""
@@ -112,7 +115,7 @@ def main():
             del os.environ["SAMPAN_ONNX_ARENA"]
         m_base = base.load(vd, config=cfg, max_batch_size=max(batches), n_threads=a.threads) if base else None
         m_int8 = m_int8own = m_base8 = None
-        if a.int8 and model == "resnet50":
+        if a.int8:
             if not os.path.exists(os.path.join(vd, "model_int8.onnx")):
                 calib = os.path.join(work, "calib.npy")
                 np.save(calib, np.random.default_rng(7).standard_normal((16,) + shape).astype(np.float32))
@@ -170,9 +173,13 @@ def main():
                 rname = "numpy-f64"
             for k in ("int8", "int8-own"):
                 if k in res and "onednn" in res:
-                    agree = float((res[k].argmax(-1) == res["onednn"].argmax(-1)).mean())
-                    print(f"{model} batch {b}: {k} top-1 agreement with fp32 {agree:.3f}, max |diff| "
-                          f"{float(np.abs(res[k] - res['onednn']).max()):.2e}", flush=True)
+                    q, f = res[k].astype(np.float64).ravel(), res["onednn"].astype(np.float64).ravel()
+                    cos = float(q @ f / (np.linalg.norm(q) * np.linalg.norm(f)))
+                    rel = float(np.abs(q - f).max() / np.abs(f).max())
+                    agree = (f", top-1 agreement {float((res[k].argmax(-1) == res['onednn'].argmax(-1)).mean()):.3f}"
+                             if model == "resnet50" else "")
+                    print(f"{model} batch {b}: {k} vs fp32: max rel diff {rel:.2e}, cosine {cos:.6f}{agree}, "
+                          f"max |diff| {float(np.abs(q - f).max()):.2e}", flush=True)
             if "int8" in res and "int8-own" in res:
                 print(f"{model} batch {b}: int8 oneDNN vs int8 own max |diff| "
                       f"{float(np.abs(res['int8'] - res['int8-own']).max()):.2e}", flush=True)
