@@ -102,6 +102,40 @@ qp_decode(const __m512i v[4], __m512i lut, __m512i g[8])
     }
 }
 
+/* VPERMT2D selectors that gather one dword of each of the 16 rows of two packed groups (rows
+ * 0..7 from the first, 8..15 from the second) from a 64-byte half of a packed block's quants:
+ * in a half, row r's 8 bytes sit in chunk (r >> 1) & 1, 64-bit lane (r & 1) | (r >> 2) << 1
+ * (repack_impl.h); sel[h] picks dword h of those 8 bytes. */
+QP_INLINE void
+qp_group_sel(__m512i sel[2])
+{
+    int32_t ix[2][QP_ROWS];
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < QP_ROWS; i++) {
+            const int r = i & 7;
+            ix[h][i] = 8 * ((r >> 1) & 1) + 2 * ((r & 1) | ((r >> 2) << 1)) + h + (i >= 8 ? 16 : 0);
+        }
+    sel[0] = _mm512_loadu_si512(ix[0]);
+    sel[1] = _mm512_loadu_si512(ix[1]);
+}
+
+/* The 128 packed quant bytes of two groups' block (qa: rows 0..7, qb: rows 8..15) -> G0..G7
+ * through lut: the first 64 bytes hold dwords 0 and 1 of every row, the next 64 dwords 2 and 3. */
+QP_INLINE void
+qp_decode_groups(const uint8_t *qa, const uint8_t *qb, const __m512i sel[2], __m512i lut,
+                 __m512i g[8])
+{
+    const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
+    const __m512i b0 = _mm512_loadu_si512(qb), b1 = _mm512_loadu_si512(qb + 64);
+    const __m512i v[4] = {
+        _mm512_permutex2var_epi32(a0, sel[0], b0),
+        _mm512_permutex2var_epi32(a0, sel[1], b0),
+        _mm512_permutex2var_epi32(a1, sel[0], b1),
+        _mm512_permutex2var_epi32(a1, sel[1], b1),
+    };
+    qp_decode(v, lut, g);
+}
+
 /* ---- MXFP4 and IQ4_NL x Q8_0: row-major blocks or their packed form --------------------- */
 
 /*
@@ -238,27 +272,14 @@ qp_pack_groups(int kind, const uint8_t *ga, const uint8_t *gb, int64_t b0, int64
                                qp_off(kind));
     const size_t pblk = qp_pblk(kind);
     const int hdr = qp_hdr(kind);
-    int32_t ix[2][QP_ROWS];
-    for (int h = 0; h < 2; h++)
-        for (int i = 0; i < QP_ROWS; i++) {
-            const int r = i & 7;
-            ix[h][i] = 8 * ((r >> 1) & 1) + 2 * ((r & 1) | ((r >> 2) << 1)) + h + (i >= 8 ? 16 : 0);
-        }
-    const __m512i sel0 = _mm512_loadu_si512(ix[0]), sel1 = _mm512_loadu_si512(ix[1]);
+    __m512i sel[2];
+    qp_group_sel(sel);
     for (int64_t w = 0; w < nbk; w++) {
         const int64_t p = qp_visit(w, nbk), b = b0 + w;
         const uint8_t *pa = ga + (size_t)b * pblk, *pb = gb + (size_t)b * pblk;
         const uint8_t *qa = pa + SP_REPACK_ROWS * hdr, *qb = pb + SP_REPACK_ROWS * hdr;
-        const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
-        const __m512i c0 = _mm512_loadu_si512(qb), c1 = _mm512_loadu_si512(qb + 64);
-        const __m512i v[4] = {
-            _mm512_permutex2var_epi32(a0, sel0, c0),
-            _mm512_permutex2var_epi32(a0, sel1, c0),
-            _mm512_permutex2var_epi32(a1, sel0, c1),
-            _mm512_permutex2var_epi32(a1, sel1, c1),
-        };
         __m512i g[8];
-        qp_decode(v, lut, g);
+        qp_decode_groups(qa, qb, sel, lut, g);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
             _mm512_store_si512((void *)(pw + (size_t)p * 512 + i * 64), g[i]);
@@ -549,13 +570,8 @@ QP_INLINE void
 qp_pack_xs(const uint8_t *ga, const uint8_t *gb, int64_t s0, int64_t nsk, uint8_t *pw)
 {
     const __m512i lut = qp_lut(sp__kvalues_iq4nl, 128);
-    int32_t ix[2][QP_ROWS];
-    for (int h = 0; h < 2; h++)
-        for (int i = 0; i < QP_ROWS; i++) {
-            const int r = i & 7;
-            ix[h][i] = 8 * ((r >> 1) & 1) + 2 * ((r & 1) | ((r >> 2) << 1)) + h + (i >= 8 ? 16 : 0);
-        }
-    const __m512i sel0 = _mm512_loadu_si512(ix[0]), sel1 = _mm512_loadu_si512(ix[1]);
+    __m512i sel[2];
+    qp_group_sel(sel);
     for (int64_t j = 0; j < nsk; j++) {
         const uint8_t *pa = ga + (size_t)(s0 + j) * SP_REPACK_IQ4XS_BLOCK_BYTES;
         const uint8_t *pb = gb + (size_t)(s0 + j) * SP_REPACK_IQ4XS_BLOCK_BYTES;
@@ -563,16 +579,8 @@ qp_pack_xs(const uint8_t *ga, const uint8_t *gb, int64_t s0, int64_t nsk, uint8_
         for (int s = 0; s < 8; s++) {
             const uint8_t *qa = pa + SP_REPACK_IQ4XS_QS + 128 * s;
             const uint8_t *qb = pb + SP_REPACK_IQ4XS_QS + 128 * s;
-            const __m512i a0 = _mm512_loadu_si512(qa), a1 = _mm512_loadu_si512(qa + 64);
-            const __m512i b0 = _mm512_loadu_si512(qb), b1 = _mm512_loadu_si512(qb + 64);
-            const __m512i v[4] = {
-                _mm512_permutex2var_epi32(a0, sel0, b0),
-                _mm512_permutex2var_epi32(a0, sel1, b0),
-                _mm512_permutex2var_epi32(a1, sel0, b1),
-                _mm512_permutex2var_epi32(a1, sel1, b1),
-            };
             __m512i g[8];
-            qp_decode(v, lut, g);
+            qp_decode_groups(qa, qb, sel, lut, g);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 _mm512_store_si512((void *)(o + s * 512 + i * 64), g[i]);

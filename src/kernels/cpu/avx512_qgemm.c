@@ -403,13 +403,20 @@ vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
 
 /* ---- the driver ------------------------------------------------------------- */
 
+/* What the records of a call are made from: the weight type, the tokens per tile, x. */
+typedef struct {
+    int wt, tw;
+    const uint8_t *xb;
+    size_t xs;
+} qg_x_t;
+
 /* A row-major call's state for the panel nest (avx512_panels.h). */
 typedef struct {
+    qg_x_t x;    /* first: qg_prep's view */
     int wt;
     bool fused;  /* few tokens: each panel block unpacked in registers, no packing */
-    int tw;      /* tokens per tile (records grouped so) */
-    const uint8_t *wb, *xb;
-    size_t ws, xs;
+    const uint8_t *wb;
+    size_t ws;
     int64_t r0, r1, nb;
     float *y;
     int64_t ldy;
@@ -434,10 +441,11 @@ qg_panel(const qg_ctx_t *c, int64_t p, const uint8_t *rp[QG_ROWS], __m512i *d_id
     return nr;
 }
 
+/* The records of both drivers' calls (qg_ctx_t and p16_ctx_t begin with a qg_x_t). */
 static void
 qg_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
 {
-    const qg_ctx_t *c = ctx;
+    const qg_x_t *c = ctx;
     sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, c->tw,
                      c->wt == WT_Q8_0 ? 128 : 8, 0, xr);
 }
@@ -517,15 +525,15 @@ qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
         }
         return;
     }
-    qg_ctx_t c = {.wt = wt, .fused = fused, .tw = fused ? (int)n_tok : QG_T, .wb = wb, .xb = xb,
-                  .ws = ws, .xs = xs, .r0 = r0, .r1 = r1, .nb = nb, .y = y, .ldy = ldy,
-                  .pw = pw, .pd = pd};
+    const int tw = fused ? (int)n_tok : QG_T;
+    qg_ctx_t c = {.x = {wt, tw, xb, xs}, .wt = wt, .fused = fused, .wb = wb, .ws = ws,
+                  .r0 = r0, .r1 = r1, .nb = nb, .y = y, .ldy = ldy, .pw = pw, .pd = pd};
     /* fused: all tokens in one tile, K chunks as long as the records allow */
     const int64_t kc = fused ? QG_XBUF / (n_tok * QG_XREC) : QG_KC;
     const sp512_panels_t d = {
         .nb = nb, .n_panels = (r1 - r0 + QG_ROWS - 1) / QG_ROWS,
-        .tc = fused ? n_tok : QG_TC, .rkc = kc, .pkc = kc, .tw = c.tw,
-        .rec = (size_t)c.tw * QG_XREC, .xr = xr, .ctx = &c,
+        .tc = fused ? n_tok : QG_TC, .rkc = kc, .pkc = kc, .tw = tw,
+        .rec = (size_t)tw * QG_XREC, .xr = xr, .ctx = &c,
         .prep = qg_prep, .pack = fused ? NULL : qg_pack, .tile = qg_tile, .finish = NULL,
     };
     sp512_panels_run(&d, n_tok);
@@ -651,21 +659,14 @@ P16_ALL(Q4_0)
  * bytes; rows [r0, r1) may start and end inside a group (the lanes outside are masked off,
  * never stored). */
 typedef struct {
+    qg_x_t x; /* first: qg_prep's view */
     int wt, tw;
-    const uint8_t *wb, *xb;
-    size_t gs, xs;
+    const uint8_t *wb;
+    size_t gs;
     int64_t r0, r1, nb, n_tok;
     float *y;
     int64_t ldy;
 } p16_ctx_t;
-
-static void
-p16_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
-{
-    const p16_ctx_t *c = ctx;
-    sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, c->tw,
-                     c->wt == WT_Q8_0 ? 128 : 8, 0, xr);
-}
 
 static void
 p16_tile(void *ctx, const sp512_tile_t *t)
@@ -716,12 +717,12 @@ packed_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1,
     const int tw = n_tok < QG_T ? (int)n_tok : QG_T;
     const int64_t kc = n_tok <= QG_T ? (QG_XBUF / (tw * QG_XREC)) & ~(int64_t)1 : QG_KC;
     const int64_t g0 = r0 / SP_P16_ROWS, g1 = (r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
-    p16_ctx_t c = {.wt = wt, .tw = tw, .wb = w, .xb = x, .gs = gs, .xs = xs, .r0 = r0,
+    p16_ctx_t c = {.x = {wt, tw, x, xs}, .wt = wt, .tw = tw, .wb = w, .gs = gs, .r0 = r0,
                    .r1 = r1, .nb = nb, .n_tok = n_tok, .y = y, .ldy = ldy};
     const sp512_panels_t d = {
         .nb = nb, .n_panels = g1 - g0, .tc = n_tok <= QG_T ? n_tok : QG_TC, .rkc = kc,
         .pkc = kc, .tw = tw, .rec = (size_t)tw * QG_XREC, .xr = xr, .ctx = &c,
-        .prep = p16_prep, .pack = NULL, .tile = p16_tile, .finish = NULL,
+        .prep = qg_prep, .pack = NULL, .tile = p16_tile, .finish = NULL,
     };
     sp512_panels_run(&d, n_tok);
 }
