@@ -1,6 +1,6 @@
 /*
- * avx512_panels.c - the panel gemms' loop nest and their Q8_0 activation records
- * (avx512_panels.h). Built with the AVX-512 flags; called only from the VNNI panel files.
+ * avx512_panels.c - the panel gemms' Q8_0 activation records (avx512_panels.h). Built with
+ * the AVX-512 flags; called only from the VNNI panel files.
  */
 #include "kernels/cpu/avx512_panels.h"
 
@@ -8,39 +8,6 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
-
-void
-sp512_panels_run(const sp512_panels_t *d, int64_t n_tok)
-{
-    for (int64_t t0 = 0; t0 < n_tok; t0 += d->tc) {
-        const int64_t nt = n_tok - t0 < d->tc ? n_tok - t0 : d->tc;
-        const int64_t ntiles = (nt + d->tw - 1) / d->tw;
-        for (int64_t kb = 0; kb < d->nb; kb += d->rkc) {
-            const int64_t nrk = d->nb - kb < d->rkc ? d->nb - kb : d->rkc;
-            d->prep(d->ctx, t0, nt, kb, nrk, d->xr);
-            for (int64_t p = 0; p < d->n_panels; p++) {
-                for (int64_t b0 = kb; b0 < kb + nrk; b0 += d->pkc) {
-                    const int64_t nbk = kb + nrk - b0 < d->pkc ? kb + nrk - b0 : d->pkc;
-                    if (d->pack != NULL) {
-                        d->pack(d->ctx, p, b0, nbk);
-                    }
-                    for (int64_t u = 0; u < ntiles; u++) {
-                        const int64_t tn = nt - u * d->tw < d->tw ? nt - u * d->tw : d->tw;
-                        const sp512_tile_t t = {
-                            .panel = p, .t0 = t0 + u * d->tw, .tn = tn, .u = u,
-                            .ntiles = ntiles, .b0 = b0, .nbk = nbk, .kb = kb, .nrk = nrk,
-                            .xr = d->xr + ((size_t)u * (size_t)nrk + (size_t)(b0 - kb)) * d->rec,
-                        };
-                        d->tile(d->ctx, &t);
-                    }
-                }
-                if (d->finish != NULL) {
-                    d->finish(d->ctx, p, t0, nt);
-                }
-            }
-        }
-    }
-}
 
 void
 sp512_q8_records(const uint8_t *x, size_t xs, int64_t nt, int64_t b0, int64_t nbk, int tw,

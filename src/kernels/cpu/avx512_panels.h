@@ -54,8 +54,42 @@ typedef struct {
     void (*finish)(void *ctx, int64_t panel, int64_t t0, int64_t nt);
 } sp512_panels_t;
 
-/* Runs the nest over n_tok tokens (n_tok > 0). */
-void sp512_panels_run(const sp512_panels_t *d, int64_t n_tok);
+/* Runs the nest over n_tok tokens (n_tok > 0). Inlined into each driver, whose descriptor is
+ * a constant there: the compiler then calls (or inlines) its callbacks directly, no indirect
+ * call per tile. */
+static inline __attribute__((always_inline)) void
+sp512_panels_run(const sp512_panels_t *d, int64_t n_tok)
+{
+    for (int64_t t0 = 0; t0 < n_tok; t0 += d->tc) {
+        const int64_t nt = n_tok - t0 < d->tc ? n_tok - t0 : d->tc;
+        const int64_t ntiles = (nt + d->tw - 1) / d->tw;
+        for (int64_t kb = 0; kb < d->nb; kb += d->rkc) {
+            const int64_t nrk = d->nb - kb < d->rkc ? d->nb - kb : d->rkc;
+            d->prep(d->ctx, t0, nt, kb, nrk, d->xr);
+            for (int64_t p = 0; p < d->n_panels; p++) {
+                for (int64_t b0 = kb; b0 < kb + nrk; b0 += d->pkc) {
+                    const int64_t nbk = kb + nrk - b0 < d->pkc ? kb + nrk - b0 : d->pkc;
+                    if (d->pack != NULL) {
+                        d->pack(d->ctx, p, b0, nbk);
+                    }
+                    for (int64_t u = 0; u < ntiles; u++) {
+                        const int64_t tn = nt - u * d->tw < d->tw ? nt - u * d->tw : d->tw;
+                        const sp512_tile_t t = {
+                            .panel = p, .t0 = t0 + u * d->tw, .tn = tn, .u = u,
+                            .ntiles = ntiles, .b0 = b0, .nbk = nbk, .kb = kb, .nrk = nrk,
+                            .xr = d->xr + ((size_t)u * (size_t)nrk + (size_t)(b0 - kb)) * d->rec,
+                        };
+                        d->tile(d->ctx, &t);
+                    }
+                }
+                if (d->finish != NULL) {
+                    d->finish(d->ctx, p, t0, nt);
+                }
+            }
+        }
+    }
+}
+
 
 /*
  * Q8_0 activation records: tokens [0, nt) of x (rows xs bytes apart), blocks [b0, b0 + nbk), in
