@@ -38,9 +38,9 @@
  * Calls with few tokens (decode) go to the kernels this level had before (the caller's fallback):
  * packing a panel pays only when several token tiles share it (bench/qgemm_shape_bench.c).
  *
- * Pure functions, any thread, no heap; about 260 KiB of stack per call (activation records
- * 160 KiB, one packed panel chunk, the lane carries), about 470 KiB for the packed MXFP4 /
- * IQ4_NL path (records 384 KiB): pool threads have 8 MiB.
+ * Pure functions, any thread, no heap; about 470 KiB of stack per MXFP4 / IQ4_NL call (records
+ * 384 KiB, one decoded panel chunk, the lane carries), about 200 KiB per IQ4_XS call (records
+ * 160 KiB): pool threads have 8 MiB. The loop nest is avx512_panels.h's.
  */
 #include <immintrin.h>
 #include <stdint.h>
