@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define HDR 64
 
@@ -70,6 +71,27 @@ sp_malloc_aligned(size_t n, size_t align)
     }
     uintptr_t user = ((uintptr_t)base + HDR + align - 1) & ~(uintptr_t)(align - 1);
     return finish(base, (size_t)(user - HDR - (uintptr_t)base), n);
+}
+
+void *
+sp_malloc_huge(size_t n)
+{
+    if (n < SP_HUGE_PAGE) {
+        return sp_malloc_aligned(n, 64);
+    }
+    size_t whole;
+    if (sp_add_size(n, SP_HUGE_PAGE - 1, &whole) != 0) {
+        return NULL;
+    }
+    whole &= ~(SP_HUGE_PAGE - 1);
+    void *p = sp_malloc_aligned(whole, SP_HUGE_PAGE);
+#ifdef MADV_HUGEPAGE
+    if (p != NULL) {
+        /* before the first write: the faults then take huge pages where the kernel has them */
+        (void)madvise(p, whole, MADV_HUGEPAGE);
+    }
+#endif
+    return p;
 }
 
 void *

@@ -286,7 +286,7 @@ sp__model_repack(sp_model_t *m, char *err, size_t err_len)
         sp_free(before);
         return SP_OK;
     }
-    uint8_t *mem = sp_malloc_aligned(total, 64);
+    uint8_t *mem = sp_malloc_huge(total); /* streamed every step: huge pages, fewer TLB misses */
     if (mem == NULL) {
         sp_free(list);
         sp_free(before);

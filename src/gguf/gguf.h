@@ -91,6 +91,10 @@ void sp_gguf_close(sp_gguf_t *g); /* NULL is a no-op */
  * sp_gguf_weights_changed says so. Set before opening the files it is for.
  */
 void sp_gguf_set_copy_max(size_t bytes);
+/* The server's default limit (--model-copy-max), which `sampan eval` / `generate` use too: a
+ * copy is in memory that can be given huge pages (gguf.c asks for them), where a mapping of
+ * the file is the page cache's 4 KiB pages, and decode streams every weight byte each step. */
+#define SP_GGUF_COPY_MAX_DEFAULT ((size_t)16 << 30)
 size_t sp_gguf_copy_max(void);
 /* Guard the mappings opened from now on (the server turns it on; off by default,
  * so a short-lived tool whose file is cut still stops rather than computing on zeros). */

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/json.h"
 #include "core/yaml.h"
+#include "gguf/gguf.h"
 
 const char sp_config_usage[] =
     "usage: sampan serve [--model NAME=FILE.gguf ...] [options]\n"
@@ -268,7 +269,7 @@ sp_config_defaults(sp_serve_config_t *c)
     c->keep_alive_s = -1;
     c->responses_store = 1024;
     c->responses_store_bytes = (size_t)64 << 20;
-    c->model_copy_max = (size_t)16 << 30;
+    c->model_copy_max = SP_GGUF_COPY_MAX_DEFAULT;
     snprintf(c->otel_service_name, sizeof c->otel_service_name, "sampan");
     c->trace_sample_ratio = 1;
     c->otlp_max_queue = 2048;

@@ -15,6 +15,7 @@
 #include "engine/gen.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "gguf/gguf.h"
 #include "tools/cli.h"
 
 static int
@@ -106,6 +107,8 @@ open_model(const char *path, int64_t n_ctx, int64_t n_batch, int n_threads, bool
     int64_t t0 = sp_time_ns();
     *m = NULL;
     *c = NULL;
+    /* as the server does: files up to its default limit are copied (huge pages) */
+    sp_gguf_set_copy_max(SP_GGUF_COPY_MAX_DEFAULT);
     if (sp_model_load(path, m, err, sizeof err) != SP_OK) {
         fprintf(stderr, "sampan: %s\n", err);
         return -1;

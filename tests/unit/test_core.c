@@ -44,6 +44,66 @@ TEST(alloc_counts_bytes_and_aligns)
     ASSERT(sp_malloc(SIZE_MAX - 8) == NULL);
 }
 
+/* The kernel's word on the mapping holding [p, p + n) (/proc/self/smaps "THPeligible:"): 1 when
+ * transparent huge pages may back it, 0 when not, -1 when this kernel does not say. */
+static int
+thp_eligible(const void *p, size_t n)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL)
+        return -1;
+    char line[512];
+    int in = 0, r = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p + n <= hi;
+            continue;
+        }
+        if (in && strncmp(line, "THPeligible:", 12) == 0) {
+            r = atoi(line + 12);
+            break;
+        }
+    }
+    fclose(f);
+    return r;
+}
+
+/* Blocks of a huge page or more are aligned to it, rounded up to whole ones, and (where the
+ * kernel offers transparent huge pages only on request, the "madvise" mode) advised: the kernel
+ * lists the block as eligible, a plain aligned block of the same size not. */
+TEST(alloc_huge_pages_for_large_blocks)
+{
+    const size_t base = sp_alloc_bytes_in_use();
+    void *small = sp_malloc_huge(1000);
+    uint8_t *big = sp_malloc_huge(SP_HUGE_PAGE + 5);
+    void *plain = sp_malloc_aligned(2 * SP_HUGE_PAGE, SP_HUGE_PAGE);
+    ASSERT(small != NULL && big != NULL && plain != NULL);
+    ASSERT_EQ((uintptr_t)small % 64, 0);
+    ASSERT_EQ((uintptr_t)big % SP_HUGE_PAGE, 0);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base + 1000 + 2 * SP_HUGE_PAGE + 2 * SP_HUGE_PAGE);
+    memset(big, 1, 2 * SP_HUGE_PAGE); /* the rounded-up tail is the caller's too */
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f != NULL) {
+        if (fgets(mode, sizeof mode, f) == NULL)
+            mode[0] = 0;
+        fclose(f);
+    }
+    const int eligible = thp_eligible(big, 2 * SP_HUGE_PAGE);
+    const int plain_eligible = thp_eligible(plain, 2 * SP_HUGE_PAGE);
+    sp_free(small);
+    sp_free(big);
+    sp_free(plain);
+    ASSERT_EQ(sp_alloc_bytes_in_use(), base);
+    if (strstr(mode, "[never]") != NULL || mode[0] == 0 || eligible < 0)
+        SKIP("no transparent huge pages here (mode '%s', THPeligible %d)", mode, eligible);
+    ASSERT_EQ(eligible, 1);
+    if (strstr(mode, "[madvise]") != NULL)
+        ASSERT_EQ(plain_eligible, 0);
+}
+
 TEST(alloc_fault_injection)
 {
     sp_alloc_fail_after(2);

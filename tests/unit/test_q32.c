@@ -1054,13 +1054,14 @@ TEST(q32_vnni_panels)
     check_q4panels(200, 37, 33, ranges, 3, nts, (int)(sizeof nts / sizeof nts[0]), 9191);
 }
 
-/* Rows so long that a token chunk is one tile (1300 blocks: 8 tokens' records fill the
- * scratch), so 9 and 17 tokens are two and three chunks; and rows longer than the scratch
- * takes at all (2600 blocks), which go to the fallback. */
+/* Rows so long that a token chunk is one tile (1200 blocks: 8 tokens' records of the whole K
+ * fill the 384 KiB scratch), so 9 and 17 tokens are two and three chunks; and rows longer than
+ * the scratch takes at all (1300 and 2600 blocks), which go to the fallback. */
 TEST(q32_vnni_panels_long_rows)
 {
     static const int ranges[2][2] = {{0, 17}, {3, 16}};
     static const int nts[] = {9, 17};
-    check_q4panels(1300, 17, 17, ranges, 2, nts, 2, 77);
+    check_q4panels(1200, 17, 17, ranges, 2, nts, 2, 77);
+    check_q4panels(1300, 17, 9, ranges, 1, nts, 1, 79);
     check_q4panels(2600, 17, 9, ranges, 1, nts, 1, 78);
 }

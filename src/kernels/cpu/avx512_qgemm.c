@@ -31,6 +31,7 @@
  * Stack: about 180 KiB per call (see QG_* below); pool threads have 8 MiB.
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/avx512_panels.h"
 #include "kernels/cpu/avx512_simd.h"
 #include "kernels/cpu/repack_impl.h"
 
@@ -45,7 +46,7 @@
 #define QG_TC 128    /* tokens per token chunk (160 KiB of activation records at QG_KC) */
 #define QG_T 8       /* tokens per register tile (packed path) */
 #define QG_FUSE_T 4  /* up to this many tokens: no packing, unpack in registers */
-#define QG_XREC 40   /* bytes per (token, block) record: 32 quants, int32 seed, float scale */
+#define QG_XREC SP512_Q8REC /* bytes per (token, block) record: 32 quants, int32 seed, float scale */
 #define QG_XBUF (QG_TC * QG_KC * QG_XREC)
 
 enum { WT_Q8_0, WT_Q4_0 };
@@ -54,40 +55,6 @@ SP_INLINE size_t
 wblock_size(int wt)
 {
     return wt == WT_Q8_0 ? sizeof(sp_block_q8_0) : sizeof(sp_block_q4_0);
-}
-
-/* ---- activation records ------------------------------------------------------ */
-
-/*
- * Tokens [0, nt) and blocks [b0, b0 + nbk) of x as records, in groups of tw
- * tokens: group g, block j starts at xr + (g * nbk + j) * tw * QG_XREC and holds
- * the tw tokens' 32 quants, then their int32 seeds -c * sum(x), then their
- * scales as floats. A tile of up to tw tokens then reads one sequential stream.
- */
-static void
-prep_x(int wt, const uint8_t *x, size_t xs, int64_t nt, int64_t b0, int64_t nbk, int tw,
-       uint8_t *xr)
-{
-    const int32_t c = wt == WT_Q8_0 ? 128 : 8;
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const size_t rec = (size_t)tw * QG_XREC;
-    for (int64_t t = 0; t < nt; t++) {
-        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs) + b0;
-        uint8_t *o = xr + (size_t)(t / tw) * (size_t)nbk * rec;
-        const int lane = (int)(t % tw);
-        for (int64_t j = 0; j < nbk; j++, o += rec) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)xb[j].qs);
-            _mm256_storeu_si256((__m256i *)(o + lane * 32), q);
-            /* sum of the signed bytes = sum of (x + 128) - 32 * 128, via vpsadbw */
-            __m256i s = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
-            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            h = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
-            const int32_t corr = -c * ((int32_t)_mm_cvtsi128_si32(h) - 32 * 128);
-            const float d = _cvtsh_ss(xb[j].d);
-            memcpy(o + tw * 32 + lane * 4, &corr, sizeof corr);
-            memcpy(o + tw * 36 + lane * 4, &d, sizeof d);
-        }
-    }
 }
 
 /* ---- panel unpacking ---------------------------------------------------------- */
@@ -436,6 +403,98 @@ vec_dot_q(int wt, int64_t n, float *s, const void *w, const void *x)
 
 /* ---- the driver ------------------------------------------------------------- */
 
+/* What the records of a call are made from: the weight type, the tokens per tile, x. */
+typedef struct {
+    int wt, tw;
+    const uint8_t *xb;
+    size_t xs;
+} qg_x_t;
+
+/* A row-major call's state for the panel nest (avx512_panels.h). */
+typedef struct {
+    qg_x_t x;    /* first: qg_prep's view */
+    int wt;
+    bool fused;  /* few tokens: each panel block unpacked in registers, no packing */
+    const uint8_t *wb;
+    size_t ws;
+    int64_t r0, r1, nb;
+    float *y;
+    int64_t ldy;
+    uint8_t *pw; /* the panel chunk packed last (prefill) */
+    float *pd;
+} qg_ctx_t;
+
+/* Panel p's 16 row pointers (rows past r1 repeat the last one; their lanes are never
+ * stored), the scale gathers' offsets, and its real rows. */
+static int
+qg_panel(const qg_ctx_t *c, int64_t p, const uint8_t *rp[QG_ROWS], __m512i *d_idx)
+{
+    const int64_t r = c->r0 + p * QG_ROWS;
+    const int nr = c->r1 - r < QG_ROWS ? (int)(c->r1 - r) : QG_ROWS;
+    int32_t idx[QG_ROWS];
+    for (int i = 0; i < QG_ROWS; i++) {
+        const int ri = i < nr ? i : nr - 1;
+        rp[i] = c->wb + (size_t)(r + ri) * c->ws;
+        idx[i] = (int32_t)((size_t)ri * c->ws);
+    }
+    *d_idx = _mm512_loadu_si512(idx);
+    return nr;
+}
+
+/* The records of both drivers' calls (qg_ctx_t and p16_ctx_t begin with a qg_x_t). */
+static void
+qg_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
+{
+    const qg_x_t *c = ctx;
+    sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, c->tw,
+                     c->wt == WT_Q8_0 ? 128 : 8, 0, xr);
+}
+
+static void
+qg_pack(void *ctx, int64_t p, int64_t b0, int64_t nbk)
+{
+    qg_ctx_t *c = ctx;
+    const uint8_t *rp[QG_ROWS];
+    __m512i d_idx;
+    qg_panel(c, p, rp, &d_idx);
+    if (c->wt == WT_Q8_0) {
+        pack_q8_0(rp, d_idx, b0, nbk, c->pw, c->pd);
+    } else {
+        pack_q4_0(rp, d_idx, b0, nbk, c->pw, c->pd);
+    }
+}
+
+static void
+qg_tile(void *ctx, const sp512_tile_t *t)
+{
+    const qg_ctx_t *c = ctx;
+    const int64_t r = c->r0 + t->panel * QG_ROWS;
+    const int nr = c->r1 - r < QG_ROWS ? (int)(c->r1 - r) : QG_ROWS;
+    const tile_out_t o = {c->y + t->t0 * c->ldy + r, c->ldy, (__mmask16)((1u << nr) - 1),
+                          t->b0 > 0};
+    if (c->fused) {
+        const uint8_t *rp[QG_ROWS];
+        __m512i d_idx;
+        qg_panel(c, t->panel, rp, &d_idx);
+        (c->wt == WT_Q8_0 ? fused_q8_0 : fused_q4_0)[t->tn](t->b0, t->nbk, rp, c->ws, d_idx,
+                                                              t->xr, &o);
+        return;
+    }
+    /* the panel packed next: the following rows, else the first ones of the next K chunk
+     * or token chunk; tile u fetches the rows i of that panel with i % ntiles == u */
+    int64_t pr = r + QG_ROWS, pb = t->b0;
+    if (pr >= c->r1) {
+        pr = c->r0;
+        pb = t->b0 + t->nbk < c->nb ? t->b0 + t->nbk : 0;
+    }
+    const int pn = c->r1 - pr < QG_ROWS ? (int)(c->r1 - pr) : QG_ROWS;
+    tile_pf_t pf = {.n = 0, .bsz = wblock_size(c->wt)};
+    for (int64_t i = t->u; i < pn; i += t->ntiles) {
+        pf.row[pf.n++] = c->wb + (size_t)(pr + i) * c->ws + (size_t)pb * pf.bsz;
+    }
+    packed_tiles[t->tn](t->nbk, c->pw, c->pd, t->xr, &o, &pf);
+}
+
 static void
 qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
       size_t xs, int64_t n_tok, float *y, int64_t ldy)
@@ -445,14 +504,11 @@ qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     _Alignas(64) uint8_t xr[QG_XBUF];
     const int64_t nb = n / SP_QK8_0;
     const bool fused = n_tok <= QG_FUSE_T;
-    /* fused: all tokens in one group, K chunks as long as the records allow */
-    const int64_t tc = fused ? n_tok : QG_TC;
-    const int64_t kc = fused ? QG_XBUF / (n_tok * QG_XREC) : QG_KC;
-    const int tw = fused ? (int)n_tok : QG_T;
-    const fused_fn *ftiles = wt == WT_Q8_0 ? fused_q8_0 : fused_q4_0;
-    const size_t bsz = wblock_size(wt);
     const uint8_t *wb = w, *xb = x;
 
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
     if (nb == 0) { /* an empty dot product is 0, as in the reference */
         for (int64_t t = 0; t < n_tok; t++) {
             memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
@@ -469,56 +525,18 @@ qgemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
         }
         return;
     }
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
-        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-            const int64_t nbk = nb - b0 < kc ? nb - b0 : kc;
-            prep_x(wt, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
-            for (int64_t r = r0; r < r1; r += QG_ROWS) {
-                const int nr = r1 - r < QG_ROWS ? (int)(r1 - r) : QG_ROWS;
-                /* rows past the end repeat the last one; their lanes are never stored */
-                const uint8_t *rp[QG_ROWS];
-                int32_t idx[QG_ROWS];
-                for (int i = 0; i < QG_ROWS; i++) {
-                    const int ri = i < nr ? i : nr - 1;
-                    rp[i] = wb + (size_t)(r + ri) * ws;
-                    idx[i] = (int32_t)((size_t)ri * ws);
-                }
-                const __m512i d_idx = _mm512_loadu_si512(idx);
-                tile_out_t o = {y + t0 * ldy + r, ldy, (__mmask16)((1u << nr) - 1), b0 > 0};
-                if (fused) {
-                    ftiles[nt](b0, nbk, rp, ws, d_idx, xr, &o);
-                    continue;
-                }
-                if (wt == WT_Q8_0) {
-                    pack_q8_0(rp, d_idx, b0, nbk, pw, pd);
-                } else {
-                    pack_q4_0(rp, d_idx, b0, nbk, pw, pd);
-                }
-                /* the panel packed next: the following rows, else the first
-                 * ones of the next K chunk or token chunk */
-                int64_t pr = r + QG_ROWS, pb = b0;
-                if (pr >= r1) {
-                    pr = r0;
-                    pb = b0 + nbk < nb ? b0 + nbk : 0;
-                }
-                const int pn = r1 - pr < QG_ROWS ? (int)(r1 - pr) : QG_ROWS;
-                const int ntiles = (int)((nt + QG_T - 1) / QG_T);
-                for (int64_t t = 0, u = 0; t < nt; t += QG_T, u++) {
-                    const int64_t tn = nt - t < QG_T ? nt - t : QG_T;
-                    tile_out_t ot = o;
-                    ot.y = o.y + t * ldy;
-                    /* tile u fetches the rows i of that panel with i % ntiles == u */
-                    tile_pf_t pf = {.n = 0, .bsz = bsz};
-                    for (int64_t i = u; i < pn; i += ntiles) {
-                        pf.row[pf.n++] = wb + (size_t)(pr + i) * ws + (size_t)pb * bsz;
-                    }
-                    packed_tiles[tn](nbk, pw, pd, xr + (size_t)u * (size_t)nbk * QG_T * QG_XREC,
-                                     &ot, &pf);
-                }
-            }
-        }
-    }
+    const int tw = fused ? (int)n_tok : QG_T;
+    qg_ctx_t c = {.x = {wt, tw, xb, xs}, .wt = wt, .fused = fused, .wb = wb, .ws = ws,
+                  .r0 = r0, .r1 = r1, .nb = nb, .y = y, .ldy = ldy, .pw = pw, .pd = pd};
+    /* fused: all tokens in one tile, K chunks as long as the records allow */
+    const int64_t kc = fused ? QG_XBUF / (n_tok * QG_XREC) : QG_KC;
+    const sp512_panels_t d = {
+        .nb = nb, .n_panels = (r1 - r0 + QG_ROWS - 1) / QG_ROWS,
+        .tc = fused ? n_tok : QG_TC, .rkc = kc, .pkc = kc, .tw = tw,
+        .rec = (size_t)tw * QG_XREC, .xr = xr, .ctx = &c,
+        .prep = qg_prep, .pack = fused ? NULL : qg_pack, .tile = qg_tile, .finish = NULL,
+    };
+    sp512_panels_run(&d, n_tok);
 }
 
 /* The panels for any token count (one included): the gemm before the one-token kernel,
@@ -637,17 +655,55 @@ typedef void (*p16_fn)(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const
 P16_ALL(Q8_0)
 P16_ALL(Q4_0)
 
-/* repack_gemm[Q8_0 / Q4_0]: w = group 0 of the packed matrix, gs its group bytes. Rows
- * [r0, r1) may start and end inside a group (the lanes outside are masked off, never
- * stored). */
+/* A packed call's state for the panel nest: w = group 0 of the packed matrix, gs its group
+ * bytes; rows [r0, r1) may start and end inside a group (the lanes outside are masked off,
+ * never stored). */
+typedef struct {
+    qg_x_t x; /* first: qg_prep's view */
+    int wt, tw;
+    const uint8_t *wb;
+    size_t gs;
+    int64_t r0, r1, nb, n_tok;
+    float *y;
+    int64_t ldy;
+} p16_ctx_t;
+
+static void
+p16_tile(void *ctx, const sp512_tile_t *t)
+{
+    const p16_ctx_t *c = ctx;
+    const int64_t g0 = c->r0 / SP_P16_ROWS, g1 = (c->r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
+    const int64_t g = g0 + t->panel;
+    const int64_t lo = c->r0 > g * SP_P16_ROWS ? c->r0 - g * SP_P16_ROWS : 0;
+    const int64_t hi = c->r1 < (g + 1) * SP_P16_ROWS ? c->r1 - g * SP_P16_ROWS : SP_P16_ROWS;
+    const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    const uint8_t *gw = c->wb + (size_t)g * c->gs;
+    const size_t half_pair =
+        sp__p16_pair_bytes_of(c->wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0) / 2;
+    /* the panel computed next: the next group, else the first one at the next K chunk
+     * (shifted so that its blocks line up with this chunk's). Not with one token: there the
+     * hardware's stream over the contiguous groups is enough and the extra prefetches cost
+     * (repack_bench q8_0, one thread: decode from DRAM 1.16-1.31x the old kernel without
+     * them, 1.05-1.14x with; 8 tokens 0.9-1.2x without, 1.4-1.6x with) */
+    const uint8_t *pf = c->n_tok == 1 || t->u != 0 ? NULL
+                        : g + 1 < g1             ? gw + c->gs
+                        : t->b0 + t->nbk < c->nb
+                            ? c->wb + (size_t)g0 * c->gs + (size_t)t->nbk * half_pair
+                            : NULL;
+    const tile_out_t o = {c->y + t->t0 * c->ldy + g * SP_P16_ROWS, c->ldy, m, t->b0 > 0};
+    (c->wt == WT_Q8_0 ? p16_tiles_Q8_0 : p16_tiles_Q4_0)[t->tn](c->tw, t->b0, t->nbk, gw, t->xr,
+                                                               &o, pf);
+}
+
 static void
 packed_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
             size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(64) uint8_t xr[QG_XBUF];
     const int64_t nb = n / SP_QK8_0;
-    const size_t half_pair = sp__p16_pair_bytes_of(wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0) / 2;
-    const p16_fn *tiles = wt == WT_Q8_0 ? p16_tiles_Q8_0 : p16_tiles_Q4_0;
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
     if (nb == 0) { /* an empty dot product is 0, as in the reference */
         for (int64_t t = 0; t < n_tok; t++) {
             memset(y + t * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
@@ -659,39 +715,16 @@ packed_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1,
      * panel's K chunk of QG_KC blocks (17 KiB of Q8_0, 9 KiB of Q4_0) while it sits in L1.
      * Chunks start on even blocks, so a chunk's panel bytes are whole pairs, contiguous. */
     const int tw = n_tok < QG_T ? (int)n_tok : QG_T;
-    const int64_t tc = n_tok <= QG_T ? n_tok : QG_TC;
     const int64_t kc = n_tok <= QG_T ? (QG_XBUF / (tw * QG_XREC)) & ~(int64_t)1 : QG_KC;
     const int64_t g0 = r0 / SP_P16_ROWS, g1 = (r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
-    const uint8_t *wb = w, *xb = x;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t nt = n_tok - t0 < tc ? n_tok - t0 : tc;
-        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
-            const int64_t nbk = nb - b0 < kc ? nb - b0 : kc;
-            prep_x(wt, xb + (size_t)t0 * xs, xs, nt, b0, nbk, tw, xr);
-            for (int64_t g = g0; g < g1; g++) {
-                const int64_t lo = r0 > g * SP_P16_ROWS ? r0 - g * SP_P16_ROWS : 0;
-                const int64_t hi = r1 < (g + 1) * SP_P16_ROWS ? r1 - g * SP_P16_ROWS : SP_P16_ROWS;
-                const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                const uint8_t *gw = wb + (size_t)g * gs;
-                /* the panel computed next: the next group, else the first one at the next
-                 * K chunk (shifted so that its blocks line up with this chunk's). Not with
-                 * one token: there the hardware's stream over the contiguous groups is
-                 * enough and the extra prefetches cost (repack_bench q8_0, one thread: decode
-                 * from DRAM 1.16-1.31x the old kernel without them, 1.05-1.14x with; 8 tokens
-                 * 0.9-1.2x without, 1.4-1.6x with) */
-                const uint8_t *pf = n_tok == 1 ? NULL
-                                    : g + 1 < g1 ? gw + gs
-                                    : b0 + nbk < nb ? wb + (size_t)g0 * gs + (size_t)nbk * half_pair
-                                                    : NULL;
-                for (int64_t t = 0, u = 0; t < nt; t += QG_T, u++) {
-                    const int64_t tn = nt - t < QG_T ? nt - t : QG_T;
-                    const tile_out_t o = {y + (t0 + t) * ldy + g * SP_P16_ROWS, ldy, m, b0 > 0};
-                    tiles[tn](tw, b0, nbk, gw, xr + (size_t)u * (size_t)nbk * tw * QG_XREC, &o,
-                              u == 0 ? pf : NULL);
-                }
-            }
-        }
-    }
+    p16_ctx_t c = {.x = {wt, tw, x, xs}, .wt = wt, .tw = tw, .wb = w, .gs = gs, .r0 = r0,
+                   .r1 = r1, .nb = nb, .n_tok = n_tok, .y = y, .ldy = ldy};
+    const sp512_panels_t d = {
+        .nb = nb, .n_panels = g1 - g0, .tc = n_tok <= QG_T ? n_tok : QG_TC, .rkc = kc,
+        .pkc = kc, .tw = tw, .rec = (size_t)tw * QG_XREC, .xr = xr, .ctx = &c,
+        .prep = qg_prep, .pack = NULL, .tile = p16_tile, .finish = NULL,
+    };
+    sp512_panels_run(&d, n_tok);
 }
 
 static void
