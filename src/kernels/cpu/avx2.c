@@ -39,6 +39,7 @@ fp16_to_f32(sp_fp16_t h)
 
 /* ---- F32 / F16 / BF16 weights, F32 activations ----------------------------- */
 
+/* F16 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same bits). */
 #define FL_RM 2 /* 8 accumulators + 2 weights + 1 token of 16 ymm */
 #define FL_TM 4
 /* Rows of the one-token tile. One token gives each row a single accumulator chain, one FMA

@@ -25,7 +25,8 @@
  * Q8_0: the weight bytes are signed (-128 included), so the sign trick again (|w| <= 128
  * as unsigned, x carrying w's sign, |x| <= 127 from the activation quantiser: a pair sum
  * is at most 2 * 128 * 127 = 32512), each VPMADDUBSW widened by VPMADDWD. Numerics as Q4_0's
- * (ref.c's serial block sum), so the results are the reference's bits.
+ * (ref.c's serial block sum), so the results are the reference's bits. Calls of
+ * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up go to avx2_q8gemm.c (the same bits, faster).
  *
  * Q4_K x Q8_K: per sub-block j (32 elements) the four VPMADDUBSW of a row set add in int16
  * (at most 4 * 2 * 15 * 127 = 15240), and the VPMADDWD that widens them multiplies by the
