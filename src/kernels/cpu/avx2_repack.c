@@ -25,7 +25,8 @@
  * Q8_0: the weight bytes are signed (-128 included), so the sign trick again (|w| <= 128
  * as unsigned, x carrying w's sign, |x| <= 127 from the activation quantiser: a pair sum
  * is at most 2 * 128 * 127 = 32512), each VPMADDUBSW widened by VPMADDWD. Numerics as Q4_0's
- * (ref.c's serial block sum), so the results are the reference's bits.
+ * (ref.c's serial block sum), so the results are the reference's bits. Calls of
+ * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up go to avx2_q8gemm.c (the same bits, faster).
  *
  * Q4_K x Q8_K: per sub-block j (32 elements) the four VPMADDUBSW of a row set add in int16
  * (at most 4 * 2 * 15 * 127 = 15240), and the VPMADDWD that widens them multiplies by the
@@ -741,7 +742,9 @@ static void
 q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    if (r1 > r0 && n_tok > 0) {
+    if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) { /* the same bits, faster (avx2_q8gemm.c) */
+        sp__repack_q8_0_gemm_wide_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    } else if (r1 > r0 && n_tok > 0) {
         rp_gemm(RP_Q8_0, q8_0_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
