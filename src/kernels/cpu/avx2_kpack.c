@@ -68,7 +68,7 @@ yd_of(const uint8_t *x, size_t xs, int t, int64_t b)
 /* The super-block KP_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
  * loads jump between its ql and qh (qs and qh) parts, which the hardware prefetchers follow
  * poorly. One token from memory: 0.68x of the row kernels without, 1.2x with (repack_bench's
- * 192 MiB decode, docs/design-kpack.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
+ * 192 MiB decode, docs/design.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
  * of a batch gain too (8 tokens 0.95x -> 1.2x). */
 #define KP_PF_DIST 4
 

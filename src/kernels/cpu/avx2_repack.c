@@ -46,7 +46,7 @@
  * decode is a table lookup per 8-element slice, run up to 8 (RP_XS_TM) in a loop order that
  * decodes one slice of one row set and then runs every token against it, so only the tokens'
  * int32 sums, the slice (w, |w|) and the scale are live: no spills in the hot loop. One token
- * keeps the 4-token tile's code (the decode path). docs/design-iq4xs2.md has the measurements.
+ * keeps the 4-token tile's code (the decode path). docs/design.md has the measurements.
  *
  * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
  * (8 * sum(x) and x's scale per block of the tokens in flight).

@@ -163,7 +163,7 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         k->repack_gemm[SP_TYPE_Q8_0] = NULL;
         /* Q6_K stays row-major: its VNNI row panels (avx512_kpanel.c) prefill at 2x the AVX2
          * packed kernel. Q5_K, with no VNNI panel, keeps the AVX2 packed one (1.4x the
-         * AVX-512 row kernel): docs/design-kpack.md */
+         * AVX-512 row kernel): docs/design.md */
         k->repack_gemm[SP_TYPE_Q6_K] = NULL;
         sp__avx512_register(k, has_vnni, has_bf16);
         sp__kquants_register_avx512(k, has_vnni, has_bf16);

@@ -39,7 +39,7 @@
 #define SP_REPACK_IQ4XS_QS 80
 #define SP_REPACK_IQ4XS_BLOCK_BYTES (SP_REPACK_IQ4XS_QS + SP_REPACK_ROWS * 128)
 
-/* Q6_K, per super-block (repack_k56.c; docs/design-kpack.md): 8 F16 d, the signed 8-bit
+/* Q6_K, per super-block (repack_k56.c; docs/design.md): 8 F16 d, the signed 8-bit
  * sub-block scales as bytes sc[p][r][e] (byte 16 p + 2 r + e is the scale of sub-block 2 p + e
  * of row r: one 16-byte load and VPMOVSXBW give the int16 scales of sub-blocks 2p, 2p + 1 of the
  * 8 rows, the VPMADDWD operand against the token's bsums pair and, spread by one VPSHUFB, the
