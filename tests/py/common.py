@@ -75,6 +75,21 @@ class Suite:
             self.case(name, False, f"{type(e).__name__}: {e}")
             return None
 
+    def need(self, what, modules=(), files=(), hint=""):
+        """Import `modules` and check `files` exist, or print one skipped line for `what` and end
+        the suite (the Debian packages to install in `hint`). Returns the modules, in order."""
+        import importlib
+        try:
+            got = [importlib.import_module(m) for m in modules]
+        except ImportError as e:
+            self.skip(what, f"{e}" + (f" (apt-get install {hint})" if hint else ""))
+            self.finish()
+        for f in files:
+            if not os.path.isfile(f):
+                self.skip(what, f"{f} not built")
+                self.finish()
+        return got
+
     def finish(self):
         print(f"{self.name}: {self.passed} passed, {self.failed} failed, {self.skipped} skipped",
               flush=True)

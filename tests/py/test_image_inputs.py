@@ -189,16 +189,8 @@ def png_bomb():
 
 
 def main():
-    try:
-        import cv2
-        import numpy as np
-        import onnx  # noqa: F401
-    except ImportError as e:
-        s.skip("image inputs", f"{e} (apt-get install python3-onnx python3-opencv)")
-        s.finish()
-    if not os.path.isfile(os.path.join(PLUGINS, "libsampan_onnx.so")):
-        s.skip("image inputs", f"libsampan_onnx.so not built in {PLUGINS}")
-        s.finish()
+    cv2, np, _ = s.need("image inputs", ("cv2", "numpy", "onnx"), (os.path.join(PLUGINS, "libsampan_onnx.so"),),
+                        "python3-onnx python3-opencv")
     rng = np.random.default_rng(11)
     tmp = tempfile.mkdtemp(prefix="sampan-image-")
     repo = os.path.join(tmp, "repo")

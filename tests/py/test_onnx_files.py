@@ -19,15 +19,8 @@ PLUGIN = os.path.join(os.path.dirname(binary() or "build/sampan"), "backends", "
 
 
 def main():
-    try:
-        import numpy as np
-        from onnx import TensorProto, helper, numpy_helper
-    except ImportError as e:
-        s.skip("onnx files", f"{e} (apt-get install python3-onnx)")
-        s.finish()
-    if not os.path.isfile(PLUGIN):
-        s.skip("onnx files", f"{PLUGIN} not built")
-        s.finish()
+    np, _ = s.need("onnx files", ("numpy", "onnx"), (PLUGIN,), "python3-onnx")
+    from onnx import TensorProto, helper, numpy_helper
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from onnx_plugin import BackendError, Plugin
     plugin = Plugin(PLUGIN)

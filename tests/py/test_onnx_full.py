@@ -142,16 +142,8 @@ def layernorm_eps(m):
 
 def main():
     t0 = time.perf_counter()
-    try:
-        import cv2
-        import numpy as np
-        import onnx  # noqa: F401
-    except ImportError as e:
-        s.skip("onnx full-size models", f"{e} (apt-get install python3-onnx python3-opencv python3-numpy)")
-        s.finish()
-    if not os.path.isfile(PLUGIN):
-        s.skip("onnx full-size models", f"{PLUGIN} not built")
-        s.finish()
+    cv2, np, _ = s.need("onnx full-size models", ("cv2", "numpy", "onnx"), (PLUGIN,),
+                        "python3-onnx python3-opencv python3-numpy")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from onnx_models import build_bert, build_resnet, numpy_run
     from onnx_plugin import BackendError, Plugin

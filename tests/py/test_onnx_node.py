@@ -124,15 +124,7 @@ def main():
     if not os.path.isdir(DATA):
         s.skip("onnx node cases", f"{DATA} missing (apt-get install libonnx-testdata)")
         s.finish()
-    try:
-        import numpy  # noqa: F401
-        import onnx
-    except ImportError as e:
-        s.skip("onnx node cases", f"{e} (apt-get install python3-onnx python3-numpy)")
-        s.finish()
-    if not os.path.isfile(PLUGIN):
-        s.skip("onnx node cases", f"{PLUGIN} not built")
-        s.finish()
+    _, onnx = s.need("onnx node cases", ("numpy", "onnx"), (PLUGIN,), "python3-onnx python3-numpy")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from onnx_plugin import Plugin
     plugin = Plugin(PLUGIN)

@@ -172,16 +172,8 @@ def write_model(repo, name, cfg, build, rng=None):
 
 
 def main():
-    try:
-        import cv2  # noqa: F401
-        import numpy as np
-        import onnx  # noqa: F401
-    except ImportError as e:
-        s.skip("onnx server", f"{e} (apt-get install python3-onnx python3-opencv)")
-        s.finish()
-    if not os.path.isfile(os.path.join(PLUGINS, "libsampan_onnx.so")):
-        s.skip("onnx server", f"libsampan_onnx.so not built in {PLUGINS}")
-        s.finish()
+    _, np, _ = s.need("onnx server", ("cv2", "numpy", "onnx"), (os.path.join(PLUGINS, "libsampan_onnx.so"),),
+                      "python3-onnx python3-opencv")
     rng = np.random.default_rng(7)
     tmp = tempfile.mkdtemp(prefix="sampan-onnx-")
     repo = os.path.join(tmp, "repo")

@@ -72,15 +72,8 @@ def body_of(x):
 
 
 def main():
-    try:
-        import numpy as np
-        import onnx  # noqa: F401
-    except ImportError as e:
-        s.skip("onnx serving", f"{e} (apt-get install python3-onnx python3-numpy)")
-        s.finish()
-    if not os.path.isfile(os.path.join(PLUGINS, "libsampan_onnx.so")):
-        s.skip("onnx serving", f"libsampan_onnx.so not built in {PLUGINS}")
-        s.finish()
+    np, _ = s.need("onnx serving", ("numpy", "onnx"), (os.path.join(PLUGINS, "libsampan_onnx.so"),),
+                   "python3-onnx python3-numpy")
     rng = np.random.default_rng(11)
     tmp = tempfile.mkdtemp(prefix="sampan-onnx-serving-")
     try:
