@@ -30,26 +30,15 @@
  * Multiplies and adds stay separate (no FMA contraction in C11 mode), so any number of tokens
  * per call gives the same bits (batch invariance). Pure functions, any thread, no heap.
  */
-#include <immintrin.h>
-#include <stddef.h>
-#include <string.h>
+#include "kernels/cpu/avx2_repack_impl.h"
 
-#include "kernels/cpu/repack_impl.h"
+#define KP_INLINE RPX_INLINE
 
-#define KP_INLINE static inline __attribute__((always_inline))
-
-/* tokens per tile; activation bytes a token chunk keeps in cache while the groups sweep it */
+/* tokens per tile */
 #define KP_TM 4
-#define KP_X_CHUNK_BYTES (128 * 1024)
 #define KP_QS_OFF offsetof(sp_block_q8_k, qs)
 
-KP_INLINE __m256i
-bcast8(const int8_t *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi64x(v);
-}
+_Static_assert(KP_TM <= RPX_OUT_MAX, "the driver's out array holds a tile");
 
 KP_INLINE const int8_t *
 xq_of(const uint8_t *x, size_t xs, int t, int64_t b)
@@ -82,8 +71,6 @@ kp_prefetch(const uint8_t *p, int bytes)
 
 /* VPSHUFB pattern: int16 i of a 128-bit lane (bytes 2i, 2i + 1) repeated in a 64-bit lane */
 #define KP_W4(i) 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1
-/* Q4_K's: byte r (unsigned) of each 128-bit lane as the four int16 of a 64-bit lane */
-#define KP_SC4(r) (r), -1, (r), -1, (r), -1, (r), -1
 
 /* Q6_K's two bits of value group c (0..3) of a qh byte, moved to bits 4-5 */
 KP_INLINE __m256i
@@ -101,7 +88,7 @@ q6_hi(__m256i qh, int c, __m256i m30)
  * Q6_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
  */
 KP_INLINE void
-kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 out[KP_TM])
+kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     /* sub-block pair register: int16 2 r + e (rows 0..3 in the low 128-bit lane, 4..7 in the
@@ -150,11 +137,11 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = xq_of(x, xs, t, b) + 32 * J;
-                    const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(xq)),
-                                                        _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
+                    const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], rpx_bcast8(xq)),
+                                                        _mm256_maddubs_epi16(q[1], rpx_bcast8(xq + 8)));
                     const __m256i v1 =
-                        _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(xq + 16)),
-                                         _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
+                        _mm256_add_epi16(_mm256_maddubs_epi16(q[2], rpx_bcast8(xq + 16)),
+                                         _mm256_maddubs_epi16(q[3], rpx_bcast8(xq + 24)));
                     ai[t][s] = _mm256_add_epi32(
                         ai[t][s], _mm256_add_epi32(_mm256_madd_epi16(v0, S0),
                                                    _mm256_madd_epi16(v1, S1)));
@@ -208,14 +195,11 @@ q5_hi(__m256i qh, int j, __m256i m10)
  * Q5_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
  */
 KP_INLINE void
-kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 out[KP_TM])
+kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(KP_SC4(0), KP_SC4(1), KP_SC4(4), KP_SC4(5)),
-        _mm256_setr_epi8(KP_SC4(2), KP_SC4(3), KP_SC4(6), KP_SC4(7)),
-    };
-    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i spread[2];
+    rpx_row_set_spread(spread);
     __m256 acc[KP_TM];
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
@@ -250,46 +234,20 @@ kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
                 }
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
-                    const int8_t *xq = xq_of(x, xs, t, b) + 32 * j;
-                    __m256i v = _mm256_maddubs_epi16(q[0], bcast8(xq));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[2], bcast8(xq + 16)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
-                    ai[t][s] = _mm256_add_epi32(ai[t][s], _mm256_madd_epi16(v, S));
+                    ai[t][s] = _mm256_add_epi32(ai[t][s],
+                                                rpx_subblock_dot(q, xq_of(x, xs, t, b) + 32 * j, S));
                 }
             }
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
         const __m256 dmw =
             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4]; /* rows 2i (low lane) and 2i + 1 (high lane), the 8 mins as int16 */
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            M[i] = _mm256_cvtepu8_epi16(
-                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_M + 16 * i)));
-        }
+        __m256i M[4];
+        rpx_kmins_load(pb, M);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            /* bsums pairs p_j = bsums[2j] + bsums[2j+1], p_0..p_7 in each 128-bit lane */
-            const __m256i bs =
-                _mm256_loadu_si256((const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
-            const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
-            const __m256i h0 = _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs),
-                                                 _mm256_madd_epi16(M[1], pairs));
-            const __m256i h1 = _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs),
-                                                 _mm256_madd_epi16(M[3], pairs));
-            const __m256i summs =
-                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
-            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
-            /* kquants2_impl.h: d = y.d * x.d; dm = y.d * x.dmin; a = d * sumi;
-             * c = dm * summs; blk = a - c; sumf = sumf + blk */
-            const __m256 ydv = _mm256_set1_ps(yd_of(x, xs, t, b));
-            const __m256 d = _mm256_mul_ps(ydv, dw);
-            const __m256 dm = _mm256_mul_ps(ydv, dmw);
-            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
-            const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, c));
+            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
         }
     }
 #pragma GCC unroll 4
@@ -298,13 +256,13 @@ kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     }
 }
 
-typedef void (*kp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                           __m256 out[KP_TM]);
-
+/* Q8_K activations carry their scale and block sums: no scratch */
 #define KP_TILE(name, fn, T)                                                                   \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
-                           __m256 out[KP_TM])                                                  \
+                           const int32_t *xsum, const float *xd, __m256 *out)                  \
     {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
         fn(T, nb, g, x, xs, out);                                                              \
     }
 KP_TILE(q6k_tile, kp_tile_q6k, 1)
@@ -316,50 +274,26 @@ KP_TILE(q5k_tile, kp_tile_q5k, 2)
 KP_TILE(q5k_tile, kp_tile_q5k, 3)
 KP_TILE(q5k_tile, kp_tile_q5k, 4)
 
-static const kp_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
-                                                q6k_tile_4};
-static const kp_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q5k_tile_3,
-                                                q5k_tile_4};
+static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
+                                                 q6k_tile_4};
+static const rpx_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q5k_tile_3,
+                                                 q5k_tile_4};
 
-/*
- * Rows [r0, r1): the groups that cover them, each computed whole and stored only where the
- * row is asked for. Tokens go in chunks whose activations stay in cache while the groups
- * sweep them.
- */
+/* avx2_repack_impl.h's driver: no scratch, chunks of the activation budget */
 static void
-kp_gemm(const kp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+kp_gemm(const rpx_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) {
         return;
     }
-    const int64_t nb = n / SP_QK_K;
-    int64_t tc = (int64_t)(KP_X_CHUNK_BYTES / (xs ? xs : 1)) / KP_TM * KP_TM;
-    if (tc < KP_TM) {
-        tc = KP_TM;
-    }
-    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t g = g0; g < g1; g++) {
-            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
-            for (int64_t t = t0; t < t1; t += KP_TM) {
-                const int T = (int)(t1 - t < KP_TM ? t1 - t : KP_TM);
-                __m256 out[KP_TM];
-                tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs, out);
-                for (int tt = 0; tt < T; tt++) {
-                    float o[SP_REPACK_ROWS];
-                    _mm256_storeu_ps(o, out[tt]);
-                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = g * SP_REPACK_ROWS + r;
-                        if (row >= r0 && row < r1) {
-                            y[(t + tt) * ldy + row] = o[r];
-                        }
-                    }
-                }
-            }
-        }
-    }
+    const rpx_plan_t plan = {
+        .tiles = tiles,
+        .tm = KP_TM,
+        .tc = rpx_chunk_tokens(xs, 0, KP_TM),
+        .nb = n / SP_QK_K,
+    };
+    rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 static void
