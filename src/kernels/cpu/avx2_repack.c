@@ -345,6 +345,33 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     }
 }
 
+/* The wide tiles' slice decode: elements 8k .. 8k + 7 (k = 0..3) of row set s's 32, from the
+ * 128 bytes at qp (chunk s + 2 (k & 1), low nibbles for k < 2, high ones after): the signed
+ * grid values w (VPSHUFB) and |w| (VPABSB). */
+RP_INLINE __m256i
+rp_iq4_slice(const uint8_t *qp, int s, int k, __m256i lut, __m256i m4, __m256i *aw)
+{
+    __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * (k & 1))));
+    if (k >= 2) {
+        raw = _mm256_srli_epi16(raw, 4);
+    }
+    const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+    *aw = _mm256_abs_epi8(w);
+    return w;
+}
+
+/* One token against a decoded slice: ai + VPMADDWD(VPMADDUBSW(|w|, x signed as w), S), S the
+ * rows' sub-block scales (IQ4_XS) or ones (IQ4_NL). The empty asm keeps the sum a running
+ * one: GCC otherwise reassociates it into a tree of 32 products per sub-block, which spill. */
+RP_INLINE __m256i
+rp_iq4_step(__m256i ai, __m256i aw, __m256i w, const int8_t *xq, __m256i S)
+{
+    const __m256i pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(rpx_bcast8(xq), w));
+    ai = _mm256_add_epi32(ai, _mm256_madd_epi16(pr, S));
+    __asm__("" : "+x"(ai));
+    return ai;
+}
+
 /*
  * IQ4_XS, the wide tile of the batched product: one group (8 rows) x T <= RP_XS_TM tokens.
  * The loop order keeps the token work in registers: per row set s (rows {0,1,4,5} or
@@ -394,20 +421,11 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
                  * set's bytes 0..7 (chunk s) and 8..15 (chunk s + 2), then their high ones */
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * (k & 1))));
-                    if (k >= 2) {
-                        raw = _mm256_srli_epi16(raw, 4);
-                    }
-                    const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
-                    const __m256i aw = _mm256_abs_epi8(w);
+                    __m256i aw;
+                    const __m256i w = rp_iq4_slice(qp, s, k, lut, m4, &aw);
 #pragma GCC unroll 8
                     for (int t = 0; t < T; t++) {
-                        const __m256i pr = _mm256_maddubs_epi16(
-                            aw, _mm256_sign_epi8(rpx_bcast8(xt[t] + xb + 32 * j + 8 * k), w));
-                        ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, S));
-                        /* keeps the sum a running one: GCC otherwise reassociates it into
-                         * a tree of 32 products per sub-block, which spill */
-                        __asm__("" : "+x"(ai[t]));
+                        ai[t] = rp_iq4_step(ai[t], aw, w, xt[t] + xb + 32 * j + 8 * k, S);
                     }
                 }
             }
@@ -469,19 +487,11 @@ rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
             }
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m256i raw = _mm256_loadu_si256(
-                    (const __m256i *)(pb + 2 * SP_REPACK_ROWS + 32 * (s + 2 * (k & 1))));
-                if (k >= 2) {
-                    raw = _mm256_srli_epi16(raw, 4);
-                }
-                const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
-                const __m256i aw = _mm256_abs_epi8(w);
+                __m256i aw;
+                const __m256i w = rp_iq4_slice(pb + 2 * SP_REPACK_ROWS, s, k, lut, m4, &aw);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
-                    const __m256i pr = _mm256_maddubs_epi16(
-                        aw, _mm256_sign_epi8(rpx_bcast8(xt[t] + xb + 8 * k), w));
-                    ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, ones16));
-                    __asm__("" : "+x"(ai[t])); /* a running sum (rp_tile_iq4xs_wide) */
+                    ai[t] = rp_iq4_step(ai[t], aw, w, xt[t] + xb + 8 * k, ones16);
                 }
             }
 #pragma GCC unroll 8
