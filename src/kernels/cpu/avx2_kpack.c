@@ -290,7 +290,7 @@ kp_gemm(const rpx_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r
     const rpx_plan_t plan = {
         .tiles = tiles,
         .tm = KP_TM,
-        .tc = rpx_chunk_tokens(xs, 0, KP_TM),
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, 0, KP_TM),
         .nb = n / SP_QK_K,
     };
     rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);

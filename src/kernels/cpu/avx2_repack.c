@@ -652,7 +652,7 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, siz
     const rpx_plan_t plan = {
         .tiles = tiles,
         .tm = tm,
-        .tc = rpx_chunk_tokens(xs, RP_SCRATCH / nb, tm), /* n <= SP_REPACK_MAX_N: tm fit */
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb, tm), /* n <= SP_REPACK_MAX_N: tm fit */
         .nb = nb,
         .fill = super ? NULL : rp_fill,
         .kind = kind,

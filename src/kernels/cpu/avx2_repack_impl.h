@@ -1,6 +1,6 @@
 /*
  * avx2_repack_impl.h - what the AVX2 packed-weight gemms share: avx2_repack.c (Q4_0, IQ4_NL,
- * Q8_0, Q4_K, IQ4_XS) and avx2_kpack.c (Q6_K, Q5_K). Both read repack_impl.h's 8-row groups
+ * Q8_0, Q4_K, IQ4_XS) and avx2_kpack.c (Q6_K, Q5_K), and avx512_repack.c's driver. They read repack_impl.h's 8-row groups
  * with the chunk rule of avx2_repack.c's header comment; here are the pieces whose code is the
  * same in both: the 8-byte activation broadcast, the spread of 8 rows' byte scales to a row
  * set's int16 lanes, the VPMADDUBSW chain of one 32-element sub-block, the Q4_K-form mins and
@@ -23,7 +23,7 @@
 
 /* the widest token tile of any packed gemm (the out array the driver hands a tile) */
 #define RPX_OUT_MAX 8
-/* activation bytes a token chunk keeps in cache while the groups sweep it */
+/* activation bytes a token chunk of the AVX2 gemms keeps in cache while the groups sweep it */
 #define RPX_X_CHUNK_BYTES (128 * 1024)
 
 /* VPSHUFB pattern: byte r (unsigned) of each 128-bit lane as the four int16 of a 64-bit lane */
@@ -126,12 +126,12 @@ typedef struct {
     float *xd;
 } rpx_plan_t;
 
-/* Tokens per chunk: the activations of RPX_X_CHUNK_BYTES, at most cap (0: none), a multiple of
- * tm and at least tm. */
+/* Tokens per chunk: the activations of chunk_bytes, at most cap (0: none), a multiple of tm
+ * and at least tm. */
 static inline int64_t
-rpx_chunk_tokens(size_t xs, int64_t cap, int tm)
+rpx_chunk_tokens(size_t chunk_bytes, size_t xs, int64_t cap, int tm)
 {
-    int64_t tc = (int64_t)(RPX_X_CHUNK_BYTES / (xs ? xs : 1));
+    int64_t tc = (int64_t)(chunk_bytes / (xs ? xs : 1));
     if (cap > 0 && tc > cap) {
         tc = cap;
     }
