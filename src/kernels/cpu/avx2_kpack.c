@@ -54,21 +54,6 @@ yd_of(const uint8_t *x, size_t xs, int t, int64_t b)
     return yd;
 }
 
-/* The super-block KP_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
- * loads jump between its ql and qh (qs and qh) parts, which the hardware prefetchers follow
- * poorly. One token from memory: 0.68x of the row kernels without, 1.2x with (repack_bench's
- * 192 MiB decode, docs/design.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
- * of a batch gain too (8 tokens 0.95x -> 1.2x). */
-#define KP_PF_DIST 4
-
-KP_INLINE void
-kp_prefetch(const uint8_t *p, int bytes)
-{
-    for (int i = 0; i < bytes; i += 64) {
-        _mm_prefetch((const char *)p + i, _MM_HINT_T0);
-    }
-}
-
 /* VPSHUFB pattern: int16 i of a 128-bit lane (bytes 2i, 2i + 1) repeated in a 64-bit lane */
 #define KP_W4(i) 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1
 
@@ -106,7 +91,7 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_Q6K_BLOCK_BYTES;
-        kp_prefetch(pb + KP_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
+        rpx_prefetch(pb + RPX_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
         __m256i ai[KP_TM][2];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
@@ -175,88 +160,10 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     }
 }
 
-/* Q5_K's bit j of a qh byte moved to bit 4 */
-KP_INLINE __m256i
-q5_hi(__m256i qh, int j, __m256i m10)
-{
-    switch (j) {
-    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10);
-    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10);
-    case 2: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), m10);
-    case 3: return _mm256_and_si256(_mm256_slli_epi16(qh, 1), m10);
-    case 4: return _mm256_and_si256(qh, m10);
-    case 5: return _mm256_and_si256(_mm256_srli_epi16(qh, 1), m10);
-    case 6: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), m10);
-    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 3), m10);
-    }
-}
-
-/*
- * Q5_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
- */
-KP_INLINE void
-kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-    __m256i spread[2];
-    rpx_row_set_spread(spread);
-    __m256 acc[KP_TM];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q5K_BLOCK_BYTES;
-        kp_prefetch(pb + KP_PF_DIST * SP_REPACK_Q5K_BLOCK_BYTES, SP_REPACK_Q5K_BLOCK_BYTES);
-        __m256i ai[KP_TM][2];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            int64_t scj;
-            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
-            const __m256i scv = _mm256_set1_epi64x(scj);
-            const uint8_t *qp = pb + SP_REPACK_Q5K_QS + 256 * (j >> 1);
-#pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
-                    const __m256i qh = _mm256_loadu_si256(
-                        (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
-                    const __m256i lo = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
-                                               : _mm256_and_si256(raw, m4);
-                    q[k] = _mm256_or_si256(lo, q5_hi(qh, j, m10));
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < T; t++) {
-                    ai[t][s] = _mm256_add_epi32(ai[t][s],
-                                                rpx_subblock_dot(q, xq_of(x, xs, t, b) + 32 * j, S));
-                }
-            }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
-        const __m256 dmw =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4];
-        rpx_kmins_load(pb, M);
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        out[t] = acc[t];
-    }
-}
-
 /* Q8_K activations carry their scale and block sums: no scratch */
+/* Q5_K: avx2_repack_impl.h's Q4_K-form tile with the qh bit */
+#define kp_tile_q5k(T, nb, g, x, xs, out) rpx_tile_k45(true, T, nb, g, x, xs, out)
+
 #define KP_TILE(name, fn, T)                                                                   \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
                            const int32_t *xsum, const float *xd, __m256 *out)                  \

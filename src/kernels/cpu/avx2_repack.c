@@ -199,73 +199,6 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
 
 
 /*
- * Q4_K: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K (xs bytes per
- * token). Out: the 8 rows' results of each token (lane r = row r).
- */
-RP_INLINE void
-rp_tile_q4k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-            __m256 out[RP_TM])
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i spread[2];
-    rpx_row_set_spread(spread);
-    __m256 acc[RP_TM];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
-        __m256i ai[RP_TM][2];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-        /* Unrolled: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same bytes,
-         * so the loads are shared and the shift is a constant (0 for the low ones). */
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            int64_t scj;
-            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
-            const __m256i scv = _mm256_set1_epi64x(scj);
-            const uint8_t *qp = pb + SP_REPACK_Q4K_QS + 256 * (j >> 1);
-            const int shift = 4 * (j & 1);
-#pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
-                    q[k] = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(shift)), m4);
-                }
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
-                                                        (size_t)b * sizeof(sp_block_q8_k) + 4) +
-                                       32 * j;
-                    ai[t][s] = _mm256_add_epi32(ai[t][s], rpx_subblock_dot(q, xq, S));
-                }
-            }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
-        const __m256 dmw =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4];
-        rpx_kmins_load(pb, M);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        out[t] = acc[t];
-    }
-}
-
-/*
  * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
  */
 RP_INLINE void
@@ -543,7 +476,7 @@ RP_TILE(q8_0_tile, RP_Q8_0, 4)
     {                                                                                          \
         (void)xsum;                                                                            \
         (void)xd;                                                                              \
-        rp_tile_q4k(T, nb, g, x, xs, out);                                                     \
+        rpx_tile_k45(false, T, nb, g, x, xs, out);                                                     \
     }
 RP_TILE_Q4K(1)
 RP_TILE_Q4K(2)

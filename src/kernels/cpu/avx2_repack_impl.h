@@ -14,6 +14,7 @@
 #define SP_KERNELS_CPU_AVX2_REPACK_IMPL_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -103,6 +104,120 @@ rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256
     const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
     const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
     return _mm256_add_ps(acc, _mm256_sub_ps(a, c));
+}
+
+/* The super-block RPX_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
+ * loads jump between its ql and qh (qs and qh) parts, which the hardware prefetchers follow
+ * poorly. One token from memory: 0.68x of the row kernels without, 1.2x with (repack_bench's
+ * 192 MiB decode, docs/design.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
+ * of a batch gain too (8 tokens 0.95x -> 1.2x). */
+#define RPX_PF_DIST 4
+
+RPX_INLINE void
+rpx_prefetch(const uint8_t *p, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64) {
+        _mm_prefetch((const char *)p + i, _MM_HINT_T0);
+    }
+}
+
+/* Q5_K's bit j of a qh byte moved to bit 4 */
+RPX_INLINE __m256i
+q5_hi(__m256i qh, int j, __m256i m10)
+{
+    switch (j) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10);
+    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10);
+    case 2: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), m10);
+    case 3: return _mm256_and_si256(_mm256_slli_epi16(qh, 1), m10);
+    case 4: return _mm256_and_si256(qh, m10);
+    case 5: return _mm256_and_si256(_mm256_srli_epi16(qh, 1), m10);
+    case 6: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), m10);
+    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 3), m10);
+    }
+}
+
+/*
+ * Q4_K (q5 false) and Q5_K: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K
+ * (xs bytes per token). The two forms share the header (scales, mins, d, dmin) and the qs
+ * layout; Q5_K adds qh, whose bit j of a byte becomes bit 4 of sub-block j's values (values
+ * 0..31, the int16 bound of rpx_subblock_dot), and prefetches ahead (its super-block's loads
+ * jump between qs and qh). Unrolled: sub-blocks 2i and 2i + 1 are the low and high nibbles of
+ * the same bytes, so the loads are shared and the shift is a constant. Out: lane r = row r.
+ */
+/* the Q4_K-form tiles' widest (4 tokens: the four VPMADDUBSW slices and the accumulators fit
+ * the 16 YMM registers) */
+#define RPX_K45_TM 4
+
+RPX_INLINE void
+rpx_tile_k45(bool q5, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+             __m256 *out)
+{
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    __m256i spread[2];
+    rpx_row_set_spread(spread);
+    __m256 acc[RPX_K45_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * bb;
+        if (q5) {
+            rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
+        }
+        __m256i ai[RPX_K45_TM][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            int64_t scj;
+            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
+            const __m256i scv = _mm256_set1_epi64x(scj);
+            const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
+                __m256i q[4];
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
+                    q[k] = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
+                                   : _mm256_and_si256(raw, m4);
+                    if (q5) {
+                        const __m256i qh = _mm256_loadu_si256(
+                            (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
+                        q[k] = _mm256_or_si256(q[k], q5_hi(qh, j, m10));
+                    }
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
+                                                        (size_t)b * sizeof(sp_block_q8_k) +
+                                                        offsetof(sp_block_q8_k, qs)) +
+                                       32 * j;
+                    ai[t][s] = _mm256_add_epi32(ai[t][s], rpx_subblock_dot(q, xq, S));
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
+        const __m256 dmw =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
+        __m256i M[4];
+        rpx_kmins_load(pb, M);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
+            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = acc[t];
+    }
 }
 
 /* A tile: one group (8 rows) x T tokens over all nb blocks, T fixed per instance. xsum / xd
