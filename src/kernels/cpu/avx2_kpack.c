@@ -22,7 +22,7 @@
  * Exact integers, then kquants_impl.h's finish lane-wise (d = y.d * x.d; blk = d * sumi;
  * sumf = sumf + blk): the reference's bits.
  *
- * Q5_K: Q4_K's kernel (avx2_repack.c) with qh's bit j of a byte moved to bit 4 and ORed in;
+ * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with qh's bit j of a byte moved to bit 4 and ORed in;
  * values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
  * scales and mins are unpacked at load (repack_impl.h), the mins term is Q4_K's. Exact
  * integers, then kquants2_impl.h's scale-and-min finish lane-wise: the reference's bits.
@@ -162,7 +162,11 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
 
 /* Q8_K activations carry their scale and block sums: no scratch */
 /* Q5_K: avx2_repack_impl.h's Q4_K-form tile with the qh bit */
-#define kp_tile_q5k(T, nb, g, x, xs, out) rpx_tile_k45(true, T, nb, g, x, xs, out)
+KP_INLINE void
+kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
+{
+    rpx_tile_k45(true, T, nb, g, x, xs, out);
+}
 
 #define KP_TILE(name, fn, T)                                                                   \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
