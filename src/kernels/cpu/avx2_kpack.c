@@ -22,8 +22,8 @@
  * Exact integers, then kquants_impl.h's finish lane-wise (d = y.d * x.d; blk = d * sumi;
  * sumf = sumf + blk): the reference's bits.
  *
- * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with qh's bit j of a byte moved to bit 4 and ORed in;
- * values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
+ * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with
+ * qh's bit j of a byte moved to bit 4 and ORed in; values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
  * scales and mins are unpacked at load (repack_impl.h), the mins term is Q4_K's. Exact
  * integers, then kquants2_impl.h's scale-and-min finish lane-wise: the reference's bits.
  *

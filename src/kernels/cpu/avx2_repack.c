@@ -200,6 +200,9 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
 
 /*
  * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
+ * Its loop skeleton looks like rpx_tile_k45's but is left apart: the weights are signed grid
+ * values (lookup and sign trick, each VPMADDUBSW widened on its own, not four int16 adds),
+ * the scale is ls - 32, and there is no mins term.
  */
 RP_INLINE void
 rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
@@ -383,7 +386,9 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
 }
 
 /*
- * IQ4_NL, the wide tile of the batched product: one group x T <= RP_XS_TM tokens, the loop
+ * IQ4_NL, the wide tile of the batched product (its block loop looks like IQ4_XS's wide tile
+ * but is left apart: 32-element blocks with no sub-block scales, and q32_impl.h's eight float
+ * partial sums where IQ4_XS has one): one group x T <= RP_XS_TM tokens, the loop
  * order of rp_tile_iq4xs_wide (per row set and 8-element slice one lookup, then every token)
  * within each 32-element block. The int32 sums go through VPMADDWD by ones (pair sums
  * <= 32258, no int16 adds), and each token's eight partial sums acc[b % 8] (q32_impl.h's
