@@ -22,34 +22,23 @@
  * Exact integers, then kquants_impl.h's finish lane-wise (d = y.d * x.d; blk = d * sumi;
  * sumf = sumf + blk): the reference's bits.
  *
- * Q5_K: Q4_K's kernel (avx2_repack.c) with qh's bit j of a byte moved to bit 4 and ORed in;
- * values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
+ * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with
+ * qh's bit j of a byte moved to bit 4 and ORed in; values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
  * scales and mins are unpacked at load (repack_impl.h), the mins term is Q4_K's. Exact
  * integers, then kquants2_impl.h's scale-and-min finish lane-wise: the reference's bits.
  *
  * Multiplies and adds stay separate (no FMA contraction in C11 mode), so any number of tokens
  * per call gives the same bits (batch invariance). Pure functions, any thread, no heap.
  */
-#include <immintrin.h>
-#include <stddef.h>
-#include <string.h>
+#include "kernels/cpu/avx2_repack_impl.h"
 
-#include "kernels/cpu/repack_impl.h"
+#define KP_INLINE RPX_INLINE
 
-#define KP_INLINE static inline __attribute__((always_inline))
-
-/* tokens per tile; activation bytes a token chunk keeps in cache while the groups sweep it */
+/* tokens per tile */
 #define KP_TM 4
-#define KP_X_CHUNK_BYTES (128 * 1024)
 #define KP_QS_OFF offsetof(sp_block_q8_k, qs)
 
-KP_INLINE __m256i
-bcast8(const int8_t *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi64x(v);
-}
+_Static_assert(KP_TM <= RPX_OUT_MAX, "the driver's out array holds a tile");
 
 KP_INLINE const int8_t *
 xq_of(const uint8_t *x, size_t xs, int t, int64_t b)
@@ -65,25 +54,8 @@ yd_of(const uint8_t *x, size_t xs, int t, int64_t b)
     return yd;
 }
 
-/* The super-block KP_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
- * loads jump between its ql and qh (qs and qh) parts, which the hardware prefetchers follow
- * poorly. One token from memory: 0.68x of the row kernels without, 1.2x with (repack_bench's
- * 192 MiB decode, docs/design.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
- * of a batch gain too (8 tokens 0.95x -> 1.2x). */
-#define KP_PF_DIST 4
-
-KP_INLINE void
-kp_prefetch(const uint8_t *p, int bytes)
-{
-    for (int i = 0; i < bytes; i += 64) {
-        _mm_prefetch((const char *)p + i, _MM_HINT_T0);
-    }
-}
-
 /* VPSHUFB pattern: int16 i of a 128-bit lane (bytes 2i, 2i + 1) repeated in a 64-bit lane */
 #define KP_W4(i) 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1
-/* Q4_K's: byte r (unsigned) of each 128-bit lane as the four int16 of a 64-bit lane */
-#define KP_SC4(r) (r), -1, (r), -1, (r), -1, (r), -1
 
 /* Q6_K's two bits of value group c (0..3) of a qh byte, moved to bits 4-5 */
 KP_INLINE __m256i
@@ -101,7 +73,7 @@ q6_hi(__m256i qh, int c, __m256i m30)
  * Q6_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
  */
 KP_INLINE void
-kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 out[KP_TM])
+kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     /* sub-block pair register: int16 2 r + e (rows 0..3 in the low 128-bit lane, 4..7 in the
@@ -119,7 +91,7 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_Q6K_BLOCK_BYTES;
-        kp_prefetch(pb + KP_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
+        rpx_prefetch(pb + RPX_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
         __m256i ai[KP_TM][2];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
@@ -150,11 +122,11 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = xq_of(x, xs, t, b) + 32 * J;
-                    const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(xq)),
-                                                        _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
+                    const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], rpx_bcast8(xq)),
+                                                        _mm256_maddubs_epi16(q[1], rpx_bcast8(xq + 8)));
                     const __m256i v1 =
-                        _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(xq + 16)),
-                                         _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
+                        _mm256_add_epi16(_mm256_maddubs_epi16(q[2], rpx_bcast8(xq + 16)),
+                                         _mm256_maddubs_epi16(q[3], rpx_bcast8(xq + 24)));
                     ai[t][s] = _mm256_add_epi32(
                         ai[t][s], _mm256_add_epi32(_mm256_madd_epi16(v0, S0),
                                                    _mm256_madd_epi16(v1, S1)));
@@ -188,123 +160,20 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     }
 }
 
-/* Q5_K's bit j of a qh byte moved to bit 4 */
-KP_INLINE __m256i
-q5_hi(__m256i qh, int j, __m256i m10)
-{
-    switch (j) {
-    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10);
-    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10);
-    case 2: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), m10);
-    case 3: return _mm256_and_si256(_mm256_slli_epi16(qh, 1), m10);
-    case 4: return _mm256_and_si256(qh, m10);
-    case 5: return _mm256_and_si256(_mm256_srli_epi16(qh, 1), m10);
-    case 6: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), m10);
-    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 3), m10);
-    }
-}
-
-/*
- * Q5_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
- */
+/* Q8_K activations carry their scale and block sums: no scratch */
+/* Q5_K: avx2_repack_impl.h's Q4_K-form tile with the qh bit */
 KP_INLINE void
-kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 out[KP_TM])
+kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(KP_SC4(0), KP_SC4(1), KP_SC4(4), KP_SC4(5)),
-        _mm256_setr_epi8(KP_SC4(2), KP_SC4(3), KP_SC4(6), KP_SC4(7)),
-    };
-    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    __m256 acc[KP_TM];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q5K_BLOCK_BYTES;
-        kp_prefetch(pb + KP_PF_DIST * SP_REPACK_Q5K_BLOCK_BYTES, SP_REPACK_Q5K_BLOCK_BYTES);
-        __m256i ai[KP_TM][2];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            int64_t scj;
-            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
-            const __m256i scv = _mm256_set1_epi64x(scj);
-            const uint8_t *qp = pb + SP_REPACK_Q5K_QS + 256 * (j >> 1);
-#pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
-                    const __m256i qh = _mm256_loadu_si256(
-                        (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
-                    const __m256i lo = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
-                                               : _mm256_and_si256(raw, m4);
-                    q[k] = _mm256_or_si256(lo, q5_hi(qh, j, m10));
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = xq_of(x, xs, t, b) + 32 * j;
-                    __m256i v = _mm256_maddubs_epi16(q[0], bcast8(xq));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[2], bcast8(xq + 16)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
-                    ai[t][s] = _mm256_add_epi32(ai[t][s], _mm256_madd_epi16(v, S));
-                }
-            }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
-        const __m256 dmw =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4]; /* rows 2i (low lane) and 2i + 1 (high lane), the 8 mins as int16 */
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            M[i] = _mm256_cvtepu8_epi16(
-                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_M + 16 * i)));
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            /* bsums pairs p_j = bsums[2j] + bsums[2j+1], p_0..p_7 in each 128-bit lane */
-            const __m256i bs =
-                _mm256_loadu_si256((const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
-            const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
-            const __m256i h0 = _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs),
-                                                 _mm256_madd_epi16(M[1], pairs));
-            const __m256i h1 = _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs),
-                                                 _mm256_madd_epi16(M[3], pairs));
-            const __m256i summs =
-                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
-            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
-            /* kquants2_impl.h: d = y.d * x.d; dm = y.d * x.dmin; a = d * sumi;
-             * c = dm * summs; blk = a - c; sumf = sumf + blk */
-            const __m256 ydv = _mm256_set1_ps(yd_of(x, xs, t, b));
-            const __m256 d = _mm256_mul_ps(ydv, dw);
-            const __m256 dm = _mm256_mul_ps(ydv, dmw);
-            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
-            const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, c));
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        out[t] = acc[t];
-    }
+    rpx_tile_k45(true, T, nb, g, x, xs, out);
 }
-
-typedef void (*kp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                           __m256 out[KP_TM]);
 
 #define KP_TILE(name, fn, T)                                                                   \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
-                           __m256 out[KP_TM])                                                  \
+                           const int32_t *xsum, const float *xd, __m256 *out)                  \
     {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
         fn(T, nb, g, x, xs, out);                                                              \
     }
 KP_TILE(q6k_tile, kp_tile_q6k, 1)
@@ -316,50 +185,26 @@ KP_TILE(q5k_tile, kp_tile_q5k, 2)
 KP_TILE(q5k_tile, kp_tile_q5k, 3)
 KP_TILE(q5k_tile, kp_tile_q5k, 4)
 
-static const kp_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
-                                                q6k_tile_4};
-static const kp_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q5k_tile_3,
-                                                q5k_tile_4};
+static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
+                                                 q6k_tile_4};
+static const rpx_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q5k_tile_3,
+                                                 q5k_tile_4};
 
-/*
- * Rows [r0, r1): the groups that cover them, each computed whole and stored only where the
- * row is asked for. Tokens go in chunks whose activations stay in cache while the groups
- * sweep them.
- */
+/* avx2_repack_impl.h's driver: no scratch, chunks of the activation budget */
 static void
-kp_gemm(const kp_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+kp_gemm(const rpx_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) {
         return;
     }
-    const int64_t nb = n / SP_QK_K;
-    int64_t tc = (int64_t)(KP_X_CHUNK_BYTES / (xs ? xs : 1)) / KP_TM * KP_TM;
-    if (tc < KP_TM) {
-        tc = KP_TM;
-    }
-    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t g = g0; g < g1; g++) {
-            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
-            for (int64_t t = t0; t < t1; t += KP_TM) {
-                const int T = (int)(t1 - t < KP_TM ? t1 - t : KP_TM);
-                __m256 out[KP_TM];
-                tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs, out);
-                for (int tt = 0; tt < T; tt++) {
-                    float o[SP_REPACK_ROWS];
-                    _mm256_storeu_ps(o, out[tt]);
-                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = g * SP_REPACK_ROWS + r;
-                        if (row >= r0 && row < r1) {
-                            y[(t + tt) * ldy + row] = o[r];
-                        }
-                    }
-                }
-            }
-        }
-    }
+    const rpx_plan_t plan = {
+        .tiles = tiles,
+        .tm = KP_TM,
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, 0, KP_TM),
+        .nb = n / SP_QK_K,
+    };
+    rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 static void

@@ -54,30 +54,21 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/cpu/avx2_repack_impl.h"
 #include "kernels/cpu/q32_impl.h"
-#include "kernels/cpu/repack_impl.h"
 
-#define RP_INLINE static inline __attribute__((always_inline))
+#define RP_INLINE RPX_INLINE
 
 /* tokens per tile, and the scratch entries (token x block) of one token chunk */
 #define RP_TM 4
 /* IQ4_XS's wide tile (rp_tile_iq4xs_wide): tokens per tile */
 #define RP_XS_TM 8
 #define RP_SCRATCH 8192
-#define RP_X_CHUNK_BYTES (128 * 1024)
 
 _Static_assert(RP_SCRATCH >= RP_TM * (SP_REPACK_MAX_N / 32), "a tile's tokens fit the scratch");
-_Static_assert(RP_XS_TM >= RP_TM, "the tiles' out arrays are RP_XS_TM long");
+_Static_assert(RP_XS_TM >= RP_TM && RP_XS_TM <= RPX_OUT_MAX, "the driver's out array holds a tile");
 
 enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
-
-RP_INLINE __m256i
-bcast8(const int8_t *p)
-{
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi64x(v);
-}
 
 /*
  * One group (8 rows) x T tokens over all nb blocks. xsum[t * nb + b] = 8 * sum of token t's
@@ -123,7 +114,7 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
                     for (int k = 0; k < 4; k++) {
                         const int c = s + 2 * k;
                         const __m256i pr = _mm256_maddubs_epi16(
-                            aw[c], _mm256_sign_epi8(bcast8(xq + 8 * k), wq[c]));
+                            aw[c], _mm256_sign_epi8(rpx_bcast8(xq + 8 * k), wq[c]));
                         v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
                     }
                     p[s] = v;
@@ -152,7 +143,7 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
         for (int t = 0; t < T; t++) {
             const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
             /* elements 0..7, 8..15, 16..23, 24..31 of the token, in every 64-bit lane */
-            const __m256i X[4] = {bcast8(xq), bcast8(xq + 8), bcast8(xq + 16), bcast8(xq + 24)};
+            const __m256i X[4] = {rpx_bcast8(xq), rpx_bcast8(xq + 8), rpx_bcast8(xq + 16), rpx_bcast8(xq + 24)};
             __m256i isum;
             if (kind == RP_Q4_0) {
                 __m256i p[2];
@@ -207,112 +198,11 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
 }
 
 
-/* VPSHUFB patterns that spread the 8 rows' sub-block scales (bytes 0..7 of each 128-bit
- * lane) to the int16 lanes of a row set's chunk: rows {0,1,4,5} or {2,3,6,7}, each row's
- * scale in the four int16 of its 64-bit lane. */
-#define RP_SC4(r) (r), -1, (r), -1, (r), -1, (r), -1
-
-/*
- * Q4_K: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K (xs bytes per
- * token). Out: the 8 rows' results of each token (lane r = row r).
- */
-RP_INLINE void
-rp_tile_q4k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-            __m256 out[RP_TM])
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
-        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
-    };
-    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    __m256 acc[RP_TM];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
-        __m256i ai[RP_TM][2];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-        /* Unrolled: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same bytes,
-         * so the loads are shared and the shift is a constant (0 for the low ones). */
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            int64_t scj;
-            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
-            const __m256i scv = _mm256_set1_epi64x(scj);
-            const uint8_t *qp = pb + SP_REPACK_Q4K_QS + 256 * (j >> 1);
-            const int shift = 4 * (j & 1);
-#pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
-                    q[k] = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(shift)), m4);
-                }
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
-                                                        (size_t)b * sizeof(sp_block_q8_k) + 4) +
-                                       32 * j;
-                    __m256i v = _mm256_maddubs_epi16(q[0], bcast8(xq));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[1], bcast8(xq + 8)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[2], bcast8(xq + 16)));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[3], bcast8(xq + 24)));
-                    ai[t][s] = _mm256_add_epi32(ai[t][s], _mm256_madd_epi16(v, S));
-                }
-            }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
-        const __m256 dmw =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4]; /* rows 2i (low lane) and 2i + 1 (high lane), the 8 mins as int16 */
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            M[i] = _mm256_cvtepu8_epi16(
-                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_M + 16 * i)));
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            float yd;
-            memcpy(&yd, xb, sizeof yd);
-            /* bsums pairs p_j = bsums[2j] + bsums[2j+1] (|p_j| <= 32 * 127), p_0..p_7 in each
-             * 128-bit lane */
-            const __m256i bs = _mm256_loadu_si256(
-                (const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
-            const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
-            const __m256i h0 = _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs),
-                                                 _mm256_madd_epi16(M[1], pairs));
-            const __m256i h1 = _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs),
-                                                 _mm256_madd_epi16(M[3], pairs));
-            const __m256i summs =
-                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
-            const __m256i sumi = _mm256_hadd_epi32(ai[t][0], ai[t][1]);
-            /* kquants_impl.h: d = y.d * x.d; dm = y.d * x.dmin; a = d * sumi; c = dm * summs;
-             * blk = a - c; sumf = sumf + blk */
-            const __m256 ydv = _mm256_set1_ps(yd);
-            const __m256 d = _mm256_mul_ps(ydv, dw);
-            const __m256 dm = _mm256_mul_ps(ydv, dmw);
-            const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
-            const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, c));
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        out[t] = acc[t];
-    }
-}
-
 /*
  * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
+ * Its loop skeleton looks like rpx_tile_k45's but is left apart: the weights are signed grid
+ * values (lookup and sign trick, each VPMADDUBSW widened on its own, not four int16 adds),
+ * the scale is ls - 32, and there is no mins term.
  */
 RP_INLINE void
 rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
@@ -322,10 +212,8 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     const __m256i bias = _mm256_set1_epi16(32);
     const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
     const __m256i lut = _mm256_set_m128i(grid, grid);
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
-        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
-    };
+    __m256i spread[2];
+    rpx_row_set_spread(spread);
     __m256 acc[RP_TM];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -370,7 +258,7 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
 #pragma GCC unroll 4
                     for (int k = 0; k < 4; k++) {
                         const __m256i pr = _mm256_maddubs_epi16(
-                            aw[k], _mm256_sign_epi8(bcast8(xq + 8 * k), w[k]));
+                            aw[k], _mm256_sign_epi8(rpx_bcast8(xq + 8 * k), w[k]));
                         v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, S));
                     }
                     ai[t][s] = v;
@@ -393,6 +281,33 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     }
 }
 
+/* The wide tiles' slice decode: elements 8k .. 8k + 7 (k = 0..3) of row set s's 32, from the
+ * 128 bytes at qp (chunk s + 2 (k & 1), low nibbles for k < 2, high ones after): the signed
+ * grid values w (VPSHUFB) and |w| (VPABSB). */
+RP_INLINE __m256i
+rp_iq4_slice(const uint8_t *qp, int s, int k, __m256i lut, __m256i m4, __m256i *aw)
+{
+    __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * (k & 1))));
+    if (k >= 2) {
+        raw = _mm256_srli_epi16(raw, 4);
+    }
+    const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
+    *aw = _mm256_abs_epi8(w);
+    return w;
+}
+
+/* One token against a decoded slice: ai + VPMADDWD(VPMADDUBSW(|w|, x signed as w), S), S the
+ * rows' sub-block scales (IQ4_XS) or ones (IQ4_NL). The empty asm keeps the sum a running
+ * one: GCC otherwise reassociates it into a tree of 32 products per sub-block, which spill. */
+RP_INLINE __m256i
+rp_iq4_step(__m256i ai, __m256i aw, __m256i w, const int8_t *xq, __m256i S)
+{
+    const __m256i pr = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(rpx_bcast8(xq), w));
+    ai = _mm256_add_epi32(ai, _mm256_madd_epi16(pr, S));
+    __asm__("" : "+x"(ai));
+    return ai;
+}
+
 /*
  * IQ4_XS, the wide tile of the batched product: one group (8 rows) x T <= RP_XS_TM tokens.
  * The loop order keeps the token work in registers: per row set s (rows {0,1,4,5} or
@@ -412,10 +327,8 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
     const __m256i bias = _mm256_set1_epi16(32);
     const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
     const __m256i lut = _mm256_set_m128i(grid, grid);
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(RP_SC4(0), RP_SC4(1), RP_SC4(4), RP_SC4(5)),
-        _mm256_setr_epi8(RP_SC4(2), RP_SC4(3), RP_SC4(6), RP_SC4(7)),
-    };
+    __m256i spread[2];
+    rpx_row_set_spread(spread);
     const int8_t *xt[RP_XS_TM];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -444,20 +357,11 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
                  * set's bytes 0..7 (chunk s) and 8..15 (chunk s + 2), then their high ones */
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * (k & 1))));
-                    if (k >= 2) {
-                        raw = _mm256_srli_epi16(raw, 4);
-                    }
-                    const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
-                    const __m256i aw = _mm256_abs_epi8(w);
+                    __m256i aw;
+                    const __m256i w = rp_iq4_slice(qp, s, k, lut, m4, &aw);
 #pragma GCC unroll 8
                     for (int t = 0; t < T; t++) {
-                        const __m256i pr = _mm256_maddubs_epi16(
-                            aw, _mm256_sign_epi8(bcast8(xt[t] + xb + 32 * j + 8 * k), w));
-                        ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, S));
-                        /* keeps the sum a running one: GCC otherwise reassociates it into
-                         * a tree of 32 products per sub-block, which spill */
-                        __asm__("" : "+x"(ai[t]));
+                        ai[t] = rp_iq4_step(ai[t], aw, w, xt[t] + xb + 32 * j + 8 * k, S);
                     }
                 }
             }
@@ -482,7 +386,9 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
 }
 
 /*
- * IQ4_NL, the wide tile of the batched product: one group x T <= RP_XS_TM tokens, the loop
+ * IQ4_NL, the wide tile of the batched product (its block loop looks like IQ4_XS's wide tile
+ * but is left apart: 32-element blocks with no sub-block scales, and q32_impl.h's eight float
+ * partial sums where IQ4_XS has one): one group x T <= RP_XS_TM tokens, the loop
  * order of rp_tile_iq4xs_wide (per row set and 8-element slice one lookup, then every token)
  * within each 32-element block. The int32 sums go through VPMADDWD by ones (pair sums
  * <= 32258, no int16 adds), and each token's eight partial sums acc[b % 8] (q32_impl.h's
@@ -519,19 +425,11 @@ rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
             }
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m256i raw = _mm256_loadu_si256(
-                    (const __m256i *)(pb + 2 * SP_REPACK_ROWS + 32 * (s + 2 * (k & 1))));
-                if (k >= 2) {
-                    raw = _mm256_srli_epi16(raw, 4);
-                }
-                const __m256i w = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m4));
-                const __m256i aw = _mm256_abs_epi8(w);
+                __m256i aw;
+                const __m256i w = rp_iq4_slice(pb + 2 * SP_REPACK_ROWS, s, k, lut, m4, &aw);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
-                    const __m256i pr = _mm256_maddubs_epi16(
-                        aw, _mm256_sign_epi8(bcast8(xt[t] + xb + 8 * k), w));
-                    ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(pr, ones16));
-                    __asm__("" : "+x"(ai[t])); /* a running sum (rp_tile_iq4xs_wide) */
+                    ai[t] = rp_iq4_step(ai[t], aw, w, xt[t] + xb + 8 * k, ones16);
                 }
             }
 #pragma GCC unroll 8
@@ -557,8 +455,7 @@ rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
     }
 }
 
-typedef void (*rp_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                           const int32_t *xsum, const float *xd, __m256 *out);
+typedef rpx_tile_fn rp_tile_fn;
 
 #define RP_TILE(name, kind, T)                                                                 \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
@@ -584,7 +481,7 @@ RP_TILE(q8_0_tile, RP_Q8_0, 4)
     {                                                                                          \
         (void)xsum;                                                                            \
         (void)xd;                                                                              \
-        rp_tile_q4k(T, nb, g, x, xs, out);                                                     \
+        rpx_tile_k45(false, T, nb, g, x, xs, out);                                                     \
     }
 RP_TILE_Q4K(1)
 RP_TILE_Q4K(2)
@@ -661,11 +558,24 @@ q8_block_sum(const int8_t *qs)
     return (int32_t)_mm_cvtsi128_si32(s2) - 32 * 128;
 }
 
-/*
- * Rows [r0, r1): the groups that cover them, each computed whole and stored only where the
- * row is asked for. Tokens go in chunks whose activations stay in cache while the groups
- * sweep them; each chunk's per-block sums and scales are computed once into the scratch.
- */
+/* The scratch of a token chunk of Q8_0 activations: x's scale per block, and 8 * sum(x) for
+ * Q4_0's offset. */
+static void
+rp_fill(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_t *xsum,
+        float *xd)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
+        for (int64_t b = 0; b < nb; b++) {
+            xd[t * nb + b] = _cvtsh_ss(xb[b].d);
+            if (kind == RP_Q4_0) {
+                xsum[t * nb + b] = 8 * q8_block_sum(xb[b].qs);
+            }
+        }
+    }
+}
+
+/* rpx_gemm with this file's tiles; the Q8_0-activation forms fill a per-chunk scratch. */
 static void
 rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, size_t ws, int64_t r0,
         int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
@@ -677,47 +587,17 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, siz
     if (!super && (int64_t)tm * nb > RP_SCRATCH) {
         tm = (int)(RP_SCRATCH / nb); /* >= RP_TM (the assert above): narrower tiles of long rows */
     }
-    int64_t tc = (int64_t)(RP_X_CHUNK_BYTES / (xs ? xs : 1));
-    if (tc > RP_SCRATCH / nb) {
-        tc = RP_SCRATCH / nb;
-    }
-    tc = tc / tm * tm;
-    if (tc < tm) {
-        tc = tm; /* n <= SP_REPACK_MAX_N: tm tokens always fit */
-    }
-    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t t = t0; t < t1 && !super; t++) {
-            const sp_block_q8_0 *xb =
-                (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
-            for (int64_t b = 0; b < nb; b++) {
-                xd[(t - t0) * nb + b] = _cvtsh_ss(xb[b].d);
-                if (kind == RP_Q4_0) {
-                    xsum[(t - t0) * nb + b] = 8 * q8_block_sum(xb[b].qs);
-                }
-            }
-        }
-        for (int64_t g = g0; g < g1; g++) {
-            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
-            for (int64_t t = t0; t < t1; t += tm) {
-                const int T = (int)(t1 - t < tm ? t1 - t : tm);
-                __m256 out[RP_XS_TM];
-                tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
-                         xsum + (t - t0) * nb, xd + (t - t0) * nb, out);
-                for (int tt = 0; tt < T; tt++) {
-                    float o[SP_REPACK_ROWS];
-                    _mm256_storeu_ps(o, out[tt]);
-                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = g * SP_REPACK_ROWS + r;
-                        if (row >= r0 && row < r1) {
-                            y[(t + tt) * ldy + row] = o[r];
-                        }
-                    }
-                }
-            }
-        }
-    }
+    const rpx_plan_t plan = {
+        .tiles = tiles,
+        .tm = tm,
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb, tm), /* n <= SP_REPACK_MAX_N: tm fit */
+        .nb = nb,
+        .fill = super ? NULL : rp_fill,
+        .kind = kind,
+        .xsum = xsum,
+        .xd = xd,
+    };
+    rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 static void

@@ -27,7 +27,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "kernels/cpu/repack_impl.h"
+#include "kernels/cpu/avx2_repack_impl.h"
 #include "kernels/cpu/avx512_simd.h"
 
 #define R5_INLINE static inline __attribute__((always_inline))
@@ -35,6 +35,7 @@
 /* tokens per tile, and the activation bytes a token chunk keeps in L2 while groups sweep it
  * (512 KiB: 5-15% faster than 192 KiB in repack_bench on a 1 MiB-L2 Zen 5) */
 #define R5_TM 8
+_Static_assert(R5_TM <= RPX_OUT_MAX, "the driver's out array holds a tile");
 #define R5_X_CHUNK_BYTES (512 * 1024)
 
 /* VPSHUFB patterns (0x80: a zero byte, so every index is zero-extended to int16). The scale
@@ -149,13 +150,12 @@ q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m25
     }
 }
 
-typedef void (*r5_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                           __m256 out[R5_TM]);
-
 #define R5_TILE_Q4K(T)                                                                         \
     static void q4k_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,        \
-                             __m256 out[R5_TM])                                                \
+                             const int32_t *xsum, const float *xd, __m256 *out)                \
     {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
         q4k_tile(T, nb, g, x, xs, out);                                                        \
     }
 R5_TILE_Q4K(1)
@@ -167,46 +167,22 @@ R5_TILE_Q4K(6)
 R5_TILE_Q4K(7)
 R5_TILE_Q4K(8)
 
-static const r5_tile_fn q4k_tiles[R5_TM + 1] = {NULL,        q4k_tile_1, q4k_tile_2,
-                                                q4k_tile_3,  q4k_tile_4, q4k_tile_5,
-                                                q4k_tile_6,  q4k_tile_7, q4k_tile_8};
+static const rpx_tile_fn q4k_tiles[R5_TM + 1] = {NULL,        q4k_tile_1, q4k_tile_2,
+                                                 q4k_tile_3,  q4k_tile_4, q4k_tile_5,
+                                                 q4k_tile_6,  q4k_tile_7, q4k_tile_8};
 
-/*
- * Rows [r0, r1): the groups that cover them, each computed whole and stored only where the
- * row is asked for. Tokens go in chunks whose activations stay in cache while the groups
- * sweep them.
- */
+/* avx2_repack_impl.h's group x token driver: Q8_K activations, no scratch; wider chunks */
 static void
-r5_gemm(const r5_tile_fn *tiles, int64_t nb, const void *w, size_t ws, int64_t r0, int64_t r1,
+r5_gemm(const rpx_tile_fn *tiles, int64_t nb, const void *w, size_t ws, int64_t r0, int64_t r1,
         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    int64_t tc = (int64_t)(R5_X_CHUNK_BYTES / (xs ? xs : 1));
-    tc = tc / R5_TM * R5_TM;
-    if (tc < R5_TM) {
-        tc = R5_TM;
-    }
-    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
-        for (int64_t g = g0; g < g1; g++) {
-            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
-            for (int64_t t = t0; t < t1; t += R5_TM) {
-                const int T = (int)(t1 - t < R5_TM ? t1 - t : R5_TM);
-                __m256 out[R5_TM];
-                tiles[T](nb, wg, (const uint8_t *)x + (size_t)t * xs, xs, out);
-                for (int tt = 0; tt < T; tt++) {
-                    float o[SP_REPACK_ROWS];
-                    _mm256_storeu_ps(o, out[tt]);
-                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = g * SP_REPACK_ROWS + r;
-                        if (row >= r0 && row < r1) {
-                            y[(t + tt) * ldy + row] = o[r];
-                        }
-                    }
-                }
-            }
-        }
-    }
+    const rpx_plan_t plan = {
+        .tiles = tiles,
+        .tm = R5_TM,
+        .tc = rpx_chunk_tokens(R5_X_CHUNK_BYTES, xs, 0, R5_TM),
+        .nb = nb,
+    };
+    rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 static void

@@ -497,22 +497,30 @@ packed_row_dot(sp_type_t type, int64_t n, const uint8_t *g, int r, const sp_bloc
     return nl ? sp__q32_sum_lanes(acc) : sum;
 }
 
-/* Q4_K row r of a packed group against one Q8_K row: sp__q4k_vec_dot_ref's integer sums and
- * its float sequence, read through the packed layout. */
-static float
-packed_row_dot_q4k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y)
+/* Q4_K (q5 false) or Q5_K row r of a packed group against one Q8_K row: the reference
+ * vec_dots' integer sums (sub-block j of 32: qs nibble j & 1, for Q5_K with qh bit j as bit 4;
+ * scale sc[j], min m[j] against bsums[2j] + bsums[2j + 1]) and their common scale-and-min
+ * float sequence (sp__q4k_vec_dot_ref's, ref_kquants2.c's), read through the packed layout:
+ * the two forms share the header, only the values differ. */
+float
+sp__repack_row_dot_q45k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y, bool q5)
 {
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
     float sumf = 0.0f;
     for (int64_t b = 0; b < n / SP_QK_K; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
-        const uint8_t *qs = pb + SP_REPACK_Q4K_QS;
+        const uint8_t *pb = g + (size_t)b * bb;
+        const uint8_t *qs = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS);
         int32_t sumi = 0, summs = 0;
         for (int j = 0; j < 8; j++) {
             const int shift = 4 * (j & 1);
             int32_t dot = 0;
             for (int l = 0; l < 32; l++) {
                 const uint8_t q = qs[sp__repack_chunk_off(r, 32 * (j / 2) + l)];
-                dot += ((q >> shift) & 0xF) * y[b].qs[32 * j + l];
+                int32_t v = (q >> shift) & 0xF;
+                if (q5) {
+                    v |= ((pb[SP_REPACK_Q5K_QH + sp__repack_chunk_off(r, l)] >> j) & 1) << 4;
+                }
+                dot += v * y[b].qs[32 * j + l];
             }
             sumi += pb[SP_REPACK_Q4K_SC + 8 * j + r] * dot;
             summs += pb[SP_REPACK_Q4K_M + 8 * r + j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
@@ -567,11 +575,27 @@ packed_gemm_ref(sp_type_t type, int64_t n, const void *w, size_t w_stride, int64
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *g = (const uint8_t *)w + (size_t)(r / SP_REPACK_ROWS) * w_stride;
             const int rr = (int)(r % SP_REPACK_ROWS);
-            y[t * ldy + r] = type == SP_TYPE_Q4_K     ? packed_row_dot_q4k(n, g, rr, xt)
+            y[t * ldy + r] = type == SP_TYPE_Q4_K     ? sp__repack_row_dot_q45k(n, g, rr, xt, false)
+                             : type == SP_TYPE_Q5_K   ? sp__repack_row_dot_q45k(n, g, rr, xt, true)
+                             : type == SP_TYPE_Q6_K   ? sp__repack_row_dot_q6k(n, g, rr, xt)
                              : type == SP_TYPE_IQ4_XS ? packed_row_dot_iq4xs(n, g, rr, xt)
                                                       : packed_row_dot(type, n, g, rr, xt);
         }
     }
+}
+
+void
+sp__repack_q6_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                         const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_Q6_K, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
+}
+
+void
+sp__repack_q5_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                         const void *x, size_t x_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    packed_gemm_ref(SP_TYPE_Q5_K, n, w, w_stride, r0, r1, x, x_stride, n_tok, y, ldy);
 }
 
 void

@@ -179,6 +179,11 @@ void sp__repack_q5_k_gemm_ref(int64_t n, const void *w, size_t w_stride, int64_t
                               int64_t ldy);
 /* The scalar packed gemm of a type (NULL: no packed form): the tests' oracle. */
 sp_gemm_fn sp__repack_gemm_ref(sp_type_t type);
+/* Row r (0..7) of a packed group against one Q8_K row, the scalar references' per-row dots:
+ * Q4_K (q5 false) or Q5_K (repack.c), Q6_K (repack_k56.c). */
+float sp__repack_row_dot_q45k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y,
+                              bool q5);
+float sp__repack_row_dot_q6k(int64_t n, const uint8_t *g, int r, const sp_block_q8_k *y);
 
 /* AVX2 (avx2_repack.c): fills repack_gemm of Q4_0, IQ4_NL, Q8_0, Q4_K and IQ4_XS. */
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);

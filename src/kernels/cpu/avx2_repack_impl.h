@@ -1,0 +1,296 @@
+/*
+ * avx2_repack_impl.h - what the AVX2 packed-weight gemms share: avx2_repack.c (Q4_0, IQ4_NL,
+ * Q8_0, Q4_K, IQ4_XS) and avx2_kpack.c (Q6_K, Q5_K), and avx512_repack.c's driver. They read repack_impl.h's 8-row groups
+ * with the chunk rule of avx2_repack.c's header comment; here are the pieces whose code is the
+ * same in both: the 8-byte activation broadcast, the spread of 8 rows' byte scales to a row
+ * set's int16 lanes, the VPMADDUBSW chain of one 32-element sub-block, the Q4_K-form mins and
+ * scale-and-min finish (Q4_K and Q5_K share that header), and the group x token driver.
+ *
+ * The tile helpers are always_inline: the tiles are instantiated per token count and rely on
+ * the helpers being expanded into their unrolled loops (constant offsets, registers kept).
+ * Include only from files built with the AVX2 flags.
+ */
+#ifndef SP_KERNELS_CPU_AVX2_REPACK_IMPL_H
+#define SP_KERNELS_CPU_AVX2_REPACK_IMPL_H
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/cpu/repack_impl.h"
+
+#define RPX_INLINE static inline __attribute__((always_inline))
+
+/* the widest token tile of any packed gemm (the out array the driver hands a tile) */
+#define RPX_OUT_MAX 8
+/* activation bytes a token chunk of the AVX2 gemms keeps in cache while the groups sweep it */
+#define RPX_X_CHUNK_BYTES (128 * 1024)
+
+/* VPSHUFB pattern: byte r (unsigned) of each 128-bit lane as the four int16 of a 64-bit lane */
+#define RPX_SC4(r) (r), -1, (r), -1, (r), -1, (r), -1
+
+/* the 8 activation bytes at p in each of the four 64-bit lanes */
+RPX_INLINE __m256i
+rpx_bcast8(const int8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi64x(v);
+}
+
+/* The VPSHUFB patterns that spread 8 rows' byte scales (bytes 0..7 of each 128-bit lane) to a
+ * row set's chunk: rows {0,1,4,5} (s = 0) or {2,3,6,7} (s = 1), each row's scale in the four
+ * int16 of its 64-bit lane. */
+RPX_INLINE void
+rpx_row_set_spread(__m256i spread[2])
+{
+    spread[0] = _mm256_setr_epi8(RPX_SC4(0), RPX_SC4(1), RPX_SC4(4), RPX_SC4(5));
+    spread[1] = _mm256_setr_epi8(RPX_SC4(2), RPX_SC4(3), RPX_SC4(6), RPX_SC4(7));
+}
+
+/* One 32-element sub-block of a row set: q[k] holds elements 8k .. 8k + 7 of its 4 rows as
+ * unsigned bytes (<= 31), xq the token's 32 quants. Four VPMADDUBSW add in int16 (at most
+ * 4 * 2 * 31 * 127 = 31496) and the widening VPMADDWD multiplies by the rows' scales S: the
+ * int32 sum sc * dot per row, two lanes a row. */
+RPX_INLINE __m256i
+rpx_subblock_dot(const __m256i q[4], const int8_t *xq, __m256i S)
+{
+    __m256i v = _mm256_maddubs_epi16(q[0], rpx_bcast8(xq));
+    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[1], rpx_bcast8(xq + 8)));
+    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[2], rpx_bcast8(xq + 16)));
+    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[3], rpx_bcast8(xq + 24)));
+    return _mm256_madd_epi16(v, S);
+}
+
+/* A Q4_K-form super-block's 8 x 8 mins (repack_impl.h's m[r][j]) as int16: M[i] holds rows
+ * 2i (low lane) and 2i + 1 (high lane). */
+RPX_INLINE void
+rpx_kmins_load(const uint8_t *pb, __m256i M[4])
+{
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        M[i] = _mm256_cvtepu8_epi16(
+            _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_M + 16 * i)));
+    }
+}
+
+/*
+ * The Q4_K-form finish of one super-block and token (Q4_K, Q5_K): ai0 / ai1 the row sets'
+ * scaled sums, xb the token's Q8_K block, dw / dmw the rows' d and dmin. The mins term
+ * sum_j m[j] (bsums[2j] + bsums[2j + 1]) (pair sums |p_j| <= 32 * 127) is four VPMADDWD of
+ * the rows' mins against the pairs; then kquants_impl.h's sequence lane-wise: d = y.d * x.d;
+ * dm = y.d * x.dmin; a = d * sumi; c = dm * summs; blk = a - c; sumf = sumf + blk.
+ */
+RPX_INLINE __m256
+rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256 dw,
+                 __m256 dmw, const __m256i M[4])
+{
+    const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    float yd;
+    memcpy(&yd, xb, sizeof yd);
+    /* p_0..p_7 in each 128-bit lane */
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
+    const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
+    const __m256i h0 =
+        _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs), _mm256_madd_epi16(M[1], pairs));
+    const __m256i h1 =
+        _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs), _mm256_madd_epi16(M[3], pairs));
+    const __m256i summs = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
+    const __m256i sumi = _mm256_hadd_epi32(ai0, ai1);
+    const __m256 ydv = _mm256_set1_ps(yd);
+    const __m256 d = _mm256_mul_ps(ydv, dw);
+    const __m256 dm = _mm256_mul_ps(ydv, dmw);
+    const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
+    const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
+    return _mm256_add_ps(acc, _mm256_sub_ps(a, c));
+}
+
+/* The super-block RPX_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
+ * loads jump between its ql and qh (qs and qh) parts, which the hardware prefetchers follow
+ * poorly. One token from memory: 0.68x of the row kernels without, 1.2x with (repack_bench's
+ * 192 MiB decode, docs/design.md); 4 super-blocks ahead beat 1 and 2, and the token tiles
+ * of a batch gain too (8 tokens 0.95x -> 1.2x). */
+#define RPX_PF_DIST 4
+
+RPX_INLINE void
+rpx_prefetch(const uint8_t *p, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64) {
+        _mm_prefetch((const char *)p + i, _MM_HINT_T0);
+    }
+}
+
+/* Q5_K's bit j of a qh byte moved to bit 4 */
+RPX_INLINE __m256i
+q5_hi(__m256i qh, int j, __m256i m10)
+{
+    switch (j) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10);
+    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10);
+    case 2: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), m10);
+    case 3: return _mm256_and_si256(_mm256_slli_epi16(qh, 1), m10);
+    case 4: return _mm256_and_si256(qh, m10);
+    case 5: return _mm256_and_si256(_mm256_srli_epi16(qh, 1), m10);
+    case 6: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), m10);
+    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 3), m10);
+    }
+}
+
+/*
+ * Q4_K (q5 false) and Q5_K: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K
+ * (xs bytes per token). The two forms share the header (scales, mins, d, dmin) and the qs
+ * layout; Q5_K adds qh, whose bit j of a byte becomes bit 4 of sub-block j's values (values
+ * 0..31, the int16 bound of rpx_subblock_dot), and prefetches ahead (its super-block's loads
+ * jump between qs and qh). Unrolled: sub-blocks 2i and 2i + 1 are the low and high nibbles of
+ * the same bytes, so the loads are shared and the shift is a constant. Out: lane r = row r.
+ */
+/* the Q4_K-form tiles' widest (4 tokens: the four VPMADDUBSW slices and the accumulators fit
+ * the 16 YMM registers) */
+#define RPX_K45_TM 4
+
+RPX_INLINE void
+rpx_tile_k45(bool q5, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+             __m256 *out)
+{
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    __m256i spread[2];
+    rpx_row_set_spread(spread);
+    __m256 acc[RPX_K45_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * bb;
+        if (q5) {
+            rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
+        }
+        __m256i ai[RPX_K45_TM][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            int64_t scj;
+            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
+            const __m256i scv = _mm256_set1_epi64x(scj);
+            const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
+#pragma GCC unroll 2
+            for (int s = 0; s < 2; s++) {
+                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
+                __m256i q[4];
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
+                    q[k] = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
+                                   : _mm256_and_si256(raw, m4);
+                    if (q5) {
+                        const __m256i qh = _mm256_loadu_si256(
+                            (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
+                        q[k] = _mm256_or_si256(q[k], q5_hi(qh, j, m10));
+                    }
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
+                                                        (size_t)b * sizeof(sp_block_q8_k) +
+                                                        offsetof(sp_block_q8_k, qs)) +
+                                       32 * j;
+                    ai[t][s] = _mm256_add_epi32(ai[t][s], rpx_subblock_dot(q, xq, S));
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
+        const __m256 dmw =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
+        __m256i M[4];
+        rpx_kmins_load(pb, M);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
+            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        out[t] = acc[t];
+    }
+}
+
+/* A tile: one group (8 rows) x T tokens over all nb blocks, T fixed per instance. xsum / xd
+ * are the token chunk's per-block scratch of the forms that need it (NULL otherwise). Out:
+ * lane r = row r, one vector a token. */
+typedef void (*rpx_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                            const int32_t *xsum, const float *xd, __m256 *out);
+
+/* Fills a token chunk's scratch (n_tok tokens from x): xsum / xd[t * nb + b]. */
+typedef void (*rpx_fill_fn)(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb,
+                            int32_t *xsum, float *xd);
+
+typedef struct {
+    const rpx_tile_fn *tiles; /* tiles[T], T = 1..tm */
+    int tm;                   /* widest tile (<= RPX_OUT_MAX) */
+    int64_t tc;               /* tokens per chunk, a multiple of tm */
+    int64_t nb;               /* blocks per row */
+    rpx_fill_fn fill;         /* NULL: no scratch (Q8_K activations carry their sums) */
+    int kind;                 /* passed to fill */
+    int32_t *xsum;            /* tc * nb entries each, when fill is set */
+    float *xd;
+} rpx_plan_t;
+
+/* Tokens per chunk: the activations of chunk_bytes, at most cap (0: none), a multiple of tm
+ * and at least tm. */
+static inline int64_t
+rpx_chunk_tokens(size_t chunk_bytes, size_t xs, int64_t cap, int tm)
+{
+    int64_t tc = (int64_t)(chunk_bytes / (xs ? xs : 1));
+    if (cap > 0 && tc > cap) {
+        tc = cap;
+    }
+    tc = tc / tm * tm;
+    return tc < tm ? tm : tc;
+}
+
+/*
+ * Rows [r0, r1) x n_tok tokens: the groups that cover the rows, each computed whole and
+ * stored only where the row is asked for. Tokens go in chunks whose activations stay in
+ * cache while the groups sweep them; each chunk's scratch is filled once.
+ */
+static inline void
+rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+         size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += p->tc) {
+        const int64_t t1 = t0 + p->tc < n_tok ? t0 + p->tc : n_tok;
+        if (p->fill) {
+            p->fill(p->kind, (const uint8_t *)x + (size_t)t0 * xs, xs, t1 - t0, p->nb, p->xsum,
+                    p->xd);
+        }
+        for (int64_t g = g0; g < g1; g++) {
+            const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
+            for (int64_t t = t0; t < t1; t += p->tm) {
+                const int T = (int)(t1 - t < p->tm ? t1 - t : p->tm);
+                const size_t so = (size_t)((t - t0) * p->nb);
+                __m256 out[RPX_OUT_MAX];
+                p->tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
+                            p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
+                for (int tt = 0; tt < T; tt++) {
+                    float o[SP_REPACK_ROWS];
+                    _mm256_storeu_ps(o, out[tt]);
+                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
+                        const int64_t row = g * SP_REPACK_ROWS + r;
+                        if (row >= r0 && row < r1) {
+                            y[(t + tt) * ldy + row] = o[r];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#endif
