@@ -54,10 +54,11 @@ LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                -mavx512vnni -mavx512bf16
+AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-int8
 
 # The SIMD files of the other architecture are never compiled.
 ifeq ($(ARCH),arm64)
-SIMD_SKIP := src/kernels/cpu/avx%
+SIMD_SKIP := src/kernels/cpu/avx% src/kernels/cpu/amx%
 else
 SIMD_SKIP := src/kernels/cpu/neon%
 endif
@@ -68,8 +69,10 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 AVX2_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx2*.c))
 AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
+AMX_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/amx*.c))
 $(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
 $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
+$(AMX_OBJ):    ISA_FLAGS = $(AMX_FLAGS)
 # arm64: neon.c is base ARMv8-A; the SDOT file alone may use the dot-product extension.
 $(BUILD)/src/kernels/cpu/neon_dotprod.o: ISA_FLAGS = -march=armv8.2-a+dotprod
 ifeq ($(ARCH),arm64)

@@ -45,7 +45,6 @@ static int
 mla_main(int64_t n_kv, const char *only)
 {
     enum { HD = 576, VLO = 64, NQ = 16 };
-    const char *level_names[3] = {"scalar", "avx2", "avx512"};
     if (n_kv < 1 || n_kv > (1 << 20)) {
         fprintf(stderr, "usage: attn_bench mla [n_kv [level]]\n");
         return 2;
@@ -88,9 +87,9 @@ mla_main(int64_t n_kv, const char *only)
     printf("mla: n_kv %lld, %d heads, head_dim %d (values from %d), cold (%lld copies), "
            "ns per call, best of 5\n",
            (long long)n_kv, NQ, HD, VLO, (long long)n_copies);
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
-        if (k == NULL || (only != NULL && strcmp(only, level_names[lv]) != 0)) continue;
+        if (k == NULL || (only != NULL && strcmp(only, sp_cpu_level_name((sp_cpu_level_t)lv)) != 0)) continue;
         for (int kind = 0; kind < 3; kind++) {
             const sp_type_t kt = kind == 2 ? SP_TYPE_Q8_0 : kind == 1 ? SP_TYPE_F16 : SP_TYPE_F32;
             const int64_t reps = lv == SP_CPU_SCALAR ? 2 : n_copies;
@@ -140,7 +139,6 @@ main(int argc, char **argv)
     const int64_t hd = argc > 2 ? atoll(argv[2]) : 64;
     const int64_t n_q = argc > 3 ? atoll(argv[3]) : 8;
     const char *only = argc > 4 ? argv[4] : NULL;
-    const char *level_names[3] = {"scalar", "avx2", "avx512"};
     if (n_kv < 1 || hd < 1 || n_q < 1 || n_kv > (1 << 20) || hd > 4096 || n_q > 64) {
         fprintf(stderr, "usage: attn_bench [n_kv [head_dim [n_q [level]]]]\n");
         return 2;
@@ -186,9 +184,9 @@ main(int argc, char **argv)
     printf("n_kv %lld head_dim %lld n_q %lld (warm: one block in cache; cold: %lld blocks "
            "in turn)\n",
            (long long)n_kv, (long long)hd, (long long)n_q, (long long)n_copies);
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
-        if (k == NULL || (only != NULL && strcmp(only, level_names[l]) != 0)) continue;
+        if (k == NULL || (only != NULL && strcmp(only, sp_cpu_level_name((sp_cpu_level_t)l)) != 0)) continue;
         for (int t = 0; t < 6; t++) {
             const int kind = t % 3, f16 = kind == 1, q8 = kind == 2, cold = t / 3;
             const sp_type_t kt = q8 ? SP_TYPE_Q8_0 : f16 ? SP_TYPE_F16 : SP_TYPE_F32;

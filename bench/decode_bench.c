@@ -431,10 +431,10 @@ main(int argc, char **argv)
          * from avx512_qgemm.c's entries), when it has one: the panels alone, measured in the
          * same passes, interleaved (A/B). */
         sp_cpu_kernels_t old = *k;
-        const sp_gemm_fn prev = k->level == SP_CPU_AVX512 ? sp__avx512_qgemm_panels(types[ti])
+        const sp_gemm_fn prev = k->level >= SP_CPU_AVX512 ? sp__avx512_qgemm_panels(types[ti])
                                                           : NULL;
         const bool ab = prev != NULL && k->gemm[types[ti]] != prev &&
-                        k->level == SP_CPU_AVX512;
+                        k->level >= SP_CPU_AVX512;
         if (ab) {
             old.gemm[types[ti]] = prev;
         }

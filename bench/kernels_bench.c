@@ -170,11 +170,10 @@ bench_level(const sp_cpu_kernels_t *k)
 int
 main(int argc, char **argv)
 {
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
-        static const char *names[] = {"scalar", "avx2", "avx512"};
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         bool want = argc < 2;
         for (int i = 1; i < argc; i++) {
-            want = want || strcmp(argv[i], names[l]) == 0;
+            want = want || strcmp(argv[i], sp_cpu_level_name((sp_cpu_level_t)l)) == 0;
         }
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (want && k != NULL) {

@@ -70,7 +70,7 @@ main(int argc, char **argv)
     sp_quantize_row(SP_TYPE_Q8_K, f, x, (int64_t)N * TOK);
     static const sp_type_t types[] = {SP_TYPE_Q4_K, SP_TYPE_Q6_K, SP_TYPE_Q5_K,
                                       SP_TYPE_Q3_K, SP_TYPE_IQ4_XS, SP_TYPE_Q2_K};
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL)
             continue;

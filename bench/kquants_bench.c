@@ -82,7 +82,7 @@ main(void)
     sp_block_q8_k *x = malloc(sizeof(sp_block_q8_k) * (N / SP_QK_K) * TOK);
     sp__kquants_quantize_row(SP_TYPE_Q8_K, f, x, (int64_t)N * TOK);
 
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL)
             continue;

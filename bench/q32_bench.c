@@ -80,7 +80,7 @@ main(int argc, char **argv)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         xf[i] = (float)((int64_t)(s >> 33) % 2001 - 1000) * 1e-3f;
     }
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL)
             continue;

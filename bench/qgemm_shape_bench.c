@@ -48,7 +48,7 @@ run_gemm(void *ctx)
 static sp_gemm_fn
 prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
 {
-    if (k->level == SP_CPU_AVX512) {
+    if (k->level >= SP_CPU_AVX512) {
         if (!__builtin_cpu_supports("avx512vnni"))
             return NULL;
         /* the VNNI kernels against what the table had before them: the AVX2 packed gemm of a
@@ -107,7 +107,7 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
     sp_gemm_fn pg = prev_gemm(k, wt);
     uint8_t *wp = NULL;
-    if (k->level == SP_CPU_AVX512 && k->repack_gemm[wt] != NULL) {
+    if (k->level >= SP_CPU_AVX512 && k->repack_gemm[wt] != NULL) {
         /* the AVX-512 table runs this type on packed weights (the engine's path) */
         /* in the table's own form (Q8_0 / Q4_0: 16-row panels) */
         const sp_repack_layout_t lay = k->repack_layout[wt];
@@ -122,8 +122,8 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
         printf("%-8s %-7s K=%-5lld no gemm\n", k->name, sp_type_name(wt), (long long)n);
         goto done;
     }
-    if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level == SP_CPU_AVX512)) {
-        const bool rows = k->level == SP_CPU_AVX512 && pg == k->gemm[wt]; /* on the rows */
+    if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level >= SP_CPU_AVX512)) {
+        const bool rows = k->level >= SP_CPU_AVX512 && pg == k->gemm[wt]; /* on the rows */
         run_t prev = {pg, n, rows ? w : cur.w, rows ? wrow : cur.wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
@@ -173,7 +173,7 @@ main(int argc, char **argv)
     /* AVX2 with its A/B against the previous kernels, then the AVX-512 table where the CPU
      * has one (which level's gemm is faster for a type decides what the AVX-512 table keeps) */
     static const int64_t widths[] = {2048, 5632};
-    for (int lv = SP_CPU_AVX2; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_AVX2; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         for (size_t wi = 0; k != NULL && wi < 2; wi++)
             for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)

@@ -75,7 +75,7 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     const int gr1 = sp_repack_layout_rows(l1), gr2 = sp_repack_layout_rows(l2);
     sp_repack_pack_in(l1, wt, n, w, wrow, rows, 0, (rows + gr1 - 1) / gr1, wp);
     sp_repack_pack_in(l2, wt, n, w, wrow, rows, 0, (rows + gr2 - 1) / gr2, wp2);
-    const int nv = k->level == SP_CPU_AVX512 && k2 != NULL && k2->repack_gemm[wt] != NULL &&
+    const int nv = k->level >= SP_CPU_AVX512 && k2 != NULL && k2->repack_gemm[wt] != NULL &&
                            k2->repack_gemm[wt] != k->repack_gemm[wt]
                        ? 3
                        : 2;

@@ -59,7 +59,7 @@ if [ -z "$levels" ]; then
     broken=$((broken + 1)); echo "run: kernels_cpu_levels printed no levels"
 fi
 best=${levels##* }
-for lvl in scalar avx2 avx512; do
+for lvl in scalar avx2 avx512 amx; do
     [ -n "$levels" ] && [ "$lvl" != "$best" ] || continue
     echo "== unit tests, engine level, SAMPAN_CPU=$lvl"
     if grep -qw "$lvl" <<<"$levels"; then

@@ -236,9 +236,16 @@ typedef enum sp_cpu_level {
     SP_CPU_SCALAR = 0,
     SP_CPU_AVX2 = 1,   /* AVX2 + FMA + F16C */
     SP_CPU_AVX512 = 2, /* AVX-512 F/BW/VL (+ VNNI, BF16 where the CPU has them) */
+    SP_CPU_AMX = 3,    /* AVX-512 with VNNI + AMX-INT8 tiles (Sapphire Rapids and later) */
     SP_CPU_NEON = 1,   /* arm64: Advanced SIMD */
     SP_CPU_DOTPROD = 2, /* arm64: Advanced SIMD + SDOT (armv8.2-a dotprod) */
+    SP_CPU_TOP = 3,    /* the highest level number; loops over levels stop here (an arm64
+                        * build has no level 3: sp_cpu_kernels_for gives NULL) */
 } sp_cpu_level_t;
+
+/* The name SAMPAN_CPU uses for a level ("scalar", "avx2", "avx512", "amx"; on arm64
+ * "scalar", "neon", "dotprod"), or "?" for a number that is no level here. */
+const char *sp_cpu_level_name(sp_cpu_level_t level);
 
 /*
  * Matrix product over a range of weight rows:

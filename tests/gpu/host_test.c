@@ -2234,11 +2234,10 @@ main(int argc, char **argv)
     }
     /* The CPU engine's kernel level (SAMPAN_CPU lowers it) and the levels this
      * CPU has, by their SAMPAN_CPU names: test_cuda.py reruns at the others. */
-    static const char *const level_names[] = {"scalar", "avx2", "avx512"};
-    printf("cpu kernels: %s; levels:", level_names[sp_cpu_kernels()->level]);
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    printf("cpu kernels: %s; levels:", sp_cpu_level_name(sp_cpu_kernels()->level));
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
-            printf(" %s", level_names[l]);
+            printf(" %s", sp_cpu_level_name((sp_cpu_level_t)l));
         }
     }
     printf("\n");

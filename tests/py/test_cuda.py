@@ -70,7 +70,7 @@ s.case("host tests (shared math, loader, forward vs CPU, errors)",
 m = re.search(r"^cpu kernels: (\S+); levels:(.*)$", out, re.M)
 levels = m.group(2).split() if m else []
 s.case("host tests report the CPU kernel levels", bool(levels), out[:500])
-for lvl in ("scalar", "avx2", "avx512"):
+for lvl in ("scalar", "avx2", "avx512", "amx"):
     if not levels or lvl == levels[-1]:
         continue
     if lvl not in levels:

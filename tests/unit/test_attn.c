@@ -68,7 +68,7 @@ static int
 simd_levels(const sp_cpu_kernels_t **out)
 {
     int n = 0;
-    for (int l = SP_CPU_AVX2; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_AVX2; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k != NULL && !(n > 0 && same_attn_ops(out[n - 1], k))) out[n++] = k;
     }
@@ -378,7 +378,7 @@ check_attn_case(const sp_cpu_kernels_t *const *lv, int nl, int64_t hd, int64_t n
 
 TEST(attn_matches_reference_all_shapes)
 {
-    const sp_cpu_kernels_t *lv[3];
+    const sp_cpu_kernels_t *lv[SP_CPU_TOP + 1];
     int nl = simd_levels(lv);
     lv[nl++] = sp_cpu_kernels_ref(); /* the reference's own invariance */
     const int64_t hds[] = {8, 13, 64, 72, 128, 96};
@@ -401,7 +401,7 @@ TEST(attn_matches_reference_all_shapes)
  * suite runs under qemu instead of the whole sweep (half a minute there). */
 TEST(attn_matches_reference_tails)
 {
-    const sp_cpu_kernels_t *lv[3];
+    const sp_cpu_kernels_t *lv[SP_CPU_TOP + 1];
     int nl = simd_levels(lv);
     lv[nl++] = sp_cpu_kernels_ref();
     const int64_t hds[] = {8, 13, 40, 72, 96};
@@ -452,7 +452,7 @@ naive_attn(const attn_case_t *c, int64_t h, int64_t d)
  * these magnitudes (scores below 8). */
 TEST(attn_window_softcap_sinks)
 {
-    const sp_cpu_kernels_t *lv[3];
+    const sp_cpu_kernels_t *lv[SP_CPU_TOP + 1];
     int nl = simd_levels(lv);
     lv[nl++] = sp_cpu_kernels_ref();
     static const float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, 3.5f, -0.25f, 1.0f, 6.0f};

@@ -81,10 +81,10 @@ typedef struct {
 static sp_cpu_kernels_t novnni_table;
 
 static int
-levels(level_entry out[4])
+levels(level_entry out[SP_CPU_TOP + 2])
 {
     int n = 0;
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL) {
             fprintf(stderr, "  skipped level %d: this CPU lacks it\n", l);
@@ -208,7 +208,7 @@ TEST(kernels_fp16_conversions)
             ASSERT_EQ(sp_fp32_to_fp16(ref[i]), i);
         }
     }
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         for (int64_t n = 65536; n >= 65536 - 15; n -= 5) { /* odd tails too */
@@ -238,7 +238,7 @@ TEST(kernels_bf16_conversions)
         all[i] = (uint16_t)i;
         ref[i] = sp_bf16_to_fp32((sp_bf16_t)i);
     }
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         lv[l].k->to_float[SP_TYPE_BF16](all, got, 65536 - 3);
@@ -408,7 +408,7 @@ TEST(kernels_q8_0_activations_every_level_equal_reference)
     ASSERT(x && want && got);
     act_rows(x);
     sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_0](x, want, n);
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         memset(got, 0x55, sizeof(sp_block_q8_0) * ACT_BLOCKS);
@@ -439,7 +439,7 @@ TEST(kernels_q8_0_activations_follow_llama_rule)
     ASSERT_EQ(want[1].qs[17], 2);
     ASSERT_EQ(want[1].qs[15], 0);
     ASSERT_EQ(want[1].qs[14], -2);
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         lv[l].k->from_float[SP_TYPE_Q8_0](x, got, n);
@@ -481,7 +481,7 @@ TEST(kernels_q_products_match_llama_activations)
     rng_seed(12);
     fill_random(wf, n);
     static const sp_type_t qt[] = {SP_TYPE_Q8_0, SP_TYPE_Q4_0};
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int t = 0; t < 2; t++) {
         ASSERT(sp_quantize_row(qt[t], wf, w, n));
@@ -514,7 +514,7 @@ TEST(kernels_vec_dot_vs_reference)
     static const int64_t qlens[] = {32, 64, 96, 160, 4096, 4128};
     static const int64_t flens[] = {1, 7, 16, 17, 33, 100, 1000, 4096, 4103};
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int ti = 0; ti < N_WTYPES; ti++) {
         sp_type_t wt = wtypes[ti];
@@ -572,7 +572,7 @@ TEST(kernels_q8_0_extreme_bytes)
             want += (int64_t)w[b].qs[j] * x[b].qs[j];
         }
     }
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         for (int nb = 1; nb <= 4; nb++) {
@@ -639,7 +639,7 @@ check_gemm(const level_entry *le, sp_type_t wt, int64_t n, uint64_t seed)
 
 TEST(kernels_gemm_is_batch_invariant)
 {
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         for (int ti = 0; ti < N_WTYPES; ti++) {
@@ -711,7 +711,7 @@ check_gemm_shapes(const char *label, const sp_cpu_kernels_t *k, const sp_cpu_ker
 
 TEST(kernels_gemm_large_shapes)
 {
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         for (int ti = 0; ti < N_WTYPES; ti++) {
@@ -731,7 +731,7 @@ TEST(kernels_gemm_large_shapes)
 TEST(kernels_one_token_row_ranges)
 {
     static const int64_t row_counts[] = {1, 2, 7, 8, 9, 15, 17, 33, 67};
-    level_entry lv[4];
+    level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
         const sp_cpu_kernels_t *k = lv[l].k;
@@ -898,11 +898,13 @@ TEST(kernels_dispatch)
 #else
     ASSERT((sp_cpu_kernels_for(SP_CPU_AVX2) != NULL) == f->avx2);
     ASSERT((sp_cpu_kernels_for(SP_CPU_AVX512) != NULL) == f->avx512);
+    ASSERT((sp_cpu_kernels_for(SP_CPU_AMX) != NULL) == f->amx_int8);
+    ASSERT(!f->amx_int8 || f->avx512_vnni);
     ASSERT(!f->neon && !f->dotprod);
 #endif
     ASSERT(sp_cpu_kernels_for((sp_cpu_level_t)7) == NULL);
     fprintf(stderr, "  best table: %s\n", best->name);
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL) {
             continue;
@@ -933,6 +935,11 @@ TEST(kernels_env_level)
     ASSERT_EQ(sp__cpu_level_from_env("scalar", SP_CPU_AVX512), SP_CPU_SCALAR);
     ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_AVX512), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX512), SP_CPU_AVX512);
+    ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AMX), SP_CPU_AVX512);
+    ASSERT_EQ(sp__cpu_level_from_env("amx", SP_CPU_AMX), SP_CPU_AMX);
+    ASSERT_EQ(sp__cpu_level_from_env("amx", SP_CPU_AVX512), SP_CPU_AVX512);
+    ASSERT(strcmp(sp_cpu_level_name(SP_CPU_AMX), "amx") == 0);
+    ASSERT(strcmp(sp_cpu_level_name((sp_cpu_level_t)9), "?") == 0);
     /* never above what the CPU has */
     ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX2), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_SCALAR), SP_CPU_SCALAR);
@@ -948,16 +955,11 @@ TEST(kernels_cpu_levels)
 {
     char line[64] = "";
     sp_cpu_level_t best = SP_CPU_SCALAR;
-#if defined(__aarch64__)
-    static const char *names[] = {"scalar", "neon", "dotprod"};
-#else
-    static const char *names[] = {"scalar", "avx2", "avx512"};
-#endif
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         if (sp_cpu_kernels_for((sp_cpu_level_t)l) != NULL) {
             best = (sp_cpu_level_t)l;
             strcat(line, " ");
-            strcat(line, names[l]);
+            strcat(line, sp_cpu_level_name((sp_cpu_level_t)l));
         }
     }
     fprintf(stderr, "  cpu levels:%s\n", line);

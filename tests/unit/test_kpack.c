@@ -129,12 +129,12 @@ kp_run(const kp_case_t *c, sp_gemm_fn gemm, int64_t r0, int64_t r1, int64_t nt)
 /* the scalar oracle, then every level that packs the type (the process never mixes tables,
  * but each table's kernel reads the one 8-row form) */
 static int
-kp_kernels(sp_type_t type, sp_gemm_fn gemm[3], const char *names[3])
+kp_kernels(sp_type_t type, sp_gemm_fn gemm[SP_CPU_TOP + 1], const char *names[SP_CPU_TOP + 1])
 {
     int nk = 0;
     gemm[nk] = sp__repack_gemm_ref(type);
     names[nk++] = "scalar packed";
-    for (int l = SP_CPU_AVX2; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_AVX2; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k != NULL && k->repack_gemm[type] != NULL) {
             ASSERT_EQ(k->repack_layout[type], SP_REPACK_ROW8);
@@ -151,8 +151,8 @@ kp_check_type(sp_type_t type)
     static const int64_t ns[] = {256, 768};
     static const int64_t rowss[] = {1, 7, 13, 37};
     static const int64_t nts[] = {1, 2, 3, 7, 8, 9, 33, 64};
-    sp_gemm_fn gemm[3];
-    const char *names[3];
+    sp_gemm_fn gemm[SP_CPU_TOP + 1];
+    const char *names[SP_CPU_TOP + 1];
     const int nk = kp_kernels(type, gemm, names);
     if (sp_cpu_kernels_for(SP_CPU_AVX2) != NULL)
         ASSERT(nk >= 2); /* the AVX2 table packs both types */
@@ -231,8 +231,8 @@ kp_extremes(sp_type_t type)
     free(f);
     kp_pack(&c);
     kp_want(&c);
-    sp_gemm_fn gemm[3];
-    const char *names[3];
+    sp_gemm_fn gemm[SP_CPU_TOP + 1];
+    const char *names[SP_CPU_TOP + 1];
     const int nk = kp_kernels(type, gemm, names);
     for (int ki = 0; ki < nk; ki++)
         for (int64_t nt = 1; nt <= 3; nt++)
@@ -255,8 +255,8 @@ kp_planted(sp_type_t type)
     const int64_t n = 512, rows = 13;
     kp_case_t c;
     kp_make(&c, type, n, rows, 3, 99, false);
-    sp_gemm_fn gemm[3];
-    const char *names[3];
+    sp_gemm_fn gemm[SP_CPU_TOP + 1];
+    const char *names[SP_CPU_TOP + 1];
     const int nk = kp_kernels(type, gemm, names);
     const bool q6 = type == SP_TYPE_Q6_K;
     uint8_t *g1 = c.packed + c.gb, *b1 = g1 + (q6 ? SP_REPACK_Q6K_BLOCK_BYTES : SP_REPACK_Q5K_BLOCK_BYTES);

@@ -162,7 +162,7 @@ TEST(kquants_q4k_layout_pattern)
         }
     }
     /* every level's to_float agrees */
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *kt = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (kt == NULL)
             continue;
@@ -213,7 +213,7 @@ TEST(kquants_q6k_layout_pattern)
     ASSERT(sp__kquants_dequantize_row(SP_TYPE_Q6_K, &b, out, 256));
     for (int e = 0; e < 256; e++)
         ASSERT_FEQ(out[e], 0.5 * b.scales[e / 16] * (q[e] - 32));
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *kt = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (kt == NULL)
             continue;
@@ -278,7 +278,7 @@ TEST(kquants_q8k_every_level_equal_reference)
     x[1024 + 200] = INFINITY;
     sp_block_q8_k want[NB], got[NB];
     sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_K](x, want, NB * 256);
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL)
             continue;
@@ -630,7 +630,7 @@ TEST(kquants_extreme_values)
         ASSERT(sp__kquants_dequantize_row(SP_TYPE_Q6_K, &w6, wd, 256));
         for (int i = 0; i < 256; i++)
             want6 += (double)wd[i] * x.qs[i];
-        for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
             if (k == NULL)
                 continue;
@@ -701,7 +701,7 @@ check_gemm_long(const sp_cpu_kernels_t *k, sp_type_t type, int nb, int t_max)
 
 TEST(kquants_gemm_long_rows_many_tokens)
 {
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL) {
             printf("skipped: level %d not on this CPU\n", lv);
@@ -745,7 +745,7 @@ TEST(kquants_gemm_extremes_many_tokens)
             x[t].bsums[g] = (int16_t)s;
         }
     }
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL || k->gemm[SP_TYPE_Q6_K] == NULL)
             continue;

@@ -229,7 +229,7 @@ check_deq(sp_type_t type, const void *blk, const float *want)
         if (out[e] != want[e])
             SP_TEST_FAIL("%s element %d: %g, want %g", sp_type_name(type), e, (double)out[e],
                          (double)want[e]);
-    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+    for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
         if (k == NULL)
             continue;
@@ -316,7 +316,7 @@ TEST(kquants2_traits)
         ASSERT(t != NULL && t->supported && t->is_quantized);
         ASSERT_EQ(t->blck_size, 256);
         ASSERT_EQ(t->type_size, types[i].bsize);
-        for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+        for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
             if (k == NULL)
                 continue;
@@ -733,7 +733,7 @@ TEST(kquants2_extreme_values)
                 want += (double)wd[i] * x.qs[i];
             types[ti].ref(256, &ref, blk[ti], &x);
             ASSERT(fabs(ref - want) <= 4 * 0x1p-24 * fabs(want));
-            for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_AVX512; lv++) {
+            for (int lv = SP_CPU_SCALAR; lv <= SP_CPU_TOP; lv++) {
                 const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
                 if (k == NULL)
                     continue;
@@ -844,7 +844,7 @@ TEST(kquants2_element_positions)
             if (!(fabs(ref - want) <= 8 * 0x1p-24 * 100.0 * (fabs(w[e]) + 2 * fabs(m[e])) + 1e-30))
                 SP_TEST_FAIL("%s element %d: reference %.9g vs 100 w = %.9g",
                              sp_type_name(td->type), e, (double)ref, want);
-            for (int lv = SP_CPU_AVX2; lv <= SP_CPU_AVX512; lv++) {
+            for (int lv = SP_CPU_AVX2; lv <= SP_CPU_TOP; lv++) {
                 const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lv);
                 if (k == NULL)
                     continue;

@@ -168,7 +168,7 @@ mp_block_check(sp_type_t type)
     ASSERT(memcmp(yref, yref + E, sizeof(float) * (size_t)E) != 0);
     static const int64_t counts[] = {1, 2, 7, 8, 13, MP_ROWS};
     const bool row_is_ref = type != SP_TYPE_Q8_0 && type != SP_TYPE_Q4_0;
-    for (int lvl = SP_CPU_SCALAR; lvl <= SP_CPU_AVX512; lvl++) {
+    for (int lvl = SP_CPU_SCALAR; lvl <= SP_CPU_TOP; lvl++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)lvl);
         if (k == NULL)
             continue;

@@ -354,7 +354,7 @@ TEST(q32_q8_1_activations)
     /* the public quantizer and every level's table give the same bytes */
     ASSERT(sp_quantize_row(SP_TYPE_Q8_1, x, b2, QN));
     ASSERT(memcmp(b, b2, sizeof(b)) == 0);
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL)
             continue;
@@ -384,7 +384,7 @@ TEST(q32_q8_1_every_level_edge_blocks)
     x[128 + 4] = INFINITY;
     sp_block_q8_1 want[NB], got[NB];
     sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_1](x, want, NB * 32);
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL)
             continue;
@@ -705,7 +705,7 @@ TEST(q32_extreme_values)
             memset(x1[b].qs, sign * 127, sizeof(x1[b].qs));
             x1[b].s = sp_fp32_to_fp16((float)(sign * 127 * 32));
         }
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             if (k == NULL)
                 continue;
@@ -773,7 +773,7 @@ TEST(q32_random_blocks)
             for (int r = 0; r < R; r++)
                 sp_cpu_kernels_ref()->vec_dot[wt](32 * NB, &want[t][r], w[r],
                                                   (const char *)x + (size_t)t * xs);
-        for (int l = SP_CPU_AVX2; l <= SP_CPU_AVX512; l++) {
+        for (int l = SP_CPU_AVX2; l <= SP_CPU_TOP; l++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             if (k == NULL)
                 continue;
@@ -834,7 +834,7 @@ TEST(q32_gemm_tiles)
         for (int t = 0; t < T; t++)
             for (int r = 0; r < R; r++)
                 sp_cpu_kernels_ref()->vec_dot[wt](32 * NB, &want[t][r], w[r], x + (size_t)t * xs);
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             if (k == NULL)
                 continue;
@@ -1020,11 +1020,11 @@ check_q4panels(int nb, int rows, int toks, const int (*ranges)[2], int n_ranges,
         if (sp_cpu_kernels_for(SP_CPU_AVX512) != NULL && __builtin_cpu_supports("avx512vnni"))
             sp__q32_level_avx512(&direct, true);
 #endif
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512 + 1; l++) {
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP + 1; l++) {
             const sp_cpu_kernels_t *k =
-                l <= SP_CPU_AVX512 ? sp_cpu_kernels_for((sp_cpu_level_t)l) : NULL;
+                l <= SP_CPU_TOP ? sp_cpu_kernels_for((sp_cpu_level_t)l) : NULL;
             const sp_gemm_fn gemm = k != NULL ? k->gemm[wt] : direct.gemm[wt];
-            if (gemm == NULL || (l <= SP_CPU_AVX512 && k == NULL))
+            if (gemm == NULL || (l <= SP_CPU_TOP && k == NULL))
                 continue;
             for (int ri = 0; ri < n_ranges; ri++)
                 for (int ni = 0; ni < n_nts; ni++) {

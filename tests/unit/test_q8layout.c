@@ -208,7 +208,7 @@ ql_kernels(sp_type_t type, sp_gemm_fn gemm[4], const char *names[4])
     int nk = 0;
     gemm[nk] = type == SP_TYPE_Q4_0 ? sp__repack_q4_0_p16_gemm_ref : sp__repack_q8_0_p16_gemm_ref;
     names[nk++] = "scalar panel16";
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         if (k == NULL) {
             printf("  skipped: level %d not on this CPU\n", l);

@@ -277,7 +277,7 @@ TEST(repack_extreme_values)
         for (int t = 0; t < 3; t++)
             for (int r = 0; r < rows; r++)
                 ref->vec_dot[type](n, &want[t][r], w + r * 8 * 18, x[t]);
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
             if (l == SP_CPU_SCALAR)
@@ -391,7 +391,7 @@ TEST(repack_extreme_q8_0_q4_k)
         for (int t = 0; t < 3; t++)
             for (int r = 0; r < rows; r++)
                 ref->vec_dot[type](n, &want[t][r], w + (size_t)r * rb, x + (size_t)t * xs);
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
             const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
             sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
             if (l == SP_CPU_SCALAR)
@@ -472,7 +472,7 @@ TEST(repack_iq4_xs_panels)
                                          x + (size_t)t * xs);
     static const int64_t ranges[3][2] = {{0, 37}, {3, 30}, {17, 35}};
     static const int64_t nts[] = {1, 2, 3, 8, 9, 17, 140};
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[SP_TYPE_IQ4_XS];
         if (l == SP_CPU_SCALAR)
@@ -560,7 +560,7 @@ rp_check_q32_panels(sp_type_t type, int64_t n, int64_t rows, int64_t toks, const
         for (int64_t r = 0; r < rows; r++)
             ref->vec_dot[type](n, &want[t * rows + r], w + (size_t)r * rb, x + (size_t)t * xs);
     static const int64_t ranges[3][2] = {{0, 37}, {3, 30}, {17, 35}};
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
         const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
         sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
         if (l == SP_CPU_SCALAR)

@@ -52,6 +52,8 @@ void sp__kquants2_register_avx512(sp_cpu_kernels_t *k);
 /* avx512_kpanel.c: the VNNI row-panel gemm of Q2_K (decoded panels swept by the tokens);
  * registers nothing without VNNI. */
 void sp__kpanels_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
+/* amx.c: the AMX level's overrides of the AVX-512 (VNNI) table. */
+void sp__amx_register(sp_cpu_kernels_t *k);
 /* avx512_qgemm.c: Q8_0 / Q4_0 x Q8_0 row-panel gemm; only on CPUs with VNNI. */
 void sp__avx512_qgemm_register(sp_cpu_kernels_t *k);
 /* avx512_gemv.c: one-token (decode) Q4_0 / Q8_0 x Q8_0 products from the row layout, VNNI
@@ -107,6 +109,8 @@ typedef struct sp_cpu_features {
     bool avx512;     /* AVX-512 F/BW/VL/DQ, ZMM state enabled */
     bool avx512_vnni;
     bool avx512_bf16;
+    bool amx_int8;   /* AMX tiles + INT8 (TDPBSSD...), XTILECFG/XTILEDATA enabled and the
+                      * process granted the tile state (arch_prctl ARCH_REQ_XCOMP_PERM) */
     bool neon;       /* arm64: Advanced SIMD (always there) */
     bool dotprod;    /* arm64: SDOT/UDOT (HWCAP_ASIMDDP) */
 } sp_cpu_features_t;

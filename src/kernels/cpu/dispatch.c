@@ -9,8 +9,13 @@
  * built for arm64, nor the NEON files for x86), which of them run at run time.
  * One table per level is built on first use (pthread_once) and never changes
  * afterwards, so callers may keep the pointer and share it between threads.
- * SAMPAN_CPU=scalar|avx2|avx512 (x86) or scalar|neon|dotprod (arm64) is read
- * once and can only lower the level.
+ * SAMPAN_CPU=scalar|avx2|avx512|amx (x86) or scalar|neon|dotprod (arm64) is
+ * read once and can only lower the level.
+ *
+ * AMX: besides cpuid (AMX-TILE, AMX-INT8) and XCR0 (XTILECFG, XTILEDATA), Linux
+ * hands the 8 KiB tile state to a process only on request (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, kernel 5.16+); the request is made once, here, for the
+ * whole process, and a refusal leaves the CPU at the AVX-512 level.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -18,6 +23,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "sampan/log.h"
 
@@ -38,14 +47,15 @@
 /* The names SAMPAN_CPU accepts, indexed by level: the two SIMD levels mean
  * AVX2 / AVX-512 on x86 and NEON / NEON with dot product on arm64. */
 #if defined(__aarch64__)
-static const char *const level_names[3] = {"scalar", "neon", "dotprod"};
+static const char *const level_names[] = {"scalar", "neon", "dotprod"};
 #else
-static const char *const level_names[3] = {"scalar", "avx2", "avx512"};
+static const char *const level_names[] = {"scalar", "avx2", "avx512", "amx"};
 #endif
+#define N_LEVELS ((int)(sizeof(level_names) / sizeof(level_names[0])))
 
 static sp_cpu_features_t features;
-static sp_cpu_kernels_t tables[3];
-static bool table_ok[3];
+static sp_cpu_kernels_t tables[SP_CPU_TOP + 1];
+static bool table_ok[SP_CPU_TOP + 1];
 static sp_cpu_level_t chosen;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -56,6 +66,19 @@ xgetbv0(void)
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+/* Ask Linux for the AMX tile data state (XFEATURE_XTILEDATA = 18); without it
+ * the first tile instruction faults. */
+static bool
+request_amx_state(void)
+{
+#if defined(__linux__) && defined(__x86_64__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
 }
 #endif
 
@@ -82,6 +105,8 @@ detect(sp_cpu_features_t *f)
     bool avx2 = b & (1u << 5);
     bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
     bool vnni = c & (1u << 11);
+    bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
+    bool tile_os = (xcr0 & 0x60000) == 0x60000; /* XTILECFG + XTILEDATA */
     unsigned max_sub = a;
     bool bf16 = false;
     if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
@@ -91,6 +116,7 @@ detect(sp_cpu_features_t *f)
     f->avx512 = f->avx2 && f512 && dq && bw && vl && zmm_os;
     f->avx512_vnni = f->avx512 && vnni;
     f->avx512_bf16 = f->avx512 && bf16;
+    f->amx_int8 = f->avx512_vnni && amx_tile && amx_int8 && tile_os && request_amx_state();
 #elif defined(__aarch64__)
     f->neon = true; /* Advanced SIMD is mandatory in AArch64 */
     f->dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
@@ -104,7 +130,7 @@ sp__cpu_level_from_env(const char *value, sp_cpu_level_t best)
     if (value == NULL || value[0] == '\0') {
         return best;
     }
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512; l++) {
+    for (int l = SP_CPU_SCALAR; l < N_LEVELS; l++) {
         if (strcmp(value, level_names[l]) == 0) {
             want = (sp_cpu_level_t)l;
         }
@@ -181,7 +207,20 @@ sp__cpu_build_table(sp_cpu_kernels_t *k, sp_cpu_level_t level, bool has_vnni, bo
         k->name = has_vnni ? (has_bf16 ? "avx512-vnni-bf16" : "avx512-vnni")
                            : (has_bf16 ? "avx512-bf16" : "avx512");
     }
+    if (level >= SP_CPU_AMX) {
+        /* The AVX-512 table with the integer products of the packed 16-row panels on AMX
+         * tiles (amx.c); the same panels, the same bits. Only built where the CPU has
+         * VNNI too. */
+        sp__amx_register(k);
+        k->name = has_bf16 ? "amx-avx512-vnni-bf16" : "amx-avx512-vnni";
+    }
 #endif
+}
+
+const char *
+sp_cpu_level_name(sp_cpu_level_t level)
+{
+    return (int)level >= 0 && (int)level < N_LEVELS ? level_names[level] : "?";
 }
 
 static void
@@ -195,6 +234,9 @@ init_once(void)
     if (features.avx512 || features.dotprod) {
         best = SP_CPU_AVX512;
     }
+    if (features.amx_int8) {
+        best = SP_CPU_AMX;
+    }
     for (int l = SP_CPU_SCALAR; l <= (int)best; l++) {
         sp__cpu_build_table(&tables[l], (sp_cpu_level_t)l, features.avx512_vnni,
                             features.avx512_bf16);
@@ -203,13 +245,15 @@ init_once(void)
     const char *env = getenv("SAMPAN_CPU");
     chosen = sp__cpu_level_from_env(env, best);
     bool known = false;
-    for (int l = SP_CPU_SCALAR; l <= SP_CPU_AVX512 && env != NULL; l++) {
-        known = known || strcmp(env, level_names[l]) == 0;
+    char names[64] = "";
+    for (int l = SP_CPU_SCALAR; l < N_LEVELS; l++) {
+        known = known || (env != NULL && strcmp(env, level_names[l]) == 0);
+        strcat(names, l == 0 ? "" : l + 1 == N_LEVELS ? " or " : ", ");
+        strcat(names, level_names[l]);
     }
     if (env != NULL && env[0] != '\0' && !known) {
-        SP_LOG_WARN("SAMPAN_CPU=%s is not %s, %s or %s; using %s", env, level_names[0],
-                    level_names[1], level_names[2], tables[chosen].name);
-    } else if (env != NULL && sp__cpu_level_from_env(env, SP_CPU_AVX512) > best) {
+        SP_LOG_WARN("SAMPAN_CPU=%s is not %s; using %s", env, names, tables[chosen].name);
+    } else if (env != NULL && sp__cpu_level_from_env(env, (sp_cpu_level_t)(N_LEVELS - 1)) > best) {
         /* a level above what this CPU (or its OS) runs: capped, and said so */
         SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, tables[chosen].name);
     }
@@ -233,7 +277,7 @@ const sp_cpu_kernels_t *
 sp_cpu_kernels_for(sp_cpu_level_t level)
 {
     pthread_once(&once, init_once);
-    if ((int)level < 0 || level > SP_CPU_AVX512 || !table_ok[level]) {
+    if ((int)level < 0 || level > SP_CPU_TOP || !table_ok[level]) {
         return NULL;
     }
     return &tables[level];
