@@ -6,7 +6,9 @@
  * the same type (the `_prev` gemm a kernel file keeps for A/B), the two are timed interleaved
  * in the same process and their ratio printed: the host may be loaded, ratios are what count.
  * At the AVX-512 level "prev" is the gemm the table had before the VNNI panels of
- * avx512_kpanel.c: the AVX2 table's for Q2_K, the 1-row x 4-token VNNI tiles for Q6_K.
+ * avx512_kpanel.c: the AVX2 table's for Q2_K, the 1-row x 4-token VNNI tiles for Q6_K. At the
+ * AMX level, for Q8_0 and Q4_0, "new" is the AMX tile kernel itself (amx_qgemm.c, whatever the
+ * token count: its threshold is chosen from these lines) and "prev" the AVX-512 VNNI one.
  *
  *   make build/libsampan.a
  *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
@@ -48,6 +50,10 @@ run_gemm(void *ctx)
 static sp_gemm_fn
 prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
 {
+    /* AMX: the tile kernel (timed at any token count, below its threshold too) against the
+     * AVX-512 VNNI table's packed gemm, both on the same 16-row panels */
+    if (k->level == SP_CPU_AMX && sp__amx_qgemm_tiles(wt) != NULL)
+        return sp_cpu_kernels_for(SP_CPU_AVX512)->repack_gemm[wt];
     if (k->level >= SP_CPU_AVX512) {
         if (!__builtin_cpu_supports("avx512vnni"))
             return NULL;
@@ -114,7 +120,9 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
         const int gr = sp_repack_layout_rows(lay);
         wp = aligned_alloc(64, (sp_repack_bytes_in(lay, wt, n, ROWS) + 63) & ~(size_t)63);
         sp_repack_pack_in(lay, wt, n, w, wrow, ROWS, 0, (ROWS + gr - 1) / gr, wp);
-        cur.gemm = k->repack_gemm[wt];
+        cur.gemm = k->level == SP_CPU_AMX && sp__amx_qgemm_tiles(wt) != NULL
+                       ? sp__amx_qgemm_tiles(wt)
+                       : k->repack_gemm[wt];
         cur.w = wp;
         cur.wrow = sp_repack_group_bytes_in(lay, wt, n);
     }

@@ -350,3 +350,95 @@ TEST(q40layout_planted_bug)
 {
     ql_planted_bug(SP_TYPE_Q4_0);
 }
+
+#if defined(__x86_64__)
+/*
+ * The AMX-INT8 tile kernels (amx_qgemm.c) on the same panels: the tile path itself at every
+ * token count from 1 to 70 and at 128 and 200 (one tile part full, several tiles, two token
+ * chunks), whatever the level's threshold, and the amx table's entry on both sides of it;
+ * K of 1 block, 3 (the pad block), 64 (two K chunks) and 176 (a short last chunk); row
+ * ranges that start and end inside a panel; extreme quants and scales. Every cell the
+ * reference's bits. On a CPU without AMX-INT8 the test says so and checks nothing.
+ */
+static void
+ql_amx(sp_type_t type)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AMX);
+    if (k == NULL) {
+        printf("  skipped: no AMX-INT8 on this CPU (or the OS refused the tile state)\n");
+        return;
+    }
+    const sp_gemm_fn tiles = sp__amx_qgemm_tiles(type);
+    ASSERT(tiles != NULL && k->repack_gemm[type] != NULL);
+    ASSERT(k->repack_layout[type] == SP_REPACK_PANEL16);
+    static const int64_t ns[] = {32, 96, 2048, 5632};
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
+        const int64_t n = ns[in], rows = 40;
+        const int64_t toks = n > 2048 ? 40 : 200;
+        ql_case_t c;
+        ql_make(&c, type, n, rows, toks, 77 + in, false);
+        ql_pack(&c, SP_REPACK_PANEL16);
+        /* 1..70, then 128 and 200 */
+        for (int64_t nt = 1; nt <= toks; nt = nt < 70 ? nt + 1 : nt < 128 ? 128 : nt + 72) {
+            GEMM_CHECK_ASSERT(ql_run(&c, tiles, SP_REPACK_PANEL16, 0, rows, nt),
+                              "amx tiles %s n=%lld rows 40, %lld tokens", sp_type_name(type),
+                              (long long)n, (long long)nt);
+            if (nt % 7 == 0 || nt >= 64) /* ranges inside a panel: first, middle, last */
+                GEMM_CHECK_ASSERT(ql_run(&c, tiles, SP_REPACK_PANEL16, 3, 37, nt),
+                                  "amx tiles %s n=%lld rows [3,37), %lld tokens",
+                                  sp_type_name(type), (long long)n, (long long)nt);
+            if (nt % 5 == 0)
+                GEMM_CHECK_ASSERT(ql_run(&c, tiles, SP_REPACK_PANEL16, 18, 21, nt),
+                                  "amx tiles %s n=%lld rows [18,21), %lld tokens",
+                                  sp_type_name(type), (long long)n, (long long)nt);
+        }
+        /* the table's entry below, at and above the threshold */
+        const int64_t around[] = {1, 2, AMX_MIN_TOK - 1, AMX_MIN_TOK, AMX_MIN_TOK + 1, 40};
+        for (size_t i = 0; i < sizeof around / sizeof around[0]; i++)
+            if (around[i] >= 1 && around[i] <= toks)
+                GEMM_CHECK_ASSERT(ql_run(&c, k->repack_gemm[type], SP_REPACK_PANEL16, 0, rows,
+                                         around[i]),
+                                  "%s %s n=%lld, %lld tokens", k->name, sp_type_name(type),
+                                  (long long)n, (long long)around[i]);
+        ql_free(&c);
+    }
+    /* extremes: quants at the grid's ends against +-127, scales from 65504 to zero */
+    ql_case_t c;
+    ql_make(&c, type, 512, 19, 40, 5, true);
+    ql_pack(&c, SP_REPACK_PANEL16);
+    for (int64_t nt = 1; nt <= 40; nt++)
+        GEMM_CHECK_ASSERT(ql_run(&c, tiles, SP_REPACK_PANEL16, 0, 19, nt),
+                          "amx tiles %s extremes, %lld tokens", sp_type_name(type),
+                          (long long)nt);
+    ql_free(&c);
+    /* the check sees a changed weight: row 18, block 5, element 9 + 1 */
+    ql_make(&c, type, 256, 20, 20, 9, false);
+    ql_pack(&c, SP_REPACK_PANEL16);
+    ASSERT(ql_run(&c, tiles, SP_REPACK_PANEL16, 0, 20, 20).ok);
+    uint8_t *q = c.packed + sp_repack_group_bytes_in(SP_REPACK_PANEL16, type, 256) +
+                 sp__p16_qs_off_of(type, 5) + sp__p16_elem_off(type, 2, 9);
+    *q = (uint8_t)(*q == 0xFF ? 0xFE : *q + 1);
+    const gemm_verdict_t v = ql_run(&c, tiles, SP_REPACK_PANEL16, 0, 20, 20);
+    if (v.ok || v.r != 18 || v.outside)
+        SP_TEST_FAIL("amx tiles %s: a changed quant of row 18 gave verdict ok=%d r=%lld",
+                     sp_type_name(type), (int)v.ok, (long long)v.r);
+    ql_free(&c);
+}
+#else
+static void
+ql_amx(sp_type_t type)
+{
+    (void)type;
+    printf("  skipped: AMX is an x86-64 level\n");
+}
+#endif
+
+TEST(q8layout_amx)
+{
+    ql_amx(SP_TYPE_Q8_0);
+}
+
+TEST(q40layout_amx)
+{
+    ql_amx(SP_TYPE_Q4_0);
+}

@@ -10,9 +10,10 @@
  * 8 KiB larger context only while the tiles are in use).
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/repack_impl.h"
 
 void
 sp__amx_register(sp_cpu_kernels_t *k)
 {
-    (void)k; /* the tile kernels register here */
+    sp__amx_qgemm_register(k); /* Q8_0, Q4_0 packed: the VNNI panels on tiles */
 }

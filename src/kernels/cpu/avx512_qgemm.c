@@ -741,6 +741,12 @@ packed_gemm_q4_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, co
     packed_gemm(WT_Q4_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
 }
 
+sp_gemm_fn
+sp__avx512_qgemm_packed(sp_type_t type)
+{
+    return type == SP_TYPE_Q8_0 ? packed_gemm_q8_0 : type == SP_TYPE_Q4_0 ? packed_gemm_q4_0 : NULL;
+}
+
 void
 sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k)
 {

@@ -204,6 +204,14 @@ void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, i
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
 /* AVX-512 VNNI (avx512_qgemm.c): repack_gemm of Q8_0 and Q4_0 in SP_REPACK_PANEL16. */
 void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
+/* Its packed gemm of Q8_0 or Q4_0 (else NULL): the AMX kernels' path for few tokens. */
+sp_gemm_fn sp__avx512_qgemm_packed(sp_type_t type);
+/* AMX-INT8 (amx_qgemm.c): repack_gemm of Q8_0 and Q4_0 over the same panels, on tiles from
+ * AMX_MIN_TOK tokens (fewer: the VNNI kernel above). */
+#define AMX_MIN_TOK 16
+void sp__amx_qgemm_register(sp_cpu_kernels_t *k);
+/* Its tile kernel for any token count, no VNNI fallback (tests, benches); NULL for other types. */
+sp_gemm_fn sp__amx_qgemm_tiles(sp_type_t type);
 /* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
  * AVX2 one stays). */
 void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
