@@ -5,27 +5,30 @@
  *
  * Numerics are the scalar reference's, bit for bit: per 32-element block an exact int32 dot
  * product, then in float  sum = sum + (float)isum * (d_w * d_x),  blocks in order, per (row,
- * token). One TDPBSUD over one block (K = 32 bytes) gives exactly the 16 x 16 int32 block sums
- * of a tile of 16 tokens against a panel's 16 rows: the products of signed activation bytes
- * and unsigned weight bytes, added in int32 (at most 32 * 128 * 255 in magnitude, no
- * overflow), in whatever order, which integer addition makes irrelevant. The panel's block is
- * already the B operand: its G0..G7 (8 rows of 64 bytes; byte 4i + k of row g is row i's
- * weight byte 4g + k) are K/4 rows of 16 columns of 4 bytes. The weights are the VNNI form's
- * unsigned codes (Q8_0: w + 128, Q4_0: the raw nibble, w + 8), so, as there, the int32 sum is
- * seeded with -128 * sum(x) or -8 * sum(x), the activation records' seeds. The float epilogue
- * then runs on AVX-512 from the stored C tile: C row t is token t's 16 row sums, the lanes of
- * one register, so each (row, token) pair owns one float lane and sees the reference's
- * sequence whatever the tiles, chunks or token count (batch and level invariance).
+ * token). One TDPBSSD over one block (K = 32 bytes) gives exactly the 16 x 16 int32 block sums
+ * of a tile of 16 tokens against a panel's 16 rows: products of signed bytes added in int32
+ * (at most 32 * 128 * 128 in magnitude, no overflow), in whatever order, which integer
+ * addition makes irrelevant. The float epilogue then runs on AVX-512 from the stored C tile:
+ * C row t is token t's 16 row sums, the lanes of one register, so each (row, token) pair owns
+ * one float lane and sees the reference's sequence whatever the tiles, chunks or token count
+ * (batch and level invariance).
  *
- * Blocks cannot share a TDPBSUD (K = 64 would add two blocks' sums before their different
- * scales apply), so every block costs one tile product, one C store and 16 epilogue rows of
- * 5 instructions; the VNNI kernel spends 8 VPDPBUSD more per row. The epilogue of block j
- * runs while the tile unit computes block j + 1 (two C tiles, alternated).
+ * B operand: a panel block's G0..G7 (8 rows of 64 bytes; byte 4i + k of row g is row i's
+ * weight byte 4g + k) already are K/4 rows of 16 columns of 4 bytes. The panels hold the VNNI
+ * kernel's unsigned codes (Q8_0 w + 128, Q4_0 the raw nibble w + 8), so each panel chunk is
+ * turned back into signed quants once, into a 16 KiB scratch that all token tiles of the chunk
+ * read (Q8_0: XOR 0x80; Q4_0: AND / shift, minus 8). Signed x signed needs no activation-sum
+ * correction: the epilogue is one load, one convert, two multiplies and one add per token and
+ * block; TDPBSUD on the unsigned codes plus the VNNI kernels' seeds measured about 1.2x slower
+ * (docs/design-amx.md).
+ *
+ * Blocks cannot share a tile product (K = 64 would add two blocks' sums before their different
+ * scales apply), so every block costs one TDPBSSD, one C store and 16 epilogue rows; the VNNI
+ * kernel spends 8 VPDPBUSD more per row. The product of block j + 1 runs on the tile unit while
+ * the epilogue of block j runs on the vector units (two C tiles, alternated).
  *
  * Tiles: tmm0, tmm1 C (16 tokens x 16 int32), tmm2, tmm3 A (16 tokens x 32 activation bytes:
- * a record group's quants, 32 bytes apart), tmm4, tmm5 B (8 x 64 weight bytes). Q8_0's B is
- * read straight from the packed matrix; Q4_0's nibbles are split once per panel chunk into a
- * scratch of 512-byte blocks that every token tile of the chunk then reads.
+ * a record group's quants, 32 bytes apart), tmm4, tmm5 B (8 x 64 weight bytes).
  *
  * Few tokens: the VNNI kernel (sp__avx512_qgemm_packed); the tiles only pay once a tile is
  * mostly full (AMX_MIN_TOK, measured: docs/design-amx.md). Stack: about 180 KiB per call.
@@ -41,7 +44,7 @@
 #define AX_ROWS 16                  /* rows per panel: C's columns, a register's lanes */
 #define AX_TT 16                    /* tokens per tile: A's and C's rows */
 #define AX_KC 32                    /* blocks per K chunk (Q4_0 scratch: 16 KiB) */
-#define AX_TC 128                   /* tokens per token chunk (160 KiB of records) */
+#define AX_TC 128                  /* tokens per token chunk (160 KiB of records) */
 #define AX_REC (AX_TT * SP512_Q8REC) /* bytes of one (tile, block) record */
 #define AX_XBUF ((AX_TC / AX_TT) * AX_KC * AX_REC)
 #define AX_BQ 512                   /* B bytes per block: 8 rows of 64 */
@@ -82,18 +85,17 @@ typedef struct {
 } ax_out_t;
 
 /*
- * Block j's epilogue: C (stored, token t's 16 row sums at c + 16 t) plus the seeds, in float
- * times d_w * d_x, added to the accumulators. Separate multiply and add (no FMA): the
- * reference rounds the product before the sum.
+ * Block j's epilogue: C (stored, token t's 16 row sums at c + 16 t) in float, times d_w * d_x,
+ * added to the accumulators. Separate multiply and add (no FMA): the reference rounds the
+ * product before the sum.
  */
 static inline __attribute__((always_inline)) void
 ax_epilogue(const int32_t *c, const uint8_t *rec, __m512 dw, __m512 acc[AX_TT])
 {
-    const int32_t *seed = (const int32_t *)(rec + AX_TT * 32);
     const float *dx = (const float *)(rec + AX_TT * 36);
 #pragma GCC unroll 16
     for (int t = 0; t < AX_TT; t++) {
-        const __m512i isum = _mm512_add_epi32(_mm512_load_si512(c + 16 * t), _mm512_set1_epi32(seed[t]));
+        const __m512i isum = _mm512_load_si512(c + 16 * t);
         const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));
         acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d));
     }
@@ -125,7 +127,7 @@ ax_tile(int64_t nbk, const uint8_t *bq, size_t bps, const uint8_t *ds, size_t dp
     _tile_loadd(2, xr, 32);
     _tile_loadd(4, AX_BQ_AT(0), 64);
     _tile_zero(0);
-    _tile_dpbsud(0, 2, 4);
+    _tile_dpbssd(0, 2, 4);
     for (int64_t j = 0; j < nbk; j += 2) {
         if (pf != NULL) {
             for (size_t l = 0; l < pfb; l += 64) {
@@ -138,7 +140,7 @@ ax_tile(int64_t nbk, const uint8_t *bq, size_t bps, const uint8_t *ds, size_t dp
             _tile_loadd(3, xr + (size_t)(j + 1) * AX_REC, 32);
             _tile_loadd(5, AX_BQ_AT(j + 1), 64);
             _tile_zero(1);
-            _tile_dpbsud(1, 3, 5);
+            _tile_dpbssd(1, 3, 5);
         }
         _tile_stored(0, c[0], 64);
         ax_epilogue(c[0], xr + (size_t)j * AX_REC, AX_DW_AT(j), acc);
@@ -149,7 +151,7 @@ ax_tile(int64_t nbk, const uint8_t *bq, size_t bps, const uint8_t *ds, size_t dp
             _tile_loadd(2, xr + (size_t)(j + 2) * AX_REC, 32);
             _tile_loadd(4, AX_BQ_AT(j + 2), 64);
             _tile_zero(0);
-            _tile_dpbsud(0, 2, 4);
+            _tile_dpbssd(0, 2, 4);
         }
         _tile_stored(1, c[1], 64);
         ax_epilogue(c[1], xr + (size_t)(j + 1) * AX_REC, AX_DW_AT(j + 1), acc);
@@ -180,14 +182,15 @@ typedef struct {
     uint8_t *scratch; /* Q4_0: the panel chunk's B blocks */
 } ax_ctx_t;
 
-/* Records of 16-token groups; a chunk's last group, when short, gets zero records for its
- * missing tokens, so the tile's spare rows multiply zeros (and are never stored). */
+/* Records of 16-token groups (seed slots unused: 0); a chunk's last group, when short, gets
+ * zero records for its missing tokens, so the tile's spare rows multiply zeros (and are never
+ * stored). */
 static void
 ax_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
 {
     const ax_ctx_t *c = ctx;
     sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, AX_TT,
-                     c->wt == WT_Q8_0 ? 128 : 8, 0, xr);
+                     0, 0, xr);
     const int64_t real = nt % AX_TT;
     if (real != 0) {
         uint8_t *g = xr + (size_t)(nt / AX_TT) * (size_t)nrk * AX_REC;
@@ -200,22 +203,39 @@ ax_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
     }
 }
 
-/* Q4_0: the panel chunk's nibble registers split into B blocks (G_m = v & 0x0f, G_m+4 =
- * (v >> 4) & 0x0f; avx512_qgemm.c's layout comment). */
+/* Q4_0: the panel chunk's nibble registers split into signed B blocks (G_m = (v & 0x0f) - 8,
+ * G_m+4 = ((v >> 4) & 0x0f) - 8; avx512_qgemm.c's layout comment). */
 static void
 ax_pack_q4(void *ctx, int64_t panel, int64_t b0, int64_t nbk)
 {
     const ax_ctx_t *c = ctx;
     const uint8_t *gw = c->wb + (size_t)(c->r0 / SP_P16_ROWS + panel) * c->gs;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), e8 = _mm512_set1_epi8(8);
     for (int64_t j = 0; j < nbk; j++) {
         const uint8_t *q = gw + sp__p16_qs_off_of(SP_TYPE_Q4_0, b0 + j);
         uint8_t *o = c->scratch + (size_t)j * AX_BQ;
         for (int i = 0; i < 4; i++) {
             const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
-            _mm512_store_si512((void *)(o + i * 64), _mm512_and_si512(v, m4));
+            _mm512_store_si512((void *)(o + i * 64), _mm512_sub_epi8(_mm512_and_si512(v, m4), e8));
             _mm512_store_si512((void *)(o + (4 + i) * 64),
-                               _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
+                               _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi32(v, 4), m4), e8));
+        }
+    }
+}
+
+/* Q8_0: the panel chunk's codes back to the signed quants (w + 128 ^ 0x80 = w). */
+static void
+ax_pack_q8(void *ctx, int64_t panel, int64_t b0, int64_t nbk)
+{
+    const ax_ctx_t *c = ctx;
+    const uint8_t *gw = c->wb + (size_t)(c->r0 / SP_P16_ROWS + panel) * c->gs;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t j = 0; j < nbk; j++) {
+        const uint8_t *q = gw + sp__p16_qs_off_of(SP_TYPE_Q8_0, b0 + j);
+        uint8_t *o = c->scratch + (size_t)j * AX_BQ;
+        for (int i = 0; i < 8; i++) {
+            _mm512_store_si512((void *)(o + i * 64),
+                               _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + i * 64)), flip));
         }
     }
 }
@@ -243,12 +263,7 @@ ax_tile_cb(void *ctx, const sp512_tile_t *t)
                                                         sp__p16_qs_off_of(type, t->b0 + t->nbk)
                                                   : NULL;
     const uint8_t *ds = gw + sp__p16_d_off_of(type, t->b0);
-    if (c->wt == WT_Q8_0) {
-        ax_tile(t->nbk, gw + sp__p16_qs_off_of(type, t->b0), pair, ds, pair, t->xr, &o, pf,
-                pair / 2);
-    } else {
-        ax_tile(t->nbk, c->scratch, 2 * AX_BQ, ds, pair, t->xr, &o, pf, pair / 2);
-    }
+    ax_tile(t->nbk, c->scratch, 2 * AX_BQ, ds, pair, t->xr, &o, pf, pair / 2);
 }
 
 /* The tiles for any token count: the AMX level's entry above AMX_MIN_TOK, the tests' and
@@ -276,7 +291,7 @@ ax_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, con
     const sp512_panels_t d = {
         .nb = nb, .n_panels = g1 - g0, .tc = AX_TC, .rkc = AX_KC, .pkc = AX_KC, .tw = AX_TT,
         .rec = AX_REC, .xr = xr, .ctx = &c, .prep = ax_prep,
-        .pack = wt == WT_Q4_0 ? ax_pack_q4 : NULL, .tile = ax_tile_cb, .finish = NULL,
+        .pack = wt == WT_Q4_0 ? ax_pack_q4 : ax_pack_q8, .tile = ax_tile_cb, .finish = NULL,
     };
     ax_config();
     sp512_panels_run(&d, n_tok);
