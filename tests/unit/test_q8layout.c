@@ -392,8 +392,10 @@ ql_amx(sp_type_t type)
                                   "amx tiles %s n=%lld rows [18,21), %lld tokens",
                                   sp_type_name(type), (long long)n, (long long)nt);
         }
-        /* the table's entry below, at and above the threshold */
-        const int64_t around[] = {1, 2, AMX_MIN_TOK - 1, AMX_MIN_TOK, AMX_MIN_TOK + 1, 40};
+        /* the table's entry below, at and above the threshold, and with rests of a tile
+         * below and at AMX_MIN_REM (the VNNI kernel takes the tokens after the tiles) */
+        const int64_t around[] = {1,  2,  AMX_MIN_TOK - 1, AMX_MIN_TOK, AMX_MIN_TOK + 1,
+                                  16 + AMX_MIN_REM - 1, 16 + AMX_MIN_REM, 35, 40, 200};
         for (size_t i = 0; i < sizeof around / sizeof around[0]; i++)
             if (around[i] >= 1 && around[i] <= toks)
                 GEMM_CHECK_ASSERT(ql_run(&c, k->repack_gemm[type], SP_REPACK_PANEL16, 0, rows,

@@ -318,27 +318,40 @@ sp__amx_qgemm_tiles(sp_type_t type)
     return type == SP_TYPE_Q8_0 ? tiles_q8_0 : type == SP_TYPE_Q4_0 ? tiles_q4_0 : NULL;
 }
 
-/* The table's entries: below AMX_MIN_TOK tokens the VNNI kernel (same bits). */
+/*
+ * The table's entries. Fewer than AMX_MIN_TOK tokens: the VNNI kernel. More: whole tiles of 16
+ * on AMX, and a last partial tile too when it has AMX_MIN_REM tokens or more; a smaller rest
+ * goes to the VNNI kernel (a tile costs the same whatever its real tokens). Both give the
+ * reference's bits, so which tokens take which path is invisible.
+ */
+static void
+amx_entry(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x,
+          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    const sp_gemm_fn vnni = sp__avx512_qgemm_packed(wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0);
+    const int64_t rest = n_tok % AX_TT;
+    const int64_t on_tiles = n_tok < AMX_MIN_TOK ? 0 : rest >= AMX_MIN_REM ? n_tok : n_tok - rest;
+    if (on_tiles > 0) {
+        ax_gemm(wt, n, w, gs, r0, r1, x, xs, on_tiles, y, ldy);
+    }
+    if (on_tiles < n_tok) {
+        vnni(n, w, gs, r0, r1, (const uint8_t *)x + (size_t)on_tiles * xs, xs, n_tok - on_tiles,
+             y + on_tiles * ldy, ldy);
+    }
+}
+
 static void
 gemm_q8_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x, size_t xs,
           int64_t n_tok, float *y, int64_t ldy)
 {
-    if (n_tok < AMX_MIN_TOK) {
-        sp__avx512_qgemm_packed(SP_TYPE_Q8_0)(n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
-        return;
-    }
-    ax_gemm(WT_Q8_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
+    amx_entry(WT_Q8_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 static void
 gemm_q4_0(int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1, const void *x, size_t xs,
           int64_t n_tok, float *y, int64_t ldy)
 {
-    if (n_tok < AMX_MIN_TOK) {
-        sp__avx512_qgemm_packed(SP_TYPE_Q4_0)(n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
-        return;
-    }
-    ax_gemm(WT_Q4_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
+    amx_entry(WT_Q4_0, n, w, gs, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void

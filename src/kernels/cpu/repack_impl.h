@@ -206,9 +206,11 @@ void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);
 void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
 /* Its packed gemm of Q8_0 or Q4_0 (else NULL): the AMX kernels' path for few tokens. */
 sp_gemm_fn sp__avx512_qgemm_packed(sp_type_t type);
-/* AMX-INT8 (amx_qgemm.c): repack_gemm of Q8_0 and Q4_0 over the same panels, on tiles from
- * AMX_MIN_TOK tokens (fewer: the VNNI kernel above). */
+/* AMX-INT8 (amx_qgemm.c): repack_gemm of Q8_0 and Q4_0 over the same panels, on tiles of 16
+ * tokens from AMX_MIN_TOK tokens (fewer: the VNNI kernel above), a last partial tile on tiles
+ * from AMX_MIN_REM tokens (fewer: VNNI). Measured: docs/design-amx.md. */
 #define AMX_MIN_TOK 16
+#define AMX_MIN_REM 12
 void sp__amx_qgemm_register(sp_cpu_kernels_t *k);
 /* Its tile kernel for any token count, no VNNI fallback (tests, benches); NULL for other types. */
 sp_gemm_fn sp__amx_qgemm_tiles(sp_type_t type);
