@@ -72,7 +72,9 @@ rm_load(const void *buf, size_t len, bool repack)
     return m;
 }
 
-#define RM_PROMPT 12
+/* 30 prompt tokens: at the amx level one whole 16-token tile and a 14-token partial one run on
+ * AMX tiles (amx_qgemm.c), so the prefill-vs-one-by-one check covers them too */
+#define RM_PROMPT 30
 #define RM_GEN 12
 
 /* Prefill RM_PROMPT tokens (all logits kept), then RM_GEN greedy tokens; or, one_by_one,
