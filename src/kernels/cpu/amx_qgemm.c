@@ -41,10 +41,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define AX_ROWS 16                  /* rows per panel: C's columns, a register's lanes */
 #define AX_TT 16                    /* tokens per tile: A's and C's rows */
-#define AX_KC 32                    /* blocks per K chunk (Q4_0 scratch: 16 KiB) */
-#define AX_TC 128                  /* tokens per token chunk (160 KiB of records) */
+#define AX_KC 32                    /* blocks per K chunk (the B scratch: 16 KiB) */
+#define AX_TC 128                   /* tokens per token chunk (160 KiB of records) */
 #define AX_REC (AX_TT * SP512_Q8REC) /* bytes of one (tile, block) record */
 #define AX_XBUF ((AX_TC / AX_TT) * AX_KC * AX_REC)
 #define AX_BQ 512                   /* B bytes per block: 8 rows of 64 */
@@ -120,10 +119,11 @@ ax_tile(int64_t nbk, const uint8_t *bq, size_t bps, const uint8_t *ds, size_t dp
                                       : _mm512_setzero_ps();
     }
 #define AX_BQ_AT(j) (bq + (size_t)((j) / 2) * bps + (size_t)((j) & 1) * AX_BQ)
-#define AX_DW_AT(j) \
-    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ds + (size_t)((j) / 2) * dps + (size_t)((j) & 1) * 32)))
+#define AX_DW_AT(j)                                                                            \
+    _mm512_cvtph_ps(_mm256_loadu_si256(                                                        \
+        (const __m256i *)(ds + (size_t)((j) / 2) * dps + (size_t)((j) & 1) * 32)))
     /* block 0 into C0; then per pair: block j + 1 into C1 while C0's epilogue runs, block
-     * j + 2 into C0 while C1's does */
+     * j + 2 into C0 while C1's does (tile numbers must be constants: unrolled by hand) */
     _tile_loadd(2, xr, 32);
     _tile_loadd(4, AX_BQ_AT(0), 64);
     _tile_zero(0);
@@ -179,7 +179,7 @@ typedef struct {
     int64_t r0, r1, nb;
     float *y;
     int64_t ldy;
-    uint8_t *scratch; /* Q4_0: the panel chunk's B blocks */
+    uint8_t *scratch; /* the panel chunk's signed B blocks */
 } ax_ctx_t;
 
 /* Records of 16-token groups (seed slots unused: 0); a chunk's last group, when short, gets
@@ -189,8 +189,7 @@ static void
 ax_prep(void *ctx, int64_t t0, int64_t nt, int64_t kb, int64_t nrk, uint8_t *xr)
 {
     const ax_ctx_t *c = ctx;
-    sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, AX_TT,
-                     0, 0, xr);
+    sp512_q8_records(c->xb + (size_t)t0 * c->xs, c->xs, nt, kb, nrk, AX_TT, 0, 0, xr);
     const int64_t real = nt % AX_TT;
     if (real != 0) {
         uint8_t *g = xr + (size_t)(nt / AX_TT) * (size_t)nrk * AX_REC;
@@ -234,8 +233,8 @@ ax_pack_q8(void *ctx, int64_t panel, int64_t b0, int64_t nbk)
         const uint8_t *q = gw + sp__p16_qs_off_of(SP_TYPE_Q8_0, b0 + j);
         uint8_t *o = c->scratch + (size_t)j * AX_BQ;
         for (int i = 0; i < 8; i++) {
-            _mm512_store_si512((void *)(o + i * 64),
-                               _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + i * 64)), flip));
+            const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
+            _mm512_store_si512((void *)(o + i * 64), _mm512_xor_si512(v, flip));
         }
     }
 }
