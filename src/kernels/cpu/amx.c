@@ -10,9 +10,10 @@
  * 8 KiB larger context only while the tiles are in use).
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/repack_impl.h"
 
 void
 sp__amx_register(sp_cpu_kernels_t *k)
 {
-    (void)k; /* the tile kernels register here */
+    sp__amx_kquants_register(k); /* Q4_K packed: prefill on tiles (amx_kquants.c) */
 }

@@ -207,5 +207,13 @@ void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
 /* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
  * AVX2 one stays). */
 void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
+/* Its Q4_K gemm (the AMX level's kernel for few tokens). */
+void sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                 float *y, int64_t ldy);
+/* AMX-INT8 (amx_kquants.c): repack_gemm of Q4_K from the 8-row packed form, tokens at or
+ * above SP_AMX_Q4K_MIN_TOK on tiles (fewer: the AVX-512 VNNI gemm above). */
+#define SP_AMX_Q4K_MIN_TOK 16
+void sp__amx_kquants_register(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
