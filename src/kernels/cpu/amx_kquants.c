@@ -38,11 +38,12 @@
 #define AK_TM 16   /* tokens per A / C tile */
 #define AK_TC 256  /* tokens per chunk at most (the float accumulators' rows) */
 /* activations a token chunk keeps in L2 while the panels sweep it */
-#define AK_X_CHUNK_BYTES (1024 * 1024)
+#define AK_X_CHUNK_BYTES (512 * 1024)
 
 /* Tile numbers (GCC's tile intrinsics paste their argument into the instruction text, so the
- * calls below spell them as literals): C_hi / C_lo of token tiles 0 and 1, A of each, B hi / lo. */
-enum { AK_CH0 = 0, AK_CL0 = 1, AK_CH1 = 2, AK_CL1 = 3, AK_A0 = 4, AK_A1 = 5, AK_BH = 6, AK_BL = 7 };
+ * calls below spell them as literals): 0, 1, 2 = C_hi, C_lo, C_min; 3 = A; 4, 5, 6 = the B
+ * operands of the same three. */
+enum { AK_NTILES = 7 };
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -51,12 +52,11 @@ typedef struct {
 } ak_tilecfg_t;
 _Static_assert(sizeof(ak_tilecfg_t) == 64, "LDTILECFG's 64-byte operand");
 
-/* One (panel, super-block): the B operands of the four K = 64 steps (hi part, lo part; 16
- * rows of 16 dwords, dword n = weight row n), the mins as (m, m) int16 pairs per sub-block,
- * and the rows' F16 d / dmin as float. */
+/* One (panel, super-block): the B operands of the four K = 64 steps (q * s_hi, q * s_lo and
+ * the min m of the element's sub-block; 16 rows of 16 dwords, dword n = weight row n) and
+ * the rows' F16 d / dmin as float. */
 typedef struct {
-    uint8_t b[4][2][16][64];
-    int32_t m[8][AK_ROWS];
+    uint8_t b[4][3][16][64];
     float d[AK_ROWS], dmin[AK_ROWS];
 } ak_panel_t;
 
@@ -67,21 +67,26 @@ static const int32_t ak_perm[2][16] __attribute__((aligned(64))) = {
     {0, 2, 8, 10, 4, 6, 12, 14, 16, 18, 24, 26, 20, 22, 28, 30},
     {1, 3, 9, 11, 5, 7, 13, 15, 17, 19, 25, 27, 21, 23, 29, 31}};
 
+/* VPSHUFB: each dword's low byte to both words (the VPMULLW factor) or to all four bytes */
+#define Z 0x80
+static const uint8_t ak_words[16] = {0, Z, 0, Z, 4, Z, 4, Z, 8, Z, 8, Z, 12, Z, 12, Z};
+static const uint8_t ak_bytes[16] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12};
+#undef Z
+
+/* dword n = byte j of row n's 8 bytes at g0 (rows 0..7) / g1 (rows 8..15), given as the
+ * group's 64 bytes m[r][j] (row major) */
+static inline __m512i
+ak_column(__m512i g0, __m512i g1, int j)
+{
+    const __m512i ff = _mm512_set1_epi64(0xff);
+    const __m256i lo = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srli_epi64(g0, 8 * j), ff));
+    const __m256i hi = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srli_epi64(g1, 8 * j), ff));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 static void
 ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
 {
-    int32_t slo[8][AK_ROWS] __attribute__((aligned(64)));
-    int32_t shi[8][AK_ROWS] __attribute__((aligned(64)));
-    for (int n = 0; n < AK_ROWS; n++) {
-        const uint8_t *pb = n < 8 ? p0 : p1;
-        const int r = n & 7;
-        for (int j = 0; j < 8; j++) {
-            const int32_t s = pb[SP_REPACK_Q4K_SC + 8 * j + r];
-            slo[j][n] = (s & 15) * 0x10001;
-            shi[j][n] = (s >> 4) * 0x10001;
-            P->m[j][n] = pb[SP_REPACK_Q4K_M + 8 * r + j] * 0x10001;
-        }
-    }
     const __m256i d16 = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + SP_REPACK_Q4K_D))),
         _mm_loadu_si128((const __m128i *)(p1 + SP_REPACK_Q4K_D)), 1);
@@ -91,15 +96,30 @@ ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
     _mm512_storeu_ps(P->d, _mm512_cvtph_ps(d16));
     _mm512_storeu_ps(P->dmin, _mm512_cvtph_ps(m16));
 
+    const __m512i words = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ak_words));
+    const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ak_bytes));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i ix0 = _mm512_load_si512((const void *)ak_perm[0]);
     const __m512i ix1 = _mm512_load_si512((const void *)ak_perm[1]);
+    const __m512i mins0 = _mm512_loadu_si512((const void *)(p0 + SP_REPACK_Q4K_M));
+    const __m512i mins1 = _mm512_loadu_si512((const void *)(p1 + SP_REPACK_Q4K_M));
     for (int c = 0; c < 4; c++) {
         /* B rows 0..7: sub-block 2c (low nibbles), rows 8..15: sub-block 2c + 1 (high) */
-        const __m512i sl0 = _mm512_load_si512((const void *)slo[2 * c]);
-        const __m512i sh0 = _mm512_load_si512((const void *)shi[2 * c]);
-        const __m512i sl1 = _mm512_load_si512((const void *)slo[2 * c + 1]);
-        const __m512i sh1 = _mm512_load_si512((const void *)shi[2 * c + 1]);
+        __m512i sh[2], sl[2], mb[2];
+        for (int u = 0; u < 2; u++) {
+            const int j = 2 * c + u;
+            /* sc[j][r]: row n's scale of sub-block j is byte 8 j + (n & 7) of its group */
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
+                _mm_loadl_epi64((const __m128i *)(p0 + SP_REPACK_Q4K_SC + 8 * j)),
+                _mm_loadl_epi64((const __m128i *)(p1 + SP_REPACK_Q4K_SC + 8 * j))));
+            sh[u] = _mm512_shuffle_epi8(_mm512_srli_epi32(sc, 4), words);
+            sl[u] = _mm512_shuffle_epi8(_mm512_and_si512(sc, _mm512_set1_epi32(15)), words);
+            mb[u] = _mm512_shuffle_epi8(ak_column(mins0, mins1, j), bytes);
+        }
+        for (int k = 0; k < 8; k++) {
+            _mm512_store_si512((void *)P->b[c][2][k], mb[0]);
+            _mm512_store_si512((void *)P->b[c][2][8 + k], mb[1]);
+        }
         for (int q = 0; q < 4; q++) {
             const size_t off = SP_REPACK_Q4K_QS + 64 * (size_t)(4 * c + q);
             const __m512i raw0 = _mm512_loadu_si512((const void *)(p0 + off));
@@ -109,123 +129,105 @@ ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
                 const __m512i lo = _mm512_and_si512(v, m4);
                 const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 const int k = 2 * q + e;
-                _mm512_store_si512((void *)P->b[c][0][k], _mm512_mullo_epi16(lo, sh0));
-                _mm512_store_si512((void *)P->b[c][1][k], _mm512_mullo_epi16(lo, sl0));
-                _mm512_store_si512((void *)P->b[c][0][8 + k], _mm512_mullo_epi16(hi, sh1));
-                _mm512_store_si512((void *)P->b[c][1][8 + k], _mm512_mullo_epi16(hi, sl1));
+                _mm512_store_si512((void *)P->b[c][0][k], _mm512_mullo_epi16(lo, sh[0]));
+                _mm512_store_si512((void *)P->b[c][1][k], _mm512_mullo_epi16(lo, sl[0]));
+                _mm512_store_si512((void *)P->b[c][0][8 + k], _mm512_mullo_epi16(hi, sh[1]));
+                _mm512_store_si512((void *)P->b[c][1][8 + k], _mm512_mullo_epi16(hi, sl[1]));
             }
         }
     }
 }
 
+/* Every tile 16 rows of 64 bytes; loaded once a call (a short token tile reads a padded copy
+ * instead of a shorter shape: LDTILECFG is far from free). */
 static void
-ak_config(ak_tilecfg_t *cfg, int m0, int m1)
+ak_config(ak_tilecfg_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->palette = 1;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < AK_NTILES; i++) {
         cfg->colsb[i] = 64;
+        cfg->rows[i] = 16;
     }
-    cfg->rows[AK_CH0] = cfg->rows[AK_CL0] = cfg->rows[AK_A0] = (uint8_t)m0;
-    /* an unused tile keeps one row: a configured shape, never touched */
-    const uint8_t r1 = (uint8_t)(m1 > 0 ? m1 : 1);
-    cfg->rows[AK_CH1] = cfg->rows[AK_CL1] = cfg->rows[AK_A1] = r1;
-    cfg->rows[AK_BH] = cfg->rows[AK_BL] = 16;
     _tile_loadconfig(cfg);
 }
 
-/* The float finish of one super-block for m tokens whose C rows are at ch / cl: acc[t] +=
- * d * sumi - dm * summs, kquants_impl.h's order. xb: the first token's Q8_K block. */
+/* The float finish of one super-block for m tokens: acc[t] += d * sumi - dm * summs,
+ * kquants_impl.h's order. xb: the first token's Q8_K block. */
 static inline void
-ak_finish(int m, const int32_t (*ch)[AK_ROWS], const int32_t (*cl)[AK_ROWS],
-          const ak_panel_t *P, const uint8_t *xb, size_t xs, float (*acc)[AK_ROWS])
+ak_finish(int m, const int32_t (*cb)[AK_TM][AK_ROWS], const ak_panel_t *P, const uint8_t *xb,
+          size_t xs, float (*acc)[AK_ROWS])
 {
     const __m512 xd = _mm512_loadu_ps(P->d), xdm = _mm512_loadu_ps(P->dmin);
-    __m512i M[8];
-    for (int j = 0; j < 8; j++) {
-        M[j] = _mm512_loadu_si512((const void *)P->m[j]);
-    }
     for (int t = 0; t < m; t++) {
-        const uint8_t *xt = xb + (size_t)t * xs;
         const __m512i sumi = _mm512_add_epi32(
-            _mm512_slli_epi32(_mm512_load_si512((const void *)ch[t]), 4),
-            _mm512_load_si512((const void *)cl[t]));
-        const uint8_t *bs = xt + offsetof(sp_block_q8_k, bsums);
-        __m512i mm = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            int32_t pair;
-            memcpy(&pair, bs + 4 * j, sizeof pair);
-            mm = _mm512_dpwssd_epi32(mm, M[j], _mm512_set1_epi32(pair));
-        }
+            _mm512_slli_epi32(_mm512_load_si512((const void *)cb[0][t]), 4),
+            _mm512_load_si512((const void *)cb[1][t]));
+        const __m512i summs = _mm512_load_si512((const void *)cb[2][t]);
         float yd;
-        memcpy(&yd, xt + offsetof(sp_block_q8_k, d), sizeof yd);
+        memcpy(&yd, xb + (size_t)t * xs + offsetof(sp_block_q8_k, d), sizeof yd);
         const __m512 vyd = _mm512_set1_ps(yd);
         const __m512 d = _mm512_mul_ps(vyd, xd), dm = _mm512_mul_ps(vyd, xdm);
         const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi));
-        const __m512 c = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(mm));
+        const __m512 c = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(summs));
         const __m512 blk = _mm512_sub_ps(a, c);
         _mm512_store_ps(acc[t], _mm512_add_ps(_mm512_load_ps(acc[t]), blk));
     }
 }
 
 /* Tokens [0, T) of a chunk (x: the first one) against the panel of groups p0, p1 (p1 = p0
- * when the panel has one group), all super-blocks; acc[t] = the 16 rows' results. */
+ * when the panel has one group), all super-blocks; acc[t] = the 16 rows' results. pad: a
+ * 16 x 256-byte buffer for a short last token tile. */
 static void
-ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x,
-         size_t xs, int T, float (*acc)[AK_ROWS], ak_tilecfg_t *cfg, int *cfg_rows)
+ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x, size_t xs, int T,
+         float (*acc)[AK_ROWS], int8_t (*pad)[SP_QK_K])
 {
     ak_panel_t P __attribute__((aligned(64)));
-    int32_t cbuf[4][AK_TM][AK_ROWS] __attribute__((aligned(64)));
+    /* ping-pong: the float finish of one token tile reads its stored C while the tile unit
+     * computes the next one (the next store waits for it, the finish does not) */
+    int32_t cbuf[2][3][AK_TM][AK_ROWS] __attribute__((aligned(64)));
     memset(acc, 0, sizeof(float) * AK_ROWS * (size_t)T);
     for (int64_t b = 0; b < nb; b++) {
         const size_t bo = (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
         ak_prep(p0 + bo, p1 + bo, &P);
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
         const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs);
-        for (int t = 0; t < T; t += 2 * AK_TM) {
-            const int m0 = T - t < AK_TM ? T - t : AK_TM;
-            const int rest = T - t - m0;
-            const int m1 = rest < AK_TM ? rest : AK_TM;
-            const int want = m0 << 8 | m1;
-            if (*cfg_rows != want) { /* only a chunk's last pair of tiles is short */
-                ak_config(cfg, m0, m1);
-                *cfg_rows = want;
+        int prev = -1; /* the token tile whose C waits in cbuf[(prev / AK_TM) & 1] */
+        for (int t = 0; t < T; t += AK_TM) {
+            const int m = T - t < AK_TM ? T - t : AK_TM;
+            const uint8_t *a = xq + (size_t)t * xs;
+            long as = (long)xs;
+            if (m < AK_TM) { /* rows past m stay whatever they were: their C rows are unread */
+                for (int i = 0; i < m; i++) {
+                    memcpy(pad[i], a + (size_t)i * xs, SP_QK_K);
+                }
+                a = (const uint8_t *)pad;
+                as = SP_QK_K;
             }
-            const uint8_t *a0 = xq + (size_t)t * xs, *a1 = a0 + (size_t)AK_TM * xs;
             _tile_zero(0);
             _tile_zero(1);
-            if (m1 > 0) {
-                _tile_zero(2);
-                _tile_zero(3);
-                for (int c = 0; c < 4; c++) {
-                    _tile_loadd(6, P.b[c][0], 64);
-                    _tile_loadd(7, P.b[c][1], 64);
-                    _tile_loadd(4, a0 + 64 * c, (long)xs);
-                    _tile_loadd(5, a1 + 64 * c, (long)xs);
-                    _tile_dpbsud(0, 4, 6);
-                    _tile_dpbsud(1, 4, 7);
-                    _tile_dpbsud(2, 5, 6);
-                    _tile_dpbsud(3, 5, 7);
-                }
-                _tile_stored(2, cbuf[2], 64);
-                _tile_stored(3, cbuf[3], 64);
-            } else {
-                for (int c = 0; c < 4; c++) {
-                    _tile_loadd(6, P.b[c][0], 64);
-                    _tile_loadd(7, P.b[c][1], 64);
-                    _tile_loadd(4, a0 + 64 * c, (long)xs);
-                    _tile_dpbsud(0, 4, 6);
-                    _tile_dpbsud(1, 4, 7);
-                }
+            _tile_zero(2);
+            for (int c = 0; c < 4; c++) {
+                _tile_loadd(3, a + 64 * c, as);
+                _tile_loadd(4, P.b[c][0], 64);
+                _tile_dpbsud(0, 3, 4);
+                _tile_loadd(5, P.b[c][1], 64);
+                _tile_dpbsud(1, 3, 5);
+                _tile_loadd(6, P.b[c][2], 64);
+                _tile_dpbsud(2, 3, 6);
             }
-            _tile_stored(0, cbuf[0], 64);
-            _tile_stored(1, cbuf[1], 64);
-            ak_finish(m0, cbuf[0], cbuf[1], &P, xb + (size_t)t * xs, xs, acc + t);
-            if (m1 > 0) {
-                ak_finish(m1, cbuf[2], cbuf[3], &P, xb + (size_t)(t + AK_TM) * xs, xs,
-                          acc + t + AK_TM);
+            if (prev >= 0) {
+                ak_finish(AK_TM, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs,
+                          acc + prev);
             }
+            int32_t(*cb)[AK_TM][AK_ROWS] = cbuf[(t / AK_TM) & 1];
+            _tile_stored(0, cb[0], 64);
+            _tile_stored(1, cb[1], 64);
+            _tile_stored(2, cb[2], 64);
+            prev = t;
         }
+        const int m = T - prev < AK_TM ? T - prev : AK_TM;
+        ak_finish(m, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs, acc + prev);
     }
 }
 
@@ -242,10 +244,12 @@ amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     }
     const int64_t nb = n / SP_QK_K;
     int64_t tc = (int64_t)(AK_X_CHUNK_BYTES / xs);
-    tc = tc < 2 * AK_TM ? 2 * AK_TM : tc > AK_TC ? AK_TC : tc - tc % (2 * AK_TM);
+    tc = tc < AK_TM ? AK_TM : tc > AK_TC ? AK_TC : tc - tc % AK_TM;
     float acc[AK_TC][AK_ROWS] __attribute__((aligned(64)));
+    int8_t pad[AK_TM][SP_QK_K] __attribute__((aligned(64)));
+    memset(pad, 0, sizeof pad);
     ak_tilecfg_t cfg __attribute__((aligned(64)));
-    int cfg_rows = -1;
+    ak_config(&cfg);
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int T = (int)(n_tok - t0 < tc ? n_tok - t0 : tc);
@@ -254,7 +258,7 @@ amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
             const uint8_t *p0 = (const uint8_t *)w + (size_t)g * ws;
             /* a lone last group is paired with itself; its copy's rows are not stored */
             const uint8_t *p1 = g + 1 < g1 ? p0 + ws : p0;
-            ak_panel(nb, p0, p1, xc, xs, T, acc, &cfg, &cfg_rows);
+            ak_panel(nb, p0, p1, xc, xs, T, acc, pad);
             const int64_t row0 = g * SP_REPACK_ROWS;
             const int64_t lo = r0 > row0 ? r0 - row0 : 0;
             const int64_t hi = r1 - row0 < AK_ROWS ? r1 - row0 : AK_ROWS;
