@@ -216,6 +216,15 @@ ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x, siz
                 _tile_loadd(6, P.b[c][2], 64);
                 _tile_dpbsud(2, 3, 6);
             }
+            if (t + AK_TM < T) { /* the next token tile's activations, rows xs apart, to L1 */
+                const uint8_t *nx = xq + (size_t)(t + AK_TM) * xs;
+                const int nm = T - t - AK_TM < AK_TM ? T - t - AK_TM : AK_TM;
+                for (int i = 0; i < nm; i++) {
+                    for (int c = 0; c < 4; c++) {
+                        _mm_prefetch((const char *)(nx + (size_t)i * xs + 64 * c), _MM_HINT_T0);
+                    }
+                }
+            }
             if (prev >= 0) {
                 ak_finish(AK_TM, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs,
                           acc + prev);
