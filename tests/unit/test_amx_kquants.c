@@ -1,10 +1,10 @@
 /*
- * test_amx_kquants.c - the AMX level's Q4_K packed gemm (amx_kquants.c) against the scalar
+ * test_amx_kquants.c - the AMX level's Q4_K and Q5_K packed gemms (amx_kquants.c) against the scalar
  * reference vec_dot on the original rows, bit for bit: 1..70, 128 and 200 tokens (both sides
  * of the AVX-512 hand-off, short tile pairs, several token chunks), row ranges that start
  * and end inside a group or leave the last panel with one group, one and many super-blocks,
- * and the extreme integer ranges (nibbles 0 / 15, 6-bit scales and mins 63, activations
- * +-127). On a CPU without AMX-INT8 (or without the OS's tile state) the tests skip.
+ * and the extreme integer ranges (nibbles 0 / 15, Q5_K's fifth bits all set or not, 6-bit
+ * scales and mins 63, activations +-127). On a CPU without AMX-INT8 (or without the OS's tile state) the tests skip.
  */
 #include "test.h"
 #include "gemm_check.h"
@@ -36,19 +36,21 @@ ak_gauss(void)
     return (float)(sqrt(-2.0 * log(ak_uniform())) * cos(6.283185307179586 * ak_uniform()));
 }
 
-/* The AMX table's Q4_K packed gemm, or NULL (the caller skips). */
+/* The AMX table's packed gemm of a type, or NULL (the caller skips). */
 static sp_gemm_fn
-ak_gemm(void)
+ak_gemm(sp_type_t type)
 {
     const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AMX);
     if (k == NULL)
         return NULL;
-    ASSERT_EQ(k->repack_layout[SP_TYPE_Q4_K], SP_REPACK_ROW8);
-    return k->repack_gemm[SP_TYPE_Q4_K];
+    ASSERT_EQ(k->repack_layout[type], SP_REPACK_ROW8);
+    ASSERT(k->repack_gemm[type] != NULL);
+    return k->repack_gemm[type];
 }
 
 /* Weights, their packed form, Q8_K activations and the reference's results. */
 typedef struct {
+    sp_type_t type;
     int64_t n, rows, toks;
     uint8_t *w, *packed, *x;
     size_t rb, gb, xs;
@@ -58,17 +60,19 @@ typedef struct {
 /* extreme: weight bytes from {00, FF, 0F, F0}, the 6-bit fields 63 or random, and Q8_K
  * activations of +-127 written directly (bsums summed here); else quantised gaussians. */
 static void
-ak_case_make(ak_case_t *c, int64_t n, int64_t rows, int64_t toks, uint64_t seed, bool extreme)
+ak_case_make(ak_case_t *c, sp_type_t type, int64_t n, int64_t rows, int64_t toks, uint64_t seed,
+             bool extreme)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
+    c->type = type;
     c->n = n;
     c->rows = rows;
     c->toks = toks;
-    c->rb = sp_row_size(SP_TYPE_Q4_K, n);
-    c->gb = sp_repack_group_bytes(SP_TYPE_Q4_K, n);
+    c->rb = sp_row_size(type, n);
+    c->gb = sp_repack_group_bytes(type, n);
     c->xs = sp_row_size(SP_TYPE_Q8_K, n);
     c->w = malloc(c->rb * (size_t)rows);
-    c->packed = malloc(sp_repack_bytes(SP_TYPE_Q4_K, n, rows));
+    c->packed = malloc(sp_repack_bytes(type, n, rows));
     c->x = malloc(c->xs * (size_t)toks);
     c->want = malloc(sizeof(float) * (size_t)(rows * toks));
     float *f = malloc(sizeof(float) * (size_t)n);
@@ -80,18 +84,26 @@ ak_case_make(ak_case_t *c, int64_t n, int64_t rows, int64_t toks, uint64_t seed,
         if (!extreme) {
             for (int64_t i = 0; i < n; i++)
                 f[i] = (0.02f + 0.03f * (float)((i / 32 + r) % 5)) * ak_gauss();
-            ASSERT(sp_quantize_row(SP_TYPE_Q4_K, f, row, n));
+            ASSERT(sp_quantize_row(type, f, row, n));
             continue;
         }
+        /* Q4_K and Q5_K share the header (d, dmin, 12 scale bytes); Q5_K's qh follows */
+        const size_t bs = type == SP_TYPE_Q5_K ? sizeof(sp_block_q5_k) : sizeof(sp_block_q4_k);
         for (int64_t b = 0; b < n / SP_QK_K; b++) {
-            sp_block_q4_k *blk = (sp_block_q4_k *)row + b;
+            uint8_t *blk = row + (size_t)b * bs;
             const uint16_t d = (uint16_t)(0x3C00 + 37 * r + b), dm = (uint16_t)(0x3400 + r + b);
-            memcpy(&blk->d, &d, 2);
-            memcpy(&blk->dmin, &dm, 2);
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dm, 2);
             for (int i = 0; i < 12; i++)
-                blk->scales[i] = (r + b) % 3 ? 0xFF : (uint8_t)ak_next();
+                blk[4 + i] = (r + b) % 3 ? 0xFF : (uint8_t)ak_next();
+            uint8_t *qs = blk + 16;
+            if (type == SP_TYPE_Q5_K) {
+                for (int i = 0; i < 32; i++)
+                    blk[16 + i] = r % 3 == 0 ? 0xFF : r % 3 == 1 ? 0x00 : (uint8_t)ak_next();
+                qs = blk + 48;
+            }
             for (int i = 0; i < SP_QK_K / 2; i++)
-                blk->qs[i] = (r % 4 == 3) ? (uint8_t)ak_next() : ends[(ak_next() >> 7) & 3];
+                qs[i] = (r % 4 == 3) ? (uint8_t)ak_next() : ends[(ak_next() >> 7) & 3];
         }
     }
     for (int64_t t = 0; t < toks; t++) {
@@ -121,11 +133,11 @@ ak_case_make(ak_case_t *c, int64_t n, int64_t rows, int64_t toks, uint64_t seed,
         }
     }
     free(f);
-    sp_repack_pack(SP_TYPE_Q4_K, n, c->w, c->rb, rows, 0, (rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS,
+    sp_repack_pack(type, n, c->w, c->rb, rows, 0, (rows + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS,
                    c->packed);
     for (int64_t t = 0; t < toks; t++)
         for (int64_t r = 0; r < rows; r++)
-            ref->vec_dot[SP_TYPE_Q4_K](n, &c->want[t * rows + r], c->w + (size_t)r * c->rb,
+            ref->vec_dot[type](n, &c->want[t * rows + r], c->w + (size_t)r * c->rb,
                                        c->x + (size_t)t * c->xs);
 }
 
@@ -146,15 +158,17 @@ ak_check(sp_gemm_fn gemm, const ak_case_t *c, int64_t r0, int64_t r1, int64_t nt
     ASSERT(y != NULL);
     const gemm_case_t gc = {gemm, c->n, c->packed, c->gb, c->x, c->xs, c->want, c->rows, 1, false};
     GEMM_CHECK_ASSERT(gemm_check_range(&gc, r0, r1, nt, y, ldy, nt),
-                      "amx Q4_K n=%lld rows [%lld,%lld) of %lld, %lld tokens", (long long)c->n,
+                      "amx %s n=%lld rows [%lld,%lld) of %lld, %lld tokens",
+                      sp_type_name(c->type), (long long)c->n,
                       (long long)r0, (long long)r1, (long long)c->rows, (long long)nt);
     free(y);
 }
 
 /* Every token count 1..70 and 128 / 200 over all rows, and sub-ranges with tile-sized counts. */
-TEST(amx_q4_k_gemm_random)
+static void
+ak_random(sp_type_t type)
 {
-    const sp_gemm_fn gemm = ak_gemm();
+    const sp_gemm_fn gemm = ak_gemm(type);
     if (gemm == NULL)
         SKIP("no AMX-INT8 level on this CPU / OS: nothing to test");
     static const int64_t ns[] = {256, 2048, 5632};
@@ -162,11 +176,11 @@ TEST(amx_q4_k_gemm_random)
     for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++) {
             const int64_t rows = rowss[ir];
-            /* n = 5632: a token chunk of 160 tokens, so 200 tokens take two */
+            /* n = 5632: token chunks of 80 tokens, so 128 and 200 tokens take two and three */
             if (ns[in] == 5632 && rows != 37)
                 continue;
             ak_case_t c;
-            ak_case_make(&c, ns[in], rows, 200, 31 * in + ir, false);
+            ak_case_make(&c, type, ns[in], rows, 200, 31 * in + ir, false);
             for (int64_t nt = 1; nt <= 70; nt++)
                 ak_check(gemm, &c, 0, rows, nt);
             ak_check(gemm, &c, 0, rows, 128);
@@ -183,15 +197,26 @@ TEST(amx_q4_k_gemm_random)
     }
 }
 
-TEST(amx_q4_k_gemm_extreme)
+TEST(amx_q4_k_gemm_random)
 {
-    const sp_gemm_fn gemm = ak_gemm();
+    ak_random(SP_TYPE_Q4_K);
+}
+
+TEST(amx_q5_k_gemm_random)
+{
+    ak_random(SP_TYPE_Q5_K);
+}
+
+static void
+ak_extreme(sp_type_t type)
+{
+    const sp_gemm_fn gemm = ak_gemm(type);
     if (gemm == NULL)
         SKIP("no AMX-INT8 level on this CPU / OS: nothing to test");
     static const int64_t ns[] = {256, 1024};
     for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
         ak_case_t c;
-        ak_case_make(&c, ns[in], 21, 70, 5 + in, true);
+        ak_case_make(&c, type, ns[in], 21, 70, 5 + in, true);
         static const int64_t nts[] = {1, 15, 16, 17, 31, 32, 33, 48, 70};
         for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++) {
             ak_check(gemm, &c, 0, 21, nts[it]);
@@ -201,17 +226,27 @@ TEST(amx_q4_k_gemm_extreme)
     }
 }
 
+TEST(amx_q4_k_gemm_extreme)
+{
+    ak_extreme(SP_TYPE_Q4_K);
+}
+
+TEST(amx_q5_k_gemm_extreme)
+{
+    ak_extreme(SP_TYPE_Q5_K);
+}
+
 /* One token's results do not depend on the batch around it: the same token at each position
  * of a 64-token batch of other tokens gives the bits of it alone (the reference's, above),
  * here checked directly against a one-token call. */
 TEST(amx_q4_k_batch_invariance)
 {
-    const sp_gemm_fn gemm = ak_gemm();
+    const sp_gemm_fn gemm = ak_gemm(SP_TYPE_Q4_K);
     if (gemm == NULL)
         SKIP("no AMX-INT8 level on this CPU / OS: nothing to test");
     ak_case_t c;
     const int64_t rows = 24, nt = 64;
-    ak_case_make(&c, 512, rows, nt, 99, false);
+    ak_case_make(&c, SP_TYPE_Q4_K, 512, rows, nt, 99, false);
     float *all = malloc(sizeof(float) * (size_t)(rows * nt)), one[24];
     ASSERT(all != NULL);
     gemm(c.n, c.packed, c.gb, 0, rows, c.x, c.xs, nt, all, rows);

@@ -84,8 +84,11 @@ ak_column(__m512i g0, __m512i g1, int j)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static void
-ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
+/* q5: Q5_K (qh's bit j of byte l is bit 4 of element l of sub-block j; scales split 8 s_hi +
+ * s_lo so that a 5-bit q times a 3-bit part stays a byte), else Q4_K (16 s_hi + s_lo). Always
+ * inlined with a constant q5. */
+static inline __attribute__((always_inline)) void
+ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P, bool q5)
 {
     const __m256i d16 = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + SP_REPACK_Q4K_D))),
@@ -112,8 +115,10 @@ ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
                 _mm_loadl_epi64((const __m128i *)(p0 + SP_REPACK_Q4K_SC + 8 * j)),
                 _mm_loadl_epi64((const __m128i *)(p1 + SP_REPACK_Q4K_SC + 8 * j))));
-            sh[u] = _mm512_shuffle_epi8(_mm512_srli_epi32(sc, 4), words);
-            sl[u] = _mm512_shuffle_epi8(_mm512_and_si512(sc, _mm512_set1_epi32(15)), words);
+            const int bits = q5 ? 3 : 4;
+            sh[u] = _mm512_shuffle_epi8(_mm512_srli_epi32(sc, bits), words);
+            sl[u] = _mm512_shuffle_epi8(
+                _mm512_and_si512(sc, _mm512_set1_epi32((1 << bits) - 1)), words);
             mb[u] = _mm512_shuffle_epi8(ak_column(mins0, mins1, j), bytes);
         }
         for (int k = 0; k < 8; k++) {
@@ -121,13 +126,28 @@ ak_prep(const uint8_t *p0, const uint8_t *p1, ak_panel_t *P)
             _mm512_store_si512((void *)P->b[c][2][8 + k], mb[1]);
         }
         for (int q = 0; q < 4; q++) {
-            const size_t off = SP_REPACK_Q4K_QS + 64 * (size_t)(4 * c + q);
+            const size_t off = (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 64 * (size_t)(4 * c + q);
             const __m512i raw0 = _mm512_loadu_si512((const void *)(p0 + off));
             const __m512i raw1 = _mm512_loadu_si512((const void *)(p1 + off));
+            /* Q5_K: qh bytes 8q .. 8q + 7 of each row, in the same lanes as the quant octet */
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0;
+            if (q5) {
+                h0 = _mm512_loadu_si512((const void *)(p0 + SP_REPACK_Q5K_QH + 64 * q));
+                h1 = _mm512_loadu_si512((const void *)(p1 + SP_REPACK_Q5K_QH + 64 * q));
+            }
             for (int e = 0; e < 2; e++) {
                 const __m512i v = _mm512_permutex2var_epi32(raw0, e ? ix1 : ix0, raw1);
-                const __m512i lo = _mm512_and_si512(v, m4);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) { /* bit 2c (2c + 1) of each byte to bit 4: 16-bit shifts, the AND
+                           * keeps the byte's own bit */
+                    const __m512i h = _mm512_permutex2var_epi32(h0, e ? ix1 : ix0, h1);
+                    const __m512i b1 = _mm512_set1_epi8(0x10);
+                    lo = _mm512_or_si512(
+                        lo, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * c), 4), b1));
+                    hi = _mm512_or_si512(
+                        hi, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * c + 1), 4), b1));
+                }
                 const int k = 2 * q + e;
                 _mm512_store_si512((void *)P->b[c][0][k], _mm512_mullo_epi16(lo, sh[0]));
                 _mm512_store_si512((void *)P->b[c][1][k], _mm512_mullo_epi16(lo, sl[0]));
@@ -155,13 +175,13 @@ ak_config(ak_tilecfg_t *cfg)
 /* The float finish of one super-block for m tokens: acc[t] += d * sumi - dm * summs,
  * kquants_impl.h's order. xb: the first token's Q8_K block. */
 static inline void
-ak_finish(int m, const int32_t (*cb)[AK_TM][AK_ROWS], const ak_panel_t *P, const uint8_t *xb,
+ak_finish(int m, int hshift, const int32_t (*cb)[AK_TM][AK_ROWS], const ak_panel_t *P, const uint8_t *xb,
           size_t xs, float (*acc)[AK_ROWS])
 {
     const __m512 xd = _mm512_loadu_ps(P->d), xdm = _mm512_loadu_ps(P->dmin);
     for (int t = 0; t < m; t++) {
         const __m512i sumi = _mm512_add_epi32(
-            _mm512_slli_epi32(_mm512_load_si512((const void *)cb[0][t]), 4),
+            _mm512_slli_epi32(_mm512_load_si512((const void *)cb[0][t]), hshift),
             _mm512_load_si512((const void *)cb[1][t]));
         const __m512i summs = _mm512_load_si512((const void *)cb[2][t]);
         float yd;
@@ -178,18 +198,20 @@ ak_finish(int m, const int32_t (*cb)[AK_TM][AK_ROWS], const ak_panel_t *P, const
 /* Tokens [0, T) of a chunk (x: the first one) against the panel of groups p0, p1 (p1 = p0
  * when the panel has one group), all super-blocks; acc[t] = the 16 rows' results. pad: a
  * 16 x 256-byte buffer for a short last token tile. */
-static void
+static inline __attribute__((always_inline)) void
 ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x, size_t xs, int T,
-         float (*acc)[AK_ROWS], int8_t (*pad)[SP_QK_K])
+         float (*acc)[AK_ROWS], int8_t (*pad)[SP_QK_K], bool q5)
 {
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
+    const int hshift = q5 ? 3 : 4;
     ak_panel_t P __attribute__((aligned(64)));
     /* ping-pong: the float finish of one token tile reads its stored C while the tile unit
      * computes the next one (the next store waits for it, the finish does not) */
     int32_t cbuf[2][3][AK_TM][AK_ROWS] __attribute__((aligned(64)));
     memset(acc, 0, sizeof(float) * AK_ROWS * (size_t)T);
     for (int64_t b = 0; b < nb; b++) {
-        const size_t bo = (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
-        ak_prep(p0 + bo, p1 + bo, &P);
+        const size_t bo = (size_t)b * bb;
+        ak_prep(p0 + bo, p1 + bo, &P, q5);
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
         const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs);
         int prev = -1; /* the token tile whose C waits in cbuf[(prev / AK_TM) & 1] */
@@ -226,7 +248,7 @@ ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x, siz
                 }
             }
             if (prev >= 0) {
-                ak_finish(AK_TM, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs,
+                ak_finish(AK_TM, hshift, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs,
                           acc + prev);
             }
             int32_t(*cb)[AK_TM][AK_ROWS] = cbuf[(t / AK_TM) & 1];
@@ -236,21 +258,14 @@ ak_panel(int64_t nb, const uint8_t *p0, const uint8_t *p1, const uint8_t *x, siz
             prev = t;
         }
         const int m = T - prev < AK_TM ? T - prev : AK_TM;
-        ak_finish(m, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs, acc + prev);
+        ak_finish(m, hshift, cbuf[(prev / AK_TM) & 1], &P, xb + (size_t)prev * xs, xs, acc + prev);
     }
 }
 
-static void
-amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-              size_t xs, int64_t n_tok, float *y, int64_t ldy)
+static inline __attribute__((always_inline)) void
+ak_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+        int64_t n_tok, float *y, int64_t ldy, bool q5)
 {
-    if (r1 <= r0 || n_tok <= 0) {
-        return;
-    }
-    if (n_tok < SP_AMX_Q4K_MIN_TOK) {
-        sp__repack_q4_k_gemm_avx512(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-        return;
-    }
     const int64_t nb = n / SP_QK_K;
     int64_t tc = (int64_t)(AK_X_CHUNK_BYTES / xs);
     tc = tc < AK_TM ? AK_TM : tc > AK_TC ? AK_TC : tc - tc % AK_TM;
@@ -267,7 +282,7 @@ amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
             const uint8_t *p0 = (const uint8_t *)w + (size_t)g * ws;
             /* a lone last group is paired with itself; its copy's rows are not stored */
             const uint8_t *p1 = g + 1 < g1 ? p0 + ws : p0;
-            ak_panel(nb, p0, p1, xc, xs, T, acc, pad);
+            ak_panel(nb, p0, p1, xc, xs, T, acc, pad, q5);
             const int64_t row0 = g * SP_REPACK_ROWS;
             const int64_t lo = r0 > row0 ? r0 - row0 : 0;
             const int64_t hi = r1 - row0 < AK_ROWS ? r1 - row0 : AK_ROWS;
@@ -281,8 +296,37 @@ amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     _tile_release();
 }
 
+static void
+amx_q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+              size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    if (n_tok < SP_AMX_Q4K_MIN_TOK) {
+        sp__repack_q4_k_gemm_avx512(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        return;
+    }
+    ak_gemm(n, w, ws, r0, r1, x, xs, n_tok, y, ldy, false);
+}
+
+static void
+amx_q5_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+              size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    if (n_tok < SP_AMX_Q4K_MIN_TOK) {
+        sp__kpack_q5_k_gemm_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        return;
+    }
+    ak_gemm(n, w, ws, r0, r1, x, xs, n_tok, y, ldy, true);
+}
+
 void
 sp__amx_kquants_register(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q4_K] = amx_q4_k_gemm;
+    k->repack_gemm[SP_TYPE_Q5_K] = amx_q5_k_gemm;
 }
