@@ -6,8 +6,8 @@
  * memory, or L3 where it fits), and batched decode (8 and 32 tokens over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
  * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
  * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster);
- * at the AMX level (Q4_K on tiles: amx_kquants.c) the AVX-512 packed gemm is the one compared,
- * and a token sweep on a 128-row slice places the hand-off between the two. GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
+ * at the AMX level (Q4_K and Q5_K on tiles: amx_kquants.c) the AVX-512 level's packed gemm is
+ * the one compared, and a token sweep on a 128-row slice places the hand-off between the two. GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
  *
  *   make BUILD=build build/libsampan.a
@@ -144,7 +144,7 @@ main(int argc, char **argv)
          * bench/membw's single-thread read bandwidth */
         const int64_t big_rows = (int64_t)((192u << 20) / sp_row_size(types[ti], 2048)) / 8 * 8;
         ab(k, types[ti], "2048-wide 192 MiB decode", big_rows, 2048, 1, 2);
-        if (k->level >= SP_CPU_AMX && types[ti] == SP_TYPE_Q4_K) {
+        if (k->level >= SP_CPU_AMX && (types[ti] == SP_TYPE_Q4_K || types[ti] == SP_TYPE_Q5_K)) {
             static const int64_t sweep[] = {4, 8, 12, 16, 24, 32, 48, 64, 128};
             for (size_t i = 0; i < sizeof sweep / sizeof sweep[0]; i++) {
                 char what[64];

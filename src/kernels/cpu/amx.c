@@ -15,5 +15,5 @@
 void
 sp__amx_register(sp_cpu_kernels_t *k)
 {
-    sp__amx_kquants_register(k); /* Q4_K packed: prefill on tiles (amx_kquants.c) */
+    sp__amx_kquants_register(k); /* Q4_K, Q5_K packed: prefill on tiles (amx_kquants.c) */
 }

@@ -1,31 +1,35 @@
 /*
- * amx_kquants.c - AMX-INT8 gemm of Q4_K weights in the 8-row packed form (repack_impl.h) x
- * Q8_K activations: the prefill kernel of the AMX level. Few tokens stay on the AVX-512 VNNI
- * kernel (avx512_repack.c), which reads the same packed form, so decode is unchanged.
+ * amx_kquants.c - AMX-INT8 gemm of Q4_K and Q5_K weights in the 8-row packed forms
+ * (repack_impl.h) x Q8_K activations: the prefill kernels of the AMX level. Calls with few
+ * tokens stay on the kernels the AVX-512 level uses (avx512_repack.c's Q4_K, avx2_kpack.c's
+ * Q5_K), which read the same packed forms, so packing and decode are unchanged.
  *
  * Tiles: C (int32) = A (tokens x 64 signed activation bytes) . B (64 x 16 weight rows), the
  * tokens down C's rows and the 16 rows of a panel (two packed groups) across its columns, so
  * a C row is one token's 16 results (one ZMM) and an A tile is read straight from the Q8_K
  * blocks (stride = the token stride): no activation repack.
  *
- * Scales inside B: Q4_K's sub-block sum needs its 6-bit scale s (0..63) before the 32-element
- * sub-blocks of a super-block are added, and a nibble times s (up to 945) does not fit a
- * byte. With s = 16 s_hi + s_lo (s_lo 0..15, s_hi 0..3) the bytes q * s_lo <= 225 and
- * q * s_hi <= 45 are unsigned bytes, so two B operands (TDPBSUD: signed A, unsigned B) give
- *   sumi = 16 * C_hi + C_lo = sum_j s_j sum_{k in j} q_k a_k
+ * Scales inside B: a sub-block sum needs its 6-bit scale s (0..63) before the 32-element
+ * sub-blocks of a super-block are added, and q times s does not fit a byte. With
+ * s = 2^b s_hi + s_lo (Q4_K: b = 4, q <= 15; Q5_K: b = 3, q <= 31) both q s_lo and q s_hi are
+ * at most 225 / 217, unsigned bytes, so two B operands (TDPBSUD: signed A, unsigned B) give
+ *   sumi = 2^b C_hi + C_lo = sum_j s_j sum_{k in j} q_k a_k
  * exactly, with K = 64 (two sub-blocks) per instruction and the C tiles accumulating over the
  * whole super-block: two tile stores per super-block instead of a store and an int32 multiply
- * per sub-block. |C_lo| <= 256 * 225 * 128, far inside int32.
+ * per sub-block. |C_lo| <= 256 * 225 * 128, far inside int32. The mins term
+ * summs = sum_j m_j (bsums[2j] + bsums[2j + 1]) is a third product, B = the min of the
+ * element's sub-block: sum_k a_k m_j(k), the same integer because a Q8_K block's bsums are
+ * the 16-element sums of its qs (every from_float writes them so).
  *
- * The B operands of a (panel, super-block) are built once (the nibbles regrouped by VPERMT2D
- * into the tiles' 4-byte row groups, times s_lo / s_hi by one VPMULLW each: a nibble times a
- * 4-bit value never carries into the next byte) and serve every token of the chunk. The
- * mins term summs = sum_j m_j (bsums[2j] + bsums[2j + 1]) is VPDPWSSD as in avx512_repack.c,
- * and the float finish is kquants_impl.h's sequence lane-wise (d = y.d * x.d, dm = y.d *
- * x.dmin, a = d * sumi, c = dm * summs, blk = a - c, sumf = sumf + blk, super-blocks in
- * order): the scalar reference's bits, for any batch and any kernel that ran it.
+ * The B operands of a (panel, super-block) are built once (the quant bytes regrouped by
+ * VPERMT2D into the tiles' 4-byte row groups, Q5_K's qh bit moved to bit 4, times s_lo / s_hi
+ * by one VPMULLW each: a byte product below 256 never carries into the next byte) and serve
+ * every token of the chunk. The float finish is kquants_impl.h's sequence lane-wise
+ * (d = y.d * x.d, dm = y.d * x.dmin, a = d * sumi, c = dm * summs, blk = a - c,
+ * sumf = sumf + blk, super-blocks in order): the scalar reference's bits, for any batch and
+ * any kernel that ran it.
  *
- * The tile configuration is loaded on entry (and for a short token tail) and the tiles are
+ * The tile configuration (seven 16 x 64-byte tiles) is loaded once on entry and the tiles are
  * released before returning. No heap; about 40 KiB of stack.
  */
 #include <immintrin.h>
@@ -317,7 +321,7 @@ amx_q5_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
     if (r1 <= r0 || n_tok <= 0) {
         return;
     }
-    if (n_tok < SP_AMX_Q4K_MIN_TOK) {
+    if (n_tok < SP_AMX_Q5K_MIN_TOK) {
         sp__kpack_q5_k_gemm_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
         return;
     }

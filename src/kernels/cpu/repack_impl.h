@@ -215,10 +215,12 @@ void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
 void sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                  float *y, int64_t ldy);
-/* AMX-INT8 (amx_kquants.c): repack_gemm of Q4_K and Q5_K from the 8-row packed forms, tokens
- * at or above SP_AMX_Q4K_MIN_TOK on tiles (fewer: the AVX-512 VNNI Q4_K gemm above, the AVX2
- * packed Q5_K one). */
-#define SP_AMX_Q4K_MIN_TOK 16
+/* AMX-INT8 (amx_kquants.c): repack_gemm of Q4_K and Q5_K from the 8-row packed forms, calls of
+ * at least SP_AMX_Q4K_MIN_TOK / SP_AMX_Q5K_MIN_TOK tokens on tiles; fewer go to the AVX-512
+ * VNNI Q4_K gemm above / the AVX2 packed Q5_K one (the crossovers measured on a Xeon with AMX:
+ * docs/design-amxk.md). */
+#define SP_AMX_Q4K_MIN_TOK 12
+#define SP_AMX_Q5K_MIN_TOK 5
 void sp__amx_kquants_register(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
