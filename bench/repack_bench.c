@@ -5,7 +5,9 @@
  * a work item of batch.c's split does) and decode (1 token over the whole matrix, read from
  * memory, or L3 where it fits), and batched decode (8 and 32 tokens over the whole matrix). At the AVX-512 level, where a packed gemm of its own replaces
  * the AVX2 one (Q4_K with VNNI: avx512_repack.c), the AVX2 packed gemm is timed in the same
- * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster). GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
+ * alternation and the line ends with "vs avx2 packed xR" (R > 1: the AVX-512 one is faster);
+ * at the AMX level (Q4_K and Q5_K on tiles: amx_kquants.c) the AVX-512 level's packed gemm is
+ * the one compared, and a token sweep on a 128-row slice places the hand-off between the two. GB/s = weight bytes x tokens per second. Single thread, thread CPU time, best of 5 runs that alternate old and new so both
  * see the same machine load. Not a test: numbers depend on the machine and its load.
  *
  *   make BUILD=build build/libsampan.a
@@ -56,7 +58,9 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     const sp_type_t at = k->vec_dot_type[wt];
     const size_t wrow = sp_row_size(wt, n), xrow = sp_row_size(at, n);
     uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * (size_t)toks);
-    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    /* the level below's packed gemm: AVX2 under AVX-512, AVX-512 under AMX */
+    const sp_cpu_kernels_t *k2 = sp_cpu_kernels_for(k->level >= SP_CPU_AMX ? SP_CPU_AVX512
+                                                                             : SP_CPU_AVX2);
     /* each table's own packed form (Q8_0: 16-row panels at AVX-512 VNNI, 8-row groups at AVX2) */
     const sp_repack_layout_t l1 = k->repack_layout[wt], l2 = k2 != NULL ? k2->repack_layout[wt] : l1;
     uint8_t *wp = aligned_alloc(64, (sp_repack_bytes_in(l1, wt, n, rows) + 63) & ~(size_t)63);
@@ -94,7 +98,7 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
            k->name, sp_type_name(wt), what, best[0] * 1e3, bytes / best[0] / 1e9, best[1] * 1e3,
            bytes / best[1] / 1e9, best[0] / best[1]);
     if (nv == 3)
-        printf("  vs avx2 packed x%.2f", best[2] / best[1]);
+        printf("  vs %s packed x%.2f", sp_cpu_level_name(k2->level), best[2] / best[1]);
     printf("\n");
     free(w);
     free(x);
@@ -140,6 +144,14 @@ main(int argc, char **argv)
          * bench/membw's single-thread read bandwidth */
         const int64_t big_rows = (int64_t)((192u << 20) / sp_row_size(types[ti], 2048)) / 8 * 8;
         ab(k, types[ti], "2048-wide 192 MiB decode", big_rows, 2048, 1, 2);
+        if (k->level >= SP_CPU_AMX && (types[ti] == SP_TYPE_Q4_K || types[ti] == SP_TYPE_Q5_K)) {
+            static const int64_t sweep[] = {4, 8, 12, 16, 24, 32, 48, 64, 128};
+            for (size_t i = 0; i < sizeof sweep / sizeof sweep[0]; i++) {
+                char what[64];
+                snprintf(what, sizeof what, "128x2048 %d tokens", (int)sweep[i]);
+                ab(k, types[ti], what, 128, 2048, sweep[i], sweep[i] < 32 ? 20 : 4);
+            }
+        }
     }
     return 0;
 }

@@ -214,9 +214,9 @@ q6_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
     kp_gemm(q6k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-static void
-q5_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
-          int64_t n_tok, float *y, int64_t ldy)
+void
+sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     kp_gemm(q5k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
@@ -225,5 +225,5 @@ void
 sp__kpack_register_avx2(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q6_K] = q6_k_gemm;
-    k->repack_gemm[SP_TYPE_Q5_K] = q5_k_gemm;
+    k->repack_gemm[SP_TYPE_Q5_K] = sp__kpack_q5_k_gemm_avx2;
 }

@@ -185,9 +185,9 @@ r5_gemm(const rpx_tile_fn *tiles, int64_t nb, const void *w, size_t ws, int64_t 
     rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-static void
-q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+void
+sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                            const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
         r5_gemm(q4k_tiles, n / SP_QK_K, w, ws, r0, r1, x, xs, n_tok, y, ldy);
@@ -198,6 +198,6 @@ void
 sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni)
 {
     if (has_vnni) { /* without VNNI the AVX2 packed kernels stay */
-        k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;
+        k->repack_gemm[SP_TYPE_Q4_K] = sp__repack_q4_k_gemm_avx512;
     }
 }

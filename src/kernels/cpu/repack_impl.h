@@ -189,6 +189,10 @@ float sp__repack_row_dot_q6k(int64_t n, const uint8_t *g, int r, const sp_block_
 void sp__repack_register_avx2(sp_cpu_kernels_t *k);
 /* AVX2 (avx2_kpack.c): fills repack_gemm of Q6_K and Q5_K (the packed forms above). */
 void sp__kpack_register_avx2(sp_cpu_kernels_t *k);
+/* Its Q5_K gemm (the AVX-512 level's, and the AMX level's for few tokens). */
+void sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0, int64_t r1,
+                              const void *x, size_t x_stride, int64_t n_tok, float *y,
+                              int64_t ldy);
 /* Its IQ4_XS gemm (the AVX-512 VNNI panels' fallback for few tokens). */
 void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
@@ -217,5 +221,16 @@ sp_gemm_fn sp__amx_qgemm_tiles(sp_type_t type);
 /* AVX-512 (avx512_repack.c): the VNNI packed gemm of Q4_K, only where has_vnni (else the
  * AVX2 one stays). */
 void sp__repack_register_avx512(sp_cpu_kernels_t *k, bool has_vnni);
+/* Its Q4_K gemm (the AMX level's kernel for few tokens). */
+void sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                 int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                 float *y, int64_t ldy);
+/* AMX-INT8 (amx_kquants.c): repack_gemm of Q4_K and Q5_K from the 8-row packed forms, calls of
+ * at least SP_AMX_Q4K_MIN_TOK / SP_AMX_Q5K_MIN_TOK tokens on tiles; fewer go to the AVX-512
+ * VNNI Q4_K gemm above / the AVX2 packed Q5_K one (the crossovers measured on a Xeon with AMX:
+ * docs/design-amxk.md). */
+#define SP_AMX_Q4K_MIN_TOK 12
+#define SP_AMX_Q5K_MIN_TOK 5
+void sp__amx_kquants_register(sp_cpu_kernels_t *k);
 
 #endif /* SP_KERNELS_CPU_REPACK_IMPL_H */
