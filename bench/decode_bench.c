@@ -24,7 +24,12 @@
  *          conversion overhead per job, roughly)
  *   hot-gemv  GB/s of the kernel alone, one thread, on a 256-row matrix that stays in
  *          L2 (what the kernel's instructions allow: below the read rate means the
- *          kernel, not memory, is the limit)
+ *          kernel, not memory, is the limit); per second of the thread's CPU time, so
+ *          other processes' time slices do not count
+ *   cpu-share the read's process CPU seconds over the gemv's (best pass of each): the
+ *          share with the time other processes took left out, which on a host shared
+ *          with other work is what says whether the products cost more than the read
+ *          (pool spins count: with 2 threads, a waiting thread's CPU time is in both)
  *   old-gemv, old-hot  the same with the kernel that a one-token kernel of
  *          cpu/avx512_gemv.c replaced (the panels), in the same passes (A/B); 0 when the
  *          type and level have none
@@ -49,11 +54,26 @@
 #define MAX_LAYERS 64
 
 static double
-now_s(void)
+clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double
+now_s(void)
+{
+    return clock_s(CLOCK_MONOTONIC);
+}
+
+/* CPU seconds of the whole process (all pool threads, their spins included): on a host
+ * where other work takes most of the time slices, wall time measures the share of the
+ * CPUs this process got; CPU time measures what the work itself costs. */
+static double
+cpu_s(void)
+{
+    return clock_s(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 typedef struct mat {
@@ -289,10 +309,10 @@ free_model(model_t *md)
 /* One decode pass; returns seconds. jobs counts the pool jobs. */
 static double
 pass(sp_pool_t *pool, const sp_cpu_kernels_t *k, const model_t *md, int read_only, float *x,
-     void *xq, float *y, int *jobs)
+     void *xq, float *y, int *jobs, double *cpu)
 {
     const sp_type_t at = k->vec_dot_type[md->type];
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     int nj = 0;
     const int nth = sp_pool_n_threads(pool);
     for (int i = 0; i < md->n_m;) {
@@ -328,6 +348,7 @@ pass(sp_pool_t *pool, const sp_cpu_kernels_t *k, const model_t *md, int read_onl
         i += n_w;
     }
     *jobs = nj;
+    *cpu = cpu_s() - c0;
     return now_s() - t0;
 }
 
@@ -345,7 +366,7 @@ hot_gbs(const sp_cpu_kernels_t *k, const model_t *md, float *x, void *xq, float 
     }
     double best = 1e30;
     for (int r = 0; r < 20; r++) {
-        double t0 = now_s();
+        double t0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int i = 0; i < 50; i++) {
             if (w->packed != NULL) {
                 k->repack_gemm[md->type](w->n, w->packed, w->packed_stride, 0, w->rows, xa, 0, 1,
@@ -355,7 +376,7 @@ hot_gbs(const sp_cpu_kernels_t *k, const model_t *md, float *x, void *xq, float 
                             w->rows);
             }
         }
-        double dt = (now_s() - t0) / 50;
+        double dt = (clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / 50;
         best = dt < best ? dt : best;
     }
     return (double)w->bytes / best / 1e9;
@@ -417,9 +438,9 @@ main(int argc, char **argv)
     }
     printf("decode_bench: kernels=%s layers=%d pages=%s best of %d, GB = 1e9 B\n", k->name,
            layers, huge ? "thp" : "4k", runs);
-    printf("%-6s %-7s %3s %9s %9s %9s %7s %6s %8s %9s %9s %9s\n", "type", "layout", "thr",
+    printf("%-6s %-7s %3s %9s %9s %9s %7s %6s %8s %9s %9s %9s %10s\n", "type", "layout", "thr",
            "MB/pass", "read", "gemv", "share", "jobs", "us/job", "hot-gemv", "old-gemv",
-           "old-hot");
+           "old-hot", "cpu-share");
     for (int ti = 0; ti < n_types; ti++) {
         model_t md;
         if (build_model(&md, types[ti], layers, huge, repack, k) != 0) {
@@ -452,25 +473,29 @@ main(int argc, char **argv)
             if (sp_pool_create(nt, &pool) != SP_OK) {
                 return 1;
             }
-            double best_r = 1e30, best_g = 1e30, best_o = 1e30;
+            double best_r = 1e30, best_g = 1e30, best_o = 1e30, cpu_r = 1e30, cpu_g = 1e30;
             int jobs_r = 0, jobs_g = 0, jobs_o = 0;
             /* read, gemv (and the old gemv) interleaved, so load changes hit all alike */
             for (int r = 0; r < runs + 1; r++) {
-                double tr = pass(pool, k, &md, 1, x, xq, y, &jobs_r);
-                double tg = pass(pool, k, &md, 0, x, xq, y, &jobs_g);
-                double to = ab ? pass(pool, &old, &md, 0, x, xq, y, &jobs_o) : 1e30;
+                double cr, cg, co;
+                double tr = pass(pool, k, &md, 1, x, xq, y, &jobs_r, &cr);
+                double tg = pass(pool, k, &md, 0, x, xq, y, &jobs_g, &cg);
+                double to = ab ? pass(pool, &old, &md, 0, x, xq, y, &jobs_o, &co) : 1e30;
                 if (r > 0) { /* the first pass warms the pool and faults nothing */
                     best_r = tr < best_r ? tr : best_r;
                     best_g = tg < best_g ? tg : best_g;
                     best_o = to < best_o ? to : best_o;
+                    cpu_r = cr < cpu_r ? cr : cpu_r;
+                    cpu_g = cg < cpu_g ? cg : cpu_g;
                 }
             }
             double gr = (double)md.bytes / best_r / 1e9, gg = (double)md.bytes / best_g / 1e9;
             double go = ab ? (double)md.bytes / best_o / 1e9 : 0;
-            printf("%-6s %-7s %3d %9.1f %9.2f %9.2f %6.0f%% %6d %8.2f %9.2f %9.2f %9.2f\n",
+            printf("%-6s %-7s %3d %9.1f %9.2f %9.2f %6.0f%% %6d %8.2f %9.2f %9.2f %9.2f "
+                   "%9.0f%%\n",
                    sp_type_name(types[ti]), md.pbase ? "packed" : "rows", nt,
                    (double)md.bytes / 1e6, gr, gg, 100.0 * gg / gr, jobs_g,
-                   (best_g - best_r) / jobs_g * 1e6, hot, go, hot_old);
+                   (best_g - best_r) / jobs_g * 1e6, hot, go, hot_old, 100.0 * cpu_r / cpu_g);
             fflush(stdout);
             sp_pool_destroy(pool);
         }

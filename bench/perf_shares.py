@@ -17,8 +17,8 @@ import sys
 from collections import Counter
 
 CATS = [
-    ("products", r"gemv|gemm|fused_|qgemm|rows8|vec_dot|tile|panel|f16_|_4x1|_1x1|rp_"),
-    ("act-convert", r"from_float|quantize"),
+    ("products", r"gemv|gemm|fused_|qgemm|rows8|vec_dot|tile|panel|p16_|f16_|_4x1|_1x1|rp_"),
+    ("act-convert", r"from_float|quantize|q8_records"),
     ("attention", r"attn"),
     ("norm/rope/swiglu", r"norm|rope|swiglu|softcap|exp"),
     ("pool wait/spin", r"sched_yield|worker|drain|sp_pool|futex|pvm_irq|cond_wait|clock_gettime|schedule|syscall"),

@@ -94,6 +94,9 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
     const size_t pblk = kind == RP_Q8_0 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * pblk;
+        if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)pblk);
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
         if (kind == RP_Q8_0) {
             /* chunk c: bytes 8 (c / 2) .. + 7 of rows {0,1,4,5} (c even) or {2,3,6,7} */

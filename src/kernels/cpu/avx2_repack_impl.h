@@ -166,6 +166,8 @@ rpx_tile_k45(bool q5, int T, int64_t nb, const uint8_t *g, const uint8_t *x, siz
         const uint8_t *pb = g + (size_t)b * bb;
         if (q5) {
             rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
+        } else if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
         }
         __m256i ai[RPX_K45_TM][2];
 #pragma GCC unroll 8

@@ -681,11 +681,14 @@ p16_tile(void *ctx, const sp512_tile_t *t)
     const size_t half_pair =
         sp__p16_pair_bytes_of(c->wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0) / 2;
     /* the panel computed next: the next group, else the first one at the next K chunk
-     * (shifted so that its blocks line up with this chunk's). Not with one token: there the
-     * hardware's stream over the contiguous groups is enough and the extra prefetches cost
-     * (repack_bench q8_0, one thread: decode from DRAM 1.16-1.31x the old kernel without
-     * them, 1.05-1.14x with; 8 tokens 0.9-1.2x without, 1.4-1.6x with) */
-    const uint8_t *pf = c->n_tok == 1 || t->u != 0 ? NULL
+     * (shifted so that its blocks line up with this chunk's). With one token the tile
+     * streams the contiguous groups once, so it fetches its own stream SP_PF_ONE_TOKEN
+     * bytes ahead (repack_impl.h) instead: a whole group ahead cost on Zen 5 (repack_bench
+     * q8_0, one thread, 1.16-1.31x the old kernel without, 1.05-1.14x with), none lost
+     * 35-50% of the read's rate on the Emerald Rapids class VM (Q4_0 at 50-60% of it, 78-80%
+     * with 4 KiB ahead: bench/decode_bench.c). */
+    const uint8_t *pf = c->n_tok == 1 ? gw + SP_PF_ONE_TOKEN
+                        : t->u != 0 ? NULL
                         : g + 1 < g1             ? gw + c->gs
                         : t->b0 + t->nbk < c->nb
                             ? c->wb + (size_t)g0 * c->gs + (size_t)t->nbk * half_pair

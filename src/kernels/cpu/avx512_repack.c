@@ -78,6 +78,9 @@ q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m25
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
+        if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q4K_BLOCK_BYTES);
+        }
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
         __m512i sumi[R5_TM];
 #pragma GCC unroll 8
