@@ -308,6 +308,11 @@ def _logits_here(path, tokens, kv_type, n_threads, flash_attn, ubatch):
     ub = n if not ubatch else int(ubatch)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    # No extra buffer types (the repacked and AMX weight layouts): on a CPU with AMX this
+    # build's AMX buffer type aborts on some models' graphs (ggml-backend.cpp:
+    # GGML_ASSERT(*cur_backend_id != -1)), and the oracle needs only llama.cpp's plain
+    # kernels, the same on every CPU.
+    mp.use_extra_bufts = False
     model = L.llama_model_load_from_file(os.fsencode(path), mp)
     if not model:
         raise RuntimeError(f"llama.cpp cannot load {path}: {lib.tail()}")
