@@ -20,7 +20,7 @@
  * read (Q8_0: XOR 0x80; Q4_0: AND / shift, minus 8). Signed x signed needs no activation-sum
  * correction: the epilogue is one load, one convert, two multiplies and one add per token and
  * block; TDPBSUD on the unsigned codes plus the VNNI kernels' seeds measured about 1.2x slower
- * (docs/design-amx.md).
+ * (docs/design.md, "AMX-INT8 tiles for the packed Q8_0 and Q4_0 panels").
  *
  * Blocks cannot share a tile product (K = 64 would add two blocks' sums before their different
  * scales apply), so every block costs one TDPBSSD, one C store and 16 epilogue rows; the VNNI
@@ -31,7 +31,7 @@
  * a record group's quants, 32 bytes apart), tmm4, tmm5 B (8 x 64 weight bytes).
  *
  * Few tokens: the VNNI kernel (sp__avx512_qgemm_packed); the tiles only pay once a tile is
- * mostly full (AMX_MIN_TOK, measured: docs/design-amx.md). Stack: about 180 KiB per call.
+ * mostly full (AMX_MIN_TOK, measured: docs/design.md). Stack: about 180 KiB per call.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/avx512_panels.h"

@@ -222,7 +222,8 @@ void sp__avx512_qgemm_packed_register(sp_cpu_kernels_t *k);
 sp_gemm_fn sp__avx512_qgemm_packed(sp_type_t type);
 /* AMX-INT8 (amx_qgemm.c): repack_gemm of Q8_0 and Q4_0 over the same panels, on tiles of 16
  * tokens from AMX_MIN_TOK tokens (fewer: the VNNI kernel above), a last partial tile on tiles
- * from AMX_MIN_REM tokens (fewer: VNNI). Measured: docs/design-amx.md. */
+ * from AMX_MIN_REM tokens (fewer: VNNI). Measured: docs/design.md, "AMX-INT8 tiles for the
+ * packed Q8_0 and Q4_0 panels". */
 #define AMX_MIN_TOK 16
 #define AMX_MIN_REM 12
 void sp__amx_qgemm_register(sp_cpu_kernels_t *k);
@@ -238,7 +239,7 @@ void sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t w_stride, int6
 /* AMX-INT8 (amx_kquants.c): repack_gemm of Q4_K and Q5_K from the 8-row packed forms, calls of
  * at least SP_AMX_Q4K_MIN_TOK / SP_AMX_Q5K_MIN_TOK tokens on tiles; fewer go to the AVX-512
  * VNNI Q4_K gemm above / the AVX2 packed Q5_K one (the crossovers measured on a Xeon with AMX:
- * docs/design-amxk.md). */
+ * docs/design.md, "AMX-INT8 tiles for Q4_K and Q5_K prefill"). */
 #define SP_AMX_Q4K_MIN_TOK 12
 #define SP_AMX_Q5K_MIN_TOK 5
 void sp__amx_kquants_register(sp_cpu_kernels_t *k);
