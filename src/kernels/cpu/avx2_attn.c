@@ -242,33 +242,69 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     return 1.0f / (hsum8(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
 }
 
-/* Pass 3 for NH heads from h0 and dims d0..d0+15: o = inv * sum_p e_p v_p. */
+/* Bytes of one cache row, and from one row to the next. */
+SP_INLINE int64_t
+row_bytes(const sp_attn_args_t *a, int kind)
+{
+    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * (kind == 0 ? 4 : 2);
+}
+
+SP_INLINE int64_t
+row_step(const sp_attn_args_t *a, int kind)
+{
+    return a->v_stride * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+}
+
+/*
+ * Pass 3 for NH heads from h0, dims d0..d0+15 and the positions of blocks
+ * c0 / 16 .. c1 / 16 - 1 (those from lo): o = inv * sum_p e_p v_p. Between
+ * chunks a head's running sums wait in o, unscaled (a store and a load: exact),
+ * so each accumulator still adds its positions in order from zero: the same
+ * FMA chain as one sweep over the whole cache. The last chunk scales. A Q8_0
+ * row's 16 dims (within one Q8_0 group: d0 is a multiple of 16) are widened
+ * and multiplied by the group's scale (exact) before the same FMAs.
+ */
 SP_INLINE void
-av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0)
+av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0,
+        int64_t c0, int64_t c1, int first, int last, int full)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
-    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
+    const int64_t nv0 = full ? 16 : hd - d0, nv1 = nv0 - 8, lo = sp_attn_first(a);
     const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
+    const int64_t step = row_step(a, kind);
+    /* the tile's first byte in a row: Q8_0 skips the group's scale */
+    const int64_t sc = (d0 / 32) * 34, off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
     __m256 acc[4][2];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
-        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        if (first) {
+            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        } else {
+            const float *o = a->o + (h0 + h) * a->o_stride + d0;
+            acc[h][0] = load_f32(o, nv0, m0);
+            acc[h][1] = nv1 > 0 ? load_f32(o + 8, nv1, m1) : _mm256_setzero_ps();
+        }
     }
-    /* Positions in order, block by block: the same FMA chain as one
-     * contiguous cache. */
-    const int64_t lo = sp_attn_first(a);
-    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
-        const void *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
-        const float *e = a->scratch + h0 * ss + p0;
-        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
-            const int64_t row = p * a->v_stride + d0;
-            const __m256 v0 = load_kv(vb, f16, row, nv0, m0);
-            const __m256 v1 =
-                nv1 > 0 ? load_kv(vb, f16, row + 8, nv1, m1) : _mm256_setzero_ps();
+    for (int64_t p0 = c0; p0 < c1; p0 += 16) {
+        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16, p1 = p0 < lo ? lo - p0 : 0;
+        const char *row = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) +
+                          p1 * step + off;
+        const float *e = a->scratch + h0 * ss + p0 + p1;
+        for (int64_t p = p1; p < n; p++, row += step, e++) {
+            __m256 v0, v1;
+            if (kind == 2) {
+                uint16_t h16;
+                memcpy(&h16, row - off + sc, sizeof h16);
+                const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
+                v0 = _mm256_mul_ps(load_q8x8(row, nv0), s);
+                v1 = nv1 > 0 ? _mm256_mul_ps(load_q8x8(row + 8, nv1), s) : _mm256_setzero_ps();
+            } else {
+                v0 = load_kv(row, kind, 0, nv0, m0);
+                v1 = nv1 > 0 ? load_kv(row, kind, 8, nv1, m1) : _mm256_setzero_ps();
+            }
 #pragma GCC unroll 4
             for (int h = 0; h < NH; h++) {
-                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
+                const __m256 w = _mm256_broadcast_ss(&e[h * ss]);
                 acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
                 acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
             }
@@ -278,86 +314,72 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     for (int h = 0; h < NH; h++) {
         float *o = a->o + (h0 + h) * a->o_stride + d0;
         const __m256 s = _mm256_set1_ps(inv[h]);
-        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
+        store_f32(o, nv0, m0, last ? _mm256_mul_ps(acc[h][0], s) : acc[h][0]);
         if (nv1 > 0) {
-            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
+            store_f32(o + 8, nv1, m1, last ? _mm256_mul_ps(acc[h][1], s) : acc[h][1]);
         }
     }
 }
 
-/* Pass 3 over a Q8_0 cache for NH heads from h0 and dims d0..d0+15 (one
- * Q8_0 block: d0 is a multiple of 16): each row's 16 dims widened and
- * multiplied by the block's scale (exact), then av_tile's FMAs. */
 SP_INLINE void
-av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0)
+av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t c0,
+         int64_t c1, int first, int last)
 {
-    const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
-    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
-    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
-    const int64_t sc = (d0 / 32) * 34, off = sc + 2 + d0 % 32;
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) {
-        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    int64_t d0 = 0;
+    for (; d0 + 16 <= a->head_dim; d0 += 16) {
+        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1);
     }
-    const int64_t lo = sp_attn_first(a);
-    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
-        const char *vb = kv_ptr(a->v, 2, a->blocks[p0 / 16] * a->v_block_stride);
-        const float *e = a->scratch + h0 * ss + p0;
-        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
-            const char *row = vb + p * a->v_stride;
-            uint16_t h16;
-            memcpy(&h16, row + sc, sizeof h16);
-            const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
-            const __m256 v0 = _mm256_mul_ps(load_q8x8(row + off, nv0), s);
-            const __m256 v1 =
-                nv1 > 0 ? _mm256_mul_ps(load_q8x8(row + off + 8, nv1), s) : _mm256_setzero_ps();
-#pragma GCC unroll 4
-            for (int h = 0; h < NH; h++) {
-                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
-                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
-            }
-        }
+    if (d0 < a->head_dim) {
+        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 0);
     }
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) {
-        float *o = a->o + (h0 + h) * a->o_stride + d0;
-        const __m256 s = _mm256_set1_ps(inv[h]);
-        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
-        if (nv1 > 0) {
-            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
+}
+
+/* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
+ * or L2. */
+SP_INLINE void
+prefetch_bytes(const char *p, int64_t n, int l2)
+{
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63;
+    for (uintptr_t x = first; x < (uintptr_t)p + (uintptr_t)n; x += 64) {
+        if (l2) {
+            _mm_prefetch((const char *)x, _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char *)x, _MM_HINT_T0);
         }
     }
 }
 
-/* Key blocks PF_BLOCKS ahead into L1, value rows into L2 (see avx512_attn.c). */
-#define PF_BLOCKS 4
-
+/* The value rows of the block at p0 (those below n_kv): one run of lines when
+ * the rows are back to back, else row by row. */
 SP_INLINE void
-prefetch_block(const sp_attn_args_t *a, int kind, int64_t p0)
+prefetch_values(const sp_attn_args_t *a, int kind, int64_t p0, int l2)
 {
     if (p0 >= a->n_kv) {
         return;
     }
-    const int64_t elt = kind == 0 ? 4 : kind == 1 ? 2 : 1;
-    const int64_t row_bytes = kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * elt;
-    const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
-    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
-    for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
-        _mm_prefetch(k + off, _MM_HINT_T0);
-    }
+    const int64_t rb = row_bytes(a, kind), step = row_step(a, kind);
     const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    for (int64_t p = 0; p < n; p++) {
-        const char *v = vb + p * a->v_stride * elt;
-        for (int64_t off = 0; off < row_bytes; off += 64) {
-            _mm_prefetch(v + off, _MM_HINT_T1);
+    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
+    if (step == rb) {
+        prefetch_bytes(vb, n * rb, l2);
+    } else {
+        for (int64_t p = 0; p < n; p++) {
+            prefetch_bytes(vb + p * step, rb, l2);
         }
     }
 }
 
-/* Passes 1 and 3 in the cache type's version. */
+/* The key tile of the block at p0 into L1. */
+SP_INLINE void
+prefetch_keys(const sp_attn_args_t *a, int kind, int64_t p0)
+{
+    if (p0 < a->n_kv) {
+        const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
+        prefetch_bytes(k, 16 * row_bytes(a, kind), 0);
+    }
+}
+
+/* Passes 1 in the cache type's version. */
 SP_INLINE void
 scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
 {
@@ -368,26 +390,43 @@ scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
     }
 }
 
-SP_INLINE void
-av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0)
-{
-    if (kind == 2) {
-        av_tile_q8(a, inv, h0, NH, d0);
-    } else {
-        av_tile(a, kind, inv, h0, NH, d0);
-    }
-}
+/*
+ * Decode reads the cache from memory. Pass 1 asks for key tiles PF_BLOCKS
+ * ahead into L1 and, when all the values fit in half of L2 (V_L2_BYTES), for
+ * the value rows into L2 as well, so pass 3 finds them there. Pass 3 goes over
+ * the values in chunks of about AV_CHUNK_BYTES (whole blocks), each read once
+ * from L2 or memory and then reused from L1 by every (head group, 16 dims)
+ * tile; the next chunk is asked for while this one is worked on.
+ */
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 4
+#endif
+#ifndef V_L2_BYTES
+#define V_L2_BYTES (256 * 1024)
+#endif
+#ifndef AV_CHUNK_BYTES
+#define AV_CHUNK_BYTES (16 * 1024)
+#endif
+#define AV_HEADS 16 /* heads per softmax group (inv on the stack) */
 
 SP_INLINE void
 attn_256(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
     const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
+    const int64_t rb = row_bytes(a, kind);
+    const int v_l2 = (n_kv - p_start) * rb <= V_L2_BYTES;
     for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, kind, p_start + 16 * b);
+        prefetch_keys(a, kind, p_start + 16 * b);
+        if (v_l2) {
+            prefetch_values(a, kind, p_start + 16 * b, 1);
+        }
     }
     for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
-        prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
+        prefetch_keys(a, kind, p0 + 16 * PF_BLOCKS);
+        if (v_l2) {
+            prefetch_values(a, kind, p0 + 16 * PF_BLOCKS, 1);
+        }
         for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
             switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
             case 4: scores_any(a, kind, p0, h0, 4); break;
@@ -397,19 +436,29 @@ attn_256(const sp_attn_args_t *a, int kind)
             }
         }
     }
-    for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
-        float inv[4];
-        const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
-        for (int h = 0; h < nh; h++) {
-            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, lo, n_kv, a->softcap,
-                                 a->sinks != NULL ? &a->sinks[h0 + h] : NULL);
+    int64_t chunk = AV_CHUNK_BYTES / (16 * rb);
+    chunk = 16 * (chunk < 1 ? 1 : chunk);
+    for (int64_t g0 = 0; g0 < a->n_q; g0 += AV_HEADS) {
+        const int64_t g1 = a->n_q - g0 < AV_HEADS ? a->n_q : g0 + AV_HEADS;
+        float inv[AV_HEADS];
+        for (int64_t h = g0; h < g1; h++) {
+            inv[h - g0] = softmax_row(a->scratch + h * ss, lo, n_kv, a->softcap,
+                                      a->sinks != NULL ? &a->sinks[h] : NULL);
         }
-        for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
-            switch (nh) {
-            case 4: av_any(a, kind, inv, h0, 4, d0); break;
-            case 3: av_any(a, kind, inv, h0, 3, d0); break;
-            case 2: av_any(a, kind, inv, h0, 2, d0); break;
-            default: av_any(a, kind, inv, h0, 1, d0); break;
+        for (int64_t c0 = p_start; c0 < n_kv; c0 += chunk) {
+            const int64_t c1 = n_kv - c0 < chunk ? n_kv : c0 + chunk;
+            const int first = c0 == p_start, last = c1 == n_kv;
+            for (int64_t p = c1; p < c1 + chunk && p < n_kv; p += 16) {
+                prefetch_values(a, kind, p, 0);
+            }
+            for (int64_t h0 = g0; h0 < g1; h0 += 4) {
+                const float *iv = inv + (h0 - g0);
+                switch (g1 - h0 < 4 ? g1 - h0 : 4) {
+                case 4: av_heads(a, kind, iv, h0, 4, c0, c1, first, last); break;
+                case 3: av_heads(a, kind, iv, h0, 3, c0, c1, first, last); break;
+                case 2: av_heads(a, kind, iv, h0, 2, c0, c1, first, last); break;
+                default: av_heads(a, kind, iv, h0, 1, c0, c1, first, last); break;
+                }
             }
         }
     }
