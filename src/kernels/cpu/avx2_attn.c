@@ -107,11 +107,74 @@ load_q8x8(const char *p, int64_t n_valid)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)tmp)));
 }
 
+/* Bytes of one cache row, and from one row to the next. */
+SP_INLINE int64_t
+row_bytes(const sp_attn_args_t *a, int kind)
+{
+    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * (kind == 0 ? 4 : 2);
+}
+
+SP_INLINE int64_t
+row_step(const sp_attn_args_t *a, int kind)
+{
+    return a->v_stride * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+}
+
+/* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
+ * or L2. */
+SP_INLINE void
+prefetch_bytes(const char *p, int64_t n, int l2)
+{
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63;
+    for (uintptr_t x = first; x < (uintptr_t)p + (uintptr_t)n; x += 64) {
+        if (l2) {
+            _mm_prefetch((const char *)x, _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char *)x, _MM_HINT_T0);
+        }
+    }
+}
+
+/*
+ * What pass 1 prefetches while it scores one block (pf_plan): the key tile and,
+ * when they go to L2 in pass 1, the value rows of a later block, as many bytes
+ * per step d as the tile holds per d (`step`), so the requests are spread over
+ * the block's work instead of issued in one burst; the few bytes past hd * step
+ * (a Q8_0 tile whose size is not a multiple of hd) after the loop. v is NULL
+ * when the values are not asked for here or not back to back.
+ */
+typedef struct pf_plan {
+    const char *k, *v;
+    int64_t step, bytes;
+} pf_plan_t;
+
+SP_INLINE void
+pf_step(const pf_plan_t *pf, int64_t d)
+{
+    if (pf != NULL) {
+        _mm_prefetch(pf->k + d * pf->step, _MM_HINT_T0);
+        if (pf->v != NULL) {
+            _mm_prefetch(pf->v + d * pf->step, _MM_HINT_T1);
+        }
+    }
+}
+
+SP_INLINE void
+pf_rest(const pf_plan_t *pf, int64_t hd)
+{
+    if (pf != NULL && hd * pf->step < pf->bytes) {
+        prefetch_bytes(pf->k + hd * pf->step, pf->bytes - hd * pf->step, 0);
+        if (pf->v != NULL) {
+            prefetch_bytes(pf->v + hd * pf->step, pf->bytes - hd * pf->step, 1);
+        }
+    }
+}
+
 /* Pass 1 over a Q8_0 key block (layout in kernels.h): as scores_block, each
  * row of 16 int8 lanes widened and multiplied by its group's scales (exact)
  * before the same FMAs. */
 SP_INLINE void
-scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
     const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
@@ -128,6 +191,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
         const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16)));
         const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
         for (int64_t d = g0; d < g1; d++) {
+            pf_step(pf, d);
             const __m128i qv = _mm_loadu_si128((const __m128i *)(kb + d * 16));
             const __m256 k0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), s0);
             const __m256 k1 = _mm256_mul_ps(
@@ -140,6 +204,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
             }
         }
     }
+    pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -155,7 +220,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
  * q_h[d] * k[.][d] over d in order, then times scale.
  */
 SP_INLINE void
-scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
     const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
@@ -167,6 +232,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
     for (int64_t d = 0; d < hd; d++) {
+        pf_step(pf, d);
         const __m256 k0 = load_kv(kb, f16, d * 16, 8, _mm256_setzero_si256());
         const __m256 k1 = load_kv(kb, f16, d * 16 + 8, 8, _mm256_setzero_si256());
 #pragma GCC unroll 4
@@ -176,6 +242,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
             acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
         }
     }
+    pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -212,7 +279,9 @@ range_mask(int64_t p, int64_t lo, int64_t n)
 
 /* Pass 2 for one head over positions lo..n-1 (lo: sp_attn_first): the
  * soft-cap (scalar, kernels.h's rule), then e = exp(s - max) in place (max
- * and sum with the sink when there is one); returns 1 / sum. */
+ * and sum with the sink when there is one); returns 1 / sum. Lanes outside
+ * [lo, n) are masked out; a vector wholly inside skips the mask (an all-ones
+ * blend or and changes no bit). */
 SP_INLINE float
 softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
 {
@@ -224,8 +293,12 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     const int64_t p_start = lo & ~(int64_t)15;
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (int64_t p = p_start; p < n; p += 8) {
-        const __m256 m = range_mask(p, lo, n);
-        mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
+        if (p >= lo && p + 8 <= n) {
+            mx = _mm256_max_ps(mx, _mm256_load_ps(sc + p));
+        } else {
+            const __m256 m = range_mask(p, lo, n);
+            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
+        }
     }
     float mxs = hmax8(mx);
     if (sink != NULL && *sink > mxs) {
@@ -234,25 +307,14 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     const __m256 mv = _mm256_set1_ps(mxs);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t p = p_start; p < n; p += 8) {
-        const __m256 m = range_mask(p, lo, n);
-        const __m256 e = _mm256_and_ps(m, exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv)));
+        __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv));
+        if (!(p >= lo && p + 8 <= n)) {
+            e = _mm256_and_ps(range_mask(p, lo, n), e);
+        }
         _mm256_store_ps(sc + p, e);
         sum = _mm256_add_ps(sum, e);
     }
     return 1.0f / (hsum8(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
-}
-
-/* Bytes of one cache row, and from one row to the next. */
-SP_INLINE int64_t
-row_bytes(const sp_attn_args_t *a, int kind)
-{
-    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * (kind == 0 ? 4 : 2);
-}
-
-SP_INLINE int64_t
-row_step(const sp_attn_args_t *a, int kind)
-{
-    return a->v_stride * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
 }
 
 /*
@@ -262,16 +324,17 @@ row_step(const sp_attn_args_t *a, int kind)
  * so each accumulator still adds its positions in order from zero: the same
  * FMA chain as one sweep over the whole cache. The last chunk scales. A Q8_0
  * row's 16 dims (within one Q8_0 group: d0 is a multiple of 16) are widened
- * and multiplied by the group's scale (exact) before the same FMAs.
+ * and multiplied by the group's scale (exact) before the same FMAs. pf: ask
+ * for the rows `ahead` positions on into L1 as these rows are read.
  */
 SP_INLINE void
 av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0,
-        int64_t c0, int64_t c1, int first, int last, int full)
+        int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
     const int64_t nv0 = full ? 16 : hd - d0, nv1 = nv0 - 8, lo = sp_attn_first(a);
     const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
-    const int64_t step = row_step(a, kind);
+    const int64_t step = row_step(a, kind), rb = row_bytes(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
     const int64_t sc = (d0 / 32) * 34, off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
     __m256 acc[4][2];
@@ -289,8 +352,17 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
         const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16, p1 = p0 < lo ? lo - p0 : 0;
         const char *row = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) +
                           p1 * step + off;
+        const char *next = NULL;
+        if (pf && p0 + ahead < a->n_kv) {
+            next = kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) +
+                   p1 * step;
+        }
         const float *e = a->scratch + h0 * ss + p0 + p1;
         for (int64_t p = p1; p < n; p++, row += step, e++) {
+            if (pf && next != NULL) {
+                prefetch_bytes(next, rb, 0);
+                next += step;
+            }
             __m256 v0, v1;
             if (kind == 2) {
                 uint16_t h16;
@@ -321,82 +393,44 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     }
 }
 
+/* Every 16-dim tile of NH heads over one chunk; the first tile asks for the
+ * next chunk's rows (pf). */
 SP_INLINE void
 av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t c0,
-         int64_t c1, int first, int last)
+         int64_t c1, int first, int last, int pf, int64_t ahead)
 {
     int64_t d0 = 0;
+    if (pf && d0 + 16 <= a->head_dim) {
+        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1, 1, ahead);
+        d0 += 16;
+    }
     for (; d0 + 16 <= a->head_dim; d0 += 16) {
-        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1);
+        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1, 0, 0);
     }
     if (d0 < a->head_dim) {
-        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 0);
+        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 0, pf && d0 == 0, ahead);
     }
 }
 
-/* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
- * or L2. */
+/* Pass 1 in the cache type's version. */
 SP_INLINE void
-prefetch_bytes(const char *p, int64_t n, int l2)
-{
-    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63;
-    for (uintptr_t x = first; x < (uintptr_t)p + (uintptr_t)n; x += 64) {
-        if (l2) {
-            _mm_prefetch((const char *)x, _MM_HINT_T1);
-        } else {
-            _mm_prefetch((const char *)x, _MM_HINT_T0);
-        }
-    }
-}
-
-/* The value rows of the block at p0 (those below n_kv): one run of lines when
- * the rows are back to back, else row by row. */
-SP_INLINE void
-prefetch_values(const sp_attn_args_t *a, int kind, int64_t p0, int l2)
-{
-    if (p0 >= a->n_kv) {
-        return;
-    }
-    const int64_t rb = row_bytes(a, kind), step = row_step(a, kind);
-    const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
-    if (step == rb) {
-        prefetch_bytes(vb, n * rb, l2);
-    } else {
-        for (int64_t p = 0; p < n; p++) {
-            prefetch_bytes(vb + p * step, rb, l2);
-        }
-    }
-}
-
-/* The key tile of the block at p0 into L1. */
-SP_INLINE void
-prefetch_keys(const sp_attn_args_t *a, int kind, int64_t p0)
-{
-    if (p0 < a->n_kv) {
-        const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
-        prefetch_bytes(k, 16 * row_bytes(a, kind), 0);
-    }
-}
-
-/* Passes 1 in the cache type's version. */
-SP_INLINE void
-scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
 {
     if (kind == 2) {
-        scores_block_q8(a, p0, h0, NH);
+        scores_block_q8(a, p0, h0, NH, pf);
     } else {
-        scores_block(a, kind, p0, h0, NH);
+        scores_block(a, kind, p0, h0, NH, pf);
     }
 }
 
 /*
- * Decode reads the cache from memory. Pass 1 asks for key tiles PF_BLOCKS
- * ahead into L1 and, when all the values fit in half of L2 (V_L2_BYTES), for
- * the value rows into L2 as well, so pass 3 finds them there. Pass 3 goes over
- * the values in chunks of about AV_CHUNK_BYTES (whole blocks), each read once
- * from L2 or memory and then reused from L1 by every (head group, 16 dims)
- * tile; the next chunk is asked for while this one is worked on.
+ * Decode reads the cache from memory, at a rate the hardware prefetcher alone
+ * does not reach. Pass 1 asks for the key tile PF_BLOCKS blocks ahead into L1
+ * while it scores a block (spread over the block's steps, pf_plan_t); when all
+ * the values fit in V_L2_BYTES it asks for that block's value rows into L2 as
+ * well, else pass 3 asks for them, a chunk ahead. Pass 3 goes over the values
+ * in chunks of about AV_CHUNK_BYTES (whole blocks), each read once from L2 or
+ * memory and then reused from L1 by every (head group, 16 dims) tile.
  */
 #ifndef PF_BLOCKS
 #define PF_BLOCKS 4
@@ -410,33 +444,56 @@ scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
 #define AV_HEADS 16 /* heads per softmax group (inv on the stack) */
 
 SP_INLINE void
+scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int nh, const pf_plan_t *pf)
+{
+    switch (nh) {
+    case 4: scores_any(a, kind, p0, h0, 4, pf); break;
+    case 3: scores_any(a, kind, p0, h0, 3, pf); break;
+    case 2: scores_any(a, kind, p0, h0, 2, pf); break;
+    default: scores_any(a, kind, p0, h0, 1, pf); break;
+    }
+}
+
+SP_INLINE void
 attn_256(const sp_attn_args_t *a, int kind)
 {
-    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv), hd = a->head_dim;
     const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
-    const int64_t rb = row_bytes(a, kind);
+    const int64_t rb = row_bytes(a, kind), tile = 16 * rb;
     const int v_l2 = (n_kv - p_start) * rb <= V_L2_BYTES;
-    for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_keys(a, kind, p_start + 16 * b);
+    const int v_run = row_step(a, kind) == rb; /* a block's rows back to back */
+    for (int64_t b = 0; b < PF_BLOCKS && p_start + 16 * b < n_kv; b++) {
+        const int64_t id = a->blocks[(p_start + 16 * b) / 16];
+        prefetch_bytes(kv_ptr(a->k, kind, id * a->k_block_stride), tile, 0);
         if (v_l2) {
-            prefetch_values(a, kind, p_start + 16 * b, 1);
+            prefetch_bytes(kv_ptr(a->v, kind, id * a->v_block_stride), tile, 1);
         }
     }
     for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
-        prefetch_keys(a, kind, p0 + 16 * PF_BLOCKS);
-        if (v_l2) {
-            prefetch_values(a, kind, p0 + 16 * PF_BLOCKS, 1);
-        }
-        for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
-            switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
-            case 4: scores_any(a, kind, p0, h0, 4); break;
-            case 3: scores_any(a, kind, p0, h0, 3); break;
-            case 2: scores_any(a, kind, p0, h0, 2); break;
-            default: scores_any(a, kind, p0, h0, 1); break;
+        const int64_t pn = p0 + 16 * PF_BLOCKS;
+        pf_plan_t pf = {NULL, NULL, tile / hd, tile};
+        if (pn < n_kv) {
+            const int64_t id = a->blocks[pn / 16];
+            pf.k = kv_ptr(a->k, kind, id * a->k_block_stride);
+            if (v_l2 && v_run) {
+                pf.v = kv_ptr(a->v, kind, id * a->v_block_stride);
+            } else if (v_l2) {
+                for (int64_t p = 0; p < 16; p++) {
+                    prefetch_bytes(kv_ptr(a->v, kind, id * a->v_block_stride) + p * row_step(a, kind), rb, 1);
+                }
             }
         }
+        const int nh0 = a->n_q < 4 ? (int)a->n_q : 4;
+        if (pf.k != NULL) {
+            scores_group(a, kind, p0, 0, nh0, &pf);
+        } else {
+            scores_group(a, kind, p0, 0, nh0, NULL);
+        }
+        for (int64_t h0 = 4; h0 < a->n_q; h0 += 4) {
+            scores_group(a, kind, p0, h0, a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4, NULL);
+        }
     }
-    int64_t chunk = AV_CHUNK_BYTES / (16 * rb);
+    int64_t chunk = AV_CHUNK_BYTES / tile;
     chunk = 16 * (chunk < 1 ? 1 : chunk);
     for (int64_t g0 = 0; g0 < a->n_q; g0 += AV_HEADS) {
         const int64_t g1 = a->n_q - g0 < AV_HEADS ? a->n_q : g0 + AV_HEADS;
@@ -448,16 +505,15 @@ attn_256(const sp_attn_args_t *a, int kind)
         for (int64_t c0 = p_start; c0 < n_kv; c0 += chunk) {
             const int64_t c1 = n_kv - c0 < chunk ? n_kv : c0 + chunk;
             const int first = c0 == p_start, last = c1 == n_kv;
-            for (int64_t p = c1; p < c1 + chunk && p < n_kv; p += 16) {
-                prefetch_values(a, kind, p, 0);
-            }
+            const int pf = !v_l2 && g0 == 0 && c1 < n_kv;
             for (int64_t h0 = g0; h0 < g1; h0 += 4) {
                 const float *iv = inv + (h0 - g0);
+                const int pf1 = pf && h0 == g0;
                 switch (g1 - h0 < 4 ? g1 - h0 : 4) {
-                case 4: av_heads(a, kind, iv, h0, 4, c0, c1, first, last); break;
-                case 3: av_heads(a, kind, iv, h0, 3, c0, c1, first, last); break;
-                case 2: av_heads(a, kind, iv, h0, 2, c0, c1, first, last); break;
-                default: av_heads(a, kind, iv, h0, 1, c0, c1, first, last); break;
+                case 4: av_heads(a, kind, iv, h0, 4, c0, c1, first, last, pf1, chunk); break;
+                case 3: av_heads(a, kind, iv, h0, 3, c0, c1, first, last, pf1, chunk); break;
+                case 2: av_heads(a, kind, iv, h0, 2, c0, c1, first, last, pf1, chunk); break;
+                default: av_heads(a, kind, iv, h0, 1, c0, c1, first, last, pf1, chunk); break;
                 }
             }
         }
