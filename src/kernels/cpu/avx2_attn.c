@@ -318,34 +318,38 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
 }
 
 /*
- * Pass 3 for NH heads from h0, dims d0..d0+15 and the positions of blocks
- * c0 / 16 .. c1 / 16 - 1 (those from lo): o = inv * sum_p e_p v_p. Between
- * chunks a head's running sums wait in o, unscaled (a store and a load: exact),
- * so each accumulator still adds its positions in order from zero: the same
- * FMA chain as one sweep over the whole cache. The last chunk scales. A Q8_0
- * row's 16 dims (within one Q8_0 group: d0 is a multiple of 16) are widened
- * and multiplied by the group's scale (exact) before the same FMAs. pf: ask
- * for the rows `ahead` positions on into L1 as these rows are read.
+ * Pass 3 for NH heads from h0, dims d0..d0 + 8 NV - 1 and the positions of
+ * blocks c0 / 16 .. c1 / 16 - 1 (those from lo): o = inv * sum_p e_p v_p.
+ * Between chunks a head's running sums wait in o, unscaled (a store and a
+ * load: exact), so each accumulator still adds its positions in order from
+ * zero: the same FMA chain as one sweep over the whole cache. The last chunk
+ * scales. full = 0: the head_dim tail (NV 2, masked). A Q8_0 row's 16 dims
+ * (NV 2 within one Q8_0 group: d0 is a multiple of 16) are widened and
+ * multiplied by the group's scale (exact) before the same FMAs. pf: ask for
+ * the rows `ahead` positions on into L1 as these rows are read.
  */
 SP_INLINE void
-av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0,
-        int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
+av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int NV,
+        int64_t d0, int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
-    const int64_t nv0 = full ? 16 : hd - d0, nv1 = nv0 - 8, lo = sp_attn_first(a);
-    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
+    const int64_t nv = full ? 8 * NV : hd - d0, lo = sp_attn_first(a);
+    __m256i m[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) {
+        m[j] = tail_mask(nv - 8 * j);
+    }
     const int64_t step = row_step(a, kind), rb = row_bytes(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
     const int64_t sc = (d0 / 32) * 34, off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
-    __m256 acc[4][2];
+    __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
-        if (first) {
-            acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-        } else {
-            const float *o = a->o + (h0 + h) * a->o_stride + d0;
-            acc[h][0] = load_f32(o, nv0, m0);
-            acc[h][1] = nv1 > 0 ? load_f32(o + 8, nv1, m1) : _mm256_setzero_ps();
+        const float *o = a->o + (h0 + h) * a->o_stride + d0;
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) {
+            acc[h][j] = first || nv - 8 * j <= 0 ? _mm256_setzero_ps()
+                                                 : load_f32(o + 8 * j, nv - 8 * j, m[j]);
         }
     }
     for (int64_t p0 = c0; p0 < c1; p0 += 16) {
@@ -363,22 +367,27 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
                 prefetch_bytes(next, rb, 0);
                 next += step;
             }
-            __m256 v0, v1;
+            __m256 v[3];
             if (kind == 2) {
                 uint16_t h16;
                 memcpy(&h16, row - off + sc, sizeof h16);
                 const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
-                v0 = _mm256_mul_ps(load_q8x8(row, nv0), s);
-                v1 = nv1 > 0 ? _mm256_mul_ps(load_q8x8(row + 8, nv1), s) : _mm256_setzero_ps();
+                v[0] = _mm256_mul_ps(load_q8x8(row, nv), s);
+                v[1] = nv > 8 ? _mm256_mul_ps(load_q8x8(row + 8, nv - 8), s) : _mm256_setzero_ps();
             } else {
-                v0 = load_kv(row, kind, 0, nv0, m0);
-                v1 = nv1 > 0 ? load_kv(row, kind, 8, nv1, m1) : _mm256_setzero_ps();
+#pragma GCC unroll 3
+                for (int j = 0; j < NV; j++) {
+                    v[j] = nv - 8 * j > 0 ? load_kv(row, kind, 8 * j, nv - 8 * j, m[j])
+                                          : _mm256_setzero_ps();
+                }
             }
 #pragma GCC unroll 4
             for (int h = 0; h < NH; h++) {
                 const __m256 w = _mm256_broadcast_ss(&e[h * ss]);
-                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+#pragma GCC unroll 3
+                for (int j = 0; j < NV; j++) {
+                    acc[h][j] = _mm256_fmadd_ps(w, v[j], acc[h][j]);
+                }
             }
         }
     }
@@ -386,29 +395,43 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     for (int h = 0; h < NH; h++) {
         float *o = a->o + (h0 + h) * a->o_stride + d0;
         const __m256 s = _mm256_set1_ps(inv[h]);
-        store_f32(o, nv0, m0, last ? _mm256_mul_ps(acc[h][0], s) : acc[h][0]);
-        if (nv1 > 0) {
-            store_f32(o + 8, nv1, m1, last ? _mm256_mul_ps(acc[h][1], s) : acc[h][1]);
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) {
+            if (nv - 8 * j > 0) {
+                store_f32(o + 8 * j, nv - 8 * j, m[j], last ? _mm256_mul_ps(acc[h][j], s) : acc[h][j]);
+            }
         }
     }
 }
 
-/* Every 16-dim tile of NH heads over one chunk; the first tile asks for the
- * next chunk's rows (pf). */
+/* Every tile of NH heads over one chunk: 24 dims at a time (12 accumulators)
+ * for F32 and F16 while that leaves whole 16-dim tiles, 16 at a time for Q8_0
+ * (one scale per tile), then the masked tail. The first tile asks for the next
+ * chunk's rows (pf). */
 SP_INLINE void
 av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t c0,
          int64_t c1, int first, int last, int pf, int64_t ahead)
 {
+    const int64_t hd = a->head_dim;
     int64_t d0 = 0;
-    if (pf && d0 + 16 <= a->head_dim) {
-        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1, 1, ahead);
-        d0 += 16;
+    if (kind != 2) {
+        for (; hd - d0 >= 24 && hd - d0 != 32 && hd - d0 != 16; d0 += 24) {
+            if (pf && d0 == 0) {
+                av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 1, ahead);
+            } else {
+                av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 0, 0);
+            }
+        }
     }
-    for (; d0 + 16 <= a->head_dim; d0 += 16) {
-        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 1, 0, 0);
+    for (; hd - d0 >= 16; d0 += 16) {
+        if (pf && d0 == 0) {
+            av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 1, ahead);
+        } else {
+            av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 0, 0);
+        }
     }
-    if (d0 < a->head_dim) {
-        av_tile(a, kind, inv, h0, NH, d0, c0, c1, first, last, 0, pf && d0 == 0, ahead);
+    if (d0 < hd) {
+        av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 0, pf && d0 == 0, ahead);
     }
 }
 
