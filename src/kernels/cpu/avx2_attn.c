@@ -326,7 +326,8 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
  * scales. full = 0: the head_dim tail (NV 2, masked). A Q8_0 row's 16 dims
  * (NV 2 within one Q8_0 group: d0 is a multiple of 16) are widened and
  * multiplied by the group's scale (exact) before the same FMAs. pf: ask for
- * the rows `ahead` positions on into L1 as these rows are read.
+ * this tile's columns of the rows `ahead` positions on into L1 as these rows
+ * are read.
  */
 SP_INLINE void
 av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int NV,
@@ -339,9 +340,12 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     for (int j = 0; j < NV; j++) {
         m[j] = tail_mask(nv - 8 * j);
     }
-    const int64_t step = row_step(a, kind), rb = row_bytes(a, kind);
+    const int64_t step = row_step(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
     const int64_t sc = (d0 / 32) * 34, off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
+    /* the first and last byte of the tile's columns in a row (Q8_0: from its scale) */
+    const int64_t pf_lo = kind == 2 ? sc : off;
+    const int64_t pf_hi = off + nv * (kind == 0 ? 4 : kind == 1 ? 2 : 1) - 1;
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -364,7 +368,8 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
         const float *e = a->scratch + h0 * ss + p0 + p1;
         for (int64_t p = p1; p < n; p++, row += step, e++) {
             if (pf && next != NULL) {
-                prefetch_bytes(next, rb, 0);
+                _mm_prefetch(next + pf_lo, _MM_HINT_T0);
+                _mm_prefetch(next + pf_hi, _MM_HINT_T0);
                 next += step;
             }
             __m256 v[3];
@@ -406,8 +411,8 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
 
 /* Every tile of NH heads over one chunk: 24 dims at a time (12 accumulators)
  * for F32 and F16 while that leaves whole 16-dim tiles, 16 at a time for Q8_0
- * (one scale per tile), then the masked tail. The first tile asks for the next
- * chunk's rows (pf). */
+ * (one scale per tile), then the masked tail. pf: each tile asks for its own
+ * columns of the rows a chunk on, so the requests spread over the tiles. */
 SP_INLINE void
 av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t c0,
          int64_t c1, int first, int last, int pf, int64_t ahead)
@@ -416,7 +421,7 @@ av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH
     int64_t d0 = 0;
     if (kind != 2) {
         for (; hd - d0 >= 24 && hd - d0 != 32 && hd - d0 != 16; d0 += 24) {
-            if (pf && d0 == 0) {
+            if (pf) {
                 av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 1, ahead);
             } else {
                 av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 0, 0);
@@ -424,14 +429,14 @@ av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH
         }
     }
     for (; hd - d0 >= 16; d0 += 16) {
-        if (pf && d0 == 0) {
+        if (pf) {
             av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 1, ahead);
         } else {
             av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 0, 0);
         }
     }
     if (d0 < hd) {
-        av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 0, pf && d0 == 0, ahead);
+        av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 0, pf, ahead);
     }
 }
 
