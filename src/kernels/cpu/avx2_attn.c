@@ -4,9 +4,13 @@
  *
  * The same three passes as avx512_attn.c (see there for why each result is
  * batch-invariant): scores a key block of 16 positions as two 8-lane halves
- * for up to 4 heads at a time, exp/max/sum per head, then up to 4 heads x 16
- * dims of accumulators per sweep over the value rows. head_dim tails are masked
- * loads (F16 tails go through a zeroed copy: AVX2 has no 16-bit masked load).
+ * for up to 4 heads at a time, exp/max/sum per head, then the value rows in
+ * chunks of a few KiB, each swept from L1 by tiles of up to 4 heads x 24 (F32,
+ * F16) or 16 (Q8_0) dims whose sums wait in o between chunks. Every (head,
+ * dim) output keeps one FMA chain over the positions in order, whatever the
+ * tile or chunk (attn_256 says how the cache is prefetched). head_dim tails
+ * are masked loads (F16 tails go through a zeroed copy: AVX2 has no 16-bit
+ * masked load).
  */
 #include "kernels/cpu/cpu_impl.h"
 
@@ -330,8 +334,8 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
  * are read.
  */
 SP_INLINE void
-av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int NV,
-        int64_t d0, int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
+av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int NV, int64_t d0,
+        int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
     const int64_t nv = full ? 8 * NV : hd - d0, lo = sp_attn_first(a);
@@ -342,7 +346,8 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     }
     const int64_t step = row_step(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
-    const int64_t sc = (d0 / 32) * 34, off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
+    const int64_t sc = (d0 / 32) * 34,
+                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
     /* the first and last byte of the tile's columns in a row (Q8_0: from its scale) */
     const int64_t pf_lo = kind == 2 ? sc : off;
     const int64_t pf_hi = off + nv * (kind == 0 ? 4 : kind == 1 ? 2 : 1) - 1;
@@ -358,12 +363,11 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     }
     for (int64_t p0 = c0; p0 < c1; p0 += 16) {
         const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16, p1 = p0 < lo ? lo - p0 : 0;
-        const char *row = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) +
-                          p1 * step + off;
+        const char *row =
+            kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) + p1 * step + off;
         const char *next = NULL;
         if (pf && p0 + ahead < a->n_kv) {
-            next = kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) +
-                   p1 * step;
+            next = kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) + p1 * step;
         }
         const float *e = a->scratch + h0 * ss + p0 + p1;
         for (int64_t p = p1; p < n; p++, row += step, e++) {
@@ -403,7 +407,8 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
 #pragma GCC unroll 3
         for (int j = 0; j < NV; j++) {
             if (nv - 8 * j > 0) {
-                store_f32(o + 8 * j, nv - 8 * j, m[j], last ? _mm256_mul_ps(acc[h][j], s) : acc[h][j]);
+                store_f32(o + 8 * j, nv - 8 * j, m[j],
+                          last ? _mm256_mul_ps(acc[h][j], s) : acc[h][j]);
             }
         }
     }
@@ -507,7 +512,8 @@ attn_256(const sp_attn_args_t *a, int kind)
                 pf.v = kv_ptr(a->v, kind, id * a->v_block_stride);
             } else if (v_l2) {
                 for (int64_t p = 0; p < 16; p++) {
-                    prefetch_bytes(kv_ptr(a->v, kind, id * a->v_block_stride) + p * row_step(a, kind), rb, 1);
+                    prefetch_bytes(
+                        kv_ptr(a->v, kind, id * a->v_block_stride) + p * row_step(a, kind), rb, 1);
                 }
             }
         }
