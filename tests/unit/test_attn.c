@@ -497,6 +497,87 @@ TEST(attn_window_softcap_sinks)
     g_sinks = NULL;
 }
 
+/* One token of c at position n_kv - 1: heads 0..n_q-1 into o (q_stride apart),
+ * reusing the scratch as it is. */
+static void
+run_token(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t n_kv, float *o)
+{
+    sp_attn_args_t a = {
+        .head_dim = c->hd, .n_q = c->n_q, .n_kv = n_kv, .q = c->q, .q_stride = c->q_stride,
+        .k = c->k, .v = c->v, .blocks = c->blocks, .k_block_stride = c->k_block_stride,
+        .v_block_stride = c->v_block_stride, .v_stride = c->v_stride, .scale = c->scale,
+        .o = o, .o_stride = c->q_stride, .scratch = c->scratch, .window = g_window,
+        .softcap = g_softcap, .sinks = g_sinks,
+    };
+    k->attn[c->kv_type](&a);
+}
+
+/*
+ * Decode against prefill, bit for bit: a token's output computed alone (fresh
+ * NaN scratch, NaN in its output row) equals the same token's row when a
+ * prefill runs the positions one after another through one scratch and
+ * output rows left with other numbers. Positions around block boundaries and
+ * the kernels' internal chunks of value rows (a few KiB of cache: 16 to 240
+ * positions at these head_dims), head_dims with whole and partial 16- and
+ * 24-dim tiles, every cache type, with and without window, soft-cap and sinks.
+ */
+TEST(attn_prefill_rows_match_decode)
+{
+    const sp_cpu_kernels_t *lv[SP_CPU_TOP + 1];
+    int nl = simd_levels(lv);
+    lv[nl++] = sp_cpu_kernels_ref();
+    static const float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, 3.5f, -0.25f, 1.0f, 6.0f};
+    const int64_t hds[] = {24, 40, 64, 72, 128};
+    const int64_t toks[] = {1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 97, 159, 160, 161, 239,
+                            240, 241, 255, 257, 300};
+    const int64_t nt = (int64_t)(sizeof toks / sizeof toks[0]), n_kv = 300;
+    for (int t = 0; t < 3; t++) {
+        const sp_type_t kt = t == 0 ? SP_TYPE_F32 : t == 1 ? SP_TYPE_F16 : SP_TYPE_Q8_0;
+        for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
+            for (int mode = 0; mode < 2; mode++) {
+                const int64_t n_q = mode == 0 ? 8 : 5;
+                g_window = 0; /* the whole cache holds numbers; the window applies per call */
+                attn_case_t c;
+                case_init(&c, hds[i], n_q, n_kv, kt, 2.0f);
+                const int64_t row = n_q * c.q_stride;
+                float *pre = sp_malloc((size_t)(nt * row) * sizeof(float));
+                float *one = sp_malloc((size_t)row * sizeof(float));
+                ASSERT(pre && one);
+                g_window = mode == 0 ? 0 : 37;
+                g_softcap = mode == 0 ? 0.0f : 4.0f;
+                g_sinks = mode == 0 ? NULL : sinks;
+                for (int l = 0; l < nl; l++) {
+                    for (int64_t j = 0; j < nt * row; j++) pre[j] = (float)(j % 13) - 6.0f;
+                    for (int64_t j = 0; j < nt; j++) run_token(lv[l], &c, toks[j], pre + j * row);
+                    for (int64_t j = 0; j < nt; j++) {
+                        for (int64_t x = 0; x < n_q * sp_attn_scratch_stride(n_kv); x++) {
+                            c.scratch[x] = NAN;
+                        }
+                        for (int64_t x = 0; x < row; x++) one[x] = NAN;
+                        run_token(lv[l], &c, toks[j], one);
+                        for (int64_t h = 0; h < n_q; h++) {
+                            if (memcmp(one + h * c.q_stride, pre + j * row + h * c.q_stride,
+                                       (size_t)c.hd * sizeof(float)) != 0) {
+                                SP_TEST_FAIL("%s %s hd %lld n_q %lld mode %d: position %lld "
+                                             "head %lld alone differs from the prefill row",
+                                             lv[l]->name, sp_type_name(kt), (long long)c.hd,
+                                             (long long)n_q, mode, (long long)(toks[j] - 1),
+                                             (long long)h);
+                            }
+                        }
+                    }
+                }
+                g_window = 0;
+                g_softcap = 0.0f;
+                g_sinks = NULL;
+                sp_free(pre);
+                sp_free(one);
+                case_free(&c);
+            }
+        }
+    }
+}
+
 /* Peaked softmax (large scores: one position dominates, most exps underflow)
  * and a long context. */
 TEST(attn_matches_reference_peaked_and_long)

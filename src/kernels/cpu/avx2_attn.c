@@ -4,9 +4,13 @@
  *
  * The same three passes as avx512_attn.c (see there for why each result is
  * batch-invariant): scores a key block of 16 positions as two 8-lane halves
- * for up to 4 heads at a time, exp/max/sum per head, then up to 4 heads x 16
- * dims of accumulators per sweep over the value rows. head_dim tails are masked
- * loads (F16 tails go through a zeroed copy: AVX2 has no 16-bit masked load).
+ * for up to 4 heads at a time, exp/max/sum per head, then the value rows in
+ * chunks of a few KiB, each swept from L1 by tiles of up to 4 heads x 24 (F32,
+ * F16) or 16 (Q8_0) dims whose sums wait in o between chunks. Every (head,
+ * dim) output keeps one FMA chain over the positions in order, whatever the
+ * tile or chunk (attn_256 says how the cache is prefetched). head_dim tails
+ * are masked loads (F16 tails go through a zeroed copy: AVX2 has no 16-bit
+ * masked load).
  */
 #include "kernels/cpu/cpu_impl.h"
 
@@ -107,11 +111,74 @@ load_q8x8(const char *p, int64_t n_valid)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)tmp)));
 }
 
+/* Bytes of one cache row, and from one row to the next. */
+SP_INLINE int64_t
+row_bytes(const sp_attn_args_t *a, int kind)
+{
+    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * (kind == 0 ? 4 : 2);
+}
+
+SP_INLINE int64_t
+row_step(const sp_attn_args_t *a, int kind)
+{
+    return a->v_stride * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+}
+
+/* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
+ * or L2. */
+SP_INLINE void
+prefetch_bytes(const char *p, int64_t n, int l2)
+{
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63;
+    for (uintptr_t x = first; x < (uintptr_t)p + (uintptr_t)n; x += 64) {
+        if (l2) {
+            _mm_prefetch((const char *)x, _MM_HINT_T1);
+        } else {
+            _mm_prefetch((const char *)x, _MM_HINT_T0);
+        }
+    }
+}
+
+/*
+ * What pass 1 prefetches while it scores one block (pf_plan): the key tile and,
+ * when they go to L2 in pass 1, the value rows of a later block, as many bytes
+ * per step d as the tile holds per d (`step`), so the requests are spread over
+ * the block's work instead of issued in one burst; the few bytes past hd * step
+ * (a Q8_0 tile whose size is not a multiple of hd) after the loop. v is NULL
+ * when the values are not asked for here or not back to back.
+ */
+typedef struct pf_plan {
+    const char *k, *v;
+    int64_t step, bytes;
+} pf_plan_t;
+
+SP_INLINE void
+pf_step(const pf_plan_t *pf, int64_t d)
+{
+    if (pf != NULL) {
+        _mm_prefetch(pf->k + d * pf->step, _MM_HINT_T0);
+        if (pf->v != NULL) {
+            _mm_prefetch(pf->v + d * pf->step, _MM_HINT_T1);
+        }
+    }
+}
+
+SP_INLINE void
+pf_rest(const pf_plan_t *pf, int64_t hd)
+{
+    if (pf != NULL && hd * pf->step < pf->bytes) {
+        prefetch_bytes(pf->k + hd * pf->step, pf->bytes - hd * pf->step, 0);
+        if (pf->v != NULL) {
+            prefetch_bytes(pf->v + hd * pf->step, pf->bytes - hd * pf->step, 1);
+        }
+    }
+}
+
 /* Pass 1 over a Q8_0 key block (layout in kernels.h): as scores_block, each
  * row of 16 int8 lanes widened and multiplied by its group's scales (exact)
  * before the same FMAs. */
 SP_INLINE void
-scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
     const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
@@ -128,6 +195,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
         const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16)));
         const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
         for (int64_t d = g0; d < g1; d++) {
+            pf_step(pf, d);
             const __m128i qv = _mm_loadu_si128((const __m128i *)(kb + d * 16));
             const __m256 k0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), s0);
             const __m256 k1 = _mm256_mul_ps(
@@ -140,6 +208,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
             }
         }
     }
+    pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -155,7 +224,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
  * q_h[d] * k[.][d] over d in order, then times scale.
  */
 SP_INLINE void
-scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
     const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
@@ -167,6 +236,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
     for (int64_t d = 0; d < hd; d++) {
+        pf_step(pf, d);
         const __m256 k0 = load_kv(kb, f16, d * 16, 8, _mm256_setzero_si256());
         const __m256 k1 = load_kv(kb, f16, d * 16 + 8, 8, _mm256_setzero_si256());
 #pragma GCC unroll 4
@@ -176,6 +246,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
             acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
         }
     }
+    pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -212,7 +283,9 @@ range_mask(int64_t p, int64_t lo, int64_t n)
 
 /* Pass 2 for one head over positions lo..n-1 (lo: sp_attn_first): the
  * soft-cap (scalar, kernels.h's rule), then e = exp(s - max) in place (max
- * and sum with the sink when there is one); returns 1 / sum. */
+ * and sum with the sink when there is one); returns 1 / sum. Lanes outside
+ * [lo, n) are masked out; a vector wholly inside skips the mask (an all-ones
+ * blend or and changes no bit). */
 SP_INLINE float
 softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
 {
@@ -224,8 +297,12 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     const int64_t p_start = lo & ~(int64_t)15;
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (int64_t p = p_start; p < n; p += 8) {
-        const __m256 m = range_mask(p, lo, n);
-        mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
+        if (p >= lo && p + 8 <= n) {
+            mx = _mm256_max_ps(mx, _mm256_load_ps(sc + p));
+        } else {
+            const __m256 m = range_mask(p, lo, n);
+            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, _mm256_load_ps(sc + p)), m);
+        }
     }
     float mxs = hmax8(mx);
     if (sink != NULL && *sink > mxs) {
@@ -234,43 +311,92 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     const __m256 mv = _mm256_set1_ps(mxs);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t p = p_start; p < n; p += 8) {
-        const __m256 m = range_mask(p, lo, n);
-        const __m256 e = _mm256_and_ps(m, exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv)));
+        __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(sc + p), mv));
+        if (!(p >= lo && p + 8 <= n)) {
+            e = _mm256_and_ps(range_mask(p, lo, n), e);
+        }
         _mm256_store_ps(sc + p, e);
         sum = _mm256_add_ps(sum, e);
     }
     return 1.0f / (hsum8(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
 }
 
-/* Pass 3 for NH heads from h0 and dims d0..d0+15: o = inv * sum_p e_p v_p. */
+/*
+ * Pass 3 for NH heads from h0, dims d0..d0 + 8 NV - 1 and the positions of
+ * blocks c0 / 16 .. c1 / 16 - 1 (those from lo): o = inv * sum_p e_p v_p.
+ * Between chunks a head's running sums wait in o, unscaled (a store and a
+ * load: exact), so each accumulator still adds its positions in order from
+ * zero: the same FMA chain as one sweep over the whole cache. The last chunk
+ * scales. full = 0: the head_dim tail (NV 2, masked). A Q8_0 row's 16 dims
+ * (NV 2 within one Q8_0 group: d0 is a multiple of 16) are widened and
+ * multiplied by the group's scale (exact) before the same FMAs. pf: ask for
+ * this tile's columns of the rows `ahead` positions on into L1 as these rows
+ * are read.
+ */
 SP_INLINE void
-av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0)
+av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int NV, int64_t d0,
+        int64_t c0, int64_t c1, int first, int last, int full, int pf, int64_t ahead)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
-    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
-    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
-    __m256 acc[4][2];
+    const int64_t nv = full ? 8 * NV : hd - d0, lo = sp_attn_first(a);
+    __m256i m[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) {
+        m[j] = tail_mask(nv - 8 * j);
+    }
+    const int64_t step = row_step(a, kind);
+    /* the tile's first byte in a row: Q8_0 skips the group's scale */
+    const int64_t sc = (d0 / 32) * 34,
+                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
+    /* the first and last byte of the tile's columns in a row (Q8_0: from its scale) */
+    const int64_t pf_lo = kind == 2 ? sc : off;
+    const int64_t pf_hi = off + nv * (kind == 0 ? 4 : kind == 1 ? 2 : 1) - 1;
+    __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
-        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+        const float *o = a->o + (h0 + h) * a->o_stride + d0;
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) {
+            acc[h][j] = first || nv - 8 * j <= 0 ? _mm256_setzero_ps()
+                                                 : load_f32(o + 8 * j, nv - 8 * j, m[j]);
+        }
     }
-    /* Positions in order, block by block: the same FMA chain as one
-     * contiguous cache. */
-    const int64_t lo = sp_attn_first(a);
-    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
-        const void *vb = kv_ptr(a->v, f16, a->blocks[p0 / 16] * a->v_block_stride);
-        const float *e = a->scratch + h0 * ss + p0;
-        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
-            const int64_t row = p * a->v_stride + d0;
-            const __m256 v0 = load_kv(vb, f16, row, nv0, m0);
-            const __m256 v1 =
-                nv1 > 0 ? load_kv(vb, f16, row + 8, nv1, m1) : _mm256_setzero_ps();
+    for (int64_t p0 = c0; p0 < c1; p0 += 16) {
+        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16, p1 = p0 < lo ? lo - p0 : 0;
+        const char *row =
+            kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) + p1 * step + off;
+        const char *next = NULL;
+        if (pf && p0 + ahead < a->n_kv) {
+            next = kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) + p1 * step;
+        }
+        const float *e = a->scratch + h0 * ss + p0 + p1;
+        for (int64_t p = p1; p < n; p++, row += step, e++) {
+            if (pf && next != NULL) {
+                _mm_prefetch(next + pf_lo, _MM_HINT_T0);
+                _mm_prefetch(next + pf_hi, _MM_HINT_T0);
+                next += step;
+            }
+            __m256 v[3];
+            if (kind == 2) {
+                uint16_t h16;
+                memcpy(&h16, row - off + sc, sizeof h16);
+                const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
+                v[0] = _mm256_mul_ps(load_q8x8(row, nv), s);
+                v[1] = nv > 8 ? _mm256_mul_ps(load_q8x8(row + 8, nv - 8), s) : _mm256_setzero_ps();
+            } else {
+#pragma GCC unroll 3
+                for (int j = 0; j < NV; j++) {
+                    v[j] = nv - 8 * j > 0 ? load_kv(row, kind, 8 * j, nv - 8 * j, m[j])
+                                          : _mm256_setzero_ps();
+                }
+            }
 #pragma GCC unroll 4
             for (int h = 0; h < NH; h++) {
-                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
-                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+                const __m256 w = _mm256_broadcast_ss(&e[h * ss]);
+#pragma GCC unroll 3
+                for (int j = 0; j < NV; j++) {
+                    acc[h][j] = _mm256_fmadd_ps(w, v[j], acc[h][j]);
+                }
             }
         }
     }
@@ -278,138 +404,151 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     for (int h = 0; h < NH; h++) {
         float *o = a->o + (h0 + h) * a->o_stride + d0;
         const __m256 s = _mm256_set1_ps(inv[h]);
-        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
-        if (nv1 > 0) {
-            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
-        }
-    }
-}
-
-/* Pass 3 over a Q8_0 cache for NH heads from h0 and dims d0..d0+15 (one
- * Q8_0 block: d0 is a multiple of 16): each row's 16 dims widened and
- * multiplied by the block's scale (exact), then av_tile's FMAs. */
-SP_INLINE void
-av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0)
-{
-    const int64_t ss = sp_attn_scratch_stride(a->n_kv), hd = a->head_dim;
-    const int64_t nv0 = hd - d0, nv1 = hd - d0 - 8;
-    const __m256i m0 = tail_mask(nv0), m1 = tail_mask(nv1);
-    const int64_t sc = (d0 / 32) * 34, off = sc + 2 + d0 % 32;
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) {
-        acc[h][0] = acc[h][1] = _mm256_setzero_ps();
-    }
-    const int64_t lo = sp_attn_first(a);
-    for (int64_t p0 = lo & ~(int64_t)15; p0 < a->n_kv; p0 += 16) {
-        const char *vb = kv_ptr(a->v, 2, a->blocks[p0 / 16] * a->v_block_stride);
-        const float *e = a->scratch + h0 * ss + p0;
-        const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-        for (int64_t p = p0 < lo ? lo - p0 : 0; p < n; p++) {
-            const char *row = vb + p * a->v_stride;
-            uint16_t h16;
-            memcpy(&h16, row + sc, sizeof h16);
-            const __m256 s = _mm256_set1_ps(_cvtsh_ss(h16));
-            const __m256 v0 = _mm256_mul_ps(load_q8x8(row + off, nv0), s);
-            const __m256 v1 =
-                nv1 > 0 ? _mm256_mul_ps(load_q8x8(row + off + 8, nv1), s) : _mm256_setzero_ps();
-#pragma GCC unroll 4
-            for (int h = 0; h < NH; h++) {
-                const __m256 w = _mm256_broadcast_ss(&e[h * ss + p]);
-                acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
-                acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) {
+            if (nv - 8 * j > 0) {
+                store_f32(o + 8 * j, nv - 8 * j, m[j],
+                          last ? _mm256_mul_ps(acc[h][j], s) : acc[h][j]);
             }
         }
     }
-#pragma GCC unroll 4
-    for (int h = 0; h < NH; h++) {
-        float *o = a->o + (h0 + h) * a->o_stride + d0;
-        const __m256 s = _mm256_set1_ps(inv[h]);
-        store_f32(o, nv0, m0, _mm256_mul_ps(acc[h][0], s));
-        if (nv1 > 0) {
-            store_f32(o + 8, nv1, m1, _mm256_mul_ps(acc[h][1], s));
+}
+
+/* Every tile of NH heads over one chunk: 24 dims at a time (12 accumulators)
+ * for F32 and F16 while that leaves whole 16-dim tiles, 16 at a time for Q8_0
+ * (one scale per tile), then the masked tail. pf: each tile asks for its own
+ * columns of the rows a chunk on, so the requests spread over the tiles. */
+SP_INLINE void
+av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t c0,
+         int64_t c1, int first, int last, int pf, int64_t ahead)
+{
+    const int64_t hd = a->head_dim;
+    int64_t d0 = 0;
+    if (kind != 2) {
+        for (; hd - d0 >= 24 && hd - d0 != 32 && hd - d0 != 16; d0 += 24) {
+            if (pf) {
+                av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 1, ahead);
+            } else {
+                av_tile(a, kind, inv, h0, NH, 3, d0, c0, c1, first, last, 1, 0, 0);
+            }
         }
+    }
+    for (; hd - d0 >= 16; d0 += 16) {
+        if (pf) {
+            av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 1, ahead);
+        } else {
+            av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 1, 0, 0);
+        }
+    }
+    if (d0 < hd) {
+        av_tile(a, kind, inv, h0, NH, 2, d0, c0, c1, first, last, 0, pf, ahead);
     }
 }
 
-/* Key blocks PF_BLOCKS ahead into L1, value rows into L2 (see avx512_attn.c). */
+/* Pass 1 in the cache type's version. */
+SP_INLINE void
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
+{
+    if (kind == 2) {
+        scores_block_q8(a, p0, h0, NH, pf);
+    } else {
+        scores_block(a, kind, p0, h0, NH, pf);
+    }
+}
+
+/*
+ * Decode reads the cache from memory, at a rate the hardware prefetcher alone
+ * does not reach. Pass 1 asks for the key tile PF_BLOCKS blocks ahead into L1
+ * while it scores a block (spread over the block's steps, pf_plan_t); when all
+ * the values fit in V_L2_BYTES it asks for that block's value rows into L2 as
+ * well, else pass 3 asks for them, a chunk ahead. Pass 3 goes over the values
+ * in chunks of about AV_CHUNK_BYTES (whole blocks), each read once from L2 or
+ * memory and then reused from L1 by every (head group, 16 dims) tile.
+ */
+#ifndef PF_BLOCKS
 #define PF_BLOCKS 4
+#endif
+#ifndef V_L2_BYTES
+#define V_L2_BYTES (256 * 1024)
+#endif
+#ifndef AV_CHUNK_BYTES
+#define AV_CHUNK_BYTES (16 * 1024)
+#endif
+#define AV_HEADS 16 /* heads per softmax group (inv on the stack) */
 
 SP_INLINE void
-prefetch_block(const sp_attn_args_t *a, int kind, int64_t p0)
+scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int nh, const pf_plan_t *pf)
 {
-    if (p0 >= a->n_kv) {
-        return;
-    }
-    const int64_t elt = kind == 0 ? 4 : kind == 1 ? 2 : 1;
-    const int64_t row_bytes = kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * elt;
-    const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
-    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
-    for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
-        _mm_prefetch(k + off, _MM_HINT_T0);
-    }
-    const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    for (int64_t p = 0; p < n; p++) {
-        const char *v = vb + p * a->v_stride * elt;
-        for (int64_t off = 0; off < row_bytes; off += 64) {
-            _mm_prefetch(v + off, _MM_HINT_T1);
-        }
-    }
-}
-
-/* Passes 1 and 3 in the cache type's version. */
-SP_INLINE void
-scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
-{
-    if (kind == 2) {
-        scores_block_q8(a, p0, h0, NH);
-    } else {
-        scores_block(a, kind, p0, h0, NH);
-    }
-}
-
-SP_INLINE void
-av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0)
-{
-    if (kind == 2) {
-        av_tile_q8(a, inv, h0, NH, d0);
-    } else {
-        av_tile(a, kind, inv, h0, NH, d0);
+    switch (nh) {
+    case 4: scores_any(a, kind, p0, h0, 4, pf); break;
+    case 3: scores_any(a, kind, p0, h0, 3, pf); break;
+    case 2: scores_any(a, kind, p0, h0, 2, pf); break;
+    default: scores_any(a, kind, p0, h0, 1, pf); break;
     }
 }
 
 SP_INLINE void
 attn_256(const sp_attn_args_t *a, int kind)
 {
-    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
+    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv), hd = a->head_dim;
     const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
-    for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, kind, p_start + 16 * b);
+    const int64_t rb = row_bytes(a, kind), tile = 16 * rb;
+    const int v_l2 = (n_kv - p_start) * rb <= V_L2_BYTES;
+    const int v_run = row_step(a, kind) == rb; /* a block's rows back to back */
+    for (int64_t b = 0; b < PF_BLOCKS && p_start + 16 * b < n_kv; b++) {
+        const int64_t id = a->blocks[(p_start + 16 * b) / 16];
+        prefetch_bytes(kv_ptr(a->k, kind, id * a->k_block_stride), tile, 0);
+        if (v_l2) {
+            prefetch_bytes(kv_ptr(a->v, kind, id * a->v_block_stride), tile, 1);
+        }
     }
     for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
-        prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
-        for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
-            switch (a->n_q - h0 < 4 ? a->n_q - h0 : 4) {
-            case 4: scores_any(a, kind, p0, h0, 4); break;
-            case 3: scores_any(a, kind, p0, h0, 3); break;
-            case 2: scores_any(a, kind, p0, h0, 2); break;
-            default: scores_any(a, kind, p0, h0, 1); break;
+        const int64_t pn = p0 + 16 * PF_BLOCKS;
+        pf_plan_t pf = {NULL, NULL, tile / hd, tile};
+        if (pn < n_kv) {
+            const int64_t id = a->blocks[pn / 16];
+            pf.k = kv_ptr(a->k, kind, id * a->k_block_stride);
+            if (v_l2 && v_run) {
+                pf.v = kv_ptr(a->v, kind, id * a->v_block_stride);
+            } else if (v_l2) {
+                for (int64_t p = 0; p < 16; p++) {
+                    prefetch_bytes(
+                        kv_ptr(a->v, kind, id * a->v_block_stride) + p * row_step(a, kind), rb, 1);
+                }
             }
         }
-    }
-    for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
-        float inv[4];
-        const int nh = a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4;
-        for (int h = 0; h < nh; h++) {
-            inv[h] = softmax_row(a->scratch + (h0 + h) * ss, lo, n_kv, a->softcap,
-                                 a->sinks != NULL ? &a->sinks[h0 + h] : NULL);
+        const int nh0 = a->n_q < 4 ? (int)a->n_q : 4;
+        if (pf.k != NULL) {
+            scores_group(a, kind, p0, 0, nh0, &pf);
+        } else {
+            scores_group(a, kind, p0, 0, nh0, NULL);
         }
-        for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
-            switch (nh) {
-            case 4: av_any(a, kind, inv, h0, 4, d0); break;
-            case 3: av_any(a, kind, inv, h0, 3, d0); break;
-            case 2: av_any(a, kind, inv, h0, 2, d0); break;
-            default: av_any(a, kind, inv, h0, 1, d0); break;
+        for (int64_t h0 = 4; h0 < a->n_q; h0 += 4) {
+            scores_group(a, kind, p0, h0, a->n_q - h0 < 4 ? (int)(a->n_q - h0) : 4, NULL);
+        }
+    }
+    int64_t chunk = AV_CHUNK_BYTES / tile;
+    chunk = 16 * (chunk < 1 ? 1 : chunk);
+    for (int64_t g0 = 0; g0 < a->n_q; g0 += AV_HEADS) {
+        const int64_t g1 = a->n_q - g0 < AV_HEADS ? a->n_q : g0 + AV_HEADS;
+        float inv[AV_HEADS];
+        for (int64_t h = g0; h < g1; h++) {
+            inv[h - g0] = softmax_row(a->scratch + h * ss, lo, n_kv, a->softcap,
+                                      a->sinks != NULL ? &a->sinks[h] : NULL);
+        }
+        for (int64_t c0 = p_start; c0 < n_kv; c0 += chunk) {
+            const int64_t c1 = n_kv - c0 < chunk ? n_kv : c0 + chunk;
+            const int first = c0 == p_start, last = c1 == n_kv;
+            const int pf = !v_l2 && g0 == 0 && c1 < n_kv;
+            for (int64_t h0 = g0; h0 < g1; h0 += 4) {
+                const float *iv = inv + (h0 - g0);
+                const int pf1 = pf && h0 == g0;
+                switch (g1 - h0 < 4 ? g1 - h0 : 4) {
+                case 4: av_heads(a, kind, iv, h0, 4, c0, c1, first, last, pf1, chunk); break;
+                case 3: av_heads(a, kind, iv, h0, 3, c0, c1, first, last, pf1, chunk); break;
+                case 2: av_heads(a, kind, iv, h0, 2, c0, c1, first, last, pf1, chunk); break;
+                default: av_heads(a, kind, iv, h0, 1, c0, c1, first, last, pf1, chunk); break;
+                }
             }
         }
     }
