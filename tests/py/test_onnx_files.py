@@ -204,9 +204,9 @@ def main():
 
     # The own engine's n_threads splits large GEMMs in row or column blocks: every element keeps
     # its summation order, so the result is the same to the bit, and matches numpy (K = 300
-    # terms: 2^-13). oneDNN (the default engine) promises no such thing: on an AVX2-only CPU its
-    # matmul splits K for the 64 x 96 product on 3 threads (the last bits move), so there the
-    # thread counts are held to numpy's bound only.
+    # terms: 2^-13). oneDNN (the default engine) promises no such thing: on an AVX2-only CPU (Zen
+    # 3) its 64 x 96 product on 3 threads differs in the last bits from 1 thread (its threads
+    # split the work in another order), so there the thread counts are held to numpy's bound.
     for shape_a, shape_b in (((64, 300), (300, 96)), ((3, 300), (300, 2000))):
         bw = rng.standard_normal(shape_b).astype(np.float32)
         d = write(f"mt{shape_a[0]}", [helper.make_node("MatMul", ["x", "w"], ["y"])],
