@@ -231,7 +231,7 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 
 # Batch-1 products against the memory read limit through the engine's pool and split
 # (bench/decode_bench.c; docs/design.md). A bench tool, not part of `all`.
-$(BUILD)/decode_bench: bench/decode_bench.c $(BUILD)/libsampan.a
+$(BUILD)/decode_bench: bench/decode_bench.c bench/read_sum.h $(BUILD)/libsampan.a
 	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -march=native -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
 
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for

@@ -46,6 +46,7 @@
 #include "engine/model_impl.h"
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/kernels.h"
+#include "read_sum.h"
 
 #define E 2048
 #define FF 5632
@@ -101,36 +102,11 @@ typedef struct job {
     double sink[64];
 } job_t;
 
-/* Integer adds (weight bytes read as floats would hit denormal assists), in the target's widest
- * native vector: a 64-byte generic vector on an AVX2-only target goes through the stack (GCC
- * 12) and made this read compute-bound at about half the machine's rate (bench/membw.c). */
-#if defined(__AVX512F__)
-#define RD_VBYTES 64
-#else
-#define RD_VBYTES 32
-#endif
-typedef uint64_t rd_vec __attribute__((vector_size(RD_VBYTES), aligned(1)));
-
+/* The read the products are compared with (read_sum.h); the low bit keeps the loads. */
 static double
 read_sum(const uint8_t *p, size_t bytes)
 {
-    rd_vec a[8];
-    memset(a, 0, sizeof(a));
-    size_t n = bytes / (8 * RD_VBYTES);
-    for (size_t i = 0; i < n; i++) {
-        const rd_vec *v = (const rd_vec *)(p + i * 8 * RD_VBYTES);
-        for (int q = 0; q < 8; q++) {
-            a[q] += v[q];
-        }
-    }
-    for (int q = 1; q < 8; q++) {
-        a[0] += a[q];
-    }
-    uint64_t s = 0;
-    for (size_t i = 0; i < RD_VBYTES / sizeof(uint64_t); i++) {
-        s += a[0][i];
-    }
-    return (double)(s & 1);
+    return (double)(sp_read_sum(p, bytes) & 1);
 }
 
 static void

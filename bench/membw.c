@@ -10,8 +10,8 @@
  *   cc -std=c11 -O3 -march=native -pthread -o build/membw bench/membw.c
  *   build/membw [--size MiB] [--runs N] [--threads-max T] [--json]
  *
- * read:  each thread sums its slice of one SIZE buffer (vector adds of the
- *        target's widest native vector over 8 independent accumulators, so the adds
+ * read:  each thread sums its slice of one SIZE buffer (read_sum.h: the
+ *        target's widest native vector, 8 independent accumulators, so the adds
  *        are never the limit);
  *        GB/s = SIZE / time.
  * copy:  each thread memcpy()s its slice of a SIZE/2 buffer into another;
@@ -30,15 +30,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-/* The widest vector the target has: a 64-byte generic vector on an AVX2-only target is
- * lowered through the stack (GCC 12), which made the read loop compute-bound at about half
- * the machine's read rate on an AMD Zen 3 (24 against 34 GB/s on 2 threads). */
-#if defined(__AVX512F__)
-#define SP_VBYTES 64
-#else
-#define SP_VBYTES 32
-#endif
-typedef uint64_t sp_vu64 __attribute__((vector_size(SP_VBYTES), aligned(SP_VBYTES)));
+#include "read_sum.h"
 
 enum { MAX_THREADS = 64 };
 
@@ -71,31 +63,12 @@ now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t
-read_sum(const unsigned char *p, size_t bytes)
-{
-    const sp_vu64 *v = (const sp_vu64 *)p;
-    sp_vu64 a[8];
-    memset(a, 0, sizeof(a));
-    size_t n = bytes / sizeof(sp_vu64);
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        for (int q = 0; q < 8; q++)
-            a[q] += v[i + q];
-    }
-    for (int q = 1; q < 8; q++)
-        a[0] += a[q];
-    uint64_t s = 0;
-    for (size_t i = 0; i < sizeof(sp_vu64) / sizeof(uint64_t); i++)
-        s += a[0][i];
-    return s;
-}
-
 static void
 run_job(struct team *t, int i)
 {
     struct job *j = &t->jobs[i];
     if (t->op == 0)
-        j->sum = read_sum(j->src, j->bytes);
+        j->sum = sp_read_sum(j->src, j->bytes);
     else
         memcpy(j->dst, j->src, j->bytes);
 }

@@ -120,7 +120,7 @@ if [ "$DO_SAMPAN" = 1 ] && [ -z "$SAMPAN_GIVEN" ]; then
         tail -20 "$BUILD/bench-make.log" >&2; say "build failed"; exit 1; }
 fi
 MEMBW=$BUILD/membw
-if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ]; then
+if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ] || [ bench/read_sum.h -nt "$MEMBW" ]; then
     say "building $MEMBW"
     ${CC:-cc} -std=c11 -O3 -march=native -Wall -Wextra -pthread -o "$MEMBW" bench/membw.c
 fi
