@@ -92,11 +92,18 @@ store_f32(float *x, int64_t n_valid, __m256i m, __m256 v)
     }
 }
 
-/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h). */
+/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h): bytes per
+ * offset unit. */
+SP_INLINE int64_t
+kv_elt(int kind)
+{
+    return kind == 0 ? 4 : kind == 1 ? 2 : 1;
+}
+
 SP_INLINE const char *
 kv_ptr(const void *base, int kind, int64_t i)
 {
-    return (const char *)base + i * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+    return (const char *)base + i * kv_elt(kind);
 }
 
 /* 8 int8 widened to float; n_valid < 8 reads only that many (zeros after). */
@@ -115,13 +122,13 @@ load_q8x8(const char *p, int64_t n_valid)
 SP_INLINE int64_t
 row_bytes(const sp_attn_args_t *a, int kind)
 {
-    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * (kind == 0 ? 4 : 2);
+    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * kv_elt(kind);
 }
 
 SP_INLINE int64_t
 row_step(const sp_attn_args_t *a, int kind)
 {
-    return a->v_stride * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
+    return a->v_stride * kv_elt(kind);
 }
 
 /* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
@@ -347,10 +354,10 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     const int64_t step = row_step(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
     const int64_t sc = (d0 / 32) * 34,
-                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * (kind == 0 ? 4 : 2);
+                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * kv_elt(kind);
     /* the first and last byte of the tile's columns in a row (Q8_0: from its scale) */
     const int64_t pf_lo = kind == 2 ? sc : off;
-    const int64_t pf_hi = off + nv * (kind == 0 ? 4 : kind == 1 ? 2 : 1) - 1;
+    const int64_t pf_hi = off + nv * kv_elt(kind) - 1;
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
