@@ -283,14 +283,18 @@ case_free(attn_case_t *c)
     sp_free(c->scratch);
 }
 
-/* Run heads h0..h0+n of the case into o (rows q_stride apart). */
+/* Run heads h0..h0+n of the case, as the token at position n_kv - 1, into o
+ * (rows q_stride apart). fresh: garbage in the scratch first (the kernel must
+ * not read what it did not write); else the scratch is reused as it is. */
 static void
-case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float *o)
+case_call(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, int64_t n_kv,
+          int fresh, float *o)
 {
-    /* Garbage in the scratch: the kernel must not read what it did not write. */
-    for (int64_t i = 0; i < n * sp_attn_scratch_stride(c->n_kv); i++) c->scratch[i] = NAN;
+    if (fresh) {
+        for (int64_t i = 0; i < n * sp_attn_scratch_stride(c->n_kv); i++) c->scratch[i] = NAN;
+    }
     sp_attn_args_t a = {
-        .head_dim = c->hd, .n_q = n, .n_kv = c->n_kv, .q = c->q + h0 * c->q_stride,
+        .head_dim = c->hd, .n_q = n, .n_kv = n_kv, .q = c->q + h0 * c->q_stride,
         .q_stride = c->q_stride, .k = c->k, .v = c->v, .blocks = c->blocks,
         .k_block_stride = c->k_block_stride, .v_block_stride = c->v_block_stride,
         .v_stride = c->v_stride,
@@ -299,6 +303,13 @@ case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float
         .sinks = g_sinks != NULL ? g_sinks + h0 : NULL,
     };
     k->attn[c->kv_type](&a);
+}
+
+/* Heads h0..h0+n over the whole cache, fresh scratch. */
+static void
+case_run(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t h0, int64_t n, float *o)
+{
+    case_call(k, c, h0, n, c->n_kv, 1, o);
 }
 
 static void
@@ -497,21 +508,6 @@ TEST(attn_window_softcap_sinks)
     g_sinks = NULL;
 }
 
-/* One token of c at position n_kv - 1: heads 0..n_q-1 into o (q_stride apart),
- * reusing the scratch as it is. */
-static void
-run_token(const sp_cpu_kernels_t *k, attn_case_t *c, int64_t n_kv, float *o)
-{
-    sp_attn_args_t a = {
-        .head_dim = c->hd, .n_q = c->n_q, .n_kv = n_kv, .q = c->q, .q_stride = c->q_stride,
-        .k = c->k, .v = c->v, .blocks = c->blocks, .k_block_stride = c->k_block_stride,
-        .v_block_stride = c->v_block_stride, .v_stride = c->v_stride, .scale = c->scale,
-        .o = o, .o_stride = c->q_stride, .scratch = c->scratch, .window = g_window,
-        .softcap = g_softcap, .sinks = g_sinks,
-    };
-    k->attn[c->kv_type](&a);
-}
-
 /*
  * Decode against prefill, bit for bit: a token's output computed alone (fresh
  * NaN scratch, NaN in its output row) equals the same token's row when a
@@ -548,13 +544,12 @@ TEST(attn_prefill_rows_match_decode)
                 g_sinks = mode == 0 ? NULL : sinks;
                 for (int l = 0; l < nl; l++) {
                     for (int64_t j = 0; j < nt * row; j++) pre[j] = (float)(j % 13) - 6.0f;
-                    for (int64_t j = 0; j < nt; j++) run_token(lv[l], &c, toks[j], pre + j * row);
                     for (int64_t j = 0; j < nt; j++) {
-                        for (int64_t x = 0; x < n_q * sp_attn_scratch_stride(n_kv); x++) {
-                            c.scratch[x] = NAN;
-                        }
+                        case_call(lv[l], &c, 0, n_q, toks[j], 0, pre + j * row);
+                    }
+                    for (int64_t j = 0; j < nt; j++) {
                         for (int64_t x = 0; x < row; x++) one[x] = NAN;
-                        run_token(lv[l], &c, toks[j], one);
+                        case_call(lv[l], &c, 0, n_q, toks[j], 1, one);
                         for (int64_t h = 0; h < n_q; h++) {
                             if (memcmp(one + h * c.q_stride, pre + j * row + h * c.q_stride,
                                        (size_t)c.hd * sizeof(float)) != 0) {
