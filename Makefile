@@ -234,6 +234,11 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 $(BUILD)/decode_bench: bench/decode_bench.c bench/read_sum.h $(BUILD)/libsampan.a
 	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -march=native -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
 
+# How close the AVX2 Q8_0 prefill gemm is to the instruction set's limit on this CPU (inline-asm
+# throughput loops next to the kernel; bench/q8_ceiling.c, docs/design.md). x86-64 only.
+$(BUILD)/q8_ceiling: bench/q8_ceiling.c $(BUILD)/libsampan.a
+	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
+
 # Fraud-scoring benchmark tools (bench/fraud.sh, bench/grpc.sh): KServe v2 load generators for
 # REST (kserve_load) and gRPC (grpc_load: nghttp2 and the protoc-c code of the server's .proto)
 # and the XGBoost C API floor. Not part of `all`; xgb_floor needs libxgboost-dev like the
