@@ -209,25 +209,25 @@ main(void)
     __asm__ volatile("vpxor %%ymm15,%%ymm15,%%ymm15\n\tvpxor %%ymm14,%%ymm14,%%ymm14" ::
                          : "xmm14", "xmm15");
 
-    double c;
     printf("instruction throughput (independent operations, operations per cycle)\n");
-    TIME_ASM(c, X8("vpmaddubsw") Y8("vpmaddubsw"));
-    printf("  VPMADDUBSW                       %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpmaddwd") Y8("vpmaddwd"));
-    printf("  VPMADDWD                         %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpsignb") Y8("vpsignb"));
-    printf("  VPSIGNB                          %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpaddd") Y8("vpaddd"));
-    printf("  VPADDD                           %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpmaddubsw") Y8("vpmaddwd"));
-    printf("  VPMADDUBSW + VPMADDWD            %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpmaddubsw") Y8("vpsignb"));
-    printf("  VPMADDUBSW + VPSIGNB             %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpmaddwd") Y8("vpaddd"));
-    printf("  VPMADDWD + VPADDD                %.2f\n", 16 / c);
-    TIME_ASM(c, X8("vpmaddubsw") Y8("vpshufb"));
-    printf("  VPMADDUBSW + VPSHUFB             %.2f\n\n", 16 / c);
+/* 16 operations a call: the two 8-operation halves given */
+#define OPS(label, x8, y8)                                                                     \
+    do {                                                                                       \
+        double ops_c;                                                                          \
+        TIME_ASM(ops_c, x8 y8);                                                                \
+        printf("  %-32s %.2f\n", label, 16 / ops_c);                                           \
+    } while (0)
+    OPS("VPMADDUBSW", X8("vpmaddubsw"), Y8("vpmaddubsw"));
+    OPS("VPMADDWD", X8("vpmaddwd"), Y8("vpmaddwd"));
+    OPS("VPSIGNB", X8("vpsignb"), Y8("vpsignb"));
+    OPS("VPADDD", X8("vpaddd"), Y8("vpaddd"));
+    OPS("VPMADDUBSW + VPMADDWD", X8("vpmaddubsw"), Y8("vpmaddwd"));
+    OPS("VPMADDUBSW + VPSIGNB", X8("vpmaddubsw"), Y8("vpsignb"));
+    OPS("VPMADDWD + VPADDD", X8("vpmaddwd"), Y8("vpaddd"));
+    OPS("VPMADDUBSW + VPSHUFB", X8("vpmaddubsw"), Y8("vpshufb"));
+    printf("\n");
 
+    double c;
     printf("exact Q8_0 block-sum loops, operands in L1 (MACs per cycle, float step not counted)\n");
     __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n\tvpsrlw $15,%%ymm15,%%ymm15" ::
                          : "xmm15");
