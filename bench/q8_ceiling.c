@@ -16,14 +16,14 @@
  *    VPSIGNB alone and mixed, the adds beside them.
  * 3. The inner loops of three exact forms of the Q8_0 block sum, in inline asm with every
  *    operand in L1, as MACs (multiply-adds) per cycle:
- *    - "int8, 1 token": the wide kernel's loop before it moved to int16: per 32 MACs a
- *      broadcast of 4 activation bytes, VPSIGNB with the weights from memory, VPMADDUBSW
- *      against |w| in a register, VPMADDWD against ones (the widening), VPADDD into the sum;
+ *    - "int8, 1 token": the wide kernel's loop: per 32 MACs a broadcast of 4 activation
+ *      bytes, VPSIGNB with the weights from memory, VPMADDUBSW against |w| in a register,
+ *      VPMADDWD against ones (the widening), VPADDD into the block sum;
  *    - "int8 tile 2x4": the same four operations with 2 row groups x 4 tokens in registers, so
  *      one broadcast serves two groups and the weights are loaded once per 4 tokens;
  *    - "int16 2x4": weights and activations widened to int16 beforehand, VPMADDWD + VPADDD
- *      only (16 MACs per multiply instead of 32 per two), the same 2 x 4 tile: the loop the
- *      kernel runs now.
+ *      only (16 MACs per multiply instead of 32 per two), the same 2 x 4 tile. (A kernel built
+ *      on it was faster alone but not inside the engine: docs/design.md.)
  *    None counts the reference's per-block float step (convert, two multiplies, an add), which
  *    every form pays the same.
  * 4. The kernel itself: sp__repack_q8_0_gemm_wide_avx2 on a 256-row slice x 512 tokens of a
@@ -173,7 +173,8 @@ kernel_seconds(int64_t rows, int64_t n, int64_t toks)
     const size_t rb = sp_row_size(SP_TYPE_Q8_0, n), gb = sp_repack_group_bytes(SP_TYPE_Q8_0, n);
     uint8_t *w = malloc(rb * (size_t)rows), *x = malloc(rb * (size_t)toks);
     uint8_t *p = aligned_alloc(64, (sp_repack_bytes(SP_TYPE_Q8_0, n, rows) + 63) & ~(size_t)63);
-    float *f = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)(rows * toks));
+    float *f = malloc(sizeof(float) * (size_t)n);
+    float *y = malloc(sizeof(float) * (size_t)(rows * toks));
     if (k == NULL || !w || !x || !p || !f || !y) {
         return 0.0;
     }
@@ -239,12 +240,12 @@ main(void)
     __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n\tvpsrlw $15,%%ymm15,%%ymm15" ::
                          : "xmm15");
     TIME_ASM(c, I8_TOKEN I8_TOKEN I8_TOKEN I8_TOKEN);
-    printf("  int8, 1 token x 8 rows           %.1f\n", 4 * 256 / c);
+    printf("  int8, 1 token x 8 rows           %.1f   (the kernel's loop)\n", 4 * 256 / c);
     __asm__ volatile("vpcmpeqw %%ymm4,%%ymm4,%%ymm4\n\tvpsrlw $15,%%ymm4,%%ymm4" ::: "xmm4");
     TIME_ASM(c, I8K(0) I8K(128) I8K(256) I8K(384));
     printf("  int8 tile 2 groups x 4 tokens    %.1f\n", 4 * 256 / c);
     TIME_ASM(c, I16P(0) I16P(64) I16P(128) I16P(192));
-    printf("  int16 tile 2 groups x 4 tokens   %.1f   (the kernel's loop)\n\n", 4 * 128 / c);
+    printf("  int16 tile 2 groups x 4 tokens   %.1f\n\n", 4 * 128 / c);
 
     const int64_t rows = 256, n = 2048, toks = 512;
     const double s = kernel_seconds(rows, n, toks);
