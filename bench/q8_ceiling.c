@@ -4,9 +4,7 @@
  * close is the AVX2 Q8_0 prefill kernel to what the instruction set allows on this CPU, and
  * which form of the same exact block sums is the fastest?
  *
- *   make BUILD=build build/libsampan.a
- *   cc -std=c11 -O2 -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/q8_ceiling.c \
- *      build/libsampan.a -lm -o build/q8_ceiling
+ *   make BUILD=build build/q8_ceiling        (a bench tool, not part of `all`; x86-64)
  *   ./build/q8_ceiling
  *
  * 1. The core clock: a chain of dependent 64-bit adds (one cycle each) timed against the TSC,
