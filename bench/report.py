@@ -262,8 +262,16 @@ def table(result):
         sd, ld = s.get("decode_tok_s"), lc.get("decode_tok_s")
         sp, lp = s.get("prefill_tok_s"), lc.get("prefill_tok_s")
 
+        near = r.get("read_bw_2t_gb_s_before_runs")
+
         def pct(v):
-            return "-" if v is None else f"{v:.1f} ({100 * v / lim:.0f}%)"
+            # share of the run's limit, then of the read measured just before this type's runs
+            # (on a host whose bandwidth drifts between minutes the two differ by a third)
+            if v is None:
+                return "-"
+            now = (f" / {100 * v * r['read_bytes_per_token'] / (near * 1e9):.0f}%"
+                   if near else "")
+            return f"{v:.1f} ({100 * v / lim:.0f}%{now})"
 
         lines.append(
             f"| {r['type'].upper()} | {r['read_bytes_per_token'] / 1e6:.0f} MB | {lim:.1f} tok/s "
@@ -272,8 +280,9 @@ def table(result):
             f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} "
             f"| {_f(_other_pct(r), '{:.0f}%')} |")
     lines.append("")
-    lines.append("decode and prefill in tokens/s, best of the runs; (n%) = share of the decode limit "
-                 "(read bandwidth / weight bytes read per token);\n"
+    lines.append("decode and prefill in tokens/s, best of the runs; (n% / m%) = share of the decode "
+                 "limit (the run's best read bandwidth / weight bytes read per token), then of the "
+                 "read measured just before the type's runs;\n"
                  "other load = the most CPU that other processes took during the runs shown, as a "
                  "share of the machine (above a few % the numbers are low, both engines' threads "
                  "wait on each other).")
