@@ -15,7 +15,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #if defined(__AVX512F__)
 #define SP_READ_VBYTES 64
@@ -25,26 +24,30 @@
 typedef uint64_t sp_read_vec __attribute__((vector_size(SP_READ_VBYTES), aligned(1)));
 
 /* The sum of the whole 8-vector steps of p[0, bytes) (a tail shorter than one step is not
- * read); callers keep it so that the loads are not dropped. */
+ * read); callers keep it so that the loads are not dropped. Eight named accumulators, not an
+ * array: GCC 12 at -O2 (decode_bench's build) kept an array of them in memory, a load, add and
+ * store per vector, and the read ran at about 0.8x of the -O3 build's. */
 static inline uint64_t
 sp_read_sum(const void *p, size_t bytes)
 {
     const unsigned char *b = p;
-    sp_read_vec a[8];
-    memset(a, 0, sizeof a);
+    sp_read_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
     const size_t n = bytes / (8 * SP_READ_VBYTES);
     for (size_t i = 0; i < n; i++) {
         const sp_read_vec *v = (const sp_read_vec *)(b + i * 8 * SP_READ_VBYTES);
-        for (int q = 0; q < 8; q++) {
-            a[q] += v[q];
-        }
+        a0 += v[0];
+        a1 += v[1];
+        a2 += v[2];
+        a3 += v[3];
+        a4 += v[4];
+        a5 += v[5];
+        a6 += v[6];
+        a7 += v[7];
     }
-    for (int q = 1; q < 8; q++) {
-        a[0] += a[q];
-    }
+    a0 += a1 + a2 + a3 + a4 + a5 + a6 + a7;
     uint64_t s = 0;
     for (size_t i = 0; i < SP_READ_VBYTES / sizeof(uint64_t); i++) {
-        s += a[0][i];
+        s += a0[i];
     }
     return s;
 }
