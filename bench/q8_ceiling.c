@@ -26,22 +26,18 @@
  *    every form pays the same.
  * 4. The kernel itself: sp__repack_q8_0_gemm_wide_avx2 on a 256-row slice x 512 tokens of a
  *    2048-wide matrix (the slice a prefill work item gets; weights and activations in L2),
- *    thread CPU time, best of 5, as GMAC/s and MACs per cycle at the clock of step 1.
+ *    thread CPU time (qbench.h), best of 5, as GMAC/s and MACs per cycle at the clock of step 1.
  *
  * Not a test: nothing asserts; the numbers depend on the CPU and the host's load (run it on a
  * quiet host: a thread preempted mid-loop reads slow, and one whose clock calibration ran
  * while the core was shared reads impossibly fast, above 2 multiplies a cycle).
  */
-#define _POSIX_C_SOURCE 199309L
+#include "qbench.h"
+
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <x86intrin.h>
 
 #include "kernels/cpu/repack_impl.h"
-#include "kernels/kernels.h"
 
 #define ITERS 20000000L
 
@@ -144,14 +140,6 @@ calibrate(void)
     tsc_hz = (double)(__rdtsc() - s0) / dt;
 }
 
-static double
-thread_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static float
@@ -163,7 +151,23 @@ rnd(void)
     return (float)((int64_t)(rng >> 11) % 2001 - 1000) * 1e-3f;
 }
 
-/* The wide kernel on rows x n weights, toks tokens: seconds per call, best of 5 (thread CPU). */
+typedef struct {
+    int64_t rows, n, toks;
+    size_t rb, gb;
+    const uint8_t *p, *x;
+    float *y;
+} kernel_call_t;
+
+static void
+kernel_call(void *ctx)
+{
+    const kernel_call_t *c = ctx;
+    sp__repack_q8_0_gemm_wide_avx2(c->n, c->p, c->gb, 0, c->rows, c->x, c->rb, c->toks, c->y,
+                                   c->rows);
+}
+
+/* The wide kernel on rows x n weights, toks tokens: seconds per call, best of 5 (thread CPU
+ * time, qbench.h); 0 when the buffers cannot be had. */
 static double
 kernel_seconds(int64_t rows, int64_t n, int64_t toks)
 {
@@ -173,26 +177,21 @@ kernel_seconds(int64_t rows, int64_t n, int64_t toks)
     uint8_t *p = aligned_alloc(64, (sp_repack_bytes(SP_TYPE_Q8_0, n, rows) + 63) & ~(size_t)63);
     float *f = malloc(sizeof(float) * (size_t)n);
     float *y = malloc(sizeof(float) * (size_t)(rows * toks));
-    if (k == NULL || !w || !x || !p || !f || !y) {
-        return 0.0;
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n; i++)
-            f[i] = 0.05f * rnd();
-        sp_quantize_row(SP_TYPE_Q8_0, f, w + (size_t)r * rb, n);
-    }
-    for (int64_t t = 0; t < toks; t++) {
-        for (int64_t i = 0; i < n; i++)
-            f[i] = rnd();
-        k->from_float[SP_TYPE_Q8_0](f, x + (size_t)t * rb, n);
-    }
-    sp_repack_pack(SP_TYPE_Q8_0, n, w, rb, rows, 0, (rows + 7) / 8, p);
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        const double t0 = thread_seconds();
-        sp__repack_q8_0_gemm_wide_avx2(n, p, gb, 0, rows, x, rb, toks, y, rows);
-        const double dt = thread_seconds() - t0;
-        best = dt < best ? dt : best;
+    double best = 0.0;
+    if (k != NULL && w && x && p && f && y) {
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < n; i++)
+                f[i] = 0.05f * rnd();
+            sp_quantize_row(SP_TYPE_Q8_0, f, w + (size_t)r * rb, n);
+        }
+        for (int64_t t = 0; t < toks; t++) {
+            for (int64_t i = 0; i < n; i++)
+                f[i] = rnd();
+            k->from_float[SP_TYPE_Q8_0](f, x + (size_t)t * rb, n);
+        }
+        sp_repack_pack(SP_TYPE_Q8_0, n, w, rb, rows, 0, (rows + 7) / 8, p);
+        kernel_call_t c = {rows, n, toks, rb, gb, p, x, y};
+        best = qbench_best(kernel_call, &c, 1, 5);
     }
     free(w);
     free(x);

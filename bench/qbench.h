@@ -17,7 +17,7 @@
 
 /* This thread's CPU time in seconds: the machine is shared, so other processes' time slices do
  * not count (their cache pressure still does). */
-static double
+static inline double
 qbench_now(void)
 {
     struct timespec ts;
@@ -26,7 +26,7 @@ qbench_now(void)
 }
 
 /* Seconds per call of fn(ctx): the best of `tries` runs of `reps` calls each. */
-static double
+static inline double
 qbench_best(void (*fn)(void *), void *ctx, int reps, int tries)
 {
     double best = 1e30;
@@ -43,7 +43,7 @@ qbench_best(void (*fn)(void *), void *ctx, int reps, int tries)
 /* Whether a level / type pair is selected by the arguments: none selects everything; each
  * argument is a type name (q4_k, iq4_xs, ...) or else a level name (scalar, avx2, ...), and a
  * pair runs when its type is named (or no type is) and its level is named (or no level is). */
-static int
+static inline int
 qbench_selected(int argc, char **argv, const char *level, const char *type)
 {
     int any_level = 0, any_type = 0, level_ok = 0, type_ok = 0;
