@@ -76,7 +76,7 @@ enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
  * token (lane r = row r).
  */
 RP_INLINE void
-rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rp_tile(int kind, int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
         const int32_t *xsum, const float *xd, __m256 out[RP_TM])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -94,7 +94,7 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
     const size_t pblk = kind == RP_Q8_0 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * pblk;
-        if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+        if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
             rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)pblk);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
@@ -208,7 +208,7 @@ rp_tile(int kind, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t 
  * the scale is ls - 32, and there is no mins term.
  */
 RP_INLINE void
-rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rp_tile_iq4xs(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
               __m256 out[RP_TM])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -224,6 +224,9 @@ rp_tile_iq4xs(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        if (pf) {
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_IQ4XS_BLOCK_BYTES);
+        }
         __m256i ai[RP_TM][2];
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -323,7 +326,7 @@ rp_iq4_step(__m256i ai, __m256i aw, __m256i w, const int8_t *xq, __m256i S)
  * same exact sums, so the same bits for any T.
  */
 RP_INLINE void
-rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rp_tile_iq4xs_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                    __m256 out[RP_XS_TM])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -340,6 +343,9 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
+        if (pf) {
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_IQ4XS_BLOCK_BYTES);
+        }
         const size_t xb = (size_t)b * sizeof(sp_block_q8_k);
         __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
 #pragma GCC unroll 2
@@ -399,7 +405,7 @@ rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
  * accumulator registers spilled anyway. Same sums, same float sequence: the same bits.
  */
 RP_INLINE void
-rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rp_tile_iq4nl_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                    const float *xd, __m256 out[RP_XS_TM])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -417,6 +423,9 @@ rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_BLOCK_BYTES;
+        if (pf) {
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_BLOCK_BYTES);
+        }
         const size_t xb = (size_t)b * 34;
         __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
 #pragma GCC unroll 2
@@ -460,13 +469,28 @@ rp_tile_iq4nl_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t
 
 typedef rpx_tile_fn rp_tile_fn;
 
-#define RP_TILE(name, kind, T)                                                                 \
+/* Every tile comes twice: name_T reads weights already in cache (a group's later token tiles
+ * and chunks), name_pf_T prefetches them SP_PF_ONE_TOKEN ahead (the first pass over a group,
+ * which streams them from memory: rpx_gemm picks it). */
+#define RP_TILE_PAIR(name, T, call_plain, call_pf)                                             \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
-                           const int32_t *xsum, const float *xd, __m256 out[RP_TM])            \
+                           const int32_t *xsum, const float *xd, __m256 *out)                  \
     {                                                                                          \
-        rp_tile(kind, T, nb, g, x, xs, xsum, xd, out);                                         \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call_plain;                                                                            \
+    }                                                                                          \
+    static void name##_pf_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,       \
+                              const int32_t *xsum, const float *xd, __m256 *out)               \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call_pf;                                                                               \
     }
 
+#define RP_TILE(name, kind, T)                                                                 \
+    RP_TILE_PAIR(name, T, rp_tile(kind, T, false, nb, g, x, xs, xsum, xd, out),                \
+                 rp_tile(kind, T, true, nb, g, x, xs, xsum, xd, out))
 RP_TILE(q4_0_tile, RP_Q4_0, 1)
 RP_TILE(q4_0_tile, RP_Q4_0, 2)
 RP_TILE(q4_0_tile, RP_Q4_0, 3)
@@ -479,36 +503,21 @@ RP_TILE(q8_0_tile, RP_Q8_0, 4)
 
 /* Q4_K tiles: the Q8_K rows carry their own scale and block sums, no scratch */
 #define RP_TILE_Q4K(T)                                                                         \
-    static void q4_k_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,       \
-                              const int32_t *xsum, const float *xd, __m256 out[RP_TM])         \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        rpx_tile_k45(false, T, nb, g, x, xs, out);                                                     \
-    }
+    RP_TILE_PAIR(q4_k_tile, T, rpx_tile_k45(false, false, T, nb, g, x, xs, out),               \
+                 rpx_tile_k45(false, true, T, nb, g, x, xs, out))
 RP_TILE_Q4K(1)
 RP_TILE_Q4K(2)
 RP_TILE_Q4K(3)
 RP_TILE_Q4K(4)
 
 #define RP_TILE_IQ4XS(T)                                                                       \
-    static void iq4_xs_tile_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
-                                const int32_t *xsum, const float *xd, __m256 out[RP_TM])       \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        rp_tile_iq4xs(T, nb, g, x, xs, out);                                                   \
-    }
+    RP_TILE_PAIR(iq4_xs_tile, T, rp_tile_iq4xs(T, false, nb, g, x, xs, out),                   \
+                 rp_tile_iq4xs(T, true, nb, g, x, xs, out))
 RP_TILE_IQ4XS(1)
 
 #define RP_TILE_IQ4XS_WIDE(T)                                                                  \
-    static void iq4_xs_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
-                                const int32_t *xsum, const float *xd, __m256 *out)             \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        rp_tile_iq4xs_wide(T, nb, g, x, xs, out);                                              \
-    }
+    RP_TILE_PAIR(iq4_xs_wide, T, rp_tile_iq4xs_wide(T, false, nb, g, x, xs, out),              \
+                 rp_tile_iq4xs_wide(T, true, nb, g, x, xs, out))
 RP_TILE_IQ4XS_WIDE(2)
 RP_TILE_IQ4XS_WIDE(3)
 RP_TILE_IQ4XS_WIDE(4)
@@ -518,12 +527,8 @@ RP_TILE_IQ4XS_WIDE(7)
 RP_TILE_IQ4XS_WIDE(8)
 
 #define RP_TILE_IQ4NL_WIDE(T)                                                                  \
-    static void iq4_nl_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
-                                const int32_t *xsum, const float *xd, __m256 *out)             \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        rp_tile_iq4nl_wide(T, nb, g, x, xs, xd, out);                                          \
-    }
+    RP_TILE_PAIR(iq4_nl_wide, T, rp_tile_iq4nl_wide(T, false, nb, g, x, xs, xd, out),          \
+                 rp_tile_iq4nl_wide(T, true, nb, g, x, xs, xd, out))
 RP_TILE_IQ4NL_WIDE(2)
 RP_TILE_IQ4NL_WIDE(3)
 RP_TILE_IQ4NL_WIDE(4)
@@ -532,20 +537,30 @@ RP_TILE_IQ4NL_WIDE(6)
 RP_TILE_IQ4NL_WIDE(7)
 RP_TILE_IQ4NL_WIDE(8)
 
-static const rp_tile_fn q4_0_tiles[RP_TM + 1] = {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3,
-                                                 q4_0_tile_4};
-static const rp_tile_fn q8_0_tiles[RP_TM + 1] = {NULL, q8_0_tile_1, q8_0_tile_2, q8_0_tile_3,
-                                                 q8_0_tile_4};
-static const rp_tile_fn q4_k_tiles[RP_TM + 1] = {NULL, q4_k_tile_1, q4_k_tile_2, q4_k_tile_3,
-                                                 q4_k_tile_4};
+/* A type's tiles by token count: [0] in cache, [1] the prefetching first pass. */
+typedef const rp_tile_fn rp_tiles_t[2][RP_XS_TM + 1];
+
+static rp_tiles_t q4_0_tiles = {
+    {NULL, q4_0_tile_1, q4_0_tile_2, q4_0_tile_3, q4_0_tile_4},
+    {NULL, q4_0_tile_pf_1, q4_0_tile_pf_2, q4_0_tile_pf_3, q4_0_tile_pf_4}};
+static rp_tiles_t q8_0_tiles = {
+    {NULL, q8_0_tile_1, q8_0_tile_2, q8_0_tile_3, q8_0_tile_4},
+    {NULL, q8_0_tile_pf_1, q8_0_tile_pf_2, q8_0_tile_pf_3, q8_0_tile_pf_4}};
+static rp_tiles_t q4_k_tiles = {
+    {NULL, q4_k_tile_1, q4_k_tile_2, q4_k_tile_3, q4_k_tile_4},
+    {NULL, q4_k_tile_pf_1, q4_k_tile_pf_2, q4_k_tile_pf_3, q4_k_tile_pf_4}};
 /* one token: the 4-token tile's code (the decode path's; its decoded slices fit the
  * registers at T = 1); two or more: the wide tile */
-static const rp_tile_fn iq4_xs_tiles[RP_XS_TM + 1] = {
-    NULL,           iq4_xs_tile_1,  iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4,
-    iq4_xs_wide_5, iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8};
-static const rp_tile_fn iq4_nl_tiles[RP_XS_TM + 1] = {
-    NULL,           iq4_nl_tile_1,  iq4_nl_wide_2, iq4_nl_wide_3, iq4_nl_wide_4,
-    iq4_nl_wide_5, iq4_nl_wide_6, iq4_nl_wide_7, iq4_nl_wide_8};
+static rp_tiles_t iq4_xs_tiles = {
+    {NULL, iq4_xs_tile_1, iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4, iq4_xs_wide_5,
+     iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8},
+    {NULL, iq4_xs_tile_pf_1, iq4_xs_wide_pf_2, iq4_xs_wide_pf_3, iq4_xs_wide_pf_4,
+     iq4_xs_wide_pf_5, iq4_xs_wide_pf_6, iq4_xs_wide_pf_7, iq4_xs_wide_pf_8}};
+static rp_tiles_t iq4_nl_tiles = {
+    {NULL, iq4_nl_tile_1, iq4_nl_wide_2, iq4_nl_wide_3, iq4_nl_wide_4, iq4_nl_wide_5,
+     iq4_nl_wide_6, iq4_nl_wide_7, iq4_nl_wide_8},
+    {NULL, iq4_nl_tile_pf_1, iq4_nl_wide_pf_2, iq4_nl_wide_pf_3, iq4_nl_wide_pf_4,
+     iq4_nl_wide_pf_5, iq4_nl_wide_pf_6, iq4_nl_wide_pf_7, iq4_nl_wide_pf_8}};
 
 /* The sum of a Q8_0 block's 32 signed quants: VPSADBW of q + 128 (x ^ 0x80) less 32 * 128.
  * Exact; runs once per token, block and call, and a one-token call covers only a few groups
@@ -580,7 +595,7 @@ rp_fill(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_
 
 /* rpx_gemm with this file's tiles; the Q8_0-activation forms fill a per-chunk scratch. */
 static void
-rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, size_t ws, int64_t r0,
+rp_gemm(int kind, rp_tiles_t tiles, int tm, int64_t n, const void *w, size_t ws, int64_t r0,
         int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     const bool super = kind == RP_Q4_K || kind == RP_IQ4_XS; /* Q8_K: no scratch */
@@ -591,7 +606,8 @@ rp_gemm(int kind, const rp_tile_fn *tiles, int tm, int64_t n, const void *w, siz
         tm = (int)(RP_SCRATCH / nb); /* >= RP_TM (the assert above): narrower tiles of long rows */
     }
     const rpx_plan_t plan = {
-        .tiles = tiles,
+        .tiles = tiles[0],
+        .tiles_pf = tiles[1],
         .tm = tm,
         .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb, tm), /* n <= SP_REPACK_MAX_N: tm fit */
         .nb = nb,

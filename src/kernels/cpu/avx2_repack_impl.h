@@ -150,7 +150,7 @@ q5_hi(__m256i qh, int j, __m256i m10)
 #define RPX_K45_TM 4
 
 RPX_INLINE void
-rpx_tile_k45(bool q5, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rpx_tile_k45(bool q5, bool pf, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
              __m256 *out)
 {
     const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
@@ -166,7 +166,7 @@ rpx_tile_k45(bool q5, int T, int64_t nb, const uint8_t *g, const uint8_t *x, siz
         const uint8_t *pb = g + (size_t)b * bb;
         if (q5) {
             rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
-        } else if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+        } else if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
             rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
         }
         __m256i ai[RPX_K45_TM][2];
@@ -234,6 +234,8 @@ typedef void (*rpx_fill_fn)(int kind, const uint8_t *x, size_t xs, int64_t n_tok
 
 typedef struct {
     const rpx_tile_fn *tiles; /* tiles[T], T = 1..tm */
+    /* the same tiles prefetching the weights, for a group's first tile (NULL: tiles) */
+    const rpx_tile_fn *tiles_pf;
     int tm;                   /* widest tile (<= RPX_OUT_MAX) */
     int64_t tc;               /* tokens per chunk, a multiple of tm */
     int64_t nb;               /* blocks per row */
@@ -277,8 +279,11 @@ rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, 
             for (int64_t t = t0; t < t1; t += p->tm) {
                 const int T = (int)(t1 - t < p->tm ? t1 - t : p->tm);
                 const size_t so = (size_t)((t - t0) * p->nb);
+                /* The call's first tile on a group streams its weights from memory; the
+                 * later ones find them in L1 / L2, where a prefetch would only cost. */
+                const rpx_tile_fn *tiles = t == 0 && p->tiles_pf ? p->tiles_pf : p->tiles;
                 __m256 out[RPX_OUT_MAX];
-                p->tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
+                tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
                             p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
                 for (int tt = 0; tt < T; tt++) {
                     float o[SP_REPACK_ROWS];
