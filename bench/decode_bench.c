@@ -7,7 +7,7 @@
  *
  *   nice make -j2 build/decode_bench
  *   ./build/decode_bench [--types f16,q8_0,q4_0,q4_k] [--layers N] [--threads-max T]
- *                        [--runs N] [--4k] [--no-repack]
+ *                        [--runs N] [--4k] [--no-repack] [--tokens N]
  *   SAMPAN_CPU=avx2 ./build/decode_bench ...        (a lower level)
  *
  * The "model" is TinyLlama-1.1B's shape: per layer wq, wk, wv (2048, 256, 256 rows x 2048),
@@ -16,7 +16,9 @@
  * the caches) in one anonymous mapping (transparent huge pages unless --4k: the server's
  * private copy of a model file asks for them too). One pass = every product of every layer
  * in decode order (q/k/v as one job, gate/up as one, the activations converted once per
- * job as batch.c does). Reported per (type, threads), best of --runs passes:
+ * job as batch.c does). --tokens N (default 1) runs every product with N tokens, as a decode
+ * step of N running sequences does (the weights still read once a pass: compute grows, the
+ * bytes do not). Reported per (type, threads), best of --runs passes:
  *   read   GB/s of a vector sum over the same rows, chunked the same way (the limit)
  *   gemv   GB/s of weight bytes through the products (what decode streams)
  *   share  gemv / read
@@ -53,6 +55,10 @@
 #define KV 256
 #define VOCAB 32000
 #define MAX_LAYERS 64
+#define MAX_TOKENS 64
+#define XQ_STRIDE (FF * 8) /* bytes between tokens' converted activations: any type's row */
+
+static int g_tok = 1; /* tokens per product (--tokens) */
 
 static double
 clock_s(clockid_t id)
@@ -95,6 +101,7 @@ typedef struct job {
     const mat_t *w[3];
     float *y[3];
     const void *x;
+    size_t xs; /* bytes between tokens of x */
     int64_t chunk;
     int64_t n_chunks[3];
     int64_t total;
@@ -134,13 +141,12 @@ job_run(void *arg, int64_t item, int ith)
         }
         return;
     }
-    size_t xs = 0; /* one token */
     if (w->packed != NULL) {
-        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1, j->x, xs, 1,
+        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1, j->x, j->xs, g_tok,
                                    j->y[wi], w->rows);
     } else {
-        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1, j->x, xs, 1, j->y[wi],
-                    w->rows);
+        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1, j->x, j->xs, g_tok,
+                    j->y[wi], w->rows);
     }
 }
 
@@ -155,9 +161,8 @@ static void
 conv_run(void *arg, int64_t i, int ith)
 {
     conv_job_t *c = arg;
-    (void)i;
     (void)ith;
-    c->conv(c->x, c->dst, c->n);
+    c->conv(c->x + i * FF, (char *)c->dst + i * XQ_STRIDE, c->n);
 }
 
 static uint8_t *
@@ -304,10 +309,12 @@ pass(sp_pool_t *pool, const sp_cpu_kernels_t *k, const model_t *md, int read_onl
         const int l_s = i % 7; /* 0 q, 3 o, 4 gate, 6 down; the output is alone */
         int n_w = i == md->n_m - 1 ? 1 : l_s == 0 ? 3 : l_s == 4 ? 2 : 1;
         const void *xa = x;
+        size_t xs = FF * sizeof(float);
         if (at != SP_TYPE_F32 && !read_only) {
             conv_job_t c = {k->from_float[at], x, xq, md->m[i].n};
-            sp_pool_run(pool, conv_run, &c, 1);
+            sp_pool_run(pool, conv_run, &c, g_tok);
             xa = xq;
+            xs = XQ_STRIDE;
             nj++;
         }
         job_t j;
@@ -316,15 +323,16 @@ pass(sp_pool_t *pool, const sp_cpu_kernels_t *k, const model_t *md, int read_onl
         j.type = md->type;
         j.n_w = n_w;
         j.x = xa;
+        j.xs = xs;
         j.read_only = read_only;
         int64_t rows = 0;
         for (int w = 0; w < n_w; w++) {
             rows += md->m[i + w].rows;
         }
-        j.chunk = sp__batch_mm_chunk(rows, nth, 1);
+        j.chunk = sp__batch_mm_chunk(rows, nth, g_tok);
         for (int w = 0; w < n_w; w++) {
             j.w[w] = &md->m[i + w];
-            j.y[w] = y + (size_t)w * VOCAB;
+            j.y[w] = y + (size_t)w * VOCAB * (size_t)g_tok;
             j.n_chunks[w] = (md->m[i + w].rows + j.chunk - 1) / j.chunk;
             j.total += j.n_chunks[w];
         }
@@ -403,26 +411,31 @@ main(int argc, char **argv)
             huge = 0;
         } else if (!strcmp(argv[i], "--no-repack")) {
             repack = 0;
+        } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            g_tok = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: decode_bench [--types LIST] [--layers N] [--threads-max T] "
-                            "[--runs N] [--4k] [--no-repack]\n");
+                            "[--runs N] [--4k] [--no-repack] [--tokens N]\n");
             return 2;
         }
     }
-    if (layers < 1 || layers > MAX_LAYERS || tmax < 1 || tmax > 64 || runs < 1) {
-        fprintf(stderr, "decode_bench: 1 <= --layers <= %d, 1 <= --threads-max <= 64, --runs >= 1\n",
-                MAX_LAYERS);
+    if (layers < 1 || layers > MAX_LAYERS || tmax < 1 || tmax > 64 || runs < 1 || g_tok < 1 ||
+        g_tok > MAX_TOKENS) {
+        fprintf(stderr, "decode_bench: 1 <= --layers <= %d, 1 <= --threads-max <= 64, --runs >= 1, "
+                        "1 <= --tokens <= %d\n",
+                MAX_LAYERS, MAX_TOKENS);
         return 2;
     }
     const sp_cpu_kernels_t *k = sp_cpu_kernels();
-    float *x = aligned_alloc(64, sizeof(float) * FF);
-    float *y = aligned_alloc(64, sizeof(float) * VOCAB * 3);
-    void *xq = aligned_alloc(64, sizeof(float) * FF * 2);
-    for (int i = 0; i < FF; i++) {
+    /* g_tok tokens of activations (token t's row FF floats / XQ_STRIDE bytes after t - 1's) */
+    float *x = aligned_alloc(64, sizeof(float) * FF * (size_t)g_tok);
+    float *y = aligned_alloc(64, sizeof(float) * VOCAB * 3 * (size_t)g_tok);
+    void *xq = aligned_alloc(64, (size_t)XQ_STRIDE * (size_t)g_tok);
+    for (int64_t i = 0; i < (int64_t)FF * g_tok; i++) {
         x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
     }
-    printf("decode_bench: kernels=%s layers=%d pages=%s best of %d, GB = 1e9 B\n", k->name,
-           layers, huge ? "thp" : "4k", runs);
+    printf("decode_bench: kernels=%s layers=%d pages=%s tokens=%d best of %d, GB = 1e9 B\n",
+           k->name, layers, huge ? "thp" : "4k", g_tok, runs);
     printf("%-6s %-7s %3s %9s %9s %9s %7s %6s %8s %9s %9s %9s %10s\n", "type", "layout", "thr",
            "MB/pass", "read", "gemv", "share", "jobs", "us/job", "hot-gemv", "old-gemv",
            "old-hot", "cpu-share");

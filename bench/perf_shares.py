@@ -52,7 +52,7 @@ def main():
         name = next((k for k, rx in CATS if re.search(rx, sym)), "rest")
         shares[name] += n
     print("%d samples: " % tot + " ".join("%s=%.1f%%" % (k, 100.0 * v / tot) for k, v in shares.items()))
-    print("top: " + ", ".join("%s %.1f%%" % (s, 100.0 * n / tot) for s, n in c.most_common(4)))
+    print("top: " + ", ".join("%s %.1f%%" % (s, 100.0 * n / tot) for s, n in c.most_common(int(__import__("os").environ.get("TOP", "4")))))
 
 
 if __name__ == "__main__":
