@@ -9,8 +9,9 @@ Only the samples of the last DECODE_MS milliseconds (the 'decode: ... in X ms' l
 model load and load-time repacking stay out. Each sample goes to the category of its leaf
 symbol: weight products, activation conversion, attention, norms/rope/SwiGLU, pool wait/spin
 (yields, spins, futex, the hypervisor's irq path under them), the rest. Prints the shares and
-the four hottest symbols. cpu-clock needs no hardware counters (virtual machines often lack them).
+the four hottest symbols (TOP=N in the environment: N). cpu-clock needs no hardware counters (virtual machines often lack them).
 """
+import os
 import re
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def main():
         name = next((k for k, rx in CATS if re.search(rx, sym)), "rest")
         shares[name] += n
     print("%d samples: " % tot + " ".join("%s=%.1f%%" % (k, 100.0 * v / tot) for k, v in shares.items()))
-    print("top: " + ", ".join("%s %.1f%%" % (s, 100.0 * n / tot) for s, n in c.most_common(int(__import__("os").environ.get("TOP", "4")))))
+    print("top: " + ", ".join("%s %.1f%%" % (s, 100.0 * n / tot) for s, n in c.most_common(int(os.environ.get("TOP", "4")))))
 
 
 if __name__ == "__main__":
