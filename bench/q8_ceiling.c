@@ -22,8 +22,11 @@
  *    - "int16 2x4": weights and activations widened to int16 beforehand, VPMADDWD + VPADDD
  *      only (16 MACs per multiply instead of 32 per two), the same 2 x 4 tile. (A kernel built
  *      on it was faster alone but not inside the engine: docs/design.md.)
- *    None counts the reference's per-block float step (convert, two multiplies, an add), which
- *    every form pays the same.
+ *    - "int8 xor-sign": the sign applied by VPXOR + VPSUBB with a per-weight mask (-1 where
+ *      w < 0, made once per block) instead of VPSIGNB, to move it off the multiply pipes;
+ *    None of these counts the reference's per-block float step (a broadcast of the token's
+ *    scale, two multiplies, a convert, an add), which every form pays the same; the last two
+ *    lines add it to the 1-token loops, one step per 8 rows x 32 MACs.
  * 4. The kernel itself: sp__repack_q8_0_gemm_wide_avx2 on a 256-row slice x 512 tokens of a
  *    2048-wide matrix (the slice a prefill work item gets; weights and activations in L2),
  *    thread CPU time (qbench.h), best of 5, as GMAC/s and MACs per cycle at the clock of step 1.
@@ -83,6 +86,22 @@ static int32_t scratch[1024] __attribute__((aligned(64)));
     "vpmaddwd %%ymm15,%%ymm13,%%ymm13\n\t"                                                     \
     "vpaddd %%ymm13,%%ymm8,%%ymm8\n\t"
 #define I8_TOKEN I8(0) I8(1) I8(2) I8(3) I8(4) I8(5) I8(6) I8(7)
+
+/* int8 with the sign by mask: x ^ m - m (m at scratch + 32 k) in place of VPSIGNB */
+#define XS(k)                                                                                  \
+    "vpbroadcastd 512+4*" #k "(%0),%%ymm12\n\t"                                                \
+    "vpxor 32*" #k "(%0),%%ymm12,%%ymm13\n\t"                                                  \
+    "vpsubb 32*" #k "(%0),%%ymm13,%%ymm13\n\t"                                                 \
+    "vpmaddubsw %%ymm13,%%ymm" #k ",%%ymm13\n\t"                                               \
+    "vpmaddwd %%ymm15,%%ymm13,%%ymm13\n\t"                                                     \
+    "vpaddd %%ymm13,%%ymm8,%%ymm8\n\t"
+#define XS_TOKEN XS(0) XS(1) XS(2) XS(3) XS(4) XS(5) XS(6) XS(7)
+
+/* the reference's float step of one block and token, 8 rows: d = w.d * x.d (the token's
+ * scale broadcast), sum += (float)isum * d; the block sum in ymm8, the float sum in ymm11 */
+#define FSTEP                                                                                  \
+    "vbroadcastss 600(%0),%%ymm9\n\tvmulps 640(%0),%%ymm9,%%ymm9\n\t"                            \
+    "vcvtdq2ps %%ymm8,%%ymm10\n\tvmulps %%ymm10,%%ymm9,%%ymm9\n\tvaddps %%ymm9,%%ymm11,%%ymm11\n\t"
 
 /* int8 tile: w of the two groups in ymm0/1, |w| in ymm2/3, ones16 in ymm4, the broadcast in
  * ymm5, products in ymm6/7, the 8 block sums (2 groups x 4 tokens) in ymm8..15 */
@@ -233,7 +252,7 @@ main(void)
     printf("\n");
 
     double c;
-    printf("exact Q8_0 block-sum loops, operands in L1 (MACs per cycle, float step not counted)\n");
+    printf("exact Q8_0 block-sum loops, operands in L1 (MACs per cycle; the float step only where said)\n");
     __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n\tvpsrlw $15,%%ymm15,%%ymm15" ::
                          : "xmm15");
     TIME_ASM(c, I8_TOKEN I8_TOKEN I8_TOKEN I8_TOKEN);
@@ -242,7 +261,15 @@ main(void)
     TIME_ASM(c, I8K(0) I8K(128) I8K(256) I8K(384));
     printf("  int8 tile 2 groups x 4 tokens    %.1f\n", 4 * 256 / c);
     TIME_ASM(c, I16P(0) I16P(64) I16P(128) I16P(192));
-    printf("  int16 tile 2 groups x 4 tokens   %.1f\n\n", 4 * 128 / c);
+    printf("  int16 tile 2 groups x 4 tokens   %.1f\n", 4 * 128 / c);
+    __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n\tvpsrlw $15,%%ymm15,%%ymm15" ::
+                         : "xmm15");
+    TIME_ASM(c, XS_TOKEN XS_TOKEN XS_TOKEN XS_TOKEN);
+    printf("  int8 xor-sign, 1 token x 8 rows  %.1f\n", 4 * 256 / c);
+    TIME_ASM(c, I8_TOKEN FSTEP I8_TOKEN FSTEP I8_TOKEN FSTEP I8_TOKEN FSTEP);
+    printf("  int8, 1 token, + float step      %.1f   (the kernel's loop whole)\n", 4 * 256 / c);
+    TIME_ASM(c, XS_TOKEN FSTEP XS_TOKEN FSTEP XS_TOKEN FSTEP XS_TOKEN FSTEP);
+    printf("  int8 xor-sign, + float step      %.1f\n\n", 4 * 256 / c);
 
     const int64_t rows = 256, n = 2048, toks = 512;
     const double s = kernel_seconds(rows, n, toks);
