@@ -326,7 +326,7 @@ rp_iq4_step(__m256i ai, __m256i aw, __m256i w, const int8_t *xq, __m256i S)
  * same exact sums, so the same bits for any T.
  */
 RP_INLINE void
-rp_tile_iq4xs_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+rp_tile_iq4xs_wide(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                    __m256 out[RP_XS_TM])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -343,9 +343,6 @@ rp_tile_iq4xs_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_IQ4XS_BLOCK_BYTES;
-        if (pf) {
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_IQ4XS_BLOCK_BYTES);
-        }
         const size_t xb = (size_t)b * sizeof(sp_block_q8_k);
         __m256i half[RP_XS_TM]; /* row set 0's sums while row set 1 runs */
 #pragma GCC unroll 2
@@ -515,9 +512,16 @@ RP_TILE_Q4K(4)
                  rp_tile_iq4xs(T, true, nb, g, x, xs, out))
 RP_TILE_IQ4XS(1)
 
+/* IQ4_XS's wide tiles have no prefetching form: their lookups make 2-8 tokens compute-bound,
+ * and a prefetch there measured 0.92-0.97x even on weights streaming from memory (kernel_ab) */
 #define RP_TILE_IQ4XS_WIDE(T)                                                                  \
-    RP_TILE_PAIR(iq4_xs_wide, T, rp_tile_iq4xs_wide(T, false, nb, g, x, xs, out),              \
-                 rp_tile_iq4xs_wide(T, true, nb, g, x, xs, out))
+    static void iq4_xs_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
+                                const int32_t *xsum, const float *xd, __m256 *out)             \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        rp_tile_iq4xs_wide(T, nb, g, x, xs, out);                                              \
+    }
 RP_TILE_IQ4XS_WIDE(2)
 RP_TILE_IQ4XS_WIDE(3)
 RP_TILE_IQ4XS_WIDE(4)
@@ -554,8 +558,8 @@ static rp_tiles_t q4_k_tiles = {
 static rp_tiles_t iq4_xs_tiles = {
     {NULL, iq4_xs_tile_1, iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4, iq4_xs_wide_5,
      iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8},
-    {NULL, iq4_xs_tile_pf_1, iq4_xs_wide_pf_2, iq4_xs_wide_pf_3, iq4_xs_wide_pf_4,
-     iq4_xs_wide_pf_5, iq4_xs_wide_pf_6, iq4_xs_wide_pf_7, iq4_xs_wide_pf_8}};
+    {NULL, iq4_xs_tile_pf_1, iq4_xs_wide_2, iq4_xs_wide_3, iq4_xs_wide_4, iq4_xs_wide_5,
+     iq4_xs_wide_6, iq4_xs_wide_7, iq4_xs_wide_8}};
 static rp_tiles_t iq4_nl_tiles = {
     {NULL, iq4_nl_tile_1, iq4_nl_wide_2, iq4_nl_wide_3, iq4_nl_wide_4, iq4_nl_wide_5,
      iq4_nl_wide_6, iq4_nl_wide_7, iq4_nl_wide_8},
