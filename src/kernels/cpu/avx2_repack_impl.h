@@ -285,11 +285,18 @@ rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, 
                 __m256 out[RPX_OUT_MAX];
                 tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
                             p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
-                for (int tt = 0; tt < T; tt++) {
+                const int64_t row0 = g * SP_REPACK_ROWS;
+                if (row0 >= r0 && row0 + SP_REPACK_ROWS <= r1) { /* the whole group */
+                    for (int tt = 0; tt < T; tt++) {
+                        _mm256_storeu_ps(y + (t + tt) * ldy + row0, out[tt]);
+                    }
+                    continue;
+                }
+                for (int tt = 0; tt < T; tt++) { /* a range's first or last group, cut */
                     float o[SP_REPACK_ROWS];
                     _mm256_storeu_ps(o, out[tt]);
                     for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = g * SP_REPACK_ROWS + r;
+                        const int64_t row = row0 + r;
                         if (row >= r0 && row < r1) {
                             y[(t + tt) * ldy + row] = o[r];
                         }
