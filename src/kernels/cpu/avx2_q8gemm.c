@@ -53,9 +53,8 @@ bcast4(const uint8_t *p)
  * One group (8 rows, g) x tokens [0, T) of a chunk (x, xs bytes apart) over all nb blocks.
  * xd[t * nb + b]: token t's block b scale. acc[t]: the 8 rows' sums of token t. pf: the
  * group's first pass (its weights come from memory; later chunks find them in L2), which
- * prefetches SP_PF_ONE_TOKEN ahead: with 8 tokens a block is ~120 cycles of work, too
- * little for the hardware's streamer alone to keep the loads ahead (one thread on an AMD
- * Zen 3: 8 tokens over 71 MB of weights ran 6-8% faster with it, 2-4 token tiles 15-33%).
+ * prefetches SP_PF_ONE_TOKEN ahead as the few-token tiles do (avx2_repack.c): 8-16 tokens
+ * over weights streaming from memory ran 1.00-1.12x with it on an AMD Zen 3 (bench/kernel_ab).
  */
 static void
 qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const float *xd,

@@ -284,7 +284,7 @@ rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, 
                 const rpx_tile_fn *tiles = t == 0 && p->tiles_pf ? p->tiles_pf : p->tiles;
                 __m256 out[RPX_OUT_MAX];
                 tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
-                            p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
+                         p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
                 const int64_t row0 = g * SP_REPACK_ROWS;
                 if (row0 >= r0 && row0 + SP_REPACK_ROWS <= r1) { /* the whole group */
                     for (int tt = 0; tt < T; tt++) {
