@@ -30,7 +30,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "kernels/cpu/repack_impl.h"
+#include "kernels/cpu/avx2_repack_impl.h"
 
 #define QW_INLINE static inline __attribute__((always_inline))
 
@@ -67,9 +67,7 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = g + (size_t)b * SP_REPACK_Q8_0_BLOCK_BYTES;
         if (pf) {
-            for (int i = 0; i < SP_REPACK_Q8_0_BLOCK_BYTES; i += 64) {
-                _mm_prefetch((const char *)pb + SP_PF_ONE_TOKEN + i, _MM_HINT_T0);
-            }
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q8_0_BLOCK_BYTES);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
         /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5} (one row a 64-bit lane), chunk

@@ -466,24 +466,22 @@ rp_tile_iq4nl_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *
 
 typedef rpx_tile_fn rp_tile_fn;
 
+/* A tile as an rpx_tile_fn named fname whose body is call (over nb, g, x, xs, xsum, xd, out). */
+#define RP_TILE_FN(fname, call)                                                                \
+    static void fname(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,               \
+                      const int32_t *xsum, const float *xd, __m256 *out)                       \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call;                                                                                  \
+    }
+
 /* Every tile comes twice: name_T reads weights already in cache (a group's later token tiles
  * and chunks), name_pf_T prefetches them SP_PF_ONE_TOKEN ahead (the first pass over a group,
  * which streams them from memory: rpx_gemm picks it). */
 #define RP_TILE_PAIR(name, T, call_plain, call_pf)                                             \
-    static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
-                           const int32_t *xsum, const float *xd, __m256 *out)                  \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        call_plain;                                                                            \
-    }                                                                                          \
-    static void name##_pf_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,       \
-                              const int32_t *xsum, const float *xd, __m256 *out)               \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        call_pf;                                                                               \
-    }
+    RP_TILE_FN(name##_##T, call_plain)                                                         \
+    RP_TILE_FN(name##_pf_##T, call_pf)
 
 #define RP_TILE(name, kind, T)                                                                 \
     RP_TILE_PAIR(name, T, rp_tile(kind, T, false, nb, g, x, xs, xsum, xd, out),                \
@@ -515,13 +513,7 @@ RP_TILE_IQ4XS(1)
 /* IQ4_XS's wide tiles have no prefetching form: their lookups make 2-8 tokens compute-bound,
  * and a prefetch there measured 0.92-0.97x even on weights streaming from memory (kernel_ab) */
 #define RP_TILE_IQ4XS_WIDE(T)                                                                  \
-    static void iq4_xs_wide_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,     \
-                                const int32_t *xsum, const float *xd, __m256 *out)             \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        rp_tile_iq4xs_wide(T, nb, g, x, xs, out);                                              \
-    }
+    RP_TILE_FN(iq4_xs_wide_##T, rp_tile_iq4xs_wide(T, nb, g, x, xs, out))
 RP_TILE_IQ4XS_WIDE(2)
 RP_TILE_IQ4XS_WIDE(3)
 RP_TILE_IQ4XS_WIDE(4)
