@@ -77,13 +77,6 @@ run2(const run_t *c)
 
 static uint64_t seed = 1;
 
-static float
-rnd(void)
-{
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((int64_t)(seed >> 33) % 2001 - 1000) * 1e-3f;
-}
-
 /* One type and row count; 0 when the outputs agree, 1 on a mismatch, -1 when not measured. */
 static int
 ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t rows, int threads)
@@ -112,13 +105,13 @@ ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t 
     }
     for (int64_t r = 0; r < rows; r++) {
         for (int i = 0; i < N; i++) {
-            f[i] = 0.05f * rnd();
+            f[i] = 0.05f * qbench_rnd(&seed);
         }
         sp_quantize_row(wt, f, w + (size_t)r * wrow, N);
     }
     for (int t = 0; t < MAX_TOK; t++) {
         for (int i = 0; i < N; i++) {
-            f[i] = rnd();
+            f[i] = qbench_rnd(&seed);
         }
         k->from_float[at](f, x + (size_t)t * xrow, N);
     }

@@ -161,15 +161,6 @@ calibrate(void)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
-static float
-rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((int64_t)(rng >> 11) % 2001 - 1000) * 1e-3f;
-}
-
 typedef struct {
     int64_t rows, n, toks;
     size_t rb, gb;
@@ -200,12 +191,12 @@ kernel_seconds(int64_t rows, int64_t n, int64_t toks)
     if (k != NULL && w && x && p && f && y) {
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t i = 0; i < n; i++)
-                f[i] = 0.05f * rnd();
+                f[i] = 0.05f * qbench_rnd(&rng);
             sp_quantize_row(SP_TYPE_Q8_0, f, w + (size_t)r * rb, n);
         }
         for (int64_t t = 0; t < toks; t++) {
             for (int64_t i = 0; i < n; i++)
-                f[i] = rnd();
+                f[i] = qbench_rnd(&rng);
             k->from_float[SP_TYPE_Q8_0](f, x + (size_t)t * rb, n);
         }
         sp_repack_pack(SP_TYPE_Q8_0, n, w, rb, rows, 0, (rows + 7) / 8, p);

@@ -1,13 +1,14 @@
 /*
  * qbench.h - the shared preamble of the quantized-kernel micro benchmarks (kquants2_bench.c,
- * q32_bench.c): the thread-CPU-time clock, best-of-N timing of one measured call, and the
- * command-line filter on type and level names. Header-only (static functions), one thread, no
- * allocation.
+ * q32_bench.c, ...): the thread-CPU-time clock, best-of-N timing of one measured call, the
+ * command-line filter on type and level names, and the random values the benches quantize.
+ * Header-only (static functions), one thread, no allocation.
  */
 #ifndef SP_BENCH_QBENCH_H
 #define SP_BENCH_QBENCH_H
 
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,15 @@ qbench_best(void (*fn)(void *), void *ctx, int reps, int tries)
         best = dt < best ? dt : best;
     }
     return best;
+}
+
+/* A pseudo-random value in [-1, 1] in steps of 0.001 (a 64-bit LCG on *state): the weights
+ * and activations the benches quantize; speed does not depend on them, only on their spread. */
+static inline float
+qbench_rnd(uint64_t *state)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((int64_t)(*state >> 33) % 2001 - 1000) * 1e-3f;
 }
 
 /* Whether a level / type pair is selected by the arguments: none selects everything; each

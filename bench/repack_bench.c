@@ -43,13 +43,6 @@ run(void *ctx)
 
 static uint64_t seed = 12345;
 
-static float
-rnd(void)
-{
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((int64_t)(seed >> 33) % 2001 - 1000) * 1e-3f;
-}
-
 /* old and new seconds per call, best of 5 alternating runs */
 static void
 ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int64_t n,
@@ -68,12 +61,12 @@ ab(const sp_cpu_kernels_t *k, sp_type_t wt, const char *what, int64_t rows, int6
     float *f = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * (size_t)(rows * toks));
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < n; i++)
-            f[i] = 0.05f * rnd();
+            f[i] = 0.05f * qbench_rnd(&seed);
         sp_quantize_row(wt, f, w + (size_t)r * wrow, n);
     }
     for (int64_t t = 0; t < toks; t++) {
         for (int64_t i = 0; i < n; i++)
-            f[i] = rnd();
+            f[i] = qbench_rnd(&seed);
         k->from_float[at](f, x + (size_t)t * xrow, n);
     }
     const int gr1 = sp_repack_layout_rows(l1), gr2 = sp_repack_layout_rows(l2);
