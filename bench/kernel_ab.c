@@ -86,13 +86,14 @@ ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t 
         printf("%s: no packed gemm at this level\n", sp_type_name(wt));
         return -1;
     }
-    if (threads > 1 && (double)sp_repack_bytes_in(k->repack_layout[wt], wt, N, rows) <= 32e6) {
+    const sp_repack_layout_t l = k->repack_layout[wt];
+    const size_t pbytes = (sp_repack_bytes_in(l, wt, N, rows) + 63) & ~(size_t)63;
+    const int cold = (double)pbytes > 32e6; /* beyond this CPU's L3: streams from memory */
+    if (threads > 1 && !cold) {
         return -1; /* hot: see the header */
     }
     const sp_type_t at = k->vec_dot_type[wt];
     const size_t wrow = sp_row_size(wt, N), xrow = sp_row_size(at, N);
-    const sp_repack_layout_t l = k->repack_layout[wt];
-    const size_t pbytes = (sp_repack_bytes_in(l, wt, N, rows) + 63) & ~(size_t)63;
     uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * MAX_TOK);
     uint8_t *wp = aligned_alloc(64, pbytes);
     float *f = malloc(sizeof(float) * N);
@@ -120,7 +121,7 @@ ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t 
     const size_t gb = sp_repack_group_bytes_in(l, wt, N);
     static const int toks[] = {1, 2, 3, 4, 6, 8, 16, 64};
     printf("%-7s %6lld rows (%s, %d thread%s):", sp_type_name(wt), (long long)rows,
-           (double)pbytes > 32e6 ? "cold" : "hot", threads, threads > 1 ? "s" : "");
+           cold ? "cold" : "hot", threads, threads > 1 ? "s" : "");
     rc = 0;
     for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
         run_t cn = {k->repack_gemm[wt], N, rows, toks[i], wp, x, gb, xrow, out};
