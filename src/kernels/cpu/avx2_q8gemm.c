@@ -138,12 +138,8 @@ sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t ws, int64_t r0, 
         for (int64_t g = g0; g < g1; g++) {
             qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xs, (int)(t1 - t0), xd, t0 == 0,
                      acc);
-            const int64_t ra = g * SP_REPACK_ROWS > r0 ? g * SP_REPACK_ROWS : r0;
-            const int64_t rb = (g + 1) * SP_REPACK_ROWS < r1 ? (g + 1) * SP_REPACK_ROWS : r1;
             for (int64_t t = t0; t < t1; t++) {
-                for (int64_t r = ra; r < rb; r++) {
-                    y[t * ldy + r] = acc[t - t0][r - g * SP_REPACK_ROWS];
-                }
+                rpx_store_group(y + t * ldy, g, r0, r1, _mm256_load_ps(acc[t - t0]));
             }
         }
     }

@@ -245,6 +245,26 @@ typedef struct {
     float *xd;
 } rpx_plan_t;
 
+/* One token's results of group g (lane r = row 8 g + r) into its output row yt, the rows
+ * [r0, r1) only: one vector store for a whole group, lane by lane for a range's cut first or
+ * last group. */
+static inline void
+rpx_store_group(float *yt, int64_t g, int64_t r0, int64_t r1, __m256 v)
+{
+    const int64_t row0 = g * SP_REPACK_ROWS;
+    if (row0 >= r0 && row0 + SP_REPACK_ROWS <= r1) {
+        _mm256_storeu_ps(yt + row0, v);
+        return;
+    }
+    float o[SP_REPACK_ROWS];
+    _mm256_storeu_ps(o, v);
+    for (int r = 0; r < SP_REPACK_ROWS; r++) {
+        if (row0 + r >= r0 && row0 + r < r1) {
+            yt[row0 + r] = o[r];
+        }
+    }
+}
+
 /* Tokens per chunk: the activations of chunk_bytes, at most cap (0: none), a multiple of tm
  * and at least tm. */
 static inline int64_t
@@ -285,22 +305,8 @@ rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, 
                 __m256 out[RPX_OUT_MAX];
                 tiles[T](p->nb, wg, (const uint8_t *)x + (size_t)t * xs, xs,
                          p->fill ? p->xsum + so : NULL, p->fill ? p->xd + so : NULL, out);
-                const int64_t row0 = g * SP_REPACK_ROWS;
-                if (row0 >= r0 && row0 + SP_REPACK_ROWS <= r1) { /* the whole group */
-                    for (int tt = 0; tt < T; tt++) {
-                        _mm256_storeu_ps(y + (t + tt) * ldy + row0, out[tt]);
-                    }
-                    continue;
-                }
-                for (int tt = 0; tt < T; tt++) { /* a range's first or last group, cut */
-                    float o[SP_REPACK_ROWS];
-                    _mm256_storeu_ps(o, out[tt]);
-                    for (int r = 0; r < SP_REPACK_ROWS; r++) {
-                        const int64_t row = row0 + r;
-                        if (row >= r0 && row < r1) {
-                            y[(t + tt) * ldy + row] = o[r];
-                        }
-                    }
+                for (int tt = 0; tt < T; tt++) {
+                    rpx_store_group(y + (t + tt) * ldy, g, r0, r1, out[tt]);
                 }
             }
         }
