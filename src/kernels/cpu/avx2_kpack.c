@@ -165,7 +165,7 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
 KP_INLINE void
 kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
 {
-    rpx_tile_k45(true, false, T, nb, g, x, xs, out);
+    rpx_tile_k45(true, false, 1, T, nb, g, 0, x, xs, out);
 }
 
 #define KP_TILE(name, fn, T)                                                                   \

@@ -46,7 +46,9 @@
  * decode is a table lookup per 8-element slice, run up to 8 (RP_XS_TM) in a loop order that
  * decodes one slice of one row set and then runs every token against it, so only the tokens'
  * int32 sums, the slice (w, |w|) and the scale are live: no spills in the hot loop. One token
- * keeps the 4-token tile's code (the decode path). docs/design.md has the measurements.
+ * keeps the 4-token tile's code (the decode path); Q4_0, IQ4_NL, Q8_0 and Q4_K run it over two
+ * groups at once (rpx_gemv_two: two weight streams from memory instead of one, 1.1-1.3x).
+ * docs/design.md has the measurements.
  *
  * Pure functions, any thread, no heap; up to 64 KiB of stack for the per-token scratch
  * (8 * sum(x) and x's scale per block of the tokens in flight).
@@ -70,22 +72,120 @@ _Static_assert(RP_XS_TM >= RP_TM && RP_XS_TM <= RPX_OUT_MAX, "the driver's out a
 
 enum { RP_Q4_0, RP_IQ4_NL, RP_Q8_0, RP_Q4_K, RP_IQ4_XS };
 
-/*
- * One group (8 rows) x T tokens over all nb blocks. xsum[t * nb + b] = 8 * sum of token t's
- * block b quants (Q4_0 only), xd[t * nb + b] = its scale. Out: the 8 rows' results of each
- * token (lane r = row r).
- */
+/* One block b of a group (its packed bytes at pb) x T tokens, into acc[t] (token t's lanes).
+ * xsum[t * nb + b] = 8 * sum of token t's block b quants (Q4_0 only), xd[t * nb + b] = its
+ * scale. */
 RP_INLINE void
-rp_tile(int kind, int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-        const int32_t *xsum, const float *xd, __m256 out[RP_TM])
+rp_block(int kind, int T, const uint8_t *pb, int64_t b, int64_t nb, const uint8_t *x, size_t xs,
+         const int32_t *xsum, const float *xd, __m256 acc[][SP_Q32_LANES])
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m128i grid = _mm_loadu_si128((const __m128i *)sp__kvalues_iq4nl);
     const __m256i lut = _mm256_set_m128i(grid, grid);
-    __m256 acc[RP_TM][SP_Q32_LANES];
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+    if (kind == RP_Q8_0) {
+        /* chunk c: bytes 8 (c / 2) .. + 7 of rows {0,1,4,5} (c even) or {2,3,6,7} */
+        __m256i wq[8], aw[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            wq[c] = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
+            aw[c] = _mm256_sign_epi8(wq[c], wq[c]);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
+            __m256i p[2];
+#pragma GCC unroll 8
+            for (int s = 0; s < 2; s++) {
+                __m256i v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 4; k++) {
+                    const int c = s + 2 * k;
+                    const __m256i pr = _mm256_maddubs_epi16(
+                        aw[c], _mm256_sign_epi8(rpx_bcast8(xq + 8 * k), wq[c]));
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
+                }
+                p[s] = v;
+            }
+            const __m256i isum = _mm256_hadd_epi32(p[0], p[1]);
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+            acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+        }
+        return;
+    }
+    /* q[c][0]: low nibbles of chunk c, q[c][1]: high nibbles. Chunk 0 / 2 hold rows
+     * {0,1,4,5} bytes 0..7 / 8..15, chunk 1 / 3 rows {2,3,6,7}; a byte's low nibble is
+     * element j, its high nibble element j + 16. */
+    __m256i q[4][2];
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
+        q[c][0] = _mm256_and_si256(raw, m4);
+        q[c][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (kind == RP_IQ4_NL) {
+            q[c][0] = _mm256_shuffle_epi8(lut, q[c][0]);
+            q[c][1] = _mm256_shuffle_epi8(lut, q[c][1]);
+        }
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
+        const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
+        /* elements 0..7, 8..15, 16..23, 24..31 of the token, in every 64-bit lane */
+        const __m256i X[4] = {rpx_bcast8(xq), rpx_bcast8(xq + 8), rpx_bcast8(xq + 16),
+                              rpx_bcast8(xq + 24)};
+        __m256i isum;
+        if (kind == RP_Q4_0) {
+            __m256i p[2];
+#pragma GCC unroll 8
+            for (int s = 0; s < 2; s++) { /* s = 0: rows {0,1,4,5}, 1: {2,3,6,7} */
+                __m256i v = _mm256_maddubs_epi16(q[s][0], X[0]);
+                v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][0], X[1]));
+                v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s][1], X[2]));
+                v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][1], X[3]));
+                p[s] = _mm256_madd_epi16(v, ones16);
+            }
+            isum = _mm256_sub_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                    _mm256_set1_epi32(xsum[t * nb + b]));
+        } else {
+            __m256i p[2];
+#pragma GCC unroll 8
+            for (int s = 0; s < 2; s++) {
+                const __m256i *w4[4] = {&q[s][0], &q[s + 2][0], &q[s][1], &q[s + 2][1]};
+                __m256i v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 4; k++) {
+                    const __m256i w = *w4[k];
+                    const __m256i pr =
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(X[k], w));
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
+                }
+                p[s] = v;
+            }
+            isum = _mm256_hadd_epi32(p[0], p[1]);
+        }
+        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+        if (kind == RP_Q4_0) {
+            acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
+        } else {
+            const int l = (int)(b % SP_Q32_LANES);
+            acc[t][l] = _mm256_add_ps(acc[t][l], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
+        }
+    }
+}
+
+/*
+ * G groups (8 rows each, gstep bytes apart) x T tokens over all nb blocks, the groups' blocks
+ * interleaved (G = 2 only at one token: rpx_gemv_two). Out: out[gi * T + t] holds group gi's
+ * 8 rows' results for token t (lane r = row r).
+ */
+RP_INLINE void
+rp_tile(int kind, int G, int T, bool pf, int64_t nb, const uint8_t *g, size_t gstep,
+        const uint8_t *x, size_t xs, const int32_t *xsum, const float *xd, __m256 out[RP_TM])
+{
+    __m256 acc[RP_TM][SP_Q32_LANES];
+#pragma GCC unroll 8
+    for (int t = 0; t < G * T; t++) {
 #pragma GCC unroll 8
         for (int l = 0; l < SP_Q32_LANES; l++) {
             acc[t][l] = _mm256_setzero_ps();
@@ -93,101 +193,17 @@ rp_tile(int kind, int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x
     }
     const size_t pblk = kind == RP_Q8_0 ? SP_REPACK_Q8_0_BLOCK_BYTES : SP_REPACK_BLOCK_BYTES;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * pblk;
-        if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)pblk);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
-        if (kind == RP_Q8_0) {
-            /* chunk c: bytes 8 (c / 2) .. + 7 of rows {0,1,4,5} (c even) or {2,3,6,7} */
-            __m256i wq[8], aw[8];
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                wq[c] = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
-                aw[c] = _mm256_sign_epi8(wq[c], wq[c]);
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) { /* acc[gi * T + t]: group gi, token t */
+            const uint8_t *pb = g + (size_t)gi * gstep + (size_t)b * pblk;
+            if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+                rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)pblk);
             }
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
-                __m256i p[2];
-#pragma GCC unroll 8
-                for (int s = 0; s < 2; s++) {
-                    __m256i v = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                    for (int k = 0; k < 4; k++) {
-                        const int c = s + 2 * k;
-                        const __m256i pr = _mm256_maddubs_epi16(
-                            aw[c], _mm256_sign_epi8(rpx_bcast8(xq + 8 * k), wq[c]));
-                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
-                    }
-                    p[s] = v;
-                }
-                const __m256i isum = _mm256_hadd_epi32(p[0], p[1]);
-                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
-                acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
-            }
-            continue;
-        }
-        /* q[c][0]: low nibbles of chunk c, q[c][1]: high nibbles. Chunk 0 / 2 hold rows
-         * {0,1,4,5} bytes 0..7 / 8..15, chunk 1 / 3 rows {2,3,6,7}; a byte's low nibble is
-         * element j, its high nibble element j + 16. */
-        __m256i q[4][2];
-#pragma GCC unroll 8
-        for (int c = 0; c < 4; c++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * c));
-            q[c][0] = _mm256_and_si256(raw, m4);
-            q[c][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if (kind == RP_IQ4_NL) {
-                q[c][0] = _mm256_shuffle_epi8(lut, q[c][0]);
-                q[c][1] = _mm256_shuffle_epi8(lut, q[c][1]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const int8_t *xq = (const int8_t *)(x + (size_t)t * xs + (size_t)b * 34 + 2);
-            /* elements 0..7, 8..15, 16..23, 24..31 of the token, in every 64-bit lane */
-            const __m256i X[4] = {rpx_bcast8(xq), rpx_bcast8(xq + 8), rpx_bcast8(xq + 16), rpx_bcast8(xq + 24)};
-            __m256i isum;
-            if (kind == RP_Q4_0) {
-                __m256i p[2];
-#pragma GCC unroll 8
-                for (int s = 0; s < 2; s++) { /* s = 0: rows {0,1,4,5}, 1: {2,3,6,7} */
-                    __m256i v = _mm256_maddubs_epi16(q[s][0], X[0]);
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][0], X[1]));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s][1], X[2]));
-                    v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[s + 2][1], X[3]));
-                    p[s] = _mm256_madd_epi16(v, ones16);
-                }
-                isum = _mm256_sub_epi32(_mm256_hadd_epi32(p[0], p[1]),
-                                        _mm256_set1_epi32(xsum[t * nb + b]));
-            } else {
-                __m256i p[2];
-#pragma GCC unroll 8
-                for (int s = 0; s < 2; s++) {
-                    const __m256i *w4[4] = {&q[s][0], &q[s + 2][0], &q[s][1], &q[s + 2][1]};
-                    __m256i v = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                    for (int k = 0; k < 4; k++) {
-                        const __m256i w = *w4[k];
-                        const __m256i pr = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
-                                                                _mm256_sign_epi8(X[k], w));
-                        v = _mm256_add_epi32(v, _mm256_madd_epi16(pr, ones16));
-                    }
-                    p[s] = v;
-                }
-                isum = _mm256_hadd_epi32(p[0], p[1]);
-            }
-            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
-            if (kind == RP_Q4_0) {
-                acc[t][0] = _mm256_add_ps(acc[t][0], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d));
-            } else {
-                const int l = (int)(b % SP_Q32_LANES);
-                acc[t][l] = _mm256_add_ps(acc[t][l], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
-            }
+            rp_block(kind, T, pb, b, nb, x, xs, xsum, xd, acc + gi * T);
         }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < G * T; t++) {
         if (kind != RP_IQ4_NL) {
             out[t] = acc[t][0];
         } else { /* sp__q32_sum_lanes, lane-wise */
@@ -199,7 +215,6 @@ rp_tile(int kind, int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *x
         }
     }
 }
-
 
 /*
  * IQ4_XS: one group (8 rows) x T tokens over all nb super-blocks; x is Q8_K.
@@ -484,8 +499,8 @@ typedef rpx_tile_fn rp_tile_fn;
     RP_TILE_FN(name##_pf_##T, call_pf)
 
 #define RP_TILE(name, kind, T)                                                                 \
-    RP_TILE_PAIR(name, T, rp_tile(kind, T, false, nb, g, x, xs, xsum, xd, out),                \
-                 rp_tile(kind, T, true, nb, g, x, xs, xsum, xd, out))
+    RP_TILE_PAIR(name, T, rp_tile(kind, 1, T, false, nb, g, 0, x, xs, xsum, xd, out),          \
+                 rp_tile(kind, 1, T, true, nb, g, 0, x, xs, xsum, xd, out))
 RP_TILE(q4_0_tile, RP_Q4_0, 1)
 RP_TILE(q4_0_tile, RP_Q4_0, 2)
 RP_TILE(q4_0_tile, RP_Q4_0, 3)
@@ -496,10 +511,29 @@ RP_TILE(q8_0_tile, RP_Q8_0, 2)
 RP_TILE(q8_0_tile, RP_Q8_0, 3)
 RP_TILE(q8_0_tile, RP_Q8_0, 4)
 
+/* One token, two groups (rpx_gemv_two): always the first pass, so always prefetching */
+#define RP_TWO(name, kind)                                                                     \
+    static void name(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,  \
+                     const int32_t *xsum, const float *xd, __m256 *out)                        \
+    {                                                                                          \
+        rp_tile(kind, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out);                         \
+    }
+RP_TWO(q4_0_two, RP_Q4_0)
+RP_TWO(iq4_nl_two, RP_IQ4_NL)
+RP_TWO(q8_0_two, RP_Q8_0)
+
 /* Q4_K tiles: the Q8_K rows carry their own scale and block sums, no scratch */
 #define RP_TILE_Q4K(T)                                                                         \
-    RP_TILE_PAIR(q4_k_tile, T, rpx_tile_k45(false, false, T, nb, g, x, xs, out),               \
-                 rpx_tile_k45(false, true, T, nb, g, x, xs, out))
+    RP_TILE_PAIR(q4_k_tile, T, rpx_tile_k45(false, false, 1, T, nb, g, 0, x, xs, out),         \
+                 rpx_tile_k45(false, true, 1, T, nb, g, 0, x, xs, out))
+static void
+q4_k_two(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
+         const int32_t *xsum, const float *xd, __m256 *out)
+{
+    (void)xsum;
+    (void)xd;
+    rpx_tile_k45(false, true, 2, 1, nb, g, gstep, x, xs, out);
+}
 RP_TILE_Q4K(1)
 RP_TILE_Q4K(2)
 RP_TILE_Q4K(3)
@@ -591,8 +625,8 @@ rp_fill(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_
 
 /* rpx_gemm with this file's tiles; the Q8_0-activation forms fill a per-chunk scratch. */
 static void
-rp_gemm(int kind, rp_tiles_t tiles, int tm, int64_t n, const void *w, size_t ws, int64_t r0,
-        int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+rp_gemm(int kind, rp_tiles_t tiles, rpx_two_fn two, int tm, int64_t n, const void *w, size_t ws,
+        int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     const bool super = kind == RP_Q4_K || kind == RP_IQ4_XS; /* Q8_K: no scratch */
     const int64_t nb = n / (super ? SP_QK_K : 32);
@@ -604,8 +638,10 @@ rp_gemm(int kind, rp_tiles_t tiles, int tm, int64_t n, const void *w, size_t ws,
     const rpx_plan_t plan = {
         .tiles = tiles[0],
         .tiles_pf = tiles[1],
+        .two = two,
         .tm = tm,
-        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb, tm), /* n <= SP_REPACK_MAX_N: tm fit */
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb,
+                               tm), /* n <= SP_REPACK_MAX_N: tm fit */
         .nb = nb,
         .fill = super ? NULL : rp_fill,
         .kind = kind,
@@ -620,7 +656,7 @@ q4_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q4_0, q4_0_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q4_0, q4_0_tiles, q4_0_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -629,7 +665,8 @@ iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const v
             size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_IQ4_NL, iq4_nl_tiles, iq4_nl_two, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y,
+                ldy);
     }
 }
 
@@ -640,7 +677,7 @@ q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
     if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) { /* the same bits, faster (avx2_q8gemm.c) */
         sp__repack_q8_0_gemm_wide_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     } else if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q8_0, q8_0_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q8_0, q8_0_tiles, q8_0_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -649,7 +686,7 @@ q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q4_K, q4_k_tiles, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_Q4_K, q4_k_tiles, q4_k_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -658,7 +695,8 @@ sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int
                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        rp_gemm(RP_IQ4_XS, iq4_xs_tiles, NULL, RP_XS_TM, n, w, ws, r0, r1, x, xs, n_tok, y,
+                ldy);
     }
 }
 

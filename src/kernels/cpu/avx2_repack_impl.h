@@ -149,75 +149,87 @@ q5_hi(__m256i qh, int j, __m256i m10)
  * the 16 YMM registers) */
 #define RPX_K45_TM 4
 
+/* One super-block b of a Q4_K / Q5_K group (its packed bytes at pb) x T tokens, into acc[t]. */
 RPX_INLINE void
-rpx_tile_k45(bool q5, bool pf, int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-             __m256 *out)
+rpx_block_k45(bool q5, int T, const uint8_t *pb, int64_t b, const uint8_t *x, size_t xs,
+              __m256 *acc)
 {
-    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
     __m256i spread[2];
     rpx_row_set_spread(spread);
-    __m256 acc[RPX_K45_TM];
+    __m256i ai[RPX_K45_TM][2];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
+        ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        int64_t scj;
+        memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
+        const __m256i scv = _mm256_set1_epi64x(scj);
+        const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
+            __m256i q[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
+                q[k] = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
+                               : _mm256_and_si256(raw, m4);
+                if (q5) {
+                    const __m256i qh = _mm256_loadu_si256(
+                        (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
+                    q[k] = _mm256_or_si256(q[k], q5_hi(qh, j, m10));
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq =
+                    (const int8_t *)(x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k) +
+                                     offsetof(sp_block_q8_k, qs)) +
+                    32 * j;
+                ai[t][s] = _mm256_add_epi32(ai[t][s], rpx_subblock_dot(q, xq, S));
+            }
+        }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
+    const __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
+    __m256i M[4];
+    rpx_kmins_load(pb, M);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
+        acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
+    }
+}
+
+/* The tile: G groups gstep bytes apart (G = 2 only at one token: rpx_gemv_two) x T tokens,
+ * the groups' super-blocks interleaved; out[gi * T + t]. */
+RPX_INLINE void
+rpx_tile_k45(bool q5, bool pf, int G, int T, int64_t nb, const uint8_t *g, size_t gstep,
+             const uint8_t *x, size_t xs, __m256 *out)
+{
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
+    __m256 acc[RPX_K45_TM];
+#pragma GCC unroll 8
+    for (int t = 0; t < G * T; t++) {
         acc[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * bb;
-        if (q5) {
-            rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
-        } else if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
-        }
-        __m256i ai[RPX_K45_TM][2];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            int64_t scj;
-            memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
-            const __m256i scv = _mm256_set1_epi64x(scj);
-            const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
 #pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S = _mm256_shuffle_epi8(scv, spread[s]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qp + 32 * (s + 2 * k)));
-                    q[k] = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)
-                                   : _mm256_and_si256(raw, m4);
-                    if (q5) {
-                        const __m256i qh = _mm256_loadu_si256(
-                            (const __m256i *)(pb + SP_REPACK_Q5K_QH + 32 * (s + 2 * k)));
-                        q[k] = _mm256_or_si256(q[k], q5_hi(qh, j, m10));
-                    }
-                }
-#pragma GCC unroll 8
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = (const int8_t *)(x + (size_t)t * xs +
-                                                        (size_t)b * sizeof(sp_block_q8_k) +
-                                                        offsetof(sp_block_q8_k, qs)) +
-                                       32 * j;
-                    ai[t][s] = _mm256_add_epi32(ai[t][s], rpx_subblock_dot(q, xq, S));
-                }
+        for (int gi = 0; gi < G; gi++) { /* acc[gi * T + t]: group gi, token t */
+            const uint8_t *pb = g + (size_t)gi * gstep + (size_t)b * bb;
+            if (q5) {
+                rpx_prefetch(pb + RPX_PF_DIST * bb, (int)bb);
+            } else if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+                rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
             }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_D)));
-        const __m256 dmw =
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_DMIN)));
-        __m256i M[4];
-        rpx_kmins_load(pb, M);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            acc[t] = rpx_kmins_finish(acc[t], ai[t][0], ai[t][1], xb, dw, dmw, M);
+            rpx_block_k45(q5, T, pb, b, x, xs, acc + gi * T);
         }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < G * T; t++) {
         out[t] = acc[t];
     }
 }
@@ -228,6 +240,11 @@ rpx_tile_k45(bool q5, bool pf, int T, int64_t nb, const uint8_t *g, const uint8_
 typedef void (*rpx_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
                             const int32_t *xsum, const float *xd, __m256 *out);
 
+/* One token over two groups at once, g and g + gstep, interleaved block by block: out[0] and
+ * out[1] (lane r = row r of each). rpx_gemm's one-token calls, see there. */
+typedef void (*rpx_two_fn)(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
+                           const int32_t *xsum, const float *xd, __m256 *out);
+
 /* Fills a token chunk's scratch (n_tok tokens from x): xsum / xd[t * nb + b]. */
 typedef void (*rpx_fill_fn)(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb,
                             int32_t *xsum, float *xd);
@@ -236,6 +253,8 @@ typedef struct {
     const rpx_tile_fn *tiles; /* tiles[T], T = 1..tm */
     /* the same tiles prefetching the weights, for a group's first tile (NULL: tiles) */
     const rpx_tile_fn *tiles_pf;
+    /* one token over two groups' weight streams at once (NULL: one group at a time) */
+    rpx_two_fn two;
     int tm;                   /* widest tile (<= RPX_OUT_MAX) */
     int64_t tc;               /* tokens per chunk, a multiple of tm */
     int64_t nb;               /* blocks per row */
@@ -279,6 +298,33 @@ rpx_chunk_tokens(size_t chunk_bytes, size_t xs, int64_t cap, int tm)
 }
 
 /*
+ * One token over groups [g0, g1) (rows [r0, r1) stored): the first half of the groups and the
+ * second half in pairs, each pair one call of the two-stream tile, so the weights come from
+ * memory as two sequential streams, not one. On an AMD Zen 3 (AVX2, bench/kernel_ab.sh) one
+ * thread's one-token Q8_0 product ran 1.2-1.3x faster so, two threads 1.1-1.2x; a plain read
+ * gained nothing from a second stream. The odd group left over, if any, runs alone. The same
+ * arithmetic per group, so the same bits.
+ */
+static inline void
+rpx_gemv_two(const rpx_plan_t *p, const void *w, size_t ws, int64_t g0, int64_t g1, int64_t r0,
+             int64_t r1, const void *x, size_t xs, float *y)
+{
+    const int64_t h = (g1 - g0) / 2;
+    const uint8_t *wb = w;
+    __m256 out[RPX_OUT_MAX];
+    for (int64_t g = g0; g < g0 + h; g++) {
+        p->two(p->nb, wb + (size_t)g * ws, (size_t)h * ws, x, xs, p->xsum, p->xd, out);
+        rpx_store_group(y, g, r0, r1, out[0]);
+        rpx_store_group(y, g + h, r0, r1, out[1]);
+    }
+    if (g0 + 2 * h < g1) {
+        const rpx_tile_fn *tiles = p->tiles_pf ? p->tiles_pf : p->tiles;
+        tiles[1](p->nb, wb + (size_t)(g1 - 1) * ws, x, xs, p->xsum, p->xd, out);
+        rpx_store_group(y, g1 - 1, r0, r1, out[0]);
+    }
+}
+
+/*
  * Rows [r0, r1) x n_tok tokens: the groups that cover the rows, each computed whole and
  * stored only where the row is asked for. Tokens go in chunks whose activations stay in
  * cache while the groups sweep them; each chunk's scratch is filled once.
@@ -293,6 +339,10 @@ rpx_gemm(const rpx_plan_t *p, const void *w, size_t ws, int64_t r0, int64_t r1, 
         if (p->fill) {
             p->fill(p->kind, (const uint8_t *)x + (size_t)t0 * xs, xs, t1 - t0, p->nb, p->xsum,
                     p->xd);
+        }
+        if (n_tok == 1 && p->two) {
+            rpx_gemv_two(p, w, ws, g0, g1, r0, r1, x, xs, y);
+            continue;
         }
         for (int64_t g = g0; g < g1; g++) {
             const uint8_t *wg = (const uint8_t *)w + (size_t)g * ws;
