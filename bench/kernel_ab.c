@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "kernels/cpu/cpu_impl.h"
 
 void old_sp__repack_register_avx2(sp_cpu_kernels_t *k);
@@ -95,7 +96,7 @@ ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t 
     const sp_type_t at = k->vec_dot_type[wt];
     const size_t wrow = sp_row_size(wt, N), xrow = sp_row_size(at, N);
     uint8_t *w = malloc(wrow * (size_t)rows), *x = malloc(xrow * MAX_TOK);
-    uint8_t *wp = aligned_alloc(64, pbytes);
+    uint8_t *wp = sp_malloc_huge(pbytes); /* huge pages, as the engine's packed weights */
     float *f = malloc(sizeof(float) * N);
     float *out = malloc(sizeof(float) * (size_t)rows * MAX_TOK);
     float *out_old = malloc(sizeof(float) * (size_t)rows * MAX_TOK);
@@ -145,7 +146,7 @@ ab(const sp_cpu_kernels_t *k, const sp_cpu_kernels_t *ko, sp_type_t wt, int64_t 
 done:
     free(w);
     free(x);
-    free(wp);
+    sp_free(wp);
     free(f);
     free(out);
     free(out_old);

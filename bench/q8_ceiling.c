@@ -97,6 +97,23 @@ static int32_t scratch[1024] __attribute__((aligned(64)));
     "vpaddd %%ymm13,%%ymm8,%%ymm8\n\t"
 #define XS_TOKEN XS(0) XS(1) XS(2) XS(3) XS(4) XS(5) XS(6) XS(7)
 
+/* offset split: u = x + 128 = 16 uh + ul (uh, ul in 0..15, a token's nibble planes at scratch
+ * + 512 and + 544), the raw signed weights of slice k in ymm<k> as VPMADDUBSW's signed operand
+ * (no sign step), the pair sums of ul and uh added in int16 (8 slices: at most 8 * 2 * 15 * 128
+ * = 30720), then widened once a block: ones16 in ymm15, 16s in ymm14, 128 * sum(w) of the rows
+ * at scratch + 704 subtracted; the block sum in ymm8 */
+#define OS0                                                                                    \
+    "vpbroadcastd 512(%0),%%ymm12\n\tvpbroadcastd 544(%0),%%ymm13\n\t"                          \
+    "vpmaddubsw %%ymm0,%%ymm12,%%ymm8\n\tvpmaddubsw %%ymm0,%%ymm13,%%ymm9\n\t"
+#define OS(k)                                                                                  \
+    "vpbroadcastd 512+4*" #k "(%0),%%ymm12\n\tvpbroadcastd 544+4*" #k "(%0),%%ymm13\n\t"        \
+    "vpmaddubsw %%ymm" #k ",%%ymm12,%%ymm12\n\tvpmaddubsw %%ymm" #k ",%%ymm13,%%ymm13\n\t"       \
+    "vpaddw %%ymm12,%%ymm8,%%ymm8\n\tvpaddw %%ymm13,%%ymm9,%%ymm9\n\t"
+#define OS_TOKEN                                                                               \
+    OS0 OS(1) OS(2) OS(3) OS(4) OS(5) OS(6) OS(7)                                              \
+    "vpmaddwd %%ymm15,%%ymm8,%%ymm8\n\tvpmaddwd %%ymm14,%%ymm9,%%ymm9\n\t"                     \
+    "vpaddd %%ymm9,%%ymm8,%%ymm8\n\tvpsubd 704(%0),%%ymm8,%%ymm8\n\t"
+
 /* the reference's float step of one block and token, 8 rows: d = w.d * x.d (the token's
  * scale broadcast), sum += (float)isum * d; the block sum in ymm8, the float sum in ymm11 */
 #define FSTEP                                                                                  \
@@ -260,7 +277,13 @@ main(void)
     TIME_ASM(c, I8_TOKEN FSTEP I8_TOKEN FSTEP I8_TOKEN FSTEP I8_TOKEN FSTEP);
     printf("  int8, 1 token, + float step      %.1f   (the kernel's loop whole)\n", 4 * 256 / c);
     TIME_ASM(c, XS_TOKEN FSTEP XS_TOKEN FSTEP XS_TOKEN FSTEP XS_TOKEN FSTEP);
-    printf("  int8 xor-sign, + float step      %.1f\n\n", 4 * 256 / c);
+    printf("  int8 xor-sign, + float step      %.1f\n", 4 * 256 / c);
+    __asm__ volatile("vpcmpeqw %%ymm15,%%ymm15,%%ymm15\n\tvpsrlw $15,%%ymm15,%%ymm15\n\t"
+                     "vpsllw $4,%%ymm15,%%ymm14" ::: "xmm14", "xmm15");
+    TIME_ASM(c, OS_TOKEN OS_TOKEN OS_TOKEN OS_TOKEN);
+    printf("  offset split, 1 token x 8 rows   %.1f\n", 4 * 256 / c);
+    TIME_ASM(c, OS_TOKEN FSTEP OS_TOKEN FSTEP OS_TOKEN FSTEP OS_TOKEN FSTEP);
+    printf("  offset split, + float step       %.1f\n\n", 4 * 256 / c);
 
     const int64_t rows = 256, n = 2048, toks = 512;
     const double s = kernel_seconds(rows, n, toks);

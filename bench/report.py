@@ -179,8 +179,10 @@ def summarize(raw):
         bw_after = _load(os.path.join(raw, "membw-after.json"))
 
     def read2(b):
-        # best 2-thread read over both page kinds: the achievable bandwidth
-        return max(b["read_4k"][1], b["read_thp"][1])
+        # best 2-thread read over both page kinds and one or two streams per thread (membw's
+        # read_two_streams_*, absent from files older than it): the achievable bandwidth
+        keys = ("read_4k", "read_thp", "read_two_streams_4k", "read_two_streams_thp")
+        return max(b[k][1] for k in keys if k in b)
 
     read_bw = read2(bw) if bw_after is None else max(read2(bw), read2(bw_after))
     near = {}
