@@ -18,7 +18,7 @@ import sys
 from collections import Counter
 
 CATS = [
-    ("products", r"gemv|gemm|fused_|qgemm|rows8|vec_dot|tile|panel|p16_|f16_|_4x1|_1x1|rp_"),
+    ("products", r"gemv|gemm|fused_|qgemm|rows8|vec_dot|tile|panel|p16_|f16_|_4x1|_1x1|rp_|_two$"),
     ("act-convert", r"from_float|quantize|q8_records"),
     ("attention", r"attn"),
     ("norm/rope/swiglu", r"norm|rope|swiglu|softcap|exp"),

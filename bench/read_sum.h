@@ -23,6 +23,17 @@
 #endif
 typedef uint64_t sp_read_vec __attribute__((vector_size(SP_READ_VBYTES), aligned(1)));
 
+/* The sum of a vector's lanes */
+static inline uint64_t
+sp__read_lanes(sp_read_vec a)
+{
+    uint64_t s = 0;
+    for (size_t i = 0; i < SP_READ_VBYTES / sizeof(uint64_t); i++) {
+        s += a[i];
+    }
+    return s;
+}
+
 /* The sum of the whole 8-vector steps of p[0, bytes) (a tail shorter than one step is not
  * read); callers keep it so that the loads are not dropped. Eight named accumulators, not an
  * array: GCC 12 at -O2 (decode_bench's build) kept an array of them in memory, a load, add and
@@ -44,12 +55,7 @@ sp_read_sum(const void *p, size_t bytes)
         a6 += v[6];
         a7 += v[7];
     }
-    a0 += a1 + a2 + a3 + a4 + a5 + a6 + a7;
-    uint64_t s = 0;
-    for (size_t i = 0; i < SP_READ_VBYTES / sizeof(uint64_t); i++) {
-        s += a0[i];
-    }
-    return s;
+    return sp__read_lanes(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
 }
 
 /* The same sum over two streams at once: the halves of p[0, bytes) read in step, one vector
@@ -72,12 +78,7 @@ sp_read_sum_two(const void *p, size_t bytes)
         a6 += u[2];
         a7 += u[3];
     }
-    a0 += a1 + a2 + a3 + a4 + a5 + a6 + a7;
-    uint64_t s = 0;
-    for (size_t i = 0; i < SP_READ_VBYTES / sizeof(uint64_t); i++) {
-        s += a0[i];
-    }
-    return s;
+    return sp__read_lanes(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
 }
 
 #endif /* SP_BENCH_READ_SUM_H */

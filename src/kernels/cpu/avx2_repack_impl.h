@@ -301,7 +301,7 @@ rpx_chunk_tokens(size_t chunk_bytes, size_t xs, int64_t cap, int tm)
  * One token over groups [g0, g1) (rows [r0, r1) stored): the first half of the groups and the
  * second half in pairs, each pair one call of the two-stream tile, so the weights come from
  * memory as two sequential streams, not one. On an AMD Zen 3 (AVX2, bench/kernel_ab.sh) one
- * thread's one-token Q8_0 product ran 1.2-1.3x faster so, two threads 1.1-1.2x; a plain read
+ * thread's one-token Q8_0 product ran 1.2-1.3x faster this way, two threads 1.1-1.2x; a read
  * gained nothing from a second stream. The odd group left over, if any, runs alone. The same
  * arithmetic per group, so the same bits.
  */
