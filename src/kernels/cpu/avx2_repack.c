@@ -511,29 +511,24 @@ RP_TILE(q8_0_tile, RP_Q8_0, 2)
 RP_TILE(q8_0_tile, RP_Q8_0, 3)
 RP_TILE(q8_0_tile, RP_Q8_0, 4)
 
-/* One token, two groups (rpx_gemv_two): always the first pass, so always prefetching */
-#define RP_TWO(name, kind)                                                                     \
+/* One token, two groups (rpx_gemv_two): always a group's first pass, so always prefetching */
+#define RP_TWO_FN(name, call)                                                                  \
     static void name(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,  \
                      const int32_t *xsum, const float *xd, __m256 *out)                        \
     {                                                                                          \
-        rp_tile(kind, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out);                         \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call;                                                                                  \
     }
-RP_TWO(q4_0_two, RP_Q4_0)
-RP_TWO(iq4_nl_two, RP_IQ4_NL)
-RP_TWO(q8_0_two, RP_Q8_0)
+RP_TWO_FN(q4_0_two, rp_tile(RP_Q4_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RP_TWO_FN(iq4_nl_two, rp_tile(RP_IQ4_NL, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RP_TWO_FN(q8_0_two, rp_tile(RP_Q8_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RP_TWO_FN(q4_k_two, rpx_tile_k45(false, true, 2, 1, nb, g, gstep, x, xs, out))
 
 /* Q4_K tiles: the Q8_K rows carry their own scale and block sums, no scratch */
 #define RP_TILE_Q4K(T)                                                                         \
     RP_TILE_PAIR(q4_k_tile, T, rpx_tile_k45(false, false, 1, T, nb, g, 0, x, xs, out),         \
                  rpx_tile_k45(false, true, 1, T, nb, g, 0, x, xs, out))
-static void
-q4_k_two(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
-         const int32_t *xsum, const float *xd, __m256 *out)
-{
-    (void)xsum;
-    (void)xd;
-    rpx_tile_k45(false, true, 2, 1, nb, g, gstep, x, xs, out);
-}
 RP_TILE_Q4K(1)
 RP_TILE_Q4K(2)
 RP_TILE_Q4K(3)
@@ -640,8 +635,8 @@ rp_gemm(int kind, rp_tiles_t tiles, rpx_two_fn two, int tm, int64_t n, const voi
         .tiles_pf = tiles[1],
         .two = two,
         .tm = tm,
-        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb,
-                               tm), /* n <= SP_REPACK_MAX_N: tm fit */
+        /* n <= SP_REPACK_MAX_N: tm fit */
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, RP_SCRATCH / nb, tm),
         .nb = nb,
         .fill = super ? NULL : rp_fill,
         .kind = kind,
