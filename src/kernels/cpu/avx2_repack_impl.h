@@ -225,7 +225,15 @@ rpx_tile_k45(bool q5, bool pf, int G, int T, int64_t nb, const uint8_t *g, size_
             } else if (pf) { /* the group's first pass: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
                 rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
             }
-            rpx_block_k45(q5, T, pb, b, x, xs, acc + gi * T);
+            /* An opaque copy of x per group: otherwise GCC shares the token's 32 broadcasts
+             * of a super-block between the two groups and spills them (182 stack operands in
+             * the two-group tile against 48 so; kernel_ab 0.98-1.11x, within the noise). Not
+             * with one group, whose 2-4 token tiles ran 0.90-0.96x with it. */
+            const uint8_t *xg = x;
+            if (G > 1) {
+                __asm__("" : "+r"(xg));
+            }
+            rpx_block_k45(q5, T, pb, b, xg, xs, acc + gi * T);
         }
     }
 #pragma GCC unroll 8
