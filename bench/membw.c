@@ -16,8 +16,8 @@
  *        GB/s = SIZE / time.
  * read, 2 streams: the same sum with each thread reading the two halves of its
  *        slice in step (sp_read_sum_two): the AVX2 one-token products read two
- *        weight streams per thread, and on an AMD Zen 3 they ran faster so than
- *        over one; bench/report.py takes the best of both reads as the limit.
+ *        weight streams per thread, and on an AMD Zen 3 they ran faster that way
+ *        than over one; bench/report.py takes the best of both reads as the limit.
  * copy:  each thread memcpy()s its slice of a SIZE/2 buffer into another;
  *        GB/s counts bytes read + bytes written (STREAM's convention), i.e.
  *        2 * SIZE/2 / time.

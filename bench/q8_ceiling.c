@@ -24,9 +24,13 @@
  *      on it was faster alone but not inside the engine: docs/design.md.)
  *    - "int8 xor-sign": the sign applied by VPXOR + VPSUBB with a per-weight mask (-1 where
  *      w < 0, made once per block) instead of VPSIGNB, to move it off the multiply pipes;
+ *    - "offset split": the activations made unsigned once per token (x + 128 = 16 uh + ul,
+ *      two nibble planes), the raw signed weights as VPMADDUBSW's signed operand (no sign
+ *      step), ul and uh products added in int16 over the block, widened once per block and
+ *      128 * sum(w) of each row taken off;
  *    None of these counts the reference's per-block float step (a broadcast of the token's
- *    scale, two multiplies, a convert, an add), which every form pays the same; the last two
- *    lines add it to the 1-token loops, one step per 8 rows x 32 MACs.
+ *    scale, two multiplies, a convert, an add), which every form pays the same; the lines
+ *    marked "+ float step" add it to the 1-token loops, one step per 8 rows x 32 MACs.
  * 4. The kernel itself: sp__repack_q8_0_gemm_wide_avx2 on a 256-row slice x 512 tokens of a
  *    2048-wide matrix (the slice a prefill work item gets; weights and activations in L2),
  *    thread CPU time (qbench.h), best of 5, as GMAC/s and MACs per cycle at the clock of step 1.
