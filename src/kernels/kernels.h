@@ -425,7 +425,8 @@ typedef void (*sp_swiglu_fn)(float *g, const float *u, int64_t n);
  * with its 8 E8M0 bytes (one a row) in place of the F16 scales; Q8_0
  * (eight chunks per block), Q4_K, IQ4_XS and Q5_K (per 256-element super-block, their 6-bit
  * sub-block scales stored unpacked as bytes) and Q6_K (its 8-bit scales regrouped by sub-block
- * pair) follow the same chunk rule, laid out in cpu/repack_impl.h. Every packed form unpacks to the file's bytes exactly. The
+ * pair, its six-bit values moved to "6+2" bytes) follow the same chunk rule, laid out in
+ * cpu/repack_impl.h. Every packed form unpacks to the file's bytes exactly. The
  * table's repack_gemm[type] computes from the packed base (w = group 0, w_stride =
  * the group bytes) the scalar reference's bits: IQ4_NL's, MXFP4's, Q4_K's, IQ4_XS's, Q6_K's and
  * Q5_K's are every level's, Q4_0's and Q8_0's are the reference's serial block sum (as the AVX-512 VNNI

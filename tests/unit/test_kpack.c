@@ -260,20 +260,21 @@ kp_planted(sp_type_t type)
     const int nk = kp_kernels(type, gemm, names);
     const bool q6 = type == SP_TYPE_Q6_K;
     uint8_t *g1 = c.packed + c.gb, *b1 = g1 + (q6 ? SP_REPACK_Q6K_BLOCK_BYTES : SP_REPACK_Q5K_BLOCK_BYTES);
-    /* super-block 1 of row 10: qh byte 5 (bit 0 / bits 0-1: element 5's high bits), then
-     * the scale of sub-block 3 (Q5_K: sub-block 1's 6-bit scale) */
-    uint8_t *qh = b1 + (q6 ? SP_REPACK_Q6K_QH : SP_REPACK_Q5K_QH) + sp__repack_chunk_off(2, 5);
+    /* super-block 1 of row 10: Q6_K's "6+2" byte 5 (bit 6: bit 0 of element 29, the value
+     * group's last 8 elements' spread bits) / Q5_K's qh byte 5 (bit 0: element 5's high
+     * bit), then the scale of sub-block 3 (Q5_K: sub-block 1's 6-bit scale) */
+    uint8_t *qh = b1 + (q6 ? SP_REPACK_Q6K_Q : SP_REPACK_Q5K_QH) + sp__repack_chunk_off(2, 5);
     uint8_t *sc = b1 + (q6 ? SP_REPACK_Q6K_SC + 16 * 1 + 2 * 2 + 1 : SP_REPACK_Q4K_SC + 8 * 1 + 2);
     uint8_t *plant[2] = {qh, sc};
     for (int pi = 0; pi < 2; pi++) {
         for (int ki = 0; ki < nk; ki++) {
             kp_pack(&c);
             ASSERT(kp_run(&c, gemm[ki], 0, rows, 3).ok);
-            *plant[pi] ^= pi == 0 ? 0x01 : 0x03;
+            *plant[pi] ^= pi == 0 ? (q6 ? 0x40 : 0x01) : 0x03;
             const gemm_verdict_t v = kp_run(&c, gemm[ki], 0, rows, 3);
             if (v.ok || v.r != 10 || v.outside)
                 SP_TEST_FAIL("%s %s: a changed %s of row 10 gave verdict ok=%d r=%lld",
-                             names[ki], sp_type_name(type), pi == 0 ? "qh byte" : "scale",
+                             names[ki], sp_type_name(type), pi == 0 ? "quant byte" : "scale",
                              (int)v.ok, (long long)v.r);
         }
     }

@@ -9,8 +9,9 @@
  * the end of a super-block puts rows 0..7 in lanes 0..7, so the float finish is one vector
  * op for 8 rows.
  *
- * Q6_K: a value is ql's nibble (AND 0x0f, or shift 4 and AND) OR qh's two bits moved to bits
- * 4-5 (one shift and AND 0x30), 0..63 = q + 32, unsigned: the VPMADDUBSW operand as it is.
+ * Q6_K: the values are repack_impl.h's "6+2" bytes, 0..63 = q + 32, unsigned: the
+ * VPMADDUBSW operand as it is. Three loads give a row set's 32 values of a value group: 24 by
+ * one AND each, the last 8 from the three top bit pairs (three shifts, three ANDs, two ORs).
  * Per 16-element sub-block two VPMADDUBSW add in int16 (at most 2 * 2 * 63 * 127 = 32004),
  * the widening VPMADDWD takes the signed 8-bit scale (|sc| <= 128), and the super-block's
  * sum_k sc[k] * sum(q + 32) y stays below 16 * 16 * 63 * 127 * 128 < 2^31. The offset is
@@ -57,25 +58,12 @@ yd_of(const uint8_t *x, size_t xs, int t, int64_t b)
 /* VPSHUFB pattern: int16 i of a 128-bit lane (bytes 2i, 2i + 1) repeated in a 64-bit lane */
 #define KP_W4(i) 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1
 
-/* Q6_K's two bits of value group c (0..3) of a qh byte, moved to bits 4-5 */
-KP_INLINE __m256i
-q6_hi(__m256i qh, int c, __m256i m30)
-{
-    switch (c) {
-    case 0: return _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30);
-    case 1: return _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30);
-    case 2: return _mm256_and_si256(qh, m30);
-    default: return _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30);
-    }
-}
-
-/*
- * Q6_K: one group (8 rows) x T tokens over all nb super-blocks. Out: lane r = row r.
- */
+/* One super-block b of a Q6_K group (its packed bytes at pb) x T tokens, into acc[t]. */
 KP_INLINE void
-kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 *out)
+kp_block_q6k(int T, const uint8_t *pb, int64_t b, const uint8_t *x, size_t xs, __m256 *acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m3f = _mm256_set1_epi8(0x3f), m03 = _mm256_set1_epi8(0x03);
+    const __m256i m0c = _mm256_set1_epi8(0x0c), m30 = _mm256_set1_epi8(0x30);
     /* sub-block pair register: int16 2 r + e (rows 0..3 in the low 128-bit lane, 4..7 in the
      * high one, each lane-relative r' = r % 4). Row set s keeps rows r' = 2s, 2s + 1. */
     const __m256i spread[2][2] = {
@@ -84,78 +72,95 @@ kp_tile_q6k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
         {_mm256_setr_epi8(KP_W4(4), KP_W4(6), KP_W4(4), KP_W4(6)),
          _mm256_setr_epi8(KP_W4(5), KP_W4(7), KP_W4(5), KP_W4(7))},
     };
-    __m256 acc[KP_TM];
+    __m256i ai[KP_TM][2];
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
+        ai[t][0] = ai[t][1] = _mm256_setzero_si256();
+    }
+    /* value group J: 32 elements, sub-blocks 2J and 2J + 1 */
+#pragma GCC unroll 8
+    for (int J = 0; J < 8; J++) {
+        const __m256i P = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * J)));
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            const __m256i S0 = _mm256_shuffle_epi8(P, spread[s][0]);
+            const __m256i S1 = _mm256_shuffle_epi8(P, spread[s][1]);
+            /* the row set's three "6+2" vectors (repack_impl.h): elements 0-23 in their
+             * low 6 bits, element 24 + i's bit pairs in the top bits of byte i of each.
+             * The 16-bit shifts pull a neighbour byte's bits in above, which the AND
+             * drops. */
+            const uint8_t *qp = pb + SP_REPACK_Q6K_Q + 32 * s + 192 * J;
+            const __m256i A = _mm256_loadu_si256((const __m256i *)qp);
+            const __m256i B = _mm256_loadu_si256((const __m256i *)(qp + 64));
+            const __m256i C = _mm256_loadu_si256((const __m256i *)(qp + 128));
+            __m256i q[4];
+            q[0] = _mm256_and_si256(A, m3f);
+            q[1] = _mm256_and_si256(B, m3f);
+            q[2] = _mm256_and_si256(C, m3f);
+            q[3] = _mm256_or_si256(
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 6), m03),
+                                _mm256_and_si256(_mm256_srli_epi16(B, 4), m0c)),
+                _mm256_and_si256(_mm256_srli_epi16(C, 2), m30));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = xq_of(x, xs, t, b) + 32 * J;
+                const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], rpx_bcast8(xq)),
+                                                    _mm256_maddubs_epi16(q[1], rpx_bcast8(xq + 8)));
+                const __m256i v1 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(q[2], rpx_bcast8(xq + 16)),
+                                     _mm256_maddubs_epi16(q[3], rpx_bcast8(xq + 24)));
+                ai[t][s] = _mm256_add_epi32(
+                    ai[t][s], _mm256_add_epi32(_mm256_madd_epi16(v0, S0),
+                                               _mm256_madd_epi16(v1, S1)));
+            }
+        }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_D)));
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
+        /* sum_k sc[k] bsums[k], row r in lane r */
+        __m256i corr = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            int32_t bp;
+            memcpy(&bp, xb + offsetof(sp_block_q8_k, bsums) + 4 * p, sizeof bp);
+            const __m256i P = _mm256_cvtepi8_epi16(
+                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * p)));
+            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(P, _mm256_set1_epi32(bp)));
+        }
+        const __m256i sumi = _mm256_sub_epi32(_mm256_hadd_epi32(ai[t][0], ai[t][1]),
+                                              _mm256_slli_epi32(corr, 5));
+        /* kquants_impl.h: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk */
+        const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd_of(x, xs, t, b)), dw);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+    }
+}
+
+/*
+ * Q6_K: G groups gstep bytes apart (G = 2 only at one token: rpx_gemv_two) x T tokens over
+ * all nb super-blocks, the groups' super-blocks interleaved; out[gi * T + t], lane r = row r.
+ */
+KP_INLINE void
+kp_tile_q6k(int G, int T, int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x,
+            size_t xs, __m256 *out)
+{
+    __m256 acc[KP_TM];
+#pragma GCC unroll 4
+    for (int t = 0; t < G * T; t++) {
         acc[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q6K_BLOCK_BYTES;
-        rpx_prefetch(pb + RPX_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
-        __m256i ai[KP_TM][2];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            ai[t][0] = ai[t][1] = _mm256_setzero_si256();
-        }
-        /* value group J = 4 h + c: 32 elements, sub-blocks 2J and 2J + 1 */
-#pragma GCC unroll 8
-        for (int J = 0; J < 8; J++) {
-            const int h = J >> 2, c = J & 3;
-            const __m256i P = _mm256_cvtepi8_epi16(
-                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * J)));
 #pragma GCC unroll 2
-            for (int s = 0; s < 2; s++) {
-                const __m256i S0 = _mm256_shuffle_epi8(P, spread[s][0]);
-                const __m256i S1 = _mm256_shuffle_epi8(P, spread[s][1]);
-                __m256i q[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i ql = _mm256_loadu_si256(
-                        (const __m256i *)(pb + SP_REPACK_Q6K_QL +
-                                          32 * (s + 2 * (8 * h + 4 * (c & 1) + k))));
-                    const __m256i qh = _mm256_loadu_si256(
-                        (const __m256i *)(pb + SP_REPACK_Q6K_QH + 32 * (s + 2 * (4 * h + k))));
-                    const __m256i lo = c < 2 ? _mm256_and_si256(ql, m4)
-                                             : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    q[k] = _mm256_or_si256(lo, q6_hi(qh, c, m30));
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = xq_of(x, xs, t, b) + 32 * J;
-                    const __m256i v0 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], rpx_bcast8(xq)),
-                                                        _mm256_maddubs_epi16(q[1], rpx_bcast8(xq + 8)));
-                    const __m256i v1 =
-                        _mm256_add_epi16(_mm256_maddubs_epi16(q[2], rpx_bcast8(xq + 16)),
-                                         _mm256_maddubs_epi16(q[3], rpx_bcast8(xq + 24)));
-                    ai[t][s] = _mm256_add_epi32(
-                        ai[t][s], _mm256_add_epi32(_mm256_madd_epi16(v0, S0),
-                                                   _mm256_madd_epi16(v1, S1)));
-                }
-            }
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_D)));
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-            /* sum_k sc[k] bsums[k], row r in lane r */
-            __m256i corr = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++) {
-                int32_t bp;
-                memcpy(&bp, xb + offsetof(sp_block_q8_k, bsums) + 4 * p, sizeof bp);
-                const __m256i P = _mm256_cvtepi8_epi16(
-                    _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * p)));
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(P, _mm256_set1_epi32(bp)));
-            }
-            const __m256i sumi = _mm256_sub_epi32(_mm256_hadd_epi32(ai[t][0], ai[t][1]),
-                                                  _mm256_slli_epi32(corr, 5));
-            /* kquants_impl.h: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk */
-            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd_of(x, xs, t, b)), dw);
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *pb = g + (size_t)gi * gstep + (size_t)b * SP_REPACK_Q6K_BLOCK_BYTES;
+            rpx_prefetch(pb + RPX_PF_DIST * SP_REPACK_Q6K_BLOCK_BYTES, SP_REPACK_Q6K_BLOCK_BYTES);
+            kp_block_q6k(T, pb, b, x, xs, acc + gi * T);
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < G * T; t++) {
         out[t] = acc[t];
     }
 }
@@ -168,22 +173,32 @@ kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     rpx_tile_k45(true, false, 1, T, nb, g, 0, x, xs, out);
 }
 
-#define KP_TILE(name, fn, T)                                                                   \
+#define KP_TILE(name, call, T)                                                                 \
     static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
                            const int32_t *xsum, const float *xd, __m256 *out)                  \
     {                                                                                          \
         (void)xsum;                                                                            \
         (void)xd;                                                                              \
-        fn(T, nb, g, x, xs, out);                                                              \
+        call;                                                                                  \
     }
-KP_TILE(q6k_tile, kp_tile_q6k, 1)
-KP_TILE(q6k_tile, kp_tile_q6k, 2)
-KP_TILE(q6k_tile, kp_tile_q6k, 3)
-KP_TILE(q6k_tile, kp_tile_q6k, 4)
-KP_TILE(q5k_tile, kp_tile_q5k, 1)
-KP_TILE(q5k_tile, kp_tile_q5k, 2)
-KP_TILE(q5k_tile, kp_tile_q5k, 3)
-KP_TILE(q5k_tile, kp_tile_q5k, 4)
+KP_TILE(q6k_tile, kp_tile_q6k(1, 1, nb, g, 0, x, xs, out), 1)
+KP_TILE(q6k_tile, kp_tile_q6k(1, 2, nb, g, 0, x, xs, out), 2)
+KP_TILE(q6k_tile, kp_tile_q6k(1, 3, nb, g, 0, x, xs, out), 3)
+KP_TILE(q6k_tile, kp_tile_q6k(1, 4, nb, g, 0, x, xs, out), 4)
+KP_TILE(q5k_tile, kp_tile_q5k(1, nb, g, x, xs, out), 1)
+KP_TILE(q5k_tile, kp_tile_q5k(2, nb, g, x, xs, out), 2)
+KP_TILE(q5k_tile, kp_tile_q5k(3, nb, g, x, xs, out), 3)
+KP_TILE(q5k_tile, kp_tile_q5k(4, nb, g, x, xs, out), 4)
+
+/* One token over two groups' weight streams at once (rpx_gemv_two) */
+static void
+q6k_two(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
+        const int32_t *xsum, const float *xd, __m256 *out)
+{
+    (void)xsum;
+    (void)xd;
+    kp_tile_q6k(2, 1, nb, g, gstep, x, xs, out);
+}
 
 static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
                                                  q6k_tile_4};
@@ -192,7 +207,7 @@ static const rpx_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q
 
 /* avx2_repack_impl.h's driver: no scratch, chunks of the activation budget */
 static void
-kp_gemm(const rpx_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) {
@@ -200,6 +215,7 @@ kp_gemm(const rpx_tile_fn *tiles, int64_t n, const void *w, size_t ws, int64_t r
     }
     const rpx_plan_t plan = {
         .tiles = tiles,
+        .two = two,
         .tm = KP_TM,
         .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, 0, KP_TM),
         .nb = n / SP_QK_K,
@@ -211,14 +227,14 @@ static void
 q6_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
           int64_t n_tok, float *y, int64_t ldy)
 {
-    kp_gemm(q6k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    kp_gemm(q6k_tiles, q6k_two, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void
 sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                          const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    kp_gemm(q5k_tiles, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    kp_gemm(q5k_tiles, NULL, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void

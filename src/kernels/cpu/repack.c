@@ -43,9 +43,9 @@ shape_of(sp_type_t type, rp_shape_t *s)
         *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_iq4_xs), SP_REPACK_IQ4XS_BLOCK_BYTES, 128,
                           (int)offsetof(sp_block_iq4_xs, qs), SP_REPACK_IQ4XS_QS};
         return true;
-    case SP_TYPE_Q6_K: /* "quant bytes": ql then qh, 192 a row */
+    case SP_TYPE_Q6_K: /* "quant bytes": ql then qh, 192 a row, moved to "6+2" bytes */
         *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q6_k), SP_REPACK_Q6K_BLOCK_BYTES, 192,
-                          (int)offsetof(sp_block_q6_k, ql), SP_REPACK_Q6K_QL};
+                          (int)offsetof(sp_block_q6_k, ql), SP_REPACK_Q6K_Q};
         return true;
     case SP_TYPE_Q5_K: /* "quant bytes": qh then qs, 160 a row */
         *s = (rp_shape_t){SP_QK_K, (int)sizeof(sp_block_q5_k), SP_REPACK_Q5K_BLOCK_BYTES, 160,
@@ -109,6 +109,52 @@ q4k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[SP_K_SCALE_
         out[i] = (uint8_t)((sc[i] & 0x3f) | ((sc[4 + i] >> 4) << 6));
         out[4 + i] = (uint8_t)((m[i] & 0x3f) | ((m[4 + i] >> 4) << 6));
         out[8 + i] = (uint8_t)((sc[4 + i] & 0x0f) | ((m[4 + i] & 0x0f) << 4));
+    }
+}
+
+/* Q6_K element e (0..255) of a block's ql (128 bytes) then qh (64): the file's q + 32, 0..63
+ * (ql's nibble, qh's two bits, where ref_kquants.c's unpacking finds them). */
+static unsigned
+q6k_file_elem(const uint8_t *qlh, int e)
+{
+    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+    const unsigned ql = qlh[64 * h + 32 * (c & 1) + l], qh = qlh[128 + 32 * h + l];
+    return ((ql >> (4 * (c >> 1))) & 0x0f) | (((qh >> (2 * c)) & 3) << 4);
+}
+
+/* A Q6_K block's 192 quant bytes (ql then qh) as repack_impl.h's "6+2" bytes, and back: the
+ * same 256 six-bit values, each bit moved, none lost. */
+static void
+q6k_to_v6(const uint8_t *qlh, uint8_t v[192])
+{
+    for (int J = 0; J < 8; J++) {
+        for (int m = 0; m < 3; m++) {
+            for (int i = 0; i < 8; i++) {
+                const unsigned lo = q6k_file_elem(qlh, 32 * J + 8 * m + i);
+                const unsigned top = (q6k_file_elem(qlh, 32 * J + 24 + i) >> (2 * m)) & 3;
+                v[24 * J + 8 * m + i] = (uint8_t)(lo | top << 6);
+            }
+        }
+    }
+}
+
+static void
+q6k_from_v6(const uint8_t v[192], uint8_t *qlh)
+{
+    memset(qlh, 0, 192);
+    for (int e = 0; e < 256; e++) {
+        const int J = e / 32, t = e % 32;
+        unsigned q = 0;
+        if (t < 24) {
+            q = v[24 * J + t] & 0x3f;
+        } else {
+            for (int m = 0; m < 3; m++) {
+                q |= (unsigned)(v[24 * J + 8 * m + (t - 24)] >> 6) << (2 * m);
+            }
+        }
+        const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+        qlh[64 * h + 32 * (c & 1) + l] |= (uint8_t)((q & 0x0f) << (4 * (c >> 1)));
+        qlh[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * c));
     }
 }
 
@@ -215,6 +261,11 @@ row8_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t
                     memset(blk, 0, (size_t)s.blk); /* a zero row: scales 0 */
                 }
                 put_header(type, r, blk, pb);
+                if (type == SP_TYPE_Q6_K) {
+                    uint8_t v[192];
+                    q6k_to_v6(blk + s.qs_src, v);
+                    memcpy(blk + s.qs_src, v, sizeof v);
+                }
                 for (int j = 0; j < s.qs_bytes; j += 8) { /* 8 bytes share a 64-bit lane */
                     memcpy(pb + s.qs_dst + sp__repack_chunk_off(r, j), blk + s.qs_src + j, 8);
                 }
@@ -240,6 +291,11 @@ row8_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *
         get_header(type, rr, pb, o);
         for (int j = 0; j < s.qs_bytes; j += 8) {
             memcpy(o + s.qs_src + j, pb + s.qs_dst + sp__repack_chunk_off(rr, j), 8);
+        }
+        if (type == SP_TYPE_Q6_K) {
+            uint8_t v[192];
+            memcpy(v, o + s.qs_src, sizeof v);
+            q6k_from_v6(v, o + s.qs_src);
         }
     }
 }

@@ -43,14 +43,18 @@
  * sub-block scales as bytes sc[p][r][e] (byte 16 p + 2 r + e is the scale of sub-block 2 p + e
  * of row r: one 16-byte load and VPMOVSXBW give the int16 scales of sub-blocks 2p, 2p + 1 of the
  * 8 rows, the VPMADDWD operand against the token's bsums pair and, spread by one VPSHUFB, the
- * one that widens a row set's pair sums), then the 8 x 128 ql bytes and the 8 x 64 qh bytes,
- * both by the chunk rule (sp__repack_chunk_off; the qh bytes as the row's bytes 128..191).
+ * one that widens a row set's pair sums), then each row's 256 six-bit values (the file's
+ * q + 32, 0..63) as 192 "6+2" bytes by the chunk rule (sp__repack_chunk_off): for value group J
+ * (elements 32 J .. 32 J + 31), byte 24 J + 8 m + i (m = 0..2, i = 0..7) holds element
+ * 32 J + 8 m + i in bits 0-5 and bits 2m, 2m + 1 of element 32 J + 24 + i in bits 6-7. So the
+ * three 32-byte loads of a row set's value group give the first 24 elements with one AND each
+ * and the last 8 from the three top bit pairs (repack.c's q6k_to_v6; avx2_kpack.c): about
+ * 3 vector operations per 32 values where the file's ql / qh split takes about 4.25.
  * The file's bits only moved: 1680 bytes, the 8 x 210 of the file. */
 #define SP_REPACK_Q6K_D 0
 #define SP_REPACK_Q6K_SC 16
-#define SP_REPACK_Q6K_QL 144
-#define SP_REPACK_Q6K_QH (SP_REPACK_Q6K_QL + SP_REPACK_ROWS * 128)
-#define SP_REPACK_Q6K_BLOCK_BYTES (SP_REPACK_Q6K_QH + SP_REPACK_ROWS * 64)
+#define SP_REPACK_Q6K_Q 144
+#define SP_REPACK_Q6K_BLOCK_BYTES (SP_REPACK_Q6K_Q + SP_REPACK_ROWS * 192)
 
 /* Q5_K, per super-block: Q4_K's header (8 F16 d, 8 F16 dmin, the unpacked 6-bit scales
  * sc[j][r] and mins m[r][j]), then the 8 x 32 qh bytes and the 8 x 128 qs bytes by the chunk

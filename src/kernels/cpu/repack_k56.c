@@ -13,14 +13,22 @@
 #include <string.h>
 
 /* Element e (0..255) of row r's super-block in a packed Q6_K block, 0..63 (the file's
- * q + 32): ql's nibble and qh's two bits, where the file's q6k_unpack finds them. */
+ * q + 32), from its "6+2" bytes (repack_impl.h): the low 6 bits of byte 24 J + t for the first
+ * 24 elements of value group J, the top bit pairs of bytes 24 J + 8 m + i for element
+ * 32 J + 24 + i. */
 static int32_t
 q6k_elem(const uint8_t *pb, int r, int e)
 {
-    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-    const uint8_t ql = pb[SP_REPACK_Q6K_QL + sp__repack_chunk_off(r, 64 * h + 32 * (c & 1) + l)];
-    const uint8_t qh = pb[SP_REPACK_Q6K_QH + sp__repack_chunk_off(r, 32 * h + l)];
-    return (int32_t)(((ql >> (4 * (c >> 1))) & 0x0f) | (((qh >> (2 * c)) & 3) << 4));
+    const int J = e / 32, t = e % 32;
+    const uint8_t *q = pb + SP_REPACK_Q6K_Q;
+    if (t < 24) {
+        return q[sp__repack_chunk_off(r, 24 * J + t)] & 0x3f;
+    }
+    int32_t v = 0;
+    for (int m = 0; m < 3; m++) {
+        v |= (int32_t)(q[sp__repack_chunk_off(r, 24 * J + 8 * m + t - 24)] >> 6) << (2 * m);
+    }
+    return v;
 }
 
 /* Row r against one Q8_K row: ref_kquants.c's sumi = sum_k sc[k] * sum (q - 32) * y, then
