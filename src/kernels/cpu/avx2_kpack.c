@@ -1,6 +1,8 @@
 /*
  * avx2_kpack.c - AVX2 gemm (prefill) and gemv (decode, one token) of Q6_K and Q5_K weights in
- * the packed forms of repack_impl.h: 8 rows interleaved per group, x Q8_K activations.
+ * the packed forms of repack_impl.h: 8 rows interleaved per group, x Q8_K activations. Q6_K's
+ * one-token calls read two groups' weight streams at once (avx2_repack_impl.h's rpx_gemv_two);
+ * Q5_K's tile is compute-bound at one token, where a second stream gained nothing.
  *
  * The chunk rule of avx2_repack.c: one 32-byte load holds 8 quant bytes of 4 rows (row set
  * {0,1,4,5} or {2,3,6,7}); it meets the token's 8 matching activation bytes broadcast to the
@@ -146,7 +148,7 @@ KP_INLINE void
 kp_tile_q6k(int G, int T, int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x,
             size_t xs, __m256 *out)
 {
-    __m256 acc[KP_TM];
+    __m256 acc[KP_TM]; /* G * T <= KP_TM: two groups only at one token */
 #pragma GCC unroll 4
     for (int t = 0; t < G * T; t++) {
         acc[t] = _mm256_setzero_ps();
@@ -207,8 +209,8 @@ static const rpx_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q
 
 /* avx2_repack_impl.h's driver: no scratch, chunks of the activation budget */
 static void
-kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
-        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size_t ws,
+        int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) {
         return;
