@@ -112,50 +112,86 @@ q4k_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[SP_K_SCALE_
     }
 }
 
-/* Q6_K element e (0..255) of a block's ql (128 bytes) then qh (64): the file's q + 32, 0..63
- * (ql's nibble, qh's two bits, where ref_kquants.c's unpacking finds them). */
-static unsigned
-q6k_file_elem(const uint8_t *qlh, int e)
+/* 8 bytes as one word and back (SWAR below: the byte fields never carry into a neighbour) */
+static uint64_t
+ld8(const uint8_t *p)
 {
-    const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-    const unsigned ql = qlh[64 * h + 32 * (c & 1) + l], qh = qlh[128 + 32 * h + l];
-    return ((ql >> (4 * (c >> 1))) & 0x0f) | (((qh >> (2 * c)) & 3) << 4);
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-/* A Q6_K block's 192 quant bytes (ql then qh) as repack_impl.h's "6+2" bytes, and back: the
- * same 256 six-bit values, each bit moved, none lost. */
 static void
-q6k_to_v6(const uint8_t *qlh, uint8_t v[192])
+st8(uint8_t *p, uint64_t v)
 {
+    memcpy(p, &v, sizeof v);
+}
+
+#define B8(x) (UINT64_C(0x0101010101010101) * (x)) /* byte x in every byte of a word */
+
+/* A Q6_K block's 192 quant bytes (ql then qh) as its 256 six-bit values (the file's q + 32,
+ * 0..63: ql's nibble and qh's two bits, where ref_kquants.c's unpacking finds them), and back.
+ * Every bit is one value's: the two are inverse bijections. The packing runs this once per row
+ * and super-block of every Q6_K tensor at load, so a word (eight values) at a time. */
+static void
+q6k_values(const uint8_t *qlh, uint8_t q[256])
+{
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 32; l += 8) {
+            const uint64_t ql = ld8(qlh + 64 * h + l), ql2 = ld8(qlh + 64 * h + 32 + l);
+            const uint64_t qh = ld8(qlh + 128 + 32 * h + l);
+            uint8_t *o = q + 128 * h + l;
+            st8(o, (ql & B8(0x0f)) | (qh & B8(3)) << 4);
+            st8(o + 32, (ql2 & B8(0x0f)) | (qh >> 2 & B8(3)) << 4);
+            st8(o + 64, (ql >> 4 & B8(0x0f)) | (qh >> 4 & B8(3)) << 4);
+            st8(o + 96, (ql2 >> 4 & B8(0x0f)) | (qh >> 6 & B8(3)) << 4);
+        }
+    }
+}
+
+static void
+q6k_from_values(const uint8_t q[256], uint8_t *qlh)
+{
+    for (int h = 0; h < 2; h++) {
+        uint8_t *ql = qlh + 64 * h, *qh = qlh + 128 + 32 * h;
+        const uint8_t *v = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            ql[l] = (uint8_t)((v[l] & 0x0f) | (v[64 + l] & 0x0f) << 4);
+            ql[32 + l] = (uint8_t)((v[32 + l] & 0x0f) | (v[96 + l] & 0x0f) << 4);
+            qh[l] = (uint8_t)(v[l] >> 4 | (v[32 + l] >> 4) << 2 | (v[64 + l] >> 4) << 4 |
+                              (v[96 + l] >> 4) << 6);
+        }
+    }
+}
+
+/* The values as repack_impl.h's "6+2" bytes, in place of the 192 quant bytes, and back. */
+static void
+q6k_to_v6(uint8_t *qlh)
+{
+    uint8_t q[256];
+    q6k_values(qlh, q);
     for (int J = 0; J < 8; J++) {
+        const uint64_t top = ld8(q + 32 * J + 24);
         for (int m = 0; m < 3; m++) {
-            for (int i = 0; i < 8; i++) {
-                const unsigned lo = q6k_file_elem(qlh, 32 * J + 8 * m + i);
-                const unsigned top = (q6k_file_elem(qlh, 32 * J + 24 + i) >> (2 * m)) & 3;
-                v[24 * J + 8 * m + i] = (uint8_t)(lo | top << 6);
-            }
+            st8(qlh + 24 * J + 8 * m, ld8(q + 32 * J + 8 * m) | (top >> (2 * m) & B8(3)) << 6);
         }
     }
 }
 
 static void
-q6k_from_v6(const uint8_t v[192], uint8_t *qlh)
+q6k_from_v6(uint8_t *v)
 {
-    memset(qlh, 0, 192);
-    for (int e = 0; e < 256; e++) {
-        const int J = e / 32, t = e % 32;
-        unsigned q = 0;
-        if (t < 24) {
-            q = v[24 * J + t] & 0x3f;
-        } else {
-            for (int m = 0; m < 3; m++) {
-                q |= (unsigned)(v[24 * J + 8 * m + (t - 24)] >> 6) << (2 * m);
-            }
+    uint8_t q[256];
+    for (int J = 0; J < 8; J++) {
+        for (int i = 0; i < 24; i++) {
+            q[32 * J + i] = v[24 * J + i] & 0x3f;
         }
-        const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-        qlh[64 * h + 32 * (c & 1) + l] |= (uint8_t)((q & 0x0f) << (4 * (c >> 1)));
-        qlh[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * c));
+        for (int i = 0; i < 8; i++) {
+            q[32 * J + 24 + i] = (uint8_t)((v[24 * J + i] >> 6) | (v[24 * J + 8 + i] >> 6) << 2 |
+                                           (v[24 * J + 16 + i] >> 6) << 4);
+        }
     }
+    q6k_from_values(q, v);
 }
 
 /* The non-quant part of row r's block: scales (and Q4_K's mins) to / from a packed block. */
@@ -262,9 +298,7 @@ row8_pack(sp_type_t type, int64_t n, const void *src, size_t src_stride, int64_t
                 }
                 put_header(type, r, blk, pb);
                 if (type == SP_TYPE_Q6_K) {
-                    uint8_t v[192];
-                    q6k_to_v6(blk + s.qs_src, v);
-                    memcpy(blk + s.qs_src, v, sizeof v);
+                    q6k_to_v6(blk + s.qs_src);
                 }
                 for (int j = 0; j < s.qs_bytes; j += 8) { /* 8 bytes share a 64-bit lane */
                     memcpy(pb + s.qs_dst + sp__repack_chunk_off(r, j), blk + s.qs_src + j, 8);
@@ -293,9 +327,7 @@ row8_unpack_row(sp_type_t type, int64_t n, const void *packed, int64_t r, void *
             memcpy(o + s.qs_src + j, pb + s.qs_dst + sp__repack_chunk_off(rr, j), 8);
         }
         if (type == SP_TYPE_Q6_K) {
-            uint8_t v[192];
-            memcpy(v, o + s.qs_src, sizeof v);
-            q6k_from_v6(v, o + s.qs_src);
+            q6k_from_v6(o + s.qs_src);
         }
     }
 }
