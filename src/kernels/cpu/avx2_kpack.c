@@ -175,32 +175,17 @@ kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
     rpx_tile_k45(true, false, 1, T, nb, g, 0, x, xs, out);
 }
 
-#define KP_TILE(name, call, T)                                                                 \
-    static void name##_##T(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,          \
-                           const int32_t *xsum, const float *xd, __m256 *out)                  \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        call;                                                                                  \
-    }
-KP_TILE(q6k_tile, kp_tile_q6k(1, 1, nb, g, 0, x, xs, out), 1)
-KP_TILE(q6k_tile, kp_tile_q6k(1, 2, nb, g, 0, x, xs, out), 2)
-KP_TILE(q6k_tile, kp_tile_q6k(1, 3, nb, g, 0, x, xs, out), 3)
-KP_TILE(q6k_tile, kp_tile_q6k(1, 4, nb, g, 0, x, xs, out), 4)
-KP_TILE(q5k_tile, kp_tile_q5k(1, nb, g, x, xs, out), 1)
-KP_TILE(q5k_tile, kp_tile_q5k(2, nb, g, x, xs, out), 2)
-KP_TILE(q5k_tile, kp_tile_q5k(3, nb, g, x, xs, out), 3)
-KP_TILE(q5k_tile, kp_tile_q5k(4, nb, g, x, xs, out), 4)
+RPX_TILE_FN(q6k_tile_1, kp_tile_q6k(1, 1, nb, g, 0, x, xs, out))
+RPX_TILE_FN(q6k_tile_2, kp_tile_q6k(1, 2, nb, g, 0, x, xs, out))
+RPX_TILE_FN(q6k_tile_3, kp_tile_q6k(1, 3, nb, g, 0, x, xs, out))
+RPX_TILE_FN(q6k_tile_4, kp_tile_q6k(1, 4, nb, g, 0, x, xs, out))
+RPX_TILE_FN(q5k_tile_1, kp_tile_q5k(1, nb, g, x, xs, out))
+RPX_TILE_FN(q5k_tile_2, kp_tile_q5k(2, nb, g, x, xs, out))
+RPX_TILE_FN(q5k_tile_3, kp_tile_q5k(3, nb, g, x, xs, out))
+RPX_TILE_FN(q5k_tile_4, kp_tile_q5k(4, nb, g, x, xs, out))
 
 /* One token over two groups' weight streams at once (rpx_gemv_two) */
-static void
-q6k_two(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
-        const int32_t *xsum, const float *xd, __m256 *out)
-{
-    (void)xsum;
-    (void)xd;
-    kp_tile_q6k(2, 1, nb, g, gstep, x, xs, out);
-}
+RPX_TWO_FN(q6k_two, kp_tile_q6k(2, 1, nb, g, gstep, x, xs, out))
 
 static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
                                                  q6k_tile_4};

@@ -481,22 +481,12 @@ rp_tile_iq4nl_wide(int T, bool pf, int64_t nb, const uint8_t *g, const uint8_t *
 
 typedef rpx_tile_fn rp_tile_fn;
 
-/* A tile as an rpx_tile_fn named fname whose body is call (over nb, g, x, xs, xsum, xd, out). */
-#define RP_TILE_FN(fname, call)                                                                \
-    static void fname(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,               \
-                      const int32_t *xsum, const float *xd, __m256 *out)                       \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        call;                                                                                  \
-    }
-
 /* Every tile comes twice: name_T reads weights already in cache (a group's later token tiles
  * and chunks), name_pf_T prefetches them SP_PF_ONE_TOKEN ahead (the first pass over a group,
  * which streams them from memory: rpx_gemm picks it). */
 #define RP_TILE_PAIR(name, T, call_plain, call_pf)                                             \
-    RP_TILE_FN(name##_##T, call_plain)                                                         \
-    RP_TILE_FN(name##_pf_##T, call_pf)
+    RPX_TILE_FN(name##_##T, call_plain)                                                        \
+    RPX_TILE_FN(name##_pf_##T, call_pf)
 
 #define RP_TILE(name, kind, T)                                                                 \
     RP_TILE_PAIR(name, T, rp_tile(kind, 1, T, false, nb, g, 0, x, xs, xsum, xd, out),          \
@@ -512,18 +502,10 @@ RP_TILE(q8_0_tile, RP_Q8_0, 3)
 RP_TILE(q8_0_tile, RP_Q8_0, 4)
 
 /* One token, two groups (rpx_gemv_two): always a group's first pass, so always prefetching */
-#define RP_TWO_FN(name, call)                                                                  \
-    static void name(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,  \
-                     const int32_t *xsum, const float *xd, __m256 *out)                        \
-    {                                                                                          \
-        (void)xsum;                                                                            \
-        (void)xd;                                                                              \
-        call;                                                                                  \
-    }
-RP_TWO_FN(q4_0_two, rp_tile(RP_Q4_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
-RP_TWO_FN(iq4_nl_two, rp_tile(RP_IQ4_NL, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
-RP_TWO_FN(q8_0_two, rp_tile(RP_Q8_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
-RP_TWO_FN(q4_k_two, rpx_tile_k45(false, true, 2, 1, nb, g, gstep, x, xs, out))
+RPX_TWO_FN(q4_0_two, rp_tile(RP_Q4_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RPX_TWO_FN(iq4_nl_two, rp_tile(RP_IQ4_NL, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RPX_TWO_FN(q8_0_two, rp_tile(RP_Q8_0, 2, 1, true, nb, g, gstep, x, xs, xsum, xd, out))
+RPX_TWO_FN(q4_k_two, rpx_tile_k45(false, true, 2, 1, nb, g, gstep, x, xs, out))
 
 /* Q4_K tiles: the Q8_K rows carry their own scale and block sums, no scratch */
 #define RP_TILE_Q4K(T)                                                                         \
@@ -542,7 +524,7 @@ RP_TILE_IQ4XS(1)
 /* IQ4_XS's wide tiles have no prefetching form: their lookups make 2-8 tokens compute-bound,
  * and a prefetch there measured 0.92-0.97x even on weights streaming from memory (kernel_ab) */
 #define RP_TILE_IQ4XS_WIDE(T)                                                                  \
-    RP_TILE_FN(iq4_xs_wide_##T, rp_tile_iq4xs_wide(T, nb, g, x, xs, out))
+    RPX_TILE_FN(iq4_xs_wide_##T, rp_tile_iq4xs_wide(T, nb, g, x, xs, out))
 RP_TILE_IQ4XS_WIDE(2)
 RP_TILE_IQ4XS_WIDE(3)
 RP_TILE_IQ4XS_WIDE(4)

@@ -253,6 +253,25 @@ typedef void (*rpx_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size
 typedef void (*rpx_two_fn)(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs,
                            const int32_t *xsum, const float *xd, __m256 *out);
 
+/* A tile as an rpx_tile_fn named fname whose body is call (over nb, g, x, xs, xsum, xd, out),
+ * and a two-group tile as an rpx_two_fn (the same, and gstep). */
+#define RPX_TILE_FN(fname, call)                                                               \
+    static void fname(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,               \
+                      const int32_t *xsum, const float *xd, __m256 *out)                       \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call;                                                                                  \
+    }
+#define RPX_TWO_FN(fname, call)                                                                \
+    static void fname(int64_t nb, const uint8_t *g, size_t gstep, const uint8_t *x, size_t xs, \
+                      const int32_t *xsum, const float *xd, __m256 *out)                       \
+    {                                                                                          \
+        (void)xsum;                                                                            \
+        (void)xd;                                                                              \
+        call;                                                                                  \
+    }
+
 /* Fills a token chunk's scratch (n_tok tokens from x): xsum / xd[t * nb + b]. */
 typedef void (*rpx_fill_fn)(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb,
                             int32_t *xsum, float *xd);
