@@ -153,13 +153,13 @@ static void
 q6k_from_values(const uint8_t q[256], uint8_t *qlh)
 {
     for (int h = 0; h < 2; h++) {
-        uint8_t *ql = qlh + 64 * h, *qh = qlh + 128 + 32 * h;
-        const uint8_t *v = q + 128 * h;
-        for (int l = 0; l < 32; l++) {
-            ql[l] = (uint8_t)((v[l] & 0x0f) | (v[64 + l] & 0x0f) << 4);
-            ql[32 + l] = (uint8_t)((v[32 + l] & 0x0f) | (v[96 + l] & 0x0f) << 4);
-            qh[l] = (uint8_t)(v[l] >> 4 | (v[32 + l] >> 4) << 2 | (v[64 + l] >> 4) << 4 |
-                              (v[96 + l] >> 4) << 6);
+        for (int l = 0; l < 32; l += 8) {
+            const uint8_t *v = q + 128 * h + l;
+            const uint64_t v0 = ld8(v), v1 = ld8(v + 32), v2 = ld8(v + 64), v3 = ld8(v + 96);
+            st8(qlh + 64 * h + l, (v0 & B8(0x0f)) | (v2 & B8(0x0f)) << 4);
+            st8(qlh + 64 * h + 32 + l, (v1 & B8(0x0f)) | (v3 & B8(0x0f)) << 4);
+            st8(qlh + 128 + 32 * h + l, (v0 >> 4 & B8(3)) | (v1 >> 4 & B8(3)) << 2 |
+                                            (v2 >> 4 & B8(3)) << 4 | (v3 >> 4 & B8(3)) << 6);
         }
     }
 }
@@ -183,13 +183,13 @@ q6k_from_v6(uint8_t *v)
 {
     uint8_t q[256];
     for (int J = 0; J < 8; J++) {
-        for (int i = 0; i < 24; i++) {
-            q[32 * J + i] = v[24 * J + i] & 0x3f;
+        uint64_t top = 0;
+        for (int m = 0; m < 3; m++) {
+            const uint64_t w = ld8(v + 24 * J + 8 * m);
+            st8(q + 32 * J + 8 * m, w & B8(0x3f));
+            top |= (w >> 6 & B8(3)) << (2 * m);
         }
-        for (int i = 0; i < 8; i++) {
-            q[32 * J + 24 + i] = (uint8_t)((v[24 * J + i] >> 6) | (v[24 * J + 8 + i] >> 6) << 2 |
-                                           (v[24 * J + 16 + i] >> 6) << 4);
-        }
+        st8(q + 32 * J + 24, top);
     }
     q6k_from_values(q, v);
 }
