@@ -1,7 +1,7 @@
 /*
  * decode_bench.c - batch-1 weight products against the memory read limit, through the
  * engine's own path: the thread pool, the per-product activation conversion, the row
- * split of batch.c's matmul (sp__batch_mm_chunk, engine/model_impl.h) and the kernel table's
+ * split of batch.c's matmul (sp_mm_split_t, engine/model_impl.h) and the kernel table's
  * gemm (or the packed gemm of a load-time repacked type), next to a plain streaming
  * read of the same bytes split the same way, in the same process and pass order.
  *
@@ -102,9 +102,7 @@ typedef struct job {
     float *y[3];
     const void *x;
     size_t xs; /* bytes between tokens of x */
-    int64_t chunk;
-    int64_t n_chunks[3];
-    int64_t total;
+    sp_mm_split_t split; /* the work items, as batch.c's */
     int read_only; /* 1: sum the bytes instead of the product */
     double sink[64];
 } job_t;
@@ -120,13 +118,10 @@ static void
 job_run(void *arg, int64_t item, int ith)
 {
     job_t *j = arg;
-    int wi = 0;
-    while (item >= j->n_chunks[wi]) {
-        item -= j->n_chunks[wi++];
-    }
+    int wi;
+    int64_t r0, r1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
     const mat_t *w = j->w[wi];
-    const int64_t r0 = item * j->chunk;
-    const int64_t r1 = r0 + j->chunk < w->rows ? r0 + j->chunk : w->rows;
     if (j->read_only) {
         /* The same bytes the product reads: whole packed groups or rows. */
         size_t a, b;
@@ -325,18 +320,14 @@ pass(sp_pool_t *pool, const sp_cpu_kernels_t *k, const model_t *md, int read_onl
         j.x = xa;
         j.xs = xs;
         j.read_only = read_only;
-        int64_t rows = 0;
-        for (int w = 0; w < n_w; w++) {
-            rows += md->m[i + w].rows;
-        }
-        j.chunk = sp__batch_mm_chunk(rows, nth, g_tok);
+        int64_t rows[SP_MM_SPLIT_MAX_W];
         for (int w = 0; w < n_w; w++) {
             j.w[w] = &md->m[i + w];
             j.y[w] = y + (size_t)w * VOCAB * (size_t)g_tok;
-            j.n_chunks[w] = (md->m[i + w].rows + j.chunk - 1) / j.chunk;
-            j.total += j.n_chunks[w];
+            rows[w] = md->m[i + w].rows;
         }
-        sp_pool_run(pool, job_run, &j, j.total);
+        sp__mm_split_init(&j.split, n_w, rows, nth, g_tok);
+        sp_pool_run(pool, job_run, &j, j.split.total);
         nj++;
         i += n_w;
     }

@@ -545,23 +545,18 @@ typedef struct mm_job {
     const void *x;
     size_t x_stride;
     int64_t n_tok;
-    int64_t chunk;            /* rows per work item */
-    int64_t n_chunks[3];
-    int64_t total_chunks;
+    sp_mm_split_t split; /* the work items (model_impl.h) */
 } mm_job_t;
 
 static void
 mm_job_run(void *arg, int64_t item, int ith)
 {
     mm_job_t *j = arg;
-    int wi = 0;
     (void)ith;
-    while (item >= j->n_chunks[wi]) {
-        item -= j->n_chunks[wi++];
-    }
+    int wi;
+    int64_t r0, r1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
     const sp_weight_t *w = j->w[wi];
-    const int64_t r0 = item * j->chunk;
-    const int64_t r1 = r0 + j->chunk < w->n_out ? r0 + j->chunk : w->n_out;
     if (w->packed != NULL && j->k->repack_gemm[w->type] != NULL) { /* load-time packed copy */
         j->k->repack_gemm[w->type](w->n_in, w->packed, w->packed_stride, r0, r1, j->x,
                                    j->x_stride, j->n_tok, j->y[wi], w->n_out);
@@ -587,6 +582,58 @@ sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok)
      * tiles full. Any split gives the same bits (kernel contract). */
     int64_t chunk = rows / ((int64_t)n_threads * 8);
     return chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
+}
+
+void
+sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads, int64_t n_tok)
+{
+    SP_ASSERT(n_w >= 1 && n_w <= SP_MM_SPLIT_MAX_W);
+    memset(s, 0, sizeof *s);
+    s->n_w = n_w;
+    int64_t all = 0;
+    for (int i = 0; i < n_w; i++) {
+        s->rows[i] = rows[i];
+        all += rows[i];
+    }
+    s->chunk = sp__batch_mm_chunk(all, n_threads, n_tok);
+    const int64_t fine = (s->chunk / 4 + 15) & ~(int64_t)15;
+    s->fine = fine < 16 ? 16 : fine;
+    /* The fine tail: the last matrix's last n_threads items' worth of rows, its start on a
+     * 16-row tile; none on one thread or where the items are already a single tile. */
+    const int64_t last = rows[n_w - 1];
+    int64_t tail = 0;
+    if (n_threads > 1 && s->fine < s->chunk) {
+        const int64_t want = (int64_t)n_threads * s->chunk;
+        tail = last <= want ? last : last - ((last - want) & ~(int64_t)15);
+    }
+    s->head = last - tail;
+    s->n_head = (s->head + s->chunk - 1) / s->chunk;
+    for (int i = 0; i < n_w; i++) {
+        s->n_items[i] = i < n_w - 1 ? (rows[i] + s->chunk - 1) / s->chunk
+                                    : s->n_head + (tail + s->fine - 1) / s->fine;
+        s->total += s->n_items[i];
+    }
+}
+
+void
+sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1)
+{
+    int i = 0;
+    while (item >= s->n_items[i]) {
+        item -= s->n_items[i++];
+    }
+    *wi = i;
+    int64_t a, b;
+    if (i < s->n_w - 1 || item < s->n_head) {
+        const int64_t end = i < s->n_w - 1 ? s->rows[i] : s->head;
+        a = item * s->chunk;
+        b = a + s->chunk < end ? a + s->chunk : end;
+    } else {
+        a = s->head + (item - s->n_head) * s->fine;
+        b = a + s->fine < s->rows[i] ? a + s->fine : s->rows[i];
+    }
+    *r0 = a;
+    *r1 = b;
 }
 
 /*
@@ -627,21 +674,15 @@ matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
     j.x = xa;
     j.x_stride = xa_stride;
     j.n_tok = n_tok;
-    int nth = sp_pool_n_threads(b->pool);
-    int64_t rows = 0;
-    for (int i = 0; i < n_w; i++) {
-        rows += w[i]->n_out;
-    }
-    const int64_t chunk = sp__batch_mm_chunk(rows, nth, n_tok);
-    j.chunk = chunk;
+    int64_t rows[SP_MM_SPLIT_MAX_W];
     for (int i = 0; i < n_w; i++) {
         j.w[i] = w[i];
         j.y[i] = y[i];
         j.bias[i] = bias[i];
-        j.n_chunks[i] = (w[i]->n_out + chunk - 1) / chunk;
-        j.total_chunks += j.n_chunks[i];
+        rows[i] = w[i]->n_out;
     }
-    sp_pool_run(b->pool, mm_job_run, &j, j.total_chunks);
+    sp__mm_split_init(&j.split, n_w, rows, sp_pool_n_threads(b->pool), n_tok);
+    sp_pool_run(b->pool, mm_job_run, &j, j.split.total);
 }
 
 static void

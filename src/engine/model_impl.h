@@ -298,4 +298,29 @@ const char *sp__batch_kernels_name(const sp_batch_t *b);
  * whatever the split the bits are the same (kernel contract). */
 int64_t sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok);
 
+/*
+ * The work items of one product job over n_w (<= 3) matrices of rows[i] rows each: items of
+ * `chunk` rows (sp__batch_mm_chunk of all the rows) in matrix order, except the job's last
+ * `tail` rows (the end of its last matrix, about one item per thread), which go in items of
+ * `fine` rows (a quarter of an item) so that the threads run out of work within a fine item
+ * of each other instead of a whole one: the thread that claims the last whole item no longer
+ * leaves the others waiting for it. Items never cross a matrix; all but the last of each
+ * are whole tiles of 16 rows. batch.c's products and bench/decode_bench.c use it.
+ */
+#define SP_MM_SPLIT_MAX_W 3
+typedef struct sp_mm_split {
+    int n_w;
+    int64_t rows[SP_MM_SPLIT_MAX_W];
+    int64_t n_items[SP_MM_SPLIT_MAX_W]; /* items of each matrix */
+    int64_t chunk, fine;
+    int64_t head;   /* rows of the last matrix before its fine tail */
+    int64_t n_head; /* items of chunk rows in the last matrix */
+    int64_t total;  /* items of the job */
+} sp_mm_split_t;
+
+void sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads,
+                       int64_t n_tok);
+/* Item `item` (< s->total): matrix *wi, its rows [*r0, *r1). */
+void sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1);
+
 #endif /* SP_ENGINE_MODEL_IMPL_H */

@@ -776,8 +776,69 @@ TEST(batch_mm_chunk_split)
     }
 }
 
+/* A product job's work items (sp_mm_split_t): in matrix order, each matrix's rows covered
+ * once from 0 in non-empty items that start on 16-row tiles, items of at most `chunk` rows,
+ * the job's last rows (about one item per thread of the last matrix) in items of at most
+ * `fine` = a quarter of an item, none of that on one thread, and never more than
+ * SP_POOL_MAX_CHUNKS items. */
+TEST(batch_mm_split_items)
+{
+    static const int64_t jobs[][3] = {{1, 0, 0},     {15, 0, 0},        {16, 0, 0},
+                                      {17, 0, 0},    {300, 0, 0},       {2048, 0, 0},
+                                      {32000, 0, 0}, {152064, 0, 0},    {2048, 256, 256},
+                                      {5632, 5632, 0}, {1, 15, 17},     {16, 16, 16},
+                                      {4096, 512, 17}, {(int64_t)1 << 22, 0, 0}};
+    static const int threads[] = {1, 2, 3, 8, 64, 512};
+    for (size_t ji = 0; ji < sizeof jobs / sizeof jobs[0]; ji++) {
+        const int n_w = jobs[ji][2] ? 3 : jobs[ji][1] ? 2 : 1;
+        int64_t all = 0;
+        for (int i = 0; i < n_w; i++) {
+            all += jobs[ji][i];
+        }
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            for (int64_t n_tok = 1; n_tok <= 64; n_tok *= 64) {
+                sp_mm_split_t s;
+                sp__mm_split_init(&s, n_w, jobs[ji], threads[t], n_tok);
+                ASSERT(s.chunk == sp__batch_mm_chunk(all, threads[t], n_tok));
+                const int64_t quarter = (s.chunk / 4 + 15) & ~(int64_t)15;
+                ASSERT(s.fine == (quarter < 16 ? 16 : quarter) && s.fine <= s.chunk);
+                ASSERT(s.total >= 1 && s.total <= SP_POOL_MAX_CHUNKS);
+                int wi_prev = 0;
+                int64_t next = 0, fine_rows = 0;
+                for (int64_t item = 0; item < s.total; item++) {
+                    int wi;
+                    int64_t r0, r1;
+                    sp__mm_split_item(&s, item, &wi, &r0, &r1);
+                    if (wi != wi_prev) {
+                        ASSERT(wi == wi_prev + 1 && next == jobs[ji][wi_prev]);
+                        wi_prev = wi;
+                        next = 0;
+                    }
+                    ASSERT(r0 == next && r1 > r0 && r1 <= jobs[ji][wi]);
+                    ASSERT(r0 % 16 == 0 && r1 - r0 <= s.chunk);
+                    if (wi == n_w - 1 && r0 >= s.head) {
+                        ASSERT(r1 - r0 <= s.fine);
+                        fine_rows += r1 - r0;
+                    }
+                    next = r1;
+                }
+                ASSERT(wi_prev == n_w - 1 && next == jobs[ji][n_w - 1]);
+                const int64_t last = jobs[ji][n_w - 1];
+                if (threads[t] == 1 || s.fine == s.chunk) {
+                    ASSERT(fine_rows == 0 || s.fine == s.chunk); /* the plain split */
+                } else {
+                    /* the tail: the last threads' worth of items, or the whole last matrix */
+                    const int64_t want = (int64_t)threads[t] * s.chunk;
+                    ASSERT(fine_rows >= (last < want ? last : want));
+                    ASSERT(fine_rows < want + 16);
+                }
+            }
+        }
+    }
+}
+
 /*
- * One-token products split the way batch.c splits them (sp__batch_mm_chunk items claimed
+ * One-token products split the way batch.c splits them (sp_mm_split_t items claimed
  * from the pool) on a 64-thread pool, far more threads than this machine's cores, must give
  * each row vec_dot's bits: the one-token tiles group rows by the item's size (the AVX2 float
  * tile takes 8 rows (r1 - r0) / 8 apart), so every split must give each row the same
@@ -789,7 +850,8 @@ TEST(batch_mm_chunk_split)
 typedef struct split_job {
     const sp_cpu_kernels_t *k;
     sp_type_t type;
-    int64_t n, rows, chunk;
+    int64_t n, rows;
+    sp_mm_split_t split;
     const void *w;
     size_t ws;
     bool packed;
@@ -802,8 +864,9 @@ split_job_run(void *arg, int64_t item, int ith)
 {
     split_job *j = arg;
     (void)ith;
-    const int64_t r0 = item * j->chunk;
-    const int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+    int wi;
+    int64_t r0, r1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
     if (j->packed) {
         j->k->repack_gemm[j->type](j->n, j->w, j->ws, r0, r1, j->x, 0, 1, j->y, j->rows);
     } else {
@@ -848,8 +911,9 @@ TEST(batch_one_token_split_64_threads)
             }
             for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
                 const int64_t rows = row_counts[ri];
-                split_job j = {k, type, n, rows, sp__batch_mm_chunk(rows, 64, 1), w, rs,
-                               packed != 0, x, got};
+                split_job j = {.k = k, .type = type, .n = n, .rows = rows, .w = w, .ws = rs,
+                               .packed = packed != 0, .x = x, .y = got};
+                sp__mm_split_init(&j.split, 1, &rows, 64, 1);
                 uint8_t *pw = NULL;
                 if (packed) {
                     /* the table's own packed form (Q4_0: 16-row panels at AVX-512 VNNI) */
@@ -870,13 +934,13 @@ TEST(batch_one_token_split_64_threads)
                     for (int64_t r = 0; r < rows; r++) {
                         got[r] = -12345.0f;
                     }
-                    sp_pool_run(pool, split_job_run, &j, (rows + j.chunk - 1) / j.chunk);
+                    sp_pool_run(pool, split_job_run, &j, j.split.total);
                     for (int64_t r = 0; r < rows; r++) {
                         if (memcmp(&got[r], &want[r], sizeof(float)) != 0) {
                             SP_TEST_FAIL("%s %s%s rows %" PRId64 " item %" PRId64
                                          ": y[%" PRId64 "] = %.9g, vec_dot %.9g",
                                          k->name, sp_type_name(type), packed ? " packed" : "",
-                                         rows, j.chunk, r, got[r], want[r]);
+                                         rows, j.split.chunk, r, got[r], want[r]);
                         }
                     }
                 }
