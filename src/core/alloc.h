@@ -25,9 +25,6 @@ void *sp_malloc_aligned(size_t n, size_t align);
  * with sp_free. */
 #define SP_HUGE_PAGE ((size_t)2 << 20)
 void *sp_malloc_huge(size_t n);
-/* The bytes sp_malloc_huge(n) takes (what sp_alloc_bytes_in_use counts for it): n, rounded up
- * to whole huge pages from SP_HUGE_PAGE up; 0 when that overflows. For memory estimates. */
-size_t sp_huge_bytes(size_t n);
 char *sp_strndup(const char *s, size_t n);
 
 /* Bytes currently allocated through this module. */

@@ -80,11 +80,10 @@ sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type)
 
 /* The sizes of a pool's arrays (the cache, the per-block marks and the layer
  * slots, both parts' of a two-part pool summed), for sp_kv_pool_create and
- * sp_kv_pool_bytes alike; the errors are create's. *swa is the sliding part's share of
- * *data. */
+ * sp_kv_pool_bytes alike; the errors are create's. */
 static sp_status_t
 kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
-              size_t *data, size_t *swa, size_t *mark, char *err, size_t err_len)
+              size_t *data, size_t *mark, char *err, size_t err_len)
 {
     if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
@@ -135,7 +134,6 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_b
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
     }
-    *swa = swa_data;
     /* n_blocks, n_swa_blocks <= INT32_MAX, n_layer <= 512: no overflow. */
     *mark = (size_t)(p->n_blocks + n_swa_blocks) * sizeof(uint32_t) +
             (size_t)m->hp.n_layer * sizeof(int32_t);
@@ -146,8 +144,8 @@ sp_status_t
 sp_kv_pool_check_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
                        char *err, size_t err_len)
 {
-    size_t data, swa, mark;
-    return kv_pool_sizes(m, p, n_swa_blocks, &data, &swa, &mark, err, err_len);
+    size_t data, mark;
+    return kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, err, err_len);
 }
 
 sp_status_t
@@ -165,15 +163,9 @@ sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
 size_t
 sp_kv_pool_bytes_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks)
 {
-    size_t data, swa, mark, total;
-    if (kv_pool_sizes(m, p, n_swa_blocks, &data, &swa, &mark, NULL, 0) != SP_OK) {
-        return 0;
-    }
-    /* each part as create allocates it (on huge pages: rounded up to whole ones) */
-    const size_t g = sp_huge_bytes(data > swa ? data - swa : 64);
-    const size_t s = n_swa_blocks > 0 ? sp_huge_bytes(swa > 0 ? swa : 64) : 0;
-    if (g == 0 || (n_swa_blocks > 0 && s == 0) || sp_add_size(g, s, &total) != 0 ||
-        sp_add_size(total, mark + sizeof(sp_kv_pool_t), &total) != 0) {
+    size_t data, mark, total;
+    if (kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, NULL, 0) != SP_OK ||
+        sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
         return 0;
     }
     return total;
@@ -191,9 +183,8 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
                         sp_kv_pool_t **out, char *err, size_t err_len)
 {
     *out = NULL;
-    size_t total, swa_total, mark_bytes;
-    sp_status_t st =
-        kv_pool_sizes(m, p, n_swa_blocks, &total, &swa_total, &mark_bytes, err, err_len);
+    size_t total, mark_bytes;
+    sp_status_t st = kv_pool_sizes(m, p, n_swa_blocks, &total, &mark_bytes, err, err_len);
     if (st != SP_OK) {
         return st;
     }
@@ -233,20 +224,14 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
     }
     /* Not zeroed: a position is always written before it is read, and key
      * lanes past a sequence's end are computed and ignored (kernels.h).
-     * (64 bytes stand in for an empty host part: every layer on the GPU.)
-     * On huge pages where the kernel gives them (sp_malloc_huge): decode reads every layer's
-     * tiles of a sequence each step, 4 KiB tiles a whole block apart (all layers and heads),
-     * so on 4 KiB pages each tile is a TLB miss and a new page for the prefetchers; a plain
-     * read of that pattern ran 13.7 GB/s on 4 KiB pages and 18.3 on huge ones (one thread,
-     * docs/design.md "The KV cache on huge pages"). */
+     * (64 bytes stand in for an empty host part: every layer on the GPU.) */
     const size_t swa_bytes = (size_t)(kv->swa_block_elems * n_swa_blocks) * kv->elt;
-    SP_ASSERT(swa_bytes == swa_total); /* sp_kv_pool_bytes's parts */
     const size_t g_bytes = total - swa_bytes;
-    kv->data = sp_malloc_huge(g_bytes > 0 ? g_bytes : 64);
+    kv->data = sp_malloc_aligned(g_bytes > 0 ? g_bytes : 64, 64);
     kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
     if (n_swa_blocks > 0) {
         /* (64 bytes for a host sliding part without layers: all on the GPU) */
-        kv->swa_data = sp_malloc_huge(swa_bytes > 0 ? swa_bytes : 64);
+        kv->swa_data = sp_malloc_aligned(swa_bytes > 0 ? swa_bytes : 64, 64);
         kv->swa_mark = sp_calloc((size_t)n_swa_blocks, sizeof(uint32_t));
     }
     (void)mark_bytes; /* the marks and the slots, allocated one by one */
