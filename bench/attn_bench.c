@@ -2,10 +2,16 @@
  * attn_bench.c - single-thread speed of the attention kernel per level.
  *
  *   make BUILD=build build/libsampan.a
- *   cc -O2 -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/attn_bench.c build/libsampan.a -lm \
+ *   cc -O2 -march=native -I. -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/attn_bench.c build/libsampan.a -lm \
  *      -o build/attn_bench
  *   ./build/attn_bench [n_kv [head_dim [n_q [level]]]]   (default 512 64 8: TinyLlama at 512;
  *                                                          level scalar|avx2|avx512: only that one)
+ *   ./build/attn_bench paged [n_kv [level]]  the engine's paged layout (engine/kv.c): a block
+ *                                           holds 16 positions of every layer and KV head
+ *                                           (TinyLlama: 22 x 4 x (K, V)), so one head's tiles
+ *                                           are a whole block apart; F32 and F16 caches on
+ *                                           4 KiB pages and on huge pages, and a plain read
+ *                                           of the same tiles (cold only)
  *   ./build/attn_bench mla [n_kv [level]]   the latent shape of DeepSeek-V2-Lite (16 heads,
  *                                           576 = 64 rotated + 512 latent): the two-tile
  *                                           kernel (k->attn) vs engine/mla_attn.c
@@ -17,11 +23,14 @@
  * in decode). Thread CPU time, best of 5 repetitions. Not a test: nothing
  * here asserts.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
+#include "bench/read_sum.h"
 #include "core/alloc.h"
 #include "engine/mla.h"
 #include "kernels/kernels.h"
@@ -41,6 +50,101 @@ cpu_ns(void)
  * in decode) only: the warm case of the main mode measures the same compute.
  * Per level and cache type, the two kernels alternate within each repetition.
  */
+/*
+ * The engine's layout: blocks of 16 positions, each holding every layer's and KV head's key
+ * and value tiles (SLOTS of them, TinyLlama's 22 layers x 4 heads); a call reads one slot's
+ * tiles over a sequence of consecutive blocks, as a decode step does for one layer and head.
+ * Calls go over the slots and sequences of a 704 MiB pool in turn, so the tiles come from
+ * memory. On 4 KiB pages (MADV_NOHUGEPAGE) and on huge pages (MADV_HUGEPAGE, as kv.c asks):
+ * a plain read of the tiles, and the F32 / F16 kernels.
+ */
+static int
+paged_main(int64_t n_kv, const char *only)
+{
+    enum { HD = 64, NQ = 8, SLOTS = 88, NBLOCKS = 512 };
+    if (n_kv < 1 || n_kv > NBLOCKS * 16 / 4) {
+        fprintf(stderr, "usage: attn_bench paged [n_kv (<= %d) [level]]\n", NBLOCKS * 4);
+        return 2;
+    }
+    const int64_t nb = (n_kv + 15) / 16, n_seq = NBLOCKS / nb;
+    float *q = sp_malloc(sizeof(float) * NQ * HD), *o = sp_malloc(sizeof(float) * NQ * HD);
+    float *scratch = sp_malloc_aligned((size_t)(NQ * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
+    int32_t *blocks = sp_malloc(sizeof(int32_t) * NBLOCKS);
+    if (!q || !o || !scratch || !blocks) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < NBLOCKS; i++) blocks[i] = i;
+    srand(1);
+    for (int64_t i = 0; i < NQ * HD; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    printf("paged: n_kv %lld, head_dim %d, %d query heads, tiles %d slots apart; "
+           "cold (a %d-block pool in turn)\n",
+           (long long)n_kv, HD, NQ, SLOTS, NBLOCKS);
+    uint64_t keep = 0;
+    for (int f16 = 0; f16 < 2; f16++) {
+        const size_t elt = f16 ? sizeof(sp_fp16_t) : sizeof(float);
+        const int64_t tile = 16 * HD, bstride = SLOTS * 2 * tile; /* elements */
+        const size_t bytes = (size_t)(NBLOCKS * bstride) * elt;
+        for (int huge = 0; huge < 2; huge++) {
+            char *map = mmap(NULL, bytes + SP_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (map == MAP_FAILED) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
+            char *pool = (char *)(((uintptr_t)map + SP_HUGE_PAGE - 1) & ~(uintptr_t)(SP_HUGE_PAGE - 1));
+            (void)madvise(pool, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+            for (size_t i = 0; i < bytes / elt; i++) {
+                const float v = (float)(i % 1013) / 1013.0f - 0.5f;
+                if (f16) ((sp_fp16_t *)pool)[i] = sp_fp32_to_fp16(v);
+                else ((float *)pool)[i] = v;
+            }
+            /* l = SP_CPU_SCALAR: the plain read (of the F32 pool) instead of the scalar
+             * kernel (minutes at this size); then each SIMD level's kernel */
+            for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
+                const int read = l == SP_CPU_SCALAR;
+                const sp_cpu_kernels_t *k = read ? NULL : sp_cpu_kernels_for((sp_cpu_level_t)l);
+                if (read ? f16 != 0
+                         : k == NULL || (only != NULL &&
+                                         strcmp(only, sp_cpu_level_name((sp_cpu_level_t)l)) != 0)) {
+                    continue;
+                }
+                int64_t best = INT64_MAX, calls = n_seq * SLOTS;
+                for (int r = 0; r < 5; r++) {
+                    int64_t t0 = cpu_ns();
+                    for (int64_t c = 0; c < calls; c++) {
+                        const int64_t seq = c % n_seq, slot = (c / n_seq) % SLOTS;
+                        const char *kb = pool + (size_t)(slot * 2 * tile) * elt;
+                        if (read) {
+                            for (int64_t bi = 0; bi < nb; bi++) {
+                                const float *kt = (const float *)kb + blocks[seq * nb + bi] * bstride;
+                                keep += sp_read_sum(kt, (size_t)tile * elt) +
+                                        sp_read_sum(kt + tile, (size_t)tile * elt);
+                            }
+                            continue;
+                        }
+                        sp_attn_args_t a = {
+                            .head_dim = HD, .n_q = NQ, .n_kv = n_kv, .q = q, .q_stride = HD,
+                            .k = kb, .v = kb + (size_t)tile * elt, .blocks = blocks + seq * nb,
+                            .k_block_stride = bstride, .v_block_stride = bstride, .v_stride = HD,
+                            .scale = 0.125f, .o = o, .o_stride = HD, .scratch = scratch,
+                        };
+                        k->attn[f16 ? SP_TYPE_F16 : SP_TYPE_F32](&a);
+                    }
+                    const int64_t dt = (cpu_ns() - t0) / calls;
+                    best = dt < best ? dt : best;
+                }
+                const double rd = 2.0 * (double)(nb * tile) * (double)elt;
+                printf("%-18s %-4s %-9s %10.0f ns/call  %6.1f GB/s of K+V\n",
+                       read ? "plain read" : k->name, f16 ? "f16" : "f32",
+                       huge ? "huge" : "4k-pages", (double)best, rd / (double)best);
+            }
+            munmap(map, bytes + SP_HUGE_PAGE);
+        }
+    }
+    return keep == 12345; /* the reads' sums kept */
+}
+
 static int
 mla_main(int64_t n_kv, const char *only)
 {
@@ -132,6 +236,9 @@ mla_main(int64_t n_kv, const char *only)
 int
 main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "paged") == 0) {
+        return paged_main(argc > 2 ? atoll(argv[2]) : 576, argc > 3 ? argv[3] : NULL);
+    }
     if (argc > 1 && strcmp(argv[1], "mla") == 0) {
         return mla_main(argc > 2 ? atoll(argv[2]) : 4096, argc > 3 ? argv[3] : NULL);
     }
