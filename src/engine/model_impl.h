@@ -294,7 +294,7 @@ const float *sp__batch_logits_buf(const sp_batch_t *b);
 const char *sp__batch_kernels_name(const sp_batch_t *b);
 /* Weight rows per pool work item of a product over `rows` weight rows (all the
  * matrices of one job) and n_tok activation rows on n_threads threads: the split
- * batch.c's products use (bench/decode_bench.c measures it). A multiple of 16,
+ * batch.c's products use (engine/split.c; bench/decode_bench.c measures it). A multiple of 16,
  * whatever the split the bits are the same (kernel contract). */
 int64_t sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok);
 
