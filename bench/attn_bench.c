@@ -2,8 +2,8 @@
  * attn_bench.c - single-thread speed of the attention kernel per level.
  *
  *   make BUILD=build build/libsampan.a
- *   cc -O2 -march=native -I. -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/attn_bench.c build/libsampan.a -lm \
- *      -o build/attn_bench
+ *   cc -O2 -march=native -I. -Iinclude -Isrc -D_GNU_SOURCE -pthread bench/attn_bench.c \
+ *      build/libsampan.a -lm -o build/attn_bench
  *   ./build/attn_bench [n_kv [head_dim [n_q [level]]]]   (default 512 64 8: TinyLlama at 512;
  *                                                          level scalar|avx2|avx512: only that one)
  *   ./build/attn_bench paged [n_kv [level]]  the engine's paged layout (engine/kv.c): a block
@@ -68,15 +68,18 @@ paged_main(int64_t n_kv, const char *only)
     }
     const int64_t nb = (n_kv + 15) / 16, n_seq = NBLOCKS / nb;
     float *q = sp_malloc(sizeof(float) * NQ * HD), *o = sp_malloc(sizeof(float) * NQ * HD);
-    float *scratch = sp_malloc_aligned((size_t)(NQ * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
+    float *scratch =
+        sp_malloc_aligned((size_t)(NQ * sp_attn_scratch_stride(n_kv)) * sizeof(float), 64);
     int32_t *blocks = sp_malloc(sizeof(int32_t) * NBLOCKS);
     if (!q || !o || !scratch || !blocks) {
         fprintf(stderr, "out of memory\n");
         return 1;
     }
-    for (int i = 0; i < NBLOCKS; i++) blocks[i] = i;
+    for (int i = 0; i < NBLOCKS; i++)
+        blocks[i] = i;
     srand(1);
-    for (int64_t i = 0; i < NQ * HD; i++) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    for (int64_t i = 0; i < NQ * HD; i++)
+        q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     printf("paged: n_kv %lld, head_dim %d, %d query heads, tiles %d slots apart; "
            "cold (a %d-block pool in turn)\n",
            (long long)n_kv, HD, NQ, SLOTS, NBLOCKS);
@@ -92,12 +95,15 @@ paged_main(int64_t n_kv, const char *only)
                 fprintf(stderr, "out of memory\n");
                 return 1;
             }
-            char *pool = (char *)(((uintptr_t)map + SP_HUGE_PAGE - 1) & ~(uintptr_t)(SP_HUGE_PAGE - 1));
+            char *pool =
+                (char *)(((uintptr_t)map + SP_HUGE_PAGE - 1) & ~(uintptr_t)(SP_HUGE_PAGE - 1));
             (void)madvise(pool, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
             for (size_t i = 0; i < bytes / elt; i++) {
                 const float v = (float)(i % 1013) / 1013.0f - 0.5f;
-                if (f16) ((sp_fp16_t *)pool)[i] = sp_fp32_to_fp16(v);
-                else ((float *)pool)[i] = v;
+                if (f16)
+                    ((sp_fp16_t *)pool)[i] = sp_fp32_to_fp16(v);
+                else
+                    ((float *)pool)[i] = v;
             }
             /* l = SP_CPU_SCALAR: the plain read (of the F32 pool) instead of the scalar
              * kernel (minutes at this size); then each SIMD level's kernel */
@@ -105,8 +111,9 @@ paged_main(int64_t n_kv, const char *only)
                 const int read = l == SP_CPU_SCALAR;
                 const sp_cpu_kernels_t *k = read ? NULL : sp_cpu_kernels_for((sp_cpu_level_t)l);
                 if (read ? f16 != 0
-                         : k == NULL || (only != NULL &&
-                                         strcmp(only, sp_cpu_level_name((sp_cpu_level_t)l)) != 0)) {
+                         : k == NULL ||
+                            (only != NULL &&
+                             strcmp(only, sp_cpu_level_name((sp_cpu_level_t)l)) != 0)) {
                     continue;
                 }
                 int64_t best = INT64_MAX, calls = n_seq * SLOTS;
@@ -117,17 +124,29 @@ paged_main(int64_t n_kv, const char *only)
                         const char *kb = pool + (size_t)(slot * 2 * tile) * elt;
                         if (read) {
                             for (int64_t bi = 0; bi < nb; bi++) {
-                                const float *kt = (const float *)kb + blocks[seq * nb + bi] * bstride;
+                                const float *kt =
+                                    (const float *)kb + blocks[seq * nb + bi] * bstride;
                                 keep += sp_read_sum(kt, (size_t)tile * elt) +
-                                        sp_read_sum(kt + tile, (size_t)tile * elt);
+                                    sp_read_sum(kt + tile, (size_t)tile * elt);
                             }
                             continue;
                         }
                         sp_attn_args_t a = {
-                            .head_dim = HD, .n_q = NQ, .n_kv = n_kv, .q = q, .q_stride = HD,
-                            .k = kb, .v = kb + (size_t)tile * elt, .blocks = blocks + seq * nb,
-                            .k_block_stride = bstride, .v_block_stride = bstride, .v_stride = HD,
-                            .scale = 0.125f, .o = o, .o_stride = HD, .scratch = scratch,
+                            .head_dim = HD,
+                            .n_q = NQ,
+                            .n_kv = n_kv,
+                            .q = q,
+                            .q_stride = HD,
+                            .k = kb,
+                            .v = kb + (size_t)tile * elt,
+                            .blocks = blocks + seq * nb,
+                            .k_block_stride = bstride,
+                            .v_block_stride = bstride,
+                            .v_stride = HD,
+                            .scale = 0.125f,
+                            .o = o,
+                            .o_stride = HD,
+                            .scratch = scratch,
                         };
                         k->attn[f16 ? SP_TYPE_F16 : SP_TYPE_F32](&a);
                     }

@@ -303,9 +303,9 @@ int64_t sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok);
  * `chunk` rows (sp__batch_mm_chunk of all the rows) in matrix order, except the job's last
  * `tail` rows (the end of its last matrix, about one item per thread), which go in items of
  * `fine` rows (a quarter of an item) so that the threads run out of work within a fine item
- * of each other instead of a whole one: the thread that claims the last whole item no longer
- * leaves the others waiting for it. Items never cross a matrix; all but the last of each
- * are whole tiles of 16 rows. batch.c's products and bench/decode_bench.c use it.
+ * of each other instead of a whole one. Items never cross a matrix; all but the last of each
+ * are whole tiles of 16 rows. engine/split.c; batch.c's products and bench/decode_bench.c
+ * use it.
  */
 #define SP_MM_SPLIT_MAX_W 3
 typedef struct sp_mm_split {
