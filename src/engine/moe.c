@@ -723,10 +723,10 @@ experts_mm(sp_pool_t *pool, const sp_cpu_kernels_t *k, int n_w, const sp_experts
     for (int i = 0; i < n_w; i++) {
         rows += w[i]->n_out * n_active;
     }
-    /* batch.c's item size over all the experts' rows (model_impl.h; it does not depend on
-     * the token count, which varies by expert here); any split gives the same bits (the
-     * gemm contract). Items stay within one expert's matrix: batch.c's fine tail
-     * (sp_mm_split_t) is not used here. */
+    /* The products' item size over all the experts' rows (engine/split.c; it does not
+     * depend on the token count, which varies by expert here); any split gives the same bits
+     * (the gemm contract). Items stay within one expert's matrix: the dense products' fine
+     * tail (sp_mm_split_t) is not used here. */
     const int64_t chunk = sp__batch_mm_chunk(rows, sp_pool_n_threads(pool), 1);
     j.chunk = chunk;
     int64_t total = 0;
