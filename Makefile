@@ -234,6 +234,12 @@ build-fuzz/fuzz_onnx: tests/fuzz/fuzz_onnx.c $(filter-out backends/onnx/backend.
 $(BUILD)/decode_bench: bench/decode_bench.c bench/read_sum.h $(BUILD)/libsampan.a
 	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) -march=native -pthread -o $@ $< $(BUILD)/libsampan.a $(LDLIBS)
 
+# Whole decode steps of a real model against a plain read of the bytes they stream, paired
+# step by step (bench/step_bench.c; BENCHMARKS.md). A bench tool, not part of `all`.
+$(BUILD)/step_bench: bench/step_bench.c bench/read_sum.h $(BUILD)/libsampan.a
+	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -march=native -pthread -o $@ $< \
+	    $(BUILD)/libsampan.a $(LDLIBS)
+
 # How close the AVX2 Q8_0 prefill gemm is to the instruction set's limit on this CPU (inline-asm
 # throughput loops next to the kernel; bench/q8_ceiling.c, docs/design.md). x86-64 only.
 $(BUILD)/q8_ceiling: bench/q8_ceiling.c $(BUILD)/libsampan.a

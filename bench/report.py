@@ -227,6 +227,9 @@ def summarize(raw):
                                     default=None),
                 "runs": runs,
             }
+        sj = os.path.join(raw, f"{t}.step.json")
+        if os.path.exists(sj):
+            row["sampan_step_read"] = _load(sj)  # bench/step_bench.c --json
         rows.append(row)
     result = {"meta": meta, "membw": bw, "membw_after": bw_after,
               "read_bw_2t_gb_s": read_bw, "results": rows}
@@ -255,8 +258,15 @@ def table(result):
     lines.append("")
     lines.append("| type | weights read/token | decode limit | sampan decode | llama.cpp decode "
                  "| sampan prefill | llama.cpp prefill | decode vs llama.cpp "
-                 "| prefill vs llama.cpp | other load |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "| prefill vs llama.cpp | sampan step vs read, paired | other load |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    def paired(st):
+        # bench/step_bench.c: median (p10-p90) of read time / step time over adjacent pairs
+        if not st:
+            return "-"
+        return (f"{100 * st['share_median']:.0f}% ({100 * st['share_p10']:.0f}-"
+                f"{100 * st['share_p90']:.0f}%)")
+
     for r in result["results"]:
         lim = r["decode_limit_tok_s"]
         s = r.get("sampan", {})
@@ -280,11 +290,16 @@ def table(result):
             f"| {pct(sd)} | {pct(ld)} | {_f(sp)} | {_f(lp)} "
             f"| {_f(sd / ld if sd and ld else None, '{:.2f}x')} "
             f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} "
+            f"| {paired(r.get('sampan_step_read'))} "
             f"| {_f(_other_pct(r), '{:.0f}%')} |")
     lines.append("")
     lines.append("decode and prefill in tokens/s, best of the runs; (n% / m%) = share of the decode "
                  "limit (the run's best read bandwidth / weight bytes read per token), then of the "
                  "read measured just before the type's runs;\n"
+                 "sampan step vs read, paired = bench/step_bench.c: each decode step (same prompt "
+                 "length) paired with a plain read of the weight bytes it streams, a few ms apart; "
+                 "median (10th-90th percentile) of read time / step time, which the host's drift "
+                 "between minutes does not move;\n"
                  "other load = the most CPU that other processes took during the runs shown, as a "
                  "share of the machine (above a few % the numbers are low, both engines' threads "
                  "wait on each other).")

@@ -16,6 +16,9 @@
 # bench/llamacpp_cpu.sh) instead of the best one for this CPU: with SAMPAN_CPU=avx2 in the
 # environment, both engines at the AVX2 level on an AVX-512 host. The table says which variant
 # ggml loaded and at which level our engine ran.
+# Plus, for our engine, bench/step_bench: each decode step paired with a plain read of the
+# weight bytes it streams (its share of the read, which the host's drift between minutes
+# does not move).
 # Plus bench/membw (read/copy bandwidth) before and after, and prints a markdown
 # table with the decode limit = read bandwidth (2 threads) / weight bytes read per
 # token. Results: bench/out/<stamp>/ (raw logs, results.json, table.md) and
@@ -25,6 +28,8 @@
 # the three) and reused. Environment:
 #   BUILD=build          build folder of the engine (`make BUILD=...`), membw goes there too
 #   SAMPAN=...          an engine binary to use as is (default: make $BUILD/sampan first)
+#   STEP_BENCH=...      a step_bench binary to use as is (default: make $BUILD/step_bench, unless
+#                       SAMPAN is given: then no paired share unless this is given too)
 #   PYTHON=/usr/bin/python3 (Debian's, with python3-numpy for the generator)
 set -euo pipefail
 
@@ -119,6 +124,14 @@ if [ "$DO_SAMPAN" = 1 ] && [ -z "$SAMPAN_GIVEN" ]; then
     make BUILD="$BUILD" "$SAMPAN" > "$BUILD/bench-make.log" 2>&1 || {
         tail -20 "$BUILD/bench-make.log" >&2; say "build failed"; exit 1; }
 fi
+# step_bench: each decode step paired with a plain read of its weight bytes (the share that
+# the host's drift between minutes cannot move; bench/step_bench.c)
+# (built from the tree like $SAMPAN; with SAMPAN=... given, only when STEP_BENCH=... is too)
+if [ -z "${STEP_BENCH:-}" ] && [ "$DO_SAMPAN" = 1 ] && [ -z "$SAMPAN_GIVEN" ]; then
+    STEP_BENCH=$BUILD/step_bench
+    make BUILD="$BUILD" "$STEP_BENCH" >> "$BUILD/bench-make.log" 2>&1 || {
+        tail -20 "$BUILD/bench-make.log" >&2; say "building $STEP_BENCH failed"; exit 1; }
+fi
 MEMBW=$BUILD/membw
 if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ] || [ bench/read_sum.h -nt "$MEMBW" ]; then
     say "building $MEMBW"
@@ -207,6 +220,18 @@ for t in $TYPES; do
                 say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
             grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
         done
+        if [ -n "${STEP_BENCH:-}" ]; then
+            say "sampan $t: decode steps paired with reads of their weights (step_bench)"
+            wait_quiet
+            repack=1
+            if [ -n "$REPACK_ARG" ]; then repack=0; fi
+            if SAMPAN_REPACK=$repack "$STEP_BENCH" -m "$f" --prompt "$PROMPT" --gen "$GEN" \
+                   -t "$THREADS" --json > "$RAW/$t.step.json" 2> "$RAW/$t.step.log"; then
+                cat "$RAW/$t.step.json" >&2
+            else
+                say "step_bench failed on $t (see $RAW/$t.step.log)"; rm -f "$RAW/$t.step.json"
+            fi
+        fi
     fi
     if [ "$DO_LLAMACPP" = 1 ]; then
         say "llama.cpp $t ($RUNS runs in one process)"
