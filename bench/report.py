@@ -252,6 +252,8 @@ def table(result):
                        for b in (r.get("llamacpp", {}).get("cpu_backend") or [])})
     lines.append("Levels: Sampan " + (f"SAMPAN_CPU={meta['sampan_cpu_env']}"
                                       if meta.get("sampan_cpu_env") else "its best for this CPU") +
+                 (f", KV cache {meta['sampan_kv_type']}" if meta.get("sampan_kv_type") else
+                  ", KV cache f32 (its default)") +
                  "; llama.cpp " + (", ".join(backends) if backends else "-") +
                  (f" (--llamacpp-cpu {meta['llamacpp_cpu_variant']})"
                   if meta.get("llamacpp_cpu_variant") else ""))

@@ -4,6 +4,7 @@
 #   bench/run.sh [--types "f16 q8_0 q4_0"] [--prompt 512] [--gen 64] [--runs 3]
 #                [--threads 2] [--quick] [--no-llamacpp] [--no-sampan] [--wait-quiet SECS]
 #                [--shape tinyllama|moe-1b] [--no-repack] [--llamacpp-cpu VARIANT]
+#                [--kv-type f32|f16|q8_0]
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
@@ -15,7 +16,8 @@
 # variants (haswell = AVX2+FMA+F16C, skylakex / icelake / zen4 = AVX-512 kinds, sse42, x64, ...;
 # bench/llamacpp_cpu.sh) instead of the best one for this CPU: with SAMPAN_CPU=avx2 in the
 # environment, both engines at the AVX2 level on an AVX-512 host. The table says which variant
-# ggml loaded and at which level our engine ran.
+# ggml loaded and at which level our engine ran. --kv-type: our engine's KV cache type (default
+# its own default, F32; llama.cpp's cache is F16 by default, so f16 compares like with like).
 # Plus, for our engine, bench/step_bench: each decode step paired with a plain read of the
 # weight bytes it streams (its share of the read, which the host's drift between minutes
 # does not move).
@@ -45,6 +47,7 @@ DO_LLAMACPP=1
 DO_SAMPAN=1
 WAIT_QUIET=0
 REPACK_ARG=            # --no-repack: the engine keeps the file's weight layout (A/B)
+KV_TYPE=               # --kv-type: our engine's KV cache type (empty: its default)
 BUILD=${BUILD:-build}
 SAMPAN_GIVEN=${SAMPAN:+1}
 SAMPAN=${SAMPAN:-$BUILD/sampan}
@@ -65,9 +68,13 @@ while [ $# -gt 0 ]; do
     --no-llamacpp) DO_LLAMACPP=0; shift ;;
     --no-sampan) DO_SAMPAN=0; shift ;;
     --no-repack) REPACK_ARG=--no-repack; shift ;;
+    --kv-type)
+        case "$2" in f32|f16|q8_0) KV_TYPE=$2 ;;
+        *) echo "run.sh: --kv-type must be f32, f16 or q8_0" >&2; exit 2 ;; esac
+        shift 2 ;;
     --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
     --llamacpp-cpu) LLAMACPP_CPU=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -216,7 +223,8 @@ for t in $TYPES; do
         for r in $(seq 1 "$RUNS"); do
             say "sampan $t run $r/$RUNS"
             measured "$RAW/$t.sampan.$r" \
-                "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" $REPACK_ARG > /dev/null || {
+                "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" $REPACK_ARG \
+                ${KV_TYPE:+--kv-type "$KV_TYPE"} > /dev/null || {
                 say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
             grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
         done
@@ -226,7 +234,8 @@ for t in $TYPES; do
             repack=1
             if [ -n "$REPACK_ARG" ]; then repack=0; fi
             if SAMPAN_REPACK=$repack "$STEP_BENCH" -m "$f" --prompt "$PROMPT" --gen "$GEN" \
-                   -t "$THREADS" --json > "$RAW/$t.step.json" 2> "$RAW/$t.step.log"; then
+                   -t "$THREADS" ${KV_TYPE:+--kv-type "$KV_TYPE"} --json \
+                   > "$RAW/$t.step.json" 2> "$RAW/$t.step.log"; then
                 cat "$RAW/$t.step.json" >&2
             else
                 say "step_bench failed on $t (see $RAW/$t.step.log)"; rm -f "$RAW/$t.step.json"
@@ -274,6 +283,7 @@ meta = {
     "sampan_commit": sh("git rev-parse --short HEAD") + ("+dirty" if sh("git status --porcelain --untracked-files=no") else ""),
     "peer": json.loads('''$NODE_LLAMA'''),
     "sampan_cpu_env": "${SAMPAN_CPU:-}" or None, "llamacpp_cpu_variant": "$LLAMACPP_CPU" or None,
+    "sampan_kv_type": "$KV_TYPE" or None,
 }
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 EOF
