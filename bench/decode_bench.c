@@ -107,13 +107,6 @@ typedef struct job {
     double sink[64];
 } job_t;
 
-/* The read the products are compared with (read_sum.h); the low bit keeps the loads. */
-static double
-read_sum(const uint8_t *p, size_t bytes)
-{
-    return (double)(sp_read_sum(p, bytes) & 1);
-}
-
 static void
 job_run(void *arg, int64_t item, int ith)
 {
@@ -124,16 +117,10 @@ job_run(void *arg, int64_t item, int ith)
     const mat_t *w = j->w[wi];
     if (j->read_only) {
         /* The same bytes the product reads: whole packed groups or rows. */
-        size_t a, b;
-        if (w->packed != NULL) {
-            a = (size_t)(r0 / w->group_rows) * w->packed_stride;
-            b = (size_t)((r1 + w->group_rows - 1) / w->group_rows) * w->packed_stride;
-            j->sink[ith] += read_sum(w->packed + a, b - a);
-        } else {
-            a = (size_t)r0 * w->row_bytes;
-            b = (size_t)r1 * w->row_bytes;
-            j->sink[ith] += read_sum(w->data + a, b - a);
-        }
+        const uint64_t s = w->packed != NULL
+                               ? sp_read_rows(w->packed, w->packed_stride, w->group_rows, r0, r1)
+                               : sp_read_rows(w->data, w->row_bytes, 1, r0, r1);
+        j->sink[ith] += (double)(s & 1);
         return;
     }
     if (w->packed != NULL) {

@@ -58,6 +58,17 @@ sp_read_sum(const void *p, size_t bytes)
     return sp__read_lanes(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
 }
 
+/* The plain read of rows [r0, r1) of a matrix stored in units of unit_rows rows, unit_bytes each
+ * (load-time packed groups, or rows with unit_rows 1): the whole units that hold them, as a
+ * product over those rows reads them (bench/decode_bench.c, bench/step_bench.c). */
+static inline uint64_t
+sp_read_rows(const void *base, size_t unit_bytes, int64_t unit_rows, int64_t r0, int64_t r1)
+{
+    const size_t a = (size_t)(r0 / unit_rows) * unit_bytes;
+    const size_t b = (size_t)((r1 + unit_rows - 1) / unit_rows) * unit_bytes;
+    return sp_read_sum((const unsigned char *)base + a, b - a);
+}
+
 /* The same sum over two streams at once: the halves of p[0, bytes) read in step, one vector
  * step of each in turn (the shape of the AVX2 one-token products since rpx_gemv_two, which ran
  * faster from memory than over one stream). membw reports the better of the two reads. */

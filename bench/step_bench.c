@@ -67,9 +67,7 @@ job_run(void *arg, int64_t item, int ith)
     int64_t r0, r1;
     sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
     const mat_t *w = &j->w[wi];
-    const size_t a = (size_t)(r0 / w->unit_rows) * w->unit_bytes;
-    const size_t b = (size_t)((r1 + w->unit_rows - 1) / w->unit_rows) * w->unit_bytes;
-    j->sink[ith] += sp_read_sum(w->base + a, b - a) & 1;
+    j->sink[ith] += sp_read_rows(w->base, w->unit_bytes, w->unit_rows, r0, r1) & 1;
 }
 
 static int
