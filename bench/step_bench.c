@@ -11,11 +11,11 @@
  * in one minute and a read taken in another do not make a share. Here every decode step
  * (sp_ctx_eval of one token after a P-token prompt, greedy) is paired with a read of the
  * same weight bytes a few milliseconds before or after it (the order alternates): the same
- * number of threads, the matrices in decode order (q/k/v, o, gate/up, down and gemma4's
- * per-layer input gate and projection per layer, then the output matrix), each job split
- * into the engine's work items (sp_mm_split_t) and summed as 64-bit integers (read_sum.h:
- * the plain read of bench/membw.c and decode_bench.c). The packed copy where the model was
- * repacked at load, the file's rows elsewhere.
+ * number of threads, the matrices in decode order (gemma4's per-layer-input projection, then
+ * per layer q/k/v, o, gate/up, down and gemma4's per-layer input gate and projection, then
+ * the output matrix), each job split into the engine's work items (sp_mm_split_t) and summed
+ * as 64-bit integers (read_sum.h: the plain read of bench/membw.c and decode_bench.c). The
+ * packed copy where the model was repacked at load, the file's rows elsewhere.
  *
  * Printed: the bytes of one read, the median step and read times, and the share = read time
  * / step time per pair (its median and the 10th and 90th percentiles): 100% = the step
@@ -182,7 +182,8 @@ main(int argc, char **argv)
 
     /* The read: the step's matrices in decode order, one job per product. */
     const int64_t n_layer = hp->n_layer;
-    jobs = sp_calloc((size_t)(6 * (n_layer + 1)), sizeof *jobs); /* 6 a layer, the output's slots */
+    /* gemma4's per-layer-input projection, 6 a layer, the output's slots */
+    jobs = sp_calloc((size_t)(1 + 6 * (n_layer + 1)), sizeof *jobs);
     toks = sp_malloc(sizeof *toks * (size_t)(n_prompt + n_gen));
     share = sp_malloc(sizeof(double) * (size_t)n_gen);
     step = sp_malloc(sizeof(double) * (size_t)n_gen);
@@ -194,10 +195,11 @@ main(int argc, char **argv)
     }
     int n_jobs = 0;
     size_t bytes = 0;
-    for (int64_t il = 0; il <= n_layer; il++) {
-        const sp_layer_t *L = il < n_layer ? &m->layers[il] : NULL;
+    for (int64_t il = -1; il <= n_layer; il++) { /* -1: the step's start, n_layer: its end */
+        const sp_layer_t *L = il >= 0 && il < n_layer ? &m->layers[il] : NULL;
+        const sp_weight_t *first = il < 0 ? &m->pl_model_proj : &m->output;
         const sp_weight_t *groups[6][3] = {
-            {L ? &L->wq : &m->output, L ? &L->wk : NULL, L ? &L->wv : NULL},
+            {L ? &L->wq : first, L ? &L->wk : NULL, L ? &L->wv : NULL},
             {L ? &L->wo : NULL, NULL, NULL},
             {L ? &L->w_gate : NULL, L ? &L->w_up : NULL, NULL},
             {L ? &L->w_down : NULL, NULL, NULL},

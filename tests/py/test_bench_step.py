@@ -4,12 +4,13 @@ bench/report.py's table.
 
 step_bench is built with `make build/step_bench` into the binary's build folder. Checked: its
 JSON on the demo model (F32: the file's rows) reads exactly the bytes of the model's matrices
-counted from the GGUF by bench/report.py's own reader (every 2-D tensor but the token embedding,
-which a step reads one row of), and echoes the prompt, the pairs, the threads and the level; on
-a tiny Q4_0 model (tools/gguf_gen.py) the bytes of the file's rows with SAMPAN_REPACK=0, and with
-the load-time repack between those and whole 8-row groups; SAMPAN_CPU picks the level it reports;
-a mixture-of-experts model and bad arguments are refused with a message. Then report.py's
-table prints the paired share's median and 10th-90th percentiles. A few seconds."""
+counted from the GGUF by bench/report.py's own reader (every 2-D tensor but the embedding tables
+a step reads one row of), and echoes the prompt, the pairs, the threads and the level; on a tiny
+Q4_0 model (tools/gguf_gen.py) the bytes of the file's rows with SAMPAN_REPACK=0, and with the
+load-time repack between those and whole 8-row groups; on a tiny gemma4 (layers that read an
+earlier layer's cache, per-layer inputs, a tied output) the same count; SAMPAN_CPU picks the
+level it reports; a mixture-of-experts model and bad arguments are refused with a message. Then
+report.py's table prints the paired share's median and 10th-90th percentiles. A few seconds."""
 import json
 import os
 import sys
@@ -35,13 +36,15 @@ STEP = os.path.join(ROOT, build, "step_bench")
 
 
 def matrix_bytes(path, round_rows=1):
-    """Bytes of the matrices a decode step streams: every 2-D tensor but an untied token
-    embedding, rows rounded up to round_rows."""
+    """Bytes of the matrices a decode step streams: every 2-D tensor but the embedding tables
+    it reads a row of (an untied token embedding, gemma4's per-layer one), rows rounded up to
+    round_rows."""
     _, tensors = report.gguf_tensors(path)
     names = {t[0] for t in tensors}
     total = 0
     for name, dims, _, nbytes in tensors:
-        if len(dims) != 2 or (name == "token_embd.weight" and "output.weight" in names):
+        if len(dims) != 2 or name == "per_layer_token_embd.weight" or (
+                name == "token_embd.weight" and "output.weight" in names):
             continue
         rows = dims[1]
         total += nbytes // rows * (-(-rows // round_rows) * round_rows)
@@ -83,6 +86,13 @@ with tempfile.TemporaryDirectory() as tmp:
     ok = rc == 0 and j is not None and rows_bytes <= j["read_bytes"] <= group_bytes
     s.case("Q4_0 repacked: between the rows and whole 8-row groups", ok,
            "" if ok else f"{j} (want {rows_bytes}..{group_bytes}) {err[-500:]}")
+
+    g4 = os.path.join(tmp, "gemma4.gguf")
+    gguf_gen.generate(g4, dict(preset="gemma4-tiny", seed=3))
+    rc, j, err = step_json(g4, "--prompt", "8", "--gen", "4")
+    ok = rc == 0 and j is not None and j["read_bytes"] == matrix_bytes(g4)
+    s.case("gemma4: shared-cache layers, per-layer inputs, tied output", ok,
+           "" if ok else f"{j} (want {matrix_bytes(g4)}) {err[-500:]}")
 
     moe = os.path.join(tmp, "moe.gguf")
     gguf_gen.generate(moe, dict(preset="qwen2moe-tiny", type="q8_0", seed=3))
