@@ -58,14 +58,22 @@ sp_read_sum(const void *p, size_t bytes)
     return sp__read_lanes(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
 }
 
-/* The plain read of rows [r0, r1) of a matrix stored in units of unit_rows rows, unit_bytes each
- * (load-time packed groups, or rows with unit_rows 1): the whole units that hold them, as a
- * product over those rows reads them (bench/decode_bench.c, bench/step_bench.c). */
+/* The bytes [*a, *b) of a matrix stored in units of unit_rows rows, unit_bytes each (load-time
+ * packed groups, or rows with unit_rows 1) that hold its rows [r0, r1): the whole units, as a
+ * product over those rows reads them. */
+static inline void
+sp_read_span(size_t unit_bytes, int64_t unit_rows, int64_t r0, int64_t r1, size_t *a, size_t *b)
+{
+    *a = (size_t)(r0 / unit_rows) * unit_bytes;
+    *b = (size_t)((r1 + unit_rows - 1) / unit_rows) * unit_bytes;
+}
+
+/* The plain read of those bytes (bench/decode_bench.c, bench/step_bench.c). */
 static inline uint64_t
 sp_read_rows(const void *base, size_t unit_bytes, int64_t unit_rows, int64_t r0, int64_t r1)
 {
-    const size_t a = (size_t)(r0 / unit_rows) * unit_bytes;
-    const size_t b = (size_t)((r1 + unit_rows - 1) / unit_rows) * unit_bytes;
+    size_t a, b;
+    sp_read_span(unit_bytes, unit_rows, r0, r1, &a, &b);
     return sp_read_sum((const unsigned char *)base + a, b - a);
 }
 

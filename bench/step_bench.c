@@ -39,6 +39,7 @@
 #include "read_sum.h"
 #include "core/alloc.h"
 #include "core/pool.h"
+#include "core/timer.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
@@ -90,14 +91,6 @@ add_mat(job_t *j, const sp_weight_t *w)
         m->unit_rows = 1;
     }
     return m->unit_rows > 0 ? 0 : -1;
-}
-
-static int64_t
-now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static void
@@ -219,9 +212,10 @@ main(int argc, char **argv)
                 continue;
             }
             for (int w = 0; w < j->n_w; w++) {
+                size_t a, b;
                 rows[w] = j->w[w].rows;
-                bytes += (size_t)((j->w[w].rows + j->w[w].unit_rows - 1) / j->w[w].unit_rows) *
-                         j->w[w].unit_bytes;
+                sp_read_span(j->w[w].unit_bytes, j->w[w].unit_rows, 0, rows[w], &a, &b);
+                bytes += b - a;
             }
             sp__mm_split_init(&j->split, j->n_w, rows, (int)n_threads, 1);
             n_jobs++;
@@ -247,18 +241,18 @@ main(int argc, char **argv)
         double t_step = 0, t_read = 0;
         for (int half = 0; half < 2; half++) {
             nap_ms(5);
-            const int64_t t0 = now_ns();
+            const int64_t t0 = sp_time_ns();
             if ((half == 0) == (i % 2 == 0)) {
                 if (sp_ctx_eval(c, &toks[n_prompt + i], 1, n_prompt + i) != SP_OK) {
                     fprintf(stderr, "step_bench: decode step %lld failed\n", (long long)i);
                     goto done;
                 }
-                t_step = (double)(now_ns() - t0) / 1e6;
+                t_step = (double)(sp_time_ns() - t0) / 1e6;
             } else {
                 for (int jj = 0; jj < n_jobs; jj++) {
                     sp_pool_run(pool, job_run, &jobs[jj], jobs[jj].split.total);
                 }
-                t_read = (double)(now_ns() - t0) / 1e6;
+                t_read = (double)(sp_time_ns() - t0) / 1e6;
             }
         }
         step[i] = t_step;
