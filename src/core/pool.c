@@ -55,6 +55,7 @@ struct sp_pool {
     atomic_bool stop;
     sp_pool_fn fn;             /* written before the ticket is published */
     void *ctx;
+    sp_pool_prof_t *prof;      /* the caller's profile, or NULL (pool.h) */
 };
 
 typedef struct {
@@ -91,7 +92,9 @@ worker(void *arg)
     worker_arg *wa = arg;
     sp_pool_t *p = wa->p;
     int ith = wa->ith;
-    uint64_t seen = T_GEN(atomic_load(&p->ticket));
+    /* The generation at create (no job has run yet when the pool starts its workers): a
+     * worker that starts after the first job was published still joins it. */
+    uint64_t seen = 0;
     sp_free(wa);
 
     for (;;) {
@@ -249,11 +252,46 @@ sp_pool_n_threads(const sp_pool_t *p)
 }
 
 void
-sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks)
+sp_pool_profile(sp_pool_t *p, sp_pool_prof_t *prof)
 {
-    if (n_chunks <= 0) {
-        return;
+    p->prof = prof;
+}
+
+void
+sp_pool_prof_reset(sp_pool_prof_t *prof)
+{
+    memset(prof, 0, sizeof *prof);
+}
+
+/* One run of n_chunks under label: t0 its start, t_wait when the caller found nothing left to
+ * claim, t1 its end. */
+static void
+prof_add(sp_pool_prof_t *prof, const char *label, int64_t n_chunks, int64_t t0, int64_t t_wait,
+         int64_t t1)
+{
+    int i = 0;
+    while (i < prof->n && prof->e[i].label != label && strcmp(prof->e[i].label, label) != 0) {
+        i++;
     }
+    if (i == prof->n) {
+        if (prof->n == SP_POOL_PROF_MAX) {
+            prof->overflow_calls++;
+            return;
+        }
+        prof->e[prof->n++].label = label;
+    }
+    sp_pool_prof_entry_t *e = &prof->e[i];
+    e->calls++;
+    e->chunks += n_chunks;
+    e->ns += t1 - t0;
+    e->wait_ns += t1 - t_wait;
+}
+
+/* sp_pool_run's work; t_wait (when not NULL) gets the time the caller ran out of chunks to
+ * claim while other threads still ran some (left 0 when it never waited). */
+static void
+run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks, int64_t *t_wait)
+{
     if (p->n_threads == 1 || n_chunks == 1 || n_chunks > SP_POOL_MAX_CHUNKS) {
         /* (the last case is a caller bug: still correct, only serial) */
         for (int64_t i = 0; i < n_chunks; i++) {
@@ -275,6 +313,9 @@ sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks)
     }
     drain(p, gen, 0);
     /* Only chunks that other threads claimed and are still running remain. */
+    if (t_wait != NULL && atomic_load_explicit(&p->n_done, memory_order_acquire) < n_chunks) {
+        *t_wait = sp_time_ns();
+    }
     for (int spins = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < n_chunks;) {
         if (++spins < SPIN_PAUSE) {
             cpu_relax();
@@ -282,4 +323,28 @@ sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks)
             sched_yield();
         }
     }
+}
+
+void
+sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks)
+{
+    sp_pool_run_as(p, "other", fn, ctx, n_chunks);
+}
+
+void
+sp_pool_run_as(sp_pool_t *p, const char *label, sp_pool_fn fn, void *ctx, int64_t n_chunks)
+{
+    if (n_chunks <= 0) {
+        return;
+    }
+    if (p->prof == NULL) {
+        run(p, fn, ctx, n_chunks, NULL);
+        return;
+    }
+    const int64_t t0 = sp_time_ns();
+    int64_t t_wait = 0;
+    run(p, fn, ctx, n_chunks, &t_wait);
+    const int64_t t1 = sp_time_ns();
+    prof_add(p->prof, label != NULL ? label : "other", n_chunks, t0, t_wait != 0 ? t_wait : t1,
+             t1);
 }

@@ -41,5 +41,39 @@ void sp_pool_destroy(sp_pool_t *p); /* NULL is a no-op */
 int sp_pool_n_threads(const sp_pool_t *p);
 /* n_chunks in [0, SP_POOL_MAX_CHUNKS]; with 0 it returns at once. */
 void sp_pool_run(sp_pool_t *p, sp_pool_fn fn, void *ctx, int64_t n_chunks);
+/* The same, counted under label (a string that outlives the profile; NULL: "other") when
+ * profiling. */
+void sp_pool_run_as(sp_pool_t *p, const char *label, sp_pool_fn fn, void *ctx,
+                    int64_t n_chunks);
+
+/*
+ * Where the caller's time goes, job by job. While a profile is set (sp_pool_profile), every
+ * run adds to the entry of its label (sp_pool_run counts under "other"): one call, its
+ * chunks, its wall time from the call until its last chunk is done, and the part of that the
+ * caller spent waiting for chunks other threads were still running after none was left to
+ * claim (the job's tail: threads idle while one finishes). Two clock reads a run; nothing
+ * when no profile is set. Labels are told apart by their text; runs under labels beyond the
+ * table's SP_POOL_PROF_MAX are counted in overflow_calls only.
+ */
+#define SP_POOL_PROF_MAX 32
+
+typedef struct sp_pool_prof_entry {
+    const char *label;
+    int64_t calls;
+    int64_t chunks;
+    int64_t ns;      /* wall time of the runs */
+    int64_t wait_ns; /* of which the caller waited for other threads' last chunks */
+} sp_pool_prof_entry_t;
+
+typedef struct sp_pool_prof {
+    int n; /* entries used, in the order their labels first ran */
+    sp_pool_prof_entry_t e[SP_POOL_PROF_MAX];
+    int64_t overflow_calls;
+} sp_pool_prof_t;
+
+/* Adds the runs from now on to prof (the caller's; NULL stops). The pool's one caller only. */
+void sp_pool_profile(sp_pool_t *p, sp_pool_prof_t *prof);
+/* Empties prof. */
+void sp_pool_prof_reset(sp_pool_prof_t *prof);
 
 #endif /* SP_CORE_POOL_H */

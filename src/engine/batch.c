@@ -483,9 +483,15 @@ sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j)
 }
 
 void
-sp_batch_parallel(sp_batch_t *b, sp_pool_fn fn, void *ctx, int64_t n_items)
+sp_batch_parallel(sp_batch_t *b, const char *label, sp_pool_fn fn, void *ctx, int64_t n_items)
 {
-    sp_pool_run(b->pool, fn, ctx, n_items);
+    sp_pool_run_as(b->pool, label, fn, ctx, n_items);
+}
+
+void
+sp_batch_profile(sp_batch_t *b, sp_pool_prof_t *prof)
+{
+    sp_pool_profile(b->pool, prof);
 }
 
 int
@@ -581,7 +587,7 @@ mm_job_run(void *arg, int64_t item, int ith)
  * weights are read once per step however many rows (sequences) it has.
  */
 static void
-matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
+matmul(sp_batch_t *b, const char *label, int n_w, const sp_weight_t *const *w, float *const *y,
        const float *const *bias, const float *x, int64_t x_stride, int64_t n_tok)
 {
     const sp_cpu_kernels_t *k = b->k;
@@ -589,7 +595,7 @@ matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
     for (int i = 1; i < n_w; i++) {
         if (k->vec_dot_type[w[i]->type] != act_type) { /* mixed formats: one at a time */
             for (int jj = 0; jj < n_w; jj++) {
-                matmul(b, 1, &w[jj], &y[jj], &bias[jj], x, x_stride, n_tok);
+                matmul(b, label, 1, &w[jj], &y[jj], &bias[jj], x, x_stride, n_tok);
             }
             return;
         }
@@ -600,7 +606,7 @@ matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
     if (act_type != SP_TYPE_F32) {
         act_job_t aj = {k->from_float[act_type], x, w[0]->n_in, x_stride, b->act, b->act_stride,
                         n_tok};
-        sp_pool_run(b->pool, act_job_run, &aj, n_tok);
+        sp_pool_run_as(b->pool, "quantize", act_job_run, &aj, n_tok);
         xa = b->act;
         xa_stride = b->act_stride;
     }
@@ -620,17 +626,17 @@ matmul(sp_batch_t *b, int n_w, const sp_weight_t *const *w, float *const *y,
         rows[i] = w[i]->n_out;
     }
     sp__mm_split_init(&j.split, n_w, rows, sp_pool_n_threads(b->pool), n_tok);
-    sp_pool_run(b->pool, mm_job_run, &j, j.split.total);
+    sp_pool_run_as(b->pool, label, mm_job_run, &j, j.split.total);
 }
 
 static void
-matmul1(sp_batch_t *b, const sp_weight_t *w, float *y, const float *x, int64_t x_stride,
-        int64_t n_tok)
+matmul1(sp_batch_t *b, const char *label, const sp_weight_t *w, float *y, const float *x,
+        int64_t x_stride, int64_t n_tok)
 {
     const sp_weight_t *ws[1] = {w};
     float *ys[1] = {y};
     const float *bs[1] = {NULL};
-    matmul(b, 1, ws, ys, bs, x, x_stride, n_tok);
+    matmul(b, label, 1, ws, ys, bs, x, x_stride, n_tok);
 }
 
 /* After the products of projections p0..p0+n_w-1 (same input x): add the LoRA
@@ -791,7 +797,7 @@ static void
 add_norm_rows(sp_batch_t *b, bool add, const float *w, int64_t n_tok)
 {
     add_norm_job_t j = {b, add, false, w, NULL, NULL};
-    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+    sp_pool_run_as(b->pool, "norm", add_norm_job_run, &j, n_tok);
 }
 
 /* add_norm_rows with the sub-layer output normalised by post before the add. */
@@ -799,7 +805,7 @@ static void
 add_post_norm_rows(sp_batch_t *b, const float *post, const float *w, bool copy, int64_t n_tok)
 {
     add_norm_job_t j = {b, true, copy, w, post, NULL};
-    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+    sp_pool_run_as(b->pool, "norm", add_norm_job_run, &j, n_tok);
 }
 
 /* add_post_norm_rows with x times *scale after the add (scale may be NULL). */
@@ -808,7 +814,7 @@ add_post_norm_scale_rows(sp_batch_t *b, const float *post, const float *scale, c
                          bool copy, int64_t n_tok)
 {
     add_norm_job_t j = {b, true, copy, w, post, scale};
-    sp_pool_run(b->pool, add_norm_job_run, &j, n_tok);
+    sp_pool_run_as(b->pool, "norm", add_norm_job_run, &j, n_tok);
 }
 
 /* silu(gate) * up, in place into gate. Element-wise, so any split gives the
@@ -1084,7 +1090,7 @@ final_softcap(sp_batch_t *b, float *logits, int64_t n_rows)
     const sp_hparams_t *hp = &b->m->hp;
     if (hp->final_softcap > 0.0f || hp->logit_scale != 1.0f) {
         softcap_job_t j = {logits, hp->n_vocab, 1.0f / hp->logit_scale, hp->final_softcap};
-        sp_pool_run(b->pool, softcap_job_run, &j, n_rows);
+        sp_pool_run_as(b->pool, "logit_softcap", softcap_job_run, &j, n_rows);
     }
 }
 
@@ -1252,7 +1258,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     b->seqs = seqs;
     b->kv = kv;
 
-    sp_pool_run(b->pool, embed_job_run, b, R);
+    sp_pool_run_as(b->pool, "embed", embed_job_run, b, R);
     int64_t il0 = 0; /* the first layer the CPU runs */
     if (b->gpu != NULL) {
         /* Layers 0..n_gpu-1 on the device, from the rows embedded above. */
@@ -1277,11 +1283,11 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     }
     if (hp->n_embd_pl > 0) {
         /* gemma4's per-layer inputs, from the scaled embeddings (before any layer) */
-        matmul1(b, &m->pl_model_proj, b->pl, b->x, E, R);
-        sp_pool_run(b->pool, pl_input_job_run, b, R);
+        matmul1(b, "per_layer_in", &m->pl_model_proj, b->pl, b->x, E, R);
+        sp_pool_run_as(b->pool, "per_layer_in", pl_input_job_run, b, R);
     }
     add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL, NULL};
-    sp_pool_run(b->pool, add_norm_job_run, &first, R);
+    sp_pool_run_as(b->pool, "norm", add_norm_job_run, &first, R);
 
     const int64_t nth = sp_pool_n_threads(b->pool);
     for (int64_t il = il0; il < hp->n_layer; il++) {
@@ -1308,18 +1314,19 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             sp__mla_qkv(m, il, b->pool, b->k, b->mla_buf, b->max_tokens, b->xn, b->q, b->kv_k,
                         b->kv_v, R);
         } else {
-            matmul(b, n_proj, wqkv, yqkv, bqkv, b->xn, E, R);
+            matmul(b, "qkv", n_proj, wqkv, yqkv, bqkv, b->xn, E, R);
         }
         if (lora) {
             lora_rows(b, seqs, il, SP_LORA_Q, n_proj, yqkv, wqkv, b->xn, E, R);
         }
 
         rope_job_t rj = {b, il};
-        sp_pool_run(b->pool, rope_job_run, &rj, R);
+        sp_pool_run_as(b->pool, "rope", rope_job_run, &rj, R);
         /* A few items per chunk keep a long prefill within the pool's chunk
          * limit. */
         attn_job_t aj = {b, il, R, n_split, 1 + n_items / 16384};
-        sp_pool_run(b->pool, attn_job_run, &aj, (n_items + aj.per_chunk - 1) / aj.per_chunk);
+        sp_pool_run_as(b->pool, "attention", attn_job_run, &aj,
+                       (n_items + aj.per_chunk - 1) / aj.per_chunk);
 
         if (m->mla != NULL) {
             sp__mla_out(m, il, b->pool, b->k, b->mla_buf, b->max_tokens, b->att, b->proj, R);
@@ -1327,7 +1334,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             const sp_weight_t *wo[1] = {&L->wo};
             float *yo[1] = {b->proj};
             const float *bo[1] = {L->bo}; /* NULL but for gpt-oss */
-            matmul(b, 1, wo, yo, bo, b->att, q_dim, R);
+            matmul(b, "attn_out", 1, wo, yo, bo, b->att, q_dim, R);
         }
         if (lora) {
             const sp_weight_t *wo[1] = {&L->wo};
@@ -1345,13 +1352,14 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             const sp_weight_t *wgu[2] = {&L->w_gate, &L->w_up};
             float *ygu[2] = {b->ff_gate, b->ff_up};
             const float *bgu[2] = {NULL, NULL};
-            matmul(b, 2, wgu, ygu, bgu, b->xn, E, R);
+            matmul(b, "ffn_gate_up", 2, wgu, ygu, bgu, b->xn, E, R);
             if (lora) {
                 lora_rows(b, seqs, il, SP_LORA_GATE, 2, ygu, wgu, b->xn, E, R);
             }
             swiglu_job_t sj = {b->k, b->ff_gate, b->ff_up, R * n_ff, hp->ffn_act};
-            sp_pool_run(b->pool, swiglu_job_run, &sj, (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
-            matmul1(b, &L->w_down, b->proj, b->ff_gate, n_ff, R);
+            sp_pool_run_as(b->pool, "ffn_act", swiglu_job_run, &sj,
+                           (sj.n + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK);
+            matmul1(b, "ffn_down", &L->w_down, b->proj, b->ff_gate, n_ff, R);
             if (lora) {
                 const sp_weight_t *wd[1] = {&L->w_down};
                 lora_rows(b, seqs, il, SP_LORA_DOWN, 1, &b->proj, wd, b->ff_gate, n_ff, R);
@@ -1369,10 +1377,10 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
              * RMSNorm(Wproj (gelu(Wgate x) * pl_il)) * post_norm added, x times the
              * layer's scale, and the next layer's input norm. */
             add_post_norm_rows(b, L->ffn_post_norm, NULL, false, R);
-            matmul1(b, &L->pl_gate, b->pl_tmp, b->x, E, R);
+            matmul1(b, "per_layer_gate", &L->pl_gate, b->pl_tmp, b->x, E, R);
             pl_gate_job_t pj = {b, il};
-            sp_pool_run(b->pool, pl_gate_job_run, &pj, R);
-            matmul1(b, &L->pl_proj, b->proj, b->pl_tmp, hp->n_embd_pl, R);
+            sp_pool_run_as(b->pool, "per_layer_gate", pl_gate_job_run, &pj, R);
+            matmul1(b, "per_layer_proj", &L->pl_proj, b->proj, b->pl_tmp, hp->n_embd_pl, R);
             add_post_norm_scale_rows(b, L->pl_post_norm, L->out_scale, next_norm,
                                      il + 1 < hp->n_layer, R);
         } else {
@@ -1401,13 +1409,13 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             }
         }
         if (n_out > 0) {
-            matmul1(b, &m->output, b->logits, b->xn, E, n_out);
+            matmul1(b, "output", &m->output, b->logits, b->xn, E, n_out);
             final_softcap(b, b->logits, n_out);
         }
     } else {
         add_norm_rows(b, false, m->output_norm, R);
         if (out == SP_BATCH_OUT_ALL) {
-            matmul1(b, &m->output, all_logits, b->xn, E, R);
+            matmul1(b, "output", &m->output, all_logits, b->xn, E, R);
             final_softcap(b, all_logits, R);
         }
         for (int64_t i = 0; i < n_seqs; i++) {

@@ -204,8 +204,14 @@ const float *sp_batch_logits_at(const sp_batch_t *b, int64_t i, int64_t j);
  * per-thread scratch). For the work between steps that is per sequence,
  * such as sampling each row's logits, so it does not run on one core while
  * the others wait. Not during a step (one caller at a time, as the step).
+ * label: what a profile counts the run under (core/pool.h).
  */
-void sp_batch_parallel(sp_batch_t *b, sp_pool_fn fn, void *ctx, int64_t n_items);
+void sp_batch_parallel(sp_batch_t *b, const char *label, sp_pool_fn fn, void *ctx,
+                       int64_t n_items);
+/* Adds the batch's pool jobs from now on to prof (NULL stops): its steps' stages, each under
+ * its label (embed, norm, quantize, qkv, rope, attention, attn_out, ffn_gate_up, ffn_act,
+ * ffn_down, output, the MoE / MLA / gemma4 / LoRA stages; core/pool.h). */
+void sp_batch_profile(sp_batch_t *b, sp_pool_prof_t *prof);
 int sp_batch_n_threads(const sp_batch_t *b);
 
 #endif /* SP_ENGINE_BATCH_H */

@@ -267,6 +267,16 @@ ctx_step(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos, sp_batch_ou
 }
 
 sp_status_t
+sp_ctx_profile(sp_ctx_t *c, sp_pool_prof_t *prof)
+{
+    if (c->enc != NULL) {
+        return SP_ERR_UNSUPPORTED;
+    }
+    sp_batch_profile(c->b, prof);
+    return SP_OK;
+}
+
+sp_status_t
 sp_ctx_eval(sp_ctx_t *c, const int32_t *tokens, int64_t n, int64_t pos)
 {
     if (c->enc != NULL) {

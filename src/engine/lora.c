@@ -515,7 +515,7 @@ sp__lora_apply(sp_pool_t *pool, const sp_cpu_kernels_t *k, const sp_lora_apply_t
                 apply_job_run(&j, c, 0);
             }
         } else {
-            sp_pool_run(pool, apply_job_run, &j, n_chunks);
+            sp_pool_run_as(pool, "lora", apply_job_run, &j, n_chunks);
         }
     }
 }

@@ -455,7 +455,7 @@ mla_mm(sp_pool_t *pool, const sp_cpu_kernels_t *k, mla_buf_t *b, const sp_mla_w_
         conv_job_t cj = {k->from_float[at], x, xs, x_mat, w->n_in, w->n_mat, b->act,
                          b->act_stride, seg};
         SP_ASSERT((size_t)w->n_mat * seg <= b->act_stride); /* carve sized act for this */
-        sp_pool_run(pool, conv_job_run, &cj, n_tok);
+        sp_pool_run_as(pool, "quantize", conv_job_run, &cj, n_tok);
         j.x = b->act;
         j.x_stride = b->act_stride;
         j.x_mat_bytes = seg;
@@ -465,7 +465,7 @@ mla_mm(sp_pool_t *pool, const sp_cpu_kernels_t *k, mla_buf_t *b, const sp_mla_w_
     chunk = chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
     j.chunk = chunk;
     j.n_chunks = (w->n_out + chunk - 1) / chunk;
-    sp_pool_run(pool, mm_job_run, &j, j.n_chunks * w->n_mat);
+    sp_pool_run_as(pool, "mla_products", mm_job_run, &j, j.n_chunks * w->n_mat);
 }
 
 /* Per row: the latent key/value [k_pe, RMSNorm(c) * kv_a_norm] and each query
@@ -532,14 +532,14 @@ sp__mla_qkv(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cpu_kerne
         if (ql > 0) {
             mla_mm(pool, k, &b, &L->wq_a, x, E, 0, b.qa, ql, 0, R);
             norm_job_t nj = {k, b.qa, L->q_a_norm, ql, hp->norm_eps};
-            sp_pool_run(pool, norm_job_run, &nj, R);
+            sp_pool_run_as(pool, "norm", norm_job_run, &nj, R);
             mla_mm(pool, k, &b, &L->wq_b, b.qa, ql, 0, b.qf, H * qk, 0, R);
         } else {
             mla_mm(pool, k, &b, &L->wq, x, E, 0, b.qf, H * qk, 0, R);
         }
         mla_mm(pool, k, &b, &L->wkv_a, x, E, 0, b.kva, r + rot, 0, R);
         assemble_job_t aj = {m, L, &b, qr, kv_k + r0 * D, kv_v + r0 * D, k};
-        sp_pool_run(pool, assemble_job_run, &aj, R);
+        sp_pool_run_as(pool, "mla_assemble", assemble_job_run, &aj, R);
         /* The absorbed queries: head h's latent part = wk_b_h q_nope_h. */
         mla_mm(pool, k, &b, &L->wk_b, b.qf, H * qk, qk, qr + rot, H * D, D, R);
     }

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/pool.h"
 #include "crypto/enc.h"
 #include "gguf/gguf.h"
 #include "text/tokenizer.h"
@@ -200,6 +201,9 @@ const float *sp_ctx_logits(const sp_ctx_t *c); /* n_vocab floats */
 /* With logits_all: n_ctx rows of n_vocab, row p = logits after position p. */
 const float *sp_ctx_logits_all(const sp_ctx_t *c);
 int64_t sp_ctx_n_ctx(const sp_ctx_t *c);
+/* Adds the context's evaluation jobs from now on to prof (NULL stops; sp_batch_profile says
+ * what is counted). SP_ERR_UNSUPPORTED for an encoder's context, which does not evaluate. */
+sp_status_t sp_ctx_profile(sp_ctx_t *c, sp_pool_prof_t *prof);
 
 /*
  * Embedding of a whole text: evaluate tokens[0..n) at positions 0..n-1

@@ -659,7 +659,7 @@ convert(sp_pool_t *pool, const sp_cpu_kernels_t *k, sp_type_t type, const float 
         size_t dst_stride)
 {
     conv_job_t j = {k, type, src, src_stride, map, n, dst, dst_stride};
-    sp_pool_run(pool, conv_job_run, &j, rows);
+    sp_pool_run_as(pool, "quantize", conv_job_run, &j, rows);
 }
 
 /* Up to two expert tensors over the same gathered activations: for every
@@ -736,7 +736,7 @@ experts_mm(sp_pool_t *pool, const sp_cpu_kernels_t *k, int n_w, const sp_experts
         j.n_chunks[i] = (w[i]->n_out + chunk - 1) / chunk;
         total += n_active * j.n_chunks[i];
     }
-    sp_pool_run(pool, xmm_job_run, &j, total);
+    sp_pool_run_as(pool, "moe_products", xmm_job_run, &j, total);
 }
 
 /* Convert rows (through map) to the tensors' format and run the products:
@@ -903,7 +903,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
     experts_apply(pool, k, b, 1, wr, yr, xr != NULL ? xr : x, E, NULL, R, one_active, 1,
                   all_rows);
     route_job_t rj = {hp, b, L->router_b, L->sel_b};
-    sp_pool_run(pool, route_job_run, &rj, R);
+    sp_pool_run_as(pool, "moe_route", route_job_run, &rj, R);
 
     /* 3: bucket the slots by expert (counting sort: experts by id, rows in order). */
     memset(b->off, 0, (size_t)(NE + 1) * sizeof(int64_t));
@@ -934,14 +934,14 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
     float *ygu[2] = {b->yg, b->yu};
     experts_apply(pool, k, b, 2, wgu, ygu, x, E, b->slot_row, S, b->active, n_active, b->off);
     act_job_t aj = {k, hp, b->yg, b->yu, hp->n_ff_exp, b->slot_exp, L->gate_b, L->up_b};
-    sp_pool_run(pool, act_job_run, &aj, S);
+    sp_pool_run_as(pool, "ffn_act", act_job_run, &aj, S);
     const sp_experts_t *wd[1] = {&L->down};
     float *yd[1] = {b->yd};
     experts_apply(pool, k, b, 1, wd, yd, b->yg, hp->n_ff_exp, NULL, S, b->active, n_active,
                   b->off);
 
     combine_job_t cj = {hp, b, L->down_b, L->down_s, NULL, false, out, E};
-    sp_pool_run(pool, combine_job_run, &cj, R);
+    sp_pool_run_as(pool, "moe_combine", combine_job_run, &cj, R);
 
     /* 5: the shared expert over all rows, into yd (the experts' outputs are
      * consumed: R <= S rows fit), added with its gate in a second pass. */
@@ -950,7 +950,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
         float *sy[2] = {b->yg, b->yu};
         experts_apply(pool, k, b, 2, sgu, sy, x, E, NULL, R, one_active, 1, all_rows);
         act_job_t sa = {k, hp, b->yg, b->yu, hp->n_ff_shexp, NULL, NULL, NULL};
-        sp_pool_run(pool, act_job_run, &sa, R);
+        sp_pool_run_as(pool, "ffn_act", act_job_run, &sa, R);
         const sp_experts_t *sd[1] = {&L->sh_down};
         float *syd[1] = {b->yd};
         experts_apply(pool, k, b, 1, sd, syd, b->yg, hp->n_ff_shexp, NULL, R, one_active, 1,
@@ -962,7 +962,7 @@ moe_pass(const sp_model_t *m, const sp_moe_layer_t *L, sp_pool_t *pool,
             experts_apply(pool, k, b, 1, si, ysi, x, E, NULL, R, one_active, 1, all_rows);
         }
         combine_job_t sj = {hp, b, NULL, NULL, b->yd, gated, out, E};
-        sp_pool_run(pool, combine_job_run, &sj, R);
+        sp_pool_run_as(pool, "moe_combine", combine_job_run, &sj, R);
     }
 }
 
@@ -1037,8 +1037,8 @@ sp__moe_ffn_gemma4(const sp_model_t *m, int64_t il, sp_pool_t *pool, const sp_cp
     for (int64_t r0 = 0; r0 < n_rows; r0 += b.rows) {
         const int64_t R = n_rows - r0 < b.rows ? n_rows - r0 : b.rows;
         g4_job_t j = {m, &m->layers[il], ML, k, &b, res + r0 * E, ffn + r0 * E};
-        sp_pool_run(pool, g4_pre_job_run, &j, R);
+        sp_pool_run_as(pool, "norm", g4_pre_job_run, &j, R);
         moe_pass(m, ML, pool, k, &b, b.g4_x, b.g4_r, b.g4_y, R);
-        sp_pool_run(pool, g4_post_job_run, &j, R);
+        sp_pool_run_as(pool, "norm", g4_post_job_run, &j, R);
     }
 }

@@ -1380,7 +1380,7 @@ presample(sp_sched_t *s, int64_t n_seqs)
     }
     SP_ASSERT(sp_batch_n_threads(s->batch) <= s->n_threads); /* a scratch row each */
     if (s->n_pre >= 2 && sp_batch_n_threads(s->batch) > 1) {
-        sp_batch_parallel(s->batch, presample_job, s, s->n_pre);
+        sp_batch_parallel(s->batch, "sample", presample_job, s, s->n_pre);
     }
 }
 

@@ -70,7 +70,7 @@ static const char run_usage[] =
 enum {
     OPT_TEMP = 256, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_FREQ, OPT_PRES, OPT_SEED,
     OPT_NO_BOS, OPT_IGNORE_EOS, OPT_TOKENS, OPT_LOGITS_OUT, OPT_DECODE, OPT_RANDOM, OPT_GEN,
-    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16, OPT_KV_TYPE, OPT_NO_REPACK,
+    OPT_BATCH, OPT_STOP, OPT_JSON, OPT_KV_F16, OPT_KV_TYPE, OPT_NO_REPACK, OPT_PROFILE,
 };
 
 /* --kv-type / --kv-f16 (eval): the KV cache type (see sp_ctx_params_t). */
@@ -309,6 +309,10 @@ static const char eval_usage[] =
     "  --kv-type T        KV cache type: f32 (default), f16 (half the cache) or q8_0\n"
     "                     (about a quarter); --kv-f16 is --kv-type f16\n"
     "  --no-repack        keep the file's weight layout (no load-time repack; A/B runs)\n"
+    "  --profile          after each timing line, where its time went: the step's stages\n"
+    "                     (products by matrix, attention, norms, ...), their share of the\n"
+    "                     wall time and the share of a stage the caller waited for other\n"
+    "                     threads' last chunks; decode per token\n"
     "Prints 'prefill: ...' and 'decode: ...' timing lines to stderr.\n";
 
 static const struct option eval_opts[] = {
@@ -325,17 +329,53 @@ static const struct option eval_opts[] = {
     {"kv-f16", no_argument, 0, OPT_KV_F16},
     {"kv-type", required_argument, 0, OPT_KV_TYPE},
     {"no-repack", no_argument, 0, OPT_NO_REPACK},
+    {"profile", no_argument, 0, OPT_PROFILE},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
+
+/* The profile of one timed phase (wall_ns over n_tok tokens) to stderr: the stages by time,
+ * per token when per_token. */
+static void
+print_profile(const char *phase, const sp_pool_prof_t *pr, int64_t wall_ns, int64_t n_tok,
+              bool per_token)
+{
+    const double div = per_token ? (double)n_tok : 1.0;
+    fprintf(stderr, "profile: %s, %lld tokens, %.2f ms%s\n", phase, (long long)n_tok,
+            wall_ns / 1e6, per_token ? "; calls and ms per token" : "");
+    fprintf(stderr, "  %-16s %9s %10s %7s %7s\n", "stage", "calls", "ms", "share", "tail");
+    bool done[SP_POOL_PROF_MAX] = {false};
+    int64_t jobs_ns = 0;
+    for (int k = 0; k < pr->n; k++) {
+        int best = -1;
+        for (int i = 0; i < pr->n; i++) {
+            if (!done[i] && (best < 0 || pr->e[i].ns > pr->e[best].ns)) {
+                best = i;
+            }
+        }
+        const sp_pool_prof_entry_t *e = &pr->e[best];
+        done[best] = true;
+        jobs_ns += e->ns;
+        fprintf(stderr, "  %-16s %9.1f %10.3f %6.1f%% %6.1f%%\n", e->label, e->calls / div,
+                e->ns / 1e6 / div, wall_ns > 0 ? 100.0 * e->ns / wall_ns : 0.0,
+                e->ns > 0 ? 100.0 * e->wait_ns / e->ns : 0.0);
+    }
+    fprintf(stderr, "  %-16s %9s %10.3f %6.1f%%\n", "(outside jobs)", "-",
+            (wall_ns - jobs_ns) / 1e6 / div, wall_ns > 0 ? 100.0 * (wall_ns - jobs_ns) / wall_ns : 0.0);
+    if (pr->overflow_calls > 0) {
+        fprintf(stderr, "  (%lld calls under further labels are in \"outside jobs\")\n",
+                (long long)pr->overflow_calls);
+    }
+}
 
 int
 sp_cmd_eval(int argc, char **argv)
 {
     const char *model = NULL, *tokens_arg = NULL, *logits_out = NULL;
     int64_t n_random = 0, n_gen = 0, n_threads = 0, n_ctx = 0, n_batch = 0, seed = 1;
-    bool decode = false;
+    bool decode = false, profile = false;
     int opt, rc = 1;
+    sp_pool_prof_t prof;
 
     optind = 1;
     while ((opt = getopt_long(argc, argv, "m:t:c:b:h", eval_opts, NULL)) != -1) {
@@ -349,6 +389,7 @@ sp_cmd_eval(int argc, char **argv)
         case OPT_GEN: bad = parse_i64(optarg, "--gen", 0, 1 << 24, &n_gen); break;
         case OPT_LOGITS_OUT: logits_out = optarg; break;
         case OPT_NO_REPACK: sp_model_set_repack(false); break;
+        case OPT_PROFILE: profile = true; break;
         case OPT_KV_F16: opt_kv_type = SP_KV_TYPE_F16; break;
         case OPT_KV_TYPE:
             if (sp_kv_type_from_name(optarg) < 0) {
@@ -422,6 +463,13 @@ sp_cmd_eval(int argc, char **argv)
         }
     }
 
+    if (profile) {
+        sp_pool_prof_reset(&prof);
+        if (sp_ctx_profile(c, &prof) != SP_OK) {
+            fprintf(stderr, "sampan: --profile: this model's context cannot be profiled\n");
+            goto done;
+        }
+    }
     int64_t t0 = sp_time_ns();
     sp_status_t st = SP_OK;
     if (decode) {
@@ -438,6 +486,9 @@ sp_cmd_eval(int argc, char **argv)
     }
     fprintf(stderr, "prefill: %lld tokens in %.2f ms (%.2f tok/s)%s\n", (long long)n, (t1 - t0) / 1e6,
             n / ((t1 - t0) / 1e9), decode ? " [one at a time]" : "");
+    if (profile) {
+        print_profile(decode ? "prefill one at a time" : "prefill", &prof, t1 - t0, n, decode);
+    }
 
     if (logits_out != NULL) {
         f = fopen(logits_out, "wb");
@@ -447,6 +498,9 @@ sp_cmd_eval(int argc, char **argv)
         }
     }
     if (n_gen > 0) {
+        if (profile) {
+            sp_pool_prof_reset(&prof);
+        }
         int64_t t2 = sp_time_ns();
         for (int64_t i = 0; i < n_gen; i++) {
             const float *lg = logits_out ? sp_ctx_logits_all(c) + (n + i - 1) * hp->n_vocab
@@ -464,6 +518,9 @@ sp_cmd_eval(int argc, char **argv)
         int64_t t3 = sp_time_ns();
         fprintf(stderr, "decode: %lld tokens in %.2f ms (%.2f tok/s)\n", (long long)n_gen,
                 (t3 - t2) / 1e6, n_gen / ((t3 - t2) / 1e9));
+        if (profile) {
+            print_profile("decode", &prof, t3 - t2, n_gen, true);
+        }
     }
     rc = 0;
 done:

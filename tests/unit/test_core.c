@@ -2,6 +2,9 @@
 #include "test.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -215,6 +218,120 @@ TEST(pool_wakes_sleeping_workers)
             ASSERT_EQ(atomic_load(&p.calls[i]), 1);
         }
     }
+    sp_pool_destroy(pool);
+}
+
+/* Profiles (pool.h): runs counted per label (by text), "other" for sp_pool_run, the table's
+ * overflow, NULL stops, reset empties. */
+static void
+noop_fn(void *arg, int64_t chunk, int ith)
+{
+    (void)arg;
+    (void)chunk;
+    (void)ith;
+}
+
+static const sp_pool_prof_entry_t *
+prof_find(const sp_pool_prof_t *pr, const char *label)
+{
+    for (int i = 0; i < pr->n; i++) {
+        if (strcmp(pr->e[i].label, label) == 0) {
+            return &pr->e[i];
+        }
+    }
+    return NULL;
+}
+
+TEST(pool_profile_counts_by_label)
+{
+    for (int n = 1; n <= 3; n += 2) {
+        sp_pool_t *pool;
+        ASSERT_OK(sp_pool_create(n, &pool));
+        sp_pool_prof_t pr;
+        sp_pool_prof_reset(&pr);
+        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5); /* not profiled yet */
+        sp_pool_profile(pool, &pr);
+        char alpha2[] = "alpha"; /* the same text at another address: the same entry */
+        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5);
+        sp_pool_run_as(pool, alpha2, noop_fn, NULL, 7);
+        sp_pool_run_as(pool, "beta", noop_fn, NULL, 1);
+        sp_pool_run(pool, noop_fn, NULL, 3);
+        sp_pool_run_as(pool, "beta", noop_fn, NULL, 0); /* no chunks: not a run */
+        ASSERT_EQ(pr.n, 3);
+        const sp_pool_prof_entry_t *a = prof_find(&pr, "alpha"), *b = prof_find(&pr, "beta");
+        const sp_pool_prof_entry_t *o = prof_find(&pr, "other");
+        ASSERT(a != NULL && b != NULL && o != NULL);
+        ASSERT(a == &pr.e[0] && b == &pr.e[1] && o == &pr.e[2]); /* first-run order */
+        ASSERT_EQ(a->calls, 2);
+        ASSERT_EQ(a->chunks, 12);
+        ASSERT_EQ(b->calls, 1);
+        ASSERT_EQ(b->chunks, 1);
+        ASSERT_EQ(o->calls, 1);
+        ASSERT_EQ(o->chunks, 3);
+        for (int i = 0; i < pr.n; i++) {
+            ASSERT(pr.e[i].ns >= 0 && pr.e[i].wait_ns >= 0 && pr.e[i].wait_ns <= pr.e[i].ns);
+        }
+        /* more labels than the table holds: the rest counted as overflow only */
+        char names[SP_POOL_PROF_MAX + 5][16];
+        for (int i = 0; i < SP_POOL_PROF_MAX + 5; i++) {
+            snprintf(names[i], sizeof names[i], "l%d", i);
+            sp_pool_run_as(pool, names[i], noop_fn, NULL, 2);
+        }
+        ASSERT_EQ(pr.n, SP_POOL_PROF_MAX);
+        ASSERT_EQ(pr.overflow_calls, 8); /* 3 used + 29 new fill the table; 8 of 37 left */
+        sp_pool_profile(pool, NULL);
+        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5);
+        ASSERT_EQ(prof_find(&pr, "alpha")->calls, 2);
+        sp_pool_prof_reset(&pr);
+        ASSERT_EQ(pr.n, 0);
+        ASSERT_EQ(pr.overflow_calls, 0);
+        sp_pool_destroy(pool);
+    }
+}
+
+/* The tail: a job whose chunk on another thread sleeps 30 ms while the caller's returns at
+ * once; the caller waits that long for it, and the profile says so. (A worker that starts
+ * after a job was published sits that job out, so the first tries may find none: up to 10.) */
+typedef struct tail_probe {
+    atomic_int worker_started;
+} tail_probe;
+
+static void
+tail_fn(void *arg, int64_t chunk, int ith)
+{
+    tail_probe *p = arg;
+    (void)chunk;
+    if (ith != 0) {
+        atomic_store(&p->worker_started, 1);
+        struct timespec ts = {0, 30 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    /* the caller's chunk: until a worker holds the other one (at most 0.5 s) */
+    for (int i = 0; i < 500 && !atomic_load(&p->worker_started); i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+TEST(pool_profile_measures_the_tail)
+{
+    sp_pool_t *pool;
+    ASSERT_OK(sp_pool_create(2, &pool));
+    sp_pool_prof_t pr;
+    bool seen = false;
+    for (int attempt = 0; attempt < 10 && !seen; attempt++) {
+        sp_pool_prof_reset(&pr);
+        sp_pool_profile(pool, &pr);
+        tail_probe p = {0};
+        sp_pool_run_as(pool, "tail", tail_fn, &p, 2);
+        seen = atomic_load(&p.worker_started);
+    }
+    ASSERT(seen);
+    ASSERT_EQ(pr.n, 1);
+    ASSERT_EQ(pr.e[0].calls, 1);
+    ASSERT(pr.e[0].wait_ns >= 20 * 1000 * 1000); /* the worker's 30 ms, less the clock's slack */
+    ASSERT(pr.e[0].ns >= pr.e[0].wait_ns);
     sp_pool_destroy(pool);
 }
 

@@ -1,0 +1,97 @@
+"""test_eval_profile.py - `sampan eval --profile`: where a prefill's and a decode's time went,
+stage by stage (core/pool.h's profile, the engine's labels).
+
+Checked: on the demo model (F32, 5 layers) the prefill's table has every stage of a llama step
+with the calls the step makes (one qkv, rope, attention, attn_out, ffn_gate_up, ffn_act and
+ffn_down a layer, two norms a layer and one more, one embed and one output) and the decode's the
+same per token; the shares and "(outside jobs)" add up to the wall time; without the flag no
+table. On a generated Q4_0 model one "quantize" run per product (its activations become Q8_0);
+on a generated mixture-of-experts model the MoE stages. A few seconds."""
+import os
+import re
+import sys
+import tempfile
+
+from common import ROOT, DEMO_MODEL, Suite, binary, run
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gguf_gen  # noqa: E402  (tools/, on common's path)
+
+s = Suite("eval_profile")
+exe = binary()
+if exe is None:
+    s.skip("all", "sampan not built")
+    s.finish()
+
+ROW = re.compile(r"^  (\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%$")
+OUTSIDE = re.compile(r"^  \(outside jobs\)\s+-\s+(-?[\d.]+)\s+(-?[\d.]+)%$")
+
+
+def profiles(err):
+    """{phase: (rows {label: (calls, ms, share, tail)}, outside share)} from eval's stderr."""
+    out, phase = {}, None
+    for ln in err.splitlines():
+        m = re.match(r"^profile: ([a-z ]+), (\d+) tokens, ([\d.]+) ms", ln)
+        if m:
+            phase = m.group(1)
+            out[phase] = ({}, None)
+            continue
+        if phase is None:
+            continue
+        m = ROW.match(ln)
+        if m:
+            out[phase][0][m.group(1)] = tuple(float(x) for x in m.group(2, 3, 4, 5))
+            continue
+        m = OUTSIDE.match(ln)
+        if m:
+            out[phase] = (out[phase][0], float(m.group(2)))
+            phase = None
+    return out
+
+
+def evaluate(model, *args):
+    rc, out, err = run([exe, "eval", "-m", model, "--random", "24", "--gen", "6", "-t", "2",
+                        *args], timeout=120)
+    return rc, err
+
+
+rc, err = evaluate(DEMO_MODEL, "--profile")
+p = profiles(err)
+n_layer = 5
+want = {"embed": 1, "norm": 2 * n_layer + 1, "qkv": n_layer, "rope": n_layer,
+        "attention": n_layer, "attn_out": n_layer, "ffn_gate_up": n_layer, "ffn_act": n_layer,
+        "ffn_down": n_layer, "output": 1}
+for phase in ("prefill", "decode"):
+    rows, outside = p.get(phase, ({}, None))
+    calls = {k: v[0] for k, v in rows.items()}
+    ok = rc == 0 and calls == want and outside is not None
+    s.case(f"demo model, {phase}: every stage, the step's calls", ok,
+           "" if ok else f"rc {rc} {calls} (want {want}) {err[-1500:]}")
+    total = sum(v[2] for v in rows.values()) + (outside or 0.0)
+    ok = rc == 0 and abs(total - 100.0) <= 0.1 * (len(rows) + 1) and \
+        all(0 <= v[2] <= 100 and 0 <= v[3] <= 100 and v[1] >= 0 for v in rows.values())
+    s.case(f"demo model, {phase}: the shares and the outside add up to the wall time", ok,
+           "" if ok else f"{total} {rows} {outside}")
+
+rc, err = evaluate(DEMO_MODEL)
+s.case("without --profile: no table", rc == 0 and "profile:" not in err and "decode:" in err,
+       err[-800:])
+
+with tempfile.TemporaryDirectory() as tmp:
+    q4 = os.path.join(tmp, "tiny-q4_0.gguf")
+    gguf_gen.generate(q4, dict(preset="tiny", type="q4_0", seed=5))
+    rc, err = evaluate(q4, "--profile")
+    rows = profiles(err).get("decode", ({}, None))[0]
+    products = sum(rows.get(k, (0,))[0] for k in ("qkv", "attn_out", "ffn_gate_up", "ffn_down",
+                                                  "output"))
+    ok = rc == 0 and "quantize" in rows and products > 0 and rows["quantize"][0] == products
+    s.case("Q4_0: one quantize run per product", ok, "" if ok else f"rc {rc} {rows} {err[-800:]}")
+
+    moe = os.path.join(tmp, "moe.gguf")
+    gguf_gen.generate(moe, dict(preset="qwen2moe-tiny", type="q8_0", seed=3))
+    rc, err = evaluate(moe, "--profile")
+    rows = profiles(err).get("decode", ({}, None))[0]
+    ok = rc == 0 and all(k in rows for k in ("moe_products", "moe_route", "moe_combine",
+                                             "attention", "qkv"))
+    s.case("mixture of experts: its stages", ok, "" if ok else f"rc {rc} {rows} {err[-800:]}")
+s.finish()
