@@ -466,7 +466,7 @@ sp_cmd_eval(int argc, char **argv)
     if (profile) {
         sp_pool_prof_reset(&prof);
         if (sp_ctx_profile(c, &prof) != SP_OK) {
-            fprintf(stderr, "sampan: --profile: this model's context cannot be profiled\n");
+            fprintf(stderr, "sampan: --profile: an encoder model, which eval does not run\n");
             goto done;
         }
     }

@@ -6,7 +6,8 @@ with the calls the step makes (one qkv, rope, attention, attn_out, ffn_gate_up, 
 ffn_down a layer, two norms a layer and one more, one embed and one output) and the decode's the
 same per token; the shares and "(outside jobs)" add up to the wall time; without the flag no
 table. On a generated Q4_0 model one "quantize" run per product (its activations become Q8_0);
-on a generated mixture-of-experts model the MoE stages. A few seconds."""
+on a generated mixture-of-experts model the MoE stages; an encoder (which eval does not run)
+refused with a message. A few seconds."""
 import os
 import re
 import sys
@@ -94,4 +95,13 @@ with tempfile.TemporaryDirectory() as tmp:
     ok = rc == 0 and all(k in rows for k in ("moe_products", "moe_route", "moe_combine",
                                              "attention", "qkv"))
     s.case("mixture of experts: its stages", ok, "" if ok else f"rc {rc} {rows} {err[-800:]}")
+
+    bert = os.path.join(tmp, "bert.gguf")
+    gguf_gen.generate(bert, dict(arch="bert", dim=64, n_heads=4, n_layers=2, ff=128, ctx=128,
+                                 pooling="cls", vocab_from=os.path.join(
+                                     ROOT, "tests", "data", "tokenizer",
+                                     "ggml-vocab-bert-bge.gguf")))
+    rc, out, err = run([exe, "eval", "-m", bert, "--tokens", "101,2000,102", "--profile"],
+                       timeout=60)
+    s.case("an encoder: refused, named", rc == 1 and "encoder" in err, f"rc {rc} {err[-500:]}")
 s.finish()
