@@ -126,17 +126,62 @@ def bytes_per_token(path):
 
 
 _LINE = re.compile(r"^(prefill|decode): (\d+) tokens in ([\d.]+) ms \(([\d.]+) tok/s\)")
+# `sampan eval --profile`'s tables (src/tools/generate.c): a head line, then a stage a line
+_PROF_HEAD = re.compile(r"^profile: ([a-z ]+), (\d+) tokens, ([\d.]+) ms")
+_PROF_ROW = re.compile(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%$")
+_PROF_OUT = re.compile(r"^\(outside jobs\)\s+-\s+(-?[\d.]+)\s+(-?[\d.]+)%$")
+# the stages that are weight products (engine/batch.c's, moe.c's and mla.c's labels)
+PRODUCT_STAGES = ("qkv", "attn_out", "ffn_gate_up", "ffn_down", "output", "per_layer_in",
+                  "per_layer_gate", "per_layer_proj", "moe_products", "mla_products")
 
 
 def parse_sampan_log(path):
-    out = {}
+    """The timing lines of a `sampan eval` log, and with --profile each phase's stages:
+    out["profile"][phase] = {"stages": {label: {calls, ms, share, tail}}, "outside_share"}
+    (ms and calls per token for the decode, shares and tails in %)."""
+    out, phase = {}, None
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            m = _LINE.match(line.strip())
+            line = line.strip()
+            m = _LINE.match(line)
             if m:
                 out[m.group(1)] = {"tokens": int(m.group(2)), "ms": float(m.group(3)),
                                    "tok_s": float(m.group(4))}
+                phase = None
+                continue
+            m = _PROF_HEAD.match(line)
+            if m:
+                phase = m.group(1)
+                out.setdefault("profile", {})[phase] = {"stages": {}, "outside_share": None}
+                continue
+            if phase is None:
+                continue
+            m = _PROF_ROW.match(line)
+            if m:
+                out["profile"][phase]["stages"][m.group(1)] = {
+                    "calls": float(m.group(2)), "ms": float(m.group(3)),
+                    "share": float(m.group(4)), "tail": float(m.group(5))}
+                continue
+            m = _PROF_OUT.match(line)
+            if m:
+                out["profile"][phase]["outside_share"] = float(m.group(2))
+                phase = None
     return out
+
+
+def decode_split(run):
+    """A run's decode profile as shares of the step (%): products, attention, the other stages,
+    outside the jobs, and the attention's tail; None without one."""
+    p = run.get("profile", {}).get("decode")
+    if not p or not p["stages"] or p["outside_share"] is None:
+        return None
+    st = p["stages"]
+    prod = sum(v["share"] for k, v in st.items() if k in PRODUCT_STAGES)
+    att = st.get("attention", {}).get("share", 0.0)
+    rest = sum(v["share"] for k, v in st.items()
+               if k not in PRODUCT_STAGES and k != "attention")
+    return {"products": prod, "attention": att, "other_stages": rest,
+            "outside": p["outside_share"], "attention_tail": st.get("attention", {}).get("tail")}
 
 
 def _load(path):
@@ -294,6 +339,23 @@ def table(result):
             f"| {_f(sp / lp if sp and lp else None, '{:.2f}x')} "
             f"| {paired(r.get('sampan_step_read'))} "
             f"| {_f(_other_pct(r), '{:.0f}%')} |")
+    split = []
+    for r in result["results"]:
+        runs = [x for x in r.get("sampan", {}).get("runs", []) if "decode" in x]
+        best = max(runs, key=lambda x: x["decode"]["tok_s"]) if runs else None
+        d = decode_split(best) if best else None
+        if d:
+            split.append(f"| {r['type'].upper()} | {d['products']:.1f}% | {d['attention']:.1f}% "
+                         f"| {_f(d['attention_tail'], '{:.1f}%')} | {d['other_stages']:.1f}% "
+                         f"| {d['outside']:.1f}% |")
+    if split:
+        lines.append("")
+        lines.append("Where Sampan's decode step went (`sampan eval --profile`, its best decode run):")
+        lines.append("")
+        lines.append("| type | weight products | attention | attention tail | other stages "
+                     "| outside jobs |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        lines.extend(split)
     lines.append("")
     lines.append("decode and prefill in tokens/s, best of the runs; (n% / m%) = share of the decode "
                  "limit (the run's best read bandwidth / weight bytes read per token), then of the "
@@ -304,7 +366,12 @@ def table(result):
                  "between minutes does not move;\n"
                  "other load = the most CPU that other processes took during the runs shown, as a "
                  "share of the machine (above a few % the numbers are low, both engines' threads "
-                 "wait on each other).")
+                 "wait on each other);\n"
+                 "where the decode step went: shares of the step's wall time, the weight products "
+                 "(every matrix), the attention over the cache, the other stages (norms, rope, "
+                 "activation conversion, SwiGLU, embedding), the rest outside the pool's jobs; "
+                 "attention tail = the share of the attention the calling thread waited for the "
+                 "other threads' last items.")
     return "\n".join(lines)
 
 

@@ -8,7 +8,10 @@
 #
 # For each type it runs, one after the other (never in parallel: the machine has
 # 2 cores and both engines use both):
-#   - our engine:  $SAMPAN eval -m FILE --tokens IDS --gen G -t 2   (RUNS processes)
+#   - our engine:  $SAMPAN eval -m FILE --tokens IDS --gen G -t 2 --profile   (RUNS processes;
+#                  the profile, two clock reads per pool job, is about 0.05% of a step here, and
+#                  gives the table of where the decode step went; left out for a SAMPAN=...
+#                  binary that does not know the flag)
 #   - llama.cpp:   node bench/llamacpp.mjs -m FILE --tokens IDS --gen G -t 2 (RUNS runs)
 # on the same TinyLlama-1.1B-shaped random-weight model (--shape moe-1b: a 1B-class
 # Qwen3-MoE shape, 8 experts, top-2; tools/gguf_gen.py's presets) and the same prompt ids,
@@ -139,6 +142,12 @@ if [ -z "${STEP_BENCH:-}" ] && [ "$DO_SAMPAN" = 1 ] && [ -z "$SAMPAN_GIVEN" ]; t
     make BUILD="$BUILD" "$STEP_BENCH" >> "$BUILD/bench-make.log" 2>&1 || {
         tail -20 "$BUILD/bench-make.log" >&2; say "building $STEP_BENCH failed"; exit 1; }
 fi
+# where each decode step went (eval --profile); a SAMPAN=... binary older than the flag runs
+# without it (no such table then)
+PROFILE_ARG=
+if [ "$DO_SAMPAN" = 1 ] && "$SAMPAN" eval --help 2>/dev/null | grep -q -- '--profile'; then
+    PROFILE_ARG=--profile
+fi
 MEMBW=$BUILD/membw
 if [ ! -x "$MEMBW" ] || [ bench/membw.c -nt "$MEMBW" ] || [ bench/read_sum.h -nt "$MEMBW" ]; then
     say "building $MEMBW"
@@ -224,7 +233,7 @@ for t in $TYPES; do
             say "sampan $t run $r/$RUNS"
             measured "$RAW/$t.sampan.$r" \
                 "$SAMPAN" eval -m "$f" --tokens "$IDS" --gen "$GEN" -t "$THREADS" $REPACK_ARG \
-                ${KV_TYPE:+--kv-type "$KV_TYPE"} > /dev/null || {
+                ${KV_TYPE:+--kv-type "$KV_TYPE"} $PROFILE_ARG > /dev/null || {
                 say "sampan failed on $t (see $RAW/$t.sampan.$r.log)"; break; }
             grep -E '^(prefill|decode):' "$RAW/$t.sampan.$r.log" >&2 || true
         done

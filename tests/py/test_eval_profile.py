@@ -7,7 +7,9 @@ ffn_down a layer, two norms a layer and one more, one embed and one output) and 
 same per token; the shares and "(outside jobs)" add up to the wall time; without the flag no
 table. On a generated Q4_0 model one "quantize" run per product (its activations become Q8_0);
 on a generated mixture-of-experts model the MoE stages; an encoder (which eval does not run)
-refused with a message. A few seconds."""
+refused with a message. bench/report.py (bench/run.sh's table) parses the same output into the
+decode's split (products, attention, other stages, outside), which adds up to the step, and
+prints its table only for profiled runs. A few seconds."""
 import os
 import re
 import sys
@@ -17,6 +19,7 @@ from common import ROOT, DEMO_MODEL, Suite, binary, run
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gguf_gen  # noqa: E402  (tools/, on common's path)
+import report  # noqa: E402
 
 s = Suite("eval_profile")
 exe = binary()
@@ -77,6 +80,32 @@ for phase in ("prefill", "decode"):
 rc, err = evaluate(DEMO_MODEL)
 s.case("without --profile: no table", rc == 0 and "profile:" not in err and "decode:" in err,
        err[-800:])
+
+# bench/report.py reads the same output back (bench/run.sh runs eval with --profile)
+with tempfile.TemporaryDirectory() as tmp:
+    logs = []
+    for args in (["--profile"], []):
+        rc, err = evaluate(DEMO_MODEL, *args)
+        logs.append(os.path.join(tmp, f"demo{len(logs)}.log"))
+        with open(logs[-1], "w", encoding="utf-8") as f:
+            f.write(err)
+    run_p, run_plain = (report.parse_sampan_log(x) for x in logs)
+    d = report.decode_split(run_p)
+    ok = (d is not None and "decode" in run_p and d["attention"] > 0 and d["products"] > 0 and
+          abs(d["products"] + d["attention"] + d["other_stages"] + d["outside"] - 100) < 1.5 and
+          set(run_p["profile"]["prefill"]["stages"]) == set(want) and
+          "profile" not in run_plain and report.decode_split(run_plain) is None)
+    s.case("report.py: the profile parsed, the decode split adds up", ok,
+           "" if ok else f"{d} {run_p.get('profile')} {run_plain}")
+    row = {"type": "f32", "read_bytes_per_token": 1e6, "decode_limit_tok_s": 1000.0,
+           "sampan": {"decode_tok_s": run_p["decode"]["tok_s"],
+                      "prefill_tok_s": run_p["prefill"]["tok_s"], "runs": [run_p]}}
+    plain = dict(row, type="q8_0", sampan=dict(row["sampan"], runs=[run_plain]))
+    t = report.table({"read_bw_2t_gb_s": 36.0, "results": [row, plain], "meta": {}})
+    part = t.split("Where Sampan's decode step went")[-1]
+    ok = ("Where Sampan's decode step went" in t and "| F32 | " in part and
+          "| Q8_0 | " not in part)
+    s.case("report.py: the decode split table, a row only for a profiled run", ok, "" if ok else t)
 
 with tempfile.TemporaryDirectory() as tmp:
     q4 = os.path.join(tmp, "tiny-q4_0.gguf")
