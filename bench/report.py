@@ -135,38 +135,43 @@ PRODUCT_STAGES = ("qkv", "attn_out", "ffn_gate_up", "ffn_down", "output", "per_l
                   "per_layer_gate", "per_layer_proj", "moe_products", "mla_products")
 
 
-def parse_sampan_log(path):
-    """The timing lines of a `sampan eval` log, and with --profile each phase's stages:
+def parse_sampan_lines(lines):
+    """The timing lines of `sampan eval`'s stderr, and with --profile each phase's stages:
     out["profile"][phase] = {"stages": {label: {calls, ms, share, tail}}, "outside_share"}
     (ms and calls per token for the decode, shares and tails in %)."""
     out, phase = {}, None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            m = _LINE.match(line)
-            if m:
-                out[m.group(1)] = {"tokens": int(m.group(2)), "ms": float(m.group(3)),
-                                   "tok_s": float(m.group(4))}
-                phase = None
-                continue
-            m = _PROF_HEAD.match(line)
-            if m:
-                phase = m.group(1)
-                out.setdefault("profile", {})[phase] = {"stages": {}, "outside_share": None}
-                continue
-            if phase is None:
-                continue
-            m = _PROF_ROW.match(line)
-            if m:
-                out["profile"][phase]["stages"][m.group(1)] = {
-                    "calls": float(m.group(2)), "ms": float(m.group(3)),
-                    "share": float(m.group(4)), "tail": float(m.group(5))}
-                continue
-            m = _PROF_OUT.match(line)
-            if m:
-                out["profile"][phase]["outside_share"] = float(m.group(2))
-                phase = None
+    for line in lines:
+        line = line.strip()
+        m = _LINE.match(line)
+        if m:
+            out[m.group(1)] = {"tokens": int(m.group(2)), "ms": float(m.group(3)),
+                               "tok_s": float(m.group(4))}
+            phase = None
+            continue
+        m = _PROF_HEAD.match(line)
+        if m:
+            phase = m.group(1)
+            out.setdefault("profile", {})[phase] = {"stages": {}, "outside_share": None}
+            continue
+        if phase is None:
+            continue
+        m = _PROF_ROW.match(line)
+        if m:
+            out["profile"][phase]["stages"][m.group(1)] = {
+                "calls": float(m.group(2)), "ms": float(m.group(3)),
+                "share": float(m.group(4)), "tail": float(m.group(5))}
+            continue
+        m = _PROF_OUT.match(line)
+        if m:
+            out["profile"][phase]["outside_share"] = float(m.group(2))
+            phase = None
     return out
+
+
+def parse_sampan_log(path):
+    """parse_sampan_lines of a log file (bench/run.sh's $RAW/TYPE.sampan.N.log)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_sampan_lines(f)
 
 
 def decode_split(run):

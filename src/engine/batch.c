@@ -1284,7 +1284,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
     if (hp->n_embd_pl > 0) {
         /* gemma4's per-layer inputs, from the scaled embeddings (before any layer) */
         matmul1(b, "per_layer_in", &m->pl_model_proj, b->pl, b->x, E, R);
-        sp_pool_run_as(b->pool, "per_layer_in", pl_input_job_run, b, R);
+        sp_pool_run_as(b->pool, "per_layer_mix", pl_input_job_run, b, R);
     }
     add_norm_job_t first = {b, false, true, m->layers[il0].attn_norm, NULL, NULL};
     sp_pool_run_as(b->pool, "norm", add_norm_job_run, &first, R);
@@ -1379,7 +1379,7 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             add_post_norm_rows(b, L->ffn_post_norm, NULL, false, R);
             matmul1(b, "per_layer_gate", &L->pl_gate, b->pl_tmp, b->x, E, R);
             pl_gate_job_t pj = {b, il};
-            sp_pool_run_as(b->pool, "per_layer_gate", pl_gate_job_run, &pj, R);
+            sp_pool_run_as(b->pool, "per_layer_act", pl_gate_job_run, &pj, R);
             matmul1(b, "per_layer_proj", &L->pl_proj, b->proj, b->pl_tmp, hp->n_embd_pl, R);
             add_post_norm_scale_rows(b, L->pl_post_norm, L->out_scale, next_norm,
                                      il + 1 < hp->n_layer, R);

@@ -334,6 +334,15 @@ static const struct option eval_opts[] = {
     {0, 0, 0, 0},
 };
 
+/* qsort order of profile entries: the most time first */
+static int
+by_time_desc(const void *a, const void *b)
+{
+    const int64_t x = ((const sp_pool_prof_entry_t *)a)->ns;
+    const int64_t y = ((const sp_pool_prof_entry_t *)b)->ns;
+    return (x < y) - (x > y);
+}
+
 /* The profile of one timed phase (wall_ns over n_tok tokens) to stderr: the stages by time,
  * per token when per_token. */
 static void
@@ -341,27 +350,22 @@ print_profile(const char *phase, const sp_pool_prof_t *pr, int64_t wall_ns, int6
               bool per_token)
 {
     const double div = per_token ? (double)n_tok : 1.0;
+    const double pct = wall_ns > 0 ? 100.0 / (double)wall_ns : 0.0;
     fprintf(stderr, "profile: %s, %lld tokens, %.2f ms%s\n", phase, (long long)n_tok,
             wall_ns / 1e6, per_token ? "; calls and ms per token" : "");
     fprintf(stderr, "  %-16s %9s %10s %7s %7s\n", "stage", "calls", "ms", "share", "tail");
-    bool done[SP_POOL_PROF_MAX] = {false};
+    sp_pool_prof_entry_t e[SP_POOL_PROF_MAX];
+    memcpy(e, pr->e, (size_t)pr->n * sizeof e[0]);
+    qsort(e, (size_t)pr->n, sizeof e[0], by_time_desc);
     int64_t jobs_ns = 0;
-    for (int k = 0; k < pr->n; k++) {
-        int best = -1;
-        for (int i = 0; i < pr->n; i++) {
-            if (!done[i] && (best < 0 || pr->e[i].ns > pr->e[best].ns)) {
-                best = i;
-            }
-        }
-        const sp_pool_prof_entry_t *e = &pr->e[best];
-        done[best] = true;
-        jobs_ns += e->ns;
-        fprintf(stderr, "  %-16s %9.1f %10.3f %6.1f%% %6.1f%%\n", e->label, e->calls / div,
-                e->ns / 1e6 / div, wall_ns > 0 ? 100.0 * e->ns / wall_ns : 0.0,
-                e->ns > 0 ? 100.0 * e->wait_ns / e->ns : 0.0);
+    for (int i = 0; i < pr->n; i++) {
+        jobs_ns += e[i].ns;
+        fprintf(stderr, "  %-16s %9.1f %10.3f %6.1f%% %6.1f%%\n", e[i].label, e[i].calls / div,
+                e[i].ns / 1e6 / div, e[i].ns * pct,
+                e[i].ns > 0 ? 100.0 * e[i].wait_ns / e[i].ns : 0.0);
     }
     fprintf(stderr, "  %-16s %9s %10.3f %6.1f%%\n", "(outside jobs)", "-",
-            (wall_ns - jobs_ns) / 1e6 / div, wall_ns > 0 ? 100.0 * (wall_ns - jobs_ns) / wall_ns : 0.0);
+            (wall_ns - jobs_ns) / 1e6 / div, (wall_ns - jobs_ns) * pct);
     if (pr->overflow_calls > 0) {
         fprintf(stderr, "  (%lld calls under further labels are in \"outside jobs\")\n",
                 (long long)pr->overflow_calls);

@@ -11,7 +11,6 @@ refused with a message. bench/report.py (bench/run.sh's table) parses the same o
 decode's split (products, attention, other stages, outside), which adds up to the step, and
 prints its table only for profiled runs. A few seconds."""
 import os
-import re
 import sys
 import tempfile
 
@@ -27,30 +26,12 @@ if exe is None:
     s.skip("all", "sampan not built")
     s.finish()
 
-ROW = re.compile(r"^  (\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%$")
-OUTSIDE = re.compile(r"^  \(outside jobs\)\s+-\s+(-?[\d.]+)\s+(-?[\d.]+)%$")
-
-
 def profiles(err):
-    """{phase: (rows {label: (calls, ms, share, tail)}, outside share)} from eval's stderr."""
-    out, phase = {}, None
-    for ln in err.splitlines():
-        m = re.match(r"^profile: ([a-z ]+), (\d+) tokens, ([\d.]+) ms", ln)
-        if m:
-            phase = m.group(1)
-            out[phase] = ({}, None)
-            continue
-        if phase is None:
-            continue
-        m = ROW.match(ln)
-        if m:
-            out[phase][0][m.group(1)] = tuple(float(x) for x in m.group(2, 3, 4, 5))
-            continue
-        m = OUTSIDE.match(ln)
-        if m:
-            out[phase] = (out[phase][0], float(m.group(2)))
-            phase = None
-    return out
+    """{phase: (rows {label: (calls, ms, share, tail)}, outside share)} from eval's stderr,
+    read by bench/report.py's parser (the one bench/run.sh's table uses)."""
+    prof = report.parse_sampan_lines(err.splitlines()).get("profile", {})
+    return {ph: ({k: (v["calls"], v["ms"], v["share"], v["tail"]) for k, v in p["stages"].items()},
+                 p["outside_share"]) for ph, p in prof.items()}
 
 
 def evaluate(model, *args):

@@ -223,14 +223,6 @@ TEST(pool_wakes_sleeping_workers)
 
 /* Profiles (pool.h): runs counted per label (by text), "other" for sp_pool_run, the table's
  * overflow, NULL stops, reset empties. */
-static void
-noop_fn(void *arg, int64_t chunk, int ith)
-{
-    (void)arg;
-    (void)chunk;
-    (void)ith;
-}
-
 static const sp_pool_prof_entry_t *
 prof_find(const sp_pool_prof_t *pr, const char *label)
 {
@@ -248,15 +240,16 @@ TEST(pool_profile_counts_by_label)
         sp_pool_t *pool;
         ASSERT_OK(sp_pool_create(n, &pool));
         sp_pool_prof_t pr;
+        pool_probe pp = {.n_threads = n}; /* probe_fn's counts are not looked at here */
         sp_pool_prof_reset(&pr);
-        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5); /* not profiled yet */
+        sp_pool_run_as(pool, "alpha", probe_fn, &pp, 5); /* not profiled yet */
         sp_pool_profile(pool, &pr);
         char alpha2[] = "alpha"; /* the same text at another address: the same entry */
-        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5);
-        sp_pool_run_as(pool, alpha2, noop_fn, NULL, 7);
-        sp_pool_run_as(pool, "beta", noop_fn, NULL, 1);
-        sp_pool_run(pool, noop_fn, NULL, 3);
-        sp_pool_run_as(pool, "beta", noop_fn, NULL, 0); /* no chunks: not a run */
+        sp_pool_run_as(pool, "alpha", probe_fn, &pp, 5);
+        sp_pool_run_as(pool, alpha2, probe_fn, &pp, 7);
+        sp_pool_run_as(pool, "beta", probe_fn, &pp, 1);
+        sp_pool_run(pool, probe_fn, &pp, 3);
+        sp_pool_run_as(pool, "beta", probe_fn, &pp, 0); /* no chunks: not a run */
         ASSERT_EQ(pr.n, 3);
         const sp_pool_prof_entry_t *a = prof_find(&pr, "alpha"), *b = prof_find(&pr, "beta");
         const sp_pool_prof_entry_t *o = prof_find(&pr, "other");
@@ -275,12 +268,12 @@ TEST(pool_profile_counts_by_label)
         char names[SP_POOL_PROF_MAX + 5][16];
         for (int i = 0; i < SP_POOL_PROF_MAX + 5; i++) {
             snprintf(names[i], sizeof names[i], "l%d", i);
-            sp_pool_run_as(pool, names[i], noop_fn, NULL, 2);
+            sp_pool_run_as(pool, names[i], probe_fn, &pp, 2);
         }
         ASSERT_EQ(pr.n, SP_POOL_PROF_MAX);
         ASSERT_EQ(pr.overflow_calls, 8); /* 3 used + 29 new fill the table; 8 of 37 left */
         sp_pool_profile(pool, NULL);
-        sp_pool_run_as(pool, "alpha", noop_fn, NULL, 5);
+        sp_pool_run_as(pool, "alpha", probe_fn, &pp, 5);
         ASSERT_EQ(prof_find(&pr, "alpha")->calls, 2);
         sp_pool_prof_reset(&pr);
         ASSERT_EQ(pr.n, 0);
