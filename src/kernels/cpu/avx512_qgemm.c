@@ -639,6 +639,71 @@ tile_p16(const int wt, const int T, int tw, int64_t b0, int64_t nbk, const uint8
     acc_store(T, acc, o);
 }
 
+/*
+ * One token over two groups at once, ga and gb, their blocks interleaved (a block of one, then
+ * the same block of the other), each fetching its own stream SP_PF_ONE_TOKEN ahead: the
+ * one-token form of tile_p16 over two weight streams, as avx2_repack_impl.h's rpx_gemv_two.
+ * A thread's groups are one sequential stream otherwise, and on one stream next to the
+ * tile's arithmetic the core's prefetchers fall behind a plain read (docs/design.md, "Two
+ * weight streams at AVX-512"). Each group's blocks see tile_p16's operations in the same
+ * order: the same bits.
+ */
+SP_INLINE void
+tile_p16_two(const int wt, int64_t nb, const uint8_t *ga, const uint8_t *gb, const uint8_t *xr,
+             const tile_out_t *oa, const tile_out_t *ob)
+{
+    const sp_type_t type = wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0;
+    const size_t half_pair = sp__p16_pair_bytes_of(type) / 2;
+    __m512 acc[2];
+    acc_init(1, acc, oa);
+    acc_init(1, acc + 1, ob);
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            const uint8_t *gw = s == 0 ? ga : gb;
+            const uintptr_t p = (uintptr_t)gw + SP_PF_ONE_TOKEN + (size_t)b * half_pair;
+            for (size_t l = 0; l < half_pair; l += 64) {
+                _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
+            }
+            const uint8_t *q = gw + sp__p16_qs_off_of(type, b);
+            __m512i g[8];
+            if (wt == WT_Q8_0) {
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
+                }
+            } else {
+                const __m512i m4 = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
+                    g[i] = _mm512_and_si512(v, m4);
+                    g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+                }
+            }
+            const __m512 dw = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off_of(type, b))));
+            block_step(1, 1, g, dw, xr + b * QG_XREC, acc + s);
+        }
+    }
+    acc_store(1, acc, oa);
+    acc_store(1, acc + 1, ob);
+}
+
+static void
+p16_two_q8_0(int64_t nb, const uint8_t *ga, const uint8_t *gb, const uint8_t *xr,
+             const tile_out_t *oa, const tile_out_t *ob)
+{
+    tile_p16_two(WT_Q8_0, nb, ga, gb, xr, oa, ob);
+}
+
+static void
+p16_two_q4_0(int64_t nb, const uint8_t *ga, const uint8_t *gb, const uint8_t *xr,
+             const tile_out_t *oa, const tile_out_t *ob)
+{
+    tile_p16_two(WT_Q4_0, nb, ga, gb, xr, oa, ob);
+}
+
 typedef void (*p16_fn)(int tw, int64_t b0, int64_t nbk, const uint8_t *gw, const uint8_t *xr,
                        const tile_out_t *o, const uint8_t *pf);
 #define P16(W, T)                                                                          \
@@ -668,15 +733,22 @@ typedef struct {
     int64_t ldy;
 } p16_ctx_t;
 
+/* The lanes of group g that rows [r0, r1) hold. */
+SP_INLINE __mmask16
+p16_mask(int64_t g, int64_t r0, int64_t r1)
+{
+    const int64_t lo = r0 > g * SP_P16_ROWS ? r0 - g * SP_P16_ROWS : 0;
+    const int64_t hi = r1 < (g + 1) * SP_P16_ROWS ? r1 - g * SP_P16_ROWS : SP_P16_ROWS;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
 static void
 p16_tile(void *ctx, const sp512_tile_t *t)
 {
     const p16_ctx_t *c = ctx;
     const int64_t g0 = c->r0 / SP_P16_ROWS, g1 = (c->r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
     const int64_t g = g0 + t->panel;
-    const int64_t lo = c->r0 > g * SP_P16_ROWS ? c->r0 - g * SP_P16_ROWS : 0;
-    const int64_t hi = c->r1 < (g + 1) * SP_P16_ROWS ? c->r1 - g * SP_P16_ROWS : SP_P16_ROWS;
-    const __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    const __mmask16 m = p16_mask(g, c->r0, c->r1);
     const uint8_t *gw = c->wb + (size_t)g * c->gs;
     const size_t half_pair =
         sp__p16_pair_bytes_of(c->wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0) / 2;
@@ -722,6 +794,29 @@ packed_gemm(int wt, int64_t n, const void *w, size_t gs, int64_t r0, int64_t r1,
     const int64_t g0 = r0 / SP_P16_ROWS, g1 = (r1 + SP_P16_ROWS - 1) / SP_P16_ROWS;
     p16_ctx_t c = {.x = {wt, tw, x, xs}, .wt = wt, .tw = tw, .wb = w, .gs = gs, .r0 = r0,
                    .r1 = r1, .nb = nb, .n_tok = n_tok, .y = y, .ldy = ldy};
+    if (n_tok == 1 && nb <= kc && g1 - g0 >= 2) {
+        /* one token, the whole K in one record chunk: group g0 + i with g0 + h + i over two
+         * streams, an odd last group alone (tile_p16_two) */
+        const int64_t h = (g1 - g0) / 2;
+        const uint8_t *wb = w;
+        qg_prep(&c, 0, 1, 0, nb, xr);
+        for (int64_t g = g0; g < g0 + h; g++) {
+            const tile_out_t oa = {y + g * SP_P16_ROWS, ldy, p16_mask(g, r0, r1), false};
+            const tile_out_t ob = {y + (g + h) * SP_P16_ROWS, ldy, p16_mask(g + h, r0, r1),
+                                   false};
+            (wt == WT_Q8_0 ? p16_two_q8_0 : p16_two_q4_0)(nb, wb + (size_t)g * gs,
+                                                          wb + (size_t)(g + h) * gs, xr, &oa,
+                                                          &ob);
+        }
+        if (g0 + 2 * h < g1) {
+            const int64_t g = g1 - 1;
+            const tile_out_t o = {y + g * SP_P16_ROWS, ldy, p16_mask(g, r0, r1), false};
+            const uint8_t *gw = wb + (size_t)g * gs;
+            (wt == WT_Q8_0 ? p16_tiles_Q8_0 : p16_tiles_Q4_0)[1](1, 0, nb, gw, xr, &o,
+                                                                gw + SP_PF_ONE_TOKEN);
+        }
+        return;
+    }
     const sp512_panels_t d = {
         .nb = nb, .n_panels = g1 - g0, .tc = n_tok <= QG_T ? n_tok : QG_TC, .rkc = kc,
         .pkc = kc, .tw = tw, .rec = (size_t)tw * QG_XREC, .xr = xr, .ctx = &c,
