@@ -13,6 +13,7 @@
  * masked load).
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/attn_pf.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -92,20 +93,6 @@ store_f32(float *x, int64_t n_valid, __m256i m, __m256 v)
     }
 }
 
-/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h): bytes per
- * offset unit. */
-SP_INLINE int64_t
-kv_elt(int kind)
-{
-    return kind == 0 ? 4 : kind == 1 ? 2 : 1;
-}
-
-SP_INLINE const char *
-kv_ptr(const void *base, int kind, int64_t i)
-{
-    return (const char *)base + i * kv_elt(kind);
-}
-
 /* 8 int8 widened to float; n_valid < 8 reads only that many (zeros after). */
 SP_INLINE __m256
 load_q8x8(const char *p, int64_t n_valid)
@@ -118,77 +105,14 @@ load_q8x8(const char *p, int64_t n_valid)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)tmp)));
 }
 
-/* Bytes of one cache row, and from one row to the next. */
-SP_INLINE int64_t
-row_bytes(const sp_attn_args_t *a, int kind)
-{
-    return kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * kv_elt(kind);
-}
-
-SP_INLINE int64_t
-row_step(const sp_attn_args_t *a, int kind)
-{
-    return a->v_stride * kv_elt(kind);
-}
-
-/* Prefetch n bytes from p, one instruction per 64-byte line, into L1 (l2 = 0)
- * or L2. */
-SP_INLINE void
-prefetch_bytes(const char *p, int64_t n, int l2)
-{
-    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63;
-    for (uintptr_t x = first; x < (uintptr_t)p + (uintptr_t)n; x += 64) {
-        if (l2) {
-            _mm_prefetch((const char *)x, _MM_HINT_T1);
-        } else {
-            _mm_prefetch((const char *)x, _MM_HINT_T0);
-        }
-    }
-}
-
-/*
- * What pass 1 prefetches while it scores one block (pf_plan): the key tile and,
- * when they go to L2 in pass 1, the value rows of a later block, as many bytes
- * per step d as the tile holds per d (`step`), so the requests are spread over
- * the block's work instead of issued in one burst; the few bytes past hd * step
- * (a Q8_0 tile whose size is not a multiple of hd) after the loop. v is NULL
- * when the values are not asked for here or not back to back.
- */
-typedef struct pf_plan {
-    const char *k, *v;
-    int64_t step, bytes;
-} pf_plan_t;
-
-SP_INLINE void
-pf_step(const pf_plan_t *pf, int64_t d)
-{
-    if (pf != NULL) {
-        _mm_prefetch(pf->k + d * pf->step, _MM_HINT_T0);
-        if (pf->v != NULL) {
-            _mm_prefetch(pf->v + d * pf->step, _MM_HINT_T1);
-        }
-    }
-}
-
-SP_INLINE void
-pf_rest(const pf_plan_t *pf, int64_t hd)
-{
-    if (pf != NULL && hd * pf->step < pf->bytes) {
-        prefetch_bytes(pf->k + hd * pf->step, pf->bytes - hd * pf->step, 0);
-        if (pf->v != NULL) {
-            prefetch_bytes(pf->v + hd * pf->step, pf->bytes - hd * pf->step, 1);
-        }
-    }
-}
-
 /* Pass 1 over a Q8_0 key block (layout in kernels.h): as scores_block, each
  * row of 16 int8 lanes widened and multiplied by its group's scales (exact)
  * before the same FMAs. */
 SP_INLINE void
-scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const attn_pf_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *kb = attn_kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[4];
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -202,7 +126,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const p
         const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 16)));
         const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
         for (int64_t d = g0; d < g1; d++) {
-            pf_step(pf, d);
+            attn_pf_step(pf, d);
             const __m128i qv = _mm_loadu_si128((const __m128i *)(kb + d * 16));
             const __m256 k0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), s0);
             const __m256 k1 = _mm256_mul_ps(
@@ -215,7 +139,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const p
             }
         }
     }
-    pf_rest(pf, hd);
+    attn_pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -231,10 +155,10 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const p
  * q_h[d] * k[.][d] over d in order, then times scale.
  */
 SP_INLINE void
-scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, const attn_pf_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
+    const void *kb = attn_kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[4];
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -243,7 +167,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, c
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     }
     for (int64_t d = 0; d < hd; d++) {
-        pf_step(pf, d);
+        attn_pf_step(pf, d);
         const __m256 k0 = load_kv(kb, f16, d * 16, 8, _mm256_setzero_si256());
         const __m256 k1 = load_kv(kb, f16, d * 16 + 8, 8, _mm256_setzero_si256());
 #pragma GCC unroll 4
@@ -253,7 +177,7 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH, c
             acc[h][1] = _mm256_fmadd_ps(qd, k1, acc[h][1]);
         }
     }
-    pf_rest(pf, hd);
+    attn_pf_rest(pf, hd);
     const __m256 scale = _mm256_set1_ps(a->scale);
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -351,13 +275,13 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     for (int j = 0; j < NV; j++) {
         m[j] = tail_mask(nv - 8 * j);
     }
-    const int64_t step = row_step(a, kind);
+    const int64_t step = attn_row_step(a, kind);
     /* the tile's first byte in a row: Q8_0 skips the group's scale */
     const int64_t sc = (d0 / 32) * 34,
-                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * kv_elt(kind);
+                  off = kind == 2 ? sc + 2 + d0 % 32 : d0 * attn_kv_elt(kind);
     /* the first and last byte of the tile's columns in a row (Q8_0: from its scale) */
     const int64_t pf_lo = kind == 2 ? sc : off;
-    const int64_t pf_hi = off + nv * kv_elt(kind) - 1;
+    const int64_t pf_hi = off + nv * attn_kv_elt(kind) - 1;
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < NH; h++) {
@@ -371,10 +295,10 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
     for (int64_t p0 = c0; p0 < c1; p0 += 16) {
         const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16, p1 = p0 < lo ? lo - p0 : 0;
         const char *row =
-            kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) + p1 * step + off;
+            attn_kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) + p1 * step + off;
         const char *next = NULL;
         if (pf && p0 + ahead < a->n_kv) {
-            next = kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) + p1 * step;
+            next = attn_kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) + p1 * step;
         }
         const float *e = a->scratch + h0 * ss + p0 + p1;
         for (int64_t p = p1; p < n; p++, row += step, e++) {
@@ -454,7 +378,7 @@ av_heads(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH
 
 /* Pass 1 in the cache type's version. */
 SP_INLINE void
-scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, const pf_plan_t *pf)
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, const attn_pf_t *pf)
 {
     if (kind == 2) {
         scores_block_q8(a, p0, h0, NH, pf);
@@ -464,27 +388,18 @@ scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, co
 }
 
 /*
- * Decode reads the cache from memory, at a rate the hardware prefetcher alone
- * does not reach. Pass 1 asks for the key tile PF_BLOCKS blocks ahead into L1
- * while it scores a block (spread over the block's steps, pf_plan_t); when all
- * the values fit in V_L2_BYTES it asks for that block's value rows into L2 as
- * well, else pass 3 asks for them, a chunk ahead. Pass 3 goes over the values
- * in chunks of about AV_CHUNK_BYTES (whole blocks), each read once from L2 or
- * memory and then reused from L1 by every (head group, 16 dims) tile.
+ * Pass 1 prefetches the cache as attn_pf.h says (PF_BLOCKS, V_L2_BYTES there); when the values
+ * do not fit V_L2_BYTES, pass 3 asks for them, a chunk ahead. Pass 3 goes over the values in
+ * chunks of about AV_CHUNK_BYTES (whole blocks), each read once from L2 or memory and then
+ * reused from L1 by every (head group, 16 dims) tile.
  */
-#ifndef PF_BLOCKS
-#define PF_BLOCKS 4
-#endif
-#ifndef V_L2_BYTES
-#define V_L2_BYTES (256 * 1024)
-#endif
 #ifndef AV_CHUNK_BYTES
 #define AV_CHUNK_BYTES (16 * 1024)
 #endif
 #define AV_HEADS 16 /* heads per softmax group (inv on the stack) */
 
 SP_INLINE void
-scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int nh, const pf_plan_t *pf)
+scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int nh, const attn_pf_t *pf)
 {
     switch (nh) {
     case 4: scores_any(a, kind, p0, h0, 4, pf); break;
@@ -497,33 +412,13 @@ scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int nh, 
 SP_INLINE void
 attn_256(const sp_attn_args_t *a, int kind)
 {
-    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv), hd = a->head_dim;
+    const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
     const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
-    const int64_t rb = row_bytes(a, kind), tile = 16 * rb;
-    const int v_l2 = (n_kv - p_start) * rb <= V_L2_BYTES;
-    const int v_run = row_step(a, kind) == rb; /* a block's rows back to back */
-    for (int64_t b = 0; b < PF_BLOCKS && p_start + 16 * b < n_kv; b++) {
-        const int64_t id = a->blocks[(p_start + 16 * b) / 16];
-        prefetch_bytes(kv_ptr(a->k, kind, id * a->k_block_stride), tile, 0);
-        if (v_l2) {
-            prefetch_bytes(kv_ptr(a->v, kind, id * a->v_block_stride), tile, 1);
-        }
-    }
+    const int64_t tile = 16 * attn_row_bytes(a, kind);
+    const int v_l2 = attn_v_in_l2(a, kind, p_start);
+    attn_pf_first(a, kind, p_start, v_l2);
     for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
-        const int64_t pn = p0 + 16 * PF_BLOCKS;
-        pf_plan_t pf = {NULL, NULL, tile / hd, tile};
-        if (pn < n_kv) {
-            const int64_t id = a->blocks[pn / 16];
-            pf.k = kv_ptr(a->k, kind, id * a->k_block_stride);
-            if (v_l2 && v_run) {
-                pf.v = kv_ptr(a->v, kind, id * a->v_block_stride);
-            } else if (v_l2) {
-                for (int64_t p = 0; p < 16; p++) {
-                    prefetch_bytes(
-                        kv_ptr(a->v, kind, id * a->v_block_stride) + p * row_step(a, kind), rb, 1);
-                }
-            }
-        }
+        const attn_pf_t pf = attn_pf_plan(a, kind, p0, v_l2);
         const int nh0 = a->n_q < 4 ? (int)a->n_q : 4;
         if (pf.k != NULL) {
             scores_group(a, kind, p0, 0, nh0, &pf);

@@ -19,6 +19,7 @@
  * scale: exact), then the same FMAs run as over an F32 cache.
  */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/attn_pf.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -73,13 +74,6 @@ load_k16(const void *base, int f16, int64_t i)
     return _mm512_loadu_ps((const float *)base + i);
 }
 
-/* kind: 0 F32, 1 F16, 2 Q8_0 (whose offsets count bytes, kernels.h). */
-SP_INLINE const char *
-kv_ptr(const void *base, int kind, int64_t i)
-{
-    return (const char *)base + i * (kind == 0 ? 4 : kind == 1 ? 2 : 1);
-}
-
 /* Row d of a Q8_0 key tile (16 int8 lanes), dequantised with the lanes'
  * scales sv: exact, the F32 keys these numbers stand for. */
 SP_INLINE __m512
@@ -93,10 +87,10 @@ load_kq8(const char *kb, int64_t d, __m512 sv)
  * odd d, group by group (groups start at even d, so a pair never straddles
  * two scales). */
 SP_INLINE void
-scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
+scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH, const attn_pf_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const char *kb = kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
+    const char *kb = attn_kv_ptr(a->k, 2, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[8];
     __m512 acc0[8], acc1[8];
 #pragma GCC unroll 8
@@ -110,6 +104,8 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
         const int64_t g1 = g0 + 32 < hd ? g0 + 32 : hd;
         int64_t d = g0;
         for (; d + 2 <= g1; d += 2) {
+            attn_pf_step(pf, d);
+            attn_pf_step(pf, d + 1);
             const __m512 k0 = load_kq8(kb, d, sv);
             const __m512 k1 = load_kq8(kb, d + 1, sv);
 #pragma GCC unroll 8
@@ -119,6 +115,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
             }
         }
         if (d < g1) {
+            attn_pf_step(pf, d);
             const __m512 k0 = load_kq8(kb, d, sv);
 #pragma GCC unroll 8
             for (int h = 0; h < NH; h++) {
@@ -126,6 +123,7 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
             }
         }
     }
+    attn_pf_rest(pf, hd);
     const __m512 scale = _mm512_set1_ps(a->scale);
 #pragma GCC unroll 8
     for (int h = 0; h < NH; h++) {
@@ -141,10 +139,11 @@ scores_block_q8(const sp_attn_args_t *a, int64_t p0, int64_t h0, int NH)
  * head), then scores = (even + odd) * scale.
  */
 SP_INLINE void
-scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
+scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH,
+             const attn_pf_t *pf)
 {
     const int64_t hd = a->head_dim, ss = sp_attn_scratch_stride(a->n_kv);
-    const void *kb = kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
+    const void *kb = attn_kv_ptr(a->k, f16, a->blocks[p0 / 16] * a->k_block_stride);
     const float *q[8];
     __m512 acc0[8], acc1[8];
 #pragma GCC unroll 8
@@ -155,6 +154,8 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
     }
     int64_t d = 0;
     for (; d + 2 <= hd; d += 2) {
+        attn_pf_step(pf, d);
+        attn_pf_step(pf, d + 1);
         const __m512 k0 = load_k16(kb, f16, d * 16);
         const __m512 k1 = load_k16(kb, f16, d * 16 + 16);
 #pragma GCC unroll 8
@@ -164,12 +165,14 @@ scores_block(const sp_attn_args_t *a, int f16, int64_t p0, int64_t h0, int NH)
         }
     }
     if (d < hd) {
+        attn_pf_step(pf, d);
         const __m512 k0 = load_k16(kb, f16, d * 16);
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) {
             acc0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k0, acc0[h]);
         }
     }
+    attn_pf_rest(pf, hd);
     const __m512 scale = _mm512_set1_ps(a->scale);
 #pragma GCC unroll 8
     for (int h = 0; h < NH; h++) {
@@ -217,9 +220,33 @@ softmax_row(float *sc, int64_t lo, int64_t n, float softcap, const float *sink)
     return 1.0f / (_mm512_reduce_add_ps(sum) + (sink != NULL ? expf(*sink - mxs) : 0.0f));
 }
 
-/* Pass 3 for NH heads from h0 and dims d0..d0+63: o = inv * sum_p e_p v_p. */
+/* Pass 1 prefetches the cache as attn_pf.h says; when the values do not fit V_L2_BYTES, pass
+ * 3's first head group asks for them AV_AHEAD positions ahead of its reads. */
+#ifndef AV_AHEAD
+#define AV_AHEAD 64
+#endif
+
+/* Pass 3's prefetch (long contexts, attn_512): the columns d0..d0+63 of row p's value into L1,
+ * when there is such a row. */
 SP_INLINE void
-av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0)
+av_prefetch_row(const sp_attn_args_t *a, int kind, int64_t p, int64_t d0)
+{
+    if (p >= a->n_kv) {
+        return;
+    }
+    const int64_t hd = a->head_dim, nd = hd - d0 < 64 ? hd - d0 : 64;
+    const int64_t lo = kind == 2 ? (d0 / 32) * 34 : d0 * attn_kv_elt(kind);
+    const int64_t n = kind == 2 ? ((nd + 31) / 32) * 34 : nd * attn_kv_elt(kind);
+    const char *row = attn_kv_ptr(a->v, kind, a->blocks[p >> 4] * a->v_block_stride) +
+                      (p & 15) * attn_row_step(a, kind);
+    attn_prefetch_bytes(row + lo, n, 0);
+}
+
+/* Pass 3 for NH heads from h0 and dims d0..d0+63: o = inv * sum_p e_p v_p;
+ * pf: ask for the row AV_AHEAD positions on as each row is read. */
+SP_INLINE void
+av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, int64_t d0,
+        int pf)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv);
     __mmask16 m[4];
@@ -242,7 +269,10 @@ av_tile(const sp_attn_args_t *a, int f16, const float *inv, int64_t h0, int NH, 
     const int64_t lo = sp_attn_first(a);
     for (int64_t p = lo; p < a->n_kv; p++) {
         if ((p & 15) == 0 || p == lo) {
-            vb = kv_ptr(a->v, f16, a->blocks[p >> 4] * a->v_block_stride);
+            vb = attn_kv_ptr(a->v, f16, a->blocks[p >> 4] * a->v_block_stride);
+        }
+        if (pf) {
+            av_prefetch_row(a, f16, p + AV_AHEAD, d0);
         }
         const int64_t row = (p & 15) * a->v_stride + d0;
         __m512 v[4];
@@ -283,7 +313,7 @@ q8_scale(const char *p)
  * blocks: chunks 0-1 in the first, 2-3 in the second) dequantised in
  * registers, masked loads of int8 for the chunks past head_dim. */
 SP_INLINE void
-av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0)
+av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_t d0, int pf)
 {
     const int64_t ss = sp_attn_scratch_stride(a->n_kv);
     __mmask16 m[4];
@@ -308,7 +338,10 @@ av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_
     const int64_t lo = sp_attn_first(a);
     for (int64_t p = lo; p < a->n_kv; p++) {
         if ((p & 15) == 0 || p == lo) {
-            vb = kv_ptr(a->v, 2, a->blocks[p >> 4] * a->v_block_stride);
+            vb = attn_kv_ptr(a->v, 2, a->blocks[p >> 4] * a->v_block_stride);
+        }
+        if (pf) {
+            av_prefetch_row(a, 2, p + AV_AHEAD, d0);
         }
         const char *row = vb + (p & 15) * a->v_stride;
         const __m512 sa = q8_scale(row + s0);
@@ -339,77 +372,59 @@ av_tile_q8(const sp_attn_args_t *a, const float *inv, int64_t h0, int NH, int64_
     }
 }
 
-/* Decode reads the cache from memory, and the hardware prefetcher alone does
- * not run far enough ahead of the score pass: ask for the key blocks PF_BLOCKS
- * ahead into L1 and the same positions' value rows into L2, so the value pass
- * finds them there. */
-#define PF_BLOCKS 4
-
-SP_INLINE void
-prefetch_block(const sp_attn_args_t *a, int kind, int64_t p0)
-{
-    if (p0 >= a->n_kv) {
-        return;
-    }
-    const int64_t elt = kind == 0 ? 4 : kind == 1 ? 2 : 1;
-    const int64_t row_bytes = kind == 2 ? sp_kv_q8_row_bytes(a->head_dim) : a->head_dim * elt;
-    const char *k = kv_ptr(a->k, kind, a->blocks[p0 / 16] * a->k_block_stride);
-    const char *vb = kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride);
-    for (int64_t off = 0; off < 16 * row_bytes; off += 64) {
-        _mm_prefetch(k + off, _MM_HINT_T0);
-    }
-    const int64_t n = a->n_kv - p0 < 16 ? a->n_kv - p0 : 16;
-    for (int64_t p = 0; p < n; p++) {
-        const char *v = vb + p * a->v_stride * elt;
-        for (int64_t off = 0; off < row_bytes; off += 64) {
-            _mm_prefetch(v + off, _MM_HINT_T1);
-        }
-    }
-}
-
 /* Pass 1 for one block, NH (<= 8) heads from h0: the key type's version. */
 SP_INLINE void
-scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH)
+scores_any(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int NH, const attn_pf_t *pf)
 {
     if (kind == 2) {
-        scores_block_q8(a, p0, h0, NH);
+        scores_block_q8(a, p0, h0, NH, pf);
     } else {
-        scores_block(a, kind, p0, h0, NH);
+        scores_block(a, kind, p0, h0, NH, pf);
     }
 }
 
 SP_INLINE void
-av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0)
+av_any(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH, int64_t d0,
+       int pf)
 {
     if (kind == 2) {
-        av_tile_q8(a, inv, h0, NH, d0);
+        av_tile_q8(a, inv, h0, NH, d0, pf);
     } else {
-        av_tile(a, kind, inv, h0, NH, d0);
+        av_tile(a, kind, inv, h0, NH, d0, pf);
     }
 }
+
+/* Pass 1 for nh (<= 8) heads from h0: constant head counts let the accumulators live in
+ * registers. */
+SP_INLINE void
+scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int64_t nh,
+             const attn_pf_t *pf)
+{
+    switch (nh < 8 ? nh : 8) {
+    case 8: scores_any(a, kind, p0, h0, 8, pf); break;
+    case 7: scores_any(a, kind, p0, h0, 7, pf); break;
+    case 6: scores_any(a, kind, p0, h0, 6, pf); break;
+    case 5: scores_any(a, kind, p0, h0, 5, pf); break;
+    case 4: scores_any(a, kind, p0, h0, 4, pf); break;
+    case 3: scores_any(a, kind, p0, h0, 3, pf); break;
+    case 2: scores_any(a, kind, p0, h0, 2, pf); break;
+    default: scores_any(a, kind, p0, h0, 1, pf); break;
+    }
+}
+
 
 SP_INLINE void
 attn_512(const sp_attn_args_t *a, int kind)
 {
     const int64_t n_kv = a->n_kv, ss = sp_attn_scratch_stride(n_kv);
     const int64_t lo = sp_attn_first(a), p_start = lo & ~(int64_t)15;
-    for (int b = 0; b < PF_BLOCKS; b++) {
-        prefetch_block(a, kind, p_start + 16 * b);
-    }
+    const int v_l2 = attn_v_in_l2(a, kind, p_start);
+    attn_pf_first(a, kind, p_start, v_l2);
     for (int64_t p0 = p_start; p0 < n_kv; p0 += 16) {
-        prefetch_block(a, kind, p0 + 16 * PF_BLOCKS);
-        for (int64_t h0 = 0; h0 < a->n_q; h0 += 8) {
-            /* Constant head counts let the accumulators live in registers. */
-            switch (a->n_q - h0 < 8 ? a->n_q - h0 : 8) {
-            case 8: scores_any(a, kind, p0, h0, 8); break;
-            case 7: scores_any(a, kind, p0, h0, 7); break;
-            case 6: scores_any(a, kind, p0, h0, 6); break;
-            case 5: scores_any(a, kind, p0, h0, 5); break;
-            case 4: scores_any(a, kind, p0, h0, 4); break;
-            case 3: scores_any(a, kind, p0, h0, 3); break;
-            case 2: scores_any(a, kind, p0, h0, 2); break;
-            default: scores_any(a, kind, p0, h0, 1); break;
-            }
+        const attn_pf_t pf = attn_pf_plan(a, kind, p0, v_l2);
+        scores_group(a, kind, p0, 0, a->n_q, pf.k != NULL ? &pf : NULL);
+        for (int64_t h0 = 8; h0 < a->n_q; h0 += 8) {
+            scores_group(a, kind, p0, h0, a->n_q - h0, NULL);
         }
     }
     for (int64_t h0 = 0; h0 < a->n_q; h0 += 4) {
@@ -420,11 +435,16 @@ attn_512(const sp_attn_args_t *a, int kind)
                                  a->sinks != NULL ? &a->sinks[h0 + h] : NULL);
         }
         for (int64_t d0 = 0; d0 < a->head_dim; d0 += 64) {
-            switch (nh) {
-            case 4: av_any(a, kind, inv, h0, 4, d0); break;
-            case 3: av_any(a, kind, inv, h0, 3, d0); break;
-            case 2: av_any(a, kind, inv, h0, 2, d0); break;
-            default: av_any(a, kind, inv, h0, 1, d0); break;
+            const int pf = !v_l2 && h0 == 0; /* the first group reads the values from memory */
+            switch (nh * 2 + pf) {
+            case 9: av_any(a, kind, inv, h0, 4, d0, 1); break;
+            case 8: av_any(a, kind, inv, h0, 4, d0, 0); break;
+            case 7: av_any(a, kind, inv, h0, 3, d0, 1); break;
+            case 6: av_any(a, kind, inv, h0, 3, d0, 0); break;
+            case 5: av_any(a, kind, inv, h0, 2, d0, 1); break;
+            case 4: av_any(a, kind, inv, h0, 2, d0, 0); break;
+            case 3: av_any(a, kind, inv, h0, 1, d0, 1); break;
+            default: av_any(a, kind, inv, h0, 1, d0, 0); break;
             }
         }
     }
