@@ -62,94 +62,104 @@ static const uint8_t q4k_m_idx[64] __attribute__((aligned(64))) = {
 static const int32_t q4k_rows_idx[16] __attribute__((aligned(64))) = {
     0, 1, 8, 9, 4, 5, 12, 13, 16, 18, 20, 22, 24, 26, 28, 30};
 
-/* One group (8 rows) x T tokens over nb super-blocks; x is Q8_K, xs bytes per token. Out:
- * each token's 8 results in row order. */
+/* G groups (8 rows each, gstep bytes apart; G = 2 only at one token: two weight streams, as
+ * the AVX2 tiles read them, avx2_repack_impl.h) x T tokens over nb super-blocks, the groups'
+ * super-blocks interleaved; x is Q8_K, xs bytes per token. Out[gi * T + t]: token t's 8
+ * results of group gi in row order. Each group's super-blocks see the same operations in the
+ * same order whatever G is: the same bits. */
 R5_INLINE void
-q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m256 out[R5_TM])
+q4k_tile(int G, int T, int64_t nb, const uint8_t *g0, size_t gstep, const uint8_t *x, size_t xs,
+         __m256 out[R5_TM])
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i sc_idx = _mm512_load_si512((const void *)q4k_sc_idx);
     const __m512i m_idx0 = _mm512_load_si512((const void *)q4k_m_idx);
     const __m512i rows_idx = _mm512_load_si512((const void *)q4k_rows_idx);
-    __m256 acc[R5_TM];
+    __m256 acc_all[R5_TM];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < G * T; t++) {
+        acc_all[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
-        if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q4K_BLOCK_BYTES);
-        }
-        const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
-        __m512i sumi[R5_TM];
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            sumi[t] = _mm512_setzero_si512();
-        }
-#pragma GCC unroll 1
-        for (int h = 0; h < 4; h++) {
-            __m512i lo[R5_TM], hi[R5_TM];
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            __m256 *acc = acc_all + gi * T;
+            const uint8_t *pb = g0 + (size_t)gi * gstep + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
+            if (T == 1) { /* one token: SP_PF_ONE_TOKEN ahead (repack_impl.h) */
+                rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q4K_BLOCK_BYTES);
+            }
+            const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
+            __m512i sumi[R5_TM];
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
-                lo[t] = hi[t] = _mm512_setzero_si512();
+                sumi[t] = _mm512_setzero_si512();
             }
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) {
-                const __m512i raw = _mm512_loadu_si512(
-                    (const void *)(pb + SP_REPACK_Q4K_QS + 64 * (4 * h + q)));
-                const __m512i wl = _mm512_and_si512(raw, m4);
-                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 64 * h + 8 * q;
+#pragma GCC unroll 1
+            for (int h = 0; h < 4; h++) {
+                __m512i lo[R5_TM], hi[R5_TM];
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
-                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, sp512_bcast8(xq + (size_t)t * xs));
-                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, sp512_bcast8(xq + (size_t)t * xs + 32));
+                    lo[t] = hi[t] = _mm512_setzero_si512();
+                }
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) {
+                    const __m512i raw = _mm512_loadu_si512(
+                        (const void *)(pb + SP_REPACK_Q4K_QS + 64 * (4 * h + q)));
+                    const __m512i wl = _mm512_and_si512(raw, m4);
+                    const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                    const uint8_t *xq = xb + offsetof(sp_block_q8_k, qs) + 64 * h + 8 * q;
+#pragma GCC unroll 8
+                    for (int t = 0; t < T; t++) {
+                        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, sp512_bcast8(xq + (size_t)t * xs));
+                        hi[t] = _mm512_dpbusd_epi32(hi[t], wh,
+                                                    sp512_bcast8(xq + (size_t)t * xs + 32));
+                    }
+                }
+                const __m512i S = _mm512_shuffle_epi8(
+                    _mm512_broadcast_i32x4(
+                        _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_SC + 16 * h))),
+                    sc_idx);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_packs_epi32(lo[t], hi[t]), S);
                 }
             }
-            const __m512i S = _mm512_shuffle_epi8(
-                _mm512_broadcast_i32x4(
-                    _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q4K_SC + 16 * h))),
-                sc_idx);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_packs_epi32(lo[t], hi[t]), S);
-            }
-        }
-        /* mins: four (m, m) pair vectors, shared by the tile's tokens */
-        const __m512i mb = _mm512_loadu_si512((const void *)(pb + SP_REPACK_Q4K_M));
-        __m512i M[4];
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-            M[s] = _mm512_shuffle_epi8(mb, _mm512_add_epi8(m_idx0, _mm512_set1_epi8((char)(2 * s))));
-        }
-        /* [d0..d7, dmin0..dmin7]: SP_REPACK_Q4K_DMIN follows SP_REPACK_Q4K_D */
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xt = xb + (size_t)t * xs;
-            const uint8_t *bs = xt + offsetof(sp_block_q8_k, bsums);
-            __m512i mm = _mm512_setzero_si512();
+            /* mins: four (m, m) pair vectors, shared by the tile's tokens */
+            const __m512i mb = _mm512_loadu_si512((const void *)(pb + SP_REPACK_Q4K_M));
+            __m512i M[4];
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
-                mm = _mm512_dpwssd_epi32(mm, M[s], sp512_bcast8(bs + 8 * s));
+                M[s] = _mm512_shuffle_epi8(
+                    mb, _mm512_add_epi8(m_idx0, _mm512_set1_epi8((char)(2 * s))));
             }
-            const __m512i si = _mm512_add_epi32(sumi[t], _mm512_shuffle_epi32(sumi[t], 0x4E));
-            mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
-            /* [sumi rows 0..7, summs rows 0..7], exact, then to float */
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(si, rows_idx, mm));
-            float yd;
-            memcpy(&yd, xt, sizeof yd);
-            /* [d, dm] = y.d * [x.d, x.dmin]; [a, c] = [d, dm] * [sumi, summs]; blk = a - c */
-            const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(yd), dw), f);
-            const __m256 blk =
-                _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
-            acc[t] = _mm256_add_ps(acc[t], blk);
+            /* [d0..d7, dmin0..dmin7]: SP_REPACK_Q4K_DMIN follows SP_REPACK_Q4K_D */
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const uint8_t *xt = xb + (size_t)t * xs;
+                const uint8_t *bs = xt + offsetof(sp_block_q8_k, bsums);
+                __m512i mm = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    mm = _mm512_dpwssd_epi32(mm, M[s], sp512_bcast8(bs + 8 * s));
+                }
+                const __m512i si = _mm512_add_epi32(sumi[t], _mm512_shuffle_epi32(sumi[t], 0x4E));
+                mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
+                /* [sumi rows 0..7, summs rows 0..7], exact, then to float */
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(si, rows_idx, mm));
+                float yd;
+                memcpy(&yd, xt, sizeof yd);
+                /* [d, dm] = y.d * [x.d, x.dmin]; [a, c] = [d, dm] * [sumi, summs]; blk = a - c */
+                const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(yd), dw), f);
+                const __m256 blk =
+                    _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
+                acc[t] = _mm256_add_ps(acc[t], blk);
+            }
         }
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        out[t] = acc[t];
+    for (int t = 0; t < G * T; t++) {
+        out[t] = acc_all[t];
     }
 }
 
@@ -159,7 +169,7 @@ q4k_tile(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __m25
     {                                                                                          \
         (void)xsum;                                                                            \
         (void)xd;                                                                              \
-        q4k_tile(T, nb, g, x, xs, out);                                                        \
+        q4k_tile(1, T, nb, g, 0, x, xs, out);                                                  \
     }
 R5_TILE_Q4K(1)
 R5_TILE_Q4K(2)
@@ -174,13 +184,17 @@ static const rpx_tile_fn q4k_tiles[R5_TM + 1] = {NULL,        q4k_tile_1, q4k_ti
                                                  q4k_tile_3,  q4k_tile_4, q4k_tile_5,
                                                  q4k_tile_6,  q4k_tile_7, q4k_tile_8};
 
-/* avx2_repack_impl.h's group x token driver: Q8_K activations, no scratch; wider chunks */
+RPX_TWO_FN(q4k_two, q4k_tile(2, 1, nb, g, gstep, x, xs, out))
+
+/* avx2_repack_impl.h's group x token driver: Q8_K activations, no scratch; wider chunks; one
+ * token over two weight streams (q4k_two) */
 static void
-r5_gemm(const rpx_tile_fn *tiles, int64_t nb, const void *w, size_t ws, int64_t r0, int64_t r1,
-        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+r5_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t nb, const void *w, size_t ws,
+        int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     const rpx_plan_t plan = {
         .tiles = tiles,
+        .two = two,
         .tm = R5_TM,
         .tc = rpx_chunk_tokens(R5_X_CHUNK_BYTES, xs, 0, R5_TM),
         .nb = nb,
@@ -193,7 +207,7 @@ sp__repack_q4_k_gemm_avx512(int64_t n, const void *w, size_t ws, int64_t r0, int
                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
-        r5_gemm(q4k_tiles, n / SP_QK_K, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+        r5_gemm(q4k_tiles, q4k_two, n / SP_QK_K, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
