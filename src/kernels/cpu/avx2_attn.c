@@ -298,7 +298,8 @@ av_tile(const sp_attn_args_t *a, int kind, const float *inv, int64_t h0, int NH,
             attn_kv_ptr(a->v, kind, a->blocks[p0 / 16] * a->v_block_stride) + p1 * step + off;
         const char *next = NULL;
         if (pf && p0 + ahead < a->n_kv) {
-            next = attn_kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) + p1 * step;
+            next = attn_kv_ptr(a->v, kind, a->blocks[(p0 + ahead) / 16] * a->v_block_stride) +
+                   p1 * step;
         }
         const float *e = a->scratch + h0 * ss + p0 + p1;
         for (int64_t p = p1; p < n; p++, row += step, e++) {
