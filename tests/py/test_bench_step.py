@@ -7,12 +7,14 @@ JSON on the demo model (F32: the file's rows) reads exactly the bytes of the mod
 counted from the GGUF by bench/report.py's own reader (every 2-D tensor but the embedding tables
 a step reads one row of), and echoes the prompt, the pairs, the threads and the level; on a tiny
 Q4_0 model (tools/gguf_gen.py) the bytes of the file's rows with SAMPAN_REPACK=0, and with the
-load-time repack between those and whole 8-row groups; on a tiny gemma4 (layers that read an
+load-time repack the packed bytes the load reports (at the default level and at the AVX2
+level, whose 8-row groups bound them); on a tiny gemma4 (layers that read an
 earlier layer's cache, per-layer inputs, a tied output) the same count; SAMPAN_CPU picks the
 level it reports; a mixture-of-experts model and bad arguments are refused with a message. Then
 report.py's table prints the paired share's median and 10th-90th percentiles. A few seconds."""
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -77,15 +79,26 @@ s.case("SAMPAN_CPU=scalar, --kv-type f16, one thread: reported as run", ok,
 with tempfile.TemporaryDirectory() as tmp:
     q4 = os.path.join(tmp, "tiny-q4_0.gguf")
     gguf_gen.generate(q4, dict(preset="tiny", type="q4_0", seed=5))
-    rows_bytes, group_bytes = matrix_bytes(q4), matrix_bytes(q4, 8)
+    rows_bytes = matrix_bytes(q4)
     rc, j, err = step_json(q4, "--prompt", "8", "--gen", "4", env={"SAMPAN_REPACK": "0"})
     ok = rc == 0 and j is not None and j["read_bytes"] == rows_bytes
     s.case("Q4_0, SAMPAN_REPACK=0: the file's rows", ok,
            "" if ok else f"{j} (want {rows_bytes}) {err[-500:]}")
-    rc, j, err = step_json(q4, "--prompt", "8", "--gen", "4")
-    ok = rc == 0 and j is not None and rows_bytes <= j["read_bytes"] <= group_bytes
-    s.case("Q4_0 repacked: between the rows and whole 8-row groups", ok,
-           "" if ok else f"{j} (want {rows_bytes}..{group_bytes}) {err[-500:]}")
+    # Repacked, the step reads the packed copies: exactly the bytes the load reports packing
+    # (every matrix of this model is packed), never fewer than the file's rows; the AVX2 form is
+    # whole 8-row groups, the AVX-512 VNNI panels 16 rows and pairs of blocks.
+    for level in (None, "avx2"):
+        rc, j, err = step_json(q4, "--prompt", "8", "--gen", "4",
+                               env={"SAMPAN_CPU": level} if level else None)
+        m = re.search(r"event=weights_repacked .*?tensors=(\d+) bytes=(\d+)", err)
+        packed = int(m.group(2)) if m else -1
+        ok = (rc == 0 and j is not None and m is not None and int(m.group(1)) == 15 and
+              j["read_bytes"] == packed and rows_bytes <= packed)
+        if level == "avx2":
+            ok = ok and packed <= matrix_bytes(q4, 8)
+        what = j["kernels"] if j else level
+        s.case(f"Q4_0 repacked ({what}): the packed bytes the load reports", ok,
+               "" if ok else f"{j} (want {packed}, at least {rows_bytes}) {err[-500:]}")
 
     g4 = os.path.join(tmp, "gemma4.gguf")
     gguf_gen.generate(g4, dict(preset="gemma4-tiny", seed=3))
