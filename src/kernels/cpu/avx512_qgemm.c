@@ -599,41 +599,49 @@ gemm_q4_0(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const voi
  * (pairs of blocks: 17 cache lines for Q8_0, 9 for Q4_0) and, when pf is set, fetches the
  * same stretch of the panel computed next, spread over its blocks.
  */
+/* Block b of the panel group gw as G0..G7 and the 16 scales; with pf, first ask for block b's
+ * bytes of the stream at pf (the pair's half that holds it). */
+SP_INLINE void
+p16_block(const int wt, const uint8_t *gw, int64_t b, const uint8_t *pf, __m512i g[8],
+          __m512 *dw)
+{
+    const sp_type_t type = wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0;
+    if (pf != NULL) {
+        /* blocks b of a group cover bytes [b, b + 1) * half a pair: the pair, whole */
+        const size_t half_pair = sp__p16_pair_bytes_of(type) / 2;
+        const uintptr_t p = (uintptr_t)pf + (size_t)b * half_pair;
+        for (size_t l = 0; l < half_pair; l += 64) {
+            _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
+        }
+    }
+    const uint8_t *q = gw + sp__p16_qs_off_of(type, b);
+    if (wt == WT_Q8_0) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
+        }
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
+            g[i] = _mm512_and_si512(v, m4);
+            g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+        }
+    }
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off_of(type, b))));
+}
+
 SP_INLINE void
 tile_p16(const int wt, const int T, int tw, int64_t b0, int64_t nbk, const uint8_t *gw,
          const uint8_t *xr, const tile_out_t *o, const uint8_t *pf)
 {
-    const sp_type_t type = wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0;
-    const size_t half_pair = sp__p16_pair_bytes_of(type) / 2;
     __m512 acc[QG_T];
     acc_init(T, acc, o);
     for (int64_t j = 0; j < nbk; j++) {
-        const int64_t b = b0 + j;
-        if (pf != NULL) {
-            /* blocks b of a group cover bytes [b, b + 1) * half a pair: the pair, whole */
-            const uintptr_t p = (uintptr_t)pf + (size_t)b * half_pair;
-            for (size_t l = 0; l < half_pair; l += 64) {
-                _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
-            }
-        }
-        const uint8_t *q = gw + sp__p16_qs_off_of(type, b);
         __m512i g[8];
-        if (wt == WT_Q8_0) {
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) {
-                g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
-            }
-        } else {
-            const __m512i m4 = _mm512_set1_epi8(0x0f);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
-                g[i] = _mm512_and_si512(v, m4);
-                g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
-            }
-        }
-        const __m512 dw = _mm512_cvtph_ps(
-            _mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off_of(type, b))));
+        __m512 dw;
+        p16_block(wt, gw, b0 + j, pf, g, &dw);
         block_step(T, tw, g, dw, xr + j * tw * QG_XREC, acc);
     }
     acc_store(T, acc, o);
@@ -652,8 +660,6 @@ SP_INLINE void
 tile_p16_two(const int wt, int64_t nb, const uint8_t *ga, const uint8_t *gb, const uint8_t *xr,
              const tile_out_t *oa, const tile_out_t *ob)
 {
-    const sp_type_t type = wt == WT_Q8_0 ? SP_TYPE_Q8_0 : SP_TYPE_Q4_0;
-    const size_t half_pair = sp__p16_pair_bytes_of(type) / 2;
     __m512 acc[2];
     acc_init(1, acc, oa);
     acc_init(1, acc + 1, ob);
@@ -661,28 +667,9 @@ tile_p16_two(const int wt, int64_t nb, const uint8_t *ga, const uint8_t *gb, con
 #pragma GCC unroll 2
         for (int s = 0; s < 2; s++) {
             const uint8_t *gw = s == 0 ? ga : gb;
-            const uintptr_t p = (uintptr_t)gw + SP_PF_ONE_TOKEN + (size_t)b * half_pair;
-            for (size_t l = 0; l < half_pair; l += 64) {
-                _mm_prefetch((const char *)(p + l), _MM_HINT_T0);
-            }
-            const uint8_t *q = gw + sp__p16_qs_off_of(type, b);
             __m512i g[8];
-            if (wt == WT_Q8_0) {
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) {
-                    g[i] = _mm512_loadu_si512((const void *)(q + i * 64));
-                }
-            } else {
-                const __m512i m4 = _mm512_set1_epi8(0x0f);
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) {
-                    const __m512i v = _mm512_loadu_si512((const void *)(q + i * 64));
-                    g[i] = _mm512_and_si512(v, m4);
-                    g[4 + i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
-                }
-            }
-            const __m512 dw = _mm512_cvtph_ps(
-                _mm256_loadu_si256((const __m256i *)(gw + sp__p16_d_off_of(type, b))));
+            __m512 dw;
+            p16_block(wt, gw, b, gw + SP_PF_ONE_TOKEN, g, &dw);
             block_step(1, 1, g, dw, xr + b * QG_XREC, acc + s);
         }
     }
