@@ -161,13 +161,7 @@ q2k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
             }
             const __m512i s2 = _mm512_add_epi32(si[t], _mm512_shuffle_epi32(si[t], 0xB1));
             mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(s2, rows_idx, mm));
-            float yd;
-            memcpy(&yd, xt, sizeof yd);
-            const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(yd), dw), f);
-            const __m256 blk =
-                _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
-            a[t] = _mm256_add_ps(a[t], blk);
+            a[t] = _mm256_add_ps(a[t], sp512_kquant_blk(s2, mm, rows_idx, xt, dw));
         }
     }
 #pragma GCC unroll 8

@@ -25,7 +25,6 @@
  * Pure functions, any thread, no heap, no scratch.
  */
 #include <immintrin.h>
-#include <string.h>
 
 #include "kernels/cpu/avx2_repack_impl.h"
 #include "kernels/cpu/avx512_simd.h"
@@ -145,15 +144,7 @@ q4k_tile(int G, int T, int64_t nb, const uint8_t *g0, size_t gstep, const uint8_
                 }
                 const __m512i si = _mm512_add_epi32(sumi[t], _mm512_shuffle_epi32(sumi[t], 0x4E));
                 mm = _mm512_add_epi32(mm, _mm512_shuffle_epi32(mm, 0xB1));
-                /* [sumi rows 0..7, summs rows 0..7], exact, then to float */
-                const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(si, rows_idx, mm));
-                float yd;
-                memcpy(&yd, xt, sizeof yd);
-                /* [d, dm] = y.d * [x.d, x.dmin]; [a, c] = [d, dm] * [sumi, summs]; blk = a - c */
-                const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(yd), dw), f);
-                const __m256 blk =
-                    _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
-                acc[t] = _mm256_add_ps(acc[t], blk);
+                acc[t] = _mm256_add_ps(acc[t], sp512_kquant_blk(si, mm, rows_idx, xt, dw));
             }
         }
     }

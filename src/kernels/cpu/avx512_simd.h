@@ -1,8 +1,9 @@
 /*
  * avx512_simd.h - small inline pieces the AVX-512 VNNI panel kernels share (avx512_qgemm.c,
  * avx512_q4panel.c, avx512_kpanel.c, avx512_repack.c): unaligned scalar loads, a broadcast of 8
- * bytes, VPDPBUSD with the embedded broadcast operand, and the 16 rows x 4 dwords transpose
- * that turns a panel's row pieces into one register per dword. Include only from files built
+ * bytes, VPDPBUSD with the embedded broadcast operand, the 16 rows x 4 dwords transpose
+ * that turns a panel's row pieces into one register per dword, and the K-quants' float step of
+ * a super-block for 8 rows. Include only from files built
  * with the AVX-512 flags (the Makefile's AVX512_FLAGS).
  */
 #ifndef SP_KERNELS_CPU_AVX512_SIMD_H
@@ -72,6 +73,22 @@ sp512_transpose16x4(const uint8_t *const rp[16], size_t off, __m512i v[4])
     v[1] = _mm512_unpackhi_epi64(u0, u2);
     v[2] = _mm512_unpacklo_epi64(u1, u3);
     v[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+/*
+ * The float step of a K-quant super-block for 8 rows (avx512_repack.c's Q4_K tile and
+ * avx512_kpanel.c's panels; kquants_impl.h's sequence, lane-wise): si holds row r's exact scaled
+ * sum in dword r of its low 256 bits after the caller's fold, mm the mins sum of row r in dword
+ * 2r; rows_idx puts [sumi rows 0..7, summs rows 0..7] in order, xt is the Q8_K token (its d
+ * first), dw [d0..d7, dmin0..dmin7] of the weights. Returns blk = y.d * x.d * sumi -
+ * y.d * x.dmin * summs per row: [d, dm] = y.d * [x.d, x.dmin]; [a, c] = [d, dm] * [sumi, summs].
+ */
+SP512_INLINE __m256
+sp512_kquant_blk(__m512i si, __m512i mm, __m512i rows_idx, const uint8_t *xt, __m512 dw)
+{
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(si, rows_idx, mm));
+    const __m512 ac = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sp512_ld_f32(xt)), dw), f);
+    return _mm256_sub_ps(_mm512_castps512_ps256(ac), _mm512_extractf32x8_ps(ac, 1));
 }
 
 #endif /* SP_KERNELS_CPU_AVX512_SIMD_H */
