@@ -412,7 +412,6 @@ scores_group(const sp_attn_args_t *a, int kind, int64_t p0, int64_t h0, int64_t 
     }
 }
 
-
 SP_INLINE void
 attn_512(const sp_attn_args_t *a, int kind)
 {

@@ -1,10 +1,10 @@
 /*
  * avx512_simd.h - small inline pieces the AVX-512 VNNI panel kernels share (avx512_qgemm.c,
  * avx512_q4panel.c, avx512_kpanel.c, avx512_repack.c): unaligned scalar loads, a broadcast of 8
- * bytes, VPDPBUSD with the embedded broadcast operand, the 16 rows x 4 dwords transpose
- * that turns a panel's row pieces into one register per dword, and the K-quants' float step of
- * a super-block for 8 rows. Include only from files built
- * with the AVX-512 flags (the Makefile's AVX512_FLAGS).
+ * bytes, VPDPBUSD with the embedded broadcast operand, the 16 rows x 4 dwords transpose that
+ * turns a panel's row pieces into one register per dword, and the K-quants' float step of a
+ * super-block for 8 rows. Include only from files built with the AVX-512 flags (the Makefile's
+ * AVX512_FLAGS).
  */
 #ifndef SP_KERNELS_CPU_AVX512_SIMD_H
 #define SP_KERNELS_CPU_AVX512_SIMD_H
