@@ -18,11 +18,11 @@ void *sp_realloc(void *p, size_t n);
 void  sp_free(void *p);                       /* sp_free(NULL) is a no-op */
 /* Allocation aligned to `align` (a power of two >= sizeof(void *)); free with sp_free. */
 void *sp_malloc_aligned(size_t n, size_t align);
-/* Large read-mostly data (the packed weights): blocks of SP_HUGE_PAGE bytes or more are aligned
- * to it, rounded up to whole huge pages and advised for transparent huge pages (MADV_HUGEPAGE,
- * a hint: the kernel may say no) before any page is touched, so that a stream over them walks
- * one TLB entry per 2 MiB instead of one per 4 KiB; smaller ones are 64-byte aligned. Free
- * with sp_free. */
+/* Large data the kernels stream (the packed weights, the KV cache): blocks of SP_HUGE_PAGE bytes
+ * or more are aligned to it, rounded up to whole huge pages and advised for transparent huge
+ * pages (MADV_HUGEPAGE, a hint: the kernel may say no) before any page is touched, so that a
+ * stream over them walks one TLB entry per 2 MiB instead of one per 4 KiB and a first write
+ * faults once per 2 MiB; smaller ones are 64-byte aligned. Free with sp_free. */
 #define SP_HUGE_PAGE ((size_t)2 << 20)
 void *sp_malloc_huge(size_t n);
 char *sp_strndup(const char *s, size_t n);

@@ -878,16 +878,35 @@ pl_gate_job_run(void *arg, int64_t t, int ith)
 /* ------------------------------------------------------------------------ */
 
 /* RoPE q and k of every row, then write k and v into the row's slot: block
- * blocks[pos / SP_KV_BLOCK] of its sequence, lane pos % SP_KV_BLOCK. */
+ * blocks[pos / SP_KV_BLOCK] of its sequence, lane pos % SP_KV_BLOCK. A chunk is a run
+ * of rows: a block's key tile keeps a line per dimension holding SP_KV_BLOCK positions,
+ * so rows handed out one at a time put neighbouring positions on different threads, and
+ * every key store then took its line from the other core (rope ran no faster on two
+ * threads than on one; BENCHMARKS.md). */
 typedef struct rope_job {
     sp_batch_t *b;
     int64_t il;
+    int64_t n_rows;
+    int64_t per_chunk; /* rows a chunk */
 } rope_job_t;
 
+static void rope_row(const rope_job_t *j, int64_t t);
+
 static void
-rope_job_run(void *arg, int64_t t, int ith)
+rope_job_run(void *arg, int64_t chunk, int ith)
 {
-    rope_job_t *j = arg;
+    const rope_job_t *j = arg;
+    (void)ith;
+    const int64_t lo = chunk * j->per_chunk;
+    const int64_t hi = lo + j->per_chunk < j->n_rows ? lo + j->per_chunk : j->n_rows;
+    for (int64_t t = lo; t < hi; t++) {
+        rope_row(j, t);
+    }
+}
+
+static void
+rope_row(const rope_job_t *j, int64_t t)
+{
     sp_batch_t *b = j->b;
     const sp_kv_pool_t *kv = b->kv;
     const sp_hparams_t *hp = &b->m->hp;
@@ -897,7 +916,6 @@ rope_job_run(void *arg, int64_t t, int ith)
     const float *cs = b->rope_cs + (2 * t + (swa_tab ? 1 : 0)) * b->rope_w;
     float *kt = b->kv_k + t * kv_dim;
     float *vt = b->kv_v + t * kv_dim;
-    (void)ith;
     const sp_layer_t *L = &b->m->layers[j->il];
     if (j->il >= sp__n_layer_kv(hp)) {
         /* gemma4's shared layers: only q, attending over an earlier layer's cache. */
@@ -1320,8 +1338,12 @@ sp__batch_run(sp_batch_t *b, sp_kv_pool_t *kv, const sp_batch_seq_t *seqs, int64
             lora_rows(b, seqs, il, SP_LORA_Q, n_proj, yqkv, wqkv, b->xn, E, R);
         }
 
-        rope_job_t rj = {b, il};
-        sp_pool_run_as(b->pool, "rope", rope_job_run, &rj, R);
+        /* whole blocks of positions a chunk where there are rows enough for two chunks a
+         * thread, fewer rows a chunk below that (a decode batch: one sequence a row) */
+        int64_t rope_rows = R / (2 * nth);
+        rope_rows = rope_rows < 1 ? 1 : rope_rows > SP_KV_BLOCK ? SP_KV_BLOCK : rope_rows;
+        rope_job_t rj = {b, il, R, rope_rows};
+        sp_pool_run_as(b->pool, "rope", rope_job_run, &rj, (R + rope_rows - 1) / rope_rows);
         /* A few items per chunk keep a long prefill within the pool's chunk
          * limit. */
         attn_job_t aj = {b, il, R, n_split, 1 + n_items / 16384};

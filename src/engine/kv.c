@@ -224,14 +224,18 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
     }
     /* Not zeroed: a position is always written before it is read, and key
      * lanes past a sequence's end are computed and ignored (kernels.h).
+     * On huge pages where the kernel gives them (a hint, core/alloc.h): a
+     * block's first write then faults once per 2 MiB instead of once per
+     * 4 KiB, and those faults were a third of a long prefill's rope stage
+     * (BENCHMARKS.md). Still committed as it is first written, not here.
      * (64 bytes stand in for an empty host part: every layer on the GPU.) */
     const size_t swa_bytes = (size_t)(kv->swa_block_elems * n_swa_blocks) * kv->elt;
     const size_t g_bytes = total - swa_bytes;
-    kv->data = sp_malloc_aligned(g_bytes > 0 ? g_bytes : 64, 64);
+    kv->data = sp_malloc_huge(g_bytes > 0 ? g_bytes : 64);
     kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
     if (n_swa_blocks > 0) {
         /* (64 bytes for a host sliding part without layers: all on the GPU) */
-        kv->swa_data = sp_malloc_aligned(swa_bytes > 0 ? swa_bytes : 64, 64);
+        kv->swa_data = sp_malloc_huge(swa_bytes > 0 ? swa_bytes : 64);
         kv->swa_mark = sp_calloc((size_t)n_swa_blocks, sizeof(uint32_t));
     }
     (void)mark_bytes; /* the marks and the slots, allocated one by one */
