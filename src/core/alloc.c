@@ -73,17 +73,29 @@ sp_malloc_aligned(size_t n, size_t align)
     return finish(base, (size_t)(user - HDR - (uintptr_t)base), n);
 }
 
+size_t
+sp_huge_size(size_t n)
+{
+    size_t whole;
+    if (n < SP_HUGE_PAGE) {
+        return n;
+    }
+    if (sp_add_size(n, SP_HUGE_PAGE - 1, &whole) != 0) {
+        return 0;
+    }
+    return whole & ~(SP_HUGE_PAGE - 1);
+}
+
 void *
 sp_malloc_huge(size_t n)
 {
     if (n < SP_HUGE_PAGE) {
         return sp_malloc_aligned(n, 64);
     }
-    size_t whole;
-    if (sp_add_size(n, SP_HUGE_PAGE - 1, &whole) != 0) {
+    const size_t whole = sp_huge_size(n);
+    if (whole == 0) {
         return NULL;
     }
-    whole &= ~(SP_HUGE_PAGE - 1);
     void *p = sp_malloc_aligned(whole, SP_HUGE_PAGE);
 #ifdef MADV_HUGEPAGE
     if (p != NULL) {

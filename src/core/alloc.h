@@ -25,6 +25,9 @@ void *sp_malloc_aligned(size_t n, size_t align);
  * faults once per 2 MiB; smaller ones are 64-byte aligned. Free with sp_free. */
 #define SP_HUGE_PAGE ((size_t)2 << 20)
 void *sp_malloc_huge(size_t n);
+/* The bytes sp_malloc_huge(n) takes and counts (sp_alloc_bytes_in_use): n rounded up to whole
+ * huge pages from SP_HUGE_PAGE on, n below it; 0 when that overflows. For estimates. */
+size_t sp_huge_size(size_t n);
 char *sp_strndup(const char *s, size_t n);
 
 /* Bytes currently allocated through this module. */

@@ -78,12 +78,12 @@ sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type)
            kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
-/* The sizes of a pool's arrays (the cache, the per-block marks and the layer
- * slots, both parts' of a two-part pool summed), for sp_kv_pool_create and
- * sp_kv_pool_bytes alike; the errors are create's. */
+/* The sizes of a pool's arrays (the cache's global and sliding parts, the
+ * per-block marks and the layer slots, both parts' of a two-part pool summed),
+ * for sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
 static sp_status_t
 kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
-              size_t *data, size_t *mark, char *err, size_t err_len)
+              size_t *data, size_t *swa, size_t *mark, char *err, size_t err_len)
 {
     if (m == NULL || p == NULL || p->n_blocks < 1 || p->n_blocks > INT32_MAX) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: n_blocks %lld out of range [1, %d]",
@@ -129,11 +129,13 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_b
                            (long long)n_swa_blocks, swa_bb);
         }
     }
+    size_t all;
     if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0 ||
-        sp_add_size(*data, swa_data, data) != 0) {
+        sp_add_size(*data, swa_data, &all) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
     }
+    *swa = swa_data;
     /* n_blocks, n_swa_blocks <= INT32_MAX, n_layer <= 512: no overflow. */
     *mark = (size_t)(p->n_blocks + n_swa_blocks) * sizeof(uint32_t) +
             (size_t)m->hp.n_layer * sizeof(int32_t);
@@ -144,8 +146,8 @@ sp_status_t
 sp_kv_pool_check_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
                        char *err, size_t err_len)
 {
-    size_t data, mark;
-    return kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, err, err_len);
+    size_t data, swa, mark;
+    return kv_pool_sizes(m, p, n_swa_blocks, &data, &swa, &mark, err, err_len);
 }
 
 sp_status_t
@@ -163,9 +165,15 @@ sp_kv_pool_bytes(const sp_model_t *m, const sp_kv_pool_params_t *p)
 size_t
 sp_kv_pool_bytes_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks)
 {
-    size_t data, mark, total;
-    if (kv_pool_sizes(m, p, n_swa_blocks, &data, &mark, NULL, 0) != SP_OK ||
-        sp_add_size(data, mark + sizeof(sp_kv_pool_t), &total) != 0) {
+    size_t data, swa, mark, total;
+    if (kv_pool_sizes(m, p, n_swa_blocks, &data, &swa, &mark, NULL, 0) != SP_OK) {
+        return 0;
+    }
+    /* as create allocates them: on huge pages, 64 bytes for an empty part */
+    const size_t hd = sp_huge_size(data > 0 ? data : 64);
+    const size_t hs = n_swa_blocks > 0 ? sp_huge_size(swa > 0 ? swa : 64) : 0;
+    if (hd == 0 || (n_swa_blocks > 0 && hs == 0) || sp_add_size(hd, hs, &total) != 0 ||
+        sp_add_size(total, mark + sizeof(sp_kv_pool_t), &total) != 0) {
         return 0;
     }
     return total;
@@ -183,8 +191,9 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
                         sp_kv_pool_t **out, char *err, size_t err_len)
 {
     *out = NULL;
-    size_t total, mark_bytes;
-    sp_status_t st = kv_pool_sizes(m, p, n_swa_blocks, &total, &mark_bytes, err, err_len);
+    size_t g_bytes, swa_bytes, mark_bytes;
+    sp_status_t st = kv_pool_sizes(m, p, n_swa_blocks, &g_bytes, &swa_bytes, &mark_bytes, err,
+                                   err_len);
     if (st != SP_OK) {
         return st;
     }
@@ -229,8 +238,6 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
      * 4 KiB, and those faults were a third of a long prefill's rope stage
      * (BENCHMARKS.md). Still committed as it is first written, not here.
      * (64 bytes stand in for an empty host part: every layer on the GPU.) */
-    const size_t swa_bytes = (size_t)(kv->swa_block_elems * n_swa_blocks) * kv->elt;
-    const size_t g_bytes = total - swa_bytes;
     kv->data = sp_malloc_huge(g_bytes > 0 ? g_bytes : 64);
     kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
     if (n_swa_blocks > 0) {
@@ -243,7 +250,7 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
         (n_swa_blocks > 0 && (kv->swa_data == NULL || kv->swa_mark == NULL))) {
         sp_kv_pool_destroy(kv);
         return sp_errf(err, err_len, SP_ERR_NOMEM, "out of memory for a KV pool of %lld blocks "
-                       "(%zu bytes)", (long long)p->n_blocks, total);
+                       "(%zu bytes)", (long long)p->n_blocks, g_bytes + swa_bytes);
     }
     *out = kv;
     return SP_OK;

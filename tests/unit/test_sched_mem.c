@@ -275,9 +275,11 @@ TEST(sched_mem_estimate_matches_create)
     ASSERT_OK(sp_sched_estimate(models[1].m, &p, &est, err, sizeof err));
     ASSERT_EQ(est.n_ctx, 4096);
     ASSERT_EQ(est.kv_blocks, 4 * 4096 / 16);
-    /* The pool: its blocks, a 4-byte mark per block and its object. */
+    /* The pool: its blocks (on huge pages: whole ones from 2 MiB on), a 4-byte mark per
+     * block and its object. */
     const uint64_t kv_data =
-        (uint64_t)est.kv_blocks * (sp_kv_block_bytes(models[1].m, SP_KV_TYPE_F32) + 4);
+        sp_huge_size((size_t)est.kv_blocks * sp_kv_block_bytes(models[1].m, SP_KV_TYPE_F32)) +
+        (uint64_t)est.kv_blocks * 4;
     ASSERT(est.kv_bytes > kv_data && est.kv_bytes - kv_data < 256);
     /* Q8_0: 16 rows of head_dim int8 and one F16 scale per 32 per tile, K and V,
      * every layer and KV head: about 27% of F32 for head_dim 64 (the demo's 8: 31%). */
@@ -289,7 +291,8 @@ TEST(sched_mem_estimate_matches_create)
         sp_sched_params_t q = sp_sched_default_params();
         q.kv_type = SP_KV_TYPE_Q8_0;
         ASSERT_OK(sp_sched_estimate(models[mi].m, &q, &est, err, sizeof err));
-        const uint64_t q8_data = (uint64_t)est.kv_blocks * (q8_block + 4);
+        const uint64_t q8_data =
+            sp_huge_size((size_t)(est.kv_blocks * q8_block)) + (uint64_t)est.kv_blocks * 4;
         ASSERT(est.kv_bytes > q8_data && est.kv_bytes - q8_data < 256);
         if (getenv("SP_TEST_VERBOSE") != NULL) {
             printf("  %s: bytes per position f32 %zu f16 %zu q8_0 %zu\n", names[mi],
