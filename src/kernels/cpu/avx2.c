@@ -402,9 +402,11 @@ q8_0_from_float(const float *src, void *dst, int64_t n)
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
         const float am = _mm_cvtss_f32(m);
-        const sp_fp16_t dh = sp_fp32_to_fp16(am / 127.0f);
+        /* F16C's conversion rounds to nearest even as sp_fp32_to_fp16 does (am is never NaN),
+         * inline: a call here made GCC spill the block's four vectors around it */
+        const sp_fp16_t dh = (sp_fp16_t)_cvtss_sh(am / 127.0f, _MM_FROUND_TO_NEAREST_INT);
         out[i].d = dh;
-        if (sp_fp16_to_fp32(dh) == 0.0f) {
+        if (_cvtsh_ss(dh) == 0.0f) {
             memset(out[i].qs, 0, sizeof(out[i].qs));
             continue;
         }
