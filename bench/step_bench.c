@@ -22,9 +22,12 @@
  * streams its weights as fast as a plain read; below that, the time the step spends on
  * anything else (attention over the cache, activation conversion, norms, the pool's waits,
  * the logits) or streams more slowly than the read. The cache the attention reads (grows
- * with P) is not in the read: it is part of what the share charges to the step. --json: the
- * same as one JSON object (bench/run.sh keeps it beside each type's runs, bench/report.py
- * prints it in the table).
+ * with P) is not in the read: it is part of what the share charges to the step. A second
+ * share counts it as read too: (weights + the step's cache bytes) at the pair's read rate /
+ * step time, the step's bytes against the read bandwidth, for long contexts where the cache
+ * is a few percent of the bytes (sp_kv_block_bytes a block of 16 positions; the sliding
+ * layers' part over their window). --json: the same as one JSON object (bench/run.sh keeps
+ * it beside each type's runs, bench/report.py prints it in the table).
  *
  * Dense models only (no experts, no latent attention, no encoder). Between a step and a
  * read the process sleeps 5 ms so that the other pool's workers (they spin up to 2 ms after
@@ -40,6 +43,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "core/timer.h"
+#include "engine/batch.h"
 #include "engine/model.h"
 #include "engine/model_impl.h"
 #include "kernels/kernels.h"
@@ -115,6 +119,23 @@ pct(double *v, int n, double p)
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
+/* Bytes of the cache a decode step at n_kv positions reads: every layer's keys and values of
+ * its blocks (the last one whole: the kernels read its unused lanes and ignore them), the
+ * sliding layers' over their window only (which may straddle one more block). */
+static double
+cache_bytes(const sp_model_t *m, sp_kv_type_t type, int64_t n_kv)
+{
+    const sp_hparams_t *hp = sp_model_hparams(m);
+    const double blk = (double)sp_kv_block_bytes(m, type);
+    const double swa = (double)sp_kv_swa_block_bytes(m, type);
+    const int64_t nb = (n_kv + SP_KV_BLOCK - 1) / SP_KV_BLOCK;
+    int64_t nb_swa = nb;
+    if (swa > 0 && hp->n_swa > 0 && n_kv > hp->n_swa) {
+        nb_swa = (hp->n_swa + SP_KV_BLOCK - 1) / SP_KV_BLOCK + 1;
+    }
+    return (blk - swa) * (double)nb + swa * (double)nb_swa;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -152,7 +173,7 @@ main(int argc, char **argv)
     sp_pool_t *pool = NULL;
     job_t *jobs = NULL;
     int32_t *toks = NULL;
-    double *share = NULL, *step = NULL, *rd = NULL;
+    double *share = NULL, *share_kv = NULL, *step = NULL, *rd = NULL;
     int rc = 1;
     sp_gguf_set_copy_max(SP_GGUF_COPY_MAX_DEFAULT); /* as the server and `sampan eval` */
     if (sp_model_load(path, &m, err, sizeof err) != SP_OK) {
@@ -179,9 +200,11 @@ main(int argc, char **argv)
     jobs = sp_calloc((size_t)(1 + 6 * (n_layer + 1)), sizeof *jobs);
     toks = sp_malloc(sizeof *toks * (size_t)(n_prompt + n_gen));
     share = sp_malloc(sizeof(double) * (size_t)n_gen);
+    share_kv = sp_malloc(sizeof(double) * (size_t)n_gen);
     step = sp_malloc(sizeof(double) * (size_t)n_gen);
     rd = sp_malloc(sizeof(double) * (size_t)n_gen);
-    if (jobs == NULL || toks == NULL || share == NULL || step == NULL || rd == NULL ||
+    if (jobs == NULL || toks == NULL || share == NULL || share_kv == NULL || step == NULL ||
+        rd == NULL ||
         sp_pool_create((int)n_threads, &pool) != SP_OK) {
         fprintf(stderr, "step_bench: out of memory\n");
         goto done;
@@ -258,6 +281,8 @@ main(int argc, char **argv)
         step[i] = t_step;
         rd[i] = t_read;
         share[i] = t_read / t_step;
+        const double cache = cache_bytes(m, cp.kv_type, n_prompt + i + 1);
+        share_kv[i] = share[i] * (1.0 + cache / (double)bytes);
     }
     uint64_t keep = 0;
     for (int jj = 0; jj < n_jobs; jj++) {
@@ -268,14 +293,19 @@ main(int argc, char **argv)
     const double st50 = pct(step, (int)n_gen, 0.5), rd50 = pct(rd, (int)n_gen, 0.5);
     const double sh50 = pct(share, (int)n_gen, 0.5), sh10 = pct(share, (int)n_gen, 0.1),
                  sh90 = pct(share, (int)n_gen, 0.9);
+    const double kv50 = pct(share_kv, (int)n_gen, 0.5), kv10 = pct(share_kv, (int)n_gen, 0.1),
+                 kv90 = pct(share_kv, (int)n_gen, 0.9);
+    const double cache_mid = cache_bytes(m, cp.kv_type, n_prompt + n_gen / 2 + 1);
     if (json) {
         printf("{\"kernels\": \"%s\", \"threads\": %lld, \"kv_type\": \"%s\", \"prompt\": %lld, "
                "\"pairs\": %lld, \"read_bytes\": %zu, \"step_ms_median\": %.3f, "
                "\"read_ms_median\": %.3f, \"share_median\": %.4f, \"share_p10\": %.4f, "
-               "\"share_p90\": %.4f, \"checksum\": %llu}\n",
+               "\"share_p90\": %.4f, \"cache_bytes_mid\": %.0f, "
+               "\"share_with_cache_median\": %.4f, \"share_with_cache_p10\": %.4f, "
+               "\"share_with_cache_p90\": %.4f, \"checksum\": %llu}\n",
                sp_ctx_kernels_name(c), (long long)n_threads, kv, (long long)n_prompt,
-               (long long)n_gen, bytes, st50, rd50, sh50, sh10, sh90,
-               (unsigned long long)(keep & 1));
+               (long long)n_gen, bytes, st50, rd50, sh50, sh10, sh90, cache_mid, kv50, kv10,
+               kv90, (unsigned long long)(keep & 1));
     } else {
         printf("model %s, kernels %s, %lld threads, KV %s, positions %lld-%lld, %d read jobs "
                "(checksum %llu)\n",
@@ -287,10 +317,14 @@ main(int argc, char **argv)
         printf("share (read / step, per pair): median %.1f%%, p10 %.1f%%, p90 %.1f%% of %lld "
                "pairs\n",
                100 * sh50, 100 * sh10, 100 * sh90, (long long)n_gen);
+        printf("with the cache read too (%.1f MB a step at the middle position): median "
+               "%.1f%%, p10 %.1f%%, p90 %.1f%%\n",
+               cache_mid / 1e6, 100 * kv50, 100 * kv10, 100 * kv90);
     }
     rc = 0;
 done:
     sp_free(share);
+    sp_free(share_kv);
     sp_free(step);
     sp_free(rd);
     sp_free(toks);

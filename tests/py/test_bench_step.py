@@ -61,6 +61,16 @@ def step_json(model, *args, env=None):
         return rc, None, out + err
 
 
+def cache_bytes(path, n_kv, elt=4):
+    """Bytes of the cache a step at n_kv positions reads: whole blocks of 16 positions, every
+    layer's keys and values (2 x head_dim elements a position and KV head); llama only."""
+    meta, _ = report.gguf_tensors(path)
+    layers, heads = meta["llama.block_count"], meta["llama.attention.head_count"]
+    kv_heads = meta.get("llama.attention.head_count_kv", heads)
+    hd = meta["llama.embedding_length"] // heads
+    return -(-n_kv // 16) * 16 * layers * kv_heads * 2 * hd * elt
+
+
 rc, j, err = step_json(DEMO_MODEL, "--prompt", "8", "--gen", "6", "-t", "2")
 ok = (rc == 0 and j is not None and j["read_bytes"] == matrix_bytes(DEMO_MODEL) and
       j["prompt"] == 8 and j["pairs"] == 6 and j["threads"] == 2 and j["kv_type"] == "f32" and
@@ -68,6 +78,17 @@ ok = (rc == 0 and j is not None and j["read_bytes"] == matrix_bytes(DEMO_MODEL) 
       0 < j["share_p10"] <= j["share_median"] <= j["share_p90"] < 100)
 s.case("demo model: the matrices' bytes, the run's settings, ordered shares", ok,
        "" if ok else f"{j} (want {matrix_bytes(DEMO_MODEL)} bytes) {err[-500:]}")
+
+# the second share counts the cache too: the middle pair's step (8 + 3 + 1 positions, one
+# block) and, pair by pair, share x (1 + cache / weights): a larger share, by at least the
+# first pair's cache (one block) and at most the last pair's (positions 8-13: one block)
+want = cache_bytes(DEMO_MODEL, 12)
+grow = 1 + want / matrix_bytes(DEMO_MODEL)
+ok = (j is not None and j["cache_bytes_mid"] == want and
+      abs(j["share_with_cache_median"] - j["share_median"] * grow) <= 1e-3 * grow and
+      j["share_with_cache_p10"] <= j["share_with_cache_median"] <= j["share_with_cache_p90"])
+s.case("demo model: the cache's bytes a step reads, the share with them", ok,
+       "" if ok else f"{j} (want {want} cache bytes, x{grow:.4f})")
 
 rc, j, err = step_json(DEMO_MODEL, "--prompt", "4", "--gen", "2", "-t", "1", "--kv-type", "f16",
                        env={"SAMPAN_CPU": "scalar"})
@@ -127,11 +148,14 @@ row = {"type": "q4_0", "read_bytes_per_token": 582e6, "decode_limit_tok_s": 60.0
        "sampan_step_read": {"share_median": 0.913, "share_p10": 0.79, "share_p90": 1.004}}
 bare = dict(row, type="q8_0")
 del bare["sampan_step_read"]
-t = report.table({"read_bw_2t_gb_s": 36.0, "results": [row, bare], "meta": {}})
+withkv = dict(row, type="q4_k", sampan_step_read=dict(row["sampan_step_read"],
+                                                      share_with_cache_median=0.948))
+t = report.table({"read_bw_2t_gb_s": 36.0, "results": [row, bare, withkv], "meta": {}})
 lines = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")] for ln in t.splitlines()
          if ln.startswith("| Q")}
 header = [c.strip() for c in t.splitlines()[3].split("|")]
 col = header.index("sampan step vs read, paired") if "sampan step vs read, paired" in header else -1
-ok = col > 0 and lines["Q4_0"][col] == "91% (79-100%)" and lines["Q8_0"][col] == "-"
+ok = (col > 0 and lines["Q4_0"][col] == "91% (79-100%)" and lines["Q8_0"][col] == "-" and
+      lines["Q4_K"][col] == "91% (79-100%); 95% with the cache")
 s.case("report.py: the paired column", ok, "" if ok else t)
 s.finish()
