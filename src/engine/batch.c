@@ -890,20 +890,6 @@ typedef struct rope_job {
     int64_t per_chunk; /* rows a chunk */
 } rope_job_t;
 
-static void rope_row(const rope_job_t *j, int64_t t);
-
-static void
-rope_job_run(void *arg, int64_t chunk, int ith)
-{
-    const rope_job_t *j = arg;
-    (void)ith;
-    const int64_t lo = chunk * j->per_chunk;
-    const int64_t hi = lo + j->per_chunk < j->n_rows ? lo + j->per_chunk : j->n_rows;
-    for (int64_t t = lo; t < hi; t++) {
-        rope_row(j, t);
-    }
-}
-
 static void
 rope_row(const rope_job_t *j, int64_t t)
 {
@@ -992,6 +978,18 @@ rope_row(const rope_job_t *j, int64_t t)
                 b->k->from_float[SP_TYPE_F16](vt + g * hd, vdst, hd);
             }
         }
+    }
+}
+
+static void
+rope_job_run(void *arg, int64_t chunk, int ith)
+{
+    const rope_job_t *j = arg;
+    (void)ith;
+    const int64_t lo = chunk * j->per_chunk;
+    const int64_t hi = lo + j->per_chunk < j->n_rows ? lo + j->per_chunk : j->n_rows;
+    for (int64_t t = lo; t < hi; t++) {
+        rope_row(j, t);
     }
 }
 
