@@ -129,7 +129,7 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_b
                            (long long)n_swa_blocks, swa_bb);
         }
     }
-    size_t all;
+    size_t all; /* the two parts together must fit a size_t too */
     if (sp_mul_size(bb, (size_t)p->n_blocks, data) != 0 ||
         sp_add_size(*data, swa_data, &all) != 0) {
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
