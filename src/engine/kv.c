@@ -78,9 +78,11 @@ sp_kv_swa_block_bytes(const sp_model_t *m, sp_kv_type_t type)
            kv_tile_bytes(sp__head_dim_max(hp), type);
 }
 
-/* The sizes of a pool's arrays (the cache's global and sliding parts, the
- * per-block marks and the layer slots, both parts' of a two-part pool summed),
- * for sp_kv_pool_create and sp_kv_pool_bytes alike; the errors are create's. */
+/* The sizes of a pool's arrays, for sp_kv_pool_create and sp_kv_pool_bytes
+ * alike: the cache's global part (data) and sliding part (swa, 0 without one)
+ * as allocated, 64 bytes standing in for an empty host part (every layer on
+ * the GPU); the per-block marks and the layer slots (mark). The errors are
+ * create's. */
 static sp_status_t
 kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_blocks,
               size_t *data, size_t *swa, size_t *mark, char *err, size_t err_len)
@@ -135,7 +137,8 @@ kv_pool_sizes(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_t n_swa_b
         return sp_errf(err, err_len, SP_ERR_INVALID, "kv pool: %lld blocks of %zu bytes overflow",
                        (long long)p->n_blocks, bb);
     }
-    *swa = swa_data;
+    *data = *data > 0 ? *data : 64;
+    *swa = n_swa_blocks == 0 ? 0 : swa_data > 0 ? swa_data : 64;
     /* n_blocks, n_swa_blocks <= INT32_MAX, n_layer <= 512: no overflow. */
     *mark = (size_t)(p->n_blocks + n_swa_blocks) * sizeof(uint32_t) +
             (size_t)m->hp.n_layer * sizeof(int32_t);
@@ -169,10 +172,9 @@ sp_kv_pool_bytes_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64_
     if (kv_pool_sizes(m, p, n_swa_blocks, &data, &swa, &mark, NULL, 0) != SP_OK) {
         return 0;
     }
-    /* as create allocates them: on huge pages, 64 bytes for an empty part */
-    const size_t hd = sp_huge_size(data > 0 ? data : 64);
-    const size_t hs = n_swa_blocks > 0 ? sp_huge_size(swa > 0 ? swa : 64) : 0;
-    if (hd == 0 || (n_swa_blocks > 0 && hs == 0) || sp_add_size(hd, hs, &total) != 0 ||
+    /* as create allocates the parts: on huge pages */
+    const size_t hd = sp_huge_size(data), hs = sp_huge_size(swa);
+    if (hd == 0 || (swa > 0 && hs == 0) || sp_add_size(hd, hs, &total) != 0 ||
         sp_add_size(total, mark + sizeof(sp_kv_pool_t), &total) != 0) {
         return 0;
     }
@@ -236,13 +238,11 @@ sp_kv_pool_create_split(const sp_model_t *m, const sp_kv_pool_params_t *p, int64
      * On huge pages where the kernel gives them (a hint, core/alloc.h): a
      * block's first write then faults once per 2 MiB instead of once per
      * 4 KiB, and those faults were a third of a long prefill's rope stage
-     * (BENCHMARKS.md). Still committed as it is first written, not here.
-     * (64 bytes stand in for an empty host part: every layer on the GPU.) */
-    kv->data = sp_malloc_huge(g_bytes > 0 ? g_bytes : 64);
+     * (BENCHMARKS.md). Still committed as it is first written, not here. */
+    kv->data = sp_malloc_huge(g_bytes);
     kv->mark = sp_calloc(1, (size_t)p->n_blocks * sizeof(uint32_t));
     if (n_swa_blocks > 0) {
-        /* (64 bytes for a host sliding part without layers: all on the GPU) */
-        kv->swa_data = sp_malloc_huge(swa_bytes > 0 ? swa_bytes : 64);
+        kv->swa_data = sp_malloc_huge(swa_bytes);
         kv->swa_mark = sp_calloc((size_t)n_swa_blocks, sizeof(uint32_t));
     }
     (void)mark_bytes; /* the marks and the slots, allocated one by one */
