@@ -204,8 +204,7 @@ main(int argc, char **argv)
     step = sp_malloc(sizeof(double) * (size_t)n_gen);
     rd = sp_malloc(sizeof(double) * (size_t)n_gen);
     if (jobs == NULL || toks == NULL || share == NULL || share_kv == NULL || step == NULL ||
-        rd == NULL ||
-        sp_pool_create((int)n_threads, &pool) != SP_OK) {
+        rd == NULL || sp_pool_create((int)n_threads, &pool) != SP_OK) {
         fprintf(stderr, "step_bench: out of memory\n");
         goto done;
     }

@@ -281,9 +281,8 @@ q6k_tile(int T, int64_t nb, const uint8_t *pan, const uint8_t *x, size_t xs, flo
             si = _mm512_add_epi32(si, _mm512_shuffle_epi32(si, 0xB1));
             /* dword 2r holds row r: VPMOVQD takes the low dword of each 64-bit lane */
             const __m256 f = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(si));
-            float yd;
-            memcpy(&yd, xt, sizeof yd);
-            const __m256 blk = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yd), dw), f);
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(sp512_ld_f32(xt)), dw);
+            const __m256 blk = _mm256_mul_ps(d, f);
             a[t] = _mm256_add_ps(a[t], blk);
         }
     }
