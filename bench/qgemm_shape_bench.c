@@ -64,8 +64,13 @@ prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
         /* MXFP4 / IQ4_NL packed: the row-major 16-row panels of the same table (on the rows) */
         if (k->repack_gemm[wt] != NULL && (wt == SP_TYPE_MXFP4 || wt == SP_TYPE_IQ4_NL))
             return k->gemm[wt];
+        /* another table's packed gemm only where it reads the same layout (Q8_0 / Q4_0 are
+         * 8-row groups at AVX2, 16-row VNNI panels here) */
         if (k->repack_gemm[wt] != NULL)
-            return k2->repack_gemm[wt] != k->repack_gemm[wt] ? k2->repack_gemm[wt] : NULL;
+            return k2->repack_gemm[wt] != k->repack_gemm[wt] &&
+                           k2->repack_layout[wt] == k->repack_layout[wt]
+                       ? k2->repack_gemm[wt]
+                       : NULL;
         if (wt == SP_TYPE_Q6_K && k->gemm[wt] == sp__q6k_gemm_panel_avx512_vnni)
             return sp__q6k_gemm_avx512_vnni;
         sp_gemm_fn q = sp__q32_avx512_vnni_prev_gemm(wt);
@@ -113,9 +118,9 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
     run_t cur = {k->gemm[wt], n, w, wrow, x, xrow, tok, out};
     sp_gemm_fn pg = prev_gemm(k, wt);
     uint8_t *wp = NULL;
-    if (k->level >= SP_CPU_AVX512 && k->repack_gemm[wt] != NULL) {
-        /* the AVX-512 table runs this type on packed weights (the engine's path) */
-        /* in the table's own form (Q8_0 / Q4_0: 16-row panels) */
+    if (k->repack_gemm[wt] != NULL) {
+        /* the table runs this type on packed weights (the engine's path), in the table's own
+         * form (AVX-512 Q8_0 / Q4_0: 16-row panels; AVX2: 8-row groups) */
         const sp_repack_layout_t lay = k->repack_layout[wt];
         const int gr = sp_repack_layout_rows(lay);
         wp = aligned_alloc(64, (sp_repack_bytes_in(lay, wt, n, ROWS) + 63) & ~(size_t)63);
@@ -131,7 +136,8 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
         goto done;
     }
     if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level >= SP_CPU_AVX512)) {
-        const bool rows = k->level >= SP_CPU_AVX512 && pg == k->gemm[wt]; /* on the rows */
+        /* on the rows: every AVX2 _prev kernel, and an AVX-512 table's own row gemm */
+        const bool rows = k->level == SP_CPU_AVX2 || pg == k->gemm[wt];
         run_t prev = {pg, n, rows ? w : cur.w, rows ? wrow : cur.wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
