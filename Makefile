@@ -240,6 +240,12 @@ $(BUILD)/step_bench: bench/step_bench.c bench/read_sum.h $(BUILD)/libsampan.a
 	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -march=native -pthread -o $@ $< \
 	    $(BUILD)/libsampan.a $(LDLIBS)
 
+# The quantized gemms at a prefill work item's shape, every type at every x86 level the CPU has,
+# each against the kernel its file kept for A/B (bench/qgemm_shape_bench.c). x86-64 only.
+$(BUILD)/qgemm_shape_bench: bench/qgemm_shape_bench.c bench/qbench.h $(BUILD)/libsampan.a
+	$(CC) $(CPPFLAGS) -std=c11 -O2 -g $(WARN) $(SANFLAGS) -pthread -o $@ $< $(BUILD)/libsampan.a \
+	    $(LDLIBS)
+
 # How close the AVX2 Q8_0 prefill gemm is to the instruction set's limit on this CPU (inline-asm
 # throughput loops next to the kernel; bench/q8_ceiling.c, docs/design.md). x86-64 only.
 $(BUILD)/q8_ceiling: bench/q8_ceiling.c $(BUILD)/libsampan.a

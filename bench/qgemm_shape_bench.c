@@ -10,10 +10,10 @@
  * AMX level, for Q8_0 and Q4_0, "new" is the AMX tile kernel itself (amx_qgemm.c, whatever the
  * token count: its threshold is chosen from these lines) and "prev" the AVX-512 VNNI one.
  *
- *   make build/libsampan.a
- *   cc -O2 -Iinclude -Isrc bench/qgemm_shape_bench.c build/libsampan.a -lm -pthread \
- *      -o build/qgemm_shape_bench
- *   nice ./build/qgemm_shape_bench [TYPE ...] [TOKENS]
+ *   make build/qgemm_shape_bench
+ *   nice ./build/qgemm_shape_bench [LEVEL] [TYPE ...] [TOKENS]
+ *
+ * tests/py/test_bench_qgemm.py runs it at 8 tokens: every line there, the A/B's bits equal.
  */
 #include "qbench.h"
 
