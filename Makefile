@@ -52,6 +52,7 @@ LDLIBS   = -lpcre2-8 -levent_core -levent_openssl -lhttp_parser -ljansson -lssl 
 # Per-ISA flags: only these files may use the instructions, the dispatcher
 # decides at run time whether they are called.
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
+AVXVNNI_FLAGS = $(AVX2_FLAGS) -mavxvnni
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                -mavx512vnni -mavx512bf16
 AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-int8
@@ -68,9 +69,11 @@ TEST_SRC := $(sort $(wildcard tests/unit/*.c))
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 AVX2_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx2*.c))
+AVXVNNI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avxvnni*.c))
 AVX512_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/avx512*.c))
 AMX_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/kernels/cpu/amx*.c))
 $(AVX2_OBJ):   ISA_FLAGS = $(AVX2_FLAGS)
+$(AVXVNNI_OBJ): ISA_FLAGS = $(AVXVNNI_FLAGS)
 $(AVX512_OBJ): ISA_FLAGS = $(AVX512_FLAGS)
 $(AMX_OBJ):    ISA_FLAGS = $(AMX_FLAGS)
 # arm64: neon.c is base ARMv8-A; the SDOT file alone may use the dot-product extension.

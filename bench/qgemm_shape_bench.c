@@ -50,6 +50,9 @@ run_gemm(void *ctx)
 static sp_gemm_fn
 prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
 {
+    /* the AVX2 level's AVX-VNNI table: against the plain AVX2 table's gemm (same layout) */
+    if (k == sp_cpu_kernels_avx2_vnni())
+        return sp_cpu_kernels_for(SP_CPU_AVX2)->repack_gemm[wt];
     /* AMX: the tile kernel (timed at any token count, below its threshold too) against the
      * AVX-512 VNNI table's packed gemm, both on the same 16-row panels */
     if (k->level == SP_CPU_AMX && sp__amx_qgemm_tiles(wt) != NULL)
@@ -136,8 +139,10 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
         goto done;
     }
     if (pg != NULL && (k->level == SP_CPU_AVX2 || k->level >= SP_CPU_AVX512)) {
-        /* on the rows: every AVX2 _prev kernel, and an AVX-512 table's own row gemm */
-        const bool rows = k->level == SP_CPU_AVX2 || pg == k->gemm[wt];
+        /* on the rows: every AVX2 _prev kernel, and an AVX-512 table's own row gemm (the
+         * AVX-VNNI table's prev is the AVX2 table's packed gemm) */
+        const bool rows = (k->level == SP_CPU_AVX2 && k != sp_cpu_kernels_avx2_vnni()) ||
+                          pg == k->gemm[wt];
         run_t prev = {pg, n, rows ? w : cur.w, rows ? wrow : cur.wrow, x, xrow, tok, out2};
         double bc = 1e30, bp = 1e30;
         for (int rnd = 0; rnd < 3; rnd++) { /* interleaved: both see the same load */
@@ -193,6 +198,14 @@ main(int argc, char **argv)
             for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
                 if (qbench_selected(nargs, args, k->name, sp_type_name(types[ti])))
                     bench(k, types[ti], widths[wi], tok);
+        /* after AVX2, its AVX-VNNI table where the CPU has one: the types whose packed gemm
+         * it changes (Q8_0), each against the AVX2 table's */
+        const sp_cpu_kernels_t *v = lv == SP_CPU_AVX2 ? sp_cpu_kernels_avx2_vnni() : NULL;
+        for (size_t wi = 0; v != NULL && wi < 2; wi++)
+            for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+                if (v->repack_gemm[types[ti]] != k->repack_gemm[types[ti]] &&
+                    qbench_selected(nargs, args, v->name, sp_type_name(types[ti])))
+                    bench(v, types[ti], widths[wi], tok);
     }
     return 0;
 }

@@ -5,7 +5,7 @@
 #   0. the layer checks (scripts/check-includes.sh, scripts/check-cycles.py on the release build)
 #   1. C unit tests, release build            (build/test_unit); then the engine-level ones
 #      (kernels, K-quants, attention, forward, batch) again at each CPU kernel level below the
-#      best (SAMPAN_CPU=scalar, avx2, ...), a level this CPU lacks as one skipped line
+#      best (SAMPAN_CPU=scalar, avx2, avx2-vnni, ...), a level this CPU lacks as one skipped line
 #   2. C unit tests, ASan + UBSan build       (build-san/test_unit), and the bad-input, HTTP
 #      security and liveness suites (SAN_SUITES) against build-san/sampan
 #   3. Python suites in tests/py/test_*.py    (NumPy reference, CLI checks)
@@ -59,7 +59,7 @@ if [ -z "$levels" ]; then
     broken=$((broken + 1)); echo "run: kernels_cpu_levels printed no levels"
 fi
 best=${levels##* }
-for lvl in scalar avx2 avx512 amx; do
+for lvl in scalar avx2 avx2-vnni avx512 amx; do
     [ -n "$levels" ] && [ "$lvl" != "$best" ] || continue
     echo "== unit tests, engine level, SAMPAN_CPU=$lvl"
     if grep -qw "$lvl" <<<"$levels"; then

@@ -508,6 +508,12 @@ typedef struct sp_cpu_kernels {
 const sp_cpu_kernels_t *sp_cpu_kernels(void);
 /* The table for one level, or NULL when this CPU lacks it (tests walk all). */
 const sp_cpu_kernels_t *sp_cpu_kernels_for(sp_cpu_level_t level);
+/* The AVX2 level's table with AVX-VNNI products ("avx2-vnni": VPDPBUSD on 256-bit registers,
+ * the same bits as the AVX2 table), or NULL where the CPU has no AVX-VNNI (and on arm64). The
+ * default table on CPUs with AVX-VNNI and no AVX-512; SAMPAN_CPU=avx2-vnni picks it on any
+ * CPU that has it, SAMPAN_CPU=avx2 the plain AVX2 table. Its `level` is SP_CPU_AVX2. */
+const sp_cpu_kernels_t *sp_cpu_kernels_avx2_vnni(void);
+
 /* The reference (scalar) table. */
 const sp_cpu_kernels_t *sp_cpu_kernels_ref(void);
 

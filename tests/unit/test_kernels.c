@@ -944,11 +944,17 @@ TEST(kernels_env_level)
     ASSERT_EQ(sp__cpu_level_from_env("avx512", SP_CPU_AVX2), SP_CPU_AVX2);
     ASSERT_EQ(sp__cpu_level_from_env("avx2", SP_CPU_SCALAR), SP_CPU_SCALAR);
     ASSERT_EQ(sp__cpu_level_from_env("neon", SP_CPU_AVX2), SP_CPU_AVX2);
+#if defined(__x86_64__)
+    /* the AVX-VNNI table is the AVX2 level's */
+    ASSERT_EQ(sp__cpu_level_from_env("avx2-vnni", SP_CPU_AMX), SP_CPU_AVX2);
+    ASSERT_EQ(sp__cpu_level_from_env("avx2-vnni", SP_CPU_SCALAR), SP_CPU_SCALAR);
+#endif
 }
 
 /* The kernel levels this CPU has, on one line that tests/run.sh and
  * tests/py/test_cuda.py read to rerun the engine's tests at each level below
- * the best ("cpu levels: scalar avx2"); and, when SAMPAN_CPU names a level,
+ * the best ("cpu levels: scalar avx2", with "avx2-vnni" after avx2 where the AVX2
+ * level has its AVX-VNNI table); and, when SAMPAN_CPU names a level,
  * that the engine's table is that level capped at the best (so a rerun at a
  * level really runs there). */
 TEST(kernels_cpu_levels)
@@ -961,11 +967,26 @@ TEST(kernels_cpu_levels)
             strcat(line, " ");
             strcat(line, sp_cpu_level_name((sp_cpu_level_t)l));
         }
+        if (l == SP_CPU_AVX2 && sp_cpu_kernels_avx2_vnni() != NULL) {
+            strcat(line, " avx2-vnni"); /* the AVX2 level's AVX-VNNI table */
+        }
     }
     fprintf(stderr, "  cpu levels:%s\n", line);
     const char *env = getenv("SAMPAN_CPU");
     const sp_cpu_level_t want = sp__cpu_level_from_env(env, best);
     ASSERT_EQ(sp_cpu_kernels()->level, want);
+    /* which AVX2 table: the AVX-VNNI one when asked for by name, or by default without
+     * AVX-512; the plain one for SAMPAN_CPU=avx2 */
+    const sp_cpu_kernels_t *vnni = sp_cpu_kernels_avx2_vnni();
+    if (want == SP_CPU_AVX2) {
+        const bool plain = env != NULL && strcmp(env, "avx2") == 0;
+        const bool named = env != NULL && strcmp(env, "avx2-vnni") == 0;
+        const bool want_vnni = vnni != NULL && (named || (!plain && best == SP_CPU_AVX2));
+        ASSERT(sp_cpu_kernels() == (want_vnni ? vnni : sp_cpu_kernels_for(SP_CPU_AVX2)));
+    }
+    if (vnni != NULL) {
+        ASSERT(strcmp(vnni->name, "avx2-vnni") == 0 && vnni->level == SP_CPU_AVX2);
+    }
     if (env != NULL && env[0] != '\0') {
         fprintf(stderr, "  SAMPAN_CPU=%s: the engine runs at %s\n", env, sp_cpu_kernels()->name);
     }

@@ -5,7 +5,9 @@
  * tails, several chunks), row counts and ranges that are not whole groups, rows long enough
  * that a chunk holds only a few tokens, and the extreme integer ranges (weights -128 / 127
  * against activations of +-127). The kernel is called directly (it takes any token count)
- * and through the AVX2 table, which hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up.
+ * and through the AVX2 table, which hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up;
+ * then the same for its AVX-VNNI form (avxvnni_q8gemm.c) and the "avx2-vnni" table, where the
+ * CPU has AVX-VNNI (a visible skip elsewhere).
  */
 #include "test.h"
 #include "gemm_check.h"
@@ -115,7 +117,7 @@ qw_check(const char *what, sp_gemm_fn gemm, const qw_case_t *c, int64_t r0, int6
 }
 
 static void
-qw_run(sp_gemm_fn table_gemm, bool extreme)
+qw_run(sp_gemm_fn wide, sp_gemm_fn table_gemm, bool extreme)
 {
     /* n = 16384: a chunk holds 7 tokens (128 KiB of activations), so 9..130 tokens cross
      * chunks with tails; n = 288: 64 tokens a chunk, 130 tokens three chunks */
@@ -130,12 +132,12 @@ qw_run(sp_gemm_fn table_gemm, bool extreme)
             qw_case_t c;
             qw_case_make(&c, ns[in], rows, extreme, 31 * in + ir);
             for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++) {
-                qw_check("wide", sp__repack_q8_0_gemm_wide_avx2, &c, 0, rows, nts[it]);
-                qw_check("avx2 table", table_gemm, &c, 0, rows, nts[it]);
+                qw_check("wide", wide, &c, 0, rows, nts[it]);
+                qw_check("table", table_gemm, &c, 0, rows, nts[it]);
             }
             if (rows > 3) { /* ranges that start and end inside a group */
-                qw_check("wide", sp__repack_q8_0_gemm_wide_avx2, &c, 3, rows - 1, 9);
-                qw_check("wide", sp__repack_q8_0_gemm_wide_avx2, &c, rows / 2, rows / 2 + 1, 33);
+                qw_check("wide", wide, &c, 3, rows - 1, 9);
+                qw_check("wide", wide, &c, rows / 2, rows / 2 + 1, 33);
             }
             qw_case_free(&c);
         }
@@ -148,7 +150,7 @@ TEST(q8wide_reference_bits)
     if (k == NULL)
         SKIP("this CPU has no AVX2/FMA/F16C: the AVX2 Q8_0 gemm not tested");
     ASSERT(k->repack_gemm[SP_TYPE_Q8_0] != NULL);
-    qw_run(k->repack_gemm[SP_TYPE_Q8_0], false);
+    qw_run(sp__repack_q8_0_gemm_wide_avx2, k->repack_gemm[SP_TYPE_Q8_0], false);
 }
 
 TEST(q8wide_extreme_values)
@@ -156,5 +158,25 @@ TEST(q8wide_extreme_values)
     const sp_cpu_kernels_t *k = sp_cpu_kernels_for(SP_CPU_AVX2);
     if (k == NULL)
         SKIP("this CPU has no AVX2/FMA/F16C: the AVX2 Q8_0 gemm not tested");
-    qw_run(k->repack_gemm[SP_TYPE_Q8_0], true);
+    qw_run(sp__repack_q8_0_gemm_wide_avx2, k->repack_gemm[SP_TYPE_Q8_0], true);
+}
+
+/* The same cases for the AVX-VNNI form (VPDPBUSD; avxvnni_q8gemm.c) and the "avx2-vnni"
+ * table that hands it the calls of 8 tokens and up: the reference's bits as well. */
+TEST(q8wide_avx_vnni_reference_bits)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_avx2_vnni();
+    if (k == NULL)
+        SKIP("this CPU has no AVX-VNNI: the avx2-vnni Q8_0 gemm not tested");
+    ASSERT(strcmp(k->name, "avx2-vnni") == 0 && k->level == SP_CPU_AVX2);
+    ASSERT(k->repack_layout[SP_TYPE_Q8_0] == sp_cpu_kernels_for(SP_CPU_AVX2)->repack_layout[SP_TYPE_Q8_0]);
+    qw_run(sp__repack_q8_0_gemm_wide_avxvnni, k->repack_gemm[SP_TYPE_Q8_0], false);
+}
+
+TEST(q8wide_avx_vnni_extreme_values)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_avx2_vnni();
+    if (k == NULL)
+        SKIP("this CPU has no AVX-VNNI: the avx2-vnni Q8_0 gemm not tested");
+    qw_run(sp__repack_q8_0_gemm_wide_avxvnni, k->repack_gemm[SP_TYPE_Q8_0], true);
 }

@@ -647,14 +647,23 @@ iq4_nl_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const v
     }
 }
 
+void
+sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                              const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 > r0 && n_tok > 0) {
+        rp_gemm(RP_Q8_0, q8_0_tiles, q8_0_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
 static void
 q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
           size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) { /* the same bits, faster (avx2_q8gemm.c) */
         sp__repack_q8_0_gemm_wide_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    } else if (r1 > r0 && n_tok > 0) {
-        rp_gemm(RP_Q8_0, q8_0_tiles, q8_0_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    } else {
+        sp__repack_q8_0_gemm_few_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 

@@ -106,6 +106,7 @@ void sp__attn_register_avx512(sp_cpu_kernels_t *k);
  * on arm64 what getauxval(AT_HWCAP) reports. */
 typedef struct sp_cpu_features {
     bool avx2;       /* AVX2 + FMA + F16C, YMM state enabled */
+    bool avx_vnni;   /* AVX2 + AVX-VNNI (VEX VPDPBUSD on 256-bit registers) */
     bool avx512;     /* AVX-512 F/BW/VL/DQ, ZMM state enabled */
     bool avx512_vnni;
     bool avx512_bf16;

@@ -9,8 +9,15 @@
  * built for arm64, nor the NEON files for x86), which of them run at run time.
  * One table per level is built on first use (pthread_once) and never changes
  * afterwards, so callers may keep the pointer and share it between threads.
- * SAMPAN_CPU=scalar|avx2|avx512|amx (x86) or scalar|neon|dotprod (arm64) is
- * read once and can only lower the level.
+ * SAMPAN_CPU=scalar|avx2|avx2-vnni|avx512|amx (x86) or scalar|neon|dotprod (arm64)
+ * is read once and can only lower the level.
+ *
+ * AVX-VNNI without AVX-512 (Intel Alder Lake and later clients, the E-core Xeons): the
+ * "avx2-vnni" table is the AVX2 level's (its level number, its packed layouts) with the
+ * kernels avxvnni_*.c speed up with VPDPBUSD; the same bits. It is the default there, and
+ * SAMPAN_CPU=avx2-vnni picks it on any CPU that has AVX-VNNI (an AVX-512 one included, to
+ * test and time it), while SAMPAN_CPU=avx2 keeps the plain AVX2 table, what AVX2-only CPUs
+ * run.
  *
  * AMX: besides cpuid (AMX-TILE, AMX-INT8) and XCR0 (XTILECFG, XTILEDATA), Linux
  * hands the 8 KiB tile state to a process only on request (arch_prctl
@@ -56,7 +63,11 @@ static const char *const level_names[] = {"scalar", "avx2", "avx512", "amx"};
 static sp_cpu_features_t features;
 static sp_cpu_kernels_t tables[SP_CPU_TOP + 1];
 static bool table_ok[SP_CPU_TOP + 1];
-static sp_cpu_level_t chosen;
+static sp_cpu_kernels_t avx2_vnni; /* built where features.avx_vnni */
+static const sp_cpu_kernels_t *chosen;
+
+/* SAMPAN_CPU's name of the AVX2 level's AVX-VNNI table (x86 only). */
+#define AVX2_VNNI_NAME "avx2-vnni"
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 #if SP_X86
@@ -108,11 +119,13 @@ detect(sp_cpu_features_t *f)
     bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
     bool tile_os = (xcr0 & 0x60000) == 0x60000; /* XTILECFG + XTILEDATA */
     unsigned max_sub = a;
-    bool bf16 = false;
+    bool bf16 = false, avx_vnni = false;
     if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        avx_vnni = a & (1u << 4);
         bf16 = a & (1u << 5);
     }
     f->avx2 = avx2 && fma && f16c && ymm_os;
+    f->avx_vnni = f->avx2 && avx_vnni;
     f->avx512 = f->avx2 && f512 && dq && bw && vl && zmm_os;
     f->avx512_vnni = f->avx512 && vnni;
     f->avx512_bf16 = f->avx512 && bf16;
@@ -135,6 +148,11 @@ sp__cpu_level_from_env(const char *value, sp_cpu_level_t best)
             want = (sp_cpu_level_t)l;
         }
     }
+#if SP_X86
+    if (strcmp(value, AVX2_VNNI_NAME) == 0) {
+        want = SP_CPU_AVX2; /* its table is the AVX2 level's (table_for_env) */
+    }
+#endif
     return want < best ? want : best;
 }
 
@@ -223,6 +241,26 @@ sp_cpu_level_name(sp_cpu_level_t level)
     return (int)level >= 0 && (int)level < N_LEVELS ? level_names[level] : "?";
 }
 
+/* The table SAMPAN_CPU=env picks at `level` (sp__cpu_level_from_env's): the AVX-VNNI one at the
+ * AVX2 level where the CPU has it and either env names it or nothing higher than AVX2 was
+ * asked for and the CPU has no AVX-512 (its default there). */
+static const sp_cpu_kernels_t *
+table_for_env(const char *env, sp_cpu_level_t level)
+{
+#if SP_X86
+    if (level == SP_CPU_AVX2 && features.avx_vnni) {
+        const bool named = env != NULL && strcmp(env, AVX2_VNNI_NAME) == 0;
+        const bool plain = env != NULL && strcmp(env, "avx2") == 0;
+        if (named || (!plain && !features.avx512)) {
+            return &avx2_vnni;
+        }
+    }
+#else
+    (void)env;
+#endif
+    return &tables[level];
+}
+
 static void
 init_once(void)
 {
@@ -242,20 +280,37 @@ init_once(void)
                             features.avx512_bf16);
         table_ok[l] = true;
     }
+#if SP_X86
+    if (features.avx_vnni) {
+        sp__cpu_build_table(&avx2_vnni, SP_CPU_AVX2, false, false);
+        sp__avxvnni_register(&avx2_vnni);
+        avx2_vnni.name = AVX2_VNNI_NAME;
+    }
+#endif
     const char *env = getenv("SAMPAN_CPU");
-    chosen = sp__cpu_level_from_env(env, best);
+    const sp_cpu_level_t level = sp__cpu_level_from_env(env, best);
+    chosen = table_for_env(env, level);
     bool known = false;
-    char names[64] = "";
+    char names[80] = "";
     for (int l = SP_CPU_SCALAR; l < N_LEVELS; l++) {
         known = known || (env != NULL && strcmp(env, level_names[l]) == 0);
         strcat(names, l == 0 ? "" : l + 1 == N_LEVELS ? " or " : ", ");
         strcat(names, level_names[l]);
+#if SP_X86
+        if (l == SP_CPU_AVX2) {
+            known = known || (env != NULL && strcmp(env, AVX2_VNNI_NAME) == 0);
+            strcat(names, ", " AVX2_VNNI_NAME);
+        }
+#endif
     }
+    const bool vnni_missing =
+        SP_X86 && env != NULL && strcmp(env, AVX2_VNNI_NAME) == 0 && !features.avx_vnni;
     if (env != NULL && env[0] != '\0' && !known) {
-        SP_LOG_WARN("SAMPAN_CPU=%s is not %s; using %s", env, names, tables[chosen].name);
-    } else if (env != NULL && sp__cpu_level_from_env(env, (sp_cpu_level_t)(N_LEVELS - 1)) > best) {
+        SP_LOG_WARN("SAMPAN_CPU=%s is not %s; using %s", env, names, chosen->name);
+    } else if (vnni_missing || (env != NULL && env[0] != '\0' &&
+                                sp__cpu_level_from_env(env, (sp_cpu_level_t)(N_LEVELS - 1)) > best)) {
         /* a level above what this CPU (or its OS) runs: capped, and said so */
-        SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, tables[chosen].name);
+        SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, chosen->name);
     }
 }
 
@@ -270,7 +325,14 @@ const sp_cpu_kernels_t *
 sp_cpu_kernels(void)
 {
     pthread_once(&once, init_once);
-    return &tables[chosen];
+    return chosen;
+}
+
+const sp_cpu_kernels_t *
+sp_cpu_kernels_avx2_vnni(void)
+{
+    pthread_once(&once, init_once);
+    return features.avx_vnni ? &avx2_vnni : NULL;
 }
 
 const sp_cpu_kernels_t *

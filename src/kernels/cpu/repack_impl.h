@@ -211,12 +211,23 @@ void sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t
 void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                  float *y, int64_t ldy);
-/* AVX2 (avx2_q8gemm.c): packed Q8_0 for many tokens, the chunk's tokens against each block of
- * a group (avx2_repack.c's Q8_0 gemm hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up). */
+/* AVX2 (avx2_q8gemm.c, q8gemm_x86.h): packed Q8_0 for many tokens, the chunk's tokens against
+ * each block of a group (avx2_repack.c's Q8_0 gemm hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK
+ * tokens and up, and the few-token tiles below that). */
 #define SP_REPACK_Q8_WIDE_MIN_TOK 8
 void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
+/* avx2_repack.c's packed Q8_0 tiles of 1 to 4 tokens, for any token count. */
+void sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                   int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                   float *y, int64_t ldy);
+/* AVX2 + AVX-VNNI (avxvnni_q8gemm.c): the wide gemm with VPDPBUSD (the same bits), and the
+ * "avx2-vnni" table's changes to the AVX2 table (dispatch.c). */
+void sp__repack_q8_0_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                       int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                       float *y, int64_t ldy);
+void sp__avxvnni_register(sp_cpu_kernels_t *k);
 /* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, IQ4_NL and MXFP4, 16-row panels
  * (two packed groups) for prefill and decode. */
 void sp__q4panel_register_avx512(sp_cpu_kernels_t *k);

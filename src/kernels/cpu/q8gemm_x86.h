@@ -1,0 +1,159 @@
+/*
+ * q8gemm_x86.h - the x86 prefill gemm of packed Q8_0 weights (8-row groups, repack_impl.h)
+ * against Q8_0 activations, for calls with many tokens: the body avx2_q8gemm.c (AVX2) and
+ * avxvnni_q8gemm.c (AVX2 + AVX-VNNI) compile with their own ISA flags. The including file
+ * defines QW_FN, the function's name, and QW_VNNI, 1 where VPDPBUSD is there.
+ *
+ * avx2_repack.c's tile keeps each block's weights in their packed order (a 32-byte chunk
+ * holds 8 bytes of 4 rows) and runs 4 tokens over all blocks. Three costs remain per block
+ * and token there: a VPHADDD that folds each row's two int32 halves, the spills of 16 weight
+ * registers (quants and their absolute values) next to the tile's accumulators, and the
+ * weight loads and VPSIGNB of |w|, shared by only 4 tokens. Here the loop order is turned
+ * round: for each block of a group, the weights are rearranged once into eight registers
+ * of 8 rows x 4 bytes (VSHUFPS of a chunk pair: 32-bit lane r = row r), their absolute
+ * values taken once, and then every token of the chunk (up to QW_MAX_TOK) runs against
+ * them. A token's 4 activation bytes are broadcast to all lanes, so after VPMADDUBSW and
+ * VPMADDWD (or one VPDPBUSD) lane r holds row r's partial sum: the block sum of the 8 rows
+ * is 7 adds, no horizontal step. The float accumulators of the chunk's tokens (8 rows each)
+ * live in a small stack array (QW_MAX_TOK x 32 bytes, in L1).
+ *
+ * Numerics: the scalar reference's (ref.c's Q8_0 vec_dot), lane r being row r: isum is the
+ * exact block sum (sign trick: |w| <= 128 as unsigned, x carrying w's sign, |x| <= 127 from
+ * the activation quantiser, a VPMADDUBSW pair sum at most 2 * 128 * 127 = 32512, widened by
+ * VPMADDWD before any add; VPDPBUSD adds its four products into the int32 lane without any
+ * 16-bit step, at most 4 * 128 * 127 a step and 32 * 128 * 127 a block, so both forms give
+ * the same integer), d = w.d * x.d (exact: two F16 significands), then
+ * sum = sum + (float)isum * d per block in order, multiplies and adds kept apart (no FMA
+ * contraction of intrinsics in C11 mode). The same bits as avx2_repack.c's tiles and the
+ * reference for any number of tokens per call (batch invariance), in either form.
+ *
+ * Pure function, any thread, no heap; about 34 KiB of stack (activation scales of a chunk
+ * and the accumulators).
+ */
+#if !defined(QW_FN) || !defined(QW_VNNI)
+#error "define QW_FN and QW_VNNI before including q8gemm_x86.h"
+#endif
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels/cpu/avx2_repack_impl.h"
+
+#define QW_INLINE static inline __attribute__((always_inline))
+
+#define QW_MAX_TOK 64                 /* tokens of a chunk: the accumulators' rows */
+#define QW_SCRATCH 8192               /* activation scales of a chunk (token x block) */
+#define QW_X_CHUNK_BYTES (128 * 1024) /* a chunk's activations, kept in L2 while groups sweep */
+
+_Static_assert(QW_SCRATCH >= SP_REPACK_MAX_N / 32, "one token's scales fit the scratch");
+_Static_assert(SP_REPACK_ROWS == 8, "a group is one register of 8 float lanes");
+
+QW_INLINE __m256i
+bcast4(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/*
+ * One group (8 rows, g) x tokens [0, T) of a chunk (x, xs bytes apart) over all nb blocks.
+ * xd[t * nb + b]: token t's block b scale. acc[t]: the 8 rows' sums of token t. pf: the
+ * group's first pass (its weights come from memory; later chunks find them in L2), which
+ * prefetches SP_PF_ONE_TOKEN ahead as the few-token tiles do (avx2_repack.c): 8-16 tokens
+ * over weights streaming from memory ran 1.00-1.12x with it on an AMD Zen 3 (bench/kernel_ab).
+ */
+static void
+qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const float *xd,
+         bool pf, float (*acc)[SP_REPACK_ROWS])
+{
+#if !QW_VNNI
+    const __m256i ones16 = _mm256_set1_epi16(1);
+#endif
+    for (int t = 0; t < T; t++) {
+        _mm256_store_ps(acc[t], _mm256_setzero_ps());
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q8_0_BLOCK_BYTES;
+        if (pf) {
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q8_0_BLOCK_BYTES);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5} (one row a 64-bit lane), chunk
+         * 2j+1 the same bytes of rows {2,3,6,7}. Dwords 0 and 2 of each 128-bit lane of the
+         * pair, then 1 and 3, give bytes 8j..8j+3 and 8j+4..8j+7 of rows 0..7 in order. */
+        __m256i w[8], aw[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256 c0 = _mm256_castsi256_ps(
+                _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j))));
+            const __m256 c1 = _mm256_castsi256_ps(
+                _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j + 1))));
+            w[2 * j] = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
+            w[2 * j + 1] =
+                _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            aw[k] = _mm256_sign_epi8(w[k], w[k]);
+        }
+        const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_0) + offsetof(sp_block_q8_0, qs);
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xq = xb + (size_t)t * xs;
+            __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m256i sx = _mm256_sign_epi8(bcast4(xq + 4 * k), w[k]);
+#if QW_VNNI
+                s = _mm256_dpbusd_avx_epi32(s, aw[k], sx);
+#else
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], sx), ones16));
+#endif
+            }
+            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
+            _mm256_store_ps(acc[t], _mm256_add_ps(_mm256_load_ps(acc[t]),
+                                                  _mm256_mul_ps(_mm256_cvtepi32_ps(s), d)));
+        }
+    }
+}
+
+void
+QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+      int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) {
+        return;
+    }
+    const int64_t nb = n / 32;
+    float xd[QW_SCRATCH];
+    _Alignas(32) float acc[QW_MAX_TOK][SP_REPACK_ROWS];
+    int64_t tc = (int64_t)(QW_X_CHUNK_BYTES / (xs ? xs : 1));
+    if (tc > QW_SCRATCH / nb) {
+        tc = QW_SCRATCH / nb;
+    }
+    if (tc > QW_MAX_TOK) {
+        tc = QW_MAX_TOK;
+    }
+    if (tc < 1) {
+        tc = 1; /* n <= SP_REPACK_MAX_N: one token's scales always fit */
+    }
+    const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
+        const uint8_t *xc = (const uint8_t *)x + (size_t)t0 * xs;
+        for (int64_t t = t0; t < t1; t++) {
+            const sp_block_q8_0 *xr = (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
+            for (int64_t b = 0; b < nb; b++) {
+                xd[(t - t0) * nb + b] = _cvtsh_ss(xr[b].d);
+            }
+        }
+        for (int64_t g = g0; g < g1; g++) {
+            qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xs, (int)(t1 - t0), xd, t0 == 0,
+                     acc);
+            for (int64_t t = t0; t < t1; t++) {
+                rpx_store_group(y + t * ldy, g, r0, r1, _mm256_load_ps(acc[t - t0]));
+            }
+        }
+    }
+}
