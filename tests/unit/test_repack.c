@@ -243,6 +243,24 @@ TEST(repack_gemm_avx2)
     rp_check_level(SP_CPU_AVX2);
 }
 
+/* The AVX2 level's AVX-VNNI table: every packed gemm it has (the AVX2 table's, its Q8_0 one on
+ * VPDPBUSD for 8 tokens and up), the same checks. */
+TEST(repack_gemm_avx2_vnni)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_avx2_vnni();
+    if (k == NULL)
+        SKIP("this CPU has no AVX-VNNI: the avx2-vnni table not tested");
+    int n = 0;
+    for (int i = 0; i < RP_NTYPES; i++) {
+        if (k->repack_gemm[rp_types[i]] != NULL) {
+            rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]],
+                            k->repack_layout[rp_types[i]]);
+            n++;
+        }
+    }
+    ASSERT_EQ(n, RP_NTYPES - 1); /* as the AVX2 table: all but MXFP4 */
+}
+
 TEST(repack_gemm_avx512)
 {
     if (sp_cpu_kernels_for(SP_CPU_AVX512) == NULL)
