@@ -270,7 +270,9 @@ TEST(repack_gemm_avx512)
 
 /* The widest integer sums: every quant at the grid's end (Q4_0 nibble 0 = -8, IQ4_NL
  * nibble 0 = -127) against activations of +-127, which is where int16 or saturating
- * arithmetic would show (a pair sum 2 * 127 * 127 = 32258, a block sum 32 * 8 * 127). */
+ * arithmetic would show (a pair sum 2 * 127 * 127 = 32258, a block sum 32 * 8 * 127). Nine
+ * tokens (the three patterns thrice), so the gemms for 8 tokens and up run too (the avx2-vnni
+ * table's VPDPBUSD ones, checked after the levels where the CPU has AVX-VNNI). */
 TEST(repack_extreme_values)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
@@ -278,7 +280,7 @@ TEST(repack_extreme_values)
     for (int ti = 0; ti < 2; ti++) {
         const sp_type_t type = rp_types[ti];
         uint8_t w[11 * 8 * 18], packed[2 * 8 * 144]; /* either form: 16 rows x 8 x 18 */
-        sp_block_q8_0 x[3][8];
+        sp_block_q8_0 x[9][8];
         for (int r = 0; r < rows; r++) {
             for (int b = 0; b < 8; b++) {
                 uint8_t *blk = w + (r * 8 + b) * 18;
@@ -287,19 +289,21 @@ TEST(repack_extreme_values)
                 memset(blk + 2, r % 3 == 0 ? 0x00 : r % 3 == 1 ? 0xFF : 0x0F, 16);
             }
         }
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < 9; t++) {
             for (int b = 0; b < 8; b++) {
                 x[t][b].d = (uint16_t)(0x3800 + b);
                 for (int j = 0; j < 32; j++)
-                    x[t][b].qs[j] = (int8_t)(t == 0 ? 127 : t == 1 ? -127 : (j % 2 ? 127 : -127));
+                    x[t][b].qs[j] =
+                        (int8_t)(t % 3 == 0 ? 127 : t % 3 == 1 ? -127 : (j % 2 ? 127 : -127));
             }
         }
-        float want[3][11];
-        for (int t = 0; t < 3; t++)
+        float want[9][11];
+        for (int t = 0; t < 9; t++)
             for (int r = 0; r < rows; r++)
                 ref->vec_dot[type](n, &want[t][r], w + r * 8 * 18, x[t]);
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
-            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP + 1; l++) { /* TOP + 1: avx2-vnni */
+            const sp_cpu_kernels_t *k = l <= SP_CPU_TOP ? sp_cpu_kernels_for((sp_cpu_level_t)l)
+                                                        : sp_cpu_kernels_avx2_vnni();
             sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
             if (l == SP_CPU_SCALAR)
                 gemm = sp__repack_gemm_ref(type);
@@ -310,10 +314,10 @@ TEST(repack_extreme_values)
             const int gr = sp_repack_layout_rows(lay);
             ASSERT(sp_repack_bytes_in(lay, type, n, rows) <= sizeof packed);
             sp_repack_pack_in(lay, type, n, w, 8 * 18, rows, 0, (rows + gr - 1) / gr, packed);
-            float y[3][11];
-            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, sizeof x[0], 3,
+            float y[9][11];
+            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, sizeof x[0], 9,
                  &y[0][0], rows);
-            for (int t = 0; t < 3; t++)
+            for (int t = 0; t < 9; t++)
                 for (int r = 0; r < rows; r++)
                     ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
                                 sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);

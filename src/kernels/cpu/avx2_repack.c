@@ -569,19 +569,6 @@ static rp_tiles_t iq4_nl_tiles = {
     {NULL, iq4_nl_tile_pf_1, iq4_nl_wide_pf_2, iq4_nl_wide_pf_3, iq4_nl_wide_pf_4,
      iq4_nl_wide_pf_5, iq4_nl_wide_pf_6, iq4_nl_wide_pf_7, iq4_nl_wide_pf_8}};
 
-/* The sum of a Q8_0 block's 32 signed quants: VPSADBW of q + 128 (x ^ 0x80) less 32 * 128.
- * Exact; runs once per token, block and call, and a one-token call covers only a few groups
- * (a pool chunk), where the scalar loop it replaces cost 5-7% of the products' time. */
-RP_INLINE int32_t
-q8_block_sum(const int8_t *qs)
-{
-    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs),
-                                       _mm256_set1_epi8((char)0x80));
-    const __m256i s4 = _mm256_sad_epu8(q, _mm256_setzero_si256());
-    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-    s2 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
-    return (int32_t)_mm_cvtsi128_si32(s2) - 32 * 128;
-}
 
 /* The scratch of a token chunk of Q8_0 activations: x's scale per block, and 8 * sum(x) for
  * Q4_0's offset. */
@@ -594,7 +581,7 @@ rp_fill(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_
         for (int64_t b = 0; b < nb; b++) {
             xd[t * nb + b] = _cvtsh_ss(xb[b].d);
             if (kind == RP_Q4_0) {
-                xsum[t * nb + b] = 8 * q8_block_sum(xb[b].qs);
+                xsum[t * nb + b] = 8 * rpx_q8_block_sum(xb[b].qs);
             }
         }
     }
@@ -628,9 +615,9 @@ rp_gemm(int kind, rp_tiles_t tiles, rpx_two_fn two, int tm, int64_t n, const voi
     rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-static void
-q4_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+void
+sp__repack_q4_0_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                          const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
         rp_gemm(RP_Q4_0, q4_0_tiles, q4_0_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
@@ -689,7 +676,7 @@ sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int
 void
 sp__repack_register_avx2(sp_cpu_kernels_t *k)
 {
-    k->repack_gemm[SP_TYPE_Q4_0] = q4_0_gemm;
+    k->repack_gemm[SP_TYPE_Q4_0] = sp__repack_q4_0_gemm_avx2;
     k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
     k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
     k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;

@@ -2,7 +2,8 @@
  * q8gemm_x86.h - the x86 prefill gemm of packed Q8_0 weights (8-row groups, repack_impl.h)
  * against Q8_0 activations, for calls with many tokens: the body avx2_q8gemm.c (AVX2) and
  * avxvnni_q8gemm.c (AVX2 + AVX-VNNI) compile with their own ISA flags. The including file
- * defines QW_FN, the function's name, and QW_VNNI, 1 where VPDPBUSD is there.
+ * defines QW_FN, the function's name, and QW_VNNI, 1 where VPDPBUSD is there; avxvnni_q4gemm.c
+ * also QW_Q4 1, the same loop order over packed Q4_0 weights (qw_q4_weights; VPDPBUSD only).
  *
  * avx2_repack.c's tile keeps each block's weights in their packed order (a 32-byte chunk
  * holds 8 bytes of 4 rows) and runs 4 tokens over all blocks. Three costs remain per block
@@ -33,6 +34,12 @@
 #if !defined(QW_FN) || !defined(QW_VNNI)
 #error "define QW_FN and QW_VNNI before including q8gemm_x86.h"
 #endif
+#ifndef QW_Q4
+#define QW_Q4 0 /* 1: packed Q4_0 weights (VPDPBUSD only), see qw_q4_weights */
+#endif
+#if QW_Q4 && !QW_VNNI
+#error "the Q4_0 form of q8gemm_x86.h is written for VPDPBUSD only"
+#endif
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -43,7 +50,7 @@
 #define QW_INLINE static inline __attribute__((always_inline))
 
 #define QW_MAX_TOK 64                 /* tokens of a chunk: the accumulators' rows */
-#define QW_SCRATCH 8192               /* activation scales of a chunk (token x block) */
+#define QW_SCRATCH 8192               /* activation scales (and Q4_0 sums) of a chunk */
 #define QW_X_CHUNK_BYTES (128 * 1024) /* a chunk's activations, kept in L2 while groups sweep */
 
 _Static_assert(QW_SCRATCH >= SP_REPACK_MAX_N / 32, "one token's scales fit the scratch");
@@ -64,26 +71,98 @@ bcast4(const uint8_t *p)
  * prefetches SP_PF_ONE_TOKEN ahead as the few-token tiles do (avx2_repack.c): 8-16 tokens
  * over weights streaming from memory ran 1.00-1.12x with it on an AMD Zen 3 (bench/kernel_ab).
  */
-static void
-qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const float *xd,
-         bool pf, float (*acc)[SP_REPACK_ROWS])
+#if QW_Q4
+/*
+ * Q4_0: a packed block (repack_impl.h) is the 8 rows' F16 scales, then 4 chunks of 32 bytes:
+ * chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5}, chunk 2j+1 of rows {2,3,6,7}; byte i of a
+ * row holds element i in its low nibble and element i + 16 in its high one. The same VSHUFPS
+ * as for Q8_0 gives bytes 4m..4m+3 of rows 0..7 in lane order; their low nibbles are elements
+ * 4m..4m+3 and their high nibbles 16 + 4m..: w[k] holds elements 4k..4k+3 of every row,
+ * unsigned 0..15, VPDPBUSD's unsigned side against the token's int8 quants. The block sum is
+ * sum(nibble * x) - 8 * sum(x) (xsum: the reference's -8 offset), exact.
+ */
+QW_INLINE void
+qw_q4_weights(const uint8_t *pb, __m256i w[8])
 {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) {
+        const __m256 c0 =
+            _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j))));
+        const __m256 c1 = _mm256_castsi256_ps(
+            _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j + 1))));
+        const __m256i lo = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
+        const __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+        w[2 * j] = _mm256_and_si256(lo, m4);                               /* 8j .. 8j + 3 */
+        w[2 * j + 1] = _mm256_and_si256(hi, m4);                           /* 8j + 4 .. */
+        w[4 + 2 * j] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);     /* 16 + 8j .. */
+        w[4 + 2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4); /* 20 + 8j .. */
+    }
+}
+#define QW_BLOCK_BYTES SP_REPACK_BLOCK_BYTES
+#else
+#define QW_BLOCK_BYTES SP_REPACK_Q8_0_BLOCK_BYTES
+#endif
+
+/* One block's 8 x 32 weights (lane r = row r) against token t's quants at xq: the exact
+ * integer block sums of the 8 rows. */
+QW_INLINE __m256i
+qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t xsum)
+{
+    __m256i s = _mm256_setzero_si256();
+#if QW_Q4
+    (void)aw;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        s = _mm256_dpbusd_avx_epi32(s, w[k], bcast4(xq + 4 * k));
+    }
+    return _mm256_sub_epi32(s, _mm256_set1_epi32(xsum));
+#else
+    (void)xsum;
 #if !QW_VNNI
     const __m256i ones16 = _mm256_set1_epi16(1);
 #endif
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i sx = _mm256_sign_epi8(bcast4(xq + 4 * k), w[k]);
+#if QW_VNNI
+        s = _mm256_dpbusd_avx_epi32(s, aw[k], sx);
+#else
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], sx), ones16));
+#endif
+    }
+    return s;
+#endif
+}
+
+/*
+ * One group (8 rows, g) x tokens [0, T) of a chunk (x, xs bytes apart) over all nb blocks.
+ * xd[t * nb + b]: token t's block b scale, xsum[t * nb + b] 8 times its quants' sum (Q4_0
+ * only). acc[t]: the 8 rows' sums of token t. pf: the group's first pass (its weights come
+ * from memory; later chunks find them in L2), which prefetches SP_PF_ONE_TOKEN ahead as the
+ * few-token tiles do (avx2_repack.c): 8-16 tokens over weights streaming from memory ran
+ * 1.00-1.12x with it on an AMD Zen 3 (bench/kernel_ab).
+ */
+static void
+qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const float *xd,
+         const int32_t *xsum, bool pf, float (*acc)[SP_REPACK_ROWS])
+{
     for (int t = 0; t < T; t++) {
         _mm256_store_ps(acc[t], _mm256_setzero_ps());
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q8_0_BLOCK_BYTES;
+        const uint8_t *pb = g + (size_t)b * QW_BLOCK_BYTES;
         if (pf) {
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q8_0_BLOCK_BYTES);
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, QW_BLOCK_BYTES);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+        __m256i w[8], aw[8];
+#if QW_Q4
+        qw_q4_weights(pb, w);
+#else
         /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5} (one row a 64-bit lane), chunk
          * 2j+1 the same bytes of rows {2,3,6,7}. Dwords 0 and 2 of each 128-bit lane of the
          * pair, then 1 and 3, give bytes 8j..8j+3 and 8j+4..8j+7 of rows 0..7 in order. */
-        __m256i w[8], aw[8];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m256 c0 = _mm256_castsi256_ps(
@@ -98,19 +177,10 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
         for (int k = 0; k < 8; k++) {
             aw[k] = _mm256_sign_epi8(w[k], w[k]);
         }
+#endif
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_0) + offsetof(sp_block_q8_0, qs);
         for (int t = 0; t < T; t++) {
-            const uint8_t *xq = xb + (size_t)t * xs;
-            __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                const __m256i sx = _mm256_sign_epi8(bcast4(xq + 4 * k), w[k]);
-#if QW_VNNI
-                s = _mm256_dpbusd_avx_epi32(s, aw[k], sx);
-#else
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[k], sx), ones16));
-#endif
-            }
+            const __m256i s = qw_block_sum(w, aw, xb + (size_t)t * xs, QW_Q4 ? xsum[t * nb + b] : 0);
             const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
             _mm256_store_ps(acc[t], _mm256_add_ps(_mm256_load_ps(acc[t]),
                                                   _mm256_mul_ps(_mm256_cvtepi32_ps(s), d)));
@@ -127,6 +197,7 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
     }
     const int64_t nb = n / 32;
     float xd[QW_SCRATCH];
+    int32_t xsum[QW_Q4 ? QW_SCRATCH : 1];
     _Alignas(32) float acc[QW_MAX_TOK][SP_REPACK_ROWS];
     int64_t tc = (int64_t)(QW_X_CHUNK_BYTES / (xs ? xs : 1));
     if (tc > QW_SCRATCH / nb) {
@@ -146,11 +217,14 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
             const sp_block_q8_0 *xr = (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
             for (int64_t b = 0; b < nb; b++) {
                 xd[(t - t0) * nb + b] = _cvtsh_ss(xr[b].d);
+#if QW_Q4
+                xsum[(t - t0) * nb + b] = 8 * rpx_q8_block_sum(xr[b].qs);
+#endif
             }
         }
         for (int64_t g = g0; g < g1; g++) {
-            qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xs, (int)(t1 - t0), xd, t0 == 0,
-                     acc);
+            qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xs, (int)(t1 - t0), xd, xsum,
+                     t0 == 0, acc);
             for (int64_t t = t0; t < t1; t++) {
                 rpx_store_group(y + t * ldy, g, r0, r1, _mm256_load_ps(acc[t - t0]));
             }

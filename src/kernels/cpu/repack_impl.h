@@ -218,6 +218,10 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
 void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
+/* avx2_repack.c's packed Q4_0 gemm (its tiles of 1 to 4 tokens), the AVX2 table's entry. */
+void sp__repack_q4_0_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                               int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                               float *y, int64_t ldy);
 /* avx2_repack.c's packed Q8_0 tiles of 1 to 4 tokens, for any token count. */
 void sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                    int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
@@ -225,6 +229,9 @@ void sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t w_stride, in
 /* AVX2 + AVX-VNNI (avxvnni_q8gemm.c): the wide gemm with VPDPBUSD (the same bits), and the
  * "avx2-vnni" table's changes to the AVX2 table (dispatch.c). */
 void sp__repack_q8_0_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                       int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                       float *y, int64_t ldy);
+void sp__repack_q4_0_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                        int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                        float *y, int64_t ldy);
 void sp__avxvnni_register(sp_cpu_kernels_t *k);
