@@ -218,10 +218,10 @@ TEST(repack_gemm_scalar)
                     SP_REPACK_PANEL16);
 }
 
-static void
-rp_check_level(sp_cpu_level_t level)
+/* Every packed gemm of table k through rp_check_kernel; how many it has. */
+static int
+rp_check_table(const sp_cpu_kernels_t *k)
 {
-    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(level);
     int n = 0;
     for (int i = 0; i < RP_NTYPES; i++) {
         if (k->repack_gemm[rp_types[i]] != NULL) {
@@ -230,6 +230,14 @@ rp_check_level(sp_cpu_level_t level)
             n++;
         }
     }
+    return n;
+}
+
+static void
+rp_check_level(sp_cpu_level_t level)
+{
+    const sp_cpu_kernels_t *k = sp_cpu_kernels_for(level);
+    const int n = rp_check_table(k);
     if (level == SP_CPU_AVX2) /* the AVX2 table packs all but MXFP4 (AVX-512 VNNI only) */
         ASSERT_EQ(n, RP_NTYPES - 1);
     if (level == SP_CPU_AVX512 && __builtin_cpu_supports("avx512vnni"))
@@ -243,22 +251,14 @@ TEST(repack_gemm_avx2)
     rp_check_level(SP_CPU_AVX2);
 }
 
-/* The AVX2 level's AVX-VNNI table: every packed gemm it has (the AVX2 table's, its Q8_0 one on
- * VPDPBUSD for 8 tokens and up), the same checks. */
+/* The AVX2 level's AVX-VNNI table: every packed gemm it has (the AVX2 table's, its Q8_0 and
+ * Q4_0 ones on VPDPBUSD for 8 tokens and up), the same checks. */
 TEST(repack_gemm_avx2_vnni)
 {
     const sp_cpu_kernels_t *k = sp_cpu_kernels_avx2_vnni();
     if (k == NULL)
         SKIP("this CPU has no AVX-VNNI: the avx2-vnni table not tested");
-    int n = 0;
-    for (int i = 0; i < RP_NTYPES; i++) {
-        if (k->repack_gemm[rp_types[i]] != NULL) {
-            rp_check_kernel(k->name, rp_types[i], k->repack_gemm[rp_types[i]],
-                            k->repack_layout[rp_types[i]]);
-            n++;
-        }
-    }
-    ASSERT_EQ(n, RP_NTYPES - 1); /* as the AVX2 table: all but MXFP4 */
+    ASSERT_EQ(rp_check_table(k), RP_NTYPES - 1); /* as the AVX2 table: all but MXFP4 */
 }
 
 TEST(repack_gemm_avx512)
