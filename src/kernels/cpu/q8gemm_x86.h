@@ -64,13 +64,6 @@ bcast4(const uint8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-/*
- * One group (8 rows, g) x tokens [0, T) of a chunk (x, xs bytes apart) over all nb blocks.
- * xd[t * nb + b]: token t's block b scale. acc[t]: the 8 rows' sums of token t. pf: the
- * group's first pass (its weights come from memory; later chunks find them in L2), which
- * prefetches SP_PF_ONE_TOKEN ahead as the few-token tiles do (avx2_repack.c): 8-16 tokens
- * over weights streaming from memory ran 1.00-1.12x with it on an AMD Zen 3 (bench/kernel_ab).
- */
 #if QW_Q4
 /*
  * Q4_0: a packed block (repack_impl.h) is the 8 rows' F16 scales, then 4 chunks of 32 bytes:
