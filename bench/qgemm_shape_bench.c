@@ -199,7 +199,7 @@ main(int argc, char **argv)
                 if (qbench_selected(nargs, args, k->name, sp_type_name(types[ti])))
                     bench(k, types[ti], widths[wi], tok);
         /* after AVX2, its AVX-VNNI table where the CPU has one: the types whose packed gemm
-         * it changes (Q8_0), each against the AVX2 table's */
+         * it changes (Q8_0, Q4_0), each against the AVX2 table's */
         const sp_cpu_kernels_t *v = lv == SP_CPU_AVX2 ? sp_cpu_kernels_avx2_vnni() : NULL;
         for (size_t wi = 0; v != NULL && wi < 2; wi++)
             for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)

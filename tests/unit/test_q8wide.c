@@ -169,7 +169,8 @@ TEST(q8wide_avx_vnni_reference_bits)
     if (k == NULL)
         SKIP("this CPU has no AVX-VNNI: the avx2-vnni Q8_0 gemm not tested");
     ASSERT(strcmp(k->name, "avx2-vnni") == 0 && k->level == SP_CPU_AVX2);
-    ASSERT(k->repack_layout[SP_TYPE_Q8_0] == sp_cpu_kernels_for(SP_CPU_AVX2)->repack_layout[SP_TYPE_Q8_0]);
+    const sp_cpu_kernels_t *avx2 = sp_cpu_kernels_for(SP_CPU_AVX2);
+    ASSERT(k->repack_layout[SP_TYPE_Q8_0] == avx2->repack_layout[SP_TYPE_Q8_0]);
     qw_run(sp__repack_q8_0_gemm_wide_avxvnni, k->repack_gemm[SP_TYPE_Q8_0], false);
 }
 

@@ -569,22 +569,13 @@ static rp_tiles_t iq4_nl_tiles = {
     {NULL, iq4_nl_tile_pf_1, iq4_nl_wide_pf_2, iq4_nl_wide_pf_3, iq4_nl_wide_pf_4,
      iq4_nl_wide_pf_5, iq4_nl_wide_pf_6, iq4_nl_wide_pf_7, iq4_nl_wide_pf_8}};
 
-
 /* The scratch of a token chunk of Q8_0 activations: x's scale per block, and 8 * sum(x) for
  * Q4_0's offset. */
 static void
 rp_fill(int kind, const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_t *xsum,
         float *xd)
 {
-    for (int64_t t = 0; t < n_tok; t++) {
-        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
-        for (int64_t b = 0; b < nb; b++) {
-            xd[t * nb + b] = _cvtsh_ss(xb[b].d);
-            if (kind == RP_Q4_0) {
-                xsum[t * nb + b] = 8 * rpx_q8_block_sum(xb[b].qs);
-            }
-        }
-    }
+    rpx_fill_q8_scratch(x, xs, n_tok, nb, kind == RP_Q4_0 ? xsum : NULL, xd);
 }
 
 /* rpx_gemm with this file's tiles; the Q8_0-activation forms fill a per-chunk scratch. */
@@ -643,16 +634,8 @@ sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
     }
 }
 
-static void
-q8_0_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-          size_t xs, int64_t n_tok, float *y, int64_t ldy)
-{
-    if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) { /* the same bits, faster (avx2_q8gemm.c) */
-        sp__repack_q8_0_gemm_wide_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    } else {
-        sp__repack_q8_0_gemm_few_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    }
-}
+/* Q8_0: 8 tokens and up in avx2_q8gemm.c's loop order (the same bits, faster) */
+RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avx2, sp__repack_q8_0_gemm_few_avx2)
 
 static void
 q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,

@@ -405,4 +405,36 @@ rpx_q8_block_sum(const int8_t *qs)
     return (int32_t)_mm_cvtsi128_si32(s2) - 32 * 128;
 }
 
+/* The scratch of a chunk of n_tok Q8_0 activation rows (x, xs bytes apart): each block's scale
+ * xd[t * nb + b], and, where xsum is not NULL, 8 * the sum of its quants for Q4_0's offset
+ * (avx2_repack.c's tiles and q8gemm_x86.h). */
+RPX_INLINE void
+rpx_fill_q8_scratch(const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int32_t *xsum,
+                    float *xd)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        const sp_block_q8_0 *xb = (const sp_block_q8_0 *)(x + (size_t)t * xs);
+        for (int64_t b = 0; b < nb; b++) {
+            xd[t * nb + b] = _cvtsh_ss(xb[b].d);
+            if (xsum != NULL) {
+                xsum[t * nb + b] = 8 * rpx_q8_block_sum(xb[b].qs);
+            }
+        }
+    }
+}
+
+/* A packed gemm's table entry that hands calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up to
+ * `wide` (q8gemm_x86.h's loop order) and fewer to `few` (avx2_repack.c's tiles): the same
+ * bits either way. */
+#define RPX_BY_TOKENS(name, wide, few)                                                          \
+    static void name(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, \
+                     size_t xs, int64_t n_tok, float *y, int64_t ldy)                           \
+    {                                                                                           \
+        if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) {                                               \
+            wide(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                       \
+        } else {                                                                                \
+            few(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                        \
+        }                                                                                       \
+    }
+
 #endif

@@ -13,21 +13,9 @@
 #define QW_VNNI 1
 #include "kernels/cpu/q8gemm_x86.h"
 
-/* A table entry: calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up to the wide VPDPBUSD gemm,
- * fewer to the AVX2 table's tiles (the same bits either way). */
-#define BY_TOKENS(name, wide, few)                                                              \
-    static void name(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, \
-                     size_t xs, int64_t n_tok, float *y, int64_t ldy)                           \
-    {                                                                                           \
-        if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) {                                               \
-            wide(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                       \
-        } else {                                                                                \
-            few(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                        \
-        }                                                                                       \
-    }
-
-BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2)
-BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2)
+/* the wide gemms on VPDPBUSD from 8 tokens, the AVX2 table's tiles below */
+RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2)
+RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2)
 
 void
 sp__avxvnni_register(sp_cpu_kernels_t *k)

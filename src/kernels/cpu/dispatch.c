@@ -303,12 +303,13 @@ init_once(void)
         }
 #endif
     }
+    const bool set = env != NULL && env[0] != '\0';
     const bool vnni_missing =
-        SP_X86 && env != NULL && strcmp(env, AVX2_VNNI_NAME) == 0 && !features.avx_vnni;
-    if (env != NULL && env[0] != '\0' && !known) {
+        SP_X86 && set && strcmp(env, AVX2_VNNI_NAME) == 0 && !features.avx_vnni;
+    if (set && !known) {
         SP_LOG_WARN("SAMPAN_CPU=%s is not %s; using %s", env, names, chosen->name);
-    } else if (vnni_missing || (env != NULL && env[0] != '\0' &&
-                                sp__cpu_level_from_env(env, (sp_cpu_level_t)(N_LEVELS - 1)) > best)) {
+    } else if (vnni_missing ||
+               (set && sp__cpu_level_from_env(env, (sp_cpu_level_t)(N_LEVELS - 1)) > best)) {
         /* a level above what this CPU (or its OS) runs: capped, and said so */
         SP_LOG_WARN("SAMPAN_CPU=%s: this CPU lacks it; using %s", env, chosen->name);
     }

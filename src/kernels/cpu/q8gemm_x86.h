@@ -173,7 +173,8 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
 #endif
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_0) + offsetof(sp_block_q8_0, qs);
         for (int t = 0; t < T; t++) {
-            const __m256i s = qw_block_sum(w, aw, xb + (size_t)t * xs, QW_Q4 ? xsum[t * nb + b] : 0);
+            const int32_t off = QW_Q4 ? xsum[t * nb + b] : 0;
+            const __m256i s = qw_block_sum(w, aw, xb + (size_t)t * xs, off);
             const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
             _mm256_store_ps(acc[t], _mm256_add_ps(_mm256_load_ps(acc[t]),
                                                   _mm256_mul_ps(_mm256_cvtepi32_ps(s), d)));
@@ -206,15 +207,7 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
         const uint8_t *xc = (const uint8_t *)x + (size_t)t0 * xs;
-        for (int64_t t = t0; t < t1; t++) {
-            const sp_block_q8_0 *xr = (const sp_block_q8_0 *)((const uint8_t *)x + (size_t)t * xs);
-            for (int64_t b = 0; b < nb; b++) {
-                xd[(t - t0) * nb + b] = _cvtsh_ss(xr[b].d);
-#if QW_Q4
-                xsum[(t - t0) * nb + b] = 8 * rpx_q8_block_sum(xr[b].qs);
-#endif
-            }
-        }
+        rpx_fill_q8_scratch(xc, xs, t1 - t0, nb, QW_Q4 ? xsum : NULL, xd);
         for (int64_t g = g0; g < g1; g++) {
             qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xs, (int)(t1 - t0), xd, xsum,
                      t0 == 0, acc);
