@@ -559,10 +559,10 @@ product(sp_enc_run_t *r, const sp_weight_t *w, const float *bias, const float *x
     const void *xa = x;
     size_t xs = (size_t)x_stride * sizeof(float);
     if (at != SP_TYPE_F32) {
-        conv_job_t cj = {k->from_float[at], x, w->n_in, x_stride, r->act, r->act_stride};
+        xs = sp__act_row_stride(at, w->n_in); /* <= r->act_stride */
+        conv_job_t cj = {k->from_float[at], x, w->n_in, x_stride, r->act, xs};
         sp_pool_run(r->pool, conv_job_run, &cj, n);
         xa = r->act;
-        xs = r->act_stride;
     }
     int64_t chunk = w->n_out / ((int64_t)sp_pool_n_threads(r->pool) * 8);
     chunk = chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;

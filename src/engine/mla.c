@@ -451,13 +451,14 @@ mla_mm(sp_pool_t *pool, const sp_cpu_kernels_t *k, mla_buf_t *b, const sp_mla_w_
     mm_job_t j = {k, w, x, (size_t)xs * sizeof(float), (size_t)x_mat * sizeof(float), n_tok, y,
                   ldy, y_mat, 0, 0};
     if (at != SP_TYPE_F32) {
-        const size_t seg = seg_bytes(w->n_in);
+        /* each row the n_mat matrices' inputs side by side, densely (sp__act_row_stride) */
+        const size_t seg = sp__act_row_stride(at, w->n_in);
+        SP_ASSERT(seg <= seg_bytes(w->n_in) && (size_t)w->n_mat * seg <= b->act_stride);
         conv_job_t cj = {k->from_float[at], x, xs, x_mat, w->n_in, w->n_mat, b->act,
-                         b->act_stride, seg};
-        SP_ASSERT((size_t)w->n_mat * seg <= b->act_stride); /* carve sized act for this */
+                         (size_t)w->n_mat * seg, seg};
         sp_pool_run_as(pool, "quantize", conv_job_run, &cj, n_tok);
         j.x = b->act;
-        j.x_stride = b->act_stride;
+        j.x_stride = (size_t)w->n_mat * seg;
         j.x_mat_bytes = seg;
     }
     const int nth = sp_pool_n_threads(pool);

@@ -292,6 +292,18 @@ const float *sp__batch_hidden(const sp_batch_t *b);
 /* The logits buffer (max_seqs rows of n_vocab); row 0 is a one-sequence step's. */
 const float *sp__batch_logits_buf(const sp_batch_t *b);
 const char *sp__batch_kernels_name(const sp_batch_t *b);
+/* Bytes between the rows of activations converted for a product (n elements in the weights'
+ * dot-product format t): the format's own row rounded up to a cache line, so the rows lie
+ * densely. The gemms size their token chunks by this stride (a chunk's activations kept in
+ * L2 while the weights sweep): a stride sized for the widest F32 row (4 bytes an element)
+ * gave Q8_0 activations 5 tokens a chunk where 60 fit (docs/design.md, "Dense activation
+ * rows"). */
+static inline size_t
+sp__act_row_stride(sp_type_t t, int64_t n)
+{
+    return (sp_row_size(t, n) + 63) & ~(size_t)63;
+}
+
 /* Weight rows per pool work item of a product over `rows` weight rows (all the
  * matrices of one job) and n_tok activation rows on n_threads threads: the split
  * batch.c's products use (engine/split.c; bench/decode_bench.c measures it). A multiple of 16,

@@ -755,8 +755,9 @@ experts_apply(sp_pool_t *pool, const sp_cpu_kernels_t *k, moe_buf_t *b, int n_w,
                       n_active, off);
         return;
     }
-    convert(pool, k, t0, src, src_stride, map, w[0]->n_in, n_rows, b->act, b->act_stride);
-    experts_mm(pool, k, n_w, w, y, b->act, b->act_stride, active, n_active, off);
+    const size_t xs = sp__act_row_stride(t0, w[0]->n_in); /* <= b->act_stride */
+    convert(pool, k, t0, src, src_stride, map, w[0]->n_in, n_rows, b->act, xs);
+    experts_mm(pool, k, n_w, w, y, b->act, xs, active, n_active, off);
 }
 
 /* Routing of each row of the pass. */
