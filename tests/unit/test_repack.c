@@ -271,8 +271,10 @@ TEST(repack_gemm_avx512)
 /* The widest integer sums: every quant at the grid's end (Q4_0 nibble 0 = -8, IQ4_NL
  * nibble 0 = -127) against activations of +-127, which is where int16 or saturating
  * arithmetic would show (a pair sum 2 * 127 * 127 = 32258, a block sum 32 * 8 * 127). Nine
- * tokens (the three patterns thrice), so the gemms for 8 tokens and up run too (the avx2-vnni
- * table's VPDPBUSD ones, checked after the levels where the CPU has AVX-VNNI). */
+ * tokens (the three patterns thrice), so the gemms for 8 tokens and up run too: the AVX2
+ * table's Q4_0 one adds a block's nibble pair sums in int16 (15 x 127 products: at most 30480,
+ * reached by the nibble-15 rows against +127), and the avx2-vnni table's VPDPBUSD ones, checked
+ * after the levels where the CPU has AVX-VNNI. */
 TEST(repack_extreme_values)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();

@@ -634,8 +634,9 @@ sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
     }
 }
 
-/* Q8_0: 8 tokens and up in avx2_q8gemm.c's loop order (the same bits, faster) */
+/* Q8_0 and Q4_0: 8 tokens and up in q8gemm_x86.h's loop order (the same bits, faster) */
 RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avx2, sp__repack_q8_0_gemm_few_avx2)
+RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avx2, sp__repack_q4_0_gemm_avx2)
 
 static void
 q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
@@ -659,7 +660,7 @@ sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int
 void
 sp__repack_register_avx2(sp_cpu_kernels_t *k)
 {
-    k->repack_gemm[SP_TYPE_Q4_0] = sp__repack_q4_0_gemm_avx2;
+    k->repack_gemm[SP_TYPE_Q4_0] = q4_0_gemm;
     k->repack_gemm[SP_TYPE_IQ4_NL] = iq4_nl_gemm;
     k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
     k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;

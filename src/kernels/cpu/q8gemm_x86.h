@@ -37,9 +37,6 @@
 #ifndef QW_Q4
 #define QW_Q4 0 /* 1: packed Q4_0 weights (VPDPBUSD only), see qw_q4_weights */
 #endif
-#if QW_Q4 && !QW_VNNI
-#error "the Q4_0 form of q8gemm_x86.h is written for VPDPBUSD only"
-#endif
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -105,10 +102,24 @@ qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t
     __m256i s = _mm256_setzero_si256();
 #if QW_Q4
     (void)aw;
+#if QW_VNNI
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         s = _mm256_dpbusd_avx_epi32(s, w[k], bcast4(xq + 4 * k));
     }
+#else
+    /* nibble x quant pair sums are at most 2 * 15 * 127 = 3810: the block's eight add in
+     * int16 (at most 30480) and one VPMADDWD widens them */
+    __m256i p[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], bcast4(xq + 8 * k)),
+                                _mm256_maddubs_epi16(w[2 * k + 1], bcast4(xq + 8 * k + 4)));
+    }
+    s = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]),
+                                           _mm256_add_epi16(p[2], p[3])),
+                          _mm256_set1_epi16(1));
+#endif
     return _mm256_sub_epi32(s, _mm256_set1_epi32(xsum));
 #else
     (void)xsum;

@@ -218,7 +218,11 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
 void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
-/* avx2_repack.c's packed Q4_0 gemm (its tiles of 1 to 4 tokens), the AVX2 table's entry. */
+/* The same loop order over packed Q4_0 (avx2_q4gemm.c), for the same calls. */
+void sp__repack_q4_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                    int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                    float *y, int64_t ldy);
+/* avx2_repack.c's packed Q4_0 tiles of 1 to 4 tokens, for any token count. */
 void sp__repack_q4_0_gemm_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                float *y, int64_t ldy);
