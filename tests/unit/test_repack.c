@@ -366,8 +366,10 @@ TEST(repack_roundtrip_bytes)
 
 /* Q8_0 weights at -128 and 127 against activations of +-127 (the sign trick's widest pair
  * sum, 2 * 128 * 127), Q4_K with every nibble 15 and the 6-bit scales and mins at 63
- * (int16 sums of 4 * 2 * 15 * 127, scaled sums of 63 times that), IQ4_XS at the grid's ends
- * with scales -32 and 31: every level, the reference's bits. */
+ * against Q8_K quants of -128 (the all-ones token) and +-127 (int16 sums of 8 * 2 * 15 * 128
+ * in the wide gemm, scaled sums of 63 times that), IQ4_XS at the grid's ends with scales -32
+ * and 31: every level and the avx2-vnni table, the reference's bits. Nine tokens (the three
+ * patterns thrice), so the gemms for 8 tokens and up run too. */
 TEST(repack_extreme_q8_0_q4_k)
 {
     const sp_cpu_kernels_t *ref = sp_cpu_kernels_ref();
@@ -379,7 +381,7 @@ TEST(repack_extreme_q8_0_q4_k)
         uint8_t *w = malloc(rb * (size_t)rows);
         uint8_t *packed = malloc(sp_repack_bytes_in(SP_REPACK_PANEL16, SP_TYPE_Q8_0, n, 16) +
                                  sp_repack_bytes(type, n, rows)); /* room for either form */
-        uint8_t *x = malloc(xs * 3);
+        uint8_t *x = malloc(xs * 9);
         float *f = malloc(sizeof(float) * (size_t)n);
         ASSERT(w && packed && x && f);
         for (int r = 0; r < rows; r++) {
@@ -409,17 +411,18 @@ TEST(repack_extreme_q8_0_q4_k)
                 }
             }
         }
-        for (int t = 0; t < 3; t++) {
+        for (int t = 0; t < 9; t++) {
             for (int64_t i = 0; i < n; i++)
-                f[i] = t == 0 ? 1.0f : t == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
+                f[i] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
             ref->from_float[at](f, x + (size_t)t * xs, n);
         }
-        float want[3][11];
-        for (int t = 0; t < 3; t++)
+        float want[9][11];
+        for (int t = 0; t < 9; t++)
             for (int r = 0; r < rows; r++)
                 ref->vec_dot[type](n, &want[t][r], w + (size_t)r * rb, x + (size_t)t * xs);
-        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP; l++) {
-            const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+        for (int l = SP_CPU_SCALAR; l <= SP_CPU_TOP + 1; l++) { /* TOP + 1: avx2-vnni */
+            const sp_cpu_kernels_t *k = l <= SP_CPU_TOP ? sp_cpu_kernels_for((sp_cpu_level_t)l)
+                                                        : sp_cpu_kernels_avx2_vnni();
             sp_gemm_fn gemm = k == NULL ? NULL : k->repack_gemm[type];
             if (l == SP_CPU_SCALAR)
                 gemm = sp__repack_gemm_ref(type);
@@ -429,10 +432,10 @@ TEST(repack_extreme_q8_0_q4_k)
             const sp_repack_layout_t lay = l == SP_CPU_SCALAR ? SP_REPACK_ROW8 : k->repack_layout[type];
             const int gr = sp_repack_layout_rows(lay);
             sp_repack_pack_in(lay, type, n, w, rb, rows, 0, (rows + gr - 1) / gr, packed);
-            float y[3][11];
-            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, xs, 3, &y[0][0],
+            float y[9][11];
+            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, xs, 9, &y[0][0],
                  rows);
-            for (int t = 0; t < 3; t++)
+            for (int t = 0; t < 9; t++)
                 for (int r = 0; r < rows; r++)
                     ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
                                 sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);

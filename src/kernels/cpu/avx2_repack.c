@@ -638,14 +638,17 @@ sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
 RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avx2, sp__repack_q8_0_gemm_few_avx2)
 RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avx2, sp__repack_q4_0_gemm_avx2)
 
-static void
-q4_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-          size_t xs, int64_t n_tok, float *y, int64_t ldy)
+void
+sp__repack_q4_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                              const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 > r0 && n_tok > 0) {
         rp_gemm(RP_Q4_K, q4_k_tiles, q4_k_two, RP_TM, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
+
+/* Q4_K: 8 tokens and up in avx2_q4kgemm.c's loop order (the same bits) */
+RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avx2, sp__repack_q4_k_gemm_few_avx2)
 
 void
 sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,

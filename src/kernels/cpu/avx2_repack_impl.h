@@ -75,20 +75,13 @@ rpx_kmins_load(const uint8_t *pb, __m256i M[4])
     }
 }
 
-/*
- * The Q4_K-form finish of one super-block and token (Q4_K, Q5_K): ai0 / ai1 the row sets'
- * scaled sums, xb the token's Q8_K block, dw / dmw the rows' d and dmin. The mins term
- * sum_j m[j] (bsums[2j] + bsums[2j + 1]) (pair sums |p_j| <= 32 * 127) is four VPMADDWD of
- * the rows' mins against the pairs; then kquants_impl.h's sequence lane-wise: d = y.d * x.d;
- * dm = y.d * x.dmin; a = d * sumi; c = dm * summs; blk = a - c; sumf = sumf + blk.
- */
-RPX_INLINE __m256
-rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256 dw,
-                 __m256 dmw, const __m256i M[4])
+/* The mins term of a Q4_K-form super-block for one token (xb its Q8_K block), lane r = row r:
+ * sum_j m[r][j] (bsums[2j] + bsums[2j + 1]) (pair sums |p_j| <= 32 * 128), four VPMADDWD of
+ * the rows' mins against the pairs. */
+RPX_INLINE __m256i
+rpx_kmins_sum(const uint8_t *xb, const __m256i M[4])
 {
     const __m256i row_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    float yd;
-    memcpy(&yd, xb, sizeof yd);
     /* p_0..p_7 in each 128-bit lane */
     const __m256i bs = _mm256_loadu_si256((const __m256i *)(xb + offsetof(sp_block_q8_k, bsums)));
     const __m256i pairs = _mm256_permute4x64_epi64(_mm256_hadd_epi16(bs, bs), 0x88);
@@ -96,14 +89,33 @@ rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256
         _mm256_hadd_epi32(_mm256_madd_epi16(M[0], pairs), _mm256_madd_epi16(M[1], pairs));
     const __m256i h1 =
         _mm256_hadd_epi32(_mm256_madd_epi16(M[2], pairs), _mm256_madd_epi16(M[3], pairs));
-    const __m256i summs = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
-    const __m256i sumi = _mm256_hadd_epi32(ai0, ai1);
+    return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(h0, h1), row_order);
+}
+
+/* The float finish of a Q4_K-form super-block and token, lane r = row r: sumi the scaled sums,
+ * summs the mins term, xb the token's Q8_K block, dw / dmw the rows' d and dmin;
+ * kquants_impl.h's sequence lane-wise: d = y.d * x.d; dm = y.d * x.dmin; a = d * sumi;
+ * c = dm * summs; blk = a - c; sumf = sumf + blk. */
+RPX_INLINE __m256
+rpx_kfinish(__m256 acc, __m256i sumi, __m256i summs, const uint8_t *xb, __m256 dw, __m256 dmw)
+{
+    float yd;
+    memcpy(&yd, xb, sizeof yd);
     const __m256 ydv = _mm256_set1_ps(yd);
     const __m256 d = _mm256_mul_ps(ydv, dw);
     const __m256 dm = _mm256_mul_ps(ydv, dmw);
     const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi));
     const __m256 c = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(summs));
     return _mm256_add_ps(acc, _mm256_sub_ps(a, c));
+}
+
+/* The finish for the 4-row-set tiles (Q4_K, Q5_K): ai0 / ai1 the row sets' scaled sums, two
+ * lanes a row, which one VPHADDD puts in row order. */
+RPX_INLINE __m256
+rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256 dw,
+                 __m256 dmw, const __m256i M[4])
+{
+    return rpx_kfinish(acc, _mm256_hadd_epi32(ai0, ai1), rpx_kmins_sum(xb, M), xb, dw, dmw);
 }
 
 /* The super-block RPX_PF_DIST ahead is prefetched, its cache lines in order: a super-block's
