@@ -86,6 +86,7 @@ prev_gemm(const sp_cpu_kernels_t *k, sp_type_t wt)
     case SP_TYPE_Q4_0: return sp__repack_q4_0_gemm_avx2;
     case SP_TYPE_Q8_0: return sp__repack_q8_0_gemm_few_avx2;
     case SP_TYPE_Q4_K: return sp__repack_q4_k_gemm_few_avx2;
+    case SP_TYPE_Q6_K: return sp__kpack_q6_k_gemm_few_avx2;
     case SP_TYPE_Q2_K: return sp__q2k_gemm_avx2_prev;
     case SP_TYPE_IQ4_XS: return sp__iq4xs_gemm_avx2_prev;
     case SP_TYPE_Q3_K: return sp__q3k_gemm_avx2_prev;
@@ -148,7 +149,7 @@ bench(const sp_cpu_kernels_t *k, sp_type_t wt, int64_t n, int64_t tok)
          * packed tiles) */
         const bool tiles =
             pg == sp__repack_q4_0_gemm_avx2 || pg == sp__repack_q8_0_gemm_few_avx2 ||
-            pg == sp__repack_q4_k_gemm_few_avx2;
+            pg == sp__repack_q4_k_gemm_few_avx2 || pg == sp__kpack_q6_k_gemm_few_avx2;
         const bool rows =
             (k->level == SP_CPU_AVX2 && k != sp_cpu_kernels_avx2_vnni() && !tiles) ||
             pg == k->gemm[wt];

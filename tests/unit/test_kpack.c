@@ -192,15 +192,16 @@ TEST(kpack_q5_k_gemm)
 }
 
 /* The widest sums: Q6_K values all 63 (ql 0xFF, qh 0xFF) or all 0 (-32), scales -128 / 127;
- * Q5_K values all 31 with 6-bit scales and mins at 63; activations all +127, all -127 or
- * alternating. The int16 pair sums (2 * 2 * 63 * 127, 4 * 2 * 31 * 127) and the int32
- * super-block sums are at their largest: saturation or overflow would show. */
+ * Q5_K values all 31 with 6-bit scales and mins at 63; activations all +-1 (Q8_K quants -128
+ * or +-127) or alternating, nine tokens (the three patterns thrice: the tiles and, from 8
+ * tokens, avx2_kwide.c's Q6_K gemm). The int16 pair sums (2 * 2 * 63 * 128, 4 * 2 * 31 * 128)
+ * and the int32 super-block sums are at their largest: saturation or overflow would show. */
 static void
 kp_extremes(sp_type_t type)
 {
     const int64_t n = 512, rows = 11;
     kp_case_t c;
-    kp_make(&c, type, n, rows, 3, 7, false);
+    kp_make(&c, type, n, rows, 9, 7, false);
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t b = 0; b < n / SP_QK_K; b++) {
             const uint16_t d = (uint16_t)(0x3C00 + 64 * r + b), dm = (uint16_t)(0x3800 + r);
@@ -223,9 +224,9 @@ kp_extremes(sp_type_t type)
     }
     float *f = malloc(sizeof(float) * (size_t)n);
     ASSERT(f != NULL);
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 9; t++) {
         for (int64_t i = 0; i < n; i++)
-            f[i] = t == 0 ? 1.0f : t == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
+            f[i] = t % 3 == 0 ? 1.0f : t % 3 == 1 ? -1.0f : (i % 2 ? 1.0f : -1.0f);
         sp_cpu_kernels_ref()->from_float[SP_TYPE_Q8_K](f, c.x + (size_t)t * c.xs, n);
     }
     free(f);
@@ -235,7 +236,7 @@ kp_extremes(sp_type_t type)
     const char *names[SP_CPU_TOP + 1];
     const int nk = kp_kernels(type, gemm, names);
     for (int ki = 0; ki < nk; ki++)
-        for (int64_t nt = 1; nt <= 3; nt++)
+        for (int64_t nt = 1; nt <= 9; nt += nt < 3 ? 1 : 6) /* 1, 2, 3; 9: the wide gemm */
             GEMM_CHECK_ASSERT(kp_run(&c, gemm[ki], 0, rows, nt), "%s %s extremes, %lld tokens",
                               names[ki], sp_type_name(type), (long long)nt);
     kp_free(&c);

@@ -210,12 +210,15 @@ kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size
     rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-static void
-q6_k_gemm(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
-          int64_t n_tok, float *y, int64_t ldy)
+void
+sp__kpack_q6_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     kp_gemm(q6k_tiles, q6k_two, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
+
+/* Q6_K: 8 tokens and up in avx2_kwide.c's loop order (the same bits) */
+RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avx2, sp__kpack_q6_k_gemm_few_avx2)
 
 void
 sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,

@@ -26,7 +26,8 @@
  * as unsigned, x carrying w's sign, |x| <= 127 from the activation quantiser: a pair sum
  * is at most 2 * 128 * 127 = 32512), each VPMADDUBSW widened by VPMADDWD. Numerics as Q4_0's
  * (ref.c's serial block sum), so the results are the reference's bits. Calls of
- * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up go to avx2_q8gemm.c (the same bits, faster).
+ * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up go to the wide gemms instead (the same bits, faster):
+ * avx2_q8gemm.c (Q8_0), avx2_q4gemm.c (Q4_0), avx2_kwide.c (Q4_K; avx2_kpack.c's Q6_K too).
  *
  * Q4_K x Q8_K: per sub-block j (32 elements) the four VPMADDUBSW of a row set add in int16
  * (at most 4 * 2 * 15 * 127 = 15240), and the VPMADDWD that widens them multiplies by the
@@ -647,7 +648,7 @@ sp__repack_q4_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
     }
 }
 
-/* Q4_K: 8 tokens and up in avx2_q4kgemm.c's loop order (the same bits) */
+/* Q4_K: 8 tokens and up in avx2_kwide.c's loop order (the same bits) */
 RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avx2, sp__repack_q4_k_gemm_few_avx2)
 
 void

@@ -2,8 +2,10 @@
  * q8gemm_x86.h - the x86 prefill gemm of packed Q8_0 weights (8-row groups, repack_impl.h)
  * against Q8_0 activations, for calls with many tokens: the body avx2_q8gemm.c (AVX2) and
  * avxvnni_q8gemm.c (AVX2 + AVX-VNNI) compile with their own ISA flags. The including file
- * defines QW_FN, the function's name, and QW_VNNI, 1 where VPDPBUSD is there; avxvnni_q4gemm.c
- * also QW_Q4 1, the same loop order over packed Q4_0 weights (qw_q4_weights; VPDPBUSD only).
+ * defines QW_FN, the function's name, and QW_VNNI, 1 where VPDPBUSD is there; avx2_q4gemm.c and
+ * avxvnni_q4gemm.c also QW_Q4 1, the same loop order over packed Q4_0 weights (qw_q4_weights;
+ * without VNNI a block's eight VPMADDUBSW add in int16, see qw_block_sum). avx2_kwide.c has
+ * the loop order for Q4_K.
  *
  * avx2_repack.c's tile keeps each block's weights in their packed order (a 32-byte chunk
  * holds 8 bytes of 4 rows) and runs 4 tokens over all blocks. Three costs remain per block
@@ -35,7 +37,7 @@
 #error "define QW_FN and QW_VNNI before including q8gemm_x86.h"
 #endif
 #ifndef QW_Q4
-#define QW_Q4 0 /* 1: packed Q4_0 weights (VPDPBUSD only), see qw_q4_weights */
+#define QW_Q4 0 /* 1: packed Q4_0 weights, see qw_q4_weights */
 #endif
 
 #include <immintrin.h>
@@ -68,8 +70,8 @@ bcast4(const uint8_t *p)
  * row holds element i in its low nibble and element i + 16 in its high one. The same VSHUFPS
  * as for Q8_0 gives bytes 4m..4m+3 of rows 0..7 in lane order; their low nibbles are elements
  * 4m..4m+3 and their high nibbles 16 + 4m..: w[k] holds elements 4k..4k+3 of every row,
- * unsigned 0..15, VPDPBUSD's unsigned side against the token's int8 quants. The block sum is
- * sum(nibble * x) - 8 * sum(x) (xsum: the reference's -8 offset), exact.
+ * unsigned 0..15, the unsigned side (VPDPBUSD, VPMADDUBSW) against the token's int8 quants.
+ * The block sum is sum(nibble * x) - 8 * sum(x) (xsum: the reference's -8 offset), exact.
  */
 QW_INLINE void
 qw_q4_weights(const uint8_t *pb, __m256i w[8])
