@@ -227,9 +227,12 @@ sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_
     kp_gemm(q5k_tiles, NULL, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
+/* Q5_K: the same from 8 tokens (avx2_kwide.c, Q4_K's form with the fifth bit) */
+RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avx2, sp__kpack_q5_k_gemm_avx2)
+
 void
 sp__kpack_register_avx2(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q6_K] = q6_k_gemm;
-    k->repack_gemm[SP_TYPE_Q5_K] = sp__kpack_q5_k_gemm_avx2;
+    k->repack_gemm[SP_TYPE_Q5_K] = q5_k_gemm;
 }

@@ -45,16 +45,19 @@ kw_bcast4(const int8_t *p)
 }
 
 /*
- * Sub-block j of a packed super-block (pb): w[m] = elements 4m .. 4m + 3 of rows 0..7 (lane r
- * = row r) as unsigned nibbles, S = each row's scale in both int16 of its lane. The quants of
- * sub-blocks 2i and 2i + 1 are the low and high nibbles of the 256 bytes at QS + 256 i: chunk
- * s + 2k holds bytes 8k .. 8k + 7 of row set s ({0,1,4,5} or {2,3,6,7}, a row a 64-bit lane).
+ * Sub-block j of a packed Q4_K (q5 false) or Q5_K super-block (pb): w[m] = elements 4m .. 4m + 3
+ * of rows 0..7 (lane r = row r), unsigned (0..15, Q5_K 0..31), S = each row's scale in both
+ * int16 of its lane. The quants of sub-blocks 2i and 2i + 1 are the low and high nibbles of the
+ * 256 bytes at QS + 256 i: chunk s + 2k holds bytes 8k .. 8k + 7 of row set s ({0,1,4,5} or
+ * {2,3,6,7}, a row a 64-bit lane); Q5_K's qh chunk s + 2k holds the same elements' fifth bits,
+ * bit j for sub-block j, moved to bit 4 by q5_hi (the dword shuffle keeps bytes whole, so it
+ * commutes with both).
  */
 KW_INLINE void
-kw_subblock(const uint8_t *pb, int j, __m256i w[8], __m256i *S)
+kw_subblock(bool q5, const uint8_t *pb, int j, __m256i w[8], __m256i *S)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const uint8_t *qp = pb + SP_REPACK_Q4K_QS + 256 * (j >> 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m256 c0 =
@@ -69,6 +72,17 @@ kw_subblock(const uint8_t *pb, int j, __m256i w[8], __m256i *S)
         }
         w[2 * k] = _mm256_and_si256(lo, m4);     /* 8k .. 8k + 3 */
         w[2 * k + 1] = _mm256_and_si256(hi, m4); /* 8k + 4 .. 8k + 7 */
+        if (q5) {
+            const uint8_t *hp = pb + SP_REPACK_Q5K_QH + 32 * (2 * k);
+            const __m256 h0 = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)hp));
+            const __m256 h1 = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(hp + 32)));
+            const __m256i hl =
+                _mm256_castps_si256(_mm256_shuffle_ps(h0, h1, _MM_SHUFFLE(2, 0, 2, 0)));
+            const __m256i hh =
+                _mm256_castps_si256(_mm256_shuffle_ps(h0, h1, _MM_SHUFFLE(3, 1, 3, 1)));
+            w[2 * k] = _mm256_or_si256(w[2 * k], q5_hi(hl, j, m10));
+            w[2 * k + 1] = _mm256_or_si256(w[2 * k + 1], q5_hi(hh, j, m10));
+        }
     }
     int64_t scj;
     memcpy(&scj, pb + SP_REPACK_Q4K_SC + 8 * j, sizeof scj);
@@ -76,9 +90,11 @@ kw_subblock(const uint8_t *pb, int j, __m256i w[8], __m256i *S)
     *S = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
 }
 
-/* The scaled sum of one sub-block (w, S) against a token's 32 quants xq, lane r = row r. */
+/* The scaled sum of one sub-block (w, S) against a token's 32 quants xq, lane r = row r.
+ * Q4_K's eight pair sums add in int16 (at most 30720); Q5_K's (at most 2 * 31 * 128 = 7936
+ * each) four at a time (31744), then two VPMADDWD. */
 KW_INLINE __m256i
-kw_dot(const __m256i w[8], __m256i S, const int8_t *xq)
+kw_dot(bool q5, const __m256i w[8], __m256i S, const int8_t *xq)
 {
     __m256i p[4];
 #pragma GCC unroll 4
@@ -86,37 +102,43 @@ kw_dot(const __m256i w[8], __m256i S, const int8_t *xq)
         p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], kw_bcast4(xq + 8 * k)),
                                 _mm256_maddubs_epi16(w[2 * k + 1], kw_bcast4(xq + 8 * k + 4)));
     }
+    if (q5) {
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), S),
+                                _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), S));
+    }
     return _mm256_madd_epi16(
         _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), S);
 }
 
 /* One group (8 rows, g) x tokens [0, T) of a chunk (x, xs bytes apart) over all nb
- * super-blocks: acc[t] the 8 rows' sums of token t. pf: the group's first pass (weights from
- * memory), prefetched SP_PF_ONE_TOKEN ahead as the tiles do. */
-static void
-kw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool pf,
-         __m256 *acc, __m256i *isum)
+ * super-blocks of Q4_K (q5 false) or Q5_K: acc[t] the 8 rows' sums of token t. pf: the group's
+ * first pass (weights from memory), prefetched SP_PF_ONE_TOKEN ahead as the tiles do. Both
+ * types share the header (d, dmin, scales, mins) and so the finish. */
+KW_INLINE void
+kw_group_k45(bool q5, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool pf,
+             __m256 *acc, __m256i *isum)
 {
+    const size_t bb = q5 ? SP_REPACK_Q5K_BLOCK_BYTES : SP_REPACK_Q4K_BLOCK_BYTES;
     for (int t = 0; t < T; t++) {
         acc[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = g + (size_t)b * SP_REPACK_Q4K_BLOCK_BYTES;
+        const uint8_t *pb = g + (size_t)b * bb;
         if (pf) {
-            rpx_prefetch(pb + SP_PF_ONE_TOKEN, SP_REPACK_Q4K_BLOCK_BYTES);
+            rpx_prefetch(pb + SP_PF_ONE_TOKEN, (int)bb);
         }
         const uint8_t *xb = x + (size_t)b * sizeof(sp_block_q8_k);
         for (int j = 0; j < 8; j++) {
             __m256i w[8], S;
-            kw_subblock(pb, j, w, &S);
+            kw_subblock(q5, pb, j, w, &S);
             const int8_t *xq = (const int8_t *)(xb + offsetof(sp_block_q8_k, qs)) + 32 * j;
             if (j == 0) {
                 for (int t = 0; t < T; t++) {
-                    isum[t] = kw_dot(w, S, xq + (size_t)t * xs);
+                    isum[t] = kw_dot(q5, w, S, xq + (size_t)t * xs);
                 }
             } else {
                 for (int t = 0; t < T; t++) {
-                    isum[t] = _mm256_add_epi32(isum[t], kw_dot(w, S, xq + (size_t)t * xs));
+                    isum[t] = _mm256_add_epi32(isum[t], kw_dot(q5, w, S, xq + (size_t)t * xs));
                 }
             }
         }
@@ -130,6 +152,20 @@ kw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool 
             acc[t] = rpx_kfinish(acc[t], isum[t], rpx_kmins_sum(xt, M), xt, dw, dmw);
         }
     }
+}
+
+static void
+kw_group_q4k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool pf,
+             __m256 *acc, __m256i *isum)
+{
+    kw_group_k45(false, nb, g, x, xs, T, pf, acc, isum);
+}
+
+static void
+kw_group_q5k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool pf,
+             __m256 *acc, __m256i *isum)
+{
+    kw_group_k45(true, nb, g, x, xs, T, pf, acc, isum);
 }
 
 /*
@@ -268,7 +304,14 @@ void
 sp__repack_q4_k_gemm_wide_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                                const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    kw_gemm(kw_group, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    kw_gemm(kw_group_q4k, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+void
+sp__repack_q5_k_gemm_wide_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                               const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    kw_gemm(kw_group_q5k, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void

@@ -222,7 +222,11 @@ void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, i
 void sp__repack_q4_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
-/* Packed Q4_K and Q6_K x Q8_K in the same loop order (avx2_kwide.c), for the same calls. */
+/* Packed Q4_K, Q5_K and Q6_K x Q8_K in the same loop order (avx2_kwide.c), for the same
+ * calls. */
+void sp__repack_q5_k_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                    int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                    float *y, int64_t ldy);
 void sp__repack_q4_k_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
