@@ -1,25 +1,26 @@
 /*
- * avx2_kwide.c - the AVX2 prefill gemms of packed Q4_K and Q6_K weights (repack_impl.h's
- * 8-row groups) against Q8_K activations, for calls with many tokens: q8gemm_x86.h's loop
- * order for the K-quant forms. The tiles (avx2_repack.c's Q4_K, avx2_kpack.c's Q6_K) run 4
- * tokens over each super-block with the weights as two row sets (two int32 lanes a row, a
- * VPHADDD per super-block and token to fold them) and decode a sub-block's values once per 4
- * tokens. Here each 32 values of a super-block are laid out once as eight registers of 8 rows
- * x 4 elements (VSHUFPS of the two row sets' chunks: 32-bit lane r = row r) and every token of
- * the chunk (up to KW_MAX_TOK) runs against them: a token's 4 quants broadcast to all lanes, so
- * lane r holds row r's sums throughout.
+ * avx2_kwide.c - the AVX2 prefill gemms of packed Q4_K, Q5_K and Q6_K weights
+ * (repack_impl.h's 8-row groups) against Q8_K activations, for calls with many tokens:
+ * q8gemm_x86.h's loop order for the K-quant forms. The tiles (avx2_repack.c's Q4_K,
+ * avx2_kpack.c's Q5_K and Q6_K) run 4 tokens over each super-block with the weights as two
+ * row sets (two int32 lanes a row, a VPHADDD per super-block and token to fold them) and
+ * decode a sub-block's values once per 4 tokens. Here each 32 values of a super-block are
+ * laid out once as eight registers of 8 rows x 4 elements (VSHUFPS of the two row sets'
+ * chunks: 32-bit lane r = row r) and every token of the chunk (up to KW_MAX_TOK) runs against
+ * them: a token's 4 quants broadcast to all lanes, so lane r holds row r's sums throughout.
  *
  * Numerics: the same integers as the tiles, so the same bits (the reference's).
  * Q4_K: a sub-block's eight VPMADDUBSW (nibble 0..15 against a quant of at most 128 in
  * magnitude: a pair sum at most 3840) add in int16, at most 30720; the VPMADDWD that widens
  * them multiplies by the rows' 6-bit scale (both int16 of a row's lane carry it), at most
  * 2 * 30720 * 63 a sub-block and eight sub-blocks in int32. The mins term and the float finish
- * are the tiles' (rpx_kmins_sum, rpx_kfinish).
+ * are the tiles' (rpx_kmins_sum, rpx_kfinish). Q5_K: the same with values up to 31 (pair sums
+ * at most 7936), four pair sums in int16 (31744) and two VPMADDWD a sub-block.
  * Q6_K: values 0..63 (q + 32), a VPMADDUBSW pair sum at most 2 * 63 * 128 = 16128, so two add
  * in int16 (32256) and each 16-element sub-block is two VPMADDWD by its signed 8-bit scale;
  * the -32 offset comes off as 32 * sum_k sc[k] bsums[k], and the finish is avx2_kpack.c's.
  * avx2_repack.c and avx2_kpack.c hand these gemms calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens
- * and up.
+ * and up (the AVX-512 table keeps the AVX2 packed Q5_K gemm, so this one there too).
  *
  * Pure functions, any thread, no heap; about 4 KiB of stack (a chunk's accumulators).
  */
