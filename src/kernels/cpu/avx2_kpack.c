@@ -49,14 +49,6 @@ xq_of(const uint8_t *x, size_t xs, int t, int64_t b)
     return (const int8_t *)(x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k) + KP_QS_OFF);
 }
 
-KP_INLINE float
-yd_of(const uint8_t *x, size_t xs, int t, int64_t b)
-{
-    float yd;
-    memcpy(&yd, x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k), sizeof yd);
-    return yd;
-}
-
 /* VPSHUFB pattern: int16 i of a 128-bit lane (bytes 2i, 2i + 1) repeated in a 64-bit lane */
 #define KP_W4(i) 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1, 2 * (i), 2 * (i) + 1
 
@@ -122,21 +114,7 @@ kp_block_q6k(int T, const uint8_t *pb, int64_t b, const uint8_t *x, size_t xs, _
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const uint8_t *xb = x + (size_t)t * xs + (size_t)b * sizeof(sp_block_q8_k);
-        /* sum_k sc[k] bsums[k], row r in lane r */
-        __m256i corr = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int p = 0; p < 8; p++) {
-            int32_t bp;
-            memcpy(&bp, xb + offsetof(sp_block_q8_k, bsums) + 4 * p, sizeof bp);
-            const __m256i P = _mm256_cvtepi8_epi16(
-                _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * p)));
-            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(P, _mm256_set1_epi32(bp)));
-        }
-        const __m256i sumi = _mm256_sub_epi32(_mm256_hadd_epi32(ai[t][0], ai[t][1]),
-                                              _mm256_slli_epi32(corr, 5));
-        /* kquants_impl.h: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk */
-        const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd_of(x, xs, t, b)), dw);
-        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+        acc[t] = rpx_q6k_finish(acc[t], _mm256_hadd_epi32(ai[t][0], ai[t][1]), pb, xb, dw);
     }
 }
 

@@ -37,14 +37,6 @@
 
 _Static_assert(SP_REPACK_ROWS == 8, "a group is one register of 8 lanes");
 
-KW_INLINE __m256i
-kw_bcast4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
 /*
  * Sub-block j of a packed Q4_K (q5 false) or Q5_K super-block (pb): w[m] = elements 4m .. 4m + 3
  * of rows 0..7 (lane r = row r), unsigned (0..15, Q5_K 0..31), S = each row's scale in both
@@ -100,8 +92,8 @@ kw_dot(bool q5, const __m256i w[8], __m256i S, const int8_t *xq)
     __m256i p[4];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], kw_bcast4(xq + 8 * k)),
-                                _mm256_maddubs_epi16(w[2 * k + 1], kw_bcast4(xq + 8 * k + 4)));
+        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xq + 8 * k)),
+                                _mm256_maddubs_epi16(w[2 * k + 1], rpx_bcast4(xq + 8 * k + 4)));
     }
     if (q5) {
         return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), S),
@@ -236,9 +228,9 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
                 __m256i p[4];
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], kw_bcast4(xt + 8 * k)),
+                    p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xt + 8 * k)),
                                             _mm256_maddubs_epi16(w[2 * k + 1],
-                                                                 kw_bcast4(xt + 8 * k + 4)));
+                                                                 rpx_bcast4(xt + 8 * k + 4)));
                 }
                 const __m256i v = _mm256_add_epi32(
                     _mm256_add_epi32(_mm256_madd_epi16(p[0], S0), _mm256_madd_epi16(p[1], S0)),
@@ -248,23 +240,7 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_D)));
         for (int t = 0; t < T; t++) {
-            const uint8_t *xt = xb + (size_t)t * xs;
-            /* sum_k sc[k] bsums[k], row r in lane r */
-            __m256i corr = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++) {
-                int32_t bp;
-                memcpy(&bp, xt + offsetof(sp_block_q8_k, bsums) + 4 * p, sizeof bp);
-                const __m256i P = _mm256_cvtepi8_epi16(
-                    _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * p)));
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(P, _mm256_set1_epi32(bp)));
-            }
-            const __m256i sumi = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr, 5));
-            float yd;
-            memcpy(&yd, xt, sizeof yd);
-            /* kquants_impl.h: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk */
-            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd), dw);
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
+            acc[t] = rpx_q6k_finish(acc[t], isum[t], pb, xb + (size_t)t * xs, dw);
         }
     }
 }

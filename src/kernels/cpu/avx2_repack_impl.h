@@ -39,6 +39,15 @@ rpx_bcast8(const int8_t *p)
     return _mm256_set1_epi64x(v);
 }
 
+/* 4 quant bytes broadcast to every 32-bit lane (the wide gemms' token operand) */
+RPX_INLINE __m256i
+rpx_bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
 /* The VPSHUFB patterns that spread 8 rows' byte scales (bytes 0..7 of each 128-bit lane) to a
  * row set's chunk: rows {0,1,4,5} (s = 0) or {2,3,6,7} (s = 1), each row's scale in the four
  * int16 of its 64-bit lane. */
@@ -116,6 +125,31 @@ rpx_kmins_finish(__m256 acc, __m256i ai0, __m256i ai1, const uint8_t *xb, __m256
                  __m256 dmw, const __m256i M[4])
 {
     return rpx_kfinish(acc, _mm256_hadd_epi32(ai0, ai1), rpx_kmins_sum(xb, M), xb, dw, dmw);
+}
+
+/* The Q6_K finish of one super-block and token (avx2_kpack.c's tiles, avx2_kwide.c): raw the
+ * rows' sums sum_k sc[k] sum(q + 32) y (lane r = row r), pb the packed super-block (its signed
+ * scales sc[p][r][e], repack_impl.h), xb the token's Q8_K block, dw the rows' d. The offset
+ * comes off as 32 * sum_k sc[k] bsums[k] (the pair of sub-blocks 2p, 2p + 1 of the 8 rows: one
+ * 16-byte load, VPMOVSXBW, one VPMADDWD against the token's bsums pair), then
+ * kquants_impl.h's sequence lane-wise: d = y.d * x.d; blk = d * sumi; sumf = sumf + blk. */
+RPX_INLINE __m256
+rpx_q6k_finish(__m256 acc, __m256i raw, const uint8_t *pb, const uint8_t *xb, __m256 dw)
+{
+    __m256i corr = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) {
+        int32_t bp;
+        memcpy(&bp, xb + offsetof(sp_block_q8_k, bsums) + 4 * p, sizeof bp);
+        const __m256i P = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128((const __m128i *)(pb + SP_REPACK_Q6K_SC + 16 * p)));
+        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(P, _mm256_set1_epi32(bp)));
+    }
+    const __m256i sumi = _mm256_sub_epi32(raw, _mm256_slli_epi32(corr, 5));
+    float yd;
+    memcpy(&yd, xb, sizeof yd);
+    const __m256 d = _mm256_mul_ps(_mm256_set1_ps(yd), dw);
+    return _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi)));
 }
 
 /* The super-block RPX_PF_DIST ahead is prefetched, its cache lines in order: a super-block's

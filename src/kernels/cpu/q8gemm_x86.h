@@ -55,14 +55,6 @@
 _Static_assert(QW_SCRATCH >= SP_REPACK_MAX_N / 32, "one token's scales fit the scratch");
 _Static_assert(SP_REPACK_ROWS == 8, "a group is one register of 8 float lanes");
 
-QW_INLINE __m256i
-bcast4(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
 #if QW_Q4
 /*
  * Q4_0: a packed block (repack_impl.h) is the 8 rows' F16 scales, then 4 chunks of 32 bytes:
@@ -107,7 +99,7 @@ qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t
 #if QW_VNNI
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        s = _mm256_dpbusd_avx_epi32(s, w[k], bcast4(xq + 4 * k));
+        s = _mm256_dpbusd_avx_epi32(s, w[k], rpx_bcast4(xq + 4 * k));
     }
 #else
     /* nibble x quant pair sums are at most 2 * 15 * 127 = 3810: the block's eight add in
@@ -115,8 +107,8 @@ qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t
     __m256i p[4];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], bcast4(xq + 8 * k)),
-                                _mm256_maddubs_epi16(w[2 * k + 1], bcast4(xq + 8 * k + 4)));
+        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xq + 8 * k)),
+                                _mm256_maddubs_epi16(w[2 * k + 1], rpx_bcast4(xq + 8 * k + 4)));
     }
     s = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]),
                                            _mm256_add_epi16(p[2], p[3])),
@@ -130,7 +122,7 @@ qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t
 #endif
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        const __m256i sx = _mm256_sign_epi8(bcast4(xq + 4 * k), w[k]);
+        const __m256i sx = _mm256_sign_epi8(rpx_bcast4(xq + 4 * k), w[k]);
 #if QW_VNNI
         s = _mm256_dpbusd_avx_epi32(s, aw[k], sx);
 #else
