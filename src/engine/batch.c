@@ -605,6 +605,7 @@ matmul(sp_batch_t *b, const char *label, int n_w, const sp_weight_t *const *w, f
     size_t xa_stride = (size_t)x_stride * sizeof(float);
     if (act_type != SP_TYPE_F32) {
         const size_t dst_stride = sp__act_row_stride(act_type, w[0]->n_in);
+        SP_ASSERT(dst_stride <= b->act_stride); /* every format: at most 4 bytes an element */
         act_job_t aj = {k->from_float[act_type], x, w[0]->n_in, x_stride, b->act, dst_stride,
                         n_tok};
         sp_pool_run_as(b->pool, "quantize", act_job_run, &aj, n_tok);

@@ -559,7 +559,8 @@ product(sp_enc_run_t *r, const sp_weight_t *w, const float *bias, const float *x
     const void *xa = x;
     size_t xs = (size_t)x_stride * sizeof(float);
     if (at != SP_TYPE_F32) {
-        xs = sp__act_row_stride(at, w->n_in); /* <= r->act_stride */
+        xs = sp__act_row_stride(at, w->n_in);
+        SP_ASSERT(xs <= r->act_stride); /* every format: at most 4 bytes an element */
         conv_job_t cj = {k->from_float[at], x, w->n_in, x_stride, r->act, xs};
         sp_pool_run(r->pool, conv_job_run, &cj, n);
         xa = r->act;

@@ -755,7 +755,8 @@ experts_apply(sp_pool_t *pool, const sp_cpu_kernels_t *k, moe_buf_t *b, int n_w,
                       n_active, off);
         return;
     }
-    const size_t xs = sp__act_row_stride(t0, w[0]->n_in); /* <= b->act_stride */
+    const size_t xs = sp__act_row_stride(t0, w[0]->n_in);
+    SP_ASSERT(xs <= b->act_stride); /* every format: at most 4 bytes an element */
     convert(pool, k, t0, src, src_stride, map, w[0]->n_in, n_rows, b->act, xs);
     experts_mm(pool, k, n_w, w, y, b->act, xs, active, n_active, off);
 }
