@@ -7,8 +7,8 @@ The tool is how the kernel files' "new against prev" numbers in BENCHMARKS.md ar
 by hand and nothing else runs it, so a kernel table change that it does not follow (as when the
 AVX2 Q8_0 gemm began to read packed groups and the tool still handed it row-major blocks, and
 crashed) would go unnoticed. Checked at 8 tokens (the timings are not looked at): exit 0, one line
-for each of its 12 types x 2 widths at each level it prints, the AVX2 level always (avx2-vnni: Q8_0
-and Q4_0, the gemms it changes), every A/B line
+for each of its 12 types x 2 widths at each level it prints, the AVX2 level always (avx2-vnni: Q8_0,
+Q4_0, Q4_K, Q5_K and Q6_K, the gemms it changes), every A/B line
 "same bits", no "no gemm". x86-64 only. A few seconds."""
 import os
 import platform
@@ -62,8 +62,9 @@ s.case("the AVX2 level: every type at both widths", seen.get("avx2") == want,
        f"levels {sorted(seen)}; avx2 missing {sorted(want - seen.get('avx2', set()))}")
 # the AVX2 level's AVX-VNNI table (where the CPU has AVX-VNNI) times only the types whose gemm it
 # changes, against the AVX2 table's
-vnni_want = {(t, w) for t in ("q8_0", "q4_0") for w in (2048, 5632)}
-s.case("the avx2-vnni table, where printed: Q8_0 and Q4_0 at both widths against the AVX2 gemms",
+vnni_want = {(t, w) for t in ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k") for w in (2048, 5632)}
+s.case("the avx2-vnni table, where printed: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K at both widths against "
+       "the AVX2 gemms",
        seen.get("avx2-vnni", vnni_want) == vnni_want, str(seen.get("avx2-vnni")))
 others = {lv: sorted(want - got) for lv, got in seen.items()
           if lv not in ("avx2", "avx2-vnni") and got != want}

@@ -126,16 +126,19 @@ kp_run(const kp_case_t *c, sp_gemm_fn gemm, int64_t r0, int64_t r1, int64_t nt)
     return v;
 }
 
-/* the scalar oracle, then every level that packs the type (the process never mixes tables,
- * but each table's kernel reads the one 8-row form) */
+/* the scalar oracle, then every level that packs the type and the avx2-vnni table where the
+ * CPU has it (the process never mixes tables, but each table's kernel reads the one 8-row
+ * form); at most KP_MAX_KERNELS */
+#define KP_MAX_KERNELS (SP_CPU_TOP + 2)
 static int
-kp_kernels(sp_type_t type, sp_gemm_fn gemm[SP_CPU_TOP + 1], const char *names[SP_CPU_TOP + 1])
+kp_kernels(sp_type_t type, sp_gemm_fn gemm[KP_MAX_KERNELS], const char *names[KP_MAX_KERNELS])
 {
     int nk = 0;
     gemm[nk] = sp__repack_gemm_ref(type);
     names[nk++] = "scalar packed";
-    for (int l = SP_CPU_AVX2; l <= SP_CPU_TOP; l++) {
-        const sp_cpu_kernels_t *k = sp_cpu_kernels_for((sp_cpu_level_t)l);
+    for (int l = SP_CPU_AVX2; l <= SP_CPU_TOP + 1; l++) { /* TOP + 1: avx2-vnni */
+        const sp_cpu_kernels_t *k = l <= SP_CPU_TOP ? sp_cpu_kernels_for((sp_cpu_level_t)l)
+                                                    : sp_cpu_kernels_avx2_vnni();
         if (k != NULL && k->repack_gemm[type] != NULL) {
             ASSERT_EQ(k->repack_layout[type], SP_REPACK_ROW8);
             gemm[nk] = k->repack_gemm[type];
@@ -151,8 +154,8 @@ kp_check_type(sp_type_t type)
     static const int64_t ns[] = {256, 768};
     static const int64_t rowss[] = {1, 7, 13, 37};
     static const int64_t nts[] = {1, 2, 3, 7, 8, 9, 33, 64};
-    sp_gemm_fn gemm[SP_CPU_TOP + 1];
-    const char *names[SP_CPU_TOP + 1];
+    sp_gemm_fn gemm[KP_MAX_KERNELS];
+    const char *names[KP_MAX_KERNELS];
     const int nk = kp_kernels(type, gemm, names);
     if (sp_cpu_kernels_for(SP_CPU_AVX2) != NULL)
         ASSERT(nk >= 2); /* the AVX2 table packs both types */
@@ -232,8 +235,8 @@ kp_extremes(sp_type_t type)
     free(f);
     kp_pack(&c);
     kp_want(&c);
-    sp_gemm_fn gemm[SP_CPU_TOP + 1];
-    const char *names[SP_CPU_TOP + 1];
+    sp_gemm_fn gemm[KP_MAX_KERNELS];
+    const char *names[KP_MAX_KERNELS];
     const int nk = kp_kernels(type, gemm, names);
     for (int ki = 0; ki < nk; ki++)
         for (int64_t nt = 1; nt <= 9; nt += nt < 3 ? 1 : 6) /* 1, 2, 3; 9: the wide gemm */
@@ -256,8 +259,8 @@ kp_planted(sp_type_t type)
     const int64_t n = 512, rows = 13;
     kp_case_t c;
     kp_make(&c, type, n, rows, 3, 99, false);
-    sp_gemm_fn gemm[SP_CPU_TOP + 1];
-    const char *names[SP_CPU_TOP + 1];
+    sp_gemm_fn gemm[KP_MAX_KERNELS];
+    const char *names[KP_MAX_KERNELS];
     const int nk = kp_kernels(type, gemm, names);
     const bool q6 = type == SP_TYPE_Q6_K;
     uint8_t *g1 = c.packed + c.gb, *b1 = g1 + (q6 ? SP_REPACK_Q6K_BLOCK_BYTES : SP_REPACK_Q5K_BLOCK_BYTES);

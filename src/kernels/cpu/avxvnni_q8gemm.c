@@ -3,8 +3,8 @@
  * (Intel Alder Lake and later clients, the E-core Xeons): VPDPBUSD on 256-bit registers does
  * the VPMADDUBSW + VPMADDWD + VPADDD of the AVX2 form in one instruction, with the same
  * integer result, so the same bits. dispatch.c's "avx2-vnni" table: the AVX2 table with this
- * kernel for Q8_0 calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up, and avxvnni_q4gemm.c's
- * for Q4_0's.
+ * kernel for Q8_0 calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up, avxvnni_q4gemm.c's for
+ * Q4_0's and avxvnni_kwide.c's for Q4_K's, Q5_K's and Q6_K's.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -16,10 +16,16 @@
 /* the wide gemms on VPDPBUSD from 8 tokens, the AVX2 table's tiles below */
 RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2)
 RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2)
+RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avxvnni, sp__repack_q4_k_gemm_few_avx2)
+RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avxvnni, sp__kpack_q5_k_gemm_avx2)
+RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avxvnni, sp__kpack_q6_k_gemm_few_avx2)
 
 void
 sp__avxvnni_register(sp_cpu_kernels_t *k)
 {
     k->repack_gemm[SP_TYPE_Q8_0] = q8_0_gemm;
     k->repack_gemm[SP_TYPE_Q4_0] = q4_0_gemm;
+    k->repack_gemm[SP_TYPE_Q4_K] = q4_k_gemm;
+    k->repack_gemm[SP_TYPE_Q5_K] = q5_k_gemm;
+    k->repack_gemm[SP_TYPE_Q6_K] = q6_k_gemm;
 }

@@ -257,6 +257,16 @@ void sp__repack_q8_0_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride
 void sp__repack_q4_0_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                        int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                        float *y, int64_t ldy);
+/* The same for Q4_K, Q5_K and Q6_K (avxvnni_kwide.c, kwide_x86.h with VPDPBUSD). */
+void sp__repack_q4_k_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                       int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                       float *y, int64_t ldy);
+void sp__repack_q5_k_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                       int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                       float *y, int64_t ldy);
+void sp__repack_q6_k_gemm_wide_avxvnni(int64_t n, const void *w, size_t w_stride, int64_t r0,
+                                       int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
+                                       float *y, int64_t ldy);
 void sp__avxvnni_register(sp_cpu_kernels_t *k);
 /* AVX-512 VNNI (avx512_q4panel.c): repack_gemm of IQ4_XS, IQ4_NL and MXFP4, 16-row panels
  * (two packed groups) for prefill and decode. */
