@@ -48,6 +48,36 @@ rpx_bcast4(const void *p)
     return _mm256_set1_epi32(v);
 }
 
+/* The wide gemms' step (q8gemm_x86.h's Q4_0, kwide_x86.h): eight registers w[k] of unsigned
+ * bytes (elements 4k .. 4k + 3 of each lane's row) against a token's 32 quants xq, broadcast 4
+ * at a time. p[k] = the int16 pair sums of registers 2k and 2k + 1 (VPMADDUBSW, VPADDW); the
+ * callers bound the magnitudes (each adds p[] further in int16 only where that fits). */
+RPX_INLINE void
+rpx_dot8_pairs(const __m256i w[8], const void *xq, __m256i p[4])
+{
+    const int8_t *x = xq;
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(x + 8 * k)),
+                                _mm256_maddubs_epi16(w[2 * k + 1], rpx_bcast4(x + 8 * k + 4)));
+    }
+}
+
+#ifdef __AVXVNNI__
+/* The same step with VPDPBUSD (the avx2-vnni files): s plus the exact int32 sum of the 32
+ * products per lane. */
+RPX_INLINE __m256i
+rpx_dot8_vnni(__m256i s, const __m256i w[8], const void *xq)
+{
+    const int8_t *x = xq;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        s = _mm256_dpbusd_avx_epi32(s, w[k], rpx_bcast4(x + 4 * k));
+    }
+    return s;
+}
+#endif
+
 /* The VPSHUFB patterns that spread 8 rows' byte scales (bytes 0..7 of each 128-bit lane) to a
  * row set's chunk: rows {0,1,4,5} (s = 0) or {2,3,6,7} (s = 1), each row's scale in the four
  * int16 of its 64-bit lane. */

@@ -102,19 +102,10 @@ kw_dot(bool q5, const __m256i w[8], __m256i S, const int8_t *xq)
 {
 #if KW_VNNI
     (void)q5; /* a block sum of 32 products of at most 31 * 128: exact in int32 either way */
-    __m256i d = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        d = _mm256_dpbusd_avx_epi32(d, w[k], rpx_bcast4(xq + 4 * k));
-    }
-    return _mm256_mullo_epi32(d, S);
+    return _mm256_mullo_epi32(rpx_dot8_vnni(_mm256_setzero_si256(), w, xq), S);
 #else
     __m256i p[4];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xq + 8 * k)),
-                                _mm256_maddubs_epi16(w[2 * k + 1], rpx_bcast4(xq + 8 * k + 4)));
-    }
+    rpx_dot8_pairs(w, xq, p);
     if (q5) {
         return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), S),
                                 _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), S));
@@ -265,13 +256,8 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
             const __m256i S0 = _mm256_shuffle_epi8(P, dup0), S1 = _mm256_shuffle_epi8(P, dup1);
             for (int t = 0; t < T; t++) {
                 const int8_t *xt = xq + (size_t)t * xs;
-                __m256i p[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xt + 8 * k)),
-                                            _mm256_maddubs_epi16(w[2 * k + 1],
-                                                                 rpx_bcast4(xt + 8 * k + 4)));
-                }
+                __m256i p[4]; /* each at most 2 * 2 * 63 * 128 = 32256 */
+                rpx_dot8_pairs(w, xt, p);
                 const __m256i v = _mm256_add_epi32(
                     _mm256_add_epi32(_mm256_madd_epi16(p[0], S0), _mm256_madd_epi16(p[1], S0)),
                     _mm256_add_epi32(_mm256_madd_epi16(p[2], S1), _mm256_madd_epi16(p[3], S1)));

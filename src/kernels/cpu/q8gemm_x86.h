@@ -97,19 +97,12 @@ qw_block_sum(const __m256i w[8], const __m256i aw[8], const uint8_t *xq, int32_t
 #if QW_Q4
     (void)aw;
 #if QW_VNNI
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        s = _mm256_dpbusd_avx_epi32(s, w[k], rpx_bcast4(xq + 4 * k));
-    }
+    s = rpx_dot8_vnni(s, w, xq);
 #else
     /* nibble x quant pair sums are at most 2 * 15 * 127 = 3810: the block's eight add in
      * int16 (at most 30480) and one VPMADDWD widens them */
     __m256i p[4];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * k], rpx_bcast4(xq + 8 * k)),
-                                _mm256_maddubs_epi16(w[2 * k + 1], rpx_bcast4(xq + 8 * k + 4)));
-    }
+    rpx_dot8_pairs(w, xq, p);
     s = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]),
                                            _mm256_add_epi16(p[2], p[3])),
                           _mm256_set1_epi16(1));
