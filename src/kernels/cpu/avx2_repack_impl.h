@@ -48,6 +48,26 @@ rpx_bcast4(const void *p)
     return _mm256_set1_epi32(v);
 }
 
+/* The wide gemms' weight registers from the packed chunks: c0 and c1 hold the same 8 bytes of
+ * row sets {0,1,4,5} and {2,3,6,7} (a row a 64-bit lane); dwords 0 and 2 of each 128-bit lane
+ * of the pair, then 1 and 3 (VSHUFPS), give bytes 0..3 (*lo) and 4..7 (*hi) of rows 0..7,
+ * 32-bit lane r = row r. It moves whole dwords, so byte-wise masks and shifts commute with it. */
+RPX_INLINE void
+rpx_rows8(__m256i c0, __m256i c1, __m256i *lo, __m256i *hi)
+{
+    const __m256 a = _mm256_castsi256_ps(c0), b = _mm256_castsi256_ps(c1);
+    *lo = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    *hi = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* rpx_rows8 of the chunk pair at p (p and p + 32) */
+RPX_INLINE void
+rpx_rows8_at(const uint8_t *p, __m256i *lo, __m256i *hi)
+{
+    rpx_rows8(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 32)),
+              lo, hi);
+}
+
 /* The wide gemms' step (q8gemm_x86.h's Q4_0, kwide_x86.h): eight registers w[k] of unsigned
  * bytes (elements 4k .. 4k + 3 of each lane's row) against a token's 32 quants xq, broadcast 4
  * at a time. p[k] = the int16 pair sums of registers 2k and 2k + 1 (VPMADDUBSW, VPADDW); the
@@ -500,8 +520,8 @@ rpx_fill_q8_scratch(const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int3
 }
 
 /* A packed gemm's table entry that hands calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up to
- * `wide` (q8gemm_x86.h's loop order) and fewer to `few` (avx2_repack.c's tiles): the same
- * bits either way. */
+ * `wide` (the loop order of q8gemm_x86.h and kwide_x86.h) and fewer to `few` (the tiles of
+ * avx2_repack.c and avx2_kpack.c): the same bits either way. */
 #define RPX_BY_TOKENS(name, wide, few)                                                          \
     static void name(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, \
                      size_t xs, int64_t n_tok, float *y, int64_t ldy)                           \

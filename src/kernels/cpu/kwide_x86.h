@@ -64,12 +64,8 @@ kw_subblock(bool q5, const uint8_t *pb, int j, __m256i w[8], __m256i *S)
     const uint8_t *qp = pb + (q5 ? SP_REPACK_Q5K_QS : SP_REPACK_Q4K_QS) + 256 * (j >> 1);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        const __m256 c0 =
-            _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(qp + 32 * (2 * k))));
-        const __m256 c1 =
-            _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(qp + 32 * (2 * k + 1))));
-        __m256i lo = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
-        __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+        __m256i lo, hi;
+        rpx_rows8_at(qp + 64 * k, &lo, &hi);
         if (j & 1) {
             lo = _mm256_srli_epi16(lo, 4);
             hi = _mm256_srli_epi16(hi, 4);
@@ -77,13 +73,8 @@ kw_subblock(bool q5, const uint8_t *pb, int j, __m256i w[8], __m256i *S)
         w[2 * k] = _mm256_and_si256(lo, m4);     /* 8k .. 8k + 3 */
         w[2 * k + 1] = _mm256_and_si256(hi, m4); /* 8k + 4 .. 8k + 7 */
         if (q5) {
-            const uint8_t *hp = pb + SP_REPACK_Q5K_QH + 32 * (2 * k);
-            const __m256 h0 = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)hp));
-            const __m256 h1 = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(hp + 32)));
-            const __m256i hl =
-                _mm256_castps_si256(_mm256_shuffle_ps(h0, h1, _MM_SHUFFLE(2, 0, 2, 0)));
-            const __m256i hh =
-                _mm256_castps_si256(_mm256_shuffle_ps(h0, h1, _MM_SHUFFLE(3, 1, 3, 1)));
+            __m256i hl, hh;
+            rpx_rows8_at(pb + SP_REPACK_Q5K_QH + 64 * k, &hl, &hh);
             w[2 * k] = _mm256_or_si256(w[2 * k], q5_hi(hl, j, m10));
             w[2 * k + 1] = _mm256_or_si256(w[2 * k + 1], q5_hi(hh, j, m10));
         }
@@ -201,9 +192,7 @@ kw_q6k_values(const uint8_t *pb, int J, __m256i w[8])
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        const __m256 c0 = _mm256_castsi256_ps(q[0][k]), c1 = _mm256_castsi256_ps(q[1][k]);
-        w[2 * k] = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
-        w[2 * k + 1] = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+        rpx_rows8(q[0][k], q[1][k], &w[2 * k], &w[2 * k + 1]);
     }
 }
 
@@ -215,10 +204,6 @@ static void
 kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, bool pf,
              __m256 *acc, __m256i *isum)
 {
-    const __m256i dup0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0,
-                                          1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
-    const __m256i dup1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
-                                          2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
     for (int t = 0; t < T; t++) {
         acc[t] = _mm256_setzero_ps();
     }
@@ -238,8 +223,6 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
             /* row r's scales of sub-blocks 2J, 2J + 1 as int32 (the low / high int16 of lane r) */
             const __m256i S0 = _mm256_srai_epi32(_mm256_slli_epi32(P, 16), 16);
             const __m256i S1 = _mm256_srai_epi32(P, 16);
-            (void)dup0;
-            (void)dup1;
             for (int t = 0; t < T; t++) {
                 const int8_t *xt = xq + (size_t)t * xs;
                 __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
@@ -253,6 +236,12 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
                 isum[t] = J == 0 ? v : _mm256_add_epi32(isum[t], v);
             }
 #else
+            const __m256i dup0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12,
+                                                  13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13,
+                                                  12, 13);
+            const __m256i dup1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15,
+                                                  14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11,
+                                                  14, 15, 14, 15);
             const __m256i S0 = _mm256_shuffle_epi8(P, dup0), S1 = _mm256_shuffle_epi8(P, dup1);
             for (int t = 0; t < T; t++) {
                 const int8_t *xt = xq + (size_t)t * xs;
@@ -288,8 +277,7 @@ kw_gemm(kw_group_fn group, int64_t n, const void *w, size_t ws, int64_t r0, int6
     const int64_t nb = n / SP_QK_K;
     __m256 acc[KW_MAX_TOK];
     __m256i isum[KW_MAX_TOK];
-    int64_t tc = (int64_t)(KW_X_CHUNK_BYTES / (xs ? xs : 1));
-    tc = tc < 1 ? 1 : tc > KW_MAX_TOK ? KW_MAX_TOK : tc;
+    const int64_t tc = rpx_chunk_tokens(KW_X_CHUNK_BYTES, xs, KW_MAX_TOK, 1);
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
@@ -305,22 +293,22 @@ kw_gemm(kw_group_fn group, int64_t n, const void *w, size_t ws, int64_t r0, int6
 }
 
 void
-KW_Q4K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
-                               const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+KW_Q4K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+          int64_t n_tok, float *y, int64_t ldy)
 {
     kw_gemm(kw_group_q4k, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void
-KW_Q5K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
-                               const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+KW_Q5K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+          int64_t n_tok, float *y, int64_t ldy)
 {
     kw_gemm(kw_group_q5k, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void
-KW_Q6K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
-                               const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+KW_Q6K_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
+          int64_t n_tok, float *y, int64_t ldy)
 {
     kw_gemm(kw_group_q6k, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }

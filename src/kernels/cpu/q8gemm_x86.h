@@ -71,12 +71,8 @@ qw_q4_weights(const uint8_t *pb, __m256i w[8])
     const __m256i m4 = _mm256_set1_epi8(0x0f);
 #pragma GCC unroll 2
     for (int j = 0; j < 2; j++) {
-        const __m256 c0 =
-            _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j))));
-        const __m256 c1 = _mm256_castsi256_ps(
-            _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j + 1))));
-        const __m256i lo = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
-        const __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+        __m256i lo, hi;
+        rpx_rows8_at(pb + 16 + 64 * j, &lo, &hi);
         w[2 * j] = _mm256_and_si256(lo, m4);                               /* 8j .. 8j + 3 */
         w[2 * j + 1] = _mm256_and_si256(hi, m4);                           /* 8j + 4 .. */
         w[4 + 2 * j] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);     /* 16 + 8j .. */
@@ -151,18 +147,11 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
 #if QW_Q4
         qw_q4_weights(pb, w);
 #else
-        /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5} (one row a 64-bit lane), chunk
-         * 2j+1 the same bytes of rows {2,3,6,7}. Dwords 0 and 2 of each 128-bit lane of the
-         * pair, then 1 and 3, give bytes 8j..8j+3 and 8j+4..8j+7 of rows 0..7 in order. */
+        /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5}, chunk 2j+1 the same bytes of rows
+         * {2,3,6,7}: bytes 8j..8j+3 and 8j+4..8j+7 of rows 0..7 in lane order. */
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            const __m256 c0 = _mm256_castsi256_ps(
-                _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j))));
-            const __m256 c1 = _mm256_castsi256_ps(
-                _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * (2 * j + 1))));
-            w[2 * j] = _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)));
-            w[2 * j + 1] =
-                _mm256_castps_si256(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+            rpx_rows8_at(pb + 16 + 64 * j, &w[2 * j], &w[2 * j + 1]);
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
@@ -191,16 +180,9 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
     float xd[QW_SCRATCH];
     int32_t xsum[QW_Q4 ? QW_SCRATCH : 1];
     _Alignas(32) float acc[QW_MAX_TOK][SP_REPACK_ROWS];
-    int64_t tc = (int64_t)(QW_X_CHUNK_BYTES / (xs ? xs : 1));
-    if (tc > QW_SCRATCH / nb) {
-        tc = QW_SCRATCH / nb;
-    }
-    if (tc > QW_MAX_TOK) {
-        tc = QW_MAX_TOK;
-    }
-    if (tc < 1) {
-        tc = 1; /* n <= SP_REPACK_MAX_N: one token's scales always fit */
-    }
+    /* n <= SP_REPACK_MAX_N: one token's scales always fit */
+    const int64_t cap = QW_SCRATCH / nb < QW_MAX_TOK ? QW_SCRATCH / nb : QW_MAX_TOK;
+    const int64_t tc = rpx_chunk_tokens(QW_X_CHUNK_BYTES, xs, cap, 1);
     const int64_t g0 = r0 / SP_REPACK_ROWS, g1 = (r1 + SP_REPACK_ROWS - 1) / SP_REPACK_ROWS;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = t0 + tc < n_tok ? t0 + tc : n_tok;
