@@ -16,7 +16,8 @@
  *
  * Numerics: every (row, token) pair owns one 8-lane accumulator that starts at zero, takes
  * one FMA per 8 elements in order along the row, and is reduced by avx2.c's hsum256 at the
- * end: exactly avx2.c's float_tile sequence (vec_dot is its 1x1 tile). Splitting the row
+ * end (8 rows of a token at a time, fp_hsum8: the same adds, one store of 8 outputs):
+ * exactly avx2.c's float_tile sequence (vec_dot is its 1x1 tile). Splitting the row
  * into panels only stores and reloads the accumulator between FMAs, so the results are the
  * bits of every other tile and token count (batch invariance). Rows whose length is not a
  * multiple of 8 stay on avx2.c's tiles (its zero-padded tail step).
@@ -45,6 +46,36 @@ fp_hsum(__m256 v) /* avx2.c's hsum256: the same adds in the same order */
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
     b = _mm_add_ss(b, _mm_movehdup_ps(b));
     return _mm_cvtss_f32(b);
+}
+
+/*
+ * fp_hsum of a[0], a[FP_TC], ..., a[7 * FP_TC] (8 rows' accumulators for one token) into
+ * the lanes of one vector, for one store of 8 outputs. fp_hsum adds lane j to lane j + 4,
+ * then j to j + 2, then lane 0 to lane 1: the same pairs are added here, 8 accumulators
+ * at a time, so the results are its bits (a float add is commutative, the tree is kept).
+ * Reduced one at a time, row by row, a row block's outputs were 64 single stores ldy floats
+ * apart for each row; where ldy is a multiple of 1024 (2048 outputs: 8 KiB) those fell in
+ * one L1 set, and the stores with their reductions took a fifth to a third of the gemm's
+ * time (a TinyLlama F16 prefill at the AVX2 level 1.13-1.17x faster with this).
+ */
+FP_INLINE __m256
+fp_hsum8(const __m256 *a)
+{
+    __m256 p[4]; /* p[j]: accumulators 2j and 2j + 1, lane j + 4 added to lane j */
+    for (int j = 0; j < 4; j++) {
+        const __m256 u = a[(2 * j) * FP_TC], v = a[(2 * j + 1) * FP_TC];
+        p[j] = _mm256_add_ps(_mm256_permute2f128_ps(u, v, 0x20),
+                             _mm256_permute2f128_ps(u, v, 0x31));
+    }
+    /* q: (0, 2) and (1, 3) added for accumulators 0, 2 | 1, 3; r the same for 4, 6 | 5, 7 */
+    const __m256 q = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 0 + lane 1: the sums of accumulators 0, 2, 4, 6 | 1, 3, 5, 7, then in order */
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(q, r, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(q, r, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /*
@@ -179,9 +210,14 @@ sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t
                     }
                 }
             }
-            for (int i = 0; i < rn; i++) {
-                for (int t = 0; t < tn; t++) {
-                    y[(t0 + t) * ldy + rb + i] = fp_hsum(acc[i * FP_TC + t]);
+            for (int t = 0; t < tn; t++) {
+                float *yt = y + (t0 + t) * ldy + rb;
+                int i = 0;
+                for (; i + 8 <= rn; i += 8) {
+                    _mm256_storeu_ps(yt + i, fp_hsum8(acc + i * FP_TC + t));
+                }
+                for (; i < rn; i++) {
+                    yt[i] = fp_hsum(acc[i * FP_TC + t]);
                 }
             }
         }
