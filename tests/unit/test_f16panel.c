@@ -1,6 +1,6 @@
 /*
- * test_f16panel.c - avx2_f16gemm.c, the AVX2 F16 x F32 gemm for many tokens: for every pair
- * the bits of the AVX2 vec_dot (avx2.c's 1x1 float tile, which test_kernels.c holds to the
+ * test_f16panel.c - avx2_f16gemm.c, the AVX2 F16 (and BF16) x F32 gemm for many tokens: for
+ * every pair the bits of the AVX2 vec_dot (avx2.c's 1x1 float tile, which test_kernels.c holds to the
  * float bound against the scalar reference), so the gemm is batch invariant: token counts
  * 1, 2, 3, 7, 8, 9, 33, 64, 130 (register-tile tails, chunks of 32 tokens with tails), row
  * counts and ranges that are not whole 4-row tiles or 32-row blocks, rows that end inside
@@ -28,9 +28,13 @@ fp_rand(void) /* [-1, 1) */
 #define FP_MAX_TOKS 130
 
 static void
-fp_check_shape(const sp_cpu_kernels_t *k, int64_t n, int64_t rows, uint64_t seed)
+fp_check_shape(const sp_cpu_kernels_t *k, sp_type_t type, int64_t n, int64_t rows,
+               uint64_t seed)
 {
-    const size_t ws = sp_row_size(SP_TYPE_F16, n), xs = sizeof(float) * (size_t)n;
+    const size_t ws = sp_row_size(type, n), xs = sizeof(float) * (size_t)n;
+    const sp_gemm_fn panel_fn =
+        type == SP_TYPE_BF16 ? sp__bf16_gemm_panel_avx2 : sp__f16_gemm_panel_avx2;
+    const char *tn = sp_type_name(type);
     uint8_t *w = malloc(ws * (size_t)rows);
     float *x = malloc(xs * FP_MAX_TOKS), *f = malloc(sizeof(float) * (size_t)n);
     float *want = malloc(sizeof(float) * (size_t)(rows * FP_MAX_TOKS));
@@ -39,13 +43,13 @@ fp_check_shape(const sp_cpu_kernels_t *k, int64_t n, int64_t rows, uint64_t seed
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < n; i++)
             f[i] = (i + r) % 13 == 5 ? 0.0f : (i % 97 == 3 ? 300.0f : 0.1f) * fp_rand();
-        ASSERT(sp_quantize_row(SP_TYPE_F16, f, w + (size_t)r * ws, n));
+        ASSERT(sp_quantize_row(type, f, w + (size_t)r * ws, n));
     }
     for (int64_t i = 0; i < n * FP_MAX_TOKS; i++)
         x[i] = i % 17 == 2 ? 0.0f : (i % 211 == 9 ? -1e4f : 1.0f) * fp_rand();
     for (int64_t t = 0; t < FP_MAX_TOKS; t++)
         for (int64_t r = 0; r < rows; r++)
-            k->vec_dot[SP_TYPE_F16](n, &want[t * rows + r], w + (size_t)r * ws,
+            k->vec_dot[type](n, &want[t * rows + r], w + (size_t)r * ws,
                                     (const uint8_t *)x + (size_t)t * xs);
     static const int64_t nts[] = {1, 2, 3, 7, 8, 9, 33, 64, 130};
     const int64_t ldy = rows + 3;
@@ -53,20 +57,21 @@ fp_check_shape(const sp_cpu_kernels_t *k, int64_t n, int64_t rows, uint64_t seed
     ASSERT(y != NULL);
     for (size_t it = 0; it < sizeof nts / sizeof nts[0]; it++) {
         const int64_t nt = nts[it];
-        const gemm_case_t table = {k->gemm[SP_TYPE_F16], n, w, ws, x, xs, want, rows, 1, false};
+        const gemm_case_t table = {k->gemm[type], n, w, ws, x, xs, want, rows, 1, false};
         GEMM_CHECK_ASSERT(gemm_check_range(&table, 0, rows, nt, y, ldy, nt),
-                          "avx2 table n=%lld rows %lld, %lld tokens", (long long)n,
+                          "%s avx2 table n=%lld rows %lld, %lld tokens", tn, (long long)n,
                           (long long)rows, (long long)nt);
         if (n % 8 != 0)
             continue; /* the panels take whole 8-element steps only */
-        const gemm_case_t panel = {sp__f16_gemm_panel_avx2, n, w, ws, x, xs, want, rows, 1, false};
+        const gemm_case_t panel = {panel_fn, n, w, ws, x, xs, want, rows, 1, false};
         GEMM_CHECK_ASSERT(gemm_check_range(&panel, 0, rows, nt, y, ldy, nt),
-                          "panel n=%lld rows %lld, %lld tokens", (long long)n, (long long)rows,
-                          (long long)nt);
+                          "%s panel n=%lld rows %lld, %lld tokens", tn, (long long)n,
+                          (long long)rows, (long long)nt);
         if (rows > 3) /* a range that starts and ends inside a tile */
             GEMM_CHECK_ASSERT(gemm_check_range(&panel, 1, rows - 2, nt, y, ldy, nt),
-                              "panel n=%lld rows [1,%lld) of %lld, %lld tokens", (long long)n,
-                              (long long)(rows - 2), (long long)rows, (long long)nt);
+                              "%s panel n=%lld rows [1,%lld) of %lld, %lld tokens", tn,
+                              (long long)n, (long long)(rows - 2), (long long)rows,
+                              (long long)nt);
     }
     free(y);
     free(w);
@@ -86,5 +91,7 @@ TEST(f16panel_vec_dot_bits)
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
     for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++)
-            fp_check_shape(k, ns[in], rowss[ir], 13 * in + ir);
+            for (int bf = 0; bf < 2; bf++)
+                fp_check_shape(k, bf ? SP_TYPE_BF16 : SP_TYPE_F16, ns[in], rowss[ir],
+                               13 * in + ir + 100 * (uint64_t)bf);
 }

@@ -39,7 +39,7 @@ fp16_to_f32(sp_fp16_t h)
 
 /* ---- F32 / F16 / BF16 weights, F32 activations ----------------------------- */
 
-/* F16 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same bits). */
+/* F16 and BF16 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same bits). */
 #define FL_RM 2 /* 8 accumulators + 2 weights + 1 token of 16 ymm */
 #define FL_TM 4
 /* Rows of the one-token tile. One token gives each row a single accumulator chain, one FMA
@@ -366,7 +366,8 @@ FLOAT_GEMM_AND_DOT(bf16)
 GEMM_AND_DOT(q8_0, Q_RM, Q_TM)
 GEMM_AND_DOT(q4_0, Q_RM, Q_TM)
 
-/* F16 prefill: many tokens go to avx2_f16gemm.c's panels (the same bits, fewer conversions) */
+/* F16 and BF16 prefill: many tokens go to avx2_f16gemm.c's panels (the same bits, fewer
+ * conversions) */
 static void
 gemm_f16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
               size_t xs, int64_t n_tok, float *y, int64_t ldy)
@@ -375,6 +376,17 @@ gemm_f16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
         sp__f16_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     } else {
         gemm_f16(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+static void
+gemm_bf16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+               size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {
+        sp__bf16_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    } else {
+        gemm_bf16(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -447,7 +459,7 @@ sp__avx2_register(sp_cpu_kernels_t *k)
     k->vec_dot[SP_TYPE_F16] = vec_dot_f16;
     k->gemm[SP_TYPE_F16] = gemm_f16_wide;
     k->vec_dot[SP_TYPE_BF16] = vec_dot_bf16;
-    k->gemm[SP_TYPE_BF16] = gemm_bf16;
+    k->gemm[SP_TYPE_BF16] = gemm_bf16_wide;
     k->vec_dot[SP_TYPE_Q8_0] = vec_dot_q8_0;
     k->gemm[SP_TYPE_Q8_0] = gemm_q8_0;
     k->vec_dot[SP_TYPE_Q4_0] = vec_dot_q4_0;

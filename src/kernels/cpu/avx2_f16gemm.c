@@ -1,10 +1,10 @@
 /*
- * avx2_f16gemm.c - the AVX2 prefill gemm of F16 weights against F32 activations, for calls
- * with many tokens.
+ * avx2_f16gemm.c - the AVX2 prefill gemm of 16-bit float weights (F16, BF16) against F32
+ * activations, for calls with many tokens.
  *
- * avx2.c's float tile (2 rows x 4 tokens) converts each weight vector with F16C for every
- * 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads and 2 conversions, and 8 chains of
- * a 4-cycle FMA only just fill the two FMA pipes. Here the conversion is taken out of the
+ * avx2.c's float tile (2 rows x 4 tokens) converts each weight vector (F16C, or BF16's
+ * widen and shift) for every 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads and 2
+ * conversions, and 8 chains of a 4-cycle FMA only just fill the two FMA pipes. Here the conversion is taken out of the
  * inner loop, as sgemm libraries pack their panels: for a chunk of FP_TC tokens, a block of
  * FP_RB rows and a panel of FP_KC elements, each 4-row slice of the panel is converted once
  * to F32 in a 2 KiB scratch (L1), and a 4 rows x 3 tokens register tile (12 accumulators,
@@ -25,6 +25,7 @@
  * Pure function, any thread, no heap; about 37 KiB of stack.
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_impl.h"
@@ -140,15 +141,20 @@ static const fp_tile_fn fp_tiles[FP_R + 1][FP_T + 1] = {
     {NULL, fp_tile_4x1, fp_tile_4x2, fp_tile_4x3},
 };
 
-/* rows [r0, r0 + R) of w, elements [k0, k0 + kc): F16 -> F32 into wp (FP_KC floats a row) */
-static void
-fp_convert(int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64_t k0, float *wp)
+/* rows [r0, r0 + R) of w, elements [k0, k0 + kc): F16 or BF16 -> F32 into wp (FP_KC floats
+ * a row), exactly as avx2.c's load_w8 converts them */
+FP_INLINE void
+fp_convert(bool bf16, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64_t k0,
+           float *wp)
 {
     for (int r = 0; r < R; r++) {
         const uint16_t *src = (const uint16_t *)(w + (size_t)(r0 + r) * ws) + k0;
         for (int i = 0; i < kc; i += 8) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
             _mm256_store_ps(wp + r * FP_KC + i,
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+                            bf16 ? _mm256_castsi256_ps(
+                                       _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                                 : _mm256_cvtph_ps(h));
         }
     }
 }
@@ -181,9 +187,9 @@ fp_prefetch(int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r
     }
 }
 
-void
-sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
-                        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+FP_INLINE void
+fp_gemm(bool bf16, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+        size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(32) __m256 acc[FP_RB * FP_TC];
     _Alignas(32) float wp[FP_R * FP_KC];
@@ -201,7 +207,7 @@ sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t
                 const int kc = (int)(n - k0 < FP_KC ? n - k0 : FP_KC);
                 for (int i = 0; i < rn; i += FP_R) {
                     const int R = rn - i < FP_R ? rn - i : FP_R;
-                    fp_convert(R, kc, (const uint8_t *)w, ws, rb + i, k0, wp);
+                    fp_convert(bf16, R, kc, (const uint8_t *)w, ws, rb + i, k0, wp);
                     fp_prefetch(R, n, (const uint8_t *)w, ws, r0, r1, rb + i, k0);
                     for (int t = 0; t < tn; t += FP_T) {
                         const int T = tn - t < FP_T ? tn - t : FP_T;
@@ -222,4 +228,18 @@ sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t
             }
         }
     }
+}
+
+void
+sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    fp_gemm(false, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+void
+sp__bf16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    fp_gemm(true, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
