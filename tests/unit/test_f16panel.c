@@ -1,12 +1,13 @@
 /*
  * test_f16panel.c - avx2_f16gemm.c, the AVX2 F16 (and BF16) x F32 gemm for many tokens: for
- * every pair the bits of the AVX2 vec_dot (avx2.c's 1x1 float tile, which test_kernels.c holds to the
- * float bound against the scalar reference), so the gemm is batch invariant: token counts
- * 1, 2, 3, 7, 8, 9, 33, 64, 130 (register-tile tails, chunks of 32 tokens with tails), row
- * counts and ranges that are not whole 4-row tiles or 32-row blocks, rows that end inside
- * a 128-element panel, and through the AVX2 table (which hands it calls of
- * SP_F16_PANEL_MIN_TOK tokens and up, and keeps rows of a length not a multiple of 8 on
- * avx2.c's tiles). Weights and activations carry zeros, large values and sign mixes.
+ * every pair the bits of the AVX2 vec_dot (avx2.c's 1x1 float tile, which test_kernels.c
+ * holds to the float bound against the scalar reference), so the gemm is batch invariant:
+ * token counts 1, 2, 3, 7, 8, 9, 33, 64, 130 (register-tile tails, chunks of 32 tokens with
+ * tails), row counts and ranges that are not whole 4-row tiles or 32-row blocks (the 8-row
+ * reductions of a 16-row block and the single ones after them), rows that end inside a
+ * 128-element panel, and through the AVX2 table (which hands it calls of SP_F16_PANEL_MIN_TOK
+ * tokens and up, and keeps rows of a length not a multiple of 8 on avx2.c's tiles). Weights
+ * and activations carry zeros, large values and sign mixes.
  */
 #include "test.h"
 #include "gemm_check.h"

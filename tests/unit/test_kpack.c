@@ -196,8 +196,8 @@ TEST(kpack_q5_k_gemm)
 
 /* The widest sums: Q6_K values all 63 (ql 0xFF, qh 0xFF) or all 0 (-32), scales -128 / 127;
  * Q5_K values all 31 with 6-bit scales and mins at 63; activations all +-1 (Q8_K quants -128
- * or +-127) or alternating, nine tokens (the three patterns thrice: the tiles and, from 8
- * tokens, avx2_kwide.c's Q6_K gemm). The int16 pair sums (2 * 2 * 63 * 128, 4 * 2 * 31 * 128)
+ * or +-127) or alternating, nine tokens (the three patterns thrice; through the tables 1-2
+ * tokens run the tiles, 3 (Q6_K) or 5 (Q5_K at AVX2, 4 at avx2-vnni) and up the wide gemms). The int16 pair sums (2 * 2 * 63 * 128, 4 * 2 * 31 * 128)
  * and the int32 super-block sums are at their largest: saturation or overflow would show. */
 static void
 kp_extremes(sp_type_t type)
@@ -239,7 +239,7 @@ kp_extremes(sp_type_t type)
     const char *names[KP_MAX_KERNELS];
     const int nk = kp_kernels(type, gemm, names);
     for (int ki = 0; ki < nk; ki++)
-        for (int64_t nt = 1; nt <= 9; nt += nt < 3 ? 1 : 6) /* 1, 2, 3; 9: the wide gemm */
+        for (int64_t nt = 1; nt <= 9; nt += nt < 5 ? 1 : 4) /* 1-5 and 9 */
             GEMM_CHECK_ASSERT(kp_run(&c, gemm[ki], 0, rows, nt), "%s %s extremes, %lld tokens",
                               names[ki], sp_type_name(type), (long long)nt);
     kp_free(&c);

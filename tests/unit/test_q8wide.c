@@ -5,7 +5,7 @@
  * tails, several chunks), row counts and ranges that are not whole groups, rows long enough
  * that a chunk holds only a few tokens, and the extreme integer ranges (weights -128 / 127
  * against activations of +-127). The kernel is called directly (it takes any token count)
- * and through the AVX2 table, which hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up;
+ * and through the AVX2 table, which hands it calls of 8 tokens and up (RPX_BY_TOKENS);
  * then the same for its AVX-VNNI form (avxvnni_q8gemm.c) and the "avx2-vnni" table, where the
  * CPU has AVX-VNNI (a visible skip elsewhere).
  */

@@ -2,17 +2,16 @@
  * avx2_f16gemm.c - the AVX2 prefill gemm of 16-bit float weights (F16, BF16) against F32
  * activations, for calls with many tokens.
  *
- * avx2.c's float tile (2 rows x 4 tokens) converts each weight vector (F16C, or BF16's
- * widen and shift) for every 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads and 2
- * conversions, and 8 chains of a 4-cycle FMA only just fill the two FMA pipes. Here the conversion is taken out of the
- * inner loop, as sgemm libraries pack their panels: for a chunk of FP_TC tokens, a block of
- * FP_RB rows and a panel of FP_KC elements, each 4-row slice of the panel is converted once
- * to F32 in a 2 KiB scratch (L1), and a 4 rows x 3 tokens register tile (12 accumulators,
- * 3 activation vectors, one weight vector: all 16 ymm) runs over the chunk's tokens: 12 FMAs
- * per 7 loads, no conversion. A weight is converted once per FP_TC tokens instead of once
- * per 4. The panel's activations (FP_TC x FP_KC floats, 32 KiB) stay in L1/L2 while the row
- * block's slices sweep them; the accumulators of the row block's pairs live in a stack array
- * between panels.
+ * avx2.c's float tile (2 rows x 4 tokens) converts each weight vector (F16C, or BF16's widen and
+ * shift) for every 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads and 2 conversions, and 8
+ * chains of a 4-cycle FMA only just fill the two FMA pipes. Here the conversion is taken out of the
+ * inner loop, as sgemm libraries pack their panels: for a chunk of FP_TC tokens, a block of FP_RB
+ * rows and a panel of FP_KC elements, each 4-row slice of the panel is converted once to F32 in a
+ * 2 KiB scratch (L1), and a 4 rows x 3 tokens register tile (12 accumulators, 3 activation vectors,
+ * one weight vector: all 16 ymm) runs over the chunk's tokens: 12 FMAs per 7 loads, no conversion.
+ * A weight is converted once per FP_TC tokens instead of once per 4. The panel's activations (FP_TC
+ * x FP_KC floats, 32 KiB) stay in L1/L2 while the row block's slices sweep them; the accumulators
+ * of the row block's pairs live in a stack array between panels.
  *
  * Numerics: every (row, token) pair owns one 8-lane accumulator that starts at zero, takes
  * one FMA per 8 elements in order along the row, and is reduced by avx2.c's hsum256 at the

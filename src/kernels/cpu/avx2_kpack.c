@@ -25,10 +25,11 @@
  * Exact integers, then kquants_impl.h's finish lane-wise (d = y.d * x.d; blk = d * sumi;
  * sumf = sumf + blk): the reference's bits.
  *
- * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with
- * qh's bit j of a byte moved to bit 4 and ORed in; values 0..31, four VPMADDUBSW add in int16 to at most 4 * 2 * 31 * 127 = 31496. The 6-bit
- * scales and mins are unpacked at load (repack_impl.h), the mins term is Q4_K's. Exact
- * integers, then kquants2_impl.h's scale-and-min finish lane-wise: the reference's bits.
+ * Q5_K: Q4_K's tile (avx2_repack_impl.h's rpx_tile_k45, shared with avx2_repack.c) with qh's bit j
+ * of a byte moved to bit 4 and ORed in; values 0..31, four VPMADDUBSW add in int16 to at most
+ * 4 * 2 * 31 * 127 = 31496. The 6-bit scales and mins are unpacked at load (repack_impl.h), the
+ * mins term is Q4_K's. Exact integers, then kquants2_impl.h's scale-and-min finish lane-wise: the
+ * reference's bits.
  *
  * Multiplies and adds stay separate (no FMA contraction in C11 mode), so any number of tokens
  * per call gives the same bits (batch invariance). Pure functions, any thread, no heap.
@@ -155,8 +156,6 @@ kp_tile_q5k(int T, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, __
 
 RPX_TILE_FN(q6k_tile_1, kp_tile_q6k(1, 1, nb, g, 0, x, xs, out))
 RPX_TILE_FN(q6k_tile_2, kp_tile_q6k(1, 2, nb, g, 0, x, xs, out))
-RPX_TILE_FN(q6k_tile_3, kp_tile_q6k(1, 3, nb, g, 0, x, xs, out))
-RPX_TILE_FN(q6k_tile_4, kp_tile_q6k(1, 4, nb, g, 0, x, xs, out))
 RPX_TILE_FN(q5k_tile_1, kp_tile_q5k(1, nb, g, x, xs, out))
 RPX_TILE_FN(q5k_tile_2, kp_tile_q5k(2, nb, g, x, xs, out))
 RPX_TILE_FN(q5k_tile_3, kp_tile_q5k(3, nb, g, x, xs, out))
@@ -165,14 +164,14 @@ RPX_TILE_FN(q5k_tile_4, kp_tile_q5k(4, nb, g, x, xs, out))
 /* One token over two groups' weight streams at once (rpx_gemv_two) */
 RPX_TWO_FN(q6k_two, kp_tile_q6k(2, 1, nb, g, gstep, x, xs, out))
 
-static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, q6k_tile_3,
-                                                 q6k_tile_4};
+/* Q6_K's tiles take 1 or 2 tokens: from 3 the tables hand Q6_K to the wide gemm (below) */
+static const rpx_tile_fn q6k_tiles[KP_TM + 1] = {NULL, q6k_tile_1, q6k_tile_2, NULL, NULL};
 static const rpx_tile_fn q5k_tiles[KP_TM + 1] = {NULL, q5k_tile_1, q5k_tile_2, q5k_tile_3,
                                                  q5k_tile_4};
 
 /* avx2_repack_impl.h's driver: no scratch, chunks of the activation budget */
 static void
-kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size_t ws,
+kp_gemm(const rpx_tile_fn *tiles, int tm, rpx_two_fn two, int64_t n, const void *w, size_t ws,
         int64_t r0, int64_t r1, const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) {
@@ -181,8 +180,8 @@ kp_gemm(const rpx_tile_fn *tiles, rpx_two_fn two, int64_t n, const void *w, size
     const rpx_plan_t plan = {
         .tiles = tiles,
         .two = two,
-        .tm = KP_TM,
-        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, 0, KP_TM),
+        .tm = tm,
+        .tc = rpx_chunk_tokens(RPX_X_CHUNK_BYTES, xs, 0, tm),
         .nb = n / SP_QK_K,
     };
     rpx_gemm(&plan, w, ws, r0, r1, x, xs, n_tok, y, ldy);
@@ -192,21 +191,22 @@ void
 sp__kpack_q6_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                              const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    kp_gemm(q6k_tiles, q6k_two, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    kp_gemm(q6k_tiles, 2, q6k_two, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-/* Q6_K: 8 tokens and up in avx2_kwide.c's loop order (the same bits) */
-RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avx2, sp__kpack_q6_k_gemm_few_avx2)
+/* Q6_K: 3 tokens and up in avx2_kwide.c's loop order (the same bits; the count: avx2_repack.c's
+ * Q8_0 entry) */
+RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avx2, sp__kpack_q6_k_gemm_few_avx2, 3)
 
 void
 sp__kpack_q5_k_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                          const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    kp_gemm(q5k_tiles, NULL, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    kp_gemm(q5k_tiles, KP_TM, NULL, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
-/* Q5_K: the same from 8 tokens (avx2_kwide.c, Q4_K's form with the fifth bit) */
-RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avx2, sp__kpack_q5_k_gemm_avx2)
+/* Q5_K: the same from 5 tokens (avx2_kwide.c, Q4_K's form with the fifth bit) */
+RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avx2, sp__kpack_q5_k_gemm_avx2, 5)
 
 void
 sp__kpack_register_avx2(sp_cpu_kernels_t *k)

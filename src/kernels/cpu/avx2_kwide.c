@@ -1,8 +1,8 @@
 /*
  * avx2_kwide.c - the AVX2 prefill gemms of packed Q4_K, Q5_K and Q6_K for calls of many tokens
  * (kwide_x86.h): VPMADDUBSW pair sums added in int16, widened by a VPMADDWD with the scales.
- * avx2_repack.c (Q4_K) and avx2_kpack.c (Q5_K, Q6_K) hand them calls of
- * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up.
+ * avx2_repack.c (Q4_K) and avx2_kpack.c (Q5_K, Q6_K) hand them calls from a token count per
+ * type (RPX_BY_TOKENS: 6, 5 and 3).
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"

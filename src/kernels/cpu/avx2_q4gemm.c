@@ -3,8 +3,8 @@
  * (a block's nibbles laid out once as 8 rows x 4 elements a register, every token of the chunk
  * against them): per 32 multiply-adds one VPMADDUBSW and one VPADDW, a block's eight pair sums
  * in int16 widened by one VPMADDWD, the -8 offset taken off the exact block sum. The same bits
- * as avx2_repack.c's Q4_0 tiles and the reference; avx2_repack.c hands it calls of
- * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up.
+ * as avx2_repack.c's Q4_0 tiles and the reference; avx2_repack.c hands it calls of 5 tokens
+ * and up.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"

@@ -25,9 +25,10 @@
  * Q8_0: the weight bytes are signed (-128 included), so the sign trick again (|w| <= 128
  * as unsigned, x carrying w's sign, |x| <= 127 from the activation quantiser: a pair sum
  * is at most 2 * 128 * 127 = 32512), each VPMADDUBSW widened by VPMADDWD. Numerics as Q4_0's
- * (ref.c's serial block sum), so the results are the reference's bits. Calls of
- * SP_REPACK_Q8_WIDE_MIN_TOK tokens and up go to the wide gemms instead (the same bits, faster):
- * avx2_q8gemm.c (Q8_0), avx2_q4gemm.c (Q4_0), avx2_kwide.c (Q4_K; avx2_kpack.c's Q6_K too).
+ * (ref.c's serial block sum), so the results are the reference's bits. Calls of more tokens
+ * (from a count per type, RPX_BY_TOKENS below) go to the wide gemms instead (the same bits,
+ * faster): avx2_q8gemm.c (Q8_0), avx2_q4gemm.c (Q4_0), avx2_kwide.c (Q4_K; avx2_kpack.c's Q5_K
+ * and Q6_K too).
  *
  * Q4_K x Q8_K: per sub-block j (32 elements) the four VPMADDUBSW of a row set add in int16
  * (at most 4 * 2 * 15 * 127 = 15240), and the VPMADDWD that widens them multiplies by the
@@ -635,9 +636,17 @@ sp__repack_q8_0_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
     }
 }
 
-/* Q8_0 and Q4_0: 8 tokens and up in q8gemm_x86.h's loop order (the same bits, faster) */
-RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avx2, sp__repack_q8_0_gemm_few_avx2)
-RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avx2, sp__repack_q4_0_gemm_avx2)
+/*
+ * Q8_0 and Q4_0 in q8gemm_x86.h's loop order from 8 and 5 tokens (the same bits either way).
+ * Each wide entry's count, here and in avx2_kpack.c and avxvnni_q8gemm.c, is where the wide
+ * form became the faster in decode steps of that many sequences (bench/batch_bench, weights
+ * from memory, on an AMD Zen 5 at both AVX2 levels) and alone (qgemm_shape_bench): the tiles'
+ * 4-token steps leave 5-7 tokens as a full and a part tile, the wide forms decode a block's
+ * weights once for all of them; with 2-3 tokens and the weights streaming from memory the
+ * tiles, which prefetch their rows, are faster. docs/design.md, "Where the wide gemms start".
+ */
+RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avx2, sp__repack_q8_0_gemm_few_avx2, 8)
+RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avx2, sp__repack_q4_0_gemm_avx2, 5)
 
 void
 sp__repack_q4_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
@@ -648,8 +657,8 @@ sp__repack_q4_k_gemm_few_avx2(int64_t n, const void *w, size_t ws, int64_t r0, i
     }
 }
 
-/* Q4_K: 8 tokens and up in avx2_kwide.c's loop order (the same bits) */
-RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avx2, sp__repack_q4_k_gemm_few_avx2)
+/* Q4_K: 6 tokens and up in avx2_kwide.c's loop order (the same bits; the count: above) */
+RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avx2, sp__repack_q4_k_gemm_few_avx2, 6)
 
 void
 sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,

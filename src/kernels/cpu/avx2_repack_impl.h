@@ -1,10 +1,11 @@
 /*
- * avx2_repack_impl.h - what the AVX2 packed-weight gemms share: avx2_repack.c (Q4_0, IQ4_NL,
- * Q8_0, Q4_K, IQ4_XS) and avx2_kpack.c (Q6_K, Q5_K), and avx512_repack.c's driver. They read repack_impl.h's 8-row groups
- * with the chunk rule of avx2_repack.c's header comment; here are the pieces whose code is the
- * same in both: the 8-byte activation broadcast, the spread of 8 rows' byte scales to a row
- * set's int16 lanes, the VPMADDUBSW chain of one 32-element sub-block, the Q4_K-form mins and
- * scale-and-min finish (Q4_K and Q5_K share that header), and the group x token driver.
+ * avx2_repack_impl.h - what the AVX2 packed-weight gemms share: avx2_repack.c (Q4_0, IQ4_NL, Q8_0,
+ * Q4_K, IQ4_XS) and avx2_kpack.c (Q6_K, Q5_K), and avx512_repack.c's driver. They read
+ * repack_impl.h's 8-row groups with the chunk rule of avx2_repack.c's header comment; here are the
+ * pieces whose code is the same in both: the 8-byte activation broadcast, the spread of 8 rows'
+ * byte scales to a row set's int16 lanes, the VPMADDUBSW chain of one 32-element sub-block, the
+ * Q4_K-form mins and scale-and-min finish (Q4_K and Q5_K share that header), and the group x token
+ * driver.
  *
  * The tile helpers are always_inline: the tiles are instantiated per token count and rely on
  * the helpers being expanded into their unrolled loops (constant offsets, registers kept).
@@ -519,14 +520,15 @@ rpx_fill_q8_scratch(const uint8_t *x, size_t xs, int64_t n_tok, int64_t nb, int3
     }
 }
 
-/* A packed gemm's table entry that hands calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up to
- * `wide` (the loop order of q8gemm_x86.h and kwide_x86.h) and fewer to `few` (the tiles of
- * avx2_repack.c and avx2_kpack.c): the same bits either way. */
-#define RPX_BY_TOKENS(name, wide, few)                                                          \
+/* A packed gemm's table entry that hands calls of min_tok tokens and up to `wide` (the loop
+ * order of q8gemm_x86.h and kwide_x86.h) and fewer to `few` (the tiles of avx2_repack.c and
+ * avx2_kpack.c): the same bits either way, so min_tok is only where the wide form starts to
+ * be the faster (each use says what measured it). */
+#define RPX_BY_TOKENS(name, wide, few, min_tok)                                                 \
     static void name(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, \
                      size_t xs, int64_t n_tok, float *y, int64_t ldy)                           \
     {                                                                                           \
-        if (n_tok >= SP_REPACK_Q8_WIDE_MIN_TOK) {                                               \
+        if (n_tok >= (min_tok)) {                                                               \
             wide(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                       \
         } else {                                                                                \
             few(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                        \

@@ -3,8 +3,8 @@
  * (Intel Alder Lake and later clients, the E-core Xeons): VPDPBUSD on 256-bit registers does
  * the VPMADDUBSW + VPMADDWD + VPADDD of the AVX2 form in one instruction, with the same
  * integer result, so the same bits. dispatch.c's "avx2-vnni" table: the AVX2 table with this
- * kernel for Q8_0 calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens and up, avxvnni_q4gemm.c's for
- * Q4_0's and avxvnni_kwide.c's for Q4_K's, Q5_K's and Q6_K's.
+ * kernel for Q8_0 calls of 4 tokens and up, avxvnni_q4gemm.c's for Q4_0's and avxvnni_kwide.c's
+ * for Q4_K's, Q5_K's and Q6_K's (RPX_BY_TOKENS below).
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"
@@ -13,12 +13,13 @@
 #define QW_VNNI 1
 #include "kernels/cpu/q8gemm_x86.h"
 
-/* the wide gemms on VPDPBUSD from 8 tokens, the AVX2 table's tiles below */
-RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2)
-RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2)
-RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avxvnni, sp__repack_q4_k_gemm_few_avx2)
-RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avxvnni, sp__kpack_q5_k_gemm_avx2)
-RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avxvnni, sp__kpack_q6_k_gemm_few_avx2)
+/* the wide gemms on VPDPBUSD from 4 (Q8_0, Q4_0, Q5_K), 5 (Q4_K) and 3 (Q6_K) tokens, the
+ * AVX2 table's tiles below (how the counts were chosen: avx2_repack.c's Q8_0 entry) */
+RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2, 4)
+RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2, 4)
+RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avxvnni, sp__repack_q4_k_gemm_few_avx2, 5)
+RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avxvnni, sp__kpack_q5_k_gemm_avx2, 4)
+RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avxvnni, sp__kpack_q6_k_gemm_few_avx2, 3)
 
 void
 sp__avxvnni_register(sp_cpu_kernels_t *k)

@@ -19,8 +19,8 @@
  * Q6_K: values 0..63 (q + 32), a VPMADDUBSW pair sum at most 2 * 63 * 128 = 16128, so two add
  * in int16 (32256) and each 16-element sub-block is two VPMADDWD by its signed 8-bit scale;
  * the -32 offset comes off as 32 * sum_k sc[k] bsums[k], and the finish is avx2_kpack.c's.
- * avx2_repack.c and avx2_kpack.c hand these gemms calls of SP_REPACK_Q8_WIDE_MIN_TOK tokens
- * and up (the AVX-512 table keeps the AVX2 packed Q5_K gemm, so this one there too).
+ * avx2_repack.c and avx2_kpack.c hand these gemms calls from a token count per type and table
+ * (RPX_BY_TOKENS; the AVX-512 table keeps the AVX2 packed Q5_K gemm, so this one there too).
  *
  * The body is compiled twice: by avx2_kwide.c (KW_VNNI 0, the forms above) and by
  * avxvnni_kwide.c for the "avx2-vnni" table (KW_VNNI 1): there VPDPBUSD adds the byte products

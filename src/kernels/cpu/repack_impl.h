@@ -212,9 +212,8 @@ void sp__repack_iq4_xs_gemm_avx2(int64_t n, const void *w, size_t w_stride, int6
                                  int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                  float *y, int64_t ldy);
 /* AVX2 (avx2_q8gemm.c, q8gemm_x86.h): packed Q8_0 for many tokens, the chunk's tokens against
- * each block of a group (avx2_repack.c's Q8_0 gemm hands it calls of SP_REPACK_Q8_WIDE_MIN_TOK
- * tokens and up, and the few-token tiles below that). */
-#define SP_REPACK_Q8_WIDE_MIN_TOK 8
+ * each block of a group (avx2_repack.c's Q8_0 gemm hands it calls of 8 tokens and up, and the
+ * few-token tiles below that: RPX_BY_TOKENS). */
 void sp__repack_q8_0_gemm_wide_avx2(int64_t n, const void *w, size_t w_stride, int64_t r0,
                                     int64_t r1, const void *x, size_t x_stride, int64_t n_tok,
                                     float *y, int64_t ldy);
