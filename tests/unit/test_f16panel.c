@@ -1,5 +1,5 @@
 /*
- * test_f16panel.c - avx2_f16gemm.c, the AVX2 F16 (and BF16) x F32 gemm for many tokens: for
+ * test_f16panel.c - avx2_f16gemm.c, the AVX2 F16 (BF16, F32) x F32 gemm for many tokens: for
  * every pair the bits of the AVX2 vec_dot (avx2.c's 1x1 float tile, which test_kernels.c
  * holds to the float bound against the scalar reference), so the gemm is batch invariant:
  * token counts 1, 2, 3, 7, 8, 9, 33, 64, 130 (register-tile tails, chunks of 32 tokens with
@@ -33,8 +33,9 @@ fp_check_shape(const sp_cpu_kernels_t *k, sp_type_t type, int64_t n, int64_t row
                uint64_t seed)
 {
     const size_t ws = sp_row_size(type, n), xs = sizeof(float) * (size_t)n;
-    const sp_gemm_fn panel_fn =
-        type == SP_TYPE_BF16 ? sp__bf16_gemm_panel_avx2 : sp__f16_gemm_panel_avx2;
+    const sp_gemm_fn panel_fn = type == SP_TYPE_BF16  ? sp__bf16_gemm_panel_avx2
+                                : type == SP_TYPE_F32 ? sp__f32_gemm_panel_avx2
+                                                      : sp__f16_gemm_panel_avx2;
     const char *tn = sp_type_name(type);
     uint8_t *w = malloc(ws * (size_t)rows);
     float *x = malloc(xs * FP_MAX_TOKS), *f = malloc(sizeof(float) * (size_t)n);
@@ -90,9 +91,9 @@ TEST(f16panel_vec_dot_bits)
      * steps (the table's row tiles) */
     static const int64_t ns[] = {8, 136, 2048, 100};
     static const int64_t rowss[] = {1, 7, 8, 13, 37};
+    static const sp_type_t types[] = {SP_TYPE_F16, SP_TYPE_BF16, SP_TYPE_F32};
     for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
         for (size_t ir = 0; ir < sizeof rowss / sizeof rowss[0]; ir++)
-            for (int bf = 0; bf < 2; bf++)
-                fp_check_shape(k, bf ? SP_TYPE_BF16 : SP_TYPE_F16, ns[in], rowss[ir],
-                               13 * in + ir + 100 * (uint64_t)bf);
+            for (int ti = 0; ti < 3; ti++)
+                fp_check_shape(k, types[ti], ns[in], rowss[ir], 13 * in + ir + 100 * (uint64_t)ti);
 }

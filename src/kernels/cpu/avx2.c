@@ -39,7 +39,8 @@ fp16_to_f32(sp_fp16_t h)
 
 /* ---- F32 / F16 / BF16 weights, F32 activations ----------------------------- */
 
-/* F16 and BF16 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same bits). */
+/* F16, BF16 and F32 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same
+ * bits). */
 #define FL_RM 2 /* 8 accumulators + 2 weights + 1 token of 16 ymm */
 #define FL_TM 4
 /* Rows of the one-token tile. One token gives each row a single accumulator chain, one FMA
@@ -366,8 +367,8 @@ FLOAT_GEMM_AND_DOT(bf16)
 GEMM_AND_DOT(q8_0, Q_RM, Q_TM)
 GEMM_AND_DOT(q4_0, Q_RM, Q_TM)
 
-/* F16 and BF16 prefill: many tokens go to avx2_f16gemm.c's panels (the same bits, fewer
- * conversions) */
+/* F16, BF16 and F32 prefill: many tokens go to avx2_f16gemm.c's panels (the same bits, fewer
+ * conversions and loads) */
 static void
 gemm_f16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
               size_t xs, int64_t n_tok, float *y, int64_t ldy)
@@ -376,6 +377,17 @@ gemm_f16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const
         sp__f16_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     } else {
         gemm_f16(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    }
+}
+
+static void
+gemm_f32_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+              size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {
+        sp__f32_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    } else {
+        gemm_f32(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
     }
 }
 
@@ -455,7 +467,7 @@ void
 sp__avx2_register(sp_cpu_kernels_t *k)
 {
     k->vec_dot[SP_TYPE_F32] = vec_dot_f32;
-    k->gemm[SP_TYPE_F32] = gemm_f32;
+    k->gemm[SP_TYPE_F32] = gemm_f32_wide;
     k->vec_dot[SP_TYPE_F16] = vec_dot_f16;
     k->gemm[SP_TYPE_F16] = gemm_f16_wide;
     k->vec_dot[SP_TYPE_BF16] = vec_dot_bf16;

@@ -1,17 +1,18 @@
 /*
- * avx2_f16gemm.c - the AVX2 prefill gemm of 16-bit float weights (F16, BF16) against F32
- * activations, for calls with many tokens.
+ * avx2_f16gemm.c - the AVX2 prefill gemm of float weights (F16, BF16, and F32, which came
+ * after the file's name) against F32 activations, for calls with many tokens.
  *
  * avx2.c's float tile (2 rows x 4 tokens) converts each weight vector (F16C, or BF16's widen and
- * shift) for every 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads and 2 conversions, and 8
- * chains of a 4-cycle FMA only just fill the two FMA pipes. Here the conversion is taken out of the
- * inner loop, as sgemm libraries pack their panels: for a chunk of FP_TC tokens, a block of FP_RB
- * rows and a panel of FP_KC elements, each 4-row slice of the panel is converted once to F32 in a
- * 2 KiB scratch (L1), and a 4 rows x 3 tokens register tile (12 accumulators, 3 activation vectors,
- * one weight vector: all 16 ymm) runs over the chunk's tokens: 12 FMAs per 7 loads, no conversion.
- * A weight is converted once per FP_TC tokens instead of once per 4. The panel's activations (FP_TC
- * x FP_KC floats, 32 KiB) stay in L1/L2 while the row block's slices sweep them; the accumulators
- * of the row block's pairs live in a stack array between panels.
+ * shift; F32 is loaded as it is) for every 4 tokens and keeps 8 accumulators: 8 FMAs per 6 loads
+ * and 2 conversions, and 8 chains of a 4-cycle FMA only just fill the two FMA pipes. Here the
+ * conversion is taken out of the inner loop, as sgemm libraries pack their panels: for a chunk of
+ * FP_TC tokens, a block of FP_RB rows and a panel of FP_KC elements, each 4-row slice of the panel
+ * is converted once to F32 in a 2 KiB scratch (L1), and a 4 rows x 3 tokens register tile (12
+ * accumulators, 3 activation vectors, one weight vector: all 16 ymm) runs over the chunk's tokens:
+ * 12 FMAs per 7 loads, no conversion. A weight is converted once per FP_TC tokens instead of once
+ * per 4. The panel's activations (FP_TC x FP_KC floats, 32 KiB) stay in L1/L2 while the row block's
+ * slices sweep them; the accumulators of the row block's pairs live in a stack array between
+ * panels.
  *
  * Numerics: every (row, token) pair owns one 8-lane accumulator that starts at zero, takes
  * one FMA per 8 elements in order along the row, and is reduced by avx2.c's hsum256 at the
@@ -140,20 +141,29 @@ static const fp_tile_fn fp_tiles[FP_R + 1][FP_T + 1] = {
     {NULL, fp_tile_4x1, fp_tile_4x2, fp_tile_4x3},
 };
 
-/* rows [r0, r0 + R) of w, elements [k0, k0 + kc): F16 or BF16 -> F32 into wp (FP_KC floats
- * a row), exactly as avx2.c's load_w8 converts them */
+enum { FP_F16, FP_BF16, FP_F32 }; /* the weights' type */
+
+/* rows [r0, r0 + R) of w, elements [k0, k0 + kc): F16, BF16 or F32 -> F32 into wp (FP_KC
+ * floats a row), exactly as avx2.c's load_w8 converts them (F32: a copy, for the 4-row panel
+ * the register tile reads) */
 FP_INLINE void
-fp_convert(bool bf16, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64_t k0,
+fp_convert(int wt, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64_t k0,
            float *wp)
 {
     for (int r = 0; r < R; r++) {
-        const uint16_t *src = (const uint16_t *)(w + (size_t)(r0 + r) * ws) + k0;
+        const uint8_t *row = w + (size_t)(r0 + r) * ws;
         for (int i = 0; i < kc; i += 8) {
-            const __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
-            _mm256_store_ps(wp + r * FP_KC + i,
-                            bf16 ? _mm256_castsi256_ps(
-                                       _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                                 : _mm256_cvtph_ps(h));
+            __m256 v;
+            if (wt == FP_F32) {
+                v = _mm256_loadu_ps((const float *)row + k0 + i);
+            } else {
+                const __m128i h =
+                    _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k0 + i));
+                v = wt == FP_BF16
+                        ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                        : _mm256_cvtph_ps(h);
+            }
+            _mm256_store_ps(wp + r * FP_KC + i, v);
         }
     }
 }
@@ -170,8 +180,8 @@ fp_convert(bool bf16, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, in
  * the call.
  */
 FP_INLINE void
-fp_prefetch(int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r1, int64_t ra,
-            int64_t k0)
+fp_prefetch(size_t esz, int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r1,
+            int64_t ra, int64_t k0)
 {
     int64_t rn = ra, kn = k0 + FP_KC;
     if (kn >= n) {
@@ -179,15 +189,15 @@ fp_prefetch(int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r
         rn = ra + FP_RB < r1 ? ra + FP_RB : r0 + (ra - r0) % FP_RB;
     }
     for (int r = 0; r < R && rn + r < r1; r++) {
-        const char *p = (const char *)(w + (size_t)(rn + r) * ws) + (size_t)kn * 2;
-        for (int l = 0; l < FP_KC * 2; l += 64) {
+        const char *p = (const char *)(w + (size_t)(rn + r) * ws) + (size_t)kn * esz;
+        for (size_t l = 0; l < FP_KC * esz; l += 64) {
             _mm_prefetch(p + l, _MM_HINT_T1);
         }
     }
 }
 
 FP_INLINE void
-fp_gemm(bool bf16, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
+fp_gemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
         size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(32) __m256 acc[FP_RB * FP_TC];
@@ -206,8 +216,9 @@ fp_gemm(bool bf16, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, 
                 const int kc = (int)(n - k0 < FP_KC ? n - k0 : FP_KC);
                 for (int i = 0; i < rn; i += FP_R) {
                     const int R = rn - i < FP_R ? rn - i : FP_R;
-                    fp_convert(bf16, R, kc, (const uint8_t *)w, ws, rb + i, k0, wp);
-                    fp_prefetch(R, n, (const uint8_t *)w, ws, r0, r1, rb + i, k0);
+                    fp_convert(wt, R, kc, (const uint8_t *)w, ws, rb + i, k0, wp);
+                    fp_prefetch(wt == FP_F32 ? 4 : 2, R, n, (const uint8_t *)w, ws, r0, r1,
+                                rb + i, k0);
                     for (int t = 0; t < tn; t += FP_T) {
                         const int T = tn - t < FP_T ? tn - t : FP_T;
                         fp_tiles[R][T](kc, wp, xc + (size_t)t * xs + (size_t)k0 * sizeof(float),
@@ -233,12 +244,19 @@ void
 sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                         const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    fp_gemm(false, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    fp_gemm(FP_F16, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }
 
 void
 sp__bf16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                          const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
 {
-    fp_gemm(true, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+    fp_gemm(FP_BF16, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+}
+
+void
+sp__f32_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                        const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)
+{
+    fp_gemm(FP_F32, n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
 }

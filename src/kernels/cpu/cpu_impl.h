@@ -37,14 +37,16 @@ bool sp__q32_dequantize_row(sp_type_t type, const void *src, float *dst, int64_t
 void sp__avx2_register(sp_cpu_kernels_t *k);
 void sp__kquants_register_avx2(sp_cpu_kernels_t *k);
 void sp__kquants2_register_avx2(sp_cpu_kernels_t *k);
-/* avx2_f16gemm.c: F16 or BF16 x F32 for many tokens (panels converted once per token chunk);
- * avx2.c's gemm[F16] and gemm[BF16] hand it calls of SP_F16_PANEL_MIN_TOK tokens and up whose
- * rows are whole 8-element steps. The same bits as avx2.c's float tiles. */
+/* avx2_f16gemm.c: F16, BF16 or F32 x F32 for many tokens (panels converted once per token
+ * chunk); avx2.c's gemm[F16], gemm[BF16] and gemm[F32] hand it calls of SP_F16_PANEL_MIN_TOK
+ * tokens and up whose rows are whole 8-element steps. The same bits as avx2.c's float tiles. */
 #define SP_F16_PANEL_MIN_TOK 12
 void sp__f16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                              const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy);
 void sp__bf16_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
                               const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy);
+void sp__f32_gemm_panel_avx2(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,
+                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy);
 
 /* avx512.c / avx512_kquants.c: built with AVX-512 F/BW/VL/DQ/VNNI/BF16.
  * has_vnni / has_bf16 say which optional extensions this CPU has. */
