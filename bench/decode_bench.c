@@ -112,8 +112,8 @@ job_run(void *arg, int64_t item, int ith)
 {
     job_t *j = arg;
     int wi;
-    int64_t r0, r1;
-    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
+    int64_t r0, r1, t0, t1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1, &t0, &t1);
     const mat_t *w = j->w[wi];
     if (j->read_only) {
         /* The same bytes the product reads: whole packed groups or rows. */
@@ -124,11 +124,13 @@ job_run(void *arg, int64_t item, int ith)
         return;
     }
     if (w->packed != NULL) {
-        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1, j->x, j->xs, g_tok,
-                                   j->y[wi], w->rows);
+        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1,
+                                   (const char *)j->x + (size_t)t0 * j->xs, j->xs, t1 - t0,
+                                   j->y[wi] + t0 * w->rows, w->rows);
     } else {
-        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1, j->x, j->xs, g_tok,
-                    j->y[wi], w->rows);
+        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1,
+                    (const char *)j->x + (size_t)t0 * j->xs, j->xs, t1 - t0,
+                    j->y[wi] + t0 * w->rows, w->rows);
     }
 }
 

@@ -70,8 +70,8 @@ job_run(void *arg, int64_t item, int ith)
 {
     job_t *j = arg;
     int wi;
-    int64_t r0, r1;
-    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
+    int64_t r0, r1, t0, t1; /* one token: t0, t1 = 0, 1 */
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1, &t0, &t1);
     const mat_t *w = &j->w[wi];
     j->sink[ith] += sp_read_rows(w->base, w->unit_bytes, w->unit_rows, r0, r1) & 1;
 }

@@ -560,18 +560,20 @@ mm_job_run(void *arg, int64_t item, int ith)
     mm_job_t *j = arg;
     (void)ith;
     int wi;
-    int64_t r0, r1;
-    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
+    int64_t r0, r1, t0, t1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1, &t0, &t1);
     const sp_weight_t *w = j->w[wi];
+    const void *x = (const char *)j->x + (size_t)t0 * j->x_stride;
+    float *y = j->y[wi] + t0 * w->n_out;
     if (w->packed != NULL && j->k->repack_gemm[w->type] != NULL) { /* load-time packed copy */
-        j->k->repack_gemm[w->type](w->n_in, w->packed, w->packed_stride, r0, r1, j->x,
-                                   j->x_stride, j->n_tok, j->y[wi], w->n_out);
+        j->k->repack_gemm[w->type](w->n_in, w->packed, w->packed_stride, r0, r1, x, j->x_stride,
+                                   t1 - t0, y, w->n_out);
     } else {
-        sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->x, j->x_stride,
-                    j->n_tok, j->y[wi], w->n_out);
+        sp_cpu_gemm(j->k, w->type, w->n_in, w->data, w->row_bytes, r0, r1, x, j->x_stride,
+                    t1 - t0, y, w->n_out);
     }
     if (j->bias[wi] != NULL) {
-        for (int64_t t = 0; t < j->n_tok; t++) {
+        for (int64_t t = t0; t < t1; t++) {
             float *yt = j->y[wi] + t * w->n_out;
             for (int64_t r = r0; r < r1; r++) {
                 yt[r] += j->bias[wi][r];
@@ -583,8 +585,9 @@ mm_job_run(void *arg, int64_t item, int ith)
 /*
  * y_i = x W_i^T (+ b_i) for n_w weights that share the input x (n_tok rows of
  * n_in floats, x_stride floats apart). Outputs are dense (n_tok, n_out_i).
- * Each work item is a range of weight rows times every activation row, so the
- * weights are read once per step however many rows (sequences) it has.
+ * Each work item is a range of weight rows times every activation row (times a block
+ * of them from 2 * SP_MM_TOK_BLOCK rows on), so below that the weights are read once per
+ * step however many rows (sequences) it has.
  */
 static void
 matmul(sp_batch_t *b, const char *label, int n_w, const sp_weight_t *const *w, float *const *y,

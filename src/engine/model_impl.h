@@ -311,28 +311,43 @@ sp__act_row_stride(sp_type_t t, int64_t n)
 int64_t sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok);
 
 /*
- * The work items of one product job over n_w (<= 3) matrices of rows[i] rows each: items of
- * `chunk` rows (sp__batch_mm_chunk of all the rows) in matrix order, except the job's last
- * `tail` rows (the end of its last matrix, about one item per thread), which go in items of
- * `fine` rows (a quarter of an item) so that the threads run out of work within a fine item
- * of each other instead of a whole one. Items never cross a matrix; all but the last of each
- * are whole tiles of 16 rows. engine/split.c; batch.c's products and bench/decode_bench.c
- * use it.
+ * The work items of one product job over n_w (<= 3) matrices of rows[i] rows each and n_tok
+ * tokens. Below 2 * SP_MM_TOK_BLOCK tokens an item takes every token and a range of rows:
+ * items of `chunk` rows (sp__batch_mm_chunk of all the rows) in matrix order, except the job's
+ * last `tail` rows (the end of its last matrix, about one item per thread), which go in items
+ * of `fine` rows (a quarter of an item) so that the threads run out of work within a fine item
+ * of each other instead of a whole one. From 2 * SP_MM_TOK_BLOCK tokens (prefill, large
+ * batches) the tokens are cut too, in blocks of SP_MM_TOK_BLOCK, and the rows in as few items
+ * as keep ~8 items a thread (at most SP_MM_ROWS_MAX rows, a few MiB of weights): a gemm call
+ * prepares its activations (the AVX-512 panels' records, the AVX2 gemms' scales and sums) for
+ * its tokens whatever its rows, so that work shrinks with the row items. A row item's token
+ * blocks are consecutive items (the threads on them share its weights in cache); the last row
+ * item's come in quarter blocks, the fine tail.
+ * Items never cross a matrix; all but the last of each are whole tiles of 16 rows. Any split
+ * gives the same bits (kernel contract). engine/split.c; batch.c's products and the benches.
  */
 #define SP_MM_SPLIT_MAX_W 3
+#define SP_MM_TOK_BLOCK 64
+#define SP_MM_ROWS_MAX 1024
 typedef struct sp_mm_split {
     int n_w;
     int64_t rows[SP_MM_SPLIT_MAX_W];
-    int64_t n_items[SP_MM_SPLIT_MAX_W]; /* items of each matrix */
+    int64_t n_items[SP_MM_SPLIT_MAX_W]; /* row items of each matrix */
     int64_t chunk, fine;
-    int64_t head;   /* rows of the last matrix before its fine tail */
-    int64_t n_head; /* items of chunk rows in the last matrix */
-    int64_t total;  /* items of the job */
+    int64_t head;    /* rows of the last matrix before its fine tail */
+    int64_t n_head;  /* items of chunk rows in the last matrix */
+    int64_t n_row;   /* row items (of a token block) */
+    int64_t n_tok;   /* tokens of the job */
+    int64_t tb;      /* tokens of a block; 0: one block of every token */
+    int64_t n_tb;    /* token blocks */
+    int64_t tb_tail; /* tokens of the last block's pieces */
+    int64_t total;   /* items of the job */
 } sp_mm_split_t;
 
 void sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads,
                        int64_t n_tok);
-/* Item `item` (< s->total): matrix *wi, its rows [*r0, *r1). */
-void sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1);
+/* Item `item` (< s->total): matrix *wi, its rows [*r0, *r1), tokens [*t0, *t1). */
+void sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1,
+                       int64_t *t0, int64_t *t1);
 
 #endif /* SP_ENGINE_MODEL_IMPL_H */

@@ -19,16 +19,47 @@ sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok)
     return chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
 }
 
+/* Items of `chunk` rows over every matrix, no fine tail: the row items of a token block. */
+static void
+split_rows_plain(sp_mm_split_t *s)
+{
+    s->fine = s->chunk;
+    s->head = s->rows[s->n_w - 1];
+    s->n_head = (s->head + s->chunk - 1) / s->chunk;
+    for (int i = 0; i < s->n_w; i++) {
+        s->n_items[i] = (s->rows[i] + s->chunk - 1) / s->chunk;
+        s->total += s->n_items[i];
+    }
+}
+
 void
 sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads, int64_t n_tok)
 {
-    SP_ASSERT(n_w >= 1 && n_w <= SP_MM_SPLIT_MAX_W);
+    SP_ASSERT(n_w >= 1 && n_w <= SP_MM_SPLIT_MAX_W && n_tok >= 1);
     memset(s, 0, sizeof *s);
     s->n_w = n_w;
+    s->n_tok = n_tok;
     int64_t all = 0;
     for (int i = 0; i < n_w; i++) {
         s->rows[i] = rows[i];
         all += rows[i];
+    }
+    if (n_tok >= 2 * SP_MM_TOK_BLOCK) {
+        /* Few row items (~8 items a thread with the token blocks, at most SP_MM_ROWS_MAX
+         * rows), each row item's token blocks one after the other (the threads on them read
+         * its weights at about the same time), the last row item's in quarter blocks (the
+         * fine tail). */
+        s->tb = SP_MM_TOK_BLOCK;
+        s->n_tb = (n_tok + s->tb - 1) / s->tb;
+        const int64_t n_ri = ((int64_t)n_threads * 8 + s->n_tb - 1) / s->n_tb;
+        int64_t c = (all + n_ri - 1) / n_ri;
+        c = c < 16 ? 16 : (c + 15) & ~(int64_t)15;
+        s->chunk = c < SP_MM_ROWS_MAX ? c : SP_MM_ROWS_MAX;
+        split_rows_plain(s);
+        s->n_row = s->total;
+        s->tb_tail = n_threads > 1 ? SP_MM_TOK_BLOCK / 4 : SP_MM_TOK_BLOCK;
+        s->total = (s->n_row - 1) * s->n_tb + (n_tok + s->tb_tail - 1) / s->tb_tail;
+        return;
     }
     s->chunk = sp__batch_mm_chunk(all, n_threads, n_tok);
     const int64_t fine = (s->chunk / 4 + 15) & ~(int64_t)15;
@@ -48,11 +79,22 @@ sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads,
                                     : s->n_head + (tail + s->fine - 1) / s->fine;
         s->total += s->n_items[i];
     }
+    s->n_row = s->total;
 }
 
 void
-sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1)
+sp__mm_split_item(const sp_mm_split_t *s, int64_t item, int *wi, int64_t *r0, int64_t *r1,
+                  int64_t *t0, int64_t *t1)
 {
+    *t0 = 0;
+    *t1 = s->n_tok;
+    if (s->tb > 0) { /* row item, then its token block (the last row item's: quarter block) */
+        const int64_t main = (s->n_row - 1) * s->n_tb;
+        const int64_t tn = item < main ? s->tb : s->tb_tail;
+        *t0 = (item < main ? item % s->n_tb : item - main) * tn;
+        *t1 = *t0 + tn < s->n_tok ? *t0 + tn : s->n_tok;
+        item = item < main ? item / s->n_tb : s->n_row - 1;
+    }
     int i = 0;
     while (item >= s->n_items[i]) {
         item -= s->n_items[i++];

@@ -807,8 +807,9 @@ TEST(batch_mm_split_items)
                 int64_t next = 0, fine_rows = 0;
                 for (int64_t item = 0; item < s.total; item++) {
                     int wi;
-                    int64_t r0, r1;
-                    sp__mm_split_item(&s, item, &wi, &r0, &r1);
+                    int64_t r0, r1, t0, t1;
+                    sp__mm_split_item(&s, item, &wi, &r0, &r1, &t0, &t1);
+                    ASSERT(t0 == 0 && t1 == n_tok); /* below 2 * SP_MM_TOK_BLOCK: all tokens */
                     if (wi != wi_prev) {
                         ASSERT(wi == wi_prev + 1 && next == jobs[ji][wi_prev]);
                         wi_prev = wi;
@@ -831,6 +832,80 @@ TEST(batch_mm_split_items)
                     const int64_t want = (int64_t)threads[t] * s.chunk;
                     ASSERT(fine_rows >= (last < want ? last : want));
                     ASSERT(fine_rows < want + 16);
+                }
+            }
+        }
+    }
+}
+
+/* From 2 * SP_MM_TOK_BLOCK tokens a product's items cut the tokens too: every (matrix, row,
+ * token) in exactly one item, rows from 16-row tiles in items of at most SP_MM_ROWS_MAX rows,
+ * tokens within blocks of SP_MM_TOK_BLOCK, a row item's token pieces consecutive items (the
+ * last row item's in quarter blocks on more than one thread), and the row items few: at most
+ * one per matrix more than ~8 items a thread ask for, unless the row cap cuts them. */
+TEST(batch_mm_split_token_blocks)
+{
+    static const int64_t jobs[][3] = {{1, 0, 0},       {300, 0, 0}, {2048, 0, 0},
+                                      {2048, 256, 256}, {5632, 5632, 0}, {1, 15, 17}};
+    static const int threads[] = {1, 2, 3, 8, 64};
+    static const int64_t toks[] = {2 * SP_MM_TOK_BLOCK, 2 * SP_MM_TOK_BLOCK + 1, 200, 512, 1000};
+    for (size_t ji = 0; ji < sizeof jobs / sizeof jobs[0]; ji++) {
+        const int n_w = jobs[ji][2] ? 3 : jobs[ji][1] ? 2 : 1;
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            for (size_t ki = 0; ki < sizeof toks / sizeof toks[0]; ki++) {
+                const int64_t n_tok = toks[ki];
+                sp_mm_split_t s;
+                sp__mm_split_init(&s, n_w, jobs[ji], threads[t], n_tok);
+                ASSERT(s.tb == SP_MM_TOK_BLOCK && s.total >= 1);
+                ASSERT(s.total <= SP_POOL_MAX_CHUNKS);
+                const int64_t n_tb = (n_tok + SP_MM_TOK_BLOCK - 1) / SP_MM_TOK_BLOCK;
+                int64_t all = 0;
+                for (int i = 0; i < n_w; i++) {
+                    all += jobs[ji][i];
+                }
+                const int64_t n_ri = ((int64_t)threads[t] * 8 + n_tb - 1) / n_tb;
+                ASSERT(s.chunk <= SP_MM_ROWS_MAX);
+                ASSERT(s.n_row <= n_ri + n_w || s.chunk == SP_MM_ROWS_MAX);
+                ASSERT(s.n_row <= all / SP_MM_ROWS_MAX + n_ri + n_w);
+                int prev_wi = -1;
+                int64_t prev_r0 = -1, prev_t1 = 0;
+                uint8_t *seen[3] = {NULL, NULL, NULL};
+                for (int i = 0; i < n_w; i++) {
+                    seen[i] = calloc((size_t)(jobs[ji][i] * n_tok), 1);
+                    ASSERT(seen[i] != NULL);
+                }
+                for (int64_t item = 0; item < s.total; item++) {
+                    int wi;
+                    int64_t r0, r1, t0, t1;
+                    sp__mm_split_item(&s, item, &wi, &r0, &r1, &t0, &t1);
+                    ASSERT(wi >= 0 && wi < n_w && r0 % 16 == 0 && r1 > r0);
+                    ASSERT(r1 <= jobs[ji][wi] && r1 - r0 <= s.chunk);
+                    ASSERT(t0 >= 0 && t1 > t0 && t1 <= n_tok && t0 % 16 == 0);
+                    ASSERT(t0 / SP_MM_TOK_BLOCK == (t1 - 1) / SP_MM_TOK_BLOCK); /* one block */
+                    if (wi == prev_wi && r0 == prev_r0) {
+                        ASSERT(t0 == prev_t1); /* the row item's next piece */
+                    } else {
+                        ASSERT(t0 == 0 && (prev_wi < 0 || prev_t1 == n_tok));
+                    }
+                    if (item >= s.total - (n_tok + 15) / 16 && threads[t] > 1) {
+                        ASSERT(t1 - t0 <= SP_MM_TOK_BLOCK / 4); /* the fine tail */
+                    }
+                    prev_wi = wi;
+                    prev_r0 = r0;
+                    prev_t1 = t1;
+                    for (int64_t r = r0; r < r1; r++) {
+                        for (int64_t tt = t0; tt < t1; tt++) {
+                            uint8_t *c = &seen[wi][r * n_tok + tt];
+                            ASSERT(*c == 0);
+                            *c = 1;
+                        }
+                    }
+                }
+                for (int i = 0; i < n_w; i++) {
+                    for (int64_t e = 0; e < jobs[ji][i] * n_tok; e++) {
+                        ASSERT(seen[i][e] == 1);
+                    }
+                    free(seen[i]);
                 }
             }
         }
@@ -865,8 +940,9 @@ split_job_run(void *arg, int64_t item, int ith)
     split_job *j = arg;
     (void)ith;
     int wi;
-    int64_t r0, r1;
-    sp__mm_split_item(&j->split, item, &wi, &r0, &r1);
+    int64_t r0, r1, t0, t1;
+    sp__mm_split_item(&j->split, item, &wi, &r0, &r1, &t0, &t1);
+    ASSERT(t0 == 0 && t1 == 1);
     if (j->packed) {
         j->k->repack_gemm[j->type](j->n, j->w, j->ws, r0, r1, j->x, 0, 1, j->y, j->rows);
     } else {
