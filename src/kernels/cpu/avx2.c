@@ -368,39 +368,22 @@ GEMM_AND_DOT(q8_0, Q_RM, Q_TM)
 GEMM_AND_DOT(q4_0, Q_RM, Q_TM)
 
 /* F16, BF16 and F32 prefill: many tokens go to avx2_f16gemm.c's panels (the same bits, fewer
- * conversions and loads) */
-static void
-gemm_f16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-              size_t xs, int64_t n_tok, float *y, int64_t ldy)
-{
-    if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {
-        sp__f16_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    } else {
-        gemm_f16(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
+ * conversions and loads), rows whose length is not whole 8-element steps stay on the tiles */
+#define FLOAT_PANEL_GEMM(name)                                                                 \
+    static void gemm_##name##_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, \
+                                   const void *x, size_t xs, int64_t n_tok, float *y,          \
+                                   int64_t ldy)                                                \
+    {                                                                                           \
+        if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {                                      \
+            sp__##name##_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);               \
+        } else {                                                                                \
+            gemm_##name(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);                                \
+        }                                                                                       \
     }
-}
 
-static void
-gemm_f32_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-              size_t xs, int64_t n_tok, float *y, int64_t ldy)
-{
-    if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {
-        sp__f32_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    } else {
-        gemm_f32(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    }
-}
-
-static void
-gemm_bf16_wide(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x,
-               size_t xs, int64_t n_tok, float *y, int64_t ldy)
-{
-    if (n_tok >= SP_F16_PANEL_MIN_TOK && n % 8 == 0) {
-        sp__bf16_gemm_panel_avx2(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    } else {
-        gemm_bf16(n, w, ws, r0, r1, x, xs, n_tok, y, ldy);
-    }
-}
+FLOAT_PANEL_GEMM(f16)
+FLOAT_PANEL_GEMM(bf16)
+FLOAT_PANEL_GEMM(f32)
 
 /* ---- conversions ---------------------------------------------------------- */
 
