@@ -432,13 +432,19 @@ TEST(repack_extreme_q8_0_q4_k)
             const sp_repack_layout_t lay = l == SP_CPU_SCALAR ? SP_REPACK_ROW8 : k->repack_layout[type];
             const int gr = sp_repack_layout_rows(lay);
             sp_repack_pack_in(lay, type, n, w, rb, rows, 0, (rows + gr - 1) / gr, packed);
-            float y[9][11];
-            gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, xs, 9, &y[0][0],
-                 rows);
-            for (int t = 0; t < 9; t++)
-                for (int r = 0; r < rows; r++)
-                    ASSERT_BITS(y[t][r], want[t][r], "%s level %d t%d r%d: %.9g vs %.9g",
-                                sp_type_name(type), l, t, r, (double)y[t][r], (double)want[t][r]);
+            /* 1-5 and 9 tokens: the tiles and the wide gemms on both sides of each table's
+             * count (RPX_BY_TOKENS) */
+            for (int nt = 1; nt <= 9; nt += nt < 5 ? 1 : 4) {
+                float y[9][11];
+                gemm(n, packed, sp_repack_group_bytes_in(lay, type, n), 0, rows, x, xs, nt,
+                     &y[0][0], rows);
+                for (int t = 0; t < nt; t++)
+                    for (int r = 0; r < rows; r++)
+                        ASSERT_BITS(y[t][r], want[t][r],
+                                    "%s level %d, %d tokens, t%d r%d: %.9g vs %.9g",
+                                    sp_type_name(type), l, nt, t, r, (double)y[t][r],
+                                    (double)want[t][r]);
+            }
         }
         free(w);
         free(packed);

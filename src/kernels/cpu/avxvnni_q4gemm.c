@@ -3,7 +3,7 @@
  * loop order (a block's weights laid out once as 8 rows x 4 elements a register, every token of
  * the chunk against them) with the nibbles as VPDPBUSD's unsigned side, the reference's -8
  * offset taken off the exact block sum; the same bits as avx2_repack.c's Q4_0 tiles and the
- * reference. avxvnni_q8gemm.c registers it for calls of 4 tokens and up.
+ * reference. avxvnni_q8gemm.c registers it for calls of 3 tokens and up.
  */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/repack_impl.h"

@@ -13,11 +13,11 @@
 #define QW_VNNI 1
 #include "kernels/cpu/q8gemm_x86.h"
 
-/* the wide gemms on VPDPBUSD from 4 (Q8_0, Q4_0, Q5_K), 5 (Q4_K) and 3 (Q6_K) tokens, the
- * AVX2 table's tiles below (how the counts were chosen: avx2_repack.c's Q8_0 entry) */
+/* the wide gemms on VPDPBUSD from 4 (Q8_0, Q5_K) and 3 (Q4_0, Q4_K, Q6_K) tokens, the AVX2
+ * table's tiles below (how the counts were chosen: avx2_repack.c's Q8_0 entry) */
 RPX_BY_TOKENS(q8_0_gemm, sp__repack_q8_0_gemm_wide_avxvnni, sp__repack_q8_0_gemm_few_avx2, 4)
-RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2, 4)
-RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avxvnni, sp__repack_q4_k_gemm_few_avx2, 5)
+RPX_BY_TOKENS(q4_0_gemm, sp__repack_q4_0_gemm_wide_avxvnni, sp__repack_q4_0_gemm_avx2, 3)
+RPX_BY_TOKENS(q4_k_gemm, sp__repack_q4_k_gemm_wide_avxvnni, sp__repack_q4_k_gemm_few_avx2, 3)
 RPX_BY_TOKENS(q5_k_gemm, sp__repack_q5_k_gemm_wide_avxvnni, sp__kpack_q5_k_gemm_avx2, 4)
 RPX_BY_TOKENS(q6_k_gemm, sp__repack_q6_k_gemm_wide_avxvnni, sp__kpack_q6_k_gemm_few_avx2, 3)
 
