@@ -19,19 +19,6 @@ sp__batch_mm_chunk(int64_t rows, int n_threads, int64_t n_tok)
     return chunk < 16 ? 16 : (chunk + 15) & ~(int64_t)15;
 }
 
-/* Items of `chunk` rows over every matrix, no fine tail: the row items of a token block. */
-static void
-split_rows_plain(sp_mm_split_t *s)
-{
-    s->fine = s->chunk;
-    s->head = s->rows[s->n_w - 1];
-    s->n_head = (s->head + s->chunk - 1) / s->chunk;
-    for (int i = 0; i < s->n_w; i++) {
-        s->n_items[i] = (s->rows[i] + s->chunk - 1) / s->chunk;
-        s->total += s->n_items[i];
-    }
-}
-
 void
 sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads, int64_t n_tok)
 {
@@ -46,24 +33,19 @@ sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads,
     }
     if (n_tok >= 2 * SP_MM_TOK_BLOCK) {
         /* Few row items (~8 items a thread with the token blocks, at most SP_MM_ROWS_MAX
-         * rows), each row item's token blocks one after the other (the threads on them read
-         * its weights at about the same time), the last row item's in quarter blocks (the
-         * fine tail). */
+         * rows) and no fine rows: the fine tail is in the tokens (below). */
         s->tb = SP_MM_TOK_BLOCK;
         s->n_tb = (n_tok + s->tb - 1) / s->tb;
         const int64_t n_ri = ((int64_t)n_threads * 8 + s->n_tb - 1) / s->n_tb;
         int64_t c = (all + n_ri - 1) / n_ri;
         c = c < 16 ? 16 : (c + 15) & ~(int64_t)15;
         s->chunk = c < SP_MM_ROWS_MAX ? c : SP_MM_ROWS_MAX;
-        split_rows_plain(s);
-        s->n_row = s->total;
-        s->tb_tail = n_threads > 1 ? SP_MM_TOK_BLOCK / 4 : SP_MM_TOK_BLOCK;
-        s->total = (s->n_row - 1) * s->n_tb + (n_tok + s->tb_tail - 1) / s->tb_tail;
-        return;
+        s->fine = s->chunk;
+    } else {
+        s->chunk = sp__batch_mm_chunk(all, n_threads, n_tok);
+        const int64_t fine = (s->chunk / 4 + 15) & ~(int64_t)15;
+        s->fine = fine < 16 ? 16 : fine;
     }
-    s->chunk = sp__batch_mm_chunk(all, n_threads, n_tok);
-    const int64_t fine = (s->chunk / 4 + 15) & ~(int64_t)15;
-    s->fine = fine < 16 ? 16 : fine;
     /* The fine tail: the last matrix's last n_threads items' worth of rows, its start on a
      * 16-row tile; none on one thread or where the items are already a single tile. */
     const int64_t last = rows[n_w - 1];
@@ -80,6 +62,13 @@ sp__mm_split_init(sp_mm_split_t *s, int n_w, const int64_t *rows, int n_threads,
         s->total += s->n_items[i];
     }
     s->n_row = s->total;
+    if (s->tb > 0) {
+        /* each row item's token blocks one after the other (the threads on them read its
+         * weights at about the same time), the last row item's in quarter blocks (the fine
+         * tail) */
+        s->tb_tail = n_threads > 1 ? SP_MM_TOK_BLOCK / 4 : SP_MM_TOK_BLOCK;
+        s->total = (s->n_row - 1) * s->n_tb + (n_tok + s->tb_tail - 1) / s->tb_tail;
+    }
 }
 
 void

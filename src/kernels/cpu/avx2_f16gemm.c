@@ -170,9 +170,9 @@ fp_convert(int wt, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64
 
 /*
  * The row slice's weights are read panel by panel, a row block apart in time: as many
- * streams as the block has rows, each 256 bytes a step, which the hardware prefetcher does
- * not follow (in the engine, with the weights in memory, the conversion then took a third
- * of the gemm's samples; with this, about a fifth). So while converting rows [ra, ra + R)
+ * streams as the block has rows, each 256 bytes a step (F32: 512), which the hardware
+ * prefetcher does not follow (in the engine, with the weights in memory, the conversion then
+ * took a third of the gemm's samples; with this, about a fifth). So while converting rows [ra, ra + R)
  * at k0, fetch (into L2) what those rows need next: the next panel, or at the row block's
  * end the next block's first panel (after the last block, the first block's, for the next
  * token chunk). A prefetch never faults.
@@ -180,9 +180,10 @@ fp_convert(int wt, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64
  * the call.
  */
 FP_INLINE void
-fp_prefetch(size_t esz, int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r1,
+fp_prefetch(int wt, int R, int64_t n, const uint8_t *w, size_t ws, int64_t r0, int64_t r1,
             int64_t ra, int64_t k0)
 {
+    const size_t esz = wt == FP_F32 ? 4 : 2; /* bytes of a weight */
     int64_t rn = ra, kn = k0 + FP_KC;
     if (kn >= n) {
         kn = 0;
@@ -217,8 +218,7 @@ fp_gemm(int wt, int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, con
                 for (int i = 0; i < rn; i += FP_R) {
                     const int R = rn - i < FP_R ? rn - i : FP_R;
                     fp_convert(wt, R, kc, (const uint8_t *)w, ws, rb + i, k0, wp);
-                    fp_prefetch(wt == FP_F32 ? 4 : 2, R, n, (const uint8_t *)w, ws, r0, r1,
-                                rb + i, k0);
+                    fp_prefetch(wt, R, n, (const uint8_t *)w, ws, r0, r1, rb + i, k0);
                     for (int t = 0; t < tn; t += FP_T) {
                         const int T = tn - t < FP_T ? tn - t : FP_T;
                         fp_tiles[R][T](kc, wp, xc + (size_t)t * xs + (size_t)k0 * sizeof(float),

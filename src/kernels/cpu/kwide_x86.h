@@ -261,7 +261,6 @@ kw_group_q6k(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, b
     }
 }
 
-
 /* A K-quant group function: group g x tokens [0, T) of a chunk into acc[t] (isum: scratch). */
 typedef void (*kw_group_fn)(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T,
                             bool pf, __m256 *acc, __m256i *isum);
