@@ -6,8 +6,9 @@
  * that a chunk holds only a few tokens, and the extreme integer ranges (weights -128 / 127
  * against activations of +-127). The kernel is called directly (it takes any token count)
  * and through the AVX2 table, which hands it calls of 8 tokens and up (RPX_BY_TOKENS);
- * then the same for its AVX-VNNI form (avxvnni_q8gemm.c) and the "avx2-vnni" table, where the
- * CPU has AVX-VNNI (a visible skip elsewhere).
+ * then the same for its AVX-VNNI form (avxvnni_q8gemm.c: unsigned quants, no sign step) and
+ * the "avx2-vnni" table, which hands it calls of 3 tokens and up, where the CPU has AVX-VNNI
+ * (a visible skip elsewhere).
  */
 #include "test.h"
 #include "gemm_check.h"
@@ -162,7 +163,7 @@ TEST(q8wide_extreme_values)
 }
 
 /* The same cases for the AVX-VNNI form (VPDPBUSD; avxvnni_q8gemm.c) and the "avx2-vnni"
- * table that hands it the calls of 8 tokens and up: the reference's bits as well. */
+ * table that hands it the calls of 3 tokens and up: the reference's bits as well. */
 TEST(q8wide_avx_vnni_reference_bits)
 {
     const sp_cpu_kernels_t *k = sp_cpu_kernels_avx2_vnni();

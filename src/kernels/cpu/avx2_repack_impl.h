@@ -91,11 +91,13 @@ RPX_INLINE __m256i
 rpx_dot8_vnni(__m256i s, const __m256i w[8], const void *xq)
 {
     const int8_t *x = xq;
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    __m256i s1 = _mm256_setzero_si256(); /* two chains of four: VPDPBUSD's latency */
+#pragma GCC unroll 4
+    for (int k = 0; k < 8; k += 2) {
         s = _mm256_dpbusd_avx_epi32(s, w[k], rpx_bcast4(x + 4 * k));
+        s1 = _mm256_dpbusd_avx_epi32(s1, w[k + 1], rpx_bcast4(x + 4 * k + 4));
     }
-    return s;
+    return _mm256_add_epi32(s, s1);
 }
 #endif
 
