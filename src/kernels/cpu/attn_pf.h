@@ -26,13 +26,13 @@
 #define PF_BLOCKS 4
 #endif
 /* Above this many bytes of values pass 3 fetches them ahead of its reads, overlapped with its
- * arithmetic; at or below it pass 1 takes them along with the keys (a short context, whose
- * value pass is too short to hide a fetch). 256 KiB until the sixteenth session: in decode
- * steps at 512 positions (an F32 cache's 128 KiB of values a head) pass 1 then read keys and
- * values at one core's rate while passes 2 and 3 left the memory idle; at 64 KiB the attention
- * stage took 20-25% less time at the AVX2 level and 4-22% less at AVX-512 on an AMD Zen 5
- * (`sampan eval --profile`, the F16 cache within the noise; docs/design.md, "The AVX-VNNI
- * Q8_0 gemm without a sign step, and the decode attention's values in pass 3"). */
+ * arithmetic; at or below it pass 1 takes them along with the keys (a short context, whose value
+ * pass is too short to hide a fetch). It was 256 KiB, but in decode steps at 512 positions (an F32
+ * cache's 128 KiB of values a head) pass 1 then read keys and values at one core's rate while
+ * passes 2 and 3 left the memory idle; at 64 KiB the attention stage took 20-25% less time at the
+ * AVX2 level and 4-22% less at AVX-512 on an AMD Zen 5 (`sampan eval --profile`, the F16 cache
+ * within the noise; docs/design.md, "The AVX-VNNI Q8_0 gemm without a sign step; decode values
+ * fetched in pass 3"). */
 #ifndef V_L2_BYTES
 #define V_L2_BYTES (64 * 1024)
 #endif
