@@ -19,9 +19,13 @@
  * One call = one token, the n_q query heads of one KV head, over n_kv cache
  * rows (F32, F16 and Q8_0 cache). Prints ns per call, ns per (query head, row) and
  * the cache read rate (K and V bytes per call / time), warm (one block
- * re-read from the caches: the compute rate) and cold (blocks from memory, as
- * in decode). Thread CPU time, best of 5 repetitions. Not a test: nothing
- * here asserts.
+ * re-read from the caches: the compute rate) and cold (blocks from memory).
+ * The plain mode's cold copies are contiguous per head, a stream the hardware
+ * prefetcher follows; a decode's tiles lie a whole block apart, so `paged` is
+ * the decode's case (the two disagreed about where to fetch the values:
+ * docs/design.md, "The AVX-VNNI Q8_0 gemm without a sign step; decode values
+ * fetched in pass 3"). Thread CPU time, best of 5 repetitions. Not a test:
+ * nothing here asserts.
  */
 #include <stdint.h>
 #include <stdio.h>
