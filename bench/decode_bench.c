@@ -123,14 +123,14 @@ job_run(void *arg, int64_t item, int ith)
         j->sink[ith] += (double)(s & 1);
         return;
     }
+    const void *x = (const char *)j->x + (size_t)t0 * j->xs; /* the item's tokens */
+    float *y = j->y[wi] + t0 * w->rows;
     if (w->packed != NULL) {
-        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1,
-                                   (const char *)j->x + (size_t)t0 * j->xs, j->xs, t1 - t0,
-                                   j->y[wi] + t0 * w->rows, w->rows);
+        j->k->repack_gemm[j->type](w->n, w->packed, w->packed_stride, r0, r1, x, j->xs, t1 - t0,
+                                   y, w->rows);
     } else {
-        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1,
-                    (const char *)j->x + (size_t)t0 * j->xs, j->xs, t1 - t0,
-                    j->y[wi] + t0 * w->rows, w->rows);
+        sp_cpu_gemm(j->k, j->type, w->n, w->data, w->row_bytes, r0, r1, x, j->xs, t1 - t0, y,
+                    w->rows);
     }
 }
 

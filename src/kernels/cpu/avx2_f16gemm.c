@@ -172,10 +172,10 @@ fp_convert(int wt, int R, int kc, const uint8_t *w, size_t ws, int64_t r0, int64
  * The row slice's weights are read panel by panel, a row block apart in time: as many
  * streams as the block has rows, each 256 bytes a step (F32: 512), which the hardware
  * prefetcher does not follow (in the engine, with the weights in memory, the conversion then
- * took a third of the gemm's samples; with this, about a fifth). So while converting rows [ra, ra + R)
- * at k0, fetch (into L2) what those rows need next: the next panel, or at the row block's
- * end the next block's first panel (after the last block, the first block's, for the next
- * token chunk). A prefetch never faults.
+ * took a third of the gemm's samples; with this, about a fifth). So while converting rows
+ * [ra, ra + R) at k0, fetch (into L2) what those rows need next: the next panel, or at the row
+ * block's end the next block's first panel (after the last block, the first block's, for the
+ * next token chunk). A prefetch never faults.
  * Inlined: as a function of prefetches only, GCC finds it free of side effects and drops
  * the call.
  */
