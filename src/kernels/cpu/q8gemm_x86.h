@@ -37,7 +37,10 @@
  * mode). The same bits as avx2_repack.c's tiles and the reference for any number of tokens
  * per call (batch invariance), in either form.
  *
- * Pure function, any thread, no heap; about 34 KiB of stack (activation scales of a chunk
+ * The AVX2 Q8_0 form takes the row groups two at a time (qw_pair, register tiles of 2 groups
+ * x 3 tokens sharing each broadcast and weight load), the last odd group through qw_group.
+ *
+ * Pure function, any thread, no heap; about 39 KiB of stack (activation scales of a chunk
  * and the accumulators), 162 KiB for the VNNI Q8_0 form (the unsigned copy of a chunk).
  */
 #if !defined(QW_FN) || !defined(QW_VNNI)
@@ -117,6 +120,10 @@ qw_unsigned_quants(const uint8_t *x, size_t xs, int64_t T, int64_t nb, uint8_t *
 #define QW_XB_BYTES sizeof(sp_block_q8_0)
 #define QW_XB_QS offsetof(sp_block_q8_0, qs)
 #endif
+
+/* The AVX2 Q8_0 form runs two groups at a time in register tiles of 3 tokens (qw_pair). */
+#define QW_TILE (!QW_VNNI && !QW_Q4)
+#define QW_TILE_TOK 3
 
 /* One block's 8 x 32 weights (lane r = row r) against token t's quants at xq: the exact
  * integer block sums of the 8 rows. aw: |w| for the AVX2 Q8_0 form, aw[0] = 128 * each row's
@@ -221,6 +228,113 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
     }
 }
 
+#if QW_TILE
+/*
+ * The AVX2 Q8_0 form over two groups at once (QW_TILE). qw_group's one-token step keeps 16
+ * weight registers (w and |w|) and issues a broadcast per group; here a block's weights of
+ * both groups are rearranged once into an L1 scratch (w, |w|) and register tiles of 2 groups
+ * x NT (<= 3) tokens run the same sign-trick step, each broadcast serving both groups and each
+ * weight load NT tokens: 6 sums, 4 weights, a broadcast and two products in registers. On
+ * an AMD Zen 5 core VPMADDUBSW, VPMADDWD and VMULPS share two pipes, so 18 of a token-block's
+ * operations (and VPSIGNB's 8 beside them) bound any exact form at 9 cycles per 256
+ * multiply-adds; the tile runs at about 11.4, qw_group's loop at 12.3 (docs/design.md, "The
+ * AVX2 Q8_0 gemm in tiles of two groups"). s[g][t]: the exact int32 block sums of group g's
+ * 8 rows for token t, the same integers as qw_block_sum's.
+ */
+QW_INLINE void
+qw_tile_sums(const __m256i (*wq)[8], const __m256i (*aq)[8], const uint8_t *xq, size_t xs, int NT,
+             __m256i s[2][QW_TILE_TOK])
+{
+    const __m256i ones16 = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        s[0][t] = s[1][t] = _mm256_setzero_si256();
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i w0 = _mm256_load_si256(&wq[0][k]), w1 = _mm256_load_si256(&wq[1][k]);
+        const __m256i a0 = _mm256_load_si256(&aq[0][k]), a1 = _mm256_load_si256(&aq[1][k]);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const __m256i xb = rpx_bcast4(xq + (size_t)t * xs + 4 * k);
+            s[0][t] = _mm256_add_epi32(
+                s[0][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)),
+                                           ones16));
+            s[1][t] = _mm256_add_epi32(
+                s[1][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)),
+                                           ones16));
+            /* opaque: else GCC regroups the adds and keeps all 48 products live (spilled) */
+            __asm__("" : "+x"(s[0][t]), "+x"(s[1][t]));
+        }
+    }
+}
+
+/* NT tokens from t of a block: the tile's sums, then the reference's float step per group. */
+QW_INLINE void
+qw_tile_run(const __m256i (*wq)[8], const __m256i (*aq)[8], const __m256 dw[2], const uint8_t *xb,
+            size_t xs, int64_t t, int NT, const float *xd, int64_t nb, int64_t b,
+            float (*acc)[2 * SP_REPACK_ROWS])
+{
+    __m256i s[2][QW_TILE_TOK];
+    qw_tile_sums(wq, aq, xb + (size_t)t * xs, xs, NT, s);
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; i++) {
+        const __m256 xv = _mm256_set1_ps(xd[(t + i) * nb + b]);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const __m256 d = _mm256_mul_ps(dw[g], xv);
+            float *a = acc[t + i] + 8 * g;
+            _mm256_store_ps(a, _mm256_add_ps(_mm256_load_ps(a),
+                                             _mm256_mul_ps(_mm256_cvtepi32_ps(s[g][i]), d)));
+        }
+    }
+}
+
+/* Groups ga and ga + 1 (at g, gs bytes apart) x tokens [0, T) of a chunk, as qw_group. */
+static void
+qw_pair(int64_t nb, const uint8_t *g, size_t gs, const uint8_t *x, size_t xs, int T,
+        const float *xd, bool pf, float (*acc)[2 * SP_REPACK_ROWS])
+{
+    _Alignas(32) __m256i wq[2][8], aq[2][8];
+    for (int t = 0; t < T; t++) {
+        _mm256_store_ps(acc[t], _mm256_setzero_ps());
+        _mm256_store_ps(acc[t] + 8, _mm256_setzero_ps());
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 dw[2];
+#pragma GCC unroll 2
+        for (int gi = 0; gi < 2; gi++) {
+            const uint8_t *pb = g + (size_t)gi * gs + (size_t)b * QW_BLOCK_BYTES;
+            if (pf) {
+                rpx_prefetch(pb + SP_PF_ONE_TOKEN, QW_BLOCK_BYTES);
+            }
+            dw[gi] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i lo, hi;
+                rpx_rows8_at(pb + 16 + 64 * j, &lo, &hi);
+                _mm256_store_si256(&wq[gi][2 * j], lo);
+                _mm256_store_si256(&wq[gi][2 * j + 1], hi);
+                _mm256_store_si256(&aq[gi][2 * j], _mm256_sign_epi8(lo, lo));
+                _mm256_store_si256(&aq[gi][2 * j + 1], _mm256_sign_epi8(hi, hi));
+            }
+        }
+        /* the tiles read the scratch back from L1: kept out of registers (32 of them) */
+        __asm__ volatile("" ::: "memory");
+        const uint8_t *xb = x + (size_t)b * QW_XB_BYTES + QW_XB_QS;
+        int64_t t = 0;
+        for (; t + QW_TILE_TOK <= T; t += QW_TILE_TOK) {
+            qw_tile_run(wq, aq, dw, xb, xs, t, QW_TILE_TOK, xd, nb, b, acc);
+        }
+        if (T - t == 2) {
+            qw_tile_run(wq, aq, dw, xb, xs, t, 2, xd, nb, b, acc);
+        } else if (T - t == 1) {
+            qw_tile_run(wq, aq, dw, xb, xs, t, 1, xd, nb, b, acc);
+        }
+    }
+}
+#endif
+
 void
 QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x, size_t xs,
       int64_t n_tok, float *y, int64_t ldy)
@@ -232,6 +346,9 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
     float xd[QW_SCRATCH];
     int32_t xsum[QW_Q4 ? QW_SCRATCH : 1];
     _Alignas(32) float acc[QW_MAX_TOK][SP_REPACK_ROWS];
+#if QW_TILE
+    _Alignas(32) float acc2[QW_MAX_TOK][2 * SP_REPACK_ROWS]; /* a pair of groups' sums */
+#endif
 #if QW_UQ
     _Alignas(32) uint8_t xu[QW_X_CHUNK_BYTES]; /* the chunk's unsigned quants */
 #endif
@@ -249,7 +366,18 @@ QW_FN(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1, const void *x
         xc = xu;
         xcs = (size_t)nb * 32;
 #endif
-        for (int64_t g = g0; g < g1; g++) {
+        int64_t g = g0;
+#if QW_TILE
+        for (; g + 2 <= g1; g += 2) {
+            qw_pair(nb, (const uint8_t *)w + (size_t)g * ws, ws, xc, xcs, (int)(t1 - t0), xd,
+                    t0 == 0, acc2);
+            for (int64_t t = t0; t < t1; t++) {
+                rpx_store_group(y + t * ldy, g, r0, r1, _mm256_load_ps(acc2[t - t0]));
+                rpx_store_group(y + t * ldy, g + 1, r0, r1, _mm256_load_ps(acc2[t - t0] + 8));
+            }
+        }
+#endif
+        for (; g < g1; g++) {
             qw_group(nb, (const uint8_t *)w + (size_t)g * ws, xc, xcs, (int)(t1 - t0), xd, xsum,
                      t0 == 0, acc);
             for (int64_t t = t0; t < t1; t++) {
