@@ -290,7 +290,7 @@ qw_tile_run(const __m256i (*wq)[8], const __m256i (*aq)[8], const __m256 dw[2], 
     }
 }
 
-/* Groups ga and ga + 1 (at g, gs bytes apart) x tokens [0, T) of a chunk, as qw_group. */
+/* Two groups (the one at g and the next, gs bytes on) x tokens [0, T) of a chunk, as qw_group. */
 static void
 qw_pair(int64_t nb, const uint8_t *g, size_t gs, const uint8_t *x, size_t xs, int T,
         const float *xd, bool pf, float (*acc)[2 * SP_REPACK_ROWS])
