@@ -125,6 +125,42 @@ qw_unsigned_quants(const uint8_t *x, size_t xs, int64_t T, int64_t nb, uint8_t *
 #define QW_TILE (!QW_VNNI && !QW_Q4)
 #define QW_TILE_TOK 3
 
+#if !QW_Q4
+/* A packed Q8_0 block's weights (at pb) as 8 registers, w[k] = bytes 4k..4k + 3 of rows 0..7
+ * in lane order: chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5}, chunk 2j+1 the same bytes
+ * of rows {2,3,6,7}. */
+QW_INLINE void
+qw_q8_weights(const uint8_t *pb, __m256i w[8])
+{
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        rpx_rows8_at(pb + 16 + 64 * j, &w[2 * j], &w[2 * j + 1]);
+    }
+}
+#endif
+
+#if !QW_Q4 && !QW_UQ
+/* |w| of the 8 weight registers, the sign trick's unsigned operand (-128 reads as 128). */
+QW_INLINE void
+qw_abs8(const __m256i w[8], __m256i aw[8])
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        aw[k] = _mm256_sign_epi8(w[k], w[k]);
+    }
+}
+#endif
+
+/* The reference's float step of one block for 8 rows: d = w.d * x.d (exact), then
+ * acc = acc + (float)isum * d, multiplies and adds kept apart. */
+QW_INLINE void
+qw_float_step(float *acc, __m256 dw, float xd, __m256i isum)
+{
+    const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd));
+    _mm256_store_ps(acc, _mm256_add_ps(_mm256_load_ps(acc),
+                                       _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d)));
+}
+
 /* One block's 8 x 32 weights (lane r = row r) against token t's quants at xq: the exact
  * integer block sums of the 8 rows. aw: |w| for the AVX2 Q8_0 form, aw[0] = 128 * each row's
  * weight sum for the VNNI one (qw_group), unused for Q4_0. */
@@ -196,12 +232,7 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
 #if QW_Q4
         qw_q4_weights(pb, w);
 #else
-        /* Chunk 2j holds bytes 8j..8j+7 of rows {0,1,4,5}, chunk 2j+1 the same bytes of rows
-         * {2,3,6,7}: bytes 8j..8j+3 and 8j+4..8j+7 of rows 0..7 in lane order. */
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            rpx_rows8_at(pb + 16 + 64 * j, &w[2 * j], &w[2 * j + 1]);
-        }
+        qw_q8_weights(pb, w);
 #if QW_UQ
         /* 128 * sum(w) per row lane, the offset of the unsigned quants (qw_block_sum) */
         __m256i ws = _mm256_setzero_si256();
@@ -211,19 +242,14 @@ qw_group(int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs, int T, const
         }
         aw[0] = _mm256_slli_epi32(ws, 7);
 #else
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            aw[k] = _mm256_sign_epi8(w[k], w[k]);
-        }
+        qw_abs8(w, aw);
 #endif
 #endif
         const uint8_t *xb = x + (size_t)b * QW_XB_BYTES + QW_XB_QS;
         for (int t = 0; t < T; t++) {
             const int32_t off = QW_Q4 ? xsum[t * nb + b] : 0;
             const __m256i s = qw_block_sum(w, aw, xb + (size_t)t * xs, off);
-            const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + b]));
-            _mm256_store_ps(acc[t], _mm256_add_ps(_mm256_load_ps(acc[t]),
-                                                  _mm256_mul_ps(_mm256_cvtepi32_ps(s), d)));
+            qw_float_step(acc[t], dw, xd[t * nb + b], s);
         }
     }
 }
@@ -279,14 +305,8 @@ qw_tile_run(const __m256i (*wq)[8], const __m256i (*aq)[8], const __m256 dw[2], 
     qw_tile_sums(wq, aq, xb + (size_t)t * xs, xs, NT, s);
 #pragma GCC unroll 4
     for (int i = 0; i < NT; i++) {
-        const __m256 xv = _mm256_set1_ps(xd[(t + i) * nb + b]);
-#pragma GCC unroll 2
-        for (int g = 0; g < 2; g++) {
-            const __m256 d = _mm256_mul_ps(dw[g], xv);
-            float *a = acc[t + i] + 8 * g;
-            _mm256_store_ps(a, _mm256_add_ps(_mm256_load_ps(a),
-                                             _mm256_mul_ps(_mm256_cvtepi32_ps(s[g][i]), d)));
-        }
+        qw_float_step(acc[t + i], dw[0], xd[(t + i) * nb + b], s[0][i]);
+        qw_float_step(acc[t + i] + 8, dw[1], xd[(t + i) * nb + b], s[1][i]);
     }
 }
 
@@ -309,15 +329,8 @@ qw_pair(int64_t nb, const uint8_t *g, size_t gs, const uint8_t *x, size_t xs, in
                 rpx_prefetch(pb + SP_PF_ONE_TOKEN, QW_BLOCK_BYTES);
             }
             dw[gi] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb));
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                __m256i lo, hi;
-                rpx_rows8_at(pb + 16 + 64 * j, &lo, &hi);
-                _mm256_store_si256(&wq[gi][2 * j], lo);
-                _mm256_store_si256(&wq[gi][2 * j + 1], hi);
-                _mm256_store_si256(&aq[gi][2 * j], _mm256_sign_epi8(lo, lo));
-                _mm256_store_si256(&aq[gi][2 * j + 1], _mm256_sign_epi8(hi, hi));
-            }
+            qw_q8_weights(pb, wq[gi]);
+            qw_abs8(wq[gi], aq[gi]);
         }
         /* the tiles read the scratch back from L1: kept out of registers (32 of them) */
         __asm__ volatile("" ::: "memory");
