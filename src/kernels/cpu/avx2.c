@@ -45,11 +45,14 @@ fp16_to_f32(sp_fp16_t h)
 #define FL_TM 4
 /* Rows of the one-token tile. One token gives each row a single accumulator chain, one FMA
  * (4-cycle latency) per 8 weights, so 2 rows run at 2 x 16 bytes of F16 per 4 cycles:
- * about 30 GB/s on a Zen 5 core, under the memory's read rate (decode_bench). 8 chains
- * reach the F16C conversion's rate; each (row, token) pair still sees the same operations
+ * about 30 GB/s on a Zen 5 core, under the memory's read rate (decode_bench). 4 rows compute
+ * at about 58 GB/s a core with the weights in L2 and 8 at the F16C conversion's 85-90, but
+ * a decode streams them from memory, where each row is a stream of its own: 4 streams read
+ * at 113-122% of decode_bench's plain read on 2 threads, 8 at 82-89% (design.md, "The AVX2
+ * one-token float tile: 4 streams"). Each (row, token) pair still sees the same operations
  * in the same order, so the bits are those of every other tile (batch invariance). */
-#define FL_R1 8
-#define FL_PF 1024 /* prefetch distance of the one-token tile along each row, bytes */
+#define FL_R1 4
+#define FL_PF 2048 /* prefetch distance of the one-token tile along each row, bytes */
 
 enum { W_F32, W_F16, W_BF16 };
 
@@ -106,8 +109,8 @@ float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
     }
     int64_t i = 0;
     if (R == FL_R1 && T == 1) {
-        /* The one-token tile streams 8 rows from memory: 64 bytes of each at a time, with a
-         * prefetch FL_PF bytes ahead on each row (as avx512.c's tiles do), so the loads of 8
+        /* The one-token tile streams FL_R1 rows from memory: 64 bytes of each at a time, with a
+         * prefetch FL_PF bytes ahead on each row (as avx512.c's tiles do), so the loads of all
          * streams are in flight before they are needed. Same FMAs in the same order. */
         const int64_t esz = wt == W_F32 ? 4 : 2, step = 64 / esz;
         for (; i + step <= n; i += step) {
@@ -275,12 +278,12 @@ typedef void (*tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x
     TILE(name, float_tile, wt, 1, 3) TILE(name, float_tile, wt, 1, 4)                           \
     TILE(name, float_tile, wt, 2, 1) TILE(name, float_tile, wt, 2, 2)                           \
     TILE(name, float_tile, wt, 2, 3) TILE(name, float_tile, wt, 2, 4)                           \
-    TILE(name, float_tile, wt, 8, 1)                                                            \
+    TILE(name, float_tile, wt, 4, 1)                                                            \
     static const tile_fn name##_tiles[2][FL_TM + 1] = {                                         \
         {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4},                                 \
         {NULL, name##_2x1, name##_2x2, name##_2x3, name##_2x4},                                 \
     };                                                                                          \
-    static const tile_fn name##_tiles1[FL_TM + 1] = {NULL, name##_8x1, NULL, NULL, NULL};
+    static const tile_fn name##_tiles1[FL_TM + 1] = {NULL, name##_4x1, NULL, NULL, NULL};
 
 #define QUANT_TILES(name, wt)                                                                  \
     TILE(name, quant_tile, wt, 1, 1) TILE(name, quant_tile, wt, 1, 2)                           \
