@@ -723,14 +723,18 @@ TEST(kernels_gemm_large_shapes)
 }
 
 /*
- * One token (the decode path: wide one-token tiles such as AVX2's 8-row float tile and the
- * AVX-512 one-token Q4_0 / Q8_0 kernels) over row counts around the tile sizes and row ranges
- * that start and end inside a tile, 1 row included: each result must be vec_dot's bits, and
- * nothing outside the range may be written. The float lengths leave an 8- and a 16-lane tail.
+ * Few tokens (the decode path: wide one-token tiles such as AVX2's 4-row float tiles of one and
+ * two tokens and the AVX-512 one-token Q4_0 / Q8_0 kernels) over row counts around the tile
+ * sizes and row ranges that start and end inside a tile, 1 row included: 1, 2, 3 and 11
+ * tokens (odd counts leave a one-token tile after the pairs; 11 is the last below AVX2's F16
+ * panels). Each result must be vec_dot's bits, and nothing outside the rows and tokens asked
+ * for may be written. The float lengths leave an 8- and a 16-lane tail.
  */
 TEST(kernels_one_token_row_ranges)
 {
+    enum { ROWS = 67, LDY = 70, TOKS = 11 };
     static const int64_t row_counts[] = {1, 2, 7, 8, 9, 15, 17, 33, 67};
+    static const int64_t tok_counts[] = {1, 2, 3, 11};
     level_entry lv[SP_CPU_TOP + 2];
     int nl = levels(lv);
     for (int l = 0; l < nl; l++) {
@@ -739,10 +743,12 @@ TEST(kernels_one_token_row_ranges)
             const sp_type_t wt = wtypes[ti];
             const int64_t n = is_quant(wt) ? 160 : 203;
             problem p;
-            problem_make(&p, k, wt, n, 67, 1, 70 + (uint64_t)ti);
-            float dots[67], y[70];
-            for (int64_t r = 0; r < 67; r++) {
-                k->vec_dot[wt](n, &dots[r], p.w + r * p.w_stride, p.x);
+            problem_make(&p, k, wt, n, ROWS, TOKS, 70 + (uint64_t)ti);
+            float dots[TOKS][ROWS], y[TOKS * LDY];
+            for (int64_t t = 0; t < TOKS; t++) {
+                for (int64_t r = 0; r < ROWS; r++) {
+                    k->vec_dot[wt](n, &dots[t][r], p.w + r * p.w_stride, p.x + t * p.x_stride);
+                }
             }
             for (size_t ci = 0; ci < sizeof row_counts / sizeof row_counts[0]; ci++) {
                 const int64_t rows = row_counts[ci];
@@ -751,18 +757,26 @@ TEST(kernels_one_token_row_ranges)
                                          {rows - 1, rows},
                                          {rows > 2 ? 1 : 0, rows > 2 ? rows - 1 : rows}};
                 for (int ri = 0; ri < 4; ri++) {
-                    const int64_t r0 = rg[ri][0], r1 = rg[ri][1];
-                    for (int i = 0; i < 70; i++) {
-                        y[i] = -12345.0f;
-                    }
-                    sp_cpu_gemm(k, wt, n, p.w, p.w_stride, r0, r1, p.x, p.x_stride, 1, y, 70);
-                    for (int64_t r = 0; r < 70; r++) {
-                        const float want = r >= r0 && r < r1 ? dots[r] : -12345.0f;
-                        if (memcmp(&y[r], &want, sizeof(float)) != 0) {
-                            SP_TEST_FAIL("%s %s rows [%" PRId64 ",%" PRId64 ") of %" PRId64
-                                         ": y[%" PRId64 "] = %.9g, want %.9g",
-                                         lv[l].label, sp_type_name(wt), r0, r1, rows, r,
-                                         y[r], want);
+                    for (size_t tc = 0; tc < sizeof tok_counts / sizeof tok_counts[0]; tc++) {
+                        const int64_t r0 = rg[ri][0], r1 = rg[ri][1], nt = tok_counts[tc];
+                        for (int i = 0; i < TOKS * LDY; i++) {
+                            y[i] = -12345.0f;
+                        }
+                        sp_cpu_gemm(k, wt, n, p.w, p.w_stride, r0, r1, p.x, p.x_stride, nt, y,
+                                    LDY);
+                        for (int64_t t = 0; t < TOKS; t++) {
+                            for (int64_t r = 0; r < LDY; r++) {
+                                const bool inside = t < nt && r >= r0 && r < r1;
+                                const float want = inside ? dots[t][r] : -12345.0f;
+                                if (memcmp(&y[t * LDY + r], &want, sizeof(float)) != 0) {
+                                    SP_TEST_FAIL("%s %s rows [%" PRId64 ",%" PRId64
+                                                 ") of %" PRId64 ", %" PRId64
+                                                 " tokens: y[t=%" PRId64 ", r=%" PRId64
+                                                 "] = %.9g, want %.9g",
+                                                 lv[l].label, sp_type_name(wt), r0, r1, rows,
+                                                 nt, t, r, y[t * LDY + r], want);
+                                }
+                            }
                         }
                     }
                 }

@@ -43,15 +43,19 @@ fp16_to_f32(sp_fp16_t h)
  * bits). */
 #define FL_RM 2 /* 8 accumulators + 2 weights + 1 token of 16 ymm */
 #define FL_TM 4
-/* Rows of the one-token tile. One token gives each row a single accumulator chain, one FMA
- * (4-cycle latency) per 8 weights, so 2 rows run at 2 x 16 bytes of F16 per 4 cycles:
- * about 30 GB/s on a Zen 5 core, under the memory's read rate (decode_bench). 4 rows compute
- * at about 58 GB/s a core with the weights in L2 and 8 at the F16C conversion's 85-90, but
- * a decode streams them from memory, where each row is a stream of its own: 4 streams read
- * at 113-122% of decode_bench's plain read on 2 threads, 8 at 82-89% (design.md, "The AVX2
- * one-token float tile: 4 streams"). Each (row, token) pair still sees the same operations
- * in the same order, so the bits are those of every other tile (batch invariance). */
+/* Rows of the few-token tiles (FL_R1 rows x 1 or 2 tokens, every call of up to FL_FEW
+ * tokens). One token gives each row a single accumulator chain, one FMA (4-cycle latency)
+ * per 8 weights, so 2 rows run at 2 x 16 bytes of F16 per 4 cycles: about 30 GB/s on a Zen 5
+ * core, under the memory's read rate (decode_bench). 4 rows compute at about 58 GB/s a core
+ * with the weights in L2 and 8 at the F16C conversion's 85-90, but a decode streams them from
+ * memory, where each row is a stream of its own: 4 streams read at 113-122% of decode_bench's
+ * plain read on 2 threads, 8 at 82-89%; and 4 rows x 2 tokens beat the 2 x 4 tiles at 2 to 11
+ * tokens, 1.2-1.6x (design.md, "The AVX2 one-token float tile: 4 streams"). Each (row, token)
+ * pair still sees the same operations in the same order, so the bits are those of every other
+ * tile (batch invariance). */
 #define FL_R1 4
+/* below the panels (avx2_f16gemm.c), which from 12 tokens are faster per multiply-add */
+#define FL_FEW (SP_F16_PANEL_MIN_TOK - 1)
 #define FL_PF 2048 /* prefetch distance of the one-token tile along each row, bytes */
 
 enum { W_F32, W_F16, W_BF16 };
@@ -108,8 +112,8 @@ float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
         }
     }
     int64_t i = 0;
-    if (R == FL_R1 && T == 1) {
-        /* The one-token tile streams FL_R1 rows from memory: 64 bytes of each at a time, with a
+    if (R == FL_R1 && T <= 2) {
+        /* The few-token tiles stream FL_R1 rows from memory: 64 bytes of each at a time, with a
          * prefetch FL_PF bytes ahead on each row (as avx512.c's tiles do), so the loads of all
          * streams are in flight before they are needed. Same FMAs in the same order. */
         const int64_t esz = wt == W_F32 ? 4 : 2, step = 64 / esz;
@@ -120,10 +124,18 @@ float_tile(const int wt, const int R, const int T, int64_t n, const uint8_t *w, 
             }
 #pragma GCC unroll 8
             for (int64_t j = i; j < i + step; j += 8) {
-                const __m256 xv = _mm256_loadu_ps((const float *)x + j);
+                __m256 wv[FL_R1];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
-                    acc[r][0] = _mm256_fmadd_ps(load_w8(wt, w + (size_t)r * ws, j), xv, acc[r][0]);
+                    wv[r] = load_w8(wt, w + (size_t)r * ws, j);
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const __m256 xv = _mm256_loadu_ps((const float *)(x + (size_t)t * xs) + j);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+                    }
                 }
             }
         }
@@ -278,12 +290,12 @@ typedef void (*tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *x
     TILE(name, float_tile, wt, 1, 3) TILE(name, float_tile, wt, 1, 4)                           \
     TILE(name, float_tile, wt, 2, 1) TILE(name, float_tile, wt, 2, 2)                           \
     TILE(name, float_tile, wt, 2, 3) TILE(name, float_tile, wt, 2, 4)                           \
-    TILE(name, float_tile, wt, 4, 1)                                                            \
+    TILE(name, float_tile, wt, 4, 1) TILE(name, float_tile, wt, 4, 2)                           \
     static const tile_fn name##_tiles[2][FL_TM + 1] = {                                         \
         {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4},                                 \
         {NULL, name##_2x1, name##_2x2, name##_2x3, name##_2x4},                                 \
     };                                                                                          \
-    static const tile_fn name##_tiles1[FL_TM + 1] = {NULL, name##_4x1, NULL, NULL, NULL};
+    static const tile_fn name##_tiles_few[FL_TM + 1] = {NULL, name##_4x1, name##_4x2, NULL, NULL};
 
 #define QUANT_TILES(name, wt)                                                                  \
     TILE(name, quant_tile, wt, 1, 1) TILE(name, quant_tile, wt, 1, 2)                           \
@@ -345,15 +357,15 @@ gemm_driver(const tile_fn *full, const tile_fn *single, int RM, int TM, int64_t 
         name##_1x1(n, w, 0, x, 0, s, 1, 1);                                                     \
     }
 
-/* The float types: one token takes the FL_R1-row tile (see FL_R1), more the FL_RM x FL_TM
- * tiles; both give every pair the same bits. */
+/* The float types: up to FL_FEW tokens take the FL_R1-row tiles (see FL_R1), more the
+ * FL_RM x FL_TM tiles; all give every pair the same bits. */
 #define FLOAT_GEMM_AND_DOT(name)                                                               \
     static void gemm_##name(int64_t n, const void *w, size_t ws, int64_t r0, int64_t r1,         \
                             const void *x, size_t xs, int64_t n_tok, float *y, int64_t ldy)     \
     {                                                                                           \
-        if (n_tok == 1) {                                                                       \
-            gemm_driver(name##_tiles1, name##_tiles[0], FL_R1, 1, n, w, ws, r0, r1, x, xs, 1,   \
-                        y, ldy);                                                                \
+        if (n_tok <= FL_FEW) {                                                                  \
+            gemm_driver(name##_tiles_few, name##_tiles[0], FL_R1, 2, n, w, ws, r0, r1, x, xs,     \
+                        n_tok, y, ldy);                                                         \
             return;                                                                             \
         }                                                                                       \
         gemm_driver(name##_tiles[1], name##_tiles[0], FL_RM, FL_TM, n, w, ws, r0, r1, x, xs,    \
