@@ -40,7 +40,8 @@ fp16_to_f32(sp_fp16_t h)
 /* ---- F32 / F16 / BF16 weights, F32 activations ----------------------------- */
 
 /* F16, BF16 and F32 calls of SP_F16_PANEL_MIN_TOK tokens and up go to avx2_f16gemm.c (same
- * bits). */
+ * bits), fewer to the FL_R1-row tiles below; the FL_RM x FL_TM tiles take what the panels
+ * cannot (rows whose length is not whole 8-element steps). */
 #define FL_RM 2 /* 8 accumulators + 2 weights + 1 token of 16 ymm */
 #define FL_TM 4
 /* Rows of the few-token tiles (FL_R1 rows x 1 or 2 tokens, every call of up to FL_FEW
