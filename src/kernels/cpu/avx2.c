@@ -51,13 +51,13 @@ fp16_to_f32(sp_fp16_t h)
  * with the weights in L2 and 8 at the F16C conversion's 85-90, but a decode streams them from
  * memory, where each row is a stream of its own: 4 streams read at 113-122% of decode_bench's
  * plain read on 2 threads, 8 at 82-89%; and 4 rows x 2 tokens beat the 2 x 4 tiles at 2 to 11
- * tokens, 1.2-1.6x (design.md, "The AVX2 one-token float tile: 4 streams"). Each (row, token)
+ * tokens, 1.03-1.6x (design.md, "The AVX2 one-token float tile: 4 streams"). Each (row, token)
  * pair still sees the same operations in the same order, so the bits are those of every other
  * tile (batch invariance). */
 #define FL_R1 4
 /* below the panels (avx2_f16gemm.c), which from 12 tokens are faster per multiply-add */
 #define FL_FEW (SP_F16_PANEL_MIN_TOK - 1)
-#define FL_PF 2048 /* prefetch distance of the one-token tile along each row, bytes */
+#define FL_PF 2048 /* prefetch distance of the few-token tiles along each row, bytes */
 
 enum { W_F32, W_F16, W_BF16 };
 
