@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/kernels.h"
 
 #define MAX_VOCAB (1 << 24)
 #define MAX_PENALTY_WINDOW (1 << 20) /* tokens; the ring buffer is sized by it */
@@ -51,6 +52,7 @@ struct sp_sampler {
     int32_t ring_head;
     int32_t ring_len;
     float cval[SP_SAMPLER_MAX_CANDIDATES]; /* candidates' values, slot by slot (cand) */
+    sp_exp_fn exp;       /* the CPU's vector exp (kernels.h) */
 };
 
 /* ---- PRNG -------------------------------------------------------------- */
@@ -183,6 +185,7 @@ sp_sampler_create(const sp_sampler_params_t *p, int32_t n_vocab, sp_sampler_t **
     }
     s->p = *p;
     s->n_vocab = n_vocab;
+    s->exp = sp_cpu_kernels()->exp_f32;
     s->cand = sp_calloc((size_t)n_vocab, sizeof(int32_t));
     s->weight = sp_calloc((size_t)n_vocab, sizeof(float));
     s->key = sp_calloc((size_t)n_vocab, sizeof(uint64_t));
@@ -417,19 +420,25 @@ draw(sp_sampler_t *s, const float *logits, float *cv, int32_t k, double top)
      * z still sums the whole top-k set, as top-p needs.
      */
     double inv_t = 1.0 / (double)p->temperature, z = 0.0;
+    float *wt = s->weight;
+    /* the exponents, then one vector exp over them all (float precision is plenty for a draw;
+     * exp(-inf) = 0 and exp(0) = 1, kernels.h): a whole vocabulary's scalar expf cost more
+     * than the rest of the step's sampling */
+    for (int32_t i = 0; i < k; i++) {
+        const float l = cv ? cv[i] : logits[c[i]];
+        wt[i] = (float)(((double)l - top) * inv_t);
+    }
+    s->exp(wt, wt, k);
     int32_t m = 0;
     for (int32_t i = 0; i < k; i++) {
-        int32_t id = c[i];
-        const float l = cv ? cv[i] : logits[id];
-        /* expf: float precision is plenty for a draw, and it is ~3x cheaper */
-        double w = (double)expf((float)(((double)l - top) * inv_t));
+        const double w = (double)wt[i];
         z += w;
         if (w > 0.0 && w >= (double)p->min_p) { /* weight 0 could only be drawn by rounding */
-            c[m] = id; /* m <= i: compacting in place is safe */
+            c[m] = c[i]; /* m <= i: compacting in place is safe */
             if (cv) {
-                cv[m] = l;
+                cv[m] = cv[i];
             }
-            s->weight[m] = (float)w;
+            wt[m] = (float)w;
             m++;
         }
     }
