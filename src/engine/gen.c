@@ -1176,15 +1176,8 @@ grammar_mask_all(sp_gen_t *g, float *logits, int budget)
 static int32_t
 argmax(const float *logits, int32_t n)
 {
-    int32_t best = 0;
-    float bv = logits[0]; /* kept, not re-read through best: no load in the loop's chain */
-    for (int32_t i = 1; i < n; i++) {
-        if (logits[i] > bv) {
-            bv = logits[i];
-            best = i;
-        }
-    }
-    return bv == -INFINITY ? -1 : best;
+    const int32_t best = sp_argmax(logits, n);
+    return logits[best] == -INFINITY ? -1 : best;
 }
 
 /* The largest logit, or NaN when some logit is NaN or +inf: a model fault

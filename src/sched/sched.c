@@ -1099,18 +1099,6 @@ spec_plan(sp_sched_t *s)
     }
 }
 
-static int32_t
-argmax(const float *x, int64_t n)
-{
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++) {
-        if (x[i] > x[best]) {
-            best = (int32_t)i;
-        }
-    }
-    return best;
-}
-
 /* Give up proposing this step (a draft evaluation failed): plain decoding. */
 static void
 spec_cancel(sp_sched_t *s, sp_status_t st)
@@ -1175,7 +1163,7 @@ draft_propose(sp_sched_t *s)
             seq_t *sq = s->d_seqs[r];
             sq->d_computed += s->d_rows[r].n_tokens;
             if (s->d_rows[r].logits) {
-                sq->tokens[sq->n_tokens] = argmax(sp_batch_logits(s->d_batch, r), n_vocab);
+                sq->tokens[sq->n_tokens] = sp_argmax(sp_batch_logits(s->d_batch, r), n_vocab);
             }
         }
     }
@@ -1204,7 +1192,7 @@ draft_propose(sp_sched_t *s)
         for (int64_t r = 0; r < n; r++) {
             seq_t *sq = s->d_seqs[r];
             sq->d_computed = sq->n_tokens + j;
-            sq->tokens[sq->n_tokens + j] = argmax(sp_batch_logits(s->d_batch, r), n_vocab);
+            sq->tokens[sq->n_tokens + j] = sp_argmax(sp_batch_logits(s->d_batch, r), n_vocab);
         }
     }
 }

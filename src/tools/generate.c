@@ -509,16 +509,7 @@ sp_cmd_eval(int argc, char **argv)
         for (int64_t i = 0; i < n_gen; i++) {
             const float *lg = logits_out ? sp_ctx_logits_all(c) + (n + i - 1) * hp->n_vocab
                                          : sp_ctx_logits(c);
-            /* the best value kept, not re-read through best: no load in the loop's chain */
-            int32_t best = 0;
-            float bv = lg[0];
-            for (int64_t j = 1; j < hp->n_vocab; j++) {
-                if (lg[j] > bv) {
-                    bv = lg[j];
-                    best = (int32_t)j;
-                }
-            }
-            toks[n + i] = best;
+            toks[n + i] = sp_argmax(lg, hp->n_vocab);
             if (sp_ctx_eval(c, &toks[n + i], 1, n + i) != SP_OK) {
                 fprintf(stderr, "sampan: evaluation failed\n");
                 goto done;
